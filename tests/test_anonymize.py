@@ -1,0 +1,197 @@
+"""`kvtrace anonymize` end to end on the tiny tokenizer: outputs, bad input, determinism."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import read_jsonl, write_jsonl
+from kvtrace.cli import main
+
+SALT = "a-salt-for-tests-that-is-long-enough"
+FRANCE = {"timestamp": 0, "input": [{"role": "user", "content": "What is the capital of France ?"}],
+          "output": "The capital of France is Paris ."}
+FINLAND = {"timestamp": 300, "input": [{"role": "user", "content": "What is the capital of Finland ?"}],
+           "output": "The capital of Finland is Helsinki ."}
+
+
+def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
+    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, *extra]
+    for path in inputs:
+        args += ["--input", str(path)]
+    return main(args)
+
+
+def trace(out: Path) -> list[dict]:
+    return [row for path in sorted(out.glob("trace-*.jsonl")) for row in read_jsonl(path)]
+
+
+def chat(i: int, ts: int, session: str | None = None) -> dict:
+    words = "the quick brown fox jumps over the lazy dog again".split()
+    record = {"timestamp": ts, "messages": [
+        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
+        {"role": "user", "content": " ".join(words[: 1 + i % len(words)])},
+    ], "output_length": i}
+    if session:
+        record["session_id"] = session
+    return record
+
+
+def test_france_and_finland_share_only_their_first_block(tiny_tokenizer, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4") == 0
+    france, finland = trace(tmp_path / "out")
+    assert france["hash_ids"][0] == finland["hash_ids"][0] == 0
+    assert not set(france["hash_ids"][1:]) & set(finland["hash_ids"][1:])
+    assert france["input_length"] == finland["input_length"] == 12
+    assert (france["timestamp"], finland["timestamp"]) == (0, 300)
+    assert france["output_length"] == 7
+
+
+def test_outputs_jsonl_parquet_stats_manifest_agree(tiny_tokenizer, tmp_path):
+    records = [chat(i, 1000 + 10 * i, session=f"user-{i % 3}") for i in range(20)]
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4") == 0
+    out = tmp_path / "out"
+    rows = trace(out)
+    assert [r["timestamp"] for r in rows] == [10 * i for i in range(20)]
+    assert pq.read_table(out / "trace-00000-of-00001.parquet").to_pylist() == rows
+    assert [r["session_id"] for r in rows[:4]] == [0, 1, 2, 0]
+    ids = [i for r in rows for i in r["hash_ids"]]
+    assert sorted(set(ids)) == list(range(len(set(ids))))  # dense from 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["requests"] == 20 and stats["blocks"] == len(ids)
+    assert stats["unique_blocks"] == len(set(ids))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"] == {"read": 20, "exported": 20, "rejected": 0,
+                                   "without_timestamp": 0, "without_output_length": 0}
+    assert manifest["block_size"] == 4 and set(manifest["tokenizer"]["sha256"]) >= {"tokenizer.json"}
+
+
+BAD_LINES = [
+    b"not json",
+    b"[1, 2, 3]",
+    b'{"prompt": "caf\xe9"}',
+    b"[" * 5000 + b"]" * 5000,
+    json.dumps({"timestamp": 1, "messages": []}).encode(),
+    json.dumps({"timestamp": 1}).encode(),
+    json.dumps({"timestamp": "not a time", "prompt": "x"}).encode(),
+    json.dumps({"timestamp": 1, "prompt": 42}).encode(),
+    json.dumps({"timestamp": 1, "input_ids": [1, "two"]}).encode(),
+    json.dumps({"timestamp": 1, "messages": [{"role": "user", "content": {"a": 1}}]}).encode(),
+    # The template reads message.content, so a message without content makes rendering raise.
+    json.dumps({"timestamp": 1, "messages": [{"role": "assistant", "tool_calls": []}]}).encode(),
+]
+
+
+def test_bad_input_is_dead_lettered_and_no_good_record_is_lost(tiny_tokenizer, tmp_path):
+    good = [chat(i, 5 * i) for i in range(6)]
+    mixed = [line for pair in zip(BAD_LINES, good) for line in pair] + BAD_LINES[len(good):]
+    src = write_jsonl(tmp_path / "in.jsonl", mixed + [b"", b"   "])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
+    assert len(trace(tmp_path / "out")) == len(good)
+    rejected = [r for p in (tmp_path / "out-rejected").glob("*.jsonl") for r in read_jsonl(p)]
+    assert len(rejected) == len(BAD_LINES)
+    assert {r["source"] for r in rejected} == {str(src)}
+    assert {r["error"] for r in rejected} >= {"invalid_json", "not_an_object", "invalid_utf8",
+                                               "too_deep", "invalid_request", "no_input",
+                                               "bad_timestamp", "wrong_type", "template_error"}
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
+    assert manifest["read"] == manifest["exported"] + manifest["rejected"] == len(mixed)
+
+
+def test_max_rejected_fraction_fails_without_writing_a_trace(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), b"bad", b"bad"])
+    code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "0.5")
+    assert code == 1
+    assert "too many rejected records: 2 of 3" in capsys.readouterr().err
+    assert not list((tmp_path / "out").glob("trace-*"))
+
+
+def test_same_records_split_and_ordered_differently_give_identical_bytes(tiny_tokenizer, tmp_path):
+    records = [chat(i, 7 * (i // 3), session=f"s{i % 4}") for i in range(40)]  # equal timestamps
+    one = write_jsonl(tmp_path / "all.jsonl", records)
+    shuffled = records[:]
+    random.Random(1).shuffle(shuffled)
+    parts = [write_jsonl(tmp_path / f"part{k}.jsonl", shuffled[k::3]) for k in range(3)]
+    assert anonymize(tiny_tokenizer, [one], tmp_path / "a", "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, parts, tmp_path / "b", "--block-size", "4",
+                     "--salt-file", str(_salt(tmp_path)), "--hash-shards", "5") == 0
+    for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_two_worker_processes_give_identical_bytes(tiny_tokenizer, tmp_path):
+    records = [chat(i, 3 * (i // 2)) for i in range(30)]
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "a") == 0
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "b", "--direct_num_workers", "2",
+                     "--direct_running_mode", "multi_processing") == 0
+    for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_nothing_published_carries_text_token_ids_or_identifiers(tiny_tokenizer, tmp_path):
+    secret_session = "alice@example.com"
+    records = [dict(chat(i, i), session_id=secret_session) for i in range(5)]
+    records.append({"timestamp": 9, "input_ids": [31337, 27182, 16180], "output_length": 1})
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--salt-file",
+                     str(_salt(tmp_path))) == 0
+    published = b"".join(p.read_bytes() for p in (tmp_path / "out").iterdir())
+    for secret in (b"alice", b"quick", b"caching", b"31337", b"27182", b"16180", SALT.encode(),
+                   str(src).encode()):
+        assert secret not in published, secret
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {
+        "trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json", "manifest.json"
+    }
+
+
+def test_parquet_gzip_and_zstd_inputs_read_like_jsonl(tiny_tokenizer, tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import zstandard
+
+    records = [chat(i, 10 * i) for i in range(9)]
+    plain = write_jsonl(tmp_path / "plain.jsonl", records)
+    lines = [json.dumps(r).encode() + b"\n" for r in records]
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b"".join(lines[:3])))
+    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[3:6])))
+    pq.write_table(pa.Table.from_pylist(records[6:]), tmp_path / "c.parquet")
+    assert anonymize(tiny_tokenizer, [plain], tmp_path / "one") == 0
+    assert anonymize(tiny_tokenizer, [tmp_path / "a.jsonl.gz", tmp_path / "*.zst",
+                                      tmp_path / "c.parquet"], tmp_path / "many") == 0
+    assert trace(tmp_path / "one") == trace(tmp_path / "many")
+
+
+def test_clear_errors_for_missing_inputs_and_flags(tiny_tokenizer, tmp_path, capsys):
+    assert anonymize(tiny_tokenizer, [tmp_path / "nothing-*.jsonl"], tmp_path / "out") == 2
+    assert "matches no file" in capsys.readouterr().err
+    assert main(["anonymize", "--output", str(tmp_path)]) == 2
+    assert "missing --input, --tokenizer" in capsys.readouterr().err
+
+
+def test_config_presets_merge_under_flags(tiny_tokenizer, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(f"tokenizer: {tiny_tokenizer}\nblock-size: 2\ninput: [{src}]\n"
+                      "beam:\n  direct_num_workers: 1\n")
+    assert main(["anonymize", "--config", str(preset), "--output", str(tmp_path / "o"),
+                 "--block-size", "4"]) == 0
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["block_size"] == 4
+
+
+def _salt(tmp_path: Path) -> Path:
+    path = tmp_path / "salt"
+    path.write_text(SALT)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_env_salt(monkeypatch):
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)

@@ -1,0 +1,96 @@
+import functools
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from kvtrace.transforms.blocks import chain_hashes, chain_seed, token_bytes
+from kvtrace.transforms.dense_ids import (
+    OCCURRENCE,
+    AssignDenseIds,
+    EarliestOccurrence,
+    UniqueTotals,
+    block_keys,
+    earliest,
+    ids_per_request,
+    number,
+    occurrence_table,
+    resolve,
+)
+from kvtrace.transforms.encode import HashedRequest
+
+SEED = chain_seed(b"dense id test salt.............")
+
+
+def request(ts, tokens, fp=0, block_size=2):
+    return HashedRequest(
+        timestamp_ms=ts, fingerprint=fp, input_length=len(tokens), output_length=1,
+        block_hashes=chain_hashes(token_bytes(tokens), block_size, SEED), session_key=None,
+    )
+
+
+def table(*rows):
+    """Occurrence rows (key, ts, fp, pos)."""
+    out = np.zeros(len(rows), dtype=OCCURRENCE)
+    for i, (key, ts, fp, pos) in enumerate(rows):
+        out[i]["hi"], out[i]["lo"], out[i]["ts"], out[i]["fp"], out[i]["pos"] = key, key, ts, fp, pos
+    return out
+
+
+def test_earliest_keeps_each_key_at_its_first_occurrence():
+    firsts = earliest(table((7, 5, 0, 1), (7, 3, 9, 1), (8, 3, 1, 0), (7, 3, 2, 1)))
+    assert sorted(zip(firsts["hi"].tolist(), firsts["ts"].tolist(), firsts["fp"].tolist())) == [
+        (7, 3, 2), (8, 3, 1)
+    ]
+
+
+def test_number_orders_by_time_then_fingerprint_then_position():
+    numbered = number(table((1, 9, 0, 0), (2, 3, 5, 1), (3, 3, 5, 0), (4, 3, 1, 4)), first_id=10)
+    assert dict(zip(numbered["hi"].tolist(), numbered["id"].tolist())) == {4: 10, 3: 11, 2: 12, 1: 13}
+
+
+def test_resolve_joins_every_query_to_its_id():
+    # First-seen order (9, 5, 6) differs from key order (5, 6, 9): the join must not mix them.
+    numbered = number(table((9, 0, 0, 0), (5, 1, 0, 0), (6, 2, 0, 0)), first_id=0)
+    queries = table((6, 0, 0, 0), (9, 0, 0, 0), (5, 0, 0, 0), (6, 0, 0, 0))
+    assert resolve(numbered, queries).tolist() == [2, 0, 1, 2]
+
+
+def test_combine_is_order_and_grouping_independent():
+    fn = EarliestOccurrence()
+    rows = table((1, 5, 0, 0), (1, 2, 0, 0), (2, 7, 0, 0), (2, 7, 0, 3))
+    one = fn.extract_output(fn.add_input(fn.create_accumulator(), rows))
+    parts = [fn.add_input(fn.create_accumulator(), rows[i : i + 1]) for i in range(4)]
+    merged = fn.extract_output(fn.merge_accumulators(reversed(parts)))
+    assert one.tobytes() == merged.tobytes()
+
+
+def test_ids_per_request_restores_block_order():
+    resolved = np.array([(1, 1, 30), (0, 0, 10), (1, 0, 20)], dtype=[("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
+    assert [a.tolist() for a in ids_per_request([resolved], [1, 2])] == [[10], [20, 30]]
+
+
+def test_block_keys_weigh_the_partial_last_block_by_its_tokens():
+    _, weights = block_keys(request(0, [1, 2, 3, 4, 5]), block_size=2)
+    assert weights.tolist() == [2, 2, 1]
+    assert len(occurrence_table([request(0, [1, 2, 3]), request(1, [])], functools.partial(block_keys, block_size=2))) == 2
+
+
+def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
+    # Request b comes first in time, though it sits in the later batch.
+    a = request(100, [1, 2, 3, 4, 5])  # blocks [1,2] [3,4] [5]
+    b = request(50, [1, 2, 9, 9])  # blocks [1,2] [9,9]
+    c = request(100, [1, 2, 3, 4, 5], fp=1)  # exact repeat of a
+    with TestPipeline() as p:
+        batches = p | beam.Create([(1, [a, c]), (2, [b])])
+        out = batches | AssignDenseIds(functools.partial(block_keys, block_size=2), shards=3)
+        ids = out["ids"] | beam.Map(lambda kv: (kv[0], sorted(kv[1].tolist())))
+        merged = ids | beam.CombinePerKey(lambda parts: sorted(x for p in parts for x in p))
+        assert_that(
+            merged,
+            equal_to([(1, [(0, 0, 0), (0, 1, 2), (0, 2, 3), (1, 0, 0), (1, 1, 2), (1, 2, 3)]),
+                      (2, [(0, 0, 0), (0, 1, 1)])]),
+            label="ids",
+        )
+        assert_that(out["unique"], equal_to([UniqueTotals(4, 2 + 2 + 2 + 1)]), label="unique")

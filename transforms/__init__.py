@@ -1,0 +1,1 @@
+"""Beam building blocks: pure functions, with thin DoFns and composite PTransforms around them."""

@@ -1,0 +1,61 @@
+"""Cut token ids into fixed-size blocks and chain-hash them.
+
+Block i's hash covers block i's tokens and block i-1's hash, so two requests share hash i exactly
+when they share their first i+1 blocks: the prefix-sharing structure survives, the tokens do not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+HASH_SCHEME = "xxh3-128-chained-salted-v1"
+DIGEST_SIZE = 16  # bytes of one block hash (xxh3-128)
+TOKEN_DTYPE = np.dtype("<u4")  # fixed width, so a block's bytes encode its length unambiguously
+MAX_TOKEN_ID = np.iinfo(TOKEN_DTYPE).max
+
+
+def block_count(num_tokens: int, block_size: int) -> int:
+    """Blocks for num_tokens tokens, the partial last block included: ceil(n / block_size)."""
+    return -(-num_tokens // block_size)
+
+
+def last_block_tokens(num_tokens: int, block_size: int) -> int:
+    """Tokens in the last (possibly partial) block; 0 for an empty input."""
+    if num_tokens == 0:
+        return 0
+    return num_tokens - (block_count(num_tokens, block_size) - 1) * block_size
+
+
+def chain_seed(salt: bytes) -> bytes:
+    """The hash the chain starts from: every block hash depends on the salt through it."""
+    return xxhash.xxh3_128_digest(b"kvtrace-chain-seed\0" + salt)
+
+
+def salt_fingerprint(salt: bytes) -> str:
+    """A public fingerprint that tells two salts apart without revealing the chain seed."""
+    return hashlib.sha256(b"kvtrace-salt-fingerprint\0" + salt).hexdigest()[:16]
+
+
+def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
+    """Token ids as fixed-width little-endian bytes: what blocks are cut from and hashed."""
+    return np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def chain_hashes(data: bytes, block_size: int, seed: bytes) -> bytes:
+    """The block hashes of one request's token_bytes, DIGEST_SIZE bytes each, in block order."""
+    step = block_size * TOKEN_DTYPE.itemsize
+    digest = seed
+    out = bytearray()
+    for start in range(0, len(data), step):
+        digest = xxhash.xxh3_128_digest(digest + data[start : start + step])
+        out += digest
+    return bytes(out)
+
+
+def keyed_digest(value: str, seed: bytes) -> bytes:
+    """A keyed 16-byte digest of an identifier (session ids), never reversible without the salt."""
+    return xxhash.xxh3_128_digest(seed + b"\0id\0" + value.encode("utf-8"))

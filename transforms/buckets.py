@@ -1,0 +1,48 @@
+"""Time buckets: how a global order is cut into pieces one worker can sort.
+
+Dense ids and output shards both need a global order over all requests. Instead of one worker
+sorting everything, elements go to time buckets; a small side input of per-bucket counts gives
+each bucket its starting offset, and each bucket is sorted on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+# One minute of traffic: small enough for one worker to sort even at tens of thousands of
+# requests per second, large enough that a month of logs needs only ~45k buckets in a side input.
+BUCKET_MS = 60_000
+
+
+def bucket_of(timestamp_ms: int) -> int:
+    return timestamp_ms // BUCKET_MS
+
+
+def buckets_of(timestamps_ms: np.ndarray) -> np.ndarray:
+    return np.floor_divide(timestamps_ms, BUCKET_MS)
+
+
+def first_offsets(sizes: Mapping[int, int], start: int = 0) -> dict[int, int]:
+    """Each bucket's offset: start plus the sizes of all earlier buckets."""
+    offsets, total = {}, start
+    for bucket in sorted(sizes):
+        offsets[bucket] = total
+        total += sizes[bucket]
+    return offsets
+
+
+def plan_shards(sizes: Mapping[int, int], max_per_shard: int) -> dict[int, int]:
+    """Consecutive buckets grouped into shards of at most max_per_shard (a bucket never splits).
+
+    Depends only on the sizes, so the same data gives the same files whatever the worker count.
+    """
+    plan: dict[int, int] = {}
+    shard, filled = 0, 0
+    for bucket in sorted(sizes):
+        if filled and filled + sizes[bucket] > max_per_shard:
+            shard, filled = shard + 1, 0
+        plan[bucket] = shard
+        filled += sizes[bucket]
+    return plan

@@ -1,0 +1,45 @@
+"""The export's summary files: stats.json and manifest.json, written last.
+
+manifest.json is written after every trace file, so its presence marks a complete export.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from apache_beam.io.filesystems import FileSystems
+
+from kvtrace.transforms.write import TRACE_FILE_PREFIX
+
+REJECTED_FRACTION_MARKER = "kvtrace: too many rejected records"
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    read: int
+    rejected: int
+
+
+def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None) -> RecordCounts:
+    """Fail the job, before any trace file is written, when too much input was rejected."""
+    if max_fraction is not None and counts.read and counts.rejected / counts.read > max_fraction:
+        raise RuntimeError(
+            f"{REJECTED_FRACTION_MARKER}: {counts.rejected} of {counts.read} "
+            f"({counts.rejected / counts.read:.1%}) > --max-rejected-fraction {max_fraction}"
+        )
+    return counts
+
+
+def write_json(path: str, payload: dict) -> None:
+    with FileSystems.create(path) as handle:
+        handle.write((json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+
+
+def remove_stale_shards(directory: str, written: list[str]) -> None:
+    """Trace shards from an earlier run with another shard count would mix into this export."""
+    keep = set(written)
+    pattern = FileSystems.join(directory, TRACE_FILE_PREFIX + "*")
+    stale = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list if m.path not in keep]
+    if stale:
+        FileSystems.delete(stale)

