@@ -23,6 +23,7 @@ from kvtrace.transforms.dense_ids import (
     session_keys,
 )
 from kvtrace.transforms.encode import EncodeRequests
+from kvtrace.transforms.hashed_batch import HashedBatch
 from kvtrace.transforms.manifest import (
     RecordCounts,
     check_rejected_fraction,
@@ -30,15 +31,17 @@ from kvtrace.transforms.manifest import (
     write_json,
 )
 from kvtrace.transforms.read import ReadRecords, parse_records
-from kvtrace.transforms.rows import assemble_rows
-from kvtrace.transforms.stats import TotalRows, export_stats
-from kvtrace.transforms.write import WriteTrace
+from kvtrace.transforms.buckets import plan_shards
+from kvtrace.transforms.rows import assemble_rows, bucket_sizes
+from kvtrace.transforms.stats import ExportTotals, export_stats, sum_totals
+from kvtrace.transforms.write import MAX_BLOCKS_PER_SHARD, WriteShard
 
+# The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
+# elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
+ID_BATCH_BLOCKS = 200_000
 # Batches big enough for the fast tokenizer to use every core, small enough that a batch of
 # 10k-token prompts (~40 kB of text each) stays within tens of MB.
 TOKENIZE_BATCH = dict(min_batch_size=32, max_batch_size=256)
-# The id join moves one element per batch and shard: larger batches, fewer elements.
-ID_BATCH = dict(min_batch_size=256, max_batch_size=4096)
 
 
 @dataclass(frozen=True)
@@ -67,26 +70,48 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     parsed = parse_records(records, config.input_format)
     encoded = (
         parsed.requests
-        | "TokenizeBatches" >> beam.BatchElements(**TOKENIZE_BATCH)
+        | "Batch" >> beam.BatchElements(**TOKENIZE_BATCH)
         | "RenderTokenizeHash" >> beam.ParDo(
             EncodeRequests(
                 config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs
             )
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )
+    hashed = encoded.hashed  # HashedBatch elements: every later step works per batch
     batches = (
-        encoded.hashed
-        | "IdBatches" >> beam.BatchElements(**ID_BATCH)
-        | "NameBatches" >> beam.Map(lambda batch: (new_batch_id(), batch))
+        hashed
+        | "IdBatches" >> beam.BatchElements(
+            min_batch_size=ID_BATCH_BLOCKS, max_batch_size=ID_BATCH_BLOCKS,
+            element_size_fn=lambda batch: len(batch.block_hashes),
+        )
+        | "NameBatches" >> beam.Map(lambda parts: (new_batch_id(), HashedBatch.concat(parts)))
     )
     blocks = batches | "BlockIds" >> AssignDenseIds(
         functools.partial(block_keys, block_size=config.block_size), config.hash_shards
     )
     sessions = batches | "SessionIds" >> AssignDenseIds(session_keys, config.hash_shards)
+
+    plan = beam.pvalue.AsSingleton(
+        hashed
+        | "BucketSizes" >> beam.FlatMap(bucket_sizes)
+        | "SumPerBucket" >> beam.CombinePerKey(sum)
+        | "AllBuckets" >> beam.combiners.ToDict()
+        | "PlanShards" >> beam.Map(plan_shards, MAX_BLOCKS_PER_SHARD)
+    )
+    origin = (
+        hashed
+        | "EarliestInBatch" >> beam.Map(lambda batch: int(batch.requests["timestamp_ms"].min()))
+        | "Origin" >> beam.CombineGlobally(min).without_defaults()
+    )
     rows = (
-        {"requests": batches, "blocks": blocks["ids"], "sessions": sessions["ids"]}
+        {
+            # Only the request columns meet the ids: the block hashes are in the lookups already.
+            "requests": batches | "RequestColumns" >> beam.MapTuple(lambda k, b: (k, b.requests)),
+            "blocks": blocks["ids"],
+            "sessions": sessions["ids"],
+        }
         | "JoinIds" >> beam.CoGroupByKey()
-        | "AssembleRows" >> beam.FlatMap(assemble_rows)
+        | "AssembleRows" >> beam.FlatMap(assemble_rows, plan)
     )
 
     dead_letters = (
@@ -111,8 +136,23 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         )
     )
 
-    trace_files = rows | "WriteTrace" >> WriteTrace(config.output, gate=counts)
-    totals = rows | "Totals" >> TotalRows()
+    first_shard = pipeline | "FirstShard" >> beam.Create([(0, None)])
+    trace_files = (
+        (rows, first_shard)
+        | "WithFirstShard" >> beam.Flatten()
+        | "GroupByShard" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(
+            WriteShard(config.output),
+            plan,
+            beam.pvalue.AsSingleton(origin, default_value=0),
+            beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass
+        )
+    )
+    totals = (
+        hashed
+        | "BatchTotals" >> beam.Map(ExportTotals.of_batch)
+        | "SumTotals" >> beam.CombineGlobally(sum_totals)
+    )
     summary = pipeline | "Summary" >> beam.Create([None]) | "WriteSummary" >> beam.Map(
         lambda _, files, counts, totals, unique: _write_summary(
             config, sorted(files), counts, totals, unique

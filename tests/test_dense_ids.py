@@ -13,20 +13,20 @@ from kvtrace.transforms.dense_ids import (
     UniqueTotals,
     block_keys,
     earliest,
-    ids_per_request,
+    ids_in_request_order,
     number,
-    occurrence_table,
     resolve,
+    session_keys,
 )
-from kvtrace.transforms.encode import HashedRequest
+from kvtrace.transforms.hashed_batch import HashedBatch, HashedRequest
 
 SEED = chain_seed(b"dense id test salt.............")
 
 
-def request(ts, tokens, fp=0, block_size=2):
+def request(ts, tokens, fp=0, block_size=2, session=None):
     return HashedRequest(
         timestamp_ms=ts, fingerprint=fp, input_length=len(tokens), output_length=1,
-        block_hashes=chain_hashes(token_bytes(tokens), block_size, SEED), session_key=None,
+        block_hashes=chain_hashes(token_bytes(tokens), block_size, SEED), session_key=session,
     )
 
 
@@ -66,15 +66,22 @@ def test_combine_is_order_and_grouping_independent():
     assert one.tobytes() == merged.tobytes()
 
 
-def test_ids_per_request_restores_block_order():
+def test_ids_in_request_order_restores_block_order():
     resolved = np.array([(1, 1, 30), (0, 0, 10), (1, 0, 20)], dtype=[("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
-    assert [a.tolist() for a in ids_per_request([resolved], [1, 2])] == [[10], [20, 30]]
+    assert ids_in_request_order([resolved], np.array([1, 2])).tolist() == [10, 20, 30]
 
 
 def test_block_keys_weigh_the_partial_last_block_by_its_tokens():
-    _, weights = block_keys(request(0, [1, 2, 3, 4, 5]), block_size=2)
-    assert weights.tolist() == [2, 2, 1]
-    assert len(occurrence_table([request(0, [1, 2, 3]), request(1, [])], functools.partial(block_keys, block_size=2))) == 2
+    batch = HashedBatch.pack([request(0, [1, 2, 3, 4, 5]), request(1, []), request(2, [7, 8, 9])])
+    table = block_keys(batch, block_size=2)
+    assert table["weight"].tolist() == [2, 2, 1, 2, 1]
+    assert table["pos"].tolist() == [0, 1, 2, 0, 1] and table["req"].tolist() == [0, 0, 0, 2, 2]
+
+
+def test_session_keys_only_for_requests_with_a_session():
+    batch = HashedBatch.pack([request(0, [1]), request(5, [2], session=b"k" * 16)])
+    table = session_keys(batch)
+    assert table["req"].tolist() == [1] and table["ts"].tolist() == [5]
 
 
 def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
@@ -83,7 +90,7 @@ def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
     b = request(50, [1, 2, 9, 9])  # blocks [1,2] [9,9]
     c = request(100, [1, 2, 3, 4, 5], fp=1)  # exact repeat of a
     with TestPipeline() as p:
-        batches = p | beam.Create([(1, [a, c]), (2, [b])])
+        batches = p | beam.Create([(1, HashedBatch.pack([a, c])), (2, HashedBatch.pack([b]))])
         out = batches | AssignDenseIds(functools.partial(block_keys, block_size=2), shards=3)
         ids = out["ids"] | beam.Map(lambda kv: (kv[0], sorted(kv[1].tolist())))
         merged = ids | beam.CombinePerKey(lambda parts: sorted(x for p in parts for x in p))

@@ -17,7 +17,7 @@ Work is vectorised over numpy tables: one Beam element per batch and shard, neve
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -32,9 +32,8 @@ from apache_beam.transforms.userstate import (
 )
 from apache_beam.transforms.window import GlobalWindow
 
-from kvtrace.transforms.blocks import DIGEST_SIZE, last_block_tokens
 from kvtrace.transforms.buckets import buckets_of, first_offsets
-from kvtrace.transforms.encode import HashedRequest
+from kvtrace.transforms.hashed_batch import HashedBatch
 
 # Hash shards for the earliest-occurrence combine and the join: each shard holds 1/N of the
 # unique hashes, so N = 64 keeps a shard of a 1e9-block export near 15M rows (~600 MB).
@@ -49,7 +48,8 @@ OCCURRENCE = np.dtype(
 NUMBERED = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("id", "<i8")])
 RESOLVED = np.dtype([("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
 
-KeyExtractor = Callable[[HashedRequest], "tuple[bytes, np.ndarray]"]
+# What gets numbered in a batch (block hashes, or session keys), as an OCCURRENCE table.
+KeyExtractor = Callable[[HashedBatch], np.ndarray]
 
 
 class UniqueTotals(NamedTuple):
@@ -59,36 +59,33 @@ class UniqueTotals(NamedTuple):
     weight: int
 
 
-def block_keys(request: HashedRequest, block_size: int) -> tuple[bytes, np.ndarray]:
-    """A request's block hashes, each weighted by its real token count (partial last block)."""
-    n = len(request.block_hashes) // DIGEST_SIZE
-    weights = np.full(n, block_size, dtype="<u4")
-    if n:
-        weights[-1] = last_block_tokens(request.input_length, block_size)
-    return request.block_hashes, weights
+def block_keys(batch: HashedBatch, block_size: int) -> np.ndarray:
+    """Every block of the batch, weighted by its real token count (the partial last block less)."""
+    requests = batch.requests
+    counts = requests["num_blocks"]
+    table = np.empty(len(batch.block_hashes), dtype=OCCURRENCE)
+    table["hi"], table["lo"] = batch.block_hashes[:, 0], batch.block_hashes[:, 1]
+    table["ts"] = np.repeat(requests["timestamp_ms"], counts)
+    table["fp"] = np.repeat(requests["fingerprint"], counts)
+    table["pos"] = batch.block_positions()
+    table["req"] = np.repeat(np.arange(len(requests)), counts)
+    table["weight"] = block_size
+    has_blocks = counts > 0
+    last = np.cumsum(counts)[has_blocks] - 1
+    lengths = requests["input_length"][has_blocks]
+    table["weight"][last] = lengths - (counts[has_blocks] - 1) * block_size
+    return table
 
 
-def session_keys(request: HashedRequest) -> tuple[bytes, np.ndarray]:
-    if request.session_key is None:
-        return b"", np.zeros(0, dtype="<u4")
-    return request.session_key, np.ones(1, dtype="<u4")
-
-
-def occurrence_table(requests: Sequence[HashedRequest], keys: KeyExtractor) -> np.ndarray:
-    """One row per key occurrence: the key, where it was seen, and which request of the batch."""
-    parts = []
-    for index, request in enumerate(requests):
-        blob, weights = keys(request)
-        if not blob:
-            continue
-        digests = np.frombuffer(blob, dtype="<u8").reshape(-1, 2)
-        part = np.empty(len(digests), dtype=OCCURRENCE)
-        part["hi"], part["lo"] = digests[:, 0], digests[:, 1]
-        part["ts"], part["fp"] = request.timestamp_ms, request.fingerprint
-        part["pos"] = np.arange(len(digests))
-        part["weight"], part["req"] = weights, index
-        parts.append(part)
-    return np.concatenate(parts) if parts else np.empty(0, dtype=OCCURRENCE)
+def session_keys(batch: HashedBatch) -> np.ndarray:
+    """The session key of every request that has one."""
+    index = np.flatnonzero(batch.requests["has_session"])
+    requests = batch.requests[index]
+    table = np.empty(len(index), dtype=OCCURRENCE)
+    table["hi"], table["lo"] = requests["session_hi"], requests["session_lo"]
+    table["ts"], table["fp"] = requests["timestamp_ms"], requests["fingerprint"]
+    table["pos"], table["weight"], table["req"] = 0, 1, index
+    return table
 
 
 def earliest(table: np.ndarray) -> np.ndarray:
@@ -144,7 +141,7 @@ def split_by(table: np.ndarray, labels: np.ndarray) -> Iterator[tuple[int, np.nd
     cuts = np.flatnonzero(sorted_labels[1:] != sorted_labels[:-1]) + 1
     for part, labels_part in zip(np.split(ordered, cuts), np.split(sorted_labels, cuts)):
         if len(part):
-            yield int(labels_part[0]), part
+            yield labels_part[0].item(), part
 
 
 class EarliestOccurrence(beam.CombineFn):
@@ -208,18 +205,21 @@ class NumberBucket(beam.DoFn):
 
 
 class ResolveShard(beam.DoFn):
-    """Per hash shard: join the numbered hashes with the lookups of every request batch."""
+    """Per hash shard: join the numbered hashes with the lookups of every request batch, in one
+    sort-merge (per batch it would re-sort the shard's whole table each time)."""
 
     def process(self, element: tuple[int, dict[str, list]]) -> Iterator[tuple[int, np.ndarray]]:
         _, groups = element
         if not groups["lookups"]:
             return
-        numbered = np.concatenate(groups["numbered"])
-        for batch_id, lookups in groups["lookups"]:
-            resolved = np.empty(len(lookups), dtype=RESOLVED)
-            resolved["req"], resolved["pos"] = lookups["req"], lookups["pos"]
-            resolved["id"] = resolve(numbered, lookups)
-            yield batch_id, resolved
+        batch_ids = np.concatenate(
+            [np.full(len(part), batch_id, dtype="<u8") for batch_id, part in groups["lookups"]]
+        )
+        lookups = np.concatenate([part for _, part in groups["lookups"]])
+        resolved = np.empty(len(lookups), dtype=RESOLVED)
+        resolved["req"], resolved["pos"] = lookups["req"], lookups["pos"]
+        resolved["id"] = resolve(np.concatenate(groups["numbered"]), lookups)
+        yield from split_by(resolved, batch_ids)
 
 
 def new_batch_id() -> int:
@@ -228,7 +228,7 @@ def new_batch_id() -> int:
 
 
 class AssignDenseIds(beam.PTransform):
-    """(batch id, [HashedRequest]) in; out a dict: "ids", (batch id, RESOLVED table) pairs, and
+    """(batch id, HashedBatch) in; out a dict: "ids", (batch id, RESOLVED table) pairs, and
     "unique", one UniqueTotals.
 
     keys picks what gets numbered (block hashes, or session keys): the transform is the same.
@@ -242,9 +242,9 @@ class AssignDenseIds(beam.PTransform):
     def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
         keys, shards = self._keys, self._shards
 
-        def tables(batch: tuple[int, list[HashedRequest]]) -> Iterator[tuple[str, Any]]:
-            batch_id, requests = batch
-            table = occurrence_table(requests, keys)
+        def tables(batch: tuple[int, HashedBatch]) -> Iterator[tuple[str, Any]]:
+            batch_id, hashed = batch
+            table = keys(hashed)
             for shard, part in split_by(table, shard_of(table, shards)):
                 yield beam.pvalue.TaggedOutput("occurrences", (shard, earliest(part)))
                 yield beam.pvalue.TaggedOutput("lookups", (shard, (batch_id, part)))
@@ -289,12 +289,12 @@ def _sum_totals(totals: Iterable[UniqueTotals]) -> UniqueTotals:
     return UniqueTotals(count, weight)
 
 
-def ids_per_request(resolved: Iterable[np.ndarray], sizes: Sequence[int]) -> list[np.ndarray]:
-    """Split a batch's resolved ids into each request's ids, in block order."""
+def ids_in_request_order(resolved: Iterable[np.ndarray], counts: np.ndarray) -> np.ndarray:
+    """A batch's resolved ids, concatenated by request and then position; counts[i] ids are
+    expected for request i."""
     parts = list(resolved)
     table = np.concatenate(parts) if parts else np.empty(0, dtype=RESOLVED)
     table = table[np.lexsort((table["pos"], table["req"]))]
-    counts = np.bincount(table["req"], minlength=len(sizes))
-    if counts.tolist() != list(sizes):
+    if not np.array_equal(np.bincount(table["req"], minlength=len(counts)), counts):
         raise AssertionError("a request lost or gained ids on the way back from the join")
-    return np.split(table["id"], np.cumsum(counts)[:-1])
+    return table["id"]

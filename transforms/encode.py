@@ -1,6 +1,6 @@
 """Render, tokenize and chain-hash batches of requests: the one step that ever sees text.
 
-What leaves this step is a HashedRequest: timestamps, lengths and keyed hashes only.
+What leaves this step is a HashedBatch: timestamps, lengths and keyed hashes only.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import logging
 import struct
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -18,26 +17,12 @@ import xxhash
 from kvtrace.transforms.blocks import chain_hashes, chain_seed, keyed_digest, token_bytes
 from kvtrace.transforms.dead_letters import dead_letter
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.records import Request
 from kvtrace.transforms.tokenize import encode_texts, load_tokenizer, render_chat
 
 _LOG = logging.getLogger("kvtrace")
 PROGRESS_INTERVAL_S = 30.0
-
-
-@dataclass(frozen=True)
-class HashedRequest:
-    """A request reduced to what may leave the worker: no text, no token ids, no identifiers."""
-
-    timestamp_ms: int
-    # Unsalted digest of the request's content: orders requests that share a timestamp the same
-    # way in every run, whatever the salt, so ids do not depend on the salt. Never published.
-    fingerprint: int
-    input_length: int
-    output_length: int
-    block_hashes: bytes  # DIGEST_SIZE bytes per block
-    session_key: bytes | None  # keyed digest of the session id
-    defaulted: tuple[str, ...] = ()
 
 
 def hash_request(
@@ -64,7 +49,8 @@ def hash_request(
 
 
 class EncodeRequests(beam.DoFn):
-    """Batches of Requests in, HashedRequests out; bad requests to the dead-letter output."""
+    """A batch of Requests in, one HashedBatch out (later steps work per batch); bad requests go
+    to the dead-letter output one by one."""
 
     def __init__(
         self, tokenizer_name: str, block_size: int, salt: bytes, template_kwargs: dict[str, Any]
@@ -90,6 +76,7 @@ class EncodeRequests(beam.DoFn):
         token_lists = iter(encode_texts(self._tokenizer, [p for _, p in prompts if p is not None]))
         output_texts = [r.output_text for r, _ in prompts if r.output_text is not None]
         output_lengths = iter(len(ids) for ids in encode_texts(self._tokenizer, output_texts))
+        hashed = []
         for request, prompt in prompts:
             token_ids = request.input_ids if prompt is None else next(token_lists)
             if request.output_text is not None:
@@ -99,8 +86,12 @@ class EncodeRequests(beam.DoFn):
             if not token_ids:
                 yield dead_letter(request.source, request.line, "no_input", "renders to no tokens")
                 continue
-            yield hash_request(request, token_ids, output_length, self._block_size, self._seed)
+            hashed.append(
+                hash_request(request, token_ids, output_length, self._block_size, self._seed)
+            )
             self._progress.add(len(token_ids))
+        if hashed:
+            yield HashedBatch.pack(hashed)
 
     def _prompt(self, request: Request) -> str | None:
         """The text to tokenize, or None when the request came as token ids."""

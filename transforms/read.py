@@ -17,6 +17,9 @@ from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.records import parse_record, request_from_object
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# Splits of uncompressed files that workers read in parallel: small enough that a single large
+# file keeps every worker busy, large enough that per-split overhead stays negligible.
+READ_SPLIT_BYTES = 8 << 20
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
@@ -47,7 +50,9 @@ class ReadRecords(beam.PTransform):
                 pipeline
                 | "TextFiles" >> beam.Create(text)
                 # Bytes, not str: a line of invalid UTF-8 must become a dead letter, not a crash.
-                | "ReadLines" >> ReadAllFromText(with_filename=True, coder=BytesCoder())
+                | "ReadLines" >> ReadAllFromText(
+                    with_filename=True, coder=BytesCoder(), desired_bundle_size=READ_SPLIT_BYTES
+                )
                 | "DropBlankLines" >> beam.Filter(lambda kv: bool(kv[1].strip()))
             )
         if parquet:

@@ -1,56 +1,103 @@
-"""Trace rows: a request's lengths and timestamp with its dense block ids (and session number)."""
+"""Trace rows, held column-wise per batch: a request's lengths and timestamp, its dense block ids
+and its session number, without one Python object per row."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+import xxhash
 
-from kvtrace.transforms.blocks import DIGEST_SIZE
-from kvtrace.transforms.dense_ids import ids_per_request
+from kvtrace.transforms.buckets import buckets_of
+from kvtrace.transforms.dense_ids import ids_in_request_order
+from kvtrace.transforms.hashed_batch import HashedBatch
+
+NO_SESSION = -1
+ROW = np.dtype(
+    [
+        ("timestamp_ms", "<i8"),  # absolute; made relative to the export's origin when written
+        ("fingerprint", "<u8"),  # tie-break for equal timestamps; never written
+        ("input_length", "<i8"),
+        ("output_length", "<i8"),
+        ("session_id", "<i8"),  # NO_SESSION when the request had none
+        ("ids_digest", "<u8"),  # breaks the (2^-64) ties the fingerprint leaves
+        ("num_ids", "<i8"),
+    ]
+)
 
 
 @dataclass(frozen=True)
-class TraceRow:
-    timestamp_ms: int  # absolute; made relative to the export's first request when written
-    fingerprint: int  # tie-break for equal timestamps; never written
-    input_length: int
-    output_length: int
-    hash_ids: np.ndarray  # int64 dense ids, one per block
-    session_id: int | None
-    defaulted: tuple[str, ...] = ()
+class RowBatch:
+    rows: np.ndarray  # ROW
+    ids: np.ndarray  # int64: each row's hash ids, concatenated in row order
 
-    def sort_key(self) -> tuple[Any, ...]:
-        """Timestamp, then fingerprint; the published fields break the (2^-64) remaining ties."""
-        return (
-            self.timestamp_ms,
-            self.fingerprint,
-            self.input_length,
-            self.output_length,
-            -1 if self.session_id is None else self.session_id,
-            self.hash_ids.tolist(),
+    @staticmethod
+    def concat(batches: Sequence[RowBatch]) -> RowBatch:
+        if not batches:
+            return RowBatch(np.empty(0, ROW), np.empty(0, np.int64))
+        return RowBatch(
+            np.concatenate([b.rows for b in batches]), np.concatenate([b.ids for b in batches])
         )
 
+    def select(self, order: np.ndarray) -> RowBatch:
+        """The rows at positions order (in that order), each with its ids."""
+        starts = _exclusive_cumsum(self.rows["num_ids"])
+        counts = self.rows["num_ids"][order]
+        shift = np.repeat(starts[order] - _exclusive_cumsum(counts), counts)
+        return RowBatch(self.rows[order], self.ids[shift + np.arange(counts.sum())])
 
-def assemble_rows(element: tuple[int, dict[str, list]]) -> Iterator[TraceRow]:
-    """One batch's requests joined with their block ids and session numbers."""
+    def sorted(self) -> RowBatch:
+        """Timestamp, then content fingerprint, then the published fields and the ids' digest."""
+        r = self.rows
+        return self.select(
+            np.lexsort((r["ids_digest"], r["session_id"], r["output_length"], r["input_length"],
+                        r["fingerprint"], r["timestamp_ms"]))
+        )
+
+    def row_ids(self) -> list[np.ndarray]:
+        return np.split(self.ids, np.cumsum(self.rows["num_ids"])[:-1]) if len(self.rows) else []
+
+
+def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(values), dtype=np.int64)
+    np.cumsum(values[:-1], out=out[1:])
+    return out
+
+
+def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarray) -> RowBatch:
+    """Rows for a batch's REQUEST columns, given its ids in request order and one session number
+    per request that has a session."""
+    rows = np.empty(len(requests), dtype=ROW)
+    for name in ("timestamp_ms", "fingerprint", "input_length", "output_length"):
+        rows[name] = requests[name]
+    rows["num_ids"] = requests["num_blocks"]
+    rows["session_id"] = NO_SESSION
+    rows["session_id"][requests["has_session"]] = session_ids
+    row = RowBatch(rows, block_ids.astype(np.int64, copy=False))
+    rows["ids_digest"] = [xxhash.xxh3_64_intdigest(ids.tobytes()) for ids in row.row_ids()]
+    return row
+
+
+def assemble_rows(
+    element: tuple[int, dict[str, list]], plan: dict[int, int]
+) -> Iterator[tuple[int, RowBatch]]:
+    """One batch's requests joined with their block ids and session numbers, split by the output
+    shard each row belongs to."""
     _, groups = element
     for requests in groups["requests"]:  # one batch per id; a list keeps the join symmetric
-        block_ids = ids_per_request(
-            groups["blocks"], [len(r.block_hashes) // DIGEST_SIZE for r in requests]
-        )
-        session_ids = ids_per_request(
-            groups["sessions"], [int(r.session_key is not None) for r in requests]
-        )
-        for request, ids, session in zip(requests, block_ids, session_ids):
-            yield TraceRow(
-                timestamp_ms=request.timestamp_ms,
-                fingerprint=request.fingerprint,
-                input_length=request.input_length,
-                output_length=request.output_length,
-                hash_ids=ids,
-                session_id=int(session[0]) if len(session) else None,
-                defaulted=request.defaulted,
-            )
+        block_ids = ids_in_request_order(groups["blocks"], requests["num_blocks"])
+        session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
+        batch = row_batch(requests, block_ids, session_ids)
+        shards = np.array([plan[b] for b in buckets_of(requests["timestamp_ms"]).tolist()])
+        for shard in np.unique(shards).tolist():
+            yield shard, batch.select(np.flatnonzero(shards == shard))
+
+
+def bucket_sizes(batch: HashedBatch) -> Iterator[tuple[int, int]]:
+    """(time bucket, room its requests take in an output shard): their blocks, +1 per request so
+    that a request without blocks still counts."""
+    buckets = buckets_of(batch.requests["timestamp_ms"])
+    labels, index = np.unique(buckets, return_inverse=True)
+    sizes = np.bincount(index, weights=batch.requests["num_blocks"] + 1)
+    yield from zip(labels.tolist(), sizes.astype(np.int64).tolist())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-import apache_beam as beam
+from kvtrace.transforms.hashed_batch import HashedBatch
 
 TOKEN_WEIGHTED_DEFINITION = (
     "infinite cache, causal: 1 - (tokens of each distinct block's first occurrence) / "
@@ -29,14 +29,15 @@ class ExportTotals:
     requests_without_output_length: int = 0
 
     @classmethod
-    def of_row(cls, row) -> "ExportTotals":
+    def of_batch(cls, batch: HashedBatch) -> ExportTotals:
+        columns = batch.requests
         return cls(
-            requests=1,
-            input_tokens=row.input_length,
-            output_tokens=row.output_length,
-            blocks=len(row.hash_ids),
-            requests_without_timestamp=int("timestamp" in row.defaulted),
-            requests_without_output_length=int("output_length" in row.defaulted),
+            requests=len(columns),
+            input_tokens=int(columns["input_length"].sum()),
+            output_tokens=int(columns["output_length"].sum()),
+            blocks=int(columns["num_blocks"].sum()),
+            requests_without_timestamp=int(columns["without_timestamp"].sum()),
+            requests_without_output_length=int(columns["without_output_length"].sum()),
         )
 
 
@@ -70,14 +71,3 @@ def export_stats(totals: ExportTotals, unique_blocks: int, unique_tokens: int) -
             "block_weighted": BLOCK_WEIGHTED_DEFINITION,
         },
     }
-
-
-class TotalRows(beam.PTransform):
-    """Rows in; one ExportTotals out (zeros for an empty trace)."""
-
-    def expand(self, rows: beam.PCollection) -> beam.PCollection:
-        return (
-            rows
-            | "RowTotals" >> beam.Map(ExportTotals.of_row)
-            | "SumTotals" >> beam.CombineGlobally(sum_totals)
-        )

@@ -1,0 +1,87 @@
+"""Deterministic benchmark corpora of chat requests (English-like text, seeded).
+
+long:  Mooncake-like long prompts, ~10k tokens each: one of a few shared documents (the reusable
+       prefix) followed by a unique question, as in document QA.
+short: short multi-turn chats, ~300 tokens each, sharing a few system prompts.
+
+    python benchmarks/make_corpus.py long 2000 benchmarks/corpora/long.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+WORDS = (
+    "the of and to in is was that for on with as by at from it his an were are which this be "
+    "has had one their not but all its they been who more have about when than there would into "
+    "system model request cache memory token prefix block server latency throughput benchmark "
+    "user assistant document summary question answer report data value result table figure "
+    "market price growth policy energy water climate city river mountain history science art "
+    "music language network security privacy storage compute cluster region service customer "
+    "account invoice billing support ticket update release version feature library function "
+    "quickly slowly carefully roughly nearly almost often never always usually sometimes today "
+    "large small early late new old high low long short first last next previous final major"
+).split()
+
+
+def sentence(rng: random.Random, words: int) -> str:
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    return text[0].upper() + text[1:] + "."
+
+
+def paragraph(rng: random.Random, words: int) -> str:
+    out, left = [], words
+    while left > 0:
+        n = min(left, rng.randint(8, 24))
+        out.append(sentence(rng, n))
+        left -= n
+    return " ".join(out)
+
+
+def long_requests(count: int, rng: random.Random) -> list[dict]:
+    # ~1.25 tokens per word with DeepSeek-R1: 7,500 words is ~9.5k tokens of shared document.
+    documents = [paragraph(rng, 7_500) for _ in range(8)]
+    requests = []
+    for i in range(count):
+        doc = rng.choice(documents)
+        question = paragraph(rng, rng.randint(100, 600))
+        requests.append({
+            "timestamp": i * 250,
+            "messages": [
+                {"role": "system", "content": "Answer from the document below.\n\n" + doc},
+                {"role": "user", "content": question},
+            ],
+            "output_length": rng.randint(50, 500),
+        })
+    return requests
+
+
+def short_requests(count: int, rng: random.Random) -> list[dict]:
+    systems = [paragraph(rng, 60) for _ in range(4)]
+    requests = []
+    for i in range(count):
+        turns = [{"role": "system", "content": rng.choice(systems)}]
+        for turn in range(rng.randint(1, 3)):
+            turns.append({"role": "user", "content": paragraph(rng, rng.randint(20, 60))})
+            turns.append({"role": "assistant", "content": paragraph(rng, rng.randint(10, 40))})
+        turns.pop()
+        requests.append({"timestamp": i * 20, "session_id": f"s{i // 3}", "messages": turns,
+                         "output": paragraph(rng, rng.randint(10, 80))})
+    return requests
+
+
+def main() -> None:
+    kind, count, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    rng = random.Random(20261121)
+    requests = {"long": long_requests, "short": short_requests}[kind](count, rng)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for request in requests:
+            f.write(json.dumps(request) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Hashed requests: one request reduced to timestamps, lengths and keyed hashes, and a batch of
+them held column-wise, which is what flows from the tokenize step onwards.
+
+One Beam element per batch, a few numpy arrays each, so shipping a batch between stages costs one
+pickle of a few arrays rather than one per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtrace.transforms.blocks import DIGEST_SIZE
+
+
+@dataclass(frozen=True)
+class HashedRequest:
+    """A request reduced to what may leave the worker: no text, no token ids, no identifiers."""
+
+    timestamp_ms: int
+    # Unsalted digest of the request's content: orders requests that share a timestamp the same
+    # way in every run, whatever the salt, so ids do not depend on the salt. Never published.
+    fingerprint: int
+    input_length: int
+    output_length: int
+    block_hashes: bytes  # DIGEST_SIZE bytes per block
+    session_key: bytes | None  # keyed digest of the session id
+    defaulted: tuple[str, ...] = ()
+
+
+REQUEST = np.dtype(
+    [
+        ("timestamp_ms", "<i8"),
+        ("fingerprint", "<u8"),
+        ("input_length", "<i8"),
+        ("output_length", "<i8"),
+        ("num_blocks", "<i8"),
+        ("has_session", "?"),
+        ("session_hi", "<u8"),
+        ("session_lo", "<u8"),
+        ("without_timestamp", "?"),
+        ("without_output_length", "?"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class HashedBatch:
+    requests: np.ndarray  # REQUEST, one row per request
+    block_hashes: np.ndarray  # (total blocks, 2) uint64: each request's hashes, in request order
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @staticmethod
+    def pack(requests: Sequence[HashedRequest]) -> HashedBatch:
+        columns = np.zeros(len(requests), dtype=REQUEST)
+        columns["timestamp_ms"] = [r.timestamp_ms for r in requests]
+        columns["fingerprint"] = [r.fingerprint for r in requests]
+        columns["input_length"] = [r.input_length for r in requests]
+        columns["output_length"] = [r.output_length for r in requests]
+        columns["num_blocks"] = [len(r.block_hashes) // DIGEST_SIZE for r in requests]
+        columns["without_timestamp"] = ["timestamp" in r.defaulted for r in requests]
+        columns["without_output_length"] = ["output_length" in r.defaulted for r in requests]
+        sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
+        if sessions:
+            index = [i for i, _ in sessions]
+            keys = np.frombuffer(b"".join(k for _, k in sessions), dtype="<u8").reshape(-1, 2)
+            columns["has_session"][index] = True
+            columns["session_hi"][index], columns["session_lo"][index] = keys[:, 0], keys[:, 1]
+        hashes = np.frombuffer(b"".join(r.block_hashes for r in requests), dtype="<u8")
+        return HashedBatch(columns, hashes.reshape(-1, 2))
+
+    @staticmethod
+    def concat(batches: Sequence[HashedBatch]) -> HashedBatch:
+        return HashedBatch(
+            np.concatenate([b.requests for b in batches]),
+            np.concatenate([b.block_hashes for b in batches]),
+        )
+
+    def block_positions(self) -> np.ndarray:
+        """Each block's position within its request."""
+        counts = self.requests["num_blocks"]
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        return np.arange(len(self.block_hashes)) - starts
