@@ -4,7 +4,7 @@ long:  Mooncake-like long prompts, ~10k tokens each: one of a few shared documen
        prefix) followed by a unique question, as in document QA.
 short: short multi-turn chats, ~300 tokens each, sharing a few system prompts.
 
-    python benchmarks/make_corpus.py long 2000 benchmarks/corpora/long.jsonl
+    python benchmarks/make_corpus.py long 3000 benchmarks/corpora/long.jsonl
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def paragraph(rng: random.Random, words: int) -> str:
 
 
 def long_requests(count: int, rng: random.Random) -> list[dict]:
-    # ~1.25 tokens per word with DeepSeek-R1: 7,500 words is ~9.5k tokens of shared document.
-    documents = [paragraph(rng, 7_500) for _ in range(8)]
+    # ~1.1 tokens per word with DeepSeek-R1: 9,000 words is ~10k tokens of shared document.
+    documents = [paragraph(rng, 9_000) for _ in range(8)]
     requests = []
     for i in range(count):
         doc = rng.choice(documents)
@@ -60,13 +60,13 @@ def long_requests(count: int, rng: random.Random) -> list[dict]:
 
 
 def short_requests(count: int, rng: random.Random) -> list[dict]:
-    systems = [paragraph(rng, 60) for _ in range(4)]
+    systems = [paragraph(rng, 100) for _ in range(4)]
     requests = []
     for i in range(count):
         turns = [{"role": "system", "content": rng.choice(systems)}]
         for turn in range(rng.randint(1, 3)):
-            turns.append({"role": "user", "content": paragraph(rng, rng.randint(20, 60))})
-            turns.append({"role": "assistant", "content": paragraph(rng, rng.randint(10, 40))})
+            turns.append({"role": "user", "content": paragraph(rng, rng.randint(30, 90))})
+            turns.append({"role": "assistant", "content": paragraph(rng, rng.randint(20, 60))})
         turns.pop()
         requests.append({"timestamp": i * 20, "session_id": f"s{i // 3}", "messages": turns,
                          "output": paragraph(rng, rng.randint(10, 80))})

@@ -246,7 +246,7 @@ class AssignDenseIds(beam.PTransform):
             batch_id, hashed = batch
             table = keys(hashed)
             for shard, part in split_by(table, shard_of(table, shards)):
-                yield beam.pvalue.TaggedOutput("occurrences", (shard, earliest(part)))
+                yield beam.pvalue.TaggedOutput("occurrences", (shard, part))
                 yield beam.pvalue.TaggedOutput("lookups", (shard, (batch_id, part)))
 
         split = batches | "SplitByShard" >> beam.FlatMap(tables).with_outputs(
@@ -291,10 +291,14 @@ def _sum_totals(totals: Iterable[UniqueTotals]) -> UniqueTotals:
 
 def ids_in_request_order(resolved: Iterable[np.ndarray], counts: np.ndarray) -> np.ndarray:
     """A batch's resolved ids, concatenated by request and then position; counts[i] ids are
-    expected for request i."""
+    expected for request i. A scatter by (request, position), so no sort is needed."""
     parts = list(resolved)
     table = np.concatenate(parts) if parts else np.empty(0, dtype=RESOLVED)
-    table = table[np.lexsort((table["pos"], table["req"]))]
     if not np.array_equal(np.bincount(table["req"], minlength=len(counts)), counts):
         raise AssertionError("a request lost or gained ids on the way back from the join")
-    return table["id"]
+    starts = np.cumsum(counts) - counts
+    ids = np.full(len(table), -1, dtype=np.int64)
+    ids[starts[table["req"]] + table["pos"]] = table["id"]
+    if (ids < 0).any():  # a position came twice, so another never came
+        raise AssertionError("a request's ids came back with a position missing")
+    return ids

@@ -9,10 +9,12 @@ import logging
 import struct
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import apache_beam as beam
 import xxhash
+from apache_beam.utils.windowed_value import WindowedValue
 
 from kvtrace.transforms.blocks import chain_hashes, chain_seed, keyed_digest, token_bytes
 from kvtrace.transforms.dead_letters import dead_letter
@@ -48,9 +50,17 @@ def hash_request(
     )
 
 
+Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
+
+
 class EncodeRequests(beam.DoFn):
     """A batch of Requests in, one HashedBatch out (later steps work per batch); bad requests go
-    to the dead-letter output one by one."""
+    to the dead-letter output one by one.
+
+    Rust tokenization releases the GIL, so a background thread tokenizes batch N while this
+    thread renders batch N+1: rendering and hashing hide behind tokenization instead of adding to
+    it. Batch N's results are emitted by the next call, or by finish_bundle for the last batch.
+    """
 
     def __init__(
         self, tokenizer_name: str, block_size: int, salt: bytes, template_kwargs: dict[str, Any]
@@ -59,28 +69,72 @@ class EncodeRequests(beam.DoFn):
         self._block_size = block_size
         self._salt = salt
         self._template_kwargs = dict(template_kwargs)
-        self._tokenizer: Any = None
 
     def setup(self) -> None:
         self._tokenizer = load_tokenizer(self._tokenizer_name)
         self._seed = chain_seed(self._salt)
         self._progress = _Progress()
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
-    def process(self, batch: Iterable[Request]) -> Iterator[Any]:
-        prompts: list[tuple[Request, str | None]] = []
+    def teardown(self) -> None:
+        self._tokenizing.shutdown()
+
+    def start_bundle(self) -> None:
+        self._pending: tuple[Rendered, Future, Any, Any] | None = None
+
+    def process(
+        self,
+        batch: Iterable[Request],
+        window=beam.DoFn.WindowParam,
+        timestamp=beam.DoFn.TimestampParam,
+    ) -> Iterator[Any]:
+        rendered: Rendered = []
         for request in batch:
             try:
-                prompts.append((request, self._prompt(request)))
+                rendered.append((request, self._prompt(request)))
             except Rejected as err:
                 yield dead_letter(request.source, request.line, err.reason, err.message)
-        token_lists = iter(encode_texts(self._tokenizer, [p for _, p in prompts if p is not None]))
-        output_texts = [r.output_text for r, _ in prompts if r.output_text is not None]
-        output_lengths = iter(len(ids) for ids in encode_texts(self._tokenizer, output_texts))
+        tokenized = self._tokenizing.submit(self._tokenize, rendered)
+        if self._pending is not None:
+            yield from self._hash(*self._pending[:2])
+        self._pending = (rendered, tokenized, window, timestamp)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self._pending is None:
+            return
+        rendered, tokenized, window, timestamp = self._pending
+        self._pending = None
+        for output in self._hash(rendered, tokenized):
+            if isinstance(output, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(
+                    output.tag, WindowedValue(output.value, timestamp, [window])
+                )
+            else:
+                yield WindowedValue(output, timestamp, [window])
+
+    def _prompt(self, request: Request) -> str | None:
+        """The text to tokenize, or None when the request came as token ids."""
+        if request.kind == "chat":
+            return render_chat(
+                self._tokenizer, request.messages, request.tools, self._template_kwargs
+            )
+        return request.prompt
+
+    def _tokenize(self, rendered: Rendered) -> tuple[list[list[int]], list[int]]:
+        """(prompt token ids, output lengths), from one batched call for both."""
+        prompts = [p for _, p in rendered if p is not None]
+        outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
+        ids = encode_texts(self._tokenizer, prompts + outputs)
+        return ids[: len(prompts)], [len(o) for o in ids[len(prompts) :]]
+
+    def _hash(self, rendered: Rendered, tokenized: Future) -> Iterator[Any]:
+        prompt_ids, output_lengths = tokenized.result()
+        token_lists, lengths = iter(prompt_ids), iter(output_lengths)
         hashed = []
-        for request, prompt in prompts:
+        for request, prompt in rendered:
             token_ids = request.input_ids if prompt is None else next(token_lists)
             if request.output_text is not None:
-                output_length = next(output_lengths)
+                output_length = next(lengths)
             else:
                 output_length = request.output_length or 0
             if not token_ids:
@@ -92,14 +146,6 @@ class EncodeRequests(beam.DoFn):
             self._progress.add(len(token_ids))
         if hashed:
             yield HashedBatch.pack(hashed)
-
-    def _prompt(self, request: Request) -> str | None:
-        """The text to tokenize, or None when the request came as token ids."""
-        if request.kind == "chat":
-            return render_chat(
-                self._tokenizer, request.messages, request.tools, self._template_kwargs
-            )
-        return request.prompt
 
 
 class _Progress:
