@@ -64,7 +64,7 @@ def short_requests(count: int, rng: random.Random) -> list[dict]:
     requests = []
     for i in range(count):
         turns = [{"role": "system", "content": rng.choice(systems)}]
-        for turn in range(rng.randint(1, 3)):
+        for _ in range(rng.randint(1, 3)):
             turns.append({"role": "user", "content": paragraph(rng, rng.randint(30, 90))})
             turns.append({"role": "assistant", "content": paragraph(rng, rng.randint(20, 60))})
         turns.pop()

@@ -176,6 +176,17 @@ def test_clear_errors_for_missing_inputs_and_flags(tiny_tokenizer, tmp_path, cap
     assert "missing --input, --tokenizer" in capsys.readouterr().err
 
 
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["anonymize", "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--input", "--output", "--tokenizer", "--block-size", "--input-format",
+                 "--dead-letter", "--salt-file", "--config", "--max-rejected-fraction"):
+        assert flag in text
+    assert "Beam options pass through" in text
+
+
 def test_config_presets_merge_under_flags(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])
     preset = tmp_path / "preset.yaml"
