@@ -58,3 +58,10 @@ def test_salt_fingerprint_does_not_reveal_the_chain_seed():
 def test_keyed_digest_depends_on_salt_and_value():
     assert keyed_digest("s1", SEED) != keyed_digest("s2", SEED)
     assert keyed_digest("s1", SEED) != keyed_digest("s1", chain_seed(b"other salt value!!"))
+
+
+def test_token_bytes_are_little_endian_uint32_from_lists_and_arrays():
+    import numpy as np
+
+    assert token_bytes([1, 258]) == b"\x01\x00\x00\x00\x02\x01\x00\x00"
+    assert token_bytes(np.array([1, 258], dtype=np.int64)) == token_bytes([1, 258])

@@ -6,7 +6,9 @@ when they share their first i+1 blocks: the prefix-sharing structure survives, t
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +18,7 @@ HASH_SCHEME = "xxh3-128-chained-salted-v1"
 DIGEST_SIZE = 16  # bytes of one block hash (xxh3-128)
 TOKEN_DTYPE = np.dtype("<u4")  # fixed width, so a block's bytes encode its length unambiguously
 MAX_TOKEN_ID = np.iinfo(TOKEN_DTYPE).max
+_UINT32_CODE = next(code for code in "IL" if array.array(code).itemsize == 4)
 
 
 def block_count(num_tokens: int, block_size: int) -> int:
@@ -42,7 +45,13 @@ def salt_fingerprint(salt: bytes) -> str:
 
 def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
     """Token ids as fixed-width little-endian bytes: what blocks are cut from and hashed."""
-    return np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
+    if isinstance(token_ids, np.ndarray):
+        return token_ids.astype(TOKEN_DTYPE, copy=False).tobytes()
+    # array.array converts a Python list ~3x faster than numpy does (tokenizers return lists).
+    packed = array.array(_UINT32_CODE, token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def chain_hashes(data: bytes, block_size: int, seed: bytes) -> bytes:
