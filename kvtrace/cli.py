@@ -67,6 +67,24 @@ def _parser() -> argparse.ArgumentParser:
     add("--config", action="append", default=[], metavar="FILE",
         help="YAML preset(s); later files and then flags override earlier values")
     add("--verbose", action="store_true", help="show Beam's own logs")
+
+    analyze = commands.add_parser(
+        "analyze",
+        help="trace statistics: Dynamo/aiperf-compatible, plus causal cache-sizing hit rates",
+        description=(
+            "Statistics of Mooncake traces (JSONL, .gz/.zst, Parquet; ours or published ones). "
+            "The compatible section equals Dynamo's `datagen analyze` and aiperf's "
+            "analyze-trace; the cache-sizing section gives causal, token-weighted hit rates. "
+            "Problems (broken invariants, malformed lines) are warnings, never a failure."
+        ),
+    )
+    add = analyze.add_argument
+    add("trace", nargs="+", metavar="TRACE_PATH_OR_GLOB", help="trace file(s), read in order")
+    add("--block-size", type=int, default=512, metavar="N", help="tokens per block (default 512)")
+    add("--json", metavar="OUT", help="also write the full report, full precision, as JSON")
+    add("--warmup-fraction", type=float, default=0.5, metavar="F",
+        help="rows counted only after this share of rows has filled the cache (default 0.5)")
+    add("--verbose", action="store_true", help="show Beam's own logs")
     return parser
 
 
@@ -171,11 +189,44 @@ def _configure_logging(verbose: bool) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # inherited by worker processes
 
 
+def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+    from kvtrace.report import render
+    from kvtrace.transforms.read import expand_inputs
+
+    if beam_args:
+        raise ConfigError(f"unknown options for analyze: {' '.join(beam_args)}")
+    if args.block_size < 1 or not 0 <= args.warmup_fraction < 1:
+        raise ConfigError("--block-size must be >= 1 and --warmup-fraction in [0, 1)")
+    files: list[str] = []
+    for pattern in args.trace:  # in the order given: file order matters to the definitions
+        files += [f for f in expand_inputs([pattern]) if f not in files]
+    config = AnalyzeConfig(tuple(files), args.block_size, args.warmup_fraction)
+    report = analyze_local(config)
+    if report["total_requests"] == 0:
+        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
+        _print_problems(report)
+        return 1
+    print(render(report, files))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+def _print_problems(report: dict) -> None:
+    malformed = report["problems"]["malformed_lines"]
+    for example in malformed["examples"][:5]:
+        print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, beam_args = _parser().parse_known_args(argv)
     _configure_logging(args.verbose)
+    command = {"anonymize": _anonymize, "analyze": _analyze}[args.command]
     try:
-        return _anonymize(args, beam_args)
+        return command(args, beam_args)
     except (ConfigError, SaltError, FileNotFoundError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

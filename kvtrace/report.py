@@ -1,0 +1,95 @@
+"""The printed form of `kvtrace analyze`: Dynamo's `datagen analyze` table, then our sections.
+
+Values are rounded for display only; the JSON keeps full precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+TABLE_ROWS = (
+    ("Input Length", "isl_stats"),
+    ("Context Length", "context_length_stats"),
+    ("Unique Prompt Length", "unique_prompt_length_stats"),
+    ("Output Length", "osl_stats"),
+    ("Theoretical Hit Rates", "hit_rate_stats"),
+)
+TABLE_COLUMNS = ("", "Mean", "Std Dev", "Min", "P25", "Median", "P75", "Max")
+STAT_KEYS = ("mean", "std_dev", "min", "p25", "median", "p75", "max")
+
+
+def _center(text: str, width: int) -> str:
+    """Centred as in Dynamo's table (PrettyTable): odd slack goes to the right."""
+    left = (width - len(text)) // 2
+    return " " * left + text + " " * (width - len(text) - left)
+
+
+def ascii_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells: Sequence[str]) -> str:
+        return "|" + "|".join(" " + _center(c, w) + " " for c, w in zip(cells, widths)) + "|"
+
+    return "\n".join([rule, line(header), rule, *(line(r) for r in rows), rule])
+
+
+def compatible_table(report: dict) -> str:
+    """The `datagen analyze` table, values printed as Python floats as Dynamo prints them."""
+    rows = [[label, *(str(float(report[key][s])) for s in STAT_KEYS)] for label, key in TABLE_ROWS]
+    return ascii_table(TABLE_COLUMNS, rows)
+
+
+def _percent(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def render(report: dict, sources: Sequence[str]) -> str:
+    hit = report["hit_rates"]
+    rate = report["request_rate"]
+    definitions = report["definitions"]
+    lines = [
+        f"Analyzing: {', '.join(sources)}",
+        f"Block size: {report['block_size']}",
+        f"Rows: {report['total_requests']}; unique prefixes: {report['unique_prefixes']}; "
+        f"prefix groups: {report['num_prefix_groups']}; prefix reuse ratio: "
+        f"{_percent(report['prefix_reuse_ratio'])}",
+        "",
+        "Compatible with Dynamo `datagen analyze` and aiperf analyze-trace:",
+        compatible_table(report),
+        f"cache_hit_rate = {report['cache_hit_rate']:.6f}: {definitions['cache_hit_rate']}",
+        f"context length: {definitions['context_length']}",
+        "",
+        "Cache sizing (infinite cache):",
+        *(f"  {name:<28} {_percent(hit[name])}  {definitions[name]}"
+          for name in ("token_weighted", "block_weighted", "per_request_mean",
+                       "token_weighted_after_warmup")),
+        f"after warmup: rows after the first {hit['warmup_fraction']:.0%} in (timestamp, file "
+        "order)",
+        f"working set: {hit['working_set']['unique_blocks']} unique blocks, "
+        f"{hit['working_set']['unique_tokens']} unique tokens",
+        f"request rate: {rate['mean_per_minute']:.1f} per minute on average, peak "
+        f"{rate['peak_per_minute']} (over {rate['minutes']} minutes)",
+    ]
+    if "sessions" in report:
+        s = report["sessions"]
+        lines.append(f"sessions: {s['sessions']} ({s['requests_with_session']} requests, "
+                     f"{s['requests_per_session']['mean']:.1f} per session on average)")
+    problems = [(name, p) for name, p in report["problems"].items() if p["count"]]
+    if problems:
+        lines += ["", "Warnings:"]
+        for name, problem in problems:
+            lines.append(f"  {name.replace('_', ' ')}: {problem['count']}; e.g. "
+                         f"{_examples(problem['examples'])}")
+    return "\n".join(lines)
+
+
+def _examples(examples: list) -> str:
+    shown = []
+    for example in examples[:5]:
+        if isinstance(example, dict):
+            where = f"{example['file']}:{example['line']}"
+            shown.append(f"{where} ({example['error']})" if "error" in example else where)
+        else:
+            shown.append(f"id {example}")
+    return ", ".join(shown)

@@ -1,0 +1,129 @@
+"""`kvtrace analyze`: equal to the reference tools, hand-computed metrics, malformed traces."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import shared_path, write_jsonl
+from kvtrace.cli import main
+from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+from kvtrace.report import compatible_table
+
+
+def analyze(path, block_size=4, warmup=0.5) -> dict:
+    return analyze_local(AnalyzeConfig((str(path),), block_size, warmup))
+
+
+def assert_close(ours, reference, path="") -> None:
+    if isinstance(reference, dict):
+        for key, value in reference.items():
+            assert_close(ours[key], value, f"{path}.{key}")
+    else:
+        assert math.isclose(ours, reference, rel_tol=1e-9, abs_tol=0), (path, ours, reference)
+
+
+def test_equals_aiperf_reference_on_synthetic_trace():
+    report = analyze(shared_path("traces", "synthetic_trace.jsonl"), block_size=512)
+    reference = json.loads(shared_path("traces", "reference_synthetic_aiperf_analyze.json").read_text())
+    assert_close(report, reference)
+
+
+def test_prints_dynamo_reference_table_on_synthetic_trace():
+    report = analyze(shared_path("traces", "synthetic_trace.jsonl"), block_size=512)
+    text = shared_path("traces", "reference_synthetic_dynamo_datagen_analyze.txt").read_text()
+    table = [line.rstrip() for line in text.splitlines() if line.startswith(("+", "|"))]
+    assert compatible_table(report).splitlines() == table
+
+
+def test_cache_sizing_hit_rates_on_synthetic_trace_match_the_published_figures():
+    rates = analyze(shared_path("traces", "synthetic_trace.jsonl"), block_size=512)["hit_rates"]
+    # ../shared/traces/README.md: 0.423, 0.640, 0.651 and 0.863 after 50% warm-up.
+    assert round(rates["per_request_mean"], 3) == 0.423
+    assert round(rates["block_weighted"], 3) == 0.640
+    assert round(rates["token_weighted"], 3) == 0.651
+    assert round(rates["token_weighted_after_warmup"], 3) == 0.863
+
+
+def test_hand_computed_tiny_trace(tmp_path):
+    # block size 4; rows in file order; row 2 repeats row 0 exactly (partial block shared).
+    rows = [
+        {"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [0, 1]},
+        {"timestamp": 5, "input_length": 8, "output_length": 2, "hash_ids": [0, 2]},
+        {"timestamp": 5, "input_length": 6, "output_length": 3, "hash_ids": [0, 1]},
+        {"timestamp": 9, "input_length": 0, "output_length": 4, "hash_ids": []},
+    ]
+    report = analyze(write_jsonl(tmp_path / "t.jsonl", rows))
+    # aiperf hit rate: row0 0/2, row1 1/2, row2 2/2; the empty row is skipped.
+    assert report["cache_hit_rate"] == pytest.approx((0 + 0.5 + 1) / 3)
+    # (pos, id) pairs: (0,0) x3, (1,1) x2, (1,2) x1 -> contexts 6 (all repeat), 4, 6, 0 (no ids)
+    assert report["context_length_stats"]["max"] == 6 and report["context_length_stats"]["min"] == 0
+    assert report["unique_prefixes"] == 3 and report["num_prefix_groups"] == 1
+    assert report["prefix_reuse_ratio"] == pytest.approx(5 / 6)
+    rates = report["hit_rates"]
+    # tokens: row0 4+2 (all miss), row1 4 hit + 4 miss, row2 4+2 hit -> 10 hit of 20
+    assert rates["token_weighted"] == pytest.approx(10 / 20)
+    assert rates["block_weighted"] == pytest.approx(3 / 6)
+    assert rates["per_request_mean"] == pytest.approx((0 + 0.5 + 1) / 3)
+    # after the first 50% (2 of 4 rows): rows 2 and 3 -> 6 of 6 tokens hit
+    assert rates["token_weighted_after_warmup"] == pytest.approx(1.0)
+    assert rates["working_set"] == {"unique_blocks": 3, "unique_tokens": 10}
+
+
+def test_equal_timestamps_break_ties_by_file_order(tmp_path):
+    rows = [{"timestamp": 7, "input_length": 4, "output_length": 1, "hash_ids": [0]},
+            {"timestamp": 7, "input_length": 4, "output_length": 1, "hash_ids": [0]}]
+    rates = analyze(write_jsonl(tmp_path / "t.jsonl", rows))["hit_rates"]
+    assert rates["block_weighted"] == 0.5 and rates["per_request_mean"] == 0.5
+
+
+def test_causal_order_follows_timestamps_not_file_order(tmp_path):
+    rows = [{"timestamp": 9, "input_length": 8, "output_length": 1, "hash_ids": [0, 1]},
+            {"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": [0]}]
+    report = analyze(write_jsonl(tmp_path / "t.jsonl", rows))
+    # The later row (file line 1) finds block 0 cached by the earlier one (line 2).
+    assert report["hit_rates"]["token_weighted"] == pytest.approx(4 / 12)
+    assert report["problems"]["timestamps_backwards"]["count"] == 1
+
+
+def test_problems_are_reported_with_lines(tmp_path):
+    lines = [
+        {"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [0, 1]},  # 9 tokens need 3
+        "not json",
+        {"timestamp": 1, "input_length": 8, "output_length": 1, "hash_ids": [1, 0]},  # ids swap places
+        {"timestamp": 2, "input_length": "x", "hash_ids": []},
+    ]
+    report = analyze(write_jsonl(tmp_path / "t.jsonl", lines))
+    problems = report["problems"]
+    assert report["total_requests"] == 2
+    assert problems["hash_ids_length_mismatch"]["count"] == 1
+    assert problems["hash_ids_length_mismatch"]["examples"][0]["line"] == 1
+    assert problems["ids_at_several_positions"]["examples"] == [0, 1]
+    assert problems["ids_behind_several_parents"]["count"] == 2
+    assert [m["line"] for m in problems["malformed_lines"]["examples"]] == [2, 4]
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    good = write_jsonl(tmp_path / "good.jsonl", [{"timestamp": 0, "input_length": 4, "hash_ids": [0]}])
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["nope", "[1]"])
+    assert main(["analyze", str(good), "--block-size", "4", "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["total_requests"] == 1
+    assert "Theoretical Hit Rates" in capsys.readouterr().out
+    assert main(["analyze", str(bad)]) == 1
+    assert "no trace rows could be read" in capsys.readouterr().err
+
+
+def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"timestamp": i, "input_length": 5, "output_length": 1, "hash_ids": [0, i + 1]}
+            for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
+    from_parquet = analyze(tmp_path / "t.parquet")
+    from_jsonl = analyze(write_jsonl(tmp_path / "t.jsonl", rows))
+    # Only the file names in the problem examples differ.
+    assert from_parquet.pop("problems").keys() == from_jsonl.pop("problems").keys()
+    assert from_parquet == from_jsonl

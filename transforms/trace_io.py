@@ -1,0 +1,200 @@
+"""Read Mooncake traces (JSONL, .gz/.zst, Parquet) into columns, noting every malformed line.
+
+The fast path is pyarrow's multithreaded JSON reader; a file it cannot read whole (a malformed
+line somewhere) is read again line by line, so each bad line is reported with its number and
+every good line is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from kvtrace.transforms.read import PARQUET_SUFFIXES
+
+MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
+
+
+@dataclass
+class Trace:
+    """A trace as columns, rows in file order (files in the order given, then line order)."""
+
+    timestamp: np.ndarray  # float64 ms (published traces use integers; floats are allowed)
+    input_length: np.ndarray  # int64
+    output_length: np.ndarray  # int64
+    offsets: np.ndarray  # int64, len rows + 1: row r's ids are ids[offsets[r]:offsets[r + 1]]
+    ids: np.ndarray  # int64
+    session: np.ndarray | None  # object array of session ids (None where absent), or None
+    line: np.ndarray  # int64: 1-based line (or Parquet row) number within its file
+    file_index: np.ndarray  # int32: index into files
+    files: list[str] = field(default_factory=list)
+    malformed: list[dict] = field(default_factory=list)  # {"file", "line", "error"}
+    malformed_count: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_length)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+def read_trace(files: Sequence[str]) -> Trace:
+    parts = [_read_file(path) for path in files]
+    malformed = [m for p in parts for m in p["malformed"]]
+    for index, part in enumerate(parts):
+        part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
+    sessions = [p["session"] for p in parts]
+    has_sessions = any(s is not None for s in sessions)
+    lengths = np.concatenate([np.diff(p["offsets"]) for p in parts]) if parts else np.zeros(0)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Trace(
+        timestamp=_cat(parts, "timestamp", np.float64),
+        input_length=_cat(parts, "input_length", np.int64),
+        output_length=_cat(parts, "output_length", np.int64),
+        offsets=offsets,
+        ids=_cat(parts, "ids", np.int64),
+        session=np.concatenate([
+            s if s is not None else np.full(len(p["input_length"]), None, dtype=object)
+            for s, p in zip(sessions, parts)
+        ]) if has_sessions else None,
+        line=_cat(parts, "line", np.int64),
+        file_index=_cat(parts, "file_index", np.int32),
+        files=list(files),
+        malformed=malformed[:MAX_REPORTED_LINES],
+        malformed_count=len(malformed),
+    )
+
+
+def _cat(parts: list[dict], name: str, dtype) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([np.asarray(p[name], dtype=dtype) for p in parts])
+
+
+def _read_file(path: str) -> dict:
+    if path.lower().endswith(PARQUET_SUFFIXES):
+        with FileSystems.open(path) as handle:
+            table = pq.read_table(handle)
+        return _columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])
+    with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as handle:
+        data = handle.read()
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    try:
+        table = pa_json.read_json(pa.BufferReader(data))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        table = None
+    # pyarrow skips blank lines and takes any JSON types: only a file with one well-typed row
+    # per line keeps the fast path; any other is read line by line, naming each bad line.
+    if table is not None and table.num_rows == lines and _well_typed(table):
+        return _columns_from_table(table, path, np.arange(1, lines + 1), [])
+    return _columns_line_by_line(data, path)
+
+
+def _well_typed(table: pa.Table) -> bool:
+    names = set(table.column_names)
+    if "input_length" not in names:
+        return False
+    for name in ("input_length", "output_length"):
+        if name in names and not (pa.types.is_integer(table[name].type)
+                                  and table[name].null_count == 0
+                                  and pa.compute.min(table[name]).as_py() >= 0):
+            return False
+    if "timestamp" in names and not (pa.types.is_integer(table["timestamp"].type)
+                                     or pa.types.is_floating(table["timestamp"].type)):
+        return False
+    if "hash_ids" in names:
+        ids = table["hash_ids"]
+        if not (pa.types.is_list(ids.type) and pa.types.is_integer(ids.type.value_type)):
+            return False
+        values = pa.compute.list_flatten(ids)
+        if len(values) and pa.compute.min(values).as_py() < 0:
+            return False
+    return True
+
+
+def _columns_from_table(table: pa.Table, path: str, lines: np.ndarray, malformed: list) -> dict:
+    names = set(table.column_names)
+    for required in ("input_length",):
+        if required not in names:
+            raise ValueError(f"{path}: no {required} column")
+    ids = table["hash_ids"].combine_chunks() if "hash_ids" in names else None
+    if ids is None:
+        offsets, values = np.zeros(table.num_rows + 1, np.int64), np.zeros(0, np.int64)
+    else:
+        ids = ids.fill_null([]) if ids.null_count else ids
+        offsets = np.asarray(ids.offsets, dtype=np.int64)
+        values = np.asarray(ids.values.to_numpy(zero_copy_only=False), dtype=np.int64)
+        offsets, values = offsets - offsets[0], values[offsets[0] : offsets[-1]]
+    column = lambda name, default: (  # noqa: E731
+        table[name].fill_null(default).to_numpy(zero_copy_only=False)
+        if name in names else np.full(table.num_rows, default)
+    )
+    session = (np.asarray(table["session_id"].to_pylist(), dtype=object)
+               if "session_id" in names else None)
+    return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
+            "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
+            "session": session, "line": lines, "malformed": malformed}
+
+
+def _columns_line_by_line(data: bytes, path: str) -> dict:
+    rows, malformed = [], []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            rows.append((number, _row(raw)))
+        except ValueError as err:
+            malformed.append({"file": path, "line": number, "error": str(err)})
+    lengths = [len(r["hash_ids"]) for _, r in rows]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    has_session = any("session_id" in r for _, r in rows)
+    return {
+        "timestamp": [r.get("timestamp", 0) for _, r in rows],
+        "input_length": [r["input_length"] for _, r in rows],
+        "output_length": [r.get("output_length", 0) for _, r in rows],
+        "offsets": offsets,
+        "ids": [i for _, r in rows for i in r["hash_ids"]],
+        "session": (np.asarray([r.get("session_id") for _, r in rows], dtype=object)
+                    if has_session else None),
+        "line": [n for n, _ in rows],
+        "malformed": malformed,
+    }
+
+
+def _row(raw: bytes) -> dict:
+    """One trace row, checked; raises ValueError saying what is wrong."""
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"not JSON ({err})") from None
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    if not _is_count(row.get("input_length")):
+        raise ValueError("input_length missing or not a non-negative integer")
+    for name in ("output_length",):
+        if name in row and not _is_count(row[name]):
+            raise ValueError(f"{name} is not a non-negative integer")
+    timestamp = row.get("timestamp", 0)
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+        raise ValueError("timestamp is not a number")
+    hash_ids = row.setdefault("hash_ids", [])
+    if not isinstance(hash_ids, list) or not all(_is_count(i) for i in hash_ids):
+        raise ValueError("hash_ids is not a list of non-negative integers")
+    return row
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
