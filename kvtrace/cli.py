@@ -118,7 +118,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.pipelines.anonymize import AnonymizeConfig, build
     from kvtrace.runner import pipeline_options, run
     from kvtrace.transforms.manifest import REJECTED_FRACTION_MARKER
-    from kvtrace.transforms.read import expand_inputs
+    from kvtrace.transforms.paths import expand_inputs
     from kvtrace.transforms.tokenize import load_tokenizer, tokenizer_sha256
 
     presets, preset_beam = load_presets(args.config)
@@ -192,7 +192,7 @@ def _configure_logging(verbose: bool) -> None:
 def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
     from kvtrace.report import render
-    from kvtrace.transforms.read import expand_inputs
+    from kvtrace.transforms.paths import expand_inputs
 
     if beam_args:
         raise ConfigError(f"unknown options for analyze: {' '.join(beam_args)}")

@@ -8,29 +8,17 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import BytesCoder
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import ReadAllFromParquet
 from apache_beam.io.textio import ReadAllFromText
 
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, dead_letter
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.paths import PARQUET_SUFFIXES
 from kvtrace.transforms.records import parse_record, request_from_object
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
 # Splits of uncompressed files that workers read in parallel: small enough that a single large
 # file keeps every worker busy, large enough that per-split overhead stays negligible.
 READ_SPLIT_BYTES = 8 << 20
-
-
-def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Every file the patterns match, sorted; a pattern that matches nothing is an error."""
-    files: set[str] = set()
-    for pattern in patterns:
-        matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
-        if not matched:
-            raise FileNotFoundError(f"--input {pattern!r} matches no file")
-        files.update(matched)
-    return sorted(files)
 
 
 class ReadRecords(beam.PTransform):

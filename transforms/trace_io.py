@@ -17,11 +17,15 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from kvtrace.transforms.paths import (
+    PARQUET_SUFFIXES,
+    count_lines,
+    open_parquet,
+    open_stream,
+    read_bytes,
+)
 
-from kvtrace.transforms.read import PARQUET_SUFFIXES
-
+READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
 
 
@@ -33,7 +37,7 @@ class Trace:
     input_length: np.ndarray  # int64
     output_length: np.ndarray  # int64
     offsets: np.ndarray  # int64, len rows + 1: row r's ids are ids[offsets[r]:offsets[r + 1]]
-    ids: np.ndarray  # int64
+    ids: np.ndarray  # int32 when every id fits, else int64
     session: np.ndarray | None  # object array of session ids (None where absent), or None
     line: np.ndarray  # int64: 1-based line (or Parquet row) number within its file
     file_index: np.ndarray  # int32: index into files
@@ -50,10 +54,12 @@ class Trace:
 
 
 def read_trace(files: Sequence[str]) -> Trace:
-    parts = [_read_file(path) for path in files]
+    parts = []
+    for index, path in enumerate(files):
+        for part in _read_file(path):
+            part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
+            parts.append(part)
     malformed = [m for p in parts for m in p["malformed"]]
-    for index, part in enumerate(parts):
-        part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
     sessions = [p["session"] for p in parts]
     has_sessions = any(s is not None for s in sessions)
     lengths = np.concatenate([np.diff(p["offsets"]) for p in parts]) if parts else np.zeros(0)
@@ -64,7 +70,7 @@ def read_trace(files: Sequence[str]) -> Trace:
         input_length=_cat(parts, "input_length", np.int64),
         output_length=_cat(parts, "output_length", np.int64),
         offsets=offsets,
-        ids=_cat(parts, "ids", np.int64),
+        ids=_cat(parts, "ids", _id_dtype(parts)),
         session=np.concatenate([
             s if s is not None else np.full(len(p["input_length"]), None, dtype=object)
             for s, p in zip(sessions, parts)
@@ -77,33 +83,48 @@ def read_trace(files: Sequence[str]) -> Trace:
     )
 
 
+def _id_dtype(parts: list[dict]) -> type:
+    """int32 when every id fits (published traces' ids are dense from 0): half the memory."""
+    largest = max((int(np.max(p["ids"])) for p in parts if len(p["ids"])), default=0)
+    return np.int32 if largest < 2**31 else np.int64
+
+
 def _cat(parts: list[dict], name: str, dtype) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=dtype)
     return np.concatenate([np.asarray(p[name], dtype=dtype) for p in parts])
 
 
-def _read_file(path: str) -> dict:
+def _read_file(path: str) -> list[dict]:
+    """Column parts of one file, in line order."""
     if path.lower().endswith(PARQUET_SUFFIXES):
-        with FileSystems.open(path) as handle:
-            table = pq.read_table(handle)
-        return _columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])
-    with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as handle:
-        data = handle.read()
-    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+        table = pq.read_table(open_parquet(path))
+        return [_columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])]
+    return _read_jsonl_streamed(path) or [_columns_line_by_line(read_bytes(path), path)]
+
+
+def _read_jsonl_streamed(path: str) -> list[dict] | None:
+    """The file's columns, streamed through pyarrow's JSON reader in blocks (memory stays near
+    the size of the columns); None when any line is blank, malformed or ill-typed, since pyarrow
+    skips blank lines and accepts any JSON types. The caller then reads it line by line."""
+    parts, rows = [], 0
     try:
-        table = pa_json.read_json(pa.BufferReader(data))
+        reader = pa_json.open_json(
+            open_stream(path), read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
+            memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
+        )
+        for batch in reader:
+            if not _well_typed(batch):
+                return None
+            parts.append(_columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), []))
+            rows += batch.num_rows
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        table = None
-    # pyarrow skips blank lines and takes any JSON types: only a file with one well-typed row
-    # per line keeps the fast path; any other is read line by line, naming each bad line.
-    if table is not None and table.num_rows == lines and _well_typed(table):
-        return _columns_from_table(table, path, np.arange(1, lines + 1), [])
-    return _columns_line_by_line(data, path)
+        return None
+    return parts if rows == count_lines(path) else None
 
 
-def _well_typed(table: pa.Table) -> bool:
-    names = set(table.column_names)
+def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
+    names = set(table.schema.names)
     if "input_length" not in names:
         return False
     for name in ("input_length", "output_length"):
@@ -124,19 +145,22 @@ def _well_typed(table: pa.Table) -> bool:
     return True
 
 
-def _columns_from_table(table: pa.Table, path: str, lines: np.ndarray, malformed: list) -> dict:
-    names = set(table.column_names)
-    for required in ("input_length",):
-        if required not in names:
-            raise ValueError(f"{path}: no {required} column")
-    ids = table["hash_ids"].combine_chunks() if "hash_ids" in names else None
+def _columns_from_table(
+    table: pa.Table | pa.RecordBatch, path: str, lines: np.ndarray, malformed: list
+) -> dict:
+    names = set(table.schema.names)
+    if "input_length" not in names:
+        raise ValueError(f"{path}: no input_length column")
+    ids = _whole(table["hash_ids"]) if "hash_ids" in names else None
     if ids is None:
         offsets, values = np.zeros(table.num_rows + 1, np.int64), np.zeros(0, np.int64)
     else:
         ids = ids.fill_null([]) if ids.null_count else ids
         offsets = np.asarray(ids.offsets, dtype=np.int64)
-        values = np.asarray(ids.values.to_numpy(zero_copy_only=False), dtype=np.int64)
-        offsets, values = offsets - offsets[0], values[offsets[0] : offsets[-1]]
+        values = ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        offsets = offsets - offsets[0]
+        if len(values) and values.max() < 2**31:  # as most traces: half the memory
+            values = values.astype(np.int32)
     column = lambda name, default: (  # noqa: E731
         table[name].fill_null(default).to_numpy(zero_copy_only=False)
         if name in names else np.full(table.num_rows, default)
@@ -146,6 +170,10 @@ def _columns_from_table(table: pa.Table, path: str, lines: np.ndarray, malformed
     return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
             "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
             "session": session, "line": lines, "malformed": malformed}
+
+
+def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def _columns_line_by_line(data: bytes, path: str) -> dict:

@@ -49,25 +49,46 @@ def describe(values: np.ndarray) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Blocks:
-    """Per-block views of a trace: row, position and the exact prefix each block ends."""
+    """Per-block views of a trace, computed once and shared by every metric."""
 
-    row: np.ndarray
-    position: np.ndarray
-    prefix: np.ndarray  # dense id of hash_ids[:position + 1], equal exactly for equal prefixes
+    row: np.ndarray  # int32: the block's row
+    position: np.ndarray  # int32: its position in the row
+    prefix: np.ndarray  # int32: dense id of hash_ids[:position + 1], equal exactly for equal prefixes
+    id_group: np.ndarray  # dense index of the block's hash id among the distinct ids
+    id_first: np.ndarray  # per distinct id, the index of its first block (file order)
 
     @staticmethod
     def of(trace: Trace) -> Blocks:
         lengths = trace.lengths
-        row = np.repeat(np.arange(len(trace)), lengths)
-        position = np.arange(len(trace.ids)) - np.repeat(trace.offsets[:-1], lengths)
-        return Blocks(row, position, prefix_ids(trace))
+        row = np.repeat(np.arange(len(trace), dtype=np.int32), lengths)
+        position = np.arange(len(trace.ids), dtype=np.int32)  # traces hold < 2^31 blocks
+        position -= np.repeat(trace.offsets[:-1].astype(np.int32), lengths)
+        id_group, id_first = dense_groups(trace.ids)
+        return Blocks(row, position, prefix_ids(trace), id_group, id_first)
+
+
+def first_index(groups: np.ndarray, size: int) -> np.ndarray:
+    """Per group value in [0, size), the index of its first occurrence (-1 where absent)."""
+    first = np.full(size, -1, dtype=np.int32)  # traces hold < 2^31 blocks
+    # Written backwards, so the earliest occurrence is the last write and wins.
+    first[groups[::-1]] = np.arange(len(groups) - 1, -1, -1, dtype=np.int32)
+    return first
+
+
+def dense_groups(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each value, first index of each group). Trace ids are usually dense from 0, so
+    the values themselves serve as groups without sorting; sparse ids are numbered by sorting."""
+    if len(values) and values.min() >= 0 and values.max() < 4 * len(values):
+        return values, first_index(values, int(values.max()) + 1)
+    _, first, groups = np.unique(values, return_index=True, return_inverse=True)
+    return groups, first
 
 
 def prefix_ids(trace: Trace) -> np.ndarray:
     """A dense id per block for the prefix it ends, exact (no hashing): level by level, each
     (parent prefix, id) pair is numbered by sorting."""
     lengths = trace.lengths
-    prefix = np.empty(len(trace.ids), dtype=np.int64)
+    prefix = np.empty(len(trace.ids), dtype=np.int32)
     by_length = np.argsort(-lengths, kind="stable")
     # rows with more than `level` ids: a prefix of by_length
     active_counts = np.searchsorted(-lengths[by_length], -np.arange(lengths.max(initial=0)), "left")
@@ -88,16 +109,18 @@ def prefix_ids(trace: Trace) -> np.ndarray:
     return prefix
 
 
-def block_weights(trace: Trace, block_size: int, blocks: Blocks) -> np.ndarray:
-    """Tokens per block: block_size, the last block of a row its real remainder (clipped to
-    1..block_size for rows whose length disagrees with their ids)."""
-    weights = np.full(len(trace.ids), block_size, dtype=np.int64)
+def last_block_tokens(trace: Trace, block_size: int) -> np.ndarray:
+    """Per row, the tokens in its last block: the real remainder (clipped to 1..block_size for
+    rows whose length disagrees with their ids); 0 for rows without ids."""
     lengths = trace.lengths
-    has = lengths > 0
-    last = trace.offsets[1:][has] - 1
-    remainder = trace.input_length[has] - (lengths[has] - 1) * block_size
-    weights[last] = np.clip(remainder, 1, block_size)
-    return weights
+    last = np.clip(trace.input_length - (lengths - 1) * block_size, 1, block_size)
+    return np.where(lengths > 0, last, 0)
+
+
+def row_tokens(trace: Trace, block_size: int) -> np.ndarray:
+    """Per row, the tokens its blocks cover: full blocks plus the real last block."""
+    lengths = trace.lengths
+    return np.where(lengths > 0, (lengths - 1) * block_size, 0) + last_block_tokens(trace, block_size)
 
 
 def _first_per_row(flags: np.ndarray, trace: Trace, blocks: Blocks) -> np.ndarray:
@@ -116,19 +139,20 @@ def compatible(trace: Trace, block_size: int, blocks: Blocks) -> dict:
     lengths = trace.lengths
     with_ids = lengths > 0
     # Theoretical hit rate: ids seen in earlier rows, file order.
-    _, first_index, inverse = np.unique(trace.ids, return_index=True, return_inverse=True)
-    first_row = blocks.row[first_index][inverse]
-    unseen_index = _first_per_row(first_row >= blocks.row, trace, blocks)
-    hit_rate = unseen_index[with_ids] / lengths[with_ids]
-    # Context length: (position, id) pairs over the whole file.
-    pair_order = np.lexsort((trace.ids, blocks.position))
-    pair_new = np.ones(len(pair_order), dtype=bool)
-    pair_new[1:] = (np.diff(blocks.position[pair_order]) != 0) | (np.diff(trace.ids[pair_order]) != 0)
-    pair_group = np.cumsum(pair_new) - 1
-    pair_count = np.bincount(pair_group)
-    repeated = np.empty(len(pair_order), dtype=bool)
-    repeated[pair_order] = pair_count[pair_group] >= 2
-    repeated_per_row = np.bincount(blocks.row, weights=repeated, minlength=len(trace)).astype(np.int64)
+    unseen = blocks.row[blocks.id_first][blocks.id_group] >= blocks.row
+    hit_rate = _first_per_row(unseen, trace, blocks)[with_ids] / lengths[with_ids]
+    del unseen
+    # Context length: (position, id) pairs over the whole file. An id that keeps one position
+    # (every chained trace) has as many pairs as occurrences; others are counted by sorting.
+    repeated = (np.bincount(blocks.id_group) >= 2)[blocks.id_group]
+    moved = blocks.position != blocks.position[blocks.id_first][blocks.id_group]
+    if moved.any():
+        mixed = np.isin(blocks.id_group, np.unique(blocks.id_group[moved]))
+        pair = blocks.id_group[mixed] * (int(lengths.max()) + 1) + blocks.position[mixed]
+        _, pair_group, pair_count = np.unique(pair, return_inverse=True, return_counts=True)
+        repeated[mixed] = pair_count[pair_group] >= 2
+    del moved
+    repeated_per_row = np.bincount(blocks.row[repeated], minlength=len(trace))
     context = np.where(repeated_per_row == lengths, trace.input_length, repeated_per_row * block_size)
     # Prefix reuse: each distinct hash_ids[:i].
     prefix_count = np.bincount(blocks.prefix) if len(blocks.prefix) else np.zeros(0, np.int64)
@@ -169,30 +193,35 @@ def hit_rates(trace: Trace, block_size: int, blocks: Blocks, warmup_fraction: fl
     earlier row. With exact prefix ids a prefix's blocks are in one row at most once, so a block
     misses exactly at its prefix's first occurrence, and the hits of a row form a prefix."""
     rank = causal_order(trace)
-    block_rank = rank[blocks.row]
-    order = np.lexsort((block_rank, blocks.prefix))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = np.diff(blocks.prefix[order]) != 0
-    miss = np.empty(len(order), dtype=bool)
-    miss[order] = first
-    weights = block_weights(trace, block_size, blocks)
+    # A prefix's first block in causal order is its one miss. When timestamps never go back,
+    # causal order is file order and needs no sort.
+    prefixes = int(blocks.prefix.max(initial=-1)) + 1
+    if (np.diff(trace.timestamp) >= 0).all():
+        missed = first_index(blocks.prefix, prefixes)
+    else:
+        causal_blocks = np.argsort(rank[blocks.row], kind="stable")
+        missed = causal_blocks[first_index(blocks.prefix[causal_blocks], prefixes)]
+        del causal_blocks
     rows = len(trace)
     blocks_per_row = trace.lengths
-    miss_blocks = np.bincount(blocks.row, weights=miss, minlength=rows)
-    tokens_per_row = np.bincount(blocks.row, weights=weights, minlength=rows)
-    miss_tokens = np.bincount(blocks.row, weights=weights * miss, minlength=rows)
+    miss_rows = blocks.row[missed]
+    at_end = blocks.position[missed] == blocks_per_row[miss_rows] - 1
+    miss_weight = np.where(at_end, last_block_tokens(trace, block_size)[miss_rows], block_size)
+    miss_blocks = np.bincount(miss_rows, minlength=rows)
+    miss_tokens = np.bincount(miss_rows, weights=miss_weight, minlength=rows)
+    tokens_per_row = row_tokens(trace, block_size)
     with_blocks = blocks_per_row > 0
     after = rank >= math.floor(warmup_fraction * rows)
     return {
         "token_weighted": _ratio(tokens_per_row.sum() - miss_tokens.sum(), tokens_per_row.sum()),
-        "block_weighted": _ratio(len(miss) - miss.sum(), len(miss)),
+        "block_weighted": _ratio(len(blocks.prefix) - len(missed), len(blocks.prefix)),
         "per_request_mean": float(np.mean(1 - miss_blocks[with_blocks] / blocks_per_row[with_blocks]))
                             if with_blocks.any() else 0.0,
         "token_weighted_after_warmup": _ratio(
             tokens_per_row[after].sum() - miss_tokens[after].sum(), tokens_per_row[after].sum()
         ),
         "warmup_fraction": warmup_fraction,
-        "working_set": {"unique_blocks": int(miss.sum()), "unique_tokens": int(miss_tokens.sum())},
+        "working_set": {"unique_blocks": len(missed), "unique_tokens": int(miss_tokens.sum())},
     }
 
 
@@ -231,10 +260,10 @@ def problems(trace: Trace, block_size: int, blocks: Blocks) -> dict:
     expected = -(-trace.input_length // block_size)
     wrong_length = np.flatnonzero(lengths != expected)
     backwards = np.flatnonzero(np.diff(trace.timestamp) < 0) + 1
-    # Chained: an id always at the same position behind the same parent.
+    # Chained: an id always at the same position behind the same parent as where it first was.
     parent = np.where(blocks.position > 0, np.roll(trace.ids, 1), -1)
-    two_positions = _ids_with_many(trace.ids, blocks.position)
-    two_parents = _ids_with_many(trace.ids, parent)
+    two_positions = _ids_differing(trace, blocks, blocks.position)
+    two_parents = _ids_differing(trace, blocks, parent)
     return {
         "hash_ids_length_mismatch": {"count": int(len(wrong_length)), "examples": examples(wrong_length)},
         "timestamps_backwards": {"count": int(len(backwards)), "examples": examples(backwards)},
@@ -246,13 +275,10 @@ def problems(trace: Trace, block_size: int, blocks: Blocks) -> dict:
     }
 
 
-def _ids_with_many(ids: np.ndarray, attribute: np.ndarray) -> np.ndarray:
-    """The ids that occur with more than one distinct value of attribute."""
-    order = np.lexsort((attribute, ids))
-    ids_sorted, attr_sorted = ids[order], attribute[order]
-    same_id = ids_sorted[1:] == ids_sorted[:-1]
-    differs = same_id & (attr_sorted[1:] != attr_sorted[:-1])
-    return np.unique(ids_sorted[1:][differs])
+def _ids_differing(trace: Trace, blocks: Blocks, attribute: np.ndarray) -> np.ndarray:
+    """The ids whose attribute somewhere differs from its value at the id's first occurrence."""
+    differs = attribute != attribute[blocks.id_first][blocks.id_group]
+    return np.unique(trace.ids[differs])
 
 
 def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -> dict:
