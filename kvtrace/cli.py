@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--json", metavar="OUT", help="also write the full report, full precision, as JSON")
     add("--warmup-fraction", type=float, default=0.5, metavar="F",
         help="rows counted only after this share of rows has filled the cache (default 0.5)")
+    add("--engine", choices=("local", "beam"), default="local",
+        help="local: numpy on this machine (default); beam: a Beam pipeline, for traces spread "
+             "over many files and machines (Beam options such as --runner pass through)")
     add("--verbose", action="store_true", help="show Beam's own logs")
     return parser
 
@@ -190,19 +193,19 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+    from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_beam, analyze_local
     from kvtrace.report import render
     from kvtrace.transforms.paths import expand_inputs
 
-    if beam_args:
-        raise ConfigError(f"unknown options for analyze: {' '.join(beam_args)}")
+    if beam_args and args.engine == "local":
+        raise ConfigError(f"unknown options for the local engine: {' '.join(beam_args)}")
     if args.block_size < 1 or not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--block-size must be >= 1 and --warmup-fraction in [0, 1)")
     files: list[str] = []
     for pattern in args.trace:  # in the order given: file order matters to the definitions
         files += [f for f in expand_inputs([pattern]) if f not in files]
     config = AnalyzeConfig(tuple(files), args.block_size, args.warmup_fraction)
-    report = analyze_local(config)
+    report = analyze_local(config) if args.engine == "local" else analyze_beam(config, beam_args)
     if report["total_requests"] == 0:
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         _print_problems(report)

@@ -10,13 +10,14 @@ Two families, each named for what it measures:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
+from kvtrace.transforms.histograms import STAT_NAMES, histogram
 from kvtrace.transforms.trace_io import Trace
 
-STAT_NAMES = ("mean", "std_dev", "min", "p25", "median", "p75", "max")
 MAX_EXAMPLES = 20  # example lines listed per problem kind
 
 DEFINITIONS = {
@@ -229,50 +230,64 @@ def _ratio(part: float, whole: float) -> float:
     return float(part / whole) if whole else 0.0
 
 
-def request_rate(trace: Trace) -> dict:
+def minute_counts(timestamps: np.ndarray, origin: float) -> Counter:
+    """Requests per minute since origin (the trace's first timestamp)."""
+    return histogram(((timestamps - origin) // 60_000).astype(np.int64))
+
+
+def request_rate(per_minute: Counter) -> dict:
     """Requests per minute, over the minutes from the first request to the last."""
-    if not len(trace):
+    if not per_minute:
         return {"mean_per_minute": 0.0, "peak_per_minute": 0, "minutes": 0}
-    minute = ((trace.timestamp - trace.timestamp.min()) // 60_000).astype(np.int64)
-    per_minute = np.bincount(minute)
-    return {"mean_per_minute": float(len(trace) / len(per_minute)),
-            "peak_per_minute": int(per_minute.max()), "minutes": int(len(per_minute))}
+    minutes = max(per_minute) + 1
+    return {"mean_per_minute": float(sum(per_minute.values()) / minutes),
+            "peak_per_minute": int(max(per_minute.values())), "minutes": int(minutes)}
 
 
-def sessions(trace: Trace) -> dict | None:
+def session_counts(trace: Trace) -> Counter:
+    """Requests per session id, for the rows that have one."""
     if trace.session is None:
-        return None
-    present = np.array([s is not None for s in trace.session])
-    if not present.any():
-        return None
-    _, counts = np.unique(trace.session[present].astype(str), return_counts=True)
-    return {"sessions": int(len(counts)), "requests_with_session": int(present.sum()),
-            "requests_per_session": describe(counts)}
+        return Counter()
+    return Counter(str(s) for s in trace.session if s is not None)
 
 
-def problems(trace: Trace, block_size: int, blocks: Blocks) -> dict:
-    """What breaks the published traces' invariants, with example line numbers."""
+def session_stats(counts: Counter) -> dict | None:
+    if not counts:
+        return None
+    per_session = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+    return {"sessions": len(counts), "requests_with_session": int(per_session.sum()),
+            "requests_per_session": describe(np.sort(per_session))}
+
+
+def row_problems(trace: Trace, block_size: int) -> dict:
+    """Broken row invariants and malformed lines, with example lines (file order)."""
     def examples(rows: np.ndarray) -> list[dict]:
         return [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
                 for r in rows[:MAX_EXAMPLES]]
 
-    lengths = trace.lengths
     expected = -(-trace.input_length // block_size)
-    wrong_length = np.flatnonzero(lengths != expected)
+    wrong_length = np.flatnonzero(trace.lengths != expected)
     backwards = np.flatnonzero(np.diff(trace.timestamp) < 0) + 1
-    # Chained: an id always at the same position behind the same parent as where it first was.
-    parent = np.where(blocks.position > 0, np.roll(trace.ids, 1), -1)
-    two_positions = _ids_differing(trace, blocks, blocks.position)
-    two_parents = _ids_differing(trace, blocks, parent)
     return {
         "hash_ids_length_mismatch": {"count": int(len(wrong_length)), "examples": examples(wrong_length)},
         "timestamps_backwards": {"count": int(len(backwards)), "examples": examples(backwards)},
-        "ids_at_several_positions": {"count": int(len(two_positions)),
-                                     "examples": two_positions[:MAX_EXAMPLES].tolist()},
-        "ids_behind_several_parents": {"count": int(len(two_parents)),
-                                       "examples": two_parents[:MAX_EXAMPLES].tolist()},
         "malformed_lines": {"count": trace.malformed_count, "examples": trace.malformed},
     }
+
+
+def id_problems(ids_at_several_positions: np.ndarray, ids_behind_several_parents: np.ndarray) -> dict:
+    return {name: {"count": int(len(ids)), "examples": np.sort(ids)[:MAX_EXAMPLES].tolist()}
+            for name, ids in (("ids_at_several_positions", ids_at_several_positions),
+                              ("ids_behind_several_parents", ids_behind_several_parents))}
+
+
+def problems(trace: Trace, block_size: int, blocks: Blocks) -> dict:
+    """What breaks the published traces' invariants: rows, and ids that are not chained (an id
+    always at the same position behind the same parent as where it first was)."""
+    parent = np.where(blocks.position > 0, np.roll(trace.ids, 1), -1)
+    return {**row_problems(trace, block_size),
+            **id_problems(_ids_differing(trace, blocks, blocks.position),
+                          _ids_differing(trace, blocks, parent))}
 
 
 def _ids_differing(trace: Trace, blocks: Blocks, attribute: np.ndarray) -> np.ndarray:
@@ -285,10 +300,11 @@ def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -
     blocks = Blocks.of(trace)
     report = compatible(trace, block_size, blocks)
     report["hit_rates"] = hit_rates(trace, block_size, blocks, warmup_fraction)
-    report["request_rate"] = request_rate(trace)
-    session_stats = sessions(trace)
-    if session_stats:
-        report["sessions"] = session_stats
+    origin = float(trace.timestamp.min()) if len(trace) else 0.0
+    report["request_rate"] = request_rate(minute_counts(trace.timestamp, origin))
+    by_session = session_stats(session_counts(trace))
+    if by_session:
+        report["sessions"] = by_session
     report["problems"] = problems(trace, block_size, blocks)
     report["block_size"] = block_size
     report["definitions"] = DEFINITIONS
