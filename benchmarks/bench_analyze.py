@@ -12,15 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 
-# Runs a command and prints the peak resident set of it and its descendants, in KiB.
-_PEAK_RSS = (
-    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
-    "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-)
+from measure import run_measured
 
 
 def main() -> None:
@@ -32,11 +26,8 @@ def main() -> None:
     runs = []
     for _ in range(args.repeat):
         command = [sys.executable, "-m", "kvtrace.cli", "analyze", args.trace]
-        start = time.perf_counter()
-        measured = subprocess.run([sys.executable, "-c", _PEAK_RSS, *command], check=True,
-                                  capture_output=True, text=True)
-        runs.append({"seconds": time.perf_counter() - start,
-                     "peak_rss_mib": int(measured.stdout.split()[-1]) / 1024})
+        seconds, peak_mib = run_measured(command)
+        runs.append({"seconds": seconds, "peak_rss_mib": peak_mib})
     print(json.dumps({"trace": args.trace, "runs": runs,
                       "best_seconds": min(r["seconds"] for r in runs),
                       "max_peak_rss_mib": max(r["peak_rss_mib"] for r in runs)}, indent=2))

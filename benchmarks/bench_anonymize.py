@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from measure import run_measured
 
 # Batches as the pipeline makes them for tokenization (pipelines/anonymize.py TOKENIZE_BATCH).
 FLOOR_BATCH = 256
@@ -80,26 +81,15 @@ def one_at_a_time(corpus: Path, tokenizer_name: str, block_size: int) -> tuple[f
     return time.perf_counter() - start, tokens
 
 
-# Runs a command and prints the peak resident set of it and its descendants, in KiB.
-_PEAK_RSS = (
-    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
-    "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-)
-
-
 def end_to_end(corpus: Path, tokenizer_name: str, block_size: int, beam_args: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(corpus),
                    "--output", f"{tmp}/out", "--tokenizer", tokenizer_name,
                    "--block-size", str(block_size), *beam_args]
-        start = time.perf_counter()
-        measured = subprocess.run([sys.executable, "-c", _PEAK_RSS, *command], check=True,
-                                  capture_output=True, text=True)
-        seconds = time.perf_counter() - start
+        seconds, peak_mib = run_measured(command)
         stats = json.loads(Path(tmp, "out", "stats.json").read_text())
     return {"seconds": seconds, "input_tokens": stats["input_tokens"], "blocks": stats["blocks"],
-            "unique_blocks": stats["unique_blocks"],
-            "peak_rss_mib": int(measured.stdout.split()[-1]) / 1024}
+            "unique_blocks": stats["unique_blocks"], "peak_rss_mib": peak_mib}
 
 
 def main() -> None:

@@ -193,7 +193,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_beam, analyze_local
+    from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
     from kvtrace.report import render
     from kvtrace.transforms.paths import expand_inputs
 
@@ -205,7 +205,12 @@ def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
     for pattern in args.trace:  # in the order given: file order matters to the definitions
         files += [f for f in expand_inputs([pattern]) if f not in files]
     config = AnalyzeConfig(tuple(files), args.block_size, args.warmup_fraction)
-    report = analyze_local(config) if args.engine == "local" else analyze_beam(config, beam_args)
+    if args.engine == "local":
+        report = analyze_local(config)
+    else:
+        from kvtrace.pipelines.analyze_beam import analyze_beam
+
+        report = analyze_beam(config, beam_args)
     if report["total_requests"] == 0:
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         _print_problems(report)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-
-from kvtrace import __version__
 from kvtrace.transforms.blocks import HASH_SCHEME
+from kvtrace.transforms.buckets import plan_shards
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.dense_ids import (
     DEFAULT_HASH_SHARDS,
@@ -31,10 +30,11 @@ from kvtrace.transforms.manifest import (
     write_json,
 )
 from kvtrace.transforms.read import ReadRecords, parse_records
-from kvtrace.transforms.buckets import plan_shards
 from kvtrace.transforms.rows import assemble_rows, bucket_sizes
 from kvtrace.transforms.stats import ExportTotals, export_stats, sum_totals
 from kvtrace.transforms.write import MAX_BLOCKS_PER_SHARD, WriteShard
+
+from kvtrace import __version__
 
 # The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.

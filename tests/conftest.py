@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tiny_tokenizer import build_tiny_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-
 from conftest import shared_path, write_jsonl
-from kvtrace.cli import main
 from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+
+from kvtrace.cli import main
 from kvtrace.report import compatible_table
 
 

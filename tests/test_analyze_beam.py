@@ -6,8 +6,10 @@ import json
 import math
 
 from conftest import shared_path, write_jsonl
+from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+from kvtrace.pipelines.analyze_beam import analyze_beam
+
 from kvtrace.cli import main
-from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_beam, analyze_local
 
 
 def assert_same(beam, local, path="") -> None:

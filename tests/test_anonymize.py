@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import read_jsonl, write_jsonl
+
 from kvtrace.cli import main
 
 SALT = "a-salt-for-tests-that-is-long-enough"

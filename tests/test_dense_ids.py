@@ -4,7 +4,6 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-
 from kvtrace.transforms.blocks import chain_hashes, chain_seed, token_bytes
 from kvtrace.transforms.dense_ids import (
     OCCURRENCE,

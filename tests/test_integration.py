@@ -7,10 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-
 from conftest import read_jsonl, shared_path, write_jsonl
 from kvtrace.transforms.tokenize import load_tokenizer, render_chat
-from test_anonymize import FRANCE, FINLAND, anonymize, trace
+from test_anonymize import FINLAND, FRANCE, anonymize, trace
 
 # Seed 000's example, with the prompts as written there.
 SEED_FRANCE = dict(FRANCE, input=[{"role": "user", "content": "What is the capital of France?"}])

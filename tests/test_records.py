@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.records import MAX_NESTING_DEPTH, parse_record
 from kvtrace.transforms.timestamps import timestamp_ms

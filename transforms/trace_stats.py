@@ -256,7 +256,7 @@ def session_stats(counts: Counter) -> dict | None:
         return None
     per_session = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
     return {"sessions": len(counts), "requests_with_session": int(per_session.sum()),
-            "requests_per_session": describe(np.sort(per_session))}
+            "requests_per_session": describe(per_session)}
 
 
 def row_problems(trace: Trace, block_size: int) -> dict:

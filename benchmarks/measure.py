@@ -1,0 +1,21 @@
+"""Run a command as a whole process and measure it: wall seconds and peak memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+# Runs a command and prints the peak resident set of it and its descendants, in KiB.
+_PEAK_RSS = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
+    "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
+def run_measured(command: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MiB of the command and its children)."""
+    start = time.perf_counter()
+    measured = subprocess.run([sys.executable, "-c", _PEAK_RSS, *command], check=True,
+                              capture_output=True, text=True)
+    return time.perf_counter() - start, int(measured.stdout.split()[-1]) / 1024
