@@ -20,6 +20,7 @@ import apache_beam as beam
 import numpy as np
 from kvtrace.pipelines.analyze import AnalyzeConfig
 from kvtrace.transforms.buckets import BUCKET_MS
+from kvtrace.transforms.dense_ids import split_by
 from kvtrace.transforms.histograms import describe_histogram, histogram, merge
 from kvtrace.transforms.trace_io import read_trace
 from kvtrace.transforms.trace_shards import (
@@ -74,9 +75,7 @@ def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int
 
 
 def _by_shard(table: np.ndarray, keys: np.ndarray, shards: int) -> Iterator[tuple[int, np.ndarray]]:
-    labels = keys % shards
-    for shard in np.unique(labels).tolist():
-        yield shard, table[labels == shard]
+    return split_by(table, (keys % shards).astype(np.int64))
 
 
 def _pair_key(blocks: np.ndarray) -> np.ndarray:

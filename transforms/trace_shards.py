@@ -19,8 +19,7 @@ from kvtrace.transforms.histograms import histogram
 from kvtrace.transforms.trace_io import Trace
 from kvtrace.transforms.trace_stats import last_block_tokens
 
-ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8"),
-                ("file", "<i4"), ("line", "<i8")])
+ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8")])
 BLOCK = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("pos", "<i8"), ("id", "<i8"),
                   ("parent", "<i8"), ("prefix_hi", "<u8"), ("prefix_lo", "<u8"),
                   ("weight", "<i8")])
@@ -40,7 +39,6 @@ def chunk_tables(trace: Trace, block_size: int) -> tuple[np.ndarray, np.ndarray]
     rows = np.empty(len(trace), dtype=ROW)
     rows["rowkey"], rows["ts"] = keys, trace.timestamp
     rows["isl"], rows["osl"], rows["n"] = trace.input_length, trace.output_length, lengths
-    rows["file"], rows["line"] = trace.file_index, trace.line
     row = np.repeat(np.arange(len(trace)), lengths)
     position = np.arange(len(trace.ids)) - np.repeat(trace.offsets[:-1], lengths)
     blocks = np.empty(len(trace.ids), dtype=BLOCK)
