@@ -14,8 +14,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtrace.config import ConfigError, beam_flags, load_presets
-from kvtrace.salt import SaltError, load_salt
+from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
+from kvtrace.transforms.errors import IdMapError, JobStopped
+from kvtrace.transforms.salt import SALT_ENV, SaltError, salt_source
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -26,6 +27,10 @@ example (offline, on the bundled examples):
 
 Beam options pass through, e.g. both local cores:
   --direct_num_workers 2 --direct_running_mode multi_processing
+
+nightly, extending an id map so that ids carry over between nights:
+  kvtrace anonymize --config configs/deepseek-r1.yaml --config configs/dataflow.yaml \
+      --date 2026-11-20          # fills {date} in the presets' input/output/id-map paths
 """
 
 
@@ -57,8 +62,17 @@ def _parser() -> argparse.ArgumentParser:
         help="request shape; auto detects it per record (default auto)")
     add("--dead-letter", metavar="DIR",
         help="where rejected records go (default: DIR-rejected beside --output)")
-    add("--salt-file", metavar="FILE",
-        help=f"secret salt for the hashes (else ${'KVTRACE_SALT'}, else random per run)")
+    add("--salt-file", metavar="PATH",
+        help=f"secret salt for the hashes: a local, gs:// or s3:// file each worker reads "
+             f"(else --salt-secret, else ${SALT_ENV} on every worker, else random per run)")
+    add("--salt-secret", metavar="VERSION",
+        help="the salt in Google Secret Manager: projects/P/secrets/S/versions/V, read by "
+             "each worker (needs apache-beam[gcp])")
+    add("--id-map", metavar="DIR",
+        help="persisted hash->id map to extend, so ids carry over between runs (a new one is "
+             "started if DIR has none); needs a persistent salt")
+    add("--date", metavar="YYYY-MM-DD",
+        help="fills {date} ({yyyy}, {mm}, {dd}) in --input, --output, --dead-letter, --id-map")
     add("--chat-template-kwargs", metavar="JSON",
         help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
     add("--max-rejected-fraction", type=float, metavar="F",
@@ -109,6 +123,7 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
             merged["chat_template_kwargs"] = json.loads(merged["chat_template_kwargs"])
         except ValueError:
             raise ConfigError("--chat-template-kwargs is not valid JSON") from None
+    merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
     missing = [f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
@@ -120,16 +135,21 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.pipelines.anonymize import AnonymizeConfig, build
     from kvtrace.runner import pipeline_options, run
-    from kvtrace.transforms.manifest import REJECTED_FRACTION_MARKER
+    from kvtrace.transforms.blocks import salt_fingerprint
     from kvtrace.transforms.paths import expand_inputs
     from kvtrace.transforms.tokenize import load_tokenizer, tokenizer_sha256
 
     presets, preset_beam = load_presets(args.config)
     options = _merged(args, presets)
-    salt, salt_origin = load_salt(options.get("salt_file"))
+    salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
+    fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     output = options["output"].rstrip("/")
     files = expand_inputs(options["input"])
-    load_tokenizer(options["tokenizer"])  # fail here, clearly, rather than on every worker
+    load_tokenizer(options["tokenizer"])
+    sha256 = tokenizer_sha256(options["tokenizer"])
+    id_map = None
+    if options.get("id_map"):
+        id_map = _open_id_map(options, salt, fingerprint, sha256)
     config = AnonymizeConfig(
         inputs=tuple(files),
         output=output,
@@ -141,10 +161,11 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options.get("max_rejected_fraction"),
         hash_shards=options["hash_shards"],
-        tokenizer_sha256=tokenizer_sha256(options["tokenizer"]),
+        tokenizer_sha256=sha256,
+        id_map=id_map,
     )
     _LOG.info("anonymizing %d file(s) with %s, block size %d; salt: %s",
-              len(files), config.tokenizer, config.block_size, salt_origin)
+              len(files), config.tokenizer, config.block_size, salt.describe())
     if config.dead_letter.startswith(output + "/"):
         raise ConfigError("--dead-letter must not be inside --output: rejected records hold text")
     if not output.startswith(("gs://", "s3://")):
@@ -152,18 +173,48 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     try:
         run(lambda p: build(p, config), pipeline_options(beam_flags(preset_beam) + beam_args))
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
-        if REJECTED_FRACTION_MARKER in str(err):
-            message = str(err)[str(err).index(REJECTED_FRACTION_MARKER):].splitlines()[0]
-            print(f"error: {message}; no trace was written, see {config.dead_letter}",
-                  file=sys.stderr)
-            return 1
-        raise
+        message = JobStopped.message_in(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
     _print_summary(config)
     return 0
 
 
+def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict) -> Any:
+    """The map this run extends, checked against the run's settings; leftovers of killed runs
+    are cleared first (one run per map at a time)."""
+    from kvtrace.pipelines.anonymize import IdMapRun
+    from kvtrace.transforms.blocks import HASH_SCHEME
+    from kvtrace.transforms.id_map import (
+        MapIdentity,
+        current_version_number,
+        discard_abandoned,
+        open_map,
+    )
+
+    if not salt.persistent:
+        raise SaltError(
+            f"--id-map needs the same salt every run: give --salt-file, --salt-secret or "
+            f"${SALT_ENV} (keep it in a secret manager; see the README)"
+        )
+    directory = options["id_map"].rstrip("/")
+    identity = MapIdentity(fingerprint, options["block_size"], sha256, HASH_SCHEME,
+                           options["chat_template_kwargs"])
+    base = open_map(directory, identity)
+    discarded = discard_abandoned(directory, current_version_number(directory))
+    if discarded:
+        _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
+    _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
+              base.next_id["blocks"], base.next_id["sessions"])
+    return IdMapRun(directory, base)
+
+
 def _read_json(path: str) -> dict:
-    from apache_beam.io.filesystems import FileSystems  # the output may be on gs:// or s3://
+    from apache_beam.io.filesystems import (
+        FileSystems,  # the output may be on gs:// or s3://
+    )
 
     with FileSystems.open(path) as handle:
         return json.loads(handle.read())
@@ -180,6 +231,14 @@ def _print_summary(config: Any) -> None:
         f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
         f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json"
     )
+    if config.id_map:
+        from kvtrace.transforms.id_map import current_version_number
+
+        before = config.id_map.base.version
+        after = current_version_number(config.id_map.directory)
+        change = f"version {before} -> {after}" if after != before else (
+            f"version {after}, unchanged (nothing new: this night was already in it)")
+        print(f"id map: {config.id_map.directory}, {change}")
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -235,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {"anonymize": _anonymize, "analyze": _analyze}[args.command]
     try:
         return command(args, beam_args)
-    except (ConfigError, SaltError, FileNotFoundError, ValueError, OSError) as err:
+    except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

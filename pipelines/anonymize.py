@@ -23,14 +23,23 @@ from kvtrace.transforms.dense_ids import (
 )
 from kvtrace.transforms.encode import EncodeRequests
 from kvtrace.transforms.hashed_batch import HashedBatch
+from kvtrace.transforms.id_map import (
+    MAX_SEGMENTS,
+    MapVersion,
+    ReadIdMap,
+    WriteSegmentShard,
+    publish_night,
+)
 from kvtrace.transforms.manifest import (
     RecordCounts,
+    check_not_before_origin,
     check_rejected_fraction,
     remove_stale_shards,
     write_json,
 )
 from kvtrace.transforms.read import ReadRecords, parse_records
 from kvtrace.transforms.rows import assemble_rows, bucket_sizes
+from kvtrace.transforms.salt import SaltSource
 from kvtrace.transforms.stats import ExportTotals, export_stats, sum_totals
 from kvtrace.transforms.write import MAX_BLOCKS_PER_SHARD, WriteShard
 
@@ -45,11 +54,23 @@ TOKENIZE_BATCH = dict(min_batch_size=32, max_batch_size=256)
 
 
 @dataclass(frozen=True)
+class IdMapRun:
+    """The id map a run extends: its directory and the version the run starts from (version 0
+    for a new map), already checked against the run's settings (id_map.open_map)."""
+
+    directory: str
+    base: MapVersion
+
+    def compacts(self, kind: str) -> bool:
+        return self.base.segments(kind) + 1 > MAX_SEGMENTS
+
+
+@dataclass(frozen=True)
 class AnonymizeConfig:
     inputs: tuple[str, ...]  # files, already expanded from the user's globs
     output: str
     tokenizer: str
-    salt: bytes = field(repr=False)
+    salt: SaltSource
     dead_letter: str
     block_size: int = 512
     input_format: str = "auto"
@@ -57,6 +78,12 @@ class AnonymizeConfig:
     max_rejected_fraction: float | None = None
     hash_shards: int = DEFAULT_HASH_SHARDS
     tokenizer_sha256: dict[str, str] = field(default_factory=dict)
+    id_map: IdMapRun | None = None
+
+    @property
+    def timestamp_origin_ms(self) -> int | None:
+        """Fixed by the id map once it has one, so nightly traces share one time axis."""
+        return self.id_map.base.timestamp_origin_ms if self.id_map else None
 
 
 class AnonymizeOutputs(NamedTuple):
@@ -86,10 +113,11 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         )
         | "NameBatches" >> beam.Map(lambda parts: (new_batch_id(), HashedBatch.concat(parts)))
     )
-    blocks = batches | "BlockIds" >> AssignDenseIds(
-        functools.partial(block_keys, block_size=config.block_size), config.hash_shards
+    blocks = _dense_ids(
+        pipeline, batches, "blocks", functools.partial(block_keys, block_size=config.block_size),
+        config,
     )
-    sessions = batches | "SessionIds" >> AssignDenseIds(session_keys, config.hash_shards)
+    sessions = _dense_ids(pipeline, batches, "sessions", session_keys, config)
 
     plan = beam.pvalue.AsSingleton(
         hashed
@@ -98,11 +126,17 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "AllBuckets" >> beam.combiners.ToDict()
         | "PlanShards" >> beam.Map(plan_shards, MAX_BLOCKS_PER_SHARD)
     )
-    origin = (
+    earliest = (
         hashed
         | "EarliestInBatch" >> beam.Map(lambda batch: int(batch.requests["timestamp_ms"].min()))
-        | "Origin" >> beam.CombineGlobally(min).without_defaults()
+        | "Earliest" >> beam.CombineGlobally(min).without_defaults()
     )
+    if config.timestamp_origin_ms is None:
+        origin = beam.pvalue.AsSingleton(earliest, default_value=0)
+    else:
+        origin = beam.pvalue.AsSingleton(
+            pipeline | "MapOrigin" >> beam.Create([config.timestamp_origin_ms])
+        )
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already.
@@ -127,6 +161,9 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(rejected_count),
         )
         | "CheckRejected" >> beam.Map(check_rejected_fraction, config.max_rejected_fraction)
+        | "CheckOrigin" >> beam.Map(
+            check_not_before_origin, beam.pvalue.AsList(earliest), config.timestamp_origin_ms
+        )
     )
     _ = (
         dead_letters
@@ -144,7 +181,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WriteShards" >> beam.ParDo(
             WriteShard(config.output),
             plan,
-            beam.pvalue.AsSingleton(origin, default_value=0),
+            origin,
             beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass
         )
     )
@@ -162,7 +199,48 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         beam.pvalue.AsSingleton(totals),
         beam.pvalue.AsSingleton(blocks["unique"]),
     )
+    if config.id_map:
+        id_map = config.id_map
+        summary = summary | "PublishIdMap" >> beam.Map(
+            publish_night,
+            id_map.directory,
+            id_map.base,
+            {kind: id_map.compacts(kind) for kind in ("blocks", "sessions")},
+            beam.pvalue.AsList(blocks["segment_files"]),
+            beam.pvalue.AsList(sessions["segment_files"]),
+            beam.pvalue.AsSingleton(blocks["added_count"], default_value=0),
+            beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
+            beam.pvalue.AsList(earliest),
+        )
     return AnonymizeOutputs(trace_files, dead_letters, summary)
+
+
+def _dense_ids(
+    pipeline: beam.Pipeline, batches: beam.PCollection, kind: str, keys, config: AnonymizeConfig
+) -> dict[str, beam.PCollection]:
+    """Dense ids for one kind of key (blocks or sessions), extending the id map when there is
+    one: its rows are joined in, and the newly numbered ones written as a new segment."""
+    label = kind[:-1].capitalize()  # BlockIds, SessionIds
+    if config.id_map is None:
+        return batches | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards)
+    id_map = config.id_map
+    base = id_map.base
+    inputs = {"batches": batches}
+    if base.files[kind]:
+        inputs["prior"] = pipeline | f"Read{label}Map" >> ReadIdMap(
+            id_map.directory, base.files[kind], config.hash_shards
+        )
+    ids = inputs | f"{label}Ids" >> AssignDenseIds(
+        keys, config.hash_shards, next_id=base.next_id[kind], compact=id_map.compacts(kind)
+    )
+    ids["segment_files"] = (
+        ids["added"]
+        | f"{label}SegmentShards" >> beam.GroupByKey()
+        | f"Write{label}Segment" >> beam.ParDo(
+            WriteSegmentShard(id_map.directory, base.version + 1, kind)
+        )
+    )
+    return ids
 
 
 def _write_summary(config: AnonymizeConfig, files, counts, totals, unique) -> dict:

@@ -53,3 +53,19 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "again"]
+
+
+def chat(i: int, ts: int, session: str | None = None, rotate: int = 0) -> dict:
+    """A chat request in the tiny tokenizer's vocabulary. All share a system prompt, so blocks
+    recur; i picks the user turn's length and rotate its words, so new blocks appear too."""
+    words = WORDS[rotate:] + WORDS[:rotate]
+    record = {"timestamp": ts, "messages": [
+        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
+        {"role": "user", "content": " ".join(words[: 1 + i % len(words)])},
+    ], "output_length": i}
+    if session:
+        record["session_id"] = session
+    return record

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_jsonl, write_jsonl
+from conftest import chat, read_jsonl, write_jsonl
 
 from kvtrace.cli import main
 
@@ -28,17 +28,6 @@ def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
 
 def trace(out: Path) -> list[dict]:
     return [row for path in sorted(out.glob("trace-*.jsonl")) for row in read_jsonl(path)]
-
-
-def chat(i: int, ts: int, session: str | None = None) -> dict:
-    words = "the quick brown fox jumps over the lazy dog again".split()
-    record = {"timestamp": ts, "messages": [
-        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
-        {"role": "user", "content": " ".join(words[: 1 + i % len(words)])},
-    ], "output_length": i}
-    if session:
-        record["session_id"] = session
-    return record
 
 
 def test_france_and_finland_share_only_their_first_block(tiny_tokenizer, tmp_path):

@@ -11,6 +11,10 @@ in one place:
 4. the numbered hashes join the requests' lookups per shard (CoGroupByKey), and the ids go back
    to the request batch they came from.
 
+With ids from earlier runs (an id map, see id_map.py), step 2's output first meets the map's rows
+per shard: hashes the map knows keep their ids, only the others are numbered, from the map's next
+id. The map is read once, streamed per shard; no worker holds all of it.
+
 Work is vectorised over numpy tables: one Beam element per batch and shard, never per block.
 """
 
@@ -31,7 +35,6 @@ from apache_beam.transforms.userstate import (
     on_timer,
 )
 from apache_beam.transforms.window import GlobalWindow
-
 from kvtrace.transforms.buckets import buckets_of, first_offsets
 from kvtrace.transforms.hashed_batch import HashedBatch
 
@@ -106,8 +109,9 @@ def number(table: np.ndarray, first_id: int) -> np.ndarray:
     return numbered
 
 
-def resolve(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """The id of every query's key (a sort-merge join); every key must have been numbered."""
+def lookup(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For every query, the row of numbered holding its key, or -1 (a sort-merge join); the
+    keys of numbered must be distinct."""
     keys_hi = np.concatenate([numbered["hi"], queries["hi"]])
     keys_lo = np.concatenate([numbered["lo"], queries["lo"]])
     is_query = np.repeat([False, True], [len(numbered), len(queries)])
@@ -116,18 +120,23 @@ def resolve(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
     at_query = is_query[order]
     last_numbered = np.maximum.accumulate(np.where(at_query, -1, np.arange(len(order))))
     carried = last_numbered[at_query]
-    if (carried < 0).any():
-        raise AssertionError("a hash reached the join without an id")
-    source = order[carried]
+    source = np.where(carried < 0, -1, order[np.maximum(carried, 0)])
     query_index = order[at_query] - len(numbered)
-    if (
-        (numbered["hi"][source] != queries["hi"][query_index])
-        | (numbered["lo"][source] != queries["lo"][query_index])
-    ).any():
+    found = source >= 0
+    found[found] = (numbered["hi"][source[found]] == queries["hi"][query_index[found]]) & (
+        numbered["lo"][source[found]] == queries["lo"][query_index[found]]
+    )
+    rows = np.full(len(queries), -1, dtype=np.int64)
+    rows[query_index[found]] = source[found]
+    return rows
+
+
+def resolve(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """The id of every query's key; every key must have been numbered."""
+    rows = lookup(numbered, queries)
+    if (rows < 0).any():
         raise AssertionError("a hash reached the join without an id")
-    ids = np.empty(len(queries), dtype="<i8")
-    ids[query_index] = numbered["id"][source]
-    return ids
+    return numbered["id"][rows]
 
 
 def shard_of(table: np.ndarray, shards: int) -> np.ndarray:
@@ -227,19 +236,57 @@ def new_batch_id() -> int:
     return int.from_bytes(os.urandom(8), "little")
 
 
+class SplitKnown(beam.DoFn):
+    """Per hash shard: tonight's earliest occurrences against the map's rows. Unseen ones go on
+    to be numbered; seen ones come out with their old ids ("known"), only those that occur
+    tonight, so later steps grow with the night and not with the map."""
+
+    def __init__(self, compact: bool):
+        self._compact = compact
+
+    def process(self, element: tuple[int, dict[str, list]]) -> Iterator[Any]:
+        shard, groups = element
+        existing = (
+            np.concatenate(groups["existing"]) if groups["existing"] else np.empty(0, NUMBERED)
+        )
+        if self._compact and len(existing):
+            yield beam.pvalue.TaggedOutput("carried", (shard, existing))
+        for firsts in groups["firsts"]:  # at most one: the shard's combined table
+            rows = lookup(existing, firsts)
+            seen = rows >= 0
+            if not seen.all():
+                yield shard, firsts[~seen]
+            if seen.any():
+                yield beam.pvalue.TaggedOutput("known", (shard, existing[rows[seen]]))
+
+
 class AssignDenseIds(beam.PTransform):
-    """(batch id, HashedBatch) in; out a dict: "ids", (batch id, RESOLVED table) pairs, and
-    "unique", one UniqueTotals.
+    """(batch id, HashedBatch) in, or {"batches": those, "prior": (shard, NUMBERED) rows that
+    earlier runs numbered}; out a dict:
+    "ids": (batch id, RESOLVED table) pairs;
+    "unique": one UniqueTotals of the distinct keys in the input;
+    "added": (shard, NUMBERED) rows to persist: the newly numbered keys (and, when prior.compact,
+    every earlier key too), and "added_count", one int: how many keys were new.
 
     keys picks what gets numbered (block hashes, or session keys): the transform is the same.
+    With prior rows, only keys absent from them are numbered, from next_id; compact asks for the
+    prior rows to come out in "added" too, so that they can be rewritten together.
     """
 
-    def __init__(self, keys: KeyExtractor, shards: int = DEFAULT_HASH_SHARDS):
+    def __init__(
+        self, keys: KeyExtractor, shards: int = DEFAULT_HASH_SHARDS, next_id: int = 0,
+        compact: bool = False,
+    ):
         super().__init__()
         self._keys = keys
         self._shards = shards
+        self._next_id = next_id
+        self._compact = compact
 
-    def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
+    def expand(self, inputs: beam.PCollection | dict) -> dict[str, beam.PCollection]:
+        batches, prior = (
+            (inputs["batches"], inputs.get("prior")) if isinstance(inputs, dict) else (inputs, None)
+        )
         keys, shards = self._keys, self._shards
 
         def tables(batch: tuple[int, HashedBatch]) -> Iterator[tuple[str, Any]]:
@@ -253,7 +300,8 @@ class AssignDenseIds(beam.PTransform):
             "occurrences", "lookups"
         )
         firsts = split.occurrences | "EarliestPerShard" >> beam.CombinePerKey(EarliestOccurrence())
-        by_bucket = firsts | "ByBucket" >> beam.FlatMap(
+        unseen, known, carried = self._against_prior(firsts, prior)
+        by_bucket = unseen | "ByBucket" >> beam.FlatMap(
             lambda kv: split_by(kv[1], buckets_of(kv[1]["ts"]))
         )
         first_ids = (
@@ -261,7 +309,7 @@ class AssignDenseIds(beam.PTransform):
             | "BucketSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
             | "SumPerBucket" >> beam.CombinePerKey(sum)
             | "AllSizes" >> beam.combiners.ToDict()
-            | "FirstIds" >> beam.Map(first_offsets)
+            | "FirstIds" >> beam.Map(first_offsets, self._next_id)
         )
         numbered = (
             by_bucket
@@ -273,12 +321,35 @@ class AssignDenseIds(beam.PTransform):
             | "UniqueTotals" >> beam.Map(lambda kv: UniqueTotals(len(kv[1]), int(kv[1]["weight"].sum())))
             | "SumUnique" >> beam.CombineGlobally(_sum_totals)
         )
+        added_count = (
+            unseen
+            | "CountUnseen" >> beam.Map(lambda kv: len(kv[1]))
+            | "SumUnseen" >> beam.CombineGlobally(sum)
+        )
         ids = (
-            {"numbered": numbered, "lookups": split.lookups}
+            {"numbered": (numbered, known) | "WithKnown" >> beam.Flatten(),
+             "lookups": split.lookups}
             | "JoinPerShard" >> beam.CoGroupByKey()
             | "Resolve" >> beam.ParDo(ResolveShard())
         )
-        return {"ids": ids, "unique": unique}
+        added = (numbered, carried) | "ToPersist" >> beam.Flatten()
+        return {"ids": ids, "unique": unique, "added": added, "added_count": added_count}
+
+    def _against_prior(
+        self, firsts: beam.PCollection, prior: beam.PCollection | None
+    ) -> tuple[beam.PCollection, ...]:
+        """(unseen, known, carried): see SplitKnown. Without prior rows everything is unseen."""
+        if prior is None:
+            nothing = firsts.pipeline | "NoPriorIds" >> beam.Create([])
+            return firsts, nothing, nothing
+        split = (
+            {"firsts": firsts, "existing": prior}
+            | "MeetPrior" >> beam.CoGroupByKey()
+            | "SplitKnown" >> beam.ParDo(SplitKnown(self._compact)).with_outputs(
+                "known", "carried", main="unseen"
+            )
+        )
+        return split.unseen, split.known, split.carried
 
 
 def _sum_totals(totals: Iterable[UniqueTotals]) -> UniqueTotals:

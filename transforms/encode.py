@@ -21,6 +21,7 @@ from kvtrace.transforms.dead_letters import dead_letter
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.records import Request
+from kvtrace.transforms.salt import SaltSource
 from kvtrace.transforms.tokenize import encode_texts, load_tokenizer, render_chat
 
 _LOG = logging.getLogger("kvtrace")
@@ -63,16 +64,16 @@ class EncodeRequests(beam.DoFn):
     """
 
     def __init__(
-        self, tokenizer_name: str, block_size: int, salt: bytes, template_kwargs: dict[str, Any]
+        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any]
     ):
         self._tokenizer_name = tokenizer_name
         self._block_size = block_size
-        self._salt = salt
+        self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
         self._template_kwargs = dict(template_kwargs)
 
     def setup(self) -> None:
         self._tokenizer = load_tokenizer(self._tokenizer_name)
-        self._seed = chain_seed(self._salt)
+        self._seed = chain_seed(self._salt.load())
         self._progress = _Progress()
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 

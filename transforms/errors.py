@@ -1,4 +1,6 @@
-"""The one error a bad record raises; it becomes a dead-letter record, never a failed job."""
+"""The errors kvtrace raises on purpose: Rejected, for one bad record (it becomes a dead letter);
+IdMapError, for an id map a run cannot use (found before the run starts); JobStopped, for a run
+that must not publish (too much rejected, a map conflict). No Beam here: the CLI imports this."""
 
 from __future__ import annotations
 
@@ -14,3 +16,25 @@ class Rejected(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+JOB_STOPPED = "kvtrace stopped the job"
+
+
+class JobStopped(RuntimeError):
+    """Raised inside the pipeline to stop a run before it publishes anything wrong. Runners wrap
+    worker errors in their own; the marker lets the CLI find the message and print just that."""
+
+    def __init__(self, message: str):
+        super().__init__(f"{JOB_STOPPED}: {message}")
+
+    @staticmethod
+    def message_in(error: BaseException) -> str | None:
+        text = str(error)
+        if JOB_STOPPED not in text:
+            return None
+        return text[text.index(JOB_STOPPED) + len(JOB_STOPPED) + 2:].splitlines()[0]
+
+
+class IdMapError(ValueError):
+    """An id map that cannot be used with this run; the message says why and what to do."""

@@ -9,10 +9,8 @@ import json
 from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
-
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.write import TRACE_FILE_PREFIX
-
-REJECTED_FRACTION_MARKER = "kvtrace: too many rejected records"
 
 
 @dataclass(frozen=True)
@@ -24,9 +22,23 @@ class RecordCounts:
 def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None) -> RecordCounts:
     """Fail the job, before any trace file is written, when too much input was rejected."""
     if max_fraction is not None and counts.read and counts.rejected / counts.read > max_fraction:
-        raise RuntimeError(
-            f"{REJECTED_FRACTION_MARKER}: {counts.rejected} of {counts.read} "
+        raise JobStopped(
+            f"too many rejected records: {counts.rejected} of {counts.read} "
             f"({counts.rejected / counts.read:.1%}) > --max-rejected-fraction {max_fraction}"
+        )
+    return counts
+
+
+def check_not_before_origin(
+    counts: RecordCounts, earliest_ms: list[int], origin_ms: int | None
+) -> RecordCounts:
+    """Fail the job, before any trace file is written, when requests precede the id map's
+    timestamp origin: their timestamps would come out negative."""
+    if origin_ms is not None and earliest_ms and min(earliest_ms) < origin_ms:
+        raise JobStopped(
+            f"the earliest request ({min(earliest_ms)} ms) precedes the id "
+            f"map's timestamp origin ({origin_ms} ms, the first request the map ever saw). A map "
+            f"extends forward in time; anonymize earlier logs with a new map."
         )
     return counts
 

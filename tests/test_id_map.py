@@ -1,0 +1,245 @@
+"""Nightly exports with a persisted id map: nights concatenate into one run, reruns change
+nothing, a killed run leaves the map usable, mismatched runs are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import chat, read_jsonl, write_jsonl
+from kvtrace.transforms import id_map
+from kvtrace.transforms.dense_ids import NUMBERED
+
+from kvtrace.cli import main
+
+SALT = "nightly-salt-kept-in-a-secret-manager"
+DAY_MS = 86_400_000
+
+
+@pytest.fixture
+def nights(tmp_path) -> tuple[Path, Path]:
+    """Two nights of logs, split between two distinct timestamps; sessions span both."""
+    first = [chat(i, 1_000 + 997 * i, f"user-{i % 4}") for i in range(25)]
+    second = [chat(i + 3, DAY_MS + 1_000 + 613 * i, f"user-{i % 6}") for i in range(25)]
+    return (write_jsonl(tmp_path / "night1.jsonl", first),
+            write_jsonl(tmp_path / "night2.jsonl", second))
+
+
+@pytest.fixture
+def salt_file(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    path = tmp_path / "salt"
+    path.write_text(SALT)
+    return path
+
+
+def run(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> int:
+    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, "--block-size", "4"]
+    for path in inputs:
+        args += ["--input", str(path)]
+    return main([*args, *extra])
+
+
+def trace_bytes(out: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(out.glob("trace-*.jsonl")))
+
+
+def rows(out: Path) -> list[dict]:
+    return [r for p in sorted(out.glob("trace-*.jsonl")) for r in read_jsonl(p)]
+
+
+def current(directory: Path) -> dict:
+    return json.loads((directory / "versions" / f"{id_map.current_version_number(str(directory)):06d}.json").read_text())
+
+
+def test_two_nights_concatenated_equal_one_run_over_both(tiny_tokenizer, tmp_path, nights, salt_file):
+    salt = ["--salt-file", str(salt_file)]
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", "--id-map", str(tmp_path / "map"), *salt) == 0
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", "--id-map", str(tmp_path / "map"), *salt) == 0
+    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0  # no map, random salt
+
+    assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
+    first_ids = {i for r in rows(tmp_path / "n1") for i in r["hash_ids"]}
+    second_ids = {i for r in rows(tmp_path / "n2") for i in r["hash_ids"]}
+    assert first_ids & second_ids, "night 2 should hit blocks first seen on night 1"
+    assert {r["session_id"] for r in rows(tmp_path / "n1")} & {r["session_id"] for r in rows(tmp_path / "n2")}
+    metadata = current(tmp_path / "map")
+    assert metadata["version"] == 2
+    assert metadata["next_id"]["blocks"] == len(first_ids | second_ids)
+    assert metadata["next_id"]["sessions"] == 6
+
+
+def test_rerunning_a_night_changes_neither_output_nor_map(tiny_tokenizer, tmp_path, nights, salt_file):
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    files_before = sorted(p.relative_to(tmp_path / "map") for p in (tmp_path / "map").rglob("*"))
+    before = current(tmp_path / "map")
+    for night, out in ((nights[1], "n2"), (nights[0], "n1")):
+        assert run(tiny_tokenizer, [night], tmp_path / f"{out}-again", *common) == 0
+        for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
+                     "manifest.json"):
+            assert (tmp_path / out / name).read_bytes() == (tmp_path / f"{out}-again" / name).read_bytes()
+    assert current(tmp_path / "map") == before
+    assert sorted(p.relative_to(tmp_path / "map") for p in (tmp_path / "map").rglob("*")) == files_before
+
+
+def test_a_run_killed_before_publishing_leaves_the_map_intact(
+    tiny_tokenizer, tmp_path, nights, salt_file, monkeypatch
+):
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    version_1 = current(tmp_path / "map")
+
+    def killed(*_):
+        raise KeyboardInterrupt("killed between writing version 2 and switching to it")
+
+    monkeypatch.setattr(id_map, "_switch_current", killed)
+    with pytest.raises(BaseException, match="killed"):
+        run(tiny_tokenizer, [nights[1]], tmp_path / "n2-killed", *common)
+    assert (tmp_path / "map" / "versions" / "000002.json").exists()  # written, never switched to
+    assert current(tmp_path / "map") == version_1
+    monkeypatch.undo()
+
+    # A partial file of the dead run, as a kill mid-write leaves it.
+    (tmp_path / "map" / "segments" / "000002" / "blocks-00063.parquet").write_bytes(b"PAR1 trunc")
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
+    assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
+    listed = set(current(tmp_path / "map")["files"]["blocks"])
+    on_disk = {str(p.relative_to(tmp_path / "map")) for p in (tmp_path / "map" / "segments").rglob("blocks-*")}
+    assert listed == on_disk
+
+
+def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_file, monkeypatch):
+    monkeypatch.setattr("kvtrace.pipelines.anonymize.MAX_SEGMENTS", 2)
+    nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
+                          [chat(i, k * DAY_MS + 100 * i, f"u{i % 3 + k}", rotate=k) for i in range(12)])
+              for k in range(3)]
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    for k, night in enumerate(nights):
+        assert run(tiny_tokenizer, [night], tmp_path / f"out{k}", *common) == 0
+    assert run(tiny_tokenizer, nights, tmp_path / "all") == 0
+    assert b"".join(trace_bytes(tmp_path / f"out{k}") for k in range(3)) == trace_bytes(tmp_path / "all")
+    metadata = current(tmp_path / "map")
+    assert metadata["history"][-1]["compacted"] == ["blocks", "sessions"]
+    assert {f.split("/")[1] for f in metadata["files"]["blocks"]} == {"000003"}
+    stored = np.concatenate([pq.read_table(tmp_path / "map" / f).column("id").to_numpy()
+                             for f in metadata["files"]["blocks"]])
+    assert sorted(stored.tolist()) == list(range(metadata["next_id"]["blocks"]))
+
+
+def test_map_holds_keyed_hashes_and_ids_only(tiny_tokenizer, tmp_path, nights, salt_file):
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", "--id-map", str(tmp_path / "map"),
+               "--salt-file", str(salt_file)) == 0
+    segments = sorted((tmp_path / "map" / "segments").rglob("*.parquet"))
+    assert segments
+    for path in segments:
+        assert pq.read_schema(path).names == ["hi", "lo", "id"]
+    everything = b"".join(p.read_bytes() for p in (tmp_path / "map").rglob("*") if p.is_file())
+    for secret in (SALT.encode(), b"quick", b"caching", b"user-1", str(nights[0]).encode()):
+        assert secret not in everything
+
+
+def test_mismatched_runs_are_refused(tiny_tokenizer, tmp_path, nights, salt_file, capsys):
+    common = ["--id-map", str(tmp_path / "map")]
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common, "--salt-file", str(salt_file)) == 0
+    capsys.readouterr()
+
+    other_salt = tmp_path / "other-salt"
+    other_salt.write_text("a-different-salt-of-enough-bytes")
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(other_salt)) == 2
+    assert "salt: map has" in capsys.readouterr().err
+
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file",
+               str(salt_file), "--block-size", "8") == 2
+    assert "block size: map has 4, this run has 8" in capsys.readouterr().err
+
+    edited = tmp_path / "edited-tokenizer"
+    shutil.copytree(tiny_tokenizer, edited)
+    config = json.loads((edited / "tokenizer_config.json").read_text())
+    config["chat_template"] = config.get("chat_template", "") + " "
+    (edited / "tokenizer_config.json").write_text(json.dumps(config))
+    assert run(str(edited), [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert "tokenizer files (sha256)" in capsys.readouterr().err
+
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file),
+               "--chat-template-kwargs", '{"enable_thinking": false}') == 2
+    assert "chat template kwargs" in capsys.readouterr().err
+
+    version = tmp_path / "map" / "versions" / "000001.json"
+    metadata = json.loads(version.read_text())
+    version.write_text(json.dumps({**metadata, "hash_scheme": "sha256-v0"}))
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert "hash scheme" in capsys.readouterr().err
+    version.write_text(json.dumps({**metadata, "format_version": 99}))
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert "format version 99" in capsys.readouterr().err
+
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common) == 2  # random salt
+    assert "--id-map needs the same salt every run" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_requests_before_the_maps_origin_are_refused(tiny_tokenizer, tmp_path, nights, salt_file, capsys):
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 1
+    assert "precedes the id map's timestamp origin" in capsys.readouterr().err
+    assert not list((tmp_path / "n1").glob("trace-*"))
+    assert current(tmp_path / "map")["version"] == 1
+
+
+def test_date_fills_path_templates(tiny_tokenizer, tmp_path, salt_file, capsys):
+    (tmp_path / "logs" / "2026-11-20").mkdir(parents=True)
+    write_jsonl(tmp_path / "logs" / "2026-11-20" / "part-0.jsonl", [chat(1, 5)])
+    preset = tmp_path / "nightly.yaml"
+    preset.write_text(
+        f"tokenizer: {tiny_tokenizer}\n"
+        f"input: {tmp_path}/logs/{{date}}/*.jsonl\n"
+        f"output: {tmp_path}/traces/{{yyyy}}/{{mm}}/{{dd}}\n"
+        f"id-map: {tmp_path}/map\n"
+        f"salt-file: {salt_file}\n"
+    )
+    assert main(["anonymize", "--config", str(preset), "--date", "2026-11-20"]) == 0
+    assert (tmp_path / "traces" / "2026" / "11" / "20" / "manifest.json").exists()
+    assert (tmp_path / "map" / "CURRENT").exists()
+    assert main(["anonymize", "--config", str(preset)]) == 2
+    assert "has a date placeholder: give --date" in capsys.readouterr().err
+    assert main(["anonymize", "--config", str(preset), "--date", "2026-13-01"]) == 2
+    assert "--date 2026-13-01" in capsys.readouterr().err
+
+
+def test_next_version_numbers_after_the_base_and_skips_empty_runs():
+    identity = id_map.MapIdentity("f" * 16, 4, {"tokenizer.json": "ab"}, "scheme", {})
+    base = id_map.empty_version(identity)
+    none = {"blocks": False, "sessions": False}
+    assert id_map.next_version(base, {"blocks": [], "sessions": []}, {"blocks": 0, "sessions": 0},
+                               none, None) is None
+    first = id_map.next_version(base, {"blocks": ["segments/000001/blocks-00000.parquet"],
+                                       "sessions": []}, {"blocks": 7, "sessions": 0}, none, 1234)
+    assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
+    second = id_map.next_version(first, {"blocks": ["segments/000002/blocks-00003.parquet"],
+                                         "sessions": []}, {"blocks": 2, "sessions": 0}, none, 99)
+    assert second.timestamp_origin_ms == 1234  # the first origin stays
+    assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
+    assert id_map.MapVersion.from_json(second.to_json(), "x") == second
+
+
+def test_segment_files_round_trip_split_by_shard(tmp_path):
+    table = np.zeros(1000, dtype=NUMBERED)
+    rng = np.random.default_rng(0)
+    table["hi"], table["lo"] = rng.integers(0, 2**63, 1000), rng.integers(0, 2**63, 1000)
+    table["id"] = rng.permutation(1000)
+    path = str(tmp_path / "segment.parquet")
+    assert id_map.write_segment(path, [table[:400], table[400:]]) == 1000
+    parts = dict(id_map.read_segment(path, shards=7))
+    assert set(parts) <= set(range(7))
+    back = np.concatenate(list(parts.values()))
+    assert sorted(back["id"].tolist()) == list(range(1000))
+    for shard, part in parts.items():
+        assert (part["lo"] % 7 == shard).all()

@@ -1,0 +1,99 @@
+"""The same pipeline on the runners users deploy to, as far as each runs offline: the portable
+path Flink uses (an embedded job server, workers in this process) and Dataflow's translation."""
+
+from __future__ import annotations
+
+import base64
+import bz2
+import re
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from conftest import write_jsonl
+from kvtrace.pipelines.anonymize import AnonymizeConfig, IdMapRun, build
+from kvtrace.transforms.blocks import HASH_SCHEME
+from kvtrace.transforms.id_map import MapIdentity, MapVersion
+from kvtrace.transforms.salt import SaltSource
+
+from kvtrace.cli import main
+
+SALT = b"a-salt-that-must-never-be-staged"
+
+
+def chat(i: int, ts: int) -> dict:
+    return {"timestamp": ts, "session_id": f"s{i % 3}", "output_length": i, "messages": [
+        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
+        {"role": "user", "content": "the quick brown fox jumps over the lazy dog"[: 4 + 3 * i]},
+    ]}
+
+
+def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 40 * i) for i in range(15)])
+    common = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+              "--id-map"]
+    assert main([*common, str(tmp_path / "map-a"), "--output", str(tmp_path / "a")]) == 0
+    assert main([*common, str(tmp_path / "map-b"), "--output", str(tmp_path / "b"),
+                 "--runner", "PortableRunner", "--job_endpoint", "embed",
+                 "--environment_type", "LOOPBACK"]) == 0
+    for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
+                 "manifest.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert (tmp_path / "map-a" / "versions" / "000001.json").read_bytes() == (
+        tmp_path / "map-b" / "versions" / "000001.json").read_bytes()
+
+
+def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
+    salt_file = tmp_path / "salt"
+    salt_file.write_bytes(SALT)
+    identity = MapIdentity("0" * 16, 512, {"tokenizer.json": "ab"}, HASH_SCHEME, {})
+    base = MapVersion(3, identity, 1_700_000_000_000, {"blocks": 10, "sessions": 2},
+                      {"blocks": ["segments/000001/blocks-00000.parquet"],
+                       "sessions": ["segments/000001/sessions-00000.parquet"]})
+    config = AnonymizeConfig(
+        inputs=("gs://kvtrace-logs/2026-11-20/part-0.jsonl.gz",),
+        output="gs://kvtrace-traces/2026-11-20",
+        tokenizer="deepseek-ai/DeepSeek-R1",
+        salt=SaltSource("file", "gs://kvtrace-secrets/salt"),
+        dead_letter="gs://kvtrace-traces/2026-11-20-rejected",
+        id_map=IdMapRun("gs://kvtrace-maps/deepseek-r1", base),
+    )
+    options = PipelineOptions([
+        "--runner=DataflowRunner", "--project=kvtrace-test", "--region=europe-west4",
+        "--temp_location=gs://kvtrace-tmp/tmp", "--staging_location=gs://kvtrace-tmp/staging",
+        "--sdk_container_image=europe-docker.pkg.dev/kvtrace-test/kvtrace/worker:1",
+        "--dry_run=true", "--no_auth",
+    ])
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline, config)
+    result = pipeline.run()  # dry run: translated into a Dataflow job, not submitted
+
+    proto = pipeline.runner.proto_pipeline
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for step in ("RenderTokenizeHash", "BlockIds/SplitKnown", "ReadBlockMap/ReadSegments",
+                 "WriteBlockSegment", "WriteShards", "PublishIdMap"):
+        assert any(name.startswith(step) for name in names), step
+    images = {env.payload for env in proto.components.environments.values()}
+    assert any(b"kvtrace/worker:1" in image for image in images)
+    staged = unpacked(proto.SerializeToString()) + unpacked(str(result.job.proto).encode())
+    assert b"gs://kvtrace-secrets/salt" in staged  # where the salt is, not what it is
+    assert SALT not in staged
+
+
+def test_a_local_pipeline_graph_holds_no_salt_either(tiny_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
+    config = AnonymizeConfig(inputs=(str(Path(tmp_path) / "in.jsonl"),), output=str(tmp_path / "o"),
+                             tokenizer=tiny_tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                             dead_letter=str(tmp_path / "r"))
+    pipeline = beam.Pipeline()
+    build(pipeline, config)
+    staged = unpacked(pipeline.to_runner_api().SerializeToString())
+    assert b"KVTRACE_SALT" in staged and SALT not in staged
+
+
+def unpacked(serialized: bytes) -> bytes:
+    """The serialized pipeline with every pickled function Beam packed into it (base64 of bz2)
+    unpacked, so that a search for the salt also looks inside them."""
+    packed = re.findall(rb"QlpoOTFBWSZT[A-Za-z0-9+/]+=*", serialized)
+    return serialized + b"".join(bz2.decompress(base64.b64decode(chunk)) for chunk in packed)

@@ -1,0 +1,322 @@
+"""The persisted hash -> id map of nightly exports: layout, metadata, reading, atomic publishing.
+
+A map directory holds immutable versions and one pointer:
+
+    CURRENT                               {"version": 3}: the only file ever overwritten
+    versions/000003.json                  metadata of version 3, listing its segment files
+    segments/000003/blocks-00012.parquet  ids first numbered by version 3, hash shard 12
+
+A run reads the version CURRENT names, writes its new ids as a new segment, then the new
+version's metadata, and only then replaces CURRENT (a rename: atomic on local disks, and an
+object overwrite on gs:// and s3://). A run killed before that leaves CURRENT, and so the map,
+as it was; the next run discards what the killed run left. Segments hold keyed 16-byte hashes
+and ids only, never tokens or text. One run writes to a map at a time (the scheduler's job);
+a second writer is detected at publish time and refused.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from kvtrace.transforms.dense_ids import NUMBERED, shard_of, split_by
+from kvtrace.transforms.errors import IdMapError, JobStopped
+
+MAP_FORMAT = "kvtrace-id-map"
+FORMAT_VERSION = 1
+KINDS = ("blocks", "sessions")
+CURRENT = "CURRENT"
+# Each night adds a segment per kind, and reading a map opens every segment's files. Folding
+# all segments into one every 32 nights bounds that to 32 x shards files, at the price of
+# rewriting the map about once a month instead of every night.
+MAX_SEGMENTS = 32
+# Rows per Arrow batch when streaming a segment file: ~24 MB of hashes and ids at a time.
+READ_BATCH_ROWS = 1_000_000
+SEGMENT_SCHEMA = pa.schema(
+    [pa.field("hi", pa.uint64(), False), pa.field("lo", pa.uint64(), False),
+     pa.field("id", pa.int64(), False)]
+)
+
+
+@dataclass(frozen=True)
+class MapIdentity:
+    """What makes hashes comparable across runs: any difference would silently give new ids to
+    old prefixes, so a map refuses a run that differs in any of these."""
+
+    salt_fingerprint: str
+    block_size: int
+    tokenizer_sha256: dict[str, str]
+    hash_scheme: str
+    chat_template_kwargs: dict[str, Any]
+
+    def differences(self, other: MapIdentity) -> list[str]:
+        names = {"salt_fingerprint": "salt", "block_size": "block size",
+                 "tokenizer_sha256": "tokenizer files (sha256)", "hash_scheme": "hash scheme",
+                 "chat_template_kwargs": "chat template kwargs"}
+        return [
+            f"{label}: map has {_shown(name, getattr(self, name))}, "
+            f"this run has {_shown(name, getattr(other, name))}"
+            for name, label in names.items()
+            if getattr(self, name) != getattr(other, name)
+        ]
+
+
+def _shown(name: str, value: Any) -> str:
+    if name == "tokenizer_sha256":
+        return ", ".join(f"{f}={h[:12]}" for f, h in sorted(value.items())) or "none"
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class MapVersion:
+    version: int
+    identity: MapIdentity
+    timestamp_origin_ms: int | None  # None until a run with requests fixes it
+    next_id: dict[str, int]
+    files: dict[str, list[str]]  # per kind, paths relative to the map directory
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def segments(self, kind: str) -> int:
+        return len({path.split("/")[1] for path in self.files[kind]})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": MAP_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "version": self.version,
+            **self.identity.__dict__,
+            "timestamp_origin_ms": self.timestamp_origin_ms,
+            "next_id": self.next_id,
+            "files": self.files,
+            "history": self.history,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any], where: str) -> MapVersion:
+        if data.get("format") != MAP_FORMAT:
+            raise IdMapError(f"{where} is not a kvtrace id map")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise IdMapError(
+                f"{where} has id map format version {data.get('format_version')}; this kvtrace "
+                f"reads version {FORMAT_VERSION}"
+            )
+        identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__})
+        return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
+                          data["next_id"], data["files"], data["history"])
+
+
+def empty_version(identity: MapIdentity) -> MapVersion:
+    """Version 0: what a map directory that does not exist yet stands for."""
+    return MapVersion(0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS})
+
+
+def version_path(directory: str, version: int) -> str:
+    return FileSystems.join(directory, "versions", f"{version:06d}.json")
+
+
+def segment_path(directory: str, version: int, kind: str, shard: int) -> str:
+    return FileSystems.join(directory, "segments", f"{version:06d}", f"{kind}-{shard:05d}.parquet")
+
+
+def relative(directory: str, path: str) -> str:
+    return path[len(directory.rstrip("/")) + 1:]
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with FileSystems.open(path) as handle:
+        return json.loads(handle.read())
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    with FileSystems.create(path) as handle:
+        handle.write((json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+
+
+def current_version_number(directory: str) -> int:
+    """The published version; 0 for a map directory that is new (absent or empty)."""
+    pointer = FileSystems.join(directory, CURRENT)
+    if not FileSystems.exists(pointer):
+        return 0
+    try:
+        return int(_read_json(pointer)["version"])
+    except (ValueError, KeyError, TypeError):
+        raise IdMapError(f"{pointer} is damaged; it should read {{\"version\": N}}") from None
+
+
+def open_map(directory: str, identity: MapIdentity) -> MapVersion:
+    """The map's published version, checked against this run; a new map if there is none."""
+    number = current_version_number(directory)
+    if number == 0:
+        return empty_version(identity)
+    path = version_path(directory, number)
+    try:
+        version = MapVersion.from_json(_read_json(path), path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        if isinstance(err, IdMapError):
+            raise
+        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
+    differences = version.identity.differences(identity)
+    if differences:
+        raise IdMapError(
+            f"the id map {directory} was built with other settings, so its ids would not carry "
+            f"over; refusing to use it. " + "; ".join(differences)
+            + ". Use the map's settings, or start a new map in another directory."
+        )
+    return version
+
+
+def discard_abandoned(directory: str, current: int) -> list[str]:
+    """Delete what runs killed before publishing left behind (versions after the current one).
+
+    Safe because only one run writes to a map at a time; returns what was deleted."""
+    patterns = [FileSystems.join(directory, "versions", "*.json"),
+                FileSystems.join(directory, "segments", "*", "*"),
+                FileSystems.join(directory, CURRENT + ".tmp-*")]
+    abandoned = []
+    for result in FileSystems.match(patterns):
+        for metadata in result.metadata_list:
+            name = relative(directory, metadata.path)
+            if name.startswith(CURRENT) or _version_of(name) > current:
+                abandoned.append(metadata.path)
+    if abandoned:
+        FileSystems.delete(abandoned)
+    return sorted(abandoned)
+
+
+def _version_of(relative_path: str) -> int:
+    part = relative_path.split("/")[1]  # versions/000004.json or segments/000004/...
+    return int(part.split(".")[0])
+
+
+def write_segment(path: str, tables: list[np.ndarray]) -> int:
+    """One shard's numbered hashes as Parquet, in id order; returns the row count."""
+    table = np.concatenate(tables) if tables else np.empty(0, dtype=NUMBERED)
+    table = table[np.argsort(table["id"], kind="stable")]
+    arrow = pa.Table.from_arrays(
+        [pa.array(table["hi"]), pa.array(table["lo"]), pa.array(table["id"])], schema=SEGMENT_SCHEMA
+    )
+    sink = io.BytesIO()
+    pq.write_table(arrow, sink, compression="zstd")
+    with FileSystems.create(path) as handle:
+        handle.write(sink.getvalue())
+    return len(table)
+
+
+def read_segment(path: str, shards: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(hash shard, NUMBERED rows) of one segment file, streamed in record batches."""
+    with FileSystems.open(path) as handle:
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS):
+            table = np.empty(batch.num_rows, dtype=NUMBERED)
+            for name in ("hi", "lo", "id"):
+                table[name] = batch.column(name).to_numpy()
+            yield from split_by(table, shard_of(table, shards))
+
+
+def next_version(
+    base: MapVersion,
+    written: dict[str, list[str]],
+    added: dict[str, int],
+    compacted: dict[str, bool],
+    earliest_ms: int | None,
+) -> MapVersion | None:
+    """The version a run publishes, or None when it brought nothing new (a rerun)."""
+    if not any(added.values()) and not any(compacted.values()):
+        return None
+    number = base.version + 1
+    files = {
+        kind: sorted(written[kind] if compacted[kind] else base.files[kind] + written[kind])
+        for kind in KINDS
+    }
+    origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
+    return replace(
+        base,
+        version=number,
+        timestamp_origin_ms=origin,
+        next_id={kind: base.next_id[kind] + added[kind] for kind in KINDS},
+        files=files,
+        history=base.history + [{"version": number, "added": added,
+                                 "compacted": sorted(k for k in KINDS if compacted[k])}],
+    )
+
+
+def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
+    """Write the new version's metadata, then switch CURRENT to it (the one atomic step)."""
+    if current_version_number(directory) != base.version:
+        raise JobStopped(
+            f"the id map {directory} was extended by another run while this one ran (it started "
+            f"from version {base.version}); this run's ids may clash with it, so it was not "
+            f"published. Run the night again, one run per map at a time."
+        )
+    _write_json(version_path(directory, new.version), new.to_json())
+    _switch_current(directory, new.version)
+
+
+def _switch_current(directory: str, version: int) -> None:
+    pointer = FileSystems.join(directory, CURRENT)
+    staged = f"{pointer}.tmp-{os.urandom(6).hex()}"
+    _write_json(staged, {"version": version})
+    FileSystems.rename([staged], [pointer])
+
+
+class ReadIdMap(beam.PTransform):
+    """A version's segment files in, (hash shard, NUMBERED rows) out: one streaming pass."""
+
+    def __init__(self, directory: str, files: list[str], shards: int):
+        super().__init__()
+        self._paths = [FileSystems.join(directory, name) for name in sorted(files)]
+        self._shards = shards
+
+    def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
+        return (
+            root
+            | "SegmentFiles" >> beam.Create(self._paths)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadSegments" >> beam.FlatMap(read_segment, self._shards)
+        )
+
+
+class WriteSegmentShard(beam.DoFn):
+    """(hash shard, NUMBERED tables) in; the written file's path, relative to the map, out."""
+
+    def __init__(self, directory: str, version: int, kind: str):
+        self._directory, self._version, self._kind = directory, version, kind
+
+    def process(self, element: tuple[int, list[np.ndarray]]) -> Iterator[str]:
+        shard, tables = element
+        path = segment_path(self._directory, self._version, self._kind, shard)
+        write_segment(path, list(tables))
+        yield relative(self._directory, path)
+
+
+def publish_night(
+    _: Any,
+    directory: str,
+    base: MapVersion,
+    compacted: dict[str, bool],
+    block_files: list[str],
+    session_files: list[str],
+    added_blocks: int,
+    added_sessions: int,
+    earliest_ms: list[int],
+) -> int:
+    """The last step of a run: publish what it added; returns the map's version after it."""
+    new = next_version(
+        base,
+        written={"blocks": block_files, "sessions": session_files},
+        added={"blocks": added_blocks, "sessions": added_sessions},
+        compacted=compacted,
+        earliest_ms=min(earliest_ms, default=None),
+    )
+    if new is None:
+        return base.version
+    publish(directory, base, new)
+    return new.version

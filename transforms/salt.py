@@ -1,0 +1,90 @@
+"""The secret salt that keys every block hash, and where workers fetch it from.
+
+The dense ids in a trace do not depend on the salt; it matters where hashes are kept (the id map
+of nightly exports), which is why a map needs the same salt every night. A SaltSource names where
+the salt lives, not the salt itself: workers fetch it in their own setup, so a salt kept in a
+file, an environment variable or a secret manager never enters the pipeline graph that Dataflow
+or Flink stage. Only a random per-run salt travels inline: it protects nothing after the run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+
+SALT_ENV = "KVTRACE_SALT"
+MIN_SALT_BYTES = 16  # below 128 bits a salt could be guessed
+
+
+class SaltError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SaltSource:
+    """kind "file": a path Beam's filesystems open (local, gs://, s3://); "env": an environment
+    variable on every worker; "gcp-secret": a Secret Manager version; "random": inline, per run."""
+
+    kind: str
+    where: str = ""
+    inline: bytes = field(default=b"", repr=False)
+
+    def describe(self) -> str:
+        return {
+            "file": f"--salt-file {self.where}",
+            "env": f"${self.where}",
+            "gcp-secret": f"--salt-secret {self.where}",
+            "random": "random (this run only)",
+        }[self.kind]
+
+    @property
+    def persistent(self) -> bool:
+        """Whether another run can use the same salt (an id map needs that)."""
+        return self.kind != "random"
+
+    def load(self) -> bytes:
+        salt = self._fetch()
+        if len(salt) < MIN_SALT_BYTES:
+            raise SaltError(
+                f"the salt from {self.describe()} is {len(salt)} bytes; use at least {MIN_SALT_BYTES}"
+            )
+        return salt
+
+    def _fetch(self) -> bytes:
+        if self.kind == "random":
+            return self.inline
+        if self.kind == "env":
+            value = os.environ.get(self.where)
+            if not value:
+                raise SaltError(f"${self.where} is not set on this machine (or is empty)")
+            return value.encode()
+        if self.kind == "file":
+            from apache_beam.io.filesystems import FileSystems
+
+            try:
+                with FileSystems.open(self.where) as handle:
+                    return handle.read().strip()
+            except Exception as err:  # Beam raises its own IO errors for remote paths
+                raise SaltError(f"--salt-file {self.where}: cannot read it ({err})") from None
+        if self.kind == "gcp-secret":
+            from apache_beam.transforms.util import GcpSecret
+
+            try:
+                return GcpSecret(self.where).get_secret_bytes().strip()
+            except Exception as err:
+                raise SaltError(f"--salt-secret {self.where}: cannot read it ({err})") from None
+        raise SaltError(f"unknown salt source {self.kind!r}")
+
+
+def salt_source(salt_file: str | None = None, salt_secret: str | None = None) -> SaltSource:
+    """--salt-file, else --salt-secret, else $KVTRACE_SALT when set, else a random salt."""
+    if salt_file and salt_secret:
+        raise SaltError("give one of --salt-file and --salt-secret, not both")
+    if salt_file:
+        return SaltSource("file", salt_file)
+    if salt_secret:
+        return SaltSource("gcp-secret", salt_secret)
+    if os.environ.get(SALT_ENV):
+        return SaltSource("env", SALT_ENV)
+    return SaltSource("random", inline=secrets.token_bytes(32))
