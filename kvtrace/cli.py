@@ -78,8 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-rejected-fraction", type=float, metavar="F",
         help="fail, writing no trace, when more than this share of records is rejected")
     add("--hash-shards", type=int, metavar="N", help="hash shards for the id assignment (default 64)")
-    add("--config", action="append", default=[], metavar="FILE",
-        help="YAML preset(s); later files and then flags override earlier values")
+    add("--config", action="append", default=[], metavar="FILE[,FILE]",
+        help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
+             "say); later files and then flags override earlier values")
     add("--verbose", action="store_true", help="show Beam's own logs")
 
     analyze = commands.add_parser(
@@ -114,6 +115,11 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
 
 
 def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(presets) - (set(vars(args)) - {"command", "config", "verbose"}))
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) in --config: {', '.join(unknown)} (Beam options go under `beam:`)"
+        )
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("config",)}
     merged = {**ANONYMIZE_DEFAULTS, **presets, **given}
     if isinstance(merged.get("input"), str):
@@ -139,7 +145,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.transforms.paths import expand_inputs
     from kvtrace.transforms.tokenize import load_tokenizer, tokenizer_sha256
 
-    presets, preset_beam = load_presets(args.config)
+    presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p])
     options = _merged(args, presets)
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
@@ -288,8 +294,30 @@ def _print_problems(report: dict) -> None:
         print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
 
 
+def _with_dashes(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """Launchers (Dataflow Flex Templates, Airflow's Beam operator) spell every option with
+    underscores, as Beam does: --id_map=DIR. kvtrace's own flags take dashes, so respell those;
+    Beam's options pass through as they are."""
+    ours = {
+        option
+        for action in parser._subparsers._group_actions  # the subcommands
+        for subparser in action.choices.values()
+        for sub_action in subparser._actions
+        for option in sub_action.option_strings
+    }
+    respelled = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        dashed = name.replace("_", "-")
+        respelled.append(dashed + sep + value if name.startswith("--") and dashed in ours else arg)
+    return respelled
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args, beam_args = _parser().parse_known_args(argv)
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(
+        _with_dashes(sys.argv[1:] if argv is None else argv, parser)
+    )
     _configure_logging(args.verbose)
     command = {"anonymize": _anonymize, "analyze": _analyze}[args.command]
     try:

@@ -1,0 +1,143 @@
+"""deploy/ and configs/ hold what users run in production: check they agree with the code."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import apache_beam
+import pytest
+import yaml
+from conftest import chat, write_jsonl
+
+from kvtrace.cli import _parser
+from kvtrace.config import fill_dates, load_presets, parse_date
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+
+
+def anonymize_flags() -> set[str]:
+    commands = next(a for a in _parser()._actions if a.dest == "command")
+    return {o for a in commands.choices["anonymize"]._actions for o in a.option_strings}
+
+
+def documents(path: Path) -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(path.read_text())}
+
+
+def test_every_preset_parses_and_model_plus_environment_merge(tmp_path):
+    flags = anonymize_flags()
+    for preset in ROOT.glob("configs/*.yaml"):
+        options, _ = load_presets([str(preset)])
+        assert {f"--{k.replace('_', '-')}" for k in options} <= flags, preset.name
+    for env in ("dataflow", "flink"):
+        options, beam = load_presets([str(ROOT / "configs/deepseek-r1.yaml"),
+                                      str(ROOT / f"configs/{env}.yaml")])
+        filled = fill_dates(options, parse_date("2026-11-20"))
+        assert "/2026-11-20" in filled["output"] and "2026-11-20" in filled["input"]
+        assert filled["tokenizer"] == "deepseek-ai/DeepSeek-R1" and filled["id_map"]
+        assert beam["runner"] in ("DataflowRunner", "PortableRunner")
+
+
+def test_dockerfile_matches_the_beam_version_and_the_sources():
+    text = (DEPLOY / "docker" / "Dockerfile").read_text()
+    assert re.search(r"ARG BEAM_VERSION=(\S+)", text).group(1) == apache_beam.__version__
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
+        for part in source.split():
+            assert (ROOT / part).exists(), part
+    launcher_file = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/kvtrace/(\S+)", text).group(1)
+    assert (ROOT / launcher_file).is_file()
+
+
+def test_flex_template_parameters_are_kvtrace_flags_and_scripts_parse():
+    metadata = json.loads((DEPLOY / "dataflow" / "metadata.json").read_text())
+    names = {p["name"] for p in metadata["parameters"]}
+    assert {"date", "config"} <= names
+    assert {f"--{n.replace('_', '-')}" for n in names} <= anonymize_flags()
+    for script in (DEPLOY / "dataflow").glob("*.sh"):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        assert os.access(script, os.X_OK), script
+
+
+def test_flink_manifests_agree_with_the_flink_preset():
+    manifests = documents(DEPLOY / "flink" / "flink-session.yaml")
+    assert set(manifests) == {"FlinkDeployment", "Deployment", "Service"}
+    _, beam = load_presets([str(ROOT / "configs/flink.yaml")])
+    pool = next(c for c in manifests["FlinkDeployment"]["spec"]["taskManager"]["podTemplate"]
+                ["spec"]["containers"] if c["name"] == "beam-worker-pool")
+    assert pool["args"] == ["--worker_pool"]
+    assert beam["environment_config"] == f"localhost:{pool['ports'][0]['containerPort']}"
+    service = manifests["Service"]
+    ports = {p["port"] for p in service["spec"]["ports"]}
+    for endpoint in (beam["job_endpoint"], beam["artifact_endpoint"]):
+        host, port = endpoint.split(":")
+        assert host == service["metadata"]["name"] and int(port) in ports
+    job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert job_server.endswith(f":{apache_beam.__version__}")
+
+
+def test_cronjob_runs_one_night_at_a_time_with_yesterdays_date():
+    cronjob = documents(DEPLOY / "schedule" / "cronjob.yaml")["CronJob"]
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    container = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    command = " ".join(container["args"])
+    assert '--date "$(date -u -d yesterday +%F)"' in command
+    for preset in re.findall(r"--config (\S+)", command):
+        assert (ROOT / preset).is_file(), preset
+
+
+def test_airflow_dag_imports_and_passes_the_previous_day(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("kvtrace_nightly_dag",
+                                                  DEPLOY / "schedule" / "kvtrace_nightly_dag.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from airflow.sdk.execution_time import macros
+
+    dag = module.dag
+    assert dag.max_active_runs == 1
+    task = dag.get_task("anonymize")
+    assert (task.py_options, task.py_file) == (["-m"], "kvtrace.nightly")
+    assert importlib.util.find_spec(task.py_file) is not None
+    rendered = task.render_template(task.pipeline_options, {"ds": "2026-11-21", "macros": macros})
+    assert rendered["date"] == "2026-11-20"
+    assert [Path(c).name for c in rendered["config"]] == ["deepseek-r1.yaml", "dataflow.yaml"]
+    for config in rendered["config"]:
+        assert (ROOT / "configs" / Path(config).name).is_file()
+
+
+def test_the_launcher_entry_point_takes_beam_style_underscored_options(tiny_tokenizer, tmp_path):
+    (tmp_path / "logs" / "2026-11-20").mkdir(parents=True)
+    write_jsonl(tmp_path / "logs" / "2026-11-20" / "a.jsonl", [chat(i, 10 * i) for i in range(5)])
+    preset = tmp_path / "site.yaml"
+    preset.write_text(f"tokenizer: {tiny_tokenizer}\ninput: {tmp_path}/logs/{{date}}/*.jsonl\n"
+                      f"output: {tmp_path}/traces/{{date}}\n")
+    salt = tmp_path / "salt"
+    salt.write_text("a-salt-long-enough-for-kvtrace")
+    # As the Flex Template launcher and Airflow's operator call it: python FILE --name=value.
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtrace.nightly", f"--config={preset}", "--date=2026-11-20",
+         f"--id_map={tmp_path}/map", f"--salt_file={salt}", "--block_size=4",
+         "--direct_num_workers=1"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "traces" / "2026-11-20" / "manifest.json").is_file()
+    assert (tmp_path / "map" / "CURRENT").is_file()
+
+
+@pytest.mark.parametrize("bad", ["block-sise: 16\n", "runner: DataflowRunner\n"])
+def test_unknown_preset_keys_are_an_error_not_ignored(tiny_tokenizer, tmp_path, capsys, bad):
+    from kvtrace.cli import main
+
+    preset = tmp_path / "typo.yaml"
+    preset.write_text(bad)
+    assert main(["anonymize", "--config", str(preset), "--input", "x", "--output", "y",
+                 "--tokenizer", tiny_tokenizer]) == 2
+    assert "unknown option(s) in --config" in capsys.readouterr().err
