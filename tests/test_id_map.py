@@ -13,6 +13,7 @@ import pytest
 from conftest import chat, read_jsonl, write_jsonl
 from kvtrace.transforms import id_map
 from kvtrace.transforms.dense_ids import NUMBERED
+from kvtrace.transforms.errors import JobStopped
 
 from kvtrace.cli import main
 
@@ -243,3 +244,18 @@ def test_segment_files_round_trip_split_by_shard(tmp_path):
     assert sorted(back["id"].tolist()) == list(range(1000))
     for shard, part in parts.items():
         assert (part["lo"] % 7 == shard).all()
+
+
+def test_a_second_writer_is_refused_at_publish_time(tmp_path):
+    identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+    none = {"blocks": False, "sessions": False}
+
+    def version(base):
+        return id_map.next_version(base, {"blocks": [], "sessions": []},
+                                   {"blocks": 1, "sessions": 0}, none, 0)
+
+    empty = id_map.empty_version(identity)
+    id_map.publish(str(tmp_path), empty, version(empty))  # the other run, first to finish
+    with pytest.raises(JobStopped, match="extended by another run"):
+        id_map.publish(str(tmp_path), empty, version(empty))
+    assert id_map.current_version_number(str(tmp_path)) == 1

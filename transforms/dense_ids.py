@@ -35,6 +35,7 @@ from apache_beam.transforms.userstate import (
     on_timer,
 )
 from apache_beam.transforms.window import GlobalWindow
+from kvtrace.transforms import bloom
 from kvtrace.transforms.buckets import buckets_of, first_offsets
 from kvtrace.transforms.hashed_batch import HashedBatch
 
@@ -300,7 +301,12 @@ class AssignDenseIds(beam.PTransform):
             "occurrences", "lookups"
         )
         firsts = split.occurrences | "EarliestPerShard" >> beam.CombinePerKey(EarliestOccurrence())
-        unseen, known, carried = self._against_prior(firsts, prior)
+        unique = (
+            firsts
+            | "UniqueTotals" >> beam.Map(lambda kv: UniqueTotals(len(kv[1]), int(kv[1]["weight"].sum())))
+            | "SumUnique" >> beam.CombineGlobally(_sum_totals)
+        )
+        unseen, known, carried = self._against_prior(firsts, prior, unique)
         by_bucket = unseen | "ByBucket" >> beam.FlatMap(
             lambda kv: split_by(kv[1], buckets_of(kv[1]["ts"]))
         )
@@ -315,11 +321,6 @@ class AssignDenseIds(beam.PTransform):
             by_bucket
             | "NumberBuckets" >> beam.ParDo(NumberBucket(), beam.pvalue.AsSingleton(first_ids))
             | "NumberedByShard" >> beam.FlatMap(lambda t: split_by(t, shard_of(t, shards)))
-        )
-        unique = (
-            firsts
-            | "UniqueTotals" >> beam.Map(lambda kv: UniqueTotals(len(kv[1]), int(kv[1]["weight"].sum())))
-            | "SumUnique" >> beam.CombineGlobally(_sum_totals)
         )
         added_count = (
             unseen
@@ -336,12 +337,29 @@ class AssignDenseIds(beam.PTransform):
         return {"ids": ids, "unique": unique, "added": added, "added_count": added_count}
 
     def _against_prior(
-        self, firsts: beam.PCollection, prior: beam.PCollection | None
+        self, firsts: beam.PCollection, prior: beam.PCollection | None, unique: beam.PCollection
     ) -> tuple[beam.PCollection, ...]:
-        """(unseen, known, carried): see SplitKnown. Without prior rows everything is unseen."""
+        """(unseen, known, carried): see SplitKnown. Without prior rows everything is unseen.
+
+        Unless compacting (which rewrites every prior row), prior rows pass a Bloom filter of
+        tonight's keys before the shuffle: the join then grows with the night, not the map."""
         if prior is None:
             nothing = firsts.pipeline | "NoPriorIds" >> beam.Create([])
             return firsts, nothing, nothing
+        if not self._compact:
+            tonight = (
+                firsts
+                | "TonightsFilters" >> beam.Map(
+                    lambda kv, totals: bloom.build(
+                        kv[1]["hi"], kv[1]["lo"], bloom.bloom_bits(totals.count)
+                    ),
+                    beam.pvalue.AsSingleton(unique),
+                )
+                | "TonightsFilter" >> beam.CombineGlobally(_union_filters)
+            )
+            prior = prior | "OnlyTonightsKeys" >> beam.FlatMap(
+                _possible_rows, beam.pvalue.AsSingleton(tonight)
+            )
         split = (
             {"firsts": firsts, "existing": prior}
             | "MeetPrior" >> beam.CoGroupByKey()
@@ -350,6 +368,22 @@ class AssignDenseIds(beam.PTransform):
             )
         )
         return split.unseen, split.known, split.carried
+
+
+def _union_filters(filters: Iterable[np.ndarray]) -> np.ndarray:
+    merged = None
+    for packed in filters:
+        merged = packed if merged is None else bloom.union(merged, packed)
+    return merged if merged is not None else np.zeros(bloom.bloom_bits(0) // 8, dtype=np.uint8)
+
+
+def _possible_rows(
+    element: tuple[int, np.ndarray], tonight: np.ndarray
+) -> Iterator[tuple[int, np.ndarray]]:
+    shard, rows = element
+    kept = rows[bloom.may_contain(tonight, rows["hi"], rows["lo"])]
+    if len(kept):
+        yield shard, kept
 
 
 def _sum_totals(totals: Iterable[UniqueTotals]) -> UniqueTotals:
