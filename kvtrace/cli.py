@@ -193,12 +193,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
     are cleared first (one run per map at a time)."""
     from kvtrace.pipelines.anonymize import IdMapRun
     from kvtrace.transforms.blocks import HASH_SCHEME
-    from kvtrace.transforms.id_map import (
-        MapIdentity,
-        current_version_number,
-        discard_abandoned,
-        open_map,
-    )
+    from kvtrace.transforms.id_map import MapIdentity, discard_abandoned, open_map
 
     if not salt.persistent:
         raise SaltError(
@@ -209,7 +204,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
     identity = MapIdentity(fingerprint, options["block_size"], sha256, HASH_SCHEME,
                            options["chat_template_kwargs"])
     base = open_map(directory, identity)
-    discarded = discard_abandoned(directory, current_version_number(directory))
+    discarded = discard_abandoned(directory, base.version)  # base: what CURRENT names
     if discarded:
         _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
     _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,

@@ -24,6 +24,7 @@ from kvtrace.transforms.dense_ids import (
 from kvtrace.transforms.encode import EncodeRequests
 from kvtrace.transforms.hashed_batch import HashedBatch
 from kvtrace.transforms.id_map import (
+    KINDS,
     MAX_SEGMENTS,
     MapVersion,
     ReadIdMap,
@@ -205,7 +206,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             publish_night,
             id_map.directory,
             id_map.base,
-            {kind: id_map.compacts(kind) for kind in ("blocks", "sessions")},
+            {kind: id_map.compacts(kind) for kind in KINDS},
             beam.pvalue.AsList(blocks["segment_files"]),
             beam.pvalue.AsList(sessions["segment_files"]),
             beam.pvalue.AsSingleton(blocks["added_count"], default_value=0),
