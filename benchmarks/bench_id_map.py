@@ -17,14 +17,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from kvtrace.transforms.blocks import HASH_SCHEME, salt_fingerprint
-from kvtrace.transforms.dense_ids import (
+from transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
+from transforms.ids.dense_ids import (
     DEFAULT_HASH_SHARDS,
     NUMBERED,
     shard_of,
     split_by,
 )
-from kvtrace.transforms.id_map import (
+from transforms.ids.id_map import (
     MapIdentity,
     MapVersion,
     empty_version,
@@ -33,7 +33,7 @@ from kvtrace.transforms.id_map import (
     segment_path,
     write_segment,
 )
-from kvtrace.transforms.tokenize import tokenizer_sha256
+from transforms.encode.tokenize import tokenizer_sha256
 from measure import run_measured
 
 SALT = b"benchmark-salt-of-enough-bytes!!"

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
-from kvtrace.transforms.errors import IdMapError, JobStopped
-from kvtrace.transforms.salt import SALT_ENV, SaltError, salt_source
+from transforms.errors import IdMapError, JobStopped
+from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -139,11 +139,11 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
 
 
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.pipelines.anonymize import AnonymizeConfig, build
+    from pipelines.anonymize import AnonymizeConfig, build
     from kvtrace.runner import pipeline_options, run
-    from kvtrace.transforms.blocks import salt_fingerprint
-    from kvtrace.transforms.paths import expand_inputs
-    from kvtrace.transforms.tokenize import load_tokenizer, tokenizer_sha256
+    from transforms.encode.blocks import salt_fingerprint
+    from transforms.read.paths import expand_inputs
+    from transforms.encode.tokenize import load_tokenizer, tokenizer_sha256
 
     presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p])
     options = _merged(args, presets)
@@ -191,9 +191,9 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
 def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
-    from kvtrace.pipelines.anonymize import IdMapRun
-    from kvtrace.transforms.blocks import HASH_SCHEME
-    from kvtrace.transforms.id_map import MapIdentity, discard_abandoned, open_map
+    from pipelines.anonymize import IdMapRun
+    from transforms.encode.blocks import HASH_SCHEME
+    from transforms.ids.id_map import MapIdentity, discard_abandoned, open_map
 
     if not salt.persistent:
         raise SaltError(
@@ -233,7 +233,7 @@ def _print_summary(config: Any) -> None:
         f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json"
     )
     if config.id_map:
-        from kvtrace.transforms.id_map import current_version_number
+        from transforms.ids.id_map import current_version_number
 
         before = config.id_map.base.version
         after = current_version_number(config.id_map.directory)
@@ -253,9 +253,9 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+    from pipelines.analyze import AnalyzeConfig, analyze_local
     from kvtrace.report import render
-    from kvtrace.transforms.paths import expand_inputs
+    from transforms.read.paths import expand_inputs
 
     if beam_args and args.engine == "local":
         raise ConfigError(f"unknown options for the local engine: {' '.join(beam_args)}")
@@ -268,7 +268,7 @@ def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.engine == "local":
         report = analyze_local(config)
     else:
-        from kvtrace.pipelines.analyze_beam import analyze_beam
+        from pipelines.analyze_beam import analyze_beam
 
         report = analyze_beam(config, beam_args)
     if report["total_requests"] == 0:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtrace.transforms.trace_io import read_trace
-from kvtrace.transforms.trace_stats import analyze
+from transforms.stats.trace_io import read_trace
+from transforms.stats.trace_stats import analyze
 
 # Key shards per analysis and row shards in the Beam engine: each holds 1/N of the blocks (or
 # rows) in one worker.

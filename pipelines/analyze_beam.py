@@ -18,12 +18,12 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from kvtrace.pipelines.analyze import AnalyzeConfig
-from kvtrace.transforms.buckets import BUCKET_MS
-from kvtrace.transforms.dense_ids import split_by
-from kvtrace.transforms.histograms import describe_histogram, histogram, merge
-from kvtrace.transforms.trace_io import read_trace
-from kvtrace.transforms.trace_shards import (
+from pipelines.analyze import AnalyzeConfig
+from transforms.ids.buckets import BUCKET_MS
+from transforms.ids.dense_ids import split_by
+from transforms.stats.histograms import describe_histogram, histogram, merge
+from transforms.stats.trace_io import read_trace
+from transforms.stats.trace_shards import (
     PARTIAL,
     ROW,
     ShardResult,
@@ -33,7 +33,7 @@ from kvtrace.transforms.trace_shards import (
     prefix_shard,
     row_shard,
 )
-from kvtrace.transforms.trace_stats import (
+from transforms.stats.trace_stats import (
     DEFINITIONS,
     MAX_EXAMPLES,
     id_problems,

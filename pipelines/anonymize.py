@@ -11,19 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-from kvtrace.transforms.blocks import HASH_SCHEME
-from kvtrace.transforms.buckets import plan_shards
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
-from kvtrace.transforms.dense_ids import (
+from transforms.encode.blocks import HASH_SCHEME
+from transforms.ids.buckets import plan_shards
+from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.ids.dense_ids import (
     DEFAULT_HASH_SHARDS,
     AssignDenseIds,
     block_keys,
     new_batch_id,
     session_keys,
 )
-from kvtrace.transforms.encode import EncodeRequests
-from kvtrace.transforms.hashed_batch import HashedBatch
-from kvtrace.transforms.id_map import (
+from transforms.encode.encode_requests import EncodeRequests
+from transforms.encode.hashed_batch import HashedBatch
+from transforms.ids.id_map import (
     KINDS,
     MAX_SEGMENTS,
     MapVersion,
@@ -31,18 +31,18 @@ from kvtrace.transforms.id_map import (
     WriteSegmentShard,
     publish_night,
 )
-from kvtrace.transforms.manifest import (
+from transforms.write.manifest import (
     RecordCounts,
     check_not_before_origin,
     check_rejected_fraction,
     remove_stale_shards,
     write_json,
 )
-from kvtrace.transforms.read import ReadRecords, parse_records
-from kvtrace.transforms.rows import assemble_rows, bucket_sizes
-from kvtrace.transforms.salt import SaltSource
-from kvtrace.transforms.stats import ExportTotals, export_stats, sum_totals
-from kvtrace.transforms.write import MAX_BLOCKS_PER_SHARD, WriteShard
+from transforms.read.sources import ReadRecords, parse_records
+from transforms.write.rows import assemble_rows, bucket_sizes
+from transforms.encode.salt import SaltSource
+from transforms.write.totals import ExportTotals, export_stats, sum_totals
+from transforms.write.shards import MAX_BLOCKS_PER_SHARD, WriteShard
 
 from kvtrace import __version__
 

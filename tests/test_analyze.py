@@ -7,7 +7,7 @@ import math
 
 import pytest
 from conftest import shared_path, write_jsonl
-from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
+from pipelines.analyze import AnalyzeConfig, analyze_local
 
 from kvtrace.cli import main
 from kvtrace.report import compatible_table

@@ -6,8 +6,8 @@ import json
 import math
 
 from conftest import shared_path, write_jsonl
-from kvtrace.pipelines.analyze import AnalyzeConfig, analyze_local
-from kvtrace.pipelines.analyze_beam import analyze_beam
+from pipelines.analyze import AnalyzeConfig, analyze_local
+from pipelines.analyze_beam import analyze_beam
 
 from kvtrace.cli import main
 

@@ -1,4 +1,4 @@
-from kvtrace.transforms.blocks import (
+from transforms.encode.blocks import (
     DIGEST_SIZE,
     block_count,
     chain_hashes,

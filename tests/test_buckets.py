@@ -1,4 +1,4 @@
-from kvtrace.transforms.buckets import BUCKET_MS, bucket_of, first_offsets, plan_shards
+from transforms.ids.buckets import BUCKET_MS, bucket_of, first_offsets, plan_shards
 
 
 def test_bucket_of_floors_negative_and_positive_times():

@@ -4,8 +4,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from kvtrace.transforms.blocks import chain_hashes, chain_seed, token_bytes
-from kvtrace.transforms.dense_ids import (
+from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
+from transforms.ids.dense_ids import (
     OCCURRENCE,
     AssignDenseIds,
     EarliestOccurrence,
@@ -17,7 +17,7 @@ from kvtrace.transforms.dense_ids import (
     resolve,
     session_keys,
 )
-from kvtrace.transforms.hashed_batch import HashedBatch, HashedRequest
+from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 
 SEED = chain_seed(b"dense id test salt.............")
 

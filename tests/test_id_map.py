@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import chat, read_jsonl, write_jsonl
-from kvtrace.transforms import id_map
-from kvtrace.transforms.dense_ids import NUMBERED
-from kvtrace.transforms.errors import JobStopped
+from transforms.ids import id_map
+from transforms.ids.dense_ids import NUMBERED
+from transforms.errors import JobStopped
 
 from kvtrace.cli import main
 
@@ -117,7 +117,7 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
 
 
 def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_file, monkeypatch):
-    monkeypatch.setattr("kvtrace.pipelines.anonymize.MAX_SEGMENTS", 2)
+    monkeypatch.setattr("pipelines.anonymize.MAX_SEGMENTS", 2)
     nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
                           [chat(i, k * DAY_MS + 100 * i, f"u{i % 3 + k}", rotate=k) for i in range(12)])
               for k in range(3)]

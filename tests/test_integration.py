@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import read_jsonl, shared_path, write_jsonl
-from kvtrace.transforms.tokenize import load_tokenizer, render_chat
+from transforms.encode.tokenize import load_tokenizer, render_chat
 from test_anonymize import FINLAND, FRANCE, anonymize, trace
 
 # Seed 000's example, with the prompts as written there.

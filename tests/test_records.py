@@ -1,9 +1,9 @@
 import json
 
 import pytest
-from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.records import MAX_NESTING_DEPTH, parse_record
-from kvtrace.transforms.timestamps import timestamp_ms
+from transforms.errors import Rejected
+from transforms.read.records import MAX_NESTING_DEPTH, parse_record
+from transforms.read.timestamps import timestamp_ms
 
 USER = [{"role": "user", "content": "hi"}]
 

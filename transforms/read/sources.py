@@ -11,10 +11,10 @@ from apache_beam.coders import BytesCoder
 from apache_beam.io.parquetio import ReadAllFromParquet
 from apache_beam.io.textio import ReadAllFromText
 
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, dead_letter
-from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.paths import PARQUET_SUFFIXES
-from kvtrace.transforms.records import parse_record, request_from_object
+from transforms.dead_letters import DEAD_LETTER_TAG, dead_letter
+from transforms.errors import Rejected
+from transforms.read.paths import PARQUET_SUFFIXES
+from transforms.read.records import parse_record, request_from_object
 
 # Splits of uncompressed files that workers read in parallel: small enough that a single large
 # file keeps every worker busy, large enough that per-split overhead stays negligible.

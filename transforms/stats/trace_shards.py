@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from kvtrace.transforms.histograms import histogram
-from kvtrace.transforms.trace_io import Trace
-from kvtrace.transforms.trace_stats import last_block_tokens
+from transforms.stats.histograms import histogram
+from transforms.stats.trace_io import Trace
+from transforms.stats.trace_stats import last_block_tokens
 
 ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8")])
 BLOCK = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("pos", "<i8"), ("id", "<i8"),

@@ -35,9 +35,9 @@ from apache_beam.transforms.userstate import (
     on_timer,
 )
 from apache_beam.transforms.window import GlobalWindow
-from kvtrace.transforms import bloom
-from kvtrace.transforms.buckets import buckets_of, first_offsets
-from kvtrace.transforms.hashed_batch import HashedBatch
+from transforms.ids import bloom
+from transforms.ids.buckets import buckets_of, first_offsets
+from transforms.encode.hashed_batch import HashedBatch
 
 # Hash shards for the earliest-occurrence combine and the join: each shard holds 1/N of the
 # unique hashes, so N = 64 keeps a shard of a 1e9-block export near 15M rows (~600 MB).

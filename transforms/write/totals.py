@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from kvtrace.transforms.hashed_batch import HashedBatch
+from transforms.encode.hashed_batch import HashedBatch
 
 TOKEN_WEIGHTED_DEFINITION = (
     "infinite cache, causal: 1 - (tokens of each distinct block's first occurrence) / "

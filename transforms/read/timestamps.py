@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
-from kvtrace.transforms.errors import Rejected
+from transforms.errors import Rejected
 
 
 def timestamp_ms(value: object, unit_ms: float) -> int:

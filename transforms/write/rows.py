@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from kvtrace.transforms.buckets import buckets_of
-from kvtrace.transforms.dense_ids import ids_in_request_order
-from kvtrace.transforms.hashed_batch import HashedBatch
+from transforms.ids.buckets import buckets_of
+from transforms.ids.dense_ids import ids_in_request_order
+from transforms.encode.hashed_batch import HashedBatch
 
 NO_SESSION = -1
 ROW = np.dtype(

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from kvtrace.transforms.rows import NO_SESSION, RowBatch
+from transforms.write.rows import NO_SESSION, RowBatch
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
 MAX_BLOCKS_PER_SHARD = 8_000_000

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtrace.transforms.blocks import DIGEST_SIZE
+from transforms.encode.blocks import DIGEST_SIZE
 
 
 @dataclass(frozen=True)

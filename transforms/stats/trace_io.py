@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
-from kvtrace.transforms.paths import (
+from transforms.read.paths import (
     PARQUET_SUFFIXES,
     count_lines,
     open_parquet,

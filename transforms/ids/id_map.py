@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
-from kvtrace.transforms.dense_ids import NUMBERED, shard_of, split_by
-from kvtrace.transforms.errors import IdMapError, JobStopped
+from transforms.ids.dense_ids import NUMBERED, shard_of, split_by
+from transforms.errors import IdMapError, JobStopped
 
 MAP_FORMAT = "kvtrace-id-map"
 FORMAT_VERSION = 1

@@ -16,13 +16,13 @@ import apache_beam as beam
 import xxhash
 from apache_beam.utils.windowed_value import WindowedValue
 
-from kvtrace.transforms.blocks import chain_hashes, chain_seed, keyed_digest, token_bytes
-from kvtrace.transforms.dead_letters import dead_letter
-from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.hashed_batch import HashedBatch, HashedRequest
-from kvtrace.transforms.records import Request
-from kvtrace.transforms.salt import SaltSource
-from kvtrace.transforms.tokenize import encode_texts, load_tokenizer, render_chat
+from transforms.encode.blocks import chain_hashes, chain_seed, keyed_digest, token_bytes
+from transforms.dead_letters import dead_letter
+from transforms.errors import Rejected
+from transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from transforms.read.records import Request
+from transforms.encode.salt import SaltSource
+from transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
 
 _LOG = logging.getLogger("kvtrace")
 PROGRESS_INTERVAL_S = 30.0

@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvtrace.transforms.blocks import MAX_TOKEN_ID
-from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.timestamps import timestamp_ms
+from transforms.encode.blocks import MAX_TOKEN_ID
+from transforms.errors import Rejected
+from transforms.read.timestamps import timestamp_ms
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
 # Real requests nest about 5 deep (messages > message > content > part), tool schemas ~15;

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtrace.transforms.histograms import STAT_NAMES, histogram
-from kvtrace.transforms.trace_io import Trace
+from transforms.stats.histograms import STAT_NAMES, histogram
+from transforms.stats.trace_io import Trace
 
 MAX_EXAMPLES = 20  # example lines listed per problem kind
 

@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
-from kvtrace.transforms.errors import JobStopped
-from kvtrace.transforms.write import TRACE_FILE_PREFIX
+from transforms.errors import JobStopped
+from transforms.write.shards import TRACE_FILE_PREFIX
 
 
 @dataclass(frozen=True)

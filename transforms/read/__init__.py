@@ -1,0 +1,1 @@
+"""Read and parse: files (JSONL, compressed, Parquet) into records, records into Requests."""

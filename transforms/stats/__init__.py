@@ -1,0 +1,1 @@
+"""Trace statistics: read any Mooncake trace and compute compatible and cache-sizing metrics."""
