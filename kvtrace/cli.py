@@ -1,7 +1,8 @@
 """The `kvtrace` command: flags and YAML presets become a typed config plus Beam options.
 
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
-...) and pass through to Beam unchanged.
+...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
+line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kvtrace import __version__
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
-from transforms.errors import IdMapError, JobStopped
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
+from transforms.errors import IdMapError, JobStopped
+from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
+from transforms.read.paths import is_url
+from transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -39,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="kvtrace",
         description="Turn LLM request logs into anonymized Mooncake-format traces.",
     )
+    parser.add_argument("--version", action="version", version=f"kvtrace {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     anonymize = commands.add_parser(
         "anonymize",
@@ -58,8 +64,16 @@ def _parser() -> argparse.ArgumentParser:
     add("--tokenizer", metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
     add("--block-size", type=int, metavar="N", help="tokens per block (default 512)")
-    add("--input-format", choices=("auto", "chat", "prompt", "tokens"),
+    add("--input-format", choices=INPUT_FORMATS,
         help="request shape; auto detects it per record (default auto)")
+    add("--timestamp-unit", choices=TIMESTAMP_UNITS,
+        help="unit of numeric `timestamp` fields; auto reads it from the magnitude: epoch s, "
+             "ms, us or ns, and values below 1e9 as relative ms (default auto)")
+    add("--drop-non-text-parts", action="store_true", default=None,
+        help="drop image, audio and file content parts instead of dead-lettering their records")
+    add("--max-record-bytes", type=int, metavar="N",
+        help=f"dead-letter records larger than this without parsing them "
+             f"(default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)")
     add("--dead-letter", metavar="DIR",
         help="where rejected records go (default: DIR-rejected beside --output)")
     add("--salt-file", metavar="PATH",
@@ -94,9 +108,14 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     add = analyze.add_argument
-    add("trace", nargs="+", metavar="TRACE_PATH_OR_GLOB", help="trace file(s), read in order")
-    add("--block-size", type=int, default=512, metavar="N", help="tokens per block (default 512)")
+    add("trace", nargs="+", metavar="TRACE",
+        help="trace file(s), glob(s) or kvtrace output folder(s), read in order")
+    add("--block-size", type=int, metavar="N",
+        help="tokens per block (default: the manifest.json beside the trace, else 512)")
     add("--json", metavar="OUT", help="also write the full report, full precision, as JSON")
+    add("--output", metavar="DIR",
+        help="write analysis.txt and analysis.json there (any Beam filesystem: gs://, s3://); "
+             "needed by --engine beam on a remote runner")
     add("--warmup-fraction", type=float, default=0.5, metavar="F",
         help="rows counted only after this share of rows has filled the cache (default 0.5)")
     add("--engine", choices=("local", "beam"), default="local",
@@ -109,9 +128,17 @@ def _parser() -> argparse.ArgumentParser:
 ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "block_size": 512,
     "input_format": "auto",
+    "timestamp_unit": "auto",
+    "drop_non_text_parts": False,
+    "max_record_bytes": DEFAULT_MAX_RECORD_BYTES,
     "chat_template_kwargs": {},
     "hash_shards": 64,
 }
+# Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful,
+# and a shard count beyond a few thousand only multiplies per-shard overhead.
+MAX_BLOCK_SIZE = 1 << 20
+MAX_HASH_SHARDS = 4096
+MIN_RECORD_BYTES = 1024
 
 
 def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]:
@@ -129,55 +156,85 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
             merged["chat_template_kwargs"] = json.loads(merged["chat_template_kwargs"])
         except ValueError:
             raise ConfigError("--chat-template-kwargs is not valid JSON") from None
+    if not isinstance(merged["chat_template_kwargs"], dict):
+        raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
     missing = [f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
-    if merged["block_size"] < 1:
-        raise ConfigError("--block-size must be at least 1")
+    _check_ranges(merged)
     return merged
 
 
+def _check_ranges(options: dict[str, Any]) -> None:
+    def integer(name: str, low: int, high: int) -> None:
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a whole number in "
+                              f"[{low}, {high}], not {value!r}")
+
+    integer("block_size", 1, MAX_BLOCK_SIZE)
+    integer("hash_shards", 1, MAX_HASH_SHARDS)
+    integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
+    fraction = options.get("max_rejected_fraction")
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                 or not 0 <= fraction <= 1):  # NaN fails both comparisons
+        raise ConfigError(f"--max-rejected-fraction must be a number in [0, 1], not {fraction!r}")
+    for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS)):
+        if options[name] not in choices:
+            raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}")
+
+
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.anonymize import AnonymizeConfig, build
+    from kvtrace.options import check_beam_flags, check_locations
     from kvtrace.runner import pipeline_options, run
+    from pipelines.anonymize import AnonymizeConfig, build
     from transforms.encode.blocks import salt_fingerprint
-    from transforms.read.paths import expand_inputs
-    from transforms.encode.tokenize import load_tokenizer, tokenizer_sha256
+    from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
+    from transforms.read.paths import expand_inputs, file_sizes
+    from transforms.read.records import ParseOptions
+    from transforms.write.manifest import remove_manifest
 
     presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p])
     options = _merged(args, presets)
+    flags = beam_flags(preset_beam) + beam_args
+    check_beam_flags(flags, _our_flags(_parser()))
+    output = options["output"].rstrip("/")
+    dead_letter = (options.get("dead_letter") or f"{output}-rejected").rstrip("/")
+    files = expand_inputs(options["input"])
+    check_locations({"--output": output, "--dead-letter": dead_letter,
+                     "--id-map": options.get("id_map")}, options["input"], files)
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
-    output = options["output"].rstrip("/")
-    files = expand_inputs(options["input"])
-    load_tokenizer(options["tokenizer"])
+    tokenizer = load_tokenizer(options["tokenizer"])
     sha256 = tokenizer_sha256(options["tokenizer"])
     id_map = None
     if options.get("id_map"):
-        id_map = _open_id_map(options, salt, fingerprint, sha256)
+        id_map = _open_id_map(options, salt, fingerprint, sha256,
+                              tokenization_fingerprint(tokenizer))
     config = AnonymizeConfig(
-        inputs=tuple(files),
+        inputs=tuple(file_sizes(files)),
         output=output,
         tokenizer=options["tokenizer"],
         salt=salt,
-        dead_letter=options.get("dead_letter") or f"{output}-rejected",
+        dead_letter=dead_letter,
         block_size=options["block_size"],
-        input_format=options["input_format"],
+        parse=ParseOptions(options["input_format"], options["timestamp_unit"],
+                           options["drop_non_text_parts"], options["max_record_bytes"]),
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options.get("max_rejected_fraction"),
         hash_shards=options["hash_shards"],
         tokenizer_sha256=sha256,
         id_map=id_map,
     )
-    _LOG.info("anonymizing %d file(s) with %s, block size %d; salt: %s",
-              len(files), config.tokenizer, config.block_size, salt.describe())
-    if config.dead_letter.startswith(output + "/"):
-        raise ConfigError("--dead-letter must not be inside --output: rejected records hold text")
+    total_mb = sum(size for _, size in config.inputs) / 1e6
+    _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
+              len(files), total_mb, config.tokenizer, config.block_size, salt.describe())
     if not output.startswith(("gs://", "s3://")):
         os.makedirs(output, exist_ok=True)
+    remove_manifest(output)
     try:
-        run(lambda p: build(p, config), pipeline_options(beam_flags(preset_beam) + beam_args))
+        run(lambda p: build(p, config), pipeline_options(flags))
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
@@ -188,7 +245,8 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict) -> Any:
+def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict,
+                 tokenization: str) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
     from pipelines.anonymize import IdMapRun
@@ -202,9 +260,9 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
         )
     directory = options["id_map"].rstrip("/")
     identity = MapIdentity(fingerprint, options["block_size"], sha256, HASH_SCHEME,
-                           options["chat_template_kwargs"])
+                           options["chat_template_kwargs"], tokenization)
     base = open_map(directory, identity)
-    discarded = discard_abandoned(directory, base.version)  # base: what CURRENT names
+    discarded = discard_abandoned(directory, base)
     if discarded:
         _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
     _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
@@ -253,33 +311,47 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.analyze import AnalyzeConfig, analyze_local
     from kvtrace.report import render
-    from transforms.read.paths import expand_inputs
+    from pipelines.analyze import AnalyzeConfig, analyze_local
+    from transforms.stats.trace_inputs import declared_block_size, trace_files
 
     if beam_args and args.engine == "local":
         raise ConfigError(f"unknown options for the local engine: {' '.join(beam_args)}")
-    if args.block_size < 1 or not 0 <= args.warmup_fraction < 1:
+    if beam_args:
+        from kvtrace.options import check_beam_flags
+
+        check_beam_flags(beam_args, _our_flags(_parser()))
+    if (args.block_size is not None and args.block_size < 1) or not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--block-size must be >= 1 and --warmup-fraction in [0, 1)")
-    files: list[str] = []
-    for pattern in args.trace:  # in the order given: file order matters to the definitions
-        files += [f for f in expand_inputs([pattern]) if f not in files]
-    config = AnalyzeConfig(tuple(files), args.block_size, args.warmup_fraction)
+    files = trace_files(args.trace)  # in the order given: file order matters to the definitions
+    block_size = args.block_size or declared_block_size(files) or 512
+    config = AnalyzeConfig(tuple(files), block_size, args.warmup_fraction)
+    output = args.output.rstrip("/") if args.output else None
     if args.engine == "local":
         report = analyze_local(config)
     else:
         from pipelines.analyze_beam import analyze_beam
 
-        report = analyze_beam(config, beam_args)
+        report = analyze_beam(config, beam_args, output)
     if report["total_requests"] == 0:
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         _print_problems(report)
         return 1
-    print(render(report, files))
+    text = render(report, files)
+    print(text)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
             f.write("\n")
+    if output:
+        from apache_beam.io.filesystems import FileSystems
+
+        for name, payload in (("analysis.txt", text + "\n"),
+                              ("analysis.json", json.dumps(report, indent=2) + "\n")):
+            if not is_url(output):
+                os.makedirs(output, exist_ok=True)
+            with FileSystems.create(FileSystems.join(output, name)) as handle:
+                handle.write(payload.encode())
     return 0
 
 
@@ -289,17 +361,22 @@ def _print_problems(report: dict) -> None:
         print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
 
 
-def _with_dashes(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
-    """Launchers (Dataflow Flex Templates, Airflow's Beam operator) spell every option with
-    underscores, as Beam does: --id_map=DIR. kvtrace's own flags take dashes, so respell those;
-    Beam's options pass through as they are."""
-    ours = {
+def _our_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of every subcommand."""
+    return {
         option
         for action in parser._subparsers._group_actions  # the subcommands
         for subparser in action.choices.values()
         for sub_action in subparser._actions
         for option in sub_action.option_strings
     }
+
+
+def _with_dashes(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """Launchers (Dataflow Flex Templates, Airflow's Beam operator) spell every option with
+    underscores, as Beam does: --id_map=DIR. kvtrace's own flags take dashes, so respell those;
+    Beam's options pass through as they are."""
+    ours = _our_flags(parser)
     respelled = []
     for arg in argv:
         name, sep, value = arg.partition("=")
@@ -318,8 +395,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args, beam_args)
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except Exception as err:  # never a traceback: say what failed, and how to see more
+        if args.verbose:
+            raise
+        print(f"error: the job failed: {type(err).__name__}: {_one_line(err)} "
+              f"(run with --verbose for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:500] if lines else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.options.pipeline_options import StandardOptions
 from pipelines.analyze import AnalyzeConfig
 from transforms.ids.buckets import BUCKET_MS
 from transforms.ids.dense_ids import split_by
@@ -280,20 +281,26 @@ def _problems(files: tuple[str, ...], chunks: list[FileChunk],
                                     ids["ids_behind_several_parents"])}
 
 
-def analyze_beam(config: AnalyzeConfig, beam_flags: list[str]) -> dict:
+def analyze_beam(config: AnalyzeConfig, beam_flags: list[str], output: str | None = None) -> dict:
     """Run the Beam engine (embedded runner unless --runner says otherwise) and return the
-    report; it is written to a temporary file on the way, as a remote runner would."""
+    report, which the pipeline writes to OUTPUT/analysis.json on any Beam filesystem; without
+    an output folder, to a temporary local one (local runners only)."""
     from apache_beam.io.filesystems import FileSystems
 
-    from kvtrace.runner import pipeline_options, run
+    from kvtrace.config import ConfigError
+    from kvtrace.runner import LOCAL_RUNNERS, pipeline_options, run
 
+    options = pipeline_options(beam_flags)
+    if output is None and options.view_as(StandardOptions).runner not in LOCAL_RUNNERS:
+        raise ConfigError("--engine beam on a remote runner needs --output DIR (a folder its "
+                          "workers can write: gs://, s3://) for the report")
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "report.json")
+        path = FileSystems.join(output or tmp, "analysis.json")
 
         def write(report: dict) -> None:
             with FileSystems.create(path) as handle:
                 handle.write(json.dumps(report).encode())
 
-        run(lambda p: build(p, config) | "Write" >> beam.Map(write), pipeline_options(beam_flags))
-        with open(path) as f:
-            return json.load(f)
+        run(lambda p: build(p, config) | "Write" >> beam.Map(write), options)
+        with FileSystems.open(path) as handle:
+            return json.loads(handle.read())

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from transforms.encode.blocks import HASH_SCHEME
 from transforms.ids.buckets import plan_shards
-from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
 from transforms.ids.dense_ids import (
     DEFAULT_HASH_SHARDS,
     AssignDenseIds,
@@ -29,15 +29,19 @@ from transforms.ids.id_map import (
     MapVersion,
     ReadIdMap,
     WriteSegmentShard,
+    new_run_id,
     publish_night,
 )
 from transforms.write.manifest import (
     RecordCounts,
     check_not_before_origin,
     check_rejected_fraction,
+    manifest_path,
     remove_stale_shards,
     write_json,
 )
+from transforms.batching import BatchByWeight
+from transforms.read.records import ParseOptions
 from transforms.read.sources import ReadRecords, parse_records
 from transforms.write.rows import assemble_rows, bucket_sizes
 from transforms.encode.salt import SaltSource
@@ -50,8 +54,10 @@ from kvtrace import __version__
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
 ID_BATCH_BLOCKS = 200_000
 # Batches big enough for the fast tokenizer to use every core, small enough that a batch of
-# 10k-token prompts (~40 kB of text each) stays within tens of MB.
-TOKENIZE_BATCH = dict(min_batch_size=32, max_batch_size=256)
+# 10k-token prompts (~40 kB of text each) stays within tens of MB; a record over the byte bound
+# is a batch of its own.
+TOKENIZE_BATCH_REQUESTS = 256
+TOKENIZE_BATCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class IdMapRun:
 
     directory: str
     base: MapVersion
+    run_id: str = field(default_factory=new_run_id)  # names this run's segment files
 
     def compacts(self, kind: str) -> bool:
         return self.base.segments(kind) + 1 > MAX_SEGMENTS
@@ -68,13 +75,13 @@ class IdMapRun:
 
 @dataclass(frozen=True)
 class AnonymizeConfig:
-    inputs: tuple[str, ...]  # files, already expanded from the user's globs
+    inputs: tuple[tuple[str, int], ...]  # (file, size in bytes), expanded from the user's globs
     output: str
     tokenizer: str
     salt: SaltSource
     dead_letter: str
     block_size: int = 512
-    input_format: str = "auto"
+    parse: ParseOptions = field(default_factory=ParseOptions)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_rejected_fraction: float | None = None
     hash_shards: int = DEFAULT_HASH_SHARDS
@@ -94,11 +101,13 @@ class AnonymizeOutputs(NamedTuple):
 
 
 def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
-    records = pipeline | "Read" >> ReadRecords(config.inputs)
-    parsed = parse_records(records, config.input_format)
+    read = pipeline | "Read" >> ReadRecords(config.inputs, config.parse.max_record_bytes)
+    records = read.records
+    parsed = parse_records(records, config.parse)
     encoded = (
         parsed.requests
-        | "Batch" >> beam.BatchElements(**TOKENIZE_BATCH)
+        | "Batch" >> beam.ParDo(BatchByWeight(
+            TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
         | "RenderTokenizeHash" >> beam.ParDo(
             EncodeRequests(
                 config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs
@@ -108,10 +117,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     hashed = encoded.hashed  # HashedBatch elements: every later step works per batch
     batches = (
         hashed
-        | "IdBatches" >> beam.BatchElements(
-            min_batch_size=ID_BATCH_BLOCKS, max_batch_size=ID_BATCH_BLOCKS,
-            element_size_fn=lambda batch: len(batch.block_hashes),
-        )
+        | "IdBatches" >> beam.ParDo(
+            BatchByWeight(ID_BATCH_BLOCKS, lambda batch: len(batch.block_hashes)))
         | "NameBatches" >> beam.Map(lambda parts: (new_batch_id(), HashedBatch.concat(parts)))
     )
     blocks = _dense_ids(
@@ -150,12 +157,16 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
 
     dead_letters = (
+        read[DEAD_LETTER_TAG],
         parsed[DEAD_LETTER_TAG],
         encoded[DEAD_LETTER_TAG],
     ) | "AllRejected" >> beam.Flatten()
     rejected_count = dead_letters | "CountRejected" >> beam.combiners.Count.Globally()
+    # A damaged file's unreadable rest counts as one record read and rejected, so that
+    # read = exported + rejected still holds and --max-rejected-fraction sees it.
     counts = (
-        records
+        (records, read[DEAD_LETTER_TAG])
+        | "ReadAndBroken" >> beam.Flatten()
         | "CountRead" >> beam.combiners.Count.Globally()
         | "Counts" >> beam.Map(
             lambda read, rejected: RecordCounts(read, rejected),
@@ -191,19 +202,26 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "BatchTotals" >> beam.Map(ExportTotals.of_batch)
         | "SumTotals" >> beam.CombineGlobally(sum_totals)
     )
-    summary = pipeline | "Summary" >> beam.Create([None]) | "WriteSummary" >> beam.Map(
-        lambda _, files, counts, totals, unique: _write_summary(
-            config, sorted(files), counts, totals, unique
+    damaged_files = (
+        read[DEAD_LETTER_TAG]
+        | "DamagedFiles" >> beam.Filter(lambda letter: letter.reason == DAMAGED_FILE)
+        | "CountDamaged" >> beam.combiners.Count.Globally()
+    )
+    manifest = pipeline | "Summary" >> beam.Create([None]) | "WriteStats" >> beam.Map(
+        lambda _, files, counts, totals, unique, damaged: _write_stats(
+            config, sorted(files), counts, totals, unique, damaged
         ),
         beam.pvalue.AsList(trace_files),
         beam.pvalue.AsSingleton(counts),
         beam.pvalue.AsSingleton(totals),
         beam.pvalue.AsSingleton(blocks["unique"]),
+        beam.pvalue.AsSingleton(damaged_files),
     )
     if config.id_map:
         id_map = config.id_map
-        summary = summary | "PublishIdMap" >> beam.Map(
-            publish_night,
+        # The manifest marks a complete export, so it waits for the map version to be published.
+        manifest = manifest | "PublishIdMap" >> beam.Map(
+            _publish_then_pass_on,
             id_map.directory,
             id_map.base,
             {kind: id_map.compacts(kind) for kind in KINDS},
@@ -213,6 +231,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
             beam.pvalue.AsList(earliest),
         )
+    summary = manifest | "WriteManifest" >> beam.Map(
+        lambda manifest: write_json(manifest_path(config.output), manifest) or manifest)
     return AnonymizeOutputs(trace_files, dead_letters, summary)
 
 
@@ -238,13 +258,19 @@ def _dense_ids(
         ids["added"]
         | f"{label}SegmentShards" >> beam.GroupByKey()
         | f"Write{label}Segment" >> beam.ParDo(
-            WriteSegmentShard(id_map.directory, base.version + 1, kind)
+            WriteSegmentShard(id_map.directory, base.version + 1, id_map.run_id, kind)
         )
     )
     return ids
 
 
-def _write_summary(config: AnonymizeConfig, files, counts, totals, unique) -> dict:
+def _publish_then_pass_on(manifest: dict, *publish_args: Any) -> dict:
+    publish_night(manifest, *publish_args)
+    return manifest
+
+
+def _write_stats(config: AnonymizeConfig, files, counts, totals, unique, damaged: int) -> dict:
+    """Write stats.json and return the manifest, which is written last."""
     stats = export_stats(totals, unique.count, unique.weight)
     manifest = {
         "kvtrace_version": __version__,
@@ -252,18 +278,18 @@ def _write_summary(config: AnonymizeConfig, files, counts, totals, unique) -> di
         "tokenizer": {"name": config.tokenizer, "sha256": config.tokenizer_sha256},
         "block_size": config.block_size,
         "hash_scheme": HASH_SCHEME,
-        "input_format": config.input_format,
+        "input_format": config.parse.input_format,
+        "timestamp_unit": config.parse.timestamp_unit,
         "chat_template_kwargs": config.chat_template_kwargs,
         "records": {
             "read": counts.read,
             "exported": totals.requests,
             "rejected": counts.rejected,
-            "without_timestamp": totals.requests_without_timestamp,
             "without_output_length": totals.requests_without_output_length,
+            "damaged_files": damaged,
         },
         "files": [f.rsplit("/", 1)[-1] for f in files] + ["stats.json"],
     }
     remove_stale_shards(config.output, files)
     write_json(f"{config.output.rstrip('/')}/stats.json", stats)
-    write_json(f"{config.output.rstrip('/')}/manifest.json", manifest)
     return manifest

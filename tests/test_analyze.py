@@ -127,3 +127,25 @@ def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
     # Only the file names in the problem examples differ.
     assert from_parquet.pop("problems").keys() == from_jsonl.pop("problems").keys()
     assert from_parquet == from_jsonl
+
+
+def test_an_output_folder_is_read_once_with_its_manifest_block_size(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.cli import main
+
+    rows = [{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": [0, 1, 2]},
+            {"timestamp": 5, "input_length": 40, "output_length": 1, "hash_ids": [0, 1, 2]}]
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "trace-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows), folder / "trace-00000-of-00001.parquet")
+    (folder / "manifest.json").write_text(json.dumps({"block_size": 16}))
+    for argument in (str(folder), str(folder / "trace*")):
+        assert main(["analyze", argument, "--json", str(tmp_path / "r.json"),
+                     "--output", str(tmp_path / "report")]) == 0
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["total_requests"] == 2  # not 4: the Parquet twins are skipped
+        assert report["block_size"] == 16  # from manifest.json, not the 512 default
+        assert json.loads((tmp_path / "report" / "analysis.json").read_text()) == report

@@ -57,7 +57,7 @@ def test_outputs_jsonl_parquet_stats_manifest_agree(tiny_tokenizer, tmp_path):
     assert stats["unique_blocks"] == len(set(ids))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"] == {"read": 20, "exported": 20, "rejected": 0,
-                                   "without_timestamp": 0, "without_output_length": 0}
+                                   "without_output_length": 0, "damaged_files": 0}
     assert manifest["block_size"] == 4 and set(manifest["tokenizer"]["sha256"]) >= {"tokenizer.json"}
 
 
@@ -72,8 +72,14 @@ BAD_LINES = [
     json.dumps({"timestamp": 1, "prompt": 42}).encode(),
     json.dumps({"timestamp": 1, "input_ids": [1, "two"]}).encode(),
     json.dumps({"timestamp": 1, "messages": [{"role": "user", "content": {"a": 1}}]}).encode(),
-    # The template reads message.content, so a message without content makes rendering raise.
-    json.dumps({"timestamp": 1, "messages": [{"role": "assistant", "tool_calls": []}]}).encode(),
+    # The tiny template raises on developer messages, as real templates raise on what they cannot render.
+    json.dumps({"timestamp": 1, "messages": [{"role": "developer", "content": "x"}]}).encode(),
+    b'{"timestamp": 1, "prompt": "lone \\ud800 surrogate"}',
+    b'{"timestamp": 1, "prompt": "x", "session_id": "\\udfff"}',
+    b'{"timestamp": 1, "prompt": "x", "output_length": 123456789012345678901234567890}',
+    b'{"timestamp": 1e308, "prompt": "x"}',
+    b'{"timestamp": -1, "prompt": "x"}',
+    b'{"prompt": "no timestamp"}',
 ]
 
 
@@ -88,7 +94,9 @@ def test_bad_input_is_dead_lettered_and_no_good_record_is_lost(tiny_tokenizer, t
     assert {r["source"] for r in rejected} == {str(src)}
     assert {r["error"] for r in rejected} >= {"invalid_json", "not_an_object", "invalid_utf8",
                                                "too_deep", "invalid_request", "no_input",
-                                               "bad_timestamp", "wrong_type", "template_error"}
+                                               "bad_timestamp", "wrong_type", "template_error",
+                                               "invalid_unicode", "out_of_range",
+                                               "negative_timestamp", "missing_timestamp"}
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
     assert manifest["read"] == manifest["exported"] + manifest["rejected"] == len(mixed)
 
@@ -195,3 +203,64 @@ def _salt(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _no_env_salt(monkeypatch):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
+
+
+def test_a_request_longer_than_an_id_batch_is_exported(tiny_tokenizer, tmp_path):
+    long = {"timestamp": 1, "input_ids": list(range(1000)) * 260, "output_length": 1}  # 260k blocks
+    src = write_jsonl(tmp_path / "in.jsonl", [long, {**long, "timestamp": 2}, chat(0, 3)])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "1") == 0
+    rows = trace(tmp_path / "out")
+    assert [len(r["hash_ids"]) for r in rows[:2]] == [260_000, 260_000]
+    assert rows[0]["hash_ids"] == rows[1]["hash_ids"]
+
+
+def test_a_truncated_gzip_file_is_counted_and_its_readable_records_exported(tiny_tokenizer, tmp_path):
+    import gzip
+
+    records = [chat(i, 10 * i) | {"pad": "z" * (200 + i * 7919 % 500)} for i in range(6000)]
+    data = gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(data[: len(data) * 3 // 4])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
+    assert manifest["damaged_files"] == 1 and 0 < manifest["exported"] < len(records)
+    assert manifest["read"] == manifest["exported"] + manifest["rejected"]
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "strict", "--max-rejected-fraction", "0") == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--blocksize", "16"], "--blocksize (did you mean --block-size?)"),
+    (["--max-rejected-fraction", "nan"], "--max-rejected-fraction must be a number in [0, 1]"),
+    (["--max-rejected-fraction", "-1"], "--max-rejected-fraction must be a number in [0, 1]"),
+    (["--block-size", "99999999999"], "--block-size must be a whole number"),
+    (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
+    (["--dead-letter", "{out}/rejected"], "overlap"),
+    (["--dead-letter", "{out}"], "overlap"),
+])
+def test_options_are_checked_before_any_work(tiny_tokenizer, tmp_path, capsys, flags, message):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    flags = [f.format(out=tmp_path / "out") for f in flags]
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", *flags) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_output_in_the_input_folder_is_refused(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    assert anonymize(tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path) == 2
+    assert "lies inside --output" in capsys.readouterr().err
+    assert anonymize(tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path / "out", "--dead-letter",
+                     str(tmp_path)) == 2
+    assert "overlap" in capsys.readouterr().err
+    (tmp_path / "logs").mkdir()
+    write_jsonl(tmp_path / "logs" / "a.jsonl", [chat(0, 0)])
+    assert anonymize(tiny_tokenizer, [tmp_path / "logs" / "*.jsonl"], tmp_path / "out",
+                     "--dead-letter", str(tmp_path / "logs")) == 2
+    assert "lies inside --dead-letter" in capsys.readouterr().err
+
+
+def test_version_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("kvtrace ")

@@ -97,17 +97,20 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
     version_1 = current(tmp_path / "map")
 
     def killed(*_):
-        raise KeyboardInterrupt("killed between writing version 2 and switching to it")
+        raise KeyboardInterrupt("killed before committing version 2")
 
-    monkeypatch.setattr(id_map, "_switch_current", killed)
+    monkeypatch.setattr(id_map, "create_exclusive", killed)
     with pytest.raises(BaseException, match="killed"):
         run(tiny_tokenizer, [nights[1]], tmp_path / "n2-killed", *common)
-    assert (tmp_path / "map" / "versions" / "000002.json").exists()  # written, never switched to
+    assert not (tmp_path / "map" / "versions" / "000002.json").exists()
     assert current(tmp_path / "map") == version_1
+    assert not (tmp_path / "n2-killed" / "manifest.json").exists()
     monkeypatch.undo()
 
-    # A partial file of the dead run, as a kill mid-write leaves it.
-    (tmp_path / "map" / "segments" / "000002" / "blocks-00063.parquet").write_bytes(b"PAR1 trunc")
+    # A partial file of another dead run, as a kill mid-write leaves it.
+    dead = tmp_path / "map" / "segments" / "000002-deadbeef0000"
+    dead.mkdir()
+    (dead / "blocks-00063.parquet").write_bytes(b"PAR1 trunc")
     assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
     assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
@@ -128,7 +131,7 @@ def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_
     assert b"".join(trace_bytes(tmp_path / f"out{k}") for k in range(3)) == trace_bytes(tmp_path / "all")
     metadata = current(tmp_path / "map")
     assert metadata["history"][-1]["compacted"] == ["blocks", "sessions"]
-    assert {f.split("/")[1] for f in metadata["files"]["blocks"]} == {"000003"}
+    assert {f.split("/")[1][:6] for f in metadata["files"]["blocks"]} == {"000003"}
     stored = np.concatenate([pq.read_table(tmp_path / "map" / f).column("id").to_numpy()
                              for f in metadata["files"]["blocks"]])
     assert sorted(stored.tolist()) == list(range(metadata["next_id"]["blocks"]))
@@ -244,6 +247,45 @@ def test_segment_files_round_trip_split_by_shard(tmp_path):
     assert sorted(back["id"].tolist()) == list(range(1000))
     for shard, part in parts.items():
         assert (part["lo"] % 7 == shard).all()
+
+
+def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothing(
+    tiny_tokenizer, tmp_path, nights, salt_file, monkeypatch
+):
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+
+    def killed(*_):
+        raise KeyboardInterrupt("killed between committing version 2 and moving CURRENT")
+
+    monkeypatch.setattr(id_map, "_switch_current", killed)
+    with pytest.raises(BaseException, match="killed"):
+        run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "map" / "CURRENT").read_text())["version"] == 1
+    assert current(tmp_path / "map")["version"] == 2  # readers follow the committed version
+    assert not (tmp_path / "n2" / "manifest.json").exists()
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0  # the retry
+    assert current(tmp_path / "map")["version"] == 2
+    assert (tmp_path / "n2" / "manifest.json").exists()
+    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
+    assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
+
+
+def test_cleanup_keeps_published_and_live_segments(tmp_path):
+    identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+    published = id_map.next_version(
+        id_map.empty_version(identity), {"blocks": ["segments/000001-winner/blocks-00000.parquet"],
+                                         "sessions": []},
+        {"blocks": 1, "sessions": 0}, {"blocks": False, "sessions": False}, 0)
+    id_map.publish(str(tmp_path), id_map.empty_version(identity), published)
+    for folder in ("000001-winner", "000001-loser", "000002-live"):
+        (tmp_path / "segments" / folder).mkdir(parents=True)
+        (tmp_path / "segments" / folder / "blocks-00000.parquet").write_bytes(b"x")
+    removed = id_map.discard_abandoned(str(tmp_path), published)
+    assert [Path(p).parent.name for p in removed] == ["000001-loser"]
+    left = {p.parent.name for p in (tmp_path / "segments").rglob("*.parquet")}
+    assert left == {"000001-winner", "000002-live"}
 
 
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):

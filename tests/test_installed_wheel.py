@@ -25,9 +25,12 @@ def clean_python(tmp_path_factory) -> Path:
     """A venv holding only the kvtrace wheel; the dependencies come from this interpreter's
     site-packages as a plain path entry, so its .pth files (the editable install) never run."""
     base = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools leaves build/ behind, whose stale files later wheels reuse.
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info"))
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(base / "dist"), str(ROOT)], capture_output=True, text=True)
+         "-w", str(base / "dist"), str(source)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     (wheel,) = (base / "dist").glob("kvtrace-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")], check=True)

@@ -1,39 +1,45 @@
+"""Parsing one record: shapes, fields, ranges, Unicode; property-based over arbitrary JSON."""
+
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from transforms.errors import Rejected
-from transforms.read.records import MAX_NESTING_DEPTH, parse_record
+from transforms.read.records import MAX_NESTING_DEPTH, ParseOptions, Request, parse_record
 from transforms.read.timestamps import timestamp_ms
 
 USER = [{"role": "user", "content": "hi"}]
+TS = {"timestamp": 1_700_000_000_000}
 
 
-def parse(record, input_format="auto"):
+def parse(record, **options) -> Request:
     line = record if isinstance(record, bytes) else json.dumps(record).encode()
-    return parse_record(line, "src.jsonl", input_format)
+    return parse_record(line, "src.jsonl", ParseOptions(**options))
 
 
-def reason(record, input_format="auto"):
+def reason(record, **options) -> str:
     with pytest.raises(Rejected) as caught:
-        parse(record, input_format)
+        parse(record, **options)
     return caught.value.reason
 
 
-def test_chat_from_messages_or_input():
-    assert parse({"messages": USER}).messages == USER
-    assert parse({"input": USER}).kind == "chat"
-    assert parse({"input": "hello"}).messages == [{"role": "user", "content": "hello"}]
+def test_chat_from_messages_or_responses_input():
+    assert parse({"messages": USER, **TS}).messages == USER
+    assert parse({"input": USER, **TS}).kind == "chat"
+    assert parse({"input": "hello", **TS}).messages == [{"role": "user", "content": "hello"}]
 
 
 def test_content_parts_are_joined_with_newlines():
     content = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    request = parse({"messages": [{"role": "user", "content": content}]})
+    request = parse({"messages": [{"role": "user", "content": content}], **TS})
     assert request.messages[0]["content"] == "a\nb"
 
 
 def test_prompt_and_tokens_shapes():
-    assert parse({"prompt": "formatted"}).prompt == "formatted"
-    assert parse({"input_ids": [1, 2, 3]}).input_ids == [1, 2, 3]
+    assert parse({"prompt": "formatted", **TS}).prompt == "formatted"
+    assert parse({"input_ids": [1, 2, 3], **TS}).input_ids == [1, 2, 3]
 
 
 def test_openai_envelope():
@@ -46,29 +52,111 @@ def test_openai_envelope():
 
 
 def test_output_length_sources_in_order():
-    both = {"messages": USER, "output": "text", "output_length": 3}
+    both = {"messages": USER, "output": "text", "output_length": 3, **TS}
     assert parse(both).output_text == "text" and parse(both).output_length is None
-    assert parse({"messages": USER, "output_length": 3}).output_length == 3
+    assert parse({"messages": USER, "output_length": 3, **TS}).output_length == 3
     response = {"choices": [{"message": {"content": "answer", "reasoning_content": "think"}}]}
-    assert parse({"request": {"messages": USER}, "response": response}).output_text == "thinkanswer"
-    assert parse({"messages": USER}).defaulted == ("timestamp", "output_length")
+    assert parse({"request": {"messages": USER}, "response": response, **TS}).output_text == "thinkanswer"
+    assert parse({"messages": USER, **TS}).defaulted == ("output_length",)
 
 
-def test_timestamps():
-    assert parse({"messages": USER, "timestamp": 1500.7}).timestamp_ms == 1500
-    assert parse({"messages": USER, "timestamp": "1970-01-01T00:00:01.5Z"}).timestamp_ms == 1500
-    assert parse({"messages": USER, "created": 2}).timestamp_ms == 2000
-    assert timestamp_ms("2025-01-01T01:00:00+01:00", 1) == timestamp_ms("2025-01-01T00:00:00", 1)
+def test_output_counts_tool_calls_and_streamed_chunks():
+    call = {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    response = {"choices": [{"message": {"content": None, "tool_calls": [call]}}]}
+    text = parse({"request": {"messages": USER}, "response": response, **TS}).output_text
+    assert text == 'get_weather{"city": "Paris"}'
+    chunks = [{"choices": [{"delta": {"reasoning_content": "hm"}}]},
+              {"choices": [{"delta": {"content": "Hel"}}]},
+              {"choices": [{"delta": {"content": "lo"}}]}, {"choices": []}]
+    assert parse({"request": {"messages": USER}, "response": chunks, **TS}).output_text == "hmHello"
+    with_usage = [*chunks, {"choices": [], "usage": {"completion_tokens": 9}}]
+    assert parse({"request": {"messages": USER}, "response": with_usage, **TS}).output_length == 9
+
+
+def test_openai_tool_calling_history_is_normalized_as_vllm_does():
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "20C"},
+        {"role": "assistant", "tool_calls": []},
+    ]
+    got = parse({"messages": messages, **TS}).messages
+    assert got[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    assert got[2] == {"role": "tool", "content": "20C", "tool_call_id": "c1"}
+    assert got[3] == {"role": "assistant", "content": ""}
+
+
+def test_anthropic_messages_become_openai_messages():
+    record = {**TS, "system": [{"type": "text", "text": "be brief"}], "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "look it up"},
+            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "20C"}]},
+    ], "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+    request = parse(record)
+    assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "tool"]
+    assert request.messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert request.messages[2]["reasoning_content"] == "look it up"
+    assert request.tools == [{"type": "function", "function": {
+        "name": "get_weather", "description": "", "parameters": {"type": "object"}}}]
+
+
+def test_responses_api_items():
+    record = {**TS, "instructions": "sys", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "20C"},
+    ]}
+    messages = parse(record).messages
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[3]["tool_call_id"] == "c1"
+
+
+def test_non_text_parts_are_dead_letters_unless_dropped():
+    image = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "x"}}]}], **TS}
+    assert reason(image) == "non_text_content"
+    assert parse(image, drop_non_text_parts=True).messages[0]["content"] == "what is this"
+
+
+@pytest.mark.parametrize("value, unit, expected", [
+    (1_700_000_000, "auto", 1_700_000_000_000),  # epoch seconds
+    (1_700_000_000.5, "auto", 1_700_000_000_500),
+    (1_700_000_000_123, "auto", 1_700_000_000_123),  # ms
+    (1_700_000_000_123_456, "auto", 1_700_000_000_123),  # us
+    (1_700_000_000_123_456_789, "auto", 1_700_000_000_123),  # ns
+    (1500.7, "auto", 1500),  # small: relative ms
+    (1500, "s", 1_500_000),
+    ("1970-01-01T00:00:01.5Z", "auto", 1500),
+    ("2025-01-01T01:00:00+01:00", "auto", 1_735_689_600_000),
+    ("2025-01-01 00:00:00", "auto", 1_735_689_600_000),
+])
+def test_timestamp_units(value, unit, expected):
+    assert timestamp_ms(value, unit) == expected
+
+
+def test_created_is_epoch_seconds_and_missing_timestamp_is_a_dead_letter():
+    assert parse({"messages": USER, "created": 2_000_000_000}).timestamp_ms == 2_000_000_000_000
+    assert reason({"messages": USER}) == "missing_timestamp"
 
 
 def test_sessions_are_kept_as_strings_for_keyed_hashing():
-    assert parse({"messages": USER, "session_id": 7}).session == "7"
-    assert parse({"messages": USER, "conversation_id": "c"}).session == "c"
+    assert parse({"messages": USER, "session_id": 7, **TS}).session == "7"
+    assert parse({"messages": USER, "conversation_id": "c", **TS}).session == "c"
 
 
 def test_forced_format_ignores_other_shapes():
-    assert parse({"prompt": "p", "messages": USER}, "prompt").kind == "prompt"
-    assert reason({"messages": USER}, "tokens") == "no_input"
+    assert parse({"prompt": "p", "messages": USER, **TS}, input_format="prompt").kind == "prompt"
+    assert reason({"messages": USER, **TS}, input_format="tokens") == "no_input"
+
+
+def test_oversized_record_is_rejected_before_decoding():
+    assert reason({"prompt": "x" * 5000, **TS}, max_record_bytes=1024) == "too_large"
 
 
 @pytest.mark.parametrize(
@@ -78,28 +166,90 @@ def test_forced_format_ignores_other_shapes():
         (b"[1, 2]", "not_an_object"),
         (b"\xff\xfe{}", "invalid_utf8"),
         (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
-        ({"x": json.loads("[" * (MAX_NESTING_DEPTH + 1) + "]" * (MAX_NESTING_DEPTH + 1))}, "too_deep"),
+        ({"x": json.loads("[" * (MAX_NESTING_DEPTH + 1) + "]" * (MAX_NESTING_DEPTH + 1)), **TS}, "too_deep"),
+        (b'{"prompt": "a\\ud800b", "timestamp": 1}', "invalid_unicode"),
+        (b'{"messages": [{"role": "user", "content": "\\udfff"}], "timestamp": 1}', "invalid_unicode"),
+        (b'{"prompt": "p", "session_id": "\\ud83d", "timestamp": 1}', "invalid_unicode"),
+        (b'{"prompt": "p", "timestamp": 1, "\\ud800": 1}', "invalid_unicode"),
+        (b'{"prompt": "p", "timestamp": 1, "output_length": 99999999999999999999999}', "out_of_range"),
+        (b'{"prompt": "p", "timestamp": 99999999999999999999999999}', "bad_timestamp"),
+        (b'{"prompt": "p", "timestamp": 1e308}', "bad_timestamp"),
+        (b'{"prompt": "p", "timestamp": 1e400}', "bad_timestamp"),
+        (b'{"prompt": "p", "timestamp": -5}', "negative_timestamp"),
+        (b'{"prompt": "p", "timestamp": "1969-12-31T00:00:00Z"}', "negative_timestamp"),
+        (b'{"prompt": "p", "timestamp": "2025-13-01T00:00:00Z"}', "bad_timestamp"),
+        (b'{"prompt": "p", "timestamp": NaN}', "bad_timestamp"),
         ({"timestamp": 1}, "no_input"),
-        ({"messages": []}, "invalid_request"),
-        ({"messages": 5}, "wrong_type"),
-        ({"messages": [{"content": "no role"}]}, "invalid_request"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, "invalid_request"),
-        ({"messages": [{"role": "user", "content": 5}]}, "wrong_type"),
-        ({"messages": [{"role": "user"}]}, "invalid_request"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "unsupported_content"),
-        ({"messages": USER, "tools": "f"}, "wrong_type"),
-        ({"prompt": ""}, "no_input"),
-        ({"prompt": 5}, "wrong_type"),
-        ({"input_ids": [1, -2]}, "wrong_type"),
-        ({"input_ids": [1, True]}, "wrong_type"),
-        ({"input_ids": [2**40]}, "wrong_type"),
+        ({"messages": [], **TS}, "invalid_request"),
+        ({"messages": 5, **TS}, "wrong_type"),
+        ({"messages": json.dumps(USER), **TS}, "wrong_type"),  # messages as a JSON string
+        ({"messages": [{"content": "no role"}], **TS}, "invalid_request"),
+        ({"messages": [{"role": "wizard", "content": "x"}], **TS}, "invalid_request"),
+        ({"messages": [{"role": "user", "content": 5}], **TS}, "wrong_type"),
+        ({"messages": [{"role": "user"}], **TS}, "invalid_request"),
+        ({"messages": [{"role": "user", "content": [{"type": "hologram"}]}], **TS}, "unsupported_content"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"type": "x"}]}], **TS}, "invalid_request"),
+        ({"messages": USER, "tools": "f", **TS}, "wrong_type"),
+        ({"prompt": "", **TS}, "no_input"),
+        ({"prompt": 5, **TS}, "wrong_type"),
+        ({"input_ids": [1, -2], **TS}, "wrong_type"),
+        ({"input_ids": [1, True], **TS}, "wrong_type"),
+        ({"input_ids": [2**40], **TS}, "wrong_type"),
         ({"messages": USER, "timestamp": "yesterday"}, "bad_timestamp"),
         ({"messages": USER, "timestamp": True}, "wrong_type"),
         ({"messages": USER, "timestamp": [1]}, "wrong_type"),
-        ({"messages": USER, "output": 5}, "wrong_type"),
-        ({"messages": USER, "output_length": -1}, "wrong_type"),
-        ({"messages": USER, "session_id": {"a": 1}}, "wrong_type"),
+        ({"messages": USER, "output": 5, **TS}, "wrong_type"),
+        ({"messages": USER, "output_length": -1, **TS}, "out_of_range"),
+        ({"messages": USER, "output_length": 2.5, **TS}, "wrong_type"),
+        ({"messages": USER, "session_id": {"a": 1}, **TS}, "wrong_type"),
     ],
 )
 def test_bad_records_are_rejected_with_a_reason(record, expected):
     assert reason(record) == expected
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=30,
+)
+VALID = {"timestamp": 1_700_000_000_000, "session_id": "s", "output_length": 5,
+         "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_arbitrary_json_is_parsed_or_rejected_never_crashes(value):
+    line = json.dumps(value).encode("utf-8", errors="surrogatepass")
+    try:
+        parse(line)
+    except Rejected as err:
+        assert err.reason and err.message
+
+
+def _mutations():
+    paths = [("timestamp",), ("session_id",), ("output_length",), ("messages",), ("messages", 0),
+             ("messages", 1, "content"), ("messages", 1, "role")]
+    return st.tuples(st.sampled_from(paths), JSON | st.sampled_from(["\ud800", 2**70, -1, 1e308, None]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_mutations())
+def test_mutated_valid_records_are_parsed_or_rejected_never_crash(mutation):
+    path, value = mutation
+    record = json.loads(json.dumps(VALID))
+    holder = record
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = value
+    line = json.dumps(record).encode("utf-8", errors="surrogatepass")
+    try:
+        request = parse(line)
+    except Rejected as err:
+        assert err.reason
+        return
+    # What is accepted is usable downstream: encodable text, int64-safe numbers.
+    assert 0 <= request.timestamp_ms < 2**63 and (request.output_length or 0) < 2**31
+    json.dumps(request.messages, ensure_ascii=False).encode("utf-8")
+    if request.session is not None:
+        request.session.encode("utf-8")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Raises on a message without content, as real templates raise on what they cannot render.
+# Raises on a developer message, as real templates raise on what they cannot render.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message.content is not defined %}{{ raise_exception('message has no content') }}"
+    "{% if message.role == 'developer' %}{{ raise_exception('no developer messages') }}"
     "{% endif %}<|im_start|>{{ message.role }}\n"
     "{{ message.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"

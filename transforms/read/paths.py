@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# Compressed JSONL by suffix, as pyarrow names the codecs.
+CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
@@ -35,6 +37,26 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
             raise FileNotFoundError(f"{pattern!r} matches no file")
         files.update(matched)
     return sorted(files)
+
+
+def compression_of(path: str) -> str | None:
+    """The codec a file's suffix names, or None for a plain file."""
+    suffix = path[path.rfind("."):].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    return CODECS.get(suffix)
+
+
+def file_sizes(files: Sequence[str]) -> list[tuple[str, int]]:
+    """(path, size in bytes) of each file, for splitting and progress totals."""
+    local = [f for f in files if not is_url(f)]
+    sizes = {f: os.path.getsize(f) for f in local}
+    remote = [f for f in files if is_url(f)]
+    if remote:
+        from apache_beam.io.filesystems import FileSystems
+
+        for result in FileSystems.match(remote):
+            for metadata in result.metadata_list:
+                sizes[metadata.path] = metadata.size_in_bytes
+    return [(f, sizes[f]) for f in files]
 
 
 def read_bytes(path: str) -> bytes:

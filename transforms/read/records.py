@@ -1,8 +1,10 @@
 """Parse one log record (a JSON object) into a Request, or reject it with a reason.
 
-Shapes, detected per record unless forced: chat (`messages`, or `input` as in seed 000), prompt
-(`prompt`, already formatted), tokens (`input_ids`); any of them may sit inside an OpenAI log
-envelope {"request": {...}, "response": {...}}.
+Shapes, detected per record unless forced: chat (OpenAI `messages`, the Responses API's `input`
+and `instructions`, Anthropic Messages with a top-level `system`), prompt (`prompt`, already
+formatted), tokens (`input_ids`); any of them may sit inside a log envelope
+{"request": {...}, "response": {...}}, the response possibly a list of streamed chunks.
+Every field is checked for type and range, every string for valid Unicode.
 """
 
 from __future__ import annotations
@@ -13,14 +15,24 @@ from typing import Any
 
 from transforms.encode.blocks import MAX_TOKEN_ID
 from transforms.errors import Rejected
+from transforms.read import chat
 from transforms.read.timestamps import timestamp_ms
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
 # Real requests nest about 5 deep (messages > message > content > part), tool schemas ~15;
 # far deeper is an attack or a bug, and deep recursion is what makes parsers fall over.
 MAX_NESTING_DEPTH = 64
-# The roles OpenAI-compatible servers accept; anything else they answer with a 400.
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Output lengths beyond 2^31 tokens are no model's; they would only overflow later sums.
+MAX_COUNT = 2**31 - 1
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ParseOptions:
+    input_format: str = "auto"
+    timestamp_unit: str = "auto"  # of numeric `timestamp` fields; `created` is always seconds
+    drop_non_text_parts: bool = False
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
 
 @dataclass(frozen=True)
@@ -41,8 +53,11 @@ class Request:
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
 
 
-def parse_record(line: bytes, source: str, input_format: str = "auto") -> Request:
+def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
     """The Request in one JSONL line; raises Rejected with a reason when there is none."""
+    if len(line) > options.max_record_bytes:
+        raise Rejected("too_large", f"record of {len(line)} bytes > --max-record-bytes "
+                       f"{options.max_record_bytes}")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -51,29 +66,29 @@ def parse_record(line: bytes, source: str, input_format: str = "auto") -> Reques
         record = json.loads(text)
     except RecursionError:
         raise Rejected("too_deep", "JSON nested too deep to parse") from None
-    except ValueError as err:
-        raise Rejected("invalid_json", f"not JSON: {err}") from None
+    except ValueError as err:  # also integers of more than 4300 digits
+        raise Rejected("invalid_json", f"not JSON: {str(err)[:200]}") from None
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
-    return request_from_object(record, line, source, input_format)
+    # Only \u escapes can make a lone surrogate out of valid UTF-8, so most lines skip the walk.
+    return request_from_object(record, line, source, options, check_strings=b"\\u" in line)
 
 
 def request_from_object(
-    record: dict[str, Any], line: bytes, source: str, input_format: str = "auto"
+    record: dict[str, Any], line: bytes, source: str, options: ParseOptions = ParseOptions(),
+    check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
-    if _depth(record) > MAX_NESTING_DEPTH:
-        raise Rejected("too_deep", f"nested deeper than {MAX_NESTING_DEPTH} levels")
+    _check_tree(record, check_strings)
     envelope = record.get("request")
     body = envelope if isinstance(envelope, dict) else record
     response = record.get("response")
-    response = response if isinstance(response, dict) else None
+    response = response if isinstance(response, (dict, list)) else None
 
-    kind = _detect_kind(body) if input_format == "auto" else input_format
+    kind = _detect_kind(body) if options.input_format == "auto" else options.input_format
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
-        fields["messages"] = _messages(body)
-        fields["tools"] = _tools(body.get("tools"))
+        fields["messages"], fields["tools"] = _chat(body, options.drop_non_text_parts)
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
     elif kind == "tokens":
@@ -81,43 +96,54 @@ def request_from_object(
     else:
         raise Rejected("no_input", "no messages, input, prompt or input_ids")
 
-    defaulted = []
-    ts = _timestamp(record, body, response)
+    ts = _timestamp(record, body, response, options.timestamp_unit)
     if ts is None:
-        defaulted.append("timestamp")
+        # A default would become the export's origin and shift every other row: never guess.
+        raise Rejected("missing_timestamp", "no timestamp or created field")
     output_text, output_length = _output(record, body, response)
-    if output_text is None and output_length is None:
-        defaulted.append("output_length")
     return Request(
         source=source,
         line=line,
-        timestamp_ms=0 if ts is None else ts,
+        timestamp_ms=ts,
         output_text=output_text,
         output_length=output_length,
         session=_session(record, body),
-        defaulted=tuple(defaulted),
+        defaulted=("output_length",) if output_text is None and output_length is None else (),
         **fields,
     )
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of containers, iteratively so a hostile record cannot blow the stack."""
-    deepest, stack = 0, [(value, 1)]
+def _check_tree(value: Any, check_strings: bool) -> None:
+    """Nesting depth and (when asked) valid Unicode in every string and key, iteratively so a
+    hostile record cannot blow the stack."""
+    stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        if isinstance(node, str):
+            if check_strings and not node.isascii():
+                _check_unicode(node)
+            continue
         if isinstance(node, dict):
+            if check_strings:
+                stack.extend((key, depth) for key in node)
             node = node.values()
         elif not isinstance(node, list):
             continue
-        deepest = max(deepest, depth)
-        if deepest > MAX_NESTING_DEPTH:
-            return deepest
+        if depth > MAX_NESTING_DEPTH:
+            raise Rejected("too_deep", f"nested deeper than {MAX_NESTING_DEPTH} levels")
         stack.extend((child, depth + 1) for child in node)
-    return deepest
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise Rejected("invalid_unicode", f"a string holds a lone surrogate at character "
+                       f"{err.start} (not encodable as UTF-8)") from None
 
 
 def _detect_kind(body: dict[str, Any]) -> str:
-    if "messages" in body or isinstance(body.get("input"), (list, str)):
+    if "messages" in body or "input" in body and not isinstance(body.get("input"), (int, float)):
         return "chat"
     if "prompt" in body:
         return "prompt"
@@ -126,50 +152,15 @@ def _detect_kind(body: dict[str, Any]) -> str:
     return "none"
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages", body.get("input"))
-    if messages is None:
+def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
+    tools = _tools(body.get("tools"))
+    if "messages" in body:
+        if chat.is_anthropic(body):
+            return chat.anthropic_messages(body, drop_non_text), tools and chat.anthropic_tools(tools)
+        return chat.openai_messages(body["messages"], drop_non_text), tools
+    if body.get("input") is None:
         raise Rejected("no_input", "no messages or input")
-    if isinstance(messages, str):  # the Responses API's shorthand for one user message
-        messages = [{"role": "user", "content": messages}]
-    if not isinstance(messages, list):
-        raise Rejected("wrong_type", "messages is not a list")
-    if not messages:
-        raise Rejected("invalid_request", "messages is empty")
-    return [_message(m, i) for i, m in enumerate(messages)]
-
-
-def _message(message: Any, index: int) -> dict[str, Any]:
-    if not isinstance(message, dict):
-        raise Rejected("wrong_type", f"message {index} is not an object")
-    role = message.get("role")
-    if not isinstance(role, str):
-        raise Rejected("invalid_request", f"message {index} has no role")
-    if role not in CHAT_ROLES:
-        raise Rejected("invalid_request", f"message {index} has unknown role {role[:32]!r}")
-    content = message.get("content")
-    if isinstance(content, list):
-        return {**message, "content": _join_text_parts(content, index)}
-    if content is None and role != "assistant":
-        raise Rejected("invalid_request", f"message {index} ({role}) has no content")
-    if content is not None and not isinstance(content, str):
-        raise Rejected("wrong_type", f"message {index} content is a {type(content).__name__}")
-    return message
-
-
-def _join_text_parts(parts: list[Any], index: int) -> str:
-    """Text parts joined with newlines, as vLLM does for templates that take string content."""
-    texts = []
-    for part in parts:
-        if not isinstance(part, dict):
-            raise Rejected("wrong_type", f"message {index} has a content part that is not an object")
-        if part.get("type") != "text":
-            # Images and audio become model-specific tokens we cannot count from a log.
-            raise Rejected("unsupported_content", f"message {index} has a {part.get('type')!r} part")
-        if not isinstance(part.get("text"), str):
-            raise Rejected("wrong_type", f"message {index} has a text part without text")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return chat.responses_messages(body, drop_non_text), tools and chat.anthropic_tools(tools)
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -203,18 +194,19 @@ def _token_ids(ids: Any) -> list[int]:
     return ids
 
 
-def _timestamp(record: dict, body: dict, response: dict | None) -> int | None:
+def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str) -> int | None:
     for holder in (record, body):
-        if "timestamp" in holder:
-            return timestamp_ms(holder["timestamp"], unit_ms=1)
-    for holder in (record, body, response or {}):
-        if "created" in holder:
-            return timestamp_ms(holder["created"], unit_ms=1000)
+        if holder.get("timestamp") is not None:
+            return timestamp_ms(holder["timestamp"], unit)
+    first_chunk = response[0] if isinstance(response, list) and response else response
+    for holder in (record, body, first_chunk if isinstance(first_chunk, dict) else {}):
+        if holder.get("created") is not None:
+            return timestamp_ms(holder["created"], "s")  # OpenAI's `created` is epoch seconds
     return None
 
 
-def _output(record: dict, body: dict, response: dict | None) -> tuple[str | None, int | None]:
-    """(text to tokenize, known length): the first source present, in the order of the issue."""
+def _output(record: dict, body: dict, response: dict | list | None) -> tuple[str | None, int | None]:
+    """(text to tokenize, known length): the first source present, in the README's order."""
     for holder in (record, body):
         if "output" in holder:
             output = holder["output"]
@@ -226,30 +218,20 @@ def _output(record: dict, body: dict, response: dict | None) -> tuple[str | None
             return None, _count(holder["output_length"], "output_length")
     if response is None:
         return None, None
-    usage = response.get("usage")
-    if isinstance(usage, dict) and "completion_tokens" in usage:
-        return None, _count(usage["completion_tokens"], "usage.completion_tokens")
-    return _response_text(response), None
-
-
-def _response_text(response: dict) -> str | None:
-    choices = response.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    message = choice.get("message")
-    if isinstance(message, dict):
-        # Reasoning is generated too, so it counts towards the output length.
-        texts = [message.get("reasoning_content"), message.get("content")]
-        texts = [t for t in texts if isinstance(t, str)]
-        return "".join(texts) if texts else None
-    text = choice.get("text")
-    return text if isinstance(text, str) else None
+    for chunk in reversed(response if isinstance(response, list) else [response]):
+        usage = chunk.get("usage") if isinstance(chunk, dict) else None
+        if isinstance(usage, dict):
+            for name in ("completion_tokens", "output_tokens"):
+                if usage.get(name) is not None:
+                    return None, _count(usage[name], f"usage.{name}")
+    return chat.generated_text(response), None
 
 
 def _count(value: Any, name: str) -> int:
-    if type(value) is not int or value < 0:
-        raise Rejected("wrong_type", f"{name} is not a non-negative integer")
+    if type(value) is not int:
+        raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, not an integer")
+    if not 0 <= value <= MAX_COUNT:
+        raise Rejected("out_of_range", f"{name} {str(value)[:32]} is outside [0, {MAX_COUNT}]")
     return value
 
 

@@ -43,6 +43,21 @@ def check_not_before_origin(
     return counts
 
 
+MANIFEST = "manifest.json"
+
+
+def manifest_path(directory: str) -> str:
+    return FileSystems.join(directory, MANIFEST)
+
+
+def remove_manifest(directory: str) -> None:
+    """A run starts by removing the last run's manifest: until this one completes, the folder
+    must not claim to hold a complete export."""
+    path = manifest_path(directory)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
 def write_json(path: str, payload: dict) -> None:
     with FileSystems.create(path) as handle:
         handle.write((json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())

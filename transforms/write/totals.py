@@ -25,7 +25,6 @@ class ExportTotals:
     input_tokens: int = 0
     output_tokens: int = 0
     blocks: int = 0
-    requests_without_timestamp: int = 0
     requests_without_output_length: int = 0
 
     @classmethod
@@ -36,7 +35,6 @@ class ExportTotals:
             input_tokens=int(columns["input_length"].sum()),
             output_tokens=int(columns["output_length"].sum()),
             blocks=int(columns["num_blocks"].sum()),
-            requests_without_timestamp=int(columns["without_timestamp"].sum()),
             requests_without_output_length=int(columns["without_output_length"].sum()),
         )
 

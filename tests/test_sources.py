@@ -1,0 +1,143 @@
+"""Reading files: byte ranges, BOM, compressed and Parquet files that break off; the read and
+parse transforms in TestPipelines."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.read.records import ParseOptions
+from transforms.read.sources import (
+    BOM,
+    FileRange,
+    ParseRecords,
+    ReadRecords,
+    file_ranges,
+    read_lines,
+)
+
+LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=40),
+       st.integers(1, 64), st.booleans())
+def test_every_line_is_read_once_however_the_file_is_split(lines, split, final_newline):
+    data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+    read = []
+    for piece in file_ranges("x.jsonl", len(data), split):
+        read += [line for _, line in read_lines(io.BytesIO(data), piece.start, piece.end, 1 << 20)]
+    expected = data.split(b"\n")
+    if expected and expected[-1] == b"":
+        expected.pop()
+    assert read == [line.rstrip(b"\r") for line in expected]  # CRLF files read like LF ones
+
+
+def test_an_oversized_line_is_skipped_not_held():
+    data = b"short\n" + b"x" * 5000 + b"\nafter\n"
+    got = list(read_lines(io.BytesIO(data), 0, None, 1024))
+    assert got == [(0, b"short"), (6, None), (5007, b"after")]
+
+
+def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
+    """Read the files in a TestPipeline; the checks get the records and the dead letters as
+    (reason, source, message) and raise when wrong (they run where the pipeline runs)."""
+    files = [(str(p), p.stat().st_size) for p in paths]
+    with TestPipeline() as pipeline:
+        read = pipeline | ReadRecords(files, max_record_bytes)
+        assert_that(read.records, check_records)
+        letters = read[DEAD_LETTER_TAG] | "Letters" >> beam.Map(
+            lambda d: (d.reason, d.source, d.message))
+        assert_that(letters, check_letters, label="CheckLetters")
+
+
+def test_read_records_in_a_test_pipeline(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(BOM + b"\n".join(LINES[:3]) + b"\n\n  \n")
+    with TestPipeline() as pipeline:
+        read = pipeline | ReadRecords([(str(path), path.stat().st_size)], 1 << 20)
+        assert_that(read.records, equal_to([(str(path), line) for line in LINES[:3]]))
+        assert_that(read[DEAD_LETTER_TAG], equal_to([]), label="NoDeadLetters")
+
+
+@pytest.mark.parametrize("suffix, compress", [
+    (".gz", gzip.compress), (".zst", zstandard.ZstdCompressor().compress), (".bz2", bz2.compress)])
+def test_a_truncated_compressed_file_gives_its_readable_records_and_a_dead_letter(
+    tmp_path, suffix, compress
+):
+    many = [json.dumps({"timestamp": i, "prompt": f"p{i * 7919 % 10007}"}).encode()
+            for i in range(150_000)]  # ~6 MB, past pyarrow's first decoded chunks
+    whole = compress(b"\n".join(many) + b"\n")
+    path = tmp_path / f"logs.jsonl{suffix}"
+    path.write_bytes(whole[: len(whole) * 2 // 3])
+
+    def check_records(records):
+        lines = [line for _, line in records]
+        assert 0 < len(lines) < len(many)
+        assert lines == many[: len(lines)]  # a prefix, every record whole, none made up
+
+    def check_letters(letters):
+        assert [(reason, source) for reason, source, _ in letters] == [("damaged_file", str(path))]
+        assert "breaks off after byte" in letters[0][2]
+
+    check_read([path], check_records, check_letters)
+
+
+def test_a_whole_compressed_file_reads_completely(tmp_path):
+    path = tmp_path / "logs.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(BOM + b"\n".join(LINES)))
+    check_read([path], equal_to([(str(path), line) for line in LINES]), equal_to([]))
+
+
+def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
+    table = pa.table({"timestamp": list(range(100)), "prompt": [f"p{i}" for i in range(100)]})
+    good = tmp_path / "good.parquet"
+    pq.write_table(table, good, row_group_size=25)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(good.read_bytes()[:-200])  # footer gone
+
+    def check_letters(letters):
+        assert [(r, s) for r, s, _ in letters] == [("damaged_file", str(broken))]
+
+    check_read([good, broken], lambda records: len(records) == 100 or pytest.fail(len(records)),
+               check_letters)
+
+
+def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(LINES[0] + b"\n" + b'{"prompt": "' + b"y" * 10_000 + b'"}\n' + LINES[1] + b"\n")
+
+    def check_letters(letters):
+        assert [reason for reason, _, _ in letters] == ["too_large"]
+
+    check_read([path], equal_to([(str(path), line) for line in LINES[:2]]), check_letters,
+               max_record_bytes=2048)
+
+
+def test_parse_records_in_a_test_pipeline():
+    good = b'{"timestamp": 5, "prompt": "p"}'
+    with TestPipeline() as pipeline:
+        parsed = (pipeline | beam.Create([("s", good), ("s", b"junk"), ("s", {"timestamp": 1})])
+                  | beam.ParDo(ParseRecords(ParseOptions())).with_outputs(DEAD_LETTER_TAG, main="ok"))
+        assert_that(parsed.ok | beam.Map(lambda r: (r.prompt, r.timestamp_ms)), equal_to([("p", 5)]))
+        assert_that(parsed[DEAD_LETTER_TAG] | "Reasons" >> beam.Map(lambda d: d.reason),
+                    equal_to(["invalid_json", "no_input"]), label="Rejected")
+
+
+def test_file_range_of_compressed_and_parquet_files_is_whole():
+    assert file_ranges("a.jsonl.gz", 10**9, 100) == [FileRange("a.jsonl.gz", 0, None)]
+    assert file_ranges("a.parquet", 10**9, 100) == [FileRange("a.parquet", 0, None)]
+    assert len(file_ranges("a.jsonl", 1000, 100)) == 10

@@ -1,0 +1,322 @@
+"""Chat histories as serving engines see them: OpenAI Chat Completions (tool calling included),
+the Responses API's `input` items and Anthropic Messages, normalized into the messages that
+vLLM's OpenAI server hands to the chat template; and the text a response generated.
+
+vLLM's normalization (vllm/entrypoints/chat_utils): each message keeps only role, content,
+tool_calls, reasoning, tool_call_id and name; content None or absent becomes "" and text parts
+are joined with newlines; tool-call arguments are parsed from JSON into an object ({} when
+absent or not an object); an empty tool_calls list is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from transforms.errors import Rejected
+
+# The roles OpenAI-compatible servers accept; anything else they answer with a 400.
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+# Parts whose tokens depend on the model's processor (image patches, audio frames), which a log
+# does not let us count: dead-lettered, or dropped with --drop-non-text-parts.
+NON_TEXT_PART_TYPES = frozenset({
+    "image_url", "input_image", "image", "input_audio", "audio", "file", "input_file",
+    "document", "video_url", "video",
+})
+ANTHROPIC_BLOCK_TYPES = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
+
+
+def is_anthropic(body: dict[str, Any]) -> bool:
+    """Anthropic Messages: a top-level system prompt, or content blocks only Anthropic uses."""
+    if "system" in body and "messages" in body:
+        return True
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(block, dict) and block.get("type") in ANTHROPIC_BLOCK_TYPES
+        for message in messages if isinstance(message, dict)
+        for block in (message.get("content") if isinstance(message.get("content"), list) else ())
+    )
+
+
+def openai_messages(messages: Any, drop_non_text: bool) -> list[dict[str, Any]]:
+    """Chat Completions messages, normalized as vLLM does."""
+    if isinstance(messages, str):
+        raise Rejected("wrong_type", "messages is a string, not a list of messages")
+    if not isinstance(messages, list):
+        raise Rejected("wrong_type", f"messages is a {type(messages).__name__}, not a list")
+    if not messages:
+        raise Rejected("invalid_request", "messages is empty")
+    return [_openai_message(m, i, drop_non_text) for i, m in enumerate(messages)]
+
+
+def _openai_message(message: Any, index: int, drop_non_text: bool) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise Rejected("wrong_type", f"message {index} is not an object")
+    role = _role(message, index)
+    if message.get("content") is None and role != "assistant":  # as the OpenAI API requires
+        raise Rejected("invalid_request", f"message {index} ({role}) has no content")
+    normalized: dict[str, Any] = {
+        "role": role, "content": text_of(message.get("content"), f"message {index}", drop_non_text)
+    }
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if calls is not None:
+            normalized_calls = _tool_calls(calls, index)
+            if normalized_calls:
+                normalized["tool_calls"] = normalized_calls
+        reasoning = message.get("reasoning", message.get("reasoning_content"))
+        if reasoning is not None:
+            reasoning = _string(reasoning, f"message {index} reasoning")
+            normalized["reasoning"] = normalized["reasoning_content"] = reasoning
+    elif role == "tool" and message.get("tool_call_id") is not None:
+        normalized["tool_call_id"] = _string(message["tool_call_id"], f"message {index} tool_call_id")
+    if isinstance(message.get("name"), str):
+        normalized["name"] = message["name"]
+    return normalized
+
+
+def _role(message: dict[str, Any], index: int) -> str:
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise Rejected("invalid_request", f"message {index} has no role")
+    if role not in CHAT_ROLES:
+        raise Rejected("invalid_request", f"message {index} has unknown role {role[:32]!r}")
+    return role
+
+
+def text_of(content: Any, where: str, drop_non_text: bool) -> str:
+    """A content string, or its text parts joined with newlines; None is empty."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise Rejected("wrong_type", f"{where} content is a {type(content).__name__}")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise Rejected("wrong_type", f"{where} has a content part that is not an object")
+        kind = part.get("type")
+        if kind in TEXT_PART_TYPES:
+            texts.append(_string(part.get("text"), f"{where} text part"))
+        elif kind in NON_TEXT_PART_TYPES:
+            if not drop_non_text:
+                raise Rejected("non_text_content", f"{where} has a {kind!r} part (images, audio "
+                               "and files cannot be counted from a log; --drop-non-text-parts)")
+        else:
+            raise Rejected("unsupported_content", f"{where} has a content part of type {str(kind)[:32]!r}")
+    return "\n".join(texts)
+
+
+def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise Rejected("wrong_type", f"message {index} tool_calls is not a list")
+    normalized = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise Rejected("invalid_request", f"message {index} has a tool call that is not a function call")
+        name = _string(function.get("name"), f"message {index} tool call name")
+        normalized.append({
+            **({"id": call["id"]} if isinstance(call.get("id"), str) else {}),
+            "type": "function",
+            "function": {"name": name, "arguments": _arguments(function.get("arguments"))},
+        })
+    return normalized
+
+
+def _arguments(arguments: Any) -> dict[str, Any]:
+    """Arguments as an object, as vLLM passes them to templates ({} when not a JSON object)."""
+    if isinstance(arguments, dict):
+        return arguments
+    if isinstance(arguments, str) and arguments:
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def arguments_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same messages with tool-call arguments as JSON strings, the OpenAI wire form, for
+    templates that concatenate them as strings (DeepSeek-R1's)."""
+    converted = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [{**c, "function": {**c["function"],
+                                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
+                     for c in calls]
+            message = {**message, "tool_calls": calls}
+        converted.append(message)
+    return converted
+
+
+def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[str, Any]]:
+    """The Responses API's `instructions` and `input` (a string or a list of items)."""
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        messages.append({"role": "system", "content": _string(instructions, "instructions")})
+    items = body.get("input")
+    if isinstance(items, str):  # the API's shorthand for one user message
+        return [*messages, {"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise Rejected("wrong_type", f"input is a {type(items).__name__}, not a string or list")
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise Rejected("wrong_type", f"input item {index} is not an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = _role(item, index)
+            messages.append({"role": role,
+                             "content": text_of(item.get("content"), f"input item {index}", drop_non_text)})
+        elif kind == "function_call":
+            call = {"type": "function", "function": {
+                "name": _string(item.get("name"), f"input item {index} name"),
+                "arguments": _arguments(item.get("arguments"))}}
+            if isinstance(item.get("call_id"), str):
+                call["id"] = item["call_id"]
+            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")),
+                             "content": output if isinstance(output, str)
+                             else text_of(output, f"input item {index} output", drop_non_text)})
+        elif kind == "reasoning":
+            continue  # reasoning items are not replayed into the prompt by chat templates
+        else:
+            raise Rejected("unsupported_content", f"input item {index} has type {str(kind)[:32]!r}")
+    if not messages:
+        raise Rejected("invalid_request", "input is empty")
+    return messages
+
+
+def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[str, Any]]:
+    """Anthropic Messages (top-level system, text / tool_use / tool_result / thinking blocks) as
+    the OpenAI messages an OpenAI-compatible server would render."""
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": text_of(system, "system", drop_non_text)})
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise Rejected("invalid_request", "messages is not a non-empty list")
+    for index, message in enumerate(raw):
+        if not isinstance(message, dict):
+            raise Rejected("wrong_type", f"message {index} is not an object")
+        role = _role(message, index)
+        content = message.get("content")
+        if not isinstance(content, list):
+            messages.append({"role": role, "content": text_of(content, f"message {index}", drop_non_text)})
+            continue
+        texts, calls, thinking, results = [], [], [], []
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "tool_use":
+                calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
+                    "name": _string(block.get("name"), f"message {index} tool_use name"),
+                    "arguments": _arguments(block.get("input"))}})
+            elif kind == "tool_result":
+                results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
+                                "content": text_of(block.get("content"), f"message {index} tool_result",
+                                                   drop_non_text)})
+            elif kind == "thinking":
+                thinking.append(_string(block.get("thinking"), f"message {index} thinking"))
+            elif kind == "redacted_thinking":
+                continue
+            else:
+                texts.append(block)
+        messages.extend(results)  # tool results answer the previous turn's calls: they come first
+        text = text_of(texts, f"message {index}", drop_non_text)
+        if role == "assistant":
+            normalized: dict[str, Any] = {"role": role, "content": text}
+            if calls:
+                normalized["tool_calls"] = calls
+            if thinking:
+                normalized["reasoning"] = normalized["reasoning_content"] = "\n".join(thinking)
+            messages.append(normalized)
+        elif text or not results:
+            messages.append({"role": role, "content": text})
+    return messages
+
+
+def anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Anthropic and Responses API tool definitions in the Chat Completions form templates read."""
+    converted = []
+    for tool in tools:
+        if "function" in tool:
+            converted.append(tool)
+            continue
+        function = {"name": tool.get("name"), "description": tool.get("description", ""),
+                    "parameters": tool.get("input_schema", tool.get("parameters", {}))}
+        converted.append({"type": "function", "function": function})
+    return converted
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise Rejected("wrong_type", f"{where} is a {type(value).__name__}, not a string")
+    return value
+
+
+def generated_text(response: Any) -> str | None:
+    """What the model generated, as text to count: content, reasoning, tool-call names and
+    arguments, from a Chat Completions, Responses or Anthropic response, or a list of streamed
+    chunks; None when the response holds none of them."""
+    chunks = response if isinstance(response, list) else [response]
+    texts: list[str] = []
+    found = False
+    for chunk in chunks:
+        if not isinstance(chunk, dict):
+            continue
+        for piece in _generated_pieces(chunk):
+            found = True
+            if isinstance(piece, str):
+                texts.append(piece)
+            elif piece is not None:
+                texts.append(json.dumps(piece, ensure_ascii=False))
+    return "".join(texts) if found else None
+
+
+def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
+    pieces: list[Any] = []
+    choices = chunk.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        message = choice.get("message", choice.get("delta"))
+        if isinstance(message, dict):
+            pieces += [message.get("reasoning_content", message.get("reasoning")), message.get("content")]
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    pieces += [function.get("name"), function.get("arguments")]
+        elif "text" in choice:
+            pieces.append(choice.get("text"))
+    output = chunk.get("output")
+    for item in output if isinstance(output, list) else []:  # Responses API
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            pieces += [item.get("name"), item.get("arguments")]
+        for part in item.get("content") or item.get("summary") or []:
+            if isinstance(part, dict):
+                pieces.append(part.get("text"))
+    if chunk.get("type") == "message" and isinstance(chunk.get("content"), list):  # Anthropic
+        for block in chunk["content"]:
+            if isinstance(block, dict):
+                if block.get("type") == "tool_use":
+                    pieces += [block.get("name"), block.get("input")]
+                else:
+                    pieces.append(block.get("text", block.get("thinking")))
+    return [p for p in pieces if isinstance(p, (str, dict, list))]
