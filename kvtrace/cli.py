@@ -288,7 +288,10 @@ def _print_summary(config: Any) -> None:
         f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
         f"{stats['unique_blocks']} unique; infinite-cache hit rate "
         f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
-        f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json"
+        f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json\n"
+        f"replay: aiperf profile --input-file {config.output}/trace-00000-of-*.jsonl "
+        f"--custom-dataset-type mooncake_trace --fixed-schedule --isl-block-size "
+        f"{config.block_size} (one file at a time; block size {config.block_size})"
     )
     if config.id_map:
         from transforms.ids.id_map import current_version_number

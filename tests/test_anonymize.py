@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import chat, read_jsonl, write_jsonl
 
 from kvtrace.cli import main
@@ -49,7 +51,7 @@ def test_outputs_jsonl_parquet_stats_manifest_agree(tiny_tokenizer, tmp_path):
     rows = trace(out)
     assert [r["timestamp"] for r in rows] == [10 * i for i in range(20)]
     assert pq.read_table(out / "trace-00000-of-00001.parquet").to_pylist() == rows
-    assert [r["session_id"] for r in rows[:4]] == [0, 1, 2, 0]
+    assert [r["session"] for r in rows[:4]] == [0, 1, 2, 0]
     ids = [i for r in rows for i in r["hash_ids"]]
     assert sorted(set(ids)) == list(range(len(set(ids))))  # dense from 0
     stats = json.loads((out / "stats.json").read_text())
@@ -264,3 +266,44 @@ def test_version_flag(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("kvtrace ")
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=12,
+)
+FIELDS = ["timestamp", "messages", "prompt", "input_ids", "output", "output_length", "session_id",
+          "request", "response", "created", "input", "system", "tools"]
+
+
+@st.composite
+def hostile_record(draw) -> bytes:
+    """A valid chat, prompt or token record with one field replaced by arbitrary JSON, or
+    arbitrary JSON, or arbitrary bytes."""
+    kind = draw(st.sampled_from(["mutated", "mutated", "json", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(min_size=1, max_size=40)).replace(b"\n", b" ")
+    if kind == "json":
+        return json.dumps(draw(JSON_VALUES)).encode()
+    record = dict(draw(st.sampled_from([
+        chat(3, 100), {"timestamp": 5, "prompt": "the quick fox"},
+        {"timestamp": 7, "input_ids": [1, 2, 3, 4, 5], "output_length": 2}])))
+    record[draw(st.sampled_from(FIELDS))] = draw(JSON_VALUES | st.sampled_from(
+        ["\ud800", 2**64, -(2**70), 1e308, float("nan"), [], {}, ""]))
+    return json.dumps(record).encode("utf-8", errors="surrogatepass")
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(hostile_record(), min_size=5, max_size=25))
+def test_hostile_logs_every_record_exported_or_dead_lettered(tiny_tokenizer, tmp_path_factory, lines):
+    tmp = tmp_path_factory.mktemp("hostile")
+    good = [chat(i, 10 * i) for i in range(3)]
+    src = write_jsonl(tmp / "in.jsonl", good + lines)
+    assert anonymize(tiny_tokenizer, [src], tmp / "out", "--block-size", "2") == 0
+    manifest = json.loads((tmp / "out" / "manifest.json").read_text())["records"]
+    records = [line for line in good + lines if not isinstance(line, bytes) or line.strip()]
+    assert manifest["read"] == len(records) == manifest["exported"] + manifest["rejected"]
+    assert len(trace(tmp / "out")) == manifest["exported"] >= len(good)
+    rejected = [r for p in (tmp / "out-rejected").glob("*.jsonl") for r in read_jsonl(p)]
+    assert len(rejected) == manifest["rejected"]

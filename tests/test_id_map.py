@@ -67,7 +67,7 @@ def test_two_nights_concatenated_equal_one_run_over_both(tiny_tokenizer, tmp_pat
     first_ids = {i for r in rows(tmp_path / "n1") for i in r["hash_ids"]}
     second_ids = {i for r in rows(tmp_path / "n2") for i in r["hash_ids"]}
     assert first_ids & second_ids, "night 2 should hit blocks first seen on night 1"
-    assert {r["session_id"] for r in rows(tmp_path / "n1")} & {r["session_id"] for r in rows(tmp_path / "n2")}
+    assert {r["session"] for r in rows(tmp_path / "n1")} & {r["session"] for r in rows(tmp_path / "n2")}
     metadata = current(tmp_path / "map")
     assert metadata["version"] == 2
     assert metadata["next_id"]["blocks"] == len(first_ids | second_ids)

@@ -243,5 +243,7 @@ def _session(record: dict, body: dict) -> str | None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (str, int)):
                 raise Rejected("wrong_type", f"{name} is not a string or integer")
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise Rejected("out_of_range", f"{name} is an integer beyond int64")
             return str(value)
     return None

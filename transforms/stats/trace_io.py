@@ -27,6 +27,8 @@ from transforms.read.paths import (
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
+# kvtrace publishes conversations as `session` (see write/shards.py); other traces use session_id.
+SESSION_FIELDS = ("session", "session_id")
 
 
 @dataclass
@@ -165,8 +167,9 @@ def _columns_from_table(
         table[name].fill_null(default).to_numpy(zero_copy_only=False)
         if name in names else np.full(table.num_rows, default)
     )
-    session = (np.asarray(table["session_id"].to_pylist(), dtype=object)
-               if "session_id" in names else None)
+    session_name = next((n for n in SESSION_FIELDS if n in names), None)
+    session = (np.asarray(table[session_name].to_pylist(), dtype=object)
+               if session_name else None)
     return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
             "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
             "session": session, "line": lines, "malformed": malformed}
@@ -188,15 +191,15 @@ def _columns_line_by_line(data: bytes, path: str) -> dict:
     lengths = [len(r["hash_ids"]) for _, r in rows]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    has_session = any("session_id" in r for _, r in rows)
+    session_name = next((n for n in SESSION_FIELDS if any(n in r for _, r in rows)), None)
     return {
         "timestamp": [r.get("timestamp", 0) for _, r in rows],
         "input_length": [r["input_length"] for _, r in rows],
         "output_length": [r.get("output_length", 0) for _, r in rows],
         "offsets": offsets,
         "ids": [i for _, r in rows for i in r["hash_ids"]],
-        "session": (np.asarray([r.get("session_id") for _, r in rows], dtype=object)
-                    if has_session else None),
+        "session": (np.asarray([r.get(session_name) for _, r in rows], dtype=object)
+                    if session_name else None),
         "line": [n for n, _ in rows],
         "malformed": malformed,
     }

@@ -21,6 +21,12 @@ from transforms.write.rows import NO_SESSION, RowBatch
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
 MAX_BLOCKS_PER_SHARD = 8_000_000
 TRACE_FILE_PREFIX = "trace-"
+# Each row holds its request's whole prompt, so a row is one self-contained request, also within
+# a conversation. The pseudonymous conversation number is therefore published as `session`, not
+# `session_id`: aiperf groups rows by `session_id` and replays a group as a multi-turn chat that
+# prepends earlier turns and live responses to each request, which would double the context
+# (aiperf#1393). Under `session` every consumer replays each row as it is.
+SESSION_FIELD = "session"
 
 TRACE_SCHEMA = pa.schema(
     [
@@ -28,7 +34,7 @@ TRACE_SCHEMA = pa.schema(
         pa.field("input_length", pa.int64(), nullable=False),
         pa.field("output_length", pa.int64(), nullable=False),
         pa.field("hash_ids", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
-        pa.field("session_id", pa.int64(), nullable=True),
+        pa.field(SESSION_FIELD, pa.int64(), nullable=True),
     ],
     metadata={"format": "mooncake-trace", "timestamp_unit": "ms"},
 )
@@ -48,7 +54,7 @@ def jsonl_bytes(batch: RowBatch, origin_ms: int) -> bytes:
         record = {"timestamp": timestamp, "input_length": input_length,
                   "output_length": output_length, "hash_ids": ids.tolist()}
         if session != NO_SESSION:
-            record["session_id"] = session
+            record[SESSION_FIELD] = session
         lines.append(json.dumps(record))
     return "".join(line + "\n" for line in lines).encode()
 
