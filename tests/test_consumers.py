@@ -55,17 +55,16 @@ def chat_trace(deepseek_tokenizer, tmp_path_factory) -> tuple[Path, int]:
     return tmp / "out" / "trace-00000-of-00001.jsonl", len(logs)
 
 
-def test_aiperf_replays_every_row_exactly_sessions_included(deepseek_tokenizer, chat_trace):
+@pytest.mark.parametrize("variable, script", [
+    # aiperf: its MooncakeTrace model, no session grouping, exact token sequences per row
+    ("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py"),
+    # guidellm: its row validation and the token blocks it assigns per row
+    ("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py"),
+])
+def test_replay_tools_rebuild_every_row_exactly_sessions_included(
+    deepseek_tokenizer, chat_trace, variable, script
+):
     trace_file, rows = chat_trace
-    result = replay_check("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py", trace_file, 16,
-                          deepseek_tokenizer)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == rows
-
-
-def test_guidellm_mooncake_format_accepts_every_row_with_exact_lengths(deepseek_tokenizer, chat_trace):
-    trace_file, rows = chat_trace
-    result = replay_check("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py", trace_file, 16,
-                          deepseek_tokenizer)
+    result = replay_check(variable, script, trace_file, 16, deepseek_tokenizer)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == rows
