@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     add = anonymize.add_argument
     add("--input", action="append", metavar="PATH_OR_GLOB",
-        help="request logs: JSONL, JSONL.gz/.zst or Parquet; repeat for more (required)")
+        help="request logs: JSONL (also .gz/.zst/.bz2) or Parquet, with chat, prompt or token "
+             "records; repeat for more (required)")
     add("--output", metavar="DIR", help="where the trace goes (required)")
     add("--tokenizer", metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")

