@@ -72,7 +72,8 @@ def _openai_message(message: Any, index: int, drop_non_text: bool) -> dict[str, 
             reasoning = _string(reasoning, f"message {index} reasoning")
             normalized["reasoning"] = normalized["reasoning_content"] = reasoning
     elif role == "tool" and message.get("tool_call_id") is not None:
-        normalized["tool_call_id"] = _string(message["tool_call_id"], f"message {index} tool_call_id")
+        normalized["tool_call_id"] = _string(message["tool_call_id"],
+                                             f"message {index} tool_call_id")
     if isinstance(message.get("name"), str):
         normalized["name"] = message["name"]
     return normalized
@@ -110,7 +111,8 @@ def text_of(content: Any, where: str, drop_non_text: bool) -> str:
                 raise Rejected("non_text_content", f"{where} has a {kind!r} part (images, audio "
                                "and files cannot be counted from a log; --drop-non-text-parts)")
         else:
-            raise Rejected("unsupported_content", f"{where} has a content part of type {str(kind)[:32]!r}")
+            raise Rejected("unsupported_content",
+                           f"{where} has a content part of type {str(kind)[:32]!r}")
     return "\n".join(texts)
 
 
@@ -121,7 +123,8 @@ def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or call.get("type", "function") != "function":
-            raise Rejected("invalid_request", f"message {index} has a tool call that is not a function call")
+            raise Rejected("invalid_request",
+                           f"message {index} has a tool call that is not a function call")
         name = _string(function.get("name"), f"message {index} tool call name")
         normalized.append({
             **({"id": call["id"]} if isinstance(call.get("id"), str) else {}),
@@ -151,9 +154,8 @@ def arguments_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
-            calls = [{**c, "function": {**c["function"],
-                                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
-                     for c in calls]
+            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(
+                c["function"]["arguments"], ensure_ascii=False)}} for c in calls]
             message = {**message, "tool_calls": calls}
         converted.append(message)
     return converted
@@ -176,8 +178,8 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
         kind = item.get("type", "message")
         if kind == "message":
             role = _role(item, index)
-            messages.append({"role": role,
-                             "content": text_of(item.get("content"), f"input item {index}", drop_non_text)})
+            content = text_of(item.get("content"), f"input item {index}", drop_non_text)
+            messages.append({"role": role, "content": content})
         elif kind == "function_call":
             call = {"type": "function", "function": {
                 "name": _string(item.get("name"), f"input item {index} name"),
@@ -218,7 +220,8 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
         role = _role(message, index)
         content = message.get("content")
         if not isinstance(content, list):
-            messages.append({"role": role, "content": text_of(content, f"message {index}", drop_non_text)})
+            text = text_of(content, f"message {index}", drop_non_text)
+            messages.append({"role": role, "content": text})
             continue
         texts, calls, thinking, results = [], [], [], []
         for block in content:
@@ -228,9 +231,10 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
                     "name": _string(block.get("name"), f"message {index} tool_use name"),
                     "arguments": _arguments(block.get("input"))}})
             elif kind == "tool_result":
+                result = text_of(block.get("content"), f"message {index} tool_result",
+                                 drop_non_text)
                 results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                                "content": text_of(block.get("content"), f"message {index} tool_result",
-                                                   drop_non_text)})
+                                "content": result})
             elif kind == "thinking":
                 thinking.append(_string(block.get("thinking"), f"message {index} thinking"))
             elif kind == "redacted_thinking":
@@ -251,7 +255,7 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
     return messages
 
 
-def anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Anthropic and Responses API tool definitions in the Chat Completions form templates read."""
     converted = []
     for tool in tools:
@@ -296,7 +300,8 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
         choice = choices[0]
         message = choice.get("message", choice.get("delta"))
         if isinstance(message, dict):
-            pieces += [message.get("reasoning_content", message.get("reasoning")), message.get("content")]
+            reasoning = message.get("reasoning_content", message.get("reasoning"))
+            pieces += [reasoning, message.get("content")]
             for call in message.get("tool_calls") or []:
                 function = call.get("function") if isinstance(call, dict) else None
                 if isinstance(function, dict):

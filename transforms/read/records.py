@@ -143,7 +143,7 @@ def _check_unicode(text: str) -> None:
 
 
 def _detect_kind(body: dict[str, Any]) -> str:
-    if "messages" in body or "input" in body and not isinstance(body.get("input"), (int, float)):
+    if "messages" in body or ("input" in body and not isinstance(body["input"], (int, float))):
         return "chat"
     if "prompt" in body:
         return "prompt"
@@ -154,13 +154,14 @@ def _detect_kind(body: dict[str, Any]) -> str:
 
 def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
     tools = _tools(body.get("tools"))
-    if "messages" in body:
-        if chat.is_anthropic(body):
-            return chat.anthropic_messages(body, drop_non_text), tools and chat.anthropic_tools(tools)
+    if "messages" in body and not chat.is_anthropic(body):
         return chat.openai_messages(body["messages"], drop_non_text), tools
+    converted_tools = tools and chat.chat_completions_tools(tools)
+    if "messages" in body:
+        return chat.anthropic_messages(body, drop_non_text), converted_tools
     if body.get("input") is None:
         raise Rejected("no_input", "no messages or input")
-    return chat.responses_messages(body, drop_non_text), tools and chat.anthropic_tools(tools)
+    return chat.responses_messages(body, drop_non_text), converted_tools
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -205,7 +206,9 @@ def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str
     return None
 
 
-def _output(record: dict, body: dict, response: dict | list | None) -> tuple[str | None, int | None]:
+def _output(
+    record: dict, body: dict, response: dict | list | None
+) -> tuple[str | None, int | None]:
     """(text to tokenize, known length): the first source present, in the README's order."""
     for holder in (record, body):
         if "output" in holder:
