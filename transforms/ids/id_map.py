@@ -157,9 +157,13 @@ def _read_json(path: str) -> dict[str, Any]:
         return json.loads(handle.read())
 
 
+def _json_bytes(payload: dict[str, Any]) -> bytes:
+    return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
+
+
 def _write_json(path: str, payload: dict[str, Any]) -> None:
     with FileSystems.create(path) as handle:
-        handle.write((json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+        handle.write(_json_bytes(payload))
 
 
 def current_version_number(directory: str) -> int:
@@ -196,6 +200,9 @@ def open_map(directory: str, identity: MapIdentity) -> MapVersion:
             f"over; refusing to use it. " + "; ".join(differences)
             + ". Use the map's settings, or start a new map in another directory."
         )
+    if version.identity.tokenization is None:  # a map from before it was recorded adopts it
+        version = replace(version, identity=replace(version.identity,
+                                                    tokenization=identity.tokenization))
     return version
 
 
@@ -283,7 +290,7 @@ def next_version(
 
 def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
     """Commit the new version by creating its metadata exclusively, then move CURRENT to it."""
-    metadata = (json.dumps(new.to_json(), indent=2, sort_keys=True) + "\n").encode()
+    metadata = _json_bytes(new.to_json())
     if current_version_number(directory) != base.version or not create_exclusive(
         version_path(directory, new.version), metadata
     ):

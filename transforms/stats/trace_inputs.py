@@ -8,6 +8,7 @@ twins of a shard keeps the JSONL one, so no row is counted twice.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from collections.abc import Sequence
 
@@ -22,8 +23,6 @@ def _is_folder(path: str) -> bool:
         from apache_beam.io.filesystems import FileSystems
 
         return FileSystems.exists(posixpath.join(path.rstrip("/"), MANIFEST))
-    import os
-
     return os.path.isdir(path)
 
 
