@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterator

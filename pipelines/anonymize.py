@@ -14,21 +14,14 @@ import apache_beam as beam
 from transforms.encode.blocks import HASH_SCHEME
 from transforms.ids.buckets import plan_shards
 from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
-from transforms.ids.dense_ids import (
-    DEFAULT_HASH_SHARDS,
-    AssignDenseIds,
-    block_keys,
-    new_batch_id,
-    session_keys,
-)
-from transforms.encode.encode_requests import EncodeRequests
+from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, block_keys, new_batch_id, session_keys
+from transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
+from transforms.encode.steps import EncodeRequests
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import (
     KINDS,
     MAX_SEGMENTS,
     MapVersion,
-    ReadIdMap,
-    WriteSegmentShard,
     new_run_id,
     publish_night,
 )
@@ -40,13 +33,14 @@ from transforms.write.manifest import (
     remove_stale_shards,
     write_json,
 )
-from transforms.batching import BatchByWeight
+from transforms.steps import BatchByWeight
 from transforms.read.records import ParseOptions
-from transforms.read.sources import ReadRecords, parse_records
+from transforms.read.steps import ReadRecords, parse_records
 from transforms.write.rows import assemble_rows, bucket_sizes
 from transforms.encode.salt import SaltSource
 from transforms.write.totals import ExportTotals, export_stats, sum_totals
-from transforms.write.shards import MAX_BLOCKS_PER_SHARD, WriteShard
+from transforms.write.shards import MAX_BLOCKS_PER_SHARD
+from transforms.write.steps import WriteShard
 
 from kvtrace import __version__
 

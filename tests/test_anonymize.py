@@ -249,7 +249,7 @@ def test_options_are_checked_before_any_work(tiny_tokenizer, tmp_path, capsys, f
 
 
 def test_output_in_the_input_folder_is_refused(tiny_tokenizer, tmp_path, capsys):
-    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     assert anonymize(tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path) == 2
     assert "lies inside --output" in capsys.readouterr().err
     assert anonymize(tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path / "out", "--dead-letter",

@@ -5,10 +5,9 @@ import numpy as np
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
+from transforms.ids.steps import AssignDenseIds, EarliestOccurrence
 from transforms.ids.dense_ids import (
     OCCURRENCE,
-    AssignDenseIds,
-    EarliestOccurrence,
     UniqueTotals,
     block_keys,
     earliest,

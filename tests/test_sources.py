@@ -20,14 +20,8 @@ from hypothesis import strategies as st
 
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.read.records import ParseOptions
-from transforms.read.sources import (
-    BOM,
-    FileRange,
-    ParseRecords,
-    ReadRecords,
-    file_ranges,
-    read_lines,
-)
+from transforms.read.sources import BOM, FileRange, file_ranges, read_lines
+from transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
 

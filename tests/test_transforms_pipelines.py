@@ -10,13 +10,13 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.encode.encode_requests import EncodeRequests
+from transforms.encode.steps import EncodeRequests
 from transforms.encode.salt import SaltSource
-from transforms.ids import id_map
+from transforms.ids.steps import ReadIdMap, WriteSegmentShard
 from transforms.ids.dense_ids import NUMBERED
 from transforms.read.records import ParseOptions, parse_record
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
-from transforms.write.shards import WriteShard
+from transforms.write.steps import WriteShard
 
 
 def requests(*records):
@@ -69,7 +69,7 @@ def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
     table["hi"], table["lo"], table["id"] = np.arange(50), np.arange(50) * 7 + 3, np.arange(50)
     with TestPipeline() as pipeline:
         written = (pipeline | "Shards" >> beam.Create([(0, [table[:20]]), (1, [table[20:]])])
-                   | beam.ParDo(id_map.WriteSegmentShard(str(tmp_path), 1, "run1", "blocks")))
+                   | beam.ParDo(WriteSegmentShard(str(tmp_path), 1, "run1", "blocks")))
         assert_that(written, equal_to(["segments/000001-run1/blocks-00000.parquet",
                                        "segments/000001-run1/blocks-00001.parquet"]))
     files = ["segments/000001-run1/blocks-00000.parquet", "segments/000001-run1/blocks-00001.parquet"]
@@ -79,4 +79,4 @@ def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
         assert all((part["lo"] % 4 == shard).all() for shard, part in parts)
 
     with TestPipeline() as pipeline:
-        assert_that(pipeline | id_map.ReadIdMap(str(tmp_path), files, shards=4), check)
+        assert_that(pipeline | ReadIdMap(str(tmp_path), files, shards=4), check)

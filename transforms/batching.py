@@ -7,38 +7,45 @@ batch of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.windowed_value import WindowedValue
 
-
-class BatchByWeight(beam.DoFn):
-    """Elements in, lists of them out: a batch closes before the element that would take it
-    past max_weight or max_count, so an element heavier than max_weight is a batch alone.
-    For batch pipelines in the global window."""
+class WeightedBatcher:
+    """A batch closes before the element that would take it past max_weight or max_count, so an
+    element heavier than max_weight is a batch alone."""
 
     def __init__(self, max_weight: int, weight: Callable[[Any], int], max_count: int | None = None):
         self._max_weight = max_weight
         self._weight = weight
         self._max_count = max_count
-
-    def start_bundle(self) -> None:
         self._batch: list[Any] = []
         self._batch_weight = 0
 
-    def process(self, element: Any) -> Iterator[list[Any]]:
+    def add(self, element: Any) -> list[Any] | None:
+        """Adds element; returns the batch it closed, if any."""
         weight = self._weight(element)
         full = self._max_count is not None and len(self._batch) >= self._max_count
+        closed = None
         if self._batch and (full or self._batch_weight + weight > self._max_weight):
-            yield self._batch
-            self.start_bundle()
+            closed = self.flush()
         self._batch.append(element)
         self._batch_weight += weight
+        return closed
 
-    def finish_bundle(self) -> Iterator[WindowedValue]:
-        if self._batch:
-            yield WindowedValue(self._batch, GlobalWindow().max_timestamp(), [GlobalWindow()])
-            self.start_bundle()
+    def flush(self) -> list[Any] | None:
+        """The open batch, if it holds anything; the batcher starts afresh."""
+        batch, self._batch, self._batch_weight = self._batch, [], 0
+        return batch or None
+
+
+def batches_by_weight(
+    elements: Iterable[Any], max_weight: int, weight: Callable[[Any], int],
+    max_count: int | None = None,
+) -> Iterator[list[Any]]:
+    batcher = WeightedBatcher(max_weight, weight, max_count)
+    for element in elements:
+        if (batch := batcher.add(element)) is not None:
+            yield batch
+    if (batch := batcher.flush()) is not None:
+        yield batch

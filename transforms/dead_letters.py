@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import apache_beam as beam
-from apache_beam.metrics import Metrics
-
 DEAD_LETTER_TAG = "rejected"
 DAMAGED_FILE = "damaged_file"  # the reason of a file that breaks off, rather than of a record
 
@@ -31,9 +28,3 @@ class DeadLetter:
             ensure_ascii=False,
         )
 
-
-def dead_letter(source: str, line: bytes, reason: str, message: str) -> beam.pvalue.TaggedOutput:
-    """A dead letter for a DoFn to yield; counted per reason in Beam Metrics (rejected_REASON),
-    so a running job's console shows what is being rejected."""
-    Metrics.counter("kvtrace", f"rejected_{reason}").inc()
-    return beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, DeadLetter(source, line, reason, message))

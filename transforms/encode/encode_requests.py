@@ -1,6 +1,7 @@
 """Render, tokenize and chain-hash batches of requests: the one step that ever sees text.
 
-What leaves this step is a HashedBatch: timestamps, lengths and keyed hashes only.
+What leaves this step is a HashedBatch: timestamps, lengths and keyed hashes only. Pure:
+encode/steps.py runs it on Beam workers, pipelines/anonymize_local.py in local processes.
 """
 
 from __future__ import annotations
@@ -8,21 +9,17 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable
 from typing import Any
 
-import apache_beam as beam
 import xxhash
-from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.encode.blocks import chain_hashes, chain_seed, keyed_digest, token_bytes
-from transforms.dead_letters import dead_letter
+from transforms.encode.blocks import chain_hashes, keyed_digest, token_bytes
+from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.read.records import Request
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
+from transforms.encode.tokenize import encode_texts, render_chat
 
 _LOG = logging.getLogger("kvtrace")
 PROGRESS_INTERVAL_S = 30.0
@@ -52,66 +49,63 @@ def hash_request(
 
 
 Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
+Tokenized = tuple[list[list[int]], list[int]]  # prompt token ids, output lengths
 
 
-class EncodeRequests(beam.DoFn):
-    """A batch of Requests in, one HashedBatch out (later steps work per batch); bad requests go
-    to the dead-letter output one by one.
+class RequestEncoder:
+    """Batches of Requests in, one HashedBatch (or None) and dead letters out, in three steps
+    that callers may overlap: render (Python), tokenize (Rust, releases the GIL), hash."""
 
-    Rust tokenization releases the GIL, so a background thread tokenizes batch N while this
-    thread renders batch N+1: rendering and hashing hide behind tokenization instead of adding to
-    it. Batch N's results are emitted by the next call, or by finish_bundle for the last batch.
-    """
-
-    def __init__(
-        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any]
-    ):
-        self._tokenizer_name = tokenizer_name
+    def __init__(self, tokenizer: Any, block_size: int, seed: bytes,
+                 template_kwargs: dict[str, Any]):
+        self._tokenizer = tokenizer
         self._block_size = block_size
-        self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
+        self._seed = seed
         self._template_kwargs = dict(template_kwargs)
-
-    def setup(self) -> None:
-        self._tokenizer = load_tokenizer(self._tokenizer_name)
-        self._seed = chain_seed(self._salt.load())
         self._progress = _Progress()
-        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
-    def teardown(self) -> None:
-        self._tokenizing.shutdown()
+    def encode(self, batch: Iterable[Request]) -> tuple[HashedBatch | None, list[DeadLetter]]:
+        rendered, rejected = self.render(batch)
+        hashed, empty = self.hash(rendered, self.tokenize(rendered))
+        return hashed, rejected + empty
 
-    def start_bundle(self) -> None:
-        self._pending: tuple[Rendered, Future, Any, Any] | None = None
-
-    def process(
-        self,
-        batch: Iterable[Request],
-        window=beam.DoFn.WindowParam,
-        timestamp=beam.DoFn.TimestampParam,
-    ) -> Iterator[Any]:
+    def render(self, batch: Iterable[Request]) -> tuple[Rendered, list[DeadLetter]]:
         rendered: Rendered = []
+        rejected = []
         for request in batch:
             try:
                 rendered.append((request, self._prompt(request)))
             except Rejected as err:
-                yield dead_letter(request.source, request.line, err.reason, err.message)
-        tokenized = self._tokenizing.submit(self._tokenize, rendered)
-        if self._pending is not None:
-            yield from self._hash(*self._pending[:2])
-        self._pending = (rendered, tokenized, window, timestamp)
+                rejected.append(DeadLetter(request.source, request.line, err.reason, err.message))
+        return rendered, rejected
 
-    def finish_bundle(self) -> Iterator[Any]:
-        if self._pending is None:
-            return
-        rendered, tokenized, window, timestamp = self._pending
-        self._pending = None
-        for output in self._hash(rendered, tokenized):
-            if isinstance(output, beam.pvalue.TaggedOutput):
-                yield beam.pvalue.TaggedOutput(
-                    output.tag, WindowedValue(output.value, timestamp, [window])
-                )
+    def tokenize(self, rendered: Rendered) -> Tokenized:
+        """(prompt token ids, output lengths), from one batched call for both."""
+        prompts = [p for _, p in rendered if p is not None]
+        outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
+        ids = encode_texts(self._tokenizer, prompts + outputs)
+        return ids[: len(prompts)], [len(o) for o in ids[len(prompts) :]]
+
+    def hash(self, rendered: Rendered, tokenized: Tokenized
+             ) -> tuple[HashedBatch | None, list[DeadLetter]]:
+        prompt_ids, output_lengths = tokenized
+        token_lists, lengths = iter(prompt_ids), iter(output_lengths)
+        hashed, rejected = [], []
+        for request, prompt in rendered:
+            token_ids = request.input_ids if prompt is None else next(token_lists)
+            if request.output_text is not None:
+                output_length = next(lengths)
             else:
-                yield WindowedValue(output, timestamp, [window])
+                output_length = request.output_length or 0
+            if not token_ids:
+                rejected.append(DeadLetter(request.source, request.line, "no_input",
+                                           "renders to no tokens"))
+                continue
+            hashed.append(
+                hash_request(request, token_ids, output_length, self._block_size, self._seed)
+            )
+            self._progress.add(len(token_ids))
+        return (HashedBatch.pack(hashed) if hashed else None), rejected
 
     def _prompt(self, request: Request) -> str | None:
         """The text to tokenize, or None when the request came as token ids."""
@@ -120,33 +114,6 @@ class EncodeRequests(beam.DoFn):
                 self._tokenizer, request.messages, request.tools, self._template_kwargs
             )
         return request.prompt
-
-    def _tokenize(self, rendered: Rendered) -> tuple[list[list[int]], list[int]]:
-        """(prompt token ids, output lengths), from one batched call for both."""
-        prompts = [p for _, p in rendered if p is not None]
-        outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
-        ids = encode_texts(self._tokenizer, prompts + outputs)
-        return ids[: len(prompts)], [len(o) for o in ids[len(prompts) :]]
-
-    def _hash(self, rendered: Rendered, tokenized: Future) -> Iterator[Any]:
-        prompt_ids, output_lengths = tokenized.result()
-        token_lists, lengths = iter(prompt_ids), iter(output_lengths)
-        hashed = []
-        for request, prompt in rendered:
-            token_ids = request.input_ids if prompt is None else next(token_lists)
-            if request.output_text is not None:
-                output_length = next(lengths)
-            else:
-                output_length = request.output_length or 0
-            if not token_ids:
-                yield dead_letter(request.source, request.line, "no_input", "renders to no tokens")
-                continue
-            hashed.append(
-                hash_request(request, token_ids, output_length, self._block_size, self._seed)
-            )
-            self._progress.add(len(token_ids))
-        if hashed:
-            yield HashedBatch.pack(hashed)
 
 
 class _Progress:

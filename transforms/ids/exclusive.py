@@ -16,8 +16,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
+from transforms import storage
 from transforms.read.paths import is_url
 
 
@@ -27,9 +26,9 @@ def create_exclusive(path: str, data: bytes) -> bool:
         return _create_local(path, data)
     if path.startswith("gs://"):
         return _create_gcs(path, data)
-    if FileSystems.exists(path):
+    if storage.exists(path):
         return False
-    with FileSystems.create(path) as handle:
+    with storage.create(path) as handle:
         handle.write(data)
     return True
 

@@ -27,11 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
+from transforms import storage
 from transforms.ids.dense_ids import NUMBERED, shard_of, split_by
 from transforms.errors import IdMapError, JobStopped
 from transforms.ids.exclusive import create_exclusive
@@ -132,7 +131,7 @@ def empty_version(identity: MapIdentity) -> MapVersion:
 
 
 def version_path(directory: str, version: int) -> str:
-    return FileSystems.join(directory, "versions", f"{version:06d}.json")
+    return storage.join(directory, "versions", f"{version:06d}.json")
 
 
 def new_run_id() -> str:
@@ -144,7 +143,7 @@ def segment_folder(version: int, run_id: str) -> str:
 
 
 def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
-    return FileSystems.join(directory, "segments", segment_folder(version, run_id),
+    return storage.join(directory, "segments", segment_folder(version, run_id),
                             f"{kind}-{shard:05d}.parquet")
 
 
@@ -153,7 +152,7 @@ def relative(directory: str, path: str) -> str:
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    with FileSystems.open(path) as handle:
+    with storage.open_read(path) as handle:
         return json.loads(handle.read())
 
 
@@ -162,21 +161,21 @@ def _json_bytes(payload: dict[str, Any]) -> bytes:
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
-    with FileSystems.create(path) as handle:
+    with storage.create(path) as handle:
         handle.write(_json_bytes(payload))
 
 
 def current_version_number(directory: str) -> int:
     """The published version: CURRENT's, or a later committed one whose run was stopped before
     moving CURRENT; 0 for a map directory that is new (absent or empty)."""
-    pointer = FileSystems.join(directory, CURRENT)
+    pointer = storage.join(directory, CURRENT)
     number = 0
-    if FileSystems.exists(pointer):
+    if storage.exists(pointer):
         try:
             number = int(_read_json(pointer)["version"])
         except (ValueError, KeyError, TypeError):
             raise IdMapError(f"{pointer} is damaged; it should read {{\"version\": N}}") from None
-    while FileSystems.exists(version_path(directory, number + 1)):
+    while storage.exists(version_path(directory, number + 1)):
         number += 1
     return number
 
@@ -212,19 +211,17 @@ def discard_abandoned(directory: str, current: MapVersion) -> list[str]:
     live run's and stay; so does everything a published version lists. Returns what went."""
     listed: dict[int, set[str]] = {}
     abandoned = []
-    pattern = FileSystems.join(directory, "segments", "*", "*")
-    for result in FileSystems.match([pattern]):
-        for metadata in result.metadata_list:
-            folder = relative(directory, metadata.path).split("/")[1]  # 000004-RUNID
-            version = int(folder.split("-")[0])
-            if version > current.version:
-                continue
-            if version not in listed:
-                listed[version] = _segment_folders(directory, version, current)
-            if folder not in listed[version]:
-                abandoned.append(metadata.path)
+    for path in storage.match(storage.join(directory, "segments", "*", "*")):
+        folder = relative(directory, path).split("/")[1]  # 000004-RUNID
+        version = int(folder.split("-")[0])
+        if version > current.version:
+            continue
+        if version not in listed:
+            listed[version] = _segment_folders(directory, version, current)
+        if folder not in listed[version]:
+            abandoned.append(path)
     if abandoned:
-        FileSystems.delete(abandoned)
+        storage.delete(abandoned)
     return sorted(abandoned)
 
 
@@ -246,14 +243,14 @@ def write_segment(path: str, tables: list[np.ndarray]) -> int:
     )
     sink = io.BytesIO()
     pq.write_table(arrow, sink, compression="zstd")
-    with FileSystems.create(path) as handle:
+    with storage.create(path) as handle:
         handle.write(sink.getvalue())
     return len(table)
 
 
 def read_segment(path: str, shards: int) -> Iterator[tuple[int, np.ndarray]]:
     """(hash shard, NUMBERED rows) of one segment file, streamed in record batches."""
-    with FileSystems.open(path) as handle:
+    with storage.open_read(path) as handle:
         for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS):
             table = np.empty(batch.num_rows, dtype=NUMBERED)
             for name in ("hi", "lo", "id"):
@@ -303,41 +300,10 @@ def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
 
 
 def _switch_current(directory: str, version: int) -> None:
-    pointer = FileSystems.join(directory, CURRENT)
+    pointer = storage.join(directory, CURRENT)
     staged = f"{pointer}.tmp-{os.urandom(6).hex()}"
     _write_json(staged, {"version": version})
-    FileSystems.rename([staged], [pointer])
-
-
-class ReadIdMap(beam.PTransform):
-    """A version's segment files in, (hash shard, NUMBERED rows) out: one streaming pass."""
-
-    def __init__(self, directory: str, files: list[str], shards: int):
-        super().__init__()
-        self._paths = [FileSystems.join(directory, name) for name in sorted(files)]
-        self._shards = shards
-
-    def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
-        return (
-            root
-            | "SegmentFiles" >> beam.Create(self._paths)
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadSegments" >> beam.FlatMap(read_segment, self._shards)
-        )
-
-
-class WriteSegmentShard(beam.DoFn):
-    """(hash shard, NUMBERED tables) in; the written file's path, relative to the map, out."""
-
-    def __init__(self, directory: str, version: int, run_id: str, kind: str):
-        self._directory, self._version, self._kind = directory, version, kind
-        self._run_id = run_id
-
-    def process(self, element: tuple[int, list[np.ndarray]]) -> Iterator[str]:
-        shard, tables = element
-        path = segment_path(self._directory, self._version, self._run_id, self._kind, shard)
-        write_segment(path, list(tables))
-        yield relative(self._directory, path)
+    storage.rename(staged, pointer)
 
 
 def publish_night(

@@ -1,4 +1,5 @@
-"""Read request logs: JSONL (plain, .gz, .zst, .bz2) and Parquet, local or on Beam filesystems.
+"""Read request logs: JSONL (plain, .gz, .zst, .bz2) and Parquet, local or on Beam filesystems;
+parse each record into a Request. Pure: read/steps.py runs these on Beam workers.
 
 Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a compressed file
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
@@ -13,20 +14,18 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
-from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG, dead_letter
+from transforms import storage
+from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.errors import Rejected
-from transforms.read.paths import PARQUET_SUFFIXES, compression_of
-from transforms.read.records import ParseOptions, parse_record, request_from_object
+from transforms.read.paths import PARQUET_SUFFIXES, compression_of, open_stream
+from transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
 _LOG = logging.getLogger("kvtrace")
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
@@ -92,69 +91,12 @@ def _skip_line(stream: Any) -> int:
 def open_range_stream(path: str) -> Any:
     """A seekable raw stream for a plain file, or a decompressing one for a compressed file."""
     codec = compression_of(path)
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    raw = storage.open_read(path)
     if not codec:
         return raw
     # pyarrow's decoders report a truncated stream (Python's zstandard reader does not).
     decoded = pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), codec)
     return io.BufferedReader(decoded, READ_CHUNK_BYTES)
-
-
-class ReadFileRange(beam.DoFn):
-    """A FileRange in; (source, line bytes) out, and a dead letter for each oversized record and
-    each file that breaks off (the records before the break still go out)."""
-
-    def __init__(self, max_record_bytes: int, total_bytes: int):
-        self._max_record_bytes = max_record_bytes
-        self._total_bytes = total_bytes
-
-    def setup(self) -> None:
-        self._progress = ReadProgress(self._total_bytes)
-
-    def process(self, piece: FileRange) -> Iterator[Any]:
-        if piece.path.lower().endswith(PARQUET_SUFFIXES):
-            yield from self._parquet(piece.path)
-            return
-        offset = piece.start
-        try:
-            with open_range_stream(piece.path) as stream:
-                for offset, line in read_lines(stream, piece.start, piece.end,
-                                               self._max_record_bytes):
-                    if offset == 0 and line and line.startswith(BOM):
-                        line = line[len(BOM):]
-                    if line is None:
-                        yield self._oversized(piece.path, offset)
-                    elif line.strip():
-                        yield piece.path, line
-                self._progress.add(offset - piece.start)
-        except (OSError, ValueError, EOFError) as err:
-            yield dead_letter(piece.path, b"", DAMAGED_FILE,
-                              f"file breaks off after byte {offset} (decompressed): {err}")
-
-    def _oversized(self, path: str, offset: int) -> Any:
-        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as handle:
-            handle.seek(offset)
-            excerpt = handle.read(OVERSIZED_EXCERPT_BYTES)
-        return dead_letter(path, excerpt, "too_large",
-                           f"record at byte {offset} is over --max-record-bytes "
-                           f"{self._max_record_bytes}; `line` holds its first bytes only")
-
-    def _parquet(self, path: str) -> Iterator[Any]:
-        try:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-                parquet = pq.ParquetFile(raw)
-                for group in range(parquet.num_row_groups):
-                    try:
-                        rows = parquet.read_row_group(group).to_pylist()
-                    except (OSError, ValueError, pa.ArrowException) as err:
-                        yield dead_letter(path, b"", DAMAGED_FILE,
-                                          f"row group {group} of {parquet.num_row_groups} "
-                                          f"unreadable: {err}")
-                        continue
-                    for row in rows:
-                        yield path, row
-        except (OSError, ValueError, pa.ArrowException) as err:
-            yield dead_letter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
 class ReadProgress:
@@ -174,49 +116,71 @@ class ReadProgress:
                       self._total / 1e6, self._done / 1e6 / (now - self._start))
 
 
-class ReadRecords(beam.PTransform):
-    """(path, size) of every input file in; (source file, record) out, a record being a JSONL
-    line's bytes or a Parquet row's dict; dead letters for oversized records and damaged
-    files under DEAD_LETTER_TAG. Blank lines are not records."""
-
-    def __init__(self, files: Sequence[tuple[str, int]], max_record_bytes: int):
-        super().__init__()
-        self._files = list(files)
-        self._max_record_bytes = max_record_bytes
-
-    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
-        total = sum(size for _, size in self._files)
-        ranges = [r for path, size in self._files for r in file_ranges(path, size)]
-        return (
-            pipeline
-            | "Ranges" >> beam.Create(ranges)
-            | "SpreadRanges" >> beam.Reshuffle()
-            | "ReadRanges" >> beam.ParDo(ReadFileRange(self._max_record_bytes, total))
-            .with_outputs(DEAD_LETTER_TAG, main="records")
-        )
-
-
-class ParseRecords(beam.DoFn):
-    """(source, record) in; Requests out, and dead letters for records that are not requests."""
-
-    def __init__(self, options: ParseOptions):
-        self._options = options
-
-    def process(self, element: tuple[str, Any]) -> Iterator[Any]:
-        source, record = element
-        is_line = isinstance(record, bytes)
-        line = record if is_line else json.dumps(record, default=str, ensure_ascii=False).encode(
-            "utf-8", errors="backslashreplace")
-        try:
-            if is_line:
-                yield parse_record(line, source, self._options)
-            else:
-                yield request_from_object(record, line, source, self._options)
-        except Rejected as err:
-            yield dead_letter(source, line, err.reason, err.message)
+def read_range(piece: FileRange, max_record_bytes: int, progress: ReadProgress | None = None
+               ) -> Iterator[tuple[str, Any] | DeadLetter]:
+    """(source, record) for every record of the range, a record being a JSONL line's bytes or a
+    Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
+    (the records before the break still come). Blank lines are not records."""
+    if piece.path.lower().endswith(PARQUET_SUFFIXES):
+        yield from _parquet(piece.path)
+        return
+    offset = piece.start
+    try:
+        with open_range_stream(piece.path) as stream:
+            for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
+                if offset == 0 and line and line.startswith(BOM):
+                    line = line[len(BOM):]
+                if line is None:
+                    yield _oversized(piece.path, offset, max_record_bytes)
+                elif line.strip():
+                    yield piece.path, line
+            if progress is not None:
+                progress.add(offset - piece.start)
+    except (OSError, ValueError, EOFError) as err:
+        yield DeadLetter(piece.path, b"", DAMAGED_FILE,
+                         f"file breaks off after byte {offset} (decompressed): {err}")
 
 
-def parse_records(records: beam.PCollection, options: ParseOptions) -> beam.pvalue.DoOutputsTuple:
-    return records | "Parse" >> beam.ParDo(ParseRecords(options)).with_outputs(
-        DEAD_LETTER_TAG, main="requests"
-    )
+def _oversized(path: str, offset: int, max_record_bytes: int) -> DeadLetter:
+    with open_stream(path) as stream:
+        remaining = offset
+        while remaining > 0:  # compressed streams cannot seek: read up to the record
+            chunk = stream.read(min(remaining, READ_CHUNK_BYTES))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+        excerpt = stream.read(OVERSIZED_EXCERPT_BYTES)
+    return DeadLetter(path, excerpt, "too_large",
+                      f"record at byte {offset} is over --max-record-bytes "
+                      f"{max_record_bytes}; `line` holds its first bytes only")
+
+
+def _parquet(path: str) -> Iterator[tuple[str, Any] | DeadLetter]:
+    try:
+        with storage.open_read(path) as raw:
+            parquet = pq.ParquetFile(raw)
+            for group in range(parquet.num_row_groups):
+                try:
+                    rows = parquet.read_row_group(group).to_pylist()
+                except (OSError, ValueError, pa.ArrowException) as err:
+                    yield DeadLetter(path, b"", DAMAGED_FILE,
+                                     f"row group {group} of {parquet.num_row_groups} "
+                                     f"unreadable: {err}")
+                    continue
+                for row in rows:
+                    yield path, row
+    except (OSError, ValueError, pa.ArrowException) as err:
+        yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
+
+
+def parse_one(source: str, record: Any, options: ParseOptions) -> Request | DeadLetter:
+    """A record (JSONL line bytes or Parquet row) as a Request, or the reason it is not one."""
+    is_line = isinstance(record, bytes)
+    line = record if is_line else json.dumps(record, default=str, ensure_ascii=False).encode(
+        "utf-8", errors="backslashreplace")
+    try:
+        if is_line:
+            return parse_record(line, source, options)
+        return request_from_object(record, line, source, options)
+    except Rejected as err:
+        return DeadLetter(source, line, err.reason, err.message)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
+from transforms import storage
 from transforms.errors import JobStopped
 from transforms.write.shards import TRACE_FILE_PREFIX
 
@@ -47,26 +47,26 @@ MANIFEST = "manifest.json"
 
 
 def manifest_path(directory: str) -> str:
-    return FileSystems.join(directory, MANIFEST)
+    return storage.join(directory, MANIFEST)
 
 
 def remove_manifest(directory: str) -> None:
     """A run starts by removing the last run's manifest: until this one completes, the folder
     must not claim to hold a complete export."""
     path = manifest_path(directory)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
+    if storage.exists(path):
+        storage.delete([path])
 
 
 def write_json(path: str, payload: dict) -> None:
-    with FileSystems.create(path) as handle:
+    with storage.create(path) as handle:
         handle.write((json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
 def remove_stale_shards(directory: str, written: list[str]) -> None:
     """Trace shards from an earlier run with another shard count would mix into this export."""
     keep = set(written)
-    pattern = FileSystems.join(directory, TRACE_FILE_PREFIX + "*")
-    stale = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list if m.path not in keep]
+    stale = [p for p in storage.match(storage.join(directory, TRACE_FILE_PREFIX + "*"))
+             if p not in keep]
     if stale:
-        FileSystems.delete(stale)
+        storage.delete(stale)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
 
+from transforms import storage
 from transforms.write.rows import NO_SESSION, RowBatch
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
@@ -85,25 +84,8 @@ def write_shard(
     paths = []
     for suffix, payload in ((".jsonl", jsonl_bytes(ordered, origin_ms)),
                             (".parquet", parquet_bytes(ordered, origin_ms))):
-        path = FileSystems.join(directory, shard_name(shard, shards, suffix))
-        with FileSystems.create(path) as handle:
+        path = storage.join(directory, shard_name(shard, shards, suffix))
+        with storage.create(path) as handle:
             handle.write(payload)
         paths.append(path)
     return paths
-
-
-class WriteShard(beam.DoFn):
-    """(shard, row batches) in, written paths out. `gate` is a side input that must be computed,
-    and may fail the job, before any file is written."""
-
-    def __init__(self, directory: str):
-        self._directory = directory
-
-    def process(
-        self, element: tuple[int, Iterable[RowBatch | None]], plan: dict[int, int], origin: int,
-        gate: object,
-    ) -> Iterator[str]:
-        shard, batches = element
-        shards = max(plan.values(), default=0) + 1
-        # None marks shard 0, which always exists so that an empty trace still has its files.
-        yield from write_shard(self._directory, shard, shards, (b for b in batches if b), origin)

@@ -1,0 +1,78 @@
+"""The Beam step of encoding: render, tokenize and chain-hash batches of requests on workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.utils.windowed_value import WindowedValue
+
+from transforms.encode.blocks import chain_seed
+from transforms.encode.encode_requests import Rendered, RequestEncoder
+from transforms.encode.salt import SaltSource
+from transforms.encode.tokenize import load_tokenizer
+from transforms.read.records import Request
+from transforms.steps import tagged
+
+
+class EncodeRequests(beam.DoFn):
+    """A batch of Requests in, one HashedBatch out (later steps work per batch); bad requests go
+    to the dead-letter output one by one.
+
+    Rust tokenization releases the GIL, so a background thread tokenizes batch N while this
+    thread renders batch N+1: rendering and hashing hide behind tokenization instead of adding to
+    it. Batch N's results are emitted by the next call, or by finish_bundle for the last batch.
+    """
+
+    def __init__(
+        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any]
+    ):
+        self._tokenizer_name = tokenizer_name
+        self._block_size = block_size
+        self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
+        self._template_kwargs = dict(template_kwargs)
+
+    def setup(self) -> None:
+        self._encoder = RequestEncoder(load_tokenizer(self._tokenizer_name), self._block_size,
+                                       chain_seed(self._salt.load()), self._template_kwargs)
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    def teardown(self) -> None:
+        self._tokenizing.shutdown()
+
+    def start_bundle(self) -> None:
+        self._pending: tuple[Rendered, Future, Any, Any] | None = None
+
+    def process(
+        self,
+        batch: Iterable[Request],
+        window=beam.DoFn.WindowParam,
+        timestamp=beam.DoFn.TimestampParam,
+    ) -> Iterator[Any]:
+        rendered, rejected = self._encoder.render(batch)
+        yield from map(tagged, rejected)
+        tokenized = self._tokenizing.submit(self._encoder.tokenize, rendered)
+        if self._pending is not None:
+            yield from self._hash(*self._pending[:2])
+        self._pending = (rendered, tokenized, window, timestamp)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self._pending is None:
+            return
+        rendered, tokenized, window, timestamp = self._pending
+        self._pending = None
+        for output in self._hash(rendered, tokenized):
+            if isinstance(output, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(
+                    output.tag, WindowedValue(output.value, timestamp, [window])
+                )
+            else:
+                yield WindowedValue(output, timestamp, [window])
+
+    def _hash(self, rendered: Rendered, tokenized: Future) -> Iterator[Any]:
+        hashed, rejected = self._encoder.hash(rendered, tokenized.result())
+        yield from map(tagged, rejected)
+        if hashed is not None:
+            yield hashed

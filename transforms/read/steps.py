@@ -1,0 +1,68 @@
+"""The Beam steps of reading: file ranges spread over workers, records parsed into Requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import apache_beam as beam
+
+from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from transforms.read.records import ParseOptions
+from transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
+from transforms.steps import tagged
+
+
+class ReadFileRange(beam.DoFn):
+    """A FileRange in; (source, record) out, and a dead letter for each oversized record and
+    each file that breaks off (the records before the break still go out)."""
+
+    def __init__(self, max_record_bytes: int, total_bytes: int):
+        self._max_record_bytes = max_record_bytes
+        self._total_bytes = total_bytes
+
+    def setup(self) -> None:
+        self._progress = ReadProgress(self._total_bytes)
+
+    def process(self, piece: FileRange) -> Iterator[Any]:
+        for item in read_range(piece, self._max_record_bytes, self._progress):
+            yield tagged(item) if isinstance(item, DeadLetter) else item
+
+
+class ReadRecords(beam.PTransform):
+    """(path, size) of every input file in; (source file, record) out, a record being a JSONL
+    line's bytes or a Parquet row's dict; dead letters for oversized records and damaged
+    files under DEAD_LETTER_TAG. Blank lines are not records."""
+
+    def __init__(self, files: Sequence[tuple[str, int]], max_record_bytes: int):
+        super().__init__()
+        self._files = list(files)
+        self._max_record_bytes = max_record_bytes
+
+    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        total = sum(size for _, size in self._files)
+        ranges = [r for path, size in self._files for r in file_ranges(path, size)]
+        return (
+            pipeline
+            | "Ranges" >> beam.Create(ranges)
+            | "SpreadRanges" >> beam.Reshuffle()
+            | "ReadRanges" >> beam.ParDo(ReadFileRange(self._max_record_bytes, total))
+            .with_outputs(DEAD_LETTER_TAG, main="records")
+        )
+
+
+class ParseRecords(beam.DoFn):
+    """(source, record) in; Requests out, and dead letters for records that are not requests."""
+
+    def __init__(self, options: ParseOptions):
+        self._options = options
+
+    def process(self, element: tuple[str, Any]) -> Iterator[Any]:
+        parsed = parse_one(*element, self._options)
+        yield tagged(parsed) if isinstance(parsed, DeadLetter) else parsed
+
+
+def parse_records(records: beam.PCollection, options: ParseOptions) -> beam.pvalue.DoOutputsTuple:
+    return records | "Parse" >> beam.ParDo(ParseRecords(options)).with_outputs(
+        DEAD_LETTER_TAG, main="requests"
+    )

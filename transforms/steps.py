@@ -1,0 +1,46 @@
+"""Beam steps every stage uses: batching by weight, and dead letters as tagged, counted outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
+
+from transforms.batching import WeightedBatcher
+from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+
+
+class BatchByWeight(beam.DoFn):
+    """Elements in, lists of them out (see WeightedBatcher). For batch pipelines in the global
+    window."""
+
+    def __init__(self, max_weight: int, weight: Callable[[Any], int], max_count: int | None = None):
+        self._max_weight = max_weight
+        self._weight = weight
+        self._max_count = max_count
+
+    def start_bundle(self) -> None:
+        self._batcher = WeightedBatcher(self._max_weight, self._weight, self._max_count)
+
+    def process(self, element: Any) -> Iterator[list[Any]]:
+        if (batch := self._batcher.add(element)) is not None:
+            yield batch
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        if (batch := self._batcher.flush()) is not None:
+            yield WindowedValue(batch, GlobalWindow().max_timestamp(), [GlobalWindow()])
+
+
+def tagged(letter: DeadLetter) -> beam.pvalue.TaggedOutput:
+    """A dead letter for a DoFn to yield; counted per reason in Beam Metrics (rejected_REASON),
+    so a running job's console shows what is being rejected."""
+    Metrics.counter("kvtrace", f"rejected_{letter.reason}").inc()
+    return beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, letter)
+
+
+def dead_letter(source: str, line: bytes, reason: str, message: str) -> beam.pvalue.TaggedOutput:
+    return tagged(DeadLetter(source, line, reason, message))

@@ -1,0 +1,27 @@
+"""The Beam step of writing: one trace shard per worker call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import apache_beam as beam
+
+from transforms.write.rows import RowBatch
+from transforms.write.shards import write_shard
+
+
+class WriteShard(beam.DoFn):
+    """(shard, row batches) in, written paths out. `gate` is a side input that must be computed,
+    and may fail the job, before any file is written."""
+
+    def __init__(self, directory: str):
+        self._directory = directory
+
+    def process(
+        self, element: tuple[int, Iterable[RowBatch | None]], plan: dict[int, int], origin: int,
+        gate: object,
+    ) -> Iterator[str]:
+        shard, batches = element
+        shards = max(plan.values(), default=0) + 1
+        # None marks shard 0, which always exists so that an empty trace still has its files.
+        yield from write_shard(self._directory, shard, shards, (b for b in batches if b), origin)
