@@ -20,7 +20,6 @@ from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, pa
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.errors import IdMapError, JobStopped
 from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
-from transforms.read.paths import is_url
 from transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
@@ -93,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-rejected-fraction", type=float, metavar="F",
         help="fail, writing no trace, when more than this share of records is rejected")
     add("--hash-shards", type=int, metavar="N", help="hash shards for the id assignment (default 64)")
+    add("--engine", choices=("local", "beam"),
+        help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
+             "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
+             "beam when Beam options or --id-map are given, else local")
     add("--config", action="append", default=[], metavar="FILE[,FILE]",
         help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
              "say); later files and then flags override earlier values")
@@ -187,9 +190,8 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.options import check_beam_flags, check_locations
-    from kvtrace.runner import pipeline_options, run
-    from pipelines.anonymize import AnonymizeConfig, build
+    from kvtrace.options import check_locations
+    from pipelines.anonymize_config import AnonymizeConfig
     from transforms.encode.blocks import salt_fingerprint
     from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
     from transforms.read.paths import expand_inputs, file_sizes
@@ -199,7 +201,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p])
     options = _merged(args, presets)
     flags = beam_flags(preset_beam) + beam_args
-    check_beam_flags(flags, _our_flags(_parser()))
+    engine = _engine(options, flags)
     output = options["output"].rstrip("/")
     dead_letter = (options.get("dead_letter") or f"{output}-rejected").rstrip("/")
     files = expand_inputs(options["input"])
@@ -235,7 +237,15 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         os.makedirs(output, exist_ok=True)
     remove_manifest(output)
     try:
-        run(lambda p: build(p, config), pipeline_options(flags))
+        if engine == "local":
+            from pipelines.anonymize_local import run_local
+
+            run_local(config)
+        else:
+            from kvtrace.runner import pipeline_options, run
+            from pipelines.anonymize import build
+
+            run(lambda p: build(p, config), pipeline_options(flags))
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
@@ -244,6 +254,24 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         return 1
     _print_summary(config)
     return 0
+
+
+def _engine(options: dict[str, Any], flags: list[str]) -> str:
+    """local unless the run needs Beam: Beam options (a runner, workers) or an id map, whose
+    reading and publishing are Beam steps."""
+    engine = options.get("engine") or ("beam" if flags or options.get("id_map") else "local")
+    if engine not in ("local", "beam"):
+        raise ConfigError(f"--engine must be local or beam, not {engine!r}")
+    if engine == "local" and flags:
+        raise ConfigError(f"unknown options for the local engine: {' '.join(flags)} "
+                          f"(Beam options need --engine beam)")
+    if engine == "local" and options.get("id_map"):
+        raise ConfigError("--id-map runs on the Beam engine: drop --engine local")
+    if engine == "beam":
+        from kvtrace.options import check_beam_flags
+
+        check_beam_flags(flags, _our_flags(_parser()))
+    return engine
 
 
 def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict,
@@ -272,11 +300,9 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
 
 
 def _read_json(path: str) -> dict:
-    from apache_beam.io.filesystems import (
-        FileSystems,  # the output may be on gs:// or s3://
-    )
+    from transforms import storage  # the output may be on gs:// or s3://
 
-    with FileSystems.open(path) as handle:
+    with storage.open_read(path) as handle:
         return json.loads(handle.read())
 
 
@@ -348,13 +374,11 @@ def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
             json.dump(report, f, indent=2)
             f.write("\n")
     if output:
-        from apache_beam.io.filesystems import FileSystems
+        from transforms import storage
 
         for name, payload in (("analysis.txt", text + "\n"),
                               ("analysis.json", json.dumps(report, indent=2) + "\n")):
-            if not is_url(output):
-                os.makedirs(output, exist_ok=True)
-            with FileSystems.create(FileSystems.join(output, name)) as handle:
+            with storage.create(storage.join(output, name)) as handle:
                 handle.write(payload.encode())
     return 0
 

@@ -7,22 +7,17 @@ plus dead letters, stats.json and manifest.json.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-from transforms.encode.blocks import HASH_SCHEME
 from transforms.ids.buckets import plan_shards
 from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
-from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, block_keys, new_batch_id, session_keys
+from transforms.ids.dense_ids import block_keys, new_batch_id, session_keys
 from transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import (
     KINDS,
-    MAX_SEGMENTS,
-    MapVersion,
-    new_run_id,
     publish_night,
 )
 from transforms.write.manifest import (
@@ -30,63 +25,25 @@ from transforms.write.manifest import (
     check_not_before_origin,
     check_rejected_fraction,
     manifest_path,
-    remove_stale_shards,
     write_json,
 )
 from transforms.steps import BatchByWeight
-from transforms.read.records import ParseOptions
 from transforms.read.steps import ReadRecords, parse_records
 from transforms.write.rows import assemble_rows, bucket_sizes
-from transforms.encode.salt import SaltSource
-from transforms.write.totals import ExportTotals, export_stats, sum_totals
+from transforms.write.totals import ExportTotals, sum_totals
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD
 from transforms.write.steps import WriteShard
 
-from kvtrace import __version__
+from pipelines.anonymize_config import (
+    ID_BATCH_BLOCKS,
+    TOKENIZE_BATCH_BYTES,
+    TOKENIZE_BATCH_REQUESTS,
+    AnonymizeConfig,
+    IdMapRun,
+    write_stats,
+)
 
-# The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
-# elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
-ID_BATCH_BLOCKS = 200_000
-# Batches big enough for the fast tokenizer to use every core, small enough to bound memory: the
-# tokenizer's Encoding objects cost ~100 bytes per token, so 8 MB of records (~2M tokens) keep a
-# batch near 200 MB; 256 requests bound batches of short chats. A record over the byte bound is
-# a batch of its own. (Measured on long prompts: 2 MB costs 5% more time, 16 MB twice the peak.)
-TOKENIZE_BATCH_REQUESTS = 256
-TOKENIZE_BATCH_BYTES = 8 << 20
-
-
-@dataclass(frozen=True)
-class IdMapRun:
-    """The id map a run extends: its directory and the version the run starts from (version 0
-    for a new map), already checked against the run's settings (id_map.open_map)."""
-
-    directory: str
-    base: MapVersion
-    run_id: str = field(default_factory=new_run_id)  # names this run's segment files
-
-    def compacts(self, kind: str) -> bool:
-        return self.base.segments(kind) + 1 > MAX_SEGMENTS
-
-
-@dataclass(frozen=True)
-class AnonymizeConfig:
-    inputs: tuple[tuple[str, int], ...]  # (file, size in bytes), expanded from the user's globs
-    output: str
-    tokenizer: str
-    salt: SaltSource
-    dead_letter: str
-    block_size: int = 512
-    parse: ParseOptions = field(default_factory=ParseOptions)
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_rejected_fraction: float | None = None
-    hash_shards: int = DEFAULT_HASH_SHARDS
-    tokenizer_sha256: dict[str, str] = field(default_factory=dict)
-    id_map: IdMapRun | None = None
-
-    @property
-    def timestamp_origin_ms(self) -> int | None:
-        """Fixed by the id map once it has one, so nightly traces share one time axis."""
-        return self.id_map.base.timestamp_origin_ms if self.id_map else None
+__all__ = ["AnonymizeConfig", "AnonymizeOutputs", "IdMapRun", "build"]
 
 
 class AnonymizeOutputs(NamedTuple):
@@ -206,7 +163,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "CountDamaged" >> beam.combiners.Count.Globally()
     )
     manifest = pipeline | "Summary" >> beam.Create([None]) | "WriteStats" >> beam.Map(
-        lambda _, files, counts, totals, unique, damaged: _write_stats(
+        lambda _, files, counts, totals, unique, damaged: write_stats(
             config, sorted(files), counts, totals, unique, damaged
         ),
         beam.pvalue.AsList(trace_files),
@@ -264,30 +221,4 @@ def _dense_ids(
 
 def _publish_then_pass_on(manifest: dict, *publish_args: Any) -> dict:
     publish_night(manifest, *publish_args)
-    return manifest
-
-
-def _write_stats(config: AnonymizeConfig, files, counts, totals, unique, damaged: int) -> dict:
-    """Write stats.json and return the manifest, which is written last."""
-    stats = export_stats(totals, unique.count, unique.weight)
-    manifest = {
-        "kvtrace_version": __version__,
-        "format": "mooncake-trace",
-        "tokenizer": {"name": config.tokenizer, "sha256": config.tokenizer_sha256},
-        "block_size": config.block_size,
-        "hash_scheme": HASH_SCHEME,
-        "input_format": config.parse.input_format,
-        "timestamp_unit": config.parse.timestamp_unit,
-        "chat_template_kwargs": config.chat_template_kwargs,
-        "records": {
-            "read": counts.read,
-            "exported": totals.requests,
-            "rejected": counts.rejected,
-            "without_output_length": totals.requests_without_output_length,
-            "damaged_files": damaged,
-        },
-        "files": [f.rsplit("/", 1)[-1] for f in files] + ["stats.json"],
-    }
-    remove_stale_shards(config.output, files)
-    write_json(f"{config.output.rstrip('/')}/stats.json", stats)
     return manifest

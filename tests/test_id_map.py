@@ -120,7 +120,7 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
 
 
 def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_file, monkeypatch):
-    monkeypatch.setattr("pipelines.anonymize.MAX_SEGMENTS", 2)
+    monkeypatch.setattr("pipelines.anonymize_config.MAX_SEGMENTS", 2)
     nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
                           [chat(i, k * DAY_MS + 100 * i, f"u{i % 3 + k}", rotate=k) for i in range(12)])
               for k in range(3)]

@@ -34,7 +34,8 @@ def test_qwen3_template_kwargs_reach_the_template(qwen3_tokenizer, tmp_path):
     text = render_chat(tokenizer, SEED_FRANCE["input"], None, {"enable_thinking": False})
     assert text.endswith("<think>\n\n</think>\n\n")
     (think,), (nothink,) = trace(tmp_path / "think"), trace(tmp_path / "nothink")
-    assert nothink["input_length"] == len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert nothink["input_length"] == len(tokenizer.backend_tokenizer.encode(
+        text, add_special_tokens=False).ids)
     assert nothink["input_length"] > think["input_length"]
 
 
@@ -56,10 +57,11 @@ def test_real_templates_render_tools_and_dates_through_transformers(deepseek_tok
 # Single-token words, spelled out so the test does not depend on how it picks them.
 def _single_token_words(tokenizer, count: int) -> list[str]:
     words = []
-    for token in sorted(tokenizer.get_vocab()):
+    backend = tokenizer.backend_tokenizer
+    for token in sorted(backend.get_vocab()):
         if token.startswith("Ġ") and token[1:].isalpha() and token[1:].islower():
             word = " " + token[1:]
-            if len(tokenizer(word, add_special_tokens=False)["input_ids"]) == 1:
+            if len(backend.encode(word, add_special_tokens=False).ids) == 1:
                 words.append(word)
                 if len(words) == count:
                     return words

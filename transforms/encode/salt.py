@@ -60,10 +60,10 @@ class SaltSource:
                 raise SaltError(f"${self.where} is not set on this machine (or is empty)")
             return value.encode()
         if self.kind == "file":
-            from apache_beam.io.filesystems import FileSystems
+            from transforms import storage
 
             try:
-                with FileSystems.open(self.where) as handle:
+                with storage.open_read(self.where) as handle:
                     return handle.read().strip()
             except Exception as err:  # Beam raises its own IO errors for remote paths
                 raise SaltError(f"--salt-file {self.where}: cannot read it ({err})") from None

@@ -1,7 +1,7 @@
 """Load the target model's tokenizer, render chat requests with its own template, tokenize.
 
-Rendering always goes through transformers' apply_chat_template, so a trace sees exactly the
-tokens the model's server would.
+Rendering always goes through transformers' chat template renderer, as apply_chat_template does,
+so a trace sees exactly the tokens the model's server would.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from transforms.encode.fast_tokenizer import TOKENIZER_FILE, FastTokenizer
 from transforms.errors import Rejected
 from transforms.read.chat import arguments_as_strings
 
@@ -37,10 +38,15 @@ def resolve_tokenizer(name: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name: str) -> Any:
-    """The fast tokenizer for name, loaded once per worker process."""
-    from transformers import AutoTokenizer  # heavy import: keep it off the CLI's --help path
+    """The fast tokenizer for name, loaded once per worker process: from its tokenizer.json
+    without transformers' model stack (fast_tokenizer.py), or through AutoTokenizer for a model
+    that ships no tokenizer.json."""
+    folder = tokenizer_directory(name)
+    if (folder / TOKENIZER_FILE).is_file():
+        return FastTokenizer.from_directory(folder)
+    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer(name))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     if not tokenizer.is_fast:
         raise ValueError(f"tokenizer {name!r} has no fast (Rust) implementation")
     return tokenizer

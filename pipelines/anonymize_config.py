@@ -1,0 +1,88 @@
+"""What an anonymize job is given (AnonymizeConfig) and what it writes last (stats, manifest):
+shared by the Beam pipeline (anonymize.py) and the local engine (anonymize_local.py), so both
+describe their output in the same bytes. No Beam here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtrace import __version__
+from transforms.encode.blocks import HASH_SCHEME
+from transforms.encode.salt import SaltSource
+from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals
+from transforms.ids.id_map import MAX_SEGMENTS, MapVersion, new_run_id
+from transforms.read.records import ParseOptions
+from transforms.write.manifest import RecordCounts, remove_stale_shards, write_json
+from transforms.write.totals import ExportTotals, export_stats
+
+# The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
+# elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
+ID_BATCH_BLOCKS = 200_000
+# Batches big enough for the fast tokenizer to use every core, small enough to bound memory: the
+# tokenizer's Encoding objects cost ~100 bytes per token, so 8 MB of records (~2M tokens) keep a
+# batch near 200 MB; 256 requests bound batches of short chats. A record over the byte bound is
+# a batch of its own. (Measured on long prompts: 2 MB costs 5% more time, 16 MB twice the peak.)
+TOKENIZE_BATCH_REQUESTS = 256
+TOKENIZE_BATCH_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class IdMapRun:
+    """The id map a run extends: its directory and the version the run starts from (version 0
+    for a new map), already checked against the run's settings (id_map.open_map)."""
+
+    directory: str
+    base: MapVersion
+    run_id: str = field(default_factory=new_run_id)  # names this run's segment files
+
+    def compacts(self, kind: str) -> bool:
+        return self.base.segments(kind) + 1 > MAX_SEGMENTS
+
+
+@dataclass(frozen=True)
+class AnonymizeConfig:
+    inputs: tuple[tuple[str, int], ...]  # (file, size in bytes), expanded from the user's globs
+    output: str
+    tokenizer: str
+    salt: SaltSource
+    dead_letter: str
+    block_size: int = 512
+    parse: ParseOptions = field(default_factory=ParseOptions)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_rejected_fraction: float | None = None
+    hash_shards: int = DEFAULT_HASH_SHARDS
+    tokenizer_sha256: dict[str, str] = field(default_factory=dict)
+    id_map: IdMapRun | None = None
+
+    @property
+    def timestamp_origin_ms(self) -> int | None:
+        """Fixed by the id map once it has one, so nightly traces share one time axis."""
+        return self.id_map.base.timestamp_origin_ms if self.id_map else None
+
+
+def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
+                totals: ExportTotals, unique: UniqueTotals, damaged: int) -> dict:
+    """Write stats.json and return the manifest, which is written last."""
+    stats = export_stats(totals, unique.count, unique.weight)
+    manifest = {
+        "kvtrace_version": __version__,
+        "format": "mooncake-trace",
+        "tokenizer": {"name": config.tokenizer, "sha256": config.tokenizer_sha256},
+        "block_size": config.block_size,
+        "hash_scheme": HASH_SCHEME,
+        "input_format": config.parse.input_format,
+        "timestamp_unit": config.parse.timestamp_unit,
+        "chat_template_kwargs": config.chat_template_kwargs,
+        "records": {
+            "read": counts.read,
+            "exported": totals.requests,
+            "rejected": counts.rejected,
+            "without_output_length": totals.requests_without_output_length,
+            "damaged_files": damaged,
+        },
+        "files": [f.rsplit("/", 1)[-1] for f in files] + ["stats.json"],
+    }
+    remove_stale_shards(config.output, files)
+    write_json(f"{config.output.rstrip('/')}/stats.json", stats)
+    return manifest

