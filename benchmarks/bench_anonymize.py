@@ -119,7 +119,7 @@ def main() -> None:
     }
     for block_size in args.block_size:
         for _ in range(args.repeats):
-            floor_all, _ = floor(args.tokenizer, prompts + outputs)
+            floor_all, _ = floor(args.tokenizer, prompts + outputs, repeats=1)
             run = end_to_end(args.corpus, args.tokenizer, block_size, kvtrace_args)
             run["block_size"] = block_size
             run["a_floor_tokens_per_s"] = input_tokens / floor_all

@@ -149,3 +149,19 @@ def test_an_output_folder_is_read_once_with_its_manifest_block_size(tmp_path, ca
         assert report["total_requests"] == 2  # not 4: the Parquet twins are skipped
         assert report["block_size"] == 16  # from manifest.json, not the 512 default
         assert json.loads((tmp_path / "report" / "analysis.json").read_text()) == report
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_temporaries_change_no_number(tmp_path, monkeypatch, chunk):
+    """Per-block work runs in chunks to bound memory; chunk edges must not show. The trace mixes
+    chained rows, an id at two positions, an id behind two parents and timestamps out of order."""
+    rows = [{"timestamp": t, "input_length": max(512 * len(ids) - 100, 0), "output_length": 3,
+             "hash_ids": ids} for t, ids in
+            [(0, [0, 1, 2]), (5, [0, 1, 3, 4]), (3, [5, 0]), (9, [0, 6, 2]), (9, [7]),
+             (12, [0, 1, 2, 8, 9, 10]), (11, [5, 0, 11]), (20, [])]]
+    src = write_jsonl(tmp_path / "t.jsonl", rows)
+    reference = analyze_local(AnalyzeConfig((str(src),)))
+    monkeypatch.setattr("transforms.stats.trace_stats.CHUNK_BLOCKS", chunk)
+    assert analyze_local(AnalyzeConfig((str(src),))) == reference
+    assert reference["problems"]["ids_at_several_positions"]["count"] > 0
+    assert reference["problems"]["ids_behind_several_parents"]["count"] > 0

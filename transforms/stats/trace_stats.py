@@ -15,10 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.stats.heap import return_freed_heap
 from transforms.stats.histograms import STAT_NAMES, histogram
 from transforms.stats.trace_io import Trace
 
 MAX_EXAMPLES = 20  # example lines listed per problem kind
+# Per-block temporaries (gathers, comparisons) are made this many blocks at a time: 16M blocks is
+# 64 MB per int32 temporary, small beside the trace's own 4-byte-per-block columns, so memory
+# stays near those columns (10M rows, 305M blocks: under 6 GB) instead of doubling at each step.
+CHUNK_BLOCKS = 1 << 24
 
 DEFINITIONS = {
     "cache_hit_rate": "aiperf/Dynamo theoretical hit rate: per row, (index of the first hash id "
@@ -52,8 +57,8 @@ def describe(values: np.ndarray) -> dict[str, float]:
 class Blocks:
     """Per-block views of a trace, computed once and shared by every metric."""
 
-    row: np.ndarray  # int32: the block's row
-    position: np.ndarray  # int32: its position in the row
+    offsets: np.ndarray  # the trace's: row r's blocks are [offsets[r], offsets[r + 1])
+    position: np.ndarray  # int16 where rows are shorter than 2^15 blocks, else int32
     prefix: np.ndarray  # int32: dense id of hash_ids[:position + 1], equal exactly for equal prefixes
     id_group: np.ndarray  # dense index of the block's hash id among the distinct ids
     id_first: np.ndarray  # per distinct id, the index of its first block (file order)
@@ -61,19 +66,60 @@ class Blocks:
     @staticmethod
     def of(trace: Trace) -> Blocks:
         lengths = trace.lengths
-        row = np.repeat(np.arange(len(trace), dtype=np.int32), lengths)
-        position = np.arange(len(trace.ids), dtype=np.int32)  # traces hold < 2^31 blocks
-        position -= np.repeat(trace.offsets[:-1].astype(np.int32), lengths)
-        id_group, id_first = dense_groups(trace.ids)
-        return Blocks(row, position, prefix_ids(trace), id_group, id_first)
+        narrow = np.int16 if lengths.max(initial=0) < 2**15 else np.int32
+        position = np.empty(len(trace.ids), dtype=narrow)
+        blocks = Blocks(trace.offsets, position, prefix_ids(trace), *dense_groups(trace.ids))
+        for start, end in chunks(len(position)):  # traces hold < 2^31 blocks
+            position[start:end] = np.arange(start, end) - trace.offsets[blocks.rows(start, end)]
+        return blocks
+
+    def rows(self, start: int, end: int) -> np.ndarray:
+        """The row of each block in [start, end). Computed, not stored: a row per block would
+        be the largest array of a big trace's analysis after the ids."""
+        first, last = np.searchsorted(self.offsets, [start, end - 1], "right") - 1
+        spans = np.diff(np.clip(self.offsets[first:last + 2], start, end))
+        return np.repeat(np.arange(first, last + 1, dtype=np.int32), spans)
+
+    def rows_at(self, index: np.ndarray) -> np.ndarray:
+        """The row of each block in index."""
+        return (np.searchsorted(self.offsets, index, "right") - 1).astype(np.int32)
+
+
+def chunks(size: int) -> list[tuple[int, int]]:
+    return [(start, min(size, start + CHUNK_BLOCKS)) for start in range(0, size, CHUNK_BLOCKS)]
 
 
 def first_index(groups: np.ndarray, size: int) -> np.ndarray:
     """Per group value in [0, size), the index of its first occurrence (-1 where absent)."""
     first = np.full(size, -1, dtype=np.int32)  # traces hold < 2^31 blocks
     # Written backwards, so the earliest occurrence is the last write and wins.
-    first[groups[::-1]] = np.arange(len(groups) - 1, -1, -1, dtype=np.int32)
+    for start, end in reversed(chunks(len(groups))):
+        first[groups[start:end][::-1]] = np.arange(end - 1, start - 1, -1, dtype=np.int32)
     return first
+
+
+def last_index(groups: np.ndarray, size: int) -> np.ndarray:
+    """Per group value in [0, size), the index of its last occurrence (-1 where absent)."""
+    last = np.full(size, -1, dtype=np.int32)
+    for start, end in chunks(len(groups)):  # forwards: the latest write wins
+        last[groups[start:end]] = np.arange(start, end, dtype=np.int32)
+    return last
+
+
+def gathered(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """table[index], gathered chunk by chunk (numpy widens a whole int32 index to int64 first)."""
+    out = np.empty(len(index), dtype=table.dtype)
+    for start, end in chunks(len(index)):
+        out[start:end] = table[index[start:end]]
+    return out
+
+
+def gathered_compare(table: np.ndarray, index: np.ndarray, other: np.ndarray, compare) -> np.ndarray:
+    """compare(table[index], other) as a bool array, built chunk by chunk."""
+    out = np.empty(len(index), dtype=bool)
+    for start, end in chunks(len(index)):
+        out[start:end] = compare(table[index[start:end]], other[start:end])
+    return out
 
 
 def dense_groups(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,13 +172,22 @@ def row_tokens(trace: Trace, block_size: int) -> np.ndarray:
 
 def _first_per_row(flags: np.ndarray, trace: Trace, blocks: Blocks) -> np.ndarray:
     """Per row, the position of its first flagged block, or its length if none is flagged."""
-    lengths = trace.lengths
-    result = lengths.copy()
-    flagged = np.flatnonzero(flags)
-    rows = blocks.row[flagged]
-    first = np.unique(rows, return_index=True)
-    result[first[0]] = blocks.position[flagged[first[1]]]
+    result = trace.lengths.copy()
+    done = np.zeros(len(result), dtype=bool)
+    for start, end in chunks(len(flags)):  # in block order: a row's earlier chunk wins
+        flagged = np.flatnonzero(flags[start:end]) + start
+        rows, first = np.unique(blocks.rows_at(flagged), return_index=True)
+        new = ~done[rows]
+        result[rows[new]] = blocks.position[flagged[first[new]]]
+        done[rows] = True
     return result
+
+
+def _count_per_row(flags: np.ndarray, blocks: Blocks, rows: int) -> np.ndarray:
+    counts = np.zeros(rows, dtype=np.int64)
+    for start, end in chunks(len(flags)):
+        counts += np.bincount(blocks.rows(start, end)[flags[start:end]], minlength=rows)
+    return counts
 
 
 def compatible(trace: Trace, block_size: int, blocks: Blocks) -> dict:
@@ -140,29 +195,45 @@ def compatible(trace: Trace, block_size: int, blocks: Blocks) -> dict:
     lengths = trace.lengths
     with_ids = lengths > 0
     # Theoretical hit rate: ids seen in earlier rows, file order.
-    unseen = blocks.row[blocks.id_first][blocks.id_group] >= blocks.row
+    first_row = np.concatenate([np.zeros(0, np.int32)] + [
+        blocks.rows_at(blocks.id_first[start:end]) for start, end in chunks(len(blocks.id_first))])
+    unseen = np.empty(len(blocks.id_group), dtype=bool)
+    for start, end in chunks(len(unseen)):
+        unseen[start:end] = first_row[blocks.id_group[start:end]] >= blocks.rows(start, end)
+    del first_row
     hit_rate = _first_per_row(unseen, trace, blocks)[with_ids] / lengths[with_ids]
     del unseen
     # Context length: (position, id) pairs over the whole file. An id that keeps one position
     # (every chained trace) has as many pairs as occurrences; others are counted by sorting.
-    repeated = (np.bincount(blocks.id_group) >= 2)[blocks.id_group]
-    moved = blocks.position != blocks.position[blocks.id_first][blocks.id_group]
+    # An id occurs twice or more exactly when its first and last occurrences differ (a count per
+    # id would convert every block's group to int64 first: 2.4 GB at 305M blocks).
+    repeated = gathered(blocks.id_first != last_index(blocks.id_group, len(blocks.id_first)),
+                        blocks.id_group)
+    moved = gathered_compare(blocks.position[blocks.id_first], blocks.id_group, blocks.position,
+                             np.not_equal)
     if moved.any():
-        mixed = np.isin(blocks.id_group, np.unique(blocks.id_group[moved]))
-        pair = blocks.id_group[mixed] * (int(lengths.max()) + 1) + blocks.position[mixed]
+        moved_ids = np.zeros(len(blocks.id_first), dtype=bool)
+        moved_ids[blocks.id_group[moved]] = True
+        mixed = gathered(moved_ids, blocks.id_group)
+        pair = blocks.id_group[mixed].astype(np.int64) * (int(lengths.max()) + 1)
+        pair += blocks.position[mixed]
         _, pair_group, pair_count = np.unique(pair, return_inverse=True, return_counts=True)
         repeated[mixed] = pair_count[pair_group] >= 2
     del moved
-    repeated_per_row = np.bincount(blocks.row[repeated], minlength=len(trace))
+    repeated_per_row = _count_per_row(repeated, blocks, len(trace))
+    del repeated
     context = np.where(repeated_per_row == lengths, trace.input_length, repeated_per_row * block_size)
-    # Prefix reuse: each distinct hash_ids[:i].
-    prefix_count = np.bincount(blocks.prefix) if len(blocks.prefix) else np.zeros(0, np.int64)
+    # Prefix reuse: each distinct hash_ids[:i]; a prefix occurs once exactly when its first and
+    # last occurrences coincide (a count per prefix would widen every block's id to int64).
+    prefixes = int(blocks.prefix.max(initial=-1)) + 1
+    once = int(np.count_nonzero(
+        first_index(blocks.prefix, prefixes) == last_index(blocks.prefix, prefixes)))
     first_ids = trace.ids[trace.offsets[:-1][with_ids]]
     _, starts = np.unique(first_ids, return_counts=True)
     isl, osl = trace.input_length, trace.output_length
     return {
         "total_requests": len(trace),
-        "unique_prefixes": int(len(prefix_count)),
+        "unique_prefixes": prefixes,
         "num_prefix_groups": int((starts >= 2).sum()),
         "cache_hit_rate": float(hit_rate.mean()) if len(hit_rate) else 0.0,
         "min_isl": int(isl.min()) if len(isl) else 0,
@@ -171,8 +242,7 @@ def compatible(trace: Trace, block_size: int, blocks: Blocks) -> dict:
         "min_osl": int(osl.min()) if len(osl) else 0,
         "max_osl": int(osl.max(initial=0)),
         "avg_osl": float(osl.mean()) if len(osl) else 0.0,
-        "prefix_reuse_ratio": (float(prefix_count[prefix_count > 1].sum() / prefix_count.sum())
-                               if len(prefix_count) else 0.0),
+        "prefix_reuse_ratio": _ratio(len(blocks.prefix) - once, len(blocks.prefix)),
         "isl_stats": describe(isl),
         "osl_stats": describe(osl),
         "context_length_stats": describe(context),
@@ -194,22 +264,19 @@ def hit_rates(trace: Trace, block_size: int, blocks: Blocks, warmup_fraction: fl
     earlier row. With exact prefix ids a prefix's blocks are in one row at most once, so a block
     misses exactly at its prefix's first occurrence, and the hits of a row form a prefix."""
     rank = causal_order(trace)
-    # A prefix's first block in causal order is its one miss. When timestamps never go back,
-    # causal order is file order and needs no sort.
-    prefixes = int(blocks.prefix.max(initial=-1)) + 1
-    if (np.diff(trace.timestamp) >= 0).all():
-        missed = first_index(blocks.prefix, prefixes)
-    else:
-        causal_blocks = np.argsort(rank[blocks.row], kind="stable")
-        missed = causal_blocks[first_index(blocks.prefix[causal_blocks], prefixes)]
-        del causal_blocks
+    missed = _first_in_causal_order(trace, blocks, rank)
     rows = len(trace)
     blocks_per_row = trace.lengths
-    miss_rows = blocks.row[missed]
-    at_end = blocks.position[missed] == blocks_per_row[miss_rows] - 1
-    miss_weight = np.where(at_end, last_block_tokens(trace, block_size)[miss_rows], block_size)
-    miss_blocks = np.bincount(miss_rows, minlength=rows)
-    miss_tokens = np.bincount(miss_rows, weights=miss_weight, minlength=rows)
+    last_tokens = last_block_tokens(trace, block_size)
+    miss_blocks = np.zeros(rows, dtype=np.int64)
+    miss_tokens = np.zeros(rows, dtype=np.float64)  # sums of whole numbers: exact in any order
+    for start, end in chunks(len(missed)):
+        part = missed[start:end]
+        miss_rows = blocks.rows_at(part)
+        at_end = blocks.position[part] == blocks_per_row[miss_rows] - 1
+        miss_weight = np.where(at_end, last_tokens[miss_rows], block_size)
+        miss_blocks += np.bincount(miss_rows, minlength=rows)
+        miss_tokens += np.bincount(miss_rows, weights=miss_weight, minlength=rows)
     tokens_per_row = row_tokens(trace, block_size)
     with_blocks = blocks_per_row > 0
     after = rank >= math.floor(warmup_fraction * rows)
@@ -224,6 +291,22 @@ def hit_rates(trace: Trace, block_size: int, blocks: Blocks, warmup_fraction: fl
         "warmup_fraction": warmup_fraction,
         "working_set": {"unique_blocks": len(missed), "unique_tokens": int(miss_tokens.sum())},
     }
+
+
+def _first_in_causal_order(trace: Trace, blocks: Blocks, rank: np.ndarray) -> np.ndarray:
+    """Per prefix, the block where it first occurs in causal order: its one miss (as block
+    indices, in no particular order). When timestamps never go back, causal order is file order
+    and needs no ranks."""
+    prefixes = int(blocks.prefix.max(initial=-1)) + 1
+    if (np.diff(trace.timestamp) >= 0).all():
+        return first_index(blocks.prefix, prefixes)
+    earliest = np.full(prefixes, len(trace), dtype=np.int64)
+    for start, end in chunks(len(blocks.prefix)):
+        np.minimum.at(earliest, blocks.prefix[start:end], rank[blocks.rows(start, end)])
+    # A prefix occurs at most once per row and ranks are distinct: one block per prefix matches.
+    return np.concatenate([np.zeros(0, dtype=np.int64)] + [
+        np.flatnonzero(earliest[blocks.prefix[start:end]] == rank[blocks.rows(start, end)]) + start
+        for start, end in chunks(len(blocks.prefix))])
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -284,20 +367,32 @@ def id_problems(ids_at_several_positions: np.ndarray, ids_behind_several_parents
 def problems(trace: Trace, block_size: int, blocks: Blocks) -> dict:
     """What breaks the published traces' invariants: rows, and ids that are not chained (an id
     always at the same position behind the same parent as where it first was)."""
-    parent = np.where(blocks.position > 0, np.roll(trace.ids, 1), -1)
+    def position(index: np.ndarray) -> np.ndarray:
+        return blocks.position[index]
+
+    def parent(index: np.ndarray) -> np.ndarray:
+        """The id before each block in its row, -1 for a row's first block."""
+        return np.where(blocks.position[index] > 0, trace.ids[index - 1], -1)
+
     return {**row_problems(trace, block_size),
-            **id_problems(_ids_differing(trace, blocks, blocks.position),
+            **id_problems(_ids_differing(trace, blocks, position),
                           _ids_differing(trace, blocks, parent))}
 
 
-def _ids_differing(trace: Trace, blocks: Blocks, attribute: np.ndarray) -> np.ndarray:
-    """The ids whose attribute somewhere differs from its value at the id's first occurrence."""
-    differs = attribute != attribute[blocks.id_first][blocks.id_group]
-    return np.unique(trace.ids[differs])
+def _ids_differing(trace: Trace, blocks: Blocks, attribute) -> np.ndarray:
+    """The ids whose attribute (a function of block indices) somewhere differs from its value
+    at the id's first occurrence."""
+    first = attribute(blocks.id_first)
+    found = [np.zeros(0, dtype=trace.ids.dtype)]
+    for start, end in chunks(len(trace.ids)):
+        differs = first[blocks.id_group[start:end]] != attribute(np.arange(start, end))
+        found.append(np.unique(trace.ids[start:end][differs]))
+    return np.unique(np.concatenate(found))
 
 
 def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -> dict:
     blocks = Blocks.of(trace)
+    return_freed_heap()
     report = compatible(trace, block_size, blocks)
     report["hit_rates"] = hit_rates(trace, block_size, blocks, warmup_fraction)
     origin = float(trace.timestamp.min()) if len(trace) else 0.0
