@@ -1,18 +1,21 @@
-"""What a night costs against the size of the id map it extends.
+"""What a night costs against the size of the id map it extends (Beam engine, in process).
 
 A night of N_NEW_BLOCKS new blocks (token-id requests, so tokenizing does not hide the id work)
-is anonymized with no map, then against maps of 0, 1M and 10M ids; finally the same night again
-against the 10M map it has just extended (every block known: the rerun case). Maps are written
+is anonymized with no map, then against maps of each --map-sizes; finally the same night again
+against the last map it has just extended (every block known: the rerun case). Maps are written
 directly as one segment of random keyed hashes with metadata that matches the run, as a map of
-that size built night by night would look after compaction.
+that size built night by night would look after compaction. "map MiB" is what the night reads
+of the map (every segment file, streamed once).
 
-    python benchmarks/bench_id_map.py --tokenizer ../shared/tokenizers/deepseek-r1
+    python benchmarks/bench_id_map.py --tokenizer ../shared/tokenizers/deepseek-r1 \
+        --map-sizes 1000000,8000000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -33,7 +36,7 @@ from transforms.ids.id_map import (
     segment_path,
     write_segment,
 )
-from transforms.encode.tokenize import tokenizer_sha256
+from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
 from measure import run_measured
 
 SALT = b"benchmark-salt-of-enough-bytes!!"
@@ -63,7 +66,7 @@ def write_map(directory: Path, ids: int, identity: MapIdentity) -> None:
     table["id"] = np.arange(ids)
     files = []
     for shard, part in split_by(table, shard_of(table, DEFAULT_HASH_SHARDS)):
-        path = segment_path(str(directory), 1, "blocks", shard)
+        path = segment_path(str(directory), 1, "bench", "blocks", shard)
         write_segment(path, [part])
         files.append(relative(str(directory), path))
     version = MapVersion(1, identity, 0, {"blocks": ids, "sessions": 0},
@@ -76,28 +79,38 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--map-sizes", default="0,1000000,10000000")
     args = parser.parse_args()
+    tokenizer = load_tokenizer(args.tokenizer)
     identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, tokenizer_sha256(args.tokenizer),
-                           HASH_SCHEME, {})
+                           HASH_SCHEME, {}, tokenization_fingerprint(tokenizer))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "salt").write_bytes(SALT)
         night = work / "night.jsonl"
         write_night(night, N_NEW_BLOCKS, seed=1)
-        base = ["kvtrace", "anonymize", "--input", str(night), "--tokenizer", args.tokenizer,
-                "--block-size", str(BLOCK_SIZE), "--salt-file", str(work / "salt")]
+        base = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(night),
+                "--tokenizer", args.tokenizer, "--block-size", str(BLOCK_SIZE),
+                "--salt-file", str(work / "salt"), "--engine", "beam"]
         print(f"night: {N_NEW_BLOCKS:,} new blocks, {night.stat().st_size / 2**20:.0f} MiB of JSONL")
-        print("| map before | run | wall s | peak RSS MiB |\n|---|---|---|---|")
+        print("| map before | run | map MiB | wall s | peak RSS MiB |\n|---|---|---|---|---|")
         seconds, peak = run_measured([*base, "--output", str(work / "out-none")])
-        print(f"| no map | night | {seconds:.1f} | {peak:.0f} |")
+        print(f"| no map | night | 0 | {seconds:.1f} | {peak:.0f} |")
         for size in (int(s) for s in args.map_sizes.split(",")):
             directory = work / f"map-{size}"
             if size:
                 write_map(directory, size, identity)
             command = [*base, "--output", str(work / f"out-{size}"), "--id-map", str(directory)]
+            map_mib = map_bytes(directory) / 2**20
             seconds, peak = run_measured(command)
-            print(f"| {size:,} ids | night (+{N_NEW_BLOCKS:,}) | {seconds:.1f} | {peak:.0f} |")
+            print(f"| {size:,} ids | night (+{N_NEW_BLOCKS:,}) | {map_mib:.0f} | {seconds:.1f} "
+                  f"| {peak:.0f} |")
+        map_mib = map_bytes(directory) / 2**20
         seconds, peak = run_measured(command)
-        print(f"| {size + N_NEW_BLOCKS:,} ids | same night again (all known) | {seconds:.1f} | {peak:.0f} |")
+        print(f"| {size + N_NEW_BLOCKS:,} ids | same night again (all known) | {map_mib:.0f} "
+              f"| {seconds:.1f} | {peak:.0f} |")
+
+
+def map_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.glob("segments/*/*.parquet"))
 
 
 if __name__ == "__main__":

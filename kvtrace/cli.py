@@ -91,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
     add("--max-rejected-fraction", type=float, metavar="F",
         help="fail, writing no trace, when more than this share of records is rejected")
-    add("--hash-shards", type=int, metavar="N", help="hash shards for the id assignment (default 64)")
+    add("--hash-shards", type=int, metavar="N",
+        help="hash shards for the id assignment (default 64, more for a large id map: one per "
+             "256 MiB of map rows; the output does not depend on it)")
     add("--engine", choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
              "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
@@ -140,7 +142,6 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "drop_non_text_parts": False,
     "max_record_bytes": DEFAULT_MAX_RECORD_BYTES,
     "chat_template_kwargs": {},
-    "hash_shards": 64,
     "processes": 1,
 }
 # Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful,
@@ -184,7 +185,8 @@ def _check_ranges(options: dict[str, Any]) -> None:
                               f"[{low}, {high}], not {value!r}")
 
     integer("block_size", 1, MAX_BLOCK_SIZE)
-    integer("hash_shards", 1, MAX_HASH_SHARDS)
+    if options.get("hash_shards") is not None:
+        integer("hash_shards", 1, MAX_HASH_SHARDS)
     integer("processes", 1, MAX_PROCESSES)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
     fraction = options.get("max_rejected_fraction")
@@ -199,6 +201,7 @@ def _check_ranges(options: dict[str, Any]) -> None:
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.options import check_locations
     from pipelines.anonymize_config import AnonymizeConfig
+    from transforms.ids.dense_ids import hash_shards_for
     from transforms.encode.blocks import salt_fingerprint
     from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
     from transforms.read.paths import expand_inputs, file_sizes
@@ -233,7 +236,8 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
                            options["drop_non_text_parts"], options["max_record_bytes"]),
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options.get("max_rejected_fraction"),
-        hash_shards=options["hash_shards"],
+        hash_shards=options.get("hash_shards") or hash_shards_for(
+            id_map.base.next_id["blocks"] if id_map else 0),
         tokenizer_sha256=sha256,
         id_map=id_map,
     )

@@ -27,7 +27,7 @@ from transforms.write.manifest import (
     manifest_path,
     write_json,
 )
-from transforms.steps import BatchByWeight
+from transforms.steps import BatchByWeight, metered
 from transforms.read.steps import ReadRecords, parse_records
 from transforms.write.rows import assemble_rows, bucket_sizes
 from transforms.write.totals import ExportTotals, sum_totals
@@ -100,9 +100,11 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already.
-            "requests": batches | "RequestColumns" >> beam.MapTuple(lambda k, b: (k, b.requests)),
-            "blocks": blocks["ids"],
-            "sessions": sessions["ids"],
+            "requests": metered(
+                batches | "RequestColumns" >> beam.MapTuple(lambda k, b: (k, b.requests)),
+                "requests"),
+            "blocks": metered(blocks["ids"], "blockIds"),
+            "sessions": metered(sessions["ids"], "sessionIds"),
         }
         | "JoinIds" >> beam.CoGroupByKey()
         | "AssembleRows" >> beam.FlatMap(assemble_rows, plan)
@@ -142,7 +144,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
 
     first_shard = pipeline | "FirstShard" >> beam.Create([(0, None)])
     trace_files = (
-        (rows, first_shard)
+        (metered(rows, "rows"), first_shard)
         | "WithFirstShard" >> beam.Flatten()
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(

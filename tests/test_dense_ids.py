@@ -99,3 +99,11 @@ def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
             label="ids",
         )
         assert_that(out["unique"], equal_to([UniqueTotals(4, 2 + 2 + 2 + 1)]), label="unique")
+
+
+def test_hash_shards_grow_with_the_map_between_bounds():
+    from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, MAX_HASH_SHARDS, hash_shards_for
+
+    assert hash_shards_for(0) == hash_shards_for(10**6) == DEFAULT_HASH_SHARDS
+    assert hash_shards_for(10**10) == 895  # 24-byte rows, 256 MiB per shard
+    assert hash_shards_for(10**12) == MAX_HASH_SHARDS

@@ -44,3 +44,31 @@ def tagged(letter: DeadLetter) -> beam.pvalue.TaggedOutput:
 
 def dead_letter(source: str, line: bytes, reason: str, message: str) -> beam.pvalue.TaggedOutput:
     return tagged(DeadLetter(source, line, reason, message))
+
+
+def payload_bytes(value: Any) -> int:
+    """About what an element weighs on the wire: numpy buffers and bytes by size, anything else
+    8 bytes per scalar (coders add a little framing on top)."""
+    if hasattr(value, "nbytes"):
+        return int(value.nbytes)
+    if isinstance(value, (bytes, str)):
+        return len(value)
+    if isinstance(value, (tuple, list)):
+        return sum(payload_bytes(v) for v in value)
+    if hasattr(value, "__dataclass_fields__"):
+        return sum(payload_bytes(getattr(value, f)) for f in value.__dataclass_fields__)
+    return 8
+
+
+def metered(pcoll: beam.PCollection, step: str) -> beam.PCollection:
+    """pcoll unchanged, its bytes counted in Beam Metrics as kvtrace/shuffled_bytes_STEP: put in
+    front of a shuffle, it says what the shuffle carries (benchmarks/bench_shuffle.py)."""
+    counter = Metrics.counter("kvtrace", f"shuffled_bytes_{step}")
+
+    def count(element: Any) -> Any:
+        counter.inc(payload_bytes(element))
+        return element
+
+    # The element type passes through, so a keyed step after it keeps its deterministic coder.
+    return pcoll | f"Meter{step[0].upper()}{step[1:]}" >> beam.Map(count).with_output_types(
+        pcoll.element_type)

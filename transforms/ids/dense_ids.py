@@ -18,12 +18,21 @@ from transforms.encode.hashed_batch import HashedBatch
 # Hash shards for the earliest-occurrence combine and the join: each shard holds 1/N of the
 # unique hashes, so N = 64 keeps a shard of a 1e9-block export near 15M rows (~600 MB).
 DEFAULT_HASH_SHARDS = 64
+# With an id map, a shard's map rows meet tonight's in one worker: 256 MiB of map rows per shard
+# (~11M ids) keeps that far below a worker's memory whatever the map's size (1e10 ids: 895).
+TARGET_SHARD_BYTES = 256 << 20
+MAX_HASH_SHARDS = 4096
 
 OCCURRENCE = np.dtype(
     [("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("fp", "<u8"), ("pos", "<u4"),
      ("weight", "<u4"), ("req", "<u4")]
 )
 NUMBERED = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("id", "<i8")])
+# What numbering needs of a first occurrence (36 bytes of the occurrence's 44).
+FIRST = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("fp", "<u8"), ("pos", "<u4")])
+# What a batch sends to the join to get its ids back: the key and where it goes (24 bytes; the
+# whole occurrence is 44).
+LOOKUP = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("req", "<u4"), ("pos", "<u4")])
 RESOLVED = np.dtype([("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
 
 # What gets numbered in a batch (block hashes, or session keys), as an OCCURRENCE table.
@@ -112,6 +121,20 @@ def resolve(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
     if (rows < 0).any():
         raise AssertionError("a hash reached the join without an id")
     return numbered["id"][rows]
+
+
+def hash_shards_for(map_ids: int) -> int:
+    """Hash shards for a run extending a map of map_ids ids."""
+    needed = -(-map_ids * NUMBERED.itemsize // TARGET_SHARD_BYTES)
+    return min(MAX_HASH_SHARDS, max(DEFAULT_HASH_SHARDS, needed))
+
+
+def narrowed(occurrences: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The occurrences with only dtype's fields, packed (LOOKUP or FIRST): fewer bytes to ship."""
+    out = np.empty(len(occurrences), dtype=dtype)
+    for name in dtype.names:
+        out[name] = occurrences[name]
+    return out
 
 
 def shard_of(table: np.ndarray, shards: int) -> np.ndarray:

@@ -39,6 +39,8 @@ from transforms.ids import bloom
 from transforms.ids.buckets import buckets_of, first_offsets
 from transforms.ids.dense_ids import (
     DEFAULT_HASH_SHARDS,
+    FIRST,
+    LOOKUP,
     NUMBERED,
     OCCURRENCE,
     RESOLVED,
@@ -46,6 +48,7 @@ from transforms.ids.dense_ids import (
     UniqueTotals,
     earliest,
     lookup,
+    narrowed,
     number,
     resolve,
     shard_of,
@@ -53,6 +56,7 @@ from transforms.ids.dense_ids import (
     sum_unique,
 )
 from transforms.ids.id_map import read_segment, relative, segment_path, write_segment
+from transforms.steps import metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
 _MIN_COMPACT_ROWS = 65_536
@@ -194,22 +198,23 @@ class AssignDenseIds(beam.PTransform):
             table = keys(hashed)
             for shard, part in split_by(table, shard_of(table, shards)):
                 yield beam.pvalue.TaggedOutput("occurrences", (shard, part))
-                yield beam.pvalue.TaggedOutput("lookups", (shard, (batch_id, part)))
+                yield beam.pvalue.TaggedOutput("lookups", (shard, (batch_id, narrowed(part, LOOKUP))))
 
         split = batches | "SplitByShard" >> beam.FlatMap(tables).with_outputs(
             "occurrences", "lookups"
         )
-        firsts = split.occurrences | "EarliestPerShard" >> beam.CombinePerKey(EarliestOccurrence())
+        firsts = metered(split.occurrences, "occurrences") | "EarliestPerShard" >> beam.CombinePerKey(
+            EarliestOccurrence())
         unique = (
             firsts
             | "UniqueTotals" >> beam.Map(lambda kv: UniqueTotals(len(kv[1]), int(kv[1]["weight"].sum())))
             | "SumUnique" >> beam.CombineGlobally(sum_unique)
         )
-        unseen, known, carried = self._against_prior(firsts, prior, unique)
+        unseen, known, carried = self._against_prior(firsts, prior)
         # Int keys (split_by yields Python ints): the hint gives NumberBucket, a stateful DoFn,
         # a deterministic key coder, where Beam would otherwise warn and guess.
         by_bucket = unseen | "ByBucket" >> beam.FlatMap(
-            lambda kv: split_by(kv[1], buckets_of(kv[1]["ts"]))
+            lambda kv: split_by(narrowed(kv[1], FIRST), buckets_of(kv[1]["ts"]))
         ).with_output_types(tuple[int, Any])
         first_ids = (
             by_bucket
@@ -219,7 +224,7 @@ class AssignDenseIds(beam.PTransform):
             | "FirstIds" >> beam.Map(first_offsets, self._next_id)
         )
         numbered = (
-            by_bucket
+            metered(by_bucket, "buckets")
             | "NumberBuckets" >> beam.ParDo(NumberBucket(), beam.pvalue.AsSingleton(first_ids))
             | "NumberedByShard" >> beam.FlatMap(lambda t: split_by(t, shard_of(t, shards)))
         )
@@ -229,8 +234,8 @@ class AssignDenseIds(beam.PTransform):
             | "SumUnseen" >> beam.CombineGlobally(sum)
         )
         ids = (
-            {"numbered": (numbered, known) | "WithKnown" >> beam.Flatten(),
-             "lookups": split.lookups}
+            {"numbered": metered((numbered, known) | "WithKnown" >> beam.Flatten(), "numbered"),
+             "lookups": metered(split.lookups, "lookups")}
             | "JoinPerShard" >> beam.CoGroupByKey()
             | "Resolve" >> beam.ParDo(ResolveShard())
         )
@@ -238,7 +243,7 @@ class AssignDenseIds(beam.PTransform):
         return {"ids": ids, "unique": unique, "added": added, "added_count": added_count}
 
     def _against_prior(
-        self, firsts: beam.PCollection, prior: beam.PCollection | None, unique: beam.PCollection
+        self, firsts: beam.PCollection, prior: beam.PCollection | None
     ) -> tuple[beam.PCollection, ...]:
         """(unseen, known, carried): see SplitKnown. Without prior rows everything is unseen.
 
@@ -248,21 +253,15 @@ class AssignDenseIds(beam.PTransform):
             nothing = firsts.pipeline | "NoPriorIds" >> beam.Create([])
             return firsts, nothing, nothing
         if not self._compact:
-            tonight = (
-                firsts
-                | "TonightsFilters" >> beam.Map(
-                    lambda kv, totals: bloom.build(
-                        kv[1]["hi"], kv[1]["lo"], bloom.bloom_bits(totals.count)
-                    ),
-                    beam.pvalue.AsSingleton(unique),
-                )
-                | "TonightsFilter" >> beam.CombineGlobally(_union_filters)
+            tonight = firsts | "TonightsFilters" >> beam.MapTuple(
+                lambda shard, table: (
+                    shard, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))))
             )
             prior = prior | "OnlyTonightsKeys" >> beam.FlatMap(
-                _possible_rows, beam.pvalue.AsSingleton(tonight)
+                _possible_rows, beam.pvalue.AsDict(tonight)
             )
         split = (
-            {"firsts": firsts, "existing": prior}
+            {"firsts": metered(firsts, "firsts"), "existing": metered(prior, "mapRows")}
             | "MeetPrior" >> beam.CoGroupByKey()
             | "SplitKnown" >> beam.ParDo(SplitKnown(self._compact)).with_outputs(
                 "known", "carried", main="unseen"
@@ -271,20 +270,16 @@ class AssignDenseIds(beam.PTransform):
         return split.unseen, split.known, split.carried
 
 
-def _union_filters(filters: Iterable[np.ndarray]) -> np.ndarray:
-    merged = None
-    for packed in filters:
-        merged = packed if merged is None else bloom.union(merged, packed)
-    return merged if merged is not None else np.zeros(bloom.bloom_bits(0) // 8, dtype=np.uint8)
-
-
 def _possible_rows(
-    element: tuple[int, np.ndarray], tonight: np.ndarray
+    element: tuple[int, np.ndarray], tonight: dict[int, np.ndarray]
 ) -> Iterator[tuple[int, np.ndarray]]:
+    """The map rows of a shard that tonight's keys of that shard may hold (none when tonight
+    has no key in the shard)."""
     shard, rows = element
-    kept = rows[bloom.may_contain(tonight, rows["hi"], rows["lo"])]
-    if len(kept):
-        yield shard, kept
+    if shard in tonight:
+        kept = rows[bloom.may_contain(tonight[shard], rows["hi"], rows["lo"])]
+        if len(kept):
+            yield shard, kept
 
 
 
