@@ -1,4 +1,4 @@
-"""What a night costs against the size of the id map it extends (Beam engine, in process).
+"""What a night costs against the size of the id map it extends (--engine, default beam).
 
 A night of N_NEW_BLOCKS new blocks (token-id requests, so tokenizing does not hide the id work)
 is anonymized with no map, then against maps of each --map-sizes; finally the same night again
@@ -78,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--map-sizes", default="0,1000000,10000000")
+    parser.add_argument("--engine", choices=("local", "beam"), default="beam")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.tokenizer)
     identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, tokenizer_sha256(args.tokenizer),
@@ -89,7 +90,7 @@ def main() -> None:
         write_night(night, N_NEW_BLOCKS, seed=1)
         base = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(night),
                 "--tokenizer", args.tokenizer, "--block-size", str(BLOCK_SIZE),
-                "--salt-file", str(work / "salt"), "--engine", "beam"]
+                "--salt-file", str(work / "salt"), "--engine", args.engine]
         print(f"night: {N_NEW_BLOCKS:,} new blocks, {night.stat().st_size / 2**20:.0f} MiB of JSONL")
         print("| map before | run | map MiB | wall s | peak RSS MiB |\n|---|---|---|---|---|")
         seconds, peak = run_measured([*base, "--output", str(work / "out-none")])

@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--engine", choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
              "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
-             "beam when Beam options or --id-map are given, else local")
+             "beam when Beam options are given, else local")
     add("--processes", type=int, metavar="N",
         help="local engine: worker processes that read, parse, render and hash file ranges "
              "(default 1: one process, whose tokenizer already uses every core; measured "
@@ -269,9 +269,8 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def _engine(options: dict[str, Any], flags: list[str]) -> str:
-    """local unless the run needs Beam: Beam options (a runner, workers) or an id map, whose
-    reading and publishing are Beam steps."""
-    engine = options.get("engine") or ("beam" if flags or options.get("id_map") else "local")
+    """local unless Beam options (a runner, workers) ask for Beam."""
+    engine = options.get("engine") or ("beam" if flags else "local")
     if engine not in ("local", "beam"):
         raise ConfigError(f"--engine must be local or beam, not {engine!r}")
     if engine == "local" and flags:
@@ -280,8 +279,6 @@ def _engine(options: dict[str, Any], flags: list[str]) -> str:
     if engine == "beam" and options["processes"] != 1:
         raise ConfigError("--processes is for the local engine; Beam runners size their own "
                           "workers (e.g. --direct_num_workers, --max_num_workers)")
-    if engine == "local" and options.get("id_map"):
-        raise ConfigError("--id-map runs on the Beam engine: drop --engine local")
     if engine == "beam":
         from kvtrace.options import check_beam_flags
 

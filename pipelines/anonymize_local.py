@@ -4,8 +4,9 @@
 Why a second engine: importing Beam and building and starting the pipeline cost ~8 s, more than
 a small job's work, and Beam's local multi-process mode gets slower with more workers (the
 runner's data plane, measured on 16 cores). Here the Rust tokenizer uses every core, rendering
-and hashing overlap it, and numbering ids is one numpy sort over the whole night. Runs that
-need the id map or a distributed runner use the Beam pipeline.
+and hashing overlap it, and numbering ids is one numpy sort over the whole night. An id map is
+read whole into memory (24 bytes per id): maps beyond ~1e8 ids, like nights beyond one
+machine, belong on a distributed runner through the Beam pipeline.
 
 read -> parse -> batch -> render | tokenize (background thread) | hash -> number -> write
 
@@ -37,12 +38,24 @@ from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.tokenize import load_tokenizer
 from transforms.ids.buckets import buckets_of, plan_shards
 from transforms.ids.dense_ids import (
+    NUMBERED,
     UniqueTotals,
     block_keys,
     earliest,
+    lookup,
     number,
     resolve,
     session_keys,
+    shard_of,
+    split_by,
+)
+from transforms.ids.id_map import (
+    KINDS,
+    publish_night,
+    read_segment,
+    relative,
+    segment_path,
+    write_segment,
 )
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
@@ -151,53 +164,94 @@ def _encode_in_worker(piece: FileRange) -> Encoded:
     return encode_ranges([piece], _WORKER["encoder"], _WORKER["parse"])
 
 
-def dense_ids(batch: HashedBatch, keys: np.ndarray) -> tuple[np.ndarray, UniqueTotals]:
-    """Each key's id in first-seen order, aligned with keys; the same numbering as the Beam
-    pipeline's buckets, whose order is by timestamp first."""
+class KindIds(NamedTuple):
+    """Dense ids of one kind of key (blocks or sessions) for a run."""
+
+    ids: np.ndarray  # each key's id, aligned with the keys
+    unique: UniqueTotals
+    added: np.ndarray  # NUMBERED rows for the map: the new ids (all ids when compacting)
+    added_count: int
+
+
+def dense_ids(keys: np.ndarray, prior: np.ndarray | None = None, next_id: int = 0,
+              compact: bool = False) -> KindIds:
+    """Each key's id in first-seen order: the same numbering as the Beam pipeline's buckets,
+    whose order is by timestamp first. Keys an id map already holds (prior NUMBERED rows) keep
+    their ids; the others are numbered from next_id."""
     firsts = earliest(keys)
     unique = UniqueTotals(len(firsts), int(firsts["weight"].sum()))
-    return resolve(number(firsts, 0), keys), unique
+    if prior is None:
+        prior = np.empty(0, dtype=NUMBERED)
+    rows = lookup(prior, firsts)
+    seen = rows >= 0
+    new = number(firsts[~seen], next_id)
+    ids = resolve(np.concatenate([new, prior[rows[seen]]]), keys)
+    added = np.concatenate([new, prior]) if compact else new
+    return KindIds(ids, unique, added, len(new))
 
 
 def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     """Run the job; returns the manifest, written last. Raises JobStopped (nothing published)
     when too much input is rejected."""
-    if config.id_map is not None:
-        raise ValueError("the local engine does not extend id maps; use the Beam pipeline")
     encoded = encode_inputs(config, processes)
     _write_dead_letters(config.dead_letter, encoded.rejected)
 
-    whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else None
-    timestamps = whole.requests["timestamp_ms"] if whole else np.empty(0, np.int64)
+    whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
+    timestamps = whole.requests["timestamp_ms"]
     earliest_ms = [int(timestamps.min())] if len(timestamps) else []
     counts = check_rejected_fraction(RecordCounts(encoded.read, len(encoded.rejected)),
                                      config.max_rejected_fraction)
     check_not_before_origin(counts, earliest_ms, config.timestamp_origin_ms)
 
-    rows, unique = _rows(whole, config.block_size)
+    kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}
+    numbered = {kind: _kind_ids(config, kind, keys) for kind, keys in kinds.items()}
+    rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids)
     origin = config.timestamp_origin_ms if config.timestamp_origin_ms is not None else (
         earliest_ms[0] if earliest_ms else 0)
+    segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config.output, whole, rows, origin)
-    totals = ExportTotals.of_batch(whole) if whole else ExportTotals()
+    totals = ExportTotals.of_batch(whole)
     damaged = sum(letter.reason == DAMAGED_FILE for letter in encoded.rejected)
-    manifest = write_stats(config, sorted(files), counts, totals, unique, damaged)
+    manifest = write_stats(config, sorted(files), counts, totals, numbered["blocks"].unique,
+                           damaged)
+    if config.id_map:  # the manifest marks a complete export: it waits for the map's version
+        id_map = config.id_map
+        publish_night(manifest, id_map.directory, id_map.base,
+                      {kind: id_map.compacts(kind) for kind in KINDS}, segments["blocks"],
+                      segments["sessions"], numbered["blocks"].added_count,
+                      numbered["sessions"].added_count, earliest_ms)
     write_json(manifest_path(config.output), manifest)
     return manifest
 
 
-def _rows(whole: HashedBatch | None, block_size: int) -> tuple[RowBatch, UniqueTotals]:
-    if whole is None:
-        return RowBatch.concat([]), UniqueTotals(0, 0)
-    block_ids, unique = dense_ids(whole, block_keys(whole, block_size))
-    session_ids, _ = dense_ids(whole, session_keys(whole))
-    return row_batch(whole.requests, block_ids, session_ids), unique
+def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
+    """Dense ids of one kind, extending the id map when the run has one: the map's rows of that
+    kind are read whole (24 bytes per id; maps beyond ~1e8 ids belong on a Beam runner)."""
+    id_map = config.id_map
+    if id_map is None:
+        return dense_ids(keys)
+    tables = [table for name in id_map.base.files[kind]
+              for _, table in read_segment(storage.join(id_map.directory, name), 1)]
+    prior = np.concatenate(tables) if tables else None
+    return dense_ids(keys, prior, id_map.base.next_id[kind], id_map.compacts(kind))
 
 
-def _write_shards(directory: str, whole: HashedBatch | None, rows: RowBatch, origin: int
-                  ) -> list[str]:
+def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[str]:
+    """The run's new map rows as a segment, one file per hash shard that has rows (as the Beam
+    pipeline writes them); paths relative to the map."""
+    id_map = config.id_map
+    if id_map is None:
+        return []
+    files = []
+    for shard, part in split_by(added, shard_of(added, config.hash_shards)):
+        path = segment_path(id_map.directory, id_map.base.version + 1, id_map.run_id, kind, shard)
+        write_segment(path, [part])
+        files.append(relative(id_map.directory, path))
+    return files
+
+
+def _write_shards(directory: str, whole: HashedBatch, rows: RowBatch, origin: int) -> list[str]:
     """Shards by time bucket, as the Beam pipeline plans them; shard 0 always exists."""
-    if whole is None:
-        return write_shard(directory, 0, 1, [], origin)
     sizes: dict[int, int] = {}
     for bucket, size in bucket_sizes(whole):
         sizes[bucket] = sizes.get(bucket, 0) + size

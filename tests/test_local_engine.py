@@ -91,12 +91,10 @@ def test_only_rejected_records_still_give_an_empty_trace(tiny_tokenizer, tmp_pat
 
 @pytest.mark.parametrize("flags, message", [
     (["--engine", "local", "--direct_num_workers", "2"], "unknown options for the local engine"),
-    (["--engine", "local", "--id-map", "MAP"], "--id-map runs on the Beam engine"),
     (["--engine", "beam", "--processes", "2"], "--processes is for the local engine"),
 ])
 def test_local_engine_refuses_what_only_beam_does(tiny_tokenizer, tmp_path, capsys, flags, message):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
-    flags = [str(tmp_path / "map") if f == "MAP" else f for f in flags]
     assert main(["anonymize", "--input", str(src), "--output", str(tmp_path / "o"),
                  "--tokenizer", tiny_tokenizer, *flags]) == 2
     assert message in capsys.readouterr().err
@@ -105,3 +103,32 @@ def test_local_engine_refuses_what_only_beam_does(tiny_tokenizer, tmp_path, caps
 def write_salt(folder: Path) -> Path:
     (folder / "salt").write_text(SALT)
     return folder / "salt"
+
+
+def map_rows(directory: Path) -> tuple[dict, list]:
+    """A map's published state without run ids: next ids, origin, and every (kind, hi, lo, id)."""
+    import pyarrow.parquet as pq
+
+    version = json.loads((directory / "CURRENT").read_text())["version"]
+    metadata = json.loads((directory / "versions" / f"{version:06d}.json").read_text())
+    rows = sorted((kind, *row.values()) for kind, files in metadata["files"].items()
+                  for name in files for row in pq.read_table(directory / name).to_pylist())
+    return {k: metadata[k] for k in ("next_id", "timestamp_origin_ms", "version")}, rows
+
+
+def test_engines_extend_an_id_map_alike_night_after_night(tiny_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr("pipelines.anonymize_config.MAX_SEGMENTS", 2)  # night 3 compacts
+    day = 86_400_000
+    nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
+                          [chat(i, k * day + 50 * i, f"u{i % 4 + k}", rotate=k % 3) for i in range(25)])
+              for k in range(3)]
+    salt = str(write_salt(tmp_path))
+    for engine in ("local", "beam"):
+        for k, night in enumerate(nights):
+            assert anonymize(tiny_tokenizer, [night], tmp_path / f"{engine}{k}", "--engine", engine,
+                             "--id-map", str(tmp_path / f"map-{engine}"), "--salt-file", salt,
+                             "--block-size", "4") == 0
+    for k in range(3):
+        assert_same_output(tmp_path / f"local{k}", tmp_path / f"beam{k}")
+    local, beam = map_rows(tmp_path / "map-local"), map_rows(tmp_path / "map-beam")
+    assert local == beam and local[0]["version"] == 3
