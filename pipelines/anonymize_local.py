@@ -76,6 +76,9 @@ from transforms.write.rows import RowBatch, bucket_sizes, row_batch
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
 from transforms.write.totals import ExportTotals
 
+# Worker processes start from a clean server process, not forked from this one: a fork copies
+# whatever threads hold locks (an earlier Beam run's gRPC threads in the same process, say).
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # The name Beam's WriteToText gives a one-shard output, so both engines write the same files.
 DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 
@@ -142,8 +145,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     progress = ReadProgress(sum(size for _, size in config.inputs))
     if processes <= 1 or len(pieces) <= 1:
         return encode_ranges(pieces, _encoder(config), config.parse, progress)
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
-                                          else "spawn")
+    context = multiprocessing.get_context(START_METHOD)
     with ProcessPoolExecutor(processes, context, initializer=_start_worker,
                              initargs=(config,)) as pool:
         parts = list(pool.map(_encode_in_worker, pieces))
