@@ -15,7 +15,13 @@ _PEAK_RSS = (
 
 def run_measured(command: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS in MiB of the command and its children)."""
+    seconds, peak, _ = run_measured_with_log(command)
+    return seconds, peak
+
+
+def run_measured_with_log(command: list[str]) -> tuple[float, float, str]:
+    """run_measured, and what the command wrote to stderr."""
     start = time.perf_counter()
     measured = subprocess.run([sys.executable, "-c", _PEAK_RSS, *command], check=True,
                               capture_output=True, text=True)
-    return time.perf_counter() - start, int(measured.stdout.split()[-1]) / 1024
+    return time.perf_counter() - start, int(measured.stdout.split()[-1]) / 1024, measured.stderr

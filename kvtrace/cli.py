@@ -93,8 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-rejected-fraction", type=float, metavar="F",
         help="fail, writing no trace, when more than this share of records is rejected")
     add("--hash-shards", type=int, metavar="N",
-        help="hash shards for the id assignment (default 64, more for a large id map: one per "
-             "256 MiB of map rows; the output does not depend on it)")
+        help="hash shards for the id assignment (default 64; with an id map, the map's own, "
+             "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
+             "the map's rewrites the map that night). The output does not depend on it")
     add("--engine", choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
              "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
@@ -201,8 +202,7 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.options import check_locations
-    from pipelines.anonymize_config import AnonymizeConfig
-    from transforms.ids.dense_ids import hash_shards_for
+    from pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
     from transforms.encode.blocks import salt_fingerprint
     from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
     from transforms.read.paths import expand_inputs, file_sizes
@@ -237,8 +237,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
                            options["drop_non_text_parts"], options["max_record_bytes"]),
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options.get("max_rejected_fraction"),
-        hash_shards=options.get("hash_shards") or hash_shards_for(
-            id_map.base.next_id["blocks"] if id_map else 0),
+        hash_shards=run_hash_shards(options.get("hash_shards"), id_map.base if id_map else None),
         tokenizer_sha256=sha256,
         id_map=id_map,
     )

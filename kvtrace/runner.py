@@ -8,12 +8,14 @@ therefore pin the embedded FnApiRunner (what DirectRunner uses for batch jobs); 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+_LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 
 
@@ -36,4 +38,21 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     outputs = build(pipeline)
     result = pipeline.run()
     result.wait_until_finish()
+    _log_map_reads(result)
     return outputs
+
+
+def _log_map_reads(result: Any) -> None:
+    """What the night read of its id map (LookUpShard's counters), as the local engine says it."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace("kvtrace"))["counters"]
+    except NotImplementedError:  # runners without metrics
+        return
+    totals: dict[str, int] = {}
+    for counter in counters:
+        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + counter.committed
+    if "map_bytes_read" in totals:
+        _LOG.info("id map: read %.1f MiB, %d of %d row groups", totals["map_bytes_read"] / 2**20,
+                  totals.get("map_row_groups_read", 0), totals.get("map_row_groups", 0))

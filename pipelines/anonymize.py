@@ -13,13 +13,15 @@ import apache_beam as beam
 from transforms.ids.buckets import plan_shards
 from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
 from transforms.ids.dense_ids import block_keys, new_batch_id, session_keys
-from transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
+from transforms.ids.steps import (
+    AssignDenseIds,
+    ReadIdMap,
+    WriteSegmentShard,
+    segment_files_by_shard,
+)
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids.id_map import (
-    KINDS,
-    publish_night,
-)
+from transforms.ids.id_map import publish_night
 from transforms.write.manifest import (
     RecordCounts,
     check_not_before_origin,
@@ -181,7 +183,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             _publish_then_pass_on,
             id_map.directory,
             id_map.base,
-            {kind: id_map.compacts(kind) for kind in KINDS},
+            config.compacts_map,
+            config.hash_shards,
             beam.pvalue.AsList(blocks["segment_files"]),
             beam.pvalue.AsList(sessions["segment_files"]),
             beam.pvalue.AsSingleton(blocks["added_count"], default_value=0),
@@ -204,13 +207,14 @@ def _dense_ids(
     id_map = config.id_map
     base = id_map.base
     inputs = {"batches": batches}
-    if base.files[kind]:
-        inputs["prior"] = pipeline | f"Read{label}Map" >> ReadIdMap(
+    if base.files[kind] and config.compacts_map:
+        inputs["map_rows"] = pipeline | f"Read{label}Map" >> ReadIdMap(
             id_map.directory, base.files[kind], config.hash_shards
         )
-    ids = inputs | f"{label}Ids" >> AssignDenseIds(
-        keys, config.hash_shards, next_id=base.next_id[kind], compact=id_map.compacts(kind)
-    )
+    elif base.files[kind]:
+        inputs["map_files"] = pipeline | f"{label}MapFiles" >> beam.Create(
+            segment_files_by_shard(id_map.directory, base.files[kind]))
+    ids = inputs | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards, base.next_id[kind])
     ids["segment_files"] = (
         ids["added"]
         | f"{label}SegmentShards" >> beam.GroupByKey()

@@ -10,8 +10,8 @@ from typing import Any
 from kvtrace import __version__
 from transforms.encode.blocks import HASH_SCHEME
 from transforms.encode.salt import SaltSource
-from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals
-from transforms.ids.id_map import MAX_SEGMENTS, MapVersion, new_run_id
+from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals, hash_shards_for
+from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
 from transforms.write.manifest import RecordCounts, remove_stale_shards, write_json
 from transforms.write.totals import ExportTotals, export_stats
@@ -36,8 +36,16 @@ class IdMapRun:
     base: MapVersion
     run_id: str = field(default_factory=new_run_id)  # names this run's segment files
 
-    def compacts(self, kind: str) -> bool:
-        return self.base.segments(kind) + 1 > MAX_SEGMENTS
+
+def run_hash_shards(requested: int | None, base: MapVersion | None) -> int:
+    """A run's hash shard count: as asked; else the id map's, so that a night finds a key's map
+    rows in one file per segment; on a night that compacts anyway, one derived from the map's
+    size, so shards keep growing with it (dense_ids.hash_shards_for)."""
+    if requested:
+        return requested
+    if base is None or base.version == 0 or base.compaction_due():
+        return hash_shards_for(base.next_id["blocks"] if base else 0)
+    return base.hash_shards
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,15 @@ class AnonymizeConfig:
     hash_shards: int = DEFAULT_HASH_SHARDS
     tokenizer_sha256: dict[str, str] = field(default_factory=dict)
     id_map: IdMapRun | None = None
+
+    @property
+    def compacts_map(self) -> bool:
+        """Whether the run rewrites the id map whole: every MAX_SEGMENTS nights, and when its
+        shard count differs from the map's (segments must all be split alike)."""
+        base = self.id_map.base if self.id_map else None
+        if base is None or base.version == 0:
+            return False
+        return base.compaction_due() or self.hash_shards != base.hash_shards
 
     @property
     def timestamp_origin_ms(self) -> int | None:

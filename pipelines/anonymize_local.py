@@ -4,9 +4,10 @@
 Why a second engine: importing Beam and building and starting the pipeline cost ~8 s, more than
 a small job's work, and Beam's local multi-process mode gets slower with more workers (the
 runner's data plane, measured on 16 cores). Here the Rust tokenizer uses every core, rendering
-and hashing overlap it, and numbering ids is one numpy sort over the whole night. An id map is
-read whole into memory (24 bytes per id): maps beyond ~1e8 ids, like nights beyond one
-machine, belong on a distributed runner through the Beam pipeline.
+and hashing overlap it, and numbering ids is one numpy sort over the whole night. Of an id map,
+a night reads only the row groups that can hold its keys (segments.py); a compaction night
+holds the whole map (24 bytes per id): maps beyond ~1e8 ids, like nights beyond one machine,
+belong on a distributed runner through the Beam pipeline.
 
 read -> parse -> batch -> render | tokenize (background thread) | hash -> number -> write
 
@@ -16,8 +17,9 @@ per record, so it spreads); numbering and writing stay in this process.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -49,14 +51,8 @@ from transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
-from transforms.ids.id_map import (
-    KINDS,
-    publish_night,
-    read_segment,
-    relative,
-    segment_path,
-    write_segment,
-)
+from transforms.ids.id_map import publish_night, relative, segment_path, shard_of_segment
+from transforms.ids.segments import read_matching, read_segment, write_segment
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
     FileRange,
@@ -76,6 +72,7 @@ from transforms.write.rows import RowBatch, bucket_sizes, row_batch
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
 from transforms.write.totals import ExportTotals
 
+_LOG = logging.getLogger("kvtrace")
 # Worker processes start from a clean server process, not forked from this one: a fork copies
 # whatever threads hold locks (an earlier Beam run's gRPC threads in the same process, say).
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -175,21 +172,20 @@ class KindIds(NamedTuple):
     added_count: int
 
 
-def dense_ids(keys: np.ndarray, prior: np.ndarray | None = None, next_id: int = 0,
-              compact: bool = False) -> KindIds:
+def dense_ids(keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | None = None,
+              next_id: int = 0) -> KindIds:
     """Each key's id in first-seen order: the same numbering as the Beam pipeline's buckets,
-    whose order is by timestamp first. Keys an id map already holds (prior NUMBERED rows) keep
-    their ids; the others are numbered from next_id."""
+    whose order is by timestamp first. Keys an id map already holds keep their ids (map_rows
+    gives, for the distinct keys, NUMBERED map rows that include every one it holds); the
+    others are numbered from next_id."""
     firsts = earliest(keys)
     unique = UniqueTotals(len(firsts), int(firsts["weight"].sum()))
-    if prior is None:
-        prior = np.empty(0, dtype=NUMBERED)
+    prior = map_rows(firsts) if map_rows else np.empty(0, dtype=NUMBERED)
     rows = lookup(prior, firsts)
     seen = rows >= 0
     new = number(firsts[~seen], next_id)
     ids = resolve(np.concatenate([new, prior[rows[seen]]]), keys)
-    added = np.concatenate([new, prior]) if compact else new
-    return KindIds(ids, unique, added, len(new))
+    return KindIds(ids, unique, new, len(new))
 
 
 def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
@@ -218,8 +214,8 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
                            damaged)
     if config.id_map:  # the manifest marks a complete export: it waits for the map's version
         id_map = config.id_map
-        publish_night(manifest, id_map.directory, id_map.base,
-                      {kind: id_map.compacts(kind) for kind in KINDS}, segments["blocks"],
+        publish_night(manifest, id_map.directory, id_map.base, config.compacts_map,
+                      config.hash_shards, segments["blocks"],
                       segments["sessions"], numbered["blocks"].added_count,
                       numbered["sessions"].added_count, earliest_ms)
     write_json(manifest_path(config.output), manifest)
@@ -227,15 +223,32 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
 
 
 def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
-    """Dense ids of one kind, extending the id map when the run has one: the map's rows of that
-    kind are read whole (24 bytes per id; maps beyond ~1e8 ids belong on a Beam runner)."""
+    """Dense ids of one kind, extending the id map when the run has one. A compaction night
+    holds the map's rows of that kind whole and writes them again with the new ones."""
     id_map = config.id_map
     if id_map is None:
         return dense_ids(keys)
-    tables = [table for name in id_map.base.files[kind]
-              for _, table in read_segment(storage.join(id_map.directory, name), 1)]
-    prior = np.concatenate(tables) if tables else None
-    return dense_ids(keys, prior, id_map.base.next_id[kind], id_map.compacts(kind))
+    paths = [storage.join(id_map.directory, name) for name in id_map.base.files[kind]]
+    next_id = id_map.base.next_id[kind]
+    if not config.compacts_map:
+        return dense_ids(keys, lambda firsts: _matching_rows(paths, config.hash_shards, firsts),
+                         next_id)
+    tables = [table for path in paths for _, table in read_segment(path, 1)]
+    everything = np.concatenate(tables + [np.empty(0, dtype=NUMBERED)])
+    ids = dense_ids(keys, lambda _: everything, next_id)
+    return ids._replace(added=np.concatenate([ids.added, everything]))
+
+
+def _matching_rows(paths: list[str], shards: int, firsts: np.ndarray) -> np.ndarray:
+    """The map rows holding any of firsts' keys: of each segment file, only the row groups that
+    can hold the keys of its shard."""
+    by_shard = dict(split_by(firsts, shard_of(firsts, shards)))
+    matched = [read_matching(path, by_shard[shard_of_segment(path)])
+               for path in paths if shard_of_segment(path) in by_shard]
+    _LOG.info("id map: read %.1f MiB, %d of %d row groups",
+              sum(m.bytes_read for m in matched) / 2**20,
+              sum(m.row_groups_read for m in matched), sum(m.row_groups for m in matched))
+    return np.concatenate([m.rows for m in matched] + [np.empty(0, dtype=NUMBERED)])
 
 
 def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[str]:

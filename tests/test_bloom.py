@@ -1,4 +1,4 @@
-"""The Bloom filter that keeps a night's join with the id map night-sized."""
+"""The Bloom filter of each id map segment: what lets a night skip the map's row groups."""
 
 from __future__ import annotations
 
@@ -17,14 +17,8 @@ def test_no_false_negatives_and_few_false_positives():
     packed = bloom.build(hi, lo, bloom.bloom_bits(len(hi)))
     assert bloom.may_contain(packed, hi, lo).all()
     other_hi, other_lo = keys(200_000, 2)
-    assert bloom.may_contain(packed, other_hi, other_lo).mean() < 0.01
-
-
-def test_union_of_parts_equals_the_filter_of_all():
-    hi, lo = keys(10_000, 3)
-    bits = bloom.bloom_bits(len(hi))
-    parts = bloom.union(bloom.build(hi[:3000], lo[:3000], bits), bloom.build(hi[3000:], lo[3000:], bits))
-    assert np.array_equal(parts, bloom.build(hi, lo, bits))
+    # Sized for ~0.05%: each false positive costs a row-group read.
+    assert bloom.may_contain(packed, other_hi, other_lo).mean() < 0.002
 
 
 def test_an_empty_filter_contains_nothing():

@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import chat, read_jsonl, write_jsonl
 from transforms.ids import id_map
-from transforms.ids.dense_ids import NUMBERED
 from transforms.errors import JobStopped
 
 from kvtrace.cli import main
@@ -115,12 +114,14 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
     assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
     listed = set(current(tmp_path / "map")["files"]["blocks"])
-    on_disk = {str(p.relative_to(tmp_path / "map")) for p in (tmp_path / "map" / "segments").rglob("blocks-*")}
+    on_disk = {str(p.relative_to(tmp_path / "map")) for p in (tmp_path / "map" / "segments").rglob("blocks-*.parquet")}
     assert listed == on_disk
+    indexes = {str(p.relative_to(tmp_path / "map")) for p in (tmp_path / "map" / "segments").rglob("blocks-*.index.npz")}
+    assert indexes == {name.replace(".parquet", ".index.npz") for name in listed}
 
 
 def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_file, monkeypatch):
-    monkeypatch.setattr("pipelines.anonymize_config.MAX_SEGMENTS", 2)
+    monkeypatch.setattr("transforms.ids.id_map.MAX_SEGMENTS", 2)
     nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
                           [chat(i, k * DAY_MS + 100 * i, f"u{i % 3 + k}", rotate=k) for i in range(12)])
               for k in range(3)]
@@ -130,7 +131,7 @@ def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_
     assert run(tiny_tokenizer, nights, tmp_path / "all") == 0
     assert b"".join(trace_bytes(tmp_path / f"out{k}") for k in range(3)) == trace_bytes(tmp_path / "all")
     metadata = current(tmp_path / "map")
-    assert metadata["history"][-1]["compacted"] == ["blocks", "sessions"]
+    assert metadata["history"][-1]["compacted"] is True
     assert {f.split("/")[1][:6] for f in metadata["files"]["blocks"]} == {"000003"}
     stored = np.concatenate([pq.read_table(tmp_path / "map" / f).column("id").to_numpy()
                              for f in metadata["files"]["blocks"]])
@@ -221,32 +222,30 @@ def test_date_fills_path_templates(tiny_tokenizer, tmp_path, salt_file, capsys):
 def test_next_version_numbers_after_the_base_and_skips_empty_runs():
     identity = id_map.MapIdentity("f" * 16, 4, {"tokenizer.json": "ab"}, "scheme", {})
     base = id_map.empty_version(identity)
-    none = {"blocks": False, "sessions": False}
     assert id_map.next_version(base, {"blocks": [], "sessions": []}, {"blocks": 0, "sessions": 0},
-                               none, None) is None
+                               False, 64, None) is None
     first = id_map.next_version(base, {"blocks": ["segments/000001/blocks-00000.parquet"],
-                                       "sessions": []}, {"blocks": 7, "sessions": 0}, none, 1234)
+                                       "sessions": []}, {"blocks": 7, "sessions": 0}, False, 64,
+                                1234)
     assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
     second = id_map.next_version(first, {"blocks": ["segments/000002/blocks-00003.parquet"],
-                                         "sessions": []}, {"blocks": 2, "sessions": 0}, none, 99)
+                                         "sessions": []}, {"blocks": 2, "sessions": 0}, False, 64,
+                                 99)
     assert second.timestamp_origin_ms == 1234  # the first origin stays
     assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
     assert id_map.MapVersion.from_json(second.to_json(), "x") == second
+    compacted = id_map.next_version(second, {"blocks": ["segments/000003/blocks-00001.parquet"],
+                                             "sessions": []}, {"blocks": 0, "sessions": 0}, True,
+                                    128, 99)
+    assert compacted.files["blocks"] == ["segments/000003/blocks-00001.parquet"]
+    assert compacted.hash_shards == 128
 
 
-def test_segment_files_round_trip_split_by_shard(tmp_path):
-    table = np.zeros(1000, dtype=NUMBERED)
-    rng = np.random.default_rng(0)
-    table["hi"], table["lo"] = rng.integers(0, 2**63, 1000), rng.integers(0, 2**63, 1000)
-    table["id"] = rng.permutation(1000)
-    path = str(tmp_path / "segment.parquet")
-    assert id_map.write_segment(path, [table[:400], table[400:]]) == 1000
-    parts = dict(id_map.read_segment(path, shards=7))
-    assert set(parts) <= set(range(7))
-    back = np.concatenate(list(parts.values()))
-    assert sorted(back["id"].tolist()) == list(range(1000))
-    for shard, part in parts.items():
-        assert (part["lo"] % 7 == shard).all()
+def test_a_map_of_an_older_format_is_refused_with_what_to_do():
+    identity = id_map.MapIdentity("f" * 16, 4, {"tokenizer.json": "ab"}, "scheme", {})
+    old = {**id_map.empty_version(identity).to_json(), "format_version": 1}
+    with pytest.raises(id_map.IdMapError, match="format version 1.*Start a new map"):
+        id_map.MapVersion.from_json(old, "versions/000001.json")
 
 
 def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothing(
@@ -277,7 +276,7 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
     published = id_map.next_version(
         id_map.empty_version(identity), {"blocks": ["segments/000001-winner/blocks-00000.parquet"],
                                          "sessions": []},
-        {"blocks": 1, "sessions": 0}, {"blocks": False, "sessions": False}, 0)
+        {"blocks": 1, "sessions": 0}, False, 64, 0)
     id_map.publish(str(tmp_path), id_map.empty_version(identity), published)
     for folder in ("000001-winner", "000001-loser", "000002-live"):
         (tmp_path / "segments" / folder).mkdir(parents=True)
@@ -290,11 +289,9 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
 
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
-    none = {"blocks": False, "sessions": False}
-
     def version(base):
         return id_map.next_version(base, {"blocks": [], "sessions": []},
-                                   {"blocks": 1, "sessions": 0}, none, 0)
+                                   {"blocks": 1, "sessions": 0}, False, 64, 0)
 
     empty = id_map.empty_version(identity)
     id_map.publish(str(tmp_path), empty, version(empty))  # the other run, first to finish

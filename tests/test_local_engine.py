@@ -117,7 +117,7 @@ def map_rows(directory: Path) -> tuple[dict, list]:
 
 
 def test_engines_extend_an_id_map_alike_night_after_night(tiny_tokenizer, tmp_path, monkeypatch):
-    monkeypatch.setattr("pipelines.anonymize_config.MAX_SEGMENTS", 2)  # night 3 compacts
+    monkeypatch.setattr("transforms.ids.id_map.MAX_SEGMENTS", 2)  # night 3 compacts
     day = 86_400_000
     nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
                           [chat(i, k * day + 50 * i, f"u{i % 4 + k}", rotate=k % 3) for i in range(25)])

@@ -57,7 +57,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
     identity = MapIdentity("0" * 16, 512, {"tokenizer.json": "ab"}, HASH_SCHEME, {})
     base = MapVersion(3, identity, 1_700_000_000_000, {"blocks": 10, "sessions": 2},
                       {"blocks": ["segments/000001/blocks-00000.parquet"],
-                       "sessions": ["segments/000001/sessions-00000.parquet"]})
+                       "sessions": ["segments/000001/sessions-00000.parquet"]}, hash_shards=64)
     config = AnonymizeConfig(
         inputs=(("gs://kvtrace-logs/2026-11-20/part-0.jsonl.gz", 10_000_000),),
         output="gs://kvtrace-traces/2026-11-20",
@@ -78,7 +78,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
 
     proto = pipeline.runner.proto_pipeline
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ("RenderTokenizeHash", "BlockIds/SplitKnown", "ReadBlockMap/ReadSegments",
+    for step in ("RenderTokenizeHash", "BlockIds/LookUpShard", "BlockMapFiles",
                  "WriteBlockSegment", "WriteShards", "PublishIdMap"):
         assert any(name.startswith(step) for name in names), step
     images = {env.payload for env in proto.components.environments.values()}

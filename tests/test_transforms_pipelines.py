@@ -12,8 +12,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.salt import SaltSource
-from transforms.ids.steps import ReadIdMap, WriteSegmentShard
-from transforms.ids.dense_ids import NUMBERED
+from transforms.ids.segments import write_segment
+from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
+from transforms.ids.dense_ids import FIRST, NUMBERED
 from transforms.read.records import ParseOptions, parse_record
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
 from transforms.write.steps import WriteShard
@@ -80,3 +81,43 @@ def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
 
     with TestPipeline() as pipeline:
         assert_that(pipeline | ReadIdMap(str(tmp_path), files, shards=4), check)
+
+
+def _firsts(keys: np.ndarray, ts: int = 5) -> np.ndarray:
+    firsts = np.zeros(len(keys), dtype=FIRST)
+    firsts["hi"], firsts["lo"], firsts["ts"] = keys["hi"], keys["lo"], ts
+    return firsts
+
+
+def test_look_up_shard_splits_tonights_keys_into_unseen_and_known(tmp_path):
+    mapped = np.zeros(3000, dtype=NUMBERED)
+    mapped["hi"], mapped["lo"], mapped["id"] = np.arange(3000) * 7919, np.arange(3000) * 2, np.arange(3000)
+    path = str(tmp_path / "blocks-00000.parquet")
+    write_segment(path, [mapped])
+    fresh = np.zeros(4, dtype=NUMBERED)
+    fresh["hi"], fresh["lo"] = np.arange(4) * 7919 + 1, 2  # between the map's keys: not in it
+    tonight = _firsts(np.concatenate([mapped[[10, 2500]], fresh]))
+    with TestPipeline() as pipeline:
+        split = (pipeline | beam.Create([(0, {"firsts": [tonight], "files": [path]})])
+                 | beam.ParDo(LookUpShard()).with_outputs("known", main="unseen"))
+        assert_that(split.unseen | beam.Map(lambda kv: sorted(kv[1]["hi"].tolist())),
+                    equal_to([sorted(fresh["hi"].tolist())]), label="unseen")
+        assert_that(split.known | beam.Map(lambda kv: sorted(kv[1]["id"].tolist())),
+                    equal_to([[10, 2500]]), label="known")
+
+
+def test_split_known_carries_every_map_row_on_a_compaction_night():
+    mapped = np.zeros(3, dtype=NUMBERED)
+    mapped["hi"], mapped["lo"], mapped["id"] = [1, 2, 3], [1, 2, 3], [7, 8, 9]
+    fresh = np.zeros(1, dtype=NUMBERED)
+    fresh["hi"], fresh["lo"] = 4, 4
+    tonight = _firsts(np.concatenate([mapped[[1]], fresh]))
+    with TestPipeline() as pipeline:
+        split = (pipeline | beam.Create([(0, {"firsts": [tonight], "existing": [mapped]})])
+                 | beam.ParDo(SplitKnown()).with_outputs("known", "carried", main="unseen"))
+        assert_that(split.unseen | beam.Map(lambda kv: kv[1]["hi"].tolist()), equal_to([[4]]),
+                    label="unseen")
+        assert_that(split.known | beam.Map(lambda kv: kv[1]["id"].tolist()), equal_to([[8]]),
+                    label="known")
+        assert_that(split.carried | beam.Map(lambda kv: kv[1]["id"].tolist()),
+                    equal_to([[7, 8, 9]]), label="carried")

@@ -1,20 +1,18 @@
 """A Bloom filter over keyed 128-bit hashes, vectorised in numpy.
 
-A night meets the id map in a join per hash shard; without a filter every row of the map would
-be shuffled to that join, so a night's cost would grow with the map. Tonight's hashes as one
-Bloom filter per hash shard (side inputs of ~1.2 bytes per hash in all, each sized for its own
-shard) let the streaming pass over the map drop, before the shuffle, every row tonight cannot
-use but ~1% of them. Filters are built packed: a 10^9-key night needs 1.25 GB of filters, not
-the 10 GB an unpacked bit per byte would take.
+Each id map segment file carries one (segments.py): a night probes it with its own keys and
+reads only the row groups a possible key falls in, so what a night reads grows with the night
+and not with the map. A false positive costs a row-group read (~24 KB), so the filter is sized
+for a low rate: 16 bits per key and 11 probes give ~0.05% (2 bytes per map row, 1/12 of it).
+Filters are packed, 8 bits per byte.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# 10 bits per key and 7 probes give ~0.8% false positives (the textbook optimum k = 0.7 m/n).
-BITS_PER_KEY = 10
-PROBES = 7
+BITS_PER_KEY = 16
+PROBES = 11  # the textbook optimum k = 0.7 m/n
 
 
 def bloom_bits(count: int) -> int:
@@ -38,10 +36,6 @@ def build(hi: np.ndarray, lo: np.ndarray, bits: int) -> np.ndarray:
         np.bitwise_or.at(packed, position >> np.uint64(3),
                          np.left_shift(1, position & np.uint64(7)).astype(np.uint8))
     return packed
-
-
-def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.bitwise_or(a, b)
 
 
 def may_contain(packed: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

@@ -5,6 +5,10 @@ A map directory holds immutable versions and one pointer:
     CURRENT                                      {"version": 3}: a hint, the only file overwritten
     versions/000003.json                         version 3's metadata, listing its segment files
     segments/000003-RUNID/blocks-00012.parquet   ids first numbered by version 3, hash shard 12
+    segments/000003-RUNID/blocks-00012.index.npz its index (segments.py)
+
+Every segment of a version is split into the version's hash_shards shards, so a night finds a
+key's rows in one file per segment. A compaction night may change the count (it rewrites all).
 
 A run reads the published version, writes its new ids as a segment named by the version it
 targets and its own run id (two runs never write the same paths), then commits by creating the
@@ -19,36 +23,25 @@ only, never tokens or text.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from transforms import storage
-from transforms.ids.dense_ids import NUMBERED, shard_of, split_by
 from transforms.errors import IdMapError, JobStopped
 from transforms.ids.exclusive import create_exclusive
 
 MAP_FORMAT = "kvtrace-id-map"
-FORMAT_VERSION = 1
+# 2: segments sorted by hash with an index (segments.py), the shard count recorded.
+FORMAT_VERSION = 2
 KINDS = ("blocks", "sessions")
 CURRENT = "CURRENT"
 # Each night adds a segment per kind, and reading a map opens every segment's files. Folding
 # all segments into one every 32 nights bounds that to 32 x shards files, at the price of
 # rewriting the map about once a month instead of every night.
 MAX_SEGMENTS = 32
-# Rows per Arrow batch when streaming a segment file: ~24 MB of hashes and ids at a time.
-READ_BATCH_ROWS = 1_000_000
-SEGMENT_SCHEMA = pa.schema(
-    [pa.field("hi", pa.uint64(), False), pa.field("lo", pa.uint64(), False),
-     pa.field("id", pa.int64(), False)]
-)
 
 
 @dataclass(frozen=True)
@@ -93,10 +86,15 @@ class MapVersion:
     timestamp_origin_ms: int | None  # None until a run with requests fixes it
     next_id: dict[str, int]
     files: dict[str, list[str]]  # per kind, paths relative to the map directory
+    hash_shards: int  # every segment file is one of these shards (0 for an empty map)
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def segments(self, kind: str) -> int:
         return len({path.split("/")[1] for path in self.files[kind]})
+
+    def compaction_due(self) -> bool:
+        """Whether the next run folds every segment into one (one more would exceed the cap)."""
+        return any(self.segments(kind) + 1 > MAX_SEGMENTS for kind in KINDS)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +105,7 @@ class MapVersion:
             "timestamp_origin_ms": self.timestamp_origin_ms,
             "next_id": self.next_id,
             "files": self.files,
+            "hash_shards": self.hash_shards,
             "history": self.history,
         }
 
@@ -117,17 +116,19 @@ class MapVersion:
         if data.get("format_version") != FORMAT_VERSION:
             raise IdMapError(
                 f"{where} has id map format version {data.get('format_version')}; this kvtrace "
-                f"reads version {FORMAT_VERSION}"
+                f"reads version {FORMAT_VERSION} (segments sorted by hash, with an index). "
+                f"Start a new map in another directory."
             )
         identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__
                                   if name in data})
         return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
-                          data["next_id"], data["files"], data["history"])
+                          data["next_id"], data["files"], data["hash_shards"], data["history"])
 
 
 def empty_version(identity: MapIdentity) -> MapVersion:
     """Version 0: what a map directory that does not exist yet stands for."""
-    return MapVersion(0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS})
+    return MapVersion(0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS},
+                      hash_shards=0)
 
 
 def version_path(directory: str, version: int) -> str:
@@ -145,6 +146,11 @@ def segment_folder(version: int, run_id: str) -> str:
 def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
     return storage.join(directory, "segments", segment_folder(version, run_id),
                             f"{kind}-{shard:05d}.parquet")
+
+
+def shard_of_segment(path: str) -> int:
+    """The hash shard a segment file holds, from its name (blocks-00012.parquet: 12)."""
+    return int(path.rsplit("-", 1)[1].removesuffix(".parquet"))
 
 
 def relative(directory: str, path: str) -> str:
@@ -234,43 +240,21 @@ def _segment_folders(directory: str, version: int, current: MapVersion) -> set[s
     return {path.split("/")[1] for kind_files in files.values() for path in kind_files}
 
 
-def write_segment(path: str, tables: list[np.ndarray]) -> int:
-    """One shard's numbered hashes as Parquet, in id order; returns the row count."""
-    table = np.concatenate(tables) if tables else np.empty(0, dtype=NUMBERED)
-    table = table[np.argsort(table["id"], kind="stable")]
-    arrow = pa.Table.from_arrays(
-        [pa.array(table["hi"]), pa.array(table["lo"]), pa.array(table["id"])], schema=SEGMENT_SCHEMA
-    )
-    sink = io.BytesIO()
-    pq.write_table(arrow, sink, compression="zstd")
-    with storage.create(path) as handle:
-        handle.write(sink.getvalue())
-    return len(table)
-
-
-def read_segment(path: str, shards: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(hash shard, NUMBERED rows) of one segment file, streamed in record batches."""
-    with storage.open_read(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS):
-            table = np.empty(batch.num_rows, dtype=NUMBERED)
-            for name in ("hi", "lo", "id"):
-                table[name] = batch.column(name).to_numpy()
-            yield from split_by(table, shard_of(table, shards))
-
-
 def next_version(
     base: MapVersion,
     written: dict[str, list[str]],
     added: dict[str, int],
-    compacted: dict[str, bool],
+    compacted: bool,
+    hash_shards: int,
     earliest_ms: int | None,
 ) -> MapVersion | None:
-    """The version a run publishes, or None when it brought nothing new (a rerun)."""
-    if not any(added.values()) and not any(compacted.values()):
+    """The version a run publishes, or None when it brought nothing new (a rerun). A compacting
+    run's segments replace the map's; the others' add to them."""
+    if not any(added.values()) and not compacted:
         return None
     number = base.version + 1
     files = {
-        kind: sorted(written[kind] if compacted[kind] else base.files[kind] + written[kind])
+        kind: sorted(written[kind] if compacted else base.files[kind] + written[kind])
         for kind in KINDS
     }
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
@@ -280,8 +264,8 @@ def next_version(
         timestamp_origin_ms=origin,
         next_id={kind: base.next_id[kind] + added[kind] for kind in KINDS},
         files=files,
-        history=base.history + [{"version": number, "added": added,
-                                 "compacted": sorted(k for k in KINDS if compacted[k])}],
+        hash_shards=hash_shards,
+        history=base.history + [{"version": number, "added": added, "compacted": compacted}],
     )
 
 
@@ -310,7 +294,8 @@ def publish_night(
     _: Any,
     directory: str,
     base: MapVersion,
-    compacted: dict[str, bool],
+    compacted: bool,
+    hash_shards: int,
     block_files: list[str],
     session_files: list[str],
     added_blocks: int,
@@ -323,6 +308,7 @@ def publish_night(
         written={"blocks": block_files, "sessions": session_files},
         added={"blocks": added_blocks, "sessions": added_sessions},
         compacted=compacted,
+        hash_shards=hash_shards,
         earliest_ms=min(earliest_ms, default=None),
     )
     if new is None:

@@ -9,9 +9,11 @@ Nothing here holds every hash in one place:
 4. the numbered hashes join the requests' lookups per shard (CoGroupByKey), and the ids go back
    to the request batch they came from.
 
-With ids from earlier runs (an id map, see id_map.py), step 2's output first meets the map's rows
-per shard: hashes the map knows keep their ids, only the others are numbered, from the map's next
-id. The map is read once, streamed per shard; no worker holds all of it.
+With ids from earlier runs (an id map, see id_map.py), step 2's output first meets the map per
+shard: each shard's worker reads, of the shard's segment files, only the row groups that can
+hold tonight's keys (segments.py); hashes the map knows keep their ids, only the others are
+numbered, from the map's next id. A night that rewrites the map (compaction) streams it whole
+instead, re-split by shard.
 
 One Beam element per batch and shard, never per block.
 """
@@ -24,6 +26,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 from apache_beam.coders import PickleCoder, VarIntCoder
+from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (
     BagStateSpec,
@@ -35,7 +38,6 @@ from apache_beam.transforms.window import GlobalWindow
 
 from transforms import storage
 from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids import bloom
 from transforms.ids.buckets import buckets_of, first_offsets
 from transforms.ids.dense_ids import (
     DEFAULT_HASH_SHARDS,
@@ -55,7 +57,8 @@ from transforms.ids.dense_ids import (
     split_by,
     sum_unique,
 )
-from transforms.ids.id_map import read_segment, relative, segment_path, write_segment
+from transforms.ids.id_map import relative, segment_path, shard_of_segment
+from transforms.ids.segments import read_matching, read_segment, write_segment
 from transforms.steps import metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
@@ -140,57 +143,76 @@ class ResolveShard(beam.DoFn):
         yield from split_by(resolved, batch_ids)
 
 
-class SplitKnown(beam.DoFn):
-    """Per hash shard: tonight's earliest occurrences against the map's rows. Unseen ones go on
-    to be numbered; seen ones come out with their old ids ("known"), only those that occur
-    tonight, so later steps grow with the night and not with the map."""
+class LookUpShard(beam.DoFn):
+    """Per hash shard: tonight's earliest occurrences against the shard's file of every map
+    segment, reading only the row groups that can hold tonight's keys (segments.read_matching):
+    no map row is shuffled, and what is read grows with the night, not with the map. Unseen keys
+    go on to be numbered; known ones come out with their old ids ("known")."""
 
-    def __init__(self, compact: bool):
-        self._compact = compact
+    def __init__(self):
+        self._bytes_read = Metrics.counter("kvtrace", "map_bytes_read")
+        self._groups_read = Metrics.counter("kvtrace", "map_row_groups_read")
+        self._groups = Metrics.counter("kvtrace", "map_row_groups")
+
+    def process(self, element: tuple[int, dict[str, list]]) -> Iterator[Any]:
+        shard, groups = element
+        for firsts in groups["firsts"]:  # at most one: the shard's combined table
+            matched = [read_matching(path, firsts) for path in sorted(groups["files"])]
+            for part in matched:
+                self._bytes_read.inc(part.bytes_read)
+                self._groups_read.inc(part.row_groups_read)
+                self._groups.inc(part.row_groups)
+            existing = np.concatenate([part.rows for part in matched] + [np.empty(0, NUMBERED)])
+            yield from _split_known(shard, firsts, existing)
+
+
+class SplitKnown(beam.DoFn):
+    """Per hash shard, on a night that rewrites the map: tonight's earliest occurrences against
+    all of the shard's map rows, which also come out ("carried") to be written again."""
 
     def process(self, element: tuple[int, dict[str, list]]) -> Iterator[Any]:
         shard, groups = element
         existing = (
             np.concatenate(groups["existing"]) if groups["existing"] else np.empty(0, NUMBERED)
         )
-        if self._compact and len(existing):
+        if len(existing):
             yield beam.pvalue.TaggedOutput("carried", (shard, existing))
         for firsts in groups["firsts"]:  # at most one: the shard's combined table
-            rows = lookup(existing, firsts)
-            seen = rows >= 0
-            if not seen.all():
-                yield shard, firsts[~seen]
-            if seen.any():
-                yield beam.pvalue.TaggedOutput("known", (shard, existing[rows[seen]]))
+            yield from _split_known(shard, firsts, existing)
+
+
+def _split_known(shard: int, firsts: np.ndarray, existing: np.ndarray) -> Iterator[Any]:
+    """Unseen first occurrences (main output) and the map rows of the seen ones ("known")."""
+    rows = lookup(existing, firsts)
+    seen = rows >= 0
+    if not seen.all():
+        yield shard, firsts[~seen]
+    if seen.any():
+        yield beam.pvalue.TaggedOutput("known", (shard, existing[rows[seen]]))
 
 
 class AssignDenseIds(beam.PTransform):
-    """(batch id, HashedBatch) in, or {"batches": those, "prior": (shard, NUMBERED) rows that
-    earlier runs numbered}; out a dict:
+    """(batch id, HashedBatch) in, alone or as {"batches": those, and an id map to extend:
+    "map_files": (shard, segment file path) of its segments, whose keys keep their ids, or
+    "map_rows": every (shard, NUMBERED) row of it, on a night that rewrites it (compaction)};
+    out a dict:
     "ids": (batch id, RESOLVED table) pairs;
     "unique": one UniqueTotals of the distinct keys in the input;
-    "added": (shard, NUMBERED) rows to persist: the newly numbered keys (and, when prior.compact,
+    "added": (shard, NUMBERED) rows to persist: the newly numbered keys (and, with map_rows,
     every earlier key too), and "added_count", one int: how many keys were new.
 
     keys picks what gets numbered (block hashes, or session keys): the transform is the same.
-    With prior rows, only keys absent from them are numbered, from next_id; compact asks for the
-    prior rows to come out in "added" too, so that they can be rewritten together.
+    With a map, only keys absent from it are numbered, from next_id.
     """
 
-    def __init__(
-        self, keys: KeyExtractor, shards: int = DEFAULT_HASH_SHARDS, next_id: int = 0,
-        compact: bool = False,
-    ):
+    def __init__(self, keys: KeyExtractor, shards: int = DEFAULT_HASH_SHARDS, next_id: int = 0):
         super().__init__()
         self._keys = keys
         self._shards = shards
         self._next_id = next_id
-        self._compact = compact
 
     def expand(self, inputs: beam.PCollection | dict) -> dict[str, beam.PCollection]:
-        batches, prior = (
-            (inputs["batches"], inputs.get("prior")) if isinstance(inputs, dict) else (inputs, None)
-        )
+        batches, prior = (inputs["batches"], inputs) if isinstance(inputs, dict) else (inputs, {})
         keys, shards = self._keys, self._shards
 
         def tables(batch: tuple[int, HashedBatch]) -> Iterator[tuple[str, Any]]:
@@ -242,51 +264,34 @@ class AssignDenseIds(beam.PTransform):
         added = (numbered, carried) | "ToPersist" >> beam.Flatten()
         return {"ids": ids, "unique": unique, "added": added, "added_count": added_count}
 
+    @staticmethod
     def _against_prior(
-        self, firsts: beam.PCollection, prior: beam.PCollection | None
+        firsts: beam.PCollection, prior: dict[str, beam.PCollection]
     ) -> tuple[beam.PCollection, ...]:
-        """(unseen, known, carried): see SplitKnown. Without prior rows everything is unseen.
-
-        Unless compacting (which rewrites every prior row), prior rows pass a Bloom filter of
-        tonight's keys before the shuffle: the join then grows with the night, not the map."""
-        if prior is None:
-            nothing = firsts.pipeline | "NoPriorIds" >> beam.Create([])
-            return firsts, nothing, nothing
-        if not self._compact:
-            tonight = firsts | "TonightsFilters" >> beam.MapTuple(
-                lambda shard, table: (
-                    shard, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))))
+        """(unseen, known, carried): see LookUpShard and SplitKnown. Without a map everything is
+        unseen."""
+        nothing = firsts.pipeline | "NoCarriedIds" >> beam.Create([])
+        if "map_files" in prior:
+            split = (
+                {"firsts": metered(firsts, "firsts"), "files": prior["map_files"]}
+                | "MeetMap" >> beam.CoGroupByKey()
+                | "LookUpShard" >> beam.ParDo(LookUpShard()).with_outputs("known", main="unseen")
             )
-            prior = prior | "OnlyTonightsKeys" >> beam.FlatMap(
-                _possible_rows, beam.pvalue.AsDict(tonight)
+            return split.unseen, split.known, nothing
+        if "map_rows" in prior:
+            split = (
+                {"firsts": metered(firsts, "firsts"), "existing": metered(prior["map_rows"], "mapRows")}
+                | "MeetMap" >> beam.CoGroupByKey()
+                | "SplitKnown" >> beam.ParDo(SplitKnown()).with_outputs(
+                    "known", "carried", main="unseen")
             )
-        split = (
-            {"firsts": metered(firsts, "firsts"), "existing": metered(prior, "mapRows")}
-            | "MeetPrior" >> beam.CoGroupByKey()
-            | "SplitKnown" >> beam.ParDo(SplitKnown(self._compact)).with_outputs(
-                "known", "carried", main="unseen"
-            )
-        )
-        return split.unseen, split.known, split.carried
-
-
-def _possible_rows(
-    element: tuple[int, np.ndarray], tonight: dict[int, np.ndarray]
-) -> Iterator[tuple[int, np.ndarray]]:
-    """The map rows of a shard that tonight's keys of that shard may hold (none when tonight
-    has no key in the shard)."""
-    shard, rows = element
-    if shard in tonight:
-        kept = rows[bloom.may_contain(tonight[shard], rows["hi"], rows["lo"])]
-        if len(kept):
-            yield shard, kept
-
-
-
+            return split.unseen, split.known, split.carried
+        return firsts, nothing, nothing
 
 
 class ReadIdMap(beam.PTransform):
-    """A version's segment files in, (hash shard, NUMBERED rows) out: one streaming pass."""
+    """A version's segment files in, (hash shard, NUMBERED rows) out, split into `shards`: one
+    streaming pass over the whole map, for a night that rewrites it."""
 
     def __init__(self, directory: str, files: list[str], shards: int):
         super().__init__()
@@ -300,6 +305,11 @@ class ReadIdMap(beam.PTransform):
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadSegments" >> beam.FlatMap(read_segment, self._shards)
         )
+
+
+def segment_files_by_shard(directory: str, files: list[str]) -> list[tuple[int, str]]:
+    """(hash shard, path) of a version's segment files, for LookUpShard."""
+    return [(shard_of_segment(name), storage.join(directory, name)) for name in sorted(files)]
 
 
 class WriteSegmentShard(beam.DoFn):
