@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtrace import __version__
+from kvtrace import __version__, cache_cli
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.errors import IdMapError, JobStopped
@@ -134,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
         help="local: numpy on this machine (default); beam: a Beam pipeline, for traces spread "
              "over many files and machines (Beam options such as --runner pass through)")
     add("--verbose", action="store_true", help="show Beam's own logs")
+    cache_cli.add_parsers(commands)
     return parser
 
 
@@ -430,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
-    command = {"anonymize": _anonymize, "analyze": _analyze}[args.command]
+    command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
+               "simulate": cache_cli.simulate, "report": cache_cli.report}[args.command]
     try:
         return command(args, beam_args)
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:

@@ -1,0 +1,192 @@
+"""The cache commands of `kvtrace`: reuse, simulate, report (flags -> typed configs -> pipelines).
+
+Each reads TRACE as `analyze` does (files, globs or kvtrace output folders; the block size from
+the folder's manifest unless given) and runs on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvtrace.config import ConfigError
+
+TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
+BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
+
+
+def add_parsers(commands: Any) -> None:
+    reuse = commands.add_parser(
+        "reuse", help="reuse-interval CCDF, exact LRU stack distances, reuse times (plot + JSON)",
+        description=(
+            "How much KV cache could go to a CPU or SSD tier: the share of prompt tokens reused "
+            "only after more than x tokens went through the cache (seed 003's CCDF), the exact "
+            "LRU hit rate of every capacity from stack distances, and reuse times in seconds."),
+    )
+    add = reuse.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
+    add("--gpu-kv-cache-size", type=int, metavar="TOKENS",
+        help="GPU KV cache size in tokens (vLLM logs it at start-up): draws the red reference "
+             "lines and reports ccdf_at_gpu_kv_cache_size")
+    add("--output", default="block_reuse_distribution.png", metavar="PNG",
+        help="plot file (default block_reuse_distribution.png)")
+    add("--json", metavar="OUT", help="also write the numbers as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+    simulate = commands.add_parser(
+        "simulate", help="hit rate against cache capacity per eviction policy, two-tier sizing",
+        description=(
+            "Replay the trace through KV caches of the given capacities. Per request the hit is "
+            "the longest cached prefix of its blocks (token-weighted); policies lru, "
+            "prefix-lru (leaf-first, running request pinned), fifo, belady (offline optimum)."),
+        epilog="example: kvtrace simulate trace.jsonl --capacity 3M,50M --model qwen3-8b "
+               "--tier2-capacity 100GB,1TB",
+    )
+    add = simulate.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
+    add("--capacity", required=True, metavar="LIST",
+        help="comma-separated capacities: tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB; "
+             "needs --kv-bytes-per-token or --model)")
+    add("--policy", default=",".join(_policies()), metavar="LIST",
+        help=f"comma-separated policies (default all: {', '.join(_policies())})")
+    bytes_source = simulate.add_mutually_exclusive_group()
+    bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
+                              help="KV cache bytes per token, for capacities in bytes")
+    bytes_source.add_argument("--model", metavar="PRESET",
+                              help="a model preset (configs/models: deepseek-r1, qwen3-8b, "
+                                   "llama-3.1-70b, ... or a YAML path) giving bytes per token")
+    add("--tier2-capacity", metavar="LIST",
+        help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
+    add("--json", metavar="OUT", help="also write the numbers as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+    report = commands.add_parser(
+        "report", help="one self-contained HTML page: lengths, rates, hit rates, CCDF, policies",
+        description="Everything a cache sizing needs, plotted on one HTML page with the images "
+                    "embedded (it loads nothing from the network).",
+    )
+    add = report.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
+    add("-o", "--output", required=True, metavar="HTML", help="the page to write")
+    add("--gpu-kv-cache-size", type=int, metavar="TOKENS",
+        help="where to draw the CCDF's reference lines (default: the capacity at which LRU "
+             "reaches half its infinite-cache hit rate)")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def _policies() -> tuple[str, ...]:
+    from transforms.cache.policies import POLICIES
+
+    return POLICIES
+
+
+def _inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
+    from transforms.stats.trace_inputs import declared_block_size, trace_files
+
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError("--block-size must be >= 1")
+    files = trace_files(args.trace)
+    return tuple(files), args.block_size or declared_block_size(files) or 512
+
+
+def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.reuse import ReuseConfig, run_reuse
+
+    _no_beam(beam_args)
+    if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
+        raise ConfigError("--gpu-kv-cache-size must be a positive number of tokens")
+    files, block_size = _inputs(args)
+    report = run_reuse(ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output))
+    if not _has_rows(report, files):
+        return 1
+    print(f"{report['rows']:,} requests, {report['prompt_tokens']:,} prompt tokens, block size "
+          f"{block_size}; reused across requests (infinite cache): "
+          f"{report['reused_token_share']:.4f} of prompt tokens")
+    if "ccdf_at_gpu_kv_cache_size" in report:
+        print(f"reused after more than {args.gpu_kv_cache_size:,} tokens (beyond the GPU cache): "
+              f"{report['ccdf_at_gpu_kv_cache_size']:.4f} of prompt tokens")
+    for bucket in report["reuse_time"]:
+        print(f"  reuse after {bucket['bucket']:>11}: {bucket['share']:.4f} of reused tokens")
+    print(f"plot: {args.output}")
+    _write_json(args.json, report)
+    return 0
+
+
+def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.simulate import SimulateConfig, run_simulate
+    from transforms.cache.capacity import kv_bytes_per_token, load_model, parse_capacities
+
+    _no_beam(beam_args)
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    unknown = [p for p in policies if p not in _policies()]
+    if unknown or not policies:
+        raise ConfigError(f"--policy: unknown {', '.join(unknown) or 'empty list'}; "
+                          f"known: {', '.join(_policies())}")
+    per_token = args.kv_bytes_per_token
+    if per_token is not None and per_token < 1:
+        raise ConfigError("--kv-bytes-per-token must be >= 1")
+    if args.model:
+        per_token = kv_bytes_per_token(load_model(args.model))
+    files, block_size = _inputs(args)
+    config = SimulateConfig(
+        files, tuple(parse_capacities(args.capacity, per_token)), policies, block_size, per_token,
+        tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else ())
+    report = run_simulate(config)
+    if not _has_rows(report, files):
+        return 1
+    print(f"token-weighted hit rate (longest cached prefix per request), block size {block_size}"
+          + (f", {per_token:,} KV bytes per token" if per_token else ""))
+    print("| capacity (tokens) | " + " | ".join(policies) + " |")
+    print("|---" * (len(policies) + 1) + "|")
+    for i, capacity in enumerate(config.capacities):
+        print(f"| {capacity.tokens:,} | "
+              + " | ".join(f"{report['policies'][p][i]['hit_rate']:.4f}" for p in policies) + " |")
+    for point in report.get("two_tier", []):
+        print(f"two-tier: GPU {point['capacity_tokens']:,} + tier 2 "
+              f"{point['tier2_capacity_tokens']:,} tokens: {point['hit_rate']:.4f} "
+              f"(GPU {point['gpu_hit_rate']:.4f}, tier 2 {point['tier2_hit_rate']:.4f})")
+    _write_json(args.json, report)
+    return 0
+
+
+def report(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.report import ReportConfig, run_report
+
+    _no_beam(beam_args)
+    files, block_size = _inputs(args)
+    numbers = run_report(ReportConfig(files, args.output, block_size, args.gpu_kv_cache_size))
+    if not _has_rows({"rows": numbers["analyze"]["total_requests"],
+                      "problems": numbers["analyze"]["problems"]}, files):
+        return 1
+    print(f"report: {args.output}")
+    return 0
+
+
+def _no_beam(beam_args: list[str]) -> None:
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+
+
+def _has_rows(report: dict, files: tuple[str, ...]) -> bool:
+    """Report malformed lines on stderr; False (exit 1) when no row could be read."""
+    malformed = report["problems"]["malformed_lines"]
+    if malformed["count"]:
+        print(f"warning: {malformed['count']:,} malformed trace line(s) skipped", file=sys.stderr)
+        for example in malformed["examples"][:5]:
+            print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+    if not report["rows"]:
+        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
+        return False
+    return True
+
+
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")

@@ -1,0 +1,141 @@
+"""`kvtrace report`: one self-contained HTML page of a trace: lengths, request rate, the hit-rate
+definitions side by side, the reuse CCDF, miss-ratio curves per policy, a two-tier sizing grid.
+
+Images are embedded as data URIs and the page loads nothing from the network, so it can be
+mailed or attached to a ticket as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from transforms import storage
+from transforms.cache import plots
+from transforms.cache.cache_trace import read_cache_trace
+from transforms.cache.capacity import Capacity
+from transforms.cache.policies import POLICIES
+from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
+from transforms.cache.stack_distance import COLD, stack_distances
+from transforms.stats.trace_stats import analyze
+
+from pipelines.simulate import policy_curve, two_tier_grid
+
+_LOG = logging.getLogger("kvtrace")
+# Capacities of the miss-ratio curves and the sizing grid, log-spaced over the trace's own
+# range of LRU stack distances: enough points to read a knee, few enough replays to stay fast.
+CURVE_POINTS = 8
+GRID_POINTS = 4
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    inputs: tuple[str, ...]
+    output: str
+    block_size: int = 512
+    gpu_kv_cache_size: int | None = None  # default: where LRU reaches half its best hit rate
+
+
+def run_report(config: ReportConfig) -> dict:
+    """Writes the page; returns the numbers it shows."""
+    trace, cache = read_cache_trace(config.inputs, config.block_size)
+    stats = analyze(trace, config.block_size)
+    events = reuse_events(cache)
+    distances = stack_distances(cache)
+    capacities = _capacities(distances.prefix_max, config.block_size, CURVE_POINTS)
+    gpu = config.gpu_kv_cache_size or _half_way(distances, capacities)
+    curves = {policy: policy_curve(cache, distances, policy, capacities) for policy in POLICIES}
+    grid_gpu = _capacities(distances.prefix_max, config.block_size, GRID_POINTS)
+    grid = two_tier_grid(distances, grid_gpu, grid_gpu)
+    x, y = ccdf_curve(events)
+    at_gpu = ccdf_at(events, gpu)
+    total = np.array([p["hit_rate"] for p in grid]).reshape(len(grid_gpu), len(grid_gpu))
+    from_gpu = np.array([p["gpu_hit_rate"] for p in grid]).reshape(total.shape)
+    sizes = [c.tokens for c in grid_gpu]
+    images = {
+        "lengths": plots.lengths_png(cache.input_length, cache.output_length),
+        "rate": plots.request_rate_png(cache.timestamp_ms),
+        "ccdf": plots.ccdf_png(x, y, gpu, at_gpu),
+        "reuse_time": plots.reuse_time_png(reuse_time_histogram(events)),
+        "miss_ratio": plots.miss_ratio_png({
+            policy: ([p["capacity_tokens"] for p in points], [p["hit_rate"] for p in points])
+            for policy, points in curves.items()}),
+        "two_tier": plots.two_tier_png(sizes, sizes, total, from_gpu),
+    }
+    numbers = {"analyze": stats, "gpu_kv_cache_size": gpu, "ccdf_at_gpu_kv_cache_size": at_gpu,
+               "policies": curves, "two_tier": grid}
+    with storage.create(config.output) as handle:
+        handle.write(page(config, stats, numbers, images).encode())
+    _LOG.info("report written to %s", config.output)
+    return numbers
+
+
+def _capacities(prefix_max: np.ndarray, block_size: int, points: int) -> tuple[Capacity, ...]:
+    warm = prefix_max[prefix_max != COLD]
+    if not len(warm):
+        return (Capacity(block_size, None),)
+    pages = np.unique(np.geomspace(max(1, warm.min()), warm.max(), points).round().astype(np.int64))
+    return tuple(Capacity(int(p) * block_size, None) for p in pages)
+
+
+def _half_way(distances, capacities: tuple[Capacity, ...]) -> int:
+    """The smallest capacity where LRU reaches half its infinite-cache hit rate."""
+    tokens = np.array([c.tokens for c in capacities])
+    rates = distances.hit_rates(tokens)
+    return int(tokens[np.searchsorted(rates, rates[-1] / 2)]) if len(tokens) else 0
+
+
+def _image(png: bytes, alt: str) -> str:
+    return (f'<img alt="{html.escape(alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+
+
+def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, bytes]) -> str:
+    rates = stats["hit_rates"]
+    definitions = stats["definitions"]
+    lru_rows = "".join(
+        f"<tr><td>{policy}</td>" + "".join(f"<td>{p['hit_rate']:.4f}</td>" for p in points) + "</tr>"
+        for policy, points in numbers["policies"].items())
+    header = "".join(f"<th>{p['capacity_tokens']:,}</th>"
+                     for p in next(iter(numbers["policies"].values())))
+    rate_rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{value:.4f}</td>"
+        f"<td>{html.escape(definitions[key])}</td></tr>"
+        for name, key, value in (
+            ("aiperf / Dynamo cache_hit_rate", "cache_hit_rate", stats["cache_hit_rate"]),
+            ("per request mean (causal)", "per_request_mean", rates["per_request_mean"]),
+            ("block weighted", "block_weighted", rates["block_weighted"]),
+            ("token weighted", "token_weighted", rates["token_weighted"]),
+            ("token weighted after warm-up", "token_weighted_after_warmup",
+             rates["token_weighted_after_warmup"]),
+        ))
+    files = ", ".join(html.escape(f) for f in config.inputs)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>kvtrace report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
+img {{ max-width: 100%; }} table {{ border-collapse: collapse; margin: 1em 0; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 14px; text-align: left; }}
+h2 {{ border-bottom: 1px solid #ddd; margin-top: 2em; }}
+</style></head><body>
+<h1>kvtrace report</h1>
+<p>{files}: {stats['total_requests']:,} requests, block size {config.block_size}.</p>
+<h2>Input and output lengths</h2>{_image(images['lengths'], 'ISL and OSL histograms')}
+<h2>Request rate</h2>{_image(images['rate'], 'requests per minute')}
+<h2>Hit rates: the definitions side by side (infinite cache)</h2>
+<table><tr><th>hit rate</th><th>value</th><th>definition</th></tr>{rate_rows}</table>
+<h2>Reuse intervals</h2>
+<p>Share of prompt tokens reused after more than x tokens went through the cache; at
+{numbers['gpu_kv_cache_size']:,} tokens of GPU cache (red), {numbers['ccdf_at_gpu_kv_cache_size']:.1%}
+of prompt tokens are reused too late for it: the most a CPU/SSD tier could serve.</p>
+{_image(images['ccdf'], 'reuse interval CCDF')}{_image(images['reuse_time'], 'reuse time')}
+<h2>Miss-ratio curves by policy</h2>{_image(images['miss_ratio'], 'miss ratio per policy')}
+<table><tr><th>policy \\ capacity (tokens)</th>{header}</tr>{lru_rows}</table>
+<h2>Two-tier sizing</h2>{_image(images['two_tier'], 'two-tier grid')}
+<p>GPU capacity (rows) with an LRU CPU/SSD tier behind it (columns): token-weighted hit rate,
+and in brackets the part the GPU serves.</p>
+</body></html>
+"""

@@ -1,0 +1,101 @@
+"""`kvtrace simulate`: hit rate against cache capacity per policy, and a two-tier sizing grid.
+
+`lru` comes from one stack-distance pass for every capacity at once; the other policies replay
+the trace once per capacity (transforms/cache/policies.py: sequential by nature).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from transforms.cache.cache_trace import CacheTrace, read_cache_trace
+from transforms.cache.capacity import Capacity
+from transforms.cache.policies import POLICIES, hit_rate
+from transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
+from transforms.stats.trace_stats import row_problems
+
+_LOG = logging.getLogger("kvtrace")
+
+DEFINITIONS = {
+    "capacity": "tokens of KV cache; every block (the partial last one too) takes a page of "
+                "block size tokens",
+    "hit_rate": "token-weighted: per request, the real tokens of the longest prefix of its "
+                "blocks cached on arrival, over all prompt tokens (never above 1)",
+    "lru": "then the request's blocks are touched in order; least recently used evicted",
+    "prefix-lru": "the same, evicting the least recently used leaf (no cached descendant), "
+                  "never a block of the running request",
+    "fifo": "first inserted evicted first; hits do not refresh",
+    "belady": "furthest next use evicted first (offline optimum; deepest first on a tie)",
+    "two_tier": "exclusive LRU tiers: GPU evictions are demoted to tier 2, tier-2 hits "
+                "promoted; hit rates split by the tier that served them",
+}
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    inputs: tuple[str, ...]
+    capacities: tuple[Capacity, ...]
+    policies: tuple[str, ...] = POLICIES
+    block_size: int = 512
+    kv_bytes_per_token: int | None = None
+    tier2_capacities: tuple[Capacity, ...] = ()
+
+
+def run_simulate(config: SimulateConfig) -> dict:
+    trace, cache = read_cache_trace(config.inputs, config.block_size)
+    distances = stack_distances(cache)
+    report = {
+        "block_size": config.block_size,
+        "kv_bytes_per_token": config.kv_bytes_per_token,
+        "rows": cache.rows,
+        "prompt_tokens": distances.total_tokens,
+        "infinite_cache": infinite_cache(distances),
+        "definitions": {k: v for k, v in DEFINITIONS.items()
+                        if k in config.policies or k in ("capacity", "hit_rate")
+                        or (k == "two_tier" and config.tier2_capacities)},
+        "policies": {policy: policy_curve(cache, distances, policy, config.capacities)
+                     for policy in config.policies},
+        "problems": row_problems(trace, config.block_size),
+    }
+    if config.tier2_capacities:
+        report["two_tier"] = two_tier_grid(distances, config.capacities, config.tier2_capacities)
+    return report
+
+
+def policy_curve(cache: CacheTrace, distances: StackDistances, policy: str,
+                 capacities: tuple[Capacity, ...]) -> list[dict]:
+    started = time.perf_counter()
+    if policy == "lru":  # a stack algorithm: every capacity from one pass
+        rates = distances.hit_rates(np.array([c.tokens for c in capacities]))
+    else:
+        rates = []
+        for done, capacity in enumerate(capacities, 1):
+            rates.append(hit_rate(cache, policy, capacity.tokens))
+            _LOG.info("%s: %d of %d capacities replayed", policy, done, len(capacities))
+    _LOG.info("%s done in %.1f s", policy, time.perf_counter() - started)
+    return [_point(capacity, {"hit_rate": float(rate)}) for capacity, rate in zip(capacities, rates)]
+
+
+def two_tier_grid(distances: StackDistances, gpu: tuple[Capacity, ...],
+                  tier2: tuple[Capacity, ...]) -> list[dict]:
+    grid = []
+    for first in gpu:
+        for second in tier2:
+            from_gpu, from_tier2 = distances.two_tier(first.tokens, second.tokens)
+            point = _point(first, {"tier2_capacity_tokens": second.tokens,
+                                   "hit_rate": from_gpu + from_tier2, "gpu_hit_rate": from_gpu,
+                                   "tier2_hit_rate": from_tier2})
+            if second.bytes is not None:
+                point["tier2_capacity_bytes"] = second.bytes
+            grid.append(point)
+    return grid
+
+
+def _point(capacity: Capacity, values: dict) -> dict:
+    point: dict = {"capacity_tokens": capacity.tokens}
+    if capacity.bytes is not None:
+        point["capacity_bytes"] = capacity.bytes
+    return {**point, **values}

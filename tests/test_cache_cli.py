@@ -1,0 +1,113 @@
+"""kvtrace reuse / simulate / report: reference values on the real trace, bad lines, the page."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import shared_path, write_jsonl
+
+from kvtrace.cli import main
+
+
+def run_json(capsys, tmp_path, *argv: str) -> tuple[dict, str]:
+    out = tmp_path / "out.json"
+    assert main([*argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+def test_reuse_matches_the_reference_values_and_draws_the_plot(tmp_path, capsys):
+    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
+    plot = tmp_path / "reuse.png"
+    report, out = run_json(capsys, tmp_path, "reuse", trace, "--block-size", "512",
+                           "--gpu-kv-cache-size", "345792", "--output", str(plot))
+    assert report["ccdf_at_gpu_kv_cache_size"] == pytest.approx(0.5938, abs=5e-5)
+    assert report["infinite_cache"]["token_weighted"] == pytest.approx(0.6512, abs=5e-5)
+    assert report["infinite_cache"]["token_weighted_last_50pct_of_rows"] == pytest.approx(0.8627, abs=5e-5)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lru = report["lru_stack"]
+    assert all(a <= b for a, b in zip(lru["lru_hit_rate"], lru["lru_hit_rate"][1:]))
+    assert sum(b["share"] for b in report["reuse_time"]) == pytest.approx(1.0)
+    assert "0.5938 of prompt tokens" in out
+
+
+def test_simulate_matches_the_reference_values(tmp_path, capsys):
+    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
+    report, out = run_json(capsys, tmp_path, "simulate", trace, "--capacity", "3000000,50M",
+                           "--tier2-capacity", "47M")
+    lru = {p["capacity_tokens"]: p["hit_rate"] for p in report["policies"]["lru"]}
+    assert lru[3_000_000] == pytest.approx(0.3151, abs=5e-5)
+    assert lru[50_000_000] == pytest.approx(0.6512, abs=5e-5)
+    at_3m = {policy: points[0]["hit_rate"] for policy, points in report["policies"].items()}
+    assert at_3m["belady"] >= max(at_3m.values()) and all(0 <= r <= 1 for r in at_3m.values())
+    tiers = report["two_tier"][0]
+    assert tiers["gpu_hit_rate"] + tiers["tier2_hit_rate"] == pytest.approx(lru[50_000_000], abs=1e-3)
+    assert "| 3,000,000 | 0.3151 |" in out
+
+
+def test_simulate_in_bytes_with_a_model_preset(tmp_path, capsys):
+    trace = write_jsonl(tmp_path / "t.jsonl", [
+        {"timestamp": i, "input_length": 40, "output_length": 1, "hash_ids": [0, 1, 2 + i % 3]}
+        for i in range(30)])
+    report, _ = run_json(capsys, tmp_path, "simulate", str(trace), "--block-size", "16",
+                         "--capacity", "10MB", "--model", "qwen3-8b", "--policy", "lru,fifo")
+    point = report["policies"]["fifo"][0]
+    assert report["kv_bytes_per_token"] == 147_456
+    assert point["capacity_bytes"] == 10_000_000 and point["capacity_tokens"] == 10_000_000 // 147_456
+    assert set(report["policies"]) == {"lru", "fifo"}
+
+
+def test_bad_lines_are_reported_and_bad_flags_refused(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [0, 1]}\n'
+                     "not json\n"
+                     '{"timestamp": 5, "input_length": 20, "output_length": 1, "hash_ids": [0, 1]}\n')
+    assert main(["reuse", str(trace), "--block-size", "16", "--output", str(tmp_path / "p.png")]) == 0
+    err = capsys.readouterr().err
+    assert "1 malformed trace line(s) skipped" in err and "t.jsonl:2" in err
+    assert main(["simulate", str(trace), "--capacity", "1M", "--policy", "lru,mru"]) == 2
+    assert "unknown mru" in capsys.readouterr().err
+    assert main(["simulate", str(trace), "--capacity", "40GB"]) == 2
+    assert "--kv-bytes-per-token or --model" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("nonsense\n")
+    assert main(["simulate", str(empty), "--capacity", "1M"]) == 1
+    assert "no trace rows could be read" in capsys.readouterr().err
+
+
+def test_report_is_one_self_contained_page(tmp_path, capsys):
+    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
+    page = tmp_path / "report.html"
+    assert main(["report", trace, "-o", str(page)]) == 0
+    text = page.read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', text)
+    assert len(images) == 6
+    assert all(base64.b64decode(image)[:4] == b"\x89PNG" for image in images)
+    assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing from the network
+    for heading in ("Hit rates: the definitions side by side", "Miss-ratio curves by policy",
+                    "Two-tier sizing", "Reuse intervals", "Request rate"):
+        assert heading in text
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (CI installs it)")
+def test_report_renders_in_headless_chromium(tmp_path):
+    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
+    page = tmp_path / "report.html"
+    assert main(["report", trace, "-o", str(page)]) == 0
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                    f"--screenshot={shot}", "--window-size=1200,3000", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    # Not blank: many distinct grey levels (plots, text), not one background colour.
+    assert len(np.unique(pixels)) > 50 and pixels.std() > 10

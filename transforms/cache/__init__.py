@@ -1,0 +1,1 @@
+"""Cache analyses of a trace: reuse intervals, LRU stack distances, policy simulations, plots."""

@@ -1,0 +1,142 @@
+"""The plots of reuse, simulate and report, as PNG bytes (matplotlib, no display needed).
+
+Each plot names the definition of what it draws, since hit rates differ by definition.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+_DPI = 110
+
+
+def _png(figure: plt.Figure) -> bytes:
+    sink = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(sink, format="png", dpi=_DPI)
+    plt.close(figure)
+    return sink.getvalue()
+
+
+def draw_ccdf(axes: plt.Axes, x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
+              at_gpu: float | None) -> None:
+    """Seed 003's plot: share of prompt tokens reused after more than x tokens, log x; with a
+    GPU cache size, red lines at it and at the share beyond it (drawn even outside the data)."""
+    axes.scatter(x, 100 * y, s=6)
+    axes.set_xscale("log")
+    axes.set_xlabel("reuse interval x (tokens through the cache since the previous use)")
+    axes.set_ylabel("% of prompt tokens reused after > x")
+    axes.set_title("CCDF of block reuse intervals (token-weighted, across requests)", fontsize=10)
+    if gpu_kv_cache_size:
+        axes.axvline(gpu_kv_cache_size, color="red", linestyle="--",
+                     label=f"GPU KV cache: {gpu_kv_cache_size:,} tokens")
+        axes.axhline(100 * (at_gpu or 0.0), color="red", linestyle=":",
+                     label=f"{100 * (at_gpu or 0.0):.1f}% reusable beyond it (offload bound)")
+        low, high = axes.get_xlim() if len(x) else (gpu_kv_cache_size / 10, gpu_kv_cache_size * 10)
+        axes.set_xlim(min(low, gpu_kv_cache_size / 2), max(high, gpu_kv_cache_size * 2))
+        axes.legend(fontsize=8)
+    axes.set_ylim(bottom=0)
+    axes.grid(True, which="both", alpha=0.3)
+
+
+def reuse_figure(x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
+                 at_gpu: float | None, capacities: np.ndarray, lru: np.ndarray,
+                 block_lru: np.ndarray, reuse_time: Sequence[dict]) -> bytes:
+    figure, (ccdf, stack, times) = plt.subplots(1, 3, figsize=(17, 4.8))
+    draw_ccdf(ccdf, x, y, gpu_kv_cache_size, at_gpu)
+    stack.plot(capacities, lru, label="lru: longest cached prefix per request")
+    stack.plot(capacities, block_lru, linestyle="--", label="block LRU: every cached block")
+    stack.set_xscale("log")
+    stack.set_xlabel("LRU cache capacity (tokens, pages of block size)")
+    stack.set_ylabel("token-weighted hit rate")
+    stack.set_title("Exact LRU hit rate from stack distances", fontsize=10)
+    if gpu_kv_cache_size:
+        stack.axvline(gpu_kv_cache_size, color="red", linestyle="--")
+    stack.legend(fontsize=8)
+    stack.grid(True, which="both", alpha=0.3)
+    draw_reuse_time(times, reuse_time)
+    return _png(figure)
+
+
+def draw_reuse_time(axes: plt.Axes, reuse_time: Sequence[dict]) -> None:
+    axes.bar([b["bucket"] for b in reuse_time], [100 * b["share"] for b in reuse_time])
+    axes.set_ylabel("% of reused tokens")
+    axes.set_title("Time since the previous use (seconds, by timestamp)", fontsize=10)
+    axes.tick_params(axis="x", labelsize=8)
+
+
+def ccdf_png(x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
+             at_gpu: float | None) -> bytes:
+    figure, axes = plt.subplots(figsize=(7, 4.8))
+    draw_ccdf(axes, x, y, gpu_kv_cache_size, at_gpu)
+    return _png(figure)
+
+
+def reuse_time_png(reuse_time: Sequence[dict]) -> bytes:
+    figure, axes = plt.subplots(figsize=(7, 4))
+    draw_reuse_time(axes, reuse_time)
+    return _png(figure)
+
+
+def miss_ratio_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> bytes:
+    """Miss ratio (1 - token-weighted hit rate) against capacity, one line per policy."""
+    figure, axes = plt.subplots(figsize=(7, 4.8))
+    for policy, (capacities, rates) in curves.items():
+        axes.plot(capacities, 1 - np.asarray(rates), marker="o", markersize=3, label=policy)
+    axes.set_xscale("log")
+    axes.set_xlabel("cache capacity (tokens)")
+    axes.set_ylabel("miss ratio (1 - token-weighted hit rate)")
+    axes.set_title("Miss-ratio curves: hit = longest cached prefix per request", fontsize=10)
+    axes.legend(fontsize=8)
+    axes.grid(True, which="both", alpha=0.3)
+    return _png(figure)
+
+
+def two_tier_png(gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray,
+                 from_gpu: np.ndarray) -> bytes:
+    """Hit rate of each (GPU, tier-2) capacity pair; cells show total and the GPU's part."""
+    figure, axes = plt.subplots(figsize=(1.6 * len(tier2) + 3, 0.7 * len(gpu) + 2))
+    image = axes.imshow(total, cmap="viridis", vmin=0, vmax=max(1e-9, float(total.max())),
+                        aspect="auto")
+    for i in range(len(gpu)):
+        for j in range(len(tier2)):
+            axes.text(j, i, f"{total[i, j]:.3f}\n(GPU {from_gpu[i, j]:.3f})", ha="center",
+                      va="center", fontsize=7, color="white" if total[i, j] < 0.6 * total.max() else "black")
+    axes.set_xticks(range(len(tier2)), [f"{t:,}" for t in tier2], fontsize=7)
+    axes.set_yticks(range(len(gpu)), [f"{g:,}" for g in gpu], fontsize=7)
+    axes.set_xlabel("tier-2 (CPU/SSD) capacity, tokens")
+    axes.set_ylabel("GPU capacity, tokens")
+    axes.set_title("Two-tier LRU: token-weighted hit rate (GPU's share)", fontsize=10)
+    figure.colorbar(image, ax=axes)
+    return _png(figure)
+
+
+def lengths_png(input_length: np.ndarray, output_length: np.ndarray) -> bytes:
+    figure, (isl, osl) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for axes, values, name in ((isl, input_length, "input length (ISL)"),
+                               (osl, output_length, "output length (OSL)")):
+        axes.hist(values, bins=60, color="tab:blue")
+        axes.set_xlabel(f"{name}, tokens")
+        axes.set_ylabel("requests")
+        axes.set_title(f"{name}: mean {np.mean(values) if len(values) else 0:,.0f}", fontsize=10)
+    return _png(figure)
+
+
+def request_rate_png(timestamp_ms: np.ndarray) -> bytes:
+    figure, axes = plt.subplots(figsize=(11, 3.5))
+    if len(timestamp_ms):
+        minutes = (timestamp_ms - timestamp_ms.min()) / 60_000
+        counts = np.bincount(minutes.astype(np.int64))
+        axes.plot(np.arange(len(counts)), counts)
+    axes.set_xlabel("minutes since the first request")
+    axes.set_ylabel("requests per minute")
+    axes.set_title("Request rate over time", fontsize=10)
+    axes.grid(True, alpha=0.3)
+    return _png(figure)

@@ -1,0 +1,163 @@
+"""Cache policies replayed request by request, one capacity per pass (numba-compiled loops).
+
+Every policy works in pages: a block, the partial last block of a request too, takes one page of
+block_size tokens, so a cache of C tokens holds C // block_size blocks. Per request, the hit is
+the longest prefix of its blocks that is cached when it arrives (token-weighted: the real tokens
+of those blocks, so a rate never exceeds 1); then its blocks are touched in order, and missing
+ones inserted, evicting as the policy says:
+
+- lru: the least recently used block. A stack algorithm: stack_distance.py gives every capacity
+  in one pass; the replay here exists to check it.
+- prefix-lru: the least recently used leaf (a block none of whose descendants is cached), never
+  a block of the running request: as serving engines' radix caches do. When only the running
+  request's blocks are left, the rest of it is not cached.
+- fifo: the block inserted first; hits do not refresh it.
+- belady: the block whose next use is furthest (offline optimum, the upper bound); a tie (a
+  block and its descendants are next used together) evicts the deepest first.
+
+Every replay is sequential by nature (each eviction depends on the whole history), so a trace
+replays on one core; traces beyond one machine's memory are not a case for them.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from transforms.cache.cache_trace import CacheTrace
+
+POLICIES = ("lru", "prefix-lru", "fifo", "belady")
+_LRU, _PREFIX_LRU, _FIFO, _BELADY = range(4)
+_NEVER = np.iinfo(np.int64).max
+
+
+def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int) -> float:
+    """Token-weighted hit rate of the policy at a capacity in tokens."""
+    total = int(trace.tokens.sum())
+    if not total:
+        return 0.0
+    pages = capacity_tokens // trace.block_size
+    block = trace.block.astype(np.int64)
+    tokens = trace.tokens.astype(np.int64)
+    parent = _parents(block, trace.row_starts, trace.distinct_blocks)
+    next_use = _next_uses(block)
+    hits = _replay(block, tokens, trace.row_starts, parent, next_use, trace.distinct_blocks,
+                   pages, POLICIES.index(policy))
+    return hits / total
+
+
+def _parents(block: np.ndarray, row_starts: np.ndarray, distinct: int) -> np.ndarray:
+    """Each prefix's parent prefix (-1 at a request's first block): exact prefixes have one."""
+    parent = np.full(distinct, -1, dtype=np.int64)
+    position = np.arange(len(block)) - np.repeat(row_starts[:-1], np.diff(row_starts))
+    inner = np.flatnonzero(position > 0)
+    parent[block[inner]] = block[inner - 1]
+    return parent
+
+
+def _next_uses(block: np.ndarray) -> np.ndarray:
+    """For each occurrence, the index of the same block's next occurrence (_NEVER if none)."""
+    order = np.argsort(block, kind="stable")
+    next_use = np.full(len(block), _NEVER, dtype=np.int64)
+    same = block[order][1:] == block[order][:-1]
+    next_use[order[:-1][same]] = order[1:][same]
+    return next_use
+
+
+@numba.njit(cache=True)
+def _push(keys: np.ndarray, values: np.ndarray, size: int, key: int, value: int) -> int:
+    """Push onto a binary min-heap held in (keys, values)[:size]; returns the new size."""
+    i = size
+    keys[i], values[i] = key, value
+    while i > 0:
+        up = (i - 1) // 2
+        if keys[up] <= keys[i]:
+            break
+        keys[up], keys[i] = keys[i], keys[up]
+        values[up], values[i] = values[i], values[up]
+        i = up
+    return size + 1
+
+
+@numba.njit(cache=True)
+def _pop(keys: np.ndarray, values: np.ndarray, size: int) -> int:
+    """Remove the heap's minimum (read it from keys[0], values[0] first); returns the new size."""
+    size -= 1
+    keys[0], values[0] = keys[size], values[size]
+    i = 0
+    while True:
+        left, smallest = 2 * i + 1, i
+        if left < size and keys[left] < keys[smallest]:
+            smallest = left
+        if left + 1 < size and keys[left + 1] < keys[smallest]:
+            smallest = left + 1
+        if smallest == i:
+            return size
+        keys[smallest], keys[i] = keys[i], keys[smallest]
+        values[smallest], values[i] = values[i], values[smallest]
+        i = smallest
+
+
+@numba.njit(cache=True)
+def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy) -> int:
+    cached = np.zeros(distinct, dtype=np.bool_)
+    key_now = np.zeros(distinct, dtype=np.int64)  # the block's current eviction key
+    cached_children = np.zeros(distinct, dtype=np.int64)
+    touched_in_row = np.full(distinct, -1, dtype=np.int64)
+    room = 2 * len(block) + 1  # each touch and each leaf-again pushes at most once
+    keys = np.empty(room, dtype=np.int64)
+    values = np.empty(room, dtype=np.int64)
+    size, used, hits, now = 0, 0, 0, 0
+    for row in range(len(row_starts) - 1):
+        start, end = row_starts[row], row_starts[row + 1]
+        i = start
+        while i < end and cached[block[i]]:
+            hits += tokens[i]
+            i += 1
+        for i in range(start, end):
+            b = block[i]
+            now += 1
+            touched_in_row[b] = row
+            if policy == _FIFO:
+                key = now if not cached[b] else key_now[b]
+            elif policy == _BELADY:  # furthest next use first; deeper first on a tie
+                key = -(min(next_use[i], 2**40) * 65536 + min(i - start, 65535))
+            else:
+                key = now
+            if not cached[b]:
+                if pages == 0:
+                    break
+                full = False
+                while used >= pages:
+                    if size == 0:
+                        full = True
+                        break
+                    victim, victim_key = values[0], keys[0]
+                    size = _pop(keys, values, size)
+                    if not cached[victim] or victim_key != key_now[victim]:
+                        continue  # stale: re-keyed, evicted, or not a leaf any more
+                    if policy == _PREFIX_LRU:
+                        if cached_children[victim] > 0:
+                            continue  # pushed again when it becomes a leaf
+                        if touched_in_row[victim] == row:  # pinned: the running request's
+                            size = _push(keys, values, size, victim_key, victim)
+                            full = True
+                            break
+                    cached[victim] = False
+                    used -= 1
+                    p = parent[victim]
+                    if p >= 0 and cached[p]:
+                        cached_children[p] -= 1
+                        if policy == _PREFIX_LRU and cached_children[p] == 0:
+                            size = _push(keys, values, size, key_now[p], p)
+                if full:
+                    break
+                cached[b] = True
+                used += 1
+                p = parent[b]
+                if p >= 0 and cached[p]:
+                    cached_children[p] += 1
+            elif key == key_now[b]:
+                continue  # FIFO: a hit keeps its place
+            key_now[b] = key
+            size = _push(keys, values, size, key, b)
+    return hits
