@@ -34,7 +34,11 @@ def add_parsers(commands: Any) -> None:
     add("--output", default="block_reuse_distribution.png", metavar="PNG",
         help="plot file (default block_reuse_distribution.png)")
     add("--json", metavar="OUT", help="also write the numbers as JSON")
-    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+    add("--engine", choices=("local", "beam"), default="local",
+        help="local: this machine (default); beam: a Beam pipeline for traces beyond one "
+             "machine (CCDF and reuse times; stack distances need one machine). Beam options "
+             "such as --runner pass through")
+    add("--verbose", action="store_true", help="show Beam's own logs")
 
     simulate = commands.add_parser(
         "simulate", help="hit rate against cache capacity per eviction policy, two-tier sizing",
@@ -97,11 +101,23 @@ def _inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
 def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.reuse import ReuseConfig, run_reuse
 
-    _no_beam(beam_args)
+    if args.engine == "local":
+        _no_beam(beam_args, hint=" (Beam options need --engine beam)")
+    else:
+        from kvtrace.cli import _our_flags, _parser
+        from kvtrace.options import check_beam_flags
+
+        check_beam_flags(beam_args, _our_flags(_parser()))
     if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
         raise ConfigError("--gpu-kv-cache-size must be a positive number of tokens")
     files, block_size = _inputs(args)
-    report = run_reuse(ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output))
+    config = ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output)
+    if args.engine == "beam":
+        from pipelines.reuse_beam import run_reuse_beam
+
+        report = run_reuse_beam(config, beam_args)
+    else:
+        report = run_reuse(config)
     if not _has_rows(report, files):
         return 1
     print(f"{report['rows']:,} requests, {report['prompt_tokens']:,} prompt tokens, block size "
@@ -167,9 +183,9 @@ def report(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def _no_beam(beam_args: list[str]) -> None:
+def _no_beam(beam_args: list[str], hint: str = "") -> None:
     if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}{hint}")
 
 
 def _has_rows(report: dict, files: tuple[str, ...]) -> bool:

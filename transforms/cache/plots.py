@@ -47,21 +47,25 @@ def draw_ccdf(axes: plt.Axes, x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: i
 
 
 def reuse_figure(x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
-                 at_gpu: float | None, capacities: np.ndarray, lru: np.ndarray,
-                 block_lru: np.ndarray, reuse_time: Sequence[dict]) -> bytes:
-    figure, (ccdf, stack, times) = plt.subplots(1, 3, figsize=(17, 4.8))
-    draw_ccdf(ccdf, x, y, gpu_kv_cache_size, at_gpu)
-    stack.plot(capacities, lru, label="lru: longest cached prefix per request")
-    stack.plot(capacities, block_lru, linestyle="--", label="block LRU: every cached block")
-    stack.set_xscale("log")
-    stack.set_xlabel("LRU cache capacity (tokens, pages of block size)")
-    stack.set_ylabel("token-weighted hit rate")
-    stack.set_title("Exact LRU hit rate from stack distances", fontsize=10)
-    if gpu_kv_cache_size:
-        stack.axvline(gpu_kv_cache_size, color="red", linestyle="--")
-    stack.legend(fontsize=8)
-    stack.grid(True, which="both", alpha=0.3)
-    draw_reuse_time(times, reuse_time)
+                 at_gpu: float | None, capacities: np.ndarray | None, lru: np.ndarray | None,
+                 block_lru: np.ndarray | None, reuse_time: Sequence[dict]) -> bytes:
+    """The CCDF, the exact LRU curves (when stack distances were computed) and reuse times."""
+    panels = 3 if capacities is not None else 2
+    figure, axes = plt.subplots(1, panels, figsize=(5.7 * panels, 4.8))
+    draw_ccdf(axes[0], x, y, gpu_kv_cache_size, at_gpu)
+    if capacities is not None:
+        stack = axes[1]
+        stack.plot(capacities, lru, label="lru: longest cached prefix per request")
+        stack.plot(capacities, block_lru, linestyle="--", label="block LRU: every cached block")
+        stack.set_xscale("log")
+        stack.set_xlabel("LRU cache capacity (tokens, pages of block size)")
+        stack.set_ylabel("token-weighted hit rate")
+        stack.set_title("Exact LRU hit rate from stack distances", fontsize=10)
+        if gpu_kv_cache_size:
+            stack.axvline(gpu_kv_cache_size, color="red", linestyle="--")
+        stack.legend(fontsize=8)
+        stack.grid(True, which="both", alpha=0.3)
+    draw_reuse_time(axes[-1], reuse_time)
     return _png(figure)
 
 

@@ -1,0 +1,103 @@
+"""Reuse intervals shard by shard, for traces beyond one machine (pipelines/reuse_beam.py).
+
+The token clock needs the global causal order, but only as a running sum: each time bucket
+learns the tokens of every earlier bucket (a small side input), orders its own rows and clocks
+their blocks. Reuse events then depend only on each prefix's own occurrences, so prefixes
+shard freely: a shard sorts its prefixes' occurrences by clock and emits mergeable summaries
+(token sums and histograms). The CCDF comes out binned (32 bins per doubling of the interval),
+exact at every bin edge; `ccdf_at_gpu_kv_cache_size` is exact. LRU stack distances do not
+shard: a block's distance counts every other block used in between, so they stay on one
+machine (stack_distance.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from transforms.cache.reuse import REUSE_TIME_EDGES_S, REUSE_TIME_LABELS
+
+CLOCKED = np.dtype([("prefix_hi", "<u8"), ("prefix_lo", "<u8"), ("start", "<i8"),
+                    ("tokens", "<i8"), ("ts", "<f8")])
+# Interval bins: [0, 1), then integer edges at 2^(k/32) up to 2^48 tokens: ~3% wide.
+EDGES = np.unique(np.concatenate([[0], np.ceil(2.0 ** (np.arange(48 * 32 + 1) / 32))])).astype(np.int64)
+
+
+def bucket_tokens(blocks: np.ndarray, bucket: np.ndarray) -> dict[int, int]:
+    """Tokens per time bucket of a chunk's blocks (bucket: each block's row's bucket)."""
+    keys, inverse = np.unique(bucket, return_inverse=True)
+    return dict(zip(keys.tolist(), np.bincount(inverse, weights=blocks["weight"]).astype(np.int64).tolist()))
+
+
+def clock_starts(bucket_totals: dict[int, int]) -> dict[int, int]:
+    """The clock at the start of each bucket: the tokens of every earlier bucket."""
+    starts, clock = {}, 0
+    for bucket in sorted(bucket_totals):
+        starts[bucket], clock = clock, clock + bucket_totals[bucket]
+    return starts
+
+
+def clock_blocks(blocks: np.ndarray, start: int) -> np.ndarray:
+    """One bucket's blocks (analyze's BLOCK table, any order) clocked in causal order: by
+    (timestamp, rowkey), then position."""
+    order = np.lexsort((blocks["pos"], blocks["rowkey"], blocks["ts"]))
+    ordered = blocks[order]
+    clocked = np.empty(len(ordered), dtype=CLOCKED)
+    clocked["prefix_hi"], clocked["prefix_lo"] = ordered["prefix_hi"], ordered["prefix_lo"]
+    clocked["tokens"], clocked["ts"] = ordered["weight"], ordered["ts"]
+    clocked["start"] = start + np.cumsum(ordered["weight"]) - ordered["weight"]
+    return clocked
+
+
+@dataclass
+class ReuseSummary:
+    """Mergeable: every sum the report needs, from any set of prefixes."""
+
+    total_tokens: int = 0
+    reused_tokens: int = 0
+    above_gpu_tokens: int = 0
+    interval_tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(EDGES), np.int64))
+    time_tokens: np.ndarray = field(
+        default_factory=lambda: np.zeros(len(REUSE_TIME_LABELS), np.int64))
+
+    def merge(self, other: ReuseSummary) -> ReuseSummary:
+        return ReuseSummary(self.total_tokens + other.total_tokens,
+                            self.reused_tokens + other.reused_tokens,
+                            self.above_gpu_tokens + other.above_gpu_tokens,
+                            self.interval_tokens + other.interval_tokens,
+                            self.time_tokens + other.time_tokens)
+
+    def ccdf(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) at every bin edge x = EDGES[b] - 1 with tokens above it, exact there."""
+        above = np.cumsum(self.interval_tokens[::-1])[::-1]  # tokens with interval >= EDGES[b]
+        used = np.flatnonzero(self.interval_tokens)
+        if not len(used) or not self.total_tokens:
+            return np.zeros(0), np.zeros(0)
+        b = np.arange(max(1, used[0]), used[-1] + 1)
+        return EDGES[b] - 1, above[b] / self.total_tokens
+
+    def reuse_time(self) -> list[dict]:
+        reused = int(self.time_tokens.sum())
+        return [{"bucket": label, "tokens": int(t), "share": float(t / reused) if reused else 0.0}
+                for label, t in zip(REUSE_TIME_LABELS, self.time_tokens)]
+
+
+def summarize(clocked: np.ndarray, gpu_kv_cache_size: int | None) -> ReuseSummary:
+    """The reuse events of a shard's prefixes (every occurrence of each prefix present)."""
+    order = np.lexsort((clocked["start"], clocked["prefix_lo"], clocked["prefix_hi"]))
+    ordered = clocked[order]
+    repeat = np.flatnonzero((ordered["prefix_hi"][1:] == ordered["prefix_hi"][:-1])
+                            & (ordered["prefix_lo"][1:] == ordered["prefix_lo"][:-1]))
+    current, previous = ordered[repeat + 1], ordered[repeat]
+    interval = current["start"] - (previous["start"] + previous["tokens"])
+    seconds = (current["ts"] - previous["ts"]) / 1000.0
+    tokens = current["tokens"]
+    return ReuseSummary(
+        total_tokens=int(clocked["tokens"].sum()),
+        reused_tokens=int(tokens.sum()),
+        above_gpu_tokens=int(tokens[interval > gpu_kv_cache_size].sum()) if gpu_kv_cache_size else 0,
+        interval_tokens=np.bincount(np.searchsorted(EDGES, interval, side="right") - 1,
+                                    weights=tokens, minlength=len(EDGES)).astype(np.int64),
+        time_tokens=np.bincount(np.searchsorted(REUSE_TIME_EDGES_S[1:-1], seconds, side="right"),
+                                weights=tokens, minlength=len(REUSE_TIME_LABELS)).astype(np.int64),
+    )
