@@ -65,6 +65,9 @@ def add_parsers(commands: Any) -> None:
                                    "llama-3.1-70b, ... or a YAML path) giving bytes per token")
     add("--tier2-capacity", metavar="LIST",
         help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
+    add("--warmup-fraction", type=float, default=0.0, metavar="F",
+        help="count only rows after this share of rows, which still fill the cache (default "
+             "0: every row; kvcache-simulator and Mooncake's papers use 0.5)")
     add("--json", metavar="OUT", help="also write the numbers as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
@@ -148,10 +151,13 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise ConfigError("--kv-bytes-per-token must be >= 1")
     if args.model:
         per_token = kv_bytes_per_token(load_model(args.model))
+    if not 0 <= args.warmup_fraction < 1:
+        raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = _inputs(args)
     config = SimulateConfig(
         files, tuple(parse_capacities(args.capacity, per_token)), policies, block_size, per_token,
-        tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else ())
+        tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
+        args.warmup_fraction)
     report = run_simulate(config)
     if not _has_rows(report, files):
         return 1

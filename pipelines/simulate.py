@@ -23,7 +23,8 @@ DEFINITIONS = {
     "capacity": "tokens of KV cache; every block (the partial last one too) takes a page of "
                 "block size tokens",
     "hit_rate": "token-weighted: per request, the real tokens of the longest prefix of its "
-                "blocks cached on arrival, over all prompt tokens (never above 1)",
+                "blocks cached on arrival, over all prompt tokens (never above 1); only rows "
+                "after the first warmup_fraction of rows count (the others fill the cache)",
     "lru": "then the request's blocks are touched in order; least recently used evicted",
     "prefix-lru": "the same, evicting the least recently used leaf (no cached descendant), "
                   "never a block of the running request",
@@ -42,6 +43,7 @@ class SimulateConfig:
     block_size: int = 512
     kv_bytes_per_token: int | None = None
     tier2_capacities: tuple[Capacity, ...] = ()
+    warmup_fraction: float = 0.0  # rows that only fill the cache (kvcache-simulator: 0.5)
 
 
 def run_simulate(config: SimulateConfig) -> dict:
@@ -56,35 +58,39 @@ def run_simulate(config: SimulateConfig) -> dict:
         "definitions": {k: v for k, v in DEFINITIONS.items()
                         if k in config.policies or k in ("capacity", "hit_rate")
                         or (k == "two_tier" and config.tier2_capacities)},
-        "policies": {policy: policy_curve(cache, distances, policy, config.capacities)
+        "warmup_fraction": config.warmup_fraction,
+        "policies": {policy: policy_curve(cache, distances, policy, config.capacities,
+                                          config.warmup_fraction)
                      for policy in config.policies},
         "problems": row_problems(trace, config.block_size),
     }
     if config.tier2_capacities:
-        report["two_tier"] = two_tier_grid(distances, config.capacities, config.tier2_capacities)
+        report["two_tier"] = two_tier_grid(distances, config.capacities, config.tier2_capacities,
+                                           config.warmup_fraction)
     return report
 
 
 def policy_curve(cache: CacheTrace, distances: StackDistances, policy: str,
-                 capacities: tuple[Capacity, ...]) -> list[dict]:
+                 capacities: tuple[Capacity, ...], warmup_fraction: float = 0.0) -> list[dict]:
     started = time.perf_counter()
     if policy == "lru":  # a stack algorithm: every capacity from one pass
-        rates = distances.hit_rates(np.array([c.tokens for c in capacities]))
+        rates = distances.hit_rates(np.array([c.tokens for c in capacities]),
+                                    warmup_fraction=warmup_fraction)
     else:
         rates = []
         for done, capacity in enumerate(capacities, 1):
-            rates.append(hit_rate(cache, policy, capacity.tokens))
+            rates.append(hit_rate(cache, policy, capacity.tokens, warmup_fraction))
             _LOG.info("%s: %d of %d capacities replayed", policy, done, len(capacities))
     _LOG.info("%s done in %.1f s", policy, time.perf_counter() - started)
     return [_point(capacity, {"hit_rate": float(rate)}) for capacity, rate in zip(capacities, rates)]
 
 
 def two_tier_grid(distances: StackDistances, gpu: tuple[Capacity, ...],
-                  tier2: tuple[Capacity, ...]) -> list[dict]:
+                  tier2: tuple[Capacity, ...], warmup_fraction: float = 0.0) -> list[dict]:
     grid = []
     for first in gpu:
         for second in tier2:
-            from_gpu, from_tier2 = distances.two_tier(first.tokens, second.tokens)
+            from_gpu, from_tier2 = distances.two_tier(first.tokens, second.tokens, warmup_fraction)
             point = _point(first, {"tier2_capacity_tokens": second.tokens,
                                    "hit_rate": from_gpu + from_tier2, "gpu_hit_rate": from_gpu,
                                    "tier2_hit_rate": from_tier2})

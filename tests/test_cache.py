@@ -124,3 +124,14 @@ def test_model_presets_give_kv_bytes_per_token():
         load_model("gpt-9")
     with pytest.raises(ValueError, match="missing kv_heads"):
         kv_bytes_per_token({"name": "x", "layers": 2, "head_dim": 4})
+
+
+def test_a_warm_up_counts_only_the_later_rows():
+    # Row 0 fills the cache; row 1 repeats it: over the last 50% of rows everything hits.
+    cache = CacheTrace.of(trace_of([(0, 1024, [1, 2]), (1, 1024, [1, 2])]), block_size=512)
+    distances = stack_distances(cache)
+    assert distances.infinite_hit_rate(0.5) == 1.0 and distances.infinite_hit_rate() == 0.5
+    assert distances.hit_rates(np.array([1024]), warmup_fraction=0.5)[0] == 1.0
+    assert distances.two_tier(512, 512, warmup_fraction=0.5) == (0.5, 0.5)  # P2 on the GPU, P1 below
+    for policy in POLICIES:
+        assert hit_rate(cache, policy, 1024, warmup_fraction=0.5) == 1.0

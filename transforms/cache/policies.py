@@ -21,6 +21,8 @@ replays on one core; traces beyond one machine's memory are not a case for them.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from transforms.cache.cache_trace import CacheTrace
@@ -30,9 +32,12 @@ _LRU, _PREFIX_LRU, _FIFO, _BELADY = range(4)
 _NEVER = np.iinfo(np.int64).max
 
 
-def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int) -> float:
-    """Token-weighted hit rate of the policy at a capacity in tokens."""
-    total = int(trace.tokens.sum())
+def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int,
+             warmup_fraction: float = 0.0) -> float:
+    """Token-weighted hit rate of the policy at a capacity in tokens, counting only rows after
+    the first warmup_fraction of rows (earlier ones still fill the cache)."""
+    first_row = math.floor(warmup_fraction * trace.rows)
+    total = int(trace.tokens[trace.row_starts[first_row]:].sum())
     if not total:
         return 0.0
     pages = capacity_tokens // trace.block_size
@@ -41,7 +46,7 @@ def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int) -> float:
     parent = _parents(block, trace.row_starts, trace.distinct_blocks)
     next_use = _next_uses(block)
     hits = _replay(block, tokens, trace.row_starts, parent, next_use, trace.distinct_blocks,
-                   pages, POLICIES.index(policy))
+                   pages, POLICIES.index(policy), first_row)
     return hits / total
 
 
@@ -98,7 +103,8 @@ def _pop(keys: np.ndarray, values: np.ndarray, size: int) -> int:
 
 
 @numba.njit(cache=True)
-def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy) -> int:
+def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy,
+            first_measured_row) -> int:
     cached = np.zeros(distinct, dtype=np.bool_)
     key_now = np.zeros(distinct, dtype=np.int64)  # the block's current eviction key
     cached_children = np.zeros(distinct, dtype=np.int64)
@@ -111,7 +117,8 @@ def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy
         start, end = row_starts[row], row_starts[row + 1]
         i = start
         while i < end and cached[block[i]]:
-            hits += tokens[i]
+            if row >= first_measured_row:
+                hits += tokens[i]
             i += 1
         for i in range(start, end):
             b = block[i]

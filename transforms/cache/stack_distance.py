@@ -15,6 +15,7 @@ counts, prefix or not: distance).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numba
@@ -36,34 +37,44 @@ class StackDistances:
     def total_tokens(self) -> int:
         return int(self.tokens.sum())
 
-    def hit_rates(self, capacities: np.ndarray, prefix: bool = True) -> np.ndarray:
+    def hit_rates(self, capacities: np.ndarray, prefix: bool = True,
+                  warmup_fraction: float = 0.0) -> np.ndarray:
         """Token-weighted hit rate at each capacity (tokens): `lru`'s (longest cached prefix)
-        or, with prefix=False, block LRU's (every cached block counts)."""
-        by = self.prefix_max if prefix else self.distance
+        or, with prefix=False, block LRU's (every cached block counts); counting only rows
+        after the first warmup_fraction of rows (earlier ones still fill the cache)."""
+        first = self.first_measured(warmup_fraction)
+        by = (self.prefix_max if prefix else self.distance)[first:]
+        tokens = self.tokens[first:]
         order = np.argsort(by, kind="stable")
-        cumulative = np.concatenate([[0], np.cumsum(self.tokens[order])])
+        cumulative = np.concatenate([[0], np.cumsum(tokens[order])])
         pages = np.asarray(capacities, dtype=np.int64) // self.block_size
         hits = cumulative[np.searchsorted(by[order], pages, side="right")]
-        return hits / self.total_tokens if self.total_tokens else np.zeros(len(pages))
+        return hits / cumulative[-1] if cumulative[-1] else np.zeros(len(pages))
 
-    def infinite_hit_rate(self, from_fraction: float = 0.0) -> float:
-        """Token-weighted hit rate of an unbounded cache, counting only the rows after the first
-        from_fraction of rows (earlier ones still fill the cache), as `analyze` reports it."""
-        first = self.row_starts[int(from_fraction * (len(self.row_starts) - 1))]
+    def first_measured(self, warmup_fraction: float) -> int:
+        """The first block of the rows that count after a warm-up of that share of rows."""
+        return int(self.row_starts[math.floor(warmup_fraction * (len(self.row_starts) - 1))])
+
+    def infinite_hit_rate(self, warmup_fraction: float = 0.0) -> float:
+        """Token-weighted hit rate of an unbounded cache, after a warm-up as in hit_rates."""
+        first = self.first_measured(warmup_fraction)
         tokens = self.tokens[first:]
         return float(tokens[self.prefix_max[first:] != COLD].sum() / tokens.sum()) if tokens.sum() else 0.0
 
-    def two_tier(self, gpu_tokens: int, tier2_tokens: int) -> tuple[float, float]:
+    def two_tier(self, gpu_tokens: int, tier2_tokens: int,
+                 warmup_fraction: float = 0.0) -> tuple[float, float]:
         """(hit rate served by the GPU, by tier 2) of a GPU cache with a CPU/SSD tier behind it:
         blocks the GPU evicts are demoted to tier 2 (LRU), a tier-2 hit is promoted back. That
         is one LRU stack whose top gpu pages are on the GPU and the next tier2 pages below."""
-        if not self.total_tokens:
+        first = self.first_measured(warmup_fraction)
+        tokens = self.tokens[first:]
+        total = tokens.sum()
+        if not total:
             return 0.0, 0.0
         gpu_pages = gpu_tokens // self.block_size
-        hit = self.prefix_max <= gpu_pages + tier2_tokens // self.block_size
-        from_gpu = hit & (self.distance <= gpu_pages)
-        return (float(self.tokens[from_gpu].sum() / self.total_tokens),
-                float(self.tokens[hit & ~from_gpu].sum() / self.total_tokens))
+        hit = self.prefix_max[first:] <= gpu_pages + tier2_tokens // self.block_size
+        from_gpu = hit & (self.distance[first:] <= gpu_pages)
+        return float(tokens[from_gpu].sum() / total), float(tokens[hit & ~from_gpu].sum() / total)
 
     def curve(self, points: int = 300, prefix: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(capacity tokens, hit rate) at log-spaced capacities spanning the distances."""
