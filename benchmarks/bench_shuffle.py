@@ -18,9 +18,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench_id_map import BLOCK_SIZE, SALT, write_map, write_night
+from bench_id_map import SALT, write_map, write_night
 
 N_BLOCKS = 300_000
+BLOCK_SIZE = 16
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
         work = Path(tmp)
         (work / "salt").write_bytes(SALT)
         night = work / "night.jsonl"
-        write_night(night, N_BLOCKS, seed=1)
+        write_night(night, N_BLOCKS, BLOCK_SIZE, shared_blocks=0, prefixes=1, seed=1)
         id_map = None
         if args.map_ids:
             identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE,
