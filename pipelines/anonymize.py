@@ -207,17 +207,20 @@ def _dense_ids(
     id_map = config.id_map
     base = id_map.base
     inputs = {"batches": batches}
-    if base.files[kind] and config.compacts_map:
+    runs = pipeline | f"{label}FoldedFiles" >> beam.Create([])
+    if base.files[kind] and config.reshards_map:
         inputs["map_rows"] = pipeline | f"Read{label}Map" >> ReadIdMap(
             id_map.directory, base.files[kind], config.hash_shards
         )
     elif base.files[kind]:
         inputs["map_files"] = pipeline | f"{label}MapFiles" >> beam.Create(
             segment_files_by_shard(id_map.directory, base.files[kind]))
+        if config.compacts_map:  # each shard's files fold into its new one
+            runs = inputs["map_files"]
     ids = inputs | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards, base.next_id[kind])
     ids["segment_files"] = (
-        ids["added"]
-        | f"{label}SegmentShards" >> beam.GroupByKey()
+        {"added": ids["added"], "runs": runs}
+        | f"{label}SegmentShards" >> beam.CoGroupByKey()
         | f"Write{label}Segment" >> beam.ParDo(
             WriteSegmentShard(id_map.directory, base.version + 1, id_map.run_id, kind)
         )

@@ -73,6 +73,12 @@ class AnonymizeConfig:
         return base.compaction_due() or self.hash_shards != base.hash_shards
 
     @property
+    def reshards_map(self) -> bool:
+        """A folding night whose shard count differs from the map's: every map row is read
+        and re-split by shard; other folding nights merge each shard's sorted files in place."""
+        return self.compacts_map and self.hash_shards != self.id_map.base.hash_shards
+
+    @property
     def timestamp_origin_ms(self) -> int | None:
         """Fixed by the id map once it has one, so nightly traces share one time axis."""
         return self.id_map.base.timestamp_origin_ms if self.id_map else None

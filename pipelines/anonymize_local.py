@@ -52,7 +52,7 @@ from transforms.ids.dense_ids import (
     split_by,
 )
 from transforms.ids.id_map import publish_night, relative, segment_path, shard_of_segment
-from transforms.ids.segments import read_matching, read_segment, write_segment
+from transforms.ids.segments import merge_segment, read_matching, read_segment
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
     FileRange,
@@ -223,14 +223,14 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
 
 
 def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
-    """Dense ids of one kind, extending the id map when the run has one. A compaction night
-    holds the map's rows of that kind whole and writes them again with the new ones."""
+    """Dense ids of one kind, extending the id map when the run has one. A night that re-splits
+    the map into another shard count holds its rows of that kind whole and writes them again."""
     id_map = config.id_map
     if id_map is None:
         return dense_ids(keys)
     paths = [storage.join(id_map.directory, name) for name in id_map.base.files[kind]]
     next_id = id_map.base.next_id[kind]
-    if not config.compacts_map:
+    if not config.reshards_map:
         return dense_ids(keys, lambda firsts: _matching_rows(paths, config.hash_shards, firsts),
                          next_id)
     tables = [table for path in paths for _, table in read_segment(path, 1)]
@@ -252,15 +252,21 @@ def _matching_rows(paths: list[str], shards: int, firsts: np.ndarray) -> np.ndar
 
 
 def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[str]:
-    """The run's new map rows as a segment, one file per hash shard that has rows (as the Beam
-    pipeline writes them); paths relative to the map."""
+    """The run's new map rows as a segment, one file per hash shard (as the Beam pipeline
+    writes them); on a folding night each shard's old files are merged in, streamed. Paths
+    relative to the map."""
     id_map = config.id_map
     if id_map is None:
         return []
+    runs: dict[int, list[str]] = {}
+    if config.compacts_map and not config.reshards_map:
+        for name in id_map.base.files[kind]:
+            runs.setdefault(shard_of_segment(name), []).append(storage.join(id_map.directory, name))
+    new = dict(split_by(added, shard_of(added, config.hash_shards)))
     files = []
-    for shard, part in split_by(added, shard_of(added, config.hash_shards)):
+    for shard in sorted(set(new) | set(runs)):
         path = segment_path(id_map.directory, id_map.base.version + 1, id_map.run_id, kind, shard)
-        write_segment(path, [part])
+        merge_segment(path, sorted(runs.get(shard, [])), new.get(shard, np.empty(0, NUMBERED)))
         files.append(relative(id_map.directory, path))
     return files
 

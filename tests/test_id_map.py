@@ -298,3 +298,19 @@ def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     with pytest.raises(JobStopped, match="extended by another run"):
         id_map.publish(str(tmp_path), empty, version(empty))
     assert id_map.current_version_number(str(tmp_path)) == 1
+
+
+def test_another_shard_count_re_splits_the_map_and_keeps_ids(tiny_tokenizer, tmp_path, nights, salt_file):
+    common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
+    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    assert current(tmp_path / "map")["hash_shards"] == 64
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common, "--hash-shards", "7") == 0
+    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
+    assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
+    metadata = current(tmp_path / "map")
+    assert metadata["hash_shards"] == 7 and metadata["history"][-1]["compacted"] is True
+    shards = {id_map.shard_of_segment(name) for name in metadata["files"]["blocks"]}
+    assert shards <= set(range(7)) and len({name.split("/")[1] for name in metadata["files"]["blocks"]}) == 1
+    # The next night keeps the map's count without being told, and does not fold again.
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2-again", *common) == 0
+    assert current(tmp_path / "map")["hash_shards"] == 7

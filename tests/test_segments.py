@@ -99,3 +99,33 @@ def test_read_matching_returns_exactly_the_rows_of_the_keys_asked_for(
     chosen = table[rng.choice(size, min(asked, size), replace=False)] if size else table
     keys = np.concatenate([chosen, numbered(foreign, seed + 1)])
     assert as_set(segments.read_matching(path, keys).rows) == as_set(chosen)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3000), min_size=0, max_size=4), new=st.integers(0, 2000),
+       seed=st.integers(0, 2**32 - 1), narrow=st.booleans(), batch=st.integers(1, 5000))
+def test_folding_runs_gives_the_bytes_of_writing_all_rows_at_once(
+    tmp_path_factory, sizes, new, seed, narrow, batch
+):
+    """Streamed k-way folding equals write_segment, whatever the run sizes and batch size."""
+    folder = tmp_path_factory.mktemp("fold")
+    everything = numbered(sum(sizes) + new, seed)
+    if narrow:  # equal high halves across runs and batches
+        everything["hi"] %= 3
+    runs, start = [], 0
+    for i, size in enumerate(sizes):
+        runs.append(str(folder / f"run{i}.parquet"))
+        segments.write_segment(runs[-1], [everything[start:start + size]])
+        start += size
+    original = segments.MERGE_BATCH_ROWS
+    segments.MERGE_BATCH_ROWS = batch
+    try:
+        rows = segments.merge_segment(str(folder / "folded.parquet"), runs, everything[start:])
+    finally:
+        segments.MERGE_BATCH_ROWS = original
+    assert rows == len(everything)
+    segments.write_segment(str(folder / "whole.parquet"), [everything])
+    for name in ("folded", "whole"):
+        assert (folder / f"{name}.parquet").exists()
+    assert (folder / "folded.parquet").read_bytes() == (folder / "whole.parquet").read_bytes()
+    assert (folder / "folded.index.npz").read_bytes() == (folder / "whole.index.npz").read_bytes()

@@ -69,7 +69,8 @@ def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
     table = np.zeros(50, dtype=NUMBERED)
     table["hi"], table["lo"], table["id"] = np.arange(50), np.arange(50) * 7 + 3, np.arange(50)
     with TestPipeline() as pipeline:
-        written = (pipeline | "Shards" >> beam.Create([(0, [table[:20]]), (1, [table[20:]])])
+        written = (pipeline | "Shards" >> beam.Create([(0, {"added": [table[:20]], "runs": []}),
+                                                        (1, {"added": [table[20:]], "runs": []})])
                    | beam.ParDo(WriteSegmentShard(str(tmp_path), 1, "run1", "blocks")))
         assert_that(written, equal_to(["segments/000001-run1/blocks-00000.parquet",
                                        "segments/000001-run1/blocks-00001.parquet"]))
@@ -121,3 +122,20 @@ def test_split_known_carries_every_map_row_on_a_compaction_night():
                     label="known")
         assert_that(split.carried | beam.Map(lambda kv: kv[1]["id"].tolist()),
                     equal_to([[7, 8, 9]]), label="carried")
+
+
+def test_a_folding_night_merges_a_shards_old_files_with_its_new_rows(tmp_path):
+    old = np.zeros(3000, dtype=NUMBERED)
+    old["hi"], old["lo"], old["id"] = np.arange(3000) * 7, np.arange(3000), np.arange(3000)
+    new = np.zeros(10, dtype=NUMBERED)
+    new["hi"], new["lo"], new["id"] = np.arange(10) * 7 + 3, 1, np.arange(3000, 3010)
+    runs = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    write_segment(runs[0], [old[:1000]])
+    write_segment(runs[1], [old[1000:]])
+    with TestPipeline() as pipeline:
+        written = (pipeline | beam.Create([(5, {"added": [new], "runs": runs})])
+                   | beam.ParDo(WriteSegmentShard(str(tmp_path), 2, "run2", "blocks")))
+        assert_that(written, equal_to(["segments/000002-run2/blocks-00005.parquet"]))
+    folded = tmp_path / "segments" / "000002-run2" / "blocks-00005.parquet"
+    write_segment(str(tmp_path / "whole.parquet"), [old, new])
+    assert folded.read_bytes() == (tmp_path / "whole.parquet").read_bytes()

@@ -29,13 +29,19 @@ def _position(hi: np.ndarray, lo: np.ndarray, probe: int, bits: int) -> np.ndarr
 
 def build(hi: np.ndarray, lo: np.ndarray, bits: int) -> np.ndarray:
     """The filter of the keys (hi, lo), packed 8 bits per byte (bit i is byte i // 8's bit
-    i % 8), set in place: never a byte per bit."""
+    i % 8): never a byte per bit."""
     packed = np.zeros(bits // 8, dtype=np.uint8)
+    add(packed, hi, lo)
+    return packed
+
+
+def add(packed: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> None:
+    """Set the keys' bits in a packed filter, in place (a filter built in parts)."""
+    bits = len(packed) * 8
     for probe in range(PROBES):
         position = _position(hi, lo, probe, bits)
         np.bitwise_or.at(packed, position >> np.uint64(3),
                          np.left_shift(1, position & np.uint64(7)).astype(np.uint8))
-    return packed
 
 
 def may_contain(packed: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

@@ -32,8 +32,10 @@ SEGMENT_SCHEMA = pa.schema(
 # The unit of a read: a key the map holds costs one row group, ~24 KB. Smaller groups cost more
 # footer (~300 bytes each) than they save.
 ROW_GROUP_ROWS = 1024
-# Rows per Arrow batch when streaming a whole segment (compaction): ~24 MB at a time.
+# Rows per Arrow batch when streaming a whole segment (re-sharding): ~24 MB at a time.
 READ_BATCH_ROWS = 1_000_000
+# Rows per run held while folding runs into one file: 64 runs x 64k rows x 24 B ~ 100 MB.
+MERGE_BATCH_ROWS = 65_536
 
 
 class Index(NamedTuple):
@@ -58,23 +60,109 @@ def write_segment(path: str, tables: list[np.ndarray]) -> int:
     """One shard's numbered keys as a segment file and its index; returns the row count."""
     table = np.concatenate(tables) if tables else np.empty(0, dtype=NUMBERED)
     table = table[np.lexsort((table["lo"], table["hi"]))]
-    arrow = pa.Table.from_arrays(
-        [pa.array(table["hi"]), pa.array(table["lo"]), pa.array(table["id"])], schema=SEGMENT_SCHEMA
-    )
     sink = io.BytesIO()
     # The index replaces column statistics: without them the footer stays small.
-    pq.write_table(arrow, sink, compression="zstd", row_group_size=ROW_GROUP_ROWS,
+    pq.write_table(_arrow(table), sink, compression="zstd", row_group_size=ROW_GROUP_ROWS,
                    write_statistics=False)
     with storage.create(path) as handle:
         handle.write(sink.getvalue())
-    index = io.BytesIO()
     group_ends = np.minimum(np.arange(ROW_GROUP_ROWS, len(table) + ROW_GROUP_ROWS,
                                       ROW_GROUP_ROWS), len(table)) - 1
-    np.savez(index, filter=bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
-             first_hi=table["hi"][::ROW_GROUP_ROWS], last_hi=table["hi"][group_ends])
+    _write_index(path, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
+                 table["hi"][::ROW_GROUP_ROWS], table["hi"][group_ends])
+    return len(table)
+
+
+def _write_index(path: str, filter_: np.ndarray, first_hi: np.ndarray, last_hi: np.ndarray) -> None:
+    index = io.BytesIO()
+    np.savez(index, filter=filter_, first_hi=first_hi, last_hi=last_hi)
     with storage.create(index_path(path)) as handle:
         handle.write(index.getvalue())
-    return len(table)
+
+
+def _arrow(table: np.ndarray) -> pa.Table:
+    return pa.Table.from_arrays(
+        [pa.array(table["hi"]), pa.array(table["lo"]), pa.array(table["id"])], schema=SEGMENT_SCHEMA
+    )
+
+
+def merge_segment(path: str, runs: list[str], new: np.ndarray) -> int:
+    """Fold a shard's segment files (sorted runs) and its new NUMBERED rows into one segment
+    file, streaming: a batch per run in memory, never the shard. The bytes equal what
+    write_segment gives for all the rows at once. Returns the row count."""
+    total = len(new) + sum(_row_count(run) for run in runs)
+    readers = [_batches(run) for run in runs]
+    readers.append(iter([new[np.lexsort((new["lo"], new["hi"]))]]))
+    buffers = [_next_rows(reader) for reader in readers]
+    filter_ = np.zeros(bloom.bloom_bits(total) // 8, dtype=np.uint8)
+    first_hi, last_hi = [], []
+    carry = np.empty(0, dtype=NUMBERED)  # sorted rows short of a whole row group
+    sink = io.BytesIO()
+    with pq.ParquetWriter(sink, SEGMENT_SCHEMA, compression="zstd",
+                          write_statistics=False) as writer:
+        while True:
+            ready, buffers = _next_sorted(readers, buffers)
+            rows = np.concatenate([carry, ready])
+            rows = rows[np.lexsort((rows["lo"], rows["hi"]))]
+            finished = all(b is None for b in buffers)
+            whole = len(rows) if finished else len(rows) - len(rows) % ROW_GROUP_ROWS
+            for start in range(0, whole, ROW_GROUP_ROWS):
+                group = rows[start:start + ROW_GROUP_ROWS]
+                writer.write_table(_arrow(group), row_group_size=ROW_GROUP_ROWS)
+                first_hi.append(int(group["hi"][0]))
+                last_hi.append(int(group["hi"][-1]))
+            bloom.add(filter_, rows["hi"][:whole], rows["lo"][:whole])
+            carry = rows[whole:]
+            if finished:
+                break
+        if not total:
+            writer.write_table(_arrow(carry))
+    with storage.create(path) as handle:
+        handle.write(sink.getvalue())
+    _write_index(path, filter_, np.array(first_hi, dtype=np.uint64),
+                 np.array(last_hi, dtype=np.uint64))
+    return total
+
+
+def _next_sorted(readers: list[Iterator[np.ndarray]],
+                 buffers: list[np.ndarray | None]) -> tuple[np.ndarray, list]:
+    """The buffered rows that sort before every row not yet read, and the buffers after.
+
+    Keys are distinct across runs (a key is numbered once), so every unread row of a run sorts
+    after the last row of its buffer: rows up to the smallest such last key are safe to write.
+    The run holding that key is emptied and reads its next batch (None once exhausted)."""
+    live = [b for b in buffers if b is not None]
+    if not live:
+        return np.empty(0, dtype=NUMBERED), buffers
+    hi, lo = min((int(b["hi"][-1]), int(b["lo"][-1])) for b in live)
+    ready, after = [], []
+    for reader, buffer in zip(readers, buffers):
+        if buffer is None:
+            after.append(None)
+            continue
+        cut = int(np.count_nonzero((buffer["hi"] < hi) | ((buffer["hi"] == hi) & (buffer["lo"] <= lo))))
+        ready.append(buffer[:cut])
+        after.append(buffer[cut:] if cut < len(buffer) else _next_rows(reader))
+    return np.concatenate(ready), after
+
+
+def _next_rows(reader: Iterator[np.ndarray]) -> np.ndarray | None:
+    """The reader's next non-empty batch, None once it is exhausted."""
+    for rows in reader:
+        if len(rows):
+            return rows
+    return None
+
+
+def _batches(path: str) -> Iterator[np.ndarray]:
+    with storage.open_read(path) as handle:
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=MERGE_BATCH_ROWS):
+            yield _numbered(batch)
+
+
+def _row_count(path: str) -> int:
+    with storage.open_read(path) as handle:
+        return pq.ParquetFile(handle).metadata.num_rows
 
 
 def read_index(path: str) -> Index:

@@ -58,7 +58,7 @@ from transforms.ids.dense_ids import (
     sum_unique,
 )
 from transforms.ids.id_map import relative, segment_path, shard_of_segment
-from transforms.ids.segments import read_matching, read_segment, write_segment
+from transforms.ids.segments import merge_segment, read_matching, read_segment
 from transforms.steps import metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
@@ -317,14 +317,18 @@ def segment_files_by_shard(directory: str, files: list[str]) -> list[tuple[int, 
 
 
 class WriteSegmentShard(beam.DoFn):
-    """(hash shard, NUMBERED tables) in; the written file's path, relative to the map, out."""
+    """(hash shard, {"added": NUMBERED tables, "runs": segment file paths}) in: the shard's new
+    rows, folded on a folding night with its old files, streamed (segments.merge_segment);
+    the written file's path, relative to the map, out."""
 
     def __init__(self, directory: str, version: int, run_id: str, kind: str):
         self._directory, self._version, self._kind = directory, version, kind
         self._run_id = run_id
 
-    def process(self, element: tuple[int, list[np.ndarray]]) -> Iterator[str]:
-        shard, tables = element
+    def process(self, element: tuple[int, dict[str, list]]) -> Iterator[str]:
+        shard, groups = element
         path = segment_path(self._directory, self._version, self._run_id, self._kind, shard)
-        write_segment(path, list(tables))
+        added = list(groups["added"])
+        merge_segment(path, sorted(groups["runs"]),
+                      np.concatenate(added) if added else np.empty(0, NUMBERED))
         yield relative(self._directory, path)
