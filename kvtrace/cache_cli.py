@@ -67,7 +67,7 @@ def add_parsers(commands: Any) -> None:
         help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
     add("--warmup-fraction", type=float, default=0.0, metavar="F",
         help="count only rows after this share of rows, which still fill the cache (default "
-             "0: every row; kvcache-simulator and Mooncake's papers use 0.5)")
+             "0: every row; kvcache-simulator measures with 0.5)")
     add("--json", metavar="OUT", help="also write the numbers as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 

@@ -29,7 +29,10 @@ from transforms.cache.cache_trace import CacheTrace
 
 POLICIES = ("lru", "prefix-lru", "fifo", "belady")
 _LRU, _PREFIX_LRU, _FIFO, _BELADY = range(4)
-_NEVER = np.iinfo(np.int64).max
+_NEVER = np.iinfo(np.int32).max  # traces hold < 2^31 blocks
+# Heap entries beyond twice the capacity before stale ones are dropped: fewer drops for small
+# capacities, at 8 KB.
+HEAP_SLACK = 1024
 
 
 def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int,
@@ -41,18 +44,19 @@ def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int,
     if not total:
         return 0.0
     pages = capacity_tokens // trace.block_size
-    block = trace.block.astype(np.int64)
-    tokens = trace.tokens.astype(np.int64)
-    parent = _parents(block, trace.row_starts, trace.distinct_blocks)
-    next_use = _next_uses(block)
-    hits = _replay(block, tokens, trace.row_starts, parent, next_use, trace.distinct_blocks,
-                   pages, POLICIES.index(policy), first_row)
+    parent = _parents(trace.block, trace.row_starts, trace.distinct_blocks)
+    next_use = _next_uses(trace.block) if policy == "belady" else np.empty(0, dtype=np.int32)
+    # Stale heap entries pile up as blocks are re-keyed; they are dropped whenever the heap is
+    # full, which leaves at most one per cached block (<= pages): memory follows the capacity.
+    room = 2 * min(pages, trace.distinct_blocks) + HEAP_SLACK
+    hits = _replay(trace.block, trace.tokens, trace.row_starts, parent, next_use,
+                   trace.distinct_blocks, pages, POLICIES.index(policy), first_row, room)
     return hits / total
 
 
 def _parents(block: np.ndarray, row_starts: np.ndarray, distinct: int) -> np.ndarray:
     """Each prefix's parent prefix (-1 at a request's first block): exact prefixes have one."""
-    parent = np.full(distinct, -1, dtype=np.int64)
+    parent = np.full(distinct, -1, dtype=np.int32)
     position = np.arange(len(block)) - np.repeat(row_starts[:-1], np.diff(row_starts))
     inner = np.flatnonzero(position > 0)
     parent[block[inner]] = block[inner - 1]
@@ -61,8 +65,8 @@ def _parents(block: np.ndarray, row_starts: np.ndarray, distinct: int) -> np.nda
 
 def _next_uses(block: np.ndarray) -> np.ndarray:
     """For each occurrence, the index of the same block's next occurrence (_NEVER if none)."""
-    order = np.argsort(block, kind="stable")
-    next_use = np.full(len(block), _NEVER, dtype=np.int64)
+    order = np.argsort(block, kind="stable").astype(np.int32)
+    next_use = np.full(len(block), _NEVER, dtype=np.int32)
     same = block[order][1:] == block[order][:-1]
     next_use[order[:-1][same]] = order[1:][same]
     return next_use
@@ -88,7 +92,12 @@ def _pop(keys: np.ndarray, values: np.ndarray, size: int) -> int:
     """Remove the heap's minimum (read it from keys[0], values[0] first); returns the new size."""
     size -= 1
     keys[0], values[0] = keys[size], values[size]
-    i = 0
+    _sift_down(keys, values, size, 0)
+    return size
+
+
+@numba.njit(cache=True)
+def _sift_down(keys: np.ndarray, values: np.ndarray, size: int, i: int) -> None:
     while True:
         left, smallest = 2 * i + 1, i
         if left < size and keys[left] < keys[smallest]:
@@ -96,22 +105,37 @@ def _pop(keys: np.ndarray, values: np.ndarray, size: int) -> int:
         if left + 1 < size and keys[left + 1] < keys[smallest]:
             smallest = left + 1
         if smallest == i:
-            return size
+            return
         keys[smallest], keys[i] = keys[i], keys[smallest]
         values[smallest], values[i] = values[i], values[smallest]
         i = smallest
 
 
 @numba.njit(cache=True)
+def _without_stale(keys, values, size, cached, key_now, cached_children, policy) -> int:
+    """Drop the heap's stale entries (re-keyed, evicted, or no leaf under prefix-lru) and
+    re-heapify; returns the new size. What stays is at most one entry per cached block."""
+    kept = 0
+    for i in range(size):
+        b = values[i]
+        if cached[b] and keys[i] == key_now[b] and not (policy == _PREFIX_LRU
+                                                        and cached_children[b] > 0):
+            keys[kept], values[kept] = keys[i], b
+            kept += 1
+    for i in range(kept // 2 - 1, -1, -1):
+        _sift_down(keys, values, kept, i)
+    return kept
+
+
+@numba.njit(cache=True)
 def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy,
-            first_measured_row) -> int:
+            first_measured_row, room) -> int:
     cached = np.zeros(distinct, dtype=np.bool_)
     key_now = np.zeros(distinct, dtype=np.int64)  # the block's current eviction key
-    cached_children = np.zeros(distinct, dtype=np.int64)
-    touched_in_row = np.full(distinct, -1, dtype=np.int64)
-    room = 2 * len(block) + 1  # each touch and each leaf-again pushes at most once
+    cached_children = np.zeros(distinct, dtype=np.int32)
+    touched_in_row = np.full(distinct, -1, dtype=np.int32)
     keys = np.empty(room, dtype=np.int64)
-    values = np.empty(room, dtype=np.int64)
+    values = np.empty(room, dtype=np.int32)
     size, used, hits, now = 0, 0, 0, 0
     for row in range(len(row_starts) - 1):
         start, end = row_starts[row], row_starts[row + 1]
@@ -146,7 +170,7 @@ def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy
                         if cached_children[victim] > 0:
                             continue  # pushed again when it becomes a leaf
                         if touched_in_row[victim] == row:  # pinned: the running request's
-                            size = _push(keys, values, size, victim_key, victim)
+                            size = _push(keys, values, size, victim_key, victim)  # room: popped
                             full = True
                             break
                     cached[victim] = False
@@ -155,7 +179,7 @@ def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy
                     if p >= 0 and cached[p]:
                         cached_children[p] -= 1
                         if policy == _PREFIX_LRU and cached_children[p] == 0:
-                            size = _push(keys, values, size, key_now[p], p)
+                            size = _push(keys, values, size, key_now[p], p)  # room: popped
                 if full:
                     break
                 cached[b] = True
@@ -166,5 +190,8 @@ def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy
             elif key == key_now[b]:
                 continue  # FIFO: a hit keeps its place
             key_now[b] = key
+            if size == len(keys):
+                size = _without_stale(keys, values, size, cached, key_now, cached_children,
+                                      policy)
             size = _push(keys, values, size, key, b)
     return hits

@@ -22,13 +22,13 @@ import numba
 import numpy as np
 from transforms.cache.cache_trace import CacheTrace
 
-COLD = np.iinfo(np.int64).max  # the distance of a first use: no capacity holds it
+COLD = np.iinfo(np.int32).max  # the distance of a first use: no capacity holds it
 
 
 @dataclass(frozen=True)
 class StackDistances:
-    distance: np.ndarray  # int64 pages per block occurrence (COLD for first uses), causal order
-    prefix_max: np.ndarray  # int64: running maximum of distance within each request
+    distance: np.ndarray  # int32 pages per block occurrence (COLD for first uses), causal order
+    prefix_max: np.ndarray  # int32: running maximum of distance within each request
     tokens: np.ndarray  # int64 real tokens of each occurrence: what a hit saves
     row_starts: np.ndarray  # the trace's: row r's blocks are [row_starts[r], row_starts[r + 1])
     block_size: int
@@ -88,7 +88,7 @@ class StackDistances:
 
 
 def stack_distances(trace: CacheTrace) -> StackDistances:
-    distance = _distances(trace.block.astype(np.int64), trace.row_starts, trace.distinct_blocks)
+    distance = _distances(trace.block, trace.row_starts, trace.distinct_blocks)
     prefix_max = _running_max_per_row(distance, trace.row_starts)
     return StackDistances(distance, prefix_max, trace.tokens.astype(np.int64), trace.row_starts,
                           trace.block_size)
@@ -98,8 +98,8 @@ def stack_distances(trace: CacheTrace) -> StackDistances:
 def _distances(block: np.ndarray, row_starts: np.ndarray, distinct: int) -> np.ndarray:
     uses = len(block)
     tree = np.zeros(uses + 1, dtype=np.int32)  # Fenwick tree over use times 1..uses
-    last_use = np.zeros(distinct, dtype=np.int64)  # 0: never used
-    distance = np.empty(uses, dtype=np.int64)
+    last_use = np.zeros(distinct, dtype=np.int32)  # 0: never used (traces hold < 2^31 blocks)
+    distance = np.empty(uses, dtype=np.int32)
     seen = 0  # distinct blocks used so far: the tree's total
     now = 0
     for row in range(len(row_starts) - 1):
@@ -136,7 +136,7 @@ def _distances(block: np.ndarray, row_starts: np.ndarray, distinct: int) -> np.n
 def _running_max_per_row(values: np.ndarray, row_starts: np.ndarray) -> np.ndarray:
     out = np.empty_like(values)
     for row in range(len(row_starts) - 1):
-        running = np.int64(0)
+        running = values.dtype.type(0)
         for i in range(row_starts[row], row_starts[row + 1]):
             running = max(running, values[i])
             out[i] = running
