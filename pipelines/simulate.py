@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from transforms.cache.cache_trace import CacheTrace, read_cache_trace
 from transforms.cache.capacity import Capacity
-from transforms.cache.policies import POLICIES, hit_rate
+from transforms.cache.policies import POLICIES, hit_rates
 from transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
 from transforms.stats.trace_stats import row_problems
 
@@ -77,10 +77,13 @@ def policy_curve(cache: CacheTrace, distances: StackDistances, policy: str,
         rates = distances.hit_rates(np.array([c.tokens for c in capacities]),
                                     warmup_fraction=warmup_fraction)
     else:
-        rates = []
-        for done, capacity in enumerate(capacities, 1):
-            rates.append(hit_rate(cache, policy, capacity.tokens, warmup_fraction))
-            _LOG.info("%s: %d of %d capacities replayed", policy, done, len(capacities))
+        finished = []
+
+        def done(_: int) -> None:
+            finished.append(1)
+            _LOG.info("%s: %d of %d capacities replayed", policy, len(finished), len(capacities))
+
+        rates = hit_rates(cache, policy, [c.tokens for c in capacities], warmup_fraction, done)
     _LOG.info("%s done in %.1f s", policy, time.perf_counter() - started)
     return [_point(capacity, {"hit_rate": float(rate)}) for capacity, rate in zip(capacities, rates)]
 
