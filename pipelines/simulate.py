@@ -29,7 +29,8 @@ DEFINITIONS = {
     "prefix-lru": "the same, evicting the least recently used leaf (no cached descendant), "
                   "never a block of the running request",
     "fifo": "first inserted evicted first; hits do not refresh",
-    "belady": "furthest next use evicted first (offline optimum; deepest first on a tie)",
+    "belady": "furthest next use evicted first (offline optimum; deepest first on a tie); "
+              "a block needed later than every cached one is not cached",
     "two_tier": "exclusive LRU tiers: GPU evictions are demoted to tier 2, tier-2 hits "
                 "promoted; hit rates split by the tier that served them",
 }

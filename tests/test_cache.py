@@ -140,3 +140,13 @@ def test_a_warm_up_counts_only_the_later_rows():
     assert distances.two_tier(512, 512, warmup_fraction=0.5) == (0.5, 0.5)  # P2 on the GPU, P1 below
     for policy in POLICIES:
         assert hit_rate(cache, policy, 1024, warmup_fraction=0.5) == 1.0
+
+
+def test_belady_keeps_what_is_needed_sooner_than_what_arrives():
+    # One page. [A C] then [A B X] then [A B]: caching C or B (or X) would push out A, which
+    # every later request needs; belady keeps A throughout, as prefix-lru does here.
+    rows = [(1000, 600, [1, 3]), (4000, 1500, [1, 2, 9]), (5000, 1000, [1, 2])]
+    cache = CacheTrace.of(trace_of(rows), block_size=512)
+    rates = {policy: hit_rate(cache, policy, 512) for policy in POLICIES}
+    assert rates["belady"] == pytest.approx(1024 / 3100)
+    assert rates["belady"] >= max(rates.values())

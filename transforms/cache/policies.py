@@ -13,7 +13,8 @@ ones inserted, evicting as the policy says:
   request's blocks are left, the rest of it is not cached.
 - fifo: the block inserted first; hits do not refresh it.
 - belady: the block whose next use is furthest (offline optimum, the upper bound); a tie (a
-  block and its descendants are next used together) evicts the deepest first.
+  block and its descendants are next used together) evicts the deepest first; a block needed
+  later than every cached one is not cached at all (nor the rest of its request).
 
 Every replay is sequential by nature (each eviction depends on the whole history): a capacity
 replays on one core, capacities in parallel on one machine's cores; no Beam path.
@@ -183,6 +184,12 @@ def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy
                     size = _pop(keys, values, size)
                     if not cached[victim] or victim_key != key_now[victim]:
                         continue  # stale: re-keyed, evicted, or not a leaf any more
+                    if policy == _BELADY and victim_key >= key:
+                        # Every cached block is needed no later than this one: keep them and
+                        # do not cache it (nor, without it, the rest of the request).
+                        size = _push(keys, values, size, victim_key, victim)  # room: popped
+                        full = True
+                        break
                     if policy == _PREFIX_LRU:
                         if cached_children[victim] > 0:
                             continue  # pushed again when it becomes a leaf
