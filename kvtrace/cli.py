@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtrace import __version__, cache_cli
+from kvtrace import __version__, cache_cli, synth_cli
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.errors import IdMapError, JobStopped
@@ -135,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
              "over many files and machines (Beam options such as --runner pass through)")
     add("--verbose", action="store_true", help="show Beam's own logs")
     cache_cli.add_parsers(commands)
+    synth_cli.add_parser(commands)
     return parser
 
 
@@ -432,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _configure_logging(args.verbose)
     command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
-               "simulate": cache_cli.simulate, "report": cache_cli.report}[args.command]
+               "simulate": cache_cli.simulate, "report": cache_cli.report,
+               "synthesize": synth_cli.run}[args.command]
     try:
         return command(args, beam_args)
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:

@@ -1,0 +1,98 @@
+"""`kvtrace synthesize`: flags -> SynthesizeConfig -> pipelines/synthesize.py, and the summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvtrace.config import ConfigError
+
+ROWS = (
+    ("requests", "requests", "{:,.0f}"),
+    ("requests_per_minute", "requests / minute (mean)", "{:,.1f}"),
+    ("isl_mean", "input length, mean", "{:,.1f}"),
+    ("isl_median", "input length, median", "{:,.0f}"),
+    ("osl_mean", "output length, mean", "{:,.1f}"),
+    ("osl_median", "output length, median", "{:,.0f}"),
+    ("hit_rate_token_weighted", "hit rate, token-weighted (infinite cache)", "{:.4f}"),
+    ("hit_rate_after_warmup", "  the same, last 50% of rows", "{:.4f}"),
+    ("cache_hit_rate_aiperf", "aiperf/Dynamo cache_hit_rate (per-row mean)", "{:.4f}"),
+    ("unique_blocks", "unique blocks (working set)", "{:,.0f}"),
+)
+
+
+def add_parser(commands: Any) -> None:
+    synthesize = commands.add_parser(
+        "synthesize", help="reshape a trace: load, prefix lengths and diversity, lengths, more "
+                           "requests; every output row valid",
+        description=(
+            "Reshape a Mooncake trace into the workload a benchmark needs (seed 002's knobs): "
+            "speed-up, longer or shorter shared prefixes, more prefix trees, longer or shorter "
+            "unique parts, length bounds, and new requests drawn from the trace. Conversations "
+            "stay in one tree and keep each turn's prefix equal to the previous turn's input; "
+            "the same --seed gives the same bytes. Prints the statistics before and after."),
+    )
+    add = synthesize.add_argument
+    add("trace", nargs="+", metavar="TRACE",
+        help="trace file(s), glob(s) or kvtrace output folder(s)")
+    add("-o", "--output", required=True, metavar="OUT.jsonl", help="the synthesized trace")
+    add("--block-size", type=int, metavar="N",
+        help="tokens per block (default: the manifest.json beside the trace, else 512)")
+    add("--seed", type=int, default=0, help="random seed (default 0)")
+    add("--speedup-ratio", type=float, default=1.0, metavar="R",
+        help="divide timestamps by R (2: twice the load)")
+    add("--prefix-len-multiplier", type=float, default=1.0, metavar="P",
+        help="scale the prefixes shared across conversations by P (within a block)")
+    add("--prefix-root-multiplier", type=int, default=1, metavar="K",
+        help="spread conversations over K copies of the prefix tree with disjoint ids")
+    add("--prompt-len-multiplier", type=float, default=1.0, metavar="Q",
+        help="scale each request's own (unique) part by Q")
+    add("--osl-multiplier", type=float, default=1.0, metavar="M", help="scale output lengths")
+    add("--min-isl", type=int, metavar="N", help="drop requests shorter than N input tokens")
+    add("--max-isl", type=int, metavar="N", help="drop requests longer than N input tokens")
+    add("--min-osl", type=int, metavar="N", help="raise output lengths to at least N")
+    add("--max-osl", type=int, metavar="N", help="cap output lengths at N")
+    add("--num-requests", type=int, metavar="N",
+        help="draw N new requests from the trace's prefix tree, lengths and arrivals first")
+    add("--json", metavar="SUMMARY", help="also write the before/after statistics as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.synthesize import SynthesizeConfig, run_synthesize
+    from transforms.stats.trace_inputs import declared_block_size, trace_files
+    from transforms.synth.reshape import Knobs
+    from transforms.synth.synthesize import SynthConfig
+
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError("--block-size must be >= 1")
+    files = trace_files(args.trace)
+    block_size = args.block_size or declared_block_size(files) or 512
+    synth = SynthConfig(
+        Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
+        args.speedup_ratio, args.osl_multiplier, args.min_isl, args.max_isl, args.min_osl,
+        args.max_osl, args.num_requests, args.seed)
+    summary = run_synthesize(SynthesizeConfig(tuple(files), args.output, block_size, synth))
+    malformed = summary["malformed_lines"]
+    if malformed["count"]:
+        print(f"warning: {malformed['count']:,} malformed trace line(s) skipped", file=sys.stderr)
+        for example in malformed["examples"]:
+            print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+    if not summary["before"]["requests"]:
+        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
+        return 1
+    print(f"| block size {block_size} | before | after |\n|---|---|---|")
+    for key, label, form in ROWS:
+        print(f"| {label} | {form.format(summary['before'][key])} | "
+              f"{form.format(summary['after'][key])} |")
+    problems = sum(summary["after"]["problems"].values())
+    print(f"output: {args.output} ({'valid' if not problems else f'{problems} problems'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    return 0

@@ -1,0 +1,112 @@
+"""`kvtrace synthesize`, the pure part: a trace in, a reshaped trace out (as columns).
+
+Order of operations: with --num-requests, new requests are drawn first (sample.py); tree copies are drawn per session (or per request) from the seed; every
+request is reshaped (reshape.py); timestamps are divided by the speed-up; output lengths are
+scaled and clamped; rows outside the input-length bounds are dropped; ids are numbered densely
+in order of first appearance in the output, whose rows are in time order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from transforms.stats.trace_io import Trace
+from transforms.stats.trace_stats import prefix_ids
+from transforms.synth.parts import RowParts
+from transforms.synth.reshape import MAX_TREE_COPIES, Knobs, reshape
+from transforms.synth.sample import sample_requests
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    knobs: Knobs = field(default_factory=Knobs)
+    speedup_ratio: float = 1.0
+    osl_multiplier: float = 1.0
+    min_isl: int | None = None
+    max_isl: int | None = None
+    min_osl: int | None = None
+    max_osl: int | None = None
+    num_requests: int | None = None  # draw this many new requests from the trace first
+    seed: int = 0
+
+    def check(self) -> None:
+        knobs = self.knobs
+        if self.speedup_ratio <= 0 or knobs.prefix_len_multiplier < 0 or \
+                knobs.prompt_len_multiplier < 0 or self.osl_multiplier < 0:
+            raise ValueError("--speedup-ratio must be > 0 and the multipliers >= 0")
+        if not 1 <= knobs.prefix_root_multiplier <= MAX_TREE_COPIES:
+            raise ValueError(f"--prefix-root-multiplier must be in 1..{MAX_TREE_COPIES}")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("--num-requests must be >= 1")
+        for low, high, name in ((self.min_isl, self.max_isl, "isl"), (self.min_osl, self.max_osl, "osl")):
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"--min-{name} is above --max-{name}")
+
+
+def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
+    config.check()
+    parts = RowParts.of(trace, block_size)
+    if config.num_requests is not None:
+        trace = sample_requests(trace, parts, config.num_requests, block_size,
+                                np.random.default_rng([config.seed, 1]))
+        parts = RowParts.of(trace, block_size)
+    copies = tree_copies(trace, config.knobs.prefix_root_multiplier, config.seed)
+    reshaped = reshape(trace, parts, config.knobs, copies, block_size)
+    keep = np.ones(len(trace), dtype=bool)
+    if config.min_isl is not None:
+        keep &= reshaped.input_length >= config.min_isl
+    if config.max_isl is not None:
+        keep &= reshaped.input_length <= config.max_isl
+    rows = parts.order[keep[parts.order]]  # causal order, the output's
+    timestamp = np.floor(trace.timestamp[rows] / config.speedup_ratio).astype(np.int64)
+    order = np.argsort(timestamp, kind="stable")  # division keeps the order; floor may tie
+    rows, timestamp = rows[order], timestamp[order]
+    labels = [reshaped.labels[r] for r in rows.tolist()]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(part) for part in labels], out=offsets[1:])
+    output = Trace(
+        timestamp=timestamp.astype(np.float64),
+        input_length=reshaped.input_length[rows],
+        output_length=scaled_osl(trace.output_length[rows], config),
+        offsets=offsets,
+        ids=np.concatenate(labels + [np.empty(0, np.int64)]),
+        session=trace.session[rows] if trace.session is not None else None,
+        line=np.arange(1, len(rows) + 1),
+        file_index=np.zeros(len(rows), dtype=np.int32),
+        files=["synthesized"],
+    )
+    output.ids = dense_by_first_appearance(prefix_ids(output))
+    return output
+
+
+def tree_copies(trace: Trace, copies: int, seed: int) -> np.ndarray:
+    """A tree copy per row, drawn once per session (a request without one is its own): turns
+    of a conversation stay in one tree."""
+    rng = np.random.default_rng([seed, 0])
+    if copies == 1:
+        return np.zeros(len(trace), dtype=np.int64)
+    units: dict = {}
+    keys = (trace.session.tolist() if trace.session is not None else [None] * len(trace))
+    drawn = rng.integers(0, copies, len(trace))
+    out = np.empty(len(trace), dtype=np.int64)
+    for row, session in enumerate(keys):  # file order: the same seed, the same trees
+        out[row] = drawn[units.setdefault(session, row)] if session is not None else drawn[row]
+    return out
+
+
+def scaled_osl(output_length: np.ndarray, config: SynthConfig) -> np.ndarray:
+    scaled = np.floor(output_length * config.osl_multiplier + 0.5).astype(np.int64)
+    low = config.min_osl if config.min_osl is not None else 0
+    high = config.max_osl if config.max_osl is not None else np.iinfo(np.int64).max
+    return np.clip(scaled, low, high)
+
+
+def dense_by_first_appearance(ids: np.ndarray) -> np.ndarray:
+    """Renumber ids 0, 1, 2, ... in order of first appearance."""
+    if not len(ids):
+        return ids.astype(np.int64)
+    values, first = np.unique(ids, return_index=True)
+    rank = np.empty(len(values), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(values))
+    return rank[np.searchsorted(values, ids)]
