@@ -63,8 +63,10 @@ def _shared_lengths(trace: Trace, prefix: np.ndarray, units: np.ndarray) -> np.n
     """Per row, the leading blocks whose prefix two or more units visit."""
     lengths = trace.lengths
     row_of_block = np.repeat(np.arange(len(trace)), lengths)
-    pairs = np.unique(np.stack([prefix.astype(np.int64), units[row_of_block]]), axis=1)
-    visitors = np.bincount(pairs[0], minlength=int(prefix.max(initial=-1)) + 1)
+    span = int(units.max(initial=0)) + 1
+    pairs = np.sort(prefix.astype(np.int64) * span + units[row_of_block])  # (prefix, unit)
+    distinct = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])] if len(pairs) else pairs
+    visitors = np.bincount(distinct // span, minlength=int(prefix.max(initial=-1)) + 1)
     shared_block = visitors[prefix] >= 2
     # The shared blocks of a row form a prefix of it: count them.
     return np.bincount(row_of_block[shared_block], minlength=len(trace)).astype(np.int64)

@@ -103,10 +103,12 @@ def scaled_osl(output_length: np.ndarray, config: SynthConfig) -> np.ndarray:
 
 
 def dense_by_first_appearance(ids: np.ndarray) -> np.ndarray:
-    """Renumber ids 0, 1, 2, ... in order of first appearance."""
+    """Renumber dense ids (0..m-1, as prefix_ids gives them) 0, 1, 2, ... in order of first
+    appearance."""
     if not len(ids):
         return ids.astype(np.int64)
-    values, first = np.unique(ids, return_index=True)
-    rank = np.empty(len(values), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(values))
-    return rank[np.searchsorted(values, ids)]
+    first = np.full(int(ids.max()) + 1, len(ids), dtype=np.int64)
+    first[ids[::-1]] = np.arange(len(ids) - 1, -1, -1)  # the last write, the first occurrence
+    renumbered = np.empty(len(first), dtype=np.int64)
+    renumbered[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return renumbered[ids]
