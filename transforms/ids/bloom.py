@@ -3,8 +3,8 @@
 Each id map segment file carries one (segments.py): a night probes it with its own keys and
 reads only the row groups a possible key falls in, so what a night reads grows with the night
 and not with the map. A false positive costs a row-group read (~24 KB), so the filter is sized
-for a low rate: 16 bits per key and 11 probes give ~0.05% (2 bytes per map row, 1/12 of it).
-Filters are packed, 8 bits per byte.
+for a low rate: 16 bits per key and 11 probes give ~0.045% (2 bytes per map row, 1/12 of it).
+Filters are packed, 8 bits per byte, and sized exactly (in 64-bit words, not powers of two).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ PROBES = 11  # the textbook optimum k = 0.7 m/n
 
 
 def bloom_bits(count: int) -> int:
-    """Filter size for count keys: a power of two (a mask, not a division, finds a bit), at
-    least BITS_PER_KEY bits per key."""
-    return 1 << max(6, (count * BITS_PER_KEY - 1).bit_length())
+    """Filter size for count keys: BITS_PER_KEY bits per key, in whole 64-bit words (a power of
+    two would waste up to half of the index read every night)."""
+    return max(64, -(-count * BITS_PER_KEY // 64) * 64)
 
 
 def _position(hi: np.ndarray, lo: np.ndarray, probe: int, bits: int) -> np.ndarray:
     """Probe number probe's bit by double hashing: the keys are uniform keyed hashes, so their
     halves serve as the two hash functions. uint64 arithmetic wraps on purpose."""
-    return (hi + np.uint64(probe) * (lo | np.uint64(1))) & np.uint64(bits - 1)
+    return (hi + np.uint64(probe) * (lo | np.uint64(1))) % np.uint64(bits)
 
 
 def build(hi: np.ndarray, lo: np.ndarray, bits: int) -> np.ndarray:
