@@ -45,6 +45,8 @@ class ReuseConfig:
 def run_reuse(config: ReuseConfig) -> dict:
     """The report (JSON-ready); writes the plot when config.plot is set."""
     trace, cache = read_cache_trace(config.inputs, config.block_size)
+    problems = row_problems(trace, config.block_size)
+    del trace  # the cache's view is all that is left to read: free the trace's columns
     started = time.perf_counter()
     events = reuse_events(cache)
     x, y = ccdf_curve(events)
@@ -66,7 +68,7 @@ def run_reuse(config: ReuseConfig) -> dict:
         "lru_stack": {"capacity_tokens": capacities.tolist(), "lru_hit_rate": lru.tolist(),
                       "block_lru_hit_rate": block_lru.tolist()},
         "reuse_time": reuse_time,
-        "problems": row_problems(trace, config.block_size),
+        "problems": problems,
     }
     at_gpu = None
     if config.gpu_kv_cache_size:

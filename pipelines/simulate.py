@@ -49,6 +49,8 @@ class SimulateConfig:
 
 def run_simulate(config: SimulateConfig) -> dict:
     trace, cache = read_cache_trace(config.inputs, config.block_size)
+    problems = row_problems(trace, config.block_size)
+    del trace  # free the trace's columns: the cache's view is all the replays read
     distances = stack_distances(cache)
     report = {
         "block_size": config.block_size,
@@ -63,7 +65,7 @@ def run_simulate(config: SimulateConfig) -> dict:
         "policies": {policy: policy_curve(cache, distances, policy, config.capacities,
                                           config.warmup_fraction)
                      for policy in config.policies},
-        "problems": row_problems(trace, config.block_size),
+        "problems": problems,
     }
     if config.tier2_capacities:
         report["two_tier"] = two_tier_grid(distances, config.capacities, config.tier2_capacities,

@@ -29,27 +29,33 @@ COLD = np.iinfo(np.int32).max  # the distance of a first use: no capacity holds 
 class StackDistances:
     distance: np.ndarray  # int32 pages per block occurrence (COLD for first uses), causal order
     prefix_max: np.ndarray  # int32: running maximum of distance within each request
-    tokens: np.ndarray  # int64 real tokens of each occurrence: what a hit saves
+    tokens: np.ndarray  # int32 real tokens of each occurrence: what a hit saves
     row_starts: np.ndarray  # the trace's: row r's blocks are [row_starts[r], row_starts[r + 1])
     block_size: int
 
     @property
     def total_tokens(self) -> int:
-        return int(self.tokens.sum())
+        return int(self.tokens.sum(dtype=np.int64))
 
     def hit_rates(self, capacities: np.ndarray, prefix: bool = True,
                   warmup_fraction: float = 0.0) -> np.ndarray:
         """Token-weighted hit rate at each capacity (tokens): `lru`'s (longest cached prefix)
         or, with prefix=False, block LRU's (every cached block counts); counting only rows
         after the first warmup_fraction of rows (earlier ones still fill the cache)."""
+        cumulative = self._hits_within(prefix, warmup_fraction)
+        pages = np.asarray(capacities, dtype=np.int64) // self.block_size
+        total = self.tokens[self.first_measured(warmup_fraction):].sum()
+        hits = cumulative[np.clip(pages, 0, len(cumulative) - 1)]
+        return hits / total if total else np.zeros(len(pages))
+
+    def _hits_within(self, prefix: bool, warmup_fraction: float) -> np.ndarray:
+        """Tokens of hits at each capacity in pages, 0..the largest distance: a histogram of
+        distances, summed up (no sort: distances are below the distinct blocks)."""
         first = self.first_measured(warmup_fraction)
         by = (self.prefix_max if prefix else self.distance)[first:]
-        tokens = self.tokens[first:]
-        order = np.argsort(by, kind="stable")
-        cumulative = np.concatenate([[0], np.cumsum(tokens[order])])
-        pages = np.asarray(capacities, dtype=np.int64) // self.block_size
-        hits = cumulative[np.searchsorted(by[order], pages, side="right")]
-        return hits / cumulative[-1] if cumulative[-1] else np.zeros(len(pages))
+        warm = by != COLD
+        per_distance = np.bincount(by[warm], weights=self.tokens[first:][warm])
+        return np.cumsum(per_distance) if len(per_distance) else np.zeros(1)
 
     def first_measured(self, warmup_fraction: float) -> int:
         """The first block of the rows that count after a warm-up of that share of rows."""
@@ -90,8 +96,7 @@ class StackDistances:
 def stack_distances(trace: CacheTrace) -> StackDistances:
     distance = _distances(trace.block, trace.row_starts, trace.distinct_blocks)
     prefix_max = _running_max_per_row(distance, trace.row_starts)
-    return StackDistances(distance, prefix_max, trace.tokens.astype(np.int64), trace.row_starts,
-                          trace.block_size)
+    return StackDistances(distance, prefix_max, trace.tokens, trace.row_starts, trace.block_size)
 
 
 @numba.njit(cache=True)
