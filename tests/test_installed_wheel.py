@@ -75,3 +75,18 @@ def test_job_runs_from_a_copy_of_the_source_tree_with_worker_processes(
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["records"]["exported"] == 12
+
+
+def test_every_module_of_the_tree_is_in_the_wheel(clean_python, tmp_path):
+    """A folder without __init__.py imports from a checkout but is left out of the wheel."""
+    modules = sorted(
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for package in ("kvtrace", "transforms", "pipelines")
+        for path in (ROOT / package).rglob("*.py")
+    )
+    script = ("import importlib, sys\n"
+              f"for name in {modules!r}:\n"
+              "    module = importlib.import_module(name)\n"
+              "    assert 'site-packages' in module.__file__, (name, module.__file__)\n")
+    shown = _run(clean_python, tmp_path, "-c", script)
+    assert shown.returncode == 0, shown.stderr[-2000:]
