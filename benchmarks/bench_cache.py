@@ -18,26 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from measure import run_measured
+from measure import run_measured, tool_python
 
-VENV = Path(os.environ.get("TMPDIR", "/tmp")) / "kvtrace-kvsim-venv"
 MODEL = "qwen3-8b"  # in both catalogs: GQA, 36 layers, 8 KV heads of 128, bf16
 BYTES_PER_TOKEN = 2 * 36 * 8 * 128 * 2
 BUDGETS_GIB = (1, 4, 16, 64, 256, 1024)
-
-
-def simulator_python() -> str:
-    if not (VENV / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "kvcache-simulator==0.1.3"],
-                   check=True)
-    return str(VENV / "bin" / "python")
 
 
 def main() -> None:
@@ -57,7 +46,7 @@ def main() -> None:
             rates[f"kvtrace {policy}"] = [p["hit_rate"] for p in
                                           json.loads(out.read_text())["policies"][policy]]
             print(f"kvtrace simulate --policy {policy}: {seconds:.1f} s, peak {peak:.0f} MiB")
-        python = simulator_python()
+        python = tool_python("kvsim", "kvcache-simulator==0.1.3")
         theirs = Path(tmp) / "theirs.json"
         command = [python, "-m", "kvcache_sim", "run", "--trace", args.trace, "--model", MODEL,
                    "--kv-precision", "bf16_fp16", "--block-size", str(args.block_size),

@@ -15,15 +15,12 @@ not be installed here (its package needs modules absent from the sources we can 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from measure import run_measured
+from measure import run_measured, tool_python
 
-AIPERF_VENV = Path(os.environ.get("TMPDIR", "/tmp")) / "kvtrace-aiperf-venv"
 KNOBS = {"speedup_ratio": 2.0, "prefix_len_multiplier": 1.5, "prefix_root_multiplier": 2,
          "prompt_len_multiplier": 1.0}
 AIPERF_DRIVER = """
@@ -39,14 +36,6 @@ rows = Synthesizer(params).synthesize_from_file(sys.argv[1])
 with open(sys.argv[2], "wb") as out:
     out.writelines(orjson.dumps(r) + b"\\n" for r in rows)
 """
-
-
-def aiperf_python() -> str:
-    if not (AIPERF_VENV / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(AIPERF_VENV)], check=True)
-        subprocess.run([str(AIPERF_VENV / "bin" / "pip"), "install", "-q", "aiperf==0.13.0"],
-                       check=True)
-    return str(AIPERF_VENV / "bin" / "python")
 
 
 def problems(trace: Path) -> str:
@@ -87,7 +76,7 @@ def compare(trace: str, work: Path) -> None:
     theirs = work / "aiperf.jsonl"
     driver = work / "aiperf_driver.py"
     driver.write_text(AIPERF_DRIVER.format(**KNOBS))
-    command = [aiperf_python(), str(driver), trace, str(theirs)]
+    command = [tool_python("aiperf", "aiperf==0.13.0"), str(driver), trace, str(theirs)]
     tried = subprocess.run(command, capture_output=True, text=True)
     if tried.returncode:
         print(f"| aiperf 0.13 Synthesizer | crashed | - | {tried.stderr.strip().splitlines()[-1][:150]} |")

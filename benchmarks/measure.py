@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 # Runs a command and prints the peak resident set of it and its descendants, in KiB.
 _PEAK_RSS = (
@@ -25,3 +27,13 @@ def run_measured_with_log(command: list[str]) -> tuple[float, float, str]:
     measured = subprocess.run([sys.executable, "-c", _PEAK_RSS, *command], check=True,
                               capture_output=True, text=True)
     return time.perf_counter() - start, int(measured.stdout.split()[-1]) / 1024, measured.stderr
+
+
+def tool_python(name: str, requirement: str) -> str:
+    """A python with a compared tool installed in a venv of its own (each pins its own
+    dependencies), where .ci/run's tool_env puts it: $TMPDIR/kvtrace-NAME-venv."""
+    venv = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvtrace-{name}-venv"
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True)
+    return str(venv / "bin" / "python")
