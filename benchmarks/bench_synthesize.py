@@ -67,12 +67,18 @@ def without_shared_partial_blocks(trace: str, target: Path) -> int:
     return kept
 
 
-def compare(trace: str, work: Path) -> None:
+def compare(trace: str, work: Path, beam: bool) -> None:
     ours = work / "kvtrace.jsonl"
-    seconds, peak = run_measured([
-        "kvtrace", "synthesize", trace, "-o", str(ours), "--block-size", "512",
-        *[f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.items()]])
+    command = ["kvtrace", "synthesize", trace, "-o", str(ours), "--block-size", "512",
+               *[f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.items()]]
+    seconds, peak = run_measured(command)
     print(f"| kvtrace synthesize | {seconds:.1f} | {peak:.0f} | {problems(ours)} |")
+    if beam:  # the embedded runner, one worker; the bytes must be the local engine's
+        on_beam = work / "kvtrace_beam.jsonl"
+        seconds, peak = run_measured([*command[:4], str(on_beam), *command[5:], "--engine", "beam"])
+        same = on_beam.read_bytes() == ours.read_bytes()
+        print(f"| kvtrace synthesize --engine beam (embedded runner) | {seconds:.1f} | {peak:.0f} | "
+              f"{'the same bytes' if same else 'DIFFERENT BYTES'} |")
     theirs = work / "aiperf.jsonl"
     driver = work / "aiperf_driver.py"
     driver.write_text(AIPERF_DRIVER.format(**KNOBS))
@@ -93,12 +99,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print(f"\n{args.trace}\n\n| tool | wall s | peak RSS MiB | output |\n|---|---|---|---|")
-        compare(args.trace, work)
+        compare(args.trace, work, beam=True)
         filtered = work / "without_shared_partials.jsonl"
         kept = without_shared_partial_blocks(args.trace, filtered)
         print(f"\nthe same without rows ending in a shared partial block ({kept:,} rows)\n\n"
               f"| tool | wall s | peak RSS MiB | output |\n|---|---|---|---|")
-        compare(str(filtered), work)
+        compare(str(filtered), work, beam=False)
 
 
 if __name__ == "__main__":

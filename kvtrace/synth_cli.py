@@ -57,17 +57,27 @@ def add_parser(commands: Any) -> None:
     add("--num-requests", type=int, metavar="N",
         help="draw N new requests from the trace's prefix tree, lengths and arrivals first")
     add("--json", metavar="SUMMARY", help="also write the before/after statistics as JSON")
-    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+    add("--engine", choices=("local", "beam"), default="local",
+        help="local: this machine (default); beam: a Beam pipeline for traces beyond one "
+             "machine, the same bytes (not with --num-requests). Beam options such as --runner "
+             "pass through")
+    add("--verbose", action="store_true", help="show Beam's own logs")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.synthesize import SynthesizeConfig, run_synthesize
+    from pipelines.synthesize import SynthesizeConfig, run_synthesize, run_synthesize_beam
     from transforms.stats.trace_inputs import declared_block_size, trace_files
     from transforms.synth.reshape import Knobs
     from transforms.synth.synthesize import SynthConfig
 
-    if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    if args.engine == "local" and beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)} (Beam options need --engine "
+                          f"beam)")
+    if args.engine == "beam":
+        from kvtrace.cli import _our_flags, _parser
+        from kvtrace.options import check_beam_flags
+
+        check_beam_flags(beam_args, _our_flags(_parser()))
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
@@ -76,7 +86,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
         args.speedup_ratio, args.osl_multiplier, args.min_isl, args.max_isl, args.min_osl,
         args.max_osl, args.num_requests, args.seed)
-    summary = run_synthesize(SynthesizeConfig(tuple(files), args.output, block_size, synth))
+    config = SynthesizeConfig(tuple(files), args.output, block_size, synth)
+    summary = run_synthesize_beam(config, beam_args) if args.engine == "beam" else \
+        run_synthesize(config)
     malformed = summary["malformed_lines"]
     if malformed["count"]:
         print(f"warning: {malformed['count']:,} malformed trace line(s) skipped", file=sys.stderr)

@@ -47,16 +47,16 @@ def chunk_tables(trace: Trace, block_size: int) -> tuple[np.ndarray, np.ndarray]
     blocks["parent"] = np.where(position > 0, np.roll(trace.ids, 1), -1)
     at_end = position == lengths[row] - 1
     blocks["weight"] = np.where(at_end, last_block_tokens(trace, block_size)[row], block_size)
-    blocks["prefix_hi"], blocks["prefix_lo"] = _prefix_hashes(trace)
+    blocks["prefix_hi"], blocks["prefix_lo"] = prefix_hashes(trace.ids, trace.offsets)
     return rows, blocks
 
 
-def _prefix_hashes(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def prefix_hashes(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A 128-bit chain hash of hash_ids[:i + 1] per block: a prefix's identity across files
     (trace_stats numbers prefixes exactly, but only within the rows it holds)."""
     out = bytearray()
-    data = trace.ids.astype("<i8").tobytes()
-    for start, end in zip(trace.offsets[:-1].tolist(), trace.offsets[1:].tolist()):
+    data = ids.astype("<i8").tobytes()
+    for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         digest = b""
         for at in range(start * 8, end * 8, 8):
             digest = xxhash.xxh3_128_digest(digest + data[at : at + 8])

@@ -17,15 +17,20 @@ def dense_sessions(sessions: np.ndarray | None) -> list[int | None]:
 
 
 def jsonl_bytes(trace: Trace) -> bytes:
-    ids = trace.ids.tolist()
-    offsets = trace.offsets.tolist()
-    sessions = dense_sessions(trace.session) or [None] * len(trace)
+    return rows_jsonl(trace.timestamp.astype(np.int64), trace.input_length, trace.output_length,
+                      trace.ids, trace.offsets, dense_sessions(trace.session) or [None] * len(trace))
+
+
+def rows_jsonl(timestamp: np.ndarray, input_length: np.ndarray, output_length: np.ndarray,
+               ids: np.ndarray, offsets: np.ndarray, sessions: list[int | None]) -> bytes:
+    """Rows as JSON lines; sessions already published numbers (or None)."""
+    ids_list, offsets_list = ids.tolist(), offsets.tolist()
     lines = []
-    for row, (timestamp, isl, osl, session) in enumerate(zip(
-            trace.timestamp.astype(np.int64).tolist(), trace.input_length.tolist(),
-            trace.output_length.tolist(), sessions)):
+    for row, (ts, isl, osl, session) in enumerate(zip(
+            timestamp.tolist(), input_length.tolist(), output_length.tolist(), sessions)):
         tail = "]}" if session is None else f'], "{SESSION_FIELD}": {session}}}'
-        lines.append(f'{{"timestamp": {timestamp}, "input_length": {isl}, '
+        lines.append(f'{{"timestamp": {ts}, "input_length": {isl}, '
                      f'"output_length": {osl}, "hash_ids": ['
-                     f'{", ".join(map(str, ids[offsets[row]:offsets[row + 1]]))}{tail}\n')
+                     f'{", ".join(map(str, ids_list[offsets_list[row]:offsets_list[row + 1]]))}'
+                     f'{tail}\n')
     return "".join(lines).encode()

@@ -32,15 +32,19 @@ class RowParts:
     common: np.ndarray  # int64: leading blocks in common with previous_turn (0 without one)
     previous_turn: np.ndarray  # int64 row index, -1
     order: np.ndarray  # row indices in causal order (timestamp, file order)
-    prefix: np.ndarray  # per block (file order): the exact prefix id
+    prefix: np.ndarray  # per block (file order): the exact prefix's id (or 64-bit key)
     last_tokens: np.ndarray  # per row: tokens of its last block (0 without blocks)
 
     @staticmethod
-    def of(trace: Trace, block_size: int) -> RowParts:
-        prefix = prefix_ids(trace)
+    def of(trace: Trace, block_size: int, shared: np.ndarray | None = None,
+           prefix: np.ndarray | None = None) -> RowParts:
+        """shared and prefix are computed from the trace unless given: the Beam engine gives
+        them for a shard of conversations (shared-ness is counted over the whole trace, and
+        prefixes are identified by their 64-bit keys, the same in every shard)."""
+        prefix = prefix_ids(trace) if prefix is None else prefix
         order = np.argsort(causal_order(trace), kind="stable")
-        units = _units(trace)
-        shared = _shared_lengths(trace, prefix, units)
+        if shared is None:
+            shared = _shared_lengths(trace, prefix, _units(trace))
         previous = _previous_turns(trace, order)
         common = np.zeros(len(trace), dtype=np.int64)
         for row in np.flatnonzero(previous >= 0).tolist():

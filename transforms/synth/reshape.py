@@ -18,6 +18,7 @@ computed in tokens, and the blocks are cut from them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +46,31 @@ class Reshaped:
     input_length: np.ndarray  # int64
 
 
-def _label(prefix: np.ndarray, sub: np.ndarray, copy: np.ndarray | int, kind: int) -> np.ndarray:
+# (prefix, sub-block, tree copy, kind) -> one int64 label per output block.
+Labeller = Callable[[np.ndarray, np.ndarray, "np.ndarray | int", int], np.ndarray]
+
+
+def packed_label(prefix: np.ndarray, sub: np.ndarray, copy: np.ndarray | int,
+                 kind: int) -> np.ndarray:
+    """Exact: dense prefix ids, as the local engine numbers them."""
     return ((((prefix.astype(np.int64) << SUB_BITS) | sub) << COPY_BITS | copy) << 1) | kind
+
+
+def hashed_label(prefix: np.ndarray, sub: np.ndarray, copy: np.ndarray | int,
+                 kind: int) -> np.ndarray:
+    """For 64-bit prefix keys (the Beam engine's): the packed fields mixed into the key. Output
+    ids are numbered from exact label prefixes, so distinct labels give the same ids as
+    packed_label; two labels would merge only if they collided among one node's children."""
+    fields = packed_label(np.zeros_like(np.asarray(sub)), sub, copy, kind).astype(np.uint64)
+    return mix64(prefix.astype(np.uint64) ^ mix64(fields)).view(np.int64)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a bijection of uint64 that spreads every input bit."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
 
 
 def _rounded(x: np.ndarray | float) -> np.ndarray:
@@ -55,22 +79,23 @@ def _rounded(x: np.ndarray | float) -> np.ndarray:
 
 
 def reshape(trace: Trace, parts: RowParts, knobs: Knobs, copies: np.ndarray,
-            block_size: int) -> Reshaped:
+            block_size: int, label: Labeller = packed_label) -> Reshaped:
     """copies: the tree copy of each row (all 0 without a root multiplier). Rows that do not
     build on a previous turn are reshaped together (numpy over all of them); turns that do are
     then reshaped one by one in causal order, each from its previous turn's output."""
     chained = (parts.previous_turn >= 0) & (parts.common > 0) & (parts.common >= parts.shared)
-    labels, input_length = _reshape_unchained(trace, parts, knobs, copies, block_size, ~chained)
+    labels, input_length = _reshape_unchained(trace, parts, knobs, copies, block_size, ~chained,
+                                              label)
     ends: dict[int, np.ndarray] = {}  # output blocks up to each source block, of rows in use
     for row in parts.order[chained[parts.order]].tolist():
         previous = int(parts.previous_turn[row])
         if previous not in ends:
-            ends[previous] = _ends(trace, parts, knobs, block_size, previous)
+            ends[previous] = _ends(trace, parts, knobs, block_size, previous, label)
         common = int(parts.common[row])
         end = ends[previous][:common]
         base = labels[previous][:int(end[-1])]
         own_end, own, length = _own_run(trace, parts, knobs, block_size, row, common, len(base),
-                                        int(copies[row]))
+                                        int(copies[row]), label)
         labels[row] = np.concatenate([base, own])
         ends[row] = np.concatenate([end, own_end])
         input_length[row] = length
@@ -78,7 +103,8 @@ def reshape(trace: Trace, parts: RowParts, knobs: Knobs, copies: np.ndarray,
 
 
 def _reshape_unchained(trace: Trace, parts: RowParts, knobs: Knobs, copies: np.ndarray,
-                       block_size: int, rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+                       block_size: int, rows: np.ndarray,
+                       label: Labeller) -> tuple[list[np.ndarray], np.ndarray]:
     """Rows (a mask) reshaped from their own blocks: a shared run, then an own run."""
     n, shared = trace.lengths, parts.shared
     p, q = knobs.prefix_len_multiplier, knobs.prompt_len_multiplier
@@ -103,14 +129,14 @@ def _reshape_unchained(trace: Trace, parts: RowParts, knobs: Knobs, copies: np.n
     shared_first = np.concatenate([[0], np.cumsum(base_len[rows])])[:-1]
     within = np.arange(len(shared_rows)) - np.repeat(shared_first, base_len[rows])
     sub = np.arange(len(shared_rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    flat[starts[shared_rows] + within] = _label(np.repeat(parts.prefix[in_shared], counts), sub,
+    flat[starts[shared_rows] + within] = label(np.repeat(parts.prefix[in_shared], counts), sub,
                                                 copies[shared_rows], 0)
     # The own runs: fresh blocks labelled by the row's last prefix, which only it has.
     own_rows = np.repeat(np.arange(len(trace)), own_len)
     k = np.arange(len(own_rows)) - np.repeat(np.cumsum(own_len) - own_len, own_len)
     last_prefix = parts.prefix[np.maximum(trace.offsets[1:] - 1, 0)] if len(trace.ids) else \
         np.zeros(len(trace), np.int64)
-    flat[starts[own_rows] + base_len[own_rows] + k] = _label(last_prefix[own_rows], k,
+    flat[starts[own_rows] + base_len[own_rows] + k] = label(last_prefix[own_rows], k,
                                                              copies[own_rows], 1)
     # Input lengths: own tokens after whole blocks; a row ending inside its shared run keeps
     # its real last block if that block kept an output block of its own.
@@ -123,7 +149,8 @@ def _reshape_unchained(trace: Trace, parts: RowParts, knobs: Knobs, copies: np.n
 
 
 def _own_run(trace: Trace, parts: RowParts, knobs: Knobs, block_size: int, row: int,
-             base_end: int, base_blocks: int, copy: int) -> tuple[np.ndarray, np.ndarray, int]:
+             base_end: int, base_blocks: int, copy: int,
+             label: Labeller) -> tuple[np.ndarray, np.ndarray, int]:
     """(output blocks up to each own source block, own labels, input length) of a row whose
     first base_end source blocks became base_blocks output blocks."""
     own = int(trace.lengths[row]) - base_end
@@ -140,14 +167,15 @@ def _own_run(trace: Trace, parts: RowParts, knobs: Knobs, block_size: int, row: 
         raise ValueError(f"a request's own part would take {blocks:,} blocks: lower "
                          f"--prompt-len-multiplier")
     prefix = parts.prefix[trace.offsets[row + 1] - 1]
-    labels = _label(np.full(blocks, prefix), np.arange(blocks), copy, 1)
+    labels = label(np.full(blocks, prefix), np.arange(blocks), copy, 1)
     return own_end, labels, base_blocks * block_size + int(scaled[-1])
 
 
-def _ends(trace: Trace, parts: RowParts, knobs: Knobs, block_size: int, row: int) -> np.ndarray:
+def _ends(trace: Trace, parts: RowParts, knobs: Knobs, block_size: int, row: int,
+          label: Labeller) -> np.ndarray:
     """Output blocks up to each source block of a row reshaped from its own blocks."""
     shared = int(parts.shared[row])
     end = _rounded(np.arange(1, shared + 1) * knobs.prefix_len_multiplier)
     base_blocks = int(end[-1]) if shared else 0
-    own_end, _, _ = _own_run(trace, parts, knobs, block_size, row, shared, base_blocks, 0)
+    own_end, _, _ = _own_run(trace, parts, knobs, block_size, row, shared, base_blocks, 0, label)
     return np.concatenate([end, own_end])

@@ -1,6 +1,7 @@
 """`kvtrace synthesize`, the pure part: a trace in, a reshaped trace out (as columns).
 
-Order of operations: with --num-requests, new requests are drawn first (sample.py); tree copies are drawn per session (or per request) from the seed; every
+Order of operations: with --num-requests, new requests are drawn first (sample.py); tree
+copies are drawn per session (or per request) from the seed; every
 request is reshaped (reshape.py); timestamps are divided by the speed-up; output lengths are
 scaled and clamped; rows outside the input-length bounds are dropped; ids are numbered densely
 in order of first appearance in the output, whose rows are in time order.
@@ -11,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 from transforms.stats.trace_io import Trace
+from transforms.stats.trace_shards import LINE_BITS
 from transforms.stats.trace_stats import prefix_ids
 from transforms.synth.parts import RowParts
-from transforms.synth.reshape import MAX_TREE_COPIES, Knobs, reshape
+from transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from transforms.synth.sample import sample_requests
 
 
@@ -82,17 +85,28 @@ def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
 
 def tree_copies(trace: Trace, copies: int, seed: int) -> np.ndarray:
     """A tree copy per row, drawn once per session (a request without one is its own): turns
-    of a conversation stay in one tree."""
-    rng = np.random.default_rng([seed, 0])
+    of a conversation stay in one tree. Drawn from a hash of (seed, session or row key), so a
+    shard of conversations draws the same trees as the whole trace."""
+    rowkey = (trace.file_index.astype(np.int64) << LINE_BITS) | trace.line
+    return unit_copies(rowkey, trace.session, copies, seed)
+
+
+def unit_copies(rowkey: np.ndarray, session: np.ndarray | None, copies: int,
+                seed: int) -> np.ndarray:
     if copies == 1:
-        return np.zeros(len(trace), dtype=np.int64)
-    units: dict = {}
-    keys = (trace.session.tolist() if trace.session is not None else [None] * len(trace))
-    drawn = rng.integers(0, copies, len(trace))
-    out = np.empty(len(trace), dtype=np.int64)
-    for row, session in enumerate(keys):  # file order: the same seed, the same trees
-        out[row] = drawn[units.setdefault(session, row)] if session is not None else drawn[row]
-    return out
+        return np.zeros(len(rowkey), dtype=np.int64)
+    seed_key = mix64(np.array([seed], dtype=np.uint64))[0]
+    drawn = mix64(rowkey.astype(np.uint64) ^ seed_key)
+    if session is not None:
+        for row in np.flatnonzero(session != None).tolist():  # noqa: E711 (elementwise)
+            drawn[row] = xxhash.xxh3_64_intdigest(session_text(session[row]).encode(),
+                                                   seed=int(seed_key))
+    return (drawn % np.uint64(copies)).astype(np.int64)
+
+
+def session_text(session: object) -> str:
+    """A session id as hashed: its JSON type and value (1 and "1" are different sessions)."""
+    return f"{type(session).__name__}:{session}"
 
 
 def scaled_osl(output_length: np.ndarray, config: SynthConfig) -> np.ndarray:
