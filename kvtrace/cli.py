@@ -15,12 +15,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtrace import __version__, cache_cli, synth_cli
+from kvtrace import __version__, cache_cli, check_cli, synth_cli
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.errors import IdMapError, JobStopped
 from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
 from transforms.read.timestamps import TIMESTAMP_UNITS
+from transforms.encode.schemes import SCHEMES
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -96,6 +97,22 @@ def _parser() -> argparse.ArgumentParser:
         help="hash shards for the id assignment (default 64; with an id map, the map's own, "
              "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
              "the map's rewrites the map that night). The output does not depend on it")
+    add("--hash-scheme", choices=SCHEMES,
+        help="what keys a block before its dense id: kvtrace, keyed xxh3-128 (default); dynamo, "
+             "NVIDIA Dynamo's KV-router hashes; vllm-sha256-cbor, vLLM's sha256_cbor prefix "
+             "hashes (needs --vllm-hash-seed or --vllm-none-hash). The published ids are the "
+             "same; the engine schemes let --emit-block-hashes be joined with engine KV events")
+    add("--vllm-hash-seed", metavar="S",
+        help="vllm-sha256-cbor: the PYTHONHASHSEED the engine ran with (NONE_HASH = "
+             "sha256_cbor(S))")
+    add("--vllm-none-hash", metavar="HEX",
+        help="vllm-sha256-cbor: the engine's NONE_HASH itself, 64 hex digits")
+    add("--timestamp-granularity-ms", type=int, metavar="MS",
+        help="publish timestamps rounded to multiples of MS from the first request (default 1): "
+             "coarser timing is harder to match against other records of the same traffic")
+    add("--length-granularity", type=int, metavar="N",
+        help="publish output lengths rounded to multiples of N (default 1; input_length stays "
+             "exact, since hash_ids must match it)")
     add("--engine", choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
              "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
@@ -136,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--verbose", action="store_true", help="show Beam's own logs")
     cache_cli.add_parsers(commands)
     synth_cli.add_parser(commands)
+    check_cli.add_parsers(commands)
+    check_cli.add_audit_parser(commands)
+    check_cli.add_convert_parser(commands)
     return parser
 
 
@@ -147,6 +167,9 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "max_record_bytes": DEFAULT_MAX_RECORD_BYTES,
     "chat_template_kwargs": {},
     "processes": 1,
+    "hash_scheme": "kvtrace",
+    "timestamp_granularity_ms": 1,
+    "length_granularity": 1,
 }
 # Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful,
 # and a shard count beyond a few thousand only multiplies per-shard overhead.
@@ -154,6 +177,7 @@ MAX_BLOCK_SIZE = 1 << 20
 MAX_HASH_SHARDS = 4096
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
+MAX_GRANULARITY = 1 << 40
 
 
 def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]:
@@ -192,12 +216,15 @@ def _check_ranges(options: dict[str, Any]) -> None:
     if options.get("hash_shards") is not None:
         integer("hash_shards", 1, MAX_HASH_SHARDS)
     integer("processes", 1, MAX_PROCESSES)
+    integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
+    integer("length_granularity", 1, MAX_GRANULARITY)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
     fraction = options.get("max_rejected_fraction")
     if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                                  or not 0 <= fraction <= 1):  # NaN fails both comparisons
         raise ConfigError(f"--max-rejected-fraction must be a number in [0, 1], not {fraction!r}")
-    for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS)):
+    for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS),
+                          ("hash_scheme", SCHEMES)):
         if options[name] not in choices:
             raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}")
 
@@ -209,6 +236,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
     from transforms.read.paths import expand_inputs, file_sizes
     from transforms.read.records import ParseOptions
+    from transforms.write.coarsen import Coarsening
     from transforms.write.manifest import remove_manifest
 
     presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p])
@@ -222,12 +250,13 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
                      "--id-map": options.get("id_map")}, options["input"], files)
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
+    scheme = _hash_scheme(options)
     tokenizer = load_tokenizer(options["tokenizer"])
     sha256 = tokenizer_sha256(options["tokenizer"])
     id_map = None
     if options.get("id_map"):
         id_map = _open_id_map(options, salt, fingerprint, sha256,
-                              tokenization_fingerprint(tokenizer))
+                              tokenization_fingerprint(tokenizer), scheme)
     config = AnonymizeConfig(
         inputs=tuple(file_sizes(files)),
         output=output,
@@ -242,6 +271,8 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         hash_shards=run_hash_shards(options.get("hash_shards"), id_map.base if id_map else None),
         tokenizer_sha256=sha256,
         id_map=id_map,
+        hash_scheme=scheme,
+        coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"]),
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
@@ -287,12 +318,36 @@ def _engine(options: dict[str, Any], flags: list[str]) -> str:
     return engine
 
 
+def _hash_scheme(options: dict[str, Any]) -> Any:
+    from transforms.encode.schemes import HashScheme, vllm_none_hash
+
+    name, seed, none_hash = (options["hash_scheme"], options.get("vllm_hash_seed"),
+                             options.get("vllm_none_hash"))
+    if name != "vllm-sha256-cbor":
+        if seed is not None or none_hash is not None:
+            raise ConfigError("--vllm-hash-seed and --vllm-none-hash go with --hash-scheme "
+                              "vllm-sha256-cbor")
+        return HashScheme(name)
+    if (seed is None) == (none_hash is None):
+        raise ConfigError("--hash-scheme vllm-sha256-cbor needs the engine's NONE_HASH: "
+                          "--vllm-hash-seed (its PYTHONHASHSEED) or --vllm-none-hash (64 hex "
+                          "digits); an engine without PYTHONHASHSEED draws it at random")
+    if seed is not None:
+        return HashScheme(name, vllm_none_hash(str(seed)))
+    try:
+        raw = bytes.fromhex(str(none_hash))
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigError("--vllm-none-hash must be 64 hex digits (32 bytes)")
+    return HashScheme(name, raw)
+
+
 def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict,
-                 tokenization: str) -> Any:
+                 tokenization: str, scheme: Any) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
     from pipelines.anonymize import IdMapRun
-    from transforms.encode.blocks import HASH_SCHEME
     from transforms.ids.id_map import MapIdentity, discard_abandoned, open_map
 
     if not salt.persistent:
@@ -301,7 +356,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
             f"${SALT_ENV} (keep it in a secret manager; see the README)"
         )
     directory = options["id_map"].rstrip("/")
-    identity = MapIdentity(fingerprint, options["block_size"], sha256, HASH_SCHEME,
+    identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
                            options["chat_template_kwargs"], tokenization)
     base = open_map(directory, identity)
     discarded = discard_abandoned(directory, base)
@@ -434,7 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
                "simulate": cache_cli.simulate, "report": cache_cli.report,
-               "synthesize": synth_cli.run}[args.command]
+               "synthesize": synth_cli.run, "validate": check_cli.validate,
+               "audit": check_cli.audit, "convert": check_cli.convert}[args.command]
     try:
         return command(args, beam_args)
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:

@@ -64,7 +64,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
         | "RenderTokenizeHash" >> beam.ParDo(
             EncodeRequests(
-                config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs
+                config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs,
+                config.hash_scheme,
             )
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )
@@ -150,7 +151,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WithFirstShard" >> beam.Flatten()
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(
-            WriteShard(config.output),
+            WriteShard(config.output, config.coarsening),
             plan,
             origin,
             beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtrace import __version__
-from transforms.encode.blocks import HASH_SCHEME
+from transforms.encode.schemes import HashScheme
 from transforms.encode.salt import SaltSource
 from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals, hash_shards_for
 from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
+from transforms.write.coarsen import Coarsening
 from transforms.write.manifest import RecordCounts, remove_stale_shards, write_json
 from transforms.write.totals import ExportTotals, export_stats
 
@@ -62,6 +63,8 @@ class AnonymizeConfig:
     hash_shards: int = DEFAULT_HASH_SHARDS
     tokenizer_sha256: dict[str, str] = field(default_factory=dict)
     id_map: IdMapRun | None = None
+    hash_scheme: HashScheme = field(default_factory=HashScheme)
+    coarsening: Coarsening = field(default_factory=Coarsening)
 
     @property
     def compacts_map(self) -> bool:
@@ -93,7 +96,10 @@ def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
         "format": "mooncake-trace",
         "tokenizer": {"name": config.tokenizer, "sha256": config.tokenizer_sha256},
         "block_size": config.block_size,
-        "hash_scheme": HASH_SCHEME,
+        "hash_scheme": config.hash_scheme.identity,
+        "hash_scheme_keyed": config.hash_scheme.keyed,
+        "granularity": {"timestamp_ms": config.coarsening.timestamp_ms,
+                        "output_length": config.coarsening.output_length},
         "input_format": config.parse.input_format,
         "timestamp_unit": config.parse.timestamp_unit,
         "chat_template_kwargs": config.chat_template_kwargs,

@@ -69,6 +69,7 @@ from transforms.write.manifest import (
     write_json,
 )
 from transforms.write.rows import RowBatch, bucket_sizes, row_batch
+from transforms.write.coarsen import Coarsening
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
 from transforms.write.totals import ExportTotals
 
@@ -152,7 +153,8 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
 
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
     return RequestEncoder(load_tokenizer(config.tokenizer), config.block_size,
-                          chain_seed(config.salt.load()), config.chat_template_kwargs)
+                          chain_seed(config.salt.load()), config.chat_template_kwargs,
+                          config.hash_scheme)
 
 
 def _start_worker(config: AnonymizeConfig) -> None:
@@ -207,7 +209,7 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     origin = config.timestamp_origin_ms if config.timestamp_origin_ms is not None else (
         earliest_ms[0] if earliest_ms else 0)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
-    files = _write_shards(config.output, whole, rows, origin)
+    files = _write_shards(config.output, whole, rows, origin, config.coarsening)
     totals = ExportTotals.of_batch(whole)
     damaged = sum(letter.reason == DAMAGED_FILE for letter in encoded.rejected)
     manifest = write_stats(config, sorted(files), counts, totals, numbered["blocks"].unique,
@@ -271,7 +273,8 @@ def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> li
     return files
 
 
-def _write_shards(directory: str, whole: HashedBatch, rows: RowBatch, origin: int) -> list[str]:
+def _write_shards(directory: str, whole: HashedBatch, rows: RowBatch, origin: int,
+                  coarsening: Coarsening) -> list[str]:
     """Shards by time bucket, as the Beam pipeline plans them; shard 0 always exists."""
     sizes: dict[int, int] = {}
     for bucket, size in bucket_sizes(whole):
@@ -282,7 +285,7 @@ def _write_shards(directory: str, whole: HashedBatch, rows: RowBatch, origin: in
     files = []
     for shard in range(shards):
         part = rows.select(np.flatnonzero(row_shards == shard))
-        files += write_shard(directory, shard, shards, [part], origin)
+        files += write_shard(directory, shard, shards, [part], origin, coarsening)
     return files
 
 

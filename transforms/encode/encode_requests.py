@@ -14,7 +14,8 @@ from typing import Any
 
 import xxhash
 
-from transforms.encode.blocks import chain_hashes, keyed_digest, token_bytes
+from transforms.encode.blocks import keyed_digest, token_bytes
+from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
@@ -31,6 +32,7 @@ def hash_request(
     output_length: int,
     block_size: int,
     seed: bytes,
+    scheme: HashScheme = HashScheme(),
 ) -> HashedRequest:
     data = token_bytes(token_ids)
     session = request.session
@@ -42,7 +44,7 @@ def hash_request(
         fingerprint=fingerprint,
         input_length=len(token_ids),
         output_length=output_length,
-        block_hashes=chain_hashes(data, block_size, seed),
+        block_hashes=scheme.block_keys(data, block_size, seed),
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
     )
@@ -57,8 +59,9 @@ class RequestEncoder:
     that callers may overlap: render (Python), tokenize (Rust, releases the GIL), hash."""
 
     def __init__(self, tokenizer: Any, block_size: int, seed: bytes,
-                 template_kwargs: dict[str, Any]):
+                 template_kwargs: dict[str, Any], scheme: HashScheme = HashScheme()):
         self._tokenizer = tokenizer
+        self._scheme = scheme
         self._block_size = block_size
         self._seed = seed
         self._template_kwargs = dict(template_kwargs)
@@ -102,7 +105,8 @@ class RequestEncoder:
                                            "renders to no tokens"))
                 continue
             hashed.append(
-                hash_request(request, token_ids, output_length, self._block_size, self._seed)
+                hash_request(request, token_ids, output_length, self._block_size, self._seed,
+                             self._scheme)
             )
             self._progress.add(len(token_ids))
         return (HashedBatch.pack(hashed) if hashed else None), rejected

@@ -10,6 +10,7 @@ import apache_beam as beam
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.encode.blocks import chain_seed
+from transforms.encode.schemes import HashScheme
 from transforms.encode.encode_requests import Rendered, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
@@ -27,16 +28,19 @@ class EncodeRequests(beam.DoFn):
     """
 
     def __init__(
-        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any]
+        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any],
+        scheme: HashScheme = HashScheme(),
     ):
         self._tokenizer_name = tokenizer_name
         self._block_size = block_size
         self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
         self._template_kwargs = dict(template_kwargs)
+        self._scheme = scheme
 
     def setup(self) -> None:
         self._encoder = RequestEncoder(load_tokenizer(self._tokenizer_name), self._block_size,
-                                       chain_seed(self._salt.load()), self._template_kwargs)
+                                       chain_seed(self._salt.load()), self._template_kwargs,
+                                       self._scheme)
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     def teardown(self) -> None:

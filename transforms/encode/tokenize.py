@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from transforms.encode.fast_tokenizer import TOKENIZER_FILE, FastTokenizer
-from transforms.errors import Rejected
+from jinja2.exceptions import SecurityError
+from transforms.errors import JobStopped, Rejected
 from transforms.read.chat import arguments_as_strings
 
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
@@ -46,7 +47,14 @@ def load_tokenizer(name: str) -> Any:
         return FastTokenizer.from_directory(folder)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    try:  # never run Python code shipped in a tokenizer folder
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except ValueError as err:
+        if "trust_remote_code" not in str(err):
+            raise
+        raise ValueError(f"tokenizer {name!r} needs its own Python code (trust_remote_code); "
+                         f"kvtrace does not run code from tokenizer folders: give one with a "
+                         f"tokenizer.json") from None
     if not tokenizer.is_fast:
         raise ValueError(f"tokenizer {name!r} has no fast (Rust) implementation")
     return tokenizer
@@ -102,6 +110,10 @@ def render_chat(
     """
     try:
         return _apply(tokenizer, messages, tools, template_kwargs)
+    except SecurityError as err:  # the sandbox stopped it: the template is hostile, not the request
+        raise JobStopped(f"the chat template tried to reach Python internals, which transformers' "
+                         f"sandboxed Jinja environment refuses ({str(err)[:200]}); check where "
+                         f"the template came from") from None
     except Exception as err:  # a template raising on a request is that request's fault
         if any("tool_calls" in m for m in messages):
             try:

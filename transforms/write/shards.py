@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
+from transforms.write.coarsen import Coarsening, coarsen
 from transforms.write.rows import NO_SESSION, RowBatch
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
@@ -89,10 +90,11 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
 
 
 def write_shard(
-    directory: str, shard: int, shards: int, batches: Iterable[RowBatch], origin_ms: int
+    directory: str, shard: int, shards: int, batches: Iterable[RowBatch], origin_ms: int,
+    coarsening: Coarsening = Coarsening(),
 ) -> list[str]:
     """Sort one shard's rows and write them as JSONL and Parquet; returns the two paths."""
-    ordered = RowBatch.concat(list(batches)).sorted()
+    ordered = coarsen(RowBatch.concat(list(batches)).sorted(), origin_ms, coarsening)
     paths = []
     for suffix, payload in ((".jsonl", jsonl_bytes(ordered, origin_ms)),
                             (".parquet", parquet_bytes(ordered, origin_ms))):

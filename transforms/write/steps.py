@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 
+from transforms.write.coarsen import Coarsening
 from transforms.write.rows import RowBatch
 from transforms.write.shards import write_shard
 
@@ -14,8 +15,9 @@ class WriteShard(beam.DoFn):
     """(shard, row batches) in, written paths out. `gate` is a side input that must be computed,
     and may fail the job, before any file is written."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, coarsening: Coarsening = Coarsening()):
         self._directory = directory
+        self._coarsening = coarsening
 
     def process(
         self, element: tuple[int, Iterable[RowBatch | None]], plan: dict[int, int], origin: int,
@@ -24,4 +26,5 @@ class WriteShard(beam.DoFn):
         shard, batches = element
         shards = max(plan.values(), default=0) + 1
         # None marks shard 0, which always exists so that an empty trace still has its files.
-        yield from write_shard(self._directory, shard, shards, (b for b in batches if b), origin)
+        yield from write_shard(self._directory, shard, shards, (b for b in batches if b), origin,
+                               self._coarsening)

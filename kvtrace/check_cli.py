@@ -1,0 +1,145 @@
+"""The checking commands of `kvtrace`: validate (a trace's consistency) and audit (what an output
+folder exposes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from kvtrace.cache_cli import TRACE_HELP
+from kvtrace.config import ConfigError
+
+
+def add_parsers(commands: Any) -> None:
+    validate = commands.add_parser(
+        "validate", help="check a trace before a benchmark: JSON and types, hash_ids lengths, "
+                         "id chaining, timestamps, the block size it was made with",
+        description=(
+            "The consistency checks of a Mooncake trace: every line a JSON object of the right "
+            "types; len(hash_ids) == ceil(input_length / block_size); every id always at the "
+            "same position behind the same parent; timestamps non-negative and in order; and "
+            "the block size inferred from the rows compared with the one declared (--block-size "
+            "or the manifest.json beside the trace), the trap of ids replayed at another block "
+            "size. Exit code 0 when valid, 1 when not."),
+    )
+    add = validate.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--block-size", type=int, metavar="N",
+        help="the block size the trace declares (default: its manifest.json; else none, and "
+             "the lengths are checked at the best-fitting block size)")
+    add("--json", metavar="OUT", help="also write the report as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def validate(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from transforms.stats.trace_inputs import declared_block_size, trace_files
+    from transforms.stats.trace_io import read_trace
+    from transforms.stats.validate import report_text, validate as check
+
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError("--block-size must be >= 1")
+    files = trace_files(args.trace)
+    declared, by = args.block_size, "--block-size"
+    if declared is None:
+        declared, by = declared_block_size(files), "manifest.json"
+    report = check(read_trace(files), declared, by if declared else "")
+    print(report_text(report, files))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+            handle.write("\n")
+    return 0 if report["valid"] else 1
+
+
+def add_audit_parser(commands: Any) -> None:
+    audit = commands.add_parser(
+        "audit", help="a privacy report on an output folder before it is published",
+        description=(
+            "What a kvtrace output folder exposes: the fields and files present, any string "
+            "values, the largest integers (token ids or hashes must not appear as values), "
+            "whether hash ids are dense, timestamp granularity, the share of rows an outsider "
+            "could single out by their id sequence or lengths, sessions. Exit code 1 when "
+            "something is flagged (a field or string that should not be there, non-dense ids, "
+            "unkeyed engine hashes beside the trace)."),
+    )
+    add = audit.add_argument
+    add("output", metavar="DIR", help="a kvtrace output folder (or trace files)")
+    add("--json", metavar="OUT", help="also write the report as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def audit(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from transforms import storage
+    from transforms.read.paths import is_url
+    from transforms.stats.audit import audit as measure, report_text
+    from transforms.stats.trace_inputs import trace_files
+
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    files = trace_files([args.output])
+    folder = args.output.rstrip("/")
+    is_folder = is_url(folder) or os.path.isdir(folder)
+    beside = storage.match(storage.join(folder, "*")) if is_folder else list(files)
+    manifest = None
+    if is_folder and storage.exists(storage.join(folder, "manifest.json")):
+        with storage.open_read(storage.join(folder, "manifest.json")) as handle:
+            manifest = json.loads(handle.read())
+    report = measure(files, beside, manifest)
+    print(report_text(report, args.output))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+            handle.write("\n")
+    return 0 if report["publishable"] else 1
+
+
+def add_convert_parser(commands: Any) -> None:
+    convert = commands.add_parser(
+        "convert", help="Alibaba Bailian usage traces -> Mooncake rows with sessions",
+        description=(
+            "Convert a Bailian usage trace (chat_id / parent_chat_id, timestamps in seconds, "
+            "16-token blocks) into Mooncake rows: timestamps in ms, a `session` per "
+            "conversation (found through parent_chat_id), hash_ids as given. With -o DIR the "
+            "output is a folder with manifest.json (block size 16), which analyze, simulate "
+            "and synthesize read the block size from."),
+    )
+    add = convert.add_argument
+    add("trace", metavar="BAILIAN.jsonl", help="a Bailian trace file (.jsonl, .gz or .zst)")
+    add("-o", "--output", required=True, metavar="OUT.jsonl|DIR",
+        help="a .jsonl file, or a folder to hold trace-00000-of-00001.jsonl and manifest.json")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def convert(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from transforms import storage
+    from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
+    from transforms.read.paths import read_bytes
+    from transforms.write.shards import shard_name
+
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    converted = to_mooncake(read_bytes(args.trace).splitlines())
+    payload = "".join(json.dumps(row) + "\n" for row in converted.rows).encode()
+    if args.output.endswith(".jsonl"):
+        target = args.output
+    else:
+        target = storage.join(args.output, shard_name(0, 1, ".jsonl"))
+        with storage.create(storage.join(args.output, "manifest.json")) as handle:
+            handle.write(json.dumps({"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
+                                     "converted_from": "bailian", "rows": len(converted.rows),
+                                     "files": [shard_name(0, 1, ".jsonl")]}, indent=2).encode())
+    with storage.create(target) as handle:
+        handle.write(payload)
+    sessions = len({row["session"] for row in converted.rows})
+    print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
+          f"(block size {BAILIAN_BLOCK_SIZE})")
+    if converted.malformed:
+        print(f"warning: {converted.malformed:,} line(s) skipped", file=sys.stderr)
+        for example in converted.examples:
+            print(f"  {example}", file=sys.stderr)
+    return 0 if converted.rows else 1

@@ -1,0 +1,98 @@
+"""kvtrace audit: a real output folder is publishable; doctored ones are flagged; the
+granularity options coarsen what is published."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import chat, read_jsonl, write_jsonl
+from test_anonymize import anonymize, trace
+
+from kvtrace.cli import main
+
+
+@pytest.fixture(scope="module")
+def output(tiny_tokenizer, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("audit")
+    rows = [chat(i, 1000 * i + i * i, session=f"user-{i % 3}", rotate=i % 2) for i in range(12)]
+    src = write_jsonl(tmp / "in.jsonl", rows)
+    assert anonymize(tiny_tokenizer, [src], tmp / "out", "--block-size", "4") == 0
+    return tmp / "out"
+
+
+def audit(folder, capsys) -> tuple[int, dict]:
+    code = main(["audit", str(folder), "--json", str(folder.parent / "audit.json")])
+    capsys.readouterr()
+    return code, json.loads((folder.parent / "audit.json").read_text())
+
+
+def copy_of(folder, tmp_path):
+    target = tmp_path / "copy"
+    target.mkdir()
+    for path in folder.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
+
+
+def test_a_kvtrace_output_is_publishable(output, capsys):
+    code, report = audit(output, capsys)
+    assert code == 0 and report["publishable"] and not report["flags"]
+    assert set(report["fields"]) <= {"timestamp", "input_length", "output_length", "hash_ids",
+                                     "session"}
+    assert report["hash_ids"]["dense"] and report["sessions"]["sessions"] == 3
+    assert report["timestamps"]["granularity_ms"] == 1  # relative ms, unrounded
+    assert 0 < report["singled_out"]["unique_id_sequence"] <= 1
+
+
+@pytest.mark.parametrize("doctor,flag", [
+    (lambda row, i: row.update(prompt="What is the capital of France ?"), "fields beyond"),
+    (lambda row, i: row.update(session=f"user-{i}"), "string values"),
+    (lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]), "not dense"),
+    (lambda row, i: row.update(hash_ids=[2**62 + i]), "too large"),
+])
+def test_a_doctored_jsonl_is_flagged(output, tmp_path, capsys, doctor, flag):
+    folder = copy_of(output, tmp_path)
+    for path in folder.glob("trace-*.jsonl"):
+        rows = read_jsonl(path)
+        for i, row in enumerate(rows):
+            doctor(row, i)
+        write_jsonl(path, rows)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any(flag in f for f in report["flags"])
+
+
+def test_a_doctored_parquet_twin_is_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    for path in folder.glob("trace-*.parquet"):
+        table = pq.read_table(path)
+        pq.write_table(table.append_column("token_ids", pa.array([[1, 2]] * len(table))), path)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("token_ids" in f for f in report["flags"])
+
+
+def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (folder / "block-hashes-00000-of-00001.parquet").write_bytes(b"PAR1")
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("keep private" in f for f in report["flags"])
+
+
+def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenizer, tmp_path,
+                                                                   capsys):
+    rows = [chat(i, 1234 * i + 7) for i in range(6)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    plain, coarse = tmp_path / "plain", tmp_path / "coarse"
+    assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [src], coarse, "--block-size", "4",
+                     "--timestamp-granularity-ms", "1000", "--length-granularity", "8") == 0
+    before, after = trace(plain), trace(coarse)
+    assert [r["timestamp"] for r in after] == [(r["timestamp"] + 500) // 1000 * 1000 for r in before]
+    assert all(a["output_length"] % 8 == 0 and (a["output_length"] > 0) == (b["output_length"] > 0)
+               for a, b in zip(after, before))
+    assert any(b["output_length"] % 8 for b in before)  # something was rounded
+    assert [r["input_length"] for r in after] == [r["input_length"] for r in before]
+    assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
+    assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0

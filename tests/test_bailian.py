@@ -1,0 +1,71 @@
+"""kvtrace convert: Bailian usage traces become Mooncake rows with sessions."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import read_jsonl, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
+from transforms.read.bailian import convert
+
+from kvtrace.cli import main
+
+
+def bailian(chat, parent, ts, isl, ids, turn=1) -> dict:
+    return {"chat_id": chat, "parent_chat_id": parent, "timestamp": ts, "input_length": isl,
+            "output_length": 5, "type": "text", "turn": turn, "hash_ids": ids}
+
+
+ROWS = [
+    bailian(159, -1, 61.114, 40, [1, 2, 3]),
+    bailian(160, 159, 62.5, 70, [1, 2, 3, 4, 5], 2),
+    bailian(161, 160, 64.0, 90, [1, 2, 3, 4, 5, 6], 3),
+    bailian(170, 99, 60.0, 17, [7, 8], 3),  # parent not in this subset
+    bailian(171, 99, 63.0, 17, [7, 9], 3),
+    bailian(300, -1, 65.25, 10, [10]),
+]
+
+
+def test_turns_are_linked_into_sessions_and_rows_are_mooncake():
+    converted = convert(json.dumps(r) for r in ROWS)
+    rows = converted.rows
+    assert [r["timestamp"] for r in rows] == [60000, 61114, 62500, 63000, 64000, 65250]
+    assert [r["session"] for r in rows] == [0, 1, 1, 0, 1, 2]
+    assert set(rows[0]) == {"timestamp", "input_length", "output_length", "hash_ids", "session"}
+    assert converted.malformed == 0
+
+
+def test_bad_lines_are_counted_not_fatal():
+    lines = [json.dumps(ROWS[0]), "{not json", json.dumps({"chat_id": 1}),
+             json.dumps({**ROWS[1], "input_length": "70"}), "[1, 2]",
+             json.dumps(bailian(1, 2, 1.0, 1, [1])), json.dumps(bailian(2, 1, 1.0, 1, [1]))]
+    converted = convert(lines)
+    assert len(converted.rows) == 1 and converted.malformed == 6
+    assert "cycle" in converted.examples[4]  # 1 and 2 are each other's parents
+
+
+@given(st.lists(st.one_of(
+    st.dictionaries(st.sampled_from(["chat_id", "parent_chat_id", "timestamp", "input_length",
+                                     "output_length", "hash_ids", "turn"]),
+                    st.one_of(st.integers(-3, 10**6), st.floats(allow_nan=True), st.text(max_size=3),
+                              st.none(), st.lists(st.integers(-5, 10**9), max_size=4))),
+    st.builds(bailian, st.integers(0, 50), st.integers(-1, 50), st.floats(0, 1e6),
+              st.integers(0, 100), st.lists(st.integers(0, 100), max_size=7)),
+), max_size=30))
+def test_arbitrary_records_never_crash_and_good_ones_are_kept(records):
+    converted = convert(json.dumps(r) for r in records)
+    assert len(converted.rows) + converted.malformed == len(records)
+    assert [r["timestamp"] for r in converted.rows] == sorted(r["timestamp"] for r in converted.rows)
+    assert sorted({r["session"] for r in converted.rows}) == list(range(
+        len({r["session"] for r in converted.rows})))
+
+
+def test_the_cli_writes_a_folder_the_other_commands_read(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "bailian.jsonl", ROWS)
+    assert main(["convert", str(src), "-o", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["block_size"] == 16
+    assert len(read_jsonl(next((tmp_path / "out").glob("trace-*.jsonl")))) == len(ROWS)
+    assert main(["validate", str(tmp_path / "out")]) == 0
+    assert main(["convert", str(src), "-o", str(tmp_path / "one.jsonl")]) == 0
+    capsys.readouterr()

@@ -1,0 +1,110 @@
+"""Alibaba's Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon) as Mooncake rows.
+
+A Bailian row: {"chat_id", "parent_chat_id" (-1 for a conversation's first request),
+"timestamp" (seconds, float), "input_length", "output_length", "hash_ids" (16-token blocks),
+"type", "turn"}. Every row is a whole request (a follow-up's input_length and hash_ids cover
+its history), so a row becomes one Mooncake row as it is; turns are linked into a session by
+following parent_chat_id to the conversation's root. A parent missing from the file (a subset)
+roots its children's session itself, so siblings still share one. Sessions are numbered 0, 1,
+... by first appearance, as kvtrace publishes them; `type` and `turn` are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+BAILIAN_BLOCK_SIZE = 16
+NO_PARENT = -1
+MAX_EXAMPLES = 5
+REQUIRED = ("chat_id", "timestamp", "input_length", "output_length", "hash_ids")
+
+
+@dataclass
+class Converted:
+    rows: list[dict] = field(default_factory=list)  # Mooncake rows, time order
+    malformed: int = 0
+    examples: list[str] = field(default_factory=list)  # "line N: what was wrong"
+
+    def reject(self, line: int, why: str) -> None:
+        self.malformed += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"line {line}: {why}")
+
+
+def convert(lines: Iterable[bytes | str]) -> Converted:
+    out = Converted()
+    records: list[tuple[int, dict]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record, why = _parsed(line)
+        if why:
+            out.reject(number, why)
+        else:
+            records.append((number, record))
+    parent = {r["chat_id"]: r.get("parent_chat_id", NO_PARENT) for _, r in records}
+    numbered: dict = {}
+    rows = []
+    for number, record in records:
+        root = _root(record["chat_id"], parent)
+        if root is None:
+            out.reject(number, "parent_chat_id links form a cycle")
+            continue
+        rows.append((record["timestamp"], number, {
+            "timestamp": round(record["timestamp"] * 1000),
+            "input_length": record["input_length"],
+            "output_length": record["output_length"],
+            "hash_ids": record["hash_ids"],
+            "session": root,
+        }))
+    rows.sort(key=lambda r: (r[0], r[1]))  # time order, file order among equals
+    for _, _, row in rows:
+        row["session"] = numbered.setdefault(row["session"], len(numbered))
+        out.rows.append(row)
+    return out
+
+
+def _parsed(line: bytes | str) -> tuple[dict, str]:
+    try:
+        record = json.loads(line)
+    except ValueError as err:
+        return {}, f"not JSON ({err})"
+    if not isinstance(record, dict):
+        return {}, "not a JSON object"
+    missing = [name for name in REQUIRED if name not in record]
+    if missing:
+        return {}, f"missing {', '.join(missing)}"
+    counts = ("input_length", "output_length")
+    if any(not _is_int(record[name]) or record[name] < 0 for name in counts):
+        return {}, "input_length and output_length must be non-negative integers"
+    ts = record["timestamp"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < 1e12:
+        return {}, "timestamp must be a non-negative number of seconds"
+    ids = record["hash_ids"]
+    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+        return {}, "hash_ids must be a list of integers"
+    if not _is_int(record["chat_id"]) and not isinstance(record["chat_id"], str):
+        return {}, "chat_id must be an integer or a string"
+    return record, ""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _root(chat: object, parent: dict) -> object | None:
+    """The conversation's first chat: follow parents while they are in the file; None on a
+    cycle."""
+    seen = {chat}
+    while True:
+        up = parent.get(chat, NO_PARENT)
+        if up in (NO_PARENT, None, "-1"):
+            return chat
+        if up not in parent:
+            return up  # a subset without the root: the missing parent names the session
+        if up in seen:
+            return None
+        seen.add(up)
+        chat = up

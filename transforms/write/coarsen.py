@@ -1,0 +1,44 @@
+"""Coarser published values, to lower what timing and output lengths reveal (`kvtrace audit`
+measures it): timestamps rounded to a granularity relative to the export's origin, output
+lengths rounded to a multiple. input_length stays exact: hash_ids must match it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from transforms.write.rows import RowBatch
+
+
+@dataclass(frozen=True)
+class Coarsening:
+    timestamp_ms: int = 1  # publish timestamps as multiples of this (ms from the origin)
+    output_length: int = 1  # publish output lengths as multiples of this
+
+    def check(self) -> None:
+        if self.timestamp_ms < 1 or self.output_length < 1:
+            raise ValueError("--timestamp-granularity-ms and --length-granularity must be >= 1")
+
+    @property
+    def is_identity(self) -> bool:
+        return self.timestamp_ms == 1 and self.output_length == 1
+
+
+def round_to(values: np.ndarray, step: int) -> np.ndarray:
+    """Round half up to a multiple of step (monotone: time order survives)."""
+    return (values + step // 2) // step * step
+
+
+def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch:
+    """The rows with coarsened timestamps and output lengths; a positive output length never
+    rounds to 0 (a request that generated something stays one that did)."""
+    if coarsening.is_identity:
+        return batch
+    rows = batch.rows.copy()
+    rows["timestamp_ms"] = origin_ms + round_to(rows["timestamp_ms"] - origin_ms,
+                                                coarsening.timestamp_ms)
+    step = coarsening.output_length
+    rounded = round_to(rows["output_length"], step)
+    rows["output_length"] = np.where((rows["output_length"] > 0) & (rounded == 0), step, rounded)
+    return RowBatch(rows, batch.ids)
