@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtrace import __version__, cache_cli, check_cli, synth_cli
+from kvtrace import __version__, cache_cli, check_cli, replay_cli, synth_cli
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.errors import IdMapError, JobStopped
@@ -107,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
              "sha256_cbor(S))")
     add("--vllm-none-hash", metavar="HEX",
         help="vllm-sha256-cbor: the engine's NONE_HASH itself, 64 hex digits")
+    add("--emit-block-hashes", nargs="?", const="", metavar="DIR",
+        help="with an engine --hash-scheme: also write each block's engine hash (row, position, "
+             "id, hash) as Parquet to DIR (default: DIR-block-hashes beside --output), to join "
+             "with the engine's KV events. Unkeyed: keep them private")
     add("--timestamp-granularity-ms", type=int, metavar="MS",
         help="publish timestamps rounded to multiples of MS from the first request (default 1): "
              "coarser timing is harder to match against other records of the same traffic")
@@ -156,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     check_cli.add_parsers(commands)
     check_cli.add_audit_parser(commands)
     check_cli.add_convert_parser(commands)
+    replay_cli.add_parser(commands)
     return parser
 
 
@@ -245,9 +250,12 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     engine = _engine(options, flags)
     output = options["output"].rstrip("/")
     dead_letter = (options.get("dead_letter") or f"{output}-rejected").rstrip("/")
+    hashes = options.get("emit_block_hashes")
     files = expand_inputs(options["input"])
     check_locations({"--output": output, "--dead-letter": dead_letter,
-                     "--id-map": options.get("id_map")}, options["input"], files)
+                     "--id-map": options.get("id_map"),
+                     "--emit-block-hashes": (hashes or f"{output}-block-hashes")
+                     if hashes is not None else None}, options["input"], files)
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
@@ -273,6 +281,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         id_map=id_map,
         hash_scheme=scheme,
         coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"]),
+        block_hashes=_block_hashes_directory(options, output, scheme),
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
@@ -316,6 +325,20 @@ def _engine(options: dict[str, Any], flags: list[str]) -> str:
 
         check_beam_flags(flags, _our_flags(_parser()))
     return engine
+
+
+def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -> str | None:
+    from pipelines.anonymize_config import BLOCK_HASHES_WARNING
+
+    requested = options.get("emit_block_hashes")
+    if requested is None:
+        return None
+    if scheme.keyed:
+        raise ConfigError("--emit-block-hashes writes engine hashes: give --hash-scheme dynamo or "
+                          "vllm-sha256-cbor (kvtrace's keyed hashes join with nothing outside it)")
+    directory = (requested or f"{output}-block-hashes").rstrip("/")
+    print(f"warning: {BLOCK_HASHES_WARNING} ({directory})", file=sys.stderr)
+    return directory
 
 
 def _hash_scheme(options: dict[str, Any]) -> Any:
@@ -490,7 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
                "simulate": cache_cli.simulate, "report": cache_cli.report,
                "synthesize": synth_cli.run, "validate": check_cli.validate,
-               "audit": check_cli.audit, "convert": check_cli.convert}[args.command]
+               "audit": check_cli.audit, "convert": check_cli.convert,
+               "render": replay_cli.run}[args.command]
     try:
         return command(args, beam_args)
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:

@@ -19,6 +19,7 @@ from transforms.ids.steps import (
     WriteSegmentShard,
     segment_files_by_shard,
 )
+from transforms.encode.schemes import engine_hashes
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import publish_night
@@ -102,9 +103,11 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         )
     rows = (
         {
-            # Only the request columns meet the ids: the block hashes are in the lookups already.
+            # Only the request columns meet the ids: the block hashes are in the lookups already
+            # (their engine form rides along only when it is to be emitted).
             "requests": metered(
-                batches | "RequestColumns" >> beam.MapTuple(lambda k, b: (k, b.requests)),
+                batches | "RequestColumns" >> beam.MapTuple(lambda k, b: (k, (
+                    b.requests, engine_hashes(b.block_hashes) if config.block_hashes else None))),
                 "requests"),
             "blocks": metered(blocks["ids"], "blockIds"),
             "sessions": metered(sessions["ids"], "sessionIds"),
@@ -151,7 +154,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WithFirstShard" >> beam.Flatten()
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(
-            WriteShard(config.output, config.coarsening),
+            WriteShard(config.output, config.coarsening, config.block_hashes),
             plan,
             origin,
             beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass

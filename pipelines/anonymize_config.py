@@ -17,6 +17,11 @@ from transforms.write.coarsen import Coarsening
 from transforms.write.manifest import RecordCounts, remove_stale_shards, write_json
 from transforms.write.totals import ExportTotals, export_stats
 
+BLOCK_HASHES_WARNING = (
+    "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
+    "prompt and confirm it (a dictionary attack), so they stay private, out of the published "
+    "folder; the published trace carries only dense ids")
+
 # The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
 ID_BATCH_BLOCKS = 200_000
@@ -65,6 +70,7 @@ class AnonymizeConfig:
     id_map: IdMapRun | None = None
     hash_scheme: HashScheme = field(default_factory=HashScheme)
     coarsening: Coarsening = field(default_factory=Coarsening)
+    block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
 
     @property
     def compacts_map(self) -> bool:
@@ -100,6 +106,9 @@ def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
         "hash_scheme_keyed": config.hash_scheme.keyed,
         "granularity": {"timestamp_ms": config.coarsening.timestamp_ms,
                         "output_length": config.coarsening.output_length},
+        # Whether engine hashes were written elsewhere; not where (a private location).
+        "block_hashes": None if config.block_hashes is None else {
+            "emitted": True, "private": BLOCK_HASHES_WARNING},
         "input_format": config.parse.input_format,
         "timestamp_unit": config.parse.timestamp_unit,
         "chat_template_kwargs": config.chat_template_kwargs,

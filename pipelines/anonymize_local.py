@@ -36,6 +36,7 @@ from transforms.batching import batches_by_weight
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.encode.blocks import chain_seed
 from transforms.encode.encode_requests import RequestEncoder
+from transforms.encode.schemes import engine_hashes
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.tokenize import load_tokenizer
 from transforms.ids.buckets import buckets_of, plan_shards
@@ -69,7 +70,6 @@ from transforms.write.manifest import (
     write_json,
 )
 from transforms.write.rows import RowBatch, bucket_sizes, row_batch
-from transforms.write.coarsen import Coarsening
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
 from transforms.write.totals import ExportTotals
 
@@ -205,11 +205,12 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}
     numbered = {kind: _kind_ids(config, kind, keys) for kind, keys in kinds.items()}
-    rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids)
+    rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
+                     engine_hashes(whole.block_hashes) if config.block_hashes else None)
     origin = config.timestamp_origin_ms if config.timestamp_origin_ms is not None else (
         earliest_ms[0] if earliest_ms else 0)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
-    files = _write_shards(config.output, whole, rows, origin, config.coarsening)
+    files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole)
     damaged = sum(letter.reason == DAMAGED_FILE for letter in encoded.rejected)
     manifest = write_stats(config, sorted(files), counts, totals, numbered["blocks"].unique,
@@ -273,8 +274,8 @@ def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> li
     return files
 
 
-def _write_shards(directory: str, whole: HashedBatch, rows: RowBatch, origin: int,
-                  coarsening: Coarsening) -> list[str]:
+def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
+                  origin: int) -> list[str]:
     """Shards by time bucket, as the Beam pipeline plans them; shard 0 always exists."""
     sizes: dict[int, int] = {}
     for bucket, size in bucket_sizes(whole):
@@ -285,7 +286,8 @@ def _write_shards(directory: str, whole: HashedBatch, rows: RowBatch, origin: in
     files = []
     for shard in range(shards):
         part = rows.select(np.flatnonzero(row_shards == shard))
-        files += write_shard(directory, shard, shards, [part], origin, coarsening)
+        files += write_shard(config.output, shard, shards, [part], origin, config.coarsening,
+                             config.block_hashes)
     return files
 
 

@@ -7,6 +7,7 @@ import hashlib
 import struct
 
 import cbor2
+import pyarrow.parquet as pq
 import pytest
 from conftest import chat, write_jsonl
 from hypothesis import given
@@ -108,3 +109,20 @@ def test_scheme_flags_are_checked(tiny_tokenizer, tmp_path, capsys):
     assert "64 hex digits" in capsys.readouterr().err
     assert main(["anonymize", "--input", str(src), "--output", str(tmp_path / "o"),
                  "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "1"]) == 2
+
+
+def test_emitted_block_hashes_are_the_same_from_both_engines(tiny_tokenizer, tmp_path):
+    rows = [chat(i, 1000 * i, session=f"s{i % 2}", rotate=i % 3) for i in range(10)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    tables = []
+    for engine in ("local", "beam"):
+        out = tmp_path / engine
+        assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme",
+                         "dynamo", "--emit-block-hashes", "--engine", engine) == 0
+        tables.append(pq.read_table(tmp_path / f"{engine}-block-hashes" /
+                                    "block-hashes-00000-of-00001.parquet"))
+        published = trace(out)
+        by_row = tables[-1].to_pylist()
+        # Each (row, position) names the published id of that block.
+        assert [r["id"] for r in by_row] == [i for row in published for i in row["hash_ids"]]
+    assert tables[0].equals(tables[1])

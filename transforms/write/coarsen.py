@@ -41,4 +41,4 @@ def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch
     step = coarsening.output_length
     rounded = round_to(rows["output_length"], step)
     rows["output_length"] = np.where((rows["output_length"] > 0) & (rounded == 0), step, rounded)
-    return RowBatch(rows, batch.ids)
+    return RowBatch(rows, batch.ids, batch.hashes)

@@ -31,21 +31,26 @@ ROW = np.dtype(
 class RowBatch:
     rows: np.ndarray  # ROW
     ids: np.ndarray  # int64: each row's hash ids, concatenated in row order
+    # uint64 beside ids: each block's engine hash, only with --emit-block-hashes (never published)
+    hashes: np.ndarray | None = None
 
     @staticmethod
     def concat(batches: Sequence[RowBatch]) -> RowBatch:
         if not batches:
             return RowBatch(np.empty(0, ROW), np.empty(0, np.int64))
+        hashes = [b.hashes for b in batches]
         return RowBatch(
-            np.concatenate([b.rows for b in batches]), np.concatenate([b.ids for b in batches])
+            np.concatenate([b.rows for b in batches]), np.concatenate([b.ids for b in batches]),
+            None if any(h is None for h in hashes) else np.concatenate(hashes),
         )
 
     def select(self, order: np.ndarray) -> RowBatch:
         """The rows at positions order (in that order), each with its ids."""
         starts = _exclusive_cumsum(self.rows["num_ids"])
         counts = self.rows["num_ids"][order]
-        shift = np.repeat(starts[order] - _exclusive_cumsum(counts), counts)
-        return RowBatch(self.rows[order], self.ids[shift + np.arange(counts.sum())])
+        blocks = np.repeat(starts[order] - _exclusive_cumsum(counts), counts) + np.arange(counts.sum())
+        return RowBatch(self.rows[order], self.ids[blocks],
+                        None if self.hashes is None else self.hashes[blocks])
 
     def sorted(self) -> RowBatch:
         """Timestamp, then content fingerprint, then the published fields and the ids' digest."""
@@ -65,16 +70,17 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarray) -> RowBatch:
+def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarray,
+              hashes: np.ndarray | None = None) -> RowBatch:
     """Rows for a batch's REQUEST columns, given its ids in request order and one session number
-    per request that has a session."""
+    per request that has a session (and, to emit them, each block's engine hash)."""
     rows = np.empty(len(requests), dtype=ROW)
     for name in ("timestamp_ms", "fingerprint", "input_length", "output_length"):
         rows[name] = requests[name]
     rows["num_ids"] = requests["num_blocks"]
     rows["session_id"] = NO_SESSION
     rows["session_id"][requests["has_session"]] = session_ids
-    row = RowBatch(rows, block_ids.astype(np.int64, copy=False))
+    row = RowBatch(rows, block_ids.astype(np.int64, copy=False), hashes)
     rows["ids_digest"] = [xxhash.xxh3_64_intdigest(ids.tobytes()) for ids in row.row_ids()]
     return row
 
@@ -85,10 +91,12 @@ def assemble_rows(
     """One batch's requests joined with their block ids and session numbers, split by the output
     shard each row belongs to."""
     _, groups = element
-    for requests in groups["requests"]:  # one batch per id; a list keeps the join symmetric
+    # One batch per id (a list keeps the join symmetric): its REQUEST columns, and its blocks'
+    # engine hashes or None.
+    for requests, hashes in groups["requests"]:
         block_ids = ids_in_request_order(groups["blocks"], requests["num_blocks"])
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
-        batch = row_batch(requests, block_ids, session_ids)
+        batch = row_batch(requests, block_ids, session_ids, hashes)
         shards = np.array([plan[b] for b in buckets_of(requests["timestamp_ms"]).tolist()])
         for shard in np.unique(shards).tolist():
             yield shard, batch.select(np.flatnonzero(shards == shard))

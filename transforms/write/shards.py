@@ -39,6 +39,15 @@ TRACE_SCHEMA = pa.schema(
 )
 
 
+BLOCK_HASHES_PREFIX = "block-hashes-"
+BLOCK_HASHES_SCHEMA = pa.schema(
+    [pa.field("row", pa.int64(), nullable=False), pa.field("position", pa.int32(), nullable=False),
+     pa.field("id", pa.int64(), nullable=False), pa.field("hash", pa.uint64(), nullable=False)],
+    metadata={"private": "unkeyed engine block hashes: whoever holds the tokenizer can confirm "
+                         "a guessed prompt from them; never publish"},
+)
+
+
 def shard_name(shard: int, shards: int, suffix: str) -> str:
     return f"{TRACE_FILE_PREFIX}{shard:05d}-of-{shards:05d}{suffix}"
 
@@ -71,6 +80,22 @@ def arrow_array(values: np.ndarray, type: pa.DataType = pa.int64(),
     return pa.Array.from_buffers(type, len(values), [bitmap, pa.py_buffer(values)], nulls)
 
 
+def block_hashes_bytes(batch: RowBatch) -> bytes:
+    """One row per block of the shard's trace rows: the row (0-based, within the trace file of
+    the same shard number), the block's position, its published id and its engine hash."""
+    counts = batch.rows["num_ids"]
+    row = np.repeat(np.arange(len(counts)), counts)
+    position = np.arange(len(batch.ids)) - np.repeat(np.cumsum(counts) - counts, counts)
+    table = pa.Table.from_arrays(
+        [arrow_array(row), arrow_array(position, pa.int32()), arrow_array(batch.ids),
+         pa.array(batch.hashes if batch.hashes is not None else np.empty(0, np.uint64),
+                  pa.uint64())],
+        schema=BLOCK_HASHES_SCHEMA)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
 def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
     rows = batch.rows
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
@@ -91,10 +116,15 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
 
 def write_shard(
     directory: str, shard: int, shards: int, batches: Iterable[RowBatch], origin_ms: int,
-    coarsening: Coarsening = Coarsening(),
+    coarsening: Coarsening = Coarsening(), hashes_directory: str | None = None,
 ) -> list[str]:
-    """Sort one shard's rows and write them as JSONL and Parquet; returns the two paths."""
+    """Sort one shard's rows and write them as JSONL and Parquet; returns the two paths. With
+    hashes_directory, the rows' engine block hashes go there too (block_hashes_bytes)."""
     ordered = coarsen(RowBatch.concat(list(batches)).sorted(), origin_ms, coarsening)
+    if hashes_directory is not None:
+        path = storage.join(hashes_directory, f"{BLOCK_HASHES_PREFIX}{shard:05d}-of-{shards:05d}.parquet")
+        with storage.create(path) as handle:
+            handle.write(block_hashes_bytes(ordered))
     paths = []
     for suffix, payload in ((".jsonl", jsonl_bytes(ordered, origin_ms)),
                             (".parquet", parquet_bytes(ordered, origin_ms))):

@@ -15,9 +15,11 @@ class WriteShard(beam.DoFn):
     """(shard, row batches) in, written paths out. `gate` is a side input that must be computed,
     and may fail the job, before any file is written."""
 
-    def __init__(self, directory: str, coarsening: Coarsening = Coarsening()):
+    def __init__(self, directory: str, coarsening: Coarsening = Coarsening(),
+                 hashes_directory: str | None = None):
         self._directory = directory
         self._coarsening = coarsening
+        self._hashes_directory = hashes_directory
 
     def process(
         self, element: tuple[int, Iterable[RowBatch | None]], plan: dict[int, int], origin: int,
@@ -27,4 +29,4 @@ class WriteShard(beam.DoFn):
         shards = max(plan.values(), default=0) + 1
         # None marks shard 0, which always exists so that an empty trace still has its files.
         yield from write_shard(self._directory, shard, shards, (b for b in batches if b), origin,
-                               self._coarsening)
+                               self._coarsening, self._hashes_directory)

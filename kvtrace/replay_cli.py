@@ -1,0 +1,75 @@
+"""`kvtrace render`: flags -> RenderConfig -> pipelines/render.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvtrace.cache_cli import BLOCK_HELP, TRACE_HELP
+from kvtrace.config import ConfigError
+
+
+def add_parser(commands: Any) -> None:
+    render = commands.add_parser(
+        "render", help="a trace -> text requests whose tokenization reproduces it exactly",
+        description=(
+            "Turn a trace into text requests for OpenAI-compatible servers, aiperf or kvtrace "
+            "anonymize: each block a fixed run of single-token words of the model's tokenizer "
+            "that never merge across block boundaries, so the requests carry the trace's exact "
+            "prefix structure and lengths. Every rendering is tokenized again and checked."),
+    )
+    add = render.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--tokenizer", required=True, metavar="NAME_OR_DIR",
+        help="the served model's tokenizer (local folder, hub name or pkg:PACKAGE)")
+    add("-o", "--output", required=True, metavar="requests.jsonl", help="the requests")
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
+    add("--shape", choices=("prompt", "chat"), default="prompt",
+        help="prompt: {\"prompt\": text} for /v1/completions (default); chat: {\"messages\": "
+             "[one user message]} for /v1/chat/completions, the template's own tokens counted "
+             "into each request's first and last block")
+    add("--chat-template-kwargs", metavar="JSON", default="{}",
+        help="extra chat template variables for --shape chat")
+    add("--no-verify", action="store_true",
+        help="skip tokenizing the requests again to check them (it takes as long as anonymize)")
+    add("--json", metavar="OUT", help="also write the report as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.render import RenderConfig, run_render
+    from transforms.stats.trace_inputs import declared_block_size, trace_files
+
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError("--block-size must be >= 1")
+    try:
+        kwargs = json.loads(args.chat_template_kwargs)
+    except ValueError:
+        raise ConfigError("--chat-template-kwargs is not valid JSON") from None
+    if not isinstance(kwargs, dict):
+        raise ConfigError("--chat-template-kwargs must be a JSON object")
+    files = trace_files(args.trace)
+    block_size = args.block_size or declared_block_size(files) or 512
+    report = run_render(RenderConfig(tuple(files), args.output, args.tokenizer, block_size,
+                                     args.shape, not args.no_verify, kwargs))
+    print(f"rendered {report['written']:,} of {report['rows']:,} rows as {args.shape} requests "
+          f"-> {args.output} (block size {block_size})")
+    if report["too_short_for_the_template"]:
+        print(f"warning: {report['too_short_for_the_template']:,} row(s) shorter than the chat "
+              f"template's own tokens were left out", file=sys.stderr)
+    if report["merged_blocks"]:
+        print(f"warning: {report['merged_blocks']:,} partial block(s) too short to differ from "
+              f"their siblings", file=sys.stderr)
+    verified = report.get("verified")
+    if verified:
+        print(f"verified: {verified['rows_reproduced']:,} rows tokenize to exactly their blocks; "
+              f"{verified['rows_not_reproduced']:,} do not")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+            handle.write("\n")
+    return 1 if verified and verified["rows_not_reproduced"] else 0
