@@ -65,6 +65,9 @@ def add_parsers(commands: Any) -> None:
                                    "llama-3.1-70b, ... or a YAML path) giving bytes per token")
     add("--tier2-capacity", metavar="LIST",
         help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
+    add("--decode-cache", action="store_true",
+        help="also cache each request's output blocks after it (output_hash_ids, from kvtrace "
+             "anonymize --emit-output-hashes), so later turns can hit what earlier turns generated")
     add("--warmup-fraction", type=float, default=0.0, metavar="F",
         help="count only rows after this share of rows, which still fill the cache (default "
              "0: every row; kvcache-simulator measures with 0.5)")
@@ -157,7 +160,7 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
     config = SimulateConfig(
         files, tuple(parse_capacities(args.capacity, per_token)), policies, block_size, per_token,
         tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
-        args.warmup_fraction)
+        args.warmup_fraction, args.decode_cache)
     report = run_simulate(config)
     if not _has_rows(report, files):
         return 1

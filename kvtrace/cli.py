@@ -111,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
         help="with an engine --hash-scheme: also write each block's engine hash (row, position, "
              "id, hash) as Parquet to DIR (default: DIR-block-hashes beside --output), to join "
              "with the engine's KV events. Unkeyed: keep them private")
+    add("--emit-output-hashes", action="store_true", default=None,
+        help="also publish output_hash_ids: the ids of the full blocks of prompt + generated "
+             "tokens past the prompt's (what the engine caches after decoding), in the same id "
+             "space; kvtrace simulate --decode-cache replays them")
     add("--timestamp-granularity-ms", type=int, metavar="MS",
         help="publish timestamps rounded to multiples of MS from the first request (default 1): "
              "coarser timing is harder to match against other records of the same traffic")
@@ -282,6 +286,7 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         hash_scheme=scheme,
         coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"]),
         block_hashes=_block_hashes_directory(options, output, scheme),
+        emit_output_hashes=bool(options.get("emit_output_hashes")),
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",

@@ -66,7 +66,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "RenderTokenizeHash" >> beam.ParDo(
             EncodeRequests(
                 config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs,
-                config.hash_scheme,
+                config.hash_scheme, config.emit_output_hashes,
             )
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )
@@ -113,7 +113,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             "sessions": metered(sessions["ids"], "sessionIds"),
         }
         | "JoinIds" >> beam.CoGroupByKey()
-        | "AssembleRows" >> beam.FlatMap(assemble_rows, plan)
+        | "AssembleRows" >> beam.FlatMap(assemble_rows, plan, config.emit_output_hashes)
     )
 
     dead_letters = (

@@ -71,6 +71,7 @@ class AnonymizeConfig:
     hash_scheme: HashScheme = field(default_factory=HashScheme)
     coarsening: Coarsening = field(default_factory=Coarsening)
     block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
+    emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
 
     @property
     def compacts_map(self) -> bool:
@@ -107,6 +108,7 @@ def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
         "granularity": {"timestamp_ms": config.coarsening.timestamp_ms,
                         "output_length": config.coarsening.output_length},
         # Whether engine hashes were written elsewhere; not where (a private location).
+        "output_hash_ids": config.emit_output_hashes,
         "block_hashes": None if config.block_hashes is None else {
             "emitted": True, "private": BLOCK_HASHES_WARNING},
         "input_format": config.parse.input_format,

@@ -43,6 +43,7 @@ from transforms.ids.buckets import buckets_of, plan_shards
 from transforms.ids.dense_ids import (
     NUMBERED,
     UniqueTotals,
+    unique_totals,
     block_keys,
     earliest,
     lookup,
@@ -154,7 +155,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
     return RequestEncoder(load_tokenizer(config.tokenizer), config.block_size,
                           chain_seed(config.salt.load()), config.chat_template_kwargs,
-                          config.hash_scheme)
+                          config.hash_scheme, config.emit_output_hashes)
 
 
 def _start_worker(config: AnonymizeConfig) -> None:
@@ -181,7 +182,7 @@ def dense_ids(keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | N
     gives, for the distinct keys, NUMBERED map rows that include every one it holds); the
     others are numbered from next_id."""
     firsts = earliest(keys)
-    unique = UniqueTotals(len(firsts), int(firsts["weight"].sum()))
+    unique = unique_totals(firsts)
     prior = map_rows(firsts) if map_rows else np.empty(0, dtype=NUMBERED)
     rows = lookup(prior, firsts)
     seen = rows >= 0
@@ -206,7 +207,8 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}
     numbered = {kind: _kind_ids(config, kind, keys) for kind, keys in kinds.items()}
     rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
-                     engine_hashes(whole.block_hashes) if config.block_hashes else None)
+                     engine_hashes(whole.block_hashes) if config.block_hashes else None,
+                     config.emit_output_hashes)
     origin = config.timestamp_origin_ms if config.timestamp_origin_ms is not None else (
         earliest_ms[0] if earliest_ms else 0)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from transforms.cache.cache_trace import CacheTrace, read_cache_trace
+from transforms.cache.decode_cache import read_output_ids, with_decode_cache
 from transforms.cache.capacity import Capacity
 from transforms.cache.policies import POLICIES, hit_rates
 from transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
@@ -45,17 +46,22 @@ class SimulateConfig:
     kv_bytes_per_token: int | None = None
     tier2_capacities: tuple[Capacity, ...] = ()
     warmup_fraction: float = 0.0  # rows that only fill the cache (kvcache-simulator: 0.5)
+    decode_cache: bool = False  # replay output_hash_ids: blocks cached after decoding
 
 
 def run_simulate(config: SimulateConfig) -> dict:
     trace, cache = read_cache_trace(config.inputs, config.block_size)
     problems = row_problems(trace, config.block_size)
+    rows = cache.rows
+    if config.decode_cache:
+        cache = with_decode_cache(trace, read_output_ids(config.inputs, trace), config.block_size)
     del trace  # free the trace's columns: the cache's view is all the replays read
     distances = stack_distances(cache)
     report = {
         "block_size": config.block_size,
         "kv_bytes_per_token": config.kv_bytes_per_token,
-        "rows": cache.rows,
+        "rows": rows,
+        "decode_cache": config.decode_cache,
         "prompt_tokens": distances.total_tokens,
         "infinite_cache": infinite_cache(distances),
         "definitions": {k: v for k, v in DEFINITIONS.items()

@@ -52,6 +52,7 @@ def test_a_kvtrace_output_is_publishable(output, capsys):
     (lambda row, i: row.update(session=f"user-{i}"), "string values"),
     (lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]), "not dense"),
     (lambda row, i: row.update(hash_ids=[2**62 + i]), "too large"),
+    (lambda row, i: row.update(timestamp=row["timestamp"] + 0.25), "not whole"),
 ])
 def test_a_doctored_jsonl_is_flagged(output, tmp_path, capsys, doctor, flag):
     folder = copy_of(output, tmp_path)
@@ -71,6 +72,14 @@ def test_a_doctored_parquet_twin_is_flagged(output, tmp_path, capsys):
         pq.write_table(table.append_column("token_ids", pa.array([[1, 2]] * len(table))), path)
     code, report = audit(folder, capsys)
     assert code == 1 and any("token_ids" in f for f in report["flags"])
+
+
+def test_a_folder_without_rows_is_not_publishable(tmp_path, capsys):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "trace-00000-of-00001.jsonl").write_text("")
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("no trace rows" in f for f in report["flags"])
 
 
 def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsys):

@@ -11,26 +11,35 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
-from transforms.write.shards import SESSION_FIELD, jsonl_bytes, parquet_bytes
+from transforms.write.shards import OUTPUT_IDS_FIELD, SESSION_FIELD, jsonl_bytes, parquet_bytes
 
 ROWS = st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**31),
                           st.one_of(st.just(NO_SESSION), st.integers(0, 2**40)),
                           st.lists(st.integers(0, 2**40), max_size=12)), max_size=30)
 
 
-def batch_of(rows: list) -> RowBatch:
+def outputs_of(rows: list) -> list[list[int]]:
+    """Output ids for each row, made from its ids (any values do)."""
+    return [[i + 7 for i in row[-1][:3]] for row in rows]
+
+
+def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
     table = np.zeros(len(rows), dtype=ROW)
+    outputs = outputs_of(rows)
     for i, (ts, isl, osl, session, ids) in enumerate(rows):
-        table[i] = (ts, 0, isl, osl, session, 0, len(ids))
+        table[i] = (ts, 0, isl, osl, session, 0, len(ids), len(outputs[i]) if with_outputs else 0)
     ids = np.array([i for *_, row_ids in rows for i in row_ids], dtype=np.int64)
-    return RowBatch(table, ids)
+    flat = np.array([i for out in outputs for i in out], dtype=np.int64)
+    return RowBatch(table, ids, None, flat if with_outputs else None)
 
 
-def expected(rows: list, origin: int) -> list[dict]:
+def expected(rows: list, origin: int, with_outputs: bool = False) -> list[dict]:
     out = []
-    for ts, isl, osl, session, ids in rows:
+    for (ts, isl, osl, session, ids), outputs in zip(rows, outputs_of(rows)):
         record = {"timestamp": ts - origin, "input_length": isl, "output_length": osl,
                   "hash_ids": ids}
+        if with_outputs:
+            record[OUTPUT_IDS_FIELD] = outputs
         if session != NO_SESSION:
             record[SESSION_FIELD] = session
         out.append(record)
@@ -38,14 +47,14 @@ def expected(rows: list, origin: int) -> list[dict]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(ROWS, st.integers(0, 2**20))
-def test_jsonl_is_byte_for_byte_what_json_dumps_writes(rows, origin):
-    text = "".join(json.dumps(r) + "\n" for r in expected(rows, origin))
-    assert jsonl_bytes(batch_of(rows), origin) == text.encode()
+@given(ROWS, st.integers(0, 2**20), st.booleans())
+def test_jsonl_is_byte_for_byte_what_json_dumps_writes(rows, origin, with_outputs):
+    text = "".join(json.dumps(r) + "\n" for r in expected(rows, origin, with_outputs))
+    assert jsonl_bytes(batch_of(rows, with_outputs), origin) == text.encode()
 
 
 @settings(max_examples=50, deadline=None)
-@given(ROWS)
-def test_parquet_holds_the_same_rows_with_missing_sessions_as_nulls(rows):
-    table = pq.read_table(io.BytesIO(parquet_bytes(batch_of(rows), 0))).to_pylist()
-    assert table == [{SESSION_FIELD: None, **r} for r in expected(rows, 0)]
+@given(ROWS, st.booleans())
+def test_parquet_holds_the_same_rows_with_missing_sessions_as_nulls(rows, with_outputs):
+    table = pq.read_table(io.BytesIO(parquet_bytes(batch_of(rows, with_outputs), 0))).to_pylist()
+    assert table == [{SESSION_FIELD: None, **r} for r in expected(rows, 0, with_outputs)]

@@ -14,7 +14,7 @@ from typing import Any
 
 import xxhash
 
-from transforms.encode.blocks import keyed_digest, token_bytes
+from transforms.encode.blocks import DIGEST_SIZE, keyed_digest, token_bytes
 from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
@@ -33,7 +33,10 @@ def hash_request(
     block_size: int,
     seed: bytes,
     scheme: HashScheme = HashScheme(),
+    output_ids: list[int] | None = None,
 ) -> HashedRequest:
+    """output_ids (with --emit-output-hashes): the generated tokens, whose full blocks after the
+    prompt's are hashed on from the prompt's last full block."""
     data = token_bytes(token_ids)
     session = request.session
     fingerprint = xxhash.xxh3_64_intdigest(
@@ -47,11 +50,28 @@ def hash_request(
         block_hashes=scheme.block_keys(data, block_size, seed),
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
+        output_block_hashes=b"" if not output_ids else
+        _output_block_hashes(data, token_bytes(output_ids), block_size, seed, scheme),
     )
 
 
+def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: bytes,
+                         scheme: HashScheme) -> bytes:
+    """The full blocks of prompt + output that the prompt's full blocks do not already cover,
+    as the engine caches them after decoding: the prompt's partial last block completed by
+    generated tokens, and the blocks after it (a last partial block of output is not cached)."""
+    step = block_size * 4  # u32 tokens
+    full_prompt = len(prompt) // step
+    whole = prompt + output
+    cached = len(whole) // step
+    if cached <= full_prompt:
+        return b""
+    keys = scheme.block_keys(whole[:cached * step], block_size, seed)
+    return keys[full_prompt * DIGEST_SIZE:]
+
+
 Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
-Tokenized = tuple[list[list[int]], list[int]]  # prompt token ids, output lengths
+Tokenized = tuple[list[list[int]], list[list[int]]]  # prompt token ids, output token ids
 
 
 class RequestEncoder:
@@ -59,9 +79,11 @@ class RequestEncoder:
     that callers may overlap: render (Python), tokenize (Rust, releases the GIL), hash."""
 
     def __init__(self, tokenizer: Any, block_size: int, seed: bytes,
-                 template_kwargs: dict[str, Any], scheme: HashScheme = HashScheme()):
+                 template_kwargs: dict[str, Any], scheme: HashScheme = HashScheme(),
+                 emit_output_hashes: bool = False):
         self._tokenizer = tokenizer
         self._scheme = scheme
+        self._emit_output_hashes = emit_output_hashes
         self._block_size = block_size
         self._seed = seed
         self._template_kwargs = dict(template_kwargs)
@@ -83,21 +105,22 @@ class RequestEncoder:
         return rendered, rejected
 
     def tokenize(self, rendered: Rendered) -> Tokenized:
-        """(prompt token ids, output lengths), from one batched call for both."""
+        """(prompt token ids, output token ids), from one batched call for both."""
         prompts = [p for _, p in rendered if p is not None]
         outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
         ids = encode_texts(self._tokenizer, prompts + outputs)
-        return ids[: len(prompts)], [len(o) for o in ids[len(prompts) :]]
+        return ids[: len(prompts)], ids[len(prompts) :]
 
     def hash(self, rendered: Rendered, tokenized: Tokenized
              ) -> tuple[HashedBatch | None, list[DeadLetter]]:
-        prompt_ids, output_lengths = tokenized
-        token_lists, lengths = iter(prompt_ids), iter(output_lengths)
+        prompt_ids, output_ids = tokenized
+        token_lists, outputs = iter(prompt_ids), iter(output_ids)
         hashed, rejected = [], []
         for request, prompt in rendered:
             token_ids = request.input_ids if prompt is None else next(token_lists)
-            if request.output_text is not None:
-                output_length = next(lengths)
+            generated = next(outputs) if request.output_text is not None else None
+            if generated is not None:
+                output_length = len(generated)
             else:
                 output_length = request.output_length or 0
             if not token_ids:
@@ -106,7 +129,7 @@ class RequestEncoder:
                 continue
             hashed.append(
                 hash_request(request, token_ids, output_length, self._block_size, self._seed,
-                             self._scheme)
+                             self._scheme, generated if self._emit_output_hashes else None)
             )
             self._progress.add(len(token_ids))
         return (HashedBatch.pack(hashed) if hashed else None), rejected

@@ -28,6 +28,9 @@ class HashedRequest:
     block_hashes: bytes  # DIGEST_SIZE bytes per block
     session_key: bytes | None  # keyed digest of the session id
     defaulted: tuple[str, ...] = ()
+    # --emit-output-hashes: the full blocks of prompt + generated tokens past the prompt's full
+    # blocks, chained on from them (what the engine holds once the request has decoded).
+    output_block_hashes: bytes = b""
 
 
 REQUEST = np.dtype(
@@ -41,6 +44,7 @@ REQUEST = np.dtype(
         ("session_hi", "<u8"),
         ("session_lo", "<u8"),
         ("without_output_length", "?"),
+        ("num_output_blocks", "<i8"),
     ]
 )
 
@@ -48,7 +52,9 @@ REQUEST = np.dtype(
 @dataclass(frozen=True)
 class HashedBatch:
     requests: np.ndarray  # REQUEST, one row per request
-    block_hashes: np.ndarray  # (total blocks, 2) uint64: each request's hashes, in request order
+    # (total blocks, 2) uint64: each request's prompt block hashes then its output block hashes,
+    # in request order
+    block_hashes: np.ndarray
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -62,13 +68,15 @@ class HashedBatch:
         columns["output_length"] = [r.output_length for r in requests]
         columns["num_blocks"] = [len(r.block_hashes) // DIGEST_SIZE for r in requests]
         columns["without_output_length"] = ["output_length" in r.defaulted for r in requests]
+        columns["num_output_blocks"] = [len(r.output_block_hashes) // DIGEST_SIZE for r in requests]
         sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
         if sessions:
             index = [i for i, _ in sessions]
             keys = np.frombuffer(b"".join(k for _, k in sessions), dtype="<u8").reshape(-1, 2)
             columns["has_session"][index] = True
             columns["session_hi"][index], columns["session_lo"][index] = keys[:, 0], keys[:, 1]
-        hashes = np.frombuffer(b"".join(r.block_hashes for r in requests), dtype="<u8")
+        hashes = np.frombuffer(b"".join(r.block_hashes + r.output_block_hashes for r in requests),
+                               dtype="<u8")
         return HashedBatch(columns, hashes.reshape(-1, 2))
 
     @staticmethod
@@ -78,8 +86,12 @@ class HashedBatch:
             np.concatenate([b.block_hashes for b in batches]),
         )
 
+    def blocks_per_request(self) -> np.ndarray:
+        """Prompt blocks plus output blocks (these only with --emit-output-hashes)."""
+        return self.requests["num_blocks"] + self.requests["num_output_blocks"]
+
     def block_positions(self) -> np.ndarray:
-        """Each block's position within its request."""
-        counts = self.requests["num_blocks"]
+        """Each block's position within its request (output blocks after the prompt's)."""
+        counts = self.blocks_per_request()
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         return np.arange(len(self.block_hashes)) - starts

@@ -29,18 +29,19 @@ class EncodeRequests(beam.DoFn):
 
     def __init__(
         self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any],
-        scheme: HashScheme = HashScheme(),
+        scheme: HashScheme = HashScheme(), emit_output_hashes: bool = False,
     ):
         self._tokenizer_name = tokenizer_name
         self._block_size = block_size
         self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
         self._template_kwargs = dict(template_kwargs)
         self._scheme = scheme
+        self._emit_output_hashes = emit_output_hashes
 
     def setup(self) -> None:
         self._encoder = RequestEncoder(load_tokenizer(self._tokenizer_name), self._block_size,
                                        chain_seed(self._salt.load()), self._template_kwargs,
-                                       self._scheme)
+                                       self._scheme, self._emit_output_hashes)
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     def teardown(self) -> None:

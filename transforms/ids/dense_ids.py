@@ -35,6 +35,9 @@ FIRST = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("fp", "<u8"), ("
 LOOKUP = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("req", "<u4"), ("pos", "<u4")])
 RESOLVED = np.dtype([("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
 
+# Output blocks are seen this much later than their request (2^62 ms): after every prompt.
+OUTPUT_TS_OFFSET = 1 << 62
+
 # What gets numbered in a batch (block hashes, or session keys), as an OCCURRENCE table.
 KeyExtractor = Callable[[HashedBatch], np.ndarray]
 
@@ -47,20 +50,26 @@ class UniqueTotals(NamedTuple):
 
 
 def block_keys(batch: HashedBatch, block_size: int) -> np.ndarray:
-    """Every block of the batch, weighted by its real token count (the partial last block less)."""
+    """Every block of the batch, weighted by its real token count (the partial last block
+    less). Output blocks (--emit-output-hashes) weigh 0 and are seen OUTPUT_TS_OFFSET later:
+    a key any prompt has is first seen there, so prompt ids and unique prompt tokens are what
+    they are without outputs, and blocks only outputs have are numbered after all of them."""
     requests = batch.requests
-    counts = requests["num_blocks"]
+    counts = batch.blocks_per_request()
     table = np.empty(len(batch.block_hashes), dtype=OCCURRENCE)
     table["hi"], table["lo"] = batch.block_hashes[:, 0], batch.block_hashes[:, 1]
     table["ts"] = np.repeat(requests["timestamp_ms"], counts)
     table["fp"] = np.repeat(requests["fingerprint"], counts)
     table["pos"] = batch.block_positions()
     table["req"] = np.repeat(np.arange(len(requests)), counts)
-    table["weight"] = block_size
-    has_blocks = counts > 0
-    last = np.cumsum(counts)[has_blocks] - 1
+    prompt = requests["num_blocks"]
+    is_output = table["pos"] >= np.repeat(prompt, counts)
+    table["weight"] = np.where(is_output, 0, block_size)
+    table["ts"][is_output] += OUTPUT_TS_OFFSET
+    has_blocks = prompt > 0
+    last = (np.cumsum(counts) - counts)[has_blocks] + prompt[has_blocks] - 1
     lengths = requests["input_length"][has_blocks]
-    table["weight"][last] = lengths - (counts[has_blocks] - 1) * block_size
+    table["weight"][last] = lengths - (prompt[has_blocks] - 1) * block_size
     return table
 
 
@@ -154,6 +163,12 @@ def split_by(table: np.ndarray, labels: np.ndarray) -> Iterator[tuple[int, np.nd
 def new_batch_id() -> int:
     """Names a batch only inside one run, to route its ids back to it; never published."""
     return int.from_bytes(os.urandom(8), "little")
+
+
+def unique_totals(firsts: np.ndarray) -> UniqueTotals:
+    """Of earliest occurrences: the keys a request's prompt has (weight > 0; output blocks weigh
+    0 and sort after every prompt, see block_keys), and their tokens."""
+    return UniqueTotals(int(np.count_nonzero(firsts["weight"])), int(firsts["weight"].sum()))
 
 
 def sum_unique(totals: Iterable[UniqueTotals]) -> UniqueTotals:

@@ -47,7 +47,7 @@ from transforms.ids.dense_ids import (
     OCCURRENCE,
     RESOLVED,
     KeyExtractor,
-    UniqueTotals,
+    unique_totals,
     earliest,
     lookup,
     narrowed,
@@ -229,7 +229,7 @@ class AssignDenseIds(beam.PTransform):
             EarliestOccurrence())
         unique = (
             firsts
-            | "UniqueTotals" >> beam.Map(lambda kv: UniqueTotals(len(kv[1]), int(kv[1]["weight"].sum())))
+            | "UniqueTotals" >> beam.Map(lambda kv: unique_totals(kv[1]))
             | "SumUnique" >> beam.CombineGlobally(sum_unique)
         )
         unseen, known, carried = self._against_prior(firsts, prior)

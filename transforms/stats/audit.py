@@ -21,7 +21,9 @@ import pyarrow.parquet as pq
 
 from transforms import storage
 
-TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session")
+# output_hash_ids: with anonymize --emit-output-hashes, ids in the same dense space.
+TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session",
+                "output_hash_ids")
 MAX_PLAUSIBLE_INT = 1 << 40  # ~35 years in ms; no length or dense id comes near
 PRIVATE_PREFIXES = ("block-hashes", "output-hashes")
 MAX_EXAMPLES = 5
@@ -33,6 +35,7 @@ def audit(files: list[str], folder_files: list[str], manifest: dict | None) -> d
     trace file, twins too; row statistics come from files."""
     fields: Counter = Counter()
     strings: Counter = Counter()
+    fractions: Counter = Counter()
     largest: dict[str, int] = {}
     rows: list[tuple] = []
     sessions: Counter = Counter()
@@ -45,11 +48,14 @@ def audit(files: list[str], folder_files: list[str], manifest: dict | None) -> d
                     strings[f"{name}{found}"] += 1
                 for number in _ints(value):
                     largest[name] = max(largest.get(name, number), number)
+                if any(_fractions(value)):
+                    fractions[name] += 1
             if path in twins:
                 continue
-            ids = row.get("hash_ids")
+            ids, outputs = row.get("hash_ids"), row.get("output_hash_ids")
             rows.append((row.get("timestamp"), row.get("input_length"), row.get("output_length"),
-                         tuple(ids) if isinstance(ids, list) else None))
+                         tuple(ids) if isinstance(ids, list) else None,
+                         tuple(outputs) if isinstance(outputs, list) else ()))
             if row.get("session") is not None:
                 sessions[str(row["session"])] += 1
     flags = []
@@ -58,6 +64,11 @@ def audit(files: list[str], folder_files: list[str], manifest: dict | None) -> d
         flags.append(f"fields beyond the trace's own: {', '.join(extra)}")
     if strings:
         flags.append("string values: " + ", ".join(f"{k} ({v:,})" for k, v in strings.most_common(MAX_EXAMPLES)))
+    if fractions:
+        flags.append("numbers that are not whole (a trace holds counts and ids): " +
+                     ", ".join(f"{k} ({v:,})" for k, v in fractions.most_common(MAX_EXAMPLES)))
+    if not rows:
+        flags.append("no trace rows: nothing to publish, or not a kvtrace output")
     too_large = {k: v for k, v in largest.items() if v > MAX_PLAUSIBLE_INT}
     if too_large:
         flags.append("integers too large for counts or dense ids (hashes?): " +
@@ -132,8 +143,17 @@ def _ints(value: object) -> Iterator[int]:
             yield from _ints(item)
 
 
+def _fractions(value: object) -> Iterator[bool]:
+    if isinstance(value, float) and not value.is_integer():
+        yield True
+    elif isinstance(value, list):
+        for item in value:
+            yield from _fractions(item)
+
+
 def _id_report(rows: list[tuple]) -> dict:
-    values = [i for r in rows if r[3] for i in r[3] if isinstance(i, int) and not isinstance(i, bool)]
+    values = [i for r in rows for i in (r[3] or ()) + r[4]
+              if isinstance(i, int) and not isinstance(i, bool)]
     if not values:
         return {"distinct": 0, "max": None, "dense": True}
     distinct, top = len(set(values)), max(values)

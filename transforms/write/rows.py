@@ -23,6 +23,7 @@ ROW = np.dtype(
         ("session_id", "<i8"),  # NO_SESSION when the request had none
         ("ids_digest", "<u8"),  # breaks the (2^-64) ties the fingerprint leaves
         ("num_ids", "<i8"),
+        ("num_output_ids", "<i8"),  # with --emit-output-hashes, else 0
     ]
 )
 
@@ -33,24 +34,27 @@ class RowBatch:
     ids: np.ndarray  # int64: each row's hash ids, concatenated in row order
     # uint64 beside ids: each block's engine hash, only with --emit-block-hashes (never published)
     hashes: np.ndarray | None = None
+    # int64: each row's output block ids, concatenated, only with --emit-output-hashes
+    output_ids: np.ndarray | None = None
 
     @staticmethod
     def concat(batches: Sequence[RowBatch]) -> RowBatch:
         if not batches:
             return RowBatch(np.empty(0, ROW), np.empty(0, np.int64))
-        hashes = [b.hashes for b in batches]
-        return RowBatch(
-            np.concatenate([b.rows for b in batches]), np.concatenate([b.ids for b in batches]),
-            None if any(h is None for h in hashes) else np.concatenate(hashes),
-        )
+        def joined(name: str) -> np.ndarray | None:
+            parts = [getattr(b, name) for b in batches]
+            return None if any(p is None for p in parts) else np.concatenate(parts)
+
+        return RowBatch(np.concatenate([b.rows for b in batches]), joined("ids"), joined("hashes"),
+                        joined("output_ids"))
 
     def select(self, order: np.ndarray) -> RowBatch:
         """The rows at positions order (in that order), each with its ids."""
-        starts = _exclusive_cumsum(self.rows["num_ids"])
-        counts = self.rows["num_ids"][order]
-        blocks = np.repeat(starts[order] - _exclusive_cumsum(counts), counts) + np.arange(counts.sum())
+        blocks = _picked(self.rows["num_ids"], order)
+        outputs = None if self.output_ids is None else \
+            self.output_ids[_picked(self.rows["num_output_ids"], order)]
         return RowBatch(self.rows[order], self.ids[blocks],
-                        None if self.hashes is None else self.hashes[blocks])
+                        None if self.hashes is None else self.hashes[blocks], outputs)
 
     def sorted(self) -> RowBatch:
         """Timestamp, then content fingerprint, then the published fields and the ids' digest."""
@@ -64,6 +68,13 @@ class RowBatch:
         return np.split(self.ids, np.cumsum(self.rows["num_ids"])[:-1]) if len(self.rows) else []
 
 
+def _picked(counts: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Indices of the items of the rows at order, for rows of counts[r] items each."""
+    picked = counts[order]
+    starts = _exclusive_cumsum(counts)
+    return np.repeat(starts[order] - _exclusive_cumsum(picked), picked) + np.arange(picked.sum())
+
+
 def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     out = np.zeros(len(values), dtype=np.int64)
     np.cumsum(values[:-1], out=out[1:])
@@ -71,22 +82,29 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
 
 
 def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarray,
-              hashes: np.ndarray | None = None) -> RowBatch:
-    """Rows for a batch's REQUEST columns, given its ids in request order and one session number
-    per request that has a session (and, to emit them, each block's engine hash)."""
+              hashes: np.ndarray | None = None, with_outputs: bool = False) -> RowBatch:
+    """Rows for a batch's REQUEST columns, given its ids in request order (each request's
+    prompt blocks, then its output blocks) and one session number per request that has a
+    session (and, to emit them, each block's engine hash)."""
     rows = np.empty(len(requests), dtype=ROW)
     for name in ("timestamp_ms", "fingerprint", "input_length", "output_length"):
         rows[name] = requests[name]
     rows["num_ids"] = requests["num_blocks"]
+    rows["num_output_ids"] = requests["num_output_blocks"]
     rows["session_id"] = NO_SESSION
     rows["session_id"][requests["has_session"]] = session_ids
-    row = RowBatch(rows, block_ids.astype(np.int64, copy=False), hashes)
+    per_request = requests["num_blocks"] + requests["num_output_blocks"]
+    is_prompt = (np.arange(len(block_ids)) - np.repeat(np.cumsum(per_request) - per_request,
+                                                       per_request)) < np.repeat(requests["num_blocks"], per_request)
+    block_ids = block_ids.astype(np.int64, copy=False)
+    row = RowBatch(rows, block_ids[is_prompt], None if hashes is None else hashes[is_prompt],
+                   block_ids[~is_prompt] if with_outputs else None)
     rows["ids_digest"] = [xxhash.xxh3_64_intdigest(ids.tobytes()) for ids in row.row_ids()]
     return row
 
 
 def assemble_rows(
-    element: tuple[int, dict[str, list]], plan: dict[int, int]
+    element: tuple[int, dict[str, list]], plan: dict[int, int], with_outputs: bool = False
 ) -> Iterator[tuple[int, RowBatch]]:
     """One batch's requests joined with their block ids and session numbers, split by the output
     shard each row belongs to."""
@@ -94,9 +112,10 @@ def assemble_rows(
     # One batch per id (a list keeps the join symmetric): its REQUEST columns, and its blocks'
     # engine hashes or None.
     for requests, hashes in groups["requests"]:
-        block_ids = ids_in_request_order(groups["blocks"], requests["num_blocks"])
+        block_ids = ids_in_request_order(groups["blocks"],
+                                         requests["num_blocks"] + requests["num_output_blocks"])
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
-        batch = row_batch(requests, block_ids, session_ids, hashes)
+        batch = row_batch(requests, block_ids, session_ids, hashes, with_outputs)
         shards = np.array([plan[b] for b in buckets_of(requests["timestamp_ms"]).tolist()])
         for shard in np.unique(shards).tolist():
             yield shard, batch.select(np.flatnonzero(shards == shard))
@@ -107,5 +126,5 @@ def bucket_sizes(batch: HashedBatch) -> Iterator[tuple[int, int]]:
     that a request without blocks still counts."""
     buckets = buckets_of(batch.requests["timestamp_ms"])
     labels, index = np.unique(buckets, return_inverse=True)
-    sizes = np.bincount(index, weights=batch.requests["num_blocks"] + 1)
+    sizes = np.bincount(index, weights=batch.blocks_per_request() + 1)
     yield from zip(labels.tolist(), sizes.astype(np.int64).tolist())

@@ -26,6 +26,9 @@ TRACE_FILE_PREFIX = "trace-"
 # prepends earlier turns and live responses to each request, which would double the context
 # (aiperf#1393). Under `session` every consumer replays each row as it is.
 SESSION_FIELD = "session"
+# With --emit-output-hashes: the ids of the full blocks the engine holds after decoding, past
+# the prompt's full blocks (kvtrace simulate --decode-cache replays them).
+OUTPUT_IDS_FIELD = "output_hash_ids"
 
 TRACE_SCHEMA = pa.schema(
     [
@@ -58,16 +61,27 @@ def jsonl_bytes(batch: RowBatch, origin_ms: int) -> bytes:
     rows = batch.rows
     ids = batch.ids.tolist()
     ends = np.cumsum(rows["num_ids"]).tolist()
+    outputs = _output_lists(batch)
     columns = zip((rows["timestamp_ms"] - origin_ms).tolist(), rows["input_length"].tolist(),
                   rows["output_length"].tolist(), rows["session_id"].tolist(), ends)
     lines, start = [], 0
-    for timestamp, input_length, output_length, session, end in columns:
+    for row, (timestamp, input_length, output_length, session, end) in enumerate(columns):
         tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
+        if outputs is not None:
+            tail = f'], "{OUTPUT_IDS_FIELD}": [{outputs[row]}' + tail
         lines.append(f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
                      f'"output_length": {output_length}, "hash_ids": ['
                      f'{", ".join(map(str, ids[start:end]))}{tail}\n')
         start = end
     return "".join(lines).encode()
+
+
+def _output_lists(batch: RowBatch) -> list[str] | None:
+    """Each row's output ids as JSON list items (--emit-output-hashes), or None."""
+    if batch.output_ids is None:
+        return None
+    ids, ends = batch.output_ids.tolist(), np.cumsum(batch.rows["num_output_ids"]).tolist()
+    return [", ".join(map(str, ids[a:b])) for a, b in zip([0] + ends[:-1], ends)]
 
 
 def arrow_array(values: np.ndarray, type: pa.DataType = pa.int64(),
@@ -109,8 +123,15 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
         ),
         arrow_array(rows["session_id"], valid=rows["session_id"] != NO_SESSION),
     ]
+    schema = TRACE_SCHEMA
+    if batch.output_ids is not None:
+        output_offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum(rows["num_output_ids"], out=output_offsets[1:])
+        schema = schema.append(pa.field(OUTPUT_IDS_FIELD, schema.field("hash_ids").type, nullable=False))
+        columns.append(pa.ListArray.from_arrays(arrow_array(output_offsets, pa.int32()),
+                                                arrow_array(batch.output_ids)).cast(schema.field(OUTPUT_IDS_FIELD).type))
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_arrays(columns, schema=TRACE_SCHEMA), sink, compression="zstd")
+    pq.write_table(pa.Table.from_arrays(columns, schema=schema), sink, compression="zstd")
     return sink.getvalue()
 
 

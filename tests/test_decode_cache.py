@@ -1,0 +1,77 @@
+"""Output blocks: --emit-output-hashes numbers the blocks an engine caches after decoding, and
+simulate --decode-cache lets later turns hit them."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import read_jsonl, write_jsonl
+from test_anonymize import anonymize, trace
+from transforms.cache.capacity import Capacity
+from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
+from transforms.encode.encode_requests import _output_block_hashes
+from transforms.encode.schemes import HashScheme
+
+from pipelines.simulate import SimulateConfig, run_simulate
+
+SEED = chain_seed(b"a salt for the output block tests")
+
+
+def test_output_blocks_complete_the_prompt_and_chain_on():
+    prompt, output = token_bytes(list(range(10))), token_bytes(list(range(100, 110)))
+    whole = chain_hashes(prompt + output, 4, SEED)  # 5 blocks of 4 tokens
+    out = _output_block_hashes(prompt, output, 4, SEED, HashScheme())
+    assert out == whole[2 * 16:]  # blocks 2, 3, 4: the partial prompt block completed, then on
+    assert _output_block_hashes(prompt, token_bytes([1]), 4, SEED, HashScheme()) == b""
+
+
+CONVERSATION = [
+    {"timestamp": 0, "session_id": "c", "output": "Paris is the capital of France .",
+     "messages": [{"role": "user", "content": "What is the capital of France ?"}]},
+    {"timestamp": 1000, "session_id": "c", "output": "Helsinki .",
+     "messages": [{"role": "user", "content": "What is the capital of France ?"},
+                  {"role": "assistant", "content": "Paris is the capital of France ."},
+                  {"role": "user", "content": "And of Finland ?"}]},
+]
+
+
+def test_a_later_turn_carries_the_ids_of_what_the_earlier_one_generated(tiny_tokenizer,
+                                                                          tmp_path):
+    src = write_jsonl(tmp_path / "chat.jsonl", CONVERSATION)
+    outs = {}
+    for engine in ("local", "beam"):
+        outs[engine] = tmp_path / engine
+        assert anonymize(tiny_tokenizer, [src], outs[engine], "--block-size", "4",
+                         "--emit-output-hashes", "--engine", engine) == 0
+    first, second = trace(outs["local"])
+    # The tiny template renders history verbatim: turn 2 repeats turn 1's generated blocks.
+    assert first["output_hash_ids"] and set(first["output_hash_ids"]) <= set(second["hash_ids"])
+    assert read_jsonl(next(outs["local"].glob("trace-*.jsonl"))) == \
+        read_jsonl(next(outs["beam"].glob("trace-*.jsonl")))
+    plain = tmp_path / "plain"
+    assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "4") == 0
+    # Prompt ids and the export's statistics are what they are without outputs.
+    assert [{k: v for k, v in r.items() if k != "output_hash_ids"} for r in trace(outs["local"])] \
+        == trace(plain)
+    assert (outs["local"] / "stats.json").read_text() == (plain / "stats.json").read_text()
+
+
+def test_simulate_counts_hits_on_cached_outputs(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [0, 1],
+             "output_hash_ids": [2]},
+            {"timestamp": 5, "input_length": 16, "output_length": 1, "hash_ids": [0, 1, 2, 3],
+             "output_hash_ids": []}]
+    src = str(write_jsonl(tmp_path / "t.jsonl", rows))
+    rates = {}
+    for decode in (False, True):
+        report = run_simulate(SimulateConfig((src,), (Capacity(1000, None),), ("lru", "belady"), 4,
+                                             decode_cache=decode))
+        rates[decode] = report
+        assert report["rows"] == 2 and report["prompt_tokens"] == 24
+    assert rates[False]["infinite_cache"]["token_weighted"] == pytest.approx(8 / 24)
+    assert rates[True]["infinite_cache"]["token_weighted"] == pytest.approx(12 / 24)
+    assert rates[True]["policies"]["lru"][0]["hit_rate"] == pytest.approx(12 / 24)
+    with pytest.raises(ValueError, match="--emit-output-hashes"):
+        plain = write_jsonl(tmp_path / "p.jsonl", [{k: v for k, v in r.items()
+                                                     if k != "output_hash_ids"} for r in rows])
+        run_simulate(SimulateConfig((str(plain),), (Capacity(1000, None),), ("lru",), 4,
+                                    decode_cache=True))
