@@ -59,8 +59,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     print(f"rendered {report['written']:,} of {report['rows']:,} rows as {args.shape} requests "
           f"-> {args.output} (block size {block_size})")
     if report["too_short_for_the_template"]:
-        print(f"warning: {report['too_short_for_the_template']:,} row(s) shorter than the chat "
-              f"template's own tokens were left out", file=sys.stderr)
+        print(f"warning: {report['too_short_for_the_template']:,} row(s) left out: no room for "
+              f"a token of content (beside the chat template's own tokens, if any)",
+              file=sys.stderr)
     if report["merged_blocks"]:
         print(f"warning: {report['merged_blocks']:,} partial block(s) too short to differ from "
               f"their siblings", file=sys.stderr)
