@@ -107,10 +107,10 @@ def _parser() -> argparse.ArgumentParser:
              "sha256_cbor(S))")
     add("--vllm-none-hash", metavar="HEX",
         help="vllm-sha256-cbor: the engine's NONE_HASH itself, 64 hex digits")
-    add("--emit-block-hashes", nargs="?", const="", metavar="DIR",
+    add("--emit-block-hashes", nargs="?", const="", metavar="HASHES_DIR",
         help="with an engine --hash-scheme: also write each block's engine hash (row, position, "
-             "id, hash) as Parquet to DIR (default: DIR-block-hashes beside --output), to join "
-             "with the engine's KV events. Unkeyed: keep them private")
+             "id, hash) as Parquet to HASHES_DIR (default: OUTPUT-block-hashes beside --output, "
+             "never inside it), to join with the engine's KV events. Unkeyed: keep them private")
     add("--emit-output-hashes", action="store_true", default=None,
         help="also publish output_hash_ids: the ids of the full blocks of prompt + generated "
              "tokens past the prompt's (what the engine caches after decoding), in the same id "
