@@ -94,7 +94,7 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict
             with storage.open_read(part) as piece:
                 shutil.copyfileobj(piece, handle)
     storage.delete(parts)
-    if not is_url(parts_dir):
+    if not is_url(parts_dir) and os.path.isdir(parts_dir):  # an empty trace writes no part
         os.rmdir(parts_dir)
     _LOG.info("synthesized %s from %d file(s) in %.1f s", config.output, len(config.inputs),
               time.perf_counter() - started)

@@ -102,3 +102,11 @@ def test_sampling_new_requests_stays_local(tmp_path):
     with pytest.raises(ConfigError, match="--engine local"):
         run_synthesize_beam(SynthesizeConfig(("x.jsonl",), str(tmp_path / "o.jsonl"), 16,
                                              SynthConfig(num_requests=5)), [])
+
+
+def test_an_empty_trace_gives_an_empty_output(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    summary = run_synthesize_beam(SynthesizeConfig((str(tmp_path / "empty.jsonl"),),
+                                                   str(tmp_path / "out.jsonl"), 16, SynthConfig()), [])
+    assert (tmp_path / "out.jsonl").read_bytes() == b""
+    assert summary["before"]["requests"] == summary["after"]["requests"] == 0
