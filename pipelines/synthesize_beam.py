@@ -22,10 +22,11 @@ from transforms.ids.steps import AssignDenseIds
 from transforms.stats.trace_io import read_trace
 from transforms.synth.output import rows_jsonl
 from transforms.synth.shards import (
+    SHARED,
     Synthesized,
+    label_occurrences,
     merge_conversations,
     rank_bucket,
-    label_occurrences,
     reshape_conversations,
     session_occurrences,
     shared_counts,
@@ -98,8 +99,6 @@ def _read_file(indexed: tuple[int, str], files: tuple[str, ...], shards: int) ->
 
 
 def _concat(tables) -> np.ndarray:
-    from transforms.synth.shards import SHARED
-
     tables = list(tables)
     return np.concatenate(tables) if tables else np.empty(0, dtype=SHARED)
 
