@@ -105,3 +105,14 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenize
     assert [r["input_length"] for r in after] == [r["input_length"] for r in before]
     assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
     assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
+
+
+def test_a_compressed_trace_file_is_read(output, tmp_path, capsys):
+    import gzip
+
+    (path,) = output.glob("trace-*.jsonl")
+    packed = tmp_path / (path.name + ".gz")
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    code = main(["audit", str(packed), "--json", str(tmp_path / "a.json")])
+    capsys.readouterr()
+    assert code == 0 and json.loads((tmp_path / "a.json").read_text())["rows"] == 12

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from transforms import storage
+from transforms.read.paths import read_bytes
 
 # output_hash_ids: with anonymize --emit-output-hashes, ids in the same dense space.
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session",
@@ -110,14 +111,14 @@ def _rows(path: str) -> Iterator[dict]:
             table = pq.read_table(handle)
         yield from table.to_pylist()
         return
-    with storage.open_read(path) as handle:
-        for line in handle:
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    row = {"unparsed_line": line.decode("utf-8", "replace")}
-                yield row if isinstance(row, dict) else {"non_object_line": row}
+    for line in read_bytes(path).splitlines():  # decompressed by suffix
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = {"unparsed_line": line.decode("utf-8", "replace")}
+        yield row if isinstance(row, dict) else {"non_object_line": row}
 
 
 def _strings(value: object, where: str = "") -> Iterator[str]:
