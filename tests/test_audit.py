@@ -8,6 +8,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import chat, read_jsonl, write_jsonl
 from test_anonymize import anonymize, trace
 
@@ -116,3 +118,28 @@ def test_a_compressed_trace_file_is_read(output, tmp_path, capsys):
     code = main(["audit", str(packed), "--json", str(tmp_path / "a.json")])
     capsys.readouterr()
     assert code == 0 and json.loads((tmp_path / "a.json").read_text())["rows"] == 12
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
+                    | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=5), inner, max_size=4), max_leaves=12)
+ROW = st.fixed_dictionaries({}, optional={
+    "timestamp": JSON, "input_length": JSON, "output_length": JSON, "hash_ids": JSON,
+    "session": JSON, "extra": JSON})
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(ROW, JSON), max_size=8))
+def test_hostile_rows_get_a_report_never_an_exception(rows):
+    import tempfile
+    from pathlib import Path
+
+    from transforms.stats.audit import audit as measure
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace-00000-of-00001.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        report = measure([str(path)], [str(path)], None)
+    assert report["rows"] == len(rows)
+    assert report["publishable"] == (not report["flags"])

@@ -89,3 +89,21 @@ def test_the_block_size_a_trace_was_made_with_always_fits(block_size, lengths):
     fit = block_size_fit(trace)
     assert fit.fits_all(block_size) and fit.best_rows == len(lengths)
     assert validate(trace, block_size, "flag")["valid"]
+
+
+HOSTILE = [
+    '{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [0, 1]}',
+    '{"timestamp": 1, "input_length": -5, "output_length": 2, "hash_ids": [0]}',
+    '{"timestamp": 2, "input_length": 20, "output_length": 2, "hash_ids": ["a", 1]}',
+    '{"timestamp": 3, "input_length": 20, "output_length": 2, "hash_ids": [[0], 1]}',
+    '{"timestamp": NaN, "input_length": 20, "output_length": 2, "hash_ids": [0, 1]}',
+    '{"timestamp": 4, "input_length": 20, "output_length": 2, "hash_ids": [1180591620717411303424, 1]}',
+    '{"timestamp": 5, "input_length": 1e30, "output_length": 2, "hash_ids": [0, 1]}',
+    '[1, 2, 3]', 'null', '"str"', '{"timestamp": 6}',
+    '{"timestamp": 7, "input_length": 20, "output_length": 2, "hash_ids": [0, 1], "session_id": {"x": 1}}',
+]
+
+
+def test_hostile_lines_are_counted_as_malformed_and_good_ones_kept(tmp_path):
+    report = check(tmp_path, HOSTILE)
+    assert report["rows"] == 1 and failing(report) == {"malformed_lines": len(HOSTILE) - 1}

@@ -54,9 +54,10 @@ def audit(files: list[str], folder_files: list[str], manifest: dict | None) -> d
             if path in twins:
                 continue
             ids, outputs = row.get("hash_ids"), row.get("output_hash_ids")
-            rows.append((row.get("timestamp"), row.get("input_length"), row.get("output_length"),
-                         tuple(ids) if isinstance(ids, list) else None,
-                         tuple(outputs) if isinstance(outputs, list) else ()))
+            rows.append((_frozen(row.get("timestamp")), _frozen(row.get("input_length")),
+                         _frozen(row.get("output_length")),
+                         _frozen(ids) if isinstance(ids, list) else None,
+                         _frozen(outputs) if isinstance(outputs, list) else ()))
             if row.get("session") is not None:
                 sessions[str(row["session"])] += 1
     flags = []
@@ -144,6 +145,15 @@ def _ints(value: object) -> Iterator[int]:
             yield from _ints(item)
 
 
+def _frozen(value: object) -> object:
+    """A hashable copy of a JSON value (hostile rows nest lists and objects anywhere)."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
 def _fractions(value: object) -> Iterator[bool]:
     if isinstance(value, float) and not value.is_integer():
         yield True
@@ -162,8 +172,8 @@ def _id_report(rows: list[tuple]) -> dict:
 
 
 def _timestamp_report(timestamps: list) -> dict:
-    values = np.array([t for t in timestamps if isinstance(t, int) and not isinstance(t, bool)],
-                      dtype=np.int64)
+    values = np.array([t for t in timestamps if isinstance(t, int) and not isinstance(t, bool)
+                       and -(1 << 63) <= t < 1 << 63], dtype=np.int64)
     if not len(values):
         return {"granularity_ms": None}
     gaps = np.diff(np.sort(values))

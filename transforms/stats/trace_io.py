@@ -137,6 +137,11 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     if "timestamp" in names and not (pa.types.is_integer(table["timestamp"].type)
                                      or pa.types.is_floating(table["timestamp"].type)):
         return False
+    for name in SESSION_FIELDS:  # sessions are names or numbers; anything else, line by line
+        if name in names and not (pa.types.is_string(table[name].type)
+                                  or pa.types.is_integer(table[name].type)
+                                  or pa.types.is_null(table[name].type)):
+            return False
     if "hash_ids" in names:
         ids = table["hash_ids"]
         if not (pa.types.is_list(ids.type) and pa.types.is_integer(ids.type.value_type)):
@@ -223,9 +228,15 @@ def _row(raw: bytes) -> dict:
         raise ValueError("timestamp is not a number")
     hash_ids = row.setdefault("hash_ids", [])
     if not isinstance(hash_ids, list) or not all(_is_count(i) for i in hash_ids):
-        raise ValueError("hash_ids is not a list of non-negative integers")
+        raise ValueError("hash_ids is not a list of non-negative 64-bit integers")
+    for name in SESSION_FIELDS:
+        session = row.get(name)
+        if session is not None and (isinstance(session, bool)
+                                    or not isinstance(session, (str, int))):
+            raise ValueError(f"{name} is not a string or an integer")
     return row
 
 
 def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
+    """A non-negative integer that fits the int64 columns traces are read into."""
+    return type(value) is int and 0 <= value < 1 << 63
