@@ -83,15 +83,16 @@ def _parsed(line: bytes | str) -> tuple[dict, str]:
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < 1e12:
         return {}, "timestamp must be a non-negative number of seconds"
     ids = record["hash_ids"]
-    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
-        return {}, "hash_ids must be a list of integers"
+    if not isinstance(ids, list) or not all(_is_int(i) and i >= 0 for i in ids):
+        return {}, "hash_ids must be a list of non-negative 64-bit integers"
     if not _is_int(record["chat_id"]) and not isinstance(record["chat_id"], str):
         return {}, "chat_id must be an integer or a string"
     return record, ""
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer that fits the int64 columns traces are read into."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
 
 
 def _root(chat: object, parent: dict) -> object | None:
