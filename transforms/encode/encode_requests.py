@@ -14,7 +14,7 @@ from typing import Any
 
 import xxhash
 
-from transforms.encode.blocks import DIGEST_SIZE, keyed_digest, token_bytes
+from transforms.encode.blocks import DIGEST_SIZE, TOKEN_DTYPE, keyed_digest, token_bytes
 from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
@@ -60,7 +60,7 @@ def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: by
     """The full blocks of prompt + output that the prompt's full blocks do not already cover,
     as the engine caches them after decoding: the prompt's partial last block completed by
     generated tokens, and the blocks after it (a last partial block of output is not cached)."""
-    step = block_size * 4  # u32 tokens
+    step = block_size * TOKEN_DTYPE.itemsize
     full_prompt = len(prompt) // step
     whole = prompt + output
     cached = len(whole) // step
