@@ -107,3 +107,16 @@ HOSTILE = [
 def test_hostile_lines_are_counted_as_malformed_and_good_ones_kept(tmp_path):
     report = check(tmp_path, HOSTILE)
     assert report["rows"] == 1 and failing(report) == {"malformed_lines": len(HOSTILE) - 1}
+
+
+def test_a_parquet_trace_with_sessions_of_any_type_is_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"timestamp": [0, 1], "input_length": [20, 20],
+                             "output_length": [1, 1], "hash_ids": [[0, 1], [0, 2]],
+                             "session_id": [[1, 2], [1, 2]]}), path)
+    trace = read_trace([str(path)])
+    assert trace.session.tolist() == ["[1, 2]", "[1, 2]"]  # one conversation, by its JSON text
+    assert validate(trace, 16, "flag")["valid"]

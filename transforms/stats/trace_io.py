@@ -173,11 +173,20 @@ def _columns_from_table(
         if name in names else np.full(table.num_rows, default)
     )
     session_name = next((n for n in SESSION_FIELDS if n in names), None)
-    session = (np.asarray(table[session_name].to_pylist(), dtype=object)
-               if session_name else None)
+    session = None
+    if session_name:
+        session = np.empty(table.num_rows, dtype=object)
+        session[:] = [_scalar_session(v) for v in table[session_name].to_pylist()]
     return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
             "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
             "session": session, "line": lines, "malformed": malformed}
+
+
+def _scalar_session(value: object) -> object:
+    """A session as a name or number; a Parquet column of lists or structs as their JSON text."""
+    if value is None or isinstance(value, (str, int)):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
