@@ -108,7 +108,7 @@ def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.reuse import ReuseConfig, run_reuse
 
     if args.engine == "local":
-        _no_beam(beam_args, hint=" (Beam options need --engine beam)")
+        no_beam_options(beam_args, hint=" (Beam options need --engine beam)")
     else:
         from kvtrace.cli import _our_flags, _parser
         from kvtrace.options import check_beam_flags
@@ -135,7 +135,7 @@ def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
     for bucket in report["reuse_time"]:
         print(f"  reuse after {bucket['bucket']:>11}: {bucket['share']:.4f} of reused tokens")
     print(f"plot: {args.output}")
-    _write_json(args.json, report)
+    write_json_report(args.json, report)
     return 0
 
 
@@ -143,7 +143,7 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.simulate import SimulateConfig, run_simulate
     from transforms.cache.capacity import kv_bytes_per_token, load_model, parse_capacities
 
-    _no_beam(beam_args)
+    no_beam_options(beam_args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in _policies()]
     if unknown or not policies:
@@ -175,14 +175,14 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(f"two-tier: GPU {point['capacity_tokens']:,} + tier 2 "
               f"{point['tier2_capacity_tokens']:,} tokens: {point['hit_rate']:.4f} "
               f"(GPU {point['gpu_hit_rate']:.4f}, tier 2 {point['tier2_hit_rate']:.4f})")
-    _write_json(args.json, report)
+    write_json_report(args.json, report)
     return 0
 
 
 def report(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.report import ReportConfig, run_report
 
-    _no_beam(beam_args)
+    no_beam_options(beam_args)
     files, block_size = _inputs(args)
     numbers = run_report(ReportConfig(files, args.output, block_size, args.gpu_kv_cache_size))
     if not _has_rows({"rows": numbers["analyze"]["total_requests"],
@@ -192,7 +192,8 @@ def report(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def _no_beam(beam_args: list[str], hint: str = "") -> None:
+def no_beam_options(beam_args: list[str], hint: str = "") -> None:
+    """Commands that run without Beam take no Beam options: any left over is unknown."""
     if beam_args:
         raise ConfigError(f"unknown options: {' '.join(beam_args)}{hint}")
 
@@ -210,7 +211,7 @@ def _has_rows(report: dict, files: tuple[str, ...]) -> bool:
     return True
 
 
-def _write_json(path: str | None, report: dict) -> None:
+def write_json_report(path: str | None, report: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(report, f, indent=2)

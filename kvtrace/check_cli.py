@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from kvtrace.cache_cli import TRACE_HELP
+from kvtrace.cache_cli import TRACE_HELP, no_beam_options, write_json_report
 from kvtrace.config import ConfigError
 
 
@@ -39,8 +39,7 @@ def validate(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms.stats.trace_io import read_trace
     from transforms.stats.validate import report_text, validate as check
 
-    if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    no_beam_options(beam_args)
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
@@ -49,10 +48,7 @@ def validate(args: argparse.Namespace, beam_args: list[str]) -> int:
         declared, by = declared_block_size(files), "manifest.json"
     report = check(read_trace(files), declared, by if declared else "")
     print(report_text(report, files))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-            handle.write("\n")
+    write_json_report(args.json, report)
     return 0 if report["valid"] else 1
 
 
@@ -79,8 +75,7 @@ def audit(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms.stats.audit import audit as measure, report_text
     from transforms.stats.trace_inputs import trace_files
 
-    if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    no_beam_options(beam_args)
     files = trace_files([args.output])
     folder = args.output.rstrip("/")
     is_folder = is_url(folder) or os.path.isdir(folder)
@@ -91,10 +86,7 @@ def audit(args: argparse.Namespace, beam_args: list[str]) -> int:
             manifest = json.loads(handle.read())
     report = measure(files, beside, manifest)
     print(report_text(report, args.output))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-            handle.write("\n")
+    write_json_report(args.json, report)
     return 0 if report["publishable"] else 1
 
 
@@ -121,8 +113,7 @@ def convert(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms.read.paths import read_bytes
     from transforms.write.shards import shard_name
 
-    if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    no_beam_options(beam_args)
     converted = to_mooncake(read_bytes(args.trace).splitlines())
     payload = "".join(json.dumps(row) + "\n" for row in converted.rows).encode()
     if args.output.endswith(".jsonl"):

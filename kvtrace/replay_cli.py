@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from kvtrace.cache_cli import BLOCK_HELP, TRACE_HELP
+from kvtrace.cache_cli import BLOCK_HELP, TRACE_HELP, no_beam_options, write_json_report
 from kvtrace.config import ConfigError
 
 
@@ -42,8 +42,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.render import RenderConfig, run_render
     from transforms.stats.trace_inputs import declared_block_size, trace_files
 
-    if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}")
+    no_beam_options(beam_args)
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
     try:
@@ -69,8 +68,5 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if verified:
         print(f"verified: {verified['rows_reproduced']:,} rows tokenize to exactly their blocks; "
               f"{verified['rows_not_reproduced']:,} do not")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-            handle.write("\n")
+    write_json_report(args.json, report)
     return 1 if verified and verified["rows_not_reproduced"] else 0

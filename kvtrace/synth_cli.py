@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from kvtrace.cache_cli import write_json_report
 from kvtrace.config import ConfigError
 
 ROWS = (
@@ -103,8 +103,5 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
               f"{form.format(summary['after'][key])} |")
     problems = sum(summary["after"]["problems"].values())
     print(f"output: {args.output} ({'valid' if not problems else f'{problems} problems'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
-            f.write("\n")
+    write_json_report(args.json, summary)
     return 0
