@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.errors import Rejected
-from transforms.read.records import MAX_NESTING_DEPTH, ParseOptions, Request, parse_record
+from transforms.read.json_tree import MAX_NESTING_DEPTH
+from transforms.read.records import ParseOptions, Request, parse_record
 from transforms.read.timestamps import timestamp_ms
 
 USER = [{"role": "user", "content": "hi"}]

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from transforms.errors import Rejected
+from transforms.read.json_tree import loads_checked
 
 # The roles OpenAI-compatible servers accept; anything else they answer with a 400.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -35,7 +36,7 @@ def is_anthropic(body: dict[str, Any]) -> bool:
     if not isinstance(messages, list):
         return False
     return any(
-        isinstance(block, dict) and block.get("type") in ANTHROPIC_BLOCK_TYPES
+        type_of(block) in ANTHROPIC_BLOCK_TYPES
         for message in messages if isinstance(message, dict)
         for block in (message.get("content") if isinstance(message.get("content"), list) else ())
     )
@@ -103,7 +104,7 @@ def text_of(content: Any, where: str, drop_non_text: bool) -> str:
             continue
         if not isinstance(part, dict):
             raise Rejected("wrong_type", f"{where} has a content part that is not an object")
-        kind = part.get("type")
+        kind = type_of(part)
         if kind in TEXT_PART_TYPES:
             texts.append(_string(part.get("text"), f"{where} text part"))
         elif kind in NON_TEXT_PART_TYPES:
@@ -122,7 +123,7 @@ def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
     normalized = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or call.get("type", "function") != "function":
+        if not isinstance(function, dict) or type_of(call, "function") != "function":
             raise Rejected("invalid_request",
                            f"message {index} has a tool call that is not a function call")
         name = _string(function.get("name"), f"message {index} tool call name")
@@ -140,7 +141,7 @@ def _arguments(arguments: Any) -> dict[str, Any]:
         return arguments
     if isinstance(arguments, str) and arguments:
         try:
-            parsed = json.loads(arguments)
+            parsed = loads_checked(arguments)
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}
@@ -175,7 +176,7 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise Rejected("wrong_type", f"input item {index} is not an object")
-        kind = item.get("type", "message")
+        kind = type_of(item, "message")
         if kind == "message":
             role = _role(item, index)
             content = text_of(item.get("content"), f"input item {index}", drop_non_text)
@@ -225,7 +226,7 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
             continue
         texts, calls, thinking, results = [], [], [], []
         for block in content:
-            kind = block.get("type") if isinstance(block, dict) else None
+            kind = type_of(block)
             if kind == "tool_use":
                 calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
                     "name": _string(block.get("name"), f"message {index} tool_use name"),
@@ -268,6 +269,20 @@ def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return converted
 
 
+def type_of(item: Any, default: str | None = None) -> str | None:
+    """An item's `type` when it is a string (a hostile list or object in its place is no type:
+    it must not reach a set lookup, which would raise instead of rejecting)."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type", default)
+    return kind if isinstance(kind, str) else None
+
+
+def _list(value: Any) -> list[Any]:
+    """A list field of a response, or nothing when it holds anything else."""
+    return value if isinstance(value, list) else []
+
+
 def _string(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise Rejected("wrong_type", f"{where} is a {type(value).__name__}, not a string")
@@ -302,7 +317,7 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
         if isinstance(message, dict):
             reasoning = message.get("reasoning_content", message.get("reasoning"))
             pieces += [reasoning, message.get("content")]
-            for call in message.get("tool_calls") or []:
+            for call in _list(message.get("tool_calls")):
                 function = call.get("function") if isinstance(call, dict) else None
                 if isinstance(function, dict):
                     pieces += [function.get("name"), function.get("arguments")]
@@ -312,15 +327,15 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
     for item in output if isinstance(output, list) else []:  # Responses API
         if not isinstance(item, dict):
             continue
-        if item.get("type") == "function_call":
+        if type_of(item) == "function_call":
             pieces += [item.get("name"), item.get("arguments")]
-        for part in item.get("content") or item.get("summary") or []:
+        for part in _list(item.get("content")) or _list(item.get("summary")):
             if isinstance(part, dict):
                 pieces.append(part.get("text"))
     if chunk.get("type") == "message" and isinstance(chunk.get("content"), list):  # Anthropic
         for block in chunk["content"]:
             if isinstance(block, dict):
-                if block.get("type") == "tool_use":
+                if type_of(block) == "tool_use":
                     pieces += [block.get("name"), block.get("input")]
                 else:
                     pieces.append(block.get("text", block.get("thinking")))

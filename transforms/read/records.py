@@ -16,12 +16,10 @@ from typing import Any
 from transforms.encode.blocks import MAX_TOKEN_ID
 from transforms.errors import Rejected
 from transforms.read import chat
+from transforms.read.json_tree import check_tree
 from transforms.read.timestamps import timestamp_ms
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
-# Real requests nest about 5 deep (messages > message > content > part), tool schemas ~15;
-# far deeper is an attack or a bug, and deep recursion is what makes parsers fall over.
-MAX_NESTING_DEPTH = 64
 # Output lengths beyond 2^31 tokens are no model's; they would only overflow later sums.
 MAX_COUNT = 2**31 - 1
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
@@ -79,7 +77,7 @@ def request_from_object(
     check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
-    _check_tree(record, check_strings)
+    check_tree(record, check_strings)
     envelope = record.get("request")
     body = envelope if isinstance(envelope, dict) else record
     response = record.get("response")
@@ -111,35 +109,6 @@ def request_from_object(
         defaulted=("output_length",) if output_text is None and output_length is None else (),
         **fields,
     )
-
-
-def _check_tree(value: Any, check_strings: bool) -> None:
-    """Nesting depth and (when asked) valid Unicode in every string and key, iteratively so a
-    hostile record cannot blow the stack."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
-            if check_strings and not node.isascii():
-                _check_unicode(node)
-            continue
-        if isinstance(node, dict):
-            if check_strings:
-                stack.extend((key, depth) for key in node)
-            node = node.values()
-        elif not isinstance(node, list):
-            continue
-        if depth > MAX_NESTING_DEPTH:
-            raise Rejected("too_deep", f"nested deeper than {MAX_NESTING_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in node)
-
-
-def _check_unicode(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise Rejected("invalid_unicode", f"a string holds a lone surrogate at character "
-                       f"{err.start} (not encodable as UTF-8)") from None
 
 
 def _detect_kind(body: dict[str, Any]) -> str:

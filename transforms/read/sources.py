@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from transforms import storage
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
-from transforms.errors import Rejected
+from transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from transforms.read.paths import PARQUET_SUFFIXES, compression_of, open_stream
 from transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
@@ -176,11 +176,22 @@ def _parquet(path: str) -> Iterator[tuple[str, Any] | DeadLetter]:
 def parse_one(source: str, record: Any, options: ParseOptions) -> Request | DeadLetter:
     """A record (JSONL line bytes or Parquet row) as a Request, or the reason it is not one."""
     is_line = isinstance(record, bytes)
-    line = record if is_line else json.dumps(record, default=str, ensure_ascii=False).encode(
-        "utf-8", errors="backslashreplace")
+    try:
+        line = record if is_line else json.dumps(record, default=str, ensure_ascii=False).encode(
+            "utf-8", errors="backslashreplace")
+    except RecursionError:
+        return DeadLetter(source, b"", "too_deep", "row nested too deep to serialize")
     try:
         if is_line:
             return parse_record(line, source, options)
+        if not isinstance(record, dict):
+            raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
         return request_from_object(record, line, source, options)
     except Rejected as err:
         return DeadLetter(source, line, err.reason, err.message)
+    except UNANTICIPATED as err:
+        return DeadLetter(source, line, **_reason(unanticipated(err)))
+
+
+def _reason(err: Rejected) -> dict[str, str]:
+    return {"reason": err.reason, "message": err.message}

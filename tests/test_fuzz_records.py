@@ -1,0 +1,130 @@
+"""Fuzz harness for the record parser and the render step: every node of every supported request
+shape replaced by hostile values (wrong types, unhashable `type`s, huge and deep values), as a
+JSONL line and as a Parquet row. Invariant: each record is a Request that renders (or a dead
+letter), never an exception; and good records are untouched by the bad ones beside them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from transforms.dead_letters import DeadLetter
+from transforms.encode.encode_requests import RequestEncoder
+from transforms.encode.tokenize import load_tokenizer
+from transforms.read.records import ParseOptions, Request
+from transforms.read.sources import parse_one
+
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+SHAPES = {
+    "chat_tools": {
+        "timestamp": 1_700_000_000_000, "session_id": "s", "output_length": 5,
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                     {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+        "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                   "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]},
+    "responses": {
+        "timestamp": "2025-01-01T00:00:00Z",
+        "request": {"input": [{"role": "user", "content": "hi"},
+                              {"type": "function_call", "call_id": "c", "name": "f",
+                               "arguments": "{}"},
+                              {"type": "function_call_output", "call_id": "c", "output": "x"}],
+                    "instructions": "sys"},
+        "response": {"output": [{"type": "message",
+                                 "content": [{"type": "output_text", "text": "yo"}]},
+                                {"type": "function_call", "name": "f", "arguments": "{}"},
+                                {"type": "reasoning", "summary": [{"text": "s"}]}]}},
+    "anthropic": {
+        "timestamp": 1_700_000_000,
+        "request": {"system": [{"type": "text", "text": "sys"}],
+                    "messages": [{"role": "user", "content": [
+                        {"type": "text", "text": "hi"},
+                        {"type": "tool_result", "tool_use_id": "t",
+                         "content": [{"type": "text", "text": "r"}]}]},
+                        {"role": "assistant", "content": [
+                            {"type": "thinking", "thinking": "hm"},
+                            {"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}]}],
+                    "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}]},
+        "response": {"type": "message", "content": [{"type": "text", "text": "ok"},
+                                                    {"type": "tool_use", "name": "f", "input": {}}]}},
+    "streamed": {
+        "timestamp": 1_700_000_000_123, "request": {"messages": [{"role": "user", "content": "hi"}]},
+        "response": [{"created": 1_700_000_000, "choices": [{"delta": {
+            "content": "a", "tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{"}}]}}]},
+            {"choices": [{"delta": {"content": "b", "reasoning_content": "r"}}]},
+            {"choices": [{"text": "c"}]}]},
+    "completion": {"timestamp": 5, "prompt": "hello world",
+                   "response": {"choices": [{"message": {"content": "a", "tool_calls": [TOOL_CALL]}}],
+                                "usage": {"completion_tokens": 2}}},
+    "tokens": {"timestamp": 5, "input_ids": [1, 2, 3], "conversation_id": 7, "output": "bye"},
+}
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+HOSTILE = [None, True, 0, -1, 2**70, 1.5, 1e308, "", "\u202e", [], {}, [1, [2]],
+           {"a": {"b": "c"}}, [{"type": [1]}], {"type": {"x": 1}}, _nested(3000),
+           '{"a":' * 3000 + "1" + "}" * 3000]
+
+
+def _paths(value: object, path: tuple = ()) -> Iterator[tuple]:
+    yield path
+    children = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, list) else ())
+    for key, child in children:
+        yield from _paths(child, path + (key,))
+
+
+def _replaced(record: dict, path: tuple, value: object) -> object:
+    if not path:
+        return value
+    record = copy.deepcopy(record)
+    holder = record
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = value
+    return record
+
+
+@pytest.fixture(scope="module", params=["tiny", "qwen3", "deepseek-r1"])
+def encoder(request, tiny_tokenizer):
+    if request.param == "tiny":
+        path = tiny_tokenizer
+    else:
+        from conftest import shared_path
+        path = str(shared_path("tokenizers", request.param))
+    return RequestEncoder(load_tokenizer(path), 16, b"\0" * 16, {})
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_node_of_every_shape_with_any_value_is_a_request_or_a_dead_letter(shape, encoder):
+    seed = SHAPES[shape]
+    good = parse_one("f", json.dumps(seed).encode(), ParseOptions())
+    assert isinstance(good, Request), good
+    cases = 0
+    for path in list(_paths(seed)):
+        for value in HOSTILE:
+            record = _replaced(seed, path, value)
+            try:
+                line = json.dumps(record).encode()
+            except RecursionError:
+                line = None
+            for item in ([line] if line else []) + [record]:  # a JSONL line, a Parquet row
+                parsed = parse_one("f", item, ParseOptions())
+                cases += 1
+                if isinstance(parsed, DeadLetter):
+                    assert parsed.reason and parsed.reason != "malformed_record", parsed
+                    continue
+                batch, letters = encoder.encode([parsed, good])
+                # The good record beside it always comes through, whatever this one did.
+                assert batch is not None and len(batch) + len(letters) == 2
+    assert cases > 100
