@@ -127,13 +127,17 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # Counted apart and added: a Flatten before the count would stop Beam from lifting the
     # combine, and every record's bytes would be shuffled just to be counted.
     read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
+    lost_bytes = (read[DEAD_LETTER_TAG] | "LostBytes" >> beam.Map(lambda d: d.lost_bytes)
+                  | "SumLostBytes" >> beam.CombineGlobally(sum))
     counts = (
         records
         | "CountRead" >> beam.combiners.Count.Globally()
         | "Counts" >> beam.Map(
-            lambda read, read_rejected, rejected: RecordCounts(read + read_rejected, rejected),
+            lambda read, read_rejected, rejected, lost: RecordCounts(
+                read + read_rejected, rejected, lost, config.input_bytes),
             beam.pvalue.AsSingleton(read_letters),
             beam.pvalue.AsSingleton(rejected_count),
+            beam.pvalue.AsSingleton(lost_bytes),
         )
         | "CheckRejected" >> beam.Map(check_rejected_fraction, config.max_rejected_fraction)
         | "CheckOrigin" >> beam.Map(

@@ -74,6 +74,10 @@ class AnonymizeConfig:
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
 
     @property
+    def input_bytes(self) -> int:
+        return sum(size for _, size in self.inputs)
+
+    @property
     def compacts_map(self) -> bool:
         """Whether the run rewrites the id map whole: every MAX_SEGMENTS nights, and when its
         shard count differs from the map's (segments must all be split alike)."""
@@ -120,6 +124,7 @@ def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
             "rejected": counts.rejected,
             "without_output_length": totals.requests_without_output_length,
             "damaged_files": damaged,
+            "lost_bytes": counts.lost_bytes,
         },
         "files": [f.rsplit("/", 1)[-1] for f in files] + ["stats.json"],
     }

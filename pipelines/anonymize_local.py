@@ -200,8 +200,10 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     timestamps = whole.requests["timestamp_ms"]
     earliest_ms = [int(timestamps.min())] if len(timestamps) else []
-    counts = check_rejected_fraction(RecordCounts(encoded.read, len(encoded.rejected)),
-                                     config.max_rejected_fraction)
+    counts = check_rejected_fraction(
+        RecordCounts(encoded.read, len(encoded.rejected),
+                     sum(letter.lost_bytes for letter in encoded.rejected), config.input_bytes),
+        config.max_rejected_fraction)
     check_not_before_origin(counts, earliest_ms, config.timestamp_origin_ms)
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}

@@ -59,7 +59,7 @@ def test_outputs_jsonl_parquet_stats_manifest_agree(tiny_tokenizer, tmp_path):
     assert stats["unique_blocks"] == len(set(ids))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"] == {"read": 20, "exported": 20, "rejected": 0,
-                                   "without_output_length": 0, "damaged_files": 0}
+                                   "without_output_length": 0, "damaged_files": 0, "lost_bytes": 0}
     assert manifest["block_size"] == 4 and set(manifest["tokenizer"]["sha256"]) >= {"tokenizer.json"}
 
 
@@ -107,7 +107,7 @@ def test_max_rejected_fraction_fails_without_writing_a_trace(tiny_tokenizer, tmp
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), b"bad", b"bad"])
     code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "0.5")
     assert code == 1
-    assert "too many rejected records: 2 of 3" in capsys.readouterr().err
+    assert "too much input rejected: 2 of 3 records" in capsys.readouterr().err
     assert not list((tmp_path / "out").glob("trace-*"))
 
 

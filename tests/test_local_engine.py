@@ -76,7 +76,7 @@ def test_engines_agree_on_real_chat_logs(deepseek_tokenizer, tmp_path):
 def test_local_engine_refuses_too_many_rejected_before_writing(tiny_tokenizer, tmp_path, capsys):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)] + BAD)
     assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "0.5") == 1
-    assert "too many rejected records" in capsys.readouterr().err
+    assert "too much input rejected" in capsys.readouterr().err
     assert not list((tmp_path / "out").glob("trace-*"))
 
 

@@ -7,6 +7,7 @@ import bz2
 import gzip
 import io
 import json
+import zlib
 
 import apache_beam as beam
 import pyarrow as pa
@@ -54,7 +55,7 @@ def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
         read = pipeline | ReadRecords(files, max_record_bytes)
         assert_that(read.records, check_records)
         letters = read[DEAD_LETTER_TAG] | "Letters" >> beam.Map(
-            lambda d: (d.reason, d.source, d.message))
+            lambda d: (d.reason, d.source, d.message, d.lost_bytes))
         assert_that(letters, check_letters, label="CheckLetters")
 
 
@@ -67,25 +68,57 @@ def test_read_records_in_a_test_pipeline(tmp_path):
         assert_that(read[DEAD_LETTER_TAG], equal_to([]), label="NoDeadLetters")
 
 
-@pytest.mark.parametrize("suffix, compress", [
-    (".gz", gzip.compress), (".zst", zstandard.ZstdCompressor().compress), (".bz2", bz2.compress)])
-def test_a_truncated_compressed_file_gives_its_readable_records_and_a_dead_letter(
-    tmp_path, suffix, compress
+CODECS = [(".gz", gzip.compress, lambda: zlib.decompressobj(31)),
+          (".zst", zstandard.ZstdCompressor().compress,
+           lambda: zstandard.ZstdDecompressor().decompressobj()),
+          (".bz2", bz2.compress, bz2.BZ2Decompressor)]
+
+
+def _decodable_prefix(data: bytes, decoder) -> bytes:
+    """What one-shot decoding recovers of a cut stream: the reference for what must be read."""
+    return decoder().decompress(data)
+
+
+@pytest.mark.parametrize("records", [150_000, 40])  # ~6 MB, past any decoder's buffer; tiny
+@pytest.mark.parametrize("suffix, compress, decoder", CODECS)
+def test_a_truncated_compressed_file_gives_every_complete_record_and_its_cut_tail(
+    tmp_path, suffix, compress, decoder, records
 ):
     many = [json.dumps({"timestamp": i, "prompt": f"p{i * 7919 % 10007}"}).encode()
-            for i in range(150_000)]  # ~6 MB, past pyarrow's first decoded chunks
+            for i in range(records)]
     whole = compress(b"\n".join(many) + b"\n")
+    cut = whole[: len(whole) * 2 // 3]
     path = tmp_path / f"logs.jsonl{suffix}"
-    path.write_bytes(whole[: len(whole) * 2 // 3])
+    path.write_bytes(cut)
+    prefix = _decodable_prefix(cut, decoder)
+    complete = prefix.count(b"\n")
+    tail = prefix[prefix.rfind(b"\n") + 1:]
 
-    def check_records(records):
-        lines = [line for _, line in records]
-        assert 0 < len(lines) < len(many)
-        assert lines == many[: len(lines)]  # a prefix, every record whole, none made up
+    def check_records(read):
+        assert [line for _, line in read] == many[:complete]  # every whole record, none made up
 
     def check_letters(letters):
-        assert [(reason, source) for reason, source, _ in letters] == [("damaged_file", str(path))]
-        assert "breaks off after byte" in letters[0][2]
+        assert [(reason, source) for reason, source, _, _ in letters] == [("damaged_file", str(path))]
+        assert f"breaks off at byte {len(prefix) - len(tail)}" in letters[0][2]
+        assert letters[0][3] == len(tail)  # the cut record's bytes are the loss
+
+    check_read([path], check_records, check_letters)
+
+
+def test_a_corrupt_member_gives_the_records_of_the_members_before_it(tmp_path):
+    many = [json.dumps({"timestamp": i, "prompt": "x" * (i % 50)}).encode() for i in range(2000)]
+    first = gzip.compress(b"\n".join(many[:1000]) + b"\n")
+    second = bytearray(gzip.compress(b"\n".join(many[1000:]) + b"\n"))
+    second[:10] = bytes(10)  # not a gzip header
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(first + bytes(second))
+
+    def check_records(read):
+        assert [line for _, line in read] == many[:1000]
+
+    def check_letters(letters):
+        assert [reason for reason, _, _, _ in letters] == ["damaged_file"]
+        assert "corrupt" in letters[0][2]
 
     check_read([path], check_records, check_letters)
 
@@ -104,7 +137,7 @@ def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
     broken.write_bytes(good.read_bytes()[:-200])  # footer gone
 
     def check_letters(letters):
-        assert [(r, s) for r, s, _ in letters] == [("damaged_file", str(broken))]
+        assert [(r, s) for r, s, _, _ in letters] == [("damaged_file", str(broken))]
 
     check_read([good, broken], lambda records: len(records) == 100 or pytest.fail(len(records)),
                check_letters)
@@ -115,7 +148,7 @@ def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
     path.write_bytes(LINES[0] + b"\n" + b'{"prompt": "' + b"y" * 10_000 + b'"}\n' + LINES[1] + b"\n")
 
     def check_letters(letters):
-        assert [reason for reason, _, _ in letters] == ["too_large"]
+        assert [reason for reason, _, _, _ in letters] == ["too_large"]
 
     check_read([path], equal_to([(str(path), line) for line in LINES[:2]]), check_letters,
                max_record_bytes=2048)

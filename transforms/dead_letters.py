@@ -15,6 +15,9 @@ class DeadLetter:
     line: bytes
     reason: str
     message: str
+    # Input bytes that could not become records (a damaged file's cut record or unreadable
+    # rest): --max-rejected-fraction weighs them as well as the count of records.
+    lost_bytes: int = 0
 
     def to_json(self) -> str:
         # Undecodable bytes stay visible as \xNN escapes, so the line can be found and fixed.
@@ -24,6 +27,7 @@ class DeadLetter:
                 "error": self.reason,
                 "message": self.message,
                 "line": self.line.decode("utf-8", errors="backslashreplace"),
+                **({"lost_bytes": self.lost_bytes} if self.lost_bytes else {}),
             },
             ensure_ascii=False,
         )

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from transforms import storage
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.errors import UNANTICIPATED, Rejected, unanticipated
+from transforms.read.decompress import DecodedStream
 from transforms.read.paths import PARQUET_SUFFIXES, compression_of, open_stream
 from transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
@@ -89,14 +90,13 @@ def _skip_line(stream: Any) -> int:
 
 
 def open_range_stream(path: str) -> Any:
-    """A seekable raw stream for a plain file, or a decompressing one for a compressed file."""
+    """A seekable raw stream for a plain file, or a decompressing one for a compressed file
+    (a DecodedStream inside: every byte decoded before a break is read)."""
     codec = compression_of(path)
     raw = storage.open_read(path)
     if not codec:
         return raw
-    # pyarrow's decoders report a truncated stream (Python's zstandard reader does not).
-    decoded = pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), codec)
-    return io.BufferedReader(decoded, READ_CHUNK_BYTES)
+    return io.BufferedReader(DecodedStream(raw, codec), READ_CHUNK_BYTES)
 
 
 class ReadProgress:
@@ -125,20 +125,40 @@ def read_range(piece: FileRange, max_record_bytes: int, progress: ReadProgress |
         yield from _parquet(piece.path)
         return
     offset = piece.start
+    held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
         with open_range_stream(piece.path) as stream:
             for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
+                if held is not None:
+                    yield piece.path, held[1]
+                    held = None
                 if offset == 0 and line and line.startswith(BOM):
                     line = line[len(BOM):]
                 if line is None:
                     yield _oversized(piece.path, offset, max_record_bytes)
                 elif line.strip():
-                    yield piece.path, line
+                    held = (offset, line)
+            decoded = getattr(stream, "raw", None)
+            broken = decoded.broken if isinstance(decoded, DecodedStream) else None
+            if broken and held is not None and not decoded.ends_with_newline:
+                yield _damaged_tail(piece.path, held[0], held[1], broken)
+            elif held is not None:
+                yield piece.path, held[1]
+            if broken and (held is None or decoded.ends_with_newline):
+                yield _damaged_tail(piece.path, offset, b"", broken)
             if progress is not None:
                 progress.add(offset - piece.start)
     except (OSError, ValueError, EOFError) as err:
         yield DeadLetter(piece.path, b"", DAMAGED_FILE,
-                         f"file breaks off after byte {offset} (decompressed): {err}")
+                         f"file unreadable after byte {offset}: {err}")
+
+
+def _damaged_tail(path: str, offset: int, partial: bytes, why: str) -> DeadLetter:
+    """The dead letter of a file that breaks off: where, why, and the partial record cut by the
+    break (its bytes are what was lost, as far as anyone can tell)."""
+    return DeadLetter(path, partial[:OVERSIZED_EXCERPT_BYTES], DAMAGED_FILE,
+                      f"file breaks off at byte {offset} (decompressed): {why}",
+                      lost_bytes=len(partial))
 
 
 def _oversized(path: str, offset: int, max_record_bytes: int) -> DeadLetter:
@@ -165,7 +185,8 @@ def _parquet(path: str) -> Iterator[tuple[str, Any] | DeadLetter]:
                 except (OSError, ValueError, pa.ArrowException) as err:
                     yield DeadLetter(path, b"", DAMAGED_FILE,
                                      f"row group {group} of {parquet.num_row_groups} "
-                                     f"unreadable: {err}")
+                                     f"unreadable: {err}",
+                                     lost_bytes=parquet.metadata.row_group(group).total_byte_size)
                     continue
                 for row in rows:
                     yield path, row

@@ -17,14 +17,26 @@ from transforms.write.shards import TRACE_FILE_PREFIX
 class RecordCounts:
     read: int
     rejected: int
+    # Bytes of damaged files that became no record (dead_letters.DeadLetter.lost_bytes), and all
+    # input bytes as stored: a file cut in its middle loses bytes, not only one record.
+    lost_bytes: int = 0
+    input_bytes: int = 0
+
+    def rejected_fraction(self) -> float:
+        """The larger of the records rejected and the input bytes lost (decoded bytes against
+        stored ones: a compressed file's loss weighs more, never less, than it was)."""
+        records = self.rejected / self.read if self.read else 0.0
+        lost = self.lost_bytes / self.input_bytes if self.input_bytes else 0.0
+        return max(records, lost)
 
 
 def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None) -> RecordCounts:
     """Fail the job, before any trace file is written, when too much input was rejected."""
-    if max_fraction is not None and counts.read and counts.rejected / counts.read > max_fraction:
+    if max_fraction is not None and counts.rejected_fraction() > max_fraction:
         raise JobStopped(
-            f"too many rejected records: {counts.rejected} of {counts.read} "
-            f"({counts.rejected / counts.read:.1%}) > --max-rejected-fraction {max_fraction}"
+            f"too much input rejected: {counts.rejected} of {counts.read} records, "
+            f"{counts.lost_bytes} of {counts.input_bytes} bytes lost in damaged files "
+            f"({counts.rejected_fraction():.1%}) > --max-rejected-fraction {max_fraction}"
         )
     return counts
 
