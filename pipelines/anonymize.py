@@ -20,7 +20,7 @@ from transforms.ids.steps import (
     segment_files_by_shard,
 )
 from transforms.encode.schemes import engine_hashes
-from transforms.encode.steps import EncodeRequests
+from transforms.encode.steps import EncodeRequests, OneTimestampKind
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import publish_night
 from transforms.write.manifest import (
@@ -70,7 +70,9 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             )
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )
-    hashed = encoded.hashed  # HashedBatch elements: every later step works per batch
+    # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
+    agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
+    hashed = agreed.hashed
     batches = (
         hashed
         | "IdBatches" >> beam.ParDo(
@@ -120,6 +122,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         read[DEAD_LETTER_TAG],
         parsed[DEAD_LETTER_TAG],
         encoded[DEAD_LETTER_TAG],
+        agreed[DEAD_LETTER_TAG],
     ) | "AllRejected" >> beam.Flatten()
     rejected_count = dead_letters | "CountRejected" >> beam.combiners.Count.Globally()
     # A damaged file's unreadable rest counts as one record read and rejected, so that

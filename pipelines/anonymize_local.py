@@ -38,6 +38,7 @@ from transforms.encode.blocks import chain_seed
 from transforms.encode.encode_requests import RequestEncoder
 from transforms.encode.schemes import engine_hashes
 from transforms.encode.hashed_batch import HashedBatch
+from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
 from transforms.encode.tokenize import load_tokenizer
 from transforms.ids.buckets import buckets_of, plan_shards
 from transforms.ids.dense_ids import (
@@ -195,14 +196,17 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     """Run the job; returns the manifest, written last. Raises JobStopped (nothing published)
     when too much input is rejected."""
     encoded = encode_inputs(config, processes)
-    _write_dead_letters(config.dead_letter, encoded.rejected)
-
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
+    kept, mismatched = keep_input_kind(whole, kind_counts(whole))
+    whole = kept if kept is not None else HashedBatch.pack([])
+    rejected = encoded.rejected + mismatched
+    _write_dead_letters(config.dead_letter, rejected)
+
     timestamps = whole.requests["timestamp_ms"]
     earliest_ms = [int(timestamps.min())] if len(timestamps) else []
     counts = check_rejected_fraction(
-        RecordCounts(encoded.read, len(encoded.rejected),
-                     sum(letter.lost_bytes for letter in encoded.rejected), config.input_bytes),
+        RecordCounts(encoded.read, len(rejected),
+                     sum(letter.lost_bytes for letter in rejected), config.input_bytes),
         config.max_rejected_fraction)
     check_not_before_origin(counts, earliest_ms, config.timestamp_origin_ms)
 
@@ -216,7 +220,7 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole)
-    damaged = sum(letter.reason == DAMAGED_FILE for letter in encoded.rejected)
+    damaged = sum(letter.reason == DAMAGED_FILE for letter in rejected)
     manifest = write_stats(config, sorted(files), counts, totals, numbered["blocks"].unique,
                            damaged)
     if config.id_map:  # the manifest marks a complete export: it waits for the map's version

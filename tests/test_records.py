@@ -133,7 +133,7 @@ def test_non_text_parts_are_dead_letters_unless_dropped():
     (1_700_000_000_123_456_789, "auto", 1_700_000_000_123),  # ns
     (1500.7, "auto", 1500),  # small: relative ms
     (1500, "s", 1_500_000),
-    ("1970-01-01T00:00:01.5Z", "auto", 1500),
+    ("2001-09-09T01:46:40.5Z", "auto", 1_000_000_000_500),
     ("2025-01-01T01:00:00+01:00", "auto", 1_735_689_600_000),
     ("2025-01-01 00:00:00", "auto", 1_735_689_600_000),
 ])
@@ -173,9 +173,13 @@ def test_oversized_record_is_rejected_before_decoding():
         (b'{"prompt": "p", "session_id": "\\ud83d", "timestamp": 1}', "invalid_unicode"),
         (b'{"prompt": "p", "timestamp": 1, "\\ud800": 1}', "invalid_unicode"),
         (b'{"prompt": "p", "timestamp": 1, "output_length": 99999999999999999999999}', "out_of_range"),
-        (b'{"prompt": "p", "timestamp": 99999999999999999999999999}', "bad_timestamp"),
-        (b'{"prompt": "p", "timestamp": 1e308}', "bad_timestamp"),
+        (b'{"prompt": "p", "timestamp": 99999999999999999999999999}', "implausible_timestamp"),
+        (b'{"prompt": "p", "timestamp": 9223372036854775808}', "implausible_timestamp"),  # > int64 ns
+        (b'{"prompt": "p", "timestamp": 1e308}', "implausible_timestamp"),
         (b'{"prompt": "p", "timestamp": 1e400}', "bad_timestamp"),
+        (b'{"prompt": "p", "timestamp": "9999-12-31T23:00:00-05:00"}', "implausible_timestamp"),
+        (b'{"prompt": "p", "timestamp": "2101-01-01T00:00:00Z"}', "implausible_timestamp"),
+        (b'{"prompt": "p", "timestamp": "1985-01-01T00:00:00Z"}', "implausible_timestamp"),
         (b'{"prompt": "p", "timestamp": -5}', "negative_timestamp"),
         (b'{"prompt": "p", "timestamp": "1969-12-31T00:00:00Z"}', "negative_timestamp"),
         (b'{"prompt": "p", "timestamp": "2025-13-01T00:00:00Z"}', "bad_timestamp"),

@@ -86,6 +86,11 @@ class HashedBatch:
             np.concatenate([b.block_hashes for b in batches]),
         )
 
+    def select(self, keep: np.ndarray) -> HashedBatch:
+        """The requests where the boolean mask `keep` holds, with their blocks."""
+        block_mask = np.repeat(keep, self.blocks_per_request())
+        return HashedBatch(self.requests[keep], self.block_hashes[block_mask])
+
     def blocks_per_request(self) -> np.ndarray:
         """Prompt blocks plus output blocks (these only with --emit-output-hashes)."""
         return self.requests["num_blocks"] + self.requests["num_output_blocks"]

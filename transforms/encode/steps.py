@@ -15,6 +15,9 @@ from transforms.encode.encode_requests import Rendered, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
 from transforms.read.records import Request
+from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.encode.hashed_batch import HashedBatch
+from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from transforms.steps import tagged
 
 
@@ -81,3 +84,26 @@ class EncodeRequests(beam.DoFn):
         yield from map(tagged, rejected)
         if hashed is not None:
             yield hashed
+
+
+class KeepInputTimestampKind(beam.DoFn):
+    """A HashedBatch in, its requests of the input's timestamp kind out (the input's counts come
+    as a side input); a dead letter for each other one."""
+
+    def process(self, batch: HashedBatch, counts: tuple[int, int]) -> Iterator[Any]:
+        kept, letters = keep_input_kind(batch, counts)
+        yield from map(tagged, letters)
+        if kept is not None:
+            yield kept
+
+
+class OneTimestampKind(beam.PTransform):
+    """HashedBatches in; those of the input's majority timestamp kind out (main), the others as
+    dead letters (DEAD_LETTER_TAG)."""
+
+    def expand(self, hashed: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        counts = (hashed | "KindCounts" >> beam.Map(kind_counts)
+                  | "SumKindCounts" >> beam.CombineGlobally(sum_kind_counts))
+        return hashed | "KeepKind" >> beam.ParDo(
+            KeepInputTimestampKind(), beam.pvalue.AsSingleton(counts)
+        ).with_outputs(DEAD_LETTER_TAG, main="hashed")

@@ -1,4 +1,5 @@
-"""Request timestamps in the shapes logs carry them, as integer epoch (or log-relative) ms.
+"""Request timestamps in the shapes logs carry them, as integer epoch (or log-relative) ms, and
+the kind of timestamp (epoch dates or relative times) a whole input holds.
 
 Numbers: the unit is detected from magnitude unless given. Epoch values of any plausible date
 (2001 to 5138) fall in disjoint ranges per unit: seconds in [1e9, 1e11), ms in [1e11, 1e14), us
@@ -19,8 +20,13 @@ UNIT_MS = {"s": 1000, "ms": 1, "us": 1e-3, "ns": 1e-6}
 TIMESTAMP_UNITS = ("auto", *UNIT_MS)
 # Lower bounds of each unit's range of epoch values (see the module docstring).
 _EPOCH_UNIT_FLOORS = ((1e17, "ns"), (1e14, "us"), (1e11, "ms"), (1e9, "s"))
-# Year 10000 in ms: later is no log's timestamp, and keeps every value far inside int64.
-MAX_TIMESTAMP_MS = 253_402_300_800_000
+# The calendar range of a request log's dates: 2000-01-01 to 2100-01-01 (ms). Later values are
+# no log's (a unit read wrong, an int64 overflow, a time-zone shift past year 9999) and would put
+# a row centuries after the rest; numbers below the floor are relative times (a replay log's
+# offsets), never epoch dates.
+EPOCH_FLOOR_MS = 946_684_800_000
+EPOCH_CEILING_MS = 4_102_444_800_000
+RELATIVE, EPOCH = "relative", "epoch"
 _ISO = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
@@ -57,8 +63,9 @@ def _number_ms(value: int | float, unit: str) -> int:
     if unit == "auto":
         unit = detect_unit(value)
     # Compare before converting: a huge value times 1000 would overflow a float or int64.
-    if value > MAX_TIMESTAMP_MS / UNIT_MS[unit]:
-        raise Rejected("bad_timestamp", f"timestamp {str(value)[:32]} ({unit}) is after year 9999")
+    if value >= EPOCH_CEILING_MS / UNIT_MS[unit]:
+        raise Rejected("implausible_timestamp",
+                       f"timestamp {str(value)[:32]} ({unit}) is after 2100: no log's date")
     if isinstance(value, int):
         scale = UNIT_MS[unit]
         return value * scale if scale >= 1 else value // round(1 / scale)
@@ -79,7 +86,22 @@ def _iso_ms(text: str) -> int:
     ms = delta.days * 86_400_000 + delta.seconds * 1000 + int((fraction or "0")[:3].ljust(3, "0"))
     if ms < 0:
         raise Rejected("negative_timestamp", f"timestamp {text[:64]!r} is before 1970")
+    if not EPOCH_FLOOR_MS <= ms < EPOCH_CEILING_MS:
+        raise Rejected("implausible_timestamp",
+                       f"timestamp {text[:64]!r} is outside 2000-2100: no log's date")
     return ms
+
+
+def timestamp_kind(ms: int) -> str:
+    """Whether a timestamp is an epoch date or a relative time (below the epoch floor)."""
+    return EPOCH if ms >= EPOCH_FLOOR_MS else RELATIVE
+
+
+def input_kind(relative: int, epoch: int) -> str:
+    """The kind of timestamp an input holds, decided by the majority of its records (epoch on a
+    tie): the records of the other kind are dead letters, so that one relative time among epoch
+    dates (or the reverse) never becomes the origin and shifts every other row by decades."""
+    return RELATIVE if relative > epoch else EPOCH
 
 
 def _zone(zone: str | None) -> dt.timezone:
