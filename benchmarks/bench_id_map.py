@@ -27,10 +27,9 @@ from transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
 from transforms.ids.dense_ids import NUMBERED, hash_shards_for, shard_of, split_by
 from transforms.ids.id_map import (
     MapIdentity,
-    MapVersion,
     empty_version,
+    next_version,
     publish,
-    relative,
     segment_path,
 )
 from transforms.ids.segments import write_segment
@@ -70,14 +69,12 @@ def write_map(directory: Path, ids: int, identity: MapIdentity) -> None:
     table["lo"] = rng.integers(0, 2**64, ids, dtype=np.uint64, endpoint=False)
     table["id"] = np.arange(ids)
     shards = hash_shards_for(ids)
-    files = []
-    for shard, part in split_by(table, shard_of(table, shards)):
-        path = segment_path(str(directory), 1, "bench", "blocks", shard)
-        write_segment(path, [part])
-        files.append(relative(str(directory), path))
-    version = MapVersion(1, identity, 0, {"blocks": ids, "sessions": 0},
-                         {"blocks": sorted(files), "sessions": []}, shards)
-    publish(str(directory), empty_version(identity), version)
+    written = [write_segment(segment_path(str(directory), 1, "bench", "blocks", shard), [part])
+               for shard, part in split_by(table, shard_of(table, shards))]
+    empty = empty_version(identity)
+    version = next_version(str(directory), empty, {"blocks": written, "sessions": []},
+                           {"blocks": ids, "sessions": 0}, False, shards, 0)
+    publish(str(directory), empty, version)
 
 
 def main() -> None:

@@ -60,6 +60,7 @@ def main() -> None:
             id_map = IdMapRun(str(work / "map"), open_map(str(work / "map"), identity))
         config = AnonymizeConfig(
             inputs=tuple(file_sizes([str(night)])), output=str(work / "out"),
+            staging=str(work / "staging"),
             tokenizer=args.tokenizer, salt=salt_source(str(work / "salt")),
             dead_letter=str(work / "rejected"), block_size=BLOCK_SIZE, id_map=id_map)
         pipeline = beam.Pipeline(runner=FnApiRunner())

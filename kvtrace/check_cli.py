@@ -56,15 +56,16 @@ def add_audit_parser(commands: Any) -> None:
     audit = commands.add_parser(
         "audit", help="a privacy report on an output folder before it is published",
         description=(
-            "What a kvtrace output folder exposes: the fields and files present, any string "
-            "values, the largest integers (token ids or hashes must not appear as values), "
-            "whether hash ids are dense, timestamp granularity, the share of rows an outsider "
-            "could single out by their id sequence or lengths, sessions. Exit code 1 when "
-            "something is flagged (a field or string that should not be there, non-dense ids, "
-            "unkeyed engine hashes beside the trace)."),
+            "The gate before a folder leaves: it passes only what kvtrace itself publishes "
+            "(manifest.json in kvtrace's own words, stats.json, trace shards with exactly the "
+            "trace's integer fields, the manifest listing every file with its sha256) and flags "
+            "everything else: other, hidden or compressed files, subfolders, strings, extra "
+            "fields, hash-sized integers, ids that are not dense. It also reports what the rows "
+            "expose: timestamp granularity, rows an outsider could single out, sessions. Exit "
+            "code 0: publishable; 1: something flagged; 2: the audit could not run."),
     )
     add = audit.add_argument
-    add("output", metavar="DIR", help="a kvtrace output folder (or trace files)")
+    add("output", metavar="DIR", help="a kvtrace output folder (or one trace file)")
     add("--json", metavar="OUT", help="also write the report as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
@@ -73,19 +74,15 @@ def audit(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms import storage
     from transforms.read.paths import is_url
     from transforms.stats.audit import audit as measure, report_text
-    from transforms.stats.trace_inputs import trace_files
 
     no_beam_options(beam_args)
-    files = trace_files([args.output])
-    folder = args.output.rstrip("/")
-    is_folder = is_url(folder) or os.path.isdir(folder)
-    beside = storage.match(storage.join(folder, "*")) if is_folder else list(files)
-    manifest = None
-    if is_folder and storage.exists(storage.join(folder, "manifest.json")):
-        with storage.open_read(storage.join(folder, "manifest.json")) as handle:
-            manifest = json.loads(handle.read())
-    report = measure(files, beside, manifest)
-    print(report_text(report, args.output))
+    target = args.output
+    if not is_url(target) and not os.path.exists(target):
+        raise ConfigError(f"{target}: no such folder or file")
+    if not is_url(target) and os.path.isdir(target) and not os.access(target, os.R_OK | os.X_OK):
+        raise ConfigError(f"{target}: not readable")
+    report = measure(target)
+    print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1
 

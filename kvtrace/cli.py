@@ -199,6 +199,8 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
     merged = {**ANONYMIZE_DEFAULTS, **presets, **given}
     if isinstance(merged.get("input"), str):
         merged["input"] = [merged["input"]]
+    if merged.get("emit_block_hashes") is True:  # `emit-block-hashes: true` in a preset
+        merged["emit_block_hashes"] = ""
     if isinstance(merged.get("chat_template_kwargs"), str):
         try:
             merged["chat_template_kwargs"] = json.loads(merged["chat_template_kwargs"])
@@ -241,14 +243,17 @@ def _check_ranges(options: dict[str, Any]) -> None:
 def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from kvtrace.options import check_locations
     from pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
+    from transforms.ids.id_map import new_run_id
     from transforms.encode.blocks import salt_fingerprint
     from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
     from transforms.read.paths import expand_inputs, file_sizes
     from transforms.read.records import ParseOptions
     from transforms.write.coarsen import Coarsening
-    from transforms.write.manifest import remove_manifest
+    from transforms import storage
+    from transforms.write.publish import check_output, output_lock, staging_folder
 
-    presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p])
+    presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p],
+                                        _option_kinds(_parser(), "anonymize"))
     options = _merged(args, presets)
     flags = beam_flags(preset_beam) + beam_args
     engine = _engine(options, flags)
@@ -269,9 +274,11 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     if options.get("id_map"):
         id_map = _open_id_map(options, salt, fingerprint, sha256,
                               tokenization_fingerprint(tokenizer), scheme)
+    check_output(output)
     config = AnonymizeConfig(
         inputs=tuple(file_sizes(files)),
         output=output,
+        staging=staging_folder(output, id_map.run_id if id_map else new_run_id()),
         tokenizer=options["tokenizer"],
         salt=salt,
         dead_letter=dead_letter,
@@ -291,19 +298,14 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
               len(files), total_mb, config.tokenizer, config.block_size, salt.describe())
-    if not output.startswith(("gs://", "s3://")):
-        os.makedirs(output, exist_ok=True)
-    remove_manifest(output)
     try:
-        if engine == "local":
-            from pipelines.anonymize_local import run_local
-
-            run_local(config, options["processes"])
-        else:
-            from kvtrace.runner import pipeline_options, run
-            from pipelines.anonymize import build
-
-            run(lambda p: build(p, config), pipeline_options(flags))
+        with output_lock(output):
+            storage.make_folder(config.staging, private=True)
+            storage.make_folder(config.dead_letter, private=True)
+            try:
+                _run_anonymize(config, engine, options["processes"], flags)
+            finally:
+                storage.remove_folder(config.staging)  # gone once published; else a failure's
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
@@ -312,6 +314,18 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
         return 1
     _print_summary(config)
     return 0
+
+
+def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -> None:
+    if engine == "local":
+        from pipelines.anonymize_local import run_local
+
+        run_local(config, processes)
+    else:
+        from kvtrace.runner import pipeline_options, run
+        from pipelines.anonymize import build
+
+        run(lambda p: build(p, config), pipeline_options(flags))
 
 
 def _engine(options: dict[str, Any], flags: list[str]) -> str:
@@ -333,7 +347,7 @@ def _engine(options: dict[str, Any], flags: list[str]) -> str:
 
 
 def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -> str | None:
-    from pipelines.anonymize_config import BLOCK_HASHES_WARNING
+    from transforms.write.manifest import BLOCK_HASHES_WARNING
 
     requested = options.get("emit_block_hashes")
     if requested is None:
@@ -376,7 +390,14 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
     from pipelines.anonymize import IdMapRun
-    from transforms.ids.id_map import MapIdentity, discard_abandoned, open_map
+    from transforms import storage
+    from transforms.ids.exclusive import remove_stale_temp_files
+    from transforms.ids.id_map import (
+        MapIdentity,
+        discard_abandoned,
+        finish_interrupted_commit,
+        open_map,
+    )
 
     if not salt.persistent:
         raise SaltError(
@@ -387,7 +408,11 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
     identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
                            options["chat_template_kwargs"], tokenization)
     base = open_map(directory, identity)
-    discarded = discard_abandoned(directory, base)
+    storage.make_folder(directory, private=True)
+    finish_interrupted_commit(directory, base)
+    discarded = discard_abandoned(directory, base) + [
+        name for folder in (directory, storage.join(directory, "versions"))
+        for name in remove_stale_temp_files(folder)]
     if discarded:
         _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
     _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
@@ -483,6 +508,25 @@ def _print_problems(report: dict) -> None:
     malformed = report["problems"]["malformed_lines"]
     for example in malformed["examples"][:5]:
         print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+
+
+def _option_kinds(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """Each option of a subcommand and the kind of value a preset must give it."""
+    (subparsers,) = parser._subparsers._group_actions
+    kinds = {}
+    for action in subparsers.choices[command]._actions:
+        if isinstance(action, argparse._StoreTrueAction):
+            kinds[action.dest] = "flag"
+        elif action.type in (int, float):
+            kinds[action.dest] = action.type.__name__
+        elif isinstance(action, argparse._AppendAction):
+            kinds[action.dest] = "strs"
+        elif action.nargs == "?":
+            kinds[action.dest] = "str_or_flag"
+        else:
+            kinds[action.dest] = "str"
+    kinds["chat_template_kwargs"] = "json"
+    return kinds
 
 
 def _our_flags(parser: argparse.ArgumentParser) -> set[str]:

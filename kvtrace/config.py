@@ -12,35 +12,109 @@ import datetime
 import re
 import string
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 BEAM_SECTION = "beam"
+# A preset is a few dozen values; anchors and aliases beyond these bounds are an alias bomb (a
+# few lines that expand to billions of values), refused before anything walks them.
+MAX_ALIASES = 64
+MAX_VALUES = 100_000
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message says which and why."""
 
 
-def load_presets(paths: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(kvtrace options, Beam options) merged from the files in order."""
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing more than MAX_ALIASES aliases."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases")
+        return super().compose_node(parent, index)
+
+
+def _values(loaded: Any, budget: int = MAX_VALUES) -> int:
+    """How many values a loaded document holds once aliases are expanded, stopping past the
+    budget (an alias of an alias of ... doubles at each level)."""
+    count, stack = 0, [loaded]
+    while stack and count <= budget:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
+
+
+def _load_yaml(path: str) -> Any:
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"--config {path}: over {MAX_CONFIG_BYTES} bytes: not a preset")
+        loaded = yaml.load(text, Loader=_BoundedLoader)
+    except OSError as err:
+        raise ConfigError(f"--config {path}: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if _values(loaded) > MAX_VALUES:
+        raise ConfigError(f"--config {path}: expands past {MAX_VALUES} values (an alias bomb?)")
+    return loaded
+
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> None:
+    """Each preset value of the type its flag takes, strictly: a quoted "false" is a string,
+    never a boolean, and a string where a number goes is an error, not a guess."""
+    checks = {
+        "flag": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "strs": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+        "json": lambda v: isinstance(v, (str, dict)),
+        "str_or_flag": lambda v: isinstance(v, str) or v is True,
+    }
+    words = {"flag": "true or false (unquoted)", "int": "a whole number", "float": "a number",
+             "str": "a string", "strs": "a string or a list of strings",
+             "json": "a mapping (or its JSON text)", "str_or_flag": "a path or true"}
+    for name, value in options.items():
+        kind = kinds.get(name)
+        if kind and value is not None and not checks[kind](value):
+            raise ConfigError(f"--config {path}: {name.replace('_', '-')} must be {words[kind]}, "
+                              f"not {value!r}"[:300])
+
+
+def load_presets(paths: Sequence[str], kinds: dict[str, str] | None = None
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(kvtrace options, Beam options) merged from the files in order; with kinds (option name
+    -> "flag", "int", ...), each value's type checked (check_types)."""
     options: dict[str, Any] = {}
     beam_options: dict[str, Any] = {}
     for path in paths:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as err:
-            raise ConfigError(f"--config {path}: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--config {path}: not valid YAML ({err})") from None
+        loaded = _load_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {path}: expected a mapping of option names to values")
         beam_part = loaded.pop(BEAM_SECTION, None) or {}
         if not isinstance(beam_part, dict):
             raise ConfigError(f"--config {path}: `{BEAM_SECTION}:` must be a mapping")
-        options.update({key.replace("-", "_"): value for key, value in loaded.items()})
+        if not all(isinstance(key, str) for key in [*loaded, *beam_part]):
+            raise ConfigError(f"--config {path}: option names must be strings")
+        named = {key.replace("-", "_"): value for key, value in loaded.items()}
+        if kinds is not None:
+            check_types(path, named, kinds)
+        options.update(named)
         beam_options.update(beam_part)
     return options, beam_options
 

@@ -10,6 +10,7 @@ import functools
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from transforms import storage
 from transforms.ids.buckets import plan_shards
 from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
 from transforms.ids.dense_ids import block_keys, new_batch_id, session_keys
@@ -23,13 +24,7 @@ from transforms.encode.schemes import engine_hashes
 from transforms.encode.steps import EncodeRequests, OneTimestampKind
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import publish_night
-from transforms.write.manifest import (
-    RecordCounts,
-    check_not_before_origin,
-    check_rejected_fraction,
-    manifest_path,
-    write_json,
-)
+from transforms.write.manifest import RecordCounts, check_not_before_origin, check_rejected_fraction
 from transforms.steps import BatchByWeight, metered
 from transforms.read.steps import ReadRecords, parse_records
 from transforms.write.rows import assemble_rows, bucket_sizes
@@ -43,6 +38,7 @@ from pipelines.anonymize_config import (
     TOKENIZE_BATCH_REQUESTS,
     AnonymizeConfig,
     IdMapRun,
+    publish_output,
     write_stats,
 )
 
@@ -153,6 +149,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WriteDeadLetters" >> beam.io.WriteToText(
             f"{config.dead_letter.rstrip('/')}/rejected", file_name_suffix=".jsonl"
         )
+        | "DeadLettersPrivate" >> beam.Map(storage.make_private)  # they hold raw prompts
     )
 
     first_shard = pipeline | "FirstShard" >> beam.Create([(0, None)])
@@ -161,7 +158,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WithFirstShard" >> beam.Flatten()
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(
-            WriteShard(config.output, config.coarsening, config.block_hashes),
+            WriteShard(config.staging, config.coarsening, config.block_hashes),
             plan,
             origin,
             beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass
@@ -179,7 +176,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     manifest = pipeline | "Summary" >> beam.Create([None]) | "WriteStats" >> beam.Map(
         lambda _, files, counts, totals, unique, damaged: write_stats(
-            config, sorted(files), counts, totals, unique, damaged
+            config, files, counts, totals, unique, damaged
         ),
         beam.pvalue.AsList(trace_files),
         beam.pvalue.AsSingleton(counts),
@@ -189,7 +186,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     if config.id_map:
         id_map = config.id_map
-        # The manifest marks a complete export, so it waits for the map version to be published.
+        # The output is published once the map version is.
         manifest = manifest | "PublishIdMap" >> beam.Map(
             _publish_then_pass_on,
             id_map.directory,
@@ -202,8 +199,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
             beam.pvalue.AsList(earliest),
         )
-    summary = manifest | "WriteManifest" >> beam.Map(
-        lambda manifest: write_json(manifest_path(config.output), manifest) or manifest)
+    summary = manifest | "PublishOutput" >> beam.Map(lambda m: publish_output(config, m))
     return AnonymizeOutputs(trace_files, dead_letters, summary)
 
 
@@ -219,13 +215,12 @@ def _dense_ids(
     base = id_map.base
     inputs = {"batches": batches}
     runs = pipeline | f"{label}FoldedFiles" >> beam.Create([])
-    if base.files[kind] and config.reshards_map:
-        inputs["map_rows"] = pipeline | f"Read{label}Map" >> ReadIdMap(
-            id_map.directory, base.files[kind], config.hash_shards
-        )
-    elif base.files[kind]:
+    segments = base.segment_files(id_map.directory, kind)
+    if segments and config.reshards_map:
+        inputs["map_rows"] = pipeline | f"Read{label}Map" >> ReadIdMap(segments, config.hash_shards)
+    elif segments:
         inputs["map_files"] = pipeline | f"{label}MapFiles" >> beam.Create(
-            segment_files_by_shard(id_map.directory, base.files[kind]))
+            segment_files_by_shard(segments))
         if config.compacts_map:  # each shard's files fold into its new one
             runs = inputs["map_files"]
     ids = inputs | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards, base.next_id[kind])

@@ -8,19 +8,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtrace import __version__
+from transforms import storage
 from transforms.encode.schemes import HashScheme
 from transforms.encode.salt import SaltSource
 from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals, hash_shards_for
 from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
 from transforms.write.coarsen import Coarsening
-from transforms.write.manifest import RecordCounts, remove_stale_shards, write_json
+from transforms.write.manifest import (
+    BLOCK_HASHES_WARNING,
+    STATS,
+    RecordCounts,
+    json_bytes,
+    manifest_path,
+    public_template_kwargs,
+    public_tokenizer_name,
+    write_json,
+)
+from transforms.write.publish import publish_folder, sha256_of
 from transforms.write.totals import ExportTotals, export_stats
-
-BLOCK_HASHES_WARNING = (
-    "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
-    "prompt and confirm it (a dictionary attack), so they stay private, out of the published "
-    "folder; the published trace carries only dense ids")
 
 # The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
@@ -58,6 +64,7 @@ def run_hash_shards(requested: int | None, base: MapVersion | None) -> int:
 class AnonymizeConfig:
     inputs: tuple[tuple[str, int], ...]  # (file, size in bytes), expanded from the user's globs
     output: str
+    staging: str  # where the output is written before it is published whole (publish.py)
     tokenizer: str
     salt: SaltSource
     dead_letter: str
@@ -98,14 +105,20 @@ class AnonymizeConfig:
         return self.id_map.base.timestamp_origin_ms if self.id_map else None
 
 
-def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
+def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: RecordCounts,
                 totals: ExportTotals, unique: UniqueTotals, damaged: int) -> dict:
-    """Write stats.json and return the manifest, which is written last."""
-    stats = export_stats(totals, unique.count, unique.weight)
-    manifest = {
+    """Write stats.json into the staging folder and return the manifest, which lists every
+    file of the output with its sha256 and is written last."""
+    stats = json_bytes(export_stats(totals, unique.count, unique.weight))
+    with storage.create(storage.join(config.staging, STATS)) as handle:
+        handle.write(stats)
+    sha256 = {path.rsplit("/", 1)[-1]: digest for path, digest in files}
+    sha256[STATS] = sha256_of(stats)
+    return {
         "kvtrace_version": __version__,
         "format": "mooncake-trace",
-        "tokenizer": {"name": config.tokenizer, "sha256": config.tokenizer_sha256},
+        "tokenizer": {"name": public_tokenizer_name(config.tokenizer),
+                      "sha256": config.tokenizer_sha256},
         "block_size": config.block_size,
         "hash_scheme": config.hash_scheme.identity,
         "hash_scheme_keyed": config.hash_scheme.keyed,
@@ -117,7 +130,7 @@ def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
             "emitted": True, "private": BLOCK_HASHES_WARNING},
         "input_format": config.parse.input_format,
         "timestamp_unit": config.parse.timestamp_unit,
-        "chat_template_kwargs": config.chat_template_kwargs,
+        "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs),
         "records": {
             "read": counts.read,
             "exported": totals.requests,
@@ -126,8 +139,14 @@ def write_stats(config: AnonymizeConfig, files: list[str], counts: RecordCounts,
             "damaged_files": damaged,
             "lost_bytes": counts.lost_bytes,
         },
-        "files": [f.rsplit("/", 1)[-1] for f in files] + ["stats.json"],
+        "files": sorted(sha256),
+        "sha256": sha256,
     }
-    remove_stale_shards(config.output, files)
-    write_json(f"{config.output.rstrip('/')}/stats.json", stats)
+
+
+def publish_output(config: AnonymizeConfig, manifest: dict) -> dict:
+    """The run's last step, once the id map (if any) has published: the manifest into the
+    staging folder, then the folder in the output's place, whole."""
+    write_json(manifest_path(config.staging), manifest)
+    publish_folder(config.staging, config.output)
     return manifest

@@ -29,6 +29,7 @@ from pipelines.anonymize_config import (
     TOKENIZE_BATCH_BYTES,
     TOKENIZE_BATCH_REQUESTS,
     AnonymizeConfig,
+    publish_output,
     write_stats,
 )
 from transforms import storage
@@ -54,8 +55,8 @@ from transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
-from transforms.ids.id_map import publish_night, relative, segment_path, shard_of_segment
-from transforms.ids.segments import merge_segment, read_matching, read_segment
+from transforms.ids.id_map import publish_night, segment_path, shard_of_segment
+from transforms.ids.segments import SegmentFile, merge_segment, read_matching, read_segment
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
     FileRange,
@@ -64,13 +65,7 @@ from transforms.read.sources import (
     parse_one,
     read_range,
 )
-from transforms.write.manifest import (
-    RecordCounts,
-    check_not_before_origin,
-    check_rejected_fraction,
-    manifest_path,
-    write_json,
-)
+from transforms.write.manifest import RecordCounts, check_not_before_origin, check_rejected_fraction
 from transforms.write.rows import RowBatch, bucket_sizes, row_batch
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
 from transforms.write.totals import ExportTotals
@@ -221,16 +216,14 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole)
     damaged = sum(letter.reason == DAMAGED_FILE for letter in rejected)
-    manifest = write_stats(config, sorted(files), counts, totals, numbered["blocks"].unique,
-                           damaged)
-    if config.id_map:  # the manifest marks a complete export: it waits for the map's version
+    manifest = write_stats(config, files, counts, totals, numbered["blocks"].unique, damaged)
+    if config.id_map:  # the output is published once the map's version is
         id_map = config.id_map
         publish_night(manifest, id_map.directory, id_map.base, config.compacts_map,
                       config.hash_shards, segments["blocks"],
                       segments["sessions"], numbered["blocks"].added_count,
                       numbered["sessions"].added_count, earliest_ms)
-    write_json(manifest_path(config.output), manifest)
-    return manifest
+    return publish_output(config, manifest)
 
 
 def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
@@ -239,51 +232,48 @@ def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
     id_map = config.id_map
     if id_map is None:
         return dense_ids(keys)
-    paths = [storage.join(id_map.directory, name) for name in id_map.base.files[kind]]
+    segments = id_map.base.segment_files(id_map.directory, kind)
     next_id = id_map.base.next_id[kind]
     if not config.reshards_map:
-        return dense_ids(keys, lambda firsts: _matching_rows(paths, config.hash_shards, firsts),
+        return dense_ids(keys, lambda firsts: _matching_rows(segments, config.hash_shards, firsts),
                          next_id)
-    tables = [table for path in paths for _, table in read_segment(path, 1)]
+    tables = [table for segment in segments for _, table in read_segment(segment, 1)]
     everything = np.concatenate(tables + [np.empty(0, dtype=NUMBERED)])
     ids = dense_ids(keys, lambda _: everything, next_id)
     return ids._replace(added=np.concatenate([ids.added, everything]))
 
 
-def _matching_rows(paths: list[str], shards: int, firsts: np.ndarray) -> np.ndarray:
+def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray) -> np.ndarray:
     """The map rows holding any of firsts' keys: of each segment file, only the row groups that
     can hold the keys of its shard."""
     by_shard = dict(split_by(firsts, shard_of(firsts, shards)))
-    matched = [read_matching(path, by_shard[shard_of_segment(path)])
-               for path in paths if shard_of_segment(path) in by_shard]
+    matched = [read_matching(segment, by_shard[shard_of_segment(segment.path)])
+               for segment in segments if shard_of_segment(segment.path) in by_shard]
     _LOG.info("id map: read %.1f MiB, %d of %d row groups",
               sum(m.bytes_read for m in matched) / 2**20,
               sum(m.row_groups_read for m in matched), sum(m.row_groups for m in matched))
     return np.concatenate([m.rows for m in matched] + [np.empty(0, dtype=NUMBERED)])
 
 
-def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[str]:
+def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[SegmentFile]:
     """The run's new map rows as a segment, one file per hash shard (as the Beam pipeline
-    writes them); on a folding night each shard's old files are merged in, streamed. Paths
-    relative to the map."""
+    writes them); on a folding night each shard's old files are merged in, streamed."""
     id_map = config.id_map
     if id_map is None:
         return []
-    runs: dict[int, list[str]] = {}
+    runs: dict[int, list[SegmentFile]] = {}
     if config.compacts_map and not config.reshards_map:
-        for name in id_map.base.files[kind]:
-            runs.setdefault(shard_of_segment(name), []).append(storage.join(id_map.directory, name))
+        for segment in id_map.base.segment_files(id_map.directory, kind):
+            runs.setdefault(shard_of_segment(segment.path), []).append(segment)
     new = dict(split_by(added, shard_of(added, config.hash_shards)))
-    files = []
-    for shard in sorted(set(new) | set(runs)):
-        path = segment_path(id_map.directory, id_map.base.version + 1, id_map.run_id, kind, shard)
-        merge_segment(path, sorted(runs.get(shard, [])), new.get(shard, np.empty(0, NUMBERED)))
-        files.append(relative(id_map.directory, path))
-    return files
+    return [merge_segment(segment_path(id_map.directory, id_map.base.version + 1, id_map.run_id,
+                                       kind, shard),
+                          sorted(runs.get(shard, [])), new.get(shard, np.empty(0, NUMBERED)))
+            for shard in sorted(set(new) | set(runs))]
 
 
 def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
-                  origin: int) -> list[str]:
+                  origin: int) -> list[tuple[str, str]]:
     """Shards by time bucket, as the Beam pipeline plans them; shard 0 always exists."""
     sizes: dict[int, int] = {}
     for bucket, size in bucket_sizes(whole):
@@ -294,11 +284,11 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
     files = []
     for shard in range(shards):
         part = rows.select(np.flatnonzero(row_shards == shard))
-        files += write_shard(config.output, shard, shards, [part], origin, config.coarsening,
+        files += write_shard(config.staging, shard, shards, [part], origin, config.coarsening,
                              config.block_hashes)
     return files
 
 
 def _write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:
-    with storage.create(storage.join(directory, DEAD_LETTER_FILE)) as handle:
+    with storage.create(storage.join(directory, DEAD_LETTER_FILE), private=True) as handle:
         handle.write("".join(letter.to_json() + "\n" for letter in letters).encode())

@@ -307,3 +307,58 @@ def test_hostile_logs_every_record_exported_or_dead_lettered(tiny_tokenizer, tmp
     assert len(trace(tmp / "out")) == manifest["exported"] >= len(good)
     rejected = [r for p in (tmp / "out-rejected").glob("*.jsonl") for r in read_jsonl(p)]
     assert len(rejected) == manifest["rejected"]
+
+
+def test_an_output_folder_holding_other_files_is_refused_untouched(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 10 * i) for i in range(4)])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert anonymize(tiny_tokenizer, [src], out) == 2
+    assert "holds files kvtrace did not write (notes.txt)" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_rerun_replaces_an_earlier_output_whole(tiny_tokenizer, tmp_path):
+    many = write_jsonl(tmp_path / "many.jsonl", [chat(i, 10 * i) for i in range(6)])
+    few = write_jsonl(tmp_path / "few.jsonl", [chat(0, 0)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [many], out) == 0
+    assert anonymize(tiny_tokenizer, [few], out) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == sorted(manifest["files"] + ["manifest.json"])
+    assert len(trace(out)) == 1
+    assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
+
+
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_private_files_are_owner_only_and_the_output_is_readable(tiny_tokenizer, tmp_path, engine):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), b"{broken"])
+    out = tmp_path / "out"
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    (tmp_path / "out-rejected").mkdir(mode=0o755)  # an existing folder: its files are private
+    assert anonymize(tiny_tokenizer, [src], out, "--id-map", str(tmp_path / "map"),
+                     "--salt-file", str(salt), "--hash-scheme", "dynamo",
+                     "--emit-block-hashes", "--engine", engine) == 0
+    for private in (tmp_path / "map", tmp_path / "out-block-hashes"):
+        for path in [private, *private.rglob("*")]:
+            assert path.stat().st_mode & 0o077 == 0, path
+    for path in (tmp_path / "out-rejected").iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path
+    for path in [out, *out.iterdir()]:
+        assert path.stat().st_mode & 0o044 == 0o044, path
+
+
+def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--chat-template-kwargs",
+                     '{"enable_thinking": false, "system_note": "for ACME only"}') == 0
+    text = (out / "manifest.json").read_text()
+    manifest = json.loads(text)
+    assert manifest["tokenizer"]["name"] is None and tiny_tokenizer not in text
+    assert manifest["chat_template_kwargs"]["enable_thinking"] is False
+    assert manifest["chat_template_kwargs"]["system_note"].startswith("sha256:")
+    assert "ACME" not in text
+    assert main(["audit", str(out)]) == 0

@@ -88,7 +88,7 @@ def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsy
     folder = copy_of(output, tmp_path)
     (folder / "block-hashes-00000-of-00001.parquet").write_bytes(b"PAR1")
     code, report = audit(folder, capsys)
-    assert code == 1 and any("keep private" in f for f in report["flags"])
+    assert code == 1 and any("does not publish: block-hashes" in f for f in report["flags"])
 
 
 def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenizer, tmp_path,
@@ -109,15 +109,89 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenize
     assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
 
 
-def test_a_compressed_trace_file_is_read(output, tmp_path, capsys):
-    import gzip
-
+def test_one_trace_file_can_be_audited_alone(output, tmp_path, capsys):
     (path,) = output.glob("trace-*.jsonl")
-    packed = tmp_path / (path.name + ".gz")
-    packed.write_bytes(gzip.compress(path.read_bytes()))
-    code = main(["audit", str(packed), "--json", str(tmp_path / "a.json")])
+    code = main(["audit", str(path), "--json", str(tmp_path / "a.json")])
     capsys.readouterr()
     assert code == 0 and json.loads((tmp_path / "a.json").read_text())["rows"] == 12
+
+
+def test_a_missing_folder_is_could_not_run_not_flagged(tmp_path, capsys):
+    assert main(["audit", str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def _gzip(path):
+    import gzip
+
+    return gzip.compress(path.read_bytes())
+
+
+STRAYS = [  # (what is added to a real output, what the gate must say)
+    (lambda f: (f / "rejected-00000-of-00001.jsonl").write_text(
+        '{"source": "a.jsonl", "error": "invalid_json", "line": "my secret prompt"}\n'),
+     "does not publish: rejected"),
+    (lambda f: (f / "logs.jsonl.gz").write_bytes(_gzip(next(f.glob("trace-*.jsonl")))),
+     "does not publish: logs.jsonl.gz"),
+    (lambda f: (f / ".notes").write_text("internal"), "(hidden)"),
+    (lambda f: (f / "extra").mkdir(), "a subfolder: extra"),
+    (lambda f: (f / "README.txt").write_text("prompts are in s3://bucket"), "does not publish: README"),
+    (lambda f: (f / "trace-00001-of-00002.jsonl").write_text(
+        '{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": [0]}\n'),
+     "manifest.json lists"),
+    (lambda f: (f / "stats.json").write_text(json.dumps(
+        json.loads((f / "stats.json").read_text()) | {"note": "customer acme"})), "stats.json holds"),
+]
+
+
+@pytest.mark.parametrize("stray, flag", STRAYS)
+def test_anything_kvtrace_does_not_publish_is_flagged(output, tmp_path, capsys, stray, flag):
+    folder = copy_of(output, tmp_path)
+    stray(folder)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any(flag in f for f in report["flags"]), report["flags"]
+
+
+@pytest.mark.parametrize("change, flag", [
+    (lambda m: m["tokenizer"].update(name="/home/alice/models/secret-model"), "tokenizer"),
+    (lambda m: m["chat_template_kwargs"].update(system_note="call 555-0100"), "chat_template_kwargs"),
+    (lambda m: m.update(operator="alice"), "unknown key 'operator'"),
+    (lambda m: m["records"].update(note=1.5), "records"),
+])
+def test_a_manifest_holding_free_text_is_flagged(output, tmp_path, capsys, change, flag):
+    folder = copy_of(output, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    code, report = audit(folder, capsys)
+    assert code == 1 and any(flag in f for f in report["flags"]), report["flags"]
+
+
+def test_a_trace_that_is_not_the_one_the_manifest_lists_is_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (path,) = folder.glob("trace-*.jsonl")
+    rows = read_jsonl(path)
+    write_jsonl(path, rows[:-1])
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("sha256 differs" in f for f in report["flags"])
+    assert any("does not hold the rows of its JSONL twin" in f for f in report["flags"])
+
+
+def test_a_parquet_with_a_prompt_column_is_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (path,) = folder.glob("trace-*.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.append_column("prompt", pa.array(["hello"] * len(table))), path)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("prompt" in f for f in report["flags"])
+
+
+def test_a_deeply_nested_line_is_flagged_not_a_crash(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (path,) = folder.glob("trace-*.jsonl")
+    path.write_text(path.read_text() + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("not JSON" in f for f in report["flags"])
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
@@ -140,6 +214,7 @@ def test_hostile_rows_get_a_report_never_an_exception(rows):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace-00000-of-00001.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        report = measure([str(path)], [str(path)], None)
-    assert report["rows"] == len(rows)
+        report = measure(str(path))
+    assert report["rows"] <= len(rows)
     assert report["publishable"] == (not report["flags"])
+    assert report["publishable"] <= (report["rows"] == len(rows) > 0)

@@ -69,3 +69,31 @@ def test_the_cli_writes_a_folder_the_other_commands_read(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "out")]) == 0
     assert main(["convert", str(src), "-o", str(tmp_path / "one.jsonl")]) == 0
     capsys.readouterr()
+
+
+def test_a_long_parent_chain_converts_walking_each_chat_once():
+    from transforms.read import bailian
+
+    class Counted(dict):
+        steps = 0
+
+        def __getitem__(self, key):
+            Counted.steps += 1
+            return super().__getitem__(key)
+
+    n = 50_000
+    roots = bailian._roots(Counted({i: i - 1 if i else -1 for i in range(n)}))
+    assert Counted.steps <= n  # a walk per chat to the root would be n^2 / 2
+    assert set(roots.values()) == {0}
+    chain = [json.dumps({"chat_id": i, "parent_chat_id": i - 1 if i else -1, "timestamp": i,
+                         "input_length": 16, "output_length": 1, "hash_ids": [0]})
+             for i in range(n)]
+    converted = convert(chain)
+    assert converted.malformed == 0 and {row["session"] for row in converted.rows} == {0}
+
+
+def test_unhashable_parents_are_malformed_lines_not_a_crash():
+    lines = [json.dumps({"chat_id": 1, "parent_chat_id": [1], "timestamp": 1, "input_length": 1,
+                         "output_length": 1, "hash_ids": [0]}), "[" * 100_000]
+    converted = convert(lines)
+    assert converted.malformed == 2 and not converted.rows

@@ -13,7 +13,6 @@ from test_anonymize import anonymize
 from transforms.encode.blocks import chain_seed, token_bytes
 from transforms.encode.schemes import HashScheme
 from transforms.encode.tokenize import encode_texts, load_tokenizer
-from transforms.ids.segments import read_segment
 
 SECRET = "What is the capital of Finland ? The capital of Finland is Helsinki ."
 SALT = b"the provider's secret salt, 32b."
@@ -53,10 +52,10 @@ def test_keyed_hashes_cannot_be_matched_without_the_salt(tiny_tokenizer, tmp_pat
                      "--salt-file", str(salt_file), "--id-map", str(id_map)) == 0
     # The id map holds every keyed block hash: the worst leak short of the salt itself.
     stored = set()
-    for segment in id_map.rglob("*.parquet"):
-        for _, table in read_segment(str(segment), 1):
-            stored |= {int(hi).to_bytes(8, "little") + int(lo).to_bytes(8, "little")
-                       for hi, lo in zip(table["hi"], table["lo"])}
+    for segment in id_map.rglob("*.parquet"):  # read as an attacker would: plain Parquet
+        table = pq.read_table(segment)
+        stored |= {int(hi).to_bytes(8, "little") + int(lo).to_bytes(8, "little")
+                   for hi, lo in zip(table["hi"].to_pylist(), table["lo"].to_pylist())}
     assert stored
     for wrong_salt in (b"", b"a guess at the provider's salt!!", SALT[:-1] + b"!"):
         assert not guessed_keys(tiny_tokenizer, HashScheme(), wrong_salt) & stored

@@ -13,8 +13,10 @@ import pytest
 from conftest import chat, read_jsonl, write_jsonl
 from transforms.ids import id_map
 from transforms.errors import JobStopped
+from transforms.ids.segments import SegmentFile
 
 from kvtrace.cli import main
+_self_checksum = id_map._self_checksum
 
 SALT = "nightly-salt-kept-in-a-secret-manager"
 DAY_MS = 86_400_000
@@ -178,7 +180,11 @@ def test_mismatched_runs_are_refused(tiny_tokenizer, tmp_path, nights, salt_file
 
     version = tmp_path / "map" / "versions" / "000001.json"
     metadata = json.loads(version.read_text())
-    version.write_text(json.dumps({**metadata, "hash_scheme": "sha256-v0"}))
+    version.write_text(json.dumps({**metadata, "hash_scheme": "sha256-v0"}))  # edited in place
+    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert "000001.json is damaged" in capsys.readouterr().err
+    other = {k: v for k, v in metadata.items() if k != "sha256"} | {"hash_scheme": "sha256-v0"}
+    version.write_text(json.dumps(other | {"sha256": _self_checksum(other)}))  # another map's
     assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
     assert "hash scheme" in capsys.readouterr().err
     version.write_text(json.dumps({**metadata, "format_version": 99}))
@@ -219,25 +225,33 @@ def test_date_fills_path_templates(tiny_tokenizer, tmp_path, salt_file, capsys):
     assert "--date 2026-13-01" in capsys.readouterr().err
 
 
+CHECKSUM = {"sha256": "0" * 64, "bytes": 1}
+
+
+def written(directory, *names: str) -> dict:
+    """What a run wrote: block segment files (relative names) with checksums."""
+    return {"blocks": [SegmentFile(f"{directory}/{name}", CHECKSUM, CHECKSUM) for name in names],
+            "sessions": []}
+
+
 def test_next_version_numbers_after_the_base_and_skips_empty_runs():
     identity = id_map.MapIdentity("f" * 16, 4, {"tokenizer.json": "ab"}, "scheme", {})
     base = id_map.empty_version(identity)
-    assert id_map.next_version(base, {"blocks": [], "sessions": []}, {"blocks": 0, "sessions": 0},
+    assert id_map.next_version("m", base, written("m"), {"blocks": 0, "sessions": 0},
                                False, 64, None) is None
-    first = id_map.next_version(base, {"blocks": ["segments/000001/blocks-00000.parquet"],
-                                       "sessions": []}, {"blocks": 7, "sessions": 0}, False, 64,
-                                1234)
+    first = id_map.next_version("m", base, written("m", "segments/000001/blocks-00000.parquet"),
+                                {"blocks": 7, "sessions": 0}, False, 64, 1234)
     assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
-    second = id_map.next_version(first, {"blocks": ["segments/000002/blocks-00003.parquet"],
-                                         "sessions": []}, {"blocks": 2, "sessions": 0}, False, 64,
-                                 99)
+    second = id_map.next_version("m", first, written("m", "segments/000002/blocks-00003.parquet"),
+                                 {"blocks": 2, "sessions": 0}, False, 64, 99)
     assert second.timestamp_origin_ms == 1234  # the first origin stays
     assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
     assert id_map.MapVersion.from_json(second.to_json(), "x") == second
-    compacted = id_map.next_version(second, {"blocks": ["segments/000003/blocks-00001.parquet"],
-                                             "sessions": []}, {"blocks": 0, "sessions": 0}, True,
-                                    128, 99)
+    compacted = id_map.next_version("m", second, written("m", "segments/000003/blocks-00001.parquet"),
+                                    {"blocks": 0, "sessions": 0}, True, 128, 99)
     assert compacted.files["blocks"] == ["segments/000003/blocks-00001.parquet"]
+    assert set(compacted.checksums) == {"segments/000003/blocks-00001.parquet",
+                                        "segments/000003/blocks-00001.index.npz"}
     assert compacted.hash_shards == 128
 
 
@@ -274,12 +288,13 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
 def test_cleanup_keeps_published_and_live_segments(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
     published = id_map.next_version(
-        id_map.empty_version(identity), {"blocks": ["segments/000001-winner/blocks-00000.parquet"],
-                                         "sessions": []},
+        str(tmp_path), id_map.empty_version(identity),
+        written(tmp_path, "segments/000001-winner/blocks-00000.parquet"),
         {"blocks": 1, "sessions": 0}, False, 64, 0)
+    (tmp_path / "segments" / "000001-winner").mkdir(parents=True)
     id_map.publish(str(tmp_path), id_map.empty_version(identity), published)
     for folder in ("000001-winner", "000001-loser", "000002-live"):
-        (tmp_path / "segments" / folder).mkdir(parents=True)
+        (tmp_path / "segments" / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / "segments" / folder / "blocks-00000.parquet").write_bytes(b"x")
     removed = id_map.discard_abandoned(str(tmp_path), published)
     assert [Path(p).parent.name for p in removed] == ["000001-loser"]
@@ -290,7 +305,7 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
     def version(base):
-        return id_map.next_version(base, {"blocks": [], "sessions": []},
+        return id_map.next_version(str(tmp_path), base, written(tmp_path),
                                    {"blocks": 1, "sessions": 0}, False, 64, 0)
 
     empty = id_map.empty_version(identity)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import bz2
+import json
 import re
 from pathlib import Path
 
@@ -41,8 +42,10 @@ def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, t
     for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
                  "manifest.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    def without_run_ids(path):  # segment folders carry each run's own id, by design
-        return re.sub(rb"(segments/\d{6})-[0-9a-f]+", rb"\1", path.read_bytes())
+    def without_run_ids(path):  # segment folders carry each run's own id, by design, and the
+        record = json.loads(path.read_text())  # version's own sha256 covers those names
+        record.pop("sha256")
+        return re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1", json.dumps(record, sort_keys=True))
 
     assert without_run_ids(tmp_path / "map-a" / "versions" / "000001.json") == without_run_ids(
         tmp_path / "map-b" / "versions" / "000001.json")
@@ -57,10 +60,15 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
     identity = MapIdentity("0" * 16, 512, {"tokenizer.json": "ab"}, HASH_SCHEME, {})
     base = MapVersion(3, identity, 1_700_000_000_000, {"blocks": 10, "sessions": 2},
                       {"blocks": ["segments/000001/blocks-00000.parquet"],
-                       "sessions": ["segments/000001/sessions-00000.parquet"]}, hash_shards=64)
+                       "sessions": ["segments/000001/sessions-00000.parquet"]}, hash_shards=64,
+                      checksums={f"segments/000001/{kind}-00000.{suffix}": {"sha256": "0" * 64,
+                                                                           "bytes": 1}
+                                 for kind in ("blocks", "sessions")
+                                 for suffix in ("parquet", "index.npz")})
     config = AnonymizeConfig(
         inputs=(("gs://kvtrace-logs/2026-11-20/part-0.jsonl.gz", 10_000_000),),
         output="gs://kvtrace-traces/2026-11-20",
+        staging="gs://kvtrace-traces/.2026-11-20.kvtrace-staging-run",
         tokenizer="deepseek-ai/DeepSeek-R1",
         salt=SaltSource("file", "gs://kvtrace-secrets/salt"),
         dead_letter="gs://kvtrace-traces/2026-11-20-rejected",
@@ -91,6 +99,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
 def test_a_local_pipeline_graph_holds_no_salt_either(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     config = AnonymizeConfig(inputs=((str(Path(tmp_path) / "in.jsonl"), 100),), output=str(tmp_path / "o"),
+                             staging=str(tmp_path / "staging"),
                              tokenizer=tiny_tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
                              dead_letter=str(tmp_path / "r"))
     pipeline = beam.Pipeline()

@@ -26,8 +26,9 @@ def as_set(table: np.ndarray) -> set[tuple[int, int, int]]:
 def test_whole_segment_round_trips_split_by_shard(tmp_path):
     table = numbered(5000, 0)
     path = str(tmp_path / "blocks-00000.parquet")
-    assert segments.write_segment(path, [table[:400], table[400:]]) == 5000
-    parts = dict(segments.read_segment(path, shards=7))
+    segment = segments.write_segment(path, [table[:400], table[400:]])
+    assert segment.rows == 5000
+    parts = dict(segments.read_segment(segment, shards=7))
     assert as_set(np.concatenate(list(parts.values()))) == as_set(table)
     for shard, part in parts.items():
         assert (shard_of(part, 7) == shard).all()
@@ -36,10 +37,10 @@ def test_whole_segment_round_trips_split_by_shard(tmp_path):
 def test_rows_are_sorted_by_hash_in_row_groups_the_index_describes(tmp_path):
     table = numbered(5000, 1)
     path = str(tmp_path / "blocks-00000.parquet")
-    segments.write_segment(path, [table])
+    segment = segments.write_segment(path, [table])
     hi = pq.read_table(path).column("hi").to_numpy()
     assert (np.diff(hi.astype(np.float64)) >= 0).all()
-    index = segments.read_index(path)
+    index = segments.read_index(segment)
     groups = pq.ParquetFile(path).metadata.num_row_groups
     assert groups == len(index.first_hi) == len(index.last_hi) == -(-5000 // segments.ROW_GROUP_ROWS)
     assert index.first_hi[0] == hi[0] and index.last_hi[-1] == hi[-1]
@@ -48,10 +49,10 @@ def test_rows_are_sorted_by_hash_in_row_groups_the_index_describes(tmp_path):
 def test_a_few_keys_read_a_few_row_groups_and_exactly_their_rows(tmp_path):
     table = numbered(50_000, 2)
     path = str(tmp_path / "blocks-00000.parquet")
-    segments.write_segment(path, [table])
+    segment = segments.write_segment(path, [table])
     known = table[[3, 17_000, 42_000]]
     tonight = np.concatenate([known, numbered(5_000, 3)])  # mostly keys the map lacks
-    matched = segments.read_matching(path, tonight)
+    matched = segments.read_matching(segment, tonight)
     assert as_set(matched.rows) == as_set(known)
     assert matched.row_groups == 49
     # 3 known keys, and ~0.045% of 5,000 unknown ones passing the filter (~2).
@@ -62,26 +63,27 @@ def test_a_few_keys_read_a_few_row_groups_and_exactly_their_rows(tmp_path):
 
 def test_keys_absent_from_the_map_read_only_the_index(tmp_path):
     path = str(tmp_path / "blocks-00000.parquet")
-    segments.write_segment(path, [numbered(3000, 4)])
-    matched = segments.read_matching(path, numbered(10, 5))
+    segment = segments.write_segment(path, [numbered(3000, 4)])
+    matched = segments.read_matching(segment, numbered(10, 5))
     assert len(matched.rows) == 0 and matched.row_groups_read == 0
-    assert matched.bytes_read == segments.read_index(path).size
+    assert matched.bytes_read == segments.read_index(segment).size
 
 
 def test_equal_high_halves_across_a_row_group_boundary_are_found(tmp_path):
     table = numbered(3 * segments.ROW_GROUP_ROWS, 6)
     table["hi"][segments.ROW_GROUP_ROWS - 5: segments.ROW_GROUP_ROWS + 5] = 12345
     path = str(tmp_path / "blocks-00000.parquet")
-    segments.write_segment(path, [table])
+    segment = segments.write_segment(path, [table])
     wanted = table[table["hi"] == 12345]
-    assert as_set(segments.read_matching(path, wanted).rows) == as_set(wanted)
+    assert as_set(segments.read_matching(segment, wanted).rows) == as_set(wanted)
 
 
 def test_an_empty_segment_holds_nothing(tmp_path):
     path = str(tmp_path / "blocks-00000.parquet")
-    assert segments.write_segment(path, []) == 0
-    assert len(segments.read_matching(path, numbered(5, 7)).rows) == 0
-    assert list(segments.read_segment(path, 4)) == []
+    segment = segments.write_segment(path, [])
+    assert segment.rows == 0
+    assert len(segments.read_matching(segment, numbered(5, 7)).rows) == 0
+    assert list(segments.read_segment(segment, 4)) == []
 
 
 @settings(max_examples=30, deadline=None)
@@ -94,11 +96,11 @@ def test_read_matching_returns_exactly_the_rows_of_the_keys_asked_for(
     if narrow:  # few distinct high halves: runs of equal hi cross row-group boundaries
         table["hi"] %= 7
     path = str(tmp_path_factory.mktemp("segment") / "blocks-00000.parquet")
-    segments.write_segment(path, [table])
+    segment = segments.write_segment(path, [table])
     rng = np.random.default_rng(seed)
     chosen = table[rng.choice(size, min(asked, size), replace=False)] if size else table
     keys = np.concatenate([chosen, numbered(foreign, seed + 1)])
-    assert as_set(segments.read_matching(path, keys).rows) == as_set(chosen)
+    assert as_set(segments.read_matching(segment, keys).rows) == as_set(chosen)
 
 
 @settings(max_examples=25, deadline=None)
@@ -114,16 +116,16 @@ def test_folding_runs_gives_the_bytes_of_writing_all_rows_at_once(
         everything["hi"] %= 3
     runs, start = [], 0
     for i, size in enumerate(sizes):
-        runs.append(str(folder / f"run{i}.parquet"))
-        segments.write_segment(runs[-1], [everything[start:start + size]])
+        runs.append(segments.write_segment(str(folder / f"run{i}.parquet"),
+                                           [everything[start:start + size]]))
         start += size
     original = segments.MERGE_BATCH_ROWS
     segments.MERGE_BATCH_ROWS = batch
     try:
-        rows = segments.merge_segment(str(folder / "folded.parquet"), runs, everything[start:])
+        folded = segments.merge_segment(str(folder / "folded.parquet"), runs, everything[start:])
     finally:
         segments.MERGE_BATCH_ROWS = original
-    assert rows == len(everything)
+    assert folded.rows == len(everything)
     segments.write_segment(str(folder / "whole.parquet"), [everything])
     for name in ("folded", "whole"):
         assert (folder / f"{name}.parquet").exists()

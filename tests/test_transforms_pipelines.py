@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 
 import apache_beam as beam
@@ -12,7 +14,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.salt import SaltSource
-from transforms.ids.segments import write_segment
+from transforms.ids.segments import SegmentFile, checksum, index_path, write_segment
 from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
 from transforms.ids.dense_ids import FIRST, NUMBERED
 from transforms.read.records import ParseOptions, parse_record
@@ -57,8 +59,9 @@ def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
     with TestPipeline() as pipeline:
         paths = (pipeline | beam.Create([(0, [batch, None])])
                  | beam.ParDo(WriteShard(str(tmp_path)), {0: 0}, 1_000_000, object()))
-        assert_that(paths | beam.Map(lambda p: p.rsplit("/", 1)[1]),
-                    equal_to(["trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet"]))
+        assert_that(paths | beam.MapTuple(lambda p, sha: (p.rsplit("/", 1)[1], len(sha))),
+                    equal_to([("trace-00000-of-00001.jsonl", 64),
+                              ("trace-00000-of-00001.parquet", 64)]))
     lines = (tmp_path / "trace-00000-of-00001.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
         {"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [0], "session": 0},
@@ -68,20 +71,21 @@ def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
 def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
     table = np.zeros(50, dtype=NUMBERED)
     table["hi"], table["lo"], table["id"] = np.arange(50), np.arange(50) * 7 + 3, np.arange(50)
+    paths = [str(tmp_path / f"segments/000001-run1/blocks-0000{i}.parquet") for i in (0, 1)]
     with TestPipeline() as pipeline:
         written = (pipeline | "Shards" >> beam.Create([(0, {"added": [table[:20]], "runs": []}),
                                                         (1, {"added": [table[20:]], "runs": []})])
                    | beam.ParDo(WriteSegmentShard(str(tmp_path), 1, "run1", "blocks")))
-        assert_that(written, equal_to(["segments/000001-run1/blocks-00000.parquet",
-                                       "segments/000001-run1/blocks-00001.parquet"]))
-    files = ["segments/000001-run1/blocks-00000.parquet", "segments/000001-run1/blocks-00001.parquet"]
+        assert_that(written | beam.Map(lambda segment: segment.path), equal_to(paths))
+    files = [SegmentFile(path, checksum(Path(path).read_bytes()),
+                         checksum(Path(index_path(path)).read_bytes())) for path in paths]
 
     def check(parts):
         assert sorted(i for _, part in parts for i in part["id"].tolist()) == list(range(50))
         assert all((part["lo"] % 4 == shard).all() for shard, part in parts)
 
     with TestPipeline() as pipeline:
-        assert_that(pipeline | ReadIdMap(str(tmp_path), files, shards=4), check)
+        assert_that(pipeline | ReadIdMap(files, shards=4), check)
 
 
 def _firsts(keys: np.ndarray, ts: int = 5) -> np.ndarray:
@@ -93,13 +97,12 @@ def _firsts(keys: np.ndarray, ts: int = 5) -> np.ndarray:
 def test_look_up_shard_splits_tonights_keys_into_unseen_and_known(tmp_path):
     mapped = np.zeros(3000, dtype=NUMBERED)
     mapped["hi"], mapped["lo"], mapped["id"] = np.arange(3000) * 7919, np.arange(3000) * 2, np.arange(3000)
-    path = str(tmp_path / "blocks-00000.parquet")
-    write_segment(path, [mapped])
+    segment = write_segment(str(tmp_path / "blocks-00000.parquet"), [mapped])
     fresh = np.zeros(4, dtype=NUMBERED)
     fresh["hi"], fresh["lo"] = np.arange(4) * 7919 + 1, 2  # between the map's keys: not in it
     tonight = _firsts(np.concatenate([mapped[[10, 2500]], fresh]))
     with TestPipeline() as pipeline:
-        split = (pipeline | beam.Create([(0, {"firsts": [tonight], "files": [path]})])
+        split = (pipeline | beam.Create([(0, {"firsts": [tonight], "files": [segment]})])
                  | beam.ParDo(LookUpShard()).with_outputs("known", main="unseen"))
         assert_that(split.unseen | beam.Map(lambda kv: sorted(kv[1]["hi"].tolist())),
                     equal_to([sorted(fresh["hi"].tolist())]), label="unseen")
@@ -129,13 +132,14 @@ def test_a_folding_night_merges_a_shards_old_files_with_its_new_rows(tmp_path):
     old["hi"], old["lo"], old["id"] = np.arange(3000) * 7, np.arange(3000), np.arange(3000)
     new = np.zeros(10, dtype=NUMBERED)
     new["hi"], new["lo"], new["id"] = np.arange(10) * 7 + 3, 1, np.arange(3000, 3010)
-    runs = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
-    write_segment(runs[0], [old[:1000]])
-    write_segment(runs[1], [old[1000:]])
+    runs = [write_segment(str(tmp_path / "a.parquet"), [old[:1000]]),
+            write_segment(str(tmp_path / "b.parquet"), [old[1000:]])]
     with TestPipeline() as pipeline:
         written = (pipeline | beam.Create([(5, {"added": [new], "runs": runs})])
                    | beam.ParDo(WriteSegmentShard(str(tmp_path), 2, "run2", "blocks")))
-        assert_that(written, equal_to(["segments/000002-run2/blocks-00005.parquet"]))
+        assert_that(written | beam.Map(lambda segment: (segment.path, segment.rows)),
+                    equal_to([(str(tmp_path / "segments/000002-run2/blocks-00005.parquet"),
+                               3010)]))
     folded = tmp_path / "segments" / "000002-run2" / "blocks-00005.parquet"
     write_segment(str(tmp_path / "whole.parquet"), [old, new])
     assert folded.read_bytes() == (tmp_path / "whole.parquet").read_bytes()

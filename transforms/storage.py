@@ -1,13 +1,20 @@
 """Files the jobs write and read back (trace shards, manifests, id maps): local paths through the
 os module, URLs (gs://, s3://, ...) through Beam's filesystems.
 
+Local files are durable when closed (flushed and fsynced: a commit that follows them never lists
+a file a crash could still lose) and private files are owner-only from their first byte (0600 in
+0700 folders). Object stores have neither notion: their writes are durable when the upload
+completes, and access is the bucket's IAM.
+
 Importing Beam costs ~3.5 s here, more than loading a tokenizer: a local run never pays it.
 """
 
 from __future__ import annotations
 
 import glob
+import io
 import os
+import shutil
 from typing import IO, Any
 
 from transforms.read.paths import is_url
@@ -34,14 +41,75 @@ def open_read(path: str) -> IO[bytes]:
     return open(path, "rb")
 
 
-def create(path: str) -> IO[bytes]:
-    """A new file at path, replacing any; local parent folders are made as needed."""
+PRIVATE_FILE, PRIVATE_FOLDER = 0o600, 0o700
+PUBLIC_FILE, PUBLIC_FOLDER = 0o644, 0o755
+
+
+class _DurableFile(io.FileIO):
+    """A local file fsynced when closed."""
+
+    def close(self) -> None:
+        if not self.closed:
+            os.fsync(self.fileno())
+        super().close()
+
+
+def create(path: str, private: bool = False) -> IO[bytes]:
+    """A new file at path, replacing any, durable once closed; local parent folders are made as
+    needed (owner-only for a private file)."""
     if is_url(path):
         from apache_beam.io.filesystem import CompressionTypes
 
         return _beam().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    return open(path, "wb")
+    make_folder(os.path.dirname(path) or ".", private)
+    mode = PRIVATE_FILE if private else PUBLIC_FILE
+    raw = _DurableFile(path, "w", opener=lambda name, flags: os.open(name, flags, mode))
+    if private:  # an existing file keeps its mode through O_TRUNC
+        os.chmod(path, mode)
+    return io.BufferedWriter(raw)
+
+
+def make_private(path: str) -> None:
+    """Make a local file someone else wrote (Beam's sinks) owner-only."""
+    if not is_url(path):
+        os.chmod(path, PRIVATE_FILE)
+
+
+def make_folder(path: str, private: bool = False) -> None:
+    """A local folder (and its parents); those a private one needs are made owner-only."""
+    if is_url(path):
+        return
+    if not private:
+        os.makedirs(path, exist_ok=True)
+        return
+    missing = []
+    while path and not os.path.isdir(path):  # every folder made here is owner-only, not just
+        missing.append(path)                  # the last (as os.makedirs would leave them)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):  # a folder that exists is the user's: left as it is
+        os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
+        os.chmod(folder, PRIVATE_FOLDER)
+
+
+def remove_folder(path: str) -> None:
+    """Remove a folder and what it holds, if it exists."""
+    if is_url(path):
+        leftovers = match(join(path, "*"))
+        if leftovers:
+            delete(leftovers)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sync_folder(path: str) -> None:
+    """Make a local folder's entries (files created, renamed or removed in it) durable."""
+    if is_url(path):
+        return
+    handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def exists(path: str) -> bool:

@@ -133,12 +133,20 @@ def lengths_png(input_length: np.ndarray, output_length: np.ndarray) -> bytes:
     return _png(figure)
 
 
+MAX_RATE_BINS = 2000
+
+
 def request_rate_png(timestamp_ms: np.ndarray) -> bytes:
     figure, axes = plt.subplots(figsize=(11, 3.5))
     if len(timestamp_ms):
         minutes = (timestamp_ms - timestamp_ms.min()) / 60_000
-        counts = np.bincount(minutes.astype(np.int64))
-        axes.plot(np.arange(len(counts)), counts)
+        # One bin per minute, or wider bins for a long trace: the plot's cost never follows its
+        # span (a trace of years would otherwise ask for millions of bins).
+        width = max(1.0, float(np.ceil((minutes.max() + 1) / MAX_RATE_BINS)))
+        bins = int(np.ceil((minutes.max() + 1) / width))
+        counts, edges = np.histogram(minutes, bins=bins, range=(0, bins * width))
+        axes.plot(edges[:-1], counts / width)
+        axes.set_ylim(bottom=0)
     axes.set_xlabel("minutes since the first request")
     axes.set_ylabel("requests per minute")
     axes.set_title("Request rate over time", fontsize=10)

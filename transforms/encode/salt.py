@@ -13,6 +13,9 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+# A salt is a short secret; a file far larger is a mistake (a log, a device) read for nothing.
+MAX_SALT_BYTES = 1 << 16
+
 SALT_ENV = "KVTRACE_SALT"
 MIN_SALT_BYTES = 16  # below 128 bits a salt could be guessed
 
@@ -61,12 +64,20 @@ class SaltSource:
             return value.encode()
         if self.kind == "file":
             from transforms import storage
+            from transforms.read.paths import is_url
 
+            if not is_url(self.where) and os.path.exists(self.where) and not os.path.isfile(
+                    self.where):
+                raise SaltError(f"--salt-file {self.where}: not a regular file")
             try:
                 with storage.open_read(self.where) as handle:
-                    return handle.read().strip()
+                    salt = handle.read(MAX_SALT_BYTES + 1)
             except Exception as err:  # Beam raises its own IO errors for remote paths
                 raise SaltError(f"--salt-file {self.where}: cannot read it ({err})") from None
+            if len(salt) > MAX_SALT_BYTES:
+                raise SaltError(f"--salt-file {self.where}: over {MAX_SALT_BYTES} bytes; a salt "
+                                f"is a short secret (32 random bytes are plenty)")
+            return salt.strip()
         if self.kind == "gcp-secret":
             from apache_beam.transforms.util import GcpSecret
 

@@ -14,10 +14,13 @@ creates the next version's metadata first publishes, the other is refused.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 
 from transforms import storage
 from transforms.read.paths import is_url
+
+TEMP_MARK = ".tmp-"
 
 
 def create_exclusive(path: str, data: bytes) -> bool:
@@ -33,20 +36,51 @@ def create_exclusive(path: str, data: bytes) -> bool:
     return True
 
 
+def temp_name(path: str) -> str:
+    """A private temp name beside path, naming the process that writes it, so that a later run
+    can tell a killed writer's leftover (remove_stale_temp_files) from a live one's."""
+    return f"{path}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def _create_local(path: str, data: bytes) -> bool:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    staged = f"{path}.tmp-{uuid.uuid4().hex}"
-    with open(staged, "xb") as handle:
+    staged = temp_name(path)
+    with storage.create(staged, private=True) as handle:  # durable before it is linked
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
     try:
         os.link(staged, path)  # fails if path exists: the atomic step
+        storage.sync_folder(os.path.dirname(path) or ".")
         return True
     except FileExistsError:
         return False
     finally:
         os.unlink(staged)
+
+
+def remove_stale_temp_files(folder: str) -> list[str]:
+    """Temp files in a local folder whose writer, on this host, is no longer running: what a
+    commit killed between writing and linking leaves. Returns what went."""
+    if is_url(folder) or not os.path.isdir(folder):
+        return []
+    host = socket.gethostname()
+    stale = []
+    for name in os.listdir(folder):
+        if TEMP_MARK not in name:
+            continue
+        writer = name.rsplit(TEMP_MARK, 1)[1].rsplit("-", 2)
+        if len(writer) == 3 and writer[0] == host and writer[1].isdigit() and not _alive(int(writer[1])):
+            os.unlink(os.path.join(folder, name))
+            stale.append(name)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _create_gcs(path: str, data: bytes) -> bool:

@@ -19,10 +19,16 @@ run killed between the two steps has still published. Cleanup deletes only segme
 already decided (<= the published one) that the winner's metadata does not list: never those of
 a published version or of a run still under way. Segments hold keyed 16-byte hashes and ids
 only, never tokens or text.
+
+Durability and integrity: segment files are synced before the version listing them is created;
+a version records every file's sha256 and size (checked when read, segments.SegmentFile) and
+its own sha256; a map whose versions are gone but whose segments remain is refused, never taken
+for a new map (that would restart ids and delete the segments); every file is owner-only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -31,13 +37,16 @@ from typing import Any
 
 from transforms import storage
 from transforms.errors import IdMapError, JobStopped
-from transforms.ids.exclusive import create_exclusive
+from transforms.ids.exclusive import create_exclusive, temp_name
+from transforms.ids.segments import SegmentFile, index_path
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.
-FORMAT_VERSION = 2
+# 3: every file's checksum and the version's own recorded and verified.
+FORMAT_VERSION = 3
 KINDS = ("blocks", "sessions")
 CURRENT = "CURRENT"
+COMMITTED_MARK = "COMMITTED"  # in a segment folder, once the version listing it is committed
 # Each night adds a segment per kind, and reading a map opens every segment's files. Folding
 # all segments into one every 32 nights bounds that to 32 x shards files, at the price of
 # rewriting the map about once a month instead of every night.
@@ -88,6 +97,14 @@ class MapVersion:
     files: dict[str, list[str]]  # per kind, paths relative to the map directory
     hash_shards: int  # every segment file is one of these shards (0 for an empty map)
     history: list[dict[str, Any]] = field(default_factory=list)
+    # Per file relative to the map (segments and their indexes): {"sha256", "bytes"}.
+    checksums: dict[str, dict] = field(default_factory=dict)
+
+    def segment_files(self, directory: str, kind: str) -> list[SegmentFile]:
+        """The kind's segment files with the checksums their reads verify."""
+        return [SegmentFile(storage.join(directory, name), self.checksums[name],
+                            self.checksums[relative_index(name)])
+                for name in sorted(self.files[kind])]
 
     def segments(self, kind: str) -> int:
         return len({path.split("/")[1] for path in self.files[kind]})
@@ -97,7 +114,7 @@ class MapVersion:
         return any(self.segments(kind) + 1 > MAX_SEGMENTS for kind in KINDS)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        record = {
             "format": MAP_FORMAT,
             "format_version": FORMAT_VERSION,
             "version": self.version,
@@ -107,7 +124,9 @@ class MapVersion:
             "files": self.files,
             "hash_shards": self.hash_shards,
             "history": self.history,
+            "checksums": self.checksums,
         }
+        return record | {"sha256": _self_checksum(record)}
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str) -> MapVersion:
@@ -119,10 +138,29 @@ class MapVersion:
                 f"reads version {FORMAT_VERSION} (segments sorted by hash, with an index). "
                 f"Start a new map in another directory."
             )
+        recorded = data.get("sha256")
+        if recorded != _self_checksum({k: v for k, v in data.items() if k != "sha256"}):
+            raise IdMapError(f"{where} is damaged: its content does not match its sha256. "
+                             f"Restore the id map from a backup.")
         identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__
                                   if name in data})
-        return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
-                          data["next_id"], data["files"], data["hash_shards"], data["history"])
+        version = MapVersion(data["version"], identity, data["timestamp_origin_ms"],
+                             data["next_id"], data["files"], data["hash_shards"], data["history"],
+                             data["checksums"])
+        unlisted = [name for kind in KINDS for name in version.files[kind]
+                    if name not in version.checksums
+                    or relative_index(name) not in version.checksums]
+        if unlisted:
+            raise IdMapError(f"{where} lists files without checksums: {', '.join(unlisted[:3])}")
+        return version
+
+
+def _self_checksum(record: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def relative_index(name: str) -> str:
+    return index_path(name)
 
 
 def empty_version(identity: MapIdentity) -> MapVersion:
@@ -167,23 +205,54 @@ def _json_bytes(payload: dict[str, Any]) -> bytes:
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
-    with storage.create(path) as handle:
+    with storage.create(path, private=True) as handle:
         handle.write(_json_bytes(payload))
 
 
 def current_version_number(directory: str) -> int:
-    """The published version: CURRENT's, or a later committed one whose run was stopped before
-    moving CURRENT; 0 for a map directory that is new (absent or empty)."""
+    """The published version: the highest committed one (CURRENT, moved after each commit, is
+    only a hint: a run stopped between the two has still published); 0 for a new map. A map
+    missing versions it once had is refused: numbering again from an older version would give
+    new keys ids that published traces already use."""
+    committed = sorted(int(name.removesuffix(".json")) for name in _names(directory, "versions", "*.json")
+                       if name.removesuffix(".json").isdigit())
+    number = committed[-1] if committed else 0
+    lost = sorted(set(range(1, number + 1)) - set(committed))
     pointer = storage.join(directory, CURRENT)
-    number = 0
-    if storage.exists(pointer):
-        try:
-            number = int(_read_json(pointer)["version"])
-        except (ValueError, KeyError, TypeError):
-            raise IdMapError(f"{pointer} is damaged; it should read {{\"version\": N}}") from None
-    while storage.exists(version_path(directory, number + 1)):
-        number += 1
+    hinted = _current_hint(pointer)
+    if hinted is not None and hinted > number:
+        lost.append(hinted)
+    beyond = [folder for folder in _committed_segment_folders(directory)
+              if int(folder.split("-")[0]) > number]
+    if lost or beyond:
+        missing = [relative(directory, version_path(directory, v)) for v in sorted(set(lost))]
+        raise IdMapError(
+            f"the id map {directory} has lost committed versions "
+            f"({', '.join(missing or [f'the versions of segments/{beyond[0]}'])} missing): its "
+            f"ids cannot be continued safely. Restore versions/ and CURRENT from a backup; "
+            f"nothing was read or written.")
     return number
+
+
+def _names(directory: str, folder: str, pattern: str) -> list[str]:
+    return [path.rsplit("/", 1)[-1] for path in storage.match(storage.join(directory, folder, pattern))]
+
+
+def _current_hint(pointer: str) -> int | None:
+    """The version CURRENT names; None when it is absent or unreadable (it is only a hint)."""
+    if not storage.exists(pointer):
+        return None
+    try:
+        return int(_read_json(pointer)["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _committed_segment_folders(directory: str) -> list[str]:
+    """Segment folders whose version was committed (marked after the commit: a killed run's
+    folder has no mark, a published one's does)."""
+    return sorted(relative(directory, path).split("/")[1] for path in
+                  storage.match(storage.join(directory, "segments", "*", COMMITTED_MARK)))
 
 
 def open_map(directory: str, identity: MapIdentity) -> MapVersion:
@@ -198,6 +267,9 @@ def open_map(directory: str, identity: MapIdentity) -> MapVersion:
         if isinstance(err, IdMapError):
             raise
         raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
+    if version.version != number:
+        raise IdMapError(f"{path} holds version {version.version}, not {number} (a file put in "
+                         f"another's place?). Restore the id map from a backup.")
     differences = version.identity.differences(identity)
     if differences:
         raise IdMapError(
@@ -241,8 +313,9 @@ def _segment_folders(directory: str, version: int, current: MapVersion) -> set[s
 
 
 def next_version(
+    directory: str,
     base: MapVersion,
-    written: dict[str, list[str]],
+    written: dict[str, list[SegmentFile]],
     added: dict[str, int],
     compacted: bool,
     hash_shards: int,
@@ -253,10 +326,14 @@ def next_version(
     if not any(added.values()) and not compacted:
         return None
     number = base.version + 1
-    files = {
-        kind: sorted(written[kind] if compacted else base.files[kind] + written[kind])
-        for kind in KINDS
-    }
+    names = {kind: [relative(directory, f.path) for f in written[kind]] for kind in KINDS}
+    files = {kind: sorted(names[kind] if compacted else base.files[kind] + names[kind])
+             for kind in KINDS}
+    sums = dict(base.checksums)
+    for segment in (f for kind in KINDS for f in written[kind]):
+        name = relative(directory, segment.path)
+        sums[name], sums[relative_index(name)] = segment.data, segment.index
+    listed = {n for kind in KINDS for name in files[kind] for n in (name, relative_index(name))}
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
     return replace(
         base,
@@ -266,11 +343,16 @@ def next_version(
         files=files,
         hash_shards=hash_shards,
         history=base.history + [{"version": number, "added": added, "compacted": compacted}],
+        checksums={name: sums[name] for name in sorted(listed)},
     )
 
 
 def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
-    """Commit the new version by creating its metadata exclusively, then move CURRENT to it."""
+    """Commit the new version by creating its metadata exclusively (its segments are durable
+    already: storage.create syncs each file), then mark its segment folders committed and move
+    CURRENT to it."""
+    for folder in _new_folders(directory, base, new):
+        storage.sync_folder(folder)
     metadata = _json_bytes(new.to_json())
     if current_version_number(directory) != base.version or not create_exclusive(
         version_path(directory, new.version), metadata
@@ -280,14 +362,39 @@ def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
             f"from version {base.version}); this run's ids may clash with it, so it published "
             f"nothing (its trace has no manifest). Run the night again, one run per map at a time."
         )
+    for folder in _new_folders(directory, base, new):
+        with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
+            pass
     _switch_current(directory, new.version)
+
+
+def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
+    """Roll forward what a run killed after its commit left undone: the committed marks of the
+    published version's segment folders, and CURRENT."""
+    if current.version == 0:
+        return
+    marked = set(_committed_segment_folders(directory))
+    for name in sorted({n.split("/")[1] for kind in KINDS for n in current.files[kind]} - marked):
+        with storage.create(storage.join(directory, "segments", name, COMMITTED_MARK),
+                            private=True):
+            pass
+    if _current_hint(storage.join(directory, CURRENT)) != current.version:
+        _switch_current(directory, current.version)
+
+
+def _new_folders(directory: str, base: MapVersion, new: MapVersion) -> list[str]:
+    listed = {name.split("/")[1] for kind in KINDS for name in base.files[kind]}
+    return sorted({storage.join(directory, "segments", name.split("/")[1])
+                   for kind in KINDS for name in new.files[kind]
+                   if name.split("/")[1] not in listed})
 
 
 def _switch_current(directory: str, version: int) -> None:
     pointer = storage.join(directory, CURRENT)
-    staged = f"{pointer}.tmp-{os.urandom(6).hex()}"
+    staged = temp_name(pointer)
     _write_json(staged, {"version": version})
     storage.rename(staged, pointer)
+    storage.sync_folder(directory)
 
 
 def publish_night(
@@ -296,14 +403,15 @@ def publish_night(
     base: MapVersion,
     compacted: bool,
     hash_shards: int,
-    block_files: list[str],
-    session_files: list[str],
+    block_files: list[SegmentFile],
+    session_files: list[SegmentFile],
     added_blocks: int,
     added_sessions: int,
     earliest_ms: list[int],
 ) -> int:
     """The last step of a run: publish what it added; returns the map's version after it."""
     new = next_version(
+        directory,
         base,
         written={"blocks": block_files, "sessions": session_files},
         added={"blocks": added_blocks, "sessions": added_sessions},

@@ -4,6 +4,11 @@ a night read only the row groups that can hold its keys.
     blocks-00012.parquet      hi, lo, id; sorted by (hi, lo); row groups of ROW_GROUP_ROWS
     blocks-00012.index.npz    a Bloom filter of the file's keys; each row group's first and last hi
 
+Every file's sha256 and size are recorded in the map version that lists it (SegmentFile) and
+checked when read: the index and any file read whole against its sha256; a file read in part
+against its size and Parquet's page checksums. A damaged, truncated or swapped file stops the
+run naming the file, never gives wrong ids.
+
 A night probes the filter with its own keys of the shard; a possible key falls in the one row
 group whose hi range holds it, and only those row groups are read. What a night reads is then
 the index (2 bytes per map row) plus ~24 KB per key the map holds and per false positive
@@ -14,6 +19,7 @@ holds some of them; the filter tells which ones the map has.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -23,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transforms import storage
 from transforms.ids import bloom
+from transforms.errors import JobStopped
 from transforms.ids.dense_ids import NUMBERED, lookup, shard_of, split_by
 
 SEGMENT_SCHEMA = pa.schema(
@@ -36,6 +43,64 @@ ROW_GROUP_ROWS = 1024
 READ_BATCH_ROWS = 1_000_000
 # Rows per run held while folding runs into one file: 64 runs x 64k rows x 24 B ~ 100 MB.
 MERGE_BATCH_ROWS = 65_536
+VERIFY_CHUNK_BYTES = 8 << 20
+
+
+class SegmentFile(NamedTuple):
+    """A segment file as a map version lists it: where, and the checksums of it and its index
+    ({"sha256": hex digest, "bytes": size}), which every read verifies."""
+
+    path: str
+    data: dict
+    index: dict
+    rows: int = 0  # known when just written
+
+
+def checksum(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def parquet_checksum(data: bytes) -> dict:
+    """A Parquet file's checksum, and its footer's: a file read in part is checked by its size,
+    its footer (which fixes every row group's place and size) and its pages' own CRCs."""
+    return checksum(data) | {"footer_sha256": hashlib.sha256(_footer(data)).hexdigest()}
+
+
+def _footer(data: bytes) -> bytes:
+    """The footer and its length and magic, from the end of a Parquet file's bytes."""
+    if len(data) < 8:
+        return data
+    length = int.from_bytes(data[-8:-4], "little")
+    return data[-min(len(data), length + 8):]
+
+
+def damaged(path: str, why: str) -> JobStopped:
+    return JobStopped(f"id map file {path} is damaged ({why}). Restore the id map from a backup; "
+                      f"the map was not extended and no trace was published")
+
+
+def _check(path: str, found: dict, expected: dict) -> None:
+    if any(found[key] != expected.get(key) for key in found):
+        raise damaged(path, "its sha256 or size differs from what the map version recorded")
+
+
+def _read_whole(path: str, expected: dict) -> bytes:
+    try:
+        with storage.open_read(path) as handle:
+            data = handle.read()
+    except OSError as err:
+        raise damaged(path, f"unreadable: {err.strerror or err}") from None
+    _check(path, checksum(data), expected)
+    return data
+
+
+def _read_footer(path: str) -> bytes:
+    with storage.open_read(path) as handle:
+        size = handle.seek(0, io.SEEK_END)
+        handle.seek(max(0, size - 8))
+        length = int.from_bytes(handle.read(8)[:4], "little")
+        handle.seek(max(0, size - 8 - length))
+        return handle.read()
 
 
 class Index(NamedTuple):
@@ -56,28 +121,37 @@ def index_path(path: str) -> str:
     return path.removesuffix(".parquet") + ".index.npz"
 
 
-def write_segment(path: str, tables: list[np.ndarray]) -> int:
-    """One shard's numbered keys as a segment file and its index; returns the row count."""
+def write_segment(path: str, tables: list[np.ndarray]) -> SegmentFile:
+    """One shard's numbered keys as a segment file and its index."""
     table = np.concatenate(tables) if tables else np.empty(0, dtype=NUMBERED)
     table = table[np.lexsort((table["lo"], table["hi"]))]
     sink = io.BytesIO()
     # The index replaces column statistics: without them the footer stays small.
     pq.write_table(_arrow(table), sink, compression="zstd", row_group_size=ROW_GROUP_ROWS,
-                   write_statistics=False)
-    with storage.create(path) as handle:
-        handle.write(sink.getvalue())
+                   write_statistics=False, write_page_checksum=True)
     group_ends = np.minimum(np.arange(ROW_GROUP_ROWS, len(table) + ROW_GROUP_ROWS,
                                       ROW_GROUP_ROWS), len(table)) - 1
-    _write_index(path, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
-                 table["hi"][::ROW_GROUP_ROWS], table["hi"][group_ends])
-    return len(table)
+    index = _write_index(path, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
+                         table["hi"][::ROW_GROUP_ROWS], table["hi"][group_ends])
+    return SegmentFile(path, _store_parquet(path, sink.getvalue()), index, len(table))
 
 
-def _write_index(path: str, filter_: np.ndarray, first_hi: np.ndarray, last_hi: np.ndarray) -> None:
+def _store(path: str, data: bytes) -> dict:
+    """Write a map file (private, durable) and return its checksum."""
+    with storage.create(path, private=True) as handle:
+        handle.write(data)
+    return checksum(data)
+
+
+def _store_parquet(path: str, data: bytes) -> dict:
+    _store(path, data)
+    return parquet_checksum(data)
+
+
+def _write_index(path: str, filter_: np.ndarray, first_hi: np.ndarray, last_hi: np.ndarray) -> dict:
     index = io.BytesIO()
     np.savez(index, filter=filter_, first_hi=first_hi, last_hi=last_hi)
-    with storage.create(index_path(path)) as handle:
-        handle.write(index.getvalue())
+    return _store(index_path(path), index.getvalue())
 
 
 def _arrow(table: np.ndarray) -> pa.Table:
@@ -86,10 +160,10 @@ def _arrow(table: np.ndarray) -> pa.Table:
     )
 
 
-def merge_segment(path: str, runs: list[str], new: np.ndarray) -> int:
+def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> SegmentFile:
     """Fold a shard's segment files (sorted runs) and its new NUMBERED rows into one segment
     file, streaming: a batch per run in memory, never the shard. The bytes equal what
-    write_segment gives for all the rows at once. Returns the row count."""
+    write_segment gives for all the rows at once."""
     total = len(new) + sum(_row_count(run) for run in runs)
     readers = [_batches(run) for run in runs]
     readers.append(iter([new[np.lexsort((new["lo"], new["hi"]))]]))
@@ -99,7 +173,7 @@ def merge_segment(path: str, runs: list[str], new: np.ndarray) -> int:
     carry = np.empty(0, dtype=NUMBERED)  # sorted rows short of a whole row group
     sink = io.BytesIO()
     with pq.ParquetWriter(sink, SEGMENT_SCHEMA, compression="zstd",
-                          write_statistics=False) as writer:
+                          write_statistics=False, write_page_checksum=True) as writer:
         while True:
             ready, buffers = _next_sorted(readers, buffers)
             rows = np.concatenate([carry, ready])
@@ -117,11 +191,9 @@ def merge_segment(path: str, runs: list[str], new: np.ndarray) -> int:
                 break
         if not total:
             writer.write_table(_arrow(carry))
-    with storage.create(path) as handle:
-        handle.write(sink.getvalue())
-    _write_index(path, filter_, np.array(first_hi, dtype=np.uint64),
-                 np.array(last_hi, dtype=np.uint64))
-    return total
+    index = _write_index(path, filter_, np.array(first_hi, dtype=np.uint64),
+                         np.array(last_hi, dtype=np.uint64))
+    return SegmentFile(path, _store_parquet(path, sink.getvalue()), index, total)
 
 
 def _next_sorted(readers: list[Iterator[np.ndarray]],
@@ -154,22 +226,43 @@ def _next_rows(reader: Iterator[np.ndarray]) -> np.ndarray | None:
     return None
 
 
-def _batches(path: str) -> Iterator[np.ndarray]:
-    with storage.open_read(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=MERGE_BATCH_ROWS):
+def _verify_whole(segment: SegmentFile) -> None:
+    """The whole file against its sha256, read in chunks (a shard's file may be large)."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        with storage.open_read(segment.path) as handle:
+            while chunk := handle.read(VERIFY_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError as err:
+        raise damaged(segment.path, f"unreadable: {err.strerror or err}") from None
+    _check(segment.path, {"sha256": digest.hexdigest(), "bytes": size}, segment.data)
+
+
+def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
+    _verify_whole(segment)
+    with storage.open_read(segment.path) as handle:
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
             yield _numbered(batch)
 
 
-def _row_count(path: str) -> int:
-    with storage.open_read(path) as handle:
+def _batches(segment: SegmentFile) -> Iterator[np.ndarray]:
+    return _record_batches(segment, MERGE_BATCH_ROWS)
+
+
+def _row_count(segment: SegmentFile) -> int:
+    with storage.open_read(segment.path) as handle:
         return pq.ParquetFile(handle).metadata.num_rows
 
 
-def read_index(path: str) -> Index:
-    with storage.open_read(index_path(path)) as handle:
-        data = handle.read()
-    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-        return Index(arrays["filter"], arrays["first_hi"], arrays["last_hi"], len(data))
+def read_index(segment: SegmentFile) -> Index:
+    path = index_path(segment.path)
+    data = _read_whole(path, segment.index)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            return Index(arrays["filter"], arrays["first_hi"], arrays["last_hi"], len(data))
+    except (OSError, ValueError, KeyError) as err:
+        raise damaged(path, f"not a segment index: {err}") from None
 
 
 def row_groups_holding(index: Index, hi: np.ndarray) -> np.ndarray:
@@ -183,33 +276,41 @@ def row_groups_holding(index: Index, hi: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.cumsum(marks[:-1]) > 0)
 
 
-def read_matching(path: str, keys: np.ndarray) -> MatchedRows:
+def read_matching(segment: SegmentFile, keys: np.ndarray) -> MatchedRows:
     """The rows of one segment file holding any of keys (a table with hi and lo fields, distinct
     keys), reading only the row groups the index points to."""
-    index = read_index(path)
+    index = read_index(segment)
     possible = bloom.may_contain(index.filter, keys["hi"], keys["lo"])
     groups = row_groups_holding(index, keys["hi"][possible])
     if not len(groups):
         return MatchedRows(np.empty(0, dtype=NUMBERED), index.size, 0, len(index.first_hi))
-    with storage.open_read(path) as handle:
-        parquet = pq.ParquetFile(handle)
-        rows = _numbered(parquet.read_row_groups(groups.tolist()))
-        metadata = parquet.metadata
-        read = index.size + metadata.serialized_size + sum(
-            metadata.row_group(g).column(c).total_compressed_size
-            for g in groups.tolist() for c in range(metadata.num_columns)
-        )
+    path = segment.path
+    try:
+        footer = _read_footer(path)
+        _check(path, {"footer_sha256": hashlib.sha256(footer).hexdigest()}, segment.data)
+        with storage.open_read(path) as handle:
+            size = handle.seek(0, io.SEEK_END)
+            _check(path, {"bytes": size}, segment.data)
+            parquet = pq.ParquetFile(handle, page_checksum_verification=True)
+            metadata = parquet.metadata
+            if metadata.num_row_groups != len(index.first_hi):
+                raise damaged(path, "it does not match its index")
+            rows = _numbered(parquet.read_row_groups(groups.tolist()))
+    except (OSError, pa.ArrowException) as err:
+        raise damaged(path, str(err)) from None
+    read = index.size + metadata.serialized_size + sum(
+        metadata.row_group(g).column(c).total_compressed_size
+        for g in groups.tolist() for c in range(metadata.num_columns)
+    )
     wanted = lookup(keys, rows) >= 0
     return MatchedRows(rows[wanted], read, len(groups), len(index.first_hi))
 
 
-def read_segment(path: str, shards: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(hash shard, NUMBERED rows) of a whole segment file, streamed in record batches: the map
-    re-split into `shards` shards (compaction, or a run with another shard count)."""
-    with storage.open_read(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS):
-            table = _numbered(batch)
-            yield from split_by(table, shard_of(table, shards))
+def read_segment(segment: SegmentFile, shards: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(hash shard, NUMBERED rows) of a whole segment file, verified and streamed in record
+    batches: the map re-split into `shards` shards (compaction, or another shard count)."""
+    for table in _record_batches(segment, READ_BATCH_ROWS):
+        yield from split_by(table, shard_of(table, shards))
 
 
 def _numbered(arrow: pa.Table | pa.RecordBatch) -> np.ndarray:

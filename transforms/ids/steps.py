@@ -57,8 +57,8 @@ from transforms.ids.dense_ids import (
     split_by,
     sum_unique,
 )
-from transforms.ids.id_map import relative, segment_path, shard_of_segment
-from transforms.ids.segments import merge_segment, read_matching, read_segment
+from transforms.ids.id_map import segment_path, shard_of_segment
+from transforms.ids.segments import SegmentFile, merge_segment, read_matching, read_segment
 from transforms.steps import metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
@@ -157,7 +157,7 @@ class LookUpShard(beam.DoFn):
     def process(self, element: tuple[int, dict[str, list]]) -> Iterator[Any]:
         shard, groups = element
         for firsts in groups["firsts"]:  # at most one: the shard's combined table
-            matched = [read_matching(path, firsts) for path in sorted(groups["files"])]
+            matched = [read_matching(segment, firsts) for segment in sorted(groups["files"])]
             for part in matched:
                 self._bytes_read.inc(part.bytes_read)
                 self._groups_read.inc(part.row_groups_read)
@@ -297,38 +297,37 @@ class ReadIdMap(beam.PTransform):
     """A version's segment files in, (hash shard, NUMBERED rows) out, split into `shards`: one
     streaming pass over the whole map, for a night that rewrites it."""
 
-    def __init__(self, directory: str, files: list[str], shards: int):
+    def __init__(self, segments: list[SegmentFile], shards: int):
         super().__init__()
-        self._paths = [storage.join(directory, name) for name in sorted(files)]
+        self._segments = sorted(segments)
         self._shards = shards
 
     def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             root
-            | "SegmentFiles" >> beam.Create(self._paths)
+            | "SegmentFiles" >> beam.Create(self._segments)
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadSegments" >> beam.FlatMap(read_segment, self._shards)
         )
 
 
-def segment_files_by_shard(directory: str, files: list[str]) -> list[tuple[int, str]]:
-    """(hash shard, path) of a version's segment files, for LookUpShard."""
-    return [(shard_of_segment(name), storage.join(directory, name)) for name in sorted(files)]
+def segment_files_by_shard(segments: list[SegmentFile]) -> list[tuple[int, SegmentFile]]:
+    """(hash shard, segment file) of a version's segment files, for LookUpShard."""
+    return [(shard_of_segment(segment.path), segment) for segment in sorted(segments)]
 
 
 class WriteSegmentShard(beam.DoFn):
-    """(hash shard, {"added": NUMBERED tables, "runs": segment file paths}) in: the shard's new
+    """(hash shard, {"added": NUMBERED tables, "runs": SegmentFiles}) in: the shard's new
     rows, folded on a folding night with its old files, streamed (segments.merge_segment);
-    the written file's path, relative to the map, out."""
+    the written SegmentFile out."""
 
     def __init__(self, directory: str, version: int, run_id: str, kind: str):
         self._directory, self._version, self._kind = directory, version, kind
         self._run_id = run_id
 
-    def process(self, element: tuple[int, dict[str, list]]) -> Iterator[str]:
+    def process(self, element: tuple[int, dict[str, list]]) -> Iterator[SegmentFile]:
         shard, groups = element
         path = segment_path(self._directory, self._version, self._run_id, self._kind, shard)
         added = list(groups["added"])
-        merge_segment(path, sorted(groups["runs"]),
-                      np.concatenate(added) if added else np.empty(0, NUMBERED))
-        yield relative(self._directory, path)
+        yield merge_segment(path, sorted(groups["runs"]),
+                            np.concatenate(added) if added else np.empty(0, NUMBERED))

@@ -45,10 +45,11 @@ def convert(lines: Iterable[bytes | str]) -> Converted:
         else:
             records.append((number, record))
     parent = {r["chat_id"]: r.get("parent_chat_id", NO_PARENT) for _, r in records}
+    roots = _roots(parent)
     numbered: dict = {}
     rows = []
     for number, record in records:
-        root = _root(record["chat_id"], parent)
+        root = roots[record["chat_id"]]
         if root is None:
             out.reject(number, "parent_chat_id links form a cycle")
             continue
@@ -69,8 +70,8 @@ def convert(lines: Iterable[bytes | str]) -> Converted:
 def _parsed(line: bytes | str) -> tuple[dict, str]:
     try:
         record = json.loads(line)
-    except ValueError as err:
-        return {}, f"not JSON ({err})"
+    except (ValueError, RecursionError) as err:
+        return {}, f"not JSON ({str(err)[:200]})"
     if not isinstance(record, dict):
         return {}, "not a JSON object"
     missing = [name for name in REQUIRED if name not in record]
@@ -87,6 +88,9 @@ def _parsed(line: bytes | str) -> tuple[dict, str]:
         return {}, "hash_ids must be a list of non-negative 64-bit integers"
     if not _is_int(record["chat_id"]) and not isinstance(record["chat_id"], str):
         return {}, "chat_id must be an integer or a string"
+    up = record.get("parent_chat_id", NO_PARENT)
+    if up is not None and not _is_int(up) and not isinstance(up, str):
+        return {}, "parent_chat_id must be an integer or a string"
     return record, ""
 
 
@@ -95,17 +99,31 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
 
 
-def _root(chat: object, parent: dict) -> object | None:
-    """The conversation's first chat: follow parents while they are in the file; None on a
-    cycle."""
-    seen = {chat}
-    while True:
-        up = parent.get(chat, NO_PARENT)
-        if up in (NO_PARENT, None, "-1"):
-            return chat
-        if up not in parent:
-            return up  # a subset without the root: the missing parent names the session
-        if up in seen:
-            return None
-        seen.add(up)
-        chat = up
+def _roots(parent: dict) -> dict:
+    """Each chat's conversation root: the first chat, following parents while they are in the
+    file (a missing parent names the session); None for chats on or behind a cycle. Each chat
+    is walked once (the walk stops at a chat whose root is known), so a chain of n turns costs
+    n steps, not n^2."""
+    roots: dict = {}
+    for start in parent:
+        path, on_path = [], set()
+        chat = start
+        while chat not in roots:
+            up = parent[chat]
+            path.append(chat)
+            on_path.add(chat)
+            if up in (NO_PARENT, None, "-1"):
+                root = chat
+                break
+            if up not in parent:
+                root = up
+                break
+            if up in on_path:
+                root = None
+                break
+            chat = up
+        else:
+            root = roots[chat]
+        for chat in path:
+            roots[chat] = root
+    return roots

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -33,10 +34,25 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
             matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
         else:
             matched = [p for p in glob.glob(pattern) if not os.path.isdir(p)]
+            _refuse_special_files(matched)
         if not matched:
-            raise FileNotFoundError(f"{pattern!r} matches no file")
+            hint = " (a folder: give a glob of its files, e.g. DIR/*.jsonl)" if (
+                not is_url(pattern) and os.path.isdir(pattern)) else ""
+            raise FileNotFoundError(f"{pattern!r} matches no file{hint}")
         files.update(matched)
     return sorted(files)
+
+
+def _refuse_special_files(paths: Sequence[str]) -> None:
+    """FIFOs, devices and sockets never end (or never start): reading one would hang the job.
+    A dangling link passes here and becomes a dead letter when read, like an unreadable file."""
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"input {path} is not a regular file (a FIFO, device or socket)")
 
 
 def compression_of(path: str) -> str | None:
@@ -48,7 +64,7 @@ def compression_of(path: str) -> str | None:
 def file_sizes(files: Sequence[str]) -> list[tuple[str, int]]:
     """(path, size in bytes) of each file, for splitting and progress totals."""
     local = [f for f in files if not is_url(f)]
-    sizes = {f: os.path.getsize(f) for f in local}
+    sizes = {f: _size(f) for f in local}
     remote = [f for f in files if is_url(f)]
     if remote:
         from apache_beam.io.filesystems import FileSystems
@@ -57,6 +73,15 @@ def file_sizes(files: Sequence[str]) -> list[tuple[str, int]]:
             for metadata in result.metadata_list:
                 sizes[metadata.path] = metadata.size_in_bytes
     return [(f, sizes[f]) for f in files]
+
+
+def _size(path: str) -> int:
+    """A local file's size; 0 for one that cannot be looked at (a dangling link), which its
+    read then turns into a dead letter."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def read_bytes(path: str) -> bytes:

@@ -1,165 +1,346 @@
-"""`kvtrace audit`: what an output folder exposes, measured before it is published.
+"""`kvtrace audit`: the publication gate for an output folder. It fails closed: only what kvtrace
+itself publishes passes, each file checked against the schema kvtrace writes it with, and
+everything else is flagged.
 
-Flags (any makes the folder unfit to publish):
-- a field beyond the trace's own (timestamp, input_length, output_length, hash_ids, session);
-- any string value in a trace row or a string column in a Parquet file;
-- hash ids that are not dense (0..n-1): raw hashes or token ids in their place;
-- integers too large to be lengths, timestamps or dense ids (over 2^40: hashes, not counts);
-- files beside the trace holding unkeyed engine hashes (`--emit-block-hashes`): private.
-Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
-(by their whole id sequence; by their lengths), sessions.
+Allowed: `manifest.json` (kvtrace's own vocabulary only: no path, no free text), `stats.json`
+(its numbers and definitions), `trace-SSSSS-of-NNNNN.jsonl` and `.parquet` (exactly the trace
+fields, integers only; a Parquet twin holding the same rows as its JSONL file). The manifest
+must list exactly the files present, with their sha256. Flagged: any other file (hidden,
+compressed, text, dead letters, engine hashes), subfolders, any string or fractional value in
+a trace, a field beyond the trace's own, integers too large to be counts or dense ids, ids that
+are not dense. Measured, not flagged: timestamp granularity, the share of rows an outsider could
+single out (by their whole id sequence; by their lengths), sessions.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
-from transforms.read.paths import read_bytes
+from transforms.read.paths import is_url, read_bytes
+from transforms.write.manifest import BLOCK_HASHES_WARNING, MANIFEST, STATS
+from transforms.write.publish import sha256_of
+from transforms.write.shards import OUTPUT_IDS_FIELD, TRACE_SCHEMA
+from transforms.write.totals import BLOCK_WEIGHTED_DEFINITION, TOKEN_WEIGHTED_DEFINITION
 
-# output_hash_ids: with anonymize --emit-output-hashes, ids in the same dense space.
-TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session",
-                "output_hash_ids")
+TRACE_FILE = re.compile(r"trace-\d{5}-of-\d{5}\.(jsonl|parquet)")
+REQUIRED_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+TRACE_FIELDS = (*REQUIRED_FIELDS, "session", OUTPUT_IDS_FIELD)
 MAX_PLAUSIBLE_INT = 1 << 40  # ~35 years in ms; no length or dense id comes near
-PRIVATE_PREFIXES = ("block-hashes", "output-hashes")
 MAX_EXAMPLES = 5
+STATS_NUMBERS = ("blocks", "input_tokens", "output_tokens", "requests", "unique_block_tokens",
+                 "unique_blocks")
+STATS_DEFINITIONS = {"token_weighted": TOKEN_WEIGHTED_DEFINITION,
+                     "block_weighted": BLOCK_WEIGHTED_DEFINITION}
+# What a manifest may say, key by key: kvtrace's own vocabulary, nothing an operator typed.
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|pkg:[A-Za-z_][\w.]*")
+_WORD = re.compile(r"[\w.+-]{1,64}")
 
 
-def audit(files: list[str], folder_files: list[str], manifest: dict | None) -> dict:
-    """files: the trace files as analyze reads them (a Parquet twin of a JSONL file left out);
-    folder_files: every file beside them. Fields, strings and integers are checked in every
-    trace file, twins too; row statistics come from files."""
-    fields: Counter = Counter()
-    strings: Counter = Counter()
-    fractions: Counter = Counter()
-    largest: dict[str, int] = {}
+def audit(target: str) -> dict:
+    """The report on a folder (or one trace file): flags, and what the rows expose."""
+    folder = target.rstrip("/")
+    gate = _Gate()
+    if is_url(folder) or os.path.isdir(folder):
+        names = _entries(folder, gate)
+    else:
+        folder, names = os.path.dirname(folder) or ".", [os.path.basename(folder)]
+    traces = [n for n in names if TRACE_FILE.fullmatch(n)]
+    jsonl = {n for n in traces if n.endswith(".jsonl")}
     rows: list[tuple] = []
     sessions: Counter = Counter()
-    twins = [f for f in folder_files if f not in files and _is_trace_data(f)]
-    for path in list(files) + twins:
-        for row in _rows(path):
-            for name, value in row.items():
-                fields[name] += 1
-                for found in _strings(value):
-                    strings[f"{name}{found}"] += 1
-                for number in _ints(value):
-                    largest[name] = max(largest.get(name, number), number)
-                if any(_fractions(value)):
-                    fractions[name] += 1
-            if path in twins:
-                continue
-            ids, outputs = row.get("hash_ids"), row.get("output_hash_ids")
-            rows.append((_frozen(row.get("timestamp")), _frozen(row.get("input_length")),
-                         _frozen(row.get("output_length")),
-                         _frozen(ids) if isinstance(ids, list) else None,
-                         _frozen(outputs) if isinstance(outputs, list) else ()))
-            if row.get("session") is not None:
-                sessions[str(row["session"])] += 1
-    flags = []
-    extra = sorted(set(fields) - set(TRACE_FIELDS))
-    if extra:
-        flags.append(f"fields beyond the trace's own: {', '.join(extra)}")
-    if strings:
-        flags.append("string values: " + ", ".join(f"{k} ({v:,})" for k, v in strings.most_common(MAX_EXAMPLES)))
-    if fractions:
-        flags.append("numbers that are not whole (a trace holds counts and ids): " +
-                     ", ".join(f"{k} ({v:,})" for k, v in fractions.most_common(MAX_EXAMPLES)))
+    twins: dict[str, list[dict]] = {}  # a JSONL file's rows, for its Parquet twin
+    for name in sorted(traces):  # a JSONL file before its twin
+        file_rows = list(_trace_rows(storage.join(folder, name), name, gate))
+        twin = name.removesuffix(".parquet") + ".jsonl"
+        if name.endswith(".jsonl"):
+            twins[name] = file_rows
+        elif twin in jsonl:  # rows are counted once: from the JSONL file
+            if file_rows != twins[twin]:
+                gate.flag(f"{name} does not hold the rows of its JSONL twin")
+            continue
+        rows += [_row_key(row) for row in file_rows]
+        sessions.update(str(r["session"]) for r in file_rows if r.get("session") is not None)
+    if STATS in names:
+        _check_stats(storage.join(folder, STATS), gate)
+    manifest = _check_manifest(folder, names, gate) if MANIFEST in names else None
+    if len(names) > 1 and manifest is None:
+        gate.flag("no manifest.json: not a complete kvtrace output")
     if not rows:
-        flags.append("no trace rows: nothing to publish, or not a kvtrace output")
-    too_large = {k: v for k, v in largest.items() if v > MAX_PLAUSIBLE_INT}
-    if too_large:
-        flags.append("integers too large for counts or dense ids (hashes?): " +
-                     ", ".join(f"{k} up to {v:,}" for k, v in too_large.items()))
+        gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
     ids = _id_report(rows)
     if ids["distinct"] and not ids["dense"]:
-        flags.append(f"hash_ids are not dense: {ids['distinct']:,} distinct values up to "
-                     f"{ids['max']:,} (token ids or raw hashes?)")
-    private = [f for f in folder_files if f.rsplit("/", 1)[-1].startswith(PRIVATE_PREFIXES)]
-    if private:
-        flags.append("unkeyed engine hashes beside the trace (anyone with the tokenizer can "
-                     "confirm a guessed prompt): keep private: " +
-                     ", ".join(f.rsplit("/", 1)[-1] for f in private))
+        gate.flag(f"hash_ids are not dense: {ids['distinct']:,} distinct values up to "
+                  f"{ids['max']:,} (token ids or raw hashes?)")
     return {
         "rows": len(rows),
-        "files": [f.rsplit("/", 1)[-1] for f in folder_files],
-        "fields": dict(fields),
-        "largest_integers": largest,
+        "files": names,
+        "fields": dict(gate.fields),
+        "largest_integers": gate.largest,
         "hash_ids": ids,
         "timestamps": _timestamp_report([r[0] for r in rows]),
         "singled_out": _uniqueness(rows),
         "sessions": {"sessions": len(sessions), "rows_with_session": sum(sessions.values()),
                      "max_rows_per_session": max(sessions.values(), default=0)},
         "manifest": {k: manifest.get(k) for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
-        if manifest else None,
-        "flags": flags,
-        "publishable": not flags,
+        if isinstance(manifest, dict) else None,
+        "flags": gate.flags,
+        "publishable": not gate.flags,
     }
 
 
-def _is_trace_data(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name.startswith("trace-") and name.endswith((".jsonl", ".parquet"))
+class _Gate:
+    """What the audit found: flags (each once) and what the trace rows hold."""
+
+    def __init__(self) -> None:
+        self.flags: list[str] = []
+        self.fields: Counter = Counter()
+        self.largest: dict[str, int] = {}
+
+    def flag(self, message: str) -> None:
+        if message not in self.flags:
+            self.flags.append(message)
 
 
-def _rows(path: str) -> Iterator[dict]:
-    if path.endswith(".parquet"):
-        with storage.open_read(path) as handle:
-            table = pq.read_table(handle)
-        yield from table.to_pylist()
+def _entries(folder: str, gate: _Gate) -> list[str]:
+    """Every name in the folder; what kvtrace never publishes is flagged here."""
+    if is_url(folder):
+        names = sorted(p.rsplit("/", 1)[-1] for p in storage.match(storage.join(folder, "*")))
+    else:
+        names = sorted(os.listdir(folder))
+        for name in names:
+            if os.path.isdir(os.path.join(folder, name)):
+                gate.flag(f"a subfolder: {name}")
+    for name in names:
+        if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
+            gate.flag(f"a file kvtrace does not publish: {name}"
+                      + (" (hidden)" if name.startswith(".") else ""))
+    return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
+
+
+def _trace_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
+    """The rows of a trace file, each checked; a row that is not a trace row is flagged."""
+    if name.endswith(".parquet"):
+        yield from _parquet_rows(path, name, gate)
         return
-    for line in read_bytes(path).splitlines():  # decompressed by suffix
+    for number, line in enumerate(read_bytes(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError:
-            row = {"unparsed_line": line.decode("utf-8", "replace")}
-        yield row if isinstance(row, dict) else {"non_object_line": row}
+        except (ValueError, RecursionError):
+            gate.flag(f"{name}: lines that are not JSON (line {number})")
+            continue
+        if not isinstance(row, dict):
+            gate.flag(f"{name}: lines that are not JSON objects (line {number})")
+            continue
+        if _check_row(row, name, gate):
+            yield {k: v for k, v in row.items() if v is not None}
 
 
-def _strings(value: object, where: str = "") -> Iterator[str]:
-    if isinstance(value, str):
-        yield where
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item, "[]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _strings(item, f".{key}")
-
-
-def _ints(value: object) -> Iterator[int]:
-    if isinstance(value, bool):
+def _parquet_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
+    try:
+        with storage.open_read(path) as handle:
+            table = pq.read_table(handle)
+    except (OSError, pa.ArrowException) as err:
+        gate.flag(f"{name}: not a readable Parquet file ({str(err)[:80]})")
         return
-    if isinstance(value, int):
-        yield abs(value)
-    elif isinstance(value, float) and value.is_integer():
-        yield int(abs(value))
-    elif isinstance(value, list):
-        for item in value:
-            yield from _ints(item)
+    allowed = {f.name: f.type for f in TRACE_SCHEMA} | {
+        OUTPUT_IDS_FIELD: TRACE_SCHEMA.field("hash_ids").type}
+    for field in table.schema:
+        if field.name not in allowed:
+            gate.flag(f"fields beyond the trace's own: {field.name} ({name})")
+        elif field.type != allowed[field.name]:
+            gate.flag(f"{name}: column {field.name} is {field.type}, not {allowed[field.name]}")
+    known = [f.name for f in table.schema if f.name in allowed]
+    for row in table.select(known).to_pylist():
+        if _check_row(row, name, gate):
+            yield {k: v for k, v in row.items() if v is not None}
+    for field in table.schema:
+        if field.name not in allowed:
+            gate.fields[field.name] += table.num_rows
 
 
-def _frozen(value: object) -> object:
-    """A hashable copy of a JSON value (hostile rows nest lists and objects anywhere)."""
+def _check_row(row: dict, name: str, gate: _Gate) -> bool:
+    """Flags what a trace row must not hold; True when the row is a trace row."""
+    whole = True
+    for key, value in row.items():
+        if value is None and key == "session":
+            continue
+        gate.fields[key] += 1
+        if key not in TRACE_FIELDS:
+            gate.flag(f"fields beyond the trace's own: {key}")
+            whole = False
+        for kind in _value_kinds(value):
+            if kind == "string":
+                gate.flag(f"string values: {key} ({name})")
+            elif kind == "fraction":
+                gate.flag(f"numbers that are not whole (a trace holds counts and ids): {key}")
+            elif kind == "other":
+                gate.flag(f"values that are neither integers nor lists of them: {key} ({name})")
+            whole = whole and kind == "int"
+        for number in _ints(value):
+            gate.largest[key] = max(gate.largest.get(key, number), number)
+            if number > MAX_PLAUSIBLE_INT:
+                gate.flag(f"integers too large for counts or dense ids (hashes?): {key}")
+    missing = [k for k in REQUIRED_FIELDS if k not in row]
+    if missing:
+        gate.flag(f"rows without {', '.join(missing)} ({name})")
+    return whole and not missing
+
+
+def _value_kinds(value: Any) -> Iterator[str]:
+    """'int', 'string', 'fraction' or 'other' for a value and, in a list, for each item."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if isinstance(item, bool) or isinstance(item, (dict, list)) or item is None:
+            yield "other"
+        elif isinstance(item, int):
+            yield "int"
+        elif isinstance(item, float):
+            yield "int" if item.is_integer() else "fraction"
+        elif isinstance(item, str):
+            yield "string"
+        else:
+            yield "other"
+
+
+def _ints(value: Any) -> Iterator[int]:
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, int) and not isinstance(item, bool):
+            yield abs(item)
+        elif isinstance(item, float) and item.is_integer():
+            yield int(abs(item))
+
+
+def _row_key(row: dict) -> tuple:
+    ids, outputs = row.get("hash_ids"), row.get(OUTPUT_IDS_FIELD)
+    return (row.get("timestamp"), row.get("input_length"), row.get("output_length"),
+            tuple(ids) if isinstance(ids, list) else None,
+            tuple(outputs) if isinstance(outputs, list) else ())
+
+
+def _read_json(path: str, gate: _Gate) -> Any:
+    try:
+        with storage.open_read(path) as handle:
+            return json.loads(handle.read())
+    except (OSError, ValueError, RecursionError) as err:
+        gate.flag(f"{path.rsplit('/', 1)[-1]} is not readable JSON ({str(err)[:80]})")
+        return None
+
+
+def _check_stats(path: str, gate: _Gate) -> None:
+    stats = _read_json(path, gate)
+    if stats is None:
+        return
+    ok = isinstance(stats, dict) and set(stats) == {*STATS_NUMBERS, "definitions", "hit_rates"}
+    ok = ok and all(_is_count(stats[k]) for k in STATS_NUMBERS)
+    ok = ok and stats["definitions"] == STATS_DEFINITIONS and isinstance(stats["hit_rates"], dict)
+    ok = ok and set(stats["hit_rates"]) == set(STATS_DEFINITIONS) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in stats["hit_rates"].values())
+    if not ok:
+        gate.flag("stats.json holds more, or other, than kvtrace's statistics")
+
+
+def _check_manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
+    manifest = _read_json(storage.join(folder, MANIFEST), gate)
+    if manifest is None:
+        return None
+    problems = manifest_problems(manifest)
+    for problem in problems:
+        gate.flag(f"manifest.json: {problem}")
+    if problems:
+        return manifest if isinstance(manifest, dict) else None
+    present = sorted(n for n in names if n != MANIFEST)
+    if sorted(manifest["files"]) != present:
+        gate.flag(f"manifest.json lists {sorted(manifest['files'])}, the folder holds {present}")
+    for name in present:
+        expected = manifest["sha256"].get(name)
+        if expected is not None and sha256_of(_raw(storage.join(folder, name))) != expected:
+            gate.flag(f"{name} is not the file manifest.json lists (sha256 differs)")
+    return manifest
+
+
+def _raw(path: str) -> bytes:
+    with storage.open_read(path) as handle:
+        return handle.read()
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """What in a manifest is not kvtrace's own vocabulary (free text, paths, unknown keys)."""
+    if not isinstance(manifest, dict):
+        return ["not a JSON object"]
+    checks = {
+        "kvtrace_version": lambda v: isinstance(v, str) and bool(_WORD.fullmatch(v)),
+        "format": lambda v: v == "mooncake-trace",
+        "tokenizer": _tokenizer_ok,
+        "block_size": _is_count,
+        "hash_scheme": lambda v: isinstance(v, str) and bool(_WORD.fullmatch(v)),
+        "hash_scheme_keyed": lambda v: isinstance(v, bool),
+        "granularity": lambda v: isinstance(v, dict) and set(v) == {"timestamp_ms", "output_length"}
+        and all(_is_count(x) for x in v.values()),
+        "output_hash_ids": lambda v: isinstance(v, bool),
+        "block_hashes": _block_hashes_ok,
+        "input_format": lambda v: v in ("auto", "chat", "prompt", "tokens"),
+        "timestamp_unit": lambda v: v in ("auto", "s", "ms", "us", "ns"),
+        "chat_template_kwargs": _kwargs_ok,
+        "records": lambda v: isinstance(v, dict) and all(
+            isinstance(k, str) and _WORD.fullmatch(k) and _is_count(x) for k, x in v.items()),
+        "files": lambda v: isinstance(v, list) and all(
+            isinstance(f, str) and (f == STATS or TRACE_FILE.fullmatch(f)) for f in v),
+        "sha256": lambda v: isinstance(v, dict) and all(
+            isinstance(h, str) and _HEX64.fullmatch(h) for h in v.values()),
+    }
+    problems = [f"unknown key {key!r}" for key in manifest if key not in checks]
+    problems += [f"{key} is not what kvtrace writes there" for key, ok in checks.items()
+                 if key not in manifest or not ok(manifest[key])]
+    return problems
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PLAUSIBLE_INT
+
+
+def _tokenizer_ok(value: Any) -> bool:
+    """A public hub id or pkg: name (or none), and file hashes: never a local path."""
+    return (isinstance(value, dict) and set(value) == {"name", "sha256"}
+            and (value["name"] is None or (isinstance(value["name"], str)
+                                           and bool(_HUB_ID.fullmatch(value["name"]))))
+            and isinstance(value["sha256"], dict)
+            and all(isinstance(k, str) and _WORD.fullmatch(k) and isinstance(h, str)
+                    and _HEX64.fullmatch(h) for k, h in value["sha256"].items()))
+
+
+def _block_hashes_ok(value: Any) -> bool:
+    return value is None or value == {"emitted": True, "private": BLOCK_HASHES_WARNING}
+
+
+def _kwargs_ok(value: Any) -> bool:
+    """Template variables: identifier keys; values without free text (strings are hashed)."""
+    if not isinstance(value, dict):
+        return False
+    return all(isinstance(k, str) and re.fullmatch(r"[A-Za-z_]\w{0,63}", k) and _no_text(v)
+               for k, v in value.items())
+
+
+def _no_text(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(re.fullmatch(r"sha256:[0-9a-f]{64}", value))
     if isinstance(value, list):
-        return tuple(_frozen(v) for v in value)
+        return all(_no_text(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    return value
-
-
-def _fractions(value: object) -> Iterator[bool]:
-    if isinstance(value, float) and not value.is_integer():
-        yield True
-    elif isinstance(value, list):
-        for item in value:
-            yield from _fractions(item)
+        return all(_no_text(k) and _no_text(v) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, float))
 
 
 def _id_report(rows: list[tuple]) -> dict:

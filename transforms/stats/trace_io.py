@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,10 @@ from transforms.read.paths import (
 )
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
+# Timestamps in ms, relative (traces start near 0) or epoch (~1.7e12 today): 2^42 ms is year 2109.
+# A value beyond is no trace's, and every per-minute or per-second array sized from the trace's
+# span stays bounded (a timestamp of 1e18 would ask for petabytes).
+MAX_TIMESTAMP_MS = 1 << 42
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
 # kvtrace publishes conversations as `session` (see write/shards.py); other traces use session_id.
 SESSION_FIELDS = ("session", "session_id")
@@ -100,9 +104,23 @@ def _cat(parts: list[dict], name: str, dtype) -> np.ndarray:
 def _read_file(path: str) -> list[dict]:
     """Column parts of one file, in line order."""
     if path.lower().endswith(PARQUET_SUFFIXES):
+        return [_read_parquet(path)]
+    return _read_jsonl_streamed(path) or [_columns_from_rows(
+        ((number, raw) for number, raw in enumerate(read_bytes(path).split(b"\n"), 1)
+         if raw.strip()), path)]
+
+
+def _read_parquet(path: str) -> dict:
+    """A Parquet trace with the checks a JSONL one gets: columns as they are when well typed,
+    else row by row, each bad row reported by its number."""
+    try:
         table = pq.read_table(open_parquet(path))
-        return [_columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])]
-    return _read_jsonl_streamed(path) or [_columns_line_by_line(read_bytes(path), path)]
+    except (OSError, pa.ArrowException) as err:
+        return _columns_from_rows([], path, [{"file": path, "line": 0,
+                                              "error": f"not a readable Parquet file ({err})"}])
+    if _well_typed(table):
+        return _columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])
+    return _columns_from_rows(enumerate(table.to_pylist(), 1), path)
 
 
 def _read_jsonl_streamed(path: str) -> list[dict] | None:
@@ -130,13 +148,16 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     if "input_length" not in names:
         return False
     for name in ("input_length", "output_length"):
-        if name in names and not (pa.types.is_integer(table[name].type)
-                                  and table[name].null_count == 0
-                                  and pa.compute.min(table[name]).as_py() >= 0):
+        if name in names and not _counts(table[name]):
             return False
-    if "timestamp" in names and not (pa.types.is_integer(table["timestamp"].type)
-                                     or pa.types.is_floating(table["timestamp"].type)):
-        return False
+    if "timestamp" in names:
+        column = table["timestamp"]
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+            return False
+        bounds = pa.compute.min_max(column).as_py()
+        if column.null_count or (bounds["min"] is not None and not (
+                -MAX_TIMESTAMP_MS <= bounds["min"] and bounds["max"] <= MAX_TIMESTAMP_MS)):
+            return False  # NaN fails both comparisons
     for name in SESSION_FIELDS:  # sessions are names or numbers; anything else, line by line
         if name in names and not (pa.types.is_string(table[name].type)
                                   or pa.types.is_integer(table[name].type)
@@ -146,10 +167,17 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
         ids = table["hash_ids"]
         if not (pa.types.is_list(ids.type) and pa.types.is_integer(ids.type.value_type)):
             return False
-        values = pa.compute.list_flatten(ids)
-        if len(values) and pa.compute.min(values).as_py() < 0:
+        if not _counts(pa.compute.list_flatten(ids), nulls=False):
             return False
     return True
+
+
+def _counts(column: pa.Array | pa.ChunkedArray, nulls: bool = True) -> bool:
+    """Integers in [0, 2^63): what the int64 columns hold (an unsigned column may not fit)."""
+    if not pa.types.is_integer(column.type) or (nulls and column.null_count):
+        return False
+    bounds = pa.compute.min_max(column).as_py()
+    return bounds["min"] is None or (bounds["min"] >= 0 and bounds["max"] < 1 << 63)
 
 
 def _columns_from_table(
@@ -193,11 +221,11 @@ def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _columns_line_by_line(data: bytes, path: str) -> dict:
-    rows, malformed = [], []
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
+def _columns_from_rows(numbered: Iterable[tuple[int, bytes | dict]], path: str,
+                       malformed: list[dict] | None = None) -> dict:
+    """Columns of (line number, JSON line or Parquet row) pairs, each row checked (_row)."""
+    rows, malformed = [], list(malformed or [])
+    for number, raw in numbered:
         try:
             rows.append((number, _row(raw)))
         except ValueError as err:
@@ -219,12 +247,16 @@ def _columns_line_by_line(data: bytes, path: str) -> dict:
     }
 
 
-def _row(raw: bytes) -> dict:
-    """One trace row, checked; raises ValueError saying what is wrong."""
-    try:
-        row = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise ValueError(f"not JSON ({err})") from None
+def _row(raw: bytes | dict) -> dict:
+    """One trace row (a JSON line, or a Parquet row's dict), checked; raises ValueError saying
+    what is wrong."""
+    if isinstance(raw, dict):  # a Parquet row: a session of lists or structs reads as its JSON
+        row = {k: _scalar_session(v) if k in SESSION_FIELDS else v for k, v in raw.items()}
+    else:
+        try:
+            row = json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"not JSON ({str(err)[:200]})") from None
     if not isinstance(row, dict):
         raise ValueError("not a JSON object")
     if not _is_count(row.get("input_length")):
@@ -233,9 +265,17 @@ def _row(raw: bytes) -> dict:
         if name in row and not _is_count(row[name]):
             raise ValueError(f"{name} is not a non-negative integer")
     timestamp = row.get("timestamp", 0)
+    if timestamp is None:
+        timestamp = row["timestamp"] = 0
     if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
         raise ValueError("timestamp is not a number")
+    if not -MAX_TIMESTAMP_MS <= timestamp <= MAX_TIMESTAMP_MS:
+        raise ValueError(f"timestamp {timestamp!r} ms is beyond any trace's (|t| > 2^42)")
+    if row.get("output_length") is None:
+        row.pop("output_length", None)
     hash_ids = row.setdefault("hash_ids", [])
+    if hash_ids is None:
+        hash_ids = row["hash_ids"] = []
     if not isinstance(hash_ids, list) or not all(_is_count(i) for i in hash_ids):
         raise ValueError("hash_ids is not a list of non-negative 64-bit integers")
     for name in SESSION_FIELDS:

@@ -5,12 +5,15 @@ manifest.json is written after every trace file, so its presence marks a complet
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from transforms import storage
 from transforms.errors import JobStopped
-from transforms.write.shards import TRACE_FILE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -55,30 +58,48 @@ def check_not_before_origin(
     return counts
 
 
+BLOCK_HASHES_WARNING = (
+    "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
+    "prompt and confirm it (a dictionary attack), so they stay private, out of the published "
+    "folder; the published trace carries only dense ids")
+# A tokenizer named as the public hub (owner/model) or an installed package (pkg:NAME) does: a
+# local folder's path is the provider's own and is never published (its files' sha256 are).
+_PUBLIC_TOKENIZER = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|pkg:[A-Za-z_][\w.]*")
+
+
+def public_tokenizer_name(name: str) -> str | None:
+    """The tokenizer as the manifest may name it: a hub id or pkg: name, else nothing."""
+    if os.path.exists(name) or not _PUBLIC_TOKENIZER.fullmatch(name):
+        return None
+    return name
+
+
+def public_template_kwargs(value: Any) -> Any:
+    """Chat template kwargs as the manifest may hold them: keys and non-string values as they
+    are (enable_thinking: false), every string replaced by its sha256 (an operator's free text
+    never leaves; equal settings stay comparable)."""
+    if isinstance(value, str):
+        return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    if isinstance(value, list):
+        return [public_template_kwargs(v) for v in value]
+    if isinstance(value, dict):
+        return {k if re.fullmatch(r"[A-Za-z_]\w{0,63}", k) else public_template_kwargs(k):
+                public_template_kwargs(v) for k, v in value.items()}
+    return value
+
+
 MANIFEST = "manifest.json"
+STATS = "stats.json"
 
 
 def manifest_path(directory: str) -> str:
     return storage.join(directory, MANIFEST)
 
 
-def remove_manifest(directory: str) -> None:
-    """A run starts by removing the last run's manifest: until this one completes, the folder
-    must not claim to hold a complete export."""
-    path = manifest_path(directory)
-    if storage.exists(path):
-        storage.delete([path])
+def json_bytes(payload: dict) -> bytes:
+    return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
 
 
 def write_json(path: str, payload: dict) -> None:
     with storage.create(path) as handle:
-        handle.write((json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
-
-
-def remove_stale_shards(directory: str, written: list[str]) -> None:
-    """Trace shards from an earlier run with another shard count would mix into this export."""
-    keep = set(written)
-    stale = [p for p in storage.match(storage.join(directory, TRACE_FILE_PREFIX + "*"))
-             if p not in keep]
-    if stale:
-        storage.delete(stale)
+        handle.write(json_bytes(payload))

@@ -6,6 +6,7 @@ shards are sorted across file names and their boundaries depend on the data alon
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterable
 
@@ -138,19 +139,20 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
 def write_shard(
     directory: str, shard: int, shards: int, batches: Iterable[RowBatch], origin_ms: int,
     coarsening: Coarsening = Coarsening(), hashes_directory: str | None = None,
-) -> list[str]:
-    """Sort one shard's rows and write them as JSONL and Parquet; returns the two paths. With
-    hashes_directory, the rows' engine block hashes go there too (block_hashes_bytes)."""
+) -> list[tuple[str, str]]:
+    """Sort one shard's rows and write them as JSONL and Parquet; returns (path, sha256) of the
+    two. With hashes_directory, the rows' engine block hashes go there too, owner-only
+    (block_hashes_bytes)."""
     ordered = coarsen(RowBatch.concat(list(batches)).sorted(), origin_ms, coarsening)
     if hashes_directory is not None:
         path = storage.join(hashes_directory, f"{BLOCK_HASHES_PREFIX}{shard:05d}-of-{shards:05d}.parquet")
-        with storage.create(path) as handle:
+        with storage.create(path, private=True) as handle:
             handle.write(block_hashes_bytes(ordered))
-    paths = []
+    written = []
     for suffix, payload in ((".jsonl", jsonl_bytes(ordered, origin_ms)),
                             (".parquet", parquet_bytes(ordered, origin_ms))):
         path = storage.join(directory, shard_name(shard, shards, suffix))
         with storage.create(path) as handle:
             handle.write(payload)
-        paths.append(path)
-    return paths
+        written.append((path, hashlib.sha256(payload).hexdigest()))
+    return written

@@ -12,8 +12,8 @@ from transforms.write.shards import write_shard
 
 
 class WriteShard(beam.DoFn):
-    """(shard, row batches) in, written paths out. `gate` is a side input that must be computed,
-    and may fail the job, before any file is written."""
+    """(shard, row batches) in, (written path, sha256) out. `gate` is a side input that must be
+    computed, and may fail the job, before any file is written."""
 
     def __init__(self, directory: str, coarsening: Coarsening = Coarsening(),
                  hashes_directory: str | None = None):
@@ -24,7 +24,7 @@ class WriteShard(beam.DoFn):
     def process(
         self, element: tuple[int, Iterable[RowBatch | None]], plan: dict[int, int], origin: int,
         gate: object,
-    ) -> Iterator[str]:
+    ) -> Iterator[tuple[str, str]]:
         shard, batches = element
         shards = max(plan.values(), default=0) + 1
         # None marks shard 0, which always exists so that an empty trace still has its files.

@@ -1,0 +1,70 @@
+"""Run `kvtrace` with a fault injected at the K-th durable filesystem step, for the crash-point
+harness (test_crash_points.py): `python crashpoints.py K MODE kvtrace-args...`.
+
+The steps counted are the ones a commit protocol is made of: a file written (storage.create,
+counted when closed), fsync, rename, link, unlink, rmtree and the atomic folder swap. MODE kill
+ends the process at once before the step (as SIGKILL would: no cleanup, no finally); MODE enospc
+makes the step fail as on a full disk. K = 0 runs cleanly and prints the number of steps.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+import sys
+
+from transforms import storage
+from transforms.write import publish
+
+STEPS = [0]
+
+
+def _fault(target: int, mode: str) -> None:
+    STEPS[0] += 1
+    if STEPS[0] != target:
+        return
+    if mode == "kill":
+        os._exit(137)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _counted(function, target: int, mode: str):
+    def step(*args, **kwargs):
+        _fault(target, mode)
+        return function(*args, **kwargs)
+    return step
+
+
+def install(target: int, mode: str) -> None:
+    for name in ("fsync", "rename", "replace", "link", "unlink"):
+        setattr(os, name, _counted(getattr(os, name), target, mode))
+    shutil.rmtree = _counted(shutil.rmtree, target, mode)
+    publish._exchange = _counted(publish._exchange, target, mode)
+    original_create = storage.create
+
+    class CountedWriter(io.BufferedWriter):
+        def close(self) -> None:
+            if not self.closed:
+                try:
+                    _fault(target, mode)  # the file's bytes reaching the disk, or not
+                except OSError:
+                    super().close()
+                    raise
+            super().close()
+
+    def create(path: str, private: bool = False):
+        return CountedWriter(original_create(path, private).detach())
+
+    storage.create = create
+
+
+if __name__ == "__main__":
+    target, mode = int(sys.argv[1]), sys.argv[2]
+    install(target, mode)
+    from kvtrace.cli import main
+
+    code = main(sys.argv[3:])
+    print(f"steps: {STEPS[0]}", file=sys.stderr)
+    sys.exit(code)
