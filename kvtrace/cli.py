@@ -452,10 +452,11 @@ def _print_summary(config: Any) -> None:
 
 
 def _configure_logging(verbose: bool) -> None:
-    """kvtrace's own progress at INFO; Beam (which logs every bundle) and transformers only on
-    --verbose. Runs before Beam is imported, which logs warnings at import time."""
+    """kvtrace's own progress at INFO; Beam (which logs every bundle, and a worker's failure with
+    its traceback) and transformers only on --verbose: a failure is the one line main prints.
+    Runs before Beam is imported, which logs warnings at import time."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger().setLevel(logging.INFO if verbose else logging.ERROR)
+    logging.getLogger().setLevel(logging.INFO if verbose else logging.CRITICAL)
     _LOG.setLevel(logging.INFO)
     if not verbose:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # inherited by worker processes

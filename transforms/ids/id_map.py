@@ -351,8 +351,11 @@ def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
     """Commit the new version by creating its metadata exclusively (its segments are durable
     already: storage.create syncs each file), then mark its segment folders committed and move
     CURRENT to it."""
-    for folder in _new_folders(directory, base, new):
+    folders = _new_folders(directory, base, new)
+    for folder in folders:
         storage.sync_folder(folder)
+    if folders:  # the new folders' own entries
+        storage.sync_folder(storage.join(directory, "segments"))
     metadata = _json_bytes(new.to_json())
     if current_version_number(directory) != base.version or not create_exclusive(
         version_path(directory, new.version), metadata
