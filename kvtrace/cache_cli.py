@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from kvtrace.config import ConfigError
+from kvtrace.presets import load_model, models
 
 TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
 BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
@@ -61,8 +62,9 @@ def add_parsers(commands: Any) -> None:
     bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
                               help="KV cache bytes per token, for capacities in bytes")
     bytes_source.add_argument("--model", metavar="PRESET",
-                              help="a model preset (configs/models: deepseek-r1, qwen3-8b, "
-                                   "llama-3.1-70b, ... or a YAML path) giving bytes per token")
+                              help="a model preset giving KV bytes per token: one kvtrace ships "
+                                   f"({', '.join(models())}) or a YAML file's path")
+    add("--list-models", action=ListModels, help="list the model presets kvtrace ships and exit")
     add("--tier2-capacity", metavar="LIST",
         help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
     add("--decode-cache", action="store_true",
@@ -139,9 +141,23 @@ def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
+class ListModels(argparse.Action):
+    """--list-models: each shipped model preset and its KV bytes per token, then exit."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        from transforms.cache.capacity import kv_bytes_per_token
+
+        for name in models():
+            print(f"{name:16} {kv_bytes_per_token(load_model(name)):>9,} KV bytes per token")
+        parser.exit()
+
+
 def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.simulate import SimulateConfig, run_simulate
-    from transforms.cache.capacity import kv_bytes_per_token, load_model, parse_capacities
+    from transforms.cache.capacity import kv_bytes_per_token, parse_capacities
 
     no_beam_options(beam_args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvtrace import __version__, cache_cli, check_cli, replay_cli, synth_cli
 from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
+from kvtrace.presets import config_path, environments
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.errors import IdMapError, JobStopped
 from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
@@ -131,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
              "fastest on 2 cores; more helps chat logs on many cores, see docs/SCALE.md)")
     add("--config", action="append", default=[], metavar="FILE[,FILE]",
         help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
-             "say); later files and then flags override earlier values")
+             "say); later files and then flags override earlier values. A name without a path "
+             f"is a preset kvtrace ships: {', '.join(environments())}")
     add("--verbose", action="store_true", help="show Beam's own logs")
 
     analyze = commands.add_parser(
@@ -252,8 +254,9 @@ def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms import storage
     from transforms.write.publish import check_output, output_lock, staging_folder
 
-    presets, preset_beam = load_presets([p for arg in args.config for p in arg.split(",") if p],
-                                        _option_kinds(_parser(), "anonymize"))
+    presets, preset_beam = load_presets(
+        [config_path(p) for arg in args.config for p in arg.split(",") if p],
+        _option_kinds(_parser(), "anonymize"))
     options = _merged(args, presets)
     flags = beam_flags(preset_beam) + beam_args
     engine = _engine(options, flags)

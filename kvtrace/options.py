@@ -85,6 +85,9 @@ def check_locations(
     """outputs: flag name -> location (--output, --dead-letter, --id-map). None may lie inside
     another; no input file may lie inside any of them; none may be the folder an input pattern
     reads (nor lie under it, for a recursive ** pattern), or the next run would read them."""
+    for flag, where in outputs.items():  # each is a folder: a file in its place is a mistake
+        if where and not is_url(where) and os.path.exists(where) and not os.path.isdir(where):
+            raise ConfigError(f"{flag} {where} is a file; it names a folder")
     places = {flag: normalized(where) for flag, where in outputs.items() if where}
     flags = list(places)
     for i, first in enumerate(flags):

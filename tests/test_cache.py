@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transforms.cache.cache_trace import CacheTrace
-from transforms.cache.capacity import kv_bytes_per_token, load_model, parse_capacity
+from kvtrace.presets import load_model
+from transforms.cache.capacity import kv_bytes_per_token, parse_capacity
 from transforms.cache import policies
 from transforms.cache.policies import POLICIES, hit_rate
 from transforms.cache.reuse import ccdf_at, reuse_events, reuse_time_histogram
@@ -125,7 +126,7 @@ def test_capacities_in_tokens_or_bytes():
 def test_model_presets_give_kv_bytes_per_token():
     assert kv_bytes_per_token(load_model("qwen3-8b")) == 2 * 36 * 8 * 128 * 2
     assert kv_bytes_per_token(load_model("deepseek-r1")) == 61 * (512 + 64) * 2
-    with pytest.raises(ValueError, match="no model preset 'gpt-9'.*qwen3-8b"):
+    with pytest.raises(ValueError, match="--model gpt-9: no such preset.*qwen3-8b"):
         load_model("gpt-9")
     with pytest.raises(ValueError, match="missing kv_heads"):
         kv_bytes_per_token({"name": "x", "layers": 2, "head_dim": 4})

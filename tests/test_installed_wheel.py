@@ -90,3 +90,13 @@ def test_every_module_of_the_tree_is_in_the_wheel(clean_python, tmp_path):
               "    assert 'site-packages' in module.__file__, (name, module.__file__)\n")
     shown = _run(clean_python, tmp_path, "-c", script)
     assert shown.returncode == 0, shown.stderr[-2000:]
+
+
+def test_the_presets_the_cli_names_ship_in_the_wheel(clean_python, tmp_path):
+    listed = _run(clean_python, tmp_path, "-m", "kvtrace.cli", "simulate", "--list-models")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "qwen3-8b" in listed.stdout and "KV bytes per token" in listed.stdout
+    shown = _run(clean_python, tmp_path, "-c",
+                 "from kvtrace import presets; print(presets.folder()); "
+                 "print(presets.config_path('deepseek-r1'))")
+    assert shown.returncode == 0 and "site-packages" in shown.stdout and str(ROOT) not in shown.stdout

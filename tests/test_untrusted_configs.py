@@ -130,3 +130,38 @@ def test_any_preset_gives_a_run_or_a_one_line_error(tiny_tokenizer, tmp_path_fac
     assert code in (0, 1, 2)
     lines = [line for line in err.getvalue().splitlines() if line.startswith(("error", "Traceback"))]
     assert code == 0 or (len(lines) == 1 and lines[0].startswith("error")), err.getvalue()
+
+
+@pytest.mark.parametrize("given, message", [
+    ("{tok}/tokenizer.json", "is a file; give the folder that holds it"),
+    ("{tmp}/missing/tokenizer", "no such folder"),
+    ("{tmp}", "no tokenizer.json"),
+])
+def test_a_wrong_tokenizer_path_says_what_is_wrong_with_it(tiny_tokenizer, tmp_path, capsys,
+                                                            given, message):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    name = given.format(tok=tiny_tokenizer, tmp=tmp_path)
+    assert main(["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
+                 "--tokenizer", name]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Repo id" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_config_named_without_a_path_is_a_shipped_preset(capsys):
+    from kvtrace.presets import config_path, environments
+
+    assert {"deepseek-r1", "qwen3", "dataflow", "flink", "local"} <= set(environments())
+    assert config_path("deepseek-r1").endswith("deepseek-r1.yaml")
+    with pytest.raises(FileNotFoundError, match="nor a preset kvtrace ships"):
+        config_path("deepseek-r2")
+
+
+@pytest.mark.parametrize("flag", ["--output", "--dead-letter", "--id-map"])
+def test_a_file_where_a_folder_goes_is_named(tiny_tokenizer, tmp_path, capsys, flag):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    (tmp_path / "a-file").write_text("x")
+    args = {"--output": str(tmp_path / "out"), flag: str(tmp_path / "a-file")}
+    extra = ["--salt-file", str(tmp_path / "in.jsonl")] if flag == "--id-map" else []
+    assert main(["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, *extra,
+                 *[x for kv in args.items() for x in kv]]) == 2
+    assert f"{flag} {tmp_path / 'a-file'} is a file" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """Cache capacities as people write them, and what a token of KV cache costs in bytes.
 
 A capacity is tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB: a unit ending in B), which
-need the bytes one token's KV cache takes: given directly, or from a model preset
-(configs/models/*.yaml: layers, heads, head size and dtype). Bad values raise ValueError with
+need the bytes one token's KV cache takes: given directly, or from a model preset (layers,
+heads, head size and dtype; kvtrace/presets.py finds them). Bad values raise ValueError with
 a message for the user.
 """
 
@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
 
 _TOKEN_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -20,7 +17,6 @@ _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _CAPACITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2,
                "fp8": 1, "int8": 1}
-MODELS_FOLDER = Path("configs") / "models"
 
 
 @dataclass(frozen=True)
@@ -65,18 +61,3 @@ def kv_bytes_per_token(preset: dict) -> int:
     except KeyError as err:
         raise ValueError(f"model preset {preset.get('name', '?')}: missing {err.args[0]} "
                           f"(or unknown dtype; known: {', '.join(DTYPE_BYTES)})") from None
-
-
-def load_model(name_or_path: str) -> dict:
-    """A model preset by path, or by name from configs/models (here, or beside the source)."""
-    folders = [Path.cwd() / MODELS_FOLDER, Path(__file__).resolve().parents[2] / MODELS_FOLDER]
-    candidates = [Path(name_or_path)] + [folder / f"{name_or_path}.yaml" for folder in folders]
-    for path in candidates:
-        if path.is_file():
-            preset = yaml.safe_load(path.read_text()) or {}
-            if not isinstance(preset, dict):
-                raise ValueError(f"model preset {path}: expected a mapping")
-            return preset
-    known = sorted({p.stem for folder in folders if folder.is_dir() for p in folder.glob("*.yaml")})
-    raise ValueError(f"no model preset {name_or_path!r}: give a YAML file's path"
-                      + (f" or one of {', '.join(known)}" if known else ""))

@@ -37,6 +37,27 @@ def resolve_tokenizer(name: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
+def check_tokenizer_path(name: str) -> None:
+    """What is wrong with a tokenizer given as a local path, in one line, before the model hub
+    is asked (whose answer to a mistyped path, "Repo id must be in the form...", says nothing
+    of the path). A name that is no existing path and looks like a hub id (owner/model) passes."""
+    path = Path(os.path.expanduser(name))
+    if path.is_file():
+        raise ValueError(f"--tokenizer {name} is a file; give the folder that holds it "
+                         f"({path.parent})")
+    if path.is_dir():
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise ValueError(f"--tokenizer {name}: the folder is not readable")
+        if not (path / TOKENIZER_FILE).is_file() and not (path / "tokenizer_config.json").is_file():
+            raise ValueError(f"--tokenizer {name}: no {TOKENIZER_FILE} (nor tokenizer_config.json) "
+                             f"in this folder")
+        return
+    looks_like_path = (name.startswith(("/", ".", "~")) or name.count("/") > 1
+                       or name.endswith(".json"))
+    if looks_like_path:
+        raise ValueError(f"--tokenizer {name}: no such folder (a hub model is named owner/model)")
+
+
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name: str) -> Any:
     """The fast tokenizer for name, loaded once per worker process: from its tokenizer.json
@@ -63,6 +84,7 @@ def load_tokenizer(name: str) -> Any:
 def tokenizer_directory(name: str) -> Path:
     """The local folder holding name's tokenizer files (from the hub cache for hub names)."""
     resolved = resolve_tokenizer(name)
+    check_tokenizer_path(resolved)
     if os.path.isdir(resolved):
         return Path(resolved)
     from huggingface_hub import snapshot_download
