@@ -46,6 +46,8 @@ def test_a_kvtrace_output_is_publishable(output, capsys):
                                      "session"}
     assert report["hash_ids"]["dense"] and report["sessions"]["sessions"] == 3
     assert report["timestamps"]["granularity_ms"] == 1  # relative ms, unrounded
+    assert report["timestamps"]["median_gap_ms"] > 1  # the spacing, beside the precision
+    assert report["fields"]["timestamp"] == report["rows"] == 12  # twins counted once
     assert 0 < report["singled_out"]["unique_id_sequence"] <= 1
 
 

@@ -70,6 +70,7 @@ def audit(target: str) -> dict:
                 gate.flag(f"{name} does not hold the rows of its JSONL twin")
             continue
         rows += [_row_key(row) for row in file_rows]
+        gate.fields.update(key for row in file_rows for key in row)
         sessions.update(str(r["session"]) for r in file_rows if r.get("session") is not None)
     if STATS in names:
         _check_stats(storage.join(folder, STATS), gate)
@@ -166,9 +167,6 @@ def _parquet_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
     for row in table.select(known).to_pylist():
         if _check_row(row, name, gate):
             yield {k: v for k, v in row.items() if v is not None}
-    for field in table.schema:
-        if field.name not in allowed:
-            gate.fields[field.name] += table.num_rows
 
 
 def _check_row(row: dict, name: str, gate: _Gate) -> bool:
@@ -177,7 +175,6 @@ def _check_row(row: dict, name: str, gate: _Gate) -> bool:
     for key, value in row.items():
         if value is None and key == "session":
             continue
-        gate.fields[key] += 1
         if key not in TRACE_FIELDS:
             gate.flag(f"fields beyond the trace's own: {key}")
             whole = False
@@ -353,6 +350,8 @@ def _id_report(rows: list[tuple]) -> dict:
 
 
 def _timestamp_report(timestamps: list) -> dict:
+    """The precision the timestamps carry (the largest step every one is a multiple of) and the
+    spacing of requests (the median gap), which together say what rounding would hide."""
     values = np.array([t for t in timestamps if isinstance(t, int) and not isinstance(t, bool)
                        and -(1 << 63) <= t < 1 << 63], dtype=np.int64)
     if not len(values):
@@ -361,6 +360,7 @@ def _timestamp_report(timestamps: list) -> dict:
     positive = gaps[gaps > 0]
     return {"granularity_ms": int(np.gcd.reduce(values)) if values.any() else None,
             "smallest_gap_ms": int(positive.min()) if len(positive) else None,
+            "median_gap_ms": float(np.median(gaps)) if len(gaps) else None,
             "distinct": int(len(np.unique(values)))}
 
 
@@ -377,27 +377,43 @@ def _uniqueness(rows: list[tuple]) -> dict:
 
 
 def report_text(report: dict, where: str) -> str:
-    ts, single = report["timestamps"], report["singled_out"]
-    lines = [
-        f"{where}: {report['rows']:,} rows in {', '.join(report['files'])}",
-        f"  fields: {', '.join(f'{k} ({v:,})' for k, v in report['fields'].items())}",
-        f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}",
-        f"  hash ids: {report['hash_ids']['distinct']:,} distinct, "
-        f"{'dense' if report['hash_ids']['dense'] else 'NOT dense'}",
-        f"  timestamps: granularity {ts.get('granularity_ms')} ms, smallest gap "
-        f"{ts.get('smallest_gap_ms')} ms",
-    ]
+    """The report for a person: each figure, what it means, what the publisher can do."""
+    ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
+    lines = [f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
+             f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",
+             f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}"
+             " (counts and dense ids stay small; token ids or hashes would not)",
+             f"  hash ids: {report['hash_ids']['distinct']:,} distinct, "
+             f"{'dense from 0' if report['hash_ids']['dense'] else 'NOT dense'}"]
+    if ts.get("granularity_ms") is not None:
+        lines.append(f"  timestamps: every one a multiple of {ts['granularity_ms']:,} ms; requests "
+                     f"{_ms(ts.get('median_gap_ms'))} apart at the median, {_ms(ts.get('smallest_gap_ms'))} "
+                     f"at the closest. To publish coarser timing: anonymize "
+                     f"--timestamp-granularity-ms N")
     if single:
-        lines.append(f"  rows an outsider could single out: {single['unique_id_sequence']:.1%} by "
-                     f"their whole id sequence, {single['unique_lengths']:.1%} by their lengths")
-    sessions = report["sessions"]
-    lines.append(f"  sessions: {sessions['sessions']:,} ({sessions['rows_with_session']:,} rows, "
-                 f"at most {sessions['max_rows_per_session']:,} per session)")
+        lines.append(
+            f"  rows unique in the trace: {single['unique_id_sequence']:.1%} by their id sequence, "
+            f"{single['unique_lengths']:.1%} by their (input, output) lengths. Expected for "
+            f"prefix traces and no text is exposed; it matters only to someone who already knows "
+            f"a request's token count or block structure and wants to find its row. To blur "
+            f"lengths: --length-granularity N (output lengths)")
+    lines.append(f"  sessions: {sessions['sessions']:,} ({sessions['rows_with_session']:,} rows, at "
+                 f"most {sessions['max_rows_per_session']:,} per session)"
+                 + (": they link a user's turns; leave session ids out of the logs to publish "
+                    "none" if sessions["sessions"] else ""))
     if report["manifest"]:
         m = report["manifest"]
         lines.append(f"  manifest: hash scheme {m['hash_scheme']}"
                      f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
                      f"{m.get('granularity')}")
     lines += [f"  FLAG {flag}" for flag in report["flags"]]
-    lines.append("publishable" if report["publishable"] else "NOT publishable")
+    lines.append(f"verdict: publishable: only what kvtrace publishes, nothing flagged"
+                 if report["publishable"] else
+                 f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above")
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1000:,.1f} s" if value >= 1000 else f"{value:,.0f} ms"
