@@ -23,7 +23,7 @@ def add_parsers(commands: Any) -> None:
         "reuse", help="reuse-interval CCDF, exact LRU stack distances, reuse times (plot + JSON)",
         description=(
             "How much KV cache could go to a CPU or SSD tier: the share of prompt tokens reused "
-            "only after more than x tokens went through the cache (seed 003's CCDF), the exact "
+            "only after more than x tokens went through the cache (the reuse-interval CCDF), the exact "
             "LRU hit rate of every capacity from stack distances, and reuse times in seconds."),
     )
     add = reuse.add_argument

@@ -8,9 +8,11 @@ line on stderr: exit 2 for a run refused before it started, 1 for a job that sto
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -549,12 +551,32 @@ def _with_dashes(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[s
     underscores, as Beam does: --id_map=DIR. kvtrace's own flags take dashes, so respell those;
     Beam's options pass through as they are."""
     ours = _our_flags(parser)
-    respelled = []
+    respelled: list[str] = []
     for arg in argv:
         name, sep, value = arg.partition("=")
         dashed = name.replace("_", "-")
+        if respelled and respelled[-1] in ours and NEGATIVE_NUMBER.match(arg):
+            respelled[-1] += f"={arg}"  # --capacity -3M: a value, for the option to judge
+            continue
         respelled.append(dashed + sep + value if name.startswith("--") and dashed in ours else arg)
     return respelled
+
+
+NEGATIVE_NUMBER = re.compile(r"-\.?\d")
+
+
+def _refuse_misspelled(command: str, leftovers: list[str], parser: argparse.ArgumentParser) -> None:
+    """An option a command does not know but that is close to one it does is a typo: say so at
+    once, whichever command (the rest are Beam options, or refused by commands without Beam)."""
+    (subparsers,) = parser._subparsers._group_actions
+    known = [o for a in subparsers.choices[command]._actions for o in a.option_strings]
+    for arg in leftovers:
+        name = arg.split("=", 1)[0]
+        if name.startswith("-"):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            if close:
+                raise ConfigError(f"unknown option {name} (did you mean {close[0]}?); see "
+                                  f"kvtrace {command} --help")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -563,6 +585,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
+    try:
+        _refuse_misspelled(args.command, beam_args, parser)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
                "simulate": cache_cli.simulate, "report": cache_cli.report,
                "synthesize": synth_cli.run, "validate": check_cli.validate,

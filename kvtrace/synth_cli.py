@@ -28,7 +28,7 @@ def add_parser(commands: Any) -> None:
         "synthesize", help="reshape a trace: load, prefix lengths and diversity, lengths, more "
                            "requests; every output row valid",
         description=(
-            "Reshape a Mooncake trace into the workload a benchmark needs (seed 002's knobs): "
+            "Reshape a Mooncake trace into the workload a benchmark needs (speed-up, prefix and prompt lengths, output lengths, conversations): "
             "speed-up, longer or shorter shared prefixes, more prefix trees, longer or shorter "
             "unique parts, length bounds, and new requests drawn from the trace. Conversations "
             "stay in one tree and keep each turn's prefix equal to the previous turn's input; "

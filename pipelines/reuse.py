@@ -1,4 +1,4 @@
-"""`kvtrace reuse`: seed 003's reuse-interval CCDF, exact LRU stack distances and reuse times.
+"""`kvtrace reuse`: the reuse-interval CCDF, exact LRU stack distances and reuse times.
 
 One machine, numpy and one compiled pass (transforms/cache): the CCDF and the reuse times are
 vectorised; stack distances are an O(N log N) Fenwick-tree pass.

@@ -165,3 +165,22 @@ def test_a_file_where_a_folder_goes_is_named(tiny_tokenizer, tmp_path, capsys, f
     assert main(["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, *extra,
                  *[x for kv in args.items() for x in kv]]) == 2
     assert f"{flag} {tmp_path / 'a-file'} is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, typo, meant", [
+    (["analyze", "t.jsonl"], "--blok-size", "--block-size"),
+    (["validate", "t.jsonl"], "--jsn", "--json"),
+    (["simulate", "t.jsonl", "--capacity", "1M"], "--polcy", "--policy"),
+    (["synthesize", "t.jsonl", "-o", "x.jsonl"], "--speedup-ration", "--speedup-ratio"),
+    (["audit", "t"], "--jsno", "--json"),
+])
+def test_every_command_suggests_the_option_a_typo_meant(capsys, command, typo, meant):
+    assert main([*command, typo, "1"]) == 2
+    assert f"unknown option {typo} (did you mean {meant}?)" in capsys.readouterr().err
+
+
+def test_a_negative_value_reaches_its_option_and_is_named(tmp_path, capsys):
+    trace = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 3,
+                                               "output_length": 1, "hash_ids": [0]}])
+    assert main(["simulate", str(trace), "--capacity", "-3M"]) == 2
+    assert "capacity '-3M'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Reuse intervals on a token clock (seed 003's question: what could a CPU or SSD tier hold?).
+"""Reuse intervals on a token clock (what could a CPU or SSD tier behind the GPU hold?).
 
 The clock: blocks in causal order, each advancing it by its real tokens. A reuse event is an
 occurrence of a block seen in an earlier request (a prefix occurs once per request, so every

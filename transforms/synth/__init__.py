@@ -1,1 +1,1 @@
-"""Synthesis: reshape a trace (seed 002's knobs) and draw new requests from it."""
+"""Synthesis: reshape a trace and draw new requests from it."""

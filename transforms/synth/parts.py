@@ -1,4 +1,4 @@
-"""What each request of a trace is made of, as synthesis reshapes it (seed 002's terms).
+"""What each request of a trace is made of, as synthesis reshapes it.
 
 A request's blocks split into up to three runs, in this order:
 - shared: the leading blocks it shares with other conversations (a system prompt, a document):

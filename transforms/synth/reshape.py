@@ -1,4 +1,4 @@
-"""Reshape a trace's requests (seed 002's knobs) into new rows whose ids stay valid.
+"""Reshape a trace's requests into new rows whose ids stay valid.
 
 Each output row is first built as a sequence of labels, one per output block; ids are then the
 exact prefixes of those label sequences (stats.trace_stats.prefix_ids), numbered densely in
