@@ -13,8 +13,15 @@ from typing import Any
 import numpy as np
 
 from transforms import storage
+from transforms.batching import batches_by_weight
 from transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
-from transforms.replay.render import render_blocks, reproduces, template_overhead, vocabulary
+from transforms.replay.render import (
+    block_keys,
+    render_blocks,
+    reproduces_blocks,
+    template_overhead,
+    vocabulary,
+)
 from transforms.stats.trace_io import read_trace
 
 _LOG = logging.getLogger("kvtrace")
@@ -33,6 +40,14 @@ class RenderConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+# Rows rendered, written and verified at a time, bounded by their tokens (a tokenized token costs
+# ~100 bytes until it is reduced to block digests) and by count: memory follows a batch's text
+# and tokens (and 16 bytes per block of the trace), not the whole trace's.
+BATCH_TOKENS = 1 << 20
+BATCH_ROWS = 256
+PROGRESS_INTERVAL_S = 30.0
+
+
 def run_render(config: RenderConfig) -> dict:
     started = time.perf_counter()
     trace = read_trace(config.inputs)
@@ -43,18 +58,34 @@ def run_render(config: RenderConfig) -> dict:
     # A row must hold the template's own tokens and one word of content.
     fits = trace.input_length >= head + tail + 1
     rendered = render_blocks(trace, config.block_size, words, head)
-    texts = rendered.rows(head, tail)
     sessions = trace.session.tolist() if trace.session is not None else [None] * len(trace)
+    lengths, keys = [], []
+    last_progress = time.monotonic()
     with storage.create(config.output) as handle:
-        for row in np.flatnonzero(fits).tolist():
-            handle.write((json.dumps(_request(config.shape, texts[row], trace, row, sessions[row]))
-                          + "\n").encode())
+        lengths_of = trace.input_length.tolist()
+        for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, lengths_of.__getitem__,
+                                      BATCH_ROWS):
+            texts = [rendered.row(r, head, tail) for r in rows]
+            for r, text in zip(rows, texts):
+                if fits[r]:
+                    handle.write((json.dumps(_request(config.shape, text, trace, r, sessions[r]))
+                                  + "\n").encode())
+            if config.verify:
+                batch_lengths, batch_keys = block_keys(
+                    encode_texts(tokenizer, _as_served(config, tokenizer, texts)),
+                    config.block_size)
+                lengths.append(batch_lengths)
+                keys.append(batch_keys)
+            if time.monotonic() - last_progress >= PROGRESS_INTERVAL_S:
+                last_progress = time.monotonic()
+                _LOG.info("rendered %d of %d rows%s", rows[-1] + 1, len(trace),
+                          ", verified" if config.verify else "")
     report = {"rows": len(trace), "written": int(fits.sum()), "shape": config.shape,
               "template_tokens": {"before": head, "after": tail},
               "too_short_for_the_template": int((~fits).sum()), "merged_blocks": rendered.merged,
               "malformed_lines": trace.malformed_count}
     if config.verify:
-        report["verified"] = _verify(config, tokenizer, trace, texts, fits)
+        report["verified"] = _verified(config, trace, lengths, keys, fits)
     _LOG.info("rendered %d requests in %.1f s", report["written"], time.perf_counter() - started)
     return report
 
@@ -71,12 +102,20 @@ def _request(shape: str, text: str, trace, row: int, session: object) -> dict:
     return request
 
 
-def _verify(config: RenderConfig, tokenizer: Any, trace, texts: list[str], fits: np.ndarray) -> dict:
-    """Tokenize every rendered request as the server (and anonymize) would, and compare."""
-    if config.shape == "chat":
-        texts = [render_chat(tokenizer, [{"role": "user", "content": t}], None,
-                             config.chat_template_kwargs) for t in texts]
-    ok = reproduces(trace, encode_texts(tokenizer, texts), config.block_size) & fits
+def _as_served(config: RenderConfig, tokenizer: Any, texts: list[str]) -> list[str]:
+    """The text the server (and anonymize) tokenizes for each request."""
+    if config.shape != "chat":
+        return texts
+    return [render_chat(tokenizer, [{"role": "user", "content": t}], None,
+                        config.chat_template_kwargs) for t in texts]
+
+
+def _verified(config: RenderConfig, trace, lengths: list[np.ndarray], keys: list[np.ndarray],
+              fits: np.ndarray) -> dict:
+    """Every rendered request, tokenized as served, against the trace's blocks."""
+    ok = reproduces_blocks(trace, np.concatenate(lengths + [np.zeros(0, np.int64)]),
+                           np.concatenate(keys + [np.zeros((0, 2), np.uint64)]),
+                           config.block_size) & fits
     wrong = np.flatnonzero(~ok & fits)
     return {"rows_reproduced": int(ok.sum()), "rows_not_reproduced": int(len(wrong)),
             "examples": [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}

@@ -13,10 +13,13 @@ ranks (`merged` counts blocks where they cannot).
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 
 from transforms.encode.tokenize import encode_texts, render_chat
 from transforms.stats.trace_io import Trace
@@ -27,29 +30,44 @@ from transforms.stats.trace_stats import last_block_tokens, prefix_ids
 VOCABULARY_WORDS = 4096
 _WORD = re.compile(r" [a-z]{3,10}")
 _FILLER_STEP = 2654435761  # Knuth's multiplicative step: consecutive positions spread apart
+SPELLED_BLOCKS_KEPT = 4096  # ~4096 x a block's text (3.5 KB at 512 tokens): ~15 MB
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """Per block of the trace (file order), which distinct block text it is; the texts."""
+    """Per block of the trace (file order), which distinct block it is, and how each distinct
+    block is spelled; texts are built when asked (a trace's texts together outgrow memory)."""
 
-    block_text: np.ndarray  # per block: index into texts
-    texts: list[str]  # each distinct (prefix, length) block as words
+    block_text: np.ndarray  # per block: index into spelling
+    spelling: np.ndarray  # per distinct (prefix, length) block: rank, tokens, first digit's place
+    digits: int  # words spelling a rank
+    words: list[str]
     offsets: np.ndarray  # the trace's: row r's blocks are block_text[offsets[r]:offsets[r + 1]]
     merged: int  # blocks whose words equal a sibling's (too short to spell their rank)
 
+    def __post_init__(self) -> None:
+        # Shared prefixes recur row after row: their blocks are spelled once while they recur.
+        spell = functools.lru_cache(maxsize=SPELLED_BLOCKS_KEPT)(
+            lambda rank, tokens, start: _spelled(rank, tokens, self.digits, start, self.words))
+        object.__setattr__(self, "_spell", spell)
+
+    def text(self, block: int) -> str:
+        return self._spell(*self.spelling[block].tolist())
+
     def rows(self, skip_head: int = 0, skip_tail: int = 0) -> list[str]:
-        """Each row's text; the first skip_head and last skip_tail words of each row are left
-        out, for a chat template's own tokens before and after the content."""
-        out = []
-        index = self.block_text.tolist()
-        for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()):
-            parts = [self.texts[i] for i in index[a:b]]
-            if (skip_head or skip_tail) and parts:
-                kept = "".join(parts).split(" ")[1:]  # every word starts with its space
-                parts = [" " + w for w in kept[skip_head:len(kept) - skip_tail]]
-            out.append("".join(parts))
-        return out
+        """Every row's text (row)."""
+        return [self.row(r, skip_head, skip_tail) for r in range(len(self.offsets) - 1)]
+
+    def row(self, r: int, skip_head: int = 0, skip_tail: int = 0) -> str:
+        """Row r's text, built when asked (a trace's texts together can outgrow memory); the
+        first skip_head and last skip_tail words are left out, for a chat template's own
+        tokens before and after the content."""
+        index = self.block_text[self.offsets[r]:self.offsets[r + 1]].tolist()
+        parts = [self.text(i) for i in index]
+        if (skip_head or skip_tail) and parts:
+            kept = "".join(parts).split(" ")[1:]  # every word starts with its space
+            parts = [" " + w for w in kept[skip_head:len(kept) - skip_tail]]
+        return "".join(parts)
 
 
 def vocabulary(tokenizer, size: int = VOCABULARY_WORDS) -> list[str]:
@@ -95,16 +113,15 @@ def render_blocks(trace: Trace, block_size: int, words: list[str], head: int = 0
                                        return_inverse=True)
     starts = np.zeros(len(prefix), dtype=np.int64)
     starts[trace.offsets[:-1][has]] = head
-    texts = [_spelled(int(rank[b]), int(tokens[b]), digits, int(starts[b]), words)
-             for b in first.tolist()]
+    spelling = np.stack([rank[first], tokens[first], starts[first]], axis=1)
     short = tokens[first] < digits + starts[first]
     merged = int(short.sum()) - len(np.unique(np.stack(
         [parent[first][short], tokens[first][short], rank[first][short] % base ** tokens[first][short]],
         axis=1), axis=0)) if short.any() else 0
-    return Rendered(index.reshape(-1), texts, trace.offsets, merged)
+    return Rendered(index.reshape(-1), spelling, digits, words, trace.offsets, merged)
 
 
-def _spelled(rank: int, tokens: int, digits: int, start: int, words: list[str]) -> str:
+def _spelled(rank: int, tokens: int, digits: int, start: int, words: Sequence[str]) -> str:
     """tokens words: the rank's base-V digits from position start, filler elsewhere."""
     base = len(words)
     out = []
@@ -116,18 +133,35 @@ def _spelled(rank: int, tokens: int, digits: int, start: int, words: list[str]) 
     return "".join(out)
 
 
-def reproduces(trace: Trace, token_ids: list[list[int]], block_size: int) -> np.ndarray:
-    """Per row, whether its tokens cut into blocks give the trace's blocks: the same number of
-    tokens, and equal block prefixes exactly where the trace has equal id prefixes."""
+def block_keys(token_ids: list[list[int]], block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens per row, a 128-bit digest per block of every row): what `reproduces` compares,
+    16 bytes a block instead of the token lists."""
     lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
+    digests = b"".join(
+        xxhash.xxh3_128_digest(block.tobytes())
+        for tokens in token_ids
+        for block in np.array_split(np.asarray(tokens, dtype=np.uint32),
+                                    range(block_size, len(tokens), block_size)) if len(block))
+    return lengths, np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
+
+
+def reproduces(trace: Trace, token_ids: list[list[int]], block_size: int) -> np.ndarray:
+    """Per row, whether its tokens cut into blocks give the trace's blocks."""
+    return reproduces_blocks(trace, *block_keys(token_ids, block_size), block_size)
+
+
+def reproduces_blocks(trace: Trace, lengths: np.ndarray, keys: np.ndarray,
+                      block_size: int) -> np.ndarray:
+    """Per row, whether its tokens (lengths, block digests from block_keys) give the trace's
+    blocks: the same number of tokens, and equal block prefixes exactly where the trace has
+    equal id prefixes."""
     ok = (lengths == trace.input_length) & (-(-lengths // block_size) == trace.lengths)
     if not ok.all():
         return ok
-    numbered: dict = {}
-    ids = np.array([numbered.setdefault(tuple(t[i:i + block_size]), len(numbered))
-                    for t in token_ids for i in range(0, len(t), block_size)], dtype=np.int64)
+    _, ids = np.unique(keys, axis=0, return_inverse=True)
     ours = prefix_ids(Trace(trace.timestamp, trace.input_length, trace.output_length,
-                            trace.offsets, ids, None, trace.line, trace.file_index, trace.files))
+                            trace.offsets, ids.reshape(-1).astype(np.int64), None, trace.line,
+                            trace.file_index, trace.files))
     theirs = prefix_ids(trace)
     # The partitions agree where each prefix of one meets one prefix of the other.
     pairs = np.unique(np.stack([theirs, ours], axis=1).astype(np.int64), axis=0)
