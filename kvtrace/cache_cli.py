@@ -58,13 +58,7 @@ def add_parsers(commands: Any) -> None:
              "needs --kv-bytes-per-token or --model)")
     add("--policy", default=",".join(_policies()), metavar="LIST",
         help=f"comma-separated policies (default all: {', '.join(_policies())})")
-    bytes_source = simulate.add_mutually_exclusive_group()
-    bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
-                              help="KV cache bytes per token, for capacities in bytes")
-    bytes_source.add_argument("--model", metavar="PRESET",
-                              help="a model preset giving KV bytes per token: one kvtrace ships "
-                                   f"({', '.join(models())}) or a YAML file's path")
-    add("--list-models", action=ListModels, help="list the model presets kvtrace ships and exit")
+    _add_kv_bytes_options(simulate)
     add("--tier2-capacity", metavar="LIST",
         help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
     add("--decode-cache", action="store_true",
@@ -85,10 +79,47 @@ def add_parsers(commands: Any) -> None:
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("-o", "--output", required=True, metavar="HTML", help="the page to write")
-    add("--gpu-kv-cache-size", type=int, metavar="TOKENS",
-        help="where to draw the CCDF's reference lines (default: the capacity at which LRU "
-             "reaches half its infinite-cache hit rate)")
+    add("--gpu-kv-cache-size", metavar="SIZE",
+        help="the GPU KV cache the headline and the CCDF's reference lines describe: tokens "
+             "(3M) or bytes (40GB, with --model or --kv-bytes-per-token); default: the capacity "
+             "at which LRU reaches half its infinite-cache hit rate, said so on the page")
+    add("--capacity", metavar="LIST",
+        help="capacities of the policy curves, as simulate takes them (default: 8, log-spaced "
+             "over the trace's own reuse distances)")
+    add("--policy", default=",".join(_policies()), metavar="LIST",
+        help=f"comma-separated policies to draw (default all: {', '.join(_policies())})")
+    _add_kv_bytes_options(report)
+    add("--tier2-capacity", metavar="LIST",
+        help="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def _add_kv_bytes_options(parser: argparse.ArgumentParser) -> None:
+    bytes_source = parser.add_mutually_exclusive_group()
+    bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
+                              help="KV cache bytes per token, for capacities in bytes")
+    bytes_source.add_argument("--model", metavar="PRESET",
+                              help="a model preset giving KV bytes per token: one kvtrace ships "
+                                   f"({', '.join(models())}) or a YAML file's path")
+    parser.add_argument("--list-models", action=ListModels,
+                        help="list the model presets kvtrace ships and exit")
+
+
+def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None]:
+    """The policies and KV bytes per token that simulate and report are given, checked."""
+    from transforms.cache.capacity import kv_bytes_per_token
+
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    unknown = [p for p in policies if p not in _policies()]
+    if unknown or not policies:
+        raise ConfigError(f"--policy: unknown {', '.join(unknown) or 'empty list'}; "
+                          f"known: {', '.join(_policies())}")
+    per_token = args.kv_bytes_per_token
+    if per_token is not None and per_token < 1:
+        raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
+    if args.model:
+        per_token = kv_bytes_per_token(load_model(args.model))
+    return policies, per_token
 
 
 def _policies() -> tuple[str, ...]:
@@ -157,19 +188,10 @@ class ListModels(argparse.Action):
 
 def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.simulate import SimulateConfig, run_simulate
-    from transforms.cache.capacity import kv_bytes_per_token, parse_capacities
+    from transforms.cache.capacity import parse_capacities
 
     no_beam_options(beam_args)
-    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
-    unknown = [p for p in policies if p not in _policies()]
-    if unknown or not policies:
-        raise ConfigError(f"--policy: unknown {', '.join(unknown) or 'empty list'}; "
-                          f"known: {', '.join(_policies())}")
-    per_token = args.kv_bytes_per_token
-    if per_token is not None and per_token < 1:
-        raise ConfigError("--kv-bytes-per-token must be >= 1")
-    if args.model:
-        per_token = kv_bytes_per_token(load_model(args.model))
+    policies, per_token = _cache_sizing(args)
     if not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = _inputs(args)
@@ -197,10 +219,22 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 def report(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.report import ReportConfig, run_report
+    from transforms.cache.capacity import parse_capacities
 
     no_beam_options(beam_args)
+    policies, per_token = _cache_sizing(args)
     files, block_size = _inputs(args)
-    numbers = run_report(ReportConfig(files, args.output, block_size, args.gpu_kv_cache_size))
+    gpu = None
+    if args.gpu_kv_cache_size is not None:
+        (gpu,) = parse_capacities(args.gpu_kv_cache_size, per_token)[:1]
+        if gpu.tokens < 1:
+            raise ConfigError(f"--gpu-kv-cache-size must be at least one token, not "
+                              f"{args.gpu_kv_cache_size!r}")
+    numbers = run_report(ReportConfig(
+        files, args.output, block_size, gpu.tokens if gpu else None,
+        tuple(parse_capacities(args.capacity, per_token)) if args.capacity else (), policies,
+        tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
+        per_token))
     if not _has_rows({"rows": numbers["analyze"]["total_requests"],
                       "problems": numbers["analyze"]["problems"]}, files):
         return 1

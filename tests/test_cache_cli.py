@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from pathlib import Path
 import shutil
 import subprocess
 
@@ -89,9 +90,26 @@ def test_report_is_one_self_contained_page(tmp_path, capsys):
     assert len(images) == 6
     assert all(base64.b64decode(image)[:4] == b"\x89PNG" for image in images)
     assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing from the network
-    for heading in ("Hit rates: the definitions side by side", "Miss-ratio curves by policy",
+    for heading in ("Hit rates: the definitions side by side", "Hit rate by policy and capacity",
                     "Two-tier sizing", "Reuse intervals", "Request rate"):
         assert heading in text
+    assert text.index('class="headline"') < text.index("<h2>")  # the headline comes first
+    assert "chosen by kvtrace" in text and str(Path(trace).parent) not in text
+
+
+def test_report_takes_the_sizing_options_simulate_takes(tmp_path, capsys):
+    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
+    page = tmp_path / "report.html"
+    assert main(["report", trace, "-o", str(page), "--model", "qwen3-8b", "--gpu-kv-cache-size",
+                 "40GB", "--capacity", "1M,3M,10M", "--policy", "lru,fifo",
+                 "--tier2-capacity", "100GB"]) == 0
+    text = page.read_text()
+    tokens = 40 * 10**9 // (2 * 36 * 8 * 128 * 2)
+    assert f"{tokens:,} tokens" in text and "chosen by kvtrace" not in text
+    assert "<td>fifo</td>" in text and "<td>belady</td>" not in text
+    assert "<th>3,000,000</th>" in text and "of CPU/SSD behind it" in text
+    assert main(["report", trace, "-o", str(page), "--gpu-kv-cache-size", "40GB"]) == 2
+    assert "in bytes" in capsys.readouterr().err
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

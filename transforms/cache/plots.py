@@ -89,15 +89,16 @@ def reuse_time_png(reuse_time: Sequence[dict]) -> bytes:
     return _png(figure)
 
 
-def miss_ratio_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> bytes:
-    """Miss ratio (1 - token-weighted hit rate) against capacity, one line per policy."""
+def hit_rate_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> bytes:
+    """Token-weighted hit rate (%) against capacity, one line per policy."""
     figure, axes = plt.subplots(figsize=(7, 4.8))
     for policy, (capacities, rates) in curves.items():
-        axes.plot(capacities, 1 - np.asarray(rates), marker="o", markersize=3, label=policy)
+        axes.plot(capacities, 100 * np.asarray(rates), marker="o", markersize=3, label=policy)
     axes.set_xscale("log")
+    axes.set_ylim(bottom=0)
     axes.set_xlabel("cache capacity (tokens)")
-    axes.set_ylabel("miss ratio (1 - token-weighted hit rate)")
-    axes.set_title("Miss-ratio curves: hit = longest cached prefix per request", fontsize=10)
+    axes.set_ylabel("hit rate, % of prompt tokens (token-weighted)")
+    axes.set_title("Hit rate by policy: hit = longest cached prefix per request", fontsize=10)
     axes.legend(fontsize=8)
     axes.grid(True, which="both", alpha=0.3)
     return _png(figure)
@@ -111,13 +112,13 @@ def two_tier_png(gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray,
                         aspect="auto")
     for i in range(len(gpu)):
         for j in range(len(tier2)):
-            axes.text(j, i, f"{total[i, j]:.3f}\n(GPU {from_gpu[i, j]:.3f})", ha="center",
+            axes.text(j, i, f"{total[i, j]:.1%}\n(GPU {from_gpu[i, j]:.1%})", ha="center",
                       va="center", fontsize=7, color="white" if total[i, j] < 0.6 * total.max() else "black")
     axes.set_xticks(range(len(tier2)), [f"{t:,}" for t in tier2], fontsize=7)
     axes.set_yticks(range(len(gpu)), [f"{g:,}" for g in gpu], fontsize=7)
     axes.set_xlabel("tier-2 (CPU/SSD) capacity, tokens")
     axes.set_ylabel("GPU capacity, tokens")
-    axes.set_title("Two-tier LRU: token-weighted hit rate (GPU's share)", fontsize=10)
+    axes.set_title("Two-tier LRU: hit rate, % of prompt tokens (the GPU's part)", fontsize=10)
     figure.colorbar(image, ax=axes)
     return _png(figure)
 
