@@ -53,14 +53,11 @@ def add_parsers(commands: Any) -> None:
     add = simulate.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
-    add("--capacity", required=True, metavar="LIST",
-        help="comma-separated capacities: tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB; "
-             "needs --kv-bytes-per-token or --model)")
-    add("--policy", default=",".join(_policies()), metavar="LIST",
-        help=f"comma-separated policies (default all: {', '.join(_policies())})")
-    _add_kv_bytes_options(simulate)
-    add("--tier2-capacity", metavar="LIST",
-        help="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
+    _add_sizing_options(
+        simulate, required=True,
+        capacity="comma-separated capacities: tokens (3000000, 3M, 500k) or bytes (40GB, "
+                 "1.5TiB; needs --kv-bytes-per-token or --model)",
+        tier2="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
     add("--decode-cache", action="store_true",
         help="also cache each request's output blocks after it (output_hash_ids, from kvtrace "
              "anonymize --emit-output-hashes), so later turns can hit what earlier turns generated")
@@ -83,18 +80,21 @@ def add_parsers(commands: Any) -> None:
         help="the GPU KV cache the headline and the CCDF's reference lines describe: tokens "
              "(3M) or bytes (40GB, with --model or --kv-bytes-per-token); default: the capacity "
              "at which LRU reaches half its infinite-cache hit rate, said so on the page")
-    add("--capacity", metavar="LIST",
-        help="capacities of the policy curves, as simulate takes them (default: 8, log-spaced "
-             "over the trace's own reuse distances)")
-    add("--policy", default=",".join(_policies()), metavar="LIST",
-        help=f"comma-separated policies to draw (default all: {', '.join(_policies())})")
-    _add_kv_bytes_options(report)
-    add("--tier2-capacity", metavar="LIST",
-        help="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)")
+    _add_sizing_options(
+        report, required=False,
+        capacity="capacities of the policy curves, as simulate takes them (default: 8, "
+                 "log-spaced over the trace's own reuse distances)",
+        tier2="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def _add_kv_bytes_options(parser: argparse.ArgumentParser) -> None:
+def _add_sizing_options(parser: argparse.ArgumentParser, required: bool, capacity: str,
+                        tier2: str) -> None:
+    """The cache-sizing options simulate and report share: capacities, policies, KV bytes per
+    token (given, or from a model preset) and the tier-2 capacities."""
+    parser.add_argument("--capacity", required=required, metavar="LIST", help=capacity)
+    parser.add_argument("--policy", default=",".join(_policies()), metavar="LIST",
+                        help=f"comma-separated policies (default all: {', '.join(_policies())})")
     bytes_source = parser.add_mutually_exclusive_group()
     bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
                               help="KV cache bytes per token, for capacities in bytes")
@@ -103,6 +103,7 @@ def _add_kv_bytes_options(parser: argparse.ArgumentParser) -> None:
                                    f"({', '.join(models())}) or a YAML file's path")
     parser.add_argument("--list-models", action=ListModels,
                         help="list the model presets kvtrace ships and exit")
+    parser.add_argument("--tier2-capacity", metavar="LIST", help=tier2)
 
 
 def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None]:
