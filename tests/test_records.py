@@ -118,6 +118,18 @@ def test_responses_api_items():
     assert messages[3]["tool_call_id"] == "c1"
 
 
+def test_parallel_function_call_items_are_one_assistant_message_each_as_vllm_makes_them():
+    calls = [{"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
+              "arguments": json.dumps({"city": city})} for i, city in enumerate(["Oslo", "Rome"])]
+    outputs = [{"type": "function_call_output", "call_id": f"c{i}", "output": "20C"}
+               for i in range(2)]
+    messages = parse({**TS, "input": [{"role": "user", "content": "both?"}, *calls,
+                                      *outputs]}).messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "assistant", "tool", "tool"]
+    assert [m["tool_calls"][0]["function"]["arguments"] for m in messages[1:3]] == [
+        {"city": "Oslo"}, {"city": "Rome"}]
+
+
 def test_non_text_parts_are_dead_letters_unless_dropped():
     image = {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "x"}}]}], **TS}
@@ -258,3 +270,17 @@ def test_mutated_valid_records_are_parsed_or_rejected_never_crash(mutation):
     json.dumps(request.messages, ensure_ascii=False).encode("utf-8")
     if request.session is not None:
         request.session.encode("utf-8")
+
+
+def test_an_anthropic_system_list_is_joined_as_vllm_joins_it():
+    record = {**TS, "system": [{"type": "text", "text": "You are brief. "},
+                               {"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
+                               {"type": "text", "text": ""}, {"type": "text", "text": "Be kind."}],
+              "messages": [{"role": "user", "content": "hi"},
+                           {"role": "assistant", "content": [
+                               {"type": "thinking", "thinking": "a"},
+                               {"type": "thinking", "thinking": "b"},
+                               {"type": "text", "text": "ok"}]}]}
+    messages = parse(record).messages
+    assert messages[0] == {"role": "system", "content": "You are brief. Be kind."}
+    assert messages[2]["reasoning_content"] == "ab"

@@ -187,10 +187,9 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
                 "arguments": _arguments(item.get("arguments"))}}
             if isinstance(item.get("call_id"), str):
                 call["id"] = item["call_id"]
-            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-                messages[-1]["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            # One assistant message per call, parallel calls too: vLLM's Responses server
+            # (construct_chat_message_with_tool_call) turns each item into its own message.
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")),
@@ -209,9 +208,9 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
     """Anthropic Messages (top-level system, text / tool_use / tool_result / thinking blocks) as
     the OpenAI messages an OpenAI-compatible server would render."""
     messages: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system is not None:
-        messages.append({"role": "system", "content": text_of(system, "system", drop_non_text)})
+    system = _anthropic_system(body.get("system"))
+    if system:
+        messages.append({"role": "system", "content": system})
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise Rejected("invalid_request", "messages is not a non-empty list")
@@ -249,11 +248,28 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
             if calls:
                 normalized["tool_calls"] = calls
             if thinking:
-                normalized["reasoning"] = normalized["reasoning_content"] = "\n".join(thinking)
+                normalized["reasoning"] = normalized["reasoning_content"] = "".join(thinking)
             messages.append(normalized)
         elif text or not results:
             messages.append({"role": role, "content": text})
     return messages
+
+
+# Claude Code's per-request attribution block: vLLM's Anthropic server drops it (it would defeat
+# prefix caching), so the prompt it renders never holds it.
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _anthropic_system(system: Any) -> str:
+    """The top-level system prompt as vLLM's Anthropic server joins it: a string as it is; of a
+    list of blocks, the non-empty text blocks concatenated with nothing between them."""
+    if system is None or isinstance(system, str):
+        return system or ""
+    if not isinstance(system, list):
+        raise Rejected("wrong_type", f"system is a {type(system).__name__}")
+    texts = [_string(block.get("text"), "system text block") for block in system
+             if type_of(block) == "text"]
+    return "".join(t for t in texts if t and not t.startswith(BILLING_HEADER))
 
 
 def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
