@@ -446,6 +446,10 @@ def _print_summary(config: Any) -> None:
         f"--custom-dataset-type mooncake_trace --fixed-schedule --isl-block-size "
         f"{config.block_size} (one file at a time; block size {config.block_size})"
     )
+    if records.get("with_unrendered_messages"):
+        print(f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
+              f"left out a system or developer message (as the engine would: its prompt lacks "
+              f"that text); counted in manifest.json", file=sys.stderr)
     if config.id_map:
         from transforms.ids.id_map import current_version_number
 

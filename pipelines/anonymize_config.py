@@ -136,6 +136,7 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
             "exported": totals.requests,
             "rejected": counts.rejected,
             "without_output_length": totals.requests_without_output_length,
+            "with_unrendered_messages": totals.requests_with_unrendered_messages,
             "damaged_files": damaged,
             "lost_bytes": counts.lost_bytes,
         },

@@ -59,7 +59,8 @@ def test_outputs_jsonl_parquet_stats_manifest_agree(tiny_tokenizer, tmp_path):
     assert stats["unique_blocks"] == len(set(ids))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"] == {"read": 20, "exported": 20, "rejected": 0,
-                                   "without_output_length": 0, "damaged_files": 0, "lost_bytes": 0}
+                                   "without_output_length": 0, "damaged_files": 0, "lost_bytes": 0,
+                                   "with_unrendered_messages": 0}
     assert manifest["block_size"] == 4 and set(manifest["tokenizer"]["sha256"]) >= {"tokenizer.json"}
 
 

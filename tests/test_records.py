@@ -284,3 +284,13 @@ def test_an_anthropic_system_list_is_joined_as_vllm_joins_it():
     messages = parse(record).messages
     assert messages[0] == {"role": "system", "content": "You are brief. Be kind."}
     assert messages[2]["reasoning_content"] == "ab"
+
+
+def test_a_system_or_developer_message_the_template_leaves_out_is_marked():
+    from transforms.encode.encode_requests import MESSAGE_NOT_RENDERED, unrendered
+
+    request = parse({**TS, "messages": [{"role": "developer", "content": "Answer in French."},
+                                        {"role": "user", "content": "hi"}]})
+    assert MESSAGE_NOT_RENDERED in unrendered(request, "<user>hi</user>").defaulted
+    kept = unrendered(request, "<dev>Answer in French.</dev><user>hi</user>")
+    assert MESSAGE_NOT_RENDERED not in kept.defaulted

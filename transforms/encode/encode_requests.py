@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from dataclasses import replace
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +21,11 @@ from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.read.records import Request
+
+# Roles whose messages a template may leave out; only these are checked, so the check stays off
+# the long user and assistant turns.
+DROPPABLE_ROLES = frozenset({"system", "developer"})
+MESSAGE_NOT_RENDERED = "message_not_rendered"
 from transforms.encode.tokenize import encode_texts, render_chat
 
 _LOG = logging.getLogger("kvtrace")
@@ -99,7 +105,8 @@ class RequestEncoder:
         rejected = []
         for request in batch:
             try:
-                rendered.append((request, self._prompt(request)))
+                prompt = self._prompt(request)
+                rendered.append((unrendered(request, prompt), prompt))
             except Rejected as err:
                 rejected.append(DeadLetter(request.source, request.line, err.reason, err.message))
         return rendered, rejected
@@ -141,6 +148,17 @@ class RequestEncoder:
                 self._tokenizer, request.messages, request.tools, self._template_kwargs
             )
         return request.prompt
+
+
+def unrendered(request: Request, prompt: str | None) -> Request:
+    """The request, marked when its template left out a system or developer message's text
+    (some templates render no developer role): counted in the manifest, since the engine's
+    prompt then lacks what the log holds."""
+    if prompt is None or request.kind != "chat":
+        return request
+    dropped = any(m["role"] in DROPPABLE_ROLES and m.get("content") and m["content"] not in prompt
+                  for m in request.messages)
+    return replace(request, defaulted=(*request.defaulted, MESSAGE_NOT_RENDERED)) if dropped else request
 
 
 class _Progress:

@@ -44,6 +44,7 @@ REQUEST = np.dtype(
         ("session_hi", "<u8"),
         ("session_lo", "<u8"),
         ("without_output_length", "?"),
+        ("message_not_rendered", "?"),
         ("num_output_blocks", "<i8"),
     ]
 )
@@ -68,6 +69,7 @@ class HashedBatch:
         columns["output_length"] = [r.output_length for r in requests]
         columns["num_blocks"] = [len(r.block_hashes) // DIGEST_SIZE for r in requests]
         columns["without_output_length"] = ["output_length" in r.defaulted for r in requests]
+        columns["message_not_rendered"] = ["message_not_rendered" in r.defaulted for r in requests]
         columns["num_output_blocks"] = [len(r.output_block_hashes) // DIGEST_SIZE for r in requests]
         sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
         if sessions:

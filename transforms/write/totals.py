@@ -26,6 +26,7 @@ class ExportTotals:
     output_tokens: int = 0
     blocks: int = 0
     requests_without_output_length: int = 0
+    requests_with_unrendered_messages: int = 0  # the template left out a system/developer text
 
     @classmethod
     def of_batch(cls, batch: HashedBatch) -> ExportTotals:
@@ -36,6 +37,7 @@ class ExportTotals:
             output_tokens=int(columns["output_length"].sum()),
             blocks=int(columns["num_blocks"].sum()),
             requests_without_output_length=int(columns["without_output_length"].sum()),
+            requests_with_unrendered_messages=int(columns["message_not_rendered"].sum()),
         )
 
 
