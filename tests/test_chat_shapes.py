@@ -22,14 +22,16 @@ OPENAI_TOOL_TURN = {"timestamp": 1, "tools": TOOLS, "messages": [
     {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
 ]}
 RESPONSES = {"timestamp": 1, "instructions": "Be brief.",
-             "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+             "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+                        "parameters": {"type": "object"}}],
              "input": [
                  {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
                  {"type": "function_call", "call_id": "c1", "name": "get_weather",
                   "arguments": "{\"city\": \"Paris\"}"},
                  {"type": "function_call_output", "call_id": "c1", "output": "{\"temp_c\": 21}"}]}
 ANTHROPIC = {"timestamp": 1, "system": "Be brief.",
-             "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+             "tools": [{"name": "get_weather", "description": "Weather",
+                        "input_schema": {"type": "object"}}],
              "messages": [
                  {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
                  {"role": "assistant", "content": [

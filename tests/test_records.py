@@ -104,7 +104,20 @@ def test_anthropic_messages_become_openai_messages():
     assert request.messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert request.messages[2]["reasoning_content"] == "look it up"
     assert request.tools == [{"type": "function", "function": {
-        "name": "get_weather", "description": "", "parameters": {"type": "object"}}}]
+        "name": "get_weather", "description": None, "parameters": {"type": "object"}}}]
+
+
+def test_tools_are_normalized_as_vllms_request_model_dumps_them():
+    tools = [{"function": {"parameters": {"type": "object"}, "strict": True, "name": "f"},
+              "type": "function"},
+             {"type": "function", "function": {"name": "g"}, "x-note": 1}]
+    served = parse({**TS, "messages": USER, "tools": tools}).tools
+    assert served == [
+        {"type": "function", "function": {"name": "f", "description": None,
+                                          "parameters": {"type": "object"}, "strict": True}},
+        {"type": "function", "function": {"name": "g", "description": None, "parameters": None},
+         "x-note": 1}]
+    assert list(served[0]["function"]) == ["name", "description", "parameters", "strict"]
 
 
 def test_responses_api_items():

@@ -274,15 +274,30 @@ def _anthropic_system(system: Any) -> str:
 
 def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Anthropic and Responses API tool definitions in the Chat Completions form templates read."""
-    converted = []
+    return [tool if "function" in tool else {
+        "type": "function",
+        "function": {"name": tool.get("name"), "description": tool.get("description"),
+                     "parameters": tool.get("input_schema", tool.get("parameters"))}}
+        for tool in tools]
+
+
+def served_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as vLLM's server hands them to the template: its request model's fields in their
+    order (type; function: name, description, parameters, absent ones as null), then any extra
+    keys as sent. A template that renders tools sees exactly this."""
+    served = []
     for tool in tools:
-        if "function" in tool:
-            converted.append(tool)
+        function = tool.get("function")
+        if type_of(tool, "function") != "function" or not isinstance(function, dict):
+            served.append(tool)
             continue
-        function = {"name": tool.get("name"), "description": tool.get("description", ""),
-                    "parameters": tool.get("input_schema", tool.get("parameters", {}))}
-        converted.append({"type": "function", "function": function})
-    return converted
+        declared = {name: function.get(name) for name in ("name", "description", "parameters")}
+        served.append({
+            "type": "function",
+            "function": declared | {k: v for k, v in function.items() if k not in declared},
+            **{k: v for k, v in tool.items() if k not in ("type", "function")},
+        })
+    return served
 
 
 def type_of(item: Any, default: str | None = None) -> str | None:

@@ -124,8 +124,8 @@ def _detect_kind(body: dict[str, Any]) -> str:
 def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
     tools = _tools(body.get("tools"))
     if "messages" in body and not chat.is_anthropic(body):
-        return chat.openai_messages(body["messages"], drop_non_text), tools
-    converted_tools = tools and chat.chat_completions_tools(tools)
+        return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(tools)
+    converted_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
     if "messages" in body:
         return chat.anthropic_messages(body, drop_non_text), converted_tools
     if body.get("input") is None:
