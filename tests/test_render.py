@@ -121,6 +121,6 @@ def test_ranks_are_spelled_in_as_many_words_as_they_need(tiny_tokenizer, tmp_pat
     with pytest.raises(ValueError, match="different next blocks"):
         render_blocks(trace_of("a.jsonl", 2, lambda i: [i, 1000 + i]), 1, words)
     rendered = render_blocks(trace_of("b.jsonl", 2, lambda i: [i]), 2, words)
-    assert len(set(rendered.rows())) == many and rendered.merged == 0
+    assert len({rendered.row(r) for r in range(len(rendered.offsets) - 1)}) == many and rendered.merged == 0
     # One-token partial blocks cannot spell two digits: one pair of them reads alike.
     assert render_blocks(trace_of("c.jsonl", 1, lambda i: [i]), 2, words).merged == 1

@@ -54,10 +54,6 @@ class Rendered:
     def text(self, block: int) -> str:
         return self._spell(*self.spelling[block].tolist())
 
-    def rows(self, skip_head: int = 0, skip_tail: int = 0) -> list[str]:
-        """Every row's text (row)."""
-        return [self.row(r, skip_head, skip_tail) for r in range(len(self.offsets) - 1)]
-
     def row(self, r: int, skip_head: int = 0, skip_tail: int = 0) -> str:
         """Row r's text, built when asked (a trace's texts together can outgrow memory); the
         first skip_head and last skip_tail words are left out, for a chat template's own
