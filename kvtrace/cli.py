@@ -589,17 +589,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
-    try:
-        _refuse_misspelled(args.command, beam_args, parser)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
                "simulate": cache_cli.simulate, "report": cache_cli.report,
                "synthesize": synth_cli.run, "validate": check_cli.validate,
                "audit": check_cli.audit, "convert": check_cli.convert,
                "render": replay_cli.run}[args.command]
     try:
+        _refuse_misspelled(args.command, beam_args, parser)
         return command(args, beam_args)
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)

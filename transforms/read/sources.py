@@ -211,8 +211,5 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
     except Rejected as err:
         return DeadLetter(source, line, err.reason, err.message)
     except UNANTICIPATED as err:
-        return DeadLetter(source, line, **_reason(unanticipated(err)))
-
-
-def _reason(err: Rejected) -> dict[str, str]:
-    return {"reason": err.reason, "message": err.message}
+        failed = unanticipated(err)
+        return DeadLetter(source, line, failed.reason, failed.message)
