@@ -129,7 +129,9 @@ def _policies() -> tuple[str, ...]:
     return POLICIES
 
 
-def _inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
+def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
+    """The trace files the arguments name and their block size (--block-size, else the
+    manifest's, else 512)."""
     from transforms.stats.trace_inputs import declared_block_size, trace_files
 
     if args.block_size is not None and args.block_size < 1:
@@ -150,7 +152,7 @@ def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
         check_beam_flags(beam_args, _our_flags(_parser()))
     if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
         raise ConfigError("--gpu-kv-cache-size must be a positive number of tokens")
-    files, block_size = _inputs(args)
+    files, block_size = trace_inputs(args)
     config = ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output)
     if args.engine == "beam":
         from pipelines.reuse_beam import run_reuse_beam
@@ -195,7 +197,7 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
     policies, per_token = _cache_sizing(args)
     if not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
-    files, block_size = _inputs(args)
+    files, block_size = trace_inputs(args)
     config = SimulateConfig(
         files, tuple(parse_capacities(args.capacity, per_token)), policies, block_size, per_token,
         tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
@@ -224,7 +226,7 @@ def report(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)
-    files, block_size = _inputs(args)
+    files, block_size = trace_inputs(args)
     gpu = None
     if args.gpu_kv_cache_size is not None:
         (gpu,) = parse_capacities(args.gpu_kv_cache_size, per_token)[:1]

@@ -169,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     check_cli.add_audit_parser(commands)
     check_cli.add_convert_parser(commands)
     replay_cli.add_parser(commands)
+    replay_cli.add_export_parser(commands)
     return parser
 
 
@@ -433,7 +434,10 @@ def _read_json(path: str) -> dict:
 
 
 def _print_summary(config: Any) -> None:
-    records = _read_json(f"{config.output}/manifest.json")["records"]
+    from transforms.replay.consumers import replay_commands
+
+    manifest = _read_json(f"{config.output}/manifest.json")
+    records = manifest["records"]
     stats = _read_json(f"{config.output}/stats.json")
     print(
         f"exported {records['exported']} of {records['read']} records "
@@ -442,10 +446,12 @@ def _print_summary(config: Any) -> None:
         f"{stats['unique_blocks']} unique; infinite-cache hit rate "
         f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
         f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json\n"
-        f"replay: aiperf profile --input-file {config.output}/trace-00000-of-*.jsonl "
-        f"--custom-dataset-type mooncake_trace --fixed-schedule --isl-block-size "
-        f"{config.block_size} (one file at a time; block size {config.block_size})"
+        f"replay (block size {config.block_size}, timestamps in ms; manifest.json has these "
+        f"commands, to run inside the folder):"
     )
+    for name, command in replay_commands(config.block_size, records["exported"],
+                                         manifest["files"], config.output).items():
+        print(f"  {name}: {command}")
     if records.get("with_unrendered_messages"):
         print(f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
               f"left out a system or developer message (as the engine would: its prompt lacks "
@@ -593,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "simulate": cache_cli.simulate, "report": cache_cli.report,
                "synthesize": synth_cli.run, "validate": check_cli.validate,
                "audit": check_cli.audit, "convert": check_cli.convert,
-               "render": replay_cli.run}[args.command]
+               "render": replay_cli.run, "export": replay_cli.export}[args.command]
     try:
         _refuse_misspelled(args.command, beam_args, parser)
         return command(args, beam_args)

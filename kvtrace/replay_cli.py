@@ -1,4 +1,5 @@
-"""`kvtrace render`: flags -> RenderConfig -> pipelines/render.py."""
+"""`kvtrace render` (flags -> RenderConfig -> pipelines/render.py) and `kvtrace export` (flags ->
+ExportConfig -> pipelines/export.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import sys
 from typing import Any
 
-from kvtrace.cache_cli import BLOCK_HELP, TRACE_HELP, no_beam_options, write_json_report
+from kvtrace.cache_cli import (BLOCK_HELP, TRACE_HELP, no_beam_options, trace_inputs,
+                               write_json_report)
 from kvtrace.config import ConfigError
 
 
@@ -38,22 +40,62 @@ def add_parser(commands: Any) -> None:
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.render import RenderConfig, run_render
-    from transforms.stats.trace_inputs import declared_block_size, trace_files
+def add_export_parser(commands: Any) -> None:
+    from transforms.replay.consumers import CONSUMERS
+
+    export = commands.add_parser(
+        "export", help="a trace -> the file (and command) one replayer needs",
+        description=(
+            "Write a trace as one JSONL file in the form a replayer reads, and print the "
+            "command that replays it with the block size and time unit it needs. Replayers: "
+            + "; ".join(f"{c.name} ({c.reader}: {c.form})" for c in CONSUMERS.values())
+            + ". turns: conversations keep session_id and each follow-up turn's delay, the ms "
+              "between the previous response's end and the turn (from response_ms; else the "
+              "arrival gap). deltas: follow-up turns hold only what they add."),
+    )
+    add = export.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--to", required=True, choices=sorted(CONSUMERS), metavar="REPLAYER",
+        help=f"one of: {', '.join(CONSUMERS)}")
+    add("-o", "--output", required=True, metavar="FILE.jsonl", help="the file to write")
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
+    add("--json", metavar="OUT", help="also write the report as JSON")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def export(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.export import ExportConfig, run_export
 
     no_beam_options(beam_args)
-    if args.block_size is not None and args.block_size < 1:
-        raise ConfigError("--block-size must be >= 1")
+    files, block_size = trace_inputs(args)
+    report = run_export(ExportConfig(files, args.output, args.to, block_size))
+    print(f"exported {report['rows']:,} rows for {report['reader']} ({report['form']}, block "
+          f"size {block_size}) -> {args.output}")
+    if report["follow_up_turns"]:
+        print(f"{report['follow_up_turns']:,} follow-up turns carry a delay; "
+              f"{report['delays_without_response_end']:,} of them had no response end in the "
+              f"logs (their delay is the gap between arrivals)")
+    if report["restarted_conversations"]:
+        print(f"{report['restarted_conversations']:,} follow-up turn(s) do not extend the previous "
+              f"prompt and answer (the template dropped earlier reasoning, or the history was "
+              f"cut): each is sent whole, opening a new session_id")
+    print(f"replay: {report['command']}\n  ({report['note']})")
+    write_json_report(args.json, report)
+    return 0
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.render import RenderConfig, run_render
+
+    no_beam_options(beam_args)
+    files, block_size = trace_inputs(args)
     try:
         kwargs = json.loads(args.chat_template_kwargs)
     except ValueError:
         raise ConfigError("--chat-template-kwargs is not valid JSON") from None
     if not isinstance(kwargs, dict):
         raise ConfigError("--chat-template-kwargs must be a JSON object")
-    files = trace_files(args.trace)
-    block_size = args.block_size or declared_block_size(files) or 512
-    report = run_render(RenderConfig(tuple(files), args.output, args.tokenizer, block_size,
+    report = run_render(RenderConfig(files, args.output, args.tokenizer, block_size,
                                      args.shape, not args.no_verify, kwargs))
     print(f"rendered {report['written']:,} of {report['rows']:,} rows as {args.shape} requests "
           f"-> {args.output} (block size {block_size})")

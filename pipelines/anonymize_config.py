@@ -14,6 +14,7 @@ from transforms.encode.salt import SaltSource
 from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals, hash_shards_for
 from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
+from transforms.replay.consumers import replay_commands
 from transforms.write.coarsen import Coarsening
 from transforms.write.manifest import (
     BLOCK_HASHES_WARNING,
@@ -142,6 +143,8 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
         },
         "files": sorted(sha256),
         "sha256": sha256,
+        # How each replayer reads this folder, with this block size and ms timestamps.
+        "replay": replay_commands(config.block_size, totals.requests, list(sha256)),
     }
 
 

@@ -1,5 +1,6 @@
-"""The trace replays as is in the tools that read it. Each tool runs in its own environment (each
-pins its own dependencies): KVTRACE_AIPERF_PYTHON and KVTRACE_GUIDELLM_PYTHON name those
+"""The trace replays as is in the tools that read it, and `kvtrace export` files replay right in
+theirs. Each tool runs in its own environment (each pins its own dependencies):
+KVTRACE_AIPERF_PYTHON, KVTRACE_GUIDELLM_PYTHON and KVTRACE_DYNAMO_PYTHON name those
 environments' pythons (`.ci/run` builds them); without them these tests skip."""
 
 from __future__ import annotations
@@ -11,27 +12,33 @@ from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
+from kvtrace.cli import main
 from test_anonymize import anonymize, trace
 
 CONSUMERS = Path(__file__).parent / "consumers"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 40}
 
 
-def replay_check(variable: str, script: str, trace_file: Path, block_size: int, tokenizer: str):
+def replay_check(variable: str, script: str, trace_file: Path, block_size: int, tokenizer: str,
+                 *extra: str):
     # aiperf's offline mode treats every tokenizer name as a hub id, local folders included.
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     return subprocess.run([os.environ[variable], str(CONSUMERS / script), str(trace_file),
-                           str(block_size), tokenizer], capture_output=True, text=True,
+                           str(block_size), tokenizer, *extra], capture_output=True, text=True,
                           timeout=600, env=env)
 
 
-def conversation(session: str, turns: int, start_ms: int) -> list[dict]:
-    """A multi-turn chat logged as serving engines log it: each request holds the whole history."""
+def conversation(session: str, turns: int, start_ms: int, latency_ms: int | None = None
+                 ) -> list[dict]:
+    """A multi-turn chat logged as serving engines log it: each request holds the whole history
+    (and, given latency_ms, how long its response took)."""
     records, history = [], [SYSTEM]
     for turn in range(turns):
         history = [*history, {"role": "user", "content": f"Question {turn} of {session}: why?"}]
         records.append({"timestamp": start_ms + 1000 * turn, "session_id": session,
                         "messages": history, "output_length": 20})
+        if latency_ms is not None:
+            records[-1]["latency_ms"] = latency_ms
         history = [*history, {"role": "assistant", "content": f"Because {turn}. " * 30}]
     return records
 
@@ -68,3 +75,80 @@ def test_replay_tools_rebuild_every_row_exactly_sessions_included(
     result = replay_check(variable, script, trace_file, 16, deepseek_tokenizer)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == rows
+
+
+@pytest.fixture(scope="module")
+def timed_chats(deepseek_tokenizer, tmp_path_factory) -> Path:
+    """Conversations whose logs say how long each response took (300 ms), anonymized at block
+    size 16, plus a request outside any conversation."""
+    tmp = tmp_path_factory.mktemp("timed")
+    logs = conversation("alice", 4, 0, latency_ms=300) + conversation("bob", 3, 500, 300) + [
+        {"timestamp": 200, "prompt": "A lone request. " * 20, "output_length": 5}]
+    src = write_jsonl(tmp / "chats.jsonl", logs)
+    assert anonymize(deepseek_tokenizer, [src], tmp / "out", "--block-size", "16") == 0
+    assert {r.get("response_ms") for r in trace(tmp / "out")} == {300, None}
+    return tmp / "out"
+
+
+def exported(folder: Path, to: str) -> tuple[Path, list[dict]]:
+    path = folder.parent / f"{to}.jsonl"
+    assert main(["export", str(folder), "--to", to, "-o", str(path)]) == 0
+    return path, [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("to, trace_format", [("dynamo", "mooncake"),
+                                               ("dynamo-delta", "mooncake-delta")])
+@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON",
+                                                        "dynamo_replay.py")])
+def test_dynamo_replays_each_turn_whole_after_its_think_time(timed_chats, variable, script, to,
+                                                             trace_format, tmp_path):
+    """Dynamo's own reader and simulated engine: every request has its whole prompt (a delta
+    turn rebuilt from the previous prompt, the generated answer and the delta) and each follow-up
+    turn arrives 1000 - 300 = 700 ms after the previous response ended."""
+    path, rows = exported(timed_chats, to)
+    _, whole = exported(timed_chats, "dynamo")
+    turn_of: dict = {}
+    expected = []
+    for row, full in zip(rows, whole):
+        entry = {"prompt": full["input_length"], "delay": row.get("delay")}
+        if "session_id" in row:
+            entry["session"], entry["turn"] = row["session_id"], turn_of.get(row["session_id"], 0)
+            turn_of[row["session_id"]] = entry["turn"] + 1
+        expected.append(entry)
+    assert [e["delay"] for e in expected if e["delay"] is not None] == [700] * 5
+    expected_file = tmp_path / "expected.json"
+    expected_file.write_text(json.dumps({"rows": expected}))
+    result = subprocess.run([os.environ[variable], str(CONSUMERS / script), str(path),
+                             trace_format, "16", str(expected_file)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"rows": 8, "delays": 5}
+
+
+@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_AIPERF_PYTHON",
+                                                        "aiperf_replay.py")])
+def test_aiperf_reads_exported_sessions_with_their_delays(deepseek_tokenizer, timed_chats,
+                                                           variable, script):
+    path, rows = exported(timed_chats, "aiperf-sessions")
+    assert sum("delay" in r for r in rows) == 5
+    result = replay_check(variable, script, path, 16, deepseek_tokenizer, "sessions")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == len(rows)
+
+
+@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON",
+                                                        "guidellm_replay.py")])
+def test_guidellm_parses_the_printed_data_option_to_our_block_size_and_unit(variable, script):
+    """The `--data` value of the command kvtrace prints, through guidellm's own parser."""
+    from transforms.replay.consumers import CONSUMERS
+
+    command = CONSUMERS["guidellm"].command("trace.jsonl", 64, 10).split()
+    data = command[command.index("--data") + 1]
+    code = ("import json, sys; from guidellm.utils.arg_string import loads; "
+            "from guidellm.schemas.data.deserializers import MooncakeTraceFormatArgs; "
+            "a = MooncakeTraceFormatArgs.model_validate(loads(sys.argv[1])); "
+            "print(json.dumps([a.hash_id_block_size, a.time_scale, str(a.source.path)]))")
+    result = subprocess.run([os.environ[variable], "-c", code, data], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == [64, 0.001, "trace.jsonl"]

@@ -19,12 +19,14 @@ BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"promp
 
 
 def mixed_inputs(folder: Path) -> list[Path]:
-    """Chats with sessions, prompts, token ids and bad records over files of each kind."""
+    """Chats with sessions, prompts (some with their response times), token ids and bad records
+    over files of each kind."""
     folder.mkdir()
     first = [chat(i, 5_000 + 70_000 * (i % 4) + i, session=f"s{i % 3}", rotate=i % 5)
              for i in range(40)] + BAD
     second = [{"timestamp": 9_000 + i, "prompt": "the quick brown fox " * (1 + i % 6),
-               "output": "the lazy dog"} for i in range(15)]
+               "output": "the lazy dog"} | ({"latency_ms": 100 + i} if i % 3 else {})
+              for i in range(15)]
     second += [{"timestamp": 9_500 + i, "input_ids": list(range(i, i + 9))} for i in range(10)]
     with gzip.open(folder / "c.jsonl.gz", "wb") as f:
         f.write(b"".join(json.dumps(r).encode() + b"\n" for r in second[::2]))

@@ -10,11 +10,14 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transforms.encode.hashed_batch import NO_RESPONSE_MS
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
-from transforms.write.shards import OUTPUT_IDS_FIELD, SESSION_FIELD, jsonl_bytes, parquet_bytes
+from transforms.write.shards import (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD, jsonl_bytes,
+                                     parquet_bytes)
 
 ROWS = st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**31),
                           st.one_of(st.just(NO_SESSION), st.integers(0, 2**40)),
+                          st.one_of(st.just(NO_RESPONSE_MS), st.integers(0, 2**31 - 1)),
                           st.lists(st.integers(0, 2**40), max_size=12)), max_size=30)
 
 
@@ -26,8 +29,9 @@ def outputs_of(rows: list) -> list[list[int]]:
 def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
     table = np.zeros(len(rows), dtype=ROW)
     outputs = outputs_of(rows)
-    for i, (ts, isl, osl, session, ids) in enumerate(rows):
-        table[i] = (ts, 0, isl, osl, session, 0, len(ids), len(outputs[i]) if with_outputs else 0)
+    for i, (ts, isl, osl, session, response, ids) in enumerate(rows):
+        table[i] = (ts, 0, isl, osl, session, 0, len(ids), len(outputs[i]) if with_outputs else 0,
+                    response)
     ids = np.array([i for *_, row_ids in rows for i in row_ids], dtype=np.int64)
     flat = np.array([i for out in outputs for i in out], dtype=np.int64)
     return RowBatch(table, ids, None, flat if with_outputs else None)
@@ -35,11 +39,13 @@ def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
 
 def expected(rows: list, origin: int, with_outputs: bool = False) -> list[dict]:
     out = []
-    for (ts, isl, osl, session, ids), outputs in zip(rows, outputs_of(rows)):
+    for (ts, isl, osl, session, response, ids), outputs in zip(rows, outputs_of(rows)):
         record = {"timestamp": ts - origin, "input_length": isl, "output_length": osl,
                   "hash_ids": ids}
         if with_outputs:
             record[OUTPUT_IDS_FIELD] = outputs
+        if response != NO_RESPONSE_MS:
+            record[RESPONSE_FIELD] = response
         if session != NO_SESSION:
             record[SESSION_FIELD] = session
         out.append(record)
@@ -57,4 +63,6 @@ def test_jsonl_is_byte_for_byte_what_json_dumps_writes(rows, origin, with_output
 @given(ROWS, st.booleans())
 def test_parquet_holds_the_same_rows_with_missing_sessions_as_nulls(rows, with_outputs):
     table = pq.read_table(io.BytesIO(parquet_bytes(batch_of(rows, with_outputs), 0))).to_pylist()
-    assert table == [{SESSION_FIELD: None, **r} for r in expected(rows, 0, with_outputs)]
+    any_response = any(row[4] != NO_RESPONSE_MS for row in rows)
+    nulls = {SESSION_FIELD: None} | ({RESPONSE_FIELD: None} if any_response else {})
+    assert table == [nulls | r for r in expected(rows, 0, with_outputs)]

@@ -18,6 +18,7 @@ from transforms.ids.segments import SegmentFile, checksum, index_path, write_seg
 from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
 from transforms.ids.dense_ids import FIRST, NUMBERED
 from transforms.read.records import ParseOptions, parse_record
+from transforms.encode.hashed_batch import NO_RESPONSE_MS
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
 from transforms.write.steps import WriteShard
 
@@ -55,6 +56,7 @@ def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
     rows["timestamp_ms"] = [1_000_500, 1_000_000]
     rows["input_length"], rows["output_length"] = [8, 4], [1, 2]
     rows["session_id"], rows["num_ids"] = [NO_SESSION, 0], [2, 1]
+    rows["response_ms"] = NO_RESPONSE_MS
     batch = RowBatch(rows, np.array([0, 1, 0], dtype=np.int64))
     with TestPipeline() as pipeline:
         paths = (pipeline | beam.Create([(0, [batch, None])])

@@ -19,7 +19,7 @@ from transforms.encode.blocks import DIGEST_SIZE, TOKEN_DTYPE, keyed_digest, tok
 from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from transforms.encode.hashed_batch import NO_RESPONSE_MS, HashedBatch, HashedRequest
 from transforms.read.records import Request
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off
@@ -56,6 +56,7 @@ def hash_request(
         block_hashes=scheme.block_keys(data, block_size, seed),
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
+        response_ms=NO_RESPONSE_MS if request.response_ms is None else request.response_ms,
         output_block_hashes=b"" if not output_ids else
         _output_block_hashes(data, token_bytes(output_ids), block_size, seed, scheme),
     )

@@ -14,6 +14,8 @@ import numpy as np
 
 from transforms.encode.blocks import DIGEST_SIZE
 
+NO_RESPONSE_MS = -1
+
 
 @dataclass(frozen=True)
 class HashedRequest:
@@ -31,6 +33,7 @@ class HashedRequest:
     # --emit-output-hashes: the full blocks of prompt + generated tokens past the prompt's full
     # blocks, chained on from them (what the engine holds once the request has decoded).
     output_block_hashes: bytes = b""
+    response_ms: int = NO_RESPONSE_MS  # when the log did not say when the response ended
 
 
 REQUEST = np.dtype(
@@ -46,6 +49,7 @@ REQUEST = np.dtype(
         ("without_output_length", "?"),
         ("message_not_rendered", "?"),
         ("num_output_blocks", "<i8"),
+        ("response_ms", "<i8"),
     ]
 )
 
@@ -71,6 +75,7 @@ class HashedBatch:
         columns["without_output_length"] = ["output_length" in r.defaulted for r in requests]
         columns["message_not_rendered"] = ["message_not_rendered" in r.defaulted for r in requests]
         columns["num_output_blocks"] = [len(r.output_block_hashes) // DIGEST_SIZE for r in requests]
+        columns["response_ms"] = [r.response_ms for r in requests]
         sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
         if sessions:
             index = [i for i, _ in sessions]

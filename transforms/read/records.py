@@ -17,6 +17,7 @@ from transforms.encode.blocks import MAX_TOKEN_ID
 from transforms.errors import Rejected
 from transforms.read import chat
 from transforms.read.json_tree import check_tree
+from transforms.read.response_end import response_ms
 from transforms.read.timestamps import timestamp_ms
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
@@ -48,6 +49,7 @@ class Request:
     output_text: str | None = None
     output_length: int | None = None
     session: str | None = None
+    response_ms: int | None = None  # arrival to the response's end, when the log says
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
 
 
@@ -106,6 +108,7 @@ def request_from_object(
         output_text=output_text,
         output_length=output_length,
         session=_session(record, body),
+        response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
         **fields,
     )

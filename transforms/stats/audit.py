@@ -27,14 +27,16 @@ import pyarrow.parquet as pq
 
 from transforms import storage
 from transforms.read.paths import is_url, read_bytes
+from transforms.replay.consumers import replay_commands
 from transforms.write.manifest import BLOCK_HASHES_WARNING, MANIFEST, STATS
 from transforms.write.publish import sha256_of
-from transforms.write.shards import OUTPUT_IDS_FIELD, TRACE_SCHEMA
+from transforms.write.shards import OUTPUT_IDS_FIELD, RESPONSE_FIELD, TRACE_SCHEMA
 from transforms.write.totals import BLOCK_WEIGHTED_DEFINITION, TOKEN_WEIGHTED_DEFINITION
 
 TRACE_FILE = re.compile(r"trace-\d{5}-of-\d{5}\.(jsonl|parquet)")
 REQUIRED_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-TRACE_FIELDS = (*REQUIRED_FIELDS, "session", OUTPUT_IDS_FIELD)
+TRACE_FIELDS = (*REQUIRED_FIELDS, "session", OUTPUT_IDS_FIELD, RESPONSE_FIELD)
+NULLABLE_FIELDS = ("session", RESPONSE_FIELD)  # Parquet nulls where a row has none
 MAX_PLAUSIBLE_INT = 1 << 40  # ~35 years in ms; no length or dense id comes near
 MAX_EXAMPLES = 5
 STATS_NUMBERS = ("blocks", "input_tokens", "output_tokens", "requests", "unique_block_tokens",
@@ -157,7 +159,7 @@ def _parquet_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
         gate.flag(f"{name}: not a readable Parquet file ({str(err)[:80]})")
         return
     allowed = {f.name: f.type for f in TRACE_SCHEMA} | {
-        OUTPUT_IDS_FIELD: TRACE_SCHEMA.field("hash_ids").type}
+        OUTPUT_IDS_FIELD: TRACE_SCHEMA.field("hash_ids").type, RESPONSE_FIELD: pa.int64()}
     for field in table.schema:
         if field.name not in allowed:
             gate.flag(f"fields beyond the trace's own: {field.name} ({name})")
@@ -173,7 +175,7 @@ def _check_row(row: dict, name: str, gate: _Gate) -> bool:
     """Flags what a trace row must not hold; True when the row is a trace row."""
     whole = True
     for key, value in row.items():
-        if value is None and key == "session":
+        if value is None and key in NULLABLE_FIELDS:
             continue
         if key not in TRACE_FIELDS:
             gate.flag(f"fields beyond the trace's own: {key}")
@@ -224,7 +226,7 @@ def _row_key(row: dict) -> tuple:
     ids, outputs = row.get("hash_ids"), row.get(OUTPUT_IDS_FIELD)
     return (row.get("timestamp"), row.get("input_length"), row.get("output_length"),
             tuple(ids) if isinstance(ids, list) else None,
-            tuple(outputs) if isinstance(outputs, list) else ())
+            tuple(outputs) if isinstance(outputs, list) else (), row.get(RESPONSE_FIELD))
 
 
 def _read_json(path: str, gate: _Gate) -> Any:
@@ -297,11 +299,22 @@ def manifest_problems(manifest: Any) -> list[str]:
             isinstance(f, str) and (f == STATS or TRACE_FILE.fullmatch(f)) for f in v),
         "sha256": lambda v: isinstance(v, dict) and all(
             isinstance(h, str) and _HEX64.fullmatch(h) for h in v.values()),
+        # exactly the commands kvtrace writes for these files: nothing typed in between
+        "replay": lambda v: _replay_ok(v, manifest),
     }
     problems = [f"unknown key {key!r}" for key in manifest if key not in checks]
     problems += [f"{key} is not what kvtrace writes there" for key, ok in checks.items()
                  if key not in manifest or not ok(manifest[key])]
     return problems
+
+
+def _replay_ok(value: Any, manifest: dict) -> bool:
+    try:
+        expected = replay_commands(manifest["block_size"], manifest["records"]["exported"],
+                                   list(manifest["files"]))
+    except (KeyError, TypeError, AttributeError):
+        return False
+    return value == expected
 
 
 def _is_count(value: Any) -> bool:

@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+from transforms.encode.hashed_batch import NO_RESPONSE_MS
+from transforms.write.shards import RESPONSE_FIELD
 from transforms.read.paths import (
     PARQUET_SUFFIXES,
     count_lines,
@@ -50,9 +52,16 @@ class Trace:
     files: list[str] = field(default_factory=list)
     malformed: list[dict] = field(default_factory=list)  # {"file", "line", "error"}
     malformed_count: int = 0
+    # int64: ms from arrival to the response's end (NO_RESPONSE_MS where unsaid), or None: none
+    response_ms: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_length)
+
+    def response_ends(self) -> np.ndarray:
+        if self.response_ms is None:
+            return np.full(len(self), NO_RESPONSE_MS, dtype=np.int64)
+        return self.response_ms
 
     @property
     def lengths(self) -> np.ndarray:
@@ -81,6 +90,7 @@ def read_trace(files: Sequence[str]) -> Trace:
             s if s is not None else np.full(len(p["input_length"]), None, dtype=object)
             for s, p in zip(sessions, parts)
         ]) if has_sessions else None,
+        response_ms=_cat(parts, "response_ms", np.int64),
         line=_cat(parts, "line", np.int64),
         file_index=_cat(parts, "file_index", np.int32),
         files=list(files),
@@ -150,6 +160,8 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     for name in ("input_length", "output_length"):
         if name in names and not _counts(table[name]):
             return False
+    if RESPONSE_FIELD in names and not _counts(table[RESPONSE_FIELD], nulls=False):
+        return False
     if "timestamp" in names:
         column = table["timestamp"]
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
@@ -207,7 +219,8 @@ def _columns_from_table(
         session[:] = [_scalar_session(v) for v in table[session_name].to_pylist()]
     return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
             "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
-            "session": session, "line": lines, "malformed": malformed}
+            "session": session, "response_ms": column(RESPONSE_FIELD, NO_RESPONSE_MS),
+            "line": lines, "malformed": malformed}
 
 
 def _scalar_session(value: object) -> object:
@@ -242,6 +255,7 @@ def _columns_from_rows(numbered: Iterable[tuple[int, bytes | dict]], path: str,
         "ids": [i for _, r in rows for i in r["hash_ids"]],
         "session": (np.asarray([r.get(session_name) for _, r in rows], dtype=object)
                     if session_name else None),
+        "response_ms": [r.get(RESPONSE_FIELD, NO_RESPONSE_MS) for _, r in rows],
         "line": [n for n, _ in rows],
         "malformed": malformed,
     }
@@ -273,6 +287,10 @@ def _row(raw: bytes | dict) -> dict:
         raise ValueError(f"timestamp {timestamp!r} ms is beyond any trace's (|t| > 2^42)")
     if row.get("output_length") is None:
         row.pop("output_length", None)
+    if row.get(RESPONSE_FIELD) is None:
+        row.pop(RESPONSE_FIELD, None)
+    elif not _is_count(row[RESPONSE_FIELD]):
+        raise ValueError(f"{RESPONSE_FIELD} is not a non-negative integer")
     hash_ids = row.setdefault("hash_ids", [])
     if hash_ids is None:
         hash_ids = row["hash_ids"] = []

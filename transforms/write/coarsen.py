@@ -31,7 +31,7 @@ def round_to(values: np.ndarray, step: int) -> np.ndarray:
 
 
 def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch:
-    """The rows with coarsened timestamps and output lengths; a positive output length never
+    """The rows with coarsened timestamps, response times and output lengths; a positive output length never
     rounds to 0 (a request that generated something stays one that did)."""
     if coarsening.is_identity:
         return batch
@@ -41,4 +41,6 @@ def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch
     step = coarsening.output_length
     rounded = round_to(rows["output_length"], step)
     rows["output_length"] = np.where((rows["output_length"] > 0) & (rounded == 0), step, rounded)
-    return RowBatch(rows, batch.ids, batch.hashes)
+    known = rows["response_ms"] >= 0
+    rows["response_ms"][known] = round_to(rows["response_ms"][known], coarsening.timestamp_ms)
+    return RowBatch(rows, batch.ids, batch.hashes, batch.output_ids)

@@ -24,6 +24,7 @@ ROW = np.dtype(
         ("ids_digest", "<u8"),  # breaks the (2^-64) ties the fingerprint leaves
         ("num_ids", "<i8"),
         ("num_output_ids", "<i8"),  # with --emit-output-hashes, else 0
+        ("response_ms", "<i8"),  # NO_RESPONSE_MS when the log did not say
     ]
 )
 
@@ -60,7 +61,7 @@ class RowBatch:
         """Timestamp, then content fingerprint, then the published fields and the ids' digest."""
         r = self.rows
         return self.select(
-            np.lexsort((r["ids_digest"], r["session_id"], r["output_length"], r["input_length"],
+            np.lexsort((r["ids_digest"], r["response_ms"], r["session_id"], r["output_length"], r["input_length"],
                         r["fingerprint"], r["timestamp_ms"]))
         )
 
@@ -87,7 +88,7 @@ def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarr
     prompt blocks, then its output blocks) and one session number per request that has a
     session (and, to emit them, each block's engine hash)."""
     rows = np.empty(len(requests), dtype=ROW)
-    for name in ("timestamp_ms", "fingerprint", "input_length", "output_length"):
+    for name in ("timestamp_ms", "fingerprint", "input_length", "output_length", "response_ms"):
         rows[name] = requests[name]
     rows["num_ids"] = requests["num_blocks"]
     rows["num_output_ids"] = requests["num_output_blocks"]

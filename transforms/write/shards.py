@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from transforms import storage
 from transforms.write.coarsen import Coarsening, coarsen
+from transforms.encode.hashed_batch import NO_RESPONSE_MS
 from transforms.write.rows import NO_SESSION, RowBatch
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
@@ -30,6 +31,10 @@ SESSION_FIELD = "session"
 # With --emit-output-hashes: the ids of the full blocks the engine holds after decoding, past
 # the prompt's full blocks (kvtrace simulate --decode-cache replays them).
 OUTPUT_IDS_FIELD = "output_hash_ids"
+# When the log said when the response ended: ms from the request's arrival to that end. With the
+# next turn's timestamp it gives the user's think or tool time (`kvtrace export` writes it as the
+# `delay` session-aware replayers wait after the previous response).
+RESPONSE_FIELD = "response_ms"
 
 TRACE_SCHEMA = pa.schema(
     [
@@ -64,10 +69,13 @@ def jsonl_bytes(batch: RowBatch, origin_ms: int) -> bytes:
     ends = np.cumsum(rows["num_ids"]).tolist()
     outputs = _output_lists(batch)
     columns = zip((rows["timestamp_ms"] - origin_ms).tolist(), rows["input_length"].tolist(),
-                  rows["output_length"].tolist(), rows["session_id"].tolist(), ends)
+                  rows["output_length"].tolist(), rows["session_id"].tolist(),
+                  rows["response_ms"].tolist(), ends)
     lines, start = [], 0
-    for row, (timestamp, input_length, output_length, session, end) in enumerate(columns):
+    for row, (timestamp, input_length, output_length, session, response, end) in enumerate(columns):
         tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
+        if response != NO_RESPONSE_MS:
+            tail = f'], "{RESPONSE_FIELD}": {response}' + tail[1:]
         if outputs is not None:
             tail = f'], "{OUTPUT_IDS_FIELD}": [{outputs[row]}' + tail
         lines.append(f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
@@ -131,6 +139,10 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
         schema = schema.append(pa.field(OUTPUT_IDS_FIELD, schema.field("hash_ids").type, nullable=False))
         columns.append(pa.ListArray.from_arrays(arrow_array(output_offsets, pa.int32()),
                                                 arrow_array(batch.output_ids)).cast(schema.field(OUTPUT_IDS_FIELD).type))
+    known = rows["response_ms"] != NO_RESPONSE_MS
+    if known.any():
+        schema = schema.append(pa.field(RESPONSE_FIELD, pa.int64(), nullable=True))
+        columns.append(arrow_array(rows["response_ms"], valid=known))
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_arrays(columns, schema=schema), sink, compression="zstd")
     return sink.getvalue()

@@ -1,0 +1,40 @@
+"""`kvtrace export`: a trace rewritten in the form one replayer reads (transforms/replay/export.py),
+as one JSONL file, with the command that replays it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transforms import storage
+from transforms.replay.consumers import CONSUMERS
+from transforms.replay.export import export
+from transforms.stats.trace_io import read_trace
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    inputs: tuple[str, ...]
+    output: str
+    consumer: str
+    block_size: int
+
+
+def run_export(config: ExportConfig) -> dict:
+    consumer = CONSUMERS[config.consumer]
+    trace = read_trace(config.inputs)
+    if trace.malformed_count:
+        first = trace.malformed[0]
+        raise ValueError(f"{trace.malformed_count} malformed row(s), the first at {first['file']} "
+                         f"line {first['line']}: {first['error']} (kvtrace validate lists them)")
+    exported = export(trace, consumer, config.block_size)
+    staged = f"{config.output}.kvtrace-partial"
+    with storage.create(staged) as out:
+        out.write(exported.jsonl)
+    storage.rename(staged, config.output)  # a replayer never reads half a file
+    return {"consumer": consumer.name, "reader": consumer.reader, "form": consumer.form,
+            "rows": exported.rows, "block_size": config.block_size,
+            "follow_up_turns": exported.follow_up_turns,
+            "delays_without_response_end": exported.without_response_end,
+            "restarted_conversations": exported.restarted,
+            "command": consumer.command(config.output, config.block_size, exported.rows),
+            "note": consumer.note}

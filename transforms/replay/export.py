@@ -1,0 +1,82 @@
+"""A trace as one replayer reads it: its rows in the consumer's form, as JSONL (pure, no I/O)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from transforms.replay.consumers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
+from transforms.encode.hashed_batch import NO_RESPONSE_MS
+from transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
+from transforms.stats.trace_io import Trace
+
+
+@dataclass(frozen=True)
+class Exported:
+    jsonl: bytes
+    rows: int
+    follow_up_turns: int  # rows sent after a previous turn's response, with a delay
+    without_response_end: int  # of those, delays that are arrival gaps (no response end logged)
+    restarted: int  # deltas: follow-ups that do not extend their previous turn, sent whole
+
+
+def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
+    order = np.argsort(trace.timestamp, kind="stable")  # replayers read files in order
+    offsets, ids = trace.offsets, trace.ids.astype(np.int64)
+    input_length = trace.input_length
+    chain = turns(trace) if consumer.form in (TURNS, DELTAS) else None
+    restarted, starts = 0, None
+    if consumer.form == RECUT:
+        offsets, ids = recut_blocks(trace, block_size, SGLANG_TOKENS_PER_ID)
+    elif consumer.form == DELTAS:
+        cut = deltas(trace, chain, block_size)
+        offsets, ids, input_length = cut.offsets, cut.ids, cut.input_length
+        starts, restarted = cut.starts_conversation, cut.restarted
+    names = _conversation_names(trace, chain, starts) if chain is not None else None
+    lines, follow_ups = [], 0
+    for row in order.tolist():
+        record = {"timestamp": _number(trace.timestamp[row]),
+                  "input_length": int(input_length[row]),
+                  "output_length": int(trace.output_length[row]),
+                  "hash_ids": ids[offsets[row]:offsets[row + 1]].tolist()}
+        if names is not None and names[row] is not None:
+            record["session_id"] = names[row]
+            sent_after_previous = chain.previous[row] != NO_TURN and (starts is None
+                                                                      or not starts[row])
+            if sent_after_previous:
+                record["delay"] = int(chain.delay_ms[row])
+                follow_ups += 1
+                if not consumer.follow_up_timestamps:
+                    del record["timestamp"]
+        lines.append(json.dumps(record) + "\n")
+    unknown = 0 if chain is None else _unknown_delays(trace, chain, starts)
+    return Exported("".join(lines).encode(), len(order), follow_ups, unknown, restarted)
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _conversation_names(trace: Trace, chain: Turns, starts: np.ndarray | None) -> list[str | None]:
+    """Each row's session_id: its conversation, with a suffix after each restart (a follow-up
+    sent whole opens a new conversation, as the delta form cannot chain it)."""
+    names: list[str | None] = [None] * len(trace)
+    restarts = np.zeros(len(trace), dtype=np.int64)
+    for row in np.lexsort((np.arange(len(trace)), trace.timestamp)).tolist():
+        session = trace.session[row]
+        if session is None:
+            continue
+        before = chain.previous[row]
+        restarts[row] = 0 if before == NO_TURN else (
+            restarts[before] + int(starts is not None and starts[row]))
+        names[row] = str(session) if not restarts[row] else f"{session}~{restarts[row]}"
+    return names
+
+
+def _unknown_delays(trace: Trace, chain: Turns, starts: np.ndarray | None) -> int:
+    follow = chain.previous != NO_TURN
+    if starts is not None:
+        follow &= ~starts
+    return int(np.count_nonzero(trace.response_ends()[chain.previous[follow]] == NO_RESPONSE_MS))
