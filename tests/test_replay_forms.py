@@ -214,3 +214,10 @@ def test_aiperf_follow_ups_carry_no_timestamp_so_it_waits_their_delay(tmp_path):
     rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
     assert [("timestamp" in r, r.get("delay")) for r in rows] == [
         (True, None), (True, None), (False, 700), (True, None)]
+
+
+@pytest.mark.parametrize("to", ["dynamo", "dynamo-delta", "aiperf-sessions"])
+def test_a_trace_without_conversations_exports_its_rows_as_they_are(tmp_path, to):
+    rows = [row(0, 8, 2, [0, 1]), row(5, 12, 2, [0, 1, 2])]
+    exported = export(trace_of(tmp_path, rows), CONSUMERS[to], 4)
+    assert [json.loads(line) for line in exported.jsonl.decode().splitlines()] == rows

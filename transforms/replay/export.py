@@ -34,7 +34,8 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
         cut = deltas(trace, chain, block_size)
         offsets, ids, input_length = cut.offsets, cut.ids, cut.input_length
         starts, restarted = cut.starts_conversation, cut.restarted
-    names = _conversation_names(trace, chain, starts) if chain is not None else None
+    names = (_conversation_names(trace, chain, starts)
+             if chain is not None and trace.session is not None else None)
     lines, follow_ups = [], 0
     for row in order.tolist():
         record = {"timestamp": _number(trace.timestamp[row]),
