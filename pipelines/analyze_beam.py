@@ -22,7 +22,7 @@ from pipelines.analyze import AnalyzeConfig
 from transforms.ids.buckets import BUCKET_MS
 from transforms.ids.dense_ids import split_by
 from transforms.stats.histograms import describe_histogram, histogram, merge
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 from transforms.stats.trace_shards import (
     PARTIAL,
     ROW,
@@ -286,8 +286,8 @@ def analyze_beam(config: AnalyzeConfig, beam_flags: list[str], output: str | Non
     an output folder, to a temporary local one (local runners only)."""
     from apache_beam.io.filesystems import FileSystems
 
-    from kvtrace.config import ConfigError
-    from kvtrace.runner import LOCAL_RUNNERS, pipeline_options, run
+    from transforms.errors import ConfigError
+    from pipelines.runner import LOCAL_RUNNERS, pipeline_options, run
 
     options = pipeline_options(beam_flags)
     if output is None and options.view_as(StandardOptions).runner not in LOCAL_RUNNERS:

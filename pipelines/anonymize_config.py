@@ -7,17 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtrace import __version__
 from transforms import storage
 from transforms.encode.schemes import HashScheme
 from transforms.encode.salt import SaltSource
 from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals, hash_shards_for
 from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
-from transforms.replay.consumers import replay_commands
+from transforms.write.replayers import replay_commands
 from transforms.write.coarsen import Coarsening
 from transforms.write.manifest import (
     BLOCK_HASHES_WARNING,
+    KVTRACE_VERSION,
     STATS,
     RecordCounts,
     json_bytes,
@@ -116,7 +116,7 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
     sha256 = {path.rsplit("/", 1)[-1]: digest for path, digest in files}
     sha256[STATS] = sha256_of(stats)
     return {
-        "kvtrace_version": __version__,
+        "kvtrace_version": KVTRACE_VERSION,
         "format": "mooncake-trace",
         "tokenizer": {"name": public_tokenizer_name(config.tokenizer),
                       "sha256": config.tokenizer_sha256},

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transforms import storage
-from transforms.replay.consumers import CONSUMERS
+from transforms.write.replayers import CONSUMERS
 from transforms.replay.export import export
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 
 
 @dataclass(frozen=True)

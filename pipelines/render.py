@@ -22,7 +22,7 @@ from transforms.replay.render import (
     template_overhead,
     vocabulary,
 )
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 
 _LOG = logging.getLogger("kvtrace")
 SHAPES = ("prompt", "chat")

@@ -120,8 +120,8 @@ def run_reuse_beam(config: ReuseConfig, beam_flags: list[str]) -> dict:
     the report on a filesystem the launcher reads: a local temporary folder is used locally)."""
     from apache_beam.io.filesystems import FileSystems
 
-    from kvtrace.config import ConfigError
-    from kvtrace.runner import LOCAL_RUNNERS, pipeline_options, run
+    from transforms.errors import ConfigError
+    from pipelines.runner import LOCAL_RUNNERS, pipeline_options, run
 
     options = pipeline_options(beam_flags)
     if options.view_as(StandardOptions).runner not in LOCAL_RUNNERS and (

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 
 from transforms import storage
-from transforms.read.paths import is_url
-from transforms.stats.trace_io import Trace, read_trace
+from transforms.storage import is_url
+from transforms.read.trace_io import Trace, read_trace
 from transforms.stats.trace_stats import analyze
 from transforms.synth.output import jsonl_bytes
 from transforms.synth.synthesize import SynthConfig, synthesize
@@ -71,11 +71,11 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict
     from the whole prefix tree at once, so it stays on the local engine."""
     from apache_beam.options.pipeline_options import StandardOptions
 
-    from kvtrace.config import ConfigError
+    from transforms.errors import ConfigError
     from pipelines.analyze import AnalyzeConfig
     from pipelines.analyze_beam import analyze_beam
     from pipelines.synthesize_beam import build
-    from kvtrace.runner import LOCAL_RUNNERS, pipeline_options, run
+    from pipelines.runner import LOCAL_RUNNERS, pipeline_options, run
 
     if config.synth.num_requests is not None:
         raise ConfigError("--num-requests needs the whole trace in one place: use --engine local")

@@ -19,7 +19,7 @@ from transforms import storage
 from transforms.ids.buckets import first_offsets
 from transforms.ids.dense_ids import ids_in_request_order, split_by
 from transforms.ids.steps import AssignDenseIds
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 from transforms.synth.output import rows_jsonl
 from transforms.synth.shards import (
     SHARED,

@@ -10,7 +10,7 @@ from conftest import shared_path, write_jsonl
 from pipelines.analyze import AnalyzeConfig, analyze_local
 
 from kvtrace.cli import main
-from kvtrace.report import compatible_table
+from kvtrace.commands.analyze_text import compatible_table
 
 
 def analyze(path, block_size=4, warmup=0.5) -> dict:

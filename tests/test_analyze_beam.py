@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import math
 
@@ -29,6 +31,7 @@ def both(config: AnalyzeConfig) -> tuple[dict, dict]:
             json.loads(json.dumps(analyze_local(config))))
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_agree_on_a_multi_file_trace_with_every_kind_of_problem(tmp_path):
     first = write_jsonl(tmp_path / "a.jsonl", [
         {"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [0, 1], "session_id": "a"},
@@ -46,6 +49,7 @@ def test_engines_agree_on_a_multi_file_trace_with_every_kind_of_problem(tmp_path
     assert_same(beam, local)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_agree_on_the_synthetic_trace():
     path = str(shared_path("traces", "synthetic_trace.jsonl"))
     assert_same(*both(AnalyzeConfig((path,), block_size=512, shards=8)))

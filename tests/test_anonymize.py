@@ -125,6 +125,7 @@ def test_same_records_split_and_ordered_differently_give_identical_bytes(tiny_to
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_two_worker_processes_give_identical_bytes(tiny_tokenizer, tmp_path):
     records = [chat(i, 3 * (i // 2)) for i in range(30)]
     src = write_jsonl(tmp_path / "in.jsonl", records)
@@ -187,6 +188,7 @@ def test_help_explains_every_flag(capsys):
     assert "Beam options pass through" in text
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_config_presets_merge_under_flags(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])
     preset = tmp_path / "preset.yaml"
@@ -208,6 +210,7 @@ def _no_env_salt(monkeypatch):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_request_longer_than_an_id_batch_is_exported(tiny_tokenizer, tmp_path):
     long = {"timestamp": 1, "input_ids": list(range(1000)) * 260, "output_length": 1}  # 260k blocks
     src = write_jsonl(tmp_path / "in.jsonl", [long, {**long, "timestamp": 2}, chat(0, 3)])
@@ -217,6 +220,7 @@ def test_a_request_longer_than_an_id_batch_is_exported(tiny_tokenizer, tmp_path)
     assert rows[0]["hash_ids"] == rows[1]["hash_ids"]
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_truncated_gzip_file_is_counted_and_its_readable_records_exported(tiny_tokenizer, tmp_path):
     import gzip
 
@@ -333,6 +337,7 @@ def test_a_rerun_replaces_an_earlier_output_whole(tiny_tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["local", "beam"])
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_private_files_are_owner_only_and_the_output_is_readable(tiny_tokenizer, tmp_path, engine):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), b"{broken"])
     out = tmp_path / "out"

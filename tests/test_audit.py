@@ -205,7 +205,7 @@ ROW = st.fixed_dictionaries({}, optional={
     "session": JSON, "extra": JSON})
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.one_of(ROW, JSON), max_size=8))
 def test_hostile_rows_get_a_report_never_an_exception(rows):
     import tempfile

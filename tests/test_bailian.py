@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from conftest import read_jsonl, write_jsonl
@@ -71,6 +73,7 @@ def test_the_cli_writes_a_folder_the_other_commands_read(tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_long_parent_chain_converts_walking_each_chat_once():
     from transforms.read import bailian
 

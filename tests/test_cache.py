@@ -13,7 +13,7 @@ from transforms.cache import policies
 from transforms.cache.policies import POLICIES, hit_rate
 from transforms.cache.reuse import ccdf_at, reuse_events, reuse_time_histogram
 from transforms.cache.stack_distance import stack_distances
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 
 
 def trace_of(rows: list[tuple[float, int, list[int]]]) -> Trace:

@@ -81,6 +81,7 @@ def test_bad_lines_are_reported_and_bad_flags_refused(tmp_path, capsys):
     assert "no trace rows could be read" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_report_is_one_self_contained_page(tmp_path, capsys):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     page = tmp_path / "report.html"
@@ -97,6 +98,7 @@ def test_report_is_one_self_contained_page(tmp_path, capsys):
     assert "chosen by kvtrace" in text and str(Path(trace).parent) not in text
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_report_takes_the_sizing_options_simulate_takes(tmp_path, capsys):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     page = tmp_path / "report.html"
@@ -116,6 +118,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (CI installs it)")
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_report_renders_in_headless_chromium(tmp_path):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     page = tmp_path / "report.html"

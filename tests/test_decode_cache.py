@@ -34,6 +34,7 @@ CONVERSATION = [
 ]
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_later_turn_carries_the_ids_of_what_the_earlier_one_generated(tiny_tokenizer,
                                                                           tmp_path):
     src = write_jsonl(tmp_path / "chat.jsonl", CONVERSATION)

@@ -2,6 +2,7 @@ import functools
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
@@ -82,6 +83,7 @@ def test_session_keys_only_for_requests_with_a_session():
     assert table["req"].tolist() == [1] and table["ts"].tolist() == [5]
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
     # Request b comes first in time, though it sits in the later batch.
     a = request(100, [1, 2, 3, 4, 5])  # blocks [1,2] [3,4] [5]

@@ -92,6 +92,7 @@ def test_cronjob_runs_one_night_at_a_time_with_yesterdays_date():
         assert (ROOT / preset).is_file(), preset
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_airflow_dag_imports_and_passes_the_previous_day(monkeypatch, tmp_path):
     pytest.importorskip("airflow.providers.apache.beam", reason="needs the deploy-test extra")
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
@@ -113,6 +114,7 @@ def test_airflow_dag_imports_and_passes_the_previous_day(monkeypatch, tmp_path):
         assert (ROOT / "configs" / Path(config).name).is_file()
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_the_launcher_entry_point_takes_beam_style_underscored_options(tiny_tokenizer, tmp_path):
     (tmp_path / "logs" / "2026-11-20").mkdir(parents=True)
     write_jsonl(tmp_path / "logs" / "2026-11-20" / "a.jsonl", [chat(i, 10 * i) for i in range(5)])

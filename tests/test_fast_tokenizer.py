@@ -39,6 +39,7 @@ def both(request):
         AutoTokenizer.from_pretrained(folder)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_token_ids_equal_autotokenizer(both):
     light, auto = both
     assert encode_texts(light, TEXTS) == encode_texts(auto, TEXTS)

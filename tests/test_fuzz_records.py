@@ -113,6 +113,7 @@ def encoder(request, tiny_tokenizer):
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_every_node_of_every_shape_with_any_value_is_a_request_or_a_dead_letter(shape, encoder):
     seed = SHAPES[shape]
     good = parse_one("f", json.dumps(seed).encode(), ParseOptions())

@@ -111,6 +111,7 @@ def test_scheme_flags_are_checked(tiny_tokenizer, tmp_path, capsys):
                  "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "1"]) == 2
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_emitted_block_hashes_are_the_same_from_both_engines(tiny_tokenizer, tmp_path):
     rows = [chat(i, 1000 * i, session=f"s{i % 2}", rotate=i % 3) for i in range(10)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)

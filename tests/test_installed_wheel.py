@@ -52,6 +52,7 @@ def _run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_wheel_imports_from_site_packages_not_from_the_checkout(clean_python, tmp_path):
     shown = _run(clean_python, tmp_path, "-c",
                  "import kvtrace.cli, transforms.encode.tokenize, pipelines.anonymize as p; "
@@ -60,6 +61,7 @@ def test_wheel_imports_from_site_packages_not_from_the_checkout(clean_python, tm
     assert "site-packages" in shown.stdout and str(ROOT) not in shown.stdout
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_job_runs_from_a_copy_of_the_source_tree_with_worker_processes(
     clean_python, tiny_tokenizer, tmp_path
 ):

@@ -68,6 +68,7 @@ def _single_token_words(tokenizer, count: int) -> list[str]:
     raise AssertionError("not enough single-token words")
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_round_trip_of_a_real_trace_is_exact_up_to_renumbering(deepseek_tokenizer, tmp_path):
     """Render each hash id of synthetic_trace.jsonl as a fixed run of single-token words (16 per
     512-token block, the partial last block scaled), anonymize, and get the trace back."""

@@ -47,6 +47,7 @@ def assert_same_output(left: Path, right: Path) -> None:
 
 
 @pytest.mark.parametrize("block_size", ["2", "16"])
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, block_size):
     inputs = mixed_inputs(tmp_path / "in")
     flags = ["--block-size", block_size, "--salt-file", str(write_salt(tmp_path))]
@@ -57,6 +58,7 @@ def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, b
     assert manifest["records"]["rejected"] == len(BAD)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path):
     inputs = mixed_inputs(tmp_path / "in")
     assert anonymize(tiny_tokenizer, inputs, tmp_path / "one", "--salt-file", str(write_salt(tmp_path))) == 0
@@ -67,6 +69,7 @@ def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path):
         tmp_path / "three-rejected" / "rejected-00000-of-00001.jsonl").read_bytes()
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_agree_on_real_chat_logs(deepseek_tokenizer, tmp_path):
     examples = sorted(Path(__file__).parent.parent.joinpath("examples", "requests").glob("*.jsonl"))
     flags = ["--block-size", "16", "--salt-file", str(write_salt(tmp_path))]
@@ -82,6 +85,7 @@ def test_local_engine_refuses_too_many_rejected_before_writing(tiny_tokenizer, t
     assert not list((tmp_path / "out").glob("trace-*"))
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_only_rejected_records_still_give_an_empty_trace(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", BAD)
     assert anonymize(tiny_tokenizer, [src], tmp_path / "local") == 0
@@ -118,6 +122,7 @@ def map_rows(directory: Path) -> tuple[dict, list]:
     return {k: metadata[k] for k in ("next_id", "timestamp_origin_ms", "version")}, rows
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_extend_an_id_map_alike_night_after_night(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr("transforms.ids.id_map.MAX_SEGMENTS", 2)  # night 3 compacts
     day = 86_400_000

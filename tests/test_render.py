@@ -11,7 +11,7 @@ from conftest import read_jsonl, shared_path, write_jsonl
 from test_anonymize import anonymize, trace as published
 from transforms.encode.tokenize import encode_texts, load_tokenizer
 from transforms.replay.render import render_blocks, reproduces, vocabulary
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import prefix_ids
 
 from kvtrace.cli import main
@@ -90,6 +90,7 @@ def shipped_rows(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("tokenizer", ["deepseek-r1", "qwen3"])
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_round_trip_on_the_shipped_traces(tokenizer, tmp_path, capsys):
     folder = str(shared_path("tokenizers", tokenizer))
     source = shipped_rows(tmp_path)
@@ -98,6 +99,7 @@ def test_round_trip_on_the_shipped_traces(tokenizer, tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_chat_shape_reproduces_the_shipped_traces(tmp_path, capsys):
     source = shipped_rows(tmp_path)
     assert main(["render", str(source), "--tokenizer", str(shared_path("tokenizers", "qwen3")),

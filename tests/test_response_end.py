@@ -75,7 +75,7 @@ NAMES = st.sampled_from(["end_timestamp", "end_time", "completed_at", "latency_m
                          "duration_s", "timestamp", "received_at"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(NAMES, VALUES, max_size=3), st.lists(st.dictionaries(NAMES, VALUES),
                                                             max_size=3))
 def test_any_value_gives_an_end_or_a_dead_letter(record, chunks):

@@ -51,6 +51,7 @@ def test_summaries_merge_to_the_summary_of_the_whole(rows, cut):
     assert np.array_equal(whole.interval_tokens, parts.interval_tokens)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_pipeline_reports_reuse_of_a_tiny_trace(tmp_path):
     rows = [{"timestamp": t, "input_length": 20, "output_length": 1, "hash_ids": ids}
             for t, ids in ((2_000, [0, 1]), (0, [0, 2]), (5_000, [0, 1]))]
@@ -70,6 +71,7 @@ def test_pipeline_reports_reuse_of_a_tiny_trace(tmp_path):
         assert_that(build(pipeline, config), check)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_beam_equals_local_on_the_real_trace(tmp_path):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     config = ReuseConfig((trace,), 512, 345_792, str(tmp_path / "beam.png"))

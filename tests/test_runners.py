@@ -30,6 +30,7 @@ def chat(i: int, ts: int) -> dict:
     ]}
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 40 * i) for i in range(15)])
@@ -51,6 +52,7 @@ def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, t
         tmp_path / "map-b" / "versions" / "000001.json")
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient",
                         reason="needs the deploy-test extra (apache-beam[gcp])")
@@ -96,6 +98,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
     assert SALT not in staged
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_local_pipeline_graph_holds_no_salt_either(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     config = AnonymizeConfig(inputs=((str(Path(tmp_path) / "in.jsonl"), 100),), output=str(tmp_path / "o"),

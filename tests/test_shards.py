@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.encode.hashed_batch import NO_RESPONSE_MS
+from transforms.read.trace_fields import NO_RESPONSE_MS
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
-from transforms.write.shards import (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD, jsonl_bytes,
-                                     parquet_bytes)
+from transforms.read.trace_fields import OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD
+from transforms.write.shards import jsonl_bytes, parquet_bytes
 
 ROWS = st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**31),
                           st.one_of(st.just(NO_SESSION), st.integers(0, 2**40)),
@@ -52,7 +52,7 @@ def expected(rows: list, origin: int, with_outputs: bool = False) -> list[dict]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(ROWS, st.integers(0, 2**20), st.booleans())
 def test_jsonl_is_byte_for_byte_what_json_dumps_writes(rows, origin, with_outputs):
     text = "".join(json.dumps(r) + "\n" for r in expected(rows, origin, with_outputs))

@@ -81,6 +81,7 @@ def _decodable_prefix(data: bytes, decoder) -> bytes:
 
 @pytest.mark.parametrize("records", [150_000, 40])  # ~6 MB, past any decoder's buffer; tiny
 @pytest.mark.parametrize("suffix, compress, decoder", CODECS)
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_truncated_compressed_file_gives_every_complete_record_and_its_cut_tail(
     tmp_path, suffix, compress, decoder, records
 ):
@@ -123,12 +124,14 @@ def test_a_corrupt_member_gives_the_records_of_the_members_before_it(tmp_path):
     check_read([path], check_records, check_letters)
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_whole_compressed_file_reads_completely(tmp_path):
     path = tmp_path / "logs.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(BOM + b"\n".join(LINES)))
     check_read([path], equal_to([(str(path), line) for line in LINES]), equal_to([]))
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
     table = pa.table({"timestamp": list(range(100)), "prompt": [f"p{i}" for i in range(100)]})
     good = tmp_path / "good.parquet"

@@ -10,7 +10,7 @@ import pytest
 from conftest import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import analyze
 from transforms.synth.parts import RowParts
 from transforms.synth.reshape import Knobs

@@ -9,14 +9,14 @@ from apache_beam.testing.util import assert_that
 from conftest import shared_path, write_jsonl
 from pipelines.synthesize import SynthesizeConfig, run_synthesize_beam
 from pipelines.synthesize_beam import build
-from transforms.stats.trace_io import read_trace
+from transforms.read.trace_io import read_trace
 from transforms.synth.output import jsonl_bytes
 from transforms.synth.parts import RowParts
 from transforms.synth.reshape import Knobs
 from transforms.synth.shards import VISIT, shared_counts, split_file, unit_keys
 from transforms.synth.synthesize import SynthConfig, synthesize
 
-from kvtrace.config import ConfigError
+from transforms.errors import ConfigError
 
 BLOCK = 16
 
@@ -75,6 +75,7 @@ def test_per_shard_shared_counts_sum_to_the_local_ones(tmp_path):
                  min_osl=5, seed=4), 2),
     (SynthConfig(Knobs(0.5, 2.0, 5), min_isl=30, seed=1), 1),
 ])
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_the_pipeline_writes_the_local_engines_bytes(tmp_path, config, shards):
     files = conversations(tmp_path)
     expected = jsonl_bytes(synthesize(read_trace(files), BLOCK, config))
@@ -86,6 +87,7 @@ def test_the_pipeline_writes_the_local_engines_bytes(tmp_path, config, shards):
     assert b"".join(path.read_bytes() for path in written) == expected
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_run_on_the_real_trace_gives_the_same_file_and_summary(tmp_path):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     config = SynthConfig(Knobs(1.5, 0.8, 2), speedup_ratio=2, seed=9)
@@ -104,6 +106,7 @@ def test_sampling_new_requests_stays_local(tmp_path):
                                              SynthConfig(num_requests=5)), [])
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_an_empty_trace_gives_an_empty_output(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     summary = run_synthesize_beam(SynthesizeConfig((str(tmp_path / "empty.jsonl"),),

@@ -3,6 +3,8 @@ letter of its own and never moves the origin; the same in both engines and as a 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import apache_beam as beam
@@ -45,6 +47,7 @@ def test_the_minority_kind_is_dead_lettered_with_its_blocks_removed():
     assert json.loads(letters[0].line)["timestamp_ms"] == 5
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_one_timestamp_kind_transform_decides_over_all_batches():
     batches = [batch_of([EPOCH_MS, 7]), batch_of([EPOCH_MS + 5]), batch_of([EPOCH_MS + 9])]
     with TestPipeline() as pipeline:
@@ -55,6 +58,7 @@ def test_one_timestamp_kind_transform_decides_over_all_batches():
                     equal_to([TIMESTAMP_KIND_MISMATCH]), label="Letters")
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_relative_time_among_epoch_dates_never_moves_the_origin(tiny_tokenizer, tmp_path):
     records = [chat(i, EPOCH_MS + 1000 * i) for i in range(6)] + [chat(9, 250)]
     src = write_jsonl(tmp_path / "in.jsonl", records)

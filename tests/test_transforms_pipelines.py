@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 import json
@@ -18,7 +20,7 @@ from transforms.ids.segments import SegmentFile, checksum, index_path, write_seg
 from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
 from transforms.ids.dense_ids import FIRST, NUMBERED
 from transforms.read.records import ParseOptions, parse_record
-from transforms.encode.hashed_batch import NO_RESPONSE_MS
+from transforms.read.trace_fields import NO_RESPONSE_MS
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
 from transforms.write.steps import WriteShard
 
@@ -70,6 +72,7 @@ def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
         {"timestamp": 500, "input_length": 8, "output_length": 1, "hash_ids": [0, 1]}]
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
     table = np.zeros(50, dtype=NUMBERED)
     table["hi"], table["lo"], table["id"] = np.arange(50), np.arange(50) * 7 + 3, np.arange(50)
@@ -112,6 +115,7 @@ def test_look_up_shard_splits_tonights_keys_into_unseen_and_known(tmp_path):
                     equal_to([[10, 2500]]), label="known")
 
 
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_split_known_carries_every_map_row_on_a_compaction_night():
     mapped = np.zeros(3, dtype=NUMBERED)
     mapped["hi"], mapped["lo"], mapped["id"] = [1, 2, 3], [1, 2, 3], [7, 8, 9]

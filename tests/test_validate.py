@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 from conftest import shared_path, write_jsonl
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.stats.trace_io import Trace, read_trace
+from transforms.read.trace_io import Trace, read_trace
 from transforms.stats.validate import block_size_fit, validate
 
 from kvtrace.cli import main
@@ -79,6 +79,7 @@ def test_the_published_trace_is_valid_at_512_only():
     assert validate(trace, 512, "flag")["valid"] and not validate(trace, 256, "flag")["valid"]
 
 
+@settings(max_examples=40, deadline=None)
 @given(st.integers(1, 600), st.lists(st.integers(1, 5000), min_size=1, max_size=30))
 def test_the_block_size_a_trace_was_made_with_always_fits(block_size, lengths):
     isl = np.array(lengths, dtype=np.int64)

@@ -1,6 +1,7 @@
 """The errors kvtrace raises on purpose: Rejected, for one bad record (it becomes a dead letter);
-IdMapError, for an id map a run cannot use (found before the run starts); JobStopped, for a run
-that must not publish (too much rejected, a map conflict). No Beam here: the CLI imports this."""
+ConfigError, for options a run cannot start with; IdMapError, for an id map a run cannot use
+(found before the run starts); JobStopped, for a run that must not publish (too much rejected,
+a map conflict). No Beam here: the CLI imports this."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class JobStopped(RuntimeError):
         if JOB_STOPPED not in text:
             return None
         return text[text.index(JOB_STOPPED) + len(JOB_STOPPED) + 2:].splitlines()[0]
+
+
+class ConfigError(ValueError):
+    """Options or a config file that cannot be used; the message says which and why."""
 
 
 class IdMapError(ValueError):

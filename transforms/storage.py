@@ -14,10 +14,18 @@ from __future__ import annotations
 import glob
 import io
 import os
+import re
 import shutil
 from typing import IO, Any
 
-from transforms.read.paths import is_url
+
+
+_URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
+
+
+def is_url(path: str) -> bool:
+    """A path on a Beam filesystem (gs://, s3://, ...), not on this machine's."""
+    return bool(_URL.match(path))
 
 
 def _beam() -> Any:

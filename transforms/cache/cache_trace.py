@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from transforms.stats.trace_io import Trace, read_trace
+from transforms.read.trace_io import Trace, read_trace
 from transforms.stats.trace_stats import causal_order, last_block_tokens, prefix_ids
 
 _LOG = logging.getLogger("kvtrace")

@@ -17,7 +17,6 @@ import xxhash
 HASH_SCHEME = "xxh3-128-chained-salted-v1"
 DIGEST_SIZE = 16  # bytes of one block hash (xxh3-128)
 TOKEN_DTYPE = np.dtype("<u4")  # fixed width, so a block's bytes encode its length unambiguously
-MAX_TOKEN_ID = np.iinfo(TOKEN_DTYPE).max
 _UINT32_CODE = next(code for code in "IL" if array.array(code).itemsize == 4)
 
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transforms.encode.blocks import DIGEST_SIZE
-
-NO_RESPONSE_MS = -1
+from transforms.read.trace_fields import NO_RESPONSE_MS
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class SaltSource:
             return value.encode()
         if self.kind == "file":
             from transforms import storage
-            from transforms.read.paths import is_url
+            from transforms.storage import is_url
 
             if not is_url(self.where) and os.path.exists(self.where) and not os.path.isfile(
                     self.where):

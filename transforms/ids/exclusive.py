@@ -18,7 +18,7 @@ import socket
 import uuid
 
 from transforms import storage
-from transforms.read.paths import is_url
+from transforms.storage import is_url
 
 TEMP_MARK = ".tmp-"
 

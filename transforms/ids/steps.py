@@ -36,7 +36,6 @@ from apache_beam.transforms.userstate import (
 )
 from apache_beam.transforms.window import GlobalWindow
 
-from transforms import storage
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.buckets import buckets_of, first_offsets
 from transforms.ids.dense_ids import (

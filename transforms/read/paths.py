@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import stat
 from collections.abc import Sequence
 
 import pyarrow as pa
 
+from transforms.storage import is_url
+
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Compressed JSONL by suffix, as pyarrow names the codecs.
 CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
-_URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
-
-
-def is_url(path: str) -> bool:
-    return bool(_URL.match(path))
-
-
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
     """Every file the patterns match, sorted; a pattern that matches nothing is an error."""
     files: set[str] = set()

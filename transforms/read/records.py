@@ -13,7 +13,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from transforms.encode.blocks import MAX_TOKEN_ID
 from transforms.errors import Rejected
 from transforms.read import chat
 from transforms.read.json_tree import check_tree
@@ -23,6 +22,8 @@ from transforms.read.timestamps import timestamp_ms
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
 # Output lengths beyond 2^31 tokens are no model's; they would only overflow later sums.
 MAX_COUNT = 2**31 - 1
+# Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
+MAX_TOKEN_ID = 2**32 - 1
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
 
 

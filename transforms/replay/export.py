@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.replay.consumers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
-from transforms.encode.hashed_batch import NO_RESPONSE_MS
+from transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
+from transforms.read.trace_fields import NO_RESPONSE_MS
 from transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 
 
 @dataclass(frozen=True)

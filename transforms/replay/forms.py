@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.encode.hashed_batch import NO_RESPONSE_MS
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_fields import NO_RESPONSE_MS
+from transforms.read.trace_io import Trace
 
 NO_TURN = -1
 

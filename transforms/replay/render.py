@@ -22,7 +22,7 @@ import numpy as np
 import xxhash
 
 from transforms.encode.tokenize import encode_texts, render_chat
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 from transforms.stats.trace_stats import last_block_tokens, prefix_ids
 
 # Words per vocabulary: 4,096 spell 16.7M siblings in two tokens; every tokenizer we ship has

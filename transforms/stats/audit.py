@@ -26,11 +26,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
-from transforms.read.paths import is_url, read_bytes
-from transforms.replay.consumers import replay_commands
+from transforms.read.paths import read_bytes
+from transforms.storage import is_url
+from transforms.write.replayers import replay_commands
 from transforms.write.manifest import BLOCK_HASHES_WARNING, MANIFEST, STATS
 from transforms.write.publish import sha256_of
-from transforms.write.shards import OUTPUT_IDS_FIELD, RESPONSE_FIELD, TRACE_SCHEMA
+from transforms.read.trace_fields import OUTPUT_IDS_FIELD, RESPONSE_FIELD
+from transforms.write.shards import TRACE_SCHEMA
 from transforms.write.totals import BLOCK_WEIGHTED_DEFINITION, TOKEN_WEIGHTED_DEFINITION
 
 TRACE_FILE = re.compile(r"trace-\d{5}-of-\d{5}\.(jsonl|parquet)")
@@ -420,7 +422,7 @@ def report_text(report: dict, where: str) -> str:
                      f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
                      f"{m.get('granularity')}")
     lines += [f"  FLAG {flag}" for flag in report["flags"]]
-    lines.append(f"verdict: publishable: only what kvtrace publishes, nothing flagged"
+    lines.append("verdict: publishable: only what kvtrace publishes, nothing flagged"
                  if report["publishable"] else
                  f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import numpy as np
 import xxhash
 
 from transforms.stats.histograms import histogram
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 from transforms.stats.trace_stats import last_block_tokens
 
 ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8")])

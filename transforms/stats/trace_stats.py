@@ -17,7 +17,7 @@ import numpy as np
 
 from transforms.stats.heap import return_freed_heap
 from transforms.stats.histograms import STAT_NAMES, histogram
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 
 MAX_EXAMPLES = 20  # example lines listed per problem kind
 # Per-block temporaries (gathers, comparisons) are made this many blocks at a time: 16M blocks is

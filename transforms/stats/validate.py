@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 from transforms.stats.trace_stats import MAX_EXAMPLES, Blocks, problems
 
 _UNBOUNDED = 1 << 62  # no upper bound (rows of one id)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from transforms.stats.trace_io import Trace
-from transforms.write.shards import SESSION_FIELD
+from transforms.read.trace_io import Trace
+from transforms.read.trace_fields import SESSION_FIELD
 
 
 def dense_sessions(sessions: np.ndarray | None) -> list[int | None]:

@@ -12,7 +12,7 @@ source turn did. The result is a trace like any other, reshaped afterwards by th
 from __future__ import annotations
 
 import numpy as np
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 from transforms.synth.parts import RowParts
 
 

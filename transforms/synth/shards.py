@@ -20,7 +20,7 @@ import numpy as np
 import xxhash
 from transforms.ids.buckets import buckets_of
 from transforms.ids.dense_ids import OCCURRENCE
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 from transforms.stats.trace_shards import prefix_hashes, rowkeys
 from transforms.synth.reshape import hashed_label, mix64, reshape
 from transforms.synth.parts import RowParts

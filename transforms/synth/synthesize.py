@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
-from transforms.stats.trace_io import Trace
+from transforms.read.trace_io import Trace
 from transforms.stats.trace_shards import LINE_BITS
 from transforms.stats.trace_stats import prefix_ids
 from transforms.synth.parts import RowParts

@@ -16,6 +16,18 @@ from transforms import storage
 from transforms.errors import JobStopped
 
 
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvtrace")
+    except PackageNotFoundError:  # running from a checkout that is not installed
+        return "0.0.0+unknown"
+
+
+KVTRACE_VERSION = _installed_version()  # what every manifest records, and --version prints
+
+
 @dataclass(frozen=True)
 class RecordCounts:
     read: int

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 from transforms import storage
 from transforms.errors import JobStopped
-from transforms.read.paths import is_url
+from transforms.storage import is_url
 from transforms.write.manifest import MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"

@@ -16,25 +16,13 @@ import pyarrow.parquet as pq
 
 from transforms import storage
 from transforms.write.coarsen import Coarsening, coarsen
-from transforms.encode.hashed_batch import NO_RESPONSE_MS
+from transforms.read.trace_fields import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
+                                          SESSION_FIELD)
 from transforms.write.rows import NO_SESSION, RowBatch
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
 MAX_BLOCKS_PER_SHARD = 8_000_000
 TRACE_FILE_PREFIX = "trace-"
-# Each row holds its request's whole prompt, so a row is one self-contained request, also within
-# a conversation. The pseudonymous conversation number is therefore published as `session`, not
-# `session_id`: aiperf groups rows by `session_id` and replays a group as a multi-turn chat that
-# prepends earlier turns and live responses to each request, which would double the context
-# (aiperf#1393). Under `session` every consumer replays each row as it is.
-SESSION_FIELD = "session"
-# With --emit-output-hashes: the ids of the full blocks the engine holds after decoding, past
-# the prompt's full blocks (kvtrace simulate --decode-cache replays them).
-OUTPUT_IDS_FIELD = "output_hash_ids"
-# When the log said when the response ended: ms from the request's arrival to that end. With the
-# next turn's timestamp it gives the user's think or tool time (`kvtrace export` writes it as the
-# `delay` session-aware replayers wait after the previous response).
-RESPONSE_FIELD = "response_ms"
 
 TRACE_SCHEMA = pa.schema(
     [

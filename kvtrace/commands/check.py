@@ -4,13 +4,11 @@ folder exposes)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from typing import Any
 
-from kvtrace.cache_cli import TRACE_HELP, no_beam_options, write_json_report
-from kvtrace.config import ConfigError
+from kvtrace.commands.common import TRACE_HELP, BeamFlags, no_beam_options, write_json_report
+from transforms.errors import ConfigError
 
 
 def add_parsers(commands: Any) -> None:
@@ -34,9 +32,9 @@ def add_parsers(commands: Any) -> None:
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def validate(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from transforms.stats.trace_inputs import declared_block_size, trace_files
-    from transforms.stats.trace_io import read_trace
+def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from transforms.read.trace_inputs import declared_block_size, trace_files
+    from transforms.read.trace_io import read_trace
     from transforms.stats.validate import report_text, validate as check
 
     no_beam_options(beam_args)
@@ -70,9 +68,8 @@ def add_audit_parser(commands: Any) -> None:
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def audit(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from transforms import storage
-    from transforms.read.paths import is_url
+def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from transforms.storage import is_url
     from transforms.stats.audit import audit as measure, report_text
 
     no_beam_options(beam_args)
@@ -85,49 +82,3 @@ def audit(args: argparse.Namespace, beam_args: list[str]) -> int:
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1
-
-
-def add_convert_parser(commands: Any) -> None:
-    convert = commands.add_parser(
-        "convert", help="Alibaba Bailian usage traces -> Mooncake rows with sessions",
-        description=(
-            "Convert a Bailian usage trace (chat_id / parent_chat_id, timestamps in seconds, "
-            "16-token blocks) into Mooncake rows: timestamps in ms, a `session` per "
-            "conversation (found through parent_chat_id), hash_ids as given. With -o DIR the "
-            "output is a folder with manifest.json (block size 16), which analyze, simulate "
-            "and synthesize read the block size from."),
-    )
-    add = convert.add_argument
-    add("trace", metavar="BAILIAN.jsonl", help="a Bailian trace file (.jsonl, .gz or .zst)")
-    add("-o", "--output", required=True, metavar="OUT.jsonl|DIR",
-        help="a .jsonl file, or a folder to hold trace-00000-of-00001.jsonl and manifest.json")
-    add("--verbose", action="store_true", help=argparse.SUPPRESS)
-
-
-def convert(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from transforms import storage
-    from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
-    from transforms.read.paths import read_bytes
-    from transforms.write.shards import shard_name
-
-    no_beam_options(beam_args)
-    converted = to_mooncake(read_bytes(args.trace).splitlines())
-    payload = "".join(json.dumps(row) + "\n" for row in converted.rows).encode()
-    if args.output.endswith(".jsonl"):
-        target = args.output
-    else:
-        target = storage.join(args.output, shard_name(0, 1, ".jsonl"))
-        with storage.create(storage.join(args.output, "manifest.json")) as handle:
-            handle.write(json.dumps({"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
-                                     "converted_from": "bailian", "rows": len(converted.rows),
-                                     "files": [shard_name(0, 1, ".jsonl")]}, indent=2).encode())
-    with storage.create(target) as handle:
-        handle.write(payload)
-    sessions = len({row["session"] for row in converted.rows})
-    print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
-          f"(block size {BAILIAN_BLOCK_SIZE})")
-    if converted.malformed:
-        print(f"warning: {converted.malformed:,} line(s) skipped", file=sys.stderr)
-        for example in converted.examples:
-            print(f"  {example}", file=sys.stderr)
-    return 0 if converted.rows else 1

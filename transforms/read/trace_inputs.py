@@ -12,7 +12,8 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs, is_url
+from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs
+from transforms.storage import is_url
 
 MANIFEST = "manifest.json"
 TRACE_SHARDS = "trace-*.jsonl"

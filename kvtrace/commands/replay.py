@@ -8,9 +8,9 @@ import json
 import sys
 from typing import Any
 
-from kvtrace.cache_cli import (BLOCK_HELP, TRACE_HELP, no_beam_options, trace_inputs,
-                               write_json_report)
-from kvtrace.config import ConfigError
+from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, no_beam_options,
+                                     trace_inputs, write_json_report)
+from transforms.errors import ConfigError
 
 
 def add_parser(commands: Any) -> None:
@@ -41,7 +41,7 @@ def add_parser(commands: Any) -> None:
 
 
 def add_export_parser(commands: Any) -> None:
-    from transforms.replay.consumers import CONSUMERS
+    from transforms.write.replayers import CONSUMERS
 
     export = commands.add_parser(
         "export", help="a trace -> the file (and command) one replayer needs",
@@ -63,7 +63,7 @@ def add_export_parser(commands: Any) -> None:
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def export(args: argparse.Namespace, beam_args: list[str]) -> int:
+def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.export import ExportConfig, run_export
 
     no_beam_options(beam_args)
@@ -84,7 +84,7 @@ def export(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.render import RenderConfig, run_render
 
     no_beam_options(beam_args)

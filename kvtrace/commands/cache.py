@@ -1,4 +1,4 @@
-"""The cache commands of `kvtrace`: reuse, simulate, report (flags -> typed configs -> pipelines).
+"""`kvtrace reuse`, `simulate` and `report`: flags -> typed configs -> pipelines/.
 
 Each reads TRACE as `analyze` does (files, globs or kvtrace output folders; the block size from
 the folder's manifest unless given) and runs on this machine.
@@ -7,15 +7,14 @@ the folder's manifest unless given) and runs on this machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from kvtrace.config import ConfigError
+from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, engine_options,
+                                     no_beam_options, trace_inputs, warn_malformed,
+                                     write_json_report)
 from kvtrace.presets import load_model, models
-
-TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
-BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
+from transforms.errors import ConfigError
 
 
 def add_parsers(commands: Any) -> None:
@@ -129,27 +128,10 @@ def _policies() -> tuple[str, ...]:
     return POLICIES
 
 
-def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
-    """The trace files the arguments name and their block size (--block-size, else the
-    manifest's, else 512)."""
-    from transforms.stats.trace_inputs import declared_block_size, trace_files
-
-    if args.block_size is not None and args.block_size < 1:
-        raise ConfigError("--block-size must be >= 1")
-    files = trace_files(args.trace)
-    return tuple(files), args.block_size or declared_block_size(files) or 512
-
-
-def reuse(args: argparse.Namespace, beam_args: list[str]) -> int:
+def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.reuse import ReuseConfig, run_reuse
 
-    if args.engine == "local":
-        no_beam_options(beam_args, hint=" (Beam options need --engine beam)")
-    else:
-        from kvtrace.cli import _our_flags, _parser
-        from kvtrace.options import check_beam_flags
-
-        check_beam_flags(beam_args, _our_flags(_parser()))
+    engine_options(args.engine, beam_args)
     if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
         raise ConfigError("--gpu-kv-cache-size must be a positive number of tokens")
     files, block_size = trace_inputs(args)
@@ -189,7 +171,7 @@ class ListModels(argparse.Action):
         parser.exit()
 
 
-def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
+def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.simulate import SimulateConfig, run_simulate
     from transforms.cache.capacity import parse_capacities
 
@@ -220,7 +202,7 @@ def simulate(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def report(args: argparse.Namespace, beam_args: list[str]) -> int:
+def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.report import ReportConfig, run_report
     from transforms.cache.capacity import parse_capacities
 
@@ -245,27 +227,10 @@ def report(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def no_beam_options(beam_args: list[str], hint: str = "") -> None:
-    """Commands that run without Beam take no Beam options: any left over is unknown."""
-    if beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)}{hint}")
-
-
 def _has_rows(report: dict, files: tuple[str, ...]) -> bool:
     """Report malformed lines on stderr; False (exit 1) when no row could be read."""
-    malformed = report["problems"]["malformed_lines"]
-    if malformed["count"]:
-        print(f"warning: {malformed['count']:,} malformed trace line(s) skipped", file=sys.stderr)
-        for example in malformed["examples"][:5]:
-            print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+    warn_malformed(report["problems"])
     if not report["rows"]:
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         return False
     return True
-
-
-def write_json_report(path: str | None, report: dict) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")

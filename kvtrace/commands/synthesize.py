@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from kvtrace.cache_cli import write_json_report
-from kvtrace.config import ConfigError
+from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, engine_options,
+                                     trace_inputs, warn_malformed, write_json_report)
 
 ROWS = (
     ("requests", "requests", "{:,.0f}"),
@@ -35,11 +35,9 @@ def add_parser(commands: Any) -> None:
             "the same --seed gives the same bytes. Prints the statistics before and after."),
     )
     add = synthesize.add_argument
-    add("trace", nargs="+", metavar="TRACE",
-        help="trace file(s), glob(s) or kvtrace output folder(s)")
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("-o", "--output", required=True, metavar="OUT.jsonl", help="the synthesized trace")
-    add("--block-size", type=int, metavar="N",
-        help="tokens per block (default: the manifest.json beside the trace, else 512)")
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("--seed", type=int, default=0, help="random seed (default 0)")
     add("--speedup-ratio", type=float, default=1.0, metavar="R",
         help="divide timestamps by R (2: twice the load)")
@@ -64,36 +62,21 @@ def add_parser(commands: Any) -> None:
     add("--verbose", action="store_true", help="show Beam's own logs")
 
 
-def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.synthesize import SynthesizeConfig, run_synthesize, run_synthesize_beam
-    from transforms.stats.trace_inputs import declared_block_size, trace_files
     from transforms.synth.reshape import Knobs
     from transforms.synth.synthesize import SynthConfig
 
-    if args.engine == "local" and beam_args:
-        raise ConfigError(f"unknown options: {' '.join(beam_args)} (Beam options need --engine "
-                          f"beam)")
-    if args.engine == "beam":
-        from kvtrace.cli import _our_flags, _parser
-        from kvtrace.options import check_beam_flags
-
-        check_beam_flags(beam_args, _our_flags(_parser()))
-    if args.block_size is not None and args.block_size < 1:
-        raise ConfigError("--block-size must be >= 1")
-    files = trace_files(args.trace)
-    block_size = args.block_size or declared_block_size(files) or 512
+    engine_options(args.engine, beam_args)
+    files, block_size = trace_inputs(args)
     synth = SynthConfig(
         Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
         args.speedup_ratio, args.osl_multiplier, args.min_isl, args.max_isl, args.min_osl,
         args.max_osl, args.num_requests, args.seed)
-    config = SynthesizeConfig(tuple(files), args.output, block_size, synth)
+    config = SynthesizeConfig(files, args.output, block_size, synth)
     summary = run_synthesize_beam(config, beam_args) if args.engine == "beam" else \
         run_synthesize(config)
-    malformed = summary["malformed_lines"]
-    if malformed["count"]:
-        print(f"warning: {malformed['count']:,} malformed trace line(s) skipped", file=sys.stderr)
-        for example in malformed["examples"]:
-            print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+    warn_malformed(summary)
     if not summary["before"]["requests"]:
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         return 1

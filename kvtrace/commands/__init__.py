@@ -1,0 +1,1 @@
+"""One module per command group of `kvtrace`: each adds its parsers and runs its commands."""

@@ -1,0 +1,66 @@
+"""What every command shares: the trace argument, the block size from flag or manifest, Beam
+options only where a Beam engine runs, malformed-line warnings, JSON reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from transforms.errors import ConfigError
+
+TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
+BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
+
+
+def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
+    """The trace files the arguments name, in the order given, and their block size
+    (--block-size, else the manifest's, else 512)."""
+    from transforms.read.trace_inputs import declared_block_size, trace_files
+
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError("--block-size must be >= 1")
+    files = trace_files(args.trace)
+    return tuple(files), args.block_size or declared_block_size(files) or 512
+
+
+class BeamFlags(list):
+    """The flags kvtrace left to Beam, and kvtrace's own (to suggest the closest spelling of a
+    flag neither knows)."""
+
+    def __init__(self, flags: list[str], ours: set[str]):
+        super().__init__(flags)
+        self.ours = ours
+
+
+def no_beam_options(beam_args: list[str], hint: str = "") -> None:
+    """Commands (and engines) that run without Beam take no Beam options: any left is unknown."""
+    if beam_args:
+        raise ConfigError(f"unknown options: {' '.join(beam_args)}{hint}")
+
+
+def engine_options(engine: str, beam_args: BeamFlags) -> None:
+    """The local engine takes no Beam options; the Beam engine takes only those Beam knows."""
+    if engine == "local" and beam_args:
+        raise ConfigError(f"unknown options for the local engine: {' '.join(beam_args)} "
+                          f"(Beam options need --engine beam)")
+    if engine == "beam":
+        from kvtrace.options import check_beam_flags
+
+        check_beam_flags(beam_args, beam_args.ours)
+
+
+def warn_malformed(problems: dict) -> None:
+    """A report's malformed lines on stderr: the count and the first examples."""
+    malformed = problems["malformed_lines"]
+    if malformed["count"]:
+        print(f"warning: {malformed['count']:,} malformed trace line(s) skipped", file=sys.stderr)
+        for example in malformed["examples"][:5]:
+            print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
+
+
+def write_json_report(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")

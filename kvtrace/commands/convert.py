@@ -1,0 +1,56 @@
+"""`kvtrace convert`: a Bailian usage trace -> Mooncake rows with sessions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvtrace.commands.common import BeamFlags, no_beam_options
+
+
+def add_parser(commands: Any) -> None:
+    convert = commands.add_parser(
+        "convert", help="Alibaba Bailian usage traces -> Mooncake rows with sessions",
+        description=(
+            "Convert a Bailian usage trace (chat_id / parent_chat_id, timestamps in seconds, "
+            "16-token blocks) into Mooncake rows: timestamps in ms, a `session` per "
+            "conversation (found through parent_chat_id), hash_ids as given. With -o DIR the "
+            "output is a folder with manifest.json (block size 16), which analyze, simulate "
+            "and synthesize read the block size from."),
+    )
+    add = convert.add_argument
+    add("trace", metavar="BAILIAN.jsonl", help="a Bailian trace file (.jsonl, .gz or .zst)")
+    add("-o", "--output", required=True, metavar="OUT.jsonl|DIR",
+        help="a .jsonl file, or a folder to hold trace-00000-of-00001.jsonl and manifest.json")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from transforms import storage
+    from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
+    from transforms.read.paths import read_bytes
+    from transforms.write.shards import shard_name
+
+    no_beam_options(beam_args)
+    converted = to_mooncake(read_bytes(args.trace).splitlines())
+    payload = "".join(json.dumps(row) + "\n" for row in converted.rows).encode()
+    if args.output.endswith(".jsonl"):
+        target = args.output
+    else:
+        target = storage.join(args.output, shard_name(0, 1, ".jsonl"))
+        with storage.create(storage.join(args.output, "manifest.json")) as handle:
+            handle.write(json.dumps({"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
+                                     "converted_from": "bailian", "rows": len(converted.rows),
+                                     "files": [shard_name(0, 1, ".jsonl")]}, indent=2).encode())
+    with storage.create(target) as handle:
+        handle.write(payload)
+    sessions = len({row["session"] for row in converted.rows})
+    print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
+          f"(block size {BAILIAN_BLOCK_SIZE})")
+    if converted.malformed:
+        print(f"warning: {converted.malformed:,} line(s) skipped", file=sys.stderr)
+        for example in converted.examples:
+            print(f"  {example}", file=sys.stderr)
+    return 0 if converted.rows else 1
