@@ -58,13 +58,12 @@ def startup_seconds(tokenizer: str) -> float:
 
 def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
     from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS
-    from pipelines.anonymize_local import dense_ids
     from transforms.batching import batches_by_weight
     from transforms.encode.blocks import chain_seed
     from transforms.encode.encode_requests import RequestEncoder
     from transforms.encode.hashed_batch import HashedBatch
     from transforms.encode.tokenize import load_tokenizer
-    from transforms.ids.dense_ids import block_keys, session_keys
+    from transforms.ids.dense_ids import block_keys, dense_ids, session_keys
     from transforms.read.records import ParseOptions
     from transforms.read.sources import file_ranges, parse_one, read_range
     from transforms.write.rows import row_batch
@@ -87,8 +86,8 @@ def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
         hashed = [encoder.hash(r, t)[0] for r, t in zip(rendered, tokenized)]
     with stage("ids"):
         whole = HashedBatch.concat(hashed)
-        block_ids, _ = dense_ids(whole, block_keys(whole, block_size))
-        session_ids, _ = dense_ids(whole, session_keys(whole))
+        block_ids = dense_ids(block_keys(whole, block_size)).ids
+        session_ids = dense_ids(session_keys(whole)).ids
     with stage("rows and write"):
         rows = row_batch(whole.requests, block_ids, session_ids).sorted()
         jsonl_bytes(rows, 0), parquet_bytes(rows, 0)

@@ -2,7 +2,7 @@
 
 Files are the unit of parallelism (line numbers define file order); blocks go to shards of hash
 id, (position, id) pair and prefix, whose small per-row partials meet their rows in row shards
-(transforms/trace_shards.py). The numbers equal analyze_local's.
+(transforms/stats/trace_shards.py). The numbers equal analyze_local's.
 """
 
 from __future__ import annotations
@@ -12,25 +12,24 @@ import math
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import StandardOptions
 from pipelines.analyze import AnalyzeConfig
-from transforms.ids.buckets import BUCKET_MS
+from transforms.ids.buckets import buckets_of
 from transforms.ids.dense_ids import split_by
 from transforms.stats.histograms import describe_histogram, histogram, merge
-from transforms.read.trace_io import read_trace
 from transforms.stats.trace_shards import (
     PARTIAL,
     ROW,
+    FileChunk,
     ShardResult,
-    chunk_tables,
     id_shard,
     pair_shard,
     prefix_shard,
+    read_chunk,
     row_shard,
 )
 from transforms.stats.trace_stats import (
@@ -39,39 +38,8 @@ from transforms.stats.trace_stats import (
     id_problems,
     minute_counts,
     request_rate,
-    row_problems,
-    session_counts,
     session_stats,
 )
-
-
-@dataclass(frozen=True)
-class FileChunk:
-    """One file of the trace: its rows and blocks as tables, and what is known per file."""
-
-    index: int
-    rows: np.ndarray
-    blocks: np.ndarray
-    problems: dict  # row_problems of this file alone
-    sessions: Counter
-    first_ts: float | None
-    last_ts: float | None
-    first_line: int
-
-
-def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int) -> Iterator[FileChunk]:
-    index, path = indexed
-    trace = read_trace([path])
-    trace.file_index[:] = index
-    trace.files = list(files)
-    rows, blocks = chunk_tables(trace, block_size)
-    has_rows = len(trace) > 0
-    yield FileChunk(
-        index, rows, blocks, row_problems(trace, block_size), session_counts(trace),
-        float(trace.timestamp[0]) if has_rows else None,
-        float(trace.timestamp[-1]) if has_rows else None,
-        int(trace.line[0]) if has_rows else 0,
-    )
 
 
 def _by_shard(table: np.ndarray, keys: np.ndarray, shards: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -114,10 +82,6 @@ def _warmup_key(candidates: list[tuple[float, int]], plan: tuple[int, int] | Non
     return sorted(candidates)[plan[1]] if plan else None
 
 
-def _bucket_of(ts: np.ndarray) -> np.ndarray:
-    return np.floor(ts / BUCKET_MS).astype(np.int64)
-
-
 def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
     """The pipeline; its output is the report dict (one element)."""
     block_size, shards = config.block_size, config.shards
@@ -134,7 +98,7 @@ def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
     # The warm-up cut: the causal key of the row at rank floor(fraction x rows).
     bucket_sizes = (
         chunks
-        | "RowBuckets" >> beam.FlatMap(lambda c: histogram(_bucket_of(c.rows["ts"])).items())
+        | "RowBuckets" >> beam.FlatMap(lambda c: histogram(buckets_of(c.rows["ts"])).items())
         | "SumBuckets" >> beam.CombinePerKey(sum)
         | "AllBuckets" >> beam.combiners.ToDict()
     )
@@ -144,7 +108,7 @@ def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
         | "Candidates" >> beam.FlatMap(
             lambda c, plan: [] if plan is None else [
                 (float(r["ts"]), int(r["rowkey"]))
-                for r in c.rows[_bucket_of(c.rows["ts"]) == plan[0]]
+                for r in c.rows[buckets_of(c.rows["ts"]) == plan[0]]
             ],
             beam.pvalue.AsSingleton(plan),
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -44,13 +44,9 @@ from transforms.encode.tokenize import load_tokenizer
 from transforms.ids.buckets import buckets_of, plan_shards
 from transforms.ids.dense_ids import (
     NUMBERED,
-    UniqueTotals,
-    unique_totals,
+    KindIds,
     block_keys,
-    earliest,
-    lookup,
-    number,
-    resolve,
+    dense_ids,
     session_keys,
     shard_of,
     split_by,
@@ -160,31 +156,6 @@ def _start_worker(config: AnonymizeConfig) -> None:
 
 def _encode_in_worker(piece: FileRange) -> Encoded:
     return encode_ranges([piece], _WORKER["encoder"], _WORKER["parse"])
-
-
-class KindIds(NamedTuple):
-    """Dense ids of one kind of key (blocks or sessions) for a run."""
-
-    ids: np.ndarray  # each key's id, aligned with the keys
-    unique: UniqueTotals
-    added: np.ndarray  # NUMBERED rows for the map: the new ids (all ids when compacting)
-    added_count: int
-
-
-def dense_ids(keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | None = None,
-              next_id: int = 0) -> KindIds:
-    """Each key's id in first-seen order: the same numbering as the Beam pipeline's buckets,
-    whose order is by timestamp first. Keys an id map already holds keep their ids (map_rows
-    gives, for the distinct keys, NUMBERED map rows that include every one it holds); the
-    others are numbered from next_id."""
-    firsts = earliest(keys)
-    unique = unique_totals(firsts)
-    prior = map_rows(firsts) if map_rows else np.empty(0, dtype=NUMBERED)
-    rows = lookup(prior, firsts)
-    seen = rows >= 0
-    new = number(firsts[~seen], next_id)
-    ids = resolve(np.concatenate([new, prior[rows[seen]]]), keys)
-    return KindIds(ids, unique, new, len(new))
 
 
 def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:

@@ -25,7 +25,6 @@ from transforms.replay.render import (
 from transforms.read.trace_io import read_trace
 
 _LOG = logging.getLogger("kvtrace")
-SHAPES = ("prompt", "chat")
 MAX_EXAMPLES = 5
 
 

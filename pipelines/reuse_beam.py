@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import StandardOptions
-from pipelines.analyze_beam import _bucket_of, read_chunk
 from pipelines.reuse import DEFINITIONS, ReuseConfig
 from transforms.cache import plots
 from transforms.cache.reuse_shards import (
@@ -25,7 +24,9 @@ from transforms.cache.reuse_shards import (
     clock_starts,
     summarize,
 )
+from transforms.ids.buckets import buckets_of
 from transforms.ids.dense_ids import split_by
+from transforms.stats.trace_shards import read_chunk
 from transforms.stats.trace_stats import MAX_EXAMPLES
 
 # Prefix shards: each holds 1/N of the block occurrences in one worker.
@@ -42,14 +43,14 @@ def build(pipeline: beam.Pipeline, config: ReuseConfig) -> beam.PCollection:
     starts = (
         chunks
         | "BucketTokens" >> beam.FlatMap(
-            lambda c: bucket_tokens(c.blocks, _bucket_of(c.blocks["ts"])).items())
+            lambda c: bucket_tokens(c.blocks, buckets_of(c.blocks["ts"])).items())
         | "SumBuckets" >> beam.CombinePerKey(sum)
         | "AllBuckets" >> beam.combiners.ToDict()
         | "ClockStarts" >> beam.Map(clock_starts)
     )
     summary = (
         chunks
-        | "ByBucket" >> beam.FlatMap(lambda c: split_by(c.blocks, _bucket_of(c.blocks["ts"])))
+        | "ByBucket" >> beam.FlatMap(lambda c: split_by(c.blocks, buckets_of(c.blocks["ts"])))
         | "GroupBuckets" >> beam.GroupByKey()
         | "Clock" >> beam.FlatMap(_clocked_by_prefix, beam.pvalue.AsSingleton(starts))
         | "GroupPrefixes" >> beam.GroupByKey()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from transforms import storage
 from transforms.storage import is_url
-from transforms.read.trace_io import Trace, read_trace
+from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import analyze
 from transforms.synth.output import jsonl_bytes
 from transforms.synth.synthesize import SynthConfig, synthesize
@@ -31,10 +31,6 @@ class SynthesizeConfig:
     output: str
     block_size: int = 512
     synth: SynthConfig = SynthConfig()
-
-
-def summary_of(trace: Trace, block_size: int) -> dict:
-    return summary_from(analyze(trace, block_size))
 
 
 def summary_from(stats: dict) -> dict:

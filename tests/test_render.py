@@ -10,7 +10,7 @@ import pytest
 from conftest import read_jsonl, shared_path, write_jsonl
 from test_anonymize import anonymize, trace as published
 from transforms.encode.tokenize import encode_texts, load_tokenizer
-from transforms.replay.render import render_blocks, reproduces, vocabulary
+from transforms.replay.render import block_keys, render_blocks, reproduces_blocks, vocabulary
 from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import prefix_ids
 
@@ -50,6 +50,10 @@ def render_and_anonymize(tokenizer, trace_file: Path, tmp_path, shape: str, bloc
     return read_trace(sorted(str(p) for p in out.glob("trace-*.jsonl")))
 
 
+def reproduces(trace, token_ids):
+    return reproduces_blocks(trace, *block_keys(token_ids, BLOCK), BLOCK)
+
+
 @pytest.mark.parametrize("shape", ["prompt", "chat"])
 def test_round_trip_on_the_tiny_tokenizer(tiny_tokenizer, tmp_path, shape, capsys):
     source = write_jsonl(tmp_path / "trace.jsonl", ROWS if shape == "prompt" else CHAT_ROWS)
@@ -71,11 +75,11 @@ def test_requests_carry_no_ids_and_the_verification_catches_a_wrong_rendering(ti
     trace = read_trace([str(source)])
     tokenizer = load_tokenizer(tiny_tokenizer)
     tokens = encode_texts(tokenizer, [r["prompt"] for r in requests])
-    assert reproduces(trace, tokens, BLOCK).all()
+    assert reproduces(trace, tokens).all()
     short = [t[:-1] if i == 3 else t for i, t in enumerate(tokens)]  # one token short
-    assert reproduces(trace, short, BLOCK).tolist() == [True, True, True, False, True]
+    assert reproduces(trace, short).tolist() == [True, True, True, False, True]
     merged = [tokens[0][:4] + t[4:] if i == 3 else t for i, t in enumerate(tokens)]
-    assert not reproduces(trace, merged, BLOCK).any()  # block 5 reads as block 0: both wrong
+    assert not reproduces(trace, merged).any()  # block 5 reads as block 0: both wrong
     capsys.readouterr()
 
 

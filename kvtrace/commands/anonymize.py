@@ -16,6 +16,7 @@ from kvtrace.presets import config_path, environments
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.encode.schemes import SCHEMES
 from transforms.errors import ConfigError, JobStopped
+from transforms.ids.dense_ids import MAX_HASH_SHARDS
 from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
 from transforms.read.timestamps import TIMESTAMP_UNITS
 
@@ -139,10 +140,9 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "timestamp_granularity_ms": 1,
     "length_granularity": 1,
 }
-# Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful,
-# and a shard count beyond a few thousand only multiplies per-shard overhead.
+# Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful
+# (and transforms/ids/dense_ids.MAX_HASH_SHARDS bounds the shard count).
 MAX_BLOCK_SIZE = 1 << 20
-MAX_HASH_SHARDS = 4096
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
 MAX_GRANULARITY = 1 << 40

@@ -16,12 +16,9 @@ import numpy as np
 BUCKET_MS = 60_000
 
 
-def bucket_of(timestamp_ms: int) -> int:
-    return timestamp_ms // BUCKET_MS
-
-
 def buckets_of(timestamps_ms: np.ndarray) -> np.ndarray:
-    return np.floor_divide(timestamps_ms, BUCKET_MS)
+    """Each timestamp's bucket (whole or fractional ms: traces may carry either)."""
+    return np.floor_divide(timestamps_ms, BUCKET_MS).astype(np.int64, copy=False)
 
 
 def first_offsets(sizes: Mapping[int, int], start: int = 0) -> dict[int, int]:

@@ -132,6 +132,36 @@ def resolve(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return numbered["id"][rows]
 
 
+
+def split_known(firsts: np.ndarray, existing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first occurrences an id map does not hold, the map rows of those it does)."""
+    rows = lookup(existing, firsts)
+    seen = rows >= 0
+    return firsts[~seen], existing[rows[seen]]
+
+
+class KindIds(NamedTuple):
+    """Dense ids of one kind of key (blocks or sessions) for a run."""
+
+    ids: np.ndarray  # each key's id, aligned with the keys
+    unique: UniqueTotals
+    added: np.ndarray  # NUMBERED rows for the map: the new ids (all ids when compacting)
+    added_count: int
+
+
+def dense_ids(keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | None = None,
+              next_id: int = 0) -> KindIds:
+    """Each key's id in first-seen order, in one process (the local engine): the same numbering
+    as ids/steps.py's buckets, whose order is by timestamp first. Keys an id map already holds keep their ids (map_rows
+    gives, for the distinct keys, NUMBERED map rows that include every one it holds); the
+    others are numbered from next_id."""
+    firsts = earliest(keys)
+    unique = unique_totals(firsts)
+    unseen, known = split_known(firsts, map_rows(firsts) if map_rows else np.empty(0, NUMBERED))
+    new = number(unseen, next_id)
+    ids = resolve(np.concatenate([new, known]), keys)
+    return KindIds(ids, unique, new, len(new))
+
 def hash_shards_for(map_ids: int) -> int:
     """Hash shards for a run extending a map of map_ids ids."""
     needed = -(-map_ids * NUMBERED.itemsize // TARGET_SHARD_BYTES)

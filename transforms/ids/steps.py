@@ -48,12 +48,12 @@ from transforms.ids.dense_ids import (
     KeyExtractor,
     unique_totals,
     earliest,
-    lookup,
     narrowed,
     number,
     resolve,
     shard_of,
     split_by,
+    split_known,
     sum_unique,
 )
 from transforms.ids.id_map import segment_path, shard_of_segment
@@ -182,12 +182,11 @@ class SplitKnown(beam.DoFn):
 
 def _split_known(shard: int, firsts: np.ndarray, existing: np.ndarray) -> Iterator[Any]:
     """Unseen first occurrences (main output) and the map rows of the seen ones ("known")."""
-    rows = lookup(existing, firsts)
-    seen = rows >= 0
-    if not seen.all():
-        yield shard, firsts[~seen]
-    if seen.any():
-        yield beam.pvalue.TaggedOutput("known", (shard, existing[rows[seen]]))
+    unseen, known = split_known(firsts, existing)
+    if len(unseen):
+        yield shard, unseen
+    if len(known):
+        yield beam.pvalue.TaggedOutput("known", (shard, known))
 
 
 class AssignDenseIds(beam.PTransform):

@@ -40,8 +40,7 @@ def _decoder(codec: str) -> Any:
 class DecodedStream(io.RawIOBase):
     """The decompressed bytes of a compressed file, up to where it breaks off or is corrupt.
 
-    `broken` is None for a complete file, else why decoding stopped; `compressed_offset` is how
-    far into the compressed file decoding got."""
+    `broken` is None for a complete file, else why decoding stopped."""
 
     def __init__(self, raw: IO[bytes], codec: str):
         super().__init__()
@@ -52,7 +51,6 @@ class DecodedStream(io.RawIOBase):
         self._pending = b""
         self._done = False
         self.broken: str | None = None
-        self.compressed_offset = 0
         self.ends_with_newline = True
 
     def readable(self) -> bool:
@@ -82,7 +80,6 @@ class DecodedStream(io.RawIOBase):
             self._done = True
             self.broken = f"corrupt compressed data: {err}"
         self._pending = b"".join(decoded)  # what decoded before any damage is kept
-        self.compressed_offset += len(data)
 
     def _feed(self, data: bytes, decoded: list[bytes]) -> None:
         while data:

@@ -92,11 +92,6 @@ def _iso_ms(text: str) -> int:
     return ms
 
 
-def timestamp_kind(ms: int) -> str:
-    """Whether a timestamp is an epoch date or a relative time (below the epoch floor)."""
-    return EPOCH if ms >= EPOCH_FLOOR_MS else RELATIVE
-
-
 def input_kind(relative: int, epoch: int) -> str:
     """The kind of timestamp an input holds, decided by the majority of its records (epoch on a
     tie): the records of the other kind are dead letters, so that one relative time among epoch

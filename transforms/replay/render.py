@@ -141,11 +141,6 @@ def block_keys(token_ids: list[list[int]], block_size: int) -> tuple[np.ndarray,
     return lengths, np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
 
 
-def reproduces(trace: Trace, token_ids: list[list[int]], block_size: int) -> np.ndarray:
-    """Per row, whether its tokens cut into blocks give the trace's blocks."""
-    return reproduces_blocks(trace, *block_keys(token_ids, block_size), block_size)
-
-
 def reproduces_blocks(trace: Trace, lengths: np.ndarray, keys: np.ndarray,
                       block_size: int) -> np.ndarray:
     """Per row, whether its tokens (lengths, block digests from block_keys) give the trace's

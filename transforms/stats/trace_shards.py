@@ -10,6 +10,7 @@ block in one place, and only the warm-up cut needs a global order (a bucketed ra
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +18,9 @@ import xxhash
 
 from transforms.stats.histograms import histogram
 from transforms.read.trace_io import Trace
-from transforms.stats.trace_stats import last_block_tokens
+from transforms.read.trace_io import read_trace
+from transforms.stats.trace_stats import (last_block_tokens, row_problems,
+                                          session_counts)
 
 ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8")])
 BLOCK = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("pos", "<i8"), ("id", "<i8"),
@@ -180,4 +183,34 @@ def row_shard(rows: np.ndarray, partials: np.ndarray, block_size: int,
             "per_request": histogram(per_request),
         },
         sums=sums,
+    )
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """One file of the trace: its rows and blocks as tables, and what is known per file."""
+
+    index: int
+    rows: np.ndarray
+    blocks: np.ndarray
+    problems: dict  # row_problems of this file alone
+    sessions: Counter
+    first_ts: float | None
+    last_ts: float | None
+    first_line: int
+
+
+def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int) -> Iterator[FileChunk]:
+    """One file of a trace as tables (the unit the Beam engines of analyze and reuse shard)."""
+    index, path = indexed
+    trace = read_trace([path])
+    trace.file_index[:] = index
+    trace.files = list(files)
+    rows, blocks = chunk_tables(trace, block_size)
+    has_rows = len(trace) > 0
+    yield FileChunk(
+        index, rows, blocks, row_problems(trace, block_size), session_counts(trace),
+        float(trace.timestamp[0]) if has_rows else None,
+        float(trace.timestamp[-1]) if has_rows else None,
+        int(trace.line[0]) if has_rows else 0,
     )

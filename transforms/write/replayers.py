@@ -26,7 +26,7 @@ class Consumer:
     command: Callable[[str, int, int], str]  # (file, block size, rows) -> the command line
     note: str = ""
     # aiperf schedules a follow-up turn by its timestamp when it has one, by its delay only when
-    # not (timing/strategies/fixed_schedule.py): its follow-ups go without one
+    # not (aiperf 0.13: timing/strategies/fixed_schedule.py): its follow-ups go without one
     follow_up_timestamps: bool = True
 
 
