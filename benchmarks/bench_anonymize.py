@@ -28,7 +28,7 @@ from pathlib import Path
 
 from measure import run_measured
 
-# Batches as the pipeline makes them for tokenization (pipelines/anonymize.py TOKENIZE_BATCH_REQUESTS).
+# Batches as the pipeline makes them for tokenization (pipelines/anonymize_config.py TOKENIZE_BATCH_REQUESTS).
 FLOOR_BATCH = 256
 
 

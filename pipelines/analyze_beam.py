@@ -7,17 +7,14 @@ id, (position, id) pair and prefix, whose small per-row partials meet their rows
 
 from __future__ import annotations
 
-import json
 import math
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.options.pipeline_options import StandardOptions
-from pipelines.analyze import AnalyzeConfig
+from pipelines.analyze_local import AnalyzeConfig
 from transforms.ids.buckets import buckets_of
 from transforms.ids.dense_ids import split_by
 from transforms.stats.histograms import describe_histogram, histogram, merge
@@ -248,22 +245,8 @@ def analyze_beam(config: AnalyzeConfig, beam_flags: list[str], output: str | Non
     """Run the Beam engine (embedded runner unless --runner says otherwise) and return the
     report, which the pipeline writes to OUTPUT/analysis.json on any Beam filesystem; without
     an output folder, to a temporary local one (local runners only)."""
-    from apache_beam.io.filesystems import FileSystems
+    from pipelines.runner import run_for_report
 
-    from transforms.errors import ConfigError
-    from pipelines.runner import LOCAL_RUNNERS, pipeline_options, run
-
-    options = pipeline_options(beam_flags)
-    if output is None and options.view_as(StandardOptions).runner not in LOCAL_RUNNERS:
-        raise ConfigError("--engine beam on a remote runner needs --output DIR (a folder its "
-                          "workers can write: gs://, s3://) for the report")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = FileSystems.join(output or tmp, "analysis.json")
-
-        def write(report: dict) -> None:
-            with FileSystems.create(path) as handle:
-                handle.write(json.dumps(report).encode())
-
-        run(lambda p: build(p, config) | "Write" >> beam.Map(write), options)
-        with FileSystems.open(path) as handle:
-            return json.loads(handle.read())
+    return run_for_report(lambda p: build(p, config), beam_flags, output, "analysis.json",
+                          "--output DIR (a folder its workers can write: gs://, s3://) for the "
+                          "report")

@@ -8,14 +8,11 @@ found. Exact LRU stack distances are not computed here: they need every use in o
 
 from __future__ import annotations
 
-import json
-import tempfile
 from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.options.pipeline_options import StandardOptions
-from pipelines.reuse import DEFINITIONS, ReuseConfig
+from pipelines.reuse_local import DEFINITIONS, ReuseConfig
 from transforms.cache import plots
 from transforms.cache.reuse_shards import (
     ReuseSummary,
@@ -25,6 +22,7 @@ from transforms.cache.reuse_shards import (
     summarize,
 )
 from transforms.ids.buckets import buckets_of
+from transforms.storage import is_url
 from transforms.ids.dense_ids import split_by
 from transforms.stats.trace_shards import read_chunk
 from transforms.stats.trace_stats import MAX_EXAMPLES
@@ -121,25 +119,11 @@ def run_reuse_beam(config: ReuseConfig, beam_flags: list[str]) -> dict:
     the report on a filesystem the launcher reads: a local temporary folder is used locally)."""
     from apache_beam.io.filesystems import FileSystems
 
-    from transforms.errors import ConfigError
-    from pipelines.runner import LOCAL_RUNNERS, pipeline_options, run
+    from pipelines.runner import run_for_report
 
-    options = pipeline_options(beam_flags)
-    if options.view_as(StandardOptions).runner not in LOCAL_RUNNERS and (
-            not config.plot or "://" not in config.plot):
-        raise ConfigError("--engine beam on a remote runner needs --output on a filesystem its "
-                          "workers can write (gs://, s3://)")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = FileSystems.join(tmp if "://" not in (config.plot or "") else
-                                config.plot.rsplit("/", 1)[0], "reuse.json")
-
-        def write(result: dict) -> None:
-            with FileSystems.create(path) as handle:
-                handle.write(json.dumps(result).encode())
-
-        run(lambda p: build(p, config) | "Write" >> beam.Map(write), options)
-        with FileSystems.open(path) as handle:
-            result = json.loads(handle.read())
+    remote_folder = config.plot.rsplit("/", 1)[0] if is_url(config.plot or "") else None
+    result = run_for_report(lambda p: build(p, config), beam_flags, remote_folder, "reuse.json",
+                            "--output on a filesystem its workers can write (gs://, s3://)")
     if config.plot:
         png = plots.reuse_figure(
             np.array(result["ccdf"]["interval_tokens"]), np.array(result["ccdf"]["share_above"]),

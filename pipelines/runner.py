@@ -8,7 +8,9 @@ therefore pin the embedded FnApiRunner (what DirectRunner uses for batch jobs); 
 
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,9 +25,38 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     return PipelineOptions(list(flags))
 
 
+def is_remote(options: PipelineOptions) -> bool:
+    """A runner whose workers cannot see this machine's files."""
+    return options.view_as(StandardOptions).runner not in LOCAL_RUNNERS
+
+
+def run_for_report(build: Callable[[beam.Pipeline], beam.PCollection], flags: Sequence[str],
+                   folder: str | None, name: str, needs: str) -> dict:
+    """Run a pipeline whose output is one report element, written as JSON to folder/name (any
+    Beam filesystem) and read back here; without a folder, into a temporary local one, which
+    only local runners can write (a remote run is refused, saying what it `needs`)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms.errors import ConfigError
+
+    options = pipeline_options(flags)
+    if folder is None and is_remote(options):
+        raise ConfigError(f"--engine beam on a remote runner needs {needs}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = FileSystems.join(folder or tmp, name)
+
+        def write(report: dict) -> None:
+            with FileSystems.create(path) as handle:
+                handle.write(json.dumps(report).encode())
+
+        run(lambda p: build(p) | "Write" >> beam.Map(write), options)
+        with FileSystems.open(path) as handle:
+            return json.loads(handle.read())
+
+
 def runner_for(options: PipelineOptions) -> Any:
     """The FnApiRunner for local runs; None lets Beam build the runner named in the options."""
-    if options.view_as(StandardOptions).runner in LOCAL_RUNNERS:
+    if not is_remote(options):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         return FnApiRunner()

@@ -11,16 +11,22 @@ its part of the output; the launcher concatenates the parts in order.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import time
 from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
+from pipelines.synthesize_local import SynthesizeConfig
 from transforms import storage
 from transforms.ids.buckets import first_offsets
 from transforms.ids.dense_ids import ids_in_request_order, split_by
 from transforms.ids.steps import AssignDenseIds
 from transforms.read.trace_io import read_trace
+from transforms.storage import is_url
 from transforms.synth.output import rows_jsonl
+from transforms.synth.summary import before_and_after
 from transforms.synth.shards import (
     SHARED,
     Synthesized,
@@ -116,3 +122,40 @@ def _write_part(element: tuple[int, dict], parts_dir: str) -> str:
         handle.write(rows_jsonl(part.rows["ts_out"], part.rows["isl"], part.rows["osl"], ids,
                                 part.offsets, sessions))
     return path
+
+
+def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict:
+    """The Beam engine (embedded runner unless --runner says otherwise). --num-requests draws
+    from the whole prefix tree at once, so it stays on the local engine."""
+    from transforms.errors import ConfigError
+    from pipelines.analyze_local import AnalyzeConfig
+    from pipelines.analyze_beam import analyze_beam
+    from pipelines.runner import is_remote, pipeline_options, run
+
+    if config.synth.num_requests is not None:
+        raise ConfigError("--num-requests needs the whole trace in one place: use --engine local")
+    config.synth.check()
+    options = pipeline_options(beam_flags)
+    remote = is_remote(options)
+    if remote and not is_url(config.output):
+        raise ConfigError("--engine beam on a remote runner needs -o on a filesystem its "
+                          "workers can write (gs://, s3://)")
+    started = time.perf_counter()
+    parts_dir = config.output + ".parts"
+    run(lambda p: build(p, config.inputs, parts_dir, config.block_size, config.synth), options)
+    parts = storage.match(storage.join(parts_dir, "*.jsonl"))
+    with storage.create(config.output) as handle:
+        for part in parts:  # named by first rank: name order is output order
+            with storage.open_read(part) as piece:
+                shutil.copyfileobj(piece, handle)
+    storage.delete(parts)
+    if not is_url(parts_dir) and os.path.isdir(parts_dir):  # an empty trace writes no part
+        os.rmdir(parts_dir)
+    _LOG.info("synthesized %s from %d file(s) in %.1f s", config.output, len(config.inputs),
+              time.perf_counter() - started)
+    # Remote runners write their reports where the launcher can read them back.
+    reports = (parts_dir + "-before", parts_dir + "-after") if remote else (None, None)
+    before = analyze_beam(AnalyzeConfig(config.inputs, config.block_size), beam_flags, reports[0])
+    after = analyze_beam(AnalyzeConfig((config.output,), config.block_size), beam_flags,
+                         reports[1])
+    return before_and_after(before, after)

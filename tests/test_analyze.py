@@ -7,7 +7,7 @@ import math
 
 import pytest
 from conftest import shared_path, write_jsonl
-from pipelines.analyze import AnalyzeConfig, analyze_local
+from pipelines.analyze_local import AnalyzeConfig, analyze_local
 
 from kvtrace.cli import main
 from kvtrace.commands.analyze_text import compatible_table

@@ -8,7 +8,7 @@ import json
 import math
 
 from conftest import shared_path, write_jsonl
-from pipelines.analyze import AnalyzeConfig, analyze_local
+from pipelines.analyze_local import AnalyzeConfig, analyze_local
 from pipelines.analyze_beam import analyze_beam
 
 from kvtrace.cli import main

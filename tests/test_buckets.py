@@ -1,9 +1,13 @@
-from transforms.ids.buckets import BUCKET_MS, bucket_of, first_offsets, plan_shards
+import numpy as np
+
+from transforms.ids.buckets import BUCKET_MS, buckets_of, first_offsets, plan_shards
 
 
-def test_bucket_of_floors_negative_and_positive_times():
-    assert bucket_of(0) == 0 and bucket_of(BUCKET_MS - 1) == 0 and bucket_of(BUCKET_MS) == 1
-    assert bucket_of(-1) == -1
+def test_buckets_floor_negative_positive_and_fractional_times():
+    times = np.array([0, BUCKET_MS - 1, BUCKET_MS, -1])
+    assert buckets_of(times).tolist() == [0, 0, 1, -1]
+    assert buckets_of(times + 0.5).tolist() == [0, 0, 1, -1]
+    assert buckets_of(times).dtype == np.int64 == buckets_of(times + 0.5).dtype
 
 
 def test_first_offsets_are_cumulative_in_bucket_order():

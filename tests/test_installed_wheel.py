@@ -55,7 +55,7 @@ def _run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_wheel_imports_from_site_packages_not_from_the_checkout(clean_python, tmp_path):
     shown = _run(clean_python, tmp_path, "-c",
-                 "import kvtrace.cli, transforms.encode.tokenize, pipelines.anonymize as p; "
+                 "import kvtrace.cli, transforms.encode.tokenize, pipelines.anonymize_beam as p; "
                  "print(p.__file__)")
     assert shown.returncode == 0, shown.stderr
     assert "site-packages" in shown.stdout and str(ROOT) not in shown.stdout

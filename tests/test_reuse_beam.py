@@ -10,7 +10,7 @@ from apache_beam.testing.util import assert_that
 from conftest import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pipelines.reuse import ReuseConfig, run_reuse
+from pipelines.reuse_local import ReuseConfig, run_reuse
 from pipelines.reuse_beam import build, run_reuse_beam
 from transforms.cache.cache_trace import read_cache_trace
 from transforms.cache.reuse import ccdf_at, reuse_events

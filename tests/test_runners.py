@@ -13,7 +13,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import write_jsonl
-from pipelines.anonymize import AnonymizeConfig, IdMapRun, build
+from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
 from transforms.encode.blocks import HASH_SCHEME
 from transforms.ids.id_map import MapIdentity, MapVersion
 from transforms.encode.salt import SaltSource

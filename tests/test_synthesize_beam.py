@@ -7,7 +7,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from conftest import shared_path, write_jsonl
-from pipelines.synthesize import SynthesizeConfig, run_synthesize_beam
+from pipelines.synthesize_beam import run_synthesize_beam
+from pipelines.synthesize_local import SynthesizeConfig
 from pipelines.synthesize_beam import build
 from transforms.read.trace_io import read_trace
 from transforms.synth.output import jsonl_bytes

@@ -40,7 +40,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.commands.analyze_text import render
-    from pipelines.analyze import AnalyzeConfig, analyze_local
+    from pipelines.analyze_local import AnalyzeConfig, analyze_local
 
     engine_options(args.engine, beam_args)
     if not 0 <= args.warmup_fraction < 1:

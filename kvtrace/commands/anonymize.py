@@ -301,7 +301,7 @@ def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -
 
         run_local(config, processes)
     else:
-        from pipelines.anonymize import build
+        from pipelines.anonymize_beam import build
         from pipelines.runner import pipeline_options, run
 
         run(lambda p: build(p, config), pipeline_options(flags))
@@ -362,7 +362,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
                  tokenization: str, scheme: Any) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
-    from pipelines.anonymize import IdMapRun
+    from pipelines.anonymize_beam import IdMapRun
     from transforms import storage
     from transforms.ids.exclusive import remove_stale_temp_files
     from transforms.ids.id_map import (

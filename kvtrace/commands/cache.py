@@ -129,7 +129,7 @@ def _policies() -> tuple[str, ...]:
 
 
 def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.reuse import ReuseConfig, run_reuse
+    from pipelines.reuse_local import ReuseConfig, run_reuse
 
     engine_options(args.engine, beam_args)
     if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:

@@ -63,7 +63,8 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.synthesize import SynthesizeConfig, run_synthesize, run_synthesize_beam
+    from pipelines.synthesize_beam import run_synthesize_beam
+    from pipelines.synthesize_local import SynthesizeConfig, run_synthesize
     from transforms.synth.reshape import Knobs
     from transforms.synth.synthesize import SynthConfig
 

@@ -1,0 +1,43 @@
+"""`kvtrace synthesize`: reshape a trace (load, prefixes, diversity, lengths, more requests) into a
+new valid one, and say what each knob did (before/after statistics side by side).
+
+The local engine reads the trace whole (as `analyze` reads it) and reshapes request by request
+in causal order, since a turn builds on the previous turn's reshaped input. The Beam engine
+(synthesize_beam.py) writes the same bytes from shards of conversations, for traces beyond one
+machine; its before/after statistics come from analyze's Beam engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from transforms import storage
+from transforms.read.trace_io import read_trace
+from transforms.stats.trace_stats import analyze
+from transforms.synth.output import jsonl_bytes
+from transforms.synth.summary import before_and_after
+from transforms.synth.synthesize import SynthConfig, synthesize
+
+_LOG = logging.getLogger("kvtrace")
+
+
+@dataclass(frozen=True)
+class SynthesizeConfig:
+    inputs: tuple[str, ...]
+    output: str
+    block_size: int = 512
+    synth: SynthConfig = SynthConfig()
+
+
+def run_synthesize(config: SynthesizeConfig) -> dict:
+    started = time.perf_counter()
+    source = read_trace(config.inputs)
+    output = synthesize(source, config.block_size, config.synth)
+    with storage.create(config.output) as handle:
+        handle.write(jsonl_bytes(output))
+    _LOG.info("synthesized %d rows from %d in %.1f s", len(output), len(source),
+              time.perf_counter() - started)
+    before = analyze(source, config.block_size)
+    return before_and_after(before, analyze(output, config.block_size))
