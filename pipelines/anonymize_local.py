@@ -52,7 +52,8 @@ from transforms.ids.dense_ids import (
     split_by,
 )
 from transforms.ids.id_map import publish_night, segment_path, shard_of_segment
-from transforms.ids.segments import SegmentFile, merge_segment, read_matching, read_segment
+from transforms.ids.segments import (SegmentFile, merge_segment, read_matching_files,
+                                     read_segment)
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
     FileRange,
@@ -218,8 +219,11 @@ def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray)
     """The map rows holding any of firsts' keys: of each segment file, only the row groups that
     can hold the keys of its shard."""
     by_shard = dict(split_by(firsts, shard_of(firsts, shards)))
-    matched = [read_matching(segment, by_shard[shard_of_segment(segment.path)])
-               for segment in segments if shard_of_segment(segment.path) in by_shard]
+    files: dict[int, list[SegmentFile]] = {}
+    for segment in segments:
+        files.setdefault(shard_of_segment(segment.path), []).append(segment)
+    matched = [read_matching_files(files[shard], keys) for shard, keys in by_shard.items()
+               if shard in files]
     _LOG.info("id map: read %.1f MiB, %d of %d row groups",
               sum(m.bytes_read for m in matched) / 2**20,
               sum(m.row_groups_read for m in matched), sum(m.row_groups for m in matched))

@@ -318,3 +318,12 @@ def _numbered(arrow: pa.Table | pa.RecordBatch) -> np.ndarray:
     for name in ("hi", "lo", "id"):
         table[name] = arrow.column(name).to_numpy()
     return table
+
+
+def read_matching_files(segments: list[SegmentFile], keys: np.ndarray) -> MatchedRows:
+    """read_matching over several files of one hash shard: their matching rows together, and
+    what was read of them all."""
+    parts = [read_matching(segment, keys) for segment in sorted(segments)]
+    return MatchedRows(np.concatenate([p.rows for p in parts] + [np.empty(0, NUMBERED)]),
+                       sum(p.bytes_read for p in parts), sum(p.row_groups_read for p in parts),
+                       sum(p.row_groups for p in parts))

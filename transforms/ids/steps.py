@@ -57,7 +57,8 @@ from transforms.ids.dense_ids import (
     sum_unique,
 )
 from transforms.ids.id_map import segment_path, shard_of_segment
-from transforms.ids.segments import SegmentFile, merge_segment, read_matching, read_segment
+from transforms.ids.segments import (SegmentFile, merge_segment, read_matching_files,
+                                     read_segment)
 from transforms.steps import metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
@@ -156,13 +157,11 @@ class LookUpShard(beam.DoFn):
     def process(self, element: tuple[int, dict[str, list]]) -> Iterator[Any]:
         shard, groups = element
         for firsts in groups["firsts"]:  # at most one: the shard's combined table
-            matched = [read_matching(segment, firsts) for segment in sorted(groups["files"])]
-            for part in matched:
-                self._bytes_read.inc(part.bytes_read)
-                self._groups_read.inc(part.row_groups_read)
-                self._groups.inc(part.row_groups)
-            existing = np.concatenate([part.rows for part in matched] + [np.empty(0, NUMBERED)])
-            yield from _split_known(shard, firsts, existing)
+            matched = read_matching_files(groups["files"], firsts)
+            self._bytes_read.inc(matched.bytes_read)
+            self._groups_read.inc(matched.row_groups_read)
+            self._groups.inc(matched.row_groups)
+            yield from _split_known(shard, firsts, matched.rows)
 
 
 class SplitKnown(beam.DoFn):
