@@ -1,13 +1,17 @@
-"""Shared fixtures: a tiny trained tokenizer, the real tokenizers and traces from ../shared."""
+"""Shared fixtures and helpers: a tiny trained tokenizer, the real tokenizers and traces from
+../shared, records of each shape, and anonymize runs with their outputs read back."""
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 from pathlib import Path
 
 import pytest
 from tiny_tokenizer import build_tiny_tokenizer
+
+from kvtrace.cli import main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
@@ -69,3 +73,74 @@ def chat(i: int, ts: int, session: str | None = None, rotate: int = 0) -> dict:
     if session:
         record["session_id"] = session
     return record
+
+
+# Requests in each chat shape (OpenAI tool calling, Responses API, Anthropic Messages).
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+OPENAI_TOOL_TURN = {"timestamp": 1, "tools": TOOLS, "messages": [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
+]}
+RESPONSES = {"timestamp": 1, "instructions": "Be brief.",
+             "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+                        "parameters": {"type": "object"}}],
+             "input": [
+                 {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+                 {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                  "arguments": "{\"city\": \"Paris\"}"},
+                 {"type": "function_call_output", "call_id": "c1", "output": "{\"temp_c\": 21}"}]}
+ANTHROPIC = {"timestamp": 1, "system": "Be brief.",
+             "tools": [{"name": "get_weather", "description": "Weather",
+                        "input_schema": {"type": "object"}}],
+             "messages": [
+                 {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+                 {"role": "assistant", "content": [
+                     {"type": "text", "text": "Let me check."},
+                     {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                 {"role": "user", "content": [
+                     {"type": "tool_result", "tool_use_id": "t1", "content": "{\"temp_c\": 21}"}]}]}
+SHAPES = {"openai-tool-calling": OPENAI_TOOL_TURN, "responses": RESPONSES, "anthropic": ANTHROPIC}
+
+
+SALT = "a-salt-for-tests-that-is-long-enough"
+FRANCE = {"timestamp": 0, "input": [{"role": "user", "content": "What is the capital of France ?"}],
+          "output": "The capital of France is Paris ."}
+FINLAND = {"timestamp": 300, "input": [{"role": "user", "content": "What is the capital of Finland ?"}],
+           "output": "The capital of Finland is Helsinki ."}
+
+
+def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
+    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, *extra]
+    for path in inputs:
+        args += ["--input", str(path)]
+    return main(args)
+
+
+def trace(out: Path) -> list[dict]:
+    return [row for path in sorted(out.glob("trace-*.jsonl")) for row in read_jsonl(path)]
+
+
+def anonymize_night(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> int:
+    """One night of the id-map tests: anonymize at block size 4."""
+    return anonymize(tokenizer, inputs, out, "--block-size", "4", *extra)
+
+
+def trace_bytes(out: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(out.glob("trace-*.jsonl")))
+
+
+def assert_same_output(left: Path, right: Path) -> None:
+    names = sorted(p.name for p in left.iterdir())
+    assert names == sorted(p.name for p in right.iterdir())
+    assert "manifest.json" in names
+    _, mismatch, errors = filecmp.cmpfiles(left, right, names, shallow=False)
+    assert not mismatch and not errors
+    rejected = [sorted(Path(f"{out}-rejected").glob("*.jsonl")) for out in (left, right)]
+    assert [p.name for p in rejected[0]] == [p.name for p in rejected[1]]
+    for a, b in zip(*rejected):  # Beam writes dead letters in no particular order
+        assert sorted(a.read_text().splitlines()) == sorted(b.read_text().splitlines())

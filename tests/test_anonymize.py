@@ -10,27 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import chat, read_jsonl, write_jsonl
+from conftest import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
 
 from kvtrace.cli import main
-
-SALT = "a-salt-for-tests-that-is-long-enough"
-FRANCE = {"timestamp": 0, "input": [{"role": "user", "content": "What is the capital of France ?"}],
-          "output": "The capital of France is Paris ."}
-FINLAND = {"timestamp": 300, "input": [{"role": "user", "content": "What is the capital of Finland ?"}],
-           "output": "The capital of Finland is Helsinki ."}
-
-
-def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
-    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, *extra]
-    for path in inputs:
-        args += ["--input", str(path)]
-    return main(args)
-
-
-def trace(out: Path) -> list[dict]:
-    return [row for path in sorted(out.glob("trace-*.jsonl")) for row in read_jsonl(path)]
-
 
 def test_france_and_finland_share_only_their_first_block(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])

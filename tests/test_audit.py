@@ -10,8 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import chat, read_jsonl, write_jsonl
-from test_anonymize import anonymize, trace
+from conftest import anonymize, chat, read_jsonl, trace, write_jsonl
 
 from kvtrace.cli import main
 

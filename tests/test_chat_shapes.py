@@ -6,41 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import shared_path
+from conftest import OPENAI_TOOL_TURN, SHAPES, shared_path
 
 from transforms.encode.tokenize import load_tokenizer, render_chat
 from transforms.read.records import ParseOptions, parse_record
-
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-OPENAI_TOOL_TURN = {"timestamp": 1, "tools": TOOLS, "messages": [
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
-]}
-RESPONSES = {"timestamp": 1, "instructions": "Be brief.",
-             "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
-                        "parameters": {"type": "object"}}],
-             "input": [
-                 {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
-                 {"type": "function_call", "call_id": "c1", "name": "get_weather",
-                  "arguments": "{\"city\": \"Paris\"}"},
-                 {"type": "function_call_output", "call_id": "c1", "output": "{\"temp_c\": 21}"}]}
-ANTHROPIC = {"timestamp": 1, "system": "Be brief.",
-             "tools": [{"name": "get_weather", "description": "Weather",
-                        "input_schema": {"type": "object"}}],
-             "messages": [
-                 {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-                 {"role": "assistant", "content": [
-                     {"type": "text", "text": "Let me check."},
-                     {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
-                 {"role": "user", "content": [
-                     {"type": "tool_result", "tool_use_id": "t1", "content": "{\"temp_c\": 21}"}]}]}
-SHAPES = {"openai-tool-calling": OPENAI_TOOL_TURN, "responses": RESPONSES, "anthropic": ANTHROPIC}
-
 
 def render(tokenizer_dir, record, **kwargs) -> str:
     request = parse_record(json.dumps(record).encode(), "t.jsonl", ParseOptions())

@@ -11,9 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
+from conftest import anonymize, trace, write_jsonl
 from kvtrace.cli import main
-from test_anonymize import anonymize, trace
 
 CONSUMERS = Path(__file__).parent / "consumers"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 40}

@@ -4,8 +4,7 @@ simulate --decode-cache lets later turns hit them."""
 from __future__ import annotations
 
 import pytest
-from conftest import read_jsonl, write_jsonl
-from test_anonymize import anonymize, trace
+from conftest import anonymize, read_jsonl, trace, write_jsonl
 from transforms.cache.capacity import Capacity
 from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
 from transforms.encode.encode_requests import _output_block_hashes

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
-from conftest import write_jsonl
-from test_anonymize import anonymize
+from conftest import anonymize, write_jsonl
 from transforms.encode.blocks import chain_seed, token_bytes
 from transforms.encode.schemes import HashScheme
 from transforms.encode.tokenize import encode_texts, load_tokenizer

@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import shared_path
-from test_chat_shapes import SHAPES
+from conftest import SHAPES, shared_path
 from transformers import AutoTokenizer
 
 from transforms.encode.fast_tokenizer import FastTokenizer

@@ -9,10 +9,9 @@ import struct
 import cbor2
 import pyarrow.parquet as pq
 import pytest
-from conftest import chat, write_jsonl
+from conftest import anonymize, chat, trace, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
-from test_anonymize import anonymize, trace
 from transforms.encode.blocks import token_bytes
 from transforms.encode.schemes import (
     HashScheme,

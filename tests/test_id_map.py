@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import chat, read_jsonl, write_jsonl
+from conftest import anonymize_night, chat, read_jsonl, trace_bytes, write_jsonl
 from transforms.ids import id_map
 from transforms.errors import JobStopped
 from transforms.ids.segments import SegmentFile
@@ -39,17 +39,6 @@ def salt_file(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def run(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> int:
-    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, "--block-size", "4"]
-    for path in inputs:
-        args += ["--input", str(path)]
-    return main([*args, *extra])
-
-
-def trace_bytes(out: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(out.glob("trace-*.jsonl")))
-
-
 def rows(out: Path) -> list[dict]:
     return [r for p in sorted(out.glob("trace-*.jsonl")) for r in read_jsonl(p)]
 
@@ -60,9 +49,9 @@ def current(directory: Path) -> dict:
 
 def test_two_nights_concatenated_equal_one_run_over_both(tiny_tokenizer, tmp_path, nights, salt_file):
     salt = ["--salt-file", str(salt_file)]
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", "--id-map", str(tmp_path / "map"), *salt) == 0
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", "--id-map", str(tmp_path / "map"), *salt) == 0
-    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0  # no map, random salt
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", "--id-map", str(tmp_path / "map"), *salt) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", "--id-map", str(tmp_path / "map"), *salt) == 0
+    assert anonymize_night(tiny_tokenizer, list(nights), tmp_path / "both") == 0  # no map, random salt
 
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
     first_ids = {i for r in rows(tmp_path / "n1") for i in r["hash_ids"]}
@@ -77,12 +66,12 @@ def test_two_nights_concatenated_equal_one_run_over_both(tiny_tokenizer, tmp_pat
 
 def test_rerunning_a_night_changes_neither_output_nor_map(tiny_tokenizer, tmp_path, nights, salt_file):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
     files_before = sorted(p.relative_to(tmp_path / "map") for p in (tmp_path / "map").rglob("*"))
     before = current(tmp_path / "map")
     for night, out in ((nights[1], "n2"), (nights[0], "n1")):
-        assert run(tiny_tokenizer, [night], tmp_path / f"{out}-again", *common) == 0
+        assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"{out}-again", *common) == 0
         for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
                      "manifest.json"):
             assert (tmp_path / out / name).read_bytes() == (tmp_path / f"{out}-again" / name).read_bytes()
@@ -94,7 +83,7 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
     tiny_tokenizer, tmp_path, nights, salt_file, monkeypatch
 ):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
     version_1 = current(tmp_path / "map")
 
     def killed(*_):
@@ -102,7 +91,7 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
 
     monkeypatch.setattr(id_map, "create_exclusive", killed)
     with pytest.raises(BaseException, match="killed"):
-        run(tiny_tokenizer, [nights[1]], tmp_path / "n2-killed", *common)
+        anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2-killed", *common)
     assert not (tmp_path / "map" / "versions" / "000002.json").exists()
     assert current(tmp_path / "map") == version_1
     assert not (tmp_path / "n2-killed" / "manifest.json").exists()
@@ -112,8 +101,8 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
     dead = tmp_path / "map" / "segments" / "000002-deadbeef0000"
     dead.mkdir()
     (dead / "blocks-00063.parquet").write_bytes(b"PAR1 trunc")
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
-    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    assert anonymize_night(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
     listed = set(current(tmp_path / "map")["files"]["blocks"])
     on_disk = {str(p.relative_to(tmp_path / "map")) for p in (tmp_path / "map" / "segments").rglob("blocks-*.parquet")}
@@ -129,8 +118,8 @@ def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_
               for k in range(3)]
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
     for k, night in enumerate(nights):
-        assert run(tiny_tokenizer, [night], tmp_path / f"out{k}", *common) == 0
-    assert run(tiny_tokenizer, nights, tmp_path / "all") == 0
+        assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"out{k}", *common) == 0
+    assert anonymize_night(tiny_tokenizer, nights, tmp_path / "all") == 0
     assert b"".join(trace_bytes(tmp_path / f"out{k}") for k in range(3)) == trace_bytes(tmp_path / "all")
     metadata = current(tmp_path / "map")
     assert metadata["history"][-1]["compacted"] is True
@@ -141,7 +130,7 @@ def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_
 
 
 def test_map_holds_keyed_hashes_and_ids_only(tiny_tokenizer, tmp_path, nights, salt_file):
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", "--id-map", str(tmp_path / "map"),
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", "--id-map", str(tmp_path / "map"),
                "--salt-file", str(salt_file)) == 0
     segments = sorted((tmp_path / "map" / "segments").rglob("*.parquet"))
     assert segments
@@ -154,15 +143,15 @@ def test_map_holds_keyed_hashes_and_ids_only(tiny_tokenizer, tmp_path, nights, s
 
 def test_mismatched_runs_are_refused(tiny_tokenizer, tmp_path, nights, salt_file, capsys):
     common = ["--id-map", str(tmp_path / "map")]
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common, "--salt-file", str(salt_file)) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common, "--salt-file", str(salt_file)) == 0
     capsys.readouterr()
 
     other_salt = tmp_path / "other-salt"
     other_salt.write_text("a-different-salt-of-enough-bytes")
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(other_salt)) == 2
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(other_salt)) == 2
     assert "salt: map has" in capsys.readouterr().err
 
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file",
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file",
                str(salt_file), "--block-size", "8") == 2
     assert "block size: map has 4, this run has 8" in capsys.readouterr().err
 
@@ -171,35 +160,35 @@ def test_mismatched_runs_are_refused(tiny_tokenizer, tmp_path, nights, salt_file
     config = json.loads((edited / "tokenizer_config.json").read_text())
     config["chat_template"] = config.get("chat_template", "") + " "
     (edited / "tokenizer_config.json").write_text(json.dumps(config))
-    assert run(str(edited), [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert anonymize_night(str(edited), [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
     assert "tokenizer files (sha256)" in capsys.readouterr().err
 
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file),
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file),
                "--chat-template-kwargs", '{"enable_thinking": false}') == 2
     assert "chat template kwargs" in capsys.readouterr().err
 
     version = tmp_path / "map" / "versions" / "000001.json"
     metadata = json.loads(version.read_text())
     version.write_text(json.dumps({**metadata, "hash_scheme": "sha256-v0"}))  # edited in place
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
     assert "000001.json is damaged" in capsys.readouterr().err
     other = {k: v for k, v in metadata.items() if k != "sha256"} | {"hash_scheme": "sha256-v0"}
     version.write_text(json.dumps(other | {"sha256": _self_checksum(other)}))  # another map's
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
     assert "hash scheme" in capsys.readouterr().err
     version.write_text(json.dumps({**metadata, "format_version": 99}))
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
     assert "format version 99" in capsys.readouterr().err
 
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "x", *common) == 2  # random salt
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common) == 2  # random salt
     assert "--id-map needs the same salt every run" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
 def test_requests_before_the_maps_origin_are_refused(tiny_tokenizer, tmp_path, nights, salt_file, capsys):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 1
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 1
     assert "precedes the id map's timestamp origin" in capsys.readouterr().err
     assert not list((tmp_path / "n1").glob("trace-*"))
     assert current(tmp_path / "map")["version"] == 1
@@ -266,22 +255,22 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
     tiny_tokenizer, tmp_path, nights, salt_file, monkeypatch
 ):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
 
     def killed(*_):
         raise KeyboardInterrupt("killed between committing version 2 and moving CURRENT")
 
     monkeypatch.setattr(id_map, "_switch_current", killed)
     with pytest.raises(BaseException, match="killed"):
-        run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common)
+        anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common)
     monkeypatch.undo()
     assert json.loads((tmp_path / "map" / "CURRENT").read_text())["version"] == 1
     assert current(tmp_path / "map")["version"] == 2  # readers follow the committed version
     assert not (tmp_path / "n2" / "manifest.json").exists()
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0  # the retry
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0  # the retry
     assert current(tmp_path / "map")["version"] == 2
     assert (tmp_path / "n2" / "manifest.json").exists()
-    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
+    assert anonymize_night(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
 
 
@@ -317,15 +306,15 @@ def test_a_second_writer_is_refused_at_publish_time(tmp_path):
 
 def test_another_shard_count_re_splits_the_map_and_keeps_ids(tiny_tokenizer, tmp_path, nights, salt_file):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
-    assert run(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
     assert current(tmp_path / "map")["hash_shards"] == 64
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common, "--hash-shards", "7") == 0
-    assert run(tiny_tokenizer, list(nights), tmp_path / "both") == 0
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common, "--hash-shards", "7") == 0
+    assert anonymize_night(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
     metadata = current(tmp_path / "map")
     assert metadata["hash_shards"] == 7 and metadata["history"][-1]["compacted"] is True
     shards = {id_map.shard_of_segment(name) for name in metadata["files"]["blocks"]}
     assert shards <= set(range(7)) and len({name.split("/")[1] for name in metadata["files"]["blocks"]}) == 1
     # The next night keeps the map's count without being told, and does not fold again.
-    assert run(tiny_tokenizer, [nights[1]], tmp_path / "n2-again", *common) == 0
+    assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2-again", *common) == 0
     assert current(tmp_path / "map")["hash_shards"] == 7

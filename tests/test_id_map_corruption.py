@@ -8,8 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
-from test_id_map import run, trace_bytes
+from conftest import anonymize_night, chat, trace_bytes, write_jsonl
 
 from transforms.ids import id_map
 
@@ -33,11 +32,11 @@ def built(tiny_tokenizer, tmp_path_factory):
     nights = [_night(folder, day, 3 * day) for day in range(3)]
     common = ["--salt-file", str(salt), "--hash-shards", "3"]
     for day in range(2):
-        assert run(tiny_tokenizer, [nights[day]], folder / f"out{day}", "--id-map",
+        assert anonymize_night(tiny_tokenizer, [nights[day]], folder / f"out{day}", "--id-map",
                    str(folder / "map"), *common) == 0
     reference = folder / "reference-map"
     shutil.copytree(folder / "map", reference)
-    assert run(tiny_tokenizer, [nights[2]], folder / "expected", "--id-map", str(reference),
+    assert anonymize_night(tiny_tokenizer, [nights[2]], folder / "expected", "--id-map", str(reference),
                *common) == 0
     return folder, nights[2], common
 
@@ -84,7 +83,7 @@ def test_a_damaged_map_file_is_refused_by_name_or_repaired_exactly(
     for target in targets:
         _damage(target, how, files)
     capsys.readouterr()
-    code = run(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common)
+    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common)
     err = capsys.readouterr().err
     if code == 0:  # repaired: exactly the undamaged night
         assert trace_bytes(tmp_path / "out") == trace_bytes(folder / "expected")
@@ -104,7 +103,7 @@ def test_a_map_whose_versions_are_lost_is_refused_not_restarted(tiny_tokenizer, 
     shutil.rmtree(map_dir / "versions")
     (map_dir / "CURRENT").unlink()
     segments = sorted(map_dir.glob("segments/*/*"))
-    assert run(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common) == 2
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common) == 2
     assert "lost committed versions" in capsys.readouterr().err
     assert sorted(map_dir.glob("segments/*/*")) == segments  # nothing deleted
 

@@ -7,9 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl, shared_path, write_jsonl
+from conftest import FINLAND, FRANCE, anonymize, read_jsonl, shared_path, trace, write_jsonl
 from transforms.encode.tokenize import load_tokenizer, render_chat
-from test_anonymize import FINLAND, FRANCE, anonymize, trace
 
 # Seed 000's example, with the prompts as written there.
 SEED_FRANCE = dict(FRANCE, input=[{"role": "user", "content": "What is the capital of France?"}])

@@ -3,14 +3,12 @@ and config, and the engine chosen as the flags say."""
 
 from __future__ import annotations
 
-import filecmp
 import gzip
 import json
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
-from test_anonymize import SALT, anonymize
+from conftest import SALT, anonymize, assert_same_output, chat, write_jsonl
 
 from kvtrace.cli import main
 
@@ -32,18 +30,6 @@ def mixed_inputs(folder: Path) -> list[Path]:
         f.write(b"".join(json.dumps(r).encode() + b"\n" for r in second[::2]))
     return [write_jsonl(folder / "a.jsonl", first),
             write_jsonl(folder / "b.jsonl", second[1::2]), folder / "c.jsonl.gz"]
-
-
-def assert_same_output(left: Path, right: Path) -> None:
-    names = sorted(p.name for p in left.iterdir())
-    assert names == sorted(p.name for p in right.iterdir())
-    assert "manifest.json" in names
-    _, mismatch, errors = filecmp.cmpfiles(left, right, names, shallow=False)
-    assert not mismatch and not errors
-    rejected = [sorted(Path(f"{out}-rejected").glob("*.jsonl")) for out in (left, right)]
-    assert [p.name for p in rejected[0]] == [p.name for p in rejected[1]]
-    for a, b in zip(*rejected):  # Beam writes dead letters in no particular order
-        assert sorted(a.read_text().splitlines()) == sorted(b.read_text().splitlines())
 
 
 @pytest.mark.parametrize("block_size", ["2", "16"])

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl, shared_path, write_jsonl
-from test_anonymize import anonymize, trace as published
+from conftest import anonymize, read_jsonl, shared_path, trace as published, write_jsonl
 from transforms.encode.tokenize import encode_texts, load_tokenizer
 from transforms.replay.render import block_keys, render_blocks, reproduces_blocks, vocabulary
 from transforms.read.trace_io import read_trace

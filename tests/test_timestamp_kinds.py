@@ -11,9 +11,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import chat, read_jsonl, write_jsonl
-from test_anonymize import anonymize, trace
-from test_local_engine import assert_same_output
+from conftest import anonymize, assert_same_output, chat, read_jsonl, trace, write_jsonl
 
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import REQUEST, HashedBatch
