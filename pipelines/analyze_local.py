@@ -1,6 +1,6 @@
 """`kvtrace analyze`: statistics of a Mooncake trace, compatible and cache-sizing.
 
-Two engines, the same numbers (tests/test_analyze_beam.py proves it):
+Two engines, the same numbers (tests/pipelines/test_analyze_beam.py proves it):
 - `analyze_local` here: numpy over the whole trace in memory, the fast path for one machine
   (it never imports Beam, which would cost a second of start-up);
 - `analyze_beam.build`: a Beam pipeline for traces spread over many files and machines.

@@ -1,5 +1,5 @@
 """What an anonymize job is given (AnonymizeConfig) and what it writes last (stats, manifest):
-shared by the Beam pipeline (anonymize.py) and the local engine (anonymize_local.py), so both
+shared by the Beam pipeline (anonymize_beam.py) and the local engine (anonymize_local.py), so both
 describe their output in the same bytes. No Beam here."""
 
 from __future__ import annotations

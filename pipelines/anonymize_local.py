@@ -1,5 +1,5 @@
 """`kvtrace anonymize` on this machine without Beam: the same stage functions as the Beam pipeline
-(anonymize.py), called in one process, with byte-identical output (tests/test_local_engine.py).
+(anonymize_beam.py), called in one process, with byte-identical output (tests/pipelines/test_local_engine.py).
 
 Why a second engine: importing Beam and building and starting the pipeline cost ~8 s, more than
 a small job's work, and Beam's local multi-process mode gets slower with more workers (the

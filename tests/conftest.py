@@ -15,8 +15,10 @@ from kvtrace.cli import main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the checkout
 # ../shared sits beside the checkout, on developers' machines and in CI alike.
-SHARED = Path(os.environ.get("KVTRACE_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+SHARED = Path(os.environ.get("KVTRACE_SHARED", ROOT.parent / "shared"))
 
 
 def shared_path(*parts: str) -> Path:

@@ -5,7 +5,7 @@ AutoTokenizer imports transformers' model registry, which imports torch wherever
 installed (16 s on a GPU box); this costs the tokenizer file's load and, for chat requests only,
 the template renderer. It mirrors what PreTrainedTokenizerFast.apply_chat_template does before it
 calls that renderer (template choice, None-valued keys dropped, special tokens as template
-variables); tests/test_fast_tokenizer.py checks token ids and rendered text against AutoTokenizer
+variables); tests/transforms/encode/test_fast_tokenizer.py checks token ids and rendered text against AutoTokenizer
 on the shipped tokenizers and templates.
 """
 

@@ -2,7 +2,7 @@
 with the block size and time unit it needs (a replayer left at its own block size replays every
 prompt at the wrong length, the most reported failure with these traces).
 
-Each reader is described as its source says, at the version named (tests/test_consumers.py runs
+Each reader is described as its source says, at the version named (tests/e2e/test_consumers.py runs
 the readers that install here on exported files).
 """
 

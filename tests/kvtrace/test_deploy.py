@@ -13,12 +13,11 @@ from pathlib import Path
 import apache_beam
 import pytest
 import yaml
-from conftest import chat, write_jsonl
+from conftest import ROOT, chat, write_jsonl
 
 from kvtrace.cli import _parser
 from kvtrace.config import fill_dates, load_presets, parse_date
 
-ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
 

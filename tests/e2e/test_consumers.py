@@ -11,10 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, trace, write_jsonl
+from conftest import TESTS, anonymize, trace, write_jsonl
 from kvtrace.cli import main
 
-CONSUMERS = Path(__file__).parent / "consumers"
+CONSUMERS = TESTS / "consumers"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 40}
 
 

@@ -14,9 +14,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
+from conftest import ROOT, chat, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCE_FOLDERS = ("kvtrace", "transforms", "pipelines", "configs")
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_path, write_jsonl
+from conftest import ROOT, TESTS, shared_path, write_jsonl
 
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
-GOLDEN = Path(__file__).parent / "golden" / "outputs.json"
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "requests"
+GOLDEN = TESTS / "golden" / "outputs.json"
+EXAMPLES = ROOT / "examples" / "requests"
 SALT = b"golden salt: fixed so ids are fixed" * 2
 
 

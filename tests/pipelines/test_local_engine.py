@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SALT, anonymize, assert_same_output, chat, write_jsonl
+from conftest import ROOT, SALT, anonymize, assert_same_output, chat, write_jsonl
 
 from kvtrace.cli import main
 
@@ -57,7 +57,7 @@ def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path):
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_agree_on_real_chat_logs(deepseek_tokenizer, tmp_path):
-    examples = sorted(Path(__file__).parent.parent.joinpath("examples", "requests").glob("*.jsonl"))
+    examples = sorted(ROOT.joinpath("examples", "requests").glob("*.jsonl"))
     flags = ["--block-size", "16", "--salt-file", str(write_salt(tmp_path))]
     assert anonymize(deepseek_tokenizer, examples, tmp_path / "local", *flags) == 0
     assert anonymize(deepseek_tokenizer, examples, tmp_path / "beam", *flags, "--engine", "beam") == 0

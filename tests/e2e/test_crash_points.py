@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
+from conftest import ROOT, TESTS, chat, write_jsonl
 
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).parent
 SALT = "crash-point-harness-salt-32bytes"
 
 
@@ -72,10 +71,10 @@ def night(tiny_tokenizer, tmp_path_factory):
 
 def _crash(night2: list[str], work: Path, point: int, mode: str, engine: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(HERE / "crashpoints.py"), str(point), mode, *night2,
+        [sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *night2,
          "--output", str(work / "out"), "--id-map", str(work / "map"), "--engine", engine],
-        cwd=HERE, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])})
+        cwd=TESTS, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])})
 
 
 def _points(night, engine: str) -> int:
