@@ -7,27 +7,29 @@ id, (position, id) pair and prefix, whose small per-row partials meet their rows
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from pipelines.analyze_local import AnalyzeConfig
 from transforms.ids.buckets import buckets_of
-from transforms.ids.dense_ids import split_by
 from transforms.stats.histograms import describe_histogram, histogram, merge
+from transforms.stats.steps import ShardStep
 from transforms.stats.trace_shards import (
     PARTIAL,
     ROW,
     FileChunk,
     ShardResult,
+    by_shard,
     id_shard,
+    pair_key,
     pair_shard,
     prefix_shard,
     read_chunk,
     row_shard,
+    warmup_key,
+    warmup_plan,
 )
 from transforms.stats.trace_stats import (
     DEFINITIONS,
@@ -39,46 +41,6 @@ from transforms.stats.trace_stats import (
 )
 
 
-def _by_shard(table: np.ndarray, keys: np.ndarray, shards: int) -> Iterator[tuple[int, np.ndarray]]:
-    return split_by(table, (keys % shards).astype(np.int64))
-
-
-def _pair_key(blocks: np.ndarray) -> np.ndarray:
-    return blocks["id"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + blocks["pos"].astype(np.uint64)
-
-
-class _ShardStep(beam.PTransform):
-    """Blocks to shards of one key; each shard's whole table through one shard function."""
-
-    def __init__(self, key, analyse, shards: int):
-        super().__init__()
-        self._key, self._analyse, self._shards = key, analyse, shards
-
-    def expand(self, chunks: beam.PCollection) -> beam.PCollection:
-        key, analyse, shards = self._key, self._analyse, self._shards
-        return (
-            chunks
-            | "Split" >> beam.FlatMap(lambda c: _by_shard(c.blocks, key(c.blocks), shards))
-            | "Group" >> beam.GroupByKey()
-            | "Analyse" >> beam.MapTuple(lambda _, tables: analyse(np.concatenate(list(tables))))
-        )
-
-
-def _warmup_plan(bucket_sizes: dict[int, int], fraction: float) -> tuple[int, int] | None:
-    """(time bucket holding the first row after warm-up, its index within the bucket)."""
-    rank = math.floor(fraction * sum(bucket_sizes.values()))
-    seen = 0
-    for bucket in sorted(bucket_sizes):
-        if rank < seen + bucket_sizes[bucket]:
-            return bucket, rank - seen
-        seen += bucket_sizes[bucket]
-    return None
-
-
-def _warmup_key(candidates: list[tuple[float, int]], plan: tuple[int, int] | None):
-    return sorted(candidates)[plan[1]] if plan else None
-
-
 def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
     """The pipeline; its output is the report dict (one element)."""
     block_size, shards = config.block_size, config.shards
@@ -87,9 +49,9 @@ def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
         | "Files" >> beam.Create(list(enumerate(config.inputs)))
         | "Read" >> beam.FlatMap(read_chunk, config.inputs, block_size)
     )
-    ids = chunks | "ByIds" >> _ShardStep(lambda b: b["id"], id_shard, shards)
-    pairs = chunks | "ByPairs" >> _ShardStep(_pair_key, pair_shard, shards)
-    prefixes = chunks | "ByPrefixes" >> _ShardStep(lambda b: b["prefix_lo"], prefix_shard, shards)
+    ids = chunks | "ByIds" >> ShardStep(lambda b: b["id"], id_shard, shards)
+    pairs = chunks | "ByPairs" >> ShardStep(pair_key, pair_shard, shards)
+    prefixes = chunks | "ByPrefixes" >> ShardStep(lambda b: b["prefix_lo"], prefix_shard, shards)
     shard_results = (ids, pairs, prefixes) | "AllShards" >> beam.Flatten()
 
     # The warm-up cut: the causal key of the row at rank floor(fraction x rows).
@@ -99,8 +61,8 @@ def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
         | "SumBuckets" >> beam.CombinePerKey(sum)
         | "AllBuckets" >> beam.combiners.ToDict()
     )
-    plan = bucket_sizes | "WarmupPlan" >> beam.Map(_warmup_plan, config.warmup_fraction)
-    warmup_key = (
+    plan = bucket_sizes | "WarmupPlan" >> beam.Map(warmup_plan, config.warmup_fraction)
+    first_after_warmup = (
         chunks
         | "Candidates" >> beam.FlatMap(
             lambda c, plan: [] if plan is None else [
@@ -110,20 +72,20 @@ def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
             beam.pvalue.AsSingleton(plan),
         )
         | "AllCandidates" >> beam.combiners.ToList()
-        | "WarmupKey" >> beam.Map(_warmup_key, beam.pvalue.AsSingleton(plan))
+        | "WarmupKey" >> beam.Map(warmup_key, beam.pvalue.AsSingleton(plan))
     )
 
     partials = shard_results | "Partials" >> beam.FlatMap(
-        lambda r: _by_shard(r.partials, r.partials["rowkey"], shards)
+        lambda r: by_shard(r.partials, r.partials["rowkey"], shards)
     )
-    rows = chunks | "Rows" >> beam.FlatMap(lambda c: _by_shard(c.rows, c.rows["rowkey"], shards))
+    rows = chunks | "Rows" >> beam.FlatMap(lambda c: by_shard(c.rows, c.rows["rowkey"], shards))
     row_results = (
         {"rows": rows, "partials": partials}
         | "JoinRows" >> beam.CoGroupByKey()
         | "PerRow" >> beam.Map(
             lambda kv, key: row_shard(_cat(kv[1]["rows"], ROW), _cat(kv[1]["partials"], PARTIAL),
                                       block_size, key),
-            beam.pvalue.AsSingleton(warmup_key),
+            beam.pvalue.AsSingleton(first_after_warmup),
         )
     )
     origin = (

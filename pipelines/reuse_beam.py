@@ -24,7 +24,7 @@ from transforms.cache.reuse_shards import (
 from transforms.ids.buckets import buckets_of
 from transforms.storage import is_url
 from transforms.ids.dense_ids import split_by
-from transforms.stats.trace_shards import read_chunk
+from transforms.stats.trace_shards import by_shard, read_chunk
 from transforms.stats.trace_stats import MAX_EXAMPLES
 
 # Prefix shards: each holds 1/N of the block occurrences in one worker.
@@ -75,7 +75,7 @@ def _clocked_by_prefix(element: tuple[int, list[np.ndarray]],
                        starts: dict[int, int]) -> Iterator[tuple[int, np.ndarray]]:
     bucket, tables = element
     clocked = clock_blocks(np.concatenate(list(tables)), starts[bucket])
-    yield from split_by(clocked, (clocked["prefix_lo"] % PREFIX_SHARDS).astype(np.int64))
+    yield from by_shard(clocked, clocked["prefix_lo"], PREFIX_SHARDS)
 
 
 def _merged(parts) -> ReuseSummary:

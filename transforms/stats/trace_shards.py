@@ -9,6 +9,7 @@ block in one place, and only the warm-up cut needs a global order (a bucketed ra
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import xxhash
 
 from transforms.stats.histograms import histogram
 from transforms.read.trace_io import Trace
+from transforms.ids.dense_ids import split_by
 from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import (last_block_tokens, row_problems,
                                           session_counts)
@@ -214,3 +216,29 @@ def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int
         float(trace.timestamp[-1]) if has_rows else None,
         int(trace.line[0]) if has_rows else 0,
     )
+
+
+def by_shard(table: np.ndarray, keys: np.ndarray, shards: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The table split by key modulo shards: (shard, its rows)."""
+    return split_by(table, (keys % shards).astype(np.int64))
+
+
+def pair_key(blocks: np.ndarray) -> np.ndarray:
+    """A (position, id) pair's shard key."""
+    return blocks["id"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + blocks["pos"].astype(np.uint64)
+
+
+def warmup_plan(bucket_sizes: dict[int, int], fraction: float) -> tuple[int, int] | None:
+    """(time bucket holding the first row after warm-up, its index within the bucket)."""
+    rank = math.floor(fraction * sum(bucket_sizes.values()))
+    seen = 0
+    for bucket in sorted(bucket_sizes):
+        if rank < seen + bucket_sizes[bucket]:
+            return bucket, rank - seen
+        seen += bucket_sizes[bucket]
+    return None
+
+
+def warmup_key(candidates: list[tuple[float, int]], plan: tuple[int, int] | None) -> tuple | None:
+    """The first row after warm-up, of the candidates of its time bucket."""
+    return sorted(candidates)[plan[1]] if plan else None

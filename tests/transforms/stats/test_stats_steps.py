@@ -1,0 +1,41 @@
+"""The statistics stage's shard step and the pure helpers around it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from transforms.stats.steps import ShardStep
+from transforms.stats.trace_shards import by_shard, warmup_key, warmup_plan
+
+BLOCK = np.dtype([("id", "<i8"), ("pos", "<i8")])
+
+
+def blocks(ids: list[int]) -> np.ndarray:
+    table = np.zeros(len(ids), dtype=BLOCK)
+    table["id"] = ids
+    return table
+
+
+def test_each_shard_gets_all_its_keys_from_every_chunk():
+    chunks = [SimpleNamespace(blocks=blocks([0, 1, 2, 3])), SimpleNamespace(blocks=blocks([4, 6]))]
+    with TestPipeline() as pipeline:
+        sizes = (pipeline | beam.Create(chunks)
+                 | ShardStep(lambda b: b["id"], lambda table: sorted(table["id"].tolist()), 2))
+        assert_that(sizes, equal_to([[0, 2, 4, 6], [1, 3]]))
+
+
+def test_by_shard_splits_by_key_modulo_shards():
+    parts = dict(by_shard(blocks([5, 2, 7]), np.array([5, 2, 7], dtype=np.uint64), 3))
+    assert {shard: part["id"].tolist() for shard, part in parts.items()} == {2: [5, 2], 1: [7]}
+
+
+def test_the_warmup_row_is_found_by_bucket_and_rank():
+    plan = warmup_plan({10: 3, 11: 4}, 0.5)  # 7 rows: the 4th (rank 3) is bucket 11's first
+    assert plan == (11, 0)
+    assert warmup_key([(5.0, 9), (2.0, 4)], plan) == (2.0, 4)
+    assert warmup_plan({}, 0.5) is None and warmup_key([], None) is None
