@@ -41,7 +41,7 @@ from transforms.encode.schemes import engine_hashes
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
 from transforms.encode.tokenize import load_tokenizer
-from transforms.ids.buckets import buckets_of, plan_shards
+from transforms.ids.buckets import plan_shards
 from transforms.ids.dense_ids import (
     NUMBERED,
     KindIds,
@@ -63,7 +63,7 @@ from transforms.read.sources import (
     read_range,
 )
 from transforms.write.manifest import RecordCounts, check_not_before_origin, check_rejected_fraction
-from transforms.write.rows import RowBatch, bucket_sizes, row_batch
+from transforms.write.rows import RowBatch, bucket_sizes, output_shards, row_batch
 from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
 from transforms.write.totals import ExportTotals
 
@@ -255,7 +255,7 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
         sizes[bucket] = sizes.get(bucket, 0) + size
     plan = plan_shards(sizes, MAX_BLOCKS_PER_SHARD)
     shards = max(plan.values(), default=0) + 1
-    row_shards = np.array([plan[b] for b in buckets_of(rows.rows["timestamp_ms"]).tolist()])
+    row_shards = output_shards(rows.rows["timestamp_ms"], plan)
     files = []
     for shard in range(shards):
         part = rows.select(np.flatnonzero(row_shards == shard))

@@ -117,9 +117,14 @@ def assemble_rows(
                                          requests["num_blocks"] + requests["num_output_blocks"])
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
         batch = row_batch(requests, block_ids, session_ids, hashes, with_outputs)
-        shards = np.array([plan[b] for b in buckets_of(requests["timestamp_ms"]).tolist()])
+        shards = output_shards(requests["timestamp_ms"], plan)
         for shard in np.unique(shards).tolist():
             yield shard, batch.select(np.flatnonzero(shards == shard))
+
+
+def output_shards(timestamps_ms: np.ndarray, plan: dict[int, int]) -> np.ndarray:
+    """Each row's output shard: its time bucket's, as the plan (buckets.plan_shards) says."""
+    return np.array([plan[b] for b in buckets_of(timestamps_ms).tolist()], dtype=np.int64)
 
 
 def bucket_sizes(batch: HashedBatch) -> Iterator[tuple[int, int]]:
