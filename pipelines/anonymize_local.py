@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -36,7 +36,7 @@ from transforms import storage
 from transforms.batching import batches_by_weight
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.encode.blocks import chain_seed
-from transforms.encode.encode_requests import RequestEncoder
+from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.schemes import engine_hashes
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
@@ -89,9 +89,8 @@ _WORKER: dict = {}  # per worker process: the encoder, built once by _start_work
 
 def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
                   progress: ReadProgress | None = None) -> Encoded:
-    """Read, parse, batch, render, tokenize and hash the records of some file ranges. A
-    background thread tokenizes batch N (Rust, on every core, without the GIL) while this thread
-    reads and renders batch N+1."""
+    """Read, parse, batch, render, tokenize and hash the records of some file ranges (tokenizing
+    in a background thread, encode_requests.OverlappedEncoder)."""
     hashed: list[HashedBatch] = []
     rejected: list[DeadLetter] = []
     read = 0
@@ -107,25 +106,23 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
                 else:
                     yield parsed
 
-    def finish(rendered, tokenized: Future) -> None:
-        batch, empty = encoder.hash(rendered, tokenized.result())
-        rejected.extend(empty)
-        if batch is not None:
-            hashed.append(batch)
+    def finish(encoded: EncodedBatch | None) -> None:
+        if encoded is not None:
+            batch, empty = encoded
+            rejected.extend(empty)
+            if batch is not None:
+                hashed.append(batch)
 
-    batches = batches_by_weight(requests(), TOKENIZE_BATCH_BYTES, lambda r: len(r.line),
-                                TOKENIZE_BATCH_REQUESTS)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as tokenizing:
-        pending = None
-        for batch in batches:
-            rendered, failed = encoder.render(batch)
+    encoding = OverlappedEncoder(encoder)
+    try:
+        for batch in batches_by_weight(requests(), TOKENIZE_BATCH_BYTES, lambda r: len(r.line),
+                                       TOKENIZE_BATCH_REQUESTS):
+            failed, previous = encoding.push(batch)
             rejected.extend(failed)
-            tokenized = tokenizing.submit(encoder.tokenize, rendered)
-            if pending is not None:
-                finish(*pending)
-            pending = (rendered, tokenized)
-        if pending is not None:
-            finish(*pending)
+            finish(previous)
+        finish(encoding.flush())
+    finally:
+        encoding.close()
     return Encoded(hashed, rejected, read)
 
 

@@ -11,6 +11,7 @@ import struct
 import time
 from dataclasses import replace
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import xxhash
@@ -179,3 +180,37 @@ class _Progress:
             rate = self._tokens / (now - self._start)
             _LOG.info("tokenized %d requests, %d tokens (%.0f tokens/s)", self._requests,
                       self._tokens, rate)
+
+
+EncodedBatch = tuple[HashedBatch | None, list[DeadLetter]]  # a batch hashed, and its dead letters
+
+
+class OverlappedEncoder:
+    """Batches of requests rendered, tokenized and hashed with tokenization in a background
+    thread: Rust tokenization releases the GIL, so batch N tokenizes while this thread renders
+    batch N+1, and rendering and hashing hide behind tokenization instead of adding to it. Both
+    engines encode through it (the Beam DoFn per bundle, the local engine per file range)."""
+
+    def __init__(self, encoder: RequestEncoder):
+        self._encoder = encoder
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._pending: tuple[Rendered, Future] | None = None
+
+    def push(self, batch: Iterable[Request]) -> tuple[list[DeadLetter], EncodedBatch | None]:
+        """Start a batch: its render failures now, and the batch before it, finished."""
+        rendered, failed = self._encoder.render(batch)
+        tokenized = self._tokenizing.submit(self._encoder.tokenize, rendered)
+        previous = self.flush()
+        self._pending = (rendered, tokenized)
+        return failed, previous
+
+    def flush(self) -> EncodedBatch | None:
+        """The batch in flight, finished (None when there is none)."""
+        if self._pending is None:
+            return None
+        rendered, tokenized = self._pending
+        self._pending = None
+        return self._encoder.hash(rendered, tokenized.result())
+
+    def close(self) -> None:
+        self._tokenizing.shutdown()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import apache_beam as beam
@@ -11,7 +10,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.encode.blocks import chain_seed
 from transforms.encode.schemes import HashScheme
-from transforms.encode.encode_requests import Rendered, RequestEncoder
+from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
 from transforms.read.records import Request
@@ -25,9 +24,8 @@ class EncodeRequests(beam.DoFn):
     """A batch of Requests in, one HashedBatch out (later steps work per batch); bad requests go
     to the dead-letter output one by one.
 
-    Rust tokenization releases the GIL, so a background thread tokenizes batch N while this
-    thread renders batch N+1: rendering and hashing hide behind tokenization instead of adding to
-    it. Batch N's results are emitted by the next call, or by finish_bundle for the last batch.
+    Tokenization overlaps rendering (encode_requests.OverlappedEncoder): batch N's results are
+    emitted by the next call, or by finish_bundle for the last batch.
     """
 
     def __init__(
@@ -42,16 +40,15 @@ class EncodeRequests(beam.DoFn):
         self._emit_output_hashes = emit_output_hashes
 
     def setup(self) -> None:
-        self._encoder = RequestEncoder(load_tokenizer(self._tokenizer_name), self._block_size,
-                                       chain_seed(self._salt.load()), self._template_kwargs,
-                                       self._scheme, self._emit_output_hashes)
-        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._encoding = OverlappedEncoder(RequestEncoder(
+            load_tokenizer(self._tokenizer_name), self._block_size, chain_seed(self._salt.load()),
+            self._template_kwargs, self._scheme, self._emit_output_hashes))
 
     def teardown(self) -> None:
-        self._tokenizing.shutdown()
+        self._encoding.close()
 
     def start_bundle(self) -> None:
-        self._pending: tuple[Rendered, Future, Any, Any] | None = None
+        self._last_window: tuple[Any, Any] | None = None  # where the batch in flight came from
 
     def process(
         self,
@@ -59,19 +56,17 @@ class EncodeRequests(beam.DoFn):
         window=beam.DoFn.WindowParam,
         timestamp=beam.DoFn.TimestampParam,
     ) -> Iterator[Any]:
-        rendered, rejected = self._encoder.render(batch)
-        yield from map(tagged, rejected)
-        tokenized = self._tokenizing.submit(self._encoder.tokenize, rendered)
-        if self._pending is not None:
-            yield from self._hash(*self._pending[:2])
-        self._pending = (rendered, tokenized, window, timestamp)
+        failed, previous = self._encoding.push(batch)
+        yield from map(tagged, failed)
+        yield from _outputs(previous)
+        self._last_window = (window, timestamp)
 
     def finish_bundle(self) -> Iterator[Any]:
-        if self._pending is None:
+        if self._last_window is None:
             return
-        rendered, tokenized, window, timestamp = self._pending
-        self._pending = None
-        for output in self._hash(rendered, tokenized):
+        window, timestamp = self._last_window
+        self._last_window = None
+        for output in _outputs(self._encoding.flush()):
             if isinstance(output, beam.pvalue.TaggedOutput):
                 yield beam.pvalue.TaggedOutput(
                     output.tag, WindowedValue(output.value, timestamp, [window])
@@ -79,11 +74,15 @@ class EncodeRequests(beam.DoFn):
             else:
                 yield WindowedValue(output, timestamp, [window])
 
-    def _hash(self, rendered: Rendered, tokenized: Future) -> Iterator[Any]:
-        hashed, rejected = self._encoder.hash(rendered, tokenized.result())
-        yield from map(tagged, rejected)
-        if hashed is not None:
-            yield hashed
+
+def _outputs(encoded: EncodedBatch | None) -> Iterator[Any]:
+    """A finished batch as outputs: its dead letters tagged, then the HashedBatch."""
+    if encoded is None:
+        return
+    hashed, rejected = encoded
+    yield from map(tagged, rejected)
+    if hashed is not None:
+        yield hashed
 
 
 class KeepInputTimestampKind(beam.DoFn):
