@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, engine_options,
+from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
+                                     engine_options,
                                      trace_inputs, warn_malformed, write_json_report)
 from transforms.errors import ConfigError
 
@@ -32,10 +33,7 @@ def add_parser(commands: Any) -> None:
              "needed by --engine beam on a remote runner")
     add("--warmup-fraction", type=float, default=0.5, metavar="F",
         help="rows counted only after this share of rows has filled the cache (default 0.5)")
-    add("--engine", choices=("local", "beam"), default="local",
-        help="local: numpy on this machine (default); beam: a Beam pipeline, for traces spread "
-             "over many files and machines (Beam options such as --runner pass through)")
-    add("--verbose", action="store_true", help="show Beam's own logs")
+    add_engine_options(analyze, "the same numbers from traces spread over many files")
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:

@@ -10,7 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, engine_options,
+from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
+                                     engine_options,
                                      no_beam_options, trace_inputs, warn_malformed,
                                      write_json_report)
 from kvtrace.presets import load_model, models
@@ -34,11 +35,7 @@ def add_parsers(commands: Any) -> None:
     add("--output", default="block_reuse_distribution.png", metavar="PNG",
         help="plot file (default block_reuse_distribution.png)")
     add("--json", metavar="OUT", help="also write the numbers as JSON")
-    add("--engine", choices=("local", "beam"), default="local",
-        help="local: this machine (default); beam: a Beam pipeline for traces beyond one "
-             "machine (CCDF and reuse times; stack distances need one machine). Beam options "
-             "such as --runner pass through")
-    add("--verbose", action="store_true", help="show Beam's own logs")
+    add_engine_options(reuse, "the CCDF and reuse times (stack distances need one machine)")
 
     simulate = commands.add_parser(
         "simulate", help="hit rate against cache capacity per eviction policy, two-tier sizing",

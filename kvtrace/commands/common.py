@@ -13,6 +13,15 @@ TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
 BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
 
 
+def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
+    """--engine (local or beam, saying what beam does for this command) and --verbose."""
+    parser.add_argument(
+        "--engine", choices=("local", "beam"), default="local",
+        help=f"local: this machine (default); beam: a Beam pipeline for traces beyond one "
+             f"machine, {beam}. Beam options such as --runner pass through")
+    parser.add_argument("--verbose", action="store_true", help="show Beam's own logs")
+
+
 def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     """The trace files the arguments name, in the order given, and their block size
     (--block-size, else the manifest's, else 512)."""

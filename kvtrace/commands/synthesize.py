@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, engine_options,
+from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
+                                     engine_options,
                                      trace_inputs, warn_malformed, write_json_report)
 
 ROWS = (
@@ -55,11 +56,7 @@ def add_parser(commands: Any) -> None:
     add("--num-requests", type=int, metavar="N",
         help="draw N new requests from the trace's prefix tree, lengths and arrivals first")
     add("--json", metavar="SUMMARY", help="also write the before/after statistics as JSON")
-    add("--engine", choices=("local", "beam"), default="local",
-        help="local: this machine (default); beam: a Beam pipeline for traces beyond one "
-             "machine, the same bytes (not with --num-requests). Beam options such as --runner "
-             "pass through")
-    add("--verbose", action="store_true", help="show Beam's own logs")
+    add_engine_options(synthesize, "the same bytes (not with --num-requests)")
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
