@@ -34,9 +34,10 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
         cut = deltas(trace, chain, block_size)
         offsets, ids, input_length = cut.offsets, cut.ids, cut.input_length
         starts, restarted = cut.starts_conversation, cut.restarted
+    waits = _waits(chain, starts) if chain is not None else np.zeros(len(trace), dtype=bool)
     names = (_conversation_names(trace, chain, starts)
              if chain is not None and trace.session is not None else None)
-    lines, follow_ups = [], 0
+    lines = []
     for row in order.tolist():
         record = {"timestamp": _number(trace.timestamp[row]),
                   "input_length": int(input_length[row]),
@@ -44,16 +45,22 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
                   "hash_ids": ids[offsets[row]:offsets[row + 1]].tolist()}
         if names is not None and names[row] is not None:
             record["session_id"] = names[row]
-            sent_after_previous = chain.previous[row] != NO_TURN and (starts is None
-                                                                      or not starts[row])
-            if sent_after_previous:
-                record["delay"] = int(chain.delay_ms[row])
-                follow_ups += 1
-                if not consumer.follow_up_timestamps:
-                    del record["timestamp"]
+        if waits[row]:
+            record["delay"] = int(chain.delay_ms[row])
+            if not consumer.follow_up_timestamps:
+                del record["timestamp"]
         lines.append(json.dumps(record) + "\n")
-    unknown = 0 if chain is None else _unknown_delays(trace, chain, starts)
-    return Exported("".join(lines).encode(), len(order), follow_ups, unknown, restarted)
+    unknown = int(np.count_nonzero(
+        trace.response_ends()[chain.previous[waits]] == NO_RESPONSE_MS)) if waits.any() else 0
+    return Exported("".join(lines).encode(), len(order), int(np.count_nonzero(waits)), unknown,
+                    restarted)
+
+
+def _waits(chain: Turns, starts: np.ndarray | None) -> np.ndarray:
+    """Per row: whether it is sent a delay after its conversation's previous turn (a follow-up
+    the delta form sends whole opens a conversation instead)."""
+    waits = chain.previous != NO_TURN
+    return waits if starts is None else waits & ~starts
 
 
 def _number(value: float) -> int | float:
@@ -74,10 +81,3 @@ def _conversation_names(trace: Trace, chain: Turns, starts: np.ndarray | None) -
             restarts[before] + int(starts is not None and starts[row]))
         names[row] = str(session) if not restarts[row] else f"{session}~{restarts[row]}"
     return names
-
-
-def _unknown_delays(trace: Trace, chain: Turns, starts: np.ndarray | None) -> int:
-    follow = chain.previous != NO_TURN
-    if starts is not None:
-        follow &= ~starts
-    return int(np.count_nonzero(trace.response_ends()[chain.previous[follow]] == NO_RESPONSE_MS))
