@@ -11,25 +11,24 @@ from typing import Any, NamedTuple
 
 import apache_beam as beam
 from transforms import storage
-from transforms.ids.buckets import plan_shards
 from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
 from transforms.ids.dense_ids import block_keys, new_batch_id, session_keys
 from transforms.ids.steps import (
     AssignDenseIds,
     ReadIdMap,
     WriteSegmentShard,
-    segment_files_by_shard,
 )
 from transforms.encode.schemes import engine_hashes
 from transforms.encode.steps import EncodeRequests, OneTimestampKind
 from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids.id_map import publish_night
-from transforms.write.manifest import RecordCounts, check_not_before_origin, check_rejected_fraction
-from transforms.steps import BatchByWeight, metered
+from transforms.ids.id_map import publish_night, segment_files_by_shard
+from transforms.write.manifest import (RecordCounts, check_not_before_origin,
+                                       check_rejected_fraction, trace_origin_ms)
+from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.steps import ReadRecords, parse_records
-from transforms.write.rows import assemble_rows, bucket_sizes
+from transforms.write.rows import assemble_rows
 from transforms.write.totals import ExportTotals, sum_totals
-from transforms.write.shards import MAX_BLOCKS_PER_SHARD
+from transforms.write.shards import shard_plan
 from transforms.write.steps import WriteShard
 
 from pipelines.anonymize_config import (
@@ -82,23 +81,17 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     sessions = _dense_ids(pipeline, batches, "sessions", session_keys, config)
 
     plan = beam.pvalue.AsSingleton(
-        hashed
-        | "BucketSizes" >> beam.FlatMap(bucket_sizes)
-        | "SumPerBucket" >> beam.CombinePerKey(sum)
-        | "AllBuckets" >> beam.combiners.ToDict()
-        | "PlanShards" >> beam.Map(plan_shards, MAX_BLOCKS_PER_SHARD)
-    )
+        hashed | "PlanShards" >> beam.CombineGlobally(CombineWith(shard_plan())))
     earliest = (
         hashed
-        | "EarliestInBatch" >> beam.Map(lambda batch: int(batch.requests["timestamp_ms"].min()))
+        | "EarliestInBatch" >> beam.FlatMap(HashedBatch.earliest_ms)
         | "Earliest" >> beam.CombineGlobally(min).without_defaults()
     )
-    if config.timestamp_origin_ms is None:
-        origin = beam.pvalue.AsSingleton(earliest, default_value=0)
-    else:
-        origin = beam.pvalue.AsSingleton(
-            pipeline | "MapOrigin" >> beam.Create([config.timestamp_origin_ms])
-        )
+    origin = beam.pvalue.AsSingleton(
+        pipeline
+        | "Origin" >> beam.Create([config.timestamp_origin_ms])
+        | "TraceOrigin" >> beam.Map(trace_origin_ms, beam.pvalue.AsList(earliest))
+    )
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already
@@ -220,7 +213,8 @@ def _dense_ids(
         inputs["map_rows"] = pipeline | f"Read{label}Map" >> ReadIdMap(segments, config.hash_shards)
     elif segments:
         inputs["map_files"] = pipeline | f"{label}MapFiles" >> beam.Create(
-            segment_files_by_shard(segments))
+            [(shard, file) for shard, files in segment_files_by_shard(segments).items()
+             for file in files])
         if config.compacts_map:  # each shard's files fold into its new one
             runs = inputs["map_files"]
     ids = inputs | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards, base.next_id[kind])

@@ -34,6 +34,7 @@ from pipelines.anonymize_config import (
 )
 from transforms import storage
 from transforms.batching import batches_by_weight
+from transforms.combiners import fold
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.encode.blocks import chain_seed
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
@@ -41,7 +42,6 @@ from transforms.encode.schemes import engine_hashes
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
 from transforms.encode.tokenize import load_tokenizer
-from transforms.ids.buckets import plan_shards
 from transforms.ids.dense_ids import (
     NUMBERED,
     KindIds,
@@ -51,9 +51,8 @@ from transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
-from transforms.ids.id_map import publish_night, segment_path, shard_of_segment
-from transforms.ids.segments import (SegmentFile, merge_segment, read_matching_files,
-                                     read_segment)
+from transforms.ids.id_map import publish_night, segment_files_by_shard, write_segment_shard
+from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
     FileRange,
@@ -62,9 +61,10 @@ from transforms.read.sources import (
     parse_one,
     read_range,
 )
-from transforms.write.manifest import RecordCounts, check_not_before_origin, check_rejected_fraction
-from transforms.write.rows import RowBatch, bucket_sizes, output_shards, row_batch
-from transforms.write.shards import MAX_BLOCKS_PER_SHARD, write_shard
+from transforms.write.manifest import (RecordCounts, check_not_before_origin,
+                                       check_rejected_fraction, trace_origin_ms)
+from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
+from transforms.write.shards import shard_plan, write_shard
 from transforms.write.totals import ExportTotals
 
 _LOG = logging.getLogger("kvtrace")
@@ -166,8 +166,7 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     rejected = encoded.rejected + mismatched
     _write_dead_letters(config.dead_letter, rejected)
 
-    timestamps = whole.requests["timestamp_ms"]
-    earliest_ms = [int(timestamps.min())] if len(timestamps) else []
+    earliest_ms = whole.earliest_ms()
     counts = check_rejected_fraction(
         RecordCounts(encoded.read, len(rejected),
                      sum(letter.lost_bytes for letter in rejected), config.input_bytes),
@@ -179,8 +178,7 @@ def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
                      engine_hashes(whole.block_hashes) if config.block_hashes else None,
                      config.emit_output_hashes)
-    origin = config.timestamp_origin_ms if config.timestamp_origin_ms is not None else (
-        earliest_ms[0] if earliest_ms else 0)
+    origin = trace_origin_ms(config.timestamp_origin_ms, earliest_ms)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole)
@@ -215,12 +213,9 @@ def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
 def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray) -> np.ndarray:
     """The map rows holding any of firsts' keys: of each segment file, only the row groups that
     can hold the keys of its shard."""
-    by_shard = dict(split_by(firsts, shard_of(firsts, shards)))
-    files: dict[int, list[SegmentFile]] = {}
-    for segment in segments:
-        files.setdefault(shard_of_segment(segment.path), []).append(segment)
-    matched = [read_matching_files(files[shard], keys) for shard, keys in by_shard.items()
-               if shard in files]
+    files = segment_files_by_shard(segments)
+    matched = [read_matching_files(files[shard], keys)
+               for shard, keys in split_by(firsts, shard_of(firsts, shards)) if shard in files]
     _LOG.info("id map: read %.1f MiB, %d of %d row groups",
               sum(m.bytes_read for m in matched) / 2**20,
               sum(m.row_groups_read for m in matched), sum(m.row_groups for m in matched))
@@ -228,37 +223,30 @@ def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray)
 
 
 def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[SegmentFile]:
-    """The run's new map rows as a segment, one file per hash shard (as the Beam pipeline
-    writes them); on a folding night each shard's old files are merged in, streamed."""
+    """The run's new map rows as a segment, one file per hash shard; on a folding night each
+    shard's old files are merged in."""
     id_map = config.id_map
     if id_map is None:
         return []
     runs: dict[int, list[SegmentFile]] = {}
     if config.compacts_map and not config.reshards_map:
-        for segment in id_map.base.segment_files(id_map.directory, kind):
-            runs.setdefault(shard_of_segment(segment.path), []).append(segment)
+        runs = segment_files_by_shard(id_map.base.segment_files(id_map.directory, kind))
     new = dict(split_by(added, shard_of(added, config.hash_shards)))
-    return [merge_segment(segment_path(id_map.directory, id_map.base.version + 1, id_map.run_id,
-                                       kind, shard),
-                          sorted(runs.get(shard, [])), new.get(shard, np.empty(0, NUMBERED)))
+    return [write_segment_shard(id_map.directory, id_map.base.version + 1, id_map.run_id, kind,
+                                shard, runs.get(shard, []), [new[shard]] if shard in new else [])
             for shard in sorted(set(new) | set(runs))]
 
 
 def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
                   origin: int) -> list[tuple[str, str]]:
-    """Shards by time bucket, as the Beam pipeline plans them; shard 0 always exists."""
-    sizes: dict[int, int] = {}
-    for bucket, size in bucket_sizes(whole):
-        sizes[bucket] = sizes.get(bucket, 0) + size
-    plan = plan_shards(sizes, MAX_BLOCKS_PER_SHARD)
-    shards = max(plan.values(), default=0) + 1
-    row_shards = output_shards(rows.rows["timestamp_ms"], plan)
-    files = []
-    for shard in range(shards):
-        part = rows.select(np.flatnonzero(row_shards == shard))
-        files += write_shard(config.staging, shard, shards, [part], origin, config.coarsening,
-                             config.block_hashes)
-    return files
+    """Shards by time bucket; shard 0 always exists."""
+    plan = fold(shard_plan(), [whole])
+    by_shard = dict(rows_by_shard(rows, plan))
+    shards = shard_count(plan)
+    return [file for shard in range(shards)
+            for file in write_shard(config.staging, shard, shards,
+                                    [by_shard[shard]] if shard in by_shard else [], origin,
+                                    config.coarsening, config.block_hashes)]
 
 
 def _write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:

@@ -1,8 +1,9 @@
-"""Beam steps every stage uses: batching by weight, and dead letters as tagged, counted outputs."""
+"""Beam steps every stage uses: batching by weight, pure combiners lifted, and dead letters as
+tagged, counted outputs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -11,6 +12,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.batching import WeightedBatcher
+from transforms.combiners import Combiner
 from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 
 
@@ -33,6 +35,25 @@ class BatchByWeight(beam.DoFn):
     def finish_bundle(self) -> Iterator[WindowedValue]:
         if (batch := self._batcher.flush()) is not None:
             yield WindowedValue(batch, GlobalWindow().max_timestamp(), [GlobalWindow()])
+
+
+class CombineWith(beam.CombineFn):
+    """A pure combiner (combiners.py) as Beam's CombineFn."""
+
+    def __init__(self, combiner: Combiner):
+        self._combiner = combiner
+
+    def create_accumulator(self) -> Any:
+        return self._combiner.create_accumulator()
+
+    def add_input(self, accumulator: Any, element: Any) -> Any:
+        return self._combiner.add_input(accumulator, element)
+
+    def merge_accumulators(self, accumulators: Iterable[Any]) -> Any:
+        return self._combiner.merge_accumulators(accumulators)
+
+    def extract_output(self, accumulator: Any) -> Any:
+        return self._combiner.extract_output(accumulator)
 
 
 def tagged(letter: DeadLetter) -> beam.pvalue.TaggedOutput:

@@ -97,6 +97,11 @@ class HashedBatch:
         block_mask = np.repeat(keep, self.blocks_per_request())
         return HashedBatch(self.requests[keep], self.block_hashes[block_mask])
 
+    def earliest_ms(self) -> list[int]:
+        """The earliest request's timestamp, or nothing for an empty batch."""
+        timestamps = self.requests["timestamp_ms"]
+        return [int(timestamps.min())] if len(timestamps) else []
+
     def blocks_per_request(self) -> np.ndarray:
         """Prompt blocks plus output blocks (these only with --emit-output-hashes)."""
         return self.requests["num_blocks"] + self.requests["num_output_blocks"]

@@ -37,7 +37,10 @@ from typing import Any
 from transforms import storage
 from transforms.errors import IdMapError, JobStopped
 from transforms.ids.exclusive import create_exclusive, temp_name
-from transforms.ids.segments import SegmentFile, index_path
+import numpy as np
+
+from transforms.ids.dense_ids import NUMBERED
+from transforms.ids.segments import SegmentFile, index_path, merge_segment
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.
@@ -188,6 +191,22 @@ def segment_path(directory: str, version: int, run_id: str, kind: str, shard: in
 def shard_of_segment(path: str) -> int:
     """The hash shard a segment file holds, from its name (blocks-00012.parquet: 12)."""
     return int(path.rsplit("-", 1)[1].removesuffix(".parquet"))
+
+
+def segment_files_by_shard(segments: list[SegmentFile]) -> dict[int, list[SegmentFile]]:
+    """A version's segment files grouped by the hash shard each holds, in path order."""
+    by_shard: dict[int, list[SegmentFile]] = {}
+    for segment in sorted(segments):
+        by_shard.setdefault(shard_of_segment(segment.path), []).append(segment)
+    return by_shard
+
+
+def write_segment_shard(directory: str, version: int, run_id: str, kind: str, shard: int,
+                        runs: list[SegmentFile], added: list[np.ndarray]) -> SegmentFile:
+    """One hash shard of the night's new segment: its newly numbered rows, merged on a folding
+    night with the shard's earlier files, streamed (segments.merge_segment)."""
+    return merge_segment(segment_path(directory, version, run_id, kind, shard), sorted(runs),
+                         np.concatenate(added) if added else np.empty(0, NUMBERED))
 
 
 def relative(directory: str, path: str) -> str:

@@ -20,6 +20,7 @@ One Beam element per batch and shard, never per block.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -36,6 +37,7 @@ from apache_beam.transforms.userstate import (
 )
 from apache_beam.transforms.window import GlobalWindow
 
+from transforms.combiners import BucketTotals
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.buckets import buckets_of, first_offsets
 from transforms.ids.dense_ids import (
@@ -56,10 +58,9 @@ from transforms.ids.dense_ids import (
     split_known,
     sum_unique,
 )
-from transforms.ids.id_map import segment_path, shard_of_segment
-from transforms.ids.segments import (SegmentFile, merge_segment, read_matching_files,
-                                     read_segment)
-from transforms.steps import metered
+from transforms.ids.id_map import write_segment_shard
+from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
+from transforms.steps import CombineWith, metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
 _MIN_COMPACT_ROWS = 65_536
@@ -235,13 +236,9 @@ class AssignDenseIds(beam.PTransform):
         by_bucket = unseen | "ByBucket" >> beam.FlatMap(
             lambda kv: split_by(narrowed(kv[1], FIRST), buckets_of(kv[1]["ts"]))
         ).with_output_types(tuple[int, Any])
-        first_ids = (
-            by_bucket
-            | "BucketSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
-            | "SumPerBucket" >> beam.CombinePerKey(sum)
-            | "AllSizes" >> beam.combiners.ToDict()
-            | "FirstIds" >> beam.Map(first_offsets, self._next_id)
-        )
+        first_ids = by_bucket | "FirstIds" >> beam.CombineGlobally(CombineWith(BucketTotals(
+            lambda kv: [(kv[0], len(kv[1]))],
+            functools.partial(first_offsets, start=self._next_id))))
         numbered = (
             metered(by_bucket, "buckets")
             | "NumberBuckets" >> beam.ParDo(NumberBucket(), beam.pvalue.AsSingleton(first_ids))
@@ -308,15 +305,9 @@ class ReadIdMap(beam.PTransform):
         )
 
 
-def segment_files_by_shard(segments: list[SegmentFile]) -> list[tuple[int, SegmentFile]]:
-    """(hash shard, segment file) of a version's segment files, for LookUpShard."""
-    return [(shard_of_segment(segment.path), segment) for segment in sorted(segments)]
-
-
 class WriteSegmentShard(beam.DoFn):
-    """(hash shard, {"added": NUMBERED tables, "runs": SegmentFiles}) in: the shard's new
-    rows, folded on a folding night with its old files, streamed (segments.merge_segment);
-    the written SegmentFile out."""
+    """(hash shard, {"added": NUMBERED tables, "runs": SegmentFiles}) in, the written
+    SegmentFile out (id_map.write_segment_shard)."""
 
     def __init__(self, directory: str, version: int, run_id: str, kind: str):
         self._directory, self._version, self._kind = directory, version, kind
@@ -324,7 +315,5 @@ class WriteSegmentShard(beam.DoFn):
 
     def process(self, element: tuple[int, dict[str, list]]) -> Iterator[SegmentFile]:
         shard, groups = element
-        path = segment_path(self._directory, self._version, self._run_id, self._kind, shard)
-        added = list(groups["added"])
-        yield merge_segment(path, sorted(groups["runs"]),
-                            np.concatenate(added) if added else np.empty(0, NUMBERED))
+        yield write_segment_shard(self._directory, self._version, self._run_id, self._kind,
+                                  shard, list(groups["runs"]), list(groups["added"]))

@@ -70,6 +70,14 @@ def check_not_before_origin(
     return counts
 
 
+def trace_origin_ms(configured_ms: int | None, earliest_ms: list[int]) -> int:
+    """The published timestamps' zero: the id map's origin when it has one, else the earliest
+    request's timestamp (0 for an empty trace)."""
+    if configured_ms is not None:
+        return configured_ms
+    return min(earliest_ms, default=0)
+
+
 BLOCK_HASHES_WARNING = (
     "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
     "prompt and confirm it (a dictionary attack), so they stay private, out of the published "

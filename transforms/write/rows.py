@@ -116,15 +116,25 @@ def assemble_rows(
         block_ids = ids_in_request_order(groups["blocks"],
                                          requests["num_blocks"] + requests["num_output_blocks"])
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
-        batch = row_batch(requests, block_ids, session_ids, hashes, with_outputs)
-        shards = output_shards(requests["timestamp_ms"], plan)
-        for shard in np.unique(shards).tolist():
-            yield shard, batch.select(np.flatnonzero(shards == shard))
+        yield from rows_by_shard(row_batch(requests, block_ids, session_ids, hashes, with_outputs),
+                                 plan)
+
+
+def rows_by_shard(batch: RowBatch, plan: dict[int, int]) -> Iterator[tuple[int, RowBatch]]:
+    """(output shard, the batch's rows in it) for each shard the batch has rows in."""
+    shards = output_shards(batch.rows["timestamp_ms"], plan)
+    for shard in np.unique(shards).tolist():
+        yield shard, batch.select(np.flatnonzero(shards == shard))
 
 
 def output_shards(timestamps_ms: np.ndarray, plan: dict[int, int]) -> np.ndarray:
     """Each row's output shard: its time bucket's, as the plan (buckets.plan_shards) says."""
     return np.array([plan[b] for b in buckets_of(timestamps_ms).tolist()], dtype=np.int64)
+
+
+def shard_count(plan: dict[int, int]) -> int:
+    """Output shards of a plan; an empty trace still has shard 0."""
+    return max(plan.values(), default=0) + 1
 
 
 def bucket_sizes(batch: HashedBatch) -> Iterator[tuple[int, int]]:

@@ -6,6 +6,7 @@ shards are sorted across file names and their boundaries depend on the data alon
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 from collections.abc import Iterable
@@ -15,14 +16,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
+from transforms.combiners import BucketTotals
+from transforms.ids.buckets import plan_shards
 from transforms.write.coarsen import Coarsening, coarsen
 from transforms.read.trace_fields import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
                                           SESSION_FIELD)
-from transforms.write.rows import NO_SESSION, RowBatch
+from transforms.write.rows import NO_SESSION, RowBatch, bucket_sizes
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
 MAX_BLOCKS_PER_SHARD = 8_000_000
 TRACE_FILE_PREFIX = "trace-"
+
+
+def shard_plan() -> BucketTotals:
+    """A combiner: HashedBatches in, the output shard plan out (each time bucket's room summed
+    over the batches, then consecutive buckets grouped into shards)."""
+    return BucketTotals(bucket_sizes,
+                        functools.partial(plan_shards, max_per_shard=MAX_BLOCKS_PER_SHARD))
+
 
 TRACE_SCHEMA = pa.schema(
     [

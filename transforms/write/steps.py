@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 
 from transforms.write.coarsen import Coarsening
-from transforms.write.rows import RowBatch
+from transforms.write.rows import RowBatch, shard_count
 from transforms.write.shards import write_shard
 
 
@@ -26,7 +26,6 @@ class WriteShard(beam.DoFn):
         gate: object,
     ) -> Iterator[tuple[str, str]]:
         shard, batches = element
-        shards = max(plan.values(), default=0) + 1
         # None marks shard 0, which always exists so that an empty trace still has its files.
-        yield from write_shard(self._directory, shard, shards, (b for b in batches if b), origin,
+        yield from write_shard(self._directory, shard, shard_count(plan), (b for b in batches if b), origin,
                                self._coarsening, self._hashes_directory)

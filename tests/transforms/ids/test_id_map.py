@@ -318,3 +318,16 @@ def test_another_shard_count_re_splits_the_map_and_keeps_ids(tiny_tokenizer, tmp
     # The next night keeps the map's count without being told, and does not fold again.
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2-again", *common) == 0
     assert current(tmp_path / "map")["hash_shards"] == 7
+
+
+def test_segment_files_group_by_the_shard_their_name_holds_in_path_order():
+    def segment(path: str) -> SegmentFile:
+        return SegmentFile(path, {}, {})
+
+    files = [segment("m/segments/000002-b/blocks-00003.parquet"),
+             segment("m/segments/000001-a/blocks-00003.parquet"),
+             segment("m/segments/000001-a/blocks-00000.parquet")]
+    grouped = id_map.segment_files_by_shard(files)
+    assert {shard: [f.path for f in group] for shard, group in grouped.items()} == {
+        0: ["m/segments/000001-a/blocks-00000.parquet"],
+        3: ["m/segments/000001-a/blocks-00003.parquet", "m/segments/000002-b/blocks-00003.parquet"]}

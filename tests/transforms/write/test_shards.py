@@ -10,10 +10,14 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.read.trace_fields import NO_RESPONSE_MS
-from transforms.write.rows import NO_SESSION, ROW, RowBatch
-from transforms.read.trace_fields import OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD
-from transforms.write.shards import jsonl_bytes, parquet_bytes
+from transforms.combiners import fold
+from transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from transforms.ids.buckets import BUCKET_MS, plan_shards
+from transforms.read.trace_fields import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
+                                          SESSION_FIELD)
+from transforms.write.manifest import trace_origin_ms
+from transforms.write.rows import NO_SESSION, ROW, RowBatch, rows_by_shard, shard_count
+from transforms.write.shards import MAX_BLOCKS_PER_SHARD, jsonl_bytes, parquet_bytes, shard_plan
 
 ROWS = st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**31),
                           st.one_of(st.just(NO_SESSION), st.integers(0, 2**40)),
@@ -66,3 +70,31 @@ def test_parquet_holds_the_same_rows_with_missing_sessions_as_nulls(rows, with_o
     any_response = any(row[4] != NO_RESPONSE_MS for row in rows)
     nulls = {SESSION_FIELD: None} | ({RESPONSE_FIELD: None} if any_response else {})
     assert table == [nulls | r for r in expected(rows, 0, with_outputs)]
+
+
+def test_the_shard_plan_of_several_batches_is_the_plan_of_their_summed_room():
+    def request(minute: int, blocks: int) -> HashedRequest:
+        return HashedRequest(minute * BUCKET_MS, minute, blocks * 16, 1, b"\0" * 16 * blocks,
+                             None)
+
+    batches = [HashedBatch.pack([request(0, 3), request(2, 1)]), HashedBatch.pack([request(0, 2)])]
+    assert fold(shard_plan(), batches) == plan_shards({0: 7, 2: 2}, MAX_BLOCKS_PER_SHARD)
+    assert fold(shard_plan(), []) == {}
+
+
+def test_rows_by_shard_puts_every_row_in_its_buckets_shard_once():
+    rows = [(minute * BUCKET_MS, 1, 1, NO_SESSION, NO_RESPONSE_MS, [minute]) for minute in
+            (3, 0, 1, 3)]
+    plan = {0: 0, 1: 1, 3: 1}
+    parts = dict(rows_by_shard(batch_of(rows), plan))
+    assert sorted(parts) == [0, 1]
+    assert parts[0].rows["timestamp_ms"].tolist() == [0]
+    assert sorted(parts[1].rows["timestamp_ms"].tolist()) == [BUCKET_MS, 3 * BUCKET_MS,
+                                                              3 * BUCKET_MS]
+    assert shard_count(plan) == 2 and shard_count({}) == 1
+
+
+def test_the_trace_origin_is_the_maps_else_the_earliest_request():
+    assert trace_origin_ms(None, [50, 20]) == 20
+    assert trace_origin_ms(None, []) == 0
+    assert trace_origin_ms(10, [50]) == 10
