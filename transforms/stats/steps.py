@@ -1,4 +1,6 @@
-"""The statistics stage's Beam step: a trace's blocks through one shard function per shard."""
+"""The statistics stage's Beam steps: a trace's files read as tables, blocks through one function
+per key shard, per-row partials joined with their rows, and the report of `analyze --engine beam`
+(trace_shards.py says how the statistics shard)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,40 @@ from collections.abc import Callable
 import apache_beam as beam
 import numpy as np
 
-from transforms.stats.trace_shards import by_shard
+from transforms.combiners import BucketTotals
+from transforms.ids.buckets import buckets_of
+from transforms.stats.histograms import histogram, merge
+from transforms.stats.shard_report import assemble, file_summary, shard_counts
+from transforms.stats.trace_shards import (
+    PARTIAL,
+    ROW,
+    FileChunk,
+    by_shard,
+    id_shard,
+    pair_key,
+    pair_shard,
+    prefix_shard,
+    read_chunk,
+    row_shard,
+    warmup_key,
+    warmup_plan,
+)
+from transforms.stats.trace_stats import minute_counts
+from transforms.steps import CombineWith
+
+
+class ReadTraceFiles(beam.PTransform):
+    """Trace files in, one FileChunk per file out (files are the unit of parallelism: line
+    numbers define file order)."""
+
+    def __init__(self, files: tuple[str, ...], block_size: int):
+        super().__init__()
+        self._files, self._block_size = files, block_size
+
+    def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
+        return (root
+                | "Files" >> beam.Create(list(enumerate(self._files)))
+                | "Read" >> beam.FlatMap(read_chunk, self._files, self._block_size))
 
 
 class ShardStep(beam.PTransform):
@@ -25,4 +60,115 @@ class ShardStep(beam.PTransform):
             | "Split" >> beam.FlatMap(lambda c: by_shard(c.blocks, key(c.blocks), shards))
             | "Group" >> beam.GroupByKey()
             | "Analyse" >> beam.MapTuple(lambda _, tables: analyse(np.concatenate(list(tables))))
+        )
+
+
+class WarmupKey(beam.PTransform):
+    """FileChunks in, one element out: the causal key (timestamp, rowkey) of the row at rank
+    floor(fraction x rows), or None for an empty trace; found from row counts per time bucket,
+    then the candidates of the one bucket holding that rank."""
+
+    def __init__(self, fraction: float):
+        super().__init__()
+        self._fraction = fraction
+
+    def expand(self, chunks: beam.PCollection) -> beam.PCollection:
+        plan = chunks | "WarmupPlan" >> beam.CombineGlobally(CombineWith(BucketTotals(
+            lambda c: histogram(buckets_of(c.rows["ts"])).items(),
+            lambda sizes: warmup_plan(sizes, self._fraction))))
+        return (
+            chunks
+            | "Candidates" >> beam.FlatMap(_warmup_candidates, beam.pvalue.AsSingleton(plan))
+            | "AllCandidates" >> beam.combiners.ToList()
+            | "WarmupKey" >> beam.Map(warmup_key, beam.pvalue.AsSingleton(plan))
+        )
+
+
+def _warmup_candidates(chunk: FileChunk, plan: tuple[int, int] | None) -> list[tuple[float, int]]:
+    if plan is None:
+        return []
+    rows = chunk.rows[buckets_of(chunk.rows["ts"]) == plan[0]]
+    return [(float(row["ts"]), int(row["rowkey"])) for row in rows]
+
+
+class RowShards(beam.PTransform):
+    """{"chunks": FileChunks, "shard_results": key shards' ShardResults} in, one RowShardResult
+    per row shard out: each row meets every partial about it (trace_shards.row_shard)."""
+
+    def __init__(self, block_size: int, shards: int, warmup: beam.PCollection):
+        super().__init__()
+        self._block_size, self._shards, self._warmup = block_size, shards, warmup
+
+    def expand(self, inputs: dict[str, beam.PCollection]) -> beam.PCollection:
+        block_size, shards = self._block_size, self._shards
+        partials = inputs["shard_results"] | "Partials" >> beam.FlatMap(
+            lambda r: by_shard(r.partials, r.partials["rowkey"], shards))
+        rows = inputs["chunks"] | "Rows" >> beam.FlatMap(
+            lambda c: by_shard(c.rows, c.rows["rowkey"], shards))
+        return (
+            {"rows": rows, "partials": partials}
+            | "JoinRows" >> beam.CoGroupByKey()
+            | "PerRow" >> beam.Map(
+                lambda kv, key: row_shard(_concat(kv[1]["rows"], ROW),
+                                          _concat(kv[1]["partials"], PARTIAL), block_size, key),
+                beam.pvalue.AsSingleton(self._warmup))
+        )
+
+
+def _concat(tables: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    tables = list(tables)
+    return np.concatenate(tables) if tables else np.empty(0, dtype=dtype)
+
+
+class MinuteCounts(beam.PTransform):
+    """FileChunks in, one Counter out: requests per minute since the earliest request."""
+
+    def expand(self, chunks: beam.PCollection) -> beam.PCollection:
+        origin = (
+            chunks
+            | "FirstTimes" >> beam.FlatMap(lambda c: [float(c.rows["ts"].min())] if len(c.rows) else [])
+            | "Origin" >> beam.CombineGlobally(lambda ts: min(ts, default=0.0))
+        )
+        return (
+            chunks
+            | "Minutes" >> beam.Map(lambda c, o: minute_counts(c.rows["ts"], o),
+                                    beam.pvalue.AsSingleton(origin))
+            | "AllMinutes" >> beam.CombineGlobally(merge)
+        )
+
+
+class AnalyzeTrace(beam.PTransform):
+    """Trace files in, the report of `kvtrace analyze` out (one dict): blocks go to shards of
+    hash id, (position, id) pair and prefix; their per-row partials meet their rows in row
+    shards."""
+
+    def __init__(self, files: tuple[str, ...], block_size: int, warmup_fraction: float,
+                 shards: int):
+        super().__init__()
+        self._files, self._block_size = files, block_size
+        self._warmup_fraction, self._shards = warmup_fraction, shards
+
+    def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
+        shards = self._shards
+        chunks = root | "ReadFiles" >> ReadTraceFiles(self._files, self._block_size)
+        shard_results = (
+            chunks | "ByIds" >> ShardStep(lambda b: b["id"], id_shard, shards),
+            chunks | "ByPairs" >> ShardStep(pair_key, pair_shard, shards),
+            chunks | "ByPrefixes" >> ShardStep(lambda b: b["prefix_lo"], prefix_shard, shards),
+        ) | "AllShards" >> beam.Flatten()
+        warmup = chunks | "FirstAfterWarmup" >> WarmupKey(self._warmup_fraction)
+        row_results = ({"chunks": chunks, "shard_results": shard_results}
+                       | "RowShards" >> RowShards(self._block_size, shards, warmup))
+        minutes = chunks | "RequestRate" >> MinuteCounts()
+        return (
+            root.pipeline
+            | "Report" >> beam.Create([None])
+            | "Assemble" >> beam.Map(
+                lambda _, *parts: assemble(self._files, self._block_size, self._warmup_fraction,
+                                           *parts),
+                beam.pvalue.AsList(chunks | "FileSummaries" >> beam.Map(file_summary)),
+                beam.pvalue.AsList(shard_results | "ShardCounts" >> beam.Map(shard_counts)),
+                beam.pvalue.AsList(row_results),
+                beam.pvalue.AsSingleton(minutes),
+            )
         )

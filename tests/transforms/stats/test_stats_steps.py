@@ -6,11 +6,15 @@ from types import SimpleNamespace
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from transforms.stats.steps import ShardStep
-from transforms.stats.trace_shards import by_shard, warmup_key, warmup_plan
+from collections import Counter
+
+from transforms.ids.buckets import BUCKET_MS
+from transforms.stats.steps import MinuteCounts, ShardStep, WarmupKey
+from transforms.stats.trace_shards import ROW, by_shard, warmup_key, warmup_plan
 
 BLOCK = np.dtype([("id", "<i8"), ("pos", "<i8")])
 
@@ -39,3 +43,21 @@ def test_the_warmup_row_is_found_by_bucket_and_rank():
     assert plan == (11, 0)
     assert warmup_key([(5.0, 9), (2.0, 4)], plan) == (2.0, 4)
     assert warmup_plan({}, 0.5) is None and warmup_key([], None) is None
+
+
+def rows(times: list[float], first_rowkey: int) -> SimpleNamespace:
+    table = np.zeros(len(times), dtype=ROW)
+    table["ts"], table["rowkey"] = times, np.arange(first_rowkey, first_rowkey + len(times))
+    return SimpleNamespace(rows=table)
+
+
+@pytest.mark.slow  # two side-input joins: ~2 s on the embedded runner
+def test_warmup_key_and_minute_counts_over_chunks_of_several_files():
+    # Five rows over two files and two time buckets; rank floor(0.5 x 5) = 2 is the third row in
+    # (timestamp, rowkey) order: (BUCKET_MS + 1, 11).
+    chunks = [rows([0.0, BUCKET_MS + 1.0], 10), rows([BUCKET_MS + 2.0, 7.0, BUCKET_MS + 1.0], 20),
+              rows([], 30)]
+    with TestPipeline() as pipeline:
+        files = pipeline | beam.Create(chunks)
+        assert_that(files | WarmupKey(0.5), equal_to([(BUCKET_MS + 1.0, 11)]), label="Warmup")
+        assert_that(files | MinuteCounts(), equal_to([Counter({0: 2, 1: 3})]), label="Minutes")

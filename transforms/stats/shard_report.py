@@ -1,0 +1,102 @@
+"""The report of `kvtrace analyze --engine beam`, from the shards' partial results: the same
+keys and numbers as trace_stats.analyze gives from a whole trace."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from transforms.stats.histograms import describe_histogram, merge
+from transforms.stats.trace_shards import FileChunk, RowShardResult, ShardResult
+from transforms.stats.trace_stats import (DEFINITIONS, MAX_EXAMPLES, id_problems, request_rate,
+                                          session_stats)
+
+
+def file_summary(chunk: FileChunk) -> FileChunk:
+    """The chunk without its tables: what the report needs of each file."""
+    return FileChunk(chunk.index, chunk.rows[:0], chunk.blocks[:0], chunk.problems,
+                     chunk.sessions, chunk.first_ts, chunk.last_ts, chunk.first_line)
+
+
+def shard_counts(result: ShardResult) -> ShardResult:
+    """A key shard's result without its per-row partials (those went to the row shards)."""
+    return ShardResult(result.partials[:0], result.counts, result.problem_ids)
+
+
+def assemble(files: tuple[str, ...], block_size: int, warmup_fraction: float,
+             chunks: list[FileChunk], shard_results: list[ShardResult],
+             row_results: list[RowShardResult], minutes: Counter) -> dict:
+    """The report, from every shard's and file's partial results, as trace_stats.analyze."""
+    chunks = sorted(chunks, key=lambda c: c.index)
+    hist = {name: merge(r.histograms[name] for r in row_results) for name in
+            ("isl", "osl", "context", "unique_prompt", "hit_rate", "per_request")}
+    sums: Counter = merge(r.sums for r in row_results)
+    counts: Counter = merge(r.counts for r in shard_results)
+    isl, osl = hist["isl"], hist["osl"]
+    total = sums["rows"]
+    report: dict[str, Any] = {
+        "total_requests": total,
+        "unique_prefixes": counts["unique_prefixes"],
+        "num_prefix_groups": counts["num_prefix_groups"],
+        "cache_hit_rate": describe_histogram(hist["hit_rate"])["mean"],
+        "min_isl": int(min(isl, default=0)), "max_isl": int(max(isl, default=0)),
+        "avg_isl": describe_histogram(isl)["mean"],
+        "min_osl": int(min(osl, default=0)), "max_osl": int(max(osl, default=0)),
+        "avg_osl": describe_histogram(osl)["mean"],
+        "prefix_reuse_ratio": (counts["reused_occurrences"] / counts["occurrences"]
+                               if counts["occurrences"] else 0.0),
+        "isl_stats": describe_histogram(isl),
+        "osl_stats": describe_histogram(osl),
+        "context_length_stats": describe_histogram(hist["context"]),
+        "unique_prompt_length_stats": describe_histogram(hist["unique_prompt"]),
+        "hit_rate_stats": describe_histogram(hist["hit_rate"]),
+    }
+    tokens, blocks = sums["tokens"], sums["blocks"]
+    report["hit_rates"] = {
+        "token_weighted": (tokens - sums["miss_tokens"]) / tokens if tokens else 0.0,
+        "block_weighted": (blocks - sums["misses"]) / blocks if blocks else 0.0,
+        "per_request_mean": describe_histogram(hist["per_request"])["mean"],
+        "token_weighted_after_warmup": (
+            (sums["tokens_after"] - sums["miss_tokens_after"]) / sums["tokens_after"]
+            if sums["tokens_after"] else 0.0),
+        "warmup_fraction": warmup_fraction,
+        "working_set": {"unique_blocks": sums["misses"], "unique_tokens": sums["miss_tokens"]},
+    }
+    report["request_rate"] = request_rate(minutes)
+    by_session = session_stats(merge(c.sessions for c in chunks))
+    if by_session:
+        report["sessions"] = by_session
+    report["problems"] = _problems(files, chunks, shard_results)
+    report["block_size"] = block_size
+    report["definitions"] = DEFINITIONS
+    return report
+
+
+def _problems(files: tuple[str, ...], chunks: list[FileChunk],
+              shard_results: list[ShardResult]) -> dict:
+    """Per-file problems merged in file order, plus timestamps going back across files and the
+    ids that are not chained."""
+    merged: dict[str, dict] = {}
+    for name in ("hash_ids_length_mismatch", "timestamps_backwards", "malformed_lines"):
+        merged[name] = {"count": sum(c.problems[name]["count"] for c in chunks),
+                        "examples": [e for c in chunks for e in c.problems[name]["examples"]]}
+    previous_end = None
+    for chunk in chunks:  # a file starting earlier than the previous one ended
+        if chunk.first_ts is None:
+            continue
+        if previous_end is not None and chunk.first_ts < previous_end:
+            merged["timestamps_backwards"]["count"] += 1
+            merged["timestamps_backwards"]["examples"].append(
+                {"file": files[chunk.index], "line": chunk.first_line})
+        previous_end = chunk.last_ts
+    for name in ("hash_ids_length_mismatch", "timestamps_backwards"):
+        examples = merged[name]["examples"]
+        examples.sort(key=lambda e: (files.index(e["file"]), e["line"]))
+        merged[name]["examples"] = examples[:MAX_EXAMPLES]
+    ids = {name: np.array(sorted({i for r in shard_results for i in r.problem_ids.get(name, [])}),
+                          dtype=np.int64)
+           for name in ("ids_at_several_positions", "ids_behind_several_parents")}
+    return {**merged, **id_problems(ids["ids_at_several_positions"],
+                                    ids["ids_behind_several_parents"])}
