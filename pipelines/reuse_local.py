@@ -14,24 +14,11 @@ from transforms import storage
 from transforms.cache import plots
 from transforms.cache.cache_trace import read_cache_trace
 from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
+from transforms.cache.reuse_report import reuse_report
 from transforms.cache.stack_distance import infinite_cache, stack_distances
 from transforms.stats.trace_stats import row_problems
 
 _LOG = logging.getLogger("kvtrace")
-
-DEFINITIONS = {
-    "token_clock": "rows in (timestamp, file) order; each block advances the clock by its real "
-                   "tokens (the last block of a row by its remainder)",
-    "reuse_event": "an occurrence of a block (an exact prefix) seen in an earlier request",
-    "interval_tokens": "clock at the occurrence's start minus clock at the end of the block's "
-                       "previous occurrence",
-    "ccdf": "y(x) = tokens of reuse events with interval > x / all prompt tokens",
-    "lru_hit_rate": "token-weighted; per request the longest prefix cached in an LRU cache of "
-                    "C tokens (pages of block size) on arrival, then its blocks touched in order",
-    "block_lru_hit_rate": "token-weighted; every block cached on arrival counts, prefix or not",
-    "reuse_time": "seconds between the timestamps of a reuse event's request and the previous "
-                  "use's request",
-}
 
 
 @dataclass(frozen=True)
@@ -55,26 +42,13 @@ def run_reuse(config: ReuseConfig) -> dict:
     block_lru = distances.hit_rates(capacities, prefix=False)
     _LOG.info("reuse intervals and stack distances in %.1f s", time.perf_counter() - started)
     reuse_time = reuse_time_histogram(events)
-    report = {
-        "block_size": config.block_size,
-        "rows": cache.rows,
-        "blocks": len(cache.block),
-        "prompt_tokens": events.total_tokens,
-        "infinite_cache": infinite_cache(distances),
-        "definitions": DEFINITIONS,
-        "reused_token_share": float(events.tokens.sum() / events.total_tokens)
-                              if events.total_tokens else 0.0,
-        "ccdf": {"interval_tokens": x.tolist(), "share_above": y.tolist()},
-        "lru_stack": {"capacity_tokens": capacities.tolist(), "lru_hit_rate": lru.tolist(),
-                      "block_lru_hit_rate": block_lru.tolist()},
-        "reuse_time": reuse_time,
-        "problems": problems,
-    }
-    at_gpu = None
-    if config.gpu_kv_cache_size:
-        at_gpu = ccdf_at(events, config.gpu_kv_cache_size)
-        report["gpu_kv_cache_size"] = config.gpu_kv_cache_size
-        report["ccdf_at_gpu_kv_cache_size"] = at_gpu
+    at_gpu = ccdf_at(events, config.gpu_kv_cache_size) if config.gpu_kv_cache_size else None
+    stack = {"blocks": len(cache.block), "infinite_cache": infinite_cache(distances),
+             "lru_stack": {"capacity_tokens": capacities.tolist(), "lru_hit_rate": lru.tolist(),
+                           "block_lru_hit_rate": block_lru.tolist()}}
+    report = reuse_report(config.block_size, cache.rows, events.total_tokens,
+                          int(events.tokens.sum()), (x, y), reuse_time, problems,
+                          config.gpu_kv_cache_size, at_gpu, stack)
     if config.plot:
         png = plots.reuse_figure(x, y, config.gpu_kv_cache_size, at_gpu, capacities, lru,
                                  block_lru, reuse_time)
