@@ -4,14 +4,11 @@ keys and numbers as trace_stats.analyze gives from a whole trace."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
-
 import numpy as np
 
 from transforms.stats.histograms import describe_histogram, merge
 from transforms.stats.trace_shards import FileChunk, RowShardResult, ShardResult
-from transforms.stats.trace_stats import (DEFINITIONS, MAX_EXAMPLES, id_problems, request_rate,
-                                          session_stats)
+from transforms.stats.trace_stats import MAX_EXAMPLES, Measures, id_problems, report
 
 
 def file_summary(chunk: FileChunk) -> FileChunk:
@@ -35,43 +32,28 @@ def assemble(files: tuple[str, ...], block_size: int, warmup_fraction: float,
     sums: Counter = merge(r.sums for r in row_results)
     counts: Counter = merge(r.counts for r in shard_results)
     isl, osl = hist["isl"], hist["osl"]
-    total = sums["rows"]
-    report: dict[str, Any] = {
-        "total_requests": total,
-        "unique_prefixes": counts["unique_prefixes"],
-        "num_prefix_groups": counts["num_prefix_groups"],
-        "cache_hit_rate": describe_histogram(hist["hit_rate"])["mean"],
-        "min_isl": int(min(isl, default=0)), "max_isl": int(max(isl, default=0)),
-        "avg_isl": describe_histogram(isl)["mean"],
-        "min_osl": int(min(osl, default=0)), "max_osl": int(max(osl, default=0)),
-        "avg_osl": describe_histogram(osl)["mean"],
-        "prefix_reuse_ratio": (counts["reused_occurrences"] / counts["occurrences"]
-                               if counts["occurrences"] else 0.0),
-        "isl_stats": describe_histogram(isl),
-        "osl_stats": describe_histogram(osl),
-        "context_length_stats": describe_histogram(hist["context"]),
-        "unique_prompt_length_stats": describe_histogram(hist["unique_prompt"]),
-        "hit_rate_stats": describe_histogram(hist["hit_rate"]),
-    }
-    tokens, blocks = sums["tokens"], sums["blocks"]
-    report["hit_rates"] = {
-        "token_weighted": (tokens - sums["miss_tokens"]) / tokens if tokens else 0.0,
-        "block_weighted": (blocks - sums["misses"]) / blocks if blocks else 0.0,
-        "per_request_mean": describe_histogram(hist["per_request"])["mean"],
-        "token_weighted_after_warmup": (
-            (sums["tokens_after"] - sums["miss_tokens_after"]) / sums["tokens_after"]
-            if sums["tokens_after"] else 0.0),
-        "warmup_fraction": warmup_fraction,
-        "working_set": {"unique_blocks": sums["misses"], "unique_tokens": sums["miss_tokens"]},
-    }
-    report["request_rate"] = request_rate(minutes)
-    by_session = session_stats(merge(c.sessions for c in chunks))
-    if by_session:
-        report["sessions"] = by_session
-    report["problems"] = _problems(files, chunks, shard_results)
-    report["block_size"] = block_size
-    report["definitions"] = DEFINITIONS
-    return report
+    measures = Measures(
+        total_requests=sums["rows"],
+        unique_prefixes=counts["unique_prefixes"],
+        num_prefix_groups=counts["num_prefix_groups"],
+        prefix_occurrences=counts["occurrences"],
+        reused_prefix_occurrences=counts["reused_occurrences"],
+        stats={"isl": describe_histogram(isl), "osl": describe_histogram(osl),
+               "context": describe_histogram(hist["context"]),
+               "unique_prompt": describe_histogram(hist["unique_prompt"]),
+               "hit_rate": describe_histogram(hist["hit_rate"])},
+        isl_range=(int(min(isl, default=0)), int(max(isl, default=0))),
+        osl_range=(int(min(osl, default=0)), int(max(osl, default=0))),
+        tokens=sums["tokens"], miss_tokens=sums["miss_tokens"],
+        blocks=sums["blocks"], misses=sums["misses"],
+        tokens_after_warmup=sums["tokens_after"],
+        miss_tokens_after_warmup=sums["miss_tokens_after"],
+        per_request_mean=describe_histogram(hist["per_request"])["mean"],
+        per_minute=minutes,
+        sessions=merge(c.sessions for c in chunks),
+        problems=_problems(files, chunks, shard_results),
+    )
+    return report(measures, block_size, warmup_fraction)
 
 
 def _problems(files: tuple[str, ...], chunks: list[FileChunk],

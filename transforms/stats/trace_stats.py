@@ -191,7 +191,8 @@ def _count_per_row(flags: np.ndarray, blocks: Blocks, rows: int) -> np.ndarray:
 
 
 def compatible(trace: Trace, block_size: int, blocks: Blocks) -> dict:
-    """aiperf's analyze-trace keys, with Dynamo's definitions (they agree)."""
+    """The Measures of the compatible section: aiperf's analyze-trace metrics, with Dynamo's
+    definitions (they agree)."""
     lengths = trace.lengths
     with_ids = lengths > 0
     # Theoretical hit rate: ids seen in earlier rows, file order.
@@ -235,19 +236,12 @@ def compatible(trace: Trace, block_size: int, blocks: Blocks) -> dict:
         "total_requests": len(trace),
         "unique_prefixes": prefixes,
         "num_prefix_groups": int((starts >= 2).sum()),
-        "cache_hit_rate": float(hit_rate.mean()) if len(hit_rate) else 0.0,
-        "min_isl": int(isl.min()) if len(isl) else 0,
-        "max_isl": int(isl.max(initial=0)),
-        "avg_isl": float(isl.mean()) if len(isl) else 0.0,
-        "min_osl": int(osl.min()) if len(osl) else 0,
-        "max_osl": int(osl.max(initial=0)),
-        "avg_osl": float(osl.mean()) if len(osl) else 0.0,
-        "prefix_reuse_ratio": _ratio(len(blocks.prefix) - once, len(blocks.prefix)),
-        "isl_stats": describe(isl),
-        "osl_stats": describe(osl),
-        "context_length_stats": describe(context),
-        "unique_prompt_length_stats": describe(isl - context),
-        "hit_rate_stats": describe(hit_rate),
+        "prefix_occurrences": len(blocks.prefix),
+        "reused_prefix_occurrences": len(blocks.prefix) - once,
+        "stats": {"isl": describe(isl), "osl": describe(osl), "context": describe(context),
+                  "unique_prompt": describe(isl - context), "hit_rate": describe(hit_rate)},
+        "isl_range": (int(isl.min()) if len(isl) else 0, int(isl.max(initial=0))),
+        "osl_range": (int(osl.min()) if len(osl) else 0, int(osl.max(initial=0))),
     }
 
 
@@ -260,7 +254,7 @@ def causal_order(trace: Trace) -> np.ndarray:
 
 
 def hit_rates(trace: Trace, block_size: int, blocks: Blocks, warmup_fraction: float) -> dict:
-    """Infinite-cache hit rates, causal: a block hits when its whole prefix appeared in an
+    """The Measures of infinite-cache hit rates, causal: a block hits when its whole prefix appeared in an
     earlier row. With exact prefix ids a prefix's blocks are in one row at most once, so a block
     misses exactly at its prefix's first occurrence, and the hits of a row form a prefix."""
     rank = causal_order(trace)
@@ -281,15 +275,12 @@ def hit_rates(trace: Trace, block_size: int, blocks: Blocks, warmup_fraction: fl
     with_blocks = blocks_per_row > 0
     after = rank >= math.floor(warmup_fraction * rows)
     return {
-        "token_weighted": _ratio(tokens_per_row.sum() - miss_tokens.sum(), tokens_per_row.sum()),
-        "block_weighted": _ratio(len(blocks.prefix) - len(missed), len(blocks.prefix)),
+        "tokens": int(tokens_per_row.sum()), "miss_tokens": int(miss_tokens.sum()),
+        "blocks": len(blocks.prefix), "misses": len(missed),
+        "tokens_after_warmup": int(tokens_per_row[after].sum()),
+        "miss_tokens_after_warmup": int(miss_tokens[after].sum()),
         "per_request_mean": float(np.mean(1 - miss_blocks[with_blocks] / blocks_per_row[with_blocks]))
                             if with_blocks.any() else 0.0,
-        "token_weighted_after_warmup": _ratio(
-            tokens_per_row[after].sum() - miss_tokens[after].sum(), tokens_per_row[after].sum()
-        ),
-        "warmup_fraction": warmup_fraction,
-        "working_set": {"unique_blocks": len(missed), "unique_tokens": int(miss_tokens.sum())},
     }
 
 
@@ -390,17 +381,71 @@ def _ids_differing(trace: Trace, blocks: Blocks, attribute) -> np.ndarray:
     return np.unique(np.concatenate(found))
 
 
+@dataclass(frozen=True)
+class Measures:
+    """What the report says, however an engine measured it (the whole trace at once here, by
+    shards in shard_report.py); report() builds the report from it, once for both engines."""
+
+    total_requests: int
+    unique_prefixes: int
+    num_prefix_groups: int
+    prefix_occurrences: int
+    reused_prefix_occurrences: int  # occurrences of prefixes that occur more than once
+    stats: dict[str, dict[str, float]]  # described: isl, osl, context, unique_prompt, hit_rate
+    isl_range: tuple[int, int]
+    osl_range: tuple[int, int]
+    tokens: int  # of prompts, as their blocks cover them
+    miss_tokens: int  # of each prefix's first occurrence in causal order
+    blocks: int
+    misses: int
+    tokens_after_warmup: int
+    miss_tokens_after_warmup: int
+    per_request_mean: float
+    per_minute: Counter
+    sessions: Counter
+    problems: dict
+
+
+def report(measures: Measures, block_size: int, warmup_fraction: float) -> dict:
+    m = measures
+    result = {
+        "total_requests": m.total_requests,
+        "unique_prefixes": m.unique_prefixes,
+        "num_prefix_groups": m.num_prefix_groups,
+        "cache_hit_rate": m.stats["hit_rate"]["mean"],
+        "min_isl": m.isl_range[0], "max_isl": m.isl_range[1], "avg_isl": m.stats["isl"]["mean"],
+        "min_osl": m.osl_range[0], "max_osl": m.osl_range[1], "avg_osl": m.stats["osl"]["mean"],
+        "prefix_reuse_ratio": _ratio(m.reused_prefix_occurrences, m.prefix_occurrences),
+        "isl_stats": m.stats["isl"],
+        "osl_stats": m.stats["osl"],
+        "context_length_stats": m.stats["context"],
+        "unique_prompt_length_stats": m.stats["unique_prompt"],
+        "hit_rate_stats": m.stats["hit_rate"],
+        "hit_rates": {
+            "token_weighted": _ratio(m.tokens - m.miss_tokens, m.tokens),
+            "block_weighted": _ratio(m.blocks - m.misses, m.blocks),
+            "per_request_mean": m.per_request_mean,
+            "token_weighted_after_warmup": _ratio(m.tokens_after_warmup - m.miss_tokens_after_warmup,
+                                                  m.tokens_after_warmup),
+            "warmup_fraction": warmup_fraction,
+            "working_set": {"unique_blocks": m.misses, "unique_tokens": m.miss_tokens},
+        },
+        "request_rate": request_rate(m.per_minute),
+    }
+    by_session = session_stats(m.sessions)
+    if by_session:
+        result["sessions"] = by_session
+    result |= {"problems": m.problems, "block_size": block_size, "definitions": DEFINITIONS}
+    return result
+
+
 def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -> dict:
     blocks = Blocks.of(trace)
     return_freed_heap()
-    report = compatible(trace, block_size, blocks)
-    report["hit_rates"] = hit_rates(trace, block_size, blocks, warmup_fraction)
+    measured = compatible(trace, block_size, blocks) | hit_rates(trace, block_size, blocks,
+                                                                 warmup_fraction)
     origin = float(trace.timestamp.min()) if len(trace) else 0.0
-    report["request_rate"] = request_rate(minute_counts(trace.timestamp, origin))
-    by_session = session_stats(session_counts(trace))
-    if by_session:
-        report["sessions"] = by_session
-    report["problems"] = problems(trace, block_size, blocks)
-    report["block_size"] = block_size
-    report["definitions"] = DEFINITIONS
-    return report
+    return report(Measures(**measured, per_minute=minute_counts(trace.timestamp, origin),
+                           sessions=session_counts(trace),
+                           problems=problems(trace, block_size, blocks)),
+                  block_size, warmup_fraction)
