@@ -160,7 +160,7 @@ class ListModels(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, **kwargs: Any):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+    def __call__(self, parser: Any, _namespace: Any, values: Any, option: Any = None) -> None:
         from transforms.cache.capacity import kv_bytes_per_token
 
         for name in models():

@@ -40,7 +40,7 @@ from transforms.ids.exclusive import create_exclusive, temp_name
 import numpy as np
 
 from transforms.ids.dense_ids import NUMBERED
-from transforms.ids.segments import SegmentFile, index_path, merge_segment
+from transforms.ids.segments import SegmentFile, index_path, merge_segment, write_segment
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.
@@ -204,8 +204,12 @@ def segment_files_by_shard(segments: list[SegmentFile]) -> dict[int, list[Segmen
 def write_segment_shard(directory: str, version: int, run_id: str, kind: str, shard: int,
                         runs: list[SegmentFile], added: list[np.ndarray]) -> SegmentFile:
     """One hash shard of the night's new segment: its newly numbered rows, merged on a folding
-    night with the shard's earlier files, streamed (segments.merge_segment)."""
-    return merge_segment(segment_path(directory, version, run_id, kind, shard), sorted(runs),
+    night with the shard's earlier files, streamed (segments.merge_segment gives the bytes
+    segments.write_segment gives for all the rows at once)."""
+    path = segment_path(directory, version, run_id, kind, shard)
+    if not runs:
+        return write_segment(path, added)
+    return merge_segment(path, sorted(runs),
                          np.concatenate(added) if added else np.empty(0, NUMBERED))
 
 

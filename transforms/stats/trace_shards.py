@@ -1,4 +1,5 @@
-"""The Beam engine of `kvtrace analyze`: the statistics of trace_stats, computed shard by shard.
+"""Statistics shard by shard, for `analyze --engine beam` (its steps: steps.py): the measures of
+trace_stats, computed shard by shard.
 
 Every metric that looks across rows reduces to "per key, the first or the count of its
 occurrences" for one of three keys: the hash id (seen sets, chaining checks), the (position, id)
@@ -163,7 +164,7 @@ def row_shard(rows: np.ndarray, partials: np.ndarray, block_size: int,
     with_ids = n > 0
     repeated = n - singles.astype(np.int64)
     context = np.where(repeated == n, rows["isl"], repeated * block_size)
-    # As trace_stats.block_weights: full blocks, and the real remainder in the last one.
+    # As trace_stats.row_tokens: full blocks, and the real remainder in the last one.
     last = np.clip(rows["isl"] - (n - 1) * block_size, 1, block_size)
     tokens = np.where(with_ids, (n - 1) * block_size + last, 0)
     if warmup_key is None:
