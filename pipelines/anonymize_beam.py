@@ -139,8 +139,9 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     _ = (
         dead_letters
         | "DeadLetterJson" >> beam.Map(lambda d: d.to_json())
+        # One file whatever the runner's parallelism, named as the local engine names it.
         | "WriteDeadLetters" >> beam.io.WriteToText(
-            f"{config.dead_letter.rstrip('/')}/rejected", file_name_suffix=".jsonl"
+            f"{config.dead_letter.rstrip('/')}/rejected", file_name_suffix=".jsonl", num_shards=1
         )
         | "DeadLettersPrivate" >> beam.Map(storage.make_private)  # they hold raw prompts
     )

@@ -77,8 +77,35 @@ def test_flink_manifests_agree_with_the_flink_preset():
     for endpoint in (beam["job_endpoint"], beam["artifact_endpoint"]):
         host, port = endpoint.split(":")
         assert host == service["metadata"]["name"] and int(port) in ports
+    versions = flink_versions()
+    flink = manifests["FlinkDeployment"]["spec"]
+    assert flink["image"] == f"flink:{versions['FLINK_VERSION']}"
+    assert flink["flinkVersion"] == "v" + versions["FLINK_MINOR"].replace(".", "_")
+    assert versions["FLINK_VERSION"].startswith(versions["FLINK_MINOR"] + ".")
+    configuration = flink["flinkConfiguration"]
+    assert configuration["restart-strategy.type"] == "fixed-delay"
+    assert "execution.checkpointing.interval" in configuration
     job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert job_server.endswith(f":{apache_beam.__version__}")
+    assert job_server == (f"apache/beam_flink{versions['FLINK_MINOR']}_job_server:"
+                          f"{versions['BEAM_JOB_SERVER_VERSION']}")
+
+
+def flink_versions() -> dict[str, str]:
+    """deploy/flink/versions.env: the pins local-cluster.sh and the manifests share."""
+    lines = (DEPLOY / "flink" / "versions.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_the_local_flink_cluster_resolves_the_pinned_job_server_and_its_script_parses():
+    versions = flink_versions()
+    pom = (DEPLOY / "flink" / "job-server" / "pom.xml").read_text()
+    assert f"<artifactId>beam-runners-flink-{versions['FLINK_MINOR']}</artifactId>" in pom
+    assert f"<version>{versions['BEAM_JOB_SERVER_VERSION']}</version>" in pom
+    script = DEPLOY / "flink" / "local-cluster.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert os.access(script, os.X_OK)
+    _, beam = load_presets([str(ROOT / "configs/flink-local.yaml")])
+    assert beam["runner"] == "PortableRunner" and beam["job_endpoint"] == "localhost:8099"
 
 
 def test_cronjob_runs_one_night_at_a_time_with_yesterdays_date():

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# A Flink session cluster on this machine, loopback only, with Beam's Flink job server in front:
+# what CI and `kvtrace anonymize --config configs/flink-local.yaml` run on.
+#
+#   deploy/flink/local-cluster.sh start   # installs on first use, returns once jobs are accepted
+#   deploy/flink/local-cluster.sh stop
+#   deploy/flink/local-cluster.sh status
+#
+# Flink comes from its registry package (apache-flink-libraries on PyPI: the distribution's jars),
+# the job server as a classpath that Maven resolves from Maven Central (job-server/pom.xml);
+# nothing is fetched by URL at run time. Versions: versions.env. Needs java 17, mvn, python.
+# The TaskManager runs under a supervisor that starts it again when it dies, as Kubernetes
+# restarts a pod: Flink's restart strategy (below) then re-runs the failed work on it.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+home="${KVTRACE_FLINK_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrace/flink-$FLINK_VERSION-beam-$BEAM_JOB_SERVER_VERSION}"
+run="$home/run"
+rest_port="${KVTRACE_FLINK_REST_PORT:-8081}"
+job_port="${KVTRACE_FLINK_JOB_PORT:-8099}"
+artifact_port="${KVTRACE_FLINK_ARTIFACT_PORT:-8098}"
+expansion_port="${KVTRACE_FLINK_EXPANSION_PORT:-8097}"
+slots="${KVTRACE_FLINK_SLOTS:-2}"
+# What Flink's own scripts pass to Java 17 (its config's env.java.opts.all).
+java_opens=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.net=ALL-UNNAMED
+  --add-opens=java.base/java.io=ALL-UNNAMED --add-opens=java.base/java.nio=ALL-UNNAMED
+  --add-opens=java.base/sun.nio.ch=ALL-UNNAMED --add-opens=java.base/java.lang.reflect=ALL-UNNAMED
+  --add-opens=java.base/java.text=ALL-UNNAMED --add-opens=java.base/java.time=ALL-UNNAMED
+  --add-opens=java.base/java.util=ALL-UNNAMED --add-opens=java.base/java.util.concurrent=ALL-UNNAMED
+  --add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED
+  --add-opens=java.base/java.util.concurrent.locks=ALL-UNNAMED
+  --add-exports=java.base/sun.net.util=ALL-UNNAMED)
+
+die() { echo "local-cluster: $*" >&2; exit 1; }
+
+install() {  # the Flink jars and the job server's classpath, once per version
+  [ -f "$home/job-server.classpath" ] && [ -f "$home/flink/lib/flink-dist-$FLINK_VERSION.jar" ] && return
+  command -v java >/dev/null || die "java not found (OpenJDK 17 is needed)"
+  command -v mvn >/dev/null || die "mvn not found (Maven resolves Beam's job server)"
+  mkdir -p "$home/download"
+  echo "local-cluster: installing Flink $FLINK_VERSION and Beam's job server $BEAM_JOB_SERVER_VERSION in $home" >&2
+  python -m pip download -q --no-deps --no-binary :all: -d "$home/download" \
+    "apache-flink-libraries==$FLINK_VERSION" || die "pip could not fetch apache-flink-libraries==$FLINK_VERSION"
+  rm -rf "$home/flink" && mkdir -p "$home/flink"
+  tar xzf "$home/download/apache-flink-libraries-$FLINK_VERSION.tar.gz" -C "$home/flink" \
+    --strip-components=2 "apache-flink-libraries-$FLINK_VERSION/deps/lib" \
+    "apache-flink-libraries-$FLINK_VERSION/deps/bin"
+  mvn -B -q -f "$here/job-server/pom.xml" dependency:build-classpath \
+    -Dmdep.outputFile="$home/job-server.classpath.part" >&2 || die "Maven could not resolve the job server (see above)"
+  mv "$home/job-server.classpath.part" "$home/job-server.classpath"
+}
+
+write_config() {
+  mkdir -p "$run/conf" "$run/log"
+  cat >"$run/conf/config.yaml" <<EOF
+jobmanager:
+  bind-host: 127.0.0.1
+  rpc: {address: 127.0.0.1, port: 6123}
+  memory: {process: {size: 1024m}}
+  execution: {failover-strategy: region}
+taskmanager:
+  bind-host: 127.0.0.1
+  host: 127.0.0.1
+  numberOfTaskSlots: $slots
+  # Beam's pipelines hold many exchanges per slot: network buffers, not heap, run out first.
+  # Each blocking result takes sort-shuffle buffers (512 by default): 64 is plenty here.
+  memory: {process: {size: 2560m}, network: {min: 512m, max: 512m}}
+  network: {sort-shuffle: {min-buffers: 64}}
+rest: {address: 127.0.0.1, bind-address: 127.0.0.1, port: $rest_port}
+blob: {server: {port: "6124"}}
+parallelism: {default: $slots}
+# A TaskManager lost mid-job: the failed region runs again once a TaskManager is back.
+restart-strategy:
+  type: fixed-delay
+  fixed-delay: {attempts: 20, delay: 2 s}
+# Streaming jobs: state checkpointed every 10 s, kept on this machine.
+execution:
+  checkpointing: {interval: 10 s, dir: "file://$run/checkpoints"}
+EOF
+}
+
+alive() { [ -f "$run/$1.pid" ] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
+
+wait_for() {  # wait_for WHAT SECONDS COMMAND...: poll until COMMAND succeeds
+  local what=$1 deadline=$((SECONDS + $2)); shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "$what did not come up in time (logs: $run/log)"
+    for process in jobmanager taskmanager jobserver; do
+      [ ! -f "$run/$process.pid" ] || alive "$process" || die "the $process exited (log: $run/log/$process.out)"
+    done
+    sleep 0.5
+  done
+}
+
+slots_up() { curl -sf "http://127.0.0.1:$rest_port/overview" | grep -q "\"slots-total\":[1-9]"; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start() {
+  alive jobmanager && { echo "local-cluster: already running (job endpoint localhost:$job_port)"; return; }
+  install
+  write_config
+  local lib="$home/flink/lib/*"
+  java "${java_opens[@]}" -Xmx512m -Dlog.file="$run/log/jobmanager.log" -cp "$lib" \
+    org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint --configDir "$run/conf" \
+    </dev/null >"$run/log/jobmanager.out" 2>&1 &
+  echo $! >"$run/jobmanager.pid"
+  # The TaskManager's JVM sizes and memory options, as Flink's own start script derives them.
+  local params
+  params=$(java -cp "$lib:$home/flink/bin/bash-java-utils.jar" \
+    org.apache.flink.runtime.util.bash.BashJavaUtils GET_TM_RESOURCE_PARAMS --configDir "$run/conf" \
+    2>/dev/null | grep BASH_JAVA_UTILS_EXEC_RESULT: | sed 's/BASH_JAVA_UTILS_EXEC_RESULT://')
+  local jvm dynamic
+  jvm=$(sed -n 1p <<<"$params") dynamic=$(sed -n 2p <<<"$params")
+  [ -n "$jvm" ] || die "could not derive the TaskManager's memory settings"
+  # shellcheck disable=SC2086  # the derived options are words
+  (while [ -f "$run/jobmanager.pid" ]; do
+     java "${java_opens[@]}" $jvm -Dlog.file="$run/log/taskmanager.log" -cp "$lib" \
+       org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$run/conf" $dynamic \
+       >>"$run/log/taskmanager.out" 2>&1 &
+     echo $! >"$run/taskmanager.pid"
+     wait $! || true
+   done) </dev/null >/dev/null 2>&1 &
+  echo $! >"$run/supervisor.pid"
+  wait_for "the Flink cluster" 90 slots_up
+  java "${java_opens[@]}" -cp "$(cat "$home/job-server.classpath")" \
+    org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$rest_port" \
+    --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" \
+    --expansion-port="$expansion_port" </dev/null >"$run/log/jobserver.out" 2>&1 &
+  echo $! >"$run/jobserver.pid"
+  wait_for "Beam's job server" 60 port_open "$job_port"
+  echo "local-cluster: Flink $FLINK_VERSION at http://127.0.0.1:$rest_port, Beam job server $BEAM_JOB_SERVER_VERSION at localhost:$job_port"
+}
+
+stop() {
+  local pid
+  for process in supervisor jobserver taskmanager jobmanager; do
+    [ -f "$run/$process.pid" ] || continue
+    pid=$(cat "$run/$process.pid")
+    rm -f "$run/$process.pid"  # first: the supervisor stops restarting the TaskManager
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  echo "local-cluster: stopped"
+}
+
+status() {
+  for process in jobmanager taskmanager jobserver; do
+    if alive "$process"; then echo "$process: running"; else echo "$process: stopped"; fi
+  done
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

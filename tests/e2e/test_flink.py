@@ -1,0 +1,61 @@
+"""anonymize on a real Flink cluster (deploy/flink/local-cluster.sh, which .ci/run starts): two
+nights with an id map give the local engine's trace, stats, dead letters and map, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.flink,
+    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
+        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
+        "does both)")),
+]
+FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
+
+
+def nights(folder: Path) -> list[Path]:
+    """Two nights of chats; the second repeats some of the first's prompts and sessions."""
+    return [write_jsonl(folder / f"night-{n}.jsonl",
+                        [chat(i + n, ts=86_400_000 * n + 1_000 * i, session=f"s{i % 4}",
+                              rotate=n) for i in range(12)] + [{"broken": True}])
+            for n in (1, 2)]
+
+
+def without_run_ids(text: str) -> str:
+    """Segment folders carry each run's own id, by design; the version's sha256 covers them."""
+    return re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1", text)
+
+
+def map_contents(directory: Path) -> dict[str, bytes | str]:
+    contents: dict[str, bytes | str] = {}
+    for path in sorted(directory.rglob("*")):
+        name = without_run_ids(str(path.relative_to(directory)))
+        if path.suffix == ".json" and path.parent.name == "versions":
+            record = json.loads(path.read_text())
+            record.pop("sha256")
+            contents[name] = without_run_ids(json.dumps(record, sort_keys=True))
+        elif path.is_file() and path.name != "COMMITTED":
+            contents[name] = path.read_bytes()
+    return contents
+
+
+def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    salt_file = tmp_path / "salt"
+    salt_file.write_text(SALT)
+    for engine, extra in (("local", ()), ("flink", FLINK)):
+        for n, night in enumerate(nights(tmp_path), 1):
+            assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"{engine}-{n}",
+                                   "--id-map", str(tmp_path / f"map-{engine}"),
+                                   "--salt-file", str(salt_file), *extra) == 0
+    for n in (1, 2):
+        assert_same_output(tmp_path / f"local-{n}", tmp_path / f"flink-{n}")
+    assert map_contents(tmp_path / "map-local") == map_contents(tmp_path / "map-flink")
