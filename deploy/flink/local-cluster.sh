@@ -5,6 +5,7 @@
 #   deploy/flink/local-cluster.sh start   # installs on first use, returns once jobs are accepted
 #   deploy/flink/local-cluster.sh stop
 #   deploy/flink/local-cluster.sh status
+#   deploy/flink/local-cluster.sh kill-taskmanager   # a fault drill: SIGKILL; it comes back
 #
 # Flink comes from its registry package (apache-flink-libraries on PyPI: the distribution's jars),
 # the job server as a classpath that Maven resolves from Maven Central (job-server/pom.xml);
@@ -151,9 +152,18 @@ status() {
   done
 }
 
+kill_taskmanager() {
+  alive taskmanager || die "no TaskManager is running"
+  local pid
+  pid=$(cat "$run/taskmanager.pid")
+  kill -9 "$pid"
+  echo "local-cluster: killed TaskManager $pid; its supervisor starts another"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  kill-taskmanager) kill_taskmanager ;;
+  *) echo "usage: $0 start|stop|status|kill-taskmanager" >&2; exit 2 ;;
 esac

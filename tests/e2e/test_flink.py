@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
+import transforms.write.steps as write_steps
 from conftest import ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
 
 pytestmark = [
@@ -58,4 +61,41 @@ def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, mo
                                    "--salt-file", str(salt_file), *extra) == 0
     for n in (1, 2):
         assert_same_output(tmp_path / f"local-{n}", tmp_path / f"flink-{n}")
+    assert map_contents(tmp_path / "map-local") == map_contents(tmp_path / "map-flink")
+
+
+# The killed TaskManager's data streams end in the in-process worker's threads, which say so.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
+        tiny_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    salt_file = tmp_path / "salt"
+    salt_file.write_text(SALT)
+    night = nights(tmp_path)[0]
+    killed = []
+    write_shard = write_steps.write_shard
+
+    def kill_once_then_write(*args, **kwargs):
+        # The Python parts run in this process (LOOPBACK): the first trace shard's write kills
+        # the TaskManager that sent it, while the night is under way.
+        if not killed:
+            killed.append(subprocess.run([str(ROOT / "deploy" / "flink" / "local-cluster.sh"),
+                                          "kill-taskmanager"], check=True))
+        return write_shard(*args, **kwargs)
+
+    runs = {}
+    for engine, extra in (("local", ()), ("flink", FLINK)):
+        if engine == "flink":
+            monkeypatch.setattr(write_steps, "write_shard", kill_once_then_write)
+        runs[engine] = tmp_path / engine
+        assert anonymize_night(tiny_tokenizer, [night], runs[engine], "--id-map",
+                               str(tmp_path / f"map-{engine}"), "--salt-file", str(salt_file),
+                               *extra) == 0
+    assert killed
+    with urllib.request.urlopen("http://127.0.0.1:8081/jobs/overview") as response:
+        last = max(json.load(response)["jobs"], key=lambda job: job["start-time"])
+    with urllib.request.urlopen(f"http://127.0.0.1:8081/jobs/{last['jid']}/exceptions") as response:
+        failures = json.load(response)["exceptionHistory"]["entries"]
+    assert last["state"] == "FINISHED" and failures  # it failed, restarted and finished
+    assert_same_output(runs["local"], runs["flink"])
     assert map_contents(tmp_path / "map-local") == map_contents(tmp_path / "map-flink")
