@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
+
+from transforms.errors import ConfigError
 
 _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
+# A job server that is up accepts a connection at once; Beam itself would wait minutes.
+JOB_SERVER_CONNECT_S = 5
 
 
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
@@ -36,8 +41,6 @@ def run_for_report(build: Callable[[beam.Pipeline], beam.PCollection], flags: Se
     Beam filesystem) and read back here; without a folder, into a temporary local one, which
     only local runners can write (a remote run is refused, saying what it `needs`)."""
     from apache_beam.io.filesystems import FileSystems
-
-    from transforms.errors import ConfigError
 
     options = pipeline_options(flags)
     if folder is None and is_remote(options):
@@ -65,12 +68,29 @@ def runner_for(options: PipelineOptions) -> Any:
 
 def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     """Build the pipeline with build(pipeline), run it to completion, return build's outputs."""
+    check_job_endpoint(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     outputs = build(pipeline)
     result = pipeline.run()
     result.wait_until_finish()
     _log_map_reads(result)
     return outputs
+
+
+def check_job_endpoint(options: PipelineOptions) -> None:
+    """Refuse at once a job endpoint (--job_endpoint HOST:PORT) where nothing listens."""
+    endpoint = options.view_as(PortableOptions).job_endpoint
+    if not endpoint or endpoint == "embed":
+        return
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "localhost", int(port)),
+                                      timeout=JOB_SERVER_CONNECT_S):
+            pass
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            f"Beam's job server at {endpoint} does not answer ({error}); start it first (a "
+            f"local Flink cluster: deploy/flink/local-cluster.sh start)") from None
 
 
 def _log_map_reads(result: Any) -> None:

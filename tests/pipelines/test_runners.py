@@ -7,6 +7,7 @@ import base64
 import bz2
 import json
 import re
+import socket
 from pathlib import Path
 
 import apache_beam as beam
@@ -14,6 +15,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import write_jsonl
 from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
+from pipelines.runner import check_job_endpoint
+from transforms.errors import ConfigError
 from transforms.encode.blocks import HASH_SCHEME
 from transforms.ids.id_map import MapIdentity, MapVersion
 from transforms.encode.salt import SaltSource
@@ -116,3 +119,13 @@ def unpacked(serialized: bytes) -> bytes:
     unpacked, so that a search for the salt also looks inside them."""
     packed = re.findall(rb"QlpoOTFBWSZT[A-Za-z0-9+/]+=*", serialized)
     return serialized + b"".join(bz2.decompress(base64.b64decode(chunk)) for chunk in packed)
+
+
+def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
+    with socket.socket() as unused:  # a port nothing listens on once it is closed
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    options = PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}"])
+    with pytest.raises(ConfigError, match=f"job server at localhost:{port} does not answer"):
+        check_job_endpoint(options)
+    check_job_endpoint(PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", "embed"]))
