@@ -47,6 +47,7 @@ install() {  # the Flink jars and the job server's classpath, once per version
   tar xzf "$home/download/apache-flink-libraries-$FLINK_VERSION.tar.gz" -C "$home/flink" \
     --strip-components=2 "apache-flink-libraries-$FLINK_VERSION/deps/lib" \
     "apache-flink-libraries-$FLINK_VERSION/deps/bin"
+  rm -rf "$home/download"
   mvn -B -q -f "$here/job-server/pom.xml" dependency:build-classpath \
     -Dmdep.outputFile="$home/job-server.classpath.part" >&2 || die "Maven could not resolve the job server (see above)"
   mv "$home/job-server.classpath.part" "$home/job-server.classpath"
