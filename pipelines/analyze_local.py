@@ -1,9 +1,10 @@
 """`kvtrace analyze`: statistics of a Mooncake trace, compatible and cache-sizing.
 
-Two engines, the same numbers (tests/pipelines/test_analyze_beam.py proves it):
-- `analyze_local` here: numpy over the whole trace in memory, the fast path for one machine
+Two drivers of one algorithm (transforms/stats/key_shards.py), the same numbers
+(tests/pipelines/test_analyze_beam.py proves it):
+- `analyze_local` here: the whole trace in memory as one shard, the fast path for one machine
   (it never imports Beam, which would cost a second of start-up);
-- `analyze_beam.build`: a Beam pipeline for traces spread over many files and machines.
+- `analyze_beam`: N shards, for traces spread over many files and machines.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tiny_tokenizer import build_tiny_tokenizer
 
 from kvtrace.cli import main
+from transforms.read.trace_io import Trace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
@@ -146,3 +148,20 @@ def assert_same_output(left: Path, right: Path) -> None:
     assert [p.name for p in rejected[0]] == [p.name for p in rejected[1]]
     for a, b in zip(*rejected):  # Beam writes dead letters in no particular order
         assert sorted(a.read_text().splitlines()) == sorted(b.read_text().splitlines())
+
+
+def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> Trace:
+    """A trace from (file index, timestamp, hash ids) rows: files in order, lines counted per
+    file, each row's last block one token short."""
+    rows = sorted(rows, key=lambda r: r[0])  # file order: files first, then as given
+    lengths = np.array([len(ids) for _, _, ids in rows], dtype=np.int64)
+    lines = np.zeros(len(rows), dtype=np.int64)
+    for i, (file, _, _) in enumerate(rows):
+        lines[i] = 1 + sum(1 for f, _, _ in rows[:i] if f == file)
+    return Trace(
+        timestamp=np.array([t for _, t, _ in rows], dtype=np.float64),
+        input_length=np.maximum(lengths * block_size - 1, 0), output_length=np.ones(len(rows), np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        ids=np.array([i for _, _, ids in rows for i in ids], dtype=np.int64),
+        session=None, line=lines, file_index=np.array([f for f, _, _ in rows], dtype=np.int32),
+        files=[f"f{i}" for i in range(3)])

@@ -37,35 +37,51 @@ class ReuseEvents:
 
 
 def reuse_events(trace: CacheTrace) -> ReuseEvents:
-    """One pass in causal order, remembering each block's last use: no sort of the blocks."""
-    total = int(trace.tokens.sum(dtype=np.int64))
-    if total >= 1 << (63 - TOKEN_BITS):
-        raise ValueError(f"a trace of {total:,} prompt tokens is beyond the reuse analysis "
+    """Every reuse event of a trace (its blocks in causal order, one after another)."""
+    return clocked_reuse_events(trace.block, trace.tokens, trace.row_starts, trace.timestamp_ms,
+                                trace.distinct_blocks)
+
+
+def clocked_reuse_events(block: np.ndarray, tokens: np.ndarray, row_starts: np.ndarray,
+                         timestamp_ms: np.ndarray, distinct: int,
+                         start: np.ndarray | None = None) -> ReuseEvents:
+    """The reuse events of block occurrences in clock order (block: dense ids below distinct;
+    row r's occurrences are [row_starts[r], row_starts[r + 1]), at timestamp_ms[r]). start is
+    the clock at each occurrence's start, None when they follow one another (a whole trace);
+    given, they may be any set of prefixes' occurrences (a prefix shard), as every event depends
+    only on its prefix's own occurrences. One pass, remembering each block's last use: no sort
+    of the blocks."""
+    total = int(tokens.sum(dtype=np.int64))
+    clock_end = total if start is None else int((start + tokens).max(initial=0))
+    if clock_end >= 1 << (63 - TOKEN_BITS):
+        raise ValueError(f"a trace of {clock_end:,} prompt tokens is beyond the reuse analysis "
                          f"(2^{63 - TOKEN_BITS}); split it")
-    packed, time_tokens = _events(trace.block, trace.tokens, trace.row_starts,
-                                  trace.timestamp_ms, trace.distinct_blocks,
-                                  np.array(REUSE_TIME_EDGES_S[1:-1]) * 1000.0)
+    packed, time_tokens = _events(block, tokens, row_starts, timestamp_ms, distinct,
+                                  np.array(REUSE_TIME_EDGES_S[1:-1]) * 1000.0,
+                                  np.zeros(0, np.int64) if start is None else start)
     packed.sort()
     return ReuseEvents(packed >> TOKEN_BITS, packed & ((1 << TOKEN_BITS) - 1), time_tokens, total)
 
 
 @numba.njit(cache=True)
-def _events(block, tokens, row_starts, timestamp_ms, distinct, time_edges_ms):
+def _events(block, tokens, row_starts, timestamp_ms, distinct, time_edges_ms, start):
     last_end = np.full(distinct, -1, dtype=np.int64)  # clock at the end of the last use
     last_row = np.zeros(distinct, dtype=np.int32)
     packed = np.empty(len(block), dtype=np.int64)
     time_tokens = np.zeros(len(time_edges_ms) + 1, dtype=np.int64)
+    contiguous = len(start) == 0
     events, clock = 0, 0
     for row in range(len(row_starts) - 1):
         for i in range(row_starts[row], row_starts[row + 1]):
             b = block[i]
+            begins = clock if contiguous else start[i]
             if last_end[b] >= 0:  # a prefix occurs once per request: an earlier one
-                packed[events] = ((clock - last_end[b]) << TOKEN_BITS) | tokens[i]
+                packed[events] = ((begins - last_end[b]) << TOKEN_BITS) | tokens[i]
                 events += 1
                 waited = timestamp_ms[row] - timestamp_ms[last_row[b]]
                 time_tokens[np.searchsorted(time_edges_ms, waited, side="right")] += tokens[i]
             clock += tokens[i]
-            last_end[b] = clock
+            last_end[b] = begins + tokens[i]
             last_row[b] = row
     return packed[:events].copy(), time_tokens
 

@@ -3,8 +3,8 @@
 The token clock needs the global causal order, but only as a running sum: each time bucket
 learns the tokens of every earlier bucket (a small side input), orders its own rows and clocks
 their blocks. Reuse events then depend only on each prefix's own occurrences, so prefixes
-shard freely: a shard sorts its prefixes' occurrences by clock and emits mergeable summaries
-(token sums and histograms). The CCDF comes out binned (32 bins per doubling of the interval),
+shard freely: a shard finds its prefixes' events with the local engine's pass
+(reuse.clocked_reuse_events) and emits mergeable summaries (token sums and histograms). The CCDF comes out binned (32 bins per doubling of the interval),
 exact at every bin edge; `ccdf_at_gpu_kv_cache_size` is exact. LRU stack distances do not
 shard: a block's distance counts every other block used in between, so they stay on one
 machine (stack_distance.py).
@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from transforms.cache.reuse import REUSE_TIME_EDGES_S, REUSE_TIME_LABELS
+from transforms.cache.reuse import REUSE_TIME_LABELS, clocked_reuse_events
+from transforms.stats.trace_shards import dense_prefixes
 
 CLOCKED = np.dtype([("prefix_hi", "<u8"), ("prefix_lo", "<u8"), ("start", "<i8"),
                     ("tokens", "<i8"), ("ts", "<f8")])
@@ -83,21 +84,22 @@ class ReuseSummary:
 
 
 def summarize(clocked: np.ndarray, gpu_kv_cache_size: int | None) -> ReuseSummary:
-    """The reuse events of a shard's prefixes (every occurrence of each prefix present)."""
-    order = np.lexsort((clocked["start"], clocked["prefix_lo"], clocked["prefix_hi"]))
-    ordered = clocked[order]
-    repeat = np.flatnonzero((ordered["prefix_hi"][1:] == ordered["prefix_hi"][:-1])
-                            & (ordered["prefix_lo"][1:] == ordered["prefix_lo"][:-1]))
-    current, previous = ordered[repeat + 1], ordered[repeat]
-    interval = current["start"] - (previous["start"] + previous["tokens"])
-    seconds = (current["ts"] - previous["ts"]) / 1000.0
-    tokens = current["tokens"]
+    """The reuse events of a shard's prefixes (every occurrence of each prefix present), found
+    as the local engine finds a whole trace's (reuse.clocked_reuse_events), then binned."""
+    clocked = clocked[np.argsort(clocked["start"])]
+    prefix = dense_prefixes(clocked)
+    # Each occurrence its own row: a prefix occurs once per request, so rows only carry times.
+    events = clocked_reuse_events(prefix, clocked["tokens"], np.arange(len(clocked) + 1),
+                                  clocked["ts"], int(prefix.max(initial=-1)) + 1,
+                                  clocked["start"])
+    above_gpu = (int(events.tokens[np.searchsorted(events.interval_tokens, gpu_kv_cache_size,
+                                                   side="right"):].sum())
+                 if gpu_kv_cache_size else 0)
     return ReuseSummary(
-        total_tokens=int(clocked["tokens"].sum()),
-        reused_tokens=int(tokens.sum()),
-        above_gpu_tokens=int(tokens[interval > gpu_kv_cache_size].sum()) if gpu_kv_cache_size else 0,
-        interval_tokens=np.bincount(np.searchsorted(EDGES, interval, side="right") - 1,
-                                    weights=tokens, minlength=len(EDGES)).astype(np.int64),
-        time_tokens=np.bincount(np.searchsorted(REUSE_TIME_EDGES_S[1:-1], seconds, side="right"),
-                                weights=tokens, minlength=len(REUSE_TIME_LABELS)).astype(np.int64),
+        total_tokens=events.total_tokens,
+        reused_tokens=int(events.tokens.sum()),
+        above_gpu_tokens=above_gpu,
+        interval_tokens=np.bincount(np.searchsorted(EDGES, events.interval_tokens, side="right") - 1,
+                                    weights=events.tokens, minlength=len(EDGES)).astype(np.int64),
+        time_tokens=events.time_tokens,
     )

@@ -23,7 +23,7 @@ import xxhash
 
 from transforms.encode.tokenize import encode_texts, render_chat
 from transforms.read.trace_io import Trace
-from transforms.stats.trace_stats import last_block_tokens, prefix_ids
+from transforms.stats.blocks import last_block_tokens, prefix_ids
 
 # Words per vocabulary: 4,096 spell 16.7M siblings in two tokens; every tokenizer we ship has
 # over 20,000 such words.

@@ -7,7 +7,8 @@ from collections import Counter
 import numpy as np
 
 from transforms.stats.histograms import describe_histogram, merge
-from transforms.stats.trace_shards import FileChunk, RowShardResult, ShardResult
+from transforms.stats.key_shards import CHAINING_PROBLEMS, ShardResult
+from transforms.stats.trace_shards import FileChunk, RowShardResult
 from transforms.stats.trace_stats import MAX_EXAMPLES, Measures, id_problems, report
 
 
@@ -77,8 +78,7 @@ def _problems(files: tuple[str, ...], chunks: list[FileChunk],
         examples = merged[name]["examples"]
         examples.sort(key=lambda e: (files.index(e["file"]), e["line"]))
         merged[name]["examples"] = examples[:MAX_EXAMPLES]
-    ids = {name: np.array(sorted({i for r in shard_results for i in r.problem_ids.get(name, [])}),
-                          dtype=np.int64)
-           for name in ("ids_at_several_positions", "ids_behind_several_parents")}
-    return {**merged, **id_problems(ids["ids_at_several_positions"],
-                                    ids["ids_behind_several_parents"])}
+    ids = {name: np.unique(np.concatenate([np.zeros(0, np.int64)] + [
+               r.problem_ids[name] for r in shard_results if name in r.problem_ids]))
+           for name in CHAINING_PROBLEMS}
+    return {**merged, **id_problems(**ids)}

@@ -1,6 +1,6 @@
 """The statistics stage's Beam steps: a trace's files read as tables, blocks through one function
 per key shard, per-row partials joined with their rows, and the report of `analyze --engine beam`
-(trace_shards.py says how the statistics shard)."""
+(key_shards.py says how the statistics shard)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,14 @@ from transforms.combiners import BucketTotals
 from transforms.ids.buckets import buckets_of
 from transforms.stats.histograms import histogram, merge
 from transforms.stats.shard_report import assemble, file_summary, shard_counts
+from transforms.stats.key_shards import PARTIAL, id_shard, prefix_shard
 from transforms.stats.trace_shards import (
-    PARTIAL,
     ROW,
     FileChunk,
     by_shard,
-    id_shard,
-    pair_key,
-    pair_shard,
-    prefix_shard,
     read_chunk,
     row_shard,
+    shard_blocks,
     warmup_key,
     warmup_plan,
 )
@@ -46,10 +43,11 @@ class ReadTraceFiles(beam.PTransform):
 
 
 class ShardStep(beam.PTransform):
-    """Blocks to shards of one key; each shard's whole table through one shard function."""
+    """Blocks to shards of one key; each shard's tables (one per file) through one shard
+    function."""
 
-    def __init__(self, key: Callable[[np.ndarray], np.ndarray], analyse: Callable[[np.ndarray], object],
-                 shards: int):
+    def __init__(self, key: Callable[[np.ndarray], np.ndarray],
+                 analyse: Callable[[list[np.ndarray]], object], shards: int):
         super().__init__()
         self._key, self._analyse, self._shards = key, analyse, shards
 
@@ -59,7 +57,7 @@ class ShardStep(beam.PTransform):
             chunks
             | "Split" >> beam.FlatMap(lambda c: by_shard(c.blocks, key(c.blocks), shards))
             | "Group" >> beam.GroupByKey()
-            | "Analyse" >> beam.MapTuple(lambda _, tables: analyse(np.concatenate(list(tables))))
+            | "Analyse" >> beam.MapTuple(lambda _, tables: analyse(list(tables)))
         )
 
 
@@ -139,7 +137,7 @@ class MinuteCounts(beam.PTransform):
 
 class AnalyzeTrace(beam.PTransform):
     """Trace files in, the report of `kvtrace analyze` out (one dict): blocks go to shards of
-    hash id, (position, id) pair and prefix; their per-row partials meet their rows in row
+    hash id and of prefix (key_shards.py); their per-row partials meet their rows in row
     shards."""
 
     def __init__(self, files: tuple[str, ...], block_size: int, warmup_fraction: float,
@@ -152,9 +150,11 @@ class AnalyzeTrace(beam.PTransform):
         shards = self._shards
         chunks = root | "ReadFiles" >> ReadTraceFiles(self._files, self._block_size)
         shard_results = (
-            chunks | "ByIds" >> ShardStep(lambda b: b["id"], id_shard, shards),
-            chunks | "ByPairs" >> ShardStep(pair_key, pair_shard, shards),
-            chunks | "ByPrefixes" >> ShardStep(lambda b: b["prefix_lo"], prefix_shard, shards),
+            chunks | "ByIds" >> ShardStep(
+                lambda b: b["id"], lambda t: id_shard(shard_blocks(t, id_divisor=shards)), shards),
+            chunks | "ByPrefixes" >> ShardStep(
+                lambda b: b["prefix_lo"], lambda t: prefix_shard(shard_blocks(t, with_prefix=True)),
+                shards),
         ) | "AllShards" >> beam.Flatten()
         warmup = chunks | "FirstAfterWarmup" >> WarmupKey(self._warmup_fraction)
         row_results = ({"chunks": chunks, "shard_results": shard_results}

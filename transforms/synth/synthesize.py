@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 from transforms.read.trace_io import Trace
 from transforms.stats.trace_shards import LINE_BITS
-from transforms.stats.trace_stats import prefix_ids
+from transforms.stats.blocks import prefix_ids
 from transforms.synth.parts import RowParts
 from transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from transforms.synth.sample import sample_requests

@@ -29,7 +29,8 @@ def test_each_shard_gets_all_its_keys_from_every_chunk():
     chunks = [SimpleNamespace(blocks=blocks([0, 1, 2, 3])), SimpleNamespace(blocks=blocks([4, 6]))]
     with TestPipeline() as pipeline:
         sizes = (pipeline | beam.Create(chunks)
-                 | ShardStep(lambda b: b["id"], lambda table: sorted(table["id"].tolist()), 2))
+                 | ShardStep(lambda b: b["id"],
+                             lambda tables: sorted(np.concatenate(tables)["id"].tolist()), 2))
         assert_that(sizes, equal_to([[0, 2, 4, 6], [1, 3]]))
 
 
