@@ -22,8 +22,8 @@ from transforms.errors import ConfigError
 
 _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
-# A job server that is up accepts a connection at once; Beam itself would wait minutes.
-JOB_SERVER_CONNECT_S = 5
+# A job server or worker pool that is up accepts a connection at once; Beam would wait minutes.
+ENDPOINT_CONNECT_S = 5
 
 
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
@@ -68,7 +68,7 @@ def runner_for(options: PipelineOptions) -> Any:
 
 def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     """Build the pipeline with build(pipeline), run it to completion, return build's outputs."""
-    check_job_endpoint(options)
+    check_endpoints(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     outputs = build(pipeline)
     result = pipeline.run()
@@ -77,20 +77,31 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     return outputs
 
 
-def check_job_endpoint(options: PipelineOptions) -> None:
-    """Refuse at once a job endpoint (--job_endpoint HOST:PORT) where nothing listens."""
-    endpoint = options.view_as(PortableOptions).job_endpoint
-    if not endpoint or endpoint == "embed":
-        return
+def check_endpoints(options: PipelineOptions) -> None:
+    """Refuse at once a job endpoint (--job_endpoint HOST:PORT) or an external worker pool
+    (--environment_type EXTERNAL) where nothing listens: Beam would wait minutes."""
+    portable = options.view_as(PortableOptions)
+    if portable.job_endpoint and portable.job_endpoint != "embed":
+        _check_listening(portable.job_endpoint, "Beam's job server", "start it first (a local "
+                         "Flink cluster: deploy/flink/local-cluster.sh start)")
+    if (portable.environment_type or "").upper() == "EXTERNAL":
+        pool = portable.environment_config or portable.lookup_environment_option(
+            "external_service_address")
+        if not pool:
+            raise ConfigError("--environment_type EXTERNAL needs --environment_config HOST:PORT "
+                              "(a worker pool: python -m pipelines.worker_pool)")
+        _check_listening(pool, "the SDK worker pool", "start it first: python -m "
+                         "pipelines.worker_pool --address " + pool)
+
+
+def _check_listening(endpoint: str, what: str, remedy: str) -> None:
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]") or "localhost", int(port)),
-                                      timeout=JOB_SERVER_CONNECT_S):
+                                      timeout=ENDPOINT_CONNECT_S):
             pass
     except (OSError, ValueError) as error:
-        raise ConfigError(
-            f"Beam's job server at {endpoint} does not answer ({error}); start it first (a "
-            f"local Flink cluster: deploy/flink/local-cluster.sh start)") from None
+        raise ConfigError(f"{what} at {endpoint} does not answer ({error}); {remedy}") from None
 
 
 def _log_map_reads(result: Any) -> None:

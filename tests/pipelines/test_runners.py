@@ -15,7 +15,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import write_jsonl
 from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
-from pipelines.runner import check_job_endpoint
+from pipelines.runner import check_endpoints
+from pipelines.worker_pool import serve
 from transforms.errors import ConfigError
 from transforms.encode.blocks import HASH_SCHEME
 from transforms.ids.id_map import MapIdentity, MapVersion
@@ -121,11 +122,66 @@ def unpacked(serialized: bytes) -> bytes:
     return serialized + b"".join(bz2.decompress(base64.b64decode(chunk)) for chunk in packed)
 
 
-def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
+def unused_port() -> int:
     with socket.socket() as unused:  # a port nothing listens on once it is closed
         unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
+        return unused.getsockname()[1]
+
+
+def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
+    port = unused_port()
     options = PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}"])
     with pytest.raises(ConfigError, match=f"job server at localhost:{port} does not answer"):
-        check_job_endpoint(options)
-    check_job_endpoint(PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", "embed"]))
+        check_endpoints(options)
+    check_endpoints(PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", "embed"]))
+
+
+def test_a_worker_pool_where_nothing_listens_is_refused_at_once(tiny_tokenizer, tmp_path, capsys):
+    port = unused_port()
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(1, 0)])
+    assert main(["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--output",
+                 str(tmp_path / "out"), "--runner", "PortableRunner", "--job_endpoint", "embed",
+                 "--environment_type", "EXTERNAL", "--environment_config",
+                 f"127.0.0.1:{port}"]) == 2
+    assert f"the SDK worker pool at 127.0.0.1:{port} does not answer" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="needs --environment_config"):
+        check_endpoints(PipelineOptions(["--environment_type", "EXTERNAL"]))
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The addresses a local TCP port listens on, from the kernel's socket tables."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.mark.slow  # a portable job: ~10 s
+def test_the_worker_pool_listens_on_loopback_only_and_runs_a_job(tiny_tokenizer, tmp_path,
+                                                                 monkeypatch):
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("no /proc/net/tcp to read listening sockets from")
+    address, server = serve("127.0.0.1:0")
+    try:
+        # 127.0.0.1, as IPv4 or IPv4-mapped IPv6 (never 0.0.0.0 or ::, every interface)
+        assert listening_addresses(int(address.rpartition(":")[2])) <= {
+            "0100007F", "0000000000000000FFFF00000100007F"}
+        assert listening_addresses(int(address.rpartition(":")[2]))
+        monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
+        src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 40 * i) for i in range(6)])
+        common = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer,
+                  "--block-size", "4"]
+        assert main([*common, "--output", str(tmp_path / "a")]) == 0
+        assert main([*common, "--output", str(tmp_path / "b"), "--runner", "PortableRunner",
+                     "--job_endpoint", "embed", "--environment_type", "EXTERNAL",
+                     "--environment_config", address]) == 0
+    finally:
+        server.stop(None)
+    for name in ("trace-00000-of-00001.jsonl", "stats.json", "manifest.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
