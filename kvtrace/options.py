@@ -115,3 +115,16 @@ def _static_folder(pattern: str) -> str:
         return posixpath.dirname(pattern.rstrip("/")) or "."
     head = pattern[: min(pattern.find(c) for c in "*?[" if c in pattern)]
     return head.rsplit("/", 1)[0] if "/" in head else "."
+
+
+DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str, flag: str) -> int:
+    """A duration such as 500ms, 30s, 10m, 1h or 1d, in milliseconds."""
+    value = str(text).strip().lower()
+    for unit in sorted(DURATION_UNITS_MS, key=len, reverse=True):
+        number = value[:-len(unit)]
+        if value.endswith(unit) and number.isdigit():
+            return int(number) * DURATION_UNITS_MS[unit]
+    raise ConfigError(f"{flag} takes a duration such as 30s, 10m or 1h, not {text!r}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
@@ -159,26 +159,37 @@ def _encode_in_worker(piece: FileRange) -> Encoded:
 def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     """Run the job; returns the manifest, written last. Raises JobStopped (nothing published)
     when too much input is rejected."""
-    encoded = encode_inputs(config, processes)
+    return publish_encoded(config, encode_inputs(config, processes),
+                           lambda kind, keys: _kind_ids(config, kind, keys))
+
+
+def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
+                    kind_ids: Callable[[str, np.ndarray], KindIds],
+                    origin_ms: int | None = None) -> dict:
+    """Number encoded requests (kind_ids: dense ids of one kind's keys, extending whatever map
+    holds the earlier ones) and publish them: trace shards, dead letters, stats, manifest. The
+    trace's clock starts at origin_ms, else at the map's origin or the earliest request."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(whole, kind_counts(whole))
     whole = kept if kept is not None else HashedBatch.pack([])
     rejected = encoded.rejected + mismatched
-    _write_dead_letters(config.dead_letter, rejected)
+    write_dead_letters(config.dead_letter, rejected)
 
     earliest_ms = whole.earliest_ms()
+    if origin_ms is None:
+        origin_ms = config.timestamp_origin_ms
     counts = check_rejected_fraction(
         RecordCounts(encoded.read, len(rejected),
                      sum(letter.lost_bytes for letter in rejected), config.input_bytes),
         config.max_rejected_fraction)
-    check_not_before_origin(counts, earliest_ms, config.timestamp_origin_ms)
+    check_not_before_origin(counts, earliest_ms, origin_ms)
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}
-    numbered = {kind: _kind_ids(config, kind, keys) for kind, keys in kinds.items()}
+    numbered = {kind: kind_ids(kind, keys) for kind, keys in kinds.items()}
     rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
                      engine_hashes(whole.block_hashes) if config.block_hashes else None,
                      config.emit_output_hashes)
-    origin = trace_origin_ms(config.timestamp_origin_ms, earliest_ms)
+    origin = trace_origin_ms(origin_ms, earliest_ms)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole)
@@ -249,6 +260,6 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
                                     config.coarsening, config.block_hashes)]
 
 
-def _write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:
+def write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:
     with storage.create(storage.join(directory, DEAD_LETTER_FILE), private=True) as handle:
         handle.write("".join(letter.to_json() + "\n" for letter in letters).encode())

@@ -58,7 +58,13 @@ def run_for_report(build: Callable[[beam.Pipeline], beam.PCollection], flags: Se
 
 
 def runner_for(options: PipelineOptions) -> Any:
-    """The FnApiRunner for local runs; None lets Beam build the runner named in the options."""
+    """The FnApiRunner for local batch runs, Beam's bundle-based DirectRunner for local streaming
+    (it runs unbounded sources, state and timers); None lets Beam build the runner named in the
+    options."""
+    if not is_remote(options) and options.view_as(StandardOptions).streaming:
+        from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+
+        return BundleBasedDirectRunner()
     if not is_remote(options):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 

@@ -112,6 +112,16 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--length-granularity", type=int, metavar="N",
         help="publish output lengths rounded to multiples of N (default 1; input_length stays "
              "exact, since hash_ids must match it)")
+    add("--streaming", action="store_true", default=None,
+        help="read an unbounded source, one request per message (--input "
+             "pubsub:projects/P/subscriptions/S; PUBSUB_EMULATOR_HOST is honoured), and publish "
+             "the trace window by window into DIR/window-*/ (a Beam streaming pipeline)")
+    add("--window", metavar="DURATION",
+        help="streaming: the event-time window each published folder holds (default 1h; "
+             "e.g. 30s, 10m, 1h)")
+    add("--allowed-lateness", metavar="DURATION",
+        help="streaming: how long after a window's end its requests are still waited for "
+             "(default 0s); later ones are dead letters with reason `late`")
     add("--engine", choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
              "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
@@ -239,7 +249,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     output = options["output"].rstrip("/")
     dead_letter = (options.get("dead_letter") or f"{output}-rejected").rstrip("/")
     hashes = options.get("emit_block_hashes")
-    files = expand_inputs(options["input"])
+    stream = _stream_source(options)
+    files = [] if stream else expand_inputs(options["input"])
     check_locations({"--output": output, "--dead-letter": dead_letter,
                      "--id-map": options.get("id_map"),
                      "--emit-block-hashes": (hashes or f"{output}-block-hashes")
@@ -282,6 +293,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             storage.make_folder(config.staging, private=True)
             storage.make_folder(config.dead_letter, private=True)
             try:
+                if stream:
+                    _run_streaming(config, stream, flags)
+                    return 0
                 _run_anonymize(config, engine, options["processes"], flags)
             finally:
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
@@ -307,9 +321,43 @@ def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -
         run(lambda p: build(p, config), pipeline_options(flags))
 
 
+def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
+    """--streaming's (source, window ms, allowed lateness ms), checked before anything starts;
+    None without --streaming."""
+    if not options.get("streaming"):
+        for name in ("window", "allowed_lateness"):
+            if options.get(name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')} is for --streaming")
+        return None
+    from kvtrace.options import parse_duration_ms
+    from pipelines.anonymize_streaming import check_source
+
+    if len(options["input"]) != 1:
+        raise ConfigError("--streaming reads one --input: pubsub:projects/P/subscriptions/S")
+    if options.get("id_map"):
+        raise ConfigError("--streaming keeps its id map in the runner's state; --id-map is for "
+                          "batch nights")
+    if options.get("engine") == "local":
+        raise ConfigError("--streaming runs on Beam (its DirectRunner here), not --engine local")
+    window = parse_duration_ms(options.get("window") or "1h", "--window")
+    lateness = parse_duration_ms(options.get("allowed_lateness") or "0s", "--allowed-lateness")
+    if window <= 0:
+        raise ConfigError("--window must be longer than 0")
+    return check_source(options["input"][0]), window, lateness
+
+
+def _run_streaming(config: Any, stream: tuple[str, int, int], flags: list[str]) -> None:
+    from pipelines.anonymize_streaming import StreamingConfig, run_streaming
+
+    source, window, lateness = stream
+    _LOG.info("streaming from %s into %s/window-*/, windows of %d s, %d s allowed lateness",
+              source, config.output, window // 1000, lateness // 1000)
+    run_streaming(StreamingConfig(config, source, window, lateness), flags)
+
+
 def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
     """local unless Beam options (a runner, workers) ask for Beam."""
-    engine = options.get("engine") or ("beam" if flags else "local")
+    engine = options.get("engine") or ("beam" if flags or options.get("streaming") else "local")
     if engine not in ("local", "beam"):
         raise ConfigError(f"--engine must be local or beam, not {engine!r}")
     if engine == "beam" and options["processes"] != 1:

@@ -1,0 +1,281 @@
+"""`kvtrace anonymize --streaming`: requests from an unbounded source, the trace published window
+by window.
+
+messages -> parse -> render, tokenize, chain-hash (the batch pipeline's steps) -> PublishWindows
+
+Event time is each request's own timestamp. Requests gather by event-time window (--window);
+once the watermark passes a window's end plus the allowed lateness, the window is a night of the
+batch job: its ids continue the id map, which lives in the runner's keyed state (ids in
+first-seen order within and across windows), and it is numbered and published, whole, into its
+own folder by the local engine's publish_encoded (the same stage functions as every engine).
+With nothing late, the windows concatenated are the batch output of the same records, byte for
+byte. A request whose window is older than one already published is late: a dead letter with
+reason `late`. Records that never became requests (bad JSON, ...) are dead letters of the next
+window published.
+
+All windows meet in one key: a window is numbered and written by one worker, as a night is by
+the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.coders import PickleCoder
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
+                                              on_timer)
+from apache_beam.utils.timestamp import Timestamp
+
+from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS, AnonymizeConfig
+from pipelines.anonymize_local import Encoded, publish_encoded, write_dead_letters
+from pipelines.runner import pipeline_options, run
+from transforms import storage
+from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from transforms.errors import ConfigError
+from transforms.encode.hashed_batch import HashedBatch
+from transforms.encode.steps import EncodeRequests
+from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
+from transforms.read.steps import parse_records
+from transforms.steps import BatchByWeight
+
+LATE = "late"
+# Dead letters wait this long (processing time) for a window to go out with, then go alone.
+LETTER_DELAY_S = 10
+KINDS = ("blocks", "sessions")
+PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
+
+
+def check_source(source: str) -> str:
+    """The source as given, once it names something this driver reads."""
+    if not PUBSUB.fullmatch(source):
+        raise ConfigError(f"--streaming reads pubsub:projects/P/subscriptions/S, not {source!r}")
+    return source
+
+
+def read_source(source: str) -> beam.PTransform:
+    """Messages of the source, each a request's bytes."""
+    return beam.io.ReadFromPubSub(subscription=PUBSUB.fullmatch(source).group(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingConfig:
+    job: AnonymizeConfig  # output, staging and dead letters are the roots of each window's
+    source: str  # pubsub:projects/P/subscriptions/S
+    window_ms: int = 3_600_000
+    allowed_lateness_ms: int = 0
+
+    def deadline_ms(self, window_start_ms: int) -> int:
+        """When a window is published: the watermark past its end plus the allowed lateness."""
+        return window_start_ms + self.window_ms + self.allowed_lateness_ms
+
+    def window_name(self, window_start_ms: int) -> str:
+        start = datetime.datetime.fromtimestamp(window_start_ms / 1000, datetime.timezone.utc)
+        return "window-" + start.strftime("%Y%m%dT%H%M%S") + f"{window_start_ms % 1000:03d}Z"
+
+
+def by_window(batch: HashedBatch, window_ms: int) -> Iterator[tuple[int, HashedBatch]]:
+    """(window start in ms, the batch's requests in that window) for each window present."""
+    starts = batch.requests["timestamp_ms"] // window_ms * window_ms
+    for start in np.unique(starts).tolist():
+        yield start, batch.select(starts == start)
+
+
+def late_letters(source: str, batch: HashedBatch, window_name: str) -> list[DeadLetter]:
+    """A dead letter per request of a window already published (its text is gone by now: the
+    letter says when it was)."""
+    return [DeadLetter(source, b"", LATE,
+                       f"request at {ts} ms arrived after {window_name} was published")
+            for ts in batch.requests["timestamp_ms"].tolist()]
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the stream has published so far (keyed state beside the id map)."""
+
+    next_id: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    origin_ms: int | None = None  # the first published window's earliest request: the trace's zero
+    published_ms: int | None = None  # start of the last published window
+    armed_ms: int | None = None  # the deadline the timer is set to
+    letters_due: float | None = None  # when pending dead letters go out on their own (s)
+    letter_batches: int = 0
+    windows: int = 0
+    rows: int = 0
+    rejected: int = 0
+
+
+class PublishWindows(beam.DoFn):
+    """Keyed (one key) by design: numbering needs every earlier window's ids. In: (key,
+    (window start, HashedBatch)) or (key, (None, DeadLetter)); out: each published window's
+    manifest."""
+
+    PENDING = BagStateSpec("pending", PickleCoder())
+    ID_MAP = {kind: BagStateSpec(f"map_{kind}", PickleCoder()) for kind in KINDS}
+    PROGRESS = ReadModifyWriteStateSpec("progress", PickleCoder())
+    DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
+    LETTERS = TimerSpec("letters", TimeDomain.REAL_TIME)
+
+    def __init__(self, config: StreamingConfig):
+        self._config = config
+
+    def process(self, element: tuple[Any, tuple[int | None, Any]],
+                pending=beam.DoFn.StateParam(PENDING),
+                progress_state=beam.DoFn.StateParam(PROGRESS),
+                deadline=beam.DoFn.TimerParam(DEADLINE),
+                letters_due=beam.DoFn.TimerParam(LETTERS)) -> None:
+        window, item = element[1]
+        progress = progress_state.read() or Progress()
+        if window is not None and progress.published_ms is not None and \
+                window <= progress.published_ms:
+            item = late_letters(self._config.source, item,
+                                self._config.window_name(progress.published_ms))
+            window = None
+        if window is None:  # dead letters: out with the next window, or on their own soon
+            for letter in item if isinstance(item, list) else [item]:
+                pending.add((None, letter))
+            if progress.letters_due is None:
+                progress.letters_due = time.time() + LETTER_DELAY_S
+                letters_due.set(Timestamp(seconds=progress.letters_due))
+                progress_state.write(progress)
+            return
+        pending.add((window, item))
+        due = self._config.deadline_ms(window)
+        if progress.armed_ms is None or due < progress.armed_ms:
+            progress.armed_ms = due
+            deadline.set(Timestamp(micros=due * 1000))
+            progress_state.write(progress)
+
+    @on_timer(DEADLINE)
+    def publish(self, fired=beam.DoFn.TimestampParam,
+                pending=beam.DoFn.StateParam(PENDING),
+                progress_state=beam.DoFn.StateParam(PROGRESS),
+                blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
+                sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
+                deadline=beam.DoFn.TimerParam(DEADLINE)) -> Iterator[dict]:
+        config, now_ms = self._config, fired.micros // 1000
+        progress = progress_state.read() or Progress()
+        items = list(pending.read())
+        pending.clear()
+        letters = [item for window, item in items if window is None]
+        waiting = [(window, item) for window, item in items if window is not None]
+        due = sorted({w for w, _ in waiting if config.deadline_ms(w) <= now_ms})
+        maps = {"blocks": blocks_map, "sessions": sessions_map}
+        for window in due:
+            batches = [item for w, item in waiting if w == window]
+            yield self._publish(window, batches, letters, maps, progress)
+            letters = []
+        later = [(w, item) for w, item in waiting if w not in due]
+        for entry in later + [(None, letter) for letter in letters]:
+            pending.add(entry)
+        progress.armed_ms = min((config.deadline_ms(w) for w, _ in later), default=None)
+        if progress.armed_ms is not None:
+            deadline.set(Timestamp(micros=progress.armed_ms * 1000))
+        progress_state.write(progress)
+
+    @on_timer(LETTERS)
+    def flush_letters(self, pending=beam.DoFn.StateParam(PENDING),
+                      progress_state=beam.DoFn.StateParam(PROGRESS)) -> None:
+        """Dead letters no window took in time, in a folder of their own."""
+        progress = progress_state.read() or Progress()
+        items = list(pending.read())
+        letters = [item for window, item in items if window is None]
+        if letters:
+            pending.clear()
+            for entry in items:
+                if entry[0] is not None:
+                    pending.add(entry)
+            progress.letter_batches += 1
+            folder = storage.join(self._config.job.dead_letter,
+                                  f"letters-{progress.letter_batches:06d}")
+            storage.make_folder(folder, private=True)
+            write_dead_letters(folder, letters)
+            progress.rejected += len(letters)
+            _write_cumulative(self._config.job.output, progress)
+        progress.letters_due = None
+        progress_state.write(progress)
+
+    def _publish(self, window: int, batches: list[HashedBatch], letters: list[DeadLetter],
+                 maps: dict[str, Any], progress: Progress) -> dict:
+        """One window as a night of the batch job, its ids continuing the map in state."""
+        name = self._config.window_name(window)
+        job = self._config.job
+        # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
+        night = dataclasses.replace(
+            job, inputs=(), max_rejected_fraction=None, output=storage.join(job.output, name),
+            staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name))
+        storage.make_folder(night.staging, private=True)
+        storage.make_folder(night.dead_letter, private=True)
+        numbered: dict[str, KindIds] = {}
+
+        def kind_ids(kind: str, keys: np.ndarray) -> KindIds:
+            known = np.concatenate(list(maps[kind].read()) + [np.empty(0, NUMBERED)])
+            numbered[kind] = dense_ids(keys, lambda _: known, progress.next_id[kind])
+            return numbered[kind]
+
+        if progress.origin_ms is None:
+            progress.origin_ms = min(int(b.requests["timestamp_ms"].min()) for b in batches)
+        read = sum(len(b) for b in batches) + len(letters)
+        manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
+                                   progress.origin_ms)
+        for kind, ids in numbered.items():
+            maps[kind].add(ids.added)
+            progress.next_id[kind] += ids.added_count
+        progress.published_ms, progress.windows = window, progress.windows + 1
+        progress.rows += sum(len(b) for b in batches)
+        progress.rejected += len(letters)
+        _write_cumulative(job.output, progress)
+        return manifest
+
+
+def _write_cumulative(output: str, progress: Progress) -> None:
+    """The stream so far, beside the windows (replaced whole after each window)."""
+    import json
+
+    summary = {"windows": progress.windows, "rows": progress.rows,
+               "rejected": progress.rejected, "unique_blocks": progress.next_id["blocks"],
+               "sessions": progress.next_id["sessions"], "origin_ms": progress.origin_ms,
+               "last_window": progress.published_ms}
+    temporary = storage.join(output, ".cumulative.json.tmp")
+    with storage.create(temporary) as handle:
+        handle.write(json.dumps(summary, indent=1, sort_keys=True).encode() + b"\n")
+    storage.rename(temporary, storage.join(output, "cumulative.json"))
+
+
+def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
+    """Run until the runner stops the stream (a drain publishes every window still open)."""
+    options = pipeline_options(flags)
+    options.view_as(StandardOptions).streaming = True
+    storage.make_folder(config.job.output)
+    run(lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options)
+
+
+def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:
+    """Messages (bytes, one request each) in; each published window's manifest out."""
+    job = config.job
+    records = messages | "Source" >> beam.Map(lambda message: (config.source, message))
+    parsed = parse_records(records, job.parse)
+    encoded = (
+        parsed.requests
+        | "Batch" >> beam.ParDo(BatchByWeight(
+            TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
+        | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(
+            job.tokenizer, job.block_size, job.salt, job.chat_template_kwargs, job.hash_scheme,
+            job.emit_output_hashes)).with_outputs(DEAD_LETTER_TAG, main="hashed")
+    )
+    windows = encoded.hashed | "ByWindow" >> beam.FlatMap(by_window, config.window_ms)
+    letters = ((parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG]) | "Rejected" >> beam.Flatten()
+               | "NoWindow" >> beam.Map(lambda letter: (None, letter)))
+    return (
+        (windows, letters)
+        | "Everything" >> beam.Flatten()
+        | "OneKey" >> beam.Map(lambda item: (0, item))
+        | "PublishWindows" >> beam.ParDo(PublishWindows(config))
+    )

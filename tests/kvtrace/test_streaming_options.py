@@ -1,0 +1,44 @@
+"""`anonymize --streaming`'s options: refused at once, in one line, before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtrace.cli import main
+from kvtrace.options import parse_duration_ms
+from transforms.errors import ConfigError
+
+
+@pytest.mark.parametrize("text, ms", [("500ms", 500), ("30s", 30_000), ("10m", 600_000),
+                                      ("1h", 3_600_000), ("2d", 172_800_000), (" 1H ", 3_600_000)])
+def test_durations(text, ms):
+    assert parse_duration_ms(text, "--window") == ms
+
+
+@pytest.mark.parametrize("text", ["", "h", "1.5h", "-1h", "10", "1 h", "1w"])
+def test_durations_refused(text):
+    with pytest.raises(ConfigError, match="--window takes a duration"):
+        parse_duration_ms(text, "--window")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--input", "pubsub:projects/p"], "reads pubsub:projects/P/subscriptions/S"),
+    (["--input", "a.jsonl"], "reads pubsub:projects/P/subscriptions/S"),
+    (["--input", "pubsub:projects/p/subscriptions/s", "--input", "b"], "reads one --input"),
+    (["--input", "pubsub:projects/p/subscriptions/s", "--id-map", "m"], "--id-map is for batch"),
+    (["--input", "pubsub:projects/p/subscriptions/s", "--engine", "local"], "not --engine local"),
+    (["--input", "pubsub:projects/p/subscriptions/s", "--window", "0s"], "longer than 0"),
+    (["--input", "pubsub:projects/p/subscriptions/s", "--allowed-lateness", "soon"],
+     "--allowed-lateness takes a duration"),
+])
+def test_streaming_options_refused(tmp_path, capsys, extra, message):
+    assert main(["anonymize", "--streaming", "--output", str(tmp_path / "out"), "--tokenizer",
+                 "x", *extra]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+
+
+def test_window_needs_streaming(tmp_path, capsys):
+    assert main(["anonymize", "--input", "a.jsonl", "--output", str(tmp_path / "out"),
+                 "--tokenizer", "x", "--window", "1h"]) == 2
+    assert "--window is for --streaming" in capsys.readouterr().err
