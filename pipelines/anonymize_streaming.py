@@ -77,9 +77,12 @@ class StreamingConfig:
         """When a window is published: the watermark past its end plus the allowed lateness."""
         return window_start_ms + self.window_ms + self.allowed_lateness_ms
 
-    def window_name(self, window_start_ms: int) -> str:
-        start = datetime.datetime.fromtimestamp(window_start_ms / 1000, datetime.timezone.utc)
-        return "window-" + start.strftime("%Y%m%dT%H%M%S") + f"{window_start_ms % 1000:03d}Z"
+
+
+def window_name(window_start_ms: int) -> str:
+    """A window's folder: its start in UTC, to the millisecond."""
+    start = datetime.datetime.fromtimestamp(window_start_ms / 1000, datetime.timezone.utc)
+    return "window-" + start.strftime("%Y%m%dT%H%M%S") + f"{window_start_ms % 1000:03d}Z"
 
 
 def by_window(batch: HashedBatch, window_ms: int) -> Iterator[tuple[int, HashedBatch]]:
@@ -89,11 +92,11 @@ def by_window(batch: HashedBatch, window_ms: int) -> Iterator[tuple[int, HashedB
         yield start, batch.select(starts == start)
 
 
-def late_letters(source: str, batch: HashedBatch, window_name: str) -> list[DeadLetter]:
+def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLetter]:
     """A dead letter per request of a window already published (its text is gone by now: the
     letter says when it was)."""
     return [DeadLetter(source, b"", LATE,
-                       f"request at {ts} ms arrived after {window_name} was published")
+                       f"request at {ts} ms arrived after {published} was published")
             for ts in batch.requests["timestamp_ms"].tolist()]
 
 
@@ -136,7 +139,7 @@ class PublishWindows(beam.DoFn):
         if window is not None and progress.published_ms is not None and \
                 window <= progress.published_ms:
             item = late_letters(self._config.source, item,
-                                self._config.window_name(progress.published_ms))
+                                window_name(progress.published_ms))
             window = None
         if window is None:  # dead letters: out with the next window, or on their own soon
             for letter in item if isinstance(item, list) else [item]:
@@ -205,7 +208,7 @@ class PublishWindows(beam.DoFn):
     def _publish(self, window: int, batches: list[HashedBatch], letters: list[DeadLetter],
                  maps: dict[str, Any], progress: Progress) -> dict:
         """One window as a night of the batch job, its ids continuing the map in state."""
-        name = self._config.window_name(window)
+        name = window_name(window)
         job = self._config.job
         # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
         night = dataclasses.replace(

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +23,7 @@ PROJECT = "kvtrace-test"  # Beam checks project names: 6 to 30 characters
 MESSAGES = 40
 WINDOW_MS = 60_000
 START_MS = 1_767_225_600_000  # 2026-01-01: long before the emulator's clock, the watermark
-# Generous bounds for a loaded 2-core machine; each wait returns as soon as its condition holds.
-EMULATOR_START_S = 120
+# A generous bound for a loaded 2-core machine; the wait returns as soon as all are accounted.
 STREAM_S = 240
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -42,30 +38,16 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> Iterator[str]:
-    """A Pub/Sub emulator on loopback; its address, once it serves."""
-    host = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        ["gcloud", "beta", "emulators", "pubsub", "start", f"--host-port={host}",
-         f"--project={PROJECT}", f"--data-dir={tmp_path_factory.mktemp('pubsub')}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout] + [lines.put("")],
-                     daemon=True).start()
+    """A Pub/Sub emulator on loopback, started by the project's script; its address."""
+    script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
+    env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(tmp_path_factory.mktemp("pubsub"))}
+    started = subprocess.run([script, "start", str(free_port())], env=env, capture_output=True,
+                             text=True)
+    assert started.returncode == 0, started.stderr
     try:
-        deadline = time.monotonic() + EMULATOR_START_S
-        while True:  # its log says when it serves
-            try:
-                line = lines.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                line = ""
-            if "Server started" in line:
-                break
-            if not line:
-                pytest.fail("the Pub/Sub emulator did not start")
-        yield host
+        yield started.stdout.strip().rpartition("=")[2]
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait()
+        subprocess.run([script, "stop"], env=env, check=True)
 
 
 def request(i: int) -> dict:

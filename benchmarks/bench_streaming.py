@@ -1,0 +1,168 @@
+"""`kvtrace anonymize --streaming` on gcloud's Pub/Sub emulator (deploy/pubsub/emulator.sh):
+
+- sustained: a backlog of N requests (old timestamps, 1-minute windows) drained; records per
+  second from the first published window to the last request accounted (start-up apart), and
+  the process's peak memory;
+- latency: requests published in real time (timestamps = now) into 10-second windows; for each
+  window, how long after its deadline (end + allowed lateness) its folder was published. A
+  request waits for its window to end anyway; what the pipeline adds is that delay.
+
+    python benchmarks/bench_streaming.py [--tokenizer DIR] [--requests N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipelines.anonymize_streaming import window_name
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "kvtrace-bench"
+LIVE_WINDOW_MS = 10_000
+LIVE_SECONDS = 45
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def request(i: int, timestamp_ms: int) -> bytes:
+    return json.dumps({"timestamp": timestamp_ms, "output_length": 50, "messages": [
+        {"role": "system", "content": "You are a helpful assistant for questions about caches."},
+        {"role": "user", "content": f"Question {i}: how does prefix caching help " * (1 + i % 8)}],
+    }).encode()
+
+
+def subscription(host: str, name: str):
+    os.environ["PUBSUB_EMULATOR_HOST"] = host
+    from google.cloud import pubsub_v1
+
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    topic = publisher.topic_path(PROJECT, name)
+    publisher.create_topic(name=topic)
+    subscriber.create_subscription(name=subscriber.subscription_path(PROJECT, name), topic=topic)
+    return publisher, topic, f"pubsub:projects/{PROJECT}/subscriptions/{name}"
+
+
+def start_stream(source: str, output: Path, window: str, tokenizer: str, host: str):
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; from kvtrace.cli import main; sys.exit(main())",
+         "anonymize", "--streaming", "--input", source, "--output", str(output), "--window",
+         window, "--tokenizer", tokenizer, "--block-size", "16"],
+        cwd=ROOT, env={**os.environ, "PUBSUB_EMULATOR_HOST": host},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def cumulative(output: Path) -> dict:
+    try:
+        return json.loads((output / "cumulative.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def peak_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def sustained(host: str, tokenizer: str, requests: int, work: Path) -> None:
+    publisher, topic, source = subscription(host, "backlog")
+    start_ms = 1_767_225_600_000  # 2026-01-01: every window long past its deadline
+    futures = [publisher.publish(topic, request(i, start_ms + i * 600_000 // requests * 10))
+               for i in range(requests)]
+    for future in futures:
+        future.result()
+    output = work / "backlog"
+    started = time.perf_counter()
+    stream = start_stream(source, output, "1m", tokenizer, host)
+    first = None
+    try:
+        while True:
+            seen = cumulative(output)
+            if seen and first is None:
+                first = (time.perf_counter(), seen["rows"] + seen["rejected"])
+            if seen and seen["rows"] + seen["rejected"] >= requests:
+                break
+            time.sleep(0.05)
+        done = time.perf_counter()
+        peak = peak_mib(stream.pid)
+    finally:
+        stream.terminate()
+        stream.wait()
+    seen = cumulative(output)
+    rate = (requests - first[1]) / (done - first[0]) if done > first[0] else float("nan")
+    print(f"sustained: {requests} requests ({seen['rows']} published in {seen['windows']} "
+          f"windows, {seen['rejected']} late) in {done - started:.1f} s from launch; "
+          f"{rate:.0f} requests/s after the first window; peak {peak:.0f} MiB")
+
+
+def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
+    publisher, topic, source = subscription(host, "live")
+    output = work / "live"
+    stream = start_stream(source, output, f"{LIVE_WINDOW_MS // 1000}s", tokenizer, host)
+    published: dict[str, float] = {}
+    deadlines: dict[str, float] = {}
+    try:
+        begin = time.time()
+        i = 0
+        while time.time() < begin + LIVE_SECONDS:
+            now_ms = int(time.time() * 1000)
+            publisher.publish(topic, request(i, now_ms))
+            window_end = (now_ms // LIVE_WINDOW_MS + 1) * LIVE_WINDOW_MS
+            deadlines.setdefault(window_name(window_end - LIVE_WINDOW_MS), window_end / 1000)
+            i += 1
+            for folder in output.glob("window-*"):
+                published.setdefault(folder.name, time.time())
+            time.sleep(1 / rate)
+        end = time.time() + 2 * LIVE_WINDOW_MS / 1000
+        while time.time() < end:
+            for folder in output.glob("window-*"):
+                published.setdefault(folder.name, time.time())
+            time.sleep(0.05)
+    finally:
+        stream.terminate()
+        stream.wait()
+    delays = [published[name] - deadline for name, deadline in deadlines.items()
+              if name in published]
+    late = cumulative(output).get("rejected", 0)
+    print(f"latency: {i} requests at up to {rate}/s ({late} late) into {LIVE_WINDOW_MS // 1000} s windows; "
+          f"{len(delays)} of {len(deadlines)} windows published; after the deadline: median "
+          f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s" if delays else
+          "latency: no window published")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokenizer", default=str(ROOT.parent / "shared/tokenizers/deepseek-r1"))
+    parser.add_argument("--requests", type=int, default=3000, help="backlog size")
+    parser.add_argument("--rate", type=int, default=20, help="live requests per second")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(work / "emulator")}
+        script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
+        started = subprocess.run([script, "start", str(free_port())], env=env,
+                                 capture_output=True, text=True, check=True)
+        host = started.stdout.strip().rpartition("=")[2]
+        try:
+            sustained(host, args.tokenizer, args.requests, work)
+            latency(host, args.tokenizer, work, args.rate)
+        finally:
+            subprocess.run([script, "stop"], env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()
