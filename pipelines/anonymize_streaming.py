@@ -232,8 +232,8 @@ class PublishWindows(beam.DoFn):
             maps[kind].add(ids.added)
             progress.next_id[kind] += ids.added_count
         progress.published_ms, progress.windows = window, progress.windows + 1
-        progress.rows += sum(len(b) for b in batches)
-        progress.rejected += len(letters)
+        progress.rows += manifest["records"]["exported"]
+        progress.rejected += manifest["records"]["rejected"]
         _write_cumulative(job.output, progress)
         return manifest
 
