@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
@@ -98,6 +99,23 @@ def check_endpoints(options: PipelineOptions) -> None:
                               "(a worker pool: python -m pipelines.worker_pool)")
         _check_listening(pool, "the SDK worker pool", "start it first: python -m "
                          "pipelines.worker_pool --address " + pool)
+    if (portable.environment_type or "").upper() == "PROCESS":
+        _check_process_command(portable.environment_config or "")
+
+
+def _check_process_command(config: str) -> None:
+    """A PROCESS environment's command must be there to run: else Beam waits minutes for
+    workers that never start."""
+    try:
+        command = json.loads(config).get("command") if config.strip().startswith("{") else config
+    except ValueError:
+        command = None
+    if not command:
+        raise ConfigError("--environment_type PROCESS needs --environment_config "
+                          "'{\"command\": \"/path/to/boot\"}'")
+    if shutil.which(command) is None:
+        raise ConfigError(f"the PROCESS environment's command {command!r} is not an executable "
+                          "file here; workers could not start")
 
 
 def _check_listening(endpoint: str, what: str, remedy: str) -> None:

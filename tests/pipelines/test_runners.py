@@ -148,6 +148,21 @@ def test_a_worker_pool_where_nothing_listens_is_refused_at_once(tiny_tokenizer, 
         check_endpoints(PipelineOptions(["--environment_type", "EXTERNAL"]))
 
 
+def test_a_process_environment_whose_command_is_missing_is_refused_at_once(tmp_path):
+    def options(config: str) -> PipelineOptions:
+        return PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", "embed",
+                                "--environment_type", "PROCESS", "--environment_config", config])
+
+    with pytest.raises(ConfigError, match="is not an executable file here"):
+        check_endpoints(options(json.dumps({"command": str(tmp_path / "no-boot")})))
+    with pytest.raises(ConfigError, match="needs --environment_config"):
+        check_endpoints(options("{}"))
+    boot = tmp_path / "boot"
+    boot.write_text("#!/bin/sh\n")
+    boot.chmod(0o755)
+    check_endpoints(options(json.dumps({"command": str(boot)})))
+
+
 def listening_addresses(port: int) -> set[str]:
     """The addresses a local TCP port listens on, from the kernel's socket tables."""
     found = set()
