@@ -156,6 +156,8 @@ MAX_BLOCK_SIZE = 1 << 20
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
 MAX_GRANULARITY = 1 << 40
+# A streaming window or lateness beyond a month holds a month of requests in state: a batch job.
+MAX_WINDOW_MS = 31 * 86_400_000
 
 
 def option_kinds() -> dict[str, str]:
@@ -341,8 +343,10 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
         raise ConfigError("--streaming runs on Beam (its DirectRunner here), not --engine local")
     window = parse_duration_ms(options.get("window") or "1h", "--window")
     lateness = parse_duration_ms(options.get("allowed_lateness") or "0s", "--allowed-lateness")
-    if window <= 0:
-        raise ConfigError("--window must be longer than 0")
+    if not 0 < window <= MAX_WINDOW_MS:
+        raise ConfigError("--window must be longer than 0 and at most 31d")
+    if lateness > MAX_WINDOW_MS:
+        raise ConfigError("--allowed-lateness must be at most 31d")
     return check_source(options["input"][0]), window, lateness
 
 

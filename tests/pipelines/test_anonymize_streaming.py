@@ -9,6 +9,8 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_stream import TestStream
@@ -16,7 +18,8 @@ from apache_beam.testing.test_stream import TestStream
 from conftest import write_jsonl
 from kvtrace.cli import main
 from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_streaming import StreamingConfig, build
+from pipelines.anonymize_streaming import StreamingConfig, build, by_window
+from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.encode.salt import SaltSource
 
 SALT = "a-streaming-test-salt-0123456789abcdef"
@@ -90,3 +93,17 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
                  "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
     streamed = [line for window in windows for line in trace_lines(window)]
     assert streamed == trace_lines(tmp_path / "batch")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=30), st.integers(1, 10**6))
+def test_every_request_lands_in_the_one_window_holding_its_timestamp(timestamps, window_ms):
+    batch = HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None) for i, ts in
+                              enumerate(timestamps)])
+    parts = list(by_window(batch, window_ms))
+    assert sum(len(part) for _, part in parts) == len(timestamps)
+    assert [start for start, _ in parts] == sorted({start for start, _ in parts})
+    for start, part in parts:
+        assert start % window_ms == 0
+        assert ((start <= part.requests["timestamp_ms"])
+                & (part.requests["timestamp_ms"] < start + window_ms)).all()
