@@ -29,6 +29,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 from apache_beam.coders import PickleCoder
+from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
@@ -128,6 +129,10 @@ class PublishWindows(beam.DoFn):
 
     def __init__(self, config: StreamingConfig):
         self._config = config
+        # What a runner's UI shows of the stream (Dataflow's job page, Flink's metrics).
+        self._windows = Metrics.counter("kvtrace", "windows_published")
+        self._rows = Metrics.counter("kvtrace", "requests_published")
+        self._late = Metrics.counter("kvtrace", "requests_late")
 
     def process(self, element: tuple[Any, tuple[int | None, Any]],
                 pending=beam.DoFn.StateParam(PENDING),
@@ -140,6 +145,7 @@ class PublishWindows(beam.DoFn):
                 window <= progress.published_ms:
             item = late_letters(self._config.source, item,
                                 window_name(progress.published_ms))
+            self._late.inc(len(item))
             window = None
         if window is None:  # dead letters: out with the next window, or on their own soon
             for letter in item if isinstance(item, list) else [item]:
@@ -233,6 +239,8 @@ class PublishWindows(beam.DoFn):
             progress.next_id[kind] += ids.added_count
         progress.published_ms, progress.windows = window, progress.windows + 1
         progress.rows += manifest["records"]["exported"]
+        self._windows.inc()
+        self._rows.inc(manifest["records"]["exported"])
         progress.rejected += manifest["records"]["rejected"]
         _write_cumulative(job.output, progress)
         return manifest
