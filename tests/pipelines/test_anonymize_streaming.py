@@ -107,3 +107,24 @@ def test_every_request_lands_in_the_one_window_holding_its_timestamp(timestamps,
         assert start % window_ms == 0
         assert ((start <= part.requests["timestamp_ms"])
                 & (part.requests["timestamp_ms"] < start + window_ms)).all()
+
+
+HOSTILE = [b"", b"\x00\xff\xfe garbage", b"[1, 2, 3]", b"null", b'{"timestamp": -5}',
+           b'{"messages": [{"role": "user", "content": "no timestamp"}]}',
+           b"[" * 100_000, b'{"timestamp": 1e999, "prompt": "x"}',
+           b'{"timestamp": 1000, "prompt": "\xed\xa0\x80 lone surrogate bytes"}',
+           b'{"timestamp": 2000, "prompt": {"not": "text"}}']
+
+
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    good = [message(chat(5_000, 1)), message(chat(6_000, 2))]
+    run_stream(config, TestStream().add_elements(HOSTILE + good).advance_watermark_to_infinity())
+    cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
+    rejected = letters(Path(config.job.dead_letter))
+    assert cumulative["rows"] + cumulative["rejected"] == len(HOSTILE) + len(good)
+    assert len(rejected) == cumulative["rejected"] and all(r["error"] for r in rejected)
+    assert (cumulative["rows"], cumulative["windows"]) == (len(good), 1)
