@@ -165,3 +165,75 @@ def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> T
         ids=np.array([i for _, _, ids in rows for i in ids], dtype=np.int64),
         session=None, line=lines, file_index=np.array([f for f, _, _ in rows], dtype=np.int32),
         files=[f"f{i}" for i in range(3)])
+
+
+# Streaming end to end (tests/e2e/test_pubsub.py, test_kafka_flink.py). A generous bound for a
+# loaded 2-core machine; the wait returns as soon as every request is accounted for.
+STREAM_S = 300
+STREAM_START_MS = 1_767_225_600_000  # 2026-01-01: long before the sources' clocks, the watermark
+
+
+def stream_request(i: int, total: int) -> dict:
+    """Request i of total: unique timestamps over three 1-minute windows, a shared system
+    prompt so that ids repeat."""
+    return {"timestamp": STREAM_START_MS + i * (180_000 // total) + i % 7, "output_length": 3,
+            "messages": [{"role": "system", "content": "you answer questions about caches"},
+                         {"role": "user", "content": f"question {i}: " + "why " * (i % 5)}]}
+
+
+def stream_accounted(output: Path) -> int:
+    """Requests a stream has published or dead-lettered so far."""
+    try:
+        cumulative = json.loads((output / "cumulative.json").read_text())
+    except (FileNotFoundError, ValueError):  # not yet written
+        return 0
+    return cumulative["rows"] + cumulative["rejected"]
+
+
+def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, total: int,
+                               env: dict[str, str], *extra: str) -> None:
+    """`anonymize --streaming` (1-minute windows, a fixed salt) as a process, stopped once all
+    total requests are accounted for; its output in tmp_path/stream."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "salt").write_bytes(b"s" * 32)
+    output = tmp_path / "stream"
+    stream = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from kvtrace.cli import main; sys.exit(main())",
+         "anonymize", "--streaming", "--input", source, "--output", str(output), "--window", "1m",
+         "--tokenizer", tokenizer, "--block-size", "4", "--salt-file", str(tmp_path / "salt"),
+         *extra],
+        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + STREAM_S
+        # Polled: a stream has no end to wait for; each look is one file read.
+        while (stream_accounted(output) < total and stream.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.25)
+        assert stream.poll() is None, stream.stderr.read()
+    finally:
+        stream.terminate()
+        stream.wait()
+    assert stream_accounted(output) == total
+
+
+def check_stream_against_batch(tmp_path: Path, tokenizer: str, records: list[dict]) -> None:
+    """Every request once, in a window or as a late dead letter; the windows concatenated equal
+    the batch job's trace of the requests they hold."""
+    letters = [json.loads(line) for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert {letter["error"] for letter in letters} <= {"late"}
+    late = {int(letter["message"].split()[2]) for letter in letters}
+    windows = sorted(p for p in (tmp_path / "stream").iterdir() if p.is_dir())
+    streamed = [line for window in windows for path in sorted(window.glob("trace-*.jsonl"))
+                for line in path.read_text().splitlines()]
+    assert len(streamed) + len(late) == len(records)
+    kept = write_jsonl(tmp_path / "kept.jsonl", [r for r in records if r["timestamp"] not in late])
+    assert main(["anonymize", "--input", str(kept), "--output", str(tmp_path / "batch"),
+                 "--tokenizer", tokenizer, "--block-size", "4",
+                 "--salt-file", str(tmp_path / "salt")]) == 0
+    assert streamed == [line for path in sorted((tmp_path / "batch").glob("trace-*.jsonl"))
+                        for line in path.read_text().splitlines()]
