@@ -167,7 +167,16 @@ def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> T
         files=[f"f{i}" for i in range(3)])
 
 
-# Streaming end to end (tests/e2e/test_pubsub.py, test_kafka_flink.py). A generous bound for a
+def free_port() -> int:
+    """A loopback port nothing listens on (once the probe closes)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# Streaming end to end (tests/e2e/test_pubsub.py). A generous bound for a
 # loaded 2-core machine; the wait returns as soon as every request is accounted for.
 STREAM_S = 300
 STREAM_START_MS = 1_767_225_600_000  # 2026-01-01: long before the sources' clocks, the watermark

@@ -7,25 +7,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from conftest import ROOT, check_stream_against_batch, run_stream_until_accounted, stream_request
+from conftest import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
+                      stream_request)
 
 PROJECT = "kvtrace-test"  # Beam checks project names: 6 to 30 characters
 MESSAGES = 40
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     shutil.which("gcloud") is None, reason="gcloud (and its Pub/Sub emulator) not installed")]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ import base64
 import bz2
 import json
 import re
-import socket
 from pathlib import Path
 
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from conftest import write_jsonl
+from conftest import free_port, write_jsonl
 from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
 from pipelines.runner import check_endpoints
 from pipelines.worker_pool import serve
@@ -122,14 +121,8 @@ def unpacked(serialized: bytes) -> bytes:
     return serialized + b"".join(bz2.decompress(base64.b64decode(chunk)) for chunk in packed)
 
 
-def unused_port() -> int:
-    with socket.socket() as unused:  # a port nothing listens on once it is closed
-        unused.bind(("127.0.0.1", 0))
-        return unused.getsockname()[1]
-
-
 def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
-    port = unused_port()
+    port = free_port()
     options = PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}"])
     with pytest.raises(ConfigError, match=f"job server at localhost:{port} does not answer"):
         check_endpoints(options)
@@ -137,7 +130,7 @@ def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
 
 
 def test_a_worker_pool_where_nothing_listens_is_refused_at_once(tiny_tokenizer, tmp_path, capsys):
-    port = unused_port()
+    port = free_port()
     src = write_jsonl(tmp_path / "in.jsonl", [chat(1, 0)])
     assert main(["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--output",
                  str(tmp_path / "out"), "--runner", "PortableRunner", "--job_endpoint", "embed",
