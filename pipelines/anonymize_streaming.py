@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import re
 import time
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,7 @@ import numpy as np
 from apache_beam.coders import PickleCoder
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.transforms.external import ExternalTransform, NamedTupleBasedPayloadBuilder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
                                               on_timer)
@@ -53,18 +56,48 @@ LATE = "late"
 LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
+KAFKA = re.compile(r"kafka://([^/]+:\d+)/([^/]+)")
+# Beam's Kafka read is Java, expanded by an expansion service (deploy/kafka/expansion.sh) of the
+# Beam release the Flink job server runs (deploy/flink/versions.env); its payload is that
+# release's schema, as newer SDKs send fields it cannot read.
+KAFKA_READ_URN = "beam:transform:org.apache.beam:kafka_read_without_metadata:v1"
+KAFKA_EXPANSION = "KVTRACE_KAFKA_EXPANSION"  # HOST:PORT of that service
+BYTES = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+KafkaReadSchema = typing.NamedTuple("KafkaReadSchema", [
+    ("consumer_config", typing.Mapping[str, str]), ("topics", typing.List[str]),
+    ("key_deserializer", str), ("value_deserializer", str),
+    ("start_read_time", typing.Optional[int]), ("max_num_records", typing.Optional[int]),
+    ("max_read_time", typing.Optional[int]), ("commit_offset_in_finalize", bool),
+    ("timestamp_policy", str), ("consumer_polling_timeout", typing.Optional[int]),
+    ("redistribute", typing.Optional[bool]), ("redistribute_num_keys", typing.Optional[np.int32]),
+    ("allow_duplicates", typing.Optional[bool])])
+SOURCES = "pubsub:projects/P/subscriptions/S or kafka://HOST:PORT/TOPIC"
 
 
 def check_source(source: str) -> str:
     """The source as given, once it names something this driver reads."""
-    if not PUBSUB.fullmatch(source):
-        raise ConfigError(f"--streaming reads pubsub:projects/P/subscriptions/S, not {source!r}")
+    if not (PUBSUB.fullmatch(source) or KAFKA.fullmatch(source)):
+        raise ConfigError(f"--streaming reads {SOURCES}, not {source!r}")
+    if KAFKA.fullmatch(source) and not os.environ.get(KAFKA_EXPANSION):
+        raise ConfigError(f"a kafka:// source needs ${KAFKA_EXPANSION}=HOST:PORT, Beam's Kafka "
+                          "expansion service (deploy/kafka/expansion.sh start prints it)")
     return source
 
 
 def read_source(source: str) -> beam.PTransform:
     """Messages of the source, each a request's bytes."""
-    return beam.io.ReadFromPubSub(subscription=PUBSUB.fullmatch(source).group(1))
+    pubsub = PUBSUB.fullmatch(source)
+    if pubsub:
+        return beam.io.ReadFromPubSub(subscription=pubsub.group(1))
+    servers, topic = KAFKA.fullmatch(source).groups()
+    payload = KafkaReadSchema(
+        {"bootstrap.servers": servers, "auto.offset.reset": "earliest",
+         "group.id": f"kvtrace-{topic}"}, [topic], BYTES, BYTES, None, None, None, False,
+        "ProcessingTime", 2, False, np.int32(0), False)
+    return "ReadKafka" >> (
+        ExternalTransform(KAFKA_READ_URN, NamedTupleBasedPayloadBuilder(payload),
+                          os.environ[KAFKA_EXPANSION])
+        | "Values" >> beam.Map(lambda key_value: key_value[1]))
 
 
 @dataclasses.dataclass(frozen=True)

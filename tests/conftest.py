@@ -176,7 +176,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-# Streaming end to end (tests/e2e/test_pubsub.py). A generous bound for a
+# Streaming end to end (tests/e2e/test_pubsub.py, test_kafka_flink.py). A generous bound for a
 # loaded 2-core machine; the wait returns as soon as every request is accounted for.
 STREAM_S = 300
 STREAM_START_MS = 1_767_225_600_000  # 2026-01-01: long before the sources' clocks, the watermark

@@ -22,6 +22,8 @@ rest_port="${KVTRACE_FLINK_REST_PORT:-8081}"
 job_port="${KVTRACE_FLINK_JOB_PORT:-8099}"
 artifact_port="${KVTRACE_FLINK_ARTIFACT_PORT:-8098}"
 expansion_port="${KVTRACE_FLINK_EXPANSION_PORT:-8097}"
+# Beam's expansion service for Java transforms run inside the TaskManager (EMBEDDED): Kafka reads.
+kafka_expansion_port="${KVTRACE_KAFKA_EXPANSION_PORT:-8096}"
 slots="${KVTRACE_FLINK_SLOTS:-2}"
 # What Flink's own scripts pass to Java 17 (its config's env.java.opts.all).
 java_opens=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.net=ALL-UNNAMED
@@ -35,8 +37,13 @@ java_opens=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/ja
 
 die() { echo "local-cluster: $*" >&2; exit 1; }
 
-install() {  # the Flink jars and the job server's classpath, once per version
-  [ -f "$home/job-server.classpath" ] && [ -f "$home/flink/lib/flink-dist-$FLINK_VERSION.jar" ] && return
+install() {  # the Flink jars once per version; the job server's classpath whenever its pom changes
+  local pom_sum; pom_sum=$(sha256sum "$here/job-server/pom.xml" | cut -d' ' -f1)
+  if [ -f "$home/flink/lib/flink-dist-$FLINK_VERSION.jar" ]; then
+    [ -f "$home/job-server.classpath" ] && [ "$(cat "$home/job-server.pom.sha256" 2>/dev/null)" = "$pom_sum" ] && return
+    resolve_job_server "$pom_sum"
+    return
+  fi
   command -v java >/dev/null || die "java not found (OpenJDK 17 is needed)"
   command -v mvn >/dev/null || die "mvn not found (Maven resolves Beam's job server)"
   mkdir -p "$home/download"
@@ -48,9 +55,15 @@ install() {  # the Flink jars and the job server's classpath, once per version
     --strip-components=2 "apache-flink-libraries-$FLINK_VERSION/deps/lib" \
     "apache-flink-libraries-$FLINK_VERSION/deps/bin"
   rm -rf "$home/download"
-  mvn -B -q -f "$here/job-server/pom.xml" dependency:build-classpath \
+  resolve_job_server "$pom_sum"
+}
+
+resolve_job_server() {  # resolve_job_server POM_SHA256
+  command -v mvn >/dev/null || die "mvn not found (Maven resolves Beam's job server)"
+  mvn -B -q -Dstyle.color=never -f "$here/job-server/pom.xml" dependency:build-classpath \
     -Dmdep.outputFile="$home/job-server.classpath.part" >&2 || die "Maven could not resolve the job server (see above)"
   mv "$home/job-server.classpath.part" "$home/job-server.classpath"
+  echo "$1" > "$home/job-server.pom.sha256"
 }
 
 write_config() {
@@ -88,7 +101,7 @@ wait_for() {  # wait_for WHAT SECONDS COMMAND...: poll until COMMAND succeeds
   local what=$1 deadline=$((SECONDS + $2)); shift 2
   until "$@" >/dev/null 2>&1; do
     [ $SECONDS -lt $deadline ] || die "$what did not come up in time (logs: $run/log)"
-    for process in jobmanager taskmanager jobserver; do
+    for process in jobmanager taskmanager jobserver expansion; do
       [ ! -f "$run/$process.pid" ] || alive "$process" || die "the $process exited (log: $run/log/$process.out)"
     done
     sleep 0.5
@@ -131,12 +144,19 @@ start() {
     --expansion-port="$expansion_port" </dev/null >"$run/log/jobserver.out" 2>&1 &
   echo $! >"$run/jobserver.pid"
   wait_for "Beam's job server" 60 port_open "$job_port"
+  java -cp "$(cat "$home/job-server.classpath")" \
+    org.apache.beam.sdk.expansion.service.ExpansionService "$kafka_expansion_port" \
+    --defaultEnvironmentType=EMBEDDED --experiments=use_deprecated_read \
+    </dev/null >"$run/log/expansion.out" 2>&1 &
+  echo $! >"$run/expansion.pid"
+  wait_for "Beam's expansion service" 60 port_open "$kafka_expansion_port"
   echo "local-cluster: Flink $FLINK_VERSION at http://127.0.0.1:$rest_port, Beam job server $BEAM_JOB_SERVER_VERSION at localhost:$job_port"
+  echo "local-cluster: for kafka:// inputs, export KVTRACE_KAFKA_EXPANSION=localhost:$kafka_expansion_port"
 }
 
 stop() {
   local pid
-  for process in supervisor jobserver taskmanager jobmanager; do
+  for process in supervisor expansion jobserver taskmanager jobmanager; do
     [ -f "$run/$process.pid" ] || continue
     pid=$(cat "$run/$process.pid")
     rm -f "$run/$process.pid"  # first: the supervisor stops restarting the TaskManager
@@ -148,7 +168,7 @@ stop() {
 }
 
 status() {
-  for process in jobmanager taskmanager jobserver; do
+  for process in jobmanager taskmanager jobserver expansion; do
     if alive "$process"; then echo "$process: running"; else echo "$process: stopped"; fi
   done
 }

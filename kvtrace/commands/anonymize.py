@@ -114,8 +114,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "exact, since hash_ids must match it)")
     add("--streaming", action="store_true", default=None,
         help="read an unbounded source, one request per message (--input "
-             "pubsub:projects/P/subscriptions/S; PUBSUB_EMULATOR_HOST is honoured), and publish "
-             "the trace window by window into DIR/window-*/ (a Beam streaming pipeline)")
+             "pubsub:projects/P/subscriptions/S, PUBSUB_EMULATOR_HOST honoured; or "
+             "kafka://HOST:PORT/TOPIC, with $KVTRACE_KAFKA_EXPANSION naming Beam's Kafka "
+             "expansion service), and publish the trace window by window into DIR/window-*/ "
+             "(a Beam streaming pipeline)")
     add("--window", metavar="DURATION",
         help="streaming: the event-time window each published folder holds (default 1h; "
              "e.g. 30s, 10m, 1h)")
@@ -335,7 +337,8 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
     from pipelines.anonymize_streaming import check_source
 
     if len(options["input"]) != 1:
-        raise ConfigError("--streaming reads one --input: pubsub:projects/P/subscriptions/S")
+        raise ConfigError("--streaming reads one --input: pubsub:projects/P/subscriptions/S or "
+                          "kafka://HOST:PORT/TOPIC")
     if options.get("id_map"):
         raise ConfigError("--streaming keeps its id map in the runner's state; --id-map is for "
                           "batch nights")

@@ -101,6 +101,14 @@ def test_the_local_flink_cluster_resolves_the_pinned_job_server_and_its_script_p
     pom = (DEPLOY / "flink" / "job-server" / "pom.xml").read_text()
     assert f"<artifactId>beam-runners-flink-{versions['FLINK_MINOR']}</artifactId>" in pom
     assert f"<version>{versions['BEAM_JOB_SERVER_VERSION']}</version>" in pom
+    # Every Beam artifact beside it (Kafka IO, expansion service) at the job server's release.
+    beam_versions = re.findall(
+        r"<groupId>org\.apache\.beam</groupId>\s*<artifactId>[^<]+</artifactId>\s*"
+        r"<version>([^<]+)</version>", pom)
+    assert len(beam_versions) == 3 and set(beam_versions) == {versions["BEAM_JOB_SERVER_VERSION"]}
+    for other in (DEPLOY / "kafka" / "local-broker.sh", DEPLOY / "pubsub" / "emulator.sh"):
+        subprocess.run(["bash", "-n", str(other)], check=True)
+        assert os.access(other, os.X_OK)
     script = DEPLOY / "flink" / "local-cluster.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     assert os.access(script, os.X_OK)

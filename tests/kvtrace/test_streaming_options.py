@@ -25,6 +25,8 @@ def test_durations_refused(text):
     (["--input", "pubsub:projects/p"], "reads pubsub:projects/P/subscriptions/S"),
     (["--input", "a.jsonl"], "reads pubsub:projects/P/subscriptions/S"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--input", "b"], "reads one --input"),
+    (["--input", "kafka://broker/topic"], "or kafka://HOST:PORT/TOPIC, not"),
+    (["--input", "kafka://127.0.0.1:9092/requests"], "needs $KVTRACE_KAFKA_EXPANSION"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--id-map", "m"], "--id-map is for batch"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--engine", "local"], "not --engine local"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--window", "0s"], "longer than 0"),
@@ -33,7 +35,8 @@ def test_durations_refused(text):
     (["--input", "pubsub:projects/p/subscriptions/s", "--allowed-lateness", "soon"],
      "--allowed-lateness takes a duration"),
 ])
-def test_streaming_options_refused(tmp_path, capsys, extra, message):
+def test_streaming_options_refused(tmp_path, capsys, monkeypatch, extra, message):
+    monkeypatch.delenv("KVTRACE_KAFKA_EXPANSION", raising=False)
     assert main(["anonymize", "--streaming", "--output", str(tmp_path / "out"), "--tokenizer",
                  "x", *extra]) == 2
     error = capsys.readouterr().err

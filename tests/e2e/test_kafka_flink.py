@@ -1,0 +1,77 @@
+"""`kvtrace anonymize --streaming` from a real Kafka broker (deploy/kafka/local-broker.sh) on the
+local Flink cluster (deploy/flink/local-cluster.sh, which .ci/run starts), through Beam's Kafka
+IO: every message once, in a window or as a late dead letter, and the windows concatenated equal
+the batch job's output of the requests they hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import ROOT, check_stream_against_batch, run_stream_until_accounted, stream_request
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.flink,
+    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
+        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
+        "does both)")),
+]
+MESSAGES = 40
+FLINK_REST = "http://127.0.0.1:8081"
+KAFKA_EXPANSION = "localhost:8096"  # local-cluster.sh's expansion service for Kafka reads
+BROKER = str(ROOT / "deploy" / "kafka" / "local-broker.sh")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def broker(tmp_path_factory) -> Iterator[tuple[int, dict[str, str]]]:
+    """A Kafka broker on loopback: its port, and the environment its script needs."""
+    env = {**os.environ, "KVTRACE_KAFKA_HOME": str(tmp_path_factory.mktemp("kafka"))}
+    port = free_port()
+    started = subprocess.run([BROKER, "start", str(port)], env=env, capture_output=True,
+                             text=True)
+    assert started.returncode == 0, started.stderr
+    try:
+        yield port, env
+    finally:
+        subprocess.run([BROKER, "stop"], env=env, check=True)
+
+
+def cancel_running_jobs() -> None:
+    """A streaming job runs until cancelled."""
+    with urllib.request.urlopen(f"{FLINK_REST}/jobs") as response:
+        jobs = json.load(response)["jobs"]
+    for job in jobs:
+        if job["status"] == "RUNNING":
+            request = urllib.request.Request(f"{FLINK_REST}/jobs/{job['id']}?mode=cancel",
+                                             method="PATCH")
+            urllib.request.urlopen(request).close()
+
+
+def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, tiny_tokenizer,
+                                                                       tmp_path):
+    port, env = broker
+    records = [stream_request(i, MESSAGES) for i in range(MESSAGES)]
+    lines = "".join(json.dumps(record) + "\n" for record in records)
+    subprocess.run([BROKER, "produce", str(port), "requests"], input=lines, text=True, env=env,
+                   check=True)
+    try:
+        run_stream_until_accounted(
+            tmp_path, tiny_tokenizer, f"kafka://127.0.0.1:{port}/requests", MESSAGES,
+            {"KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
+            "--config", str(ROOT / "configs" / "flink-local.yaml"))
+    finally:
+        cancel_running_jobs()
+    check_stream_against_batch(tmp_path, tiny_tokenizer, records)
