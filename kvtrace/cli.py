@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _refuse_misspelled(args.command, leftovers, parser)
         return run(args, BeamFlags(leftovers, _our_flags(parser)))
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2

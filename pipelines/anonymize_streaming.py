@@ -93,7 +93,7 @@ def read_source(source: str) -> beam.PTransform:
     payload = KafkaReadSchema(
         {"bootstrap.servers": servers, "auto.offset.reset": "earliest",
          "group.id": f"kvtrace-{topic}"}, [topic], BYTES, BYTES, None, None, None, False,
-        "ProcessingTime", 2, False, np.int32(0), False)
+        "CreateTime", 2, False, np.int32(0), False)
     return "ReadKafka" >> (
         ExternalTransform(KAFKA_READ_URN, NamedTupleBasedPayloadBuilder(payload),
                           os.environ[KAFKA_EXPANSION])

@@ -8,12 +8,15 @@ therefore pin the embedded FnApiRunner (what DirectRunner uses for batch jobs); 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+import signal
 import socket
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -79,9 +82,34 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     outputs = build(pipeline)
     result = pipeline.run()
-    result.wait_until_finish()
+    with _cancelled_if_stopped(result):
+        result.wait_until_finish()
     _log_map_reads(result)
     return outputs
+
+
+@contextlib.contextmanager
+def _cancelled_if_stopped(result: Any) -> Iterator[None]:
+    """A job outlives its launcher on a cluster: stopping the launcher (Ctrl-C, SIGTERM) cancels
+    it, so that a stream does not hold its slots (and its LOOPBACK workers, gone with us) forever."""
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt:
+        _LOG.warning("stopped: cancelling the job")
+        try:
+            result.cancel()
+        except Exception as err:  # the job may be gone already: say so and stop anyway
+            _LOG.warning("could not cancel the job: %s", err)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_endpoints(options: PipelineOptions) -> None:

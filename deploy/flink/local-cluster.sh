@@ -5,6 +5,7 @@
 #   deploy/flink/local-cluster.sh start   # installs on first use, returns once jobs are accepted
 #   deploy/flink/local-cluster.sh stop
 #   deploy/flink/local-cluster.sh status
+#   deploy/flink/local-cluster.sh cancel-jobs   # streams run until cancelled here
 #   deploy/flink/local-cluster.sh kill-taskmanager   # a fault drill: SIGKILL; it comes back
 #
 # Flink comes from its registry package (apache-flink-libraries on PyPI: the distribution's jars),
@@ -93,6 +94,16 @@ restart-strategy:
 execution:
   checkpointing: {interval: 10 s, dir: "file://$run/checkpoints"}
 EOF
+  # Flink's processes log through log4j 2; without a configuration they log nothing.
+  cat >"$run/conf/log4j.properties" <<'EOF'
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = MainAppender
+appender.main.name = MainAppender
+appender.main.type = File
+appender.main.fileName = ${sys:log.file}
+appender.main.layout.type = PatternLayout
+appender.main.layout.pattern = %d{yyyy-MM-dd HH:mm:ss,SSS} %-5p %-60c %x - %m%n
+EOF
 }
 
 alive() { [ -f "$run/$1.pid" ] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
@@ -116,7 +127,7 @@ start() {
   install
   write_config
   local lib="$home/flink/lib/*"
-  java "${java_opens[@]}" -Xmx512m -Dlog.file="$run/log/jobmanager.log" -cp "$lib" \
+  java "${java_opens[@]}" -Xmx512m -Dlog.file="$run/log/jobmanager.log" -Dlog4j.configurationFile="$run/conf/log4j.properties" -cp "$lib" \
     org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint --configDir "$run/conf" \
     </dev/null >"$run/log/jobmanager.out" 2>&1 &
   echo $! >"$run/jobmanager.pid"
@@ -130,7 +141,7 @@ start() {
   [ -n "$jvm" ] || die "could not derive the TaskManager's memory settings"
   # shellcheck disable=SC2086  # the derived options are words
   (while [ -f "$run/jobmanager.pid" ]; do
-     java "${java_opens[@]}" $jvm -Dlog.file="$run/log/taskmanager.log" -cp "$lib" \
+     java "${java_opens[@]}" $jvm -Dlog.file="$run/log/taskmanager.log" -Dlog4j.configurationFile="$run/conf/log4j.properties" -cp "$lib" \
        org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$run/conf" $dynamic \
        >>"$run/log/taskmanager.out" 2>&1 &
      echo $! >"$run/taskmanager.pid"
@@ -173,6 +184,17 @@ status() {
   done
 }
 
+cancel_jobs() {  # a stream runs until cancelled here: Beam's job server does not pass on a cancel
+  local ids id
+  ids=$(curl -sf "http://127.0.0.1:$rest_port/jobs" | python -c '
+import json, sys
+print(" ".join(j["id"] for j in json.load(sys.stdin)["jobs"] if j["status"] not in ("CANCELED", "FAILED", "FINISHED")))') \
+    || die "the cluster does not answer at http://127.0.0.1:$rest_port"
+  for id in $ids; do
+    curl -sf -X PATCH "http://127.0.0.1:$rest_port/jobs/$id?mode=cancel" >/dev/null && echo "local-cluster: cancelled job $id"
+  done
+}
+
 kill_taskmanager() {
   alive taskmanager || die "no TaskManager is running"
   local pid
@@ -186,5 +208,6 @@ case "${1:-}" in
   stop) stop ;;
   status) status ;;
   kill-taskmanager) kill_taskmanager ;;
-  *) echo "usage: $0 start|stop|status|kill-taskmanager" >&2; exit 2 ;;
+  cancel-jobs) cancel_jobs ;;
+  *) echo "usage: $0 start|stop|status|cancel-jobs|kill-taskmanager" >&2; exit 2 ;;
 esac
