@@ -57,9 +57,9 @@ LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
 KAFKA = re.compile(r"kafka://([^/]+:\d+)/([^/]+)")
-# Beam's Kafka read is Java, expanded by an expansion service (deploy/kafka/expansion.sh) of the
-# Beam release the Flink job server runs (deploy/flink/versions.env); its payload is that
-# release's schema, as newer SDKs send fields it cannot read.
+# Beam's Kafka read is Java, expanded by an expansion service (deploy/flink/local-cluster.sh
+# starts one) of the Beam release the Flink job server runs (deploy/flink/versions.env); its
+# payload is that release's schema, as newer SDKs send fields it cannot read.
 KAFKA_READ_URN = "beam:transform:org.apache.beam:kafka_read_without_metadata:v1"
 KAFKA_EXPANSION = "KVTRACE_KAFKA_EXPANSION"  # HOST:PORT of that service
 BYTES = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
@@ -80,7 +80,7 @@ def check_source(source: str) -> str:
         raise ConfigError(f"--streaming reads {SOURCES}, not {source!r}")
     if KAFKA.fullmatch(source) and not os.environ.get(KAFKA_EXPANSION):
         raise ConfigError(f"a kafka:// source needs ${KAFKA_EXPANSION}=HOST:PORT, Beam's Kafka "
-                          "expansion service (deploy/kafka/expansion.sh start prints it)")
+                          "expansion service (deploy/flink/local-cluster.sh start serves one)")
     return source
 
 
@@ -90,6 +90,8 @@ def read_source(source: str) -> beam.PTransform:
     if pubsub:
         return beam.io.ReadFromPubSub(subscription=pubsub.group(1))
     servers, topic = KAFKA.fullmatch(source).groups()
+    # A new consumer group starts at the topic's first record. The watermark follows the
+    # records' CreateTime (their producer's clock); offsets live in the runner's checkpoints.
     payload = KafkaReadSchema(
         {"bootstrap.servers": servers, "auto.offset.reset": "earliest",
          "group.id": f"kvtrace-{topic}"}, [topic], BYTES, BYTES, None, None, None, False,

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from conftest import ROOT, check_stream_against_batch, run_stream_until_accounted, stream_request
+from conftest import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
+                      stream_request)
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,12 +26,6 @@ MESSAGES = 40
 KAFKA_EXPANSION = "localhost:8096"  # local-cluster.sh's expansion service for Kafka reads
 CLUSTER = str(ROOT / "deploy" / "flink" / "local-cluster.sh")
 BROKER = str(ROOT / "deploy" / "kafka" / "local-broker.sh")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
