@@ -7,7 +7,10 @@
   window, how long after its deadline (end + allowed lateness) its folder was published. A
   request waits for its window to end anyway; what the pipeline adds is that delay.
 
-    python benchmarks/bench_streaming.py [--tokenizer DIR] [--requests N]
+    python benchmarks/bench_streaming.py [--tokenizer DIR] [--requests N] [--kafka]
+
+With --kafka, the backlog comes from a Kafka broker (deploy/kafka/local-broker.sh) and runs on
+the local Flink cluster (deploy/flink/local-cluster.sh start first).
 """
 
 from __future__ import annotations
@@ -55,13 +58,13 @@ def subscription(host: str, name: str):
     return publisher, topic, f"pubsub:projects/{PROJECT}/subscriptions/{name}"
 
 
-def start_stream(source: str, output: Path, window: str, tokenizer: str, host: str):
+def start_stream(source: str, output: Path, window: str, tokenizer: str, env: dict[str, str],
+                 *extra: str):
     return subprocess.Popen(
         [sys.executable, "-c", "import sys; from kvtrace.cli import main; sys.exit(main())",
          "anonymize", "--streaming", "--input", source, "--output", str(output), "--window",
-         window, "--tokenizer", tokenizer, "--block-size", "16"],
-        cwd=ROOT, env={**os.environ, "PUBSUB_EMULATOR_HOST": host},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         window, "--tokenizer", tokenizer, "--block-size", "16", *extra],
+        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def cumulative(output: Path) -> dict:
@@ -78,16 +81,42 @@ def peak_mib(pid: int) -> float:
     return float("nan")
 
 
+BACKLOG_START_MS = 1_767_225_600_000  # 2026-01-01: every window long past its deadline
+
+
+def backlog(requests: int) -> list[bytes]:
+    return [request(i, BACKLOG_START_MS + i * 600_000 // requests * 10) for i in range(requests)]
+
+
 def sustained(host: str, tokenizer: str, requests: int, work: Path) -> None:
     publisher, topic, source = subscription(host, "backlog")
-    start_ms = 1_767_225_600_000  # 2026-01-01: every window long past its deadline
-    futures = [publisher.publish(topic, request(i, start_ms + i * 600_000 // requests * 10))
-               for i in range(requests)]
-    for future in futures:
+    for future in [publisher.publish(topic, message) for message in backlog(requests)]:
         future.result()
-    output = work / "backlog"
+    drain(source, tokenizer, requests, work / "backlog", {"PUBSUB_EMULATOR_HOST": host})
+
+
+def sustained_kafka(tokenizer: str, requests: int, work: Path) -> None:
+    """The same backlog from a Kafka broker, on the local Flink cluster (started beforehand)."""
+    env = {**os.environ, "KVTRACE_KAFKA_HOME": str(work / "kafka")}
+    broker, port = str(ROOT / "deploy" / "kafka" / "local-broker.sh"), free_port()
+    subprocess.run([broker, "start", str(port)], env=env, capture_output=True, check=True)
+    try:
+        lines = b"".join(message + b"\n" for message in backlog(requests))
+        subprocess.run([broker, "produce", str(port), "backlog"], input=lines, env=env,
+                       check=True)
+        drain(f"kafka://127.0.0.1:{port}/backlog", tokenizer, requests, work / "kafka-backlog",
+              {"KVTRACE_KAFKA_EXPANSION": "localhost:8096"},
+              "--config", str(ROOT / "configs" / "flink-local.yaml"))
+    finally:
+        subprocess.run([str(ROOT / "deploy" / "flink" / "local-cluster.sh"), "cancel-jobs"],
+                       check=True, capture_output=True)
+        subprocess.run([broker, "stop"], env=env, check=True)
+
+
+def drain(source: str, tokenizer: str, requests: int, output: Path, env: dict[str, str],
+          *extra: str) -> None:
     started = time.perf_counter()
-    stream = start_stream(source, output, "1m", tokenizer, host)
+    stream = start_stream(source, output, "1m", tokenizer, env, *extra)
     first = None
     try:
         while True:
@@ -104,7 +133,7 @@ def sustained(host: str, tokenizer: str, requests: int, work: Path) -> None:
         stream.wait()
     seen = cumulative(output)
     rate = (requests - first[1]) / (done - first[0]) if done > first[0] else float("nan")
-    print(f"sustained: {requests} requests ({seen['rows']} published in {seen['windows']} "
+    print(f"sustained ({source.partition(':')[0]}): {requests} requests ({seen['rows']} published in {seen['windows']} "
           f"windows, {seen['rejected']} late) in {done - started:.1f} s from launch; "
           f"{rate:.0f} requests/s after the first window; peak {peak:.0f} MiB")
 
@@ -112,7 +141,8 @@ def sustained(host: str, tokenizer: str, requests: int, work: Path) -> None:
 def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
     publisher, topic, source = subscription(host, "live")
     output = work / "live"
-    stream = start_stream(source, output, f"{LIVE_WINDOW_MS // 1000}s", tokenizer, host)
+    stream = start_stream(source, output, f"{LIVE_WINDOW_MS // 1000}s", tokenizer,
+                          {"PUBSUB_EMULATOR_HOST": host})
     published: dict[str, float] = {}
     deadlines: dict[str, float] = {}
     try:
@@ -149,7 +179,14 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(ROOT.parent / "shared/tokenizers/deepseek-r1"))
     parser.add_argument("--requests", type=int, default=3000, help="backlog size")
     parser.add_argument("--rate", type=int, default=20, help="live requests per second")
+    parser.add_argument("--kafka", action="store_true",
+                        help="the backlog from a Kafka broker on the local Flink cluster instead "
+                             "(deploy/flink/local-cluster.sh start first)")
     args = parser.parse_args()
+    if args.kafka:
+        with tempfile.TemporaryDirectory() as tmp:
+            sustained_kafka(args.tokenizer, args.requests, Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(work / "emulator")}

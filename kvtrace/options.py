@@ -21,6 +21,7 @@ _BEAM_OPTION_MODULES = (
     "apache_beam.runners.portability.flink_runner",
     "apache_beam.runners.portability.spark_runner",
     "apache_beam.runners.portability.prism_runner",
+    "pipelines.runner",  # kvtrace's declaration of the Flink runner's checkpointing option
 )
 
 

@@ -30,6 +30,17 @@ LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 ENDPOINT_CONNECT_S = 5
 
 
+class FlinkCheckpointOptions(PipelineOptions):
+    """Options of Beam's Flink runner (Java) that a Python pipeline must declare to pass them on:
+    a portable job server drops options no Python class knows. Flink's own configuration does
+    not reach a job Beam builds, so streams checkpoint only when asked here."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: Any) -> None:
+        parser.add_argument("--checkpointing_interval", type=int, default=None,
+                            help="Flink: checkpoint a streaming job's state every this many ms")
+
+
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     return PipelineOptions(list(flags))
 

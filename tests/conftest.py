@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -199,10 +201,12 @@ def stream_accounted(output: Path) -> int:
     return cumulative["rows"] + cumulative["rejected"]
 
 
-def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, total: int,
-                               env: dict[str, str], *extra: str) -> None:
-    """`anonymize --streaming` (1-minute windows, a fixed salt) as a process, stopped once all
-    total requests are accounted for; its output in tmp_path/stream."""
+@contextlib.contextmanager
+def running_stream(tmp_path: Path, tokenizer: str, source: str, env: dict[str, str],
+                   *extra: str) -> Iterator[Callable[[int], int]]:
+    """`anonymize --streaming` (1-minute windows, a fixed salt) as a process writing into
+    tmp_path/stream; yields wait_for(n): returns the requests accounted for once there are n,
+    failing if the stream died or took STREAM_S. Stopped on leaving."""
     import subprocess
     import sys
     import time
@@ -216,17 +220,29 @@ def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, tota
          *extra],
         cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True)
-    try:
+
+    def wait_for(requests: int) -> int:
         deadline = time.monotonic() + STREAM_S
         # Polled: a stream has no end to wait for; each look is one file read.
-        while (stream_accounted(output) < total and stream.poll() is None
+        while (stream_accounted(output) < requests and stream.poll() is None
                and time.monotonic() < deadline):
             time.sleep(0.25)
         assert stream.poll() is None, stream.stderr.read()
+        return stream_accounted(output)
+
+    try:
+        yield wait_for
     finally:
         stream.terminate()
         stream.wait()
-    assert stream_accounted(output) == total
+
+
+def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, total: int,
+                               env: dict[str, str], *extra: str) -> None:
+    """A stream stopped once all total requests are accounted for, none twice."""
+    with running_stream(tmp_path, tokenizer, source, env, *extra) as wait_for:
+        wait_for(total)
+    assert stream_accounted(tmp_path / "stream") == total
 
 
 def check_stream_against_batch(tmp_path: Path, tokenizer: str, records: list[dict]) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from conftest import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
-                      stream_request)
+                      running_stream, stream_accounted, stream_request)
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,6 +28,8 @@ MESSAGES = 40
 KAFKA_EXPANSION = "localhost:8096"  # local-cluster.sh's expansion service for Kafka reads
 CLUSTER = str(ROOT / "deploy" / "flink" / "local-cluster.sh")
 BROKER = str(ROOT / "deploy" / "kafka" / "local-broker.sh")
+FLINK_REST = "http://127.0.0.1:8081"
+CHECKPOINT_S = 60  # local-cluster.sh checkpoints every 10 s
 
 
 @pytest.fixture
@@ -48,14 +52,27 @@ def cancel_running_jobs() -> None:
     subprocess.run([CLUSTER, "cancel-jobs"], check=True, capture_output=True)
 
 
+def produce(port: int, env: dict[str, str], records: list[dict]) -> None:
+    lines = "".join(json.dumps(record) + "\n" for record in records)
+    subprocess.run([BROKER, "produce", str(port), "requests"], input=lines, text=True, env=env,
+                   check=True)
+
+
+def checkpoints() -> dict[str, int]:
+    """The (one) running job's checkpoint counts: completed, restored, ..."""
+    with urllib.request.urlopen(f"{FLINK_REST}/jobs") as response:
+        running = [job["id"] for job in json.load(response)["jobs"] if job["status"] == "RUNNING"]
+    assert len(running) == 1, running
+    with urllib.request.urlopen(f"{FLINK_REST}/jobs/{running[0]}/checkpoints") as response:
+        return json.load(response)["counts"]
+
+
 def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, tiny_tokenizer,
                                                                        tmp_path):
     port, env = broker
     cancel_running_jobs()  # a stream left by an earlier run holds the cluster's slots
     records = [stream_request(i, MESSAGES) for i in range(MESSAGES)]
-    lines = "".join(json.dumps(record) + "\n" for record in records)
-    subprocess.run([BROKER, "produce", str(port), "requests"], input=lines, text=True, env=env,
-                   check=True)
+    produce(port, env, records)
     try:
         run_stream_until_accounted(
             tmp_path, tiny_tokenizer, f"kafka://127.0.0.1:{port}/requests", MESSAGES,
@@ -63,4 +80,33 @@ def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, t
             "--config", str(ROOT / "configs" / "flink-local.yaml"))
     finally:
         cancel_running_jobs()
+    check_stream_against_batch(tmp_path, tiny_tokenizer, records)
+
+
+def test_a_taskmanager_lost_mid_stream_resumes_from_its_checkpoint(broker, tiny_tokenizer,
+                                                                  tmp_path):
+    """State (the id map, what was published) and Kafka offsets come back from the checkpoint:
+    nothing read twice (a duplicate would be accounted twice), nothing lost, ids continue."""
+    port, env = broker
+    cancel_running_jobs()
+    records = [stream_request(i, MESSAGES) for i in range(MESSAGES)]
+    half = MESSAGES // 2
+    produce(port, env, records[:half])
+    try:
+        with running_stream(tmp_path, tiny_tokenizer, f"kafka://127.0.0.1:{port}/requests",
+                            {"KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
+                            "--config", str(ROOT / "configs" / "flink-local.yaml")) as wait_for:
+            assert wait_for(half) == half
+            # A checkpoint after the first half was accounted for: what the restart restores.
+            taken, deadline = checkpoints()["completed"], time.monotonic() + CHECKPOINT_S
+            while checkpoints()["completed"] == taken and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert checkpoints()["completed"] > taken
+            subprocess.run([CLUSTER, "kill-taskmanager"], check=True, capture_output=True)
+            produce(port, env, records[half:])
+            wait_for(MESSAGES)
+            assert checkpoints()["restored"] >= 1  # the run went on from a checkpoint
+    finally:
+        cancel_running_jobs()
+    assert stream_accounted(tmp_path / "stream") == MESSAGES
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
