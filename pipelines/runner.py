@@ -93,14 +93,14 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     outputs = build(pipeline)
     result = pipeline.run()
-    with _cancelled_if_stopped(result):
+    with cancelled_if_stopped(result):
         result.wait_until_finish()
     _log_map_reads(result)
     return outputs
 
 
 @contextlib.contextmanager
-def _cancelled_if_stopped(result: Any) -> Iterator[None]:
+def cancelled_if_stopped(result: Any) -> Iterator[None]:
     """A job outlives its launcher on a cluster: stopping the launcher (Ctrl-C, SIGTERM) cancels
     it, so that a stream does not hold its slots (and its LOOPBACK workers, gone with us) forever."""
     def stop(signum: int, frame: Any) -> None:

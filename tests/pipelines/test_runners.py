@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import bz2
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import apache_beam as beam
@@ -14,7 +16,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import free_port, write_jsonl
 from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
-from pipelines.runner import check_endpoints
+from pipelines.runner import cancelled_if_stopped, check_endpoints
 from pipelines.worker_pool import serve
 from transforms.errors import ConfigError
 from transforms.encode.blocks import HASH_SCHEME
@@ -193,3 +195,18 @@ def test_the_worker_pool_listens_on_loopback_only_and_runs_a_job(tiny_tokenizer,
         server.stop(None)
     for name in ("trace-00000-of-00001.jsonl", "stats.json", "manifest.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_a_launcher_stopped_by_sigterm_cancels_its_job_and_restores_the_handler():
+    class Job:  # the part of a PipelineResult a stop uses
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    job, before = Job(), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with cancelled_if_stopped(job):
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert job.cancelled
+    assert signal.getsignal(signal.SIGTERM) == before

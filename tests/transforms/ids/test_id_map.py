@@ -86,8 +86,9 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
     assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
     version_1 = current(tmp_path / "map")
 
+    # SystemExit: the CLI turns Ctrl-C (KeyboardInterrupt) into exit 130, a kill it cannot see.
     def killed(*_):
-        raise KeyboardInterrupt("killed before committing version 2")
+        raise SystemExit("killed before committing version 2")
 
     monkeypatch.setattr(id_map, "create_exclusive", killed)
     with pytest.raises(BaseException, match="killed"):
@@ -258,7 +259,7 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
     assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
 
     def killed(*_):
-        raise KeyboardInterrupt("killed between committing version 2 and moving CURRENT")
+        raise SystemExit("killed between committing version 2 and moving CURRENT")
 
     monkeypatch.setattr(id_map, "_switch_current", killed)
     with pytest.raises(BaseException, match="killed"):
