@@ -3,11 +3,14 @@
 long:  Mooncake-like long prompts, ~10k tokens each: one of a few shared documents (the reusable
        prefix) followed by a unique question, as in document QA.
 short: short multi-turn chats, ~300 tokens each, sharing a few system prompts.
+agent: tool-calling agent sessions of 10-60 turns (tool definitions, tool calls and results),
+       each request carrying its session's whole history, sessions interleaved in time.
 rendered: production rows logged after templating: prompt text (~14k tokens, DeepSeek-R1's chat
        markers around a shared document and a unique question) and the response text.
 
     python benchmarks/make_corpus.py long 3000 benchmarks/corpora/long.jsonl
     python benchmarks/make_corpus.py rendered 1500 benchmarks/corpora/rendered.jsonl
+    python benchmarks/make_corpus.py agent 2000 benchmarks/corpora/agent.jsonl
 """
 
 from __future__ import annotations
@@ -88,10 +91,57 @@ def rendered_requests(count: int, rng: random.Random) -> list[dict]:
     return requests
 
 
+def agent_requests(count: int, rng: random.Random) -> list[dict]:
+    """Tool-calling agent sessions of 10-60 turns, interleaved in time: every request re-sends
+    the shared system prompt, the session's tool definitions and its whole history."""
+    system = paragraph(rng, 800)
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{t}", "description": sentence(rng, 25),
+        "parameters": {"type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "description": sentence(rng, 12)},
+            "limit": {"type": "integer", "description": sentence(rng, 8)}}}}}
+        for t in range(12)]
+    sessions = []
+    while sum(len(s) for s in sessions) < count:
+        chosen = rng.sample(tools, rng.randint(4, 8))
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": paragraph(rng, rng.randint(40, 200))}]
+        turns = []
+        for turn in range(rng.randint(10, 60)):
+            if turn % 3 == 2:
+                answer = paragraph(rng, rng.randint(30, 150))
+                turns.append((list(messages), chosen, answer))
+                messages += [{"role": "assistant", "content": answer},
+                             {"role": "user", "content": paragraph(rng, rng.randint(10, 80))}]
+                continue
+            call = {"id": f"call_{len(sessions)}_{turn}", "type": "function", "function": {
+                "name": rng.choice(chosen)["function"]["name"],
+                "arguments": json.dumps({"query": sentence(rng, rng.randint(5, 15))})}}
+            turns.append((list(messages), chosen, None))
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"],
+                          "content": paragraph(rng, rng.randint(50, 400))}]
+        sessions.append(turns)
+    requests, clock = [], 0
+    cursors = [0] * len(sessions)
+    while len(requests) < count:
+        live = [i for i, turns in enumerate(sessions) if cursors[i] < len(turns)][:24]
+        i = rng.choice(live)
+        messages, chosen, answer = sessions[i][cursors[i]]
+        cursors[i] += 1
+        clock += rng.randint(50, 400)
+        request = {"timestamp": clock, "session_id": f"agent-{i}", "messages": messages,
+                   "tools": chosen}
+        request.update({"output": answer} if answer else {"output_length": rng.randint(20, 80)})
+        requests.append(request)
+    return requests
+
+
 def main() -> None:
     kind, count, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     rng = random.Random(20261121)
-    requests = {"long": long_requests, "short": short_requests, "rendered": rendered_requests}[kind](count, rng)
+    requests = {"long": long_requests, "short": short_requests, "rendered": rendered_requests,
+                "agent": agent_requests}[kind](count, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for request in requests:

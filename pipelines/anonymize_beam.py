@@ -61,7 +61,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "RenderTokenizeHash" >> beam.ParDo(
             EncodeRequests(
                 config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs,
-                config.hash_scheme, config.emit_output_hashes,
+                config.hash_scheme, config.emit_output_hashes, config.segment_cache_bytes,
             )
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )

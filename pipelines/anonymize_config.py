@@ -9,6 +9,7 @@ from typing import Any
 
 from transforms import storage
 from transforms.encode.schemes import HashScheme
+from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.encode.salt import SaltSource
 from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, UniqueTotals, hash_shards_for
 from transforms.ids.id_map import MapVersion, new_run_id
@@ -80,6 +81,7 @@ class AnonymizeConfig:
     coarsening: Coarsening = field(default_factory=Coarsening)
     block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
+    segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
 
     @property
     def input_bytes(self) -> int:

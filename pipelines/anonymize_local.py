@@ -17,6 +17,7 @@ per record, so it spreads); numbering and writing stay in this process.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +40,7 @@ from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.encode.blocks import chain_seed
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.schemes import engine_hashes
+from transforms.encode.segment_cache import CacheCounts, log_counts
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
 from transforms.encode.tokenize import load_tokenizer
@@ -82,6 +84,7 @@ class Encoded(NamedTuple):
     hashed: list[HashedBatch]
     rejected: list[DeadLetter]
     read: int
+    cache: CacheCounts = CacheCounts()  # what the segment cache did (not part of the output)
 
 
 _WORKER: dict = {}  # per worker process: the encoder, built once by _start_worker
@@ -123,7 +126,7 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
         finish(encoding.flush())
     finally:
         encoding.close()
-    return Encoded(hashed, rejected, read)
+    return Encoded(hashed, rejected, read, encoder.take_cache_counts())
 
 
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
@@ -139,13 +142,14 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
                              initargs=(config,)) as pool:
         parts = list(pool.map(_encode_in_worker, pieces))
     return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
-                   sum(p.read for p in parts))
+                   sum(p.read for p in parts), functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))
 
 
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
     return RequestEncoder(load_tokenizer(config.tokenizer), config.block_size,
                           chain_seed(config.salt.load()), config.chat_template_kwargs,
-                          config.hash_scheme, config.emit_output_hashes)
+                          config.hash_scheme, config.emit_output_hashes,
+                          config.segment_cache_bytes)
 
 
 def _start_worker(config: AnonymizeConfig) -> None:
@@ -159,8 +163,9 @@ def _encode_in_worker(piece: FileRange) -> Encoded:
 def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
     """Run the job; returns the manifest, written last. Raises JobStopped (nothing published)
     when too much input is rejected."""
-    return publish_encoded(config, encode_inputs(config, processes),
-                           lambda kind, keys: _kind_ids(config, kind, keys))
+    encoded = encode_inputs(config, processes)
+    log_counts(encoded.cache)
+    return publish_encoded(config, encoded, lambda kind, keys: _kind_ids(config, kind, keys))
 
 
 def publish_encoded(config: AnonymizeConfig, encoded: Encoded,

@@ -314,7 +314,8 @@ def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollecti
             TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
         | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(
             job.tokenizer, job.block_size, job.salt, job.chat_template_kwargs, job.hash_scheme,
-            job.emit_output_hashes)).with_outputs(DEAD_LETTER_TAG, main="hashed")
+            job.emit_output_hashes, job.segment_cache_bytes)).with_outputs(
+                DEAD_LETTER_TAG, main="hashed")
     )
     windows = encoded.hashed | "ByWindow" >> beam.FlatMap(by_window, config.window_ms)
     letters = ((parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG]) | "Rejected" >> beam.Flatten()

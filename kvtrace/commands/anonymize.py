@@ -15,6 +15,7 @@ from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
 from kvtrace.presets import config_path, environments
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
 from transforms.encode.schemes import SCHEMES
+from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.errors import ConfigError, JobStopped
 from transforms.ids.dense_ids import MAX_HASH_SHARDS
 from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
@@ -106,6 +107,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="also publish output_hash_ids: the ids of the full blocks of prompt + generated "
              "tokens past the prompt's (what the engine caches after decoding), in the same id "
              "space; kvtrace simulate --decode-cache replays them")
+    add("--segment-cache-mb", type=int, metavar="MB",
+        help="memory each worker gives its segment cache (default 256): a prompt is cut at the "
+             "tokenizer's special tokens and each distinct piece tokenized once, as chat logs "
+             "re-send their history; the output is the same with any size, 0 turns it off")
     add("--timestamp-granularity-ms", type=int, metavar="MS",
         help="publish timestamps rounded to multiples of MS from the first request (default 1): "
              "coarser timing is harder to match against other records of the same traffic")
@@ -150,6 +155,7 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "processes": 1,
     "hash_scheme": "kvtrace",
     "timestamp_granularity_ms": 1,
+    "segment_cache_mb": DEFAULT_BUDGET_BYTES >> 20,
     "length_granularity": 1,
 }
 # Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful
@@ -158,6 +164,7 @@ MAX_BLOCK_SIZE = 1 << 20
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
 MAX_GRANULARITY = 1 << 40
+MAX_SEGMENT_CACHE_MB = 1 << 20  # 1 TiB: a bound against typos, not a recommendation
 # A streaming window or lateness beyond a month holds a month of requests in state: a batch job.
 MAX_WINDOW_MS = 31 * 86_400_000
 
@@ -221,6 +228,7 @@ def _check_ranges(options: dict[str, Any]) -> None:
     integer("processes", 1, MAX_PROCESSES)
     integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
     integer("length_granularity", 1, MAX_GRANULARITY)
+    integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
     fraction = options.get("max_rejected_fraction")
     if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
@@ -288,6 +296,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"]),
         block_hashes=_block_hashes_directory(options, output, scheme),
         emit_output_hashes=bool(options.get("emit_output_hashes")),
+        segment_cache_bytes=options["segment_cache_mb"] << 20,
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",

@@ -17,6 +17,7 @@ from typing import Any
 import xxhash
 
 from transforms.encode.blocks import DIGEST_SIZE, TOKEN_DTYPE, keyed_digest, token_bytes
+from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES, CacheCounts, SegmentEncoder
 from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
@@ -28,7 +29,7 @@ from transforms.read.records import Request
 # the long user and assistant turns.
 DROPPABLE_ROLES = frozenset({"system", "developer"})
 MESSAGE_NOT_RENDERED = "message_not_rendered"
-from transforms.encode.tokenize import encode_texts, render_chat
+from transforms.encode.tokenize import render_chat
 
 _LOG = logging.getLogger("kvtrace")
 PROGRESS_INTERVAL_S = 30.0
@@ -36,16 +37,16 @@ PROGRESS_INTERVAL_S = 30.0
 
 def hash_request(
     request: Request,
-    token_ids: list[int],
+    data: bytes,
     output_length: int,
     block_size: int,
     seed: bytes,
     scheme: HashScheme = HashScheme(),
-    output_ids: list[int] | None = None,
+    output_data: bytes | None = None,
 ) -> HashedRequest:
-    """output_ids (with --emit-output-hashes): the generated tokens, whose full blocks after the
-    prompt's are hashed on from the prompt's last full block."""
-    data = token_bytes(token_ids)
+    """data: the prompt's token_bytes. output_data (with --emit-output-hashes): the generated
+    tokens' bytes, whose full blocks after the prompt's are hashed on from the prompt's last full
+    block."""
     session = request.session
     fingerprint = xxhash.xxh3_64_intdigest(
         data + struct.pack("<q", output_length) + (b"" if session is None else session.encode())
@@ -53,14 +54,14 @@ def hash_request(
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,
         fingerprint=fingerprint,
-        input_length=len(token_ids),
+        input_length=len(data) // TOKEN_DTYPE.itemsize,
         output_length=output_length,
         block_hashes=scheme.block_keys(data, block_size, seed),
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
         response_ms=NO_RESPONSE_MS if request.response_ms is None else request.response_ms,
-        output_block_hashes=b"" if not output_ids else
-        _output_block_hashes(data, token_bytes(output_ids), block_size, seed, scheme),
+        output_block_hashes=b"" if not output_data else
+        _output_block_hashes(data, output_data, block_size, seed, scheme),
     )
 
 
@@ -80,7 +81,7 @@ def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: by
 
 
 Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
-Tokenized = tuple[list[list[int]], list[list[int]]]  # prompt token ids, output token ids
+Tokenized = tuple[list[bytes], list[bytes]]  # prompt token bytes, output token bytes
 
 
 class RequestEncoder:
@@ -89,8 +90,10 @@ class RequestEncoder:
 
     def __init__(self, tokenizer: Any, block_size: int, seed: bytes,
                  template_kwargs: dict[str, Any], scheme: HashScheme = HashScheme(),
-                 emit_output_hashes: bool = False):
+                 emit_output_hashes: bool = False,
+                 segment_cache_bytes: int = DEFAULT_BUDGET_BYTES):
         self._tokenizer = tokenizer
+        self._segments = SegmentEncoder(tokenizer.backend_tokenizer, segment_cache_bytes)
         self._scheme = scheme
         self._emit_output_hashes = emit_output_hashes
         self._block_size = block_size
@@ -115,11 +118,15 @@ class RequestEncoder:
         return rendered, rejected
 
     def tokenize(self, rendered: Rendered) -> Tokenized:
-        """(prompt token ids, output token ids), from one batched call for both."""
+        """(prompt token bytes, output token bytes), through one segment-cached call for both."""
         prompts = [p for _, p in rendered if p is not None]
         outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
-        ids = encode_texts(self._tokenizer, prompts + outputs)
-        return ids[: len(prompts)], ids[len(prompts) :]
+        data = self._segments.encode(prompts + outputs)
+        return data[: len(prompts)], data[len(prompts) :]
+
+    def take_cache_counts(self) -> CacheCounts:
+        """What the segment cache did since the last take."""
+        return self._segments.take_counts()
 
     def hash(self, rendered: Rendered, tokenized: Tokenized
              ) -> tuple[HashedBatch | None, list[DeadLetter]]:
@@ -127,21 +134,21 @@ class RequestEncoder:
         token_lists, outputs = iter(prompt_ids), iter(output_ids)
         hashed, rejected = [], []
         for request, prompt in rendered:
-            token_ids = request.input_ids if prompt is None else next(token_lists)
+            data = token_bytes(request.input_ids) if prompt is None else next(token_lists)
             generated = next(outputs) if request.output_text is not None else None
             if generated is not None:
-                output_length = len(generated)
+                output_length = len(generated) // TOKEN_DTYPE.itemsize
             else:
                 output_length = request.output_length or 0
-            if not token_ids:
+            if not data:
                 rejected.append(DeadLetter(request.source, request.line, "no_input",
                                            "renders to no tokens"))
                 continue
             hashed.append(
-                hash_request(request, token_ids, output_length, self._block_size, self._seed,
+                hash_request(request, data, output_length, self._block_size, self._seed,
                              self._scheme, generated if self._emit_output_hashes else None)
             )
-            self._progress.add(len(token_ids))
+            self._progress.add(len(data) // TOKEN_DTYPE.itemsize)
         return (HashedBatch.pack(hashed) if hashed else None), rejected
 
     def _prompt(self, request: Request) -> str | None:
@@ -211,6 +218,10 @@ class OverlappedEncoder:
         rendered, tokenized = self._pending
         self._pending = None
         return self._encoder.hash(rendered, tokenized.result())
+
+    def take_cache_counts(self) -> CacheCounts:
+        """What the segment cache did since the last take: only once no batch tokenizes."""
+        return self._encoder.take_cache_counts()
 
     def close(self) -> None:
         self._tokenizing.shutdown()

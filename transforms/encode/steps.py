@@ -6,10 +6,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.encode.blocks import chain_seed
 from transforms.encode.schemes import HashScheme
+from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
@@ -18,6 +20,9 @@ from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from transforms.steps import tagged
+
+
+CACHE_METRICS = ("tokens", "hit_tokens", "segments", "hit_segments", "evicted", "mismatches")
 
 
 class EncodeRequests(beam.DoFn):
@@ -31,6 +36,7 @@ class EncodeRequests(beam.DoFn):
     def __init__(
         self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any],
         scheme: HashScheme = HashScheme(), emit_output_hashes: bool = False,
+        segment_cache_bytes: int = DEFAULT_BUDGET_BYTES,
     ):
         self._tokenizer_name = tokenizer_name
         self._block_size = block_size
@@ -38,11 +44,16 @@ class EncodeRequests(beam.DoFn):
         self._template_kwargs = dict(template_kwargs)
         self._scheme = scheme
         self._emit_output_hashes = emit_output_hashes
+        self._segment_cache_bytes = segment_cache_bytes
+        # Each worker's segment cache, summed in the runner's metrics (Dataflow's job page).
+        self._cache_metrics = {name: Metrics.counter("kvtrace", f"segment_cache_{name}")
+                               for name in CACHE_METRICS}
 
     def setup(self) -> None:
         self._encoding = OverlappedEncoder(RequestEncoder(
             load_tokenizer(self._tokenizer_name), self._block_size, chain_seed(self._salt.load()),
-            self._template_kwargs, self._scheme, self._emit_output_hashes))
+            self._template_kwargs, self._scheme, self._emit_output_hashes,
+            self._segment_cache_bytes))
 
     def teardown(self) -> None:
         self._encoding.close()
@@ -66,13 +77,21 @@ class EncodeRequests(beam.DoFn):
             return
         window, timestamp = self._last_window
         self._last_window = None
-        for output in _outputs(self._encoding.flush()):
+        flushed = self._encoding.flush()
+        self._count_cache()  # here, as no batch tokenizes in the background
+        for output in _outputs(flushed):
             if isinstance(output, beam.pvalue.TaggedOutput):
                 yield beam.pvalue.TaggedOutput(
                     output.tag, WindowedValue(output.value, timestamp, [window])
                 )
             else:
                 yield WindowedValue(output, timestamp, [window])
+
+
+    def _count_cache(self) -> None:
+        counts = self._encoding.take_cache_counts()
+        for name, counter in self._cache_metrics.items():
+            counter.inc(getattr(counts, name))
 
 
 def _outputs(encoded: EncodedBatch | None) -> Iterator[Any]:

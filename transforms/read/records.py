@@ -10,8 +10,11 @@ Every field is checked for type and range, every string for valid Unicode.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from transforms.errors import Rejected
 from transforms.read import chat
@@ -54,25 +57,48 @@ class Request:
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
 
 
+LONG_DIGIT_RUN = re.compile(rb"\d{19}")
+
+
 def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
     """The Request in one JSONL line; raises Rejected with a reason when there is none."""
     if len(line) > options.max_record_bytes:
         raise Rejected("too_large", f"record of {len(line)} bytes > --max-record-bytes "
                        f"{options.max_record_bytes}")
+    record, check_strings = load_json_line(line)
+    if not isinstance(record, dict):
+        raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
+    return request_from_object(record, line, source, options, check_strings=check_strings)
+
+
+def load_json_line(line: bytes) -> tuple[Any, bool]:
+    """The JSON value of a line, and whether its strings may hold lone surrogates.
+
+    orjson takes strict JSON only (UTF-8, no lone surrogates, no NaN) and reads it as the
+    standard parser does, 1.5-3x faster, except integers past 64 bits (floats to it): lines
+    with 19 digits in a row, and whatever orjson refuses, go to the standard parser."""
+    if not LONG_DIGIT_RUN.search(line):
+        try:
+            return orjson.loads(line), False
+        except orjson.JSONDecodeError:
+            pass
+    # Only \u escapes can make a lone surrogate out of valid UTF-8.
+    return _loads_lenient(line), b"\\u" in line
+
+
+def _loads_lenient(line: bytes) -> Any:
+    """The standard parser's reading of a line orjson refused: invalid UTF-8 and JSON are
+    rejected with where; big integers, NaN and lone surrogates read (checked later)."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
         raise Rejected("invalid_utf8", f"not valid UTF-8 at byte {err.start}") from None
     try:
-        record = json.loads(text)
+        return json.loads(text)
     except RecursionError:
         raise Rejected("too_deep", "JSON nested too deep to parse") from None
     except ValueError as err:  # also integers of more than 4300 digits
         raise Rejected("invalid_json", f"not JSON: {str(err)[:200]}") from None
-    if not isinstance(record, dict):
-        raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
-    # Only \u escapes can make a lone surrogate out of valid UTF-8, so most lines skip the walk.
-    return request_from_object(record, line, source, options, check_strings=b"\\u" in line)
 
 
 def request_from_object(

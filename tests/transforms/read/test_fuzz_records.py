@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from transforms.dead_letters import DeadLetter
 from transforms.encode.encode_requests import RequestEncoder
 from transforms.encode.tokenize import load_tokenizer
-from transforms.read.records import ParseOptions, Request
+from transforms.read.records import ParseOptions, Request, load_json_line
 from transforms.read.sources import parse_one
 
 from kvtrace.cli import main
@@ -174,3 +174,19 @@ def test_byte_mutations_of_a_valid_log_are_counted_and_good_records_kept(
     present = [line for line in data.replace(b"\r", b"").split(b"\n") if line.strip()]
     assert records["read"] == records["exported"] + records["rejected"] == len(present)
     assert records["exported"] >= sum(line in present for line in lines)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(min_value=-(1 << 70), max_value=1 << 70) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=JSON_VALUES, spacing=st.sampled_from([None, (",", ":"), (", ", ": ")]))
+def test_a_line_reads_exactly_as_the_standard_parser_reads_it(value, spacing):
+    """orjson where it reads the same, the standard parser elsewhere: the same value with the
+    same types (integers past 64 bits stay integers, -0.0 stays a float)."""
+    line = json.dumps({"extra": value}, separators=spacing).encode()
+    assert repr(load_json_line(line)[0]) == repr(json.loads(line))

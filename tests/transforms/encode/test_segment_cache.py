@@ -1,0 +1,128 @@
+"""Segment cache: cut where the tokenizer cuts, only where that is safe, bounded, and the same ids
+as tokenizing whole (tested on the tiny tokenizer and on the shipped ones where present)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from conftest import OPENAI_TOOL_TURN, anonymize, assert_same_output, chat, write_jsonl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from transforms.encode.blocks import token_bytes
+from transforms.encode.segment_cache import (CHECK_EVERY, SegmentCache, SegmentEncoder,
+                                             splitter_for)
+from transforms.encode.tokenize import load_tokenizer, render_chat
+from transforms.read.records import parse_record
+
+SAFE_TOKEN = {"id": 7, "content": "<|sep|>", "normalized": False, "lstrip": False,
+              "rstrip": False, "single_word": False}
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"added_tokens": []}, "no added tokens"),
+    ({"added_tokens": [{**SAFE_TOKEN, "normalized": True}]}, "no added tokens"),
+    ({"added_tokens": [SAFE_TOKEN, {**SAFE_TOKEN, "content": "<x>", "lstrip": True}]}, "lstrip"),
+    ({"added_tokens": [{**SAFE_TOKEN, "rstrip": True, "single_word": True}]},
+     "rstrip, single_word"),
+    ({"added_tokens": [SAFE_TOKEN], "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}]}}, "first piece"),
+])
+def test_a_tokenizer_whose_cut_reads_its_context_is_not_cut(config, reason):
+    assert reason in splitter_for(config)
+
+
+def test_the_cut_takes_the_longest_added_token_as_the_tokenizer_matches():
+    splitter = splitter_for({"added_tokens": [
+        {**SAFE_TOKEN, "content": "<a>", "id": 1}, {**SAFE_TOKEN, "content": "<a><b>", "id": 2},
+        {**SAFE_TOKEN, "content": "<b>", "id": 3},
+        {**SAFE_TOKEN, "content": "<Metaspace ok>", "id": 4}],
+        "pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "always"}})
+    assert splitter.split("x<a><b>y<b>") == ["x", "<a><b>", "y", "<b>", ""]
+    assert splitter.ids["<a><b>"] == token_bytes([2])
+
+
+def test_the_cache_keeps_its_budget_evicting_the_least_recently_used():
+    cache = SegmentCache(budget_bytes=2 * (1 + 4 + 200))  # two one-character, one-token entries
+    cache.put("a", b"aaaa")
+    cache.put("b", b"bbbb")
+    assert cache.get("a") == b"aaaa"  # now b is the least recently used
+    cache.put("c", b"cccc")
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (b"aaaa", None, b"cccc")
+    assert cache.evicted == 1
+
+
+PIECES = st.sampled_from([
+    " ", "  ", "\n", "\n\n", "\t", "\u0301", "e\u0301", "é", "123", "4567", "hello", "world",
+    "The capital of France", " is Paris .", "🙂", "👍🏽", "日本語", "{\"json\": [1, 2]}",
+    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<｜User｜>", "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>", "<|endoftext|>", "<tool_call>", "</tool_call>",
+])
+TEXTS = st.lists(st.lists(PIECES, max_size=24).map("".join), min_size=1, max_size=12)
+
+
+def check_equal_to_whole(encoder: SegmentEncoder, backend, batches: list[list[str]]) -> None:
+    assert encoder.enabled, encoder.counts.disabled
+    for texts in batches + batches:  # the second time from the cache
+        whole = [token_bytes(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False)]
+        assert encoder.encode(texts) == whole
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(TEXTS, min_size=1, max_size=3))
+def test_cut_texts_tokenize_as_whole_ones_tiny(tiny_tokenizer, batches):
+    backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
+    check_equal_to_whole(SegmentEncoder(backend), backend, batches)
+
+
+@pytest.mark.parametrize("name", ["deepseek_tokenizer", "qwen3_tokenizer"])
+def test_cut_texts_and_rendered_chats_tokenize_as_whole_ones_shipped(name, request):
+    tokenizer_dir = request.getfixturevalue(name)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    rendered = [render_chat(tokenizer, chat(i, i)["messages"], None, {}) for i in range(40)]
+    tool_turn = parse_record(json.dumps(OPENAI_TOOL_TURN).encode(), "t")  # as the job reads it
+    rendered.append(render_chat(tokenizer, tool_turn.messages, tool_turn.tools, {}))
+    backend = tokenizer.backend_tokenizer
+    encoder = SegmentEncoder(backend)  # one for every example: the cache fills as in a run
+    check_equal_to_whole(encoder, backend, [rendered])
+
+    @settings(max_examples=100, deadline=None)
+    @given(batches=st.lists(TEXTS, min_size=1, max_size=3))
+    def random_texts(batches):
+        check_equal_to_whole(encoder, backend, batches)
+
+    random_texts()
+    assert encoder.counts.hit_tokens > 0
+
+
+def test_a_sampled_text_that_differs_turns_the_cache_off_and_is_corrected(tiny_tokenizer):
+    backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
+    encoder = SegmentEncoder(backend)
+    encoder._cache.put("hello", token_bytes([0]))  # poisoned: as if the cut were unsafe
+    texts = ["<|im_start|>hello<|im_end|>"] * (CHECK_EVERY + 1)
+    whole = token_bytes(backend.encode(texts[0], add_special_tokens=False).ids)
+    out = encoder.encode(texts)
+    assert out[0] == whole and out[CHECK_EVERY] == whole  # the sampled ones, corrected
+    assert (encoder.counts.mismatches, encoder.enabled) == (2, False)
+    assert "differently when cut" in encoder.counts.disabled
+    assert encoder.encode(texts[:1]) == [whole]  # whole from then on
+
+
+def test_the_output_is_the_same_with_the_cache_on_and_off(tiny_tokenizer, tmp_path, caplog):
+    records = [chat(i, 1000 * i, session=f"s{i % 3}") for i in range(60)]
+    for i, record in enumerate(records):  # each turn re-sends its session's history
+        system, user = record["messages"]
+        history = [m for earlier in records[i % 3:i:3] for m in
+                   (earlier["messages"][-1], {"role": "assistant", "content": "Paris ."})]
+        record["messages"] = [system, *history, user]
+    source = write_jsonl(tmp_path / "chats.jsonl", records)
+    with caplog.at_level(logging.INFO, logger="kvtrace"):
+        assert anonymize(tiny_tokenizer, [source], tmp_path / "on") == 0
+    assert anonymize(tiny_tokenizer, [source], tmp_path / "off", "--segment-cache-mb", "0") == 0
+    assert_same_output(tmp_path / "on", tmp_path / "off")
+    hits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("segment cache:")]
+    assert hits and not hits[0].startswith("segment cache: 0.0%")
+    manifest = json.loads((tmp_path / "on" / "manifest.json").read_text())
+    assert "segment" not in json.dumps(manifest)  # run figures stay out of the output

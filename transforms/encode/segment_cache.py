@@ -1,0 +1,268 @@
+"""Each distinct text segment tokenized once.
+
+A fast tokenizer first cuts its input at added tokens matched on the raw text (those with
+`normalized: false`), then normalizes, pre-tokenizes and tokenizes each piece on its own. So the
+text between two such tokens gets the same ids wherever it appears, and chat traffic repeats
+those pieces endlessly: system prompts, tool definitions, every earlier turn of a session. A
+prompt is cut where the tokenizer cuts it; known pieces take their cached ids, new ones are
+tokenized in one batch.
+
+Safe only where the tokenizer provably cuts there and nothing looks across the cut, decided from
+its own configuration (`splitter_for`), checked at load on probe texts (`SegmentEncoder.verify`)
+and on a sample of real texts during the run: a mismatch turns the cache off for the run, and
+the counts (`CacheCounts`) report it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from collections import OrderedDict
+from typing import Any
+
+from transforms.encode.blocks import TOKEN_DTYPE, token_bytes
+
+_LOG = logging.getLogger("kvtrace")
+TOKEN_BYTES = TOKEN_DTYPE.itemsize
+# Added-token flags under which the tokenizer's cut depends on the text around the token.
+CONTEXT_FLAGS = ("lstrip", "rstrip", "single_word")
+# Python objects per cached segment beyond its text and ids (dict slot, key, bytes headers).
+ENTRY_OVERHEAD_BYTES = 200
+DEFAULT_BUDGET_BYTES = 256 << 20  # a worker's share: ~1M segments of a chat log
+# One text in CHECK_EVERY is also tokenized whole and compared: a tripwire at ~1% extra cost.
+CHECK_EVERY = 128
+# Texts that reach the edges of a cut: whitespace, combining marks and digits beside added
+# tokens, tokens back to back, at the start and the end.
+PROBE_PIECES = (" ", "  ", "\n", "\n\n", "\u0301", "e\u0301", "123", "a", " a ", "\t",
+                "🙂", "def f(x):\n    return x", "")
+
+
+@dataclasses.dataclass
+class CacheCounts:
+    """What the cache did, summed over workers: logged at the end of a local run, Beam metrics
+    (`segment_cache_*`) on a runner. Not in the manifest: the figures depend on worker count and
+    record order, and the output must not."""
+
+    segments: int = 0
+    hit_segments: int = 0
+    tokens: int = 0
+    hit_tokens: int = 0
+    evicted: int = 0
+    checked: int = 0
+    mismatches: int = 0
+    disabled: str | None = None  # why the cache was off (from the start or from a mismatch on)
+
+    def add(self, other: CacheCounts) -> CacheCounts:
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
+                  for f in dataclasses.fields(self) if f.name != "disabled"}
+        return CacheCounts(**summed, disabled=self.disabled or other.disabled)
+
+
+def log_counts(counts: CacheCounts) -> None:
+    """The run's cache figures, for the operator: they depend on worker count and record order,
+    so they stay out of the output, which must not."""
+    if counts.disabled:
+        _LOG.info("segment cache off: %s", counts.disabled)
+    if counts.mismatches:
+        _LOG.warning("segment cache: %d sampled texts tokenized differently when cut; the cache "
+                     "was turned off from there on", counts.mismatches)
+    if counts.tokens:
+        _LOG.info("segment cache: %.1f%% of %d tokens and %d of %d segments from the cache, "
+                  "%d evicted, %d texts checked whole", 100 * counts.hit_tokens / counts.tokens,
+                  counts.tokens, counts.hit_segments, counts.segments, counts.evicted,
+                  counts.checked)
+
+
+@dataclasses.dataclass(frozen=True)
+class Splitter:
+    """Where the tokenizer cuts raw text: its non-normalized added tokens, longest first (the
+    tokenizer matches leftmost-longest), and the id of each."""
+
+    pattern: re.Pattern
+    ids: dict[str, bytes]
+
+    def split(self, text: str) -> list[str]:
+        """Pieces in order; odd positions are added tokens."""
+        return self.pattern.split(text)
+
+
+def splitter_for(config: dict[str, Any]) -> Splitter | str:
+    """The cut points of a tokenizer.json's configuration, or why cutting there is unsafe."""
+    cuts = [token for token in config.get("added_tokens", []) if not token.get("normalized")]
+    if not cuts:
+        return "the tokenizer has no added tokens matched on raw text"
+    for token in cuts:
+        flags = [flag for flag in CONTEXT_FLAGS if token.get(flag)]
+        if flags:
+            return f"added token {token['content']!r} has {', '.join(flags)}: its cut reads the text around it"
+    position = _position_dependent(config.get("pre_tokenizer"))
+    if position:
+        return position
+    contents = sorted((token["content"] for token in cuts), key=len, reverse=True)
+    pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")")
+    return Splitter(pattern, {token["content"]: token_bytes([token["id"]]) for token in cuts})
+
+
+def tokenizer_config(backend: Any) -> dict[str, Any]:
+    """The parts of a tokenizer's tokenizer.json that decide its cuts, read from the loaded
+    tokenizer (serializing it whole takes ~0.1 s for a 150k vocabulary)."""
+    added = [{"id": token_id, "content": token.content, "normalized": token.normalized,
+              **{flag: getattr(token, flag) for flag in CONTEXT_FLAGS}}
+             for token_id, token in backend.get_added_tokens_decoder().items()]
+    pre = backend.pre_tokenizer
+    return {"added_tokens": added, "pre_tokenizer": json.loads(pre.__getstate__()) if pre else None}
+
+
+def _position_dependent(pre_tokenizer: dict[str, Any] | None) -> str | None:
+    """Why a pre-tokenizer treats the input's first piece unlike the others, if it does."""
+    if not pre_tokenizer:
+        return None
+    if pre_tokenizer.get("type") == "Sequence":
+        for inner in pre_tokenizer.get("pretokenizers", []):
+            reason = _position_dependent(inner)
+            if reason:
+                return reason
+        return None
+    if pre_tokenizer.get("type") == "Metaspace" and pre_tokenizer.get("prepend_scheme") == "first":
+        return "the Metaspace pre-tokenizer prepends to the input's first piece only"
+    return None
+
+
+class SegmentCache:
+    """Token bytes of text segments, least recently used evicted past budget_bytes."""
+
+    def __init__(self, budget_bytes: int):
+        self._budget = budget_bytes
+        self._used = 0
+        self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self.evicted = 0
+
+    def get(self, segment: str) -> bytes | None:
+        ids = self._entries.get(segment)
+        if ids is not None:
+            self._entries.move_to_end(segment)
+        return ids
+
+    def put(self, segment: str, ids: bytes) -> None:
+        if segment in self._entries:
+            return
+        self._entries[segment] = ids
+        self._used += _cost(segment, ids)
+        while self._used > self._budget and self._entries:
+            old, old_ids = self._entries.popitem(last=False)
+            self._used -= _cost(old, old_ids)
+            self.evicted += 1
+
+
+def _cost(segment: str, ids: bytes) -> int:
+    return len(segment) + len(ids) + ENTRY_OVERHEAD_BYTES
+
+
+class SegmentEncoder:
+    """Texts to token bytes (uint32 little-endian ids) through the cache, or whole when the
+    tokenizer is not safe to cut (then it is exactly today's path)."""
+
+    def __init__(self, backend: Any, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+        self._backend = backend
+        self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        self._cache = SegmentCache(budget_bytes)
+        self.counts = CacheCounts()
+        splitter = splitter_for(tokenizer_config(backend)) if budget_bytes > 0 else \
+            "turned off (--segment-cache-mb 0)"
+        self._splitter = splitter if isinstance(splitter, Splitter) else None
+        if self._splitter is None:
+            self.counts.disabled = splitter
+        else:
+            self.verify()
+        self._texts = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._splitter is not None
+
+    def verify(self) -> None:
+        """Probe texts around every kind of cut, whole against cut: any difference turns the
+        cache off (the tokenizer's configuration missed something)."""
+        tokens = sorted(self._splitter.ids)[:8]
+        probes = [left + token + right for token in tokens for left in PROBE_PIECES
+                  for right in PROBE_PIECES]
+        probes.append("".join(tokens) + " tail")
+        for text, whole, cut in zip(probes, self._whole(probes), self._cut(probes)):
+            if cut != whole:
+                self._disable(f"probe {text!r} tokenizes differently when cut")
+                return
+        self.counts = CacheCounts()  # the probes are not the run's
+
+    def encode(self, texts: list[str]) -> list[bytes]:
+        if not texts:
+            return []
+        if self._splitter is None:
+            return self._whole(texts)
+        out = self._cut(texts)
+        self._check(texts, out)
+        return out
+
+    def _whole(self, texts: list[str]) -> list[bytes]:
+        return [token_bytes(e.ids) for e in self._encode_batch(texts, add_special_tokens=False)]
+
+    def _cut(self, texts: list[str]) -> list[bytes]:
+        """Each text's pieces joined: added tokens by id, known segments from the cache, new
+        ones tokenized together (each distinct one once)."""
+        splitter, cache, counts = self._splitter, self._cache, self.counts
+        pieces: list[list[bytes | str]] = []
+        new: dict[str, int] = {}  # segment -> occurrences in these texts
+        for text in texts:
+            parts: list[bytes | str] = []
+            for i, piece in enumerate(splitter.split(text)):
+                if i % 2:
+                    parts.append(splitter.ids[piece])
+                elif piece:
+                    counts.segments += 1
+                    ids = cache.get(piece)
+                    if ids is None:
+                        new[piece] = new.get(piece, 0) + 1
+                        parts.append(piece)
+                    else:
+                        counts.hit_segments += 1
+                        counts.hit_tokens += len(ids) // TOKEN_BYTES
+                        parts.append(ids)
+            pieces.append(parts)
+        fresh = dict(zip(new, self._whole(list(new))))
+        evicted = cache.evicted
+        for segment, ids in fresh.items():
+            cache.put(segment, ids)
+            counts.hit_segments += new[segment] - 1  # tokenized once for all its occurrences
+            counts.hit_tokens += (new[segment] - 1) * (len(ids) // TOKEN_BYTES)
+        counts.evicted += cache.evicted - evicted
+        joined = [b"".join(fresh[p] if isinstance(p, str) else p for p in parts)
+                  for parts in pieces]
+        counts.tokens += sum(len(ids) for ids in joined) // TOKEN_BYTES
+        return joined
+
+    def _check(self, texts: list[str], out: list[bytes]) -> None:
+        """Every CHECK_EVERY-th text tokenized whole as well; a difference is reported and turns
+        the cache off (the text's whole ids replace its cut ones)."""
+        first = -self._texts % CHECK_EVERY
+        self._texts += len(texts)
+        sampled = list(range(first, len(texts), CHECK_EVERY))
+        if not sampled:
+            return
+        whole = self._whole([texts[i] for i in sampled])
+        self.counts.checked += len(sampled)
+        for i, ids in zip(sampled, whole):
+            if out[i] != ids:
+                self.counts.mismatches += 1
+                out[i] = ids
+                self._disable(f"a sampled text of {len(texts[i])} characters tokenized "
+                              "differently when cut")
+
+    def take_counts(self) -> CacheCounts:
+        """The counts since the last take (so that workers' counts can be summed)."""
+        taken, self.counts = self.counts, CacheCounts(disabled=self.counts.disabled)
+        return taken
+
+    def _disable(self, reason: str) -> None:
+        self._splitter = None
+        self.counts.disabled = reason
