@@ -5,6 +5,7 @@ long:  Mooncake-like long prompts, ~10k tokens each: one of a few shared documen
 short: short multi-turn chats, ~300 tokens each, sharing a few system prompts.
 agent: tool-calling agent sessions of 10-60 turns (tool definitions, tool calls and results),
        each request carrying its session's whole history, sessions interleaved in time.
+single: unique single-turn prompts (100-1,500 words), nothing shared.
 rendered: production rows logged after templating: prompt text (~14k tokens, DeepSeek-R1's chat
        markers around a shared document and a unique question) and the response text.
 
@@ -137,11 +138,17 @@ def agent_requests(count: int, rng: random.Random) -> list[dict]:
     return requests
 
 
+def single_requests(count: int, rng: random.Random) -> list[dict]:
+    """Single-turn prompts with nothing in common: nothing for a cache to reuse."""
+    return [{"timestamp": i * 50, "prompt": paragraph(rng, rng.randint(100, 1500)),
+             "output_length": rng.randint(20, 400)} for i in range(count)]
+
+
 def main() -> None:
     kind, count, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     rng = random.Random(20261121)
     requests = {"long": long_requests, "short": short_requests, "rendered": rendered_requests,
-                "agent": agent_requests}[kind](count, rng)
+                "agent": agent_requests, "single": single_requests}[kind](count, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for request in requests:

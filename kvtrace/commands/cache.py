@@ -15,6 +15,7 @@ from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engi
                                      no_beam_options, trace_inputs, warn_malformed,
                                      write_json_report)
 from kvtrace.presets import load_model, models
+from transforms.cache.policy_names import POLICIES
 from transforms.errors import ConfigError
 
 
@@ -89,8 +90,8 @@ def _add_sizing_options(parser: argparse.ArgumentParser, required: bool, capacit
     """The cache-sizing options simulate and report share: capacities, policies, KV bytes per
     token (given, or from a model preset) and the tier-2 capacities."""
     parser.add_argument("--capacity", required=required, metavar="LIST", help=capacity)
-    parser.add_argument("--policy", default=",".join(_policies()), metavar="LIST",
-                        help=f"comma-separated policies (default all: {', '.join(_policies())})")
+    parser.add_argument("--policy", default=",".join(POLICIES), metavar="LIST",
+                        help=f"comma-separated policies (default all: {', '.join(POLICIES)})")
     bytes_source = parser.add_mutually_exclusive_group()
     bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
                               help="KV cache bytes per token, for capacities in bytes")
@@ -107,22 +108,16 @@ def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None
     from transforms.cache.capacity import kv_bytes_per_token
 
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
-    unknown = [p for p in policies if p not in _policies()]
+    unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ConfigError(f"--policy: unknown {', '.join(unknown) or 'empty list'}; "
-                          f"known: {', '.join(_policies())}")
+                          f"known: {', '.join(POLICIES)}")
     per_token = args.kv_bytes_per_token
     if per_token is not None and per_token < 1:
         raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
     if args.model:
         per_token = kv_bytes_per_token(load_model(args.model))
     return policies, per_token
-
-
-def _policies() -> tuple[str, ...]:
-    from transforms.cache.policies import POLICIES
-
-    return POLICIES
 
 
 def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:

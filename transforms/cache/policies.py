@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 from transforms.cache.cache_trace import CacheTrace
+from transforms.cache.policy_names import POLICIES
 
-POLICIES = ("lru", "prefix-lru", "fifo", "belady")
 _LRU, _PREFIX_LRU, _FIFO, _BELADY = range(4)
 _NEVER = np.iinfo(np.int32).max  # traces hold < 2^31 blocks
 # Heap entries beyond twice the capacity before stale ones are dropped: fewer drops for small
