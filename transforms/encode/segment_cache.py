@@ -20,6 +20,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from transforms.encode.blocks import TOKEN_DTYPE, token_bytes
@@ -100,9 +101,29 @@ def splitter_for(config: dict[str, Any]) -> Splitter | str:
     position = _position_dependent(config.get("pre_tokenizer"))
     if position:
         return position
-    contents = sorted((token["content"] for token in cuts), key=len, reverse=True)
-    pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")")
+    pattern = re.compile("(" + _longest_first(token["content"] for token in cuts) + ")")
     return Splitter(pattern, {token["content"]: token_bytes([token["id"]]) for token in cuts})
+
+
+def _longest_first(words: Iterable[str]) -> str:
+    """A regex matching any of words, the longest where several match (as the tokenizer does),
+    written as a trie: a flat alternation of DeepSeek-R1's 800 tokens scans 5x slower."""
+    trie: dict[str, dict] = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a word ends here
+
+    def pattern(node: dict[str, dict]) -> str:
+        branches = [re.escape(char) + pattern(child) for char, child in sorted(node.items())
+                    if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body  # greedy: the longer word first
+
+    return pattern(trie)
 
 
 def tokenizer_config(backend: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ Every field is checked for type and range, every string for valid Unicode.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +56,14 @@ class Request:
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
 
 
-LONG_DIGIT_RUN = re.compile(rb"\d{19}")
+# A run of 19 digits, found by mapping every digit to "0" (C speed; a regex scan took 8x
+# orjson's own time on 40 KB lines).
+_DIGITS_AS_ZEROS = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+def has_long_digit_run(line: bytes) -> bool:
+    return _LONG_DIGIT_RUN in line.translate(_DIGITS_AS_ZEROS)
 
 
 def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
@@ -77,7 +83,7 @@ def load_json_line(line: bytes) -> tuple[Any, bool]:
     orjson takes strict JSON only (UTF-8, no lone surrogates, no NaN) and reads it as the
     standard parser does, 1.5-3x faster, except integers past 64 bits (floats to it): lines
     with 19 digits in a row, and whatever orjson refuses, go to the standard parser."""
-    if not LONG_DIGIT_RUN.search(line):
+    if not has_long_digit_run(line):
         try:
             return orjson.loads(line), False
         except orjson.JSONDecodeError:

@@ -4,6 +4,7 @@ as tokenizing whole (tested on the tiny tokenizer and on the shipped ones where 
 from __future__ import annotations
 
 import json
+import re
 import logging
 
 import pytest
@@ -126,3 +127,13 @@ def test_the_output_is_the_same_with_the_cache_on_and_off(tiny_tokenizer, tmp_pa
     assert hits and not hits[0].startswith("segment cache: 0.0%")
     manifest = json.loads((tmp_path / "on" / "manifest.json").read_text())
     assert "segment" not in json.dumps(manifest)  # run figures stay out of the output
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.sets(st.text("<>|ab", min_size=1, max_size=5), min_size=1, max_size=8),
+       text=st.text("<>|abc", max_size=40))
+def test_the_cut_matches_the_longest_token_at_the_leftmost_place(words, text):
+    splitter = splitter_for({"added_tokens": [
+        {**SAFE_TOKEN, "content": word, "id": i} for i, word in enumerate(words)]})
+    flat = re.compile("(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + ")")
+    assert splitter.split(text) == flat.split(text)
