@@ -210,7 +210,7 @@ class SegmentEncoder:
         probes = [left + token + right for token in tokens for left in PROBE_PIECES
                   for right in PROBE_PIECES]
         probes.append("".join(tokens) + " tail")
-        for text, whole, cut in zip(probes, self._whole(probes), self._cut(probes)):
+        for text, whole, cut in zip(probes, self._whole(probes), self._cut(probes)[0]):
             if cut != whole:
                 self._disable(f"probe {text!r} tokenizes differently when cut")
                 return
@@ -221,22 +221,32 @@ class SegmentEncoder:
             return []
         if self._splitter is None:
             return self._whole(texts)
-        out = self._cut(texts)
-        self._check(texts, out)
+        out, cut = self._cut(texts)
+        self._check(texts, out, cut)
         return out
 
     def _whole(self, texts: list[str]) -> list[bytes]:
         return [token_bytes(e.ids) for e in self._encode_batch(texts, add_special_tokens=False)]
 
-    def _cut(self, texts: list[str]) -> list[bytes]:
+    def _cut(self, texts: list[str]) -> tuple[list[bytes], list[int]]:
         """Each text's pieces joined: added tokens by id, known segments from the cache, new
-        ones tokenized together (each distinct one once)."""
+        ones tokenized together (each distinct one once); and which texts had a cut. A text
+        without an added token is a whole prompt: tokenized with the rest, never cached (only
+        an identical prompt could use it; single-turn logs would fill the cache for nothing)."""
         splitter, cache, counts = self._splitter, self._cache, self.counts
         pieces: list[list[bytes | str]] = []
         new: dict[str, int] = {}  # segment -> occurrences in these texts
-        for text in texts:
+        uncut: dict[str, None] = {}
+        cut: list[int] = []
+        for index, text in enumerate(texts):
+            split = splitter.split(text)
+            if len(split) == 1:
+                uncut[text] = None
+                pieces.append([text])
+                continue
+            cut.append(index)
             parts: list[bytes | str] = []
-            for i, piece in enumerate(splitter.split(text)):
+            for i, piece in enumerate(split):
                 if i % 2:
                     parts.append(splitter.ids[piece])
                 elif piece:
@@ -250,24 +260,26 @@ class SegmentEncoder:
                         counts.hit_tokens += len(ids) // TOKEN_BYTES
                         parts.append(ids)
             pieces.append(parts)
-        fresh = dict(zip(new, self._whole(list(new))))
+        batch = list(new) + [text for text in uncut if text not in new]
+        fresh = dict(zip(batch, self._whole(batch)))
         evicted = cache.evicted
-        for segment, ids in fresh.items():
+        for segment, occurrences in new.items():
+            ids = fresh[segment]
             cache.put(segment, ids)
-            counts.hit_segments += new[segment] - 1  # tokenized once for all its occurrences
-            counts.hit_tokens += (new[segment] - 1) * (len(ids) // TOKEN_BYTES)
+            counts.hit_segments += occurrences - 1  # tokenized once for all its occurrences
+            counts.hit_tokens += (occurrences - 1) * (len(ids) // TOKEN_BYTES)
         counts.evicted += cache.evicted - evicted
         joined = [b"".join(fresh[p] if isinstance(p, str) else p for p in parts)
                   for parts in pieces]
         counts.tokens += sum(len(ids) for ids in joined) // TOKEN_BYTES
-        return joined
+        return joined, cut
 
-    def _check(self, texts: list[str], out: list[bytes]) -> None:
-        """Every CHECK_EVERY-th text tokenized whole as well; a difference is reported and turns
-        the cache off (the text's whole ids replace its cut ones)."""
+    def _check(self, texts: list[str], out: list[bytes], cut: list[int]) -> None:
+        """Every CHECK_EVERY-th text that was cut also tokenized whole; a difference is reported
+        and turns the cache off (the text's whole ids replace its cut ones)."""
         first = -self._texts % CHECK_EVERY
-        self._texts += len(texts)
-        sampled = list(range(first, len(texts), CHECK_EVERY))
+        self._texts += len(cut)
+        sampled = cut[first::CHECK_EVERY]
         if not sampled:
             return
         whole = self._whole([texts[i] for i in sampled])
