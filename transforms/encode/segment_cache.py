@@ -31,7 +31,7 @@ TOKEN_BYTES = TOKEN_DTYPE.itemsize
 CONTEXT_FLAGS = ("lstrip", "rstrip", "single_word")
 # Python objects per cached segment beyond its text and ids (dict slot, key, bytes headers).
 ENTRY_OVERHEAD_BYTES = 200
-DEFAULT_BUDGET_BYTES = 256 << 20  # a worker's share: ~1M segments of a chat log
+DEFAULT_BUDGET_BYTES = 256 << 20  # a worker's share of memory; what a run evicts is logged
 # One text in CHECK_EVERY is also tokenized whole and compared: a tripwire at ~1% extra cost.
 CHECK_EVERY = 128
 # Texts that reach the edges of a cut: whitespace, combining marks and digits beside added
@@ -190,6 +190,7 @@ class SegmentEncoder:
         self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
         self._cache = SegmentCache(budget_bytes)
         self.counts = CacheCounts()
+        self._texts = 0  # cut texts so far: every CHECK_EVERY-th is checked
         splitter = splitter_for(tokenizer_config(backend)) if budget_bytes > 0 else \
             "turned off (--segment-cache-mb 0)"
         self._splitter = splitter if isinstance(splitter, Splitter) else None
@@ -197,7 +198,6 @@ class SegmentEncoder:
             self.counts.disabled = splitter
         else:
             self.verify()
-        self._texts = 0
 
     @property
     def enabled(self) -> bool:
