@@ -202,14 +202,14 @@ def _columns_from_table(
         offsets, values = np.zeros(table.num_rows + 1, np.int64), np.zeros(0, np.int64)
     else:
         ids = ids.fill_null([]) if ids.null_count else ids
-        offsets = np.asarray(ids.offsets, dtype=np.int64)
-        values = ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        offsets = as_numpy(ids.offsets).astype(np.int64)
+        values = as_numpy(ids.values)[offsets[0] : offsets[-1]]
         offsets = offsets - offsets[0]
         if len(values) and values.max() < 2**31:  # as most traces: half the memory
             values = values.astype(np.int32)
     column = lambda name, default: (  # noqa: E731
-        table[name].fill_null(default).to_numpy(zero_copy_only=False)
-        if name in names else np.full(table.num_rows, default)
+        np.full(table.num_rows, default) if name not in names
+        else as_numpy(table[name].fill_null(default) if table[name].null_count else table[name])
     )
     session_name = next((n for n in SESSION_FIELDS if n in names), None)
     session = None
@@ -220,6 +220,27 @@ def _columns_from_table(
             "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
             "session": session, "response_ms": column(RESPONSE_FIELD, NO_RESPONSE_MS),
             "line": lines, "malformed": malformed}
+
+
+# Arrow's numeric types by name, as numpy's ("float" is Arrow's 32-bit float).
+_NUMPY_TYPES = {**{f"{sign}int{bits}": f"{sign}int{bits}" for sign in ("", "u")
+                   for bits in (8, 16, 32, 64)},
+                "halffloat": "float16", "float": "float32", "double": "float64"}
+
+
+def as_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric Arrow array as numpy, over its buffer where it has no nulls. Array.to_numpy
+    does the same but imports pandas on the way (47 MB and 0.25 s of every analyze)."""
+    if isinstance(array, pa.ChunkedArray):
+        parts = [as_numpy(chunk) for chunk in array.chunks]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, _NUMPY_TYPES.get(str(array.type)))
+    name = _NUMPY_TYPES.get(str(array.type))
+    if name is None or array.null_count:
+        return array.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(name)
+    return np.frombuffer(array.buffers()[1], dtype, len(array), array.offset * dtype.itemsize)
 
 
 def _scalar_session(value: object) -> object:
