@@ -5,6 +5,7 @@ long:  Mooncake-like long prompts, ~10k tokens each: one of a few shared documen
 short: short multi-turn chats, ~300 tokens each, sharing a few system prompts.
 agent: tool-calling agent sessions of 10-60 turns (tool definitions, tool calls and results),
        each request carrying its session's whole history, sessions interleaved in time.
+streamed: multi-turn chats whose responses are logged as streamed chunks (bytes >> tokens).
 single: unique single-turn prompts (100-1,500 words), nothing shared.
 rendered: production rows logged after templating: prompt text (~14k tokens, DeepSeek-R1's chat
        markers around a shared document and a unique question) and the response text.
@@ -138,6 +139,31 @@ def agent_requests(count: int, rng: random.Random) -> list[dict]:
     return requests
 
 
+def streamed_requests(count: int, rng: random.Random) -> list[dict]:
+    """Multi-turn chats logged as OpenAI envelopes whose response is the list of streamed
+    chunks (a few words each, ~200 bytes of JSON per chunk): bytes dwarf tokens."""
+    system = paragraph(rng, 150)
+    histories: dict[int, list[dict]] = {}
+    requests = []
+    for i in range(count):
+        session = rng.randrange(max(1, count // 12))
+        history = histories.setdefault(session, [{"role": "system", "content": system}])
+        history.append({"role": "user", "content": paragraph(rng, rng.randint(10, 80))})
+        words = paragraph(rng, rng.randint(60, 400)).split(" ")
+        pieces = [" ".join(words[j:j + 3]) + " " for j in range(0, len(words), 3)]
+        chunks = [{"id": f"chatcmpl-{i}", "object": "chat.completion.chunk",
+                   "created": 1_767_225_600 + i, "model": "deepseek-r1",
+                   "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
+                                "finish_reason": None}]}
+                  for piece in pieces]
+        chunks[-1]["choices"][0]["finish_reason"] = "stop"
+        requests.append({"request": {"model": "deepseek-r1", "stream": True,
+                                     "messages": list(history), "session_id": f"c{session}"},
+                         "response": chunks, "timestamp": 1_767_225_600_000 + i * 200})
+        history.append({"role": "assistant", "content": "".join(pieces)})
+    return requests
+
+
 def single_requests(count: int, rng: random.Random) -> list[dict]:
     """Single-turn prompts with nothing in common: nothing for a cache to reuse."""
     return [{"timestamp": i * 50, "prompt": paragraph(rng, rng.randint(100, 1500)),
@@ -148,7 +174,8 @@ def main() -> None:
     kind, count, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     rng = random.Random(20261121)
     requests = {"long": long_requests, "short": short_requests, "rendered": rendered_requests,
-                "agent": agent_requests, "single": single_requests}[kind](count, rng)
+                "agent": agent_requests, "single": single_requests,
+                "streamed": streamed_requests}[kind](count, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for request in requests:
