@@ -169,6 +169,16 @@ def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> T
         files=[f"f{i}" for i in range(3)])
 
 
+# Tests on the local Flink cluster (tests/e2e/test_flink.py, test_kafka_flink.py).
+ON_FLINK = [
+    pytest.mark.slow,
+    pytest.mark.flink,
+    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
+        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
+        "does both)")),
+]
+
+
 def free_port() -> int:
     """A loopback port nothing listens on (once the probe closes)."""
     import socket

@@ -4,7 +4,6 @@ nights with an id map give the local engine's trace, stats, dead letters and map
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import urllib.request
@@ -12,15 +11,9 @@ from pathlib import Path
 
 import pytest
 import transforms.write.steps as write_steps
-from conftest import ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
+from conftest import ON_FLINK, ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.flink,
-    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
-        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
-        "does both)")),
-]
+pytestmark = ON_FLINK
 FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
 
 

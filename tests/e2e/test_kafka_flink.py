@@ -14,16 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
-                      running_stream, stream_accounted, stream_request)
+from conftest import (ON_FLINK, ROOT, check_stream_against_batch, free_port,
+                      run_stream_until_accounted, running_stream, stream_accounted,
+                      stream_request)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.flink,
-    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
-        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
-        "does both)")),
-]
+pytestmark = ON_FLINK
 MESSAGES = 40
 KAFKA_EXPANSION = "localhost:8096"  # local-cluster.sh's expansion service for Kafka reads
 CLUSTER = str(ROOT / "deploy" / "flink" / "local-cluster.sh")
