@@ -142,7 +142,8 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
                              initargs=(config,)) as pool:
         parts = list(pool.map(_encode_in_worker, pieces))
     return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
-                   sum(p.read for p in parts), functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))
+                   sum(p.read for p in parts),
+                   functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))
 
 
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
