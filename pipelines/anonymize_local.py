@@ -12,14 +12,19 @@ belong on a distributed runner through the Beam pipeline.
 read -> parse -> batch -> render | tokenize (background thread) | hash -> number -> write
 
 With --processes N, file ranges are encoded in N worker processes (everything up to hashing is
-per record, so it spreads); numbering and writing stay in this process.
+per record, so it spreads), forked from this one once it has loaded the tokenizer; numbering and
+writing stay in this process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import multiprocessing
+import os
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
@@ -44,6 +49,7 @@ from transforms.encode.segment_cache import CacheCounts, log_counts
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
 from transforms.encode.tokenize import load_tokenizer
+from transforms.garbage import settle_after_start_up
 from transforms.ids.dense_ids import (
     NUMBERED,
     KindIds,
@@ -70,9 +76,9 @@ from transforms.write.shards import shard_plan, write_shard
 from transforms.write.totals import ExportTotals
 
 _LOG = logging.getLogger("kvtrace")
-# Worker processes start from a clean server process, not forked from this one: a fork copies
-# whatever threads hold locks (an earlier Beam run's gRPC threads in the same process, say).
+# Where forking is unsafe (_can_fork), worker processes start from a clean server process.
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # read by the Rust tokenizer
 # The name Beam's WriteToText gives a one-shard output, so both engines write the same files.
 DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 
@@ -129,21 +135,77 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
     return Encoded(hashed, rejected, read, encoder.take_cache_counts())
 
 
+def worker_count(processes: int) -> int:
+    """--processes: 0 means one per core this process may run on."""
+    if processes:
+        return processes
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     """Every input record encoded: in this process, or spread over worker processes by file
     range (each range parsed, rendered, tokenized and hashed where it is read). Results are
     gathered in range order, so dead letters keep the input's order either way."""
     pieces = [piece for path, size in config.inputs for piece in file_ranges(path, size)]
-    progress = ReadProgress(sum(size for _, size in config.inputs))
-    if processes <= 1 or len(pieces) <= 1:
-        return encode_ranges(pieces, _encoder(config), config.parse, progress)
-    context = multiprocessing.get_context(START_METHOD)
-    with ProcessPoolExecutor(processes, context, initializer=_start_worker,
-                             initargs=(config,)) as pool:
-        parts = list(pool.map(_encode_in_worker, pieces))
+    total_bytes = sum(size for _, size in config.inputs)
+    processes = min(worker_count(processes), len(pieces))
+    encoder = _encoder(config)
+    if processes <= 1:
+        settle_after_start_up()
+        return encode_ranges(pieces, encoder, config.parse, ReadProgress(total_bytes))
+    if _can_fork():
+        _warm_up(encoder, pieces[0], config.parse)
+        settle_after_start_up()
+        _WORKER.update(encoder=encoder, parse=config.parse, progress=ReadProgress(total_bytes))
+        pool = ProcessPoolExecutor(processes, multiprocessing.get_context("fork"))
+        _LOG.info("encoding %d file ranges in %d worker processes forked from this one",
+                  len(pieces), processes)
+    else:
+        pool = ProcessPoolExecutor(processes, multiprocessing.get_context(START_METHOD),
+                                   initializer=_start_worker, initargs=(config, total_bytes))
+        _LOG.info("encoding %d file ranges in %d worker processes started clean (this process "
+                  "runs other threads or loaded gRPC)", len(pieces), processes)
+    with pool, _single_threaded_tokenizers_in_children():
+        futures = [pool.submit(_encode_in_worker, piece) for piece in pieces]
+    parts = [future.result() for future in futures]
     return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
                    sum(p.read for p in parts),
                    functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))
+
+
+def _can_fork() -> bool:
+    """Whether workers may fork from this process, inheriting its loaded tokenizer and imported
+    renderer (~1.5 s of a core per worker otherwise): only where nothing but this thread runs
+    and gRPC was never loaded (a Beam run in this process leaves threads whose locks a fork
+    would copy held). The tokenizer's own thread pool is fork-aware."""
+    return ("fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+            and "grpc" not in sys.modules)
+
+
+def _warm_up(encoder: RequestEncoder, first: FileRange, parse: ParseOptions) -> None:
+    """Render the input's first record here, so that forked workers inherit the template
+    renderer imported and the template compiled; prompt-only input never imports it."""
+    for item in read_range(first, parse.max_record_bytes):
+        request = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
+        if not isinstance(request, DeadLetter):
+            encoder.render([request])
+        return
+
+
+@contextlib.contextmanager
+def _single_threaded_tokenizers_in_children() -> Iterator[None]:
+    """Workers tokenize on one thread each (a worker per core), said through the variable the
+    tokenizer reads when a process starts or forks (a forked one would otherwise warn that it
+    turns its threads off, this process having used them)."""
+    before = os.environ.get(TOKENIZERS_PARALLELISM)
+    os.environ[TOKENIZERS_PARALLELISM] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[TOKENIZERS_PARALLELISM]
+        else:
+            os.environ[TOKENIZERS_PARALLELISM] = before
 
 
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
@@ -153,15 +215,17 @@ def _encoder(config: AnonymizeConfig) -> RequestEncoder:
                           config.segment_cache_bytes)
 
 
-def _start_worker(config: AnonymizeConfig) -> None:
-    _WORKER["encoder"], _WORKER["parse"] = _encoder(config), config.parse
+def _start_worker(config: AnonymizeConfig, total_bytes: int) -> None:
+    _WORKER.update(encoder=_encoder(config), parse=config.parse,
+                   progress=ReadProgress(total_bytes))
+    settle_after_start_up()
 
 
 def _encode_in_worker(piece: FileRange) -> Encoded:
-    return encode_ranges([piece], _WORKER["encoder"], _WORKER["parse"])
+    return encode_ranges([piece], _WORKER["encoder"], _WORKER["parse"], _WORKER["progress"])
 
 
-def run_local(config: AnonymizeConfig, processes: int = 1) -> dict:
+def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
     """Run the job; returns the manifest, written last. Raises JobStopped (nothing published)
     when too much input is rejected."""
     encoded = encode_inputs(config, processes)

@@ -9,9 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"transforms": 0, "pipelines": 1, "kvtrace": 2}
 # transforms/ in the order data flows; the shared floor first (storage, errors, batching, pure
-# combiners, dead letters and the Beam steps every stage uses)
-STAGES = ("storage", "errors", "batching", "combiners", "dead_letters", "steps", "read", "encode", "ids",
-          "write", "stats", "cache", "synth", "replay")
+# combiners, dead letters, the Beam steps every stage uses, the collector's setting)
+STAGES = ("storage", "errors", "batching", "combiners", "dead_letters", "steps", "garbage", "read",
+          "encode", "ids", "write", "stats", "cache", "synth", "replay")
 
 
 def modules() -> dict[str, Path]:

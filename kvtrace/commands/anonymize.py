@@ -134,9 +134,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
              "beam when Beam options are given, else local")
     add("--processes", type=int, metavar="N",
-        help="local engine: worker processes that read, parse, render and hash file ranges "
-             "(default 1: one process, whose tokenizer already uses every core; measured "
-             "fastest on 2 cores; more helps chat logs on many cores, see docs/SCALE.md)")
+        help="local engine: worker processes that read, parse, render, tokenize and hash file "
+             "ranges of 8 MB, forked once the tokenizer is loaded (default 0: one per core; 1: "
+             "all in this process, the tokenizer's threads using every core)")
     add("--config", action="append", default=[], metavar="FILE[,FILE]",
         help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
              "say); later files and then flags override earlier values. A name without a path "
@@ -152,7 +152,7 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "drop_non_text_parts": False,
     "max_record_bytes": DEFAULT_MAX_RECORD_BYTES,
     "chat_template_kwargs": {},
-    "processes": 1,
+    "processes": 0,
     "hash_scheme": "kvtrace",
     "timestamp_granularity_ms": 1,
     "segment_cache_mb": DEFAULT_BUDGET_BYTES >> 20,
@@ -225,7 +225,7 @@ def _check_ranges(options: dict[str, Any]) -> None:
     integer("block_size", 1, MAX_BLOCK_SIZE)
     if options.get("hash_shards") is not None:
         integer("hash_shards", 1, MAX_HASH_SHARDS)
-    integer("processes", 1, MAX_PROCESSES)
+    integer("processes", 0, MAX_PROCESSES)
     integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
     integer("length_granularity", 1, MAX_GRANULARITY)
     integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
@@ -376,7 +376,7 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
     engine = options.get("engine") or ("beam" if flags or options.get("streaming") else "local")
     if engine not in ("local", "beam"):
         raise ConfigError(f"--engine must be local or beam, not {engine!r}")
-    if engine == "beam" and options["processes"] != 1:
+    if engine == "beam" and options["processes"] != ANONYMIZE_DEFAULTS["processes"]:
         raise ConfigError("--processes is for the local engine; Beam runners size their own "
                           "workers (e.g. --direct_num_workers, --max_num_workers)")
     engine_options(engine, flags)

@@ -78,6 +78,7 @@ def test_job_runs_from_a_copy_of_the_source_tree_with_worker_processes(
     assert manifest["records"]["exported"] == 12
 
 
+@pytest.mark.slow  # a wheel build and every module imported: ~8 s, .ci/run runs the slow set
 def test_every_module_of_the_tree_is_in_the_wheel(clean_python, tmp_path):
     """A folder without __init__.py imports from a checkout but is left out of the wheel."""
     modules = sorted(
@@ -93,6 +94,7 @@ def test_every_module_of_the_tree_is_in_the_wheel(clean_python, tmp_path):
     assert shown.returncode == 0, shown.stderr[-2000:]
 
 
+@pytest.mark.slow  # needs the wheel built: .ci/run runs the slow set
 def test_the_presets_the_cli_names_ship_in_the_wheel(clean_python, tmp_path):
     listed = _run(clean_python, tmp_path, "-m", "kvtrace.cli", "simulate", "--list-models")
     assert listed.returncode == 0, listed.stderr[-2000:]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, SALT, anonymize, assert_same_output, chat, write_jsonl
 
 from kvtrace.cli import main
+from pipelines import anonymize_local
 
 BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
        {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
@@ -45,14 +48,32 @@ def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, b
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path, monkeypatch, start):
+    """Workers forked from the loaded process (a fresh CLI process) or started clean (where a
+    fork is unsafe) write what one process writes."""
+    monkeypatch.setattr(anonymize_local, "_can_fork", lambda: False)
     inputs = mixed_inputs(tmp_path / "in")
-    assert anonymize(tiny_tokenizer, inputs, tmp_path / "one", "--salt-file", str(write_salt(tmp_path))) == 0
-    assert anonymize(tiny_tokenizer, inputs, tmp_path / "three", "--salt-file",
-                     str(write_salt(tmp_path)), "--processes", "3") == 0
+    salt = ["--salt-file", str(write_salt(tmp_path))]
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "one", *salt) == 0
+    flags = [*salt, "--processes", "3", "--output", str(tmp_path / "three"),
+             "--tokenizer", tiny_tokenizer, *(f"--input={path}" for path in inputs)]
+    if start == "forkserver":
+        assert main(["anonymize", *flags]) == 0
+    else:
+        run = subprocess.run([sys.executable, "-m", "kvtrace.cli", "anonymize", *flags],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert "worker processes forked from this one" in run.stderr
+        assert "huggingface/tokenizers" not in run.stderr  # told at fork, not left to warn
     assert_same_output(tmp_path / "one", tmp_path / "three")
     assert (tmp_path / "one-rejected" / "rejected-00000-of-00001.jsonl").read_bytes() == (
         tmp_path / "three-rejected" / "rejected-00000-of-00001.jsonl").read_bytes()
+
+
+def test_workers_fork_only_from_a_process_without_grpc_or_other_threads(monkeypatch):
+    monkeypatch.setitem(sys.modules, "grpc", sys)
+    assert not anonymize_local._can_fork()
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set

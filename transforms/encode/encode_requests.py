@@ -29,7 +29,7 @@ from transforms.read.records import Request
 # the long user and assistant turns.
 DROPPABLE_ROLES = frozenset({"system", "developer"})
 MESSAGE_NOT_RENDERED = "message_not_rendered"
-from transforms.encode.tokenize import ChatRenderer
+from transforms.encode.tokenize import render_chat
 
 _LOG = logging.getLogger("kvtrace")
 PROGRESS_INTERVAL_S = 30.0
@@ -93,7 +93,7 @@ class RequestEncoder:
                  emit_output_hashes: bool = False,
                  segment_cache_bytes: int = DEFAULT_BUDGET_BYTES):
         self._tokenizer = tokenizer
-        self._chats = ChatRenderer(tokenizer, dict(template_kwargs))
+        self._template_kwargs = dict(template_kwargs)
         self._segments = SegmentEncoder(tokenizer.backend_tokenizer, segment_cache_bytes)
         self._scheme = scheme
         self._emit_output_hashes = emit_output_hashes
@@ -154,7 +154,8 @@ class RequestEncoder:
     def _prompt(self, request: Request) -> str | None:
         """The text to tokenize, or None when the request came as token ids."""
         if request.kind == "chat":
-            return self._chats.render(request.messages, request.tools)
+            return render_chat(self._tokenizer, request.messages, request.tools,
+                               self._template_kwargs)
         return request.prompt
 
 

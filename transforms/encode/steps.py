@@ -15,6 +15,7 @@ from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
+from transforms.garbage import settle_after_start_up
 from transforms.read.records import Request
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import HashedBatch
@@ -54,6 +55,7 @@ class EncodeRequests(beam.DoFn):
             load_tokenizer(self._tokenizer_name), self._block_size, chain_seed(self._salt.load()),
             self._template_kwargs, self._scheme, self._emit_output_hashes,
             self._segment_cache_bytes))
+        settle_after_start_up()
 
     def teardown(self) -> None:
         self._encoding.close()

