@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import trace_of
 from transforms.read.trace_io import Trace
+from transforms.stats import blocks as blocks_module
 from transforms.stats.blocks import Blocks
+from transforms.stats.trace_stats import analyze
 from transforms.stats.key_shards import (PARTIAL, Rows, first_after_warmup, id_shard,
                                          prefix_shard, row_measures, row_sums)
 from transforms.stats.trace_shards import by_shard, chunk_tables, rowkeys, shard_blocks
@@ -101,3 +104,15 @@ def test_n_key_shards_measure_what_one_shard_measures(rows, shards, warmup):
     assert +counts == +local_counts
     for name, ids in local_problems.items():
         assert ids.tolist() == problems.get(name, np.zeros(0)).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows_strategy, st.integers(1, 9))
+def test_the_report_does_not_depend_on_how_many_blocks_a_temporary_holds(rows, chunk):
+    """Per-block temporaries are built CHUNK_BLOCKS at a time: any chunk size, the same report
+    (rows straddle chunk edges whenever chunk is below their length)."""
+    trace = trace_of(rows)
+    whole = analyze(trace, BLOCK_SIZE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(blocks_module, "CHUNK_BLOCKS", chunk)
+        assert analyze(trace, BLOCK_SIZE) == whole
