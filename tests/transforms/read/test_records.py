@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.errors import Rejected
-from transforms.read.json_tree import MAX_NESTING_DEPTH
+from transforms.read.json_tree import MAX_NESTING_DEPTH, check_tree
 from transforms.read.records import ParseOptions, Request, parse_record
 from transforms.read.timestamps import timestamp_ms
 
@@ -307,3 +307,24 @@ def test_a_system_or_developer_message_the_template_leaves_out_is_marked():
     assert MESSAGE_NOT_RENDERED in unrendered(request, "<user>hi</user>").defaulted
     kept = unrendered(request, "<dev>Answer in French.</dev><user>hi</user>")
     assert MESSAGE_NOT_RENDERED not in kept.defaulted
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["list", "dict"]), st.integers(0, 2)),
+                min_size=1, max_size=MAX_NESTING_DEPTH + 6),
+       st.sampled_from(["", "x", 1, None]))
+def test_the_depth_check_rejects_exactly_what_the_full_walk_rejects(shape, leaf):
+    """check_tree without strings (the orjson path) walks containers a level at a time; it must
+    reject exactly the values the full walk rejects as too deep."""
+    value: object = leaf
+    for kind, siblings in shape:  # innermost first; siblings are shallow neighbours
+        value = [value, *[[]] * siblings] if kind == "list" else {"k": value, **{f"s{i}": {} for i in range(siblings)}}
+
+    def verdict(check_strings: bool) -> str:
+        try:
+            check_tree(value, check_strings)
+        except Rejected as err:
+            return err.reason
+        return "ok"
+
+    assert verdict(False) == verdict(True)
