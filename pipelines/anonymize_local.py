@@ -63,6 +63,7 @@ from transforms.ids.id_map import publish_night, segment_files_by_shard, write_s
 from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from transforms.read.records import ParseOptions, Request
 from transforms.read.sources import (
+    READ_SPLIT_BYTES,
     FileRange,
     ReadProgress,
     file_ranges,
@@ -135,11 +136,13 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
     return Encoded(hashed, rejected, read, encoder.take_cache_counts())
 
 
-def worker_count(processes: int) -> int:
-    """--processes: 0 means one per core this process may run on."""
+def worker_count(processes: int, input_bytes: int) -> int:
+    """--processes: 0 means one per core this process may run on, at most one per read split of
+    input (a small input stays in this process: nothing to split, no pool to start)."""
     if processes:
         return processes
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, -(-input_bytes // READ_SPLIT_BYTES)))
 
 
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
@@ -148,12 +151,13 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     are gathered in range order, so dead letters keep the input's order either way."""
     pieces = [piece for path, size in config.inputs for piece in file_ranges(path, size)]
     total_bytes = sum(size for _, size in config.inputs)
-    processes = min(worker_count(processes), len(pieces))
-    encoder = _encoder(config)
+    processes = min(worker_count(processes, total_bytes), len(pieces))
     if processes <= 1:
+        encoder = _encoder(config)
         settle_after_start_up()
         return encode_ranges(pieces, encoder, config.parse, ReadProgress(total_bytes))
     if _can_fork():
+        encoder = _encoder(config)
         _warm_up(encoder, pieces[0], config.parse)
         settle_after_start_up()
         _WORKER.update(encoder=encoder, parse=config.parse, progress=ReadProgress(total_bytes))
@@ -165,9 +169,13 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
                                    initializer=_start_worker, initargs=(config, total_bytes))
         _LOG.info("encoding %d file ranges in %d worker processes started clean (this process "
                   "runs other threads or loaded gRPC)", len(pieces), processes)
-    with pool, _single_threaded_tokenizers_in_children():
-        futures = [pool.submit(_encode_in_worker, run) for run in contiguous_runs(pieces, processes)]
-    parts = [future.result() for future in futures]
+    try:
+        with pool, _single_threaded_tokenizers_in_children():
+            futures = [pool.submit(_encode_in_worker, run)
+                       for run in contiguous_runs(pieces, processes)]
+        parts = [future.result() for future in futures]
+    finally:
+        _WORKER.clear()  # the encoder and its cache, which forked workers took from here
     return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
                    sum(p.read for p in parts),
                    functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))

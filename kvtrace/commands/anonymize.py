@@ -135,8 +135,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "beam when Beam options are given, else local")
     add("--processes", type=int, metavar="N",
         help="local engine: worker processes that read, parse, render, tokenize and hash file "
-             "ranges of 8 MB, forked once the tokenizer is loaded (default 0: one per core; 1: "
-             "all in this process, the tokenizer's threads using every core)")
+             "ranges of 8 MB, forked once the tokenizer is loaded (default 0: one per core, at "
+             "most one per 8 MB of input; 1: all in this process, the tokenizer's threads using "
+             "every core)")
     add("--config", action="append", default=[], metavar="FILE[,FILE]",
         help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
              "say); later files and then flags override earlier values. A name without a path "

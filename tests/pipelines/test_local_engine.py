@@ -81,6 +81,16 @@ def test_each_worker_takes_one_run_of_neighbouring_ranges(pieces, processes):
     assert max(map(len, runs)) - min(map(len, runs)) <= 1
 
 
+def test_the_default_is_a_worker_per_core_and_per_read_split_of_input(monkeypatch):
+    monkeypatch.setattr(anonymize_local.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3},
+                        raising=False)
+    split = anonymize_local.READ_SPLIT_BYTES
+    assert anonymize_local.worker_count(0, 10_000) == 1
+    assert anonymize_local.worker_count(0, 2 * split + 1) == 3
+    assert anonymize_local.worker_count(0, 100 * split) == 4
+    assert anonymize_local.worker_count(6, 10_000) == 6  # asked for: as asked (ranges cap it)
+
+
 def test_workers_fork_only_from_a_process_without_grpc_or_other_threads(monkeypatch):
     monkeypatch.setitem(sys.modules, "grpc", sys)
     assert not anonymize_local._can_fork()
