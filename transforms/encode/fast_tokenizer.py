@@ -3,7 +3,7 @@ chat template renderer, without AutoTokenizer.
 
 AutoTokenizer imports transformers' model registry, which imports torch wherever torch is
 installed (16 s on a GPU box); this costs the tokenizer file's load and, for chat requests only,
-the template renderer. It mirrors what PreTrainedTokenizerFast.apply_chat_template does before it
+transformers' template renderer (loaded alone: template_renderer.py). It mirrors what PreTrainedTokenizerFast.apply_chat_template does before it
 calls that renderer (template choice, None-valued keys dropped, special tokens as template
 variables); tests/transforms/encode/test_fast_tokenizer.py checks token ids and rendered text against AutoTokenizer
 on the shipped tokenizers and templates.
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
+
+from transforms.encode import template_renderer
 
 TOKENIZER_FILE = "tokenizer.json"
 # The named special tokens transformers passes to every template (its special_tokens_map).
@@ -50,10 +52,8 @@ class FastTokenizer:
     ) -> str:
         if tokenize:
             raise ValueError("FastTokenizer renders text only; tokenize with backend_tokenizer")
-        from transformers.utils.chat_template_utils import render_jinja_template
-
         messages = [{k: v for k, v in m.items() if v is not None} for m in conversation]
-        rendered, _ = render_jinja_template(
+        rendered, _ = template_renderer.render_jinja_template()(
             conversations=[messages], tools=tools, chat_template=self._template(chat_template, tools),
             add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs},
         )

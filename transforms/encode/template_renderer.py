@@ -1,0 +1,61 @@
+"""transformers' chat-template renderer, loaded without the rest of transformers.
+
+Any `import transformers.x` first runs transformers' own `__init__`, which indexes every model
+(~550 files read) and imports the hub client, and `transformers.utils`' `__init__` imports the
+hub client too: 1.1 s of a chat job's ~2.3 s start-up here, paid before the first request
+renders and again by every clean worker. The renderer module needs neither: its imports are
+transformers' logging and import checks. So while it loads, those two packages are entered in
+`sys.modules` as empty packages (found by the import system, their `__init__` not run), and
+every `transformers` module loaded meanwhile is removed afterwards: the renderer keeps working
+(its own imports are real modules it holds), and any later `import transformers` runs the real
+package from scratch. Where transformers is already imported, or its layout ever refuses this,
+the plain import is used. tests/transforms/encode/test_template_renderer.py checks both give
+the same text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from typing import Any, Callable
+
+RENDERER_MODULE = "transformers.utils.chat_template_utils"
+# Parents of the renderer module whose __init__ it does not need, outermost first.
+UNRUN_PACKAGES = ("transformers", "transformers.utils")
+
+_lock = threading.Lock()  # Beam may set up DoFns on several threads at once
+_render: Callable[..., Any] | None = None
+
+
+def render_jinja_template() -> Callable[..., Any]:
+    """transformers' `render_jinja_template`, imported once per process."""
+    global _render
+    with _lock:
+        if _render is None:
+            module = _plain_import() if "transformers" in sys.modules else _import_alone()
+            _render = module.render_jinja_template
+        return _render
+
+
+def _plain_import() -> Any:
+    return importlib.import_module(RENDERER_MODULE)
+
+
+def _import_alone() -> Any:
+    before = set(sys.modules)
+    try:
+        for name in UNRUN_PACKAGES:
+            spec = importlib.util.find_spec(name)  # a dotted name's parent is the entry above
+            if spec is None or spec.submodule_search_locations is None:
+                raise ImportError(f"{name} is not a package")
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+        module = importlib.import_module(RENDERER_MODULE)
+    except Exception:  # a transformers laid out otherwise: nothing is lost but the time
+        module = None
+    finally:
+        for name in set(sys.modules) - before:
+            if name == "transformers" or name.startswith("transformers."):
+                del sys.modules[name]
+    return module if module is not None else _plain_import()
