@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import ROOT, SALT, anonymize, assert_same_output, chat, write_jsonl
 
 from kvtrace.cli import main
 from pipelines import anonymize_local
-from transforms.read.sources import FileRange
 
 BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
        {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
@@ -73,12 +74,37 @@ def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("pieces, processes", [(10, 2), (7, 3), (3, 3), (5, 4)])
-def test_each_worker_takes_one_run_of_neighbouring_ranges(pieces, processes):
-    ranges = [FileRange("f", i, i + 1) for i in range(pieces)]
-    runs = anonymize_local.contiguous_runs(ranges, processes)
-    assert len(runs) == processes and all(runs)
-    assert [piece for run in runs for piece in run] == ranges  # each once, in order
+def test_each_worker_starts_with_one_run_of_neighbouring_ranges(pieces, processes):
+    bounds = anonymize_local.run_bounds(pieces, processes)
+    runs = [range(bounds[2 * w], bounds[2 * w + 1]) for w in range(processes)]
+    assert all(runs) and [i for run in runs for i in run] == list(range(pieces))
     assert max(map(len, runs)) - min(map(len, runs)) <= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.integers(1, 40), processes=st.integers(1, 6), data=st.data())
+def test_claims_take_every_range_once_whatever_the_order_workers_ask_in(pieces, processes, data):
+    """Workers ask in any order: each range is claimed exactly once, a worker's own run in
+    order first, and what it takes from others are neighbours taken from their backs."""
+    processes = min(processes, pieces)
+    bounds = anonymize_local.run_bounds(pieces, processes)
+    own = {w: range(bounds[2 * w], bounds[2 * w + 1]) for w in range(processes)}
+    taken: dict[int, list[int]] = {w: [] for w in range(processes)}
+    asking = list(range(processes))
+    while asking:
+        worker = data.draw(st.sampled_from(asking))
+        index = anonymize_local.claim(bounds, worker)
+        if index is None:
+            asking.remove(worker)
+        else:
+            taken[worker].append(index)
+    assert sorted(i for got in taken.values() for i in got) == list(range(pieces))
+    for worker, got in taken.items():
+        mine = [i for i in got if i in own[worker]]
+        assert got[:len(mine)] == mine == sorted(mine)
+        for victim, run in own.items():
+            stolen = [i for i in got[len(mine):] if i in run]
+            assert stolen == sorted(stolen, reverse=True)  # from the back, neighbours
 
 
 def test_the_default_is_a_worker_per_core_and_per_read_split_of_input(monkeypatch):
