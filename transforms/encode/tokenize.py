@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from transforms.encode.fast_tokenizer import TOKENIZER_FILE, FastTokenizer
-from jinja2.exceptions import SecurityError
 from transforms.errors import JobStopped, Rejected
 from transforms.read.chat import arguments_as_strings
 
@@ -134,11 +133,15 @@ def render_chat(
     """
     try:
         return _apply(tokenizer, messages, tools, template_kwargs)
-    except SecurityError as err:  # the sandbox stopped it: the template is hostile, not the request
-        raise JobStopped(f"the chat template tried to reach Python internals, which transformers' "
-                         f"sandboxed Jinja environment refuses ({str(err)[:200]}); check where "
-                         f"the template came from") from None
-    except Exception as err:  # a template raising on a request is that request's fault
+    except Exception as err:  # a template raising on a request is that request's fault...
+        # ...unless the sandbox stopped it: then the template is hostile, not the request.
+        # (jinja2 imported here: prompt-only jobs never load it.)
+        from jinja2.exceptions import SecurityError
+
+        if isinstance(err, SecurityError):
+            raise JobStopped(f"the chat template tried to reach Python internals, which "
+                             f"transformers' sandboxed Jinja environment refuses "
+                             f"({str(err)[:200]}); check where the template came from") from None
         if _has_tool_calls(messages):
             try:
                 return _apply(tokenizer, arguments_as_strings(messages), tools, template_kwargs)

@@ -126,9 +126,8 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
         arrow_array(rows["timestamp_ms"] - origin_ms),
         arrow_array(rows["input_length"]),
         arrow_array(rows["output_length"]),
-        pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(batch.ids)).cast(
-            TRACE_SCHEMA.field("hash_ids").type
-        ),
+        pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(batch.ids),
+                                 type=TRACE_SCHEMA.field("hash_ids").type),
         arrow_array(rows["session_id"], valid=rows["session_id"] != NO_SESSION),
     ]
     schema = TRACE_SCHEMA
@@ -137,7 +136,8 @@ def parquet_bytes(batch: RowBatch, origin_ms: int) -> bytes:
         np.cumsum(rows["num_output_ids"], out=output_offsets[1:])
         schema = schema.append(pa.field(OUTPUT_IDS_FIELD, schema.field("hash_ids").type, nullable=False))
         columns.append(pa.ListArray.from_arrays(arrow_array(output_offsets, pa.int32()),
-                                                arrow_array(batch.output_ids)).cast(schema.field(OUTPUT_IDS_FIELD).type))
+                                                arrow_array(batch.output_ids),
+                                                type=schema.field(OUTPUT_IDS_FIELD).type))
     known = rows["response_ms"] != NO_RESPONSE_MS
     if known.any():
         schema = schema.append(pa.field(RESPONSE_FIELD, pa.int64(), nullable=True))
