@@ -160,9 +160,10 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         encoder = _encoder(config)
         settle_after_start_up()
         return encode_ranges(pieces, encoder, config.parse, ReadProgress(total_bytes))
-    if _can_fork():
-        context = multiprocessing.get_context("fork")
-        bounds = context.Array("q", run_bounds(len(pieces), processes))
+    forked = _can_fork()
+    context = multiprocessing.get_context("fork" if forked else START_METHOD)
+    bounds = context.Array("q", run_bounds(len(pieces), processes))
+    if forked:
         encoder = _encoder(config)
         _warm_up(encoder, pieces[0], config.parse)
         settle_after_start_up()
@@ -172,8 +173,6 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         _LOG.info("encoding %d file ranges in %d worker processes forked from this one",
                   len(pieces), processes)
     else:
-        context = multiprocessing.get_context(START_METHOD)
-        bounds = context.Array("q", run_bounds(len(pieces), processes))
         pool = ProcessPoolExecutor(processes, context, initializer=_start_worker,
                                    initargs=(config, total_bytes, pieces, bounds))
         _LOG.info("encoding %d file ranges in %d worker processes started clean (this process "

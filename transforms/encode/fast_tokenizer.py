@@ -3,8 +3,8 @@ chat template renderer, without AutoTokenizer.
 
 AutoTokenizer imports transformers' model registry, which imports torch wherever torch is
 installed (16 s on a GPU box); this costs the tokenizer file's load and, for chat requests only,
-transformers' template renderer (loaded alone: template_renderer.py). It mirrors what PreTrainedTokenizerFast.apply_chat_template does before it
-calls that renderer (template choice, None-valued keys dropped, special tokens as template
+transformers' template renderer (loaded alone: template_renderer.py). It mirrors what
+PreTrainedTokenizerFast.apply_chat_template does before it calls that renderer (template choice, None-valued keys dropped, special tokens as template
 variables); tests/transforms/encode/test_fast_tokenizer.py checks token ids and rendered text against AutoTokenizer
 on the shipped tokenizers and templates.
 """
