@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -37,3 +38,13 @@ def tool_python(name: str, requirement: str) -> str:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True)
     return str(venv / "bin" / "python")
+
+
+def corpus_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every anonymize benchmark takes: a corpus, a tokenizer, a block size."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("corpus", type=Path)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--block-size", type=int, default=512)
+    return parser

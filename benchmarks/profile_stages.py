@@ -14,7 +14,6 @@ apart here, so the table shows the work, not the overlap.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -24,6 +23,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from measure import corpus_parser
 
 STAGES: list[dict] = []
 # What can run on every core: per record and per batch work. Fixed start-up and the global
@@ -100,11 +101,7 @@ def amdahl(stages: list[dict], cores: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("corpus", type=Path)
-    parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--block-size", type=int, default=512)
+    parser = corpus_parser(__doc__)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     startup = startup_seconds(args.tokenizer)

@@ -25,7 +25,7 @@ from transforms.ids.id_map import publish_night, segment_files_by_shard
 from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.steps import BatchByWeight, CombineWith, metered
-from transforms.read.steps import ReadRecords, parse_records
+from transforms.read.steps import ReadRecords, RouteSessions, parse_records
 from transforms.write.rows import assemble_rows
 from transforms.write.totals import ExportTotals, sum_totals
 from transforms.write.shards import shard_plan
@@ -54,8 +54,12 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     read = pipeline | "Read" >> ReadRecords(config.inputs, config.parse.max_record_bytes)
     records = read.records
     parsed = parse_records(records, config.parse)
+    requests, routing_letters = parsed.requests, []
+    if config.route_sessions:
+        routed = parsed.requests | "RouteSessions" >> RouteSessions(config.parse)
+        requests, routing_letters = routed.requests, [routed[DEAD_LETTER_TAG]]
     encoded = (
-        parsed.requests
+        requests
         | "Batch" >> beam.ParDo(BatchByWeight(
             TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
         | "RenderTokenizeHash" >> beam.ParDo(
@@ -110,6 +114,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     dead_letters = (
         read[DEAD_LETTER_TAG],
         parsed[DEAD_LETTER_TAG],
+        *routing_letters,
         encoded[DEAD_LETTER_TAG],
         agreed[DEAD_LETTER_TAG],
     ) | "AllRejected" >> beam.Flatten()

@@ -82,6 +82,7 @@ class AnonymizeConfig:
     block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
+    route_sessions: bool = False  # Beam: a session's requests encoded on one worker
 
     @property
     def input_bytes(self) -> int:

@@ -95,7 +95,7 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     result = pipeline.run()
     with cancelled_if_stopped(result):
         result.wait_until_finish()
-    _log_map_reads(result)
+    _log_counters(result)
     return outputs
 
 
@@ -167,9 +167,13 @@ def _check_listening(endpoint: str, what: str, remedy: str) -> None:
         raise ConfigError(f"{what} at {endpoint} does not answer ({error}); {remedy}") from None
 
 
-def _log_map_reads(result: Any) -> None:
-    """What the night read of its id map (LookUpShard's counters), as the local engine says it."""
+def _log_counters(result: Any) -> None:
+    """What the night read of its id map (LookUpShard's counters) and what the workers' segment
+    caches did (EncodeRequests'), as the local engine says them."""
     from apache_beam.metrics.metric import MetricsFilter
+
+    from transforms.encode.segment_cache import CacheCounts, log_counts
+    from transforms.encode.steps import CACHE_METRICS
 
     try:
         counters = result.metrics().query(MetricsFilter().with_namespace("kvtrace"))["counters"]
@@ -181,3 +185,5 @@ def _log_map_reads(result: Any) -> None:
     if "map_bytes_read" in totals:
         _LOG.info("id map: read %.1f MiB, %d of %d row groups", totals["map_bytes_read"] / 2**20,
                   totals.get("map_row_groups_read", 0), totals.get("map_row_groups", 0))
+    log_counts(CacheCounts(**{name: totals.get(f"segment_cache_{name}", 0)
+                              for name in CACHE_METRICS}))

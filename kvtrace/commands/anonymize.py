@@ -111,6 +111,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="memory each worker gives its segment cache (default 256): a prompt is cut at the "
              "tokenizer's special tokens and each distinct piece tokenized once, as chat logs "
              "re-send their history; the output is the same with any size, 0 turns it off")
+    add("--route-sessions", action="store_true", default=None,
+        help="beam engine: shuffle requests by session before encoding, so each session's "
+             "history is tokenized by one worker's segment cache (a shuffle of every request's "
+             "record; docs/SCALE.md says when it pays). The output is the same either way")
     add("--timestamp-granularity-ms", type=int, metavar="MS",
         help="publish timestamps rounded to multiples of MS from the first request (default 1): "
              "coarser timing is harder to match against other records of the same traffic")
@@ -135,7 +139,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "beam when Beam options are given, else local")
     add("--processes", type=int, metavar="N",
         help="local engine: worker processes that read, parse, render, tokenize and hash file "
-             "ranges of 8 MB, forked once the tokenizer is loaded (default 0: one per core, at "
+             "ranges of 2 MB, forked once the tokenizer is loaded (default 0: one per core, at "
              "most one per 8 MB of input; 1: all in this process, the tokenizer's threads using "
              "every core)")
     add("--config", action="append", default=[], metavar="FILE[,FILE]",
@@ -298,6 +302,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         block_hashes=_block_hashes_directory(options, output, scheme),
         emit_output_hashes=bool(options.get("emit_output_hashes")),
         segment_cache_bytes=options["segment_cache_mb"] << 20,
+        route_sessions=bool(options.get("route_sessions")),
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
@@ -354,6 +359,9 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
                           "batch nights")
     if options.get("engine") == "local":
         raise ConfigError("--streaming runs on Beam (its DirectRunner here), not --engine local")
+    if options.get("route_sessions"):
+        raise ConfigError("--route-sessions is for batch jobs: a stream's window is encoded as "
+                          "its requests arrive")
     window = parse_duration_ms(options.get("window") or "1h", "--window")
     lateness = parse_duration_ms(options.get("allowed_lateness") or "0s", "--allowed-lateness")
     if not 0 < window <= MAX_WINDOW_MS:
@@ -380,6 +388,10 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
     if engine == "beam" and options["processes"] != ANONYMIZE_DEFAULTS["processes"]:
         raise ConfigError("--processes is for the local engine; Beam runners size their own "
                           "workers (e.g. --direct_num_workers, --max_num_workers)")
+    if engine == "local" and options.get("route_sessions"):
+        raise ConfigError("--route-sessions is for --engine beam: the local engine's workers "
+                          "each read a run of neighbouring ranges, which keeps a session's "
+                          "requests together already")
     engine_options(engine, flags)
     return engine
 

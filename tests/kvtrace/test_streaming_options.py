@@ -29,6 +29,7 @@ def test_durations_refused(text):
     (["--input", "kafka://127.0.0.1:9092/requests"], "needs $KVTRACE_KAFKA_EXPANSION"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--id-map", "m"], "--id-map is for batch"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--engine", "local"], "not --engine local"),
+    (["--input", "pubsub:projects/p/subscriptions/s", "--route-sessions"], "is for batch jobs"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--window", "0s"], "longer than 0"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--window", "32d"], "at most 31d"),
     (["--input", "pubsub:projects/p/subscriptions/s", "--allowed-lateness", "40d"], "at most 31d"),

@@ -37,13 +37,17 @@ def mixed_inputs(folder: Path) -> list[Path]:
             write_jsonl(folder / "b.jsonl", second[1::2]), folder / "c.jsonl.gz"]
 
 
-@pytest.mark.parametrize("block_size", ["2", "16"])
+@pytest.mark.parametrize("block_size, beam", [("2", []), ("16", []), ("16", ["--route-sessions"])])
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, block_size):
+def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, block_size, beam):
+    """Also with each session's requests routed to one Beam worker (two of them)."""
     inputs = mixed_inputs(tmp_path / "in")
     flags = ["--block-size", block_size, "--salt-file", str(write_salt(tmp_path))]
+    if beam:
+        beam = [*beam, "--direct_num_workers", "2", "--direct_running_mode", "multi_threading"]
     assert anonymize(tiny_tokenizer, inputs, tmp_path / "local", *flags) == 0
-    assert anonymize(tiny_tokenizer, inputs, tmp_path / "beam", *flags, "--engine", "beam") == 0
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "beam", *flags, "--engine", "beam",
+                     *beam) == 0
     assert_same_output(tmp_path / "local", tmp_path / "beam")
     manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
     assert manifest["records"]["rejected"] == len(BAD)
@@ -151,6 +155,7 @@ def test_only_rejected_records_still_give_an_empty_trace(tiny_tokenizer, tmp_pat
 @pytest.mark.parametrize("flags, message", [
     (["--engine", "local", "--direct_num_workers", "2"], "unknown options for the local engine"),
     (["--engine", "beam", "--processes", "2"], "--processes is for the local engine"),
+    (["--route-sessions"], "--route-sessions is for --engine beam"),
 ])
 def test_local_engine_refuses_what_only_beam_does(tiny_tokenizer, tmp_path, capsys, flags, message):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])

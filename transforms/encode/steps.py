@@ -23,7 +23,8 @@ from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_
 from transforms.steps import tagged
 
 
-CACHE_METRICS = ("tokens", "hit_tokens", "segments", "hit_segments", "evicted", "mismatches")
+CACHE_METRICS = ("tokens", "hit_tokens", "segments", "hit_segments", "evicted", "checked",
+                 "mismatches")
 
 
 class EncodeRequests(beam.DoFn):

@@ -1,14 +1,16 @@
-"""The Beam steps of reading: file ranges spread over workers, records parsed into Requests."""
+"""The Beam steps of reading: file ranges spread over workers, records parsed into Requests,
+and, when asked, each session's requests routed to one worker."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 
 from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.read.records import ParseOptions
+from transforms.read.routing import Routed, arrived, route_key, routed
 from transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
 from transforms.steps import tagged
 
@@ -66,3 +68,34 @@ def parse_records(records: beam.PCollection, options: ParseOptions) -> beam.pval
     return records | "Parse" >> beam.ParDo(ParseRecords(options)).with_outputs(
         DEAD_LETTER_TAG, main="requests"
     )
+
+
+class ParseArrived(beam.DoFn):
+    """(key, routed requests) after the shuffle in; the Requests out (parsed again where they
+    travelled as lines), a dead letter for any that would not parse (none should)."""
+
+    def __init__(self, options: ParseOptions):
+        self._options = options
+
+    def process(self, element: tuple[str, Iterable[Routed]]) -> Iterator[Any]:
+        for payload in element[1]:
+            request = arrived(payload, self._options)
+            yield tagged(request) if isinstance(request, DeadLetter) else request
+
+
+class RouteSessions(beam.PTransform):
+    """Requests in; the same Requests out, each session's on one worker (routing.py), dead
+    letters under DEAD_LETTER_TAG."""
+
+    def __init__(self, options: ParseOptions):
+        super().__init__()
+        self._options = options
+
+    def expand(self, requests: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        return (
+            requests
+            | "KeyBySession" >> beam.Map(lambda request: (route_key(request), routed(request)))
+            | "GroupBySession" >> beam.GroupByKey()
+            | "ParseArrived" >> beam.ParDo(ParseArrived(self._options))
+            .with_outputs(DEAD_LETTER_TAG, main="requests")
+        )
