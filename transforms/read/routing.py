@@ -30,9 +30,11 @@ Routed = Union[tuple[str, bytes], Request]
 
 
 def route_key(request: Request) -> str:
-    """The shuffle key: the session when the request has one, else a digest of its record."""
+    """The shuffle key: a digest of the session when the request has one, else of its record
+    (digests keep keys short whatever a log puts in its session ids)."""
     if request.session is not None:
-        return _SESSION + request.session
+        session = request.session.encode("utf-8", "surrogatepass")
+        return _SESSION + xxhash.xxh3_128_hexdigest(session)
     return _ALONE + xxhash.xxh3_128_hexdigest(request.line)
 
 

@@ -57,8 +57,9 @@ def test_a_session_is_one_key_and_requests_without_one_spread():
     alone = [request({"timestamp": 5, "messages": [{"role": "user", "content": c}]})
              for c in ("a", "b", "c")]
     assert len({route_key(r) for r in alone}) == 3
-    # a session named like another request's digest is still its own key
     assert route_key(turns[0]) != route_key(alone[0])
+    huge = request({"timestamp": 1, "session_id": "x" * 100_000, "prompt": "p"})
+    assert len(route_key(huge)) == len(route_key(alone[0]))  # keys stay short
 
 
 def test_keys_are_the_same_in_every_worker_process():
