@@ -108,9 +108,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "tokens past the prompt's (what the engine caches after decoding), in the same id "
              "space; kvtrace simulate --decode-cache replays them")
     add("--segment-cache-mb", type=int, metavar="MB",
-        help="memory each worker gives its segment cache (default 256): a prompt is cut at the "
-             "tokenizer's special tokens and each distinct piece tokenized once, as chat logs "
-             "re-send their history; the output is the same with any size, 0 turns it off")
+        help="memory each worker process gives its segment cache (default 256; on Beam its "
+             "threads share it): a prompt is cut at the tokenizer's special tokens and each "
+             "distinct piece tokenized once, as chat logs re-send their history; the output "
+             "is the same with any size, 0 turns it off")
     add("--route-sessions", action="store_true", default=None,
         help="beam engine: shuffle requests by session before encoding, so each session's "
              "history is tokenized by one worker's segment cache (a shuffle of every request's "

@@ -7,6 +7,7 @@ import pytest
 from pathlib import Path
 
 import json
+import pickle
 
 import apache_beam as beam
 import numpy as np
@@ -51,6 +52,25 @@ def test_encode_requests_hashes_batches_and_dead_letters_template_errors(tiny_to
         assert_that(out.hashed, check)
         assert_that(out[DEAD_LETTER_TAG] | beam.Map(lambda d: d.reason),
                     equal_to(["template_error"]), label="Rejected")
+
+
+def test_encode_requests_instances_of_a_process_share_one_segment_cache(tiny_tokenizer):
+    """A runner deserializes a DoFn once per thread: those copies share one cache (and its
+    budget), as the threads of one Dataflow worker process would."""
+    salt = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")
+    dofn = EncodeRequests(tiny_tokenizer, 4, salt, {}, segment_cache_bytes=1 << 20)
+    copies = [pickle.loads(pickle.dumps(dofn)) for _ in range(2)]
+    for copy in copies:
+        copy.setup()
+    try:
+        assert copies[0]._segment_cache is copies[1]._segment_cache
+        other = EncodeRequests(tiny_tokenizer, 4, salt, {})  # another pipeline's step
+        other.setup()
+        assert other._segment_cache is not copies[0]._segment_cache
+        other.teardown()
+    finally:
+        for copy in copies:
+            copy.teardown()
 
 
 def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):

@@ -17,7 +17,8 @@ from typing import Any
 import xxhash
 
 from transforms.encode.blocks import DIGEST_SIZE, TOKEN_DTYPE, keyed_digest, token_bytes
-from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES, CacheCounts, SegmentEncoder
+from transforms.encode.segment_cache import (DEFAULT_BUDGET_BYTES, CacheCounts, SegmentCache,
+                                             SegmentEncoder)
 from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
@@ -91,10 +92,12 @@ class RequestEncoder:
     def __init__(self, tokenizer: Any, block_size: int, seed: bytes,
                  template_kwargs: dict[str, Any], scheme: HashScheme = HashScheme(),
                  emit_output_hashes: bool = False,
-                 segment_cache_bytes: int = DEFAULT_BUDGET_BYTES):
+                 segment_cache_bytes: int = DEFAULT_BUDGET_BYTES,
+                 segment_cache: SegmentCache | None = None):
         self._tokenizer = tokenizer
         self._template_kwargs = dict(template_kwargs)
-        self._segments = SegmentEncoder(tokenizer.backend_tokenizer, segment_cache_bytes)
+        self._segments = SegmentEncoder(tokenizer.backend_tokenizer, segment_cache_bytes,
+                                        segment_cache)
         self._scheme = scheme
         self._emit_output_hashes = emit_output_hashes
         self._block_size = block_size

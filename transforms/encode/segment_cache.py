@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -152,29 +153,39 @@ def _position_dependent(pre_tokenizer: dict[str, Any] | None) -> str | None:
 
 
 class SegmentCache:
-    """Token bytes of text segments, least recently used evicted past budget_bytes."""
+    """Token bytes of text segments, least recently used evicted past budget_bytes. Safe to share
+    between threads (a Beam worker process shares one between its DoFn instances)."""
 
     def __init__(self, budget_bytes: int):
         self._budget = budget_bytes
         self._used = 0
         self._entries: OrderedDict[str, bytes] = OrderedDict()
-        self.evicted = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
 
     def get(self, segment: str) -> bytes | None:
-        ids = self._entries.get(segment)
-        if ids is not None:
-            self._entries.move_to_end(segment)
-        return ids
+        with self._lock:
+            ids = self._entries.get(segment)
+            if ids is not None:
+                self._entries.move_to_end(segment)
+            return ids
 
-    def put(self, segment: str, ids: bytes) -> None:
-        if segment in self._entries:
-            return
-        self._entries[segment] = ids
-        self._used += _cost(segment, ids)
-        while self._used > self._budget and self._entries:
-            old, old_ids = self._entries.popitem(last=False)
-            self._used -= _cost(old, old_ids)
-            self.evicted += 1
+    def put(self, segment: str, ids: bytes) -> int:
+        """Cache a segment's ids; returns how many entries that evicted."""
+        evicted = 0
+        with self._lock:
+            if segment in self._entries:
+                return 0
+            self._entries[segment] = ids
+            self._used += _cost(segment, ids)
+            while self._used > self._budget and self._entries:
+                old, old_ids = self._entries.popitem(last=False)
+                self._used -= _cost(old, old_ids)
+                evicted += 1
+        return evicted
 
 
 def _cost(segment: str, ids: bytes) -> int:
@@ -185,10 +196,12 @@ class SegmentEncoder:
     """Texts to token bytes (uint32 little-endian ids) through the cache, or whole when the
     tokenizer is not safe to cut (then it is exactly today's path)."""
 
-    def __init__(self, backend: Any, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+    def __init__(self, backend: Any, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 cache: SegmentCache | None = None):
+        """cache: one to share (its budget rules), else one of budget_bytes of its own."""
         self._backend = backend
         self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        self._cache = SegmentCache(budget_bytes)
+        self._cache = cache if cache is not None else SegmentCache(budget_bytes)
         self.counts = CacheCounts()
         self._texts = 0  # cut texts so far: every CHECK_EVERY-th is checked
         splitter = splitter_for(tokenizer_config(backend)) if budget_bytes > 0 else \
@@ -262,13 +275,11 @@ class SegmentEncoder:
             pieces.append(parts)
         batch = list(new) + [text for text in uncut if text not in new]
         fresh = dict(zip(batch, self._whole(batch)))
-        evicted = cache.evicted
         for segment, occurrences in new.items():
             ids = fresh[segment]
-            cache.put(segment, ids)
+            counts.evicted += cache.put(segment, ids)
             counts.hit_segments += occurrences - 1  # tokenized once for all its occurrences
             counts.hit_tokens += (occurrences - 1) * (len(ids) // TOKEN_BYTES)
-        counts.evicted += cache.evicted - evicted
         joined = [b"".join(fresh[p] if isinstance(p, str) else p for p in parts)
                   for parts in pieces]
         counts.tokens += sum(len(ids) for ids in joined) // TOKEN_BYTES

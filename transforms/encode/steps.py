@@ -7,11 +7,12 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.encode.blocks import chain_seed
 from transforms.encode.schemes import HashScheme
-from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
+from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES, SegmentCache
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
@@ -47,15 +48,20 @@ class EncodeRequests(beam.DoFn):
         self._scheme = scheme
         self._emit_output_hashes = emit_output_hashes
         self._segment_cache_bytes = segment_cache_bytes
+        # One segment cache per worker process, shared by the DoFn instances its threads run
+        # (Dataflow runs several per process): the budget is a process's, not a thread's.
+        self._shared_cache = shared.Shared()
         # Each worker's segment cache, summed in the runner's metrics (Dataflow's job page).
         self._cache_metrics = {name: Metrics.counter("kvtrace", f"segment_cache_{name}")
                                for name in CACHE_METRICS}
 
     def setup(self) -> None:
+        self._segment_cache = self._shared_cache.acquire(
+            lambda: SegmentCache(self._segment_cache_bytes))  # held: the handle keeps weak refs
         self._encoding = OverlappedEncoder(RequestEncoder(
             load_tokenizer(self._tokenizer_name), self._block_size, chain_seed(self._salt.load()),
             self._template_kwargs, self._scheme, self._emit_output_hashes,
-            self._segment_cache_bytes))
+            self._segment_cache_bytes, self._segment_cache))
         settle_after_start_up()
 
     def teardown(self) -> None:

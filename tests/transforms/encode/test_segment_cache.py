@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import logging
+import threading
 
 import pytest
 from conftest import OPENAI_TOOL_TURN, anonymize, assert_same_output, chat, write_jsonl
@@ -13,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from transforms.encode.blocks import token_bytes
-from transforms.encode.segment_cache import (CHECK_EVERY, SegmentCache, SegmentEncoder,
-                                             splitter_for)
+from transforms.encode.segment_cache import (CHECK_EVERY, DEFAULT_BUDGET_BYTES, SegmentCache,
+                                             SegmentEncoder, splitter_for)
 from transforms.encode.tokenize import load_tokenizer, render_chat
 from transforms.read.records import parse_record
 
@@ -47,12 +48,47 @@ def test_the_cut_takes_the_longest_added_token_as_the_tokenizer_matches():
 
 def test_the_cache_keeps_its_budget_evicting_the_least_recently_used():
     cache = SegmentCache(budget_bytes=2 * (1 + 4 + 200))  # two one-character, one-token entries
-    cache.put("a", b"aaaa")
-    cache.put("b", b"bbbb")
+    assert cache.put("a", b"aaaa") == cache.put("b", b"bbbb") == 0
     assert cache.get("a") == b"aaaa"  # now b is the least recently used
-    cache.put("c", b"cccc")
+    assert cache.put("c", b"cccc") == 1  # evicted one
     assert (cache.get("a"), cache.get("b"), cache.get("c")) == (b"aaaa", None, b"cccc")
-    assert cache.evicted == 1
+
+
+def test_threads_sharing_a_cache_keep_its_budget_and_its_accounting():
+    """A Beam worker process shares one cache between threads: concurrent puts and gets never
+    lose an entry's cost or overrun the budget."""
+    budget = 50 * (3 + 8 + 200)
+    cache = SegmentCache(budget)
+    evicted = []
+
+    def work(offset: int) -> None:
+        count = 0
+        for i in range(2000):
+            segment = f"{(i * 7 + offset) % 300:03d}"
+            if cache.get(segment) is None:
+                count += cache.put(segment, segment.encode() * 2 + b"xx")
+        evicted.append(count)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    kept = [s for s in (f"{i:03d}" for i in range(300)) if cache.get(s) is not None]
+    assert cache.used_bytes == len(kept) * (3 + 8 + 200) <= budget
+    assert sum(evicted) > 0
+
+
+def test_encoders_sharing_a_cache_tokenize_a_segment_once(tiny_tokenizer):
+    backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
+    shared = SegmentCache(DEFAULT_BUDGET_BYTES)
+    first, second = (SegmentEncoder(backend, cache=shared) for _ in range(2))
+    token = next(added.content for added in backend.get_added_tokens_decoder().values()
+                 if not added.normalized)
+    text = f"hello world{token}this is a prompt{token}"
+    assert first.encode([text]) == second.encode([text])
+    assert first.take_counts().hit_segments == 0
+    assert second.take_counts().hit_segments == 2  # both pieces, from the other's work
 
 
 PIECES = st.sampled_from([
