@@ -1,10 +1,13 @@
 """Checks on a decoded JSON value before any field of it is used: nesting depth, and valid
-Unicode in every string and key. Iterative, so a hostile value cannot blow the stack."""
+Unicode in every string and key. Iterative, so a hostile value cannot blow the stack. And JSON
+texts inside records (tool-call arguments) read exactly as the standard parser reads them."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import orjson
 
 from transforms.errors import Rejected
 
@@ -13,14 +16,43 @@ from transforms.errors import Rejected
 MAX_NESTING_DEPTH = 64
 
 
-def loads_checked(text: str) -> Any:
-    """json.loads, with nesting beyond what the parser's stack survives rejected as too deep."""
+# A run of 19 digits, found by mapping every digit to "0" (C speed; a regex scan took 8x
+# orjson's own time on 40 KB lines).
+_DIGITS_AS_ZEROS = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+def orjson_reading(data: bytes) -> tuple[bool, Any]:
+    """(True, value) where orjson reads data as the standard parser would, (False, None) where
+    the standard parser must: orjson takes strict JSON only (UTF-8, no lone surrogates, no NaN)
+    and reads it alike, 1.5-3x faster, except integers past 64 bits (floats to it), so data
+    with 19 digits in a row is left to the standard parser."""
+    if _LONG_DIGIT_RUN in data.translate(_DIGITS_AS_ZEROS):
+        return False, None
     try:
-        value = json.loads(text)
+        return True, orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False, None
+
+
+def loads_checked(text: str) -> Any:
+    """json.loads's value, with nesting beyond what the parser's stack survives rejected as too
+    deep. Read by orjson where that reads alike (orjson_reading): tool-call arguments are most
+    of an agent log's small JSON texts."""
+    try:
+        value = _orjson_or_standard(text)
     except RecursionError:
         raise Rejected("too_deep", "JSON nested too deep to parse") from None
     check_tree(value, check_strings=False)
     return value
+
+
+def _orjson_or_standard(text: str) -> Any:
+    try:
+        read, value = orjson_reading(text.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates: only the standard parser reads them
+        read, value = False, None
+    return value if read else json.loads(text)
 
 
 def check_tree(value: Any, check_strings: bool = True) -> None:

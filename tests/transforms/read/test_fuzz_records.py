@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from transforms.dead_letters import DeadLetter
 from transforms.encode.encode_requests import RequestEncoder
 from transforms.encode.tokenize import load_tokenizer
+from transforms.read.json_tree import loads_checked
 from transforms.read.records import ParseOptions, Request, load_json_line
 from transforms.read.sources import parse_one
 
@@ -190,3 +191,16 @@ def test_a_line_reads_exactly_as_the_standard_parser_reads_it(value, spacing):
     same types (integers past 64 bits stay integers, -0.0 stays a float)."""
     line = json.dumps({"extra": value}, separators=spacing).encode()
     assert repr(load_json_line(line)[0]) == repr(json.loads(line))
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=JSON_VALUES | st.just(float("nan")) | st.just(float("-inf")),
+       spacing=st.sampled_from([None, (",", ":"), (", ", ": ")]), ascii_only=st.booleans(),
+       surrogate=st.booleans())
+def test_tool_call_arguments_read_exactly_as_the_standard_parser_reads_them(
+        value, spacing, ascii_only, surrogate):
+    """Arguments strings (orjson where it reads the same): the same value and types, NaN and
+    infinities, lone surrogates escaped or raw, integers past 64 bits."""
+    text = json.dumps({"a": value, "s": "\ud800" if surrogate else "x"}, separators=spacing,
+                      ensure_ascii=ascii_only)
+    assert repr(loads_checked(text)) == repr(json.loads(text))
