@@ -34,10 +34,16 @@ LIVE_WINDOW_MS = 10_000
 LIVE_SECONDS = 45
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports nothing listens on (the probes are held until all are bound)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def request(i: int, timestamp_ms: int) -> bytes:
@@ -98,8 +104,9 @@ def sustained(host: str, tokenizer: str, requests: int, work: Path) -> None:
 def sustained_kafka(tokenizer: str, requests: int, work: Path) -> None:
     """The same backlog from a Kafka broker, on the local Flink cluster (started beforehand)."""
     env = {**os.environ, "KVTRACE_KAFKA_HOME": str(work / "kafka")}
-    broker, port = str(ROOT / "deploy" / "kafka" / "local-broker.sh"), free_port()
-    subprocess.run([broker, "start", str(port)], env=env, capture_output=True, check=True)
+    broker, (port, controller) = str(ROOT / "deploy" / "kafka" / "local-broker.sh"), free_ports(2)
+    subprocess.run([broker, "start", str(port), str(controller)], env=env, capture_output=True,
+                   check=True)
     try:
         lines = b"".join(message + b"\n" for message in backlog(requests))
         subprocess.run([broker, "produce", str(port), "backlog"], input=lines, env=env,
@@ -191,7 +198,7 @@ def main() -> None:
         work = Path(tmp)
         env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(work / "emulator")}
         script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
-        started = subprocess.run([script, "start", str(free_port())], env=env,
+        started = subprocess.run([script, "start", str(free_ports(1)[0])], env=env,
                                  capture_output=True, text=True, check=True)
         host = started.stdout.strip().rpartition("=")[2]
         try:

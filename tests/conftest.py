@@ -181,11 +181,19 @@ ON_FLINK = [
 
 def free_port() -> int:
     """A loopback port nothing listens on (once the probe closes)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports nothing listens on (the probes are held until all are bound)."""
+    import contextlib
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
 # Streaming end to end (tests/e2e/test_pubsub.py, test_kafka_flink.py). A generous bound for a

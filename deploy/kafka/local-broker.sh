@@ -2,7 +2,8 @@
 # A Kafka broker on loopback (KRaft: broker and controller in one process), for
 # `kvtrace anonymize --streaming --input kafka://127.0.0.1:PORT/TOPIC` on this machine and its tests.
 #
-#   deploy/kafka/local-broker.sh start [PORT]   # installs on first use; returns once it serves
+#   deploy/kafka/local-broker.sh start [PORT [CONTROLLER_PORT]]   # installs on first use;
+#       returns once it serves (the controller listens on PORT+1 unless given)
 #   deploy/kafka/local-broker.sh produce PORT TOPIC < messages   # one message per line
 #   deploy/kafka/local-broker.sh stop
 #
@@ -31,16 +32,23 @@ classpath() {  # resolved again whenever broker/pom.xml changes
 
 start() {
   local port="${1:-9092}" cp
+  local controller="${2:-$((port + 1))}"
   cp=$(classpath)
   if [ -f "$home/pid" ] && kill -0 "$(cat "$home/pid")" 2>/dev/null; then
     echo "export KVTRACE_KAFKA=$(cat "$home/address")"; return
   fi
+  # The broker would exit at once, saying nothing (its logging has no backend), on a taken port.
+  for taken in "$port" "$controller"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$taken") 2>/dev/null; then
+      die "port $taken on 127.0.0.1 is in use; give others: start PORT CONTROLLER_PORT"
+    fi
+  done
   rm -rf "$home/data" && mkdir -p "$home/data"
   cat > "$home/server.properties" <<PROPERTIES
 process.roles=broker,controller
 node.id=1
-controller.quorum.voters=1@127.0.0.1:$((port + 1))
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 1))
+controller.quorum.voters=1@127.0.0.1:$controller
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
@@ -82,8 +90,9 @@ stop() {
 }
 
 case "${1:-}" in
-  start) start "${2:-}" ;;
+  start) start "${2:-}" "${3:-}" ;;
   produce) shift; produce "$@" ;;
   stop) stop ;;
-  *) echo "usage: $0 start [PORT] | produce PORT TOPIC < messages | stop" >&2; exit 2 ;;
+  *) echo "usage: $0 start [PORT [CONTROLLER_PORT]] | produce PORT TOPIC < messages | stop" >&2
+     exit 2 ;;
 esac

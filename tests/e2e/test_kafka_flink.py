@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import (ON_FLINK, ROOT, check_stream_against_batch, free_port,
+from conftest import (ON_FLINK, ROOT, check_stream_against_batch, free_ports,
                       run_stream_until_accounted, running_stream, stream_accounted,
                       stream_request)
 
@@ -31,9 +31,9 @@ CHECKPOINT_S = 60  # local-cluster.sh checkpoints every 10 s
 def broker(tmp_path_factory) -> Iterator[tuple[int, dict[str, str]]]:
     """A Kafka broker on loopback: its port, and the environment its script needs."""
     env = {**os.environ, "KVTRACE_KAFKA_HOME": str(tmp_path_factory.mktemp("kafka"))}
-    port = free_port()
-    started = subprocess.run([BROKER, "start", str(port)], env=env, capture_output=True,
-                             text=True)
+    port, controller = free_ports(2)  # the controller's own port: PORT+1 may be taken
+    started = subprocess.run([BROKER, "start", str(port), str(controller)], env=env,
+                             capture_output=True, text=True)
     assert started.returncode == 0, started.stderr
     try:
         yield port, env
