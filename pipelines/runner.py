@@ -172,8 +172,7 @@ def _log_counters(result: Any) -> None:
     caches did (EncodeRequests'), as the local engine says them."""
     from apache_beam.metrics.metric import MetricsFilter
 
-    from transforms.encode.segment_cache import CacheCounts, log_counts
-    from transforms.encode.steps import CACHE_METRICS
+    from transforms.encode.segment_cache import COUNTED, CacheCounts, log_counts
 
     try:
         counters = result.metrics().query(MetricsFilter().with_namespace("kvtrace"))["counters"]
@@ -186,4 +185,4 @@ def _log_counters(result: Any) -> None:
         _LOG.info("id map: read %.1f MiB, %d of %d row groups", totals["map_bytes_read"] / 2**20,
                   totals.get("map_row_groups_read", 0), totals.get("map_row_groups", 0))
     log_counts(CacheCounts(**{name: totals.get(f"segment_cache_{name}", 0)
-                              for name in CACHE_METRICS}))
+                              for name in COUNTED}))

@@ -62,6 +62,10 @@ class CacheCounts:
         return CacheCounts(**summed, disabled=self.disabled or other.disabled)
 
 
+# What is summed over workers (Beam metrics `segment_cache_NAME`).
+COUNTED = tuple(f.name for f in dataclasses.fields(CacheCounts) if f.name != "disabled")
+
+
 def log_counts(counts: CacheCounts) -> None:
     """The run's cache figures, for the operator: they depend on worker count and record order,
     so they stay out of the output, which must not."""

@@ -12,7 +12,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.encode.blocks import chain_seed
 from transforms.encode.schemes import HashScheme
-from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES, SegmentCache
+from transforms.encode.segment_cache import COUNTED, DEFAULT_BUDGET_BYTES, SegmentCache
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
@@ -22,10 +22,6 @@ from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from transforms.steps import tagged
-
-
-CACHE_METRICS = ("tokens", "hit_tokens", "segments", "hit_segments", "evicted", "checked",
-                 "mismatches")
 
 
 class EncodeRequests(beam.DoFn):
@@ -53,7 +49,7 @@ class EncodeRequests(beam.DoFn):
         self._shared_cache = shared.Shared()
         # Each worker's segment cache, summed in the runner's metrics (Dataflow's job page).
         self._cache_metrics = {name: Metrics.counter("kvtrace", f"segment_cache_{name}")
-                               for name in CACHE_METRICS}
+                               for name in COUNTED}
 
     def setup(self) -> None:
         self._segment_cache = self._shared_cache.acquire(
