@@ -165,7 +165,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     totals = (
         hashed
-        | "BatchTotals" >> beam.Map(ExportTotals.of_batch)
+        | "BatchTotals" >> beam.Map(ExportTotals.of_batch, config.coarsening)
         | "SumTotals" >> beam.CombineGlobally(sum_totals)
     )
     damaged_files = (
@@ -175,7 +175,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     manifest = pipeline | "Summary" >> beam.Create([None]) | "WriteStats" >> beam.Map(
         lambda _, files, counts, totals, unique, damaged: write_stats(
-            config, files, counts, totals, unique, damaged
+            config, files, counts, totals, unique, damaged, config.id_map is not None
         ),
         beam.pvalue.AsList(trace_files),
         beam.pvalue.AsSingleton(counts),

@@ -16,12 +16,10 @@ from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
 from transforms.write.replayers import replay_commands
 from transforms.write.coarsen import Coarsening
+from transforms.trace_format import BLOCK_HASHES_WARNING, DEFAULT_BLOCK_SIZE, FORMAT, STATS, canonical_json
 from transforms.write.manifest import (
-    BLOCK_HASHES_WARNING,
     KVTRACE_VERSION,
-    STATS,
     RecordCounts,
-    json_bytes,
     manifest_path,
     public_template_kwargs,
     public_tokenizer_name,
@@ -70,7 +68,7 @@ class AnonymizeConfig:
     tokenizer: str
     salt: SaltSource
     dead_letter: str
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     parse: ParseOptions = field(default_factory=ParseOptions)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_rejected_fraction: float | None = None
@@ -110,17 +108,19 @@ class AnonymizeConfig:
 
 
 def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: RecordCounts,
-                totals: ExportTotals, unique: UniqueTotals, damaged: int) -> dict:
+                totals: ExportTotals, unique: UniqueTotals, damaged: int,
+                extends_map: bool) -> dict:
     """Write stats.json into the staging folder and return the manifest, which lists every
-    file of the output with its sha256 and is written last."""
-    stats = json_bytes(export_stats(totals, unique.count, unique.weight))
+    file of the output with its sha256 and is written last. extends_map: whether earlier runs'
+    ids may appear."""
+    stats = canonical_json(export_stats(totals, unique.count, unique.weight))
     with storage.create(storage.join(config.staging, STATS)) as handle:
         handle.write(stats)
     sha256 = {path.rsplit("/", 1)[-1]: digest for path, digest in files}
     sha256[STATS] = sha256_of(stats)
     return {
         "kvtrace_version": KVTRACE_VERSION,
-        "format": "mooncake-trace",
+        "format": FORMAT,
         "tokenizer": {"name": public_tokenizer_name(config.tokenizer),
                       "sha256": config.tokenizer_sha256},
         "block_size": config.block_size,
@@ -144,6 +144,9 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
             "damaged_files": damaged,
             "lost_bytes": counts.lost_bytes,
         },
+        # Whether ids continue an id map's (a stream's) earlier nights; else they are dense
+        # from 0. No count from the map itself: a night run again must publish the same bytes.
+        "ids_extend_map": extends_map,
         "files": sorted(sha256),
         "sha256": sha256,
         # How each replayer reads this folder, with this block size and ms timestamps.

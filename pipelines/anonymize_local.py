@@ -285,10 +285,11 @@ def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
 
 def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
                     kind_ids: Callable[[str, np.ndarray], KindIds],
-                    origin_ms: int | None = None) -> dict:
+                    origin_ms: int | None = None, extends_map: bool = False) -> dict:
     """Number encoded requests (kind_ids: dense ids of one kind's keys, extending whatever map
-    holds the earlier ones) and publish them: trace shards, dead letters, stats, manifest. The
-    trace's clock starts at origin_ms, else at the map's origin or the earliest request."""
+    holds the earlier ones: the id map's, or a stream's when extends_map) and publish them:
+    trace shards, dead letters, stats, manifest. The trace's clock starts at origin_ms, else at
+    the map's origin or the earliest request."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(whole, kind_counts(whole))
     whole = kept if kept is not None else HashedBatch.pack([])
@@ -312,9 +313,10 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     origin = trace_origin_ms(origin_ms, earliest_ms)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config, whole, rows, origin)
-    totals = ExportTotals.of_batch(whole)
+    totals = ExportTotals.of_batch(whole, config.coarsening)
     damaged = sum(letter.reason == DAMAGED_FILE for letter in rejected)
-    manifest = write_stats(config, files, counts, totals, numbered["blocks"].unique, damaged)
+    manifest = write_stats(config, files, counts, totals, numbered["blocks"].unique, damaged,
+                           extends_map or config.id_map is not None)
     if config.id_map:  # the output is published once the map's version is
         id_map = config.id_map
         publish_night(manifest, id_map.directory, id_map.base, config.compacts_map,

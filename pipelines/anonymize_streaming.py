@@ -268,7 +268,7 @@ class PublishWindows(beam.DoFn):
             progress.origin_ms = min(int(b.requests["timestamp_ms"].min()) for b in batches)
         read = sum(len(b) for b in batches) + len(letters)
         manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
-                                   progress.origin_ms)
+                                   progress.origin_ms, extends_map=True)
         for kind, ids in numbered.items():
             maps[kind].add(ids.added)
             progress.next_id[kind] += ids.added_count

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"transforms": 0, "pipelines": 1, "kvtrace": 2}
 # transforms/ in the order data flows; the shared floor first (storage, errors, batching, pure
 # combiners, dead letters, the Beam steps every stage uses, the collector's setting)
-STAGES = ("storage", "errors", "batching", "combiners", "dead_letters", "steps", "garbage", "read",
+STAGES = ("storage", "errors", "trace_format", "batching", "combiners", "dead_letters", "steps", "garbage", "read",
           "encode", "ids", "write", "stats", "cache", "synth", "replay")
 
 

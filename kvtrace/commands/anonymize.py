@@ -398,7 +398,7 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
 
 
 def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -> str | None:
-    from transforms.write.manifest import BLOCK_HASHES_WARNING
+    from transforms.trace_format import BLOCK_HASHES_WARNING
 
     requested = options.get("emit_block_hashes")
     if requested is None:

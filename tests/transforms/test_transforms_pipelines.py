@@ -21,7 +21,7 @@ from transforms.ids.segments import SegmentFile, checksum, index_path, write_seg
 from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
 from transforms.ids.dense_ids import FIRST, NUMBERED
 from transforms.read.records import ParseOptions, parse_record
-from transforms.read.trace_fields import NO_RESPONSE_MS
+from transforms.trace_format import NO_RESPONSE_MS
 from transforms.write.rows import NO_SESSION, ROW, RowBatch
 from transforms.write.steps import WriteShard
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from transforms.cache.cache_trace import CacheTrace
 from transforms.read.paths import read_bytes
 from transforms.read.trace_io import PARQUET_SUFFIXES, Trace
-from transforms.read.trace_fields import OUTPUT_IDS_FIELD
+from transforms.trace_format import OUTPUT_IDS_FIELD
 
 
 def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:

@@ -23,7 +23,7 @@ from transforms.encode.schemes import HashScheme
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.read.trace_fields import NO_RESPONSE_MS
+from transforms.trace_format import NO_RESPONSE_MS
 from transforms.read.records import Request
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transforms.encode.blocks import DIGEST_SIZE
-from transforms.read.trace_fields import NO_RESPONSE_MS
+from transforms.trace_format import NO_RESPONSE_MS
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
-from transforms.read.trace_fields import NO_RESPONSE_MS, RESPONSE_FIELD
+from transforms.trace_format import NO_RESPONSE_MS, RESPONSE_FIELD
 from transforms.read.paths import (
     PARQUET_SUFFIXES,
     count_lines,

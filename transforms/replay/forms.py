@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.read.trace_fields import NO_RESPONSE_MS
+from transforms.trace_format import NO_RESPONSE_MS
 from transforms.read.trace_io import Trace
 
 NO_TURN = -1

@@ -1,131 +1,131 @@
-"""`kvtrace audit`: the publication gate for an output folder. It fails closed: only what kvtrace
-itself publishes passes, each file checked against the schema kvtrace writes it with, and
-everything else is flagged.
+"""`kvtrace audit`: the publication gate for an output folder. It accepts only the bytes kvtrace
+itself would write for the rows it finds, and flags everything else.
 
-Allowed: `manifest.json` (kvtrace's own vocabulary only: no path, no free text), `stats.json`
-(its numbers and definitions), `trace-SSSSS-of-NNNNN.jsonl` and `.parquet` (exactly the trace
-fields, integers only; a Parquet twin holding the same rows as its JSONL file). The manifest
-must list exactly the files present, with their sha256. Flagged: any other file (hidden,
-compressed, text, dead letters, engine hashes), subfolders, any string or fractional value in
-a trace, a field beyond the trace's own, integers too large to be counts or dense ids, ids that
-are not dense. Measured, not flagged: timestamp granularity, the share of rows an outsider could
-single out (by their whole id sequence; by their lengths), sessions.
+Each published file is parsed with the declared format (trace_format.py) and serialized again
+by the writers' own functions; the file must equal those bytes. So a trace shard is exactly its
+rows in kvtrace's JSONL and its Parquet twin exactly the same rows in kvtrace's Parquet (schema,
+metadata and all); stats.json is exactly the statistics of those rows; manifest.json is
+canonical JSON of the closed manifest schema, naming exactly the folder's files with their
+sha256, with records, id ranges, granularity and replay commands that agree with the rows. The
+folder holds nothing else: no other, hidden or special file, no subfolder.
+
+Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
+(by their whole id sequence; by their lengths), sessions.
+
+Memory: one shard at a time (a shard holds at most MAX_BLOCKS_PER_SHARD ids), plus ~40 bytes
+per row and 16 per distinct block id for the figures that span the folder.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
+import stat
 from collections import Counter
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+import xxhash
 
 from transforms import storage
-from transforms.read.paths import read_bytes
 from transforms.storage import is_url
-from transforms.write.replayers import replay_commands
-from transforms.write.manifest import BLOCK_HASHES_WARNING, MANIFEST, STATS
+from transforms.trace_format import (
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    MAX_PUBLISHED_INT,
+    NO_RESPONSE_MS,
+    NO_SESSION,
+    OUTPUT_IDS_FIELD,
+    RESPONSE_FIELD,
+    SESSION_FIELD,
+    STATS,
+    TRACE_FILE,
+    FormatError,
+    TraceColumns,
+    canonical_json,
+    columns_of_jsonl,
+    columns_of_parquet,
+    jsonl_bytes,
+    parquet_bytes,
+    parse_json,
+    schema_problems,
+    shard_name,
+)
 from transforms.write.publish import sha256_of
-from transforms.read.trace_fields import OUTPUT_IDS_FIELD, RESPONSE_FIELD
-from transforms.write.shards import TRACE_SCHEMA
-from transforms.write.totals import BLOCK_WEIGHTED_DEFINITION, TOKEN_WEIGHTED_DEFINITION
+from transforms.write.replayers import replay_commands
+from transforms.write.totals import ExportTotals, export_stats
 
-TRACE_FILE = re.compile(r"trace-\d{5}-of-\d{5}\.(jsonl|parquet)")
-REQUIRED_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-TRACE_FIELDS = (*REQUIRED_FIELDS, "session", OUTPUT_IDS_FIELD, RESPONSE_FIELD)
-NULLABLE_FIELDS = ("session", RESPONSE_FIELD)  # Parquet nulls where a row has none
-MAX_PLAUSIBLE_INT = 1 << 40  # ~35 years in ms; no length or dense id comes near
-MAX_EXAMPLES = 5
-STATS_NUMBERS = ("blocks", "input_tokens", "output_tokens", "requests", "unique_block_tokens",
-                 "unique_blocks")
-STATS_DEFINITIONS = {"token_weighted": TOKEN_WEIGHTED_DEFINITION,
-                     "block_weighted": BLOCK_WEIGHTED_DEFINITION}
-# What a manifest may say, key by key: kvtrace's own vocabulary, nothing an operator typed.
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|pkg:[A-Za-z_][\w.]*")
-_WORD = re.compile(r"[\w.+-]{1,64}")
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest of 99,999 shards is ~10 MB; ours are KBs: 1 MiB
+MAX_STATS_BYTES = 1 << 16
+# A shard holds at most 8M ids and rows (write/shards.MAX_BLOCKS_PER_SHARD): at most ~20 bytes
+# per id and ~120 per row in JSONL, so no shard kvtrace writes comes near 2 GiB.
+MAX_SHARD_BYTES = 2 << 30
+MAX_FLAGS = 50
+
+
+class _Gate:
+    """What the audit found: flags, each once."""
+
+    def __init__(self) -> None:
+        self.flags: list[str] = []
+        self.sha256: dict[str, str] = {}  # of every file read whole
+
+    def flag(self, message: str) -> None:
+        if message not in self.flags and len(self.flags) < MAX_FLAGS:
+            self.flags.append(message)
 
 
 def audit(target: str) -> dict:
     """The report on a folder (or one trace file): flags, and what the rows expose."""
-    folder = target.rstrip("/")
-    gate = _Gate()
+    gate, rows, manifest = _Gate(), _Rows(), None
+    folder = target.rstrip("/") or "/"
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
+        manifest = _manifest(folder, names, gate)
+        for jsonl, parquet in _shard_pairs(names, gate):
+            columns = _shard(folder, jsonl, parquet, gate)
+            if columns is None:
+                rows.complete = False
+            else:
+                rows.add(columns, manifest)
+        if manifest is not None:
+            _check_manifest_against(folder, names, manifest, rows, gate)
     else:
-        folder, names = os.path.dirname(folder) or ".", [os.path.basename(folder)]
-    traces = [n for n in names if TRACE_FILE.fullmatch(n)]
-    jsonl = {n for n in traces if n.endswith(".jsonl")}
-    rows: list[tuple] = []
-    sessions: Counter = Counter()
-    twins: dict[str, list[dict]] = {}  # a JSONL file's rows, for its Parquet twin
-    for name in sorted(traces):  # a JSONL file before its twin
-        file_rows = list(_trace_rows(storage.join(folder, name), name, gate))
-        twin = name.removesuffix(".parquet") + ".jsonl"
-        if name.endswith(".jsonl"):
-            twins[name] = file_rows
-        elif twin in jsonl:  # rows are counted once: from the JSONL file
-            if file_rows != twins[twin]:
-                gate.flag(f"{name} does not hold the rows of its JSONL twin")
-            continue
-        rows += [_row_key(row) for row in file_rows]
-        gate.fields.update(key for row in file_rows for key in row)
-        sessions.update(str(r["session"]) for r in file_rows if r.get("session") is not None)
-    if STATS in names:
-        _check_stats(storage.join(folder, STATS), gate)
-    manifest = _check_manifest(folder, names, gate) if MANIFEST in names else None
-    if len(names) > 1 and manifest is None:
-        gate.flag("no manifest.json: not a complete kvtrace output")
-    if not rows:
+        folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
+        names = [name]
+        if not TRACE_FILE.fullmatch(name):
+            gate.flag(f"a file kvtrace does not publish: {name}")
+        else:
+            columns = _shard(folder, name if name.endswith(".jsonl") else None,
+                             name if name.endswith(".parquet") else None, gate)
+            if columns is not None:
+                rows.add(columns, None)
+    if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
-    ids = _id_report(rows)
-    if ids["distinct"] and not ids["dense"]:
-        gate.flag(f"hash_ids are not dense: {ids['distinct']:,} distinct values up to "
-                  f"{ids['max']:,} (token ids or raw hashes?)")
-    return {
-        "rows": len(rows),
-        "files": names,
-        "fields": dict(gate.fields),
-        "largest_integers": gate.largest,
-        "hash_ids": ids,
-        "timestamps": _timestamp_report([r[0] for r in rows]),
-        "singled_out": _uniqueness(rows),
-        "sessions": {"sessions": len(sessions), "rows_with_session": sum(sessions.values()),
-                     "max_rows_per_session": max(sessions.values(), default=0)},
-        "manifest": {k: manifest.get(k) for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
-        if isinstance(manifest, dict) else None,
-        "flags": gate.flags,
-        "publishable": not gate.flags,
-    }
-
-
-class _Gate:
-    """What the audit found: flags (each once) and what the trace rows hold."""
-
-    def __init__(self) -> None:
-        self.flags: list[str] = []
-        self.fields: Counter = Counter()
-        self.largest: dict[str, int] = {}
-
-    def flag(self, message: str) -> None:
-        if message not in self.flags:
-            self.flags.append(message)
+    elif manifest is None and not rows.report_ids()["dense"]:
+        gate.flag("hash_ids are not dense from 0, and no manifest says from where (token ids "
+                  "or raw hashes?)")
+    report = rows.report(names)
+    report["manifest"] = None if manifest is None else {
+        k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
+    report["flags"] = gate.flags
+    report["publishable"] = not gate.flags
+    return report
 
 
 def _entries(folder: str, gate: _Gate) -> list[str]:
-    """Every name in the folder; what kvtrace never publishes is flagged here."""
+    """The names kvtrace publishes that the folder holds; anything else is flagged here."""
     if is_url(folder):
         names = sorted(p.rsplit("/", 1)[-1] for p in storage.match(storage.join(folder, "*")))
     else:
-        names = sorted(os.listdir(folder))
-        for name in names:
-            if os.path.isdir(os.path.join(folder, name)):
-                gate.flag(f"a subfolder: {name}")
+        names = []
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.is_dir(follow_symlinks=False):
+                gate.flag(f"a subfolder: {entry.name}")
+            elif not entry.is_file(follow_symlinks=False):
+                gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
+            else:
+                names.append(entry.name)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
             gate.flag(f"a file kvtrace does not publish: {name}"
@@ -133,242 +133,301 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
 
 
-def _trace_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
-    """The rows of a trace file, each checked; a row that is not a trace row is flagged."""
-    if name.endswith(".parquet"):
-        yield from _parquet_rows(path, name, gate)
-        return
-    for number, line in enumerate(read_bytes(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            gate.flag(f"{name}: lines that are not JSON (line {number})")
-            continue
-        if not isinstance(row, dict):
-            gate.flag(f"{name}: lines that are not JSON objects (line {number})")
-            continue
-        if _check_row(row, name, gate):
-            yield {k: v for k, v in row.items() if v is not None}
-
-
-def _parquet_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
+def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
+    """A published file's bytes, refused before reading when it is not a regular file or is
+    larger than any file kvtrace writes under that name."""
+    path = storage.join(folder, name)
     try:
-        with storage.open_read(path) as handle:
-            table = pq.read_table(handle)
-    except (OSError, pa.ArrowException) as err:
-        gate.flag(f"{name}: not a readable Parquet file ({str(err)[:80]})")
-        return
-    allowed = {f.name: f.type for f in TRACE_SCHEMA} | {
-        OUTPUT_IDS_FIELD: TRACE_SCHEMA.field("hash_ids").type, RESPONSE_FIELD: pa.int64()}
-    for field in table.schema:
-        if field.name not in allowed:
-            gate.flag(f"fields beyond the trace's own: {field.name} ({name})")
-        elif field.type != allowed[field.name]:
-            gate.flag(f"{name}: column {field.name} is {field.type}, not {allowed[field.name]}")
-    known = [f.name for f in table.schema if f.name in allowed]
-    for row in table.select(known).to_pylist():
-        if _check_row(row, name, gate):
-            yield {k: v for k, v in row.items() if v is not None}
-
-
-def _check_row(row: dict, name: str, gate: _Gate) -> bool:
-    """Flags what a trace row must not hold; True when the row is a trace row."""
-    whole = True
-    for key, value in row.items():
-        if value is None and key in NULLABLE_FIELDS:
-            continue
-        if key not in TRACE_FIELDS:
-            gate.flag(f"fields beyond the trace's own: {key}")
-            whole = False
-        for kind in _value_kinds(value):
-            if kind == "string":
-                gate.flag(f"string values: {key} ({name})")
-            elif kind == "fraction":
-                gate.flag(f"numbers that are not whole (a trace holds counts and ids): {key}")
-            elif kind == "other":
-                gate.flag(f"values that are neither integers nor lists of them: {key} ({name})")
-            whole = whole and kind == "int"
-        for number in _ints(value):
-            gate.largest[key] = max(gate.largest.get(key, number), number)
-            if number > MAX_PLAUSIBLE_INT:
-                gate.flag(f"integers too large for counts or dense ids (hashes?): {key}")
-    missing = [k for k in REQUIRED_FIELDS if k not in row]
-    if missing:
-        gate.flag(f"rows without {', '.join(missing)} ({name})")
-    return whole and not missing
-
-
-def _value_kinds(value: Any) -> Iterator[str]:
-    """'int', 'string', 'fraction' or 'other' for a value and, in a list, for each item."""
-    items = value if isinstance(value, list) else [value]
-    for item in items:
-        if isinstance(item, bool) or isinstance(item, (dict, list)) or item is None:
-            yield "other"
-        elif isinstance(item, int):
-            yield "int"
-        elif isinstance(item, float):
-            yield "int" if item.is_integer() else "fraction"
-        elif isinstance(item, str):
-            yield "string"
+        if is_url(path):
+            with storage.open_read(path) as handle:
+                data = handle.read(limit + 1)
         else:
-            yield "other"
+            handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                info = os.fstat(handle)
+                if not stat.S_ISREG(info.st_mode):
+                    gate.flag(f"not a regular file (a link, FIFO or device): {name}")
+                    return None
+                if info.st_size > limit:
+                    gate.flag(f"{name}: larger ({info.st_size:,} bytes) than kvtrace writes")
+                    return None
+                with os.fdopen(handle, "rb", closefd=False) as stream:
+                    data = stream.read(limit + 1)
+            finally:
+                os.close(handle)
+    except OSError as err:
+        gate.flag(f"{name}: unreadable ({err.strerror or err})")
+        return None
+    if len(data) > limit:
+        gate.flag(f"{name}: larger than kvtrace writes")
+        return None
+    gate.sha256[name] = sha256_of(data)
+    return data
 
 
-def _ints(value: Any) -> Iterator[int]:
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, int) and not isinstance(item, bool):
-            yield abs(item)
-        elif isinstance(item, float) and item.is_integer():
-            yield int(abs(item))
+def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | None]]:
+    """The shards a folder should hold, from the shard count its file names give: every one of
+    them, each as a JSONL file and its Parquet twin."""
+    counts = {int(TRACE_FILE.fullmatch(n).group(2)) for n in names if TRACE_FILE.fullmatch(n)}
+    if len(counts) > 1:
+        gate.flag(f"trace files of different shard counts: {sorted(counts)}")
+    shards = max(counts, default=0)
+    expected = {shard_name(i, shards, s) for i in range(shards) for s in (".jsonl", ".parquet")}
+    for name in sorted(set(n for n in names if TRACE_FILE.fullmatch(n)) - expected):
+        gate.flag(f"a trace file outside the folder's shards: {name}")
+    for name in sorted(expected - set(names)):
+        gate.flag(f"missing: {name}")
+    return [(j if j in names else None, p if p in names else None)
+            for j, p in ((shard_name(i, shards, ".jsonl"), shard_name(i, shards, ".parquet"))
+                         for i in range(shards))]
 
 
-def _row_key(row: dict) -> tuple:
-    ids, outputs = row.get("hash_ids"), row.get(OUTPUT_IDS_FIELD)
-    return (row.get("timestamp"), row.get("input_length"), row.get("output_length"),
-            tuple(ids) if isinstance(ids, list) else None,
-            tuple(outputs) if isinstance(outputs, list) else (), row.get(RESPONSE_FIELD))
-
-
-def _read_json(path: str, gate: _Gate) -> Any:
+def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate) -> TraceColumns | None:
+    """A shard's rows when its files are exactly kvtrace's bytes for them, else None (flagged).
+    The rows come from the Parquet twin where there is one (typed columns: quick), and both
+    files must then be what kvtrace writes for those rows."""
+    files = {name: _read(folder, name, MAX_SHARD_BYTES, gate) for name in (jsonl, parquet) if name}
+    if not files or any(data is None for data in files.values()):
+        return None
+    source = parquet or jsonl
     try:
-        with storage.open_read(path) as handle:
-            return json.loads(handle.read())
-    except (OSError, ValueError, RecursionError) as err:
-        gate.flag(f"{path.rsplit('/', 1)[-1]} is not readable JSON ({str(err)[:80]})")
+        columns = (columns_of_parquet if source == parquet else columns_of_jsonl)(files[source])
+    except FormatError as err:
+        gate.flag(f"{source}: {err}")
         return None
+    ok = True
+    for name, data in files.items():
+        canonical = parquet_bytes(columns) if name == parquet else jsonl_bytes(columns)
+        if data != canonical:
+            ok = False
+            gate.flag(f"{name}: {_why_not_canonical(name, data, columns, jsonl, parquet)}")
+    return columns if ok else None
 
 
-def _check_stats(path: str, gate: _Gate) -> None:
-    stats = _read_json(path, gate)
-    if stats is None:
-        return
-    ok = isinstance(stats, dict) and set(stats) == {*STATS_NUMBERS, "definitions", "hit_rates"}
-    ok = ok and all(_is_count(stats[k]) for k in STATS_NUMBERS)
-    ok = ok and stats["definitions"] == STATS_DEFINITIONS and isinstance(stats["hit_rates"], dict)
-    ok = ok and set(stats["hit_rates"]) == set(STATS_DEFINITIONS) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in stats["hit_rates"].values())
-    if not ok:
-        gate.flag("stats.json holds more, or other, than kvtrace's statistics")
+def _why_not_canonical(name: str, data: bytes, parsed: TraceColumns, jsonl: str | None,
+                       parquet: str | None) -> str:
+    """Why a file is not the bytes kvtrace writes, as precisely as one line can say."""
+    if name == jsonl:
+        try:
+            own = columns_of_jsonl(data)
+        except FormatError as err:
+            return str(err)
+        if parquet is not None and jsonl_bytes(own) != jsonl_bytes(parsed):
+            return f"does not hold the rows of its Parquet twin ({parquet})"
+        return "not the bytes kvtrace writes for its rows (spacing, key order, duplicate keys, " \
+               "number forms)"
+    return "not the bytes kvtrace writes for its rows (metadata, encoding or another writer)"
 
 
-def _check_manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
-    manifest = _read_json(storage.join(folder, MANIFEST), gate)
-    if manifest is None:
+def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
+    """manifest.json when it is canonical JSON of the closed manifest schema, else None."""
+    if MANIFEST not in names:
+        gate.flag("no manifest.json: not a complete kvtrace output")
         return None
-    problems = manifest_problems(manifest)
+    data = _read(folder, MANIFEST, MAX_MANIFEST_BYTES, gate)
+    if data is None:
+        return None
+    try:
+        manifest = parse_json(data)
+    except FormatError as err:
+        gate.flag(f"manifest.json: {err}")
+        return None
+    problems = schema_problems(manifest, MANIFEST_SCHEMA)
     for problem in problems:
         gate.flag(f"manifest.json: {problem}")
-    if problems:
-        return manifest if isinstance(manifest, dict) else None
+    if not problems and canonical_json(manifest) != data:
+        gate.flag("manifest.json: not the bytes kvtrace writes (spacing, key order, number forms)")
+    return None if problems else manifest
+
+
+def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
+                            gate: _Gate) -> None:
+    """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
-    if sorted(manifest["files"]) != present:
-        gate.flag(f"manifest.json lists {sorted(manifest['files'])}, the folder holds {present}")
+    if manifest["files"] != present or sorted(manifest["sha256"]) != present:
+        gate.flag(f"manifest.json lists {manifest['files']} (sha256 of "
+                  f"{sorted(manifest['sha256'])}), the folder holds {present}")
+    stats = _read(folder, STATS, MAX_STATS_BYTES, gate) if STATS in names else None
     for name in present:
-        expected = manifest["sha256"].get(name)
-        if expected is not None and sha256_of(_raw(storage.join(folder, name))) != expected:
+        if name in gate.sha256 and manifest["sha256"].get(name) != gate.sha256[name]:
             gate.flag(f"{name} is not the file manifest.json lists (sha256 differs)")
-    return manifest
+    records = manifest["records"]
+    if records["read"] != records["exported"] + records["rejected"]:
+        gate.flag("manifest.json: records read != exported + rejected")
+    if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
+                                             manifest["files"]):
+        gate.flag("manifest.json: replay is not what kvtrace writes there")
+    if manifest["output_hash_ids"] and manifest["granularity"]["output_length"] > 1:
+        gate.flag("output_hash_ids beside --length-granularity: output block ids give each "
+                  "output length to within a block")
+    if STATS not in names:
+        gate.flag("no stats.json")
+    if not rows.complete:
+        return  # the shards' own flags say why; figures over all rows would only add noise
+    if stats is not None and stats != canonical_json(rows.stats()):
+        gate.flag("stats.json holds more, or other, than the statistics of these rows")
+    if records["exported"] != rows.count:
+        gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
+                  f"{rows.count} rows")
+    if not manifest["ids_extend_map"]:  # a night of its own: ids and sessions dense from 0
+        for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
+            if len(ids) and ids[-1] != len(ids) - 1:
+                gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
+    for problem in rows.problems:
+        gate.flag(problem)
 
 
-def _raw(path: str) -> bytes:
-    with storage.open_read(path) as handle:
-        return handle.read()
+@dataclass
+class _Rows:
+    """What the rows of every shard add up to, held as arrays (a few per row, one per distinct
+    block id); checks that need the manifest as they go."""
+
+    count: int = 0
+    complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
+    parts: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
+        k: [] for k in ("timestamp", "input", "output", "session", "digest")})
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    weights: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    output_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    fields: Counter = field(default_factory=Counter)
+    largest: dict[str, int] = field(default_factory=dict)
+    totals: ExportTotals = ExportTotals()
+    problems: list[str] = field(default_factory=list)
+    last_timestamp: int = -1
+    block_size: int = 0  # the manifest's; 0 without one (no token weights then)
+
+    def add(self, columns: TraceColumns, manifest: dict | None) -> None:
+        n = len(columns)
+        self.count += n
+        for key, values in (("timestamp", columns.timestamp), ("input", columns.input_length),
+                            ("output", columns.output_length), ("session", columns.session)):
+            self.parts[key].append(values)
+        self.parts["digest"].append(np.array(
+            [xxhash.xxh3_64_intdigest(ids.tobytes())
+             for ids in np.split(columns.ids, np.cumsum(columns.num_ids)[:-1])] if n else [],
+            dtype=np.uint64))
+        self._count_fields(columns)
+        self.totals = ExportTotals(self.totals.requests + n,
+                                   self.totals.input_tokens + int(columns.input_length.sum()),
+                                   self.totals.output_tokens + int(columns.output_length.sum()),
+                                   self.totals.blocks + int(columns.num_ids.sum()))
+        if manifest is not None:
+            self._check(columns, manifest)
+            self.block_size = manifest["block_size"]
+        self._merge_ids(columns)
+        if columns.output_ids is not None:
+            self.output_ids = np.union1d(self.output_ids, columns.output_ids)
+
+    def _count_fields(self, columns: TraceColumns) -> None:
+        n = len(columns)
+        present = {"timestamp": n, "input_length": n, "output_length": n, "hash_ids": n,
+                   SESSION_FIELD: int(np.count_nonzero(columns.session >= 0)),
+                   RESPONSE_FIELD: int(np.count_nonzero(columns.response_ms >= 0)),
+                   OUTPUT_IDS_FIELD: n if columns.output_ids is not None else 0}
+        self.fields.update({k: v for k, v in present.items() if v})
+        for key, values in (("timestamp", columns.timestamp), ("input_length", columns.input_length),
+                            ("output_length", columns.output_length), ("hash_ids", columns.ids),
+                            (SESSION_FIELD, columns.session), (RESPONSE_FIELD, columns.response_ms),
+                            (OUTPUT_IDS_FIELD, columns.output_ids)):
+            if values is not None and len(values):
+                self.largest[key] = max(self.largest.get(key, 0), int(np.abs(values).max()))
+
+    def _check(self, columns: TraceColumns, manifest: dict) -> None:
+        """The rows as the manifest describes them: ids in range, block counts by block size,
+        values multiples of the granularity, time order across shards."""
+        block_size, grain = manifest["block_size"], manifest["granularity"]
+        for value, what in ((columns.timestamp, "timestamps"), (columns.input_length, "lengths"),
+                            (columns.output_length, "lengths")):
+            if len(value) and (value.min() < 0 or value.max() >= MAX_PUBLISHED_INT):
+                self.problems.append(f"{what} outside [0, 2^40)")
+        if len(columns):
+            if (np.diff(columns.timestamp) < 0).any() or columns.timestamp[0] < self.last_timestamp:
+                self.problems.append("rows out of time order")
+            self.last_timestamp = int(columns.timestamp[-1])
+        if (columns.num_ids != -(-columns.input_length // block_size)).any():
+            self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
+        known = columns.response_ms[columns.response_ms != NO_RESPONSE_MS]
+        for values, step, what in ((columns.timestamp, grain["timestamp_ms"], "timestamps"),
+                                   (known, grain["timestamp_ms"], "response_ms"),
+                                   (columns.output_length, grain["output_length"], "output lengths")):
+            if (values % step).any():
+                self.problems.append(f"{what} finer than the manifest's granularity ({step})")
+        if (manifest["output_hash_ids"]) != (columns.output_ids is not None):
+            self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
+        if (columns.session < NO_SESSION).any() or (columns.response_ms < NO_RESPONSE_MS).any():
+            self.problems.append("negative sessions or response times")
+
+    def _merge_ids(self, columns: TraceColumns) -> None:
+        """Each distinct prompt block id with its tokens at its first occurrence, folded in."""
+        if not len(columns.ids):
+            return
+        starts = np.repeat(np.cumsum(columns.num_ids) - columns.num_ids, columns.num_ids)
+        position = np.arange(len(columns.ids)) - starts
+        size = self.block_size
+        weight = np.minimum(size, np.repeat(columns.input_length, columns.num_ids) - position * size)
+        ids = np.concatenate([self.ids, columns.ids])
+        weights = np.concatenate([self.weights, weight])
+        self.ids, first = np.unique(ids, return_index=True)
+        self.weights = weights[first]
+
+    def stats(self) -> dict:
+        return export_stats(self.totals, len(self.ids), int(self.weights.sum()))
+
+    def all_ids(self) -> np.ndarray:
+        """Every distinct block id the rows hold, prompt and output, sorted."""
+        return np.union1d(self.ids, self.output_ids)
+
+    def sessions(self) -> np.ndarray:
+        sessions = self.column("session")
+        return np.unique(sessions[sessions >= 0])
+
+    def column(self, key: str) -> np.ndarray:
+        parts = self.parts[key]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def report(self, names: list[str]) -> dict:
+        sessions = self.column("session")
+        sessions = sessions[sessions >= 0]
+        per_session = np.unique(sessions, return_counts=True)[1] if len(sessions) else \
+            np.empty(0, np.int64)
+        return {
+            "rows": self.count,
+            "files": names,
+            "fields": dict(self.fields),
+            "largest_integers": self.largest,
+            "hash_ids": self.report_ids(),
+            "timestamps": _timestamp_report(self.column("timestamp")),
+            "singled_out": self._uniqueness(),
+            "sessions": {"sessions": int(len(per_session)), "rows_with_session": int(len(sessions)),
+                         "max_rows_per_session": int(per_session.max(initial=0))},
+        }
+
+    def report_ids(self) -> dict:
+        ids = self.all_ids()
+        if not len(ids):
+            return {"distinct": 0, "max": None, "dense": True}
+        return {"distinct": int(len(ids)), "max": int(ids[-1]),
+                "dense": bool(ids[0] == 0 and ids[-1] == len(ids) - 1)}
+
+    def _uniqueness(self) -> dict:
+        """Shares of rows unique by what an outsider could match: the whole id sequence (its
+        prefix structure), and the (input_length, output_length) pair."""
+        if not self.count:
+            return {}
+        digests = self.column("digest")
+        lengths = self.column("input") * MAX_PUBLISHED_INT + self.column("output")
+        return {"unique_id_sequence": _unique_share(digests),
+                "unique_lengths": _unique_share(lengths)}
 
 
-def manifest_problems(manifest: Any) -> list[str]:
-    """What in a manifest is not kvtrace's own vocabulary (free text, paths, unknown keys)."""
-    if not isinstance(manifest, dict):
-        return ["not a JSON object"]
-    checks = {
-        "kvtrace_version": lambda v: isinstance(v, str) and bool(_WORD.fullmatch(v)),
-        "format": lambda v: v == "mooncake-trace",
-        "tokenizer": _tokenizer_ok,
-        "block_size": _is_count,
-        "hash_scheme": lambda v: isinstance(v, str) and bool(_WORD.fullmatch(v)),
-        "hash_scheme_keyed": lambda v: isinstance(v, bool),
-        "granularity": lambda v: isinstance(v, dict) and set(v) == {"timestamp_ms", "output_length"}
-        and all(_is_count(x) for x in v.values()),
-        "output_hash_ids": lambda v: isinstance(v, bool),
-        "block_hashes": _block_hashes_ok,
-        "input_format": lambda v: v in ("auto", "chat", "prompt", "tokens"),
-        "timestamp_unit": lambda v: v in ("auto", "s", "ms", "us", "ns"),
-        "chat_template_kwargs": _kwargs_ok,
-        "records": lambda v: isinstance(v, dict) and all(
-            isinstance(k, str) and _WORD.fullmatch(k) and _is_count(x) for k, x in v.items()),
-        "files": lambda v: isinstance(v, list) and all(
-            isinstance(f, str) and (f == STATS or TRACE_FILE.fullmatch(f)) for f in v),
-        "sha256": lambda v: isinstance(v, dict) and all(
-            isinstance(h, str) and _HEX64.fullmatch(h) for h in v.values()),
-        # exactly the commands kvtrace writes for these files: nothing typed in between
-        "replay": lambda v: _replay_ok(v, manifest),
-    }
-    problems = [f"unknown key {key!r}" for key in manifest if key not in checks]
-    problems += [f"{key} is not what kvtrace writes there" for key, ok in checks.items()
-                 if key not in manifest or not ok(manifest[key])]
-    return problems
+def _unique_share(values: np.ndarray) -> float:
+    _, counts = np.unique(values, return_counts=True)
+    return float(np.count_nonzero(counts == 1) / len(values))
 
 
-def _replay_ok(value: Any, manifest: dict) -> bool:
-    try:
-        expected = replay_commands(manifest["block_size"], manifest["records"]["exported"],
-                                   list(manifest["files"]))
-    except (KeyError, TypeError, AttributeError):
-        return False
-    return value == expected
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PLAUSIBLE_INT
-
-
-def _tokenizer_ok(value: Any) -> bool:
-    """A public hub id or pkg: name (or none), and file hashes: never a local path."""
-    return (isinstance(value, dict) and set(value) == {"name", "sha256"}
-            and (value["name"] is None or (isinstance(value["name"], str)
-                                           and bool(_HUB_ID.fullmatch(value["name"]))))
-            and isinstance(value["sha256"], dict)
-            and all(isinstance(k, str) and _WORD.fullmatch(k) and isinstance(h, str)
-                    and _HEX64.fullmatch(h) for k, h in value["sha256"].items()))
-
-
-def _block_hashes_ok(value: Any) -> bool:
-    return value is None or value == {"emitted": True, "private": BLOCK_HASHES_WARNING}
-
-
-def _kwargs_ok(value: Any) -> bool:
-    """Template variables: identifier keys; values without free text (strings are hashed)."""
-    if not isinstance(value, dict):
-        return False
-    return all(isinstance(k, str) and re.fullmatch(r"[A-Za-z_]\w{0,63}", k) and _no_text(v)
-               for k, v in value.items())
-
-
-def _no_text(value: Any) -> bool:
-    if isinstance(value, str):
-        return bool(re.fullmatch(r"sha256:[0-9a-f]{64}", value))
-    if isinstance(value, list):
-        return all(_no_text(v) for v in value)
-    if isinstance(value, dict):
-        return all(_no_text(k) and _no_text(v) for k, v in value.items())
-    return value is None or isinstance(value, (bool, int, float))
-
-
-def _id_report(rows: list[tuple]) -> dict:
-    values = [i for r in rows for i in (r[3] or ()) + r[4]
-              if isinstance(i, int) and not isinstance(i, bool)]
-    if not values:
-        return {"distinct": 0, "max": None, "dense": True}
-    distinct, top = len(set(values)), max(values)
-    return {"distinct": distinct, "max": top, "dense": min(values) == 0 and top == distinct - 1}
-
-
-def _timestamp_report(timestamps: list) -> dict:
+def _timestamp_report(values: np.ndarray) -> dict:
     """The precision the timestamps carry (the largest step every one is a multiple of) and the
     spacing of requests (the median gap), which together say what rounding would hide."""
-    values = np.array([t for t in timestamps if isinstance(t, int) and not isinstance(t, bool)
-                       and -(1 << 63) <= t < 1 << 63], dtype=np.int64)
     if not len(values):
         return {"granularity_ms": None}
     gaps = np.diff(np.sort(values))
@@ -379,18 +438,6 @@ def _timestamp_report(timestamps: list) -> dict:
             "distinct": int(len(np.unique(values)))}
 
 
-def _uniqueness(rows: list[tuple]) -> dict:
-    """Shares of rows unique by what an outsider could match: the whole id sequence (its
-    prefix structure), and the (input_length, output_length) pair."""
-    if not rows:
-        return {}
-    by_ids = Counter(r[3] for r in rows)
-    by_lengths = Counter((r[1], r[2]) for r in rows)
-    total = len(rows)
-    return {"unique_id_sequence": sum(1 for r in rows if by_ids[r[3]] == 1) / total,
-            "unique_lengths": sum(1 for r in rows if by_lengths[(r[1], r[2])] == 1) / total}
-
-
 def report_text(report: dict, where: str) -> str:
     """The report for a person: each figure, what it means, what the publisher can do."""
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
@@ -399,7 +446,7 @@ def report_text(report: dict, where: str) -> str:
              f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}"
              " (counts and dense ids stay small; token ids or hashes would not)",
              f"  hash ids: {report['hash_ids']['distinct']:,} distinct, "
-             f"{'dense from 0' if report['hash_ids']['dense'] else 'NOT dense'}"]
+             f"{'dense from 0' if report['hash_ids']['dense'] else 'not dense from 0'}"]
     if ts.get("granularity_ms") is not None:
         lines.append(f"  timestamps: every one a multiple of {ts['granularity_ms']:,} ms; requests "
                      f"{_ms(ts.get('median_gap_ms'))} apart at the median, {_ms(ts.get('smallest_gap_ms'))} "
@@ -422,7 +469,7 @@ def report_text(report: dict, where: str) -> str:
                      f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
                      f"{m.get('granularity')}")
     lines += [f"  FLAG {flag}" for flag in report["flags"]]
-    lines.append("verdict: publishable: only what kvtrace publishes, nothing flagged"
+    lines.append("verdict: publishable: exactly what kvtrace publishes, nothing flagged"
                  if report["publishable"] else
                  f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above")
     return "\n".join(lines)

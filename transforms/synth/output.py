@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from transforms.read.trace_io import Trace
-from transforms.read.trace_fields import SESSION_FIELD
+from transforms.trace_format import SESSION_FIELD
 
 
 def dense_sessions(sessions: np.ndarray | None) -> list[int | None]:

@@ -30,17 +30,21 @@ def round_to(values: np.ndarray, step: int) -> np.ndarray:
     return (values + step // 2) // step * step
 
 
+def coarse_output_lengths(lengths: np.ndarray, step: int) -> np.ndarray:
+    """Output lengths as published: multiples of step, a positive one never 0 (a request that
+    generated something stays one that did)."""
+    rounded = round_to(lengths, step)
+    return np.where((lengths > 0) & (rounded == 0), step, rounded)
+
+
 def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch:
-    """The rows with coarsened timestamps, response times and output lengths; a positive output length never
-    rounds to 0 (a request that generated something stays one that did)."""
+    """The rows with coarsened timestamps, response times and output lengths."""
     if coarsening.is_identity:
         return batch
     rows = batch.rows.copy()
     rows["timestamp_ms"] = origin_ms + round_to(rows["timestamp_ms"] - origin_ms,
                                                 coarsening.timestamp_ms)
-    step = coarsening.output_length
-    rounded = round_to(rows["output_length"], step)
-    rows["output_length"] = np.where((rows["output_length"] > 0) & (rounded == 0), step, rounded)
+    rows["output_length"] = coarse_output_lengths(rows["output_length"], coarsening.output_length)
     known = rows["response_ms"] >= 0
     rows["response_ms"][known] = round_to(rows["response_ms"][known], coarsening.timestamp_ms)
     return RowBatch(rows, batch.ids, batch.hashes, batch.output_ids)

@@ -14,6 +14,7 @@ from typing import Any
 
 from transforms import storage
 from transforms.errors import JobStopped
+from transforms.trace_format import KNOWN_TEMPLATE_KWARGS, MANIFEST, MANIFEST_SCHEMA, canonical_json
 
 
 def _installed_version() -> str:
@@ -78,48 +79,47 @@ def trace_origin_ms(configured_ms: int | None, earliest_ms: list[int]) -> int:
     return min(earliest_ms, default=0)
 
 
-BLOCK_HASHES_WARNING = (
-    "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
-    "prompt and confirm it (a dictionary attack), so they stay private, out of the published "
-    "folder; the published trace carries only dense ids")
 # A tokenizer named as the public hub (owner/model) or an installed package (pkg:NAME) does: a
 # local folder's path is the provider's own and is never published (its files' sha256 are).
-_PUBLIC_TOKENIZER = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|pkg:[A-Za-z_][\w.]*")
+_PUBLIC_TOKENIZER = re.compile(MANIFEST_SCHEMA["properties"]["tokenizer"]["properties"]["name"]
+                               ["anyOf"][1]["pattern"])
 
 
 def public_tokenizer_name(name: str) -> str | None:
     """The tokenizer as the manifest may name it: a hub id or pkg: name, else nothing."""
-    if os.path.exists(name) or not _PUBLIC_TOKENIZER.fullmatch(name):
+    if os.path.exists(name) or len(name) > 128 or not _PUBLIC_TOKENIZER.fullmatch(name):
         return None
     return name
 
 
 def public_template_kwargs(value: Any) -> Any:
-    """Chat template kwargs as the manifest may hold them: keys and non-string values as they
-    are (enable_thinking: false), every string replaced by its sha256 (an operator's free text
-    never leaves; equal settings stay comparable)."""
-    if isinstance(value, str):
-        return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    """Chat template kwargs as the manifest may hold them: booleans and nulls as they are
+    (enable_thinking: false), names kvtrace knows as they are, every other name, string and
+    number replaced by the sha256 of its JSON text (an operator's free text or identifiers never
+    leave; equal settings stay comparable)."""
+    return {k if k in KNOWN_TEMPLATE_KWARGS else _hashed(k): _public_value(v)
+            for k, v in value.items()}
+
+
+def _public_value(value: Any) -> Any:
     if isinstance(value, list):
-        return [public_template_kwargs(v) for v in value]
+        return [_public_value(v) for v in value]
     if isinstance(value, dict):
-        return {k if re.fullmatch(r"[A-Za-z_]\w{0,63}", k) else public_template_kwargs(k):
-                public_template_kwargs(v) for k, v in value.items()}
-    return value
+        return {_hashed(k): _public_value(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool):
+        return value
+    return _hashed(value)
 
 
-MANIFEST = "manifest.json"
-STATS = "stats.json"
+def _hashed(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def manifest_path(directory: str) -> str:
     return storage.join(directory, MANIFEST)
 
 
-def json_bytes(payload: dict) -> bytes:
-    return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
-
-
 def write_json(path: str, payload: dict) -> None:
     with storage.create(path) as handle:
-        handle.write(json_bytes(payload))
+        handle.write(canonical_json(payload))

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from transforms import storage
 from transforms.errors import JobStopped
 from transforms.storage import is_url
-from transforms.write.manifest import MANIFEST
+from transforms.trace_format import FORMAT, MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"
@@ -85,7 +85,7 @@ def _listed(output: str) -> list[str]:
         with storage.open_read(path) as handle:
             manifest = json.loads(handle.read())
         files = manifest["files"]
-        if manifest.get("format") != "mooncake-trace" or not all(
+        if manifest.get("format") != FORMAT or not all(
                 isinstance(f, str) and "/" not in f for f in files):
             return []
         return [*files, MANIFEST]

@@ -12,8 +12,8 @@ import xxhash
 from transforms.ids.buckets import buckets_of
 from transforms.ids.dense_ids import ids_in_request_order
 from transforms.encode.hashed_batch import HashedBatch
+from transforms.trace_format import NO_SESSION
 
-NO_SESSION = -1
 ROW = np.dtype(
     [
         ("timestamp_ms", "<i8"),  # absolute; made relative to the export's origin when written
@@ -68,6 +68,12 @@ class RowBatch:
     def row_ids(self) -> list[np.ndarray]:
         return np.split(self.ids, np.cumsum(self.rows["num_ids"])[:-1]) if len(self.rows) else []
 
+    def row_output_ids(self) -> list[np.ndarray]:
+        """Each row's output ids, or [] without them."""
+        if self.output_ids is None or not len(self.rows):
+            return []
+        return np.split(self.output_ids, np.cumsum(self.rows["num_output_ids"])[:-1])
+
 
 def _picked(counts: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Indices of the items of the rows at order, for rows of counts[r] items each."""
@@ -100,7 +106,11 @@ def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarr
     block_ids = block_ids.astype(np.int64, copy=False)
     row = RowBatch(rows, block_ids[is_prompt], None if hashes is None else hashes[is_prompt],
                    block_ids[~is_prompt] if with_outputs else None)
-    rows["ids_digest"] = [xxhash.xxh3_64_intdigest(ids.tobytes()) for ids in row.row_ids()]
+    # Everything a row publishes is in the sort key, its output ids too: two requests alike but
+    # for their responses must not come out in input order.
+    outputs = row.row_output_ids() or [b""] * len(rows)
+    rows["ids_digest"] = [xxhash.xxh3_64_intdigest(ids.tobytes() + bytes(out))
+                          for ids, out in zip(row.row_ids(), outputs)]
     return row
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from transforms.encode.hashed_batch import HashedBatch
+from transforms.write.coarsen import Coarsening, coarse_output_lengths
 
 TOKEN_WEIGHTED_DEFINITION = (
     "infinite cache, causal: 1 - (tokens of each distinct block's first occurrence) / "
@@ -29,12 +30,15 @@ class ExportTotals:
     requests_with_unrendered_messages: int = 0  # the template left out a system/developer text
 
     @classmethod
-    def of_batch(cls, batch: HashedBatch) -> ExportTotals:
+    def of_batch(cls, batch: HashedBatch, coarsening: Coarsening = Coarsening()) -> ExportTotals:
+        """The batch's totals as its published rows give them: output lengths coarsened (an
+        exact sum beside coarse rows would undo --length-granularity)."""
         columns = batch.requests
+        outputs = coarse_output_lengths(columns["output_length"], coarsening.output_length)
         return cls(
             requests=len(columns),
             input_tokens=int(columns["input_length"].sum()),
-            output_tokens=int(columns["output_length"].sum()),
+            output_tokens=int(outputs.sum()),
             blocks=int(columns["num_blocks"].sum()),
             requests_without_output_length=int(columns["without_output_length"].sum()),
             requests_with_unrendered_messages=int(columns["message_not_rendered"].sum()),

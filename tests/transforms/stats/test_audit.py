@@ -53,8 +53,9 @@ def test_a_kvtrace_output_is_publishable(output, capsys):
 @pytest.mark.parametrize("doctor,flag", [
     (lambda row, i: row.update(prompt="What is the capital of France ?"), "fields beyond"),
     (lambda row, i: row.update(session=f"user-{i}"), "string values"),
-    (lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]), "not dense"),
-    (lambda row, i: row.update(hash_ids=[2**62 + i]), "too large"),
+    (lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]),
+     "does not hold the rows of its Parquet twin"),
+    (lambda row, i: row.update(hash_ids=[2**62 + i]), "outside [0, 2^40)"),
     (lambda row, i: row.update(timestamp=row["timestamp"] + 0.25), "not whole"),
 ])
 def test_a_doctored_jsonl_is_flagged(output, tmp_path, capsys, doctor, flag):
@@ -156,7 +157,7 @@ def test_anything_kvtrace_does_not_publish_is_flagged(output, tmp_path, capsys, 
 @pytest.mark.parametrize("change, flag", [
     (lambda m: m["tokenizer"].update(name="/home/alice/models/secret-model"), "tokenizer"),
     (lambda m: m["chat_template_kwargs"].update(system_note="call 555-0100"), "chat_template_kwargs"),
-    (lambda m: m.update(operator="alice"), "unknown key 'operator'"),
+    (lambda m: m.update(operator="alice"), "'operator' was unexpected"),
     (lambda m: m["records"].update(note=1.5), "records"),
 ])
 def test_a_manifest_holding_free_text_is_flagged(output, tmp_path, capsys, change, flag):
@@ -175,7 +176,7 @@ def test_a_trace_that_is_not_the_one_the_manifest_lists_is_flagged(output, tmp_p
     write_jsonl(path, rows[:-1])
     code, report = audit(folder, capsys)
     assert code == 1 and any("sha256 differs" in f for f in report["flags"])
-    assert any("does not hold the rows of its JSONL twin" in f for f in report["flags"])
+    assert any("does not hold the rows of its Parquet twin" in f for f in report["flags"])
 
 
 def test_a_parquet_with_a_prompt_column_is_flagged(output, tmp_path, capsys):

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from transforms.combiners import fold
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.ids.buckets import BUCKET_MS, plan_shards
-from transforms.read.trace_fields import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
-                                          SESSION_FIELD)
+from transforms.trace_format import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
+                                     SESSION_FIELD, jsonl_bytes, parquet_bytes)
 from transforms.write.manifest import trace_origin_ms
 from transforms.write.rows import NO_SESSION, ROW, RowBatch, rows_by_shard, shard_count
-from transforms.write.shards import MAX_BLOCKS_PER_SHARD, jsonl_bytes, parquet_bytes, shard_plan
+from transforms.write.shards import MAX_BLOCKS_PER_SHARD, published_columns, shard_plan
 
 ROWS = st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**31),
                           st.one_of(st.just(NO_SESSION), st.integers(0, 2**40)),
@@ -60,13 +60,14 @@ def expected(rows: list, origin: int, with_outputs: bool = False) -> list[dict]:
 @given(ROWS, st.integers(0, 2**20), st.booleans())
 def test_jsonl_is_byte_for_byte_what_json_dumps_writes(rows, origin, with_outputs):
     text = "".join(json.dumps(r) + "\n" for r in expected(rows, origin, with_outputs))
-    assert jsonl_bytes(batch_of(rows, with_outputs), origin) == text.encode()
+    assert jsonl_bytes(published_columns(batch_of(rows, with_outputs), origin)) == text.encode()
 
 
 @settings(max_examples=50, deadline=None)
 @given(ROWS, st.booleans())
 def test_parquet_holds_the_same_rows_with_missing_sessions_as_nulls(rows, with_outputs):
-    table = pq.read_table(io.BytesIO(parquet_bytes(batch_of(rows, with_outputs), 0))).to_pylist()
+    columns = published_columns(batch_of(rows, with_outputs), 0)
+    table = pq.read_table(io.BytesIO(parquet_bytes(columns))).to_pylist()
     any_response = any(row[4] != NO_RESPONSE_MS for row in rows)
     nulls = {SESSION_FIELD: None} | ({RESPONSE_FIELD: None} if any_response else {})
     assert table == [nulls | r for r in expected(rows, 0, with_outputs)]

@@ -1,0 +1,94 @@
+"""The published format: what the writers serialize, the gate parses back to the same columns,
+and serializes again to the same bytes; anything else is a FormatError, never a crash."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.trace_format import (
+    MANIFEST_SCHEMA,
+    NO_RESPONSE_MS,
+    NO_SESSION,
+    FormatError,
+    TraceColumns,
+    columns_of_jsonl,
+    columns_of_parquet,
+    jsonl_bytes,
+    parquet_bytes,
+    parse_json,
+    schema_problems,
+)
+
+INT = st.integers(0, 2**40 - 1)
+ROW = st.tuples(INT, INT, INT, st.one_of(st.just(NO_SESSION), INT),
+                st.one_of(st.just(NO_RESPONSE_MS), INT), st.lists(INT, max_size=6),
+                st.lists(INT, max_size=3))
+
+
+def columns_of(rows: list, with_outputs: bool) -> TraceColumns:
+    def column(i: int) -> np.ndarray:
+        return np.array([r[i] for r in rows], dtype=np.int64)
+
+    def flat(i: int) -> tuple[np.ndarray, np.ndarray]:
+        return (np.array([len(r[i]) for r in rows], dtype=np.int64),
+                np.array([x for r in rows for x in r[i]], dtype=np.int64))
+
+    outputs = flat(6) if with_outputs else (None, None)
+    return TraceColumns(column(0), column(1), column(2), *flat(5), column(3), column(4), *outputs)
+
+
+def same(left: TraceColumns, right: TraceColumns) -> bool:
+    return all((a is None and b is None) or np.array_equal(a, b)
+               for a, b in zip(left.__dict__.values(), right.__dict__.values()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(ROW, max_size=20), st.booleans())
+def test_each_form_parses_back_to_its_columns_and_bytes(rows, with_outputs):
+    columns = columns_of(rows, with_outputs)
+    jsonl, parquet = jsonl_bytes(columns), parquet_bytes(columns)
+    from_jsonl, from_parquet = columns_of_jsonl(jsonl), columns_of_parquet(parquet)
+    assert jsonl_bytes(from_jsonl) == jsonl and parquet_bytes(from_parquet) == parquet
+    assert jsonl_bytes(from_parquet) == jsonl
+    assert same(from_parquet, columns) and (same(from_jsonl, columns) or not rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_are_rows_or_a_format_error(data):
+    for parse in (columns_of_jsonl, columns_of_parquet):
+        try:
+            parse(data)
+        except FormatError:
+            pass
+
+
+def test_a_repeated_key_is_refused_where_a_reader_would_keep_one():
+    with pytest.raises(FormatError, match="repeats a key"):
+        parse_json(b'{"a": 1, "b": {"c": 2, "c": 3}}')
+    with pytest.raises(FormatError):
+        parse_json(b'{"a": NaN}')
+
+
+def test_the_manifest_schema_refuses_text_that_unicode_classes_would_let_through():
+    problems = schema_problems({"kvtrace_version": "0.1.0\u0660"}, MANIFEST_SCHEMA)
+    assert any("not printable ASCII" in p for p in problems)
+
+
+def test_every_hash_scheme_identity_and_input_vocabulary_is_in_the_schema():
+    from transforms.encode.schemes import HashScheme
+    from transforms.read.records import INPUT_FORMATS
+    from transforms.read.timestamps import TIMESTAMP_UNITS
+
+    import re
+
+    pattern = MANIFEST_SCHEMA["properties"]["hash_scheme"]["pattern"]
+    for scheme in (HashScheme(), HashScheme("dynamo"), HashScheme("vllm-sha256-cbor", b"\0" * 32)):
+        assert re.search(pattern, scheme.identity)
+    assert MANIFEST_SCHEMA["properties"]["input_format"]["enum"] == list(INPUT_FORMATS)
+    assert MANIFEST_SCHEMA["properties"]["timestamp_unit"]["enum"] == list(TIMESTAMP_UNITS)

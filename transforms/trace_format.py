@@ -1,0 +1,419 @@
+"""The published trace format, declared once: file names, row fields and their types, the JSONL
+and Parquet bytes of a shard, and the closed schemas of manifest.json and stats.json.
+
+The writers serialize through this module and the publication gate (stats/audit.py) parses
+with it, then serializes what it parsed again and compares bytes: a file is accepted only when
+it is exactly what kvtrace writes for its own rows, so no key, value, whitespace, metadata or
+duplicate that kvtrace would not write can pass, whoever thought of it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DEFAULT_BLOCK_SIZE = 512
+FORMAT = "mooncake-trace"
+MANIFEST = "manifest.json"
+STATS = "stats.json"
+TRACE_FILE_PREFIX = "trace-"
+TRACE_FILE = re.compile(r"trace-(\d{5})-of-(\d{5})\.(jsonl|parquet)", re.ASCII)
+SUFFIXES = (".jsonl", ".parquet")
+
+# Each row holds its request's whole prompt, so a row is one self-contained request, also within
+# a conversation. The pseudonymous conversation number is therefore published as `session`, not
+# `session_id`: aiperf groups rows by `session_id` and replays a group as a multi-turn chat that
+# prepends earlier turns and live responses to each request, which would double the context
+# (aiperf#1393). Under `session` every consumer replays each row as it is.
+SESSION_FIELD = "session"
+# With --emit-output-hashes: the ids of the full blocks the engine holds after decoding, past
+# the prompt's full blocks (kvtrace simulate --decode-cache replays them).
+OUTPUT_IDS_FIELD = "output_hash_ids"
+# When the log said when the response ended: ms from the request's arrival to that end. With the
+# next turn's timestamp it gives the user's think or tool time (`kvtrace export` writes it as the
+# `delay` session-aware replayers wait after the previous response).
+RESPONSE_FIELD = "response_ms"
+NO_RESPONSE_MS = -1  # in columns: the log did not say when the response ended
+NO_SESSION = -1  # in columns: the request had no session
+# No count, length, time in ms (~35 years) or dense id a night publishes comes near this: a
+# larger integer is a hash or a token id, whatever field it is in.
+MAX_PUBLISHED_INT = 1 << 40
+MAX_BLOCK_SIZE = 1 << 20
+
+_ID_LIST = pa.list_(pa.field("item", pa.int64(), nullable=False))
+TRACE_SCHEMA = pa.schema(
+    [
+        pa.field("timestamp", pa.int64(), nullable=False),
+        pa.field("input_length", pa.int64(), nullable=False),
+        pa.field("output_length", pa.int64(), nullable=False),
+        pa.field("hash_ids", _ID_LIST, nullable=False),
+        pa.field(SESSION_FIELD, pa.int64(), nullable=True),
+    ],
+    metadata={"format": FORMAT, "timestamp_unit": "ms"},
+)
+OUTPUT_IDS_COLUMN = pa.field(OUTPUT_IDS_FIELD, _ID_LIST, nullable=False)
+RESPONSE_COLUMN = pa.field(RESPONSE_FIELD, pa.int64(), nullable=True)
+
+
+class FormatError(ValueError):
+    """Bytes that are not a file kvtrace writes; the message says where and why, in one line."""
+
+
+def shard_name(shard: int, shards: int, suffix: str) -> str:
+    return f"{TRACE_FILE_PREFIX}{shard:05d}-of-{shards:05d}{suffix}"
+
+
+@dataclass(frozen=True)
+class TraceColumns:
+    """A trace shard's rows as published, column-wise: timestamps already relative to the
+    trace's origin, values already coarsened."""
+
+    timestamp: np.ndarray  # int64
+    input_length: np.ndarray  # int64
+    output_length: np.ndarray  # int64
+    num_ids: np.ndarray  # int64: each row's hash_ids count
+    ids: np.ndarray  # int64: every row's hash_ids, concatenated
+    session: np.ndarray  # int64, NO_SESSION where a row has none
+    response_ms: np.ndarray  # int64, NO_RESPONSE_MS where a row has none
+    num_output_ids: np.ndarray | None = None  # with output_hash_ids only
+    output_ids: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.timestamp)
+
+    @property
+    def has_response(self) -> bool:
+        return bool((self.response_ms != NO_RESPONSE_MS).any())
+
+    def schema(self) -> pa.Schema:
+        """The Parquet schema kvtrace writes these rows with: the optional columns only when
+        they hold something (output ids asked for; a response time known for some row)."""
+        schema = TRACE_SCHEMA
+        if self.output_ids is not None:
+            schema = schema.append(OUTPUT_IDS_COLUMN)
+        if self.has_response:
+            schema = schema.append(RESPONSE_COLUMN)
+        return schema
+
+
+def jsonl_bytes(columns: TraceColumns) -> bytes:
+    """The rows as JSONL, exactly as json.dumps writes each row's dict (tests compare the two);
+    formatted directly because dumping a dict per row costs 1.5x as long, on one core."""
+    ids = columns.ids.tolist()
+    ends = np.cumsum(columns.num_ids).tolist()
+    outputs = _output_lists(columns)
+    rows = zip(columns.timestamp.tolist(), columns.input_length.tolist(),
+               columns.output_length.tolist(), columns.session.tolist(),
+               columns.response_ms.tolist(), ends)
+    lines, start = [], 0
+    for row, (timestamp, input_length, output_length, session, response, end) in enumerate(rows):
+        tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
+        if response != NO_RESPONSE_MS:
+            tail = f'], "{RESPONSE_FIELD}": {response}' + tail[1:]
+        if outputs is not None:
+            tail = f'], "{OUTPUT_IDS_FIELD}": [{outputs[row]}' + tail
+        lines.append(f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
+                     f'"output_length": {output_length}, "hash_ids": ['
+                     f'{", ".join(map(str, ids[start:end]))}{tail}\n')
+        start = end
+    return "".join(lines).encode()
+
+
+def _output_lists(columns: TraceColumns) -> list[str] | None:
+    """Each row's output ids as JSON list items, or None."""
+    if columns.output_ids is None:
+        return None
+    ids, ends = columns.output_ids.tolist(), np.cumsum(columns.num_output_ids).tolist()
+    return [", ".join(map(str, ids[a:b])) for a, b in zip([0] + ends[:-1], ends)]
+
+
+def arrow_array(values: np.ndarray, type: pa.DataType = pa.int64(),
+                valid: np.ndarray | None = None) -> pa.Array:
+    """An Arrow int64 or int32 array over values' memory. pa.array(values) would do, but it
+    probes for pandas and imports it (0.3 s of every run's start-up)."""
+    values = np.ascontiguousarray(values, dtype="<i8" if type == pa.int64() else "<i4")
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = 0 if valid is None else int(len(valid) - np.count_nonzero(valid))
+    return pa.Array.from_buffers(type, len(values), [bitmap, pa.py_buffer(values)], nulls)
+
+
+def list_array(counts: np.ndarray, values: np.ndarray, type: pa.DataType = _ID_LIST) -> pa.Array:
+    """Lists of values, counts[i] in row i, built in their schema type (a cast would import
+    pyarrow.compute: 0.1 s of start-up)."""
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values),
+                                    type=type)
+
+
+def parquet_bytes(columns: TraceColumns) -> bytes:
+    arrays = [
+        arrow_array(columns.timestamp),
+        arrow_array(columns.input_length),
+        arrow_array(columns.output_length),
+        list_array(columns.num_ids, columns.ids),
+        arrow_array(columns.session, valid=columns.session != NO_SESSION),
+    ]
+    if columns.output_ids is not None:
+        arrays.append(list_array(columns.num_output_ids, columns.output_ids))
+    if columns.has_response:
+        arrays.append(arrow_array(columns.response_ms, valid=columns.response_ms != NO_RESPONSE_MS))
+    return table_bytes(pa.Table.from_arrays(arrays, schema=columns.schema()))
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """A table as kvtrace writes every Parquet file: zstd, one row group per file."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def columns_of_parquet(data: bytes) -> TraceColumns:
+    """The rows of a Parquet shard, read only as far as its schema is kvtrace's (metadata
+    included); whether the bytes are kvtrace's is for the caller to compare."""
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except (OSError, pa.ArrowException) as err:
+        raise FormatError(f"not a readable Parquet file ({str(err)[:80]})") from None
+    names = table.schema.names
+    extra = [n for n in names if n not in TRACE_SCHEMA.names + [OUTPUT_IDS_FIELD, RESPONSE_FIELD]]
+    if extra:
+        raise FormatError(f"fields beyond the trace's own: {', '.join(extra)[:80]}")
+    missing = [n for n in TRACE_SCHEMA.names if n not in names]
+    if missing:
+        raise FormatError(f"rows without {', '.join(missing)}")
+    try:
+        return _parquet_columns(table)
+    except (pa.ArrowException, TypeError, ValueError, AttributeError) as err:
+        raise FormatError(f"columns of other types than kvtrace writes ({str(err)[:60]})") from None
+
+
+def _parquet_columns(table: pa.Table) -> TraceColumns:
+    """The columns, converted as far as their types allow; the byte comparison after judges."""
+    names = table.schema.names
+
+    def ints(name: str, missing: int = 0) -> np.ndarray:
+        return table.column(name).combine_chunks().fill_null(missing).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+
+    def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
+        column = table.column(name).combine_chunks()
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        return np.diff(offsets), column.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+
+    num_ids, ids = lists("hash_ids")
+    outputs = lists(OUTPUT_IDS_FIELD) if OUTPUT_IDS_FIELD in names else (None, None)
+    response = ints(RESPONSE_FIELD, NO_RESPONSE_MS) if RESPONSE_FIELD in names else \
+        np.full(len(table), NO_RESPONSE_MS, np.int64)
+    return TraceColumns(ints("timestamp"), ints("input_length"), ints("output_length"), num_ids,
+                        ids, ints(SESSION_FIELD, NO_SESSION), response, *outputs)
+
+
+_ROW_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+_OPTIONAL_KEYS = (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD)
+
+
+def columns_of_jsonl(data: bytes) -> TraceColumns:
+    """The rows of a JSONL shard, each a JSON object of the trace's keys holding integers (the
+    first line that is not says why); whether the bytes are kvtrace's is for the caller to
+    compare."""
+    rows, lines = [], data.split(b"\n")
+    for number, line in enumerate(lines[:-1] if not lines[-1] else lines, 1):
+        try:
+            rows.append(_row(line))
+        except FormatError as err:
+            raise FormatError(f"line {number}: {err}") from None
+    with_outputs = bool(rows) and all(OUTPUT_IDS_FIELD in r for r in rows)
+    if any((OUTPUT_IDS_FIELD in r) != with_outputs for r in rows):
+        raise FormatError(f"{OUTPUT_IDS_FIELD} in some rows only")
+
+    def column(key: str, missing: int = 0) -> np.ndarray:
+        return np.array([r.get(key, missing) for r in rows], dtype=np.int64)
+
+    def flat(key: str) -> tuple[np.ndarray, np.ndarray]:
+        lists = [r[key] for r in rows]
+        return (np.array([len(v) for v in lists], dtype=np.int64),
+                np.array([i for v in lists for i in v], dtype=np.int64))
+
+    num_ids, ids = flat("hash_ids")
+    outputs = flat(OUTPUT_IDS_FIELD) if with_outputs else (None, None)
+    return TraceColumns(column("timestamp"), column("input_length"), column("output_length"),
+                        num_ids, ids, column(SESSION_FIELD, NO_SESSION),
+                        column(RESPONSE_FIELD, NO_RESPONSE_MS), *outputs)
+
+
+def _row(line: bytes) -> dict:
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise FormatError("not JSON") from None
+    if not isinstance(row, dict):
+        raise FormatError("not a JSON object")
+    extra = [k for k in row if k not in _ROW_KEYS + _OPTIONAL_KEYS]
+    if extra:
+        raise FormatError(f"fields beyond the trace's own: {', '.join(sorted(extra))[:80]}")
+    missing = [k for k in _ROW_KEYS if k not in row]
+    if missing:
+        raise FormatError(f"rows without {', '.join(missing)}")
+    for key, value in row.items():
+        items = value if key in ("hash_ids", OUTPUT_IDS_FIELD) else [value]
+        if not isinstance(items, list):
+            raise FormatError(f"{key} is not a list")
+        for item in items:
+            if isinstance(item, str):
+                raise FormatError(f"string values: {key}")
+            if not isinstance(item, int) or isinstance(item, bool):
+                raise FormatError(f"values that are not whole numbers: {key}")
+            if not 0 <= item < MAX_PUBLISHED_INT:
+                raise FormatError(f"integers outside [0, 2^40) (hashes?): {key}")
+    return row
+
+
+BLOCK_HASHES_WARNING = (
+    "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
+    "prompt and confirm it (a dictionary attack), so they stay private, out of the published "
+    "folder; the published trace carries only dense ids")
+
+
+_HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
+_STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
+_TRACE_OR_STATS = {"type": "string", "pattern": r"^(stats\.json|trace-\d{5}-of-\d{5}\.(jsonl|parquet))$"}
+# What a tokenizer folder contributes to a run: the files the loader and the chat template read,
+# and nothing else in the folder (encode/tokenize.py reads exactly these).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json", "config.json")
+# Template variables whose names are published as they are; any other name is hashed like every
+# string value (an operator's own variable names are free text).
+KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget",
+                         "add_generation_prompt", "continue_final_message", "keep_cot",
+                         "builtin_tools", "add_vision_id")
+HASHED_TEXT = r"^sha256:[0-9a-f]{64}$"
+# Values: booleans and null as they are (enable_thinking: false); numbers and strings hashed.
+_KWARG_VALUE = {"anyOf": [
+    {"type": ["boolean", "null"]},
+    {"type": "string", "pattern": HASHED_TEXT},
+    {"type": "array", "maxItems": 64, "items": {"$ref": "#/$defs/kwarg_value"}},
+    {"type": "object", "maxProperties": 64,
+     "propertyNames": {"pattern": HASHED_TEXT}, "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
+]}
+
+
+def _closed(properties: dict[str, Any]) -> dict[str, Any]:
+    """An object holding exactly these keys."""
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+
+
+# manifest.json, key by key: kvtrace's own vocabulary, numbers and digests; no string an operator
+# typed, no path. Every string is also printable ASCII (published_strings_ascii). The gate checks
+# beyond the schema what only the folder can say: files and sha256 name exactly its files,
+# records and id_space agree with its rows, replay is what replayers.py writes for it.
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$defs": {"kwarg_value": _KWARG_VALUE},
+    **_closed({
+        "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
+        "format": {"const": FORMAT},
+        "tokenizer": _closed({
+            # A public hub id (owner/model) or an installed package (pkg:NAME), or none.
+            "name": {"anyOf": [{"type": "null"}, {
+                "type": "string", "maxLength": 128,
+                "pattern": r"^([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+|pkg:[A-Za-z_][A-Za-z0-9_.]*)$"}]},
+            "sha256": {"type": "object", "propertyNames": {"enum": list(TOKENIZER_FILES)},
+                       "additionalProperties": _HEX64},
+        }),
+        "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
+        "hash_scheme": {"type": "string", "pattern": "^(xxh3-128-chained-salted-v1|dynamo-xxh3-64-"
+                        "seed1337-v1|vllm-sha256-cbor-v1:[0-9a-f]{16})$"},
+        "hash_scheme_keyed": {"type": "boolean"},
+        "granularity": _closed({"timestamp_ms": _STEP, "output_length": _STEP}),
+        "output_hash_ids": {"type": "boolean"},
+        "block_hashes": {"anyOf": [{"type": "null"}, _closed({
+            "emitted": {"const": True}, "private": {"const": BLOCK_HASHES_WARNING}})]},
+        "input_format": {"enum": ["auto", "chat", "prompt", "tokens"]},
+        "timestamp_unit": {"enum": ["auto", "s", "ms", "us", "ns"]},
+        "chat_template_kwargs": {
+            "type": "object", "maxProperties": 64,
+            "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},
+                                        {"pattern": HASHED_TEXT}]},
+            "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
+        "records": _closed({name: _COUNT for name in (
+            "read", "exported", "rejected", "without_output_length", "with_unrendered_messages",
+            "damaged_files", "lost_bytes")}),
+        "ids_extend_map": {"type": "boolean"},
+        "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
+        "sha256": {"type": "object", "propertyNames": _TRACE_OR_STATS,
+                   "additionalProperties": _HEX64},
+        "replay": {"type": "object", "maxProperties": 16,
+                   "additionalProperties": {"type": "string", "maxLength": 1024}},
+    }),
+}
+def schema_problems(document: Any, schema: dict[str, Any]) -> list[str]:
+    """Where a JSON document departs from a declared schema, one line each (sorted, at most 10)."""
+    from jsonschema import Draft202012Validator
+
+    problems = [f"{where}: not printable ASCII" for where in _non_ascii(document)]
+    problems += sorted(
+        f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message[:120]}"
+        for error in Draft202012Validator(schema).iter_errors(document))
+    return problems[:10]
+
+
+def _non_ascii(value: Any, where: str = "(top)") -> list[str]:
+    """Every string (key or value) holding anything but printable ASCII: what the patterns allow
+    must not be widened by Unicode classes or control characters."""
+    if isinstance(value, str):
+        return [] if re.fullmatch(r"[\x20-\x7e]*", value) else [where]
+    if isinstance(value, list):
+        return [w for i, v in enumerate(value) for w in _non_ascii(v, f"{where}/{i}")]
+    if isinstance(value, dict):
+        return [w for k, v in value.items()
+                for w in _non_ascii(k, f"{where}/key") + _non_ascii(v, f"{where}/{k}")]
+    return []
+
+
+def canonical_json(payload: Any) -> bytes:
+    """manifest.json and stats.json as kvtrace writes them: sorted keys, two-space indent."""
+    return (json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def parse_json(data: bytes) -> Any:
+    """A JSON document, refused (FormatError) when any object repeats a key: a reader keeps one
+    value, the bytes keep both."""
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict:
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise FormatError("an object repeats a key")
+        return dict(pairs)
+
+    try:
+        return json.loads(data, object_pairs_hook=no_repeats,
+                          parse_constant=lambda name: _refuse(f"{name} is not JSON"))
+    except (ValueError, RecursionError) as err:
+        if isinstance(err, FormatError):
+            raise
+        raise FormatError(f"not JSON ({str(err)[:60]})") from None
+
+
+def _refuse(message: str) -> Any:
+    raise FormatError(message)
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        0 <= value < MAX_PUBLISHED_INT
+
+
+def finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
