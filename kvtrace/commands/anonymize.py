@@ -19,6 +19,7 @@ from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.errors import ConfigError, JobStopped
 from transforms.ids.dense_ids import MAX_HASH_SHARDS
 from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
+from transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE
 from transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
@@ -152,7 +153,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 ANONYMIZE_DEFAULTS: dict[str, Any] = {
-    "block_size": 512,
+    "block_size": DEFAULT_BLOCK_SIZE,
     "input_format": "auto",
     "timestamp_unit": "auto",
     "drop_non_text_parts": False,
@@ -166,7 +167,6 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
 }
 # Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful
 # (and transforms/ids/dense_ids.MAX_HASH_SHARDS bounds the shard count).
-MAX_BLOCK_SIZE = 1 << 20
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
 MAX_GRANULARITY = 1 << 40
@@ -234,6 +234,10 @@ def _check_ranges(options: dict[str, Any]) -> None:
     integer("processes", 0, MAX_PROCESSES)
     integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
     integer("length_granularity", 1, MAX_GRANULARITY)
+    if options["length_granularity"] > 1 and options.get("emit_output_hashes"):
+        raise ConfigError("--length-granularity and --emit-output-hashes: the output block ids "
+                          "give each output length to within a block, undoing the rounding; "
+                          "choose one")
     integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
     fraction = options.get("max_rejected_fraction")

@@ -109,6 +109,17 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenize
     assert [r["input_length"] for r in after] == [r["input_length"] for r in before]
     assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
     assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
+    # the published sum is of the published lengths: an exact sum would undo the rounding
+    stats = json.loads((coarse / "stats.json").read_text())
+    assert stats["output_tokens"] == sum(r["output_length"] for r in after)
+
+
+def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--length-granularity", "8",
+                     "--emit-output-hashes") == 2
+    assert "choose one" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_one_trace_file_can_be_audited_alone(output, tmp_path, capsys):
