@@ -197,8 +197,11 @@ class Progress:
     def due_ms(self, config: StreamingConfig, window: int) -> int:
         """When (source's watermark) an open window is published: once every record produced
         before a request past its deadline came in; or, with none, once the source has been
-        idle for config.idle_ms and the deadline is past by the source's clock too."""
-        idle = max(config.deadline_ms(window), self.arrived_ms + config.idle_ms)
+        idle for config.idle_ms past the time the requests' clock, run on from the latest at
+        the source's pace, would pass the deadline (a live stream's last window closes at its
+        deadline, a backfill's a moment after its last request: neither by the wall clock)."""
+        to_deadline = max(config.deadline_ms(window) - (self.latest_ms or 0), 0)
+        idle = self.arrived_ms + to_deadline + config.idle_ms
         passed = self.passed_ms[window]
         return idle if passed is None else min(passed, idle)
 
@@ -313,6 +316,8 @@ class PublishWindows(beam.DoFn):
         night = dataclasses.replace(
             job, inputs=(), max_rejected_fraction=None, output=storage.join(job.output, name),
             staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name))
+        # From nothing: what an attempt killed mid-window left is not part of this one.
+        storage.remove_folder(night.staging)
         storage.make_folder(night.staging, private=True)
         storage.make_folder(night.dead_letter, private=True)
         numbered: dict[str, KindIds] = {}

@@ -163,8 +163,11 @@ def test_a_backfill_is_timed_by_its_requests_not_by_when_it_was_produced(tmp_pat
     arrivals.append((66_000, NOW + 3))  # past window 0's deadline
     assert windows_published(config, arrivals, NOW + 2) == []  # not all before it came in yet
     assert windows_published(config, arrivals, NOW + 3) == [0]
-    # The source idle: the last window closes too.
-    assert windows_published(config, arrivals, NOW + 3 + config.idle_ms) == [0, MINUTE]
+    # The source idle: the last window closes once the requests' clock, run on at the source's
+    # pace from 66 s, would be past its deadline (125 s), and idle_ms more.
+    idle_due = NOW + 3 + (125_000 - 66_000) + config.idle_ms
+    assert windows_published(config, arrivals, idle_due - 1) == [0]
+    assert windows_published(config, arrivals, idle_due) == [0, MINUTE]
 
 
 @settings(max_examples=100, deadline=None)
