@@ -3,12 +3,16 @@ by window.
 
 messages -> parse -> render, tokenize, chain-hash (the batch pipeline's steps) -> PublishWindows
 
-Event time is each request's own timestamp. Requests gather by event-time window (--window);
-once the watermark passes a window's end plus the allowed lateness, the window is a night of the
-batch job: its ids continue the id map, which lives in the runner's keyed state (ids in
-first-seen order within and across windows), and it is numbered and published, whole, into its
-own folder by the local engine's publish_encoded (the same stage functions as every engine).
-With nothing late, the windows concatenated are the batch output of the same records, byte for
+Event time is each request's own timestamp, whenever the source received it (a backfill of old
+logs is on time). Requests gather by event-time window (--window); once a request past a window's
+end plus the allowed lateness has come in, and the source's watermark (its own clock: when
+records were produced) says everything produced before that one has come in too, or the source
+has been idle for IDLE_MS, the window is a night of the batch job: its ids continue the id map,
+which lives in the runner's keyed state (ids in first-seen order within and across windows), and
+it is numbered and published, whole, into its own folder by the local engine's publish_encoded
+(the same stage functions as every engine). A runner restored from a checkpoint restores that
+state with the source's offsets: it publishes again, byte for byte, a window it had published
+after the checkpoint, and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch output of the same records, byte for
 byte. A request whose window is older than one already published is late: a dead letter with
 reason `late`. Records that never became requests (bad JSON, ...) are dead letters of the next
 window published.
@@ -50,8 +54,12 @@ from transforms.encode.steps import EncodeRequests
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.steps import BatchByWeight
+from transforms.write.coarsen import round_to
 
 LATE = "late"
+# A source that has delivered nothing for this long (by its own clock) has nothing older to send:
+# windows past their deadline close then even when no newer request says so.
+IDLE_MS = 10_000
 # Dead letters wait this long (processing time) for a window to go out with, then go alone.
 LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
@@ -89,17 +97,31 @@ def read_source(source: str) -> beam.PTransform:
     pubsub = PUBSUB.fullmatch(source)
     if pubsub:
         return beam.io.ReadFromPubSub(subscription=pubsub.group(1))
-    servers, topic = KAFKA.fullmatch(source).groups()
-    # A new consumer group starts at the topic's first record. The watermark follows the
-    # records' CreateTime (their producer's clock); offsets live in the runner's checkpoints.
-    payload = KafkaReadSchema(
-        {"bootstrap.servers": servers, "auto.offset.reset": "earliest",
-         "group.id": f"kvtrace-{topic}"}, [topic], BYTES, BYTES, None, None, None, False,
-        "CreateTime", 2, False, np.int32(0), False)
     return "ReadKafka" >> (
-        ExternalTransform(KAFKA_READ_URN, NamedTupleBasedPayloadBuilder(payload),
+        ExternalTransform(KAFKA_READ_URN, NamedTupleBasedPayloadBuilder(kafka_read(source)),
                           os.environ[KAFKA_EXPANSION])
         | "Values" >> beam.Map(lambda key_value: key_value[1]))
+
+
+def kafka_read(source: str) -> KafkaReadSchema:
+    """Beam's Kafka read of a kafka:// source, as the expansion service is sent it."""
+    servers, topic = KAFKA.fullmatch(source).groups()
+    return KafkaReadSchema(
+        kafka_consumer_config(servers, topic), [topic], BYTES, BYTES, None, None, None,
+        # Offsets are committed to the group only once a checkpoint holding them completes.
+        True,
+        # The source's clock: when records were produced. PublishWindows times windows by the
+        # requests' own timestamps and uses this only to know everything produced before an
+        # instant has been read.
+        "CreateTime", 2, False, np.int32(0), False)
+
+
+def kafka_consumer_config(servers: str, topic: str) -> dict[str, str]:
+    """The consumer's configuration (it replaces Beam's defaults whole): a new group starts at the
+    topic's first record, and the consumer never commits offsets on its own, which would mark
+    records read before they are processed; the runner's checkpoints hold the offsets."""
+    return {"bootstrap.servers": servers, "auto.offset.reset": "earliest",
+            "group.id": f"kvtrace-{topic}", "enable.auto.commit": "false"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +130,7 @@ class StreamingConfig:
     source: str  # pubsub:projects/P/subscriptions/S
     window_ms: int = 3_600_000
     allowed_lateness_ms: int = 0
+    idle_ms: int = IDLE_MS
 
     def deadline_ms(self, window_start_ms: int) -> int:
         """When a window is published: the watermark past its end plus the allowed lateness."""
@@ -136,6 +159,11 @@ def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLe
             for ts in batch.requests["timestamp_ms"].tolist()]
 
 
+def source_now_ms() -> int:
+    """The source's clock here: Kafka's CreateTime and Pub/Sub's publish time are wall clocks."""
+    return int(time.time() * 1000)
+
+
 @dataclasses.dataclass
 class Progress:
     """What the stream has published so far (keyed state beside the id map)."""
@@ -143,12 +171,46 @@ class Progress:
     next_id: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     origin_ms: int | None = None  # the first published window's earliest request: the trace's zero
     published_ms: int | None = None  # start of the last published window
-    armed_ms: int | None = None  # the deadline the timer is set to
+    # Event time is the requests' own; the source's clock (when records were produced, the
+    # watermark's) only says when everything before an instant has come in.
+    latest_ms: int | None = None  # the latest request time seen
+    arrived_ms: int = 0  # when (source's clock) the last batch came in
+    # Open windows -> when (source's clock) a request past their deadline came in, None before.
+    passed_ms: dict[int, int | None] = dataclasses.field(default_factory=dict)
     letters_due: float | None = None  # when pending dead letters go out on their own (s)
     letter_batches: int = 0
     windows: int = 0
     rows: int = 0
     rejected: int = 0
+
+    def saw(self, config: StreamingConfig, window: int, latest_ms: int, now_ms: int) -> None:
+        """A batch of window, its latest request at latest_ms, came in at now_ms (source's
+        clock): the windows whose deadline it passes are due once everything before now_ms
+        has come in."""
+        self.passed_ms.setdefault(window, None)
+        self.latest_ms = latest_ms if self.latest_ms is None else max(self.latest_ms, latest_ms)
+        self.arrived_ms = max(self.arrived_ms, now_ms)
+        for open_window, passed in self.passed_ms.items():
+            if passed is None and config.deadline_ms(open_window) <= self.latest_ms:
+                self.passed_ms[open_window] = now_ms
+
+    def due_ms(self, config: StreamingConfig, window: int) -> int:
+        """When (source's watermark) an open window is published: once every record produced
+        before a request past its deadline came in; or, with none, once the source has been
+        idle for config.idle_ms past the time the requests' clock, run on from the latest at
+        the source's pace, would pass the deadline (a live stream's last window closes at its
+        deadline, a backfill's a moment after its last request: neither by the wall clock)."""
+        to_deadline = max(config.deadline_ms(window) - (self.latest_ms or 0), 0)
+        idle = self.arrived_ms + to_deadline + config.idle_ms
+        passed = self.passed_ms[window]
+        return idle if passed is None else min(passed, idle)
+
+    def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
+        """The open windows due at watermark_ms, oldest first."""
+        return sorted(w for w in self.passed_ms if self.due_ms(config, w) <= watermark_ms)
+
+    def next_due_ms(self, config: StreamingConfig) -> int | None:
+        return min((self.due_ms(config, w) for w in self.passed_ms), default=None)
 
 
 class PublishWindows(beam.DoFn):
@@ -191,11 +253,10 @@ class PublishWindows(beam.DoFn):
                 progress_state.write(progress)
             return
         pending.add((window, item))
-        due = self._config.deadline_ms(window)
-        if progress.armed_ms is None or due < progress.armed_ms:
-            progress.armed_ms = due
-            deadline.set(Timestamp(micros=due * 1000))
-            progress_state.write(progress)
+        progress.saw(self._config, window, int(item.requests["timestamp_ms"].max()),
+                     source_now_ms())
+        deadline.set(Timestamp(micros=progress.next_due_ms(self._config) * 1000))
+        progress_state.write(progress)
 
     @on_timer(DEADLINE)
     def publish(self, fired=beam.DoFn.TimestampParam,
@@ -204,24 +265,24 @@ class PublishWindows(beam.DoFn):
                 blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
                 sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
                 deadline=beam.DoFn.TimerParam(DEADLINE)) -> Iterator[dict]:
-        config, now_ms = self._config, fired.micros // 1000
+        config = self._config
         progress = progress_state.read() or Progress()
         items = list(pending.read())
         pending.clear()
         letters = [item for window, item in items if window is None]
         waiting = [(window, item) for window, item in items if window is not None]
-        due = sorted({w for w, _ in waiting if config.deadline_ms(w) <= now_ms})
+        due = progress.due(config, fired.micros // 1000)
         maps = {"blocks": blocks_map, "sessions": sessions_map}
         for window in due:
             batches = [item for w, item in waiting if w == window]
+            del progress.passed_ms[window]
             yield self._publish(window, batches, letters, maps, progress)
             letters = []
         later = [(w, item) for w, item in waiting if w not in due]
         for entry in later + [(None, letter) for letter in letters]:
             pending.add(entry)
-        progress.armed_ms = min((config.deadline_ms(w) for w, _ in later), default=None)
-        if progress.armed_ms is not None:
-            deadline.set(Timestamp(micros=progress.armed_ms * 1000))
+        if (next_due := progress.next_due_ms(config)) is not None:
+            deadline.set(Timestamp(micros=next_due * 1000))
         progress_state.write(progress)
 
     @on_timer(LETTERS)
@@ -242,7 +303,7 @@ class PublishWindows(beam.DoFn):
             storage.make_folder(folder, private=True)
             write_dead_letters(folder, letters)
             progress.rejected += len(letters)
-            _write_cumulative(self._config.job.output, progress)
+            _write_cumulative(self._config, progress)
         progress.letters_due = None
         progress_state.write(progress)
 
@@ -255,6 +316,8 @@ class PublishWindows(beam.DoFn):
         night = dataclasses.replace(
             job, inputs=(), max_rejected_fraction=None, output=storage.join(job.output, name),
             staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name))
+        # From nothing: what an attempt killed mid-window left is not part of this one.
+        storage.remove_folder(night.staging)
         storage.make_folder(night.staging, private=True)
         storage.make_folder(night.dead_letter, private=True)
         numbered: dict[str, KindIds] = {}
@@ -277,28 +340,49 @@ class PublishWindows(beam.DoFn):
         self._windows.inc()
         self._rows.inc(manifest["records"]["exported"])
         progress.rejected += manifest["records"]["rejected"]
-        _write_cumulative(job.output, progress)
+        _write_cumulative(self._config, progress)
         return manifest
 
 
-def _write_cumulative(output: str, progress: Progress) -> None:
+def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str, int | None]:
+    """The stream so far. Its one time is the end of the last published window relative to the
+    trace's zero, rounded as the rows' timestamps are: the zero's own epoch is never published."""
+    published_until_ms = None
+    if progress.published_ms is not None and progress.origin_ms is not None:
+        published_until_ms = int(round_to(
+            np.int64(progress.published_ms + config.window_ms - progress.origin_ms),
+            config.job.coarsening.timestamp_ms))
+    return {"windows": progress.windows, "rows": progress.rows, "rejected": progress.rejected,
+            "unique_blocks": progress.next_id["blocks"], "sessions": progress.next_id["sessions"],
+            "published_until_ms": published_until_ms}
+
+
+def _write_cumulative(config: StreamingConfig, progress: Progress) -> None:
     """The stream so far, beside the windows (replaced whole after each window)."""
     import json
 
-    summary = {"windows": progress.windows, "rows": progress.rows,
-               "rejected": progress.rejected, "unique_blocks": progress.next_id["blocks"],
-               "sessions": progress.next_id["sessions"], "origin_ms": progress.origin_ms,
-               "last_window": progress.published_ms}
+    output = config.job.output
+    summary = cumulative_summary(config, progress)
     temporary = storage.join(output, ".cumulative.json.tmp")
     with storage.create(temporary) as handle:
         handle.write(json.dumps(summary, indent=1, sort_keys=True).encode() + b"\n")
     storage.rename(temporary, storage.join(output, "cumulative.json"))
 
 
+def check_new_stream(output: str) -> None:
+    """A stream's ids live in its runner's state: a second stream into the same folder would
+    number from 0 again beside the first one's windows (a restarted job restores its state and
+    goes on; it is not launched again)."""
+    if storage.exists(storage.join(output, "cumulative.json")):
+        raise ConfigError(f"--output {output} holds a stream already (cumulative.json): its ids "
+                          "continue only in its own job; a new stream needs a new --output")
+
+
 def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
     """Run until the runner stops the stream (a drain publishes every window still open)."""
     options = pipeline_options(flags)
     options.view_as(StandardOptions).streaming = True
+    check_new_stream(config.job.output)
     storage.make_folder(config.job.output)
     run(lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options)
 

@@ -90,9 +90,14 @@ parallelism: {default: $slots}
 restart-strategy:
   type: fixed-delay
   fixed-delay: {attempts: 20, delay: 2 s}
-# Streaming jobs: state checkpointed every 10 s, kept on this machine.
+# Streaming jobs: state checkpointed every 10 s into files on this machine. Flink 1.19 reads
+# the store from state.checkpoint-storage and state.checkpoints.dir (execution.checkpointing.dir
+# is 1.20's); without them checkpoints go to the JobManager's memory, capped at 5 MB.
 execution:
-  checkpointing: {interval: 10 s, dir: "file://$run/checkpoints"}
+  checkpointing: {interval: 10 s}
+state:
+  checkpoint-storage: filesystem
+  checkpoints: {dir: "file://$run/checkpoints"}
 EOF
   # Flink's processes log through log4j 2; without a configuration they log nothing.
   cat >"$run/conf/log4j.properties" <<'EOF'
@@ -152,7 +157,7 @@ start() {
   java "${java_opens[@]}" -cp "$(cat "$home/job-server.classpath")" \
     org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$rest_port" \
     --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" \
-    --expansion-port="$expansion_port" </dev/null >"$run/log/jobserver.out" 2>&1 &
+    --expansion-port="$expansion_port" --flink-conf-dir="$run/conf" </dev/null >"$run/log/jobserver.out" 2>&1 &
   echo $! >"$run/jobserver.pid"
   wait_for "Beam's job server" 60 port_open "$job_port"
   java -cp "$(cat "$home/job-server.classpath")" \

@@ -1,7 +1,8 @@
 """`kvtrace anonymize --streaming` from a real Kafka broker (deploy/kafka/local-broker.sh) on the
 local Flink cluster (deploy/flink/local-cluster.sh, which .ci/run starts), through Beam's Kafka
-IO: every message once, in a window or as a late dead letter, and the windows concatenated equal
-the batch job's output of the requests they hold."""
+IO: every message once, and the windows concatenated equal the batch job's output of the
+requests they hold. The requests are of January 2026, produced now: backfills, on time all the
+same; and a state past the JobManager's 5 MB survives TaskManagers killed again and again."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import (ON_FLINK, ROOT, check_stream_against_batch, free_ports,
+from conftest import (ON_FLINK, ROOT, STREAM_START_MS, check_stream_against_batch, free_ports,
                       run_stream_until_accounted, running_stream, stream_accounted,
                       stream_request)
+from tiny_tokenizer import CORPUS
 
 pytestmark = ON_FLINK
 MESSAGES = 40
@@ -25,6 +27,7 @@ CLUSTER = str(ROOT / "deploy" / "flink" / "local-cluster.sh")
 BROKER = str(ROOT / "deploy" / "kafka" / "local-broker.sh")
 FLINK_REST = "http://127.0.0.1:8081"
 CHECKPOINT_S = 60  # local-cluster.sh checkpoints every 10 s
+JOBMANAGER_CAP = 5 * 1024 * 1024  # what a checkpoint kept in the JobManager's memory may hold
 
 
 @pytest.fixture
@@ -53,13 +56,36 @@ def produce(port: int, env: dict[str, str], records: list[dict]) -> None:
                    check=True)
 
 
+def rest(path: str) -> dict:
+    with urllib.request.urlopen(f"{FLINK_REST}{path}") as response:
+        return json.load(response)
+
+
+def running_job() -> str:
+    running = [job["id"] for job in rest("/jobs")["jobs"] if job["status"] == "RUNNING"]
+    assert len(running) == 1, running
+    return running[0]
+
+
 def checkpoints() -> dict[str, int]:
     """The (one) running job's checkpoint counts: completed, restored, ..."""
-    with urllib.request.urlopen(f"{FLINK_REST}/jobs") as response:
-        running = [job["id"] for job in json.load(response)["jobs"] if job["status"] == "RUNNING"]
-    assert len(running) == 1, running
-    with urllib.request.urlopen(f"{FLINK_REST}/jobs/{running[0]}/checkpoints") as response:
-        return json.load(response)["counts"]
+    return rest(f"/jobs/{running_job()}/checkpoints")["counts"]
+
+
+def next_checkpoint() -> dict:
+    """The running job's next completed checkpoint (failing if none completes in
+    CHECKPOINT_S), as Flink's REST API reports it."""
+    taken, deadline = checkpoints()["completed"], time.monotonic() + CHECKPOINT_S
+    # Polled: Flink says nothing when a checkpoint completes; each look is one request.
+    while checkpoints()["completed"] == taken and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert checkpoints()["completed"] > taken
+    return rest(f"/jobs/{running_job()}/checkpoints")["latest"]["completed"]
+
+
+def dead_letters(tmp_path) -> list[dict]:
+    return [json.loads(line) for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
+            for line in path.read_text().splitlines()]
 
 
 def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, tiny_tokenizer,
@@ -75,33 +101,61 @@ def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, t
             "--config", str(ROOT / "configs" / "flink-local.yaml"))
     finally:
         cancel_running_jobs()
+    assert dead_letters(tmp_path) == []  # a backfill: nothing late
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
 
 
-def test_a_taskmanager_lost_mid_stream_resumes_from_its_checkpoint(broker, tiny_tokenizer,
-                                                                  tmp_path):
-    """State (the id map, what was published) and Kafka offsets come back from the checkpoint:
-    nothing read twice (a duplicate would be accounted twice), nothing lost, ids continue."""
+WORDS = sorted({word for line in CORPUS for word in line.split()})
+LARGE_REQUESTS = 400
+LARGE_WINDOWS = 5
+LARGE_WORDS = 3_200  # ~800 blocks of 4 each: 320,000 ids, ~8 MB of id map in state
+KILLS = 3
+
+
+def large_request(i: int) -> dict:
+    """Request i of LARGE_REQUESTS: a prompt of its own from the first block on (known words,
+    i's digits in base len(WORDS)), so each adds ~800 ids to the map."""
+    digits = [WORDS[i // len(WORDS) ** d % len(WORDS)] for d in range(3)]
+    text = " ".join(digits + [WORDS[(i + n) % len(WORDS)] for n in range(LARGE_WORDS)])
+    return {"timestamp": STREAM_START_MS + i * (LARGE_WINDOWS * 60_000 // LARGE_REQUESTS),
+            "output_length": 3, "messages": [{"role": "user", "content": text}]}
+
+
+# The killed TaskManager's data streams end in the in-process worker's threads, which say so.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_taskmanagers_killed_again_and_again_every_request_once_ids_continue(
+        broker, tiny_tokenizer, tmp_path):
+    """A state past the JobManager's 5 MB in files; TaskManagers killed mid-stream KILLS times:
+    each restart restores the id map, what was published and the Kafka offsets, so every
+    request is published once (a duplicate would be counted twice, a window of a restarted id
+    space would differ from batch), none is a dead letter, and the windows are the batch job's
+    bytes."""
     port, env = broker
     cancel_running_jobs()
-    records = [stream_request(i, MESSAGES) for i in range(MESSAGES)]
-    half = MESSAGES // 2
-    produce(port, env, records[:half])
+    records = [large_request(i) for i in range(LARGE_REQUESTS)]
+    per_window = LARGE_REQUESTS // LARGE_WINDOWS
+    # Each chunk a few requests into a window: the pause before the next one (a checkpoint's
+    # wait) stays short of what closes the open window as idle.
+    ends = [per_window * k + 5 for k in range(1, KILLS + 1)] + [LARGE_REQUESTS]
     try:
         with running_stream(tmp_path, tiny_tokenizer, f"kafka://127.0.0.1:{port}/requests",
                             {"KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
                             "--config", str(ROOT / "configs" / "flink-local.yaml")) as wait_for:
-            assert wait_for(half) == half
-            # A checkpoint after the first half was accounted for: what the restart restores.
-            taken, deadline = checkpoints()["completed"], time.monotonic() + CHECKPOINT_S
-            while checkpoints()["completed"] == taken and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert checkpoints()["completed"] > taken
-            subprocess.run([CLUSTER, "kill-taskmanager"], check=True, capture_output=True)
-            produce(port, env, records[half:])
-            wait_for(MESSAGES)
-            assert checkpoints()["restored"] >= 1  # the run went on from a checkpoint
+            produce(port, env, records[:ends[0]])
+            for kill in range(KILLS):
+                wait_for(per_window * (kill + 1))  # the windows the chunks so far close
+                next_checkpoint()
+                produce(port, env, records[ends[kill]:ends[kill + 1]])
+                subprocess.run([CLUSTER, "kill-taskmanager"], check=True, capture_output=True)
+            assert wait_for(LARGE_REQUESTS) == LARGE_REQUESTS
+            latest = next_checkpoint()
+            assert latest["checkpointed_size"] > JOBMANAGER_CAP
+            assert rest(f"/jobs/{running_job()}/checkpoints/config")["checkpoint_storage"] == \
+                "FileSystemCheckpointStorage"
+            assert checkpoints()["restored"] >= 1  # the run went on from its checkpoints
     finally:
         cancel_running_jobs()
-    assert stream_accounted(tmp_path / "stream") == MESSAGES
+    cumulative = json.loads((tmp_path / "stream" / "cumulative.json").read_text())
+    assert (cumulative["rows"], cumulative["rejected"]) == (LARGE_REQUESTS, 0)
+    assert dead_letters(tmp_path) == []
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)

@@ -85,9 +85,43 @@ def test_flink_manifests_agree_with_the_flink_preset():
     configuration = flink["flinkConfiguration"]
     assert configuration["restart-strategy.type"] == "fixed-delay"
     assert "execution.checkpointing.interval" in configuration
+    assert durable_checkpoints(configuration, ("s3://", "gs://", "hdfs://"))
     job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
     assert job_server == (f"apache/beam_flink{versions['FLINK_MINOR']}_job_server:"
                           f"{versions['BEAM_JOB_SERVER_VERSION']}")
+
+
+# Flink 1.19's keys for the checkpoint store (its CheckpointingOptions); 1.20 renamed them
+# (execution.checkpointing.dir, ...), and a key Flink does not know is ignored, silently.
+CHECKPOINT_STORAGE, CHECKPOINTS_DIRECTORY = "state.checkpoint-storage", "state.checkpoints.dir"
+
+
+def durable_checkpoints(configuration: dict[str, str], schemes: tuple[str, ...]) -> bool:
+    """Checkpoints go to files under one of schemes, not to the JobManager's memory."""
+    return (configuration.get(CHECKPOINT_STORAGE) == "filesystem"
+            and configuration.get(CHECKPOINTS_DIRECTORY, "").startswith(schemes)
+            and not any(key.startswith("execution.checkpointing.dir") for key in configuration))
+
+
+def flat(tree: dict, prefix: str = "") -> dict[str, str]:
+    """Flink's YAML configuration as the dotted keys Flink reads."""
+    keys: dict[str, str] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            keys.update(flat(value, f"{prefix}{key}."))
+        else:
+            keys[f"{prefix}{key}"] = value
+    return keys
+
+
+def test_the_local_cluster_checkpoints_into_files_with_flink_119s_keys():
+    script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
+    written = re.search(r'cat >"\$run/conf/config.yaml" <<EOF\n(.*?)\nEOF\n', script, re.S).group(1)
+    configuration = flat(yaml.safe_load(written.replace("$run", "/run").replace("$", "")))
+    assert durable_checkpoints(configuration, ("file:///run/",))
+    assert configuration["execution.checkpointing.interval"]
+    # The job server reads the same file: a job Beam builds takes its store from it too.
+    assert '--flink-conf-dir="$run/conf"' in script
 
 
 def flink_versions() -> dict[str, str]:

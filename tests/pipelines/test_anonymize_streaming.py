@@ -1,10 +1,13 @@
-"""The streaming driver under exact watermark control (TestStream): windows publish once the
-watermark passes their end plus the allowed lateness, late requests are dead letters, and the
-windows concatenated are the batch job's output of the same records."""
+"""The streaming driver under exact watermark control (TestStream): windows publish once a request
+past their end plus the allowed lateness came in and the source's watermark passed its arrival,
+late requests are dead letters, and the windows concatenated are the batch job's output of the
+same records. The timing rules and what cumulative.json says are pure, tested without Beam."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 
 import apache_beam as beam
@@ -18,7 +21,10 @@ from apache_beam.testing.test_stream import TestStream
 from conftest import write_jsonl
 from kvtrace.cli import main
 from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_streaming import StreamingConfig, build, by_window
+from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
+                                          check_new_stream, cumulative_summary, kafka_read)
+from transforms.errors import ConfigError
+from transforms.write.coarsen import Coarsening
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.encode.salt import SaltSource
 
@@ -36,14 +42,15 @@ def message(record: dict) -> bytes:
     return json.dumps(record).encode()
 
 
-def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0) -> StreamingConfig:
+def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
+                     idle_ms: int = 10_000) -> StreamingConfig:
     output = tmp_path / "stream"
     output.mkdir()
     (tmp_path / "staging").mkdir()
     job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
                           tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
                           dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
-    return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms)
+    return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms, idle_ms)
 
 
 def run_stream(config: StreamingConfig, stream: TestStream) -> None:
@@ -65,17 +72,21 @@ def letters(folder: Path) -> list[dict]:
 @pytest.mark.slow  # a streaming pipeline: ~10 s
 def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_batch(
         tiny_tokenizer, tmp_path, monkeypatch):
+    """Requests of 1970 arriving now, as a backfill's: their own times open and close windows,
+    the source's watermark (the wall clock here) only confirms what came before."""
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     on_time = [chat(20_000 * i, i) for i in range(6)]  # windows [0, 60 s) and [60 s, 120 s)
     within_lateness = chat(59_000, 6)  # window 0, after its end but before end + lateness
     late = chat(30_000, 7)  # window 0, after it was published
-    config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5_000)
+    config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5_000, idle_ms=3_600_000)
+    # Past every arrival of this run, short of the idle rule: confirms what came in so far.
+    arrived = int(time.time()) + 120
     stream = (TestStream()
-              .add_elements([message(r) for r in on_time[:4]])
-              .advance_watermark_to(MINUTE / 1000 + 1)  # window 0 ended, still open for 5 s
-              .add_elements([message(within_lateness), b"not json"])
-              .advance_watermark_to((MINUTE + 5_000) / 1000 + 1)  # window 0 published
-              .add_elements([message(late)] + [message(r) for r in on_time[4:]])
+              .add_elements([message(r) for r in on_time[:4]])  # up to 60 s: window 0 open
+              .advance_watermark_to(arrived)
+              .add_elements([message(within_lateness), b"not json", message(on_time[4])])
+              .advance_watermark_to(arrived + 1)  # 80 s came in: window 0 published
+              .add_elements([message(late), message(on_time[5])])
               .advance_watermark_to_infinity())
     run_stream(config, stream)
     windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
@@ -86,6 +97,7 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     assert sorted(letter["error"] for letter in rejected) == ["invalid_json", "late"]
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert cumulative["rows"] == 7 and cumulative["windows"] == 2 and cumulative["rejected"] == 2
+    assert cumulative["published_until_ms"] == 2 * MINUTE  # the trace's zero is at 0 here
 
     # The same records, less the late one, through the batch job.
     batch_input = write_jsonl(tmp_path / "batch.jsonl", on_time + [within_lateness])
@@ -128,3 +140,75 @@ def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer,
     assert cumulative["rows"] + cumulative["rejected"] == len(HOSTILE) + len(good)
     assert len(rejected) == cumulative["rejected"] and all(r["error"] for r in rejected)
     assert (cumulative["rows"], cumulative["windows"]) == (len(good), 1)
+
+
+def windows_published(config: StreamingConfig, arrivals: list[tuple[int, int]],
+                      watermark_ms: int) -> list[int]:
+    """Windows due once the source's watermark is at watermark_ms, after requests (event time,
+    arrival by the source's clock) came in in that order."""
+    progress = Progress()
+    for event_ms, arrival_ms in arrivals:
+        progress.saw(config, event_ms // config.window_ms * config.window_ms, event_ms, arrival_ms)
+    return progress.due(config, watermark_ms)
+
+
+NOW = 1_800_000_000_000  # the source's clock: long after the requests' own times
+
+
+def test_a_backfill_is_timed_by_its_requests_not_by_when_it_was_produced(tmp_path):
+    config = streaming_config(tmp_path, "x", lateness_ms=5_000)
+    # Old requests produced now: the source's clock is far past every deadline.
+    arrivals = [(0, NOW), (59_000, NOW + 1), (64_000, NOW + 2)]
+    assert windows_published(config, arrivals, NOW + 5) == []  # window 0 open: 64 s < 65 s
+    arrivals.append((66_000, NOW + 3))  # past window 0's deadline
+    assert windows_published(config, arrivals, NOW + 2) == []  # not all before it came in yet
+    assert windows_published(config, arrivals, NOW + 3) == [0]
+    # The source idle: the last window closes once the requests' clock, run on at the source's
+    # pace from 66 s, would be past its deadline (125 s), and idle_ms more.
+    idle_due = NOW + 3 + (125_000 - 66_000) + config.idle_ms
+    assert windows_published(config, arrivals, idle_due - 1) == [0]
+    assert windows_published(config, arrivals, idle_due) == [0, MINUTE]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 10 * MINUTE), min_size=1, max_size=40), st.integers(0, 10**6),
+       st.integers(0, 2 * MINUTE))
+def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, lateness_ms):
+    """However far the source's clock is from the requests' (a backfill, a live stream), a window
+    in-order requests still belong to is never due: nothing in order becomes late."""
+    config = StreamingConfig(None, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms)
+    times = sorted(times)
+    progress = Progress()
+    for n, event_ms in enumerate(times):
+        window = event_ms // MINUTE * MINUTE
+        progress.saw(config, window, event_ms, produced_ms + n)
+        for due in progress.due(config, produced_ms + n):  # all before this one came in
+            assert due < window  # every later request (in order) is in this window or after
+            del progress.passed_ms[due]
+
+
+def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path):
+    config = streaming_config(tmp_path, "x")
+    config = dataclasses.replace(config, job=dataclasses.replace(
+        config.job, coarsening=Coarsening(timestamp_ms=10_000)))
+    start = 1_767_225_600_000  # 2026-01-01
+    progress = Progress(origin_ms=start + 1_234, published_ms=start + MINUTE, windows=2, rows=9)
+    summary = cumulative_summary(config, progress)
+    assert summary["published_until_ms"] == 120_000  # 2 min - 1.234 s, to 10 s
+    assert all(value is None or value < start for value in summary.values())
+    assert cumulative_summary(config, Progress())["published_until_ms"] is None
+
+
+def test_kafka_offsets_are_committed_only_with_a_checkpoint():
+    read = kafka_read("kafka://127.0.0.1:9092/requests")
+    assert read.commit_offset_in_finalize is True
+    assert read.consumer_config["enable.auto.commit"] == "false"
+    assert (read.topics, read.consumer_config["bootstrap.servers"]) == (["requests"],
+                                                                        "127.0.0.1:9092")
+
+
+def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
+    check_new_stream(str(tmp_path))  # a new folder: fine
+    (tmp_path / "cumulative.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds a stream already"):
+        check_new_stream(str(tmp_path))
