@@ -1,0 +1,66 @@
+"""Total order: the same requests give the same bytes whatever their order, however the input is
+split into files, with any number of workers and either engine; ties included (requests alike
+in time and prompt, differing only in response, session, or not at all)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, assert_same_output, write_jsonl
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
+
+
+def _records() -> list[dict]:
+    """Requests with deliberate ties: several at one millisecond with the same prompt, some told
+    apart only by their response (its output blocks), some by their session, some identical."""
+    records = []
+    for i in range(40):
+        ts = 1_700_000_000_000 + 1000 * (i // 8)  # eight requests per millisecond
+        prompt = " ".join(WORDS[: 2 + i % 3])
+        answer = " ".join(WORDS[(i % 5):] + WORDS[:(i % 5)])
+        record = {"timestamp": ts, "input": [{"role": "user", "content": prompt}],
+                  "output": answer}
+        if i % 4 == 1:
+            record["session_id"] = f"user-{i % 3}"
+        records.append(record)
+    return records + records[:6]  # exact duplicates too
+
+
+def _write_split(records: list[dict], folder: Path, files: int, seed: int) -> list[Path]:
+    shuffled = records[:]
+    random.Random(seed).shuffle(shuffled)
+    folder.mkdir()
+    return [write_jsonl(folder / f"part-{i}.jsonl", shuffled[i::files]) for i in range(files)]
+
+
+def _run(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> Path:
+    salt = out.parent / "salt"
+    salt.write_text("a-salt-for-tests-that-is-long-enough")
+    assert anonymize(tokenizer, inputs, out, "--block-size", "2", "--emit-output-hashes",
+                     "--salt-file", str(salt), *extra) == 0
+    return out
+
+
+@pytest.mark.parametrize("files,processes,seed", [(1, 1, 1), (2, 2, 2), (3, 3, 3), (3, 1, 4)])
+def test_local_engine_bytes_depend_on_no_order_split_or_worker_count(tiny_tokenizer, tmp_path,
+                                                                     files, processes, seed):
+    records = _records()
+    reference = _run(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", records)],
+                     tmp_path / "reference", "--processes", "1")
+    inputs = _write_split(records, tmp_path / "split", files, seed)
+    other = _run(tiny_tokenizer, inputs, tmp_path / "other", "--processes", str(processes))
+    assert_same_output(reference, other)
+
+
+@pytest.mark.slow
+def test_beam_engine_writes_the_local_bytes_for_shuffled_split_input(tiny_tokenizer, tmp_path):
+    records = _records()
+    reference = _run(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", records)],
+                     tmp_path / "reference", "--processes", "1")
+    inputs = _write_split(records, tmp_path / "split", 3, 7)
+    beam = _run(tiny_tokenizer, inputs, tmp_path / "beam", "--engine", "beam",
+                "--direct_num_workers", "2", "--direct_running_mode", "multi_threading")
+    assert_same_output(reference, beam)
