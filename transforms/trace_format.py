@@ -94,6 +94,21 @@ class TraceColumns:
     def has_response(self) -> bool:
         return bool((self.response_ms != NO_RESPONSE_MS).any())
 
+    def rows(self, start: int, stop: int) -> TraceColumns:
+        """Rows start to stop (views, no copy)."""
+        ends = np.cumsum(self.num_ids)
+        first, last = (int(ends[start - 1]) if start else 0), (int(ends[stop - 1]) if stop else 0)
+        outputs = (None, None)
+        if self.output_ids is not None:
+            output_ends = np.cumsum(self.num_output_ids)
+            a = int(output_ends[start - 1]) if start else 0
+            b = int(output_ends[stop - 1]) if stop else 0
+            outputs = (self.num_output_ids[start:stop], self.output_ids[a:b])
+        return TraceColumns(self.timestamp[start:stop], self.input_length[start:stop],
+                            self.output_length[start:stop], self.num_ids[start:stop],
+                            self.ids[first:last], self.session[start:stop],
+                            self.response_ms[start:stop], *outputs)
+
     def schema(self) -> pa.Schema:
         """The Parquet schema kvtrace writes these rows with: the optional columns only when
         they hold something (output ids asked for; a response time known for some row)."""
@@ -108,32 +123,54 @@ class TraceColumns:
 def jsonl_bytes(columns: TraceColumns) -> bytes:
     """The rows as JSONL, exactly as json.dumps writes each row's dict (tests compare the two);
     formatted directly because dumping a dict per row costs 1.5x as long, on one core."""
-    ids = columns.ids.tolist()
-    ends = np.cumsum(columns.num_ids).tolist()
-    outputs = _output_lists(columns)
+    ids = _list_texts(columns.ids, columns.num_ids)
+    outputs = None if columns.output_ids is None else \
+        _list_texts(columns.output_ids, columns.num_output_ids)
     rows = zip(columns.timestamp.tolist(), columns.input_length.tolist(),
                columns.output_length.tolist(), columns.session.tolist(),
-               columns.response_ms.tolist(), ends)
-    lines, start = [], 0
-    for row, (timestamp, input_length, output_length, session, response, end) in enumerate(rows):
+               columns.response_ms.tolist(), ids)
+    lines = []
+    for row, (timestamp, input_length, output_length, session, response, row_ids) in enumerate(rows):
         tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
         if response != NO_RESPONSE_MS:
             tail = f'], "{RESPONSE_FIELD}": {response}' + tail[1:]
         if outputs is not None:
             tail = f'], "{OUTPUT_IDS_FIELD}": [{outputs[row]}' + tail
         lines.append(f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
-                     f'"output_length": {output_length}, "hash_ids": ['
-                     f'{", ".join(map(str, ids[start:end]))}{tail}\n')
-        start = end
+                     f'"output_length": {output_length}, "hash_ids": [{row_ids}{tail}\n')
     return "".join(lines).encode()
 
 
-def _output_lists(columns: TraceColumns) -> list[str] | None:
-    """Each row's output ids as JSON list items, or None."""
-    if columns.output_ids is None:
-        return None
-    ids, ends = columns.output_ids.tolist(), np.cumsum(columns.num_output_ids).tolist()
-    return [", ".join(map(str, ids[a:b])) for a, b in zip([0] + ends[:-1], ends)]
+_POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)
+
+
+JSONL_CHUNK_ROWS = 65_536  # rows formatted at a time where a shard is compared, not written
+
+
+def is_jsonl_of(data: bytes, columns: TraceColumns) -> bool:
+    """Whether data is exactly jsonl_bytes(columns), formatted a chunk of rows at a time so that
+    a large shard is compared in memory of its own size, not three times it."""
+    at = 0
+    for start in range(0, len(columns), JSONL_CHUNK_ROWS):
+        chunk = jsonl_bytes(columns.rows(start, min(start + JSONL_CHUNK_ROWS, len(columns))))
+        if data[at:at + len(chunk)] != chunk:
+            return False
+        at += len(chunk)
+    return at == len(data)
+
+
+def _list_texts(values: np.ndarray, counts: np.ndarray) -> list[str]:
+    """Each row's values as JSON list items ("1, 2, 3"): one join over all values, cut at the
+    character offsets their decimal widths give (a join per row costs twice as long)."""
+    text = ", ".join(map(str, values.tolist()))
+    magnitude = np.abs(values)
+    widths = 3 + (values < 0)  # a digit, and ", " after each
+    for power in _POWERS_OF_TEN:
+        widths = widths + (magnitude >= power)
+    ends = np.cumsum(counts)
+    chars = np.concatenate([[0], np.cumsum(widths)])
+    starts, stops = chars[ends - counts].tolist(), (chars[ends] - 2).tolist()
+    return [text[a:b] if b > a else "" for a, b in zip(starts, stops)]
 
 
 def arrow_array(values: np.ndarray, type: pa.DataType = pa.int64(),

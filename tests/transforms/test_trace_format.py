@@ -92,3 +92,31 @@ def test_every_hash_scheme_identity_and_input_vocabulary_is_in_the_schema():
         assert re.search(pattern, scheme.identity)
     assert MANIFEST_SCHEMA["properties"]["input_format"]["enum"] == list(INPUT_FORMATS)
     assert MANIFEST_SCHEMA["properties"]["timestamp_unit"]["enum"] == list(TIMESTAMP_UNITS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2**62, 2**62), st.lists(st.integers(-2**62, 2**62),
+                                                                max_size=5)), max_size=10))
+def test_jsonl_formats_any_int64_as_json_does(rows):
+    """The gate re-serializes whatever a file holds: negative and wide values are formatted as
+    json.dumps would, so only a file's own bytes can match."""
+    columns = columns_of([(0, 0, t, NO_SESSION, NO_RESPONSE_MS, ids, []) for t, ids in rows], False)
+    expected = "".join(json.dumps({"timestamp": 0, "input_length": 0, "output_length": t,
+                                   "hash_ids": ids}) + "\n" for t, ids in rows)
+    assert jsonl_bytes(columns) == expected.encode()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(ROW, max_size=20), st.booleans(), st.integers(1, 5))
+def test_a_shard_compared_in_chunks_matches_only_its_own_bytes(rows, with_outputs, chunk):
+    import transforms.trace_format as trace_format
+
+    columns = columns_of(rows, with_outputs)
+    data = jsonl_bytes(columns)
+    before, trace_format.JSONL_CHUNK_ROWS = trace_format.JSONL_CHUNK_ROWS, chunk
+    try:
+        assert trace_format.is_jsonl_of(data, columns)
+        assert not trace_format.is_jsonl_of(data + b"\n", columns)
+        assert not rows or not trace_format.is_jsonl_of(data[:-1], columns)
+    finally:
+        trace_format.JSONL_CHUNK_ROWS = before

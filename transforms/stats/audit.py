@@ -25,14 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from transforms import storage
 from transforms.storage import is_url
 from transforms.trace_format import (
     MANIFEST,
     MANIFEST_SCHEMA,
-    MAX_PUBLISHED_INT,
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
@@ -45,6 +43,7 @@ from transforms.trace_format import (
     canonical_json,
     columns_of_jsonl,
     columns_of_parquet,
+    is_jsonl_of,
     jsonl_bytes,
     parquet_bytes,
     parse_json,
@@ -102,10 +101,11 @@ def audit(target: str) -> dict:
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
-    elif manifest is None and not rows.report_ids()["dense"]:
+    ids = rows.all_ids()
+    if rows.complete and manifest is None and not id_report(ids)["dense"]:
         gate.flag("hash_ids are not dense from 0, and no manifest says from where (token ids "
                   "or raw hashes?)")
-    report = rows.report(names)
+    report = rows.report(names, id_report(ids))
     report["manifest"] = None if manifest is None else {
         k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
     report["flags"] = gate.flags
@@ -197,8 +197,7 @@ def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate) -> 
         return None
     ok = True
     for name, data in files.items():
-        canonical = parquet_bytes(columns) if name == parquet else jsonl_bytes(columns)
-        if data != canonical:
+        if not (data == parquet_bytes(columns) if name == parquet else is_jsonl_of(data, columns)):
             ok = False
             gate.flag(f"{name}: {_why_not_canonical(name, data, columns, jsonl, parquet)}")
     return columns if ok else None
@@ -279,15 +278,16 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
 
 @dataclass
 class _Rows:
-    """What the rows of every shard add up to, held as arrays (a few per row, one per distinct
-    block id); checks that need the manifest as they go."""
+    """What the rows of every shard add up to, held as arrays: 24 bytes per row (time, a digest
+    of its id sequence, a digest of its lengths), 16 per distinct block id, 8 per row with a
+    session; checks that need the manifest as they go."""
 
     count: int = 0
     complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
     parts: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
-        k: [] for k in ("timestamp", "input", "output", "session", "digest")})
-    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    weights: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+        k: [] for k in ("timestamp", "sequence", "lengths", "session")})
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # distinct, sorted
+    weights: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # tokens, by id
     output_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
@@ -299,13 +299,10 @@ class _Rows:
     def add(self, columns: TraceColumns, manifest: dict | None) -> None:
         n = len(columns)
         self.count += n
-        for key, values in (("timestamp", columns.timestamp), ("input", columns.input_length),
-                            ("output", columns.output_length), ("session", columns.session)):
-            self.parts[key].append(values)
-        self.parts["digest"].append(np.array(
-            [xxhash.xxh3_64_intdigest(ids.tobytes())
-             for ids in np.split(columns.ids, np.cumsum(columns.num_ids)[:-1])] if n else [],
-            dtype=np.uint64))
+        self.parts["timestamp"].append(columns.timestamp)
+        self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
+        self.parts["lengths"].append(_mix(columns.input_length) ^ _mix(~columns.output_length))
+        self.parts["session"].append(columns.session[columns.session != NO_SESSION])
         self._count_fields(columns)
         self.totals = ExportTotals(self.totals.requests + n,
                                    self.totals.input_tokens + int(columns.input_length.sum()),
@@ -316,7 +313,7 @@ class _Rows:
             self.block_size = manifest["block_size"]
         self._merge_ids(columns)
         if columns.output_ids is not None:
-            self.output_ids = np.union1d(self.output_ids, columns.output_ids)
+            self.output_ids = _sorted_unique(np.concatenate([self.output_ids, columns.output_ids]))
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -333,13 +330,9 @@ class _Rows:
                 self.largest[key] = max(self.largest.get(key, 0), int(np.abs(values).max()))
 
     def _check(self, columns: TraceColumns, manifest: dict) -> None:
-        """The rows as the manifest describes them: ids in range, block counts by block size,
-        values multiples of the granularity, time order across shards."""
+        """The rows as the manifest describes them: block counts by block size, values
+        multiples of the granularity, time order across shards."""
         block_size, grain = manifest["block_size"], manifest["granularity"]
-        for value, what in ((columns.timestamp, "timestamps"), (columns.input_length, "lengths"),
-                            (columns.output_length, "lengths")):
-            if len(value) and (value.min() < 0 or value.max() >= MAX_PUBLISHED_INT):
-                self.problems.append(f"{what} outside [0, 2^40)")
         if len(columns):
             if (np.diff(columns.timestamp) < 0).any() or columns.timestamp[0] < self.last_timestamp:
                 self.problems.append("rows out of time order")
@@ -366,63 +359,90 @@ class _Rows:
         size = self.block_size
         weight = np.minimum(size, np.repeat(columns.input_length, columns.num_ids) - position * size)
         ids = np.concatenate([self.ids, columns.ids])
-        weights = np.concatenate([self.weights, weight])
-        self.ids, first = np.unique(ids, return_index=True)
-        self.weights = weights[first]
+        order = np.argsort(ids, kind="stable")  # earlier shards first among equal ids
+        ids = ids[order]
+        first = np.ones(len(ids), bool)
+        first[1:] = ids[1:] != ids[:-1]
+        self.ids, self.weights = ids[first], np.concatenate([self.weights, weight])[order][first]
 
     def stats(self) -> dict:
         return export_stats(self.totals, len(self.ids), int(self.weights.sum()))
 
     def all_ids(self) -> np.ndarray:
         """Every distinct block id the rows hold, prompt and output, sorted."""
-        return np.union1d(self.ids, self.output_ids)
+        if not len(self.output_ids):
+            return self.ids
+        return _sorted_unique(np.concatenate([self.ids, self.output_ids]))
 
     def sessions(self) -> np.ndarray:
-        sessions = self.column("session")
-        return np.unique(sessions[sessions >= 0])
+        return _sorted_unique(self.column("session"))
 
     def column(self, key: str) -> np.ndarray:
         parts = self.parts[key]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
-    def report(self, names: list[str]) -> dict:
-        sessions = self.column("session")
-        sessions = sessions[sessions >= 0]
-        per_session = np.unique(sessions, return_counts=True)[1] if len(sessions) else \
-            np.empty(0, np.int64)
+    def report(self, names: list[str], ids: dict) -> dict:
+        sessions = np.sort(self.column("session"))
+        per_session = np.diff(np.flatnonzero(np.diff(sessions, prepend=-2, append=-2)))
         return {
             "rows": self.count,
             "files": names,
             "fields": dict(self.fields),
             "largest_integers": self.largest,
-            "hash_ids": self.report_ids(),
+            "hash_ids": ids,
             "timestamps": _timestamp_report(self.column("timestamp")),
-            "singled_out": self._uniqueness(),
+            "singled_out": {} if not self.count else {
+                "unique_id_sequence": _unique_share(self.column("sequence")),
+                "unique_lengths": _unique_share(self.column("lengths"))},
             "sessions": {"sessions": int(len(per_session)), "rows_with_session": int(len(sessions)),
                          "max_rows_per_session": int(per_session.max(initial=0))},
         }
 
-    def report_ids(self) -> dict:
-        ids = self.all_ids()
-        if not len(ids):
-            return {"distinct": 0, "max": None, "dense": True}
-        return {"distinct": int(len(ids)), "max": int(ids[-1]),
-                "dense": bool(ids[0] == 0 and ids[-1] == len(ids) - 1)}
 
-    def _uniqueness(self) -> dict:
-        """Shares of rows unique by what an outsider could match: the whole id sequence (its
-        prefix structure), and the (input_length, output_length) pair."""
-        if not self.count:
-            return {}
-        digests = self.column("digest")
-        lengths = self.column("input") * MAX_PUBLISHED_INT + self.column("output")
-        return {"unique_id_sequence": _unique_share(digests),
-                "unique_lengths": _unique_share(lengths)}
+def id_report(ids: np.ndarray) -> dict:
+    if not len(ids):
+        return {"distinct": 0, "max": None, "dense": True}
+    return {"distinct": int(len(ids)), "max": int(ids[-1]),
+            "dense": bool(ids[0] == 0 and ids[-1] == len(ids) - 1)}
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """A 64-bit mix of each value (splitmix64's finalizer): equal values, equal digests; others
+    collide with chance 2^-64."""
+    z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _sequence_digests(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """One digest per row of its whole id sequence (ids and their positions), without a
+    Python call per row: the sum of each block's mixed (id, position), and the count."""
+    if not len(counts):
+        return np.empty(0, np.uint64)
+    ends = np.cumsum(counts)
+    position = np.arange(len(ids)) - np.repeat(ends - counts, counts)
+    mixed = _mix(_mix(ids) ^ position.astype(np.uint64))
+    sums = np.concatenate([[np.uint64(0)], np.cumsum(mixed, dtype=np.uint64)])
+    with np.errstate(over="ignore"):
+        return (sums[ends] - sums[ends - counts]) ^ _mix(counts)
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Distinct values, sorted (a sort: faster than numpy's hashing unique on int64)."""
+    values = np.sort(values)
+    keep = np.ones(len(values), bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
 
 
 def _unique_share(values: np.ndarray) -> float:
-    _, counts = np.unique(values, return_counts=True)
-    return float(np.count_nonzero(counts == 1) / len(values))
+    """The share of values that occur once."""
+    values = np.sort(values)
+    differs = values[1:] != values[:-1]
+    alone_left = np.concatenate([[True], differs])
+    alone_right = np.concatenate([differs, [True]])
+    return float(np.count_nonzero(alone_left & alone_right) / len(values))
 
 
 def _timestamp_report(values: np.ndarray) -> dict:
@@ -435,7 +455,7 @@ def _timestamp_report(values: np.ndarray) -> dict:
     return {"granularity_ms": int(np.gcd.reduce(values)) if values.any() else None,
             "smallest_gap_ms": int(positive.min()) if len(positive) else None,
             "median_gap_ms": float(np.median(gaps)) if len(gaps) else None,
-            "distinct": int(len(np.unique(values)))}
+            "distinct": int(len(positive)) + 1}
 
 
 def report_text(report: dict, where: str) -> str:
