@@ -48,6 +48,8 @@ NO_SESSION = -1  # in columns: the request had no session
 # larger integer is a hash or a token id, whatever field it is in.
 MAX_PUBLISHED_INT = 1 << 40
 MAX_BLOCK_SIZE = 1 << 20
+# JSON documents kvtrace writes nest a few levels; deeper ones are refused before any walk.
+MAX_JSON_DEPTH = 32
 
 _ID_LIST = pa.list_(pa.field("item", pa.int64(), nullable=False))
 TRACE_SCHEMA = pa.schema(
@@ -214,11 +216,31 @@ def table_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def columns_of_parquet(data: bytes) -> TraceColumns:
+# The fewest JSONL bytes a row and an id take ('{"timestamp": 0, ... "hash_ids": []}\n', "0, "):
+# a JSONL twin's size bounds the rows and ids its Parquet twin may hold.
+MIN_JSONL_ROW_BYTES, MIN_JSONL_ID_BYTES = 73, 3
+# A Parquet shard read without its twin: at most this many rows and list items (a shard holds
+# ~8M blocks and rows, write/shards.MAX_BLOCKS_PER_SHARD).
+MAX_LONE_SHARD_ITEMS = 16_000_000
+
+
+def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColumns:
     """The rows of a Parquet shard, read only as far as its schema is kvtrace's (metadata
-    included); whether the bytes are kvtrace's is for the caller to compare."""
+    included); whether the bytes are kvtrace's is for the caller to compare. Rows and items are
+    bounded from the footer before anything is decoded: by the JSONL twin's size when there is
+    one (twin_bytes), else by MAX_LONE_SHARD_ITEMS."""
     try:
-        table = pq.read_table(io.BytesIO(data))
+        parquet = pq.ParquetFile(io.BytesIO(data))
+        meta = parquet.metadata
+        items = max((sum(meta.row_group(g).column(c).num_values for g in range(meta.num_row_groups))
+                     for c in range(meta.num_columns)), default=0)
+        rows_bound = MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ROW_BYTES
+        items_bound = MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ID_BYTES
+        if meta.num_rows > rows_bound or items > items_bound:
+            raise FormatError(f"{meta.num_rows:,} rows and {items:,} values: more than "
+                              f"{'its JSONL twin holds' if twin_bytes is not None else 'a shard holds'}"
+                              f" (a decompression bomb?)")
+        table = parquet.read()
     except (OSError, pa.ArrowException) as err:
         raise FormatError(f"not a readable Parquet file ({str(err)[:80]})") from None
     names = table.schema.names
@@ -229,9 +251,23 @@ def columns_of_parquet(data: bytes) -> TraceColumns:
     if missing:
         raise FormatError(f"rows without {', '.join(missing)}")
     try:
-        return _parquet_columns(table)
-    except (pa.ArrowException, TypeError, ValueError, AttributeError) as err:
+        columns = _parquet_columns(table)
+    except (pa.ArrowException, TypeError, ValueError, AttributeError, OverflowError) as err:
         raise FormatError(f"columns of other types than kvtrace writes ({str(err)[:60]})") from None
+    check_values(columns)
+    return columns
+
+
+def check_values(columns: TraceColumns) -> None:
+    """The ranges every published value lies in, whichever file the rows came from: counts,
+    lengths, times and ids in [0, 2^40); a session or response time may also be absent (-1)."""
+    for name in ("timestamp", "input_length", "output_length", "num_ids", "ids", "session",
+                 "response_ms", "num_output_ids", "output_ids"):
+        values = getattr(columns, name)
+        low = -1 if name in ("session", "response_ms") else 0
+        if values is not None and len(values) and (values.min() < low or
+                                                   values.max() >= MAX_PUBLISHED_INT):
+            raise FormatError(f"integers outside [0, 2^40) (hashes?): {name}")
 
 
 def _parquet_columns(table: pa.Table) -> TraceColumns:
@@ -321,6 +357,7 @@ BLOCK_HASHES_WARNING = (
     "folder; the published trace carries only dense ids")
 
 
+KEYED_SCHEME = "xxh3-128-chained-salted-v1"  # encode/blocks.HASH_SCHEME: the keyed one
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
@@ -371,7 +408,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                        "additionalProperties": _HEX64},
         }),
         "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
-        "hash_scheme": {"type": "string", "pattern": "^(xxh3-128-chained-salted-v1|dynamo-xxh3-64-"
+        "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
                         "seed1337-v1|vllm-sha256-cbor-v1:[0-9a-f]{16})$"},
         "hash_scheme_keyed": {"type": "boolean"},
         "granularity": _closed({"timestamp_ms": _STEP, "output_length": _STEP}),
@@ -435,12 +472,28 @@ def parse_json(data: bytes) -> Any:
         return dict(pairs)
 
     try:
-        return json.loads(data, object_pairs_hook=no_repeats,
-                          parse_constant=lambda name: _refuse(f"{name} is not JSON"))
+        document = json.loads(data, object_pairs_hook=no_repeats,
+                              parse_constant=lambda name: _refuse(f"{name} is not JSON"))
     except (ValueError, RecursionError) as err:
         if isinstance(err, FormatError):
             raise
         raise FormatError(f"not JSON ({str(err)[:60]})") from None
+    if _depth(document) > MAX_JSON_DEPTH:
+        raise FormatError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return document
+
+
+def _depth(document: Any) -> int:
+    """How deep arrays and objects nest, walked without recursion."""
+    deepest, pending = 0, [(document, 0)]
+    while pending:
+        value, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, dict):
+            pending.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            pending.extend((v, depth + 1) for v in value)
+    return deepest
 
 
 def _refuse(message: str) -> Any:

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-HASH_SCHEME = "xxh3-128-chained-salted-v1"
+from transforms.trace_format import KEYED_SCHEME
+
+HASH_SCHEME = KEYED_SCHEME  # the published format names it
 DIGEST_SIZE = 16  # bytes of one block hash (xxh3-128)
 TOKEN_DTYPE = np.dtype("<u4")  # fixed width, so a block's bytes encode its length unambiguously
 _UINT32_CODE = next(code for code in "IL" if array.array(code).itemsize == 4)

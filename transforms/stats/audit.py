@@ -12,8 +12,8 @@ folder holds nothing else: no other, hidden or special file, no subfolder.
 Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
 (by their whole id sequence; by their lengths), sessions.
 
-Memory: one shard at a time (a shard holds at most MAX_BLOCKS_PER_SHARD ids), plus ~40 bytes
-per row and 16 per distinct block id for the figures that span the folder.
+Memory: one shard at a time, plus 24 bytes per row and 24 per distinct block id for the figures
+and checks that span the folder (10M rows: benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 from transforms import storage
 from transforms.storage import is_url
 from transforms.trace_format import (
+    KEYED_SCHEME,
     MANIFEST,
     MANIFEST_SCHEMA,
     NO_RESPONSE_MS,
@@ -50,6 +51,7 @@ from transforms.trace_format import (
     schema_problems,
     shard_name,
 )
+from transforms.write.manifest import KVTRACE_VERSION
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
 from transforms.write.totals import ExportTotals, export_stats
@@ -92,6 +94,10 @@ def audit(target: str) -> dict:
     else:
         folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
         names = [name]
+        # Measured, never passed: no manifest vouches for a lone file's stats, granularity or
+        # block size, and kvtrace publishes whole folders.
+        gate.flag("a trace file alone: only a whole output folder (with its manifest.json) is "
+                  "published")
         if not TRACE_FILE.fullmatch(name):
             gate.flag(f"a file kvtrace does not publish: {name}")
         else:
@@ -116,7 +122,12 @@ def audit(target: str) -> dict:
 def _entries(folder: str, gate: _Gate) -> list[str]:
     """The names kvtrace publishes that the folder holds; anything else is flagged here."""
     if is_url(folder):
-        names = sorted(p.rsplit("/", 1)[-1] for p in storage.match(storage.join(folder, "*")))
+        # Every object under the folder's prefix ("**": nested ones, any character), as a copy
+        # of the folder would take them all.
+        prefix = storage.join(folder, "")
+        names = sorted(p[len(prefix):] for p in storage.match(storage.join(folder, "**")))
+        for name in [n for n in names if "/" in n]:
+            gate.flag(f"an object in a subfolder: {name}")
     else:
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
@@ -126,11 +137,23 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
             else:
                 names.append(entry.name)
+                _check_attributes(entry.path, entry.name, gate)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
             gate.flag(f"a file kvtrace does not publish: {name}"
                       + (" (hidden)" if name.startswith(".") else ""))
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
+
+
+def _check_attributes(path: str, name: str, gate: _Gate) -> None:
+    """Extended attributes a user can set travel with copies that keep them (cp -a, rsync -X,
+    tar --xattrs): kvtrace sets none."""
+    try:
+        attributes = os.listxattr(path, follow_symlinks=False)
+    except (OSError, AttributeError):  # a file system without them holds none
+        return
+    if any(a.startswith(("user.", "trusted.")) for a in attributes):
+        gate.flag(f"{name}: extended attributes kvtrace does not set")
 
 
 def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
@@ -177,7 +200,8 @@ def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | 
         gate.flag(f"a trace file outside the folder's shards: {name}")
     for name in sorted(expected - set(names)):
         gate.flag(f"missing: {name}")
-    return [(j if j in names else None, p if p in names else None)
+    present = set(names)
+    return [(j if j in present else None, p if p in present else None)
             for j, p in ((shard_name(i, shards, ".jsonl"), shard_name(i, shards, ".parquet"))
                          for i in range(shards))]
 
@@ -191,7 +215,11 @@ def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate) -> 
         return None
     source = parquet or jsonl
     try:
-        columns = (columns_of_parquet if source == parquet else columns_of_jsonl)(files[source])
+        if source == parquet:  # a row takes >= 73 bytes of JSONL, an id >= 3: the twin bounds
+            twin = len(files[jsonl]) if jsonl else None  # what the Parquet file may decode to
+            columns = columns_of_parquet(files[parquet], twin)
+        else:
+            columns = columns_of_jsonl(files[jsonl])
     except FormatError as err:
         gate.flag(f"{source}: {err}")
         return None
@@ -232,6 +260,9 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
         gate.flag(f"manifest.json: {err}")
         return None
     problems = schema_problems(manifest, MANIFEST_SCHEMA)
+    if not problems and manifest["kvtrace_version"] != KVTRACE_VERSION:
+        problems = [f"written by kvtrace {manifest['kvtrace_version']}, audited by "
+                    f"{KVTRACE_VERSION}: audit with the release that wrote it"]
     for problem in problems:
         gate.flag(f"manifest.json: {problem}")
     if not problems and canonical_json(manifest) != data:
@@ -253,6 +284,11 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     records = manifest["records"]
     if records["read"] != records["exported"] + records["rejected"]:
         gate.flag("manifest.json: records read != exported + rejected")
+    if max(records["without_output_length"], records["with_unrendered_messages"]) > \
+            records["exported"] or records["damaged_files"] > records["rejected"]:
+        gate.flag("manifest.json: records that count more rows than there are")
+    if manifest["hash_scheme_keyed"] != (manifest["hash_scheme"] == KEYED_SCHEME):
+        gate.flag("manifest.json: hash_scheme_keyed disagrees with hash_scheme")
     if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
                                              manifest["files"]):
         gate.flag("manifest.json: replay is not what kvtrace writes there")
@@ -279,8 +315,8 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
 @dataclass
 class _Rows:
     """What the rows of every shard add up to, held as arrays: 24 bytes per row (time, a digest
-    of its id sequence, a digest of its lengths), 16 per distinct block id, 8 per row with a
-    session; checks that need the manifest as they go."""
+    of its id sequence, a digest of its lengths), 24 per distinct block id (tokens, parent), 8
+    per row with a session; checks as they go."""
 
     count: int = 0
     complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
@@ -293,8 +329,13 @@ class _Rows:
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
     problems: list[str] = field(default_factory=list)
+    parents: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # by id
     last_timestamp: int = -1
     block_size: int = 0  # the manifest's; 0 without one (no token weights then)
+    # The next new id and session a night numbers (first seen, first numbered); None when ids
+    # continue an id map's, whose numbering the folder cannot show.
+    next_id: int | None = 0
+    next_session: int | None = 0
 
     def add(self, columns: TraceColumns, manifest: dict | None) -> None:
         n = len(columns)
@@ -311,6 +352,9 @@ class _Rows:
         if manifest is not None:
             self._check(columns, manifest)
             self.block_size = manifest["block_size"]
+            if manifest["ids_extend_map"]:
+                self.next_id = self.next_session = None
+        self._check_order(columns)
         self._merge_ids(columns)
         if columns.output_ids is not None:
             self.output_ids = _sorted_unique(np.concatenate([self.output_ids, columns.output_ids]))
@@ -333,10 +377,6 @@ class _Rows:
         """The rows as the manifest describes them: block counts by block size, values
         multiples of the granularity, time order across shards."""
         block_size, grain = manifest["block_size"], manifest["granularity"]
-        if len(columns):
-            if (np.diff(columns.timestamp) < 0).any() or columns.timestamp[0] < self.last_timestamp:
-                self.problems.append("rows out of time order")
-            self.last_timestamp = int(columns.timestamp[-1])
         if (columns.num_ids != -(-columns.input_length // block_size)).any():
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
         known = columns.response_ms[columns.response_ms != NO_RESPONSE_MS]
@@ -347,23 +387,55 @@ class _Rows:
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
         if (manifest["output_hash_ids"]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
+        elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
+            decoded = np.maximum(0, (columns.input_length + columns.output_length) // block_size
+                                 - columns.input_length // block_size)
+            if ((columns.num_output_ids != decoded) & (columns.num_output_ids != 0)).any():
+                self.problems.append(f"{OUTPUT_IDS_FIELD} counts that decoding does not give")
         if (columns.session < NO_SESSION).any() or (columns.response_ms < NO_RESPONSE_MS).any():
             self.problems.append("negative sessions or response times")
 
+    def _check_order(self, columns: TraceColumns) -> None:
+        """What numbering in first-seen order gives, checked in the rows' own order: rows in
+        time order; a night's new block ids and sessions first appear as 0, 1, 2, ..."""
+        if len(columns):
+            if (np.diff(columns.timestamp) < 0).any() or columns.timestamp[0] < self.last_timestamp:
+                self.problems.append("rows out of time order")
+            self.last_timestamp = int(columns.timestamp[-1])
+        sessions = columns.session[columns.session != NO_SESSION]
+        for kind, values, expected in (("block ids", columns.ids, self.next_id),
+                                       ("sessions", sessions, self.next_session)):
+            if expected is None:
+                continue
+            new = _first_appearances(values[values >= expected])
+            if not np.array_equal(new, np.arange(expected, expected + len(new))):
+                self.problems.append(f"{kind} not numbered in first-seen order (dense from 0)")
+            if kind == "sessions":
+                self.next_session = expected + len(new)
+            else:
+                self.next_id = expected + len(new)
+
     def _merge_ids(self, columns: TraceColumns) -> None:
-        """Each distinct prompt block id with its tokens at its first occurrence, folded in."""
+        """Each distinct prompt block id with its tokens at its first occurrence and the id
+        before it in its row, folded in: with chained hashes an id stands for its whole prefix,
+        so it has one parent wherever it appears."""
         if not len(columns.ids):
             return
         starts = np.repeat(np.cumsum(columns.num_ids) - columns.num_ids, columns.num_ids)
         position = np.arange(len(columns.ids)) - starts
         size = self.block_size
         weight = np.minimum(size, np.repeat(columns.input_length, columns.num_ids) - position * size)
+        parent = np.where(position == 0, -1, np.roll(columns.ids, 1))
         ids = np.concatenate([self.ids, columns.ids])
         order = np.argsort(ids, kind="stable")  # earlier shards first among equal ids
         ids = ids[order]
         first = np.ones(len(ids), bool)
         first[1:] = ids[1:] != ids[:-1]
-        self.ids, self.weights = ids[first], np.concatenate([self.weights, weight])[order][first]
+        parents = np.concatenate([self.parents, parent])[order]
+        if (parents != parents[first][np.cumsum(first) - 1]).any():
+            self.problems.append("a block id behind two different parents: not chained hashes")
+        self.ids, self.parents = ids[first], parents[first]
+        self.weights = np.concatenate([self.weights, weight])[order][first]
 
     def stats(self) -> dict:
         return export_stats(self.totals, len(self.ids), int(self.weights.sum()))
@@ -426,6 +498,15 @@ def _sequence_digests(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
     sums = np.concatenate([[np.uint64(0)], np.cumsum(mixed, dtype=np.uint64)])
     with np.errstate(over="ignore"):
         return (sums[ends] - sums[ends - counts]) ^ _mix(counts)
+
+
+def _first_appearances(values: np.ndarray) -> np.ndarray:
+    """The distinct values in the order they first appear."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.ones(len(values), bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return values[np.sort(order[first])]
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:

@@ -122,11 +122,14 @@ def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_one_trace_file_can_be_audited_alone(output, tmp_path, capsys):
+def test_one_trace_file_is_measured_but_only_a_folder_is_publishable(output, tmp_path, capsys):
     (path,) = output.glob("trace-*.jsonl")
     code = main(["audit", str(path), "--json", str(tmp_path / "a.json")])
     capsys.readouterr()
-    assert code == 0 and json.loads((tmp_path / "a.json").read_text())["rows"] == 12
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert code == 1 and report["rows"] == 12
+    assert report["flags"] == ["a trace file alone: only a whole output folder (with its "
+                               "manifest.json) is published"]
 
 
 def test_a_missing_folder_is_could_not_run_not_flagged(tmp_path, capsys):
