@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from transforms.cache.cache_trace import CacheTrace
-from transforms.read.paths import read_bytes
+from transforms.read.paths import lines_within
+from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
 from transforms.read.trace_io import PARQUET_SUFFIXES, Trace
 from transforms.read.trace_fields import OUTPUT_IDS_FIELD
 
@@ -40,7 +41,7 @@ def _output_ids(path: str):
         if OUTPUT_IDS_FIELD in table.column_names:
             yield from enumerate(table.column(OUTPUT_IDS_FIELD).to_pylist(), 1)
         return
-    for line, raw in enumerate(read_bytes(path).splitlines(), 1):
+    for line, raw in enumerate(lines_within(path, MAX_TRACE_LINE_BYTES), 1):
         if OUTPUT_IDS_FIELD.encode() in raw:
             try:
                 ids = json.loads(raw).get(OUTPUT_IDS_FIELD)

@@ -23,10 +23,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from transforms import storage
-from transforms.read.paths import read_bytes
+from transforms.read.paths import (
+    NumberedLines,
+    Oversized,
+    open_raw,
+    read_bytes,
+    read_parquet_within,
+)
+from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
 from transforms.storage import is_url
 from transforms.write.replayers import replay_commands
 from transforms.write.manifest import BLOCK_HASHES_WARNING, MANIFEST, STATS
@@ -138,7 +144,11 @@ def _trace_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
     if name.endswith(".parquet"):
         yield from _parquet_rows(path, name, gate)
         return
-    for number, line in enumerate(read_bytes(path).splitlines(), 1):
+    lines = NumberedLines(path, MAX_TRACE_LINE_BYTES)
+    for number, line in lines:
+        if isinstance(line, Oversized):
+            gate.flag(f"{name}: lines over {MAX_TRACE_LINE_BYTES} bytes (line {number})")
+            continue
         if not line.strip():
             continue
         try:
@@ -151,13 +161,14 @@ def _trace_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
             continue
         if _check_row(row, name, gate):
             yield {k: v for k, v in row.items() if v is not None}
+    if lines.broken:
+        gate.flag(f"{name}: {lines.broken}")
 
 
 def _parquet_rows(path: str, name: str, gate: _Gate) -> Iterator[dict]:
     try:
-        with storage.open_read(path) as handle:
-            table = pq.read_table(handle)
-    except (OSError, pa.ArrowException) as err:
+        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES)
+    except (OSError, ValueError, pa.ArrowException) as err:
         gate.flag(f"{name}: not a readable Parquet file ({str(err)[:80]})")
         return
     allowed = {f.name: f.type for f in TRACE_SCHEMA} | {
@@ -233,8 +244,7 @@ def _row_key(row: dict) -> tuple:
 
 def _read_json(path: str, gate: _Gate) -> Any:
     try:
-        with storage.open_read(path) as handle:
-            return json.loads(handle.read())
+        return json.loads(read_bytes(path, MAX_TRACE_LINE_BYTES))
     except (OSError, ValueError, RecursionError) as err:
         gate.flag(f"{path.rsplit('/', 1)[-1]} is not readable JSON ({str(err)[:80]})")
         return None
@@ -273,7 +283,7 @@ def _check_manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
 
 
 def _raw(path: str) -> bytes:
-    with storage.open_read(path) as handle:
+    with open_raw(path) as handle:
         return handle.read()
 
 

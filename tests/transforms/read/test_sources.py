@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.read.records import ParseOptions
-from transforms.read.sources import BOM, FileRange, file_ranges, read_lines
+from transforms.read.paths import Oversized, read_lines
+from transforms.read.sources import BOM, FileRange, file_ranges
 from transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
@@ -44,7 +45,7 @@ def test_every_line_is_read_once_however_the_file_is_split(lines, split, final_n
 def test_an_oversized_line_is_skipped_not_held():
     data = b"short\n" + b"x" * 5000 + b"\nafter\n"
     got = list(read_lines(io.BytesIO(data), 0, None, 1024))
-    assert got == [(0, b"short"), (6, None), (5007, b"after")]
+    assert got == [(0, b"short"), (6, Oversized(b"x" * 1025, 5001)), (5007, b"after")]
 
 
 def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
