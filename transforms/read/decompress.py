@@ -34,7 +34,12 @@ else:
 COMPRESSED_CHUNK_BYTES = 64 << 10
 # Decoded bytes per step: the output bound of every decoder, whatever the compression ratio.
 DECODED_CHUNK_BYTES = 1 << 20
-_GZIP_WBITS = 31  # zlib reads the gzip header and trailer
+# The most a decoder's own state may take: xz's dictionary (64 MiB at `xz -9`) and zstd's
+# window (libzstd's default limit) are sized by the file's header, which a hostile file sets
+# at GiBs. A file asking for more is corrupt as far as reading goes: a damaged_file.
+MAX_DECODER_STATE_BYTES = 128 << 20
+_ZSTD_WINDOW_LOG_MAX = MAX_DECODER_STATE_BYTES.bit_length() - 1
+_GZIP_WBITS = 31  # zlib reads the gzip header and trailer (its window: 32 KiB)
 _CORRUPT = (zlib.error, OSError, EOFError, ValueError, lzma.LZMAError, zstd.ZstdError)
 
 
@@ -67,9 +72,10 @@ def _decoder(codec: str) -> Any:
     if codec == "bz2":
         return bz2.BZ2Decompressor()
     if codec == "zstd":
-        return zstd.ZstdDecompressor()
-    if codec == "xz":
-        return lzma.LZMADecompressor()  # .xz and legacy .lzma alike
+        return zstd.ZstdDecompressor(
+            options={zstd.DecompressionParameter.window_log_max: _ZSTD_WINDOW_LOG_MAX})
+    if codec == "xz":  # .xz and legacy .lzma alike
+        return lzma.LZMADecompressor(memlimit=MAX_DECODER_STATE_BYTES)
     raise ValueError(f"unknown codec {codec!r}")
 
 

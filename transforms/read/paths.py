@@ -31,7 +31,7 @@ PARQUET_MAGIC = b"PAR1"
 # A Parquet page read may be this many times the bound of one value: pyarrow's writer fills a
 # page with 1024 values before checking its size, so pages of large values are far larger than
 # any one of them.
-PAGE_BOUND_MULTIPLE = 8
+PAGE_BOUND_MULTIPLE = 2
 MAX_PAGE_HEADER_BYTES = 1 << 20  # headers are tens of bytes; statistics may add a few KiB
 # What of an oversized line is kept: enough to find it, not the whole thing.
 OVERSIZED_EXCERPT_BYTES = 4096

@@ -41,9 +41,9 @@ _LOG = logging.getLogger("kvtrace")
 READ_SPLIT_BYTES = 8 << 20
 BOM = b"\xef\xbb\xbf"
 PROGRESS_INTERVAL_S = 30.0
-# Parquet rows decoded at once: as many as pyarrow's writer puts in a page, so a batch holds
-# about a page of each column.
-PARQUET_BATCH_ROWS = 1024
+# Parquet rows turned into Python values at once: few, so they stay small beside the page being
+# decoded (at 1024, a page's worth, the peak was 40% higher; docs/BOUNDS.md).
+PARQUET_BATCH_ROWS = 64
 
 
 @dataclass(frozen=True)

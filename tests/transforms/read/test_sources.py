@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import lzma
 import json
 import zlib
 
@@ -20,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.read.records import ParseOptions
 from transforms.read.paths import Oversized, read_lines
+from transforms.read.records import ParseOptions
 from transforms.read.sources import BOM, FileRange, file_ranges
 from transforms.read.steps import ParseRecords, ReadRecords
 
@@ -72,7 +73,8 @@ def test_read_records_in_a_test_pipeline(tmp_path):
 CODECS = [(".gz", gzip.compress, lambda: zlib.decompressobj(31)),
           (".zst", zstandard.ZstdCompressor().compress,
            lambda: zstandard.ZstdDecompressor().decompressobj()),
-          (".bz2", bz2.compress, bz2.BZ2Decompressor)]
+          (".bz2", bz2.compress, bz2.BZ2Decompressor),
+          (".xz", lzma.compress, lzma.LZMADecompressor)]
 
 
 def _decodable_prefix(data: bytes, decoder) -> bytes:
