@@ -1,4 +1,6 @@
-"""Input paths: local files directly, URLs (gs://, s3://, ...) through Beam's filesystems.
+"""Input paths: local files directly, URLs (gs://, s3://, ...) through Beam's filesystems; and
+reading them within bounds (docs/BOUNDS.md): only regular files, lines and decoded steps of
+bounded size, Parquet footers and pages checked before they are decoded.
 
 Local reads skip importing Beam, which costs ~1 s of start-up that `kvtrace analyze` does not
 otherwise need.
@@ -293,6 +295,8 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[tuple[int
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
         yield uncompressed, values
         offset += header_bytes + compressed
+    if offset != end:
+        raise ValueError(f"the pages of {column.path_in_schema} overrun its column chunk")
 
 
 def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:

@@ -1,11 +1,12 @@
-"""Read request logs: JSONL (plain, .gz, .zst, .bz2) and Parquet, local or on Beam filesystems;
-parse each record into a Request. Pure: read/steps.py runs these on Beam workers.
+"""Read request logs: JSONL (plain, .gz, .zst, .bz2, .xz) and Parquet, local or on Beam
+filesystems; parse each record into a Request. Pure: read/steps.py runs these on Beam workers.
 
 Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a compressed file
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
 file is skipped. A file that ends early or is corrupt is never exported silently partial: the
 records before the damage go on, and the file itself becomes a dead letter naming where it broke
-(decompressed byte offset, or Parquet row group).
+(decompressed byte offset, or Parquet row group). Every record is bounded before it is decoded
+(paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large dead letter.
 """
 
 from __future__ import annotations

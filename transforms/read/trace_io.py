@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
-import pyarrow.parquet as pq
 from transforms.read.trace_fields import NO_RESPONSE_MS, RESPONSE_FIELD
 from transforms.read.paths import (
     PARQUET_SUFFIXES,
