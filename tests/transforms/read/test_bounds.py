@@ -292,3 +292,13 @@ def test_audit_answers_on_a_fifo_named_like_a_shard(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_convert_refuses_an_overlong_line_in_one_line(tmp_path, capsys):
+    from kvtrace.cli import main
+
+    path = tmp_path / "bailian.jsonl.zst"
+    path.write_bytes(zstd.compress(b"{}\n" + b"7" * (17 * MiB) + b"\n"))
+    assert main(["convert", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "line 2 is over" in error
