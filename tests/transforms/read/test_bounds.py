@@ -236,6 +236,25 @@ def test_each_decoding_step_is_bounded_and_the_stream_is_whole(codec):
     assert b"".join(got) == data and stream.broken is None
 
 
+@settings(max_examples=100, deadline=None)
+@given(codec=st.sampled_from(["gzip", "bz2", "zstd", "xz"]), data=st.binary(max_size=2000),
+       cut=st.integers(0, 4000), noise=st.binary(max_size=64))
+def test_any_bytes_decode_to_a_prefix_or_a_break_never_an_error(codec, data, cut, noise):
+    """Whole, cut, or followed by garbage: the stream gives bytes of the data and says why it
+    stopped, and never raises."""
+    compress = {"gzip": gzip.compress, "bz2": bz2.compress, "zstd": zstd.compress,
+                "xz": lzma.compress}[codec]
+    whole = compress(data)
+    stream = DecodedStream(io.BytesIO(whole[:cut] + (noise if cut >= len(whole) else b"")),
+                           codec)
+    got = b"".join(iter(lambda: stream.read(4096), b""))
+    assert data.startswith(got) or (noise and got.startswith(data))
+    if cut < len(whole) and cut:
+        assert stream.broken
+    if cut >= len(whole) and not noise:
+        assert got == data and stream.broken is None
+
+
 def _fifo(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     os.mkfifo(path)
