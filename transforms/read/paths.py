@@ -261,10 +261,15 @@ def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
     """Why a row group cannot be read within the bounds, or None when it can, known before any
     of it is decoded. A page is decoded whole and holds whole values, so a page is refused
     when it is over PAGE_BOUND_MULTIPLE times max_cell_bytes (the reader's ceiling), or when
-    its values average over max_cell_bytes (one at least is). A column chunk within the bound
-    (footer) has no such page; a larger one has its page headers read (bytes each, seeking
-    past the pages). Cells of pages let through are checked when read."""
+    its values average over it (one at least is). A column chunk within the bound (footer) has
+    no such page; a larger one has its page headers read (bytes each, seeking past the pages).
+    A list cell may span pages: rows averaging more values than max_cell_bytes (each value is a
+    byte of JSON at least) are refused too; rows let through are checked when read."""
     row_group = metadata.row_group(group)
+    values = sum(row_group.column(index).num_values for index in range(row_group.num_columns))
+    if values > max_cell_bytes * max(row_group.num_rows, 1):
+        return (f"row group {group} holds {values} values for {row_group.num_rows} rows: "
+                f"one row at least is over {max_cell_bytes} bytes")
     for index in range(row_group.num_columns):
         column = row_group.column(index)
         if column.total_uncompressed_size <= max_cell_bytes:

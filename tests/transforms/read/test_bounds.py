@@ -155,6 +155,15 @@ def test_a_200_mb_parquet_cell_in_a_tiny_file_is_refused_unread(tmp_path):
     assert result["peak_bytes"] < 64 * MiB
 
 
+def test_a_parquet_list_cell_of_more_values_than_the_bound_is_refused_unread(tmp_path):
+    path = tmp_path / "logs.parquet"
+    ids = pa.array([[0] * (2 * MiB)], pa.list_(pa.int8()))  # small pages, one huge row
+    pq.write_table(pa.table({"timestamp": [0], "input_ids": ids}), path, compression="zstd")
+    letters = list(read_range(FileRange(str(path), 0, None), MiB))
+    assert [letter.reason for letter in letters] == ["too_large"]
+    assert "values for 1 rows" in letters[0].message
+
+
 def test_parquet_rows_within_the_pages_ceiling_are_read_and_checked_one_by_one(tmp_path):
     bound = 64 * 1024
     prompts = [f"p{i}" for i in range(100)] + ["w" * (bound + 10)] + ["after"]
@@ -321,3 +330,22 @@ def test_convert_refuses_an_overlong_line_in_one_line(tmp_path, capsys):
     assert main(["convert", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "line 2 is over" in error
+
+
+def test_a_manifest_that_is_a_fifo_is_ignored_not_waited_on(tmp_path):
+    from transforms.read.trace_inputs import declared_block_size
+
+    _fifo(tmp_path, "manifest.json")
+    shard = tmp_path / "trace-00000-of-00001.jsonl"
+    shard.write_bytes(b"")
+    assert _within(10, lambda: declared_block_size([str(shard)])) is None
+
+
+def test_a_trace_parquet_page_over_the_bound_is_malformed_not_read(tmp_path):
+    path = tmp_path / "trace.parquet"
+    pq.write_table(pa.table({"timestamp": [0], "input_length": [1], "output_length": [1],
+                             "hash_ids": [[0]], "session": ["s" * (17 * MiB)]}), path,
+                   compression="zstd")
+    trace = read_trace([str(path)])
+    assert len(trace) == 0 and trace.malformed_count == 1
+    assert "page" in trace.malformed[0]["error"]
