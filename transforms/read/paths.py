@@ -237,7 +237,7 @@ def parquet_file(path: str, max_footer_bytes: int
     """The file and a Parquet reader over it, once its footer is known to be within
     max_footer_bytes (the footer is read whole before any row, and it can claim any size);
     ValueError if not. Rows are then read a page at a time (no pre-buffering of column chunks).
-    The file itself is for oversized_column's look at page headers."""
+    The file itself is for oversized_pages' look at page headers."""
     with open_raw(path) as raw:
         raw.seek(0, os.SEEK_END)
         if raw.tell() < len(PARQUET_MAGIC) * 2 + 4:
@@ -252,8 +252,8 @@ def parquet_file(path: str, max_footer_bytes: int
                              f"of {max_footer_bytes}")
         raw.seek(0)
         yield raw, pq.ParquetFile(raw, pre_buffer=False, buffer_size=READ_CHUNK_BYTES,
-                             thrift_string_size_limit=max_footer_bytes,
-                             thrift_container_size_limit=max_footer_bytes)
+                                  thrift_string_size_limit=max_footer_bytes,
+                                  thrift_container_size_limit=max_footer_bytes)
 
 
 def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
