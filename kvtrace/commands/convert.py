@@ -30,11 +30,12 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms import storage
     from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
-    from transforms.read.paths import read_bytes
+    from transforms.read.paths import lines_within
+    from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
     from transforms.write.shards import shard_name
 
     no_beam_options(beam_args)
-    converted = to_mooncake(read_bytes(args.trace).splitlines())
+    converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
     payload = "".join(json.dumps(row) + "\n" for row in converted.rows).encode()
     if args.output.endswith(".jsonl"):
         target = args.output

@@ -14,11 +14,10 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from transforms.cache.cache_trace import CacheTrace
-from transforms.read.paths import read_bytes
-from transforms.read.trace_io import PARQUET_SUFFIXES, Trace
+from transforms.read.paths import lines_within, read_parquet_within
+from transforms.read.trace_io import MAX_TRACE_LINE_BYTES, PARQUET_SUFFIXES, Trace
 from transforms.trace_format import OUTPUT_IDS_FIELD
 
 
@@ -36,11 +35,11 @@ def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:
 
 def _output_ids(path: str):
     if path.lower().endswith(PARQUET_SUFFIXES):
-        table = pq.read_table(path)
+        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES)
         if OUTPUT_IDS_FIELD in table.column_names:
             yield from enumerate(table.column(OUTPUT_IDS_FIELD).to_pylist(), 1)
         return
-    for line, raw in enumerate(read_bytes(path).splitlines(), 1):
+    for line, raw in enumerate(lines_within(path, MAX_TRACE_LINE_BYTES), 1):
         if OUTPUT_IDS_FIELD.encode() in raw:
             try:
                 ids = json.loads(raw).get(OUTPUT_IDS_FIELD)

@@ -1,10 +1,14 @@
-"""Compressed logs decoded as a stream that never loses what it has decoded.
+"""Compressed logs decoded as a stream that never loses what it has decoded, in bounded steps.
 
 A decoder library that raises when its input breaks off drops whatever it had decoded but not yet
 returned (pyarrow's streams: up to a MiB of complete records). Here each compressed chunk is
 decoded as it is read, so every byte before the break reaches the reader; the break itself is
-recorded (`broken`) and the stream then simply ends. Concatenated members (gzip, bzip2) and
+recorded (`broken`) and the stream then simply ends. Concatenated members (gzip, bzip2, xz) and
 frames (zstd) are read one after another, as the command-line tools do.
+
+Every decoding step returns at most DECODED_CHUNK_BYTES, however compressible its input: a
+517-byte bzip2 of a GiB line is a thousand bounded steps, never a GiB in memory. What a step
+returned is handed out through a view, so nothing already held is copied again.
 
 Damage is found where the format can find it: bzip2 checks each block before releasing it, zstd
 frames carry a checksum when written with one, gzip checks its CRC at each member's end, so bytes
@@ -16,24 +20,62 @@ from __future__ import annotations
 
 import bz2
 import io
+import lzma
+import sys
 import zlib
 from typing import IO, Any
 
-import zstandard
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
-# Compressed bytes decoded per step: small enough that a highly compressible chunk (a bomb)
-# decodes to a bounded burst, large enough that per-call overhead vanishes.
+# Compressed bytes read per step: large enough that per-call overhead vanishes.
 COMPRESSED_CHUNK_BYTES = 64 << 10
-_GZIP_WBITS = 31  # zlib reads the gzip header and trailer
+# Decoded bytes per step: the output bound of every decoder, whatever the compression ratio.
+DECODED_CHUNK_BYTES = 1 << 20
+# The most a decoder's own state may take: xz's dictionary (64 MiB at `xz -9`) and zstd's
+# window (libzstd's default limit) are sized by the file's header, which a hostile file sets
+# at GiBs. A file asking for more is corrupt as far as reading goes: a damaged_file.
+MAX_DECODER_STATE_BYTES = 128 << 20
+_ZSTD_WINDOW_LOG_MAX = MAX_DECODER_STATE_BYTES.bit_length() - 1
+_GZIP_WBITS = 31  # zlib reads the gzip header and trailer (its window: 32 KiB)
+_CORRUPT = (zlib.error, OSError, EOFError, ValueError, lzma.LZMAError, zstd.ZstdError)
+
+
+class _Gzip:
+    """zlib's decoder with the interface bz2, lzma and zstd share: input held by the decoder,
+    `needs_input` once it has none left to decode."""
+
+    def __init__(self) -> None:
+        self._decoder = zlib.decompressobj(_GZIP_WBITS)
+        self.needs_input = True
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        out = self._decoder.decompress(self._decoder.unconsumed_tail + data, max_length)
+        # A full output may leave decoded bytes inside zlib with no input left: ask again.
+        self.needs_input = not self._decoder.unconsumed_tail and len(out) < max_length
+        return out
+
+    @property
+    def eof(self) -> bool:
+        return self._decoder.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self._decoder.unused_data
 
 
 def _decoder(codec: str) -> Any:
     if codec == "gzip":
-        return zlib.decompressobj(_GZIP_WBITS)
+        return _Gzip()
     if codec == "bz2":
         return bz2.BZ2Decompressor()
     if codec == "zstd":
-        return zstandard.ZstdDecompressor().decompressobj()
+        return zstd.ZstdDecompressor(
+            options={zstd.DecompressionParameter.window_log_max: _ZSTD_WINDOW_LOG_MAX})
+    if codec == "xz":  # .xz and legacy .lzma alike
+        return lzma.LZMADecompressor(memlimit=MAX_DECODER_STATE_BYTES)
     raise ValueError(f"unknown codec {codec!r}")
 
 
@@ -48,7 +90,9 @@ class DecodedStream(io.RawIOBase):
         self._codec = codec
         self._decoder = _decoder(codec)
         self._member_started = False  # input went into the current member/frame
-        self._pending = b""
+        self._carried = b""  # input past the end of the last member: the next one's start
+        self._pending = memoryview(b"")
+        self._position = 0  # of the next byte of _pending to hand out
         self._done = False
         self.broken: str | None = None
         self.ends_with_newline = True
@@ -57,37 +101,35 @@ class DecodedStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._pending and not self._done:
+        while self._position == len(self._pending) and not self._done:
             self._decode_more()
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
+        size = min(len(buffer), len(self._pending) - self._position)
+        end = self._position + size
+        buffer[:size] = self._pending[self._position:end]
         if size:
-            self.ends_with_newline = self._pending[size - 1:size] == b"\n"
-        self._pending = self._pending[size:]
+            self.ends_with_newline = self._pending[end - 1] == ord("\n")
+        self._position = end
         return size
 
     def _decode_more(self) -> None:
-        data = self._raw.read(COMPRESSED_CHUNK_BYTES)
-        if not data:
-            self._done = True
-            if self._member_started and not self._decoder.eof:
-                self.broken = "the compressed stream ends before its end marker (truncated)"
-            return
-        decoded: list[bytes] = []
+        data = b""
+        if self._decoder.needs_input:
+            data, self._carried = self._carried or self._raw.read(COMPRESSED_CHUNK_BYTES), b""
+            if not data:
+                self._done = True
+                if self._member_started and not self._decoder.eof:
+                    self.broken = "the compressed stream ends before its end marker (truncated)"
+                return
+        self._member_started = True
         try:
-            self._feed(data, decoded)
-        except (zlib.error, OSError, EOFError, ValueError, zstandard.ZstdError) as err:
+            decoded = self._decoder.decompress(data, DECODED_CHUNK_BYTES)
+        except _CORRUPT as err:
+            decoded = b""
             self._done = True
             self.broken = f"corrupt compressed data: {err}"
-        self._pending = b"".join(decoded)  # what decoded before any damage is kept
-
-    def _feed(self, data: bytes, decoded: list[bytes]) -> None:
-        while data:
-            self._member_started = True
-            decoded.append(self._decoder.decompress(data))
-            if not self._decoder.eof:
-                return
-            data = self._decoder.unused_data  # the next member or frame
+        self._pending, self._position = memoryview(decoded), 0
+        if not self._done and self._decoder.eof:
+            self._carried = self._decoder.unused_data  # the next member or frame
             self._decoder = _decoder(self._codec)
             self._member_started = False
 

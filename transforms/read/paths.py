@@ -1,4 +1,6 @@
-"""Input paths: local files directly, URLs (gs://, s3://, ...) through Beam's filesystems.
+"""Input paths: local files directly, URLs (gs://, s3://, ...) through Beam's filesystems; and
+reading them within bounds (docs/BOUNDS.md): only regular files, lines and decoded steps of
+bounded size, Parquet footers and pages checked before they are decoded.
 
 Local reads skip importing Beam, which costs ~1 s of start-up that `kvtrace analyze` does not
 otherwise need.
@@ -7,17 +9,44 @@ otherwise need.
 from __future__ import annotations
 
 import glob
+import io
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from transforms import storage
+from transforms.read.decompress import DecodedStream
 from transforms.storage import is_url
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Compressed JSONL by suffix, as pyarrow names the codecs.
-CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
+CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
+          ".xz": "xz", ".lzma": "xz"}
+READ_CHUNK_BYTES = 1 << 20  # decompressed bytes buffered per read, and per step of a skip
+PARQUET_MAGIC = b"PAR1"
+# A Parquet page read may be this many times the bound of one value: pyarrow's writer fills a
+# page with 1024 values before checking its size, so pages of large values are far larger than
+# any one of them.
+PAGE_BOUND_MULTIPLE = 2
+MAX_PAGE_HEADER_BYTES = 1 << 20  # headers are tens of bytes; statistics may add a few KiB
+# What of an oversized line is kept: enough to find it, not the whole thing.
+OVERSIZED_EXCERPT_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """A line over the bound, skipped: its first bytes and its whole size (newline included)."""
+
+    excerpt: bytes
+    size: int
+
+
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
     """Every file the patterns match, sorted; a pattern that matches nothing is an error."""
     files: set[str] = set()
@@ -78,26 +107,118 @@ def _size(path: str) -> int:
         return 0
 
 
-def read_bytes(path: str) -> bytes:
-    """A file's content, decompressed by its suffix (.gz, .zst, .bz2)."""
+def open_raw(path: str) -> IO[bytes]:
+    """A file's bytes as stored. A local path must be a regular file: it is opened without
+    waiting (a FIFO would block the open itself until a writer came) and looked at before a
+    byte is read, so a FIFO, device or socket that took a file's name is refused, not read."""
     if is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
+        return storage.open_read(path)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise ValueError(f"input {path} is not a regular file (a FIFO, device or socket)")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
 
-        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as handle:
-            return handle.read()
-    with pa.input_stream(path, compression="detect") as stream:
-        return stream.read()
+
+def open_stream(path: str) -> IO[bytes]:
+    """The file's decompressed bytes (by its suffix), decoded in bounded steps: a seekable
+    raw stream for a plain file, a buffered DecodedStream (`broken_off` tells whether it ended
+    early) for a compressed one."""
+    codec = compression_of(path)
+    raw = open_raw(path)
+    if not codec:
+        return raw
+    return io.BufferedReader(DecodedStream(raw, codec), READ_CHUNK_BYTES)
 
 
-def open_stream(path: str) -> pa.NativeFile:
-    """A decompressing pyarrow input stream over the file."""
-    if is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
+def broken_off(stream: IO[bytes]) -> str | None:
+    """Why a stream from open_stream ended before its file's end, or None if it did not."""
+    decoded = getattr(stream, "raw", None)
+    return decoded.broken if isinstance(decoded, DecodedStream) else None
 
-        return pa.PythonFile(FileSystems.open(path, compression_type=CompressionTypes.AUTO), "r")
-    return pa.input_stream(path, compression="detect")
+
+def read_lines(stream: IO[bytes], start: int, end: int | None, max_bytes: int
+               ) -> Iterator[tuple[int, bytes | Oversized]]:
+    """(offset, line) for every line starting in [start, end) of a positioned stream, without
+    its newline; a line over max_bytes comes as (offset, Oversized) and is skipped: no more
+    than max_bytes + 1 of it is ever held.
+
+    The line straddling `start` belongs to the previous range, the one straddling `end` to this
+    one: every line is read exactly once however the file is split."""
+    offset = start
+    if start > 0:  # skip to the first line that starts inside this range
+        stream.seek(start - 1)
+        skipped = _skip_line(stream)
+        offset = start - 1 + skipped
+    while end is None or offset < end:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            return
+        size = len(line)
+        if not line.endswith(b"\n") and size > max_bytes:
+            size += _skip_line(stream)
+            yield offset, Oversized(line[:OVERSIZED_EXCERPT_BYTES], size)
+        else:
+            yield offset, line.rstrip(b"\r\n")
+        offset += size
+
+
+def _skip_line(stream: IO[bytes]) -> int:
+    """Read past the next newline, a chunk at a time; returns the bytes consumed."""
+    consumed = 0
+    while True:
+        chunk = stream.readline(READ_CHUNK_BYTES)
+        consumed += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return consumed
+
+
+class NumberedLines:
+    """(1-based line number, line) of a whole (decompressed) file, a line over max_line_bytes
+    as (number, Oversized), never held. Once iterated, `broken` says why a compressed file ended
+    early (None when it did not)."""
+
+    def __init__(self, path: str, max_line_bytes: int):
+        self._path = path
+        self._max_line_bytes = max_line_bytes
+        self.broken: str | None = None
+        self.lines_read = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes | Oversized]]:
+        with open_stream(self._path) as stream:
+            for _, line in read_lines(stream, 0, None, self._max_line_bytes):
+                self.lines_read += 1
+                yield self.lines_read, line
+            self.broken = broken_off(stream)
+
+
+def lines_within(path: str, max_line_bytes: int) -> Iterator[bytes]:
+    """Every line of a file that must be whole: a line over max_line_bytes or a compressed
+    file that breaks off is a ValueError saying where."""
+    lines = NumberedLines(path, max_line_bytes)
+    for number, line in lines:
+        if isinstance(line, Oversized):
+            raise ValueError(f"{path}: line {number} is over {max_line_bytes} bytes")
+        yield line
+    if lines.broken:
+        raise ValueError(f"{path}: {lines.broken}")
+
+
+def read_bytes(path: str, max_bytes: int) -> bytes:
+    """A small file's whole content, decompressed by its suffix; over max_bytes (decompressed)
+    is a ValueError, found before more than max_bytes + 1 are held."""
+    with open_stream(path) as stream:
+        content = stream.read(max_bytes + 1)
+        broken = broken_off(stream)
+    if len(content) > max_bytes:
+        raise ValueError(f"{path}: over {max_bytes} bytes decompressed")
+    if broken:
+        raise ValueError(f"{path}: {broken}")
+    return content
 
 
 def count_lines(path: str, chunk_bytes: int = 16 << 20) -> int:
@@ -110,10 +231,174 @@ def count_lines(path: str, chunk_bytes: int = 16 << 20) -> int:
     return lines + (last != b"\n")
 
 
-def open_parquet(path: str):
-    """A file object (or path) pyarrow.parquet can read."""
-    if is_url(path):
-        from apache_beam.io.filesystems import FileSystems
+@contextmanager
+def parquet_file(path: str, max_footer_bytes: int
+                 ) -> Iterator[tuple[IO[bytes], pq.ParquetFile]]:
+    """The file and a Parquet reader over it, once its footer is known to be within
+    max_footer_bytes (the footer is read whole before any row, and it can claim any size);
+    ValueError if not. Rows are then read a page at a time (no pre-buffering of column chunks).
+    The file itself is for oversized_pages' look at page headers."""
+    with open_raw(path) as raw:
+        raw.seek(0, os.SEEK_END)
+        if raw.tell() < len(PARQUET_MAGIC) * 2 + 4:
+            raise ValueError(f"{path}: too short to be a Parquet file")
+        raw.seek(-len(PARQUET_MAGIC) - 4, os.SEEK_END)
+        tail = raw.read(len(PARQUET_MAGIC) + 4)
+        if tail[4:] != PARQUET_MAGIC:
+            raise ValueError(f"{path}: not a Parquet file (no {PARQUET_MAGIC!r} at its end)")
+        footer_bytes = int.from_bytes(tail[:4], "little")
+        if footer_bytes > max_footer_bytes:
+            raise ValueError(f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
+                             f"of {max_footer_bytes}")
+        raw.seek(0)
+        yield raw, pq.ParquetFile(raw, pre_buffer=False, buffer_size=READ_CHUNK_BYTES,
+                                  thrift_string_size_limit=max_footer_bytes,
+                                  thrift_container_size_limit=max_footer_bytes)
 
-        return FileSystems.open(path)
-    return path
+
+def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
+                    max_cell_bytes: int) -> str | None:
+    """Why a row group cannot be read within the bounds, or None when it can, known before any
+    of it is decoded. A page is decoded whole and holds whole values, so a page is refused
+    when it is over PAGE_BOUND_MULTIPLE times max_cell_bytes (the reader's ceiling), or when
+    its values average over it (one at least is). A column chunk within the bound (footer) has
+    no such page; a larger one has its page headers read (bytes each, seeking past the pages).
+    A list cell may span pages: rows averaging more values than max_cell_bytes (each value is a
+    byte of JSON at least) are refused too; rows let through are checked when read."""
+    row_group = metadata.row_group(group)
+    values = sum(row_group.column(index).num_values for index in range(row_group.num_columns))
+    if values > max_cell_bytes * max(row_group.num_rows, 1):
+        return (f"row group {group} holds {values} values for {row_group.num_rows} rows: "
+                f"one row at least is over {max_cell_bytes} bytes")
+    for index in range(row_group.num_columns):
+        column = row_group.column(index)
+        if column.total_uncompressed_size <= max_cell_bytes:
+            continue
+        for size, values in _pages(raw, column):
+            where = f"row group {group}'s column {column.path_in_schema} has a page of {size} bytes"
+            if size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
+                return f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
+            if size > max_cell_bytes * max(values, 1):
+                return f"{where} for {values} value(s): one at least is over {max_cell_bytes}"
+    return None
+
+
+def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[tuple[int, int]]:
+    """(uncompressed size, values) of each page of a column chunk, from its page headers."""
+    starts = [column.data_page_offset]
+    if column.has_dictionary_page and column.dictionary_page_offset > 0:
+        starts.append(column.dictionary_page_offset)
+    offset = min(starts)
+    end = offset + column.total_compressed_size
+    while offset < end:
+        header, header_bytes = _page_header(raw, offset)
+        uncompressed, compressed = header.get(2), header.get(3)
+        # A data page (v1, v2) or dictionary page header: its first field counts the values.
+        kind = next((header[k] for k in (5, 8, 7) if isinstance(header.get(k), dict)), {})
+        values = kind.get(1)
+        if not all(isinstance(n, int) and n >= 0 for n in (uncompressed, compressed, values)):
+            raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
+        yield uncompressed, values
+        offset += header_bytes + compressed
+    if offset != end:
+        raise ValueError(f"the pages of {column.path_in_schema} overrun its column chunk")
+
+
+def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
+    """The fields of the Parquet page header at offset (Thrift compact protocol), and its size:
+    read in growing slices, up to MAX_PAGE_HEADER_BYTES."""
+    size = 1 << 10
+    while True:
+        raw.seek(offset)
+        data = raw.read(size)
+        reader = _CompactReader(data)
+        try:
+            return reader.struct(), reader.position
+        except IndexError:  # the header goes on past the slice read
+            if size >= MAX_PAGE_HEADER_BYTES or len(data) < size:
+                raise ValueError(f"Parquet page header at byte {offset} is damaged or over "
+                                 f"{MAX_PAGE_HEADER_BYTES} bytes") from None
+            size *= 4
+
+
+class _CompactReader:
+    """Thrift's compact protocol over bytes, as far as a Parquet page header needs: integers
+    and nested structs kept by field id, everything else skipped. Reading past the end is an
+    IndexError; nesting is bounded."""
+
+    _MAX_DEPTH = 8
+
+    def __init__(self, data: bytes):
+        self._data = data
+        self.position = 0
+
+    def struct(self, depth: int = 0) -> dict[int, Any]:
+        if depth > self._MAX_DEPTH:
+            raise ValueError("Parquet page header nested too deep")
+        fields: dict[int, Any] = {}
+        field_id = 0
+        while (head := self._byte()) != 0:  # 0: the struct's end
+            kind, delta = head & 0x0F, head >> 4
+            field_id = field_id + delta if delta else self._zigzag()
+            fields[field_id] = (kind == 1) if kind in (1, 2) else self._value(kind, depth)
+        return fields
+
+    def _value(self, kind: int, depth: int) -> Any:
+        if kind in (1, 2, 3):  # a bool inside a list, or a byte
+            return self._byte()
+        if kind in (4, 5, 6):
+            return self._zigzag()
+        if kind == 7:  # a double
+            return self._skip(8)
+        if kind == 8:  # binary
+            return self._skip(self._varint())
+        if kind in (9, 10):  # list, set
+            head = self._byte()
+            size = self._varint() if head >> 4 == 15 else head >> 4
+            for _ in range(size):
+                self._value(head & 0x0F, depth + 1)
+            return None
+        if kind == 11:  # map
+            size = self._varint()
+            types = self._byte() if size else 0
+            for _ in range(size):
+                self._value(types >> 4, depth + 1)
+                self._value(types & 0x0F, depth + 1)
+            return None
+        if kind == 12:
+            return self.struct(depth + 1)
+        raise ValueError(f"Parquet page header holds an unknown Thrift type {kind}")
+
+    def _byte(self) -> int:
+        value = self._data[self.position]
+        self.position += 1
+        return value
+
+    def _skip(self, size: int) -> None:
+        if self.position + size > len(self._data):
+            raise IndexError("past the end")
+        self.position += size
+
+    def _varint(self) -> int:
+        value = shift = 0
+        while shift < 64:
+            byte = self._byte()
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+        raise ValueError("Parquet page header holds an over-long integer")
+
+    def _zigzag(self) -> int:
+        value = self._varint()
+        return (value >> 1) ^ -(value & 1)
+
+
+def read_parquet_within(path: str, max_cell_bytes: int) -> pa.Table:
+    """A whole Parquet file (a trace's) read only where no cell can be over max_cell_bytes:
+    the footer bounded and each row group checked first; ValueError saying why not."""
+    with parquet_file(path, max_cell_bytes) as (raw, parquet):
+        for group in range(parquet.num_row_groups):
+            if why := oversized_pages(raw, parquet.metadata, group, max_cell_bytes):
+                raise ValueError(why)
+        return parquet.read()

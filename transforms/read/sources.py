@@ -1,16 +1,16 @@
-"""Read request logs: JSONL (plain, .gz, .zst, .bz2) and Parquet, local or on Beam filesystems;
-parse each record into a Request. Pure: read/steps.py runs these on Beam workers.
+"""Read request logs: JSONL (plain, .gz, .zst, .bz2, .xz) and Parquet, local or on Beam
+filesystems; parse each record into a Request. Pure: read/steps.py runs these on Beam workers.
 
 Plain JSONL is read in byte ranges, so one large file keeps every worker busy; a compressed file
 is one range (compressed streams cannot be entered midway). A UTF-8 byte order mark opening a
 file is skipped. A file that ends early or is corrupt is never exported silently partial: the
 records before the damage go on, and the file itself becomes a dead letter naming where it broke
-(decompressed byte offset, or Parquet row group).
+(decompressed byte offset, or Parquet row group). Every record is bounded before it is decoded
+(paths.py; docs/BOUNDS.md): what exceeds --max-record-bytes is a too_large dead letter.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import time
@@ -21,22 +21,30 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms import storage
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.errors import UNANTICIPATED, Rejected, unanticipated
-from transforms.read.decompress import DecodedStream
-from transforms.read.paths import PARQUET_SUFFIXES, compression_of, open_stream
+from transforms.read.paths import (
+    OVERSIZED_EXCERPT_BYTES,
+    PARQUET_SUFFIXES,
+    Oversized,
+    broken_off,
+    compression_of,
+    open_stream,
+    oversized_pages,
+    parquet_file,
+    read_lines,
+)
 from transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
 _LOG = logging.getLogger("kvtrace")
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
 # keeps every worker busy, large enough that per-range overhead stays negligible.
 READ_SPLIT_BYTES = 8 << 20
-READ_CHUNK_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
 PROGRESS_INTERVAL_S = 30.0
-# What of an oversized record a dead letter keeps: enough to find it, not the whole thing.
-OVERSIZED_EXCERPT_BYTES = 4096
+# Parquet rows turned into Python values at once: few, so they stay small beside the page being
+# decoded (at 1024, a page's worth, the peak was 40% higher; docs/BOUNDS.md).
+PARQUET_BATCH_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -52,51 +60,6 @@ def file_ranges(path: str, size: int, split_bytes: int = READ_SPLIT_BYTES) -> li
         return [FileRange(path, 0, None)]
     return [FileRange(path, start, min(start + split_bytes, size))
             for start in range(0, max(size, 1), split_bytes)]
-
-
-def read_lines(stream: Any, start: int, end: int | None, max_bytes: int
-               ) -> Iterator[tuple[int, bytes | None]]:
-    """(offset, line) for every line starting in [start, end) of a positioned stream, without
-    its newline; a line over max_bytes comes as (offset, None) and is skipped, never held.
-
-    The line straddling `start` belongs to the previous range, the one straddling `end` to this
-    one: every line is read exactly once however the file is split."""
-    offset = start
-    if start > 0:  # skip to the first line that starts inside this range
-        stream.seek(start - 1)
-        skipped = _skip_line(stream)
-        offset = start - 1 + skipped
-    while end is None or offset < end:
-        line = stream.readline(max_bytes + 1)
-        if not line:
-            return
-        size = len(line)
-        if not line.endswith(b"\n") and size > max_bytes:
-            size += _skip_line(stream)
-            yield offset, None
-        else:
-            yield offset, line.rstrip(b"\r\n")
-        offset += size
-
-
-def _skip_line(stream: Any) -> int:
-    """Read past the next newline; returns the bytes consumed."""
-    consumed = 0
-    while True:
-        chunk = stream.readline(READ_CHUNK_BYTES)
-        consumed += len(chunk)
-        if not chunk or chunk.endswith(b"\n"):
-            return consumed
-
-
-def open_range_stream(path: str) -> Any:
-    """A seekable raw stream for a plain file, or a decompressing one for a compressed file
-    (a DecodedStream inside: every byte decoded before a break is read)."""
-    codec = compression_of(path)
-    raw = storage.open_read(path)
-    if not codec:
-        return raw
-    return io.BufferedReader(DecodedStream(raw, codec), READ_CHUNK_BYTES)
 
 
 class ReadProgress:
@@ -122,29 +85,30 @@ def read_range(piece: FileRange, max_record_bytes: int, progress: ReadProgress |
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
     (the records before the break still come). Blank lines are not records."""
     if piece.path.lower().endswith(PARQUET_SUFFIXES):
-        yield from _parquet(piece.path)
+        yield from _parquet(piece.path, max_record_bytes)
         return
     offset = piece.start
     held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
-        with open_range_stream(piece.path) as stream:
+        with open_stream(piece.path) as stream:
             for offset, line in read_lines(stream, piece.start, piece.end, max_record_bytes):
                 if held is not None:
                     yield piece.path, held[1]
                     held = None
-                if offset == 0 and line and line.startswith(BOM):
+                if isinstance(line, Oversized):
+                    yield _oversized(piece.path, offset, line, max_record_bytes)
+                    continue
+                if offset == 0 and line.startswith(BOM):
                     line = line[len(BOM):]
-                if line is None:
-                    yield _oversized(piece.path, offset, max_record_bytes)
-                elif line.strip():
+                if line.strip():
                     held = (offset, line)
-            decoded = getattr(stream, "raw", None)
-            broken = decoded.broken if isinstance(decoded, DecodedStream) else None
-            if broken and held is not None and not decoded.ends_with_newline:
+            broken = broken_off(stream)
+            ends_with_newline = not broken or stream.raw.ends_with_newline
+            if broken and held is not None and not ends_with_newline:
                 yield _damaged_tail(piece.path, held[0], held[1], broken)
             elif held is not None:
                 yield piece.path, held[1]
-            if broken and (held is None or decoded.ends_with_newline):
+            if broken and (held is None or ends_with_newline):
                 yield _damaged_tail(piece.path, offset, b"", broken)
             if progress is not None:
                 progress.add(offset - piece.start)
@@ -161,37 +125,50 @@ def _damaged_tail(path: str, offset: int, partial: bytes, why: str) -> DeadLette
                       lost_bytes=len(partial))
 
 
-def _oversized(path: str, offset: int, max_record_bytes: int) -> DeadLetter:
-    with open_stream(path) as stream:
-        remaining = offset
-        while remaining > 0:  # compressed streams cannot seek: read up to the record
-            chunk = stream.read(min(remaining, READ_CHUNK_BYTES))
-            if not chunk:
-                break
-            remaining -= len(chunk)
-        excerpt = stream.read(OVERSIZED_EXCERPT_BYTES)
-    return DeadLetter(path, excerpt, "too_large",
-                      f"record at byte {offset} is over --max-record-bytes "
+def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -> DeadLetter:
+    return DeadLetter(path, line.excerpt, "too_large",
+                      f"record at byte {offset} is {line.size} bytes, over --max-record-bytes "
                       f"{max_record_bytes}; `line` holds its first bytes only")
 
 
-def _parquet(path: str) -> Iterator[tuple[str, Any] | DeadLetter]:
+def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
+    """Every row of a Parquet file as a dict. The footer is bounded before it is read, and a
+    row group whose pages could not be read within the bound (paths.oversized_pages) is never
+    decoded: each of its rows is a too_large dead letter."""
     try:
-        with storage.open_read(path) as raw:
-            parquet = pq.ParquetFile(raw)
+        with parquet_file(path, max_record_bytes) as (raw, parquet):
             for group in range(parquet.num_row_groups):
-                try:
-                    rows = parquet.read_row_group(group).to_pylist()
-                except (OSError, ValueError, pa.ArrowException) as err:
-                    yield DeadLetter(path, b"", DAMAGED_FILE,
-                                     f"row group {group} of {parquet.num_row_groups} "
-                                     f"unreadable: {err}",
-                                     lost_bytes=parquet.metadata.row_group(group).total_byte_size)
+                if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
+                    yield from _unread_rows(path, parquet.metadata, group, why)
                     continue
-                for row in rows:
-                    yield path, row
+                yield from _row_group(path, parquet, group)
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
+
+
+def _row_group(path: str, parquet: pq.ParquetFile, group: int
+               ) -> Iterator[tuple[str, Any] | DeadLetter]:
+    """A row group's rows, PARQUET_BATCH_ROWS at a time; where it breaks, a dead letter."""
+    read = 0
+    try:
+        for batch in parquet.iter_batches(PARQUET_BATCH_ROWS, row_groups=[group]):
+            for row in batch.to_pylist():
+                yield path, row
+            read += batch.num_rows
+    except (OSError, ValueError, pa.ArrowException) as err:
+        yield DeadLetter(path, b"", DAMAGED_FILE,
+                         f"row group {group} of {parquet.num_row_groups} unreadable after "
+                         f"{read} rows: {err}",
+                         lost_bytes=parquet.metadata.row_group(group).total_byte_size)
+
+
+def _unread_rows(path: str, metadata: pq.FileMetaData, group: int, why: str
+                 ) -> Iterator[DeadLetter]:
+    """A too_large dead letter for each row of a row group refused unread."""
+    first = sum(metadata.row_group(g).num_rows for g in range(group))
+    for row in range(first, first + metadata.row_group(group).num_rows):
+        yield DeadLetter(path, b"", "too_large",
+                         f"row {row} not read: {why} (--max-record-bytes)")
 
 
 def parse_one(source: str, record: Any, options: ParseOptions) -> Request | DeadLetter:
@@ -202,6 +179,10 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             "utf-8", errors="backslashreplace")
     except RecursionError:
         return DeadLetter(source, b"", "too_deep", "row nested too deep to serialize")
+    if not is_line and len(line) > options.max_record_bytes:  # a line's size is known sooner
+        return DeadLetter(source, line[:OVERSIZED_EXCERPT_BYTES], "too_large",
+                          f"row of {len(line)} bytes as JSON, over --max-record-bytes "
+                          f"{options.max_record_bytes}; `line` holds its first bytes only")
     try:
         if is_line:
             return parse_record(line, source, options)

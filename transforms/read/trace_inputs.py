@@ -12,11 +12,12 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs
+from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs, read_bytes
 from transforms.storage import is_url
 
 MANIFEST = "manifest.json"
 TRACE_SHARDS = "trace-*.jsonl"
+MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and sha256s)
 
 
 def _is_folder(path: str) -> bool:
@@ -44,15 +45,8 @@ def declared_block_size(files: Sequence[str]) -> int | None:
     sizes = set()
     for folder in {posixpath.dirname(f) for f in files}:
         path = posixpath.join(folder, MANIFEST)
-        try:
-            if is_url(path):
-                from apache_beam.io.filesystems import FileSystems
-
-                with FileSystems.open(path) as handle:
-                    manifest = json.loads(handle.read())
-            else:
-                with open(path) as handle:
-                    manifest = json.load(handle)
+        try:  # a FIFO or an endless file named manifest.json is refused, not waited on
+            manifest = json.loads(read_bytes(path, MAX_MANIFEST_BYTES))
         except (OSError, ValueError):
             return None
         size = manifest.get("block_size") if isinstance(manifest, dict) else None

@@ -16,14 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
-import pyarrow.parquet as pq
 from transforms.trace_format import NO_RESPONSE_MS, RESPONSE_FIELD
 from transforms.read.paths import (
     PARQUET_SUFFIXES,
+    NumberedLines,
+    Oversized,
+    broken_off,
     count_lines,
-    open_parquet,
     open_stream,
-    read_bytes,
+    read_parquet_within,
 )
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
@@ -31,6 +32,10 @@ READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's pe
 # A value beyond is no trace's, and every per-minute or per-second array sized from the trace's
 # span stays bounded (a timestamp of 1e18 would ask for petabytes).
 MAX_TIMESTAMP_MS = 1 << 42
+# The longest trace line read: a row of ~2M block ids, far beyond any kvtrace writes (a
+# 1M-token prompt in blocks of 16 is 62,500 ids, ~0.5 MB). A longer line is malformed, skipped
+# without being held.
+MAX_TRACE_LINE_BYTES = 16 << 20
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
 # kvtrace publishes conversations as `session` (see write/shards.py); other traces use session_id.
 SESSION_FIELDS = ("session", "session_id")
@@ -114,17 +119,38 @@ def _read_file(path: str) -> list[dict]:
     """Column parts of one file, in line order."""
     if path.lower().endswith(PARQUET_SUFFIXES):
         return [_read_parquet(path)]
-    return _read_jsonl_streamed(path) or [_columns_from_rows(
-        ((number, raw) for number, raw in enumerate(read_bytes(path).split(b"\n"), 1)
-         if raw.strip()), path)]
+    return _read_jsonl_streamed(path) or [_read_jsonl_lines(path)]
+
+
+def _read_jsonl_lines(path: str) -> dict:
+    """The file's columns, line by line: each bad line, overlong line or break reported."""
+    lines = NumberedLines(path, MAX_TRACE_LINE_BYTES)
+    overlong: list[dict] = []
+    part = _columns_from_rows(_within_bound(lines, path, overlong), path)
+    part["malformed"] += overlong
+    part["malformed"].sort(key=lambda m: m["line"])
+    if lines.broken:
+        part["malformed"].append({"file": path, "line": lines.lines_read + 1,
+                                  "error": f"the file breaks off: {lines.broken}"})
+    return part
+
+
+def _within_bound(lines: NumberedLines, path: str, overlong: list[dict]
+                  ) -> Iterable[tuple[int, bytes]]:
+    for number, line in lines:
+        if isinstance(line, Oversized):
+            overlong.append({"file": path, "line": number, "error":
+                             f"line of {line.size} bytes, over {MAX_TRACE_LINE_BYTES}: skipped"})
+        elif line.strip():
+            yield number, line
 
 
 def _read_parquet(path: str) -> dict:
     """A Parquet trace with the checks a JSONL one gets: columns as they are when well typed,
     else row by row, each bad row reported by its number."""
     try:
-        table = pq.read_table(open_parquet(path))
-    except (OSError, pa.ArrowException) as err:
+        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES)
+    except (OSError, ValueError, pa.ArrowException) as err:
         return _columns_from_rows([], path, [{"file": path, "line": 0,
                                               "error": f"not a readable Parquet file ({err})"}])
     if _well_typed(table):
@@ -138,15 +164,18 @@ def _read_jsonl_streamed(path: str) -> list[dict] | None:
     skips blank lines and accepts any JSON types. The caller then reads it line by line."""
     parts, rows = [], 0
     try:
-        reader = pa_json.open_json(
-            open_stream(path), read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
-            memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
-        )
-        for batch in reader:
-            if not _well_typed(batch):
+        with open_stream(path) as stream:
+            reader = pa_json.open_json(  # a line longer than a block is ArrowInvalid
+                stream, read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
+                memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
+            )
+            for batch in reader:
+                if not _well_typed(batch):
+                    return None
+                parts.append(_columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), []))
+                rows += batch.num_rows
+            if broken_off(stream):
                 return None
-            parts.append(_columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), []))
-            rows += batch.num_rows
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
     return parts if rows == count_lines(path) else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import lzma
 import json
 import zlib
 
@@ -20,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.read.paths import Oversized, read_lines
 from transforms.read.records import ParseOptions
-from transforms.read.sources import BOM, FileRange, file_ranges, read_lines
+from transforms.read.sources import BOM, FileRange, file_ranges
 from transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
@@ -44,7 +46,7 @@ def test_every_line_is_read_once_however_the_file_is_split(lines, split, final_n
 def test_an_oversized_line_is_skipped_not_held():
     data = b"short\n" + b"x" * 5000 + b"\nafter\n"
     got = list(read_lines(io.BytesIO(data), 0, None, 1024))
-    assert got == [(0, b"short"), (6, None), (5007, b"after")]
+    assert got == [(0, b"short"), (6, Oversized(b"x" * 1025, 5001)), (5007, b"after")]
 
 
 def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
@@ -71,7 +73,8 @@ def test_read_records_in_a_test_pipeline(tmp_path):
 CODECS = [(".gz", gzip.compress, lambda: zlib.decompressobj(31)),
           (".zst", zstandard.ZstdCompressor().compress,
            lambda: zstandard.ZstdDecompressor().decompressobj()),
-          (".bz2", bz2.compress, bz2.BZ2Decompressor)]
+          (".bz2", bz2.compress, bz2.BZ2Decompressor),
+          (".xz", lzma.compress, lzma.LZMADecompressor)]
 
 
 def _decodable_prefix(data: bytes, decoder) -> bytes:
