@@ -6,15 +6,18 @@ so a trace sees exactly the tokens the model's server would.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
 from transforms.encode.fast_tokenizer import (EXTRA_TEMPLATE_KEY, EXTRA_TEMPLATES, TOKENIZER_FILE,
                                               TOKENIZER_FILES, FastTokenizer)
+from transforms.encode.render_budget import RenderOverrun, Watchdog
 from transforms.errors import JobStopped, Rejected
 from transforms.read.chat import arguments_as_strings
 
@@ -105,6 +108,13 @@ def tokenizer_sha256(name: str) -> dict[str, str]:
     return dict(load_tokenizer(name).files_sha256)
 
 
+# Every render runs under a budget of time and memory (render_budget.py).
+RENDER_WATCHDOG = Watchdog()
+# A template over its budget on this many requests of a worker before it rendered any is over it
+# on every one: the job stops in one line rather than spend the budget on each record.
+OVERRUNS_TO_STOP = 3
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict[str, Any]],
@@ -119,6 +129,32 @@ def render_chat(
     requests did: a template may take objects for some requests and refuse them for others, and
     a request's text must not depend on which requests a worker saw before it.
     """
+    tally = _TALLIES.setdefault(tokenizer, _Tally())
+    try:
+        text = RENDER_WATCHDOG.run(lambda: _apply_or_rejected(tokenizer, messages, tools,
+                                                              template_kwargs))
+    except RenderOverrun as err:
+        tally.overruns += 1
+        if tally.overruns >= OVERRUNS_TO_STOP and not tally.rendered:
+            raise JobStopped(f"the chat template went {err} on each of the first "
+                             f"{OVERRUNS_TO_STOP} requests: it does not render") from None
+        raise Rejected("template_error", f"the chat template went {err}") from None
+    tally.rendered += 1
+    return text
+
+
+@dataclasses.dataclass
+class _Tally:
+    rendered: int = 0
+    overruns: int = 0
+
+
+# Per tokenizer (a process may hold several), forgotten with it.
+_TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
+
+
+def _apply_or_rejected(tokenizer: Any, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]) -> str:
     try:
         return _apply(tokenizer, messages, tools, template_kwargs)
     except Exception as err:  # a template raising on a request is that request's fault...
