@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
-from jinja2.nodes import Concat
+from jinja2.nodes import Add, Concat
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import _PassArg
@@ -69,10 +69,7 @@ def _check_format(template: str) -> None:
 
 
 def _check_binop(name: str, left: Any, right: Any) -> None:
-    if name == "+":
-        if type(left) in _SIZED and type(right) in _SIZED:
-            _check_length(len(left) + len(right), "+")
-    elif name == "*":
+    if name == "*":
         count = right if type(right) is int else left if type(left) is int else 0
         _check_length(max(_sized(left), _sized(right)) * max(count, 0), "*")
     elif name == "**":
@@ -157,15 +154,25 @@ class _BoundedFilters(dict):
 
 
 class _BoundedCodeGenerator(CodeGenerator):
+    """Writes `a ~ b` and `a + b` as calls of the environment that size their result (jinja
+    intercepts `+` only through call_binop, a slower call on a step templates take often)."""
+
     @optimizeconst
     def visit_Concat(self, node: Concat, frame: Frame) -> None:
-        """`a ~ b` through the environment's join_values, sized before joining (templates render
-        with autoescape off, so jinja's str_join is what this replaces)."""
+        # templates render with autoescape off, so jinja's str_join is what this replaces
         self.write("environment.join_values((")
         for argument in node.nodes:
             self.visit(argument, frame)
             self.write(", ")
         self.write("))")
+
+    @optimizeconst
+    def visit_Add(self, node: Add, frame: Frame) -> None:
+        self.write("environment.add(")
+        self.visit(node.left, frame)
+        self.write(", ")
+        self.visit(node.right, frame)
+        self.write(")")
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -173,7 +180,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     arguments are bounded before they run."""
 
     code_generator_class = _BoundedCodeGenerator
-    intercepted_binops = frozenset({"+", "*", "**", "%"})
+    intercepted_binops = frozenset({"*", "**", "%"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -184,7 +191,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return self.binop_table[operator_name](left, right)
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        _check_integers(args, "a call")
+        for value in args:  # inline: a step templates take often
+            if type(value) is int and abs(value) > MAX_ARGUMENT:
+                raise ValueTooLarge(f"a call takes an integer over {MAX_ARGUMENT}")
         if kwargs:
             _check_integers(kwargs.values(), "a call")
         method = getattr(__obj, "__name__", None)
@@ -198,14 +207,24 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return super().call(__context, __obj, *args, **kwargs)
 
     def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]
-        """The rendered output joined (jinja's Environment.concat), its length bounded too."""
-        listed = list(pieces)
-        _check_length(sum(map(len, listed)), "the output")
-        return "".join(listed)
+        """The rendered output joined (jinja's Environment.concat), its length bounded too: the
+        pieces are already held, so joining them at most doubles that."""
+        text = "".join(pieces)
+        _check_length(len(text), "the output")
+        return text
 
     @staticmethod
     def join_values(values: tuple[Any, ...]) -> str:
         """`a ~ b ~ ...`: what jinja's str_join does, sized first."""
-        pieces = [str(value) for value in values]
+        pieces = list(map(str, values))
         _check_length(sum(map(len, pieces)), "~")
         return "".join(pieces)
+
+    @staticmethod
+    def add(left: Any, right: Any) -> Any:
+        """`a + b`, its result sized: at most its two operands' size, each within the bound."""
+        result = left + right
+        if type(result) in _SIZED and len(result) > MAX_VALUE_LENGTH:
+            raise ValueTooLarge(f"+ would build a value of {len(result)} items, over "
+                                f"{MAX_VALUE_LENGTH}")
+        return result

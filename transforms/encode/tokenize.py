@@ -129,7 +129,7 @@ def render_chat(
     requests did: a template may take objects for some requests and refuse them for others, and
     a request's text must not depend on which requests a worker saw before it.
     """
-    tally = _TALLIES.setdefault(tokenizer, _Tally())
+    tally = _TALLIES.get(tokenizer) or _TALLIES.setdefault(tokenizer, _Tally())
     try:
         text = RENDER_WATCHDOG.run(lambda: _apply_or_rejected(tokenizer, messages, tools,
                                                               template_kwargs))

@@ -137,7 +137,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
 KEYS = st.sampled_from(["chat_template", "eos_token", "bos_token", "pad_token", "x"])
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(config=st.dictionaries(KEYS, JSON, max_size=4) | JSON, raw=st.binary(max_size=40))
 def test_any_tokenizer_config_loads_or_is_one_line_error(tiny_tokenizer, config, raw):
     """A config of any JSON shape, or any bytes, loads or is a ValueError of one line."""
