@@ -118,5 +118,10 @@ class Watchdog:
 
 
 def _resident_bytes() -> int:
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_BYTES
+    """This process's resident memory; 0 where Linux's /proc is absent (macOS), where only the
+    deadline and the sandbox's sizes (bounded_sandbox.py) bound a render."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except OSError:
+        return 0
