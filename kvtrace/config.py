@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from transforms.encode.regular_files import UnfitFile, read_regular_file
 from transforms.errors import ConfigError
 
 BEAM_SECTION = "beam"
@@ -23,19 +24,30 @@ BEAM_SECTION = "beam"
 # few lines that expand to billions of values), refused before anything walks them.
 MAX_ALIASES = 64
 MAX_VALUES = 100_000
+# A preset is a few levels deep; YAML's composer recurses per level, and Python's stack ends
+# near 1,000 (`a: [[[[...` would be a RecursionError, not a one-line error).
+MAX_DEPTH = 32
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing more than MAX_ALIASES aliases."""
+    """YAML's safe loader, refusing more than MAX_ALIASES aliases and nesting past MAX_DEPTH."""
 
     aliases = 0
+    depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             self.aliases += 1
             if self.aliases > MAX_ALIASES:
                 raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases")
-        return super().compose_node(parent, index)
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def _values(loaded: Any, budget: int = MAX_VALUES) -> int:
@@ -53,23 +65,21 @@ def _values(loaded: Any, budget: int = MAX_VALUES) -> int:
     return count
 
 
-def _load_yaml(path: str) -> Any:
+def load_bounded_yaml(path: str, what: str) -> Any:
+    """A YAML file's value, read only if it is a regular file within MAX_CONFIG_BYTES (a FIFO
+    never ends, a device never stops) and only within the loader's bounds; ConfigError in one
+    line, prefixed by what (the flag it came from), otherwise."""
     try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(text) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"--config {path}: over {MAX_CONFIG_BYTES} bytes: not a preset")
-        loaded = yaml.load(text, Loader=_BoundedLoader)
+        loaded = yaml.load(read_regular_file(path, MAX_CONFIG_BYTES), Loader=_BoundedLoader)
+    except UnfitFile as err:
+        raise ConfigError(f"{what} {err}: not a preset") from None
     except OSError as err:
-        raise ConfigError(f"--config {path}: {err.strerror or err}") from None
+        raise ConfigError(f"{what} {path}: {err.strerror or err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{what} {path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if _values(loaded) > MAX_VALUES:
-        raise ConfigError(f"--config {path}: expands past {MAX_VALUES} values (an alias bomb?)")
+        raise ConfigError(f"{what} {path}: expands past {MAX_VALUES} values (an alias bomb?)")
     return loaded
-
-
-MAX_CONFIG_BYTES = 1 << 20
 
 
 def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> None:
@@ -101,7 +111,7 @@ def load_presets(paths: Sequence[str], kinds: dict[str, str] | None = None
     options: dict[str, Any] = {}
     beam_options: dict[str, Any] = {}
     for path in paths:
-        loaded = _load_yaml(path) or {}
+        loaded = load_bounded_yaml(path, "--config") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {path}: expected a mapping of option names to values")
         beam_part = loaded.pop(BEAM_SECTION, None) or {}

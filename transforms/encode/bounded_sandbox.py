@@ -1,0 +1,230 @@
+"""transformers' sandboxed Jinja environment with every value a template builds sized before it
+is built.
+
+The render watchdog (render_budget.py) stops a template between two of its Python steps; a
+single step is one C call it cannot interrupt. Such a call makes a value larger than its
+operands only when an integer says how large (`'x' * n`, `2 ** n`, a width in `'%99999999s'`,
+`'{:>99999999}'`, `center(n)`, `indent(n)`, ...) or when it joins values (`~`, `+`, `join`, `replace`). So here each
+join, repetition and replacement is sized from its operands first, powers from their bit lengths, format
+widths from the format's own parse, and an integer handed to a call or a filter (beside the
+value filtered) may not exceed MAX_ARGUMENT. Whatever else a template does is one bounded C
+call or a Python step the watchdog can stop.
+
+Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
+which builds this environment instead of its plain sandbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from collections.abc import Iterable
+from typing import Any, Callable
+
+from jinja2.compiler import CodeGenerator, Frame, optimizeconst
+from jinja2.exceptions import TemplateRuntimeError
+from jinja2.nodes import Add, Concat
+from jinja2.runtime import Context
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import _PassArg
+
+# The longest string or list a template may build: 4x the longest record kvtrace reads
+# (DEFAULT_MAX_RECORD_BYTES, 64 MiB), since a template may repeat what a record holds.
+MAX_VALUE_LENGTH = 256 << 20
+MAX_INT_BITS = 1 << 16  # an integer computed by ** (a 20,000-digit number)
+MAX_ARGUMENT = 1 << 20  # an integer given to a call or filter: widths, counts, indents
+_PRINTF_SIZES = re.compile(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?")
+_DIGITS = re.compile(r"\d+")
+
+
+class ValueTooLarge(TemplateRuntimeError):
+    """A template step that would build a value past its bound."""
+
+
+_SIZED = frozenset((str, list, tuple))
+
+
+def _sized(value: Any) -> int:
+    return len(value) if isinstance(value, (str, list, tuple)) else 0
+
+
+def _check_length(length: int, what: str) -> None:
+    if length > MAX_VALUE_LENGTH:
+        raise ValueTooLarge(f"{what} would build a value of {length} items, over "
+                            f"{MAX_VALUE_LENGTH}")
+
+
+def _check_printf(template: str) -> None:
+    for width, precision in _PRINTF_SIZES.findall(template):
+        for size in (width, precision):
+            if size == "*" or (size and int(size) > MAX_ARGUMENT):
+                raise ValueTooLarge(f"a % format with a width over {MAX_ARGUMENT}")
+
+
+def _check_format(template: str) -> None:
+    for _, _, spec, _ in string.Formatter().parse(template):
+        if spec and any(int(digits) > MAX_ARGUMENT for digits in _DIGITS.findall(spec)):
+            raise ValueTooLarge(f"a format field with a width over {MAX_ARGUMENT}")
+
+
+def _check_binop(name: str, left: Any, right: Any) -> None:
+    if name == "*":
+        count = right if type(right) is int else left if type(left) is int else 0
+        _check_length(max(_sized(left), _sized(right)) * max(count, 0), "*")
+    elif name == "**":
+        if type(left) is int and type(right) is int and right > 0:
+            if left.bit_length() * right > MAX_INT_BITS:
+                raise ValueTooLarge(f"** would build an integer over {MAX_INT_BITS} bits")
+    elif name == "%" and isinstance(left, str):
+        _check_printf(left)
+
+
+def _check_integers(values: Iterable[Any], what: str) -> None:
+    for value in values:
+        if type(value) is int and abs(value) > MAX_ARGUMENT:
+            raise ValueTooLarge(f"{what} takes an integer over {MAX_ARGUMENT}")
+
+
+def _check_join(separator: str, items: Any) -> None:
+    """str.join's result sized first: the same long item may be listed many times."""
+    _check_length(sum(_sized(item) for item in items) + len(separator) * len(items), "join")
+
+
+def _listed(items: Any) -> Any:
+    """An iterable about to be joined, as a list (which join would build anyway) to size it."""
+    return items if isinstance(items, (str, list, tuple, dict)) else list(items)
+
+
+def _check_replace(text: str, old: Any, new: Any) -> None:
+    """str.replace's result sized first: each match of old (every gap, for "") becomes new."""
+    if isinstance(old, str) and isinstance(new, str) and len(new) > len(old):
+        matches = len(text) + 1 if not old else text.count(old)
+        _check_length(len(text) + matches * (len(new) - len(old)), "replace")
+
+
+# str methods whose result may outgrow their operands, sized by their operands.
+_STR_METHOD_CHECKS = {
+    "format": lambda text, *args: _check_format(text),
+    "format_map": lambda text, *args: _check_format(text),
+    "join": lambda text, items=(), *rest: _check_join(text, items),  # items already listed
+    "replace": lambda text, old=None, new=None, *rest: _check_replace(text, old, new),
+}
+# Filters whose result may outgrow their value and arguments, sized the same way.
+_FILTER_CHECKS = {
+    "format": lambda value, *args: _check_printf(value) if isinstance(value, str) else None,
+    "join": lambda value, separator="", *rest: _check_join(str(separator), value),  # listed
+    "replace": lambda value, old=None, new=None, *rest:
+        _check_replace(value, old, new) if isinstance(value, str) else None,
+}
+
+
+def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """function, refusing integer arguments past MAX_ARGUMENT (the value filtered aside)."""
+    skip = 1 + (_PassArg.from_obj(function) is not None)  # context or environment, then value
+
+    @functools.wraps(function)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > skip or kwargs:  # arguments beside the value (most filters take none)
+            _check_integers(args[skip:], f"the filter {name}")
+            _check_integers(kwargs.values(), f"the filter {name}")
+        if name in _FILTER_CHECKS and len(args) >= skip:
+            if name == "join":
+                args = (*args[:skip - 1], _listed(args[skip - 1]), *args[skip:])
+            _FILTER_CHECKS[name](*args[skip - 1:])
+        return function(*args, **kwargs)
+
+    return bounded
+
+
+class _BoundedFilters(dict):
+    """The environment's filters, each handed out bounded (compiled templates look them up by
+    name at each render; transformers adds its own after the environment is built)."""
+
+    def __init__(self, filters: dict[str, Callable[..., Any]]):
+        super().__init__(filters)
+        self._bounded: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        function = super().__getitem__(name)
+        known = self._bounded.get(name)
+        if known is None or known[0] is not function:
+            known = self._bounded[name] = (function, _bounded_filter(name, function))
+        return known[1]
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """Writes `a ~ b` and `a + b` as calls of the environment that size their result (jinja
+    intercepts `+` only through call_binop, a slower call on a step templates take often)."""
+
+    @optimizeconst
+    def visit_Concat(self, node: Concat, frame: Frame) -> None:
+        # templates render with autoescape off, so jinja's str_join is what this replaces
+        self.write("environment.join_values((")
+        for argument in node.nodes:
+            self.visit(argument, frame)
+            self.write(", ")
+        self.write("))")
+
+    @optimizeconst
+    def visit_Add(self, node: Add, frame: Frame) -> None:
+        self.write("environment.add(")
+        self.visit(node.left, frame)
+        self.write(", ")
+        self.visit(node.right, frame)
+        self.write(")")
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """ImmutableSandboxedEnvironment whose joins, repetitions, powers, formats and integer
+    arguments are bounded before they run."""
+
+    code_generator_class = _BoundedCodeGenerator
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.filters = _BoundedFilters(self.filters)
+
+    def call_binop(self, context: Context, operator_name: str, left: Any, right: Any) -> Any:
+        _check_binop(operator_name, left, right)
+        return self.binop_table[operator_name](left, right)
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        for value in args:  # inline: a step templates take often
+            if type(value) is int and abs(value) > MAX_ARGUMENT:
+                raise ValueTooLarge(f"a call takes an integer over {MAX_ARGUMENT}")
+        if kwargs:
+            _check_integers(kwargs.values(), "a call")
+        method = getattr(__obj, "__name__", None)
+        if method in _STR_METHOD_CHECKS:
+            # the sandbox hands out str.format wrapped; the bound method is under __wrapped__
+            text = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+            if isinstance(text, str):
+                if method == "join" and args:
+                    args = (_listed(args[0]), *args[1:])
+                _STR_METHOD_CHECKS[method](text, *args, *kwargs.values())
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]
+        """The rendered output joined (jinja's Environment.concat), its length bounded too: the
+        pieces are already held, so joining them at most doubles that."""
+        text = "".join(pieces)
+        _check_length(len(text), "the output")
+        return text
+
+    @staticmethod
+    def join_values(values: tuple[Any, ...]) -> str:
+        """`a ~ b ~ ...`: what jinja's str_join does, sized first."""
+        pieces = list(map(str, values))
+        _check_length(sum(map(len, pieces)), "~")
+        return "".join(pieces)
+
+    @staticmethod
+    def add(left: Any, right: Any) -> Any:
+        """`a + b`, its result sized: at most its two operands' size, each within the bound."""
+        result = left + right
+        if type(result) in _SIZED and len(result) > MAX_VALUE_LENGTH:
+            raise ValueTooLarge(f"+ would build a value of {len(result)} items, over "
+                                f"{MAX_VALUE_LENGTH}")
+        return result

@@ -1,0 +1,127 @@
+"""A chat template renders under a budget of time and memory, whatever the template does.
+
+transformers' sandbox keeps a template from Python's internals and caps `range`, but nothing
+bounds what a template computes: nested loops run for hours, `{% set s = s ~ s %}` in a loop
+doubles until the OOM killer comes. A template compiles to Python code, so a watchdog thread can
+stop it between any two of its steps: past the deadline, or once the process has grown by more
+than the memory budget since the render began, it raises RenderOverrun in the rendering thread
+(CPython's PyThreadState_SetAsyncExc, delivered at that thread's next bytecode). No list of
+hostile constructs: every loop, macro call and concatenation is such a step.
+
+RenderOverrun is a BaseException, so no `except Exception` in a template's runtime swallows it,
+and it is raised again each tick until the render ends. It is raised only while the thread is
+inside `Watchdog.run`: leaving clears one still pending (under the watchdog's lock), so it never
+lands in code after the render.
+
+The budget is generous (normal renders take ~0.1 ms and a few MB): only a runaway template meets
+it. It is a wall-clock and whole-process figure, so a render near it could pass on one run and
+not another; no real template comes within orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+RENDER_SECONDS = 5.0
+RENDER_MEMORY_BYTES = 1 << 30  # the whole process's growth (RSS) while one render runs
+TICK_SECONDS = 0.01  # how often a running render is looked at
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+T = TypeVar("T")
+
+
+class RenderOverrun(BaseException):
+    """Raised in a rendering thread that went over its budget."""
+
+
+@dataclass
+class _Render:
+    deadline: float
+    resident_at_start: int  # the watchdog's last sample, at most a tick old
+    overran: bool = False
+
+
+class Watchdog:
+    """Bounds renders in any number of threads; its own thread starts with the first render."""
+
+    def __init__(self, seconds: float = RENDER_SECONDS, memory_bytes: int = RENDER_MEMORY_BYTES):
+        self.seconds = seconds
+        self.memory_bytes = memory_bytes
+        self._resident = _resident_bytes()  # sampled each tick: a render's baseline
+        self._forget_thread()
+        # a forked child (the local engine's workers) has no watchdog thread, and may have
+        # inherited the lock held: it starts its own with its first render
+        os.register_at_fork(after_in_child=self._forget_thread)
+
+    def _forget_thread(self) -> None:
+        self._renders: dict[int, _Render] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def run(self, render: Callable[[], T]) -> T:
+        """render(), or RenderOverrun once it goes over the budget. A plain function, not a
+        context manager: contextlib's own frames would be steps a RenderOverrun can land in
+        before this one's cleanup runs."""
+        thread = threading.get_ident()
+        if self._thread is None:
+            self._start()
+        overran = False
+        try:
+            self._renders[thread] = _Render(time.monotonic() + self.seconds, self._resident)
+            return render()
+        except RenderOverrun:
+            overran = True
+        finally:
+            while True:  # a RenderOverrun may land anywhere until the render is unregistered
+                try:
+                    overran = self._leave(thread) or overran
+                    break
+                except RenderOverrun:
+                    overran = True
+            if overran:
+                raise RenderOverrun(f"over the render budget ({self.seconds:g} s, "
+                                    f"{self.memory_bytes >> 20} MiB)")
+
+    def _leave(self, thread: int) -> bool:
+        with self._lock:
+            render = self._renders.pop(thread, None)
+            if render is not None and render.overran:  # clear one not yet delivered
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+            return render is not None and render.overran
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="render-watchdog",
+                                                daemon=True)
+                self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(TICK_SECONDS)
+            self._resident = _resident_bytes()
+            now = time.monotonic()
+            with self._lock:  # a render registered now is looked at next tick
+                for thread, render in list(self._renders.items()):
+                    if (now > render.deadline
+                            or self._resident - render.resident_at_start > self.memory_bytes):
+                        render.overran = True
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                                                   ctypes.py_object(RenderOverrun))
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory; 0 where Linux's /proc is absent (macOS), where only the
+    deadline and the sandbox's sizes (bounded_sandbox.py) bound a render."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except OSError:
+        return 0
