@@ -66,6 +66,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             EncodeRequests(
                 config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs,
                 config.hash_scheme, config.emit_output_hashes, config.segment_cache_bytes,
+                config.tokenizer_sha256,
             )
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )

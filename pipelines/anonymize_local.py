@@ -48,7 +48,7 @@ from transforms.encode.schemes import engine_hashes
 from transforms.encode.segment_cache import CacheCounts, log_counts
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
-from transforms.encode.tokenize import load_tokenizer
+from transforms.encode.tokenize import checked_tokenizer
 from transforms.garbage import settle_after_start_up
 from transforms.ids.dense_ids import (
     NUMBERED,
@@ -224,7 +224,8 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
 
 
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
-    return RequestEncoder(load_tokenizer(config.tokenizer), config.block_size,
+    return RequestEncoder(checked_tokenizer(config.tokenizer, config.tokenizer_sha256),
+                          config.block_size,
                           chain_seed(config.salt.load()), config.chat_template_kwargs,
                           config.hash_scheme, config.emit_output_hashes,
                           config.segment_cache_bytes)

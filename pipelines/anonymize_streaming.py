@@ -398,7 +398,7 @@ def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollecti
             TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
         | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(
             job.tokenizer, job.block_size, job.salt, job.chat_template_kwargs, job.hash_scheme,
-            job.emit_output_hashes, job.segment_cache_bytes)).with_outputs(
+            job.emit_output_hashes, job.segment_cache_bytes, job.tokenizer_sha256)).with_outputs(
                 DEAD_LETTER_TAG, main="hashed")
     )
     windows = encoded.hashed | "ByWindow" >> beam.FlatMap(by_window, config.window_ms)

@@ -362,11 +362,12 @@ _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
 _TRACE_OR_STATS = {"type": "string", "pattern": r"^(stats\.json|trace-\d{5}-of-\d{5}\.(jsonl|parquet))$"}
-# What a tokenizer folder contributes to a run: the files the loader and the chat template read,
-# and nothing else in the folder (encode/tokenize.py reads exactly these).
+# What a tokenizer folder contributes to a run: the files the loader and the chat template read
+# (encode/fast_tokenizer.py reads exactly these), and nothing else in the folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "chat_template.jinja", "chat_template.json",
-                   "generation_config.json", "config.json")
+                   "chat_template.jinja")
+EXTRA_TEMPLATES = "additional_chat_templates"  # named templates, as transformers reads them
+EXTRA_TEMPLATE_PATTERN = EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja"
 # Template variables whose names are published as they are; any other name is hashed like every
 # string value (an operator's own variable names are free text).
 KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget",
@@ -404,7 +405,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             "name": {"anyOf": [{"type": "null"}, {
                 "type": "string", "maxLength": 128,
                 "pattern": r"^([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+|pkg:[A-Za-z_][A-Za-z0-9_.]*)$"}]},
-            "sha256": {"type": "object", "propertyNames": {"enum": list(TOKENIZER_FILES)},
+            "sha256": {"type": "object", "maxProperties": len(TOKENIZER_FILES) + 16,
+                       "propertyNames": {"anyOf": [{"enum": list(TOKENIZER_FILES)},
+                                                   {"pattern": f"^{EXTRA_TEMPLATE_PATTERN}$"}]},
                        "additionalProperties": _HEX64},
         }),
         "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},

@@ -22,17 +22,12 @@ import tokenizers
 
 from transforms.encode import template_renderer
 from transforms.encode.regular_files import UnfitFile, read_regular_file
+from transforms.trace_format import EXTRA_TEMPLATE_PATTERN, EXTRA_TEMPLATES, TOKENIZER_FILES
 
-TOKENIZER_FILE = "tokenizer.json"
-CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
-TEMPLATE_FILE = "chat_template.jinja"
-# Everything kvtrace reads from a tokenizer folder, besides EXTRA_TEMPLATES: the tokenizer's
-# identity is these files' bytes (the manifest's `tokenizer.sha256` keys), nothing else there.
-TOKENIZER_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE, TEMPLATE_FILE)
-# Named templates, keyed `additional_chat_templates/NAME.jinja` (transformers reads them too).
-EXTRA_TEMPLATES = "additional_chat_templates"
-EXTRA_TEMPLATE_KEY = re.compile(EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja")
+# The files kvtrace reads from a tokenizer folder are the published format's vocabulary (the
+# manifest's `tokenizer.sha256` keys): the tokenizer's identity is their bytes, nothing else.
+TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE, TEMPLATE_FILE = TOKENIZER_FILES
+EXTRA_TEMPLATE_KEY = re.compile(EXTRA_TEMPLATE_PATTERN)
 # What a file may weigh before it is opened: tokenizer.json 7.8 MB (DeepSeek-R1) and 11.4 MB
 # (Qwen3) here, ~33 MB for the largest vocabularies (Gemma 3); its config 0.17 MB here and
 # 1.2 MB for Gemma 3, whose added_tokens_decoder lists 6k tokens; templates are tens of kB.

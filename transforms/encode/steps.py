@@ -15,7 +15,7 @@ from transforms.encode.schemes import HashScheme
 from transforms.encode.segment_cache import COUNTED, DEFAULT_BUDGET_BYTES, SegmentCache
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import load_tokenizer
+from transforms.encode.tokenize import checked_tokenizer
 from transforms.garbage import settle_after_start_up
 from transforms.read.records import Request
 from transforms.dead_letters import DEAD_LETTER_TAG
@@ -36,6 +36,7 @@ class EncodeRequests(beam.DoFn):
         self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any],
         scheme: HashScheme = HashScheme(), emit_output_hashes: bool = False,
         segment_cache_bytes: int = DEFAULT_BUDGET_BYTES,
+        tokenizer_sha256: dict[str, str] | None = None,
     ):
         self._tokenizer_name = tokenizer_name
         self._block_size = block_size
@@ -44,6 +45,7 @@ class EncodeRequests(beam.DoFn):
         self._scheme = scheme
         self._emit_output_hashes = emit_output_hashes
         self._segment_cache_bytes = segment_cache_bytes
+        self._tokenizer_sha256 = tokenizer_sha256  # the files the run began with, if known
         # One segment cache per worker process, shared by the DoFn instances its threads run
         # (Dataflow runs several per process): the budget is a process's, not a thread's.
         self._shared_cache = shared.Shared()
@@ -55,7 +57,8 @@ class EncodeRequests(beam.DoFn):
         self._segment_cache = self._shared_cache.acquire(
             lambda: SegmentCache(self._segment_cache_bytes))  # held: the handle keeps weak refs
         self._encoding = OverlappedEncoder(RequestEncoder(
-            load_tokenizer(self._tokenizer_name), self._block_size, chain_seed(self._salt.load()),
+            checked_tokenizer(self._tokenizer_name, self._tokenizer_sha256), self._block_size,
+            chain_seed(self._salt.load()),
             self._template_kwargs, self._scheme, self._emit_output_hashes,
             self._segment_cache_bytes, self._segment_cache))
         settle_after_start_up()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 import hashlib
 import importlib.util
 import os
@@ -73,6 +74,16 @@ def load_tokenizer(name: str) -> FastTokenizer:
     (fast_tokenizer.py: the Rust tokenizer and transformers' template renderer), which it
     carries hashed (files_sha256)."""
     return FastTokenizer.from_directory(tokenizer_directory(name))
+
+
+def checked_tokenizer(name: str, sha256: Mapping[str, str] | None) -> FastTokenizer:
+    """load_tokenizer in a worker: its files must be those the run began with and the manifest
+    records (a worker on another machine, or started later, loads the folder again)."""
+    tokenizer = load_tokenizer(name)
+    if sha256 and dict(tokenizer.files_sha256) != dict(sha256):  # empty: not known here
+        raise JobStopped(f"the tokenizer files of {name} are not the ones this run began with "
+                         f"(changed, or another copy on this worker); nothing was published")
+    return tokenizer
 
 
 def tokenizer_directory(name: str) -> Path:

@@ -165,3 +165,13 @@ def test_a_fifo_in_the_folder_is_one_line_for_the_cli(folder, tmp_path, capsys):
     assert anonymize(str(folder), [src], tmp_path / "out") == 2
     err = capsys.readouterr().err
     assert "not a regular file" in err and "Traceback" not in err
+
+
+def test_a_worker_refuses_tokenizer_files_other_than_the_runs(tiny_tokenizer):
+    from transforms.encode.tokenize import checked_tokenizer, load_tokenizer
+    from transforms.errors import JobStopped
+
+    began = dict(load_tokenizer(tiny_tokenizer).files_sha256)
+    assert checked_tokenizer(tiny_tokenizer, began).files_sha256 == began
+    with pytest.raises(JobStopped, match="not the ones this run began with"):
+        checked_tokenizer(tiny_tokenizer, {**began, "tokenizer.json": "0" * 64})
