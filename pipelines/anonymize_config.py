@@ -134,7 +134,8 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
             "emitted": True, "private": BLOCK_HASHES_WARNING},
         "input_format": config.parse.input_format,
         "timestamp_unit": config.parse.timestamp_unit,
-        "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs),
+        "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
+                                                       config.salt.load()),
         "records": {
             "read": counts.read,
             "exported": totals.requests,

@@ -373,7 +373,8 @@ EXTRA_TEMPLATE_PATTERN = EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja"
 KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget",
                          "add_generation_prompt", "continue_final_message", "keep_cot",
                          "builtin_tools", "add_vision_id")
-HASHED_TEXT = r"^sha256:[0-9a-f]{64}$"
+KWARG_DIGEST_PREFIX = "hmac-sha256:"  # keyed by the run's salt: write/manifest.py
+HASHED_TEXT = f"^{KWARG_DIGEST_PREFIX}[0-9a-f]{{64}}$"
 # Values: booleans and null as they are (enable_thinking: false); numbers and strings hashed.
 _KWARG_VALUE = {"anyOf": [
     {"type": ["boolean", "null"]},
@@ -440,23 +441,26 @@ def schema_problems(document: Any, schema: dict[str, Any]) -> list[str]:
     """Where a JSON document departs from a declared schema, one line each (sorted, at most 10)."""
     from jsonschema import Draft202012Validator
 
-    problems = [f"{where}: not printable ASCII" for where in _non_ascii(document)]
+    problems = [f"{where}: not printable ASCII, or a fraction" for where in _foreign(document)]
     problems += sorted(
         f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message[:120]}"
         for error in Draft202012Validator(schema).iter_errors(document))
     return problems[:10]
 
 
-def _non_ascii(value: Any, where: str = "(top)") -> list[str]:
-    """Every string (key or value) holding anything but printable ASCII: what the patterns allow
-    must not be widened by Unicode classes or control characters."""
+def _foreign(value: Any, where: str = "(top)") -> list[str]:
+    """Every string (key or value) holding anything but printable ASCII, and every float:
+    what the patterns allow must not be widened by Unicode classes or control characters, and
+    a schema's integer also matches 4.0, which kvtrace never writes."""
     if isinstance(value, str):
         return [] if re.fullmatch(r"[\x20-\x7e]*", value) else [where]
+    if isinstance(value, float):
+        return [where]
     if isinstance(value, list):
-        return [w for i, v in enumerate(value) for w in _non_ascii(v, f"{where}/{i}")]
+        return [w for i, v in enumerate(value) for w in _foreign(v, f"{where}/{i}")]
     if isinstance(value, dict):
         return [w for k, v in value.items()
-                for w in _non_ascii(k, f"{where}/key") + _non_ascii(v, f"{where}/{k}")]
+                for w in _foreign(k, f"{where}/key") + _foreign(v, f"{where}/{k}")]
     return []
 
 

@@ -78,6 +78,10 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError(f"{target}: no such folder or file")
     if not is_url(target) and os.path.isdir(target) and not os.access(target, os.R_OK | os.X_OK):
         raise ConfigError(f"{target}: not readable")
+    if args.json and not is_url(target) and os.path.isdir(target) and os.path.commonpath(
+            [os.path.abspath(args.json), os.path.abspath(target)]) == os.path.abspath(target):
+        raise ConfigError(f"--json {args.json}: inside the folder being audited, it would be "
+                          f"published with it; write the report elsewhere")
     report = measure(target)
     print(report_text(report, target))
     write_json_report(args.json, report)

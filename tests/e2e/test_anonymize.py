@@ -350,6 +350,6 @@ def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_p
     assert kwargs.pop("enable_thinking") is False  # a name kvtrace knows, a boolean
     # an operator's own variable: its name and its text hashed alike
     ((name, value),) = kwargs.items()
-    assert name.startswith("sha256:") and value.startswith("sha256:")
+    assert name.startswith("hmac-sha256:") and value.startswith("hmac-sha256:")
     assert "ACME" not in text and "system_note" not in text
     assert main(["audit", str(out)]) == 0

@@ -61,7 +61,13 @@ MAX_STATS_BYTES = 1 << 16
 # A shard holds at most 8M ids and rows (write/shards.MAX_BLOCKS_PER_SHARD): at most ~20 bytes
 # per id and ~120 per row in JSONL, so no shard kvtrace writes comes near 2 GiB.
 MAX_SHARD_BYTES = 2 << 30
+# A trace file audited alone is only measured: read within a bound that keeps its rows, parsed
+# as Python objects when it is JSONL, well inside a worker's memory.
+MAX_LONE_FILE_BYTES = 64 << 20
 MAX_FLAGS = 50
+# Distinct ids of later shards wait, and are merged in one sort once they outnumber the merged
+# ones: each id is sorted O(log shards) times, never once per shard.
+MERGE_AT_LEAST = 1 << 20
 
 
 class _Gate:
@@ -84,7 +90,9 @@ def audit(target: str) -> dict:
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, gate)
         for jsonl, parquet in _shard_pairs(names, gate):
-            columns = _shard(folder, jsonl, parquet, gate)
+            # A shard without its twin is flagged already; its rows are not read (a JSONL
+            # file alone would be parsed into Python objects).
+            columns = _shard(folder, jsonl, parquet, gate) if jsonl and parquet else None
             if columns is None:
                 rows.complete = False
             else:
@@ -102,11 +110,15 @@ def audit(target: str) -> dict:
             gate.flag(f"a file kvtrace does not publish: {name}")
         else:
             columns = _shard(folder, name if name.endswith(".jsonl") else None,
-                             name if name.endswith(".parquet") else None, gate)
+                             name if name.endswith(".parquet") else None, gate, MAX_LONE_FILE_BYTES)
             if columns is not None:
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
+    if rows.count and rows.first_timestamp != 0 and (manifest is None or
+                                                     not manifest["ids_extend_map"]):
+        gate.flag("the first row is not at time 0: a night's own clock starts at its first "
+                  "request (an absolute time?)")
     ids = rows.all_ids()
     if rows.complete and manifest is None and not id_report(ids)["dense"]:
         gate.flag("hash_ids are not dense from 0, and no manifest says from where (token ids "
@@ -206,11 +218,12 @@ def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | 
                          for i in range(shards))]
 
 
-def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate) -> TraceColumns | None:
+def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate,
+           limit: int = MAX_SHARD_BYTES) -> TraceColumns | None:
     """A shard's rows when its files are exactly kvtrace's bytes for them, else None (flagged).
     The rows come from the Parquet twin where there is one (typed columns: quick), and both
     files must then be what kvtrace writes for those rows."""
-    files = {name: _read(folder, name, MAX_SHARD_BYTES, gate) for name in (jsonl, parquet) if name}
+    files = {name: _read(folder, name, limit, gate) for name in (jsonl, parquet) if name}
     if not files or any(data is None for data in files.values()):
         return None
     source = parquet or jsonl
@@ -319,17 +332,19 @@ class _Rows:
     per row with a session; checks as they go."""
 
     count: int = 0
+    first_timestamp: int | None = None
     complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
     parts: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
         k: [] for k in ("timestamp", "sequence", "lengths", "session")})
-    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # distinct, sorted
-    weights: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # tokens, by id
-    output_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # Distinct prompt ids, sorted, with their first tokens and parents; and later shards' own
+    merged: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(
+        np.empty(0, np.int64) for _ in range(3)))
+    pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    output_ids: list[np.ndarray] = field(default_factory=list)  # each shard's, distinct
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
     problems: list[str] = field(default_factory=list)
-    parents: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # by id
     last_timestamp: int = -1
     block_size: int = 0  # the manifest's; 0 without one (no token weights then)
     # The next new id and session a night numbers (first seen, first numbered); None when ids
@@ -339,6 +354,8 @@ class _Rows:
 
     def add(self, columns: TraceColumns, manifest: dict | None) -> None:
         n = len(columns)
+        if n and self.first_timestamp is None:
+            self.first_timestamp = int(columns.timestamp[0])
         self.count += n
         self.parts["timestamp"].append(columns.timestamp)
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
@@ -357,7 +374,7 @@ class _Rows:
         self._check_order(columns)
         self._merge_ids(columns)
         if columns.output_ids is not None:
-            self.output_ids = _sorted_unique(np.concatenate([self.output_ids, columns.output_ids]))
+            self.output_ids.append(_sorted_unique(columns.output_ids))
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -426,25 +443,48 @@ class _Rows:
         size = self.block_size
         weight = np.minimum(size, np.repeat(columns.input_length, columns.num_ids) - position * size)
         parent = np.where(position == 0, -1, np.roll(columns.ids, 1))
-        ids = np.concatenate([self.ids, columns.ids])
+        self.pending.append(self._distinct(columns.ids, weight, parent))
+        if sum(len(p[0]) for p in self.pending) >= max(MERGE_AT_LEAST, len(self.merged[0])):
+            self._merge()
+
+    def _distinct(self, ids: np.ndarray, weights: np.ndarray, parents: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each id once, with its first weight and parent; an id behind two parents flagged."""
         order = np.argsort(ids, kind="stable")  # earlier shards first among equal ids
-        ids = ids[order]
+        ids, parents = ids[order], parents[order]
         first = np.ones(len(ids), bool)
         first[1:] = ids[1:] != ids[:-1]
-        parents = np.concatenate([self.parents, parent])[order]
         if (parents != parents[first][np.cumsum(first) - 1]).any():
             self.problems.append("a block id behind two different parents: not chained hashes")
-        self.ids, self.parents = ids[first], parents[first]
-        self.weights = np.concatenate([self.weights, weight])[order][first]
+        return ids[first], weights[order][first], parents[first]
+
+    def _merge(self) -> None:
+        parts = [self.merged, *self.pending]
+        self.merged = self._distinct(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+        self.pending = []
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Every distinct prompt block id, sorted."""
+        if self.pending:
+            self._merge()
+        return self.merged[0]
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The tokens of each distinct id's first occurrence, in ids' order."""
+        if self.pending:
+            self._merge()
+        return self.merged[1]
 
     def stats(self) -> dict:
         return export_stats(self.totals, len(self.ids), int(self.weights.sum()))
 
     def all_ids(self) -> np.ndarray:
         """Every distinct block id the rows hold, prompt and output, sorted."""
-        if not len(self.output_ids):
+        if not self.output_ids:
             return self.ids
-        return _sorted_unique(np.concatenate([self.ids, self.output_ids]))
+        return _sorted_unique(np.concatenate([self.ids, *self.output_ids]))
 
     def sessions(self) -> np.ndarray:
         return _sorted_unique(self.column("session"))

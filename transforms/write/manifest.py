@@ -6,6 +6,7 @@ manifest.json is written after every trace file, so its presence marks a complet
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -14,7 +15,8 @@ from typing import Any
 
 from transforms import storage
 from transforms.errors import JobStopped
-from transforms.trace_format import KNOWN_TEMPLATE_KWARGS, MANIFEST, MANIFEST_SCHEMA, canonical_json
+from transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
+                                     MANIFEST_SCHEMA, canonical_json)
 
 
 def _installed_version() -> str:
@@ -92,28 +94,27 @@ def public_tokenizer_name(name: str) -> str | None:
     return name
 
 
-def public_template_kwargs(value: Any) -> Any:
+def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
     """Chat template kwargs as the manifest may hold them: booleans and nulls as they are
     (enable_thinking: false), names kvtrace knows as they are, every other name, string and
-    number replaced by the sha256 of its JSON text (an operator's free text or identifiers never
-    leave; equal settings stay comparable)."""
-    return {k if k in KNOWN_TEMPLATE_KWARGS else _hashed(k): _public_value(v)
-            for k, v in value.items()}
+    number replaced by an HMAC of its JSON text keyed by the run's salt. Equal settings stay
+    comparable under one salt (an id map's nights), and no one without the salt can confirm a
+    guessed value (a plain sha256 of "alice" would be a dictionary lookup away)."""
+    key = hashlib.sha256(b"kvtrace-template-kwargs\0" + salt).digest()
 
+    def hashed(item: Any) -> str:
+        text = item if isinstance(item, str) else json.dumps(item)
+        digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return KWARG_DIGEST_PREFIX + digest.hexdigest()
 
-def _public_value(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_public_value(v) for v in value]
-    if isinstance(value, dict):
-        return {_hashed(k): _public_value(v) for k, v in value.items()}
-    if value is None or isinstance(value, bool):
-        return value
-    return _hashed(value)
+    def public(item: Any) -> Any:
+        if isinstance(item, list):
+            return [public(v) for v in item]
+        if isinstance(item, dict):
+            return {hashed(k): public(v) for k, v in item.items()}
+        return item if item is None or isinstance(item, bool) else hashed(item)
 
-
-def _hashed(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return {k if k in KNOWN_TEMPLATE_KWARGS else hashed(k): public(v) for k, v in value.items()}
 
 
 def manifest_path(directory: str) -> str:

@@ -83,7 +83,8 @@ def test_a_folder_without_rows_is_not_publishable(tmp_path, capsys):
     folder.mkdir()
     (folder / "trace-00000-of-00001.jsonl").write_text("")
     code, report = audit(folder, capsys)
-    assert code == 1 and any("no trace rows" in f for f in report["flags"])
+    assert code == 1 and any("missing: trace-00000-of-00001.parquet" in f
+                             for f in report["flags"])
 
 
 def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsys):
