@@ -317,7 +317,7 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     manifest = write_stats(config, files, counts, totals, numbered["blocks"].unique, damaged)
     if config.id_map:  # the output is published once the map's version is
         id_map = config.id_map
-        publish_night(manifest, id_map.directory, id_map.base, config.compacts_map,
+        publish_night(manifest, id_map.directory, id_map.base, config.salt, config.compacts_map,
                       config.hash_shards, segments["blocks"],
                       segments["sessions"], numbered["blocks"].added_count,
                       numbered["sessions"].added_count, earliest_ms)
