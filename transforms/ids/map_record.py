@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,7 +107,8 @@ def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
     if len(raw) > MAX_RECORD_BYTES:
         raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
     try:
-        data = json.loads(raw, object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant)
+        data = json.loads(raw, object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant,
+                          parse_float=_finite)
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise _altered(where, f"not JSON kvtrace wrote: {str(err)[:80]}") from None
     if not isinstance(data, dict) or data.get("format") != MAP_FORMAT:
@@ -154,6 +156,13 @@ def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: no record kvtrace writes holds it
+        raise ValueError(f"{text[:20]} is out of range")
+    return value
 
 
 def _is_int(value: Any, low: int, high: int) -> bool:
