@@ -51,6 +51,7 @@ from transforms.ids.map_record import (
     MAX_IDS,
     MAX_RECORD_BYTES,
     MapKey,
+    canonical,
     keyed,
     map_key,
     read_record,
@@ -98,13 +99,9 @@ class MapIdentity:
             f"{label}: map has {_shown(name, getattr(self, name))}, "
             f"this run has {_shown(name, getattr(other, name))}"
             for name, label in names.items()
-            if _canonical(getattr(self, name)) != _canonical(getattr(other, name))
+            if canonical(getattr(self, name)) != canonical(getattr(other, name))
             and not (name == "tokenization" and self.tokenization is None)
         ]
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def _shown(name: str, value: Any) -> str:
@@ -305,6 +302,10 @@ def _committed_segment_folders(directory: str) -> list[str]:
 def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
     """The map's published version, verified with the run's key and checked against its
     settings; a new map if there is none."""
+    try:
+        canonical(identity.__dict__)
+    except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
+        raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
     number = current_version_number(directory)
     if number == 0:
         return empty_version(identity)

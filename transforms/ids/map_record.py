@@ -79,10 +79,10 @@ def map_key(salt: bytes) -> MapKey:
 def record_bytes(record: dict[str, Any]) -> bytes:
     """The one form kvtrace writes a record in (and MACs): canonical JSON, compact, which the
     standard library writes in C (with an indent it writes in Python, ~10x slower)."""
-    return (_canonical(record) + "\n").encode()
+    return (canonical(record) + "\n").encode()
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
 
@@ -266,6 +266,6 @@ def _files_problem(data: dict[str, Any]) -> str | None:
     if checksums.keys() != set(listed):
         extra = sorted(checksums.keys() - set(listed)) or sorted(set(listed) - checksums.keys())
         return f"its checksums and files differ (at {extra[0][:80]!r})"
-    if not CHECKSUMS.fullmatch(_canonical(checksums)):
+    if not CHECKSUMS.fullmatch(canonical(checksums)):
         return "a file's checksum is not one kvtrace writes (sha256, size, Parquet footer)"
     return None

@@ -380,6 +380,12 @@ def test_identities_differ_by_type_as_well_as_value():
                                                    {"thinking": 1}))
 
 
+def test_settings_a_record_cannot_hold_are_refused_when_the_map_opens(tmp_path):
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {"t": float("nan")})
+    with pytest.raises(IdMapError, match="cannot record this run's settings"):
+        id_map.open_map(str(tmp_path / "map"), identity, KEY)
+
+
 def test_a_version_past_the_id_bound_is_not_published(tmp_path):
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {})
     with pytest.raises(JobStopped, match="would pass"):
