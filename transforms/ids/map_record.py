@@ -130,7 +130,12 @@ def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
 def _verify_mac(data: dict[str, Any], raw: bytes, where: str, key: MapKey) -> None:
     content = {k: v for k, v in data.items() if k != "mac"}
     mac = data.get("mac")
-    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(content, key)):
+    try:
+        expected = _mac(content, key)
+    except (ValueError, RecursionError) as err:  # nesting deeper than the encoder's limit
+        raise _altered(where, str(err)[:80]) from None
+    # compare_digest takes ASCII strings only: a MAC of other characters is no MAC.
+    if not _is_hex64(mac) or not hmac.compare_digest(mac, expected):
         named = content.get("salt_fingerprint")
         hint = (f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
                 f"{key.salt_fingerprint})" if named != key.salt_fingerprint else "")

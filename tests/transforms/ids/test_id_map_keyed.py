@@ -232,7 +232,7 @@ def test_next_id_of_another_value_or_type_is_refused(identity, scratch, next_id,
     assert ("next_id" in message) if rekeyed else ("MAC does not verify" in message)
 
 
-@pytest.mark.parametrize("edit", ["repeat", "unknown", "missing", "spacing", "overflow"])
+@pytest.mark.parametrize("edit", ["repeat", "unknown", "missing", "spacing", "overflow", "mac"])
 def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
         identity, scratch, edit):
     record = _record(scratch)
@@ -244,6 +244,8 @@ def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
         data = keyed(content, KEY)
     elif edit == "missing":
         data = keyed({k: v for k, v in record.items() if k not in ("mac", "history")}, KEY)
+    elif edit == "mac":  # not even hex (compare_digest refuses non-ASCII strings)
+        data = record_bytes(record | {"mac": "\u00e9" * 64})
     elif edit == "overflow":  # a float no record holds (inf once parsed)
         data = re.sub(rb'"timestamp_origin_ms":\d+', b'"timestamp_origin_ms":1e999', raw)
     else:
@@ -252,7 +254,7 @@ def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
         message = refused(scratch, identity)
     assert {"repeat": "a key repeats", "unknown": "unknown key 'note'",
             "missing": "no 'history'", "spacing": "not the form kvtrace writes",
-            "overflow": "1e999 is out of range"}[edit] in message
+            "overflow": "1e999 is out of range", "mac": "MAC does not verify"}[edit] in message
 
 
 def _swap_segments(map_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
