@@ -28,6 +28,8 @@ from transforms.ids.dense_ids import NUMBERED, hash_shards_for, shard_of, split_
 from transforms.ids.id_map import (
     MapIdentity,
     empty_version,
+    map_key,
+    new_run_id,
     next_version,
     publish,
     segment_path,
@@ -69,12 +71,13 @@ def write_map(directory: Path, ids: int, identity: MapIdentity) -> None:
     table["lo"] = rng.integers(0, 2**64, ids, dtype=np.uint64, endpoint=False)
     table["id"] = np.arange(ids)
     shards = hash_shards_for(ids)
-    written = [write_segment(segment_path(str(directory), 1, "bench", "blocks", shard), [part])
+    run_id = new_run_id()
+    written = [write_segment(segment_path(str(directory), 1, run_id, "blocks", shard), [part])
                for shard, part in split_by(table, shard_of(table, shards))]
     empty = empty_version(identity)
     version = next_version(str(directory), empty, {"blocks": written, "sessions": []},
                            {"blocks": ids, "sessions": 0}, False, shards, 0)
-    publish(str(directory), empty, version)
+    publish(str(directory), empty, version, map_key(SALT))
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ def main() -> None:
         tokenization_fingerprint,
         tokenizer_sha256,
     )
-    from transforms.ids.id_map import MapIdentity, open_map
+    from transforms.ids.id_map import MapIdentity, map_key, open_map
     from transforms.read.paths import file_sizes
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,7 +57,8 @@ def main() -> None:
                                    tokenizer_sha256(args.tokenizer), HASH_SCHEME, {},
                                    tokenization_fingerprint(load_tokenizer(args.tokenizer)))
             write_map(work / "map", args.map_ids, identity)
-            id_map = IdMapRun(str(work / "map"), open_map(str(work / "map"), identity))
+            id_map = IdMapRun(str(work / "map"), open_map(str(work / "map"), identity,
+                                                          map_key(SALT)))
         config = AnonymizeConfig(
             inputs=tuple(file_sizes([str(night)])), output=str(work / "out"),
             staging=str(work / "staging"),

@@ -191,6 +191,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             _publish_then_pass_on,
             id_map.directory,
             id_map.base,
+            config.salt,
             config.compacts_map,
             config.hash_shards,
             beam.pvalue.AsList(blocks["segment_files"]),

@@ -451,6 +451,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
         MapIdentity,
         discard_abandoned,
         finish_interrupted_commit,
+        map_key,
         open_map,
     )
 
@@ -462,10 +463,11 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
     directory = options["id_map"].rstrip("/")
     identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
                            options["chat_template_kwargs"], tokenization)
-    base = open_map(directory, identity)
+    key = map_key(salt.load())
+    base = open_map(directory, identity, key)
     storage.make_folder(directory, private=True)
     finish_interrupted_commit(directory, base)
-    discarded = discard_abandoned(directory, base) + [
+    discarded = discard_abandoned(directory, base, key) + [
         name for folder in (directory, storage.join(directory, "versions"))
         for name in remove_stale_temp_files(folder)]
     if discarded:

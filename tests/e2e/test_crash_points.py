@@ -38,7 +38,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
         data = path.read_bytes()
         if name.startswith("versions/"):
             record = json.loads(data)
-            record.pop("sha256")
+            record.pop("mac")
             data = re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1",
                           json.dumps(record, sort_keys=True)).encode()
         files[name] = data

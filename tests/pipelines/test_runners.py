@@ -49,8 +49,8 @@ def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, t
                  "manifest.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     def without_run_ids(path):  # segment folders carry each run's own id, by design, and the
-        record = json.loads(path.read_text())  # version's own sha256 covers those names
-        record.pop("sha256")
+        record = json.loads(path.read_text())  # version's MAC covers those names
+        record.pop("mac")
         return re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1", json.dumps(record, sort_keys=True))
 
     assert without_run_ids(tmp_path / "map-a" / "versions" / "000001.json") == without_run_ids(

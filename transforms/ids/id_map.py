@@ -22,32 +22,51 @@ only, never tokens or text.
 
 Durability and integrity: segment files are synced before the version listing them is created;
 a version records every file's sha256 and size (checked when read, segments.SegmentFile) and
-its own sha256; a map whose versions are gone but whose segments remain is refused, never taken
-for a new map (that would restart ids and delete the segments); every file is owner-only.
+is keyed by a MAC from the run's salt (map_record.py): every read of a version checks it first,
+then every field, and every segment row read is checked against its shard and next_id. A map
+whose versions are gone but whose segments remain is refused, never taken for a new map (that
+would restart ids and delete the segments); every file is owner-only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from transforms import storage
-from transforms.errors import IdMapError, JobStopped
-from transforms.ids.exclusive import create_exclusive, temp_name
 import numpy as np
 
+from transforms import storage
+from transforms.encode.salt import SaltSource
+from transforms.errors import IdMapError, JobStopped
 from transforms.ids.dense_ids import NUMBERED
-from transforms.ids.segments import SegmentFile, index_path, merge_segment, write_segment
+from transforms.ids.exclusive import create_exclusive, temp_name
+from transforms.ids.map_record import (
+    FORMAT_VERSION,
+    KEYLESS_FORMAT,
+    KINDS,
+    MAP_FORMAT,
+    MAX_IDS,
+    MAX_RECORD_BYTES,
+    MapKey,
+    canonical,
+    keyed,
+    map_key,
+    read_record,
+)
+from transforms.ids.segments import (
+    RowBounds,
+    SegmentFile,
+    index_path,
+    merge_segment,
+    write_segment,
+)
 
-MAP_FORMAT = "kvtrace-id-map"
-# 2: segments sorted by hash with an index (segments.py), the shard count recorded.
-# 3: every file's checksum and the version's own recorded and verified.
-FORMAT_VERSION = 3
-KINDS = ("blocks", "sessions")
+_LOG = logging.getLogger("kvtrace")
 CURRENT = "CURRENT"
+CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
 COMMITTED_MARK = "COMMITTED"  # in a segment folder, once the version listing it is committed
 # Each night adds a segment per kind, and reading a map opens every segment's files. Folding
 # all segments into one every 32 nights bounds that to 32 x shards files, at the price of
@@ -71,6 +90,7 @@ class MapIdentity:
     tokenization: str | None = None
 
     def differences(self, other: MapIdentity) -> list[str]:
+        """What differs, field by field, by type and value (1, 1.0 and true are three values)."""
         names = {"salt_fingerprint": "salt", "block_size": "block size",
                  "tokenizer_sha256": "tokenizer files (sha256)", "hash_scheme": "hash scheme",
                  "chat_template_kwargs": "chat template kwargs",
@@ -79,7 +99,7 @@ class MapIdentity:
             f"{label}: map has {_shown(name, getattr(self, name))}, "
             f"this run has {_shown(name, getattr(other, name))}"
             for name, label in names.items()
-            if getattr(self, name) != getattr(other, name)
+            if canonical(getattr(self, name)) != canonical(getattr(other, name))
             and not (name == "tokenization" and self.tokenization is None)
         ]
 
@@ -103,9 +123,12 @@ class MapVersion:
     checksums: dict[str, dict] = field(default_factory=dict)
 
     def segment_files(self, directory: str, kind: str) -> list[SegmentFile]:
-        """The kind's segment files with the checksums their reads verify."""
+        """The kind's segment files with what their reads verify: checksums, and that each row
+        belongs to the file's hash shard and has an id this version gave out."""
         return [SegmentFile(storage.join(directory, name), self.checksums[name],
-                            self.checksums[relative_index(name)])
+                            self.checksums[relative_index(name)],
+                            bounds=RowBounds(shard_of_segment(name), self.hash_shards,
+                                             self.next_id[kind]))
                 for name in sorted(self.files[kind])]
 
     def segments(self, kind: str) -> int:
@@ -115,8 +138,9 @@ class MapVersion:
         """Whether the next run folds every segment into one (one more would exceed the cap)."""
         return any(self.segments(kind) + 1 > MAX_SEGMENTS for kind in KINDS)
 
-    def to_json(self) -> dict[str, Any]:
-        record = {
+    def record(self) -> dict[str, Any]:
+        """The version's record as written, before its MAC (map_record.keyed)."""
+        return {
             "format": MAP_FORMAT,
             "format_version": FORMAT_VERSION,
             "version": self.version,
@@ -128,37 +152,34 @@ class MapVersion:
             "history": self.history,
             "checksums": self.checksums,
         }
-        return record | {"sha256": _self_checksum(record)}
 
     @staticmethod
-    def from_json(data: dict[str, Any], where: str) -> MapVersion:
-        if data.get("format") != MAP_FORMAT:
-            raise IdMapError(f"{where} is not a kvtrace id map")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise IdMapError(
-                f"{where} has id map format version {data.get('format_version')}; this kvtrace "
-                f"reads version {FORMAT_VERSION} (segments sorted by hash, with an index). "
-                f"Start a new map in another directory."
-            )
-        recorded = data.get("sha256")
-        if recorded != _self_checksum({k: v for k, v in data.items() if k != "sha256"}):
-            raise IdMapError(f"{where} is damaged: its content does not match its sha256. "
-                             f"Restore the id map from a backup.")
+    def from_record(data: dict[str, Any]) -> MapVersion:
+        """A version from a record map_record.read_record verified and checked."""
         identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__
                                   if name in data})
-        version = MapVersion(data["version"], identity, data["timestamp_origin_ms"],
-                             data["next_id"], data["files"], data["hash_shards"], data["history"],
-                             data["checksums"])
-        unlisted = [name for kind in KINDS for name in version.files[kind]
-                    if name not in version.checksums
-                    or relative_index(name) not in version.checksums]
-        if unlisted:
-            raise IdMapError(f"{where} lists files without checksums: {', '.join(unlisted[:3])}")
-        return version
+        return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
+                          data["next_id"], data["files"], data["hash_shards"], data["history"],
+                          data["checksums"])
 
 
-def _self_checksum(record: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+def version_bytes(version: MapVersion, key: MapKey) -> bytes:
+    return keyed(version.record(), key)
+
+
+def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
+    """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
+    path = version_path(directory, number)
+    try:
+        with storage.open_read(path) as handle:
+            raw = handle.read(MAX_RECORD_BYTES + 1)
+    except OSError as err:
+        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
+    data = read_record(raw, path, key)
+    if data["version"] != number:
+        raise IdMapError(f"{path} holds version {data['version']}, not {number} (a file put in "
+                         f"another's place?). Restore the id map from a backup.")
+    return data
 
 
 def relative_index(name: str) -> str:
@@ -217,9 +238,9 @@ def relative(directory: str, path: str) -> str:
     return path[len(directory.rstrip("/")) + 1:]
 
 
-def _read_json(path: str) -> dict[str, Any]:
+def _read_json(path: str) -> Any:
     with storage.open_read(path) as handle:
-        return json.loads(handle.read())
+        return json.loads(handle.read(CURRENT_MAX_BYTES))
 
 
 def _json_bytes(payload: dict[str, Any]) -> bytes:
@@ -265,9 +286,10 @@ def _current_hint(pointer: str) -> int | None:
     if not storage.exists(pointer):
         return None
     try:
-        return int(_read_json(pointer)["version"])
-    except (OSError, ValueError, KeyError, TypeError):
+        hinted = _read_json(pointer)["version"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
+    return hinted if type(hinted) is int else None
 
 
 def _committed_segment_folders(directory: str) -> list[str]:
@@ -277,21 +299,18 @@ def _committed_segment_folders(directory: str) -> list[str]:
                   storage.match(storage.join(directory, "segments", "*", COMMITTED_MARK)))
 
 
-def open_map(directory: str, identity: MapIdentity) -> MapVersion:
-    """The map's published version, checked against this run; a new map if there is none."""
+def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
+    """The map's published version, verified with the run's key and checked against its
+    settings; a new map if there is none."""
+    try:
+        canonical(identity.__dict__)
+    except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
+        raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
     number = current_version_number(directory)
     if number == 0:
         return empty_version(identity)
-    path = version_path(directory, number)
-    try:
-        version = MapVersion.from_json(_read_json(path), path)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        if isinstance(err, IdMapError):
-            raise
-        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
-    if version.version != number:
-        raise IdMapError(f"{path} holds version {version.version}, not {number} (a file put in "
-                         f"another's place?). Restore the id map from a backup.")
+    data = read_version_record(directory, number, key)
+    version = MapVersion.from_record(data)
     differences = version.identity.differences(identity)
     if differences:
         raise IdMapError(
@@ -299,16 +318,21 @@ def open_map(directory: str, identity: MapIdentity) -> MapVersion:
             f"over; refusing to use it. " + "; ".join(differences)
             + ". Use the map's settings, or start a new map in another directory."
         )
+    if data["format_version"] == KEYLESS_FORMAT:
+        _LOG.info("id map %s: version %d is of format %d (checked by its sha256, no MAC); the "
+                  "next run that adds ids keys it (format %d)", directory, number,
+                  KEYLESS_FORMAT, FORMAT_VERSION)
     if version.identity.tokenization is None:  # a map from before it was recorded adopts it
         version = replace(version, identity=replace(version.identity,
                                                     tokenization=identity.tokenization))
     return version
 
 
-def discard_abandoned(directory: str, current: MapVersion) -> list[str]:
+def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[str]:
     """Delete segments no published version can ever use: those of runs that targeted a version
     already decided (<= current) and lost, or were killed. Segments of later versions may be a
-    live run's and stay; so does everything a published version lists. Returns what went."""
+    live run's and stay; so does everything a published version lists (each version's record
+    verified before it decides anything). Returns what went."""
     listed: dict[int, set[str]] = {}
     abandoned = []
     for path in storage.match(storage.join(directory, "segments", "*", "*")):
@@ -317,7 +341,7 @@ def discard_abandoned(directory: str, current: MapVersion) -> list[str]:
         if version > current.version:
             continue
         if version not in listed:
-            listed[version] = _segment_folders(directory, version, current)
+            listed[version] = _segment_folders(directory, version, current, key)
         if folder not in listed[version]:
             abandoned.append(path)
     if abandoned:
@@ -325,12 +349,13 @@ def discard_abandoned(directory: str, current: MapVersion) -> list[str]:
     return sorted(abandoned)
 
 
-def _segment_folders(directory: str, version: int, current: MapVersion) -> set[str]:
+def _segment_folders(directory: str, version: int, current: MapVersion,
+                     key: MapKey) -> set[str]:
     """The segment folders version `version` lists (none for version 0)."""
     if version == 0:
         return set()
-    files = current.files if version == current.version else _read_json(
-        version_path(directory, version))["files"]
+    files = current.files if version == current.version else read_version_record(
+        directory, version, key)["files"]
     return {path.split("/")[1] for kind_files in files.values() for path in kind_files}
 
 
@@ -356,12 +381,16 @@ def next_version(
         name = relative(directory, segment.path)
         sums[name], sums[relative_index(name)] = segment.data, segment.index
     listed = {n for kind in KINDS for name in files[kind] for n in (name, relative_index(name))}
+    next_id = {kind: base.next_id[kind] + added[kind] for kind in KINDS}
+    if any(n > MAX_IDS for n in next_id.values()):
+        raise JobStopped(f"the id map {directory} would pass {MAX_IDS} ids of a kind ({next_id}); "
+                         f"nothing was published. Start a new map in another directory.")
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
     return replace(
         base,
         version=number,
         timestamp_origin_ms=origin,
-        next_id={kind: base.next_id[kind] + added[kind] for kind in KINDS},
+        next_id=next_id,
         files=files,
         hash_shards=hash_shards,
         history=base.history + [{"version": number, "added": added, "compacted": compacted}],
@@ -369,16 +398,16 @@ def next_version(
     )
 
 
-def publish(directory: str, base: MapVersion, new: MapVersion) -> None:
-    """Commit the new version by creating its metadata exclusively (its segments are durable
-    already: storage.create syncs each file), then mark its segment folders committed and move
-    CURRENT to it."""
+def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> None:
+    """Commit the new version by creating its metadata, keyed, exclusively (its segments are
+    durable already: storage.create syncs each file), then mark its segment folders committed
+    and move CURRENT to it."""
     folders = _new_folders(directory, base, new)
     for folder in folders:
         storage.sync_folder(folder)
     if folders:  # the new folders' own entries
         storage.sync_folder(storage.join(directory, "segments"))
-    metadata = _json_bytes(new.to_json())
+    metadata = version_bytes(new, key)
     if current_version_number(directory) != base.version or not create_exclusive(
         version_path(directory, new.version), metadata
     ):
@@ -426,6 +455,7 @@ def publish_night(
     _: Any,
     directory: str,
     base: MapVersion,
+    salt: SaltSource,
     compacted: bool,
     hash_shards: int,
     block_files: list[SegmentFile],
@@ -434,7 +464,8 @@ def publish_night(
     added_sessions: int,
     earliest_ms: list[int],
 ) -> int:
-    """The last step of a run: publish what it added; returns the map's version after it."""
+    """The last step of a run: publish what it added, keyed with a key derived here from the
+    salt source (never shipped in the pipeline); returns the map's version after it."""
     new = next_version(
         directory,
         base,
@@ -446,6 +477,7 @@ def publish_night(
     )
     if new is None:
         return base.version
-    publish(directory, base, new)
-    discard_abandoned(directory, new)  # runs that lost or died on the way to this version
+    key = map_key(salt.load())
+    publish(directory, base, new, key)
+    discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return new.version

@@ -6,8 +6,9 @@ a night read only the row groups that can hold its keys.
 
 Every file's sha256 and size are recorded in the map version that lists it (SegmentFile) and
 checked when read: the index and any file read whole against its sha256; a file read in part
-against its size and Parquet's page checksums. A damaged, truncated or swapped file stops the
-run naming the file, never gives wrong ids.
+against its size and Parquet's page checksums. Every row read is checked too (RowBounds): its
+key belongs to the file's hash shard and its id is one the version gave out. A damaged,
+truncated or swapped file stops the run naming the file, never gives wrong ids.
 
 A night probes the filter with its own keys of the shard; a possible key falls in the one row
 group whose hi range holds it, and only those row groups are read. What a night reads is then
@@ -46,6 +47,15 @@ MERGE_BATCH_ROWS = 65_536
 VERIFY_CHUNK_BYTES = 8 << 20
 
 
+class RowBounds(NamedTuple):
+    """What every row of a map version's segment file must be: its key in the file's hash shard
+    of the version's `shards`, its id below the version's next_id."""
+
+    shard: int
+    shards: int
+    next_id: int
+
+
 class SegmentFile(NamedTuple):
     """A segment file as a map version lists it: where, and the checksums of it and its index
     ({"sha256": hex digest, "bytes": size}), which every read verifies."""
@@ -54,6 +64,7 @@ class SegmentFile(NamedTuple):
     data: dict
     index: dict
     rows: int = 0  # known when just written
+    bounds: RowBounds | None = None  # a listed file's (MapVersion.segment_files); None: written
 
 
 def checksum(data: bytes) -> dict:
@@ -82,6 +93,21 @@ def damaged(path: str, why: str) -> JobStopped:
 def _check(path: str, found: dict, expected: dict) -> None:
     if any(found[key] != expected.get(key) for key in found):
         raise damaged(path, "its sha256 or size differs from what the map version recorded")
+
+
+def check_rows(segment: SegmentFile, rows: np.ndarray) -> np.ndarray:
+    """The rows, once each is found within the file's bounds (vectorized: a modulo and two
+    comparisons per row read)."""
+    bounds = segment.bounds
+    if bounds is None:
+        return rows
+    if (shard_of(rows, bounds.shards) != bounds.shard).any():
+        raise damaged(segment.path, f"it holds keys of another hash shard than {bounds.shard} "
+                                    f"of {bounds.shards}")
+    if len(rows) and not (0 <= rows["id"].min() and rows["id"].max() < bounds.next_id):
+        raise damaged(segment.path, f"it holds ids outside [0, {bounds.next_id}), the ids its "
+                                    f"map version gave out")
+    return rows
 
 
 def _read_whole(path: str, expected: dict) -> bytes:
@@ -243,7 +269,7 @@ def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
     _verify_whole(segment)
     with storage.open_read(segment.path) as handle:
         for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
-            yield _numbered(batch)
+            yield check_rows(segment, _numbered(batch))
 
 
 def _batches(segment: SegmentFile) -> Iterator[np.ndarray]:
@@ -295,7 +321,7 @@ def read_matching(segment: SegmentFile, keys: np.ndarray) -> MatchedRows:
             metadata = parquet.metadata
             if metadata.num_row_groups != len(index.first_hi):
                 raise damaged(path, "it does not match its index")
-            rows = _numbered(parquet.read_row_groups(groups.tolist()))
+            rows = check_rows(segment, _numbered(parquet.read_row_groups(groups.tolist())))
     except (OSError, pa.ArrowException) as err:
         raise damaged(path, str(err)) from None
     read = index.size + metadata.serialized_size + sum(

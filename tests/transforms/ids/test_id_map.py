@@ -11,14 +11,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import anonymize_night, chat, read_jsonl, trace_bytes, write_jsonl
-from transforms.ids import id_map
+from transforms.ids import id_map, map_record
 from transforms.errors import JobStopped
 from transforms.ids.segments import SegmentFile
 
 from kvtrace.cli import main
-_self_checksum = id_map._self_checksum
 
 SALT = "nightly-salt-kept-in-a-secret-manager"
+KEY = map_record.map_key(SALT.encode())
 DAY_MS = 86_400_000
 
 
@@ -150,7 +150,8 @@ def test_mismatched_runs_are_refused(tiny_tokenizer, tmp_path, nights, salt_file
     other_salt = tmp_path / "other-salt"
     other_salt.write_text("a-different-salt-of-enough-bytes")
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(other_salt)) == 2
-    assert "salt: map has" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "MAC does not verify with this run's salt" in err and "salt fingerprint" in err
 
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file",
                str(salt_file), "--block-size", "8") == 2
@@ -172,9 +173,9 @@ def test_mismatched_runs_are_refused(tiny_tokenizer, tmp_path, nights, salt_file
     metadata = json.loads(version.read_text())
     version.write_text(json.dumps({**metadata, "hash_scheme": "sha256-v0"}))  # edited in place
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
-    assert "000001.json is damaged" in capsys.readouterr().err
-    other = {k: v for k, v in metadata.items() if k != "sha256"} | {"hash_scheme": "sha256-v0"}
-    version.write_text(json.dumps(other | {"sha256": _self_checksum(other)}))  # another map's
+    assert "000001.json: its MAC does not verify" in capsys.readouterr().err
+    other = {k: v for k, v in metadata.items() if k != "mac"} | {"hash_scheme": "sha256-v0"}
+    version.write_bytes(map_record.keyed(other, KEY))  # another map's, keyed with this salt
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "x", *common, "--salt-file", str(salt_file)) == 2
     assert "hash scheme" in capsys.readouterr().err
     version.write_text(json.dumps({**metadata, "format_version": 99}))
@@ -216,40 +217,44 @@ def test_date_fills_path_templates(tiny_tokenizer, tmp_path, salt_file, capsys):
 
 
 CHECKSUM = {"sha256": "0" * 64, "bytes": 1}
+PARQUET_CHECKSUM = CHECKSUM | {"footer_sha256": "1" * 64}
+TOKENIZER = {"tokenizer.json": "ab" * 32}
+RUN = "0123456789ab"  # a run id, as new_run_id gives
 
 
 def written(directory, *names: str) -> dict:
     """What a run wrote: block segment files (relative names) with checksums."""
-    return {"blocks": [SegmentFile(f"{directory}/{name}", CHECKSUM, CHECKSUM) for name in names],
-            "sessions": []}
+    return {"blocks": [SegmentFile(f"{directory}/{name}", PARQUET_CHECKSUM, CHECKSUM)
+                       for name in names], "sessions": []}
 
 
 def test_next_version_numbers_after_the_base_and_skips_empty_runs():
-    identity = id_map.MapIdentity("f" * 16, 4, {"tokenizer.json": "ab"}, "scheme", {})
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
     base = id_map.empty_version(identity)
     assert id_map.next_version("m", base, written("m"), {"blocks": 0, "sessions": 0},
                                False, 64, None) is None
-    first = id_map.next_version("m", base, written("m", "segments/000001/blocks-00000.parquet"),
+    first = id_map.next_version("m", base, written("m", f"segments/000001-{RUN}/blocks-00000.parquet"),
                                 {"blocks": 7, "sessions": 0}, False, 64, 1234)
     assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
-    second = id_map.next_version("m", first, written("m", "segments/000002/blocks-00003.parquet"),
+    second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
                                  {"blocks": 2, "sessions": 0}, False, 64, 99)
     assert second.timestamp_origin_ms == 1234  # the first origin stays
     assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
-    assert id_map.MapVersion.from_json(second.to_json(), "x") == second
-    compacted = id_map.next_version("m", second, written("m", "segments/000003/blocks-00001.parquet"),
+    read = map_record.read_record(id_map.version_bytes(second, KEY), "x", KEY)
+    assert id_map.MapVersion.from_record(read) == second
+    compacted = id_map.next_version("m", second, written("m", f"segments/000003-{RUN}/blocks-00001.parquet"),
                                     {"blocks": 0, "sessions": 0}, True, 128, 99)
-    assert compacted.files["blocks"] == ["segments/000003/blocks-00001.parquet"]
-    assert set(compacted.checksums) == {"segments/000003/blocks-00001.parquet",
-                                        "segments/000003/blocks-00001.index.npz"}
+    assert compacted.files["blocks"] == [f"segments/000003-{RUN}/blocks-00001.parquet"]
+    assert set(compacted.checksums) == {f"segments/000003-{RUN}/blocks-00001.parquet",
+                                        f"segments/000003-{RUN}/blocks-00001.index.npz"}
     assert compacted.hash_shards == 128
 
 
 def test_a_map_of_an_older_format_is_refused_with_what_to_do():
-    identity = id_map.MapIdentity("f" * 16, 4, {"tokenizer.json": "ab"}, "scheme", {})
-    old = {**id_map.empty_version(identity).to_json(), "format_version": 1}
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+    old = {**id_map.empty_version(identity).record(), "format_version": 1}
     with pytest.raises(id_map.IdMapError, match="format version 1.*Start a new map"):
-        id_map.MapVersion.from_json(old, "versions/000001.json")
+        map_record.read_record(map_record.record_bytes(old), "versions/000001.json", KEY)
 
 
 def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothing(
@@ -282,11 +287,11 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
         written(tmp_path, "segments/000001-winner/blocks-00000.parquet"),
         {"blocks": 1, "sessions": 0}, False, 64, 0)
     (tmp_path / "segments" / "000001-winner").mkdir(parents=True)
-    id_map.publish(str(tmp_path), id_map.empty_version(identity), published)
+    id_map.publish(str(tmp_path), id_map.empty_version(identity), published, KEY)
     for folder in ("000001-winner", "000001-loser", "000002-live"):
         (tmp_path / "segments" / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / "segments" / folder / "blocks-00000.parquet").write_bytes(b"x")
-    removed = id_map.discard_abandoned(str(tmp_path), published)
+    removed = id_map.discard_abandoned(str(tmp_path), published, KEY)
     assert [Path(p).parent.name for p in removed] == ["000001-loser"]
     left = {p.parent.name for p in (tmp_path / "segments").rglob("*.parquet")}
     assert left == {"000001-winner", "000002-live"}
@@ -299,9 +304,9 @@ def test_a_second_writer_is_refused_at_publish_time(tmp_path):
                                    {"blocks": 1, "sessions": 0}, False, 64, 0)
 
     empty = id_map.empty_version(identity)
-    id_map.publish(str(tmp_path), empty, version(empty))  # the other run, first to finish
+    id_map.publish(str(tmp_path), empty, version(empty), KEY)  # the other run, first to finish
     with pytest.raises(JobStopped, match="extended by another run"):
-        id_map.publish(str(tmp_path), empty, version(empty))
+        id_map.publish(str(tmp_path), empty, version(empty), KEY)
     assert id_map.current_version_number(str(tmp_path)) == 1
 
 

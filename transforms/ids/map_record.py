@@ -1,0 +1,276 @@
+"""An id map's version record (versions/NNNNNN.json) as bytes: written keyed, read strictly.
+
+The record lists the map's segment files with their sha256, next_id, the timestamp origin and
+the identity of the runs that built it. Anyone can recompute a sha256, so since format 4 a
+record carries a MAC instead: HMAC-SHA256 over its canonical bytes under a key derived from the
+run's salt, distinct from the block hashes' chain seed (map_key). A record altered on purpose
+(segments swapped between shards with their checksums recomputed, next_id edited) is then
+refused as surely as a damaged one.
+
+Reading accepts only what kvtrace writes: the MAC is checked before any field is used, then the
+bytes must be the ones kvtrace would write for that content (one canonical form), no key may
+repeat, be missing or be unknown, and every field must have its type (an int is not a bool, a
+float or a string) and lie within its range. Format 3 records (a sha256 of their own, no MAC)
+are still read, checked by that sha256 as before; a map is keyed by its next commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transforms.encode.blocks import salt_fingerprint
+from transforms.errors import IdMapError
+from transforms.ids.dense_ids import MAX_HASH_SHARDS
+from transforms.ids.segments import index_path
+from transforms.read.timestamps import EPOCH_CEILING_MS
+
+MAP_FORMAT = "kvtrace-id-map"
+# 2: segments sorted by hash with an index (segments.py), the shard count recorded.
+# 3: every file's checksum and the version's own recorded and verified.
+# 4: the version keyed by a MAC instead of its own sha256.
+FORMAT_VERSION = 4
+KEYLESS_FORMAT = 3  # still read; the next commit writes format 4
+KINDS = ("blocks", "sessions")
+MAC_CONTEXT = b"kvtrace id-map mac v1"
+# Ids per kind: 100x the largest map planned for (1e10 ids), far inside int64 and the integers
+# JSON readers hold exactly; a next_id beyond it is an edit, not a map.
+MAX_IDS = 1 << 40
+MAX_VERSION = 999_999  # version files are named by six digits
+# The record of the largest map (33 segments x 4096 shards per kind) is ~150 MB.
+MAX_RECORD_BYTES = 256 << 20
+MAX_BLOCK_SIZE = 1 << 20  # the CLI's bound
+SEGMENT_NAME = re.compile(r"segments/(\d{6})-[0-9a-f]{12}/(blocks|sessions)-(\d{5})\.parquet")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+# The checksums as record_bytes writes them, one grammar for all (a record lists up to ~540k
+# files, too many to check one by one in Python): sizes are plain decimal ints below 1e16.
+_FILE = r'"segments/\d{6}-[0-9a-f]{12}/(?:blocks|sessions)-\d{5}'
+_SUMS = r'"sha256":"[0-9a-f]{64}"\}'
+_SIZE = r'\{"bytes":(?:0|[1-9]\d{0,15}),'
+_CHECKSUM = (rf'{_FILE}\.(?:parquet":{_SIZE}"footer_sha256":"[0-9a-f]{{64}}",'
+             rf'|index\.npz":{_SIZE}){_SUMS}')
+CHECKSUMS = re.compile(rf"\{{(?:(?:{_CHECKSUM})(?:,(?:{_CHECKSUM}))*)?\}}")
+
+
+@dataclass(frozen=True)
+class MapKey:
+    """What a run proves and checks a map's records with: the MAC key (secret, never logged or
+    shipped in a pipeline graph: workers derive it from the salt source) and the salt's public
+    fingerprint, to tell a wrong salt from an altered map."""
+
+    mac: bytes = field(repr=False)
+    salt_fingerprint: str
+
+
+def map_key(salt: bytes) -> MapKey:
+    """The map's key, a subkey of the salt of its own: a MAC leaks nothing of the chain seed."""
+    return MapKey(hmac.new(salt, MAC_CONTEXT, hashlib.sha256).digest(), salt_fingerprint(salt))
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """The one form kvtrace writes a record in (and MACs): canonical JSON, compact, which the
+    standard library writes in C (with an indent it writes in Python, ~10x slower)."""
+    return (canonical(record) + "\n").encode()
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+
+
+def keyed(record: dict[str, Any], key: MapKey) -> bytes:
+    """A format-4 record's bytes, its MAC added."""
+    return record_bytes(record | {"mac": _mac(record, key)})
+
+
+def _mac(record: dict[str, Any], key: MapKey) -> str:
+    return hmac.new(key.mac, record_bytes(record), hashlib.sha256).hexdigest()
+
+
+def keyless_checksum(record: dict[str, Any]) -> str:
+    """A format-3 record's own sha256 (over its content without it)."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
+    """A version record's fields, verified (MAC, or a format-3 record's sha256) and checked
+    field by field; any doubt is a one-line IdMapError naming the file."""
+    if len(raw) > MAX_RECORD_BYTES:
+        raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
+    try:
+        data = json.loads(raw, object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant,
+                          parse_float=_finite)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise _altered(where, f"not JSON kvtrace wrote: {str(err)[:80]}") from None
+    if not isinstance(data, dict) or data.get("format") != MAP_FORMAT:
+        raise IdMapError(f"{where} is not a kvtrace id map version")
+    form = data.get("format_version")
+    if type(form) is not int or form not in (FORMAT_VERSION, KEYLESS_FORMAT):
+        raise IdMapError(
+            f"{where} has id map format version {form}; this kvtrace reads versions "
+            f"{KEYLESS_FORMAT} and {FORMAT_VERSION}. Start a new map in another directory.")
+    if form == FORMAT_VERSION:
+        _verify_mac(data, raw, where, key)
+    elif data.get("sha256") != keyless_checksum({k: v for k, v in data.items() if k != "sha256"}):
+        raise IdMapError(f"{where} is damaged: its content does not match its sha256. "
+                         f"Restore the id map from a backup.")
+    _check_fields(data, where)
+    return data
+
+
+def _verify_mac(data: dict[str, Any], raw: bytes, where: str, key: MapKey) -> None:
+    content = {k: v for k, v in data.items() if k != "mac"}
+    mac = data.get("mac")
+    try:
+        expected = _mac(content, key)
+    except (ValueError, RecursionError) as err:  # nesting deeper than the encoder's limit
+        raise _altered(where, str(err)[:80]) from None
+    # compare_digest takes ASCII strings only: a MAC of other characters is no MAC.
+    if not _is_hex64(mac) or not hmac.compare_digest(mac, expected):
+        named = content.get("salt_fingerprint")
+        hint = (f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
+                f"{key.salt_fingerprint})" if named != key.salt_fingerprint else "")
+        raise IdMapError(
+            f"{where}: its MAC does not verify with this run's salt: either the salt is not the "
+            f"map's{hint}, or the map was damaged or altered. Run with the salt the map was built "
+            f"with, or restore the id map from a backup; nothing was read or written.")
+    if raw != record_bytes(data):
+        raise _altered(where, "its bytes are not the form kvtrace writes")
+
+
+def _altered(where: str, why: str) -> IdMapError:
+    return IdMapError(f"{where} is not an id map version as kvtrace writes it ({why}). Restore "
+                      f"the id map from a backup; nothing was read or written.")
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        raise ValueError("a key repeats")
+    return data
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: no record kvtrace writes holds it
+        raise ValueError(f"{text[:20]} is out of range")
+    return value
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    """An int (not a bool, a float or a string) in [low, high]."""
+    return type(value) is int and low <= value <= high
+
+
+def _is_hex64(value: Any) -> bool:
+    return type(value) is str and _HEX64.fullmatch(value) is not None
+
+
+def _is_json_object(value: Any) -> bool:
+    return type(value) is dict
+
+
+# Every field a record may hold, and what it must be; fields of several values are checked below.
+_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "format": lambda v: v == MAP_FORMAT,
+    "format_version": lambda v: type(v) is int,
+    "version": lambda v: _is_int(v, 1, MAX_VERSION),
+    "salt_fingerprint": lambda v: type(v) is str and _HEX16.fullmatch(v) is not None,
+    "block_size": lambda v: _is_int(v, 1, MAX_BLOCK_SIZE),
+    "tokenizer_sha256": lambda v: _is_json_object(v) and all(map(_is_hex64, v.values())),
+    "hash_scheme": lambda v: type(v) is str and v != "",
+    "chat_template_kwargs": _is_json_object,
+    "tokenization": lambda v: v is None or type(v) is str,
+    "timestamp_origin_ms": lambda v: v is None or _is_int(v, 0, EPOCH_CEILING_MS),
+    "next_id": lambda v: _is_json_object(v) and v.keys() == set(KINDS)
+    and all(_is_int(n, 0, MAX_IDS) for n in v.values()),
+    "files": lambda v: _is_json_object(v) and v.keys() == set(KINDS)
+    and all(type(names) is list and all(type(n) is str for n in names) for names in v.values()),
+    "hash_shards": lambda v: _is_int(v, 1, MAX_HASH_SHARDS),
+    "history": lambda v: type(v) is list,
+    "checksums": _is_json_object,
+}
+_OWN_CHECK = {FORMAT_VERSION: ("mac", lambda v: type(v) is str),
+              KEYLESS_FORMAT: ("sha256", lambda v: type(v) is str)}
+# Format-3 maps made before the probe text's tokenization was recorded lack it.
+_OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, FORMAT_VERSION: set()}
+
+
+def _check_fields(data: dict[str, Any], where: str) -> None:
+    form = data["format_version"]
+    own, own_check = _OWN_CHECK[form]
+    fields = _FIELDS | {own: own_check}
+    unknown, missing = data.keys() - fields, fields.keys() - data.keys() - _OPTIONAL[form]
+    if unknown or missing:
+        raise _altered(where, ", ".join([f"unknown key {k!r}" for k in sorted(unknown)]
+                                        + [f"no {k!r}" for k in sorted(missing)]))
+    wrong = [name for name, check in fields.items() if name in data and not check(data[name])]
+    if wrong:
+        raise _altered(where, f"{wrong[0]} is {_shown(data[wrong[0]])}, not a value kvtrace "
+                              f"writes there")
+    problem = _history_problem(data) or _files_problem(data)
+    if problem:
+        raise _altered(where, problem)
+
+
+def _shown(value: Any) -> str:
+    return f"{json.dumps(value)[:40]} ({type(value).__name__})"
+
+
+def _history_problem(data: dict[str, Any]) -> str | None:
+    """Each version's entry, in order, and the ids they added summing to next_id."""
+    history = data["history"]
+    if len(history) != data["version"]:
+        return f"its history has {len(history)} entries for version {data['version']}"
+    added = dict.fromkeys(KINDS, 0)
+    for number, entry in enumerate(history, 1):
+        if not (_is_json_object(entry) and entry.keys() == {"version", "added", "compacted"}
+                and type(entry["version"]) is int and entry["version"] == number
+                and type(entry["compacted"]) is bool and _is_json_object(entry["added"])
+                and entry["added"].keys() == set(KINDS)
+                and all(_is_int(n, 0, MAX_IDS) for n in entry["added"].values())):
+            return f"history entry {number} is not one kvtrace writes"
+        for kind in KINDS:
+            added[kind] += entry["added"][kind]
+    if added != data["next_id"]:
+        return f"next_id {data['next_id']} is not the ids its history added ({added})"
+    return None
+
+
+def _files_problem(data: dict[str, Any]) -> str | None:
+    """Segment names of this map's shape, each with its index, and exactly their checksums."""
+    listed: list[str] = []
+    for kind in KINDS:
+        names = data["files"][kind]
+        if names != sorted(set(names)):
+            return f"its {kind} files are not sorted and distinct"
+        parts = [SEGMENT_NAME.fullmatch(name) for name in names]
+        wrong = [name for name, match in zip(names, parts) if not match or match[2] != kind]
+        if wrong:
+            return f"{wrong[0][:80]!r} is not the name of a {kind} segment"
+        versions = np.array([int(match[1]) for match in parts], dtype=np.int64)
+        shards = np.array([int(match[3]) for match in parts], dtype=np.int64)
+        if len(names) and (versions.min() < 1 or versions.max() > data["version"]
+                           or shards.max() >= data["hash_shards"]):
+            return f"its {kind} files name versions or shards this version does not have"
+        listed += names + [index_path(name) for name in names]
+    checksums = data["checksums"]
+    if checksums.keys() != set(listed):
+        extra = sorted(checksums.keys() - set(listed)) or sorted(set(listed) - checksums.keys())
+        return f"its checksums and files differ (at {extra[0][:80]!r})"
+    if not CHECKSUMS.fullmatch(canonical(checksums)):
+        return "a file's checksum is not one kvtrace writes (sha256, size, Parquet footer)"
+    return None
