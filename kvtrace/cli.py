@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from kvtrace import __version__
 from kvtrace.commands import analyze, anonymize, cache, check, convert, replay, synthesize
 from kvtrace.commands.common import BeamFlags
+from kvtrace.options import refuse_stray_words
 from transforms.encode.salt import SaltError
 from transforms.errors import ConfigError, IdMapError
 
@@ -103,6 +104,13 @@ def _refuse_misspelled(command: str, leftovers: list[str], parser: argparse.Argu
                                   f"kvtrace {command} --help")
 
 
+def _stray_words(leftovers: list[str]) -> list[str]:
+    """Words argparse left that follow no flag, so cannot be a Beam option's value either (an
+    unquoted glob expanded by the shell, given to an option that takes one value)."""
+    return [word for before, word in zip([""] + leftovers, leftovers)
+            if not word.startswith("-") and not (before.startswith("--") and "=" not in before)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, leftovers = parser.parse_known_args(
@@ -112,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = COMMANDS[args.command]
     try:
         _refuse_misspelled(args.command, leftovers, parser)
+        refuse_stray_words(_stray_words(leftovers))
         return run(args, BeamFlags(leftovers, _our_flags(parser)))
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)

@@ -51,9 +51,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = anonymize.add_argument
-    add("--input", action="append", metavar="PATH_OR_GLOB",
+    # extend, not append: a glob the shell expanded is several words, and each is an input.
+    add("--input", action="extend", nargs="+", metavar="PATH_OR_GLOB",
         help="request logs: JSONL (also .gz/.zst/.bz2) or Parquet, with chat, prompt or token "
-             "records; repeat for more (required)")
+             "records; several words or repeated flags are all read, and a word that matches "
+             "no file is an error (required)")
     add("--output", metavar="DIR", help="where the trace goes (required)")
     add("--tokenizer", metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
@@ -143,9 +145,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "ranges of 2 MB, forked once the tokenizer is loaded (default 0: one per core, at "
              "most one per 8 MB of input; 1: all in this process, the tokenizer's threads using "
              "every core)")
-    add("--config", action="append", default=[], metavar="FILE[,FILE]",
-        help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
-             "say); later files and then flags override earlier values. A name without a path "
+    add("--config", action="extend", nargs="+", default=[], metavar="FILE[,FILE]",
+        help="YAML preset(s), several words, repeated or comma-separated (a model's and an "
+             "environment's, say); later files and then flags override earlier values. A name without a path "
              f"is a preset kvtrace ships: {', '.join(environments())}")
     add("--verbose", action="store_true", help="show Beam's own logs")
     return anonymize
