@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, NamedTuple
@@ -301,7 +302,7 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     counts = check_rejected_fraction(
         RecordCounts(encoded.read, len(rejected),
                      sum(letter.lost_bytes for letter in rejected), config.input_bytes),
-        config.max_rejected_fraction)
+        config.max_rejected_fraction, dict(Counter(letter.reason for letter in rejected)))
     check_not_before_origin(counts, earliest_ms, origin_ms)
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}

@@ -22,6 +22,9 @@ from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
 from transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
+# A night that rejects more than half its records read the wrong files or the wrong shape:
+# publishing the rest would pass for a trace of the night's traffic.
+DEFAULT_MAX_REJECTED_FRACTION = 0.5
 
 ANONYMIZE_EXAMPLE = """\
 example (offline, on the bundled examples):
@@ -86,7 +89,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--chat-template-kwargs", metavar="JSON",
         help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
     add("--max-rejected-fraction", type=float, metavar="F",
-        help="fail, writing no trace, when more than this share of records is rejected")
+        help=f"fail, publishing nothing, when more than this share of records is rejected "
+             f"(default {DEFAULT_MAX_REJECTED_FRACTION}; 1 allows any share), saying the top "
+             f"reasons; a run whose every record is rejected always fails")
     add("--hash-shards", type=int, metavar="N",
         help="hash shards for the id assignment (default 64; with an id map, the map's own, "
              "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
@@ -165,6 +170,7 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "timestamp_granularity_ms": 1,
     "segment_cache_mb": DEFAULT_BUDGET_BYTES >> 20,
     "length_granularity": 1,
+    "max_rejected_fraction": DEFAULT_MAX_REJECTED_FRACTION,
 }
 # Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful
 # (and transforms/ids/dense_ids.MAX_HASH_SHARDS bounds the shard count).
@@ -238,9 +244,9 @@ def _check_ranges(options: dict[str, Any]) -> None:
     integer("length_granularity", 1, MAX_GRANULARITY)
     integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
-    fraction = options.get("max_rejected_fraction")
-    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-                                 or not 0 <= fraction <= 1):  # NaN fails both comparisons
+    fraction = options["max_rejected_fraction"]
+    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+            or not 0 <= fraction <= 1):  # NaN fails both comparisons
         raise ConfigError(f"--max-rejected-fraction must be a number in [0, 1], not {fraction!r}")
     for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS),
                           ("hash_scheme", SCHEMES)):
@@ -296,7 +302,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         parse=ParseOptions(options["input_format"], options["timestamp_unit"],
                            options["drop_non_text_parts"], options["max_record_bytes"]),
         chat_template_kwargs=options["chat_template_kwargs"],
-        max_rejected_fraction=options.get("max_rejected_fraction"),
+        max_rejected_fraction=options["max_rejected_fraction"],
         hash_shards=run_hash_shards(options.get("hash_shards"), id_map.base if id_map else None),
         tokenizer_sha256=sha256,
         id_map=id_map,
