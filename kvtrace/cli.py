@@ -40,7 +40,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-STOPPED = "stopped: nothing published"
+STOPPED = "stopped: nothing published"  # a command that publishes as it goes sets args.stop_leaves
 # A stopped run unwinds (staging folders removed, pools end their workers, a cluster's job
 # cancelled) for at most this long; then the process ends whatever it waits on (a tokenizer
 # call, a thread join, a worker that will not go), its child processes with it.
@@ -142,7 +142,8 @@ class _Stop:
     wait in a library may delay; the watcher learns of the signal at once, from the wakeup fd
     the interpreter writes to. Later signals are ignored: the stop is under way, and bounded."""
 
-    def __init__(self) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args  # read when the stop is said: the command may have said what it leaves
         self.signum: int | None = None
         self._raised = False
         self._said = False
@@ -162,7 +163,8 @@ class _Stop:
         with self._saying:
             if not self._said:
                 self._said = True
-                print(STOPPED, file=sys.stderr)
+                leaves = getattr(self._args, "stop_leaves", None)
+                print(f"stopped: {leaves}" if leaves else STOPPED, file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + (self.signum or signal.SIGINT))
@@ -187,10 +189,10 @@ class _Stop:
 
 
 @contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[_Stop]:
+def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
     """SIGINT and SIGTERM handled by a _Stop while a command runs (in the main thread only:
     Python delivers signals there). Once stopped, the handlers stay: the process is ending."""
-    stop = _Stop()
+    stop = _Stop(args)
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
@@ -216,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
-    with _stopped_by_signals() as stop:
+    with _stopped_by_signals(args) as stop:
         try:
             return _run(COMMANDS[args.command], args, leftovers, parser, stop)
         except KeyboardInterrupt:

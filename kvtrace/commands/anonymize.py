@@ -322,6 +322,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             storage.make_folder(config.dead_letter, private=True)
             try:
                 if stream:
+                    args.stop_leaves = (f"the windows published so far stay in {output}/window-*/,"
+                                        f" no other")  # what the CLI says if the stream is stopped
                     _run_streaming(config, stream, flags)
                     return 0
                 _run_anonymize(config, engine, options["processes"], flags)
