@@ -208,8 +208,9 @@ def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             signal.set_wakeup_fd(previous_fd)
-            written.close()  # the watcher reads the end of the stream and returns
-            wakeup.shutdown(socket.SHUT_RDWR)
+            written.close()
+            wakeup.shutdown(socket.SHUT_RDWR)  # the watcher's wait ends: it returns
+            wakeup.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
