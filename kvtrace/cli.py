@@ -26,7 +26,7 @@ from kvtrace import __version__
 from kvtrace.commands import analyze, anonymize, cache, check, convert, replay, synthesize
 from kvtrace.commands.common import BeamFlags
 from kvtrace.options import refuse_stray_words
-from pipelines.processes import end_descendants
+from pipelines.processes import end_descendants, quiet_thread
 from transforms.encode.salt import SaltError
 from transforms.errors import ConfigError, IdMapError
 
@@ -199,7 +199,9 @@ def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
     wakeup, written = socket.socketpair()
     written.setblocking(False)
     previous_fd = signal.set_wakeup_fd(written.fileno(), warn_on_full_buffer=False)
-    threading.Thread(target=stop.watch, args=(wakeup,), name="stop-deadline", daemon=True).start()
+    watcher = threading.Thread(target=stop.watch, args=(wakeup,), name="stop-watcher", daemon=True)
+    watcher.start()
+    quiet_thread(watcher)  # it waits in recv: the local engine may still fork its workers
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:
         yield stop

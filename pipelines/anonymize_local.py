@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from concurrent.futures import ProcessPoolExecutor
@@ -40,6 +39,7 @@ from pipelines.anonymize_config import (
     publish_output,
     write_stats,
 )
+from pipelines.processes import busy_threads
 from transforms import storage
 from transforms.batching import batches_by_weight
 from transforms.combiners import fold
@@ -235,7 +235,7 @@ def _can_fork() -> bool:
     renderer (~1.5 s of a core per worker otherwise): only where nothing but this thread runs
     and gRPC was never loaded (a Beam run in this process leaves threads whose locks a fork
     would copy held). The tokenizer's own thread pool is fork-aware."""
-    return ("fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    return ("fork" in multiprocessing.get_all_start_methods() and busy_threads() == 0
             and "grpc" not in sys.modules)
 
 
