@@ -335,6 +335,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 1
+    args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
     _print_summary(config)
     return 0
 
