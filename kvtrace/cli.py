@@ -2,22 +2,31 @@
 
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
-line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped.
+line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped, 128 plus
+the signal's number (130 for Ctrl-C, 143 for SIGTERM) for a run stopped from outside.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import logging
 import os
 import re
+import signal
+import socket
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 
 from kvtrace import __version__
 from kvtrace.commands import analyze, anonymize, cache, check, convert, replay, synthesize
 from kvtrace.commands.common import BeamFlags
+from kvtrace.options import refuse_stray_words
+from pipelines.processes import end_descendants, quiet_thread
 from transforms.encode.salt import SaltError
 from transforms.errors import ConfigError, IdMapError
 
@@ -30,6 +39,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
 }
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOPPED = "stopped: nothing published"  # a command that publishes as it goes sets args.stop_leaves
+# A stopped run unwinds (staging folders removed, pools end their workers, a cluster's job
+# cancelled) for at most this long; then the process ends whatever it waits on (a tokenizer
+# call, a thread join, a worker that will not go), its child processes with it.
+STOP_DEADLINE_S = 1.5
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,8 +73,18 @@ def _configure_logging(verbose: bool) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger().setLevel(logging.INFO if verbose else logging.CRITICAL)
     _LOG.setLevel(logging.INFO)
+    threading.excepthook = _log_thread_failure
     if not verbose:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # inherited by worker processes
+
+
+def _log_thread_failure(args: threading.ExceptHookArgs) -> None:
+    """A library thread's failure (Beam's watch on a worker a stop ended, say) logged as the
+    library's messages are, on --verbose: the run's outcome is the one line main prints."""
+    if args.exc_type is not SystemExit:
+        logging.getLogger("threads").error(
+            "thread %s failed", getattr(args.thread, "name", "?"),
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def _our_flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -103,28 +128,126 @@ def _refuse_misspelled(command: str, leftovers: list[str], parser: argparse.Argu
                                   f"kvtrace {command} --help")
 
 
+def _stray_words(leftovers: list[str]) -> list[str]:
+    """Words argparse left that follow no flag, so cannot be a Beam option's value either (an
+    unquoted glob expanded by the shell, given to an option that takes one value)."""
+    return [word for before, word in zip([""] + leftovers, leftovers)
+            if not word.startswith("-") and not (before.startswith("--") and "=" not in before)]
+
+
+class _Stop:
+    """The first SIGINT or SIGTERM stops the run: KeyboardInterrupt in the main thread, so that
+    the run unwinds through its finally blocks, and a deadline past which the process ends
+    anyway. Python runs a handler only once the main thread is back in Python code, which a
+    wait in a library may delay; the watcher learns of the signal at once, from the wakeup fd
+    the interpreter writes to. Later signals are ignored: the stop is under way, and bounded."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args  # read when the stop is said: the command may have said what it leaves
+        self.signum: int | None = None
+        self._raised = False
+        self._said = False
+        self._saying = threading.Lock()
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self._raised:
+            return
+        self._raised = True
+        self.signum = self.signum or signum
+        raise KeyboardInterrupt
+
+    def end(self) -> NoReturn:
+        """End what this process started, say so once, and end this process: at once, as the
+        interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds)."""
+        end_descendants()
+        with self._saying:
+            if not self._said:
+                self._said = True
+                leaves = getattr(self._args, "stop_leaves", None)
+                print(f"stopped: {leaves}" if leaves else STOPPED, file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + (self.signum or signal.SIGINT))
+
+    def watch(self, wakeup: socket.socket) -> None:
+        """In a thread of its own: the first signal's number, then the deadline."""
+        first = b"\0"
+        while first[0] not in STOP_SIGNALS:  # a library's handler of another signal wakes it too
+            try:
+                first = wakeup.recv(1)
+            except OSError:  # closed: the command ended
+                return
+            if not first:
+                return
+        self.signum = self.signum or first[0]
+        if not self._raised:
+            # Sent on to the main thread itself: the kernel may have given the signal to another
+            # thread, leaving the main one in a lock's wait, which only a signal of its own ends.
+            signal.pthread_kill(threading.main_thread().ident, self.signum)
+        time.sleep(STOP_DEADLINE_S)
+        self.end()  # the run is still unwinding: a wait that does not end, say
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
+    """SIGINT and SIGTERM handled by a _Stop while a command runs (in the main thread only:
+    Python delivers signals there). Once stopped, the handlers stay: the process is ending."""
+    stop = _Stop(args)
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    wakeup, written = socket.socketpair()
+    written.setblocking(False)
+    previous_fd = signal.set_wakeup_fd(written.fileno(), warn_on_full_buffer=False)
+    watcher = threading.Thread(target=stop.watch, args=(wakeup,), name="stop-watcher", daemon=True)
+    watcher.start()
+    quiet_thread(watcher)  # it waits in recv: the local engine may still fork its workers
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        if stop.signum is None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            signal.set_wakeup_fd(previous_fd)
+            written.close()
+            wakeup.shutdown(socket.SHUT_RDWR)  # the watcher's wait ends: it returns
+            wakeup.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, leftovers = parser.parse_known_args(
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
-    run = COMMANDS[args.command]
+    with _stopped_by_signals(args) as stop:
+        try:
+            return _run(COMMANDS[args.command], args, leftovers, parser, stop)
+        except KeyboardInterrupt:
+            stop.end()
+
+
+def _run(run: Callable[[argparse.Namespace, BeamFlags], int], args: argparse.Namespace,
+         leftovers: list[str], parser: argparse.ArgumentParser, stop: _Stop) -> int:
     try:
         _refuse_misspelled(args.command, leftovers, parser)
-        return run(args, BeamFlags(leftovers, _our_flags(parser)))
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
+        refuse_stray_words(_stray_words(leftovers))
+        code = run(args, BeamFlags(leftovers, _our_flags(parser)))
     except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
-        return 2
+        code = 2
+        if stop.signum is None:
+            print(f"error: {_one_line(err)}", file=sys.stderr)
     except Exception as err:  # never a traceback: say what failed, and how to see more
-        if args.verbose:
-            raise
-        print(f"error: the job failed: {type(err).__name__}: {_one_line(err)} "
-              f"(run with --verbose for the traceback)", file=sys.stderr)
-        return 1
+        code = 1
+        if stop.signum is None:  # a stop that a library wrapped is still a stop
+            if args.verbose:
+                raise
+            print(f"error: the job failed: {type(err).__name__}: {_one_line(err)} "
+                  f"(run with --verbose for the traceback)", file=sys.stderr)
+    if stop.signum is not None:
+        stop.end()
+    return code
 
 
 def _one_line(err: BaseException) -> str:

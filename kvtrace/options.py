@@ -49,14 +49,16 @@ def beam_option_names() -> set[str]:
 
 
 def check_beam_flags(flags: Sequence[str], our_flags: Iterable[str]) -> None:
-    """Refuse flags that neither kvtrace nor any Beam options class knows (Beam would silently
-    drop them), suggesting the closest known spelling."""
+    """Refuse flags that neither kvtrace nor any Beam options class knows, and words that are
+    no flag's value (Beam would silently drop both), suggesting the closest known spelling."""
     given = [f.split("=", 1)[0] for f in flags if f.startswith("--")]
     if not given:
+        refuse_stray_words(flags)
         return
     beam_names = beam_option_names()
     unknown = [name for name in given if name not in beam_names]
     if not unknown:
+        refuse_stray_words(_left_by_beam(flags))
         return
     candidates = sorted(set(our_flags) | beam_names)
     hints = []
@@ -64,6 +66,26 @@ def check_beam_flags(flags: Sequence[str], our_flags: Iterable[str]) -> None:
         close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
         hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
     raise ConfigError(f"unknown option(s): {', '.join(hints)}; see kvtrace COMMAND --help")
+
+
+def _left_by_beam(flags: Sequence[str]) -> list[str]:
+    """What Beam's own parser takes from flags as no option's value (it drops those)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    return parser.parse_known_args(list(flags))[1]
+
+
+def refuse_stray_words(words: Sequence[str]) -> None:
+    """A word left over by every parser was read by none: a shell-expanded glob given to an
+    option that takes one value, say. Refused rather than dropped."""
+    stray = [word for word in words if not word.startswith("-")]
+    if stray:
+        raise ConfigError(f"unexpected argument(s) {' '.join(stray[:3])}"
+                          f"{' ...' if len(stray) > 3 else ''}: no option takes them (an "
+                          f"unquoted glob the shell expanded? quote it: --input 'logs/*.jsonl')")
 
 
 def normalized(location: str) -> str:

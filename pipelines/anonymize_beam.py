@@ -127,6 +127,9 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
     lost_bytes = (read[DEAD_LETTER_TAG] | "LostBytes" >> beam.Map(lambda d: d.lost_bytes)
                   | "SumLostBytes" >> beam.CombineGlobally(sum))
+    # Per reason, for the message of a run refused for too much rejected input.
+    reasons = (dead_letters | "Reasons" >> beam.Map(lambda d: d.reason)
+               | "CountReasons" >> beam.combiners.Count.PerElement())
     counts = (
         records
         | "CountRead" >> beam.combiners.Count.Globally()
@@ -137,7 +140,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(rejected_count),
             beam.pvalue.AsSingleton(lost_bytes),
         )
-        | "CheckRejected" >> beam.Map(check_rejected_fraction, config.max_rejected_fraction)
+        | "CheckRejected" >> beam.Map(check_rejected_fraction, config.max_rejected_fraction,
+                                      beam.pvalue.AsDict(reasons))
         | "CheckOrigin" >> beam.Map(
             check_not_before_origin, beam.pvalue.AsList(earliest), config.timestamp_origin_ms
         )

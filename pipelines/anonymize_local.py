@@ -23,8 +23,9 @@ import functools
 import logging
 import multiprocessing
 import os
+import signal
 import sys
-import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, NamedTuple
@@ -38,6 +39,7 @@ from pipelines.anonymize_config import (
     publish_output,
     write_stats,
 )
+from pipelines.processes import busy_threads
 from transforms import storage
 from transforms.batching import batches_by_weight
 from transforms.combiners import fold
@@ -83,6 +85,9 @@ TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # read by the Rust tokenizer
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
 CLAIM_BYTES = 2 << 20
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# A worker still running this long after SIGTERM is killed (it ends at once, by default action).
+END_WORKERS_S = 0.5
 # The name Beam's WriteToText gives a one-shard output, so both engines write the same files.
 DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 
@@ -169,7 +174,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         settle_after_start_up()
         _WORKER.update(encoder=encoder, parse=config.parse, progress=ReadProgress(total_bytes),
                        pieces=pieces, bounds=bounds)
-        pool = ProcessPoolExecutor(processes, context)
+        pool = ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
         _LOG.info("encoding %d file ranges in %d worker processes forked from this one",
                   len(pieces), processes)
     else:
@@ -178,14 +183,51 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         _LOG.info("encoding %d file ranges in %d worker processes started clean (this process "
                   "runs other threads or loaded gRPC)", len(pieces), processes)
     try:
-        with pool, _single_threaded_tokenizers_in_children():
+        with _stop_signals_held(), _single_threaded_tokenizers_in_children():
             futures = [pool.submit(_encode_claimed, worker) for worker in range(processes)]
         parts = [part for _, part in sorted(p for f in futures for p in f.result())]
+    except BaseException:  # a stop (Ctrl-C, SIGTERM) or a failure: no worker outlives the run
+        _end_workers(pool)
+        raise
     finally:
         _WORKER.clear()  # the encoder and its cache, which forked workers took from here
+    pool.shutdown()
     return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
                    sum(p.read for p in parts),
                    functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while workers start: a worker forked meanwhile begins with
+    them held and with this process's handlers, and lets them through only once
+    _leave_stopping_to_parent has set its own (this process gets them when this ends)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _leave_stopping_to_parent() -> None:
+    """In a worker: Ctrl-C (sent to the terminal's whole process group) is the parent's to act
+    on, and SIGTERM, from the parent ending its workers, ends the worker at once, without a
+    traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Workers ended at once, their work abandoned: shutting the pool down would wait for it."""
+    workers = list((pool._processes or {}).values())  # the executor has no public handle on them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.join(END_WORKERS_S)
+        if worker.is_alive():
+            worker.kill()
 
 
 def _can_fork() -> bool:
@@ -193,7 +235,7 @@ def _can_fork() -> bool:
     renderer (~1.5 s of a core per worker otherwise): only where nothing but this thread runs
     and gRPC was never loaded (a Beam run in this process leaves threads whose locks a fork
     would copy held). The tokenizer's own thread pool is fork-aware."""
-    return ("fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    return ("fork" in multiprocessing.get_all_start_methods() and busy_threads() == 0
             and "grpc" not in sys.modules)
 
 
@@ -233,6 +275,7 @@ def _encoder(config: AnonymizeConfig) -> RequestEncoder:
 
 def _start_worker(config: AnonymizeConfig, total_bytes: int, pieces: list[FileRange],
                   bounds: Any) -> None:
+    _leave_stopping_to_parent()
     _WORKER.update(encoder=_encoder(config), parse=config.parse,
                    progress=ReadProgress(total_bytes), pieces=pieces, bounds=bounds)
     settle_after_start_up()
@@ -303,7 +346,7 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     counts = check_rejected_fraction(
         RecordCounts(encoded.read, len(rejected),
                      sum(letter.lost_bytes for letter in rejected), config.input_bytes),
-        config.max_rejected_fraction)
+        config.max_rejected_fraction, dict(Counter(letter.reason for letter in rejected)))
     check_not_before_origin(counts, earliest_ms, origin_ms)
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}

@@ -11,23 +11,32 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
+from apache_beam.options.pipeline_options import (DirectOptions, PipelineOptions, PortableOptions,
+                                                  StandardOptions)
 
+from pipelines.processes import terminate_descendants
 from transforms.errors import ConfigError
 
 _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 # A job server or worker pool that is up accepts a connection at once; Beam would wait minutes.
 ENDPOINT_CONNECT_S = 5
+# The SDK worker process Beam starts for --direct_running_mode multi_processing, deaf to Ctrl-C
+# (an ignored signal stays ignored through exec, and Python keeps it so): the terminal sends
+# Ctrl-C to the whole process group, and the launcher, not each worker, acts on it, ending them.
+SDK_WORKER_COMMAND = (f"trap '' INT; exec {shlex.quote(sys.executable)} "
+                      f"-m apache_beam.runners.worker.sdk_worker_main")
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -83,7 +92,16 @@ def runner_for(options: PipelineOptions) -> Any:
     if not is_remote(options):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-        return FnApiRunner()
+        direct = options.view_as(DirectOptions)
+        if direct.direct_running_mode != "multi_processing":
+            return FnApiRunner()
+        from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+        # The same worker processes, with our command: in its own mode FnApiRunner would
+        # replace the environment with one of its own.
+        direct.direct_running_mode = "in_memory"
+        return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(
+            SDK_WORKER_COMMAND))
     return None
 
 
@@ -92,11 +110,36 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     check_endpoints(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
     outputs = build(pipeline)
-    result = pipeline.run()
+    with contextlib.nullcontext() if is_remote(options) else workers_ended_if_stopped():
+        result = pipeline.run()
     with cancelled_if_stopped(result):
         result.wait_until_finish()
     _log_counters(result)
     return outputs
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def workers_ended_if_stopped() -> Iterator[None]:
+    """A local run (which pipeline.run() is, whole) stopped by Ctrl-C or SIGTERM ends its SDK
+    worker processes first: Beam, unwinding, would wait for each to finish its bundle. The
+    signal then goes on to whoever handled it before (the CLI's stop, else KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        terminate_descendants()
+        _handled_before(previous[signum], signum, frame)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
@@ -104,7 +147,7 @@ def cancelled_if_stopped(result: Any) -> Iterator[None]:
     """A job outlives its launcher on a cluster: stopping the launcher (Ctrl-C, SIGTERM) cancels
     it, so that a stream does not hold its slots (and its LOOPBACK workers, gone with us) forever."""
     def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        _handled_before(previous, signum, frame)
 
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -121,6 +164,14 @@ def cancelled_if_stopped(result: Any) -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _handled_before(handler: Any, signum: int, frame: Any) -> None:
+    """A stop signal passed on to the handler it had before ours, which decides (the CLI's stop
+    raises KeyboardInterrupt once, noting the signal, and ignores repeats); without one, raise."""
+    if not callable(handler):
+        raise KeyboardInterrupt
+    handler(signum, frame)
 
 
 def check_endpoints(options: PipelineOptions) -> None:

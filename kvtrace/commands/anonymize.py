@@ -23,6 +23,9 @@ from transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE
 from transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
+# A night that rejects more than half its records read the wrong files or the wrong shape:
+# publishing the rest would pass for a trace of the night's traffic.
+DEFAULT_MAX_REJECTED_FRACTION = 0.5
 
 ANONYMIZE_EXAMPLE = """\
 example (offline, on the bundled examples):
@@ -52,9 +55,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = anonymize.add_argument
-    add("--input", action="append", metavar="PATH_OR_GLOB",
+    # extend, not append: a glob the shell expanded is several words, and each is an input.
+    add("--input", action="extend", nargs="+", metavar="PATH_OR_GLOB",
         help="request logs: JSONL (also .gz/.zst/.bz2) or Parquet, with chat, prompt or token "
-             "records; repeat for more (required)")
+             "records; several words or repeated flags are all read, and a word that matches "
+             "no file is an error (required)")
     add("--output", metavar="DIR", help="where the trace goes (required)")
     add("--tokenizer", metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
@@ -85,7 +90,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--chat-template-kwargs", metavar="JSON",
         help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
     add("--max-rejected-fraction", type=float, metavar="F",
-        help="fail, writing no trace, when more than this share of records is rejected")
+        help=f"fail, publishing nothing, when more than this share of records is rejected "
+             f"(default {DEFAULT_MAX_REJECTED_FRACTION}; 1 allows any share), saying the top "
+             f"reasons; a run whose every record is rejected always fails")
     add("--hash-shards", type=int, metavar="N",
         help="hash shards for the id assignment (default 64; with an id map, the map's own, "
              "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
@@ -144,9 +151,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
              "ranges of 2 MB, forked once the tokenizer is loaded (default 0: one per core, at "
              "most one per 8 MB of input; 1: all in this process, the tokenizer's threads using "
              "every core)")
-    add("--config", action="append", default=[], metavar="FILE[,FILE]",
-        help="YAML preset(s), repeated or comma-separated (a model's and an environment's, "
-             "say); later files and then flags override earlier values. A name without a path "
+    add("--config", action="extend", nargs="+", default=[], metavar="FILE[,FILE]",
+        help="YAML preset(s), several words, repeated or comma-separated (a model's and an "
+             "environment's, say); later files and then flags override earlier values. A name without a path "
              f"is a preset kvtrace ships: {', '.join(environments())}")
     add("--verbose", action="store_true", help="show Beam's own logs")
     return anonymize
@@ -164,6 +171,7 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "timestamp_granularity_ms": 1,
     "segment_cache_mb": DEFAULT_BUDGET_BYTES >> 20,
     "length_granularity": 1,
+    "max_rejected_fraction": DEFAULT_MAX_REJECTED_FRACTION,
 }
 # Bounds that catch typos before a job starts: blocks of a million tokens hash nothing useful
 # (and transforms/ids/dense_ids.MAX_HASH_SHARDS bounds the shard count).
@@ -240,9 +248,9 @@ def _check_ranges(options: dict[str, Any]) -> None:
                           "choose one")
     integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
-    fraction = options.get("max_rejected_fraction")
-    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-                                 or not 0 <= fraction <= 1):  # NaN fails both comparisons
+    fraction = options["max_rejected_fraction"]
+    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+            or not 0 <= fraction <= 1):  # NaN fails both comparisons
         raise ConfigError(f"--max-rejected-fraction must be a number in [0, 1], not {fraction!r}")
     for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS),
                           ("hash_scheme", SCHEMES)):
@@ -298,7 +306,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         parse=ParseOptions(options["input_format"], options["timestamp_unit"],
                            options["drop_non_text_parts"], options["max_record_bytes"]),
         chat_template_kwargs=options["chat_template_kwargs"],
-        max_rejected_fraction=options.get("max_rejected_fraction"),
+        max_rejected_fraction=options["max_rejected_fraction"],
         hash_shards=run_hash_shards(options.get("hash_shards"), id_map.base if id_map else None),
         tokenizer_sha256=sha256,
         id_map=id_map,
@@ -318,6 +326,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             storage.make_folder(config.dead_letter, private=True)
             try:
                 if stream:
+                    args.stop_leaves = (f"the windows published so far stay in {output}/window-*/,"
+                                        f" no other")  # what the CLI says if the stream is stopped
                     _run_streaming(config, stream, flags)
                     return 0
                 _run_anonymize(config, engine, options["processes"], flags)
@@ -329,6 +339,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 1
+    args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
     _print_summary(config)
     return 0
 

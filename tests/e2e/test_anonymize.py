@@ -72,7 +72,7 @@ def test_bad_input_is_dead_lettered_and_no_good_record_is_lost(tiny_tokenizer, t
     good = [chat(i, 5 * i) for i in range(6)]
     mixed = [line for pair in zip(BAD_LINES, good) for line in pair] + BAD_LINES[len(good):]
     src = write_jsonl(tmp_path / "in.jsonl", mixed + [b"", b"   "])
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "1") == 0
     assert len(trace(tmp_path / "out")) == len(good)
     rejected = [r for p in (tmp_path / "out-rejected").glob("*.jsonl") for r in read_jsonl(p)]
     assert len(rejected) == len(BAD_LINES)
@@ -287,7 +287,8 @@ def test_hostile_logs_every_record_exported_or_dead_lettered(tiny_tokenizer, tmp
     tmp = tmp_path_factory.mktemp("hostile")
     good = [chat(i, 10 * i) for i in range(3)]
     src = write_jsonl(tmp / "in.jsonl", good + lines)
-    assert anonymize(tiny_tokenizer, [src], tmp / "out", "--block-size", "2") == 0
+    assert anonymize(tiny_tokenizer, [src], tmp / "out", "--block-size", "2",
+                     "--max-rejected-fraction", "1") == 0
     manifest = json.loads((tmp / "out" / "manifest.json").read_text())["records"]
     records = [line for line in good + lines if not isinstance(line, bytes) or line.strip()]
     assert manifest["read"] == len(records) == manifest["exported"] + manifest["rejected"]

@@ -48,15 +48,36 @@ class RecordCounts:
         return max(records, lost)
 
 
-def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None) -> RecordCounts:
-    """Fail the job, before any trace file is written, when too much input was rejected."""
-    if max_fraction is not None and counts.rejected_fraction() > max_fraction:
-        raise JobStopped(
-            f"too much input rejected: {counts.rejected} of {counts.read} records, "
-            f"{counts.lost_bytes} of {counts.input_bytes} bytes lost in damaged files "
-            f"({counts.rejected_fraction():.1%}) > --max-rejected-fraction {max_fraction}"
-        )
-    return counts
+def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None,
+                            reasons: dict[str, int] | None = None) -> RecordCounts:
+    """Fail the job, before any trace file is written, when more than max_fraction of the input
+    was rejected, or all of it (nothing to publish); None turns the gate off (a stream's window
+    must not stop the stream). The one-line message names the commonest dead-letter reasons
+    (reasons: reason -> count) and the input shape kvtrace reads, said for the commonest one."""
+    if max_fraction is None:
+        return counts
+    every = counts.read > 0 and counts.rejected == counts.read
+    if counts.rejected_fraction() <= max_fraction and not every:
+        return counts
+    top = sorted((reasons or {}).items(), key=lambda item: (-item[1], item[0]))[:3]
+    shape_hints = {  # what the commonest reason says about the whole file's shape
+        "invalid_json": "kvtrace reads one JSON object per line (JSONL), not a JSON array or "
+                        "pretty-printed JSON: rewrite it with jq -c '.[]' (an array) or jq -c .",
+        "no_input": "each line needs messages (or input, prompt, input_ids) at its top level; an "
+                    "OpenAI Batch file holds them under body, with no timestamp",
+        "missing_timestamp": "each line needs a timestamp (or created) field: epoch s, ms, us, "
+                             "ns or ISO 8601",
+    }
+    shape_hints["not_an_object"] = shape_hints["invalid_json"]
+    hint = shape_hints.get(top[0][0] if top else "", "expected one JSON object per line with "
+                           "messages (or prompt) and timestamp")
+    reasons_said = ", ".join(f"{reason} {count}" for reason, count in top) or "none recorded"
+    lost = (f", {counts.lost_bytes} of {counts.input_bytes} bytes lost in damaged files"
+            if counts.lost_bytes else "")
+    verdict = ("every record rejected: nothing to publish" if every else
+               f"{counts.rejected_fraction():.1%} > --max-rejected-fraction {max_fraction}")
+    raise JobStopped(f"too much input rejected: {counts.rejected} of {counts.read} records"
+                     f"{lost} ({verdict}); top reasons: {reasons_said}; {hint}")
 
 
 def check_not_before_origin(

@@ -1,0 +1,88 @@
+"""The processes this one started, and theirs, found in /proc: a stopped run ends them all, so
+that none outlives it (the local engine's workers, Beam's SDK workers, a job server Beam
+launched, multiprocessing's helpers), whichever library started them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import weakref
+
+PROC = "/proc"
+# Time a process is given to end on SIGTERM before SIGKILL (one that ignores SIGTERM, such as
+# multiprocessing's resource tracker, waits this long).
+END_GRACE_S = 0.3
+POLL_S = 0.02
+# Threads that wait holding no lock (the CLI's signal watcher): a fork copies none of theirs held,
+# so they leave forking safe.
+_QUIET_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def quiet_thread(thread: threading.Thread) -> None:
+    """Mark a started thread as one that waits holding no lock, for busy_threads."""
+    _QUIET_THREADS.add(thread)
+
+
+def busy_threads() -> int:
+    """Threads beside this one whose locks a fork could copy held (quiet ones aside)."""
+    return sum(thread is not threading.current_thread() and thread not in _QUIET_THREADS
+               for thread in threading.enumerate())
+
+
+def _parent_and_state(pid: str) -> tuple[int, str] | None:
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # the name, in (), may hold spaces
+    except (OSError, IndexError):
+        return None  # gone meanwhile
+    return int(fields[1]), fields[0].decode()
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every living process below pid (default: this one), parents before their children;
+    empty where there is no /proc."""
+    if not os.path.isdir(PROC):
+        return []
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir(PROC):
+        found = _parent_and_state(entry) if entry.isdigit() else None
+        if found and found[1] != "Z":  # a zombie has ended; its parent has yet to reap it
+            children.setdefault(found[0], []).append(int(entry))
+    below, frontier = [], [os.getpid() if pid is None else pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent, [])]
+        below += frontier
+    return below
+
+
+def _alive(pid: int) -> bool:
+    found = _parent_and_state(str(pid))
+    return found is not None and found[1] != "Z"
+
+
+def terminate_descendants() -> list[int]:
+    """SIGTERM to every descendant, without waiting (fit for a signal handler); their pids."""
+    pids = descendants()
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    return pids
+
+
+def end_descendants() -> None:
+    """SIGTERM to every descendant, then SIGKILL to any still running after END_GRACE_S."""
+    pids = terminate_descendants()
+    deadline = time.monotonic() + END_GRACE_S
+    while pids and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        pids = [pid for pid in pids if _alive(pid)]
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:  # ended meanwhile
+        pass

@@ -1,0 +1,41 @@
+"""The rejected-share gate on its own: off for a stream's window, refusing a night that rejected
+more than its bound or everything, its message one line with the commonest reasons first."""
+
+from __future__ import annotations
+
+import pytest
+
+from transforms.errors import JobStopped
+from transforms.write.manifest import RecordCounts, check_rejected_fraction
+
+
+def test_no_bound_lets_anything_through():  # a stream's window: the stream must not stop
+    counts = RecordCounts(read=4, rejected=4)
+    assert check_rejected_fraction(counts, None, {"invalid_json": 4}) is counts
+
+
+@pytest.mark.parametrize("counts", [RecordCounts(4, 2), RecordCounts(0, 0),
+                                    RecordCounts(4, 0, lost_bytes=5, input_bytes=10)])
+def test_up_to_the_bound_passes(counts):
+    assert check_rejected_fraction(counts, 0.5) is counts
+
+
+def test_every_record_rejected_is_refused_under_any_bound():
+    with pytest.raises(JobStopped, match="every record rejected: nothing to publish"):
+        check_rejected_fraction(RecordCounts(2, 2), 1.0, {"no_input": 2})
+
+
+def test_the_message_is_one_line_with_reasons_by_count_then_name():
+    reasons = {"wrong_type": 2, "invalid_json": 5, "bad_timestamp": 2, "too_large": 1}
+    with pytest.raises(JobStopped) as stopped:
+        check_rejected_fraction(RecordCounts(11, 10, 0, 100), 0.5, reasons)
+    message = JobStopped.message_in(stopped.value)
+    assert "\n" not in str(stopped.value)
+    assert "10 of 11 records (90.9% > --max-rejected-fraction 0.5)" in message
+    assert "top reasons: invalid_json 5, bad_timestamp 2, wrong_type 2; " in message
+    assert "one JSON object per line" in message  # the commonest reason picks the hint
+
+
+def test_lost_bytes_are_said_when_a_damaged_file_is_what_tipped_it():
+    with pytest.raises(JobStopped, match="1 of 3 records, 80 of 100 bytes lost in damaged files"):
+        check_rejected_fraction(RecordCounts(3, 1, 80, 100), 0.5, {"damaged_file": 1})
