@@ -73,6 +73,7 @@ from transforms.read.sources import (
 from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
+from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.shards import shard_plan, write_shard
 from transforms.write.totals import ExportTotals
 
@@ -83,8 +84,6 @@ TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # read by the Rust tokenizer
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
 CLAIM_BYTES = 2 << 20
-# The name Beam's WriteToText gives a one-shard output, so both engines write the same files.
-DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 
 
 class Encoded(NamedTuple):
@@ -381,5 +380,6 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
 
 
 def write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:
+    """Into a run's letters staging folder (publish.DeadLetterRun), published with the run."""
     with storage.create(storage.join(directory, DEAD_LETTER_FILE), private=True) as handle:
         handle.write("".join(letter.to_json() + "\n" for letter in letters).encode())

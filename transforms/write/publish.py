@@ -48,6 +48,8 @@ from transforms.write.manifest import MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"
+# The one file of dead letters each engine writes into a run's (or a window's) letters folder.
+DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -274,6 +276,90 @@ def file_output(output: str, overwrite: bool = True) -> Iterator[StagedFile]:
         finally:
             if os.path.lexists(staged.staging):
                 os.remove(staged.staging)
+
+
+class DeadLetterRun:
+    """One run's dead letters: staged in a hidden, owner-only folder of the dead-letter folder
+    (both engines write the same one file there), published as rejected-RUNID.jsonl once the
+    run has published its output, so no run overwrites another's and no letters stand for an
+    output that was never published.
+
+        DEAD/.KEY.kvtrace-staging-RUNID/     the run's letters while it runs (KEY: its output's)
+        DEAD/rejected-RUNID.jsonl            a published run's letters
+
+    A run that fails publishes no letters, as it publishes no output (on either engine: Beam
+    may stop before its sink has written them); its rerun writes them. A run killed between
+    publishing its output and its letters is completed by the next run of that output
+    (recover_letters): the staging folder records which folder the output becomes once
+    published (its inode, which a rename keeps).
+    """
+
+    _PUBLISHES = "publishes"  # the output's staging folder's (device, inode)
+
+    def __init__(self, folder: str, output: str, run_id: str):
+        self.folder, self.run_id = folder.rstrip("/"), run_id
+        self.staging = storage.join(self.folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
+
+    @property
+    def published(self) -> str:
+        return storage.join(self.folder, f"rejected-{self.run_id}.jsonl")
+
+    def begin(self, output_staging: str) -> None:
+        """Under the output's lock, once its staging folder exists."""
+        storage.make_folder(self.folder, private=True)
+        storage.make_folder(self.staging, private=True)
+        if not is_url(output_staging):
+            with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
+                f.write(_identity(output_staging).encode())
+
+    def publish(self) -> None:
+        self._move(self.published)
+
+    def discard(self) -> None:
+        storage.remove_folder(self.staging)
+
+    def _move(self, name: str) -> None:
+        storage.rename(storage.join(self.staging, DEAD_LETTER_FILE), name)
+        storage.sync_folder(self.folder)
+        storage.remove_folder(self.staging)
+
+
+def recover_letters(folder: str, output: str) -> list[str]:
+    """Under the output's lock: publish the letters of a killed run of this output that did
+    publish its output, and remove those of killed runs that did not. Returns the run ids
+    published."""
+    if is_url(folder) or not os.path.isdir(folder):
+        return []
+    prefix = f".{_output_key(output)}{STAGING_MARK}"
+    published = []
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith(prefix):
+            continue
+        run = DeadLetterRun(folder, output, name[len(prefix):])
+        try:
+            with open(os.path.join(run.staging, DeadLetterRun._PUBLISHES)) as handle:
+                publishes = handle.read()
+        except OSError:
+            publishes = ""
+        if os.path.exists(output) and publishes == _identity(output) and \
+                os.path.isfile(os.path.join(run.staging, DEAD_LETTER_FILE)):
+            run.publish()
+            published.append(run.run_id)
+        else:
+            run.discard()
+    return published
+
+
+def _output_key(output: str) -> str:
+    """A short name for an output location, the same however it is spelled."""
+    location = output.rstrip("/") if is_url(output) else os.path.realpath(output)
+    return sha256_of(location.encode())[:12]
+
+
+def _identity(folder: str) -> str:
+    """A local folder's identity, which a rename keeps: it marks which folder was published."""
+    status = os.stat(folder)
+    return f"{status.st_dev}:{status.st_ino}"
 
 
 def _exchange(first: str, second: str) -> bool:

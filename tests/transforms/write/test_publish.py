@@ -9,7 +9,8 @@ import os
 import pytest
 
 from transforms.errors import JobStopped
-from transforms.write.publish import (OutputRefused, file_output, folder_output, output_lock,
+from transforms.write.publish import (DEAD_LETTER_FILE, DeadLetterRun, OutputRefused,
+                                      file_output, folder_output, output_lock, recover_letters,
                                       staging_folder)
 
 
@@ -102,3 +103,42 @@ def test_a_folder_holding_what_the_command_does_not_write_is_refused(tmp_path):
     with pytest.raises(OutputRefused, match="a.txt"):
         with folder_output(str(out), frozenset({"a.txt"})):
             pytest.fail("the work must not start")
+
+
+def _letters_run(tmp_path, run_id: str) -> tuple[DeadLetterRun, str]:
+    """A run of output `out` whose letters are staged (as an engine writes them)."""
+    output = str(tmp_path / "out")
+    run = DeadLetterRun(str(tmp_path / "dead"), output, run_id)
+    staging = staging_folder(output, run_id)
+    os.makedirs(staging)
+    run.begin(staging)
+    with open(os.path.join(run.staging, DEAD_LETTER_FILE), "wb") as handle:
+        handle.write(f"{run_id}\n".encode())
+    return run, staging
+
+
+def test_each_runs_letters_are_published_under_its_own_name(tmp_path):
+    for run_id in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
+        run, _ = _letters_run(tmp_path, run_id)
+        assert not os.path.exists(run.published)  # staged, hidden, until the run publishes
+        run.publish()
+    assert sorted(os.listdir(tmp_path / "dead")) == ["rejected-aaaaaaaaaaaa.jsonl",
+                                                     "rejected-bbbbbbbbbbbb.jsonl"]
+    assert (tmp_path / "dead" / "rejected-aaaaaaaaaaaa.jsonl").read_text() == "aaaaaaaaaaaa\n"
+
+
+def test_a_killed_runs_letters_follow_its_output(tmp_path):
+    """Killed after publishing its output: the next run publishes its letters; killed before:
+    they go, as its output never came."""
+    published, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    os.rename(staging, tmp_path / "out")  # the output published, then the kill
+    unpublished, _ = _letters_run(tmp_path, "bbbbbbbbbbbb")  # killed before its output
+    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
+    assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
+
+
+def test_letters_of_another_output_are_left_alone(tmp_path):
+    other = DeadLetterRun(str(tmp_path / "dead"), str(tmp_path / "other"), "cccccccccccc")
+    other.begin(str(tmp_path))
+    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
+    assert os.listdir(tmp_path / "dead") == [os.path.basename(other.staging)]
