@@ -47,10 +47,11 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             converted = to_mooncake(read_bytes(args.trace).splitlines())
             with storage.create(storage.join(staged.path, trace_file)) as handle:
                 handle.write(_jsonl(converted.rows))
+            manifest = {"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
+                        "converted_from": "bailian", "rows": len(converted.rows),
+                        "files": [trace_file]}
             with storage.create(storage.join(staged.path, "manifest.json")) as handle:
-                handle.write(json.dumps({"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
-                                         "converted_from": "bailian", "rows": len(converted.rows),
-                                         "files": [trace_file]}, indent=2).encode())
+                handle.write(json.dumps(manifest, indent=2).encode())
     sessions = len({row["session"] for row in converted.rows})
     print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
           f"(block size {BAILIAN_BLOCK_SIZE})")

@@ -48,6 +48,7 @@ from transforms.write.manifest import MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"
+LOCK_ATTEMPTS = 100  # each retry means another run took and released the lock meanwhile
 # The one file of dead letters each engine writes into a run's (or a window's) letters folder.
 DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 _RENAME_EXCHANGE = 2
@@ -127,24 +128,44 @@ def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
 
 @contextmanager
 def output_lock(output: str) -> Iterator[None]:
-    """Hold the output's lock for a run (local folders): a second run on the same output is
-    refused at once, and the holder may clear what killed runs left beside the output."""
+    """Hold the output's lock for a run (local outputs, files or folders): a second run on the
+    same output is refused at once, and the holder may clear what killed runs left beside the
+    output. The lock file goes with the run (one a killed run leaves is taken by the next)."""
     if is_url(output):
         yield
         return
     parent, name = _split(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
-    handle = os.open(os.path.join(parent, f".{name}{LOCK_MARK}"), os.O_RDWR | os.O_CREAT, 0o600)
+    path = os.path.join(parent, f".{name}{LOCK_MARK}")
+    handle = _take_lock(path, output)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise JobStopped(f"another kvtrace run is writing {output}; one run per output "
-                             f"folder at a time") from None
         restore_interrupted(output)
         yield
     finally:
+        try:
+            os.unlink(path)  # still held: a run that opened this file before sees it gone
+        finally:
+            os.close(handle)
+
+
+def _take_lock(path: str, output: str) -> int:
+    """The locked descriptor of the lock file at path, which the holder removes when done: a
+    file locked after its holder removed it is no lock (the path names another), so retry."""
+    for _ in range(LOCK_ATTEMPTS):
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(handle)
+            raise JobStopped(f"another kvtrace run is writing {output}; one run per output "
+                             f"at a time") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
         os.close(handle)
+    raise JobStopped(f"other kvtrace runs kept taking the lock of {output}; try again")
 
 
 def restore_interrupted(output: str) -> list[str]:

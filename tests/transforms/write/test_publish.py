@@ -9,6 +9,7 @@ import os
 import pytest
 
 from transforms.errors import JobStopped
+from transforms.write import publish
 from transforms.write.publish import (DEAD_LETTER_FILE, DeadLetterRun, OutputRefused,
                                       file_output, folder_output, output_lock, recover_letters,
                                       staging_folder)
@@ -26,7 +27,7 @@ def test_a_file_is_published_whole_when_the_work_ends(tmp_path):
             assert not out.exists()  # while it is written, only the staging path holds it
             handle.write(b" and whole\n")
     assert out.read_bytes() == b"half and whole\n"
-    assert _beside(out) == [".requests.jsonl.kvtrace-lock", "requests.jsonl"]
+    assert _beside(out) == ["requests.jsonl"]  # the lock goes with the run
 
 
 def test_a_failed_run_leaves_the_previous_file_and_no_staged_copy(tmp_path):
@@ -37,7 +38,7 @@ def test_a_failed_run_leaves_the_previous_file_and_no_staged_copy(tmp_path):
             handle.write(b"new but unfinished")
             raise RuntimeError("the work failed")
     assert out.read_bytes() == b"previous"
-    assert _beside(out) == [".page.html.kvtrace-lock", "page.html"]
+    assert _beside(out) == ["page.html"]
 
 
 def test_an_existing_file_is_refused_unless_it_is_to_be_overwritten(tmp_path):
@@ -88,7 +89,7 @@ def test_a_folder_is_published_whole_and_withdrawn_when_there_is_nothing(tmp_pat
     with folder_output(str(out), own) as staged:  # its own earlier output is replaced
         staged.withdraw()
     assert (out / "a.txt").read_bytes() == b"1"
-    assert _beside(out) == [".analysis.kvtrace-lock", "analysis"]
+    assert _beside(out) == ["analysis"]
 
 
 def test_a_folder_holding_what_the_command_does_not_write_is_refused(tmp_path):
@@ -142,3 +143,22 @@ def test_letters_of_another_output_are_left_alone(tmp_path):
     other.begin(str(tmp_path))
     assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
     assert os.listdir(tmp_path / "dead") == [os.path.basename(other.staging)]
+
+
+def test_a_lock_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
+    """A run that opened the lock file just before its holder removed it must not count the
+    removed file as the lock (the next run would lock the new one beside it): it retries."""
+    out, lock = str(tmp_path / "x.jsonl"), tmp_path / ".x.jsonl.kvtrace-lock"
+    locked = []
+
+    def flock(handle: int, operation: int) -> None:
+        if not locked:
+            os.unlink(lock)  # the holder finishes between this run's open and its flock
+        locked.append(os.fstat(handle).st_ino)
+        real_flock(handle, operation)
+
+    real_flock = publish.fcntl.flock
+    monkeypatch.setattr(publish.fcntl, "flock", flock)
+    with output_lock(out):
+        assert len(locked) == 2 and os.stat(lock).st_ino == locked[-1]
+    assert not lock.exists()
