@@ -26,9 +26,9 @@ from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
+from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import assemble_rows
 from transforms.write.totals import ExportTotals, sum_totals
-from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.shards import shard_plan
 from transforms.write.steps import WriteShard
 

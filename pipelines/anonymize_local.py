@@ -72,8 +72,8 @@ from transforms.read.sources import (
 )
 from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
-from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
 from transforms.write.publish import DEAD_LETTER_FILE
+from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
 from transforms.write.shards import shard_plan, write_shard
 from transforms.write.totals import ExportTotals
 
