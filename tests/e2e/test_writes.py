@@ -68,7 +68,7 @@ def test_an_unwritable_location_is_refused_before_any_work(trace, tmp_path, caps
         assert main(args) == 2, command
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, err
-        assert "Not a directory" in err or "exists" in err, err
+        assert f"{blocker} is not a folder" in err, err
 
 
 def test_convert_publishes_its_folder_whole_manifest_last(tmp_path, capsys):

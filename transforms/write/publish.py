@@ -229,6 +229,8 @@ def folder_output(output: str, own: frozenset[str] = frozenset()) -> Iterator[St
     manifest) and locked before the work, which writes into the staging folder yielded; it is
     published whole when the block ends without an error, and removed when it does not."""
     output = output.rstrip("/")
+    if not is_url(output):
+        check_parent(output)
     check_output(output, own)
     staged = StagedFolder(staging_folder(output, new_run_id()))
     with output_lock(output):
@@ -265,6 +267,18 @@ class StagedFile:
         storage.sync_folder(os.path.dirname(os.path.abspath(self.output)))
 
 
+def check_parent(output: str) -> None:
+    """Refuse a local output whose folder cannot be made or written (the nearest existing
+    ancestor is a file, or not writable): said before any work, not after it."""
+    ancestor = os.path.dirname(os.path.abspath(output))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise OutputRefused(f"cannot write {output}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputRefused(f"cannot write {output}: {ancestor} is not writable")
+
+
 def check_file(output: str, overwrite: bool) -> None:
     """Refuse a file output that is a folder or not a plain file, or that exists when it is
     not to be overwritten."""
@@ -272,6 +286,7 @@ def check_file(output: str, overwrite: bool) -> None:
         if not overwrite and storage.exists(output):
             raise OutputRefused(f"{output} exists; --overwrite replaces it")
         return
+    check_parent(output)
     if not os.path.lexists(output):
         return
     if os.path.isdir(output) and not os.path.islink(output):
