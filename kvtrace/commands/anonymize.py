@@ -326,14 +326,13 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             recover_letters(dead_letter, output)  # before this run's staging folder exists
             storage.make_folder(config.staging, private=True)
             letters.begin(config.staging)
+            succeeded = False
             try:
                 _run_anonymize(config, engine, options["processes"], flags)
-            except Exception:
-                letters.discard()  # a failed run publishes nothing: its rerun writes them
-                raise
+                succeeded = True
             finally:
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
-            letters.publish()
+                letters.settle(succeeded)  # published with the output, or gone with the run
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:

@@ -316,24 +316,24 @@ def file_output(output: str, overwrite: bool = True) -> Iterator[StagedFile]:
 
 class DeadLetterRun:
     """One run's dead letters: staged in a hidden, owner-only folder of the dead-letter folder
-    (both engines write the same one file there), published as rejected-RUNID.jsonl once the
-    run has published its output, so no run overwrites another's and no letters stand for an
+    (both engines write the same one file there), published as rejected-RUNID.jsonl when the
+    run's output is published, so no run overwrites another's and no letters stand for an
     output that was never published.
 
         DEAD/.KEY.kvtrace-staging-RUNID/     the run's letters while it runs (KEY: its output's)
         DEAD/rejected-RUNID.jsonl            a published run's letters
 
-    A run that fails publishes no letters, as it publishes no output (on either engine: Beam
-    may stop before its sink has written them); its rerun writes them. A run killed between
-    publishing its output and its letters is completed by the next run of that output
-    (recover_letters): the staging folder records which folder the output becomes once
-    published (its inode, which a rename keeps).
+    Whether the output was published is read from the output itself: the staging folder records
+    the identity (inode) of the folder the output becomes, which a rename keeps. So a run that
+    fails after publishing (a full disk while it tidies up) still publishes its letters, a run
+    that fails before publishes none (its rerun writes them), and a run killed in between is
+    settled by the next run of that output (recover_letters).
     """
 
-    _PUBLISHES = "publishes"  # the output's staging folder's (device, inode)
+    _PUBLISHES = "publishes"  # the identity of the folder the output becomes
 
     def __init__(self, folder: str, output: str, run_id: str):
-        self.folder, self.run_id = folder.rstrip("/"), run_id
+        self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
         self.staging = storage.join(self.folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
 
     @property
@@ -348,42 +348,39 @@ class DeadLetterRun:
             with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
                 f.write(_identity(output_staging).encode())
 
-    def publish(self) -> None:
-        self._move(self.published)
-
-    def discard(self) -> None:
-        storage.remove_folder(self.staging)
-
-    def _move(self, name: str) -> None:
-        storage.rename(storage.join(self.staging, DEAD_LETTER_FILE), name)
+    def settle(self, run_succeeded: bool) -> bool:
+        """Publish the letters if the run's output is published, else remove them; whether it
+        is published is the run's word only where the output has no identity (object stores).
+        Returns whether they were published."""
+        letters = storage.join(self.staging, DEAD_LETTER_FILE)
+        if not (self._output_published(run_succeeded) and storage.exists(letters)):
+            storage.remove_folder(self.staging)
+            return False
+        storage.rename(letters, self.published)
         storage.sync_folder(self.folder)
         storage.remove_folder(self.staging)
+        return True
+
+    def _output_published(self, run_succeeded: bool) -> bool:
+        if is_url(self.staging):
+            return run_succeeded
+        try:
+            with open(os.path.join(self.staging, self._PUBLISHES)) as handle:
+                publishes = handle.read()
+        except FileNotFoundError:
+            return False  # killed before it knew its output's staging folder
+        return os.path.exists(self.output) and publishes == _identity(self.output)
 
 
 def recover_letters(folder: str, output: str) -> list[str]:
-    """Under the output's lock: publish the letters of a killed run of this output that did
-    publish its output, and remove those of killed runs that did not. Returns the run ids
-    published."""
+    """Under the output's lock, before the run stages anything: settle the letters killed runs
+    of this output left (published if their output was). Returns the run ids published."""
     if is_url(folder) or not os.path.isdir(folder):
         return []
     prefix = f".{_output_key(output)}{STAGING_MARK}"
-    published = []
-    for name in sorted(os.listdir(folder)):
-        if not name.startswith(prefix):
-            continue
-        run = DeadLetterRun(folder, output, name[len(prefix):])
-        try:
-            with open(os.path.join(run.staging, DeadLetterRun._PUBLISHES)) as handle:
-                publishes = handle.read()
-        except OSError:
-            publishes = ""
-        if os.path.exists(output) and publishes == _identity(output) and \
-                os.path.isfile(os.path.join(run.staging, DEAD_LETTER_FILE)):
-            run.publish()
-            published.append(run.run_id)
-        else:
-            run.discard()
-    return published
+    runs = [DeadLetterRun(folder, output, name[len(prefix):])
+            for name in sorted(os.listdir(folder)) if name.startswith(prefix)]
+    return [run.run_id for run in runs if run.settle(run_succeeded=False)]
 
 
 def _output_key(output: str) -> str:

@@ -5,6 +5,7 @@ nothing of a failed run at the output's name."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -118,14 +119,31 @@ def _letters_run(tmp_path, run_id: str) -> tuple[DeadLetterRun, str]:
     return run, staging
 
 
+def _publish_output(staging: str, tmp_path) -> None:
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    os.rename(staging, tmp_path / "out")
+
+
 def test_each_runs_letters_are_published_under_its_own_name(tmp_path):
     for run_id in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
-        run, _ = _letters_run(tmp_path, run_id)
-        assert not os.path.exists(run.published)  # staged, hidden, until the run publishes
-        run.publish()
+        run, staging = _letters_run(tmp_path, run_id)
+        _publish_output(staging, tmp_path)
+        assert not os.path.exists(run.published)  # staged, hidden, until the run settles
+        assert run.settle(run_succeeded=True)
     assert sorted(os.listdir(tmp_path / "dead")) == ["rejected-aaaaaaaaaaaa.jsonl",
                                                      "rejected-bbbbbbbbbbbb.jsonl"]
     assert (tmp_path / "dead" / "rejected-aaaaaaaaaaaa.jsonl").read_text() == "aaaaaaaaaaaa\n"
+
+
+def test_a_failed_runs_letters_follow_its_output_not_its_exit(tmp_path):
+    """Failed after publishing its output (a full disk while tidying up): its letters are
+    published; failed before: they go with the run."""
+    after, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    _publish_output(staging, tmp_path)
+    assert after.settle(run_succeeded=False)
+    before, _ = _letters_run(tmp_path, "bbbbbbbbbbbb")
+    assert not before.settle(run_succeeded=False)
+    assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
 def test_a_killed_runs_letters_follow_its_output(tmp_path):
