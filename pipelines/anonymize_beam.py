@@ -26,6 +26,7 @@ from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
+from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import assemble_rows
 from transforms.write.totals import ExportTotals, sum_totals
 from transforms.write.shards import shard_plan
@@ -149,9 +150,11 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     _ = (
         dead_letters
         | "DeadLetterJson" >> beam.Map(lambda d: d.to_json())
-        # One file whatever the runner's parallelism, named as the local engine names it.
+        # One file whatever the runner's parallelism, named as the local engine names it, into
+        # the run's letters staging folder (published with the run: publish.DeadLetterRun).
         | "WriteDeadLetters" >> beam.io.WriteToText(
-            f"{config.dead_letter.rstrip('/')}/rejected", file_name_suffix=".jsonl", num_shards=1
+            storage.join(config.dead_letter, DEAD_LETTER_FILE), shard_name_template="",
+            num_shards=1
         )
         | "DeadLettersPrivate" >> beam.Map(storage.make_private)  # they hold raw prompts
     )

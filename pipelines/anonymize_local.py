@@ -74,6 +74,7 @@ from transforms.read.sources import (
 )
 from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
+from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
 from transforms.write.shards import shard_plan, write_shard
 from transforms.write.totals import ExportTotals
@@ -88,8 +89,6 @@ CLAIM_BYTES = 2 << 20
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # A worker still running this long after SIGTERM is killed (it ends at once, by default action).
 END_WORKERS_S = 0.5
-# The name Beam's WriteToText gives a one-shard output, so both engines write the same files.
-DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 
 
 class Encoded(NamedTuple):
@@ -427,5 +426,6 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
 
 
 def write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:
+    """Into a run's letters staging folder (publish.DeadLetterRun), published with the run."""
     with storage.create(storage.join(directory, DEAD_LETTER_FILE), private=True) as handle:
         handle.write("".join(letter.to_json() + "\n" for letter in letters).encode())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transforms import storage
+from transforms.write.publish import file_output
 from transforms.write.replayers import CONSUMERS
 from transforms.replay.export import export
 from transforms.read.trace_io import read_trace
@@ -17,20 +17,20 @@ class ExportConfig:
     output: str
     consumer: str
     block_size: int
+    overwrite: bool = False
 
 
 def run_export(config: ExportConfig) -> dict:
     consumer = CONSUMERS[config.consumer]
-    trace = read_trace(config.inputs)
-    if trace.malformed_count:
-        first = trace.malformed[0]
-        raise ValueError(f"{trace.malformed_count} malformed row(s), the first at {first['file']} "
-                         f"line {first['line']}: {first['error']} (kvtrace validate lists them)")
-    exported = export(trace, consumer, config.block_size)
-    staged = f"{config.output}.kvtrace-partial"
-    with storage.create(staged) as out:
-        out.write(exported.jsonl)
-    storage.rename(staged, config.output)  # a replayer never reads half a file
+    with file_output(config.output, config.overwrite) as output:
+        trace = read_trace(config.inputs)
+        if trace.malformed_count:
+            first = trace.malformed[0]
+            raise ValueError(f"{trace.malformed_count} malformed row(s), the first at "
+                             f"{first['file']} line {first['line']}: {first['error']} "
+                             f"(kvtrace validate lists them)")
+        exported = export(trace, consumer, config.block_size)
+        output.write(exported.jsonl)
     return {"consumer": consumer.name, "reader": consumer.reader, "form": consumer.form,
             "rows": exported.rows, "block_size": config.block_size,
             "follow_up_turns": exported.follow_up_turns,

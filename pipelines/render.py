@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from transforms import storage
 from transforms.batching import batches_by_weight
 from transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
 from transforms.replay.render import (
@@ -23,6 +22,7 @@ from transforms.replay.render import (
     vocabulary,
 )
 from transforms.read.trace_io import read_trace
+from transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
 MAX_EXAMPLES = 5
@@ -48,6 +48,12 @@ PROGRESS_INTERVAL_S = 30.0
 
 
 def run_render(config: RenderConfig) -> dict:
+    """Renders the trace into the output, published whole (publish.file_output) once written."""
+    with file_output(config.output) as output:
+        return _render(config, output)
+
+
+def _render(config: RenderConfig, output: StagedFile) -> dict:
     started = time.perf_counter()
     trace = read_trace(config.inputs)
     tokenizer = load_tokenizer(config.tokenizer)
@@ -60,7 +66,7 @@ def run_render(config: RenderConfig) -> dict:
     sessions = trace.session.tolist() if trace.session is not None else [None] * len(trace)
     lengths, keys = [], []
     last_progress = time.monotonic()
-    with storage.create(config.output) as handle:
+    with output.create() as handle:
         lengths_of = trace.input_length.tolist()
         for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, lengths_of.__getitem__,
                                       BATCH_ROWS):

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from transforms import storage
 from transforms.cache import plots
 from transforms.cache.cache_trace import read_cache_trace
 from transforms.cache.capacity import Capacity
@@ -22,6 +21,7 @@ from transforms.cache.policies import POLICIES
 from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
 from transforms.cache.stack_distance import COLD, stack_distances
 from transforms.stats.trace_stats import analyze
+from transforms.write.publish import file_output
 
 from pipelines.simulate import policy_curve, two_tier_grid
 
@@ -42,10 +42,19 @@ class ReportConfig:
     policies: tuple[str, ...] = POLICIES
     tier2_capacities: tuple[Capacity, ...] = ()  # of the sizing grid's columns; default as rows
     kv_bytes_per_token: int | None = None
+    overwrite: bool = False
 
 
 def run_report(config: ReportConfig) -> dict:
-    """Writes the page; returns the numbers it shows."""
+    """Writes the page (published whole, publish.file_output); returns the numbers it shows."""
+    with file_output(config.output, config.overwrite) as output:
+        numbers, text = _numbers_and_page(config)
+        output.write(text.encode())
+    _LOG.info("report written to %s", config.output)
+    return numbers
+
+
+def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
     trace, cache = read_cache_trace(config.inputs, config.block_size)
     stats = analyze(trace, config.block_size)
     events = reuse_events(cache)
@@ -88,10 +97,7 @@ def run_report(config: ReportConfig) -> dict:
     }
     numbers = {"headline": headline, "analyze": stats, "gpu_kv_cache_size": gpu,
                "ccdf_at_gpu_kv_cache_size": at_gpu, "policies": curves, "two_tier": grid}
-    with storage.create(config.output) as handle:
-        handle.write(page(config, stats, numbers, images).encode())
-    _LOG.info("report written to %s", config.output)
-    return numbers
+    return numbers, page(config, stats, numbers, images)
 
 
 def _capacities(prefix_max: np.ndarray, block_size: int, points: int) -> tuple[Capacity, ...]:

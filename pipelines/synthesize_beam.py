@@ -5,7 +5,6 @@ part per time bucket; the launcher concatenates the parts in order."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 
@@ -13,9 +12,11 @@ import apache_beam as beam
 from pipelines.synthesize_local import SynthesizeConfig
 from transforms import storage
 from transforms.storage import is_url
+from transforms.ids.id_map import new_run_id
 from transforms.synth.steps import SHARDS, SynthesizeTrace
 from transforms.synth.summary import before_and_after
 from transforms.synth.synthesize import SynthConfig
+from transforms.write.publish import file_output, staging_folder
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -44,20 +45,25 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict
         raise ConfigError("--engine beam on a remote runner needs -o on a filesystem its "
                           "workers can write (gs://, s3://)")
     started = time.perf_counter()
-    parts_dir = config.output + ".parts"
-    run(lambda p: build(p, config.inputs, parts_dir, config.block_size, config.synth), options)
-    parts = storage.match(storage.join(parts_dir, "*.jsonl"))
-    with storage.create(config.output) as handle:
-        for part in parts:  # named by first rank: name order is output order
-            with storage.open_read(part) as piece:
-                shutil.copyfileobj(piece, handle)
-    storage.delete(parts)
-    if not is_url(parts_dir) and os.path.isdir(parts_dir):  # an empty trace writes no part
-        os.rmdir(parts_dir)
+    with file_output(config.output) as output:
+        # The parts are staged beside the output under the run's name, so a killed run's are
+        # cleared by the next run's lock (publish.restore_interrupted), and a failed one's here.
+        parts_dir = staging_folder(config.output, new_run_id()) if is_url(config.output) else \
+            f"{output.staging}.parts"
+        try:
+            run(lambda p: build(p, config.inputs, parts_dir, config.block_size, config.synth),
+                options)
+            with output.create() as handle:
+                for part in storage.match(storage.join(parts_dir, "*.jsonl")):
+                    with storage.open_read(part) as piece:  # named by first rank: in order
+                        shutil.copyfileobj(piece, handle)
+        finally:
+            storage.remove_folder(parts_dir)  # an empty trace writes no part, nor the folder
     _LOG.info("synthesized %s from %d file(s) in %.1f s", config.output, len(config.inputs),
               time.perf_counter() - started)
     # Remote runners write their reports where the launcher can read them back.
-    reports = (parts_dir + "-before", parts_dir + "-after") if remote else (None, None)
+    reports = (f"{config.output}.parts-before", f"{config.output}.parts-after") if remote else \
+        (None, None)
     before = analyze_beam(AnalyzeConfig(config.inputs, config.block_size), beam_flags, reports[0])
     after = analyze_beam(AnalyzeConfig((config.output,), config.block_size), beam_flags,
                          reports[1])

@@ -13,12 +13,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from transforms import storage
 from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import analyze
 from transforms.synth.output import jsonl_bytes
 from transforms.synth.summary import before_and_after
 from transforms.synth.synthesize import SynthConfig, synthesize
+from transforms.write.publish import file_output
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -33,10 +33,10 @@ class SynthesizeConfig:
 
 def run_synthesize(config: SynthesizeConfig) -> dict:
     started = time.perf_counter()
-    source = read_trace(config.inputs)
-    output = synthesize(source, config.block_size, config.synth)
-    with storage.create(config.output) as handle:
-        handle.write(jsonl_bytes(output))
+    with file_output(config.output) as staged:
+        source = read_trace(config.inputs)
+        output = synthesize(source, config.block_size, config.synth)
+        staged.write(jsonl_bytes(output))
     _LOG.info("synthesized %d rows from %d in %.1f s", len(output), len(source),
               time.perf_counter() - started)
     before = analyze(source, config.block_size)

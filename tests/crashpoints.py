@@ -2,10 +2,11 @@
 harness (test_crash_points.py): `python crashpoints.py K MODE kvtrace-args...`.
 
 The steps counted are the ones a commit protocol is made of, when kvtrace's code makes them: a
-file written (storage.create, counted when closed), fsync, rename, link, unlink, rmtree and the
-atomic folder swap. MODE kill
-ends the process at once before the step (as SIGKILL would: no cleanup, no finally); MODE enospc
-makes the step fail as on a full disk. K = 0 runs cleanly and prints the number of steps.
+file written (storage.create, counted when closed), fsync, rename, link, unlink (and remove),
+rmtree and the atomic folder swap. MODE kill
+ends the process at once before the step (as SIGKILL would: no cleanup, no finally), and a file
+killed before it is synced keeps only half its bytes (as a power cut may leave it: written but
+never synced); MODE enospc makes the step fail as on a full disk. K = 0 runs cleanly and prints the number of steps.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import errno
 import io
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -23,11 +25,12 @@ from transforms.write import publish
 STEPS = [0]
 
 
-def _fault(target: int, mode: str) -> None:
+def _fault(target: int, mode: str, lose_unsynced=lambda: None) -> None:
     STEPS[0] += 1
     if STEPS[0] != target:
         return
     if mode == "kill":
+        lose_unsynced()
         os._exit(137)
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -36,18 +39,25 @@ PROJECT = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
                 for name in ("transforms", "pipelines", "kvtrace"))
 
 
-def _counted(function, target: int, mode: str):
+def _counted(function, target: int, mode: str, lose_unsynced=lambda *args: None):
     def step(*args, **kwargs):
         # kvtrace's own steps only: libraries (caches written at import, Beam's sinks) do file
         # operations of their own, some of which swallow the failures injected here.
         if sys._getframe(1).f_code.co_filename.startswith(PROJECT):
-            _fault(target, mode)
+            _fault(target, mode, lambda: lose_unsynced(*args))
         return function(*args, **kwargs)
     return step
 
 
+def _lose_half_of(descriptor: int) -> None:
+    """A file killed before its fsync keeps half its bytes (a folder loses nothing here)."""
+    if stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.ftruncate(descriptor, os.fstat(descriptor).st_size // 2)
+
+
 def install(target: int, mode: str) -> None:
-    for name in ("fsync", "rename", "replace", "link", "unlink"):
+    os.fsync = _counted(os.fsync, target, mode, _lose_half_of)
+    for name in ("rename", "replace", "link", "unlink", "remove"):
         setattr(os, name, _counted(getattr(os, name), target, mode))
     shutil.rmtree = _counted(shutil.rmtree, target, mode)
     publish._exchange = _counted(publish._exchange, target, mode)
@@ -56,12 +66,16 @@ def install(target: int, mode: str) -> None:
     class CountedWriter(io.BufferedWriter):
         def close(self) -> None:
             if not self.closed:
-                try:
-                    _fault(target, mode)  # the file's bytes reaching the disk, or not
+                try:  # the file's bytes reaching the disk, or not
+                    _fault(target, mode, self._lose_half)
                 except OSError:
                     super().close()
                     raise
             super().close()
+
+        def _lose_half(self) -> None:
+            self.flush()
+            _lose_half_of(self.raw.fileno())
 
     def create(path: str, private: bool = False):
         return CountedWriter(original_create(path, private).detach())

@@ -36,22 +36,38 @@ def add_parser(commands: Any) -> None:
     add_engine_options(analyze, "the same numbers from traces spread over many files")
 
 
+ANALYSIS_FILES = frozenset({"analysis.txt", "analysis.json"})
+
+
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.commands.analyze_text import render
-    from pipelines.analyze_local import AnalyzeConfig, analyze_local
+    from transforms.write.publish import folder_output
 
     engine_options(args.engine, beam_args)
     if not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = trace_inputs(args)  # in the order given: file order matters
+    if not args.output:
+        return _analyze(args, beam_args, files, block_size, None)
+    with folder_output(args.output, ANALYSIS_FILES) as staged:  # whole, or not at all
+        code = _analyze(args, beam_args, files, block_size, staged.path)
+        if code:
+            staged.withdraw()
+        return code
+
+
+def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, ...],
+             block_size: int, folder: str | None) -> int:
+    """The report printed, and written into folder (--output's staging) when there is one."""
+    from kvtrace.commands.analyze_text import render
+    from pipelines.analyze_local import AnalyzeConfig, analyze_local
+
     config = AnalyzeConfig(files, block_size, args.warmup_fraction)
-    output = args.output.rstrip("/") if args.output else None
     if args.engine == "local":
         report = analyze_local(config)
     else:
         from pipelines.analyze_beam import analyze_beam
 
-        report = analyze_beam(config, beam_args, output)
+        report = analyze_beam(config, beam_args, folder)
     if report["total_requests"] == 0:
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         warn_malformed(report["problems"])
@@ -59,11 +75,11 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     text = render(report, files)
     print(text)
     write_json_report(args.json, report)
-    if output:
+    if folder:
         from transforms import storage
 
         for name, payload in (("analysis.txt", text + "\n"),
                               ("analysis.json", json.dumps(report, indent=2) + "\n")):
-            with storage.create(storage.join(output, name)) as handle:
+            with storage.create(storage.join(folder, name)) as handle:
                 handle.write(payload.encode())
     return 0

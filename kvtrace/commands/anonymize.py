@@ -268,7 +268,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.read.records import ParseOptions
     from transforms.write.coarsen import Coarsening
     from transforms import storage
-    from transforms.write.publish import check_output, output_lock, staging_folder
+    from transforms.write.publish import (DeadLetterRun, check_output, output_lock,
+                                          recover_letters, staging_folder)
 
     presets, preset_beam = load_presets(
         [config_path(p) for arg in args.config for p in arg.split(",") if p],
@@ -295,13 +296,17 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         id_map = _open_id_map(options, salt, fingerprint, sha256,
                               tokenization_fingerprint(tokenizer), scheme)
     check_output(output)
+    run_id = id_map.run_id if id_map else new_run_id()
+    # A batch run's letters are staged with it and published with it; a stream's windows
+    # publish their own (anonymize_streaming.py).
+    letters = None if stream else DeadLetterRun(dead_letter, output, run_id)
     config = AnonymizeConfig(
         inputs=tuple(file_sizes(files)),
         output=output,
-        staging=staging_folder(output, id_map.run_id if id_map else new_run_id()),
+        staging=staging_folder(output, run_id),
         tokenizer=options["tokenizer"],
         salt=salt,
-        dead_letter=dead_letter,
+        dead_letter=letters.staging if letters else dead_letter,
         block_size=options["block_size"],
         parse=ParseOptions(options["input_format"], options["timestamp_unit"],
                            options["drop_non_text_parts"], options["max_record_bytes"]),
@@ -322,17 +327,26 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
               len(files), total_mb, config.tokenizer, config.block_size, salt.describe())
     try:
         with output_lock(output):
-            storage.make_folder(config.staging, private=True)
-            storage.make_folder(config.dead_letter, private=True)
-            try:
-                if stream:
+            if stream:
+                storage.make_folder(config.staging, private=True)
+                storage.make_folder(config.dead_letter, private=True)
+                try:
                     args.stop_leaves = (f"the windows published so far stay in {output}/window-*/,"
                                         f" no other")  # what the CLI says if the stream is stopped
                     _run_streaming(config, stream, flags)
                     return 0
+                finally:
+                    storage.remove_folder(config.staging)
+            recover_letters(dead_letter, output)  # before this run's staging folder exists
+            storage.make_folder(config.staging, private=True)
+            letters.begin(config.staging)
+            succeeded = False
+            try:
                 _run_anonymize(config, engine, options["processes"], flags)
+                succeeded = True
             finally:
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
+                letters.settle(succeeded)  # published with the output, or gone with the run
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
@@ -340,7 +354,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 1
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
-    _print_summary(config)
+    _print_summary(config, letters.published)
     return 0
 
 
@@ -495,7 +509,7 @@ def _read_json(path: str) -> dict:
         return json.loads(handle.read())
 
 
-def _print_summary(config: Any) -> None:
+def _print_summary(config: Any, letters: str) -> None:
     from transforms.write.replayers import replay_commands
 
     manifest = _read_json(f"{config.output}/manifest.json")
@@ -503,7 +517,7 @@ def _print_summary(config: Any) -> None:
     stats = _read_json(f"{config.output}/stats.json")
     print(
         f"exported {records['exported']} of {records['read']} records "
-        f"({records['rejected']} rejected -> {config.dead_letter}); "
+        f"({records['rejected']} rejected -> {letters}); "
         f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
         f"{stats['unique_blocks']} unique; infinite-cache hit rate "
         f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"

@@ -73,6 +73,7 @@ def add_parsers(commands: Any) -> None:
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("-o", "--output", required=True, metavar="HTML", help="the page to write")
+    add("--overwrite", action="store_true", help="replace --output if it exists")
     add("--gpu-kv-cache-size", metavar="SIZE",
         help="the GPU KV cache the headline and the CCDF's reference lines describe: tokens "
              "(3M) or bytes (40GB, with --model or --kv-bytes-per-token); default: the capacity "
@@ -211,7 +212,7 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         files, args.output, block_size, gpu.tokens if gpu else None,
         tuple(parse_capacities(args.capacity, per_token)) if args.capacity else (), policies,
         tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
-        per_token))
+        per_token, args.overwrite))
     if not _has_rows({"rows": numbers["analyze"]["total_requests"],
                       "problems": numbers["analyze"]["problems"]}, files):
         return 1

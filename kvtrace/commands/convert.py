@@ -32,21 +32,27 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
     from transforms.read.paths import lines_within
     from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
+    from transforms.write.publish import file_output, folder_output
     from transforms.write.shards import shard_name
 
     no_beam_options(beam_args)
-    converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
-    payload = "".join(json.dumps(row) + "\n" for row in converted.rows).encode()
     if args.output.endswith(".jsonl"):
         target = args.output
+        with file_output(target) as output:
+            converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
+            output.write(_jsonl(converted.rows))
     else:
-        target = storage.join(args.output, shard_name(0, 1, ".jsonl"))
-        with storage.create(storage.join(args.output, "manifest.json")) as handle:
-            handle.write(json.dumps({"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
-                                     "converted_from": "bailian", "rows": len(converted.rows),
-                                     "files": [shard_name(0, 1, ".jsonl")]}, indent=2).encode())
-    with storage.create(target) as handle:
-        handle.write(payload)
+        trace_file = shard_name(0, 1, ".jsonl")
+        target = storage.join(args.output.rstrip("/"), trace_file)
+        with folder_output(args.output) as staged:  # published whole, so its manifest last
+            converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
+            with storage.create(storage.join(staged.path, trace_file)) as handle:
+                handle.write(_jsonl(converted.rows))
+            manifest = {"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
+                        "converted_from": "bailian", "rows": len(converted.rows),
+                        "files": [trace_file]}
+            with storage.create(storage.join(staged.path, "manifest.json")) as handle:
+                handle.write(json.dumps(manifest, indent=2).encode())
     sessions = len({row["session"] for row in converted.rows})
     print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
           f"(block size {BAILIAN_BLOCK_SIZE})")
@@ -55,3 +61,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         for example in converted.examples:
             print(f"  {example}", file=sys.stderr)
     return 0 if converted.rows else 1
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()

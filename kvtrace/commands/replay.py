@@ -58,6 +58,7 @@ def add_export_parser(commands: Any) -> None:
     add("--to", required=True, choices=sorted(CONSUMERS), metavar="REPLAYER",
         help=f"one of: {', '.join(CONSUMERS)}")
     add("-o", "--output", required=True, metavar="FILE.jsonl", help="the file to write")
+    add("--overwrite", action="store_true", help="replace --output if it exists")
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("--json", metavar="OUT", help="also write the report as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
@@ -68,7 +69,7 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)
-    report = run_export(ExportConfig(files, args.output, args.to, block_size))
+    report = run_export(ExportConfig(files, args.output, args.to, block_size, args.overwrite))
     print(f"exported {report['rows']:,} rows for {report['reader']} ({report['form']}, block "
           f"size {block_size}) -> {args.output}")
     if report["follow_up_turns"]:

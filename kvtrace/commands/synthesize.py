@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
                                      engine_options,
                                      trace_inputs, warn_malformed, write_json_report)
+from transforms.errors import ConfigError
 
 ROWS = (
     ("requests", "requests", "{:,.0f}"),
@@ -22,6 +24,10 @@ ROWS = (
     ("cache_hit_rate_aiperf", "aiperf/Dynamo cache_hit_rate (per-row mean)", "{:.4f}"),
     ("unique_blocks", "unique blocks (working set)", "{:,.0f}"),
 )
+# The float knobs' ranges: a timestamp divided by the ratio, or a length multiplied, stays a
+# number the trace's int64 columns (and a replayer) can hold, whatever the trace's span.
+SPEEDUP_RANGE = (1e-6, 1e6)
+MULTIPLIER_RANGE = (0.0, 1e3)
 
 
 def add_parser(commands: Any) -> None:
@@ -66,11 +72,16 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.synth.synthesize import SynthConfig
 
     engine_options(args.engine, beam_args)
+    check_knobs(args)
     files, block_size = trace_inputs(args)
     synth = SynthConfig(
         Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
         args.speedup_ratio, args.osl_multiplier, args.min_isl, args.max_isl, args.min_osl,
         args.max_osl, args.num_requests, args.seed)
+    try:
+        synth.check()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     config = SynthesizeConfig(files, args.output, block_size, synth)
     summary = run_synthesize_beam(config, beam_args) if args.engine == "beam" else \
         run_synthesize(config)
@@ -86,3 +97,18 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     print(f"output: {args.output} ({'valid' if not problems else f'{problems} problems'})")
     write_json_report(args.json, summary)
     return 0
+
+
+def check_knobs(args: argparse.Namespace) -> None:
+    """Every numeric option finite and in range before any work (NaN fails every comparison,
+    so each range is written as what must hold)."""
+    knobs = [("--speedup-ratio", args.speedup_ratio, SPEEDUP_RANGE)] + [
+        (f"--{name.replace('_', '-')}", getattr(args, name), MULTIPLIER_RANGE)
+        for name in ("prefix_len_multiplier", "prompt_len_multiplier", "osl_multiplier")]
+    for flag, value, (low, high) in knobs:
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ConfigError(f"{flag} must be a number in [{low:g}, {high:g}], not {value!r}")
+    for name in ("min_isl", "max_isl", "min_osl", "max_osl"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, not {value}")

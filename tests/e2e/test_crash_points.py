@@ -1,11 +1,13 @@
-"""Crash-point harness for the two commit protocols of a night: the id map's version and the
-output folder's publication. Every durable filesystem step of a night (crashpoints.py) is, in
-turn, the point where the process is killed or the disk is full; then:
+"""Crash-point harness for the commit protocols: a night's id map version, output folder and
+dead letters, and every other command that writes (render, synthesize on both engines, convert
+to a file and to a folder, export, report, analyze --output). Every durable filesystem step of
+a run (crashpoints.py) is, in turn, the point where the process is killed or the disk is full;
+then:
 
-- what a reader sees is whole: the output folder is the previous night's or the new one, byte
-  for byte, and the map's published version is the old one or the new one;
-- the rerun gives exactly the bytes of an uninterrupted run (output and map, run ids aside) and
-  leaves nothing behind (no staging folder, no temp file, no abandoned segment).
+- what a reader sees is whole: the output is the previous run's or the new one, byte for byte,
+  and the map's published version is the old one or the new one;
+- the rerun gives exactly the bytes of an uninterrupted run (output, map and letters, run ids
+  aside) and leaves nothing behind (no staging folder, no temp file, no abandoned segment).
 
 Slow (a process per crash point): run by .ci/run, not by the README's test command."""
 
@@ -69,6 +71,13 @@ def night(tiny_tokenizer, tmp_path_factory):
     return base, night2, expected
 
 
+def _letters(folder: Path) -> list[list[str]]:
+    """Each published file's dead letters (every file a run's, nothing hidden beside them)."""
+    files = sorted(folder.iterdir())
+    assert all(re.fullmatch(r"rejected-[0-9a-f]{12}\.jsonl", p.name) for p in files), files
+    return [sorted(p.read_text().splitlines()) for p in files]
+
+
 def _crash(night2: list[str], work: Path, point: int, mode: str, engine: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *night2,
@@ -102,12 +111,17 @@ def _check_every_point(night, tmp_path, mode: str, engine: str, every: int = 1) 
             assert "Traceback" not in crashed.stderr and "error:" in crashed.stderr, crashed.stderr
         seen = _tree(work / "out")
         assert seen in (_tree(base / "previous-out"), _tree(expected / "out")), f"step {point}"
+        night_published = seen == _tree(expected / "out")  # by the killed run
         assert main([*night2, "--output", str(work / "out"), "--id-map", str(work / "map"),
                      "--engine", engine]) == 0, f"rerun after step {point}"
         assert _tree(work / "out") == _tree(expected / "out"), f"output after step {point}"
         assert _tree(work / "map") == _tree(expected / "map"), f"map after step {point}"
-        assert sorted(p.name for p in work.iterdir()) == [".out.kvtrace-lock", "map", "out",
-                                                          "out-rejected"], f"left after {point}"
+        assert sorted(p.name for p in work.iterdir()) == ["map", "out", "out-rejected"], \
+            f"left after {point}"
+        # The night's letters once per run that published it: the rerun, and the killed run if
+        # it had published its output (its letters are kept with it, never lost).
+        assert _letters(work / "out-rejected") == _letters(expected / "out-rejected") * (
+            1 + night_published), f"letters after step {point}"
         shutil.rmtree(work)
     return steps
 
@@ -120,3 +134,92 @@ def test_every_step_of_a_local_night(night, tmp_path, mode):
 @pytest.mark.parametrize("mode", ["kill", "enospc"])
 def test_every_fourth_step_of_a_beam_night(night, tmp_path, mode):
     _check_every_point(night, tmp_path, mode, "beam", every=4)
+
+
+TRACE = [{"timestamp": 1000 * i + 37 * (i % 3), "input_length": 4 * (2 + i % 3) - 1,
+          "output_length": 3, "hash_ids": [1, 2 + i % 2] + [100 + 10 * i + j for j in range(i % 3)]}
+         for i in range(12)]
+BAILIAN = [{"chat_id": i, "parent_chat_id": i - 1 if i % 3 else -1, "timestamp": 1.5 * i,
+            "input_length": 16 * (1 + i % 3), "output_length": 4, "type": "text", "turn": 1,
+            "hash_ids": list(range(i, i + 1 + i % 3))} for i in range(9)]
+# Each command that writes, as (name, arguments before the input, its output's name, arguments
+# after); INPUT is replaced by the trace (or Bailian file) of a run.
+COMMANDS = {
+    "render": (["render", "INPUT", "--block-size", "4", "--tokenizer", "TOKENIZER",
+                "--no-verify"], "out.jsonl"),
+    "synthesize": (["synthesize", "INPUT", "--block-size", "4", "--seed", "1"], "out.jsonl"),
+    "synthesize-beam": (["synthesize", "INPUT", "--block-size", "4", "--engine", "beam"],
+                        "out.jsonl"),
+    "convert-file": (["convert", "BAILIAN"], "out.jsonl"),
+    "convert-folder": (["convert", "BAILIAN"], "out"),
+    "export": (["export", "INPUT", "--to", "dynamo", "--block-size", "4", "--overwrite"],
+               "out.jsonl"),
+    "report": (["report", "INPUT", "--block-size", "4", "--capacity", "8,32", "--policy", "lru",
+                "--overwrite"], "out.html"),
+    "analyze": (["analyze", "INPUT", "--block-size", "4", "--output"], "out"),
+}
+
+
+def _snapshot(path: Path) -> dict[str, bytes] | None:
+    if not path.exists():
+        return None
+    return _tree(path) if path.is_dir() else {"": path.read_bytes()}
+
+
+def _command(name: str, inputs: Path, run: str, tokenizer: str, work: Path) -> list[str]:
+    args, output = COMMANDS[name]
+    given = {"INPUT": str(inputs / f"{run}.jsonl"), "BAILIAN": str(inputs / f"{run}-bailian.jsonl"),
+             "TOKENIZER": tokenizer}
+    args = [given.get(a, a) for a in args]
+    return [*args, str(work / output)] if args[-1] == "--output" else [*args, "-o", str(work / output)]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """A previous and a new input of every kind: their outputs differ."""
+    folder = tmp_path_factory.mktemp("inputs")
+    write_jsonl(folder / "previous.jsonl", TRACE[:7])
+    write_jsonl(folder / "new.jsonl", TRACE)
+    write_jsonl(folder / "previous-bailian.jsonl", BAILIAN[:4])
+    write_jsonl(folder / "new-bailian.jsonl", BAILIAN)
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["kill", "enospc"])
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_step_of_every_command_that_writes(name, mode, inputs, tiny_tokenizer, tmp_path):
+    """Killed or out of disk at any step, the output is the previous whole one or the new whole
+    one; the rerun publishes the new one and leaves only it and its lock."""
+    output = COMMANDS[name][1]
+
+    def run(work: Path, run: str, point: int | None = None) -> subprocess.CompletedProcess | int:
+        args = _command(name, inputs, run, tiny_tokenizer, work)
+        if point is None:
+            return main(args)
+        return subprocess.run([sys.executable, str(TESTS / "crashpoints.py"), str(point), mode,
+                               *args], cwd=TESTS, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
+                                                                                str(TESTS)])})
+
+    previous, expected = tmp_path / "previous", tmp_path / "expected"
+    assert run(previous, "previous") == 0 and run(expected, "new") == 0
+    shutil.copytree(previous, tmp_path / "count")
+    counted = run(tmp_path / "count", "new", 0)
+    assert counted.returncode == 0, counted.stderr
+    steps = int(re.search(r"steps: (\d+)", counted.stderr).group(1))
+    assert steps >= 3  # at least: the file written, renamed into place, its folder synced
+    before, after = _snapshot(previous / output), _snapshot(expected / output)
+    assert before != after
+    for point in range(1, steps + 1):
+        work = tmp_path / f"{mode}-{point}"
+        shutil.copytree(previous, work)
+        crashed = run(work, "new", point)
+        assert crashed.returncode != 0, f"step {point} was never reached"
+        if mode == "enospc":
+            assert "Traceback" not in crashed.stderr and "error:" in crashed.stderr, crashed.stderr
+        assert _snapshot(work / output) in (before, after), f"partial output at step {point}"
+        assert run(work, "new") == 0, f"rerun after step {point}"
+        assert _snapshot(work / output) == after, f"output after step {point}"
+        assert sorted(p.name for p in work.iterdir()) == sorted(
+            p.name for p in expected.iterdir()), f"left after step {point}"
+        shutil.rmtree(work)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +28,15 @@ SALT = b"golden salt: fixed so ids are fixed" * 2
 
 def digests(folder: Path) -> dict[str, str]:
     """sha256 per file under folder; a dead-letter file by its sorted lines (Beam writes them
-    in no set order)."""
+    in no set order), named without its run's id."""
     out = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         data = path.read_bytes()
+        name = str(path.relative_to(folder))
         if "rejected" in path.parent.name:
             data = b"\n".join(sorted(data.splitlines()))
-        out[str(path.relative_to(folder))] = hashlib.sha256(data).hexdigest()
+            name = re.sub(r"^rejected-[0-9a-f]{12}\.jsonl$", "rejected-RUNID.jsonl", name)
+        out[name] = hashlib.sha256(data).hexdigest()
     return out
 
 

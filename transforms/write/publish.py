@@ -1,4 +1,5 @@
-"""An output folder published whole or not at all.
+"""The one write protocol of every command that writes: an output, file or folder, published
+whole or not at all, its location checked and locked before any work.
 
 A run writes every file of its output (trace shards, stats.json, manifest.json last) into a
 staging folder beside the output, each file synced as it closes; publishing then swaps the
@@ -16,7 +17,14 @@ folder: files are copied in, the manifest last, so the manifest (listing every f
 is what marks a complete output there; one writer per output folder.
 
 A run refuses an output folder holding anything kvtrace did not write (files its manifest does
-not list): it publishes only what it produced, and removes only what an earlier run published.
+not list, or for a folder without a manifest, files the command does not write): it publishes
+only what it produced, and removes only what an earlier run published.
+
+A single file (a rendered request file, an exported trace, a report page) is the same protocol
+for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed over NAME, the
+folder synced; object stores publish an object whole when its upload completes, so a file there
+is written in place. Commands use file_output and folder_output, which check the location and
+take its lock before the work and publish when the work ends without an error.
 """
 
 from __future__ import annotations
@@ -30,14 +38,19 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO
 
 from transforms import storage
 from transforms.errors import JobStopped
 from transforms.storage import is_url
+from transforms.ids.id_map import new_run_id
 from transforms.trace_format import FORMAT, MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"
+LOCK_ATTEMPTS = 100  # each retry means another run took and released the lock meanwhile
+# The one file of dead letters each engine writes into a run's (or a window's) letters folder.
+DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -47,6 +60,7 @@ class OutputRefused(ValueError):
 
 
 def staging_folder(output: str, run_id: str) -> str:
+    """Where a run stages its output, a folder or a file: beside it, hidden, named by the run."""
     parent, name = _split(output)
     return storage.join(parent, f".{name}{STAGING_MARK}{run_id}") if parent else \
         f".{name}{STAGING_MARK}{run_id}"
@@ -64,9 +78,10 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def foreign_files(output: str) -> list[str]:
+def foreign_files(output: str, own: frozenset[str] = frozenset()) -> list[str]:
     """What the output folder holds that no kvtrace manifest there lists (all of it, when it has
-    no readable manifest); subfolders and hidden files included."""
+    no readable manifest), or, for a command whose folder has no manifest, that is not among the
+    names it writes (own); subfolders and hidden files included."""
     if is_url(output):
         present = [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(output, "*"))]
     elif os.path.isdir(output):
@@ -76,7 +91,15 @@ def foreign_files(output: str) -> list[str]:
     else:
         return []
     listed = set(_listed(output))
-    return [name for name in present if name not in listed]
+    return [name for name in present if name not in listed and not _own_file(output, name, own)]
+
+
+def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
+    """A plain file (not a folder or a link) by a name the command writes."""
+    if name not in own:
+        return False
+    path = storage.join(output, name)
+    return is_url(path) or (os.path.isfile(path) and not os.path.islink(path))
 
 
 def _listed(output: str) -> list[str]:
@@ -93,9 +116,9 @@ def _listed(output: str) -> list[str]:
         return []
 
 
-def check_output(output: str) -> None:
+def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
     """Refuse an output folder holding files kvtrace did not write (or a file in its place)."""
-    foreign = foreign_files(output)
+    foreign = foreign_files(output, own)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise OutputRefused(
@@ -105,24 +128,44 @@ def check_output(output: str) -> None:
 
 @contextmanager
 def output_lock(output: str) -> Iterator[None]:
-    """Hold the output's lock for a run (local folders): a second run on the same output is
-    refused at once, and the holder may clear what killed runs left beside the output."""
+    """Hold the output's lock for a run (local outputs, files or folders): a second run on the
+    same output is refused at once, and the holder may clear what killed runs left beside the
+    output. The lock file goes with the run (one a killed run leaves is taken by the next)."""
     if is_url(output):
         yield
         return
     parent, name = _split(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
-    handle = os.open(os.path.join(parent, f".{name}{LOCK_MARK}"), os.O_RDWR | os.O_CREAT, 0o600)
+    path = os.path.join(parent, f".{name}{LOCK_MARK}")
+    handle = _take_lock(path, output)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise JobStopped(f"another kvtrace run is writing {output}; one run per output "
-                             f"folder at a time") from None
         restore_interrupted(output)
         yield
     finally:
+        try:
+            os.unlink(path)  # still held: a run that opened this file before sees it gone
+        finally:
+            os.close(handle)
+
+
+def _take_lock(path: str, output: str) -> int:
+    """The locked descriptor of the lock file at path, which the holder removes when done: a
+    file locked after its holder removed it is no lock (the path names another), so retry."""
+    for _ in range(LOCK_ATTEMPTS):
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(handle)
+            raise JobStopped(f"another kvtrace run is writing {output}; one run per output "
+                             f"at a time") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
         os.close(handle)
+    raise JobStopped(f"other kvtrace runs kept taking the lock of {output}; try again")
 
 
 def restore_interrupted(output: str) -> list[str]:
@@ -135,14 +178,18 @@ def restore_interrupted(output: str) -> list[str]:
         os.rename(os.path.join(parent, previous[-1]), output)
         leftovers.remove(previous[-1])
     for leftover in leftovers:
-        shutil.rmtree(os.path.join(parent, leftover), ignore_errors=True)
+        path = os.path.join(parent, leftover)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:  # a single file's staged copy
+            os.remove(path)
     return leftovers
 
 
-def publish_folder(staging: str, output: str) -> None:
+def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset()) -> None:
     """Replace the output folder with the staging folder, whole; the staging folder's files
     are durable already (storage.create syncs each)."""
-    check_output(output)  # again: something may have appeared while the run ran
+    check_output(output, own)  # again: something may have appeared while the run ran
     if is_url(output):
         _publish_remote(staging, output)
         return
@@ -163,6 +210,189 @@ def publish_folder(staging: str, output: str) -> None:
         staging = previous
     storage.sync_folder(os.path.dirname(os.path.abspath(output)))
     shutil.rmtree(staging)  # now the previous output
+
+
+class StagedFolder:
+    """A run's output folder while it is written: files go into path."""
+
+    def __init__(self, path: str):
+        self.path, self.withdrawn = path, False
+
+    def withdraw(self) -> None:
+        """Publish nothing: the run found it has no output (what it staged is removed)."""
+        self.withdrawn = True
+
+
+@contextmanager
+def folder_output(output: str, own: frozenset[str] = frozenset()) -> Iterator[StagedFolder]:
+    """An output folder checked (no foreign file; own: the names of a folder without a
+    manifest) and locked before the work, which writes into the staging folder yielded; it is
+    published whole when the block ends without an error, and removed when it does not."""
+    output = output.rstrip("/")
+    if not is_url(output):
+        check_parent(output)
+    check_output(output, own)
+    staged = StagedFolder(staging_folder(output, new_run_id()))
+    with output_lock(output):
+        storage.make_folder(staged.path, private=True)
+        try:
+            yield staged
+            if not staged.withdrawn:
+                publish_folder(staged.path, output, own)
+        finally:
+            storage.remove_folder(staged.path)  # gone once published; else the failed run's
+
+
+class StagedFile:
+    """One output file of a run: written to its staging path, published whole by publish()."""
+
+    def __init__(self, output: str, staging: str):
+        self.output, self.staging = output, staging
+
+    @contextmanager
+    def create(self) -> Iterator[IO[bytes]]:
+        """The file to write, published (renamed over the output) once it closes whole."""
+        with storage.create(self.staging) as handle:
+            yield handle
+        self.publish()
+
+    def write(self, data: bytes) -> None:
+        with self.create() as handle:
+            handle.write(data)
+
+    def publish(self) -> None:
+        if self.staging == self.output:
+            return  # an object store's upload, whole once complete
+        storage.rename(self.staging, self.output)
+        storage.sync_folder(os.path.dirname(os.path.abspath(self.output)))
+
+
+def check_parent(output: str) -> None:
+    """Refuse a local output whose folder cannot be made or written (the nearest existing
+    ancestor is a file, or not writable): said before any work, not after it."""
+    ancestor = os.path.dirname(os.path.abspath(output))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise OutputRefused(f"cannot write {output}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputRefused(f"cannot write {output}: {ancestor} is not writable")
+
+
+def check_file(output: str, overwrite: bool) -> None:
+    """Refuse a file output that is a folder or not a plain file, or that exists when it is
+    not to be overwritten."""
+    if is_url(output):
+        if not overwrite and storage.exists(output):
+            raise OutputRefused(f"{output} exists; --overwrite replaces it")
+        return
+    check_parent(output)
+    if not os.path.lexists(output):
+        return
+    if os.path.isdir(output) and not os.path.islink(output):
+        raise OutputRefused(f"{output} is a folder; the output is one file")
+    if not os.path.isfile(output) or os.path.islink(output):
+        raise OutputRefused(f"{output} is not a plain file; kvtrace replaces only files")
+    if not overwrite:
+        raise OutputRefused(f"{output} exists; --overwrite replaces it")
+
+
+@contextmanager
+def file_output(output: str, overwrite: bool = True) -> Iterator[StagedFile]:
+    """An output file checked (check_file) and locked before the work; the work writes it with
+    StagedFile.create (or write), and what a failed or killed run staged never reaches it."""
+    check_file(output, overwrite)
+    if is_url(output):
+        yield StagedFile(output, output)
+        return
+    staged = StagedFile(output, staging_folder(output, new_run_id()))
+    with output_lock(output):
+        try:
+            yield staged
+        finally:
+            if os.path.lexists(staged.staging):
+                os.remove(staged.staging)
+
+
+class DeadLetterRun:
+    """One run's dead letters: staged in a hidden, owner-only folder of the dead-letter folder
+    (both engines write the same one file there), published as rejected-RUNID.jsonl when the
+    run's output is published, so no run overwrites another's and no letters stand for an
+    output that was never published.
+
+        DEAD/.KEY.kvtrace-staging-RUNID/     the run's letters while it runs (KEY: its output's)
+        DEAD/rejected-RUNID.jsonl            a published run's letters
+
+    Whether the output was published is read from the output itself: the staging folder records
+    the identity (inode) of the folder the output becomes, which a rename keeps. So a run that
+    fails after publishing (a full disk while it tidies up) still publishes its letters, a run
+    that fails before publishes none (its rerun writes them), and a run killed in between is
+    settled by the next run of that output (recover_letters).
+    """
+
+    _PUBLISHES = "publishes"  # the identity of the folder the output becomes
+
+    def __init__(self, folder: str, output: str, run_id: str):
+        self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
+        self.staging = storage.join(self.folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
+
+    @property
+    def published(self) -> str:
+        return storage.join(self.folder, f"rejected-{self.run_id}.jsonl")
+
+    def begin(self, output_staging: str) -> None:
+        """Under the output's lock, once its staging folder exists."""
+        storage.make_folder(self.folder, private=True)
+        storage.make_folder(self.staging, private=True)
+        if not is_url(output_staging):
+            with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
+                f.write(_identity(output_staging).encode())
+
+    def settle(self, run_succeeded: bool) -> bool:
+        """Publish the letters if the run's output is published, else remove them; whether it
+        is published is the run's word only where the output has no identity (object stores).
+        Returns whether they were published."""
+        letters = storage.join(self.staging, DEAD_LETTER_FILE)
+        if not (self._output_published(run_succeeded) and storage.exists(letters)):
+            storage.remove_folder(self.staging)
+            return False
+        storage.rename(letters, self.published)
+        storage.sync_folder(self.folder)
+        storage.remove_folder(self.staging)
+        return True
+
+    def _output_published(self, run_succeeded: bool) -> bool:
+        if is_url(self.staging):
+            return run_succeeded
+        try:
+            with open(os.path.join(self.staging, self._PUBLISHES)) as handle:
+                publishes = handle.read()
+        except FileNotFoundError:
+            return False  # killed before it knew its output's staging folder
+        return os.path.exists(self.output) and publishes == _identity(self.output)
+
+
+def recover_letters(folder: str, output: str) -> list[str]:
+    """Under the output's lock, before the run stages anything: settle the letters killed runs
+    of this output left (published if their output was). Returns the run ids published."""
+    if is_url(folder) or not os.path.isdir(folder):
+        return []
+    prefix = f".{_output_key(output)}{STAGING_MARK}"
+    runs = [DeadLetterRun(folder, output, name[len(prefix):])
+            for name in sorted(os.listdir(folder)) if name.startswith(prefix)]
+    return [run.run_id for run in runs if run.settle(run_succeeded=False)]
+
+
+def _output_key(output: str) -> str:
+    """A short name for an output location, the same however it is spelled."""
+    location = output.rstrip("/") if is_url(output) else os.path.realpath(output)
+    return sha256_of(location.encode())[:12]
+
+
+def _identity(folder: str) -> str:
+    """A local folder's identity, which a rename keeps: it marks which folder was published."""
+    status = os.stat(folder)
+    return f"{status.st_dev}:{status.st_ino}"
 
 
 def _exchange(first: str, second: str) -> bool:

@@ -1,0 +1,182 @@
+"""The one write protocol (transforms/write/publish.py) for a single file and a folder: the
+location checked and locked before the work, the output published whole when the work ends,
+nothing of a failed run at the output's name."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from transforms.errors import JobStopped
+from transforms.write import publish
+from transforms.write.publish import (DEAD_LETTER_FILE, DeadLetterRun, OutputRefused,
+                                      file_output, folder_output, output_lock, recover_letters,
+                                      staging_folder)
+
+
+def _beside(path) -> list[str]:
+    return sorted(os.listdir(path.parent))
+
+
+def test_a_file_is_published_whole_when_the_work_ends(tmp_path):
+    out = tmp_path / "requests.jsonl"
+    with file_output(str(out)) as staged:
+        with staged.create() as handle:
+            handle.write(b"half")
+            assert not out.exists()  # while it is written, only the staging path holds it
+            handle.write(b" and whole\n")
+    assert out.read_bytes() == b"half and whole\n"
+    assert _beside(out) == ["requests.jsonl"]  # the lock goes with the run
+
+
+def test_a_failed_run_leaves_the_previous_file_and_no_staged_copy(tmp_path):
+    out = tmp_path / "page.html"
+    out.write_bytes(b"previous")
+    with pytest.raises(RuntimeError), file_output(str(out)) as staged:
+        with staged.create() as handle:
+            handle.write(b"new but unfinished")
+            raise RuntimeError("the work failed")
+    assert out.read_bytes() == b"previous"
+    assert _beside(out) == ["page.html"]
+
+
+def test_an_existing_file_is_refused_unless_it_is_to_be_overwritten(tmp_path):
+    out = tmp_path / "trace.jsonl"
+    out.write_bytes(b"someone's")
+    with pytest.raises(OutputRefused, match="exists; --overwrite replaces it"):
+        with file_output(str(out), overwrite=False):
+            pytest.fail("the work must not start")
+    with file_output(str(out), overwrite=True) as staged:
+        staged.write(b"ours\n")
+    assert out.read_bytes() == b"ours\n"
+
+
+@pytest.mark.parametrize("make", [lambda p: p.mkdir(), lambda p: p.symlink_to("/etc/hostname")])
+def test_a_folder_or_a_link_in_the_files_place_is_refused(tmp_path, make):
+    out = tmp_path / "out.jsonl"
+    make(out)
+    with pytest.raises(OutputRefused):
+        with file_output(str(out)):
+            pytest.fail("the work must not start")
+
+
+def test_a_second_run_on_the_same_file_is_refused_at_once(tmp_path):
+    out = tmp_path / "x.jsonl"
+    with file_output(str(out)):
+        with pytest.raises(JobStopped, match="another kvtrace run"):
+            with file_output(str(out)):
+                pytest.fail("the work must not start")
+
+
+def test_a_killed_runs_staged_file_is_cleared_by_the_next_run(tmp_path):
+    out = tmp_path / "x.jsonl"
+    killed = staging_folder(str(out), "deadbeef")
+    with open(killed, "wb") as handle:
+        handle.write(b"half")
+    with output_lock(str(out)):
+        assert not os.path.exists(killed)
+
+
+def test_a_folder_is_published_whole_and_withdrawn_when_there_is_nothing(tmp_path):
+    out = tmp_path / "analysis"
+    own = frozenset({"a.txt"})
+    with folder_output(str(out), own) as staged:
+        assert not out.exists()  # published only when the work ends
+        with open(os.path.join(staged.path, "a.txt"), "wb") as handle:
+            handle.write(b"1")
+    assert sorted(os.listdir(out)) == ["a.txt"]
+    with folder_output(str(out), own) as staged:  # its own earlier output is replaced
+        staged.withdraw()
+    assert (out / "a.txt").read_bytes() == b"1"
+    assert _beside(out) == ["analysis"]
+
+
+def test_a_folder_holding_what_the_command_does_not_write_is_refused(tmp_path):
+    out = tmp_path / "analysis"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputRefused, match="notes.txt"):
+        with folder_output(str(out), frozenset({"a.txt"})):
+            pytest.fail("the work must not start")
+    (out / "notes.txt").unlink()
+    (out / "a.txt").mkdir()  # its name, but not a file kvtrace writes
+    with pytest.raises(OutputRefused, match="a.txt"):
+        with folder_output(str(out), frozenset({"a.txt"})):
+            pytest.fail("the work must not start")
+
+
+def _letters_run(tmp_path, run_id: str) -> tuple[DeadLetterRun, str]:
+    """A run of output `out` whose letters are staged (as an engine writes them)."""
+    output = str(tmp_path / "out")
+    run = DeadLetterRun(str(tmp_path / "dead"), output, run_id)
+    staging = staging_folder(output, run_id)
+    os.makedirs(staging)
+    run.begin(staging)
+    with open(os.path.join(run.staging, DEAD_LETTER_FILE), "wb") as handle:
+        handle.write(f"{run_id}\n".encode())
+    return run, staging
+
+
+def _publish_output(staging: str, tmp_path) -> None:
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    os.rename(staging, tmp_path / "out")
+
+
+def test_each_runs_letters_are_published_under_its_own_name(tmp_path):
+    for run_id in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
+        run, staging = _letters_run(tmp_path, run_id)
+        _publish_output(staging, tmp_path)
+        assert not os.path.exists(run.published)  # staged, hidden, until the run settles
+        assert run.settle(run_succeeded=True)
+    assert sorted(os.listdir(tmp_path / "dead")) == ["rejected-aaaaaaaaaaaa.jsonl",
+                                                     "rejected-bbbbbbbbbbbb.jsonl"]
+    assert (tmp_path / "dead" / "rejected-aaaaaaaaaaaa.jsonl").read_text() == "aaaaaaaaaaaa\n"
+
+
+def test_a_failed_runs_letters_follow_its_output_not_its_exit(tmp_path):
+    """Failed after publishing its output (a full disk while tidying up): its letters are
+    published; failed before: they go with the run."""
+    after, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    _publish_output(staging, tmp_path)
+    assert after.settle(run_succeeded=False)
+    before, _ = _letters_run(tmp_path, "bbbbbbbbbbbb")
+    assert not before.settle(run_succeeded=False)
+    assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
+
+
+def test_a_killed_runs_letters_follow_its_output(tmp_path):
+    """Killed after publishing its output: the next run publishes its letters; killed before:
+    they go, as its output never came."""
+    published, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    os.rename(staging, tmp_path / "out")  # the output published, then the kill
+    unpublished, _ = _letters_run(tmp_path, "bbbbbbbbbbbb")  # killed before its output
+    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
+    assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
+
+
+def test_letters_of_another_output_are_left_alone(tmp_path):
+    other = DeadLetterRun(str(tmp_path / "dead"), str(tmp_path / "other"), "cccccccccccc")
+    other.begin(str(tmp_path))
+    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
+    assert os.listdir(tmp_path / "dead") == [os.path.basename(other.staging)]
+
+
+def test_a_lock_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
+    """A run that opened the lock file just before its holder removed it must not count the
+    removed file as the lock (the next run would lock the new one beside it): it retries."""
+    out, lock = str(tmp_path / "x.jsonl"), tmp_path / ".x.jsonl.kvtrace-lock"
+    locked = []
+
+    def flock(handle: int, operation: int) -> None:
+        if not locked:
+            os.unlink(lock)  # the holder finishes between this run's open and its flock
+        locked.append(os.fstat(handle).st_ino)
+        real_flock(handle, operation)
+
+    real_flock = publish.fcntl.flock
+    monkeypatch.setattr(publish.fcntl, "flock", flock)
+    with output_lock(out):
+        assert len(locked) == 2 and os.stat(lock).st_ino == locked[-1]
+    assert not lock.exists()
