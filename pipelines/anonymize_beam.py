@@ -147,7 +147,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             check_not_before_origin, beam.pvalue.AsList(earliest), config.timestamp_origin_ms
         )
     )
-    _ = (
+    letters_written = (
         dead_letters
         | "DeadLetterJson" >> beam.Map(lambda d: d.to_json())
         # One file whatever the runner's parallelism, named as the local engine names it, into
@@ -207,7 +207,9 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
             beam.pvalue.AsList(earliest),
         )
-    summary = manifest | "PublishOutput" >> beam.Map(lambda m: publish_output(config, m))
+    # Published once the letters are written: they are published with the output.
+    summary = manifest | "PublishOutput" >> beam.Map(
+        lambda m, _: publish_output(config, m), beam.pvalue.AsList(letters_written))
     return AnonymizeOutputs(trace_files, dead_letters, summary)
 
 

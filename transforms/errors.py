@@ -46,7 +46,10 @@ class JobStopped(RuntimeError):
         text = str(error)
         if JOB_STOPPED not in text:
             return None
-        return text[text.index(JOB_STOPPED) + len(JOB_STOPPED) + 2:].splitlines()[0]
+        # Beam wraps a worker's error in its own text, the marker's included: the last one's
+        # message, without the step Beam names after it.
+        message = text[text.rindex(JOB_STOPPED) + len(JOB_STOPPED) + 2:].splitlines()[0]
+        return message.split(" [while running '")[0]
 
 
 class ConfigError(ValueError):

@@ -69,7 +69,9 @@ def warn_malformed(problems: dict) -> None:
 
 
 def write_json_report(path: str | None, report: dict) -> None:
+    """--json OUT: written as every output is (staged beside, then renamed: never half)."""
+    from transforms.write.publish import file_output
+
     if path:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        with file_output(path, overwrite=True) as output:
+            output.write((json.dumps(report, indent=2) + "\n").encode())
