@@ -47,6 +47,7 @@ from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.steps import EncodeRequests
+from transforms.encode.timestamp_kinds import keep_plausible_windows
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.steps import BatchByWeight
@@ -210,6 +211,10 @@ class PublishWindows(beam.DoFn):
         pending.clear()
         letters = [item for window, item in items if window is None]
         waiting = [(window, item) for window, item in items if window is not None]
+        # The windows waiting are judged together, as a night: a stray clock's lone window is
+        # dead letters, never the stream's origin.
+        waiting, strays = keep_plausible_windows(waiting)
+        letters += strays
         due = sorted({w for w, _ in waiting if config.deadline_ms(w) <= now_ms})
         maps = {"blocks": blocks_map, "sessions": sessions_map}
         for window in due:
