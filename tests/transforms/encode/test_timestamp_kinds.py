@@ -41,7 +41,8 @@ def batch_of(timestamps: list[int]) -> HashedBatch:
 
 def test_counts_per_day_add_up_over_any_split():
     batch = batch_of([EPOCH_MS, 5, EPOCH_MS + 1, EPOCH_MS + DAY_MS])
-    halves = [kind_counts(batch.select(np.arange(4) < 2)), kind_counts(batch.select(np.arange(4) >= 2))]
+    first = np.arange(4) < 2
+    halves = [kind_counts(batch.select(first)), kind_counts(batch.select(~first))]
     assert sum_kind_counts(halves) == kind_counts(batch) == {
         0: 1, EPOCH_MS // DAY_MS: 2, EPOCH_MS // DAY_MS + 1: 1}
 
@@ -103,7 +104,8 @@ def test_a_clock_reset_or_a_relative_time_in_a_night_never_moves_the_origin(
     assert_same_output(tmp_path / "local", tmp_path / "beam")
 
 
-def _stream(tokenizer: str, folder: Path, records: list[dict]) -> tuple[list[str], list[dict], dict]:
+def _stream(tokenizer: str, folder: Path, records: list[dict]
+            ) -> tuple[list[str], list[dict], dict]:
     """The records through the streaming driver, all before the watermark passes any window:
     (the windows' trace lines in order, the dead letters, the cumulative summary)."""
     folder.mkdir()
@@ -119,7 +121,8 @@ def _stream(tokenizer: str, folder: Path, records: list[dict]) -> tuple[list[str
                        options=PipelineOptions(["--streaming"])) as pipeline:
         build(pipeline | stream, config)
     lines = [line for window in sorted(p for p in (folder / "out").iterdir() if p.is_dir())
-             for path in sorted(window.glob("trace-*.jsonl")) for line in path.read_text().splitlines()]
+             for path in sorted(window.glob("trace-*.jsonl"))
+             for line in path.read_text().splitlines()]
     letters = [json.loads(line) for path in sorted((folder / "rejected").rglob("rejected-*.jsonl"))
                for line in path.read_text().splitlines()]
     return lines, letters, json.loads((folder / "out" / "cumulative.json").read_text())
