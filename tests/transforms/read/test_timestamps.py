@@ -25,7 +25,7 @@ def plausible(timestamps: list[int], ts: int) -> bool:
     return first <= ts // DAY_MS <= last
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(night=st.lists(st.integers(0, 3 * DAY_MS), min_size=2, max_size=40),
        strays=st.lists(st.sampled_from([5, 250, RESET, RESET + 7 * DAY_MS,
                                         NIGHT_START - (MAX_GAP_DAYS + 2) * DAY_MS,
