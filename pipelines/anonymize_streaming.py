@@ -51,6 +51,7 @@ from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.steps import EncodeRequests
+from transforms.encode.timestamp_kinds import keep_plausible_windows
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.steps import BatchByWeight
@@ -271,6 +272,13 @@ class PublishWindows(beam.DoFn):
         pending.clear()
         letters = [item for window, item in items if window is None]
         waiting = [(window, item) for window, item in items if window is not None]
+        # The windows waiting are judged together, as a night: a stray clock's lone window is
+        # dead letters, never the stream's origin.
+        waiting, strays = keep_plausible_windows(waiting)
+        letters += strays
+        kept = {window for window, _ in waiting}
+        for stray in [w for w in progress.passed_ms if w not in kept]:
+            del progress.passed_ms[stray]
         due = progress.due(config, fired.micros // 1000)
         maps = {"blocks": blocks_map, "sessions": sessions_map}
         for window in due:

@@ -1,48 +1,80 @@
-"""One kind of timestamp per input: epoch dates or relative times, decided by the majority of its
-records (read/timestamps.input_kind); the others are dead letters before any id is numbered or
-the origin is fixed. Pure: encode/steps.py runs it on Beam workers, the local engine calls it."""
+"""Plausible timestamps only: an input's requests outside the bulk of its own timestamps (a clock
+reset to a plausible date, a relative time among epoch dates or the reverse) are dead letters
+before any id is numbered or the origin is fixed (read/timestamps.plausible_days decides from
+the count of requests per day, a sum any split of the input adds up alike). Pure: encode/steps.py
+runs it on Beam workers, the local engine and the streaming windows call it."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 
 from transforms.dead_letters import DeadLetter
 from transforms.encode.hashed_batch import HashedBatch
-from transforms.read.timestamps import EPOCH_FLOOR_MS, RELATIVE, input_kind
+from transforms.read.timestamps import (DAY_MS, EPOCH, MAX_GAP_DAYS, RELATIVE, plausible_days,
+                                        timestamp_kind)
 
 TIMESTAMP_KIND_MISMATCH = "timestamp_kind_mismatch"
+IMPLAUSIBLE_TIMESTAMP = "implausible_timestamp"
+KIND_WORDS = {RELATIVE: ("a relative time", "relative times"),
+              EPOCH: ("an epoch date", "epoch dates")}
 
 
-def kind_counts(batch: HashedBatch) -> tuple[int, int]:
-    """(relative, epoch) timestamps in a batch."""
-    relative = int(np.count_nonzero(batch.requests["timestamp_ms"] < EPOCH_FLOOR_MS))
-    return relative, len(batch) - relative
+def kind_counts(batch: HashedBatch) -> dict[int, int]:
+    """The batch's requests per day (ms // DAY_MS): at most one entry per day before 2100."""
+    days, counts = np.unique(batch.requests["timestamp_ms"] // DAY_MS, return_counts=True)
+    return dict(zip(days.tolist(), counts.tolist()))
 
 
-def sum_kind_counts(counts: list[tuple[int, int]]) -> tuple[int, int]:
-    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+def sum_kind_counts(counts: list[dict[int, int]]) -> dict[int, int]:
+    total: Counter[int] = Counter()
+    for part in counts:
+        total.update(part)
+    return dict(total)
 
 
-def keep_input_kind(batch: HashedBatch, counts: tuple[int, int]
+def keep_input_kind(batch: HashedBatch, counts: dict[int, int]
                     ) -> tuple[HashedBatch | None, list[DeadLetter]]:
-    """The batch's requests whose timestamp is of the input's kind, and a dead letter for each
-    other one. The record's text is gone by now (only hashes leave the encoder), so the letter
-    names what identifies the row: its timestamp and lengths."""
-    kind = input_kind(*counts)
-    relative = batch.requests["timestamp_ms"] < EPOCH_FLOOR_MS
-    keep = relative if kind == RELATIVE else ~relative
+    """The batch's requests within the bulk of the input's timestamps (counts: the whole input's
+    requests per day), and a dead letter for each other one. The record's text is gone by now
+    (only hashes leave the encoder), so the letter names what identifies the row: its timestamp
+    and lengths."""
+    first, last = plausible_days(counts)
+    days = batch.requests["timestamp_ms"] // DAY_MS
+    keep = (days >= first) & (days <= last)
     if keep.all():
         return batch, []
-    letters = [
-        DeadLetter("", json.dumps({key: int(row[key]) for key in
-                                   ("timestamp_ms", "input_length", "output_length")}).encode(),
-                   TIMESTAMP_KIND_MISMATCH,
-                   f"timestamp {int(row['timestamp_ms'])} ms is "
-                   f"{'an epoch date' if kind == RELATIVE else 'a relative time'}, but "
-                   f"{max(counts)} of {sum(counts)} of the input's timestamps are "
-                   f"{'relative times' if kind == RELATIVE else 'epoch dates'}")
-        for row in batch.requests[~keep]
-    ]
+    bulk_kind = timestamp_kind(first * DAY_MS)
+    letters = [_letter(row, bulk_kind, first, last) for row in batch.requests[~keep]]
     return (batch.select(keep) if keep.any() else None), letters
+
+
+def keep_plausible_windows(windows: list[tuple[int, HashedBatch]]
+                           ) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
+    """(window start, batch) pairs judged together as one input (a stream's windows waiting to
+    be published): the pairs with their plausible requests, and a dead letter for each other."""
+    counts = sum_kind_counts([kind_counts(batch) for _, batch in windows])
+    kept, letters = [], []
+    for window, batch in windows:
+        plausible, stray = keep_input_kind(batch, counts)
+        letters += stray
+        if plausible is not None:
+            kept.append((window, plausible))
+    return kept, letters
+
+
+def _letter(row: np.void, bulk_kind: str, first: int, last: int) -> DeadLetter:
+    ms = int(row["timestamp_ms"])
+    identity = json.dumps({key: int(row[key])
+                           for key in ("timestamp_ms", "input_length", "output_length")}).encode()
+    kind = timestamp_kind(ms)
+    if kind != bulk_kind:
+        return DeadLetter("", identity, TIMESTAMP_KIND_MISMATCH,
+                          f"timestamp {ms} ms is {KIND_WORDS[kind][0]}, but the bulk of the "
+                          f"input's timestamps are {KIND_WORDS[bulk_kind][1]}")
+    return DeadLetter("", identity, IMPLAUSIBLE_TIMESTAMP,
+                      f"timestamp {ms} ms is more than {MAX_GAP_DAYS} days from the bulk of the "
+                      f"input's timestamps (days {first} to {last} of the epoch): a clock reset, "
+                      f"not a request of this input")

@@ -4,7 +4,8 @@ Shapes, detected per record unless forced: chat (OpenAI `messages`, the Response
 and `instructions`, Anthropic Messages with a top-level `system`), prompt (`prompt`, already
 formatted), tokens (`input_ids`); any of them may sit inside a log envelope
 {"request": {...}, "response": {...}}, the response possibly a list of streamed chunks.
-Every field is checked for type and range, every string for valid Unicode.
+Every field is held to its declared shape (read/shapes.py: the types the serving engine would
+accept), then checked for range; every string for valid Unicode.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transforms.errors import Rejected
 from transforms.read import chat
 from transforms.read.json_tree import check_tree, orjson_reading
 from transforms.read.response_end import response_ms
+from transforms.read.shapes import check_record
 from transforms.read.timestamps import timestamp_ms
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
@@ -102,6 +104,7 @@ def request_from_object(
     response = response if isinstance(response, (dict, list)) else None
 
     kind = _detect_kind(body) if options.input_format == "auto" else options.input_format
+    check_record(record, body, kind)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
         fields["messages"], fields["tools"] = _chat(body, options.drop_non_text_parts)
@@ -141,7 +144,7 @@ def _detect_kind(body: dict[str, Any]) -> str:
 
 
 def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
-    tools = _tools(body.get("tools"))
+    tools = body.get("tools") or None  # a list of objects, its shape says
     if "messages" in body and not chat.is_anthropic(body):
         return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(tools)
     converted_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
@@ -152,33 +155,21 @@ def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[d
     return chat.responses_messages(body, drop_non_text), converted_tools
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise Rejected("wrong_type", "tools is not a list of objects")
-    return tools or None
-
-
-def _prompt(prompt: Any) -> str:
+def _prompt(prompt: str | None) -> str:
     if prompt is None:
         raise Rejected("no_input", "no prompt")
-    if not isinstance(prompt, str):
-        raise Rejected("wrong_type", f"prompt is a {type(prompt).__name__}, not a string")
     if not prompt:
         raise Rejected("no_input", "prompt is empty")
     return prompt
 
 
-def _token_ids(ids: Any) -> list[int]:
+def _token_ids(ids: list[int] | None) -> list[int]:
     if ids is None:
         raise Rejected("no_input", "no input_ids")
-    if not isinstance(ids, list):
-        raise Rejected("wrong_type", "input_ids is not a list")
     if not ids:
         raise Rejected("no_input", "input_ids is empty")
     for token in ids:
-        if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
+        if not 0 <= token <= MAX_TOKEN_ID:
             raise Rejected("wrong_type", "input_ids holds something other than token ids")
     return ids
 
@@ -200,10 +191,7 @@ def _output(
     """(text to tokenize, known length): the first source present, in the README's order."""
     for holder in (record, body):
         if "output" in holder:
-            output = holder["output"]
-            if not isinstance(output, str):
-                raise Rejected("wrong_type", "output is not a string")
-            return output, None
+            return holder["output"], None
     for holder in (record, body):
         if "output_length" in holder:
             return None, _count(holder["output_length"], "output_length")
@@ -218,9 +206,7 @@ def _output(
     return chat.generated_text(response), None
 
 
-def _count(value: Any, name: str) -> int:
-    if type(value) is not int:
-        raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, not an integer")
+def _count(value: int, name: str) -> int:
     if not 0 <= value <= MAX_COUNT:
         raise Rejected("out_of_range", f"{name} {str(value)[:32]} is outside [0, {MAX_COUNT}]")
     return value
@@ -232,8 +218,6 @@ def _session(record: dict, body: dict) -> str | None:
             value = holder.get(name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (str, int)):
-                raise Rejected("wrong_type", f"{name} is not a string or integer")
             if isinstance(value, int) and not -(2**63) <= value < 2**63:
                 raise Rejected("out_of_range", f"{name} is an integer beyond int64")
             return str(value)

@@ -1,11 +1,19 @@
-"""Request timestamps in the shapes logs carry them, as integer epoch (or log-relative) ms, and
-the kind of timestamp (epoch dates or relative times) a whole input holds.
+"""Request timestamps in the shapes logs carry them, as integer epoch (or log-relative) ms; the
+kind of timestamp (epoch dates or relative times) one holds; and which of an input's timestamps
+are plausible: those of the bulk of its own requests.
 
 Numbers: the unit is detected from magnitude unless given. Epoch values of any plausible date
 (2001 to 5138) fall in disjoint ranges per unit: seconds in [1e9, 1e11), ms in [1e11, 1e14), us
 in [1e14, 1e17), ns from 1e17. Smaller values are relative ms (a replay log's offsets, up to 11
 days). Strings: ISO-8601, parsed by one regular expression rather than datetime.fromisoformat,
-whose accepted forms change between Python versions (3.11 added "Z" and more).
+whose accepted forms change between Python versions (3.11 added "Z" and more), and whose digits
+are ASCII only (int() also reads "\u0661" and "1_0").
+
+A calendar range alone cannot tell a clock that reset to a plausible date (2000-01-01) from a
+request: the input's own timestamps do (plausible_days). Requests come in runs of days (a night,
+a week of logs); a timestamp more than MAX_GAP_DAYS from the run that holds most of the input's
+requests is no request of it, whatever date it claims, and must not become the origin of the
+published clock, which would shift every other row by years.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+
+from collections.abc import Mapping
 
 from transforms.errors import Rejected
 
@@ -27,11 +37,15 @@ _EPOCH_UNIT_FLOORS = ((1e17, "ns"), (1e14, "us"), (1e11, "ms"), (1e9, "s"))
 EPOCH_FLOOR_MS = 946_684_800_000
 EPOCH_CEILING_MS = 4_102_444_800_000
 RELATIVE, EPOCH = "relative", "epoch"
+DAY_MS = 86_400_000
+# Logs of consecutive nights leave no gap between their days; a gap of over a week is a clock
+# (or a unit) gone wrong, not a quiet week: the records beyond it are dead letters.
+MAX_GAP_DAYS = 7
 _ISO = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
     r"(Z|[+-]\d{2}:?\d{2})?",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -83,7 +97,7 @@ def _iso_ms(text: str) -> int:
     except ValueError as err:
         raise Rejected("bad_timestamp", f"timestamp {text[:64]!r}: {err}") from None
     delta = moment - _EPOCH
-    ms = delta.days * 86_400_000 + delta.seconds * 1000 + int((fraction or "0")[:3].ljust(3, "0"))
+    ms = delta.days * DAY_MS + delta.seconds * 1000 + int((fraction or "0")[:3].ljust(3, "0"))
     if ms < 0:
         raise Rejected("negative_timestamp", f"timestamp {text[:64]!r} is before 1970")
     if not EPOCH_FLOOR_MS <= ms < EPOCH_CEILING_MS:
@@ -92,11 +106,26 @@ def _iso_ms(text: str) -> int:
     return ms
 
 
-def input_kind(relative: int, epoch: int) -> str:
-    """The kind of timestamp an input holds, decided by the majority of its records (epoch on a
-    tie): the records of the other kind are dead letters, so that one relative time among epoch
-    dates (or the reverse) never becomes the origin and shifts every other row by decades."""
-    return RELATIVE if relative > epoch else EPOCH
+def timestamp_kind(ms: int) -> str:
+    return RELATIVE if ms < EPOCH_FLOOR_MS else EPOCH
+
+
+def plausible_days(day_counts: Mapping[int, int]) -> tuple[int, int]:
+    """(first, last) day (ms // DAY_MS) of the bulk of an input's timestamps, from the count of
+    its requests on each day: of the runs of days that no gap of more than MAX_GAP_DAYS splits,
+    the one holding the most requests (the latest on a tie, as recent dates outlive resets).
+    Decided from the counts alone, so any order or split of the input decides alike."""
+    days = sorted(day_counts)
+    if not days:
+        return 0, -1
+    best = (0, days[0], days[0])  # (requests, first day, last day)
+    first, requests = days[0], 0
+    for day, following in zip(days, [*days[1:], None]):
+        requests += day_counts[day]
+        if following is None or following - day > MAX_GAP_DAYS:
+            best = max(best, (requests, first, day))
+            first, requests = following, 0
+    return best[1], best[2]
 
 
 def _zone(zone: str | None) -> dt.timezone:

@@ -1,23 +1,32 @@
-"""One kind of timestamp per input: a relative time among epoch dates (or the reverse) is a dead
-letter of its own and never moves the origin; the same in both engines and as a transform."""
+"""Plausible timestamps only: a relative time among epoch dates (or the reverse) and a clock reset
+to a plausible date are dead letters of their own and never move the origin; the same in both
+engines, as a transform and across a stream's windows."""
 
 from __future__ import annotations
 
-import pytest
-
 import json
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import anonymize, assert_same_output, chat, read_jsonl, trace, write_jsonl
 
+from pipelines.anonymize_config import AnonymizeConfig
+from pipelines.anonymize_streaming import StreamingConfig, build
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import REQUEST, HashedBatch
 from transforms.encode.steps import OneTimestampKind
-from transforms.encode.timestamp_kinds import TIMESTAMP_KIND_MISMATCH, keep_input_kind, kind_counts
-from transforms.read.timestamps import EPOCH, RELATIVE, input_kind
+from transforms.encode.timestamp_kinds import (IMPLAUSIBLE_TIMESTAMP, TIMESTAMP_KIND_MISMATCH,
+                                               keep_input_kind, keep_plausible_windows,
+                                               kind_counts, sum_kind_counts)
+from transforms.encode.salt import SaltSource
+from transforms.read.timestamps import DAY_MS
 
 EPOCH_MS = 1_700_000_000_000
 
@@ -30,10 +39,29 @@ def batch_of(timestamps: list[int]) -> HashedBatch:
     return HashedBatch(requests, hashes)
 
 
-def test_the_majority_decides_and_ties_go_to_epoch_dates():
-    assert input_kind(relative=1, epoch=99) == EPOCH
-    assert input_kind(relative=99, epoch=1) == RELATIVE
-    assert input_kind(relative=3, epoch=3) == EPOCH
+def test_counts_per_day_add_up_over_any_split():
+    batch = batch_of([EPOCH_MS, 5, EPOCH_MS + 1, EPOCH_MS + DAY_MS])
+    first = np.arange(4) < 2
+    halves = [kind_counts(batch.select(first)), kind_counts(batch.select(~first))]
+    assert sum_kind_counts(halves) == kind_counts(batch) == {
+        0: 1, EPOCH_MS // DAY_MS: 2, EPOCH_MS // DAY_MS + 1: 1}
+
+
+def test_a_clock_reset_to_a_plausible_date_is_an_implausible_timestamp():
+    reset = 946_684_800_000  # 2000-01-01, inside the calendar range of log dates
+    batch = batch_of([EPOCH_MS, reset, EPOCH_MS + 1])
+    kept, letters = keep_input_kind(batch, kind_counts(batch))
+    assert kept.requests["timestamp_ms"].tolist() == [EPOCH_MS, EPOCH_MS + 1]
+    assert [letter.reason for letter in letters] == [IMPLAUSIBLE_TIMESTAMP]
+    assert json.loads(letters[0].line)["timestamp_ms"] == reset
+
+
+def test_stray_windows_are_dead_letters_when_judged_with_the_others():
+    windows = [(0, batch_of([5])), (EPOCH_MS, batch_of([EPOCH_MS, EPOCH_MS + 1])),
+               (EPOCH_MS + 60_000, batch_of([EPOCH_MS + 60_000]))]
+    kept, letters = keep_plausible_windows(windows)
+    assert [window for window, _ in kept] == [EPOCH_MS, EPOCH_MS + 60_000]
+    assert [letter.reason for letter in letters] == [TIMESTAMP_KIND_MISMATCH]
 
 
 def test_the_minority_kind_is_dead_lettered_with_its_blocks_removed():
@@ -57,13 +85,59 @@ def test_one_timestamp_kind_transform_decides_over_all_batches():
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_a_relative_time_among_epoch_dates_never_moves_the_origin(tiny_tokenizer, tmp_path):
-    records = [chat(i, EPOCH_MS + 1000 * i) for i in range(6)] + [chat(9, 250)]
-    src = write_jsonl(tmp_path / "in.jsonl", records)
+def test_a_clock_reset_or_a_relative_time_in_a_night_never_moves_the_origin(
+        tiny_tokenizer, tmp_path):
+    night = [chat(i, EPOCH_MS + 1000 * i) for i in range(6)]
+    strays = [chat(9, 946_684_800_000), chat(8, 5)]  # 2000-01-01, a relative time
+    alone = write_jsonl(tmp_path / "night.jsonl", night)
+    assert anonymize(tiny_tokenizer, [alone], tmp_path / "alone") == 0
+    src = write_jsonl(tmp_path / "in.jsonl", night[:3] + strays + night[3:])
     for engine in ("local", "beam"):
         assert anonymize(tiny_tokenizer, [src], tmp_path / engine, "--engine", engine) == 0
-        rows = trace(tmp_path / engine)
-        assert [r["timestamp"] for r in rows] == [1000 * i for i in range(6)]
+        assert trace(tmp_path / engine) == trace(tmp_path / "alone")
         letters = read_jsonl(next((tmp_path / f"{engine}-rejected").glob("*.jsonl")))
-        assert [letter["error"] for letter in letters] == [TIMESTAMP_KIND_MISMATCH]
+        assert sorted((letter["error"], json.loads(letter["line"])["timestamp_ms"])
+                      for letter in letters) == [(IMPLAUSIBLE_TIMESTAMP, 946_684_800_000),
+                                                 (TIMESTAMP_KIND_MISMATCH, 5)]
+        records = json.loads((tmp_path / engine / "manifest.json").read_text())["records"]
+        assert (records["read"], records["exported"], records["rejected"]) == (8, 6, 2)
     assert_same_output(tmp_path / "local", tmp_path / "beam")
+
+
+def _stream(tokenizer: str, folder: Path, records: list[dict]
+            ) -> tuple[list[str], list[dict], dict]:
+    """The records through the streaming driver, all before the watermark passes any window:
+    (the windows' trace lines in order, the dead letters, the cumulative summary)."""
+    folder.mkdir()
+    job = AnonymizeConfig(inputs=(), output=str(folder / "out"), staging=str(folder / "staging"),
+                          tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(folder / "rejected"), block_size=4)
+    (folder / "out").mkdir()
+    (folder / "staging").mkdir()
+    config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s", 60_000)
+    stream = (TestStream().add_elements([json.dumps(r).encode() for r in records])
+              .advance_watermark_to_infinity())
+    with beam.Pipeline(runner=BundleBasedDirectRunner(),
+                       options=PipelineOptions(["--streaming"])) as pipeline:
+        build(pipeline | stream, config)
+    lines = [line for window in sorted(p for p in (folder / "out").iterdir() if p.is_dir())
+             for path in sorted(window.glob("trace-*.jsonl"))
+             for line in path.read_text().splitlines()]
+    letters = [json.loads(line) for path in sorted((folder / "rejected").rglob("rejected-*.jsonl"))
+               for line in path.read_text().splitlines()]
+    return lines, letters, json.loads((folder / "out" / "cumulative.json").read_text())
+
+
+@pytest.mark.slow  # two streaming pipelines: ~20 s
+def test_a_stray_window_never_becomes_the_streams_origin(tiny_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTRACE_SALT", "a-streaming-test-salt-0123456789abcdef")
+    night = [chat(i, EPOCH_MS + 20_000 * i) for i in range(6)]  # three one-minute windows
+    strays = [chat(9, 946_684_800_000), chat(8, 5)]
+    alone = _stream(tiny_tokenizer, tmp_path / "alone", night)
+    lines, letters, cumulative = _stream(tiny_tokenizer, tmp_path / "strays", strays + night)
+    assert lines == alone[0] and len(lines) == 6
+    assert sorted(letter["error"] for letter in letters) == [IMPLAUSIBLE_TIMESTAMP,
+                                                             TIMESTAMP_KIND_MISMATCH]
+    # same rows from the same zero: the stream published up to the same time after its origin
+    assert cumulative["published_until_ms"] == alone[2]["published_until_ms"]
+    assert (cumulative["rows"], cumulative["rejected"]) == (6, 2)

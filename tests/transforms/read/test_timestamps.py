@@ -1,0 +1,74 @@
+"""The plausibility rule (the bulk of an input's own timestamps, never a calendar window alone)
+and the ISO-8601 reader's digits (ASCII only)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.errors import Rejected
+from transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_ms
+
+NIGHT_START = 1_700_000_000_000
+RESET = 946_684_800_000  # 2000-01-01: inside the calendar range of log dates
+
+
+def days_of(timestamps: list[int]) -> Counter[int]:
+    return Counter(ts // DAY_MS for ts in timestamps)
+
+
+def plausible(timestamps: list[int], ts: int) -> bool:
+    first, last = plausible_days(days_of(timestamps))
+    return first <= ts // DAY_MS <= last
+
+
+@settings(max_examples=100, deadline=None)
+@given(night=st.lists(st.integers(0, 3 * DAY_MS), min_size=2, max_size=40),
+       strays=st.lists(st.sampled_from([5, 250, RESET, RESET + 7 * DAY_MS,
+                                        NIGHT_START - (MAX_GAP_DAYS + 2) * DAY_MS,
+                                        NIGHT_START + 400 * DAY_MS]), max_size=1))
+def test_a_night_keeps_its_own_requests_and_nothing_years_away(night, strays):
+    night = [NIGHT_START + offset for offset in night]
+    everything = night + strays
+    assert all(plausible(everything, ts) for ts in night)
+    assert not any(plausible(everything, ts) for ts in strays)
+
+
+def test_days_of_logs_without_a_week_long_gap_are_one_bulk():
+    month = [NIGHT_START + day * DAY_MS for day in range(0, 30, 3)]
+    assert plausible_days(days_of(month)) == (month[0] // DAY_MS, month[-1] // DAY_MS)
+
+
+def test_the_run_with_most_requests_wins_and_the_later_on_a_tie():
+    early, late = [RESET, RESET + 1], [NIGHT_START, NIGHT_START + 1]
+    assert plausible_days(days_of(early + late[:1])) == (RESET // DAY_MS,) * 2
+    assert plausible_days(days_of(early + late)) == (NIGHT_START // DAY_MS,) * 2
+    assert plausible_days({}) == (0, -1)  # an empty input: no day is plausible
+
+
+@pytest.mark.parametrize("text", [
+    "２０２５-01-01T00:00:00Z",  # fullwidth digits
+    "2025-01-0١T00:00:00Z",  # an Arabic-Indic one
+    "2025-01-01T00:00:00+0١:00",
+    "2025-01-01T00:00:00+1_00",
+    "2025-01-01T00:00:00++100",
+    "2025-01-01T0_:00:00Z",
+])
+def test_only_ascii_digits_parse(text):
+    with pytest.raises(Rejected) as caught:
+        timestamp_ms(text)
+    assert caught.value.reason == "bad_timestamp"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 18), st.sampled_from("٠١٢٣٤٥٦٧٨٩０１２３４５６７８９߀"))
+def test_any_non_ascii_digit_in_a_valid_timestamp_is_refused(position, digit):
+    text = "2025-06-15T12:30:45.123+02:00"
+    digits = [i for i, char in enumerate(text) if char.isdigit()]
+    at = digits[position % len(digits)]
+    assert timestamp_ms(text) == 1_749_983_445_123
+    with pytest.raises(Rejected):
+        timestamp_ms(text[:at] + digit + text[at + 1:])

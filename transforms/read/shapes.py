@@ -1,0 +1,257 @@
+"""The accepted shape of every request and response form kvtrace reads, declared once, and the
+walk that holds a record to it before any field is used.
+
+The types mirror what vLLM's OpenAI-compatible server validates (its pydantic request models in
+vllm/entrypoints/openai/protocol.py and the message TypedDicts of chat_utils, the Anthropic
+Messages and Responses API models): a field the engine would refuse is refused here, with the
+path of the field, so no length is ever made up from a value the engine would not have served.
+Fields not declared are ignored, as the engine ignores them (its models allow extra fields:
+sampling parameters, metadata, a log's own annotations); a declared field must have exactly one
+of its declared JSON types (an integer is not a boolean, a number is not a string). Which values
+a field may hold (a known role, a part type, a non-empty list) is the readers' business
+(records.py, chat.py): a shape only says types, and descends into what it knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transforms.errors import Rejected
+
+# How a message names the JSON type of a value (the parsers give exactly these Python types).
+JSON_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+                   type(None): "null", list: "a list", dict: "an object"}
+
+# Where a value sits: (the parent's path, its key or index), None at the top; spelled out
+# ("request.messages[1].content") only for a message, as building every path costs more than
+# the whole walk.
+Path = tuple | None
+Walk = Callable[[Any, Path], None]
+_REFUSED = object()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The JSON types a value may have, each with the walk into a value of that type (None:
+    nothing inside to check)."""
+
+    name: str  # for messages: "a string or null"
+    accepts: dict[type, Walk | None]
+
+    def check(self, value: Any, path: Path) -> None:
+        walk = self.accepts.get(type(value), _REFUSED)
+        if walk is not None:
+            self.walk_or_refuse(walk, value, path)
+
+    def walk_or_refuse(self, walk: Walk | object, value: Any, path: Path) -> None:
+        if walk is _REFUSED:
+            raise Rejected("wrong_type", f"{spelled(path)} is {type_name(value)}, not {self.name}")
+        walk(value, path)  # type: ignore[operator]
+
+
+def spelled(path: Path) -> str:
+    keys = []
+    while path is not None:
+        path, key = path
+        keys.append(key)
+    text = ""
+    for key in reversed(keys):
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else key)
+    return text
+
+
+def type_name(value: Any) -> str:
+    return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def leaf(name: str, *types: type) -> Shape:
+    return Shape(name, dict.fromkeys(types))
+
+
+STRING = leaf("a string", str)
+INTEGER = leaf("an integer", int)
+NUMBER = leaf("a number", int, float)
+BOOLEAN = leaf("a boolean", bool)
+NULL = leaf("null", type(None))
+ANY_OBJECT = leaf("an object", dict)
+
+
+def one_of(*shapes: Shape) -> Shape:
+    """Any of the shapes; each JSON type may belong to only one of them, so the value's type
+    alone picks the shape (no backtracking, no ambiguity)."""
+    accepts: dict[type, Walk | None] = {}
+    for shape in shapes:
+        assert not accepts.keys() & shape.accepts.keys(), "one shape per JSON type"
+        accepts |= shape.accepts
+    return Shape(" or ".join(shape.name for shape in shapes), accepts)
+
+
+def optional(shape: Shape) -> Shape:
+    """The shape or null: OpenAI's clients send null for an Optional field they leave unset."""
+    return one_of(shape, NULL)
+
+
+def list_of(item: Shape | Callable[[], Shape]) -> Shape:
+    """A list whose every element has the item's shape (a callable: a shape declared later,
+    for shapes that hold themselves, as a tool result holds content parts)."""
+    def walk(values: list, path: Path) -> None:
+        shape = item if isinstance(item, Shape) else item()
+        accepts = shape.accepts
+        for index, value in enumerate(values):
+            # Shape.check inlined: leaves (most elements) cost no call.
+            walk_into = accepts.get(type(value), _REFUSED)
+            if walk_into is not None:
+                shape.walk_or_refuse(walk_into, value, (path, index))
+    return Shape("a list", {list: walk})
+
+
+def fields_walk(fields: dict[str, Shape]) -> Walk:
+    """The declared fields of an object, each where present; the rest are not the engine's.
+    Whichever of the object and the declaration is smaller is the one iterated."""
+    declared = dict(fields)
+    declared_items = tuple(declared.items())
+
+    def walk(value: dict, path: Path) -> None:
+        # Shape.check inlined: leaves (most fields) cost no call.
+        if len(value) <= len(declared_items):
+            for name, child in value.items():
+                shape = declared.get(name)
+                if shape is not None:
+                    walk_into = shape.accepts.get(type(child), _REFUSED)
+                    if walk_into is not None:
+                        shape.walk_or_refuse(walk_into, child, (path, name))
+        else:
+            for name, shape in declared_items:
+                if name in value:
+                    child = value[name]
+                    walk_into = shape.accepts.get(type(child), _REFUSED)
+                    if walk_into is not None:
+                        shape.walk_or_refuse(walk_into, child, (path, name))
+    return walk
+
+
+def obj(**fields: Shape) -> Shape:
+    return Shape("an object", {dict: fields_walk(fields)})
+
+
+def tagged(tag: str, variants: dict[str, Shape], default: str | None = None,
+           common: dict[str, Shape] | None = None) -> Shape:
+    """An object whose `tag` field (a string; `default` when absent) picks its variant's fields,
+    on top of the fields `common` to all. An unknown tag is checked for its common fields only:
+    whether it is supported is the reader's to say (unsupported_content, with the type)."""
+    tag_shape = STRING if default is None else optional(STRING)
+    common_walk = fields_walk({tag: tag_shape, **(common or {})})
+    walks = {kind: shape.accepts[dict] for kind, shape in variants.items()}
+
+    def walk(value: dict, path: Path) -> None:
+        common_walk(value, path)
+        kind = value.get(tag, default)
+        variant = walks.get(kind)
+        if variant is not None:
+            variant(value, path)
+    return Shape("an object", {dict: walk})
+
+
+# ---- Content: OpenAI's content parts, Anthropic's content blocks, Responses API parts ----------
+
+TEXT_PART = obj(text=STRING)
+BLOCK = tagged("type", {
+    "text": TEXT_PART, "input_text": TEXT_PART, "output_text": TEXT_PART,
+    "image_url": obj(image_url=one_of(STRING, obj(url=STRING))),
+    "tool_use": obj(id=STRING, name=STRING, input=ANY_OBJECT),
+    "tool_result": obj(tool_use_id=STRING, content=optional(one_of(STRING, list_of(lambda: PART)))),
+    "thinking": obj(thinking=STRING, signature=STRING),
+    "redacted_thinking": obj(data=STRING),
+    "refusal": obj(refusal=STRING),
+})
+PART = one_of(STRING, BLOCK)  # in a request, vLLM takes a bare string as a text part
+CONTENT = optional(one_of(STRING, list_of(PART)))
+# Anthropic's top-level system prompt: a string or text blocks (no bare strings).
+SYSTEM = optional(one_of(STRING, list_of(tagged("type", {"text": TEXT_PART}))))
+
+# ---- Requests ----------------------------------------------------------------------------------
+
+# A tool call as the Chat Completions API sends it back in the history: arguments are a JSON text.
+TOOL_CALL = obj(id=STRING, type=STRING, function=obj(name=STRING, arguments=STRING))
+MESSAGE = obj(
+    role=STRING, content=CONTENT, name=optional(STRING), tool_calls=optional(list_of(TOOL_CALL)),
+    tool_call_id=optional(STRING), reasoning=optional(STRING), reasoning_content=optional(STRING),
+)
+# Chat Completions ({type, function: {...}}), Anthropic ({name, input_schema}) and Responses API
+# ({type, name, parameters}) tool definitions: one object declares the fields of all three.
+TOOL = obj(
+    type=STRING, name=STRING, description=optional(STRING), parameters=optional(ANY_OBJECT),
+    input_schema=ANY_OBJECT, strict=optional(BOOLEAN),
+    function=obj(name=STRING, description=optional(STRING), parameters=optional(ANY_OBJECT),
+                 strict=optional(BOOLEAN)),
+)
+INPUT_ITEM = tagged("type", default="message", variants={
+    "message": obj(role=STRING, content=CONTENT),
+    "function_call": obj(name=STRING, arguments=STRING, call_id=STRING),
+    "function_call_output": obj(call_id=STRING, output=one_of(STRING, list_of(PART))),
+})
+CHAT_BODY = {
+    "messages": list_of(MESSAGE), "tools": optional(list_of(TOOL)),
+    "system": SYSTEM, "instructions": optional(STRING),
+    "input": optional(one_of(STRING, list_of(INPUT_ITEM))),
+}
+PROMPT_BODY = {"prompt": optional(STRING)}
+TOKENS_BODY = {"input_ids": optional(list_of(INTEGER))}
+BODY_FIELDS = {"chat": CHAT_BODY, "prompt": PROMPT_BODY, "tokens": TOKENS_BODY}
+
+# ---- Responses -----------------------------------------------------------------------------------
+
+USAGE = obj(**dict.fromkeys(
+    ("prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"),
+    optional(INTEGER)))
+# A streamed delta's tool call may come in pieces: every field is optional, types are not.
+RESPONSE_TOOL_CALL = obj(id=optional(STRING), type=optional(STRING), index=optional(INTEGER),
+                         function=optional(obj(name=optional(STRING),
+                                               arguments=optional(STRING))))
+RESPONSE_MESSAGE = optional(obj(
+    role=optional(STRING), content=optional(STRING), reasoning=optional(STRING),
+    reasoning_content=optional(STRING), tool_calls=optional(list_of(RESPONSE_TOOL_CALL)),
+))
+CHOICE = obj(index=optional(INTEGER), message=RESPONSE_MESSAGE, delta=RESPONSE_MESSAGE,
+             text=optional(STRING), finish_reason=optional(STRING))
+OUTPUT_ITEM = tagged("type", {
+    "message": obj(role=optional(STRING), content=list_of(BLOCK)),
+    "function_call": obj(name=STRING, arguments=STRING, call_id=optional(STRING)),
+    "reasoning": obj(summary=optional(list_of(TEXT_PART)), content=optional(list_of(TEXT_PART))),
+})
+# A Chat Completions response or chunk, a Responses API response, an Anthropic message (its
+# `type` is "message"; the others have none, or a streaming event's).
+RESPONSE_OBJECT = tagged(
+    "type", {"message": obj(role=optional(STRING), content=list_of(BLOCK))}, default="",
+    common={"choices": optional(list_of(CHOICE)), "usage": optional(USAGE),
+            "output": optional(list_of(OUTPUT_ITEM))},
+)
+RESPONSE = optional(one_of(RESPONSE_OBJECT, list_of(RESPONSE_OBJECT)))
+
+# ---- The record around them ------------------------------------------------------------------
+
+# Fields a log record may carry beside the request (at its top level or in the request body).
+RECORD_FIELDS = {
+    "output": STRING, "output_length": INTEGER,
+    "session_id": optional(one_of(STRING, INTEGER)),
+    "conversation_id": optional(one_of(STRING, INTEGER)),
+}
+ENVELOPE = {"request": ANY_OBJECT, "response": RESPONSE}
+_RECORD_WALK = fields_walk({**ENVELOPE, **RECORD_FIELDS})
+_BODY_WALKS = {kind: fields_walk({**RECORD_FIELDS, **body}) for kind, body in BODY_FIELDS.items()}
+_FULL_RECORD_WALKS = {kind: fields_walk({**ENVELOPE, **RECORD_FIELDS, **body})
+                      for kind, body in BODY_FIELDS.items()}
+
+
+def check_record(record: dict[str, Any], body: dict[str, Any], kind: str) -> None:
+    """Hold a record to the declared shapes: its envelope and response, and the request body
+    (the record itself, or its `request`) as the kind of request it was detected to be. Raises
+    Rejected("wrong_type") naming the first field of a type the engine would refuse."""
+    if body is record:
+        _FULL_RECORD_WALKS.get(kind, _RECORD_WALK)(record, None)
+        return
+    _RECORD_WALK(record, None)
+    if kind in _BODY_WALKS:
+        _BODY_WALKS[kind](body, (None, "request"))
