@@ -26,7 +26,10 @@ INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
 MAX_COUNT = 2**31 - 1
 # Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
 MAX_TOKEN_ID = 2**32 - 1
-DEFAULT_MAX_RECORD_BYTES = 64 << 20
+# A record is rendered and tokenized whole: one 15 MB chat record peaked at 1.9 GB (DeepSeek-R1,
+# ~125x the record; docs/BOUNDS.md). 16 MiB holds a million-token conversation with its JSON and
+# keeps one record near 2 GB of a worker; larger ones are too_large dead letters unless raised.
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
