@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 from conftest import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
-pytestmark = pytest.mark.slow  # several nights each; .ci/run runs them
-
 from transforms.ids import id_map, map_record
 from transforms.ids.map_record import keyless_checksum, record_bytes
 from transforms.ids.segments import index_path, read_segment, write_segment
+
+pytestmark = pytest.mark.slow  # several nights each; .ci/run runs them
 
 SALT = b"keyed-map-test-salt-of-32-bytes!"
 DAY_MS = 86_400_000
