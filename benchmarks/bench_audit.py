@@ -44,11 +44,24 @@ ROWS_PER_SHARD = 1_000_000
 SHARED_PREFIXES = 1000
 
 
+def first_seen_numbers(raw: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Published ids as kvtrace numbers them: 0, 1, 2, ... in the order they first appear."""
+    unseen = raw[labels[raw] < 0]
+    order = np.argsort(unseen, kind="stable")
+    first = np.ones(len(unseen), bool)
+    first[1:] = unseen[order][1:] != unseen[order][:-1]
+    new = unseen[np.sort(order[first])]
+    start = int(labels.max()) + 1
+    labels[new] = start + np.arange(len(new))
+    return labels[raw]
+
+
 def write_folder(folder: Path, rows: int) -> None:
     rng = np.random.default_rng(7)
     folder.mkdir(parents=True)
     shards = -(-rows // ROWS_PER_SHARD)
     digests, next_id, weights = {}, SHARED_PREFIXES, [np.full(SHARED_PREFIXES, BLOCK)]
+    labels = np.full(SHARED_PREFIXES + rows * 3, -1, np.int64)  # raw id -> published id
     totals = ExportTotals()
     for shard in range(shards):
         n = min(ROWS_PER_SHARD, rows - shard * ROWS_PER_SHARD)
@@ -62,6 +75,7 @@ def write_folder(folder: Path, rows: int) -> None:
         rest[starts] = False
         ids[rest] = next_id + np.arange(int(new.sum()))
         next_id += int(new.sum())
+        ids = first_seen_numbers(ids, labels)
         position = np.arange(len(ids)) - np.repeat(starts, num_ids)
         weights.append(np.minimum(BLOCK, np.repeat(input_length, num_ids) - position * BLOCK)[rest])
         output_length = rng.integers(0, 2000, n)
