@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
-from pipelines.reuse_local import ReuseConfig
+from pipelines.reuse_local import ReuseConfig, check_plot, write_plot
 from transforms.cache import plots
 from transforms.cache.steps import ReuseTrace
 from transforms.storage import is_url
@@ -22,10 +22,9 @@ def run_reuse_beam(config: ReuseConfig, beam_flags: list[str]) -> dict:
     """Run on the embedded runner unless --runner says otherwise; the plot and report are
     written by the launcher from the one report element (remote runners need config.plot and
     the report on a filesystem the launcher reads: a local temporary folder is used locally)."""
-    from apache_beam.io.filesystems import FileSystems
-
     from pipelines.runner import run_for_report
 
+    check_plot(config)
     remote_folder = config.plot.rsplit("/", 1)[0] if is_url(config.plot or "") else None
     result = run_for_report(lambda p: build(p, config), beam_flags, remote_folder, "reuse.json",
                             "--output on a filesystem its workers can write (gs://, s3://)")
@@ -34,6 +33,5 @@ def run_reuse_beam(config: ReuseConfig, beam_flags: list[str]) -> dict:
             np.array(result["ccdf"]["interval_tokens"]), np.array(result["ccdf"]["share_above"]),
             config.gpu_kv_cache_size, result.get("ccdf_at_gpu_kv_cache_size"), None, None, None,
             result["reuse_time"])
-        with FileSystems.create(config.plot) as handle:
-            handle.write(png)
+        write_plot(config.plot, png)
     return result

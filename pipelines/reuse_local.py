@@ -7,16 +7,18 @@ vectorised; stack distances are an O(N log N) Fenwick-tree pass.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
-from transforms import storage
 from transforms.cache import plots
 from transforms.cache.cache_trace import read_cache_trace
 from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
 from transforms.cache.reuse_report import reuse_report
 from transforms.cache.stack_distance import infinite_cache, stack_distances
 from transforms.stats.trace_stats import row_problems
+from transforms.storage import is_url
+from transforms.write.publish import OutputRefused, check_file, file_output
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -29,8 +31,25 @@ class ReuseConfig:
     plot: str | None = None  # PNG path (any Beam filesystem)
 
 
+def check_plot(config: ReuseConfig) -> None:
+    """The plot's location, before any work: a plain file to replace whole, never an input."""
+    if not config.plot:
+        return
+    check_file(config.plot, overwrite=True)
+    if not is_url(config.plot) and os.path.abspath(config.plot) in {
+            os.path.abspath(path) for path in config.inputs if not is_url(path)}:
+        raise OutputRefused(f"--output {config.plot} is one of the traces read")
+
+
+def write_plot(path: str, png: bytes) -> None:
+    """The plot, staged and renamed into place (the one write protocol)."""
+    with file_output(path) as output:
+        output.write(png)
+
+
 def run_reuse(config: ReuseConfig) -> dict:
     """The report (JSON-ready); writes the plot when config.plot is set."""
+    check_plot(config)
     trace, cache = read_cache_trace(config.inputs, config.block_size)
     problems = row_problems(trace, config.block_size)
     del trace  # the cache's view is all that is left to read: free the trace's columns
@@ -52,6 +71,5 @@ def run_reuse(config: ReuseConfig) -> dict:
     if config.plot:
         png = plots.reuse_figure(x, y, config.gpu_kv_cache_size, at_gpu, capacities, lru,
                                  block_lru, reuse_time)
-        with storage.create(config.plot) as handle:
-            handle.write(png)
+        write_plot(config.plot, png)
     return report
