@@ -91,7 +91,8 @@ def timed_chats(deepseek_tokenizer, tmp_path_factory) -> Path:
 
 def exported(folder: Path, to: str) -> tuple[Path, list[dict]]:
     path = folder.parent / f"{to}.jsonl"
-    assert main(["export", str(folder), "--to", to, "-o", str(path)]) == 0
+    # the module's tests export the same form more than once: replacing it is asked for
+    assert main(["export", str(folder), "--to", to, "-o", str(path), "--overwrite"]) == 0
     return path, [json.loads(line) for line in path.read_text().splitlines()]
 
 
