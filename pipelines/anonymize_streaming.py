@@ -10,12 +10,15 @@ records were produced) says everything produced before that one has come in too,
 has been idle for IDLE_MS, the window is a night of the batch job: its ids continue the id map,
 which lives in the runner's keyed state (ids in first-seen order within and across windows), and
 it is numbered and published, whole, into its own folder by the local engine's publish_encoded
-(the same stage functions as every engine). A runner restored from a checkpoint restores that
+(the same stage functions as every engine), named by its place among the published windows
+(window-000000, ...: no absolute time leaves), its dead letters published with it as a run of
+the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl). A runner restored from a checkpoint restores that
 state with the source's offsets: it publishes again, byte for byte, a window it had published
 after the checkpoint, and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch output of the same records, byte for
 byte. A request whose window is older than one already published is late: a dead letter with
 reason `late`. Records that never became requests (bad JSON, ...) are dead letters of the next
-window published.
+window published, or, after LETTER_DELAY_S without one, published with the cumulative.json that
+counts them (rejected-letters-000001.jsonl).
 
 All windows meet in one key: a window is numbered and written by one worker, as a night is by
 the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
@@ -24,7 +27,6 @@ the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing s
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import re
 import time
@@ -56,6 +58,7 @@ from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.steps import BatchByWeight
 from transforms.write.coarsen import round_to
+from transforms.write.publish import DeadLetterRun
 
 LATE = "late"
 # A source that has delivered nothing for this long (by its own clock) has nothing older to send:
@@ -64,6 +67,7 @@ IDLE_MS = 10_000
 # Dead letters wait this long (processing time) for a window to go out with, then go alone.
 LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
+CUMULATIVE = "cumulative.json"
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
 KAFKA = re.compile(r"kafka://([^/]+:\d+)/([^/]+)")
 # Beam's Kafka read is Java, expanded by an expansion service (deploy/flink/local-cluster.sh
@@ -139,10 +143,13 @@ class StreamingConfig:
 
 
 
-def window_name(window_start_ms: int) -> str:
-    """A window's folder: its start in UTC, to the millisecond."""
-    start = datetime.datetime.fromtimestamp(window_start_ms / 1000, datetime.timezone.utc)
-    return "window-" + start.strftime("%Y%m%dT%H%M%S") + f"{window_start_ms % 1000:03d}Z"
+def window_name(index: int) -> str:
+    """A window's folder and its letters' run: its place among the stream's published windows
+    (cumulative.json's `windows` counts them), never its time, which the trace gives only from
+    its zero. Names sort as the windows do: a count past six digits is marked by a "~" per
+    extra digit, which sorts after every digit."""
+    digits = f"{index:06d}"
+    return f"window-{'~' * (len(digits) - 6)}{digits}"
 
 
 def by_window(batch: HashedBatch, window_ms: int) -> Iterator[tuple[int, HashedBatch]]:
@@ -213,6 +220,16 @@ class Progress:
     def next_due_ms(self, config: StreamingConfig) -> int | None:
         return min((self.due_ms(config, w) for w in self.passed_ms), default=None)
 
+    def publish(self, window: int) -> str:
+        """The folder of an open window published now: named by the windows published before
+        it, so a restart restoring this state names it again the same."""
+        del self.passed_ms[window]
+        self.published_ms, self.windows = window, self.windows + 1
+        return window_name(self.windows - 1)
+
+    def last_published(self) -> str:
+        return window_name(self.windows - 1)
+
 
 class PublishWindows(beam.DoFn):
     """Keyed (one key) by design: numbering needs every earlier window's ids. In: (key,
@@ -241,8 +258,7 @@ class PublishWindows(beam.DoFn):
         progress = progress_state.read() or Progress()
         if window is not None and progress.published_ms is not None and \
                 window <= progress.published_ms:
-            item = late_letters(self._config.source, item,
-                                window_name(progress.published_ms))
+            item = late_letters(self._config.source, item, progress.last_published())
             self._late.inc(len(item))
             window = None
         if window is None:  # dead letters: out with the next window, or on their own soon
@@ -283,8 +299,7 @@ class PublishWindows(beam.DoFn):
         maps = {"blocks": blocks_map, "sessions": sessions_map}
         for window in due:
             batches = [item for w, item in waiting if w == window]
-            del progress.passed_ms[window]
-            yield self._publish(window, batches, letters, maps, progress)
+            yield self._publish(progress.publish(window), batches, letters, maps, progress)
             letters = []
         later = [(w, item) for w, item in waiting if w not in due]
         for entry in later + [(None, letter) for letter in letters]:
@@ -296,7 +311,8 @@ class PublishWindows(beam.DoFn):
     @on_timer(LETTERS)
     def flush_letters(self, pending=beam.DoFn.StateParam(PENDING),
                       progress_state=beam.DoFn.StateParam(PROGRESS)) -> None:
-        """Dead letters no window took in time, in a folder of their own."""
+        """Dead letters no window took in time, published on their own with the cumulative.json
+        that counts them."""
         progress = progress_state.read() or Progress()
         items = list(pending.read())
         letters = [item for window, item in items if window is None]
@@ -306,28 +322,29 @@ class PublishWindows(beam.DoFn):
                 if entry[0] is not None:
                     pending.add(entry)
             progress.letter_batches += 1
-            folder = storage.join(self._config.job.dead_letter,
-                                  f"letters-{progress.letter_batches:06d}")
-            storage.make_folder(folder, private=True)
-            write_dead_letters(folder, letters)
             progress.rejected += len(letters)
-            _write_cumulative(self._config, progress)
+            write_cumulative(self._config, progress,
+                              (f"letters-{progress.letter_batches:06d}", letters))
         progress.letters_due = None
         progress_state.write(progress)
 
-    def _publish(self, window: int, batches: list[HashedBatch], letters: list[DeadLetter],
+    def _publish(self, name: str, batches: list[HashedBatch], letters: list[DeadLetter],
                  maps: dict[str, Any], progress: Progress) -> dict:
         """One window as a night of the batch job, its ids continuing the map in state."""
-        name = window_name(window)
         job = self._config.job
+        output = storage.join(job.output, name)
+        # The window's letters are a run of the batch job's protocol, named by the window: a
+        # window published again after a restart replaces its letters as it replaces its folder.
+        rejected = DeadLetterRun(job.dead_letter, output, name)
         # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
         night = dataclasses.replace(
-            job, inputs=(), max_rejected_fraction=None, output=storage.join(job.output, name),
-            staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name))
+            job, inputs=(), max_rejected_fraction=None, output=output,
+            staging=storage.join(job.staging, name), dead_letter=rejected.staging)
         # From nothing: what an attempt killed mid-window left is not part of this one.
-        storage.remove_folder(night.staging)
+        for leftover in (night.staging, rejected.staging):
+            storage.remove_folder(leftover)
         storage.make_folder(night.staging, private=True)
-        storage.make_folder(night.dead_letter, private=True)
+        rejected.begin(night.staging)
         numbered: dict[str, KindIds] = {}
 
         def kind_ids(kind: str, keys: np.ndarray) -> KindIds:
@@ -338,17 +355,21 @@ class PublishWindows(beam.DoFn):
         if progress.origin_ms is None:
             progress.origin_ms = min(int(b.requests["timestamp_ms"].min()) for b in batches)
         read = sum(len(b) for b in batches) + len(letters)
-        manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
-                                   progress.origin_ms, extends_map=True)
+        published = False
+        try:
+            manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
+                                       progress.origin_ms, extends_map=True)
+            published = True
+        finally:
+            rejected.settle(published)  # with the window, or gone with the attempt
         for kind, ids in numbered.items():
             maps[kind].add(ids.added)
             progress.next_id[kind] += ids.added_count
-        progress.published_ms, progress.windows = window, progress.windows + 1
         progress.rows += manifest["records"]["exported"]
         self._windows.inc()
         self._rows.inc(manifest["records"]["exported"])
         progress.rejected += manifest["records"]["rejected"]
-        _write_cumulative(self._config, progress)
+        write_cumulative(self._config, progress)
         return manifest
 
 
@@ -365,23 +386,34 @@ def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str,
             "published_until_ms": published_until_ms}
 
 
-def _write_cumulative(config: StreamingConfig, progress: Progress) -> None:
-    """The stream so far, beside the windows (replaced whole after each window)."""
+def write_cumulative(config: StreamingConfig, progress: Progress,
+                      letters: tuple[str, list[DeadLetter]] | None = None) -> None:
+    """The stream so far, beside the windows (replaced whole after each window); letters (a
+    run name and its dead letters) are published with it, as a window's are with the window,
+    so the letters published are the ones it counts."""
     import json
 
-    output = config.job.output
+    output = storage.join(config.job.output, CUMULATIVE)
     summary = cumulative_summary(config, progress)
-    temporary = storage.join(output, ".cumulative.json.tmp")
+    temporary = storage.join(config.job.output, f".{CUMULATIVE}.tmp")
     with storage.create(temporary) as handle:
         handle.write(json.dumps(summary, indent=1, sort_keys=True).encode() + b"\n")
-    storage.rename(temporary, storage.join(output, "cumulative.json"))
+    if letters is None:
+        storage.rename(temporary, output)
+        return
+    rejected = DeadLetterRun(config.job.dead_letter, output, letters[0])
+    storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
+    rejected.begin(temporary)  # the rename keeps the file's identity
+    write_dead_letters(rejected.staging, letters[1])
+    storage.rename(temporary, output)
+    rejected.settle(run_succeeded=True)
 
 
 def check_new_stream(output: str) -> None:
     """A stream's ids live in its runner's state: a second stream into the same folder would
     number from 0 again beside the first one's windows (a restarted job restores its state and
     goes on; it is not launched again)."""
-    if storage.exists(storage.join(output, "cumulative.json")):
+    if storage.exists(storage.join(output, CUMULATIVE)):
         raise ConfigError(f"--output {output} holds a stream already (cumulative.json): its ids "
                           "continue only in its own job; a new stream needs a new --output")
 

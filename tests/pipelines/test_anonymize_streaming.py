@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import time
 from pathlib import Path
 
@@ -22,7 +23,10 @@ from conftest import write_jsonl
 from kvtrace.cli import main
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
-                                          check_new_stream, cumulative_summary, kafka_read)
+                                          check_new_stream, cumulative_summary, kafka_read,
+                                          window_name, write_cumulative)
+from transforms.stats.audit import audit
+from transforms.dead_letters import DeadLetter
 from transforms.errors import ConfigError
 from transforms.write.coarsen import Coarsening
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
@@ -69,6 +73,22 @@ def letters(folder: Path) -> list[dict]:
             for line in path.read_text().splitlines()]
 
 
+def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]:
+    """The dead-letter folder as publish.DeadLetterRun leaves it once every run has settled:
+    one owner-only file per run, named by a published window (or by the cumulative.json that
+    counts lone letters), nothing staged left; the runs' names."""
+    folder = Path(config.job.dead_letter)
+    windows = {p.name for p in Path(config.job.output).iterdir() if p.is_dir()}
+    runs = set()
+    for entry in folder.iterdir():
+        assert entry.is_file() and entry.name.startswith("rejected-") and \
+            entry.name.endswith(".jsonl"), entry.name  # no staging folder left behind
+        assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
+        runs.add(entry.name[len("rejected-"):-len(".jsonl")])
+    assert {run for run in runs if not run.startswith("letters-")} <= windows
+    return runs
+
+
 @pytest.mark.slow  # a streaming pipeline: ~10 s
 def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_batch(
         tiny_tokenizer, tmp_path, monkeypatch):
@@ -90,11 +110,21 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
               .advance_watermark_to_infinity())
     run_stream(config, stream)
     windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
-    assert [w.name for w in windows] == ["window-19700101T000000000Z", "window-19700101T000100000Z"]
-    assert all((w / "manifest.json").exists() for w in windows)  # published whole
+    assert [w.name for w in windows] == ["window-000000", "window-000001"]
+    for window in windows:  # each one exactly what kvtrace publishes: the audit passes it
+        report = audit(str(window))
+        assert report["publishable"], report["flags"]
 
     rejected = letters(Path(config.job.dead_letter))
     assert sorted(letter["error"] for letter in rejected) == ["invalid_json", "late"]
+    # The bad record came in while window 0 was open: its letter is published with it.
+    runs = check_letters_published_by_the_protocol(config)
+    first = Path(config.job.dead_letter) / "rejected-window-000000.jsonl"
+    assert [json.loads(line)["error"] for line in first.read_text().splitlines()] == \
+        ["invalid_json"]
+    late_letter = next(letter for letter in rejected if letter["error"] == "late")
+    assert "after window-000000 was published" in late_letter["message"]
+    assert "window-000000" in runs
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert cumulative["rows"] == 7 and cumulative["windows"] == 2 and cumulative["rejected"] == 2
     assert cumulative["published_until_ms"] == 2 * MINUTE  # the trace's zero is at 0 here
@@ -140,6 +170,7 @@ def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer,
     assert cumulative["rows"] + cumulative["rejected"] == len(HOSTILE) + len(good)
     assert len(rejected) == cumulative["rejected"] and all(r["error"] for r in rejected)
     assert (cumulative["rows"], cumulative["windows"]) == (len(good), 1)
+    assert check_letters_published_by_the_protocol(config) <= {"window-000000", "letters-000001"}
 
 
 def windows_published(config: StreamingConfig, arrivals: list[tuple[int, int]],
@@ -212,3 +243,57 @@ def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
     (tmp_path / "cumulative.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds a stream already"):
         check_new_stream(str(tmp_path))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**15), st.integers(0, 10**15))
+def test_window_names_sort_as_the_windows_do(first, second):
+    """Past a million windows too: a listing of the folders is the windows in order."""
+    assert (window_name(first) < window_name(second)) == (first < second)
+    assert window_name(first).startswith("window-")
+
+
+def published_names(window_starts: list[int]) -> list[str]:
+    """The folders of windows published in that order, named as PublishWindows names them."""
+    progress = Progress()
+    names = []
+    for start in window_starts:
+        progress.passed_ms[start] = None
+        names.append(progress.publish(start))
+    return names
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sets(st.integers(0, 10**6), min_size=1, max_size=30), st.integers(1, 10**7),
+       st.integers(0, 2**42))
+def test_window_names_hold_no_time_only_their_order(indices, window_ms, epoch_ms):
+    """The same windows at any other time, of any other length, get the same names: nothing
+    absolute (nor the window's length) can be read from a name without the trace's origin."""
+    starts = [index * window_ms for index in sorted(indices)]
+    names = published_names(starts)
+    assert names == sorted(names) == [window_name(n) for n in range(len(starts))]
+    moved = [epoch_ms // window_ms * window_ms + start for start in starts]
+    assert published_names(moved) == names
+
+
+def test_a_restored_stream_names_its_next_window_as_before(tmp_path):
+    """The name comes from the state a runner checkpoints: a restart that publishes a window
+    again names it as the first attempt did."""
+    progress = Progress(passed_ms={0: None, MINUTE: None})
+    progress.publish(0)
+    restored = pickle.loads(pickle.dumps(progress))  # as the runner's state coder keeps it
+    assert restored.publish(MINUTE) == progress.publish(MINUTE) == "window-000001"
+    assert restored.last_published() == "window-000001"
+
+
+def test_lone_letters_are_published_with_the_cumulative_json_that_counts_them(tmp_path):
+    config = streaming_config(tmp_path, "x")
+    letter = DeadLetter("pubsub:projects/p/subscriptions/s", b"not json", "invalid_json", "")
+    progress = Progress(letter_batches=1, rejected=1)
+    write_cumulative(config, progress, ("letters-000001", [letter]))
+    dead = Path(config.job.dead_letter)
+    assert sorted(p.name for p in dead.iterdir()) == ["rejected-letters-000001.jsonl"]
+    assert letters(dead) == [json.loads(letter.to_json())]
+    cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
+    assert cumulative["rejected"] == len(letters(dead)) == 1
+    assert sorted(p.name for p in Path(config.job.output).iterdir()) == ["cumulative.json"]
