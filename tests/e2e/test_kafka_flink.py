@@ -1,7 +1,7 @@
 """`kvtrace anonymize --streaming` from a real Kafka broker (deploy/kafka/local-broker.sh) on the
 local Flink cluster (deploy/flink/local-cluster.sh, which .ci/run starts), through Beam's Kafka
-IO: every message once, and the windows concatenated equal the batch job's output of the
-requests they hold. The requests are of January 2026, produced now: backfills, on time all the
+IO: every message once, the windows concatenated equal the batch job's output of the
+requests they hold, and each window passes `kvtrace audit`. The requests are of January 2026, produced now: backfills, on time all the
 same; and a state past the JobManager's 5 MB survives TaskManagers killed again and again."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from conftest import (ON_FLINK, ROOT, STREAM_START_MS, check_stream_against_batch, free_ports,
                       run_stream_until_accounted, running_stream, stream_accounted,
                       stream_request)
+from kvtrace.cli import main
 from tiny_tokenizer import CORPUS
 
 pytestmark = ON_FLINK
@@ -103,6 +104,10 @@ def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, t
         cancel_running_jobs()
     assert dead_letters(tmp_path) == []  # a backfill: nothing late
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
+    windows = sorted(p.name for p in (tmp_path / "stream").iterdir() if p.is_dir())
+    assert windows == ["window-000000", "window-000001", "window-000002"]  # no time in a name
+    for window in windows:
+        assert main(["audit", str(tmp_path / "stream" / window)]) == 0, window
 
 
 WORDS = sorted({word for line in CORPUS for word in line.split()})

@@ -1,6 +1,6 @@
 """`kvtrace anonymize --streaming` end to end on gcloud's Pub/Sub emulator: every message
-published ends in exactly one window's trace or as a late dead letter, and the windows
-concatenated are the batch job's output of the records they hold."""
+published ends in exactly one window's trace or as a late dead letter, the windows concatenated
+are the batch job's output of the records they hold, and each window passes `kvtrace audit`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from conftest import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
                       stream_request)
+from kvtrace.cli import main
 
 PROJECT = "kvtrace-test"  # Beam checks project names: 6 to 30 characters
 MESSAGES = 40
@@ -56,3 +57,7 @@ def test_every_message_lands_once_and_the_windows_equal_batch(emulator, tiny_tok
     run_stream_until_accounted(tmp_path, tiny_tokenizer, source, len(records),
                                {"PUBSUB_EMULATOR_HOST": emulator})
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
+    windows = sorted(p for p in (tmp_path / "stream").iterdir() if p.is_dir())
+    assert [w.name for w in windows] == [f"window-{n:06d}" for n in range(len(windows))]
+    for window in windows:
+        assert main(["audit", str(window)]) == 0, window.name  # publishable as it stands
