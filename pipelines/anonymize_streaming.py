@@ -409,20 +409,25 @@ def write_cumulative(config: StreamingConfig, progress: Progress,
     rejected.settle(run_succeeded=True)
 
 
-def check_new_stream(output: str) -> None:
+def check_new_stream(output: str, dead_letter: str) -> None:
     """A stream's ids live in its runner's state: a second stream into the same folder would
     number from 0 again beside the first one's windows (a restarted job restores its state and
-    goes on; it is not launched again)."""
+    goes on; it is not launched again). Its letters are named by its windows, so a second
+    stream's would replace the first one's in a shared dead-letter folder."""
     if storage.exists(storage.join(output, CUMULATIVE)):
         raise ConfigError(f"--output {output} holds a stream already (cumulative.json): its ids "
                           "continue only in its own job; a new stream needs a new --output")
+    if any(storage.match(storage.join(dead_letter, f"rejected-{run}-*.jsonl"))
+           for run in ("window", "letters")):
+        raise ConfigError(f"--dead-letter {dead_letter} holds a stream's letters already (named by "
+                          "its windows, as a new stream's would be); a new stream needs its own")
 
 
 def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
     """Run until the runner stops the stream (a drain publishes every window still open)."""
     options = pipeline_options(flags)
     options.view_as(StandardOptions).streaming = True
-    check_new_stream(config.job.output)
+    check_new_stream(config.job.output, config.job.dead_letter)
     storage.make_folder(config.job.output)
     run(lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options)
 

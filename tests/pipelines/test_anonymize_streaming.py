@@ -239,10 +239,23 @@ def test_kafka_offsets_are_committed_only_with_a_checkpoint():
 
 
 def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
-    check_new_stream(str(tmp_path))  # a new folder: fine
-    (tmp_path / "cumulative.json").write_text("{}")
+    output, dead = tmp_path / "stream", tmp_path / "stream-rejected"
+    check_new_stream(str(output), str(dead))  # new folders: fine
+    dead.mkdir()
+    (dead / "rejected-0123456789ab.jsonl").write_text("")  # a batch run's letters: no clash
+    check_new_stream(str(output), str(dead))
+    output.mkdir()
+    (output / "cumulative.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds a stream already"):
-        check_new_stream(str(tmp_path))
+        check_new_stream(str(output), str(dead))
+
+
+@pytest.mark.parametrize("run", ["window-000000", "letters-000001"])
+def test_a_second_stream_into_a_streams_dead_letters_is_refused(tmp_path, run):
+    """Its letters would take the first stream's names and replace them."""
+    (tmp_path / f"rejected-{run}.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="holds a stream's letters already"):
+        check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
 
 
 @settings(max_examples=200, deadline=None)
