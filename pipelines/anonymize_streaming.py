@@ -12,13 +12,14 @@ which lives in the runner's keyed state (ids in first-seen order within and acro
 it is numbered and published, whole, into its own folder by the local engine's publish_encoded
 (the same stage functions as every engine), named by its place among the published windows
 (window-000000, ...: no absolute time leaves), its dead letters published with it as a run of
-the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl). A runner restored from a checkpoint restores that
-state with the source's offsets: it publishes again, byte for byte, a window it had published
-after the checkpoint, and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch output of the same records, byte for
-byte. A request whose window is older than one already published is late: a dead letter with
-reason `late`. Records that never became requests (bad JSON, ...) are dead letters of the next
-window published, or, after LETTER_DELAY_S without one, published with the cumulative.json that
-counts them (rejected-letters-000001.jsonl).
+the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl). A runner
+restored from a checkpoint restores that state with the source's offsets: it publishes again,
+byte for byte, a window it had published after the checkpoint, and ids go on from the
+checkpoint's. With nothing late, the windows concatenated are the batch output of the same
+records, byte for byte. A request whose window is older than one already published is late: a
+dead letter with reason `late`. Records that never became requests (bad JSON, ...) are dead
+letters of the next window published, or, after LETTER_DELAY_S without one, published with the
+cumulative.json that counts them (rejected-letters-000001.jsonl).
 
 All windows meet in one key: a window is numbered and written by one worker, as a night is by
 the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
@@ -387,10 +388,10 @@ def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str,
 
 
 def write_cumulative(config: StreamingConfig, progress: Progress,
-                      letters: tuple[str, list[DeadLetter]] | None = None) -> None:
+                     letters: tuple[str, list[DeadLetter]] | None = None) -> None:
     """The stream so far, beside the windows (replaced whole after each window); letters (a
-    run name and its dead letters) are published with it, as a window's are with the window,
-    so the letters published are the ones it counts."""
+    run's name, its dead letters) are published with it, as a window's are with the window, so
+    the letters published are the ones it counts."""
     import json
 
     output = storage.join(config.job.output, CUMULATIVE)
@@ -401,10 +402,11 @@ def write_cumulative(config: StreamingConfig, progress: Progress,
     if letters is None:
         storage.rename(temporary, output)
         return
-    rejected = DeadLetterRun(config.job.dead_letter, output, letters[0])
+    run_name, dead_letters = letters
+    rejected = DeadLetterRun(config.job.dead_letter, output, run_name)
     storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
     rejected.begin(temporary)  # the rename keeps the file's identity
-    write_dead_letters(rejected.staging, letters[1])
+    write_dead_letters(rejected.staging, dead_letters)
     storage.rename(temporary, output)
     rejected.settle(run_succeeded=True)
 

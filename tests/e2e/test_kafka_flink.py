@@ -1,8 +1,9 @@
 """`kvtrace anonymize --streaming` from a real Kafka broker (deploy/kafka/local-broker.sh) on the
 local Flink cluster (deploy/flink/local-cluster.sh, which .ci/run starts), through Beam's Kafka
-IO: every message once, the windows concatenated equal the batch job's output of the
-requests they hold, and each window passes `kvtrace audit`. The requests are of January 2026, produced now: backfills, on time all the
-same; and a state past the JobManager's 5 MB survives TaskManagers killed again and again."""
+IO: every message once, the windows concatenated equal the batch job's output of the requests
+they hold, and each window passes `kvtrace audit`. The requests are of January 2026, produced
+now: backfills, on time all the same; and a state past the JobManager's 5 MB survives
+TaskManagers killed again and again."""
 
 from __future__ import annotations
 
