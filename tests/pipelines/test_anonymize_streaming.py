@@ -21,6 +21,7 @@ from apache_beam.testing.test_stream import TestStream
 
 from conftest import write_jsonl
 from kvtrace.cli import main
+from pipelines import anonymize_streaming
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
                                           check_new_stream, cumulative_summary, kafka_read,
@@ -310,3 +311,22 @@ def test_lone_letters_are_published_with_the_cumulative_json_that_counts_them(tm
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert cumulative["rejected"] == len(letters(dead)) == 1
     assert sorted(p.name for p in Path(config.job.output).iterdir()) == ["cumulative.json"]
+
+
+@pytest.mark.slow  # a streaming pipeline: ~5 s
+def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(tiny_tokenizer, tmp_path,
+                                                                      monkeypatch):
+    """Letters stand only for a published window: a folder the window may not replace (a file
+    kvtrace did not write) stops it, and its letters go with it, nothing staged left."""
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    # The letter waits for its window, however slow the machine: it never goes out alone here.
+    monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    blocked = Path(config.job.output) / "window-000000"
+    blocked.mkdir()
+    (blocked / "notes.txt").write_text("not kvtrace's")
+    stream = TestStream().add_elements([b"not json", message(chat(5_000, 1))])
+    with pytest.raises(Exception, match="kvtrace did not write"):
+        run_stream(config, stream.advance_watermark_to_infinity())
+    assert list(Path(config.job.dead_letter).iterdir()) == []
+    assert sorted(p.name for p in blocked.iterdir()) == ["notes.txt"]
