@@ -151,7 +151,7 @@ def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
     stream = start_stream(source, output, f"{LIVE_WINDOW_MS // 1000}s", tokenizer,
                           {"PUBSUB_EMULATOR_HOST": host})
     published: dict[str, float] = {}
-    deadlines: dict[str, float] = {}
+    deadline_by_end: dict[int, float] = {}
     try:
         begin = time.time()
         i = 0
@@ -159,7 +159,7 @@ def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
             now_ms = int(time.time() * 1000)
             publisher.publish(topic, request(i, now_ms))
             window_end = (now_ms // LIVE_WINDOW_MS + 1) * LIVE_WINDOW_MS
-            deadlines.setdefault(window_name(window_end - LIVE_WINDOW_MS), window_end / 1000)
+            deadline_by_end.setdefault(window_end, window_end / 1000)
             i += 1
             for folder in output.glob("window-*"):
                 published.setdefault(folder.name, time.time())
@@ -172,6 +172,10 @@ def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
     finally:
         stream.terminate()
         stream.wait()
+    # Windows are named by their place among the published ones, not by time: the k-th window
+    # the requests fell in is window k (every window here holds requests).
+    deadlines = {window_name(k): deadline_by_end[end]
+                 for k, end in enumerate(sorted(deadline_by_end))}
     delays = [published[name] - deadline for name, deadline in deadlines.items()
               if name in published]
     late = cumulative(output).get("rejected", 0)
