@@ -128,7 +128,6 @@ def test_an_output_that_is_a_symlink_is_refused_not_half_published(tiny_tokenize
 
 @pytest.mark.parametrize("command", [["validate"], ["analyze"],
                                      ["export", "--to", "aiperf", "-o", "{tmp}/e.jsonl"]])
-@OPEN
 def test_readers_refuse_a_published_folder_with_a_truncated_shard(tiny_tokenizer, tmp_path,
                                                                   command):
     """The manifest lists each file's sha256 and the row count; audit flags a shard cut at a
@@ -438,7 +437,6 @@ def test_json_equal_to_the_output_folder_is_refused_not_blamed_on_another_run(tr
     assert code == 2 and err.count("\n") == 1
 
 
-@OPEN
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_readers_refuse_a_kvtrace_folder_without_its_manifest(tiny_tokenizer, tmp_path,
                                                                command):
