@@ -56,6 +56,7 @@ from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.steps import BatchByWeight
 from transforms.write.coarsen import round_to
+from transforms.write.shards import block_hashes_staging
 
 LATE = "late"
 # A source that has delivered nothing for this long (by its own clock) has nothing older to send:
@@ -323,9 +324,13 @@ class PublishWindows(beam.DoFn):
         # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
         night = dataclasses.replace(
             job, inputs=(), max_rejected_fraction=None, output=storage.join(job.output, name),
-            staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name))
+            staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name),
+            # A window's block hashes beside its output's as FOLDER/window-*/, published with it.
+            block_hashes=job.block_hashes and storage.join(job.block_hashes, name))
         # From nothing: what an attempt killed mid-window left is not part of this one.
         storage.remove_folder(night.staging)
+        if night.block_hashes:
+            storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         storage.make_folder(night.staging, private=True)
         storage.make_folder(night.dead_letter, private=True)
         numbered: dict[str, KindIds] = {}
