@@ -324,12 +324,11 @@ class PublishWindows(beam.DoFn):
         # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
         night = dataclasses.replace(
             job, inputs=(), max_rejected_fraction=None, output=storage.join(job.output, name),
-            staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name),
-            # A window's block hashes beside its output's as FOLDER/window-*/, published with it.
-            block_hashes=job.block_hashes and storage.join(job.block_hashes, name))
+            staging=storage.join(job.staging, name), dead_letter=storage.join(job.dead_letter, name))
         # From nothing: what an attempt killed mid-window left is not part of this one.
         storage.remove_folder(night.staging)
-        if night.block_hashes:
+        if job.block_hashes:  # a window's block hashes as FOLDER/window-*/, beside its output's
+            night = dataclasses.replace(night, block_hashes=storage.join(job.block_hashes, name))
             storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         storage.make_folder(night.staging, private=True)
         storage.make_folder(night.dead_letter, private=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from pathlib import Path
 
 import apache_beam as beam
 import pytest
