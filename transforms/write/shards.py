@@ -119,6 +119,8 @@ def block_hashes_files(hashes: str) -> frozenset[str]:
 def check_block_hashes_folder(hashes: str) -> None:
     """Refuse, before the work, a block-hashes folder holding anything kvtrace did not write
     there (a link by a shard's name included): it is replaced whole when published."""
+    if not storage.is_url(hashes) and os.path.islink(hashes):  # publishing swaps the link away
+        raise OutputRefused(f"--emit-block-hashes {hashes} is a link; give the folder itself")
     foreign = foreign_files(hashes, block_hashes_files(hashes))
     if foreign:
         raise OutputRefused(f"--emit-block-hashes {hashes} holds files kvtrace did not write "

@@ -98,6 +98,9 @@ def test_a_folder_holding_what_kvtrace_did_not_write_is_refused_before_the_work(
     with pytest.raises(OutputRefused, match=r"--emit-block-hashes .* \(notes\.txt\)"):
         check_block_hashes_folder(str(hashes))
     assert victim.read_text() == "someone's"
+    (tmp_path / "link").symlink_to(hashes)  # a swap would move the link, not its folder
+    with pytest.raises(OutputRefused, match="is a link"):
+        check_block_hashes_folder(str(tmp_path / "link"))
 
 
 def _belongs(hashes: Path, out: Path) -> bool:
