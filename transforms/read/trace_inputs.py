@@ -95,12 +95,12 @@ def _matched(pattern: str) -> list[str]:
 
 
 def check_whole(folder: str, shards: Sequence[str]) -> None:
-    """Refuse a folder of kvtrace shards whose manifest is missing, or whose shards are not
-    the ones it lists (their bytes are checked as they are read)."""
-    names = {posixpath.basename(f) for f in shards if _is_shard(posixpath.basename(f))}
+    """Refuse a folder of kvtrace shards whose manifest is missing, or whose trace files (all
+    those read from it) are not the shards it lists (their bytes are checked as read)."""
+    names = {posixpath.basename(f) for f in shards}
     published = published_folder(folder)
     if published is None:
-        if names:
+        if any(_is_shard(name) for name in names):
             raise NotWholeOutput(folder, f"its {MANIFEST} is missing")
         return
     missing = sorted(published.shards - names)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.read.paths import count_lines
-from transforms.read.trace_inputs import NotWholeOutput, trace_files
+from transforms.read.trace_inputs import NotWholeOutput, published_folder, trace_files
 from transforms.read.trace_io import _Tally, read_trace
 
 ROWS = [{"timestamp": 1000 * i, "input_length": 8, "output_length": 1, "hash_ids": [0, i]}
@@ -82,13 +82,15 @@ def test_a_folder_without_its_manifest_or_a_listed_shard_is_refused_before_readi
         trace_files([str(folder)])
 
 
-def test_a_shard_the_manifest_does_not_list_is_refused(tmp_path):
+@pytest.mark.parametrize("name", ["trace-00000-of-00002.jsonl", "trace-extra.jsonl"])
+def test_a_trace_file_the_manifest_does_not_list_is_refused(tmp_path, name):
     folder = published(tmp_path / "out", [ROWS])
-    (folder / "trace-00000-of-00002.jsonl").write_bytes(_jsonl(ROWS))
-    with pytest.raises(NotWholeOutput, match="trace-00000-of-00002.jsonl differs"):
+    (folder / name).write_bytes(_jsonl(ROWS))
+    with pytest.raises(NotWholeOutput, match=f"{name} differs"):
         trace_files([str(folder)])
-    with pytest.raises(NotWholeOutput, match="trace-00000-of-00002.jsonl differs"):
-        _read(str(folder / "trace-00000-of-00002.jsonl"))
+    if name.startswith("trace-0"):  # by kvtrace's name: the folder's, whoever names it
+        with pytest.raises(NotWholeOutput, match=f"{name} differs"):
+            _read(str(folder / name))
 
 
 @pytest.mark.parametrize("manifest", [b"{", b"[]", b'{"block_size": 4}',
@@ -134,3 +136,23 @@ def test_the_tally_counts_lines_as_count_lines_does(tmp_path):
         tally = _Tally(io.BytesIO(data), hashed=False)
         tally.drain()
         assert tally.lines == count_lines(str(path)) and tally.sha256() is None
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=64),
+    JSON.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries({"format": st.just("mooncake-trace"), "sha256": JSON,
+                           "records": JSON}).map(lambda v: json.dumps(v).encode())))
+def test_any_manifest_is_read_or_refused_in_one_line(tmp_path_factory, manifest):
+    folder = tmp_path_factory.mktemp("out")
+    (folder / "manifest.json").write_bytes(manifest)
+    try:
+        published_folder(str(folder))
+    except NotWholeOutput as err:
+        assert "\n" not in str(err) and str(err).endswith("(copied partly?)")
