@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from transforms import storage
 from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs, read_bytes
 from transforms.storage import is_url
-from transforms.trace_format import FORMAT, TRACE_FILE, is_count, parse_json
+from transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE, is_count, parse_json
 
-MANIFEST = "manifest.json"
 TRACE_SHARDS = "trace-*.jsonl"
 MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and sha256s)
 
@@ -106,8 +105,9 @@ def check_whole(folder: str, shards: Sequence[str]) -> None:
     missing = sorted(published.shards - names)
     if missing:
         raise NotWholeOutput(folder, f"{missing[0]} is missing")
-    for name in sorted(names - published.shards):
-        raise published.differs(name)
+    unlisted = sorted(names - published.shards)
+    if unlisted:
+        raise published.differs(unlisted[0])
 
 
 def published_folder(folder: str) -> PublishedFolder | None:
