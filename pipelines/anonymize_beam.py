@@ -29,7 +29,7 @@ from transforms.read.steps import ReadRecords, RouteSessions, parse_records
 from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import assemble_rows
 from transforms.write.totals import ExportTotals, sum_totals
-from transforms.write.shards import shard_plan
+from transforms.write.shards import block_hashes_staging, publish_block_hashes, shard_plan
 from transforms.write.steps import WriteShard
 
 from pipelines.anonymize_config import (
@@ -165,7 +165,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WithFirstShard" >> beam.Flatten()
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(
-            WriteShard(config.staging, config.coarsening, config.block_hashes),
+            WriteShard(config.staging, config.coarsening,
+                       block_hashes_staging(config.block_hashes, config.staging)),
             plan,
             origin,
             beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass
@@ -207,9 +208,12 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
             beam.pvalue.AsList(earliest),
         )
-    # Published once the letters are written: they are published with the output.
+    # Published once the letters are written: they are published with the output; the block
+    # hashes after it.
     summary = manifest | "PublishOutput" >> beam.Map(
-        lambda m, _: publish_output(config, m), beam.pvalue.AsList(letters_written))
+        lambda m, _: publish_block_hashes(config.block_hashes, config.staging,
+                                          publish_output(config, m)),
+        beam.pvalue.AsList(letters_written))
     return AnonymizeOutputs(trace_files, dead_letters, summary)
 
 

@@ -76,7 +76,8 @@ from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
-from transforms.write.shards import shard_plan, write_shard
+from transforms.write.shards import (block_hashes_staging, publish_block_hashes, shard_plan,
+                                     write_shard)
 from transforms.write.totals import ExportTotals
 
 _LOG = logging.getLogger("kvtrace")
@@ -366,7 +367,9 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
                       config.hash_shards, segments["blocks"],
                       segments["sessions"], numbered["blocks"].added_count,
                       numbered["sessions"].added_count, earliest_ms)
-    return publish_output(config, manifest)
+    # The block hashes after the output they belong to, never before it.
+    return publish_block_hashes(config.block_hashes, config.staging,
+                                publish_output(config, manifest))
 
 
 def _kind_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
@@ -422,7 +425,8 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
     return [file for shard in range(shards)
             for file in write_shard(config.staging, shard, shards,
                                     [by_shard[shard]] if shard in by_shard else [], origin,
-                                    config.coarsening, config.block_hashes)]
+                                    config.coarsening,
+                                    block_hashes_staging(config.block_hashes, config.staging))]
 
 
 def write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:

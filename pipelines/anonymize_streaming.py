@@ -60,6 +60,7 @@ from transforms.read.steps import parse_records
 from transforms.steps import BatchByWeight
 from transforms.write.coarsen import round_to
 from transforms.write.publish import DeadLetterRun
+from transforms.write.shards import block_hashes_staging
 
 LATE = "late"
 # A source that has delivered nothing for this long (by its own clock) has nothing older to send:
@@ -344,6 +345,9 @@ class PublishWindows(beam.DoFn):
         # From nothing: what an attempt killed mid-window left is not part of this one.
         for leftover in (night.staging, rejected.staging):
             storage.remove_folder(leftover)
+        if job.block_hashes:  # a window's block hashes as FOLDER/window-*/, beside its output's
+            night = dataclasses.replace(night, block_hashes=storage.join(job.block_hashes, name))
+            storage.remove_folder(block_hashes_staging(night.block_hashes, night.staging))
         storage.make_folder(night.staging, private=True)
         rejected.begin(night.staging)
         numbered: dict[str, KindIds] = {}

@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import sys
+from contextlib import nullcontext
 from typing import Any
 
 from kvtrace.commands.common import BeamFlags, engine_options
@@ -270,6 +271,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms import storage
     from transforms.write.publish import (DeadLetterRun, check_output, output_lock,
                                           recover_letters, staging_folder)
+    from transforms.write.shards import block_hashes_staging
 
     presets, preset_beam = load_presets(
         [config_path(p) for arg in args.config for p in arg.split(",") if p],
@@ -325,8 +327,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
               len(files), total_mb, config.tokenizer, config.block_size, salt.describe())
-    try:
-        with output_lock(output):
+    try:  # the block hashes' folder is published too, and cleared of killed runs' staging
+        with output_lock(output), (output_lock(config.block_hashes) if config.block_hashes
+                                   else nullcontext()):
             if stream:
                 storage.make_folder(config.staging, private=True)
                 storage.make_folder(config.dead_letter, private=True)
@@ -346,6 +349,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                 succeeded = True
             finally:
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
+                if config.block_hashes:
+                    storage.remove_folder(block_hashes_staging(config.block_hashes,
+                                                               config.staging))
                 letters.settle(succeeded)  # published with the output, or gone with the run
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
@@ -428,6 +434,7 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
 
 def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -> str | None:
     from transforms.trace_format import BLOCK_HASHES_WARNING
+    from transforms.write.shards import check_block_hashes_folder
 
     requested = options.get("emit_block_hashes")
     if requested is None:
@@ -436,6 +443,7 @@ def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -
         raise ConfigError("--emit-block-hashes writes engine hashes: give --hash-scheme dynamo or "
                           "vllm-sha256-cbor (kvtrace's keyed hashes join with nothing outside it)")
     directory = (requested or f"{output}-block-hashes").rstrip("/")
+    check_block_hashes_folder(directory)  # replaced whole once the output is published
     print(f"warning: {BLOCK_HASHES_WARNING} ({directory})", file=sys.stderr)
     return directory
 

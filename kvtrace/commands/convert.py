@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
     from transforms.read.paths import lines_within
     from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
-    from transforms.write.publish import file_output, folder_output
+    from transforms.write.publish import file_output, folder_output, sha256_of
     from transforms.write.shards import shard_name
 
     no_beam_options(beam_args)
@@ -46,11 +46,14 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         target = storage.join(args.output.rstrip("/"), trace_file)
         with folder_output(args.output) as staged:  # published whole, so its manifest last
             converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
+            shard = _jsonl(converted.rows)
             with storage.create(storage.join(staged.path, trace_file)) as handle:
-                handle.write(_jsonl(converted.rows))
+                handle.write(shard)
+            # sha256 and records.exported: what readers check a kvtrace folder against.
             manifest = {"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
                         "converted_from": "bailian", "rows": len(converted.rows),
-                        "files": [trace_file]}
+                        "files": [trace_file], "sha256": {trace_file: sha256_of(shard)},
+                        "records": {"exported": len(converted.rows)}}
             with storage.create(storage.join(staged.path, "manifest.json")) as handle:
                 handle.write(json.dumps(manifest, indent=2).encode())
     sessions = len({row["session"] for row in converted.rows})

@@ -128,7 +128,6 @@ def test_an_output_that_is_a_symlink_is_refused_not_half_published(tiny_tokenize
 
 @pytest.mark.parametrize("command", [["validate"], ["analyze"],
                                      ["export", "--to", "aiperf", "-o", "{tmp}/e.jsonl"]])
-@OPEN
 def test_readers_refuse_a_published_folder_with_a_truncated_shard(tiny_tokenizer, tmp_path,
                                                                   command):
     """The manifest lists each file's sha256 and the row count; audit flags a shard cut at a
@@ -247,7 +246,6 @@ def test_a_killed_runs_letters_are_not_published_for_an_output_it_never_publishe
     pytest.skip("this filesystem gave the killed staging folder's inode to no new folder")
 
 
-@OPEN
 def test_block_hashes_are_published_with_their_output_not_before(tiny_tokenizer, tmp_path):
     """--emit-block-hashes writes straight into its folder as each shard is written (no
     staging, no publish): a run killed before publishing its output has already replaced the
@@ -405,7 +403,6 @@ def test_a_killed_reuse_leaves_the_earlier_plot_whole(trace, tmp_path):
     assert plot.read_bytes() == earlier, "the killed run left the plot half written"
 
 
-@OPEN
 def test_block_hashes_are_not_written_through_a_symlink(tiny_tokenizer, tmp_path):
     """The block-hashes folder is written in place with storage.create (open O_TRUNC, then
     chmod 0600): a link there by a shard's name is followed, so the file it names, anywhere,
@@ -438,7 +435,6 @@ def test_json_equal_to_the_output_folder_is_refused_not_blamed_on_another_run(tr
     assert code == 2 and err.count("\n") == 1
 
 
-@OPEN
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_readers_refuse_a_kvtrace_folder_without_its_manifest(tiny_tokenizer, tmp_path,
                                                                command):

@@ -7,10 +7,13 @@ every good line is kept.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +25,11 @@ from transforms.read.paths import (
     NumberedLines,
     Oversized,
     broken_off,
-    count_lines,
+    open_raw,
     open_stream,
     read_parquet_within,
 )
+from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, published_shards
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
 # Timestamps in ms, relative (traces start near 0) or epoch (~1.7e12 today): 2^42 ms is year 2109.
@@ -73,11 +77,16 @@ class Trace:
 
 
 def read_trace(files: Sequence[str]) -> Trace:
-    parts = []
+    """The files' rows; a shard of a kvtrace output folder only as its manifest lists it
+    (NotWholeOutput if not: trace_inputs)."""
+    published = published_shards(files)
+    parts, rows = [], {}
     for index, path in enumerate(files):
-        for part in _read_file(path):
+        for part in _read_file(path, published.get(path)):
             part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
             parts.append(part)
+            rows[path] = rows.get(path, 0) + len(part["input_length"])
+    _check_exported(published, rows)
     malformed = [m for p in parts for m in p["malformed"]]
     sessions = [p["session"] for p in parts]
     has_sessions = any(s is not None for s in sessions)
@@ -115,11 +124,33 @@ def _cat(parts: list[dict], name: str, dtype) -> np.ndarray:
     return np.concatenate([np.asarray(p[name], dtype=dtype) for p in parts])
 
 
-def _read_file(path: str) -> list[dict]:
-    """Column parts of one file, in line order."""
+def _check_exported(published: dict[str, PublishedFolder], rows: dict[str, int]) -> None:
+    """A whole folder read (each shard it lists, by one twin or the other): its rows are the
+    records its manifest says were exported."""
+    for folder in set(published.values()):
+        read = {posixpath.basename(p).rsplit(".", 1)[0]: n for p, n in rows.items()
+                if published.get(p) is folder}
+        if {s.rsplit(".", 1)[0] for s in folder.shards} <= set(read) and \
+                sum(read.values()) != folder.exported:
+            raise NotWholeOutput(folder.folder, f"its shards hold {sum(read.values())} rows, "
+                                                f"its manifest says {folder.exported}")
+
+
+def _read_file(path: str, published: PublishedFolder | None = None) -> list[dict]:
+    """Column parts of one file, in line order; a shard of a published folder only if its
+    bytes are the ones the folder's manifest lists."""
     if path.lower().endswith(PARQUET_SUFFIXES):
+        if published is not None:
+            published.check(path, _sha256_of(path))
         return [_read_parquet(path)]
-    return _read_jsonl_streamed(path) or [_read_jsonl_lines(path)]
+    parts = _read_jsonl_streamed(path, published)
+    return [_read_jsonl_lines(path)] if parts is None else parts
+
+
+def _sha256_of(path: str) -> str:
+    """A Parquet shard is read by seeking (footer first), so its bytes are hashed before."""
+    with open_raw(path) as raw:
+        return hashlib.file_digest(raw, "sha256").hexdigest()
 
 
 def _read_jsonl_lines(path: str) -> dict:
@@ -158,27 +189,75 @@ def _read_parquet(path: str) -> dict:
     return _columns_from_rows(enumerate(table.to_pylist(), 1), path)
 
 
-def _read_jsonl_streamed(path: str) -> list[dict] | None:
+class _Tally:
+    """A stream's bytes counted (lines) and, when asked, hashed as the reader takes them: one
+    pass checks both the row count and a published shard's sha256."""
+
+    def __init__(self, stream: IO[bytes], hashed: bool):
+        self._stream = stream
+        self._sha256 = hashlib.sha256() if hashed else None
+        self.newlines, self._last = 0, b"\n"
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        if data:
+            self.newlines += data.count(b"\n")
+            self._last = data[-1:]
+            if self._sha256 is not None:
+                self._sha256.update(data)
+        return data
+
+    @property
+    def closed(self) -> bool:
+        return self._stream.closed
+
+    @property
+    def lines(self) -> int:
+        """As paths.count_lines counts them: a last line without a newline included."""
+        return self.newlines + (self._last != b"\n")
+
+    def drain(self) -> None:
+        while self.read(READ_BLOCK_BYTES):
+            pass
+
+    def sha256(self) -> str | None:
+        return self._sha256.hexdigest() if self._sha256 is not None else None
+
+
+def _read_jsonl_streamed(path: str, published: PublishedFolder | None = None
+                         ) -> list[dict] | None:
     """The file's columns, streamed through pyarrow's JSON reader in blocks (memory stays near
     the size of the columns); None when any line is blank, malformed or ill-typed, since pyarrow
-    skips blank lines and accepts any JSON types. The caller then reads it line by line."""
+    skips blank lines and accepts any JSON types. The caller then reads it line by line. With
+    published, the bytes are checked against the manifest once read, before any row is used."""
+    with open_stream(path) as stream:
+        tally = _Tally(stream, hashed=published is not None)
+        parts = _streamed_columns(tally, path)
+        if parts is not None or published is not None:  # to its end: its count, its hash
+            tally.drain()
+        broken = broken_off(stream)
+    if published is not None:
+        published.check(path, tally.sha256())
+    if parts is None or broken or sum(p["line"].size for p in parts) != tally.lines:
+        return None
+    return parts
+
+
+def _streamed_columns(stream: _Tally, path: str) -> list[dict] | None:
     parts, rows = [], 0
     try:
-        with open_stream(path) as stream:
-            reader = pa_json.open_json(  # a line longer than a block is ArrowInvalid
-                stream, read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
-                memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
-            )
-            for batch in reader:
-                if not _well_typed(batch):
-                    return None
-                parts.append(_columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), []))
-                rows += batch.num_rows
-            if broken_off(stream):
+        reader = pa_json.open_json(  # a line longer than a block is ArrowInvalid
+            stream, read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
+            memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
+        )
+        for batch in reader:
+            if not _well_typed(batch):
                 return None
+            parts.append(_columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), []))
+            rows += batch.num_rows
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
-    return parts if rows == count_lines(path) else None
+    return parts
 
 
 def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:

@@ -2,12 +2,21 @@
 
 Rows go to shards by time bucket (consecutive buckets per shard, see buckets.plan_shards), so
 shards are sorted across file names and their boundaries depend on the data alone.
+
+The engine block hashes (--emit-block-hashes FOLDER, private) are staged beside FOLDER as the
+shards are written and published by the one write protocol (publish.publish_folder) right after
+the trace output is: never before it, never written through a link in FOLDER (the staged folder
+is renamed into place). FOLDER's manifest.json.sha256 names the output they belong to: the
+sha256 of that output's manifest.json, so a consumer can tell hashes that do not belong to the
+trace beside them (a run killed between the two publishes: docs/BLOCK_HASHES.md).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -17,8 +26,10 @@ from transforms import storage
 from transforms.combiners import BucketTotals
 from transforms.ids.buckets import plan_shards
 from transforms.write.coarsen import Coarsening, coarsen
-from transforms.trace_format import (TraceColumns, arrow_array, jsonl_bytes, parquet_bytes,
-                                     shard_name, table_bytes)
+from transforms.trace_format import (MANIFEST, TraceColumns, arrow_array, canonical_json,
+                                     jsonl_bytes, parquet_bytes, shard_name, table_bytes)
+from transforms.write.publish import (OutputRefused, foreign_files, publish_folder, sha256_of,
+                                      staging_folder)
 from transforms.write.rows import RowBatch, bucket_sizes
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
@@ -33,6 +44,9 @@ def shard_plan() -> BucketTotals:
 
 
 BLOCK_HASHES_PREFIX = "block-hashes-"
+BLOCK_HASHES_FILE = re.compile(rf"{BLOCK_HASHES_PREFIX}\d{{5}}-of-\d{{5}}\.parquet", re.ASCII)
+# Which output the hashes belong to, as `sha256sum -c` reads it inside that output's folder.
+BLOCK_HASHES_OUTPUT = f"{MANIFEST}.sha256"
 BLOCK_HASHES_SCHEMA = pa.schema(
     [pa.field("row", pa.int64(), nullable=False), pa.field("position", pa.int32(), nullable=False),
      pa.field("id", pa.int64(), nullable=False), pa.field("hash", pa.uint64(), nullable=False)],
@@ -85,3 +99,45 @@ def write_shard(
             handle.write(payload)
         written.append((path, hashlib.sha256(payload).hexdigest()))
     return written
+
+
+def block_hashes_staging(hashes: str | None, output_staging: str) -> str | None:
+    """Where a run stages the block hashes of the output it stages in output_staging: beside
+    their folder (so one rename publishes them), named after that staging folder (one run's)."""
+    if hashes is None:
+        return None
+    return staging_folder(hashes, sha256_of(output_staging.encode())[:16])
+
+
+def block_hashes_files(hashes: str) -> frozenset[str]:
+    """The names in a block-hashes folder that kvtrace writes (the rest is foreign)."""
+    names = [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(hashes, "*"))] if \
+        storage.is_url(hashes) else (os.listdir(hashes) if os.path.isdir(hashes) else [])
+    return frozenset(n for n in names if BLOCK_HASHES_FILE.fullmatch(n) or n == BLOCK_HASHES_OUTPUT)
+
+
+def check_block_hashes_folder(hashes: str) -> None:
+    """Refuse, before the work, a block-hashes folder holding anything kvtrace did not write
+    there (a link by a shard's name included): it is replaced whole when published."""
+    if not storage.is_url(hashes) and os.path.islink(hashes):  # publishing swaps the link away
+        raise OutputRefused(f"--emit-block-hashes {hashes} is a link; give the folder itself")
+    foreign = foreign_files(hashes, block_hashes_files(hashes))
+    if foreign:
+        raise OutputRefused(f"--emit-block-hashes {hashes} holds files kvtrace did not write "
+                         f"({', '.join(foreign[:5])}); it is replaced whole, so it must be new, "
+                         f"empty, or an earlier run's block hashes")
+
+
+def publish_block_hashes(hashes: str | None, output_staging: str, manifest: dict) -> dict:
+    """Once the output is published (its manifest given): its block hashes, staged by
+    write_shard, in hashes' place, whole and owner-only, saying which output they belong to.
+    Returns the manifest."""
+    if hashes is None:
+        return manifest
+    staged = block_hashes_staging(hashes, output_staging)
+    with storage.create(storage.join(staged, BLOCK_HASHES_OUTPUT), private=True) as handle:
+        handle.write(f"{sha256_of(canonical_json(manifest))}  {MANIFEST}\n".encode())
+    publish_folder(staged, hashes, block_hashes_files(hashes) | block_hashes_files(staged))
+    if not storage.is_url(hashes):
+        os.chmod(hashes, storage.PRIVATE_FOLDER)  # publish_folder opens a published folder
+    return manifest

@@ -130,6 +130,8 @@ def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
 
 
 def test_an_output_folder_is_read_once_with_its_manifest_block_size(tmp_path, capsys):
+    import hashlib
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -141,7 +143,10 @@ def test_an_output_folder_is_read_once_with_its_manifest_block_size(tmp_path, ca
     folder.mkdir()
     (folder / "trace-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pq.write_table(pa.Table.from_pylist(rows), folder / "trace-00000-of-00001.parquet")
-    (folder / "manifest.json").write_text(json.dumps({"block_size": 16}))
+    sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    (folder / "manifest.json").write_text(json.dumps({  # what readers check a folder against
+        "format": "mooncake-trace", "block_size": 16, "sha256": sha256,
+        "records": {"exported": 2}}))
     for argument in (str(folder), str(folder / "trace*")):
         assert main(["analyze", argument, "--json", str(tmp_path / "r.json"),
                      "--output", str(tmp_path / "report")]) == 0
