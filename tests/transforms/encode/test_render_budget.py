@@ -57,6 +57,15 @@ REFUSED = {
     "join_generator": "{{ (['x' * 100000] * 100000)|select|join }}",
     "huge_range": "{% for i in range(10**9) %}x{% endfor %}",
     "macro_recursion": "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}",
+    # each width or count within MAX_ARGUMENT, the value they build together past the bound
+    "format_widths_summed": "{% set f = '{0:>100000}' * 20 %}{{ f.format('')|length }}",
+    "format_argument_repeated": "{{ ('{0}' * 300).format('x' * 10000)|length }}",
+    "format_width_from_argument": "{{ '{0:>{1}}'.format('', '99999999')|length }}",
+    "printf_keys_summed": "{% set f = '%(a)100000s' * 20 %}{{ (f % {'a': ''})|length }}",
+    "printf_filter_summed": "{{ ('%(a)100000s' * 20)|format(a='')|length }}",
+    "expandtabs": "{{ ('\\t' * 20).expandtabs(100000)|length }}",
+    "indent": "{{ ('\\n' * 20)|indent(100000)|length }}",
+    "indent_by_string": "{{ ('\\n' * 20)|indent(' ' * 100000)|length }}",
 }
 MESSAGES = [{"role": "user", "content": "hello world"}]
 
@@ -120,6 +129,8 @@ def test_the_bounded_sandbox_refuses_what_would_grow_past_its_bounds(name, monke
     "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
     "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
     "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
+    "{{ '%(a)5s|%%|%(a)-3s' % {'a': 'x'} }}|{{ '%(n)03d'|format(n=7) }}|{{ '{0}{0}'.format('y') }}"
+    "|{{ 'a\tb'.expandtabs(4) }}|{{ 'a\nb'|indent('> ', first=true) }}",
 ])
 def test_the_bounded_sandbox_renders_what_the_plain_one_does(source):
     plain = ImmutableSandboxedEnvironment().from_string(source).render(messages=MESSAGES)
