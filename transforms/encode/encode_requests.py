@@ -166,7 +166,7 @@ class RequestEncoder:
         """The text to tokenize, or None when the request came as token ids."""
         if request.kind == "chat":
             return render_chat(self._tokenizer, request.messages, request.tools,
-                               self._template_kwargs)
+                               self._template_kwargs, len(request.line))
         return request.prompt
 
 

@@ -167,6 +167,18 @@ def test_a_template_over_budget_on_every_request_stops_the_job(tight_budget, tin
         tokenize.render_chat(tiny, MESSAGES, None, kwargs)
 
 
+def test_records_over_budget_for_their_size_do_not_condemn_the_template(tight_budget, tiny):
+    """Large records first in a log, each over the budget: dead letters, and the template,
+    judged on the records small enough to say something of it, renders the rest."""
+    kwargs = {"chat_template": "{% if messages|length > 1 %}" + RUNAWAY["nested_loops"]
+                               + "{% endif %}{{ messages[0].content }}"}
+    large = [{"role": "user", "content": "a"}] * 2
+    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
+        with pytest.raises(Rejected, match="on a record of"):
+            tokenize.render_chat(tiny, large, None, kwargs, tokenize.CONDEMNING_RECORD_BYTES + 1)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
+
+
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
     kwargs = {"chat_template": "{% if messages[0].content == 'loop' %}"
                                + RUNAWAY["nested_loops"] + "{% endif %}{{ messages[0].content }}"}
