@@ -234,4 +234,7 @@ class OverlappedEncoder:
         return self._encoder.take_cache_counts()
 
     def close(self) -> None:
-        self._tokenizing.shutdown()
+        """Without waiting: after a flush nothing is left to wait for, and a run stopped (Ctrl-C)
+        or failed while a batch tokenizes must not wait for it: the Rust call, which releases
+        the GIL, runs on in its thread while this one unwinds, and ends with the process."""
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
