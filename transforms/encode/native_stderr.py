@@ -60,10 +60,12 @@ def capture_native_stderr() -> None:
 
 
 def _move_handlers(old: TextIO, new: TextIO) -> None:
-    """Logging handlers writing to the old stderr write to the new one."""
+    """Logging handlers writing to the old stderr write to the new one (those whose stream is
+    a property, as logging's last resort's is, read sys.stderr at each write: they follow)."""
     for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
         for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+            if (isinstance(handler, logging.StreamHandler) and handler.stream is old
+                    and not isinstance(getattr(type(handler), "stream", None), property)):
                 handler.setStream(new)
 
 

@@ -124,3 +124,13 @@ def test_native_stderr_is_logged_and_python_stderr_is_never_held_back(level):
     native = [line for line in said if "panicked" in line or "Rust's own words" in line]
     assert native == ([] if level == "CRITICAL" else [
         "native: thread '<unnamed>' panicked at src/lib.rs:1:1:", "native: Rust's own words"])
+
+
+def test_a_request_encoder_whose_tokenizer_fails_on_its_first_requests_stops(backtracking):
+    """Judged on the run's texts: the segment cache's probes, which it encodes, do not count."""
+    encoder = RequestEncoder(FastTokenizer.from_directory(backtracking), 4, chain_seed(b"salt"),
+                             {})
+    requests = [parse_record(json.dumps({"timestamp": i, "prompt": GIVES_UP + "c" * i}).encode(),
+                             "in.jsonl") for i in range(FAILURES_TO_STOP)]
+    with pytest.raises(JobStopped, match="does not tokenize"):
+        encoder.encode(requests)
