@@ -57,15 +57,16 @@ REFUSED = {
     "join_generator": "{{ (['x' * 100000] * 100000)|select|join }}",
     "huge_range": "{% for i in range(10**9) %}x{% endfor %}",
     "macro_recursion": "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}",
-    # each width or count within MAX_ARGUMENT, the value they build together past the bound
-    "format_widths_summed": "{% set f = '{0:>100000}' * 20 %}{{ f.format('')|length }}",
-    "format_argument_repeated": "{{ ('{0}' * 300).format('x' * 10000)|length }}",
+    # each width or count within MAX_ARGUMENT, the value they build together (300 M) past the
+    # bound, shipped or cut
+    "format_widths_summed": "{% set f = '{0:>1000000}' * 300 %}{{ f.format('')|length }}",
+    "format_argument_repeated": "{{ ('{0}' * 30000).format('x' * 10000)|length }}",
     "format_width_from_argument": "{{ '{0:>{1}}'.format('', '99999999')|length }}",
-    "printf_keys_summed": "{% set f = '%(a)100000s' * 20 %}{{ (f % {'a': ''})|length }}",
-    "printf_filter_summed": "{{ ('%(a)100000s' * 20)|format(a='')|length }}",
-    "expandtabs": "{{ ('\\t' * 20).expandtabs(100000)|length }}",
-    "indent": "{{ ('\\n' * 20)|indent(100000)|length }}",
-    "indent_by_string": "{{ ('\\n' * 20)|indent(' ' * 100000)|length }}",
+    "printf_keys_summed": "{% set f = '%(a)1000000s' * 300 %}{{ (f % {'a': ''})|length }}",
+    "printf_filter_summed": "{{ ('%(a)1000000s' * 300)|format(a='')|length }}",
+    "expandtabs": "{{ ('\\t' * 300).expandtabs(1000000)|length }}",
+    "indent": "{{ ('\\n' * 300)|indent(1000000)|length }}",
+    "indent_by_string": "{{ ('\\n' * 300)|indent(' ' * 1000000)|length }}",
 }
 MESSAGES = [{"role": "user", "content": "hello world"}]
 
