@@ -8,26 +8,27 @@ import os
 import signal
 import threading
 import time
-import weakref
+
+from transforms.encode.native_stderr import QUIET_ATTRIBUTE
 
 PROC = "/proc"
 # Time a process is given to end on SIGTERM before SIGKILL (one that ignores SIGTERM, such as
 # multiprocessing's resource tracker, waits this long).
 END_GRACE_S = 0.3
 POLL_S = 0.02
-# Threads that wait holding no lock (the CLI's signal watcher): a fork copies none of theirs held,
-# so they leave forking safe.
-_QUIET_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 def quiet_thread(thread: threading.Thread) -> None:
-    """Mark a started thread as one that waits holding no lock, for busy_threads."""
-    _QUIET_THREADS.add(thread)
+    """Mark a started thread as one that waits holding no lock (the CLI's signal watcher): a
+    fork copies none of its locks held, so it leaves forking safe (busy_threads)."""
+    setattr(thread, QUIET_ATTRIBUTE, True)
 
 
 def busy_threads() -> int:
-    """Threads beside this one whose locks a fork could copy held (quiet ones aside)."""
-    return sum(thread is not threading.current_thread() and thread not in _QUIET_THREADS
+    """Threads beside this one whose locks a fork could copy held (quiet ones aside: those marked
+    by quiet_thread, and native_stderr's relay, which marks itself)."""
+    return sum(thread is not threading.current_thread()
+               and not getattr(thread, QUIET_ATTRIBUTE, False)
                for thread in threading.enumerate())
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
@@ -34,7 +34,8 @@ from jinja2.utils import _PassArg
 MAX_VALUE_LENGTH = 256 << 20
 MAX_INT_BITS = 1 << 16  # an integer computed by ** (a 20,000-digit number)
 MAX_ARGUMENT = 1 << 20  # an integer given to a call or filter: widths, counts, indents
-_PRINTF_SIZES = re.compile(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?")
+# After a % and its mapping key: flags, width, precision and length modifier.
+_PRINTF_SIZES = re.compile(r"[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?")
 _DIGITS = re.compile(r"\d+")
 
 
@@ -55,17 +56,69 @@ def _check_length(length: int, what: str) -> None:
                             f"{MAX_VALUE_LENGTH}")
 
 
-def _check_printf(template: str) -> None:
-    for width, precision in _PRINTF_SIZES.findall(template):
-        for size in (width, precision):
-            if size == "*" or (size and int(size) > MAX_ARGUMENT):
-                raise ValueTooLarge(f"a % format with a width over {MAX_ARGUMENT}")
+def _printf_fields(template: str) -> Iterator[tuple[str, str]]:
+    """(width, precision) of each conversion of a % format, read as CPython reads it: a
+    mapping key in parentheses (nested ones counted), flags, width, precision, length."""
+    at = template.find("%")
+    while 0 <= at < len(template) - 1:
+        at += 1
+        if template[at] == "(":
+            depth = 0
+            while at < len(template):
+                depth += {"(": 1, ")": -1}.get(template[at], 0)
+                at += 1
+                if depth == 0:
+                    break
+        size = _PRINTF_SIZES.match(template, at)
+        at = size.end()
+        if template[at:at + 1] != "%":  # "%%" is a literal percent sign
+            yield size.group(1) or "", size.group(2) or ""
+        at = template.find("%", at + 1)
 
 
-def _check_format(template: str) -> None:
-    for _, _, spec, _ in string.Formatter().parse(template):
-        if spec and any(int(digits) > MAX_ARGUMENT for digits in _DIGITS.findall(spec)):
+def _longest_text(values: Iterable[Any]) -> int:
+    """The longest of values as text: what one format field may print of any of them."""
+    return max((len(value) if isinstance(value, str) else len(str(value)) for value in values),
+               default=0)
+
+
+def _check_printf(template: str, operand: Any = ()) -> None:
+    """`template % operand` sized first: its text, and each field at its width and precision
+    plus the longest value it may print (a field's width alone is bounded, their sum too)."""
+    values = (operand.values() if isinstance(operand, dict) else
+              operand if isinstance(operand, tuple) else (operand,))
+    longest, length = _longest_text(values), len(template)
+    for width, precision in _printf_fields(template):
+        if "*" in (width, precision):
+            raise ValueTooLarge("a % format whose width is an argument")
+        sizes = [int(size) for size in (width, precision) if size]
+        if any(size > MAX_ARGUMENT for size in sizes):
+            raise ValueTooLarge(f"a % format with a width over {MAX_ARGUMENT}")
+        length += sum(sizes) + longest
+    _check_length(length, "a % format")
+
+
+def _check_format(template: str, *args: Any) -> None:
+    """str.format's result sized first, as a % format's is (a width given by an argument,
+    `{0:{1}}`, is refused: its size is not the format's own)."""
+    longest = _longest_text(_format_values(args))
+    length = len(template)
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if spec and "{" in spec:
+            raise ValueTooLarge("a format field whose width is an argument")
+        widths = [int(digits) for digits in _DIGITS.findall(spec or "")]
+        if any(width > MAX_ARGUMENT for width in widths):
             raise ValueTooLarge(f"a format field with a width over {MAX_ARGUMENT}")
+        length += sum(widths) + longest
+    _check_length(length, "a format")
+
+
+def _format_values(args: tuple[Any, ...]) -> Iterator[Any]:
+    """str.format's positional and keyword values (format_map's mapping among them)."""
+    for value in args:
+        yield from value.values() if isinstance(value, dict) else (value,)
 
 
 def _check_binop(name: str, left: Any, right: Any) -> None:
@@ -77,7 +130,7 @@ def _check_binop(name: str, left: Any, right: Any) -> None:
             if left.bit_length() * right > MAX_INT_BITS:
                 raise ValueTooLarge(f"** would build an integer over {MAX_INT_BITS} bits")
     elif name == "%" and isinstance(left, str):
-        _check_printf(left)
+        _check_printf(left, right)
 
 
 def _check_integers(values: Iterable[Any], what: str) -> None:
@@ -105,16 +158,34 @@ def _check_replace(text: str, old: Any, new: Any) -> None:
 
 # str methods whose result may outgrow their operands, sized by their operands.
 _STR_METHOD_CHECKS = {
-    "format": lambda text, *args: _check_format(text),
-    "format_map": lambda text, *args: _check_format(text),
+    "format": _check_format,
+    "format_map": _check_format,
+    "expandtabs": lambda text, tabsize=8, *rest: _check_length(
+        len(text) + text.count("\t") * tabsize if type(tabsize) is int else 0, "expandtabs"),
     "join": lambda text, items=(), *rest: _check_join(text, items),  # items already listed
     "replace": lambda text, old=None, new=None, *rest: _check_replace(text, old, new),
 }
-# Filters whose result may outgrow their value and arguments, sized the same way.
-_FILTER_CHECKS = {
-    "format": lambda value, *args: _check_printf(value) if isinstance(value, str) else None,
-    "join": lambda value, separator="", *rest: _check_join(str(separator), value),  # listed
-    "replace": lambda value, old=None, new=None, *rest:
+# Filters whose result may outgrow their value and arguments, sized the same way (called with
+# the filter's own arguments, the value first).
+def _filter_format(value: Any, *args: Any, **kwargs: Any) -> None:
+    if isinstance(value, str):
+        _check_printf(value, kwargs or args)  # what jinja's format filter formats with
+
+
+def _filter_indent(value: Any, width: Any = 4, *rest: Any, **kwargs: Any) -> None:
+    """Every line of value indented: by width spaces, or by width itself when a string."""
+    width = kwargs.get("width", width)
+    step = len(width) if isinstance(width, str) else width if type(width) is int else 0
+    if isinstance(value, str):
+        _check_length(len(value) + (value.count("\n") + 1) * step, "indent")
+
+
+_FILTER_CHECKS: dict[str, Callable[..., None]] = {
+    "format": _filter_format,
+    "indent": _filter_indent,
+    "join": lambda value, separator="", *rest, **kwargs:
+        _check_join(str(kwargs.get("d", separator)), value),  # listed
+    "replace": lambda value, old=None, new=None, *rest, **kwargs:
         _check_replace(value, old, new) if isinstance(value, str) else None,
 }
 
@@ -131,7 +202,7 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
                 args = (*args[:skip - 1], _listed(args[skip - 1]), *args[skip:])
-            _FILTER_CHECKS[name](*args[skip - 1:])
+            _FILTER_CHECKS[name](*args[skip - 1:], **kwargs)
         return function(*args, **kwargs)
 
     return bounded

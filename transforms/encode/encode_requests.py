@@ -17,6 +17,7 @@ from typing import Any
 import xxhash
 
 from transforms.encode.blocks import DIGEST_SIZE, TOKEN_DTYPE, keyed_digest, token_bytes
+from transforms.encode.fallible_tokenizer import TokenizerFailure
 from transforms.encode.segment_cache import (DEFAULT_BUDGET_BYTES, CacheCounts, SegmentCache,
                                              SegmentEncoder)
 from transforms.encode.schemes import HashScheme
@@ -30,6 +31,7 @@ from transforms.read.records import Request
 # the long user and assistant turns.
 DROPPABLE_ROLES = frozenset({"system", "developer"})
 MESSAGE_NOT_RENDERED = "message_not_rendered"
+TOKENIZER_ERROR = "tokenizer_error"  # the dead letter of a text the tokenizer failed on
 from transforms.encode.tokenize import render_chat
 
 _LOG = logging.getLogger("kvtrace")
@@ -82,7 +84,8 @@ def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: by
 
 
 Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
-Tokenized = tuple[list[bytes], list[bytes]]  # prompt token bytes, output token bytes
+# prompt token bytes, output token bytes: each, or the tokenizer's failure on it
+Tokenized = tuple[list["bytes | TokenizerFailure"], list["bytes | TokenizerFailure"]]
 
 
 class RequestEncoder:
@@ -139,6 +142,11 @@ class RequestEncoder:
         for request, prompt in rendered:
             data = token_bytes(request.input_ids) if prompt is None else next(token_lists)
             generated = next(outputs) if request.output_text is not None else None
+            failed = next((r for r in (data, generated) if isinstance(r, TokenizerFailure)), None)
+            if failed is not None:
+                rejected.append(DeadLetter(request.source, request.line, TOKENIZER_ERROR,
+                                           f"the tokenizer failed on it: {failed.reason}"))
+                continue
             if generated is not None:
                 output_length = len(generated) // TOKEN_DTYPE.itemsize
             else:
@@ -158,7 +166,7 @@ class RequestEncoder:
         """The text to tokenize, or None when the request came as token ids."""
         if request.kind == "chat":
             return render_chat(self._tokenizer, request.messages, request.tools,
-                               self._template_kwargs)
+                               self._template_kwargs, len(request.line))
         return request.prompt
 
 
@@ -226,4 +234,7 @@ class OverlappedEncoder:
         return self._encoder.take_cache_counts()
 
     def close(self) -> None:
-        self._tokenizing.shutdown()
+        """Without waiting: after a flush nothing is left to wait for, and a run stopped (Ctrl-C)
+        or failed while a batch tokenizes must not wait for it: the Rust call, which releases
+        the GIL, runs on in its thread while this one unwinds, and ends with the process."""
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from transforms.encode.blocks import TOKEN_DTYPE, token_bytes
+from transforms.encode.fallible_tokenizer import FallibleTokenizer, TokenizerFailure
 
 _LOG = logging.getLogger("kvtrace")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
@@ -192,6 +193,12 @@ class SegmentCache:
         return evicted
 
 
+def _joined(parts: list[bytes | TokenizerFailure]) -> bytes | TokenizerFailure:
+    """A text's pieces as one, or the failure of the first piece that failed."""
+    failed = next((part for part in parts if isinstance(part, TokenizerFailure)), None)
+    return failed if failed is not None else b"".join(parts)  # type: ignore[arg-type]
+
+
 def _cost(segment: str, ids: bytes) -> int:
     return len(segment) + len(ids) + ENTRY_OVERHEAD_BYTES
 
@@ -203,8 +210,7 @@ class SegmentEncoder:
     def __init__(self, backend: Any, budget_bytes: int = DEFAULT_BUDGET_BYTES,
                  cache: SegmentCache | None = None):
         """cache: one to share (its budget rules), else one of budget_bytes of its own."""
-        self._backend = backend
-        self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        self._tokenizer = FallibleTokenizer(backend)
         self._cache = cache if cache is not None else SegmentCache(budget_bytes)
         self.counts = CacheCounts()
         self._texts = 0  # cut texts so far: every CHECK_EVERY-th is checked
@@ -215,6 +221,7 @@ class SegmentEncoder:
             self.counts.disabled = splitter
         else:
             self.verify()
+            self._tokenizer = FallibleTokenizer(backend)  # judged on the run's texts, not probes
 
     @property
     def enabled(self) -> bool:
@@ -233,7 +240,8 @@ class SegmentEncoder:
                 return
         self.counts = CacheCounts()  # the probes are not the run's
 
-    def encode(self, texts: list[str]) -> list[bytes]:
+    def encode(self, texts: list[str]) -> list[bytes | TokenizerFailure]:
+        """Each text's token bytes, or its failure: a text fails where a segment of it does."""
         if not texts:
             return []
         if self._splitter is None:
@@ -242,10 +250,10 @@ class SegmentEncoder:
         self._check(texts, out, cut)
         return out
 
-    def _whole(self, texts: list[str]) -> list[bytes]:
-        return [token_bytes(e.ids) for e in self._encode_batch(texts, add_special_tokens=False)]
+    def _whole(self, texts: list[str]) -> list[bytes | TokenizerFailure]:
+        return self._tokenizer.encode(texts)
 
-    def _cut(self, texts: list[str]) -> tuple[list[bytes], list[int]]:
+    def _cut(self, texts: list[str]) -> tuple[list[bytes | TokenizerFailure], list[int]]:
         """Each text's pieces joined: added tokens by id, known segments from the cache, new
         ones tokenized together (each distinct one once); and which texts had a cut. A text
         without an added token is a whole prompt: tokenized with the rest, never cached (only
@@ -281,15 +289,18 @@ class SegmentEncoder:
         fresh = dict(zip(batch, self._whole(batch)))
         for segment, occurrences in new.items():
             ids = fresh[segment]
+            if isinstance(ids, TokenizerFailure):
+                continue  # not cached: each text holding it fails
             counts.evicted += cache.put(segment, ids)
             counts.hit_segments += occurrences - 1  # tokenized once for all its occurrences
             counts.hit_tokens += (occurrences - 1) * (len(ids) // TOKEN_BYTES)
-        joined = [b"".join(fresh[p] if isinstance(p, str) else p for p in parts)
+        joined = [_joined([fresh[p] if isinstance(p, str) else p for p in parts])
                   for parts in pieces]
-        counts.tokens += sum(len(ids) for ids in joined) // TOKEN_BYTES
+        counts.tokens += sum(len(ids) for ids in joined if isinstance(ids, bytes)) // TOKEN_BYTES
         return joined, cut
 
-    def _check(self, texts: list[str], out: list[bytes], cut: list[int]) -> None:
+    def _check(self, texts: list[str], out: list[bytes | TokenizerFailure], cut: list[int]
+               ) -> None:
         """Every CHECK_EVERY-th text that was cut also tokenized whole; a difference is reported
         and turns the cache off (the text's whole ids replace its cut ones)."""
         first = -self._texts % CHECK_EVERY

@@ -18,8 +18,9 @@ each render (the sandbox's defence against rich objects), a call per node: 12% o
 CPU. `_copy_plain` gives the same value for every input (a property test checks it): exact JSON
 types are copied here, anything else is handed to transformers' own function. And the sandbox it
 compiles templates in is bounded_sandbox.BoundedSandbox, which sizes every value a template
-builds before building it (where transformers is shared, its module is left as it is, and only
-the render watchdog bounds a template).
+builds before building it. Where transformers is already imported, the renderer is run again
+from its file as a module of kvtrace's own (outside sys.modules), bounded the same way: the
+shared module is left as it is, and a template is bounded whoever imported transformers first.
 """
 
 from __future__ import annotations
@@ -48,18 +49,28 @@ def render_jinja_template() -> Callable[..., Any]:
     global _render
     with _lock:
         if _render is None:
-            if "transformers" in sys.modules:  # shared with other users: used as it is
-                _render = _plain_import().render_jinja_template
-            else:
-                module = _import_alone()
-                _speed_up_plain_data(module)
-                _bound_sandbox(module)
-                _render = module.render_jinja_template
+            # transformers imported already (by the caller, or a library): a copy of the
+            # renderer of our own, so that bounding it leaves the shared one as it is
+            module = _own_copy() if "transformers" in sys.modules else _import_alone()
+            _speed_up_plain_data(module)
+            _bound_sandbox(module)
+            _render = module.render_jinja_template
         return _render
 
 
 def _plain_import() -> Any:
     return importlib.import_module(RENDERER_MODULE)
+
+
+def _own_copy() -> Any:
+    """The renderer module run again from its file, outside sys.modules: its imports are the
+    transformers modules already loaded, its names (the sandbox among them) its own."""
+    spec = importlib.util.find_spec(RENDERER_MODULE)
+    if spec is None or spec.loader is None:
+        return _plain_import()
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _import_alone() -> Any:

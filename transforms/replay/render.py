@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from transforms.encode.blocks import token_bytes
+from transforms.encode.fallible_tokenizer import FallibleTokenizer
 from transforms.encode.tokenize import encode_texts, render_chat
 from transforms.read.trace_io import Trace
 from transforms.stats.blocks import last_block_tokens, prefix_ids
@@ -75,8 +77,9 @@ def vocabulary(tokenizer, size: int = VOCABULARY_WORDS) -> list[str]:
         text = " " + backend.decode([token_id]).strip()
         if _WORD.fullmatch(text):
             candidates.append((token_id, text))
-    encoded = backend.encode_batch([t for _, t in candidates], add_special_tokens=False)
-    words = [text for (token_id, text), e in zip(candidates, encoded) if e.ids == [token_id]]
+    encoded = FallibleTokenizer(backend).encode_or_raise([t for _, t in candidates])
+    words = [text for (token_id, text), data in zip(candidates, encoded)
+             if data == token_bytes([token_id])]
     if len(words) < 2:
         raise ValueError("the tokenizer has too few single-token words to render with")
     return words[:size]

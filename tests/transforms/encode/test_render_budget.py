@@ -57,6 +57,16 @@ REFUSED = {
     "join_generator": "{{ (['x' * 100000] * 100000)|select|join }}",
     "huge_range": "{% for i in range(10**9) %}x{% endfor %}",
     "macro_recursion": "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}",
+    # each width or count within MAX_ARGUMENT, the value they build together (300 M) past the
+    # bound, shipped or cut
+    "format_widths_summed": "{% set f = '{0:>1000000}' * 300 %}{{ f.format('')|length }}",
+    "format_argument_repeated": "{{ ('{0}' * 30000).format('x' * 10000)|length }}",
+    "format_width_from_argument": "{{ '{0:>{1}}'.format('', '99999999')|length }}",
+    "printf_keys_summed": "{% set f = '%(a)1000000s' * 300 %}{{ (f % {'a': ''})|length }}",
+    "printf_filter_summed": "{{ ('%(a)1000000s' * 300)|format(a='')|length }}",
+    "expandtabs": "{{ ('\\t' * 300).expandtabs(1000000)|length }}",
+    "indent": "{{ ('\\n' * 300)|indent(1000000)|length }}",
+    "indent_by_string": "{{ ('\\n' * 300)|indent(' ' * 1000000)|length }}",
 }
 MESSAGES = [{"role": "user", "content": "hello world"}]
 
@@ -120,6 +130,8 @@ def test_the_bounded_sandbox_refuses_what_would_grow_past_its_bounds(name, monke
     "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
     "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
     "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
+    "{{ '%(a)5s|%%|%(a)-3s' % {'a': 'x'} }}|{{ '%(n)03d'|format(n=7) }}|{{ '{0}{0}'.format('y') }}"
+    "|{{ 'a\tb'.expandtabs(4) }}|{{ 'a\nb'|indent('> ', first=true) }}",
 ])
 def test_the_bounded_sandbox_renders_what_the_plain_one_does(source):
     plain = ImmutableSandboxedEnvironment().from_string(source).render(messages=MESSAGES)
@@ -154,6 +166,18 @@ def test_a_template_over_budget_on_every_request_stops_the_job(tight_budget, tin
             tokenize.render_chat(tiny, MESSAGES, None, kwargs)
     with pytest.raises(JobStopped, match="does not render"):
         tokenize.render_chat(tiny, MESSAGES, None, kwargs)
+
+
+def test_records_over_budget_for_their_size_do_not_condemn_the_template(tight_budget, tiny):
+    """Large records first in a log, each over the budget: dead letters, and the template,
+    judged on the records small enough to say something of it, renders the rest."""
+    kwargs = {"chat_template": "{% if messages|length > 1 %}" + RUNAWAY["nested_loops"]
+                               + "{% endif %}{{ messages[0].content }}"}
+    large = [{"role": "user", "content": "a"}] * 2
+    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
+        with pytest.raises(Rejected, match="on a record of"):
+            tokenize.render_chat(tiny, large, None, kwargs, tokenize.CONDEMNING_RECORD_BYTES + 1)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
 
 
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):

@@ -76,12 +76,14 @@ def test_loaded_alone_it_renders_as_transformers_does_and_leaves_nothing_behind(
     assert found["full_package"]
 
 
-def test_with_transformers_already_imported_its_own_module_is_used():
+def test_with_transformers_already_imported_a_bounded_copy_is_used_and_the_shared_one_left():
     code = ("import transformers.utils.chat_template_utils as real\n"
             "from transforms.encode import template_renderer\n"
-            "print(template_renderer.render_jinja_template() is real.render_jinja_template)\n")
+            "render = template_renderer.render_jinja_template()\n"
+            "print(render is real.render_jinja_template, real.ImmutableSandboxedEnvironment.__name__,"
+            " render.__globals__['ImmutableSandboxedEnvironment'].__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert out.stdout.split() == ["False", "ImmutableSandboxedEnvironment", "BoundedSandbox"]
 
 
 class Colour(enum.Enum):
