@@ -108,20 +108,12 @@ def _size(path: str) -> int:
 
 
 def open_raw(path: str) -> IO[bytes]:
-    """A file's bytes as stored. A local path must be a regular file: it is opened without
-    waiting (a FIFO would block the open itself until a writer came) and looked at before a
-    byte is read, so a FIFO, device or socket that took a file's name is refused, not read."""
+    """A file's bytes as stored. A local path must be a regular file whose size is its length
+    (storage.open_regular): a FIFO, device, socket or /proc file that took a file's name is
+    refused, not read."""
     if is_url(path):
         return storage.open_read(path)
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise ValueError(f"input {path} is not a regular file (a FIFO, device or socket)")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
+    return storage.open_regular(path, follow_links=True)[0]
 
 
 def open_stream(path: str) -> IO[bytes]:
