@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import glob
 import io
+import logging
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from transforms import storage
 from transforms.read.decompress import DecodedStream
 from transforms.storage import is_url
 
+_LOG = logging.getLogger("kvtrace")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Compressed JSONL by suffix, as pyarrow names the codecs.
 CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
@@ -48,34 +49,49 @@ class Oversized:
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Every file the patterns match, sorted; a pattern that matches nothing is an error."""
-    files: set[str] = set()
+    """Every file the patterns name, sorted, each once. A local pattern naming a path that
+    exists is that path, whatever its characters (`x[1].jsonl`); else it is a glob. One file
+    named twice (two spellings, a link, a glob and a name) is read once, under the first of its
+    names in sorted order, and the run says so. A pattern that matches nothing, or a local file
+    that is not a regular file with a trustworthy size, is an error."""
+    files: dict[Any, set[str]] = {}
     for pattern in patterns:
         if is_url(pattern):
             from apache_beam.io.filesystems import FileSystems
 
             matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+        elif os.path.lexists(pattern) and not os.path.isdir(pattern):
+            matched = [pattern]
         else:
             matched = [p for p in glob.glob(pattern) if not os.path.isdir(p)]
-            _refuse_special_files(matched)
         if not matched:
             hint = " (a folder: give a glob of its files, e.g. DIR/*.jsonl)" if (
                 not is_url(pattern) and os.path.isdir(pattern)) else ""
             raise FileNotFoundError(f"{pattern!r} matches no file{hint}")
-        files.update(matched)
-    return sorted(files)
+        for path in matched:
+            files.setdefault(_identity(path), set()).add(path)
+    for names in files.values():
+        if len(names) > 1:
+            _LOG.warning("one file named %d ways, read once as %s: %s", len(names),
+                         min(names), ", ".join(sorted(names)))
+    return sorted(min(names) for names in files.values())
 
 
-def _refuse_special_files(paths: Sequence[str]) -> None:
-    """FIFOs, devices and sockets never end (or never start): reading one would hang the job.
-    A dangling link passes here and becomes a dead letter when read, like an unreadable file."""
-    for path in paths:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            continue
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"input {path} is not a regular file (a FIFO, device or socket)")
+def _identity(path: str) -> Any:
+    """What makes two names one file: a local file's device and inode, once checked to be a
+    regular file whose size can be trusted (refused here, before any work, if not). A name
+    that cannot be looked at (a dangling link) is itself, its read then a dead letter."""
+    if is_url(path):
+        return path
+    try:
+        handle, _ = storage.open_regular(path, follow_links=True)
+    except storage.UnfitFile as err:
+        raise ValueError(f"input {err}") from None
+    except OSError:
+        return os.path.abspath(path)
+    with handle:
+        status = os.fstat(handle.fileno())
+    return status.st_dev, status.st_ino
 
 
 def compression_of(path: str) -> str | None:
