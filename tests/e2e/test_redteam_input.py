@@ -130,7 +130,6 @@ def _peak_rss_mb(args: list[str], cwd) -> tuple[int, int, str]:
     return int(code), int(peak), done.stderr
 
 
-@OPEN
 @pytest.mark.parametrize("engine, lines", [("local", 10_000), ("beam", 5_000)])
 def test_rejected_lines_cost_bounded_memory(tiny_tokenizer, tmp_path, engine, lines):
     """A 50-100 KB .gz of lines that are not JSON (4 KB of control characters each, 40 MB
@@ -237,7 +236,6 @@ def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(qwe
 
 # ---- a Parquet dictionary bomb -------------------------------------------------------------------
 
-@OPEN
 def test_a_parquet_dictionary_bomb_is_read_within_the_documented_bound(tiny_tokenizer, tmp_path):
     """A 1.5 KB Parquet file: one dictionary page holding a 3.9 MB prompt (under the 4 MiB bound,
     and under the page ceiling), referenced by 128 rows. Every page check passes; the rows are
