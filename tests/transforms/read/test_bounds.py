@@ -356,16 +356,17 @@ def test_a_trace_parquet_page_over_the_bound_is_malformed_not_read(tmp_path):
 
 
 def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
-    """One dictionary entry near the bound referenced by 128 rows (a ~2 KB file): read 64 rows
-    at a time and decoded whole, the rows took 64 x the entry (~1.1 GB for a run at 4 MiB). Each
-    row is now sized from its dictionary index and decoded alone."""
+    """One dictionary entry near the bound referenced by 32 rows (a ~1.5 KB file): read 64 rows
+    at a time and decoded whole, the rows took 32 x the entry and more (a run of 128 such rows
+    at 4 MiB peaked at ~1.1 GB). Each row is now sized from its dictionary index and decoded
+    alone."""
     bound = 4 * MiB
     path = tmp_path / "bomb.parquet"
-    pq.write_table(pa.table({"timestamp": ["not a time"] * 128,
-                             "prompt": pa.array(["hello " * 650_000] * 128).dictionary_encode()}),
+    pq.write_table(pa.table({"timestamp": ["not a time"] * 32,
+                             "prompt": pa.array(["hello " * 650_000] * 32).dictionary_encode()}),
                    path, compression="zstd")
     assert path.stat().st_size < 4096
     [result] = read_in_child([path], bound)
-    assert result["out"] == ["bad_timestamp"] * 128
+    assert result["out"] == ["bad_timestamp"] * 32
     # docs/BOUNDS.md: Parquet reading stays under 9 x the bound (measured 54 MiB; was ~1.1 GB)
     assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
