@@ -45,9 +45,12 @@ def _value_bytes(array: pa.Array) -> np.ndarray:
         return values[offsets[1:]] - values[offsets[:-1]]
     if pa.types.is_null(kind):
         return np.zeros(len(array), dtype=np.int64)
-    if kind.num_fields:  # unions, fixed-size lists: the whole array's bytes bound any one row
-        return np.full(len(array), array.nbytes, dtype=np.int64)
-    return _nulls_zero(array, np.ones(len(array), dtype=np.int64))
+    if pa.types.is_fixed_size_list(kind):
+        start, size = array.offset * kind.list_size, kind.list_size  # a null holds size too
+        values = _value_bytes(array.values)[start:start + len(array) * size]
+        values = values.reshape(len(array), size)
+        return _nulls_zero(array, values.sum(axis=1))
+    return _nulls_zero(array, np.ones(len(array), dtype=np.int64))  # a number, a union...
 
 
 # Read from the arrays' buffers with numpy: pyarrow's compute functions would do, but loading

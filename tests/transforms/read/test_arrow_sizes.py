@@ -22,11 +22,12 @@ ROW = st.fixed_dictionaries({
     "n": st.one_of(st.none(), st.integers(-2**40, 2**40)),
     "messages": st.one_of(st.none(), st.lists(MESSAGE, max_size=4)),
     "tags": st.one_of(st.none(), st.lists(TEXT, max_size=3)),
+    "pair": st.one_of(st.none(), st.lists(TEXT, min_size=2, max_size=2)),
 })
 SCHEMA = pa.schema([("prompt", pa.string()), ("n", pa.int64()),
                     ("messages", pa.list_(pa.struct([("role", pa.string()),
                                                      ("content", pa.string())]))),
-                    ("tags", pa.list_(pa.string()))])
+                    ("tags", pa.list_(pa.string())), ("pair", pa.list_(pa.string(), 2))])
 
 
 @settings(max_examples=80, deadline=None)
@@ -72,7 +73,7 @@ def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path
 def test_rows_within_the_bound_read_as_they_always_were(tmp_path):
     """Read as dictionaries or not, the rows are the same Python values."""
     rows = [{"prompt": f"p{i}" * (i % 5), "messages": [{"role": "user", "content": "hi"}],
-             "n": i, "tags": None} for i in range(300)]
+             "n": i, "tags": None, "pair": ["a", None]} for i in range(300)]
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows, SCHEMA), path, row_group_size=100)
     assert [record for _, record in read_range(FileRange(str(path), 0, None), 1 << 20)] == rows
