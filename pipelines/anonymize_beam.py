@@ -7,11 +7,21 @@ plus dead letters, stats.json and manifest.json.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 from transforms import storage
-from transforms.dead_letters import DAMAGED_FILE, DEAD_LETTER_TAG
+from transforms.dead_letters import (
+    DAMAGED_FILE,
+    DEAD_LETTER_TAG,
+    DeadLetter,
+    SortedRuns,
+    StagedLetters,
+    merge_runs,
+)
 from transforms.ids.dense_ids import block_keys, new_batch_id, session_keys
 from transforms.ids.steps import (
     AssignDenseIds,
@@ -47,7 +57,7 @@ __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "IdMapRun", "build"]
 
 class AnonymizeOutputs(NamedTuple):
     trace_files: beam.PCollection
-    dead_letters: beam.PCollection
+    dead_letters: beam.PCollection  # the path of the one dead-letter file, once written
     summary: beam.PCollection  # the manifest dict, once written
 
 
@@ -113,51 +123,49 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "AssembleRows" >> beam.FlatMap(assemble_rows, plan, config.emit_output_hashes)
     )
 
-    dead_letters = (
+    letter_sources = (
         read[DEAD_LETTER_TAG],
         parsed[DEAD_LETTER_TAG],
         *routing_letters,
         encoded[DEAD_LETTER_TAG],
         agreed[DEAD_LETTER_TAG],
-    ) | "AllRejected" >> beam.Flatten()
-    rejected_count = dead_letters | "CountRejected" >> beam.combiners.Count.Globally()
+    )
+    # Written where they are made, as they come (in sorted runs: SortedRuns), never gathered
+    # (even a Flatten of them no step reads is held whole by the local runner): only each
+    # bundle's runs and tally travel on, and one step merges the runs into the file.
+    staged = beam.pvalue.AsSingleton(
+        [letters | f"StageRejected{i}" >> beam.ParDo(StageLetters(config.dead_letter))
+         for i, letters in enumerate(letter_sources)]
+        | "AllStaged" >> beam.Flatten()
+        | "SumStaged" >> beam.CombineGlobally(lambda parts: sum(parts, StagedLetters())))
     # A damaged file's unreadable rest counts as one record read and rejected, so that
     # read = exported + rejected still holds and --max-rejected-fraction sees it.
-    # Counted apart and added: a Flatten before the count would stop Beam from lifting the
-    # combine, and every record's bytes would be shuffled just to be counted.
     read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
-    lost_bytes = (read[DEAD_LETTER_TAG] | "LostBytes" >> beam.Map(lambda d: d.lost_bytes)
-                  | "SumLostBytes" >> beam.CombineGlobally(sum))
-    # Per reason, for the message of a run refused for too much rejected input.
-    reasons = (dead_letters | "Reasons" >> beam.Map(lambda d: d.reason)
-               | "CountReasons" >> beam.combiners.Count.PerElement())
     counts = (
         records
         | "CountRead" >> beam.combiners.Count.Globally()
         | "Counts" >> beam.Map(
-            lambda read, read_rejected, rejected, lost: RecordCounts(
-                read + read_rejected, rejected, lost, config.input_bytes),
+            lambda read, read_rejected, letters: RecordCounts(
+                read + read_rejected, letters.tally.count, letters.tally.lost_bytes,
+                config.input_bytes),
             beam.pvalue.AsSingleton(read_letters),
-            beam.pvalue.AsSingleton(rejected_count),
-            beam.pvalue.AsSingleton(lost_bytes),
+            staged,
         )
-        | "CheckRejected" >> beam.Map(check_rejected_fraction, config.max_rejected_fraction,
-                                      beam.pvalue.AsDict(reasons))
+        # Per reason, for the message of a run refused for too much rejected input.
+        | "CheckRejected" >> beam.Map(
+            lambda counts, letters: check_rejected_fraction(
+                counts, config.max_rejected_fraction, dict(letters.tally.reasons)),
+            staged)
         | "CheckOrigin" >> beam.Map(
             check_not_before_origin, beam.pvalue.AsList(earliest), config.timestamp_origin_ms
         )
     )
-    letters_written = (
-        dead_letters
-        | "DeadLetterJson" >> beam.Map(lambda d: d.to_json())
-        # One file whatever the runner's parallelism, named as the local engine names it, into
-        # the run's letters staging folder (published with the run: publish.DeadLetterRun).
-        | "WriteDeadLetters" >> beam.io.WriteToText(
-            storage.join(config.dead_letter, DEAD_LETTER_FILE), shard_name_template="",
-            num_shards=1
-        )
-        | "DeadLettersPrivate" >> beam.Map(storage.make_private)  # they hold raw prompts
-    )
+    # One file whatever the runner's parallelism or its order (sorted lines), named as the
+    # local engine names it, into the run's letters staging folder (published with the run:
+    # publish.DeadLetterRun); owner-only, as they hold raw prompts.
+    letters_path = storage.join(config.dead_letter, DEAD_LETTER_FILE)
+    letters_written = pipeline | "LettersFile" >> beam.Create([letters_path]) | (
+        "MergeRejected" >> beam.Map(merge_runs, staged))
 
     first_shard = pipeline | "FirstShard" >> beam.Create([(0, None)])
     trace_files = (
@@ -214,7 +222,24 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         lambda m, _: publish_block_hashes(config.block_hashes, config.staging,
                                           publish_output(config, m)),
         beam.pvalue.AsList(letters_written))
-    return AnonymizeOutputs(trace_files, dead_letters, summary)
+    return AnonymizeOutputs(trace_files, letters_written, summary)
+
+
+class StageLetters(beam.DoFn):
+    """Dead letters in, written as they come into sorted runs in the run's letters staging
+    folder; out, once per bundle, the runs and their tally (StagedLetters)."""
+
+    def __init__(self, folder: str):
+        self._folder = folder
+
+    def start_bundle(self) -> None:
+        self._runs = SortedRuns(self._folder)
+
+    def process(self, letter: DeadLetter) -> None:
+        self._runs.add(letter)
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        yield WindowedValue(self._runs.close(), GlobalWindow().max_timestamp(), [GlobalWindow()])
 
 
 def _dense_ids(

@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, NamedTuple
@@ -43,7 +42,14 @@ from pipelines.processes import busy_threads
 from transforms import storage
 from transforms.batching import batches_by_weight
 from transforms.combiners import fold
-from transforms.dead_letters import DAMAGED_FILE, DeadLetter
+from transforms.dead_letters import (
+    DAMAGED_FILE,
+    DeadLetter,
+    LetterFile,
+    StagedLetters,
+    Tally,
+    join_letters,
+)
 from transforms.encode.blocks import chain_seed
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
 from transforms.encode.schemes import engine_hashes
@@ -94,23 +100,33 @@ END_WORKERS_S = 0.5
 
 class Encoded(NamedTuple):
     """What encoding some input gives: hashed batches, dead letters, and records read (a damaged
-    file's unreadable rest counts as one record read, as in the Beam pipeline)."""
+    file's unreadable rest counts as one record read, as in the Beam pipeline). Dead letters
+    are written to files as they come (staged); `rejected` holds a few in memory (a stream's
+    window's) that go after them."""
 
     hashed: list[HashedBatch]
     rejected: list[DeadLetter]
     read: int
     cache: CacheCounts = CacheCounts()  # what the segment cache did (not part of the output)
+    staged: StagedLetters = StagedLetters()
 
 
 _WORKER: dict = {}  # per worker process: the encoder, built once by _start_worker
 
 
 def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
-                  progress: ReadProgress | None = None) -> Encoded:
+                  letters: str, progress: ReadProgress | None = None) -> Encoded:
     """Read, parse, batch, render, tokenize and hash the records of some file ranges (tokenizing
-    in a background thread, encode_requests.OverlappedEncoder)."""
+    in a background thread, encode_requests.OverlappedEncoder); their dead letters written to
+    the file at path letters as they come."""
+    with LetterFile(letters) as rejected:
+        hashed, read = _encode(pieces, encoder, parse, rejected, progress)
+    return Encoded(hashed, [], read, encoder.take_cache_counts(), StagedLetters.of(rejected))
+
+
+def _encode(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
+            rejected: LetterFile, progress: ReadProgress | None) -> tuple[list[HashedBatch], int]:
     hashed: list[HashedBatch] = []
-    rejected: list[DeadLetter] = []
     read = 0
 
     def requests() -> Iterator[Request]:
@@ -120,14 +136,15 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
                 read += 1
                 parsed = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
                 if isinstance(parsed, DeadLetter):
-                    rejected.append(parsed)
+                    rejected.add(parsed)
                 else:
                     yield parsed
 
     def finish(encoded: EncodedBatch | None) -> None:
         if encoded is not None:
             batch, empty = encoded
-            rejected.extend(empty)
+            for letter in empty:
+                rejected.add(letter)
             if batch is not None:
                 hashed.append(batch)
 
@@ -136,12 +153,13 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
         for batch in batches_by_weight(requests(), TOKENIZE_BATCH_BYTES, lambda r: len(r.line),
                                        TOKENIZE_BATCH_REQUESTS):
             failed, previous = encoding.push(batch)
-            rejected.extend(failed)
+            for letter in failed:
+                rejected.add(letter)
             finish(previous)
         finish(encoding.flush())
     finally:
         encoding.close()
-    return Encoded(hashed, rejected, read, encoder.take_cache_counts())
+    return hashed, read
 
 
 def worker_count(processes: int, input_bytes: int) -> int:
@@ -164,7 +182,8 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     if processes <= 1:
         encoder = _encoder(config)
         settle_after_start_up()
-        return encode_ranges(pieces, encoder, config.parse, ReadProgress(total_bytes))
+        return encode_ranges(pieces, encoder, config.parse, _letters_part(config.dead_letter, 0),
+                             ReadProgress(total_bytes))
     forked = _can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     bounds = context.Array("q", run_bounds(len(pieces), processes))
@@ -173,7 +192,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         _warm_up(encoder, pieces[0], config.parse)
         settle_after_start_up()
         _WORKER.update(encoder=encoder, parse=config.parse, progress=ReadProgress(total_bytes),
-                       pieces=pieces, bounds=bounds)
+                       pieces=pieces, bounds=bounds, letters=config.dead_letter)
         pool = ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
         _LOG.info("encoding %d file ranges in %d worker processes forked from this one",
                   len(pieces), processes)
@@ -192,9 +211,9 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     finally:
         _WORKER.clear()  # the encoder and its cache, which forked workers took from here
     pool.shutdown()
-    return Encoded([b for p in parts for b in p.hashed], [d for p in parts for d in p.rejected],
-                   sum(p.read for p in parts),
-                   functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()))
+    return Encoded([b for p in parts for b in p.hashed], [], sum(p.read for p in parts),
+                   functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()),
+                   sum((p.staged for p in parts), StagedLetters()))
 
 
 @contextlib.contextmanager
@@ -277,7 +296,8 @@ def _start_worker(config: AnonymizeConfig, total_bytes: int, pieces: list[FileRa
                   bounds: Any) -> None:
     _leave_stopping_to_parent()
     _WORKER.update(encoder=_encoder(config), parse=config.parse,
-                   progress=ReadProgress(total_bytes), pieces=pieces, bounds=bounds)
+                   progress=ReadProgress(total_bytes), pieces=pieces, bounds=bounds,
+                   letters=config.dead_letter)
     settle_after_start_up()
 
 
@@ -316,7 +336,14 @@ def _encode_claimed(worker: int) -> list[tuple[int, Encoded]]:
         if index is None:
             return done
         done.append((index, encode_ranges([pieces[index]], _WORKER["encoder"], _WORKER["parse"],
+                                          _letters_part(_WORKER["letters"], index),
                                           _WORKER["progress"])))
+
+
+def _letters_part(folder: str, index: int) -> str:
+    """Where the dead letters of a file range (or of all, index 0 in one process) are written
+    as they come, in the run's letters staging folder; joined in range order when published."""
+    return storage.join(folder, f"part-{index:06d}.jsonl")
 
 
 def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
@@ -337,16 +364,18 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(whole, kind_counts(whole))
     whole = kept if kept is not None else HashedBatch.pack([])
-    rejected = encoded.rejected + mismatched
-    write_dead_letters(config.dead_letter, rejected)
+    # In input order: what the ranges wrote, then a window's held in memory, then the requests
+    # of the input's minority timestamp kind.
+    held = encoded.rejected + mismatched
+    rejected = encoded.staged.tally + Tally.of(held)
+    write_dead_letters(config.dead_letter, held, encoded.staged)
 
     earliest_ms = whole.earliest_ms()
     if origin_ms is None:
         origin_ms = config.timestamp_origin_ms
     counts = check_rejected_fraction(
-        RecordCounts(encoded.read, len(rejected),
-                     sum(letter.lost_bytes for letter in rejected), config.input_bytes),
-        config.max_rejected_fraction, dict(Counter(letter.reason for letter in rejected)))
+        RecordCounts(encoded.read, rejected.count, rejected.lost_bytes, config.input_bytes),
+        config.max_rejected_fraction, dict(rejected.reasons))
     check_not_before_origin(counts, earliest_ms, origin_ms)
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}
@@ -358,7 +387,7 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole, config.coarsening)
-    damaged = sum(letter.reason == DAMAGED_FILE for letter in rejected)
+    damaged = rejected.of_reason(DAMAGED_FILE)
     manifest = write_stats(config, files, counts, totals, numbered["blocks"].unique, damaged,
                            extends_map or config.id_map is not None)
     if config.id_map:  # the output is published once the map's version is
@@ -429,7 +458,8 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
                                     block_hashes_staging(config.block_hashes, config.staging))]
 
 
-def write_dead_letters(directory: str, letters: list[DeadLetter]) -> None:
-    """Into a run's letters staging folder (publish.DeadLetterRun), published with the run."""
-    with storage.create(storage.join(directory, DEAD_LETTER_FILE), private=True) as handle:
-        handle.write("".join(letter.to_json() + "\n" for letter in letters).encode())
+def write_dead_letters(directory: str, letters: Iterable[DeadLetter],
+                       staged: StagedLetters = StagedLetters()) -> None:
+    """Into a run's letters staging folder (publish.DeadLetterRun), published with the run: the
+    staged letters' files joined, then letters."""
+    join_letters(storage.join(directory, DEAD_LETTER_FILE), staged, letters)

@@ -9,10 +9,8 @@ import shutil
 import pytest
 from conftest import anonymize, chat, trace, write_jsonl
 
-# Slow, so the fast set stays fast. OPEN marks the holes still open (issue 33). Not strict: a fix
-# turns its case into a pass the next session removes the mark for.
+# Slow, so the fast set stays fast. Each hole found here is closed; the tests keep it so.
 pytestmark = [pytest.mark.slow]
-OPEN = pytest.mark.xfail(reason="open hostile-input hole (issue 33)")
 
 # ---- a chat template builds a value past the sandbox's bound in one C call ---------------------
 
@@ -40,7 +38,6 @@ def test_a_template_cannot_build_a_value_past_the_sandbox_bound(tiny_tokenizer, 
 
 # ---- odd --input words -------------------------------------------------------------------------
 
-@OPEN
 def test_an_existing_file_named_with_brackets_is_the_file_read(tiny_tokenizer, tmp_path):
     """`--input 'x[1].jsonl'` names a file that exists; glob reads it as a pattern and reads
     x1.jsonl, another file, instead (silently)."""
@@ -50,7 +47,6 @@ def test_an_existing_file_named_with_brackets_is_the_file_read(tiny_tokenizer, t
     assert [row["output_length"] for row in trace(tmp_path / "out")] == [0]
 
 
-@OPEN
 def test_one_file_named_twice_is_read_once(tiny_tokenizer, tmp_path):
     """The same file by two spellings (a glob and a path, relative and absolute, `./`) is read
     twice: every request is published twice and the manifest counts double."""
@@ -62,7 +58,6 @@ def test_one_file_named_twice_is_read_once(tiny_tokenizer, tmp_path):
     assert len(trace(tmp_path / "out")) == 2
 
 
-@OPEN
 def test_a_file_whose_size_is_not_its_length_is_not_read_as_empty(tiny_tokenizer, tmp_path):
     """/proc files are regular files whose fstat size is 0: the input is read as empty, and an
     empty trace is published with exit 0 and no dead letter (its lines are neither exported
@@ -131,7 +126,6 @@ def _peak_rss_mb(args: list[str], cwd) -> tuple[int, int, str]:
     return int(code), int(peak), done.stderr
 
 
-@OPEN
 @pytest.mark.parametrize("engine, lines", [("local", 10_000), ("beam", 5_000)])
 def test_rejected_lines_cost_bounded_memory(tiny_tokenizer, tmp_path, engine, lines):
     """A 50-100 KB .gz of lines that are not JSON (4 KB of control characters each, 40 MB
@@ -235,7 +229,6 @@ def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(qwe
 
 # ---- a Parquet dictionary bomb -------------------------------------------------------------------
 
-@OPEN
 def test_a_parquet_dictionary_bomb_is_read_within_the_documented_bound(tiny_tokenizer, tmp_path):
     """A 1.5 KB Parquet file: one dictionary page holding a 3.9 MB prompt (under the 4 MiB bound,
     and under the page ceiling), referenced by 128 rows. Every page check passes; the rows are

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import glob
 import io
+import logging
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +24,7 @@ from transforms import storage
 from transforms.read.decompress import DecodedStream
 from transforms.storage import is_url
 
+_LOG = logging.getLogger("kvtrace")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Compressed JSONL by suffix, as pyarrow names the codecs.
 CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
@@ -34,6 +35,8 @@ PARQUET_MAGIC = b"PAR1"
 # page with 1024 values before checking its size, so pages of large values are far larger than
 # any one of them.
 PAGE_BOUND_MULTIPLE = 2
+# Parquet's Encoding enum: data pages that index the dictionary page.
+DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 MAX_PAGE_HEADER_BYTES = 1 << 20  # headers are tens of bytes; statistics may add a few KiB
 # What of an oversized line is kept: enough to find it, not the whole thing.
 OVERSIZED_EXCERPT_BYTES = 4096
@@ -48,34 +51,49 @@ class Oversized:
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Every file the patterns match, sorted; a pattern that matches nothing is an error."""
-    files: set[str] = set()
+    """Every file the patterns name, sorted, each once. A local pattern naming a path that
+    exists is that path, whatever its characters (`x[1].jsonl`); else it is a glob. One file
+    named twice (two spellings, a link, a glob and a name) is read once, under the first of its
+    names in sorted order, and the run says so. A pattern that matches nothing, or a local file
+    that is not a regular file with a trustworthy size, is an error."""
+    files: dict[Any, set[str]] = {}
     for pattern in patterns:
         if is_url(pattern):
             from apache_beam.io.filesystems import FileSystems
 
             matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+        elif os.path.lexists(pattern) and not os.path.isdir(pattern):
+            matched = [pattern]
         else:
             matched = [p for p in glob.glob(pattern) if not os.path.isdir(p)]
-            _refuse_special_files(matched)
         if not matched:
             hint = " (a folder: give a glob of its files, e.g. DIR/*.jsonl)" if (
                 not is_url(pattern) and os.path.isdir(pattern)) else ""
             raise FileNotFoundError(f"{pattern!r} matches no file{hint}")
-        files.update(matched)
-    return sorted(files)
+        for path in matched:
+            files.setdefault(_identity(path), set()).add(path)
+    for names in files.values():
+        if len(names) > 1:
+            _LOG.warning("one file named %d ways, read once as %s: %s", len(names),
+                         min(names), ", ".join(sorted(names)))
+    return sorted(min(names) for names in files.values())
 
 
-def _refuse_special_files(paths: Sequence[str]) -> None:
-    """FIFOs, devices and sockets never end (or never start): reading one would hang the job.
-    A dangling link passes here and becomes a dead letter when read, like an unreadable file."""
-    for path in paths:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            continue
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"input {path} is not a regular file (a FIFO, device or socket)")
+def _identity(path: str) -> Any:
+    """What makes two names one file: a local file's device and inode, once checked to be a
+    regular file whose size can be trusted (refused here, before any work, if not). A name
+    that cannot be looked at (a dangling link) is itself, its read then a dead letter."""
+    if is_url(path):
+        return path
+    try:
+        handle, _ = storage.open_regular(path, follow_links=True)
+    except storage.UnfitFile as err:
+        raise ValueError(f"input {err}") from None
+    except OSError:
+        return os.path.abspath(path)
+    with handle:
+        status = os.fstat(handle.fileno())
+    return status.st_dev, status.st_ino
 
 
 def compression_of(path: str) -> str | None:
@@ -108,20 +126,12 @@ def _size(path: str) -> int:
 
 
 def open_raw(path: str) -> IO[bytes]:
-    """A file's bytes as stored. A local path must be a regular file: it is opened without
-    waiting (a FIFO would block the open itself until a writer came) and looked at before a
-    byte is read, so a FIFO, device or socket that took a file's name is refused, not read."""
+    """A file's bytes as stored. A local path must be a regular file whose size is its length
+    (storage.open_regular): a FIFO, device, socket or /proc file that took a file's name is
+    refused, not read."""
     if is_url(path):
         return storage.open_read(path)
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise ValueError(f"input {path} is not a regular file (a FIFO, device or socket)")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
+    return storage.open_regular(path, follow_links=True)[0]
 
 
 def open_stream(path: str) -> IO[bytes]:
@@ -256,6 +266,30 @@ def parquet_file(path: str, max_footer_bytes: int
                                   thrift_container_size_limit=max_footer_bytes)
 
 
+def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> pq.ParquetFile:
+    """A reader of the file for one row group whose string columns stored as a dictionary
+    (every data page of the group's chunk indexes its dictionary page) are read as Arrow
+    dictionaries: an entry many rows reference is held once, not once per row, until a row is
+    decoded (sources.py sizes each row first: arrow_sizes.py). Chunks that fell back to plain
+    pages are read dense: as dictionaries, Arrow would grow one over the whole chunk and copy
+    it into every batch."""
+    metadata = parquet.metadata
+    row_group = metadata.row_group(group)
+    chunks = (row_group.column(index) for index in range(row_group.num_columns))
+    columns = [chunk.path_in_schema for chunk in chunks
+               if chunk.physical_type == "BYTE_ARRAY" and _dictionary_throughout(raw, chunk)]
+    return pq.ParquetFile(raw, metadata=metadata, pre_buffer=False, buffer_size=READ_CHUNK_BYTES,
+                          read_dictionary=columns or None)
+
+
+def _dictionary_throughout(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> bool:
+    """Whether a column chunk has a dictionary page and every data page indexes it."""
+    if not column.has_dictionary_page:
+        return False
+    return all(page.encoding in DICTIONARY_ENCODINGS
+               for page in _pages(raw, column) if page.encoding is not None)
+
+
 def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
                     max_cell_bytes: int) -> str | None:
     """Why a row group cannot be read within the bounds, or None when it can, known before any
@@ -274,7 +308,7 @@ def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
         column = row_group.column(index)
         if column.total_uncompressed_size <= max_cell_bytes:
             continue
-        for size, values in _pages(raw, column):
+        for size, values, _ in _pages(raw, column):
             where = f"row group {group}'s column {column.path_in_schema} has a page of {size} bytes"
             if size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
                 return f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
@@ -283,8 +317,14 @@ def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
     return None
 
 
-def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[tuple[int, int]]:
-    """(uncompressed size, values) of each page of a column chunk, from its page headers."""
+class Page(NamedTuple):
+    size: int  # uncompressed
+    values: int
+    encoding: int | None  # a data page's (Parquet's Encoding enum); None for the dictionary
+
+
+def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
+    """Each page of a column chunk, from its page headers."""
     starts = [column.data_page_offset]
     if column.has_dictionary_page and column.dictionary_page_offset > 0:
         starts.append(column.dictionary_page_offset)
@@ -293,12 +333,14 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[tuple[int
     while offset < end:
         header, header_bytes = _page_header(raw, offset)
         uncompressed, compressed = header.get(2), header.get(3)
-        # A data page (v1, v2) or dictionary page header: its first field counts the values.
-        kind = next((header[k] for k in (5, 8, 7) if isinstance(header.get(k), dict)), {})
-        values = kind.get(1)
+        # A data page (v1, v2) or dictionary page header: its first field counts the values;
+        # a data page's encoding is its field 2 (v1) or 4 (v2).
+        field, kind = next(((k, header[k]) for k in (5, 8, 7) if isinstance(header.get(k), dict)),
+                           (0, {}))
+        values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
         if not all(isinstance(n, int) and n >= 0 for n in (uncompressed, compressed, values)):
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
-        yield uncompressed, values
+        yield Page(uncompressed, values, encoding if field != 7 else None)
         offset += header_bytes + compressed
     if offset != end:
         raise ValueError(f"the pages of {column.path_in_schema} overrun its column chunk")

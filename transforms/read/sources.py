@@ -21,14 +21,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from transforms.batching import batches_by_weight
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.errors import UNANTICIPATED, Rejected, unanticipated
+from transforms.read.arrow_sizes import least_json_bytes
 from transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
     Oversized,
     broken_off,
     compression_of,
+    group_reader,
     open_stream,
     oversized_pages,
     parquet_file,
@@ -141,19 +144,33 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
                     yield from _unread_rows(path, parquet.metadata, group, why)
                     continue
-                yield from _row_group(path, parquet, group)
+                yield from _row_group(path, parquet, group_reader(raw, parquet, group), group,
+                                      max_record_bytes)
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
-def _row_group(path: str, parquet: pq.ParquetFile, group: int
-               ) -> Iterator[tuple[str, Any] | DeadLetter]:
-    """A row group's rows, PARQUET_BATCH_ROWS at a time; where it breaks, a dead letter."""
-    read = 0
+def _row_group(path: str, parquet: pq.ParquetFile, reader: pq.ParquetFile, group: int,
+               max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
+    """A row group's rows (read by reader: paths.group_reader), PARQUET_BATCH_ROWS at a time,
+    each sized before it is decoded (arrow_sizes.py): a row over max_record_bytes as JSON is a
+    too_large dead letter, never decoded, and rows are decoded a few at a time, at most
+    max_record_bytes of them together (a lone row larger as JSON than counted may go over).
+    Where the group breaks, a dead letter."""
+    read, dense = 0, parquet.schema_arrow  # the rows' types, dictionaries decoded
     try:
-        for batch in parquet.iter_batches(PARQUET_BATCH_ROWS, row_groups=[group]):
-            for row in batch.to_pylist():
-                yield path, row
+        for batch in reader.iter_batches(PARQUET_BATCH_ROWS, row_groups=[group]):
+            sizes = least_json_bytes(batch)
+            for rows in batches_by_weight(range(batch.num_rows), max_record_bytes,
+                                          sizes.__getitem__):
+                if sizes[rows[0]] > max_record_bytes:  # over the weight: a batch alone
+                    yield DeadLetter(path, b"", "too_large",
+                                     f"row {_first_row(parquet.metadata, group) + read + rows[0]}"
+                                     f" not decoded: {sizes[rows[0]]} bytes as JSON at least, "
+                                     f"over --max-record-bytes {max_record_bytes}")
+                    continue
+                for row in batch.slice(rows[0], len(rows)).cast(dense).to_pylist():
+                    yield path, row
             read += batch.num_rows
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE,
@@ -162,10 +179,15 @@ def _row_group(path: str, parquet: pq.ParquetFile, group: int
                          lost_bytes=parquet.metadata.row_group(group).total_byte_size)
 
 
+def _first_row(metadata: pq.FileMetaData, group: int) -> int:
+    """The file's row number of a row group's first row."""
+    return sum(metadata.row_group(g).num_rows for g in range(group))
+
+
 def _unread_rows(path: str, metadata: pq.FileMetaData, group: int, why: str
                  ) -> Iterator[DeadLetter]:
     """A too_large dead letter for each row of a row group refused unread."""
-    first = sum(metadata.row_group(g).num_rows for g in range(group))
+    first = _first_row(metadata, group)
     for row in range(first, first + metadata.row_group(group).num_rows):
         yield DeadLetter(path, b"", "too_large",
                          f"row {row} not read: {why} (--max-record-bytes)")

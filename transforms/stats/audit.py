@@ -19,7 +19,6 @@ and checks that span the folder (10M rows: benchmarks/README.md).
 from __future__ import annotations
 
 import os
-import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,23 +172,12 @@ def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
     larger than any file kvtrace writes under that name."""
     path = storage.join(folder, name)
     try:
-        if is_url(path):
-            with storage.open_read(path) as handle:
-                data = handle.read(limit + 1)
-        else:
-            handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                info = os.fstat(handle)
-                if not stat.S_ISREG(info.st_mode):
-                    gate.flag(f"not a regular file (a link, FIFO or device): {name}")
-                    return None
-                if info.st_size > limit:
-                    gate.flag(f"{name}: larger ({info.st_size:,} bytes) than kvtrace writes")
-                    return None
-                with os.fdopen(handle, "rb", closefd=False) as stream:
-                    data = stream.read(limit + 1)
-            finally:
-                os.close(handle)
+        handle = storage.open_read(path) if is_url(path) else storage.open_regular(path, limit)[0]
+        with handle:
+            data = handle.read(limit + 1)
+    except storage.UnfitFile as err:
+        gate.flag(str(err))  # not a regular file (a link, FIFO or device), or too large
+        return None
     except OSError as err:
         gate.flag(f"{name}: unreadable ({err.strerror or err})")
         return None

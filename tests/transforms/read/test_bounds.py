@@ -46,6 +46,7 @@ BEFORE, AFTER = b'{"timestamp": 1, "prompt": "before"}', b'{"timestamp": 2, "pro
 # Measured (docs/BOUNDS.md): 3.0 x for a record at the bound read and parsed; up to 16 MiB of
 # decoder state and buffers.
 CEILING_MULTIPLE, CEILING_FIXED = 4, 24 * MiB
+PARQUET_CEILING_MULTIPLE = 9  # pages decoded whole, up to 2 x the bound
 
 # The child: read and parse one file with the real reader, report what came out, its time and
 # its peak resident memory above its resident memory once imported (Linux resets the peak,
@@ -204,9 +205,12 @@ def test_page_headers_walk_every_column_chunk_exactly(tmp_path_factory, rows, pa
             for index in range(parquet.metadata.num_columns):
                 column = parquet.metadata.row_group(group).column(index)
                 pages = list(_pages(raw, column))
-                data_values = sum(v for v in (n for _, n in pages))
+                data_values = sum(page.values for page in pages)
                 dictionary_values = data_values - column.num_values
                 assert dictionary_values >= 0 and (column.has_dictionary_page or not dictionary_values)
+                # the dictionary page is the one page without a data page's encoding
+                dictionary_pages = sum(page.encoding is None for page in pages)
+                assert dictionary_pages == int(column.has_dictionary_page)
 
 
 @settings(max_examples=150, deadline=None)
@@ -349,3 +353,20 @@ def test_a_trace_parquet_page_over_the_bound_is_malformed_not_read(tmp_path):
     trace = read_trace([str(path)])
     assert len(trace) == 0 and trace.malformed_count == 1
     assert "page" in trace.malformed[0]["error"]
+
+
+def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
+    """One dictionary entry near the bound referenced by 32 rows (a ~1.5 KB file): read 64 rows
+    at a time and decoded whole, the rows took 32 x the entry and more (a run of 128 such rows
+    at 4 MiB peaked at ~1.1 GB). Each row is now sized from its dictionary index and decoded
+    alone."""
+    bound = 4 * MiB
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"timestamp": ["not a time"] * 32,
+                             "prompt": pa.array(["hello " * 650_000] * 32).dictionary_encode()}),
+                   path, compression="zstd")
+    assert path.stat().st_size < 4096
+    [result] = read_in_child([path], bound)
+    assert result["out"] == ["bad_timestamp"] * 32
+    # docs/BOUNDS.md: Parquet reading stays under 9 x the bound (measured 54 MiB; was ~1.1 GB)
+    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED

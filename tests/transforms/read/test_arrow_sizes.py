@@ -1,0 +1,92 @@
+"""A Parquet row's size as JSON, at least, before it is decoded (arrow_sizes.py), and the read
+that refuses or decodes rows by it (sources.read_range)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.dead_letters import DeadLetter
+from transforms.read.arrow_sizes import least_json_bytes
+from transforms.read.paths import group_reader, parquet_file
+from transforms.read.sources import FileRange, read_range
+
+TEXT = st.one_of(st.none(), st.text(max_size=12))
+MESSAGE = st.one_of(st.none(), st.fixed_dictionaries({"role": TEXT, "content": TEXT}))
+ROW = st.fixed_dictionaries({
+    "prompt": TEXT,
+    "n": st.one_of(st.none(), st.integers(-2**40, 2**40)),
+    "messages": st.one_of(st.none(), st.lists(MESSAGE, max_size=4)),
+    "tags": st.one_of(st.none(), st.lists(TEXT, max_size=3)),
+    "pair": st.one_of(st.none(), st.lists(TEXT, min_size=2, max_size=2)),
+})
+SCHEMA = pa.schema([("prompt", pa.string()), ("n", pa.int64()),
+                    ("messages", pa.list_(pa.struct([("role", pa.string()),
+                                                     ("content", pa.string())]))),
+                    ("tags", pa.list_(pa.string())), ("pair", pa.list_(pa.string(), 2))])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(ROW, min_size=1, max_size=12), st.booleans(), st.integers(0, 11))
+def test_the_count_never_exceeds_the_rows_json(rows, as_dictionaries, start):
+    """A lower bound: a row refused by it is over the bound as JSON too, whatever its shape,
+    its nulls, its encoding (dictionary or not) or where its batch was sliced."""
+    table = pa.Table.from_pylist(rows, SCHEMA)
+    if as_dictionaries:
+        table = table.set_column(0, "prompt", table["prompt"].dictionary_encode())
+    batch = table.combine_chunks().to_batches()[0].slice(min(start, len(rows) - 1))
+    sizes = least_json_bytes(batch)
+    decoded = batch.to_pylist()
+    assert len(sizes) == len(decoded)
+    for size, row in zip(sizes, decoded):
+        assert 0 <= size <= len(json.dumps(row, ensure_ascii=False).encode())
+
+
+def test_a_shared_dictionary_entry_counts_for_every_row_that_references_it():
+    big = "hello " * 1000
+    column = pa.array([big, "x", big]).dictionary_encode()
+    batch = pa.record_batch([column], names=["prompt"])
+    assert list(least_json_bytes(batch)) == [len(big) + 2, 3, len(big) + 2]
+
+
+def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path):
+    """One dictionary entry of 60 KB referenced by 200 rows (a ~1 KB file): each row is over a
+    50 KB bound, so each is a too_large dead letter; the small rows around them are read."""
+    path = tmp_path / "bomb.parquet"
+    prompts = ["small"] + ["a" * 60_000] * 200 + ["small"]
+    pq.write_table(pa.table({"prompt": pa.array(prompts).dictionary_encode()}), path,
+                   compression="zstd")
+    assert path.stat().st_size < 4096
+    read = list(read_range(FileRange(str(path), 0, None), 50_000))
+    kept = [record for record in read if not isinstance(record, DeadLetter)]
+    refused = [record for record in read if isinstance(record, DeadLetter)]
+    assert kept == [(str(path), {"prompt": "small"})] * 2
+    assert len(refused) == 200 and {letter.reason for letter in refused} == {"too_large"}
+    assert "row 1 not decoded: 60002 bytes as JSON at least" in refused[0].message
+    assert "row 200 not decoded" in refused[-1].message
+
+
+def test_rows_within_the_bound_read_as_they_always_were(tmp_path):
+    """Read as dictionaries or not, the rows are the same Python values."""
+    rows = [{"prompt": f"p{i}" * (i % 5), "messages": [{"role": "user", "content": "hi"}],
+             "n": i, "tags": None, "pair": ["a", None]} for i in range(300)]
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, SCHEMA), path, row_group_size=100)
+    assert [record for _, record in read_range(FileRange(str(path), 0, None), 1 << 20)] == rows
+
+
+def test_only_chunks_indexed_by_their_dictionary_throughout_are_read_as_dictionaries(tmp_path):
+    """A chunk that fell back to plain pages is read dense: as a dictionary, Arrow would grow
+    one over the chunk and copy it into every batch (quadratic)."""
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(pa.table({"role": ["user", "assistant"] * 5000,
+                             "prompt": [f"unique prompt {i}" for i in range(10_000)]}), path,
+                   dictionary_pagesize_limit=4096)
+    with parquet_file(str(path), 1 << 20) as (raw, parquet):
+        schema = group_reader(raw, parquet, 0).schema_arrow
+    assert pa.types.is_dictionary(schema.field("role").type)
+    assert schema.field("prompt").type == pa.string()

@@ -1,0 +1,77 @@
+"""How large a Parquet row is as JSON, at least, known from its Arrow form before it is decoded
+into Python values. A dictionary-encoded string is stored once and may be referenced by every
+row (a 2 KB file can hold 128 rows of 4 MB each): its size per row is the size of the entry each
+row references, found by index without building the strings.
+
+A lower bound, so that a row refused on it is over --max-record-bytes as JSON too: each string
+counts its UTF-8 bytes and its two quotes, every other value one byte (a digit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def least_json_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """Per row of the batch, the fewest bytes its values take as JSON (int64)."""
+    total = np.zeros(batch.num_rows, dtype=np.int64)
+    for column in batch.columns:
+        total += _value_bytes(column)
+    return total
+
+
+def _value_bytes(array: pa.Array) -> np.ndarray:
+    """Per element of the array, the fewest bytes its value takes as JSON; 0 for a null."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        entries = _value_bytes(array.dictionary)
+        if not len(entries):  # every element null
+            return np.zeros(len(array), dtype=np.int64)
+        index = kind.index_type  # an integer type; numpy's by name (not pandas': its import)
+        width = np.dtype(f"{'u' if pa.types.is_unsigned_integer(index) else 'i'}{index.byte_width}")
+        indices = _buffer(array.indices, 1, width, len(array))
+        return _nulls_zero(array, entries[np.where(_valid(array), indices, 0)])
+    if pa.types.is_string(kind) or pa.types.is_binary(kind):
+        return _nulls_zero(array, np.diff(_buffer(array, 1, np.int32, len(array) + 1)) + 2)
+    if pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
+        return _nulls_zero(array, np.diff(_buffer(array, 1, np.int64, len(array) + 1)) + 2)
+    if pa.types.is_struct(kind):
+        fields = [_value_bytes(child) for child in array.flatten()]
+        return _nulls_zero(array, np.sum(fields, axis=0) if fields else np.zeros(len(array), int))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        values = np.concatenate([[0], np.cumsum(_value_bytes(array.values))])
+        offsets = _buffer(array, 1, np.int64 if pa.types.is_large_list(kind) else np.int32,
+                          len(array) + 1)
+        return values[offsets[1:]] - values[offsets[:-1]]
+    if pa.types.is_null(kind):
+        return np.zeros(len(array), dtype=np.int64)
+    if pa.types.is_fixed_size_list(kind):
+        start, size = array.offset * kind.list_size, kind.list_size  # a null holds size too
+        values = _value_bytes(array.values)[start:start + len(array) * size]
+        values = values.reshape(len(array), size)
+        return _nulls_zero(array, values.sum(axis=1))
+    return _nulls_zero(array, np.ones(len(array), dtype=np.int64))  # a number, a union...
+
+
+# Read from the arrays' buffers with numpy: pyarrow's compute functions would do, but loading
+# their kernels costs ~45 MB of resident memory, more than a record at a small bound.
+
+
+def _buffer(array: pa.Array, index: int, dtype: np.dtype, count: int) -> np.ndarray:
+    """count values of one of the array's buffers (offsets, indices) from the array's offset."""
+    values = np.frombuffer(array.buffers()[index], dtype=dtype)
+    return values[array.offset:array.offset + count].astype(np.int64)
+
+
+def _valid(array: pa.Array) -> np.ndarray:
+    bitmap = array.buffers()[0]
+    if not array.null_count or bitmap is None:
+        return np.ones(len(array), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[array.offset:array.offset + len(array)].astype(bool)
+
+
+def _nulls_zero(array: pa.Array, sizes: np.ndarray) -> np.ndarray:
+    if array.null_count:
+        sizes = np.where(_valid(array), sizes, 0)
+    return sizes.astype(np.int64, copy=False)
