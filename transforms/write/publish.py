@@ -366,8 +366,7 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     for read in reads:
         for location, place in places:
             if reaches(read, place):
-                raise OutputRefused(f"{location.flag} {location.path} would replace or join "
-                                    f"what the run reads ({read}): write it elsewhere")
+                raise OutputRefused(_overlap(read, location))
     for location in writes:
         check_written(location)
 
@@ -398,8 +397,7 @@ def reaches(read: str, place: str) -> bool:
     if not has_magic(read):
         where = read_place(read)
         return inside(where, place) or inside(place, where)
-    head = read[: min(read.find(c) for c in "*?[" if c in read)]
-    static, wildcards = read[: head.rfind("/") + 1] or ".", read[head.rfind("/") + 1:]
+    static, wildcards = _glob_split(read)
     folder = read_place(static)
     if inside(folder, place):
         return True
@@ -411,12 +409,32 @@ def reaches(read: str, place: str) -> bool:
         fnmatchcase(name, part) for name, part in zip(below, wild)))
 
 
+def _glob_split(pattern: str) -> tuple[str, str]:
+    """A glob's folder (the part before its first wildcard's segment) and the rest."""
+    head = pattern[: min(pattern.find(c) for c in "*?[" if c in pattern)]
+    cut = head.rfind("/") + 1
+    return pattern[:cut] or ".", pattern[cut:]
+
+
+def _overlap(read: str, location: Location) -> str:
+    """Why a written location may not be where the run reads read."""
+    where, place = f"{location.flag} {location.path}", written_place(location.path)
+    if inside(read_place(_glob_split(read)[0] if has_magic(read) else read), place):
+        return f"input {read} lies inside {where}: an output never replaces what the run reads"
+    if has_magic(read):
+        return (f"{where} is in the folder input {read} reads; write elsewhere, or the next run "
+                f"would read its own output")
+    return f"{where} lies inside input {read}: write elsewhere"
+
+
 def check_written(location: Location) -> None:
     """A written location that can be published: a local one's folder can be made, its name
     fits the filesystem, it is no link; a file no folder (check_file); a folder no file, not
     another command's output (its manifest says which), holding nothing kvtrace did not write
     (check_output); a private one that can be made owner-only."""
     path, flag = location.path, location.flag
+    if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
+        raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
     if location.kind == FILE:
         check_file(path, location.overwrite)
         return
@@ -424,9 +442,6 @@ def check_written(location: Location) -> None:
         check_output(path, location.own)
         return
     check_parent(path)
-    name = os.path.basename(written_place(path))
-    if len(os.fsencode(name)) > NAME_MAX:
-        raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
     if os.path.islink(written_place(path)):
         raise OutputRefused(f"{flag} {path} is a symbolic link; kvtrace writes its own folder "
                             f"there, never through a link: name the folder itself")

@@ -124,8 +124,9 @@ def test_an_existing_file_is_refused_without_overwrite(tmp_path):
 
 
 def test_a_name_past_name_max_is_refused_a_long_valid_one_is_staged_under_a_digest(tmp_path):
-    with pytest.raises(OutputRefused, match=f"longer than {NAME_MAX} bytes"):
-        plan_locations([], [Location("--output", str(tmp_path / ("a" * 256)), FOLDER)])
+    for kind in (FILE, FOLDER):
+        with pytest.raises(OutputRefused, match=f"longer than {NAME_MAX} bytes"):
+            plan_locations([], [Location("--output", str(tmp_path / ("a" * 256)), kind)])
     out = tmp_path / ("a" * 250)
     staging = os.path.basename(staging_folder(str(out), "0123456789ab"))
     assert len(staging) + len(".previous") <= NAME_MAX
