@@ -363,10 +363,12 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
                 raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
                                     f"overlap: give each its own location, neither inside the "
                                     f"other")
+    resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
     for read in reads:
+        reach = Reach.of(read, resolved)
         for location, place in places:
-            if reaches(read, place):
-                raise OutputRefused(_overlap(read, location))
+            if reach.meets(place):
+                raise OutputRefused(reach.refusal(location, place))
     for location in writes:
         check_written(location)
 
@@ -380,9 +382,16 @@ def written_place(path: str) -> str:
     return os.path.join(os.path.realpath(parent), name)
 
 
-def read_place(path: str) -> str:
-    """What a read location names: absolute, every link resolved."""
-    return folded(path) if is_url(path) else os.path.realpath(os.path.expanduser(path))
+def read_place(path: str, resolved: dict[str, str]) -> str:
+    """What a read location names: absolute, every link resolved (resolved: folders already
+    resolved, by their absolute path)."""
+    if is_url(path):
+        return folded(path)
+    parent, name = os.path.split(os.path.abspath(os.path.expanduser(path)))
+    if parent not in resolved:
+        resolved[parent] = os.path.realpath(parent)
+    place = os.path.join(resolved[parent], name)
+    return os.path.realpath(place) if os.path.islink(place) else place
 
 
 def inside(path: str, folder: str) -> bool:
@@ -390,41 +399,46 @@ def inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def reaches(read: str, place: str) -> bool:
-    """Whether reading read (a path or a glob) reads or lies within the written place, or
-    would read it on the next run: a glob reaches what it matches, in any of its folders (all
-    beneath its folder, for a recursive **), and a place holding its folder."""
-    if not has_magic(read):
-        where = read_place(read)
-        return inside(where, place) or inside(place, where)
-    static, wildcards = _glob_split(read)
-    folder = read_place(static)
-    if inside(folder, place):
-        return True
-    if not inside(place, folder) or place == folder:
-        return False
-    wild = [p for p in wildcards.split("/") if p]
-    below = [p for p in place[len(folder):].split("/") if p]
-    return "**" in read or (len(below) >= len(wild) and all(
-        fnmatchcase(name, part) for name, part in zip(below, wild)))
+@dataclass(frozen=True)
+class Reach:
+    """What reading one path or glob reads: the place itself, or for a glob, what its
+    wildcards match beneath its folder (everything beneath it, for a recursive **)."""
 
+    read: str
+    place: str
+    wildcards: tuple[str, ...] | None = None  # None: a path, not a glob
+    recursive: bool = False
 
-def _glob_split(pattern: str) -> tuple[str, str]:
-    """A glob's folder (the part before its first wildcard's segment) and the rest."""
-    head = pattern[: min(pattern.find(c) for c in "*?[" if c in pattern)]
-    cut = head.rfind("/") + 1
-    return pattern[:cut] or ".", pattern[cut:]
+    @classmethod
+    def of(cls, read: str, resolved: dict[str, str]) -> Reach:
+        if not has_magic(read):
+            return cls(read, read_place(read, resolved))
+        head = read[: min(read.find(c) for c in "*?[" if c in read)]
+        cut = head.rfind("/") + 1
+        return cls(read, read_place(read[:cut] or ".", resolved),
+                   tuple(p for p in read[cut:].split("/") if p), "**" in read)
 
+    def meets(self, place: str) -> bool:
+        """Whether a written place is read, holds what is read, or would be read next run."""
+        if inside(self.place, place):
+            return True
+        if not inside(place, self.place):
+            return False
+        if self.wildcards is None or self.recursive:
+            return True
+        below = [p for p in place[len(self.place):].split("/") if p]
+        return bool(below) and len(below) >= len(self.wildcards) and all(
+            fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
 
-def _overlap(read: str, location: Location) -> str:
-    """Why a written location may not be where the run reads read."""
-    where, place = f"{location.flag} {location.path}", written_place(location.path)
-    if inside(read_place(_glob_split(read)[0] if has_magic(read) else read), place):
-        return f"input {read} lies inside {where}: an output never replaces what the run reads"
-    if has_magic(read):
-        return (f"{where} is in the folder input {read} reads; write elsewhere, or the next run "
-                f"would read its own output")
-    return f"{where} lies inside input {read}: write elsewhere"
+    def refusal(self, location: Location, place: str) -> str:
+        where = f"{location.flag} {location.path}"
+        if inside(self.place, place):
+            return (f"input {self.read} lies inside {where}: an output never replaces what the "
+                    f"run reads")
+        if self.wildcards is not None:
+            return (f"{where} is in the folder input {self.read} reads; write elsewhere, or the "
+                    f"next run would read its own output")
+        return f"{where} lies inside input {self.read}: write elsewhere"
 
 
 def check_written(location: Location) -> None:
