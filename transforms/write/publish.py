@@ -112,16 +112,18 @@ def foreign_files(output: str, own: frozenset[str] = frozenset()) -> list[str]:
     """What the output folder holds that no kvtrace manifest there lists (all of it, when it has
     no readable manifest), or, for a command whose folder has no manifest, that is not among the
     names it writes (own); subfolders and hidden files included."""
-    if is_url(output):
-        present = [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(output, "*"))]
-    elif os.path.isdir(output):
-        present = sorted(os.listdir(output))
-    elif os.path.exists(output):
+    if not is_url(output) and os.path.exists(output) and not os.path.isdir(output):
         return [output]
-    else:
-        return []
+    present = _names(output)
     listed = set(_listed(output))
     return [name for name in present if name not in listed and not _own_file(output, name, own)]
+
+
+def _names(folder: str) -> list[str]:
+    """The names a folder holds (none when it does not exist)."""
+    if is_url(folder):
+        return [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(folder, "*"))]
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
 def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
@@ -331,14 +333,16 @@ def check_file(output: str, overwrite: bool) -> None:
 
 
 FILE, FOLDER = "file", "folder"
+# The files of each command's output folder that has no manifest: they say which command wrote
+# it (a folder with a manifest says so there: folder_writer).
+OWN_FILES = {"analyze": frozenset({"analysis.txt", "analysis.json"})}
 
 
 @dataclass(frozen=True)
 class Location:
     """A location a command writes, as its flag named it. A file is replaced whole (unless it
-    exists and overwrite is False); a folder is the command's own (writer: the command, whose
-    folder without a manifest holds only the names in own), or private (owner-only: dead
-    letters, an id map, block hashes)."""
+    exists and overwrite is False); a folder is the output of a command (writer), which
+    replaces only its own, or private (owner-only: dead letters, an id map, block hashes)."""
 
     flag: str
     path: str
@@ -346,7 +350,6 @@ class Location:
     private: bool = False
     overwrite: bool = True
     writer: str = ""
-    own: frozenset[str] = frozenset()
 
 
 def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
@@ -452,8 +455,9 @@ def check_written(location: Location) -> None:
     if location.kind == FILE:
         check_file(path, location.overwrite)
         return
+    own = OWN_FILES.get(location.writer, frozenset())
     if is_url(path):
-        check_output(path, location.own)
+        check_output(path, own)
         return
     check_parent(path)
     if os.path.islink(written_place(path)):
@@ -466,23 +470,25 @@ def check_written(location: Location) -> None:
         raise OutputRefused(f"{flag} {path} is an output of kvtrace {writer}; "
                             f"{location.writer} replaces only its own: write elsewhere")
     if location.writer:
-        check_output(path, location.own)
+        check_output(path, own)
     if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
         raise OutputRefused(f"{flag} {path} belongs to another user, so it cannot be made "
                             f"owner-only; give a folder of your own")
 
 
 def folder_writer(folder: str) -> str:
-    """The kvtrace command whose output the folder is, by its manifest ("" for none): convert
-    says what it converted; anonymize's is any other trace manifest."""
+    """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
+    says what it converted; anonymize's is any other trace manifest), else by its files."""
     try:
         with storage.open_read(storage.join(folder, MANIFEST)) as handle:
             manifest = json.loads(handle.read())
     except (OSError, ValueError):
-        return ""
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return ""
-    return "convert" if "converted_from" in manifest else "anonymize"
+        manifest = None
+    if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
+        return "convert" if "converted_from" in manifest else "anonymize"
+    present = _names(folder)
+    return next((command for command, own in OWN_FILES.items()
+                 if present and not foreign_files(folder, own)), "")
 
 
 @contextmanager

@@ -117,6 +117,18 @@ def test_another_commands_output_folder_is_refused_its_own_is_not(tmp_path, mani
     plan_locations([], [Location("--output", str(out), FOLDER, writer=writer)])
 
 
+def test_an_analysis_folder_is_known_by_its_files(tmp_path):
+    out = tmp_path / "an"
+    out.mkdir()
+    (out / "analysis.json").write_text("{}")
+    with pytest.raises(OutputRefused, match="an output of kvtrace analyze"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="anonymize")])
+    plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+    (out / "notes.txt").write_text("")  # then it is nobody's: foreign files, refused as such
+    with pytest.raises(OutputRefused, match="kvtrace did not write"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+
+
 def test_an_existing_file_is_refused_without_overwrite(tmp_path):
     (tmp_path / "page.html").write_text("someone's")
     with pytest.raises(OutputRefused, match="--overwrite"):
