@@ -98,7 +98,7 @@ def _stem(name: str) -> str:
 def folded(path: str) -> str:
     """A location with `.`, `..`, repeated and trailing slashes folded (a local one stays
     relative when given so): out/., out/sub/.. and out/ are all out."""
-    if storage.is_url(path):
+    if is_url(path):
         scheme, rest = path.split("://", 1)
         return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}" if rest else path
     return os.path.normpath(path) if path else path
