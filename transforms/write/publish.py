@@ -435,6 +435,8 @@ class Reach:
 
     def refusal(self, location: Location, place: str) -> str:
         where = f"{location.flag} {location.path}"
+        if self.place == place and self.wildcards is None:
+            return f"{where} is the input {self.read}: an output never replaces what the run reads"
         if inside(self.place, place):
             return (f"input {self.read} lies inside {where}: an output never replaces what the "
                     f"run reads")
