@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import io
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import stat
 from typing import IO, Any
 
 
+_LOG = logging.getLogger("kvtrace")
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
@@ -124,19 +126,29 @@ def make_private(path: str) -> None:
 
 
 def make_folder(path: str, private: bool = False) -> None:
-    """A local folder (and its parents); those a private one needs are made owner-only."""
+    """A local folder (and its parents); those a private one needs are made owner-only, and a
+    private one that exists already is made so too (it holds private files: no other user may
+    list, rename or plant files there)."""
     if is_url(path):
         return
     if not private:
         os.makedirs(path, exist_ok=True)
         return
-    missing = []
+    target, missing = path, []
     while path and not os.path.isdir(path):  # every folder made here is owner-only, not just
         missing.append(path)                  # the last (as os.makedirs would leave them)
         path = os.path.dirname(path)
-    for folder in reversed(missing):  # a folder that exists is the user's: left as it is
+    for folder in reversed(missing):  # an existing parent is the user's: left as it is
         os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
         os.chmod(folder, PRIVATE_FOLDER)
+    mode = os.stat(target).st_mode & 0o777
+    if mode & ~PRIVATE_FOLDER:
+        try:
+            os.chmod(target, PRIVATE_FOLDER)
+        except PermissionError:
+            raise PermissionError(f"cannot make {target} owner-only (it holds private files); "
+                                  f"give a folder of your own") from None
+        _LOG.info("made %s owner-only (it was %s): it holds private files", target, oct(mode))
 
 
 def remove_folder(path: str) -> None:

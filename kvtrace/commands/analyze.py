@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options,
+                                     engine_options, plan_trace_command,
                                      trace_inputs, warn_malformed, write_json_report)
 from transforms.errors import ConfigError
 
@@ -36,19 +36,18 @@ def add_parser(commands: Any) -> None:
     add_engine_options(analyze, "the same numbers from traces spread over many files")
 
 
-ANALYSIS_FILES = frozenset({"analysis.txt", "analysis.json"})
-
-
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.write.publish import folder_output
+    from transforms.write.publish import FOLDER, OWN_FILES, Location, folder_output
 
     engine_options(args.engine, beam_args)
     if not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = trace_inputs(args)  # in the order given: file order matters
+    plan_trace_command(args, files, Location("--output", args.output or "", FOLDER,
+                                             writer="analyze"))
     if not args.output:
         return _analyze(args, beam_args, files, block_size, None)
-    with folder_output(args.output, ANALYSIS_FILES) as staged:  # whole, or not at all
+    with folder_output(args.output, OWN_FILES["analyze"]) as staged:  # whole, or not at all
         code = _analyze(args, beam_args, files, block_size, staged.path)
         if code:
             staged.withdraw()

@@ -260,7 +260,6 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.options import check_locations
     from pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
     from transforms.ids.id_map import new_run_id
     from transforms.encode.blocks import salt_fingerprint
@@ -269,8 +268,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.read.records import ParseOptions
     from transforms.write.coarsen import Coarsening
     from transforms import storage
-    from transforms.write.publish import (DeadLetterRun, check_output, output_lock,
-                                          recover_letters, staging_folder)
+    from transforms.write.publish import (FOLDER, DeadLetterRun, Location, folded, output_lock,
+                                          plan_locations, recover_letters, staging_folder)
     from transforms.write.shards import block_hashes_staging
 
     presets, preset_beam = load_presets(
@@ -279,15 +278,17 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     options = _merged(args, presets)
     flags = beam_flags(preset_beam) + beam_args
     engine = _engine(options, BeamFlags(flags, beam_args.ours))
-    output = options["output"].rstrip("/")
-    dead_letter = (options.get("dead_letter") or f"{output}-rejected").rstrip("/")
+    output = folded(options["output"])
+    dead_letter = folded(options.get("dead_letter") or f"{output}-rejected")
     hashes = options.get("emit_block_hashes")
     stream = _stream_source(options)
     files = [] if stream else expand_inputs(options["input"])
-    check_locations({"--output": output, "--dead-letter": dead_letter,
-                     "--id-map": options.get("id_map"),
-                     "--emit-block-hashes": (hashes or f"{output}-block-hashes")
-                     if hashes is not None else None}, options["input"], files)
+    plan_locations([] if stream else [*options["input"], *files], [
+        Location("--output", output, FOLDER, writer="anonymize"),
+        Location("--dead-letter", dead_letter, FOLDER, private=True),
+        Location("--id-map", options.get("id_map") or "", FOLDER, private=True),
+        Location("--emit-block-hashes", "" if hashes is None else
+                 folded(hashes or f"{output}-block-hashes"), FOLDER, private=True)])
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
@@ -297,7 +298,6 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if options.get("id_map"):
         id_map = _open_id_map(options, salt, fingerprint, sha256,
                               tokenization_fingerprint(tokenizer), scheme)
-    check_output(output)
     run_id = id_map.run_id if id_map else new_run_id()
     # A batch run's letters are staged with it and published with it; a stream's windows
     # publish their own (anonymize_streaming.py).

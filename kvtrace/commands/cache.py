@@ -11,8 +11,8 @@ import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options,
-                                     no_beam_options, trace_inputs, warn_malformed,
+                                     engine_options, no_beam_options, plan_trace_command,
+                                     trace_inputs, warn_malformed,
                                      write_json_report)
 from kvtrace.presets import load_model, models
 from transforms.cache.policy_names import POLICIES
@@ -123,11 +123,13 @@ def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None
 
 def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.reuse_local import ReuseConfig, run_reuse
+    from transforms.write.publish import Location
 
     engine_options(args.engine, beam_args)
     if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
         raise ConfigError("--gpu-kv-cache-size must be a positive number of tokens")
     files, block_size = trace_inputs(args)
+    plan_trace_command(args, files, Location("--output", args.output))
     config = ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output)
     if args.engine == "beam":
         from pipelines.reuse_beam import run_reuse_beam
@@ -173,6 +175,7 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = trace_inputs(args)
+    plan_trace_command(args, files)
     config = SimulateConfig(
         files, tuple(parse_capacities(args.capacity, per_token)), policies, block_size, per_token,
         tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
@@ -198,10 +201,12 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.report import ReportConfig, run_report
     from transforms.cache.capacity import parse_capacities
+    from transforms.write.publish import Location
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)
     files, block_size = trace_inputs(args)
+    plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
     gpu = None
     if args.gpu_kv_cache_size is not None:
         (gpu,) = parse_capacities(args.gpu_kv_cache_size, per_token)[:1]

@@ -7,7 +7,8 @@ import argparse
 import os
 from typing import Any
 
-from kvtrace.commands.common import TRACE_HELP, BeamFlags, no_beam_options, write_json_report
+from kvtrace.commands.common import (TRACE_HELP, BeamFlags, no_beam_options, plan_trace_command,
+                                     write_json_report)
 from transforms.errors import ConfigError
 
 
@@ -41,6 +42,7 @@ def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
+    plan_trace_command(args, files)
     declared, by = args.block_size, "--block-size"
     if declared is None:
         declared, by = declared_block_size(files), "manifest.json"
@@ -71,6 +73,7 @@ def add_audit_parser(commands: Any) -> None:
 def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.storage import is_url
     from transforms.stats.audit import audit as measure, report_text
+    from transforms.write.publish import Location, plan_locations
 
     no_beam_options(beam_args)
     target = args.output
@@ -78,10 +81,7 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError(f"{target}: no such folder or file")
     if not is_url(target) and os.path.isdir(target) and not os.access(target, os.R_OK | os.X_OK):
         raise ConfigError(f"{target}: not readable")
-    if args.json and not is_url(target) and os.path.isdir(target) and os.path.commonpath(
-            [os.path.abspath(args.json), os.path.abspath(target)]) == os.path.abspath(target):
-        raise ConfigError(f"--json {args.json}: inside the folder being audited, it would be "
-                          f"published with it; write the report elsewhere")
+    plan_locations([target], [Location("--json", args.json or "")])
     report = measure(target)
     print(report_text(report, target))
     write_json_report(args.json, report)

@@ -1,13 +1,20 @@
-"""What every command shares: the trace argument, the block size from flag or manifest, Beam
-options only where a Beam engine runs, malformed-line warnings, JSON reports."""
+"""What every command shares: the trace argument, the block size from flag or manifest, its
+locations planned before any work, Beam options only where a Beam engine runs, malformed-line
+warnings, JSON reports."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Sequence
+
+from typing import TYPE_CHECKING
 
 from transforms.errors import ConfigError
+
+if TYPE_CHECKING:  # publish imports pyarrow: only a command that runs pays for it
+    from transforms.write.publish import Location
 
 TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
 BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
@@ -31,6 +38,17 @@ def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
     return tuple(files), args.block_size or declared_block_size(files) or 512
+
+
+def plan_trace_command(args: argparse.Namespace, files: Sequence[str],
+                       *writes: Location) -> None:
+    """A trace command's locations, checked before any work (publish.plan_locations): it reads
+    the traces as given and the files they expand to, and writes --json (if it has one) and
+    writes."""
+    from transforms.write.publish import Location, plan_locations
+
+    report = Location("--json", getattr(args, "json", None) or "")
+    plan_locations([*args.trace, *files], [report, *writes])
 
 
 class BeamFlags(list):

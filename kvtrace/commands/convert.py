@@ -32,11 +32,15 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
     from transforms.read.paths import lines_within
     from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
-    from transforms.write.publish import file_output, folder_output, sha256_of
+    from transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
+        plan_locations, sha256_of
     from transforms.write.shards import shard_name
 
     no_beam_options(beam_args)
-    if args.output.endswith(".jsonl"):
+    to_file = args.output.endswith(".jsonl")
+    plan_locations([args.trace], [Location("--output", args.output, FILE if to_file else FOLDER,
+                                           writer="convert")])
+    if to_file:
         target = args.output
         with file_output(target) as output:
             converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))

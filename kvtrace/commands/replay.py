@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, no_beam_options,
-                                     trace_inputs, write_json_report)
+                                     plan_trace_command, trace_inputs, write_json_report)
 from transforms.errors import ConfigError
 
 
@@ -66,9 +66,11 @@ def add_export_parser(commands: Any) -> None:
 
 def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.export import ExportConfig, run_export
+    from transforms.write.publish import Location
 
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)
+    plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
     report = run_export(ExportConfig(files, args.output, args.to, block_size, args.overwrite))
     print(f"exported {report['rows']:,} rows for {report['reader']} ({report['form']}, block "
           f"size {block_size}) -> {args.output}")
@@ -87,9 +89,11 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.render import RenderConfig, run_render
+    from transforms.write.publish import Location
 
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)
+    plan_trace_command(args, files, Location("--output", args.output))
     try:
         kwargs = json.loads(args.chat_template_kwargs)
     except ValueError:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options,
+                                     engine_options, plan_trace_command,
                                      trace_inputs, warn_malformed, write_json_report)
 from transforms.errors import ConfigError
 
@@ -70,10 +70,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.synthesize_local import SynthesizeConfig, run_synthesize
     from transforms.synth.reshape import Knobs
     from transforms.synth.synthesize import SynthConfig
+    from transforms.write.publish import Location
 
     engine_options(args.engine, beam_args)
     check_knobs(args)
     files, block_size = trace_inputs(args)
+    plan_trace_command(args, files, Location("--output", args.output))
     synth = SynthConfig(
         Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
         args.speedup_ratio, args.osl_multiplier, args.min_isl, args.max_isl, args.min_osl,

@@ -65,7 +65,6 @@ def test_reuse_plot_location_is_checked_before_the_work(trace, tmp_path, capsys)
     ["analyze"], ["validate"], ["simulate", "--capacity", "8"],
     ["synthesize", "-o", "{tmp}/s.jsonl"],
 ])
-@OPEN
 def test_json_report_never_replaces_the_commands_own_input(trace, tmp_path, command):
     """--json is file_output(overwrite=True): given the trace it reads, it silently replaces
     the input with the report (nothing lost: an input is never an output)."""
@@ -77,7 +76,6 @@ def test_json_report_never_replaces_the_commands_own_input(trace, tmp_path, comm
     assert code == 2
 
 
-@OPEN
 def test_audit_json_never_replaces_a_file_of_the_audited_output(tiny_tokenizer, tmp_path):
     """audit refuses --json inside the audited folder, but not over a file it reads: the
     input trace of a plain-file audit."""
@@ -91,7 +89,6 @@ def test_audit_json_never_replaces_a_file_of_the_audited_output(tiny_tokenizer, 
     assert lone.read_bytes() == before
 
 
-@OPEN
 def test_synthesize_json_location_checked_before_its_output_is_published(trace, tmp_path,
                                                                           capsys):
     """synthesize publishes -o, then finds --json unwritable: exit 2 with the output published
@@ -105,7 +102,6 @@ def test_synthesize_json_location_checked_before_its_output_is_published(trace, 
     assert not out.exists(), "the failed run published its output"
 
 
-@OPEN
 def test_an_output_that_is_a_symlink_is_refused_not_half_published(tiny_tokenizer, tmp_path,
                                                                    capsys):
     """--output a symlink to an earlier output: the run swaps the link itself with its
@@ -142,7 +138,6 @@ def test_readers_refuse_a_published_folder_with_a_truncated_shard(tiny_tokenizer
     assert main([command[0], str(out), *[a.format(tmp=tmp_path) for a in command[1:]]]) != 0
 
 
-@OPEN
 def test_analyze_json_inside_its_output_folder_does_not_poison_it(trace, tmp_path):
     """analyze --output an --json an/x.json: the report is written into the published folder
     before the folder is re-checked, so the run fails (exit 2) having written x.json there,
@@ -155,7 +150,6 @@ def test_analyze_json_inside_its_output_folder_does_not_poison_it(trace, tmp_pat
     assert main(["analyze", str(trace), "--block-size", "4", "--output", str(out)]) == 0
 
 
-@OPEN
 def test_synthesize_json_equal_to_its_output_is_refused(trace, tmp_path, capsys):
     """synthesize -o s.jsonl --json s.jsonl: the trace is published, then replaced by the
     summary JSON; the run says 'output: s.jsonl (valid)' and exits 0."""
@@ -169,7 +163,6 @@ def test_synthesize_json_equal_to_its_output_is_refused(trace, tmp_path, capsys)
         assert code == 2 and not out.exists()
 
 
-@OPEN
 @pytest.mark.parametrize("command", ["render", "convert", "synthesize"])
 def test_a_file_output_never_replaces_the_commands_own_input(trace, tmp_path, tiny_tokenizer,
                                                              command):
@@ -189,7 +182,6 @@ def test_a_file_output_never_replaces_the_commands_own_input(trace, tmp_path, ti
 
 @pytest.mark.parametrize("command", [["synthesize", "--block-size", "4"],
                                      ["export", "--to", "aiperf", "--block-size", "4"]])
-@OPEN
 def test_a_file_output_named_as_a_folder_is_refused_before_the_work(trace, tmp_path, capsys,
                                                                     command):
     """-o out.jsonl/ (a trailing slash): all the work is done, then the rename fails with a
@@ -211,7 +203,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@OPEN
 def test_a_killed_runs_letters_are_not_published_for_an_output_it_never_published(
         tiny_tokenizer, tmp_path):
     """DeadLetterRun marks 'published' by the inode of the output's staging folder. A run
@@ -274,7 +265,6 @@ def test_block_hashes_are_published_with_their_output_not_before(tiny_tokenizer,
         "the killed run's block hashes replaced those of the published output"
 
 
-@OPEN
 def test_a_long_but_valid_output_name_is_written_or_refused_before_the_work(trace, tmp_path,
                                                                             capsys):
     """A 234-byte file name is valid (NAME_MAX 255), but its staging name
@@ -290,7 +280,6 @@ def test_a_long_but_valid_output_name_is_written_or_refused_before_the_work(trac
 @pytest.mark.parametrize("command", [["synthesize", "--block-size", "4"],
                                      ["export", "--to", "aiperf", "--block-size", "4",
                                       "--overwrite"]])
-@OPEN
 def test_an_output_in_the_folder_its_input_glob_reads_is_refused(trace, tmp_path, command):
     """anonymize refuses an output in the folder an input pattern reads ('the next run would
     read its own output'); synthesize and export do not: the same command run twice reads its
@@ -307,7 +296,6 @@ def test_an_output_in_the_folder_its_input_glob_reads_is_refused(trace, tmp_path
     assert out.read_bytes() == once, "the rerun read its own earlier output"
 
 
-@OPEN
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_json_inside_the_kvtrace_folder_read_is_refused_as_audits_is(tiny_tokenizer, tmp_path,
                                                                      command):
@@ -323,7 +311,6 @@ def test_json_inside_the_kvtrace_folder_read_is_refused_as_audits_is(tiny_tokeni
     assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
 
 
-@OPEN
 def test_analyze_output_never_replaces_the_trace_folder_it_reads(tiny_tokenizer, tmp_path):
     """analyze out --output out: the anonymized trace folder (a kvtrace output, so not
     'foreign') is swapped for analysis.json and analysis.txt, exit 0: the trace is gone."""
@@ -336,7 +323,6 @@ def test_analyze_output_never_replaces_the_trace_folder_it_reads(tiny_tokenizer,
     assert code == 2
 
 
-@OPEN
 def test_another_commands_output_folder_is_not_replaced_silently(tiny_tokenizer, tmp_path, trace):
     """analyze --output OUT where OUT is last night's anonymized trace: its manifest lists its
     files, so nothing is 'foreign', and the published trace is replaced by an analysis
@@ -349,7 +335,6 @@ def test_another_commands_output_folder_is_not_replaced_silently(tiny_tokenizer,
     assert code == 2
 
 
-@OPEN
 @pytest.mark.parametrize("flag", ["--dead-letter", "--id-map", "--emit-block-hashes"])
 def test_an_existing_private_folder_is_made_owner_only(tiny_tokenizer, tmp_path, flag):
     """make_folder(private=True) makes owner-only only the folders it creates: a dead-letter,
@@ -370,7 +355,6 @@ def test_an_existing_private_folder_is_made_owner_only(tiny_tokenizer, tmp_path,
     assert folder.stat().st_mode & 0o077 == 0, oct(folder.stat().st_mode)
 
 
-@OPEN
 @pytest.mark.parametrize("spelling", ["{out}/.", "{out}/sub/.."])
 def test_an_output_spelled_with_dots_is_the_same_output(trace, tmp_path, spelling):
     """--output out/. stages inside out (.out/..kvtrace-staging-...) and is refused after the
@@ -421,7 +405,6 @@ def test_block_hashes_are_not_written_through_a_symlink(tiny_tokenizer, tmp_path
     assert victim.read_bytes() == b"someone's", "the block hashes went through the link"
 
 
-@OPEN
 def test_json_equal_to_the_output_folder_is_refused_not_blamed_on_another_run(trace, tmp_path,
                                                                               capsys):
     """analyze --output X --json X: after the work the run meets its own lock and says 'the

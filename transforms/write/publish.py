@@ -16,6 +16,11 @@ two renames whose gap a later run closes (restore_interrupted). Object stores ha
 folder: files are copied in, the manifest last, so the manifest (listing every file's sha256)
 is what marks a complete output there; one writer per output folder.
 
+Every command first plans its locations (plan_locations): every location it reads and writes,
+normalized, checked together before any work, so nothing is computed or committed for a
+location that cannot be published (one written inside, over or around another, or over what
+the run reads; a file where a folder goes; another command's output folder).
+
 A run refuses an output folder holding anything kvtrace did not write (files its manifest does
 not list, or for a folder without a manifest, files the command does not write): it publishes
 only what it produced, and removes only what an earlier run published.
@@ -35,9 +40,13 @@ import fcntl
 import hashlib
 import json
 import os
+import posixpath
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from glob import has_magic
 from typing import IO
 
 from transforms import storage
@@ -51,6 +60,10 @@ LOCK_MARK = ".kvtrace-lock"
 LOCK_ATTEMPTS = 100  # each retry means another run took and released the lock meanwhile
 # The one file of dead letters each engine writes into a run's (or a window's) letters folder.
 DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
+# The longest file name local filesystems take (bytes); a longer output name is refused, and
+# the staging and lock names of a long one are named by its digest (_stem).
+NAME_MAX = 255
+_HIDDEN_ROOM = len(".") + len(STAGING_MARK) + 12 + len(".previous")  # 12: a run id's length
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -62,16 +75,33 @@ class OutputRefused(ValueError):
 def staging_folder(output: str, run_id: str) -> str:
     """Where a run stages its output, a folder or a file: beside it, hidden, named by the run."""
     parent, name = _split(output)
-    return storage.join(parent, f".{name}{STAGING_MARK}{run_id}") if parent else \
-        f".{name}{STAGING_MARK}{run_id}"
+    return storage.join(parent, f".{_stem(name)}{STAGING_MARK}{run_id}") if parent else \
+        f".{_stem(name)}{STAGING_MARK}{run_id}"
 
 
 def _split(path: str) -> tuple[str, str]:
-    path = path.rstrip("/")
+    path = folded(path)
     if "/" not in path:
         return "", path
     parent, name = path.rsplit("/", 1)
     return parent or "/", name
+
+
+def _stem(name: str) -> str:
+    """The output's name in its staging and lock names: itself, or where those would pass
+    NAME_MAX, a digest of it (the same for every run, so the next one finds a killed one's)."""
+    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX:
+        return name
+    return "~" + sha256_of(os.fsencode(name))[:32]
+
+
+def folded(path: str) -> str:
+    """A location with `.`, `..`, repeated and trailing slashes folded (a local one stays
+    relative when given so): out/., out/sub/.. and out/ are all out."""
+    if is_url(path):
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}" if rest else path
+    return os.path.normpath(path) if path else path
 
 
 def sha256_of(data: bytes) -> str:
@@ -82,16 +112,18 @@ def foreign_files(output: str, own: frozenset[str] = frozenset()) -> list[str]:
     """What the output folder holds that no kvtrace manifest there lists (all of it, when it has
     no readable manifest), or, for a command whose folder has no manifest, that is not among the
     names it writes (own); subfolders and hidden files included."""
-    if is_url(output):
-        present = [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(output, "*"))]
-    elif os.path.isdir(output):
-        present = sorted(os.listdir(output))
-    elif os.path.exists(output):
+    if not is_url(output) and os.path.exists(output) and not os.path.isdir(output):
         return [output]
-    else:
-        return []
+    present = _names(output)
     listed = set(_listed(output))
     return [name for name in present if name not in listed and not _own_file(output, name, own)]
+
+
+def _names(folder: str) -> list[str]:
+    """The names a folder holds (none when it does not exist)."""
+    if is_url(folder):
+        return [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(folder, "*"))]
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
 def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
@@ -136,7 +168,7 @@ def output_lock(output: str) -> Iterator[None]:
         return
     parent, name = _split(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
-    path = os.path.join(parent, f".{name}{LOCK_MARK}")
+    path = os.path.join(parent, f".{_stem(name)}{LOCK_MARK}")
     handle = _take_lock(path, output)
     try:
         restore_interrupted(output)
@@ -172,7 +204,8 @@ def restore_interrupted(output: str) -> list[str]:
     """Under the output's lock: put back an output a run took away and died before replacing
     (the two-rename path), then remove killed runs' staging folders. Returns what went."""
     parent, name = _split(os.path.abspath(output))
-    leftovers = sorted(p for p in os.listdir(parent) if p.startswith(f".{name}{STAGING_MARK}"))
+    leftovers = sorted(p for p in os.listdir(parent)
+                       if p.startswith(f".{_stem(name)}{STAGING_MARK}"))
     previous = [p for p in leftovers if p.endswith(".previous")]
     if previous and not os.path.exists(output):
         os.rename(os.path.join(parent, previous[-1]), output)
@@ -228,7 +261,7 @@ def folder_output(output: str, own: frozenset[str] = frozenset()) -> Iterator[St
     """An output folder checked (no foreign file; own: the names of a folder without a
     manifest) and locked before the work, which writes into the staging folder yielded; it is
     published whole when the block ends without an error, and removed when it does not."""
-    output = output.rstrip("/")
+    output = folded(output)
     if not is_url(output):
         check_parent(output)
     check_output(output, own)
@@ -280,8 +313,10 @@ def check_parent(output: str) -> None:
 
 
 def check_file(output: str, overwrite: bool) -> None:
-    """Refuse a file output that is a folder or not a plain file, or that exists when it is
-    not to be overwritten."""
+    """Refuse a file output that is a folder (or spelled as one) or not a plain file, or that
+    exists when it is not to be overwritten."""
+    if output.endswith("/") or posixpath.basename(output) in (".", ".."):
+        raise OutputRefused(f"{output} names a folder; the output is one file")
     if is_url(output):
         if not overwrite and storage.exists(output):
             raise OutputRefused(f"{output} exists; --overwrite replaces it")
@@ -297,11 +332,173 @@ def check_file(output: str, overwrite: bool) -> None:
         raise OutputRefused(f"{output} exists; --overwrite replaces it")
 
 
+FILE, FOLDER = "file", "folder"
+# The files of each command's output folder that has no manifest: they say which command wrote
+# it (a folder with a manifest says so there: folder_writer).
+OWN_FILES = {"analyze": frozenset({"analysis.txt", "analysis.json"})}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A location a command writes, as its flag named it. A file is replaced whole (unless it
+    exists and overwrite is False); a folder is the output of a command (writer), which
+    replaces only its own, or private (owner-only: dead letters, an id map, block hashes)."""
+
+    flag: str
+    path: str
+    kind: str = FILE
+    private: bool = False
+    overwrite: bool = True
+    writer: str = ""
+
+
+def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
+    """Every location a command reads (files, folders, globs as given, and the files they
+    expand to) and writes (those without a path are not written), checked together before any
+    work: no written location equal to, inside or around a read one or another written one,
+    whatever the spelling; and each written one publishable (check_written). Refuses with
+    OutputRefused, saying why."""
+    writes = [w for w in writes if w.path]
+    places = [(w, written_place(w.path)) for w in writes]
+    for i, (first, a) in enumerate(places):
+        for second, b in places[i + 1:]:
+            if inside(a, b) or inside(b, a):
+                raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
+                                    f"overlap: give each its own location, neither inside the "
+                                    f"other")
+    resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
+    for read in reads:
+        reach = Reach.of(read, resolved)
+        for location, place in places:
+            if reach.meets(place):
+                raise OutputRefused(reach.refusal(location, place))
+    for location in writes:
+        check_written(location)
+
+
+def written_place(path: str) -> str:
+    """What a written location names: absolute, `.` and `..` folded, its parent's links
+    resolved (not its own: a link in an output's place is refused, never followed)."""
+    if is_url(path):
+        return folded(path)
+    parent, name = os.path.split(os.path.abspath(os.path.expanduser(path)))
+    return os.path.join(os.path.realpath(parent), name)
+
+
+def read_place(path: str, resolved: dict[str, str]) -> str:
+    """What a read location names: absolute, every link resolved (resolved: folders already
+    resolved, by their absolute path)."""
+    if is_url(path):
+        return folded(path)
+    parent, name = os.path.split(os.path.abspath(os.path.expanduser(path)))
+    if parent not in resolved:
+        resolved[parent] = os.path.realpath(parent)
+    place = os.path.join(resolved[parent], name)
+    return os.path.realpath(place) if os.path.islink(place) else place
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether path is folder or lies beneath it (both placed)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What reading one path or glob reads: the place itself, or for a glob, what its
+    wildcards match beneath its folder (everything beneath it, for a recursive **)."""
+
+    read: str
+    place: str
+    wildcards: tuple[str, ...] | None = None  # None: a path, not a glob
+    recursive: bool = False
+
+    @classmethod
+    def of(cls, read: str, resolved: dict[str, str]) -> Reach:
+        if not has_magic(read):
+            return cls(read, read_place(read, resolved))
+        head = read[: min(read.find(c) for c in "*?[" if c in read)]
+        cut = head.rfind("/") + 1
+        return cls(read, read_place(read[:cut] or ".", resolved),
+                   tuple(p for p in read[cut:].split("/") if p), "**" in read)
+
+    def meets(self, place: str) -> bool:
+        """Whether a written place is read, holds what is read, or would be read next run."""
+        if inside(self.place, place):
+            return True
+        if not inside(place, self.place):
+            return False
+        if self.wildcards is None or self.recursive:
+            return True
+        below = [p for p in place[len(self.place):].split("/") if p]
+        return bool(below) and len(below) >= len(self.wildcards) and all(
+            fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
+
+    def refusal(self, location: Location, place: str) -> str:
+        where = f"{location.flag} {location.path}"
+        if self.place == place and self.wildcards is None:
+            return f"{where} is the input {self.read}: an output never replaces what the run reads"
+        if inside(self.place, place):
+            return (f"input {self.read} lies inside {where}: an output never replaces what the "
+                    f"run reads")
+        if self.wildcards is not None:
+            return (f"{where} is in the folder input {self.read} reads; write elsewhere, or the "
+                    f"next run would read its own output")
+        return f"{where} lies inside input {self.read}: write elsewhere"
+
+
+def check_written(location: Location) -> None:
+    """A written location that can be published: a local one's folder can be made, its name
+    fits the filesystem, it is no link; a file no folder (check_file); a folder no file, not
+    another command's output (its manifest says which), holding nothing kvtrace did not write
+    (check_output); a private one that can be made owner-only."""
+    path, flag = location.path, location.flag
+    if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
+        raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
+    if location.kind == FILE:
+        check_file(path, location.overwrite)
+        return
+    own = OWN_FILES.get(location.writer, frozenset())
+    if is_url(path):
+        check_output(path, own)
+        return
+    check_parent(path)
+    if os.path.islink(written_place(path)):
+        raise OutputRefused(f"{flag} {path} is a symbolic link; kvtrace writes its own folder "
+                            f"there, never through a link: name the folder itself")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputRefused(f"{flag} {path} is a file; it names a folder")
+    writer = folder_writer(path)
+    if location.writer and writer and writer != location.writer:
+        raise OutputRefused(f"{flag} {path} is an output of kvtrace {writer}; "
+                            f"{location.writer} replaces only its own: write elsewhere")
+    if location.writer:
+        check_output(path, own)
+    if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
+        raise OutputRefused(f"{flag} {path} belongs to another user, so it cannot be made "
+                            f"owner-only; give a folder of your own")
+
+
+def folder_writer(folder: str) -> str:
+    """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
+    says what it converted; anonymize's is any other trace manifest), else by its files."""
+    try:
+        with storage.open_read(storage.join(folder, MANIFEST)) as handle:
+            manifest = json.loads(handle.read())
+    except (OSError, ValueError):
+        manifest = None
+    if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
+        return "convert" if "converted_from" in manifest else "anonymize"
+    present = _names(folder)
+    return next((command for command, own in OWN_FILES.items()
+                 if present and not foreign_files(folder, own)), "")
+
+
 @contextmanager
 def file_output(output: str, overwrite: bool = True) -> Iterator[StagedFile]:
     """An output file checked (check_file) and locked before the work; the work writes it with
     StagedFile.create (or write), and what a failed or killed run staged never reaches it."""
     check_file(output, overwrite)
+    output = folded(output)
     if is_url(output):
         yield StagedFile(output, output)
         return
@@ -323,14 +520,16 @@ class DeadLetterRun:
         DEAD/.KEY.kvtrace-staging-RUNID/     the run's letters while it runs (KEY: its output's)
         DEAD/rejected-RUNID.jsonl            a published run's letters
 
-    Whether the output was published is read from the output itself: the staging folder records
-    the identity (inode) of the folder the output becomes, which a rename keeps. So a run that
-    fails after publishing (a full disk while it tidies up) still publishes its letters, a run
-    that fails before publishes none (its rerun writes them), and a run killed in between is
-    settled by the next run of that output (recover_letters).
+    Whether the output was published is read from the output itself: the run marks the folder
+    its output becomes with its run id (an extended attribute, which a rename keeps and no other
+    folder carries, not even one given the same inode later; the published files stay as they
+    are). So a run that fails after publishing (a full disk while it tidies up) still publishes
+    its letters, a run that fails before publishes none (its rerun writes them), and a run
+    killed in between is settled by the next run of that output (recover_letters). Where the
+    filesystem keeps no such mark, the run's own word decides, and a killed run's letters go.
     """
 
-    _PUBLISHES = "publishes"  # the identity of the folder the output becomes
+    _PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
@@ -344,9 +543,9 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
-        if not is_url(output_staging):
+        if not is_url(output_staging) and _mark(output_staging, self.run_id):
             with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
-                f.write(_identity(output_staging).encode())
+                f.write(self.run_id.encode())
 
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
@@ -362,14 +561,10 @@ class DeadLetterRun:
         return True
 
     def _output_published(self, run_succeeded: bool) -> bool:
-        if is_url(self.staging):
-            return run_succeeded
-        try:
-            with open(os.path.join(self.staging, self._PUBLISHES)) as handle:
-                publishes = handle.read()
-        except FileNotFoundError:
-            return False  # killed before it knew its output's staging folder
-        return os.path.exists(self.output) and publishes == _identity(self.output)
+        if is_url(self.staging) or not os.path.exists(
+                os.path.join(self.staging, self._PUBLISHES)):
+            return run_succeeded  # no mark: killed before it made one, or the filesystem keeps none
+        return _marked_by(self.output) == self.run_id
 
 
 def recover_letters(folder: str, output: str) -> list[str]:
@@ -389,10 +584,27 @@ def _output_key(output: str) -> str:
     return sha256_of(location.encode())[:12]
 
 
-def _identity(folder: str) -> str:
-    """A local folder's identity, which a rename keeps: it marks which folder was published."""
-    status = os.stat(folder)
-    return f"{status.st_dev}:{status.st_ino}"
+_RUN_MARK = "user.kvtrace.run"  # the extended attribute naming the run that staged a folder
+
+
+def _mark(folder: str, run_id: str) -> bool:
+    """Mark a local folder as the run's (kept through renames); False where the filesystem
+    keeps no extended attributes."""
+    try:
+        os.setxattr(folder, _RUN_MARK, run_id.encode())
+    except OSError as err:
+        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+            return False
+        raise
+    return True
+
+
+def _marked_by(folder: str) -> str:
+    """The run id a folder was marked with ("" for none, or no folder)."""
+    try:
+        return os.getxattr(folder, _RUN_MARK).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _exchange(first: str, second: str) -> bool:

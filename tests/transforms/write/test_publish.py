@@ -156,6 +156,17 @@ def test_a_killed_runs_letters_follow_its_output(tmp_path):
     assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
+def test_a_killed_runs_letters_are_not_published_for_a_folder_that_only_has_its_inode(tmp_path):
+    """The staging folder of a run killed before publishing, its inode given to the next
+    folder at the output (ext4 reuses inodes): an inode mark would publish its letters for an
+    output it never produced; the run's own mark does not. Here the very inode, unmarked."""
+    killed, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    os.removexattr(staging, "user.kvtrace.run")  # what a new folder with that inode carries
+    os.rename(staging, tmp_path / "out")
+    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
+    assert os.listdir(tmp_path / "dead") == []
+
+
 def test_letters_of_another_output_are_left_alone(tmp_path):
     other = DeadLetterRun(str(tmp_path / "dead"), str(tmp_path / "other"), "cccccccccccc")
     other.begin(str(tmp_path))

@@ -1,0 +1,160 @@
+"""publish.plan_locations: every location a command reads and writes, checked together before
+any work; the relations (equal, inside, around) hold whatever the spelling."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRefused,
+                                      file_output, folder_output, plan_locations, staging_folder)
+
+SEGMENTS = st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=3)
+EXAMPLES = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _spelled(base, segments: list[str], data, folder: bool) -> str:
+    """The same location spelled another way: through a link to its base, with `.`, `x/..`
+    and doubled slashes between segments, and (a folder) a trailing `/` or `/.`."""
+    root = str(base / "link") if data.draw(st.booleans()) else str(base)
+    parts = [root]
+    for segment in segments:
+        parts.append(data.draw(st.sampled_from(["", ".", "x/..", "/"])))
+        parts.append(segment)
+    path = "/".join(p for p in parts if p != "")
+    if folder:
+        path += data.draw(st.sampled_from(["", "/", "/."]))
+    return path
+
+
+def _related(first: list[str], second: list[str]) -> bool:
+    shorter = min(len(first), len(second))
+    return first[:shorter] == second[:shorter]
+
+
+def _refused(reads: list[str], writes: list[Location]) -> bool:
+    try:
+        plan_locations(reads, writes)
+    except OutputRefused:
+        return True
+    return False
+
+
+@pytest.fixture
+def base(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path)
+    return tmp_path
+
+
+@EXAMPLES
+@given(first=SEGMENTS, second=SEGMENTS, data=st.data())
+def test_two_written_locations_overlap_whatever_their_spelling(base, first, second, data):
+    writes = [Location("--output", _spelled(base, first, data, folder=True), FOLDER),
+              Location("--dead-letter", _spelled(base, second, data, folder=True), FOLDER)]
+    assert _refused([], writes) == _related(first, second), writes
+
+
+@EXAMPLES
+@given(read=SEGMENTS, written=SEGMENTS, data=st.data())
+def test_a_written_location_never_meets_a_read_one_whatever_the_spelling(base, read, written,
+                                                                         data):
+    writes = [Location("--json", _spelled(base, written, data, folder=False), FILE)]
+    reads = [_spelled(base, read, data, folder=False)]
+    assert _refused(reads, writes) == _related(read, written), (reads, writes)
+
+
+@pytest.mark.parametrize("pattern, output, refused", [
+    ("*.jsonl", "out.jsonl", True),          # the next run would read it
+    ("*.jsonl", "out.json", False),
+    ("*.jsonl", "sub/out.jsonl", False),     # a plain glob reads no subfolder
+    ("**/*.jsonl", "sub/deeper/x.txt", True),  # a recursive one reads them all
+    ("logs/*.jsonl", ".", True),             # around the folder it reads
+    ("n?ght/*.jsonl", "night/out.jsonl", True),  # a wildcard in a folder's name
+    ("n?ght/*.jsonl", "day/out.jsonl", False),
+])
+def test_a_glob_reaches_what_it_would_read_next_time(tmp_path, pattern, output, refused):
+    reads = [str(tmp_path / pattern)]
+    assert _refused(reads, [Location("-o", str(tmp_path / output), FILE)]) == refused
+
+
+@pytest.mark.parametrize("spelled", ["out.jsonl/", "out.jsonl/.", "."])
+def test_a_file_output_spelled_as_a_folder_is_refused(tmp_path, spelled):
+    with pytest.raises(OutputRefused, match="names a folder"):
+        plan_locations([], [Location("-o", f"{tmp_path}/{spelled}", FILE)])
+
+
+def test_a_file_where_a_folder_goes_and_a_folder_where_a_file_goes_are_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(OutputRefused, match="is a file; it names a folder"):
+        plan_locations([], [Location("--output", str(tmp_path / "file"), FOLDER)])
+    with pytest.raises(OutputRefused, match="is a folder; the output is one file"):
+        plan_locations([], [Location("--json", str(tmp_path / "folder"), FILE)])
+
+
+def test_an_output_folder_that_is_a_link_is_refused_not_followed(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    with pytest.raises(OutputRefused, match="symbolic link"):
+        plan_locations([], [Location("--output", str(tmp_path / "link"), FOLDER,
+                                     writer="analyze")])
+
+
+@pytest.mark.parametrize("manifest, writer", [
+    ({"format": "mooncake-trace", "files": []}, "anonymize"),
+    ({"format": "mooncake-trace", "converted_from": "bailian", "files": []}, "convert"),
+])
+def test_another_commands_output_folder_is_refused_its_own_is_not(tmp_path, manifest, writer):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(OutputRefused, match=f"an output of kvtrace {writer}"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+    plan_locations([], [Location("--output", str(out), FOLDER, writer=writer)])
+
+
+def test_an_analysis_folder_is_known_by_its_files(tmp_path):
+    out = tmp_path / "an"
+    out.mkdir()
+    (out / "analysis.json").write_text("{}")
+    with pytest.raises(OutputRefused, match="an output of kvtrace analyze"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="anonymize")])
+    plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+    (out / "notes.txt").write_text("")  # then it is nobody's: foreign files, refused as such
+    with pytest.raises(OutputRefused, match="kvtrace did not write"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+
+
+def test_an_existing_file_is_refused_without_overwrite(tmp_path):
+    (tmp_path / "page.html").write_text("someone's")
+    with pytest.raises(OutputRefused, match="--overwrite"):
+        plan_locations([], [Location("-o", str(tmp_path / "page.html"), overwrite=False)])
+
+
+def test_a_name_past_name_max_is_refused_a_long_valid_one_is_staged_under_a_digest(tmp_path):
+    for kind in (FILE, FOLDER):
+        with pytest.raises(OutputRefused, match=f"longer than {NAME_MAX} bytes"):
+            plan_locations([], [Location("--output", str(tmp_path / ("a" * 256)), kind)])
+    out = tmp_path / ("a" * 250)
+    staging = os.path.basename(staging_folder(str(out), "0123456789ab"))
+    assert len(staging) + len(".previous") <= NAME_MAX
+    assert staging == os.path.basename(staging_folder(str(out), "0123456789ab"))
+    with file_output(str(out)) as staged:
+        staged.write(b"whole\n")
+    assert out.read_bytes() == b"whole\n"
+    assert os.listdir(tmp_path) == [out.name]
+
+
+def test_an_output_folder_is_the_same_however_spelled(tmp_path):
+    """out/. and out/sub/.. stage beside out, not inside it, and make nothing in it."""
+    for spelling in ("out/.", "out/sub/..", "out//"):
+        with folder_output(f"{tmp_path}/{spelling}", frozenset({"a.txt"})) as staged:
+            assert os.path.dirname(os.path.abspath(staged.path)) == str(tmp_path)
+            with open(os.path.join(staged.path, "a.txt"), "w") as handle:
+                handle.write(spelling)
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert os.listdir(tmp_path / "out") == ["a.txt"]
