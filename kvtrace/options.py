@@ -1,18 +1,14 @@
-"""Checks that run before any work: flags Beam does not know either, and output, dead-letter,
-input and id-map locations that would overwrite or publish one another."""
+"""Checks that run before any work: flags Beam does not know either, words no option read, and
+durations. Locations are checked by transforms/write/publish.plan_locations."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import glob
 import importlib
-import os
-import posixpath
 from collections.abc import Iterable, Sequence
 
 from transforms.errors import ConfigError
-from transforms.storage import is_url
 
 # Modules that define Beam options classes the core options module does not (runner options);
 # each is imported when present so that its flags count as known.
@@ -86,58 +82,6 @@ def refuse_stray_words(words: Sequence[str]) -> None:
         raise ConfigError(f"unexpected argument(s) {' '.join(stray[:3])}"
                           f"{' ...' if len(stray) > 3 else ''}: no option takes them (an "
                           f"unquoted glob the shell expanded? quote it: --input 'logs/*.jsonl')")
-
-
-def normalized(location: str) -> str:
-    """A location compared by what it names: an absolute, resolved local path, or a URL with
-    its path normalized and no trailing slash."""
-    if is_url(location):
-        scheme, rest = location.split("://", 1)
-        return f"{scheme.lower()}://{posixpath.normpath('/' + rest).lstrip('/')}"
-    return os.path.realpath(os.path.abspath(os.path.expanduser(location)))
-
-
-def inside(path: str, folder: str) -> bool:
-    """Whether path is folder or lies beneath it (both normalized)."""
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def check_locations(
-    outputs: dict[str, str], input_patterns: Sequence[str], input_files: Sequence[str]
-) -> None:
-    """outputs: flag name -> location (--output, --dead-letter, --id-map). None may lie inside
-    another; no input file may lie inside any of them; none may be the folder an input pattern
-    reads (nor lie under it, for a recursive ** pattern), or the next run would read them."""
-    for flag, where in outputs.items():  # each is a folder: a file in its place is a mistake
-        if where and not is_url(where) and os.path.exists(where) and not os.path.isdir(where):
-            raise ConfigError(f"{flag} {where} is a file; it names a folder")
-    places = {flag: normalized(where) for flag, where in outputs.items() if where}
-    flags = list(places)
-    for i, first in enumerate(flags):
-        for second in flags[i + 1:]:
-            a, b = places[first], places[second]
-            if inside(a, b) or inside(b, a):
-                raise ConfigError(f"{first} {outputs[first]} and {second} {outputs[second]} "
-                                  "overlap: give each its own location, neither inside the other")
-    for path in input_files:
-        where = normalized(path)
-        for flag, place in places.items():
-            if inside(where, place):
-                raise ConfigError(f"input {path} lies inside {flag} {outputs[flag]}")
-    for pattern in input_patterns:
-        folder = normalized(_static_folder(pattern))
-        for flag, place in places.items():
-            if place == folder or ("**" in pattern and inside(place, folder)):
-                raise ConfigError(f"{flag} {outputs[flag]} is the folder input {pattern} reads; "
-                                  f"write elsewhere, or the next run would read its own output")
-
-
-def _static_folder(pattern: str) -> str:
-    """The folder a path or glob reads from: the part before the first wildcard's segment."""
-    if not glob.has_magic(pattern):
-        return posixpath.dirname(pattern.rstrip("/")) or "."
-    head = pattern[: min(pattern.find(c) for c in "*?[" if c in pattern)]
-    return head.rsplit("/", 1)[0] if "/" in head else "."
 
 
 DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
