@@ -149,8 +149,6 @@ def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) 
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (issue 33, open): partial segment reads are "
-                   "checked by footer sha256 and page CRCs, not by a keyed digest per row group")
 def test_ids_swapped_in_a_segment_page_with_its_crc_recomputed_are_refused(tiny_tokenizer,
                                                                            tmp_path):
     """Promise: a keyed map cannot be altered without the salt (docs/ID_MAP.md: 'the checksums
