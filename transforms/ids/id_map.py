@@ -45,15 +45,17 @@ from transforms.ids.dense_ids import NUMBERED
 from transforms.ids.exclusive import create_exclusive, temp_name
 from transforms.ids.map_record import (
     FORMAT_VERSION,
-    KEYLESS_FORMAT,
     KINDS,
     MAP_FORMAT,
     MAX_IDS,
     MAX_RECORD_BYTES,
     MapKey,
     canonical,
+    format_of,
     keyed,
+    keyed_from_keyless,
     map_key,
+    read_keyless_record,
     read_record,
 )
 from transforms.ids.segments import (
@@ -170,16 +172,49 @@ def version_bytes(version: MapVersion, key: MapKey) -> bytes:
 def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
     path = version_path(directory, number)
-    try:
-        with storage.open_read(path) as handle:
-            raw = handle.read(MAX_RECORD_BYTES + 1)
-    except OSError as err:
-        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
-    data = read_record(raw, path, key)
+    data = read_record(_record_raw(path), path, key)
     if data["version"] != number:
         raise IdMapError(f"{path} holds version {data['version']}, not {number} (a file put in "
                          f"another's place?). Restore the id map from a backup.")
     return data
+
+
+def _record_raw(path: str) -> bytes:
+    try:
+        with storage.open_read(path) as handle:
+            return handle.read(MAX_RECORD_BYTES + 1)
+    except OSError as err:
+        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
+
+
+def key_format_3_map(directory: str, key: MapKey) -> list[int]:
+    """Key a map built before keying (format 3), on purpose and once: every format-3 record,
+    verified by its own sha256 and fields, is replaced by its keyed form (the same content);
+    records already keyed are verified and left. Every record is verified before any is
+    replaced; rerun after an interruption, it finishes the work. Returns the versions keyed.
+    Whoever runs it vouches that the map is unaltered: until then its records carry only
+    sha256s anyone can recompute."""
+    unkeyed = {}
+    for number in range(1, current_version_number(directory) + 1):
+        path = version_path(directory, number)
+        raw = _record_raw(path)
+        if format_of(raw, path) == FORMAT_VERSION:
+            read_version_record(directory, number, key)
+            continue
+        data = read_keyless_record(raw, path)
+        if data["version"] != number or data["salt_fingerprint"] != key.salt_fingerprint:
+            raise IdMapError(f"{path} holds version {data['version']} of a map of salt "
+                             f"fingerprint {data['salt_fingerprint']}, not version {number} of "
+                             f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
+        unkeyed[number] = data
+    for number, data in unkeyed.items():
+        path = version_path(directory, number)
+        staged = temp_name(path)
+        with storage.create(staged, private=True) as handle:
+            handle.write(keyed_from_keyless(data, key))
+        storage.rename(staged, path)
+    storage.sync_folder(storage.join(directory, "versions"))
+    return list(unkeyed)
 
 
 def relative_index(name: str) -> str:
@@ -318,10 +353,6 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
             f"over; refusing to use it. " + "; ".join(differences)
             + ". Use the map's settings, or start a new map in another directory."
         )
-    if data["format_version"] == KEYLESS_FORMAT:
-        _LOG.info("id map %s: version %d is of format %d (checked by its sha256, no MAC); the "
-                  "next run that adds ids keys it (format %d)", directory, number,
-                  KEYLESS_FORMAT, FORMAT_VERSION)
     if version.identity.tokenization is None:  # a map from before it was recorded adopts it
         version = replace(version, identity=replace(version.identity,
                                                     tokenization=identity.tokenization))

@@ -68,8 +68,6 @@ def _permute_ids(map_dir: Path, record: dict) -> dict:
     raise AssertionError("no segment with two rows")
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (issue 33, open): format-3 records are still "
-                   "read after a map is keyed; refuse them once keyed, or behind an opt-in")
 def test_a_keyed_map_refuses_its_newest_record_downgraded_to_format_3(tiny_tokenizer, tmp_path):
     """Promise: a keyed map's records are proved by the MAC; an edit without the salt is refused
     (docs/ID_MAP.md: only 'until a map's first keyed commit' is an edit undetectable). Version 1
