@@ -41,6 +41,7 @@ import numpy as np
 from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.errors import IdMapError, JobStopped
+from transforms.ids.anchor import advance_anchor, check_anchor, mark_path
 from transforms.ids.dense_ids import NUMBERED
 from transforms.ids.exclusive import create_exclusive, temp_name
 from transforms.ids.map_record import (
@@ -429,10 +430,10 @@ def next_version(
     )
 
 
-def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> None:
+def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
-    and move CURRENT to it."""
+    and move CURRENT to it. Returns the record's bytes."""
     folders = _new_folders(directory, base, new)
     for folder in folders:
         storage.sync_folder(folder)
@@ -451,6 +452,7 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> N
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
             pass
     _switch_current(directory, new.version)
+    return metadata
 
 
 def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
@@ -496,7 +498,13 @@ def publish_night(
     earliest_ms: list[int],
 ) -> int:
     """The last step of a run: publish what it added, keyed with a key derived here from the
-    salt source (never shipped in the pipeline); returns the map's version after it."""
+    salt source (never shipped in the pipeline), once the map is found to be at or past the
+    version its mark beside the salt file names (anchor.py); returns the map's version after
+    it."""
+    key = map_key(salt.load())
+    mark = mark_path(salt, directory)
+    check_anchor(mark, directory, base.version,
+                 lambda number: _record_raw(version_path(directory, number)), key)
     new = next_version(
         directory,
         base,
@@ -506,9 +514,12 @@ def publish_night(
         hash_shards=hash_shards,
         earliest_ms=min(earliest_ms, default=None),
     )
-    if new is None:
+    if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
+        if base.version:
+            advance_anchor(mark, directory, base.version,
+                           _record_raw(version_path(directory, base.version)), key)
         return base.version
-    key = map_key(salt.load())
-    publish(directory, base, new, key)
+    record = publish(directory, base, new, key)
+    advance_anchor(mark, directory, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return new.version

@@ -95,8 +95,6 @@ def _block_ids(out: Path) -> set[int]:
     return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (issue 33, open): nothing outside the map "
-                   "anchors its version; a restored backup reissues published ids")
 def test_a_map_rolled_back_a_version_does_not_reissue_published_ids(tiny_tokenizer, tmp_path):
     """Promise: a night never gives ids that published traces already use to other blocks
     (id_map.py: 'numbering again from an older version would give new keys ids that published
