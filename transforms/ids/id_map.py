@@ -23,7 +23,9 @@ only, never tokens or text.
 Durability and integrity: segment files are synced before the version listing them is created;
 a version records every file's sha256 and size (checked when read, segments.SegmentFile) and
 is keyed by a MAC from the run's salt (map_record.py): every read of a version checks it first,
-then every field, and every segment row read is checked against its shard and next_id. A map
+then every field; every row group read is checked against its digest, every row against its
+shard and next_id (segments.py). A commit checks the map against the version its mark beside
+the salt file anchors (anchor.py): a map rolled back or replaced is not extended. A map
 whose versions are gone but whose segments remain is refused, never taken for a new map (that
 would restart ids and delete the segments); every file is owner-only.
 """
@@ -214,7 +216,8 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
         with storage.create(staged, private=True) as handle:
             handle.write(keyed_from_keyless(data, key))
         storage.rename(staged, path)
-    storage.sync_folder(storage.join(directory, "versions"))
+    if unkeyed:
+        storage.sync_folder(storage.join(directory, "versions"))
     return list(unkeyed)
 
 
