@@ -6,11 +6,11 @@ a night read only the row groups that can hold its keys.
                               hi, and the sha256 of its column chunks' bytes
 
 Every file's sha256 and size are recorded in the map version that lists it (SegmentFile), whose
-MAC binds them to the salt; a read checks them: the index and any file read whole against its
-sha256. A file read in part is checked unit by unit: its footer against the footer's sha256 in
-the record, each row group read against its sha256 in the (verified) index, before Parquet
-decodes it, and Parquet decodes only those verified bytes (page CRCs, which anyone can
-recompute, prove nothing). Every row read is checked too (RowBounds): its key belongs to the
+MAC binds them to the salt; a read checks them: the index against its sha256, a segment file,
+read whole or in part, unit by unit: its size and its footer against the record, each row group
+read against its sha256 in the (verified) index before Parquet decodes it, and Parquet decodes
+only those verified bytes (page CRCs, which anyone can recompute, prove nothing). A file whose
+index predates the digests is checked against its whole sha256. Every row read is checked too (RowBounds): its key belongs to the
 file's hash shard and its id is one the version gave out. A damaged, truncated, swapped or
 edited file stops the run naming the file, never gives wrong ids.
 
@@ -306,10 +306,25 @@ def _verify_whole(segment: SegmentFile) -> None:
 
 
 def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
-    _verify_whole(segment)
-    with storage.open_read(segment.path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
-            yield check_rows(segment, _numbered(batch))
+    """The whole file's rows, about `rows` at a time, each row group verified as it is read (a
+    file whose index has no digests: the whole file verified first, then read)."""
+    index = read_index(segment)
+    if index.group_sha256 is None:
+        _verify_whole(segment)
+        with storage.open_read(segment.path) as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
+                yield check_rows(segment, _numbered(batch))
+        return
+    try:
+        with storage.open_read(segment.path) as handle:
+            verified = _VerifiedFile(handle, segment, index)
+            groups = list(range(verified.metadata.num_row_groups))
+            step = max(1, rows // ROW_GROUP_ROWS)
+            for start in range(0, len(groups), step):
+                yield check_rows(segment, _numbered(
+                    verified.row_groups(groups[start:start + step])))
+    except (OSError, pa.ArrowException) as err:
+        raise damaged(segment.path, str(err)) from None
 
 
 def _batches(segment: SegmentFile) -> Iterator[np.ndarray]:
@@ -353,52 +368,70 @@ def read_matching(segment: SegmentFile, keys: np.ndarray) -> MatchedRows:
     (a file whose index has no row-group digests is read whole and verified)."""
     index = read_index(segment)
     possible = bloom.may_contain(index.filter, keys["hi"], keys["lo"])
-    groups = row_groups_holding(index, keys["hi"][possible])
-    if not len(groups):
+    groups = row_groups_holding(index, keys["hi"][possible]).tolist()
+    if not groups:
         return MatchedRows(np.empty(0, dtype=NUMBERED), index.size, 0, len(index.first_hi))
-    path = segment.path
     try:
-        verified, metadata, read = _verified_row_groups(segment, index, groups.tolist())
-        parquet = pq.ParquetFile(pa.py_buffer(verified), metadata=metadata, pre_buffer=False)
-        rows = check_rows(segment, _numbered(parquet.read_row_groups(groups.tolist())))
+        table, read = _row_groups_read(segment, index, groups)
+        rows = check_rows(segment, _numbered(table))
     except (OSError, pa.ArrowException) as err:
-        raise damaged(path, str(err)) from None
+        raise damaged(segment.path, str(err)) from None
     wanted = lookup(keys, rows) >= 0
     return MatchedRows(rows[wanted], index.size + read, len(groups), len(index.first_hi))
 
 
-def _verified_row_groups(segment: SegmentFile, index: Index,
-                         groups: list[int]) -> tuple[bytes | mmap.mmap, pq.FileMetaData, int]:
-    """The file's bytes as Parquet may decode them, its metadata and the bytes read: only the
-    footer and the given row groups, each checked against what the map recorded; every other
-    byte is zero (an anonymous mapping: pages never written cost no memory), so nothing
-    unverified can be decoded."""
-    path = segment.path
+def _row_groups_read(segment: SegmentFile, index: Index,
+                     groups: list[int]) -> tuple[pa.Table, int]:
+    """The given row groups, verified, and the bytes read for them."""
     if index.group_sha256 is None:
-        data = _read_whole(path, segment.data)
-        return data, pq.read_metadata(pa.py_buffer(data)), len(data)
-    with storage.open_read(path) as handle:
-        size = handle.seek(0, io.SEEK_END)
-        _check(path, {"bytes": size}, segment.data)
-        footer = _read_footer(handle, size)
-        _check(path, {"footer_sha256": hashlib.sha256(footer).hexdigest()}, segment.data)
-        metadata = pq.read_metadata(pa.py_buffer(footer))
-        if not metadata.num_row_groups == len(index.first_hi) == len(index.group_sha256):
-            raise damaged(path, "it does not match its index")
-        verified = mmap.mmap(-1, size)
-        verified[size - len(footer):] = footer
-        read = len(footer)
+        data = _read_whole(segment.path, segment.data)
+        parquet, read = pq.ParquetFile(pa.py_buffer(data)), len(data)
+        _check_groups(segment, parquet.metadata, index)
+        return parquet.read_row_groups(groups), read
+    with storage.open_read(segment.path) as handle:
+        verified = _VerifiedFile(handle, segment, index)
+        _check_groups(segment, verified.metadata, index)
+        return verified.row_groups(groups), verified.read
+
+
+def _check_groups(segment: SegmentFile, metadata: pq.FileMetaData, index: Index) -> None:
+    if metadata.num_row_groups != len(index.first_hi):
+        raise damaged(segment.path, "it does not match its index")
+
+
+class _VerifiedFile:
+    """An open segment file whose size and footer match what the map recorded, and which gives
+    out row groups only once their bytes match the digests of its (verified) index: Parquet
+    decodes those bytes alone, laid into an anonymous mapping the size of the file whose other
+    bytes are zero (pages never written cost no memory)."""
+
+    def __init__(self, handle: IO[bytes], segment: SegmentFile, index: Index):
+        self._handle, self._path, self._digests = handle, segment.path, index.group_sha256
+        self.size = handle.seek(0, io.SEEK_END)
+        _check(self._path, {"bytes": self.size}, segment.data)
+        self._footer = _read_footer(handle, self.size)
+        _check(self._path, {"footer_sha256": hashlib.sha256(self._footer).hexdigest()},
+               segment.data)
+        self.metadata = pq.read_metadata(pa.py_buffer(self._footer))
+        if self.metadata.num_row_groups != len(self._digests):
+            raise damaged(self._path, "it does not match its index")
+        self.read = len(self._footer)  # bytes read so far
+
+    def row_groups(self, groups: list[int]) -> pa.Table:
+        verified = mmap.mmap(-1, self.size)
+        verified[self.size - len(self._footer):] = self._footer
         for group in groups:
-            ranges = chunk_ranges(metadata, group)
-            chunks = [_read_range(handle, path, start, length, size - len(footer))
-                      for start, length in ranges]
-            if _group_digest(chunks) != index.group_sha256[group].tobytes():
-                raise damaged(path, f"row group {group} differs from the digest its index "
-                                    f"recorded")
+            ranges = chunk_ranges(self.metadata, group)
+            chunks = [_read_range(self._handle, self._path, start, length,
+                                  self.size - len(self._footer)) for start, length in ranges]
+            if _group_digest(chunks) != self._digests[group].tobytes():
+                raise damaged(self._path, f"row group {group} differs from the digest its index "
+                                          f"recorded")
             for (start, length), chunk in zip(ranges, chunks):
                 verified[start:start + length] = chunk
-            read += sum(length for _, length in ranges)
-    return verified, metadata, read
+            self.read += sum(length for _, length in ranges)
+        parquet = pq.ParquetFile(pa.py_buffer(verified), metadata=self.metadata, pre_buffer=False)
+        return parquet.read_row_groups(groups)
 
 
 def _read_range(handle: IO[bytes], path: str, start: int, length: int, end: int) -> bytes:

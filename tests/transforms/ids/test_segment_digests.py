@@ -25,9 +25,12 @@ def _written(folder: Path, rows: np.ndarray) -> SegmentFile:
     return segments.write_segment(str(folder / "blocks-00000.parquet"), [rows])
 
 
-def _outcome(segment: SegmentFile, keys: np.ndarray) -> set | str:
-    """The rows read for keys, or the one-line message the read stopped with."""
+def _outcome(segment: SegmentFile, keys: np.ndarray | None) -> set | str:
+    """The rows read for keys (None: the whole file, as a folding night reads it), or
+    "refused" when the read stopped with one line naming the file."""
     try:
+        if keys is None:
+            return as_set(np.concatenate([t for _, t in segments.read_segment(segment, 1)]))
         return as_set(read_matching(segment, keys).rows)
     except JobStopped as err:
         assert "\n" not in str(err) and segment.path in str(err)
@@ -39,8 +42,9 @@ def _outcome(segment: SegmentFile, keys: np.ndarray) -> set | str:
 def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory, data, size,
                                                                seed):
     """Bytes of the Parquet file overwritten anywhere (its record, so its size, footer sha256
-    and index, untouched: they are bound by the MAC): a read of every key is refused or gives
-    exactly the rows written (bytes it never reads, such as the leading magic, may differ)."""
+    and index, untouched: they are bound by the MAC): a read of every key, or of the whole file,
+    is refused or gives exactly the rows written (bytes it never reads, such as the leading
+    magic, may differ)."""
     rows = numbered(size, seed)
     segment = _written(tmp_path_factory.mktemp("digests"), rows)
     path = Path(segment.path)
@@ -53,6 +57,7 @@ def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory,
     raw[start:start + len(put)] = put
     path.write_bytes(bytes(raw))
     assert _outcome(segment, rows) in ("refused", as_set(rows))
+    assert _outcome(segment, None) in ("refused", as_set(rows))
 
 
 def _same_footer_with_ids_swapped(segment: SegmentFile, rows: np.ndarray) -> bytes:
@@ -82,6 +87,14 @@ def test_ids_swapped_in_a_page_with_its_crc_recomputed_are_refused(tmp_path):
     with pytest.raises(JobStopped, match=r"row group \d+ differs from the digest its index"):
         read_matching(segment, rows)
     assert pq.read_table(segment.path).num_rows == 3000  # a valid Parquet file, CRCs and all
+
+
+def test_a_whole_read_checks_every_row_group_as_it_reads_it(tmp_path):
+    rows = numbered(3000, 15)
+    segment = _written(tmp_path, rows)
+    Path(segment.path).write_bytes(_same_footer_with_ids_swapped(segment, rows))
+    with pytest.raises(JobStopped, match=r"row group \d+ differs from the digest its index"):
+        list(segments.read_segment(segment, 2))
 
 
 def test_a_row_group_read_is_only_the_bytes_verified(tmp_path):
