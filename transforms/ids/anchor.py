@@ -60,13 +60,13 @@ def read_mark(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
     MAC included) and name this map; None when there is no mark."""
     if not storage.exists(path):
         return None
-    with storage.open_read(path) as handle:
-        raw = handle.read(MAX_MARK_BYTES + 1)
     try:
+        with storage.open_read(path) as handle:
+            raw = handle.read(MAX_MARK_BYTES + 1)
         mark = json.loads(raw)
         valid = _is_mark(mark, raw, directory, key)
-    except (ValueError, RecursionError):  # not JSON, or a value a mark never holds (NaN)
-        valid = False
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or a value no mark
+        valid = False                               # holds (NaN)
     if not valid:
         raise JobStopped(
             f"the id map's mark {path} does not verify with this run's salt or names another "

@@ -33,7 +33,6 @@ would restart ids and delete the segments); every file is owner-only.
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -69,7 +68,6 @@ from transforms.ids.segments import (
     write_segment,
 )
 
-_LOG = logging.getLogger("kvtrace")
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
 COMMITTED_MARK = "COMMITTED"  # in a segment folder, once the version listing it is committed
