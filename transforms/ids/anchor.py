@@ -27,7 +27,7 @@ from typing import Any
 from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.errors import JobStopped
-from transforms.ids.exclusive import temp_name
+from transforms.ids.exclusive import remove_stale_temp_files, temp_name
 from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
@@ -113,7 +113,9 @@ def advance_anchor(path: str | None, directory: str, version: int, record: bytes
     mark = read_mark(path, directory, key)
     if mark is not None and mark["version"] >= version:
         return
-    storage.make_folder(path.rsplit("/", 1)[0], private=True)
+    folder = path.rsplit("/", 1)[0]
+    storage.make_folder(folder, private=True)
+    remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
     staged = temp_name(path)
     with storage.create(staged, private=True) as handle:
         handle.write(mark_bytes(directory, version, record, key))

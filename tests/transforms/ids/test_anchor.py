@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import stat
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from transforms.encode.salt import SaltSource
 from transforms.errors import JobStopped
 from transforms.ids import anchor
+from transforms.ids.exclusive import TEMP_MARK
 from transforms.ids.map_record import map_key
 
 SALT = b"anchor-test-salt-of-32-bytes!!!!"
@@ -57,6 +59,18 @@ def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):
     assert stat.S_IMODE(os.stat(first).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "salt.id-map-marks").st_mode) == 0o700
     _check(second, str(tmp_path / "b"), 1, {1: b"b's own record one\n"})  # b has no mark
+
+
+def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_path):
+    directory = str(tmp_path / "map")
+    path = anchor.mark_path(_salt(tmp_path), directory)
+    anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)
+    dead = 2**22 + 12345  # above the largest pid_max Linux allows: no process has it
+    stale = Path(f"{path}{TEMP_MARK}{socket.gethostname()}-{dead}-0a1b2c3d")
+    stale.write_bytes(b'{"format":')
+    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
+    assert not stale.exists() and os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    assert anchor.read_mark(path, directory, KEY)["version"] == 2
 
 
 def test_a_salt_that_is_not_a_file_anchors_nothing():
