@@ -10,9 +10,9 @@ MAC binds them to the salt; a read checks them: the index against its sha256, a 
 read whole or in part, unit by unit: its size and its footer against the record, each row group
 read against its sha256 in the (verified) index before Parquet decodes it, and Parquet decodes
 only those verified bytes (page CRCs, which anyone can recompute, prove nothing). A file whose
-index predates the digests is checked against its whole sha256. Every row read is checked too (RowBounds): its key belongs to the
-file's hash shard and its id is one the version gave out. A damaged, truncated, swapped or
-edited file stops the run naming the file, never gives wrong ids.
+index predates the digests is checked against its whole sha256. Every row read is checked too
+(RowBounds): its key belongs to the file's hash shard and its id is one the version gave out. A
+damaged, truncated, swapped or edited file stops the run naming the file, never gives wrong ids.
 
 A night probes the filter with its own keys of the shard; a possible key falls in the one row
 group whose hi range holds it, and only those row groups are read. What a night reads is then

@@ -1,4 +1,4 @@
-"""Red team (t33-rt-map): the id map and determinism. Each test asserts a promise the map once broke."""
+"""Red team (t33-rt-map): the id map and determinism. Each test asserts a promise once broken."""
 
 from __future__ import annotations
 
