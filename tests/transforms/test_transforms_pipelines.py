@@ -17,7 +17,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.salt import SaltSource
-from transforms.ids.segments import SegmentFile, checksum, index_path, write_segment
+from transforms.ids.segments import (SegmentFile, checksum, index_path, parquet_checksum,
+                                     write_segment)
 from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
 from transforms.ids.dense_ids import FIRST, NUMBERED
 from transforms.read.records import ParseOptions, parse_record
@@ -102,7 +103,7 @@ def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
                                                         (1, {"added": [table[20:]], "runs": []})])
                    | beam.ParDo(WriteSegmentShard(str(tmp_path), 1, "run1", "blocks")))
         assert_that(written | beam.Map(lambda segment: segment.path), equal_to(paths))
-    files = [SegmentFile(path, checksum(Path(path).read_bytes()),
+    files = [SegmentFile(path, parquet_checksum(Path(path).read_bytes()),
                          checksum(Path(index_path(path)).read_bytes())) for path in paths]
 
     def check(parts):

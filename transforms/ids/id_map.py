@@ -23,7 +23,9 @@ only, never tokens or text.
 Durability and integrity: segment files are synced before the version listing them is created;
 a version records every file's sha256 and size (checked when read, segments.SegmentFile) and
 is keyed by a MAC from the run's salt (map_record.py): every read of a version checks it first,
-then every field, and every segment row read is checked against its shard and next_id. A map
+then every field; every row group read is checked against its digest, every row against its
+shard and next_id (segments.py). A commit checks the map against the version its mark beside
+the salt file anchors (anchor.py): a map rolled back or replaced is not extended. A map
 whose versions are gone but whose segments remain is refused, never taken for a new map (that
 would restart ids and delete the segments); every file is owner-only.
 """
@@ -31,7 +33,6 @@ would restart ids and delete the segments); every file is owner-only.
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,19 +42,22 @@ import numpy as np
 from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.errors import IdMapError, JobStopped
+from transforms.ids.anchor import advance_anchor, check_anchor, mark_path
 from transforms.ids.dense_ids import NUMBERED
 from transforms.ids.exclusive import create_exclusive, temp_name
 from transforms.ids.map_record import (
     FORMAT_VERSION,
-    KEYLESS_FORMAT,
     KINDS,
     MAP_FORMAT,
     MAX_IDS,
     MAX_RECORD_BYTES,
     MapKey,
     canonical,
+    format_of,
     keyed,
+    keyed_from_keyless,
     map_key,
+    read_keyless_record,
     read_record,
 )
 from transforms.ids.segments import (
@@ -64,7 +68,6 @@ from transforms.ids.segments import (
     write_segment,
 )
 
-_LOG = logging.getLogger("kvtrace")
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
 COMMITTED_MARK = "COMMITTED"  # in a segment folder, once the version listing it is committed
@@ -170,16 +173,50 @@ def version_bytes(version: MapVersion, key: MapKey) -> bytes:
 def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
     path = version_path(directory, number)
-    try:
-        with storage.open_read(path) as handle:
-            raw = handle.read(MAX_RECORD_BYTES + 1)
-    except OSError as err:
-        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
-    data = read_record(raw, path, key)
+    data = read_record(_record_raw(path), path, key)
     if data["version"] != number:
         raise IdMapError(f"{path} holds version {data['version']}, not {number} (a file put in "
                          f"another's place?). Restore the id map from a backup.")
     return data
+
+
+def _record_raw(path: str) -> bytes:
+    try:
+        with storage.open_read(path) as handle:
+            return handle.read(MAX_RECORD_BYTES + 1)
+    except OSError as err:
+        raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
+
+
+def key_format_3_map(directory: str, key: MapKey) -> list[int]:
+    """Key a map built before keying (format 3), on purpose and once: every format-3 record,
+    verified by its own sha256 and fields, is replaced by its keyed form (the same content);
+    records already keyed are verified and left. Every record is verified before any is
+    replaced; rerun after an interruption, it finishes the work. Returns the versions keyed.
+    Whoever runs it vouches that the map is unaltered: until then its records carry only
+    sha256s anyone can recompute."""
+    unkeyed = {}
+    for number in range(1, current_version_number(directory) + 1):
+        path = version_path(directory, number)
+        raw = _record_raw(path)
+        if format_of(raw, path) == FORMAT_VERSION:
+            read_version_record(directory, number, key)
+            continue
+        data = read_keyless_record(raw, path)
+        if data["version"] != number or data["salt_fingerprint"] != key.salt_fingerprint:
+            raise IdMapError(f"{path} holds version {data['version']} of a map of salt "
+                             f"fingerprint {data['salt_fingerprint']}, not version {number} of "
+                             f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
+        unkeyed[number] = data
+    for number, data in unkeyed.items():
+        path = version_path(directory, number)
+        staged = temp_name(path)
+        with storage.create(staged, private=True) as handle:
+            handle.write(keyed_from_keyless(data, key))
+        storage.rename(staged, path)
+    if unkeyed:
+        storage.sync_folder(storage.join(directory, "versions"))
+    return list(unkeyed)
 
 
 def relative_index(name: str) -> str:
@@ -318,10 +355,6 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
             f"over; refusing to use it. " + "; ".join(differences)
             + ". Use the map's settings, or start a new map in another directory."
         )
-    if data["format_version"] == KEYLESS_FORMAT:
-        _LOG.info("id map %s: version %d is of format %d (checked by its sha256, no MAC); the "
-                  "next run that adds ids keys it (format %d)", directory, number,
-                  KEYLESS_FORMAT, FORMAT_VERSION)
     if version.identity.tokenization is None:  # a map from before it was recorded adopts it
         version = replace(version, identity=replace(version.identity,
                                                     tokenization=identity.tokenization))
@@ -398,10 +431,10 @@ def next_version(
     )
 
 
-def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> None:
+def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
-    and move CURRENT to it."""
+    and move CURRENT to it. Returns the record's bytes."""
     folders = _new_folders(directory, base, new)
     for folder in folders:
         storage.sync_folder(folder)
@@ -420,6 +453,7 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> N
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
             pass
     _switch_current(directory, new.version)
+    return metadata
 
 
 def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
@@ -465,7 +499,13 @@ def publish_night(
     earliest_ms: list[int],
 ) -> int:
     """The last step of a run: publish what it added, keyed with a key derived here from the
-    salt source (never shipped in the pipeline); returns the map's version after it."""
+    salt source (never shipped in the pipeline), once the map is found to be at or past the
+    version its mark beside the salt file names (anchor.py); returns the map's version after
+    it."""
+    key = map_key(salt.load())
+    mark = mark_path(salt, directory)
+    check_anchor(mark, directory, base.version,
+                 lambda number: _record_raw(version_path(directory, number)), key)
     new = next_version(
         directory,
         base,
@@ -475,9 +515,12 @@ def publish_night(
         hash_shards=hash_shards,
         earliest_ms=min(earliest_ms, default=None),
     )
-    if new is None:
+    if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
+        if base.version:
+            advance_anchor(mark, directory, base.version,
+                           _record_raw(version_path(directory, base.version)), key)
         return base.version
-    key = map_key(salt.load())
-    publish(directory, base, new, key)
+    record = publish(directory, base, new, key)
+    advance_anchor(mark, directory, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return new.version

@@ -10,8 +10,10 @@ refused as surely as a damaged one.
 Reading accepts only what kvtrace writes: the MAC is checked before any field is used, then the
 bytes must be the ones kvtrace would write for that content (one canonical form), no key may
 repeat, be missing or be unknown, and every field must have its type (an int is not a bool, a
-float or a string) and lie within its range. Format 3 records (a sha256 of their own, no MAC)
-are still read, checked by that sha256 as before; a map is keyed by its next commit.
+float or a string) and lie within its range. Format 3 records (a sha256 of their own, no MAC,
+so anyone can rewrite one) are refused wherever they appear: a keyed map's record downgraded to
+format 3 is an edit. A map written before keying is keyed once, on purpose (read_keyless_record
+and id_map.key_format_3_map), by whoever holds its salt.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ MAP_FORMAT = "kvtrace-id-map"
 # 3: every file's checksum and the version's own recorded and verified.
 # 4: the version keyed by a MAC instead of its own sha256.
 FORMAT_VERSION = 4
-KEYLESS_FORMAT = 3  # still read; the next commit writes format 4
+KEYLESS_FORMAT = 3  # read only to key it (id_map.key_format_3_map)
 KINDS = ("blocks", "sessions")
 MAC_CONTEXT = b"kvtrace id-map mac v1"
 # Ids per kind: 100x the largest map planned for (1e10 ids), far inside int64 and the integers
@@ -102,8 +104,41 @@ def keyless_checksum(record: dict[str, Any]) -> str:
 
 
 def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
-    """A version record's fields, verified (MAC, or a format-3 record's sha256) and checked
-    field by field; any doubt is a one-line IdMapError naming the file."""
+    """A version record's fields, verified by its MAC and checked field by field; any doubt
+    (a format-3 record included) is a one-line IdMapError naming the file."""
+    data = _parsed(raw, where)
+    if data["format_version"] == KEYLESS_FORMAT:
+        raise IdMapError(
+            f"{where} is of id map format {KEYLESS_FORMAT}: unkeyed, so anyone can rewrite it, "
+            f"and a keyed map's record rewritten so is an edit. If this map was built before "
+            f"keying, key it once with its salt (docs/ID_MAP.md, 'Format 3 maps'); otherwise "
+            f"restore the id map from a backup. Nothing was read or written.")
+    _verify_mac(data, raw, where, key)
+    _check_fields(data, where)
+    return data
+
+
+def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
+    """A format-3 record's fields, verified by its own sha256 and checked field by field: what
+    keying a map built before keying reads (id_map.key_format_3_map), and nothing else."""
+    data = _parsed(raw, where)
+    if data["format_version"] != KEYLESS_FORMAT:
+        raise IdMapError(f"{where} is of id map format {data['format_version']}, not "
+                         f"{KEYLESS_FORMAT}: it is keyed already")
+    if data.get("sha256") != keyless_checksum({k: v for k, v in data.items() if k != "sha256"}):
+        raise IdMapError(f"{where} is damaged: its content does not match its sha256. "
+                         f"Restore the id map from a backup.")
+    _check_fields(data, where)
+    return data
+
+
+def format_of(raw: bytes, where: str) -> int:
+    """A record's format version, 3 or 4 (anything else refused), nothing of it trusted yet."""
+    return _parsed(raw, where)["format_version"]
+
+
+def _parsed(raw: bytes, where: str) -> dict[str, Any]:
+    """The record's JSON, bounded, of a format this kvtrace knows (its fields not yet trusted)."""
     if len(raw) > MAX_RECORD_BYTES:
         raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
     try:
@@ -116,15 +151,16 @@ def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
     form = data.get("format_version")
     if type(form) is not int or form not in (FORMAT_VERSION, KEYLESS_FORMAT):
         raise IdMapError(
-            f"{where} has id map format version {form}; this kvtrace reads versions "
-            f"{KEYLESS_FORMAT} and {FORMAT_VERSION}. Start a new map in another directory.")
-    if form == FORMAT_VERSION:
-        _verify_mac(data, raw, where, key)
-    elif data.get("sha256") != keyless_checksum({k: v for k, v in data.items() if k != "sha256"}):
-        raise IdMapError(f"{where} is damaged: its content does not match its sha256. "
-                         f"Restore the id map from a backup.")
-    _check_fields(data, where)
+            f"{where} has id map format version {form}; this kvtrace reads version "
+            f"{FORMAT_VERSION}. Start a new map in another directory.")
     return data
+
+
+def keyed_from_keyless(data: dict[str, Any], key: MapKey) -> bytes:
+    """A verified format-3 record's content as a format-4 record keyed with key (records from
+    before the probe tokenization was recorded hold none)."""
+    content = {k: v for k, v in data.items() if k != "sha256"}
+    return keyed({"tokenization": None} | content | {"format_version": FORMAT_VERSION}, key)
 
 
 def _verify_mac(data: dict[str, Any], raw: bytes, where: str, key: MapKey) -> None:

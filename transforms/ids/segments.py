@@ -2,13 +2,17 @@
 a night read only the row groups that can hold its keys.
 
     blocks-00012.parquet      hi, lo, id; sorted by (hi, lo); row groups of ROW_GROUP_ROWS
-    blocks-00012.index.npz    a Bloom filter of the file's keys; each row group's first and last hi
+    blocks-00012.index.npz    a Bloom filter of the file's keys; each row group's first and last
+                              hi, and the sha256 of its column chunks' bytes
 
-Every file's sha256 and size are recorded in the map version that lists it (SegmentFile) and
-checked when read: the index and any file read whole against its sha256; a file read in part
-against its size and Parquet's page checksums. Every row read is checked too (RowBounds): its
-key belongs to the file's hash shard and its id is one the version gave out. A damaged,
-truncated or swapped file stops the run naming the file, never gives wrong ids.
+Every file's sha256 and size are recorded in the map version that lists it (SegmentFile), whose
+MAC binds them to the salt; a read checks them: the index against its sha256, a segment file,
+read whole or in part, unit by unit: its size and its footer against the record, each row group
+read against its sha256 in the (verified) index before Parquet decodes it, and Parquet decodes
+only those verified bytes (page CRCs, which anyone can recompute, prove nothing). A file whose
+index predates the digests is checked against its whole sha256. Every row read is checked too
+(RowBounds): its key belongs to the file's hash shard and its id is one the version gave out. A
+damaged, truncated, swapped or edited file stops the run naming the file, never gives wrong ids.
 
 A night probes the filter with its own keys of the shard; a possible key falls in the one row
 group whose hi range holds it, and only those row groups are read. What a night reads is then
@@ -22,8 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import mmap
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -120,13 +125,12 @@ def _read_whole(path: str, expected: dict) -> bytes:
     return data
 
 
-def _read_footer(path: str) -> bytes:
-    with storage.open_read(path) as handle:
-        size = handle.seek(0, io.SEEK_END)
-        handle.seek(max(0, size - 8))
-        length = int.from_bytes(handle.read(8)[:4], "little")
-        handle.seek(max(0, size - 8 - length))
-        return handle.read()
+def _read_footer(handle: IO[bytes], size: int) -> bytes:
+    """The footer, its length and magic, read from the end of an open file of `size` bytes."""
+    handle.seek(max(0, size - 8))
+    length = int.from_bytes(handle.read(8)[:4], "little")
+    handle.seek(max(0, size - 8 - length))
+    return handle.read()
 
 
 class Index(NamedTuple):
@@ -134,6 +138,9 @@ class Index(NamedTuple):
     first_hi: np.ndarray  # per row group
     last_hi: np.ndarray
     size: int  # bytes of the index file
+    # Per row group, the sha256 of its column chunks' bytes (row_group_digests); None in
+    # indexes written before it was recorded, whose files are then read whole.
+    group_sha256: np.ndarray | None = None
 
 
 class MatchedRows(NamedTuple):
@@ -157,9 +164,11 @@ def write_segment(path: str, tables: list[np.ndarray]) -> SegmentFile:
                    write_statistics=False, write_page_checksum=True)
     group_ends = np.minimum(np.arange(ROW_GROUP_ROWS, len(table) + ROW_GROUP_ROWS,
                                       ROW_GROUP_ROWS), len(table)) - 1
+    data = sink.getvalue()
     index = _write_index(path, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
-                         table["hi"][::ROW_GROUP_ROWS], table["hi"][group_ends])
-    return SegmentFile(path, _store_parquet(path, sink.getvalue()), index, len(table))
+                         table["hi"][::ROW_GROUP_ROWS], table["hi"][group_ends],
+                         row_group_digests(data))
+    return SegmentFile(path, _store_parquet(path, data), index, len(table))
 
 
 def _store(path: str, data: bytes) -> dict:
@@ -174,10 +183,40 @@ def _store_parquet(path: str, data: bytes) -> dict:
     return parquet_checksum(data)
 
 
-def _write_index(path: str, filter_: np.ndarray, first_hi: np.ndarray, last_hi: np.ndarray) -> dict:
+def _write_index(path: str, filter_: np.ndarray, first_hi: np.ndarray, last_hi: np.ndarray,
+                 group_sha256: np.ndarray) -> dict:
     index = io.BytesIO()
-    np.savez(index, filter=filter_, first_hi=first_hi, last_hi=last_hi)
+    np.savez(index, filter=filter_, first_hi=first_hi, last_hi=last_hi, group_sha256=group_sha256)
     return _store(index_path(path), index.getvalue())
+
+
+def chunk_ranges(metadata: pq.FileMetaData, group: int) -> list[tuple[int, int]]:
+    """(offset, length) of each column chunk of a row group: the bytes Parquet reads for it
+    (from the dictionary page, when there is one, to the chunk's end)."""
+    ranges = []
+    for c in range(metadata.num_columns):
+        chunk = metadata.row_group(group).column(c)
+        start = (chunk.dictionary_page_offset if chunk.has_dictionary_page
+                 else chunk.data_page_offset)
+        ranges.append((start, chunk.total_compressed_size))
+    return ranges
+
+
+def _group_digest(chunks: list[bytes]) -> bytes:
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.digest()
+
+
+def row_group_digests(data: bytes) -> np.ndarray:
+    """Per row group of a Parquet file's bytes, the sha256 of its column chunks in column order:
+    (row groups, 32) uint8, kept in the index so that a row group can be checked on its own."""
+    metadata = pq.read_metadata(pa.py_buffer(data))
+    digests = [_group_digest([data[start:start + length]
+                              for start, length in chunk_ranges(metadata, g)])
+               for g in range(metadata.num_row_groups)]
+    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)
 
 
 def _arrow(table: np.ndarray) -> pa.Table:
@@ -217,9 +256,10 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
                 break
         if not total:
             writer.write_table(_arrow(carry))
+    data = sink.getvalue()
     index = _write_index(path, filter_, np.array(first_hi, dtype=np.uint64),
-                         np.array(last_hi, dtype=np.uint64))
-    return SegmentFile(path, _store_parquet(path, sink.getvalue()), index, total)
+                         np.array(last_hi, dtype=np.uint64), row_group_digests(data))
+    return SegmentFile(path, _store_parquet(path, data), index, total)
 
 
 def _next_sorted(readers: list[Iterator[np.ndarray]],
@@ -266,10 +306,25 @@ def _verify_whole(segment: SegmentFile) -> None:
 
 
 def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
-    _verify_whole(segment)
-    with storage.open_read(segment.path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
-            yield check_rows(segment, _numbered(batch))
+    """The whole file's rows, about `rows` at a time, each row group verified as it is read (a
+    file whose index has no digests: the whole file verified first, then read)."""
+    index = read_index(segment)
+    if index.group_sha256 is None:
+        _verify_whole(segment)
+        with storage.open_read(segment.path) as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
+                yield check_rows(segment, _numbered(batch))
+        return
+    try:
+        with storage.open_read(segment.path) as handle:
+            verified = _VerifiedFile(handle, segment, index)
+            groups = list(range(verified.metadata.num_row_groups))
+            step = max(1, rows // ROW_GROUP_ROWS)
+            for start in range(0, len(groups), step):
+                yield check_rows(segment, _numbered(
+                    verified.row_groups(groups[start:start + step])))
+    except (OSError, pa.ArrowException) as err:
+        raise damaged(segment.path, str(err)) from None
 
 
 def _batches(segment: SegmentFile) -> Iterator[np.ndarray]:
@@ -286,9 +341,14 @@ def read_index(segment: SegmentFile) -> Index:
     data = _read_whole(path, segment.index)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-            return Index(arrays["filter"], arrays["first_hi"], arrays["last_hi"], len(data))
+            digests = arrays["group_sha256"] if "group_sha256" in arrays.files else None
+            index = Index(arrays["filter"], arrays["first_hi"], arrays["last_hi"], len(data),
+                          digests)
     except (OSError, ValueError, KeyError) as err:
         raise damaged(path, f"not a segment index: {err}") from None
+    if digests is not None and (digests.ndim != 2 or digests.shape[1] != 32):
+        raise damaged(path, "not a segment index: its row-group digests are not sha256s")
+    return index
 
 
 def row_groups_holding(index: Index, hi: np.ndarray) -> np.ndarray:
@@ -304,32 +364,85 @@ def row_groups_holding(index: Index, hi: np.ndarray) -> np.ndarray:
 
 def read_matching(segment: SegmentFile, keys: np.ndarray) -> MatchedRows:
     """The rows of one segment file holding any of keys (a table with hi and lo fields, distinct
-    keys), reading only the row groups the index points to."""
+    keys), reading only the row groups the index points to, each verified before it is decoded
+    (a file whose index has no row-group digests is read whole and verified)."""
     index = read_index(segment)
     possible = bloom.may_contain(index.filter, keys["hi"], keys["lo"])
-    groups = row_groups_holding(index, keys["hi"][possible])
-    if not len(groups):
+    groups = row_groups_holding(index, keys["hi"][possible]).tolist()
+    if not groups:
         return MatchedRows(np.empty(0, dtype=NUMBERED), index.size, 0, len(index.first_hi))
-    path = segment.path
     try:
-        footer = _read_footer(path)
-        _check(path, {"footer_sha256": hashlib.sha256(footer).hexdigest()}, segment.data)
-        with storage.open_read(path) as handle:
-            size = handle.seek(0, io.SEEK_END)
-            _check(path, {"bytes": size}, segment.data)
-            parquet = pq.ParquetFile(handle, page_checksum_verification=True)
-            metadata = parquet.metadata
-            if metadata.num_row_groups != len(index.first_hi):
-                raise damaged(path, "it does not match its index")
-            rows = check_rows(segment, _numbered(parquet.read_row_groups(groups.tolist())))
+        table, read = _row_groups_read(segment, index, groups)
+        rows = check_rows(segment, _numbered(table))
     except (OSError, pa.ArrowException) as err:
-        raise damaged(path, str(err)) from None
-    read = index.size + metadata.serialized_size + sum(
-        metadata.row_group(g).column(c).total_compressed_size
-        for g in groups.tolist() for c in range(metadata.num_columns)
-    )
+        raise damaged(segment.path, str(err)) from None
     wanted = lookup(keys, rows) >= 0
-    return MatchedRows(rows[wanted], read, len(groups), len(index.first_hi))
+    return MatchedRows(rows[wanted], index.size + read, len(groups), len(index.first_hi))
+
+
+def _row_groups_read(segment: SegmentFile, index: Index,
+                     groups: list[int]) -> tuple[pa.Table, int]:
+    """The given row groups, verified, and the bytes read for them."""
+    if index.group_sha256 is None:
+        data = _read_whole(segment.path, segment.data)
+        parquet, read = pq.ParquetFile(pa.py_buffer(data)), len(data)
+        _check_groups(segment, parquet.metadata, index)
+        return parquet.read_row_groups(groups), read
+    with storage.open_read(segment.path) as handle:
+        verified = _VerifiedFile(handle, segment, index)
+        _check_groups(segment, verified.metadata, index)
+        return verified.row_groups(groups), verified.read
+
+
+def _check_groups(segment: SegmentFile, metadata: pq.FileMetaData, index: Index) -> None:
+    if metadata.num_row_groups != len(index.first_hi):
+        raise damaged(segment.path, "it does not match its index")
+
+
+class _VerifiedFile:
+    """An open segment file whose size and footer match what the map recorded, and which gives
+    out row groups only once their bytes match the digests of its (verified) index: Parquet
+    decodes those bytes alone, laid into an anonymous mapping the size of the file whose other
+    bytes are zero (pages never written cost no memory)."""
+
+    def __init__(self, handle: IO[bytes], segment: SegmentFile, index: Index):
+        self._handle, self._path, self._digests = handle, segment.path, index.group_sha256
+        self.size = handle.seek(0, io.SEEK_END)
+        _check(self._path, {"bytes": self.size}, segment.data)
+        self._footer = _read_footer(handle, self.size)
+        _check(self._path, {"footer_sha256": hashlib.sha256(self._footer).hexdigest()},
+               segment.data)
+        self.metadata = pq.read_metadata(pa.py_buffer(self._footer))
+        if self.metadata.num_row_groups != len(self._digests):
+            raise damaged(self._path, "it does not match its index")
+        self.read = len(self._footer)  # bytes read so far
+
+    def row_groups(self, groups: list[int]) -> pa.Table:
+        verified = mmap.mmap(-1, self.size)
+        verified[self.size - len(self._footer):] = self._footer
+        for group in groups:
+            ranges = chunk_ranges(self.metadata, group)
+            chunks = [_read_range(self._handle, self._path, start, length,
+                                  self.size - len(self._footer)) for start, length in ranges]
+            if _group_digest(chunks) != self._digests[group].tobytes():
+                raise damaged(self._path, f"row group {group} differs from the digest its index "
+                                          f"recorded")
+            for (start, length), chunk in zip(ranges, chunks):
+                verified[start:start + length] = chunk
+            self.read += sum(length for _, length in ranges)
+        parquet = pq.ParquetFile(pa.py_buffer(verified), metadata=self.metadata, pre_buffer=False)
+        return parquet.read_row_groups(groups)
+
+
+def _read_range(handle: IO[bytes], path: str, start: int, length: int, end: int) -> bytes:
+    """length bytes at start, which must lie before end (the footer)."""
+    if not 0 <= start <= start + length <= end:
+        raise damaged(path, "a column chunk lies outside the file's data")
+    handle.seek(start)
+    chunk = handle.read(length)
+    if len(chunk) != length:
+        raise damaged(path, "it is shorter than its footer says")
+    return chunk
 
 
 def read_segment(segment: SegmentFile, shards: int) -> Iterator[tuple[int, np.ndarray]]:

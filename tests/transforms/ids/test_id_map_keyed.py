@@ -2,13 +2,13 @@
 way (another value, another type, a repeated, missing or unknown key), is refused with one line
 naming the file, whether or not its checksums were recomputed; a record re-keyed by someone
 holding the salt still cannot carry a value of the wrong type or range, and segment rows of
-another shard or beyond next_id are refused as they are read. A format-3 map is read and keyed
-by its next commit."""
+another shard or beyond next_id are refused as they are read. A format-3 record is refused
+wherever it appears; a map built before keying is keyed once, on purpose."""
 
 from __future__ import annotations
 
+import functools
 import json
-import logging
 import re
 import shutil
 from dataclasses import replace
@@ -200,8 +200,9 @@ def test_a_rekeyed_record_still_holds_only_values_kvtrace_writes(identity, scrat
 @given(data=st.data(), keyless=st.booleans())
 def test_a_record_damaged_anywhere_is_refused_in_one_line(scratch, data, keyless):
     """Fuzz: bytes of a record overwritten, cut out or put in: refused with an IdMapError,
-    never another exception (a format-3 record, checked by the sha256 of its content, may
-    still read when only its layout changed, and then reads as it was)."""
+    never another exception (a format-3 record, checked by the sha256 of its content when it
+    is keyed on purpose, may still read when only its layout changed, and then reads as it
+    was)."""
     record = _record(scratch)
     if keyless:
         del record["mac"]
@@ -212,12 +213,14 @@ def test_a_record_damaged_anywhere_is_refused_in_one_line(scratch, data, keyless
     span = data.draw(st.integers(0, 8), label="span")
     raw[start:start + span] = data.draw(st.binary(max_size=8).filter(
         lambda b: b != raw[start:start + span]), label="put")
+    read = map_record.read_keyless_record if keyless else functools.partial(read_record,
+                                                                            key=KEY)
     try:
-        read = read_record(bytes(raw), "versions/000002.json", KEY)
+        found = read(bytes(raw), "versions/000002.json")
     except IdMapError as err:
         assert "\n" not in str(err) and "versions/000002.json" in str(err)
     else:
-        assert keyless and read == record
+        assert keyless and found == record
 
 
 @pytest.mark.parametrize("next_id", [-5, 2**63 - 1, 1.0, True, "1", None])
@@ -338,32 +341,59 @@ def _as_format_3(map_dir: Path) -> None:
         path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
 
 
-def test_a_format_3_map_is_read_and_keyed_by_its_next_commit(
-        identity, tiny_tokenizer, built, tmp_path, caplog):
+def test_a_format_3_map_is_refused_until_keyed_on_purpose(identity, tiny_tokenizer, built,
+                                                           tmp_path, capsys):
     folder, night, common = built
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     _as_format_3(map_dir)
-    with caplog.at_level(logging.INFO, logger="kvtrace"):
-        assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map",
-                               str(map_dir), *common) == 0
-    assert any("format 3" in r.getMessage() and "keys it" in r.getMessage()
-               for r in caplog.records)
+    assert "of id map format 3: unkeyed" in refused(map_dir, identity)
+    capsys.readouterr()
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "refused", "--id-map",
+                           str(map_dir), *common) != 0
+    assert "key it once with its salt" in capsys.readouterr().err
+    assert id_map.key_format_3_map(str(map_dir), KEY) == [1, 2]
+    assert id_map.key_format_3_map(str(map_dir), KEY) == []  # done: every record keyed
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map",
+                           str(map_dir), *common) == 0
     assert trace_bytes(tmp_path / "out") == trace_bytes(folder / "expected")
     keyed_record = _record(map_dir)
     assert keyed_record["version"] == 3 and "mac" in keyed_record
     assert read_everything(map_dir, identity) == sum(keyed_record["next_id"].values())
 
 
-def test_a_format_3_record_is_still_checked_by_its_sha256(identity, built, tmp_path):
+def test_keying_checks_each_format_3_record_by_its_sha256_and_salt(identity, built, tmp_path):
     folder, _, _ = built
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     _as_format_3(map_dir)
-    assert read_everything(map_dir, identity) == sum(_record(map_dir)["next_id"].values())
     record = _record(map_dir)
+    original = _record_path(map_dir).read_bytes()
     _record_path(map_dir).write_bytes(record_bytes({**record, "timestamp_origin_ms": 0}))
-    assert "does not match its sha256" in refused(map_dir, identity)
+    with pytest.raises(IdMapError, match="does not match its sha256"):
+        id_map.key_format_3_map(str(map_dir), KEY)
+    _record_path(map_dir).write_bytes(original)
+    with pytest.raises(IdMapError, match="nothing was keyed"):
+        id_map.key_format_3_map(str(map_dir), map_key(b"another-salt-of-enough-bytes-32!"))
+    assert id_map.key_format_3_map(str(map_dir), KEY) == [1, 2]  # versions 1 and 2
+    assert read_everything(map_dir, identity) == sum(_record(map_dir)["next_id"].values())
+
+
+def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(identity, built,
+                                                                             tmp_path):
+    """The newest record or an older one (read when cleaning up), its sha256 recomputed."""
+    folder, _, _ = built
+    for number in (1, 2):
+        map_dir = tmp_path / f"map{number}"
+        shutil.copytree(folder / "map", map_dir)
+        path = map_dir / "versions" / f"{number:06d}.json"
+        record = json.loads(path.read_bytes())
+        del record["mac"]
+        record["format_version"] = map_record.KEYLESS_FORMAT
+        path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
+        (map_dir / "segments" / "000001-abandoned0000").mkdir()  # cleanup reads version 1
+        (map_dir / "segments" / "000001-abandoned0000" / "blocks-00000.parquet").write_bytes(b"")
+        assert f"{number:06d}.json is of id map format 3" in refused(map_dir, identity)
 
 
 def test_the_map_key_is_a_subkey_of_its_own():

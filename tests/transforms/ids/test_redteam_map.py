@@ -1,4 +1,4 @@
-"""Red team (t33-rt-map): the id map and determinism. Each test asserts a promise and fails today."""
+"""Red team (t33-rt-map): the id map and determinism. Each test asserts a promise once broken."""
 
 from __future__ import annotations
 
@@ -68,8 +68,6 @@ def _permute_ids(map_dir: Path, record: dict) -> dict:
     raise AssertionError("no segment with two rows")
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (issue 33, open): format-3 records are still "
-                   "read after a map is keyed; refuse them once keyed, or behind an opt-in")
 def test_a_keyed_map_refuses_its_newest_record_downgraded_to_format_3(tiny_tokenizer, tmp_path):
     """Promise: a keyed map's records are proved by the MAC; an edit without the salt is refused
     (docs/ID_MAP.md: only 'until a map's first keyed commit' is an edit undetectable). Version 1
@@ -97,8 +95,6 @@ def _block_ids(out: Path) -> set[int]:
     return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (issue 33, open): nothing outside the map "
-                   "anchors its version; a restored backup reissues published ids")
 def test_a_map_rolled_back_a_version_does_not_reissue_published_ids(tiny_tokenizer, tmp_path):
     """Promise: a night never gives ids that published traces already use to other blocks
     (id_map.py: 'numbering again from an older version would give new keys ids that published
@@ -149,8 +145,6 @@ def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) 
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (issue 33, open): partial segment reads are "
-                   "checked by footer sha256 and page CRCs, not by a keyed digest per row group")
 def test_ids_swapped_in_a_segment_page_with_its_crc_recomputed_are_refused(tiny_tokenizer,
                                                                            tmp_path):
     """Promise: a keyed map cannot be altered without the salt (docs/ID_MAP.md: 'the checksums

@@ -1,0 +1,122 @@
+"""An id map's published version, anchored outside the map: a mark beside the salt file.
+
+The map's records are keyed, but every version a map ever had is valid: a map whose files are
+all replaced by an older version's (a restored backup, or an edit that needs no salt) reads
+cleanly, and its next night would number from the older next_id again, giving new keys ids
+that published traces already use. What a writer of the map cannot change is the salt's
+folder, so each commit leaves there, per map directory, the version it published and its
+record's sha256, MAC'd with the map's key:
+
+    SALT_FILE.id-map-marks/<sha256 of the map directory>.json
+
+A commit first checks the map it extends against its mark: the map must have reached the
+marked version and still hold that very record (it descends from it); anything else stops the
+night with nothing published. A map without a mark (its first commit, or a salt that is not a
+file: an environment variable or a secret manager has no folder beside it) is not anchored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from transforms import storage
+from transforms.encode.salt import SaltSource
+from transforms.errors import JobStopped
+from transforms.ids.exclusive import remove_stale_temp_files, temp_name
+from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
+
+MARKS = ".id-map-marks"
+MARK_FORMAT = "kvtrace-id-map-mark"
+MAX_MARK_BYTES = 4096  # a path, a version, two digests
+
+
+def map_location(directory: str) -> str:
+    """The map directory as the mark names it: absolute, symlinks kept (a link swapped to an
+    older copy is the same map to its readers, so it must meet the same mark)."""
+    directory = directory.rstrip("/")
+    return directory if storage.is_url(directory) else os.path.abspath(directory)
+
+
+def mark_path(salt: SaltSource, directory: str) -> str | None:
+    """Where the map's mark lives; None when the salt is not a file (nowhere beside it)."""
+    if salt.kind != "file":
+        return None
+    name = hashlib.sha256(map_location(directory).encode()).hexdigest()[:32]
+    return storage.join(salt.where + MARKS, f"{name}.json")
+
+
+def mark_bytes(directory: str, version: int, record: bytes, key: MapKey) -> bytes:
+    return keyed({"format": MARK_FORMAT, "map": map_location(directory), "version": version,
+                  "record_sha256": hashlib.sha256(record).hexdigest()}, key)
+
+
+def read_mark(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
+    """The mark's fields, verified: the bytes are exactly what mark_bytes writes for them (its
+    MAC included) and name this map; None when there is no mark."""
+    if not storage.exists(path):
+        return None
+    try:
+        with storage.open_read(path) as handle:
+            raw = handle.read(MAX_MARK_BYTES + 1)
+        mark = json.loads(raw)
+        valid = _is_mark(mark, raw, directory, key)
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or a value no mark
+        valid = False                               # holds (NaN)
+    if not valid:
+        raise JobStopped(
+            f"the id map's mark {path} does not verify with this run's salt or names another "
+            f"map: it was altered, or belongs to another salt. Restore it from the backup of "
+            f"the salt's folder; the map was not extended and no trace was published")
+    return mark
+
+
+def _is_mark(mark: Any, raw: bytes, directory: str, key: MapKey) -> bool:
+    """Whether raw is the mark kvtrace writes for this map, MAC and all."""
+    return (type(mark) is dict
+            and mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
+            and mark["map"] == map_location(directory)
+            and type(mark["version"]) is int and 1 <= mark["version"] <= MAX_VERSION
+            and hmac.compare_digest(raw, keyed({k: v for k, v in mark.items() if k != "mac"},
+                                               key)))
+
+
+def check_anchor(path: str | None, directory: str, version: int,
+                 record_of: Callable[[int], bytes], key: MapKey) -> None:
+    """Refuse to extend a map that is not at or past its marked version, or no longer holds
+    the marked record (rolled back, or replaced by another map). record_of(number) gives a
+    version's record bytes as stored."""
+    mark = read_mark(path, directory, key) if path else None
+    if mark is None:
+        return
+    marked = mark["version"]
+    if version < marked or hashlib.sha256(record_of(marked)).hexdigest() != mark[
+            "record_sha256"]:
+        raise JobStopped(
+            f"the id map {directory} is at version {version}, but version {marked} of it was "
+            f"published (its mark {path} says so, with that version's record): the map was "
+            f"rolled back or replaced, and extending it would give new keys ids published "
+            f"traces already use. Restore the map's newest version, or start a new map in "
+            f"another directory; the map was not extended and no trace was published")
+
+
+def advance_anchor(path: str | None, directory: str, version: int, record: bytes,
+                   key: MapKey) -> None:
+    """Mark `version` (whose record bytes are `record`) as published, unless the mark is at it
+    or past it already; staged and renamed, owner-only."""
+    if path is None:
+        return
+    mark = read_mark(path, directory, key)
+    if mark is not None and mark["version"] >= version:
+        return
+    folder = path.rsplit("/", 1)[0]
+    storage.make_folder(folder, private=True)
+    remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
+    staged = temp_name(path)
+    with storage.create(staged, private=True) as handle:
+        handle.write(mark_bytes(directory, version, record, key))
+    storage.rename(staged, path)
