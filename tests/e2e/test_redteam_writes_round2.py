@@ -1,0 +1,161 @@
+"""Red team round 2, the write protocol and the trace readers: reproducers of holes left after
+the first round's fixes. Each asserts the promised behaviour, so each fails until it is fixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, chat, write_jsonl
+
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.slow
+ROUND2 = pytest.mark.xfail(strict=True, reason="red team round 2")
+TESTS = Path(__file__).resolve().parents[1]
+
+TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
+          "hash_ids": [1, 2, 10 + i], "session": i % 2} for i in range(6)]
+
+
+def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {}),
+                               "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])})
+
+
+def _crash(point: int, mode: str, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *args],
+                          cwd=TESTS, capture_output=True, text=True, timeout=300,
+                          env={**os.environ,
+                               "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])})
+
+
+@ROUND2
+def test_a_folder_named_with_glob_characters_is_read_not_another_folder(tiny_tokenizer,
+                                                                         tmp_path, capsys):
+    """trace_inputs.trace_files reads a folder as the glob FOLDER/trace-*.jsonl, unescaped: for
+    a folder named night[1], `[1]` is a character class, so `analyze night[1]` silently
+    analyzes night1, another output (its manifest checks night1's shards, so it passes). The
+    replay commands anonymize prints (`kvtrace export night[1] ...`) export the wrong night."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(6)])
+    other = write_jsonl(tmp_path / "other.jsonl", [chat(i, 1000 * i, rotate=2) for i in range(3)])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "night[1]", "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [other], tmp_path / "night1", "--block-size", "4") == 0
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    assert main(["analyze", str(tmp_path / "night[1]"), "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["total_requests"] == 6, \
+        "analyze night[1] read the folder night1"
+
+
+@ROUND2
+@pytest.mark.parametrize("command", [["analyze"], ["validate"], ["audit"]])
+def test_json_never_replaces_an_input_whose_name_has_glob_characters(tmp_path, command):
+    """plan_locations (Reach.of) takes every read location with `[`, `*` or `?` for a glob, even
+    a file that exists by that name (expand_inputs reads it as that file): `t[1].jsonl` as a
+    glob matches only `t1.jsonl`, so --json t[1].jsonl is not found to be the input, and the
+    trace is replaced by the report, exit 0."""
+    trace = write_jsonl(tmp_path / "t[1].jsonl", TRACE)
+    before = trace.read_bytes()
+    extra = [] if command[0] == "audit" else ["--block-size", "4"]
+    code = main([command[0], str(trace), *extra, "--json", str(trace)])
+    assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
+    assert code == 2
+
+
+@ROUND2
+def test_a_tilde_in_a_path_is_read_and_written_where_it_is_checked(tmp_path):
+    """plan_locations expands `~` (written_place, read_place: os.path.expanduser) but the
+    readers and writers do not: `analyze '~/t.jsonl' --json ./~/t.jsonl` is checked as
+    $HOME/t.jsonl against ./~/t.jsonl (no overlap), then reads and replaces ./~/t.jsonl, the
+    same file, exit 0. (A quoted `~` reaches kvtrace from configs and launchers.)"""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    (work / "~").mkdir(parents=True)
+    trace = write_jsonl(work / "~" / "t.jsonl", TRACE)
+    before = trace.read_bytes()
+    done = _run(["analyze", "~/t.jsonl", "--block-size", "4", "--json", str(trace)], work,
+                {"HOME": str(home)})
+    assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
+    assert done.returncode == 2, done.stderr
+
+
+@ROUND2
+def test_a_failed_synthesize_publishes_nothing(tmp_path, capsys):
+    """synthesize of a trace with no readable row says 'error: no trace rows could be read'
+    and exits 1, after publishing an empty -o over the earlier, good output (run_synthesize
+    publishes before the command looks at the summary)."""
+    good = write_jsonl(tmp_path / "good.jsonl", TRACE)
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"x": 1}])
+    out = tmp_path / "s.jsonl"
+    assert main(["synthesize", str(good), "--block-size", "4", "-o", str(out)]) == 0
+    earlier = out.read_bytes()
+    assert earlier
+    capsys.readouterr()
+    code = main(["synthesize", str(bad), "--block-size", "4", "-o", str(out)])
+    assert code == 1
+    assert out.read_bytes() == earlier, "the failed run replaced the output with an empty file"
+
+
+@ROUND2
+@pytest.mark.parametrize("mode", ["kill", "enospc"])
+def test_synthesize_output_and_summary_are_published_together(tmp_path, mode):
+    """synthesize -o S --json J publishes S, then stages and publishes J as a second file: a
+    kill (or a full disk) between the two leaves the new trace beside the previous run's
+    summary (crash-point harness, steps 4-6), and on a full disk the run exits 2 with its
+    trace published. A run publishes whole or not at all."""
+    first = write_jsonl(tmp_path / "first.jsonl", TRACE[:3])
+    second = write_jsonl(tmp_path / "second.jsonl", TRACE)
+    out, summary = tmp_path / "s.jsonl", tmp_path / "s.json"
+    args = ["synthesize", "--block-size", "4", "--seed", "1", "-o", str(out), "--json",
+            str(summary)]
+    assert main([args[0], str(second), *args[1:]]) == 0
+    new = (out.read_bytes(), summary.read_bytes())
+    assert main([args[0], str(first), *args[1:]]) == 0
+    previous = (out.read_bytes(), summary.read_bytes())
+    assert new != previous
+    counted = _crash(0, "kill", [args[0], str(second), *args[1:]])
+    steps = int(counted.stderr.rsplit("steps: ", 1)[1])
+    mixed = []
+    for point in range(1, steps + 1):
+        assert main([args[0], str(first), *args[1:]]) == 0
+        crashed = _crash(point, mode, [args[0], str(second), *args[1:]])
+        assert crashed.returncode != 0
+        seen = (out.read_bytes(), summary.read_bytes())
+        if seen not in (previous, new):
+            mixed.append(point)
+    assert not mixed, f"new trace beside the previous summary after steps {mixed}"
+
+
+@ROUND2
+def test_render_says_which_rows_it_skipped(tmp_path, tiny_tokenizer, capsys):
+    """render reads the trace (read_trace notes malformed lines) but never says so: a trace
+    with a broken line renders 'rendered 3 of 3 rows', exit 0, no warning; analyze, synthesize
+    and validate all warn ('1 malformed trace line(s) skipped'). Nothing is lost silently."""
+    trace = write_jsonl(tmp_path / "t.jsonl", [*TRACE[:3], b"{broken"])
+    code = main(["render", str(trace), "--block-size", "4", "--tokenizer", tiny_tokenizer,
+                 "--no-verify", "-o", str(tmp_path / "r.jsonl")])
+    err = capsys.readouterr().err
+    assert "malformed" in err or code != 0, err
+
+
+@ROUND2
+@pytest.mark.parametrize("command", ["validate", "analyze"])
+def test_a_glob_of_a_kvtrace_folder_without_its_manifest_is_refused(tiny_tokenizer, tmp_path,
+                                                                    command):
+    """The folder itself is refused when its manifest is missing (an unfinished copy), but the
+    same folder read through a glob of its shards (out/trace-*.jsonl, the spelling the docs
+    suggest for a folder) is read as lone files: validate says 'valid', exit 0."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    (out / "manifest.json").unlink()  # the copy stopped before its last file
+    assert main([command, str(out)]) != 0  # refused, as promised
+    assert main([command, str(out / "trace-*.jsonl"), "--block-size", "4"]) != 0
