@@ -159,3 +159,84 @@ def test_a_glob_of_a_kvtrace_folder_without_its_manifest_is_refused(tiny_tokeniz
     (out / "manifest.json").unlink()  # the copy stopped before its last file
     assert main([command, str(out)]) != 0  # refused, as promised
     assert main([command, str(out / "trace-*.jsonl"), "--block-size", "4"]) != 0
+
+
+SALT = "0123456789abcdef0123456789abcdef"
+
+
+@ROUND2
+def test_block_hashes_never_replace_another_commands_output(tiny_tokenizer, tmp_path):
+    """--emit-block-hashes NIGHT, where NIGHT is last night's published trace: check_block_
+    hashes_folder asks foreign_files, which finds nothing foreign in a folder whose kvtrace
+    manifest lists its files, so the run publishes the block hashes in NIGHT's place: the
+    published trace (shards, stats, manifest) is deleted, exit 0. Every other output refuses
+    another command's folder ('is an output of kvtrace anonymize')."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    salt.chmod(0o600)
+    night = tmp_path / "night"
+    assert anonymize(tiny_tokenizer, [src], night, "--block-size", "4") == 0
+    published = sorted(p.name for p in night.iterdir())
+    code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", "--salt-file",
+                     str(salt), "--hash-scheme", "dynamo", "--emit-block-hashes", str(night))
+    assert sorted(p.name for p in night.iterdir()) == published, \
+        "the published trace was replaced by block hashes"
+    assert code == 2
+
+
+@ROUND2
+@pytest.mark.parametrize("flag", ["--dead-letter", "--id-map"])
+def test_a_private_folder_is_never_put_inside_another_commands_output(tiny_tokenizer, tmp_path,
+                                                                      flag):
+    """check_written checks a private folder (dead letters, id map) only for links, files and
+    ownership, never for whose folder it is: --dead-letter NIGHT (or --id-map NIGHT), NIGHT a
+    published trace, puts the raw rejected requests (or the map) into the folder meant for
+    publishing, makes it owner-only, and every later run into NIGHT is refused ('holds files
+    kvtrace did not write'); audit says NOT publishable."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)] + [b"{x"])
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    salt.chmod(0o600)
+    night = tmp_path / "night"
+    assert anonymize(tiny_tokenizer, [src], night, "--block-size", "4") == 0
+    published = sorted(p.name for p in night.iterdir())
+    code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", "--salt-file",
+                     str(salt), flag, str(night))
+    assert sorted(p.name for p in night.iterdir()) == published, \
+        f"{flag} wrote into the published trace"
+    assert code == 2
+
+
+@ROUND2
+def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer, tmp_path,
+                                                                    monkeypatch):
+    """trace_io._read_file checks a Parquet shard's sha256 on one open (_sha256_of) and reads
+    it on another (read_parquet_within): a publish that swaps the folder in between (here, the
+    swap publish_folder makes, done by hand at that moment) has the reader check the old
+    night's bytes and return the new night's rows, as if they were the manifest's. The JSONL
+    path hashes the very bytes it parses."""
+    from transforms.read import trace_io
+
+    old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    new = write_jsonl(tmp_path / "new.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+    out, other = tmp_path / "out", tmp_path / "other"
+    assert anonymize(tiny_tokenizer, [old], out, "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [new], other, "--block-size", "4") == 0
+    checked = trace_io._sha256_of
+
+    def hashed_then_published(path: str) -> str:
+        digest = checked(path)
+        os.rename(out, tmp_path / "gone")  # the next night is published in out's place
+        os.rename(other, out)
+        return digest
+
+    monkeypatch.setattr(trace_io, "_sha256_of", hashed_then_published)
+    shard = next(out.glob("trace-*.parquet"))
+    checked_rows = [json.loads(line)["input_length"] for line in
+                    shard.with_suffix(".jsonl").read_text().splitlines()]
+    try:
+        read = trace_io.read_trace([str(shard)]).input_length.tolist()
+    except ValueError:
+        return  # refused: the bytes read are not the ones checked
+    assert read == checked_rows, "read the next night's rows as the checked shard's"
