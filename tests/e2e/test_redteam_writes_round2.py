@@ -87,21 +87,33 @@ def test_a_tilde_in_a_path_is_read_and_written_where_it_is_checked(tmp_path):
     assert done.returncode == 2, done.stderr
 
 
+BAILIAN = [{"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 16,
+            "output_length": 5, "type": "text", "turn": 1, "hash_ids": [i]} for i in range(5)]
+
+
 @ROUND2
-def test_a_failed_synthesize_publishes_nothing(tmp_path, capsys):
-    """synthesize of a trace with no readable row says 'error: no trace rows could be read'
-    and exits 1, after publishing an empty -o over the earlier, good output (run_synthesize
-    publishes before the command looks at the summary)."""
-    good = write_jsonl(tmp_path / "good.jsonl", TRACE)
+@pytest.mark.parametrize("command", ["synthesize", "convert-file", "convert-folder"])
+def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
+    """A run with no readable row fails (exit 1: synthesize says 'error: no trace rows could be
+    read'; convert says nothing) after publishing an empty output over the earlier, good one:
+    run_synthesize and convert publish inside file_output/folder_output before the command
+    looks at what it read (convert-folder: an empty shard and a manifest saying 0 rows)."""
+    if command == "synthesize":
+        good = write_jsonl(tmp_path / "good.jsonl", TRACE)
+        args, out = ["synthesize", "--block-size", "4", "-o"], tmp_path / "s.jsonl"
+    else:
+        good = write_jsonl(tmp_path / "good.jsonl", BAILIAN)
+        args = ["convert", "--output"]
+        out = tmp_path / ("c.jsonl" if command == "convert-file" else "c")
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"x": 1}])
-    out = tmp_path / "s.jsonl"
-    assert main(["synthesize", str(good), "--block-size", "4", "-o", str(out)]) == 0
-    earlier = out.read_bytes()
-    assert earlier
+    assert main([args[0], str(good), *args[1:], str(out)]) == 0
+    snapshot = (lambda: {p.name: p.read_bytes() for p in out.iterdir()}) if out.is_dir() else \
+        out.read_bytes
+    earlier = snapshot()
     capsys.readouterr()
-    code = main(["synthesize", str(bad), "--block-size", "4", "-o", str(out)])
+    code = main([args[0], str(bad), *args[1:], str(out)])
     assert code == 1
-    assert out.read_bytes() == earlier, "the failed run replaced the output with an empty file"
+    assert snapshot() == earlier, "the failed run replaced the output with an empty one"
 
 
 @ROUND2
