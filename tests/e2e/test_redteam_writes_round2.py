@@ -252,3 +252,22 @@ def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer
     except ValueError:
         return  # refused: the bytes read are not the ones checked
     assert read == checked_rows, "read the next night's rows as the checked shard's"
+
+
+@ROUND2
+@pytest.mark.parametrize("flag", ["-o", "--json"])
+def test_render_never_replaces_the_tokenizer_it_reads(tmp_path, tiny_tokenizer, flag):
+    """render's location plan (plan_trace_command) lists the traces it reads, not its
+    --tokenizer: -o (or --json) TOKENIZER/tokenizer.json passes the plan, the tokenizer is
+    loaded, and the rendered requests (or the report) replace tokenizer.json, exit 0; the next
+    run says 'not a tokenizer'. An output never replaces what the run reads."""
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, tokenizer)
+    before = (tokenizer / "tokenizer.json").read_bytes()
+    trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
+    outputs = {"-o": str(tmp_path / "r.jsonl"), "--json": str(tmp_path / "r.json")}
+    outputs[flag] = str(tokenizer / "tokenizer.json")
+    code = main(["render", str(trace), "--block-size", "4", "--tokenizer", str(tokenizer),
+                 "--no-verify", "-o", outputs["-o"], "--json", outputs["--json"]])
+    assert (tokenizer / "tokenizer.json").read_bytes() == before, "the tokenizer was replaced"
+    assert code == 2
