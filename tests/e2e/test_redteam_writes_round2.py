@@ -92,15 +92,19 @@ BAILIAN = [{"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_le
 
 
 @ROUND2
-@pytest.mark.parametrize("command", ["synthesize", "convert-file", "convert-folder"])
+@pytest.mark.parametrize("command", ["synthesize", "reuse", "convert-file", "convert-folder"])
 def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
     """A run with no readable row fails (exit 1: synthesize says 'error: no trace rows could be
     read'; convert says nothing) after publishing an empty output over the earlier, good one:
     run_synthesize and convert publish inside file_output/folder_output before the command
-    looks at what it read (convert-folder: an empty shard and a manifest saying 0 rows)."""
+    looks at what it read (convert-folder: an empty shard and a manifest saying 0 rows; reuse:
+    an empty plot over the earlier one, run_reuse publishing before cache.reuse's _has_rows)."""
     if command == "synthesize":
         good = write_jsonl(tmp_path / "good.jsonl", TRACE)
         args, out = ["synthesize", "--block-size", "4", "-o"], tmp_path / "s.jsonl"
+    elif command == "reuse":
+        good = write_jsonl(tmp_path / "good.jsonl", TRACE)
+        args, out = ["reuse", "--block-size", "4", "--output"], tmp_path / "p.png"
     else:
         good = write_jsonl(tmp_path / "good.jsonl", BAILIAN)
         args = ["convert", "--output"]
