@@ -283,3 +283,33 @@ def test_render_never_replaces_the_tokenizer_it_reads(tmp_path, tiny_tokenizer, 
                  "--no-verify", "-o", outputs["-o"], "--json", outputs["--json"]])
     assert (tokenizer / "tokenizer.json").read_bytes() == before, "the tokenizer was replaced"
     assert code == 2
+
+
+@ROUND2
+def test_a_killed_run_never_leaves_the_block_hashes_folder_open(tiny_tokenizer, tmp_path):
+    """publish_block_hashes publishes the private folder with publish_folder, which makes the
+    staging folder 0755 (PUBLIC_FOLDER) before swapping it in, and chmods it back to 0700 only
+    after: a run killed between (the crash-point harness, the steps after the swap) leaves the
+    engine block hashes' folder world-readable and traversable (docs: '0600 in 0700 folders';
+    BLOCK_HASHES.md: 'made owner-only again after the swap')."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    salt.chmod(0o600)
+    base = tmp_path / "base"
+    args = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+            "--salt-file", str(salt), "--hash-scheme", "dynamo"]
+    places = lambda work: ["--output", str(work / "out"),  # noqa: E731
+                           "--emit-block-hashes", str(work / "hashes")]
+    assert main([*args, *places(base)]) == 0
+    counted = _crash(0, "kill", [*args, *places(base)])
+    steps = int(counted.stderr.rsplit("steps: ", 1)[1])
+    opened = []
+    for point in range(1, steps + 1):
+        work = tmp_path / f"kill-{point}"
+        shutil.copytree(base, work, symlinks=True)
+        assert _crash(point, "kill", [*args, *places(work)]).returncode == 137
+        if (work / "hashes").stat().st_mode & 0o077:
+            opened.append(point)
+        shutil.rmtree(work)
+    assert not opened, f"block hashes folder left group/world-accessible after steps {opened}"
