@@ -120,34 +120,43 @@ def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
     assert snapshot() == earlier, "the failed run replaced the output with an empty one"
 
 
+def _snapshot(path: Path) -> object:
+    if path.is_dir():
+        return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+    return path.read_bytes()
+
+
 @ROUND2
 @pytest.mark.parametrize("mode", ["kill", "enospc"])
-def test_synthesize_output_and_summary_are_published_together(tmp_path, mode):
-    """synthesize -o S --json J publishes S, then stages and publishes J as a second file: a
-    kill (or a full disk) between the two leaves the new trace beside the previous run's
-    summary (crash-point harness, steps 4-6), and on a full disk the run exits 2 with its
-    trace published. A run publishes whole or not at all."""
+@pytest.mark.parametrize("command", ["synthesize", "analyze"])
+def test_an_output_and_its_json_report_are_published_together(tmp_path, mode, command):
+    """synthesize -o S --json J publishes S, then stages and publishes J as a second file
+    (analyze --output O --json J: J first, then O): a kill (or a full disk) between the two
+    leaves one output new and the other the previous run's (crash-point harness), and on a
+    full disk the run exits 2 with one output published. A run publishes whole or not at
+    all."""
     first = write_jsonl(tmp_path / "first.jsonl", TRACE[:3])
     second = write_jsonl(tmp_path / "second.jsonl", TRACE)
-    out, summary = tmp_path / "s.jsonl", tmp_path / "s.json"
-    args = ["synthesize", "--block-size", "4", "--seed", "1", "-o", str(out), "--json",
-            str(summary)]
-    assert main([args[0], str(second), *args[1:]]) == 0
-    new = (out.read_bytes(), summary.read_bytes())
-    assert main([args[0], str(first), *args[1:]]) == 0
-    previous = (out.read_bytes(), summary.read_bytes())
-    assert new != previous
-    counted = _crash(0, "kill", [args[0], str(second), *args[1:]])
+    out, summary = tmp_path / "out", tmp_path / "s.json"
+    flag = "-o" if command == "synthesize" else "--output"
+    args = lambda trace: [command, str(trace), "--block-size", "4", flag, str(out),  # noqa: E731
+                          "--json", str(summary)]
+    assert main(args(second)) == 0
+    new = (_snapshot(out), summary.read_bytes())
+    assert main(args(first)) == 0
+    previous = (_snapshot(out), summary.read_bytes())
+    assert new[0] != previous[0] and new[1] != previous[1]
+    counted = _crash(0, "kill", args(second))
     steps = int(counted.stderr.rsplit("steps: ", 1)[1])
     mixed = []
     for point in range(1, steps + 1):
-        assert main([args[0], str(first), *args[1:]]) == 0
-        crashed = _crash(point, mode, [args[0], str(second), *args[1:]])
+        assert main(args(first)) == 0
+        crashed = _crash(point, mode, args(second))
         assert crashed.returncode != 0
-        seen = (out.read_bytes(), summary.read_bytes())
+        seen = (_snapshot(out), summary.read_bytes())
         if seen not in (previous, new):
             mixed.append(point)
-    assert not mixed, f"new trace beside the previous summary after steps {mixed}"
+    assert not mixed, f"one output new, the other the previous run's, after steps {mixed}"
 
 
 @ROUND2
