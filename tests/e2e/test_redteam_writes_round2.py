@@ -322,3 +322,36 @@ def test_a_killed_run_never_leaves_the_block_hashes_folder_open(tiny_tokenizer, 
             opened.append(point)
         shutil.rmtree(work)
     assert not opened, f"block hashes folder left group/world-accessible after steps {opened}"
+
+
+@ROUND2
+@pytest.mark.parametrize("command", ["export", "report"])
+def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tmp_path,
+                                                                              monkeypatch,
+                                                                              command):
+    """export and report refuse an existing -o without --overwrite, but only in the plan
+    (check_file): StagedFile.publish is os.replace, so a file someone writes at -o while the
+    run works (here, at the moment the trace is read) is replaced silently, exit 0. Folders
+    are re-checked at publish ('something may have appeared while the run ran'); files are
+    not (a link(2) or RENAME_NOREPLACE publish would refuse it)."""
+    import pipelines.export
+    import pipelines.report
+
+    trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
+    out = tmp_path / "out.file"
+    module, name = {"export": (pipelines.export, "read_trace"),
+                    "report": (pipelines.report, "read_cache_trace")}[command]
+    read, called = getattr(module, name), []
+
+    def someone_writes_the_output(*args, **kwargs):
+        called.append(args)
+        out.write_bytes(b"someone else's file")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, someone_writes_the_output)
+    args = {"export": ["export", str(trace), "--to", "dynamo", "--block-size", "4"],
+            "report": ["report", str(trace), "--block-size", "4", "--capacity", "8,32"]}[command]
+    code = main([*args, "-o", str(out)])
+    assert called
+    assert out.read_bytes() == b"someone else's file", "replaced without --overwrite"
+    assert code != 0
