@@ -355,3 +355,33 @@ def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tm
     assert called
     assert out.read_bytes() == b"someone else's file", "replaced without --overwrite"
     assert code != 0
+
+
+@ROUND2
+def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_path,
+                                                          monkeypatch):
+    """publish_folder swaps a folder whole so that a reader meets the previous output or the
+    new one; but a reader opens the folder by name for each file (the manifest, then each
+    shard): a publish between the manifest's read and the shards' (done here at that moment)
+    has `analyze OUT` refuse both whole outputs: 'OUT is not a whole kvtrace output: ...
+    differs from its manifest (copied partly?)', exit 2. (Reading through one descriptor of
+    the folder, openat, would read the one it opened.)"""
+    from transforms.read import trace_io
+
+    old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    new = write_jsonl(tmp_path / "new.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(5)])
+    out, staged = tmp_path / "out", tmp_path / "next"
+    assert anonymize(tiny_tokenizer, [old], out, "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [new], staged, "--block-size", "4") == 0
+    promised = trace_io.published_shards
+
+    def then_published(files):
+        found = promised(files)
+        os.rename(out, tmp_path / "previous")  # the next night's publish, at this moment
+        os.rename(staged, out)
+        return found
+
+    monkeypatch.setattr(trace_io, "published_shards", then_published)
+    report = tmp_path / "report.json"
+    assert main(["analyze", str(out), "--json", str(report)]) == 0, "a whole output refused"
+    assert json.loads(report.read_text())["total_requests"] in (4, 5)
