@@ -385,3 +385,34 @@ def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_pa
     report = tmp_path / "report.json"
     assert main(["analyze", str(out), "--json", str(report)]) == 0, "a whole output refused"
     assert json.loads(report.read_text())["total_requests"] in (4, 5)
+
+
+@ROUND2
+def test_dot_dot_after_a_link_is_placed_where_the_system_resolves_it(tmp_path):
+    """written_place and read_place fold `..` lexically (os.path.abspath) before resolving
+    links, but the kernel resolves a/link/.. through the link: input a/link/../t.jsonl (link
+    -> ../elsewhere/sub) is placed as a/t.jsonl while it reads elsewhere/t.jsonl, so --json
+    elsewhere/t.jsonl passes the plan and replaces the very trace read, exit 0."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
+    (tmp_path / "a" / "link").symlink_to("../elsewhere/sub")
+    trace = write_jsonl(tmp_path / "elsewhere" / "t.jsonl", TRACE)
+    before = trace.read_bytes()
+    code = main(["analyze", str(tmp_path / "a" / "link" / ".." / "t.jsonl"), "--block-size", "4",
+                 "--json", str(trace)])
+    assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
+    assert code == 2
+
+
+@ROUND2
+def test_the_lock_file_is_not_created_through_a_link(tmp_path):
+    """output_lock opens parent/.NAME.kvtrace-lock with O_RDWR|O_CREAT and no O_NOFOLLOW: a
+    (dangling) symbolic link planted by that name in a shared parent is followed, so the run
+    creates the file it names, anywhere the user may write (every output location refuses a
+    link: 'never through a link')."""
+    trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
+    victim = tmp_path / "elsewhere" / "created-by-kvtrace"
+    victim.parent.mkdir()
+    (tmp_path / ".r.json.kvtrace-lock").symlink_to(victim)
+    main(["analyze", str(trace), "--block-size", "4", "--json", str(tmp_path / "r.json")])
+    assert not victim.exists(), "the lock was created through the planted link"
