@@ -416,3 +416,18 @@ def test_the_lock_file_is_not_created_through_a_link(tmp_path):
     (tmp_path / ".r.json.kvtrace-lock").symlink_to(victim)
     main(["analyze", str(trace), "--block-size", "4", "--json", str(tmp_path / "r.json")])
     assert not victim.exists(), "the lock was created through the planted link"
+
+
+@ROUND2
+def test_a_full_disk_mid_run_is_a_stopped_job_on_the_local_engine(tiny_tokenizer, tmp_path):
+    """cli: 'exit 2 for a run refused before it started, 1 for a job that stopped'. A disk
+    that fills while the local engine writes its shards (crash-point harness, enospc at a
+    step after the work began) exits 2, as if nothing had started (cli._run maps every
+    OSError to 2); the Beam engine, the same disk full at the same write, exits 1 ('the job
+    failed: ... No space left on device')."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    args = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+            "--output", str(tmp_path / "out"), "--engine", "local"]
+    crashed = _crash(4, "enospc", args)  # a file the job writes (2: the run's marker, before)
+    assert "No space left on device" in crashed.stderr, crashed.stderr
+    assert crashed.returncode == 1, crashed.stderr
