@@ -431,3 +431,22 @@ def test_a_full_disk_mid_run_is_a_stopped_job_on_the_local_engine(tiny_tokenizer
     crashed = _crash(4, "enospc", args)  # a file the job writes (2: the run's marker, before)
     assert "No space left on device" in crashed.stderr, crashed.stderr
     assert crashed.returncode == 1, crashed.stderr
+
+
+@ROUND2
+@pytest.mark.parametrize("damage", ["parquet-cut", "stats-missing"])
+def test_a_folder_missing_part_of_its_manifest_is_not_whole(tiny_tokenizer, tmp_path, damage):
+    """check_whole compares the manifest with the JSONL shards only (PublishedFolder.shards):
+    a copy whose Parquet twin is cut short, or that lacks stats.json, both listed with their
+    sha256 in the manifest, is 'valid' to validate and exported (exit 0), though it is not the
+    output as published (audit: NOT publishable); replayers reading the Parquet twin meet the
+    cut file."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    if damage == "parquet-cut":
+        twin = next(out.glob("trace-*.parquet"))
+        twin.write_bytes(twin.read_bytes()[:100])
+    else:
+        (out / "stats.json").unlink()
+    assert main(["validate", str(out)]) != 0
