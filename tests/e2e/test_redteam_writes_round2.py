@@ -450,3 +450,22 @@ def test_a_folder_missing_part_of_its_manifest_is_not_whole(tiny_tokenizer, tmp_
     else:
         (out / "stats.json").unlink()
     assert main(["validate", str(out)]) != 0
+
+
+@ROUND2
+@pytest.mark.parametrize("spelling", ["trace-*.jsonl", "trace-00000-of-00001.jsonl"])
+@pytest.mark.parametrize("command", ["validate", "analyze"])
+def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(tiny_tokenizer,
+                                                                         tmp_path, command,
+                                                                         spelling):
+    """--json inside the kvtrace folder read is refused when the folder is named (round 1's
+    fix), not when the same folder is read through a glob of its shards or a shard's path:
+    out/report.json matches no wildcard of out/trace-*.jsonl and is not the shard, so the
+    report lands in the published output, which every later run into it then refuses ('holds
+    files kvtrace did not write (report.json)') and audit calls NOT publishable."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    code = main([command, str(out / spelling), "--json", str(out / "report.json")])
+    assert not (out / "report.json").exists(), "the report was written into the trace folder"
+    assert code == 2
