@@ -469,3 +469,33 @@ def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(tiny_to
     code = main([command, str(out / spelling), "--json", str(out / "report.json")])
     assert not (out / "report.json").exists(), "the report was written into the trace folder"
     assert code == 2
+
+
+@ROUND2
+@pytest.mark.parametrize("command", ["analyze", "anonymize"])
+def test_an_output_that_is_a_mount_point_is_refused_before_the_work(tiny_tokenizer, tmp_path,
+                                                                    command):
+    """An output folder that is a mount point (a volume mounted at /out, as containers do)
+    cannot be swapped (renameat2 and rename: EBUSY), but the plan does not look: the work is
+    done, the report printed, and then the run fails with a raw errno ('[Errno 16] Device or
+    resource busy'), leaving anonymize's dead-letter folder made beside it. A location that
+    cannot be published is refused before any work. (A private mount namespace: unshare.)"""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here to mount a folder")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = {"analyze": ["analyze", str(trace), "--block-size", "4", "--output", str(out)],
+            "anonymize": ["anonymize", "--input", str(src), "--output", str(out), "--tokenizer",
+                          tiny_tokenizer, "--block-size", "4"]}[command]
+    script = (f"mount -t tmpfs tmpfs {out} && exec {sys.executable} -m kvtrace.cli "
+              + " ".join(f"'{a}'" for a in args))
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=TESTS.parent,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(TESTS.parent), str(TESTS)])})
+    assert done.returncode == 2, done.stderr
+    assert "Errno" not in done.stderr, done.stderr
+    assert "Rows:" not in done.stdout and "exported" not in done.stdout, "the work was done"
