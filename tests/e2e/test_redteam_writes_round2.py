@@ -530,3 +530,20 @@ def test_reports_are_byte_identical_on_either_engine(tiny_tokenizer, tmp_path, c
                          "--engine", engine]) == 0
             written[engine] = target.read_bytes()
     assert written["local"] == written["beam"]
+
+
+@ROUND2
+def test_a_named_parquet_trace_is_not_dropped_as_a_twin(tmp_path, capsys):
+    """trace_inputs.trace_files drops every Parquet file whose name with .jsonl is also read,
+    as a kvtrace shard's twin, wherever it is and however it was named: `analyze x.jsonl
+    x.parquet`, two different traces outside any kvtrace folder, reads x.jsonl only (3 rows
+    of 9), without a word, exit 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_jsonl(tmp_path / "x.jsonl", TRACE[:3])
+    pq.write_table(pa.Table.from_pylist(TRACE), tmp_path / "x.parquet")
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path / "x.jsonl"), str(tmp_path / "x.parquet"),
+                 "--block-size", "4", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["total_requests"] == 9, "x.parquet was not read"
