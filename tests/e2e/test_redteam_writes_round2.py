@@ -547,3 +547,17 @@ def test_a_named_parquet_trace_is_not_dropped_as_a_twin(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "x.jsonl"), str(tmp_path / "x.parquet"),
                  "--block-size", "4", "--json", str(report)]) == 0
     assert json.loads(report.read_text())["total_requests"] == 9, "x.parquet was not read"
+
+
+@ROUND2
+def test_analyze_output_publishes_for_a_trace_whose_name_is_not_utf8(tmp_path, capsys):
+    """A trace file whose name is not UTF-8 (Linux names are bytes: b't\\xff.jsonl') reads,
+    validates, exports and analyzes (--json) fine, but analyze --output does all the work,
+    prints the report, then fails writing analysis.txt ('utf-8' codec can't encode character
+    '\\udcff': the name, surrogate-escaped, in the text), exit 2, nothing published."""
+    name = os.fsdecode(b"t\xff.jsonl")
+    trace = write_jsonl(tmp_path / name, TRACE)
+    out = tmp_path / "an"
+    code = main(["analyze", str(trace), "--block-size", "4", "--output", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "analysis.txt").exists()
