@@ -561,3 +561,21 @@ def test_analyze_output_publishes_for_a_trace_whose_name_is_not_utf8(tmp_path, c
     code = main(["analyze", str(trace), "--block-size", "4", "--output", str(out)])
     assert code == 0, capsys.readouterr().err
     assert (out / "analysis.txt").exists()
+
+
+@ROUND2
+def test_the_current_folder_as_output_is_published_or_refused_before_the_work(tmp_path):
+    """analyze --output . (an empty current folder): staging_folder splits the relative '.'
+    into no parent, so the run stages in ./..kvtrace-staging-RUNID, inside its own output; the
+    work is done and printed, then the publish re-check refuses the output for holding that
+    very folder ('holds files kvtrace did not write (...kvtrace-staging-...)'), exit 2. The
+    lock (abspath) places it beside; the staging does not."""
+    trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = _run(["analyze", str(trace), "--block-size", "4", "--output", "."], work)
+    if done.returncode == 0:
+        assert sorted(p.name for p in work.iterdir()) == ["analysis.json", "analysis.txt"]
+        return
+    assert done.returncode == 2 and "Rows:" not in done.stdout, "refused after the work"
+    assert "kvtrace-staging" not in done.stderr, done.stderr
