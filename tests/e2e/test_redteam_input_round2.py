@@ -1,0 +1,130 @@
+"""Red-team round 2: hostile input to `kvtrace anonymize` and the reading commands, past the
+round-1 fixes (test_redteam_input.py). Each test asserts a promise the tool makes and fails
+today (2026-11-26)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, anonymize, chat, trace, write_jsonl
+
+pytestmark = [pytest.mark.slow]
+ROUND2 = "red team round 2"
+
+
+def _template_folder(tiny_tokenizer, tmp_path, template: str):
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(template + "{{ messages[0].content }}")
+    return folder
+
+
+# ---- one-call builders the sandbox does not size --------------------------------------------
+
+# bounded_sandbox.py sizes *, **, %, format, expandtabs, join, replace, indent, ~ and +. Other
+# single C calls build a value far larger than their operands, unsized: each below builds a
+# 300 M-character value (over MAX_VALUE_LENGTH, 256 Mi) in one call the watchdog cannot stop,
+# and the request is exported through it. Scaled 10x it is 3 GB in one allocation.
+UNSIZED = {
+    # str.translate: each character mapped to a 1 M-character string
+    "str.translate": "{{ ('x' * 300).translate({120: 'y' * 1000000})|length }}",
+    # jinja's wordwrap: wrapstring.join over every wrapped line
+    "wordwrap wrapstring": "{{ ('a ' * 300)|wordwrap(1, wrapstring='x' * 1000000)|length }}",
+    # str() of a list that holds one long string 300 times (|string, print, ~ all call it)
+    "string of a repeated list": "{{ ([('x' * 1000000)] * 300)|string|length }}",
+    # transformers' tojson: json.dumps of the same
+    "tojson of a repeated list": "{{ ([('x' * 1000000)] * 300)|tojson|length }}",
+    # markupsafe's escape: '\"' becomes '&#34;', 5x
+    "escape": "{{ ('\"' * 60000000)|e|length }}",
+    # str.upper: the ligature U+FB03 becomes 'FFI', 3x
+    "upper": "{{ ('\\ufb03' * 100000000)|upper|length }}",
+}
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND2)
+@pytest.mark.parametrize("template", UNSIZED.values(), ids=UNSIZED.keys())
+def test_a_template_cannot_build_a_value_past_the_bound_in_an_unsized_call(tiny_tokenizer,
+                                                                         tmp_path, template):
+    folder = _template_folder(tiny_tokenizer, tmp_path, template)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
+    anonymize(str(folder), [src], tmp_path / "out", "--block-size", "4", "--processes", "1")
+    # a value over MAX_VALUE_LENGTH was built: no request may be exported through it
+    assert not list((tmp_path / "out").glob("trace-*")) or trace(tmp_path / "out") == []
+
+
+# ---- one C call that runs for hours: the render budget never fires, nor does SIGTERM --------
+
+@pytest.mark.xfail(strict=True, reason=ROUND2)
+def test_a_template_cannot_hang_the_run_in_one_c_call(tiny_tokenizer, tmp_path):
+    """`sum` of a million one-item lists with start=[] is one C call (builtin sum) doing
+    quadratic work (5e11 pointer copies) on 8 MB: every check passes (no integer over
+    MAX_ARGUMENT, no value over the bound). The call holds the GIL, so neither the render
+    watchdog (5 s budget) nor the stop watcher can run: the run hangs for well over ten minutes
+    (measured: 11 min of CPU, then SIGKILL), and `timeout`'s SIGTERM is not honoured either."""
+    folder = _template_folder(tiny_tokenizer, tmp_path,
+                              "{{ ([[1]] * 1000000)|sum(start=[])|length }}")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
+         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        time.sleep(20)  # start-up, then 5 s of render budget, with room to spare
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM: a stopped run ends promptly
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        ended = proc.poll() is not None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert ended, "still running 40 s in (20 s after SIGTERM) on a 2-record input"
+
+
+# ---- a Parquet dictionary bomb through the dense fallback -------------------------------------
+
+def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
+    probe = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+             "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    code, peak = done.stdout.split()[-2:]
+    return int(code), int(peak), done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND2)
+def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tokenizer,
+                                                                      tmp_path):
+    """The round-1 bomb (a 3.9 MB dictionary entry referenced by 128 rows, 1.5 KB file) plus one
+    more row written after pyarrow's writer fell back to PLAIN pages (its dictionary is over
+    dictionary_pagesize_limit): paths.group_reader reads a chunk whose pages are not all
+    dictionary-indexed dense, so Arrow decodes 64 rows at once, 3.9 MB each, before any row is
+    sized. Measured: ~870 MB peak (138 MB for the round-1 bomb), where docs/BOUNDS.md promises
+    reading under 9 x --max-record-bytes (36 MiB here)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 128
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({
+        "timestamp": pa.array(["not a time"] * (rows + 1)),  # rejected once read
+        "prompt": pa.array(["hello " * 650_000] * rows + ["b"]),
+        "output_length": pa.array([1] * (rows + 1))}), path, compression="zstd",
+        write_batch_size=rows, data_page_size=1024)
+    assert path.stat().st_size < 4096
+    code, peak, said = _peak_rss_mb(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(path), "--output",
+         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+         "--processes", "1", "--max-record-bytes", str(4 << 20)])
+    assert peak < 9 * 4 + 300, f"{peak} MB peak reading a {rows + 1}-row, 1.5 KB Parquet file"
