@@ -43,8 +43,10 @@ UNSIZED = {
     "tojson of a repeated list": "{{ ([('x' * 1000000)] * 300)|tojson|length }}",
     # markupsafe's escape: '\"' becomes '&#34;', 5x
     "escape": "{{ ('\"' * 60000000)|e|length }}",
-    # str.upper: the ligature U+FB03 becomes 'FFI', 3x
-    "upper": "{{ ('\\ufb03' * 100000000)|upper|length }}",
+    # jinja's join with attribute=: the items sized are the dicts (0), not the strings joined
+    "join attribute": "{{ ([{'a': 'x' * 1000000}] * 300)|join(attribute='a')|length }}",
+    # transformers' tojson with indent (under MAX_ARGUMENT): a million spaces per line
+    "tojson indent": "{{ ([0] * 300)|tojson(indent=1000000)|length }}",
 }
 
 
