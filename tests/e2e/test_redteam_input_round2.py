@@ -105,31 +105,50 @@ def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
     return int(code), int(peak), done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
-def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tokenizer,
-                                                                      tmp_path):
-    """The round-1 bomb (a 3.9 MB dictionary entry referenced by 128 rows, 1.5 KB file) plus one
-    more row written after pyarrow's writer fell back to PLAIN pages (its dictionary is over
-    dictionary_pagesize_limit): paths.group_reader reads a chunk whose pages are not all
-    dictionary-indexed dense, so Arrow decodes 64 rows at once, 3.9 MB each, before any row is
-    sized. Measured: ~870 MB peak (138 MB for the round-1 bomb), where docs/BOUNDS.md promises
-    reading under 9 x --max-record-bytes (36 MiB here)."""
+def _prompt_bomb(path, rows: int) -> None:
+    """The round-1 bomb plus one row written after pyarrow's writer fell back to PLAIN pages."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = 128
-    path = tmp_path / "bomb.parquet"
     pq.write_table(pa.table({
         "timestamp": pa.array(["not a time"] * (rows + 1)),  # rejected once read
         "prompt": pa.array(["hello " * 650_000] * rows + ["b"]),
         "output_length": pa.array([1] * (rows + 1))}), path, compression="zstd",
         write_batch_size=rows, data_page_size=1024)
+
+
+def _messages_bomb(path, rows: int) -> None:
+    """Chat rows as any tool writes them: pyarrow's defaults, one 3.9 MB message repeated."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({
+        "timestamp": pa.array(["not a time"] * rows),
+        "messages": pa.array([[{"role": "user", "content": "hello " * 650_000}]] * rows),
+        "output_length": pa.array([1] * rows)}), path, compression="zstd")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND2)
+@pytest.mark.parametrize("write", [_prompt_bomb, _messages_bomb], ids=["prompt", "messages"])
+def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tokenizer,
+                                                                      tmp_path, write):
+    """A 3.9 MB dictionary entry referenced by 128 rows (a 1.5-2.4 KB file), whose column chunk
+    also holds a PLAIN page: pyarrow's writer falls back to PLAIN once its dictionary is over
+    dictionary_pagesize_limit (1 MB), which any entry over 1 MB does, with its defaults too
+    (the messages case: pages dictionary, 127 indices, 1 PLAIN value). paths.group_reader reads
+    a chunk whose pages are not all dictionary-indexed dense (_dictionary_throughout), so Arrow
+    decodes 64 rows at once, 3.9 MB each, before any row is sized. Measured: ~870 MB peak
+    (138 MB for the round-1 bomb), where docs/BOUNDS.md promises reading under
+    9 x --max-record-bytes (36 MiB here)."""
+    rows = 128
+    path = tmp_path / "bomb.parquet"
+    write(path, rows)
     assert path.stat().st_size < 4096
     code, peak, said = _peak_rss_mb(
         [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(path), "--output",
          str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
          "--processes", "1", "--max-record-bytes", str(4 << 20)])
-    assert peak < 9 * 4 + 300, f"{peak} MB peak reading a {rows + 1}-row, 1.5 KB Parquet file"
+    assert peak < 9 * 4 + 300, f"{peak} MB peak reading a {rows}-row, 2 KB Parquet file"
 
 
 # ---- a Parquet page header nested past Python's recursion limit ends the run ------------------
