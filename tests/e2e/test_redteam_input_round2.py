@@ -243,3 +243,35 @@ def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
                for item in read_range(piece, 16 << 20)]
     assert len(records) == 2  # the record, and the oversized rest
     assert consumed[0] < 3 * size, f"{consumed[0] / size:.0f} x the file's size read"
+
+
+# ---- one Parquet cell Python cannot hold ends the run --------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND2)
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, tmp_path,
+                                                                engine):
+    """A Parquet timestamp[s] column, one row of which holds 10**12 s (year ~33,658): Arrow
+    holds it, but to_pylist (sources._row_group) raises OverflowError ("date value out of
+    range"), which is neither OSError, ValueError nor ArrowException: the run fails ("the job
+    failed: OverflowError", both engines), losing the 99 good rows and the good file beside,
+    instead of one dead letter (or, at worst, a damaged_file letter for its row group)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 100
+    stamps = [1_764_000_000 + i for i in range(rows)]
+    stamps[50] = 10 ** 12
+    path = tmp_path / "stamps.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array(stamps, pa.timestamp("s")),
+                             "prompt": pa.array(["hello world"] * rows),
+                             "output_length": pa.array([1] * rows)}), path)
+    good = write_jsonl(tmp_path / "good.jsonl", [{"timestamp": 1_764_000_000_000 + i,
+                                                  "prompt": "hello world", "output_length": 1}
+                                                 for i in range(4)])
+    out = tmp_path / "out"
+    code = anonymize(tiny_tokenizer, [good, path], out, "--block-size", "4",
+                     "--max-rejected-fraction", "1", "--engine", engine)
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"]["exported"] >= 4
