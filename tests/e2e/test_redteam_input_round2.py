@@ -275,3 +275,25 @@ def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, 
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"]["exported"] >= 4
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND2)
+@pytest.mark.parametrize("command", [["analyze"], ["validate"], ["simulate", "--capacity", "100"]])
+def test_a_trace_timestamp_past_year_9999_is_a_malformed_row(tmp_path, capsys, command):
+    """The same cell in a trace Parquet file (timestamp[s] = 10**12): analyze, validate and
+    simulate end with "the job failed: OverflowError: date value out of range" instead of
+    counting a malformed row (docs/BOUNDS.md: a bad trace row is a malformed line for analyze,
+    a failed check for validate)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.cli import main
+
+    path = tmp_path / "trace.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array([10 ** 12] * 5, pa.timestamp("s")),
+                             "input_length": pa.array([8] * 5),
+                             "output_length": pa.array([2] * 5),
+                             "hash_ids": pa.array([[0, i] for i in range(5)])}), path)
+    main([*command, str(path)])
+    said = capsys.readouterr()
+    assert "job failed" not in said.err and "OverflowError" not in said.err, said.err[-300:]
