@@ -50,3 +50,54 @@ def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp
                              session=session, ids=columns.ids + word),
                ids_extend_map=True)
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
+    """manifest.json promises "no string an operator typed, no path": a local tokenizer folder's
+    path is never published. Yet each file name under its additional_chat_templates/ (16 names
+    of up to 64 free characters) is published as a key of tokenizer.sha256, and the gate passes
+    it: an operator's own text, named as the operator chose, in the published folder."""
+    import shutil
+
+    from tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(tmp_path / "tok")
+    extra = Path(tokenizer) / "additional_chat_templates"
+    extra.mkdir()
+    secret = "patient_jane_doe_dob_1980-01-01"
+    shutil.copy(Path(tokenizer) / "chat_template.jinja", extra / f"{secret}.jinja")
+    night = write_jsonl(tmp_path / "night.jsonl", _night(4))
+    out = tmp_path / "out"
+    assert anonymize(str(tokenizer), [night], out, "--block-size", "4") == 0
+    published = b"".join(p.read_bytes() for p in out.iterdir())
+    assert secret.encode() not in published or not audit(str(out))["publishable"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_record_counts_still_carry_free_numbers_when_consistent(outputs, tmp_path):
+    """Round 1's fix flags counts that exceed the rows (without_output_length > exported), not
+    free numbers: rejected (with read = exported + rejected), damaged_files <= rejected and
+    lost_bytes, which nothing bounds, still carry three 40-bit words of text each."""
+    folder = _copy(outputs["plain"], tmp_path)
+    records = _manifest(folder)["records"]
+    word = int.from_bytes(SECRET, "big")
+    records.update(rejected=word, read=records["exported"] + word, damaged_files=word,
+                   lost_bytes=word)
+    _republish(folder, records=records)
+    _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_file_times_carry_free_data(outputs, tmp_path):
+    """The extended-attribute channel of round 1, through the other metadata copies keep
+    (rsync -t, cp -p, tar, gsutil's goog-reserved-file-mtime): a file's mtime. kvtrace writes
+    files at the time of the run; a published mtime of 1980 whose nanoseconds are 5 bytes of
+    text is never looked at."""
+    import os
+
+    folder = _copy(outputs["plain"], tmp_path)
+    stamp = 315_532_800 * 10**9 + int.from_bytes(SECRET[:3], "big")  # 1980-01-01 + text in ns
+    for path in folder.iterdir():
+        os.utime(path, ns=(stamp, stamp))
+    _refused(folder)
