@@ -1,0 +1,37 @@
+"""Red team round 2: privacy and precision beyond the gate's byte checks (streaming's published
+figures, time, determinism)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HOUR = 3_600_000
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_cumulative_json_publishes_the_first_requests_time_within_the_hour(tmp_path):
+    """Streaming windows start on epoch multiples of --window-ms (by_window: ts // W * W), and
+    cumulative.json's published_until_ms is the last window's end minus the trace's zero: so
+    (-published_until_ms) mod W is the zero's epoch mod W. With the defaults (1 h windows, 1 ms
+    granularity) the first request's minute, second and millisecond are published exactly, and
+    with them every row's wall-clock time within the hour; docs/STREAMING.md promises "the zero's
+    epoch is never published"."""
+    from pipelines.anonymize_config import AnonymizeConfig
+    from pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
+    from transforms.encode.salt import SaltSource
+
+    job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
+                          staging=str(tmp_path / "staging"), tokenizer="x",
+                          salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(tmp_path / "rejected"), block_size=4)
+    config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s")  # default 1 h windows
+    origin = 1_767_225_600_000 + 37 * 60_000 + 12_345  # 2026-01-01 00:37:12.345
+    window = origin // HOUR * HOUR
+    summary = cumulative_summary(config, Progress(origin_ms=origin, published_ms=window,
+                                                  windows=1, rows=1))
+    recovered = -summary["published_until_ms"] % HOUR
+    assert recovered != origin % HOUR, "the zero's minute:second.ms within the hour is published"
