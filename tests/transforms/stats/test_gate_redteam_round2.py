@@ -101,3 +101,20 @@ def test_file_times_carry_free_data(outputs, tmp_path):
     for path in folder.iterdir():
         os.utime(path, ns=(stamp, stamp))
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_lengths_and_response_times_kvtrace_never_writes_pass(outputs, tmp_path):
+    """kvtrace's reader refuses an output_length above 2^31 - 1 (records.MAX_COUNT) and a
+    response time above 2^31 - 1 ms (response_end.MAX_RESPONSE_MS): no row it writes holds more.
+    The gate bounds every integer only by 2^40, so 5 bytes of text ("alice" = 4.2e11) in a row's
+    output_length and in its response_ms pass: values kvtrace cannot write."""
+    folder = _copy(outputs["plain"], tmp_path)
+    columns = _columns(folder)
+    word = int.from_bytes(SECRET, "big")
+    assert 2**31 < word < 2**40
+    output_length, response = columns.output_length.copy(), columns.response_ms.copy()
+    output_length[1] = word
+    response[0] = word
+    _republish(folder, _with(columns, output_length=output_length, response_ms=response))
+    _refused(folder)
