@@ -118,3 +118,28 @@ def test_lengths_and_response_times_kvtrace_never_writes_pass(outputs, tmp_path)
     response[0] = word
     _republish(folder, _with(columns, output_length=output_length, response_ms=response))
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+@pytest.mark.parametrize("name", ["security.note", "system.posix_acl_access"])
+def test_extended_attributes_outside_user_and_trusted_pass(outputs, tmp_path, name):
+    """Round 1's fix (_check_attributes) flags only user.* and trusted.* attributes. A
+    security.* attribute of any name and value (as root, or where no security module claims the
+    name), and a POSIX ACL whose entries name uids of the attacker's choosing (4 bytes each:
+    "alic"), pass; cp -a, rsync -AX (as root) and tar --acls --xattrs carry them along."""
+    import os
+    import struct
+
+    folder = _copy(outputs["plain"], tmp_path)
+    target = folder / "trace-00000-of-00001.jsonl"
+    if name.startswith("system."):  # the kernel's ACL xattr: version 2, (tag, perm, id) entries
+        value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, uid) for tag, perm, uid in (
+            (0x01, 6, 0xFFFFFFFF), (0x02, 4, int.from_bytes(b"alic", "big")),
+            (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF)))
+    else:
+        value = b"patient jane doe, dob 1980-01-01"
+    try:
+        os.setxattr(target, name, value)
+    except (OSError, AttributeError):
+        pytest.skip(f"no {name} attributes here")
+    _refused(folder)
