@@ -143,3 +143,17 @@ def test_extended_attributes_outside_user_and_trusted_pass(outputs, tmp_path, na
     except (OSError, AttributeError):
         pytest.skip(f"no {name} attributes here")
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_extended_attributes_on_the_folder_itself_pass(outputs, tmp_path):
+    """_check_attributes looks at the folder's entries, never at the folder: a user.* attribute
+    on the published directory (copied by cp -a, rsync -X, tar --xattrs of the folder) passes."""
+    import os
+
+    folder = _copy(outputs["plain"], tmp_path)
+    try:
+        os.setxattr(folder, "user.note", b"patient jane doe, dob 1980-01-01")
+    except (OSError, AttributeError):
+        pytest.skip("no user extended attributes on this file system")
+    _refused(folder)
