@@ -157,3 +157,20 @@ def test_extended_attributes_on_the_folder_itself_pass(outputs, tmp_path):
     except (OSError, AttributeError):
         pytest.skip("no user extended attributes on this file system")
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
+    """tokenizer.sha256 is checked for shape only (64 hex digits per file, up to 20 files with
+    16 names of the attacker's choosing), and a vllm scheme's 16 hex digits are checked against
+    nothing: 32 free bytes per digest, ~700 bytes of text in all, pass. The gate has no
+    tokenizer to compare them to (`kvtrace audit` takes none)."""
+    folder = _copy(outputs["plain"], tmp_path)
+    tokenizer = _manifest(folder)["tokenizer"]
+    text = b"patient jane doe, dob 1980-01-01".hex()  # 32 bytes: 64 hex digits
+    tokenizer["sha256"] = {name: text for name in tokenizer["sha256"]}
+    for i in range(16):
+        tokenizer["sha256"][f"additional_chat_templates/t{i}.jinja"] = text
+    _republish(folder, tokenizer=tokenizer, hash_scheme="vllm-sha256-cbor-v1:" + text[:16],
+               hash_scheme_keyed=False)
+    _refused(folder)
