@@ -174,3 +174,22 @@ def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
     _republish(folder, tokenizer=tokenizer, hash_scheme="vllm-sha256-cbor-v1:" + text[:16],
                hash_scheme_keyed=False)
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_output_ids_permuted_out_of_first_seen_order(tiny_tokenizer, tmp_path):
+    """Round 1's first-seen check (_Rows._check_order) covers prompt ids and sessions, never
+    output_hash_ids: kvtrace numbers output-only ids after the night's prompt ids, in first-seen
+    order (23, 24, ...), but any relabelling of them keeps the set dense and passes, a covert
+    channel of log2(N!) bits (N output-only ids), as prompt ids were in round 1."""
+    night = write_jsonl(tmp_path / "texts.jsonl", _night(12, with_output_text=True))
+    folder = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [night], folder, "--block-size", "4",
+                     "--emit-output-hashes") == 0
+    columns = _columns(folder)
+    only = sorted(set(columns.output_ids.tolist()) - set(columns.ids.tolist()))
+    assert len(only) > 2
+    relabel = dict(zip(only, only[::-1]))
+    output_ids = np.array([relabel.get(v, v) for v in columns.output_ids.tolist()], np.int64)
+    _republish(folder, _with(columns, output_ids=output_ids))
+    _refused(folder)
