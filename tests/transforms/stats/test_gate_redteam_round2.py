@@ -193,3 +193,37 @@ def test_output_ids_permuted_out_of_first_seen_order(tiny_tokenizer, tmp_path):
     output_ids = np.array([relabel.get(v, v) for v in columns.output_ids.tolist()], np.int64)
     _republish(folder, _with(columns, output_ids=output_ids))
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
+    """kvtrace cuts shards only at write/shards.MAX_BLOCKS_PER_SHARD (8M blocks): a 12-row night
+    is one shard. The gate checks each shard's bytes and the rows across them, never where the
+    cuts fall or how many there are: 12 rows cut into 3 shards after rows 1 and 7 pass, the
+    shard count and cut points a free channel (up to 99,999 shards)."""
+    from transforms.stats.audit import _Rows
+    from transforms.trace_format import MANIFEST, STATS, canonical_json, jsonl_bytes, \
+        parquet_bytes, shard_name
+    from transforms.write.publish import sha256_of
+    from transforms.write.replayers import replay_commands
+
+    folder = _copy(outputs["plain"], tmp_path)
+    columns = _columns(folder)
+    for path in folder.glob("trace-*"):
+        path.unlink()
+    cuts = [0, 1, 7, len(columns)]
+    for shard in range(3):
+        part = columns.rows(cuts[shard], cuts[shard + 1])
+        (folder / shard_name(shard, 3, ".jsonl")).write_bytes(jsonl_bytes(part))
+        (folder / shard_name(shard, 3, ".parquet")).write_bytes(parquet_bytes(part))
+    manifest = _manifest(folder)
+    rows = _Rows()
+    rows.block_size = manifest["block_size"]
+    rows.add(columns, None)
+    (folder / STATS).write_bytes(canonical_json(rows.stats()))
+    manifest["files"] = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
+    manifest["sha256"] = {n: sha256_of((folder / n).read_bytes()) for n in manifest["files"]}
+    manifest["replay"] = replay_commands(manifest["block_size"], manifest["records"]["exported"],
+                                         manifest["files"])
+    (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    _refused(folder)
