@@ -227,3 +227,44 @@ def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
                                          manifest["files"])
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     _refused(folder)
+
+
+def _renumbered(columns, order):
+    """The rows in a new order, ids and sessions numbered again in first-seen order (as
+    kvtrace's dense_ids numbers them): every check the gate makes on a night still holds."""
+    ends = np.cumsum(columns.num_ids)
+    rows = [columns.ids[ends[r] - columns.num_ids[r]:ends[r]] for r in order]
+    ids = np.concatenate(rows)
+    first = {}
+    for value in ids.tolist():
+        first.setdefault(value, len(first))
+    sessions = {}
+    session = columns.session[order]
+    for value in session.tolist():
+        if value >= 0:
+            sessions.setdefault(value, len(sessions))
+    return _with(columns, timestamp=columns.timestamp[order],
+                 input_length=columns.input_length[order],
+                 output_length=columns.output_length[order], num_ids=columns.num_ids[order],
+                 ids=np.array([first[v] for v in ids.tolist()], np.int64),
+                 session=np.array([sessions.get(v, -1) for v in session.tolist()], np.int64),
+                 response_ms=columns.response_ms[order])
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenizer, tmp_path):
+    """Rows that share a published timestamp (every row of a granule with
+    --timestamp-granularity-ms) may be put in any order as long as ids and sessions are then
+    numbered again first-seen: the gate checks only that time never decreases. kvtrace writes
+    one order for them; any other is a channel of log2(k!) bits per k tied rows (with an
+    hour's granularity, most of a night)."""
+    night = write_jsonl(tmp_path / "night.jsonl", _night(12))
+    folder = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [night], folder, "--block-size", "4",
+                     "--timestamp-granularity-ms", "60000") == 0
+    columns = _columns(folder)
+    assert (columns.timestamp == 0).all()  # one granule: 12 rows tied
+    order = np.arange(len(columns))[::-1].copy()
+    _republish(folder, _renumbered(columns, order))
+    assert _columns(folder).timestamp.tolist() == columns.timestamp.tolist()
+    _refused(folder)
