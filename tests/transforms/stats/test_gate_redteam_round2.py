@@ -268,3 +268,22 @@ def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenize
     _republish(folder, _renumbered(columns, order))
     assert _columns(folder).timestamp.tolist() == columns.timestamp.tolist()
     _refused(folder)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_objects(outputs,
+                                                                                 tmp_path):
+    """Round 1's fix keeps a JSONL shard without its twin unread, but beside a real Parquet
+    twin a JSONL shard that is not its bytes is parsed whole into Python objects to word the
+    flag (_why_not_canonical -> columns_of_jsonl): ~36 bytes of memory per byte of file (20 MB
+    took 800 MB here, an audit of the bare folder 77 MB), so a shard within MAX_SHARD_BYTES
+    (2 GiB) costs ~70 GB. The flag needs no parse of the whole file."""
+    from test_gate_redteam import _peak_memory_of_audit
+
+    folder = _copy(outputs["plain"], tmp_path)
+    line = (b'{"timestamp": 0, "input_length": 4000, "output_length": 0, "hash_ids": ['
+            + b", ".join([b"0"] * 1000) + b"]}\n")
+    (folder / "trace-00000-of-00001.jsonl").write_bytes(line * (20_000_000 // len(line)))
+    publishable, peak = _peak_memory_of_audit(folder)
+    assert not publishable
+    assert peak < 300 << 20, f"a 20 MB JSONL shard: the audit peaked at {peak:,} bytes"
