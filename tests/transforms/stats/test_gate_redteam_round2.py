@@ -287,3 +287,24 @@ def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_object
     publishable, peak = _peak_memory_of_audit(folder)
     assert not publishable
     assert peak < 300 << 20, f"a 20 MB JSONL shard: the audit peaked at {peak:,} bytes"
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
+    """audit._read reads each shard file with handle.read(MAX_SHARD_BYTES + 1): the buffer of
+    2 GiB + 1 is allocated before a byte is read, whatever the file's size. Under an address
+    space limit of 2 GB (ulimit -v, prlimit --as) `kvtrace audit` of a 7 KB folder stops with
+    "the job failed: MemoryError" (exit 1, read as "flagged"), instead of reading 7 KB."""
+    import resource
+    import subprocess
+    import sys
+
+    limit = 2_000_000_000
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"])],
+                         capture_output=True, text=True, timeout=300, preexec_fn=cap,
+                         cwd=str(Path(__file__).resolve().parents[3]))
+    assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
