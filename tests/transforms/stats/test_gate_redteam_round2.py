@@ -308,3 +308,22 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
                          capture_output=True, text=True, timeout=300, preexec_fn=cap,
                          cwd=str(Path(__file__).resolve().parents[3]))
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_one_block_id_with_two_token_counts(outputs, tmp_path):
+    """A block id stands for its whole prefix, so it always holds the same tokens: a prompt's
+    partial last block has one size wherever its id appears. The gate keeps each id's first
+    token count (_Rows._distinct) and never compares the others: a repeat of the first prompt
+    (ids [0, 1, 2, 3, 4], 18 tokens) republished with 17 tokens, its id sequence unchanged,
+    passes. Every row ending in a shared block carries log2(block size) free bits (9 at 512)."""
+    folder = _copy(outputs["plain"], tmp_path)
+    columns = _columns(folder)
+    ends = np.cumsum(columns.num_ids)
+    repeats = [r for r in range(len(columns))
+               if columns.ids[ends[r] - columns.num_ids[r]:ends[r]].tolist() == [0, 1, 2, 3, 4]]
+    assert len(repeats) > 1 and columns.input_length[repeats[0]] == 18
+    input_length = columns.input_length.copy()
+    input_length[repeats[-1]] = 17
+    _republish(folder, _with(columns, input_length=input_length))
+    _refused(folder)
