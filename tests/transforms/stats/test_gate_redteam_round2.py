@@ -133,9 +133,9 @@ def test_extended_attributes_outside_user_and_trusted_pass(outputs, tmp_path, na
     folder = _copy(outputs["plain"], tmp_path)
     target = folder / "trace-00000-of-00001.jsonl"
     if name.startswith("system."):  # the kernel's ACL xattr: version 2, (tag, perm, id) entries
-        value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, uid) for tag, perm, uid in (
-            (0x01, 6, 0xFFFFFFFF), (0x02, 4, int.from_bytes(b"alic", "big")),
-            (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF)))
+        entries = ((0x01, 6, 0xFFFFFFFF), (0x02, 4, int.from_bytes(b"alic", "big")),
+                   (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF))
+        value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
     else:
         value = b"patient jane doe, dob 1980-01-01"
     try:
