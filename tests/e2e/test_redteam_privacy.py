@@ -3,7 +3,6 @@ figures, time, determinism)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 pytestmark = pytest.mark.slow
