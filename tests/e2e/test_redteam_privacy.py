@@ -55,3 +55,26 @@ def test_row_order_within_a_coarse_timestamp_publishes_the_finer_order(tiny_toke
                          str(tmp_path / "salt"), "--timestamp-granularity-ms", "1000") == 0
         published.append((out / "trace-00000-of-00001.jsonl").read_bytes())
     assert published[0] == published[1]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 2")
+def test_an_id_map_begun_on_relative_times_publishes_a_later_nights_epoch(tiny_tokenizer,
+                                                                          tmp_path):
+    """Within one input a relative time among epoch dates is a dead letter
+    (timestamp_kind_mismatch), but an id map keeps only its origin, not its kind: a map begun on
+    a replay log's relative offsets (5 s) and extended by a night of epoch dates publishes that
+    night's wall-clock time (1699999995000: the epoch ms minus 5 s) as every timestamp. Exit 0,
+    the folder written; only the gate's 2^40 bound stops it from being published."""
+    from conftest import anonymize, chat, write_jsonl
+
+    (tmp_path / "salt").write_bytes(b"k" * 32)
+    mapped = ("--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt"),
+              "--block-size", "4")
+    replay = write_jsonl(tmp_path / "replay.jsonl", [chat(i, 5_000 + 1_000 * i) for i in range(4)])
+    dated = write_jsonl(tmp_path / "dated.jsonl",
+                        [chat(i, 1_700_000_000_000 + 1_000 * i) for i in range(4)])
+    assert anonymize(tiny_tokenizer, [replay], tmp_path / "night1", *mapped) == 0
+    code = anonymize(tiny_tokenizer, [dated], tmp_path / "night2", *mapped)
+    shard = tmp_path / "night2" / "trace-00000-of-00001.jsonl"
+    published = shard.read_text() if code == 0 and shard.exists() else ""
+    assert "16999999" not in published, published[:200]
