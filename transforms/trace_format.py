@@ -47,6 +47,10 @@ NO_SESSION = -1  # in columns: the request had no session
 # No count, length, time in ms (~35 years) or dense id a night publishes comes near this: a
 # larger integer is a hash or a token id, whatever field it is in.
 MAX_PUBLISHED_INT = 1 << 40
+# Output lengths beyond 2^31 tokens are no model's, and a response of more than 24 days (the
+# int32 range in ms) no serving engine's: the reader refuses them (read/records.py,
+# read/response_end.py), so no published row holds more.
+MAX_OUTPUT_LENGTH = MAX_RESPONSE_MS = 2**31 - 1
 MAX_BLOCK_SIZE = 1 << 20
 # JSON documents kvtrace writes nest a few levels; deeper ones are refused before any walk.
 MAX_JSON_DEPTH = 32
@@ -260,14 +264,16 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
 
 def check_values(columns: TraceColumns) -> None:
     """The ranges every published value lies in, whichever file the rows came from: counts,
-    lengths, times and ids in [0, 2^40); a session or response time may also be absent (-1)."""
+    lengths, times and ids in [0, 2^40), output lengths and response times within what the
+    reader accepts; a session or response time may also be absent (-1)."""
     for name in ("timestamp", "input_length", "output_length", "num_ids", "ids", "session",
                  "response_ms", "num_output_ids", "output_ids"):
         values = getattr(columns, name)
         low = -1 if name in ("session", "response_ms") else 0
-        if values is not None and len(values) and (values.min() < low or
-                                                   values.max() >= MAX_PUBLISHED_INT):
-            raise FormatError(f"integers outside [0, 2^40) (hashes?): {name}")
+        high = {"output_length": MAX_OUTPUT_LENGTH, "response_ms": MAX_RESPONSE_MS}.get(
+            name, MAX_PUBLISHED_INT - 1)
+        if values is not None and len(values) and (values.min() < low or values.max() > high):
+            raise FormatError(f"integers outside [{low}, {high}] (hashes or text?): {name}")
 
 
 def _parquet_columns(table: pa.Table) -> TraceColumns:

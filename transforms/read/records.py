@@ -20,10 +20,10 @@ from transforms.read.json_tree import check_tree, orjson_reading
 from transforms.read.response_end import response_ms
 from transforms.read.shapes import check_record
 from transforms.read.timestamps import timestamp_ms
+from transforms.trace_format import MAX_OUTPUT_LENGTH
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
-# Output lengths beyond 2^31 tokens are no model's; they would only overflow later sums.
-MAX_COUNT = 2**31 - 1
+MAX_COUNT = MAX_OUTPUT_LENGTH  # also bounds the other counts a record gives
 # Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
 MAX_TOKEN_ID = 2**32 - 1
 # A record is rendered and tokenized whole: one 15 MB chat record peaked at 1.9 GB (DeepSeek-R1,

@@ -17,6 +17,7 @@ from typing import Any
 
 from transforms.errors import Rejected
 from transforms.read.timestamps import timestamp_ms
+from transforms.trace_format import MAX_RESPONSE_MS
 
 END_TIME_FIELDS = ("end_timestamp", "response_timestamp", "end_time", "endTime", "finished_at")
 EPOCH_SECONDS_END_FIELDS = ("completed_at",)
@@ -25,9 +26,6 @@ DURATION_FIELDS_MS = ("latency_ms", "e2e_latency_ms", "duration_ms", "response_t
 DURATION_FIELDS_S = ("latency_s", "e2e_latency_s", "duration_s", "response_time_s", "elapsed_s",
                      "latency", "duration", "response_time")
 CHUNK_TIME_FIELDS = ("timestamp", "received_at", "arrival_time")
-# A response that took longer than this is no serving engine's (and would overflow nothing, but
-# would read as a think time of weeks): 24 days, the int32 range in ms.
-MAX_RESPONSE_MS = 2**31 - 1
 
 
 def response_ms(record: dict, body: dict, response: dict | list | None, arrival_ms: int,

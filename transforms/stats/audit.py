@@ -59,6 +59,9 @@ MAX_STATS_BYTES = 1 << 16
 # A shard holds at most 8M ids and rows (write/shards.MAX_BLOCKS_PER_SHARD): at most ~20 bytes
 # per id and ~120 per row in JSONL, so no shard kvtrace writes comes near 2 GiB.
 MAX_SHARD_BYTES = 2 << 30
+# A JSONL shard unlike its twin is parsed to word the flag only up to this size (~150 MB of
+# Python objects); a larger one is flagged without saying which way it differs.
+MAX_WORDING_PARSE_BYTES = 4 << 20
 # A trace file audited alone is only measured: read within a bound that keeps its rows, parsed
 # as Python objects when it is JSONL, well inside a worker's memory.
 MAX_LONE_FILE_BYTES = 64 << 20
@@ -171,9 +174,12 @@ def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
     larger than any file kvtrace writes under that name."""
     path = storage.join(folder, name)
     try:
-        handle = storage.open_read(path) if is_url(path) else storage.open_regular(path, limit)[0]
-        with handle:
-            data = handle.read(limit + 1)
+        if is_url(path):
+            handle, size = storage.open_read(path), limit
+        else:
+            handle, size = storage.open_regular(path, limit)
+        with handle:  # a buffer of the file's size, not of the largest file kvtrace writes
+            data = handle.read(min(size, limit) + 1)
     except storage.UnfitFile as err:
         gate.flag(str(err))  # not a regular file (a link, FIFO or device), or too large
         return None
@@ -233,17 +239,22 @@ def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate,
 
 def _why_not_canonical(name: str, data: bytes, parsed: TraceColumns, jsonl: str | None,
                        parquet: str | None) -> str:
-    """Why a file is not the bytes kvtrace writes, as precisely as one line can say."""
-    if name == jsonl:
-        try:
-            own = columns_of_jsonl(data)
-        except FormatError as err:
-            return str(err)
-        if parquet is not None and jsonl_bytes(own) != jsonl_bytes(parsed):
-            return f"does not hold the rows of its Parquet twin ({parquet})"
-        return "not the bytes kvtrace writes for its rows (spacing, key order, duplicate keys, " \
-               "number forms)"
-    return "not the bytes kvtrace writes for its rows (metadata, encoding or another writer)"
+    """Why a file is not the bytes kvtrace writes, as precisely as one line can say. A JSONL
+    file the rows did not come from is parsed to say why only when small: its Python objects
+    cost ~36x its bytes."""
+    not_canonical = ("not the bytes kvtrace writes for its rows (spacing, key order, duplicate "
+                     "keys, number forms)")
+    if name != jsonl:
+        return "not the bytes kvtrace writes for its rows (metadata, encoding or another writer)"
+    if parquet is not None and len(data) > MAX_WORDING_PARSE_BYTES:
+        return f"not kvtrace's bytes for the rows of its Parquet twin ({parquet})"
+    try:
+        own = columns_of_jsonl(data)
+    except FormatError as err:
+        return str(err)
+    if parquet is not None and jsonl_bytes(own) != jsonl_bytes(parsed):
+        return f"does not hold the rows of its Parquet twin ({parquet})"
+    return not_canonical
 
 
 def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:

@@ -103,7 +103,6 @@ def test_file_times_carry_free_data(outputs, tmp_path):
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_lengths_and_response_times_kvtrace_never_writes_pass(outputs, tmp_path):
     """kvtrace's reader refuses an output_length above 2^31 - 1 (records.MAX_COUNT) and a
     response time above 2^31 - 1 ms (response_end.MAX_RESPONSE_MS): no row it writes holds more.
@@ -270,7 +269,6 @@ def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenize
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_objects(outputs,
                                                                                  tmp_path):
     """Round 1's fix keeps a JSONL shard without its twin unread, but beside a real Parquet
@@ -289,7 +287,6 @@ def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_object
     assert peak < 300 << 20, f"a 20 MB JSONL shard: the audit peaked at {peak:,} bytes"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     """audit._read reads each shard file with handle.read(MAX_SHARD_BYTES + 1): the buffer of
     2 GiB + 1 is allocated before a byte is read, whatever the file's size. Under an address
