@@ -447,14 +447,18 @@ class _Rows:
 
     def _distinct(self, ids: np.ndarray, weights: np.ndarray, parents: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each id once, with its first weight and parent; an id behind two parents flagged."""
+        """Each id once, with its weight and parent; an id behind two parents, or of two token
+        counts (its block's tokens are part of what it stands for), flagged."""
         order = np.argsort(ids, kind="stable")  # earlier shards first among equal ids
-        ids, parents = ids[order], parents[order]
+        ids, parents, weights = ids[order], parents[order], weights[order]
         first = np.ones(len(ids), bool)
         first[1:] = ids[1:] != ids[:-1]
-        if (parents != parents[first][np.cumsum(first) - 1]).any():
+        group = np.cumsum(first) - 1
+        if (parents != parents[first][group]).any():
             self.problems.append("a block id behind two different parents: not chained hashes")
-        return ids[first], weights[order][first], parents[first]
+        if (weights != weights[first][group]).any():
+            self.problems.append("a block id of two different token counts: not one block")
+        return ids[first], weights[first], parents[first]
 
     def _merge(self) -> None:
         parts = [self.merged, *self.pending]

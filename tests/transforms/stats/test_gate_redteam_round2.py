@@ -307,7 +307,6 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_one_block_id_with_two_token_counts(outputs, tmp_path):
     """A block id stands for its whole prefix, so it always holds the same tokens: a prompt's
     partial last block has one size wherever its id appears. The gate keeps each id's first
