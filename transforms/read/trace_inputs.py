@@ -72,9 +72,12 @@ class PublishedFolder:
 
     def open(self, name: str) -> IO[bytes]:
         """A file of the folder as it was opened: a regular file, never through a link."""
-        if self.descriptor is None:
-            return open_raw(posixpath.join(self.folder, name))
-        return _open_in(self.descriptor, name)
+        try:
+            return _open_file(self.folder, self.descriptor, name)
+        except FileNotFoundError:
+            raise NotWholeOutput(self.folder, f"{name} is missing") from None
+        except (OSError, ValueError) as err:  # a link, a FIFO, a folder in a file's place
+            raise NotWholeOutput(self.folder, f"{name} cannot be read ({err})") from None
 
     def names(self) -> set[str]:
         return _names(self.folder, self.descriptor)
@@ -161,7 +164,7 @@ def _names(folder: str, descriptor: int | None) -> set[str]:
 def opened_folder(folder: str) -> Iterator[PublishedFolder | None]:
     """The folder's manifest promises (published_folder), its files opened through the folder
     as opened here; the descriptor closed on leaving."""
-    published = published_folder(folder, opened=True)
+    published = published_folder(folder)
     try:
         yield published
     finally:
@@ -169,12 +172,12 @@ def opened_folder(folder: str) -> Iterator[PublishedFolder | None]:
             published.close()
 
 
-def published_folder(folder: str, opened: bool = False) -> PublishedFolder | None:
+def published_folder(folder: str) -> PublishedFolder | None:
     """The promises of the manifest.json in folder; None when there is none; NotWholeOutput
     when it is not one kvtrace writes (unreadable, or lacking sha256 or records.exported).
-    opened: a local folder is opened first and its manifest read through it (the caller
-    closes it: PublishedFolder.close)."""
-    descriptor = _open_folder(folder) if opened and not is_url(folder) else None
+    A local folder is opened first and its manifest read through it; the caller closes it
+    (PublishedFolder.close, or opened_folder)."""
+    descriptor = None if is_url(folder) else _open_folder(folder)
     try:
         published = _read_manifest(folder, descriptor)
     except BaseException:
@@ -186,9 +189,10 @@ def published_folder(folder: str, opened: bool = False) -> PublishedFolder | Non
 
 
 def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | None:
-    unopened = PublishedFolder(folder, {}, 0, descriptor)
+    if descriptor is None and not storage.exists(posixpath.join(folder, MANIFEST)):
+        return None  # an object store's: no descriptor to ask
     try:  # a FIFO or an endless file named manifest.json is refused, not waited on
-        with unopened.open(MANIFEST) as handle:
+        with _open_file(folder, descriptor, MANIFEST) as handle:
             content = handle.read(MAX_MANIFEST_BYTES + 1)
         if len(content) > MAX_MANIFEST_BYTES:
             raise ValueError(f"over {MAX_MANIFEST_BYTES} bytes")
@@ -217,11 +221,14 @@ def _close(descriptor: int | None) -> None:
         os.close(descriptor)
 
 
-def _open_in(folder: int, name: str) -> IO[bytes]:
-    """A regular file of an opened folder, by its name there: no link followed, no FIFO waited
-    on (opened without blocking, looked at on the descriptor read)."""
+def _open_file(folder: str, opened: int | None, name: str) -> IO[bytes]:
+    """A regular file of a folder by its name there, through the folder's descriptor if opened
+    (a local one): no link followed, no FIFO waited on (opened without blocking, looked at on
+    the descriptor read)."""
+    if opened is None:
+        return open_raw(posixpath.join(folder, name))
     descriptor = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=folder)
+                         dir_fd=opened)
     try:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise storage.UnfitFile(f"{name} is not a regular file")
@@ -244,7 +251,7 @@ def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
             if not _is_shard(name):
                 continue
             if folder not in folders:
-                folders[folder] = published_folder(folder, opened=True)
+                folders[folder] = published_folder(folder)
             if folders[folder] is not None:
                 found[path] = folders[folder]
     except BaseException:
