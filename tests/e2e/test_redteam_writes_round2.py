@@ -37,7 +37,6 @@ def _crash(point: int, mode: str, args: list[str]) -> subprocess.CompletedProces
                                "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])})
 
 
-@ROUND2
 def test_a_folder_named_with_glob_characters_is_read_not_another_folder(tiny_tokenizer,
                                                                          tmp_path, capsys):
     """trace_inputs.trace_files reads a folder as the glob FOLDER/trace-*.jsonl, unescaped: for
@@ -171,7 +170,6 @@ def test_render_says_which_rows_it_skipped(tmp_path, tiny_tokenizer, capsys):
     assert "malformed" in err or code != 0, err
 
 
-@ROUND2
 @pytest.mark.parametrize("lost", ["manifest.json", "trace-00002-of-00003.jsonl"])
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_a_glob_of_a_partial_kvtrace_folder_is_refused(tiny_tokenizer, tmp_path, monkeypatch,
@@ -241,7 +239,6 @@ def test_a_private_folder_is_never_put_inside_another_commands_output(tiny_token
     assert code == 2
 
 
-@ROUND2
 def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer, tmp_path,
                                                                     monkeypatch):
     """trace_io._read_file checks a Parquet shard's sha256 on one open (_sha256_of) and reads
@@ -357,7 +354,6 @@ def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tm
     assert code != 0
 
 
-@ROUND2
 def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_path,
                                                           monkeypatch):
     """publish_folder swaps a folder whole so that a reader meets the previous output or the
@@ -433,7 +429,6 @@ def test_a_full_disk_mid_run_is_a_stopped_job_on_the_local_engine(tiny_tokenizer
     assert crashed.returncode == 1, crashed.stderr
 
 
-@ROUND2
 @pytest.mark.parametrize("damage", ["parquet-cut", "stats-missing"])
 def test_a_folder_missing_part_of_its_manifest_is_not_whole(tiny_tokenizer, tmp_path, damage):
     """check_whole compares the manifest with the JSONL shards only (PublishedFolder.shards):

@@ -13,7 +13,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
@@ -242,13 +242,14 @@ def count_lines(path: str, chunk_bytes: int = 16 << 20) -> int:
 
 
 @contextmanager
-def parquet_file(path: str, max_footer_bytes: int
+def parquet_file(path: str, max_footer_bytes: int, opened: IO[bytes] | None = None
                  ) -> Iterator[tuple[IO[bytes], pq.ParquetFile]]:
-    """The file and a Parquet reader over it, once its footer is known to be within
-    max_footer_bytes (the footer is read whole before any row, and it can claim any size);
-    ValueError if not. Rows are then read a page at a time (no pre-buffering of column chunks).
-    The file itself is for oversized_pages' look at page headers."""
-    with open_raw(path) as raw:
+    """The file (opened: read from it, not opened by path) and a Parquet reader over it, once
+    its footer is known to be within max_footer_bytes (the footer is read whole before any row,
+    and it can claim any size); ValueError if not. Rows are then read a page at a time (no
+    pre-buffering of column chunks). The file itself is for oversized_pages' look at page
+    headers."""
+    with open_raw(path) if opened is None else nullcontext(opened) as raw:
         raw.seek(0, os.SEEK_END)
         if raw.tell() < len(PARQUET_MAGIC) * 2 + 4:
             raise ValueError(f"{path}: too short to be a Parquet file")
@@ -436,10 +437,12 @@ class _CompactReader:
         return (value >> 1) ^ -(value & 1)
 
 
-def read_parquet_within(path: str, max_cell_bytes: int) -> pa.Table:
-    """A whole Parquet file (a trace's) read only where no cell can be over max_cell_bytes:
-    the footer bounded and each row group checked first; ValueError saying why not."""
-    with parquet_file(path, max_cell_bytes) as (raw, parquet):
+def read_parquet_within(path: str, max_cell_bytes: int, opened: IO[bytes] | None = None
+                        ) -> pa.Table:
+    """A whole Parquet file (a trace's; opened: read from it) read only where no cell can be
+    over max_cell_bytes: the footer bounded and each row group checked first; ValueError
+    saying why not."""
+    with parquet_file(path, max_cell_bytes, opened) as (raw, parquet):
         for group in range(parquet.num_row_groups):
             if why := oversized_pages(raw, parquet.metadata, group, max_cell_bytes):
                 raise ValueError(why)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ from transforms.read.paths import (
     NumberedLines,
     Oversized,
     broken_off,
-    open_raw,
     open_stream,
+    read_lines,
     read_parquet_within,
 )
 from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, published_shards
@@ -79,13 +80,17 @@ class Trace:
 def read_trace(files: Sequence[str]) -> Trace:
     """The files' rows; a shard of a kvtrace output folder only as its manifest lists it
     (NotWholeOutput if not: trace_inputs)."""
-    published = published_shards(files)
+    published = published_shards(files)  # each folder opened once: its shards read through it
     parts, rows = [], {}
-    for index, path in enumerate(files):
-        for part in _read_file(path, published.get(path)):
-            part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
-            parts.append(part)
-            rows[path] = rows.get(path, 0) + len(part["input_length"])
+    try:
+        for index, path in enumerate(files):
+            for part in _read_file(path, published.get(path)):
+                part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
+                parts.append(part)
+                rows[path] = rows.get(path, 0) + len(part["input_length"])
+    finally:
+        for folder in set(published.values()):
+            folder.close()
     _check_exported(published, rows)
     malformed = [m for p in parts for m in p["malformed"]]
     sessions = [p["session"] for p in parts]
@@ -137,36 +142,65 @@ def _check_exported(published: dict[str, PublishedFolder], rows: dict[str, int])
 
 
 def _read_file(path: str, published: PublishedFolder | None = None) -> list[dict]:
-    """Column parts of one file, in line order; a shard of a published folder only if its
-    bytes are the ones the folder's manifest lists."""
+    """Column parts of one file, in line order; a shard of a published folder only from bytes
+    that are the ones the folder's manifest lists, read through the folder as opened with it."""
+    if published is not None:
+        return _read_shard(path, published)
     if path.lower().endswith(PARQUET_SUFFIXES):
-        if published is not None:
-            published.check(path, _sha256_of(path))
         return [_read_parquet(path)]
-    parts = _read_jsonl_streamed(path, published)
+    with open_stream(path) as stream:
+        parts = _read_jsonl_streamed(stream, path)
     return [_read_jsonl_lines(path)] if parts is None else parts
 
 
-def _sha256_of(path: str) -> str:
-    """A Parquet shard is read by seeking (footer first), so its bytes are hashed before."""
-    with open_raw(path) as raw:
-        return hashlib.file_digest(raw, "sha256").hexdigest()
+def _read_shard(path: str, published: PublishedFolder) -> list[dict]:
+    """A published shard (plain JSONL or Parquet, by kvtrace's names) from one open of it: a
+    publish that replaces it meanwhile is not read."""
+    with published.open(posixpath.basename(path)) as raw:
+        if path.lower().endswith(PARQUET_SUFFIXES):
+            # Read by seeking (footer first), so held whole (it is one shard, as large as the
+            # descriptor says) and parsed from the very bytes hashed.
+            data = raw.read() if published.descriptor is None else \
+                raw.read(os.fstat(raw.fileno()).st_size + 1)  # a file growing meanwhile differs
+            published.check(path, _sha256_of(data))
+            return [_read_parquet(path, pa.BufferReader(data))]
+        parts = _read_jsonl_streamed(raw, path, published)
+        if parts is not None:
+            return parts
+        raw.seek(0)  # read again line by line, through the same open, hashed again
+        tally = _Tally(raw, hashed=True)
+        part = _read_jsonl_lines(path, _numbered(read_lines(tally, 0, None, MAX_TRACE_LINE_BYTES)))
+        tally.drain()
+    published.check(path, tally.sha256())
+    return [part]
 
 
-def _read_jsonl_lines(path: str) -> dict:
-    """The file's columns, line by line: each bad line, overlong line or break reported."""
-    lines = NumberedLines(path, MAX_TRACE_LINE_BYTES)
+def _sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _numbered(lines: Iterable[tuple[int, bytes | Oversized]]
+              ) -> Iterable[tuple[int, bytes | Oversized]]:
+    """(1-based line number, line) of read_lines' (offset, line)."""
+    return ((number, line) for number, (_, line) in enumerate(lines, 1))
+
+
+def _read_jsonl_lines(path: str, numbered: Iterable[tuple[int, bytes | Oversized]] | None = None
+                      ) -> dict:
+    """The file's columns, line by line (numbered: those lines, of a plain file already open):
+    each bad line, overlong line or break reported."""
+    lines = NumberedLines(path, MAX_TRACE_LINE_BYTES) if numbered is None else numbered
     overlong: list[dict] = []
     part = _columns_from_rows(_within_bound(lines, path, overlong), path)
     part["malformed"] += overlong
     part["malformed"].sort(key=lambda m: m["line"])
-    if lines.broken:
+    if isinstance(lines, NumberedLines) and lines.broken:
         part["malformed"].append({"file": path, "line": lines.lines_read + 1,
                                   "error": f"the file breaks off: {lines.broken}"})
     return part
 
 
-def _within_bound(lines: NumberedLines, path: str, overlong: list[dict]
+def _within_bound(lines: Iterable[tuple[int, bytes | Oversized]], path: str, overlong: list[dict]
                   ) -> Iterable[tuple[int, bytes]]:
     for number, line in lines:
         if isinstance(line, Oversized):
@@ -176,11 +210,11 @@ def _within_bound(lines: NumberedLines, path: str, overlong: list[dict]
             yield number, line
 
 
-def _read_parquet(path: str) -> dict:
-    """A Parquet trace with the checks a JSONL one gets: columns as they are when well typed,
-    else row by row, each bad row reported by its number."""
+def _read_parquet(path: str, opened: IO[bytes] | None = None) -> dict:
+    """A Parquet trace (opened: read from it) with the checks a JSONL one gets: columns as they
+    are when well typed, else row by row, each bad row reported by its number."""
     try:
-        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES)
+        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES, opened)
     except (OSError, ValueError, pa.ArrowException) as err:
         return _columns_from_rows([], path, [{"file": path, "line": 0,
                                               "error": f"not a readable Parquet file ({err})"}])
@@ -199,13 +233,18 @@ class _Tally:
         self.newlines, self._last = 0, b"\n"
 
     def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
+        return self._counted(self._stream.read(size))
+
+    def _counted(self, data: bytes) -> bytes:
         if data:
             self.newlines += data.count(b"\n")
             self._last = data[-1:]
             if self._sha256 is not None:
                 self._sha256.update(data)
         return data
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._counted(self._stream.readline(size))
 
     @property
     def closed(self) -> bool:
@@ -224,18 +263,18 @@ class _Tally:
         return self._sha256.hexdigest() if self._sha256 is not None else None
 
 
-def _read_jsonl_streamed(path: str, published: PublishedFolder | None = None
-                         ) -> list[dict] | None:
-    """The file's columns, streamed through pyarrow's JSON reader in blocks (memory stays near
-    the size of the columns); None when any line is blank, malformed or ill-typed, since pyarrow
-    skips blank lines and accepts any JSON types. The caller then reads it line by line. With
-    published, the bytes are checked against the manifest once read, before any row is used."""
-    with open_stream(path) as stream:
-        tally = _Tally(stream, hashed=published is not None)
-        parts = _streamed_columns(tally, path)
-        if parts is not None or published is not None:  # to its end: its count, its hash
-            tally.drain()
-        broken = broken_off(stream)
+def _read_jsonl_streamed(stream: IO[bytes], path: str,
+                         published: PublishedFolder | None = None) -> list[dict] | None:
+    """The stream's columns (open_stream's, or a published shard's), streamed through pyarrow's
+    JSON reader in blocks (memory stays near the size of the columns); None when any line is
+    blank, malformed or ill-typed, since pyarrow skips blank lines and accepts any JSON types.
+    The caller then reads it line by line. With published, the bytes are checked against the
+    manifest once read, before any row is used."""
+    tally = _Tally(stream, hashed=published is not None)
+    parts = _streamed_columns(tally, path)
+    if parts is not None or published is not None:  # to its end: its count, its hash
+        tally.drain()
+    broken = broken_off(stream)
     if published is not None:
         published.check(path, tally.sha256())
     if parts is None or broken or sum(p["line"].size for p in parts) != tally.lines:

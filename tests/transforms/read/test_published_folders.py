@@ -1,11 +1,13 @@
-"""Readers trust only a whole published folder: its manifest there, every shard it lists and no
-other, each shard's bytes those the manifest's sha256 names, its rows the records it exported."""
+"""Readers trust only a whole published folder: its manifest there, every file it lists and no
+other trace file, each file's bytes those the manifest's sha256 names, its rows the records it
+exported; however it is named, and whatever is published over it while it is read."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,8 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.read.paths import count_lines
-from transforms.read.trace_inputs import NotWholeOutput, published_folder, trace_files
-from transforms.read.trace_io import _Tally, read_trace
+from transforms.read.trace_inputs import (
+    NotWholeOutput,
+    opened_folder,
+    published_shards,
+    trace_files,
+)
+from transforms.read.trace_io import _read_file, _Tally, read_trace
 
 ROWS = [{"timestamp": 1000 * i, "input_length": 8, "output_length": 1, "hash_ids": [0, i]}
         for i in range(5)]
@@ -27,12 +34,14 @@ def _jsonl(rows: list[dict]) -> bytes:
 
 
 def published(folder: Path, shards: list[list[dict]], exported: int | None = None) -> Path:
-    """A folder as kvtrace publishes it: JSONL and Parquet twins, a manifest listing both."""
+    """A folder as kvtrace publishes it: JSONL and Parquet twins, stats.json, a manifest
+    listing them."""
     folder.mkdir()
     for index, rows in enumerate(shards):
         name = f"trace-{index:05d}-of-{len(shards):05d}"
         (folder / f"{name}.jsonl").write_bytes(_jsonl(rows))
         pq.write_table(pa.Table.from_pylist(rows), folder / f"{name}.parquet")
+    (folder / "stats.json").write_text(json.dumps({"rows": sum(map(len, shards))}))
     sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
     (folder / "manifest.json").write_text(json.dumps({
         "format": "mooncake-trace", "block_size": 4, "files": sorted(sha256), "sha256": sha256,
@@ -153,6 +162,119 @@ def test_any_manifest_is_read_or_refused_in_one_line(tmp_path_factory, manifest)
     folder = tmp_path_factory.mktemp("out")
     (folder / "manifest.json").write_bytes(manifest)
     try:
-        published_folder(str(folder))
+        with opened_folder(str(folder)):
+            pass
     except NotWholeOutput as err:
         assert "\n" not in str(err) and str(err).endswith("(copied partly?)")
+
+
+def test_a_folder_is_read_by_its_own_name_not_as_a_glob(tmp_path):
+    named = published(tmp_path / "night[1]", [ROWS[:2]])
+    published(tmp_path / "night1", [ROWS])  # what night[1] matches as a glob
+    assert len(_read(str(named))) == 2
+
+
+@pytest.mark.parametrize("lost", ["manifest.json", "trace-00001-of-00002.jsonl"])
+@pytest.mark.parametrize("spelling", ["trace-*.jsonl", "trace-*.parquet",
+                                      "trace-00000-of-00002.jsonl"])
+def test_a_shard_read_however_named_makes_its_folder_read_whole(tmp_path, lost, spelling):
+    folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
+    (folder / lost).unlink()
+    with pytest.raises(NotWholeOutput, match=f"{'its ' if lost == 'manifest.json' else ''}"
+                                             f"{lost} is missing"):
+        _read(str(folder / spelling))
+
+
+@pytest.mark.parametrize("damage", ["cut", "missing"])
+@pytest.mark.parametrize("name", ["trace-00000-of-00002.parquet", "stats.json"])
+def test_every_file_the_manifest_lists_is_there_with_its_sha256(tmp_path, damage, name):
+    folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
+    if damage == "cut":
+        (folder / name).write_bytes((folder / name).read_bytes()[:-1])
+    else:
+        (folder / name).unlink()
+    why = "differs from its manifest" if damage == "cut" else "is missing"
+    for argument in (folder, folder / "trace-00001-of-00002.jsonl"):
+        with pytest.raises(NotWholeOutput, match=f"{name} {why}"):
+            _read(str(argument))
+
+
+def test_a_file_of_the_folder_that_is_a_link_or_a_fifo_is_refused_in_one_line(tmp_path):
+    folder = published(tmp_path / "out", [ROWS])
+    (folder / "stats.json").rename(tmp_path / "stats.json")
+    (folder / "stats.json").symlink_to(tmp_path / "stats.json")  # the same bytes, elsewhere
+    with pytest.raises(NotWholeOutput, match=r"stats\.json cannot be read"):
+        _read(str(folder))
+    (folder / "stats.json").unlink()
+    os.mkfifo(folder / "stats.json")  # opened without waiting: refused, never blocks
+    with pytest.raises(NotWholeOutput, match=r"stats\.json cannot be read .*not a regular"):
+        _read(str(folder))
+
+
+def test_a_lone_shard_among_other_traces_is_read_as_it_is(tmp_path):
+    (tmp_path / "trace-00000-of-00001.jsonl").write_bytes(_jsonl(ROWS[:3]))
+    (tmp_path / "other.jsonl").write_bytes(_jsonl(ROWS))
+    assert len(_read(str(tmp_path / "*.jsonl"))) == 8
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+@pytest.mark.parametrize("blank_line", [False, True])  # True: the line-by-line path
+def test_a_shard_is_read_from_the_folder_opened_with_its_manifest(tmp_path, suffix, blank_line):
+    """A publish swaps the folder (rename) after its manifest was read: the shard read is the
+    one of the output whose manifest was read, from the bytes checked against it."""
+    old = published(tmp_path / "out", [ROWS[:2]])
+    new = published(tmp_path / "next", [ROWS[2:]])
+    if blank_line and suffix == ".jsonl":
+        for folder in (old, new):
+            shard = folder / "trace-00000-of-00001.jsonl"
+            shard.write_bytes(shard.read_bytes() + b"\n")
+            manifest = json.loads((folder / "manifest.json").read_text())
+            manifest["sha256"][shard.name] = hashlib.sha256(shard.read_bytes()).hexdigest()
+            (folder / "manifest.json").write_text(json.dumps(manifest))
+    path = str(old / f"trace-00000-of-00001{suffix}")
+    found = published_shards([path])
+    try:
+        os.rename(old, tmp_path / "previous")  # the next output published in out's place
+        os.rename(new, old)
+        (part,) = _read_file(path, found[path])
+    finally:
+        found[path].close()
+    assert list(part["input_length"]) == [8, 8] and list(part["line"]) == [1, 2]
+    assert len(_read(str(old))) == 3  # the next read meets the new output, whole
+
+
+def test_a_shard_read_line_by_line_is_checked_too(tmp_path):
+    folder = published(tmp_path / "out", [ROWS])
+    shard = folder / "trace-00000-of-00001.jsonl"
+    shard.write_bytes(shard.read_bytes().replace(b'"input_length": 8', b'"input_length": "8"', 1))
+    with pytest.raises(NotWholeOutput, match="trace-00000-of-00001.jsonl differs"):
+        _read(str(shard))
+
+
+DAMAGE = st.sampled_from(["unlink", "cut", "grow", "none"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 5), DAMAGE, st.integers(0, 10_000),
+       st.sampled_from(["", "trace-*.jsonl", "trace-*.parquet", "trace-00001-of-00002.jsonl"]))
+def test_a_damaged_copy_is_refused_or_read_whole(tmp_path_factory, victim, damage, cut, spelling):
+    """Whatever one file of a published folder (6: manifest, stats, 2 twins of 2 shards) loses or
+    gains, and however the folder is named, a reader refuses it in one line or reads exactly
+    the published rows."""
+    folder = published(tmp_path_factory.mktemp("copy") / "out", [ROWS[:2], ROWS[2:]])
+    target = sorted(folder.iterdir())[victim]
+    data = target.read_bytes()
+    if damage == "unlink":
+        target.unlink()
+    elif damage in ("cut", "grow"):
+        target.write_bytes(data[: cut % max(len(data), 1)] if damage == "cut" else data + b" ")
+    # A space after the manifest's JSON promises the same; any other change breaks a promise.
+    whole = damage == "none" or (damage == "grow" and target.name == "manifest.json")
+    try:
+        trace = _read(str(folder / spelling) if spelling else str(folder))
+    except NotWholeOutput as err:
+        assert not whole and "\n" not in str(err)
+        return
+    assert whole
+    rows = 3 if spelling == "trace-00001-of-00002.jsonl" else 5
+    assert trace.input_length.tolist() == [8] * rows and trace.malformed_count == 0
