@@ -210,7 +210,6 @@ def test_render_says_so_when_it_leaves_out_malformed_rows(tiny_tokenizer, tmp_pa
 
 # ---- a line with no end is read once per range: quadratic reading --------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
     """A plain file is read in ranges (the local engine's claims of 2 MiB, Beam's 8 MiB splits);
     each range after the first starts by skipping to the next newline (paths.read_lines ->

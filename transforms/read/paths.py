@@ -158,11 +158,13 @@ def read_lines(stream: IO[bytes], start: int, end: int | None, max_bytes: int
     than max_bytes + 1 of it is ever held.
 
     The line straddling `start` belongs to the previous range, the one straddling `end` to this
-    one: every line is read exactly once however the file is split."""
+    one: every line is read exactly once however the file is split. Skipping the straddling
+    line stops at `end` (no line of this range starts past it), so however long a line runs,
+    only the range it starts in reads it whole: reading all ranges is O(file size)."""
     offset = start
     if start > 0:  # skip to the first line that starts inside this range
         stream.seek(start - 1)
-        skipped = _skip_line(stream)
+        skipped = _skip_line(stream, None if end is None else end - start + 1)
         offset = start - 1 + skipped
     while end is None or offset < end:
         line = stream.readline(max_bytes + 1)
@@ -177,14 +179,17 @@ def read_lines(stream: IO[bytes], start: int, end: int | None, max_bytes: int
         offset += size
 
 
-def _skip_line(stream: IO[bytes]) -> int:
-    """Read past the next newline, a chunk at a time; returns the bytes consumed."""
+def _skip_line(stream: IO[bytes], limit: int | None = None) -> int:
+    """Read past the next newline, a chunk at a time, or stop after limit bytes; returns the
+    bytes consumed."""
     consumed = 0
-    while True:
-        chunk = stream.readline(READ_CHUNK_BYTES)
+    while limit is None or consumed < limit:
+        step = READ_CHUNK_BYTES if limit is None else min(READ_CHUNK_BYTES, limit - consumed)
+        chunk = stream.readline(step)
         consumed += len(chunk)
         if not chunk or chunk.endswith(b"\n"):
-            return consumed
+            break
+    return consumed
 
 
 class NumberedLines:

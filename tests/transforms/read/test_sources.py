@@ -49,6 +49,33 @@ def test_an_oversized_line_is_skipped_not_held():
     assert got == [(0, b"short"), (6, Oversized(b"x" * 1025, 5001)), (5007, b"after")]
 
 
+class CountingBytes(io.BytesIO):
+    """Bytes that count how many of them are read."""
+
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.consumed = 0
+
+    def readline(self, size: int = -1) -> bytes:
+        line = super().readline(size)
+        self.consumed += len(line)
+        return line
+
+
+@pytest.mark.parametrize("split", [1, 7, 100, 4096])
+def test_a_line_without_end_is_read_about_once_however_many_ranges_it_crosses(split):
+    """A range skips the line straddling its start only as far as its own end: a 64 KiB line
+    with no newline costs its own range one read of it, every other range its own length."""
+    data = b"first\n" + b"x" * (64 << 10)
+    consumed, read = 0, []
+    for piece in file_ranges("x.jsonl", len(data), split):
+        stream = CountingBytes(data)
+        read += [line for _, line in read_lines(stream, piece.start, piece.end, 1024)]
+        consumed += stream.consumed
+    assert read == [b"first", Oversized(b"x" * 1025, 64 << 10)]
+    assert consumed <= 2 * len(data) + len(file_ranges("x.jsonl", len(data), split))
+
+
 def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
     """Read the files in a TestPipeline; the checks get the records and the dead letters as
     (reason, source, message) and raise when wrong (they run where the pipeline runs)."""
