@@ -371,7 +371,8 @@ def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
 class _CompactReader:
     """Thrift's compact protocol over bytes, as far as a Parquet page header needs: integers
     and nested structs kept by field id, everything else skipped. Reading past the end is an
-    IndexError; nesting is bounded."""
+    IndexError; nesting of every container (struct, list, set, map) is bounded, so a header
+    fails as a ValueError, never as Python's recursion limit."""
 
     _MAX_DEPTH = 8
 
@@ -380,8 +381,7 @@ class _CompactReader:
         self.position = 0
 
     def struct(self, depth: int = 0) -> dict[int, Any]:
-        if depth > self._MAX_DEPTH:
-            raise ValueError("Parquet page header nested too deep")
+        self._nest(depth)
         fields: dict[int, Any] = {}
         field_id = 0
         while (head := self._byte()) != 0:  # 0: the struct's end
@@ -400,12 +400,14 @@ class _CompactReader:
         if kind == 8:  # binary
             return self._skip(self._varint())
         if kind in (9, 10):  # list, set
+            self._nest(depth)
             head = self._byte()
             size = self._varint() if head >> 4 == 15 else head >> 4
             for _ in range(size):
                 self._value(head & 0x0F, depth + 1)
             return None
         if kind == 11:  # map
+            self._nest(depth)
             size = self._varint()
             types = self._byte() if size else 0
             for _ in range(size):
@@ -415,6 +417,10 @@ class _CompactReader:
         if kind == 12:
             return self.struct(depth + 1)
         raise ValueError(f"Parquet page header holds an unknown Thrift type {kind}")
+
+    def _nest(self, depth: int) -> None:
+        if depth > self._MAX_DEPTH:
+            raise ValueError("Parquet page header nested too deep")
 
     def _byte(self) -> int:
         value = self._data[self.position]

@@ -226,6 +226,17 @@ def test_any_bytes_as_a_page_header_are_read_or_refused_with_a_value_error(tmp_p
     assert isinstance(fields, dict) and 0 < size <= len(header)
 
 
+@pytest.mark.parametrize("container", [b"\x19", b"\x1a", b"\x1b\x01\x99"],
+                         ids=["list", "set", "map"])
+def test_a_page_header_nested_past_the_bound_in_any_container_is_a_value_error(tmp_path, container):
+    """Field 1 a list (set, map) of lists of lists...: refused at the depth bound, before
+    Python's recursion limit."""
+    path = tmp_path / "h"
+    path.write_bytes(container * 5000)
+    with open(path, "rb") as raw, pytest.raises(ValueError, match="nested too deep"):
+        _page_header(raw, 0)
+
+
 def test_a_page_ceiling_refuses_pages_of_many_values_over_it(tmp_path):
     bound = 4096
     prompts = [f"{i:05d}" * 400 for i in range(1024)]  # 2 KB values: pages of ~2 MB
