@@ -154,7 +154,6 @@ def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tok
 
 # ---- a Parquet page header nested past Python's recursion limit ends the run ------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(tiny_tokenizer,
                                                                         tmp_path, engine):
@@ -246,7 +245,6 @@ def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
 
 # ---- one Parquet cell Python cannot hold ends the run --------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, tmp_path,
                                                                 engine):

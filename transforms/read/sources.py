@@ -48,6 +48,8 @@ PROGRESS_INTERVAL_S = 30.0
 # Parquet rows turned into Python values at once: few, so they stay small beside the page being
 # decoded (at 1024, a page's worth, the peak was 40% higher; docs/BOUNDS.md).
 PARQUET_BATCH_ROWS = 64
+# What turning Arrow values into Python ones may raise: a row's failure, not the file's.
+CONVERSION_FAILURES = (*UNANTICIPATED, pa.ArrowException)
 
 
 @dataclass(frozen=True)
@@ -169,14 +171,40 @@ def _row_group(path: str, parquet: pq.ParquetFile, reader: pq.ParquetFile, group
                                      f" not decoded: {sizes[rows[0]]} bytes as JSON at least, "
                                      f"over --max-record-bytes {max_record_bytes}")
                     continue
-                for row in batch.slice(rows[0], len(rows)).cast(dense).to_pylist():
-                    yield path, row
+                yield from _python_rows(path, batch.slice(rows[0], len(rows)), dense,
+                                        _first_row(parquet.metadata, group) + read + rows[0])
             read += batch.num_rows
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE,
                          f"row group {group} of {parquet.num_row_groups} unreadable after "
                          f"{read} rows: {err}",
                          lost_bytes=parquet.metadata.row_group(group).total_byte_size)
+
+
+def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
+                 ) -> Iterator[tuple[str, Any] | DeadLetter]:
+    """Rows (sized already) as dicts: the one place Parquet values become Python values. A
+    value Arrow holds but Python cannot (a timestamp past year 9999, a decimal past its
+    precision) fails its row alone: the rows are then converted one by one, and each that
+    fails is a dead letter saying why, numbered from `first`."""
+    try:
+        converted = rows.cast(dense).to_pylist()
+    except CONVERSION_FAILURES:
+        converted = None
+    if converted is not None:
+        for row in converted:
+            yield path, row
+        return
+    for index in range(rows.num_rows):
+        try:
+            [row] = rows.slice(index, 1).cast(dense).to_pylist()
+        except CONVERSION_FAILURES as err:
+            failed = unanticipated(err)
+            yield DeadLetter(path, b"", failed.reason,
+                             f"row {first + index} has a value Python cannot hold: "
+                             f"{failed.message}")
+            continue
+        yield path, row
 
 
 def _first_row(metadata: pq.FileMetaData, group: int) -> int:

@@ -20,10 +20,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.read.paths import Oversized, read_lines
 from transforms.read.records import ParseOptions
-from transforms.read.sources import BOM, FileRange, file_ranges
+from transforms.read.sources import BOM, FileRange, file_ranges, read_range
 from transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
@@ -174,6 +174,22 @@ def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
 
     check_read([good, broken], lambda records: len(records) == 100 or pytest.fail(len(records)),
                check_letters)
+
+
+def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_path):
+    """A timestamp Arrow holds but Python's datetime cannot (year ~33,658): that row is a
+    dead letter numbered and saying why; every other row, in its batch and after, is read."""
+    stamps = [1_764_000_000 + i for i in range(200)]
+    stamps[70] = 10 ** 12
+    path = tmp_path / "stamps.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array(stamps, pa.timestamp("s")),
+                             "prompt": [f"p{i}" for i in range(200)]}), path, row_group_size=100)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    letters = [item for item in read if isinstance(item, DeadLetter)]
+    assert [(d.reason, d.message[:7]) for d in letters] == [("malformed_record", "row 70 ")]
+    assert "OverflowError" in letters[0].message
+    assert [item[1]["prompt"] for item in read if isinstance(item, tuple)] == [
+        f"p{i}" for i in range(200) if i != 70]
 
 
 def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
