@@ -129,7 +129,6 @@ def _messages_bomb(path, rows: int) -> None:
         "output_length": pa.array([1] * rows)}), path, compression="zstd")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("write", [_prompt_bomb, _messages_bomb], ids=["prompt", "messages"])
 def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tokenizer,
                                                                       tmp_path, write):

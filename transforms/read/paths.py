@@ -271,28 +271,41 @@ def parquet_file(path: str, max_footer_bytes: int
                                   thrift_container_size_limit=max_footer_bytes)
 
 
-def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> pq.ParquetFile:
+class GroupReader(NamedTuple):
+    """A reader of one row group, and the most bytes one row's values can take once Arrow
+    decodes them from a dictionary into a dense column, before the row can be sized."""
+
+    reader: pq.ParquetFile
+    dense_row_bytes: int
+
+
+def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> GroupReader:
     """A reader of the file for one row group whose string columns stored as a dictionary
     (every data page of the group's chunk indexes its dictionary page) are read as Arrow
     dictionaries: an entry many rows reference is held once, not once per row, until a row is
     decoded (sources.py sizes each row first: arrow_sizes.py). Chunks that fell back to plain
     pages are read dense: as dictionaries, Arrow would grow one over the whole chunk and copy
-    it into every batch."""
+    it into every batch. Their rows that index the dictionary are then decoded before they are
+    sized, each value at most the dictionary page: dense_row_bytes bounds that per row, from
+    the page headers, so that the caller reads few enough rows at once."""
     metadata = parquet.metadata
     row_group = metadata.row_group(group)
-    chunks = (row_group.column(index) for index in range(row_group.num_columns))
-    columns = [chunk.path_in_schema for chunk in chunks
-               if chunk.physical_type == "BYTE_ARRAY" and _dictionary_throughout(raw, chunk)]
-    return pq.ParquetFile(raw, metadata=metadata, pre_buffer=False, buffer_size=READ_CHUNK_BYTES,
-                          read_dictionary=columns or None)
-
-
-def _dictionary_throughout(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> bool:
-    """Whether a column chunk has a dictionary page and every data page indexes it."""
-    if not column.has_dictionary_page:
-        return False
-    return all(page.encoding in DICTIONARY_ENCODINGS
-               for page in _pages(raw, column) if page.encoding is not None)
+    columns, dense_row_bytes = [], 0
+    for index in range(row_group.num_columns):
+        chunk = row_group.column(index)
+        if chunk.physical_type != "BYTE_ARRAY" or not chunk.has_dictionary_page:
+            continue
+        pages = list(_pages(raw, chunk))
+        if all(page.encoding in DICTIONARY_ENCODINGS for page in pages
+               if page.encoding is not None):
+            columns.append(chunk.path_in_schema)
+        else:  # a list column's rows hold its values on average (docs/BOUNDS.md)
+            values_per_row = -(-chunk.num_values // max(row_group.num_rows, 1))
+            dictionary_bytes = sum(page.size for page in pages if page.encoding is None)
+            dense_row_bytes += dictionary_bytes * values_per_row
+    reader = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
+                            buffer_size=READ_CHUNK_BYTES, read_dictionary=columns or None)
+    return GroupReader(reader, dense_row_bytes)
 
 
 def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,

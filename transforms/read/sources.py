@@ -28,6 +28,7 @@ from transforms.read.arrow_sizes import least_json_bytes
 from transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
+    GroupReader,
     Oversized,
     broken_off,
     compression_of,
@@ -146,22 +147,26 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
                     yield from _unread_rows(path, parquet.metadata, group, why)
                     continue
-                yield from _row_group(path, parquet, group_reader(raw, parquet, group), group,
-                                      max_record_bytes)
+                yield from _row_group(path, parquet, group_reader(raw, parquet, group),
+                                      group, max_record_bytes)
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
-def _row_group(path: str, parquet: pq.ParquetFile, reader: pq.ParquetFile, group: int,
+def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, group: int,
                max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
-    """A row group's rows (read by reader: paths.group_reader), PARQUET_BATCH_ROWS at a time,
-    each sized before it is decoded (arrow_sizes.py): a row over max_record_bytes as JSON is a
-    too_large dead letter, never decoded, and rows are decoded a few at a time, at most
-    max_record_bytes of them together (a lone row larger as JSON than counted may go over).
-    Where the group breaks, a dead letter."""
+    """A row group's rows (read by paths.group_reader), PARQUET_BATCH_ROWS at a time, fewer
+    when rows indexing a dictionary are decoded dense (as many as max_record_bytes holds at
+    their most, one at least), each sized before it is turned into Python values
+    (arrow_sizes.py): a row over max_record_bytes as JSON is a too_large dead letter, never
+    decoded, and rows are decoded a few at a time, at most max_record_bytes of them together
+    (a lone row larger as JSON than counted may go over). Where the group breaks, a dead
+    letter."""
     read, dense = 0, parquet.schema_arrow  # the rows' types, dictionaries decoded
+    batch_rows = max(1, min(PARQUET_BATCH_ROWS,
+                            max_record_bytes // max(group_read.dense_row_bytes, 1)))
     try:
-        for batch in reader.iter_batches(PARQUET_BATCH_ROWS, row_groups=[group]):
+        for batch in group_read.reader.iter_batches(batch_rows, row_groups=[group]):
             sizes = least_json_bytes(batch)
             for rows in batches_by_weight(range(batch.num_rows), max_record_bytes,
                                           sizes.__getitem__):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from transforms.dead_letters import DeadLetter
 from transforms.read.arrow_sizes import least_json_bytes
-from transforms.read.paths import group_reader, parquet_file
+from transforms.read.paths import _pages, group_reader, parquet_file
 from transforms.read.sources import FileRange, read_range
 
 TEXT = st.one_of(st.none(), st.text(max_size=12))
@@ -87,6 +87,9 @@ def test_only_chunks_indexed_by_their_dictionary_throughout_are_read_as_dictiona
                              "prompt": [f"unique prompt {i}" for i in range(10_000)]}), path,
                    dictionary_pagesize_limit=4096)
     with parquet_file(str(path), 1 << 20) as (raw, parquet):
-        schema = group_reader(raw, parquet, 0).schema_arrow
-    assert pa.types.is_dictionary(schema.field("role").type)
-    assert schema.field("prompt").type == pa.string()
+        reader, dense_row_bytes = group_reader(raw, parquet, 0)
+        pages = list(_pages(raw, parquet.metadata.row_group(0).column(1)))
+    assert pa.types.is_dictionary(reader.schema_arrow.field("role").type)
+    assert reader.schema_arrow.field("prompt").type == pa.string()
+    # a row that indexes the dictionary decodes to no more than its dictionary page
+    assert dense_row_bytes == sum(page.size for page in pages if page.encoding is None) > 0

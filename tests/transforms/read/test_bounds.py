@@ -381,3 +381,27 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
     assert result["out"] == ["bad_timestamp"] * 32
     # docs/BOUNDS.md: Parquet reading stays under 9 x the bound (measured 54 MiB; was ~1.1 GB)
     assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
+
+
+@pytest.mark.parametrize("column", ["prompt", "messages"])
+def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ceiling(
+        tmp_path, column):
+    """The same entry, its chunk holding a PLAIN page too (pyarrow's writer falls back once its
+    dictionary is over 1 MB): read dense, so the rows indexing the dictionary are decoded before
+    they are sized; they are read as many at once as the bound holds at their most (one here,
+    from the dictionary page's header), not 64 (~870 MB peak at 128 rows)."""
+    bound, rows = 4 * MiB, 64
+    entry = "hello " * 650_000
+    values = ([entry] * rows + ["b"] if column == "prompt"
+              else [[{"role": "user", "content": entry}]] * rows + [[{"role": "user", "content": "b"}]])
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"timestamp": ["not a time"] * (rows + 1), column: values}), path,
+                   compression="zstd", write_batch_size=rows)
+    with parquet_file(str(path), bound) as (raw, parquet):
+        group = parquet.metadata.row_group(0)
+        chunk = group.column(group.num_columns - 1)  # the prompt, or the messages' content
+        assert {page.encoding for page in _pages(raw, chunk)} >= {None, 0}  # dictionary, PLAIN
+    assert path.stat().st_size < 4096
+    [result] = read_in_child([path], bound)
+    assert result["out"] == ["bad_timestamp"] * (rows + 1)
+    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
