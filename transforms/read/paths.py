@@ -12,6 +12,7 @@ import glob
 import io
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
+from transforms.read.arrow_sizes import largest_value_bytes
 from transforms.read.decompress import DecodedStream
 from transforms.storage import is_url
 
@@ -286,8 +288,8 @@ def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> GroupRe
     decoded (sources.py sizes each row first: arrow_sizes.py). Chunks that fell back to plain
     pages are read dense: as dictionaries, Arrow would grow one over the whole chunk and copy
     it into every batch. Their rows that index the dictionary are then decoded before they are
-    sized, each value at most the dictionary page: dense_row_bytes bounds that per row, from
-    the page headers, so that the caller reads few enough rows at once."""
+    sized, each value at most the dictionary's largest entry: dense_row_bytes bounds that per
+    row, so that the caller reads few enough rows at once."""
     metadata = parquet.metadata
     row_group = metadata.row_group(group)
     columns, dense_row_bytes = [], 0
@@ -302,10 +304,36 @@ def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> GroupRe
         else:  # a list column's rows hold its values on average (docs/BOUNDS.md)
             values_per_row = -(-chunk.num_values // max(row_group.num_rows, 1))
             dictionary_bytes = sum(page.size for page in pages if page.encoding is None)
-            dense_row_bytes += dictionary_bytes * values_per_row
+            largest = _largest_entry_bytes(raw, metadata, group, chunk.path_in_schema)
+            dense_row_bytes += min(largest, dictionary_bytes) * values_per_row
     reader = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
                             buffer_size=READ_CHUNK_BYTES, read_dictionary=columns or None)
     return GroupReader(reader, dense_row_bytes)
+
+
+def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
+                         column: str) -> int:
+    """The largest entry of a column chunk's dictionary page (its bytes as JSON), read as an
+    Arrow dictionary with the chunk's first row: the page is decoded once, within the page
+    ceiling that oversized_pages checked. Unbounded (the page's size is then the bound) when
+    no dictionary comes back."""
+    probe = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
+                           buffer_size=READ_CHUNK_BYTES, read_dictionary=[column])
+    batch = next(probe.iter_batches(1, row_groups=[group], columns=[column]), None)
+    arrays = [] if batch is None else _dictionaries(batch.column(0))
+    return max((largest_value_bytes(array) for array in arrays), default=sys.maxsize)
+
+
+def _dictionaries(array: pa.Array) -> Iterator[pa.Array]:
+    """The dictionaries (their entries) held anywhere in a nested array."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        yield array.dictionary
+    elif pa.types.is_struct(kind):
+        for index in range(kind.num_fields):
+            yield from _dictionaries(array.field(index))
+    elif isinstance(array, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+        yield from _dictionaries(array.values)
 
 
 def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,

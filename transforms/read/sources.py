@@ -163,6 +163,7 @@ def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, grou
     (a lone row larger as JSON than counted may go over). Where the group breaks, a dead
     letter."""
     read, dense = 0, parquet.schema_arrow  # the rows' types, dictionaries decoded
+    first = _first_row(parquet.metadata, group)
     batch_rows = max(1, min(PARQUET_BATCH_ROWS,
                             max_record_bytes // max(group_read.dense_row_bytes, 1)))
     try:
@@ -172,12 +173,12 @@ def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, grou
                                           sizes.__getitem__):
                 if sizes[rows[0]] > max_record_bytes:  # over the weight: a batch alone
                     yield DeadLetter(path, b"", "too_large",
-                                     f"row {_first_row(parquet.metadata, group) + read + rows[0]}"
-                                     f" not decoded: {sizes[rows[0]]} bytes as JSON at least, "
+                                     f"row {first + read + rows[0]} not decoded: "
+                                     f"{sizes[rows[0]]} bytes as JSON at least, "
                                      f"over --max-record-bytes {max_record_bytes}")
                     continue
                 yield from _python_rows(path, batch.slice(rows[0], len(rows)), dense,
-                                        _first_row(parquet.metadata, group) + read + rows[0])
+                                        first + read + rows[0])
             read += batch.num_rows
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE,
