@@ -389,11 +389,12 @@ def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ce
     """The same entry, its chunk holding a PLAIN page too (pyarrow's writer falls back once its
     dictionary is over 1 MB): read dense, so the rows indexing the dictionary are decoded before
     they are sized; they are read as many at once as the bound holds at their most (one here,
-    from the dictionary page's header), not 64 (~870 MB peak at 128 rows)."""
-    bound, rows = 4 * MiB, 64
+    from its largest entry), not 64 (~870 MB peak at 128 rows)."""
+    bound, rows = 4 * MiB, 32  # 64 at once before: ~130 MiB, over the ceiling
     entry = "hello " * 650_000
-    values = ([entry] * rows + ["b"] if column == "prompt"
-              else [[{"role": "user", "content": entry}]] * rows + [[{"role": "user", "content": "b"}]])
+    values = [entry] * rows + ["b"]
+    if column == "messages":
+        values = [[{"role": "user", "content": value}] for value in values]
     path = tmp_path / "bomb.parquet"
     pq.write_table(pa.table({"timestamp": ["not a time"] * (rows + 1), column: values}), path,
                    compression="zstd", write_batch_size=rows)
