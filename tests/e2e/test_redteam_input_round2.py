@@ -129,7 +129,6 @@ def _messages_bomb(path, rows: int) -> None:
         "output_length": pa.array([1] * rows)}), path, compression="zstd")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("write", [_prompt_bomb, _messages_bomb], ids=["prompt", "messages"])
 def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tokenizer,
                                                                       tmp_path, write):
@@ -154,7 +153,6 @@ def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tok
 
 # ---- a Parquet page header nested past Python's recursion limit ends the run ------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(tiny_tokenizer,
                                                                         tmp_path, engine):
@@ -210,7 +208,6 @@ def test_render_says_so_when_it_leaves_out_malformed_rows(tiny_tokenizer, tmp_pa
 
 # ---- a line with no end is read once per range: quadratic reading --------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
     """A plain file is read in ranges (the local engine's claims of 2 MiB, Beam's 8 MiB splits);
     each range after the first starts by skipping to the next newline (paths.read_lines ->
@@ -247,7 +244,6 @@ def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
 
 # ---- one Parquet cell Python cannot hold ends the run --------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, tmp_path,
                                                                 engine):

@@ -20,6 +20,11 @@ def least_json_bytes(batch: pa.RecordBatch) -> np.ndarray:
     return total
 
 
+def largest_value_bytes(array: pa.Array) -> int:
+    """The most bytes any one element of the array takes as JSON, at least (0 if empty)."""
+    return int(_value_bytes(array).max(initial=0))
+
+
 def _value_bytes(array: pa.Array) -> np.ndarray:
     """Per element of the array, the fewest bytes its value takes as JSON; 0 for a null."""
     kind = array.type

@@ -12,6 +12,7 @@ import glob
 import io
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
+from transforms.read.arrow_sizes import largest_value_bytes
 from transforms.read.decompress import DecodedStream
 from transforms.storage import is_url
 
@@ -158,11 +160,13 @@ def read_lines(stream: IO[bytes], start: int, end: int | None, max_bytes: int
     than max_bytes + 1 of it is ever held.
 
     The line straddling `start` belongs to the previous range, the one straddling `end` to this
-    one: every line is read exactly once however the file is split."""
+    one: every line is read exactly once however the file is split. Skipping the straddling
+    line stops at `end` (no line of this range starts past it), so however long a line runs,
+    only the range it starts in reads it whole: reading all ranges is O(file size)."""
     offset = start
     if start > 0:  # skip to the first line that starts inside this range
         stream.seek(start - 1)
-        skipped = _skip_line(stream)
+        skipped = _skip_line(stream, None if end is None else end - start + 1)
         offset = start - 1 + skipped
     while end is None or offset < end:
         line = stream.readline(max_bytes + 1)
@@ -177,14 +181,17 @@ def read_lines(stream: IO[bytes], start: int, end: int | None, max_bytes: int
         offset += size
 
 
-def _skip_line(stream: IO[bytes]) -> int:
-    """Read past the next newline, a chunk at a time; returns the bytes consumed."""
+def _skip_line(stream: IO[bytes], limit: int | None = None) -> int:
+    """Read past the next newline, a chunk at a time, or stop after limit bytes; returns the
+    bytes consumed."""
     consumed = 0
-    while True:
-        chunk = stream.readline(READ_CHUNK_BYTES)
+    while limit is None or consumed < limit:
+        step = READ_CHUNK_BYTES if limit is None else min(READ_CHUNK_BYTES, limit - consumed)
+        chunk = stream.readline(step)
         consumed += len(chunk)
         if not chunk or chunk.endswith(b"\n"):
-            return consumed
+            break
+    return consumed
 
 
 class NumberedLines:
@@ -267,28 +274,67 @@ def parquet_file(path: str, max_footer_bytes: int, opened: IO[bytes] | None = No
                                   thrift_container_size_limit=max_footer_bytes)
 
 
-def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> pq.ParquetFile:
+class GroupReader(NamedTuple):
+    """A reader of one row group, and the most bytes one row's values can take once Arrow
+    decodes them from a dictionary into a dense column, before the row can be sized."""
+
+    reader: pq.ParquetFile
+    dense_row_bytes: int
+
+
+def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> GroupReader:
     """A reader of the file for one row group whose string columns stored as a dictionary
     (every data page of the group's chunk indexes its dictionary page) are read as Arrow
     dictionaries: an entry many rows reference is held once, not once per row, until a row is
     decoded (sources.py sizes each row first: arrow_sizes.py). Chunks that fell back to plain
     pages are read dense: as dictionaries, Arrow would grow one over the whole chunk and copy
-    it into every batch."""
+    it into every batch. Their rows that index the dictionary are then decoded before they are
+    sized, each value at most the dictionary's largest entry: dense_row_bytes bounds that per
+    row, so that the caller reads few enough rows at once."""
     metadata = parquet.metadata
     row_group = metadata.row_group(group)
-    chunks = (row_group.column(index) for index in range(row_group.num_columns))
-    columns = [chunk.path_in_schema for chunk in chunks
-               if chunk.physical_type == "BYTE_ARRAY" and _dictionary_throughout(raw, chunk)]
-    return pq.ParquetFile(raw, metadata=metadata, pre_buffer=False, buffer_size=READ_CHUNK_BYTES,
-                          read_dictionary=columns or None)
+    columns, dense_row_bytes = [], 0
+    for index in range(row_group.num_columns):
+        chunk = row_group.column(index)
+        if chunk.physical_type != "BYTE_ARRAY" or not chunk.has_dictionary_page:
+            continue
+        pages = list(_pages(raw, chunk))
+        if all(page.encoding in DICTIONARY_ENCODINGS for page in pages
+               if page.encoding is not None):
+            columns.append(chunk.path_in_schema)
+        else:  # a list column's rows hold its values on average (docs/BOUNDS.md)
+            values_per_row = -(-chunk.num_values // max(row_group.num_rows, 1))
+            dictionary_bytes = sum(page.size for page in pages if page.encoding is None)
+            largest = _largest_entry_bytes(raw, metadata, group, chunk.path_in_schema)
+            dense_row_bytes += min(largest, dictionary_bytes) * values_per_row
+    reader = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
+                            buffer_size=READ_CHUNK_BYTES, read_dictionary=columns or None)
+    return GroupReader(reader, dense_row_bytes)
 
 
-def _dictionary_throughout(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> bool:
-    """Whether a column chunk has a dictionary page and every data page indexes it."""
-    if not column.has_dictionary_page:
-        return False
-    return all(page.encoding in DICTIONARY_ENCODINGS
-               for page in _pages(raw, column) if page.encoding is not None)
+def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
+                         column: str) -> int:
+    """The largest entry of a column chunk's dictionary page (its bytes as JSON), read as an
+    Arrow dictionary with the chunk's first row: the page is decoded once, within the page
+    ceiling that oversized_pages checked. Unbounded (the page's size is then the bound) when
+    no dictionary comes back."""
+    probe = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
+                           buffer_size=READ_CHUNK_BYTES, read_dictionary=[column])
+    batch = next(probe.iter_batches(1, row_groups=[group], columns=[column]), None)
+    arrays = [] if batch is None else _dictionaries(batch.column(0))
+    return max((largest_value_bytes(array) for array in arrays), default=sys.maxsize)
+
+
+def _dictionaries(array: pa.Array) -> Iterator[pa.Array]:
+    """The dictionaries (their entries) held anywhere in a nested array."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        yield array.dictionary
+    elif pa.types.is_struct(kind):
+        for index in range(kind.num_fields):
+            yield from _dictionaries(array.field(index))
+    elif isinstance(array, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+        yield from _dictionaries(array.values)
 
 
 def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
@@ -367,7 +413,8 @@ def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
 class _CompactReader:
     """Thrift's compact protocol over bytes, as far as a Parquet page header needs: integers
     and nested structs kept by field id, everything else skipped. Reading past the end is an
-    IndexError; nesting is bounded."""
+    IndexError; nesting of every container (struct, list, set, map) is bounded, so a header
+    fails as a ValueError, never as Python's recursion limit."""
 
     _MAX_DEPTH = 8
 
@@ -376,8 +423,7 @@ class _CompactReader:
         self.position = 0
 
     def struct(self, depth: int = 0) -> dict[int, Any]:
-        if depth > self._MAX_DEPTH:
-            raise ValueError("Parquet page header nested too deep")
+        self._nest(depth)
         fields: dict[int, Any] = {}
         field_id = 0
         while (head := self._byte()) != 0:  # 0: the struct's end
@@ -396,12 +442,14 @@ class _CompactReader:
         if kind == 8:  # binary
             return self._skip(self._varint())
         if kind in (9, 10):  # list, set
+            self._nest(depth)
             head = self._byte()
             size = self._varint() if head >> 4 == 15 else head >> 4
             for _ in range(size):
                 self._value(head & 0x0F, depth + 1)
             return None
         if kind == 11:  # map
+            self._nest(depth)
             size = self._varint()
             types = self._byte() if size else 0
             for _ in range(size):
@@ -411,6 +459,10 @@ class _CompactReader:
         if kind == 12:
             return self.struct(depth + 1)
         raise ValueError(f"Parquet page header holds an unknown Thrift type {kind}")
+
+    def _nest(self, depth: int) -> None:
+        if depth > self._MAX_DEPTH:
+            raise ValueError("Parquet page header nested too deep")
 
     def _byte(self) -> int:
         value = self._data[self.position]

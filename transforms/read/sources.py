@@ -28,6 +28,7 @@ from transforms.read.arrow_sizes import least_json_bytes
 from transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
+    GroupReader,
     Oversized,
     broken_off,
     compression_of,
@@ -48,6 +49,8 @@ PROGRESS_INTERVAL_S = 30.0
 # Parquet rows turned into Python values at once: few, so they stay small beside the page being
 # decoded (at 1024, a page's worth, the peak was 40% higher; docs/BOUNDS.md).
 PARQUET_BATCH_ROWS = 64
+# What turning Arrow values into Python ones may raise: a row's failure, not the file's.
+CONVERSION_FAILURES = (*UNANTICIPATED, pa.ArrowException)
 
 
 @dataclass(frozen=True)
@@ -144,39 +147,70 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
                     yield from _unread_rows(path, parquet.metadata, group, why)
                     continue
-                yield from _row_group(path, parquet, group_reader(raw, parquet, group), group,
-                                      max_record_bytes)
+                yield from _row_group(path, parquet, group_reader(raw, parquet, group),
+                                      group, max_record_bytes)
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
-def _row_group(path: str, parquet: pq.ParquetFile, reader: pq.ParquetFile, group: int,
+def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, group: int,
                max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
-    """A row group's rows (read by reader: paths.group_reader), PARQUET_BATCH_ROWS at a time,
-    each sized before it is decoded (arrow_sizes.py): a row over max_record_bytes as JSON is a
-    too_large dead letter, never decoded, and rows are decoded a few at a time, at most
-    max_record_bytes of them together (a lone row larger as JSON than counted may go over).
-    Where the group breaks, a dead letter."""
+    """A row group's rows (read by paths.group_reader), PARQUET_BATCH_ROWS at a time, fewer
+    when rows indexing a dictionary are decoded dense (as many as max_record_bytes holds at
+    their most, one at least), each sized before it is turned into Python values
+    (arrow_sizes.py): a row over max_record_bytes as JSON is a too_large dead letter, never
+    decoded, and rows are decoded a few at a time, at most max_record_bytes of them together
+    (a lone row larger as JSON than counted may go over). Where the group breaks, a dead
+    letter."""
     read, dense = 0, parquet.schema_arrow  # the rows' types, dictionaries decoded
+    first = _first_row(parquet.metadata, group)
+    batch_rows = max(1, min(PARQUET_BATCH_ROWS,
+                            max_record_bytes // max(group_read.dense_row_bytes, 1)))
     try:
-        for batch in reader.iter_batches(PARQUET_BATCH_ROWS, row_groups=[group]):
+        for batch in group_read.reader.iter_batches(batch_rows, row_groups=[group]):
             sizes = least_json_bytes(batch)
             for rows in batches_by_weight(range(batch.num_rows), max_record_bytes,
                                           sizes.__getitem__):
                 if sizes[rows[0]] > max_record_bytes:  # over the weight: a batch alone
                     yield DeadLetter(path, b"", "too_large",
-                                     f"row {_first_row(parquet.metadata, group) + read + rows[0]}"
-                                     f" not decoded: {sizes[rows[0]]} bytes as JSON at least, "
+                                     f"row {first + read + rows[0]} not decoded: "
+                                     f"{sizes[rows[0]]} bytes as JSON at least, "
                                      f"over --max-record-bytes {max_record_bytes}")
                     continue
-                for row in batch.slice(rows[0], len(rows)).cast(dense).to_pylist():
-                    yield path, row
+                yield from _python_rows(path, batch.slice(rows[0], len(rows)), dense,
+                                        first + read + rows[0])
             read += batch.num_rows
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE,
                          f"row group {group} of {parquet.num_row_groups} unreadable after "
                          f"{read} rows: {err}",
                          lost_bytes=parquet.metadata.row_group(group).total_byte_size)
+
+
+def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
+                 ) -> Iterator[tuple[str, Any] | DeadLetter]:
+    """Rows (sized already) as dicts: the one place Parquet values become Python values. A
+    value Arrow holds but Python cannot (a timestamp past year 9999, a decimal past its
+    precision) fails its row alone: the rows are then converted one by one, and each that
+    fails is a dead letter saying why, numbered from `first`."""
+    try:
+        converted = rows.cast(dense).to_pylist()
+    except CONVERSION_FAILURES:
+        converted = None
+    if converted is not None:
+        for row in converted:
+            yield path, row
+        return
+    for index in range(rows.num_rows):
+        try:
+            [row] = rows.slice(index, 1).cast(dense).to_pylist()
+        except CONVERSION_FAILURES as err:
+            failed = unanticipated(err)
+            yield DeadLetter(path, b"", failed.reason,
+                             f"row {first + index} has a value Python cannot hold: "
+                             f"{failed.message}")
+            continue
+        yield path, row
 
 
 def _first_row(metadata: pq.FileMetaData, group: int) -> int:

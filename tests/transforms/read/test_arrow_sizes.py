@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.dead_letters import DeadLetter
-from transforms.read.arrow_sizes import least_json_bytes
+from transforms.read.arrow_sizes import largest_value_bytes, least_json_bytes
 from transforms.read.paths import group_reader, parquet_file
 from transforms.read.sources import FileRange, read_range
 
@@ -87,6 +87,15 @@ def test_only_chunks_indexed_by_their_dictionary_throughout_are_read_as_dictiona
                              "prompt": [f"unique prompt {i}" for i in range(10_000)]}), path,
                    dictionary_pagesize_limit=4096)
     with parquet_file(str(path), 1 << 20) as (raw, parquet):
-        schema = group_reader(raw, parquet, 0).schema_arrow
-    assert pa.types.is_dictionary(schema.field("role").type)
-    assert schema.field("prompt").type == pa.string()
+        reader, dense_row_bytes = group_reader(raw, parquet, 0)
+    assert pa.types.is_dictionary(reader.schema_arrow.field("role").type)
+    assert reader.schema_arrow.field("prompt").type == pa.string()
+    # a row that indexes the dictionary decodes to no more than its largest entry (as JSON),
+    # not its whole dictionary page (~21 KB): the rows are still read 64 at a time
+    assert 0 < dense_row_bytes <= len('"unique prompt 9999"')
+
+
+def test_the_largest_value_is_the_longest_string_with_its_quotes():
+    assert largest_value_bytes(pa.array(["a", None, "abc"])) == 5
+    assert largest_value_bytes(pa.array(["x" * 9, "y"]).dictionary_encode()) == 11
+    assert largest_value_bytes(pa.array([], pa.string())) == 0

@@ -226,6 +226,17 @@ def test_any_bytes_as_a_page_header_are_read_or_refused_with_a_value_error(tmp_p
     assert isinstance(fields, dict) and 0 < size <= len(header)
 
 
+@pytest.mark.parametrize("container", [b"\x19", b"\x1a", b"\x1b\x01\x99"],
+                         ids=["list", "set", "map"])
+def test_a_page_header_nested_past_the_bound_in_any_container_is_a_value_error(tmp_path, container):
+    """Field 1 a list (set, map) of lists of lists...: refused at the depth bound, before
+    Python's recursion limit."""
+    path = tmp_path / "h"
+    path.write_bytes(container * 5000)
+    with open(path, "rb") as raw, pytest.raises(ValueError, match="nested too deep"):
+        _page_header(raw, 0)
+
+
 def test_a_page_ceiling_refuses_pages_of_many_values_over_it(tmp_path):
     bound = 4096
     prompts = [f"{i:05d}" * 400 for i in range(1024)]  # 2 KB values: pages of ~2 MB
@@ -369,4 +380,29 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
     [result] = read_in_child([path], bound)
     assert result["out"] == ["bad_timestamp"] * 32
     # docs/BOUNDS.md: Parquet reading stays under 9 x the bound (measured 54 MiB; was ~1.1 GB)
+    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
+
+
+@pytest.mark.parametrize("column", ["prompt", "messages"])
+def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ceiling(
+        tmp_path, column):
+    """The same entry, its chunk holding a PLAIN page too (pyarrow's writer falls back once its
+    dictionary is over 1 MB): read dense, so the rows indexing the dictionary are decoded before
+    they are sized; they are read as many at once as the bound holds at their most (one here,
+    from its largest entry), not 64 (~870 MB peak at 128 rows)."""
+    bound, rows = 4 * MiB, 32  # 64 at once before: ~130 MiB, over the ceiling
+    entry = "hello " * 650_000
+    values = [entry] * rows + ["b"]
+    if column == "messages":
+        values = [[{"role": "user", "content": value}] for value in values]
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"timestamp": ["not a time"] * (rows + 1), column: values}), path,
+                   compression="zstd", write_batch_size=rows)
+    with parquet_file(str(path), bound) as (raw, parquet):
+        group = parquet.metadata.row_group(0)
+        chunk = group.column(group.num_columns - 1)  # the prompt, or the messages' content
+        assert {page.encoding for page in _pages(raw, chunk)} >= {None, 0}  # dictionary, PLAIN
+    assert path.stat().st_size < 4096
+    [result] = read_in_child([path], bound)
+    assert result["out"] == ["bad_timestamp"] * (rows + 1)
     assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED

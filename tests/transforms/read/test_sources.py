@@ -20,10 +20,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.read.paths import Oversized, read_lines
 from transforms.read.records import ParseOptions
-from transforms.read.sources import BOM, FileRange, file_ranges
+from transforms.read.sources import BOM, FileRange, file_ranges, read_range
 from transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
@@ -47,6 +47,33 @@ def test_an_oversized_line_is_skipped_not_held():
     data = b"short\n" + b"x" * 5000 + b"\nafter\n"
     got = list(read_lines(io.BytesIO(data), 0, None, 1024))
     assert got == [(0, b"short"), (6, Oversized(b"x" * 1025, 5001)), (5007, b"after")]
+
+
+class CountingBytes(io.BytesIO):
+    """Bytes that count how many of them are read."""
+
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.consumed = 0
+
+    def readline(self, size: int = -1) -> bytes:
+        line = super().readline(size)
+        self.consumed += len(line)
+        return line
+
+
+@pytest.mark.parametrize("split", [1, 7, 100, 4096])
+def test_a_line_without_end_is_read_about_once_however_many_ranges_it_crosses(split):
+    """A range skips the line straddling its start only as far as its own end: a 64 KiB line
+    with no newline costs its own range one read of it, every other range its own length."""
+    data = b"first\n" + b"x" * (64 << 10)
+    consumed, read = 0, []
+    for piece in file_ranges("x.jsonl", len(data), split):
+        stream = CountingBytes(data)
+        read += [line for _, line in read_lines(stream, piece.start, piece.end, 1024)]
+        consumed += stream.consumed
+    assert read == [b"first", Oversized(b"x" * 1025, 64 << 10)]
+    assert consumed <= 2 * len(data) + len(file_ranges("x.jsonl", len(data), split))
 
 
 def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
@@ -147,6 +174,22 @@ def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
 
     check_read([good, broken], lambda records: len(records) == 100 or pytest.fail(len(records)),
                check_letters)
+
+
+def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_path):
+    """A timestamp Arrow holds but Python's datetime cannot (year ~33,658): that row is a
+    dead letter numbered and saying why; every other row, in its batch and after, is read."""
+    stamps = [1_764_000_000 + i for i in range(200)]
+    stamps[70] = 10 ** 12
+    path = tmp_path / "stamps.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array(stamps, pa.timestamp("s")),
+                             "prompt": [f"p{i}" for i in range(200)]}), path, row_group_size=100)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    letters = [item for item in read if isinstance(item, DeadLetter)]
+    assert [(d.reason, d.message[:7]) for d in letters] == [("malformed_record", "row 70 ")]
+    assert "OverflowError" in letters[0].message
+    assert [item[1]["prompt"] for item in read if isinstance(item, tuple)] == [
+        f"p{i}" for i in range(200) if i != 70]
 
 
 def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
