@@ -119,7 +119,6 @@ def test_lengths_and_response_times_kvtrace_never_writes_pass(outputs, tmp_path)
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 @pytest.mark.parametrize("name", ["security.note", "system.posix_acl_access"])
 def test_extended_attributes_outside_user_and_trusted_pass(outputs, tmp_path, name):
     """Round 1's fix (_check_attributes) flags only user.* and trusted.* attributes. A
