@@ -7,8 +7,13 @@ operands only when an integer says how large (`'x' * n`, `2 ** n`, a width in `'
 `'{:>99999999}'`, `center(n)`, `indent(n)`, ...) or when it joins values (`~`, `+`, `join`, `replace`). So here each
 join, repetition and replacement is sized from its operands first, powers from their bit lengths, format
 widths from the format's own parse, and an integer handed to a call or a filter (beside the
-value filtered) may not exceed MAX_ARGUMENT. Whatever else a template does is one bounded C
-call or a Python step the watchdog can stop.
+value filtered) may not exceed MAX_ARGUMENT. A value turned into text (`{{ }}`, `~`, `|string`,
+`|tojson`, `join`) is sized by walking it first (`_text_length`): a list may hold the same long
+string many times. Calls whose result is a fixed multiple of their operands at most (escaping,
+case mapping) are not sized first, but every call's and filter's result is measured before the
+template sees it, so no value past the bound survives a step. `sum` adds numbers only: over
+lists it is one quadratic C call (Python refuses it for str). Whatever else a template does is
+one C call linear in values within the bound, or a Python step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -25,9 +30,10 @@ from typing import Any, Callable
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
 from jinja2.nodes import Add, Concat
+from jinja2.filters import make_attrgetter
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import _PassArg
+from jinja2.utils import Namespace, _PassArg
 
 # The longest string or list a template may build: 4x the longest record kvtrace reads
 # (DEFAULT_MAX_RECORD_BYTES, 64 MiB), since a template may repeat what a record holds.
@@ -48,6 +54,50 @@ _SIZED = frozenset((str, list, tuple))
 
 def _sized(value: Any) -> int:
     return len(value) if isinstance(value, (str, list, tuple)) else 0
+
+
+def _checked(result: Any, what: str) -> Any:
+    """result, refused if it is a string or list past the bound (it was built in one call)."""
+    if isinstance(result, (str, list, tuple)) and len(result) > MAX_VALUE_LENGTH:
+        raise ValueTooLarge(f"{what} built a value of {len(result)} items, over "
+                            f"{MAX_VALUE_LENGTH}")
+    return result
+
+
+def _children(value: Any) -> Iterable[Any] | None:
+    """What str() or JSON of value prints inside it, or None for a value printed whole."""
+    if isinstance(value, (list, tuple)):
+        return value
+    if isinstance(value, dict):
+        return (part for item in value.items() for part in item)
+    if isinstance(value, Namespace):  # printed with the dict of its attributes
+        return _children(value._Namespace__attrs)  # type: ignore[attr-defined]
+    return None
+
+
+def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
+    """The length of value as text (str(), or JSON with indent), up to the escaping of its
+    strings (a fixed factor, measured afterwards), counting each time a string is listed. The
+    walk stops once past limit (the bound), so it is at most that many Python steps."""
+    limit = MAX_VALUE_LENGTH if limit is None else limit
+    children = _children(value)
+    if children is None:
+        return len(value) if isinstance(value, str) else len(repr(value))
+    total, stack = 2, [iter(children)]
+    while stack and total <= limit:
+        for item in stack[-1]:
+            total += 2 + indent * len(stack) + 1 if indent else 2  # separator, line, indent
+            inner = _children(item)
+            if inner is not None:
+                total += 2
+                stack.append(iter(inner))
+                break
+            total += len(item) + 2 if isinstance(item, str) else len(repr(item))
+            if total > limit:
+                break
+        else:
+            stack.pop()
+    return total
 
 
 def _check_length(length: int, what: str) -> None:
@@ -78,8 +128,8 @@ def _printf_fields(template: str) -> Iterator[tuple[str, str]]:
 
 def _longest_text(values: Iterable[Any]) -> int:
     """The longest of values as text: what one format field may print of any of them."""
-    return max((len(value) if isinstance(value, str) else len(str(value)) for value in values),
-               default=0)
+    return max((len(value) if isinstance(value, str) else _text_length(value)
+                for value in values), default=0)
 
 
 def _check_printf(template: str, operand: Any = ()) -> None:
@@ -140,13 +190,25 @@ def _check_integers(values: Iterable[Any], what: str) -> None:
 
 
 def _check_join(separator: str, items: Any) -> None:
-    """str.join's result sized first: the same long item may be listed many times."""
-    _check_length(sum(_sized(item) for item in items) + len(separator) * len(items), "join")
+    """str.join's result sized first: the same long item may be listed many times (jinja's
+    join prints items that are not strings)."""
+    length = len(separator) * len(items)
+    for item in items:
+        length += len(item) if isinstance(item, str) else _text_length(item)
+        _check_length(length, "join")
 
 
 def _listed(items: Any) -> Any:
     """An iterable about to be joined, as a list (which join would build anyway) to size it."""
     return items if isinstance(items, (str, list, tuple, dict)) else list(items)
+
+
+def _check_translate(text: str, table: Any = None, *rest: Any) -> None:
+    """str.translate's result sized first: each character may become the longest replacement."""
+    values = (table.values() if isinstance(table, dict) else
+              table if isinstance(table, (list, tuple)) else ())
+    longest = max((len(value) for value in values if isinstance(value, str)), default=1)
+    _check_length(len(text) * max(longest, 1), "translate")
 
 
 def _check_replace(text: str, old: Any, new: Any) -> None:
@@ -164,6 +226,7 @@ _STR_METHOD_CHECKS = {
         len(text) + text.count("\t") * tabsize if type(tabsize) is int else 0, "expandtabs"),
     "join": lambda text, items=(), *rest: _check_join(text, items),  # items already listed
     "replace": lambda text, old=None, new=None, *rest: _check_replace(text, old, new),
+    "translate": _check_translate,
 }
 # Filters whose result may outgrow their value and arguments, sized the same way (called with
 # the filter's own arguments, the value first).
@@ -180,9 +243,43 @@ def _filter_indent(value: Any, width: Any = 4, *rest: Any, **kwargs: Any) -> Non
         _check_length(len(value) + (value.count("\n") + 1) * step, "indent")
 
 
+def _filter_wordwrap(value: Any, width: Any = 79, break_long_words: Any = True,
+                     wrapstring: Any = None, *rest: Any, **kwargs: Any) -> None:
+    """wrapstring joins the lines, at most one per character of value."""
+    wrapstring = kwargs.get("wrapstring", wrapstring)
+    if isinstance(value, str) and isinstance(wrapstring, str):
+        _check_length(len(value) + (len(value) + 1) * len(wrapstring), "wordwrap")
+
+
+def _filter_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *rest: Any,
+                   **kwargs: Any) -> None:
+    indent = kwargs.get("indent", indent)
+    step = len(indent) if isinstance(indent, str) else indent if type(indent) is int else 0
+    _check_length(_text_length(value, max(step, 0)), "tojson")
+
+
+def _filter_sum(value: Any, attribute: Any = None, start: Any = 0, **kwargs: Any) -> None:
+    """Numbers only: sum over lists copies its growing total at each item."""
+    if type(kwargs.get("start", start)) not in (int, float, bool):
+        raise ValueTooLarge("sum adds numbers only")
+
+
+def _filter_text(value: Any, *rest: Any, **kwargs: Any) -> None:
+    """A filter that prints value first (|string, and escaping, which grows it 5x at most)."""
+    if not isinstance(value, str):
+        _check_length(_text_length(value), "printing a value")
+
+
 _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "format": _filter_format,
     "indent": _filter_indent,
+    "wordwrap": _filter_wordwrap,
+    "tojson": _filter_tojson,
+    "sum": _filter_sum,
+    "string": _filter_text,
+    "e": _filter_text,
+    "escape": _filter_text,
+    "forceescape": _filter_text,
     "join": lambda value, separator="", *rest, **kwargs:
         _check_join(str(kwargs.get("d", separator)), value),  # listed
     "replace": lambda value, old=None, new=None, *rest, **kwargs:
@@ -201,11 +298,23 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
             _check_integers(kwargs.values(), f"the filter {name}")
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
-                args = (*args[:skip - 1], _listed(args[skip - 1]), *args[skip:])
+                args, kwargs = _join_attributes(args, kwargs, skip)
             _FILTER_CHECKS[name](*args[skip - 1:], **kwargs)
-        return function(*args, **kwargs)
+        return _checked(function(*args, **kwargs), f"the filter {name}")
 
     return bounded
+
+
+def _join_attributes(args: tuple[Any, ...], kwargs: dict[str, Any],
+                     skip: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """jinja join's arguments with its items listed, each its attribute when one is named
+    (what join would join), so that what is sized is what is joined."""
+    items = _listed(args[skip - 1])
+    rest, kwargs = list(args[skip:]), dict(kwargs)
+    attribute = kwargs.pop("attribute", rest.pop(1) if len(rest) > 1 else None)
+    if attribute is not None:
+        items = list(map(make_attrgetter(args[0].environment, attribute), items))
+    return (*args[:skip - 1], items, *rest), kwargs
 
 
 class _BoundedFilters(dict):
@@ -236,6 +345,13 @@ class _BoundedCodeGenerator(CodeGenerator):
             self.visit(argument, frame)
             self.write(", ")
         self.write("))")
+
+    def _output_child_pre(self, node: Any, frame: Frame, finalize: Any) -> None:
+        """`{{ value }}` printed through the environment's to_text, which sizes it first."""
+        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
+            super()._output_child_pre(node, frame, finalize)
+        else:
+            self.write("environment.to_text(")
 
     @optimizeconst
     def visit_Add(self, node: Add, frame: Frame) -> None:
@@ -275,7 +391,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 if method == "join" and args:
                     args = (_listed(args[0]), *args[1:])
                 _STR_METHOD_CHECKS[method](text, *args, *kwargs.values())
-        return super().call(__context, __obj, *args, **kwargs)
+        return _checked(super().call(__context, __obj, *args, **kwargs), "a call")
 
     def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]
         """The rendered output joined (jinja's Environment.concat), its length bounded too: the
@@ -287,9 +403,17 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     @staticmethod
     def join_values(values: tuple[Any, ...]) -> str:
         """`a ~ b ~ ...`: what jinja's str_join does, sized first."""
-        pieces = list(map(str, values))
-        _check_length(sum(map(len, pieces)), "~")
-        return "".join(pieces)
+        _check_length(sum(len(value) if type(value) is str else _text_length(value)
+                          for value in values), "~")
+        return _checked("".join(map(str, values)), "~")
+
+    @staticmethod
+    def to_text(value: Any) -> str:
+        """str(value) for `{{ value }}`, sized first."""
+        if type(value) is str:
+            return value
+        _check_length(_text_length(value), "printing a value")
+        return _checked(str(value), "printing a value")
 
     @staticmethod
     def add(left: Any, right: Any) -> Any:
