@@ -77,26 +77,42 @@ def _children(value: Any) -> Iterable[Any] | None:
 
 def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     """The length of value as text (str(), or JSON with indent), up to the escaping of its
-    strings (a fixed factor, measured afterwards), counting each time a string is listed. The
-    walk stops once past limit (the bound), so it is at most that many Python steps."""
+    strings (a fixed factor, measured afterwards), counting a value each time it is listed.
+    A container met again is counted from its first walk (`[a] * n` is n steps, not n times
+    a's), and the walk stops once past limit: Python steps the watchdog can stop."""
     limit = MAX_VALUE_LENGTH if limit is None else limit
     children = _children(value)
     if children is None:
         return len(value) if isinstance(value, str) else len(repr(value))
-    total, stack = 2, [iter(children)]
+    known: dict[tuple[int, int], int] = {}  # (container, depth) -> its length
+    total = 2 + (indent > 0)  # brackets, and a newline before the closing one
+    stack = [[(id(value), 0), iter(children), total]]  # per container: key, items, length
     while stack and total <= limit:
-        for item in stack[-1]:
-            total += 2 + indent * len(stack) + 1 if indent else 2  # separator, line, indent
+        frame = stack[-1]
+        for item in frame[1]:
+            depth = len(stack) if indent else 0
+            length = 2 + indent * depth + 1 if indent else 2  # separator, newline, indent
             inner = _children(item)
-            if inner is not None:
-                total += 2
-                stack.append(iter(inner))
+            if inner is None:
+                length += len(item) + 2 if isinstance(item, str) else len(repr(item))
+            elif (id(item), depth) in known:
+                length += known[id(item), depth]
+            else:
+                frame[2] += length
+                total += length
+                brackets = 2 + indent * depth + 1 if indent else 2  # closing line indented
+                stack.append([(id(item), depth), iter(inner), brackets])
+                total += brackets
                 break
-            total += len(item) + 2 if isinstance(item, str) else len(repr(item))
+            frame[2] += length
+            total += length
             if total > limit:
                 break
         else:
             stack.pop()
+            known[frame[0]] = frame[2]
+            if stack:
+                stack[-1][2] += frame[2]
     return total
 
 
@@ -173,8 +189,13 @@ def _format_values(args: tuple[Any, ...]) -> Iterator[Any]:
 
 def _check_binop(name: str, left: Any, right: Any) -> None:
     if name == "*":
-        count = right if type(right) is int else left if type(left) is int else 0
-        _check_length(max(_sized(left), _sized(right)) * max(count, 0), "*")
+        count = max(right if type(right) is int else left if type(left) is int else 0, 0)
+        repeated = left if type(right) is int else right
+        if isinstance(repeated, (list, tuple)):  # sized by what it holds: see add
+            _check_length(_text_length(repeated, limit=MAX_VALUE_LENGTH // max(count, 1))
+                          * count, "*")
+        else:
+            _check_length(_sized(repeated) * count, "*")
     elif name == "**":
         if type(left) is int and type(right) is int and right > 0:
             if left.bit_length() * right > MAX_INT_BITS:
@@ -255,7 +276,7 @@ def _filter_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *r
                    **kwargs: Any) -> None:
     indent = kwargs.get("indent", indent)
     step = len(indent) if isinstance(indent, str) else indent if type(indent) is int else 0
-    _check_length(_text_length(value, max(step, 0)), "tojson")
+    _check_length(_text_length(value, max(step, 0)) + 2, "tojson")  # a string's quotes
 
 
 def _filter_sum(value: Any, attribute: Any = None, start: Any = 0, **kwargs: Any) -> None:
@@ -417,7 +438,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     @staticmethod
     def add(left: Any, right: Any) -> Any:
-        """`a + b`, its result sized: at most its two operands' size, each within the bound."""
+        """`a + b`, its result sized: at most its two operands' size, each within the bound.
+        Lists are sized by what they hold, through nested lists (`l = l + l` doubles that,
+        not their length): so one comparison, containment or sort over any list a template
+        builds walks at most the bound, where `[0] * n + [1] in [[0] * n] * n` would walk n²."""
+        if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+            _check_length(_text_length(left) + _text_length(right), "+")
         result = left + right
         if type(result) in _SIZED and len(result) > MAX_VALUE_LENGTH:
             raise ValueTooLarge(f"+ would build a value of {len(result)} items, over "
