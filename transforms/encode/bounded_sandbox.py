@@ -2,18 +2,20 @@
 is built.
 
 The render watchdog (render_budget.py) stops a template between two of its Python steps; a
-single step is one C call it cannot interrupt. Such a call makes a value larger than its
-operands only when an integer says how large (`'x' * n`, `2 ** n`, a width in `'%99999999s'`,
-`'{:>99999999}'`, `center(n)`, `indent(n)`, ...) or when it joins values (`~`, `+`, `join`, `replace`). So here each
-join, repetition and replacement is sized from its operands first, powers from their bit lengths, format
-widths from the format's own parse, and an integer handed to a call or a filter (beside the
-value filtered) may not exceed MAX_ARGUMENT. A value turned into text (`{{ }}`, `~`, `|string`,
-`|tojson`, `join`) is sized by walking it first (`_text_length`): a list may hold the same long
-string many times. Calls whose result is a fixed multiple of their operands at most (escaping,
-case mapping) are not sized first, but every call's and filter's result is measured before the
-template sees it, so no value past the bound survives a step. `sum` adds numbers only: over
-lists it is one quadratic C call (Python refuses it for str). Whatever else a template does is
-one C call linear in values within the bound, or a Python step the watchdog can stop.
+single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). Such a
+call makes a value larger than its operands only when an integer says how large (`'x' * n`,
+`2 ** n`, a width in `'%99999999s'` or `'{:>99999999}'`, `center(n)`, `indent(n)`, ...), when
+it joins or maps values (`~`, `+`, `join`, `replace`, `translate`, `wordwrap`, escaping), or
+when it prints a container (`{{ }}`, `|string`, `|tojson`), which may list one long string
+many times. So here each is sized from its operands first: powers from their bit lengths,
+format widths from the format's own parse, containers by walking what they hold
+(`_text_length`), and an integer handed to a call or a filter (beside the value filtered) may
+not exceed MAX_ARGUMENT. Lists are sized the same way when `*` or `+` builds them, so a
+comparison, containment or sort over one walks at most the bound; `sum` adds numbers only (over
+lists it is one quadratic C call; Python refuses it for str). Every call's and filter's result
+is measured too before the template sees it (case mapping, say, is a fixed multiple of its
+operand): no value past the bound survives a step. Whatever else a template does is one C call
+linear in values within the bound, or a Python step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
