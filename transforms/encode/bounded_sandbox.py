@@ -2,13 +2,20 @@
 is built.
 
 The render watchdog (render_budget.py) stops a template between two of its Python steps; a
-single step is one C call it cannot interrupt. Such a call makes a value larger than its
-operands only when an integer says how large (`'x' * n`, `2 ** n`, a width in `'%99999999s'`,
-`'{:>99999999}'`, `center(n)`, `indent(n)`, ...) or when it joins values (`~`, `+`, `join`, `replace`). So here each
-join, repetition and replacement is sized from its operands first, powers from their bit lengths, format
-widths from the format's own parse, and an integer handed to a call or a filter (beside the
-value filtered) may not exceed MAX_ARGUMENT. Whatever else a template does is one bounded C
-call or a Python step the watchdog can stop.
+single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). Such a
+call makes a value larger than its operands only when an integer says how large (`'x' * n`,
+`2 ** n`, a width in `'%99999999s'` or `'{:>99999999}'`, `center(n)`, `indent(n)`, ...), when
+it joins or maps values (`~`, `+`, `join`, `replace`, `translate`, `wordwrap`, escaping), or
+when it prints a container (`{{ }}`, `|string`, `|tojson`), which may list one long string
+many times. So here each is sized from its operands first: powers from their bit lengths,
+format widths from the format's own parse, containers by walking what they hold
+(`_text_length`), and an integer handed to a call or a filter (beside the value filtered) may
+not exceed MAX_ARGUMENT. Lists are sized the same way when `*` or `+` builds them, so a
+comparison, containment or sort over one walks at most the bound; `sum` adds numbers only (over
+lists it is one quadratic C call; Python refuses it for str). Every call's and filter's result
+is measured too before the template sees it (case mapping, say, is a fixed multiple of its
+operand): no value past the bound survives a step. Whatever else a template does is one C call
+linear in values within the bound, or a Python step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -25,9 +32,10 @@ from typing import Any, Callable
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
 from jinja2.nodes import Add, Concat
+from jinja2.filters import make_attrgetter
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import _PassArg
+from jinja2.utils import Namespace, _PassArg
 
 # The longest string or list a template may build: 4x the longest record kvtrace reads
 # (DEFAULT_MAX_RECORD_BYTES, 64 MiB), since a template may repeat what a record holds.
@@ -48,6 +56,66 @@ _SIZED = frozenset((str, list, tuple))
 
 def _sized(value: Any) -> int:
     return len(value) if isinstance(value, (str, list, tuple)) else 0
+
+
+def _checked(result: Any, what: str) -> Any:
+    """result, refused if it is a string or list past the bound (it was built in one call)."""
+    if isinstance(result, (str, list, tuple)) and len(result) > MAX_VALUE_LENGTH:
+        raise ValueTooLarge(f"{what} built a value of {len(result)} items, over "
+                            f"{MAX_VALUE_LENGTH}")
+    return result
+
+
+def _children(value: Any) -> Iterable[Any] | None:
+    """What str() or JSON of value prints inside it, or None for a value printed whole."""
+    if isinstance(value, (list, tuple)):
+        return value
+    if isinstance(value, dict):
+        return (part for item in value.items() for part in item)
+    if isinstance(value, Namespace):  # printed with the dict of its attributes
+        return _children(value._Namespace__attrs)  # type: ignore[attr-defined]
+    return None
+
+
+def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
+    """The length of value as text (str(), or JSON with indent), up to the escaping of its
+    strings (a fixed factor, measured afterwards), counting a value each time it is listed.
+    A container met again is counted from its first walk (`[a] * n` is n steps, not n times
+    a's), and the walk stops once past limit: Python steps the watchdog can stop."""
+    limit = MAX_VALUE_LENGTH if limit is None else limit
+    children = _children(value)
+    if children is None:
+        return len(value) if isinstance(value, str) else len(repr(value))
+    known: dict[tuple[int, int], int] = {}  # (container, depth) -> its length
+    total = 2 + (indent > 0)  # brackets, and a newline before the closing one
+    stack = [[(id(value), 0), iter(children), total]]  # per container: key, items, length
+    while stack and total <= limit:
+        frame = stack[-1]
+        for item in frame[1]:
+            depth = len(stack) if indent else 0
+            length = 2 + indent * depth + 1 if indent else 2  # separator, newline, indent
+            inner = _children(item)
+            if inner is None:
+                length += len(item) + 2 if isinstance(item, str) else len(repr(item))
+            elif (id(item), depth) in known:
+                length += known[id(item), depth]
+            else:
+                frame[2] += length
+                total += length
+                brackets = 2 + indent * depth + 1 if indent else 2  # closing line indented
+                stack.append([(id(item), depth), iter(inner), brackets])
+                total += brackets
+                break
+            frame[2] += length
+            total += length
+            if total > limit:
+                break
+        else:
+            stack.pop()
+            known[frame[0]] = frame[2]
+            if stack:
+                stack[-1][2] += frame[2]
+    return total
 
 
 def _check_length(length: int, what: str) -> None:
@@ -78,8 +146,8 @@ def _printf_fields(template: str) -> Iterator[tuple[str, str]]:
 
 def _longest_text(values: Iterable[Any]) -> int:
     """The longest of values as text: what one format field may print of any of them."""
-    return max((len(value) if isinstance(value, str) else len(str(value)) for value in values),
-               default=0)
+    return max((len(value) if isinstance(value, str) else _text_length(value)
+                for value in values), default=0)
 
 
 def _check_printf(template: str, operand: Any = ()) -> None:
@@ -123,8 +191,13 @@ def _format_values(args: tuple[Any, ...]) -> Iterator[Any]:
 
 def _check_binop(name: str, left: Any, right: Any) -> None:
     if name == "*":
-        count = right if type(right) is int else left if type(left) is int else 0
-        _check_length(max(_sized(left), _sized(right)) * max(count, 0), "*")
+        count = max(right if type(right) is int else left if type(left) is int else 0, 0)
+        repeated = left if type(right) is int else right
+        if isinstance(repeated, (list, tuple)):  # sized by what it holds: see add
+            _check_length(_text_length(repeated, limit=MAX_VALUE_LENGTH // max(count, 1))
+                          * count, "*")
+        else:
+            _check_length(_sized(repeated) * count, "*")
     elif name == "**":
         if type(left) is int and type(right) is int and right > 0:
             if left.bit_length() * right > MAX_INT_BITS:
@@ -140,13 +213,25 @@ def _check_integers(values: Iterable[Any], what: str) -> None:
 
 
 def _check_join(separator: str, items: Any) -> None:
-    """str.join's result sized first: the same long item may be listed many times."""
-    _check_length(sum(_sized(item) for item in items) + len(separator) * len(items), "join")
+    """str.join's result sized first: the same long item may be listed many times (jinja's
+    join prints items that are not strings)."""
+    length = len(separator) * len(items)
+    for item in items:
+        length += len(item) if isinstance(item, str) else _text_length(item)
+        _check_length(length, "join")
 
 
 def _listed(items: Any) -> Any:
     """An iterable about to be joined, as a list (which join would build anyway) to size it."""
     return items if isinstance(items, (str, list, tuple, dict)) else list(items)
+
+
+def _check_translate(text: str, table: Any = None, *rest: Any) -> None:
+    """str.translate's result sized first: each character may become the longest replacement."""
+    values = (table.values() if isinstance(table, dict) else
+              table if isinstance(table, (list, tuple)) else ())
+    longest = max((len(value) for value in values if isinstance(value, str)), default=1)
+    _check_length(len(text) * max(longest, 1), "translate")
 
 
 def _check_replace(text: str, old: Any, new: Any) -> None:
@@ -164,6 +249,7 @@ _STR_METHOD_CHECKS = {
         len(text) + text.count("\t") * tabsize if type(tabsize) is int else 0, "expandtabs"),
     "join": lambda text, items=(), *rest: _check_join(text, items),  # items already listed
     "replace": lambda text, old=None, new=None, *rest: _check_replace(text, old, new),
+    "translate": _check_translate,
 }
 # Filters whose result may outgrow their value and arguments, sized the same way (called with
 # the filter's own arguments, the value first).
@@ -180,9 +266,51 @@ def _filter_indent(value: Any, width: Any = 4, *rest: Any, **kwargs: Any) -> Non
         _check_length(len(value) + (value.count("\n") + 1) * step, "indent")
 
 
+def _filter_wordwrap(value: Any, width: Any = 79, break_long_words: Any = True,
+                     wrapstring: Any = None, *rest: Any, **kwargs: Any) -> None:
+    """wrapstring joins the lines, at most one per character of value."""
+    wrapstring = kwargs.get("wrapstring", wrapstring)
+    if isinstance(value, str) and isinstance(wrapstring, str):
+        _check_length(len(value) + (len(value) + 1) * len(wrapstring), "wordwrap")
+
+
+def _filter_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *rest: Any,
+                   **kwargs: Any) -> None:
+    indent = kwargs.get("indent", indent)
+    step = len(indent) if isinstance(indent, str) else indent if type(indent) is int else 0
+    _check_length(_text_length(value, max(step, 0)) + 2, "tojson")  # a string's quotes
+
+
+def _filter_sum(value: Any, attribute: Any = None, start: Any = 0, **kwargs: Any) -> None:
+    """Numbers only: sum over lists copies its growing total at each item."""
+    if type(kwargs.get("start", start)) not in (int, float, bool):
+        raise ValueTooLarge("sum adds numbers only")
+
+
+def _filter_string(value: Any, *rest: Any, **kwargs: Any) -> None:
+    if not isinstance(value, str):
+        _check_length(_text_length(value), "printing a value")
+
+
+def _filter_escape(value: Any, *rest: Any, **kwargs: Any) -> None:
+    """Each of & < > ' " becomes up to 5 characters: counted first, not measured after a call
+    of seconds."""
+    if isinstance(value, str):
+        _check_length(len(value) + 4 * sum(map(value.count, "&<>'\"")), "escaping")
+    else:
+        _check_length(_text_length(value) * 5, "escaping")
+
+
 _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "format": _filter_format,
     "indent": _filter_indent,
+    "wordwrap": _filter_wordwrap,
+    "tojson": _filter_tojson,
+    "sum": _filter_sum,
+    "string": _filter_string,
+    "e": _filter_escape,
+    "escape": _filter_escape,
+    "forceescape": _filter_escape,
     "join": lambda value, separator="", *rest, **kwargs:
         _check_join(str(kwargs.get("d", separator)), value),  # listed
     "replace": lambda value, old=None, new=None, *rest, **kwargs:
@@ -201,11 +329,23 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
             _check_integers(kwargs.values(), f"the filter {name}")
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
-                args = (*args[:skip - 1], _listed(args[skip - 1]), *args[skip:])
+                args, kwargs = _join_attributes(args, kwargs, skip)
             _FILTER_CHECKS[name](*args[skip - 1:], **kwargs)
-        return function(*args, **kwargs)
+        return _checked(function(*args, **kwargs), f"the filter {name}")
 
     return bounded
+
+
+def _join_attributes(args: tuple[Any, ...], kwargs: dict[str, Any],
+                     skip: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """jinja join's arguments with its items listed, each its attribute when one is named
+    (what join would join), so that what is sized is what is joined."""
+    items = _listed(args[skip - 1])
+    rest, kwargs = list(args[skip:]), dict(kwargs)
+    attribute = kwargs.pop("attribute", rest.pop(1) if len(rest) > 1 else None)
+    if attribute is not None:
+        items = list(map(make_attrgetter(args[0].environment, attribute), items))
+    return (*args[:skip - 1], items, *rest), kwargs
 
 
 class _BoundedFilters(dict):
@@ -236,6 +376,13 @@ class _BoundedCodeGenerator(CodeGenerator):
             self.visit(argument, frame)
             self.write(", ")
         self.write("))")
+
+    def _output_child_pre(self, node: Any, frame: Frame, finalize: Any) -> None:
+        """`{{ value }}` printed through the environment's to_text, which sizes it first."""
+        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
+            super()._output_child_pre(node, frame, finalize)
+        else:
+            self.write("environment.to_text(")
 
     @optimizeconst
     def visit_Add(self, node: Add, frame: Frame) -> None:
@@ -275,7 +422,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 if method == "join" and args:
                     args = (_listed(args[0]), *args[1:])
                 _STR_METHOD_CHECKS[method](text, *args, *kwargs.values())
-        return super().call(__context, __obj, *args, **kwargs)
+        return _checked(super().call(__context, __obj, *args, **kwargs), "a call")
 
     def concat(self, pieces: Iterable[str]) -> str:  # type: ignore[override]
         """The rendered output joined (jinja's Environment.concat), its length bounded too: the
@@ -287,13 +434,26 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     @staticmethod
     def join_values(values: tuple[Any, ...]) -> str:
         """`a ~ b ~ ...`: what jinja's str_join does, sized first."""
-        pieces = list(map(str, values))
-        _check_length(sum(map(len, pieces)), "~")
-        return "".join(pieces)
+        _check_length(sum(len(value) if type(value) is str else _text_length(value)
+                          for value in values), "~")
+        return _checked("".join(map(str, values)), "~")
+
+    @staticmethod
+    def to_text(value: Any) -> str:
+        """str(value) for `{{ value }}`, sized first."""
+        if type(value) is str:
+            return value
+        _check_length(_text_length(value), "printing a value")
+        return _checked(str(value), "printing a value")
 
     @staticmethod
     def add(left: Any, right: Any) -> Any:
-        """`a + b`, its result sized: at most its two operands' size, each within the bound."""
+        """`a + b`, its result sized: at most its two operands' size, each within the bound.
+        Lists are sized by what they hold, through nested lists (`l = l + l` doubles that,
+        not their length): so one comparison, containment or sort over any list a template
+        builds walks at most the bound, where `[0] * n + [1] in [[0] * n] * n` would walk n²."""
+        if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+            _check_length(_text_length((left, right)), "+")  # one walk: l + l walks l once
         result = left + right
         if type(result) in _SIZED and len(result) > MAX_VALUE_LENGTH:
             raise ValueTooLarge(f"+ would build a value of {len(result)} items, over "

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import anonymize, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from transforms.encode import bounded_sandbox, tokenize
@@ -67,6 +69,39 @@ REFUSED = {
     "expandtabs": "{{ ('\\t' * 300).expandtabs(1000000)|length }}",
     "indent": "{{ ('\\n' * 300)|indent(1000000)|length }}",
     "indent_by_string": "{{ ('\\n' * 300)|indent(' ' * 1000000)|length }}",
+    # one C call building 300 M from operands each within the bound, sized by what it prints
+    "translate": "{{ ('x' * 300).translate({120: 'y' * 1000000})|length }}",
+    "wordwrap": "{{ ('a ' * 300)|wordwrap(1, wrapstring='x' * 1000000)|length }}",
+    "string_of_repeats": "{{ ([('x' * 1000000)] * 300)|string|length }}",
+    "print_of_repeats": "{{ [('x' * 1000000)] * 300 }}",
+    "tojson_of_repeats": "{{ ([('x' * 1000000)] * 300)|tojson|length }}",
+    "tojson_indent": "{{ ([0] * 300)|tojson(indent=1000000)|length }}",
+    "join_attribute": "{{ ([{'a': 'x' * 1000000}] * 300)|join(attribute='a')|length }}",
+    "escape": "{{ ('\"' * 60000000)|e|length }}",
+    # quadratic work in one C call on values within the bound
+    "sum_of_lists": "{{ ([[1]] * 1000000)|sum(start=[])|length }}",
+    "containment": "{% set a = [0] * 1000000 %}{{ (a[1:] + [1]) in [a] * 1000000 }}",
+    "doubling_list": "{% set ns = namespace(l=[[0] * 100000]) %}{% for i in range(40) %}"
+                     "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ (ns.l[0][1:] + [1]) in ns.l }}",
+}
+# What the cases above build, scaled to a 1 MiB bound: each refused in its own step.
+ONE_CALL = {
+    "translate": "{{ ('x' * 300).translate({120: 'y' * 10000})|length }}",
+    "wordwrap": "{{ ('a ' * 300)|wordwrap(1, wrapstring='x' * 10000)|length }}",
+    "string_of_repeats": "{{ ([('x' * 10000)] * 300)|string|length }}",
+    "print_of_repeats": "{{ [('x' * 10000)] * 300 }}",
+    "tilde_of_repeats": "{{ ([('x' * 10000)] * 300) ~ '' }}",
+    "printf_of_repeats": "{{ '%s' % ([('x' * 10000)] * 300,) }}",
+    "tojson_of_repeats": "{{ ([('x' * 10000)] * 300)|tojson|length }}",
+    "tojson_indent": "{{ ([0] * 300)|tojson(indent=10000)|length }}",
+    "join_attribute": "{{ ([{'a': 'x' * 10000}] * 300)|join(attribute='a')|length }}",
+    "join_of_lists": "{{ ([['x' * 10000]] * 300)|join|length }}",
+    "escape": "{{ ('\"' * 300000)|e|length }}",
+    "namespace_of_repeats": "{{ namespace(a=[('x' * 10000)] * 300) }}",
+    "sum_of_lists": "{{ ([[1]] * 1000)|sum(start=[])|length }}",
+    "repeat_of_lists": "{% set a = [0] * 1000 %}{{ ([a] * 1000)|length }}",
+    "doubling_list": "{% set ns = namespace(l=[[0] * 1000]) %}{% for i in range(40) %}"
+                     "{% set ns.l = ns.l + ns.l %}{% endfor %}",
 }
 MESSAGES = [{"role": "user", "content": "hello world"}]
 
@@ -125,7 +160,47 @@ def test_the_bounded_sandbox_refuses_what_would_grow_past_its_bounds(name, monke
         Watchdog(seconds=10).run(lambda: template.render(messages=MESSAGES))
 
 
+@pytest.mark.parametrize("name", sorted(ONE_CALL))
+def test_a_value_past_the_bound_is_refused_in_the_step_that_builds_it(name, monkeypatch):
+    """Sized first or measured after the call, never handed on; and in a few steps (no
+    watchdog here: a quadratic call would run for minutes)."""
+    monkeypatch.setattr(bounded_sandbox, "MAX_VALUE_LENGTH", 1 << 20)
+    template = BoundedSandbox().from_string(ONE_CALL[name])
+    start = time.monotonic()
+    with pytest.raises(ValueTooLarge):
+        template.render(messages=MESSAGES)
+    assert time.monotonic() - start < GRACE_S
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="\\'\""),
+              max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(st.characters(min_codepoint=97, max_codepoint=122), max_size=4),
+                      inner, max_size=4),
+    max_leaves=20)
+
+
+@given(value=JSON_VALUES, indent=st.sampled_from([None, 0, 1, 4]))
+def test_text_length_is_at_least_what_printing_builds(value, indent):
+    """The walk that sizes a value before it is printed never counts short (strings needing no
+    escape: escaping is the fixed factor measured afterwards), shared items counted each time."""
+    shared = [value, value, [value]]
+    for item in (value, shared):
+        assert bounded_sandbox._text_length(item) >= len(str(item))
+        # + 2: a string's quotes in JSON, which tojson's check adds
+        assert bounded_sandbox._text_length(item, indent or 0) + 2 >= len(
+            json.dumps(item, indent=indent))
+
+
 @pytest.mark.parametrize("source", [
+    "{{ [1, 'x', [none, true]] }}|{{ {'a': [1.5]}|string }}|{{ [1] ~ 'x' }}|{{ [[1, 2]] * 2 }}"
+    "|{{ [1] + [[2]] }}|{{ '%s' % ([1],) }}|{{ '{}'.format([1]) }}",
+    "{{ 'abc'.translate({98: 'BB'}) }}|{{ 'a b c'|wordwrap(1, wrapstring='--') }}"
+    "|{{ {'a': [1]}|tojson(indent=2) }}|{{ '<a>'|e }}|{{ [1, 2]|sum }}|{{ [1.5]|sum(start=1) }}",
+    "{{ [{'a': 'x'}, {'a': 'y'}]|join(',', attribute='a') }}|{{ [[1], 2]|join('-') }}"
+    "|{{ [{'a': 1}]|join(attribute='a') }}|{{ ([0] * 3) in [[0, 0, 0]] }}",
     "{{ 'a' ~ 1 ~ none }}|{{ 'ab' * 3 }}|{{ [1] + [2] }}|{{ 2 ** 10 }}|{{ '%05.1f' % 3.14159 }}",
     "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
     "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
