@@ -53,6 +53,8 @@ from transforms import storage
 from transforms.errors import JobStopped
 from transforms.storage import is_url
 from transforms.ids.id_map import new_run_id
+from transforms.read.paths import read_bytes
+from transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from transforms.trace_format import FORMAT, MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"
@@ -160,17 +162,24 @@ def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
     return is_url(path) or (os.path.isfile(path) and not os.path.islink(path))
 
 
-def _listed(output: str) -> list[str]:
-    path = storage.join(output, MANIFEST)
+def _manifest(folder: str) -> object:
+    """The folder's manifest, parsed (None when it has none that parses): read bounded, and
+    only a regular file (a FIFO there must not hang the plan that looks at it)."""
     try:
-        with storage.open_read(path) as handle:
-            manifest = json.loads(handle.read())
+        return json.loads(read_bytes(storage.join(folder, MANIFEST), MAX_MANIFEST_BYTES))
+    except (OSError, ValueError):
+        return None
+
+
+def _listed(output: str) -> list[str]:
+    manifest = _manifest(output)
+    try:
         files = manifest["files"]
         if manifest.get("format") != FORMAT or not all(
                 isinstance(f, str) and "/" not in f for f in files):
             return []
         return [*files, MANIFEST]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return []
 
 
@@ -546,7 +555,10 @@ def _check_private(location: Location, path: str, writer: str) -> None:
                             f"private files never go there: write elsewhere")
     folder = posixpath.dirname(written_place(path))
     while True:
-        around = folder_writer(folder)
+        try:
+            around = folder_writer(folder)
+        except PermissionError:  # unlistable: told by its manifest only (read already)
+            around = ""
         if around:
             raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
                                 f"output of kvtrace {around}; private files never go there: "
@@ -559,11 +571,7 @@ def _check_private(location: Location, path: str, writer: str) -> None:
 def folder_writer(folder: str) -> str:
     """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
     says what it converted; anonymize's is any other trace manifest), else by its files."""
-    try:
-        with storage.open_read(storage.join(folder, MANIFEST)) as handle:
-            manifest = json.loads(handle.read())
-    except (OSError, ValueError):
-        manifest = None
+    manifest = _manifest(folder)
     if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
         return "convert" if "converted_from" in manifest else "anonymize"
     present = _names(folder)

@@ -229,3 +229,13 @@ def test_a_private_folder_is_never_another_commands_output_nor_inside_one(tmp_pa
                                      private=True)])
     plan_locations([], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER,
                                  private=True)])
+
+
+def test_a_fifo_by_the_manifests_name_never_hangs_the_plan(tmp_path):
+    """The plan reads the manifest of each folder it reads from or writes around: bounded,
+    regular files only (a FIFO would block the open)."""
+    (tmp_path / "in").mkdir()
+    os.mkfifo(tmp_path / "in" / "manifest.json")
+    assert not _refused([str(tmp_path / "in" / "t.jsonl")],
+                        [Location("--dead-letter", str(tmp_path / "in" / "letters"), FOLDER,
+                                  private=True), Location("--json", str(tmp_path / "r.json"))])
