@@ -71,7 +71,9 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
         print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
         warn_malformed(report["problems"])
         return 1
-    text = render(report, files)
+    # a name that is not UTF-8 (Linux names are bytes) is shown escaped: the text is UTF-8
+    text = render(report, files).encode("utf-8", "surrogateescape").decode(
+        "utf-8", "backslashreplace")
     print(text)
     write_json_report(args.json, report)
     if folder:

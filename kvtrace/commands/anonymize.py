@@ -11,7 +11,7 @@ import sys
 from contextlib import nullcontext
 from typing import Any
 
-from kvtrace.commands.common import BeamFlags, engine_options
+from kvtrace.commands.common import BeamFlags, engine_options, local_reads
 from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
 from kvtrace.presets import config_path, environments
 from transforms.encode.salt import SALT_ENV, SaltError, salt_source
@@ -283,7 +283,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     hashes = options.get("emit_block_hashes")
     stream = _stream_source(options)
     files = [] if stream else expand_inputs(options["input"])
-    plan_locations([] if stream else [*options["input"], *files], [
+    configs = [config_path(p) for arg in args.config for p in arg.split(",") if p]
+    plan_locations([*([] if stream else [*options["input"], *files]),
+                    *local_reads(options.get("tokenizer"), options.get("salt_file"), *configs)], [
         Location("--output", output, FOLDER, writer="anonymize"),
         Location("--dead-letter", dead_letter, FOLDER, private=True),
         Location("--id-map", options.get("id_map") or "", FOLDER, private=True),

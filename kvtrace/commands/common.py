@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -43,12 +44,25 @@ def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
 def plan_trace_command(args: argparse.Namespace, files: Sequence[str],
                        *writes: Location) -> None:
     """A trace command's locations, checked before any work (publish.plan_locations): it reads
-    the traces as given and the files they expand to, and writes --json (if it has one) and
-    writes."""
+    the traces as given, the files they expand to and its --tokenizer (if it has one), and
+    writes --json (if it has one) and writes."""
     from transforms.write.publish import Location, plan_locations
 
     report = Location("--json", getattr(args, "json", None) or "")
-    plan_locations([*args.trace, *files], [report, *writes])
+    plan_locations([*args.trace, *files, *local_reads(getattr(args, "tokenizer", None))],
+                   [report, *writes])
+
+
+def local_reads(*paths: str | None) -> list[str]:
+    """The files here that the paths given name (a tokenizer may be a hub name instead), a
+    folder's (a tokenizer's) being those it holds: each one may be what is read."""
+    reads = []
+    for path in paths:
+        if path and os.path.isdir(path):
+            reads += [os.path.join(path, name) for name in sorted(os.listdir(path))]
+        elif path and os.path.lexists(path):
+            reads.append(path)
+    return reads
 
 
 class BeamFlags(list):

@@ -54,7 +54,6 @@ def test_a_folder_named_with_glob_characters_is_read_not_another_folder(tiny_tok
         "analyze night[1] read the folder night1"
 
 
-@ROUND2
 @pytest.mark.parametrize("command", [["analyze"], ["validate"], ["audit"]])
 def test_json_never_replaces_an_input_whose_name_has_glob_characters(tmp_path, command):
     """plan_locations (Reach.of) takes every read location with `[`, `*` or `?` for a glob, even
@@ -69,7 +68,6 @@ def test_json_never_replaces_an_input_whose_name_has_glob_characters(tmp_path, c
     assert code == 2
 
 
-@ROUND2
 def test_a_tilde_in_a_path_is_read_and_written_where_it_is_checked(tmp_path):
     """plan_locations expands `~` (written_place, read_place: os.path.expanduser) but the
     readers and writers do not: `analyze '~/t.jsonl' --json ./~/t.jsonl` is checked as
@@ -195,7 +193,6 @@ def test_a_glob_of_a_partial_kvtrace_folder_is_refused(tiny_tokenizer, tmp_path,
 SALT = "0123456789abcdef0123456789abcdef"
 
 
-@ROUND2
 def test_block_hashes_never_replace_another_commands_output(tiny_tokenizer, tmp_path):
     """--emit-block-hashes NIGHT, where NIGHT is last night's published trace: check_block_
     hashes_folder asks foreign_files, which finds nothing foreign in a folder whose kvtrace
@@ -216,7 +213,6 @@ def test_block_hashes_never_replace_another_commands_output(tiny_tokenizer, tmp_
     assert code == 2
 
 
-@ROUND2
 @pytest.mark.parametrize("flag", ["--dead-letter", "--id-map"])
 def test_a_private_folder_is_never_put_inside_another_commands_output(tiny_tokenizer, tmp_path,
                                                                       flag):
@@ -272,7 +268,6 @@ def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer
     assert read == checked_rows, "read the next night's rows as the checked shard's"
 
 
-@ROUND2
 @pytest.mark.parametrize("flag", ["-o", "--json"])
 def test_render_never_replaces_the_tokenizer_it_reads(tmp_path, tiny_tokenizer, flag):
     """render's location plan (plan_trace_command) lists the traces it reads, not its
@@ -291,7 +286,6 @@ def test_render_never_replaces_the_tokenizer_it_reads(tmp_path, tiny_tokenizer, 
     assert code == 2
 
 
-@ROUND2
 def test_a_killed_run_never_leaves_the_block_hashes_folder_open(tiny_tokenizer, tmp_path):
     """publish_block_hashes publishes the private folder with publish_folder, which makes the
     staging folder 0755 (PUBLIC_FOLDER) before swapping it in, and chmods it back to 0700 only
@@ -321,7 +315,6 @@ def test_a_killed_run_never_leaves_the_block_hashes_folder_open(tiny_tokenizer, 
     assert not opened, f"block hashes folder left group/world-accessible after steps {opened}"
 
 
-@ROUND2
 @pytest.mark.parametrize("command", ["export", "report"])
 def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tmp_path,
                                                                               monkeypatch,
@@ -383,7 +376,6 @@ def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_pa
     assert json.loads(report.read_text())["total_requests"] in (4, 5)
 
 
-@ROUND2
 def test_dot_dot_after_a_link_is_placed_where_the_system_resolves_it(tmp_path):
     """written_place and read_place fold `..` lexically (os.path.abspath) before resolving
     links, but the kernel resolves a/link/.. through the link: input a/link/../t.jsonl (link
@@ -400,7 +392,6 @@ def test_dot_dot_after_a_link_is_placed_where_the_system_resolves_it(tmp_path):
     assert code == 2
 
 
-@ROUND2
 def test_the_lock_file_is_not_created_through_a_link(tmp_path):
     """output_lock opens parent/.NAME.kvtrace-lock with O_RDWR|O_CREAT and no O_NOFOLLOW: a
     (dangling) symbolic link planted by that name in a shared parent is followed, so the run
@@ -447,7 +438,6 @@ def test_a_folder_missing_part_of_its_manifest_is_not_whole(tiny_tokenizer, tmp_
     assert main(["validate", str(out)]) != 0
 
 
-@ROUND2
 @pytest.mark.parametrize("spelling", ["trace-*.jsonl", "trace-00000-of-00001.jsonl"])
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(tiny_tokenizer,
@@ -466,7 +456,6 @@ def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(tiny_to
     assert code == 2
 
 
-@ROUND2
 @pytest.mark.parametrize("command", ["analyze", "anonymize"])
 def test_an_output_that_is_a_mount_point_is_refused_before_the_work(tiny_tokenizer, tmp_path,
                                                                     command):
@@ -544,7 +533,6 @@ def test_a_named_parquet_trace_is_not_dropped_as_a_twin(tmp_path, capsys):
     assert json.loads(report.read_text())["total_requests"] == 9, "x.parquet was not read"
 
 
-@ROUND2
 def test_analyze_output_publishes_for_a_trace_whose_name_is_not_utf8(tmp_path, capsys):
     """A trace file whose name is not UTF-8 (Linux names are bytes: b't\\xff.jsonl') reads,
     validates, exports and analyzes (--json) fine, but analyze --output does all the work,
@@ -558,7 +546,6 @@ def test_analyze_output_publishes_for_a_trace_whose_name_is_not_utf8(tmp_path, c
     assert (out / "analysis.txt").exists()
 
 
-@ROUND2
 def test_the_current_folder_as_output_is_published_or_refused_before_the_work(tmp_path):
     """analyze --output . (an empty current folder): staging_folder splits the relative '.'
     into no parent, so the run stages in ./..kvtrace-staging-RUNID, inside its own output; the

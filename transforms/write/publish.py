@@ -53,6 +53,8 @@ from transforms import storage
 from transforms.errors import JobStopped
 from transforms.storage import is_url
 from transforms.ids.id_map import new_run_id
+from transforms.read.paths import read_bytes
+from transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from transforms.trace_format import FORMAT, MANIFEST
 
 STAGING_MARK = ".kvtrace-staging-"
@@ -96,12 +98,38 @@ def _stem(name: str) -> str:
 
 
 def folded(path: str) -> str:
-    """A location with `.`, `..`, repeated and trailing slashes folded (a local one stays
-    relative when given so): out/., out/sub/.. and out/ are all out."""
+    """A location with `.`, repeated and trailing slashes folded (a local one stays relative
+    when given so): out/. and out/ are both out. A local one with `..` is placed (place): the
+    kernel resolves `..` after the links before it, so no lexical fold may cross one; `.`
+    alone is placed too, so that it has a name and a parent to stage beside."""
     if is_url(path):
         scheme, rest = path.split("://", 1)
         return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}" if rest else path
-    return os.path.normpath(path) if path else path
+    if not path:
+        return path
+    if ".." in path.split("/") or os.path.normpath(path) == ".":
+        return place(path)
+    return os.path.normpath(path)
+
+
+def place(path: str, follow: bool = False, resolved: dict[str, str] | None = None) -> str:
+    """Where the kernel puts a location: absolute, its parent's links resolved and then its
+    `..` (never a lexical fold across a link); `~` is a name like any other (a shell expands
+    it before kvtrace sees it). Its own link is followed only if follow (a read; a written
+    location never goes through a link). resolved: parents already resolved, by spelling.
+    Every comparison of the plan and every path opened for a write go through here, so what is
+    checked is what is written."""
+    if is_url(path):
+        return folded(path)
+    absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    parent, name = os.path.split(absolute)
+    if name in ("", ".", ".."):  # the folder itself: no name of its own to keep unresolved
+        return os.path.realpath(absolute)
+    resolved = {} if resolved is None else resolved
+    if parent not in resolved:
+        resolved[parent] = os.path.realpath(parent)
+    placed = os.path.join(resolved[parent], name)
+    return os.path.realpath(placed) if follow and os.path.islink(placed) else placed
 
 
 def sha256_of(data: bytes) -> str:
@@ -134,17 +162,24 @@ def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
     return is_url(path) or (os.path.isfile(path) and not os.path.islink(path))
 
 
-def _listed(output: str) -> list[str]:
-    path = storage.join(output, MANIFEST)
+def _manifest(folder: str) -> object:
+    """The folder's manifest, parsed (None when it has none that parses): read bounded, and
+    only a regular file (a FIFO there must not hang the plan that looks at it)."""
     try:
-        with storage.open_read(path) as handle:
-            manifest = json.loads(handle.read())
+        return json.loads(read_bytes(storage.join(folder, MANIFEST), MAX_MANIFEST_BYTES))
+    except (OSError, ValueError):
+        return None
+
+
+def _listed(output: str) -> list[str]:
+    manifest = _manifest(output)
+    try:
         files = manifest["files"]
         if manifest.get("format") != FORMAT or not all(
                 isinstance(f, str) and "/" not in f for f in files):
             return []
         return [*files, MANIFEST]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return []
 
 
@@ -184,7 +219,13 @@ def _take_lock(path: str, output: str) -> int:
     """The locked descriptor of the lock file at path, which the holder removes when done: a
     file locked after its holder removed it is no lock (the path names another), so retry."""
     for _ in range(LOCK_ATTEMPTS):
-        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # O_NOFOLLOW: a link planted by the lock's name is refused, never followed
+            handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            raise OutputRefused(f"{path} is a symbolic link, not a kvtrace lock: remove it "
+                                f"to write {output}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -219,15 +260,17 @@ def restore_interrupted(output: str) -> list[str]:
     return leftovers
 
 
-def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset()) -> None:
+def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
+                   private: bool = False) -> None:
     """Replace the output folder with the staging folder, whole; the staging folder's files
-    are durable already (storage.create syncs each)."""
+    are durable already (storage.create syncs each). A private folder stays owner-only from
+    staging through the swap: a kill at any step leaves it unreadable to others."""
     check_output(output, own)  # again: something may have appeared while the run ran
     if is_url(output):
         _publish_remote(staging, output)
         return
     storage.sync_folder(staging)
-    os.chmod(staging, storage.PUBLIC_FOLDER)
+    os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
     if not os.path.exists(output):
         try:
             os.rename(staging, output)
@@ -277,10 +320,11 @@ def folder_output(output: str, own: frozenset[str] = frozenset()) -> Iterator[St
 
 
 class StagedFile:
-    """One output file of a run: written to its staging path, published whole by publish()."""
+    """One output file of a run: written to its staging path, published whole by publish();
+    without overwrite, never over a file (not even one that appeared while the run ran)."""
 
-    def __init__(self, output: str, staging: str):
-        self.output, self.staging = output, staging
+    def __init__(self, output: str, staging: str, overwrite: bool = True):
+        self.output, self.staging, self.overwrite = output, staging, overwrite
 
     @contextmanager
     def create(self) -> Iterator[IO[bytes]]:
@@ -296,8 +340,22 @@ class StagedFile:
     def publish(self) -> None:
         if self.staging == self.output:
             return  # an object store's upload, whole once complete
-        storage.rename(self.staging, self.output)
+        if self.overwrite:
+            storage.rename(self.staging, self.output)
+        else:
+            _publish_new(self.staging, self.output)
         storage.sync_folder(os.path.dirname(os.path.abspath(self.output)))
+
+
+def _publish_new(staging: str, output: str) -> None:
+    """Publish a staged file where no file is: link(2) refuses an existing name in the same
+    step that makes it (a check before a rename would leave a gap), then the staged name goes."""
+    try:
+        os.link(staging, output)
+    except FileExistsError:
+        raise OutputRefused(f"{output} appeared while the run worked; --overwrite replaces "
+                            f"it") from None
+    os.unlink(staging)
 
 
 def check_parent(output: str) -> None:
@@ -321,6 +379,7 @@ def check_file(output: str, overwrite: bool) -> None:
         if not overwrite and storage.exists(output):
             raise OutputRefused(f"{output} exists; --overwrite replaces it")
         return
+    output = folded(output)
     check_parent(output)
     if not os.path.lexists(output):
         return
@@ -367,34 +426,26 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
                                     f"overlap: give each its own location, neither inside the "
                                     f"other")
     resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
+    published: dict[str, bool] = {}  # whether each folder read from is a kvtrace output
     for read in reads:
-        reach = Reach.of(read, resolved)
-        for location, place in places:
-            if reach.meets(place):
-                raise OutputRefused(reach.refusal(location, place))
+        reach = Reach.of(read, resolved).whole(published)
+        for location, placed in places:
+            if reach.meets(placed):
+                raise OutputRefused(reach.refusal(location, placed))
     for location in writes:
         check_written(location)
 
 
 def written_place(path: str) -> str:
-    """What a written location names: absolute, `.` and `..` folded, its parent's links
-    resolved (not its own: a link in an output's place is refused, never followed)."""
-    if is_url(path):
-        return folded(path)
-    parent, name = os.path.split(os.path.abspath(os.path.expanduser(path)))
-    return os.path.join(os.path.realpath(parent), name)
+    """What a written location names (place): its own link is not followed (a link in an
+    output's place is refused, never followed)."""
+    return place(path)
 
 
 def read_place(path: str, resolved: dict[str, str]) -> str:
-    """What a read location names: absolute, every link resolved (resolved: folders already
-    resolved, by their absolute path)."""
-    if is_url(path):
-        return folded(path)
-    parent, name = os.path.split(os.path.abspath(os.path.expanduser(path)))
-    if parent not in resolved:
-        resolved[parent] = os.path.realpath(parent)
-    place = os.path.join(resolved[parent], name)
-    return os.path.realpath(place) if os.path.islink(place) else place
+    """What a read location names (place), every link resolved (resolved: folders already
+    resolved, by their spelling)."""
+    return place(path, follow=True, resolved=resolved)
 
 
 def inside(path: str, folder: str) -> bool:
@@ -414,12 +465,24 @@ class Reach:
 
     @classmethod
     def of(cls, read: str, resolved: dict[str, str]) -> Reach:
-        if not has_magic(read):
+        """An existing path is that path, whatever its characters (the readers read it so)."""
+        if not has_magic(read) or os.path.lexists(read):
             return cls(read, read_place(read, resolved))
         head = read[: min(read.find(c) for c in "*?[" if c in read)]
         cut = head.rfind("/") + 1
         return cls(read, read_place(read[:cut] or ".", resolved),
                    tuple(p for p in read[cut:].split("/") if p), "**" in read)
+
+    def whole(self, published: dict[str, bool]) -> Reach:
+        """The reach widened to the whole kvtrace output it reads part of (a shard, or a glob
+        of its shards): an output is read, and so published, only whole. published: whether
+        each folder is one, by its place."""
+        folder = self.place if self.wildcards is not None else posixpath.dirname(self.place)
+        if folder not in published:
+            published[folder] = bool(_listed(folder))
+        if not published[folder]:
+            return self
+        return Reach(f"{self.read} (part of the kvtrace output {folder})", folder)
 
     def meets(self, place: str) -> bool:
         """Whether a written place is read, holds what is read, or would be read next run."""
@@ -450,12 +513,16 @@ def check_written(location: Location) -> None:
     """A written location that can be published: a local one's folder can be made, its name
     fits the filesystem, it is no link; a file no folder (check_file); a folder no file, not
     another command's output (its manifest says which), holding nothing kvtrace did not write
-    (check_output); a private one that can be made owner-only."""
-    path, flag = location.path, location.flag
+    (check_output); a private one that can be made owner-only, neither another command's
+    output nor inside one; a local one not a mount point (it cannot be swapped)."""
+    path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
+    if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
+        raise OutputRefused(f"{flag} {path} is a mount point, which kvtrace cannot replace "
+                            f"whole: name a location inside it")
     if location.kind == FILE:
-        check_file(path, location.overwrite)
+        check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         return
     own = OWN_FILES.get(location.writer, frozenset())
     if is_url(path):
@@ -471,6 +538,8 @@ def check_written(location: Location) -> None:
     if location.writer and writer and writer != location.writer:
         raise OutputRefused(f"{flag} {path} is an output of kvtrace {writer}; "
                             f"{location.writer} replaces only its own: write elsewhere")
+    if location.private:
+        _check_private(location, path, writer)
     if location.writer:
         check_output(path, own)
     if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
@@ -478,14 +547,31 @@ def check_written(location: Location) -> None:
                             f"owner-only; give a folder of your own")
 
 
+def _check_private(location: Location, path: str, writer: str) -> None:
+    """A private folder is no command's output (writer: the one path is, if any), nor inside
+    one: it would replace a published output, or put private files into one."""
+    if writer:
+        raise OutputRefused(f"{location.flag} {location.path} is an output of kvtrace {writer}; "
+                            f"private files never go there: write elsewhere")
+    folder = posixpath.dirname(written_place(path))
+    while True:
+        try:
+            around = folder_writer(folder)
+        except PermissionError:  # unlistable: told by its manifest only (read already)
+            around = ""
+        if around:
+            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
+                                f"output of kvtrace {around}; private files never go there: "
+                                f"write elsewhere")
+        if folder == posixpath.dirname(folder):
+            return
+        folder = posixpath.dirname(folder)
+
+
 def folder_writer(folder: str) -> str:
     """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
     says what it converted; anonymize's is any other trace manifest), else by its files."""
-    try:
-        with storage.open_read(storage.join(folder, MANIFEST)) as handle:
-            manifest = json.loads(handle.read())
-    except (OSError, ValueError):
-        manifest = None
+    manifest = _manifest(folder)
     if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
         return "convert" if "converted_from" in manifest else "anonymize"
     present = _names(folder)
@@ -502,7 +588,7 @@ def file_output(output: str, overwrite: bool = True) -> Iterator[StagedFile]:
     if is_url(output):
         yield StagedFile(output, output)
         return
-    staged = StagedFile(output, staging_folder(output, new_run_id()))
+    staged = StagedFile(output, staging_folder(output, new_run_id()), overwrite)
     with output_lock(output):
         try:
             yield staged

@@ -28,8 +28,8 @@ from transforms.ids.buckets import plan_shards
 from transforms.write.coarsen import Coarsening, coarsen
 from transforms.trace_format import (MANIFEST, TraceColumns, arrow_array, canonical_json,
                                      jsonl_bytes, parquet_bytes, shard_name, table_bytes)
-from transforms.write.publish import (OutputRefused, foreign_files, publish_folder, sha256_of,
-                                      staging_folder)
+from transforms.write.publish import (OutputRefused, folder_writer, foreign_files,
+                                      publish_folder, sha256_of, staging_folder)
 from transforms.write.rows import RowBatch, bucket_sizes
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
@@ -121,6 +121,10 @@ def check_block_hashes_folder(hashes: str) -> None:
     there (a link by a shard's name included): it is replaced whole when published."""
     if not storage.is_url(hashes) and os.path.islink(hashes):  # publishing swaps the link away
         raise OutputRefused(f"--emit-block-hashes {hashes} is a link; give the folder itself")
+    writer = folder_writer(hashes)  # its files are all listed by its manifest: none foreign
+    if writer:
+        raise OutputRefused(f"--emit-block-hashes {hashes} is an output of kvtrace {writer}; "
+                            f"block hashes never replace it: write elsewhere")
     foreign = foreign_files(hashes, block_hashes_files(hashes))
     if foreign:
         raise OutputRefused(f"--emit-block-hashes {hashes} holds files kvtrace did not write "
@@ -137,7 +141,6 @@ def publish_block_hashes(hashes: str | None, output_staging: str, manifest: dict
     staged = block_hashes_staging(hashes, output_staging)
     with storage.create(storage.join(staged, BLOCK_HASHES_OUTPUT), private=True) as handle:
         handle.write(f"{sha256_of(canonical_json(manifest))}  {MANIFEST}\n".encode())
-    publish_folder(staged, hashes, block_hashes_files(hashes) | block_hashes_files(staged))
-    if not storage.is_url(hashes):
-        os.chmod(hashes, storage.PRIVATE_FOLDER)  # publish_folder opens a published folder
+    publish_folder(staged, hashes, block_hashes_files(hashes) | block_hashes_files(staged),
+                   private=True)
     return manifest

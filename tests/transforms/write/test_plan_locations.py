@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -18,9 +19,11 @@ EXAMPLES = settings(max_examples=60, deadline=None,
 
 
 def _spelled(base, segments: list[str], data, folder: bool) -> str:
-    """The same location spelled another way: through a link to its base, with `.`, `x/..`
-    and doubled slashes between segments, and (a folder) a trailing `/` or `/.`."""
-    root = str(base / "link") if data.draw(st.booleans()) else str(base)
+    """The same location spelled another way: through a link to its base, or through `deep`,
+    a link two folders down, then `../..` (the kernel takes `..` after the link: a lexical
+    fold would leave base), with `.`, `x/..` and doubled slashes between segments, and (a
+    folder) a trailing `/` or `/.`."""
+    root = data.draw(st.sampled_from([str(base), str(base / "link"), f"{base}/deep/../.."]))
     parts = [root]
     for segment in segments:
         parts.append(data.draw(st.sampled_from(["", ".", "x/..", "/"])))
@@ -47,6 +50,8 @@ def _refused(reads: list[str], writes: list[Location]) -> bool:
 @pytest.fixture
 def base(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path)
+    (tmp_path / "d1" / "d2").mkdir(parents=True)
+    (tmp_path / "deep").symlink_to("d1/d2")
     return tmp_path
 
 
@@ -158,3 +163,79 @@ def test_an_output_folder_is_the_same_however_spelled(tmp_path):
                 handle.write(spelling)
     assert sorted(os.listdir(tmp_path)) == ["out"]
     assert os.listdir(tmp_path / "out") == ["a.txt"]
+
+
+NAMES = st.lists(st.sampled_from(["a", "[a]", "a?", "*"]), min_size=1, max_size=3)
+
+
+@EXAMPLES
+@given(read=NAMES, written=NAMES)
+def test_an_existing_read_is_that_path_whatever_its_characters(read, written):
+    """A read location that exists is read as that path (as the readers do), even with `[`,
+    `*` or `?` in its names: a glob of it would match other names, or none."""
+    with tempfile.TemporaryDirectory() as folder:
+        trace = os.path.join(folder, *read)
+        os.makedirs(os.path.dirname(trace), exist_ok=True)
+        open(trace, "w").close()
+        writes = [Location("--json", os.path.join(folder, *written), FILE)]
+        assert _refused([trace], writes) == _related(read, written), (read, written)
+
+
+def test_a_tilde_is_a_name_not_the_home_folder(tmp_path, monkeypatch):
+    """The shell expands `~`; kvtrace reads and writes `~/t` in the current folder, so it is
+    placed there."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert _refused(["~/t.jsonl"], [Location("--json", str(tmp_path / "~" / "t.jsonl"))])
+    assert not _refused(["~/t.jsonl"], [Location("--json", str(tmp_path / "home" / "t.jsonl"))])
+
+
+def test_dot_dot_after_a_link_is_placed_where_the_kernel_resolves_it(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
+    (tmp_path / "a" / "link").symlink_to("../elsewhere/sub")
+    read = str(tmp_path / "a" / "link" / ".." / "t.jsonl")  # elsewhere/t.jsonl to the kernel
+    assert _refused([read], [Location("--json", str(tmp_path / "elsewhere" / "t.jsonl"))])
+    assert not _refused([read], [Location("--json", str(tmp_path / "a" / "t.jsonl"))])
+    with file_output(read) as staged:  # and written where it was placed
+        staged.write(b"x")
+    assert (tmp_path / "elsewhere" / "t.jsonl").read_bytes() == b"x"
+    assert not (tmp_path / "a" / "t.jsonl").exists()
+
+
+def _kvtrace_output(folder) -> None:
+    folder.mkdir()
+    (folder / "trace-00000-of-00001.jsonl").write_text("")
+    (folder / "manifest.json").write_text(json.dumps(
+        {"format": "mooncake-trace", "files": ["trace-00000-of-00001.jsonl"]}))
+
+
+@pytest.mark.parametrize("read", ["trace-00000-of-00001.jsonl", "trace-*.jsonl"])
+def test_a_shard_read_reaches_its_whole_kvtrace_output(tmp_path, read):
+    out = tmp_path / "out"
+    _kvtrace_output(out)
+    with pytest.raises(OutputRefused, match="part of the kvtrace output"):
+        plan_locations([str(out / read)], [Location("--json", str(out / "report.json"))])
+    plain = tmp_path / "plain"  # no manifest: the folder is not one output
+    plain.mkdir()
+    assert not _refused([str(plain / "t.jsonl")], [Location("--json", str(plain / "r.json"))])
+
+
+@pytest.mark.parametrize("where", ["out", "out/letters", "out/sub/letters"])
+def test_a_private_folder_is_never_another_commands_output_nor_inside_one(tmp_path, where):
+    _kvtrace_output(tmp_path / "out")
+    with pytest.raises(OutputRefused, match="output of kvtrace anonymize"):
+        plan_locations([], [Location("--dead-letter", str(tmp_path / where), FOLDER,
+                                     private=True)])
+    plan_locations([], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER,
+                                 private=True)])
+
+
+def test_a_fifo_by_the_manifests_name_never_hangs_the_plan(tmp_path):
+    """The plan reads the manifest of each folder it reads from or writes around: bounded,
+    regular files only (a FIFO would block the open)."""
+    (tmp_path / "in").mkdir()
+    os.mkfifo(tmp_path / "in" / "manifest.json")
+    assert not _refused([str(tmp_path / "in" / "t.jsonl")],
+                        [Location("--dead-letter", str(tmp_path / "in" / "letters"), FOLDER,
+                                  private=True), Location("--json", str(tmp_path / "r.json"))])

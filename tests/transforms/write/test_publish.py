@@ -191,3 +191,72 @@ def test_a_lock_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
     with output_lock(out):
         assert len(locked) == 2 and os.stat(lock).st_ino == locked[-1]
     assert not lock.exists()
+
+
+def test_the_lock_file_is_never_created_through_a_link(tmp_path):
+    """O_NOFOLLOW: a link planted by the lock's name is refused in one line, its target never
+    made."""
+    victim = tmp_path / "elsewhere"
+    (tmp_path / ".x.jsonl.kvtrace-lock").symlink_to(victim)
+    with pytest.raises(OutputRefused, match="symbolic link"):
+        with output_lock(str(tmp_path / "x.jsonl")):
+            pass
+    assert not victim.exists()
+
+
+def test_a_file_that_appears_during_the_run_is_kept_without_overwrite(tmp_path):
+    """Without overwrite the publish is link(2), which refuses an existing name in the step
+    that makes it: a file written at the output while the run worked is kept, nothing staged
+    is left."""
+    out = tmp_path / "x.jsonl"
+    with pytest.raises(OutputRefused, match="appeared while the run worked"):
+        with file_output(str(out), overwrite=False) as staged:
+            out.write_bytes(b"someone else's")
+            staged.write(b"ours\n")
+    assert out.read_bytes() == b"someone else's"
+    assert _beside(out) == ["x.jsonl"]
+
+
+def test_without_overwrite_a_new_file_is_published(tmp_path):
+    out = tmp_path / "x.jsonl"
+    with file_output(str(out), overwrite=False) as staged:
+        staged.write(b"ours\n")
+    assert out.read_bytes() == b"ours\n" and _beside(out) == ["x.jsonl"]
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_private_folder_is_owner_only_from_staging_through_the_swap(tmp_path, monkeypatch,
+                                                                       earlier):
+    """publish_folder(private=True) never opens the folder: its mode at the swap (a kill
+    there leaves it as it is) and after it is 0700."""
+    out, staging = tmp_path / "hashes", tmp_path / ".hashes.kvtrace-staging-1"
+    if earlier:
+        out.mkdir(mode=0o700)
+    staging.mkdir(mode=0o700)
+    (staging / "a").write_text("")
+    seen = []
+    rename, exchange = os.rename, publish._exchange
+
+    def noting(swap):
+        def swapped(first, second, *rest):
+            seen.append(os.stat(first).st_mode & 0o777)
+            return swap(first, second, *rest)
+        return swapped
+
+    monkeypatch.setattr(publish.os, "rename", noting(rename))
+    monkeypatch.setattr(publish, "_exchange", noting(exchange))
+    publish.publish_folder(str(staging), str(out), frozenset({"a"}), private=True)
+    assert seen and set(seen) == {0o700}
+    assert out.stat().st_mode & 0o777 == 0o700 and os.listdir(out) == ["a"]
+
+
+def test_the_current_folder_as_output_is_staged_beside_it(tmp_path, monkeypatch):
+    """`.` is placed (its real path), so the run stages beside it, never inside."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with folder_output(".", frozenset({"a.txt"})) as staged:
+        assert os.path.dirname(staged.path) == str(tmp_path)
+        with open(os.path.join(staged.path, "a.txt"), "w") as handle:
+            handle.write("a")
+    assert os.listdir(work) == ["a.txt"]
