@@ -142,6 +142,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
         for name in [n for n in names if "/" in n]:
             gate.flag(f"an object in a subfolder: {name}")
     else:
+        _check_attributes(folder, "the folder itself", gate)
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.is_dir(follow_symlinks=False):

@@ -638,13 +638,13 @@ class DeadLetterRun:
         is published is the run's word only where the output has no identity (object stores).
         Returns whether they were published."""
         letters = storage.join(self.staging, DEAD_LETTER_FILE)
-        if not (self._output_published(run_succeeded) and storage.exists(letters)):
-            storage.remove_folder(self.staging)
-            return False
-        storage.rename(letters, self.published)
-        storage.sync_folder(self.folder)
+        publish = self._output_published(run_succeeded) and storage.exists(letters)
+        if publish:
+            storage.rename(letters, self.published)
+            storage.sync_folder(self.folder)
         storage.remove_folder(self.staging)
-        return True
+        _unmark(self.output)  # settled: the published folder keeps nothing kvtrace does not publish
+        return publish
 
     def _output_published(self, run_succeeded: bool) -> bool:
         if is_url(self.staging) or not os.path.exists(
@@ -661,7 +661,9 @@ def recover_letters(folder: str, output: str) -> list[str]:
     prefix = f".{_output_key(output)}{STAGING_MARK}"
     runs = [DeadLetterRun(folder, output, name[len(prefix):])
             for name in sorted(os.listdir(folder)) if name.startswith(prefix)]
-    return [run.run_id for run in runs if run.settle(run_succeeded=False)]
+    published = [run.run_id for run in runs if run.settle(run_succeeded=False)]
+    _unmark(output)  # a run killed after settling, before unmarking, left its mark
+    return published
 
 
 def _output_key(output: str) -> str:
@@ -691,6 +693,17 @@ def _marked_by(folder: str) -> str:
         return os.getxattr(folder, _RUN_MARK).decode(errors="replace")
     except OSError:
         return ""
+
+
+def _unmark(folder: str) -> None:
+    """The run's mark taken off a published folder once its letters are settled: the audit
+    refuses every extended attribute, ours included."""
+    if is_url(folder):
+        return
+    try:
+        os.removexattr(folder, _RUN_MARK, follow_symlinks=False)
+    except OSError:  # unmarked already, no folder, or a filesystem without attributes
+        pass
 
 
 def _exchange(first: str, second: str) -> bool:

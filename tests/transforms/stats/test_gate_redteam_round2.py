@@ -143,7 +143,6 @@ def test_extended_attributes_outside_user_and_trusted_pass(outputs, tmp_path, na
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_extended_attributes_on_the_folder_itself_pass(outputs, tmp_path):
     """_check_attributes looks at the folder's entries, never at the folder: a user.* attribute
     on the published directory (copied by cp -a, rsync -X, tar --xattrs of the folder) passes."""
