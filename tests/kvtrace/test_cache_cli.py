@@ -110,7 +110,8 @@ def test_report_takes_the_sizing_options_simulate_takes(tmp_path, capsys):
     assert f"{tokens:,} tokens" in text and "chosen by kvtrace" not in text
     assert "<td>fifo</td>" in text and "<td>belady</td>" not in text
     assert "<th>3,000,000</th>" in text and "of CPU/SSD behind it" in text
-    assert main(["report", trace, "-o", str(page), "--gpu-kv-cache-size", "40GB"]) == 2
+    assert main(["report", trace, "-o", str(page), "--gpu-kv-cache-size", "40GB",
+                 "--overwrite"]) == 2
     assert "in bytes" in capsys.readouterr().err
 
 
