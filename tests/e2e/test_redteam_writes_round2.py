@@ -91,7 +91,6 @@ BAILIAN = [{"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_le
             "output_length": 5, "type": "text", "turn": 1, "hash_ids": [i]} for i in range(5)]
 
 
-@ROUND2
 @pytest.mark.parametrize("command", ["synthesize", "reuse", "convert-file", "convert-folder"])
 def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
     """A run with no readable row fails (exit 1: synthesize says 'error: no trace rows could be
@@ -418,7 +417,6 @@ def test_the_lock_file_is_not_created_through_a_link(tmp_path):
     assert not victim.exists(), "the lock was created through the planted link"
 
 
-@ROUND2
 def test_a_full_disk_mid_run_is_a_stopped_job_on_the_local_engine(tiny_tokenizer, tmp_path):
     """cli: 'exit 2 for a run refused before it started, 1 for a job that stopped'. A disk
     that fills while the local engine writes its shards (crash-point harness, enospc at a
