@@ -3,7 +3,8 @@ that manifest promises of each shard.
 
 A kvtrace output folder holds each shard twice (JSONL and Parquet) beside manifest.json; read
 as a trace it is its JSONL shards, with the manifest's block size. A glob that matches both
-twins of a shard keeps the JSONL one, so no row is counted twice.
+twins of a kvtrace shard (trace-SSSSS-of-NNNNN) keeps the JSONL one, so no row is counted
+twice; any other file named is read.
 
 A folder holding shards by kvtrace's names is read only as the whole output it was published
 as: its manifest there, every shard it lists present, none it does not. Each shard read from
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from transforms import storage
-from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs, read_bytes
+from transforms.read.paths import expand_inputs, read_bytes
 from transforms.storage import is_url
 from transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE, is_count, parse_json
 
@@ -82,8 +83,14 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
             check_whole(argument.rstrip("/"), _matched(pattern))
         files += [f for f in expand_inputs([pattern]) if f not in files]
     present = set(files)
-    return [f for f in files if not (f.lower().endswith(PARQUET_SUFFIXES)
-                                     and f.rsplit(".", 1)[0] + ".jsonl" in present)]
+    return [f for f in files if not _twin_read(f, present)]
+
+
+def _twin_read(path: str, present: set[str]) -> bool:
+    """A kvtrace shard's Parquet twin (by kvtrace's shard name) whose JSONL twin is read too:
+    the same rows. Any other Parquet file is a trace of its own, read."""
+    return (_is_shard(posixpath.basename(path)) and path.endswith(".parquet")
+            and path[: -len(".parquet")] + ".jsonl" in present)
 
 
 def _matched(pattern: str) -> list[str]:
