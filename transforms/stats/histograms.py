@@ -61,9 +61,9 @@ def exact_moments(counts: Counter, n: int) -> tuple[float, float]:
     """The mean and population std of the values, computed exactly and rounded once: no order
     of summation to depend on. Floats are dyadic rationals, so over a common power-of-two
     denominator every value is an integer and the sums are Python integers."""
-    exact = [(Fraction(v), c) for v, c in counts.items()]
-    scale = max(f.denominator for f, _ in exact)
-    scaled = [(f.numerator * (scale // f.denominator), c) for f, c in exact]
+    exact = [(v.as_integer_ratio(), c) for v, c in counts.items()]  # Python ints and floats
+    scale = max(q for (_, q), _ in exact)
+    scaled = [(p * (scale // q), c) for (p, q), c in exact]
     total = sum(v * c for v, c in scaled)
     spread = n * sum(v * v * c for v, c in scaled) - total * total  # n^2 scale^2 variance
     with localcontext() as context:
