@@ -2,8 +2,9 @@
 
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
-line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped, 128 plus
-the signal's number (130 for Ctrl-C, 143 for SIGTERM) for a run stopped from outside.
+line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped (a full
+disk mid-run included, on either engine), 128 plus the signal's number (130 for Ctrl-C, 143 for
+SIGTERM) for a run stopped from outside.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import logging
 import os
 import re
@@ -28,7 +30,7 @@ from kvtrace.commands.common import BeamFlags
 from kvtrace.options import refuse_stray_words
 from pipelines.processes import end_descendants, quiet_thread
 from transforms.encode.salt import SaltError
-from transforms.errors import ConfigError, IdMapError
+from transforms.errors import ConfigError, IdMapError, JobStopped
 
 _LOG = logging.getLogger("kvtrace")
 COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
@@ -40,6 +42,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Storage running out: only a write meets it, and every check is made before the work writes,
+# so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2).
+STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 STOPPED = "stopped: nothing published"  # a command that publishes as it goes sets args.stop_leaves
 # A stopped run unwinds (staging folders removed, pools end their workers, a cluster's job
 # cancelled) for at most this long; then the process ends whatever it waits on (a tokenizer
@@ -234,13 +239,21 @@ def _run(run: Callable[[argparse.Namespace, BeamFlags], int], args: argparse.Nam
         _refuse_misspelled(args.command, leftovers, parser)
         refuse_stray_words(_stray_words(leftovers))
         code = run(args, BeamFlags(leftovers, _our_flags(parser)))
-    except (ConfigError, SaltError, IdMapError, FileNotFoundError, ValueError, OSError) as err:
+    except OSError as err:
+        code = 1 if err.errno in STORAGE_FULL else 2
+        if stop.signum is None:
+            print(f"error: {'the job failed: ' if code == 1 else ''}{_one_line(err)}",
+                  file=sys.stderr)
+    except (ConfigError, SaltError, IdMapError, ValueError) as err:
         code = 2
         if stop.signum is None:
             print(f"error: {_one_line(err)}", file=sys.stderr)
     except Exception as err:  # never a traceback: say what failed, and how to see more
         code = 1
-        if stop.signum is None:  # a stop that a library wrapped is still a stop
+        stopped = JobStopped.message_in(err)
+        if stop.signum is None and stopped is not None:
+            print(f"error: {stopped}", file=sys.stderr)
+        elif stop.signum is None:  # a stop that a library wrapped is still a stop
             if args.verbose:
                 raise
             print(f"error: the job failed: {type(err).__name__}: {_one_line(err)} "

@@ -88,7 +88,8 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     report = {"rows": len(trace), "written": int(fits.sum()), "shape": config.shape,
               "template_tokens": {"before": head, "after": tail},
               "too_short_for_the_template": int((~fits).sum()), "merged_blocks": rendered.merged,
-              "malformed_lines": trace.malformed_count}
+              "malformed_lines": {"count": trace.malformed_count,  # as analyze reports them
+                                  "examples": trace.malformed[:MAX_EXAMPLES]}}
     if config.verify:
         report["verified"] = _verified(config, trace, lengths, keys, fits)
     _LOG.info("rendered %d requests in %.1f s", report["written"], time.perf_counter() - started)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from transforms.cache import plots
@@ -18,7 +19,7 @@ from transforms.cache.reuse_report import reuse_report
 from transforms.cache.stack_distance import infinite_cache, stack_distances
 from transforms.stats.trace_stats import row_problems
 from transforms.storage import is_url
-from transforms.write.publish import OutputRefused, check_file, file_output
+from transforms.write.publish import OutputRefused, StagedFile, check_file, file_output
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -41,14 +42,16 @@ def check_plot(config: ReuseConfig) -> None:
         raise OutputRefused(f"--output {config.plot} is one of the traces read")
 
 
-def write_plot(path: str, png: bytes) -> None:
-    """The plot, staged and renamed into place (the one write protocol)."""
-    with file_output(path) as output:
+def write_plot(path: str, png: bytes, report: StagedFile | None) -> None:
+    """The plot, staged and renamed into place (the one write protocol), the report with it."""
+    with file_output(path, report=report) as output:
         output.write(png)
 
 
-def run_reuse(config: ReuseConfig) -> dict:
-    """The report (JSON-ready); writes the plot when config.plot is set."""
+def run_reuse(config: ReuseConfig, report_file: StagedFile | None = None,
+              accept: Callable[[dict], None] = lambda report: None) -> dict:
+    """The report (JSON-ready); writes the plot when config.plot is set, once accept (the
+    command's judgement of the report, which may stage it into report_file) has passed."""
     check_plot(config)
     trace, cache = read_cache_trace(config.inputs, config.block_size)
     problems = row_problems(trace, config.block_size)
@@ -68,8 +71,9 @@ def run_reuse(config: ReuseConfig) -> dict:
     report = reuse_report(config.block_size, cache.rows, events.total_tokens,
                           int(events.tokens.sum()), (x, y), reuse_time, problems,
                           config.gpu_kv_cache_size, at_gpu, stack)
+    accept(report)
     if config.plot:
         png = plots.reuse_figure(x, y, config.gpu_kv_cache_size, at_gpu, capacities, lru,
                                  block_lru, reuse_time)
-        write_plot(config.plot, png)
+        write_plot(config.plot, png, report_file)
     return report

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 
 import apache_beam as beam
 from pipelines.synthesize_local import SynthesizeConfig
@@ -16,7 +17,7 @@ from transforms.ids.id_map import new_run_id
 from transforms.synth.steps import SHARDS, SynthesizeTrace
 from transforms.synth.summary import before_and_after
 from transforms.synth.synthesize import SynthConfig
-from transforms.write.publish import file_output, staging_folder
+from transforms.write.publish import StagedFile, file_output, staging_folder
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -28,9 +29,12 @@ def build(pipeline: beam.Pipeline, inputs: tuple[str, ...], parts_dir: str, bloc
                                                       shards)
 
 
-def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict:
+def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str],
+                        report: StagedFile | None = None,
+                        accept: Callable[[dict], None] = lambda summary: None) -> dict:
     """The Beam engine (embedded runner unless --runner says otherwise). --num-requests draws
-    from the whole prefix tree at once, so it stays on the local engine."""
+    from the whole prefix tree at once, so it stays on the local engine. As run_synthesize:
+    published once accept has passed."""
     from transforms.errors import ConfigError
     from pipelines.analyze_local import AnalyzeConfig
     from pipelines.analyze_beam import analyze_beam
@@ -45,7 +49,10 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict
         raise ConfigError("--engine beam on a remote runner needs -o on a filesystem its "
                           "workers can write (gs://, s3://)")
     started = time.perf_counter()
-    with file_output(config.output) as output:
+    # Remote runners write their reports where the launcher can read them back.
+    reports = (f"{config.output}.parts-before", f"{config.output}.parts-after") if remote else \
+        (None, None)
+    with file_output(config.output, report=report) as output:
         # The parts are staged beside the output under the run's name, so a killed run's are
         # cleared by the next run's lock (publish.restore_interrupted), and a failed one's here.
         parts_dir = staging_folder(config.output, new_run_id()) if is_url(config.output) else \
@@ -59,12 +66,12 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str]) -> dict
                         shutil.copyfileobj(piece, handle)
         finally:
             storage.remove_folder(parts_dir)  # an empty trace writes no part, nor the folder
+        before = analyze_beam(AnalyzeConfig(config.inputs, config.block_size), beam_flags,
+                              reports[0])
+        after = analyze_beam(AnalyzeConfig((output.staging,), config.block_size), beam_flags,
+                             reports[1])  # the staged trace: published only once accepted
+        summary = before_and_after(before, after)
+        accept(summary)
     _LOG.info("synthesized %s from %d file(s) in %.1f s", config.output, len(config.inputs),
               time.perf_counter() - started)
-    # Remote runners write their reports where the launcher can read them back.
-    reports = (f"{config.output}.parts-before", f"{config.output}.parts-after") if remote else \
-        (None, None)
-    before = analyze_beam(AnalyzeConfig(config.inputs, config.block_size), beam_flags, reports[0])
-    after = analyze_beam(AnalyzeConfig((config.output,), config.block_size), beam_flags,
-                         reports[1])
-    return before_and_after(before, after)
+    return summary

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from transforms.read.trace_io import read_trace
@@ -18,7 +19,7 @@ from transforms.stats.trace_stats import analyze
 from transforms.synth.output import jsonl_bytes
 from transforms.synth.summary import before_and_after
 from transforms.synth.synthesize import SynthConfig, synthesize
-from transforms.write.publish import file_output
+from transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -31,13 +32,18 @@ class SynthesizeConfig:
     synth: SynthConfig = SynthConfig()
 
 
-def run_synthesize(config: SynthesizeConfig) -> dict:
+def run_synthesize(config: SynthesizeConfig, report: StagedFile | None = None,
+                   accept: Callable[[dict], None] = lambda summary: None) -> dict:
+    """The before/after summary; the trace (and the report, which accept may stage from the
+    summary) published only once accept, the command's judgement of the run, has passed."""
     started = time.perf_counter()
-    with file_output(config.output) as staged:
+    with file_output(config.output, report=report) as staged:
         source = read_trace(config.inputs)
         output = synthesize(source, config.block_size, config.synth)
         staged.write(jsonl_bytes(output))
+        summary = before_and_after(analyze(source, config.block_size),
+                                   analyze(output, config.block_size))
+        accept(summary)
     _LOG.info("synthesized %d rows from %d in %.1f s", len(output), len(source),
               time.perf_counter() - started)
-    before = analyze(source, config.block_size)
-    return before_and_after(before, analyze(output, config.block_size))
+    return summary

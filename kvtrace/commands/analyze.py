@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options, plan_trace_command,
-                                     trace_inputs, warn_malformed, write_json_report)
+                                     engine_options, json_report, plan_trace_command,
+                                     require_rows, stage_json, trace_inputs)
 from transforms.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transforms.write.publish import StagedFile
 
 
 def add_parser(commands: Any) -> None:
@@ -45,18 +47,20 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     files, block_size = trace_inputs(args)  # in the order given: file order matters
     plan_trace_command(args, files, Location("--output", args.output or "", FOLDER,
                                              writer="analyze"))
-    if not args.output:
-        return _analyze(args, beam_args, files, block_size, None)
-    with folder_output(args.output, OWN_FILES["analyze"]) as staged:  # whole, or not at all
-        code = _analyze(args, beam_args, files, block_size, staged.path)
-        if code:
-            staged.withdraw()
-        return code
+    with json_report(args.json) as report:
+        if not args.output:
+            _analyze(args, beam_args, files, block_size, None, report)
+            return 0
+        # Whole, or not at all: the folder, then the report, once the work has succeeded.
+        with folder_output(args.output, OWN_FILES["analyze"], report) as staged:
+            _analyze(args, beam_args, files, block_size, staged.path, report)
+    return 0
 
 
 def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, ...],
-             block_size: int, folder: str | None) -> int:
-    """The report printed, and written into folder (--output's staging) when there is one."""
+             block_size: int, folder: str | None, report_file: StagedFile | None) -> None:
+    """The report printed, and staged into folder (--output's staging) and report_file (--json)
+    when given; stops (JobStopped) when no row could be read."""
     from kvtrace.commands.analyze_text import render
     from pipelines.analyze_local import AnalyzeConfig, analyze_local
 
@@ -67,15 +71,12 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
         from pipelines.analyze_beam import analyze_beam
 
         report = analyze_beam(config, beam_args, folder)
-    if report["total_requests"] == 0:
-        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
-        warn_malformed(report["problems"])
-        return 1
+    require_rows(report["total_requests"], report["problems"], files)
     # a name that is not UTF-8 (Linux names are bytes) is shown escaped: the text is UTF-8
     text = render(report, files).encode("utf-8", "surrogateescape").decode(
         "utf-8", "backslashreplace")
     print(text)
-    write_json_report(args.json, report)
+    stage_json(report_file, report)
     if folder:
         from transforms import storage
 
@@ -83,4 +84,3 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
                               ("analysis.json", json.dumps(report, indent=2) + "\n")):
             with storage.create(storage.join(folder, name)) as handle:
                 handle.write(payload.encode())
-    return 0

@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options, no_beam_options, plan_trace_command,
-                                     trace_inputs, warn_malformed,
-                                     write_json_report)
+                                     engine_options, json_report, no_beam_options,
+                                     plan_trace_command, require_rows, stage_json, trace_inputs,
+                                     warn_malformed, write_json_report)
 from kvtrace.presets import load_model, models
 from transforms.cache.policy_names import POLICIES
 from transforms.errors import ConfigError
@@ -131,14 +131,18 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files, Location("--output", args.output))
     config = ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output)
-    if args.engine == "beam":
-        from pipelines.reuse_beam import run_reuse_beam
+    with json_report(args.json) as report_file:
 
-        report = run_reuse_beam(config, beam_args)
-    else:
-        report = run_reuse(config)
-    if not _has_rows(report, files):
-        return 1
+        def accept(report: dict) -> None:  # before anything is published
+            require_rows(report["rows"], report["problems"], files)
+            stage_json(report_file, report)
+
+        if args.engine == "beam":
+            from pipelines.reuse_beam import run_reuse_beam
+
+            report = run_reuse_beam(config, beam_args, report_file, accept)
+        else:
+            report = run_reuse(config, report_file, accept)
     print(f"{report['rows']:,} requests, {report['prompt_tokens']:,} prompt tokens, block size "
           f"{block_size}; reused across requests (infinite cache): "
           f"{report['reused_token_share']:.4f} of prompt tokens")
@@ -148,7 +152,6 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     for bucket in report["reuse_time"]:
         print(f"  reuse after {bucket['bucket']:>11}: {bucket['share']:.4f} of reused tokens")
     print(f"plot: {args.output}")
-    write_json_report(args.json, report)
     return 0
 
 

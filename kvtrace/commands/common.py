@@ -5,17 +5,18 @@ warnings, JSON reports."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from typing import TYPE_CHECKING
 
-from transforms.errors import ConfigError
+from transforms.errors import ConfigError, JobStopped
 
 if TYPE_CHECKING:  # publish imports pyarrow: only a command that runs pays for it
-    from transforms.write.publish import Location
+    from transforms.write.publish import Location, StagedFile
 
 TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
 BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
@@ -107,3 +108,29 @@ def write_json_report(path: str | None, report: dict) -> None:
     if path:
         with file_output(path, overwrite=True) as output:
             output.write((json.dumps(report, indent=2) + "\n").encode())
+
+
+@contextlib.contextmanager
+def json_report(path: str | None) -> Iterator[StagedFile | None]:
+    """--json OUT staged for the run's output to publish with it, last (publish.file_output's
+    report); None without --json."""
+    if not path:
+        yield None
+        return
+    from transforms.write.publish import file_output
+
+    with file_output(path, overwrite=True) as report:
+        yield report
+
+
+def stage_json(report: StagedFile | None, payload: dict) -> None:
+    if report:
+        report.write((json.dumps(payload, indent=2) + "\n").encode())
+
+
+def require_rows(rows: int, problems: dict, files: Sequence[str]) -> None:
+    """Malformed lines warned of; a run that read no row stops, inside its output's block, so
+    nothing it staged is published (exit 1)."""
+    warn_malformed(problems)
+    if not rows:
+        raise JobStopped(f"no trace rows could be read from {', '.join(files)}")

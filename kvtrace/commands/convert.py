@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.commands.common import BeamFlags, no_beam_options
+from transforms.errors import JobStopped
+
+if TYPE_CHECKING:
+    from transforms.read.bailian import Converted
 
 
 def add_parser(commands: Any) -> None:
@@ -29,9 +33,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms import storage
-    from transforms.read.bailian import BAILIAN_BLOCK_SIZE, convert as to_mooncake
-    from transforms.read.paths import lines_within
-    from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
+    from transforms.read.bailian import BAILIAN_BLOCK_SIZE
     from transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
         plan_locations, sha256_of
     from transforms.write.shards import shard_name
@@ -43,13 +45,13 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if to_file:
         target = args.output
         with file_output(target) as output:
-            converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
+            converted = _converted(args.trace)
             output.write(_jsonl(converted.rows))
     else:
         trace_file = shard_name(0, 1, ".jsonl")
         target = storage.join(args.output.rstrip("/"), trace_file)
         with folder_output(args.output) as staged:  # published whole, so its manifest last
-            converted = to_mooncake(lines_within(args.trace, MAX_TRACE_LINE_BYTES))
+            converted = _converted(args.trace)
             shard = _jsonl(converted.rows)
             with storage.create(storage.join(staged.path, trace_file)) as handle:
                 handle.write(shard)
@@ -63,11 +65,24 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     sessions = len({row["session"] for row in converted.rows})
     print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
           f"(block size {BAILIAN_BLOCK_SIZE})")
+    return 0
+
+
+def _converted(trace: str) -> Converted:
+    """The trace converted, its skipped lines said; inside the output's block, a trace with no
+    row to convert stops the run there (JobStopped), so nothing is published."""
+    from transforms.read.bailian import convert as to_mooncake
+    from transforms.read.paths import lines_within
+    from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
+
+    converted = to_mooncake(lines_within(trace, MAX_TRACE_LINE_BYTES))
     if converted.malformed:
         print(f"warning: {converted.malformed:,} line(s) skipped", file=sys.stderr)
         for example in converted.examples:
             print(f"  {example}", file=sys.stderr)
-    return 0 if converted.rows else 1
+    if not converted.rows:
+        raise JobStopped(f"no Bailian rows could be read from {trace}")
+    return converted
 
 
 def _jsonl(rows: list[dict]) -> bytes:

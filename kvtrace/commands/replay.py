@@ -9,7 +9,8 @@ import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, no_beam_options,
-                                     plan_trace_command, trace_inputs, write_json_report)
+                                     plan_trace_command, trace_inputs, warn_malformed,
+                                     write_json_report)
 from transforms.errors import ConfigError
 
 
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                                      args.shape, not args.no_verify, kwargs))
     print(f"rendered {report['written']:,} of {report['rows']:,} rows as {args.shape} requests "
           f"-> {args.output} (block size {block_size})")
+    warn_malformed(report)  # rows the trace could not give: said, as every trace reader does
     if report["too_short_for_the_template"]:
         print(f"warning: {report['too_short_for_the_template']:,} row(s) left out: no room for "
               f"a token of content (beside the chat template's own tokens, if any)",

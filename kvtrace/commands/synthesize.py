@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from typing import Any
 
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options, plan_trace_command,
-                                     trace_inputs, warn_malformed, write_json_report)
+                                     engine_options, json_report, plan_trace_command,
+                                     require_rows, stage_json, trace_inputs)
 from transforms.errors import ConfigError
 
 ROWS = (
@@ -85,19 +84,20 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     config = SynthesizeConfig(files, args.output, block_size, synth)
-    summary = run_synthesize_beam(config, beam_args) if args.engine == "beam" else \
-        run_synthesize(config)
-    warn_malformed(summary)
-    if not summary["before"]["requests"]:
-        print(f"error: no trace rows could be read from {', '.join(files)}", file=sys.stderr)
-        return 1
+    with json_report(args.json) as report:
+
+        def accept(summary: dict) -> None:  # before anything is published
+            require_rows(summary["before"]["requests"], summary, files)
+            stage_json(report, summary)
+
+        summary = run_synthesize_beam(config, beam_args, report, accept) \
+            if args.engine == "beam" else run_synthesize(config, report, accept)
     print(f"| block size {block_size} | before | after |\n|---|---|---|")
     for key, label, form in ROWS:
         print(f"| {label} | {form.format(summary['before'][key])} | "
               f"{form.format(summary['after'][key])} |")
     problems = sum(summary["after"]["problems"].values())
     print(f"output: {args.output} ({'valid' if not problems else f'{problems} problems'})")
-    write_json_report(args.json, summary)
     return 0
 
 

@@ -3,7 +3,8 @@ that manifest promises of each file.
 
 A kvtrace output folder holds each shard twice (JSONL and Parquet) beside stats.json and
 manifest.json; read as a trace it is its JSONL shards, with the manifest's block size. A glob
-that matches both twins of a shard keeps the JSONL one, so no row is counted twice.
+that matches both twins of a kvtrace shard (trace-SSSSS-of-NNNNN) keeps the JSONL one, so no
+row is counted twice; any other file named is read.
 
 A folder holding shards by kvtrace's names is read only as the whole output it was published
 as, whichever way it is named (the folder, a glob of its shards, one shard): its manifest
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from transforms import storage
-from transforms.read.paths import PARQUET_SUFFIXES, expand_inputs, open_raw, read_bytes
+from transforms.read.paths import expand_inputs, open_raw, read_bytes
 from transforms.storage import is_url
 from transforms.trace_format import FORMAT, MANIFEST, STATS, TRACE_FILE, is_count, parse_json
 
@@ -113,8 +114,7 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
                 check_whole(folder, ())
         files += [f for f in expand_inputs([pattern]) if f not in files]
     present = set(files)
-    files = [f for f in files if not (f.lower().endswith(PARQUET_SUFFIXES)
-                                      and f.rsplit(".", 1)[0] + ".jsonl" in present)]
+    files = [f for f in files if not _twin_read(f, present)]
     read: dict[str, set[str]] = {}
     for path in files:
         folder, name = posixpath.split(path)
@@ -123,6 +123,13 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
         if any(_is_shard(name) for name in names):
             check_whole(folder, names)
     return files
+
+
+def _twin_read(path: str, present: set[str]) -> bool:
+    """A kvtrace shard's Parquet twin (by kvtrace's shard name) whose JSONL twin is read too:
+    the same rows. Any other Parquet file is a trace of its own, read."""
+    return (_is_shard(posixpath.basename(path)) and path.endswith(".parquet")
+            and path[: -len(".parquet")] + ".jsonl" in present)
 
 
 def _matched(pattern: str) -> list[str]:

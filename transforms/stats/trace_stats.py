@@ -19,7 +19,7 @@ import numpy as np
 from transforms.read.trace_io import Trace
 from transforms.stats.blocks import Blocks
 from transforms.stats.heap import return_freed_heap
-from transforms.stats.histograms import STAT_NAMES, histogram
+from transforms.stats.histograms import describe_histogram, histogram
 from transforms.stats.key_shards import (Rows, chaining_problems, first_after_warmup, id_shard,
                                          prefix_shard, row_measures, row_sums)
 
@@ -43,14 +43,10 @@ DEFINITIONS = {
 
 
 def describe(values: np.ndarray) -> dict[str, float]:
-    """numpy's mean, population std, min, linear-interpolated quartiles, max (as aiperf)."""
-    if len(values) == 0:
-        return dict.fromkeys(STAT_NAMES, 0.0)
-    values = np.asarray(values, dtype=np.float64)
-    p25, median, p75 = np.percentile(values, [25, 50, 75])
-    return {"mean": float(values.mean()), "std_dev": float(values.std()),
-            "min": float(values.min()), "p25": float(p25), "median": float(median),
-            "p75": float(p75), "max": float(values.max())}
+    """mean, population std, min, linear-interpolated quartiles, max (as aiperf), from the
+    values' histogram: the Beam engine's shards merge theirs into the same one, so both engines
+    sum the same numbers in the same order, to the same last digit."""
+    return describe_histogram(histogram(np.asarray(values)))
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -185,7 +181,6 @@ def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -
                             block_size, first_after_warmup(rows.timestamp, rows.keys,
                                                            warmup_fraction))
     sums, counts = row_sums(rows, measured), by_id.counts + by_prefix.counts
-    with_blocks = rows.lengths > 0
     isl, osl = trace.input_length, trace.output_length
     measures = Measures(
         total_requests=len(trace),
@@ -202,7 +197,7 @@ def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -
         blocks=sums["blocks"], misses=sums["misses"],
         tokens_after_warmup=sums["tokens_after"],
         miss_tokens_after_warmup=sums["miss_tokens_after"],
-        per_request_mean=float(np.mean(measured.per_request)) if with_blocks.any() else 0.0,
+        per_request_mean=describe(measured.per_request)["mean"],  # 0.0 for no row with blocks
         per_minute=minute_counts(trace.timestamp, float(trace.timestamp.min()) if len(trace) else 0.0),
         sessions=session_counts(trace),
         problems={**row_problems(trace, block_size), **id_problems(**by_id.problem_ids)})

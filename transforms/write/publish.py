@@ -261,31 +261,22 @@ def restore_interrupted(output: str) -> list[str]:
 
 
 def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
-                   private: bool = False) -> None:
-    """Replace the output folder with the staging folder, whole; the staging folder's files
-    are durable already (storage.create syncs each). A private folder stays owner-only from
-    staging through the swap: a kill at any step leaves it unreadable to others."""
+                   private: bool = False, report: StagedFile | None = None) -> None:
+    """Replace the output folder with the staging folder, whole, and then the run's report
+    (if any) with its staged file: both or neither (publish_in_place); the staging folder's
+    files are durable already (storage.create syncs each). A private folder stays owner-only
+    from staging through the swap: a kill at any step leaves it unreadable to others."""
     check_output(output, own)  # again: something may have appeared while the run ran
     if is_url(output):
         _publish_remote(staging, output)
+        if report:
+            report.publish()
         return
     storage.sync_folder(staging)
     os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
-    if not os.path.exists(output):
-        try:
-            os.rename(staging, output)
-            storage.sync_folder(os.path.dirname(os.path.abspath(output)))
-            return
-        except OSError as err:
-            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-    if not _exchange(staging, output):
-        previous = f"{staging}.previous"
-        os.rename(output, previous)  # a gap restore_interrupted closes if the run dies here
-        os.rename(staging, output)
-        staging = previous
-    storage.sync_folder(os.path.dirname(os.path.abspath(output)))
-    shutil.rmtree(staging)  # now the previous output
+    publish_in_place([(staging, output), *(report.moves() if report else [])])
+    if report:
+        report.published = True
 
 
 class StagedFolder:
@@ -300,10 +291,12 @@ class StagedFolder:
 
 
 @contextmanager
-def folder_output(output: str, own: frozenset[str] = frozenset()) -> Iterator[StagedFolder]:
+def folder_output(output: str, own: frozenset[str] = frozenset(),
+                  report: StagedFile | None = None) -> Iterator[StagedFolder]:
     """An output folder checked (no foreign file; own: the names of a folder without a
     manifest) and locked before the work, which writes into the staging folder yielded; it is
-    published whole when the block ends without an error, and removed when it does not."""
+    published whole when the block ends without an error, and removed when it does not. A
+    report (from file_output, entered first) the work wrote is published with it, last."""
     output = folded(output)
     if not is_url(output):
         check_parent(output)
@@ -314,37 +307,52 @@ def folder_output(output: str, own: frozenset[str] = frozenset()) -> Iterator[St
         try:
             yield staged
             if not staged.withdrawn:
-                publish_folder(staged.path, output, own)
+                publish_folder(staged.path, output, own, report=report)
         finally:
             storage.remove_folder(staged.path)  # gone once published; else the failed run's
 
 
 class StagedFile:
-    """One output file of a run: written to its staging path, published whole by publish();
-    without overwrite, never over a file (not even one that appeared while the run ran)."""
+    """One output file of a run: written to its staging path (create, write), published whole
+    when its file_output block ends without an error; without overwrite, never over a file (not
+    even one that appeared while the run ran)."""
 
     def __init__(self, output: str, staging: str, overwrite: bool = True):
         self.output, self.staging, self.overwrite = output, staging, overwrite
+        self.published = False
 
     @contextmanager
     def create(self) -> Iterator[IO[bytes]]:
-        """The file to write, published (renamed over the output) once it closes whole."""
+        """The file to write (its staged copy, synced when it closes)."""
         with storage.create(self.staging) as handle:
             yield handle
-        self.publish()
 
     def write(self, data: bytes) -> None:
         with self.create() as handle:
             handle.write(data)
 
-    def publish(self) -> None:
-        if self.staging == self.output:
-            return  # an object store's upload, whole once complete
-        if self.overwrite:
-            storage.rename(self.staging, self.output)
-        else:
+    def moves(self) -> list[tuple[str, str]]:
+        """What publishing it moves: its staged copy over the output; nothing where the work
+        wrote none, or on an object store (written in place, whole once its upload completes)."""
+        if self.published or self.staging == self.output or not os.path.lexists(self.staging):
+            return []
+        return [(self.staging, self.output)]
+
+    def publish(self, report: StagedFile | None = None) -> None:
+        """Put the written file in place, then the report (if any): both or neither."""
+        report_moves = report.moves() if report else []
+        if self.overwrite or not self.moves():
+            publish_in_place([*self.moves(), *report_moves])
+        else:  # link(2) refuses a file that appeared meanwhile; the report follows, or it goes
             _publish_new(self.staging, self.output)
-        storage.sync_folder(os.path.dirname(os.path.abspath(self.output)))
+            try:
+                publish_in_place(report_moves)
+            except BaseException:
+                os.remove(self.output)  # ours, made just now
+                raise
+        self.published = True
+        if report:
+            report.published = True
 
 
 def _publish_new(staging: str, output: str) -> None:
@@ -580,21 +588,28 @@ def folder_writer(folder: str) -> str:
 
 
 @contextmanager
-def file_output(output: str, overwrite: bool = True) -> Iterator[StagedFile]:
+def file_output(output: str, overwrite: bool = True,
+                report: StagedFile | None = None) -> Iterator[StagedFile]:
     """An output file checked (check_file) and locked before the work; the work writes it with
-    StagedFile.create (or write), and what a failed or killed run staged never reaches it."""
+    StagedFile.create (or write), and it is published when the block ends without an error (a
+    report, from file_output entered first, with it, last); what a failed or killed run staged
+    never reaches it."""
     check_file(output, overwrite)
     output = folded(output)
     if is_url(output):
-        yield StagedFile(output, output)
+        staged = StagedFile(output, output)
+        yield staged
+        staged.publish(report)
         return
     staged = StagedFile(output, staging_folder(output, new_run_id()), overwrite)
     with output_lock(output):
         try:
             yield staged
+            staged.publish(report)
         finally:
-            if os.path.lexists(staged.staging):
-                os.remove(staged.staging)
+            for leftover in (staged.staging, f"{staged.staging}.previous"):
+                if os.path.lexists(leftover):
+                    os.remove(leftover)
 
 
 class DeadLetterRun:
@@ -737,3 +752,55 @@ def _publish_remote(staging: str, output: str) -> None:
              if p.rsplit("/", 1)[-1] not in listed]
     if stale:
         storage.delete(stale)
+
+
+def publish_in_place(moves: Sequence[tuple[str, str]]) -> None:
+    """Put each staged file or folder in its output's place, in order (a report last: a reader
+    takes it for the mark that its output is whole), then sync their folders: if a step fails,
+    those done are put back, so a run publishes all of them or none. The previous outputs are
+    removed once all stand. A kill between two moves leaves the first new and the rest
+    previous: POSIX renames one name at a time."""
+    done: list[tuple[str, str, str | None]] = []
+    try:
+        for staged, output in moves:
+            done.append((staged, output, _swap_in(staged, output)))
+        for parent in dict.fromkeys(os.path.dirname(os.path.abspath(o)) for _, o in moves):
+            storage.sync_folder(parent)
+    except BaseException:
+        for staged, output, previous in reversed(done):
+            _swap_back(staged, output, previous)
+        raise
+    for _, _, previous in done:
+        if previous is None:
+            continue
+        if os.path.isdir(previous) and not os.path.islink(previous):
+            shutil.rmtree(previous)
+        else:
+            os.remove(previous)
+
+
+def _swap_in(staged: str, output: str) -> str | None:
+    """Put staged in output's place; returns where the previous output went (None: none was)."""
+    if not os.path.lexists(output):
+        try:
+            os.rename(staged, output)
+            return None
+        except OSError as err:
+            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    if _exchange(staged, output):
+        return staged
+    previous = f"{staged}.previous"
+    os.rename(output, previous)  # a gap restore_interrupted closes if the run dies here
+    os.rename(staged, output)
+    return previous
+
+
+def _swap_back(staged: str, output: str, previous: str | None) -> None:
+    """Undo _swap_in: the new output back to staged, the previous one (if any) in place."""
+    if previous == staged:
+        _exchange(staged, output)
+        return
+    os.rename(output, staged)
+    if previous is not None:
+        os.rename(previous, output)
