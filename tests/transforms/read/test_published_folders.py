@@ -275,6 +275,9 @@ def test_a_damaged_copy_is_refused_or_read_whole(tmp_path_factory, victim, damag
     except NotWholeOutput as err:
         assert not whole and "\n" not in str(err)
         return
+    except FileNotFoundError as err:  # the one file named is the one gone: "matches no file"
+        assert damage == "unlink" and target.name == spelling and "\n" not in str(err)
+        return
     assert whole
     rows = 3 if spelling == "trace-00001-of-00002.jsonl" else 5
     assert trace.input_length.tolist() == [8] * rows and trace.malformed_count == 0
