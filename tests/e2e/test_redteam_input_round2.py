@@ -186,7 +186,6 @@ def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(tiny_t
 
 # ---- render drops malformed rows without a word -----------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 def test_render_says_so_when_it_leaves_out_malformed_rows(tiny_tokenizer, tmp_path, capsys):
     """`kvtrace render` on a 3-line trace whose middle line is not JSON says "rendered 2 of 2
     rows" and exits 0: the malformed row is counted only in --json's report

@@ -16,7 +16,6 @@ from conftest import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
-ROUND2 = pytest.mark.xfail(strict=True, reason="red team round 2")
 TESTS = Path(__file__).resolve().parents[1]
 
 TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
