@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import ROOT, anonymize, chat, trace, write_jsonl
+from test_redteam_input import _peak_rss_mb
 
 pytestmark = [pytest.mark.slow]
 ROUND2 = "red team round 2"
@@ -95,15 +96,6 @@ def test_a_template_cannot_hang_the_run_in_one_c_call(tiny_tokenizer, tmp_path):
 
 # ---- a Parquet dictionary bomb through the dense fallback -------------------------------------
 
-def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
-    probe = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-             "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
-    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    code, peak = done.stdout.split()[-2:]
-    return int(code), int(peak), done.stderr
-
-
 def _prompt_bomb(path, rows: int) -> None:
     """The round-1 bomb plus one row written after pyarrow's writer fell back to PLAIN pages."""
     import pyarrow as pa
@@ -145,7 +137,7 @@ def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tok
     code, peak, said = _peak_rss_mb(
         [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(path), "--output",
          str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-         "--processes", "1", "--max-record-bytes", str(4 << 20)])
+         "--processes", "1", "--max-record-bytes", str(4 << 20)], ROOT)
     assert peak < 9 * 4 + 300, f"{peak} MB peak reading a {rows}-row, 2 KB Parquet file"
 
 
