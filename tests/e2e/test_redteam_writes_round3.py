@@ -1,0 +1,77 @@
+"""Red team round 3, the write protocol and the trace readers: reproducers of holes left after
+the second round's fixes. Each asserts the promised behaviour, so each fails until it is fixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, chat, write_jsonl
+
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parents[1]
+ROUND3 = "red team round 3"
+
+TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
+          "hash_ids": [1, 2, 10 + i], "session": i % 2} for i in range(6)]
+
+
+def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run a shell script in a private mount namespace (its mounts are seen by no one else);
+    skipped where the system allows none."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespaces here")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *args],
+                          cwd=TESTS, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(TESTS.parent), str(TESTS)])})
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
+    """plan_locations compares places (paths with links resolved: publish.place), never what
+    they are: a folder mounted at a second path (a bind mount, or the same export mounted
+    twice) is two places. `analyze A/t.jsonl --json B/t.jsonl`, B a bind mount of A, passes the
+    plan, reads the trace and renames the report over it: the input is gone, exit 0. (Comparing
+    each placed parent's (st_dev, st_ino) would catch it.)"""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    trace = write_jsonl(first / "t.jsonl", TRACE)
+    before = trace.read_bytes()
+    done = _in_mount_namespace(
+        'mount --bind "$1" "$2" || exit 99; exec "$3" -m kvtrace.cli analyze "$1/t.jsonl" '
+        '--block-size 4 --json "$2/t.jsonl"', str(first), str(second), sys.executable)
+    if done.returncode == 99:
+        pytest.skip("bind mounts are not allowed here")
+    assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
+    assert done.returncode == 2, done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("command", ["validate", "analyze"])
+def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(tiny_tokenizer, tmp_path,
+                                                              monkeypatch, command):
+    """trace_inputs.check_whole reads a shard with no manifest beside it as a trace of its own
+    when no other kvtrace file sits there (the 'lone shard' rule), though its own name says it
+    is one of several: a copy that has so far brought trace-00001-of-00003.jsonl alone (the
+    manifest and the other shards not yet copied) is 'valid' to validate and analysed as the
+    night (2 of its 6 rows), exit 0. A shard named k-of-N with N > 1 is never whole alone."""
+    from transforms.write import shards
+
+    monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 20)  # three shards of a small night
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 86_400_000 * i) for i in range(6)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    part = tmp_path / "copy"
+    part.mkdir()
+    shutil.copy(out / "trace-00001-of-00003.jsonl", part)  # the copy so far
+    assert main([command, str(part), "--block-size", "4"]) != 0
