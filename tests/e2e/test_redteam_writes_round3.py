@@ -118,3 +118,29 @@ def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer,
     assert len(calls) == 3
     if code == 0:
         assert json.loads(report.read_text()) in wanted, "a mix of two outputs was analysed"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("command", [
+    ["validate", "TRACE", "--block-size", "4", "--json", "NIGHT/stats.json"],
+    ["export", "TRACE", "--block-size", "4", "--to", "aiperf", "--overwrite",
+     "-o", "NIGHT/trace-00000-of-00001.jsonl"],
+    ["analyze", "TRACE", "--block-size", "4", "--json", "NIGHT/analysis.json"]])
+def test_a_file_output_never_goes_into_another_commands_published_folder(tiny_tokenizer,
+                                                                         tmp_path, command):
+    """check_written checks a file output as a file only (check_file): a folder output may not
+    replace another command's output, and a private one may not go inside one
+    (_check_private), but a report or export file is written into a published night it does
+    not read, over its stats.json or a shard, or beside them: exit 0, and the night is no
+    longer whole (readers refuse it: 'stats.json differs from its manifest'; audit: NOT
+    publishable; the next anonymize of it is refused: a file kvtrace did not write)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    night = tmp_path / "night"
+    assert anonymize(tiny_tokenizer, [src], night, "--block-size", "4") == 0
+    before = {p.name: p.read_bytes() for p in night.iterdir()}
+    trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
+    args = [a.replace("TRACE", str(trace)).replace("NIGHT", str(night)) for a in command]
+    code = main(args)
+    assert {p.name: p.read_bytes() for p in night.iterdir()} == before, \
+        "a published output was changed by another command's file output"
+    assert code == 2
