@@ -144,3 +144,38 @@ def test_a_file_output_never_goes_into_another_commands_published_folder(tiny_to
     assert {p.name: p.read_bytes() for p in night.iterdir()} == before, \
         "a published output was changed by another command's file output"
     assert code == 2
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_published_runs_letters_survive_a_run_with_another_dead_letter_folder(
+        tiny_tokenizer, tmp_path):
+    """DeadLetterRun tells whether a killed run's output was published by the run's mark on the
+    output folder (an extended attribute); but the mark is one per output while letters are
+    per dead-letter folder, and every run of the output unmarks it (recover_letters, settle)
+    looking only in its own --dead-letter folder. A run killed after publishing (letters staged
+    in D), then a run of the same output with --dead-letter D2 that fails (the output stays the
+    killed run's): the mark is gone, so the next run with D removes the letters as never
+    published. The output stands with records.rejected 1 and no letter anywhere."""
+    bad = tmp_path / "in.jsonl"
+    bad.write_text('{"timestamp": 5, "messages": 7}\n' + "".join(
+        json.dumps(chat(i, 1000 * i)) + "\n" for i in range(6)))
+    out, letters, other = tmp_path / "out", tmp_path / "D", tmp_path / "D2"
+    common = ["anonymize", "--input", str(bad), "--output", str(out), "--tokenizer",
+              tiny_tokenizer, "--block-size", "4"]
+    killed = subprocess.run(
+        [sys.executable, "-c", "import os, sys\nfrom transforms.write import publish\n"
+         "publish.DeadLetterRun.settle = lambda self, ok: os._exit(137)\n"
+         "from kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))",
+         *common, "--dead-letter", str(letters)], cwd=TESTS, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(TESTS.parent), str(TESTS)])})
+    assert killed.returncode == 137, killed.stderr  # killed after publishing, before settling
+    published = (out / "manifest.json").read_bytes()
+    assert json.loads(published)["records"]["rejected"] == 1
+    # Two later runs of the same output that fail (too much rejected): it stays the killed run's.
+    assert main([*common, "--dead-letter", str(other), "--max-rejected-fraction", "0"]) != 0
+    assert main([*common, "--dead-letter", str(letters), "--max-rejected-fraction", "0"]) != 0
+    assert (out / "manifest.json").read_bytes() == published
+    kept = [p for p in tmp_path.rglob("*") if p.is_file() and "wrong_type" in p.read_text(
+        errors="replace") and p.parent != tmp_path]
+    assert kept, "the published output's rejected record is in no dead letter"
