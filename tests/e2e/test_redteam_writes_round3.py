@@ -219,3 +219,21 @@ def test_the_block_size_is_read_from_the_output_whose_rows_are_read(tiny_tokeniz
         got = json.loads(report.read_text())
         assert got in wanted, "rows of one output analysed with another's block size"
     assert code == 0, "a whole output refused"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("second", ["./{out}", "{abs}", "./{out}/trace-00000-of-00001.parquet"])
+def test_an_output_named_twice_is_read_once(tiny_tokenizer, tmp_path, monkeypatch, second):
+    """trace_inputs.trace_files drops repeats and Parquet twins by the string of the path only
+    ('twins and repeats dropped'; 'no row is counted twice'): the same published folder named
+    as `out` and `./out` (or by its absolute path, or its Parquet twin as ./out/...) is read
+    twice, each copy passing its manifest's checks: analyze reports 12 requests of a 6-request
+    night, exit 0 (export would replay every request twice)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(6)])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4") == 0
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "report.json"
+    code = main(["analyze", "out", second.format(out="out", abs=tmp_path / "out"),
+                 "--json", str(report)])
+    assert code == 0
+    assert json.loads(report.read_text())["total_requests"] == 6, "rows counted twice"
