@@ -237,3 +237,28 @@ def test_an_output_named_twice_is_read_once(tiny_tokenizer, tmp_path, monkeypatc
                  "--json", str(report)])
     assert code == 0
     assert json.loads(report.read_text())["total_requests"] == 6, "rows counted twice"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_folder_that_cannot_be_renamed_is_refused_before_the_work(tiny_tokenizer, tmp_path):
+    """publish._swap_in falls back from renameat2(RENAME_EXCHANGE) to two renames only on
+    EINVAL/ENOSYS/EOPNOTSUPP, and the plan never tries whether the output's folder can take a
+    folder rename: on an overlay filesystem mounted without redirect_dir (rootless containers'
+    native overlay: redirect_dir=nofollow), every folder rename fails with EXDEV. anonymize
+    does all its work, then fails at the publish ('error: [Errno 18] Invalid cross-device
+    link'); nothing can ever be published there, and the plan promised 'nothing computed for a
+    location that cannot be published'."""
+    lower, upper, work, merged = (tmp_path / n for n in ("l", "u", "w", "m"))
+    for folder in (lower, upper, work, merged):
+        folder.mkdir()
+    write_jsonl(lower / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    done = _in_mount_namespace(
+        'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 99; '
+        'exec "$5" -m kvtrace.cli anonymize --input "$4/in.jsonl" --output "$4/out" '
+        '--tokenizer "$6" --block-size 4',
+        str(lower), str(upper), str(work), str(merged), sys.executable, tiny_tokenizer)
+    if done.returncode == 99:
+        pytest.skip("overlay mounts are not allowed here")
+    published = (upper / "out" / "manifest.json").exists()
+    assert published or "anonymizing" not in done.stderr, \
+        f"the work was done for an output that cannot be published: {done.stderr[-300:]}"
