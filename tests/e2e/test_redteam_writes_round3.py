@@ -262,3 +262,33 @@ def test_a_folder_that_cannot_be_renamed_is_refused_before_the_work(tiny_tokeniz
     published = (upper / "out" / "manifest.json").exists()
     assert published or "anonymizing" not in done.stderr, \
         f"the work was done for an output that cannot be published: {done.stderr[-300:]}"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, tmp_path):
+    """The id map's anchor (ids/anchor.py) is named by the map directory's absolute path with
+    links kept (map_location: os.path.abspath), so one map spelled through a link to its
+    parent folder has another mark, and none: a map rolled back to an older version (a restored
+    backup) is refused as `real/map` but extended as `alias/map` (alias -> real), numbering new
+    keys from the old next_id again, ids that published traces already use."""
+    salt = tmp_path / "salt"
+    salt.write_text("0123456789abcdef0123456789abcdef")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to("real")
+    first = write_jsonl(tmp_path / "n1.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    second = write_jsonl(tmp_path / "n2.jsonl",
+                         [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+
+    def night(src: Path, out: str, mapdir: Path) -> int:
+        return main(["anonymize", "--input", str(src), "--output", str(tmp_path / out),
+                     "--tokenizer", tiny_tokenizer, "--block-size", "4", "--salt-file",
+                     str(salt), "--id-map", str(mapdir)])
+
+    real = tmp_path / "real" / "map"
+    assert night(first, "o1", real) == 0
+    shutil.copytree(real, tmp_path / "backup")
+    assert night(second, "o2", real) == 0  # version 2 published, and marked
+    shutil.rmtree(real)
+    shutil.copytree(tmp_path / "backup", real)  # the map rolled back to version 1
+    assert night(second, "o3", real) != 0  # refused, as promised
+    assert night(second, "o4", tmp_path / "alias" / "map") != 0, "a rolled-back map extended"
