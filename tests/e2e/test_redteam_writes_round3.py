@@ -292,3 +292,19 @@ def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, t
     shutil.copytree(tmp_path / "backup", real)  # the map rolled back to version 1
     assert night(second, "o3", real) != 0  # refused, as promised
     assert night(second, "o4", tmp_path / "alias" / "map") != 0, "a rolled-back map extended"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("command", ["validate", "analyze"])
+def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokenizer, tmp_path,
+                                                                    command):
+    """`out/*` matches the whole published folder (manifest.json and stats.json among its
+    files); trace_files passes every match to check_whole as a trace file read, and the
+    manifest is not among the files it lists for itself: the whole output is refused as
+    'not a whole kvtrace output: manifest.json differs from its manifest (copied partly?)',
+    exit 2, though nothing in it was changed (its shards alone, or the folder, read fine)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    assert main([command, str(out)]) == 0
+    assert main([command, str(out / "*")]) == 0, "a whole output refused as a partial copy"
