@@ -308,3 +308,24 @@ def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokeniz
     assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
     assert main([command, str(out)]) == 0
     assert main([command, str(out / "*")]) == 0, "a whole output refused as a partial copy"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("flag", ["--output", "--dead-letter"])
+def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokenizer, tmp_path,
+                                                                    monkeypatch, flag):
+    """Reach.meets takes a written folder for read by a glob only when the folder itself
+    matches all of the glob's wildcards (len(below) >= len(wildcards)), never when the files it
+    will hold do: with --input 'logs/*/*.jsonl', --output logs/night (and its dead letters,
+    logs/night-rejected) pass the plan, and the next night's run reads last night's trace
+    shard and its raw-prompt dead letters as request logs (3 files instead of 1)."""
+    day = tmp_path / "logs" / "day1"
+    day.mkdir(parents=True)
+    (day / "in.jsonl").write_text('{"timestamp": 5, "messages": 7}\n' + "".join(
+        json.dumps(chat(i, 1000 * i)) + "\n" for i in range(6)))
+    monkeypatch.chdir(tmp_path)
+    where = {"--output": ["--output", "logs/night"],
+             "--dead-letter": ["--output", "night", "--dead-letter", "logs/letters"]}[flag]
+    code = main(["anonymize", "--input", "logs/*/*.jsonl", *where, "--tokenizer",
+                 tiny_tokenizer, "--block-size", "4"])
+    assert code == 2, "an output the input pattern reads was published"
