@@ -94,9 +94,12 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "Origin" >> beam.Create([config.timestamp_origin_ms])
         | "TraceOrigin" >> beam.Map(trace_origin_ms, beam.pvalue.AsList(earliest))
     )
-    # Numbered, planned and sorted on what the rows publish (coarsen.published_requests).
-    hashed = agreed.hashed | "PublishedTimes" >> beam.Map(published_requests, origin,
-                                                          config.coarsening)
+    # Numbered, planned and sorted on what the rows publish (coarsen.published_requests). The
+    # rounding waits on the origin's side input, a stage boundary: only when there is any.
+    hashed = agreed.hashed
+    if not config.coarsening.is_identity:
+        hashed = hashed | "PublishedTimes" >> beam.Map(published_requests, origin,
+                                                       config.coarsening)
     batches = (
         hashed
         | "IdBatches" >> beam.ParDo(
