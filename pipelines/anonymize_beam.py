@@ -32,6 +32,7 @@ from transforms.encode.schemes import engine_hashes
 from transforms.encode.steps import EncodeRequests, OneTimestampKind
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import publish_night, segment_files_by_shard
+from transforms.write.coarsen import published_requests
 from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.steps import BatchByWeight, CombineWith, metered
@@ -83,7 +84,22 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
     agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
+    earliest = (
+        agreed.hashed
+        | "EarliestInBatch" >> beam.FlatMap(HashedBatch.earliest_ms)
+        | "Earliest" >> beam.CombineGlobally(min).without_defaults()
+    )
+    origin = beam.pvalue.AsSingleton(
+        pipeline
+        | "Origin" >> beam.Create([config.timestamp_origin_ms])
+        | "TraceOrigin" >> beam.Map(trace_origin_ms, beam.pvalue.AsList(earliest))
+    )
+    # Numbered, planned and sorted on what the rows publish (coarsen.published_requests). The
+    # rounding waits on the origin's side input, a stage boundary: only when there is any.
     hashed = agreed.hashed
+    if not config.coarsening.is_identity:
+        hashed = hashed | "PublishedTimes" >> beam.Map(published_requests, origin,
+                                                       config.coarsening)
     batches = (
         hashed
         | "IdBatches" >> beam.ParDo(
@@ -98,16 +114,6 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
 
     plan = beam.pvalue.AsSingleton(
         hashed | "PlanShards" >> beam.CombineGlobally(CombineWith(shard_plan())))
-    earliest = (
-        hashed
-        | "EarliestInBatch" >> beam.FlatMap(HashedBatch.earliest_ms)
-        | "Earliest" >> beam.CombineGlobally(min).without_defaults()
-    )
-    origin = beam.pvalue.AsSingleton(
-        pipeline
-        | "Origin" >> beam.Create([config.timestamp_origin_ms])
-        | "TraceOrigin" >> beam.Map(trace_origin_ms, beam.pvalue.AsList(earliest))
-    )
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already

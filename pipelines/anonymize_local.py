@@ -78,6 +78,7 @@ from transforms.read.sources import (
     parse_one,
     read_range,
 )
+from transforms.write.coarsen import published_requests
 from transforms.write.manifest import (RecordCounts, check_not_before_origin,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.write.publish import DEAD_LETTER_FILE
@@ -377,13 +378,14 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
         RecordCounts(encoded.read, rejected.count, rejected.lost_bytes, config.input_bytes),
         config.max_rejected_fraction, dict(rejected.reasons))
     check_not_before_origin(counts, earliest_ms, origin_ms)
+    origin = trace_origin_ms(origin_ms, earliest_ms)
+    whole = published_requests(whole, origin, config.coarsening)
 
     kinds = {"blocks": block_keys(whole, config.block_size), "sessions": session_keys(whole)}
     numbered = {kind: kind_ids(kind, keys) for kind, keys in kinds.items()}
     rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
                      engine_hashes(whole.block_hashes) if config.block_hashes else None,
                      config.emit_output_hashes)
-    origin = trace_origin_ms(origin_ms, earliest_ms)
     segments = {kind: _write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole, config.coarsening)

@@ -64,3 +64,31 @@ def test_beam_engine_writes_the_local_bytes_for_shuffled_split_input(tiny_tokeni
     beam = _run(tiny_tokenizer, inputs, tmp_path / "beam", "--engine", "beam",
                 "--direct_num_workers", "2", "--direct_running_mode", "multi_threading")
     assert_same_output(reference, beam)
+
+
+def _moved_within_granules(records: list[dict], seed: int) -> list[dict]:
+    """The records, each but the earliest (the trace's origin) at another raw time inside its
+    1000 ms granule: the finer times differ, the published ones do not."""
+    rng, start = random.Random(seed), records[0]["timestamp"]
+    moved = [records[0]]
+    for record in records[1:]:
+        granule = (record["timestamp"] - start + 500) // 1000
+        offset = rng.randint(-499, 499) if granule else rng.randint(0, 499)
+        moved.append({**record, "timestamp": start + 1000 * granule + offset})
+    return moved
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.slow)])
+def test_rows_within_a_granule_come_out_the_same_whatever_their_finer_times(tiny_tokenizer,
+                                                                             tmp_path, engine):
+    """With --timestamp-granularity-ms 1000 the eight requests of each second share a published
+    time: two logs that differ in the requests' times within those seconds (and in their input
+    order and split) publish the same bytes, so no finer order is published."""
+    coarse = ("--timestamp-granularity-ms", "1000")
+    records = _records()
+    reference = _run(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", records)],
+                     tmp_path / "reference", "--processes", "1", *coarse)
+    inputs = _write_split(_moved_within_granules(records, 5), tmp_path / "split", 3, 6)
+    extra = (("--engine", "beam", "--direct_num_workers", "2", "--direct_running_mode",
+              "multi_threading") if engine == "beam" else ("--processes", "2"))
+    assert_same_output(reference, _run(tiny_tokenizer, inputs, tmp_path / engine, *extra, *coarse))

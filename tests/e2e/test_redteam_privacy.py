@@ -35,7 +35,6 @@ def test_cumulative_json_publishes_the_first_requests_time_within_the_hour(tmp_p
     assert recovered != origin % HOUR, "the zero's minute:second.ms within the hour is published"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_row_order_within_a_coarse_timestamp_publishes_the_finer_order(tiny_tokenizer, tmp_path):
     """--timestamp-granularity-ms 1000 rounds two requests 200 ms apart to the same published
     time, yet the rows (and the block ids numbered in their order) still follow the raw

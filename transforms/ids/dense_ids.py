@@ -1,7 +1,8 @@
 """Map 16-byte keyed hashes to dense integer ids, numbered in first-seen order: the pure part.
 
-First-seen order is (timestamp, request fingerprint, position), then the hash itself, so the ids
-do not depend on file split, record order, worker count or salt. Work is vectorised over numpy
+First-seen order is the order rows are published in (row_order.py: published timestamp, the
+row's tie key, request fingerprint), then position, then the hash itself, so the ids do not
+depend on file split, record order, worker count or salt. Work is vectorised over numpy
 tables of occurrences; ids/steps.py spreads it over Beam workers, pipelines/anonymize_local.py
 runs it in one process.
 """
@@ -14,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 from transforms.encode.hashed_batch import HashedBatch
+from transforms.ids.row_order import tie_key
 
 # Hash shards for the earliest-occurrence combine and the join: each shard holds 1/N of the
 # unique hashes, so N = 64 keeps a shard of a 1e9-block export near 15M rows (~600 MB).
@@ -24,14 +26,15 @@ TARGET_SHARD_BYTES = 256 << 20
 MAX_HASH_SHARDS = 4096
 
 OCCURRENCE = np.dtype(
-    [("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("fp", "<u8"), ("pos", "<u4"),
+    [("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("key", "<u8"), ("fp", "<u8"), ("pos", "<u4"),
      ("weight", "<u4"), ("req", "<u4")]
 )
 NUMBERED = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("id", "<i8")])
-# What numbering needs of a first occurrence (36 bytes of the occurrence's 44).
-FIRST = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("fp", "<u8"), ("pos", "<u4")])
+# What numbering needs of a first occurrence (44 bytes of the occurrence's 52).
+FIRST = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("key", "<u8"), ("fp", "<u8"),
+                  ("pos", "<u4")])
 # What a batch sends to the join to get its ids back: the key and where it goes (24 bytes; the
-# whole occurrence is 44).
+# whole occurrence is 52).
 LOOKUP = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("req", "<u4"), ("pos", "<u4")])
 RESOLVED = np.dtype([("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
 
@@ -59,6 +62,7 @@ def block_keys(batch: HashedBatch, block_size: int) -> np.ndarray:
     table = np.empty(len(batch.block_hashes), dtype=OCCURRENCE)
     table["hi"], table["lo"] = batch.block_hashes[:, 0], batch.block_hashes[:, 1]
     table["ts"] = np.repeat(requests["timestamp_ms"], counts)
+    table["key"] = np.repeat(tie_key(requests["input_length"], requests["output_length"]), counts)
     table["fp"] = np.repeat(requests["fingerprint"], counts)
     table["pos"] = batch.block_positions()
     table["req"] = np.repeat(np.arange(len(requests)), counts)
@@ -80,13 +84,15 @@ def session_keys(batch: HashedBatch) -> np.ndarray:
     table = np.empty(len(index), dtype=OCCURRENCE)
     table["hi"], table["lo"] = requests["session_hi"], requests["session_lo"]
     table["ts"], table["fp"] = requests["timestamp_ms"], requests["fingerprint"]
+    table["key"] = tie_key(requests["input_length"], requests["output_length"])
     table["pos"], table["weight"], table["req"] = 0, 1, index
     return table
 
 
 def earliest(table: np.ndarray) -> np.ndarray:
-    """Each distinct key once, at its earliest (ts, fp, pos) occurrence."""
-    order = np.lexsort((table["pos"], table["fp"], table["ts"], table["lo"], table["hi"]))
+    """Each distinct key once, at its earliest (ts, key, fp, pos) occurrence."""
+    order = np.lexsort((table["pos"], table["fp"], table["key"], table["ts"], table["lo"],
+                        table["hi"]))
     ordered = table[order]
     first = np.ones(len(ordered), dtype=bool)
     first[1:] = (ordered["hi"][1:] != ordered["hi"][:-1]) | (ordered["lo"][1:] != ordered["lo"][:-1])
@@ -95,7 +101,8 @@ def earliest(table: np.ndarray) -> np.ndarray:
 
 def number(table: np.ndarray, first_id: int) -> np.ndarray:
     """Dense ids from first_id for distinct keys, in first-seen order (the hash breaks ties)."""
-    order = np.lexsort((table["lo"], table["hi"], table["pos"], table["fp"], table["ts"]))
+    order = np.lexsort((table["lo"], table["hi"], table["pos"], table["fp"], table["key"],
+                        table["ts"]))
     numbered = np.empty(len(table), dtype=NUMBERED)
     numbered["hi"], numbered["lo"] = table["hi"][order], table["lo"][order]
     numbered["id"] = first_id + np.arange(len(table))

@@ -265,7 +265,7 @@ class AssignDenseIds(beam.PTransform):
         """(unseen, known, carried): see LookUpShard and SplitKnown. Without a map everything is
         unseen."""
         nothing = firsts.pipeline | "NoCarriedIds" >> beam.Create([])
-        if "map_files" in prior or "map_rows" in prior:  # numbering needs FIRST's 36 of 44 bytes
+        if "map_files" in prior or "map_rows" in prior:  # numbering needs FIRST's 44 of 52 bytes
             firsts = firsts | "OnlyFirstFields" >> beam.MapTuple(
                 lambda shard, table: (shard, narrowed(table, FIRST))
             ).with_output_types(tuple[int, Any])

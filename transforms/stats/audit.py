@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transforms import storage
+from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
     KEYED_SCHEME,
@@ -421,7 +422,9 @@ class _Rows:
         """What numbering in first-seen order gives, checked in the rows' own order: rows in
         time order; a night's new block ids and sessions first appear as 0, 1, 2, ..."""
         if len(columns):
-            if (np.diff(columns.timestamp) < 0).any() or columns.timestamp[0] < self.last_timestamp:
+            if (not in_published_order(columns.timestamp, columns.input_length,
+                                       columns.output_length)
+                    or columns.timestamp[0] < self.last_timestamp):
                 self.problems.append("rows out of time order")
             self.last_timestamp = int(columns.timestamp[-1])
         sessions = columns.session[columns.session != NO_SESSION]

@@ -218,7 +218,7 @@ def label_occurrences(part: Synthesized) -> np.ndarray:
     table = np.empty(len(part.labels), dtype=OCCURRENCE)
     table["hi"], table["lo"] = hi, lo
     table["ts"] = np.repeat(part.rows["ts_out"], counts)
-    table["fp"] = np.repeat(part.rows["rank"], counts).astype(np.uint64)
+    table["key"], table["fp"] = 0, np.repeat(part.rows["rank"], counts).astype(np.uint64)
     table["pos"] = np.arange(len(part.labels)) - np.repeat(part.offsets[:-1], counts)
     table["req"] = np.repeat(np.arange(len(part)), counts)
     table["weight"] = 1
@@ -235,5 +235,6 @@ def session_occurrences(part: Synthesized) -> np.ndarray:
         digest = xxhash.xxh3_128_intdigest(session_text(part.session[row]).encode())
         table["hi"][i], table["lo"][i] = digest >> 64, digest & ((1 << 64) - 1)
     table["ts"], table["fp"] = part.rows["ts_out"][index], part.rows["rank"][index]
+    table["key"] = 0  # the rank alone orders a synthesized output's rows
     table["pos"], table["weight"], table["req"] = 0, 1, index
     return table

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.encode.hashed_batch import HashedBatch
 from transforms.write.rows import RowBatch
 
 
@@ -48,3 +49,17 @@ def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch
     known = rows["response_ms"] >= 0
     rows["response_ms"][known] = round_to(rows["response_ms"][known], coarsening.timestamp_ms)
     return RowBatch(rows, batch.ids, batch.hashes, batch.output_ids)
+
+
+def published_requests(batch: HashedBatch, origin_ms: int, coarsening: Coarsening) -> HashedBatch:
+    """The requests with their timestamps and output lengths as their rows publish them. Ids
+    are numbered, shards planned and rows sorted on these (ids/row_order.py): raw ones would
+    put the rows of one published time in their finer, unpublished order."""
+    if coarsening.is_identity:
+        return batch
+    requests = batch.requests.copy()
+    requests["timestamp_ms"] = origin_ms + round_to(requests["timestamp_ms"] - origin_ms,
+                                                    coarsening.timestamp_ms)
+    requests["output_length"] = coarse_output_lengths(requests["output_length"],
+                                                      coarsening.output_length)
+    return HashedBatch(requests, batch.block_hashes)

@@ -11,13 +11,14 @@ import xxhash
 
 from transforms.ids.buckets import buckets_of
 from transforms.ids.dense_ids import ids_in_request_order
+from transforms.ids.row_order import published_order
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.trace_format import NO_SESSION
 
 ROW = np.dtype(
     [
         ("timestamp_ms", "<i8"),  # absolute; made relative to the export's origin when written
-        ("fingerprint", "<u8"),  # tie-break for equal timestamps; never written
+        ("fingerprint", "<u8"),  # tie-break for rows equal in all they publish; never written
         ("input_length", "<i8"),
         ("output_length", "<i8"),
         ("session_id", "<i8"),  # NO_SESSION when the request had none
@@ -58,12 +59,13 @@ class RowBatch:
                         None if self.hashes is None else self.hashes[blocks], outputs)
 
     def sorted(self) -> RowBatch:
-        """Timestamp, then content fingerprint, then the published fields and the ids' digest."""
+        """In published order (row_order.py): timestamp and tie key, then content fingerprint,
+        then the other published fields and the ids' digest. Ids are numbered in this order, so
+        the rows must hold published timestamps and output lengths (coarsen.published_requests)."""
         r = self.rows
-        return self.select(
-            np.lexsort((r["ids_digest"], r["response_ms"], r["session_id"], r["output_length"], r["input_length"],
-                        r["fingerprint"], r["timestamp_ms"]))
-        )
+        return self.select(published_order(r["timestamp_ms"], r["input_length"], r["output_length"],
+                                           r["fingerprint"], r["session_id"], r["response_ms"],
+                                           r["ids_digest"]))
 
     def row_ids(self) -> list[np.ndarray]:
         return np.split(self.ids, np.cumsum(self.rows["num_ids"])[:-1]) if len(self.rows) else []

@@ -86,7 +86,7 @@ def write_shard(
     """Sort one shard's rows and write them as JSONL and Parquet; returns (path, sha256) of the
     two. With hashes_directory, the rows' engine block hashes go there too, owner-only
     (block_hashes_bytes)."""
-    ordered = coarsen(RowBatch.concat(list(batches)).sorted(), origin_ms, coarsening)
+    ordered = coarsen(RowBatch.concat(list(batches)), origin_ms, coarsening).sorted()
     if hashes_directory is not None:
         path = storage.join(hashes_directory, f"{BLOCK_HASHES_PREFIX}{shard:05d}-of-{shards:05d}.parquet")
         with storage.create(path, private=True) as handle:

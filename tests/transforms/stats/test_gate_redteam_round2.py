@@ -248,7 +248,6 @@ def _renumbered(columns, order):
                  response_ms=columns.response_ms[order])
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenizer, tmp_path):
     """Rows that share a published timestamp (every row of a granule with
     --timestamp-granularity-ms) may be put in any order as long as ids and sessions are then
