@@ -21,7 +21,6 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 from transforms.trace_format import (
     MAX_OUTPUT_LENGTH,
-    MAX_PUBLISHED_INT,
     MAX_RESPONSE_MS,
     NO_RESPONSE_MS,
     RESPONSE_FIELD,
@@ -38,14 +37,17 @@ from transforms.read.paths import (
 from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, published_shards
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
-# The largest value each numeric field (hash_ids: each id) may hold: what kvtrace writes
-# (trace_format declares it). A row holding more is malformed, whatever wrote it, and every
-# per-second array sized from the trace's span stays bounded (a timestamp of 1e18 would ask for
-# petabytes). Other Mooncake traces' times may also be fractional or negative (validate reports
-# a negative one), within the same bound.
-HIGHEST = {"timestamp": MAX_PUBLISHED_INT - 1, "input_length": MAX_PUBLISHED_INT - 1,
+# The largest value each numeric field (hash_ids: each id) may hold. The readers take other
+# Mooncake traces too (epoch-millisecond times, 64-bit ids), so the bounds are what the reader's
+# int64 arrays and date arithmetic hold, not the tighter ones kvtrace publishes (the gate checks
+# those): a time within ~140 years of the epoch either way, a length or id below 2^63. A row
+# holding more is malformed, whatever wrote it. Times may be fractional or negative (validate
+# reports a negative one).
+MAX_READ_TIMESTAMP_MS = 1 << 42
+MAX_READ_INT = (1 << 63) - 1
+HIGHEST = {"timestamp": MAX_READ_TIMESTAMP_MS, "input_length": MAX_READ_INT,
            "output_length": MAX_OUTPUT_LENGTH, RESPONSE_FIELD: MAX_RESPONSE_MS,
-           "hash_ids": MAX_PUBLISHED_INT - 1}
+           "hash_ids": MAX_READ_INT}
 # The longest trace line read: a row of ~2M block ids, far beyond any kvtrace writes (a
 # 1M-token prompt in blocks of 16 is 62,500 ids, ~0.5 MB). A longer line is malformed, skipped
 # without being held.
