@@ -154,11 +154,12 @@ def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
     deadline_by_end: dict[int, float] = {}
     try:
         begin = time.time()
-        i = 0
+        i, zero_ms = 0, None
         while time.time() < begin + LIVE_SECONDS:
             now_ms = int(time.time() * 1000)
+            zero_ms = now_ms if zero_ms is None else zero_ms  # windows are cut from the first
             publisher.publish(topic, request(i, now_ms))
-            window_end = (now_ms // LIVE_WINDOW_MS + 1) * LIVE_WINDOW_MS
+            window_end = zero_ms + ((now_ms - zero_ms) // LIVE_WINDOW_MS + 1) * LIVE_WINDOW_MS
             deadline_by_end.setdefault(window_end, window_end / 1000)
             i += 1
             for folder in output.glob("window-*"):

@@ -4,22 +4,25 @@ by window.
 messages -> parse -> render, tokenize, chain-hash (the batch pipeline's steps) -> PublishWindows
 
 Event time is each request's own timestamp, whenever the source received it (a backfill of old
-logs is on time). Requests gather by event-time window (--window); once a request past a window's
-end plus the allowed lateness has come in, and the source's watermark (its own clock: when
-records were produced) says everything produced before that one has come in too, or the source
-has been idle for IDLE_MS, the window is a night of the batch job: its ids continue the id map,
-which lives in the runner's keyed state (ids in first-seen order within and across windows), and
-it is numbered and published, whole, into its own folder by the local engine's publish_encoded
-(the same stage functions as every engine), named by its place among the published windows
-(window-000000, ...: no absolute time leaves), its dead letters published with it as a run of
-the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl). A runner
-restored from a checkpoint restores that state with the source's offsets: it publishes again,
-byte for byte, a window it had published after the checkpoint, and ids go on from the
-checkpoint's. With nothing late, the windows concatenated are the batch output of the same
-records, byte for byte. A request whose window is older than one already published is late: a
-dead letter with reason `late`. Records that never became requests (bad JSON, ...) are dead
-letters of the next window published, or, after LETTER_DELAY_S without one, published with the
-cumulative.json that counts them (rejected-letters-000001.jsonl).
+logs is on time). Requests gather by event-time window (--window), cut from the trace's zero
+(the earliest request, fixed once the first window is published, kept in state): window k holds
+[zero + k W, zero + (k + 1) W), so no published time tells the zero's epoch. Once a request
+past a window's end plus the allowed lateness has come in, and the source's watermark (its own
+clock: when records were produced) says everything produced before that one has come in too, or
+the source has been idle for IDLE_MS, the window is a night of the batch job: its ids continue
+the id map, which lives in the runner's keyed state (ids in first-seen order within and across
+windows), and it is numbered and published, whole, into its own folder by the local engine's
+publish_encoded (the same stage functions as every engine), named by its place among the
+published windows (window-000000, ...: no absolute time leaves), its dead letters published with
+it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl).
+A runner restored from a checkpoint restores that state with the source's offsets: it publishes
+again, byte for byte, a window it had published after the checkpoint (cut from the same zero),
+and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
+output of the same records, byte for byte (its zero is the earliest request too). A request whose
+window is older than one already published is late: a dead letter with reason `late`. Records
+that never became requests (bad JSON, ...) are dead letters of the next window published, or,
+after LETTER_DELAY_S without one, published with the cumulative.json that counts them
+(rejected-letters-000001.jsonl).
 
 All windows meet in one key: a window is numbered and written by one worker, as a night is by
 the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
@@ -154,9 +157,14 @@ def window_name(index: int) -> str:
     return f"window-{'~' * (len(digits) - 6)}{digits}"
 
 
-def by_window(batch: HashedBatch, window_ms: int) -> Iterator[tuple[int, HashedBatch]]:
-    """(window start in ms, the batch's requests in that window) for each window present."""
-    starts = batch.requests["timestamp_ms"] // window_ms * window_ms
+def by_window(batch: HashedBatch, origin_ms: int, window_ms: int
+              ) -> Iterator[tuple[int, HashedBatch]]:
+    """(window start in ms, the batch's requests in that window) for each window present, oldest
+    first. Windows are cut from the trace's zero (origin_ms): window k holds [origin + k W,
+    origin + (k + 1) W), so every time the stream publishes is whole windows from the zero.
+    Windows on epoch multiples of W would publish the zero's own epoch modulo W (the first
+    request's minute, second and millisecond within the hour, with hour windows)."""
+    starts = origin_ms + (batch.requests["timestamp_ms"] - origin_ms) // window_ms * window_ms
     for start in np.unique(starts).tolist():
         yield start, batch.select(starts == start)
 
@@ -179,7 +187,9 @@ class Progress:
     """What the stream has published so far (keyed state beside the id map)."""
 
     next_id: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    origin_ms: int | None = None  # the first published window's earliest request: the trace's zero
+    # The trace's zero, which windows are cut from: the earliest request so far until a window
+    # is published, then the earliest plausible one of the first published window, fixed.
+    origin_ms: int | None = None
     published_ms: int | None = None  # start of the last published window
     # Event time is the requests' own; the source's clock (when records were produced, the
     # watermark's) only says when everything before an instant has come in.
@@ -222,6 +232,20 @@ class Progress:
     def next_due_ms(self, config: StreamingConfig) -> int | None:
         return min((self.due_ms(config, w) for w in self.passed_ms), default=None)
 
+    def recut(self, config: StreamingConfig, origin_ms: int,
+              waiting: list[tuple[int, HashedBatch]]) -> list[tuple[int, HashedBatch]]:
+        """Before any window is published, the zero moved to origin_ms (an earlier request came
+        in, or the earliest was a stray clock's): the waiting requests cut again from it. When a
+        request past a new window's deadline came in is known no closer than the latest arrival:
+        the window waits for everything produced before that."""
+        self.origin_ms = origin_ms
+        cut = [part for _, batch in waiting
+               for part in by_window(batch, origin_ms, config.window_ms)]
+        self.passed_ms = {window: self.arrived_ms if self.latest_ms is not None
+                          and config.deadline_ms(window) <= self.latest_ms else None
+                          for window, _ in cut}
+        return cut
+
     def publish(self, window: int) -> str:
         """The folder of an open window published now: named by the windows published before
         it, so a restart restoring this state names it again the same."""
@@ -234,9 +258,10 @@ class Progress:
 
 
 class PublishWindows(beam.DoFn):
-    """Keyed (one key) by design: numbering needs every earlier window's ids. In: (key,
-    (window start, HashedBatch)) or (key, (None, DeadLetter)); out: each published window's
-    manifest."""
+    """Keyed (one key) by design: numbering needs every earlier window's ids, and windows are
+    cut from the trace's zero, which lives in this state. In: (key, HashedBatch or DeadLetter);
+    out: each published window's manifest. Pending: (window start, HashedBatch) or (None,
+    DeadLetter)."""
 
     PENDING = BagStateSpec("pending", PickleCoder())
     ID_MAP = {kind: BagStateSpec(f"map_{kind}", PickleCoder()) for kind in KINDS}
@@ -251,31 +276,44 @@ class PublishWindows(beam.DoFn):
         self._rows = Metrics.counter("kvtrace", "requests_published")
         self._late = Metrics.counter("kvtrace", "requests_late")
 
-    def process(self, element: tuple[Any, tuple[int | None, Any]],
+    def process(self, element: tuple[Any, HashedBatch | DeadLetter],
                 pending=beam.DoFn.StateParam(PENDING),
                 progress_state=beam.DoFn.StateParam(PROGRESS),
                 deadline=beam.DoFn.TimerParam(DEADLINE),
                 letters_due=beam.DoFn.TimerParam(LETTERS)) -> None:
-        window, item = element[1]
+        item = element[1]
         progress = progress_state.read() or Progress()
-        if window is not None and progress.published_ms is not None and \
-                window <= progress.published_ms:
-            item = late_letters(self._config.source, item, progress.last_published())
-            self._late.inc(len(item))
-            window = None
-        if window is None:  # dead letters: out with the next window, or on their own soon
-            for letter in item if isinstance(item, list) else [item]:
-                pending.add((None, letter))
-            if progress.letters_due is None:
-                progress.letters_due = time.time() + LETTER_DELAY_S
-                letters_due.set(Timestamp(seconds=progress.letters_due))
-                progress_state.write(progress)
-            return
-        pending.add((window, item))
-        progress.saw(self._config, window, int(item.requests["timestamp_ms"].max()),
-                     source_now_ms())
-        deadline.set(Timestamp(micros=progress.next_due_ms(self._config) * 1000))
+        letters = [item] if isinstance(item, DeadLetter) else self._wait(item, progress, pending)
+        if progress.passed_ms:
+            deadline.set(Timestamp(micros=progress.next_due_ms(self._config) * 1000))
+        for letter in letters:  # dead letters: out with the next window, or on their own soon
+            pending.add((None, letter))
+        if letters and progress.letters_due is None:
+            progress.letters_due = time.time() + LETTER_DELAY_S
+            letters_due.set(Timestamp(seconds=progress.letters_due))
         progress_state.write(progress)
+
+    def _wait(self, batch: HashedBatch, progress: Progress, pending: Any) -> list[DeadLetter]:
+        """The batch's requests pending in their windows; a dead letter for each whose window
+        is already published."""
+        earliest = int(batch.requests["timestamp_ms"].min())
+        if progress.published_ms is None and (progress.origin_ms is None
+                                              or earliest < progress.origin_ms):
+            items = list(pending.read())
+            pending.clear()
+            waiting = progress.recut(self._config, earliest,
+                                     [entry for entry in items if entry[0] is not None])
+            for entry in waiting + [entry for entry in items if entry[0] is None]:
+                pending.add(entry)
+        late, now_ms = [], source_now_ms()
+        for window, part in by_window(batch, progress.origin_ms, self._config.window_ms):
+            if progress.published_ms is not None and window <= progress.published_ms:
+                late += late_letters(self._config.source, part, progress.last_published())
+                continue
+            pending.add((window, part))
+            progress.saw(self._config, window, int(part.requests["timestamp_ms"].max()), now_ms)
+        self._late.inc(len(late))
+        return late
 
     @on_timer(DEADLINE)
     def publish(self, fired=beam.DoFn.TimestampParam,
@@ -294,6 +332,10 @@ class PublishWindows(beam.DoFn):
         # dead letters, never the stream's origin.
         waiting, strays = keep_plausible_windows(waiting)
         letters += strays
+        if progress.published_ms is None and waiting:  # the first window fixes the zero
+            earliest = min(int(batch.requests["timestamp_ms"].min()) for _, batch in waiting)
+            if earliest != progress.origin_ms:
+                waiting = progress.recut(config, earliest, waiting)
         kept = {window for window, _ in waiting}
         for stray in [w for w in progress.passed_ms if w not in kept]:
             del progress.passed_ms[stray]
@@ -357,8 +399,6 @@ class PublishWindows(beam.DoFn):
             numbered[kind] = dense_ids(keys, lambda _: known, progress.next_id[kind])
             return numbered[kind]
 
-        if progress.origin_ms is None:
-            progress.origin_ms = min(int(b.requests["timestamp_ms"].min()) for b in batches)
         read = sum(len(b) for b in batches) + len(letters)
         published = False
         try:
@@ -380,12 +420,13 @@ class PublishWindows(beam.DoFn):
 
 def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str, int | None]:
     """The stream so far. Its one time is the end of the last published window relative to the
-    trace's zero, rounded as the rows' timestamps are: the zero's own epoch is never published."""
+    trace's zero, counted in whole windows (as they are cut from the zero) whatever the state
+    holds, and rounded as the rows' timestamps are: the zero's own epoch is never published."""
     published_until_ms = None
     if progress.published_ms is not None and progress.origin_ms is not None:
-        published_until_ms = int(round_to(
-            np.int64(progress.published_ms + config.window_ms - progress.origin_ms),
-            config.job.coarsening.timestamp_ms))
+        windows = (progress.published_ms - progress.origin_ms) // config.window_ms + 1
+        published_until_ms = int(round_to(np.int64(windows * config.window_ms),
+                                          config.job.coarsening.timestamp_ms))
     return {"windows": progress.windows, "rows": progress.rows, "rejected": progress.rejected,
             "unique_blocks": progress.next_id["blocks"], "sessions": progress.next_id["sessions"],
             "published_until_ms": published_until_ms}
@@ -452,11 +493,8 @@ def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollecti
             job.emit_output_hashes, job.segment_cache_bytes, job.tokenizer_sha256)).with_outputs(
                 DEAD_LETTER_TAG, main="hashed")
     )
-    windows = encoded.hashed | "ByWindow" >> beam.FlatMap(by_window, config.window_ms)
-    letters = ((parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG]) | "Rejected" >> beam.Flatten()
-               | "NoWindow" >> beam.Map(lambda letter: (None, letter)))
     return (
-        (windows, letters)
+        (encoded.hashed, parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
         | "Everything" >> beam.Flatten()
         | "OneKey" >> beam.Map(lambda item: (0, item))
         | "PublishWindows" >> beam.ParDo(PublishWindows(config))

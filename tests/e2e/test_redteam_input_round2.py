@@ -262,7 +262,6 @@ def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, 
     assert manifest["records"]["exported"] >= 4
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND2)
 @pytest.mark.parametrize("command", [["analyze"], ["validate"], ["simulate", "--capacity", "100"]])
 def test_a_trace_timestamp_past_year_9999_is_a_malformed_row(tmp_path, capsys, command):
     """The same cell in a trace Parquet file (timestamp[s] = 10**12): analyze, validate and

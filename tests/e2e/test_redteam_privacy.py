@@ -10,7 +10,6 @@ pytestmark = pytest.mark.slow
 HOUR = 3_600_000
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_cumulative_json_publishes_the_first_requests_time_within_the_hour(tmp_path):
     """Streaming windows start on epoch multiples of --window-ms (by_window: ts // W * W), and
     cumulative.json's published_until_ms is the last window's end minus the trace's zero: so

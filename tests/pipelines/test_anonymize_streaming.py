@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +30,7 @@ from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_
 from transforms.stats.audit import audit
 from transforms.dead_letters import DeadLetter
 from transforms.errors import ConfigError
-from transforms.write.coarsen import Coarsening
+from transforms.write.coarsen import Coarsening, round_to
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.encode.salt import SaltSource
 
@@ -138,16 +139,74 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     assert streamed == trace_lines(tmp_path / "batch")
 
 
+@pytest.mark.slow  # a streaming pipeline: ~10 s
+def test_windows_are_cut_from_the_traces_zero_and_equal_batch(tiny_tokenizer, tmp_path,
+                                                              monkeypatch):
+    """The first request at 00:37:12.345 of a day, one-minute windows: window k holds [zero + k
+    min, zero + (k + 1) min), not the epoch's minutes (which would publish the zero's seconds
+    and ms). A request earlier than those before it, before any window is published, moves the
+    zero and the windows with it."""
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    zero = 1_767_225_600_000 + 37 * MINUTE + 12_345
+    offsets = [20_000, 0, 59_999, 60_000, 119_000, 150_000]
+    records = [chat(zero + offset, i) for i, offset in enumerate(offsets)]
+    config = streaming_config(tmp_path, tiny_tokenizer)
+    stream = (TestStream().add_elements([message(records[0])])
+              .advance_watermark_to(10)  # long before any window is due: the zero is 20 s
+              .add_elements([message(r) for r in records[1:]])
+              .advance_watermark_to_infinity())
+    run_stream(config, stream)
+    windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
+    published = [[json.loads(line)["timestamp"] for line in trace_lines(w)] for w in windows]
+    assert published == [[0, 20_000, 59_999], [60_000, 119_000], [150_000]]
+    cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
+    assert (cumulative["windows"], cumulative["published_until_ms"]) == (3, 3 * MINUTE)
+    batch_input = write_jsonl(tmp_path / "batch.jsonl", records)
+    assert main(["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer,
+                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    assert [line for w in windows for line in trace_lines(w)] == trace_lines(tmp_path / "batch")
+
+
+def requests_at(*timestamps: int) -> HashedBatch:
+    return HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None)
+                             for i, ts in enumerate(timestamps)])
+
+
+def test_the_zero_moves_only_until_a_window_is_published_and_restores_with_the_state(tmp_path):
+    """Before the first window an earlier request moves the zero: the waiting requests are cut
+    again from it, and a new window whose deadline a request already passed waits for
+    everything produced before the latest arrival. Once a window is published the zero is
+    fixed, in the state a restored runner goes on from: its windows are cut as before."""
+    config = streaming_config(tmp_path, "x")
+    progress = Progress()
+    waiting = progress.recut(config, 90_000, [(0, requests_at(90_000, 130_000))])
+    progress.saw(config, 90_000, 130_000, NOW)
+    waiting = progress.recut(config, 50_000, waiting)  # a request at 50 s came in
+    assert [(start, part.requests["timestamp_ms"].tolist()) for start, part in waiting] == \
+        [(50_000, [90_000]), (110_000, [130_000])]
+    assert progress.passed_ms == {50_000: NOW, 110_000: None}  # 130 s passed 50 s's deadline
+    assert progress.publish(50_000) == "window-000000"
+    restored = pickle.loads(pickle.dumps(progress))  # as the runner's state coder keeps it
+    later = requests_at(20_000, 160_000, 175_000)
+    assert [start for start, _ in by_window(later, restored.origin_ms, MINUTE)] == \
+        [start for start, _ in by_window(later, progress.origin_ms, MINUTE)] == \
+        [-10_000, 110_000, 170_000]  # the first one before the zero: late
+
+
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=30), st.integers(1, 10**6))
-def test_every_request_lands_in_the_one_window_holding_its_timestamp(timestamps, window_ms):
+@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=30), st.integers(1, 10**6),
+       st.integers(0, 2 * 10**7))
+def test_every_request_lands_in_the_one_window_holding_its_timestamp(timestamps, window_ms,
+                                                                     origin_ms):
+    """Windows are cut from the trace's zero, before it too (a request earlier than the zero is
+    late, in a window of its own)."""
     batch = HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None) for i, ts in
                               enumerate(timestamps)])
-    parts = list(by_window(batch, window_ms))
+    parts = list(by_window(batch, origin_ms, window_ms))
     assert sum(len(part) for _, part in parts) == len(timestamps)
     assert [start for start, _ in parts] == sorted({start for start, _ in parts})
     for start, part in parts:
-        assert start % window_ms == 0
+        assert (start - origin_ms) % window_ms == 0
         assert ((start <= part.requests["timestamp_ms"])
                 & (part.requests["timestamp_ms"] < start + window_ms)).all()
 
@@ -224,11 +283,35 @@ def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path
     config = dataclasses.replace(config, job=dataclasses.replace(
         config.job, coarsening=Coarsening(timestamp_ms=10_000)))
     start = 1_767_225_600_000  # 2026-01-01
-    progress = Progress(origin_ms=start + 1_234, published_ms=start + MINUTE, windows=2, rows=9)
+    origin = start + 1_234
+    progress = Progress(origin_ms=origin, published_ms=origin + MINUTE, windows=2, rows=9)
     summary = cumulative_summary(config, progress)
-    assert summary["published_until_ms"] == 120_000  # 2 min - 1.234 s, to 10 s
+    assert summary["published_until_ms"] == 2 * MINUTE  # the second window's end from the zero
     assert all(value is None or value < start for value in summary.values())
     assert cumulative_summary(config, Progress())["published_until_ms"] is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**41), st.integers(-10**9, 10**9), st.integers(1, 10**8),
+       st.integers(1, 10**5), st.integers(0, 2**41))
+def test_cumulative_json_is_the_same_whatever_the_zeros_epoch(origin_ms, offset_ms, window_ms,
+                                                              granularity_ms, shift_ms):
+    """The summary depends on the published window's place from the zero only: the same stream
+    at any other epoch publishes the same figures, a whole number of windows (rounded as rows
+    are) even from a window start off the zero's grid."""
+    config = StreamingConfig(AnonymizeConfig(
+        inputs=(), output="o", staging="s", tokenizer="x", salt=SaltSource("env", "K"),
+        dead_letter="d", coarsening=Coarsening(timestamp_ms=granularity_ms)),
+        "pubsub:projects/p/subscriptions/s", window_ms)
+
+    def summary(origin: int) -> dict:
+        return cumulative_summary(config, Progress(origin_ms=origin,
+                                                   published_ms=origin + offset_ms))
+
+    assert summary(origin_ms) == summary(origin_ms + shift_ms)
+    windows = offset_ms // window_ms + 1
+    assert summary(origin_ms + 10**12)["published_until_ms"] == \
+        round_to(np.int64(windows * window_ms), granularity_ms)
 
 
 def test_kafka_offsets_are_committed_only_with_a_checkpoint():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import posixpath
 from collections.abc import Iterable, Sequence
@@ -20,7 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
-from transforms.trace_format import NO_RESPONSE_MS, RESPONSE_FIELD
+from transforms.trace_format import (
+    MAX_OUTPUT_LENGTH,
+    MAX_RESPONSE_MS,
+    NO_RESPONSE_MS,
+    RESPONSE_FIELD,
+)
 from transforms.read.paths import (
     PARQUET_SUFFIXES,
     NumberedLines,
@@ -33,10 +37,17 @@ from transforms.read.paths import (
 from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, published_shards
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
-# Timestamps in ms, relative (traces start near 0) or epoch (~1.7e12 today): 2^42 ms is year 2109.
-# A value beyond is no trace's, and every per-minute or per-second array sized from the trace's
-# span stays bounded (a timestamp of 1e18 would ask for petabytes).
-MAX_TIMESTAMP_MS = 1 << 42
+# The largest value each numeric field (hash_ids: each id) may hold. The readers take other
+# Mooncake traces too (epoch-millisecond times, 64-bit ids), so the bounds are what the reader's
+# int64 arrays and date arithmetic hold, not the tighter ones kvtrace publishes (the gate checks
+# those): a time within ~140 years of the epoch either way, a length or id below 2^63. A row
+# holding more is malformed, whatever wrote it. Times may be fractional or negative (validate
+# reports a negative one).
+MAX_READ_TIMESTAMP_MS = 1 << 42
+MAX_READ_INT = (1 << 63) - 1
+HIGHEST = {"timestamp": MAX_READ_TIMESTAMP_MS, "input_length": MAX_READ_INT,
+           "output_length": MAX_OUTPUT_LENGTH, RESPONSE_FIELD: MAX_RESPONSE_MS,
+           "hash_ids": MAX_READ_INT}
 # The longest trace line read: a row of ~2M block ids, far beyond any kvtrace writes (a
 # 1M-token prompt in blocks of 16 is 62,500 ids, ~0.5 MB). A longer line is malformed, skipped
 # without being held.
@@ -44,6 +55,8 @@ MAX_TRACE_LINE_BYTES = 16 << 20
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
 # kvtrace publishes conversations as `session` (see write/shards.py); other traces use session_id.
 SESSION_FIELDS = ("session", "session_id")
+READ_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", RESPONSE_FIELD,
+               *SESSION_FIELDS)
 
 
 @dataclass
@@ -220,7 +233,45 @@ def _read_parquet(path: str, opened: IO[bytes] | None = None) -> dict:
                                               "error": f"not a readable Parquet file ({err})"}])
     if _well_typed(table):
         return _columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])
-    return _columns_from_rows(enumerate(table.to_pylist(), 1), path)
+    return _columns_from_rows(enumerate(_parquet_rows(table), 1), path)
+
+
+class _Unread:
+    """A Parquet value of a type no trace field holds (a date, a decimal, a map), left
+    unconverted: Python may not hold it (a date past year 9999), and _row refuses it as a value
+    of no field's kind."""
+
+
+def _parquet_rows(table: pa.Table) -> list[dict]:
+    """Each row's fields (the columns a trace row is read from), as Python values where the
+    column's type is one the field may hold (_readable), else _Unread."""
+    columns = {}
+    for name in table.schema.names:
+        if name in READ_FIELDS:
+            column = table[name]
+            columns[name] = column.to_pylist() if _readable(name, column.type) else \
+                [None if value is None else _Unread() for value in column.is_valid().to_pylist()]
+    return [{name: values[row] for name, values in columns.items()}
+            for row in range(table.num_rows)]
+
+
+def _readable(name: str, type: pa.DataType) -> bool:
+    """Whether a Parquet column's type is one its field's values may have (what _row then checks
+    value by value); sessions may be nested (read as their JSON text) of such types."""
+    if pa.types.is_null(type) or pa.types.is_integer(type):
+        return True
+    if name == "timestamp":
+        return pa.types.is_floating(type)
+    lists = pa.types.is_list(type) or pa.types.is_large_list(type) or \
+        pa.types.is_fixed_size_list(type)  # as other Parquet writers (polars) write them
+    if name == "hash_ids":
+        return lists and _readable("", type.value_type)
+    if name in SESSION_FIELDS:
+        return pa.types.is_string(type) or pa.types.is_large_string(type) \
+            or pa.types.is_floating(type) or pa.types.is_boolean(type) \
+            or (lists and _readable(name, type.value_type)) \
+            or (pa.types.is_struct(type) and all(_readable(name, field.type) for field in type))
+    return False
 
 
 class _Tally:
@@ -303,39 +354,43 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     names = set(table.schema.names)
     if "input_length" not in names:
         return False
-    for name in ("input_length", "output_length"):
-        if name in names and not _counts(table[name]):
+    for name in HIGHEST:  # a null time or length is read row by row; a null response is none
+        if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
             return False
-    if RESPONSE_FIELD in names and not _counts(table[RESPONSE_FIELD], nulls=False):
-        return False
-    if "timestamp" in names:
-        column = table["timestamp"]
-        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-            return False
-        bounds = pa.compute.min_max(column).as_py()
-        if column.null_count or (bounds["min"] is not None and not (
-                -MAX_TIMESTAMP_MS <= bounds["min"] and bounds["max"] <= MAX_TIMESTAMP_MS)):
-            return False  # NaN fails both comparisons
     for name in SESSION_FIELDS:  # sessions are names or numbers; anything else, line by line
         if name in names and not (pa.types.is_string(table[name].type)
                                   or pa.types.is_integer(table[name].type)
                                   or pa.types.is_null(table[name].type)):
             return False
-    if "hash_ids" in names:
-        ids = table["hash_ids"]
-        if not (pa.types.is_list(ids.type) and pa.types.is_integer(ids.type.value_type)):
-            return False
-        if not _counts(pa.compute.list_flatten(ids), nulls=False):
-            return False
     return True
 
 
-def _counts(column: pa.Array | pa.ChunkedArray, nulls: bool = True) -> bool:
-    """Integers in [0, 2^63): what the int64 columns hold (an unsigned column may not fit)."""
-    if not pa.types.is_integer(column.type) or (nulls and column.null_count):
+def _column_fits(name: str, column: pa.Array | pa.ChunkedArray, nulls: bool) -> bool:
+    """Whether every value of a column is one its field may hold (_fits, column-wise)."""
+    if name == "hash_ids":
+        if not (pa.types.is_list(column.type) and pa.types.is_integer(column.type.value_type)):
+            return False
+        column, nulls = pa.compute.list_flatten(column), False
+    if not (pa.types.is_integer(column.type) or (
+            name == "timestamp" and pa.types.is_floating(column.type))):
         return False
+    if (column.null_count and not nulls) or (pa.types.is_floating(column.type)
+                                             and pa.compute.any(pa.compute.is_nan(column)).as_py()):
+        return False  # min_max skips NaN
     bounds = pa.compute.min_max(column).as_py()
-    return bounds["min"] is None or (bounds["min"] >= 0 and bounds["max"] < 1 << 63)
+    return bounds["min"] is None or (_lowest(name) <= bounds["min"]
+                                     and bounds["max"] <= HIGHEST[name])
+
+
+def _fits(name: str, value: object) -> bool:
+    """Whether a value is one a trace field may hold: an integer (a time may be a fraction) in
+    the field's range (NaN is in none)."""
+    kinds = (int, float) if name == "timestamp" else (int,)
+    return type(value) in kinds and _lowest(name) <= value <= HIGHEST[name]
+
+
+def _lowest(name: str) -> int:
+    return -HIGHEST[name] if name == "timestamp" else 0
 
 
 def _columns_from_table(
@@ -392,9 +447,9 @@ def as_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def _scalar_session(value: object) -> object:
     """A session as a name or number; a Parquet column of lists or structs as their JSON text."""
-    if value is None or isinstance(value, (str, int)):
-        return value
-    return json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return value  # _row checks it
 
 
 def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -440,29 +495,18 @@ def _row(raw: bytes | dict) -> dict:
             raise ValueError(f"not JSON ({str(err)[:200]})") from None
     if not isinstance(row, dict):
         raise ValueError("not a JSON object")
-    if not _is_count(row.get("input_length")):
-        raise ValueError("input_length missing or not a non-negative integer")
-    for name in ("output_length",):
-        if name in row and not _is_count(row[name]):
-            raise ValueError(f"{name} is not a non-negative integer")
-    timestamp = row.get("timestamp", 0)
-    if timestamp is None:
-        timestamp = row["timestamp"] = 0
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-        raise ValueError("timestamp is not a number")
-    if not -MAX_TIMESTAMP_MS <= timestamp <= MAX_TIMESTAMP_MS:
-        raise ValueError(f"timestamp {timestamp!r} ms is beyond any trace's (|t| > 2^42)")
-    if row.get("output_length") is None:
-        row.pop("output_length", None)
+    if row.get("timestamp") is None:
+        row["timestamp"] = 0
     if row.get(RESPONSE_FIELD) is None:
         row.pop(RESPONSE_FIELD, None)
-    elif not _is_count(row[RESPONSE_FIELD]):
-        raise ValueError(f"{RESPONSE_FIELD} is not a non-negative integer")
-    hash_ids = row.setdefault("hash_ids", [])
-    if hash_ids is None:
-        hash_ids = row["hash_ids"] = []
-    if not isinstance(hash_ids, list) or not all(_is_count(i) for i in hash_ids):
-        raise ValueError("hash_ids is not a list of non-negative 64-bit integers")
+    if row.get("hash_ids") is None:
+        row["hash_ids"] = []
+    if "input_length" not in row:
+        raise ValueError("input_length missing")
+    for name in HIGHEST:
+        values = row[name] if name == "hash_ids" else [row.get(name, 0)]
+        if not isinstance(values, list) or not all(_fits(name, value) for value in values):
+            raise ValueError(f"{name} is not {_described(name)} (what kvtrace writes)")
     for name in SESSION_FIELDS:
         session = row.get(name)
         if session is not None and (isinstance(session, bool)
@@ -471,6 +515,8 @@ def _row(raw: bytes | dict) -> dict:
     return row
 
 
-def _is_count(value: object) -> bool:
-    """A non-negative integer that fits the int64 columns traces are read into."""
-    return type(value) is int and 0 <= value < 1 << 63
+def _described(name: str) -> str:
+    """What a field may hold, as _fits checks it."""
+    value = "a number" if name == "timestamp" else "an integer"
+    listed = "a list, each " if name == "hash_ids" else ""
+    return f"{listed}{value} in [{_lowest(name)}, {HIGHEST[name]}]"
