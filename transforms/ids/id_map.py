@@ -24,8 +24,8 @@ Durability and integrity: segment files are synced before the version listing th
 a version records every file's sha256 and size (checked when read, segments.SegmentFile) and
 is keyed by a MAC from the run's salt (map_record.py): every read of a version checks it first,
 then every field; every row group read is checked against its digest, every row against its
-shard and next_id (segments.py). A commit checks the map against the version its mark beside
-the salt file anchors (anchor.py): a map rolled back or replaced is not extended. A map
+shard and next_id (segments.py). A commit checks the map against the version its mark in the
+folder of marks anchors (anchor.py): a map rolled back or replaced is not extended. A map
 whose versions are gone but whose segments remain is refused, never taken for a new map (that
 would restart ids and delete the segments); every file is owner-only.
 """
@@ -490,6 +490,7 @@ def publish_night(
     directory: str,
     base: MapVersion,
     salt: SaltSource,
+    marks: str,
     compacted: bool,
     hash_shards: int,
     block_files: list[SegmentFile],
@@ -500,10 +501,10 @@ def publish_night(
 ) -> int:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
-    version its mark beside the salt file names (anchor.py); returns the map's version after
+    version its mark in the folder of marks names (anchor.py); returns the map's version after
     it."""
     key = map_key(salt.load())
-    mark = mark_path(salt, directory)
+    mark = mark_path(marks, directory)
     check_anchor(mark, directory, base.version,
                  lambda number: _record_raw(version_path(directory, number)), key)
     new = next_version(
