@@ -41,12 +41,14 @@ import numpy as np
 
 from transforms import storage
 from transforms.encode.salt import SaltSource
+from transforms.encode.timestamp_kinds import KIND_WORDS
 from transforms.errors import IdMapError, JobStopped
 from transforms.ids.anchor import advance_anchor, check_anchor, mark_path
 from transforms.ids.dense_ids import NUMBERED
 from transforms.ids.exclusive import create_exclusive, temp_name
 from transforms.ids.map_record import (
     FORMAT_VERSION,
+    KEYLESS_FORMAT,
     KINDS,
     MAP_FORMAT,
     MAX_IDS,
@@ -57,6 +59,7 @@ from transforms.ids.map_record import (
     keyed,
     keyed_from_keyless,
     map_key,
+    origin_kind,
     read_keyless_record,
     read_record,
 )
@@ -67,6 +70,7 @@ from transforms.ids.segments import (
     merge_segment,
     write_segment,
 )
+from transforms.read.timestamps import timestamp_kind
 
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
@@ -134,6 +138,11 @@ class MapVersion:
                                              self.next_id[kind]))
                 for name in sorted(self.files[kind])]
 
+    @property
+    def timestamp_kind(self) -> str | None:
+        """The kind of time (relative or epoch) of the origin, so of every night of the map."""
+        return origin_kind(self.timestamp_origin_ms)
+
     def segments(self, kind: str) -> int:
         return len({path.split("/")[1] for path in self.files[kind]})
 
@@ -149,6 +158,7 @@ class MapVersion:
             "version": self.version,
             **self.identity.__dict__,
             "timestamp_origin_ms": self.timestamp_origin_ms,
+            "timestamp_kind": self.timestamp_kind,
             "next_id": self.next_id,
             "files": self.files,
             "hash_shards": self.hash_shards,
@@ -199,7 +209,7 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
     for number in range(1, current_version_number(directory) + 1):
         path = version_path(directory, number)
         raw = _record_raw(path)
-        if format_of(raw, path) == FORMAT_VERSION:
+        if format_of(raw, path) != KEYLESS_FORMAT:
             read_version_record(directory, number, key)
             continue
         data = read_keyless_record(raw, path)
@@ -431,6 +441,23 @@ def next_version(
     )
 
 
+def check_night_kind(directory: str, base: MapVersion, earliest_ms: list[int]) -> None:
+    """Refuse a night whose timestamps are of another kind than the map's origin (relative
+    offsets against epoch dates, or the reverse): its published times, counted from that
+    origin, would be wall-clock dates (or negative). The night's own minority kind is dead
+    lettered already (encode/timestamp_kinds.py): what remains is its bulk, one kind."""
+    night = {timestamp_kind(ms) for ms in earliest_ms}
+    if base.timestamp_kind is not None and night - {base.timestamp_kind}:
+        other = (night - {base.timestamp_kind}).pop()
+        raise JobStopped(
+            f"this night's timestamps are {KIND_WORDS[other][1]}, but the id map {directory} "
+            f"began on {KIND_WORDS[base.timestamp_kind][1]} (its origin "
+            f"{base.timestamp_origin_ms} ms): counted from that origin they would not be times "
+            f"since the map's first request (epoch dates would publish the wall clock). "
+            f"Anonymize them with a map of their own kind; the map was not "
+            f"extended and no trace was published")
+
+
 def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
@@ -503,6 +530,7 @@ def publish_night(
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); returns the map's version after
     it."""
+    check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
     mark = mark_path(marks, directory)
     check_anchor(mark, directory, base.version,
