@@ -29,7 +29,7 @@ from typing import Any
 from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.errors import IdMapError, JobStopped
-from transforms.ids.exclusive import remove_stale_temp_files, temp_name
+from transforms.ids.exclusive import remove_stale_temp_files, replace_file
 from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
@@ -129,7 +129,4 @@ def advance_anchor(path: str, directory: str, version: int, record: bytes,
     folder = path.rsplit("/", 1)[0]
     storage.make_folder(folder, private=True)
     remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
-    staged = temp_name(path)
-    with storage.create(staged, private=True) as handle:
-        handle.write(mark_bytes(directory, version, record, key))
-    storage.rename(staged, path)
+    replace_file(path, mark_bytes(directory, version, record, key))

@@ -45,7 +45,7 @@ from transforms.encode.timestamp_kinds import KIND_WORDS
 from transforms.errors import IdMapError, JobStopped
 from transforms.ids.anchor import advance_anchor, check_anchor, mark_path
 from transforms.ids.dense_ids import NUMBERED
-from transforms.ids.exclusive import create_exclusive, temp_name
+from transforms.ids.exclusive import create_exclusive, replace_file
 from transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
@@ -219,11 +219,7 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
                              f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
         unkeyed[number] = data
     for number, data in unkeyed.items():
-        path = version_path(directory, number)
-        staged = temp_name(path)
-        with storage.create(staged, private=True) as handle:
-            handle.write(keyed_from_keyless(data, key))
-        storage.rename(staged, path)
+        replace_file(version_path(directory, number), keyed_from_keyless(data, key))
     if unkeyed:
         storage.sync_folder(storage.join(directory, "versions"))
     return list(unkeyed)
@@ -292,11 +288,6 @@ def _read_json(path: str) -> Any:
 
 def _json_bytes(payload: dict[str, Any]) -> bytes:
     return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
-
-
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    with storage.create(path, private=True) as handle:
-        handle.write(_json_bytes(payload))
 
 
 def current_version_number(directory: str) -> int:
@@ -505,10 +496,7 @@ def _new_folders(directory: str, base: MapVersion, new: MapVersion) -> list[str]
 
 
 def _switch_current(directory: str, version: int) -> None:
-    pointer = storage.join(directory, CURRENT)
-    staged = temp_name(pointer)
-    _write_json(staged, {"version": version})
-    storage.rename(staged, pointer)
+    replace_file(storage.join(directory, CURRENT), _json_bytes({"version": version}))
     storage.sync_folder(directory)
 
 
