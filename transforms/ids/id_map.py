@@ -225,6 +225,29 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
     return list(unkeyed)
 
 
+def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]]:
+    """What `kvtrace id-map upgrade` does: check the map against its mark as a commit would
+    (a map built before keying has none; one anchored must be at or past it), key its format-3
+    records (key_format_3_map), then mark its published version. Returns that version and the
+    versions keyed."""
+    number = current_version_number(directory)
+    if number == 0:
+        raise IdMapError(f"{directory} holds no id map version (no {CURRENT}, no versions/): "
+                         f"nothing to upgrade")
+    mark = mark_path(marks, directory)
+    try:  # before anything is rewritten; refused as a run is refused before it starts
+        check_anchor(mark, directory, number,
+                     lambda marked: _record_raw(version_path(directory, marked)), key)
+    except JobStopped as err:
+        raise IdMapError(str(err)) from None
+    keyed_now = key_format_3_map(directory, key)
+    path = version_path(directory, number)
+    record = _record_raw(path)
+    read_record(record, path, key)  # the bytes marked are the bytes verified
+    advance_anchor(mark, directory, number, record, key)
+    return number, keyed_now
+
+
 def relative_index(name: str) -> str:
     return index_path(name)
 

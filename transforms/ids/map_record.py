@@ -116,7 +116,8 @@ def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
         raise IdMapError(
             f"{where} is of id map format {KEYLESS_FORMAT}: unkeyed, so anyone can rewrite it, "
             f"and a keyed map's record rewritten so is an edit. If this map was built before "
-            f"keying, key it once with its salt (docs/ID_MAP.md, 'Format 3 maps'); otherwise "
+            f"keying, key it once with its salt (kvtrace id-map upgrade MAP --salt-file ...; "
+            f"docs/ID_MAP.md, 'Format 3 maps'); otherwise "
             f"restore the id map from a backup. Nothing was read or written.")
     _verify_mac(data, raw, where, key)
     _check_fields(data, where)
