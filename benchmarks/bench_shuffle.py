@@ -58,7 +58,7 @@ def main() -> None:
                                    tokenization_fingerprint(load_tokenizer(args.tokenizer)))
             write_map(work / "map", args.map_ids, identity)
             id_map = IdMapRun(str(work / "map"), open_map(str(work / "map"), identity,
-                                                          map_key(SALT)))
+                                                          map_key(SALT)), str(work / "marks"))
         config = AnonymizeConfig(
             inputs=tuple(file_sizes([str(night)])), output=str(work / "out"),
             staging=str(work / "staging"),

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from kvtrace import __version__
-from kvtrace.commands import analyze, anonymize, cache, check, convert, replay, synthesize
+from kvtrace.commands import (analyze, anonymize, cache, check, convert, id_map, replay,
+                              synthesize)
 from kvtrace.commands.common import BeamFlags
 from kvtrace.options import refuse_stray_words
 from pipelines.processes import end_descendants, quiet_thread
@@ -37,7 +38,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
     "anonymize": anonymize.run, "analyze": analyze.run, "reuse": cache.reuse,
     "simulate": cache.simulate, "report": cache.report, "synthesize": synthesize.run,
     "validate": check.validate, "audit": check.audit, "convert": convert.run,
-    "render": replay.run, "export": replay.export,
+    "render": replay.run, "export": replay.export, "id-map": id_map.run,
 }
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_parser(commands)
     replay.add_parser(commands)
     replay.add_export_parser(commands)
+    id_map.add_parsers(commands)
     return parser
 
 

@@ -214,6 +214,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             id_map.directory,
             id_map.base,
             config.salt,
+            id_map.marks,
             config.compacts_map,
             config.hash_shards,
             beam.pvalue.AsList(blocks["segment_files"]),

@@ -41,11 +41,13 @@ TOKENIZE_BATCH_BYTES = 8 << 20
 
 @dataclass(frozen=True)
 class IdMapRun:
-    """The id map a run extends: its directory and the version the run starts from (version 0
-    for a new map), already checked against the run's settings (id_map.open_map)."""
+    """The id map a run extends: its directory, the version the run starts from (version 0
+    for a new map), already checked against the run's settings (id_map.open_map), and the
+    folder of marks that anchors its published version (anchor.py)."""
 
     directory: str
     base: MapVersion
+    marks: str
     run_id: str = field(default_factory=new_run_id)  # names this run's segment files
 
 

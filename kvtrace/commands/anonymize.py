@@ -86,6 +86,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--id-map", metavar="DIR",
         help="persisted hash->id map to extend, so ids carry over between runs (a new one is "
              "started if DIR has none); needs a persistent salt")
+    add("--id-map-marks", metavar="DIR",
+        help="folder, outside the id map and not writable by the map's writers, where each "
+             "commit marks the map's version so that a rolled-back map is refused (default: "
+             "SALT_FILE.id-map-marks beside --salt-file; required with --salt-secret or "
+             f"${SALT_ENV})")
     add("--date", metavar="YYYY-MM-DD",
         help="fills {date} ({yyyy}, {mm}, {dd}) in --input, --output, --dead-letter, --id-map")
     add("--chat-template-kwargs", metavar="JSON",
@@ -284,21 +289,23 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     stream = _stream_source(options)
     files = [] if stream else expand_inputs(options["input"])
     configs = [config_path(p) for arg in args.config for p in arg.split(",") if p]
+    salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
+    marks = _marks(options, salt)
     plan_locations([*([] if stream else [*options["input"], *files]),
                     *local_reads(options.get("tokenizer"), options.get("salt_file"), *configs)], [
         Location("--output", output, FOLDER, writer="anonymize"),
         Location("--dead-letter", dead_letter, FOLDER, private=True),
         Location("--id-map", options.get("id_map") or "", FOLDER, private=True),
+        Location("--id-map-marks", marks, FOLDER, private=True),
         Location("--emit-block-hashes", "" if hashes is None else
                  folded(hashes or f"{output}-block-hashes"), FOLDER, private=True)])
-    salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
     tokenizer = load_tokenizer(options["tokenizer"])
     sha256 = tokenizer_sha256(options["tokenizer"])
     id_map = None
     if options.get("id_map"):
-        id_map = _open_id_map(options, salt, fingerprint, sha256,
+        id_map = _open_id_map(options, salt, marks, fingerprint, sha256,
                               tokenization_fingerprint(tokenizer), scheme)
     run_id = id_map.run_id if id_map else new_run_id()
     # A batch run's letters are staged with it and published with it; a stream's windows
@@ -475,7 +482,22 @@ def _hash_scheme(options: dict[str, Any]) -> Any:
     return HashScheme(name, raw)
 
 
-def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: dict,
+def _marks(options: dict[str, Any], salt: Any) -> str:
+    """The id map's folder of marks (anchor.marks_folder); none without a map."""
+    from transforms.ids.anchor import marks_folder
+    from transforms.write.publish import folded
+
+    given = options.get("id_map_marks")
+    if not options.get("id_map"):
+        if given:
+            raise ConfigError("--id-map-marks anchors an id map: give it with --id-map")
+        return ""
+    if not salt.persistent:
+        return ""  # refused by _open_id_map, saying why
+    return marks_folder(salt, folded(given) if given else None)
+
+
+def _open_id_map(options: dict[str, Any], salt: Any, marks: str, fingerprint: str, sha256: dict,
                  tokenization: str, scheme: Any) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
@@ -509,7 +531,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, fingerprint: str, sha256: d
         _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
     _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
               base.next_id["blocks"], base.next_id["sessions"])
-    return IdMapRun(directory, base)
+    return IdMapRun(directory, base, marks)
 
 
 def _read_json(path: str) -> dict:

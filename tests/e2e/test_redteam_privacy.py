@@ -55,7 +55,6 @@ def test_row_order_within_a_coarse_timestamp_publishes_the_finer_order(tiny_toke
     assert published[0] == published[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_an_id_map_begun_on_relative_times_publishes_a_later_nights_epoch(tiny_tokenizer,
                                                                           tmp_path):
     """Within one input a relative time among epoch dates is a dead letter

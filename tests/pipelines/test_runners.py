@@ -79,7 +79,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
         tokenizer="deepseek-ai/DeepSeek-R1",
         salt=SaltSource("file", "gs://kvtrace-secrets/salt"),
         dead_letter="gs://kvtrace-traces/2026-11-20-rejected",
-        id_map=IdMapRun("gs://kvtrace-maps/deepseek-r1", base),
+        id_map=IdMapRun("gs://kvtrace-maps/deepseek-r1", base, "gs://kvtrace-secrets/marks"),
     )
     options = PipelineOptions([
         "--runner=DataflowRunner", "--project=kvtrace-test", "--region=europe-west4",

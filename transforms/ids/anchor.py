@@ -1,18 +1,20 @@
-"""An id map's published version, anchored outside the map: a mark beside the salt file.
+"""An id map's published version, anchored outside the map: a mark in a folder of marks.
 
 The map's records are keyed, but every version a map ever had is valid: a map whose files are
 all replaced by an older version's (a restored backup, or an edit that needs no salt) reads
 cleanly, and its next night would number from the older next_id again, giving new keys ids
-that published traces already use. What a writer of the map cannot change is the salt's
-folder, so each commit leaves there, per map directory, the version it published and its
-record's sha256, MAC'd with the map's key:
+that published traces already use. So each commit leaves, in a folder the map's writers cannot
+write, per map directory, the version it published and its record's sha256, MAC'd with the
+map's key:
 
-    SALT_FILE.id-map-marks/<sha256 of the map directory>.json
+    MARKS/<sha256 of the map directory>.json
 
-A commit first checks the map it extends against its mark: the map must have reached the
-marked version and still hold that very record (it descends from it); anything else stops the
-night with nothing published. A map without a mark (its first commit, or a salt that is not a
-file: an environment variable or a secret manager has no folder beside it) is not anchored.
+MARKS is --id-map-marks, by default SALT_FILE.id-map-marks beside a salt file. A salt from the
+environment or a secret manager has no folder beside it, so a run with one names the folder or
+is refused (marks_folder): every map is anchored, whatever holds its salt. A commit first
+checks the map it extends against its mark: the map must have reached the marked version and
+still hold that very record (it descends from it); anything else stops the night with nothing
+published. Only a map's first commit finds no mark.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from typing import Any
 
 from transforms import storage
 from transforms.encode.salt import SaltSource
-from transforms.errors import JobStopped
-from transforms.ids.exclusive import remove_stale_temp_files, temp_name
+from transforms.errors import IdMapError, JobStopped
+from transforms.ids.exclusive import remove_stale_temp_files, replace_file
 from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
@@ -42,12 +44,25 @@ def map_location(directory: str) -> str:
     return directory if storage.is_url(directory) else os.path.abspath(directory)
 
 
-def mark_path(salt: SaltSource, directory: str) -> str | None:
-    """Where the map's mark lives; None when the salt is not a file (nowhere beside it)."""
-    if salt.kind != "file":
-        return None
+def marks_folder(salt: SaltSource, given: str | None) -> str:
+    """Where a run's marks go: the folder given, else beside the salt file; a salt that is no
+    file (an environment variable, a secret manager) has nothing beside it, so then the folder
+    must be given: a map that is not anchored could be rolled back unnoticed."""
+    if given:
+        return given.rstrip("/") or "/"
+    if salt.kind == "file":
+        return salt.where + MARKS
+    raise IdMapError(
+        f"--id-map with the salt from {salt.describe()} needs --id-map-marks DIR: a folder, "
+        f"outside the map and not writable by whoever can write the map, where each commit "
+        f"marks the version it published (a salt file keeps them beside it; docs/ID_MAP.md, "
+        f"'Rollback'). Nothing was read or written.")
+
+
+def mark_path(marks: str, directory: str) -> str:
+    """The map's mark in the folder of marks: one per map directory."""
     name = hashlib.sha256(map_location(directory).encode()).hexdigest()[:32]
-    return storage.join(salt.where + MARKS, f"{name}.json")
+    return storage.join(marks, f"{name}.json")
 
 
 def mark_bytes(directory: str, version: int, record: bytes, key: MapKey) -> bytes:
@@ -71,7 +86,7 @@ def read_mark(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
         raise JobStopped(
             f"the id map's mark {path} does not verify with this run's salt or names another "
             f"map: it was altered, or belongs to another salt. Restore it from the backup of "
-            f"the salt's folder; the map was not extended and no trace was published")
+            f"the folder of marks; the map was not extended and no trace was published")
     return mark
 
 
@@ -85,12 +100,12 @@ def _is_mark(mark: Any, raw: bytes, directory: str, key: MapKey) -> bool:
                                                key)))
 
 
-def check_anchor(path: str | None, directory: str, version: int,
+def check_anchor(path: str, directory: str, version: int,
                  record_of: Callable[[int], bytes], key: MapKey) -> None:
     """Refuse to extend a map that is not at or past its marked version, or no longer holds
     the marked record (rolled back, or replaced by another map). record_of(number) gives a
     version's record bytes as stored."""
-    mark = read_mark(path, directory, key) if path else None
+    mark = read_mark(path, directory, key)
     if mark is None:
         return
     marked = mark["version"]
@@ -104,19 +119,14 @@ def check_anchor(path: str | None, directory: str, version: int,
             f"another directory; the map was not extended and no trace was published")
 
 
-def advance_anchor(path: str | None, directory: str, version: int, record: bytes,
+def advance_anchor(path: str, directory: str, version: int, record: bytes,
                    key: MapKey) -> None:
     """Mark `version` (whose record bytes are `record`) as published, unless the mark is at it
     or past it already; staged and renamed, owner-only."""
-    if path is None:
-        return
     mark = read_mark(path, directory, key)
     if mark is not None and mark["version"] >= version:
         return
     folder = path.rsplit("/", 1)[0]
     storage.make_folder(folder, private=True)
     remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
-    staged = temp_name(path)
-    with storage.create(staged, private=True) as handle:
-        handle.write(mark_bytes(directory, version, record, key))
-    storage.rename(staged, path)
+    replace_file(path, mark_bytes(directory, version, record, key))

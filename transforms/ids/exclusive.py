@@ -36,6 +36,16 @@ def create_exclusive(path: str, data: bytes) -> bool:
     return True
 
 
+def replace_file(path: str, data: bytes) -> None:
+    """Write data in path's place, whatever it held: staged owner-only beside it under a temp
+    name, then renamed over it, so that a reader finds the old bytes or the new, never part
+    (the id map's files that are rewritten: CURRENT, a record keyed once, a mark)."""
+    staged = temp_name(path)
+    with storage.create(staged, private=True) as handle:
+        handle.write(data)
+    storage.rename(staged, path)
+
+
 def temp_name(path: str) -> str:
     """A private temp name beside path, naming the process that writes it, so that a later run
     can tell a killed writer's leftover (remove_stale_temp_files) from a live one's."""

@@ -24,8 +24,8 @@ Durability and integrity: segment files are synced before the version listing th
 a version records every file's sha256 and size (checked when read, segments.SegmentFile) and
 is keyed by a MAC from the run's salt (map_record.py): every read of a version checks it first,
 then every field; every row group read is checked against its digest, every row against its
-shard and next_id (segments.py). A commit checks the map against the version its mark beside
-the salt file anchors (anchor.py): a map rolled back or replaced is not extended. A map
+shard and next_id (segments.py). A commit checks the map against the version its mark in the
+folder of marks anchors (anchor.py): a map rolled back or replaced is not extended. A map
 whose versions are gone but whose segments remain is refused, never taken for a new map (that
 would restart ids and delete the segments); every file is owner-only.
 """
@@ -41,12 +41,14 @@ import numpy as np
 
 from transforms import storage
 from transforms.encode.salt import SaltSource
+from transforms.encode.timestamp_kinds import KIND_WORDS
 from transforms.errors import IdMapError, JobStopped
 from transforms.ids.anchor import advance_anchor, check_anchor, mark_path
 from transforms.ids.dense_ids import NUMBERED
-from transforms.ids.exclusive import create_exclusive, temp_name
+from transforms.ids.exclusive import create_exclusive, replace_file
 from transforms.ids.map_record import (
     FORMAT_VERSION,
+    KEYLESS_FORMAT,
     KINDS,
     MAP_FORMAT,
     MAX_IDS,
@@ -57,6 +59,7 @@ from transforms.ids.map_record import (
     keyed,
     keyed_from_keyless,
     map_key,
+    origin_kind,
     read_keyless_record,
     read_record,
 )
@@ -67,6 +70,7 @@ from transforms.ids.segments import (
     merge_segment,
     write_segment,
 )
+from transforms.read.timestamps import timestamp_kind
 
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
@@ -134,6 +138,11 @@ class MapVersion:
                                              self.next_id[kind]))
                 for name in sorted(self.files[kind])]
 
+    @property
+    def timestamp_kind(self) -> str | None:
+        """The kind of time (relative or epoch) of the origin, so of every night of the map."""
+        return origin_kind(self.timestamp_origin_ms)
+
     def segments(self, kind: str) -> int:
         return len({path.split("/")[1] for path in self.files[kind]})
 
@@ -149,6 +158,7 @@ class MapVersion:
             "version": self.version,
             **self.identity.__dict__,
             "timestamp_origin_ms": self.timestamp_origin_ms,
+            "timestamp_kind": self.timestamp_kind,
             "next_id": self.next_id,
             "files": self.files,
             "hash_shards": self.hash_shards,
@@ -199,7 +209,7 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
     for number in range(1, current_version_number(directory) + 1):
         path = version_path(directory, number)
         raw = _record_raw(path)
-        if format_of(raw, path) == FORMAT_VERSION:
+        if format_of(raw, path) != KEYLESS_FORMAT:
             read_version_record(directory, number, key)
             continue
         data = read_keyless_record(raw, path)
@@ -209,14 +219,33 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
                              f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
         unkeyed[number] = data
     for number, data in unkeyed.items():
-        path = version_path(directory, number)
-        staged = temp_name(path)
-        with storage.create(staged, private=True) as handle:
-            handle.write(keyed_from_keyless(data, key))
-        storage.rename(staged, path)
+        replace_file(version_path(directory, number), keyed_from_keyless(data, key))
     if unkeyed:
         storage.sync_folder(storage.join(directory, "versions"))
     return list(unkeyed)
+
+
+def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]]:
+    """What `kvtrace id-map upgrade` does: check the map against its mark as a commit would
+    (a map built before keying has none; one anchored must be at or past it), key its format-3
+    records (key_format_3_map), then mark its published version. Returns that version and the
+    versions keyed."""
+    number = current_version_number(directory)
+    if number == 0:
+        raise IdMapError(f"{directory} holds no id map version (no {CURRENT}, no versions/): "
+                         f"nothing to upgrade")
+    mark = mark_path(marks, directory)
+    try:  # before anything is rewritten; refused as a run is refused before it starts
+        check_anchor(mark, directory, number,
+                     lambda marked: _record_raw(version_path(directory, marked)), key)
+    except JobStopped as err:
+        raise IdMapError(str(err)) from None
+    keyed_now = key_format_3_map(directory, key)
+    path = version_path(directory, number)
+    record = _record_raw(path)
+    read_record(record, path, key)  # the bytes marked are the bytes verified
+    advance_anchor(mark, directory, number, record, key)
+    return number, keyed_now
 
 
 def relative_index(name: str) -> str:
@@ -282,11 +311,6 @@ def _read_json(path: str) -> Any:
 
 def _json_bytes(payload: dict[str, Any]) -> bytes:
     return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
-
-
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    with storage.create(path, private=True) as handle:
-        handle.write(_json_bytes(payload))
 
 
 def current_version_number(directory: str) -> int:
@@ -431,6 +455,23 @@ def next_version(
     )
 
 
+def check_night_kind(directory: str, base: MapVersion, earliest_ms: list[int]) -> None:
+    """Refuse a night whose timestamps are of another kind than the map's origin (relative
+    offsets against epoch dates, or the reverse): its published times, counted from that
+    origin, would be wall-clock dates (or negative). The night's own minority kind is dead
+    lettered already (encode/timestamp_kinds.py): what remains is its bulk, one kind."""
+    night = {timestamp_kind(ms) for ms in earliest_ms}
+    if base.timestamp_kind is not None and night - {base.timestamp_kind}:
+        other = (night - {base.timestamp_kind}).pop()
+        raise JobStopped(
+            f"this night's timestamps are {KIND_WORDS[other][1]}, but the id map {directory} "
+            f"began on {KIND_WORDS[base.timestamp_kind][1]} (its origin "
+            f"{base.timestamp_origin_ms} ms): counted from that origin they would not be times "
+            f"since the map's first request (epoch dates would publish the wall clock). "
+            f"Anonymize them with a map of their own kind; the map was not "
+            f"extended and no trace was published")
+
+
 def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
@@ -478,10 +519,7 @@ def _new_folders(directory: str, base: MapVersion, new: MapVersion) -> list[str]
 
 
 def _switch_current(directory: str, version: int) -> None:
-    pointer = storage.join(directory, CURRENT)
-    staged = temp_name(pointer)
-    _write_json(staged, {"version": version})
-    storage.rename(staged, pointer)
+    replace_file(storage.join(directory, CURRENT), _json_bytes({"version": version}))
     storage.sync_folder(directory)
 
 
@@ -490,6 +528,7 @@ def publish_night(
     directory: str,
     base: MapVersion,
     salt: SaltSource,
+    marks: str,
     compacted: bool,
     hash_shards: int,
     block_files: list[SegmentFile],
@@ -500,10 +539,11 @@ def publish_night(
 ) -> int:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
-    version its mark beside the salt file names (anchor.py); returns the map's version after
+    version its mark in the folder of marks names (anchor.py); returns the map's version after
     it."""
+    check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
-    mark = mark_path(salt, directory)
+    mark = mark_path(marks, directory)
     check_anchor(mark, directory, base.version,
                  lambda number: _record_raw(version_path(directory, number)), key)
     new = next_version(

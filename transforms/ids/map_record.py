@@ -33,13 +33,18 @@ from transforms.encode.blocks import salt_fingerprint
 from transforms.errors import IdMapError
 from transforms.ids.dense_ids import MAX_HASH_SHARDS
 from transforms.ids.segments import index_path
-from transforms.read.timestamps import EPOCH_CEILING_MS
+from transforms.read.timestamps import EPOCH, EPOCH_CEILING_MS, RELATIVE, timestamp_kind
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.
 # 3: every file's checksum and the version's own recorded and verified.
 # 4: the version keyed by a MAC instead of its own sha256.
-FORMAT_VERSION = 4
+# 5: the kind of time the map's origin is (relative or epoch) recorded beside it.
+FORMAT_VERSION = 5
+# Keyed before the kind was recorded: proved by its MAC as format 5 is, and its kind is its
+# origin's (read/timestamps.timestamp_kind, the rule that named it), so it is read as it is and
+# the map's next commit writes format 5.
+UNKINDED_FORMAT = 4
 KEYLESS_FORMAT = 3  # read only to key it (id_map.key_format_3_map)
 KINDS = ("blocks", "sessions")
 MAC_CONTEXT = b"kvtrace id-map mac v1"
@@ -111,7 +116,8 @@ def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
         raise IdMapError(
             f"{where} is of id map format {KEYLESS_FORMAT}: unkeyed, so anyone can rewrite it, "
             f"and a keyed map's record rewritten so is an edit. If this map was built before "
-            f"keying, key it once with its salt (docs/ID_MAP.md, 'Format 3 maps'); otherwise "
+            f"keying, key it once with its salt (kvtrace id-map upgrade MAP --salt-file ...; "
+            f"docs/ID_MAP.md, 'Format 3 maps'); otherwise "
             f"restore the id map from a backup. Nothing was read or written.")
     _verify_mac(data, raw, where, key)
     _check_fields(data, where)
@@ -133,7 +139,7 @@ def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def format_of(raw: bytes, where: str) -> int:
-    """A record's format version, 3 or 4 (anything else refused), nothing of it trusted yet."""
+    """A record's format version, 3, 4 or 5 (anything else refused), nothing of it trusted yet."""
     return _parsed(raw, where)["format_version"]
 
 
@@ -149,18 +155,25 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != MAP_FORMAT:
         raise IdMapError(f"{where} is not a kvtrace id map version")
     form = data.get("format_version")
-    if type(form) is not int or form not in (FORMAT_VERSION, KEYLESS_FORMAT):
+    if type(form) is not int or form not in (FORMAT_VERSION, UNKINDED_FORMAT, KEYLESS_FORMAT):
         raise IdMapError(
-            f"{where} has id map format version {form}; this kvtrace reads version "
-            f"{FORMAT_VERSION}. Start a new map in another directory.")
+            f"{where} has id map format version {form}; this kvtrace reads versions "
+            f"{UNKINDED_FORMAT} and {FORMAT_VERSION}. Start a new map in another directory.")
     return data
 
 
 def keyed_from_keyless(data: dict[str, Any], key: MapKey) -> bytes:
-    """A verified format-3 record's content as a format-4 record keyed with key (records from
-    before the probe tokenization was recorded hold none)."""
+    """A verified format-3 record's content as a format-5 record keyed with key (records from
+    before the probe tokenization was recorded hold none), its origin's kind recorded."""
     content = {k: v for k, v in data.items() if k != "sha256"}
-    return keyed({"tokenization": None} | content | {"format_version": FORMAT_VERSION}, key)
+    return keyed({"tokenization": None} | content | {
+        "format_version": FORMAT_VERSION,
+        "timestamp_kind": origin_kind(content["timestamp_origin_ms"])}, key)
+
+
+def origin_kind(origin_ms: int | None) -> str | None:
+    """The kind of time a map's origin is, and so every night of it: None before it has one."""
+    return None if origin_ms is None else timestamp_kind(origin_ms)
 
 
 def _verify_mac(data: dict[str, Any], raw: bytes, where: str, key: MapKey) -> None:
@@ -231,6 +244,7 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "chat_template_kwargs": _is_json_object,
     "tokenization": lambda v: v is None or type(v) is str,
     "timestamp_origin_ms": lambda v: v is None or _is_int(v, 0, EPOCH_CEILING_MS),
+    "timestamp_kind": lambda v: v is None or v in (RELATIVE, EPOCH),
     "next_id": lambda v: _is_json_object(v) and v.keys() == set(KINDS)
     and all(_is_int(n, 0, MAX_IDS) for n in v.values()),
     "files": lambda v: _is_json_object(v) and v.keys() == set(KINDS)
@@ -240,15 +254,20 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "checksums": _is_json_object,
 }
 _OWN_CHECK = {FORMAT_VERSION: ("mac", lambda v: type(v) is str),
+              UNKINDED_FORMAT: ("mac", lambda v: type(v) is str),
               KEYLESS_FORMAT: ("sha256", lambda v: type(v) is str)}
 # Format-3 maps made before the probe text's tokenization was recorded lack it.
-_OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, FORMAT_VERSION: set()}
+_OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, UNKINDED_FORMAT: set(), FORMAT_VERSION: set()}
+# Fields a format came before.
+_LATER = {KEYLESS_FORMAT: {"timestamp_kind"}, UNKINDED_FORMAT: {"timestamp_kind"},
+          FORMAT_VERSION: set()}
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
     form = data["format_version"]
     own, own_check = _OWN_CHECK[form]
-    fields = _FIELDS | {own: own_check}
+    fields = {name: check for name, check in _FIELDS.items() if name not in _LATER[form]} | {
+        own: own_check}
     unknown, missing = data.keys() - fields, fields.keys() - data.keys() - _OPTIONAL[form]
     if unknown or missing:
         raise _altered(where, ", ".join([f"unknown key {k!r}" for k in sorted(unknown)]
@@ -257,13 +276,22 @@ def _check_fields(data: dict[str, Any], where: str) -> None:
     if wrong:
         raise _altered(where, f"{wrong[0]} is {_shown(data[wrong[0]])}, not a value kvtrace "
                               f"writes there")
-    problem = _history_problem(data) or _files_problem(data)
+    problem = _kind_problem(data) or _history_problem(data) or _files_problem(data)
     if problem:
         raise _altered(where, problem)
 
 
 def _shown(value: Any) -> str:
     return f"{json.dumps(value)[:40]} ({type(value).__name__})"
+
+
+def _kind_problem(data: dict[str, Any]) -> str | None:
+    """The recorded kind of time must be the origin's: one fact, never two that disagree."""
+    if "timestamp_kind" in data and data["timestamp_kind"] != origin_kind(
+            data["timestamp_origin_ms"]):
+        return (f"timestamp_kind {data['timestamp_kind']} is not the kind of its origin "
+                f"({data['timestamp_origin_ms']} ms)")
+    return None
 
 
 def _history_problem(data: dict[str, Any]) -> str | None:

@@ -1,6 +1,7 @@
-"""The id map's version is anchored beside the salt file: a commit refuses a map behind its mark
-or no longer holding the marked record (rolled back, restored from an older backup, replaced),
-and a mark changed without the salt is refused itself."""
+"""The id map's version is anchored in a folder of marks (beside the salt file, or given): a commit
+refuses a map behind its mark or no longer holding the marked record (rolled back, restored from
+an older backup, replaced), whatever holds the salt, and a mark changed without the salt is
+refused itself."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.encode.salt import SaltSource
-from transforms.errors import JobStopped
+from transforms.errors import IdMapError, JobStopped
 from transforms.ids import anchor
 from transforms.ids.exclusive import TEMP_MARK
 from transforms.ids.map_record import map_key
@@ -31,12 +32,16 @@ def _salt(folder: Path) -> SaltSource:
     return SaltSource("file", str(folder / "salt"))
 
 
+def _marks(folder: Path) -> str:
+    return anchor.marks_folder(_salt(folder), None)
+
+
 def _check(path: str | None, directory: str, version: int, records=RECORDS) -> None:
     anchor.check_anchor(path, directory, version, records.__getitem__, KEY)
 
 
 def test_a_map_at_or_past_its_mark_is_extended_and_one_behind_it_is_refused(tmp_path):
-    path = anchor.mark_path(_salt(tmp_path), str(tmp_path / "map"))
+    path = anchor.mark_path(_marks(tmp_path), str(tmp_path / "map"))
     directory = str(tmp_path / "map")
     _check(path, directory, 1)  # no mark yet: not anchored
     anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
@@ -51,10 +56,10 @@ def test_a_map_at_or_past_its_mark_is_extended_and_one_behind_it_is_refused(tmp_
 
 
 def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):
-    salt = _salt(tmp_path)
-    first, second = (anchor.mark_path(salt, str(tmp_path / name)) for name in ("a", "b"))
+    marks = _marks(tmp_path)
+    first, second = (anchor.mark_path(marks, str(tmp_path / name)) for name in ("a", "b"))
     assert first != second and first.startswith(str(tmp_path / "salt.id-map-marks") + "/")
-    assert anchor.mark_path(salt, str(tmp_path / "a") + "/") == first
+    assert anchor.mark_path(marks, str(tmp_path / "a") + "/") == first
     anchor.advance_anchor(first, str(tmp_path / "a"), 1, RECORDS[1], KEY)
     assert stat.S_IMODE(os.stat(first).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "salt.id-map-marks").st_mode) == 0o700
@@ -63,7 +68,7 @@ def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):
 
 def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_path):
     directory = str(tmp_path / "map")
-    path = anchor.mark_path(_salt(tmp_path), directory)
+    path = anchor.mark_path(_marks(tmp_path), directory)
     anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)
     dead = 2**22 + 12345  # above the largest pid_max Linux allows: no process has it
     stale = Path(f"{path}{TEMP_MARK}{socket.gethostname()}-{dead}-0a1b2c3d")
@@ -73,10 +78,17 @@ def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_pat
     assert anchor.read_mark(path, directory, KEY)["version"] == 2
 
 
-def test_a_salt_that_is_not_a_file_anchors_nothing():
-    assert anchor.mark_path(SaltSource("env", "KVTRACE_SALT"), "map") is None
-    _check(None, "map", 1)
-    anchor.advance_anchor(None, "map", 1, RECORDS[1], KEY)  # nowhere to write: nothing done
+@pytest.mark.parametrize("salt", [SaltSource("env", "KVTRACE_SALT"),
+                                  SaltSource("gcp-secret", "projects/p/secrets/s/versions/1")])
+def test_a_salt_that_is_not_a_file_needs_its_folder_of_marks_named(salt):
+    with pytest.raises(IdMapError, match="needs --id-map-marks DIR") as caught:
+        anchor.marks_folder(salt, None)
+    assert "\n" not in str(caught.value) and salt.describe() in str(caught.value)
+    assert anchor.marks_folder(salt, "gs://ops-only/marks/") == "gs://ops-only/marks"
+
+
+def test_a_folder_of_marks_given_is_used_whatever_the_salt(tmp_path):
+    assert anchor.marks_folder(_salt(tmp_path), str(tmp_path / "ops")) == str(tmp_path / "ops")
 
 
 @settings(max_examples=150, deadline=None)
@@ -84,7 +96,7 @@ def test_a_salt_that_is_not_a_file_anchors_nothing():
 def test_a_mark_changed_in_any_byte_without_the_salt_is_refused(tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("mark")
     directory = "map"  # one length in every example: the mark names it absolute (the cwd's)
-    path = anchor.mark_path(_salt(folder), directory)
+    path = anchor.mark_path(_marks(folder), directory)
     anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
     raw = bytearray(Path(path).read_bytes())
     start = data.draw(st.integers(0, len(raw) - 1), label="at")
@@ -98,9 +110,8 @@ def test_a_mark_changed_in_any_byte_without_the_salt_is_refused(tmp_path_factory
 
 
 def test_a_mark_of_another_map_or_salt_is_refused(tmp_path):
-    salt = _salt(tmp_path)
     mine, other = str(tmp_path / "map"), str(tmp_path / "other")
-    path = anchor.mark_path(salt, mine)
+    path = anchor.mark_path(_marks(tmp_path), mine)
     os.makedirs(os.path.dirname(path))
     Path(path).write_bytes(anchor.mark_bytes(other, 1, RECORDS[1], KEY))  # moved in place
     with pytest.raises(JobStopped, match="names another map"):
@@ -144,5 +155,66 @@ def test_a_map_restored_from_an_older_backup_is_not_extended(tiny_tokenizer, tmp
     shutil.copytree(tmp_path / "backup2", map_dir)
     assert anonymize_night(tiny_tokenizer, [nights[2]], tmp_path / "out2", "--id-map",
                            str(map_dir), *common) == 0
-    assert anchor.read_mark(anchor.mark_path(salt, str(map_dir)), str(map_dir),
+    assert anchor.read_mark(anchor.mark_path(anchor.marks_folder(salt, None), str(map_dir)),
+                            str(map_dir),
                             KEY)["version"] == 3
+
+
+def _rolled_back_night_refused(tokenizer: str, tmp_path: Path, capsys, salted: list[str]) -> None:
+    """Two nights, the map restored to its first version, a third night: refused in one line
+    at the commit, nothing published, the map not extended."""
+    map_dir = tmp_path / "map"
+    mapped = ["--id-map", str(map_dir), "--hash-shards", "2", *salted]
+    nights = [_night(tmp_path, day) for day in range(3)]
+    assert anonymize_night(tokenizer, [nights[0]], tmp_path / "out0", *mapped) == 0
+    shutil.copytree(map_dir, tmp_path / "backup1")
+    assert anonymize_night(tokenizer, [nights[1]], tmp_path / "out1", *mapped) == 0
+    shutil.rmtree(map_dir)
+    shutil.copytree(tmp_path / "backup1", map_dir)
+    capsys.readouterr()
+    assert anonymize_night(tokenizer, [nights[2]], tmp_path / "out2", *mapped) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "at version 1, but version 2" in err, err
+    assert not (tmp_path / "out2" / "manifest.json").exists()
+    assert not (map_dir / "versions" / "000002.json").exists()
+
+
+@pytest.mark.slow  # three nights a salt source
+@pytest.mark.parametrize("source", ["file", "file with --id-map-marks", "environment"])
+def test_a_rolled_back_map_is_refused_whatever_holds_the_salt(tiny_tokenizer, tmp_path, capsys,
+                                                              monkeypatch, source):
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    given = tmp_path / "ops" / "marks"
+    salt_file = ["--salt-file", _salt(tmp_path).where]
+    salted, marks = {"file": (salt_file, tmp_path / "salt.id-map-marks"),
+                     "file with --id-map-marks": ([*salt_file, "--id-map-marks", str(given)], given),
+                     "environment": (["--id-map-marks", str(given)], given)}[source]
+    if source == "environment":
+        monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
+    _rolled_back_night_refused(tiny_tokenizer, tmp_path, capsys, salted)
+    assert len(os.listdir(marks)) == 1  # the map's mark, where the run was told to keep it
+
+
+@pytest.mark.parametrize("salted", [[], ["--salt-secret", "projects/p/secrets/s/versions/1"]])
+def test_an_id_map_without_a_place_for_its_marks_is_refused_before_any_work(
+        tiny_tokenizer, tmp_path, capsys, monkeypatch, salted):
+    """A salt from the environment or a secret manager has no folder beside it: the run names
+    one or is refused at once, in one line, before the salt is fetched or the map made."""
+    monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
+    night = _night(tmp_path, 0)
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map",
+                           str(tmp_path / "map"), *salted) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs --id-map-marks DIR" in err, err
+    assert not (tmp_path / "map").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_folder_of_marks_inside_the_map_is_refused(tiny_tokenizer, tmp_path, capsys):
+    """Marks the map's own folder holds would be rolled back with it."""
+    night = _night(tmp_path, 0)
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map",
+                           str(tmp_path / "map"), "--salt-file", _salt(tmp_path).where,
+                           "--id-map-marks", str(tmp_path / "map" / "marks")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "overlap" in err, err
+    assert not (tmp_path / "map").exists()

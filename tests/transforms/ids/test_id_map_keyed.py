@@ -205,7 +205,7 @@ def test_a_record_damaged_anywhere_is_refused_in_one_line(scratch, data, keyless
     was)."""
     record = _record(scratch)
     if keyless:
-        del record["mac"]
+        del record["mac"], record["timestamp_kind"]  # format 3 came before both
         record["format_version"] = map_record.KEYLESS_FORMAT
         record["sha256"] = map_record.keyless_checksum(record)
     raw = bytearray(record_bytes(record))
@@ -336,7 +336,7 @@ def _as_format_3(map_dir: Path) -> None:
     """Every version record rewritten as kvtrace wrote them before keying (format 3)."""
     for path in sorted((map_dir / "versions").glob("*.json")):
         record = json.loads(path.read_bytes())
-        del record["mac"]
+        del record["mac"], record["timestamp_kind"]  # format 3 came before both
         record["format_version"] = map_record.KEYLESS_FORMAT
         path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
 
@@ -388,7 +388,7 @@ def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(id
         shutil.copytree(folder / "map", map_dir)
         path = map_dir / "versions" / f"{number:06d}.json"
         record = json.loads(path.read_bytes())
-        del record["mac"]
+        del record["mac"], record["timestamp_kind"]  # format 3 came before both
         record["format_version"] = map_record.KEYLESS_FORMAT
         path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
         (map_dir / "segments" / "000001-abandoned0000").mkdir()  # cleanup reads version 1

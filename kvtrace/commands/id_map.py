@@ -1,0 +1,66 @@
+"""The `kvtrace id-map` command group: maintenance of a persisted id map (anonymize --id-map)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvtrace.commands.common import BeamFlags, local_reads, no_beam_options
+from transforms.encode.salt import SALT_ENV, SaltError
+
+UPGRADE_HELP = "key a map written before keying (format 3) and anchor its newest version"
+
+
+def add_parsers(commands: Any) -> None:
+    group = commands.add_parser(
+        "id-map", help="maintain a persisted id map (anonymize --id-map)",
+        description="Maintenance of a persisted id map. Nights extend a map themselves; these "
+                    "actions are run on purpose, by whoever holds the map's salt.")
+    actions = group.add_subparsers(dest="id_map_action", required=True, metavar="ACTION")
+    upgrade = actions.add_parser(
+        "upgrade", help=UPGRADE_HELP,
+        description=(
+            "Key a map written before keying (format 3: each record carries only a sha256 anyone "
+            "can recompute, so nights refuse it) with its salt, once: every record is verified "
+            "(its sha256, its fields, the salt's fingerprint) before any is replaced by its keyed "
+            "form, the same content; rerun after an interruption, it finishes. Then the map's "
+            "newest version is marked in the folder of marks, as a night's commit marks it. "
+            "Whoever runs it vouches that the map is unaltered. A keyed map is verified and "
+            "anchored, nothing else. docs/ID_MAP.md, 'Format 3 maps'."))
+    add = upgrade.add_argument
+    add("map", metavar="MAP", help="the id map's directory (local, gs:// or s3://)")
+    add("--salt-file", metavar="PATH",
+        help=f"the map's salt (else --salt-secret, else ${SALT_ENV})")
+    add("--salt-secret", metavar="VERSION",
+        help="the map's salt in Google Secret Manager: projects/P/secrets/S/versions/V")
+    add("--id-map-marks", metavar="DIR",
+        help="the map's folder of marks, as its nights give it (default: SALT_FILE.id-map-marks "
+             f"beside --salt-file; required with --salt-secret or ${SALT_ENV})")
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    return {"upgrade": upgrade}[args.id_map_action](args, beam_args)
+
+
+def upgrade(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from transforms.encode.salt import salt_source
+    from transforms.ids.anchor import marks_folder
+    from transforms.ids.id_map import map_key, upgrade_map
+    from transforms.write.publish import FOLDER, Location, folded, plan_locations
+
+    no_beam_options(beam_args)
+    directory = folded(args.map)
+    salt = salt_source(args.salt_file, args.salt_secret)
+    if not salt.persistent:
+        raise SaltError(f"kvtrace id-map upgrade needs the map's salt: give --salt-file, "
+                        f"--salt-secret or ${SALT_ENV}")
+    marks = marks_folder(salt, folded(args.id_map_marks) if args.id_map_marks else None)
+    plan_locations(local_reads(args.salt_file), [
+        Location("MAP", directory, FOLDER, private=True),
+        Location("--id-map-marks", marks, FOLDER, private=True)])
+    version, keyed = upgrade_map(directory, map_key(salt.load()), marks)
+    done = (f"keyed version(s) {', '.join(map(str, keyed))}" if keyed
+            else "already keyed, nothing rewritten")
+    print(f"id map {directory}: {done}; version {version} anchored in {marks}")
+    return 0
