@@ -1,0 +1,100 @@
+"""Red-team round 3: hostile input to `kvtrace anonymize` and the reading commands, past the
+round-1 and round-2 fixes (test_redteam_input.py, test_redteam_input_round2.py). Each test
+asserts a promise the tool makes and fails today (2026-11-26)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, anonymize, chat, trace, write_jsonl
+
+pytestmark = [pytest.mark.slow]
+ROUND3 = "red team round 3"
+
+
+def _template_folder(tiny_tokenizer, tmp_path, template: str):
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(template + "{{ messages[0].content }}")
+    return folder
+
+
+def _run_for(folder, tmp_path, seconds: float, records=None):
+    """anonymize on records (two chat records by default) in a child of its own session;
+    (ended within seconds, its stderr)."""
+    src = write_jsonl(tmp_path / "in.jsonl", records or [chat(0, 0), chat(1, 10)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
+         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        _, err = proc.communicate(timeout=seconds)
+        return True, err.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        return False, ""
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---- integer arithmetic is not sized: one C call that runs for hours --------------------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_integer_division_of_squared_powers_cannot_hang_the_run(tiny_tokenizer, tmp_path):
+    """bounded_sandbox.py sizes `**` (64 Ki bits) but not `*` between integers, nor `//` or `%`
+    with an integer on the left (intercepted_binops is *, **, %; _check_binop's `*` sizes only
+    sequences, its `%` only str formats). 2 ** 32768 squared 8 times (a namespace attribute, so
+    no call sees the integer) is a 16 M-bit integer in 0.06 s, each step cheap; then one `//`
+    by a 8 M-bit divisor is CPython 3.11's schoolbook long division, ~10^11 digit steps in one C
+    call holding the GIL: the 5 s render watchdog cannot stop it (measured: one render still
+    running 300 s in, killed). CPython's division checks for signals, so SIGTERM still ends the
+    run (see the next test for what it then prints)."""
+    folder = _template_folder(tiny_tokenizer, tmp_path,
+                              "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 32768 %}"
+                              "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+                              "{% set d = ns.x * 3 + 1 %}{% set q = (ns.x * ns.x + 7) // d %}")
+    ended, _ = _run_for(folder, tmp_path, 90)
+    assert ended, "still running 90 s in on a 2-record input (render budget: 5 s a record)"
+
+
+# ---- a stop during an overrunning render: the watchdog's exception escapes the run -----------
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokenizer, tmp_path):
+    """render_budget.Watchdog promises a RenderOverrun "never lands in code after the render":
+    run()'s finally loops over _leave until it unregisters. But the stop handler (cli.py) raises
+    KeyboardInterrupt inside that loop, which escapes it with the render still registered and
+    marked overran; the watchdog keeps raising RenderOverrun into the thread each tick, and one
+    lands in cli's stop.end() (pipelines/processes.descendants): two chained tracebacks ending
+    in `transforms.encode.render_budget.RenderOverrun`, where a stopped run says one line.
+    The render here is over its budget in one long C call (an integer division, see above)
+    that checks for signals, so SIGTERM arrives while the overrun is pending."""
+    folder = _template_folder(tiny_tokenizer, tmp_path,
+                              "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 32768 %}"
+                              "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+                              "{% set d = ns.x * 3 + 1 %}{% set q = (ns.x * ns.x + 7) // d %}")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
+         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        time.sleep(20)  # start-up, then well past the 5 s budget, inside the division
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = err.decode(errors="replace")
+    assert "Traceback" not in said and "RenderOverrun" not in said, said[-2000:]
