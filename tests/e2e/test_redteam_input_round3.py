@@ -98,3 +98,28 @@ def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokeniz
             proc.wait()
     said = err.decode(errors="replace")
     assert "Traceback" not in said and "RenderOverrun" not in said, said[-2000:]
+
+
+# ---- items are not bytes: a list of 100 M distinct objects from one |list --------------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_path):
+    """bounded_sandbox.py bounds a value by its count of items (MAX_VALUE_LENGTH, 256 Mi), as
+    if an item cost a byte or a pointer. `|list` of a string makes one str object per
+    character; CPython caches only Latin-1 ones, so each 'ア' is a new 76-byte object plus its
+    8-byte slot: 'ア' * 100 M (200 MB, within every bound) becomes ~8.4 GB in one C call (jinja's
+    do_list), measured only after it returns (_checked) and beyond the watchdog's reach (its
+    1 GiB memory budget is looked at between steps). `.split()` of 'ab ' * 80 M does the same
+    (~5 GB). Capped here at 3.2 GB of address space (~2 GB resident) so the machine survives: the peak is the
+    cap's, where the render should have been refused from its operands."""
+    from test_redteam_input import _peak_rss_mb
+
+    folder = _template_folder(tiny_tokenizer, tmp_path,
+                              "{{ ('\u30a2' * 100000000)|list|length }}")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
+    code, peak, said = _peak_rss_mb(
+        ["prlimit", "--as=3200000000", sys.executable, "-m", "kvtrace.cli", "anonymize",
+         "--input", str(src), "--output", str(tmp_path / "out"), "--tokenizer", str(folder),
+         "--block-size", "4", "--processes", "1"], ROOT)
+    # 1 GiB render budget above a ~200 MB process
+    assert peak < 1400, f"{peak} MB peak rendering a 2-record input"
