@@ -123,3 +123,34 @@ def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_
          "--block-size", "4", "--processes", "1"], ROOT)
     # 1 GiB render budget above a ~200 MB process
     assert peak < 1400, f"{peak} MB peak rendering a 2-record input"
+
+
+# ---- the 1 MiB rule: a small record still condemns the template, and the run -----------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3_tokenizer,
+                                                                           tmp_path):
+    """tokenize.render_chat blames the template (and stops the job after OVERRUNS_TO_STOP)
+    when a record of at most CONDEMNING_RECORD_BYTES (1 MiB) goes over the 5 s render budget,
+    assuming a record that small renders in milliseconds. It need not: a chat record whose
+    `tools` are 340,000 empty objects is 1.02 MB written compactly (under 1 MiB), and Qwen3's
+    own template prints each tool with `tojson` (sized first by the sandbox's walk), ~30 us a
+    tool: ~10 s a render here. Three of them first in a log end the run with "the chat
+    template went over the render budget ... on each of the first 3 requests of at most
+    1048576 bytes: it does not render" (exit 1): the good requests after them are lost with
+    the run, where round 1's fix promised 3 dead letters (a 1 MiB record is not small when
+    the template's work is per item, not per byte)."""
+    src = tmp_path / "in.jsonl"
+    with open(src, "w") as handle:
+        for i in range(3):
+            line = json.dumps({"timestamp": i, "messages": [{"role": "user", "content": "hi"}],
+                               "tools": [{}] * 340_000, "output_length": 1},
+                              separators=(",", ":"))
+            assert len(line) < 1 << 20
+            handle.write(line + "\n")
+        for i in range(5):
+            handle.write(json.dumps(chat(i, 10 + i)) + "\n")
+    out = tmp_path / "out"
+    assert anonymize(qwen3_tokenizer, [src], out, "--processes", "1") == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"]["exported"] == 5 and manifest["records"]["rejected"] == 3
