@@ -27,6 +27,7 @@ import functools
 import re
 import string
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any, Callable
 
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
@@ -71,10 +72,14 @@ def _children(value: Any) -> Iterable[Any] | None:
     if isinstance(value, (list, tuple)):
         return value
     if isinstance(value, dict):
-        return (part for item in value.items() for part in item)
+        return chain.from_iterable(value.items())  # each key, then its value
     if isinstance(value, Namespace):  # printed with the dict of its attributes
         return _children(value._Namespace__attrs)  # type: ignore[attr-defined]
     return None
+
+
+# Values printed whole by repr(), told by their exact type (most of what a walk meets).
+_REPR_LEAVES = frozenset((int, float, bool, type(None)))
 
 
 def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
@@ -91,30 +96,39 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     stack = [[(id(value), 0), iter(children), total]]  # per container: key, items, length
     while stack and total <= limit:
         frame = stack[-1]
+        depth = len(stack) if indent else 0
+        # before each item: separator, newline, indent; the same closes a container
+        separator = 2 + indent * depth + 1 if indent else 2
+        own = frame[2]
         for item in frame[1]:
-            depth = len(stack) if indent else 0
-            length = 2 + indent * depth + 1 if indent else 2  # separator, newline, indent
-            inner = _children(item)
-            if inner is None:
-                length += len(item) + 2 if isinstance(item, str) else len(repr(item))
-            elif (id(item), depth) in known:
-                length += known[id(item), depth]
+            kind = type(item)
+            if kind is str:  # the common cases first, as _children would tell them
+                length = separator + len(item) + 2
+            elif kind in _REPR_LEAVES:
+                length = separator + len(repr(item))
             else:
-                frame[2] += length
-                total += length
-                brackets = 2 + indent * depth + 1 if indent else 2  # closing line indented
-                stack.append([(id(item), depth), iter(inner), brackets])
-                total += brackets
-                break
-            frame[2] += length
+                inner = _children(item)
+                if inner is None:
+                    length = separator + (len(item) + 2 if isinstance(item, str)
+                                          else len(repr(item)))
+                elif (id(item), depth) in known:
+                    length = separator + known[id(item), depth]
+                else:
+                    own += separator
+                    total += 2 * separator
+                    stack.append([(id(item), depth), iter(inner), separator])
+                    break
+            own += length
             total += length
             if total > limit:
                 break
         else:
             stack.pop()
-            known[frame[0]] = frame[2]
+            known[frame[0]] = own
             if stack:
-                stack[-1][2] += frame[2]
+                stack[-1][2] += own
+            continue
+        frame[2] = own
     return total
 
 
