@@ -34,7 +34,7 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
 from jinja2.nodes import Add, Concat
 from jinja2.filters import make_attrgetter
-from jinja2.runtime import Context
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg
 
@@ -407,6 +407,27 @@ class _BoundedCodeGenerator(CodeGenerator):
         self.write(")")
 
 
+def _returned_as_is(sample: Any) -> frozenset[str]:
+    """The attributes of sample's type that jinja's sandboxed getattr hands out as they are
+    (safe for the type, not str.format): asked of jinja itself, once. Its answer depends on
+    the type alone for these builtins (isinstance checks and the name)."""
+    sandbox = ImmutableSandboxedEnvironment()
+    return frozenset(name for name in dir(type(sample))
+                     if sandbox.is_safe_attribute(sample, name, None)
+                     and sandbox.wrap_str_format(getattr(sample, name)) is None)
+
+
+# What a template is given is plain JSON types (transformers rebuilds messages and tools so):
+# reading their keys and safe methods is most of a template's steps.
+_PLAIN_ATTRIBUTES = {kind: _returned_as_is(kind()) for kind in (str, dict, list)}
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # any other name of a dict is a key or nothing
+# A `namespace()` (transformers' subclass among them) and a loop's `loop`, read at most steps
+# too: jinja judges their attributes by the name alone, unless a subclass makes one a function,
+# generator or mutable collection, which these names would show (each is refused on one).
+_NAMED_ATTRIBUTES = (Namespace, LoopContext)
+_PROBES = ("clear", "mro", "func_code", "im_func", "gi_code", "cr_code", "ag_code")
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """ImmutableSandboxedEnvironment whose joins, repetitions, powers, formats and integer
     arguments are bounded before they run."""
@@ -417,6 +438,42 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.filters = _BoundedFilters(self.filters)
+        self._by_name: dict[type, bool] = {}  # per environment, as transformers' namespace is
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """jinja's sandboxed getattr, answered at once for a plain dict's key, a plain str's,
+        dict's or list's safe method and a namespace's or loop's attribute, where jinja fails a
+        getattr first or checks the attribute's safety anew each time (a third of a chat
+        template's time); the same value either way (test_bounded_sandbox_getattr.py)."""
+        if type(attribute) is str:
+            kind = type(obj)
+            if kind is dict and attribute not in _DICT_ATTRIBUTES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            safe = _PLAIN_ATTRIBUTES.get(kind)
+            if safe is not None and attribute in safe:
+                return getattr(obj, attribute)
+            if not attribute.startswith("_") and self._judged_by_name(obj):
+                try:
+                    value = getattr(obj, attribute)
+                except AttributeError:  # neither has items to fall back on
+                    return self.undefined(obj=obj, name=attribute)
+                wrapped = self.wrap_str_format(value)
+                return value if wrapped is None else wrapped
+        return super().getattr(obj, attribute)
+
+    def _judged_by_name(self, obj: Any) -> bool:
+        """Whether jinja's getattr on obj returns any attribute not named _x, with no items to
+        fall back on: asked of jinja once per type."""
+        kind = type(obj)
+        known = self._by_name.get(kind)
+        if known is None:
+            known = self._by_name[kind] = (
+                isinstance(obj, _NAMED_ATTRIBUTES) and not hasattr(kind, "__getitem__")
+                and all(self.is_safe_attribute(obj, name, None) for name in _PROBES))
+        return known
 
     def call_binop(self, context: Context, operator_name: str, left: Any, right: Any) -> Any:
         _check_binop(operator_name, left, right)
