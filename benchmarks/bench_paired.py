@@ -66,12 +66,13 @@ def main() -> None:
                     print(f"| {pair + 1} | {name} | {run[0]:.2f} | {run[1]:.2f} | {run[2]:.0f} |",
                           flush=True)
             for index, what in ((0, "wall"), (1, "CPU")):
-                ratios = [this[index] / base[index]
-                          for this, base in zip(figures["this"], figures["baseline"])]
-                print(f"{what}: median this {statistics.median(r[index] for r in figures['this']):.2f}"
-                      f" s, baseline {statistics.median(r[index] for r in figures['baseline']):.2f}"
-                      f" s; median paired ratio {statistics.median(ratios):.3f} "
-                      f"(spread {min(ratios):.3f}-{max(ratios):.3f})")
+                this = [run[index] for run in figures["this"]]
+                base = [run[index] for run in figures["baseline"]]
+                ratios = [a / b for a, b in zip(this, base)]
+                print(f"{what}: median this {statistics.median(this):.2f} s, baseline "
+                      f"{statistics.median(base):.2f} s; median paired ratio "
+                      f"{statistics.median(ratios):.3f} (spread {min(ratios):.3f}-"
+                      f"{max(ratios):.3f})")
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)],
                            capture_output=True)
