@@ -27,13 +27,14 @@ import functools
 import re
 import string
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any, Callable
 
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
 from jinja2.nodes import Add, Concat
 from jinja2.filters import make_attrgetter
-from jinja2.runtime import Context
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg
 
@@ -71,10 +72,14 @@ def _children(value: Any) -> Iterable[Any] | None:
     if isinstance(value, (list, tuple)):
         return value
     if isinstance(value, dict):
-        return (part for item in value.items() for part in item)
+        return chain.from_iterable(value.items())  # each key, then its value
     if isinstance(value, Namespace):  # printed with the dict of its attributes
         return _children(value._Namespace__attrs)  # type: ignore[attr-defined]
     return None
+
+
+# Values printed whole by repr(), told by their exact type (most of what a walk meets).
+_REPR_LEAVES = frozenset((int, float, bool, type(None)))
 
 
 def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
@@ -91,30 +96,39 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     stack = [[(id(value), 0), iter(children), total]]  # per container: key, items, length
     while stack and total <= limit:
         frame = stack[-1]
+        depth = len(stack) if indent else 0
+        # before each item: separator, newline, indent; the same closes a container
+        separator = 2 + indent * depth + 1 if indent else 2
+        own = frame[2]
         for item in frame[1]:
-            depth = len(stack) if indent else 0
-            length = 2 + indent * depth + 1 if indent else 2  # separator, newline, indent
-            inner = _children(item)
-            if inner is None:
-                length += len(item) + 2 if isinstance(item, str) else len(repr(item))
-            elif (id(item), depth) in known:
-                length += known[id(item), depth]
+            kind = type(item)
+            if kind is str:  # the common cases first, as _children would tell them
+                length = separator + len(item) + 2
+            elif kind in _REPR_LEAVES:
+                length = separator + len(repr(item))
             else:
-                frame[2] += length
-                total += length
-                brackets = 2 + indent * depth + 1 if indent else 2  # closing line indented
-                stack.append([(id(item), depth), iter(inner), brackets])
-                total += brackets
-                break
-            frame[2] += length
+                inner = _children(item)
+                if inner is None:
+                    length = separator + (len(item) + 2 if isinstance(item, str)
+                                          else len(repr(item)))
+                elif (id(item), depth) in known:
+                    length = separator + known[id(item), depth]
+                else:
+                    own += separator
+                    total += 2 * separator
+                    stack.append([(id(item), depth), iter(inner), separator])
+                    break
+            own += length
             total += length
             if total > limit:
                 break
         else:
             stack.pop()
-            known[frame[0]] = frame[2]
+            known[frame[0]] = own
             if stack:
-                stack[-1][2] += frame[2]
+                stack[-1][2] += own
+            continue
+        frame[2] = own
     return total
 
 
@@ -393,6 +407,27 @@ class _BoundedCodeGenerator(CodeGenerator):
         self.write(")")
 
 
+def _returned_as_is(sample: Any) -> frozenset[str]:
+    """The attributes of sample's type that jinja's sandboxed getattr hands out as they are
+    (safe for the type, not str.format): asked of jinja itself, once. Its answer depends on
+    the type alone for these builtins (isinstance checks and the name)."""
+    sandbox = ImmutableSandboxedEnvironment()
+    return frozenset(name for name in dir(type(sample))
+                     if sandbox.is_safe_attribute(sample, name, None)
+                     and sandbox.wrap_str_format(getattr(sample, name)) is None)
+
+
+# What a template is given is plain JSON types (transformers rebuilds messages and tools so):
+# reading their keys and safe methods is most of a template's steps.
+_PLAIN_ATTRIBUTES = {kind: _returned_as_is(kind()) for kind in (str, dict, list)}
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # any other name of a dict is a key or nothing
+# A `namespace()` (transformers' subclass among them) and a loop's `loop`, read at most steps
+# too: jinja judges their attributes by the name alone, unless a subclass makes one a function,
+# generator or mutable collection, which these names would show (each is refused on one).
+_NAMED_ATTRIBUTES = (Namespace, LoopContext)
+_PROBES = ("clear", "mro", "func_code", "im_func", "gi_code", "cr_code", "ag_code")
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """ImmutableSandboxedEnvironment whose joins, repetitions, powers, formats and integer
     arguments are bounded before they run."""
@@ -403,6 +438,42 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.filters = _BoundedFilters(self.filters)
+        self._by_name: dict[type, bool] = {}  # per environment, as transformers' namespace is
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """jinja's sandboxed getattr, answered at once for a plain dict's key, a plain str's,
+        dict's or list's safe method and a namespace's or loop's attribute, where jinja fails a
+        getattr first or checks the attribute's safety anew each time (a third of a chat
+        template's time); the same value either way (test_bounded_sandbox_getattr.py)."""
+        if type(attribute) is str:
+            kind = type(obj)
+            if kind is dict and attribute not in _DICT_ATTRIBUTES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            safe = _PLAIN_ATTRIBUTES.get(kind)
+            if safe is not None and attribute in safe:
+                return getattr(obj, attribute)
+            if not attribute.startswith("_") and self._judged_by_name(obj):
+                try:
+                    value = getattr(obj, attribute)
+                except AttributeError:  # neither has items to fall back on
+                    return self.undefined(obj=obj, name=attribute)
+                wrapped = self.wrap_str_format(value)
+                return value if wrapped is None else wrapped
+        return super().getattr(obj, attribute)
+
+    def _judged_by_name(self, obj: Any) -> bool:
+        """Whether jinja's getattr on obj returns any attribute not named _x, with no items to
+        fall back on: asked of jinja once per type."""
+        kind = type(obj)
+        known = self._by_name.get(kind)
+        if known is None:
+            known = self._by_name[kind] = (
+                isinstance(obj, _NAMED_ATTRIBUTES) and not hasattr(kind, "__getitem__")
+                and all(self.is_safe_attribute(obj, name, None) for name in _PROBES))
+        return known
 
     def call_binop(self, context: Context, operator_name: str, left: Any, right: Any) -> Any:
         _check_binop(operator_name, left, right)

@@ -19,6 +19,7 @@ from conftest import anonymize, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from transforms.encode import bounded_sandbox, tokenize
 from transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
@@ -192,6 +193,21 @@ def test_text_length_is_at_least_what_printing_builds(value, indent):
         # + 2: a string's quotes in JSON, which tojson's check adds
         assert bounded_sandbox._text_length(item, indent or 0) + 2 >= len(
             json.dumps(item, indent=indent))
+
+
+CALL = {"name": "f", "arguments": {"path": "/x", "n": 3, "ok": True, "v": None, "r": 1.5}}
+
+
+@pytest.mark.parametrize(("value", "indent", "limit", "length"), [
+    (CALL, 0, None, 87), (CALL, 2, None, 153),
+    ([CALL, CALL, [CALL, (CALL, "x")]], 0, None, 371),
+    ([CALL, CALL, [CALL, (CALL, "x")]], 4, None, 1357),
+    (Namespace(x=[CALL] * 3), 0, None, 278),
+    ([CALL] * 50, 0, 100, 180),  # stopped past the limit: the length a refusal reports
+])
+def test_text_length_counts_as_it_always_has(value, indent, limit, length):
+    """The walk's counts, pinned: a refusal's decision and its message depend on them."""
+    assert bounded_sandbox._text_length(value, indent, limit) == length
 
 
 @pytest.mark.parametrize("source", [
