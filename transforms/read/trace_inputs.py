@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from transforms import storage
+from transforms.errors import ConfigError
 from transforms.read.paths import expand_inputs, file_identity, open_raw
 from transforms.storage import is_url
 from transforms.trace_format import FORMAT, MANIFEST, STATS, TRACE_FILE, is_count, parse_json
@@ -79,6 +80,11 @@ class PublishedFolder:
     def __reduce__(self) -> tuple[Any, tuple]:
         # The promises travel; a descriptor means nothing in another process (_pinned).
         return _pinned, (self.folder, self.sha256, self.exported, self.block_size, self.token)
+
+    @property
+    def files(self) -> frozenset[str]:
+        """Every file it publishes: the ones its manifest lists, and the manifest."""
+        return frozenset(self.sha256) | {MANIFEST}
 
     @property
     def shards(self) -> frozenset[str]:
@@ -161,7 +167,7 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
     named = _named_once(arguments)
     read: dict[Any, tuple[PublishedFolder | None, frozenset[str]]] = {}
     for key, (folder, names) in _by_folder(named).items():
-        if any(_is_shard(name) for name in names):
+        if any(_is_shard(name) or name in (MANIFEST, STATS) for name in names):
             read[key] = pinned_whole(folder, names)
     files: list[str] = []
     for path in named:
@@ -228,14 +234,19 @@ def pinned_whole(folder: str, named: Collection[str]
                  ) -> tuple[PublishedFolder | None, frozenset[str]]:
     """The folder pinned (published_folder: the caller closes it, or drops it) and the names
     of it to read: those named, a Parquet twin dropped where its JSONL twin is read; the
-    folder's JSONL shards when every file it holds is named (a glob of the folder: its
-    manifest is no trace). Refused (NotWholeOutput) if not whole: check_whole."""
+    folder's JSONL shards when every file it publishes is named (a glob of the folder: its
+    manifest is no trace). Refused if not whole (NotWholeOutput: check_whole), or if its
+    manifest or stats.json is named as a trace otherwise (ConfigError)."""
     published = published_folder(folder)
     try:
         present = _names(folder, None) if published is None else published.names()
-        read = published.shards if published is not None and set(named) == present \
+        read = published.shards if published is not None and set(named) == published.files \
             else frozenset(n for n in named if not _twin_read(n, named))
-        check_whole(folder, published, present, read)
+        own = read & {MANIFEST, STATS} if published is not None else frozenset()
+        check_whole(folder, published, present, read - own)
+        if own:
+            raise ConfigError(f"{posixpath.join(folder, min(own))} is a kvtrace output's own "
+                              f"file, not a trace: name the folder, or its shards")
     except BaseException:
         if published is not None:
             published.close()
@@ -257,7 +268,7 @@ def check_whole(folder: str, published: PublishedFolder | None, present: set[str
     missing or (unless read now: its bytes are checked as read) not of the sha256 listed, or a
     trace file read that it does not list."""
     if published is None:
-        _check_lone(folder, present, read)
+        _check_lone(folder, present)
         return
     missing = sorted(set(published.sha256) - present)
     if missing:
@@ -270,13 +281,14 @@ def check_whole(folder: str, published: PublishedFolder | None, present: set[str
             published.check(name, hashlib.file_digest(handle, "sha256").hexdigest())
 
 
-def _check_lone(folder: str, present: set[str], read: Collection[str]) -> None:
+def _check_lone(folder: str, present: set[str]) -> None:
     """A shard with no manifest beside it is a trace of its own only alone (no other file
     kvtrace publishes there) and named as the one shard of its trace (trace-00000-of-00001):
     kvtrace never publishes a shard k of N > 1 without its manifest."""
-    if len({n for n in present if _is_shard(n) or n == STATS}) > 1:
+    published = {n for n in present if _is_shard(n) or n == STATS}
+    if len(published) > 1:
         raise NotWholeOutput(folder, f"its {MANIFEST} is missing")
-    for name in sorted(read):
+    for name in published:
         shard = TRACE_FILE.fullmatch(name)
         if shard is not None and (int(shard[1]), int(shard[2])) != (0, 1):
             raise NotWholeOutput(folder, f"{name} is one of {int(shard[2])} shards and its "
