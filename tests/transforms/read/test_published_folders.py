@@ -51,7 +51,8 @@ def published(folder: Path, shards: list[list[dict]], exported: int | None = Non
     (folder / "stats.json").write_text(json.dumps({"rows": sum(map(len, shards))}))
     sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
     (folder / "manifest.json").write_text(json.dumps({
-        "format": "mooncake-trace", "block_size": block_size, "files": sorted(sha256), "sha256": sha256,
+        "format": "mooncake-trace", "block_size": block_size, "files": sorted(sha256),
+        "sha256": sha256,
         "records": {"exported": sum(map(len, shards)) if exported is None else exported}}))
     return folder
 
