@@ -113,10 +113,12 @@ class PublishedFolder:
         return _names(self.folder, self.descriptor)
 
     def close(self) -> None:
+        """The descriptor closed; a read after opens by path, checked against the promises."""
         _PINNED_HERE.pop(self.token, None)
         closer = getattr(self, "_closer", None)
         if closer is not None:
             closer()
+            object.__setattr__(self, "descriptor", None)  # never a number reused by another file
 
 
 def _pinned(folder: str, sha256: dict[str, str], exported: int, block_size: int | None,
@@ -165,17 +167,18 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
     dropped); a kvtrace output folder's shards as PinnedPaths, the folder pinned whole
     (pinned_whole) once."""
     named = _named_once(arguments)
+    # Each folder's identity taken once: a publish after this changes no file's group.
+    keys = [_folder_identity(posixpath.dirname(path)) for path in named]
     read: dict[Any, tuple[PublishedFolder | None, frozenset[str]]] = {}
-    for key, (folder, names) in _by_folder(named).items():
+    for key, (folder, names) in _by_folder(named, keys).items():
         if any(_is_shard(name) or name in (MANIFEST, STATS) for name in names):
             read[key] = pinned_whole(folder, names)
     files: list[str] = []
-    for path in named:
-        folder, name = posixpath.split(path)
-        published, names = read.get(_folder_identity(folder), (None, None))
+    for path, key in zip(named, keys):
+        published, names = read.get(key, (None, None))
         if names is None:
             files.append(path)
-        elif name in names:
+        elif posixpath.basename(path) in names:
             files.append(path if published is None else PinnedPath(path, published))
     return files
 
@@ -203,17 +206,18 @@ def _named_once(arguments: Sequence[str]) -> list[str]:
     return files
 
 
-def _by_folder(files: Sequence[str]) -> dict[Any, tuple[str, set[str]]]:
-    """The names read of each folder (by its identity: one folder however spelled), with the
-    folder as first spelled."""
+def _by_folder(files: Sequence[str], keys: Sequence[Any]) -> dict[Any, tuple[str, set[str]]]:
+    """The names read of each folder (by its identity, keys: one folder however spelled), with
+    the folder as first spelled."""
     found: dict[Any, tuple[str, set[str]]] = {}
-    for path in files:
+    for path, key in zip(files, keys):
         folder, name = posixpath.split(path)
-        found.setdefault(_folder_identity(folder), (folder, set()))[1].add(name)
+        found.setdefault(key, (folder, set()))[1].add(name)
     return found
 
 
 def _folder_identity(folder: str) -> Any:
+    """What makes two spellings one folder: a local one's device and inode."""
     if is_url(folder):
         return folder
     try:

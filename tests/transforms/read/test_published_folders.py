@@ -4,6 +4,7 @@ exported; however it is named, and whatever is published over it while it is rea
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import io
@@ -12,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -330,13 +332,16 @@ def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
 
 def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
     folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
-    before = len(os.listdir("/proc/self/fd"))
     files = trace_files([str(folder)])
     assert len(read_trace(files)) == 5
-    assert len(os.listdir("/proc/self/fd")) == before + 1  # the one pin, held for the command
+    assert {f.published for f in files} == {files[0].published}  # one pin, held by the files
+    descriptor, pin = files[0].published.descriptor, weakref.ref(files[0].published)
+    assert os.readlink(f"/proc/self/fd/{descriptor}") == str(folder)
     del files
     gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert pin() is None
+    with contextlib.suppress(FileNotFoundError):  # closed, or the number taken by another file
+        assert os.readlink(f"/proc/self/fd/{descriptor}") != str(folder)
 
 
 @pytest.mark.parametrize("name", ["trace-00001-of-00003.jsonl", "trace-00000-of-00003.jsonl",
