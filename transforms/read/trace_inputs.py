@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import posixpath
 import stat
@@ -44,6 +45,7 @@ from transforms.read.paths import expand_inputs, file_identity, open_raw
 from transforms.storage import is_url
 from transforms.trace_format import FORMAT, MANIFEST, STATS, TRACE_FILE, is_count, parse_json
 
+_LOG = logging.getLogger("kvtrace")
 TRACE_SHARDS = "trace-*.jsonl"
 MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and sha256s)
 
@@ -186,7 +188,8 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
 def _named_once(arguments: Sequence[str]) -> list[str]:
     """The files the arguments name (a folder: its JSONL shards), in order, each file once
     however spelled (paths.file_identity, as expand_inputs within one argument)."""
-    files, seen = [], set()
+    files: list[str] = []
+    spellings: dict[Any, list[str]] = {}
     for argument in arguments:
         pattern = argument
         if _is_folder(argument):
@@ -199,10 +202,14 @@ def _named_once(arguments: Sequence[str]) -> list[str]:
                 if published is not None:
                     published.close()
         for path in expand_inputs([pattern]):
-            identity = file_identity(path)
-            if identity not in seen:
-                seen.add(identity)
+            names = spellings.setdefault(file_identity(path), [])
+            if not names:
                 files.append(path)
+            names.append(path)
+    for names in spellings.values():
+        if len(names) > 1:
+            _LOG.warning("one file named %d ways, read once as %s: %s", len(names), names[0],
+                         ", ".join(names))
     return files
 
 
