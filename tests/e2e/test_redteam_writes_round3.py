@@ -56,7 +56,6 @@ def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
     assert done.returncode == 2, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(tiny_tokenizer, tmp_path,
                                                               monkeypatch, command):
@@ -77,7 +76,6 @@ def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(tiny_tokenizer, tm
     assert main([command, str(part), "--block-size", "4"]) != 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_path,
                                                                  monkeypatch):
     """Round 2 made the local reader read a folder through one descriptor opened with its
@@ -181,7 +179,6 @@ def test_a_published_runs_letters_survive_a_run_with_another_dead_letter_folder(
     assert kept, "the published output's rejected record is in no dead letter"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_the_block_size_is_read_from_the_output_whose_rows_are_read(tiny_tokenizer, tmp_path,
                                                                     monkeypatch, command):
@@ -221,7 +218,6 @@ def test_the_block_size_is_read_from_the_output_whose_rows_are_read(tiny_tokeniz
     assert code == 0, "a whole output refused"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("second", ["./{out}", "{abs}", "./{out}/trace-00000-of-00001.parquet"])
 def test_an_output_named_twice_is_read_once(tiny_tokenizer, tmp_path, monkeypatch, second):
     """trace_inputs.trace_files drops repeats and Parquet twins by the string of the path only
@@ -294,7 +290,6 @@ def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, t
     assert night(second, "o4", tmp_path / "alias" / "map") != 0, "a rolled-back map extended"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokenizer, tmp_path,
                                                                     command):

@@ -73,7 +73,7 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
                 not is_url(pattern) and os.path.isdir(pattern)) else ""
             raise FileNotFoundError(f"{pattern!r} matches no file{hint}")
         for path in matched:
-            files.setdefault(_identity(path), set()).add(path)
+            files.setdefault(file_identity(path), set()).add(path)
     for names in files.values():
         if len(names) > 1:
             _LOG.warning("one file named %d ways, read once as %s: %s", len(names),
@@ -81,7 +81,7 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return sorted(min(names) for names in files.values())
 
 
-def _identity(path: str) -> Any:
+def file_identity(path: str) -> Any:
     """What makes two names one file: a local file's device and inode, once checked to be a
     regular file whose size can be trusted (refused here, before any work, if not). A name
     that cannot be looked at (a dangling link) is itself, its read then a dead letter."""

@@ -2,41 +2,56 @@
 that manifest promises of each file.
 
 A kvtrace output folder holds each shard twice (JSONL and Parquet) beside stats.json and
-manifest.json; read as a trace it is its JSONL shards, with the manifest's block size. A glob
-that matches both twins of a kvtrace shard (trace-SSSSS-of-NNNNN) keeps the JSONL one, so no
-row is counted twice; any other file named is read.
+manifest.json; read as a trace it is its JSONL shards, with the manifest's block size. Each
+file is read once however it is spelled (by its device and inode: `out`, `./out` and its
+absolute path are one folder); a kvtrace shard's Parquet twin whose JSONL twin is read is
+dropped, so no row is counted twice. A glob that names every file of an output folder (`out/*`)
+reads the folder. Any other file named is read.
 
 A folder holding shards by kvtrace's names is read only as the whole output it was published
 as, whichever way it is named (the folder, a glob of its shards, one shard): its manifest
 there, every file it lists present with the sha256 it lists, no trace file it does not list.
-The files not read are hashed when the trace files are listed (check_whole); each shard read
-is checked as it is read (trace_io.read_trace), through one descriptor of the folder opened
-with its manifest, so a publish that swaps the folder meanwhile is not mixed in. A partial
-copy (a shard or its twin cut short, a manifest or stats.json not yet copied) is refused,
-never analysed. A trace file by a shard's name alone in its folder (no other file kvtrace
-publishes beside it) is read as it is.
+It is pinned once, when the trace files are listed (pinned_whole): opened, its manifest read
+through that descriptor, the files not read hashed. Every fact taken from it comes from that
+pin: the block size (declared_block_size) and each shard's rows, read through the same
+descriptor and checked against the pinned sha256 (trace_io.read_trace); each shard's path
+carries its pin (PinnedPath) to every reader and engine. A Beam worker in this process reads
+through the pinned descriptor; one elsewhere opens the file by its path and checks it against
+the pinned sha256. So a publish that swaps the folder meanwhile is never mixed in: it is either
+not seen or refused. A partial copy (a shard or its twin cut short, a manifest or stats.json
+not yet copied) is refused, never analysed. A trace file by a shard's name alone in its folder
+(no other file kvtrace publishes beside it, no manifest) is read as it is only if its name
+says it is the whole trace (trace-00000-of-00001): a shard k of N > 1 alone is a partial copy.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import json
+import logging
 import os
 import posixpath
 import stat
+import uuid
+import weakref
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import IO
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from transforms import storage
-from transforms.read.paths import expand_inputs, open_raw, read_bytes
+from transforms.errors import ConfigError
+from transforms.read.paths import expand_inputs, file_identity, open_raw
 from transforms.storage import is_url
 from transforms.trace_format import FORMAT, MANIFEST, STATS, TRACE_FILE, is_count, parse_json
 
+_LOG = logging.getLogger("kvtrace")
 TRACE_SHARDS = "trace-*.jsonl"
 MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and sha256s)
+
+# The folders pinned in this process (or the one it forked from) and still held, by token: a
+# pin that comes back from pickling (a Beam worker here) is the folder as opened, not reopened.
+_PINNED_HERE: weakref.WeakValueDictionary[str, PublishedFolder] = weakref.WeakValueDictionary()
 
 
 class NotWholeOutput(ValueError):
@@ -48,14 +63,30 @@ class NotWholeOutput(ValueError):
 
 @dataclass(frozen=True, eq=False)  # one per folder read: compared, and hashed, by identity
 class PublishedFolder:
-    """What a kvtrace output folder's manifest promises: each file's sha256, the rows exported;
-    and the folder as opened when its manifest was read (descriptor: a local one's), which its
-    files are opened through."""
+    """What a kvtrace output folder's manifest promises: each file's sha256, the rows exported,
+    the block size; and the folder as opened when its manifest was read (descriptor: a local
+    one's, closed by close() or once the pin is dropped), which its files are opened through."""
 
     folder: str
     sha256: dict[str, str]
     exported: int
+    block_size: int | None = None
     descriptor: int | None = None
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        if self.descriptor is not None:
+            _PINNED_HERE[self.token] = self
+            object.__setattr__(self, "_closer", weakref.finalize(self, os.close, self.descriptor))
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        # The promises travel; a descriptor means nothing in another process (_pinned).
+        return _pinned, (self.folder, self.sha256, self.exported, self.block_size, self.token)
+
+    @property
+    def files(self) -> frozenset[str]:
+        """Every file it publishes: the ones its manifest lists, and the manifest."""
+        return frozenset(self.sha256) | {MANIFEST}
 
     @property
     def shards(self) -> frozenset[str]:
@@ -84,7 +115,41 @@ class PublishedFolder:
         return _names(self.folder, self.descriptor)
 
     def close(self) -> None:
-        _close(self.descriptor)
+        """The descriptor closed; a read after opens by path, checked against the promises."""
+        _PINNED_HERE.pop(self.token, None)
+        closer = getattr(self, "_closer", None)
+        if closer is not None:
+            closer()
+            object.__setattr__(self, "descriptor", None)  # never a number reused by another file
+
+
+def _pinned(folder: str, sha256: dict[str, str], exported: int, block_size: int | None,
+            token: str) -> PublishedFolder:
+    """A pin unpickled: the folder as opened, where this process holds it; else its promises
+    alone (files opened by path, each checked against them)."""
+    here = _PINNED_HERE.get(token)
+    return here if here is not None else PublishedFolder(folder, sha256, exported, block_size,
+                                                         None, token)
+
+
+class PinnedPath(str):
+    """A shard's path as named, with the folder it is read from as pinned when the trace files
+    were listed: every read of it, by any engine in any process, is of the pinned output."""
+
+    published: PublishedFolder
+
+    def __new__(cls, path: str, published: PublishedFolder) -> PinnedPath:
+        pinned = super().__new__(cls, path)
+        pinned.published = published
+        return pinned
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return PinnedPath, (str(self), self.published)
+
+
+def pin_of(path: str) -> PublishedFolder | None:
+    """The folder a trace file was pinned with (trace_files), or None."""
+    return path.published if isinstance(path, PinnedPath) else None
 
 
 def _is_shard(name: str) -> bool:
@@ -100,9 +165,31 @@ def _is_folder(path: str) -> bool:
 
 
 def trace_files(arguments: Sequence[str]) -> list[str]:
-    """The files to read, in the order given (globs sorted), twins and repeats dropped; each
-    kvtrace output folder a file is read from only whole (check_whole)."""
+    """The files to read, in the order given (globs sorted), each once (repeats and read twins
+    dropped); a kvtrace output folder's shards as PinnedPaths, the folder pinned whole
+    (pinned_whole) once."""
+    named = _named_once(arguments)
+    # Each folder's identity taken once: a publish after this changes no file's group.
+    keys = [_folder_identity(posixpath.dirname(path)) for path in named]
+    read: dict[Any, tuple[PublishedFolder | None, frozenset[str]]] = {}
+    for key, (folder, names) in _by_folder(named, keys).items():
+        if any(_is_shard(name) or name in (MANIFEST, STATS) for name in names):
+            read[key] = pinned_whole(folder, names)
     files: list[str] = []
+    for path, key in zip(named, keys):
+        published, names = read.get(key, (None, None))
+        if names is None:
+            files.append(path)
+        elif posixpath.basename(path) in names:
+            files.append(path if published is None else PinnedPath(path, published))
+    return files
+
+
+def _named_once(arguments: Sequence[str]) -> list[str]:
+    """The files the arguments name (a folder: its JSONL shards), in order, each file once
+    however spelled (paths.file_identity, as expand_inputs within one argument)."""
+    files: list[str] = []
+    spellings: dict[Any, list[str]] = {}
     for argument in arguments:
         pattern = argument
         if _is_folder(argument):
@@ -111,25 +198,40 @@ def trace_files(arguments: Sequence[str]) -> list[str]:
             pattern = posixpath.join(folder if is_url(folder) else glob.escape(folder),
                                      TRACE_SHARDS)
             if not _matched(pattern):  # say what is missing, if it is a kvtrace output
-                check_whole(folder, ())
-        files += [f for f in expand_inputs([pattern]) if f not in files]
-    present = set(files)
-    files = [f for f in files if not _twin_read(f, present)]
-    read: dict[str, set[str]] = {}
-    for path in files:
-        folder, name = posixpath.split(path)
-        read.setdefault(folder, set()).add(name)
-    for folder, names in read.items():
-        if any(_is_shard(name) for name in names):
-            check_whole(folder, names)
+                published, _ = pinned_whole(folder, ())
+                if published is not None:
+                    published.close()
+        for path in expand_inputs([pattern]):
+            names = spellings.setdefault(file_identity(path), [])
+            if not names:
+                files.append(path)
+            names.append(path)
+    for names in spellings.values():
+        if len(names) > 1:
+            _LOG.warning("one file named %d ways, read once as %s: %s", len(names), names[0],
+                         ", ".join(names))
     return files
 
 
-def _twin_read(path: str, present: set[str]) -> bool:
-    """A kvtrace shard's Parquet twin (by kvtrace's shard name) whose JSONL twin is read too:
-    the same rows. Any other Parquet file is a trace of its own, read."""
-    return (_is_shard(posixpath.basename(path)) and path.endswith(".parquet")
-            and path[: -len(".parquet")] + ".jsonl" in present)
+def _by_folder(files: Sequence[str], keys: Sequence[Any]) -> dict[Any, tuple[str, set[str]]]:
+    """The names read of each folder (by its identity, keys: one folder however spelled), with
+    the folder as first spelled."""
+    found: dict[Any, tuple[str, set[str]]] = {}
+    for path, key in zip(files, keys):
+        folder, name = posixpath.split(path)
+        found.setdefault(key, (folder, set()))[1].add(name)
+    return found
+
+
+def _folder_identity(folder: str) -> Any:
+    """What makes two spellings one folder: a local one's device and inode."""
+    if is_url(folder):
+        return folder
+    try:
+        status = os.stat(folder or ".")
+    except OSError:
+        return os.path.abspath(folder)
+    return status.st_dev, status.st_ino
 
 
 def _matched(pattern: str) -> list[str]:
@@ -139,25 +241,69 @@ def _matched(pattern: str) -> list[str]:
         return []
 
 
-def check_whole(folder: str, read: Collection[str]) -> None:
-    """Refuse a folder of kvtrace shards that is not whole: its manifest missing (where kvtrace
-    files sit beside the one read), a file it lists missing or (unless read now: its bytes are
-    checked as read) not of the sha256 listed, or a trace file read that it does not list."""
-    with opened_folder(folder) as published:
+def pinned_whole(folder: str, named: Collection[str]
+                 ) -> tuple[PublishedFolder | None, frozenset[str]]:
+    """The folder pinned (published_folder: the caller closes it, or drops it) and the names
+    of it to read: those named, a Parquet twin dropped where its JSONL twin is read; the
+    folder's JSONL shards when every file it publishes is named (a glob of the folder: its
+    manifest is no trace). Refused if not whole (NotWholeOutput: check_whole), or if its
+    manifest or stats.json is named as a trace otherwise (ConfigError)."""
+    published = published_folder(folder)
+    try:
         present = _names(folder, None) if published is None else published.names()
-        if published is None:
-            if len({n for n in present if _is_shard(n) or n == STATS}) > 1:  # not a lone shard
-                raise NotWholeOutput(folder, f"its {MANIFEST} is missing")
-            return
-        missing = sorted(set(published.sha256) - present)
-        if missing:
-            raise NotWholeOutput(folder, f"{missing[0]} is missing")
-        unlisted = sorted(set(read) - set(published.sha256))
-        if unlisted:
-            raise published.differs(unlisted[0])
-        for name in sorted(set(published.sha256) - set(read)):
-            with published.open(name) as handle:
-                published.check(name, hashlib.file_digest(handle, "sha256").hexdigest())
+        read = published.shards if published is not None and set(named) == published.files \
+            else frozenset(n for n in named if not _twin_read(n, named))
+        own = read & {MANIFEST, STATS} if published is not None else frozenset()
+        check_whole(folder, published, present, read - own)
+        if own:
+            raise ConfigError(f"{posixpath.join(folder, min(own))} is a kvtrace output's own "
+                              f"file, not a trace: name the folder, or its shards")
+    except BaseException:
+        if published is not None:
+            published.close()
+        raise
+    return published, read
+
+
+def _twin_read(name: str, named: Collection[str]) -> bool:
+    """A kvtrace shard's Parquet twin (by kvtrace's shard name) whose JSONL twin is read too:
+    the same rows. Any other Parquet file is a trace of its own, read."""
+    return (_is_shard(name) and name.endswith(".parquet")
+            and name[: -len(".parquet")] + ".jsonl" in named)
+
+
+def check_whole(folder: str, published: PublishedFolder | None, present: set[str],
+                read: Collection[str]) -> None:
+    """Refuse a folder of kvtrace shards that is not whole: its manifest missing (where kvtrace
+    files sit beside the one read, or the one read says it is one of several), a file it lists
+    missing or (unless read now: its bytes are checked as read) not of the sha256 listed, or a
+    trace file read that it does not list."""
+    if published is None:
+        _check_lone(folder, present)
+        return
+    missing = sorted(set(published.sha256) - present)
+    if missing:
+        raise NotWholeOutput(folder, f"{missing[0]} is missing")
+    unlisted = sorted(set(read) - set(published.sha256))
+    if unlisted:
+        raise published.differs(unlisted[0])
+    for name in sorted(set(published.sha256) - set(read)):
+        with published.open(name) as handle:
+            published.check(name, hashlib.file_digest(handle, "sha256").hexdigest())
+
+
+def _check_lone(folder: str, present: set[str]) -> None:
+    """A shard with no manifest beside it is a trace of its own only alone (no other file
+    kvtrace publishes there) and named as the one shard of its trace (trace-00000-of-00001):
+    kvtrace never publishes a shard k of N > 1 without its manifest."""
+    published = {n for n in present if _is_shard(n) or n == STATS}
+    if len(published) > 1:
+        raise NotWholeOutput(folder, f"its {MANIFEST} is missing")
+    for name in published:
+        shard = TRACE_FILE.fullmatch(name)
+        if shard is not None and (int(shard[1]), int(shard[2])) != (0, 1):
+            raise NotWholeOutput(folder, f"{name} is one of {int(shard[2])} shards and its "
+                                         f"{MANIFEST} is missing")
 
 
 def _names(folder: str, descriptor: int | None) -> set[str]:
@@ -180,10 +326,11 @@ def opened_folder(folder: str) -> Iterator[PublishedFolder | None]:
 
 
 def published_folder(folder: str) -> PublishedFolder | None:
-    """The promises of the manifest.json in folder; None when there is none; NotWholeOutput
-    when it is not one kvtrace writes (unreadable, or lacking sha256 or records.exported).
-    A local folder is opened first and its manifest read through it; the caller closes it
-    (PublishedFolder.close, or opened_folder)."""
+    """The folder pinned: the promises of its manifest.json, read through the folder opened
+    here (a local one); None when there is none; NotWholeOutput when it is not one kvtrace
+    writes (unreadable, or lacking sha256 or records.exported). The one pinning every reader
+    and engine uses; the caller closes it (PublishedFolder.close, or opened_folder), or drops
+    it."""
     descriptor = None if is_url(folder) else _open_folder(folder)
     try:
         published = _read_manifest(folder, descriptor)
@@ -216,7 +363,10 @@ def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | Non
             isinstance(sha256, dict) and all(isinstance(v, str) for v in sha256.values())):
         raise NotWholeOutput(folder, f"its {MANIFEST} is not one kvtrace writes (no format, "
                                      f"sha256 or records.exported)")
-    return PublishedFolder(folder, sha256, exported, descriptor)
+    block_size = manifest.get("block_size")
+    return PublishedFolder(folder, sha256, exported,
+                           block_size if is_count(block_size) and block_size > 0 else None,
+                           descriptor)
 
 
 def _open_folder(folder: str) -> int:
@@ -248,14 +398,14 @@ def _open_file(folder: str, opened: int | None, name: str) -> IO[bytes]:
 
 def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
     """The files that are shards of a kvtrace output folder (by name, beside a manifest), each
-    with what the folder's manifest promises, the folder opened once (the caller closes each:
-    PublishedFolder.close)."""
+    with what the folder's manifest promises, the folder pinned once here (the caller closes
+    each: PublishedFolder.close). A PinnedPath's pin is trace_io's to use: not pinned again."""
     folders: dict[str, PublishedFolder | None] = {}
     found = {}
     try:
         for path in files:
             folder, name = posixpath.split(path)
-            if not _is_shard(name):
+            if not _is_shard(name) or pin_of(path) is not None:
                 continue
             if folder not in folders:
                 folders[folder] = published_folder(folder)
@@ -270,16 +420,8 @@ def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
 
 
 def declared_block_size(files: Sequence[str]) -> int | None:
-    """The block size in the manifest.json beside the files, if every one has the same."""
-    sizes = set()
-    for folder in {posixpath.dirname(f) for f in files}:
-        path = posixpath.join(folder, MANIFEST)
-        try:  # a FIFO or an endless file named manifest.json is refused, not waited on
-            manifest = json.loads(read_bytes(path, MAX_MANIFEST_BYTES))
-        except (OSError, ValueError):
-            return None
-        size = manifest.get("block_size") if isinstance(manifest, dict) else None
-        if not isinstance(size, int):
-            return None
-        sizes.add(size)
+    """The block size the manifest every file was pinned with declares (trace_files), if all
+    declare the same; None if any file is not a pinned output's shard."""
+    sizes = {published.block_size if (published := pin_of(f)) is not None else None
+             for f in files}
     return sizes.pop() if len(sizes) == 1 else None

@@ -34,7 +34,7 @@ from transforms.read.paths import (
     read_lines,
     read_parquet_within,
 )
-from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, published_shards
+from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, pin_of, published_shards
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
 # The largest value each numeric field (hash_ids: each id) may hold. The readers take other
@@ -92,8 +92,10 @@ class Trace:
 
 def read_trace(files: Sequence[str]) -> Trace:
     """The files' rows; a shard of a kvtrace output folder only as its manifest lists it
-    (NotWholeOutput if not: trace_inputs)."""
-    published = published_shards(files)  # each folder opened once: its shards read through it
+    (NotWholeOutput if not: trace_inputs), through the folder as pinned: when the trace files
+    were listed (a PinnedPath's), else here, each folder once."""
+    opened = published_shards(files)
+    published = {**opened, **{path: pin for path in files if (pin := pin_of(path)) is not None}}
     parts, rows = [], {}
     try:
         for index, path in enumerate(files):
@@ -102,7 +104,7 @@ def read_trace(files: Sequence[str]) -> Trace:
                 parts.append(part)
                 rows[path] = rows.get(path, 0) + len(part["input_length"])
     finally:
-        for folder in set(published.values()):
+        for folder in set(opened.values()):  # a pin from trace_files is its holder's to close
             folder.close()
     _check_exported(published, rows)
     malformed = [m for p in parts for m in p["malformed"]]

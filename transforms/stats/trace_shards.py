@@ -132,9 +132,10 @@ class FileChunk:
 
 
 def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int) -> Iterator[FileChunk]:
-    """One file of a trace as tables (the unit the Beam engines of analyze and reuse shard)."""
-    index, path = indexed
-    trace = read_trace([path])
+    """One file of a trace as tables (the unit the Beam engines of analyze and reuse shard),
+    read as pinned when the files were listed (files[index] carries its pin: trace_inputs)."""
+    index, _ = indexed
+    trace = read_trace([files[index]])
     trace.file_index[:] = index
     trace.files = list(files)
     rows, blocks = chunk_tables(trace, block_size)

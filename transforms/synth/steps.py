@@ -91,8 +91,10 @@ class SynthesizeTrace(beam.PTransform):
 
 
 def _read_file(indexed: tuple[int, str], files: tuple[str, ...], shards: int) -> Iterator:
-    index, path = indexed
-    trace = read_trace([path])
+    """One file's conversations and prefix visits, the file read as pinned when the files
+    were listed (files[index] carries its pin: trace_inputs)."""
+    index, _ = indexed
+    trace = read_trace([files[index]])
     trace.file_index[:] = index
     trace.files = list(files)
     conversations, visits = split_file(trace, shards)

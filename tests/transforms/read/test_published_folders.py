@@ -4,10 +4,16 @@ exported; however it is named, and whatever is published over it while it is rea
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import io
 import json
 import os
+import pickle
+import subprocess
+import sys
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,9 +22,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transforms.errors import ConfigError
 from transforms.read.paths import count_lines
 from transforms.read.trace_inputs import (
     NotWholeOutput,
+    declared_block_size,
     opened_folder,
     published_shards,
     trace_files,
@@ -33,7 +41,8 @@ def _jsonl(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def published(folder: Path, shards: list[list[dict]], exported: int | None = None) -> Path:
+def published(folder: Path, shards: list[list[dict]], exported: int | None = None,
+              block_size: int = 4) -> Path:
     """A folder as kvtrace publishes it: JSONL and Parquet twins, stats.json, a manifest
     listing them."""
     folder.mkdir()
@@ -44,7 +53,8 @@ def published(folder: Path, shards: list[list[dict]], exported: int | None = Non
     (folder / "stats.json").write_text(json.dumps({"rows": sum(map(len, shards))}))
     sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
     (folder / "manifest.json").write_text(json.dumps({
-        "format": "mooncake-trace", "block_size": 4, "files": sorted(sha256), "sha256": sha256,
+        "format": "mooncake-trace", "block_size": block_size, "files": sorted(sha256),
+        "sha256": sha256,
         "records": {"exported": sum(map(len, shards)) if exported is None else exported}}))
     return folder
 
@@ -281,3 +291,120 @@ def test_a_damaged_copy_is_refused_or_read_whole(tmp_path_factory, victim, damag
     assert whole
     rows = 3 if spelling == "trace-00001-of-00002.jsonl" else 5
     assert trace.input_length.tolist() == [8] * rows and trace.malformed_count == 0
+
+
+def _swap(out: Path, staged: Path) -> None:
+    """The next night's publish: out moved aside, the staged folder renamed into its place."""
+    os.rename(out, out.with_name("previous"))
+    os.rename(staged, out)
+
+
+def test_the_block_size_and_the_rows_come_from_the_one_pin(tmp_path):
+    out = published(tmp_path / "out", [ROWS[:2]], block_size=4)
+    staged = published(tmp_path / "next", [ROWS[2:]], block_size=8)
+    files = trace_files([str(out)])  # pinned here
+    _swap(out, staged)
+    assert declared_block_size(files) == 4
+    assert len(read_trace(files)) == 2
+    fresh = trace_files([str(out)])
+    assert declared_block_size(fresh) == 8 and len(read_trace(fresh)) == 3
+
+
+def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
+    """A Beam worker gets the files pickled: in this process the folder as opened (the
+    previous night, whole); in another, that has no descriptor of it, the file opened by path
+    and checked against the pinned sha256 (the next night's: refused in one line)."""
+    out = published(tmp_path / "out", [ROWS[:2]])
+    staged = published(tmp_path / "next", [ROWS[2:]])
+    files = trace_files([str(out)])
+    sent = pickle.dumps(files)
+    _swap(out, staged)
+    assert read_trace(pickle.loads(sent)).input_length.tolist() == [8, 8]
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys\n"
+         "from transforms.read.trace_io import read_trace\n"
+         "read_trace(pickle.loads(sys.stdin.buffer.read()))"],
+        input=sent, capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert elsewhere.returncode != 0
+    assert b"trace-00000-of-00001.jsonl differs from its manifest (copied partly?)" in \
+        elsewhere.stderr
+
+
+def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
+    folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
+    files = trace_files([str(folder)])
+    assert len(read_trace(files)) == 5
+    assert {f.published for f in files} == {files[0].published}  # one pin, held by the files
+    descriptor, pin = files[0].published.descriptor, weakref.ref(files[0].published)
+    assert os.readlink(f"/proc/self/fd/{descriptor}") == str(folder)
+    del files
+    gc.collect()
+    assert pin() is None
+    with contextlib.suppress(FileNotFoundError):  # closed, or the number taken by another file
+        assert os.readlink(f"/proc/self/fd/{descriptor}") != str(folder)
+
+
+@pytest.mark.parametrize("name", ["trace-00001-of-00003.jsonl", "trace-00000-of-00003.jsonl",
+                                  "trace-00000-of-00002.parquet"])
+def test_a_lone_shard_of_several_is_a_partial_copy(tmp_path, name):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / name).write_bytes(_jsonl(ROWS) if name.endswith(".jsonl") else b"")
+    count = int(name.split("-of-")[1][:5])
+    for argument in (copy, copy / name, copy / "*"):
+        with pytest.raises(NotWholeOutput, match=f"copy is not a whole kvtrace output: {name} "
+                                                 f"is one of {count} shards and its manifest"):
+            trace_files([str(argument)])
+
+
+SPELLINGS = ["out", "./out", "{abs}", "alias", "out/", "out/trace-*.jsonl", "out/trace-*",
+             "./out/trace-00001-of-00002.parquet", "alias/trace-00000-of-00002.jsonl"]
+
+
+@pytest.mark.parametrize("second", SPELLINGS)
+def test_an_output_named_twice_is_read_once(tmp_path, monkeypatch, caplog, second):
+    published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
+    (tmp_path / "alias").symlink_to("out")
+    monkeypatch.chdir(tmp_path)
+    files = trace_files(["out", second.format(abs=tmp_path / "out")])
+    assert files == ["out/trace-00000-of-00002.jsonl", "out/trace-00001-of-00002.jsonl"]
+    assert len(read_trace(files)) == 5
+    if not second.endswith(".parquet"):  # a shard named twice, not only its twin
+        assert "read once as out/trace-0000" in caplog.text
+
+
+FILES = ["manifest.json", "stats.json", "trace-00000-of-00002.jsonl",
+         "trace-00000-of-00002.parquet", "trace-00001-of-00002.jsonl",
+         "trace-00001-of-00002.parquet"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from(["", "./", "{abs}/"])),
+                min_size=1, max_size=8))
+def test_any_files_of_an_output_named_are_its_rows_once_or_refused(tmp_path_factory, named):
+    """However often and however spelled its files are named: all of them (a glob of the
+    folder) read the folder; shards alone, each shard's rows once (one twin or the other); the
+    manifest or stats.json among some of them: no trace, refused in one line."""
+    root = tmp_path_factory.mktemp("named")
+    published(root / "out", [ROWS[:2], ROWS[2:]])
+    arguments = [f"{prefix.format(abs=root)}out/{name}" for name, prefix in named]
+    names = {name for name, _ in named}
+    os.chdir(root)  # the relative spellings
+    try:
+        trace = read_trace(trace_files(arguments))
+    except ConfigError as err:  # the manifest or stats.json named as a trace
+        assert "\n" not in str(err) and "not a trace: name the folder, or its shards" in str(err)
+        assert names & {"manifest.json", "stats.json"} and names != set(FILES)
+        return
+    shards = {name[:len("trace-00000-of-00002")] for name in names if name.startswith("trace")}
+    assert len(trace) == 2 * ("trace-00000-of-00002" in shards) + 3 * (
+        "trace-00001-of-00002" in shards)
+    assert names == set(FILES) or not names & {"manifest.json", "stats.json"}
+
+
+def test_a_glob_of_a_whole_output_reads_the_folder(tmp_path):
+    folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
+    assert trace_files([str(folder / "*")]) == trace_files([str(folder)])
+    (folder / "notes.txt").write_text("mine")  # not kvtrace's: the glob names a trace file
+    with pytest.raises(NotWholeOutput, match="notes.txt differs from its manifest"):
+        trace_files([str(folder / "*")])

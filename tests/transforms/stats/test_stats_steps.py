@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import apache_beam as beam
@@ -13,7 +17,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from collections import Counter
 
 from transforms.ids.buckets import BUCKET_MS
-from transforms.stats.steps import MinuteCounts, ShardStep, WarmupKey
+from transforms.read.trace_inputs import trace_files
+from transforms.stats.steps import MinuteCounts, ReadTraceFiles, ShardStep, WarmupKey
 from transforms.stats.trace_shards import ROW, by_shard, warmup_key, warmup_plan
 
 BLOCK = np.dtype([("id", "<i8"), ("pos", "<i8")])
@@ -62,3 +67,32 @@ def test_warmup_key_and_minute_counts_over_chunks_of_several_files():
         files = pipeline | beam.Create(chunks)
         assert_that(files | WarmupKey(0.5), equal_to([(BUCKET_MS + 1.0, 11)]), label="Warmup")
         assert_that(files | MinuteCounts(), equal_to([Counter({0: 2, 1: 3})]), label="Minutes")
+
+
+def _published(folder: Path, shards: list[list[int]]) -> Path:
+    """A folder as kvtrace publishes it (JSONL shards of rows of these input lengths, a manifest
+    listing them), enough for the readers."""
+    folder.mkdir()
+    for index, lengths in enumerate(shards):
+        (folder / f"trace-{index:05d}-of-{len(shards):05d}.jsonl").write_text("".join(
+            json.dumps({"timestamp": i, "input_length": n, "hash_ids": [i]}) + "\n"
+            for i, n in enumerate(lengths)))
+    sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": "mooncake-trace", "block_size": 4, "sha256": sha256,
+        "records": {"exported": sum(map(len, shards))}}))
+    return folder
+
+
+def test_the_workers_read_each_file_as_pinned_when_the_files_were_listed(tmp_path):
+    """The next night published over the folder after it was listed: every worker's read is of
+    the output listed (the pinned folder), never a mix."""
+    out = _published(tmp_path / "out", [[8, 8], [8, 8, 8]])
+    staged = _published(tmp_path / "next", [[9], [9, 9, 9]])
+    files = tuple(trace_files([str(out)]))
+    os.rename(out, tmp_path / "previous")
+    os.rename(staged, out)
+    with TestPipeline() as pipeline:
+        read = (pipeline | ReadTraceFiles(files, 4)
+                | beam.Map(lambda chunk: (chunk.index, chunk.rows["isl"].tolist())))
+        assert_that(read, equal_to([(0, [8, 8]), (1, [8, 8, 8])]))
