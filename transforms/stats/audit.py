@@ -326,6 +326,7 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
         for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
+    rows.check_output_order()
     for problem in rows.problems:
         gate.flag(problem)
 
@@ -345,7 +346,8 @@ class _Rows:
     merged: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(
         np.empty(0, np.int64) for _ in range(3)))
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
-    output_ids: list[np.ndarray] = field(default_factory=list)  # each shard's, distinct
+    # Each shard's distinct output ids in the order they first appear (their numbering order)
+    output_ids: list[np.ndarray] = field(default_factory=list)
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
@@ -379,7 +381,7 @@ class _Rows:
         self._check_order(columns)
         self._merge_ids(columns)
         if columns.output_ids is not None:
-            self.output_ids.append(_sorted_unique(columns.output_ids))
+            self.output_ids.append(_first_appearances(columns.output_ids))
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -436,6 +438,18 @@ class _Rows:
                 self.next_session = expected + len(new)
             else:
                 self.next_id = expected + len(new)
+
+    def check_output_order(self) -> None:
+        """Blocks only outputs hold are numbered after every prompt block of the night, in the
+        order they are first seen (dense_ids.block_keys): the ids past the prompts' must first
+        appear as next_id, next_id + 1, ... in the rows' order."""
+        if self.next_id is None or not self.output_ids:
+            return
+        new = _first_appearances(np.concatenate(self.output_ids))
+        new = new[new >= self.next_id]
+        if not np.array_equal(new, np.arange(self.next_id, self.next_id + len(new))):
+            self.problems.append(f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
+                                 f"first-seen order after the prompts' ids")
 
     def _merge_ids(self, columns: TraceColumns) -> None:
         """Each distinct prompt block id with its tokens at its first occurrence and the id

@@ -173,7 +173,6 @@ def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_output_ids_permuted_out_of_first_seen_order(tiny_tokenizer, tmp_path):
     """Round 1's first-seen check (_Rows._check_order) covers prompt ids and sessions, never
     output_hash_ids: kvtrace numbers output-only ids after the night's prompt ids, in first-seen
