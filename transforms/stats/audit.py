@@ -49,7 +49,7 @@ from transforms.trace_format import (
     schema_problems,
     shard_name,
 )
-from transforms.write.manifest import KVTRACE_VERSION
+from transforms.write.manifest import KVTRACE_VERSION, content_time, folder_content_time
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
 from transforms.write.totals import ExportTotals, export_stats
@@ -77,6 +77,7 @@ class _Gate:
     def __init__(self) -> None:
         self.flags: list[str] = []
         self.sha256: dict[str, str] = {}  # of every file read whole
+        self.mtime_ns: dict[str, int] = {}  # of every local entry, "" for the folder itself
 
     def flag(self, message: str) -> None:
         if message not in self.flags and len(self.flags) < MAX_FLAGS:
@@ -100,6 +101,7 @@ def audit(target: str) -> dict:
                 rows.add(columns, manifest)
         if manifest is not None:
             _check_manifest_against(folder, names, manifest, rows, gate)
+        _check_times(gate)
     else:
         folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
         names = [name]
@@ -143,6 +145,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
             gate.flag(f"an object in a subfolder: {name}")
     else:
         _check_attributes(folder, "the folder itself", gate)
+        gate.mtime_ns[""] = os.stat(folder).st_mtime_ns
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.is_dir(follow_symlinks=False):
@@ -151,6 +154,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
             else:
                 names.append(entry.name)
+                gate.mtime_ns[entry.name] = entry.stat(follow_symlinks=False).st_mtime_ns
                 _check_attributes(entry.path, entry.name, gate)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
@@ -174,6 +178,18 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     if set(attributes) - SYSTEM_ATTRIBUTES:
         gate.flag(f"{name}: extended attributes kvtrace does not set "
                   f"({', '.join(sorted(set(attributes) - SYSTEM_ATTRIBUTES))[:80]})")
+
+
+def _check_times(gate: _Gate) -> None:
+    """Each file's mtime and the folder's are the ones kvtrace derives from their content
+    (write/manifest.set_content_times): any other time is a number someone chose."""
+    files = {name: ns for name, ns in gate.mtime_ns.items() if name}
+    expected = {name: content_time(gate.sha256[name]) for name in files if name in gate.sha256}
+    if "" in gate.mtime_ns and expected.keys() == files.keys():
+        expected[""] = folder_content_time({n: gate.sha256[n] for n in files})
+    if any(gate.mtime_ns[name] != stamp * 10**9 for name, stamp in expected.items()):
+        gate.flag("file times are not the ones kvtrace sets (each derived from its content): "
+                  "copy the folder with times preserved (cp -p, rsync -t)")
 
 
 def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:

@@ -145,3 +145,38 @@ def manifest_path(directory: str) -> str:
 def write_json(path: str, payload: dict) -> None:
     with storage.create(path) as handle:
         handle.write(canonical_json(payload))
+
+
+# Every published file's mtime is derived from its content (the folder's from its files'), so
+# the time a copy keeps (rsync -t, cp -p, tar) carries nothing but the content: whole seconds
+# from a fixed base plus three bytes of the sha256, different for different content (rsync's
+# size-and-time quick check then never skips a changed file) and the same on every run.
+CONTENT_TIME_BASE = 946_684_800  # 2000-01-01T00:00:00Z
+CONTENT_TIME_BYTES = 3  # up to ~194 days past the base
+
+
+def content_time(sha256_hex: str) -> int:
+    """The mtime (whole seconds) of a published file whose sha256 is sha256_hex."""
+    return CONTENT_TIME_BASE + int(sha256_hex[:2 * CONTENT_TIME_BYTES], 16)
+
+
+def folder_content_time(file_sha256: dict[str, str]) -> int:
+    """The mtime of a published folder: its files' names and digests, in name order."""
+    listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(file_sha256.items()))
+    return content_time(hashlib.sha256(listing.encode()).hexdigest())
+
+
+def set_content_times(folder: str) -> None:
+    """Stamp a local folder's files and the folder with their content times (object stores keep
+    no settable mtime)."""
+    if storage.is_url(folder):
+        return
+    digests = {}
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            with open(entry.path, "rb") as handle:
+                digests[entry.name] = hashlib.file_digest(handle, "sha256").hexdigest()
+            stamp = content_time(digests[entry.name])
+            os.utime(entry.path, (stamp, stamp), follow_symlinks=False)
+    stamp = folder_content_time(digests)
+    os.utime(folder, (stamp, stamp))

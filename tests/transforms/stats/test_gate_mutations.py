@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from transforms.stats.audit import audit
 from transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
     jsonl_bytes
+from transforms.write.manifest import set_content_times
 from transforms.write.publish import sha256_of
 
 
@@ -165,6 +166,7 @@ def _recompute_digests(folder: Path) -> None:
     manifest["sha256"] = {name: sha256_of((folder / name).read_bytes())
                           for name in manifest["sha256"] if (folder / name).exists()}
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))  # and stamp the times kvtrace derives from content
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))

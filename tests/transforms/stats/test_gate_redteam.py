@@ -25,6 +25,7 @@ from transforms.trace_format import (
     jsonl_bytes,
     parquet_bytes,
 )
+from transforms.write.manifest import set_content_times
 from transforms.write.publish import sha256_of
 
 SHARD = "trace-00000-of-00001"
@@ -99,6 +100,7 @@ def _republish(folder: Path, columns: TraceColumns | None = None, **manifest_cha
     manifest["sha256"] = {name: sha256_of((folder / name).read_bytes())
                           for name in manifest["files"]}
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))  # the times kvtrace derives from content: anyone can
 
 
 def _with(columns: TraceColumns, **changes) -> TraceColumns:
