@@ -23,7 +23,9 @@ from transforms.write.manifest import (
     manifest_path,
     public_template_kwargs,
     public_tokenizer_name,
+    run_counts,
     write_json,
+    write_run_counts,
 )
 from transforms.write.publish import publish_folder, sha256_of
 from transforms.write.totals import ExportTotals, export_stats
@@ -110,9 +112,10 @@ class AnonymizeConfig:
 def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: RecordCounts,
                 totals: ExportTotals, unique: UniqueTotals, damaged: int,
                 extends_map: bool) -> dict:
-    """Write stats.json into the staging folder and return the manifest, which lists every
-    file of the output with its sha256 and is written last. extends_map: whether earlier runs'
-    ids may appear."""
+    """Write stats.json into the staging folder (and the run's own counts beside its dead
+    letters) and return the manifest, which lists every file of the output with its sha256 and
+    is written last. extends_map: whether earlier runs' ids may appear."""
+    write_run_counts(config.dead_letter, run_counts(counts, totals, damaged))
     stats = canonical_json(export_stats(totals, unique.count, unique.weight))
     with storage.create(storage.join(config.staging, STATS)) as handle:
         handle.write(stats)
@@ -136,15 +139,8 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
         "timestamp_unit": config.parse.timestamp_unit,
         "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
                                                        config.salt.load()),
-        "records": {
-            "read": counts.read,
-            "exported": totals.requests,
-            "rejected": counts.rejected,
-            "without_output_length": totals.requests_without_output_length,
-            "with_unrendered_messages": totals.requests_with_unrendered_messages,
-            "damaged_files": damaged,
-            "lost_bytes": counts.lost_bytes,
-        },
+        # Only what the rows prove: the other counts are the operator's (write_run_counts).
+        "records": {"exported": totals.requests},
         # Whether ids continue an id map's (a stream's) earlier nights; else they are dense
         # from 0. No count from the map itself: a night run again must publish the same bytes.
         "ids_extend_map": extends_map,

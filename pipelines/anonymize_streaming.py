@@ -373,7 +373,7 @@ class PublishWindows(beam.DoFn):
         progress.rows += manifest["records"]["exported"]
         self._windows.inc()
         self._rows.inc(manifest["records"]["exported"])
-        progress.rejected += manifest["records"]["rejected"]
+        progress.rejected += read - manifest["records"]["exported"]  # each exported or a letter
         write_cumulative(self._config, progress)
         return manifest
 

@@ -138,6 +138,30 @@ def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]
     return {k if k in KNOWN_TEMPLATE_KWARGS else hashed(k): public(v) for k, v in value.items()}
 
 
+# A run's counts no published row proves (records read and rejected, damaged files, bytes lost,
+# requests without an output length or with a message the template left out): the operator's,
+# kept beside the run's dead letters while it runs, for the CLI's summary; never published.
+RUN_COUNTS = "run-counts.json"
+
+
+def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[str, int]:
+    """The run's own counts (totals: write/totals.ExportTotals)."""
+    return {"read": counts.read, "exported": totals.requests, "rejected": counts.rejected,
+            "damaged_files": damaged_files, "lost_bytes": counts.lost_bytes,
+            "without_output_length": totals.requests_without_output_length,
+            "with_unrendered_messages": totals.requests_with_unrendered_messages}
+
+
+def write_run_counts(letters_staging: str, counts: dict[str, int]) -> None:
+    with storage.create(storage.join(letters_staging, RUN_COUNTS), private=True) as handle:
+        handle.write(canonical_json(counts))
+
+
+def read_run_counts(letters_staging: str) -> dict[str, int]:
+    with storage.open_read(storage.join(letters_staging, RUN_COUNTS)) as handle:
+        return json.loads(handle.read())
+
+
 def manifest_path(directory: str) -> str:
     return storage.join(directory, MANIFEST)
 

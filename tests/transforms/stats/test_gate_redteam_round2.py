@@ -75,7 +75,6 @@ def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
     assert secret.encode() not in published or not audit(str(out))["publishable"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_record_counts_still_carry_free_numbers_when_consistent(outputs, tmp_path):
     """Round 1's fix flags counts that exceed the rows (without_output_length > exported), not
     free numbers: rejected (with read = exported + rejected), damaged_files <= rejected and
