@@ -67,6 +67,12 @@ def add_audit_parser(commands: Any) -> None:
     add = audit.add_argument
     add("output", metavar="DIR", help="a kvtrace output folder (or one trace file)")
     add("--json", metavar="OUT", help="also write the report as JSON")
+    add("--tokenizer", metavar="TOK",
+        help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's file "
+             "digests are checked against it (default: the manifest's name, where it loads "
+             "without the network; else the folder is flagged)")
+    add("--vllm-hash-seed", metavar="S", help="vllm-sha256-cbor outputs: as the run was given")
+    add("--vllm-none-hash", metavar="HEX", help="vllm-sha256-cbor outputs: as the run was given")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -82,7 +88,14 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if not is_url(target) and os.path.isdir(target) and not os.access(target, os.R_OK | os.X_OK):
         raise ConfigError(f"{target}: not readable")
     plan_locations([target], [Location("--json", args.json or "")])
-    report = measure(target)
+    scheme = None
+    if args.vllm_hash_seed is not None or args.vllm_none_hash is not None:
+        from kvtrace.commands.anonymize import _hash_scheme
+
+        scheme = _hash_scheme({"hash_scheme": "vllm-sha256-cbor",
+                               "vllm_hash_seed": args.vllm_hash_seed,
+                               "vllm_none_hash": args.vllm_none_hash}).identity
+    report = measure(target, args.tokenizer, scheme)
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

@@ -351,4 +351,5 @@ def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_p
     ((name, value),) = kwargs.items()
     assert name.startswith("hmac-sha256:") and value.startswith("hmac-sha256:")
     assert "ACME" not in text and "system_note" not in text
-    assert main(["audit", str(out)]) == 0
+    assert main(["audit", str(out)]) == 1  # the digests need the tokenizer to be checked
+    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 0

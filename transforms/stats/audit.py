@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from transforms.trace_format import (
     SESSION_FIELD,
     STATS,
     TRACE_FILE,
+    VLLM_SCHEME_PREFIX,
     FormatError,
     TraceColumns,
     canonical_json,
@@ -49,7 +52,8 @@ from transforms.trace_format import (
     schema_problems,
     shard_name,
 )
-from transforms.write.manifest import KVTRACE_VERSION, content_time, folder_content_time
+from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
+                                       public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
 from transforms.write.totals import ExportTotals, export_stats
@@ -84,8 +88,12 @@ class _Gate:
             self.flags.append(message)
 
 
-def audit(target: str) -> dict:
-    """The report on a folder (or one trace file): flags, and what the rows expose."""
+def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None) -> dict:
+    """The report on a folder (or one trace file): flags, and what the rows expose. What the
+    manifest holds but no row proves is checked against what the operator gives: tokenizer
+    (the folder, hub name or pkg: name the run used; else the manifest's name where it loads
+    without the network) and hash_scheme (the identity of the engine scheme the run hashed
+    with: its vllm suffix derives from the engine's NONE_HASH)."""
     gate, rows, manifest = _Gate(), _Rows(), None
     folder = target.rstrip("/") or "/"
     if is_url(folder) or os.path.isdir(folder):
@@ -101,6 +109,8 @@ def audit(target: str) -> dict:
                 rows.add(columns, manifest)
         if manifest is not None:
             _check_manifest_against(folder, names, manifest, rows, gate)
+            _check_tokenizer(manifest, tokenizer, gate)
+            _check_hash_scheme(manifest, hash_scheme, gate)
         _check_times(gate)
     else:
         folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
@@ -178,6 +188,47 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     if set(attributes) - SYSTEM_ATTRIBUTES:
         gate.flag(f"{name}: extended attributes kvtrace does not set "
                   f"({', '.join(sorted(set(attributes) - SYSTEM_ATTRIBUTES))[:80]})")
+
+
+def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
+    """tokenizer.sha256 is the digests of the tokenizer's own files, or the folder is refused:
+    64 hex digits per key are otherwise free bytes."""
+    published = manifest["tokenizer"]
+    loaded = _tokenizer_here(tokenizer or published["name"])
+    if loaded is None:
+        gate.flag("manifest.json: tokenizer.sha256 cannot be checked without the tokenizer: pass "
+                  "--tokenizer (the folder, hub name or pkg: name the run used)")
+    elif public_tokenizer_sha256(loaded.files_sha256) != published["sha256"]:
+        gate.flag("manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files")
+
+
+def _tokenizer_here(name: str | None) -> Any:
+    """The tokenizer name loads without the network (a folder, a pkg: package, the local hub
+    cache), else None."""
+    from transforms.encode.fast_tokenizer import FastTokenizer
+    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+
+    if name is None:
+        return None
+    try:
+        if name.startswith(PACKAGE_PREFIX) or os.path.isdir(name):
+            return load_tokenizer(name)
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True)
+        return FastTokenizer.from_directory(Path(folder))
+    except (OSError, ValueError):  # not here, or not a tokenizer kvtrace loads
+        return None
+
+
+def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> None:
+    """A vllm scheme's suffix digests the engine's NONE_HASH, which only the operator knows."""
+    scheme = manifest["hash_scheme"]
+    if scheme.startswith(VLLM_SCHEME_PREFIX) and expected is None:
+        gate.flag("manifest.json: the vllm hash scheme's suffix cannot be checked without the "
+                  "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
+    elif expected is not None and scheme != expected:
+        gate.flag(f"manifest.json: hash_scheme is not {expected}")
 
 
 def _check_times(gate: _Gate) -> None:

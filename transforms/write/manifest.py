@@ -16,7 +16,7 @@ from typing import Any
 from transforms import storage
 from transforms.errors import JobStopped
 from transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
-                                     MANIFEST_SCHEMA, canonical_json)
+                                     MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_FILES, canonical_json)
 
 
 def _installed_version() -> str:
@@ -113,6 +113,13 @@ def public_tokenizer_name(name: str) -> str | None:
     if os.path.exists(name) or len(name) > 128 or not _PUBLIC_TOKENIZER.fullmatch(name):
         return None
     return name
+
+
+def public_tokenizer_sha256(files_sha256: dict[str, str]) -> dict[str, str]:
+    """The tokenizer's file digests as the manifest holds them: those of the files under
+    kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's name."""
+    return {key: digest for key, digest in sorted(files_sha256.items())
+            if key in PUBLISHED_TOKENIZER_FILES}
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from conftest import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from transforms.stats.audit import audit
+from test_gate_redteam import audit, the_tokenizer  # noqa: F401 (an autouse fixture)
 from transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
     jsonl_bytes
 from transforms.write.manifest import set_content_times

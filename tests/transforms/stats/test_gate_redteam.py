@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from conftest import WORDS, anonymize, chat, write_jsonl
 
-from transforms.stats.audit import _Rows, audit
+from transforms.stats import audit as gate
+from transforms.stats.audit import _Rows
 from transforms.trace_format import (
     MANIFEST,
     STATS,
@@ -27,6 +28,19 @@ from transforms.trace_format import (
 )
 from transforms.write.manifest import set_content_times
 from transforms.write.publish import sha256_of
+
+TOKENIZER: list[str] = []  # the tokenizer of every output here: the gate checks its digests
+
+
+@pytest.fixture(scope="session", autouse=True)  # before the module's outputs
+def the_tokenizer(tiny_tokenizer):
+    TOKENIZER[:] = [tiny_tokenizer]
+
+
+def audit(target: str) -> dict:
+    """The gate's report, with the tokenizer the outputs were made with."""
+    return gate.audit(target, TOKENIZER[0])
+
 
 SHARD = "trace-00000-of-00001"
 # Private text as the attacker packs it into an integer field: 5 bytes stay under 2^40.

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import anonymize, write_jsonl
-from test_gate_redteam import SECRET, _columns, _copy, _manifest, _night, _republish, _with
+from test_gate_redteam import (SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
+                               audit, the_tokenizer)  # noqa: F401 (an autouse fixture)
 
-from transforms.stats.audit import audit
+from transforms.stats import audit as gate
 from transforms.write.manifest import set_content_times
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,6 @@ def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
     """manifest.json promises "no string an operator typed, no path": a local tokenizer folder's
     path is never published. Yet each file name under its additional_chat_templates/ (16 names
@@ -72,7 +72,7 @@ def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
     out = tmp_path / "out"
     assert anonymize(str(tokenizer), [night], out, "--block-size", "4") == 0
     published = b"".join(p.read_bytes() for p in out.iterdir())
-    assert secret.encode() not in published or not audit(str(out))["publishable"]
+    assert secret.encode() not in published or not gate.audit(str(out), tokenizer)["publishable"]
 
 
 def test_record_counts_still_carry_free_numbers_when_consistent(outputs, tmp_path):
@@ -155,7 +155,6 @@ def test_extended_attributes_on_the_folder_itself_pass(outputs, tmp_path):
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
     """tokenizer.sha256 is checked for shape only (64 hex digits per file, up to 20 files with
     16 names of the attacker's choosing), and a vllm scheme's 16 hex digits are checked against
@@ -298,7 +297,8 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"])],
+    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"]),
+                          "--tokenizer", TOKENIZER[0]],
                          capture_output=True, text=True, timeout=300, preexec_fn=cap,
                          cwd=str(Path(__file__).resolve().parents[3]))
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
