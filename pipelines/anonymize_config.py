@@ -112,10 +112,11 @@ class AnonymizeConfig:
 
 def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: RecordCounts,
                 totals: ExportTotals, unique: UniqueTotals, damaged: int,
-                extends_map: bool) -> dict:
+                id_map: dict[str, int] | None) -> dict:
     """Write stats.json into the staging folder (and the run's own counts beside its dead
     letters) and return the manifest, which lists every file of the output with its sha256 and
-    is written last. extends_map: whether earlier runs' ids may appear."""
+    is written last. id_map: where the night's numbering begins when it extends an id map or a
+    stream (write/manifest.id_map_start), else None."""
     write_run_counts(config.dead_letter, run_counts(counts, totals, damaged))
     stats = canonical_json(export_stats(totals, unique.count, unique.weight))
     with storage.create(storage.join(config.staging, STATS)) as handle:
@@ -142,9 +143,8 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
                                                        config.salt.load()),
         # Only what the rows prove: the other counts are the operator's (write_run_counts).
         "records": {"exported": totals.requests},
-        # Whether ids continue an id map's (a stream's) earlier nights; else they are dense
-        # from 0. No count from the map itself: a night run again must publish the same bytes.
-        "ids_extend_map": extends_map,
+        # Where ids continue an id map's (a stream's) earlier nights; None: dense from 0.
+        "id_map": id_map,
         "files": sorted(sha256),
         "sha256": sha256,
         # How each replayer reads this folder, with this block size and ms timestamps.

@@ -363,7 +363,7 @@ class PublishWindows(beam.DoFn):
         published = False
         try:
             manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
-                                       progress.origin_ms, extends_map=True)
+                                       progress.origin_ms, dict(progress.next_id))
             published = True
         finally:
             rejected.settle(published)  # with the window, or gone with the attempt

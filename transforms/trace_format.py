@@ -440,7 +440,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
         # Only counts the rows prove; the run's others are the operator's (CLI, not published).
         "records": _closed({"exported": _COUNT}),
-        "ids_extend_map": {"type": "boolean"},
+        "id_map": {"anyOf": [{"type": "null"}, _closed({
+            "block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT})]},
         "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
         "sha256": {"type": "object", "propertyNames": _TRACE_OR_STATS,
                    "additionalProperties": _HEX64},

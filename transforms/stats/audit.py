@@ -70,6 +70,7 @@ MAX_WORDING_PARSE_BYTES = 4 << 20
 # as Python objects when it is JSONL, well inside a worker's memory.
 MAX_LONE_FILE_BYTES = 64 << 20
 MAX_FLAGS = 50
+WINDOW_PREFIX = "window-"  # a stream's windows (pipelines/anonymize_streaming.window_name)
 # Distinct ids of later shards wait, and are merged in one sort once they outnumber the merged
 # ones: each id is sorted O(log shards) times, never once per shard.
 MERGE_AT_LEAST = 1 << 20
@@ -88,12 +89,14 @@ class _Gate:
             self.flags.append(message)
 
 
-def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None) -> dict:
+def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
+          numbering: list[MapVersionNumbering] | None = None) -> dict:
     """The report on a folder (or one trace file): flags, and what the rows expose. What the
     manifest holds but no row proves is checked against what the operator gives: tokenizer
     (the folder, hub name or pkg: name the run used; else the manifest's name where it loads
     without the network) and hash_scheme (the identity of the engine scheme the run hashed
-    with: its vllm suffix derives from the engine's NONE_HASH)."""
+    with: its vllm suffix derives from the engine's NONE_HASH) and numbering (the id map's
+    versions, map_numbering: where a night that extends it may begin)."""
     gate, rows, manifest = _Gate(), _Rows(), None
     folder = target.rstrip("/") or "/"
     if is_url(folder) or os.path.isdir(folder):
@@ -108,7 +111,7 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
-            _check_manifest_against(folder, names, manifest, rows, gate)
+            _check_manifest_against(folder, names, manifest, rows, numbering, gate)
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
         _check_times(gate)
@@ -128,10 +131,10 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
-    if rows.count and rows.first_timestamp != 0 and (manifest is None or
-                                                     not manifest["ids_extend_map"]):
-        gate.flag("the first row is not at time 0: a night's own clock starts at its first "
-                  "request (an absolute time?)")
+    start = manifest["id_map"] if manifest is not None else None
+    if rows.count and rows.first_timestamp != (start["time_from_ms"] if start else 0):
+        gate.flag("the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
+                  "night's clock starts at its first request, or the id map's (an absolute time?)")
     ids = rows.all_ids()
     if rows.complete and manifest is None and not id_report(ids)["dense"]:
         gate.flag("hash_ids are not dense from 0, and no manifest says from where (token ids "
@@ -356,7 +359,7 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
 
 
 def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
-                            gate: _Gate) -> None:
+                            numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
@@ -384,13 +387,95 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     if records["exported"] != rows.count:
         gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
-    if not manifest["ids_extend_map"]:  # a night of its own: ids and sessions dense from 0
+    if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
         for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
+    else:
+        _check_numbering_start(folder, manifest["id_map"], rows, numbering, gate)
     rows.check_output_order()
     for problem in rows.problems:
         gate.flag(problem)
+
+
+@dataclass(frozen=True)
+class MapVersionNumbering:
+    """An id map version's numbering: the next block id and session after it, and how many of
+    each the night that made it added."""
+
+    next_ids: tuple[int, int]
+    added: tuple[int, int]
+
+
+def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
+    """Every version of an id map, from the empty one (0), each record verified with the map's
+    key (ids/id_map.read_version_record)."""
+    from transforms.ids.id_map import current_version_number, read_version_record
+    from transforms.ids.map_record import map_key
+
+    key, versions = map_key(salt), [MapVersionNumbering((0, 0), (0, 0))]
+    for number in range(1, current_version_number(directory) + 1):
+        record = read_version_record(directory, number, key)
+        added = record["history"][-1]["added"] if record["history"] else {}
+        versions.append(MapVersionNumbering(
+            (record["next_id"]["blocks"], record["next_id"]["sessions"]),
+            (added.get("blocks", 0), added.get("sessions", 0))))
+    return versions
+
+
+def _check_numbering_start(folder: str, start: dict, rows: _Rows,
+                           numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
+    """A night that extends an id map begins its numbering where a version of the map stood and
+    adds what the next version added (or nothing: a night the map holds already); a stream's
+    window begins where the window before it ended. The folder alone cannot show either."""
+    begins = (start["block_ids_from"], start["sessions_from"])
+    ids, sessions = rows.all_ids(), rows.sessions()
+    new = (int(np.count_nonzero(ids >= begins[0])), int(np.count_nonzero(sessions >= begins[1])))
+    if numbering is None:
+        before = _stream_window_start(folder)
+        if before is None:
+            gate.flag("manifest.json: id_map says where this night's numbering began, which "
+                      "only the id map can confirm: pass --id-map MAP with the salt the run "
+                      "used (--salt-file or --salt-secret)")
+        elif before != begins:
+            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
+                      f"{before}")
+        return
+    if not any(version.next_ids == begins and
+               (new == (0, 0) or (number + 1 < len(numbering)
+                                  and numbering[number + 1].added == new))
+               for number, version in enumerate(numbering)):
+        gate.flag("manifest.json: id_map is not where a version of the id map began numbering, "
+                  "with what the next one added")
+
+
+def _stream_window_start(folder: str) -> tuple[int, int] | None:
+    """Where a stream's window must begin numbering: (0, 0) for its first window, else where
+    the window before it (the sibling folder that sorts just before it) ended; None for a
+    folder that is no stream window (or whose window before cannot be read)."""
+    parent, name = os.path.split(folder.rstrip("/"))
+    if is_url(folder) or not name.startswith(WINDOW_PREFIX):
+        return None
+    windows = sorted(n for n in os.listdir(parent or ".")
+                     if n.startswith(WINDOW_PREFIX) and os.path.isdir(os.path.join(parent, n)))
+    place = windows.index(name)
+    if place == 0:
+        return (0, 0)
+    before, unchecked = os.path.join(parent, windows[place - 1]), _Gate()  # audited in its turn
+    try:
+        manifest = parse_json(_read(before, MANIFEST, MAX_MANIFEST_BYTES, unchecked) or b"")
+        start = manifest["id_map"]
+        ends = [start["block_ids_from"], start["sessions_from"]]
+        for shard in (n for n in manifest["files"] if n.endswith(".parquet")):
+            columns = columns_of_parquet(_read(before, shard, MAX_SHARD_BYTES, unchecked) or b"")
+            for i, values in enumerate((np.concatenate([columns.ids, columns.output_ids
+                                                        if columns.output_ids is not None
+                                                        else columns.ids]), columns.session)):
+                if len(values):
+                    ends[i] = max(ends[i], int(values.max()) + 1)
+    except (OSError, FormatError, KeyError, TypeError):
+        return None
+    return (ends[0], ends[1])
 
 
 @dataclass
@@ -416,10 +501,11 @@ class _Rows:
     problems: list[str] = field(default_factory=list)
     last_timestamp: int = -1
     block_size: int = 0  # the manifest's; 0 without one (no token weights then)
-    # The next new id and session a night numbers (first seen, first numbered); None when ids
-    # continue an id map's, whose numbering the folder cannot show.
-    next_id: int | None = 0
-    next_session: int | None = 0
+    # The next new id and session a night numbers (first seen, first numbered): from 0, or
+    # from where the manifest says an id map's (a stream's) numbering stood (its id_map)
+    next_id: int = 0
+    next_session: int = 0
+    started: bool = False
 
     def add(self, columns: TraceColumns, manifest: dict | None) -> None:
         n = len(columns)
@@ -438,8 +524,10 @@ class _Rows:
         if manifest is not None:
             self._check(columns, manifest)
             self.block_size = manifest["block_size"]
-            if manifest["ids_extend_map"]:
-                self.next_id = self.next_session = None
+            if manifest["id_map"] and not self.started:
+                self.next_id = manifest["id_map"]["block_ids_from"]
+                self.next_session = manifest["id_map"]["sessions_from"]
+            self.started = True
         self._check_order(columns)
         self._merge_ids(columns)
         if columns.output_ids is not None:
@@ -491,11 +579,10 @@ class _Rows:
         sessions = columns.session[columns.session != NO_SESSION]
         for kind, values, expected in (("block ids", columns.ids, self.next_id),
                                        ("sessions", sessions, self.next_session)):
-            if expected is None:
-                continue
             new = _first_appearances(values[values >= expected])
             if not np.array_equal(new, np.arange(expected, expected + len(new))):
-                self.problems.append(f"{kind} not numbered in first-seen order (dense from 0)")
+                self.problems.append(f"{kind} not numbered in first-seen order (dense from the "
+                                     f"night's first)")
             if kind == "sessions":
                 self.next_session = expected + len(new)
             else:
@@ -505,7 +592,7 @@ class _Rows:
         """Blocks only outputs hold are numbered after every prompt block of the night, in the
         order they are first seen (dense_ids.block_keys): the ids past the prompts' must first
         appear as next_id, next_id + 1, ... in the rows' order."""
-        if self.next_id is None or not self.output_ids:
+        if not self.output_ids:
             return
         new = _first_appearances(np.concatenate(self.output_ids))
         new = new[new >= self.next_id]

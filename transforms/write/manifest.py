@@ -13,8 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from transforms import storage
 from transforms.errors import JobStopped
+from transforms.write.coarsen import round_to
 from transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
                                      MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_FILES, canonical_json)
 
@@ -92,6 +95,19 @@ def check_not_before_origin(
             f"extends forward in time; anonymize earlier logs with a new map."
         )
     return counts
+
+
+def id_map_start(next_ids: dict[str, int] | None, earliest_ms: list[int], origin_ms: int,
+                 timestamp_granularity_ms: int) -> dict[str, int] | None:
+    """Where a night that extends an id map (or a stream's earlier windows) begins: its first
+    new block id and session, and its first row's time (the map's clock, rounded as the rows'
+    are); None for a night of its own, which begins at 0, 0, 0. The gate checks the rows
+    against it and it against the map (audit --id-map)."""
+    if next_ids is None:
+        return None
+    first = min(earliest_ms, default=origin_ms) - origin_ms
+    return {"block_ids_from": next_ids["blocks"], "sessions_from": next_ids["sessions"],
+            "time_from_ms": int(round_to(np.int64(first), timestamp_granularity_ms))}
 
 
 def trace_origin_ms(configured_ms: int | None, earliest_ms: list[int]) -> int:

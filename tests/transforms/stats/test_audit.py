@@ -298,3 +298,19 @@ def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp
     assert "additional_chat_templates/tool_use.jinja" in manifest["tokenizer"]["sha256"]
     assert "acme_internal" not in (tmp_path / "out" / "manifest.json").read_text()
     assert _flags(tmp_path / "out", "--tokenizer", str(tokenizer)) == (0, [])
+
+
+def test_a_night_extending_an_id_map_is_checked_against_the_map(tiny_tokenizer, tmp_path, capsys):
+    (tmp_path / "salt").write_bytes(b"s" * 32)
+    mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
+    for night in range(2):
+        src = write_jsonl(tmp_path / f"in{night}.jsonl",
+                          [chat(i + 5 * night, 1000 * i + 10**8 * night) for i in range(4)])
+        assert anonymize(tiny_tokenizer, [src], tmp_path / f"out{night}", "--block-size", "4",
+                         *mapped) == 0
+    out = tmp_path / "out1"
+    assert json.loads((out / "manifest.json").read_text())["id_map"]["time_from_ms"] == 10**8
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
+    assert code == 1 and "pass --id-map MAP" in flags[0]
+    assert _flags(out, "--tokenizer", tiny_tokenizer, *mapped) == (0, [])
+    assert main(["audit", str(out), "--id-map", str(tmp_path / "map")]) == 2  # no salt: refused

@@ -17,7 +17,9 @@ from conftest import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from test_gate_redteam import audit, the_tokenizer  # noqa: F401 (an autouse fixture)
+from test_gate_redteam import NUMBERING, audit, the_tokenizer  # noqa: F401 (autouse fixture)
+
+from transforms.stats.audit import map_numbering
 from transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
     jsonl_bytes
 from transforms.write.manifest import set_content_times
@@ -53,6 +55,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     for name, (inputs, extra) in runs.items():
         assert anonymize(str(tiny_tokenizer), inputs, tmp / name, "--block-size", "4", *extra) == 0
         made[name] = tmp / name
+    NUMBERING[:] = [map_numbering(str(tmp / "map"), b"s" * 32)]
     return made
 
 
@@ -64,8 +67,9 @@ def test_every_kind_of_real_output_is_publishable(outputs, kind):
 
 
 def test_the_manifest_says_whether_ids_continue_a_map(outputs):
-    assert not json.loads((outputs["plain"] / MANIFEST).read_text())["ids_extend_map"]
-    assert json.loads((outputs["night2"] / MANIFEST).read_text())["ids_extend_map"]
+    assert json.loads((outputs["plain"] / MANIFEST).read_text())["id_map"] is None
+    start = json.loads((outputs["night2"] / MANIFEST).read_text())["id_map"]
+    assert start["block_ids_from"] > 0 and start["sessions_from"] == 3  # night 1's user-0..2
 
 
 TEXT = st.text(min_size=1, max_size=12)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import anonymize, write_jsonl
-from test_gate_redteam import (SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
+from test_gate_redteam import (NUMBERING, SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
                                audit, the_tokenizer)  # noqa: F401 (an autouse fixture)
 
 from transforms.stats import audit as gate
@@ -24,6 +24,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("redgate2")
     night = write_jsonl(tmp / "night.jsonl", _night(12))
     made = {}
+    NUMBERING[:] = []  # no id map here
     for name, extra in {"plain": ()}.items():
         assert anonymize(tiny_tokenizer, [night], tmp / name, "--block-size", "4", *extra) == 0
         assert audit(str(tmp / name))["publishable"]
@@ -37,7 +38,6 @@ def _refused(folder: Path) -> list[str]:
     return report["flags"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp_path):
     """A night of its own (no --id-map) republished with ids_extend_map: true. That one bit,
     which nothing in the folder can contradict, switches off the round-1 fixes: the first row
@@ -50,8 +50,11 @@ def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp
     session = np.where(columns.session >= 0, columns.session + word, columns.session)
     _republish(folder, _with(columns, timestamp=columns.timestamp + 1_700_000_000,
                              session=session, ids=columns.ids + word),
-               ids_extend_map=True)
-    _refused(folder)
+               id_map={"block_ids_from": word, "sessions_from": word,
+                       "time_from_ms": 1_700_000_000})  # (the manifest's form of the bit now)
+    assert _refused(folder) == [
+        "manifest.json: id_map says where this night's numbering began, which only the id map "
+        "can confirm: pass --id-map MAP with the salt the run used (--salt-file or --salt-secret)"]
 
 
 def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
