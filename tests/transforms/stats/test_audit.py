@@ -300,6 +300,7 @@ def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp
     assert _flags(tmp_path / "out", "--tokenizer", str(tokenizer)) == (0, [])
 
 
+@pytest.mark.slow  # two nights: over a second
 def test_a_night_extending_an_id_map_is_checked_against_the_map(tiny_tokenizer, tmp_path, capsys):
     (tmp_path / "salt").write_bytes(b"s" * 32)
     mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
