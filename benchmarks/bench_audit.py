@@ -99,9 +99,8 @@ def write_folder(folder: Path, rows: int) -> None:
         "hash_scheme": "xxh3-128-chained-salted-v1", "hash_scheme_keyed": True,
         "granularity": {"timestamp_ms": 1, "output_length": 1}, "output_hash_ids": False,
         "block_hashes": None, "input_format": "auto", "timestamp_unit": "auto",
-        "chat_template_kwargs": {}, "ids_extend_map": False,
-        "records": {"read": rows, "exported": rows, "rejected": 0, "without_output_length": 0,
-                    "with_unrendered_messages": 0, "damaged_files": 0, "lost_bytes": 0},
+        "chat_template_kwargs": {}, "id_map": None,
+        "records": {"exported": rows},
         "files": sorted(digests), "sha256": digests,
         "replay": replay_commands(BLOCK, rows, sorted(digests)),
     }

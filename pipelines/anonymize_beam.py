@@ -33,7 +33,7 @@ from transforms.encode.steps import EncodeRequests, OneTimestampKind
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import publish_night, segment_files_by_shard
 from transforms.write.coarsen import published_requests
-from transforms.write.manifest import (RecordCounts, check_not_before_origin,
+from transforms.write.manifest import (RecordCounts, check_not_before_origin, id_map_start,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
@@ -197,14 +197,17 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "CountDamaged" >> beam.combiners.Count.Globally()
     )
     manifest = pipeline | "Summary" >> beam.Create([None]) | "WriteStats" >> beam.Map(
-        lambda _, files, counts, totals, unique, damaged: write_stats(
-            config, files, counts, totals, unique, damaged, config.id_map is not None
-        ),
+        lambda _, files, counts, totals, unique, damaged, earliest_ms, origin_ms: write_stats(
+            config, files, counts, totals, unique, damaged,
+            id_map_start(config.id_map.base.next_id if config.id_map else None, earliest_ms,
+                         origin_ms, config.coarsening.timestamp_ms)),
         beam.pvalue.AsList(trace_files),
         beam.pvalue.AsSingleton(counts),
         beam.pvalue.AsSingleton(totals),
         beam.pvalue.AsSingleton(blocks["unique"]),
         beam.pvalue.AsSingleton(damaged_files),
+        beam.pvalue.AsList(earliest),
+        origin,
     )
     if config.id_map:
         id_map = config.id_map

@@ -23,7 +23,10 @@ from transforms.write.manifest import (
     manifest_path,
     public_template_kwargs,
     public_tokenizer_name,
+    public_tokenizer_sha256,
+    run_counts,
     write_json,
+    write_run_counts,
 )
 from transforms.write.publish import publish_folder, sha256_of
 from transforms.write.totals import ExportTotals, export_stats
@@ -111,10 +114,12 @@ class AnonymizeConfig:
 
 def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: RecordCounts,
                 totals: ExportTotals, unique: UniqueTotals, damaged: int,
-                extends_map: bool) -> dict:
-    """Write stats.json into the staging folder and return the manifest, which lists every
-    file of the output with its sha256 and is written last. extends_map: whether earlier runs'
-    ids may appear."""
+                id_map: dict[str, int] | None) -> dict:
+    """Write stats.json into the staging folder (and the run's own counts beside its dead
+    letters) and return the manifest, which lists every file of the output with its sha256 and
+    is written last. id_map: where the night's numbering begins when it extends an id map or a
+    stream (write/manifest.id_map_start), else None."""
+    write_run_counts(config.dead_letter, run_counts(counts, totals, damaged))
     stats = canonical_json(export_stats(totals, unique.count, unique.weight))
     with storage.create(storage.join(config.staging, STATS)) as handle:
         handle.write(stats)
@@ -124,7 +129,7 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
         "kvtrace_version": KVTRACE_VERSION,
         "format": FORMAT,
         "tokenizer": {"name": public_tokenizer_name(config.tokenizer),
-                      "sha256": config.tokenizer_sha256},
+                      "sha256": public_tokenizer_sha256(config.tokenizer_sha256)},
         "block_size": config.block_size,
         "hash_scheme": config.hash_scheme.identity,
         "hash_scheme_keyed": config.hash_scheme.keyed,
@@ -138,18 +143,10 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
         "timestamp_unit": config.parse.timestamp_unit,
         "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
                                                        config.salt.load()),
-        "records": {
-            "read": counts.read,
-            "exported": totals.requests,
-            "rejected": counts.rejected,
-            "without_output_length": totals.requests_without_output_length,
-            "with_unrendered_messages": totals.requests_with_unrendered_messages,
-            "damaged_files": damaged,
-            "lost_bytes": counts.lost_bytes,
-        },
-        # Whether ids continue an id map's (a stream's) earlier nights; else they are dense
-        # from 0. No count from the map itself: a night run again must publish the same bytes.
-        "ids_extend_map": extends_map,
+        # Only what the rows prove: the other counts are the operator's (write_run_counts).
+        "records": {"exported": totals.requests},
+        # Where ids continue an id map's (a stream's) earlier nights; None: dense from 0.
+        "id_map": id_map,
         "files": sorted(sha256),
         "sha256": sha256,
         # How each replayer reads this folder, with this block size and ms timestamps.

@@ -79,7 +79,7 @@ from transforms.read.sources import (
     read_range,
 )
 from transforms.write.coarsen import published_requests
-from transforms.write.manifest import (RecordCounts, check_not_before_origin,
+from transforms.write.manifest import (RecordCounts, check_not_before_origin, id_map_start,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
@@ -357,9 +357,9 @@ def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
 
 def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
                     kind_ids: Callable[[str, np.ndarray], KindIds],
-                    origin_ms: int | None = None, extends_map: bool = False) -> dict:
+                    origin_ms: int | None = None, next_ids: dict[str, int] | None = None) -> dict:
     """Number encoded requests (kind_ids: dense ids of one kind's keys, extending whatever map
-    holds the earlier ones: the id map's, or a stream's when extends_map) and publish them:
+    holds the earlier ones: the id map's, or a stream's from next_ids) and publish them:
     trace shards, dead letters, stats, manifest. The trace's clock starts at origin_ms, else at
     the map's origin or the earliest request."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
@@ -390,8 +390,11 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     files = _write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole, config.coarsening)
     damaged = rejected.of_reason(DAMAGED_FILE)
+    if config.id_map is not None:
+        next_ids = config.id_map.base.next_id
     manifest = write_stats(config, files, counts, totals, numbered["blocks"].unique, damaged,
-                           extends_map or config.id_map is not None)
+                           id_map_start(next_ids, earliest_ms, origin,
+                                        config.coarsening.timestamp_ms))
     if config.id_map:  # the output is published once the map's version is
         id_map = config.id_map
         publish_night(manifest, id_map.directory, id_map.base, config.salt, id_map.marks,

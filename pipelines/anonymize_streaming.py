@@ -403,7 +403,7 @@ class PublishWindows(beam.DoFn):
         published = False
         try:
             manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
-                                       progress.origin_ms, extends_map=True)
+                                       progress.origin_ms, dict(progress.next_id))
             published = True
         finally:
             rejected.settle(published)  # with the window, or gone with the attempt
@@ -413,7 +413,7 @@ class PublishWindows(beam.DoFn):
         progress.rows += manifest["records"]["exported"]
         self._windows.inc()
         self._rows.inc(manifest["records"]["exported"])
-        progress.rejected += manifest["records"]["rejected"]
+        progress.rejected += read - manifest["records"]["exported"]  # each exported or a letter
         write_cumulative(self._config, progress)
         return manifest
 

@@ -364,6 +364,7 @@ BLOCK_HASHES_WARNING = (
 
 
 KEYED_SCHEME = "xxh3-128-chained-salted-v1"  # encode/blocks.HASH_SCHEME: the keyed one
+VLLM_SCHEME_PREFIX = "vllm-sha256-cbor-v1:"  # + 16 hex digits of sha256(NONE_HASH)
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
@@ -374,6 +375,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja")
 EXTRA_TEMPLATES = "additional_chat_templates"  # named templates, as transformers reads them
 EXTRA_TEMPLATE_PATTERN = EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja"
+# The named templates a render can select (fast_tokenizer.FastTokenizer._template, as
+# transformers chooses without a name: tool_use for requests with tools, else default): only
+# their digests are published, under these fixed keys; any other template's file name is the
+# operator's own text and renders nothing.
+SELECTED_TEMPLATES = tuple(f"{EXTRA_TEMPLATES}/{name}.jinja" for name in ("default", "tool_use"))
+PUBLISHED_TOKENIZER_FILES = TOKENIZER_FILES + SELECTED_TEMPLATES
 # Template variables whose names are published as they are; any other name is hashed like every
 # string value (an operator's own variable names are free text).
 KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget",
@@ -412,14 +419,13 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             "name": {"anyOf": [{"type": "null"}, {
                 "type": "string", "maxLength": 128,
                 "pattern": r"^([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+|pkg:[A-Za-z_][A-Za-z0-9_.]*)$"}]},
-            "sha256": {"type": "object", "maxProperties": len(TOKENIZER_FILES) + 16,
-                       "propertyNames": {"anyOf": [{"enum": list(TOKENIZER_FILES)},
-                                                   {"pattern": f"^{EXTRA_TEMPLATE_PATTERN}$"}]},
+            # Checked against the tokenizer by the gate (audit --tokenizer).
+            "sha256": {"type": "object", "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
                        "additionalProperties": _HEX64},
         }),
         "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
         "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
-                        "seed1337-v1|vllm-sha256-cbor-v1:[0-9a-f]{16})$"},
+                        "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$"},
         "hash_scheme_keyed": {"type": "boolean"},
         "granularity": _closed({"timestamp_ms": _STEP, "output_length": _STEP}),
         "output_hash_ids": {"type": "boolean"},
@@ -432,10 +438,10 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},
                                         {"pattern": HASHED_TEXT}]},
             "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
-        "records": _closed({name: _COUNT for name in (
-            "read", "exported", "rejected", "without_output_length", "with_unrendered_messages",
-            "damaged_files", "lost_bytes")}),
-        "ids_extend_map": {"type": "boolean"},
+        # Only counts the rows prove; the run's others are the operator's (CLI, not published).
+        "records": _closed({"exported": _COUNT}),
+        "id_map": {"anyOf": [{"type": "null"}, _closed({
+            "block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT})]},
         "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
         "sha256": {"type": "object", "propertyNames": _TRACE_OR_STATS,
                    "additionalProperties": _HEX64},

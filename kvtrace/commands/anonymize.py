@@ -275,6 +275,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms import storage
     from transforms.write.publish import (FOLDER, DeadLetterRun, Location, folded, output_lock,
                                           plan_locations, recover_letters, staging_folder)
+    from transforms.write.manifest import read_run_counts
     from transforms.write.shards import block_hashes_staging
 
     presets, preset_beam = load_presets(
@@ -355,6 +356,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             succeeded = False
             try:
                 _run_anonymize(config, engine, options["processes"], flags)
+                counts = read_run_counts(letters.staging)  # before the staging folder goes
                 succeeded = True
             finally:
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
@@ -369,7 +371,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 1
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
-    _print_summary(config, letters.published)
+    _print_summary(config, letters.published, counts)
     return 0
 
 
@@ -541,15 +543,17 @@ def _read_json(path: str) -> dict:
         return json.loads(handle.read())
 
 
-def _print_summary(config: Any, letters: str) -> None:
+def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
+    """records: the run's own counts (write/manifest.run_counts), which no published file holds."""
     from transforms.write.replayers import replay_commands
 
     manifest = _read_json(f"{config.output}/manifest.json")
-    records = manifest["records"]
     stats = _read_json(f"{config.output}/stats.json")
     print(
         f"exported {records['exported']} of {records['read']} records "
-        f"({records['rejected']} rejected -> {letters}); "
+        f"({records['rejected']} rejected -> {letters}"
+        + (f"; {records['damaged_files']} damaged file(s) lost {records['lost_bytes']} bytes"
+           if records["damaged_files"] else "") + "); "
         f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
         f"{stats['unique_blocks']} unique; infinite-cache hit rate "
         f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
@@ -563,7 +567,7 @@ def _print_summary(config: Any, letters: str) -> None:
     if records.get("with_unrendered_messages"):
         print(f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
               f"left out a system or developer message (as the engine would: its prompt lacks "
-              f"that text); counted in manifest.json", file=sys.stderr)
+              f"that text)", file=sys.stderr)
     if config.id_map:
         from transforms.ids.id_map import current_version_number
 

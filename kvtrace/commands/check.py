@@ -67,7 +67,35 @@ def add_audit_parser(commands: Any) -> None:
     add = audit.add_argument
     add("output", metavar="DIR", help="a kvtrace output folder (or one trace file)")
     add("--json", metavar="OUT", help="also write the report as JSON")
+    add("--tokenizer", metavar="TOK",
+        help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's file "
+             "digests are checked against it (default: the manifest's name, where it loads "
+             "without the network; else the folder is flagged)")
+    add("--id-map", metavar="MAP",
+        help="the id map a night extended (anonymize --id-map): where the manifest says its "
+             "numbering began is checked against the map's versions (needs the run's salt); "
+             "such a night audited without it is flagged")
+    add("--salt-file", metavar="PATH", help="with --id-map: the salt the runs used")
+    add("--salt-secret", metavar="VERSION", help="with --id-map: the salt the runs used")
+    add("--vllm-hash-seed", metavar="S", help="vllm-sha256-cbor outputs: as the run was given")
+    add("--vllm-none-hash", metavar="HEX", help="vllm-sha256-cbor outputs: as the run was given")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def _map_numbering(args: argparse.Namespace) -> Any:
+    """--id-map's versions, opened with the salt as anonymize opens the map; None without."""
+    from transforms.encode.salt import SALT_ENV, salt_source
+    from transforms.stats.audit import map_numbering
+
+    if not args.id_map:
+        if args.salt_file or args.salt_secret:
+            raise ConfigError("--salt-file and --salt-secret go with --id-map")
+        return None
+    salt = salt_source(args.salt_file, args.salt_secret)
+    if not salt.persistent:
+        raise ConfigError(f"--id-map needs the salt the runs used: --salt-file, --salt-secret or "
+                          f"${SALT_ENV}")
+    return map_numbering(args.id_map.rstrip("/"), salt.load())
 
 
 def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
@@ -81,8 +109,16 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError(f"{target}: no such folder or file")
     if not is_url(target) and os.path.isdir(target) and not os.access(target, os.R_OK | os.X_OK):
         raise ConfigError(f"{target}: not readable")
-    plan_locations([target], [Location("--json", args.json or "")])
-    report = measure(target)
+    reads = [target, *(path for path in (args.id_map, args.salt_file) if path)]
+    plan_locations(reads, [Location("--json", args.json or "")])
+    scheme = None
+    if args.vllm_hash_seed is not None or args.vllm_none_hash is not None:
+        from kvtrace.commands.anonymize import _hash_scheme
+
+        scheme = _hash_scheme({"hash_scheme": "vllm-sha256-cbor",
+                               "vllm_hash_seed": args.vllm_hash_seed,
+                               "vllm_none_hash": args.vllm_none_hash}).identity
+    report = measure(target, args.tokenizer, scheme, _map_numbering(args))
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

@@ -117,7 +117,7 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
             run("export", source, "--to", to, "-o", f"reports/export-{tag}-{to}.jsonl")
     run("synthesize", "trace.jsonl", "-o", "reports/synth-beam.jsonl", "--seed", "3",
         "--engine", "beam")
-    run("audit", "local", "--json", "reports/audit.json")
+    run("audit", "local", "--json", "reports/audit.json", "--tokenizer", tokenizer)
     run("render", "local", "--tokenizer", tokenizer, "-o", "reports/render.jsonl")
     write_jsonl(Path("bailian.jsonl"), [
         {"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.5, "input_length": 20,

@@ -108,7 +108,8 @@ def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, t
     windows = sorted(p.name for p in (tmp_path / "stream").iterdir() if p.is_dir())
     assert windows == ["window-000000", "window-000001", "window-000002"]  # no time in a name
     for window in windows:
-        assert main(["audit", str(tmp_path / "stream" / window)]) == 0, window
+        assert main(["audit", str(tmp_path / "stream" / window), "--tokenizer",
+                     tiny_tokenizer]) == 0, window
 
 
 WORDS = sorted({word for line in CORPUS for word in line.split()})

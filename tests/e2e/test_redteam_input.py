@@ -54,7 +54,9 @@ def test_one_file_named_twice_is_read_once(tiny_tokenizer, tmp_path):
     again = f"{tmp_path}/./in.jsonl"  # (pathlib would drop the "./")
     assert anonymize(tiny_tokenizer, [src, again], tmp_path / "out", "--block-size", "4") == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["records"]["read"] == 2
+    assert manifest["records"]["exported"] == 2
+    letters = (tmp_path / "out-rejected").glob("*.jsonl")
+    assert not any(p.read_bytes() for p in letters)  # and nothing rejected
     assert len(trace(tmp_path / "out")) == 2
 
 
@@ -65,7 +67,8 @@ def test_a_file_whose_size_is_not_its_length_is_not_read_as_empty(tiny_tokenizer
     out = tmp_path / "out"
     code = anonymize(tiny_tokenizer, ["/proc/self/status"], out, "--block-size", "4")
     manifest = json.loads((out / "manifest.json").read_text()) if code == 0 else None
-    assert code != 0 or manifest["records"]["read"] > 0
+    letters = list((tmp_path / "out-rejected").glob("*.jsonl"))
+    assert code != 0 or manifest["records"]["exported"] + len(letters) > 0
 
 
 # ---- Ctrl-C while one large record is tokenized --------------------------------------------------
@@ -177,7 +180,8 @@ def test_a_long_run_of_whitespace_is_a_dead_letter_not_a_traceback(qwen3_tokeniz
     assert "Traceback" not in done.stderr and "panicked" not in done.stderr, done.stderr[-800:]
     assert done.returncode == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["records"]["read"] == 4 and manifest["records"]["rejected"] == 1
+    letters = list((tmp_path / "out-rejected").glob("*.jsonl"))
+    assert manifest["records"]["exported"] == 3 and len(letters[0].read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize("engine", ["local", "beam"])
@@ -224,7 +228,8 @@ def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(qwe
     out = tmp_path / "out"
     assert anonymize(qwen3_tokenizer, [src], out, "--processes", "1") == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["records"]["exported"] == 20 and manifest["records"]["rejected"] == 3
+    letters = list((tmp_path / "out-rejected").glob("*.jsonl"))
+    assert manifest["records"]["exported"] == 20 and len(letters[0].read_text().splitlines()) == 3
 
 
 # ---- a Parquet dictionary bomb -------------------------------------------------------------------

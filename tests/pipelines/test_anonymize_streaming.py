@@ -114,7 +114,7 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
     assert [w.name for w in windows] == ["window-000000", "window-000001"]
     for window in windows:  # each one exactly what kvtrace publishes: the audit passes it
-        report = audit(str(window))
+        report = audit(str(window), tiny_tokenizer)
         assert report["publishable"], report["flags"]
 
     rejected = letters(Path(config.job.dead_letter))

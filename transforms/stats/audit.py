@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +40,7 @@ from transforms.trace_format import (
     SESSION_FIELD,
     STATS,
     TRACE_FILE,
+    VLLM_SCHEME_PREFIX,
     FormatError,
     TraceColumns,
     canonical_json,
@@ -50,7 +53,8 @@ from transforms.trace_format import (
     schema_problems,
     shard_name,
 )
-from transforms.write.manifest import KVTRACE_VERSION
+from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
+                                       public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
 from transforms.write.totals import ExportTotals, export_stats
@@ -67,6 +71,7 @@ MAX_WORDING_PARSE_BYTES = 4 << 20
 # as Python objects when it is JSONL, well inside a worker's memory.
 MAX_LONE_FILE_BYTES = 64 << 20
 MAX_FLAGS = 50
+WINDOW_PREFIX = "window-"  # a stream's windows (pipelines/anonymize_streaming.window_name)
 # Distinct ids of later shards wait, and are merged in one sort once they outnumber the merged
 # ones: each id is sorted O(log shards) times, never once per shard.
 MERGE_AT_LEAST = 1 << 20
@@ -78,14 +83,21 @@ class _Gate:
     def __init__(self) -> None:
         self.flags: list[str] = []
         self.sha256: dict[str, str] = {}  # of every file read whole
+        self.mtime_ns: dict[str, int] = {}  # of every local entry, "" for the folder itself
 
     def flag(self, message: str) -> None:
         if message not in self.flags and len(self.flags) < MAX_FLAGS:
             self.flags.append(message)
 
 
-def audit(target: str) -> dict:
-    """The report on a folder (or one trace file): flags, and what the rows expose."""
+def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
+          numbering: list[MapVersionNumbering] | None = None) -> dict:
+    """The report on a folder (or one trace file): flags, and what the rows expose. What the
+    manifest holds but no row proves is checked against what the operator gives: tokenizer
+    (the folder, hub name or pkg: name the run used; else the manifest's name where it loads
+    without the network) and hash_scheme (the identity of the engine scheme the run hashed
+    with: its vllm suffix derives from the engine's NONE_HASH) and numbering (the id map's
+    versions, map_numbering: where a night that extends it may begin)."""
     gate, rows, manifest = _Gate(), _Rows(), None
     folder = target.rstrip("/") or "/"
     if is_url(folder) or os.path.isdir(folder):
@@ -100,7 +112,10 @@ def audit(target: str) -> dict:
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
-            _check_manifest_against(folder, names, manifest, rows, gate)
+            _check_manifest_against(folder, names, manifest, rows, numbering, gate)
+            _check_tokenizer(manifest, tokenizer, gate)
+            _check_hash_scheme(manifest, hash_scheme, gate)
+        _check_times(gate)
     else:
         folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
         names = [name]
@@ -117,10 +132,10 @@ def audit(target: str) -> dict:
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
-    if rows.count and rows.first_timestamp != 0 and (manifest is None or
-                                                     not manifest["ids_extend_map"]):
-        gate.flag("the first row is not at time 0: a night's own clock starts at its first "
-                  "request (an absolute time?)")
+    start = manifest["id_map"] if manifest is not None else None
+    if rows.count and rows.first_timestamp != (start["time_from_ms"] if start else 0):
+        gate.flag("the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
+                  "night's clock starts at its first request, or the id map's (an absolute time?)")
     ids = rows.all_ids()
     if rows.complete and manifest is None and not id_report(ids)["dense"]:
         gate.flag("hash_ids are not dense from 0, and no manifest says from where (token ids "
@@ -144,6 +159,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
             gate.flag(f"an object in a subfolder: {name}")
     else:
         _check_attributes(folder, "the folder itself", gate)
+        gate.mtime_ns[""] = os.stat(folder).st_mtime_ns
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.is_dir(follow_symlinks=False):
@@ -152,6 +168,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
             else:
                 names.append(entry.name)
+                gate.mtime_ns[entry.name] = entry.stat(follow_symlinks=False).st_mtime_ns
                 _check_attributes(entry.path, entry.name, gate)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
@@ -175,6 +192,59 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     if set(attributes) - SYSTEM_ATTRIBUTES:
         gate.flag(f"{name}: extended attributes kvtrace does not set "
                   f"({', '.join(sorted(set(attributes) - SYSTEM_ATTRIBUTES))[:80]})")
+
+
+def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
+    """tokenizer.sha256 is the digests of the tokenizer's own files, or the folder is refused:
+    64 hex digits per key are otherwise free bytes."""
+    published = manifest["tokenizer"]
+    loaded = _tokenizer_here(tokenizer or published["name"])
+    if loaded is None:
+        gate.flag("manifest.json: tokenizer.sha256 cannot be checked without the tokenizer: pass "
+                  "--tokenizer (the folder, hub name or pkg: name the run used)")
+    elif public_tokenizer_sha256(loaded.files_sha256) != published["sha256"]:
+        gate.flag("manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files")
+
+
+def _tokenizer_here(name: str | None) -> Any:
+    """The tokenizer name loads without the network (a folder, a pkg: package, the local hub
+    cache), else None."""
+    from transforms.encode.fast_tokenizer import FastTokenizer
+    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+
+    if name is None:
+        return None
+    try:
+        if name.startswith(PACKAGE_PREFIX) or os.path.isdir(name):
+            return load_tokenizer(name)
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True)
+        return FastTokenizer.from_directory(Path(folder))
+    except (OSError, ValueError):  # not here, or not a tokenizer kvtrace loads
+        return None
+
+
+def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> None:
+    """A vllm scheme's suffix digests the engine's NONE_HASH, which only the operator knows."""
+    scheme = manifest["hash_scheme"]
+    if scheme.startswith(VLLM_SCHEME_PREFIX) and expected is None:
+        gate.flag("manifest.json: the vllm hash scheme's suffix cannot be checked without the "
+                  "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
+    elif expected is not None and scheme != expected:
+        gate.flag(f"manifest.json: hash_scheme is not {expected}")
+
+
+def _check_times(gate: _Gate) -> None:
+    """Each file's mtime and the folder's are the ones kvtrace derives from their content
+    (write/manifest.set_content_times): any other time is a number someone chose."""
+    files = {name: ns for name, ns in gate.mtime_ns.items() if name}
+    expected = {name: content_time(gate.sha256[name]) for name in files if name in gate.sha256}
+    if "" in gate.mtime_ns and expected.keys() == files.keys():
+        expected[""] = folder_content_time({n: gate.sha256[n] for n in files})
+    if any(gate.mtime_ns[name] != stamp * 10**9 for name, stamp in expected.items()):
+        gate.flag("file times are not the ones kvtrace sets (each derived from its content): "
+                  "copy the folder with times preserved (cp -p, rsync -t)")
 
 
 def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
@@ -290,7 +360,7 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
 
 
 def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
-                            gate: _Gate) -> None:
+                            numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
@@ -301,11 +371,6 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
         if name in gate.sha256 and manifest["sha256"].get(name) != gate.sha256[name]:
             gate.flag(f"{name} is not the file manifest.json lists (sha256 differs)")
     records = manifest["records"]
-    if records["read"] != records["exported"] + records["rejected"]:
-        gate.flag("manifest.json: records read != exported + rejected")
-    if max(records["without_output_length"], records["with_unrendered_messages"]) > \
-            records["exported"] or records["damaged_files"] > records["rejected"]:
-        gate.flag("manifest.json: records that count more rows than there are")
     if manifest["hash_scheme_keyed"] != (manifest["hash_scheme"] == KEYED_SCHEME):
         gate.flag("manifest.json: hash_scheme_keyed disagrees with hash_scheme")
     if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
@@ -323,12 +388,95 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     if records["exported"] != rows.count:
         gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
-    if not manifest["ids_extend_map"]:  # a night of its own: ids and sessions dense from 0
+    if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
         for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
+    else:
+        _check_numbering_start(folder, manifest["id_map"], rows, numbering, gate)
+    rows.check_output_order()
     for problem in rows.problems:
         gate.flag(problem)
+
+
+@dataclass(frozen=True)
+class MapVersionNumbering:
+    """An id map version's numbering: the next block id and session after it, and how many of
+    each the night that made it added."""
+
+    next_ids: tuple[int, int]
+    added: tuple[int, int]
+
+
+def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
+    """Every version of an id map, from the empty one (0), each record verified with the map's
+    key (ids/id_map.read_version_record)."""
+    from transforms.ids.id_map import current_version_number, read_version_record
+    from transforms.ids.map_record import map_key
+
+    key, versions = map_key(salt), [MapVersionNumbering((0, 0), (0, 0))]
+    for number in range(1, current_version_number(directory) + 1):
+        record = read_version_record(directory, number, key)
+        added = record["history"][-1]["added"] if record["history"] else {}
+        versions.append(MapVersionNumbering(
+            (record["next_id"]["blocks"], record["next_id"]["sessions"]),
+            (added.get("blocks", 0), added.get("sessions", 0))))
+    return versions
+
+
+def _check_numbering_start(folder: str, start: dict, rows: _Rows,
+                           numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
+    """A night that extends an id map begins its numbering where a version of the map stood and
+    adds what the next version added (or nothing: a night the map holds already); a stream's
+    window begins where the window before it ended. The folder alone cannot show either."""
+    begins = (start["block_ids_from"], start["sessions_from"])
+    ids, sessions = rows.all_ids(), rows.sessions()
+    new = (int(np.count_nonzero(ids >= begins[0])), int(np.count_nonzero(sessions >= begins[1])))
+    if numbering is None:
+        before = _stream_window_start(folder)
+        if before is None:
+            gate.flag("manifest.json: id_map says where this night's numbering began, which "
+                      "only the id map can confirm: pass --id-map MAP with the salt the run "
+                      "used (--salt-file or --salt-secret)")
+        elif before != begins:
+            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
+                      f"{before}")
+        return
+    if not any(version.next_ids == begins and
+               (new == (0, 0) or (number + 1 < len(numbering)
+                                  and numbering[number + 1].added == new))
+               for number, version in enumerate(numbering)):
+        gate.flag("manifest.json: id_map is not where a version of the id map began numbering, "
+                  "with what the next one added")
+
+
+def _stream_window_start(folder: str) -> tuple[int, int] | None:
+    """Where a stream's window must begin numbering: (0, 0) for its first window, else where
+    the window before it (the sibling folder that sorts just before it) ended; None for a
+    folder that is no stream window (or whose window before cannot be read)."""
+    parent, name = os.path.split(folder.rstrip("/"))
+    if is_url(folder) or not name.startswith(WINDOW_PREFIX):
+        return None
+    windows = sorted(n for n in os.listdir(parent or ".")
+                     if n.startswith(WINDOW_PREFIX) and os.path.isdir(os.path.join(parent, n)))
+    place = windows.index(name)
+    if place == 0:
+        return (0, 0)
+    before, unchecked = os.path.join(parent, windows[place - 1]), _Gate()  # audited in its turn
+    try:
+        manifest = parse_json(_read(before, MANIFEST, MAX_MANIFEST_BYTES, unchecked) or b"")
+        start = manifest["id_map"]
+        ends = [start["block_ids_from"], start["sessions_from"]]
+        for shard in (n for n in manifest["files"] if n.endswith(".parquet")):
+            columns = columns_of_parquet(_read(before, shard, MAX_SHARD_BYTES, unchecked) or b"")
+            for i, values in enumerate((np.concatenate([columns.ids, columns.output_ids
+                                                        if columns.output_ids is not None
+                                                        else columns.ids]), columns.session)):
+                if len(values):
+                    ends[i] = max(ends[i], int(values.max()) + 1)
+    except (OSError, FormatError, KeyError, TypeError):
+        return None
+    return (ends[0], ends[1])
 
 
 @dataclass
@@ -346,17 +494,19 @@ class _Rows:
     merged: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(
         np.empty(0, np.int64) for _ in range(3)))
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
-    output_ids: list[np.ndarray] = field(default_factory=list)  # each shard's, distinct
+    # Each shard's distinct output ids in the order they first appear (their numbering order)
+    output_ids: list[np.ndarray] = field(default_factory=list)
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
     problems: list[str] = field(default_factory=list)
     last_timestamp: int = -1
     block_size: int = 0  # the manifest's; 0 without one (no token weights then)
-    # The next new id and session a night numbers (first seen, first numbered); None when ids
-    # continue an id map's, whose numbering the folder cannot show.
-    next_id: int | None = 0
-    next_session: int | None = 0
+    # The next new id and session a night numbers (first seen, first numbered): from 0, or
+    # from where the manifest says an id map's (a stream's) numbering stood (its id_map)
+    next_id: int = 0
+    next_session: int = 0
+    started: bool = False
 
     def add(self, columns: TraceColumns, manifest: dict | None) -> None:
         n = len(columns)
@@ -375,12 +525,14 @@ class _Rows:
         if manifest is not None:
             self._check(columns, manifest)
             self.block_size = manifest["block_size"]
-            if manifest["ids_extend_map"]:
-                self.next_id = self.next_session = None
+            if manifest["id_map"] and not self.started:
+                self.next_id = manifest["id_map"]["block_ids_from"]
+                self.next_session = manifest["id_map"]["sessions_from"]
+            self.started = True
         self._check_order(columns)
         self._merge_ids(columns)
         if columns.output_ids is not None:
-            self.output_ids.append(_sorted_unique(columns.output_ids))
+            self.output_ids.append(_first_appearances(columns.output_ids))
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -430,15 +582,26 @@ class _Rows:
         sessions = columns.session[columns.session != NO_SESSION]
         for kind, values, expected in (("block ids", columns.ids, self.next_id),
                                        ("sessions", sessions, self.next_session)):
-            if expected is None:
-                continue
             new = _first_appearances(values[values >= expected])
             if not np.array_equal(new, np.arange(expected, expected + len(new))):
-                self.problems.append(f"{kind} not numbered in first-seen order (dense from 0)")
+                self.problems.append(f"{kind} not numbered in first-seen order (dense from the "
+                                     f"night's first)")
             if kind == "sessions":
                 self.next_session = expected + len(new)
             else:
                 self.next_id = expected + len(new)
+
+    def check_output_order(self) -> None:
+        """Blocks only outputs hold are numbered after every prompt block of the night, in the
+        order they are first seen (dense_ids.block_keys): the ids past the prompts' must first
+        appear as next_id, next_id + 1, ... in the rows' order."""
+        if not self.output_ids:
+            return
+        new = _first_appearances(np.concatenate(self.output_ids))
+        new = new[new >= self.next_id]
+        if not np.array_equal(new, np.arange(self.next_id, self.next_id + len(new))):
+            self.problems.append(f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
+                                 f"first-seen order after the prompts' ids")
 
     def _merge_ids(self, columns: TraceColumns) -> None:
         """Each distinct prompt block id with its tokens at its first occurrence and the id

@@ -13,10 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from transforms import storage
 from transforms.errors import JobStopped
+from transforms.write.coarsen import round_to
 from transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
-                                     MANIFEST_SCHEMA, canonical_json)
+                                     MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_FILES, canonical_json)
 
 
 def _installed_version() -> str:
@@ -94,6 +97,19 @@ def check_not_before_origin(
     return counts
 
 
+def id_map_start(next_ids: dict[str, int] | None, earliest_ms: list[int], origin_ms: int,
+                 timestamp_granularity_ms: int) -> dict[str, int] | None:
+    """Where a night that extends an id map (or a stream's earlier windows) begins: its first
+    new block id and session, and its first row's time (the map's clock, rounded as the rows'
+    are); None for a night of its own, which begins at 0, 0, 0. The gate checks the rows
+    against it and it against the map (audit --id-map)."""
+    if next_ids is None:
+        return None
+    first = min(earliest_ms, default=origin_ms) - origin_ms
+    return {"block_ids_from": next_ids["blocks"], "sessions_from": next_ids["sessions"],
+            "time_from_ms": int(round_to(np.int64(first), timestamp_granularity_ms))}
+
+
 def trace_origin_ms(configured_ms: int | None, earliest_ms: list[int]) -> int:
     """The published timestamps' zero: the id map's origin when it has one, else the earliest
     request's timestamp (0 for an empty trace)."""
@@ -113,6 +129,13 @@ def public_tokenizer_name(name: str) -> str | None:
     if os.path.exists(name) or len(name) > 128 or not _PUBLIC_TOKENIZER.fullmatch(name):
         return None
     return name
+
+
+def public_tokenizer_sha256(files_sha256: dict[str, str]) -> dict[str, str]:
+    """The tokenizer's file digests as the manifest holds them: those of the files under
+    kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's name."""
+    return {key: digest for key, digest in sorted(files_sha256.items())
+            if key in PUBLISHED_TOKENIZER_FILES}
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
@@ -138,6 +161,30 @@ def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]
     return {k if k in KNOWN_TEMPLATE_KWARGS else hashed(k): public(v) for k, v in value.items()}
 
 
+# A run's counts no published row proves (records read and rejected, damaged files, bytes lost,
+# requests without an output length or with a message the template left out): the operator's,
+# kept beside the run's dead letters while it runs, for the CLI's summary; never published.
+RUN_COUNTS = "run-counts.json"
+
+
+def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[str, int]:
+    """The run's own counts (totals: write/totals.ExportTotals)."""
+    return {"read": counts.read, "exported": totals.requests, "rejected": counts.rejected,
+            "damaged_files": damaged_files, "lost_bytes": counts.lost_bytes,
+            "without_output_length": totals.requests_without_output_length,
+            "with_unrendered_messages": totals.requests_with_unrendered_messages}
+
+
+def write_run_counts(letters_staging: str, counts: dict[str, int]) -> None:
+    with storage.create(storage.join(letters_staging, RUN_COUNTS), private=True) as handle:
+        handle.write(canonical_json(counts))
+
+
+def read_run_counts(letters_staging: str) -> dict[str, int]:
+    with storage.open_read(storage.join(letters_staging, RUN_COUNTS)) as handle:
+        return json.loads(handle.read())
+
+
 def manifest_path(directory: str) -> str:
     return storage.join(directory, MANIFEST)
 
@@ -145,3 +192,38 @@ def manifest_path(directory: str) -> str:
 def write_json(path: str, payload: dict) -> None:
     with storage.create(path) as handle:
         handle.write(canonical_json(payload))
+
+
+# Every published file's mtime is derived from its content (the folder's from its files'), so
+# the time a copy keeps (rsync -t, cp -p, tar) carries nothing but the content: whole seconds
+# from a fixed base plus three bytes of the sha256, different for different content (rsync's
+# size-and-time quick check then never skips a changed file) and the same on every run.
+CONTENT_TIME_BASE = 946_684_800  # 2000-01-01T00:00:00Z
+CONTENT_TIME_BYTES = 3  # up to ~194 days past the base
+
+
+def content_time(sha256_hex: str) -> int:
+    """The mtime (whole seconds) of a published file whose sha256 is sha256_hex."""
+    return CONTENT_TIME_BASE + int(sha256_hex[:2 * CONTENT_TIME_BYTES], 16)
+
+
+def folder_content_time(file_sha256: dict[str, str]) -> int:
+    """The mtime of a published folder: its files' names and digests, in name order."""
+    listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(file_sha256.items()))
+    return content_time(hashlib.sha256(listing.encode()).hexdigest())
+
+
+def set_content_times(folder: str) -> None:
+    """Stamp a local folder's files and the folder with their content times (object stores keep
+    no settable mtime)."""
+    if storage.is_url(folder):
+        return
+    digests = {}
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            with open(entry.path, "rb") as handle:
+                digests[entry.name] = hashlib.file_digest(handle, "sha256").hexdigest()
+            stamp = content_time(digests[entry.name])
+            os.utime(entry.path, (stamp, stamp), follow_symlinks=False)
+    stamp = folder_content_time(digests)
+    os.utime(folder, (stamp, stamp))

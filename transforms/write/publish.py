@@ -56,6 +56,7 @@ from transforms.ids.id_map import new_run_id
 from transforms.read.paths import read_bytes
 from transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from transforms.trace_format import FORMAT, MANIFEST
+from transforms.write.manifest import set_content_times
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"
@@ -272,6 +273,7 @@ def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
         if report:
             report.publish()
         return
+    set_content_times(staging)
     storage.sync_folder(staging)
     os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
     publish_in_place([(staging, output), *(report.moves() if report else [])])

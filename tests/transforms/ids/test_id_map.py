@@ -72,9 +72,15 @@ def test_rerunning_a_night_changes_neither_output_nor_map(tiny_tokenizer, tmp_pa
     before = current(tmp_path / "map")
     for night, out in ((nights[1], "n2"), (nights[0], "n1")):
         assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"{out}-again", *common) == 0
-        for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
-                     "manifest.json"):
+        for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json"):
             assert (tmp_path / out / name).read_bytes() == (tmp_path / f"{out}-again" / name).read_bytes()
+        # The manifest says where the map's numbering stood when the night ran (the gate checks
+        # it against the map): for a rerun, the map as it is now, with nothing new after it.
+        manifests = [json.loads((tmp_path / o / "manifest.json").read_text())
+                     for o in (out, f"{out}-again")]
+        assert manifests[1]["id_map"]["block_ids_from"] == before["next_id"]["blocks"]
+        assert [{**m, "id_map": None, "sha256": None} for m in manifests[:1]] == \
+            [{**manifests[1], "id_map": None, "sha256": None}]
     assert current(tmp_path / "map") == before
     assert sorted(p.relative_to(tmp_path / "map") for p in (tmp_path / "map").rglob("*")) == files_before
 

@@ -24,8 +24,17 @@ def output(tiny_tokenizer, tmp_path_factory):
     return tmp / "out"
 
 
+TOKENIZER: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)  # before the module's outputs
+def the_tokenizer(tiny_tokenizer):
+    TOKENIZER[:] = [tiny_tokenizer]
+
+
 def audit(folder, capsys) -> tuple[int, dict]:
-    code = main(["audit", str(folder), "--json", str(folder.parent / "audit.json")])
+    code = main(["audit", str(folder), "--json", str(folder.parent / "audit.json"),
+                 "--tokenizer", TOKENIZER[0]])
     capsys.readouterr()
     return code, json.loads((folder.parent / "audit.json").read_text())
 
@@ -235,3 +244,74 @@ def test_hostile_rows_get_a_report_never_an_exception(rows):
     assert report["rows"] <= len(rows)
     assert report["publishable"] == (not report["flags"])
     assert report["publishable"] <= (report["rows"] == len(rows) > 0)
+
+
+def _flags(folder, *options) -> tuple[int, list[str]]:
+    code = main(["audit", str(folder), "--json", str(folder.parent / "flags.json"), *options])
+    return code, json.loads((folder.parent / "flags.json").read_text())["flags"]
+
+
+def test_tokenizer_digests_are_checked_against_the_tokenizer(output, tmp_path, capsys):
+    """A local tokenizer's name is never published, so its digests can be checked only with
+    --tokenizer: without it the folder fails closed; another tokenizer's digests are refused."""
+    from tiny_tokenizer import build_tiny_tokenizer
+
+    code, flags = _flags(output)
+    assert code == 1 and flags == ["manifest.json: tokenizer.sha256 cannot be checked without "
+                                   "the tokenizer: pass --tokenizer (the folder, hub name or pkg: "
+                                   "name the run used)"]
+    other = build_tiny_tokenizer(tmp_path / "other")
+    (other / "chat_template.jinja").write_text("{{ messages }}")
+    code, flags = _flags(output, "--tokenizer", str(other))
+    assert code == 1 and flags == [
+        "manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files"]
+    assert _flags(output, "--tokenizer", TOKENIZER[0]) == (0, [])
+
+
+def test_a_vllm_scheme_suffix_is_checked_against_the_engines_none_hash(tiny_tokenizer, tmp_path,
+                                                                        capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme",
+                     "vllm-sha256-cbor", "--vllm-hash-seed", "0") == 0
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
+    assert code == 1 and "pass --vllm-hash-seed or --vllm-none-hash" in flags[0]
+    assert _flags(out, "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "0") == (0, [])
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "1")
+    assert code == 1 and flags[0].startswith("manifest.json: hash_scheme is not vllm-sha256-cbor")
+
+
+def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp_path):
+    """A folder's other named templates render nothing: neither their names nor digests are
+    published; tool_use (chosen for requests with tools) is, under its fixed key."""
+    from conftest import anonymize as run_anonymize
+    from tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(tmp_path / "tok")
+    (tokenizer / "additional_chat_templates").mkdir()
+    for name in ("tool_use", "acme_internal"):
+        (tokenizer / "additional_chat_templates" / f"{name}.jinja").write_text(
+            (tokenizer / "chat_template.jinja").read_text())
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    assert run_anonymize(str(tokenizer), [src], tmp_path / "out", "--block-size", "4") == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert "additional_chat_templates/tool_use.jinja" in manifest["tokenizer"]["sha256"]
+    assert "acme_internal" not in (tmp_path / "out" / "manifest.json").read_text()
+    assert _flags(tmp_path / "out", "--tokenizer", str(tokenizer)) == (0, [])
+
+
+@pytest.mark.slow  # two nights: over a second
+def test_a_night_extending_an_id_map_is_checked_against_the_map(tiny_tokenizer, tmp_path, capsys):
+    (tmp_path / "salt").write_bytes(b"s" * 32)
+    mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
+    for night in range(2):
+        src = write_jsonl(tmp_path / f"in{night}.jsonl",
+                          [chat(i + 5 * night, 1000 * i + 10**8 * night) for i in range(4)])
+        assert anonymize(tiny_tokenizer, [src], tmp_path / f"out{night}", "--block-size", "4",
+                         *mapped) == 0
+    out = tmp_path / "out1"
+    assert json.loads((out / "manifest.json").read_text())["id_map"]["time_from_ms"] == 10**8
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
+    assert code == 1 and "pass --id-map MAP" in flags[0]
+    assert _flags(out, "--tokenizer", tiny_tokenizer, *mapped) == (0, [])
+    assert main(["audit", str(out), "--id-map", str(tmp_path / "map")]) == 2  # no salt: refused

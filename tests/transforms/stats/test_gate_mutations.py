@@ -17,9 +17,12 @@ from conftest import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from transforms.stats.audit import audit
+from test_gate_redteam import NUMBERING, audit, the_tokenizer  # noqa: F401 (autouse fixture)
+
+from transforms.stats.audit import map_numbering
 from transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
     jsonl_bytes
+from transforms.write.manifest import set_content_times
 from transforms.write.publish import sha256_of
 
 
@@ -52,6 +55,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     for name, (inputs, extra) in runs.items():
         assert anonymize(str(tiny_tokenizer), inputs, tmp / name, "--block-size", "4", *extra) == 0
         made[name] = tmp / name
+    NUMBERING[:] = [map_numbering(str(tmp / "map"), b"s" * 32)]
     return made
 
 
@@ -63,8 +67,9 @@ def test_every_kind_of_real_output_is_publishable(outputs, kind):
 
 
 def test_the_manifest_says_whether_ids_continue_a_map(outputs):
-    assert not json.loads((outputs["plain"] / MANIFEST).read_text())["ids_extend_map"]
-    assert json.loads((outputs["night2"] / MANIFEST).read_text())["ids_extend_map"]
+    assert json.loads((outputs["plain"] / MANIFEST).read_text())["id_map"] is None
+    start = json.loads((outputs["night2"] / MANIFEST).read_text())["id_map"]
+    assert start["block_ids_from"] > 0 and start["sessions_from"] == 3  # night 1's user-0..2
 
 
 TEXT = st.text(min_size=1, max_size=12)
@@ -165,6 +170,7 @@ def _recompute_digests(folder: Path) -> None:
     manifest["sha256"] = {name: sha256_of((folder / name).read_bytes())
                           for name in manifest["sha256"] if (folder / name).exists()}
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))  # and stamp the times kvtrace derives from content
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))

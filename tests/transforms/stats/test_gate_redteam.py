@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from conftest import WORDS, anonymize, chat, write_jsonl
 
-from transforms.stats.audit import _Rows, audit
+from transforms.stats import audit as gate
+from transforms.stats.audit import _Rows
 from transforms.trace_format import (
     MANIFEST,
     STATS,
@@ -25,7 +26,25 @@ from transforms.trace_format import (
     jsonl_bytes,
     parquet_bytes,
 )
+from transforms.write.manifest import set_content_times
 from transforms.write.publish import sha256_of
+
+TOKENIZER: list[str] = []  # the tokenizer of every output here: the gate checks its digests
+
+
+@pytest.fixture(scope="session", autouse=True)  # before the module's outputs
+def the_tokenizer(tiny_tokenizer):
+    TOKENIZER[:] = [tiny_tokenizer]
+
+
+# The id map the module's outputs extend, as audit --id-map reads it (set by its fixture).
+NUMBERING: list = []
+
+
+def audit(target: str) -> dict:
+    """The gate's report, with the tokenizer the outputs were made with (and their id map)."""
+    return gate.audit(target, TOKENIZER[0], numbering=NUMBERING[0] if NUMBERING else None)
+
 
 SHARD = "trace-00000-of-00001"
 # Private text as the attacker packs it into an integer field: 5 bytes stay under 2^40.
@@ -63,6 +82,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     made = {}
     for name, (source, extra) in runs.items():
         assert anonymize(tiny_tokenizer, [source], tmp / name, "--block-size", "4", *extra) == 0
+        NUMBERING[:] = [gate.map_numbering(str(tmp / "map"), b"s" * 32)]
         assert audit(str(tmp / name))["publishable"]
         made[name] = tmp / name
     return made
@@ -99,6 +119,7 @@ def _republish(folder: Path, columns: TraceColumns | None = None, **manifest_cha
     manifest["sha256"] = {name: sha256_of((folder / name).read_bytes())
                           for name in manifest["files"]}
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))  # the times kvtrace derives from content: anyone can
 
 
 def _with(columns: TraceColumns, **changes) -> TraceColumns:
@@ -398,7 +419,7 @@ def test_absolute_wall_clock_timestamps_pass(outputs, tmp_path):
     the Parquet twin)."""
     folder = _copy(outputs["plain"], tmp_path)
     columns = _columns(folder)
-    assert not _manifest(folder)["ids_extend_map"] and columns.timestamp[0] == 0
+    assert _manifest(folder)["id_map"] is None and columns.timestamp[0] == 0
     _republish(folder, _with(columns, timestamp=columns.timestamp + 1_700_000_000_000))
     _refused(folder)
 
@@ -523,3 +544,22 @@ def test_the_json_report_written_into_the_audited_folder(outputs, tmp_path):
     folder = _copy(outputs["plain"], tmp_path)
     code = main(["audit", str(folder), "--json", str(folder / "report.json")])
     assert code != 0 or not (folder / "report.json").exists()
+
+
+def test_a_map_night_renumbered_from_elsewhere_is_refused_against_the_map(outputs, tmp_path):
+    """A night extending an id map (night 1 again: no new ids) whose id_map.block_ids_from says
+    1000 more: consistent in itself (no id at or past it), but no version of the map began
+    numbering there: 40 free bits without the map."""
+    folder = _copy(outputs["night2"], tmp_path)
+    start = dict(_manifest(folder)["id_map"])
+    assert (_columns(folder).ids < start["block_ids_from"]).all()
+    start["block_ids_from"] += 1000
+    _republish(folder, id_map=start)
+    assert _refused(folder) == ["manifest.json: id_map is not where a version of the id map "
+                                "began numbering, with what the next one added"]
+    NUMBERING_BEFORE = NUMBERING[:]
+    try:
+        NUMBERING[:] = []
+        assert "pass --id-map" in _refused(_copy(outputs["night2"], tmp_path / "bare"))[0]
+    finally:
+        NUMBERING[:] = NUMBERING_BEFORE

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import anonymize, write_jsonl
-from test_gate_redteam import SECRET, _columns, _copy, _manifest, _night, _republish, _with
+from test_gate_redteam import (NUMBERING, SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
+                               audit, the_tokenizer)  # noqa: F401 (an autouse fixture)
 
-from transforms.stats.audit import audit
+from transforms.stats import audit as gate
+from transforms.write.manifest import set_content_times
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +24,7 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("redgate2")
     night = write_jsonl(tmp / "night.jsonl", _night(12))
     made = {}
+    NUMBERING[:] = []  # no id map here
     for name, extra in {"plain": ()}.items():
         assert anonymize(tiny_tokenizer, [night], tmp / name, "--block-size", "4", *extra) == 0
         assert audit(str(tmp / name))["publishable"]
@@ -35,7 +38,6 @@ def _refused(folder: Path) -> list[str]:
     return report["flags"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp_path):
     """A night of its own (no --id-map) republished with ids_extend_map: true. That one bit,
     which nothing in the folder can contradict, switches off the round-1 fixes: the first row
@@ -48,11 +50,13 @@ def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp
     session = np.where(columns.session >= 0, columns.session + word, columns.session)
     _republish(folder, _with(columns, timestamp=columns.timestamp + 1_700_000_000,
                              session=session, ids=columns.ids + word),
-               ids_extend_map=True)
-    _refused(folder)
+               id_map={"block_ids_from": word, "sessions_from": word,
+                       "time_from_ms": 1_700_000_000})  # (the manifest's form of the bit now)
+    assert _refused(folder) == [
+        "manifest.json: id_map says where this night's numbering began, which only the id map "
+        "can confirm: pass --id-map MAP with the salt the run used (--salt-file or --salt-secret)"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
     """manifest.json promises "no string an operator typed, no path": a local tokenizer folder's
     path is never published. Yet each file name under its additional_chat_templates/ (16 names
@@ -71,10 +75,9 @@ def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
     out = tmp_path / "out"
     assert anonymize(str(tokenizer), [night], out, "--block-size", "4") == 0
     published = b"".join(p.read_bytes() for p in out.iterdir())
-    assert secret.encode() not in published or not audit(str(out))["publishable"]
+    assert secret.encode() not in published or not gate.audit(str(out), tokenizer)["publishable"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_record_counts_still_carry_free_numbers_when_consistent(outputs, tmp_path):
     """Round 1's fix flags counts that exceed the rows (without_output_length > exported), not
     free numbers: rejected (with read = exported + rejected), damaged_files <= rejected and
@@ -88,7 +91,6 @@ def test_record_counts_still_carry_free_numbers_when_consistent(outputs, tmp_pat
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_file_times_carry_free_data(outputs, tmp_path):
     """The extended-attribute channel of round 1, through the other metadata copies keep
     (rsync -t, cp -p, tar, gsutil's goog-reserved-file-mtime): a file's mtime. kvtrace writes
@@ -156,7 +158,6 @@ def test_extended_attributes_on_the_folder_itself_pass(outputs, tmp_path):
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
     """tokenizer.sha256 is checked for shape only (64 hex digits per file, up to 20 files with
     16 names of the attacker's choosing), and a vllm scheme's 16 hex digits are checked against
@@ -173,7 +174,6 @@ def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
     _refused(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 2")
 def test_output_ids_permuted_out_of_first_seen_order(tiny_tokenizer, tmp_path):
     """Round 1's first-seen check (_Rows._check_order) covers prompt ids and sessions, never
     output_hash_ids: kvtrace numbers output-only ids after the night's prompt ids, in first-seen
@@ -223,6 +223,7 @@ def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
     manifest["replay"] = replay_commands(manifest["block_size"], manifest["records"]["exported"],
                                          manifest["files"])
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))
     _refused(folder)
 
 
@@ -298,7 +299,8 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"])],
+    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"]),
+                          "--tokenizer", TOKENIZER[0]],
                          capture_output=True, text=True, timeout=300, preexec_fn=cap,
                          cwd=str(Path(__file__).resolve().parents[3]))
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
