@@ -25,7 +25,7 @@ def test_letters_are_sorted_bytes_whatever_the_record_order(tiny_tokenizer, tmp_
     # The oversized record stays first: its letter names its byte offset.
     oversized, records = BAD[0], [chat(i, 1_700_000_000 + i) for i in range(12)] + BAD[1:]
     published = []
-    for run, order in enumerate((records, records[::-1], random.Random(7).sample(records, 17))):
+    for run, order in enumerate((records, random.Random(7).sample(records, len(records)))):
         (tmp_path / f"in{run}").mkdir()
         src = write_jsonl(tmp_path / f"in{run}" / "in.jsonl", [oversized, *order])
         out = tmp_path / f"out{run}"
@@ -36,4 +36,4 @@ def test_letters_are_sorted_bytes_whatever_the_record_order(tiny_tokenizer, tmp_
         assert lines == sorted(lines)
         assert {json.loads(line)["error"] for line in lines} == REASONS
         published.append([json.loads(line) | {"source": ""} for line in lines])
-    assert published[0] == published[1] == published[2]
+    assert published[0] == published[1]
