@@ -32,7 +32,8 @@ def test_letters_are_counted_as_they_come(tmp_path):
     runs.add(letter(7, DAMAGED_FILE))
     staged = runs.close()
     assert staged.tally == Tally(4, 7, (("damaged_file", 1), ("invalid_json", 3)))
-    assert staged.tally == Tally.of(letter(i) for i in range(3)) + Tally.of([letter(7, DAMAGED_FILE)])
+    assert staged.tally == (Tally.of(letter(i) for i in range(3))
+                            + Tally.of([letter(7, DAMAGED_FILE)]))
 
 
 def test_no_letters_no_run(tmp_path):
@@ -67,30 +68,6 @@ def test_many_letters_hold_one_run_at_most(tmp_path):
     assert peak < 3 << 20, peak
     merge_runs(str(tmp_path / "all.jsonl"), staged)
     assert sum(1 for _ in open(tmp_path / "all.jsonl")) == 2_000
-
-
-def test_sorted_runs_merge_to_the_same_bytes_whatever_the_order_and_split(tmp_path):
-    """Beam hands letters over in bundles of no set order: written as sorted runs (small here,
-    so there are many) and merged (a few at a time), the file is the same."""
-    letters = [letter(i, size=i % 7) for i in range(300)]
-    files = []
-    for name, order, run_bytes in (("a", letters, 200), ("b", letters[::-1], 1000),
-                                   ("c", letters[1::2] + letters[::2], 1 << 20)):
-        folder = tmp_path / name
-        folder.mkdir()
-        staged = StagedLetters()
-        for bundle in (order[:100], order[100:]):
-            runs = SortedRuns(str(folder), run_bytes)
-            for each in bundle:
-                runs.add(each)
-            staged += runs.close()
-        merge_runs(str(folder / "all.jsonl"), staged, fan_in=3)
-        assert staged.tally == Tally.of(letters)
-        assert [p.name for p in folder.iterdir()] == ["all.jsonl"]  # the runs are gone
-        files.append((folder / "all.jsonl").read_bytes())
-    assert files[0] == files[1] == files[2]
-    assert sorted(files[0].splitlines()) == files[0].splitlines()
-    assert len(files[0].splitlines()) == 300
 
 
 def test_no_runs_merge_to_an_empty_file(tmp_path):

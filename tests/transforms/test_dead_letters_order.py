@@ -15,7 +15,8 @@ DAY_S = 86_400
 BAD = [b'{"pad": "' + b"z" * 1100 + b'"}', b"zz not json", b"aa not json", {"messages": []},
        {"timestamp": 1_700_000_000, "messages": [{"role": "developer", "content": "raises"}]},
        chat(3, 1_700_000_000 - 900 * DAY_S)]
-REASONS = {"too_large", "invalid_json", "invalid_request", "template_error", "implausible_timestamp"}
+REASONS = {"too_large", "invalid_json", "invalid_request", "template_error",
+           "implausible_timestamp"}
 
 
 def test_letters_are_sorted_bytes_whatever_the_record_order(tiny_tokenizer, tmp_path):
