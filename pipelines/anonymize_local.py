@@ -45,10 +45,10 @@ from transforms.combiners import fold
 from transforms.dead_letters import (
     DAMAGED_FILE,
     DeadLetter,
-    LetterFile,
+    SortedRuns,
     StagedLetters,
     Tally,
-    join_letters,
+    merge_runs,
 )
 from transforms.encode.blocks import chain_seed
 from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
@@ -102,8 +102,8 @@ END_WORKERS_S = 0.5
 class Encoded(NamedTuple):
     """What encoding some input gives: hashed batches, dead letters, and records read (a damaged
     file's unreadable rest counts as one record read, as in the Beam pipeline). Dead letters
-    are written to files as they come (staged); `rejected` holds a few in memory (a stream's
-    window's) that go after them."""
+    are written to sorted runs as they come (staged); `rejected` holds a few in memory (a
+    stream's window's) merged in with them when published."""
 
     hashed: list[HashedBatch]
     rejected: list[DeadLetter]
@@ -118,15 +118,15 @@ _WORKER: dict = {}  # per worker process: the encoder, built once by _start_work
 def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
                   letters: str, progress: ReadProgress | None = None) -> Encoded:
     """Read, parse, batch, render, tokenize and hash the records of some file ranges (tokenizing
-    in a background thread, encode_requests.OverlappedEncoder); their dead letters written to
-    the file at path letters as they come."""
-    with LetterFile(letters) as rejected:
-        hashed, read = _encode(pieces, encoder, parse, rejected, progress)
-    return Encoded(hashed, [], read, encoder.take_cache_counts(), StagedLetters.of(rejected))
+    in a background thread, encode_requests.OverlappedEncoder); their dead letters written as
+    they come into sorted runs in the folder letters (dead_letters.SortedRuns)."""
+    rejected = SortedRuns(letters)
+    hashed, read = _encode(pieces, encoder, parse, rejected, progress)
+    return Encoded(hashed, [], read, encoder.take_cache_counts(), rejected.close())
 
 
 def _encode(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
-            rejected: LetterFile, progress: ReadProgress | None) -> tuple[list[HashedBatch], int]:
+            rejected: SortedRuns, progress: ReadProgress | None) -> tuple[list[HashedBatch], int]:
     hashed: list[HashedBatch] = []
     read = 0
 
@@ -175,7 +175,8 @@ def worker_count(processes: int, input_bytes: int) -> int:
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     """Every input record encoded: in this process, or spread over worker processes in runs of
     file ranges (each range parsed, rendered, tokenized and hashed where it is read). Results
-    are gathered in range order, so dead letters keep the input's order either way."""
+    are gathered in range order; dead letters are merged into their declared order when
+    published (dead_letters.py), whichever worker wrote them."""
     pieces = [piece for path, size in config.inputs
               for piece in file_ranges(path, size, CLAIM_BYTES)]
     total_bytes = sum(size for _, size in config.inputs)
@@ -183,7 +184,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     if processes <= 1:
         encoder = _encoder(config)
         settle_after_start_up()
-        return encode_ranges(pieces, encoder, config.parse, _letters_part(config.dead_letter, 0),
+        return encode_ranges(pieces, encoder, config.parse, config.dead_letter,
                              ReadProgress(total_bytes))
     forked = _can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
@@ -337,14 +338,8 @@ def _encode_claimed(worker: int) -> list[tuple[int, Encoded]]:
         if index is None:
             return done
         done.append((index, encode_ranges([pieces[index]], _WORKER["encoder"], _WORKER["parse"],
-                                          _letters_part(_WORKER["letters"], index),
+                                          _WORKER["letters"],
                                           _WORKER["progress"])))
-
-
-def _letters_part(folder: str, index: int) -> str:
-    """Where the dead letters of a file range (or of all, index 0 in one process) are written
-    as they come, in the run's letters staging folder; joined in range order when published."""
-    return storage.join(folder, f"part-{index:06d}.jsonl")
 
 
 def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
@@ -365,8 +360,8 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(whole, kind_counts(whole))
     whole = kept if kept is not None else HashedBatch.pack([])
-    # In input order: what the ranges wrote, then a window's held in memory, then the requests
-    # of the input's minority timestamp kind.
+    # Merged into their declared order (dead_letters.py): what the ranges wrote, a window's
+    # held in memory, and the requests of the input's minority timestamp kind.
     held = encoded.rejected + mismatched
     rejected = encoded.staged.tally + Tally.of(held)
     write_dead_letters(config.dead_letter, held, encoded.staged)
@@ -466,5 +461,5 @@ def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
 def write_dead_letters(directory: str, letters: Iterable[DeadLetter],
                        staged: StagedLetters = StagedLetters()) -> None:
     """Into a run's letters staging folder (publish.DeadLetterRun), published with the run: the
-    staged letters' files joined, then letters."""
-    join_letters(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
+    staged runs and letters merged in their declared order (dead_letters.py)."""
+    merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)

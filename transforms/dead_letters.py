@@ -1,26 +1,33 @@
-"""Dead-letter records: a rejected record, where it came from, and why; written to a file as
+"""Dead-letter records: a rejected record, where it came from, and why; written to files as
 they come (a run may reject every record of its input, and each keeps its whole record so that
-its provider can repair it), counted in memory."""
+its provider can repair it), counted in memory.
+
+The declared order of a published dead-letter file, every engine's: its lines sorted by their
+bytes (each letter's JSON line, UTF-8; `source` leads, so a file's letters stand together, then
+`error`, `message`, `line`). The key is the letter itself, so every letter has one, those with
+no record position among them (a whole damaged file's, a stream window's late letters, a
+timestamp letter with no source), and it depends on nothing else: not the engine, the worker
+count, how files are split into ranges, nor the order records are read, batched or encoded in.
+Equal letters are equal lines, so their order among themselves cannot show. Both engines write
+letters as sorted runs (SortedRuns: bounded memory) and merge them (merge_runs).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import heapq
 import json
-import shutil
 import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO
 
 from transforms import storage
 
 DEAD_LETTER_TAG = "rejected"
 DAMAGED_FILE = "damaged_file"  # the reason of a file that breaks off, rather than of a record
-COPY_CHUNK_BYTES = 1 << 20
-# Beam's letters: held this much at most to be sorted before written as a run; runs merged at
-# most this many at once (each an open file).
+# Letters held this much at most (per bundle, or per worker process) to be sorted before written
+# as a run; runs merged at most this many at once (each an open file).
 SORT_RUN_BYTES = 16 << 20
 MERGE_FAN_IN = 64
 
@@ -35,6 +42,11 @@ class DeadLetter:
     # rest): --max-rejected-fraction weighs them as well as the count of records.
     lost_bytes: int = 0
 
+    def to_line(self) -> bytes:
+        """The letter as written: its JSON and a newline (no JSON holds a raw newline, and a
+        newline sorts below every other byte a line holds, so lines sort as their JSON does)."""
+        return self.to_json().encode() + b"\n"
+
     def to_json(self) -> str:
         # Undecodable bytes stay visible as \xNN escapes, so the line can be found and fixed.
         return json.dumps(
@@ -47,7 +59,6 @@ class DeadLetter:
             },
             ensure_ascii=False,
         )
-
 
 
 @dataclass(frozen=True)
@@ -77,54 +88,9 @@ class Tally:
         return dict(self.reasons).get(reason, 0)
 
 
-class _Counting:
-    """The tally of the letters seen so far."""
-
-    def __init__(self) -> None:
-        self._reasons: Counter[str] = Counter()
-        self._count = self._lost = 0
-
-    def _count_in(self, letter: DeadLetter) -> bytes:
-        """Counts the letter in; returns its line."""
-        self._count, self._lost = self._count + 1, self._lost + letter.lost_bytes
-        self._reasons[letter.reason] += 1
-        return letter.to_json().encode() + b"\n"
-
-    @property
-    def tally(self) -> Tally:
-        return Tally(self._count, self._lost, tuple(sorted(self._reasons.items())))
-
-
-class LetterFile(_Counting):
-    """Dead letters written to a file as they come, one JSON line each, so holding them costs
-    one letter whatever their count; the file is made at the first letter (none: no file).
-    `tally` counts what was written."""
-
-    def __init__(self, path: str):
-        super().__init__()
-        self.path = path
-        self._handle: IO[bytes] | None = None
-
-    def add(self, letter: DeadLetter) -> None:
-        line = self._count_in(letter)
-        if self._handle is None:
-            self._handle = storage.create(self.path, private=True)  # they hold raw prompts
-        self._handle.write(line)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-
-    def __enter__(self) -> LetterFile:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-
 @dataclass(frozen=True)
 class StagedLetters:
-    """Dead letters already written, in files to be joined in this order, and their tally."""
+    """Dead letters already written, as sorted runs (SortedRuns) to be merged, and their tally."""
 
     files: tuple[str, ...] = ()
     tally: Tally = Tally()
@@ -132,42 +98,33 @@ class StagedLetters:
     def __add__(self, other: StagedLetters) -> StagedLetters:
         return StagedLetters(self.files + other.files, self.tally + other.tally)
 
-    @classmethod
-    def of(cls, written: LetterFile) -> StagedLetters:
-        return cls((written.path,) if written.tally.count else (), written.tally)
 
-
-def join_letters(path: str, staged: StagedLetters, more: Iterable[DeadLetter] = ()) -> None:
-    """One file of dead letters at path: the staged files' bytes in order (a chunk at a time;
-    each file removed once copied), then more. Made even when there are none."""
-    with storage.create(path, private=True) as joined:
-        for part in staged.files:
-            with storage.open_read(part) as letters:
-                shutil.copyfileobj(letters, joined, COPY_CHUNK_BYTES)
-        for letter in more:
-            joined.write(letter.to_json().encode() + b"\n")
-    if staged.files:
-        storage.delete(list(staged.files))
-
-
-class SortedRuns(_Counting):
-    """Dead letters that come in no set order (Beam's bundles), written as they come into files
-    of sorted lines (runs) in a folder: at most run_bytes of them held to be sorted at once.
-    merge_runs then makes one file of them whose bytes do not depend on the order."""
+class SortedRuns:
+    """Dead letters that come in no set order (Beam's bundles, the local engine's ranges and
+    their batches), written as they come into files of sorted lines (runs) in a folder: at most
+    run_bytes of them held to be sorted at once. merge_runs then makes one file of them in the
+    declared order. `tally` counts what was added."""
 
     def __init__(self, folder: str, run_bytes: int = SORT_RUN_BYTES):
-        super().__init__()
         self._folder, self._run_bytes = folder, run_bytes
         self._lines: list[bytes] = []
         self._held = 0
         self._files: list[str] = []
+        self._reasons: Counter[str] = Counter()
+        self._count = self._lost = 0
 
     def add(self, letter: DeadLetter) -> None:
-        line = self._count_in(letter)
+        self._count, self._lost = self._count + 1, self._lost + letter.lost_bytes
+        self._reasons[letter.reason] += 1
+        line = letter.to_line()
         self._lines.append(line)
         self._held += len(line)
         if self._held >= self._run_bytes:
             self._spill()
+
+    @property
+    def tally(self) -> Tally:
+        return Tally(self._count, self._lost, tuple(sorted(self._reasons.items())))
 
     def close(self) -> StagedLetters:
         """The runs written, and their tally."""
@@ -181,22 +138,24 @@ class SortedRuns(_Counting):
         self._lines, self._held = [], 0
 
 
-def merge_runs(path: str, staged: StagedLetters, fan_in: int = MERGE_FAN_IN) -> str:
-    """One file of dead letters at path: every line of the staged runs (SortedRuns), sorted,
-    one line of each run held at a time (at most fan_in runs open: more are merged in passes).
-    The runs are removed once merged. Made even when there are none; returns path."""
+def merge_runs(path: str, staged: StagedLetters, more: Iterable[DeadLetter] = (),
+               fan_in: int = MERGE_FAN_IN) -> str:
+    """One file of dead letters at path, in the declared order: every line of the staged runs
+    (SortedRuns) and of more (a few held in memory: a stream window's), one line of each run
+    held at a time (at most fan_in runs open: more are merged in passes). The runs are removed
+    once merged. Made even when there are none; returns path."""
     folder = path.rsplit("/", 1)[0] if "/" in path else "."  # a URL's or a local path's
     runs = list(staged.files)
     while len(runs) > fan_in:
         runs = runs[fan_in:] + [_merge(runs[:fan_in], storage.join(folder, _run_name()))]
-    return _merge(runs, path)
+    return _merge(runs, path, sorted(letter.to_line() for letter in more))
 
 
-def _merge(runs: list[str], path: str) -> str:
+def _merge(runs: list[str], path: str, held: list[bytes] | None = None) -> str:
     with contextlib.ExitStack() as stack:
         opened = [stack.enter_context(storage.open_read(run)) for run in runs]
         with storage.create(path, private=True) as merged:
-            merged.writelines(heapq.merge(*opened))
+            merged.writelines(heapq.merge(*opened, held or []))
     if runs:
         storage.delete(runs)
     return path

@@ -158,14 +158,12 @@ def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3
 
 # ---- dead letters: the same input, different bytes per engine --------------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_dead_letters_are_the_same_bytes_whatever_the_engine(tiny_tokenizer, tmp_path):
     """The README promises the engines' trace, stats, dead letters and map byte for byte (and
     kvtrace: same input and config, byte-identical output whatever the engine). The local
-    engine writes its dead letters in input order; Beam's go through dead_letters.SortedRuns
-    and come out sorted as text. Two bad lines whose text sorts against their order ("zz"
-    first, then "aa") give the same lines in a different order: different bytes (conftest's
-    assert_same_output compares them sorted, so the tests never saw it)."""
+    engine wrote its dead letters in input order, Beam's sorted as text. Two bad lines whose
+    text sorts against their order ("zz" first, then "aa") gave the same lines in a different
+    order: now both engines write the one declared order (dead_letters.py)."""
     salt = tmp_path / "salt"
     salt.write_text("a-salt-for-tests-that-is-long-enough\n")
     salt.chmod(0o600)

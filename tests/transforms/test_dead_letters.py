@@ -1,19 +1,21 @@
-"""Dead letters written as they come (LetterFile), joined in order (join_letters), counted
-(Tally): what a run holds of them is bounded whatever their count."""
+"""Dead letters written as they come into sorted runs (SortedRuns), merged into the one declared
+order (merge_runs), counted (Tally): what a run holds of them is bounded whatever their count,
+and the file's bytes depend on the letters alone."""
 
 from __future__ import annotations
 
 import json
 import tracemalloc
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from transforms.dead_letters import (
     DAMAGED_FILE,
     DeadLetter,
-    LetterFile,
     SortedRuns,
     StagedLetters,
     Tally,
-    join_letters,
     merge_runs,
 )
 
@@ -23,78 +25,82 @@ def letter(i: int, reason: str = "invalid_json", size: int = 10) -> DeadLetter:
                       lost_bytes=i if reason == DAMAGED_FILE else 0)
 
 
-def test_letters_are_on_disk_as_they_come_and_counted(tmp_path):
-    path = str(tmp_path / "part.jsonl")
-    with LetterFile(path) as letters:
-        for i in range(3):
-            letters.add(letter(i))
-        letters.add(letter(7, DAMAGED_FILE))
-    lines = [json.loads(line) for line in open(path)]
-    assert [line["message"] for line in lines] == ["line 0", "line 1", "line 2", "line 7"]
-    assert letters.tally == Tally(4, 7, (("damaged_file", 1), ("invalid_json", 3)))
-    assert letters.tally == Tally.of(letter(i) for i in range(3)) + Tally.of([letter(7, DAMAGED_FILE)])
+def test_letters_are_counted_as_they_come(tmp_path):
+    runs = SortedRuns(str(tmp_path))
+    for i in range(3):
+        runs.add(letter(i))
+    runs.add(letter(7, DAMAGED_FILE))
+    staged = runs.close()
+    assert staged.tally == Tally(4, 7, (("damaged_file", 1), ("invalid_json", 3)))
+    assert staged.tally == (Tally.of(letter(i) for i in range(3))
+                            + Tally.of([letter(7, DAMAGED_FILE)]))
 
 
-def test_no_letters_no_file(tmp_path):
-    path = tmp_path / "part.jsonl"
-    with LetterFile(str(path)) as letters:
-        pass
-    assert not path.exists() and StagedLetters.of(letters) == StagedLetters()
+def test_no_letters_no_run(tmp_path):
+    assert SortedRuns(str(tmp_path)).close() == StagedLetters()
+    assert not any(tmp_path.iterdir())
 
 
-def test_parts_are_joined_in_their_order_then_the_held_ones_and_removed(tmp_path):
+def test_runs_and_held_letters_merge_sorted_and_the_runs_go(tmp_path):
     staged = StagedLetters()
-    for part in (2, 0, 1):  # the order given, not the names'
-        with LetterFile(str(tmp_path / f"part-{part}.jsonl")) as letters:
-            letters.add(letter(part))
-        staged += StagedLetters.of(letters)
-    join_letters(str(tmp_path / "all.jsonl"), staged, [letter(9)])
+    for part in (2, 0, 1):  # ranges finished in any order
+        runs = SortedRuns(str(tmp_path))
+        runs.add(letter(part))
+        staged += runs.close()
+    merge_runs(str(tmp_path / "all.jsonl"), staged, [letter(9), letter(3)])
     lines = [json.loads(line)["message"] for line in open(tmp_path / "all.jsonl")]
-    assert lines == ["line 2", "line 0", "line 1", "line 9"]
+    assert lines == ["line 0", "line 1", "line 2", "line 3", "line 9"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["all.jsonl"]
     assert oct((tmp_path / "all.jsonl").stat().st_mode & 0o777) == "0o600"  # raw prompts
 
 
-def test_writing_many_letters_holds_about_one(tmp_path):
+def test_many_letters_hold_one_run_at_most(tmp_path):
     """2,000 letters of 4 KB (each ~24 KB as JSON, control characters escaped): held in a
-    list, they would take ~50 MB; written as they come, memory stays at one letter's."""
-    path = str(tmp_path / "part.jsonl")
+    list, they would take ~50 MB; written as runs of 1 MB, memory stays near one run's."""
     tracemalloc.start()
-    with LetterFile(path) as letters:
-        for i in range(2_000):
-            letters.add(DeadLetter("in.jsonl", b"\x01" * 4000, "invalid_json", str(i)))
+    runs = SortedRuns(str(tmp_path), run_bytes=1 << 20)
+    for i in range(2_000):
+        runs.add(DeadLetter("in.jsonl", b"\x01" * 4000, "invalid_json", str(i)))
+    staged = runs.close()
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert letters.tally.count == 2_000
-    assert peak < 2 << 20, peak
-    join_letters(str(tmp_path / "all.jsonl"), StagedLetters.of(letters))
+    assert staged.tally.count == 2_000 and len(staged.files) > 40
+    assert peak < 3 << 20, peak
+    merge_runs(str(tmp_path / "all.jsonl"), staged)
     assert sum(1 for _ in open(tmp_path / "all.jsonl")) == 2_000
-
-
-def test_sorted_runs_merge_to_the_same_bytes_whatever_the_order_and_split(tmp_path):
-    """Beam hands letters over in bundles of no set order: written as sorted runs (small here,
-    so there are many) and merged (a few at a time), the file is the same."""
-    letters = [letter(i, size=i % 7) for i in range(300)]
-    files = []
-    for name, order, run_bytes in (("a", letters, 200), ("b", letters[::-1], 1000),
-                                   ("c", letters[1::2] + letters[::2], 1 << 20)):
-        folder = tmp_path / name
-        folder.mkdir()
-        staged = StagedLetters()
-        for bundle in (order[:100], order[100:]):
-            runs = SortedRuns(str(folder), run_bytes)
-            for each in bundle:
-                runs.add(each)
-            staged += runs.close()
-        merge_runs(str(folder / "all.jsonl"), staged, fan_in=3)
-        assert staged.tally == Tally.of(letters)
-        assert [p.name for p in folder.iterdir()] == ["all.jsonl"]  # the runs are gone
-        files.append((folder / "all.jsonl").read_bytes())
-    assert files[0] == files[1] == files[2]
-    assert sorted(files[0].splitlines()) == files[0].splitlines()
-    assert len(files[0].splitlines()) == 300
 
 
 def test_no_runs_merge_to_an_empty_file(tmp_path):
     merge_runs(str(tmp_path / "all.jsonl"), SortedRuns(str(tmp_path)).close())
     assert (tmp_path / "all.jsonl").read_bytes() == b""
+
+
+LETTERS = st.builds(DeadLetter, st.sampled_from(["a.jsonl", "a.jsonl.gz", "b/c.parquet", ""]),
+                    st.binary(max_size=12), st.sampled_from(["invalid_json", DAMAGED_FILE, "late"]),
+                    st.text(max_size=12), st.integers(0, 3))
+
+
+@settings(max_examples=30, deadline=None)
+@given(letters=st.lists(LETTERS, max_size=30), held=st.integers(0, 30), seed=st.randoms(),
+       run_bytes=st.integers(1, 400), bundles=st.integers(1, 4), fan_in=st.integers(2, 5))
+def test_the_file_is_the_letters_sorted_whatever_the_order_split_and_engine(
+        tmp_path_factory, letters, held, seed, run_bytes, bundles, fan_in):
+    """The declared order (dead_letters.py) is the lines' bytes sorted: however the letters are
+    shuffled, dealt into bundles (Beam) or ranges (the local engine's workers), spilled into runs,
+    held in memory (a stream window's) or merged a few runs at a time, the file is the same,
+    undecodable bytes, empty sources and non-ASCII messages included."""
+    folder = tmp_path_factory.mktemp("letters")
+    order = letters[:]
+    seed.shuffle(order)
+    held, written = order[:held], order[held:]
+    staged = StagedLetters()
+    for bundle in range(bundles):
+        runs = SortedRuns(str(folder), run_bytes)
+        for each in written[bundle::bundles]:
+            runs.add(each)
+        staged += runs.close()
+    path = merge_runs(str(folder / "all.jsonl"), staged, held, fan_in=fan_in)
+    with open(path, "rb") as merged:
+        assert merged.read() == b"".join(sorted(each.to_line() for each in letters))
+    assert staged.tally + Tally.of(held) == Tally.of(letters)
+    assert [p.name for p in folder.iterdir()] == ["all.jsonl"]
