@@ -35,7 +35,6 @@ def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
                               [str(TESTS.parent), str(TESTS)])})
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
     """plan_locations compares places (paths with links resolved: publish.place), never what
     they are: a folder mounted at a second path (a bind mount, or the same export mounted
@@ -310,7 +309,6 @@ def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokeniz
     assert main([command, str(out / "*")]) == 0, "a whole output refused as a partial copy"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("flag", ["--output", "--dead-letter"])
 def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokenizer, tmp_path,
                                                                     monkeypatch, flag):

@@ -438,7 +438,7 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     for read in reads:
         reach = Reach.of(read, resolved).whole(published)
         for location, placed in places:
-            if reach.meets(placed):
+            if reach.meets(placed, location.kind == FOLDER):
                 raise OutputRefused(reach.refusal(location, placed))
     for location in writes:
         check_written(location)
@@ -458,7 +458,52 @@ def read_place(path: str, resolved: dict[str, str]) -> str:
 
 def inside(path: str, folder: str) -> bool:
     """Whether path is folder or lies beneath it (both placed)."""
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
+    return bool(beneath(path, folder))
+
+
+def beneath(path: str, folder: str) -> list[tuple[str, ...]]:
+    """The names leading from folder down to path, one tuple for each way path lies beneath
+    folder (none: it does not; an empty tuple: it is folder). Local ones are compared by what
+    they are, not by spelling: a folder with a second name (a bind mount, the same export
+    mounted twice) is one folder, and so is a file with two (hard links). Object stores have
+    names only."""
+    if is_url(path) or is_url(folder):
+        prefix = folder.rstrip("/") + "/"
+        if path == folder or path.startswith(prefix):
+            return [tuple(n for n in path[len(prefix):].split("/") if n)]
+        return []
+    return spots_beneath(_spots(path), _spots(folder))
+
+
+Identity = tuple[int, int]  # (st_dev, st_ino): what a path is, whatever names it
+Spot = tuple[Identity, tuple[str, ...]]  # an existing folder on a path, and the names beyond
+
+
+def _spots(placed: str) -> list[Spot]:
+    """Each existing folder on the way to a placed local location (itself last, if it exists),
+    by identity, with the names of the location beyond it. A placed path has no link before
+    its last name, so lstat reads each name as the kernel walks it; a name that cannot be
+    read (it does not exist, or is not searchable) ends the walk."""
+    names = tuple(n for n in placed.split("/") if n)
+    spots = []
+    for depth in range(len(names) + 1):
+        try:
+            status = os.lstat("/" + "/".join(names[:depth]))
+        except OSError:
+            break
+        spots.append(((status.st_dev, status.st_ino), names[depth:]))
+    return spots
+
+
+def spots_beneath(path: Sequence[Spot], folder: Sequence[Spot]) -> list[tuple[str, ...]]:
+    """beneath, by spots: the folder's last existing name is one of the path's folders, and
+    the names the folder has beyond it (not made yet) begin the path's names beyond that one;
+    what follows them leads to the path."""
+    if not folder:
+        return []
+    identity, beyond = folder[-1]
+    return [names[len(beyond):] for spot, names in path
+            if spot == identity and names[:len(beyond)] == beyond]
 
 
 @dataclass(frozen=True)
@@ -492,21 +537,22 @@ class Reach:
             return self
         return Reach(f"{self.read} (part of the kvtrace output {folder})", folder)
 
-    def meets(self, place: str) -> bool:
-        """Whether a written place is read, holds what is read, or would be read next run."""
+    def meets(self, place: str, folder: bool = False) -> bool:
+        """Whether a written place is read, holds what is read, or would be read next run:
+        what the glob could match lies in it (a folder: its names match the glob's first
+        ones, the rest free) or it lies in what the glob matches."""
         if inside(self.place, place):
             return True
-        if not inside(place, self.place):
-            return False
-        if self.wildcards is None or self.recursive:
-            return True
-        below = [p for p in place[len(self.place):].split("/") if p]
-        return bool(below) and len(below) >= len(self.wildcards) and all(
+        ways = beneath(place, self.place)
+        if not ways or self.wildcards is None or self.recursive:
+            return bool(ways)
+        return any(below and (folder or len(below) >= len(self.wildcards)) and all(
             fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
+            for below in ways)
 
     def refusal(self, location: Location, place: str) -> str:
         where = f"{location.flag} {location.path}"
-        if self.place == place and self.wildcards is None:
+        if self.wildcards is None and () in beneath(place, self.place):
             return f"{where} is the input {self.read}: an output never replaces what the run reads"
         if inside(self.place, place):
             return (f"input {self.read} lies inside {where}: an output never replaces what the "

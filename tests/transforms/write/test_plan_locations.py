@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRefused,
-                                      file_output, folder_output, plan_locations, staging_folder)
+                                      file_output, folder_output, plan_locations, spots_beneath,
+                                      staging_folder)
 
 SEGMENTS = st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=3)
 EXAMPLES = settings(max_examples=60, deadline=None,
@@ -84,6 +85,23 @@ def test_a_written_location_never_meets_a_read_one_whatever_the_spelling(base, r
 def test_a_glob_reaches_what_it_would_read_next_time(tmp_path, pattern, output, refused):
     reads = [str(tmp_path / pattern)]
     assert _refused(reads, [Location("-o", str(tmp_path / output), FILE)]) == refused
+
+
+@pytest.mark.parametrize("pattern, output, kind, refused", [
+    ("logs/*/*.jsonl", "logs/night", FOLDER, True),    # its files would be read next run
+    ("logs/*/*.jsonl", "logs/night", FILE, False),     # a file holds no file
+    ("logs/*/*.jsonl", "logs/night/sub", FOLDER, False),
+    ("logs/d?y/*.jsonl", "logs/night", FOLDER, False),
+    ("logs/d?y/*.jsonl", "logs/day/letters", FOLDER, False),
+    ("logs/*/x/*.jsonl", "logs/night/x", FOLDER, True),
+    ("logs/*.jsonl", "logs/night", FOLDER, False),
+    ("logs/*", "logs/night", FOLDER, True),
+])
+def test_a_written_folder_meets_a_glob_that_could_match_inside_it(tmp_path, pattern, output,
+                                                                 kind, refused):
+    (tmp_path / "logs" / "day").mkdir(parents=True)
+    reads = [str(tmp_path / pattern)]
+    assert _refused(reads, [Location("--output", str(tmp_path / output), kind)]) == refused
 
 
 @pytest.mark.parametrize("spelled", ["out.jsonl/", "out.jsonl/.", "."])
@@ -239,3 +257,42 @@ def test_a_fifo_by_the_manifests_name_never_hangs_the_plan(tmp_path):
     assert not _refused([str(tmp_path / "in" / "t.jsonl")],
                         [Location("--dead-letter", str(tmp_path / "in" / "letters"), FOLDER,
                                   private=True), Location("--json", str(tmp_path / "r.json"))])
+
+
+def test_a_second_name_of_an_input_is_the_input(tmp_path):
+    """Locations are compared by what they are (st_dev, st_ino), not by spelling: a hard link
+    is the file it names, as a bind mount is the folder it mounts (tests/e2e: round 3)."""
+    trace = tmp_path / "a" / "t.jsonl"
+    trace.parent.mkdir()
+    trace.write_text("")
+    (tmp_path / "b").mkdir()
+    os.link(trace, tmp_path / "b" / "t.jsonl")
+    with pytest.raises(OutputRefused, match="is the input"):
+        plan_locations([str(trace)], [Location("--json", str(tmp_path / "b" / "t.jsonl"))])
+
+
+def _spots_of(names: tuple[str, ...], existing: int) -> list:
+    """The spots of /names whose first `existing` prefixes exist, each identified by its path
+    with a top folder m taken for a (its second name, as a bind mount of a at m)."""
+    def identity(prefix: tuple[str, ...]) -> tuple[int, int]:
+        folded = tuple("a" if (d, n) == (0, "m") else n for d, n in enumerate(prefix))
+        return (0, hash("/".join(folded)))
+    return [(identity(names[:d]), names[d:]) for d in range(min(existing, len(names)) + 1)]
+
+
+NAMES_BELOW = st.lists(st.sampled_from(["a", "b"]), max_size=3)
+
+
+@EXAMPLES
+@given(path=NAMES_BELOW, folder=NAMES_BELOW, tops=st.tuples(*[st.sampled_from("am")] * 2),
+       made=st.integers(1, 4))
+def test_spots_beneath_is_the_name_prefix_whatever_the_folders_second_name(path, folder, tops,
+                                                                         made):
+    """Pure: a path lies beneath a folder exactly when their names, a top folder's second name
+    (m: a mounted again) taken for the first, begin alike; however much of them exists (the
+    top folders do; a name existing on one exists on the other, as on one filesystem)."""
+    path, folder = [tops[0], *path], [tops[1], *folder]
+    found = spots_beneath(_spots_of(tuple(path), made), _spots_of(tuple(folder), made))
+    expected = [tuple(path[len(folder):])] if path[1:len(folder)] == folder[1:] and len(
+        path) >= len(folder) else []
+    assert found == expected
