@@ -119,7 +119,6 @@ def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer,
         assert json.loads(report.read_text()) in wanted, "a mix of two outputs was analysed"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("command", [
     ["validate", "TRACE", "--block-size", "4", "--json", "NIGHT/stats.json"],
     ["export", "TRACE", "--block-size", "4", "--to", "aiperf", "--overwrite",

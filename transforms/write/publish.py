@@ -577,6 +577,7 @@ def check_written(location: Location) -> None:
                             f"whole: name a location inside it")
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
+        _check_not_in_an_output(location, path)
         return
     own = OWN_FILES.get(location.writer, frozenset())
     if is_url(path):
@@ -620,6 +621,17 @@ def _check_private(location: Location, path: str, writer: str) -> None:
         if folder == posixpath.dirname(folder):
             return
         folder = posixpath.dirname(folder)
+
+
+def _check_not_in_an_output(location: Location, path: str) -> None:
+    """A file never goes into a command's output folder: that folder is published whole, by
+    its command alone, and a file added or replaced in it leaves it no longer whole."""
+    folder = posixpath.dirname(path if is_url(path) else written_place(path))
+    writer = folder_writer(folder)
+    if writer:
+        raise OutputRefused(f"{location.flag} {location.path} lies in {folder}, an output of "
+                            f"kvtrace {writer}, which only its command replaces, whole: write "
+                            f"elsewhere")
 
 
 def folder_writer(folder: str) -> str:
