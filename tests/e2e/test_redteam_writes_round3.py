@@ -237,7 +237,6 @@ def test_an_output_named_twice_is_read_once(tiny_tokenizer, tmp_path, monkeypatc
     assert json.loads(report.read_text())["total_requests"] == 6, "rows counted twice"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_folder_that_cannot_be_renamed_is_refused_before_the_work(tiny_tokenizer, tmp_path):
     """publish._swap_in falls back from renameat2(RENAME_EXCHANGE) to two renames only on
     EINVAL/ENOSYS/EOPNOTSUPP, and the plan never tries whether the output's folder can take a

@@ -43,7 +43,7 @@ import os
 import posixpath
 import shutil
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from glob import has_magic
@@ -442,6 +442,36 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
                 raise OutputRefused(reach.refusal(location, placed))
     for location in writes:
         check_written(location)
+    proven: set[str] = set()
+    for location in writes:
+        if location.kind == FOLDER and not is_url(location.path):
+            prove_folder_rename(location, proven)
+
+
+def prove_folder_rename(location: Location, proven: set[str]) -> None:
+    """Refuse, before the work, a local folder output where folders cannot be renamed (an
+    overlay filesystem without redirect_dir refuses with EXDEV): it is published by renaming
+    its staging folder into place. Proved as the publish does it, in the nearest existing
+    folder on its way (its parent, once made): a staging folder made there, renamed, removed
+    (one a killed run leaves is cleared as any staging leftover). proven: folders done."""
+    named = written_place(location.path)
+    while not os.path.isdir(os.path.dirname(named)):
+        named = os.path.dirname(named)
+    if os.path.dirname(named) in proven:
+        return
+    made, renamed = (staging_folder(named, new_run_id()) for _ in range(2))
+    try:
+        os.mkdir(made, 0o700)
+        os.rename(made, renamed)
+    except OSError as err:
+        raise OutputRefused(f"{location.flag} {location.path}: no folder can be renamed in "
+                            f"{os.path.dirname(named)} ({err.strerror}), and kvtrace publishes "
+                            f"a folder by renaming it: write elsewhere") from None
+    finally:
+        for leftover in (made, renamed):
+            with suppress(OSError):  # gone already; else the next run clears it
+                os.rmdir(leftover)
+    proven.add(os.path.dirname(named))
 
 
 def written_place(path: str) -> str:

@@ -3,6 +3,7 @@ any work; the relations (equal, inside, around) hold whatever the spelling."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -308,3 +309,35 @@ def test_spots_beneath_is_the_name_prefix_whatever_the_folders_second_name(path,
     expected = [tuple(path[len(folder):])] if path[1:len(folder)] == folder[1:] and len(
         path) >= len(folder) else []
     assert found == expected
+
+
+@pytest.mark.parametrize("output", ["out", "new/deeper/out"])
+def test_a_folder_output_is_published_only_where_a_folder_can_be_renamed(tmp_path, monkeypatch,
+                                                                         output):
+    """The plan renames a staging folder where the publish will (the nearest existing folder
+    on the way) and leaves nothing: a filesystem that refuses (overlay without redirect_dir:
+    EXDEV, tests/e2e round 3 mounts one) is refused before any work, in one line."""
+    where = Location("--output", str(tmp_path / output), FOLDER, writer="analyze")
+    plan_locations([], [where])
+    assert os.listdir(tmp_path) == []
+    rename = os.rename
+
+    def across_devices(source, target, *rest):
+        if ".kvtrace-staging-" in os.fspath(source):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return rename(source, target, *rest)
+
+    monkeypatch.setattr(os, "rename", across_devices)
+    with pytest.raises(OutputRefused, match=f"no folder can be renamed in {tmp_path} "
+                                            r"\(Invalid cross-device link\)"):
+        plan_locations([], [where])
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_plans_staging_folder_goes_with_the_next_run(tmp_path):
+    left = staging_folder(str(tmp_path / "out"), "0123456789ab")
+    os.mkdir(left)
+    with folder_output(str(tmp_path / "out"), frozenset({"analysis.txt"})) as staged:
+        with open(os.path.join(staged.path, "analysis.txt"), "w") as handle:
+            handle.write("a")
+    assert os.listdir(tmp_path) == ["out"]
