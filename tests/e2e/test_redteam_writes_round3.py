@@ -327,7 +327,6 @@ def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokeni
     assert code == 2, "an output the input pattern reads was published"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_analyze_output_never_removes_a_file_no_run_wrote(tmp_path):
     """analyze's output folder has no manifest: check_output takes any folder holding only
     files named analysis.txt / analysis.json for an earlier analyze output (OWN_FILES, by name

@@ -137,9 +137,9 @@ def sha256_of(data: bytes) -> str:
 
 
 def foreign_files(output: str, own: frozenset[str] = frozenset()) -> list[str]:
-    """What the output folder holds that no kvtrace manifest there lists (all of it, when it has
-    no readable manifest), or, for a command whose folder has no manifest, that is not among the
-    names it writes (own); subfolders and hidden files included."""
+    """What the output folder holds that neither its kvtrace manifest nor its output mark (a
+    command's folder without a manifest) lists (all of it, when it has neither), nor among
+    own (the names of a block-hashes folder); subfolders and hidden files included."""
     if not is_url(output) and os.path.exists(output) and not os.path.isdir(output):
         return [output]
     present = _names(output)
@@ -172,6 +172,7 @@ def _manifest(folder: str) -> object:
 
 
 def _listed(output: str) -> list[str]:
+    """The files a folder's manifest, else its output mark, lists as kvtrace's."""
     manifest = _manifest(output)
     try:
         files = manifest["files"]
@@ -180,7 +181,52 @@ def _listed(output: str) -> list[str]:
             return []
         return [*files, MANIFEST]
     except (KeyError, TypeError):
-        return []
+        return _marked(output)[1]
+
+
+# A command's output folder without a manifest (analyze's) is marked as its own when the run
+# publishes it, listing what it published: a folder is never taken for an output by its file
+# names alone. A local folder carries the mark as an extended attribute (a rename keeps it, and
+# the folder's listing stays the run's files); an object store, which has none, as an object.
+OUTPUT_MARK = "user.kvtrace.output"
+OUTPUT_MARK_OBJECT = ".kvtrace-output.json"
+MAX_MARK_BYTES = 4096  # the most an extended attribute holds on common filesystems (ext4)
+
+
+def mark_output(folder: str, writer: str) -> bool:
+    """Mark a staged folder as the writer's output, listing the files it holds; False where a
+    local filesystem keeps no extended attributes (the folder is published unmarked, so a next
+    run cannot tell it from a user's, and refuses it unless it is emptied)."""
+    mark = json.dumps({"writer": writer, "files": _names(folder)}, sort_keys=True).encode()
+    if is_url(folder):
+        with storage.create(storage.join(folder, OUTPUT_MARK_OBJECT)) as handle:
+            handle.write(mark)
+        return True
+    try:
+        os.setxattr(folder, OUTPUT_MARK, mark, follow_symlinks=False)
+    except OSError as err:
+        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.ENOSPC, errno.E2BIG):
+            return False
+        raise
+    return True
+
+
+def _marked(folder: str) -> tuple[str, list[str]]:
+    """The command a folder's output mark names and the files it lists, its own object
+    included (none: no mark that parses)."""
+    try:
+        if is_url(folder):
+            raw = read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
+        else:
+            raw = os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
+        mark = json.loads(raw)
+        writer, files = mark["writer"], mark["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "", []
+    if not isinstance(writer, str) or not isinstance(files, list) or not all(
+            isinstance(f, str) and "/" not in f for f in files):
+        return "", []
+    return writer, [*files, *([OUTPUT_MARK_OBJECT] if is_url(folder) else [])]
 
 
 def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
@@ -291,23 +337,26 @@ class StagedFolder:
 
 
 @contextmanager
-def folder_output(output: str, own: frozenset[str] = frozenset(),
+def folder_output(output: str, writer: str = "",
                   report: StagedFile | None = None) -> Iterator[StagedFolder]:
-    """An output folder checked (no foreign file; own: the names of a folder without a
-    manifest) and locked before the work, which writes into the staging folder yielded; it is
-    published whole when the block ends without an error, and removed when it does not. A
-    report (from file_output, entered first) the work wrote is published with it, last."""
+    """An output folder checked (no foreign file) and locked before the work, which writes into
+    the staging folder yielded; it is published whole when the block ends without an error,
+    and removed when it does not. writer: the command, for a folder the work writes no manifest
+    into (marked as its output: mark_output). A report (from file_output, entered first) the
+    work wrote is published with it, last."""
     output = folded(output)
     if not is_url(output):
         check_parent(output)
-    check_output(output, own)
+    check_output(output)
     staged = StagedFolder(staging_folder(output, new_run_id()))
     with output_lock(output):
         storage.make_folder(staged.path, private=True)
         try:
             yield staged
             if not staged.withdrawn:
-                publish_folder(staged.path, output, own, report=report)
+                if writer:
+                    mark_output(staged.path, writer)
+                publish_folder(staged.path, output, report=report)
         finally:
             storage.remove_folder(staged.path)  # gone once published; else the failed run's
 
@@ -400,9 +449,6 @@ def check_file(output: str, overwrite: bool) -> None:
 
 
 FILE, FOLDER = "file", "folder"
-# The files of each command's output folder that has no manifest: they say which command wrote
-# it (a folder with a manifest says so there: folder_writer).
-OWN_FILES = {"analyze": frozenset({"analysis.txt", "analysis.json"})}
 
 
 @dataclass(frozen=True)
@@ -609,9 +655,8 @@ def check_written(location: Location) -> None:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)
         return
-    own = OWN_FILES.get(location.writer, frozenset())
     if is_url(path):
-        check_output(path, own)
+        check_output(path)
         return
     check_parent(path)
     if os.path.islink(written_place(path)):
@@ -626,7 +671,7 @@ def check_written(location: Location) -> None:
     if location.private:
         _check_private(location, path, writer)
     if location.writer:
-        check_output(path, own)
+        check_output(path)
     if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
         raise OutputRefused(f"{flag} {path} belongs to another user, so it cannot be made "
                             f"owner-only; give a folder of your own")
@@ -666,13 +711,12 @@ def _check_not_in_an_output(location: Location, path: str) -> None:
 
 def folder_writer(folder: str) -> str:
     """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
-    says what it converted; anonymize's is any other trace manifest), else by its files."""
+    says what it converted; anonymize's is any other trace manifest), else by its output mark
+    (mark_output), never by the names of its files."""
     manifest = _manifest(folder)
     if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
         return "convert" if "converted_from" in manifest else "anonymize"
-    present = _names(folder)
-    return next((command for command, own in OWN_FILES.items()
-                 if present and not foreign_files(folder, own)), "")
+    return _marked(folder)[0]
 
 
 @contextmanager

@@ -141,15 +141,23 @@ def test_another_commands_output_folder_is_refused_its_own_is_not(tmp_path, mani
     plan_locations([], [Location("--output", str(out), FOLDER, writer=writer)])
 
 
-def test_an_analysis_folder_is_known_by_its_files(tmp_path):
+def test_an_analysis_folder_is_known_by_its_mark_never_by_its_files(tmp_path):
+    """analyze's folder has no manifest: the run marks it (publish.mark_output); a folder of
+    the user's holding files by the same names is the user's, and refused."""
     out = tmp_path / "an"
     out.mkdir()
-    (out / "analysis.json").write_text("{}")
+    (out / "analysis.txt").write_text("my notes")
+    with pytest.raises(OutputRefused, match=r"kvtrace did not write \(analysis.txt\)"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+    (out / "analysis.txt").unlink()
+    with folder_output(str(out), "analyze") as staged:  # an empty folder is taken
+        with open(os.path.join(staged.path, "analysis.json"), "w") as handle:
+            handle.write("{}")
     with pytest.raises(OutputRefused, match="an output of kvtrace analyze"):
         plan_locations([], [Location("--output", str(out), FOLDER, writer="anonymize")])
     plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
-    (out / "notes.txt").write_text("")  # then it is nobody's: foreign files, refused as such
-    with pytest.raises(OutputRefused, match="kvtrace did not write"):
+    (out / "notes.txt").write_text("")  # beside what the mark lists: foreign, refused as such
+    with pytest.raises(OutputRefused, match=r"kvtrace did not write \(notes.txt\)"):
         plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
 
 
@@ -176,7 +184,7 @@ def test_a_name_past_name_max_is_refused_a_long_valid_one_is_staged_under_a_dige
 def test_an_output_folder_is_the_same_however_spelled(tmp_path):
     """out/. and out/sub/.. stage beside out, not inside it, and make nothing in it."""
     for spelling in ("out/.", "out/sub/..", "out//"):
-        with folder_output(f"{tmp_path}/{spelling}", frozenset({"a.txt"})) as staged:
+        with folder_output(f"{tmp_path}/{spelling}", "analyze") as staged:
             assert os.path.dirname(os.path.abspath(staged.path)) == str(tmp_path)
             with open(os.path.join(staged.path, "a.txt"), "w") as handle:
                 handle.write(spelling)
@@ -337,7 +345,7 @@ def test_a_folder_output_is_published_only_where_a_folder_can_be_renamed(tmp_pat
 def test_a_killed_plans_staging_folder_goes_with_the_next_run(tmp_path):
     left = staging_folder(str(tmp_path / "out"), "0123456789ab")
     os.mkdir(left)
-    with folder_output(str(tmp_path / "out"), frozenset({"analysis.txt"})) as staged:
+    with folder_output(str(tmp_path / "out"), "analyze") as staged:
         with open(os.path.join(staged.path, "analysis.txt"), "w") as handle:
             handle.write("a")
     assert os.listdir(tmp_path) == ["out"]
