@@ -473,9 +473,10 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     OutputRefused, saying why."""
     writes = [w for w in writes if w.path]
     places = [(w, written_place(w.path)) for w in writes]
+    known = Known()
     for i, (first, a) in enumerate(places):
         for second, b in places[i + 1:]:
-            if inside(a, b) or inside(b, a):
+            if inside(a, b, known) or inside(b, a, known):
                 raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
                                     f"overlap: give each its own location, neither inside the "
                                     f"other")
@@ -484,8 +485,8 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     for read in reads:
         reach = Reach.of(read, resolved).whole(published)
         for location, placed in places:
-            if reach.meets(placed, location.kind == FOLDER):
-                raise OutputRefused(reach.refusal(location, placed))
+            if reach.meets(placed, location.kind == FOLDER, known):
+                raise OutputRefused(reach.refusal(location, placed, known))
     for location in writes:
         check_written(location)
     proven: set[str] = set()
@@ -532,43 +533,62 @@ def read_place(path: str, resolved: dict[str, str]) -> str:
     return place(path, follow=True, resolved=resolved)
 
 
-def inside(path: str, folder: str) -> bool:
-    """Whether path is folder or lies beneath it (both placed)."""
-    return bool(beneath(path, folder))
+def inside(path: str, folder: str, known: Known | None = None) -> bool:
+    """Whether path is folder or lies beneath it (both placed; known: as in beneath)."""
+    return bool(beneath(path, folder, known))
 
 
-def beneath(path: str, folder: str) -> list[tuple[str, ...]]:
+def beneath(path: str, folder: str, known: Known | None = None) -> list[tuple[str, ...]]:
     """The names leading from folder down to path, one tuple for each way path lies beneath
     folder (none: it does not; an empty tuple: it is folder). Local ones are compared by what
     they are, not by spelling: a folder with a second name (a bind mount, the same export
     mounted twice) is one folder, and so is a file with two (hard links). Object stores have
-    names only."""
+    names only. known: the identities read so far, by path (one plan reads each once)."""
     if is_url(path) or is_url(folder):
         prefix = folder.rstrip("/") + "/"
         if path == folder or path.startswith(prefix):
             return [tuple(n for n in path[len(prefix):].split("/") if n)]
         return []
-    return spots_beneath(_spots(path), _spots(folder))
+    known = Known() if known is None else known
+    return spots_beneath(known.spots(path), known.spots(folder))
 
 
 Identity = tuple[int, int]  # (st_dev, st_ino): what a path is, whatever names it
 Spot = tuple[Identity, tuple[str, ...]]  # an existing folder on a path, and the names beyond
 
 
-def _spots(placed: str) -> list[Spot]:
-    """Each existing folder on the way to a placed local location (itself last, if it exists),
-    by identity, with the names of the location beyond it. A placed path has no link before
-    its last name, so lstat reads each name as the kernel walks it; a name that cannot be
-    read (it does not exist, or is not searchable) ends the walk."""
-    names = tuple(n for n in placed.split("/") if n)
-    spots = []
-    for depth in range(len(names) + 1):
-        try:
-            status = os.lstat("/" + "/".join(names[:depth]))
-        except OSError:
-            break
-        spots.append(((status.st_dev, status.st_ino), names[depth:]))
-    return spots
+class Known:
+    """The identities of local paths, each read once (a plan meets every path many times)."""
+
+    def __init__(self) -> None:
+        self._identities: dict[str, Identity | None] = {}
+        self._spots: dict[str, list[Spot]] = {}
+
+    def spots(self, placed: str) -> list[Spot]:
+        """Each existing folder on the way to a placed local location (itself last, if it
+        exists), by identity, with the names of the location beyond it. A placed path has no
+        link before its last name, so lstat reads each name as the kernel walks it; a name
+        that cannot be read (it does not exist, or is not searchable) ends the walk."""
+        if placed not in self._spots:
+            names = tuple(n for n in placed.split("/") if n)
+            spots, prefix = [], ""
+            for depth in range(len(names) + 1):
+                identity = self._identity(prefix or "/")
+                if identity is None:
+                    break
+                spots.append((identity, names[depth:]))
+                prefix = f"{prefix}/{names[depth]}" if depth < len(names) else prefix
+            self._spots[placed] = spots
+        return self._spots[placed]
+
+    def _identity(self, path: str) -> Identity | None:
+        if path not in self._identities:
+            try:
+                status = os.lstat(path)
+                self._identities[path] = (status.st_dev, status.st_ino)
+            except OSError:
+                self._identities[path] = None
+        return self._identities[path]
 
 
 def spots_beneath(path: Sequence[Spot], folder: Sequence[Spot]) -> list[tuple[str, ...]]:
@@ -613,24 +633,24 @@ class Reach:
             return self
         return Reach(f"{self.read} (part of the kvtrace output {folder})", folder)
 
-    def meets(self, place: str, folder: bool = False) -> bool:
+    def meets(self, place: str, folder: bool = False, known: Known | None = None) -> bool:
         """Whether a written place is read, holds what is read, or would be read next run:
         what the glob could match lies in it (a folder: its names match the glob's first
-        ones, the rest free) or it lies in what the glob matches."""
-        if inside(self.place, place):
+        ones, the rest free) or it lies in what the glob matches. known: as in beneath."""
+        if inside(self.place, place, known):
             return True
-        ways = beneath(place, self.place)
+        ways = beneath(place, self.place, known)
         if not ways or self.wildcards is None or self.recursive:
             return bool(ways)
         return any(below and (folder or len(below) >= len(self.wildcards)) and all(
             fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
             for below in ways)
 
-    def refusal(self, location: Location, place: str) -> str:
+    def refusal(self, location: Location, place: str, known: Known | None = None) -> str:
         where = f"{location.flag} {location.path}"
-        if self.wildcards is None and () in beneath(place, self.place):
+        if self.wildcards is None and () in beneath(place, self.place, known):
             return f"{where} is the input {self.read}: an output never replaces what the run reads"
-        if inside(self.place, place):
+        if inside(self.place, place, known):
             return (f"input {self.read} lies inside {where}: an output never replaces what the "
                     f"run reads")
         if self.wildcards is not None:
