@@ -661,10 +661,11 @@ class Reach:
 
 def check_written(location: Location) -> None:
     """A written location that can be published: a local one's folder can be made, its name
-    fits the filesystem, it is no link; a file no folder (check_file); a folder no file, not
-    another command's output (its manifest says which), holding nothing kvtrace did not write
-    (check_output); a private one that can be made owner-only, neither another command's
-    output nor inside one; a local one not a mount point (it cannot be swapped)."""
+    fits the filesystem, it is no link; none inside a command's output folder; a file no
+    folder (check_file); a folder no file, not another command's output (its manifest or
+    output mark says which), holding nothing kvtrace did not write (check_output); a private
+    one that can be made owner-only, no command's output; a local one not a mount point (it
+    cannot be swapped)."""
     path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
@@ -675,6 +676,7 @@ def check_written(location: Location) -> None:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)
         return
+    _check_not_in_an_output(location, path)
     if is_url(path):
         check_output(path)
         return
@@ -689,7 +691,7 @@ def check_written(location: Location) -> None:
         raise OutputRefused(f"{flag} {path} is an output of kvtrace {writer}; "
                             f"{location.writer} replaces only its own: write elsewhere")
     if location.private:
-        _check_private(location, path, writer)
+        _check_private(location, writer)
     if location.writer:
         check_output(path)
     if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
@@ -697,36 +699,28 @@ def check_written(location: Location) -> None:
                             f"owner-only; give a folder of your own")
 
 
-def _check_private(location: Location, path: str, writer: str) -> None:
-    """A private folder is no command's output (writer: the one path is, if any), nor inside
-    one: it would replace a published output, or put private files into one."""
+def _check_private(location: Location, writer: str) -> None:
+    """A private folder is no command's output (writer: the one path is, if any): it would
+    replace a published output."""
     if writer:
         raise OutputRefused(f"{location.flag} {location.path} is an output of kvtrace {writer}; "
                             f"private files never go there: write elsewhere")
-    folder = posixpath.dirname(written_place(path))
-    while True:
-        try:
-            around = folder_writer(folder)
-        except PermissionError:  # unlistable: told by its manifest only (read already)
-            around = ""
-        if around:
-            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
-                                f"output of kvtrace {around}; private files never go there: "
-                                f"write elsewhere")
-        if folder == posixpath.dirname(folder):
-            return
-        folder = posixpath.dirname(folder)
 
 
 def _check_not_in_an_output(location: Location, path: str) -> None:
-    """A file never goes into a command's output folder: that folder is published whole, by
-    its command alone, and a file added or replaced in it leaves it no longer whole."""
+    """Nothing is written inside a command's output folder, at any depth: that folder is
+    published whole, by its command alone, and a file or folder added or replaced in it leaves
+    it no longer whole. (Replacing one whole is check_written's.)"""
     folder = posixpath.dirname(path if is_url(path) else written_place(path))
-    writer = folder_writer(folder)
-    if writer:
-        raise OutputRefused(f"{location.flag} {location.path} lies in {folder}, an output of "
-                            f"kvtrace {writer}, which only its command replaces, whole: write "
-                            f"elsewhere")
+    while not is_url(path) or "://" in folder:
+        writer = folder_writer(folder)
+        if writer:
+            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
+                                f"output of kvtrace {writer}, which only its command replaces, "
+                                f"whole: write elsewhere")
+        if folder == posixpath.dirname(folder):
+            return
+        folder = posixpath.dirname(folder)
 
 
 def folder_writer(folder: str) -> str:

@@ -248,16 +248,18 @@ def test_a_shard_read_reaches_its_whole_kvtrace_output(tmp_path, read):
     assert not _refused([str(plain / "t.jsonl")], [Location("--json", str(plain / "r.json"))])
 
 
-@pytest.mark.parametrize("name", ["stats.json", "manifest.json", "report.json"])
-def test_a_file_never_goes_into_a_commands_output_folder(tmp_path, name):
-    """Over one of its files or beside them, through any spelling: the folder would no longer
-    be the whole output its manifest describes."""
+@pytest.mark.parametrize("name", ["stats.json", "manifest.json", "report.json",
+                                  "new/report.json"])
+@pytest.mark.parametrize("kind", [FILE, FOLDER])
+def test_nothing_is_written_inside_a_commands_output_folder(tmp_path, name, kind):
+    """Over one of its files, beside them or in a folder made in it, through any spelling: the
+    folder would no longer be the whole output its manifest describes."""
     _kvtrace_output(tmp_path / "out")
     (tmp_path / "link").symlink_to("out")
     for spelled in (tmp_path / "out" / name, tmp_path / "link" / name):
-        with pytest.raises(OutputRefused, match="an output of kvtrace anonymize"):
-            plan_locations([], [Location("--json", str(spelled))])
-    plan_locations([], [Location("--json", str(tmp_path / name))])
+        with pytest.raises(OutputRefused, match="inside .*/out, an output of kvtrace anonymize"):
+            plan_locations([], [Location("--json", str(spelled), kind)])
+    plan_locations([], [Location("--json", str(tmp_path / name), kind)])
 
 
 @pytest.mark.parametrize("where", ["out", "out/letters", "out/sub/letters"])
