@@ -17,13 +17,17 @@ folder: files are copied in, the manifest last, so the manifest (listing every f
 is what marks a complete output there; one writer per output folder.
 
 Every command first plans its locations (plan_locations): every location it reads and writes,
-normalized, checked together before any work, so nothing is computed or committed for a
-location that cannot be published (one written inside, over or around another, or over what
-the run reads; a file where a folder goes; another command's output folder).
+placed, compared by what they are (each folder's st_dev and st_ino, so a bind mount is the
+folder it mounts), checked together before any work, so nothing is computed or committed for a
+location that cannot be published (one written inside, over or around another, over what the
+run reads or where an input glob would read it next run; a file where a folder goes; another
+command's output folder, or anything inside one; a folder where no folder can be renamed: the
+plan renames one there).
 
 A run refuses an output folder holding anything kvtrace did not write (files its manifest does
-not list, or for a folder without a manifest, files the command does not write): it publishes
-only what it produced, and removes only what an earlier run published.
+not list, or for a folder without a manifest, files its output mark does not: mark_output): it
+publishes only what it produced, and removes only what an earlier run published. A folder is
+never taken for an output by the names of its files.
 
 A single file (a rendered request file, an exported trace, a report page) is the same protocol
 for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed over NAME, the
