@@ -193,7 +193,7 @@ def _listed(output: str) -> list[str]:
 # names alone. A local folder carries the mark as an extended attribute (a rename keeps it, and
 # the folder's listing stays the run's files); an object store, which has none, as an object.
 OUTPUT_MARK = "user.kvtrace.output"
-OUTPUT_MARK_OBJECT = ".kvtrace-output.json"
+OUTPUT_MARK_OBJECT = "kvtrace-output.json"  # not hidden: every store's "*" matches it
 MAX_MARK_BYTES = 4096  # the most an extended attribute holds on common filesystems (ext4)
 
 
