@@ -39,7 +39,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.write.publish import FOLDER, OWN_FILES, Location, folder_output
+    from transforms.write.publish import FOLDER, Location, folder_output
 
     engine_options(args.engine, beam_args)
     if not 0 <= args.warmup_fraction < 1:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             _analyze(args, beam_args, files, block_size, None, report)
             return 0
         # Whole, or not at all: the folder, then the report, once the work has succeeded.
-        with folder_output(args.output, OWN_FILES["analyze"], report) as staged:
+        with folder_output(args.output, "analyze", report) as staged:
             _analyze(args, beam_args, files, block_size, staged.path, report)
     return 0
 

@@ -35,7 +35,6 @@ def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
                               [str(TESTS.parent), str(TESTS)])})
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
     """plan_locations compares places (paths with links resolved: publish.place), never what
     they are: a folder mounted at a second path (a bind mount, or the same export mounted
@@ -118,7 +117,6 @@ def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer,
         assert json.loads(report.read_text()) in wanted, "a mix of two outputs was analysed"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("command", [
     ["validate", "TRACE", "--block-size", "4", "--json", "NIGHT/stats.json"],
     ["export", "TRACE", "--block-size", "4", "--to", "aiperf", "--overwrite",
@@ -235,7 +233,6 @@ def test_an_output_named_twice_is_read_once(tiny_tokenizer, tmp_path, monkeypatc
     assert json.loads(report.read_text())["total_requests"] == 6, "rows counted twice"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_folder_that_cannot_be_renamed_is_refused_before_the_work(tiny_tokenizer, tmp_path):
     """publish._swap_in falls back from renameat2(RENAME_EXCHANGE) to two renames only on
     EINVAL/ENOSYS/EOPNOTSUPP, and the plan never tries whether the output's folder can take a
@@ -305,7 +302,6 @@ def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokeniz
     assert main([command, str(out / "*")]) == 0, "a whole output refused as a partial copy"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("flag", ["--output", "--dead-letter"])
 def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokenizer, tmp_path,
                                                                     monkeypatch, flag):
@@ -326,7 +322,6 @@ def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokeni
     assert code == 2, "an output the input pattern reads was published"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_analyze_output_never_removes_a_file_no_run_wrote(tmp_path):
     """analyze's output folder has no manifest: check_output takes any folder holding only
     files named analysis.txt / analysis.json for an earlier analyze output (OWN_FILES, by name

@@ -17,13 +17,17 @@ folder: files are copied in, the manifest last, so the manifest (listing every f
 is what marks a complete output there; one writer per output folder.
 
 Every command first plans its locations (plan_locations): every location it reads and writes,
-normalized, checked together before any work, so nothing is computed or committed for a
-location that cannot be published (one written inside, over or around another, or over what
-the run reads; a file where a folder goes; another command's output folder).
+placed, compared by what they are (each folder's st_dev and st_ino, so a bind mount is the
+folder it mounts), checked together before any work, so nothing is computed or committed for a
+location that cannot be published (one written inside, over or around another, over what the
+run reads or where an input glob would read it next run; a file where a folder goes; another
+command's output folder, or anything inside one; a folder where no folder can be renamed: the
+plan renames one there).
 
 A run refuses an output folder holding anything kvtrace did not write (files its manifest does
-not list, or for a folder without a manifest, files the command does not write): it publishes
-only what it produced, and removes only what an earlier run published.
+not list, or for a folder without a manifest, files its output mark does not: mark_output): it
+publishes only what it produced, and removes only what an earlier run published. A folder is
+never taken for an output by the names of its files.
 
 A single file (a rendered request file, an exported trace, a report page) is the same protocol
 for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed over NAME, the
@@ -43,7 +47,7 @@ import os
 import posixpath
 import shutil
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from glob import has_magic
@@ -138,9 +142,9 @@ def sha256_of(data: bytes) -> str:
 
 
 def foreign_files(output: str, own: frozenset[str] = frozenset()) -> list[str]:
-    """What the output folder holds that no kvtrace manifest there lists (all of it, when it has
-    no readable manifest), or, for a command whose folder has no manifest, that is not among the
-    names it writes (own); subfolders and hidden files included."""
+    """What the output folder holds that neither its kvtrace manifest nor its output mark (a
+    command's folder without a manifest) lists (all of it, when it has neither), nor among
+    own (the names of a block-hashes folder); subfolders and hidden files included."""
     if not is_url(output) and os.path.exists(output) and not os.path.isdir(output):
         return [output]
     present = _names(output)
@@ -173,6 +177,7 @@ def _manifest(folder: str) -> object:
 
 
 def _listed(output: str) -> list[str]:
+    """The files a folder's manifest, else its output mark, lists as kvtrace's."""
     manifest = _manifest(output)
     try:
         files = manifest["files"]
@@ -181,7 +186,52 @@ def _listed(output: str) -> list[str]:
             return []
         return [*files, MANIFEST]
     except (KeyError, TypeError):
-        return []
+        return _marked(output)[1]
+
+
+# A command's output folder without a manifest (analyze's) is marked as its own when the run
+# publishes it, listing what it published: a folder is never taken for an output by its file
+# names alone. A local folder carries the mark as an extended attribute (a rename keeps it, and
+# the folder's listing stays the run's files); an object store, which has none, as an object.
+OUTPUT_MARK = "user.kvtrace.output"
+OUTPUT_MARK_OBJECT = "kvtrace-output.json"  # not hidden: every store's "*" matches it
+MAX_MARK_BYTES = 4096  # the most an extended attribute holds on common filesystems (ext4)
+
+
+def mark_output(folder: str, writer: str) -> bool:
+    """Mark a staged folder as the writer's output, listing the files it holds; False where a
+    local filesystem keeps no extended attributes (the folder is published unmarked, so a next
+    run cannot tell it from a user's, and refuses it unless it is emptied)."""
+    mark = json.dumps({"writer": writer, "files": _names(folder)}, sort_keys=True).encode()
+    if is_url(folder):
+        with storage.create(storage.join(folder, OUTPUT_MARK_OBJECT)) as handle:
+            handle.write(mark)
+        return True
+    try:
+        os.setxattr(folder, OUTPUT_MARK, mark, follow_symlinks=False)
+    except OSError as err:
+        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.ENOSPC, errno.E2BIG):
+            return False
+        raise
+    return True
+
+
+def _marked(folder: str) -> tuple[str, list[str]]:
+    """The command a folder's output mark names and the files it lists, its own object
+    included (none: no mark that parses)."""
+    try:
+        if is_url(folder):
+            raw = read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
+        else:
+            raw = os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
+        mark = json.loads(raw)
+        writer, files = mark["writer"], mark["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "", []
+    if not isinstance(writer, str) or not isinstance(files, list) or not all(
+            isinstance(f, str) and "/" not in f for f in files):
+        return "", []
+    return writer, [*files, *([OUTPUT_MARK_OBJECT] if is_url(folder) else [])]
 
 
 def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
@@ -293,23 +343,26 @@ class StagedFolder:
 
 
 @contextmanager
-def folder_output(output: str, own: frozenset[str] = frozenset(),
+def folder_output(output: str, writer: str = "",
                   report: StagedFile | None = None) -> Iterator[StagedFolder]:
-    """An output folder checked (no foreign file; own: the names of a folder without a
-    manifest) and locked before the work, which writes into the staging folder yielded; it is
-    published whole when the block ends without an error, and removed when it does not. A
-    report (from file_output, entered first) the work wrote is published with it, last."""
+    """An output folder checked (no foreign file) and locked before the work, which writes into
+    the staging folder yielded; it is published whole when the block ends without an error,
+    and removed when it does not. writer: the command, for a folder the work writes no manifest
+    into (marked as its output: mark_output). A report (from file_output, entered first) the
+    work wrote is published with it, last."""
     output = folded(output)
     if not is_url(output):
         check_parent(output)
-    check_output(output, own)
+    check_output(output)
     staged = StagedFolder(staging_folder(output, new_run_id()))
     with output_lock(output):
         storage.make_folder(staged.path, private=True)
         try:
             yield staged
             if not staged.withdrawn:
-                publish_folder(staged.path, output, own, report=report)
+                if writer:
+                    mark_output(staged.path, writer)
+                publish_folder(staged.path, output, report=report)
         finally:
             storage.remove_folder(staged.path)  # gone once published; else the failed run's
 
@@ -402,9 +455,6 @@ def check_file(output: str, overwrite: bool) -> None:
 
 
 FILE, FOLDER = "file", "folder"
-# The files of each command's output folder that has no manifest: they say which command wrote
-# it (a folder with a manifest says so there: folder_writer).
-OWN_FILES = {"analyze": frozenset({"analysis.txt", "analysis.json"})}
 
 
 @dataclass(frozen=True)
@@ -429,9 +479,10 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     OutputRefused, saying why."""
     writes = [w for w in writes if w.path]
     places = [(w, written_place(w.path)) for w in writes]
+    known = Known()
     for i, (first, a) in enumerate(places):
         for second, b in places[i + 1:]:
-            if inside(a, b) or inside(b, a):
+            if inside(a, b, known) or inside(b, a, known):
                 raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
                                     f"overlap: give each its own location, neither inside the "
                                     f"other")
@@ -440,10 +491,40 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     for read in reads:
         reach = Reach.of(read, resolved).whole(published)
         for location, placed in places:
-            if reach.meets(placed):
-                raise OutputRefused(reach.refusal(location, placed))
+            if reach.meets(placed, location.kind == FOLDER, known):
+                raise OutputRefused(reach.refusal(location, placed, known))
     for location in writes:
         check_written(location)
+    proven: set[str] = set()
+    for location in writes:
+        if location.kind == FOLDER and not is_url(location.path):
+            prove_folder_rename(location, proven)
+
+
+def prove_folder_rename(location: Location, proven: set[str]) -> None:
+    """Refuse, before the work, a local folder output where folders cannot be renamed (an
+    overlay filesystem without redirect_dir refuses with EXDEV): it is published by renaming
+    its staging folder into place. Proved as the publish does it, in the nearest existing
+    folder on its way (its parent, once made): a staging folder made there, renamed, removed
+    (one a killed run leaves is cleared as any staging leftover). proven: folders done."""
+    named = written_place(location.path)
+    while not os.path.isdir(os.path.dirname(named)):
+        named = os.path.dirname(named)
+    if os.path.dirname(named) in proven:
+        return
+    made, renamed = (staging_folder(named, new_run_id()) for _ in range(2))
+    try:
+        os.mkdir(made, 0o700)
+        os.rename(made, renamed)
+    except OSError as err:
+        raise OutputRefused(f"{location.flag} {location.path}: no folder can be renamed in "
+                            f"{os.path.dirname(named)} ({err.strerror}), and kvtrace publishes "
+                            f"a folder by renaming it: write elsewhere") from None
+    finally:
+        for leftover in (made, renamed):
+            with suppress(OSError):  # gone already; else the next run clears it
+                os.rmdir(leftover)
+    proven.add(os.path.dirname(named))
 
 
 def written_place(path: str) -> str:
@@ -458,9 +539,73 @@ def read_place(path: str, resolved: dict[str, str]) -> str:
     return place(path, follow=True, resolved=resolved)
 
 
-def inside(path: str, folder: str) -> bool:
-    """Whether path is folder or lies beneath it (both placed)."""
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
+def inside(path: str, folder: str, known: Known | None = None) -> bool:
+    """Whether path is folder or lies beneath it (both placed; known: as in beneath)."""
+    return bool(beneath(path, folder, known))
+
+
+def beneath(path: str, folder: str, known: Known | None = None) -> list[tuple[str, ...]]:
+    """The names leading from folder down to path, one tuple for each way path lies beneath
+    folder (none: it does not; an empty tuple: it is folder). Local ones are compared by what
+    they are, not by spelling: a folder with a second name (a bind mount, the same export
+    mounted twice) is one folder, and so is a file with two (hard links). Object stores have
+    names only. known: the identities read so far, by path (one plan reads each once)."""
+    if is_url(path) or is_url(folder):
+        prefix = folder.rstrip("/") + "/"
+        if path == folder or path.startswith(prefix):
+            return [tuple(n for n in path[len(prefix):].split("/") if n)]
+        return []
+    known = Known() if known is None else known
+    return spots_beneath(known.spots(path), known.spots(folder))
+
+
+Identity = tuple[int, int]  # (st_dev, st_ino): what a path is, whatever names it
+Spot = tuple[Identity, tuple[str, ...]]  # an existing folder on a path, and the names beyond
+
+
+class Known:
+    """The identities of local paths, each read once (a plan meets every path many times)."""
+
+    def __init__(self) -> None:
+        self._identities: dict[str, Identity | None] = {}
+        self._spots: dict[str, list[Spot]] = {}
+
+    def spots(self, placed: str) -> list[Spot]:
+        """Each existing folder on the way to a placed local location (itself last, if it
+        exists), by identity, with the names of the location beyond it. A placed path has no
+        link before its last name, so lstat reads each name as the kernel walks it; a name
+        that cannot be read (it does not exist, or is not searchable) ends the walk."""
+        if placed not in self._spots:
+            names = tuple(n for n in placed.split("/") if n)
+            spots, prefix = [], ""
+            for depth in range(len(names) + 1):
+                identity = self._identity(prefix or "/")
+                if identity is None:
+                    break
+                spots.append((identity, names[depth:]))
+                prefix = f"{prefix}/{names[depth]}" if depth < len(names) else prefix
+            self._spots[placed] = spots
+        return self._spots[placed]
+
+    def _identity(self, path: str) -> Identity | None:
+        if path not in self._identities:
+            try:
+                status = os.lstat(path)
+                self._identities[path] = (status.st_dev, status.st_ino)
+            except OSError:
+                self._identities[path] = None
+        return self._identities[path]
+
+
+def spots_beneath(path: Sequence[Spot], folder: Sequence[Spot]) -> list[tuple[str, ...]]:
+    """beneath, by spots: the folder's last existing name is one of the path's folders, and
+    the names the folder has beyond it (not made yet) begin the path's names beyond that one;
+    what follows them leads to the path."""
+    if not folder:
+        return []
+    identity, beyond = folder[-1]
+    return [names[len(beyond):] for spot, names in path
+            if spot == identity and names[:len(beyond)] == beyond]
 
 
 @dataclass(frozen=True)
@@ -494,23 +639,24 @@ class Reach:
             return self
         return Reach(f"{self.read} (part of the kvtrace output {folder})", folder)
 
-    def meets(self, place: str) -> bool:
-        """Whether a written place is read, holds what is read, or would be read next run."""
-        if inside(self.place, place):
+    def meets(self, place: str, folder: bool = False, known: Known | None = None) -> bool:
+        """Whether a written place is read, holds what is read, or would be read next run:
+        what the glob could match lies in it (a folder: its names match the glob's first
+        ones, the rest free) or it lies in what the glob matches. known: as in beneath."""
+        if inside(self.place, place, known):
             return True
-        if not inside(place, self.place):
-            return False
-        if self.wildcards is None or self.recursive:
-            return True
-        below = [p for p in place[len(self.place):].split("/") if p]
-        return bool(below) and len(below) >= len(self.wildcards) and all(
+        ways = beneath(place, self.place, known)
+        if not ways or self.wildcards is None or self.recursive:
+            return bool(ways)
+        return any(below and (folder or len(below) >= len(self.wildcards)) and all(
             fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
+            for below in ways)
 
-    def refusal(self, location: Location, place: str) -> str:
+    def refusal(self, location: Location, place: str, known: Known | None = None) -> str:
         where = f"{location.flag} {location.path}"
-        if self.place == place and self.wildcards is None:
+        if self.wildcards is None and () in beneath(place, self.place, known):
             return f"{where} is the input {self.read}: an output never replaces what the run reads"
-        if inside(self.place, place):
+        if inside(self.place, place, known):
             return (f"input {self.read} lies inside {where}: an output never replaces what the "
                     f"run reads")
         if self.wildcards is not None:
@@ -521,10 +667,11 @@ class Reach:
 
 def check_written(location: Location) -> None:
     """A written location that can be published: a local one's folder can be made, its name
-    fits the filesystem, it is no link; a file no folder (check_file); a folder no file, not
-    another command's output (its manifest says which), holding nothing kvtrace did not write
-    (check_output); a private one that can be made owner-only, neither another command's
-    output nor inside one; a local one not a mount point (it cannot be swapped)."""
+    fits the filesystem, it is no link; none inside a command's output folder; a file no
+    folder (check_file); a folder no file, not another command's output (its manifest or
+    output mark says which), holding nothing kvtrace did not write (check_output); a private
+    one that can be made owner-only, no command's output; a local one not a mount point (it
+    cannot be swapped)."""
     path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
@@ -533,10 +680,11 @@ def check_written(location: Location) -> None:
                             f"whole: name a location inside it")
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
+        _check_not_in_an_output(location, path)
         return
-    own = OWN_FILES.get(location.writer, frozenset())
+    _check_not_in_an_output(location, path)
     if is_url(path):
-        check_output(path, own)
+        check_output(path)
         return
     check_parent(path)
     if os.path.islink(written_place(path)):
@@ -549,30 +697,33 @@ def check_written(location: Location) -> None:
         raise OutputRefused(f"{flag} {path} is an output of kvtrace {writer}; "
                             f"{location.writer} replaces only its own: write elsewhere")
     if location.private:
-        _check_private(location, path, writer)
+        _check_private(location, writer)
     if location.writer:
-        check_output(path, own)
+        check_output(path)
     if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
         raise OutputRefused(f"{flag} {path} belongs to another user, so it cannot be made "
                             f"owner-only; give a folder of your own")
 
 
-def _check_private(location: Location, path: str, writer: str) -> None:
-    """A private folder is no command's output (writer: the one path is, if any), nor inside
-    one: it would replace a published output, or put private files into one."""
+def _check_private(location: Location, writer: str) -> None:
+    """A private folder is no command's output (writer: the one path is, if any): it would
+    replace a published output."""
     if writer:
         raise OutputRefused(f"{location.flag} {location.path} is an output of kvtrace {writer}; "
                             f"private files never go there: write elsewhere")
-    folder = posixpath.dirname(written_place(path))
-    while True:
-        try:
-            around = folder_writer(folder)
-        except PermissionError:  # unlistable: told by its manifest only (read already)
-            around = ""
-        if around:
+
+
+def _check_not_in_an_output(location: Location, path: str) -> None:
+    """Nothing is written inside a command's output folder, at any depth: that folder is
+    published whole, by its command alone, and a file or folder added or replaced in it leaves
+    it no longer whole. (Replacing one whole is check_written's.)"""
+    folder = posixpath.dirname(path if is_url(path) else written_place(path))
+    while not is_url(path) or "://" in folder:
+        writer = folder_writer(folder)
+        if writer:
             raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
-                                f"output of kvtrace {around}; private files never go there: "
-                                f"write elsewhere")
+                                f"output of kvtrace {writer}, which only its command replaces, "
+                                f"whole: write elsewhere")
         if folder == posixpath.dirname(folder):
             return
         folder = posixpath.dirname(folder)
@@ -580,13 +731,12 @@ def _check_private(location: Location, path: str, writer: str) -> None:
 
 def folder_writer(folder: str) -> str:
     """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
-    says what it converted; anonymize's is any other trace manifest), else by its files."""
+    says what it converted; anonymize's is any other trace manifest), else by its output mark
+    (mark_output), never by the names of its files."""
     manifest = _manifest(folder)
     if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
         return "convert" if "converted_from" in manifest else "anonymize"
-    present = _names(folder)
-    return next((command for command, own in OWN_FILES.items()
-                 if present and not foreign_files(folder, own)), "")
+    return _marked(folder)[0]
 
 
 @contextmanager

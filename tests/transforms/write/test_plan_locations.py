@@ -3,6 +3,7 @@ any work; the relations (equal, inside, around) hold whatever the spelling."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRefused,
-                                      file_output, folder_output, plan_locations, staging_folder)
+                                      file_output, folder_output, plan_locations, spots_beneath,
+                                      staging_folder)
 
 SEGMENTS = st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=3)
 EXAMPLES = settings(max_examples=60, deadline=None,
@@ -86,6 +88,23 @@ def test_a_glob_reaches_what_it_would_read_next_time(tmp_path, pattern, output, 
     assert _refused(reads, [Location("-o", str(tmp_path / output), FILE)]) == refused
 
 
+@pytest.mark.parametrize("pattern, output, kind, refused", [
+    ("logs/*/*.jsonl", "logs/night", FOLDER, True),    # its files would be read next run
+    ("logs/*/*.jsonl", "logs/night", FILE, False),     # a file holds no file
+    ("logs/*/*.jsonl", "logs/night/sub", FOLDER, False),
+    ("logs/d?y/*.jsonl", "logs/night", FOLDER, False),
+    ("logs/d?y/*.jsonl", "logs/day/letters", FOLDER, False),
+    ("logs/*/x/*.jsonl", "logs/night/x", FOLDER, True),
+    ("logs/*.jsonl", "logs/night", FOLDER, False),
+    ("logs/*", "logs/night", FOLDER, True),
+])
+def test_a_written_folder_meets_a_glob_that_could_match_inside_it(tmp_path, pattern, output,
+                                                                 kind, refused):
+    (tmp_path / "logs" / "day").mkdir(parents=True)
+    reads = [str(tmp_path / pattern)]
+    assert _refused(reads, [Location("--output", str(tmp_path / output), kind)]) == refused
+
+
 @pytest.mark.parametrize("spelled", ["out.jsonl/", "out.jsonl/.", "."])
 def test_a_file_output_spelled_as_a_folder_is_refused(tmp_path, spelled):
     with pytest.raises(OutputRefused, match="names a folder"):
@@ -122,15 +141,23 @@ def test_another_commands_output_folder_is_refused_its_own_is_not(tmp_path, mani
     plan_locations([], [Location("--output", str(out), FOLDER, writer=writer)])
 
 
-def test_an_analysis_folder_is_known_by_its_files(tmp_path):
+def test_an_analysis_folder_is_known_by_its_mark_never_by_its_files(tmp_path):
+    """analyze's folder has no manifest: the run marks it (publish.mark_output); a folder of
+    the user's holding files by the same names is the user's, and refused."""
     out = tmp_path / "an"
     out.mkdir()
-    (out / "analysis.json").write_text("{}")
+    (out / "analysis.txt").write_text("my notes")
+    with pytest.raises(OutputRefused, match=r"kvtrace did not write \(analysis.txt\)"):
+        plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
+    (out / "analysis.txt").unlink()
+    with folder_output(str(out), "analyze") as staged:  # an empty folder is taken
+        with open(os.path.join(staged.path, "analysis.json"), "w") as handle:
+            handle.write("{}")
     with pytest.raises(OutputRefused, match="an output of kvtrace analyze"):
         plan_locations([], [Location("--output", str(out), FOLDER, writer="anonymize")])
     plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
-    (out / "notes.txt").write_text("")  # then it is nobody's: foreign files, refused as such
-    with pytest.raises(OutputRefused, match="kvtrace did not write"):
+    (out / "notes.txt").write_text("")  # beside what the mark lists: foreign, refused as such
+    with pytest.raises(OutputRefused, match=r"kvtrace did not write \(notes.txt\)"):
         plan_locations([], [Location("--output", str(out), FOLDER, writer="analyze")])
 
 
@@ -157,7 +184,7 @@ def test_a_name_past_name_max_is_refused_a_long_valid_one_is_staged_under_a_dige
 def test_an_output_folder_is_the_same_however_spelled(tmp_path):
     """out/. and out/sub/.. stage beside out, not inside it, and make nothing in it."""
     for spelling in ("out/.", "out/sub/..", "out//"):
-        with folder_output(f"{tmp_path}/{spelling}", frozenset({"a.txt"})) as staged:
+        with folder_output(f"{tmp_path}/{spelling}", "analyze") as staged:
             assert os.path.dirname(os.path.abspath(staged.path)) == str(tmp_path)
             with open(os.path.join(staged.path, "a.txt"), "w") as handle:
                 handle.write(spelling)
@@ -221,6 +248,20 @@ def test_a_shard_read_reaches_its_whole_kvtrace_output(tmp_path, read):
     assert not _refused([str(plain / "t.jsonl")], [Location("--json", str(plain / "r.json"))])
 
 
+@pytest.mark.parametrize("name", ["stats.json", "manifest.json", "report.json",
+                                  "new/report.json"])
+@pytest.mark.parametrize("kind", [FILE, FOLDER])
+def test_nothing_is_written_inside_a_commands_output_folder(tmp_path, name, kind):
+    """Over one of its files, beside them or in a folder made in it, through any spelling: the
+    folder would no longer be the whole output its manifest describes."""
+    _kvtrace_output(tmp_path / "out")
+    (tmp_path / "link").symlink_to("out")
+    for spelled in (tmp_path / "out" / name, tmp_path / "link" / name):
+        with pytest.raises(OutputRefused, match="inside .*/out, an output of kvtrace anonymize"):
+            plan_locations([], [Location("--json", str(spelled), kind)])
+    plan_locations([], [Location("--json", str(tmp_path / name), kind)])
+
+
 @pytest.mark.parametrize("where", ["out", "out/letters", "out/sub/letters"])
 def test_a_private_folder_is_never_another_commands_output_nor_inside_one(tmp_path, where):
     _kvtrace_output(tmp_path / "out")
@@ -239,3 +280,74 @@ def test_a_fifo_by_the_manifests_name_never_hangs_the_plan(tmp_path):
     assert not _refused([str(tmp_path / "in" / "t.jsonl")],
                         [Location("--dead-letter", str(tmp_path / "in" / "letters"), FOLDER,
                                   private=True), Location("--json", str(tmp_path / "r.json"))])
+
+
+def test_a_second_name_of_an_input_is_the_input(tmp_path):
+    """Locations are compared by what they are (st_dev, st_ino), not by spelling: a hard link
+    is the file it names, as a bind mount is the folder it mounts (tests/e2e: round 3)."""
+    trace = tmp_path / "a" / "t.jsonl"
+    trace.parent.mkdir()
+    trace.write_text("")
+    (tmp_path / "b").mkdir()
+    os.link(trace, tmp_path / "b" / "t.jsonl")
+    with pytest.raises(OutputRefused, match="is the input"):
+        plan_locations([str(trace)], [Location("--json", str(tmp_path / "b" / "t.jsonl"))])
+
+
+def _spots_of(names: tuple[str, ...], existing: int) -> list:
+    """The spots of /names whose first `existing` prefixes exist, each identified by its path
+    with a top folder m taken for a (its second name, as a bind mount of a at m)."""
+    def identity(prefix: tuple[str, ...]) -> tuple[int, int]:
+        folded = tuple("a" if (d, n) == (0, "m") else n for d, n in enumerate(prefix))
+        return (0, hash("/".join(folded)))
+    return [(identity(names[:d]), names[d:]) for d in range(min(existing, len(names)) + 1)]
+
+
+NAMES_BELOW = st.lists(st.sampled_from(["a", "b"]), max_size=3)
+
+
+@EXAMPLES
+@given(path=NAMES_BELOW, folder=NAMES_BELOW, tops=st.tuples(*[st.sampled_from("am")] * 2),
+       made=st.integers(1, 4))
+def test_spots_beneath_is_the_name_prefix_whatever_the_folders_second_name(path, folder, tops,
+                                                                         made):
+    """Pure: a path lies beneath a folder exactly when their names, a top folder's second name
+    (m: a mounted again) taken for the first, begin alike; however much of them exists (the
+    top folders do; a name existing on one exists on the other, as on one filesystem)."""
+    path, folder = [tops[0], *path], [tops[1], *folder]
+    found = spots_beneath(_spots_of(tuple(path), made), _spots_of(tuple(folder), made))
+    expected = [tuple(path[len(folder):])] if path[1:len(folder)] == folder[1:] and len(
+        path) >= len(folder) else []
+    assert found == expected
+
+
+@pytest.mark.parametrize("output", ["out", "new/deeper/out"])
+def test_a_folder_output_is_published_only_where_a_folder_can_be_renamed(tmp_path, monkeypatch,
+                                                                         output):
+    """The plan renames a staging folder where the publish will (the nearest existing folder
+    on the way) and leaves nothing: a filesystem that refuses (overlay without redirect_dir:
+    EXDEV, tests/e2e round 3 mounts one) is refused before any work, in one line."""
+    where = Location("--output", str(tmp_path / output), FOLDER, writer="analyze")
+    plan_locations([], [where])
+    assert os.listdir(tmp_path) == []
+    rename = os.rename
+
+    def across_devices(source, target, *rest):
+        if ".kvtrace-staging-" in os.fspath(source):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return rename(source, target, *rest)
+
+    monkeypatch.setattr(os, "rename", across_devices)
+    with pytest.raises(OutputRefused, match=f"no folder can be renamed in {tmp_path} "
+                                            r"\(Invalid cross-device link\)"):
+        plan_locations([], [where])
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_plans_staging_folder_goes_with_the_next_run(tmp_path):
+    left = staging_folder(str(tmp_path / "out"), "0123456789ab")
+    os.mkdir(left)
+    with folder_output(str(tmp_path / "out"), "analyze") as staged:
+        with open(os.path.join(staged.path, "analysis.txt"), "w") as handle:
+            handle.write("a")
+    assert os.listdir(tmp_path) == ["out"]

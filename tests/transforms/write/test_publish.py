@@ -4,6 +4,7 @@ nothing of a failed run at the output's name."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -81,16 +82,38 @@ def test_a_killed_runs_staged_file_is_cleared_by_the_next_run(tmp_path):
 
 def test_a_folder_is_published_whole_and_withdrawn_when_there_is_nothing(tmp_path):
     out = tmp_path / "analysis"
-    own = frozenset({"a.txt"})
-    with folder_output(str(out), own) as staged:
+    with folder_output(str(out), "analyze") as staged:
         assert not out.exists()  # published only when the work ends
         with open(os.path.join(staged.path, "a.txt"), "wb") as handle:
             handle.write(b"1")
     assert sorted(os.listdir(out)) == ["a.txt"]
-    with folder_output(str(out), own) as staged:  # its own earlier output is replaced
+    with folder_output(str(out), "analyze") as staged:  # its own earlier output is replaced
         staged.withdraw()
     assert (out / "a.txt").read_bytes() == b"1"
     assert _beside(out) == ["analysis"]
+
+
+def test_a_published_folder_is_marked_with_what_its_run_published(tmp_path):
+    """The mark is on the folder (the swap keeps it), not a file in it: the folder lists only
+    the run's files; a copy of them without the mark is nobody's output."""
+    out = tmp_path / "analysis"
+    for text in ("1", "2"):  # the second run replaces its own output: the mark says so
+        with folder_output(str(out), "analyze") as staged:
+            for name in ("b.txt", "a.txt"):
+                with open(os.path.join(staged.path, name), "w") as handle:
+                    handle.write(text)
+    assert sorted(os.listdir(out)) == ["a.txt", "b.txt"]
+    assert json.loads(os.getxattr(out, publish.OUTPUT_MARK)) == {
+        "writer": "analyze", "files": ["a.txt", "b.txt"]}
+    assert publish.folder_writer(str(out)) == "analyze"
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in os.listdir(out):  # its files, as most copies take them
+        shutil.copyfile(out / name, copy / name)
+    assert publish.folder_writer(str(copy)) == ""
+    with pytest.raises(OutputRefused, match=r"kvtrace did not write \(a.txt, b.txt\)"):
+        with folder_output(str(copy), "analyze"):
+            pytest.fail("the work must not start")
 
 
 def test_a_folder_holding_what_the_command_does_not_write_is_refused(tmp_path):
@@ -98,12 +121,12 @@ def test_a_folder_holding_what_the_command_does_not_write_is_refused(tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     with pytest.raises(OutputRefused, match="notes.txt"):
-        with folder_output(str(out), frozenset({"a.txt"})):
+        with folder_output(str(out), "analyze"):
             pytest.fail("the work must not start")
     (out / "notes.txt").unlink()
-    (out / "a.txt").mkdir()  # its name, but not a file kvtrace writes
-    with pytest.raises(OutputRefused, match="a.txt"):
-        with folder_output(str(out), frozenset({"a.txt"})):
+    (out / "analysis.txt").write_text("mine")  # a name analyze writes: unmarked, still mine
+    with pytest.raises(OutputRefused, match="analysis.txt"):
+        with folder_output(str(out), "analyze"):
             pytest.fail("the work must not start")
 
 
@@ -255,7 +278,7 @@ def test_the_current_folder_as_output_is_staged_beside_it(tmp_path, monkeypatch)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    with folder_output(".", frozenset({"a.txt"})) as staged:
+    with folder_output(".", "analyze") as staged:
         assert os.path.dirname(staged.path) == str(tmp_path)
         with open(os.path.join(staged.path, "a.txt"), "w") as handle:
             handle.write("a")

@@ -74,8 +74,8 @@ def test_a_report_that_cannot_be_published_puts_the_output_back(tmp_path, monkey
 def test_a_folder_and_its_report_are_put_back_together_when_their_folder_sync_fails(
         tmp_path, monkeypatch):
     folder, report = tmp_path / "analysis", tmp_path / "report.json"
-    folder.mkdir()
-    (folder / "analysis.txt").write_bytes(b"previous")
+    with folder_output(str(folder), "analyze") as staged:
+        (tmp_path / staged.path / "analysis.txt").write_bytes(b"previous")
     report.write_bytes(b"previous report")
     sync = publish.storage.sync_folder
 
@@ -86,7 +86,7 @@ def test_a_folder_and_its_report_are_put_back_together_when_their_folder_sync_fa
 
     monkeypatch.setattr(publish.storage, "sync_folder", fails_for_the_parent)
     with pytest.raises(OSError), file_output(str(report)) as staged_report, \
-            folder_output(str(folder), frozenset({"analysis.txt"}), staged_report) as staged:
+            folder_output(str(folder), "analyze", staged_report) as staged:
         (tmp_path / staged.path / "analysis.txt").write_bytes(b"new")
         staged_report.write(b"new report")
     assert (folder / "analysis.txt").read_bytes() == b"previous"

@@ -1,0 +1,102 @@
+"""publish on an object store (no folders, no attributes, no atomic rename of a folder): a
+command's folder without a manifest is marked by an object listing what its run published.
+The store is Beam's local filesystem behind a URL scheme (kvtest://), with an object store's
+ways: a match's `*` takes every name, a rename makes no folder first."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import posixpath
+
+import pytest
+from apache_beam.io.filesystem import FileMetadata, MatchResult
+from apache_beam.io.localfilesystem import LocalFileSystem
+
+from transforms import storage
+from transforms.write import publish
+from transforms.write.publish import OutputRefused, folder_output
+
+SCHEME = "kvtest://"
+
+
+class ObjectStore(LocalFileSystem):
+    """kvtest://NAME is the local file ROOT/NAME (ROOT: each test's, set by the fixture)."""
+
+    root = ""
+
+    @classmethod
+    def scheme(cls) -> str:
+        return SCHEME[:-3]
+
+    def _local(self, url: str) -> str:
+        return os.path.join(self.root, url[len(SCHEME):])
+
+    def join(self, base, *names):
+        return posixpath.join(base, *names)
+
+    def split(self, url):
+        return posixpath.split(url)
+
+    def match(self, patterns, limits=None):
+        return [MatchResult(pattern, [
+            FileMetadata(SCHEME + os.path.relpath(path, self.root), os.path.getsize(path))
+            for path in sorted(glob.glob(self._local(pattern), include_hidden=True))
+            if os.path.isfile(path)]) for pattern in patterns]
+
+    def create(self, url, *args, **kwargs):
+        return super().create(self._local(url), *args, **kwargs)
+
+    def open(self, url, *args, **kwargs):
+        return super().open(self._local(url), *args, **kwargs)
+
+    def exists(self, url):
+        return super().exists(self._local(url))
+
+    def rename(self, sources, destinations):
+        for destination in destinations:
+            os.makedirs(os.path.dirname(self._local(destination)), exist_ok=True)
+        return super().rename([self._local(s) for s in sources],
+                              [self._local(d) for d in destinations])
+
+    def delete(self, urls):
+        return super().delete([self._local(u) for u in urls])
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setattr(ObjectStore, "root", str(tmp_path))
+    return tmp_path
+
+
+def _publish(output: str, text: str) -> None:
+    with folder_output(output, "analyze") as staged:
+        with storage.create(storage.join(staged.path, "analysis.txt")) as handle:
+            handle.write(text.encode())
+
+
+def test_a_folder_is_marked_by_an_object_and_replaced_only_by_its_command(store):
+    output = f"{SCHEME}bucket/analysis"
+    for text in ("1", "2"):  # the second run replaces what the first one's mark lists
+        _publish(output, text)
+    folder = store / "bucket" / "analysis"
+    assert sorted(os.listdir(folder)) == ["analysis.txt", publish.OUTPUT_MARK_OBJECT]
+    assert (folder / "analysis.txt").read_text() == "2"
+    assert json.loads((folder / publish.OUTPUT_MARK_OBJECT).read_text()) == {
+        "writer": "analyze", "files": ["analysis.txt"]}
+    assert publish.folder_writer(output) == "analyze"
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(OutputRefused, match=r"did not write \(notes.txt\)"):
+        _publish(output, "3")
+
+
+def test_a_folder_without_the_mark_is_nobodys_output(store):
+    """The user's own files by the names analyze writes: refused, never replaced."""
+    (store / "bucket" / "notes").mkdir(parents=True)
+    (store / "bucket" / "notes" / "analysis.txt").write_text("my notes")
+    output = f"{SCHEME}bucket/notes"
+    assert publish.folder_writer(output) == ""
+    with pytest.raises(OutputRefused, match=r"did not write \(analysis.txt\)"):
+        _publish(output, "1")
+    assert (store / "bucket" / "notes" / "analysis.txt").read_text() == "my notes"
