@@ -15,6 +15,7 @@ import glob
 import io
 import logging
 import os
+import posixpath
 import re
 import shutil
 import stat
@@ -28,6 +29,41 @@ _URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
 def is_url(path: str) -> bool:
     """A path on a Beam filesystem (gs://, s3://, ...), not on this machine's."""
     return bool(_URL.match(path))
+
+
+def folded(path: str) -> str:
+    """A location with `.`, repeated and trailing slashes folded (a local one stays relative
+    when given so): out/. and out/ are both out. A local one with `..` is placed (place): the
+    kernel resolves `..` after the links before it, so no lexical fold may cross one; `.`
+    alone is placed too, so that it has a name and a parent to stage beside."""
+    if is_url(path):
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}" if rest else path
+    if not path:
+        return path
+    if ".." in path.split("/") or os.path.normpath(path) == ".":
+        return place(path)
+    return os.path.normpath(path)
+
+
+def place(path: str, follow: bool = False, resolved: dict[str, str] | None = None) -> str:
+    """Where the kernel puts a location: absolute, its parent's links resolved and then its
+    `..` (never a lexical fold across a link); `~` is a name like any other (a shell expands
+    it before kvtrace sees it). Its own link is followed only if follow (a read; a written
+    location never goes through a link). resolved: parents already resolved, by spelling.
+    Every comparison of the plan and every path opened for a write go through here, so what is
+    checked is what is written."""
+    if is_url(path):
+        return folded(path)
+    absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    parent, name = os.path.split(absolute)
+    if name in ("", ".", ".."):  # the folder itself: no name of its own to keep unresolved
+        return os.path.realpath(absolute)
+    resolved = {} if resolved is None else resolved
+    if parent not in resolved:
+        resolved[parent] = os.path.realpath(parent)
+    placed = os.path.join(resolved[parent], name)
+    return os.path.realpath(placed) if follow and os.path.islink(placed) else placed
 
 
 def _beam() -> Any:

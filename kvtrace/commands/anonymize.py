@@ -273,7 +273,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.read.records import ParseOptions
     from transforms.write.coarsen import Coarsening
     from transforms import storage
-    from transforms.write.publish import (FOLDER, DeadLetterRun, Location, folded, output_lock,
+    from transforms.storage import folded
+    from transforms.write.publish import (FOLDER, DeadLetterRun, Location, output_lock,
                                           plan_locations, recover_letters, staging_folder)
     from transforms.write.manifest import read_run_counts
     from transforms.write.shards import block_hashes_staging
@@ -487,7 +488,7 @@ def _hash_scheme(options: dict[str, Any]) -> Any:
 def _marks(options: dict[str, Any], salt: Any) -> str:
     """The id map's folder of marks (anchor.marks_folder); none without a map."""
     from transforms.ids.anchor import marks_folder
-    from transforms.write.publish import folded
+    from transforms.storage import folded
 
     given = options.get("id_map_marks")
     if not options.get("id_map"):

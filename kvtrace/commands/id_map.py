@@ -47,7 +47,8 @@ def upgrade(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.encode.salt import salt_source
     from transforms.ids.anchor import marks_folder
     from transforms.ids.id_map import map_key, upgrade_map
-    from transforms.write.publish import FOLDER, Location, folded, plan_locations
+    from transforms.storage import folded
+    from transforms.write.publish import FOLDER, Location, plan_locations
 
     no_beam_options(beam_args)
     directory = folded(args.map)

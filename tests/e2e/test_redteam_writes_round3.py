@@ -257,7 +257,6 @@ def test_a_folder_that_cannot_be_renamed_is_refused_before_the_work(tiny_tokeniz
         f"the work was done for an output that cannot be published: {done.stderr[-300:]}"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, tmp_path):
     """The id map's anchor (ids/anchor.py) is named by the map directory's absolute path with
     links kept (map_location: os.path.abspath), so one map spelled through a link to its

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -38,10 +37,12 @@ MAX_MARK_BYTES = 4096  # a path, a version, two digests
 
 
 def map_location(directory: str) -> str:
-    """The map directory as the mark names it: absolute, symlinks kept (a link swapped to an
-    older copy is the same map to its readers, so it must meet the same mark)."""
+    """The map directory as the mark names it: where the kernel puts it (storage.place: links
+    in its parents resolved, so `alias/map` with alias -> real is `real/map`), its own link
+    kept (a link swapped to an older copy is the same map to its readers, so it must meet the
+    same mark)."""
     directory = directory.rstrip("/")
-    return directory if storage.is_url(directory) else os.path.abspath(directory)
+    return directory if storage.is_url(directory) else storage.place(directory)
 
 
 def marks_folder(salt: SaltSource, given: str | None) -> str:

@@ -55,7 +55,7 @@ from typing import IO
 
 from transforms import storage
 from transforms.errors import JobStopped
-from transforms.storage import is_url
+from transforms.storage import folded, is_url, place
 from transforms.ids.id_map import new_run_id
 from transforms.read.paths import read_bytes
 from transforms.read.trace_inputs import MAX_MANIFEST_BYTES
@@ -100,41 +100,6 @@ def _stem(name: str) -> str:
     if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX:
         return name
     return "~" + sha256_of(os.fsencode(name))[:32]
-
-
-def folded(path: str) -> str:
-    """A location with `.`, repeated and trailing slashes folded (a local one stays relative
-    when given so): out/. and out/ are both out. A local one with `..` is placed (place): the
-    kernel resolves `..` after the links before it, so no lexical fold may cross one; `.`
-    alone is placed too, so that it has a name and a parent to stage beside."""
-    if is_url(path):
-        scheme, rest = path.split("://", 1)
-        return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}" if rest else path
-    if not path:
-        return path
-    if ".." in path.split("/") or os.path.normpath(path) == ".":
-        return place(path)
-    return os.path.normpath(path)
-
-
-def place(path: str, follow: bool = False, resolved: dict[str, str] | None = None) -> str:
-    """Where the kernel puts a location: absolute, its parent's links resolved and then its
-    `..` (never a lexical fold across a link); `~` is a name like any other (a shell expands
-    it before kvtrace sees it). Its own link is followed only if follow (a read; a written
-    location never goes through a link). resolved: parents already resolved, by spelling.
-    Every comparison of the plan and every path opened for a write go through here, so what is
-    checked is what is written."""
-    if is_url(path):
-        return folded(path)
-    absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-    parent, name = os.path.split(absolute)
-    if name in ("", ".", ".."):  # the folder itself: no name of its own to keep unresolved
-        return os.path.realpath(absolute)
-    resolved = {} if resolved is None else resolved
-    if parent not in resolved:
-        resolved[parent] = os.path.realpath(parent)
-    placed = os.path.join(resolved[parent], name)
-    return os.path.realpath(placed) if follow and os.path.islink(placed) else placed
 
 
 def sha256_of(data: bytes) -> str:
