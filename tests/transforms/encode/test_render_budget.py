@@ -84,6 +84,20 @@ REFUSED = {
     "containment": "{% set a = [0] * 1000000 %}{{ (a[1:] + [1]) in [a] * 1000000 }}",
     "doubling_list": "{% set ns = namespace(l=[[0] * 100000]) %}{% for i in range(40) %}"
                      "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ (ns.l[0][1:] + [1]) in ns.l }}",
+    # integers squared past the bound, then one long division of minutes (round 3)
+    "squared_integers": "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 4000 %}"
+                        "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+                        "{% set d = ns.x * 3 + 1 %}{{ (ns.x * ns.x + 7) // d }}",
+    "summed_integers": "{% set ns = namespace(x=2 ** 4000) %}{% for i in range(8) %}"
+                       "{% set ns.x = ns.x + ns.x %}{% endfor %}",
+    # a new object per item in one call: gigabytes from a value within the bound (round 3)
+    "list_of_characters": "{{ ('\u30a2' * 100000000)|list|length }}",
+    "split": "{{ ('ab ' * 80000000).split()|length }}",
+    "splitlines": "{{ ('a\n' * 80000000).splitlines()|length }}",
+    "split_by_separator": "{{ ('a,' * 80000000).split(',')|length }}",
+    "fromkeys": "{{ {}.fromkeys('ab' * 80000000)|length }}",
+    "wordcount": "{{ ('ab ' * 80000000)|wordcount }}",
+    "list_repeated_by_items": "{{ ([0] * 100000000)|length }}",
 }
 # What the cases above build, scaled to a 1 MiB bound: each refused in its own step.
 ONE_CALL = {
@@ -221,6 +235,9 @@ def test_text_length_counts_as_it_always_has(value, indent, limit, length):
     "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
     "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
     "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
+    "{{ 7 - 9 }}|{{ 7 // 2 }}|{{ -7 % 3 }}|{{ 7 / 2 }}|{{ 2 ** 2000 - 1 }}|{{ 1.5 * 4 }}"
+    "|{{ 'a b\tc'.split() }}|{{ 'a,b'.split(',', 1) }}|{{ 'a\nb'.splitlines() }}"
+    "|{{ 'ab'|list }}|{{ {}.fromkeys('ab') }}|{{ 'a b'|wordcount }}",
     "{{ '%(a)5s|%%|%(a)-3s' % {'a': 'x'} }}|{{ '%(n)03d'|format(n=7) }}|{{ '{0}{0}'.format('y') }}"
     "|{{ 'a\tb'.expandtabs(4) }}|{{ 'a\nb'|indent('> ', first=true) }}",
 ])
