@@ -138,6 +138,51 @@ def test_the_watchdog_stops_a_render_at_its_deadline_and_only_there():
     _busy(20 * TICK_SECONDS)  # no RenderOverrun lands after the render
 
 
+class _StopWhileLeaving:
+    """The watchdog's lock, with a stop (the CLI's KeyboardInterrupt on SIGTERM) landing in the
+    rendering thread the first time it takes the lock to leave: as a signal handler may."""
+
+    def __init__(self, thread: int):
+        self._lock, self._thread, self.stopped = threading.Lock(), thread, False
+
+    def __enter__(self) -> None:
+        if threading.get_ident() == self._thread and not self.stopped:
+            self.stopped = True
+            raise KeyboardInterrupt
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("overrun", [False, True])
+def test_a_stop_while_a_render_is_left_is_raised_and_no_overrun_lands_after(overrun):
+    """The stop is what the caller sees (not lost in the overrun, not replaced by it), the
+    render is unregistered anyway, and no RenderOverrun lands in the code after it (round 3:
+    one did, in the CLI's stop.end(), as a traceback)."""
+    watchdog = Watchdog(seconds=0.05)
+    watchdog.run(lambda: None)  # its thread started, with the plain lock
+    lock = _StopWhileLeaving(threading.get_ident())
+    watchdog._lock = lock
+    with pytest.raises(KeyboardInterrupt):
+        watchdog.run(lambda: _busy(60) if overrun else None)
+    assert lock.stopped and not watchdog._renders
+    _busy(20 * TICK_SECONDS)  # where a stray RenderOverrun would land
+
+
+def test_a_render_ended_by_a_stop_is_left_and_the_stop_raised():
+    watchdog = Watchdog(seconds=0.05)
+
+    def stopped() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        watchdog.run(stopped)
+    assert not watchdog._renders
+    _busy(20 * TICK_SECONDS)
+    assert watchdog.run(lambda: "rendered") == "rendered"
+
+
 def test_the_watchdog_stops_a_render_that_grows_the_process_past_its_budget():
     watchdog = Watchdog(seconds=60, memory_bytes=64 << 20)
     grown: list[bytes] = []
