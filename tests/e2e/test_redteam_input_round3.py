@@ -124,7 +124,6 @@ def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_
 
 # ---- the 1 MiB rule: a small record still condemns the template, and the run -----------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3_tokenizer,
                                                                            tmp_path):
     """tokenize.render_chat blames the template (and stops the job after OVERRUNS_TO_STOP)

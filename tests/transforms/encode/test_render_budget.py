@@ -333,6 +333,37 @@ def test_records_over_budget_for_their_size_do_not_condemn_the_template(tight_bu
     assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
 
 
+def test_records_over_budget_for_their_items_do_not_condemn_the_template(tight_budget, tiny):
+    """Round 3: a record under 1 MiB may hold hundreds of thousands of tools, each a template
+    step (Qwen3: ~10 s for 340,000 empty ones): its overrun is its own dead letter, however
+    many such records come first, and the template renders the small ones after them."""
+    kwargs = {"chat_template": "{% if tools %}" + RUNAWAY["nested_loops"]
+                               + "{% endif %}{{ messages[0].content }}"}
+    tools = [{}] * tokenize.CONDEMNING_RECORD_ITEMS
+    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
+        with pytest.raises(Rejected, match="items"):
+            tokenize.render_chat(tiny, MESSAGES, tools, kwargs, 100)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
+
+
+def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_first(tiny):
+    """Round 3's 340,000 empty tools: a too_large dead letter on any machine, not an overrun
+    on a slow one only; the count at the bound still renders."""
+    kwargs = {"chat_template": "{{ tools|length }}"}
+    tools = [{}] * (tokenize.MAX_RENDERED_ITEMS - 1)
+    assert tokenize.render_chat(tiny, MESSAGES, tools, kwargs) == str(len(tools))
+    with pytest.raises(Rejected, match="messages and tools") as err:
+        tokenize.render_chat(tiny, MESSAGES, [*tools, {}], kwargs)
+    assert err.value.reason == "too_large"
+
+
+@pytest.mark.parametrize(("value", "count"), [
+    ([], 1), ({"a": [1, {"b": None}]}, 5), (([{}] * 3, None), 6), ("text", 1)])
+def test_a_records_items_are_counted_through_lists_and_objects(value, count):
+    assert tokenize._holds_more_than(value, count - 1)
+    assert not tokenize._holds_more_than(value, count)
+
+
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
     kwargs = {"chat_template": "{% if messages[0].content == 'loop' %}"
                                + RUNAWAY["nested_loops"] + "{% endif %}{{ messages[0].content }}"}
