@@ -7,15 +7,18 @@ call makes a value larger than its operands only when an integer says how large 
 `2 ** n`, a width in `'%99999999s'` or `'{:>99999999}'`, `center(n)`, `indent(n)`, ...), when
 it joins or maps values (`~`, `+`, `join`, `replace`, `translate`, `wordwrap`, escaping), or
 when it prints a container (`{{ }}`, `|string`, `|tojson`), which may list one long string
-many times. So here each is sized from its operands first: powers from their bit lengths,
-format widths from the format's own parse, containers by walking what they hold
+many times. So here each is sized from its operands first: every operator on two integers
+from their bit lengths (long multiplication and division are quadratic, in one C call), format
+widths from the format's own parse, containers by walking what they hold
 (`_text_length`), and an integer handed to a call or a filter (beside the value filtered) may
 not exceed MAX_ARGUMENT. Lists are sized the same way when `*` or `+` builds them, so a
-comparison, containment or sort over one walks at most the bound; `sum` adds numbers only (over
-lists it is one quadratic C call; Python refuses it for str). Every call's and filter's result
-is measured too before the template sees it (case mapping, say, is a fixed multiple of its
-operand): no value past the bound survives a step. Whatever else a template does is one C call
-linear in values within the bound, or a Python step the watchdog can stop.
+comparison, containment or sort over one walks at most the bound. A call that lists a value
+(`|list` of a string, a split) makes a new object per item, so what one step may list is
+counted first too, against a bound of items (MAX_ITEMS), not of length. `sum` adds numbers
+only (over lists it is one quadratic C call; Python refuses it for str). Every call's and
+filter's result is measured too before the template sees it (case mapping, say, is a fixed
+multiple of its operand): no value past the bound survives a step. Whatever else a template
+does is one C call linear in values within the bound, or a Python step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -52,7 +55,7 @@ MAX_ARGUMENT = 1 << 20  # an integer given to a call or filter: widths, counts, 
 # and a chat template lists messages, tools and the pieces of a message, never millions.
 MAX_ITEMS = 1 << 20
 # What str.split() with no separator splits at, and str.splitlines() ends a line at
-# (test_bounded_sandbox_items.py checks both against Python's own).
+# (test_bounded_sandbox_bounds.py checks both against Python's own).
 _WHITESPACE = (" \n\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
                "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 _LINE_BREAKS = "\n\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
@@ -386,12 +389,12 @@ def _filter_escape(value: Any, *rest: Any, **kwargs: Any) -> None:
         _check_length(_text_length(value) * 5, "escaping")
 
 
-# Filters that list their value (or the pieces of a string) in one call, or in a generator over
-# such a list: sized by the items the value has, a string's characters among them.
+# Filters that list their value (or the pieces of a string) in one C call, sized by the items
+# the value has, a string's characters among them. (batch, unique, map, select and the like
+# are generators: a step per item, which the watchdog can stop.)
 _LISTING_FILTERS = frozenset((
-    "list", "sort", "unique", "batch", "slice", "reverse", "map", "select", "reject",
-    "selectattr", "rejectattr", "dictsort", "groupby", "items", "wordcount", "wordwrap",
-    "title", "urlize", "striptags", "random", "max", "min"))
+    "list", "sort", "slice", "reverse", "dictsort", "groupby", "wordcount", "wordwrap",
+    "title", "urlize", "striptags"))
 
 _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "format": _filter_format,

@@ -93,7 +93,8 @@ def test_a_split_past_the_item_bound_is_always_refused(text, separator, most, li
 
 @pytest.mark.parametrize("source", [
     "{{ ('ab' * 600000)|list|length }}",
-    "{{ ('ab' * 600000)|batch(2)|list|length }}",
+    "{{ ('ab' * 600000)|slice(2)|list|length }}",
+    "{{ ('ab' * 600000)|sort|length }}",
     "{{ ('a b ' * 600000).split()|length }}",
     "{{ ('a b ' * 600000).rsplit(' ')|length }}",
     "{{ ('a b ' * 600000).encode().split()|length }}",
@@ -114,6 +115,7 @@ def test_a_call_making_past_the_item_bound_is_refused_before_it_runs(source):
     ("{{ ('a b ' * 500000).split()|length }}", "1000000"),
     ("{{ ('a b ' * 400000).split(maxsplit=3)|length }}", "4"),
     ("{{ ('x' * 5000000).split('</think>')|length }}", "1"),
+    ("{{ ('ab' * 600000)|batch(2)|map('length')|max }}", "2"),  # a step per item
     ("{{ ('a\\n' * 500000).splitlines()|length }}", "500000"),
 ])
 def test_a_call_within_the_item_bound_makes_what_python_makes(source, text):
