@@ -48,7 +48,6 @@ def _run_for(folder, tmp_path, seconds: float, records=None):
 
 # ---- integer arithmetic is not sized: one C call that runs for hours --------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_integer_division_of_squared_powers_cannot_hang_the_run(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py sizes `**` (64 Ki bits) but not `*` between integers, nor `//` or `%`
     with an integer on the left (intercepted_binops is *, **, %; _check_binop's `*` sizes only
@@ -68,7 +67,6 @@ def test_integer_division_of_squared_powers_cannot_hang_the_run(tiny_tokenizer, 
 
 # ---- a stop during an overrunning render: the watchdog's exception escapes the run -----------
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokenizer, tmp_path):
     """render_budget.Watchdog promises a RenderOverrun "never lands in code after the render":
     run()'s finally loops over _leave until it unregisters. But the stop handler (cli.py) raises
@@ -102,7 +100,6 @@ def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokeniz
 
 # ---- items are not bytes: a list of 100 M distinct objects from one |list --------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py bounds a value by its count of items (MAX_VALUE_LENGTH, 256 Mi), as
     if an item cost a byte or a pointer. `|list` of a string makes one str object per
@@ -127,7 +124,6 @@ def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_
 
 # ---- the 1 MiB rule: a small record still condemns the template, and the run -----------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3_tokenizer,
                                                                            tmp_path):
     """tokenize.render_chat blames the template (and stops the job after OVERRUNS_TO_STOP)

@@ -7,15 +7,18 @@ call makes a value larger than its operands only when an integer says how large 
 `2 ** n`, a width in `'%99999999s'` or `'{:>99999999}'`, `center(n)`, `indent(n)`, ...), when
 it joins or maps values (`~`, `+`, `join`, `replace`, `translate`, `wordwrap`, escaping), or
 when it prints a container (`{{ }}`, `|string`, `|tojson`), which may list one long string
-many times. So here each is sized from its operands first: powers from their bit lengths,
-format widths from the format's own parse, containers by walking what they hold
+many times. So here each is sized from its operands first: every operator on two integers
+from their bit lengths (long multiplication and division are quadratic, in one C call), format
+widths from the format's own parse, containers by walking what they hold
 (`_text_length`), and an integer handed to a call or a filter (beside the value filtered) may
 not exceed MAX_ARGUMENT. Lists are sized the same way when `*` or `+` builds them, so a
-comparison, containment or sort over one walks at most the bound; `sum` adds numbers only (over
-lists it is one quadratic C call; Python refuses it for str). Every call's and filter's result
-is measured too before the template sees it (case mapping, say, is a fixed multiple of its
-operand): no value past the bound survives a step. Whatever else a template does is one C call
-linear in values within the bound, or a Python step the watchdog can stop.
+comparison, containment or sort over one walks at most the bound. A call that lists a value
+(`|list` of a string, a split) makes a new object per item, so what one step may list is
+counted first too, against a bound of items (MAX_ITEMS), not of length. `sum` adds numbers
+only (over lists it is one quadratic C call; Python refuses it for str). Every call's and
+filter's result is measured too before the template sees it (case mapping, say, is a fixed
+multiple of its operand): no value past the bound survives a step. Whatever else a template
+does is one C call linear in values within the bound, or a Python step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -41,8 +44,23 @@ from jinja2.utils import Namespace, _PassArg
 # The longest string or list a template may build: 4x the longest record kvtrace reads
 # (DEFAULT_MAX_RECORD_BYTES, 64 MiB), since a template may repeat what a record holds.
 MAX_VALUE_LENGTH = 256 << 20
-MAX_INT_BITS = 1 << 16  # an integer computed by ** (a 20,000-digit number)
+# An integer arithmetic computes (a 1,233-digit number): far past any count, length or id a chat
+# template needs, and small enough that any operation on integers within it is microseconds
+# (long division is quadratic in its operands' bits, and one C call).
+MAX_INT_BITS = 1 << 12
 MAX_ARGUMENT = 1 << 20  # an integer given to a call or filter: widths, counts, indents
+# The most items one step may build a sequence of (a list, the pieces of a split, a filter's
+# listing of a value): an item may be a new object of ~80 bytes (a character of a string, a
+# piece), so a bound on length alone would let one call build gigabytes; 1 Mi items is ~100 MB,
+# and a chat template lists messages, tools and the pieces of a message, never millions.
+MAX_ITEMS = 1 << 20
+# What str.split() with no separator splits at, and str.splitlines() ends a line at
+# (test_bounded_sandbox_bounds.py checks both against Python's own).
+_WHITESPACE = (" \n\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+               "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+_LINE_BREAKS = "\n\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
+_BYTES_WHITESPACE = (b" ", b"\t", b"\n", b"\r", b"\x0b", b"\x0c")
+_BYTES_LINE_BREAKS = (b"\n", b"\r")
 # After a % and its mapping key: flags, width, precision and length modifier.
 _PRINTF_SIZES = re.compile(r"[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?")
 _DIGITS = re.compile(r"\d+")
@@ -203,21 +221,65 @@ def _format_values(args: tuple[Any, ...]) -> Iterator[Any]:
         yield from value.values() if isinstance(value, dict) else (value,)
 
 
+def _integer_result_bits(name: str, left: int, right: int) -> int:
+    """An upper bound of the bits of `left <name> right`, from its operands' alone: their sum
+    for + - * / // % (each result is at most that), the base's times the exponent for **."""
+    if name == "**":
+        return max(left.bit_length() * right, 1) if right >= 0 else 0  # negative: a float
+    return left.bit_length() + right.bit_length()
+
+
 def _check_binop(name: str, left: Any, right: Any) -> None:
-    if name == "*":
+    """Every binary operator a template runs, sized from its operands before it runs."""
+    if isinstance(left, int) and isinstance(right, int):
+        if _integer_result_bits(name, left, right) > MAX_INT_BITS:
+            raise ValueTooLarge(f"{name} on integers of {left.bit_length()} and "
+                                f"{right.bit_length()} bits: over {MAX_INT_BITS} bits")
+    elif name == "+":
+        if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+            _check_items(len(left) + len(right), "+")
+            _check_length(_text_length((left, right)), "+")  # one walk: l + l walks l once
+    elif name == "*":
         count = max(right if type(right) is int else left if type(left) is int else 0, 0)
         repeated = left if type(right) is int else right
         if isinstance(repeated, (list, tuple)):  # sized by what it holds: see add
+            _check_items(len(repeated) * count, "*")
             _check_length(_text_length(repeated, limit=MAX_VALUE_LENGTH // max(count, 1))
                           * count, "*")
         else:
             _check_length(_sized(repeated) * count, "*")
-    elif name == "**":
-        if type(left) is int and type(right) is int and right > 0:
-            if left.bit_length() * right > MAX_INT_BITS:
-                raise ValueTooLarge(f"** would build an integer over {MAX_INT_BITS} bits")
     elif name == "%" and isinstance(left, str):
         _check_printf(left, right)
+
+
+def _check_items(count: int, what: str) -> None:
+    if count > MAX_ITEMS:
+        raise ValueTooLarge(f"{what} would build {count} items, over {MAX_ITEMS}")
+
+
+def _item_count(value: Any) -> int:
+    """How many items listing value makes (a string: one per character), where its length
+    tells; 0 for an iterator, whose items are the steps of a generator the watchdog can stop."""
+    return len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
+
+
+def _check_split(text: str | bytes, *args: Any, lines: bool = False) -> None:
+    """split's, rsplit's or splitlines' pieces counted first: at most one more than the
+    separators in text (a separator and a count in any order, as keywords may give them)."""
+    if len(text) < MAX_ITEMS:  # fewer characters than the bound: fewer pieces too
+        return
+    separator = next((arg for arg in args if isinstance(arg, (str, bytes))), None)
+    most = next((arg for arg in args if type(arg) is int and arg >= 0), None)
+    if most is not None and most < MAX_ITEMS and not lines:
+        return
+    breaks: Iterable[Any] = (
+        (separator,) if separator else
+        (_LINE_BREAKS if lines else _WHITESPACE) if isinstance(text, str) else
+        (_BYTES_LINE_BREAKS if lines else _BYTES_WHITESPACE))
+    pieces = 1
+    for mark in breaks:  # the commonest first: past the bound, the rest is not counted
+        pieces += text.count(mark)  # type: ignore[arg-type]
+        _check_items(pieces, "splitting a string")
 
 
 def _check_integers(values: Iterable[Any], what: str) -> None:
@@ -228,7 +290,8 @@ def _check_integers(values: Iterable[Any], what: str) -> None:
 
 def _check_join(separator: str, items: Any) -> None:
     """str.join's result sized first: the same long item may be listed many times (jinja's
-    join prints items that are not strings)."""
+    join prints items that are not strings), and join lists its items first."""
+    _check_items(len(items), "join")
     length = len(separator) * len(items)
     for item in items:
         length += len(item) if isinstance(item, str) else _text_length(item)
@@ -264,6 +327,17 @@ _STR_METHOD_CHECKS = {
     "join": lambda text, items=(), *rest: _check_join(text, items),  # items already listed
     "replace": lambda text, old=None, new=None, *rest: _check_replace(text, old, new),
     "translate": _check_translate,
+}
+# Methods that build a sequence of new objects from one value in one call, sized by its items
+# (called with the method's owner: a string or bytes to split, dict for fromkeys).
+_SEQUENCE_METHOD_CHECKS: dict[str, Callable[..., None]] = {
+    "split": lambda text, *args: _check_split(text, *args)
+    if isinstance(text, (str, bytes)) else None,
+    "rsplit": lambda text, *args: _check_split(text, *args)
+    if isinstance(text, (str, bytes)) else None,
+    "splitlines": lambda text, *args: _check_split(text, lines=True)
+    if isinstance(text, (str, bytes)) else None,
+    "fromkeys": lambda owner, keys=(), *rest: _check_items(_item_count(keys), "fromkeys"),
 }
 # Filters whose result may outgrow their value and arguments, sized the same way (called with
 # the filter's own arguments, the value first).
@@ -315,6 +389,13 @@ def _filter_escape(value: Any, *rest: Any, **kwargs: Any) -> None:
         _check_length(_text_length(value) * 5, "escaping")
 
 
+# Filters that list their value (or the pieces of a string) in one C call, sized by the items
+# the value has, a string's characters among them. (batch, unique, map, select and the like
+# are generators: a step per item, which the watchdog can stop.)
+_LISTING_FILTERS = frozenset((
+    "list", "sort", "slice", "reverse", "dictsort", "groupby", "wordcount", "wordwrap",
+    "title", "urlize", "striptags"))
+
 _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "format": _filter_format,
     "indent": _filter_indent,
@@ -341,6 +422,8 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
         if len(args) > skip or kwargs:  # arguments beside the value (most filters take none)
             _check_integers(args[skip:], f"the filter {name}")
             _check_integers(kwargs.values(), f"the filter {name}")
+        if name in _LISTING_FILTERS and len(args) >= skip:
+            _check_items(_item_count(args[skip - 1]), f"the filter {name}")
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
                 args, kwargs = _join_attributes(args, kwargs, skip)
@@ -433,7 +516,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     arguments are bounded before they run."""
 
     code_generator_class = _BoundedCodeGenerator
-    intercepted_binops = frozenset({"*", "**", "%"})
+    # all of them (+ is written as add, below): none runs unsized, none is folded at compile time
+    intercepted_binops = frozenset({"+", "-", "*", "/", "//", "%", "**"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -486,7 +570,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if kwargs:
             _check_integers(kwargs.values(), "a call")
         method = getattr(__obj, "__name__", None)
-        if method in _STR_METHOD_CHECKS:
+        if method in _SEQUENCE_METHOD_CHECKS:
+            _SEQUENCE_METHOD_CHECKS[method](getattr(__obj, "__self__", None), *args,
+                                            *kwargs.values())
+        elif method in _STR_METHOD_CHECKS:
             # the sandbox hands out str.format wrapped; the bound method is under __wrapped__
             text = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
             if isinstance(text, str):
@@ -523,8 +610,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         Lists are sized by what they hold, through nested lists (`l = l + l` doubles that,
         not their length): so one comparison, containment or sort over any list a template
         builds walks at most the bound, where `[0] * n + [1] in [[0] * n] * n` would walk n²."""
-        if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
-            _check_length(_text_length((left, right)), "+")  # one walk: l + l walks l once
+        _check_binop("+", left, right)
         result = left + right
         if type(result) in _SIZED and len(result) > MAX_VALUE_LENGTH:
             raise ValueTooLarge(f"+ would build a value of {len(result)} items, over "

@@ -9,9 +9,11 @@ than the memory budget since the render began, it raises RenderOverrun in the re
 hostile constructs: every loop, macro call and concatenation is such a step.
 
 RenderOverrun is a BaseException, so no `except Exception` in a template's runtime swallows it,
-and it is raised again each tick until the render ends. It is raised only while the thread is
-inside `Watchdog.run`: leaving clears one still pending (under the watchdog's lock), so it never
-lands in code after the render.
+and it is raised again each tick until the render ends. It is raised only while the thread's
+render is registered, inside `Watchdog.run`: the render is unregistered however it ends (any
+BaseException, also one landing while it is unregistered, such as the CLI's KeyboardInterrupt
+on SIGTERM), and unregistering clears one still pending under the lock the watchdog raises it
+under, so it never lands in code after the render.
 
 The budget is generous (normal renders take ~0.1 ms and a few MB): only a runaway template meets
 it. It is a wall-clock and whole-process figure, so a render near it could pass on one run and
@@ -68,33 +70,49 @@ class Watchdog:
     def run(self, render: Callable[[], T]) -> T:
         """render(), or RenderOverrun once it goes over the budget. A plain function, not a
         context manager: contextlib's own frames would be steps a RenderOverrun can land in
-        before this one's cleanup runs."""
+        before this one's cleanup runs. Whatever ends the render (its result, its error, the
+        overrun, a stop's KeyboardInterrupt), it is left before anything else runs; a stop wins
+        over the overrun it interrupted, so that the run still stops."""
         thread = threading.get_ident()
         if self._thread is None:
             self._start()
-        overran = False
+        overran, ended = False, None
         try:
             self._renders[thread] = _Render(time.monotonic() + self.seconds, self._resident)
             return render()
         except RenderOverrun:
             overran = True
+        except BaseException as err:
+            ended = err
+            raise
         finally:
-            while True:  # a RenderOverrun may land anywhere until the render is unregistered
-                try:
-                    overran = self._leave(thread) or overran
-                    break
-                except RenderOverrun:
-                    overran = True
+            left_overran, stop = self._leave(thread)
+            overran = overran or left_overran
+            if stop is None and ended is not None and not isinstance(ended, Exception):
+                stop = ended  # the render was stopped (Ctrl-C, SIGTERM, exit), not overrun
+            if stop is not None:
+                raise stop
             if overran:
                 raise RenderOverrun(f"over the render budget ({self.seconds:g} s, "
                                     f"{self.memory_bytes >> 20} MiB)")
 
-    def _leave(self, thread: int) -> bool:
-        with self._lock:
-            render = self._renders.pop(thread, None)
-            if render is not None and render.overran:  # clear one not yet delivered
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
-            return render is not None and render.overran
+    def _leave(self, thread: int) -> tuple[bool, BaseException | None]:
+        """thread's render unregistered, whatever lands meanwhile: (whether it overran, the
+        first other exception that landed here, a stop, to raise once the render is left). A
+        RenderOverrun not yet delivered is cleared under the lock the watchdog delivers under,
+        so none lands after this returns."""
+        overran, stop = False, None
+        while True:
+            try:
+                with self._lock:
+                    render = self._renders.pop(thread, None)
+                    if render is not None and render.overran:  # clear one not yet delivered
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+                return overran or (render is not None and render.overran), stop
+            except RenderOverrun:
+                overran = True
+            except BaseException as err:  # a signal handler's, raised in this thread
+                stop = stop or err
 
     def _start(self) -> None:
         with self._lock:
@@ -109,6 +127,8 @@ class Watchdog:
             self._resident = _resident_bytes()
             now = time.monotonic()
             with self._lock:  # a render registered now is looked at next tick
+                # only renders still registered, left under this lock: an overrun delivered
+                # here lands in the render it is meant for, or is cleared as it is left
                 for thread, render in list(self._renders.items()):
                     if (now > render.deadline
                             or self._resident - render.resident_at_start > self.memory_bytes):

@@ -122,6 +122,12 @@ def tokenizer_sha256(name: str) -> dict[str, str]:
 
 # Every render runs under a budget of time and memory (render_budget.py).
 RENDER_WATCHDOG = Watchdog()
+# A chat request of more messages and tools than this is a too_large dead letter before it is
+# rendered, on any machine: a template takes a loop step or more per message and per tool
+# (Qwen3: 3-30 us per empty tool, by the machine's load), so past this count whether a render
+# fits its budget is a matter of speed. No real request comes near (OpenAI's API takes at most
+# 128 tools; 128 Ki messages of a few tokens each fill a 1 M-token context).
+MAX_RENDERED_ITEMS = 1 << 17
 # A template over its budget on this many requests of a worker before it rendered any is over it
 # on every one: the job stops in one line rather than spend the budget on each record.
 OVERRUNS_TO_STOP = 3
@@ -129,6 +135,10 @@ OVERRUNS_TO_STOP = 3
 # among the slowest per byte, renders 1 MiB of one-word messages in ~0.9 s): a larger record over
 # it may be over it for its size alone, so it is a dead letter that says nothing of the template.
 CONDEMNING_RECORD_BYTES = 1 << 20
+# ...and holding this few JSON values (messages, tools and all they hold): a template's work is
+# per item as well as per byte (Qwen3 prints each tool with tojson, ~30 us each: 340,000 empty
+# tools, 1 MB, take ~10 s), and at this count the slowest seen renders in ~0.5 s.
+CONDEMNING_RECORD_ITEMS = 1 << 14
 
 
 def render_chat(
@@ -147,6 +157,11 @@ def render_chat(
     requests did: a template may take objects for some requests and refuse them for others, and
     a request's text must not depend on which requests a worker saw before it.
     """
+    items = len(messages) + len(tools or ())
+    if items > MAX_RENDERED_ITEMS:
+        raise Rejected("too_large", f"a chat request of {items} messages and tools, over "
+                                    f"{MAX_RENDERED_ITEMS}: more than a template renders within "
+                                    f"its budget")
     tally = _TALLIES.get(tokenizer) or _TALLIES.setdefault(tokenizer, _Tally())
     try:
         text = RENDER_WATCHDOG.run(lambda: _apply_or_rejected(tokenizer, messages, tools,
@@ -155,14 +170,34 @@ def render_chat(
         if record_bytes > CONDEMNING_RECORD_BYTES:
             raise Rejected("template_error", f"the chat template went {err} on a record of "
                                              f"{record_bytes} bytes") from None
+        if _holds_more_than((messages, tools), CONDEMNING_RECORD_ITEMS):
+            raise Rejected("template_error", f"the chat template went {err} on a record of "
+                                             f"over {CONDEMNING_RECORD_ITEMS} items") from None
         tally.overruns += 1
         if tally.overruns >= OVERRUNS_TO_STOP and not tally.rendered:
             raise JobStopped(f"the chat template went {err} on each of the first "
                              f"{OVERRUNS_TO_STOP} requests of at most {CONDEMNING_RECORD_BYTES} "
-                             f"bytes: it does not render") from None
+                             f"bytes and {CONDEMNING_RECORD_ITEMS} items: it does not render"
+                             ) from None
         raise Rejected("template_error", f"the chat template went {err}") from None
     tally.rendered += 1
     return text
+
+
+def _holds_more_than(value: Any, limit: int) -> bool:
+    """Whether value holds more than limit JSON values, counted through its lists and objects:
+    a walk of at most limit steps, taken only once a render went over its budget."""
+    pending, count = [value], 0
+    while pending:
+        item = pending.pop()
+        count += 1
+        if count > limit:
+            return True
+        if type(item) is dict:
+            pending.extend(item.values())
+        elif type(item) in (list, tuple):
+            pending.extend(item)
+    return False
 
 
 @dataclasses.dataclass

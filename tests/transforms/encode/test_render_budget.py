@@ -84,6 +84,20 @@ REFUSED = {
     "containment": "{% set a = [0] * 1000000 %}{{ (a[1:] + [1]) in [a] * 1000000 }}",
     "doubling_list": "{% set ns = namespace(l=[[0] * 100000]) %}{% for i in range(40) %}"
                      "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ (ns.l[0][1:] + [1]) in ns.l }}",
+    # integers squared past the bound, then one long division of minutes (round 3)
+    "squared_integers": "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 4000 %}"
+                        "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+                        "{% set d = ns.x * 3 + 1 %}{{ (ns.x * ns.x + 7) // d }}",
+    "summed_integers": "{% set ns = namespace(x=2 ** 4000) %}{% for i in range(8) %}"
+                       "{% set ns.x = ns.x + ns.x %}{% endfor %}",
+    # a new object per item in one call: gigabytes from a value within the bound (round 3)
+    "list_of_characters": "{{ ('\u30a2' * 100000000)|list|length }}",
+    "split": "{{ ('ab ' * 80000000).split()|length }}",
+    "splitlines": "{{ ('a\n' * 80000000).splitlines()|length }}",
+    "split_by_separator": "{{ ('a,' * 80000000).split(',')|length }}",
+    "fromkeys": "{{ {}.fromkeys('ab' * 80000000)|length }}",
+    "wordcount": "{{ ('ab ' * 80000000)|wordcount }}",
+    "list_repeated_by_items": "{{ ([0] * 100000000)|length }}",
 }
 # What the cases above build, scaled to a 1 MiB bound: each refused in its own step.
 ONE_CALL = {
@@ -122,6 +136,51 @@ def test_the_watchdog_stops_a_render_at_its_deadline_and_only_there():
         watchdog.run(lambda: _busy(60))
     assert time.monotonic() - start < 0.2 + GRACE_S
     _busy(20 * TICK_SECONDS)  # no RenderOverrun lands after the render
+
+
+class _StopWhileLeaving:
+    """The watchdog's lock, with a stop (the CLI's KeyboardInterrupt on SIGTERM) landing in the
+    rendering thread the first time it takes the lock to leave: as a signal handler may."""
+
+    def __init__(self, thread: int):
+        self._lock, self._thread, self.stopped = threading.Lock(), thread, False
+
+    def __enter__(self) -> None:
+        if threading.get_ident() == self._thread and not self.stopped:
+            self.stopped = True
+            raise KeyboardInterrupt
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("overrun", [False, True])
+def test_a_stop_while_a_render_is_left_is_raised_and_no_overrun_lands_after(overrun):
+    """The stop is what the caller sees (not lost in the overrun, not replaced by it), the
+    render is unregistered anyway, and no RenderOverrun lands in the code after it (round 3:
+    one did, in the CLI's stop.end(), as a traceback)."""
+    watchdog = Watchdog(seconds=0.05)
+    watchdog.run(lambda: None)  # its thread started, with the plain lock
+    lock = _StopWhileLeaving(threading.get_ident())
+    watchdog._lock = lock
+    with pytest.raises(KeyboardInterrupt):
+        watchdog.run(lambda: _busy(60) if overrun else None)
+    assert lock.stopped and not watchdog._renders
+    _busy(20 * TICK_SECONDS)  # where a stray RenderOverrun would land
+
+
+def test_a_render_ended_by_a_stop_is_left_and_the_stop_raised():
+    watchdog = Watchdog(seconds=0.05)
+
+    def stopped() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        watchdog.run(stopped)
+    assert not watchdog._renders
+    _busy(20 * TICK_SECONDS)
+    assert watchdog.run(lambda: "rendered") == "rendered"
 
 
 def test_the_watchdog_stops_a_render_that_grows_the_process_past_its_budget():
@@ -221,6 +280,9 @@ def test_text_length_counts_as_it_always_has(value, indent, limit, length):
     "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
     "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
     "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
+    "{{ 7 - 9 }}|{{ 7 // 2 }}|{{ -7 % 3 }}|{{ 7 / 2 }}|{{ 2 ** 2000 - 1 }}|{{ 1.5 * 4 }}"
+    "|{{ 'a b\tc'.split() }}|{{ 'a,b'.split(',', 1) }}|{{ 'a\nb'.splitlines() }}"
+    "|{{ 'ab'|list }}|{{ {}.fromkeys('ab') }}|{{ 'a b'|wordcount }}",
     "{{ '%(a)5s|%%|%(a)-3s' % {'a': 'x'} }}|{{ '%(n)03d'|format(n=7) }}|{{ '{0}{0}'.format('y') }}"
     "|{{ 'a\tb'.expandtabs(4) }}|{{ 'a\nb'|indent('> ', first=true) }}",
 ])
@@ -269,6 +331,37 @@ def test_records_over_budget_for_their_size_do_not_condemn_the_template(tight_bu
         with pytest.raises(Rejected, match="on a record of"):
             tokenize.render_chat(tiny, large, None, kwargs, tokenize.CONDEMNING_RECORD_BYTES + 1)
     assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
+
+
+def test_records_over_budget_for_their_items_do_not_condemn_the_template(tight_budget, tiny):
+    """Round 3: a record under 1 MiB may hold hundreds of thousands of tools, each a template
+    step (Qwen3: ~10 s for 340,000 empty ones): its overrun is its own dead letter, however
+    many such records come first, and the template renders the small ones after them."""
+    kwargs = {"chat_template": "{% if tools %}" + RUNAWAY["nested_loops"]
+                               + "{% endif %}{{ messages[0].content }}"}
+    tools = [{}] * tokenize.CONDEMNING_RECORD_ITEMS
+    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
+        with pytest.raises(Rejected, match="items"):
+            tokenize.render_chat(tiny, MESSAGES, tools, kwargs, 100)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
+
+
+def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_first(tiny):
+    """Round 3's 340,000 empty tools: a too_large dead letter on any machine, not an overrun
+    on a slow one only; the count at the bound still renders."""
+    kwargs = {"chat_template": "{{ tools|length }}"}
+    tools = [{}] * (tokenize.MAX_RENDERED_ITEMS - 1)
+    assert tokenize.render_chat(tiny, MESSAGES, tools, kwargs) == str(len(tools))
+    with pytest.raises(Rejected, match="messages and tools") as err:
+        tokenize.render_chat(tiny, MESSAGES, [*tools, {}], kwargs)
+    assert err.value.reason == "too_large"
+
+
+@pytest.mark.parametrize(("value", "count"), [
+    ([], 1), ({"a": [1, {"b": None}]}, 5), (([{}] * 3, None), 6), ("text", 1)])
+def test_a_records_items_are_counted_through_lists_and_objects(value, count):
+    assert tokenize._holds_more_than(value, count - 1)
+    assert not tokenize._holds_more_than(value, count)
 
 
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
