@@ -1,0 +1,80 @@
+"""Red team round 3 (t33-rt3-det): determinism and time. Each test asserts a promise and fails
+today."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SALT = "a-streaming-test-salt-0123456789abcdef"
+MINUTE = 60_000
+DAY_MS = 86_400_000
+
+
+def _stream_chat(ts: int, i: int) -> dict:
+    return {"timestamp": ts, "session_id": f"s{i % 2}", "output_length": 3, "messages": [
+        {"role": "system", "content": "a shared system prompt about caches"},
+        {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 3")
+def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(tiny_tokenizer, tmp_path,
+                                                                  monkeypatch):
+    """Promise: streaming publishes what batch publishes for the same records; a clock reset
+    is a dead letter, never the stream's clock. One request a year ahead (a clock gone wrong)
+    is dead-lettered at the window's publication (keep_plausible_windows), but its time stays
+    the stream's latest_ms (Progress.saw): every open window's deadline counts as passed, the
+    window closes as soon as the watermark passes, and a request of that window arriving a
+    moment later (30 s into a one-minute window) is late: not exported (here not even a
+    published letter: a late letter with no later window waits on a real-time timer the
+    stream's end never fires, so 5 requests in, 3 rows + 1 letter out). The batch job exports
+    it (only the reset is a letter)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+    from apache_beam.testing.test_stream import TestStream
+    from conftest import write_jsonl
+
+    from kvtrace.cli import main
+    from pipelines.anonymize_config import AnonymizeConfig
+    from pipelines.anonymize_streaming import StreamingConfig, build
+    from transforms.encode.salt import SaltSource
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    zero = 1_767_225_600_000
+    first = [_stream_chat(zero + 10_000 * i, i) for i in range(3)]
+    reset = _stream_chat(zero + 365 * DAY_MS, 3)
+    after = _stream_chat(zero + 30_000, 4)  # window 0, well inside it
+    output = tmp_path / "stream"
+    output.mkdir()
+    (tmp_path / "staging").mkdir()
+    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
+                          tokenizer=tiny_tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
+    config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, 5_000, 3_600_000)
+    arrived = int(time.time()) + 120
+    stream = (TestStream()
+              .add_elements([json.dumps(r).encode() for r in first + [reset]])
+              .advance_watermark_to(arrived)
+              .add_elements([json.dumps(after).encode()])
+              .advance_watermark_to_infinity())
+    with beam.Pipeline(runner=BundleBasedDirectRunner(),
+                       options=PipelineOptions(["--streaming"])) as pipeline:
+        build(pipeline | stream, config)
+    letters = [json.loads(line)["error"] for p in sorted((tmp_path / "stream-rejected").rglob(
+        "rejected-*.jsonl")) for line in p.read_text().splitlines()]
+    streamed = sum(len(p.read_text().splitlines()) for p in output.rglob("trace-*.jsonl"))
+
+    batch_input = write_jsonl(tmp_path / "batch.jsonl", first + [reset, after])
+    assert main(["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer,
+                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    batch_rows = sum(len(p.read_text().splitlines())
+                     for p in (tmp_path / "batch").glob("trace-*.jsonl"))
+    assert batch_rows == 4
+    assert (streamed, sorted(letters)) == (4, ["implausible_timestamp"]), (
+        f"stream exported {streamed} rows, letters {letters}: the reset's time closed window 0")
