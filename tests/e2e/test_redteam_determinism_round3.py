@@ -78,3 +78,56 @@ def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(tiny_tokeniz
     assert batch_rows == 4
     assert (streamed, sorted(letters)) == (4, ["implausible_timestamp"]), (
         f"stream exported {streamed} rows, letters {letters}: the reset's time closed window 0")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 3")
+def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_path,
+                                                             monkeypatch):
+    """Promise: the stream's windows concatenated are the batch job's bytes for the same
+    records; with --timestamp-granularity-ms the rows of one published time come out in the
+    published order (time, then input_length, output_length: ids/row_order.py), never in their
+    finer raw order. Windows are cut at zero + k W on raw times (by_window) but granules are
+    rounded half up ([k g - g/2, k g + g/2)), so a granule straddles each window's end: a long
+    request 300 ms before the window's end and a short one 200 ms after it both publish at
+    60 000, yet the stream writes the long one first (in window 0) and numbers its blocks first;
+    the batch job writes the short one first. The raw order inside the granule is published."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+    from apache_beam.testing.test_stream import TestStream
+    from conftest import write_jsonl
+
+    from kvtrace.cli import main
+    from pipelines.anonymize_config import AnonymizeConfig
+    from pipelines.anonymize_streaming import StreamingConfig, build
+    from transforms.encode.salt import SaltSource
+    from transforms.write.coarsen import Coarsening
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    zero = 1_767_225_600_000
+    records = [_stream_chat(zero, 0), _stream_chat(zero + MINUTE - 300, 3),
+               _stream_chat(zero + MINUTE + 200, 1), _stream_chat(zero + 3 * MINUTE, 2)]
+    output = tmp_path / "stream"
+    output.mkdir()
+    (tmp_path / "staging").mkdir()
+    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
+                          tokenizer=tiny_tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4,
+                          coarsening=Coarsening(1000, 1))
+    config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000)
+    stream = (TestStream().add_elements([json.dumps(r).encode() for r in records])
+              .advance_watermark_to_infinity())
+    with beam.Pipeline(runner=BundleBasedDirectRunner(),
+                       options=PipelineOptions(["--streaming"])) as pipeline:
+        build(pipeline | stream, config)
+    streamed = [line for window in sorted(p for p in output.iterdir() if p.is_dir())
+                for path in sorted(window.glob("trace-*.jsonl"))
+                for line in path.read_text().splitlines()]
+    batch_input = write_jsonl(tmp_path / "batch.jsonl", records)
+    assert main(["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer,
+                 "--block-size", "4", "--output", str(tmp_path / "batch"),
+                 "--timestamp-granularity-ms", "1000"]) == 0
+    batch = [line for path in sorted((tmp_path / "batch").glob("trace-*.jsonl"))
+             for line in path.read_text().splitlines()]
+    assert [json.loads(line)["timestamp"] for line in batch] == [0, 60_000, 60_000, 180_000]
+    assert streamed == batch
