@@ -131,3 +131,59 @@ def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_
              for line in path.read_text().splitlines()]
     assert [json.loads(line)["timestamp"] for line in batch] == [0, 60_000, 60_000, 180_000]
     assert streamed == batch
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 3")
+def test_a_clock_reset_arriving_alone_is_a_dead_letter_not_a_window(tiny_tokenizer, tmp_path,
+                                                                    monkeypatch):
+    """Promise: a clock reset is a dead letter, in a stream as in batch (keep_plausible_windows:
+    'a stray clock's lone window is dead letters'). It is judged only against the windows
+    waiting with it: one that arrives while no other window waits (the earlier ones published)
+    is the bulk of its own judgement, and is published as a window a year ahead. The stream's
+    clock is then a year ahead: every later real request is late, never exported. The batch job
+    dead-letters the reset and exports the rest."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+    from apache_beam.testing.test_stream import TestStream
+    from conftest import write_jsonl
+
+    from kvtrace.cli import main
+    from pipelines.anonymize_config import AnonymizeConfig
+    from pipelines.anonymize_streaming import StreamingConfig, build
+    from transforms.encode.salt import SaltSource
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    zero = 1_767_225_600_000
+    first = [_stream_chat(zero + 10_000 * i, i) for i in range(3)]
+    reset = _stream_chat(zero + 365 * DAY_MS, 3)
+    then = [_stream_chat(zero + 2 * MINUTE + 10_000 * i, 4 + i) for i in range(3)]
+    output = tmp_path / "stream"
+    output.mkdir()
+    (tmp_path / "staging").mkdir()
+    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
+                          tokenizer=tiny_tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
+    config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000)
+    now = int(time.time())
+    stream = (TestStream()
+              .add_elements([json.dumps(r).encode() for r in first])
+              .advance_watermark_to(now + 1_000)  # idle: window 0 published
+              .add_elements([json.dumps(reset).encode()])
+              .advance_watermark_to(now + 2_000)  # idle: the reset's window is due
+              .add_elements([json.dumps(r).encode() for r in then])
+              .advance_watermark_to_infinity())
+    with beam.Pipeline(runner=BundleBasedDirectRunner(),
+                       options=PipelineOptions(["--streaming"])) as pipeline:
+        build(pipeline | stream, config)
+    streamed = [json.loads(line)["timestamp"] for window in sorted(
+        p for p in output.iterdir() if p.is_dir()) for path in sorted(window.glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()]
+
+    batch_input = write_jsonl(tmp_path / "batch.jsonl", first + [reset] + then)
+    assert main(["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer,
+                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    batch = [json.loads(line)["timestamp"] for path in sorted(
+        (tmp_path / "batch").glob("trace-*.jsonl")) for line in path.read_text().splitlines()]
+    assert batch == [0, 10_000, 20_000, 120_000, 130_000, 140_000]
+    assert streamed == batch, f"stream published times {streamed}"
