@@ -1,0 +1,149 @@
+"""Red team round 3 against the publication gate (`kvtrace audit`): holes in the mechanisms
+added since round 2 (the id map start, stream windows, content times, tokenizer digests). Each
+test builds a folder carrying something kvtrace would not write, recomputing every digest,
+statistic and time with kvtrace's own functions, and asserts the gate refuses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import anonymize, write_jsonl
+from test_gate_redteam import SECRET, _columns, _manifest, _night, _republish, _with
+
+from transforms.stats import audit as gate
+
+pytestmark = pytest.mark.slow
+ROUND3 = "red team round 3"
+SALT = b"s" * 32
+
+
+@pytest.fixture(scope="module")
+def made(tiny_tokenizer, tmp_path_factory) -> dict:
+    """Publishable outputs: a night of its own, and two nights extending an id map (the second
+    adds ids), with the map's numbering as `audit --id-map` reads it."""
+    tmp = tmp_path_factory.mktemp("redgate3")
+    night = write_jsonl(tmp / "night.jsonl", _night(12))
+    later = write_jsonl(tmp / "later.jsonl", [
+        {**row, "timestamp": row["timestamp"] + 86_400_000,
+         "messages": row["messages"][:1] + [{"role": "user", "content": "again " * (1 + i % 4)}]}
+        for i, row in enumerate(_night(6))])
+    (tmp / "salt").write_bytes(SALT)
+    mapped = ("--id-map", str(tmp / "map"), "--salt-file", str(tmp / "salt"))
+    assert anonymize(tiny_tokenizer, [night], tmp / "plain", "--block-size", "4") == 0
+    texts = write_jsonl(tmp / "texts.jsonl", _night(12, with_output_text=True))
+    assert anonymize(tiny_tokenizer, [texts], tmp / "outputs", "--block-size", "4",
+                     "--emit-output-hashes") == 0
+    assert anonymize(tiny_tokenizer, [night], tmp / "night1", "--block-size", "4", *mapped) == 0
+    assert anonymize(tiny_tokenizer, [later], tmp / "night2", "--block-size", "4", *mapped) == 0
+    numbering = gate.map_numbering(str(tmp / "map"), SALT)
+    made = {"tokenizer": tiny_tokenizer, "numbering": numbering, "tmp": tmp}
+    for name in ("plain", "outputs", "night1", "night2"):
+        made[name] = tmp / name
+        report = gate.audit(str(tmp / name), tiny_tokenizer,
+                            numbering=numbering if name.startswith("night") else None)
+        assert report["publishable"], report["flags"]
+    return made
+
+
+def _copy(folder: Path, target: Path) -> Path:
+    shutil.copytree(folder, target)
+    return target
+
+
+def _refused(made: dict, folder: Path, numbering=None) -> list[str]:
+    report = gate.audit(str(folder), made["tokenizer"], numbering=numbering)
+    assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
+    return report["flags"]
+
+
+WORD = int.from_bytes(SECRET, "big")  # "alice": 5 bytes, under 2^40
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_folder_named_like_a_stream_window_skips_the_id_map_check(made, tmp_path):
+    """Round 2's fix: a manifest whose id_map says where numbering began (which alone licenses
+    a first row past time 0) is refused unless `audit --id-map` confirms it. But a folder named
+    window-* is taken for a stream's window (_stream_window_start): with no sibling window
+    before it, (0, 0) is expected and time_from_ms is never compared with anything. So any
+    night of its own, its folder named window-000000 (its name is the publisher's to choose),
+    republished with id_map {0, 0, T} and every timestamp + T passes with no --id-map: T is 40
+    free bits (here "alice"; or the log's absolute epoch ms, the round-1 hole)."""
+    folder = _copy(made["plain"], tmp_path / "window-000000")
+    columns = _columns(folder)
+    _republish(folder, _with(columns, timestamp=columns.timestamp + WORD),
+               id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD})
+    _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_an_id_map_nights_start_time_is_checked_against_nothing(made, tmp_path):
+    """`audit --id-map` now checks id_map.block_ids_from and sessions_from against the map's
+    versions, but id_map.time_from_ms (and with it every row's time) against nothing: the map
+    keeps its origin and no night's times, and the gate only asks that the first row be at
+    time_from_ms. A night extending the map, every timestamp moved by 40 free bits (or to the
+    wall clock: the night's epoch ms minus nothing), passes the check made for it."""
+    folder = _copy(made["night2"], tmp_path / "out")
+    start = dict(_manifest(folder)["id_map"])
+    columns = _columns(folder)
+    shift = WORD - start["time_from_ms"]
+    _republish(folder, _with(columns, timestamp=columns.timestamp + shift),
+               id_map={**start, "time_from_ms": WORD})
+    _refused(made, folder, made["numbering"])
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made, tmp_path):
+    """tokenizer.name is checked only by loading it when `audit` has no --tokenizer
+    (_check_tokenizer: `tokenizer or published["name"]`). Given --tokenizer (as the operator is
+    told to), the manifest's name is never compared with it: any hub-shaped string of up to 128
+    characters passes beside the right digests (the run named a local folder: its manifest
+    says null). 128 bytes of the publisher's text in the manifest."""
+    folder = _copy(made["plain"], tmp_path / "out")
+    tokenizer = _manifest(folder)["tokenizer"]
+    assert tokenizer["name"] is None
+    _republish(folder, tokenizer={**tokenizer,
+                                  "name": "patient-jane-doe.dob-1980-01-01/ssn-078-05-1120"})
+    _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_chat_template_kwargs_digests_carry_free_bytes(made, tmp_path):
+    """Round 2 closed the free 32 bytes of tokenizer.sha256 digests by checking them against
+    the tokenizer. chat_template_kwargs' digests ("hmac-sha256:" + 64 hex, keyed by the run's
+    salt) are checked for shape only and against nothing (the gate has neither the run's kwargs
+    nor its salt): 64 names and values, each 32 free bytes, nested arrays and objects of 64
+    items more: here 4 KB of text in a night that used no kwargs at all."""
+    folder = _copy(made["plain"], tmp_path / "out")
+    assert _manifest(folder)["chat_template_kwargs"] == {}
+    text = b"patient jane doe, dob 1980-01-01"  # 32 bytes: one digest's worth
+    digest = "hmac-sha256:" + text.hex()
+    kwargs = {f"hmac-sha256:{(text[:-2] + i.to_bytes(2, 'big')).hex()}": [digest] * 63
+              for i in range(2)}
+    kwargs["enable_thinking"] = digest
+    _republish(folder, chat_template_kwargs=kwargs)
+    _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
+    """A prompt id stands for its whole prefix: the gate refuses one behind two parents
+    (_Rows._merge_ids). output_hash_ids are chained the same way (the blocks of prompt + output
+    past the prompt's full blocks) yet never enter that check: only the output-only ids' first-
+    seen order is. An output-only id swapped for any prompt id (the rest shifted down to stay
+    dense and first-seen) passes, though that prompt id (here 0, a first block: no parent at
+    all) cannot follow the row's last prompt block: log2(prompt ids) free bits per output id."""
+    folder = _copy(made["outputs"], tmp_path / "out")
+    columns = _columns(folder)
+    prompt = set(columns.ids.tolist())
+    only = [v for v in columns.output_ids.tolist() if v not in prompt]
+    victim = next(v for v in only if only.count(v) == 1)
+    output_ids = columns.output_ids.copy()
+    output_ids[output_ids == victim] = 0
+    output_ids[output_ids > victim] -= 1
+    _republish(folder, _with(columns, output_ids=output_ids))
+    _refused(made, folder)
