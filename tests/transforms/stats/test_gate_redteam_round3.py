@@ -35,6 +35,8 @@ def made(tiny_tokenizer, tmp_path_factory) -> dict:
     (tmp / "salt").write_bytes(SALT)
     mapped = ("--id-map", str(tmp / "map"), "--salt-file", str(tmp / "salt"))
     assert anonymize(tiny_tokenizer, [night], tmp / "plain", "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [night], tmp / "hourly", "--block-size", "512",
+                     "--timestamp-granularity-ms", "3600000") == 0
     texts = write_jsonl(tmp / "texts.jsonl", _night(12, with_output_text=True))
     assert anonymize(tiny_tokenizer, [texts], tmp / "outputs", "--block-size", "4",
                      "--emit-output-hashes") == 0
@@ -42,7 +44,7 @@ def made(tiny_tokenizer, tmp_path_factory) -> dict:
     assert anonymize(tiny_tokenizer, [later], tmp / "night2", "--block-size", "4", *mapped) == 0
     numbering = gate.map_numbering(str(tmp / "map"), SALT)
     made = {"tokenizer": tiny_tokenizer, "numbering": numbering, "tmp": tmp}
-    for name in ("plain", "outputs", "night1", "night2"):
+    for name in ("plain", "hourly", "outputs", "night1", "night2"):
         made[name] = tmp / name
         report = gate.audit(str(tmp / name), tiny_tokenizer,
                             numbering=numbering if name.startswith("night") else None)
@@ -146,4 +148,50 @@ def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
     output_ids[output_ids == victim] = 0
     output_ids[output_ids > victim] -= 1
     _republish(folder, _with(columns, output_ids=output_ids))
+    _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("channel", ["atime", "mode"])
+def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path, channel):
+    """Round 2's fix derives each file's and the folder's mtime from content and checks it
+    (_check_times), but the copies it names keep more than the mtime: `cp -p` keeps the access
+    time and permission bits, `rsync -tU`/`-p` and tar (mode) too. An access time of 2100 whose
+    nanoseconds are text (reads under relatime never move a future atime), or permission bits of
+    the publisher's choice (12 bits per entry: 0o7777), pass unread."""
+    folder = _copy(made["plain"], tmp_path / "out")
+    _republish(folder)
+    for i, path in enumerate(sorted(folder.iterdir())):
+        stat = path.stat()
+        if channel == "atime":
+            atime = 4_102_444_800 * 10**9 + int.from_bytes(SECRET[:3], "big")  # 2100 + text
+            os.utime(path, ns=(atime, stat.st_mtime_ns))
+        else:
+            os.chmod(path, 0o6000 | 0o644 | (SECRET[i] & 0o7) << 3)  # setuid/setgid + text
+    _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("setting", ["granularity", "block_size"])
+def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, setting):
+    """The manifest's granularity and block_size are checked only as far as the rows bound
+    them (_Rows._check: every value a multiple of the granularity, ceil(input_length /
+    block_size) ids per row). Where the rows do not bound them they are free: a night whose
+    times all round to 0 (an hour's --timestamp-granularity-ms over a short log; likewise
+    output lengths all 0 for granularity.output_length) passes with timestamp_ms = 40 bits of
+    text, and one whose prompts all fit one block (block size 512, short chats) with any
+    block_size from the longest prompt to 2^20 (~20 bits), its replay commands rewritten."""
+    from transforms.write.replayers import replay_commands
+
+    folder = _copy(made["hourly"], tmp_path / "out")
+    manifest = _manifest(folder)
+    columns = _columns(folder)
+    if setting == "granularity":
+        assert not columns.timestamp.any() and manifest["granularity"]["timestamp_ms"] == 3600000
+        _republish(folder, granularity={**manifest["granularity"], "timestamp_ms": WORD})
+    else:
+        assert (columns.num_ids == 1).all() and manifest["block_size"] == 512
+        size = (1 << 20) - int.from_bytes(SECRET[:2], "big")  # 16 bits of text
+        _republish(folder, block_size=size,
+                   replay=replay_commands(size, manifest["records"]["exported"], manifest["files"]))
     _refused(made, folder)
