@@ -195,3 +195,24 @@ def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, set
         _republish(folder, block_size=size,
                    replay=replay_commands(size, manifest["records"]["exported"], manifest["files"]))
     _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tmp_path):
+    """A window-* folder's id_map is checked against the sibling folder that sorts before it
+    (_stream_window_start), read without any check: only its manifest's id_map and the Parquet
+    files its `files` names. The publisher of window-000001 makes that sibling too (it need not
+    be published, nor pass an audit): a window-000000 holding just {"id_map": {W, W}, "files":
+    []} makes any start W expected, so ids and sessions numbered from 40 free bits pass with no
+    --id-map, where a night of its own must number from 0."""
+    parent = tmp_path / "stream"
+    parent.mkdir()
+    (parent / "window-000000").mkdir()
+    (parent / "window-000000" / "manifest.json").write_text(json.dumps(
+        {"id_map": {"block_ids_from": WORD, "sessions_from": WORD}, "files": []}))
+    folder = _copy(made["plain"], parent / "window-000001")
+    columns = _columns(folder)
+    session = np.where(columns.session >= 0, columns.session + WORD, columns.session)
+    _republish(folder, _with(columns, ids=columns.ids + WORD, session=session),
+               id_map={"block_ids_from": WORD, "sessions_from": WORD, "time_from_ms": 0})
+    _refused(made, folder)
