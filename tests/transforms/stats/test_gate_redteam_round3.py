@@ -216,3 +216,26 @@ def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tm
     _republish(folder, _with(columns, ids=columns.ids + WORD, session=session),
                id_map={"block_ids_from": WORD, "sessions_from": WORD, "time_from_ms": 0})
     _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+@pytest.mark.parametrize("name", ["pkg:this.x", "pkg:os.x"])
+def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_path, name):
+    """Without --tokenizer the gate resolves the manifest's tokenizer.name offline
+    (_tokenizer_here -> tokenize.resolve_tokenizer -> importlib.util.find_spec), and find_spec
+    of a dotted name imports its parent: the folder under audit chooses a module to run. "pkg:
+    this.x" runs `this` (the Zen of Python printed by `kvtrace audit`; any installed module's
+    import-time code likewise), and "pkg:os.x" stops the audit with "the job failed:
+    ModuleNotFoundError" and no report, neither caught as a name that does not load (OSError,
+    ValueError)."""
+    import subprocess
+    import sys
+
+    folder = _copy(made["plain"], tmp_path / "out")
+    tokenizer = _manifest(folder)["tokenizer"]
+    _republish(folder, tokenizer={**tokenizer, "name": name})
+    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(folder)],
+                         capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).resolve().parents[3]))
+    assert out.returncode == 1, out.stderr[-300:]  # flagged: the name does not load
+    assert "Zen of Python" not in out.stdout and "job failed" not in out.stderr
