@@ -239,3 +239,23 @@ def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_
                          cwd=str(Path(__file__).resolve().parents[3]))
     assert out.returncode == 1, out.stderr[-300:]  # flagged: the name does not load
     assert "Zen of Python" not in out.stdout and "job failed" not in out.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
+    """Round 1 closed the permutation channel of ids by first-seen order, but that order binds
+    only a night's new ids (>= id_map.block_ids_from) and sessions. A night extending an id map
+    (the nightly deployment) may relabel its references to the map's earlier ids and sessions
+    by any one-to-one map into [0, block_ids_from): chains, token counts, stats and the first-
+    seen order of new ids all hold, and `audit --id-map` passes it. Here the earlier ids the
+    night uses are reversed among themselves; the capacity is log2 of the injections of k
+    referenced ids into the map's N (every night, growing with the map)."""
+    folder = _copy(made["night2"], tmp_path / "out")
+    start = _manifest(folder)["id_map"]
+    columns = _columns(folder)
+    old = sorted({v for v in columns.ids.tolist() if v < start["block_ids_from"]})
+    assert len(old) > 2
+    relabel = dict(zip(old, old[::-1]))
+    ids = np.array([relabel.get(v, v) for v in columns.ids.tolist()], np.int64)
+    _republish(folder, _with(columns, ids=ids))
+    _refused(made, folder, made["numbering"])
