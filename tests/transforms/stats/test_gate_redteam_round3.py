@@ -259,3 +259,22 @@ def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
     ids = np.array([relabel.get(v, v) for v in columns.ids.tolist()], np.int64)
     _republish(folder, _with(columns, ids=ids))
     _refused(made, folder, made["numbering"])
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path):
+    """Round 2's fix reads the folder's own extended attributes with follow_symlinks=False
+    (_check_attributes), while the folder is listed and timed through the link (os.scandir,
+    os.stat follow it). Audited as `out-latest` -> out (or `out-latest/`: the trailing slash is
+    stripped), the link's attributes are read, not the folder's: a user.* attribute on the real
+    folder, which cp -a, rsync -X and tar --xattrs of it carry along, passes."""
+    folder = _copy(made["plain"], tmp_path / "out")
+    try:
+        os.setxattr(folder, "user.note", b"patient jane doe, dob 1980-01-01")
+    except (OSError, AttributeError):
+        pytest.skip("no user extended attributes on this file system")
+    _republish(folder)
+    assert not gate.audit(str(folder), made["tokenizer"])["publishable"]
+    link = tmp_path / "out-latest"
+    link.symlink_to(folder)
+    _refused(made, Path(f"{link}/"))
