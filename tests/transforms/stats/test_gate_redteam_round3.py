@@ -278,3 +278,26 @@ def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path
     link = tmp_path / "out-latest"
     link.symlink_to(folder)
     _refused(made, Path(f"{link}/"))
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, tmp_path,
+                                                                         monkeypatch):
+    """_stream_window_start reads every Parquet file the sibling window's manifest lists, with
+    no check of the list: not its schema, not kvtrace's file names, not repeats. A 260 KB
+    manifest naming one 12-row shard 20,000 times took 25 s here; 1 MiB names ~80,000, each up
+    to 2 GiB and 16M items decoded (MAX_SHARD_BYTES, MAX_LONE_SHARD_ITEMS): hours of an audit
+    of a 12-row folder, bounded by nothing BOUNDS.md states. The file is read once at most."""
+    parent = tmp_path / "stream"
+    (parent / "window-000000").mkdir(parents=True)
+    shutil.copy(made["plain"] / "trace-00000-of-00001.parquet", parent / "window-000000" / "x.parquet")
+    (parent / "window-000000" / "manifest.json").write_text(json.dumps(
+        {"id_map": {"block_ids_from": 0, "sessions_from": 0}, "files": ["x.parquet"] * 2000}))
+    folder = _copy(made["plain"], parent / "window-000001")
+    _republish(folder, id_map={"block_ids_from": 23, "sessions_from": 3, "time_from_ms": 0})
+    reads = []
+    real = gate.columns_of_parquet
+    monkeypatch.setattr(gate, "columns_of_parquet",
+                        lambda data, *a: reads.append(len(data)) or real(data, *a))
+    gate.audit(str(folder), made["tokenizer"])
+    assert len(reads) <= 2, f"{len(reads)} Parquet files decoded for the window before"
