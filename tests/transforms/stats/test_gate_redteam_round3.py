@@ -318,3 +318,34 @@ def test_the_one_allowed_attribute_carries_any_value(made, tmp_path):
     except (OSError, AttributeError):
         pytest.skip("security.selinux takes no free value here (an SELinux host, or not root)")
     _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND3)
+def test_input_lengths_kvtrace_never_writes_pass(made, tmp_path):
+    """Round 2 bounded output_length and response_ms by what the reader accepts (2^31 - 1);
+    input_length is still bounded only by 2^40 (check_values), though kvtrace writes none above
+    records.MAX_COUNT (row_order.py says so, and saturates its tie key at 2^32 - 1 on that
+    ground). A row of 5 bytes of text as its input_length ("alice" = 4.2e11 tokens) and the
+    ~400,000 ids its block size of 2^20 needs passes (with the free block size above), and any
+    such rows of one time and output length order freely under the saturated tie key."""
+    from transforms.trace_format import TraceColumns
+    from transforms.write.replayers import replay_commands
+
+    folder = _copy(made["hourly"], tmp_path / "out")
+    manifest = _manifest(folder)
+    columns = _columns(folder)
+    size = 1 << 20
+    extra = -(-WORD // size)
+    first = int(columns.ids.max()) + 1
+
+    def add(values, value):
+        return np.concatenate([values, np.array([value], np.int64)])
+
+    grown = TraceColumns(add(columns.timestamp, 0), add(columns.input_length, WORD),
+                         add(columns.output_length, 0), add(columns.num_ids, extra),
+                         np.concatenate([columns.ids, np.arange(first, first + extra)]),
+                         add(columns.session, -1), add(columns.response_ms, -1))
+    _republish(folder, block_size=size)  # stats.json is then weighed at this block size
+    _republish(folder, grown, records={"exported": len(grown)},
+               replay=replay_commands(size, len(grown), manifest["files"]))
+    _refused(made, folder)
