@@ -152,13 +152,14 @@ def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND3)
-@pytest.mark.parametrize("channel", ["atime", "mode"])
+@pytest.mark.parametrize("channel", ["atime", "mode", "owner"])
 def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path, channel):
     """Round 2's fix derives each file's and the folder's mtime from content and checks it
     (_check_times), but the copies it names keep more than the mtime: `cp -p` keeps the access
-    time and permission bits, `rsync -tU`/`-p` and tar (mode) too. An access time of 2100 whose
-    nanoseconds are text (reads under relatime never move a future atime), or permission bits of
-    the publisher's choice (12 bits per entry: 0o7777), pass unread."""
+    time, permission bits and (as root) owners, `rsync -tU`/`-p`/`-o` and tar (mode, numeric
+    uid and gid) too. An access time of 2100 whose nanoseconds are text (reads under relatime
+    never move a future atime), permission bits of the publisher's choice (12 bits per entry:
+    0o7777), or a uid and gid of text (64 bits per entry) pass unread."""
     folder = _copy(made["plain"], tmp_path / "out")
     _republish(folder)
     for i, path in enumerate(sorted(folder.iterdir())):
@@ -166,8 +167,13 @@ def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path
         if channel == "atime":
             atime = 4_102_444_800 * 10**9 + int.from_bytes(SECRET[:3], "big")  # 2100 + text
             os.utime(path, ns=(atime, stat.st_mtime_ns))
-        else:
+        elif channel == "mode":
             os.chmod(path, 0o6000 | 0o644 | (SECRET[i] & 0o7) << 3)  # setuid/setgid + text
+        else:  # tar keeps numeric owners (and cp -p, rsync -o as root): 64 bits a file
+            try:
+                os.chown(path, int.from_bytes(SECRET[:3], "big"), int.from_bytes(SECRET[3:], "big"))
+            except PermissionError:
+                pytest.skip("only root gives a file another owner")
     _refused(made, folder)
 
 
