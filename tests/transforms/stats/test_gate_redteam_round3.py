@@ -296,7 +296,8 @@ def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, t
     of a 12-row folder, bounded by nothing BOUNDS.md states. The file is read once at most."""
     parent = tmp_path / "stream"
     (parent / "window-000000").mkdir(parents=True)
-    shutil.copy(made["plain"] / "trace-00000-of-00001.parquet", parent / "window-000000" / "x.parquet")
+    shutil.copy(made["plain"] / "trace-00000-of-00001.parquet",
+                parent / "window-000000" / "x.parquet")
     (parent / "window-000000" / "manifest.json").write_text(json.dumps(
         {"id_map": {"block_ids_from": 0, "sessions_from": 0}, "files": ["x.parquet"] * 2000}))
     folder = _copy(made["plain"], parent / "window-000001")
