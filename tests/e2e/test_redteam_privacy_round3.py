@@ -31,8 +31,8 @@ def test_stream_windows_cut_finer_than_the_published_times(tmp_path):
     land in window-000000 and window-000001: which folder a row is in says whether it came
     before or after the 60th minute, half a granule finer than its time (and with --window
     10m, which 10 minutes of the hour: nothing ties --window to the granularity). The batch
-    job keeps one published time in one shard (docs/ORDERING.md); the windows, concatenated,
-    are no longer the batch bytes (rows of one time ordered by raw window, not the tie key)."""
+    job keeps one published time in one shard (docs/ORDERING.md); concatenated, the windows
+    may differ from the batch bytes (rows of one time ordered by raw window, not the tie key)."""
     from pipelines.anonymize_streaming import by_window
     from transforms.write.coarsen import round_to
 
