@@ -64,12 +64,12 @@ def cuts_unlike_plan(shard_rooms: Sequence[tuple[np.ndarray, np.ndarray]]) -> st
     plan = plan_of(minutes, rooms)
     if len(shard_rooms) != shard_count(plan):
         return (f"the rows are in {len(shard_rooms)} trace shards, kvtrace cuts them into "
-                f"{shard_count(plan)} (at the first published minute past "
-                f"{MAX_BLOCKS_PER_SHARD:,} blocks)")
+                f"{shard_count(plan)} (consecutive published minutes up to "
+                f"{MAX_BLOCKS_PER_SHARD:,} blocks each)")
     for shard, (shard_minutes, _) in enumerate(shard_rooms):
         if (shards_of(shard_minutes, plan) != shard).any():
-            return (f"trace shard {shard} is not cut where kvtrace cuts the rows (at the first "
-                    f"published minute past {MAX_BLOCKS_PER_SHARD:,} blocks)")
+            return (f"trace shard {shard} is not cut where kvtrace cuts the rows (consecutive "
+                    f"published minutes up to {MAX_BLOCKS_PER_SHARD:,} blocks each)")
     return None
 
 

@@ -223,8 +223,8 @@ def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
                                          manifest["files"])
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     set_content_times(str(folder))
-    assert _refused(folder) == ["the rows are in 3 trace shards, kvtrace cuts them into 1 (at "
-                                "the first published minute past 8,000,000 blocks)"]
+    assert _refused(folder) == ["the rows are in 3 trace shards, kvtrace cuts them into 1 "
+                                "(consecutive published minutes up to 8,000,000 blocks each)"]
 
 
 def _renumbered(columns, order):

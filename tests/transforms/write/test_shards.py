@@ -159,14 +159,14 @@ def test_other_shard_counts_and_cuts_are_said_in_one_line(monkeypatch):
     monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 4)
     minute = lambda m, room: (np.array([m], np.int64), np.array([room], np.int64))  # noqa: E731
     assert cuts_unlike_plan([minute(0, 3), minute(1, 3)]) is None
-    refused = "kvtrace cuts them into {} (at the first published minute past 4 blocks)"
+    refused = "kvtrace cuts them into {} (consecutive published minutes up to 4 blocks each)"
     assert cuts_unlike_plan([(np.array([0, 1]), np.array([3, 3]))]) == (
         "the rows are in 1 trace shards, " + refused.format(2))
     assert cuts_unlike_plan([]) == "the rows are in 0 trace shards, " + refused.format(1)
     # As many shards as planned, one cut a minute late: minute 1 belongs to shard 1.
     assert cuts_unlike_plan([(np.array([0, 1]), np.array([3, 3])), minute(2, 1)]) == (
-        "trace shard 0 is not cut where kvtrace cuts the rows (at the first published minute "
-        "past 4 blocks)")
+        "trace shard 0 is not cut where kvtrace cuts the rows (consecutive published minutes "
+        "up to 4 blocks each)")
 
 
 def test_the_trace_origin_is_the_maps_else_the_earliest_request():
