@@ -4,6 +4,7 @@ the rows publish them), the cuts the gate recomputes from the rows it reads."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import anonymize, assert_same_output, chat, write_jsonl
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow  # Beam runs: over a second
 ORIGIN = 1_700_000_010_000
 
 
-def night(folder) -> list:
+def night(folder: Path) -> list[Path]:
     """Requests 25 s apart over five minutes, so each published minute holds two or three."""
     return [write_jsonl(folder / "night.jsonl",
                         [chat(i, ORIGIN + 25_000 * i, session=f"s{i % 2}") for i in range(12)])]
@@ -35,7 +36,7 @@ def test_engines_cut_at_published_minutes_and_the_gate_recomputes_the_cuts(
     assert_same_output(tmp_path / "local", tmp_path / "beam")
     files = sorted((tmp_path / "local").glob("trace-*.jsonl"))
     assert len(files) >= 3
-    minutes = [{row["timestamp"] // BUCKET_MS for row in map(json.loads, f.read_text().splitlines())}
+    minutes = [{json.loads(line)["timestamp"] // BUCKET_MS for line in f.read_text().splitlines()}
                for f in files]
     assert all(max(a) < min(b) for a, b in zip(minutes, minutes[1:]))  # never inside a minute
     report = gate.audit(str(tmp_path / "local"), tiny_tokenizer)

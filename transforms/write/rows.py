@@ -142,8 +142,8 @@ def rows_by_shard(batch: RowBatch, plan: np.ndarray,
 
 
 # The shard plan is a function of the published rows alone (their published times and block
-# counts), so that `kvtrace audit` recomputes it from the rows it reads: shards are cut only
-# between published minutes, at the first after shards.MAX_BLOCKS_PER_SHARD of room.
+# counts), so that `kvtrace audit` recomputes it from the rows it reads: a shard takes
+# consecutive published minutes up to shards.MAX_BLOCKS_PER_SHARD of room, never part of one.
 
 def output_shards(published_ms: np.ndarray, plan: np.ndarray) -> np.ndarray:
     """Each row's output shard: its published minute's, as the plan (shards.shard_plan) says."""
