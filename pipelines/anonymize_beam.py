@@ -38,7 +38,7 @@ from transforms.write.manifest import (RecordCounts, check_not_before_origin, id
 from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
 from transforms.write.publish import DEAD_LETTER_FILE
-from transforms.write.rows import assemble_rows
+from transforms.write.rows import assemble_rows, request_room
 from transforms.write.totals import ExportTotals, sum_totals
 from transforms.write.shards import block_hashes_staging, publish_block_hashes, shard_plan
 from transforms.write.steps import WriteShard
@@ -112,8 +112,15 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     sessions = _dense_ids(pipeline, batches, "sessions", session_keys, config)
 
+    # Planned on the published minutes (ms from the origin), so only the two columns the plan
+    # reads wait for the origin's side input.
     plan = beam.pvalue.AsSingleton(
-        hashed | "PlanShards" >> beam.CombineGlobally(CombineWith(shard_plan())))
+        hashed
+        | "RoomColumns" >> beam.Map(
+            lambda batch: (batch.requests["timestamp_ms"], batch.blocks_per_request()))
+        | "PublishedRoom" >> beam.Map(lambda columns, origin_ms: request_room(*columns, origin_ms),
+                                      origin)
+        | "PlanShards" >> beam.CombineGlobally(CombineWith(shard_plan())))
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already
@@ -126,7 +133,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             "sessions": metered(sessions["ids"], "sessionIds"),
         }
         | "JoinIds" >> beam.CoGroupByKey()
-        | "AssembleRows" >> beam.FlatMap(assemble_rows, plan, config.emit_output_hashes)
+        | "AssembleRows" >> beam.FlatMap(assemble_rows, plan, origin, config.emit_output_hashes)
     )
 
     letter_sources = (

@@ -82,7 +82,7 @@ from transforms.write.coarsen import published_requests
 from transforms.write.manifest import (RecordCounts, check_not_before_origin, id_map_start,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.write.publish import DEAD_LETTER_FILE
-from transforms.write.rows import RowBatch, row_batch, rows_by_shard, shard_count
+from transforms.write.rows import RowBatch, request_room, row_batch, rows_by_shard, shard_count
 from transforms.write.shards import (block_hashes_staging, publish_block_hashes, shard_plan,
                                      write_shard)
 from transforms.write.totals import ExportTotals
@@ -447,9 +447,10 @@ def _write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> li
 
 def _write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
                   origin: int) -> list[tuple[str, str]]:
-    """Shards by time bucket; shard 0 always exists."""
-    plan = fold(shard_plan(), [whole])
-    by_shard = dict(rows_by_shard(rows, plan))
+    """Shards by published minute (write/shards.shard_plan); shard 0 always exists."""
+    plan = fold(shard_plan(), [request_room(whole.requests["timestamp_ms"],
+                                             whole.blocks_per_request(), origin)])
+    by_shard = dict(rows_by_shard(rows, plan, origin))
     shards = shard_count(plan)
     return [file for shard in range(shards)
             for file in write_shard(config.staging, shard, shards,

@@ -83,7 +83,7 @@ def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
     batch = RowBatch(rows, np.array([0, 1, 0], dtype=np.int64))
     with TestPipeline() as pipeline:
         paths = (pipeline | beam.Create([(0, [batch, None])])
-                 | beam.ParDo(WriteShard(str(tmp_path)), {0: 0}, 1_000_000, object()))
+                 | beam.ParDo(WriteShard(str(tmp_path)), np.array([0]), 1_000_000, object()))
         assert_that(paths | beam.MapTuple(lambda p, sha: (p.rsplit("/", 1)[1], len(sha))),
                     equal_to([("trace-00000-of-00001.jsonl", 64),
                               ("trace-00000-of-00001.parquet", 64)]))

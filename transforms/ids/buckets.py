@@ -30,16 +30,24 @@ def first_offsets(sizes: Mapping[int, int], start: int = 0) -> dict[int, int]:
     return offsets
 
 
-def plan_shards(sizes: Mapping[int, int], max_per_shard: int) -> dict[int, int]:
-    """Consecutive buckets grouped into shards of at most max_per_shard (a bucket never splits).
+def plan_shards(buckets: np.ndarray, sizes: np.ndarray, max_per_shard: int) -> np.ndarray:
+    """The first bucket of each shard: consecutive buckets (distinct, ascending; sizes >= 1)
+    grouped into shards of at most max_per_shard (a bucket never splits; a larger one is a
+    shard of its own).
 
     Depends only on the sizes, so the same data gives the same files whatever the worker count.
+    One search per shard, not a step per bucket: the gate plans a whole trace's buckets.
     """
-    plan: dict[int, int] = {}
-    shard, filled = 0, 0
-    for bucket in sorted(sizes):
-        if filled and filled + sizes[bucket] > max_per_shard:
-            shard, filled = shard + 1, 0
-        plan[bucket] = shard
-        filled += sizes[bucket]
-    return plan
+    ends = np.cumsum(sizes)
+    firsts, first = [], 0
+    while first < len(buckets):
+        firsts.append(first)
+        # The first bucket that would overfill this shard starts the next (never this one).
+        limit = ends[first] - sizes[first] + max_per_shard
+        first = max(first + 1, int(np.searchsorted(ends, limit, side="right")))
+    return np.asarray(buckets, dtype=np.int64)[firsts]
+
+
+def shards_of(buckets: np.ndarray, plan: np.ndarray) -> np.ndarray:
+    """Each bucket's shard in a plan (plan_shards): the last shard starting at or before it."""
+    return np.searchsorted(plan, buckets, side="right").astype(np.int64) - 1

@@ -13,7 +13,8 @@ Measured, not flagged: timestamp granularity, the share of rows an outsider coul
 (by their whole id sequence; by their lengths), sessions.
 
 Memory: one shard at a time, plus 24 bytes per row and 24 per distinct block id for the figures
-and checks that span the folder (10M rows: benchmarks/README.md).
+and checks that span the folder (10M rows: benchmarks/README.md), and 16 per published minute
+of each shard (the shard cuts).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_con
                                        public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
+from transforms.write.rows import published_room
+from transforms.write.shards import cuts_unlike_plan
 from transforms.write.totals import ExportTotals, export_stats
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest of 99,999 shards is ~10 MB; ours are KBs: 1 MiB
@@ -394,6 +397,9 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
         _check_numbering_start(folder, manifest["id_map"], rows, numbering, gate)
+    cut = cuts_unlike_plan(rows.shard_rooms)
+    if cut:
+        gate.flag(cut)
     rows.check_output_order()
     for problem in rows.problems:
         gate.flag(problem)
@@ -496,6 +502,8 @@ class _Rows:
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     # Each shard's distinct output ids in the order they first appear (their numbering order)
     output_ids: list[np.ndarray] = field(default_factory=list)
+    # Each shard's (published minutes, their room), to recompute where kvtrace cuts the shards
+    shard_rooms: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
@@ -517,6 +525,8 @@ class _Rows:
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
         self.parts["lengths"].append(_mix(columns.input_length) ^ _mix(~columns.output_length))
         self.parts["session"].append(columns.session[columns.session != NO_SESSION])
+        self.shard_rooms.append(published_room(columns.timestamp, columns.num_ids + (
+            0 if columns.num_output_ids is None else columns.num_output_ids)))
         self._count_fields(columns)
         self.totals = ExportTotals(self.totals.requests + n,
                                    self.totals.input_tokens + int(columns.input_length.sum()),

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from transforms.ids.buckets import buckets_of
+from transforms.ids.buckets import buckets_of, shards_of
 from transforms.ids.dense_ids import ids_in_request_order
 from transforms.ids.row_order import published_order
-from transforms.encode.hashed_batch import HashedBatch
 from transforms.trace_format import NO_SESSION
 
 ROW = np.dtype(
@@ -117,7 +116,8 @@ def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarr
 
 
 def assemble_rows(
-    element: tuple[int, dict[str, list]], plan: dict[int, int], with_outputs: bool = False
+    element: tuple[int, dict[str, list]], plan: np.ndarray, origin_ms: int,
+    with_outputs: bool = False,
 ) -> Iterator[tuple[int, RowBatch]]:
     """One batch's requests joined with their block ids and session numbers, split by the output
     shard each row belongs to."""
@@ -129,30 +129,48 @@ def assemble_rows(
                                          requests["num_blocks"] + requests["num_output_blocks"])
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
         yield from rows_by_shard(row_batch(requests, block_ids, session_ids, hashes, with_outputs),
-                                 plan)
+                                 plan, origin_ms)
 
 
-def rows_by_shard(batch: RowBatch, plan: dict[int, int]) -> Iterator[tuple[int, RowBatch]]:
-    """(output shard, the batch's rows in it) for each shard the batch has rows in."""
-    shards = output_shards(batch.rows["timestamp_ms"], plan)
+def rows_by_shard(batch: RowBatch, plan: np.ndarray,
+                  origin_ms: int) -> Iterator[tuple[int, RowBatch]]:
+    """(output shard, the batch's rows in it) for each shard the batch has rows in. The rows
+    hold published times (coarsen.published_requests), made relative to the origin here."""
+    shards = output_shards(batch.rows["timestamp_ms"] - origin_ms, plan)
     for shard in np.unique(shards).tolist():
         yield shard, batch.select(np.flatnonzero(shards == shard))
 
 
-def output_shards(timestamps_ms: np.ndarray, plan: dict[int, int]) -> np.ndarray:
-    """Each row's output shard: its time bucket's, as the plan (buckets.plan_shards) says."""
-    return np.array([plan[b] for b in buckets_of(timestamps_ms).tolist()], dtype=np.int64)
+# The shard plan is a function of the published rows alone (their published times and block
+# counts), so that `kvtrace audit` recomputes it from the rows it reads: a shard takes
+# consecutive published minutes up to shards.MAX_BLOCKS_PER_SHARD of room, never part of one.
+
+def output_shards(published_ms: np.ndarray, plan: np.ndarray) -> np.ndarray:
+    """Each row's output shard: its published minute's, as the plan (shards.shard_plan) says."""
+    return shards_of(buckets_of(published_ms), plan)
 
 
-def shard_count(plan: dict[int, int]) -> int:
+def shard_count(plan: np.ndarray) -> int:
     """Output shards of a plan; an empty trace still has shard 0."""
-    return max(plan.values(), default=0) + 1
+    return max(len(plan), 1)
 
 
-def bucket_sizes(batch: HashedBatch) -> Iterator[tuple[int, int]]:
-    """(time bucket, room its requests take in an output shard): their blocks, +1 per request so
-    that a request without blocks still counts."""
-    buckets = buckets_of(batch.requests["timestamp_ms"])
-    labels, index = np.unique(buckets, return_inverse=True)
-    sizes = np.bincount(index, weights=batch.blocks_per_request() + 1)
-    yield from zip(labels.tolist(), sizes.astype(np.int64).tolist())
+def published_room(published_ms: np.ndarray,
+                   blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each published minute, ascending; room its rows take in an output shard): their blocks
+    (prompt and output), +1 per row so that a row without blocks still counts."""
+    return room_by_minute(buckets_of(published_ms), blocks + 1)
+
+
+def room_by_minute(minutes: np.ndarray, rooms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rooms summed per minute: (distinct minutes ascending, each one's total)."""
+    labels, index = np.unique(minutes, return_inverse=True)
+    return labels, np.bincount(index, weights=rooms, minlength=len(labels)).astype(np.int64)
+
+
+def request_room(timestamps_ms: np.ndarray, blocks: np.ndarray,
+                 origin_ms: int) -> list[tuple[int, int]]:
+    """(published minute, room) of requests of these published, yet absolute, timestamps
+    (coarsen.published_requests) and blocks (HashedBatch.blocks_per_request)."""
+    minutes, rooms = published_room(timestamps_ms - origin_ms, blocks)
+    return list(zip(minutes.tolist(), rooms.tolist()))

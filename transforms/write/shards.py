@@ -1,7 +1,8 @@
 """Write trace rows as sorted, deterministically named JSONL and Parquet shards.
 
-Rows go to shards by time bucket (consecutive buckets per shard, see buckets.plan_shards), so
-shards are sorted across file names and their boundaries depend on the data alone.
+Rows go to shards by published minute (ms from the origin, as the rows publish them; consecutive
+minutes per shard, see plan_of), so shards are sorted across file names and their count and cuts
+are a function of the published rows alone: `kvtrace audit` recomputes them (cuts_unlike_plan).
 
 The engine block hashes (--emit-block-hashes FOLDER, private) are staged beside FOLDER as the
 shards are written and published by the one write protocol (publish.publish_folder) right after
@@ -13,34 +14,63 @@ trace beside them (a run killed between the two publishes: docs/BLOCK_HASHES.md)
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from transforms import storage
 from transforms.combiners import BucketTotals
-from transforms.ids.buckets import plan_shards
+from transforms.ids.buckets import plan_shards, shards_of
 from transforms.write.coarsen import Coarsening, coarsen
 from transforms.trace_format import (MANIFEST, TraceColumns, arrow_array, canonical_json,
                                      jsonl_bytes, parquet_bytes, shard_name, table_bytes)
 from transforms.write.publish import (OutputRefused, folder_writer, foreign_files,
                                       publish_folder, sha256_of, staging_folder)
-from transforms.write.rows import RowBatch, bucket_sizes
+from transforms.write.rows import RowBatch, room_by_minute, shard_count
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
 MAX_BLOCKS_PER_SHARD = 8_000_000
 
 
 def shard_plan() -> BucketTotals:
-    """A combiner: HashedBatches in, the output shard plan out (each time bucket's room summed
-    over the batches, then consecutive buckets grouped into shards)."""
-    return BucketTotals(bucket_sizes,
-                        functools.partial(plan_shards, max_per_shard=MAX_BLOCKS_PER_SHARD))
+    """A combiner: each batch's (published minute, room) pairs in (rows.request_room), the output
+    shard plan out (each minute's room summed over the batches, then planned)."""
+    return BucketTotals(iter, planned)
+
+
+def planned(totals: Mapping[int, int]) -> np.ndarray:
+    """The plan of rows whose published minutes take these total rooms."""
+    minutes = np.array(sorted(totals), dtype=np.int64)
+    return plan_of(minutes, np.array([totals[m] for m in minutes.tolist()], dtype=np.int64))
+
+
+def plan_of(minutes: np.ndarray, rooms: np.ndarray) -> np.ndarray:
+    """The plan (each shard's first published minute) of rows whose published minutes (distinct,
+    ascending) take these rooms: consecutive minutes up to MAX_BLOCKS_PER_SHARD, the next minute
+    starting the next shard."""
+    return plan_shards(minutes, rooms, MAX_BLOCKS_PER_SHARD)
+
+
+def cuts_unlike_plan(shard_rooms: Sequence[tuple[np.ndarray, np.ndarray]]) -> str | None:
+    """How shards, given each one's (published minutes, rooms) in file order
+    (rows.published_room), are cut otherwise than kvtrace plans their rows; None when not."""
+    minutes, rooms = room_by_minute(
+        np.concatenate([m for m, _ in shard_rooms] + [np.empty(0, np.int64)]),
+        np.concatenate([r for _, r in shard_rooms] + [np.empty(0, np.int64)]))
+    plan = plan_of(minutes, rooms)
+    if len(shard_rooms) != shard_count(plan):
+        return (f"the rows are in {len(shard_rooms)} trace shards, kvtrace cuts them into "
+                f"{shard_count(plan)} (consecutive published minutes up to "
+                f"{MAX_BLOCKS_PER_SHARD:,} blocks each)")
+    for shard, (shard_minutes, _) in enumerate(shard_rooms):
+        if (shards_of(shard_minutes, plan) != shard).any():
+            return (f"trace shard {shard} is not cut where kvtrace cuts the rows (consecutive "
+                    f"published minutes up to {MAX_BLOCKS_PER_SHARD:,} blocks each)")
+    return None
 
 
 BLOCK_HASHES_PREFIX = "block-hashes-"

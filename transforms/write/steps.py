@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
+import numpy as np
 
 from transforms.write.coarsen import Coarsening
 from transforms.write.rows import RowBatch, shard_count
@@ -22,7 +23,7 @@ class WriteShard(beam.DoFn):
         self._hashes_directory = hashes_directory
 
     def process(
-        self, element: tuple[int, Iterable[RowBatch | None]], plan: dict[int, int], origin: int,
+        self, element: tuple[int, Iterable[RowBatch | None]], plan: np.ndarray, origin: int,
         gate: object,
     ) -> Iterator[tuple[str, str]]:
         shard, batches = element
