@@ -6,7 +6,8 @@ messages -> parse -> render, tokenize, chain-hash (the batch pipeline's steps) -
 Event time is each request's own timestamp, whenever the source received it (a backfill of old
 logs is on time). Requests gather by event-time window (--window), cut from the trace's zero
 (the earliest request, fixed once the first window is published, kept in state): window k holds
-[zero + k W, zero + (k + 1) W), so no published time tells the zero's epoch. Once a request
+[zero + k W, zero + (k + 1) W) in published (coarsened) time, whole granules, so no
+published time tells the zero's epoch. Once a request
 past a window's end plus the allowed lateness has come in, and the source's watermark (its own
 clock: when records were produced) says everything produced before that one has come in too, or
 the source has been idle for IDLE_MS, the window is a night of the batch job: its ids continue
@@ -21,8 +22,9 @@ and ids go on from the checkpoint's. With nothing late, the windows concatenated
 output of the same records, byte for byte (its zero is the earliest request too). A request whose
 window is older than one already published is late: a dead letter with reason `late`. Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
-after LETTER_DELAY_S without one, published with the cumulative.json that counts them
-(rejected-letters-000001.jsonl).
+after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
+that counts them (rejected-letters-000001.jsonl). Clock resets are judged as batch judges them,
+against the stream's whole input so far, and never move its clock.
 
 All windows meet in one key: a window is numbered and written by one worker, as a night is by
 the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
