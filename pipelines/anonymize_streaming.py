@@ -6,7 +6,8 @@ messages -> parse -> render, tokenize, chain-hash (the batch pipeline's steps) -
 Event time is each request's own timestamp, whenever the source received it (a backfill of old
 logs is on time). Requests gather by event-time window (--window), cut from the trace's zero
 (the earliest request, fixed once the first window is published, kept in state): window k holds
-[zero + k W, zero + (k + 1) W), so no published time tells the zero's epoch. Once a request
+[zero + k W, zero + (k + 1) W) in published (coarsened) time, whole granules, so no
+published time tells the zero's epoch. Once a request
 past a window's end plus the allowed lateness has come in, and the source's watermark (its own
 clock: when records were produced) says everything produced before that one has come in too, or
 the source has been idle for IDLE_MS, the window is a night of the batch job: its ids continue
@@ -21,8 +22,9 @@ and ids go on from the checkpoint's. With nothing late, the windows concatenated
 output of the same records, byte for byte (its zero is the earliest request too). A request whose
 window is older than one already published is late: a dead letter with reason `late`. Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
-after LETTER_DELAY_S without one, published with the cumulative.json that counts them
-(rejected-letters-000001.jsonl).
+after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
+that counts them (rejected-letters-000001.jsonl). Clock resets are judged as batch judges them,
+against the stream's whole input so far, and never move its clock.
 
 All windows meet in one key: a window is numbered and written by one worker, as a night is by
 the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing spread over all.
@@ -47,6 +49,7 @@ from apache_beam.transforms.external import ExternalTransform, NamedTupleBasedPa
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
                                               on_timer)
+from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS, AnonymizeConfig
@@ -57,11 +60,12 @@ from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.steps import EncodeRequests
-from transforms.encode.timestamp_kinds import keep_plausible_windows
+from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
+from transforms.read.timestamps import DAY_MS, plausible_days
 from transforms.steps import BatchByWeight
-from transforms.write.coarsen import round_to
+from transforms.write.coarsen import Coarsening, published_requests, round_to
 from transforms.write.publish import DeadLetterRun
 from transforms.write.shards import block_hashes_staging
 
@@ -157,16 +161,35 @@ def window_name(index: int) -> str:
     return f"window-{'~' * (len(digits) - 6)}{digits}"
 
 
-def by_window(batch: HashedBatch, origin_ms: int, window_ms: int
-              ) -> Iterator[tuple[int, HashedBatch]]:
+def by_window(batch: HashedBatch, origin_ms: int, window_ms: int,
+              coarsening: Coarsening = Coarsening()) -> Iterator[tuple[int, HashedBatch]]:
     """(window start in ms, the batch's requests in that window) for each window present, oldest
-    first. Windows are cut from the trace's zero (origin_ms): window k holds [origin + k W,
-    origin + (k + 1) W), so every time the stream publishes is whole windows from the zero.
-    Windows on epoch multiples of W would publish the zero's own epoch modulo W (the first
-    request's minute, second and millisecond within the hour, with hour windows)."""
-    starts = origin_ms + (batch.requests["timestamp_ms"] - origin_ms) // window_ms * window_ms
+    first. Windows are cut from the trace's zero (origin_ms): window k holds the requests
+    published (coarsened from the zero) in [origin + k W, origin + (k + 1) W), so every time the
+    stream publishes is whole windows from the zero, and a window holds whole granules: cut on
+    raw times, one published time would be split across two windows and written in its raw
+    order. Windows on epoch multiples of W would publish the zero's own epoch modulo W (the
+    first request's minute, second and millisecond within the hour, with hour windows)."""
+    published = published_requests(batch, origin_ms, coarsening).requests["timestamp_ms"]
+    starts = origin_ms + (published - origin_ms) // window_ms * window_ms
     for start in np.unique(starts).tolist():
         yield start, batch.select(starts == start)
+
+
+def keep_plausible(windows: list[tuple[int, HashedBatch]], published_days: dict[int, int]
+                   ) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
+    """(window start, batch) pairs judged by the batch job's rule over the stream's whole input
+    so far (what it published: published_days, requests per day, and what waits): the pairs
+    with their plausible requests, and a dead letter for each other. Judged among the waiting
+    windows alone, a clock reset arriving alone would be the bulk of its own judgement."""
+    counts = sum_kind_counts([published_days] + [kind_counts(batch) for _, batch in windows])
+    kept, letters = [], []
+    for window, batch in windows:
+        plausible, strays = keep_input_kind(batch, counts)
+        letters += strays
+        if plausible is not None:
+            kept.append((window, plausible))
+    return kept, letters
 
 
 def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLetter]:
@@ -191,9 +214,13 @@ class Progress:
     # is published, then the earliest plausible one of the first published window, fixed.
     origin_ms: int | None = None
     published_ms: int | None = None  # start of the last published window
-    # Event time is the requests' own; the source's clock (when records were produced, the
-    # watermark's) only says when everything before an instant has come in.
-    latest_ms: int | None = None  # the latest request time seen
+    # The stream's input so far, as the batch job's plausibility rule reads it (requests per
+    # day), and its latest kept request: published windows', then each open window's per day
+    # (requests, latest ms). Event time is the requests' own; the source's clock (when records
+    # were produced, the watermark's) only says when everything before an instant has come in.
+    published_days: dict[int, int] = dataclasses.field(default_factory=dict)
+    published_latest_ms: int | None = None
+    open_days: dict[int, dict[int, tuple[int, int]]] = dataclasses.field(default_factory=dict)
     arrived_ms: int = 0  # when (source's clock) the last batch came in
     # Open windows -> when (source's clock) a request past their deadline came in, None before.
     passed_ms: dict[int, int | None] = dataclasses.field(default_factory=dict)
@@ -203,34 +230,67 @@ class Progress:
     rows: int = 0
     rejected: int = 0
 
-    def saw(self, config: StreamingConfig, window: int, latest_ms: int, now_ms: int) -> None:
-        """A batch of window, its latest request at latest_ms, came in at now_ms (source's
-        clock): the windows whose deadline it passes are due once everything before now_ms
-        has come in."""
-        self.passed_ms.setdefault(window, None)
-        self.latest_ms = latest_ms if self.latest_ms is None else max(self.latest_ms, latest_ms)
-        self.arrived_ms = max(self.arrived_ms, now_ms)
-        for open_window, passed in self.passed_ms.items():
-            if passed is None and config.deadline_ms(open_window) <= self.latest_ms:
-                self.passed_ms[open_window] = now_ms
+    def hold(self, window: int, timestamps: np.ndarray) -> None:
+        """Requests (their times) waiting in an open window."""
+        days = self.open_days.setdefault(window, {})
+        for day in np.unique(timestamps // DAY_MS).tolist():
+            on_day = timestamps[timestamps // DAY_MS == day]
+            held, latest = days.get(day, (0, int(on_day.max())))
+            days[day] = (held + len(on_day), max(latest, int(on_day.max())))
 
-    def due_ms(self, config: StreamingConfig, window: int) -> int:
+    def latest_ms(self) -> int | None:
+        """The stream's clock: its latest request within the bulk of its input so far (the batch
+        job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
+        it, whether it came alone or with others, before or after the bulk."""
+        waiting = [{day: held for day, (held, _) in days.items()}
+                   for days in self.open_days.values()]
+        first, last = plausible_days(sum_kind_counts([self.published_days] + waiting))
+        kept = [latest for days in self.open_days.values()
+                for day, (_, latest) in days.items() if first <= day <= last]
+        if self.published_latest_ms is not None:
+            kept.append(self.published_latest_ms)
+        return max(kept, default=None)
+
+    def saw(self, config: StreamingConfig, window: int, timestamps: np.ndarray | int,
+            now_ms: int) -> None:
+        """Requests of window (their times) came in at now_ms (source's clock): the windows
+        whose deadline the stream's clock passes are due once everything before now_ms has come
+        in."""
+        self.passed_ms.setdefault(window, None)
+        self.hold(window, np.atleast_1d(np.asarray(timestamps, np.int64)))
+        self.arrived_ms = max(self.arrived_ms, now_ms)
+        self.clock_moved(config, now_ms)
+
+    def clock_moved(self, config: StreamingConfig, now_ms: int) -> None:
+        """The open windows' deadlines against the stream's clock: passed from now_ms on, or no
+        longer passed when the clock went back (the bulk moved off a stray clock's days)."""
+        latest = self.latest_ms()
+        for window, passed in self.passed_ms.items():
+            if latest is None or config.deadline_ms(window) > latest:
+                self.passed_ms[window] = None
+            elif passed is None:
+                self.passed_ms[window] = now_ms
+
+    def due_ms(self, config: StreamingConfig, window: int, latest_ms: int | None) -> int:
         """When (source's watermark) an open window is published: once every record produced
         before a request past its deadline came in; or, with none, once the source has been
-        idle for config.idle_ms past the time the requests' clock, run on from the latest at
-        the source's pace, would pass the deadline (a live stream's last window closes at its
+        idle for config.idle_ms past the time the requests' clock (latest_ms), run on at the
+        source's pace, would pass the deadline (a live stream's last window closes at its
         deadline, a backfill's a moment after its last request: neither by the wall clock)."""
-        to_deadline = max(config.deadline_ms(window) - (self.latest_ms or 0), 0)
+        to_deadline = max(config.deadline_ms(window) - (latest_ms or 0), 0)
         idle = self.arrived_ms + to_deadline + config.idle_ms
         passed = self.passed_ms[window]
         return idle if passed is None else min(passed, idle)
 
     def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
         """The open windows due at watermark_ms, oldest first."""
-        return sorted(w for w in self.passed_ms if self.due_ms(config, w) <= watermark_ms)
+        latest = self.latest_ms()
+        return sorted(w for w in self.passed_ms
+                      if self.due_ms(config, w, latest) <= watermark_ms)
 
     def next_due_ms(self, config: StreamingConfig) -> int | None:
-        return min((self.due_ms(config, w) for w in self.passed_ms), default=None)
+        latest = self.latest_ms()
+        return min((self.due_ms(config, w, latest) for w in self.passed_ms), default=None)
 
     def recut(self, config: StreamingConfig, origin_ms: int,
               waiting: list[tuple[int, HashedBatch]]) -> list[tuple[int, HashedBatch]]:
@@ -240,16 +300,29 @@ class Progress:
         the window waits for everything produced before that."""
         self.origin_ms = origin_ms
         cut = [part for _, batch in waiting
-               for part in by_window(batch, origin_ms, config.window_ms)]
-        self.passed_ms = {window: self.arrived_ms if self.latest_ms is not None
-                          and config.deadline_ms(window) <= self.latest_ms else None
-                          for window, _ in cut}
+               for part in by_window(batch, origin_ms, config.window_ms, config.job.coarsening)]
+        self.passed_ms = {}
+        self.rehold(config, cut)
         return cut
+
+    def rehold(self, config: StreamingConfig, waiting: list[tuple[int, HashedBatch]]) -> None:
+        """The open windows are those waiting (cut again, or judged: a stray's days no longer
+        count); their deadlines judged again, as passed at the latest arrival when passed."""
+        self.open_days = {}
+        for window, batch in waiting:
+            self.passed_ms.setdefault(window, None)
+            self.hold(window, batch.requests["timestamp_ms"])
+        for window in [w for w in self.passed_ms if w not in self.open_days]:
+            del self.passed_ms[window]
+        self.clock_moved(config, self.arrived_ms)
 
     def publish(self, window: int) -> str:
         """The folder of an open window published now: named by the windows published before
         it, so a restart restoring this state names it again the same."""
         del self.passed_ms[window]
+        for day, (held, latest) in self.open_days.pop(window, {}).items():
+            self.published_days[day] = self.published_days.get(day, 0) + held
+            self.published_latest_ms = max(latest, self.published_latest_ms or latest)
         self.published_ms, self.windows = window, self.windows + 1
         return window_name(self.windows - 1)
 
@@ -268,6 +341,10 @@ class PublishWindows(beam.DoFn):
     PROGRESS = ReadModifyWriteStateSpec("progress", PickleCoder())
     DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
     LETTERS = TimerSpec("letters", TimeDomain.REAL_TIME)
+    # The final watermark (a backfill's end, a drain) fires event-time timers only: this one
+    # publishes every window still open and every letter still waiting, which the real-time
+    # LETTERS timer would never send.
+    END = TimerSpec("end", TimeDomain.WATERMARK)
 
     def __init__(self, config: StreamingConfig):
         self._config = config
@@ -280,18 +357,31 @@ class PublishWindows(beam.DoFn):
                 pending=beam.DoFn.StateParam(PENDING),
                 progress_state=beam.DoFn.StateParam(PROGRESS),
                 deadline=beam.DoFn.TimerParam(DEADLINE),
-                letters_due=beam.DoFn.TimerParam(LETTERS)) -> None:
+                letters_due=beam.DoFn.TimerParam(LETTERS),
+                end=beam.DoFn.TimerParam(END)) -> None:
         item = element[1]
         progress = progress_state.read() or Progress()
+        end.set(GlobalWindow().max_timestamp())
         letters = [item] if isinstance(item, DeadLetter) else self._wait(item, progress, pending)
         if progress.passed_ms:
             deadline.set(Timestamp(micros=progress.next_due_ms(self._config) * 1000))
-        for letter in letters:  # dead letters: out with the next window, or on their own soon
+        self._hold_letters(letters, progress, pending, letters_due)
+        progress_state.write(progress)
+
+    @staticmethod
+    def _hold_letters(letters: list[DeadLetter], progress: Progress, pending: Any,
+                      letters_due: Any) -> None:
+        """Dead letters pending: out with the next window, or on their own soon."""
+        for letter in letters:
             pending.add((None, letter))
-        if letters and progress.letters_due is None:
+        if letters:
+            PublishWindows._letters_soon(progress, letters_due)
+
+    @staticmethod
+    def _letters_soon(progress: Progress, letters_due: Any) -> None:
+        if progress.letters_due is None:
             progress.letters_due = time.time() + LETTER_DELAY_S
             letters_due.set(Timestamp(seconds=progress.letters_due))
-        progress_state.write(progress)
 
     def _wait(self, batch: HashedBatch, progress: Progress, pending: Any) -> list[DeadLetter]:
         """The batch's requests pending in their windows; a dead letter for each whose window
@@ -306,12 +396,13 @@ class PublishWindows(beam.DoFn):
             for entry in waiting + [entry for entry in items if entry[0] is None]:
                 pending.add(entry)
         late, now_ms = [], source_now_ms()
-        for window, part in by_window(batch, progress.origin_ms, self._config.window_ms):
+        for window, part in by_window(batch, progress.origin_ms, self._config.window_ms,
+                                      self._config.job.coarsening):
             if progress.published_ms is not None and window <= progress.published_ms:
                 late += late_letters(self._config.source, part, progress.last_published())
                 continue
             pending.add((window, part))
-            progress.saw(self._config, window, int(part.requests["timestamp_ms"].max()), now_ms)
+            progress.saw(self._config, window, part.requests["timestamp_ms"], now_ms)
         self._late.inc(len(late))
         return late
 
@@ -321,26 +412,49 @@ class PublishWindows(beam.DoFn):
                 progress_state=beam.DoFn.StateParam(PROGRESS),
                 blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
                 sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
-                deadline=beam.DoFn.TimerParam(DEADLINE)) -> Iterator[dict]:
-        config = self._config
+                deadline=beam.DoFn.TimerParam(DEADLINE),
+                letters_due=beam.DoFn.TimerParam(LETTERS)) -> Iterator[dict]:
         progress = progress_state.read() or Progress()
+        maps = {"blocks": blocks_map, "sessions": sessions_map}
+        yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
+        if (next_due := progress.next_due_ms(self._config)) is not None:
+            deadline.set(Timestamp(micros=next_due * 1000))
+        if any(window is None for window, _ in pending.read()):  # strays with no window due
+            self._letters_soon(progress, letters_due)
+        progress_state.write(progress)
+
+    @on_timer(END)
+    def publish_all(self, fired=beam.DoFn.TimestampParam,
+                    pending=beam.DoFn.StateParam(PENDING),
+                    progress_state=beam.DoFn.StateParam(PROGRESS),
+                    blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
+                    sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"])) -> Iterator[dict]:
+        """The stream ended: every open window published, then every letter left."""
+        progress = progress_state.read() or Progress()
+        maps = {"blocks": blocks_map, "sessions": sessions_map}
+        yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
+        self._flush_letters(progress, pending)
+        progress_state.write(progress)
+
+    def _publish_due(self, watermark_ms: int, progress: Progress, pending: Any,
+                     maps: dict[str, Any]) -> Iterator[dict]:
+        """The windows due at watermark_ms published, oldest first, the letters waiting with the
+        first; the rest left pending."""
+        config = self._config
         items = list(pending.read())
         pending.clear()
         letters = [item for window, item in items if window is None]
         waiting = [(window, item) for window, item in items if window is not None]
-        # The windows waiting are judged together, as a night: a stray clock's lone window is
-        # dead letters, never the stream's origin.
-        waiting, strays = keep_plausible_windows(waiting)
+        # Judged with everything the stream published: a stray clock's window is dead letters,
+        # never the stream's origin nor a window of its own, even when it waits alone.
+        waiting, strays = keep_plausible(waiting, progress.published_days)
         letters += strays
         if progress.published_ms is None and waiting:  # the first window fixes the zero
             earliest = min(int(batch.requests["timestamp_ms"].min()) for _, batch in waiting)
             if earliest != progress.origin_ms:
                 waiting = progress.recut(config, earliest, waiting)
-        kept = {window for window, _ in waiting}
-        for stray in [w for w in progress.passed_ms if w not in kept]:
-            del progress.passed_ms[stray]
-        due = progress.due(config, fired.micros // 1000)
-        maps = {"blocks": blocks_map, "sessions": sessions_map}
+        progress.rehold(config, waiting)  # the strays' days no longer count
+        due = progress.due(config, watermark_ms)
         for window in due:
             batches = [item for w, item in waiting if w == window]
             yield self._publish(progress.publish(window), batches, letters, maps, progress)
@@ -348,16 +462,17 @@ class PublishWindows(beam.DoFn):
         later = [(w, item) for w, item in waiting if w not in due]
         for entry in later + [(None, letter) for letter in letters]:
             pending.add(entry)
-        if (next_due := progress.next_due_ms(config)) is not None:
-            deadline.set(Timestamp(micros=next_due * 1000))
-        progress_state.write(progress)
 
     @on_timer(LETTERS)
     def flush_letters(self, pending=beam.DoFn.StateParam(PENDING),
                       progress_state=beam.DoFn.StateParam(PROGRESS)) -> None:
+        progress = progress_state.read() or Progress()
+        self._flush_letters(progress, pending)
+        progress_state.write(progress)
+
+    def _flush_letters(self, progress: Progress, pending: Any) -> None:
         """Dead letters no window took in time, published on their own with the cumulative.json
         that counts them."""
-        progress = progress_state.read() or Progress()
         items = list(pending.read())
         letters = [item for window, item in items if window is None]
         if letters:
@@ -370,7 +485,6 @@ class PublishWindows(beam.DoFn):
             write_cumulative(self._config, progress,
                               (f"letters-{progress.letter_batches:06d}", letters))
         progress.letters_due = None
-        progress_state.write(progress)
 
     def _publish(self, name: str, batches: list[HashedBatch], letters: list[DeadLetter],
                  maps: dict[str, Any], progress: Progress) -> dict:

@@ -22,7 +22,6 @@ def _stream_chat(ts: int, i: int) -> dict:
         {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 3")
 def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(tiny_tokenizer, tmp_path,
                                                                   monkeypatch):
     """Promise: streaming publishes what batch publishes for the same records; a clock reset
@@ -80,7 +79,6 @@ def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(tiny_tokeniz
         f"stream exported {streamed} rows, letters {letters}: the reset's time closed window 0")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 3")
 def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_path,
                                                              monkeypatch):
     """Promise: the stream's windows concatenated are the batch job's bytes for the same
@@ -133,7 +131,6 @@ def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_
     assert streamed == batch
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 3")
 def test_a_clock_reset_arriving_alone_is_a_dead_letter_not_a_window(tiny_tokenizer, tmp_path,
                                                                     monkeypatch):
     """Promise: a clock reset is a dead letter, in a stream as in batch (keep_plausible_windows:
@@ -189,7 +186,6 @@ def test_a_clock_reset_arriving_alone_is_a_dead_letter_not_a_window(tiny_tokeniz
     assert streamed == batch, f"stream published times {streamed}"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 3")
 def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(tiny_tokenizer,
                                                                        tmp_path, monkeypatch):
     """Promise: every record is exported or dead-lettered, the counts add up (cumulative.json:

@@ -26,13 +26,15 @@ from pipelines import anonymize_streaming
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
                                           check_new_stream, cumulative_summary, kafka_read,
-                                          window_name, write_cumulative)
+                                          keep_plausible, window_name, write_cumulative)
 from transforms.stats.audit import audit
 from transforms.dead_letters import DeadLetter
 from transforms.errors import ConfigError
 from transforms.write.coarsen import Coarsening, round_to
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.encode.salt import SaltSource
+from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
+from transforms.encode.tokenize import tokenizer_sha256
 
 SALT = "a-streaming-test-salt-0123456789abcdef"
 MINUTE = 60_000
@@ -55,7 +57,11 @@ def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
     (tmp_path / "staging").mkdir()
     job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
                           tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
+                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4,
+                          # As the command gives them: the digests the gate checks (the pure
+                          # tests' "x" names no tokenizer folder).
+                          tokenizer_sha256=tokenizer_sha256(tokenizer)
+                          if Path(tokenizer).is_dir() else {})
     return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms, idle_ms)
 
 
@@ -209,6 +215,76 @@ def test_every_request_lands_in_the_one_window_holding_its_timestamp(timestamps,
         assert (start - origin_ms) % window_ms == 0
         assert ((start <= part.requests["timestamp_ms"])
                 & (part.requests["timestamp_ms"] < start + window_ms)).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=30), st.integers(1, 10**6),
+       st.integers(1, 10**5), st.integers(0, 2 * 10**7))
+def test_a_window_holds_whole_granules(timestamps, window_ms, granularity_ms, origin_ms):
+    """With --timestamp-granularity-ms, windows are cut on the published time: every request of
+    one published time is in one window, the window holding that time, so the rows of a granule
+    come out in the one published order (ids/row_order.py), never split at a window's end."""
+    batch = requests_at(*timestamps)
+    coarsening = Coarsening(timestamp_ms=granularity_ms)
+    windows_of: dict[int, set[int]] = {}
+    for start, part in by_window(batch, origin_ms, window_ms, coarsening):
+        published = origin_ms + round_to(part.requests["timestamp_ms"] - origin_ms,
+                                         granularity_ms)
+        assert ((start <= published) & (published < start + window_ms)).all()
+        for time_ms in published.tolist():
+            windows_of.setdefault(time_ms, set()).add(start)
+    assert all(len(starts) == 1 for starts in windows_of.values())
+
+
+DAY = 86_400_000
+RESET = 365 * DAY  # a clock gone a year ahead
+
+
+def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
+    """The stream's clock is its latest request within the bulk of its input so far (the batch
+    job's rule): a reset passes no open window's deadline, and deadlines a reset passed while it
+    was the bulk (a tie, the latest day wins) are open again once the bulk moves off it."""
+    config = streaming_config(tmp_path, "x")
+    progress = Progress()
+    progress.saw(config, 0, [10_000], NOW)
+    progress.saw(config, RESET, [RESET + 1], NOW + 1)  # one against one: the reset is the bulk
+    assert (progress.latest_ms(), progress.passed_ms[0]) == (RESET + 1, NOW + 1)
+    progress.saw(config, 0, [20_000], NOW + 2)  # the bulk is the real requests again
+    assert (progress.latest_ms(), progress.passed_ms) == (20_000, {0: None, RESET: None})
+    progress.saw(config, MINUTE, [70_000], NOW + 3)  # a real request passes window 0's deadline
+    assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
+
+
+def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_path):
+    """Once windows are published, a reset waiting alone is no window of its own: it is judged
+    with the published requests' days, and neither moves the clock nor is kept."""
+    config = streaming_config(tmp_path, "x")
+    progress = Progress()
+    progress.saw(config, 0, [0, 10_000, 20_000], NOW)
+    progress.publish(0)
+    progress.saw(config, RESET, [RESET + 1], NOW + 1)
+    assert progress.latest_ms() == 20_000
+    kept, strays = keep_plausible([(RESET, requests_at(RESET + 1))], progress.published_days)
+    assert kept == [] and [letter.reason for letter in strays] == ["implausible_timestamp"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0, DAY, 2 * DAY, 9 * DAY, RESET]), min_size=1, max_size=20),
+       st.integers(0, 20))
+def test_a_stream_judges_plausibility_as_the_batch_job_does(days, split):
+    """However the stream's input splits between what it published and what waits, a waiting
+    request is kept exactly when the batch job, judging the whole input, keeps it."""
+    timestamps = [day + n for n, day in enumerate(days)]
+    published, waiting = timestamps[:split], timestamps[split:]
+    whole = requests_at(*timestamps)
+    batch_kept, _ = keep_input_kind(whole, kind_counts(whole))
+    batch_times = [] if batch_kept is None else batch_kept.requests["timestamp_ms"].tolist()
+    stream_kept, strays = keep_plausible(
+        [(0, requests_at(*waiting))] if waiting else [],
+        kind_counts(requests_at(*published)) if published else {})
+    kept_times = [t for _, part in stream_kept for t in part.requests["timestamp_ms"].tolist()]
+    assert kept_times == [t for t in waiting if t in batch_times]
+    assert len(kept_times) + len(strays) == len(waiting)
 
 
 HOSTILE = [b"", b"\x00\xff\xfe garbage", b"[1, 2, 3]", b"null", b'{"timestamp": -5}',
