@@ -60,7 +60,7 @@ from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.steps import EncodeRequests
-from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
+from transforms.encode.timestamp_kinds import keep_plausible_windows, sum_kind_counts
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.read.timestamps import DAY_MS, plausible_days
@@ -174,22 +174,6 @@ def by_window(batch: HashedBatch, origin_ms: int, window_ms: int,
     starts = origin_ms + (published - origin_ms) // window_ms * window_ms
     for start in np.unique(starts).tolist():
         yield start, batch.select(starts == start)
-
-
-def keep_plausible(windows: list[tuple[int, HashedBatch]], published_days: dict[int, int]
-                   ) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
-    """(window start, batch) pairs judged by the batch job's rule over the stream's whole input
-    so far (what it published: published_days, requests per day, and what waits): the pairs
-    with their plausible requests, and a dead letter for each other. Judged among the waiting
-    windows alone, a clock reset arriving alone would be the bulk of its own judgement."""
-    counts = sum_kind_counts([published_days] + [kind_counts(batch) for _, batch in windows])
-    kept, letters = [], []
-    for window, batch in windows:
-        plausible, strays = keep_input_kind(batch, counts)
-        letters += strays
-        if plausible is not None:
-            kept.append((window, plausible))
-    return kept, letters
 
 
 def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLetter]:
@@ -447,7 +431,7 @@ class PublishWindows(beam.DoFn):
         waiting = [(window, item) for window, item in items if window is not None]
         # Judged with everything the stream published: a stray clock's window is dead letters,
         # never the stream's origin nor a window of its own, even when it waits alone.
-        waiting, strays = keep_plausible(waiting, progress.published_days)
+        waiting, strays = keep_plausible_windows(waiting, progress.published_days)
         letters += strays
         if progress.published_ms is None and waiting:  # the first window fixes the zero
             earliest = min(int(batch.requests["timestamp_ms"].min()) for _, batch in waiting)

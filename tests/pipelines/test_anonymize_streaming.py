@@ -26,7 +26,8 @@ from pipelines import anonymize_streaming
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
                                           check_new_stream, cumulative_summary, kafka_read,
-                                          keep_plausible, window_name, write_cumulative)
+                                          window_name, write_cumulative)
+from transforms.encode.timestamp_kinds import keep_plausible_windows
 from transforms.stats.audit import audit
 from transforms.dead_letters import DeadLetter
 from transforms.errors import ConfigError
@@ -264,7 +265,7 @@ def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_pat
     progress.publish(0)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)
     assert progress.latest_ms() == 20_000
-    kept, strays = keep_plausible([(RESET, requests_at(RESET + 1))], progress.published_days)
+    kept, strays = keep_plausible_windows([(RESET, requests_at(RESET + 1))], progress.published_days)
     assert kept == [] and [letter.reason for letter in strays] == ["implausible_timestamp"]
 
 
@@ -279,7 +280,7 @@ def test_a_stream_judges_plausibility_as_the_batch_job_does(days, split):
     whole = requests_at(*timestamps)
     batch_kept, _ = keep_input_kind(whole, kind_counts(whole))
     batch_times = [] if batch_kept is None else batch_kept.requests["timestamp_ms"].tolist()
-    stream_kept, strays = keep_plausible(
+    stream_kept, strays = keep_plausible_windows(
         [(0, requests_at(*waiting))] if waiting else [],
         kind_counts(requests_at(*published)) if published else {})
     kept_times = [t for _, part in stream_kept for t in part.requests["timestamp_ms"].tolist()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -51,11 +52,14 @@ def keep_input_kind(batch: HashedBatch, counts: dict[int, int]
     return (batch.select(keep) if keep.any() else None), letters
 
 
-def keep_plausible_windows(windows: list[tuple[int, HashedBatch]]
+def keep_plausible_windows(windows: list[tuple[int, HashedBatch]],
+                           established: Mapping[int, int] | None = None
                            ) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
-    """(window start, batch) pairs judged together as one input (a stream's windows waiting to
-    be published): the pairs with their plausible requests, and a dead letter for each other."""
-    counts = sum_kind_counts([kind_counts(batch) for _, batch in windows])
+    """(window start, batch) pairs judged together as one input with what was established
+    before them (a stream's published requests per day): the pairs with their plausible
+    requests, and a dead letter for each other. Judged among waiting windows alone, a clock
+    reset arriving alone would be the bulk of its own judgement."""
+    counts = sum_kind_counts([dict(established or {})] + [kind_counts(b) for _, b in windows])
     kept, letters = [], []
     for window, batch in windows:
         plausible, stray = keep_input_kind(batch, counts)
