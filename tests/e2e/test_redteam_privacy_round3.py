@@ -23,18 +23,14 @@ def test_stream_windows_cut_finer_than_the_published_times(tmp_path):
     may differ from the batch bytes (rows of one time ordered by raw window, not the tie key)."""
     from pipelines.anonymize_streaming import by_window
     from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-
-    def _requests_at(timestamps: list[int]) -> HashedBatch:
-        return HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None)
-                                 for i, ts in enumerate(timestamps)])
     from transforms.write.coarsen import Coarsening, round_to
 
     zero = 1_767_225_600_000
     raw = [zero, zero + 45 * 60_000, zero + 75 * 60_000]
     published = round_to(np.array(raw, np.int64) - zero, HOUR).tolist()
     assert published == [0, HOUR, HOUR]
-    window_of = {ts: start for start, part in by_window(_requests_at(raw), zero, HOUR,
-                                                                  Coarsening(HOUR))
+    batch = HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None) for i, ts in enumerate(raw)])
+    window_of = {ts: start for start, part in by_window(batch, zero, HOUR, Coarsening(HOUR))
                  for ts in part.requests["timestamp_ms"].tolist()}
     assert window_of[raw[1]] == window_of[raw[2]], \
         "rows of one published time in two windows: the cut publishes the finer time"
