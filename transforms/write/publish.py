@@ -34,6 +34,15 @@ for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed 
 folder synced; object stores publish an object whole when its upload completes, so a file there
 is written in place. Commands use file_output and folder_output, which check the location and
 take its lock before the work and publish when the work ends without an error.
+
+A run's dead letters (DeadLetterRun) are staged in its dead-letter folder and published when
+its output is. Whether a killed run's output was published is read from the output: the run
+marks its staging folder (an extended attribute a rename keeps) with its run id and the place
+of the dead-letter folder its letters are staged in. The mark is one per output while letters
+are per dead-letter folder, so every later run of the output, under its lock, first settles
+the marked run's letters in the marked folder (settle_marked_letters: published there, the
+output being that run's) and only then takes the mark off and stages its own, whatever
+--dead-letter it was given: a published run's letters are never lost to another folder's run.
 """
 
 from __future__ import annotations
@@ -739,18 +748,15 @@ class DeadLetterRun:
         DEAD/rejected-RUNID.jsonl            a published run's letters
 
     Whether the output was published is read from the output itself: the run marks the folder
-    its output becomes with its run id and the place of the dead-letter folder its letters are
-    staged in (an extended attribute, which a rename keeps and no other folder carries, not
-    even one given the same inode later; the published files stay as they are). The mark is
-    one per output while letters are per dead-letter folder, so it names both: every run of the
-    output, under its lock, first settles the marked run's letters in the marked folder
-    (settle_marked_letters: published there, as the output is that run's) and only then takes
-    the mark off, whatever --dead-letter it was given itself. So a run that fails after
+    its output becomes with its run id and its dead-letter folder's place (an extended
+    attribute, which a rename keeps and no other folder carries, not even one given the same
+    inode later; the published files stay as they are), which every later run of the output
+    settles first (settle_marked_letters; the module's docstring). So a run that fails after
     publishing (a full disk while it tidies up) still publishes its letters, a run that fails
     before publishes none (its rerun writes them), and a run killed in between is settled by the
-    next run of that output (recover_letters), from whichever dead-letter folder. Where the
-    filesystem keeps no such mark (or the folder's place is too long for one), the run's own
-    word decides, and a killed run's letters go.
+    next run of that output (recover_letters), whatever its dead-letter folder. Where the
+    filesystem keeps no such mark (or none that long), the run's own word decides, and a killed
+    run's letters go.
     """
 
     _PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
