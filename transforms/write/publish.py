@@ -34,6 +34,15 @@ for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed 
 folder synced; object stores publish an object whole when its upload completes, so a file there
 is written in place. Commands use file_output and folder_output, which check the location and
 take its lock before the work and publish when the work ends without an error.
+
+A run's dead letters (DeadLetterRun) are staged in its dead-letter folder and published when
+its output is. Whether a killed run's output was published is read from the output: the run
+marks its staging folder (an extended attribute a rename keeps) with its run id and the place
+of the dead-letter folder its letters are staged in. The mark is one per output while letters
+are per dead-letter folder, so every later run of the output, under its lock, first settles
+the marked run's letters in the marked folder (settle_marked_letters: published there, the
+output being that run's) and only then takes the mark off and stages its own, whatever
+--dead-letter it was given: a published run's letters are never lost to another folder's run.
 """
 
 from __future__ import annotations
@@ -739,19 +748,22 @@ class DeadLetterRun:
         DEAD/rejected-RUNID.jsonl            a published run's letters
 
     Whether the output was published is read from the output itself: the run marks the folder
-    its output becomes with its run id (an extended attribute, which a rename keeps and no other
-    folder carries, not even one given the same inode later; the published files stay as they
-    are). So a run that fails after publishing (a full disk while it tidies up) still publishes
-    its letters, a run that fails before publishes none (its rerun writes them), and a run
-    killed in between is settled by the next run of that output (recover_letters). Where the
-    filesystem keeps no such mark, the run's own word decides, and a killed run's letters go.
+    its output becomes with its run id and its dead-letter folder's place (an extended
+    attribute, which a rename keeps and no other folder carries, not even one given the same
+    inode later; the published files stay as they are), which every later run of the output
+    settles first (settle_marked_letters; the module's docstring). So a run that fails after
+    publishing (a full disk while it tidies up) still publishes its letters, a run that fails
+    before publishes none (its rerun writes them), and a run killed in between is settled by the
+    next run of that output (recover_letters), whatever its dead-letter folder. Where the
+    filesystem keeps no such mark (or none that long), the run's own word decides, and a killed
+    run's letters go.
     """
 
     _PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
-        self.staging = storage.join(self.folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
+        self.staging = _letters_staging(self.folder, output, run_id)
 
     @property
     def published(self) -> str:
@@ -761,40 +773,64 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
-        if not is_url(output_staging) and _mark(output_staging, self.run_id):
+        if not is_url(output_staging) and _mark(output_staging, self.run_id, place(self.folder)):
             with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
                 f.write(self.run_id.encode())
 
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
-        is published is the run's word only where the output has no identity (object stores).
-        Returns whether they were published."""
-        letters = storage.join(self.staging, DEAD_LETTER_FILE)
-        publish = self._output_published(run_succeeded) and storage.exists(letters)
-        if publish:
-            storage.rename(letters, self.published)
-            storage.sync_folder(self.folder)
-        storage.remove_folder(self.staging)
-        _unmark(self.output)  # settled: the published folder keeps nothing kvtrace does not publish
-        return publish
+        is published is the run's word only where the output carries no mark (object stores,
+        filesystems without extended attributes). Returns whether they were published."""
+        if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
+            return True
+        marked = storage.exists(storage.join(self.staging, self._PUBLISHES))
+        return _settle_staged(self.folder, self.run_id, self.staging,
+                              publish=run_succeeded and not marked)
 
-    def _output_published(self, run_succeeded: bool) -> bool:
-        if is_url(self.staging) or not os.path.exists(
-                os.path.join(self.staging, self._PUBLISHES)):
-            return run_succeeded  # no mark: killed before it made one, or the filesystem keeps none
-        return _marked_by(self.output) == self.run_id
+
+def _letters_staging(folder: str, output: str, run_id: str) -> str:
+    """Where a run of output stages its letters in the dead-letter folder."""
+    return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
+
+
+def settle_marked_letters(output: str) -> tuple[str, str] | None:
+    """Under the output's lock: publish the letters of the run the output's mark names, in the
+    dead-letter folder it names (the output is that run's), then take the mark off, so the
+    published folder keeps nothing kvtrace does not publish and no run's letters are decided
+    by a mark another run removed. Returns the (run id, folder place) whose letters were
+    published, None for none."""
+    marked = _marked_run(output)
+    published = marked is not None and _settle_staged(
+        marked[1], marked[0], _letters_staging(marked[1], output, marked[0]), publish=True)
+    _unmark(output)  # after the letters: a kill in between leaves the mark for the next run
+    return marked if published else None
+
+
+def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> bool:
+    """A run's staged letters published as rejected-RUNID.jsonl (if publish and it has any)
+    or not, and its staging folder removed. Returns whether they were published."""
+    letters = storage.join(staging, DEAD_LETTER_FILE)
+    publish = publish and storage.exists(letters)
+    if publish:
+        storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
+        storage.sync_folder(folder)
+    storage.remove_folder(staging)
+    return publish
 
 
 def recover_letters(folder: str, output: str) -> list[str]:
     """Under the output's lock, before the run stages anything: settle the letters killed runs
-    of this output left (published if their output was). Returns the run ids published."""
+    of this output left: the marked run's (its output is published) wherever they are staged,
+    then those in folder, which go (no other run's output stands). Returns the run ids
+    published."""
+    marked = settle_marked_letters(output)
+    published = [marked[0]] if marked else []
     if is_url(folder) or not os.path.isdir(folder):
-        return []
+        return published
     prefix = f".{_output_key(output)}{STAGING_MARK}"
-    runs = [DeadLetterRun(folder, output, name[len(prefix):])
-            for name in sorted(os.listdir(folder)) if name.startswith(prefix)]
-    published = [run.run_id for run in runs if run.settle(run_succeeded=False)]
-    _unmark(output)  # a run killed after settling, before unmarking, left its mark
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(prefix):
+            _settle_staged(folder, name[len(prefix):], os.path.join(folder, name), publish=False)
     return published
 
 
@@ -804,27 +840,44 @@ def _output_key(output: str) -> str:
     return sha256_of(location.encode())[:12]
 
 
-_RUN_MARK = "user.kvtrace.run"  # the extended attribute naming the run that staged a folder
+# The extended attribute naming the run that staged a folder and the place of the dead-letter
+# folder its letters are staged in: {"letters": PLACE, "run": RUNID}.
+_RUN_MARK = "user.kvtrace.run"
 
 
-def _mark(folder: str, run_id: str) -> bool:
+def _mark(folder: str, run_id: str, letters: str) -> bool:
     """Mark a local folder as the run's (kept through renames); False where the filesystem
-    keeps no extended attributes."""
+    keeps no extended attributes, or none that long."""
+    mark = json.dumps({"letters": letters, "run": run_id}, sort_keys=True).encode()
+    if len(mark) > MAX_MARK_BYTES:
+        return False
     try:
-        os.setxattr(folder, _RUN_MARK, run_id.encode())
+        os.setxattr(folder, _RUN_MARK, mark)
     except OSError as err:
-        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.ENOSPC, errno.E2BIG,
+                         errno.ERANGE):
             return False
         raise
     return True
 
 
-def _marked_by(folder: str) -> str:
-    """The run id a folder was marked with ("" for none, or no folder)."""
+def _marked_run(folder: str) -> tuple[str, str] | None:
+    """The run id and dead-letter folder place a folder's mark names (None: no folder, no
+    mark, or none kvtrace writes: a run id that is a plain name, a place that is absolute)."""
     try:
-        return os.getxattr(folder, _RUN_MARK).decode(errors="replace")
-    except OSError:
-        return ""
+        mark = json.loads(os.getxattr(folder, _RUN_MARK, follow_symlinks=False))
+        run_id, letters = mark["run"], mark["letters"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if set(mark) != {"letters", "run"} or not isinstance(run_id, str) or not isinstance(
+            letters, str) or not _plain_name(run_id) or not (
+            is_url(letters) or os.path.isabs(letters)) or folded(letters) != letters:
+        return None
+    return run_id, letters
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and not name.startswith(".") and "\0" not in name
 
 
 def _unmark(folder: str) -> None:
