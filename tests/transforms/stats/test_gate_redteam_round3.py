@@ -98,7 +98,6 @@ def test_an_id_map_nights_start_time_is_checked_against_nothing(made, tmp_path):
     _refused(made, folder, made["numbering"])
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made, tmp_path):
     """tokenizer.name is checked only by loading it when `audit` has no --tokenizer
     (_check_tokenizer: `tokenizer or published["name"]`). Given --tokenizer (as the operator is
@@ -224,7 +223,6 @@ def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tm
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("name", ["pkg:this.x", "pkg:os.x"])
 def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_path, name):
     """Without --tokenizer the gate resolves the manifest's tokenizer.name offline
