@@ -19,6 +19,7 @@ and checks that span the folder (10M rows: benchmarks/README.md).
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,6 @@ MAX_WORDING_PARSE_BYTES = 4 << 20
 # as Python objects when it is JSONL, well inside a worker's memory.
 MAX_LONE_FILE_BYTES = 64 << 20
 MAX_FLAGS = 50
-WINDOW_PREFIX = "window-"  # a stream's windows (pipelines/anonymize_streaming.window_name)
 # Distinct ids of later shards wait, and are merged in one sort once they outnumber the merged
 # ones: each id is sorted O(log shards) times, never once per shard.
 MERGE_AT_LEAST = 1 << 20
@@ -92,14 +92,26 @@ class _Gate:
 
 def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
           numbering: list[MapVersionNumbering] | None = None) -> dict:
-    """The report on a folder (or one trace file): flags, and what the rows expose. What the
-    manifest holds but no row proves is checked against what the operator gives: tokenizer
-    (the folder, hub name or pkg: name the run used; else the manifest's name where it loads
-    without the network) and hash_scheme (the identity of the engine scheme the run hashed
-    with: its vllm suffix derives from the engine's NONE_HASH) and numbering (the id map's
-    versions, map_numbering: where a night that extends it may begin)."""
-    gate, rows, manifest = _Gate(), _Rows(), None
+    """The report on a folder (or one trace file, or a stream's output folder: each of its
+    windows in order). What the manifest holds but no row proves is checked against what the
+    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
+    manifest's name where it resolves without running or downloading anything) and hash_scheme
+    (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
+    engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
+    extends it may begin)."""
     folder = target.rstrip("/") or "/"
+    windows = None if is_url(folder) else _stream_windows(folder)
+    if windows is not None:
+        return _audit_stream(folder, windows, tokenizer, hash_scheme)
+    return _audit(folder, tokenizer, hash_scheme, numbering)[0]
+
+
+def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
+           numbering: list[MapVersionNumbering] | None,
+           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows]:
+    """The report on a folder or trace file, and its rows' figures. window_start: where a
+    stream's window must begin numbering, as the audited window before it ended."""
+    gate, rows, manifest = _Gate(), _Rows(), None
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, gate)
@@ -112,7 +124,8 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
-            _check_manifest_against(folder, names, manifest, rows, numbering, gate)
+            _check_manifest_against(folder, names, manifest, rows, numbering, window_start,
+                                    gate)
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
         _check_times(gate)
@@ -145,7 +158,68 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
         k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
     report["flags"] = gate.flags
     report["publishable"] = not gate.flags
-    return report
+    return report, rows
+
+
+# A stream's output folder (pipelines/anonymize_streaming): its windows, named by their place,
+# and its running totals, which the streaming job rewrites and this audit does not read.
+WINDOW_NAME = re.compile(r"window-(~*)([0-9]{6,})")
+STREAM_TOTALS = "cumulative.json"
+
+
+def _stream_windows(folder: str) -> list[str] | None:
+    """A stream's windows in their order when folder is a stream's output folder (it holds a
+    window-* folder), else None."""
+    if not os.path.isdir(folder):
+        return None
+    names = sorted(os.listdir(folder))
+    if not any(WINDOW_NAME.fullmatch(n) for n in names):
+        return None
+    return names
+
+
+def _window_index(name: str) -> int | None:
+    """A window's place from its name (anonymize_streaming.window_name), None for any other
+    name, or one window_name would not write for its number."""
+    match = WINDOW_NAME.fullmatch(name)
+    if match is None or len(match.group(1)) != len(match.group(2)) - 6:
+        return None
+    index = int(match.group(2))
+    return index if match.group(2) == f"{index:0{len(match.group(2))}d}" else None
+
+
+def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
+                  hash_scheme: str | None) -> dict:
+    """Each window of a stream audited in order, each beginning where the audited window before
+    it ended ((0, 0) for the first): a window's start is checked only against a window the
+    audit has itself passed, never against a sibling read on trust."""
+    gate, reports, start = _Gate(), {}, (0, 0)
+    _check_attributes(folder, "the stream's folder", gate)
+    windows = [n for n in names if os.path.isdir(os.path.join(folder, n))
+               and not os.path.islink(os.path.join(folder, n))]
+    for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
+        gate.flag(f"not a window of the stream: {name}")
+    if [_window_index(n) for n in windows] != list(range(len(windows))):
+        gate.flag(f"the windows are not the stream's, numbered from 0 in order: {windows[:5]}")
+        return {"windows": {}, "flags": gate.flags, "publishable": False}
+    for name in windows:
+        if start is None:
+            gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
+                      f"it begins cannot be checked")
+            continue
+        report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None, start)
+        reports[name] = report
+        for flag in report["flags"]:
+            gate.flag(f"{name}: {flag}")
+        start = _numbering_end(start, rows) if report["publishable"] else None
+    return {"windows": reports, "flags": gate.flags, "publishable": not gate.flags}
+
+
+def _numbering_end(start: tuple[int, int], rows: _Rows) -> tuple[int, int]:
+    """Where the next window begins numbering: past every id and session this one holds."""
+    ids, sessions = rows.all_ids(), rows.sessions()
+    return (max(start[0], int(ids[-1]) + 1 if len(ids) else 0),
+            max(start[1], int(sessions[-1]) + 1 if len(sessions) else 0))
 
 
 def _entries(folder: str, gate: _Gate) -> list[str]:
@@ -401,7 +475,8 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
 
 
 def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
-                            numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
+                            numbering: list[MapVersionNumbering] | None,
+                            window_start: tuple[int, int] | None, gate: _Gate) -> None:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
@@ -430,11 +505,13 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
         gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
+        if window_start not in (None, (0, 0)):
+            gate.flag(f"manifest.json: no id_map, the window before ends at {window_start}")
         for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
-        _check_numbering_start(folder, manifest["id_map"], rows, numbering, gate)
+        _check_numbering_start(manifest["id_map"], rows, numbering, window_start, gate)
     rows.check_output_order()
     for problem in rows.problems:
         gate.flag(problem)
@@ -465,59 +542,31 @@ def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
     return versions
 
 
-def _check_numbering_start(folder: str, start: dict, rows: _Rows,
-                           numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
+def _check_numbering_start(start: dict, rows: _Rows, numbering: list[MapVersionNumbering] | None,
+                           window_start: tuple[int, int] | None, gate: _Gate) -> None:
     """A night that extends an id map begins its numbering where a version of the map stood and
     adds what the next version added (or nothing: a night the map holds already); a stream's
-    window begins where the window before it ended. The folder alone cannot show either."""
+    window begins where the audited window before it ended. The folder alone shows neither."""
     begins = (start["block_ids_from"], start["sessions_from"])
+    if window_start is not None:
+        if begins != window_start:
+            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
+                      f"{window_start}")
+        return
+    if numbering is None:
+        gate.flag("manifest.json: id_map says where this night's numbering began, which only "
+                  "the id map (or, for a stream's window, the stream's folder audited whole) can "
+                  "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
+                  "--salt-secret), or audit the stream's output folder")
+        return
     ids, sessions = rows.all_ids(), rows.sessions()
     new = (int(np.count_nonzero(ids >= begins[0])), int(np.count_nonzero(sessions >= begins[1])))
-    if numbering is None:
-        before = _stream_window_start(folder)
-        if before is None:
-            gate.flag("manifest.json: id_map says where this night's numbering began, which "
-                      "only the id map can confirm: pass --id-map MAP with the salt the run "
-                      "used (--salt-file or --salt-secret)")
-        elif before != begins:
-            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
-                      f"{before}")
-        return
     if not any(version.next_ids == begins and
                (new == (0, 0) or (number + 1 < len(numbering)
                                   and numbering[number + 1].added == new))
                for number, version in enumerate(numbering)):
         gate.flag("manifest.json: id_map is not where a version of the id map began numbering, "
                   "with what the next one added")
-
-
-def _stream_window_start(folder: str) -> tuple[int, int] | None:
-    """Where a stream's window must begin numbering: (0, 0) for its first window, else where
-    the window before it (the sibling folder that sorts just before it) ended; None for a
-    folder that is no stream window (or whose window before cannot be read)."""
-    parent, name = os.path.split(folder.rstrip("/"))
-    if is_url(folder) or not name.startswith(WINDOW_PREFIX):
-        return None
-    windows = sorted(n for n in os.listdir(parent or ".")
-                     if n.startswith(WINDOW_PREFIX) and os.path.isdir(os.path.join(parent, n)))
-    place = windows.index(name)
-    if place == 0:
-        return (0, 0)
-    before, unchecked = os.path.join(parent, windows[place - 1]), _Gate()  # audited in its turn
-    try:
-        manifest = parse_json(_read(before, MANIFEST, MAX_MANIFEST_BYTES, unchecked) or b"")
-        start = manifest["id_map"]
-        ends = [start["block_ids_from"], start["sessions_from"]]
-        for shard in (n for n in manifest["files"] if n.endswith(".parquet")):
-            columns = columns_of_parquet(_read(before, shard, MAX_SHARD_BYTES, unchecked) or b"")
-            for i, values in enumerate((np.concatenate([columns.ids, columns.output_ids
-                                                        if columns.output_ids is not None
-                                                        else columns.ids]), columns.session)):
-                if len(values):
-                    ends[i] = max(ends[i], int(values.max()) + 1)
-    except (OSError, FormatError, KeyError, TypeError):
-        return None
-    return (ends[0], ends[1])
 
 
 @dataclass
@@ -797,6 +846,13 @@ def _timestamp_report(values: np.ndarray) -> dict:
 
 def report_text(report: dict, where: str) -> str:
     """The report for a person: each figure, what it means, what the publisher can do."""
+    if "windows" in report:  # a stream: each window's report, then the stream's own flags
+        lines = [report_text(window, f"{where.rstrip('/')}/{name}")
+                 for name, window in report["windows"].items()]
+        lines += [f"  FLAG {flag}" for flag in report["flags"]]
+        lines.append(f"stream verdict: {'publishable' if report['publishable'] else 'NOT publishable'}"
+                     f" ({len(report['windows'])} window(s) audited in order)")
+        return "\n".join(lines)
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
     lines = [f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
              f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",

@@ -66,7 +66,6 @@ def _refused(made: dict, folder: Path, numbering=None) -> list[str]:
 WORD = int.from_bytes(SECRET, "big")  # "alice": 5 bytes, under 2^40
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_folder_named_like_a_stream_window_skips_the_id_map_check(made, tmp_path):
     """Round 2's fix: a manifest whose id_map says where numbering began (which alone licenses
     a first row past time 0) is refused unless `audit --id-map` confirms it. But a folder named
@@ -202,7 +201,6 @@ def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, set
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tmp_path):
     """A window-* folder's id_map is checked against the sibling folder that sorts before it
     (_stream_window_start), read without any check: only its manifest's id_map and the Parquet
@@ -284,7 +282,6 @@ def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path
     _refused(made, Path(f"{link}/"))
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, tmp_path,
                                                                          monkeypatch):
     """_stream_window_start reads every Parquet file the sibling window's manifest lists, with
