@@ -100,6 +100,10 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
     engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
     extends it may begin)."""
     folder = target.rstrip("/") or "/"
+    if not is_url(folder) and os.path.isdir(folder):
+        # Resolved once: a link's own attributes and times are not the folder's, which are
+        # what a copy of it carries.
+        folder = os.path.realpath(folder)
     windows = None if is_url(folder) else _stream_windows(folder)
     if windows is not None:
         return _audit_stream(folder, windows, tokenizer, hash_scheme)

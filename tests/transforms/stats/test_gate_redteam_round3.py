@@ -263,7 +263,6 @@ def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
     _refused(made, folder, made["numbering"])
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path):
     """Round 2's fix reads the folder's own extended attributes with follow_symlinks=False
     (_check_attributes), while the folder is listed and timed through the link (os.scandir,
