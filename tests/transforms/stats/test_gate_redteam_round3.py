@@ -321,7 +321,6 @@ def test_the_one_allowed_attribute_carries_any_value(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_input_lengths_kvtrace_never_writes_pass(made, tmp_path):
     """Round 2 bounded output_length and response_ms by what the reader accepts (2^31 - 1);
     input_length is still bounded only by 2^40 (check_values), though kvtrace writes none above
