@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +85,8 @@ class _Gate:
     def __init__(self) -> None:
         self.flags: list[str] = []
         self.sha256: dict[str, str] = {}  # of every file read whole
-        self.mtime_ns: dict[str, int] = {}  # of every local entry, "" for the folder itself
+        self.stat: dict[str, os.stat_result] = {}  # of every local entry, "" for the folder
+        self.labels: dict[str, bytes] = {}  # each local entry's SELinux label, where it has one
 
     def flag(self, message: str) -> None:
         if message not in self.flags and len(self.flags) < MAX_FLAGS:
@@ -133,6 +136,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
         _check_times(gate)
+        _check_file_metadata(gate)
     else:
         folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
         names = [name]
@@ -237,7 +241,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
             gate.flag(f"an object in a subfolder: {name}")
     else:
         _check_attributes(folder, "the folder itself", gate)
-        gate.mtime_ns[""] = os.stat(folder).st_mtime_ns
+        gate.stat[""] = os.stat(folder)
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.is_dir(follow_symlinks=False):
@@ -246,7 +250,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
             else:
                 names.append(entry.name)
-                gate.mtime_ns[entry.name] = entry.stat(follow_symlinks=False).st_mtime_ns
+                gate.stat[entry.name] = entry.stat(follow_symlinks=False)
                 _check_attributes(entry.path, entry.name, gate)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
@@ -255,21 +259,65 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
 
 
-SYSTEM_ATTRIBUTES = frozenset({"security.selinux"})
+SELINUX_ATTRIBUTE = "security.selinux"
+# An SELinux context as the kernel stores it: user:role:type[:level], ASCII, NUL-terminated.
+SELINUX_CONTEXT = re.compile(rb"[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*"
+                             rb"(:s[0-9]+(-s[0-9]+)?(:c[0-9]+([.,]c[0-9]+)*)?)?\x00?")
+MAX_SELINUX_LABEL = 255
+SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 
 
 def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     """Extended attributes a user can set travel with copies that keep them (cp -a, rsync -X,
-    tar --xattrs): kvtrace sets none."""
+    tar --xattrs): kvtrace sets none. The one a security module sets on every file, the SELinux
+    label, is kept for _check_file_metadata."""
     try:
-        attributes = os.listxattr(path, follow_symlinks=False)
+        attributes = set(os.listxattr(path, follow_symlinks=False))
     except (OSError, AttributeError):  # a file system without them holds none
         return
-    # Every namespace carries bytes (security.* as root, ACL entries' uids): all are refused
-    # but the label a security module gives every file (not chosen by who copies the folder).
-    if set(attributes) - SYSTEM_ATTRIBUTES:
+    # Every namespace carries bytes (security.* as root, ACL entries' uids): all are refused.
+    if attributes - {SELINUX_ATTRIBUTE}:
         gate.flag(f"{name}: extended attributes kvtrace does not set "
-                  f"({', '.join(sorted(set(attributes) - SYSTEM_ATTRIBUTES))[:80]})")
+                  f"({', '.join(sorted(attributes - {SELINUX_ATTRIBUTE}))[:80]})")
+    if SELINUX_ATTRIBUTE in attributes:
+        try:
+            gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
+        except OSError as err:
+            gate.flag(f"{name}: unreadable SELinux label ({err.strerror or err})")
+
+
+def _check_file_metadata(gate: _Gate) -> None:
+    """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
+    times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
+    mode, rw-r--r-- under the umask or a private run's rw-------; the folder rwxr-xr-x or
+    rwx------), every entry owned by the auditing user and the folder's group, no access time
+    past the audit's clock (kvtrace sets it to the content time, a read moves it to its own),
+    and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
+    if "" not in gate.stat:
+        return
+    folder, files = gate.stat[""], {n: st for n, st in gate.stat.items() if n}
+    umask = os.umask(0o022)
+    os.umask(umask)
+    file_modes = {storage.PUBLIC_FILE, storage.PUBLIC_FILE & ~umask, storage.PRIVATE_FILE}
+    modes = {stat.S_IMODE(st.st_mode) for st in files.values()}
+    if (len(modes) > 1 or not modes <= file_modes
+            or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
+        gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
+                  f"the folder {oct(stat.S_IMODE(folder.st_mode))}): copy without -p")
+    if any(st.st_uid != os.geteuid() or st.st_gid != folder.st_gid for st in gate.stat.values()):
+        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the folder's "
+                  "group): audit as the user who holds the copy, made without -p or --same-owner")
+    now_ns = time.time_ns()
+    if any(not st.st_mtime_ns <= st.st_atime_ns <= now_ns for st in gate.stat.values()):
+        gate.flag("access times kvtrace does not set (before the content time or in the "
+                  "future): copy without -p / rsync -U")
+    labels = set(gate.labels.values())
+    if labels and (not os.path.isdir(SELINUX_FS) or len(gate.labels) != len(gate.stat)
+                   or len(labels) > 1 or not all(len(label) <= MAX_SELINUX_LABEL
+                                                 and SELINUX_CONTEXT.fullmatch(label)
+                                                 for label in labels)):
+        gate.flag("security.selinux values no SELinux module set here (free bytes, or labels "
+                  "that differ from the folder's)")
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
@@ -357,11 +405,11 @@ def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> Non
 def _check_times(gate: _Gate) -> None:
     """Each file's mtime and the folder's are the ones kvtrace derives from their content
     (write/manifest.set_content_times): any other time is a number someone chose."""
-    files = {name: ns for name, ns in gate.mtime_ns.items() if name}
+    files = {name: entry.st_mtime_ns for name, entry in gate.stat.items() if name}
     expected = {name: content_time(gate.sha256[name]) for name in files if name in gate.sha256}
-    if "" in gate.mtime_ns and expected.keys() == files.keys():
+    if "" in gate.stat and expected.keys() == files.keys():
         expected[""] = folder_content_time({n: gate.sha256[n] for n in files})
-    if any(gate.mtime_ns[name] != stamp * 10**9 for name, stamp in expected.items()):
+    if any(gate.stat[name].st_mtime_ns != stamp * 10**9 for name, stamp in expected.items()):
         gate.flag("file times are not the ones kvtrace sets (each derived from its content): "
                   "copy the folder with times preserved (cp -p, rsync -t)")
 
@@ -854,8 +902,9 @@ def report_text(report: dict, where: str) -> str:
         lines = [report_text(window, f"{where.rstrip('/')}/{name}")
                  for name, window in report["windows"].items()]
         lines += [f"  FLAG {flag}" for flag in report["flags"]]
-        lines.append(f"stream verdict: {'publishable' if report['publishable'] else 'NOT publishable'}"
-                     f" ({len(report['windows'])} window(s) audited in order)")
+        verdict = "publishable" if report["publishable"] else "NOT publishable"
+        lines.append(f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited "
+                     f"in order)")
         return "\n".join(lines)
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
     lines = [f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",

@@ -149,7 +149,6 @@ def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("channel", ["atime", "mode", "owner"])
 def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path, channel):
     """Round 2's fix derives each file's and the folder's mtime from content and checks it
@@ -304,7 +303,6 @@ def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, t
     assert len(reads) <= 2, f"{len(reads)} Parquet files decoded for the window before"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_one_allowed_attribute_carries_any_value(made, tmp_path):
     """Round 2's fix refuses every extended attribute but security.selinux (_check_attributes:
     "the label a security module gives every file, not chosen by who copies the folder"), and
