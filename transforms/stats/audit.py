@@ -565,6 +565,7 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     else:
         _check_numbering_start(manifest["id_map"], rows, numbering, window_start, gate)
     rows.check_output_order()
+    rows.check_output_chains()
     for problem in rows.problems:
         gate.flag(problem)
 
@@ -638,6 +639,8 @@ class _Rows:
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     # Each shard's distinct output ids in the order they first appear (their numbering order)
     output_ids: list[np.ndarray] = field(default_factory=list)
+    # Each shard's distinct output ids with their token counts and parents (_distinct's form)
+    output_links: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
@@ -675,6 +678,8 @@ class _Rows:
         self._merge_ids(columns)
         if columns.output_ids is not None:
             self.output_ids.append(_first_appearances(columns.output_ids))
+            if self.block_size:
+                self.output_links.append(self._output_links(columns))
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -744,6 +749,29 @@ class _Rows:
         if not np.array_equal(new, np.arange(self.next_id, self.next_id + len(new))):
             self.problems.append(f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
                                  f"first-seen order after the prompts' ids")
+
+    def _output_links(self, columns: TraceColumns) -> tuple[np.ndarray, ...]:
+        """Each distinct output id with its parent: output blocks continue the chain of prompt +
+        output past the prompt's full blocks, so the first one follows the prompt's last full
+        block (none: the prompt has no full block) and each later one the output block before
+        it; every one is a full block."""
+        ids, counts = columns.output_ids, columns.num_output_ids
+        position = np.arange(len(ids)) - np.repeat(np.cumsum(counts) - counts, counts)
+        full = columns.input_length // self.block_size
+        last_full = np.cumsum(columns.num_ids) - columns.num_ids + full - 1
+        # Clipped: rows of other block counts are flagged already (_check), never an IndexError
+        prompt_parent = np.where(full > 0, columns.ids[np.clip(last_full, 0, len(columns.ids) - 1)]
+                                 if len(columns.ids) else -1, -1)
+        parent = np.where(position == 0, np.repeat(prompt_parent, counts), np.roll(ids, 1))
+        return self._distinct(ids, np.full(len(ids), self.block_size), parent)
+
+    def check_output_chains(self) -> None:
+        """An output id that is also a prompt id (a later turn reusing the blocks) stands for
+        the same prefix: one parent, and a full block, wherever it appears."""
+        if self.output_links:
+            self._merge()
+            self._distinct(*(np.concatenate([self.merged[i], *(o[i] for o in self.output_links)])
+                             for i in range(3)))
 
     def _merge_ids(self, columns: TraceColumns) -> None:
         """Each distinct prompt block id with its tokens at its first occurrence and the id

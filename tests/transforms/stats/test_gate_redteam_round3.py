@@ -129,7 +129,6 @@ def test_chat_template_kwargs_digests_carry_free_bytes(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
     """A prompt id stands for its whole prefix: the gate refuses one behind two parents
     (_Rows._merge_ids). output_hash_ids are chained the same way (the blocks of prompt + output
