@@ -34,6 +34,7 @@ from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
     KEYED_SCHEME,
+    KNOWN_TEMPLATE_KWARGS,
     MANIFEST,
     MANIFEST_SCHEMA,
     NO_RESPONSE_MS,
@@ -94,14 +95,16 @@ class _Gate:
 
 
 def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
-          numbering: list[MapVersionNumbering] | None = None) -> dict:
+          numbering: list[MapVersionNumbering] | None = None,
+          template_kwargs: dict | None = None) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
     operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
     manifest's name where it resolves without running or downloading anything) and hash_scheme
     (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
     engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
-    extends it may begin)."""
+    extends it may begin) and template_kwargs (the run's chat template kwargs as the manifest
+    publishes them under the run's salt: write/manifest.public_template_kwargs)."""
     folder = target.rstrip("/") or "/"
     if not is_url(folder) and os.path.isdir(folder):
         # Resolved once: a link's own attributes and times are not the folder's, which are
@@ -109,12 +112,12 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
         folder = os.path.realpath(folder)
     windows = None if is_url(folder) else _stream_windows(folder)
     if windows is not None:
-        return _audit_stream(folder, windows, tokenizer, hash_scheme)
-    return _audit(folder, tokenizer, hash_scheme, numbering)[0]
+        return _audit_stream(folder, windows, tokenizer, hash_scheme, template_kwargs)
+    return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs)[0]
 
 
 def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
-           numbering: list[MapVersionNumbering] | None,
+           numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
            window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows]:
     """The report on a folder or trace file, and its rows' figures. window_start: where a
     stream's window must begin numbering, as the audited window before it ended."""
@@ -135,6 +138,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
                                     gate)
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
+            _check_template_kwargs(manifest, template_kwargs, gate)
         _check_times(gate)
         _check_file_metadata(gate)
     else:
@@ -197,7 +201,7 @@ def _window_index(name: str) -> int | None:
 
 
 def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
-                  hash_scheme: str | None) -> dict:
+                  hash_scheme: str | None, template_kwargs: dict | None) -> dict:
     """Each window of a stream audited in order, each beginning where the audited window before
     it ended ((0, 0) for the first): a window's start is checked only against a window the
     audit has itself passed, never against a sibling read on trust."""
@@ -215,7 +219,8 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
             gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
                       f"it begins cannot be checked")
             continue
-        report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None, start)
+        report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None,
+                              template_kwargs, start)
         reports[name] = report
         for flag in report["flags"]:
             gate.flag(f"{name}: {flag}")
@@ -400,6 +405,22 @@ def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> Non
                   "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
     elif expected is not None and scheme != expected:
         gate.flag(f"manifest.json: hash_scheme is not {expected}")
+
+
+def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
+    """chat_template_kwargs are the run's: given them (and the salt), exactly what anonymize
+    publishes for them; else only known switches set to true, false or null, which carry no
+    digest (a digest is 32 bytes only the run's salt can confirm)."""
+    published = manifest["chat_template_kwargs"]
+    if expected is not None:
+        if published != expected:
+            gate.flag("manifest.json: chat_template_kwargs are not what anonymize publishes for "
+                      "the kwargs given, under the salt given")
+    elif not all(name in KNOWN_TEMPLATE_KWARGS and (value is None or isinstance(value, bool))
+                 for name, value in published.items()):
+        gate.flag("manifest.json: chat_template_kwargs hold digests only the run's kwargs and "
+                  "salt confirm: pass --chat-template-kwargs JSON as the run did, with its salt "
+                  "(--salt-file or --salt-secret)")
 
 
 def _check_times(gate: _Gate) -> None:

@@ -111,7 +111,6 @@ def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made,
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_chat_template_kwargs_digests_carry_free_bytes(made, tmp_path):
     """Round 2 closed the free 32 bytes of tokenizer.sha256 digests by checking them against
     the tokenizer. chat_template_kwargs' digests ("hmac-sha256:" + 64 hex, keyed by the run's
