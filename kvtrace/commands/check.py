@@ -79,6 +79,11 @@ def add_audit_parser(commands: Any) -> None:
     add("--chat-template-kwargs", metavar="JSON",
         help="as the run was given: the manifest's kwargs digests are checked against them "
              "(needs the run's salt); a manifest with any digest audited without it is flagged")
+    for option, what in (("--block-size", "N"), ("--timestamp-granularity-ms", "MS"),
+                         ("--length-granularity", "N")):
+        add(option, type=int, metavar=what,
+            help="as the run was given: the manifest's must equal it (without it, only round "
+                 "values pass: powers of two, 10^k ms, minutes, hours, days)")
     add("--salt-file", metavar="PATH",
         help="with --id-map or --chat-template-kwargs: the salt the runs used")
     add("--salt-secret", metavar="VERSION",
@@ -141,7 +146,12 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                                "vllm_none_hash": args.vllm_none_hash}).identity
     salt = _run_salt(args)
     numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
-    report = measure(target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt))
+    settings = {key: value for key, value in (("block_size", args.block_size),
+                                              ("timestamp_ms", args.timestamp_granularity_ms),
+                                              ("output_length", args.length_granularity))
+                if value is not None}
+    report = measure(target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt),
+                     settings)
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

@@ -35,6 +35,7 @@ from transforms.storage import is_url
 from transforms.trace_format import (
     KEYED_SCHEME,
     KNOWN_TEMPLATE_KWARGS,
+    MAX_BLOCK_SIZE,
     MANIFEST,
     MANIFEST_SCHEMA,
     NO_RESPONSE_MS,
@@ -96,7 +97,7 @@ class _Gate:
 
 def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
           numbering: list[MapVersionNumbering] | None = None,
-          template_kwargs: dict | None = None) -> dict:
+          template_kwargs: dict | None = None, settings: dict[str, int] | None = None) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
     operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
@@ -104,7 +105,8 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
     (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
     engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
     extends it may begin) and template_kwargs (the run's chat template kwargs as the manifest
-    publishes them under the run's salt: write/manifest.public_template_kwargs)."""
+    publishes them under the run's salt: write/manifest.public_template_kwargs) and settings (the
+    run's block_size, timestamp_ms and output_length granularity, as far as given)."""
     folder = target.rstrip("/") or "/"
     if not is_url(folder) and os.path.isdir(folder):
         # Resolved once: a link's own attributes and times are not the folder's, which are
@@ -112,12 +114,13 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
         folder = os.path.realpath(folder)
     windows = None if is_url(folder) else _stream_windows(folder)
     if windows is not None:
-        return _audit_stream(folder, windows, tokenizer, hash_scheme, template_kwargs)
-    return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs)[0]
+        return _audit_stream(folder, windows, tokenizer, hash_scheme, template_kwargs, settings)
+    return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs, settings)[0]
 
 
 def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
            numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
+           settings: dict[str, int] | None,
            window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows]:
     """The report on a folder or trace file, and its rows' figures. window_start: where a
     stream's window must begin numbering, as the audited window before it ended."""
@@ -139,6 +142,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
             _check_template_kwargs(manifest, template_kwargs, gate)
+            _check_settings(manifest, settings or {}, gate)
         _check_times(gate)
         _check_file_metadata(gate)
     else:
@@ -201,7 +205,8 @@ def _window_index(name: str) -> int | None:
 
 
 def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
-                  hash_scheme: str | None, template_kwargs: dict | None) -> dict:
+                  hash_scheme: str | None, template_kwargs: dict | None,
+                  settings: dict[str, int] | None) -> dict:
     """Each window of a stream audited in order, each beginning where the audited window before
     it ended ((0, 0) for the first): a window's start is checked only against a window the
     audit has itself passed, never against a sibling read on trust."""
@@ -220,7 +225,7 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
                       f"it begins cannot be checked")
             continue
         report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None,
-                              template_kwargs, start)
+                              template_kwargs, settings, start)
         reports[name] = report
         for flag in report["flags"]:
             gate.flag(f"{name}: {flag}")
@@ -421,6 +426,32 @@ def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -
         gate.flag("manifest.json: chat_template_kwargs hold digests only the run's kwargs and "
                   "salt confirm: pass --chat-template-kwargs JSON as the run did, with its salt "
                   "(--salt-file or --salt-secret)")
+
+
+# The run settings a manifest may hold unconfirmed (the rows bound them only partly: a night
+# whose times all round to 0, or whose prompts all fit one block, would leave them free): block
+# sizes engines page by (powers of two) and round steps of time and length. Any other value the
+# CLI accepts passes when audit is given it as the run was (--block-size, ...).
+ROUND_STEPS = frozenset({1, 10, 100, 1000, 10_000, 60_000, 600_000, 3_600_000, 86_400_000})
+SETTING_VALUES = {
+    "block_size": ("--block-size", frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
+    "timestamp_ms": ("--timestamp-granularity-ms", ROUND_STEPS),
+    "output_length": ("--length-granularity",
+                      ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
+}
+
+
+def _check_settings(manifest: dict, given: dict[str, int], gate: _Gate) -> None:
+    """Block size and granularity: as the run was given them (settings), else from the closed
+    set of round values (SETTING_VALUES)."""
+    published = {"block_size": manifest["block_size"], **manifest["granularity"]}
+    for key, (option, usual) in SETTING_VALUES.items():
+        if key in given and published[key] != given[key]:
+            gate.flag(f"manifest.json: {key} is {published[key]}, the run was given {option} "
+                      f"{given[key]}")
+        elif key not in given and published[key] not in usual:
+            gate.flag(f"manifest.json: {key} {published[key]} is none of the round values the "
+                      f"gate passes unconfirmed: pass {option} as the run was given")
 
 
 def _check_times(gate: _Gate) -> None:

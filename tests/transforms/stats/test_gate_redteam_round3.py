@@ -172,7 +172,6 @@ def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("setting", ["granularity", "block_size"])
 def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, setting):
     """The manifest's granularity and block_size are checked only as far as the rows bound
