@@ -51,6 +51,10 @@ MAX_PUBLISHED_INT = 1 << 40
 # int32 range in ms) no serving engine's: the reader refuses them (read/records.py,
 # read/response_end.py), so no published row holds more.
 MAX_OUTPUT_LENGTH = MAX_RESPONSE_MS = 2**31 - 1
+# A prompt kvtrace tokenizes is at most a record (read/records.py: 16 MiB by default) rendered,
+# and the counts a record gives are refused past records.MAX_COUNT (2^31 - 1), which row order's
+# tie key (ids/row_order.py) is built on: no published input_length is larger.
+MAX_INPUT_LENGTH = MAX_OUTPUT_LENGTH
 MAX_BLOCK_SIZE = 1 << 20
 # JSON documents kvtrace writes nest a few levels; deeper ones are refused before any walk.
 MAX_JSON_DEPTH = 32
@@ -264,14 +268,14 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
 
 def check_values(columns: TraceColumns) -> None:
     """The ranges every published value lies in, whichever file the rows came from: counts,
-    lengths, times and ids in [0, 2^40), output lengths and response times within what the
-    reader accepts; a session or response time may also be absent (-1)."""
+    lengths, times and ids in [0, 2^40), input and output lengths and response times within what
+    the reader and encoder give; a session or response time may also be absent (-1)."""
     for name in ("timestamp", "input_length", "output_length", "num_ids", "ids", "session",
                  "response_ms", "num_output_ids", "output_ids"):
         values = getattr(columns, name)
         low = -1 if name in ("session", "response_ms") else 0
-        high = {"output_length": MAX_OUTPUT_LENGTH, "response_ms": MAX_RESPONSE_MS}.get(
-            name, MAX_PUBLISHED_INT - 1)
+        high = {"input_length": MAX_INPUT_LENGTH, "output_length": MAX_OUTPUT_LENGTH,
+                "response_ms": MAX_RESPONSE_MS}.get(name, MAX_PUBLISHED_INT - 1)
         if values is not None and len(values) and (values.min() < low or values.max() > high):
             raise FormatError(f"integers outside [{low}, {high}] (hashes or text?): {name}")
 

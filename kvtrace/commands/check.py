@@ -4,6 +4,7 @@ folder exposes)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
@@ -75,32 +76,57 @@ def add_audit_parser(commands: Any) -> None:
         help="the id map a night extended (anonymize --id-map): where the manifest says its "
              "numbering began is checked against the map's versions (needs the run's salt); "
              "such a night audited without it is flagged")
-    add("--salt-file", metavar="PATH", help="with --id-map: the salt the runs used")
-    add("--salt-secret", metavar="VERSION", help="with --id-map: the salt the runs used")
+    add("--chat-template-kwargs", metavar="JSON",
+        help="as the run was given: the manifest's kwargs digests are checked against them "
+             "(needs the run's salt); a manifest with any digest audited without it is flagged")
+    for option, what in (("--block-size", "N"), ("--timestamp-granularity-ms", "MS"),
+                         ("--length-granularity", "N")):
+        add(option, type=int, metavar=what,
+            help="as the run was given: the manifest's must equal it (without it, only round "
+                 "values pass: powers of two, 10^k ms, minutes, hours, days)")
+    add("--salt-file", metavar="PATH",
+        help="with --id-map or --chat-template-kwargs: the salt the runs used")
+    add("--salt-secret", metavar="VERSION",
+        help="with --id-map or --chat-template-kwargs: the salt the runs used")
     add("--vllm-hash-seed", metavar="S", help="vllm-sha256-cbor outputs: as the run was given")
     add("--vllm-none-hash", metavar="HEX", help="vllm-sha256-cbor outputs: as the run was given")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def _map_numbering(args: argparse.Namespace) -> Any:
-    """--id-map's versions, opened with the salt as anonymize opens the map; None without."""
+def _run_salt(args: argparse.Namespace) -> bytes | None:
+    """The salt the runs used, for --id-map and --chat-template-kwargs; None without either."""
     from transforms.encode.salt import SALT_ENV, salt_source
-    from transforms.stats.audit import map_numbering
 
-    if not args.id_map:
+    if not args.id_map and args.chat_template_kwargs is None:
         if args.salt_file or args.salt_secret:
-            raise ConfigError("--salt-file and --salt-secret go with --id-map")
+            raise ConfigError("--salt-file and --salt-secret go with --id-map or "
+                              "--chat-template-kwargs")
         return None
     salt = salt_source(args.salt_file, args.salt_secret)
     if not salt.persistent:
-        raise ConfigError(f"--id-map needs the salt the runs used: --salt-file, --salt-secret or "
-                          f"${SALT_ENV}")
-    return map_numbering(args.id_map.rstrip("/"), salt.load())
+        raise ConfigError(f"--id-map and --chat-template-kwargs need the salt the runs used: "
+                          f"--salt-file, --salt-secret or ${SALT_ENV}")
+    return salt.load()
+
+
+def _template_kwargs(args: argparse.Namespace, salt: bytes | None) -> dict | None:
+    """--chat-template-kwargs as the manifest publishes them under the run's salt."""
+    from transforms.write.manifest import public_template_kwargs
+
+    if args.chat_template_kwargs is None:
+        return None
+    try:
+        kwargs = json.loads(args.chat_template_kwargs)
+    except ValueError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise ConfigError("--chat-template-kwargs: a JSON object, as the run was given")
+    return public_template_kwargs(kwargs, salt)
 
 
 def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.storage import is_url
-    from transforms.stats.audit import audit as measure, report_text
+    from transforms.stats.audit import audit as measure, map_numbering, report_text
     from transforms.write.publish import Location, plan_locations
 
     no_beam_options(beam_args)
@@ -118,7 +144,14 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         scheme = _hash_scheme({"hash_scheme": "vllm-sha256-cbor",
                                "vllm_hash_seed": args.vllm_hash_seed,
                                "vllm_none_hash": args.vllm_none_hash}).identity
-    report = measure(target, args.tokenizer, scheme, _map_numbering(args))
+    salt = _run_salt(args)
+    numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
+    settings = {key: value for key, value in (("block_size", args.block_size),
+                                              ("timestamp_ms", args.timestamp_granularity_ms),
+                                              ("output_length", args.length_granularity))
+                if value is not None}
+    report = measure(target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt),
+                     settings)
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

@@ -339,8 +339,9 @@ def test_private_files_are_owner_only_and_the_output_is_readable(tiny_tokenizer,
 
 def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
-    out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [src], out, "--chat-template-kwargs",
+    out, salt = tmp_path / "out", tmp_path / "salt"
+    salt.write_text(SALT)
+    assert anonymize(tiny_tokenizer, [src], out, "--salt-file", str(salt), "--chat-template-kwargs",
                      '{"enable_thinking": false, "system_note": "for ACME only"}') == 0
     text = (out / "manifest.json").read_text()
     manifest = json.loads(text)
@@ -352,4 +353,8 @@ def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_p
     assert name.startswith("hmac-sha256:") and value.startswith("hmac-sha256:")
     assert "ACME" not in text and "system_note" not in text
     assert main(["audit", str(out)]) == 1  # the digests need the tokenizer to be checked
-    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 0
+    # and the kwargs' digests the run's kwargs under its salt
+    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 1
+    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer, "--salt-file", str(salt),
+                 "--chat-template-kwargs",
+                 '{"enable_thinking": false, "system_note": "for ACME only"}']) == 0

@@ -107,9 +107,8 @@ def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, t
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
     windows = sorted(p.name for p in (tmp_path / "stream").iterdir() if p.is_dir())
     assert windows == ["window-000000", "window-000001", "window-000002"]  # no time in a name
-    for window in windows:
-        assert main(["audit", str(tmp_path / "stream" / window), "--tokenizer",
-                     tiny_tokenizer]) == 0, window
+    # Every window publishable as it stands, each numbered on from the one before.
+    assert main(["audit", str(tmp_path / "stream"), "--tokenizer", tiny_tokenizer]) == 0
 
 
 WORDS = sorted({word for line in CORPUS for word in line.split()})

@@ -59,5 +59,5 @@ def test_every_message_lands_once_and_the_windows_equal_batch(emulator, tiny_tok
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
     windows = sorted(p for p in (tmp_path / "stream").iterdir() if p.is_dir())
     assert [w.name for w in windows] == [f"window-{n:06d}" for n in range(len(windows))]
-    for window in windows:
-        assert main(["audit", str(window), "--tokenizer", tiny_tokenizer]) == 0, window.name  # publishable as it stands
+    # Every window publishable as it stands, each numbered on from the one before.
+    assert main(["audit", str(tmp_path / "stream"), "--tokenizer", tiny_tokenizer]) == 0

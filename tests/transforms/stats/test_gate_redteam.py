@@ -525,15 +525,24 @@ def test_template_kwargs_are_published_keyed_not_as_plain_digests(tiny_tokenizer
     dictionary lookup away): kvtrace keys them with the run's salt, and the gate passes that."""
     import hashlib
 
+    from transforms.write.manifest import public_template_kwargs
+
     night = write_jsonl(tmp_path / "night.jsonl", _night(3))
     out = tmp_path / "out"
+    (tmp_path / "salt").write_bytes(b"s" * 32)
+    kwargs = {"customer": "alice", "reasoning_effort": "high"}
     assert anonymize(tiny_tokenizer, [night], out, "--block-size", "4", "--chat-template-kwargs",
-                     json.dumps({"customer": "alice", "reasoning_effort": "high"})) == 0
+                     json.dumps(kwargs), "--salt-file", str(tmp_path / "salt")) == 0
     text = (out / MANIFEST).read_text()
     for guess in (b"alice", b"customer", b"high"):
         assert hashlib.sha256(guess).hexdigest() not in text
     assert "alice" not in text and "customer" not in text
-    assert audit(str(out))["publishable"]
+    # The digests are confirmed only by the run's kwargs under its salt: without them, refused.
+    assert not gate.audit(str(out), tiny_tokenizer)["publishable"]
+    assert not gate.audit(str(out), tiny_tokenizer,
+                          template_kwargs=public_template_kwargs(kwargs, b"t" * 32))["publishable"]
+    assert gate.audit(str(out), tiny_tokenizer,
+                      template_kwargs=public_template_kwargs(kwargs, b"s" * 32))["publishable"]
 
 def test_the_json_report_written_into_the_audited_folder(outputs, tmp_path):
     """`kvtrace audit DIR --json DIR/report.json` says publishable (exit 0) and then writes a

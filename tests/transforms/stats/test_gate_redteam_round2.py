@@ -54,7 +54,9 @@ def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp
                        "time_from_ms": 1_700_000_000})  # (the manifest's form of the bit now)
     assert _refused(folder) == [
         "manifest.json: id_map says where this night's numbering began, which only the id map "
-        "can confirm: pass --id-map MAP with the salt the run used (--salt-file or --salt-secret)"]
+        "(or, for a stream's window, the stream's folder audited whole) can confirm: pass "
+        "--id-map MAP with the salt the run used (--salt-file or --salt-secret), or audit the "
+        "stream's output folder"]
 
 
 def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):

@@ -66,7 +66,6 @@ def _refused(made: dict, folder: Path, numbering=None) -> list[str]:
 WORD = int.from_bytes(SECRET, "big")  # "alice": 5 bytes, under 2^40
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_folder_named_like_a_stream_window_skips_the_id_map_check(made, tmp_path):
     """Round 2's fix: a manifest whose id_map says where numbering began (which alone licenses
     a first row past time 0) is refused unless `audit --id-map` confirms it. But a folder named
@@ -98,7 +97,6 @@ def test_an_id_map_nights_start_time_is_checked_against_nothing(made, tmp_path):
     _refused(made, folder, made["numbering"])
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made, tmp_path):
     """tokenizer.name is checked only by loading it when `audit` has no --tokenizer
     (_check_tokenizer: `tokenizer or published["name"]`). Given --tokenizer (as the operator is
@@ -113,7 +111,6 @@ def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made,
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_chat_template_kwargs_digests_carry_free_bytes(made, tmp_path):
     """Round 2 closed the free 32 bytes of tokenizer.sha256 digests by checking them against
     the tokenizer. chat_template_kwargs' digests ("hmac-sha256:" + 64 hex, keyed by the run's
@@ -131,7 +128,6 @@ def test_chat_template_kwargs_digests_carry_free_bytes(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
     """A prompt id stands for its whole prefix: the gate refuses one behind two parents
     (_Rows._merge_ids). output_hash_ids are chained the same way (the blocks of prompt + output
@@ -151,7 +147,6 @@ def test_output_ids_are_never_checked_as_chained_hashes(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("channel", ["atime", "mode", "owner"])
 def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path, channel):
     """Round 2's fix derives each file's and the folder's mtime from content and checks it
@@ -177,7 +172,6 @@ def test_file_metadata_beside_the_content_times_carries_free_data(made, tmp_path
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("setting", ["granularity", "block_size"])
 def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, setting):
     """The manifest's granularity and block_size are checked only as far as the rows bound
@@ -203,7 +197,6 @@ def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, set
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tmp_path):
     """A window-* folder's id_map is checked against the sibling folder that sorts before it
     (_stream_window_start), read without any check: only its manifest's id_map and the Parquet
@@ -224,7 +217,6 @@ def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tm
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 @pytest.mark.parametrize("name", ["pkg:this.x", "pkg:os.x"])
 def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_path, name):
     """Without --tokenizer the gate resolves the manifest's tokenizer.name offline
@@ -267,7 +259,6 @@ def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
     _refused(made, folder, made["numbering"])
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path):
     """Round 2's fix reads the folder's own extended attributes with follow_symlinks=False
     (_check_attributes), while the folder is listed and timed through the link (os.scandir,
@@ -286,7 +277,6 @@ def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path
     _refused(made, Path(f"{link}/"))
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, tmp_path,
                                                                          monkeypatch):
     """_stream_window_start reads every Parquet file the sibling window's manifest lists, with
@@ -310,7 +300,6 @@ def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, t
     assert len(reads) <= 2, f"{len(reads)} Parquet files decoded for the window before"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_the_one_allowed_attribute_carries_any_value(made, tmp_path):
     """Round 2's fix refuses every extended attribute but security.selinux (_check_attributes:
     "the label a security module gives every file, not chosen by who copies the folder"), and
@@ -327,7 +316,6 @@ def test_the_one_allowed_attribute_carries_any_value(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_input_lengths_kvtrace_never_writes_pass(made, tmp_path):
     """Round 2 bounded output_length and response_ms by what the reader accepts (2^31 - 1);
     input_length is still bounded only by 2^40 (check_values), though kvtrace writes none above
