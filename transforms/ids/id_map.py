@@ -229,6 +229,8 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
     else:
         for n in unkeyed:  # every record verified before any is replaced
             replace_file(_staged_path(directory, n), _keyed_form(directory, n, key))
+        # durable before a rename: a rerun finishes a partly keyed map from these alone
+        storage.sync_folder(storage.join(directory, "versions"))
     for n in reversed(unkeyed):
         storage.rename(_staged_path(directory, n), version_path(directory, n))
     if unkeyed:
