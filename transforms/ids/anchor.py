@@ -28,7 +28,7 @@ from typing import Any
 from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.errors import IdMapError, JobStopped
-from transforms.ids.exclusive import remove_stale_temp_files, replace_file
+from transforms.ids.exclusive import folder_lock, remove_stale_temp_files, replace_file
 from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
@@ -122,12 +122,30 @@ def check_anchor(path: str, directory: str, version: int,
 
 def advance_anchor(path: str, directory: str, version: int, record: bytes,
                    key: MapKey) -> None:
-    """Mark `version` (whose record bytes are `record`) as published, unless the mark is at it
-    or past it already; staged and renamed, owner-only."""
-    mark = read_mark(path, directory, key)
-    if mark is not None and mark["version"] >= version:
-        return
+    """Mark `version` (whose record bytes are `record`) as published: the mark only moves
+    forward. It is replaced under the folder's lock after being read again there, so a run
+    that committed earlier but marks later never writes its version over a later one's (that
+    later version descends from it: its mark covers this one). Staged and renamed, owner-only."""
+    if _covers(read_mark(path, directory, key), path, version, record):
+        return  # nothing to move: no lock taken
     folder = path.rsplit("/", 1)[0]
     storage.make_folder(folder, private=True)
-    remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
-    replace_file(path, mark_bytes(directory, version, record, key))
+    with folder_lock(folder):
+        if _covers(read_mark(path, directory, key), path, version, record):
+            return
+        remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
+        replace_file(path, mark_bytes(directory, version, record, key))
+
+
+def _covers(mark: dict[str, Any] | None, path: str, version: int, record: bytes) -> bool:
+    """Whether the mark is at `version` with this record, or past it; a mark of `version` with
+    another record is refused: the map was replaced while this run committed."""
+    if mark is None or mark["version"] < version:
+        return False
+    if mark["version"] == version and mark["record_sha256"] != hashlib.sha256(
+            record).hexdigest():
+        raise JobStopped(
+            f"the id map's mark {path} names another record for version {version} than the "
+            f"one this run committed: the map was replaced while it ran. Restore the map's "
+            f"newest version; no trace was published")
+    return True

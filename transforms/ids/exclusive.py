@@ -9,18 +9,30 @@ creates the next version's metadata first publishes, the other is refused.
 | gs://      | upload with the precondition ifGenerationMatch=0            | atomic, complete     |
 | others     | check that the name is free, then create it                 | none against a race: |
 |            | (Beam's S3 filesystem exposes no conditional put)           | one writer per map   |
+
+A file that is read and then replaced (a mark in the folder of marks) is replaced under the
+folder's lock (folder_lock: flock(2) on the folder, local folders), so that of two runs
+the later reads what the earlier wrote.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from transforms import storage
+from transforms.errors import JobStopped
 from transforms.storage import is_url
 
 TEMP_MARK = ".tmp-"
+# A holder reads and writes one small file: a lock held this long is held by a stuck run.
+LOCK_WAIT_S = 60.0
+LOCK_POLL_S = 0.01
 
 
 def create_exclusive(path: str, data: bytes) -> bool:
@@ -44,6 +56,37 @@ def replace_file(path: str, data: bytes) -> None:
     with storage.create(staged, private=True) as handle:
         handle.write(data)
     storage.rename(staged, path)
+
+
+@contextmanager
+def folder_lock(folder: str) -> Iterator[None]:
+    """Hold the lock of a local folder (which must exist; flock(2) on the folder itself, so no
+    lock file joins the folder's files) while the caller reads and replaces a file in it; waits
+    for another holder at most LOCK_WAIT_S, then stops in one line. Object stores have no
+    lock: one writer at a time there."""
+    if is_url(folder):
+        yield
+        return
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _wait_for_lock(handle, folder)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+
+
+def _wait_for_lock(handle: int, path: str) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise JobStopped(f"another kvtrace run held the lock of {path} for over "
+                                 f"{LOCK_WAIT_S:.0f} s; nothing was written. Try again once it "
+                                 f"ends") from None
+            time.sleep(LOCK_POLL_S)
 
 
 def temp_name(path: str) -> str:

@@ -74,6 +74,7 @@ from transforms.read.timestamps import timestamp_kind
 
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
+KEYED_STAGE = ".keyed"  # versions/000001.json.keyed: a format-3 record's keyed form, staged
 COMMITTED_MARK = "COMMITTED"  # in a segment folder, once the version listing it is committed
 # Each night adds a segment per kind, and reading a map opens every segment's files. Folding
 # all segments into one every 32 nights bounds that to 32 x shards files, at the price of
@@ -183,7 +184,8 @@ def version_bytes(version: MapVersion, key: MapKey) -> bytes:
 def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
     path = version_path(directory, number)
-    data = read_record(_record_raw(path), path, key)
+    data = read_record(_record_raw(path), path, key,
+                       below_is_keyed=lambda: number > 1 and _is_keyed(directory, number - 1))
     if data["version"] != number:
         raise IdMapError(f"{path} holds version {data['version']}, not {number} (a file put in "
                          f"another's place?). Restore the id map from a backup.")
@@ -198,38 +200,83 @@ def _record_raw(path: str) -> bytes:
         raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
 
 
+def _is_keyed(directory: str, number: int) -> bool:
+    path = version_path(directory, number)
+    return format_of(_record_raw(path), path) != KEYLESS_FORMAT
+
+
 def key_format_3_map(directory: str, key: MapKey) -> list[int]:
-    """Key a map built before keying (format 3), on purpose and once: every format-3 record,
-    verified by its own sha256 and fields, is replaced by its keyed form (the same content);
-    records already keyed are verified and left. Every record is verified before any is
-    replaced; rerun after an interruption, it finishes the work. Returns the versions keyed.
-    Whoever runs it vouches that the map is unaltered: until then its records carry only
-    sha256s anyone can recompute."""
-    unkeyed = {}
-    for number in range(1, current_version_number(directory) + 1):
-        path = version_path(directory, number)
-        raw = _record_raw(path)
-        if format_of(raw, path) != KEYLESS_FORMAT:
-            read_version_record(directory, number, key)
-            continue
-        data = read_keyless_record(raw, path)
-        if data["version"] != number or data["salt_fingerprint"] != key.salt_fingerprint:
-            raise IdMapError(f"{path} holds version {data['version']} of a map of salt "
-                             f"fingerprint {data['salt_fingerprint']}, not version {number} of "
-                             f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
-        unkeyed[number] = data
-    for number, data in unkeyed.items():
-        replace_file(version_path(directory, number), keyed_from_keyless(data, key))
+    """Key a map built before keying (format 3), on purpose and once: only a map whose records
+    are all format 3, as kvtrace wrote it, is keyed. Every record is verified by its own sha256
+    and fields and its keyed form (the same content) staged beside it; then the staged forms
+    are renamed over the records, newest first, so a format-3 record is never above a keyed
+    one. Rerun after an interruption, it finishes: in a map partly keyed, each format-3 record
+    must have its keyed form staged, byte for byte (a holder of the salt wrote it); any other
+    is an edit (a forged record above a keyed map), refused. A keyed map is only verified.
+    Returns the versions keyed. Whoever runs it vouches that the map is unaltered: until then
+    its records carry only sha256s anyone can recompute."""
+    number = current_version_number(directory)
+    unkeyed = [n for n in range(1, number + 1) if _verified_is_keyless(directory, n, key)]
+    if len(unkeyed) < number:  # partly keyed: only an interrupted keying is finished
+        keyed_ones = sorted(set(range(1, number + 1)) - set(unkeyed))
+        for n in unkeyed:
+            if _staged_keyed_form(directory, n) != _keyed_form(directory, n, key):
+                raise IdMapError(
+                    f"{version_path(directory, n)} is of id map format {KEYLESS_FORMAT} in a "
+                    f"map keyed already (version {keyed_ones[0]} is): kvtrace never leaves "
+                    f"that, so the map was edited; nothing was keyed. Restore the id map from "
+                    f"a backup.")
+    else:
+        for n in unkeyed:  # every record verified before any is replaced
+            replace_file(_staged_path(directory, n), _keyed_form(directory, n, key))
+        # durable before a rename: a rerun finishes a partly keyed map from these alone
+        storage.sync_folder(storage.join(directory, "versions"))
+    for n in reversed(unkeyed):
+        storage.rename(_staged_path(directory, n), version_path(directory, n))
     if unkeyed:
         storage.sync_folder(storage.join(directory, "versions"))
-    return list(unkeyed)
+    return unkeyed
+
+
+def _verified_is_keyless(directory: str, number: int, key: MapKey) -> bool:
+    """Whether version `number` is of format 3, its record verified either way."""
+    if _is_keyed(directory, number):
+        read_version_record(directory, number, key)
+        return False
+    _keyless_data(directory, number, key)
+    return True
+
+
+def _keyless_data(directory: str, number: int, key: MapKey) -> dict[str, Any]:
+    """A format-3 record's fields, verified, of this version of this salt's map."""
+    path = version_path(directory, number)
+    data = read_keyless_record(_record_raw(path), path)
+    if data["version"] != number or data["salt_fingerprint"] != key.salt_fingerprint:
+        raise IdMapError(f"{path} holds version {data['version']} of a map of salt "
+                         f"fingerprint {data['salt_fingerprint']}, not version {number} of "
+                         f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
+    return data
+
+
+def _keyed_form(directory: str, number: int, key: MapKey) -> bytes:
+    return keyed_from_keyless(_keyless_data(directory, number, key), key)
+
+
+def _staged_path(directory: str, number: int) -> str:
+    """Where keying stages a record's keyed form (not a version file: versions are *.json)."""
+    return version_path(directory, number) + KEYED_STAGE
+
+
+def _staged_keyed_form(directory: str, number: int) -> bytes | None:
+    path = _staged_path(directory, number)
+    return _record_raw(path) if storage.exists(path) else None
 
 
 def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]]:
     """What `kvtrace id-map upgrade` does: check the map against its mark as a commit would
-    (a map built before keying has none; one anchored must be at or past it), key its format-3
-    records (key_format_3_map), then mark its published version. Returns that version and the
-    versions keyed."""
+    (a map built before keying has none; one anchored must be at or past it), key it if all its
+    records are format 3 or finish an interrupted keying (key_format_3_map; a keyed map is only
+    verified), then mark its published version. Returns that version and the versions keyed."""
     number = current_version_number(directory)
     if number == 0:
         raise IdMapError(f"{directory} holds no id map version (no {CURRENT}, no versions/): "

@@ -108,11 +108,20 @@ def keyless_checksum(record: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-def read_record(raw: bytes, where: str, key: MapKey) -> dict[str, Any]:
+def read_record(raw: bytes, where: str, key: MapKey,
+                below_is_keyed: Callable[[], bool] = lambda: False) -> dict[str, Any]:
     """A version record's fields, verified by its MAC and checked field by field; any doubt
-    (a format-3 record included) is a one-line IdMapError naming the file."""
+    (a format-3 record included) is a one-line IdMapError naming the file. below_is_keyed
+    tells whether the version below this one is keyed: a format-3 record above a keyed one
+    is no map as written (keying keys a format-3 map whole, newest first), so it is an edit,
+    never one to key."""
     data = _parsed(raw, where)
     if data["format_version"] == KEYLESS_FORMAT:
+        if below_is_keyed():
+            raise IdMapError(
+                f"{where} is of id map format {KEYLESS_FORMAT} above a keyed version: kvtrace "
+                f"never writes that, so the map was edited (keying it would publish the "
+                f"edit). Restore the id map from a backup; nothing was read or written.")
         raise IdMapError(
             f"{where} is of id map format {KEYLESS_FORMAT}: unkeyed, so anyone can rewrite it, "
             f"and a keyed map's record rewritten so is an edit. If this map was built before "

@@ -5,6 +5,7 @@ refused itself."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from transforms.encode.salt import SaltSource
 from transforms.errors import IdMapError, JobStopped
-from transforms.ids import anchor
+from transforms.ids import anchor, exclusive
 from transforms.ids.exclusive import TEMP_MARK
 from transforms.ids.map_record import map_key
 
@@ -53,6 +54,31 @@ def test_a_map_at_or_past_its_mark_is_extended_and_one_behind_it_is_refused(tmp_
         _check(path, directory, 2, RECORDS | {2: b"another map's record two\n"})
     anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)  # never backwards
     assert anchor.read_mark(path, directory, KEY)["version"] == 2
+
+
+def test_a_mark_is_replaced_under_its_folder_s_lock(tmp_path, monkeypatch):
+    directory = str(tmp_path / "map")
+    path = anchor.mark_path(_marks(tmp_path), directory)
+    anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)
+    monkeypatch.setattr(exclusive, "LOCK_WAIT_S", 0.0)
+    with exclusive.folder_lock(os.path.dirname(path)):  # another run replacing the mark
+        anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)  # at it: no lock needed
+        with pytest.raises(JobStopped, match="held the lock of") as caught:
+            anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
+    assert "\n" not in str(caught.value)
+    assert anchor.read_mark(path, directory, KEY)["version"] == 1
+    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)  # the lock released
+    assert anchor.read_mark(path, directory, KEY)["version"] == 2
+
+
+def test_a_mark_of_the_committed_version_with_another_record_is_refused(tmp_path):
+    directory = str(tmp_path / "map")
+    path = anchor.mark_path(_marks(tmp_path), directory)
+    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
+    with pytest.raises(JobStopped, match="names another record for version 2"):
+        anchor.advance_anchor(path, directory, 2, b"another map's record two\n", KEY)
+    assert anchor.read_mark(path, directory, KEY)["record_sha256"] == hashlib.sha256(
+        RECORDS[2]).hexdigest()
 
 
 def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):

@@ -335,10 +335,7 @@ def test_a_night_refuses_an_altered_map_in_one_line_and_publishes_nothing(
 def _as_format_3(map_dir: Path) -> None:
     """Every version record rewritten as kvtrace wrote them before keying (format 3)."""
     for path in sorted((map_dir / "versions").glob("*.json")):
-        record = json.loads(path.read_bytes())
-        del record["mac"], record["timestamp_kind"]  # format 3 came before both
-        record["format_version"] = map_record.KEYLESS_FORMAT
-        path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
+        _downgraded(path)
 
 
 def test_a_format_3_map_is_refused_until_keyed_on_purpose(identity, tiny_tokenizer, built,
@@ -379,6 +376,14 @@ def test_keying_checks_each_format_3_record_by_its_sha256_and_salt(identity, bui
     assert read_everything(map_dir, identity) == sum(_record(map_dir)["next_id"].values())
 
 
+def _downgraded(path: Path) -> None:
+    """A keyed record rewritten as format 3, its sha256 recomputed: no salt needed."""
+    record = json.loads(path.read_bytes())
+    del record["mac"], record["timestamp_kind"]  # format 3 came before both
+    record["format_version"] = map_record.KEYLESS_FORMAT
+    path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
+
+
 def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(identity, built,
                                                                              tmp_path):
     """The newest record or an older one (read when cleaning up), its sha256 recomputed."""
@@ -386,14 +391,68 @@ def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(id
     for number in (1, 2):
         map_dir = tmp_path / f"map{number}"
         shutil.copytree(folder / "map", map_dir)
-        path = map_dir / "versions" / f"{number:06d}.json"
-        record = json.loads(path.read_bytes())
-        del record["mac"], record["timestamp_kind"]  # format 3 came before both
-        record["format_version"] = map_record.KEYLESS_FORMAT
-        path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
+        _downgraded(map_dir / "versions" / f"{number:06d}.json")
         (map_dir / "segments" / "000001-abandoned0000").mkdir()  # cleanup reads version 1
         (map_dir / "segments" / "000001-abandoned0000" / "blocks-00000.parquet").write_bytes(b"")
         assert f"{number:06d}.json is of id map format 3" in refused(map_dir, identity)
+
+
+def test_a_format_3_record_above_a_keyed_one_is_an_edit_to_the_read_and_to_keying(
+        identity, built, tmp_path):
+    """Keying would key the edit and make it the map's: the read calls it an edit (it does not
+    send the operator to key it), keying refuses it, and a staged file that is not the record's
+    keyed form does not make it one kvtrace left."""
+    folder, _, _ = built
+    map_dir = tmp_path / "map"
+    shutil.copytree(folder / "map", map_dir)
+    newest = map_dir / "versions" / "000002.json"
+    _downgraded(newest)
+    message = refused(map_dir, identity)
+    assert "000002.json is of id map format 3 above a keyed version" in message
+    assert "upgrade" not in message
+    forged = newest.read_bytes()
+    for staged in (None, (map_dir / "versions" / "000001.json").read_bytes()):
+        if staged is not None:
+            Path(f"{newest}{id_map.KEYED_STAGE}").write_bytes(staged)
+        with pytest.raises(IdMapError, match="in a map keyed already .version 1 is.") as caught:
+            id_map.key_format_3_map(str(map_dir), KEY)
+        assert "\n" not in str(caught.value) and newest.read_bytes() == forged
+
+
+def test_an_interrupted_keying_leaves_no_format_3_record_above_a_keyed_one_and_finishes(
+        identity, built, tmp_path, monkeypatch):
+    """Killed between its renames (newest first), keying leaves the older records in format 3
+    (read as a map to key, not as an edit); the rerun keys them from what the first run
+    staged, and the map reads as it did before it was unkeyed."""
+    from transforms import storage
+
+    folder, _, _ = built
+    map_dir = tmp_path / "map"
+    shutil.copytree(folder / "map", map_dir)
+    _as_format_3(map_dir)
+    rename, renamed = storage.rename, []
+
+    def killed_after_one_record(source: str, target: str) -> None:
+        if target.endswith(".json") and renamed:
+            raise KeyboardInterrupt  # the run killed here
+        renamed.extend([target] if target.endswith(".json") else [])
+        rename(source, target)
+
+    monkeypatch.setattr(storage, "rename", killed_after_one_record)
+    with pytest.raises(KeyboardInterrupt):
+        id_map.key_format_3_map(str(map_dir), KEY)
+    monkeypatch.undo()
+    assert renamed == [str(map_dir / "versions" / "000002.json")]
+    id_map.read_version_record(str(map_dir), 2, KEY)  # keyed
+    with pytest.raises(IdMapError, match="unkeyed, so anyone can rewrite it.*upgrade"):
+        id_map.read_version_record(str(map_dir), 1, KEY)
+    assert id_map.key_format_3_map(str(map_dir), KEY) == [1]
+    assert id_map.key_format_3_map(str(map_dir), KEY) == []  # a keyed map: only verified
+    for record in (folder / "map" / "versions").iterdir():  # what the map held before
+        assert (map_dir / "versions" / record.name).read_bytes() == record.read_bytes()
+    assert sorted(p.name for p in (map_dir / "versions").iterdir()) == ["000001.json",
+                                                                       "000002.json"]
+    assert read_everything(map_dir, identity) == read_everything(folder / "map", identity)
 
 
 def test_the_map_key_is_a_subkey_of_its_own():

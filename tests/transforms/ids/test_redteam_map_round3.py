@@ -33,7 +33,6 @@ def _block_ids(out: Path) -> set[int]:
     return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 3")
 def test_upgrade_does_not_key_a_forged_format_3_version_on_top_of_a_keyed_map(tiny_tokenizer,
                                                                               tmp_path):
     """Promise (docs/ID_MAP.md 'Format 3 maps', 'Rollback'): with the map's files only (no salt,
@@ -71,7 +70,6 @@ def test_upgrade_does_not_key_a_forged_format_3_version_on_top_of_a_keyed_map(ti
         f"anchored, and the map numbered from 0 again")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 3")
 def test_the_mark_never_moves_back_when_a_later_night_commits_during_its_write(
         tiny_tokenizer, tmp_path, monkeypatch):
     """Promise (docs/ID_MAP.md 'Rollback'): the mark anchors the newest version published; a
