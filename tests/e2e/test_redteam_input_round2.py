@@ -173,7 +173,10 @@ def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(tiny_t
                      "--engine", engine)
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["records"]["exported"] == 4 and manifest["records"]["damaged_files"] == 1
+    assert manifest["records"]["exported"] == 4  # the run's other counts are private: letters
+    letters = [json.loads(line) for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert [letter["error"] for letter in letters] == ["damaged_file"]
 
 
 # ---- render drops malformed rows without a word -----------------------------------------------

@@ -41,8 +41,10 @@ def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, t
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 40 * i) for i in range(15)])
     common = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
               "--id-map"]
-    assert main([*common, str(tmp_path / "map-a"), "--output", str(tmp_path / "a")]) == 0
-    assert main([*common, str(tmp_path / "map-b"), "--output", str(tmp_path / "b"),
+    assert main([*common, str(tmp_path / "map-a"), "--id-map-marks", str(tmp_path / "marks-a"),
+                 "--output", str(tmp_path / "a")]) == 0
+    assert main([*common, str(tmp_path / "map-b"), "--id-map-marks", str(tmp_path / "marks-b"),
+                 "--output", str(tmp_path / "b"),
                  "--runner", "PortableRunner", "--job_endpoint", "embed",
                  "--environment_type", "LOOPBACK"]) == 0
     for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
