@@ -20,9 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import run_measured
+from measure import ROOT, baseline_tree, run_measured
 
-ROOT = Path(__file__).resolve().parents[1]
 SALT = b"benchmark-salt-of-enough-bytes!!"
 
 
@@ -40,43 +39,36 @@ def main() -> None:
     parser.add_argument("--baseline", required=True, help="a git revision to compare with")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / "corpora") as tmp:
+    with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / "corpora") as tmp, \
+            baseline_tree(args.baseline, Path(tmp)) as baseline:
         tmp = Path(tmp)
-        baseline = tmp / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(baseline),
-                        args.baseline], check=True, capture_output=True)
         lines = args.corpus.read_bytes().splitlines(keepends=True)
         half = len(lines) // 2
         (tmp / "first.jsonl").write_bytes(b"".join(lines[:half]))
         (tmp / "second.jsonl").write_bytes(b"".join(lines[half:]))
-        try:
-            seeds = {}
-            for name, tree in (("this", ROOT), ("baseline", baseline)):
-                seed = tmp / f"seed-{name}"
-                seed.mkdir()
-                (seed / "salt").write_bytes(SALT)
-                subprocess.run(_night(tree, seed, tmp / "first.jsonl", args.tokenizer, "out", 1),
-                               check=True, capture_output=True)
-                seeds[name] = (seed, tree)
-            times: dict[str, list[float]] = {"this": [], "baseline": []}
-            print("| run | tree | wall s | peak RSS MiB |\n|---|---|---|---|")
-            for run in range(args.runs):
-                for name, (seed, tree) in seeds.items():
-                    work = tmp / f"run-{name}"
-                    shutil.rmtree(work, ignore_errors=True)
-                    shutil.copytree(seed, work)
-                    seconds, peak = run_measured(_night(tree, work, tmp / "second.jsonl",
-                                                        args.tokenizer, "out", 2))
-                    times[name].append(seconds)
-                    print(f"| {run + 1} | {name} | {seconds:.2f} | {peak:.0f} |", flush=True)
-            ratios = [a / b for a, b in zip(times["this"], times["baseline"])]
-            print(f"median wall: this {statistics.median(times['this']):.2f} s, baseline "
-                  f"{statistics.median(times['baseline']):.2f} s; median paired ratio "
-                  f"{statistics.median(ratios):.3f}")
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)],
-                           capture_output=True)
-
+        seeds = {}
+        for name, tree in (("this", ROOT), ("baseline", baseline)):
+            seed = tmp / f"seed-{name}"
+            seed.mkdir()
+            (seed / "salt").write_bytes(SALT)
+            subprocess.run(_night(tree, seed, tmp / "first.jsonl", args.tokenizer, "out", 1),
+                           check=True, capture_output=True)
+            seeds[name] = (seed, tree)
+        times: dict[str, list[float]] = {"this": [], "baseline": []}
+        print("| run | tree | wall s | peak RSS MiB |\n|---|---|---|---|")
+        for run in range(args.runs):
+            for name, (seed, tree) in seeds.items():
+                work = tmp / f"run-{name}"
+                shutil.rmtree(work, ignore_errors=True)
+                shutil.copytree(seed, work)
+                seconds, peak = run_measured(_night(tree, work, tmp / "second.jsonl",
+                                                    args.tokenizer, "out", 2))
+                times[name].append(seconds)
+                print(f"| {run + 1} | {name} | {seconds:.2f} | {peak:.0f} |", flush=True)
+        ratios = [a / b for a, b in zip(times["this"], times["baseline"])]
+        print(f"median wall: this {statistics.median(times['this']):.2f} s, baseline "
+              f"{statistics.median(times['baseline']):.2f} s; median paired ratio "
+              f"{statistics.median(ratios):.3f}")
 
 if __name__ == "__main__":
     main()

@@ -14,34 +14,22 @@ figure on a shared machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from measure import ROOT, baseline_tree, run_measured_cpu
+
 PLACEHOLDER = "OUT"
-# Runs a command; prints the wall seconds, CPU seconds and peak RSS (KiB) of it and its children.
-_MEASURE = (
-    "import json, resource, subprocess, sys, time; start = time.perf_counter(); "
-    "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-    "wall = time.perf_counter() - start; usage = resource.getrusage(resource.RUSAGE_CHILDREN); "
-    "print(json.dumps([wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss]))"
-)
 
 
 def run_in(tree: Path, kvtrace_args: list[str], out: Path) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MiB) of one run of the command from tree."""
     command = [sys.executable, "-m", "kvtrace.cli",
                *(str(out) if arg == PLACEHOLDER else arg for arg in kvtrace_args)]
-    measured = subprocess.run([sys.executable, "-c", _MEASURE, *command], cwd=tree, check=True,
-                              capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(tree)})
-    wall, cpu, peak_kib = json.loads(measured.stdout.split("\n")[-2])
-    return wall, cpu, peak_kib / 1024
+    return run_measured_cpu(command, tree, {**os.environ, "PYTHONPATH": str(tree)})
 
 
 def main() -> None:
@@ -51,31 +39,24 @@ def main() -> None:
     parser.add_argument("kvtrace_args", nargs="+", help=f"after --; {PLACEHOLDER} is the output")
     args = parser.parse_args()
     inputs = [str(Path(arg).resolve()) if Path(arg).exists() else arg for arg in args.kvtrace_args]
-    with tempfile.TemporaryDirectory() as tmp:
-        baseline = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(baseline),
-                        args.baseline], check=True, capture_output=True)
-        try:
-            figures: dict[str, list[tuple[float, float, float]]] = {"this": [], "baseline": []}
-            print("| pair | tree | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|")
-            for pair in range(args.pairs):
-                trees = [("this", ROOT), ("baseline", baseline)]
-                for name, tree in trees if pair % 2 == 0 else trees[::-1]:
-                    run = run_in(tree, inputs, Path(tmp) / f"out-{name}-{pair}")
-                    figures[name].append(run)
-                    print(f"| {pair + 1} | {name} | {run[0]:.2f} | {run[1]:.2f} | {run[2]:.0f} |",
-                          flush=True)
-            for index, what in ((0, "wall"), (1, "CPU")):
-                this = [run[index] for run in figures["this"]]
-                base = [run[index] for run in figures["baseline"]]
-                ratios = [a / b for a, b in zip(this, base)]
-                print(f"{what}: median this {statistics.median(this):.2f} s, baseline "
-                      f"{statistics.median(base):.2f} s; median paired ratio "
-                      f"{statistics.median(ratios):.3f} (spread {min(ratios):.3f}-"
-                      f"{max(ratios):.3f})")
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)],
-                           capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp, baseline_tree(args.baseline, Path(tmp)) as baseline:
+        figures: dict[str, list[tuple[float, float, float]]] = {"this": [], "baseline": []}
+        print("| pair | tree | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|")
+        for pair in range(args.pairs):
+            trees = [("this", ROOT), ("baseline", baseline)]
+            for name, tree in trees if pair % 2 == 0 else trees[::-1]:
+                run = run_in(tree, inputs, Path(tmp) / f"out-{name}-{pair}")
+                figures[name].append(run)
+                print(f"| {pair + 1} | {name} | {run[0]:.2f} | {run[1]:.2f} | {run[2]:.0f} |",
+                      flush=True)
+        for index, what in ((0, "wall"), (1, "CPU")):
+            this = [run[index] for run in figures["this"]]
+            base = [run[index] for run in figures["baseline"]]
+            ratios = [a / b for a, b in zip(this, base)]
+            print(f"{what}: median this {statistics.median(this):.2f} s, baseline "
+                  f"{statistics.median(base):.2f} s; median paired ratio "
+                  f"{statistics.median(ratios):.3f} (spread {min(ratios):.3f}-"
+                  f"{max(ratios):.3f})")
 
 
 if __name__ == "__main__":
