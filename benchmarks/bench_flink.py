@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import filecmp
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
