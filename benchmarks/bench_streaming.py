@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.anonymize_streaming import window_name
+from transforms.trace_format import window_name
+from transforms.write.manifest import read_run_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "kvtrace-bench"
@@ -80,6 +81,15 @@ def cumulative(output: Path) -> dict:
         return {}
 
 
+def run_counts(output: Path) -> dict:
+    """The stream's own counts (read, exported, rejected), beside its dead letters (the CLI's
+    default DIR-rejected): cumulative.json publishes only what the rows prove."""
+    try:
+        return read_run_counts(f"{output}-rejected")
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
 def peak_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -127,10 +137,10 @@ def drain(source: str, tokenizer: str, requests: int, output: Path, env: dict[st
     first = None
     try:
         while True:
-            seen = cumulative(output)
+            seen = run_counts(output)
             if seen and first is None:
-                first = (time.perf_counter(), seen["rows"] + seen["rejected"])
-            if seen and seen["rows"] + seen["rejected"] >= requests:
+                first = (time.perf_counter(), seen["read"])
+            if seen and seen["read"] >= requests:
                 break
             time.sleep(0.05)
         done = time.perf_counter()
@@ -138,10 +148,10 @@ def drain(source: str, tokenizer: str, requests: int, output: Path, env: dict[st
     finally:
         stream.terminate()
         stream.wait()
-    seen = cumulative(output)
+    seen, counts = cumulative(output), run_counts(output)
     rate = (requests - first[1]) / (done - first[0]) if done > first[0] else float("nan")
     print(f"sustained ({source.partition(':')[0]}): {requests} requests ({seen['rows']} published in {seen['windows']} "
-          f"windows, {seen['rejected']} late) in {done - started:.1f} s from launch; "
+          f"windows, {counts['rejected']} late) in {done - started:.1f} s from launch; "
           f"{rate:.0f} requests/s after the first window; peak {peak:.0f} MiB")
 
 
@@ -179,7 +189,7 @@ def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
                  for k, end in enumerate(sorted(deadline_by_end))}
     delays = [published[name] - deadline for name, deadline in deadlines.items()
               if name in published]
-    late = cumulative(output).get("rejected", 0)
+    late = run_counts(output).get("rejected", 0)
     print(f"latency: {i} requests at up to {rate}/s ({late} late) into {LIVE_WINDOW_MS // 1000} s windows; "
           f"{len(delays)} of {len(deadlines)} windows published; after the deadline: median "
           f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s" if delays else

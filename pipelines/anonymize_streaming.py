@@ -23,7 +23,9 @@ output of the same records, byte for byte (its zero is the earliest request too)
 window is older than one already published is late: a dead letter with reason `late`. Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
-that counts them (rejected-letters-000001.jsonl). Clock resets are judged as batch judges them,
+written then (rejected-letters-000001.jsonl). cumulative.json publishes only what the windows'
+rows prove; what was read and rejected is the operator's, in run-counts.json beside the dead
+letters (as a batch run's). Clock resets are judged as batch judges them,
 against the stream's whole input so far, and never move its clock.
 
 All windows meet in one key: a window is numbered and written by one worker, as a night is by
@@ -65,7 +67,9 @@ from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.read.timestamps import DAY_MS, plausible_days
 from transforms.steps import BatchByWeight
+from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from transforms.write.coarsen import Coarsening, published_requests, round_to
+from transforms.write.manifest import RUN_COUNTS
 from transforms.write.publish import DeadLetterRun
 from transforms.write.shards import block_hashes_staging
 
@@ -76,7 +80,6 @@ IDLE_MS = 10_000
 # Dead letters wait this long (processing time) for a window to go out with, then go alone.
 LETTER_DELAY_S = 10
 KINDS = ("blocks", "sessions")
-CUMULATIVE = "cumulative.json"
 PUBSUB = re.compile(r"pubsub:(projects/[^/]+/subscriptions/[^/]+)")
 KAFKA = re.compile(r"kafka://([^/]+:\d+)/([^/]+)")
 # Beam's Kafka read is Java, expanded by an expansion service (deploy/flink/local-cluster.sh
@@ -151,16 +154,6 @@ class StreamingConfig:
         return window_start_ms + self.window_ms + self.allowed_lateness_ms
 
 
-
-def window_name(index: int) -> str:
-    """A window's folder and its letters' run: its place among the stream's published windows
-    (cumulative.json's `windows` counts them), never its time, which the trace gives only from
-    its zero. Names sort as the windows do: a count past six digits is marked by a "~" per
-    extra digit, which sorts after every digit."""
-    digits = f"{index:06d}"
-    return f"window-{'~' * (len(digits) - 6)}{digits}"
-
-
 def by_window(batch: HashedBatch, origin_ms: int, window_ms: int,
               coarsening: Coarsening = Coarsening()) -> Iterator[tuple[int, HashedBatch]]:
     """(window start in ms, the batch's requests in that window) for each window present, oldest
@@ -212,7 +205,7 @@ class Progress:
     letter_batches: int = 0
     windows: int = 0
     rows: int = 0
-    rejected: int = 0
+    rejected: int = 0  # the operator's count (RUN_COUNTS), never published
 
     def hold(self, window: int, timestamps: np.ndarray) -> None:
         """Requests (their times) waiting in an open window."""
@@ -456,7 +449,7 @@ class PublishWindows(beam.DoFn):
 
     def _flush_letters(self, progress: Progress, pending: Any) -> None:
         """Dead letters no window took in time, published on their own with the cumulative.json
-        that counts them."""
+        written then, counted in the stream's run counts."""
         items = list(pending.read())
         letters = [item for window, item in items if window is None]
         if letters:
@@ -517,7 +510,8 @@ class PublishWindows(beam.DoFn):
 
 
 def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str, int | None]:
-    """The stream so far. Its one time is the end of the last published window relative to the
+    """The stream so far, as far as its windows' rows prove it (trace_format.
+    STREAM_TOTALS_SCHEMA). Its one time is the end of the last published window relative to the
     trace's zero, counted in whole windows (as they are cut from the zero) whatever the state
     holds, and rounded as the rows' timestamps are: the zero's own epoch is never published."""
     published_until_ms = None
@@ -525,33 +519,50 @@ def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str,
         windows = (progress.published_ms - progress.origin_ms) // config.window_ms + 1
         published_until_ms = int(round_to(np.int64(windows * config.window_ms),
                                           config.job.coarsening.timestamp_ms))
-    return {"windows": progress.windows, "rows": progress.rows, "rejected": progress.rejected,
+    return {"windows": progress.windows, "rows": progress.rows,
             "unique_blocks": progress.next_id["blocks"], "sessions": progress.next_id["sessions"],
             "published_until_ms": published_until_ms}
 
 
+def stream_run_counts(progress: Progress) -> dict[str, int]:
+    """The stream's own counts, as a batch run's (write/manifest.run_counts) as far as a stream
+    keeps them: each record read is exported in a window or a dead letter."""
+    return {"read": progress.rows + progress.rejected, "exported": progress.rows,
+            "rejected": progress.rejected}
+
+
 def write_cumulative(config: StreamingConfig, progress: Progress,
                      letters: tuple[str, list[DeadLetter]] | None = None) -> None:
-    """The stream so far, beside the windows (replaced whole after each window); letters (a
-    run's name, its dead letters) are published with it, as a window's are with the window, so
-    the letters published are the ones it counts."""
-    import json
-
-    output = storage.join(config.job.output, CUMULATIVE)
-    summary = cumulative_summary(config, progress)
-    temporary = storage.join(config.job.output, f".{CUMULATIVE}.tmp")
+    """The stream so far, beside the windows (replaced whole after each window), and its own
+    counts beside its dead letters (RUN_COUNTS, owner-only, as a batch run's); letters (a run's
+    name, its dead letters) are published with it, as a window's are with the window, so the
+    letters published are the ones the run counts count."""
+    output = storage.join(config.job.output, STREAM_TOTALS)
+    temporary = storage.join(config.job.output, f".{STREAM_TOTALS}.tmp")
     with storage.create(temporary) as handle:
-        handle.write(json.dumps(summary, indent=1, sort_keys=True).encode() + b"\n")
+        handle.write(canonical_json(cumulative_summary(config, progress)))
     if letters is None:
         storage.rename(temporary, output)
-        return
-    run_name, dead_letters = letters
-    rejected = DeadLetterRun(config.job.dead_letter, output, run_name)
-    storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
-    rejected.begin(temporary)  # the rename keeps the file's identity
-    write_dead_letters(rejected.staging, dead_letters)
-    storage.rename(temporary, output)
-    rejected.settle(run_succeeded=True)
+    else:
+        run_name, dead_letters = letters
+        rejected = DeadLetterRun(config.job.dead_letter, output, run_name)
+        storage.remove_folder(rejected.staging)  # an attempt killed mid-way: not part of this one
+        rejected.begin(temporary)  # the rename keeps the file's identity
+        write_dead_letters(rejected.staging, dead_letters)
+        storage.rename(temporary, output)
+        rejected.settle(run_succeeded=True)
+    # Last: once it counts a record, the window or letters holding it are published.
+    _replace(storage.join(config.job.dead_letter, RUN_COUNTS),
+             canonical_json(stream_run_counts(progress)), private=True)
+
+
+def _replace(path: str, content: bytes, private: bool) -> None:
+    """path replaced whole: whoever reads it while the stream runs reads one version."""
+    folder, name = path.rsplit("/", 1)
+    temporary = storage.join(folder, f".{name}.tmp")
+    with storage.create(temporary, private=private) as handle:
+        handle.write(content)
+    storage.rename(temporary, path)
 
 
 def check_new_stream(output: str, dead_letter: str) -> None:
@@ -559,11 +570,12 @@ def check_new_stream(output: str, dead_letter: str) -> None:
     number from 0 again beside the first one's windows (a restarted job restores its state and
     goes on; it is not launched again). Its letters are named by its windows, so a second
     stream's would replace the first one's in a shared dead-letter folder."""
-    if storage.exists(storage.join(output, CUMULATIVE)):
+    if storage.exists(storage.join(output, STREAM_TOTALS)):
         raise ConfigError(f"--output {output} holds a stream already (cumulative.json): its ids "
                           "continue only in its own job; a new stream needs a new --output")
-    if any(storage.match(storage.join(dead_letter, f"rejected-{run}-*.jsonl"))
-           for run in ("window", "letters")):
+    if storage.exists(storage.join(dead_letter, RUN_COUNTS)) or any(
+            storage.match(storage.join(dead_letter, f"rejected-{run}-*.jsonl"))
+            for run in ("window", "letters")):
         raise ConfigError(f"--dead-letter {dead_letter} holds a stream's letters already (named by "
                           "its windows, as a new stream's would be); a new stream needs its own")
 

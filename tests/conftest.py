@@ -218,12 +218,16 @@ def stream_request(i: int, total: int) -> dict:
 
 
 def stream_accounted(output: Path) -> int:
-    """Requests a stream has published or dead-lettered so far."""
+    """Requests a stream has published or dead-lettered so far: its run counts, the operator's,
+    beside its dead letters (the CLI's default DIR-rejected), never in the published folder."""
+    from transforms.write.manifest import read_run_counts
+
     try:
-        cumulative = json.loads((output / "cumulative.json").read_text())
+        counts = read_run_counts(f"{output}-rejected")
     except (FileNotFoundError, ValueError):  # not yet written
         return 0
-    return cumulative["rows"] + cumulative["rejected"]
+    assert counts["read"] == counts["exported"] + counts["rejected"], counts  # nothing lost
+    return counts["read"]
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The published trace format, declared once: file names, row fields and their types, the JSONL
-and Parquet bytes of a shard, and the closed schemas of manifest.json and stats.json.
+and Parquet bytes of a shard, the closed schemas of manifest.json and stats.json, and a stream's
+folder: its windows' names and its cumulative.json.
 
 The writers serialize through this module and the publication gate (stats/audit.py) parses
 with it, then serializes what it parsed again and compares bytes: a file is accepted only when
@@ -453,6 +454,41 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                    "additionalProperties": {"type": "string", "maxLength": 1024}},
     }),
 }
+
+
+# A stream's --output folder (pipelines/anonymize_streaming.py): its windows, each a night's
+# folder named by its place among the published windows, never its time, and its running totals.
+WINDOW_NAME = re.compile(r"window-(~*)([0-9]{6,})", re.ASCII)
+STREAM_TOTALS = "cumulative.json"
+# cumulative.json: only figures the windows' rows prove (the manifest's records rule): the
+# windows, their rows, the ids and sessions numbered so far; and where the last window ends
+# from the trace's zero, whole windows rounded as the rows' times are. What the stream rejected
+# is the operator's (write/manifest.RUN_COUNTS beside its dead letters), never published.
+STREAM_TOTALS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    **_closed({"windows": _COUNT, "rows": _COUNT, "unique_blocks": _COUNT, "sessions": _COUNT,
+               "published_until_ms": {"anyOf": [{"type": "null"}, _COUNT]}}),
+}
+
+
+def window_name(index: int) -> str:
+    """A window's folder and its letters' run: its place among the stream's published windows
+    (cumulative.json's `windows` counts them). Names sort as the windows do: a count past six
+    digits is marked by a "~" per extra digit, which sorts after every digit."""
+    digits = f"{index:06d}"
+    return f"window-{'~' * (len(digits) - 6)}{digits}"
+
+
+def window_index(name: str) -> int | None:
+    """A window's place from its name, None for any other name, or one window_name would not
+    write for its number."""
+    match = WINDOW_NAME.fullmatch(name)
+    if match is None:
+        return None
+    index = int(match.group(2))
+    return index if window_name(index) == name else None
+
+
 def schema_problems(document: Any, schema: dict[str, Any]) -> list[str]:
     """Where a JSON document departs from a declared schema, one line each (sorted, at most 10)."""
     from jsonschema import Draft202012Validator
@@ -481,7 +517,8 @@ def _foreign(value: Any, where: str = "(top)") -> list[str]:
 
 
 def canonical_json(payload: Any) -> bytes:
-    """manifest.json and stats.json as kvtrace writes them: sorted keys, two-space indent."""
+    """manifest.json, stats.json and cumulative.json as kvtrace writes them: sorted keys,
+    two-space indent."""
     return (json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 

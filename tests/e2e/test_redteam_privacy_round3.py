@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
-ROUND3 = "red team round 3"
 HOUR = 3_600_000
 
 
@@ -36,14 +35,14 @@ def test_stream_windows_cut_finer_than_the_published_times(tmp_path):
         "rows of one published time in two windows: the cut publishes the finer time"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_cumulative_json_publishes_the_rejected_count_the_manifest_stopped_publishing(tmp_path):
     """Round 2 reduced the manifest's records to `exported` ("only counts the rows prove; the
     run's others are the operator's, never published": write/manifest.RUN_COUNTS). A stream's
     cumulative.json, written into the same --output beside the windows, still publishes
     `rejected` (every dead letter: malformed, late, oversize requests), a count no row proves,
-    and no audit ever reads the file (auditing the stream's folder flags it as a file kvtrace
-    does not publish)."""
+    and no audit ever reads the file (auditing the stream's folder skipped it). Now the count is
+    the operator's (run-counts.json beside the stream's letters) and the audit checks the file
+    against the windows (tests/transforms/stats/test_audit_stream_totals.py)."""
     from pipelines.anonymize_config import AnonymizeConfig
     from pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
     from transforms.encode.salt import SaltSource

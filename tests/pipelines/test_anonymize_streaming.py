@@ -26,12 +26,14 @@ from pipelines import anonymize_streaming
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
                                           check_new_stream, cumulative_summary, kafka_read,
-                                          window_name, write_cumulative)
+                                          write_cumulative)
 from transforms.encode.timestamp_kinds import keep_plausible_windows
 from transforms.stats.audit import audit
 from transforms.dead_letters import DeadLetter
 from transforms.errors import ConfigError
+from transforms.trace_format import window_name
 from transforms.write.coarsen import Coarsening, round_to
+from transforms.write.manifest import RUN_COUNTS, read_run_counts
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.encode.salt import SaltSource
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
@@ -84,12 +86,14 @@ def letters(folder: Path) -> list[dict]:
 
 def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]:
     """The dead-letter folder as publish.DeadLetterRun leaves it once every run has settled:
-    one owner-only file per run, named by a published window (or by the cumulative.json that
-    counts lone letters), nothing staged left; the runs' names."""
+    one owner-only file per run, named by a published window (or by the cumulative.json
+    written with lone letters), and the stream's run counts, nothing staged left; the runs'
+    names."""
     folder = Path(config.job.dead_letter)
     windows = {p.name for p in Path(config.job.output).iterdir() if p.is_dir()}
     runs = set()
-    for entry in folder.iterdir():
+    assert (folder / RUN_COUNTS).stat().st_mode & 0o077 == 0
+    for entry in set(folder.iterdir()) - {folder / RUN_COUNTS}:
         assert entry.is_file() and entry.name.startswith("rejected-") and \
             entry.name.endswith(".jsonl"), entry.name  # no staging folder left behind
         assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
@@ -137,7 +141,8 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     assert "after window-000000 was published" in late_letter["message"]
     assert "window-000000" in runs
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
-    assert cumulative["rows"] == 7 and cumulative["windows"] == 2 and cumulative["rejected"] == 2
+    assert cumulative["rows"] == 7 and cumulative["windows"] == 2 and "rejected" not in cumulative
+    assert read_run_counts(config.job.dead_letter) == {"read": 9, "exported": 7, "rejected": 2}
     assert cumulative["published_until_ms"] == 2 * MINUTE  # the trace's zero is at 0 here
 
     # The same records, less the late one, through the batch job.
@@ -305,10 +310,11 @@ def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer,
     good = [message(chat(5_000, 1)), message(chat(6_000, 2))]
     run_stream(config, TestStream().add_elements(HOSTILE + good).advance_watermark_to_infinity())
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
+    counts = read_run_counts(config.job.dead_letter)
     rejected = letters(Path(config.job.dead_letter))
-    assert cumulative["rows"] + cumulative["rejected"] == len(HOSTILE) + len(good)
-    assert len(rejected) == cumulative["rejected"] and all(r["error"] for r in rejected)
-    assert (cumulative["rows"], cumulative["windows"]) == (len(good), 1)
+    assert counts["read"] == counts["exported"] + counts["rejected"] == len(HOSTILE) + len(good)
+    assert len(rejected) == counts["rejected"] and all(r["error"] for r in rejected)
+    assert (cumulative["rows"], cumulative["windows"]) == (counts["exported"], 1) == (len(good), 1)
     assert check_letters_published_by_the_protocol(config) <= {"window-000000", "letters-000001"}
 
 
@@ -462,17 +468,26 @@ def test_a_restored_stream_names_its_next_window_as_before(tmp_path):
     assert restored.last_published() == "window-000001"
 
 
-def test_lone_letters_are_published_with_the_cumulative_json_that_counts_them(tmp_path):
+def test_lone_letters_are_published_with_the_cumulative_json_and_counted_privately(tmp_path):
     config = streaming_config(tmp_path, "x")
     letter = DeadLetter("pubsub:projects/p/subscriptions/s", b"not json", "invalid_json", "")
     progress = Progress(letter_batches=1, rejected=1)
     write_cumulative(config, progress, ("letters-000001", [letter]))
     dead = Path(config.job.dead_letter)
-    assert sorted(p.name for p in dead.iterdir()) == ["rejected-letters-000001.jsonl"]
+    assert sorted(p.name for p in dead.iterdir()) == ["rejected-letters-000001.jsonl", RUN_COUNTS]
     assert letters(dead) == [json.loads(letter.to_json())]
+    assert read_run_counts(str(dead))["rejected"] == len(letters(dead)) == 1
+    assert (dead / RUN_COUNTS).stat().st_mode & 0o077 == 0  # the operator's, as a batch run's
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
-    assert cumulative["rejected"] == len(letters(dead)) == 1
+    assert "rejected" not in cumulative
     assert sorted(p.name for p in Path(config.job.output).iterdir()) == ["cumulative.json"]
+
+
+def test_a_second_stream_into_a_streams_run_counts_is_refused(tmp_path):
+    """It would replace the first stream's counts."""
+    (tmp_path / RUN_COUNTS).write_text("{}")
+    with pytest.raises(ConfigError, match="holds a stream's letters already"):
+        check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
 
 
 @pytest.mark.slow  # a streaming pipeline: ~5 s

@@ -27,6 +27,7 @@ from transforms.encode.timestamp_kinds import (IMPLAUSIBLE_TIMESTAMP, TIMESTAMP_
                                                kind_counts, sum_kind_counts)
 from transforms.encode.salt import SaltSource
 from transforms.read.timestamps import DAY_MS
+from transforms.write.manifest import read_run_counts
 
 EPOCH_MS = 1_700_000_000_000
 
@@ -105,9 +106,10 @@ def test_a_clock_reset_or_a_relative_time_in_a_night_never_moves_the_origin(
 
 
 def _stream(tokenizer: str, folder: Path, records: list[dict]
-            ) -> tuple[list[str], list[dict], dict]:
+            ) -> tuple[list[str], list[dict], dict, dict]:
     """The records through the streaming driver, all before the watermark passes any window:
-    (the windows' trace lines in order, the dead letters, the cumulative summary)."""
+    (the windows' trace lines in order, the dead letters, the cumulative summary, the stream's
+    run counts beside its dead letters)."""
     folder.mkdir()
     job = AnonymizeConfig(inputs=(), output=str(folder / "out"), staging=str(folder / "staging"),
                           tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
@@ -125,7 +127,8 @@ def _stream(tokenizer: str, folder: Path, records: list[dict]
              for line in path.read_text().splitlines()]
     letters = [json.loads(line) for path in sorted((folder / "rejected").rglob("rejected-*.jsonl"))
                for line in path.read_text().splitlines()]
-    return lines, letters, json.loads((folder / "out" / "cumulative.json").read_text())
+    return (lines, letters, json.loads((folder / "out" / "cumulative.json").read_text()),
+            read_run_counts(str(folder / "rejected")))
 
 
 @pytest.mark.slow  # two streaming pipelines: ~20 s
@@ -134,10 +137,12 @@ def test_a_stray_window_never_becomes_the_streams_origin(tiny_tokenizer, tmp_pat
     night = [chat(i, EPOCH_MS + 20_000 * i) for i in range(6)]  # three one-minute windows
     strays = [chat(9, 946_684_800_000), chat(8, 5)]
     alone = _stream(tiny_tokenizer, tmp_path / "alone", night)
-    lines, letters, cumulative = _stream(tiny_tokenizer, tmp_path / "strays", strays + night)
+    lines, letters, cumulative, counts = _stream(tiny_tokenizer, tmp_path / "strays", strays + night)
     assert lines == alone[0] and len(lines) == 6
     assert sorted(letter["error"] for letter in letters) == [IMPLAUSIBLE_TIMESTAMP,
                                                              TIMESTAMP_KIND_MISMATCH]
     # same rows from the same zero: the stream published up to the same time after its origin
     assert cumulative["published_until_ms"] == alone[2]["published_until_ms"]
-    assert (cumulative["rows"], cumulative["rejected"]) == (6, 2)
+    assert cumulative["rows"] == counts["exported"] == 6 and "rejected" not in cumulative
+    assert counts["rejected"] == len(letters) == 2  # read = exported + rejected: nothing lost
+    assert counts["read"] == 8
