@@ -45,8 +45,11 @@ from transforms.trace_format import (
     RESPONSE_FIELD,
     SESSION_FIELD,
     STATS,
+    STREAM_TOTALS,
+    STREAM_TOTALS_SCHEMA,
     TRACE_FILE,
     VLLM_SCHEME_PREFIX,
+    WINDOW_NAME,
     FormatError,
     TraceColumns,
     canonical_json,
@@ -58,6 +61,7 @@ from transforms.trace_format import (
     parse_json,
     schema_problems,
     shard_name,
+    window_index,
 )
 from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
                                        public_tokenizer_name, public_tokenizer_sha256)
@@ -102,7 +106,7 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
           numbering: list[MapVersionNumbering] | None = None,
           template_kwargs: dict | None = None, settings: dict[str, int] | None = None) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
-    windows in order). What the manifest holds but no row proves is checked against what the
+    windows in order, then its cumulative.json against them). What the manifest holds but no row proves is checked against what the
     operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
     manifest's name where it resolves without running or downloading anything) and hash_scheme
     (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
@@ -180,10 +184,9 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
     return report, rows
 
 
-# A stream's output folder (pipelines/anonymize_streaming): its windows, named by their place,
-# and its running totals, which the streaming job rewrites and this audit does not read.
-WINDOW_NAME = re.compile(r"window-(~*)([0-9]{6,})")
-STREAM_TOTALS = "cumulative.json"
+# A stream's output folder (pipelines/anonymize_streaming.py): its windows and cumulative.json,
+# both declared in trace_format.py. The file holds five counts, ~150 bytes.
+MAX_STREAM_TOTALS_BYTES = 1 << 12
 
 
 def _stream_windows(folder: str) -> list[str] | None:
@@ -197,29 +200,20 @@ def _stream_windows(folder: str) -> list[str] | None:
     return names
 
 
-def _window_index(name: str) -> int | None:
-    """A window's place from its name (anonymize_streaming.window_name), None for any other
-    name, or one window_name would not write for its number."""
-    match = WINDOW_NAME.fullmatch(name)
-    if match is None or len(match.group(1)) != len(match.group(2)) - 6:
-        return None
-    index = int(match.group(2))
-    return index if match.group(2) == f"{index:0{len(match.group(2))}d}" else None
-
-
 def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
                   hash_scheme: str | None, template_kwargs: dict | None,
                   settings: dict[str, int] | None) -> dict:
     """Each window of a stream audited in order, each beginning where the audited window before
     it ended ((0, 0) for the first): a window's start is checked only against a window the
-    audit has itself passed, never against a sibling read on trust."""
-    gate, reports, start = _Gate(), {}, (0, 0)
+    audit has itself passed, never against a sibling read on trust. Once every window passes,
+    cumulative.json is checked against what their rows give."""
+    gate, reports, start, rows_seen = _Gate(), {}, (0, 0), 0
     _check_attributes(folder, "the stream's folder", gate)
     windows = [n for n in names if os.path.isdir(os.path.join(folder, n))
                and not os.path.islink(os.path.join(folder, n))]
     for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
         gate.flag(f"not a window of the stream: {name}")
-    if [_window_index(n) for n in windows] != list(range(len(windows))):
+    if [window_index(n) for n in windows] != list(range(len(windows))):
         gate.flag(f"the windows are not the stream's, numbered from 0 in order: {windows[:5]}")
         return {"windows": {}, "flags": gate.flags, "publishable": False}
     for name in windows:
@@ -233,7 +227,68 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         for flag in report["flags"]:
             gate.flag(f"{name}: {flag}")
         start = _numbering_end(start, rows) if report["publishable"] else None
+        rows_seen += rows.count
+    if start is not None and windows:  # else their figures are unknown, the stream refused
+        figures = {"windows": len(windows), "rows": rows_seen, "unique_blocks": start[0],
+                   "sessions": start[1]}
+        last = reports[windows[-1]]["manifest"]["granularity"]["timestamp_ms"], rows.last_timestamp
+        _check_stream_totals(folder, figures, last, gate)
     return {"windows": reports, "flags": gate.flags, "publishable": not gate.flags}
+
+
+def _check_stream_totals(folder: str, figures: dict[str, int], last: tuple[int, int],
+                         gate: _Gate) -> None:
+    """cumulative.json is exactly what the stream writes for its windows: the closed schema
+    (trace_format.STREAM_TOTALS_SCHEMA) in canonical JSON, each count what the windows' rows
+    give (figures), published_until_ms a whole granule of the last window (last: its timestamp
+    granularity and its last row's time) at or past its last row."""
+    data = _read_stream_totals(os.path.join(folder, STREAM_TOTALS), gate)
+    if data is None:
+        return
+    try:
+        totals = parse_json(data)
+    except FormatError as err:
+        gate.flag(f"{STREAM_TOTALS}: {err}")
+        return
+    problems = schema_problems(totals, STREAM_TOTALS_SCHEMA)
+    for problem in problems:
+        gate.flag(f"{STREAM_TOTALS}: {problem}")
+    if problems:
+        return
+    if data != canonical_json(totals):
+        gate.flag(f"{STREAM_TOTALS}: not the bytes kvtrace writes for its values (canonical "
+                  f"JSON: sorted keys, two-space indent)")
+    for key, value in figures.items():
+        if totals[key] != value:
+            gate.flag(f"{STREAM_TOTALS}: {key} is {totals[key]}, the windows' rows give {value}")
+    granularity, last_timestamp = last
+    until = totals["published_until_ms"]
+    if until is None or until % granularity or until < last_timestamp:
+        gate.flag(f"{STREAM_TOTALS}: published_until_ms is not a whole granule ({granularity} "
+                  f"ms) at or past the last window's last row ({last_timestamp} ms)")
+
+
+def _read_stream_totals(path: str, gate: _Gate) -> bytes | None:
+    """cumulative.json's bytes, read only when it is a regular file within its bound."""
+    try:
+        entry = os.lstat(path)
+    except FileNotFoundError:
+        gate.flag(f"no {STREAM_TOTALS}: the stream writes one after every window")
+        return None
+    if not stat.S_ISREG(entry.st_mode):
+        gate.flag(f"{STREAM_TOTALS}: not a regular file (a link, FIFO or device)")
+        return None
+    if entry.st_size > MAX_STREAM_TOTALS_BYTES:
+        gate.flag(f"{STREAM_TOTALS}: {entry.st_size} bytes, more than kvtrace writes "
+                  f"({MAX_STREAM_TOTALS_BYTES})")
+        return None
+    _check_attributes(path, STREAM_TOTALS, gate)
+    try:
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:
+            return f.read(MAX_STREAM_TOTALS_BYTES + 1)
+    except OSError as err:
+        gate.flag(f"{STREAM_TOTALS}: unreadable ({err.strerror or err})")
+        return None
 
 
 def _numbering_end(start: tuple[int, int], rows: _Rows) -> tuple[int, int]:

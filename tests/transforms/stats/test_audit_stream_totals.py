@@ -1,0 +1,147 @@
+"""A stream's cumulative.json, declared in trace_format.py and audited with the stream's folder:
+only the figures the windows' rows prove, in the bytes the streaming driver writes; anything
+else flagged, in one line, and the stream refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, chat, write_jsonl
+
+from pipelines.anonymize_config import AnonymizeConfig
+from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
+from transforms.encode.salt import SaltSource
+from transforms.stats import audit as gate
+from transforms.trace_format import (STREAM_TOTALS, STREAM_TOTALS_SCHEMA, canonical_json,
+                                     schema_problems, window_index, window_name)
+
+MINUTE = 60_000
+ROWS, SESSIONS = 6, 2
+
+
+@pytest.fixture(scope="module")
+def night(tiny_tokenizer, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stream-totals")
+    rows = [chat(i, 1000 * i, session=f"user-{i % SESSIONS}") for i in range(ROWS)]
+    assert anonymize(tiny_tokenizer, [write_jsonl(tmp / "in.jsonl", rows)], tmp / "out",
+                     "--block-size", "4") == 0
+    return tmp / "out"
+
+
+def stream_of(night: Path, tmp_path: Path) -> Path:
+    """The night as a stream's one window, with the cumulative.json the driver writes for it."""
+    job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
+                          staging=str(tmp_path / "staging"), tokenizer="x",
+                          salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
+    shutil.copytree(night, tmp_path / "stream" / window_name(0))
+    blocks = json.loads((night / "stats.json").read_text())["unique_blocks"]
+    write_cumulative(StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE), Progress(
+        next_id={"blocks": blocks, "sessions": SESSIONS}, origin_ms=0, published_ms=0,
+        windows=1, rows=ROWS, rejected=3))
+    return tmp_path / "stream"
+
+
+def totals_flags(stream: Path, tokenizer: str) -> list[str]:
+    report = gate.audit(str(stream), tokenizer)
+    assert report["publishable"] == (not report["flags"])
+    return [flag for flag in report["flags"] if STREAM_TOTALS in flag]
+
+
+def test_the_cumulative_json_the_stream_writes_passes(night, tiny_tokenizer, tmp_path):
+    stream = stream_of(night, tmp_path)
+    report = gate.audit(str(stream), tiny_tokenizer)
+    assert report["publishable"], report["flags"]
+    assert "rejected" not in json.loads((stream / STREAM_TOTALS).read_text())
+
+
+def edited(stream: Path, change) -> None:
+    totals = json.loads((stream / STREAM_TOTALS).read_text())
+    change(totals)
+    (stream / STREAM_TOTALS).write_bytes(canonical_json(totals))
+
+
+@pytest.mark.parametrize("change, flagged", [
+    (lambda t: t.update(rejected=3), "Additional properties are not allowed ('rejected'"),
+    (lambda t: t.update(notes="collected from alice's laptop"), "('notes' was unexpected)"),
+    (lambda t: t.update(rows="six"), "rows: 'six' is not of type 'integer'"),
+    (lambda t: t.update(rows=ROWS + 1), f"rows is {ROWS + 1}, the windows' rows give {ROWS}"),
+    (lambda t: t.update(windows=2), "windows is 2, the windows' rows give 1"),
+    (lambda t: t.update(sessions=SESSIONS + 40), "sessions is 42, the windows' rows give 2"),
+    (lambda t: t.update(unique_blocks=t["unique_blocks"] - 1), "unique_blocks is"),
+    (lambda t: t.update(rows=float(ROWS)), "rows: not printable ASCII, or a fraction"),
+    (lambda t: t.pop("published_until_ms"), "'published_until_ms' is a required property"),
+    (lambda t: t.update(published_until_ms=None), "published_until_ms is not a whole granule"),
+    (lambda t: t.update(published_until_ms=ROWS * 1000 - 1001), "published_until_ms is not"),
+], ids=["rejected", "free-key", "free-text", "rows", "windows", "sessions", "blocks", "fraction",
+        "no-time", "null-time", "before-last-row"])
+def test_a_value_or_key_that_is_not_kvtraces_is_flagged(night, tiny_tokenizer, tmp_path, change,
+                                                        flagged):
+    stream = stream_of(night, tmp_path)
+    edited(stream, change)
+    flags = totals_flags(stream, tiny_tokenizer)
+    assert any(flagged in flag for flag in flags), flags
+    assert all("\n" not in flag for flag in flags)
+
+
+def test_a_time_finer_than_the_rows_granularity_is_flagged(tiny_tokenizer, tmp_path):
+    rows = [chat(i, 10_000 * i) for i in range(3)]
+    assert anonymize(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", rows)], tmp_path / "out",
+                     "--block-size", "4", "--timestamp-granularity-ms", "10000") == 0
+    stream = stream_of(tmp_path / "out", tmp_path)
+    edited(stream, lambda t: t.update(rows=3, sessions=0))
+    assert not totals_flags(stream, tiny_tokenizer)
+    edited(stream, lambda t: t.update(published_until_ms=MINUTE + 1))
+    assert totals_flags(stream, tiny_tokenizer) == [
+        f"{STREAM_TOTALS}: published_until_ms is not a whole granule (10000 ms) at or past the "
+        "last window's last row (20000 ms)"]
+
+
+@pytest.mark.parametrize("content, flagged", [
+    (lambda good: good.replace(b"  ", b" "), "not the bytes kvtrace writes"),
+    (lambda good: good[:-1], "not the bytes kvtrace writes"),
+    (lambda good: good.replace(b'"rows"', b'"rows": 1, "rows"', 1), "repeats a key"),
+    (lambda good: b"[" * 100 + b"]" * 100, "nested deeper"),
+    (lambda good: b"\xff\xfe", "not JSON"),
+    (lambda good: b" " * 5000, "more than kvtrace writes"),
+], ids=["indent", "no-newline", "repeated-key", "deep", "bytes", "oversize"])
+def test_bytes_kvtrace_would_not_write_are_flagged(night, tiny_tokenizer, tmp_path, content,
+                                                   flagged):
+    stream = stream_of(night, tmp_path)
+    path = stream / STREAM_TOTALS
+    path.write_bytes(content(path.read_bytes()))
+    flags = totals_flags(stream, tiny_tokenizer)
+    assert any(flagged in flag for flag in flags), flags
+
+
+def test_a_stream_without_its_totals_or_with_a_link_for_them_is_refused(night, tiny_tokenizer,
+                                                                         tmp_path):
+    stream = stream_of(night, tmp_path)
+    good = stream / STREAM_TOTALS
+    moved = good.rename(tmp_path / "elsewhere.json")
+    assert totals_flags(stream, tiny_tokenizer) == [
+        f"no {STREAM_TOTALS}: the stream writes one after every window"]
+    os.symlink(moved, good)
+    assert totals_flags(stream, tiny_tokenizer) == [
+        f"{STREAM_TOTALS}: not a regular file (a link, FIFO or device)"]
+
+
+def test_the_schema_is_closed_and_takes_what_the_driver_writes():
+    good = {"windows": 1, "rows": 6, "unique_blocks": 9, "sessions": 2, "published_until_ms": 0}
+    assert schema_problems(good, STREAM_TOTALS_SCHEMA) == []
+    assert schema_problems({**good, "published_until_ms": None}, STREAM_TOTALS_SCHEMA) == []
+    for bad in ({**good, "rejected": 0}, {**good, "rows": -1}, {**good, "rows": 2**40},
+                {**good, "sessions": True}, {k: v for k, v in good.items() if k != "windows"}):
+        assert schema_problems(bad, STREAM_TOTALS_SCHEMA), bad
+
+
+def test_window_names_round_trip_and_nothing_else_is_a_window():
+    for index in (0, 7, 999_999, 1_000_000, 12_345_678):
+        assert window_index(window_name(index)) == index
+    for name in ("window-00001", "window-~000001", "window-1000000", "window-000001 ",
+                 "window-\u0660\u0660\u0660\u0660\u0660\u0660", "window--00001"):
+        assert window_index(name) is None, name
