@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import anonymize, chat, write_jsonl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
@@ -128,6 +130,36 @@ def test_a_stream_without_its_totals_or_with_a_link_for_them_is_refused(night, t
     os.symlink(moved, good)
     assert totals_flags(stream, tiny_tokenizer) == [
         f"{STREAM_TOTALS}: not a regular file (a link, FIFO or device)"]
+
+
+@pytest.fixture(scope="module")
+def one_window_stream(night, tmp_path_factory) -> Path:
+    return stream_of(night, tmp_path_factory.mktemp("fuzzed"))
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=6), max_leaves=12)
+_TOTALS_LIKE = st.fixed_dictionaries(
+    {key: st.integers(-1, 100) | st.none() for key in STREAM_TOTALS_SCHEMA["properties"]},
+    optional={"rejected": st.integers(0, 5), "note": st.text(max_size=8)})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=300) | _JSON.map(canonical_json) | _TOTALS_LIKE.map(canonical_json))
+def test_any_other_cumulative_json_is_flagged_never_raised(one_window_stream, tiny_tokenizer,
+                                                           data):
+    """Whatever bytes stand in the file: one-line flags, and the stream refused unless they are
+    the very bytes the driver wrote."""
+    path = one_window_stream / STREAM_TOTALS
+    good = path.read_bytes()
+    path.write_bytes(data)
+    try:
+        report = gate.audit(str(one_window_stream), tiny_tokenizer)
+    finally:
+        path.write_bytes(good)
+    assert report["publishable"] == (data == good), report["flags"]
+    assert all("\n" not in flag for flag in report["flags"])
 
 
 def test_the_schema_is_closed_and_takes_what_the_driver_writes():
