@@ -106,9 +106,9 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
           numbering: list[MapVersionNumbering] | None = None,
           template_kwargs: dict | None = None, settings: dict[str, int] | None = None) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
-    windows in order, then its cumulative.json against them). What the manifest holds but no
-    row proves is checked against what the operator gives: tokenizer (the folder, hub name or
-    pkg: name the run used; else the manifest's name where it resolves without running or downloading anything) and hash_scheme
+    windows in order). What the manifest holds but no row proves is checked against what the
+    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
+    manifest's name where it resolves without running or downloading anything) and hash_scheme
     (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
     engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
     extends it may begin) and template_kwargs (the run's chat template kwargs as the manifest
