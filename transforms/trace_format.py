@@ -495,7 +495,7 @@ def schema_problems(document: Any, schema: dict[str, Any]) -> list[str]:
 
     problems = [f"{where}: not printable ASCII, or a fraction" for where in _foreign(document)]
     problems += sorted(
-        f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message[:120]}"
+        f"{'/'.join(map(_printable, error.absolute_path)) or '(top)'}: {error.message[:120]}"
         for error in Draft202012Validator(schema).iter_errors(document))
     return problems[:10]
 
@@ -512,8 +512,13 @@ def _foreign(value: Any, where: str = "(top)") -> list[str]:
         return [w for i, v in enumerate(value) for w in _foreign(v, f"{where}/{i}")]
     if isinstance(value, dict):
         return [w for k, v in value.items()
-                for w in _foreign(k, f"{where}/key") + _foreign(v, f"{where}/{k}")]
+                for w in _foreign(k, f"{where}/key") + _foreign(v, f"{where}/{_printable(k)}")]
     return []
+
+
+def _printable(key: Any) -> str:
+    """A key as a place in a one-line problem: a document's own key may hold line breaks."""
+    return ascii(key)[1:-1] if isinstance(key, str) else str(key)
 
 
 def canonical_json(payload: Any) -> bytes:

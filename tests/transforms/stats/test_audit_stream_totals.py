@@ -18,8 +18,8 @@ from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
 from transforms.encode.salt import SaltSource
 from transforms.stats import audit as gate
-from transforms.trace_format import (STREAM_TOTALS, STREAM_TOTALS_SCHEMA, canonical_json,
-                                     schema_problems, window_index, window_name)
+from transforms.trace_format import (MANIFEST_SCHEMA, STREAM_TOTALS, STREAM_TOTALS_SCHEMA,
+                                     canonical_json, schema_problems, window_index, window_name)
 
 MINUTE = 60_000
 ROWS, SESSIONS = 6, 2
@@ -137,15 +137,16 @@ def one_window_stream(night, tmp_path_factory) -> Path:
     return stream_of(night, tmp_path_factory.mktemp("fuzzed"))
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=4)
+_SCALAR = (st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+           | st.floats(allow_nan=False, allow_infinity=False))
+_JSON = st.recursive(_SCALAR, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=8), inner, max_size=6), max_leaves=12)
 _TOTALS_LIKE = st.fixed_dictionaries(
     {key: st.integers(-1, 100) | st.none() for key in STREAM_TOTALS_SCHEMA["properties"]},
     optional={"rejected": st.integers(0, 5), "note": st.text(max_size=8)})
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300) | _JSON.map(canonical_json) | _TOTALS_LIKE.map(canonical_json))
 def test_any_other_cumulative_json_is_flagged_never_raised(one_window_stream, tiny_tokenizer,
                                                            data):
@@ -177,3 +178,11 @@ def test_window_names_round_trip_and_nothing_else_is_a_window():
     for name in ("window-00001", "window-~000001", "window-1000000", "window-000001 ",
                  "window-\u0660\u0660\u0660\u0660\u0660\u0660", "window--00001"):
         assert window_index(name) is None, name
+
+
+@pytest.mark.parametrize("document, schema", [({"\n": 0.0}, STREAM_TOTALS_SCHEMA),
+                                              ({"sha256": {"a\nb": "x"}}, MANIFEST_SCHEMA)])
+def test_a_key_with_a_line_break_is_named_on_one_line(document, schema):
+    """Found by the fuzz above: a problem's place named the document's own key as it was."""
+    problems = schema_problems(document, schema)
+    assert problems and all("\n" not in problem for problem in problems), problems
