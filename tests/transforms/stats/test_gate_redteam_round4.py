@@ -1,0 +1,143 @@
+"""Red team round 4 against the publication gate (`kvtrace audit`): holes in the mechanisms
+added since round 3 (file mode / owner / atime rules, the stream folder audited window by
+window). Each test builds a folder carrying something kvtrace would not write, recomputing
+every digest, statistic and content time with kvtrace's own functions, and asserts the gate
+refuses it; each fails today."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, write_jsonl
+from test_gate_redteam import _columns, _night, _republish, _with
+
+from transforms.stats import audit as gate
+
+pytestmark = pytest.mark.slow
+ROUND4 = "red team round 4"
+TEXT = b"patient jane doe, dob 1980-01-01"
+WORD = int.from_bytes(b"alice", "big")  # 5 bytes of text, under 2^40
+
+
+@pytest.fixture(scope="module")
+def made(tiny_tokenizer, tmp_path_factory) -> dict:
+    """A publishable night of its own."""
+    tmp = tmp_path_factory.mktemp("redgate4")
+    night = write_jsonl(tmp / "night.jsonl", _night(12))
+    assert anonymize(tiny_tokenizer, [night], tmp / "plain", "--block-size", "4") == 0
+    report = gate.audit(str(tmp / "plain"), tiny_tokenizer)
+    assert report["publishable"], report["flags"]
+    return {"tokenizer": tiny_tokenizer, "plain": tmp / "plain"}
+
+
+def _copy(made: dict, target: Path) -> Path:
+    shutil.copytree(made["plain"], target)
+    _republish(target)  # content times, as kvtrace sets them
+    return target
+
+
+def _refused(made: dict, folder: Path) -> list[str]:
+    report = gate.audit(str(folder), made["tokenizer"])
+    assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
+    return report["flags"]
+
+
+def _stream(made: dict, tmp_path: Path) -> Path:
+    """A stream's output folder whose one window is a publishable night of its own (a first
+    window begins at (0, 0) with no id_map): the gate passes it as it is."""
+    stream = tmp_path / "stream"
+    stream.mkdir()
+    _copy(made, stream / "window-000000")
+    assert gate.audit(str(stream), made["tokenizer"])["publishable"]
+    return stream
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_access_times_in_the_past_or_just_ahead_carry_free_bytes(made, tmp_path):
+    """Round 3's fix (_check_file_metadata) asks only content time <= atime <= the audit's
+    clock. Content times are in 2000 (CONTENT_TIME_BASE + <= 194 days), so every entry's atime
+    has ~26 years of nanoseconds free (~59 bits; cp -p, rsync -U, tar --atime-preserve / pax
+    keep them). The gate's own read does not wipe them either: an atime set a moment ahead of
+    the copy (after its ctime) and reached before the audit is never moved by a relatime read.
+    Here 3 bytes of text in each entry's atime nanoseconds (folder + 4 files: 15 bytes), still
+    there after the audit."""
+    folder = _copy(made, tmp_path / "out")
+    entries = [folder, *sorted(folder.iterdir())]
+    base = (time.time_ns() // 10**9 + 2) * 10**9
+    for i, path in enumerate(entries):
+        os.utime(path, ns=(base + int.from_bytes(TEXT[3 * i:3 * i + 3], "big"),
+                           path.stat().st_mtime_ns))
+    time.sleep(max(0, (base - time.time_ns()) / 1e9) + 0.5)
+    try:
+        _refused(made, folder)
+    finally:
+        kept = b"".join((p.stat().st_atime_ns - base).to_bytes(3, "big") for p in entries)
+        print("atime nanoseconds after the audit:", kept)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_the_folders_group_is_free(made, tmp_path):
+    """Round 3's owner fix asks each entry to be the auditing user's and of the folder's group,
+    but the folder's group itself is anything: as root (tar --same-owner, cp -a, rsync -g) any
+    32-bit gid, the same on every entry, passes. 4 bytes of text per folder (per stream window)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root gives a file any group")
+    folder = _copy(made, tmp_path / "out")
+    for path in [folder, *folder.iterdir()]:
+        os.chown(path, os.geteuid(), int.from_bytes(b"jane", "big"))
+    _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("form", ["text", "link"])
+def test_a_streams_cumulative_json_is_never_read(made, tmp_path, form):
+    """_audit_stream passes any entry named cumulative.json beside the windows
+    (STREAM_TOTALS: "which this audit does not read"): neither its bytes, nor its kind, nor its
+    size. Any text passes (here a patient's name), or a symlink to any file of the host (cp -rL,
+    tar -h, rsync -L publish its target): the whole stream folder is called publishable."""
+    stream = _stream(made, tmp_path)
+    totals = stream / "cumulative.json"
+    if form == "text":
+        totals.write_bytes(TEXT * 1000)
+    else:
+        secret = tmp_path / "private.txt"
+        secret.write_bytes(TEXT)
+        totals.symlink_to(secret)
+    _refused(made, stream)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_streams_own_folder_metadata_is_never_checked(made, tmp_path):
+    """A folder's permission bits, owners, mtime and atime are checked (_check_file_metadata,
+    _check_times), but a stream's own folder gets only _check_attributes: its mode (setuid,
+    setgid, sticky, 0o7777), uid, gid and times (64 bits each of mtime and atime, here in the
+    year 2100 with text in the nanoseconds) pass, and cp -a / rsync -a / tar carry them."""
+    stream = _stream(made, tmp_path)
+    os.chmod(stream, 0o7777)
+    stamp = 4_102_444_800 * 10**9 + WORD % 10**9
+    os.utime(stream, ns=(stamp, stamp))
+    if os.geteuid() == 0:
+        os.chown(stream, int.from_bytes(b"jane", "big"), int.from_bytes(b" doe", "big"))
+    _refused(made, stream)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_streams_first_window_may_start_at_any_time(made, tmp_path):
+    """The stream audit carries from window to window where numbering stood (ids, sessions),
+    never time: a window with id_map {0, 0, T} and every row moved by T passes as the first
+    window (the round-3 fix for a lone window-* folder only moved the hole into a stream
+    folder), and a later window's start may equally go back or jump. T is 40 free bits, or the
+    log's absolute epoch ms (round 1's hole). Related to, but not, a map night's
+    time_from_ms: here no id map is involved; the gate itself chose what a window starts at."""
+    stream = tmp_path / "stream"
+    stream.mkdir()
+    window = _copy(made, stream / "window-000000")
+    columns = _columns(window)
+    _republish(window, _with(columns, timestamp=columns.timestamp + WORD),
+               id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD})
+    _refused(made, stream)
