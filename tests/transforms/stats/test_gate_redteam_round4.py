@@ -141,3 +141,59 @@ def test_a_streams_first_window_may_start_at_any_time(made, tmp_path):
     _republish(window, _with(columns, timestamp=columns.timestamp + WORD),
                id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD})
     _refused(made, stream)
+
+
+def _windows(made: dict, stream: Path, cuts: list[int], columns=None) -> None:
+    """The night's rows cut into a stream's windows at these row indices, each window
+    republished as the stream job would number it: the first from (0, 0), each later one's
+    id_map where the window before ended (ids, sessions) and at its first row's time."""
+    from transforms.write.replayers import replay_commands
+
+    stream.mkdir()
+    plain = made["plain"]
+    columns = _columns(plain) if columns is None else columns
+    manifest = json.loads((plain / "manifest.json").read_text())
+    bounds = [0, *cuts, len(columns)]
+    next_id = next_session = 0
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        window = stream / f"window-{k:06d}"
+        shutil.copytree(plain, window)
+        part = columns.rows(a, b)
+        start = None if k == 0 else {"block_ids_from": next_id, "sessions_from": next_session,
+                                     "time_from_ms": int(part.timestamp[0])}
+        _republish(window, part, records={"exported": b - a}, id_map=start,
+                   replay=replay_commands(manifest["block_size"], b - a, manifest["files"]))
+        sessions = part.session[part.session >= 0]
+        next_id = max(next_id, int(part.ids.max()) + 1)
+        next_session = max(next_session, int(sessions.max()) + 1 if len(sessions) else 0)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_streams_windows_may_be_cut_anywhere(made, tmp_path):
+    """Shard cuts are recomputed from the rows (shards.plan_of), but a stream's window cuts are
+    checked against nothing: windows are cut at origin + k * --window (anonymize_streaming
+    .by_window), yet the gate neither knows the window length nor asks that one exists. Every
+    row of the night at its own time (0, 997, 1994, ... ms) cut after rows 2 and 10 passes,
+    though no window length gives it (rows 0-1 in one window needs 997 < W <= 1994; rows 2-9
+    in one needs W > 6979). Each gap between published times is a free bit (cut or not): a
+    night of n distinct times carries n - 1 bits in how its windows are cut (here "10" and
+    "01" in the cuts of two streams of the same rows, both publishable)."""
+    _windows(made, tmp_path / "stream", [2, 10])
+    _refused(made, tmp_path / "stream")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_run_settings_beside_the_confirmed_ones_are_free(made, tmp_path):
+    """Round 3's fix confirms block_size and granularity (audit --block-size, ...; else round
+    values only), but four more run settings the rows do not show are taken as written:
+    input_format (4 values), timestamp_unit (5), block_hashes (null or emitted) and
+    hash_scheme among the unkeyed dynamo and the keyed scheme (hash_scheme_keyed follows it).
+    80 combinations: ~6 free bits a folder (and a window), and a keyed run may be published as
+    unkeyed (or the reverse), which the gate cannot tell from dense ids."""
+    from transforms.trace_format import BLOCK_HASHES_WARNING
+
+    folder = _copy(made, tmp_path / "out")
+    _republish(folder, input_format="tokens", timestamp_unit="ns",
+               block_hashes={"emitted": True, "private": BLOCK_HASHES_WARNING},
+               hash_scheme="dynamo-xxh3-64-seed1337-v1", hash_scheme_keyed=False)
+    _refused(made, folder)
