@@ -185,15 +185,20 @@ def test_a_streams_windows_may_be_cut_anywhere(made, tmp_path):
 @pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_run_settings_beside_the_confirmed_ones_are_free(made, tmp_path):
     """Round 3's fix confirms block_size and granularity (audit --block-size, ...; else round
-    values only), but four more run settings the rows do not show are taken as written:
-    input_format (4 values), timestamp_unit (5), block_hashes (null or emitted) and
-    hash_scheme among the unkeyed dynamo and the keyed scheme (hash_scheme_keyed follows it).
-    80 combinations: ~6 free bits a folder (and a window), and a keyed run may be published as
-    unkeyed (or the reverse), which the gate cannot tell from dense ids."""
+    values only), but more run settings the rows do not show are taken as written:
+    input_format (4 values), timestamp_unit (5), block_hashes (null or emitted), hash_scheme
+    among the unkeyed dynamo and the keyed scheme (hash_scheme_keyed follows it), and, without
+    --chat-template-kwargs, each of the 9 known template switches absent, true, false or null
+    (_check_template_kwargs: 4^9). ~24 free bits a folder (and a window) no option confirms,
+    and a keyed run may be published as unkeyed (or the reverse), which dense ids cannot tell.
+    The run here used no template kwargs, no block hashes, input_format and timestamp_unit
+    auto."""
     from transforms.trace_format import BLOCK_HASHES_WARNING
 
     folder = _copy(made, tmp_path / "out")
     _republish(folder, input_format="tokens", timestamp_unit="ns",
                block_hashes={"emitted": True, "private": BLOCK_HASHES_WARNING},
-               hash_scheme="dynamo-xxh3-64-seed1337-v1", hash_scheme_keyed=False)
+               hash_scheme="dynamo-xxh3-64-seed1337-v1", hash_scheme_keyed=False,
+               chat_template_kwargs={"enable_thinking": False, "keep_cot": None,
+                                     "add_vision_id": True, "thinking": True})
     _refused(made, folder)
