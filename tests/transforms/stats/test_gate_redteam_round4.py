@@ -202,3 +202,28 @@ def test_run_settings_beside_the_confirmed_ones_are_free(made, tmp_path):
                chat_template_kwargs={"enable_thinking": False, "keep_cot": None,
                                      "add_vision_id": True, "thinking": True})
     _refused(made, folder)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_path):
+    """A block id stands for its whole prefix: within a folder the gate refuses one behind two
+    parents or of two token counts (_Rows._distinct). A stream is audited window by window,
+    each with a _Rows of its own, so the check never spans windows, though the stream audit
+    holds every earlier window's rows (unlike a map night, whose earlier nights are not in the
+    folder). Window 1's references to window 0's ids, here reversed among themselves, pass:
+    ids that were first blocks appear behind other parents, with other token counts. log2(k!)
+    free bits per window for k referenced ids."""
+    import numpy as np
+
+    columns = _columns(made["plain"])
+    cut = 6
+    before = int(columns.num_ids[:cut].sum())
+    ids = columns.ids.copy()
+    earlier = int(ids[:before].max()) + 1
+    later = ids[before:]
+    old = sorted({v for v in later.tolist() if v < earlier})
+    assert len(old) > 2
+    relabel = dict(zip(old, old[::-1]))
+    ids[before:] = np.array([relabel.get(v, v) for v in later.tolist()], np.int64)
+    _windows(made, tmp_path / "stream", [cut], _with(columns, ids=ids))
+    _refused(made, tmp_path / "stream")
