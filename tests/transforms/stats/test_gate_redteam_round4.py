@@ -227,3 +227,32 @@ def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_
     ids[before:] = np.array([relabel.get(v, v) for v in later.tolist()], np.int64)
     _windows(made, tmp_path / "stream", [cut], _with(columns, ids=ids))
     _refused(made, tmp_path / "stream")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_object_metadata_on_an_object_store_is_never_read(made, monkeypatch):
+    """Locally the gate refuses every extended attribute (_check_attributes: "they travel with
+    copies"), but a folder on s3:// or gs:// is listed and read through Beam, which sees names
+    and bytes only: each object's user metadata (x-amz-meta-* / x-goog-meta-*, 2 KB on S3),
+    tags and Content-Type are never looked at, and a public bucket serves them with every GET
+    (`aws s3 sync` / `gsutil cp -r` between buckets copy them). Here a patient's name in each
+    object's metadata, an SSN as a tag: publishable."""
+    moto = pytest.importorskip("moto")
+    import boto3
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(
+        ["--s3_region_name=us-east-1", "--s3_access_key_id=testing",
+         "--s3_secret_access_key=testing"]))
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="published")
+        for path in made["plain"].iterdir():
+            s3.put_object(Bucket="published", Key=f"out/{path.name}", Body=path.read_bytes(),
+                          Metadata={"note": TEXT.decode()}, Tagging="ssn=078-05-1120",
+                          ContentType="text/x-patient-jane-doe")
+        report = gate.audit("s3://published/out", made["tokenizer"])
+    assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
