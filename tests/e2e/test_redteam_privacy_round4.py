@@ -20,7 +20,8 @@ def test_analyze_output_publishes_the_operators_paths(tiny_tokenizer, tmp_path):
     operator's directories (here a customer's and a user's name, a date)."""
     private = tmp_path / "home" / "jane.doe" / "acme-corp-logs-2026-11-26"
     private.mkdir(parents=True)
-    night = write_jsonl(tmp_path / "night.jsonl", [chat(i, 1_700_000_000_000 + 997 * i) for i in range(6)])
+    rows = [chat(i, 1_700_000_000_000 + 997 * i) for i in range(6)]
+    night = write_jsonl(tmp_path / "night.jsonl", rows)
     assert anonymize(tiny_tokenizer, [night], private / "out", "--block-size", "4") == 0
     assert main(["analyze", str(private / "out"), "--output", str(tmp_path / "analysis")]) == 0
     for path in (tmp_path / "analysis").iterdir():
