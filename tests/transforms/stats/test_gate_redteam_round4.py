@@ -270,3 +270,51 @@ def test_an_object_stores_metadata_and_history_are_never_read(made, monkeypatch,
                           **extra)
         report = gate.audit("s3://published/out", made["tokenizer"])
     assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
+
+
+def _hub_cache(made: dict, cache: Path, repo: str) -> None:
+    """A local hub cache holding the run's tokenizer files under repo, as snapshot_download
+    finds them offline: anyone makes one (a folder named models--OWNER--NAME)."""
+    revision = "0" * 40
+    entry = cache / f"models--{repo.replace('/', '--')}"
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text(revision)
+    shutil.copytree(made["tokenizer"], entry / "snapshots" / revision)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("who", ["anonymize", "publisher"])
+def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who):
+    """tokenizer.name is "a public hub id"; round 3's fix compares it with --tokenizer. But
+    anonymize publishes any hub-shaped name it was given as it is (public_tokenizer_name: shape
+    only), a private repo's included ("acme-internal/patient-jane-doe-triage"), and the gate
+    passes it. And audited without --tokenizer (the documented default: "the manifest's name,
+    where it loads without the network"), any name passes whose local hub cache entry holds the
+    run's files: a publisher writes 128 bytes of text as the name and makes the cache folder
+    models--TEXT--TEXT beside it. Either way the folder is called publishable."""
+    import subprocess
+    import sys
+
+    repo = "acme-internal/patient-jane-doe-triage" if who == "anonymize" else \
+        "patient-jane-doe/dob-1980-01-01.ssn-078-05-1120"
+    cache = tmp_path / "hub"
+    _hub_cache(made, cache, repo)
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    root = str(Path(__file__).resolve().parents[3])
+    folder = tmp_path / "out"
+    if who == "anonymize":
+        rows = write_jsonl(tmp_path / "night.jsonl", _night(6))
+        made_run = subprocess.run(
+            [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(rows), "--output",
+             str(folder), "--tokenizer", repo, "--block-size", "4"],
+            capture_output=True, text=True, timeout=300, cwd=root, env=env)
+        assert made_run.returncode == 0, made_run.stderr[-300:]
+        audit_args = ["--tokenizer", repo]
+    else:
+        _copy(made, folder)
+        tokenizer = json.loads((folder / "manifest.json").read_text())["tokenizer"]
+        _republish(folder, tokenizer={**tokenizer, "name": repo})
+        audit_args = []
+    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(folder), *audit_args],
+                         capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 1, f"publishable with tokenizer.name {repo!r}: {out.stdout[-200:]}"
