@@ -318,3 +318,24 @@ def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who
     out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(folder), *audit_args],
                          capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert out.returncode == 1, f"publishable with tokenizer.name {repo!r}: {out.stdout[-200:]}"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_well_formed_selinux_label_is_free_text(made, tmp_path, monkeypatch):
+    """Round 3's fix passes security.selinux only where SELinux is mounted, one label for the
+    folder and every file, shaped user:role:type[:level] ([a-z_][a-z0-9_]* each, <= 255 bytes),
+    but never asks whether the policy knows it: where the module takes unknown contexts (root's
+    CAP_MAC_ADMIN stores them unmapped; permissive hosts), `cp -a` / `rsync -X` as root carry
+    ~250 bytes of [a-z0-9_] text. Simulated here: the host's selinuxfs stands in as a folder,
+    the label written as root writes it."""
+    folder = _copy(made, tmp_path / "out")
+    label = b"patient_jane_doe:dob_nineteen_eighty:ssn_078_05_1120_t:s0\x00"
+    try:
+        for path in [folder, *folder.iterdir()]:
+            os.setxattr(path, "security.selinux", label)
+    except (OSError, AttributeError):
+        pytest.skip("security.selinux takes no free value here (an SELinux host, or not root)")
+    selinuxfs = tmp_path / "selinuxfs"
+    selinuxfs.mkdir()
+    monkeypatch.setattr(gate, "SELINUX_FS", str(selinuxfs))
+    _refused(made, folder)
