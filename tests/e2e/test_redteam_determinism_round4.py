@@ -88,3 +88,46 @@ def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(tiny_toke
     assert not wall_clock, (
         f"the stream published {len(wall_clock)} rows at epoch dates, e.g. {wall_clock[:2]} "
         f"(the requests' wall-clock times, counted from a relative zero)")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp_path,
+                                                            monkeypatch):
+    """Promise (docs/STREAMING.md): due windows are published 'oldest first'; a request whose
+    window is not newer than the last published one is late (a dead letter); with nothing late
+    the windows concatenated are the batch output, byte for byte. Requests of 90-120 s come in
+    first, then (before the watermark moves) requests of 0-20 s, which move the zero. Each open
+    window is due on its own (Progress.due_ms: when a request past its deadline came in, by
+    the wall clock at arrival): window [60 s, 120 s) was passed when the first batch came in,
+    window [0, 60 s) only when the second did. The deadline timer fires at its own timestamp
+    (the earlier one) and _publish_due publishes only the windows due by then: window-000000
+    holds 90 s..110 s, window-000001 then holds 0 s..20 s (not late: nothing checks an older
+    window still open), numbered after it. Times go back across windows, ids follow arrival
+    order, and no letter says so."""
+    from conftest import write_jsonl
+
+    from kvtrace.cli import main
+
+    import itertools
+
+    from pipelines import anonymize_streaming
+
+    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    clock = itertools.count(int(time.time() * 1000), 1_000)  # arrivals a second apart
+    monkeypatch.setattr(anonymize_streaming, "source_now_ms", lambda: next(clock))
+    later = [_chat(ZERO + 90_000 + 10_000 * i, i) for i in range(4)]
+    earlier = [_chat(ZERO + 10_000 * i, 10 + i) for i in range(3)]
+    output = _stream(tmp_path, tiny_tokenizer, [later, earlier], [None, None])
+    windows = [[json.loads(line) for line in p.read_text().splitlines()]
+               for p in sorted(output.glob("window-*/trace-*.jsonl"))]
+    letters = [line for p in (tmp_path / "stream-rejected").glob("*.jsonl")
+               for line in p.read_text().splitlines()]
+    streamed = b"".join(p.read_bytes() for p in sorted(output.glob("window-*/trace-*.jsonl")))
+
+    batch = write_jsonl(tmp_path / "batch.jsonl", later + earlier)
+    assert main(["anonymize", "--input", str(batch), "--tokenizer", tiny_tokenizer,
+                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    expected = (tmp_path / "batch" / "trace-00000-of-00001.jsonl").read_bytes()
+    assert not letters and streamed == expected, (
+        f"windows in publication order hold times {[[r['timestamp'] for r in w] for w in windows]}"
+        f" ({len(letters)} letters): an older window published after a newer one")
