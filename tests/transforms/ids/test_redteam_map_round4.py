@@ -70,3 +70,38 @@ def test_a_map_replaced_by_another_of_the_same_salt_is_refused_even_holding_the_
     assert code != 0 or trace_bytes(tmp_path / "out3") == trace_bytes(tmp_path / "expected"), (
         f"the swapped map passed its mark; the night gave ids {sorted(new_ids & earlier)[:5]}, "
         f"which the real map's traces published for other blocks, to its new blocks")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_rollback_by_repointing_a_link_in_the_maps_path_is_refused(tiny_tokenizer, tmp_path):
+    """Promise (docs/ID_MAP.md 'Rollback'; anchor.map_location): a map swapped for an older
+    copy through a link is 'the same map to its readers, so it must meet the same mark'. Only
+    the map's own link is kept; links in its parents are resolved (storage.place), so with the
+    common layout `--id-map maps/current/map`, `current` a link to the live folder, whoever
+    can write `maps/` repoints `current` at a copy of the map taken after night 1: the night
+    looks for the mark of `maps/backup/map`, finds none, starts one, and numbers from version
+    1's next_id, giving night 2's ids to other blocks (no salt, not the marks folder)."""
+    (tmp_path / "salt").write_bytes(SALT)
+    common = ["--salt-file", str(tmp_path / "salt")]
+    maps = tmp_path / "maps"
+    (maps / "live").mkdir(parents=True)
+    (maps / "current").symlink_to(maps / "live")
+    map_dir = maps / "current" / "map"
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 0)], tmp_path / "out0",
+                           "--id-map", str(map_dir), *common) == 0
+    shutil.copytree(maps / "live", maps / "backup")  # a copy after night 1
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 1)], tmp_path / "out1",
+                           "--id-map", str(map_dir), *common) == 0
+    shutil.copytree(maps / "live", tmp_path / "reference")  # night 3 on the untouched map
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "expected",
+                           "--id-map", str(tmp_path / "reference" / "map"), "--id-map-marks",
+                           str(tmp_path / "reference-marks"), *common) == 0
+    (maps / "current").unlink()  # the rollback: one link repointed
+    (maps / "current").symlink_to(maps / "backup")
+    code = anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2",
+                           "--id-map", str(map_dir), *common)
+    new_ids = _block_ids(tmp_path / "out2") - _block_ids(tmp_path / "expected")
+    assert code != 0 or trace_bytes(tmp_path / "out2") == trace_bytes(tmp_path / "expected"), (
+        f"night 3 ran on the map rolled back through its parent's link; it gave ids "
+        f"{sorted(new_ids & _block_ids(tmp_path / 'out1'))[:5]}, published by night 2 for "
+        f"other blocks, to its new blocks")
