@@ -1,0 +1,72 @@
+"""Red team round 4, the write protocol and the readers: reproducers of holes left after the
+third round's fixes. Each asserts the promised behaviour, so each fails until it is fixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import anonymize, chat, write_jsonl
+
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parents[1]
+ROUND4 = "red team round 4"
+
+
+def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run a shell script in a private mount namespace (its mounts are seen by no one else);
+    skipped where the system allows none."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespaces here")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *args],
+                          cwd=TESTS, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(TESTS.parent), str(TESTS)])})
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tmp_path):
+    """Round 3 named the id map's mark by storage.place (links in its parents resolved), a
+    spelling: the plan compares locations by (st_dev, st_ino), the anchor does not. The same
+    map folder mounted at a second path (a bind mount, a volume mounted elsewhere in a
+    container, one NFS export mounted twice) has another mark, and none: a map rolled back to
+    an older version is refused as real/map but extended as alias/map (ids/anchor.py
+    map_location, mark_path), numbering new keys from the old next_id again, ids that
+    published traces already use."""
+    salt = tmp_path / "salt"
+    salt.write_text("0123456789abcdef0123456789abcdef")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").mkdir()
+    first = write_jsonl(tmp_path / "n1.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    second = write_jsonl(tmp_path / "n2.jsonl",
+                         [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+    common = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--salt-file", str(salt)]
+
+    def night(src: Path, out: str, mapdir: Path) -> int:
+        return main(["anonymize", "--input", str(src), "--output", str(tmp_path / out),
+                     "--id-map", str(mapdir), *common])
+
+    real = tmp_path / "real" / "map"
+    assert night(first, "o1", real) == 0
+    shutil.copytree(real, tmp_path / "backup")
+    assert night(second, "o2", real) == 0  # version 2 published, and marked
+    shutil.rmtree(real)
+    shutil.copytree(tmp_path / "backup", real)  # the map rolled back to version 1
+    assert night(second, "o3", real) != 0  # refused, as promised
+    done = _in_mount_namespace(
+        'mount --bind "$1" "$2" || exit 99; exec "$3" -m kvtrace.cli anonymize --input "$4" '
+        '--output "$5" --id-map "$2/map" --tokenizer "$6" --block-size 4 --salt-file "$7"',
+        str(tmp_path / "real"), str(tmp_path / "alias"), sys.executable, str(second),
+        str(tmp_path / "o4"), tiny_tokenizer, str(salt))
+    if done.returncode == 99:
+        pytest.skip("bind mounts are not allowed here")
+    assert done.returncode != 0, "a rolled-back map extended through a second mount of it"
+    assert not (tmp_path / "o4").exists()
