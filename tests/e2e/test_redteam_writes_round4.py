@@ -92,3 +92,27 @@ def test_audit_accepts_a_whole_output_whatever_the_auditors_umask(tiny_tokenizer
         assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 0
     finally:
         os.umask(old)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("command", ["validate", "analyze"])
+def test_a_whole_output_kvtrace_wrote_is_read_by_its_own_readers(tiny_tokenizer, tmp_path,
+                                                                 command):
+    """The writer's bound and the readers' disagree: anonymize takes a record up to
+    --max-record-bytes (16 MiB) and writes its row whole, but every trace reader holds a line to
+    MAX_TRACE_LINE_BYTES (16 MiB, trace_io), and at block size 1 a row's hash_ids are ~9 bytes
+    per token ('1234567, '). A 13 MB prompt of 2.2M one-token words is published (audit:
+    'publishable: exactly what kvtrace publishes'), then its own readers refuse the folder
+    ('is not a whole kvtrace output: its shards hold 1 rows, its manifest says 2 (copied
+    partly?)'): a whole output is refused, blamed on a partial copy, and its row can never be
+    validated, analysed, exported or rendered. (~70 s, ~1.2 GB.)"""
+    src = write_jsonl(tmp_path / "in.jsonl", [
+        {"timestamp": 1000, "messages": [{"role": "user", "content": "hello " * 2_200_000}],
+         "output_length": 3},
+        {"timestamp": 2000, "messages": [{"role": "user", "content": "hello world"}],
+         "output_length": 3}])
+    assert src.stat().st_size < 16 << 20  # within the writer's record bound
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "1") == 0
+    assert json.loads((out / "manifest.json").read_text())["records"]["exported"] == 2
+    assert main([command, str(out)]) == 0
