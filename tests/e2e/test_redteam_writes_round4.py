@@ -116,3 +116,30 @@ def test_a_whole_output_kvtrace_wrote_is_read_by_its_own_readers(tiny_tokenizer,
     assert anonymize(tiny_tokenizer, [src], out, "--block-size", "1") == 0
     assert json.loads((out / "manifest.json").read_text())["records"]["exported"] == 2
     assert main([command, str(out)]) == 0
+
+
+TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
+          "hash_ids": [1, 2, 10 + i]} for i in range(6)]
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_path):
+    """publish.folder_writer takes any folder whose manifest.json says format 'mooncake-trace'
+    for an anonymize output (the readers' published_folder calls the same file 'not one kvtrace
+    writes': no sha256, no records.exported), and _check_not_in_an_output walks every parent up
+    to /: one 30-byte file that any local user can create in a world-writable folder (/tmp,
+    here a sticky 1777 folder and a file owned by nobody) makes every kvtrace write anywhere
+    beneath it refused ('lies inside /tmp, an output of kvtrace anonymize'): a denial of
+    service by a file kvtrace did not write and that its own reader rejects."""
+    shared = tmp_path / "shared"  # as /tmp
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / "manifest.json"
+    planted.write_text('{"format": "mooncake-trace"}')
+    if os.geteuid() == 0:
+        os.chown(planted, 65534, 65534)  # another user's file
+    mine = shared / "me"
+    mine.mkdir()
+    trace = write_jsonl(mine / "t.jsonl", TRACE)
+    assert main(["analyze", str(trace), "--block-size", "4",
+                 "--json", str(mine / "reports" / "a.json")]) == 0
