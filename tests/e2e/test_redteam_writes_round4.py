@@ -143,3 +143,28 @@ def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_p
     trace = write_jsonl(mine / "t.jsonl", TRACE)
     assert main(["analyze", str(trace), "--block-size", "4",
                  "--json", str(mine / "reports" / "a.json")]) == 0
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("target", ["dead letters", "id map"])
+def test_no_command_writes_into_kvtraces_private_folders(tiny_tokenizer, tmp_path, target):
+    """'Nothing is written inside a command's output folder, at any depth'
+    (_check_not_in_an_output), but a command's folder is known only by a manifest or an output
+    mark (folder_writer), and kvtrace's private folders carry neither: the dead-letter folder
+    and the id map are open to every other command. `analyze OUT --json
+    OUT-rejected/rejected-RUN.jsonl` replaces a published run's dead letters with a report
+    (exit 0, the file now 0644): the rejected records are lost and the run's counts no longer
+    add up; `--json MAP/CURRENT` replaces the id map's version pointer the same way."""
+    salt = tmp_path / "salt"
+    salt.write_text("0123456789abcdef0123456789abcdef")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)] + [b"{bad"])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--salt-file", str(salt),
+                     "--id-map", str(tmp_path / "map")) == 0
+    (letters,) = (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+    victim = letters if target == "dead letters" else tmp_path / "map" / "CURRENT"
+    before = victim.read_bytes()
+    assert before
+    code = main(["analyze", str(out), "--json", str(victim)])
+    assert victim.read_bytes() == before, f"the {target} were replaced by a report"
+    assert code == 2
