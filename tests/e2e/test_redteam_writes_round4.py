@@ -205,3 +205,23 @@ def test_two_runs_on_one_id_map_are_not_called_a_rollback(tiny_tokenizer, tmp_pa
     err = capsys.readouterr().err
     assert raced == [0] and code != 0
     assert "rolled back" not in err and "start a new map" not in err, err
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_audit_refuses_access_times_someone_chose(tiny_tokenizer, tmp_path):
+    """audit flags file times 'someone chose' (each mtime must be its content time), but takes
+    any access time from the content time (year 2000) to the audit's clock
+    (_check_file_metadata): ~59 free bits per file, to the nanosecond, that cp -p, rsync -a
+    --atimes and pax archives carry along. A copy whose files' access times encode chosen
+    values (here 2015-03-04 05:06:07.123456789 and 2019-01-01 00:00:00.987654321) is
+    'publishable: exactly what kvtrace publishes, nothing flagged'."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)  # times kept, as cp -p
+    for name, chosen in (("stats.json", 1_425_445_567_123_456_789),
+                         ("trace-00000-of-00001.jsonl", 1_546_300_800_987_654_321)):
+        path = copy / name
+        os.utime(path, ns=(chosen, path.stat().st_mtime_ns))
+    assert main(["audit", str(copy), "--tokenizer", tiny_tokenizer]) != 0
