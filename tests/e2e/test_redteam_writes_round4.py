@@ -225,3 +225,24 @@ def test_audit_refuses_access_times_someone_chose(tiny_tokenizer, tmp_path):
         path = copy / name
         os.utime(path, ns=(chosen, path.stat().st_mtime_ns))
     assert main(["audit", str(copy), "--tokenizer", tiny_tokenizer]) != 0
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("command", ["analyze", "reuse"])
+def test_outputs_declaring_different_block_sizes_are_not_read_at_512(tiny_tokenizer, tmp_path,
+                                                                     command):
+    """Each folder read is pinned with its manifest's block size, but declared_block_size
+    (trace_inputs) turns two outputs that declare different ones (4 and 8) into None, and the
+    commands then use their default, 512, which neither declares: analyze and reuse exit 0
+    with 'block size 512' (reuse: '12 requests, 19,980 prompt tokens' for ~250 tokens), every
+    token-weighted number wrong by two orders of magnitude, not a word said. Traces whose
+    manifests contradict each other are an input to refuse in one line (or --block-size to
+    give), never a silent default."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(6)])
+    for size in (4, 8):
+        assert anonymize(tiny_tokenizer, [src], tmp_path / f"out{size}", "--block-size",
+                         str(size)) == 0
+    report = tmp_path / "report.json"
+    code = main([command, str(tmp_path / "out4"), str(tmp_path / "out8"), "--json", str(report),
+                 *(["--output", str(tmp_path / "plot.png")] if command == "reuse" else [])])
+    assert code != 0 or json.loads(report.read_text()).get("block_size") in (4, 8)
