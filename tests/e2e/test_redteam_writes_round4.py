@@ -286,3 +286,22 @@ def test_a_published_file_by_a_staging_name_is_not_cleared_as_a_leftover(tmp_pat
     assert report.exists()
     assert main(["analyze", str(trace), "--block-size", "4", "--output", str(tmp_path / "X")]) == 0
     assert report.exists(), "a published report was removed as a staging leftover"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_audit_json_never_replaces_the_tokenizer_it_reads(tiny_tokenizer, tmp_path):
+    """Round 2 put render's tokenizer in its location plan; audit reads --tokenizer too (every
+    file's sha256 checked against the manifest) but leaves it out of its plan (it lists the
+    salt file and the id map: those are refused). `audit OUT --tokenizer TOK --json
+    TOK/tokenizer_config.json` passes the plan, reads the tokenizer and renames its report
+    over the tokenizer's config: exit 0, the tokenizer broken for every later run."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, tokenizer)
+    out = tmp_path / "out"
+    assert anonymize(str(tokenizer), [src], out, "--block-size", "4") == 0
+    config = tokenizer / "tokenizer_config.json"
+    before = config.read_bytes()
+    code = main(["audit", str(out), "--tokenizer", str(tokenizer), "--json", str(config)])
+    assert config.read_bytes() == before, "the tokenizer's config was replaced by the report"
+    assert code == 2
