@@ -333,3 +333,46 @@ def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(tiny_
     monkeypatch.setattr(publish, "set_content_times", someone_writes_meanwhile)
     anonymize(tiny_tokenizer, [src], out, "--block-size", "8")
     assert (out / "notes.txt").exists(), "a file kvtrace did not write was deleted"
+
+
+_KILLED_AFTER_PUBLISH = """
+import os, sys
+from transforms.write import publish
+publish.DeadLetterRun.settle = lambda self, ok: os._exit(137)  # killed once its output stands
+from kvtrace.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_tokenizer,
+                                                                          tmp_path):
+    """A run killed after its output is published leaves its letters staged as
+    DEAD/.KEY.kvtrace-staging-RUN, KEY the sha256 of os.path.realpath(output) (publish.
+    _output_key): a spelling. The next run of that output, named through a second mount of its
+    folder (a bind mount, a container's volume), reads the run's mark on the output, looks for
+    the letters under its own KEY, finds none, and takes the mark off: the published night's
+    rejected records are never published, and no later run can find them (recover_letters
+    clears only its own KEY's). The plan calls these two spellings one folder (st_dev, st_ino);
+    the letters' key does not."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)] + [b"{bad"])
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").mkdir()
+    dead = tmp_path / "dead"
+    args = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+            "--dead-letter", str(dead)]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AFTER_PUBLISH, *args, "--output",
+                             str(tmp_path / "real" / "out")], cwd=TESTS, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                [str(TESTS.parent), str(TESTS)])})
+    assert killed.returncode == 137, killed.stderr
+    assert (tmp_path / "real" / "out" / "manifest.json").exists()  # published
+    done = _in_mount_namespace(
+        'mount --bind "$1" "$2" || exit 99; shift 2; exec "$@"', str(tmp_path / "real"),
+        str(tmp_path / "alias"), sys.executable, "-m", "kvtrace.cli", *args, "--output",
+        str(tmp_path / "alias" / "out"))
+    if done.returncode == 99:
+        pytest.skip("bind mounts are not allowed here")
+    assert done.returncode == 0, done.stderr
+    published = sorted(dead.glob("rejected-*.jsonl"))
+    assert len(published) == 2, f"the killed run's published night lost its letters: {published}"
