@@ -376,3 +376,22 @@ def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_to
     assert done.returncode == 0, done.stderr
     published = sorted(dead.glob("rejected-*.jsonl"))
     assert len(published) == 2, f"the killed run's published night lost its letters: {published}"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("flag", ["--output", "--id-map"])
+def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, flag):
+    """Linux names are bytes, and round 2 made inputs named so readable; the locations a run
+    writes are keyed by str.encode() of their path (publish._output_key for the output's
+    letters, anchor.mark_path for the id map's mark), which raises on the surrogate a non-UTF-8
+    byte decodes to: `anonymize --output b'night\\xff'` stops with "error: 'utf-8' codec can't
+    encode character '\\udcff' ...: surrogates not allowed" (exit 2, --id-map after making the
+    map's folder and the default dead-letter folder). A valid name is written, or refused in
+    words that say why."""
+    salt = tmp_path / "salt"
+    salt.write_text("0123456789abcdef0123456789abcdef")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/night\xff")
+    out = odd if flag == "--output" else str(tmp_path / "out")
+    extra = ["--id-map", odd, "--salt-file", str(salt)] if flag == "--id-map" else []
+    assert anonymize(tiny_tokenizer, [src], Path(out), "--block-size", "4", *extra) == 0
