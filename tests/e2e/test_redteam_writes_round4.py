@@ -398,17 +398,24 @@ def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, 
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND4)
-def test_a_glob_through_dot_dot_still_keeps_outputs_out_of_what_it_reads(tmp_path):
+@pytest.mark.parametrize("way", ["dot-dot", "link"])
+def test_a_glob_through_dot_dot_or_a_link_keeps_outputs_out_of_what_it_reads(tmp_path, way):
     """`analyze 'D/t*.jsonl' --json D/t2.jsonl` is refused ('the next run would read its own
     output'), but Reach matches a glob's wildcards against the written place's names one by
-    one, lexically, while glob(3) walks `..` as the kernel does: 'D/*/../t*.jsonl' reads
-    exactly D/t*.jsonl (D has a subfolder), yet its wildcards ('*', '..', 't*.jsonl') never
-    line up with D/t2.jsonl, so the report is published where the same command's next run
-    reads it as a trace."""
+    one, lexically, beneath the glob's literal folder, while glob(3) walks `..` and links as
+    the kernel does: 'D/*/../t*.jsonl' reads exactly D/t*.jsonl (D has a subfolder), yet its
+    wildcards ('*', '..', 't*.jsonl') never line up with D/t2.jsonl; 'E/*/t*.jsonl' reads
+    D/t*.jsonl through the link E/l -> D, and D lies beneath no E. Either way the report is
+    published where the same command's next run reads it as a trace."""
     folder = tmp_path / "D"
     (folder / "sub").mkdir(parents=True)
     write_jsonl(folder / "t.jsonl", TRACE)
-    pattern = str(folder / "*" / ".." / "t*.jsonl")
+    if way == "dot-dot":
+        pattern = str(folder / "*" / ".." / "t*.jsonl")
+    else:
+        (tmp_path / "E").mkdir()
+        (tmp_path / "E" / "l").symlink_to(folder)
+        pattern = str(tmp_path / "E" / "*" / "t*.jsonl")
     assert main(["analyze", str(folder / "t*.jsonl"), "--block-size", "4",
                  "--json", str(folder / "t2.jsonl")]) == 2  # refused, as promised
     code = main(["analyze", pattern, "--block-size", "4", "--json", str(folder / "t2.jsonl")])
