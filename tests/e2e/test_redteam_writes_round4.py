@@ -421,3 +421,24 @@ def test_a_glob_through_dot_dot_or_a_link_keeps_outputs_out_of_what_it_reads(tmp
     code = main(["analyze", pattern, "--block-size", "4", "--json", str(folder / "t2.jsonl")])
     assert not (folder / "t2.jsonl").exists(), "the report went where the glob reads"
     assert code == 2
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("command", ["validate", "analyze"])
+def test_a_lone_shard_copied_halfway_is_not_read_as_a_whole_trace(tiny_tokenizer, tmp_path,
+                                                                  command):
+    """trace_inputs promises 'a partial copy (a shard or its twin cut short, a manifest or
+    stats.json not yet copied) is refused, never analysed', and round 3 refused a lone shard k
+    of N > 1; but a lone trace-00000-of-00001.jsonl is read as it stands (_check_lone), so a
+    one-shard night caught mid-copy (cp -r and copytree go in directory order: the shard can
+    come first, and is written a buffer at a time) is 'valid' with half its rows, exit 0. A
+    shard alone carries nothing to say it is whole: only its manifest does."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(6)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
+    shard = (out / "trace-00000-of-00001.jsonl").read_bytes()
+    lines = shard.splitlines(keepends=True)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "trace-00000-of-00001.jsonl").write_bytes(b"".join(lines[:3]))  # the copy so far
+    assert main([command, str(copy)]) != 0
