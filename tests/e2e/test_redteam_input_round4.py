@@ -96,3 +96,37 @@ def test_a_dict_view_is_sized_before_it_is_printed(tiny_tokenizer, tmp_path):
     (letter,) = _letters(out)
     assert letter["error"] == "template_error"
     assert letter["message"].startswith("ValueTooLarge"), letter["message"]
+
+
+# ---- dead letters: the merge holds one line of every run, and a large letter is a run --------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp_path, engine):
+    """dead_letters.py promises letters in bounded memory: SortedRuns holds at most
+    SORT_RUN_BYTES (16 MiB) before it spills a run, and merge_runs holds "one line of each run
+    at a time" (MERGE_FAN_IN 64 runs open). But a letter keeps its whole line, escaped: a line
+    of control characters is 6x its bytes as JSON (`\\u0001`), invalid UTF-8 5x (`\\\\xff`), so
+    one letter of a line at --max-record-bytes is ~6x the bound, over SORT_RUN_BYTES alone:
+    each is a run of its own, and heapq.merge holds the head line of every run at once. 24
+    lines of 3 MiB (a 74 KB .gz) peak at 549 MB (local; Beam 746 MB) where 1 such line peaks
+    at 137 MB: ~18 MB per letter, growing with the count of bad lines up to 64 x 6 x the bound
+    (~6 GiB at the default 16 MiB bound), none of it in docs/BOUNDS.md (nor the letters' disk:
+    453 MB of letters from 75 MB of input)."""
+    import gzip
+
+    from test_redteam_input import _peak_rss_mb
+
+    src = tmp_path / "in.jsonl.gz"
+    with gzip.open(src, "wb", compresslevel=9) as handle:
+        for i in range(24):
+            handle.write(b"\x01" * (3 << 20) + bytes([65 + i]) + b"\n")
+        for i in range(3):
+            handle.write(json.dumps(chat(i, i)).encode() + b"\n")
+    code, peak, said = _peak_rss_mb(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+         "--max-rejected-fraction", "1", "--max-record-bytes", "4000000", "--engine", engine,
+         *(["--processes", "1"] if engine == "local" else [])], ROOT)
+    assert code == 0, said[-2000:]
+    assert peak < 300, f"{peak} MB peak for 24 rejected lines of 3 MiB"
