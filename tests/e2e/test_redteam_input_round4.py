@@ -130,3 +130,54 @@ def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp
          *(["--processes", "1"] if engine == "local" else [])], ROOT)
     assert code == 0, said[-2000:]
     assert peak < 300, f"{peak} MB peak for 24 rejected lines of 3 MiB"
+
+
+# ---- a native abort is silent: native_stderr routes Rust's last words to INFO logs ----------
+
+def _capped(args: list[str], address_space: int) -> subprocess.CompletedProcess:
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *args], cwd=ROOT,
+                          capture_output=True, timeout=300, preexec_fn=cap,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort(tiny_tokenizer,
+                                                                          tmp_path):
+    """An 8 MB prompt record (half the 16 MiB default --max-record-bytes) run under a 1.2 GB
+    address-space limit (ulimit -v, as batch schedulers set): the Rust tokenizer's allocation
+    fails, it prints "memory allocation of 80 bytes failed" on descriptor 2 and aborts. But
+    native_stderr.capture_native_stderr has made descriptor 2 a pipe whose lines are logged at
+    INFO, shown only with --verbose: the run dies by SIGABRT (exit -6, default --processes
+    too) having said nothing but its start line. Promise: bad input gets a one-line error or a
+    dead letter, never a silent death; the native words that explain it are swallowed."""
+    words = "the quick brown fox jumps over lazy dog again hello world".split()
+    text = " ".join(words[i % len(words)] for i in range(1_500_000))
+    src = write_jsonl(tmp_path / "in.jsonl", [{"timestamp": 0, "prompt": text, "output_length": 1},
+                                              chat(1, 1)])
+    done = _capped(["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
+                    "--tokenizer", tiny_tokenizer, "--block-size", "4"], 1_200_000_000)
+    said = done.stderr.decode(errors="replace")
+    assert done.returncode >= 0 and "memory" in said.lower(), (done.returncode, said[-2000:])
+
+
+# ---- render: a 73 KB trace row asks for 6 M tokens of text, and tokenizes it again ----------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_path):
+    """BOUNDS.md bounds a trace line (16 MiB) as read; render then builds input_length tokens
+    of text for it and (verify, the default) tokenizes it again, unbounded: one row of 12,000
+    block ids and input_length 512 x 12,000 (73 KB of JSON) is 6 M tokens. With a 2 GB
+    address-space cap render dies by SIGABRT (the Rust tokenizer's allocation fails; nothing
+    printed, see above); uncapped a 4,000-id row (23 KB) already peaks at 913 MB, and a row at
+    the 16 MiB line bound (~2 M ids, 1 G tokens) would need hundreds of GB. Promise: every
+    resource bounded before it is spent; over a bound, a one-line error (or a skipped row)."""
+    n = 12_000
+    src = write_jsonl(tmp_path / "trace.jsonl", [
+        {"timestamp": 0, "input_length": 512 * n, "output_length": 1, "hash_ids": list(range(n))}])
+    done = _capped(["render", str(src), "--tokenizer", tiny_tokenizer, "-o",
+                    str(tmp_path / "requests.jsonl")], 2_000_000_000)
+    said = done.stderr.decode(errors="replace")
+    assert done.returncode >= 0, (done.returncode, said[-2000:])
+    assert done.returncode == 0 or len(said.strip().splitlines()) >= 1, said[-2000:]
