@@ -181,3 +181,43 @@ def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_pat
     said = done.stderr.decode(errors="replace")
     assert done.returncode >= 0, (done.returncode, said[-2000:])
     assert done.returncode == 0 or len(said.strip().splitlines()) >= 1, said[-2000:]
+
+
+# ---- Parquet: a FIXED_LEN_BYTE_ARRAY column is sized as one byte a row --------------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(tiny_tokenizer,
+                                                                            tmp_path):
+    """BOUNDS.md: Parquet rows are sized from their Arrow form before they become Python values
+    and converted "a few at a time, at most the bound together"; a chunk's dictionary entries
+    are counted per row that references them. arrow_sizes._value_bytes knows string, binary,
+    their large forms, lists, structs and dictionaries; a fixed_size_binary value falls to the
+    last line, "a number": 1 byte. And paths.group_reader counts dictionary chunks only of
+    physical type BYTE_ARRAY, so a dictionary-encoded FIXED_LEN_BYTE_ARRAY chunk is read dense
+    with dense_row_bytes 0: 64 rows a batch, each a copy of the entry, all "1 byte". A 1.8 KB
+    file of 128 good prompt rows plus an unused column holding one 3.9 MB entry (bound 4 MiB)
+    peaks at 875 MB (the same entry as a string column: 158 MB), and every row is exported.
+    At the default 16 MiB bound (a dictionary page up to 2 x the bound) that is 64 x 32 MiB
+    twice over (Arrow's copies, then Python's bytes): ~4 GiB from a 2 KB file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from test_redteam_input import _peak_rss_mb
+
+    rows, size = 128, 3_900_000
+    table = pa.table({
+        "timestamp": pa.array(range(rows), pa.int64()),
+        "prompt": pa.array(["hello world"] * rows),
+        "output_length": pa.array([1] * rows, pa.int64()),
+        "junk": pa.array([b"x" * size] * rows, type=pa.binary(size))})
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src, use_dictionary=True, dictionary_pagesize_limit=64 << 20,
+                   compression="zstd")
+    assert src.stat().st_size < 4096
+    code, peak, said = _peak_rss_mb(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+         "--processes", "1", "--max-record-bytes", str(4 << 20)], ROOT)
+    assert code == 0, said[-2000:]
+    # BOUNDS.md: ~9 x the bound for Parquet, plus reader buffers, over a ~150 MB process
+    assert peak < 350, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
