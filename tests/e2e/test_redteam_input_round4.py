@@ -247,3 +247,35 @@ def test_a_parquet_log_written_with_string_view_columns_reads(tiny_tokenizer, tm
     code, said = _anonymize_child(tiny_tokenizer, src, out)
     assert code == 0, said[-2000:]
     assert json.loads((out / "manifest.json").read_text())["records"]["exported"] == rows
+
+
+# ---- trace Parquet: the dictionary bomb anonymize's reader was fixed for ------------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("command", ["analyze", "validate"])
+def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
+    """BOUNDS.md: trace Parquet is read with "footer and pages as above at 16 MiB". But
+    paths.read_parquet_within checks pages (oversized_pages) and then calls parquet.read():
+    every column, dictionaries decoded dense, no per-row sizing (the dictionary-bomb fix,
+    group_reader and arrow_sizes, is anonymize's reader only). A 2.8 KB trace of 300 rows
+    whose session_id is one 4 MB dictionary entry decodes to 1.2 GB of Arrow and then 300
+    Python strings: analyze and validate peak at ~1.15 GB (each page is small; the dictionary
+    page is 4 MB, under the 16 MiB bound). 1,000 rows of a 16 MiB entry would be 16 GB."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from test_redteam_input import _peak_rss_mb
+
+    rows = 300
+    src = tmp_path / "trace.parquet"
+    pq.write_table(pa.table({
+        "timestamp": pa.array(range(rows), pa.int64()),
+        "input_length": pa.array([4] * rows, pa.int64()),
+        "output_length": pa.array([1] * rows, pa.int64()),
+        "hash_ids": pa.array([[0]] * rows, pa.list_(pa.int64())),
+        "session_id": pa.array(["x" * 4_000_000] * rows)}),
+        src, use_dictionary=True, dictionary_pagesize_limit=64 << 20, compression="zstd")
+    assert src.stat().st_size < 4096
+    code, peak, said = _peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)],
+                                    ROOT)
+    assert peak < 500, f"{command}: {peak} MB peak reading a {src.stat().st_size}-byte trace"
