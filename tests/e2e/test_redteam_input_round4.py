@@ -260,13 +260,14 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     group_reader and arrow_sizes, is anonymize's reader only). A 2.8 KB trace of 300 rows
     whose session_id is one 4 MB dictionary entry decodes to 1.2 GB of Arrow and then 300
     Python strings: analyze and validate peak at ~1.15 GB (each page is small; the dictionary
-    page is 4 MB, under the 16 MiB bound). 1,000 rows of a 16 MiB entry would be 16 GB."""
+    page is 4 MB, under the 16 MiB bound; 3.4-3.9 GB measured in a test run). Here 80 rows:
+    ~1 GB. 1,000 rows of a 16 MiB entry would be 16 GB."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from test_redteam_input import _peak_rss_mb
 
-    rows = 300
+    rows = 80
     src = tmp_path / "trace.parquet"
     pq.write_table(pa.table({
         "timestamp": pa.array(range(rows), pa.int64()),
@@ -278,4 +279,4 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     assert src.stat().st_size < 4096
     code, peak, said = _peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)],
                                     ROOT)
-    assert peak < 500, f"{command}: {peak} MB peak reading a {src.stat().st_size}-byte trace"
+    assert peak < 400, f"{command}: {peak} MB peak reading a {src.stat().st_size}-byte trace"
