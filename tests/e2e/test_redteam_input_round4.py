@@ -280,3 +280,29 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     code, peak, said = _peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)],
                                     ROOT)
     assert peak < 400, f"{command}: {peak} MB peak reading a {src.stat().st_size}-byte trace"
+
+
+# ---- decompression: a valid .xz with stream padding loses its later streams ----------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, engine):
+    """The .xz format allows Stream Padding (null bytes, a multiple of 4) between and after
+    concatenated streams; `xz -dc` reads this file's 10 records. decompress.py starts a new
+    LZMADecompressor after each stream (concatenated members are read) and hands it the
+    padding: LZMAError, a `damaged_file` letter "corrupt compressed data" with lost_bytes 0,
+    and the second stream's 5 records are never read ("exported 5 of 6"): records lost from a
+    well-formed file, on both engines, and --max-rejected-fraction weighs none of them."""
+    import lzma
+
+    good = b"".join(json.dumps(chat(i, i)).encode() + b"\n" for i in range(5))
+    src = tmp_path / "in.jsonl.xz"
+    src.write_bytes(lzma.compress(good) + b"\x00" * 4 + lzma.compress(good))
+    if shutil.which("xz"):
+        assert subprocess.run(["xz", "-dc", str(src)], capture_output=True,
+                              check=True).stdout.count(b"\n") == 10
+    out = tmp_path / "out"
+    code, said = _anonymize_child(tiny_tokenizer, src, out, None, "--engine", engine)
+    assert code == 0, said[-2000:]
+    assert json.loads((out / "manifest.json").read_text())["records"]["exported"] == 10
+    assert _letters(out) == []
