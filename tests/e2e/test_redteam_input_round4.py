@@ -32,7 +32,8 @@ def _anonymize_child(folder, src, out, address_space: int | None = None, *extra:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     proc = subprocess.run(
         [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(out), "--tokenizer", str(folder), "--block-size", "4", "--processes", "1", *extra],
+         str(out), "--tokenizer", str(folder), "--block-size", "4",
+         *([] if "beam" in extra else ["--processes", "1"]), *extra],
         cwd=ROOT, capture_output=True, timeout=300, preexec_fn=cap,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return proc.returncode, proc.stderr.decode(errors="replace")
