@@ -307,3 +307,42 @@ def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, en
     assert code == 0, said[-2000:]
     assert json.loads((out / "manifest.json").read_text())["records"]["exported"] == 10
     assert _letters(out) == []
+
+
+# ---- integers past MAX_INT_BITS through filters: |int(base=16), then |round(-n) -------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_filters_cannot_build_and_divide_integers_past_the_bit_bound(tiny_tokenizer, tmp_path):
+    """bounded_sandbox.py bounds integers at MAX_INT_BITS (4096) in call_binop only. jinja's
+    `int` filter takes a base: `("f" * 4000000)|int(base=16)` parses a 16 M-bit integer in
+    linear time (a power-of-two base is not under Python's int_max_str_digits), its result
+    unmeasured (_checked sizes str and lists). jinja's `round` filter is Python's round(),
+    and a negative precision (|precision| <= MAX_ARGUMENT passes _check_integers) makes
+    CPython's long_round compute 10**1000000 and divide the 16 M-bit integer by it: one
+    schoolbook long division in one C call holding the GIL, ~80 s here (88.9 s wall for a
+    4-record run), where the render budget is 5 s and the watchdog stops only between steps.
+    A 64 M-bit integer (a 16 M-character string, still within every bound) takes hours."""
+    import signal
+    import time
+
+    folder = _template_folder(
+        tiny_tokenizer, tmp_path,
+        '{% if messages[0].content == "boom" %}{% set x = ("f" * 4000000)|int(base=16) %}'
+        '{% set y = x|round(-1000000) %}{% endif %}')
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
+         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    started = time.monotonic()
+    try:
+        proc.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # start-up plus one 5 s budget, with room for a loaded machine
+    assert time.monotonic() - started < 35, "one render ran far past its 5 s budget"
