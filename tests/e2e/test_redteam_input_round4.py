@@ -399,3 +399,28 @@ def test_synthesize_output_called_valid_is_valid(tmp_path):
         return
     checked = run("validate", str(out), "--block-size", "4")
     assert b"NOT VALID" not in checked.stdout + checked.stderr, checked.stdout.decode()
+
+
+# ---- `+` on two strings is measured after it is built --------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=ROUND4)
+def test_adding_two_strings_is_sized_before_it_runs(tiny_tokenizer, tmp_path):
+    """BOUNDS.md: "each step is sized from its operands before it runs: repetition, `+`, ...".
+    BoundedSandbox.add calls _check_binop("+", ...), which has branches for two integers and
+    two lists only: `str + str` is built first and refused after (`type(result) in _SIZED`),
+    so `s + s` with s at the 256 Mi bound allocates 512 MB in one C call before the refusal
+    (the same message a check before it would give). Measured by peak RSS: ~256 MB for s,
+    then 512 MB more for the sum that a check from len(left) + len(right) would never build."""
+    from test_redteam_input import _peak_rss_mb
+
+    folder = _template_folder(
+        tiny_tokenizer, tmp_path,
+        '{% if messages[0].content == "boom" %}{% set s = "x" * 268435456 %}'
+        '{% set t = s + s %}{% endif %}')
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
+    code, peak, said = _peak_rss_mb(
+        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
+         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
+         "--processes", "1"], ROOT)
+    assert code == 0, said[-2000:]
+    assert peak < 600, f"{peak} MB peak: the sum was built before it was sized"
