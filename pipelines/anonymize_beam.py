@@ -35,6 +35,7 @@ from transforms.ids.id_map import publish_night, segment_files_by_shard
 from transforms.write.coarsen import published_requests
 from transforms.write.manifest import (RecordCounts, check_not_before_origin, id_map_start,
                                        check_rejected_fraction, trace_origin_ms)
+from transforms.encode.encode_requests import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS
 from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
 from transforms.write.publish import DEAD_LETTER_FILE
@@ -45,8 +46,6 @@ from transforms.write.steps import WriteShard
 
 from pipelines.anonymize_config import (
     ID_BATCH_BLOCKS,
-    TOKENIZE_BATCH_BYTES,
-    TOKENIZE_BATCH_REQUESTS,
     AnonymizeConfig,
     IdMapRun,
     publish_output,
@@ -75,12 +74,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "Batch" >> beam.ParDo(BatchByWeight(
             TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
         | "RenderTokenizeHash" >> beam.ParDo(
-            EncodeRequests(
-                config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs,
-                config.hash_scheme, config.emit_output_hashes, config.segment_cache_bytes,
-                config.tokenizer_sha256,
-            )
-        ).with_outputs(DEAD_LETTER_TAG, main="hashed")
+EncodeRequests(config.encode)).with_outputs(DEAD_LETTER_TAG, main="hashed")
     )
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
     agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()

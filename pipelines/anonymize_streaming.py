@@ -54,7 +54,7 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS, AnonymizeConfig
+from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_local import Encoded, publish_encoded, write_dead_letters
 from pipelines.runner import pipeline_options, run
 from transforms import storage
@@ -66,6 +66,7 @@ from transforms.encode.timestamp_kinds import keep_plausible_windows, sum_kind_c
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.read.timestamps import DAY_MS, plausible_days
+from transforms.encode.encode_requests import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS
 from transforms.steps import BatchByWeight
 from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from transforms.write.coarsen import Coarsening, published_requests, round_to
@@ -598,10 +599,8 @@ def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollecti
         parsed.requests
         | "Batch" >> beam.ParDo(BatchByWeight(
             TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
-        | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(
-            job.tokenizer, job.block_size, job.salt, job.chat_template_kwargs, job.hash_scheme,
-            job.emit_output_hashes, job.segment_cache_bytes, job.tokenizer_sha256)).with_outputs(
-                DEAD_LETTER_TAG, main="hashed")
+        | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(job.encode)).with_outputs(
+            DEAD_LETTER_TAG, main="hashed")
     )
     return (
         (encoded.hashed, parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])

@@ -10,12 +10,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.encode.blocks import chain_seed
-from transforms.encode.schemes import HashScheme
-from transforms.encode.segment_cache import COUNTED, DEFAULT_BUDGET_BYTES, SegmentCache
-from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import checked_tokenizer
+from transforms.encode.segment_cache import COUNTED, SegmentCache
+from transforms.encode.encode_requests import (EncodedBatch, EncodeOptions, OverlappedEncoder,
+                                               open_encoder)
 from transforms.garbage import settle_after_start_up
 from transforms.read.records import Request
 from transforms.dead_letters import DEAD_LETTER_TAG
@@ -32,20 +29,8 @@ class EncodeRequests(beam.DoFn):
     emitted by the next call, or by finish_bundle for the last batch.
     """
 
-    def __init__(
-        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any],
-        scheme: HashScheme = HashScheme(), emit_output_hashes: bool = False,
-        segment_cache_bytes: int = DEFAULT_BUDGET_BYTES,
-        tokenizer_sha256: dict[str, str] | None = None,
-    ):
-        self._tokenizer_name = tokenizer_name
-        self._block_size = block_size
-        self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
-        self._template_kwargs = dict(template_kwargs)
-        self._scheme = scheme
-        self._emit_output_hashes = emit_output_hashes
-        self._segment_cache_bytes = segment_cache_bytes
-        self._tokenizer_sha256 = tokenizer_sha256  # the files the run began with, if known
+    def __init__(self, options: EncodeOptions):
+        self._options = options  # where the salt is: the salt itself never enters the graph
         # One segment cache per worker process, shared by the DoFn instances its threads run
         # (Dataflow runs several per process): the budget is a process's, not a thread's.
         self._shared_cache = shared.Shared()
@@ -54,13 +39,9 @@ class EncodeRequests(beam.DoFn):
                                for name in COUNTED}
 
     def setup(self) -> None:
-        self._segment_cache = self._shared_cache.acquire(
-            lambda: SegmentCache(self._segment_cache_bytes))  # held: the handle keeps weak refs
-        self._encoding = OverlappedEncoder(RequestEncoder(
-            checked_tokenizer(self._tokenizer_name, self._tokenizer_sha256), self._block_size,
-            chain_seed(self._salt.load()),
-            self._template_kwargs, self._scheme, self._emit_output_hashes,
-            self._segment_cache_bytes, self._segment_cache))
+        self._segment_cache = self._shared_cache.acquire(  # held: the handle keeps weak refs
+            lambda: SegmentCache(self._options.segment_cache_bytes))
+        self._encoding = OverlappedEncoder(open_encoder(self._options, self._segment_cache))
         settle_after_start_up()
 
     def teardown(self) -> None:
@@ -133,3 +114,4 @@ class OneTimestampKind(beam.PTransform):
         return hashed | "KeepKind" >> beam.ParDo(
             KeepInputTimestampKind(), beam.pvalue.AsSingleton(counts)
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
+
