@@ -1,4 +1,5 @@
-"""The Beam step of encoding: render, tokenize and chain-hash batches of requests on workers."""
+"""The Beam steps of encoding: render, tokenize and chain-hash batches of requests on workers
+(Encode, the stage both the batch and the streaming pipelines run)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.encode.segment_cache import COUNTED, SegmentCache
-from transforms.encode.encode_requests import (EncodedBatch, EncodeOptions, OverlappedEncoder,
+from transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
+                                               EncodedBatch, EncodeOptions, OverlappedEncoder,
                                                open_encoder)
 from transforms.garbage import settle_after_start_up
 from transforms.read.records import Request
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
-from transforms.steps import tagged
+from transforms.steps import BatchByWeight, tagged
 
 
 class EncodeRequests(beam.DoFn):
@@ -115,3 +117,31 @@ class OneTimestampKind(beam.PTransform):
             KeepInputTimestampKind(), beam.pvalue.AsSingleton(counts)
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
 
+
+class Encode(beam.PTransform):
+    """Requests in; HashedBatches out ("hashed"), and the requests that could not be encoded as
+    dead letters (DEAD_LETTER_TAG): the encode stage of the batch and the streaming pipelines.
+
+    With one_timestamp_kind (batch), only requests of the input's majority timestamp kind go on
+    (OneTimestampKind), the others are dead letters too. A stream judges timestamps per window
+    against its input so far instead (anonymize_streaming), as a count over an unbounded input
+    never completes."""
+
+    def __init__(self, options: EncodeOptions, one_timestamp_kind: bool = True):
+        super().__init__()
+        self._options = options
+        self._one_timestamp_kind = one_timestamp_kind
+
+    def expand(self, requests: beam.PCollection) -> dict[str, beam.PCollection]:
+        encoded = (
+            requests
+            | "Batch" >> beam.ParDo(BatchByWeight(
+                TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
+            | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(self._options))
+            .with_outputs(DEAD_LETTER_TAG, main="hashed"))
+        if not self._one_timestamp_kind:
+            return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG]}
+        agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
+        letters = ((encoded[DEAD_LETTER_TAG], agreed[DEAD_LETTER_TAG])
+                   | "AllRejected" >> beam.Flatten())
+        return {"hashed": agreed.hashed, DEAD_LETTER_TAG: letters}
