@@ -58,20 +58,19 @@ def startup_seconds(tokenizer: str) -> float:
 
 
 def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
-    from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS
     from transforms.batching import batches_by_weight
-    from transforms.encode.blocks import chain_seed
-    from transforms.encode.encode_requests import RequestEncoder
+    from transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
+                                                   EncodeOptions, open_encoder)
     from transforms.encode.hashed_batch import HashedBatch
-    from transforms.encode.tokenize import load_tokenizer
+    from transforms.encode.salt import SaltSource
     from transforms.ids.dense_ids import block_keys, dense_ids, session_keys
     from transforms.read.records import ParseOptions
     from transforms.read.sources import file_ranges, parse_one, read_range
     from transforms.write.rows import row_batch
     from transforms.write.shards import jsonl_bytes, parquet_bytes
 
-    encoder = RequestEncoder(load_tokenizer(tokenizer_name), block_size,
-                             chain_seed(b"profile salt, 32 bytes long....."), {})
+    salt = SaltSource("random", inline=b"profile salt, 32 bytes long.....")
+    encoder = open_encoder(EncodeOptions(tokenizer_name, salt, block_size=block_size))
     with stage("read"):
         records = [item for piece in file_ranges(str(corpus), corpus.stat().st_size)
                    for item in read_range(piece, 64 << 20)]

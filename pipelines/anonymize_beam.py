@@ -29,13 +29,14 @@ from transforms.ids.steps import (
     WriteSegmentShard,
 )
 from transforms.encode.schemes import engine_hashes
-from transforms.encode.steps import EncodeRequests, OneTimestampKind
+from transforms.encode.steps import Encode
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.ids.id_map import publish_night, segment_files_by_shard
 from transforms.write.coarsen import published_requests
 from transforms.write.manifest import (RecordCounts, check_not_before_origin, id_map_start,
                                        check_rejected_fraction, trace_origin_ms)
 from transforms.steps import BatchByWeight, CombineWith, metered
+from transforms.read.records import ParseOptions
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
 from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import assemble_rows, request_room
@@ -45,8 +46,6 @@ from transforms.write.steps import WriteShard
 
 from pipelines.anonymize_config import (
     ID_BATCH_BLOCKS,
-    TOKENIZE_BATCH_BYTES,
-    TOKENIZE_BATCH_REQUESTS,
     AnonymizeConfig,
     IdMapRun,
     publish_output,
@@ -64,28 +63,11 @@ class AnonymizeOutputs(NamedTuple):
 
 def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     read = pipeline | "Read" >> ReadRecords(config.inputs, config.parse.max_record_bytes)
-    records = read.records
-    parsed = parse_records(records, config.parse)
-    requests, routing_letters = parsed.requests, []
-    if config.route_sessions:
-        routed = parsed.requests | "RouteSessions" >> RouteSessions(config.parse)
-        requests, routing_letters = routed.requests, [routed[DEAD_LETTER_TAG]]
-    encoded = (
-        requests
-        | "Batch" >> beam.ParDo(BatchByWeight(
-            TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
-        | "RenderTokenizeHash" >> beam.ParDo(
-            EncodeRequests(
-                config.tokenizer, config.block_size, config.salt, config.chat_template_kwargs,
-                config.hash_scheme, config.emit_output_hashes, config.segment_cache_bytes,
-                config.tokenizer_sha256,
-            )
-        ).with_outputs(DEAD_LETTER_TAG, main="hashed")
-    )
+    parsed = read.records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
-    agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
+    encoded = parsed["requests"] | "Encode" >> Encode(config.encode)
     earliest = (
-        agreed.hashed
+        encoded["hashed"]
         | "EarliestInBatch" >> beam.FlatMap(HashedBatch.earliest_ms)
         | "Earliest" >> beam.CombineGlobally(min).without_defaults()
     )
@@ -96,7 +78,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     )
     # Numbered, planned and sorted on what the rows publish (coarsen.published_requests). The
     # rounding waits on the origin's side input, a stage boundary: only when there is any.
-    hashed = agreed.hashed
+    hashed = encoded["hashed"]
     if not config.coarsening.is_identity:
         hashed = hashed | "PublishedTimes" >> beam.Map(published_requests, origin,
                                                        config.coarsening)
@@ -136,13 +118,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "AssembleRows" >> beam.FlatMap(assemble_rows, plan, origin, config.emit_output_hashes)
     )
 
-    letter_sources = (
-        read[DEAD_LETTER_TAG],
-        parsed[DEAD_LETTER_TAG],
-        *routing_letters,
-        encoded[DEAD_LETTER_TAG],
-        agreed[DEAD_LETTER_TAG],
-    )
+    letter_sources = (read[DEAD_LETTER_TAG], parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
     # Written where they are made, as they come (in sorted runs: SortedRuns), never gathered
     # (even a Flatten of them no step reads is held whole by the local runner): only each
     # bundle's runs and tally travel on, and one step merges the runs into the file.
@@ -155,7 +131,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # read = exported + rejected still holds and --max-rejected-fraction sees it.
     read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
     counts = (
-        records
+        read.records
         | "CountRead" >> beam.combiners.Count.Globally()
         | "Counts" >> beam.Map(
             lambda read, read_rejected, letters: RecordCounts(
@@ -240,6 +216,26 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
                                           publish_output(config, m)),
         beam.pvalue.AsList(letters_written))
     return AnonymizeOutputs(trace_files, letters_written, summary)
+
+
+class ParseRequests(beam.PTransform):
+    """(source, record) in; Requests out ("requests"), each session's on one worker when
+    routed (--route-sessions), and the records that are not requests as dead letters
+    (DEAD_LETTER_TAG)."""
+
+    def __init__(self, options: ParseOptions, route_sessions: bool):
+        super().__init__()
+        self._options = options
+        self._route_sessions = route_sessions
+
+    def expand(self, records: beam.PCollection) -> dict[str, beam.PCollection]:
+        parsed = parse_records(records, self._options)
+        if not self._route_sessions:
+            return {"requests": parsed.requests, DEAD_LETTER_TAG: parsed[DEAD_LETTER_TAG]}
+        routed = parsed.requests | "RouteSessions" >> RouteSessions(self._options)
+        letters = ((parsed[DEAD_LETTER_TAG], routed[DEAD_LETTER_TAG])
+                   | "AllRejected" >> beam.Flatten())
+        return {"requests": routed.requests, DEAD_LETTER_TAG: letters}
 
 
 class StageLetters(beam.DoFn):

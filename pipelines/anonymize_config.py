@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transforms import storage
+from transforms.encode.encode_requests import (  # noqa: F401 (the local engine's batches)
+    TOKENIZE_BATCH_BYTES,
+    TOKENIZE_BATCH_REQUESTS,
+    EncodeOptions,
+)
 from transforms.encode.schemes import HashScheme
 from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.encode.salt import SaltSource
@@ -34,12 +39,6 @@ from transforms.write.totals import ExportTotals, export_stats
 # The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
 ID_BATCH_BLOCKS = 200_000
-# Batches big enough for the fast tokenizer to use every core, small enough to bound memory: the
-# tokenizer's Encoding objects cost ~100 bytes per token, so 8 MB of records (~2M tokens) keep a
-# batch near 200 MB; 256 requests bound batches of short chats. A record over the byte bound is
-# a batch of its own. (Measured on long prompts: 2 MB costs 5% more time, 16 MB twice the peak.)
-TOKENIZE_BATCH_REQUESTS = 256
-TOKENIZE_BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,15 @@ class AnonymizeConfig:
         """A folding night whose shard count differs from the map's: every map row is read
         and re-split by shard; other folding nights merge each shard's sorted files in place."""
         return self.compacts_map and self.hash_shards != self.id_map.base.hash_shards
+
+    @property
+    def encode(self) -> EncodeOptions:
+        """The encoder's options, as `parse` holds the parser's."""
+        return EncodeOptions(
+            tokenizer=self.tokenizer, salt=self.salt, block_size=self.block_size,
+            chat_template_kwargs=self.chat_template_kwargs, hash_scheme=self.hash_scheme,
+            emit_output_hashes=self.emit_output_hashes,
+            segment_cache_bytes=self.segment_cache_bytes, tokenizer_sha256=self.tokenizer_sha256)
 
     @property
     def timestamp_origin_ms(self) -> int | None:

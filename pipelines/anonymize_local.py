@@ -50,13 +50,12 @@ from transforms.dead_letters import (
     Tally,
     merge_runs,
 )
-from transforms.encode.blocks import chain_seed
-from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
+from transforms.encode.encode_requests import (EncodedBatch, OverlappedEncoder, RequestEncoder,
+                                               open_encoder)
 from transforms.encode.schemes import engine_hashes
 from transforms.encode.segment_cache import CacheCounts, log_counts
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
-from transforms.encode.tokenize import checked_tokenizer
 from transforms.garbage import settle_after_start_up
 from transforms.ids.dense_ids import (
     NUMBERED,
@@ -287,11 +286,7 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
 
 
 def _encoder(config: AnonymizeConfig) -> RequestEncoder:
-    return RequestEncoder(checked_tokenizer(config.tokenizer, config.tokenizer_sha256),
-                          config.block_size,
-                          chain_seed(config.salt.load()), config.chat_template_kwargs,
-                          config.hash_scheme, config.emit_output_hashes,
-                          config.segment_cache_bytes)
+    return open_encoder(config.encode)
 
 
 def _start_worker(config: AnonymizeConfig, total_bytes: int, pieces: list[FileRange],

@@ -54,19 +54,18 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS, AnonymizeConfig
+from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_local import Encoded, publish_encoded, write_dead_letters
 from pipelines.runner import pipeline_options, run
 from transforms import storage
 from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
-from transforms.encode.steps import EncodeRequests
+from transforms.encode.steps import Encode
 from transforms.encode.timestamp_kinds import keep_plausible_windows, sum_kind_counts
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
 from transforms.read.timestamps import DAY_MS, plausible_days
-from transforms.steps import BatchByWeight
 from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from transforms.write.coarsen import Coarsening, published_requests, round_to
 from transforms.write.manifest import RUN_COUNTS
@@ -594,17 +593,10 @@ def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollecti
     job = config.job
     records = messages | "Source" >> beam.Map(lambda message: (config.source, message))
     parsed = parse_records(records, job.parse)
-    encoded = (
-        parsed.requests
-        | "Batch" >> beam.ParDo(BatchByWeight(
-            TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
-        | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(
-            job.tokenizer, job.block_size, job.salt, job.chat_template_kwargs, job.hash_scheme,
-            job.emit_output_hashes, job.segment_cache_bytes, job.tokenizer_sha256)).with_outputs(
-                DEAD_LETTER_TAG, main="hashed")
-    )
+    # Timestamp kinds are judged per window, against the stream's input so far (PublishWindows).
+    encoded = parsed.requests | "Encode" >> Encode(job.encode, one_timestamp_kind=False)
     return (
-        (encoded.hashed, parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
+        (encoded["hashed"], parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
         | "Everything" >> beam.Flatten()
         | "OneKey" >> beam.Map(lambda item: (0, item))
         | "PublishWindows" >> beam.ParDo(PublishWindows(config))

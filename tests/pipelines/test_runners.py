@@ -95,7 +95,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
 
     proto = pipeline.runner.proto_pipeline
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ("RenderTokenizeHash", "BlockIds/LookUpShard", "BlockMapFiles",
+    for step in ("Encode/RenderTokenizeHash", "BlockIds/LookUpShard", "BlockMapFiles",
                  "WriteBlockSegment", "WriteShards", "PublishIdMap"):
         assert any(name.startswith(step) for name in names), step
     images = {env.payload for env in proto.components.environments.values()}

@@ -15,6 +15,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.encode.encode_requests import EncodeOptions
 from transforms.encode.steps import EncodeRequests
 from transforms.encode.salt import SaltSource
 from transforms.ids.segments import (SegmentFile, checksum, index_path, parquet_checksum,
@@ -48,8 +49,8 @@ def test_encode_requests_hashes_batches_and_dead_letters_template_errors(tiny_to
 
     with TestPipeline() as pipeline:
         out = (pipeline | beam.Create([batch])
-               | beam.ParDo(EncodeRequests(tiny_tokenizer, 4, salt, {})).with_outputs(
-                   DEAD_LETTER_TAG, main="hashed"))
+               | beam.ParDo(EncodeRequests(EncodeOptions(tiny_tokenizer, salt, block_size=4)))
+               .with_outputs(DEAD_LETTER_TAG, main="hashed"))
         assert_that(out.hashed, check)
         assert_that(out[DEAD_LETTER_TAG] | beam.Map(lambda d: d.reason),
                     equal_to(["template_error"]), label="Rejected")
@@ -59,13 +60,14 @@ def test_encode_requests_instances_of_a_process_share_one_segment_cache(tiny_tok
     """A runner deserializes a DoFn once per thread: those copies share one cache (and its
     budget), as the threads of one Dataflow worker process would."""
     salt = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")
-    dofn = EncodeRequests(tiny_tokenizer, 4, salt, {}, segment_cache_bytes=1 << 20)
+    dofn = EncodeRequests(EncodeOptions(tiny_tokenizer, salt, block_size=4,
+                                        segment_cache_bytes=1 << 20))
     copies = [pickle.loads(pickle.dumps(dofn)) for _ in range(2)]
     for copy in copies:
         copy.setup()
     try:
         assert copies[0]._segment_cache is copies[1]._segment_cache
-        other = EncodeRequests(tiny_tokenizer, 4, salt, {})  # another pipeline's step
+        other = EncodeRequests(EncodeOptions(tiny_tokenizer, salt, block_size=4))  # another run's
         other.setup()
         assert other._segment_cache is not copies[0]._segment_cache
         other.teardown()

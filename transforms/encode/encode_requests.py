@@ -9,22 +9,25 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from dataclasses import replace
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import xxhash
 
-from transforms.encode.blocks import DIGEST_SIZE, TOKEN_DTYPE, keyed_digest, token_bytes
+from transforms.encode.blocks import (DIGEST_SIZE, TOKEN_DTYPE, chain_seed, keyed_digest,
+                                      token_bytes)
 from transforms.encode.fallible_tokenizer import TokenizerFailure
 from transforms.encode.segment_cache import (DEFAULT_BUDGET_BYTES, CacheCounts, SegmentCache,
                                              SegmentEncoder)
+from transforms.encode.salt import SaltSource
 from transforms.encode.schemes import HashScheme
+from transforms.encode.tokenize import checked_tokenizer, render_chat
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.trace_format import NO_RESPONSE_MS
+from transforms.trace_format import DEFAULT_BLOCK_SIZE, NO_RESPONSE_MS
 from transforms.read.records import Request
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off
@@ -32,7 +35,13 @@ from transforms.read.records import Request
 DROPPABLE_ROLES = frozenset({"system", "developer"})
 MESSAGE_NOT_RENDERED = "message_not_rendered"
 TOKENIZER_ERROR = "tokenizer_error"  # the dead letter of a text the tokenizer failed on
-from transforms.encode.tokenize import render_chat
+
+# Batches big enough for the fast tokenizer to use every core, small enough to bound memory: the
+# tokenizer's Encoding objects cost ~100 bytes per token, so 8 MB of records (~2M tokens) keep a
+# batch near 200 MB; 256 requests bound batches of short chats. A record over the byte bound is
+# a batch of its own. (Measured on long prompts: 2 MB costs 5% more time, 16 MB twice the peak.)
+TOKENIZE_BATCH_REQUESTS = 256
+TOKENIZE_BATCH_BYTES = 8 << 20
 
 _LOG = logging.getLogger("kvtrace")
 PROGRESS_INTERVAL_S = 30.0
@@ -83,6 +92,23 @@ def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: by
     return keys[full_prompt * DIGEST_SIZE:]
 
 
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How requests become hashes: the encoder's twin of read.records.ParseOptions, built once
+    from a run's config and passed whole wherever an encoder is made. It names the tokenizer and
+    where the salt is, never the salt: it travels in Beam's pipeline graph to the workers, which
+    load both (open_encoder)."""
+
+    tokenizer: str  # a local folder or a known name (tokenize.load_tokenizer)
+    salt: SaltSource
+    block_size: int = DEFAULT_BLOCK_SIZE
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    hash_scheme: HashScheme = field(default_factory=HashScheme)
+    emit_output_hashes: bool = False  # also hash the blocks the engine caches after decoding
+    segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
+    tokenizer_sha256: Mapping[str, str] = field(default_factory=dict)  # the run's files, if known
+
+
 Rendered = list[tuple[Request, "str | None"]]  # each request with its prompt text, if any
 # prompt token bytes, output token bytes: each, or the tokenizer's failure on it
 Tokenized = tuple[list["bytes | TokenizerFailure"], list["bytes | TokenizerFailure"]]
@@ -92,18 +118,17 @@ class RequestEncoder:
     """Batches of Requests in, one HashedBatch (or None) and dead letters out, in three steps
     that callers may overlap: render (Python), tokenize (Rust, releases the GIL), hash."""
 
-    def __init__(self, tokenizer: Any, block_size: int, seed: bytes,
-                 template_kwargs: dict[str, Any], scheme: HashScheme = HashScheme(),
-                 emit_output_hashes: bool = False,
-                 segment_cache_bytes: int = DEFAULT_BUDGET_BYTES,
+    def __init__(self, tokenizer: Any, seed: bytes, options: EncodeOptions,
                  segment_cache: SegmentCache | None = None):
+        """tokenizer and seed: the options' tokenizer loaded and their salt's chain seed
+        (open_encoder makes both; tests may pass an in-memory tokenizer)."""
         self._tokenizer = tokenizer
-        self._template_kwargs = dict(template_kwargs)
-        self._segments = SegmentEncoder(tokenizer.backend_tokenizer, segment_cache_bytes,
+        self._template_kwargs = dict(options.chat_template_kwargs)
+        self._segments = SegmentEncoder(tokenizer.backend_tokenizer, options.segment_cache_bytes,
                                         segment_cache)
-        self._scheme = scheme
-        self._emit_output_hashes = emit_output_hashes
-        self._block_size = block_size
+        self._scheme = options.hash_scheme
+        self._emit_output_hashes = options.emit_output_hashes
+        self._block_size = options.block_size
         self._seed = seed
         self._progress = _Progress()
 
@@ -168,6 +193,14 @@ class RequestEncoder:
             return render_chat(self._tokenizer, request.messages, request.tools,
                                self._template_kwargs, len(request.line))
         return request.prompt
+
+
+def open_encoder(options: EncodeOptions, segment_cache: SegmentCache | None = None
+                 ) -> RequestEncoder:
+    """The encoder where it runs (a Beam worker, a local worker process): the tokenizer loaded
+    and checked against the files the run began with, the salt fetched and chained."""
+    return RequestEncoder(checked_tokenizer(options.tokenizer, options.tokenizer_sha256),
+                          chain_seed(options.salt.load()), options, segment_cache)
 
 
 def unrendered(request: Request, prompt: str | None) -> Request:

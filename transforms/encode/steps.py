@@ -1,4 +1,5 @@
-"""The Beam step of encoding: render, tokenize and chain-hash batches of requests on workers."""
+"""The Beam steps of encoding: render, tokenize and chain-hash batches of requests on workers
+(Encode, the stage both the batch and the streaming pipelines run)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,16 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.encode.blocks import chain_seed
-from transforms.encode.schemes import HashScheme
-from transforms.encode.segment_cache import COUNTED, DEFAULT_BUDGET_BYTES, SegmentCache
-from transforms.encode.encode_requests import EncodedBatch, OverlappedEncoder, RequestEncoder
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import checked_tokenizer
+from transforms.encode.segment_cache import COUNTED, SegmentCache
+from transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
+                                               EncodedBatch, EncodeOptions, OverlappedEncoder,
+                                               open_encoder)
 from transforms.garbage import settle_after_start_up
 from transforms.read.records import Request
 from transforms.dead_letters import DEAD_LETTER_TAG
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
-from transforms.steps import tagged
+from transforms.steps import BatchByWeight, tagged
 
 
 class EncodeRequests(beam.DoFn):
@@ -32,20 +31,8 @@ class EncodeRequests(beam.DoFn):
     emitted by the next call, or by finish_bundle for the last batch.
     """
 
-    def __init__(
-        self, tokenizer_name: str, block_size: int, salt: SaltSource, template_kwargs: dict[str, Any],
-        scheme: HashScheme = HashScheme(), emit_output_hashes: bool = False,
-        segment_cache_bytes: int = DEFAULT_BUDGET_BYTES,
-        tokenizer_sha256: dict[str, str] | None = None,
-    ):
-        self._tokenizer_name = tokenizer_name
-        self._block_size = block_size
-        self._salt = salt  # where to fetch it: the salt itself never enters the pipeline graph
-        self._template_kwargs = dict(template_kwargs)
-        self._scheme = scheme
-        self._emit_output_hashes = emit_output_hashes
-        self._segment_cache_bytes = segment_cache_bytes
-        self._tokenizer_sha256 = tokenizer_sha256  # the files the run began with, if known
+    def __init__(self, options: EncodeOptions):
+        self._options = options  # where the salt is: the salt itself never enters the graph
         # One segment cache per worker process, shared by the DoFn instances its threads run
         # (Dataflow runs several per process): the budget is a process's, not a thread's.
         self._shared_cache = shared.Shared()
@@ -54,13 +41,9 @@ class EncodeRequests(beam.DoFn):
                                for name in COUNTED}
 
     def setup(self) -> None:
-        self._segment_cache = self._shared_cache.acquire(
-            lambda: SegmentCache(self._segment_cache_bytes))  # held: the handle keeps weak refs
-        self._encoding = OverlappedEncoder(RequestEncoder(
-            checked_tokenizer(self._tokenizer_name, self._tokenizer_sha256), self._block_size,
-            chain_seed(self._salt.load()),
-            self._template_kwargs, self._scheme, self._emit_output_hashes,
-            self._segment_cache_bytes, self._segment_cache))
+        self._segment_cache = self._shared_cache.acquire(  # held: the handle keeps weak refs
+            lambda: SegmentCache(self._options.segment_cache_bytes))
+        self._encoding = OverlappedEncoder(open_encoder(self._options, self._segment_cache))
         settle_after_start_up()
 
     def teardown(self) -> None:
@@ -133,3 +116,32 @@ class OneTimestampKind(beam.PTransform):
         return hashed | "KeepKind" >> beam.ParDo(
             KeepInputTimestampKind(), beam.pvalue.AsSingleton(counts)
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
+
+
+class Encode(beam.PTransform):
+    """Requests in; HashedBatches out ("hashed"), and the requests that could not be encoded as
+    dead letters (DEAD_LETTER_TAG): the encode stage of the batch and the streaming pipelines.
+
+    With one_timestamp_kind (batch), only requests of the input's majority timestamp kind go on
+    (OneTimestampKind), the others are dead letters too. A stream judges timestamps per window
+    against its input so far instead (anonymize_streaming), as a count over an unbounded input
+    never completes."""
+
+    def __init__(self, options: EncodeOptions, one_timestamp_kind: bool = True):
+        super().__init__()
+        self._options = options
+        self._one_timestamp_kind = one_timestamp_kind
+
+    def expand(self, requests: beam.PCollection) -> dict[str, beam.PCollection]:
+        encoded = (
+            requests
+            | "Batch" >> beam.ParDo(BatchByWeight(
+                TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
+            | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(self._options))
+            .with_outputs(DEAD_LETTER_TAG, main="hashed"))
+        if not self._one_timestamp_kind:
+            return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG]}
+        agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
+        letters = ((encoded[DEAD_LETTER_TAG], agreed[DEAD_LETTER_TAG])
+                   | "AllRejected" >> beam.Flatten())
+        return {"hashed": agreed.hashed, DEAD_LETTER_TAG: letters}

@@ -4,8 +4,9 @@ for others."""
 
 from __future__ import annotations
 
-from transforms.encode.encode_requests import RequestEncoder
+from transforms.encode.encode_requests import EncodeOptions, RequestEncoder
 from transforms.encode.fast_tokenizer import FastTokenizer
+from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer, render_chat
 from transforms.read.records import Request
 
@@ -26,7 +27,8 @@ def test_a_requests_text_does_not_depend_on_the_requests_before_it(tiny_tokenize
     picky = FastTokenizer(tokenizer.backend_tokenizer, PICKY, tokenizer.special_tokens_map)
     alone = render_chat(picky, _call("json"), None, {})
     assert alone == '{"a": 1}' and render_chat(picky, _call("concat"), None, {}) == 'args: {"a": 1}'
-    encoder = RequestEncoder(picky, 4, b"s" * 16, {})
+    encoder = RequestEncoder(picky, b"s" * 16,
+                             EncodeOptions("picky", SaltSource("random"), block_size=4))
     requests = [Request("t", b"", 0, "chat", messages=_call(content))
                 for content in ["concat"] * 3 + ["json"]]
     rendered, rejected = encoder.render(requests)

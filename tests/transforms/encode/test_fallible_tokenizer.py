@@ -14,10 +14,11 @@ from conftest import ROOT
 from tokenizers import Tokenizer
 
 from transforms.encode.blocks import chain_seed, token_bytes
-from transforms.encode.encode_requests import TOKENIZER_ERROR, RequestEncoder
+from transforms.encode.encode_requests import TOKENIZER_ERROR, EncodeOptions, RequestEncoder
 from transforms.encode.fallible_tokenizer import (FAILURES_TO_STOP, FallibleTokenizer,
                                                   TokenizerFailure)
 from transforms.encode.fast_tokenizer import FastTokenizer
+from transforms.encode.salt import SaltSource
 from transforms.errors import JobStopped
 from transforms.read.records import parse_record
 
@@ -82,8 +83,9 @@ def test_a_request_the_tokenizer_fails_on_is_a_dead_letter_and_the_rest_are_hash
     """Through the segment cache too: a chat prompt is cut at its added tokens, and the text
     fails where one of its segments does."""
     tokenizer = FastTokenizer.from_directory(backtracking)
-    encoder = RequestEncoder(tokenizer, 4, chain_seed(b"salt"), {},
-                             segment_cache_bytes=segment_cache_bytes)
+    encoder = RequestEncoder(tokenizer, chain_seed(b"salt"), EncodeOptions(
+        str(backtracking), SaltSource("random"), block_size=4,
+        segment_cache_bytes=segment_cache_bytes))
     lines = [{"timestamp": 0, "messages": [{"role": "user", "content": GIVES_UP}]},
              {"timestamp": 1, "messages": [{"role": "user", "content": "hello world"}]},
              {"timestamp": 2, "prompt": "hello " + GIVES_UP}]
@@ -128,8 +130,8 @@ def test_native_stderr_is_logged_and_python_stderr_is_never_held_back(level):
 
 def test_a_request_encoder_whose_tokenizer_fails_on_its_first_requests_stops(backtracking):
     """Judged on the run's texts: the segment cache's probes, which it encodes, do not count."""
-    encoder = RequestEncoder(FastTokenizer.from_directory(backtracking), 4, chain_seed(b"salt"),
-                             {})
+    encoder = RequestEncoder(FastTokenizer.from_directory(backtracking), chain_seed(b"salt"),
+                             EncodeOptions(str(backtracking), SaltSource("random"), block_size=4))
     requests = [parse_record(json.dumps({"timestamp": i, "prompt": GIVES_UP + "c" * i}).encode(),
                              "in.jsonl") for i in range(FAILURES_TO_STOP)]
     with pytest.raises(JobStopped, match="does not tokenize"):

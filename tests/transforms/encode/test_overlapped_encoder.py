@@ -7,7 +7,8 @@ import json
 import numpy as np
 from conftest import chat
 
-from transforms.encode.encode_requests import OverlappedEncoder, RequestEncoder
+from transforms.encode.encode_requests import EncodeOptions, OverlappedEncoder, RequestEncoder
+from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
 from transforms.read.records import parse_record
 
@@ -19,7 +20,8 @@ def batches() -> list[list]:
 
 
 def test_overlapped_batches_equal_batches_encoded_one_after_another(tiny_tokenizer):
-    encoder = RequestEncoder(load_tokenizer(tiny_tokenizer), 4, b"\0" * 16, {})
+    encoder = RequestEncoder(load_tokenizer(tiny_tokenizer), b"\0" * 16,
+                             EncodeOptions(tiny_tokenizer, SaltSource("random"), block_size=4))
     expected = []
     for batch in batches():
         rendered, failed = encoder.render(batch)

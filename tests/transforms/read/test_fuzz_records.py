@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from transforms.dead_letters import DeadLetter
-from transforms.encode.encode_requests import RequestEncoder
+from transforms.encode.encode_requests import EncodeOptions, RequestEncoder
+from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
 from transforms.read.json_tree import loads_checked
 from transforms.read.records import ParseOptions, Request, load_json_line
@@ -110,7 +111,8 @@ def encoder(request, tiny_tokenizer):
     else:
         from conftest import shared_path
         path = str(shared_path("tokenizers", request.param))
-    return RequestEncoder(load_tokenizer(path), 16, b"\0" * 16, {})
+    return RequestEncoder(load_tokenizer(path), b"\0" * 16,
+                          EncodeOptions(path, SaltSource("random"), block_size=16))
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -1,0 +1,67 @@
+"""The Encode composite in a TestPipeline: the pure encoder's batches and dead letters, with the
+input's timestamp kind kept in a batch run and left to the windows in a stream."""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from conftest import chat
+
+from transforms.dead_letters import DEAD_LETTER_TAG
+from transforms.encode.encode_requests import EncodeOptions, open_encoder
+from transforms.encode.salt import SaltSource
+from transforms.encode.steps import Encode
+from transforms.encode.timestamp_kinds import TIMESTAMP_KIND_MISMATCH
+from transforms.read.records import parse_record
+
+EPOCH_MS = 1_700_000_000_000
+SALT = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")
+TEMPLATE_ERROR = {"timestamp": EPOCH_MS + 9, "messages": [{"role": "developer", "content": "x"}]}
+
+
+def requests() -> list:
+    records = [chat(i, EPOCH_MS + 1_000 * i) for i in range(5)] + [chat(7, 5), TEMPLATE_ERROR]
+    return [parse_record(json.dumps(r).encode(), "in.jsonl") for r in records]
+
+
+def rows(batch) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Each request's timestamp, input length and block hashes, whatever the batching."""
+    starts = batch.requests["num_blocks"].cumsum() - batch.requests["num_blocks"]
+    return [(int(r["timestamp_ms"]), int(r["input_length"]),
+             tuple(batch.block_hashes[start:start + r["num_blocks"]].ravel().tolist()))
+            for r, start in zip(batch.requests, starts)]
+
+
+def encoded_rows(tiny_tokenizer) -> tuple[EncodeOptions, list]:
+    """The options, and the rows the pure encoder gives (the template error is its letter too)."""
+    options = EncodeOptions(tiny_tokenizer, SALT, block_size=4)
+    hashed, letters = open_encoder(options).encode(requests())
+    assert [letter.reason for letter in letters] == ["template_error"]
+    return options, rows(hashed)
+
+
+def check_encode(options: EncodeOptions, one_timestamp_kind: bool, kept: list,
+                 reasons: list[str]) -> None:
+    with TestPipeline() as pipeline:
+        encoded = (pipeline | beam.Create(requests())
+                   | Encode(options, one_timestamp_kind=one_timestamp_kind))
+        assert_that(encoded["hashed"] | "Rows" >> beam.FlatMap(rows), equal_to(kept))
+        assert_that(encoded[DEAD_LETTER_TAG] | "Reasons" >> beam.Map(lambda l: l.reason),
+                    equal_to(reasons), label="Letters")
+
+
+@pytest.mark.slow  # over a second: .ci/run runs the slow set (the streaming tests run Encode)
+def test_encode_in_a_stream_gives_the_encoders_batches_and_leaves_timestamps_alone(
+        tiny_tokenizer):
+    options, expected = encoded_rows(tiny_tokenizer)
+    check_encode(options, False, expected, ["template_error"])
+
+
+def test_encode_in_a_batch_run_keeps_the_inputs_timestamp_kind(tiny_tokenizer):
+    options, expected = encoded_rows(tiny_tokenizer)
+    check_encode(options, True, [row for row in expected if row[0] >= EPOCH_MS],
+                 ["template_error", TIMESTAMP_KIND_MISMATCH])
