@@ -224,7 +224,6 @@ def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(tin
     assert peak < 350, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_parquet_log_written_with_string_view_columns_reads(tiny_tokenizer, tmp_path):
     """pyarrow (>= 16) keeps a column's Arrow type in the file (ARROW:schema), string_view
     among them (what Arrow's newer writers and engines produce). group_reader reads a
@@ -285,7 +284,6 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
 
 # ---- decompression: a valid .xz with stream padding loses its later streams ----------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, engine):
     """The .xz format allows Stream Padding (null bytes, a multiple of 4) between and after
@@ -350,7 +348,6 @@ def test_filters_cannot_build_and_divide_integers_past_the_bit_bound(tiny_tokeni
 
 # ---- convert writes what kvtrace's own trace readers refuse --------------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_converted_folder_reads_back(tmp_path):
     """bailian._parsed accepts timestamps in [0, 1e12) seconds and writes round(ts * 1000) ms,
     up to 1e15; the trace readers (trace_io.MAX_READ_TIMESTAMP_MS) refuse any over 2^42 ms
@@ -376,7 +373,6 @@ def test_a_converted_folder_reads_back(tmp_path):
     assert analyzed.returncode == 0, analyzed.stderr.decode()[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_synthesize_output_called_valid_is_valid(tmp_path):
     """synthesize promises "every output row valid" and prints "output: ... (valid)". Its
     scalings are bounded as options ([1e-6, 1e6]) but their results are not checked against

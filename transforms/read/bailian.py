@@ -15,6 +15,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from transforms.read.trace_io import MAX_READ_TIMESTAMP_MS
+
 BAILIAN_BLOCK_SIZE = 16
 NO_PARENT = -1
 MAX_EXAMPLES = 5
@@ -81,8 +83,10 @@ def _parsed(line: bytes | str) -> tuple[dict, str]:
     if any(not _is_int(record[name]) or record[name] < 0 for name in counts):
         return {}, "input_length and output_length must be non-negative integers"
     ts = record["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < 1e12:
-        return {}, "timestamp must be a non-negative number of seconds"
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) \
+            or not 0 <= ts * 1000 <= MAX_READ_TIMESTAMP_MS:
+        return {}, (f"timestamp must be a non-negative number of seconds, at most "
+                    f"{MAX_READ_TIMESTAMP_MS // 1000} (what a trace reader accepts)")
     ids = record["hash_ids"]
     if not isinstance(ids, list) or not all(_is_int(i) and i >= 0 for i in ids):
         return {}, "hash_ids must be a list of non-negative 64-bit integers"

@@ -40,6 +40,7 @@ DECODED_CHUNK_BYTES = 1 << 20
 MAX_DECODER_STATE_BYTES = 128 << 20
 _ZSTD_WINDOW_LOG_MAX = MAX_DECODER_STATE_BYTES.bit_length() - 1
 _GZIP_WBITS = 31  # zlib reads the gzip header and trailer (its window: 32 KiB)
+_BAD_PADDING = "corrupt compressed data: xz stream padding that is not a multiple of 4 bytes"
 _CORRUPT = (zlib.error, OSError, EOFError, ValueError, lzma.LZMAError, zstd.ZstdError)
 
 
@@ -91,6 +92,8 @@ class DecodedStream(io.RawIOBase):
         self._decoder = _decoder(codec)
         self._member_started = False  # input went into the current member/frame
         self._carried = b""  # input past the end of the last member: the next one's start
+        self._members_ended = 0
+        self._padding = 0  # xz Stream Padding since the last member's end (NUL bytes)
         self._pending = memoryview(b"")
         self._position = 0  # of the next byte of _pending to hand out
         self._done = False
@@ -119,7 +122,13 @@ class DecodedStream(io.RawIOBase):
                 self._done = True
                 if self._member_started and not self._decoder.eof:
                     self.broken = "the compressed stream ends before its end marker (truncated)"
+                elif self._padding % 4:
+                    self.broken = _BAD_PADDING
                 return
+            if not self._member_started and self._codec == "xz" and self._members_ended:
+                data = self._skip_stream_padding(data)
+                if not data:
+                    return
         self._member_started = True
         try:
             decoded = self._decoder.decompress(data, DECODED_CHUNK_BYTES)
@@ -132,6 +141,19 @@ class DecodedStream(io.RawIOBase):
             self._carried = self._decoder.unused_data  # the next member or frame
             self._decoder = _decoder(self._codec)
             self._member_started = False
+            self._members_ended += 1
+            self._padding = 0
+
+    def _skip_stream_padding(self, data: bytes) -> bytes:
+        """The .xz format lets NUL bytes, a multiple of 4, follow any stream (xz -dc reads past
+        them): skip them; a count that is no multiple of 4 is damage, as xz says."""
+        rest = data.lstrip(b"\0")
+        self._padding += len(data) - len(rest)
+        if rest and self._padding % 4:
+            self._done = True
+            self.broken = _BAD_PADDING
+            return b""
+        return rest
 
     def close(self) -> None:
         self._raw.close()

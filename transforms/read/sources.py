@@ -162,7 +162,7 @@ def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, grou
     decoded, and rows are decoded a few at a time, at most max_record_bytes of them together
     (a lone row larger as JSON than counted may go over). Where the group breaks, a dead
     letter."""
-    read, dense = 0, parquet.schema_arrow  # the rows' types, dictionaries decoded
+    read, dense = 0, without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
     first = _first_row(parquet.metadata, group)
     batch_rows = max(1, min(PARQUET_BATCH_ROWS,
                             max_record_bytes // max(group_read.dense_row_bytes, 1)))
@@ -185,6 +185,29 @@ def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, grou
                          f"row group {group} of {parquet.num_row_groups} unreadable after "
                          f"{read} rows: {err}",
                          lost_bytes=parquet.metadata.row_group(group).total_byte_size)
+
+
+def without_views(schema: pa.Schema) -> pa.Schema:
+    """The file's Arrow schema with view types (string_view, binary_view, list_view: what newer
+    Arrow writers keep in a file) as their plain twins: the values are the same, and Arrow
+    casts dictionary chunks to the plain types only."""
+    return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
+
+
+def _plain_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(kind):
+        return pa.large_string()
+    if pa.types.is_binary_view(kind):
+        return pa.large_binary()
+    if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
+        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([field.with_type(_plain_type(field.type)) for field in kind])
+    return kind
 
 
 def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int

@@ -24,7 +24,8 @@ from transforms.read.trace_io import Trace
 from transforms.stats.trace_shards import prefix_hashes, rowkeys
 from transforms.synth.reshape import hashed_label, mix64, reshape
 from transforms.synth.parts import RowParts
-from transforms.synth.synthesize import SynthConfig, scaled_osl, session_text, unit_copies
+from transforms.synth.synthesize import (SynthConfig, scaled_osl, scaled_timestamps, session_text,
+                                         unit_copies)
 
 VISIT = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("unit", "<u8"), ("rowkey", "<i8")])
 SHARED = np.dtype([("rowkey", "<i8"), ("unit", "<u8"), ("shared", "<i8")])
@@ -164,7 +165,7 @@ def reshape_conversations(conversations: Conversations, shared: np.ndarray, bloc
         keep &= reshaped.input_length <= config.max_isl
     kept = np.flatnonzero(keep)
     rows = np.zeros(len(kept), dtype=OUT)
-    rows["ts_out"] = np.floor(trace.timestamp[kept] / config.speedup_ratio).astype(np.int64)
+    rows["ts_out"] = scaled_timestamps(trace.timestamp[kept], config)
     rows["ts"], rows["rowkey"] = trace.timestamp[kept], keys[kept]
     rows["isl"] = reshaped.input_length[kept]
     rows["osl"] = scaled_osl(trace.output_length[kept], config)

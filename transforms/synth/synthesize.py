@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
-from transforms.read.trace_io import Trace
+from transforms.errors import JobStopped
+from transforms.read.trace_io import HIGHEST, Trace
 from transforms.stats.trace_shards import LINE_BITS
 from transforms.stats.blocks import prefix_ids
 from transforms.synth.parts import RowParts
@@ -62,7 +63,7 @@ def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
     if config.max_isl is not None:
         keep &= reshaped.input_length <= config.max_isl
     rows = parts.order[keep[parts.order]]  # causal order, the output's
-    timestamp = np.floor(trace.timestamp[rows] / config.speedup_ratio).astype(np.int64)
+    timestamp = scaled_timestamps(trace.timestamp[rows], config)
     order = np.argsort(timestamp, kind="stable")  # division keeps the order; floor may tie
     rows, timestamp = rows[order], timestamp[order]
     labels = [reshaped.labels[r] for r in rows.tolist()]
@@ -109,11 +110,26 @@ def session_text(session: object) -> str:
     return f"{type(session).__name__}:{session}"
 
 
+def scaled_timestamps(timestamp: np.ndarray, config: SynthConfig) -> np.ndarray:
+    scaled = np.floor(timestamp / config.speedup_ratio)
+    return _readable(scaled, "timestamp", "raise --speedup-ratio").astype(np.int64)
+
+
 def scaled_osl(output_length: np.ndarray, config: SynthConfig) -> np.ndarray:
-    scaled = np.floor(output_length * config.osl_multiplier + 0.5).astype(np.int64)
+    scaled = np.floor(output_length * config.osl_multiplier + 0.5)
     low = config.min_osl if config.min_osl is not None else 0
-    high = config.max_osl if config.max_osl is not None else np.iinfo(np.int64).max
-    return np.clip(scaled, low, high)
+    high = config.max_osl if config.max_osl is not None else HIGHEST["output_length"]
+    return _readable(np.clip(scaled, low, high), "output_length",
+                     "lower --osl-multiplier or set --max-osl").astype(np.int64)
+
+
+def _readable(values: np.ndarray, name: str, remedy: str) -> np.ndarray:
+    """Synthesized values every trace reader accepts (trace_io.HIGHEST), or a one-line refusal
+    before anything is written: what synthesize writes, its own readers read."""
+    if len(values) and not values.max() <= HIGHEST[name]:
+        raise JobStopped(f"the synthesized {name} would reach {values.max():.0f}, past the "
+                         f"{HIGHEST[name]} a trace reader accepts; {remedy}")
+    return values
 
 
 def dense_by_first_appearance(ids: np.ndarray) -> np.ndarray:

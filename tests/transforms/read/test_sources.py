@@ -192,6 +192,33 @@ def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_pa
         f"p{i}" for i in range(200) if i != 70]
 
 
+def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
+    """Newer Arrow writers keep string_view in the file; dictionary chunks cast to plain
+    strings only, so the rows are read through the plain twin of the file's schema."""
+    path = tmp_path / "views.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array(range(4), pa.int64()),
+                             "prompt": pa.array(["hello"] * 4, pa.string_view()),
+                             "tags": pa.array([["a"]] * 4, pa.list_view(pa.string_view()))}),
+                   path)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert [row for _, row in read] == [{"timestamp": i, "prompt": "hello", "tags": ["a"]}
+                                        for i in range(4)]
+
+
+@pytest.mark.parametrize("padding, whole", [(4, True), (8, True), (3, False), (5, False)])
+def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
+    """.xz lets NUL bytes, a multiple of 4, follow a stream (xz -dc reads past them); any other
+    count is damage."""
+    streams = lzma.compress(b"\n".join(LINES[:2]) + b"\n") + bytes(padding) + lzma.compress(
+        b"\n".join(LINES[2:4]) + b"\n")
+    path = tmp_path / "logs.jsonl.xz"
+    path.write_bytes(streams)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    lines = [item[1] for item in read if isinstance(item, tuple)]
+    letters = [item.reason for item in read if isinstance(item, DeadLetter)]
+    assert (lines, letters) == ((LINES[:4], []) if whole else (LINES[:2], ["damaged_file"]))
+
+
 def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_bytes(LINES[0] + b"\n" + b'{"prompt": "' + b"y" * 10_000 + b'"}\n' + LINES[1] + b"\n")
