@@ -62,10 +62,10 @@ from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.steps import EncodeRequests
-from transforms.encode.timestamp_kinds import keep_plausible_windows, sum_kind_counts
+from transforms.encode.timestamp_kinds import keep_kind, keep_plausible_windows, sum_kind_counts
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
-from transforms.read.timestamps import DAY_MS, plausible_days
+from transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
 from transforms.steps import BatchByWeight
 from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from transforms.write.coarsen import Coarsening, published_requests, round_to
@@ -260,10 +260,12 @@ class Progress:
         return idle if passed is None else min(passed, idle)
 
     def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
-        """The open windows due at watermark_ms, oldest first."""
+        """The open windows due at watermark_ms, oldest first, with every older open window:
+        windows go out in time order, so once one is published an older one's requests are
+        late (and said so), never a window of their own after it."""
         latest = self.latest_ms()
-        return sorted(w for w in self.passed_ms
-                      if self.due_ms(config, w, latest) <= watermark_ms)
+        due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
+        return sorted(w for w in self.passed_ms if due and w <= max(due))
 
     def next_due_ms(self, config: StreamingConfig) -> int | None:
         latest = self.latest_ms()
@@ -362,7 +364,12 @@ class PublishWindows(beam.DoFn):
 
     def _wait(self, batch: HashedBatch, progress: Progress, pending: Any) -> list[DeadLetter]:
         """The batch's requests pending in their windows; a dead letter for each whose window
-        is already published."""
+        is already published, or whose time is of another kind than the stream's zero."""
+        strays: list[DeadLetter] = []
+        if progress.published_ms is not None:  # the zero is fixed: its kind is the stream's
+            batch, strays = keep_kind(batch, timestamp_kind(progress.origin_ms))
+            if batch is None:
+                return strays
         earliest = int(batch.requests["timestamp_ms"].min())
         if progress.published_ms is None and (progress.origin_ms is None
                                               or earliest < progress.origin_ms):
@@ -381,7 +388,7 @@ class PublishWindows(beam.DoFn):
             pending.add((window, part))
             progress.saw(self._config, window, part.requests["timestamp_ms"], now_ms)
         self._late.inc(len(late))
-        return late
+        return strays + late
 
     @on_timer(DEADLINE)
     def publish(self, fired=beam.DoFn.TimestampParam,
