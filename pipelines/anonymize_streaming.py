@@ -69,7 +69,7 @@ from transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
 from transforms.steps import BatchByWeight
 from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from transforms.write.coarsen import Coarsening, published_requests, round_to
-from transforms.write.manifest import RUN_COUNTS
+from transforms.write.manifest import RUN_COUNTS, set_content_times
 from transforms.write.publish import DeadLetterRun
 from transforms.write.shards import block_hashes_staging
 
@@ -518,9 +518,10 @@ class PublishWindows(beam.DoFn):
 
 def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str, int | None]:
     """The stream so far, as far as its windows' rows prove it (trace_format.
-    STREAM_TOTALS_SCHEMA). Its one time is the end of the last published window relative to the
-    trace's zero, counted in whole windows (as they are cut from the zero) whatever the state
-    holds, and rounded as the rows' timestamps are: the zero's own epoch is never published."""
+    STREAM_TOTALS_SCHEMA). Its window length lets the gate recompute each window's cut; its
+    one time is the end of the last published window relative to the trace's zero, counted in
+    whole windows (as they are cut from the zero) whatever the state holds, and rounded as the
+    rows' timestamps are: the zero's own epoch is never published."""
     published_until_ms = None
     if progress.published_ms is not None and progress.origin_ms is not None:
         windows = (progress.published_ms - progress.origin_ms) // config.window_ms + 1
@@ -528,7 +529,7 @@ def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str,
                                           config.job.coarsening.timestamp_ms))
     return {"windows": progress.windows, "rows": progress.rows,
             "unique_blocks": progress.next_id["blocks"], "sessions": progress.next_id["sessions"],
-            "published_until_ms": published_until_ms}
+            "window_ms": config.window_ms, "published_until_ms": published_until_ms}
 
 
 def stream_run_counts(progress: Progress) -> dict[str, int]:
@@ -558,6 +559,8 @@ def write_cumulative(config: StreamingConfig, progress: Progress,
         write_dead_letters(rejected.staging, dead_letters)
         storage.rename(temporary, output)
         rejected.settle(run_succeeded=True)
+    # The folder's times, as a night folder's: derived from its content, never the clock's.
+    set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
     _replace(storage.join(config.job.dead_letter, RUN_COUNTS),
              canonical_json(stream_run_counts(progress)), private=True)
