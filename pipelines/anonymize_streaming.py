@@ -20,7 +20,9 @@ A runner restored from a checkpoint restores that state with the source's offset
 again, byte for byte, a window it had published after the checkpoint (cut from the same zero),
 and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
 output of the same records, byte for byte (its zero is the earliest request too). A request whose
-window is older than one already published is late: a dead letter with reason `late`. Records
+window is older than one already published is late: a dead letter with reason `late`; windows
+go out in time order. Once the zero is fixed, a request of the other kind of time (an epoch
+date after a relative zero, or the reverse) is a dead letter (the batch job's rule). Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
 written then (rejected-letters-000001.jsonl). cumulative.json publishes only what the windows'
