@@ -64,10 +64,10 @@ from transforms.trace_format import (
     window_index,
     window_name,
 )
+from transforms.write.coarsen import round_to
 from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
                                        public_tokenizer_name, public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
-from transforms.write.coarsen import round_to
 from transforms.write.replayers import replay_commands
 from transforms.write.rows import published_room
 from transforms.write.shards import cuts_unlike_plan
