@@ -20,7 +20,9 @@ A runner restored from a checkpoint restores that state with the source's offset
 again, byte for byte, a window it had published after the checkpoint (cut from the same zero),
 and ids go on from the checkpoint's. With nothing late, the windows concatenated are the batch
 output of the same records, byte for byte (its zero is the earliest request too). A request whose
-window is older than one already published is late: a dead letter with reason `late`. Records
+window is older than one already published is late: a dead letter with reason `late`; windows
+go out in time order. Once the zero is fixed, a request of the other kind of time (an epoch
+date after a relative zero, or the reverse) is a dead letter (the batch job's rule). Records
 that never became requests (bad JSON, ...) are dead letters of the next window published, or,
 after LETTER_DELAY_S without one (or at the stream's end), published with the cumulative.json
 written then (rejected-letters-000001.jsonl). cumulative.json publishes only what the windows'
@@ -62,13 +64,13 @@ from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from transforms.errors import ConfigError
 from transforms.encode.hashed_batch import HashedBatch
 from transforms.encode.steps import Encode
-from transforms.encode.timestamp_kinds import keep_plausible_windows, sum_kind_counts
+from transforms.encode.timestamp_kinds import keep_kind, keep_plausible_windows, sum_kind_counts
 from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from transforms.read.steps import parse_records
-from transforms.read.timestamps import DAY_MS, plausible_days
+from transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
 from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
 from transforms.write.coarsen import Coarsening, published_requests, round_to
-from transforms.write.manifest import RUN_COUNTS
+from transforms.write.manifest import RUN_COUNTS, set_content_times
 from transforms.write.publish import DeadLetterRun
 from transforms.write.shards import block_hashes_staging
 
@@ -259,10 +261,12 @@ class Progress:
         return idle if passed is None else min(passed, idle)
 
     def due(self, config: StreamingConfig, watermark_ms: int) -> list[int]:
-        """The open windows due at watermark_ms, oldest first."""
+        """The open windows due at watermark_ms, oldest first, with every older open window:
+        windows go out in time order, so once one is published an older one's requests are
+        late (and said so), never a window of their own after it."""
         latest = self.latest_ms()
-        return sorted(w for w in self.passed_ms
-                      if self.due_ms(config, w, latest) <= watermark_ms)
+        due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
+        return sorted(w for w in self.passed_ms if due and w <= max(due))
 
     def next_due_ms(self, config: StreamingConfig) -> int | None:
         latest = self.latest_ms()
@@ -361,7 +365,12 @@ class PublishWindows(beam.DoFn):
 
     def _wait(self, batch: HashedBatch, progress: Progress, pending: Any) -> list[DeadLetter]:
         """The batch's requests pending in their windows; a dead letter for each whose window
-        is already published."""
+        is already published, or whose time is of another kind than the stream's zero."""
+        strays: list[DeadLetter] = []
+        if progress.published_ms is not None:  # the zero is fixed: its kind is the stream's
+            batch, strays = keep_kind(batch, timestamp_kind(progress.origin_ms))
+            if batch is None:
+                return strays
         earliest = int(batch.requests["timestamp_ms"].min())
         if progress.published_ms is None and (progress.origin_ms is None
                                               or earliest < progress.origin_ms):
@@ -380,7 +389,7 @@ class PublishWindows(beam.DoFn):
             pending.add((window, part))
             progress.saw(self._config, window, part.requests["timestamp_ms"], now_ms)
         self._late.inc(len(late))
-        return late
+        return strays + late
 
     @on_timer(DEADLINE)
     def publish(self, fired=beam.DoFn.TimestampParam,
@@ -510,9 +519,10 @@ class PublishWindows(beam.DoFn):
 
 def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str, int | None]:
     """The stream so far, as far as its windows' rows prove it (trace_format.
-    STREAM_TOTALS_SCHEMA). Its one time is the end of the last published window relative to the
-    trace's zero, counted in whole windows (as they are cut from the zero) whatever the state
-    holds, and rounded as the rows' timestamps are: the zero's own epoch is never published."""
+    STREAM_TOTALS_SCHEMA). Its window length lets the gate recompute each window's cut; its
+    one time is the end of the last published window relative to the trace's zero, counted in
+    whole windows (as they are cut from the zero) whatever the state holds, and rounded as the
+    rows' timestamps are: the zero's own epoch is never published."""
     published_until_ms = None
     if progress.published_ms is not None and progress.origin_ms is not None:
         windows = (progress.published_ms - progress.origin_ms) // config.window_ms + 1
@@ -520,7 +530,7 @@ def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str,
                                           config.job.coarsening.timestamp_ms))
     return {"windows": progress.windows, "rows": progress.rows,
             "unique_blocks": progress.next_id["blocks"], "sessions": progress.next_id["sessions"],
-            "published_until_ms": published_until_ms}
+            "window_ms": config.window_ms, "published_until_ms": published_until_ms}
 
 
 def stream_run_counts(progress: Progress) -> dict[str, int]:
@@ -550,6 +560,8 @@ def write_cumulative(config: StreamingConfig, progress: Progress,
         write_dead_letters(rejected.staging, dead_letters)
         storage.rename(temporary, output)
         rejected.settle(run_succeeded=True)
+    # The folder's times, as a night folder's: derived from its content, never the clock's.
+    set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
     _replace(storage.join(config.job.dead_letter, RUN_COUNTS),
              canonical_json(stream_run_counts(progress)), private=True)

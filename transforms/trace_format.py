@@ -461,13 +461,14 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 WINDOW_NAME = re.compile(r"window-(~*)([0-9]{6,})", re.ASCII)
 STREAM_TOTALS = "cumulative.json"
 # cumulative.json: only figures the windows' rows prove (the manifest's records rule): the
-# windows, their rows, the ids and sessions numbered so far; and where the last window ends
+# windows, their rows, the ids and sessions numbered so far; the window length (--window), so
+# the gate recomputes every window's cut from the rows' times; and where the last window ends
 # from the trace's zero, whole windows rounded as the rows' times are. What the stream rejected
 # is the operator's (write/manifest.RUN_COUNTS beside its dead letters), never published.
 STREAM_TOTALS_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     **_closed({"windows": _COUNT, "rows": _COUNT, "unique_blocks": _COUNT, "sessions": _COUNT,
-               "published_until_ms": {"anyOf": [{"type": "null"}, _COUNT]}}),
+               "window_ms": _STEP, "published_until_ms": {"anyOf": [{"type": "null"}, _COUNT]}}),
 }
 
 

@@ -84,6 +84,9 @@ def add_audit_parser(commands: Any) -> None:
         add(option, type=int, metavar=what,
             help="as the run was given: the manifest's must equal it (without it, only round "
                  "values pass: powers of two, 10^k ms, minutes, hours, days)")
+    add("--window-ms", type=int, metavar="MS",
+        help="a stream's output folder: its --window as the run was given, in ms (without it, "
+             "only round values pass)")
     add("--salt-file", metavar="PATH",
         help="with --id-map or --chat-template-kwargs: the salt the runs used")
     add("--salt-secret", metavar="VERSION",
@@ -148,7 +151,8 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
     settings = {key: value for key, value in (("block_size", args.block_size),
                                               ("timestamp_ms", args.timestamp_granularity_ms),
-                                              ("output_length", args.length_granularity))
+                                              ("output_length", args.length_granularity),
+                                              ("window_ms", args.window_ms))
                 if value is not None}
     report = measure(target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt),
                      settings)

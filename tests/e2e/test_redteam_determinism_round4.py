@@ -11,7 +11,6 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROUND4 = "red team round 4"
 SALT = "a-streaming-test-salt-0123456789abcdef"
 MINUTE = 60_000
 ZERO = 1_767_225_600_000  # 2026-01-01
@@ -55,7 +54,6 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]],
     return output
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(tiny_tokenizer, tmp_path,
                                                                       monkeypatch):
     """Promise: nothing private is published; timestamps are ms from the trace's zero, never the
@@ -90,7 +88,6 @@ def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(tiny_toke
         f"(the requests' wall-clock times, counted from a relative zero)")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp_path,
                                                             monkeypatch):
     """Promise (docs/STREAMING.md): due windows are published 'oldest first'; a request whose

@@ -36,7 +36,9 @@ from transforms.write.coarsen import Coarsening, round_to
 from transforms.write.manifest import RUN_COUNTS, read_run_counts
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from transforms.encode.salt import SaltSource
-from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
+from transforms.encode.timestamp_kinds import (TIMESTAMP_KIND_MISMATCH, keep_input_kind, keep_kind,
+                                               kind_counts)
+from transforms.read.timestamps import timestamp_kind
 from transforms.encode.tokenize import tokenizer_sha256
 
 SALT = "a-streaming-test-salt-0123456789abcdef"
@@ -361,6 +363,32 @@ def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, 
         for due in progress.due(config, produced_ms + n):  # all before this one came in
             assert due < window  # every later request (in order) is in this window or after
             del progress.passed_ms[due]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10 * MINUTE), st.integers(0, 100)), min_size=1,
+                max_size=30), st.integers(0, 200))
+def test_no_window_is_due_before_an_older_open_one(arrivals, watermark):
+    """Whatever order requests come in (each window due on its own clock), the windows due are
+    every open window up to the newest due one: an older window is never left open behind a
+    newer published one, to be published after it."""
+    config = StreamingConfig(None, "pubsub:projects/p/subscriptions/s", MINUTE)
+    progress = Progress()
+    for event_ms, arrival_ms in arrivals:
+        progress.saw(config, event_ms // MINUTE * MINUTE, event_ms, NOW + arrival_ms)
+    due = progress.due(config, NOW + watermark)
+    assert due == sorted(w for w in progress.passed_ms if due and w <= due[-1])
+
+
+def test_once_the_zero_is_fixed_a_request_of_another_kind_is_a_dead_letter():
+    """The stream's zero fixes its kind of time: counted from it, another kind's time would be
+    published as a wall-clock date (or a negative one); the batch job's letter says why."""
+    relative, epoch = 1_000, 1_767_225_600_000
+    kept, letters = keep_kind(requests_at(relative, epoch, relative + 5), timestamp_kind(relative))
+    assert kept.requests["timestamp_ms"].tolist() == [relative, relative + 5]
+    assert [letter.reason for letter in letters] == [TIMESTAMP_KIND_MISMATCH]
+    kept, letters = keep_kind(requests_at(relative), timestamp_kind(epoch))
+    assert kept is None and len(letters) == 1
 
 
 def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path):

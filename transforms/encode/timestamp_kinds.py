@@ -69,6 +69,18 @@ def keep_plausible_windows(windows: list[tuple[int, HashedBatch]],
     return kept, letters
 
 
+def keep_kind(batch: HashedBatch, kind: str) -> tuple[HashedBatch | None, list[DeadLetter]]:
+    """The batch's requests whose timestamps are of kind (a stream's zero's, fixed once its
+    first window is published), and a dead letter for each other one: counted from a zero of
+    another kind, a time would publish the wall clock (or go negative)."""
+    kinds = np.array([timestamp_kind(ms) for ms in batch.requests["timestamp_ms"].tolist()])
+    keep = kinds == kind
+    if keep.all():
+        return batch, []
+    letters = [_letter(row, kind, 0, 0) for row in batch.requests[~keep]]
+    return (batch.select(keep) if keep.any() else None), letters
+
+
 def _letter(row: np.void, bulk_kind: str, first: int, last: int) -> DeadLetter:
     ms = int(row["timestamp_ms"])
     identity = json.dumps({key: int(row[key])

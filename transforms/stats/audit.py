@@ -62,7 +62,9 @@ from transforms.trace_format import (
     schema_problems,
     shard_name,
     window_index,
+    window_name,
 )
+from transforms.write.coarsen import round_to
 from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
                                        public_tokenizer_name, public_tokenizer_sha256)
 from transforms.write.publish import sha256_of
@@ -205,10 +207,13 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
                   settings: dict[str, int] | None) -> dict:
     """Each window of a stream audited in order, each beginning where the audited window before
     it ended ((0, 0) for the first): a window's start is checked only against a window the
-    audit has itself passed, never against a sibling read on trust. Once every window passes,
-    cumulative.json is checked against what their rows give."""
+    audit has itself passed, never against a sibling read on trust. Every cut is recomputed
+    from the rows' times and cumulative.json's window length; block ids stand for one prefix
+    across the stream; cumulative.json is what the windows' rows give; the folder's own
+    metadata is checked as a night folder's."""
     gate, reports, start, rows_seen = _Gate(), {}, (0, 0), 0
     _check_attributes(folder, "the stream's folder", gate)
+    gate.stat[""] = os.stat(folder)
     windows = [n for n in names if os.path.isdir(os.path.join(folder, n))
                and not os.path.islink(os.path.join(folder, n))]
     for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
@@ -216,6 +221,9 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
     if [window_index(n) for n in windows] != list(range(len(windows))):
         gate.flag(f"the windows are not the stream's, numbered from 0 in order: {windows[:5]}")
         return {"windows": {}, "flags": gate.flags, "publishable": False}
+    totals = _stream_totals(folder, gate)
+    window_ms = _window_length(totals, settings or {}, gate)
+    chains, last_slot, first_settings = _Rows(), None, None
     for name in windows:
         if start is None:
             gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
@@ -226,46 +234,119 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         reports[name] = report
         for flag in report["flags"]:
             gate.flag(f"{name}: {flag}")
-        start = _numbering_end(start, rows) if report["publishable"] else None
         rows_seen += rows.count
-    if start is not None and windows:  # else their figures are unknown, the stream refused
+        if not report["publishable"]:
+            start = None
+            continue
+        start = _numbering_end(start, rows)
+        first_settings = first_settings or report["manifest"]
+        if report["manifest"] != first_settings:
+            gate.flag(f"{name}: run settings (hash scheme, granularity) other than the first "
+                      f"window's: one stream is one run")
+        last_slot = _check_window_cut(name, rows, window_ms, last_slot, gate)
+        _chain_across_windows(chains, rows)
+    chains._merge()
+    chains.check_output_chains()
+    for problem in chains.problems:
+        gate.flag(f"across windows: {problem}")
+    if start is not None and windows and totals is not None:  # else the stream is refused
         figures = {"windows": len(windows), "rows": rows_seen, "unique_blocks": start[0],
                    "sessions": start[1]}
-        last = reports[windows[-1]]["manifest"]["granularity"]["timestamp_ms"], rows.last_timestamp
-        _check_stream_totals(folder, figures, last, gate)
+        granularity = reports[windows[-1]]["manifest"]["granularity"]["timestamp_ms"]
+        _check_stream_totals(totals, figures, granularity, window_ms, last_slot, gate)
+    _check_times(gate)
+    _check_file_metadata(gate)
     return {"windows": reports, "flags": gate.flags, "publishable": not gate.flags}
 
 
-def _check_stream_totals(folder: str, figures: dict[str, int], last: tuple[int, int],
-                         gate: _Gate) -> None:
-    """cumulative.json is exactly what the stream writes for its windows: the closed schema
-    (trace_format.STREAM_TOTALS_SCHEMA) in canonical JSON, each count what the windows' rows
-    give (figures), published_until_ms a whole granule of the last window (last: its timestamp
-    granularity and its last row's time) at or past its last row."""
-    data = _read_stream_totals(os.path.join(folder, STREAM_TOTALS), gate)
+def _window_length(totals: dict | None, given: dict[str, int], gate: _Gate) -> int | None:
+    """The stream's window length (cumulative.json's window_ms) once it is the one the run was
+    given (audit --window-ms), else a round value: any other length would be a free choice of
+    where the windows are cut. None when unknown or not accepted."""
+    if totals is None:
+        return None
+    window_ms = totals["window_ms"]
+    if "window_ms" in given and window_ms != given["window_ms"]:
+        gate.flag(f"{STREAM_TOTALS}: window_ms is {window_ms}, the run was given --window-ms "
+                  f"{given['window_ms']}")
+        return None
+    if "window_ms" not in given and window_ms not in ROUND_STEPS:
+        gate.flag(f"{STREAM_TOTALS}: window_ms {window_ms} is none of the round values the gate "
+                  f"passes unconfirmed: pass --window-ms as the run was given --window")
+        return None
+    return window_ms
+
+
+def _check_window_cut(name: str, rows: _Rows, window_ms: int | None, last_slot: int | None,
+                      gate: _Gate) -> int | None:
+    """A window holds the rows of one window of the stream's time, [k W, (k + 1) W) from the
+    trace's zero (anonymize_streaming.by_window), later than the window before it's; the first
+    window's first row is the zero. Returns its k (None while the window length is unknown)."""
+    times = rows.column("timestamp")
+    if not len(times):
+        return last_slot
+    if name == window_name(0) and times.min() != 0:
+        gate.flag(f"{name}: the stream's first row is not at time 0: its zero is its first "
+                  f"request (an absolute time?)")
+    if window_ms is None:
+        return last_slot
+    slots = times // window_ms
+    if slots.min() != slots.max():
+        gate.flag(f"{name}: rows of more than one {window_ms} ms window: windows are cut at "
+                  f"whole windows from the zero")
+    if last_slot is not None and slots.min() <= last_slot:
+        gate.flag(f"{name}: rows of a window not after the window before it's")
+    return int(slots.max())
+
+
+def _chain_across_windows(chains: _Rows, rows: _Rows) -> None:
+    """A window's distinct block ids with their tokens and parents (and its output ids'), folded
+    into the stream's: an id stands for one prefix in every window, as in one night."""
+    chains.pending.append((rows.ids, rows.weights, rows.merged[2]))
+    chains.output_links += rows.output_links
+    if sum(len(p[0]) for p in chains.pending) >= max(MERGE_AT_LEAST, len(chains.merged[0])):
+        chains._merge()
+
+
+def _stream_totals(folder: str, gate: _Gate) -> dict | None:
+    """cumulative.json as the stream writes it: the closed schema (trace_format.
+    STREAM_TOTALS_SCHEMA) in canonical JSON; None (flagged) when it is anything else."""
+    path = os.path.join(folder, STREAM_TOTALS)
+    data = _read_stream_totals(path, gate)
     if data is None:
-        return
+        return None
+    gate.sha256[STREAM_TOTALS] = sha256_of(data)
     try:
         totals = parse_json(data)
     except FormatError as err:
         gate.flag(f"{STREAM_TOTALS}: {err}")
-        return
+        return None
     problems = schema_problems(totals, STREAM_TOTALS_SCHEMA)
     for problem in problems:
         gate.flag(f"{STREAM_TOTALS}: {problem}")
     if problems:
-        return
+        return None
     if data != canonical_json(totals):
         gate.flag(f"{STREAM_TOTALS}: not the bytes kvtrace writes for its values (canonical "
                   f"JSON: sorted keys, two-space indent)")
+    return totals
+
+
+def _check_stream_totals(totals: dict, figures: dict[str, int], granularity: int,
+                         window_ms: int | None, last_slot: int | None, gate: _Gate) -> None:
+    """Each count what the windows' rows give (figures), published_until_ms the end of the
+    last window from the zero, rounded as the rows' times are (granularity): what
+    anonymize_streaming.cumulative_summary writes."""
     for key, value in figures.items():
         if totals[key] != value:
             gate.flag(f"{STREAM_TOTALS}: {key} is {totals[key]}, the windows' rows give {value}")
-    granularity, last_timestamp = last
-    until = totals["published_until_ms"]
-    if until is None or until % granularity or until < last_timestamp:
-        gate.flag(f"{STREAM_TOTALS}: published_until_ms is not a whole granule ({granularity} "
-                  f"ms) at or past the last window's last row ({last_timestamp} ms)")
+    if window_ms is None or last_slot is None:
+        return  # the window length is flagged already
+    until = int(round_to(np.int64((last_slot + 1) * window_ms), granularity))
+    if totals["published_until_ms"] != until:
+        gate.flag(f"{STREAM_TOTALS}: published_until_ms is {totals['published_until_ms']}, the "
+                  f"end of the last window is {until} ms ({window_ms} ms windows from the zero, "
+                  f"rounded to {granularity} ms)")
 
 
 def _read_stream_totals(path: str, gate: _Gate) -> bytes | None:
@@ -282,6 +363,7 @@ def _read_stream_totals(path: str, gate: _Gate) -> bytes | None:
         gate.flag(f"{STREAM_TOTALS}: {entry.st_size} bytes, more than kvtrace writes "
                   f"({MAX_STREAM_TOTALS_BYTES})")
         return None
+    gate.stat[STREAM_TOTALS] = entry
     _check_attributes(path, STREAM_TOTALS, gate)
     try:
         with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as f:

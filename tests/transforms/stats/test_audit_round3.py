@@ -13,6 +13,7 @@ from conftest import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 from transforms.stats import audit as gate
 from transforms.trace_format import canonical_json
+from transforms.write.manifest import set_content_times
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,9 @@ def test_a_stream_window_is_checked_against_the_audited_window_before(night, tin
     shutil.copytree(night, stream / "window-000000")
     blocks = json.loads((night / "stats.json").read_text())["unique_blocks"]
     (stream / "cumulative.json").write_bytes(canonical_json(  # as the stream writes it
-        {"windows": 1, "rows": 6, "unique_blocks": blocks, "sessions": 2,
+        {"windows": 1, "rows": 6, "unique_blocks": blocks, "sessions": 2, "window_ms": 60_000,
          "published_until_ms": 60_000}))
+    set_content_times(str(stream))
     report = gate.audit(str(stream), tiny_tokenizer)
     assert report["publishable"] and list(report["windows"]) == ["window-000000"], report["flags"]
     shutil.copytree(night, stream / "window-000001")

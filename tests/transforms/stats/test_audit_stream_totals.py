@@ -14,6 +14,7 @@ from conftest import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtrace.cli import main
 from pipelines.anonymize_config import AnonymizeConfig
 from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
 from transforms.encode.salt import SaltSource
@@ -34,7 +35,7 @@ def night(tiny_tokenizer, tmp_path_factory):
     return tmp / "out"
 
 
-def stream_of(night: Path, tmp_path: Path) -> Path:
+def stream_of(night: Path, tmp_path: Path, window_ms: int = MINUTE) -> Path:
     """The night as a stream's one window, with the cumulative.json the driver writes for it."""
     job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
                           staging=str(tmp_path / "staging"), tokenizer="x",
@@ -42,7 +43,7 @@ def stream_of(night: Path, tmp_path: Path) -> Path:
                           dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
     shutil.copytree(night, tmp_path / "stream" / window_name(0))
     blocks = json.loads((night / "stats.json").read_text())["unique_blocks"]
-    write_cumulative(StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE), Progress(
+    write_cumulative(StreamingConfig(job, "pubsub:projects/p/subscriptions/s", window_ms), Progress(
         next_id={"blocks": blocks, "sessions": SESSIONS}, origin_ms=0, published_ms=0,
         windows=1, rows=ROWS, rejected=3))
     return tmp_path / "stream"
@@ -77,10 +78,13 @@ def edited(stream: Path, change) -> None:
     (lambda t: t.update(unique_blocks=t["unique_blocks"] - 1), "unique_blocks is"),
     (lambda t: t.update(rows=float(ROWS)), "rows: not printable ASCII, or a fraction"),
     (lambda t: t.pop("published_until_ms"), "'published_until_ms' is a required property"),
-    (lambda t: t.update(published_until_ms=None), "published_until_ms is not a whole granule"),
-    (lambda t: t.update(published_until_ms=ROWS * 1000 - 1001), "published_until_ms is not"),
+    (lambda t: t.update(published_until_ms=None), "published_until_ms is None, the end of"),
+    (lambda t: t.update(published_until_ms=ROWS * 1000 - 1001), "published_until_ms is 4999"),
+    (lambda t: t.update(published_until_ms=2 * MINUTE), "the end of the last window is 60000"),
+    (lambda t: t.pop("window_ms"), "'window_ms' is a required property"),
+    (lambda t: t.update(window_ms=MINUTE + 1), "window_ms 60001 is none of the round values"),
 ], ids=["rejected", "free-key", "free-text", "rows", "windows", "sessions", "blocks", "fraction",
-        "no-time", "null-time", "before-last-row"])
+        "no-time", "null-time", "before-last-row", "a-window-on", "no-window", "odd-window"])
 def test_a_value_or_key_that_is_not_kvtraces_is_flagged(night, tiny_tokenizer, tmp_path, change,
                                                         flagged):
     stream = stream_of(night, tmp_path)
@@ -88,6 +92,33 @@ def test_a_value_or_key_that_is_not_kvtraces_is_flagged(night, tiny_tokenizer, t
     flags = totals_flags(stream, tiny_tokenizer)
     assert any(flagged in flag for flag in flags), flags
     assert all("\n" not in flag for flag in flags)
+
+
+def test_a_window_length_other_than_a_round_one_passes_only_as_the_run_was_given(
+        night, tiny_tokenizer, tmp_path):
+    """Windows are cut at whole window lengths from the zero; a length the gate takes on trust
+    would be a free choice of cuts, so only a round one passes unless the operator confirms it
+    (audit --window-ms)."""
+    stream = stream_of(night, tmp_path, window_ms=90_000)
+    assert totals_flags(stream, tiny_tokenizer) == [
+        f"{STREAM_TOTALS}: window_ms 90000 is none of the round values the gate passes "
+        "unconfirmed: pass --window-ms as the run was given --window"]
+    assert gate.audit(str(stream), tiny_tokenizer, settings={"window_ms": 90_000})["publishable"]
+    assert main(["audit", str(stream), "--tokenizer", tiny_tokenizer, "--window-ms", "90000"]) == 0
+    assert main(["audit", str(stream), "--tokenizer", tiny_tokenizer, "--window-ms", "60000"]) == 1
+
+
+def test_the_streams_folder_carries_only_the_times_and_modes_kvtrace_sets(night, tiny_tokenizer,
+                                                                         tmp_path):
+    """The stream's own folder and cumulative.json get a night folder's checks: times derived
+    from their content (the driver sets them after each window), kvtrace's modes."""
+    stream = stream_of(night, tmp_path)
+    os.utime(stream, ns=(stream.stat().st_atime_ns, stream.stat().st_mtime_ns + 1))
+    assert any(f.startswith("file times") for f in gate.audit(str(stream), tiny_tokenizer)["flags"])
+    stream = stream_of(night, tmp_path / "again")
+    os.chmod(stream / STREAM_TOTALS, 0o604)
+    assert any(f.startswith("permission bits")
+               for f in gate.audit(str(stream), tiny_tokenizer)["flags"])
 
 
 def test_a_time_finer_than_the_rows_granularity_is_flagged(tiny_tokenizer, tmp_path):
@@ -99,8 +130,8 @@ def test_a_time_finer_than_the_rows_granularity_is_flagged(tiny_tokenizer, tmp_p
     assert not totals_flags(stream, tiny_tokenizer)
     edited(stream, lambda t: t.update(published_until_ms=MINUTE + 1))
     assert totals_flags(stream, tiny_tokenizer) == [
-        f"{STREAM_TOTALS}: published_until_ms is not a whole granule (10000 ms) at or past the "
-        "last window's last row (20000 ms)"]
+        f"{STREAM_TOTALS}: published_until_ms is 60001, the end of the last window is 60000 ms "
+        "(60000 ms windows from the zero, rounded to 10000 ms)"]
 
 
 @pytest.mark.parametrize("content, flagged", [
@@ -164,11 +195,13 @@ def test_any_other_cumulative_json_is_flagged_never_raised(one_window_stream, ti
 
 
 def test_the_schema_is_closed_and_takes_what_the_driver_writes():
-    good = {"windows": 1, "rows": 6, "unique_blocks": 9, "sessions": 2, "published_until_ms": 0}
+    good = {"windows": 1, "rows": 6, "unique_blocks": 9, "sessions": 2, "window_ms": MINUTE,
+            "published_until_ms": 0}
     assert schema_problems(good, STREAM_TOTALS_SCHEMA) == []
     assert schema_problems({**good, "published_until_ms": None}, STREAM_TOTALS_SCHEMA) == []
     for bad in ({**good, "rejected": 0}, {**good, "rows": -1}, {**good, "rows": 2**40},
-                {**good, "sessions": True}, {k: v for k, v in good.items() if k != "windows"}):
+                {**good, "sessions": True}, {**good, "window_ms": 0},
+                {k: v for k, v in good.items() if k != "windows"}):
         assert schema_problems(bad, STREAM_TOTALS_SCHEMA), bad
 
 

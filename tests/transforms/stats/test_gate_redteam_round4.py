@@ -20,6 +20,7 @@ from transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
 ROUND4 = "red team round 4"
+MINUTE = 60_000
 TEXT = b"patient jane doe, dob 1980-01-01"
 WORD = int.from_bytes(b"alice", "big")  # 5 bytes of text, under 2^40
 
@@ -47,12 +48,32 @@ def _refused(made: dict, folder: Path) -> list[str]:
     return report["flags"]
 
 
+def _totals(stream: Path, window_ms: int = MINUTE) -> None:
+    """The stream's cumulative.json for its windows, written by the stream's own writer (with
+    the folder's content times), as the stream job leaves it after its last window."""
+    from pipelines.anonymize_config import AnonymizeConfig
+    from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
+    from transforms.encode.salt import SaltSource
+
+    parts = [_columns(window) for window in sorted(stream.glob("window-*"))]
+    sessions = [int(p.session.max()) + 1 for p in parts if (p.session >= 0).any()]
+    job = AnonymizeConfig(inputs=(), output=str(stream), staging=str(stream.parent / "staging"),
+                          tokenizer="x", salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(stream.parent / "stream-rejected"), block_size=4)
+    last = int(parts[-1].timestamp[-1]) // window_ms * window_ms
+    write_cumulative(StreamingConfig(job, "pubsub:projects/p/subscriptions/s", window_ms), Progress(
+        next_id={"blocks": max(int(p.ids.max()) + 1 for p in parts),
+                 "sessions": max(sessions, default=0)},
+        origin_ms=0, published_ms=last, windows=len(parts), rows=sum(len(p) for p in parts)))
+
+
 def _stream(made: dict, tmp_path: Path) -> Path:
     """A stream's output folder whose one window is a publishable night of its own (a first
-    window begins at (0, 0) with no id_map): the gate passes it as it is."""
+    window begins at (0, 0) with no id_map), with its cumulative.json: the gate passes it."""
     stream = tmp_path / "stream"
     stream.mkdir()
     _copy(made, stream / "window-000000")
+    _totals(stream)
     assert gate.audit(str(stream), made["tokenizer"])["publishable"]
     return stream
 
@@ -93,7 +114,6 @@ def test_the_folders_group_is_free(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("form", ["text", "link"])
 def test_a_streams_cumulative_json_is_never_read(made, tmp_path, form):
     """_audit_stream passes any entry named cumulative.json beside the windows
@@ -107,11 +127,11 @@ def test_a_streams_cumulative_json_is_never_read(made, tmp_path, form):
     else:
         secret = tmp_path / "private.txt"
         secret.write_bytes(TEXT)
+        totals.unlink()
         totals.symlink_to(secret)
     _refused(made, stream)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_streams_own_folder_metadata_is_never_checked(made, tmp_path):
     """A folder's permission bits, owners, mtime and atime are checked (_check_file_metadata,
     _check_times), but a stream's own folder gets only _check_attributes: its mode (setuid,
@@ -123,10 +143,11 @@ def test_a_streams_own_folder_metadata_is_never_checked(made, tmp_path):
     os.utime(stream, ns=(stamp, stamp))
     if os.geteuid() == 0:
         os.chown(stream, int.from_bytes(b"jane", "big"), int.from_bytes(b" doe", "big"))
-    _refused(made, stream)
+    flags = _refused(made, stream)
+    assert any(flag.startswith("permission bits") for flag in flags), flags
+    assert any(flag.startswith("file times") for flag in flags), flags
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_streams_first_window_may_start_at_any_time(made, tmp_path):
     """The stream audit carries from window to window where numbering stood (ids, sessions),
     never time: a window with id_map {0, 0, T} and every row moved by T passes as the first
@@ -140,13 +161,16 @@ def test_a_streams_first_window_may_start_at_any_time(made, tmp_path):
     columns = _columns(window)
     _republish(window, _with(columns, timestamp=columns.timestamp + WORD),
                id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD})
-    _refused(made, stream)
+    _totals(stream)
+    assert any("first row is not at time 0" in flag for flag in _refused(made, stream))
 
 
-def _windows(made: dict, stream: Path, cuts: list[int], columns=None) -> None:
+def _windows(made: dict, stream: Path, cuts: list[int], columns=None,
+             window_ms: int = 10_000) -> None:
     """The night's rows cut into a stream's windows at these row indices, each window
     republished as the stream job would number it: the first from (0, 0), each later one's
-    id_map where the window before ended (ids, sessions) and at its first row's time."""
+    id_map where the window before ended (ids, sessions) and at its first row's time; and the
+    stream's cumulative.json for them, of window_ms windows."""
     from transforms.write.replayers import replay_commands
 
     stream.mkdir()
@@ -166,9 +190,9 @@ def _windows(made: dict, stream: Path, cuts: list[int], columns=None) -> None:
         sessions = part.session[part.session >= 0]
         next_id = max(next_id, int(part.ids.max()) + 1)
         next_session = max(next_session, int(sessions.max()) + 1 if len(sessions) else 0)
+    _totals(stream, window_ms)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_streams_windows_may_be_cut_anywhere(made, tmp_path):
     """Shard cuts are recomputed from the rows (shards.plan_of), but a stream's window cuts are
     checked against nothing: windows are cut at origin + k * --window (anonymize_streaming
@@ -178,8 +202,12 @@ def test_a_streams_windows_may_be_cut_anywhere(made, tmp_path):
     in one needs W > 6979). Each gap between published times is a free bit (cut or not): a
     night of n distinct times carries n - 1 bits in how its windows are cut (here "10" and
     "01" in the cuts of two streams of the same rows, both publishable)."""
+    _windows(made, tmp_path / "cut", [11])  # rows 0-10 in [0, 10 s), row 11 past it
+    assert gate.audit(str(tmp_path / "cut"), made["tokenizer"])["publishable"]
     _windows(made, tmp_path / "stream", [2, 10])
-    _refused(made, tmp_path / "stream")
+    flags = _refused(made, tmp_path / "stream")
+    assert any("window-000001: rows of a window not after the window before" in f for f in flags)
+    assert any("window-000002: rows of more than one 10000 ms window" in f for f in flags), flags
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND4)
@@ -204,7 +232,6 @@ def test_run_settings_beside_the_confirmed_ones_are_free(made, tmp_path):
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_path):
     """A block id stands for its whole prefix: within a folder the gate refuses one behind two
     parents or of two token counts (_Rows._distinct). A stream is audited window by window,
@@ -225,8 +252,13 @@ def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_
     assert len(old) > 2
     relabel = dict(zip(old, old[::-1]))
     ids[before:] = np.array([relabel.get(v, v) for v in later.tolist()], np.int64)
-    _windows(made, tmp_path / "stream", [cut], _with(columns, ids=ids))
-    _refused(made, tmp_path / "stream")
+    # The rows from the cut on moved past 10 s, so a 10 s window cuts there: as published.
+    timestamp = columns.timestamp + np.where(np.arange(len(columns)) >= cut, 5_000, 0)
+    _windows(made, tmp_path / "cut", [cut], _with(columns, timestamp=timestamp))
+    assert gate.audit(str(tmp_path / "cut"), made["tokenizer"])["publishable"]
+    _windows(made, tmp_path / "stream", [cut], _with(columns, ids=ids, timestamp=timestamp))
+    assert any(flag.startswith("across windows: a block id behind two different parents")
+               for flag in _refused(made, tmp_path / "stream"))
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND4)
