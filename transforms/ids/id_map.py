@@ -15,7 +15,9 @@ targets and its own run id (two runs never write the same paths), then commits b
 next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
 extending one version, the first to commit publishes; the other is refused and publishes
 nothing. CURRENT is then moved forward; readers also follow committed versions beyond it, so a
-run killed between the two steps has still published. Cleanup deletes only segments of versions
+run killed between the two steps has still published. Each version names the night that made
+it (Night: its start and identity), so that night's rerun publishes the same start and the gate
+can confirm a night against the map. Cleanup deletes only segments of versions
 already decided (<= the published one) that the winner's metadata does not list: never those of
 a published version or of a run still under way. Segments hold keyed 16-byte hashes and ids
 only, never tokens or text.
