@@ -313,6 +313,7 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
 ):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
     assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    version_1 = current(tmp_path / "map")
 
     def killed(*_):
         raise SystemExit("killed between committing version 2 and moving CURRENT")
@@ -326,7 +327,12 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
     assert not (tmp_path / "n2" / "manifest.json").exists()
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0  # the retry
     assert current(tmp_path / "map")["version"] == 2
-    assert (tmp_path / "n2" / "manifest.json").exists()
+    # The retry finds every id in the map, yet names where the killed run began: version 2's
+    # night, not the map's current next ids.
+    start = json.loads((tmp_path / "n2" / "manifest.json").read_text())["id_map"]
+    assert (start["block_ids_from"], start["sessions_from"]) == (
+        version_1["next_id"]["blocks"], version_1["next_id"]["sessions"])
+    assert start == current(tmp_path / "map")["history"][-1]["start"]
     assert anonymize_night(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
 
