@@ -27,6 +27,7 @@ from transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
 from transforms.ids.dense_ids import NUMBERED, hash_shards_for, shard_of, split_by
 from transforms.ids.id_map import (
     MapIdentity,
+    Night,
     empty_version,
     map_key,
     new_run_id,
@@ -76,7 +77,9 @@ def write_map(directory: Path, ids: int, identity: MapIdentity) -> None:
                for shard, part in split_by(table, shard_of(table, shards))]
     empty = empty_version(identity)
     version = next_version(str(directory), empty, {"blocks": written, "sessions": []},
-                           {"blocks": ids, "sessions": 0}, False, shards, 0)
+                           {"blocks": ids, "sessions": 0}, False, shards, 0,
+                           Night({"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0},
+                                 "0" * 64))
     publish(str(directory), empty, version, map_key(SALT))
 
 

@@ -288,5 +288,5 @@ def _dense_ids(
 
 
 def _publish_then_pass_on(manifest: dict, *publish_args: Any) -> dict:
-    publish_night(manifest, *publish_args)
-    return manifest
+    """The manifest as published: a rerun's names the start the map recorded for its night."""
+    return publish_night(manifest, *publish_args)

@@ -387,10 +387,11 @@ def publish_encoded(config: AnonymizeConfig, encoded: Encoded,
                                         config.coarsening.timestamp_ms))
     if config.id_map:  # the output is published once the map's version is
         id_map = config.id_map
-        publish_night(manifest, id_map.directory, id_map.base, config.salt, id_map.marks,
-                      config.compacts_map, config.hash_shards, segments["blocks"],
-                      segments["sessions"], numbered["blocks"].added_count,
-                      numbered["sessions"].added_count, earliest_ms)
+        manifest = publish_night(manifest, id_map.directory, id_map.base, config.salt,
+                                 id_map.marks, config.compacts_map, config.hash_shards,
+                                 segments["blocks"], segments["sessions"],
+                                 numbered["blocks"].added_count,
+                                 numbered["sessions"].added_count, earliest_ms)
     # The block hashes after the output they belong to, never before it.
     return publish_block_hashes(config.block_hashes, config.staging,
                                 publish_output(config, manifest))

@@ -15,7 +15,9 @@ targets and its own run id (two runs never write the same paths), then commits b
 next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
 extending one version, the first to commit publishes; the other is refused and publishes
 nothing. CURRENT is then moved forward; readers also follow committed versions beyond it, so a
-run killed between the two steps has still published. Cleanup deletes only segments of versions
+run killed between the two steps has still published. Each version names the night that made
+it (Night: its start and identity), so that night's rerun publishes the same start and the gate
+can confirm a night against the map. Cleanup deletes only segments of versions
 already decided (<= the published one) that the winner's metadata does not list: never those of
 a published version or of a run still under way. Segments hold keyed 16-byte hashes and ids
 only, never tokens or text.
@@ -32,6 +34,7 @@ would restart ids and delete the segments); every file is owner-only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -59,6 +62,7 @@ from transforms.ids.map_record import (
     keyed,
     keyed_from_keyless,
     map_key,
+    night_entry,
     origin_kind,
     read_keyless_record,
     read_record,
@@ -463,6 +467,31 @@ def _segment_folders(directory: str, version: int, current: MapVersion,
     return {path.split("/")[1] for kind_files in files.values() for path in kind_files}
 
 
+@dataclass(frozen=True)
+class Night:
+    """The night a version records: where its manifest says its numbering began (its id_map:
+    block_ids_from, sessions_from, time_from_ms) and its identity (night_identity)."""
+
+    start: dict[str, int]
+    identity: str
+
+
+def night_identity(manifest: dict[str, Any]) -> str:
+    """What a night publishes, whatever the map's later state: the sha256 of its files' digests
+    (trace shards and stats.json, as its manifest lists them). Known before the map's commit in
+    every engine, and the same for a rerun that finds the night in the map (same rows, same
+    ids); the gate recomputes it from the folder (audit --id-map)."""
+    return hashlib.sha256(canonical(manifest["sha256"]).encode()).hexdigest()
+
+
+def recorded_start(version: MapVersion, identity: str) -> dict[str, int] | None:
+    """The start a version of the map recorded for the night of this identity (the first, if a
+    compacting rerun recorded it again); None for a night the map has not recorded. A rerun
+    publishes it, so its manifest is the original's byte for byte."""
+    return next((entry["start"] for entry in version.history if entry.get("night") == identity),
+                None)
+
+
 def next_version(
     directory: str,
     base: MapVersion,
@@ -471,11 +500,19 @@ def next_version(
     compacted: bool,
     hash_shards: int,
     earliest_ms: int | None,
+    night: Night,
 ) -> MapVersion | None:
-    """The version a run publishes, or None when it brought nothing new (a rerun). A compacting
+    """The version a run publishes, or None when it brings nothing the map lacks: no new id, no
+    compaction, and a night the map records already (a rerun) or no request at all. A night of
+    known ids only is still recorded, so the gate can confirm where it began. A compacting
     run's segments replace the map's; the others' add to them."""
-    if not any(added.values()) and not compacted:
+    if not any(added.values()) and not compacted and (
+            earliest_ms is None or recorded_start(base, night.identity) is not None):
         return None
+    if (night.start["block_ids_from"], night.start["sessions_from"]) != (
+            base.next_id["blocks"], base.next_id["sessions"]):
+        raise JobStopped(f"the night's id_map {night.start} does not begin where the id map "
+                         f"{directory} stands ({base.next_id}); nothing was published.")
     number = base.version + 1
     names = {kind: [relative(directory, f.path) for f in written[kind]] for kind in KINDS}
     files = {kind: sorted(names[kind] if compacted else base.files[kind] + names[kind])
@@ -497,7 +534,8 @@ def next_version(
         next_id=next_id,
         files=files,
         hash_shards=hash_shards,
-        history=base.history + [{"version": number, "added": added, "compacted": compacted}],
+        history=base.history + [night_entry(number, added, compacted, night.start,
+                                            night.identity)],
         checksums={name: sums[name] for name in sorted(listed)},
     )
 
@@ -571,7 +609,7 @@ def _switch_current(directory: str, version: int) -> None:
 
 
 def publish_night(
-    _: Any,
+    manifest: dict[str, Any],
     directory: str,
     base: MapVersion,
     salt: SaltSource,
@@ -583,16 +621,20 @@ def publish_night(
     added_blocks: int,
     added_sessions: int,
     earliest_ms: list[int],
-) -> int:
+) -> dict[str, Any]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
-    version its mark in the folder of marks names (anchor.py); returns the map's version after
-    it."""
+    version its mark in the folder of marks names (anchor.py); the version records the night
+    (Night). Returns the manifest to publish: a night the map recorded already (a rerun after
+    a run killed past its commit) names the start recorded for it, not the map's current one."""
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
     mark = mark_path(marks, directory)
     check_anchor(mark, directory, base.version,
                  lambda number: _record_raw(version_path(directory, number)), key)
+    night = Night(manifest["id_map"], night_identity(manifest))
+    recorded = recorded_start(base, night.identity)
+    published = manifest if recorded is None else manifest | {"id_map": recorded}
     new = next_version(
         directory,
         base,
@@ -601,13 +643,14 @@ def publish_night(
         compacted=compacted,
         hash_shards=hash_shards,
         earliest_ms=min(earliest_ms, default=None),
+        night=night,
     )
     if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
         if base.version:
             advance_anchor(mark, directory, base.version,
                            _record_raw(version_path(directory, base.version)), key)
-        return base.version
+        return published
     record = publish(directory, base, new, key)
     advance_anchor(mark, directory, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
-    return new.version
+    return published

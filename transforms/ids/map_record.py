@@ -1,7 +1,8 @@
 """An id map's version record (versions/NNNNNN.json) as bytes: written keyed, read strictly.
 
-The record lists the map's segment files with their sha256, next_id, the timestamp origin and
-the identity of the runs that built it. Anyone can recompute a sha256, so since format 4 a
+The record lists the map's segment files with their sha256, next_id, the timestamp origin,
+the identity of the runs that built it and the night that made each version (its start and
+identity: id_map.Night). Anyone can recompute a sha256, so since format 4 a
 record carries a MAC instead: HMAC-SHA256 over its canonical bytes under a key derived from the
 run's salt, distinct from the block hashes' chain seed (map_key). A record altered on purpose
 (segments swapped between shards with their checksums recomputed, next_id edited) is then
@@ -40,7 +41,11 @@ MAP_FORMAT = "kvtrace-id-map"
 # 3: every file's checksum and the version's own recorded and verified.
 # 4: the version keyed by a MAC instead of its own sha256.
 # 5: the kind of time the map's origin is (relative or epoch) recorded beside it.
-FORMAT_VERSION = 5
+# 6: each version's history entry names the night that made it: its start and identity.
+FORMAT_VERSION = 6
+# Keyed and kinded before nights were recorded: read as it is (its entries name no night, so
+# the gate cannot confirm those nights); the map's next commit writes format 6.
+NIGHTLESS_FORMAT = 5
 # Keyed before the kind was recorded: proved by its MAC as format 5 is, and its kind is its
 # origin's (read/timestamps.timestamp_kind, the rule that named it), so it is read as it is and
 # the map's next commit writes format 5.
@@ -164,10 +169,11 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != MAP_FORMAT:
         raise IdMapError(f"{where} is not a kvtrace id map version")
     form = data.get("format_version")
-    if type(form) is not int or form not in (FORMAT_VERSION, UNKINDED_FORMAT, KEYLESS_FORMAT):
+    if type(form) is not int or form not in (FORMAT_VERSION, NIGHTLESS_FORMAT, UNKINDED_FORMAT,
+                                             KEYLESS_FORMAT):
         raise IdMapError(
             f"{where} has id map format version {form}; this kvtrace reads versions "
-            f"{UNKINDED_FORMAT} and {FORMAT_VERSION}. Start a new map in another directory.")
+            f"{UNKINDED_FORMAT} to {FORMAT_VERSION}. Start a new map in another directory.")
     return data
 
 
@@ -263,13 +269,15 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "checksums": _is_json_object,
 }
 _OWN_CHECK = {FORMAT_VERSION: ("mac", lambda v: type(v) is str),
+              NIGHTLESS_FORMAT: ("mac", lambda v: type(v) is str),
               UNKINDED_FORMAT: ("mac", lambda v: type(v) is str),
               KEYLESS_FORMAT: ("sha256", lambda v: type(v) is str)}
 # Format-3 maps made before the probe text's tokenization was recorded lack it.
-_OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, UNKINDED_FORMAT: set(), FORMAT_VERSION: set()}
+_OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, UNKINDED_FORMAT: set(), NIGHTLESS_FORMAT: set(),
+             FORMAT_VERSION: set()}
 # Fields a format came before.
 _LATER = {KEYLESS_FORMAT: {"timestamp_kind"}, UNKINDED_FORMAT: {"timestamp_kind"},
-          FORMAT_VERSION: set()}
+          NIGHTLESS_FORMAT: set(), FORMAT_VERSION: set()}
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
@@ -304,23 +312,53 @@ def _kind_problem(data: dict[str, Any]) -> str | None:
 
 
 def _history_problem(data: dict[str, Any]) -> str | None:
-    """Each version's entry, in order, and the ids they added summing to next_id."""
+    """Each version's entry, in order, and the ids they added summing to next_id. Since format 6
+    an entry names its night (night_entry); entries from before it only come first."""
     history = data["history"]
     if len(history) != data["version"]:
         return f"its history has {len(history)} entries for version {data['version']}"
     added = dict.fromkeys(KINDS, 0)
+    named = False
     for number, entry in enumerate(history, 1):
-        if not (_is_json_object(entry) and entry.keys() == {"version", "added", "compacted"}
+        shape = _is_json_object(entry) and entry.keys()
+        named = named or (data["format_version"] == FORMAT_VERSION and shape == NIGHT_ENTRY)
+        if not (shape == (NIGHT_ENTRY if named else ENTRY)
                 and type(entry["version"]) is int and entry["version"] == number
                 and type(entry["compacted"]) is bool and _is_json_object(entry["added"])
                 and entry["added"].keys() == set(KINDS)
-                and all(_is_int(n, 0, MAX_IDS) for n in entry["added"].values())):
+                and all(_is_int(n, 0, MAX_IDS) for n in entry["added"].values())
+                and (not named or _is_night(entry, added))):
             return f"history entry {number} is not one kvtrace writes"
         for kind in KINDS:
             added[kind] += entry["added"][kind]
     if added != data["next_id"]:
         return f"next_id {data['next_id']} is not the ids its history added ({added})"
     return None
+
+
+def night_entry(number: int, added: dict[str, int], compacted: bool, start: dict[str, int],
+                night: str) -> dict[str, Any]:
+    """A version's history entry: the ids it added, and the night that made it, by its start
+    (the manifest's id_map, as published) and its identity (id_map.night_identity)."""
+    return {"version": number, "added": added, "compacted": compacted, "start": start,
+            "night": night}
+
+
+ENTRY = {"version", "added", "compacted"}  # before format 6: no night named
+NIGHT_ENTRY = ENTRY | {"start", "night"}
+NIGHT_START = ("block_ids_from", "sessions_from", "time_from_ms")
+
+
+def _is_night(entry: dict[str, Any], before: dict[str, int]) -> bool:
+    """A night's start as kvtrace records it: its first ids are where the versions before it
+    ended (the record proves those figures twice), its time a time of the map's clock."""
+    start = entry["start"]
+    return (_is_json_object(start) and start.keys() == set(NIGHT_START)
+            and all(_is_int(start[name], 0, MAX_IDS) for name in NIGHT_START[:2])
+            and _is_int(start["time_from_ms"], 0, EPOCH_CEILING_MS)
+            and (start["block_ids_from"], start["sessions_from"])
+            == (before["blocks"], before["sessions"])
+            and _is_hex64(entry["night"]))
 
 
 def _files_problem(data: dict[str, Any]) -> str | None:

@@ -755,7 +755,7 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
-        _check_numbering_start(manifest["id_map"], rows, numbering, window_start, gate)
+        _check_numbering_start(manifest, numbering, window_start, gate)
     cut = cuts_unlike_plan(rows.shard_rooms)
     if cut:
         gate.flag(cut)
@@ -767,38 +767,43 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
 
 @dataclass(frozen=True)
 class MapVersionNumbering:
-    """An id map version's numbering: the next block id and session after it, and how many of
-    each the night that made it added."""
+    """The night an id map version records: where it began (block id, session, time) and its
+    identity (ids/id_map.night_identity); both None in a version made before id map format 6."""
 
-    next_ids: tuple[int, int]
-    added: tuple[int, int]
+    start: tuple[int, int, int] | None
+    night: str | None
 
 
 def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
-    """Every version of an id map, from the empty one (0), each record verified with the map's
-    key (ids/id_map.read_version_record)."""
+    """Every version of an id map, each record verified with the map's key
+    (ids/id_map.read_version_record)."""
     from transforms.ids.id_map import current_version_number, read_version_record
     from transforms.ids.map_record import map_key
 
-    key, versions = map_key(salt), [MapVersionNumbering((0, 0), (0, 0))]
+    key, versions = map_key(salt), []
     for number in range(1, current_version_number(directory) + 1):
-        record = read_version_record(directory, number, key)
-        added = record["history"][-1]["added"] if record["history"] else {}
+        entry = read_version_record(directory, number, key)["history"][-1]
         versions.append(MapVersionNumbering(
-            (record["next_id"]["blocks"], record["next_id"]["sessions"]),
-            (added.get("blocks", 0), added.get("sessions", 0))))
+            _start_figures(entry["start"]) if "start" in entry else None, entry.get("night")))
     return versions
 
 
-def _check_numbering_start(start: dict, rows: _Rows, numbering: list[MapVersionNumbering] | None,
+def _start_figures(start: dict) -> tuple[int, int, int]:
+    return start["block_ids_from"], start["sessions_from"], start["time_from_ms"]
+
+
+def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] | None,
                            window_start: tuple[int, int] | None, gate: _Gate) -> None:
-    """A night that extends an id map begins its numbering where a version of the map stood and
-    adds what the next version added (or nothing: a night the map holds already); a stream's
-    window begins where the audited window before it ended. The folder alone shows neither."""
-    begins = (start["block_ids_from"], start["sessions_from"])
+    """A night that extends an id map is the night a version of the map recorded: its start,
+    all three figures, and its identity (its files' digests, which bind every row: a night's
+    references to the map's earlier ids included); a stream's window begins where the audited
+    window before it ended. The folder alone shows neither."""
+    from transforms.ids.id_map import night_identity
+
+    begins = _start_figures(manifest["id_map"])
     if window_start is not None:
-        if begins != window_start:
-            gate.flag(f"manifest.json: id_map begins at {begins}, the window before ends at "
+        if begins[:2] != window_start:
+            gate.flag(f"manifest.json: id_map begins at {begins[:2]}, the window before ends at "
                       f"{window_start}")
         return
     if numbering is None:
@@ -807,14 +812,18 @@ def _check_numbering_start(start: dict, rows: _Rows, numbering: list[MapVersionN
                   "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
                   "--salt-secret), or audit the stream's output folder")
         return
-    ids, sessions = rows.all_ids(), rows.sessions()
-    new = (int(np.count_nonzero(ids >= begins[0])), int(np.count_nonzero(sessions >= begins[1])))
-    if not any(version.next_ids == begins and
-               (new == (0, 0) or (number + 1 < len(numbering)
-                                  and numbering[number + 1].added == new))
-               for number, version in enumerate(numbering)):
-        gate.flag("manifest.json: id_map is not where a version of the id map began numbering, "
-                  "with what the next one added")
+    night = MapVersionNumbering(begins, night_identity(manifest))
+    if night in numbering:
+        return
+    unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
+    if unnamed:
+        gate.flag(f"manifest.json: id_map names no night the id map recorded, and its versions "
+                  f"{unnamed[0]}-{unnamed[-1]} record none (made before id map format 6): to "
+                  f"confirm a night of theirs, anonymize it again with this kvtrace (same input, "
+                  f"salt and map), which records it, and publish that output")
+    else:
+        gate.flag("manifest.json: id_map and the files are not a night a version of the id map "
+                  "recorded (its start, time included, and its files' digests)")
 
 
 @dataclass

@@ -74,13 +74,10 @@ def test_rerunning_a_night_changes_neither_output_nor_map(tiny_tokenizer, tmp_pa
         assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"{out}-again", *common) == 0
         for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json"):
             assert (tmp_path / out / name).read_bytes() == (tmp_path / f"{out}-again" / name).read_bytes()
-        # The manifest says where the map's numbering stood when the night ran (the gate checks
-        # it against the map): for a rerun, the map as it is now, with nothing new after it.
-        manifests = [json.loads((tmp_path / o / "manifest.json").read_text())
-                     for o in (out, f"{out}-again")]
-        assert manifests[1]["id_map"]["block_ids_from"] == before["next_id"]["blocks"]
-        assert [{**m, "id_map": None, "sha256": None} for m in manifests[:1]] == \
-            [{**manifests[1], "id_map": None, "sha256": None}]
+        # The map recorded the night with its start: the rerun names that start, not the
+        # map's current one, so its manifest is the original's, byte for byte.
+        assert (tmp_path / out / "manifest.json").read_bytes() == \
+            (tmp_path / f"{out}-again" / "manifest.json").read_bytes()
     assert current(tmp_path / "map") == before
     assert sorted(p.relative_to(tmp_path / "map") for p in (tmp_path / "map").rglob("*")) == files_before
 
@@ -234,26 +231,74 @@ def written(directory, *names: str) -> dict:
                        for name in names], "sessions": []}
 
 
-def test_next_version_numbers_after_the_base_and_skips_empty_runs():
+def night(base: id_map.MapVersion, time_from_ms: int = 0, identity: str = "a" * 64) -> id_map.Night:
+    """A night extending base: its start where base stands."""
+    return id_map.Night({"block_ids_from": base.next_id["blocks"],
+                         "sessions_from": base.next_id["sessions"],
+                         "time_from_ms": time_from_ms}, identity)
+
+
+def test_next_version_numbers_after_the_base_and_records_each_night():
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
     base = id_map.empty_version(identity)
     assert id_map.next_version("m", base, written("m"), {"blocks": 0, "sessions": 0},
-                               False, 64, None) is None
+                               False, 64, None, night(base)) is None  # no request
     first = id_map.next_version("m", base, written("m", f"segments/000001-{RUN}/blocks-00000.parquet"),
-                                {"blocks": 7, "sessions": 0}, False, 64, 1234)
+                                {"blocks": 7, "sessions": 0}, False, 64, 1234, night(base))
     assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
+    assert first.history[-1] == {"version": 1, "added": {"blocks": 7, "sessions": 0},
+                                 "compacted": False, "night": "a" * 64, "start": night(base).start}
     second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
-                                 {"blocks": 2, "sessions": 0}, False, 64, 99)
+                                 {"blocks": 2, "sessions": 0}, False, 64, 99,
+                                 night(first, 60_000, "b" * 64))
     assert second.timestamp_origin_ms == 1234  # the first origin stays
     assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
+    assert second.history[-1]["start"] == {"block_ids_from": 7, "sessions_from": 0,
+                                           "time_from_ms": 60_000}
     read = map_record.read_record(id_map.version_bytes(second, KEY), "x", KEY)
     assert id_map.MapVersion.from_record(read) == second
+    # A rerun of a night the map recorded adds nothing; another night of known ids only is
+    # recorded, so the gate can confirm its start.
+    assert id_map.next_version("m", second, written("m"), {"blocks": 0, "sessions": 0}, False,
+                               64, 99, night(second, 0, "a" * 64)) is None
+    known = id_map.next_version("m", second, written("m"), {"blocks": 0, "sessions": 0}, False,
+                                64, 99, night(second, 120_000, "c" * 64))
+    assert known.version == 3 and known.next_id == second.next_id
     compacted = id_map.next_version("m", second, written("m", f"segments/000003-{RUN}/blocks-00001.parquet"),
-                                    {"blocks": 0, "sessions": 0}, True, 128, 99)
+                                    {"blocks": 0, "sessions": 0}, True, 128, 99, night(second))
     assert compacted.files["blocks"] == [f"segments/000003-{RUN}/blocks-00001.parquet"]
     assert set(compacted.checksums) == {f"segments/000003-{RUN}/blocks-00001.parquet",
                                         f"segments/000003-{RUN}/blocks-00001.index.npz"}
     assert compacted.hash_shards == 128
+
+
+def test_a_rerun_is_given_the_start_recorded_for_its_night():
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+    base = id_map.empty_version(identity)
+    first = id_map.next_version("m", base, written("m"), {"blocks": 7, "sessions": 2}, False,
+                                64, 0, night(base, 0, "a" * 64))
+    second = id_map.next_version("m", first, written("m"), {"blocks": 3, "sessions": 1}, False,
+                                 64, 0, night(first, 60_000, "b" * 64))
+    # A compacting rerun of night "b" records it again at the map's current start: a rerun
+    # is given the first start recorded, the original's.
+    again = id_map.next_version("m", second, written("m"), {"blocks": 0, "sessions": 0}, True,
+                                64, 0, night(second, 60_000, "b" * 64))
+    assert id_map.recorded_start(again, "b" * 64) == {"block_ids_from": 7, "sessions_from": 2,
+                                                      "time_from_ms": 60_000}
+    assert id_map.recorded_start(again, "a" * 64)["block_ids_from"] == 0
+    assert id_map.recorded_start(again, "c" * 64) is None
+    assert id_map.night_identity({"sha256": {"stats.json": "1" * 64}}) != \
+        id_map.night_identity({"sha256": {"stats.json": "2" * 64}})
+
+
+def test_a_night_not_beginning_where_the_map_stands_is_not_recorded():
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+    base = id_map.empty_version(identity)
+    first = id_map.next_version("m", base, written("m"), {"blocks": 7, "sessions": 2}, False,
+                                64, 0, night(base))
+    with pytest.raises(JobStopped, match="does not begin where the id map"):
+        id_map.next_version("m", first, written("m"), {"blocks": 1, "sessions": 0}, False,
+                            64, 0, night(base, 0, "b" * 64))
 
 
 def test_a_map_of_an_older_format_is_refused_with_what_to_do():
@@ -268,6 +313,7 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
 ):
     common = ["--id-map", str(tmp_path / "map"), "--salt-file", str(salt_file)]
     assert anonymize_night(tiny_tokenizer, [nights[0]], tmp_path / "n1", *common) == 0
+    version_1 = current(tmp_path / "map")
 
     def killed(*_):
         raise SystemExit("killed between committing version 2 and moving CURRENT")
@@ -281,7 +327,12 @@ def test_a_run_killed_after_committing_has_published_and_its_rerun_changes_nothi
     assert not (tmp_path / "n2" / "manifest.json").exists()
     assert anonymize_night(tiny_tokenizer, [nights[1]], tmp_path / "n2", *common) == 0  # the retry
     assert current(tmp_path / "map")["version"] == 2
-    assert (tmp_path / "n2" / "manifest.json").exists()
+    # The retry finds every id in the map, yet names where the killed run began: version 2's
+    # night, not the map's current next ids.
+    start = json.loads((tmp_path / "n2" / "manifest.json").read_text())["id_map"]
+    assert (start["block_ids_from"], start["sessions_from"]) == (
+        version_1["next_id"]["blocks"], version_1["next_id"]["sessions"])
+    assert start == current(tmp_path / "map")["history"][-1]["start"]
     assert anonymize_night(tiny_tokenizer, list(nights), tmp_path / "both") == 0
     assert trace_bytes(tmp_path / "n1") + trace_bytes(tmp_path / "n2") == trace_bytes(tmp_path / "both")
 
@@ -291,7 +342,7 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
     published = id_map.next_version(
         str(tmp_path), id_map.empty_version(identity),
         written(tmp_path, "segments/000001-winner/blocks-00000.parquet"),
-        {"blocks": 1, "sessions": 0}, False, 64, 0)
+        {"blocks": 1, "sessions": 0}, False, 64, 0, night(id_map.empty_version(identity)))
     (tmp_path / "segments" / "000001-winner").mkdir(parents=True)
     id_map.publish(str(tmp_path), id_map.empty_version(identity), published, KEY)
     for folder in ("000001-winner", "000001-loser", "000002-live"):
@@ -307,7 +358,7 @@ def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
     def version(base):
         return id_map.next_version(str(tmp_path), base, written(tmp_path),
-                                   {"blocks": 1, "sessions": 0}, False, 64, 0)
+                                   {"blocks": 1, "sessions": 0}, False, 64, 0, night(base))
 
     empty = id_map.empty_version(identity)
     id_map.publish(str(tmp_path), empty, version(empty), KEY)  # the other run, first to finish

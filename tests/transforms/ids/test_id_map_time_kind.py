@@ -67,7 +67,7 @@ def _record(map_dir: Path, number: int) -> dict:
 def test_the_record_holds_its_origins_kind_under_the_mac(relative_map):
     map_dir, _ = relative_map
     record = _record(map_dir, 1)
-    assert record["format_version"] == 5 and record["timestamp_origin_ms"] == 5_000
+    assert record["format_version"] == map_record.FORMAT_VERSION and record["timestamp_origin_ms"] == 5_000
     assert record["timestamp_kind"] == "relative"
     content = {k: v for k, v in record.items() if k != "mac"}
     for kind in ("epoch", None):  # even keyed by the salt's holder, one fact is never two
@@ -93,14 +93,16 @@ def test_a_night_of_epoch_dates_on_a_relative_map_is_refused_even_one_adding_not
                            tmp_path / "night3", *mapped) == 0
 
 
-def test_a_map_keyed_before_the_kind_was_recorded_is_read_and_written_in_format_5(
+def test_a_map_keyed_before_the_kind_was_recorded_is_read_and_written_in_the_current_format(
         relative_map, tiny_tokenizer, tmp_path):
     """A format-4 record is proved by its MAC: read as it is, its kind its origin's (a dated
-    night still refused), and the next commit writes format 5 with the kind. A format-4
-    record holding the kind is none kvtrace wrote."""
+    night still refused), and the next commit writes the current format with the kind. A
+    format-4 record holding the kind is none kvtrace wrote."""
     map_dir, mapped = relative_map
     path = map_dir / "versions" / "000001.json"
     content = {k: v for k, v in _record(map_dir, 1).items() if k not in ("mac", "timestamp_kind")}
+    content["history"] = [{k: entry[k] for k in ("version", "added", "compacted")}
+                          for entry in content["history"]]  # format 4 named no night
     old = keyed(content | {"format_version": map_record.UNKINDED_FORMAT}, KEY)
     path.write_bytes(old)  # as kvtrace wrote it before, and marked so
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
@@ -117,6 +119,7 @@ def test_a_map_keyed_before_the_kind_was_recorded_is_read_and_written_in_format_
                            tmp_path / "night3", *mapped) == 0
     assert path.read_bytes() == old
     newest = _record(map_dir, 2)
-    assert (newest["format_version"], newest["timestamp_kind"]) == (5, "relative")
+    assert (newest["format_version"], newest["timestamp_kind"]) == (map_record.FORMAT_VERSION,
+                                                                    "relative")
     assert json.loads(mark.read_bytes())["record_sha256"] == hashlib.sha256(
         (map_dir / "versions" / "000002.json").read_bytes()).hexdigest()

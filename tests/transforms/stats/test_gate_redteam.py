@@ -561,11 +561,12 @@ def test_a_map_night_renumbered_from_elsewhere_is_refused_against_the_map(output
     numbering there: 40 free bits without the map."""
     folder = _copy(outputs["night2"], tmp_path)
     start = dict(_manifest(folder)["id_map"])
-    assert (_columns(folder).ids < start["block_ids_from"]).all()
     start["block_ids_from"] += 1000
+    assert (_columns(folder).ids < start["block_ids_from"]).all()
     _republish(folder, id_map=start)
-    assert _refused(folder) == ["manifest.json: id_map is not where a version of the id map "
-                                "began numbering, with what the next one added"]
+    assert _refused(folder) == ["manifest.json: id_map and the files are not a night a version "
+                                "of the id map recorded (its start, time included, and its "
+                                "files' digests)"]
     NUMBERING_BEFORE = NUMBERING[:]
     try:
         NUMBERING[:] = []

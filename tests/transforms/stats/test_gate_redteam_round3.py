@@ -81,20 +81,22 @@ def test_a_folder_named_like_a_stream_window_skips_the_id_map_check(made, tmp_pa
     _refused(made, folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_an_id_map_nights_start_time_is_checked_against_nothing(made, tmp_path):
     """`audit --id-map` now checks id_map.block_ids_from and sessions_from against the map's
     versions, but id_map.time_from_ms (and with it every row's time) against nothing: the map
     keeps its origin and no night's times, and the gate only asks that the first row be at
     time_from_ms. A night extending the map, every timestamp moved by 40 free bits (or to the
-    wall clock: the night's epoch ms minus nothing), passes the check made for it."""
+    wall clock: the night's epoch ms minus nothing), passes the check made for it. Closed:
+    each version records its night's start, all three figures, and identity (id_map.Night),
+    and the gate accepts only a night a version recorded."""
     folder = _copy(made["night2"], tmp_path / "out")
     start = dict(_manifest(folder)["id_map"])
     columns = _columns(folder)
     shift = WORD - start["time_from_ms"]
     _republish(folder, _with(columns, timestamp=columns.timestamp + shift),
                id_map={**start, "time_from_ms": WORD})
-    _refused(made, folder, made["numbering"])
+    flags = _refused(made, folder, made["numbering"])
+    assert any("not a night a version of the id map recorded" in flag for flag in flags), flags
 
 
 def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made, tmp_path):
@@ -239,7 +241,6 @@ def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_
     assert "Zen of Python" not in out.stdout and "job failed" not in out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND3)
 def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
     """Round 1 closed the permutation channel of ids by first-seen order, but that order binds
     only a night's new ids (>= id_map.block_ids_from) and sessions. A night extending an id map
@@ -247,7 +248,9 @@ def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
     by any one-to-one map into [0, block_ids_from): chains, token counts, stats and the first-
     seen order of new ids all hold, and `audit --id-map` passes it. Here the earlier ids the
     night uses are reversed among themselves; the capacity is log2 of the injections of k
-    referenced ids into the map's N (every night, growing with the map)."""
+    referenced ids into the map's N (every night, growing with the map). Closed with the map
+    alone: its version records the night's identity, the digest of its files' digests, which
+    binds every row (docs/ID_MAP.md, "What the gate confirms")."""
     folder = _copy(made["night2"], tmp_path / "out")
     start = _manifest(folder)["id_map"]
     columns = _columns(folder)
@@ -256,7 +259,8 @@ def test_a_map_nights_references_to_earlier_ids_may_be_permuted(made, tmp_path):
     relabel = dict(zip(old, old[::-1]))
     ids = np.array([relabel.get(v, v) for v in columns.ids.tolist()], np.int64)
     _republish(folder, _with(columns, ids=ids))
-    _refused(made, folder, made["numbering"])
+    flags = _refused(made, folder, made["numbering"])
+    assert any("not a night a version of the id map recorded" in flag for flag in flags), flags
 
 
 def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path):

@@ -1,0 +1,107 @@
+"""`audit --id-map`: a night extending an id map passes only as the night a version of the map
+recorded, by its start (all three figures) and its identity (its files' digests); a map whose
+versions record no night fails closed, saying what to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import anonymize_night, chat, write_jsonl
+
+from transforms.encode.salt import SaltSource
+from transforms.ids import anchor, id_map, map_record
+from transforms.ids.map_record import keyed, map_key
+from transforms.stats import audit as gate
+
+SALT = b"n" * 32
+KEY = map_key(SALT)
+START = {"block_ids_from": 7, "sessions_from": 2, "time_from_ms": 60_000}
+MANIFEST = {"id_map": START, "sha256": {"stats.json": "1" * 64,
+                                        "trace-00000-of-00001.jsonl": "2" * 64}}
+
+
+def flags(manifest: dict, numbering: list[gate.MapVersionNumbering]) -> list[str]:
+    checked = gate._Gate()
+    gate._check_numbering_start(manifest, numbering, None, checked)
+    return checked.flags
+
+
+def recorded(manifest: dict) -> gate.MapVersionNumbering:
+    return gate.MapVersionNumbering(gate._start_figures(manifest["id_map"]),
+                                    id_map.night_identity(manifest))
+
+
+def test_a_night_passes_only_as_a_version_recorded_it():
+    numbering = [gate.MapVersionNumbering((0, 0, 0), "a" * 64), recorded(MANIFEST)]
+    assert flags(MANIFEST, numbering) == []
+    others = [
+        MANIFEST | {"id_map": START | {"time_from_ms": 61_000}},  # another clock
+        MANIFEST | {"id_map": START | {"sessions_from": 0}},
+        MANIFEST | {"sha256": MANIFEST["sha256"] | {"stats.json": "3" * 64}},  # other rows
+    ]
+    for other in others:
+        said = flags(other, numbering)
+        assert len(said) == 1 and "not a night a version of the id map recorded" in said[0]
+
+
+def test_a_map_recording_no_nights_fails_closed_saying_what_to_do():
+    said = flags(MANIFEST, [gate.MapVersionNumbering(None, None)] * 2)
+    assert len(said) == 1 and "versions 1-2 record none" in said[0]
+    assert "anonymize it again with this kvtrace" in said[0]
+
+
+def test_map_numbering_reads_each_versions_night(tmp_path: Path):
+    identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {})
+    empty = id_map.empty_version(identity)
+    night = id_map.Night(START | {"block_ids_from": 0, "sessions_from": 0}, "a" * 64)
+    first = id_map.next_version(str(tmp_path), empty, {"blocks": [], "sessions": []},
+                                {"blocks": 7, "sessions": 2}, False, 4, 0, night)
+    id_map.publish(str(tmp_path), empty, first, KEY)
+    assert gate.map_numbering(str(tmp_path), SALT) == [
+        gate.MapVersionNumbering((0, 0, 60_000), "a" * 64)]
+    # The same version as kvtrace wrote it before nights were recorded (format 5): read, and
+    # its night unconfirmed.
+    path = tmp_path / "versions" / "000001.json"
+    record = {k: v for k, v in json.loads(path.read_bytes()).items() if k != "mac"}
+    record["history"] = [{k: e[k] for k in ("version", "added", "compacted")}
+                         for e in record["history"]]
+    path.write_bytes(keyed(record | {"format_version": map_record.NIGHTLESS_FORMAT}, KEY))
+    assert gate.map_numbering(str(tmp_path), SALT) == [gate.MapVersionNumbering(None, None)]
+
+
+@pytest.mark.slow
+def test_a_night_of_a_map_from_before_format_6_passes_once_anonymized_again(tiny_tokenizer,
+                                                                            tmp_path):
+    """What the gate's flag says to do works: the rerun records the night in a version of its
+    own (no id added), publishes the same rows, and the gate confirms it."""
+    (tmp_path / "salt").write_bytes(SALT)
+    mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
+    logs = [write_jsonl(tmp_path / f"night{day}.jsonl",
+                        [chat(i, day * 86_400_000 + 1_000 * i, f"u{i % 2}", rotate=day)
+                         for i in range(6)]) for day in (1, 2)]
+    for day, log in enumerate(logs, 1):
+        assert anonymize_night(tiny_tokenizer, [log], tmp_path / f"n{day}", *mapped) == 0
+    for number in (1, 2):  # as kvtrace wrote the map before nights were recorded
+        path = tmp_path / "map" / "versions" / f"{number:06d}.json"
+        record = {k: v for k, v in json.loads(path.read_bytes()).items() if k != "mac"}
+        record["history"] = [{k: e[k] for k in ("version", "added", "compacted")}
+                             for e in record["history"]]
+        path.write_bytes(keyed(record | {"format_version": map_record.NIGHTLESS_FORMAT}, KEY))
+    marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
+    Path(anchor.mark_path(marks, str(tmp_path / "map"))).write_bytes(
+        anchor.mark_bytes(str(tmp_path / "map"), 2, path.read_bytes(), KEY))
+    numbering = gate.map_numbering(str(tmp_path / "map"), SALT)
+    report = gate.audit(str(tmp_path / "n2"), tiny_tokenizer, numbering=numbering)
+    assert [f for f in report["flags"] if "record none" in f], report["flags"]
+    assert anonymize_night(tiny_tokenizer, [logs[1]], tmp_path / "again", *mapped) == 0
+    for name in ("trace-00000-of-00001.parquet", "stats.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "n2" / name).read_bytes()
+    numbering = gate.map_numbering(str(tmp_path / "map"), SALT)
+    manifest = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    assert numbering[2:] == [recorded(manifest)]
+    versions = [id_map.read_version_record(str(tmp_path / "map"), n, KEY) for n in (2, 3)]
+    assert versions[0]["next_id"] == versions[1]["next_id"]  # no id added
+    report = gate.audit(str(tmp_path / "again"), tiny_tokenizer, numbering=numbering)
+    assert report["publishable"], report["flags"]
