@@ -227,7 +227,6 @@ def test_audit_refuses_access_times_someone_chose(tiny_tokenizer, tmp_path):
     assert main(["audit", str(copy), "--tokenizer", tiny_tokenizer]) != 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("command", ["analyze", "reuse"])
 def test_outputs_declaring_different_block_sizes_are_not_read_at_512(tiny_tokenizer, tmp_path,
                                                                      command):

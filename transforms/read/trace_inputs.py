@@ -419,9 +419,30 @@ def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
     return found
 
 
-def declared_block_size(files: Sequence[str]) -> int | None:
-    """The block size the manifest every file was pinned with declares (trace_files), if all
-    declare the same; None if any file is not a pinned output's shard."""
-    sizes = {published.block_size if (published := pin_of(f)) is not None else None
-             for f in files}
-    return sizes.pop() if len(sizes) == 1 else None
+def declared_block_size(files: Sequence[str], given: int | None = None) -> int | None:
+    """The block size the files are read at: given (--block-size), else the one the manifest
+    every file was pinned with declares (trace_files); None when no file declares one. Traces
+    that do not agree are refused (ConfigError), never read at a default: files declaring
+    different sizes (or some none) without given, or given against a declared one."""
+    declared = {f: published.block_size if (published := pin_of(f)) is not None else None
+                for f in files}
+    sizes = set(declared.values())
+    if given is not None:
+        against = next((f for f, size in declared.items() if size not in (None, given)), None)
+        if against is not None:
+            raise ConfigError(f"--block-size {given}, but {_declaring(against)} declares "
+                              f"{declared[against]}: its hash_ids are blocks of that size")
+        return given
+    if len(sizes) > 1:
+        first = next(f for f in files if declared[f] is not None)
+        second = next(f for f in files if declared[f] != declared[first])
+        raise ConfigError(f"{_declaring(first)} declares block size {declared[first]}, "
+                          f"{_declaring(second)} declares {declared[second] or 'none'}: read them "
+                          f"apart, or give --block-size")
+    return sizes.pop() if sizes else None
+
+
+def _declaring(path: str) -> str:
+    """Where a trace file's block size is declared: its folder's manifest, or nowhere."""
+    published = pin_of(path)
+    return posixpath.join(published.folder, MANIFEST) if published is not None else path

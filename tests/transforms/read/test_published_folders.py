@@ -310,6 +310,24 @@ def test_the_block_size_and_the_rows_come_from_the_one_pin(tmp_path):
     assert declared_block_size(fresh) == 8 and len(read_trace(fresh)) == 3
 
 
+def test_traces_read_together_are_read_at_the_one_block_size_they_declare(tmp_path):
+    four = published(tmp_path / "four", [ROWS[:2]], block_size=4)
+    again = published(tmp_path / "again", [ROWS[2:]], block_size=4)
+    eight = published(tmp_path / "eight", [ROWS[2:]], block_size=8)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(_jsonl(ROWS))
+    assert declared_block_size(trace_files([str(four), str(again)])) == 4
+    assert declared_block_size(trace_files([str(plain)])) is None  # the command's default
+    assert declared_block_size(trace_files([str(plain)]), 16) == 16
+    assert declared_block_size(trace_files([str(four), str(plain)]), 4) == 4
+    for mixed in ([four, eight], [plain, eight]):  # never read at a size one does not declare
+        with pytest.raises(ConfigError, match=r"declares block size \d, .* declares "
+                                              r"(8|none): read them apart, or give --block"):
+            declared_block_size(trace_files([str(p) for p in mixed]))
+    with pytest.raises(ConfigError, match=r"--block-size 4, but .*eight/manifest.json declares 8"):
+        declared_block_size(trace_files([str(four), str(eight)]), 4)
+
+
 def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
     """A Beam worker gets the files pickled: in this process the folder as opened (the
     previous night, whole); in another, that has no descriptor of it, the file opened by path
