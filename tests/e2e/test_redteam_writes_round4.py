@@ -422,7 +422,6 @@ def test_a_glob_through_dot_dot_or_a_link_keeps_outputs_out_of_what_it_reads(tmp
     assert code == 2
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("command", ["validate", "analyze"])
 def test_a_lone_shard_copied_halfway_is_not_read_as_a_whole_trace(tiny_tokenizer, tmp_path,
                                                                   command):
