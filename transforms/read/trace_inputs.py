@@ -437,7 +437,8 @@ def declared_block_size(files: Sequence[str], given: int | None = None) -> int |
         second = next(f for f in files if declared[f] != declared[first])
         raise ConfigError(f"{_declaring(first)} declares block size {declared[first]}, "
                           f"{_declaring(second)} declares {declared[second] or 'none'}: read them "
-                          f"apart, or give --block-size")
+                          f"apart" + ("" if declared[second] else
+                                      f", or give --block-size {declared[first]}"))
     return sizes.pop() if sizes else None
 
 
