@@ -57,6 +57,14 @@ MAX_OUTPUT_LENGTH = MAX_RESPONSE_MS = 2**31 - 1
 # tie key (ids/row_order.py) is built on: no published input_length is larger.
 MAX_INPUT_LENGTH = MAX_OUTPUT_LENGTH
 MAX_BLOCK_SIZE = 1 << 20
+# The longest trace line kvtrace's readers hold (read/trace_io.py), and so the longest row it
+# writes: a row's ids (hash_ids and output_hash_ids together) are at most MAX_ROW_IDS, each
+# below MAX_PUBLISHED_INT (13 digits and ", "), its other fields well within ROW_FIELDS_BYTES.
+# A request of more blocks is a too_large dead letter (encode/encode_requests.py), never a row
+# its own readers refuse: ~1.1M ids, 17.9M tokens at block size 16, 2.2M at block size 2.
+MAX_TRACE_LINE_BYTES = 16 << 20
+ROW_FIELDS_BYTES = 1024
+MAX_ROW_IDS = (MAX_TRACE_LINE_BYTES - ROW_FIELDS_BYTES) // len(f"{MAX_PUBLISHED_INT - 1}, ")
 # JSON documents kvtrace writes nest a few levels; deeper ones are refused before any walk.
 MAX_JSON_DEPTH = 32
 
@@ -270,7 +278,8 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
 def check_values(columns: TraceColumns) -> None:
     """The ranges every published value lies in, whichever file the rows came from: counts,
     lengths, times and ids in [0, 2^40), input and output lengths and response times within what
-    the reader and encoder give; a session or response time may also be absent (-1)."""
+    the reader and encoder give, at most MAX_ROW_IDS ids a row; a session or response time may
+    also be absent (-1)."""
     for name in ("timestamp", "input_length", "output_length", "num_ids", "ids", "session",
                  "response_ms", "num_output_ids", "output_ids"):
         values = getattr(columns, name)
@@ -279,6 +288,10 @@ def check_values(columns: TraceColumns) -> None:
                 "response_ms": MAX_RESPONSE_MS}.get(name, MAX_PUBLISHED_INT - 1)
         if values is not None and len(values) and (values.min() < low or values.max() > high):
             raise FormatError(f"integers outside [{low}, {high}] (hashes or text?): {name}")
+    ids = columns.num_ids if columns.num_output_ids is None else \
+        columns.num_ids + columns.num_output_ids
+    if len(ids) and ids.max() > MAX_ROW_IDS:  # a line longer than kvtrace's readers hold
+        raise FormatError(f"a row of {ids.max()} ids, over the {MAX_ROW_IDS} kvtrace writes")
 
 
 def _parquet_columns(table: pa.Table) -> TraceColumns:

@@ -33,13 +33,13 @@ def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
 
 def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     """The trace files the arguments name, in the order given, and their block size
-    (--block-size, else the manifest's, else 512)."""
+    (--block-size, else the manifests', else 512; refused where they disagree)."""
     from transforms.read.trace_inputs import declared_block_size, trace_files
 
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
-    return tuple(files), args.block_size or declared_block_size(files) or 512
+    return tuple(files), declared_block_size(files, args.block_size) or 512
 
 
 def plan_trace_command(args: argparse.Namespace, files: Sequence[str],

@@ -27,7 +27,7 @@ from transforms.encode.tokenize import checked_tokenizer, render_chat
 from transforms.dead_letters import DeadLetter
 from transforms.errors import Rejected
 from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.trace_format import DEFAULT_BLOCK_SIZE, NO_RESPONSE_MS
+from transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
 from transforms.read.records import Request
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off
@@ -75,6 +75,11 @@ def hash_request(
         output_block_hashes=b"" if not output_data else
         _output_block_hashes(data, output_data, block_size, seed, scheme),
     )
+
+
+def row_ids(hashed: HashedRequest) -> int:
+    """The ids its row will hold: a block id per block hashed, prompt and output."""
+    return (len(hashed.block_hashes) + len(hashed.output_block_hashes)) // DIGEST_SIZE
 
 
 def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: bytes,
@@ -180,10 +185,14 @@ class RequestEncoder:
                 rejected.append(DeadLetter(request.source, request.line, "no_input",
                                            "renders to no tokens"))
                 continue
-            hashed.append(
-                hash_request(request, data, output_length, self._block_size, self._seed,
-                             self._scheme, generated if self._emit_output_hashes else None)
-            )
+            row = hash_request(request, data, output_length, self._block_size, self._seed,
+                               self._scheme, generated if self._emit_output_hashes else None)
+            if (ids := row_ids(row)) > MAX_ROW_IDS:  # a row its own readers would refuse
+                rejected.append(DeadLetter(request.source, request.line, "too_large",
+                                           f"{ids} blocks, over the {MAX_ROW_IDS} a trace row "
+                                           f"holds: a larger --block-size takes it"))
+                continue
+            hashed.append(row)
             self._progress.add(len(data) // TOKEN_DTYPE.itemsize)
         return (HashedBatch.pack(hashed) if hashed else None), rejected
 

@@ -19,9 +19,9 @@ carries its pin (PinnedPath) to every reader and engine. A Beam worker in this p
 through the pinned descriptor; one elsewhere opens the file by its path and checks it against
 the pinned sha256. So a publish that swaps the folder meanwhile is never mixed in: it is either
 not seen or refused. A partial copy (a shard or its twin cut short, a manifest or stats.json
-not yet copied) is refused, never analysed. A trace file by a shard's name alone in its folder
-(no other file kvtrace publishes beside it, no manifest) is read as it is only if its name
-says it is the whole trace (trace-00000-of-00001): a shard k of N > 1 alone is a partial copy.
+not yet copied) is refused, never analysed. A trace file by a shard's name with no manifest
+beside it is refused too: nothing proves it whole (its name does not: a one-shard night copied
+halfway is still trace-00000-of-00001); renamed, it is a trace of its own.
 """
 
 from __future__ import annotations
@@ -274,8 +274,8 @@ def _twin_read(name: str, named: Collection[str]) -> bool:
 
 def check_whole(folder: str, published: PublishedFolder | None, present: set[str],
                 read: Collection[str]) -> None:
-    """Refuse a folder of kvtrace shards that is not whole: its manifest missing (where kvtrace
-    files sit beside the one read, or the one read says it is one of several), a file it lists
+    """Refuse a folder of kvtrace shards that is not whole: its manifest missing (where any
+    file kvtrace publishes is: _check_lone), a file it lists
     missing or (unless read now: its bytes are checked as read) not of the sha256 listed, or a
     trace file read that it does not list."""
     if published is None:
@@ -293,17 +293,13 @@ def check_whole(folder: str, published: PublishedFolder | None, present: set[str
 
 
 def _check_lone(folder: str, present: set[str]) -> None:
-    """A shard with no manifest beside it is a trace of its own only alone (no other file
-    kvtrace publishes there) and named as the one shard of its trace (trace-00000-of-00001):
-    kvtrace never publishes a shard k of N > 1 without its manifest."""
-    published = {n for n in present if _is_shard(n) or n == STATS}
-    if len(published) > 1:
-        raise NotWholeOutput(folder, f"its {MANIFEST} is missing")
-    for name in published:
-        shard = TRACE_FILE.fullmatch(name)
-        if shard is not None and (int(shard[1]), int(shard[2])) != (0, 1):
-            raise NotWholeOutput(folder, f"{name} is one of {int(shard[2])} shards and its "
-                                         f"{MANIFEST} is missing")
+    """Only a manifest proves a shard whole (its sha256, its rows): a file kvtrace publishes
+    (a shard, stats.json) with none beside it is a copy caught before its manifest arrived, or
+    cut short, whatever its name says."""
+    published = sorted(n for n in present if _is_shard(n) or n == STATS)
+    if published:
+        raise NotWholeOutput(folder, f"its {MANIFEST} is missing, and only it proves "
+                                     f"{published[0]} whole")
 
 
 def _names(folder: str, descriptor: int | None) -> set[str]:
@@ -397,9 +393,10 @@ def _open_file(folder: str, opened: int | None, name: str) -> IO[bytes]:
 
 
 def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
-    """The files that are shards of a kvtrace output folder (by name, beside a manifest), each
-    with what the folder's manifest promises, the folder pinned once here (the caller closes
-    each: PublishedFolder.close). A PinnedPath's pin is trace_io's to use: not pinned again."""
+    """The files that are shards of a kvtrace output folder (by name; with no manifest beside
+    them, refused: _check_lone), each with what the folder's manifest promises, the folder
+    pinned once here (the caller closes each: PublishedFolder.close). A PinnedPath's pin is
+    trace_io's to use: not pinned again."""
     folders: dict[str, PublishedFolder | None] = {}
     found = {}
     try:
@@ -409,8 +406,10 @@ def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
                 continue
             if folder not in folders:
                 folders[folder] = published_folder(folder)
-            if folders[folder] is not None:
-                found[path] = folders[folder]
+            published = folders[folder]
+            if published is None:
+                _check_lone(folder, {name})  # refuses it: nothing proves it whole
+            found[path] = published
     except BaseException:
         for published in folders.values():
             if published is not None:
@@ -419,9 +418,31 @@ def published_shards(files: Sequence[str]) -> dict[str, PublishedFolder]:
     return found
 
 
-def declared_block_size(files: Sequence[str]) -> int | None:
-    """The block size the manifest every file was pinned with declares (trace_files), if all
-    declare the same; None if any file is not a pinned output's shard."""
-    sizes = {published.block_size if (published := pin_of(f)) is not None else None
-             for f in files}
-    return sizes.pop() if len(sizes) == 1 else None
+def declared_block_size(files: Sequence[str], given: int | None = None) -> int | None:
+    """The block size the files are read at: given (--block-size), else the one the manifest
+    every file was pinned with declares (trace_files); None when no file declares one. Traces
+    that do not agree are refused (ConfigError), never read at a default: files declaring
+    different sizes (or some none) without given, or given against a declared one."""
+    declared = {f: published.block_size if (published := pin_of(f)) is not None else None
+                for f in files}
+    sizes = set(declared.values())
+    if given is not None:
+        against = next((f for f, size in declared.items() if size not in (None, given)), None)
+        if against is not None:
+            raise ConfigError(f"--block-size {given}, but {_declaring(against)} declares "
+                              f"{declared[against]}: its hash_ids are blocks of that size")
+        return given
+    if len(sizes) > 1:
+        first = next(f for f in files if declared[f] is not None)
+        second = next(f for f in files if declared[f] != declared[first])
+        raise ConfigError(f"{_declaring(first)} declares block size {declared[first]}, "
+                          f"{_declaring(second)} declares {declared[second] or 'none'}: read them "
+                          f"apart" + ("" if declared[second] else
+                                      f", or give --block-size {declared[first]}"))
+    return sizes.pop() if sizes else None
+
+
+def _declaring(path: str) -> str:
+    """Where a trace file's block size is declared: its folder's manifest, or nowhere."""
+    published = pin_of(path)
+    return posixpath.join(published.folder, MANIFEST) if published is not None else path

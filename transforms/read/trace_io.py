@@ -22,6 +22,7 @@ import pyarrow.json as pa_json
 from transforms.trace_format import (
     MAX_OUTPUT_LENGTH,
     MAX_RESPONSE_MS,
+    MAX_TRACE_LINE_BYTES,
     NO_RESPONSE_MS,
     RESPONSE_FIELD,
 )
@@ -48,10 +49,8 @@ MAX_READ_INT = (1 << 63) - 1
 HIGHEST = {"timestamp": MAX_READ_TIMESTAMP_MS, "input_length": MAX_READ_INT,
            "output_length": MAX_OUTPUT_LENGTH, RESPONSE_FIELD: MAX_RESPONSE_MS,
            "hash_ids": MAX_READ_INT}
-# The longest trace line read: a row of ~2M block ids, far beyond any kvtrace writes (a
-# 1M-token prompt in blocks of 16 is 62,500 ids, ~0.5 MB). A longer line is malformed, skipped
-# without being held.
-MAX_TRACE_LINE_BYTES = 16 << 20
+# A line is read up to MAX_TRACE_LINE_BYTES (trace_format: the longest row kvtrace writes); a
+# longer one is malformed, skipped without being held.
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
 # kvtrace publishes conversations as `session` (see write/shards.py); other traces use session_id.
 SESSION_FIELDS = ("session", "session_id")

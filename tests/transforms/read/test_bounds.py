@@ -319,7 +319,7 @@ def test_devices_are_refused_at_open():
 
 def test_the_trace_reader_refuses_a_fifo_and_skips_an_overlong_line(tmp_path):
     with pytest.raises(ValueError, match="not a regular file"):
-        _within(10, lambda: read_trace([str(_fifo(tmp_path, "trace-00000-of-00001.jsonl"))]))
+        _within(10, lambda: read_trace([str(_fifo(tmp_path, "night.jsonl"))]))
     row = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}
     path = tmp_path / "trace.jsonl.bz2"
     path.write_bytes(bz2.compress(json.dumps(row).encode() + b"\n" + b"9" * (17 * MiB) + b"\n"

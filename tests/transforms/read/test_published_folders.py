@@ -128,12 +128,6 @@ def test_rows_that_do_not_add_up_to_the_records_exported_are_refused(tmp_path):
     assert len(_read(str(folder / "trace-00000-of-00002.jsonl"))) == 2  # a part: no sum
 
 
-def test_a_lone_trace_file_is_read_as_it_is(tmp_path):
-    lone = tmp_path / "trace-00000-of-00001.jsonl"  # kvtrace's name, but no folder's shard
-    lone.write_bytes(_jsonl(ROWS[:3]))
-    assert len(_read(str(lone))) == 3
-
-
 def test_an_empty_published_shard_is_read(tmp_path):
     folder = published(tmp_path / "out", [[]])
     assert len(_read(str(folder))) == 0
@@ -221,10 +215,12 @@ def test_a_file_of_the_folder_that_is_a_link_or_a_fifo_is_refused_in_one_line(tm
         _read(str(folder))
 
 
-def test_a_lone_shard_among_other_traces_is_read_as_it_is(tmp_path):
+def test_a_lone_shard_among_other_traces_is_refused_not_read_in_part(tmp_path):
     (tmp_path / "trace-00000-of-00001.jsonl").write_bytes(_jsonl(ROWS[:3]))
     (tmp_path / "other.jsonl").write_bytes(_jsonl(ROWS))
-    assert len(_read(str(tmp_path / "*.jsonl"))) == 8
+    with pytest.raises(NotWholeOutput, match="its manifest.json is missing"):
+        _read(str(tmp_path / "*.jsonl"))
+    assert len(_read(str(tmp_path / "other.jsonl"))) == 5  # the folder's other traces read
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
@@ -310,6 +306,27 @@ def test_the_block_size_and_the_rows_come_from_the_one_pin(tmp_path):
     assert declared_block_size(fresh) == 8 and len(read_trace(fresh)) == 3
 
 
+def test_traces_read_together_are_read_at_the_one_block_size_they_declare(tmp_path):
+    four = published(tmp_path / "four", [ROWS[:2]], block_size=4)
+    again = published(tmp_path / "again", [ROWS[2:]], block_size=4)
+    eight = published(tmp_path / "eight", [ROWS[2:]], block_size=8)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(_jsonl(ROWS))
+    assert declared_block_size(trace_files([str(four), str(again)])) == 4
+    assert declared_block_size(trace_files([str(plain)])) is None  # the command's default
+    assert declared_block_size(trace_files([str(plain)]), 16) == 16
+    assert declared_block_size(trace_files([str(four), str(plain)]), 4) == 4
+    with pytest.raises(ConfigError, match=r"four/manifest.json declares block size 4, .*eight/"
+                                          r"manifest.json declares 8: read them apart$"):
+        declared_block_size(trace_files([str(four), str(eight)]))
+    with pytest.raises(ConfigError, match=r"eight/manifest.json declares block size 8, .*plain"
+                                          r".jsonl declares none: read them apart, or give "
+                                          r"--block-size 8$"):  # never read at the default
+        declared_block_size(trace_files([str(plain), str(eight)]))
+    with pytest.raises(ConfigError, match=r"--block-size 4, but .*eight/manifest.json declares 8"):
+        declared_block_size(trace_files([str(four), str(eight)]), 4)
+
+
 def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
     """A Beam worker gets the files pickled: in this process the folder as opened (the
     previous night, whole); in another, that has no descriptor of it, the file opened by path
@@ -344,17 +361,23 @@ def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
         assert os.readlink(f"/proc/self/fd/{descriptor}") != str(folder)
 
 
-@pytest.mark.parametrize("name", ["trace-00001-of-00003.jsonl", "trace-00000-of-00003.jsonl",
-                                  "trace-00000-of-00002.parquet"])
-def test_a_lone_shard_of_several_is_a_partial_copy(tmp_path, name):
+@pytest.mark.parametrize("name", ["trace-00000-of-00001.jsonl", "trace-00001-of-00003.jsonl",
+                                  "trace-00000-of-00003.jsonl", "trace-00000-of-00002.parquet"])
+def test_a_shard_without_its_manifest_is_refused_whatever_its_name_says(tmp_path, name):
+    """A one-shard night copied halfway is still trace-00000-of-00001: only a manifest proves
+    a shard whole, so a shard with none is refused however it is named, or read directly."""
     copy = tmp_path / "copy"
     copy.mkdir()
-    (copy / name).write_bytes(_jsonl(ROWS) if name.endswith(".jsonl") else b"")
-    count = int(name.split("-of-")[1][:5])
+    (copy / name).write_bytes(_jsonl(ROWS[:3]) if name.endswith(".jsonl") else b"")
+    why = f"copy is not a whole kvtrace output: its manifest.json is missing, and only it " \
+          f"proves {name} whole"
     for argument in (copy, copy / name, copy / "*"):
-        with pytest.raises(NotWholeOutput, match=f"copy is not a whole kvtrace output: {name} "
-                                                 f"is one of {count} shards and its manifest"):
+        with pytest.raises(NotWholeOutput, match=why):
             trace_files([str(argument)])
+    with pytest.raises(NotWholeOutput, match=why):
+        read_trace([str(copy / name)])
+    os.rename(copy / name, copy / "night.jsonl")  # a trace of its own, by a name of its own
+    assert len(_read(str(copy / "night.jsonl"))) == (3 if name.endswith(".jsonl") else 0)
 
 
 SPELLINGS = ["out", "./out", "{abs}", "alias", "out/", "out/trace-*.jsonl", "out/trace-*",
