@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from transforms.encode import encode_requests
-from transforms.encode.encode_requests import RequestEncoder
+from transforms.encode.encode_requests import EncodeOptions, RequestEncoder
+from transforms.encode.salt import SaltSource
 from transforms.encode.tokenize import load_tokenizer
 from transforms.read.records import parse_record
 from transforms.trace_format import (
@@ -41,7 +42,8 @@ def test_the_longest_row_kvtrace_writes_is_a_line_its_readers_hold():
 def test_a_request_of_more_blocks_than_a_row_holds_is_a_too_large_dead_letter(
         tiny_tokenizer, monkeypatch):
     monkeypatch.setattr(encode_requests, "MAX_ROW_IDS", 3)  # the bound, made small to test
-    encoder = RequestEncoder(load_tokenizer(tiny_tokenizer), 4, b"\0" * 16, {})
+    encoder = RequestEncoder(load_tokenizer(tiny_tokenizer), b"\0" * 16,
+                             EncodeOptions(tiny_tokenizer, SaltSource("random"), block_size=4))
     requests = [parse_record(json.dumps({"timestamp": 0, "input_ids": list(range(tokens)),
                                          "output_length": 1}).encode(), "f")
                 for tokens in (12, 13)]  # 3 blocks of 4, then a fourth
