@@ -35,7 +35,6 @@ from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
     KEYED_SCHEME,
-    KNOWN_TEMPLATE_KWARGS,
     MAX_BLOCK_SIZE,
     MANIFEST,
     MANIFEST_SCHEMA,
@@ -109,11 +108,12 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
     windows in order). What the manifest holds but no row proves is checked against what the
     operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
     manifest's name where it resolves without running or downloading anything) and hash_scheme
-    (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
-    engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
-    extends it may begin) and template_kwargs (the run's chat template kwargs as the manifest
-    publishes them under the run's salt: write/manifest.public_template_kwargs) and settings (the
-    run's block_size, timestamp_ms and output_length granularity, as far as given)."""
+    (the identity of the scheme the run hashed with, else only the keyed default passes: a vllm
+    suffix derives from the engine's NONE_HASH) and numbering (the id map's versions,
+    map_numbering: where a night that extends it may begin) and template_kwargs (the run's chat
+    template kwargs as the manifest publishes them under the run's salt:
+    write/manifest.public_template_kwargs) and settings (the run's block_size, timestamp_ms and
+    output_length granularity, as far as given)."""
     folder = target.rstrip("/") or "/"
     if not is_url(folder) and os.path.isdir(folder):
         # Resolved once: a link's own attributes and times are not the folder's, which are
@@ -461,29 +461,33 @@ def _tokenizer_here(name: str) -> Any:
 
 
 def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> None:
-    """A vllm scheme's suffix digests the engine's NONE_HASH, which only the operator knows."""
+    """The scheme is the run's: given it (a vllm scheme's suffix digests the engine's NONE_HASH,
+    which only the operator knows), exactly it; else only the default, keyed one. Dense ids look
+    the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one."""
     scheme = manifest["hash_scheme"]
-    if scheme.startswith(VLLM_SCHEME_PREFIX) and expected is None:
+    if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
         gate.flag("manifest.json: the vllm hash scheme's suffix cannot be checked without the "
                   "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
+    elif expected is None and scheme != KEYED_SCHEME:
+        gate.flag("manifest.json: hash_scheme is not the default (keyed) one, and the run's cannot "
+                  "be confirmed: pass --hash-scheme as the run was given")
     elif expected is not None and scheme != expected:
         gate.flag(f"manifest.json: hash_scheme is not {expected}")
 
 
 def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
     """chat_template_kwargs are the run's: given them (and the salt), exactly what anonymize
-    publishes for them; else only known switches set to true, false or null, which carry no
-    digest (a digest is 32 bytes only the run's salt can confirm)."""
+    publishes for them; else none, the default (any switch, even a boolean one, is a setting no
+    row shows: 4 values for each of the known ones)."""
     published = manifest["chat_template_kwargs"]
     if expected is not None:
         if published != expected:
             gate.flag("manifest.json: chat_template_kwargs are not what anonymize publishes for "
                       "the kwargs given, under the salt given")
-    elif not all(name in KNOWN_TEMPLATE_KWARGS and (value is None or isinstance(value, bool))
-                 for name, value in published.items()):
-        gate.flag("manifest.json: chat_template_kwargs hold digests only the run's kwargs and "
-                  "salt confirm: pass --chat-template-kwargs JSON as the run did, with its salt "
-                  "(--salt-file or --salt-secret)")
+    elif published:
+        gate.flag("manifest.json: chat_template_kwargs the run's options alone confirm: pass "
+                  "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
+                  "or --salt-secret)")
 
 
 # The run settings a manifest may hold unconfirmed (the rows bound them only partly: a night
