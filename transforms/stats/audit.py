@@ -125,6 +125,15 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
     return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs, settings)[0]
 
 
+# An object store serves more than a listing and the objects' bytes show: each object's user
+# metadata, tags and content type, and in a versioned bucket every earlier version under the
+# prefix. Beam's file systems read none of them, so a remote folder is measured, never passed.
+REMOTE_FOLDER = ("an object store's folder: its objects' metadata, tags and earlier versions are "
+                 "not readable here, so it is never called publishable: audit the local folder "
+                 "anonymize wrote (--output on local disk, or a copy of it) and publish that, "
+                 "uploaded to a new prefix")
+
+
 def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
            numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
            settings: dict[str, int] | None,
@@ -132,6 +141,8 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
     """The report on a folder or trace file, and its rows' figures. window_start: where a
     stream's window must begin numbering, as the audited window before it ended."""
     gate, rows, manifest = _Gate(), _Rows(), None
+    if is_url(folder):
+        gate.flag(REMOTE_FOLDER)
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, gate)

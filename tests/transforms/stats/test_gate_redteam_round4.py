@@ -228,7 +228,6 @@ def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_
     _refused(made, tmp_path / "stream")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("channel", ["metadata", "versions"])
 def test_an_object_stores_metadata_and_history_are_never_read(made, monkeypatch, channel):
     """Locally the gate refuses every extended attribute (_check_attributes: "they travel with
@@ -269,6 +268,7 @@ def test_an_object_stores_metadata_and_history_are_never_read(made, monkeypatch,
                           **extra)
         report = gate.audit("s3://published/out", made["tokenizer"])
     assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
+    assert report["flags"] == [gate.REMOTE_FOLDER]  # the objects' bytes read as kvtrace's
 
 
 def _hub_cache(made: dict, cache: Path, repo: str) -> None:
