@@ -369,7 +369,7 @@ def _check_file_metadata(gate: _Gate) -> None:
     """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
     times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
     mode, rw-r--r-- under the umask or a private run's rw-------; the folder rwxr-xr-x or
-    rwx------), every entry owned by the auditing user and the folder's group, no access time
+    rwx------), every entry owned by the auditing user and group (who made the copy), no access time
     past the audit's clock (kvtrace sets it to the content time, a read moves it to its own),
     and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
     if "" not in gate.stat:
@@ -383,8 +383,11 @@ def _check_file_metadata(gate: _Gate) -> None:
             or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
         gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
                   f"the folder {oct(stat.S_IMODE(folder.st_mode))}): copy without -p")
-    if any(st.st_uid != os.geteuid() or st.st_gid != folder.st_gid for st in gate.stat.values()):
-        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the folder's "
+    # A new file or folder gets its creator's effective group (a setgid parent's group instead
+    # would also set the folder's setgid bit, refused above): so do kvtrace's writes and a copy
+    # made without -p, and any other group is a number someone chose.
+    if any(st.st_uid != os.geteuid() or st.st_gid != os.getegid() for st in gate.stat.values()):
+        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the user's "
                   "group): audit as the user who holds the copy, made without -p or --same-owner")
     now_ns = time.time_ns()
     if any(not st.st_mtime_ns <= st.st_atime_ns <= now_ns for st in gate.stat.values()):
@@ -394,9 +397,21 @@ def _check_file_metadata(gate: _Gate) -> None:
     if labels and (not os.path.isdir(SELINUX_FS) or len(gate.labels) != len(gate.stat)
                    or len(labels) > 1 or not all(len(label) <= MAX_SELINUX_LABEL
                                                  and SELINUX_CONTEXT.fullmatch(label)
-                                                 for label in labels)):
-        gate.flag("security.selinux values no SELinux module set here (free bytes, or labels "
-                  "that differ from the folder's)")
+                                                 and _policy_knows(label) for label in labels)):
+        gate.flag("security.selinux values no SELinux module set here (free bytes, labels that "
+                  "differ from the folder's, or a context the loaded policy does not define)")
+
+
+def _policy_knows(label: bytes) -> bool:
+    """Whether the loaded SELinux policy defines the context (the kernel's check_context, as
+    libselinux's security_check_context asks it: writing it to selinuxfs fails unless valid).
+    A context root stored unmapped, or one from another host's policy, is not."""
+    try:
+        with open(os.path.join(SELINUX_FS, "context"), "r+b", buffering=0) as check:
+            check.write(label.rstrip(b"\x00") + b"\x00")
+        return True
+    except OSError:  # EINVAL: not a context of this policy; no selinuxfs: nothing vouches for it
+        return False
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:

@@ -57,7 +57,7 @@ def _stream(made: dict, tmp_path: Path) -> Path:
     return stream
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.xfail(strict=True, reason="residual: docs/AUDIT.md")
 def test_access_times_in_the_past_or_just_ahead_carry_free_bytes(made, tmp_path):
     """Round 3's fix (_check_file_metadata) asks only content time <= atime <= the audit's
     clock. Content times are in 2000 (CONTENT_TIME_BASE + <= 194 days), so every entry's atime
@@ -80,7 +80,6 @@ def test_access_times_in_the_past_or_just_ahead_carry_free_bytes(made, tmp_path)
         print("atime nanoseconds after the audit:", kept)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_the_folders_group_is_free(made, tmp_path):
     """Round 3's owner fix asks each entry to be the auditing user's and of the folder's group,
     but the folder's group itself is anything: as root (tar --same-owner, cp -a, rsync -g) any
@@ -327,7 +326,6 @@ def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who
         assert "tokenizer" in out.stdout
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_well_formed_selinux_label_is_free_text(made, tmp_path, monkeypatch):
     """Round 3's fix passes security.selinux only where SELinux is mounted, one label for the
     folder and every file, shaped user:role:type[:level] ([a-z_][a-z0-9_]* each, <= 255 bytes),
