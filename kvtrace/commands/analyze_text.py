@@ -6,6 +6,7 @@ Values are rounded for display only; the JSON keeps full precision.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 TABLE_ROWS = (
     ("Input Length", "isl_stats"),
@@ -44,12 +45,30 @@ def _percent(value: float) -> str:
     return f"{value:.4f}"
 
 
+def input_name(path: str) -> str:
+    """An input as published text names it: its file name (as `report` does), never the
+    operator's folders."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def published_report(report: dict) -> dict:
+    """The report as analyze --output publishes it: each example of a problem names its file by
+    name only."""
+    def named(example: Any) -> Any:
+        return {**example, "file": input_name(example["file"])} if isinstance(example, dict) \
+            else example
+
+    problems = {name: {**problem, "examples": [named(e) for e in problem["examples"]]}
+                for name, problem in report["problems"].items()}
+    return {**report, "problems": problems}
+
+
 def render(report: dict, sources: Sequence[str]) -> str:
     hit = report["hit_rates"]
     rate = report["request_rate"]
     definitions = report["definitions"]
     lines = [
-        f"Analyzing: {', '.join(sources)}",
+        f"Analyzing: {', '.join(input_name(source) for source in sources)}",
         f"Block size: {report['block_size']}",
         f"Rows: {report['total_requests']}; unique prefixes: {report['unique_prefixes']}; "
         f"prefix groups: {report['num_prefix_groups']}; prefix reuse ratio: "
@@ -88,7 +107,7 @@ def _examples(examples: list) -> str:
     shown = []
     for example in examples[:5]:
         if isinstance(example, dict):
-            where = f"{example['file']}:{example['line']}"
+            where = f"{input_name(example['file'])}:{example['line']}"
             shown.append(f"{where} ({example['error']})" if "error" in example else where)
         else:
             shown.append(f"id {example}")

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvtrace.commands.common import (TRACE_HELP, BeamFlags, no_beam_options, plan_trace_command,
                                      write_json_report)
+from transforms.encode.schemes import SCHEMES
 from transforms.errors import ConfigError
 
 
@@ -91,6 +92,9 @@ def add_audit_parser(commands: Any) -> None:
         help="with --id-map or --chat-template-kwargs: the salt the runs used")
     add("--salt-secret", metavar="VERSION",
         help="with --id-map or --chat-template-kwargs: the salt the runs used")
+    add("--hash-scheme", choices=SCHEMES,
+        help="as the run was given: the manifest's must be it (default: only the keyed kvtrace "
+             "scheme passes)")
     add("--vllm-hash-seed", metavar="S", help="vllm-sha256-cbor outputs: as the run was given")
     add("--vllm-none-hash", metavar="HEX", help="vllm-sha256-cbor outputs: as the run was given")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
@@ -127,6 +131,19 @@ def _template_kwargs(args: argparse.Namespace, salt: bytes | None) -> dict | Non
     return public_template_kwargs(kwargs, salt)
 
 
+def _audited_scheme(args: argparse.Namespace) -> str | None:
+    """The identity of the hash scheme the run was given (--hash-scheme, the vllm flags alone
+    naming vllm-sha256-cbor), or None when none was given."""
+    from kvtrace.commands.anonymize import _hash_scheme
+
+    vllm = args.vllm_hash_seed is not None or args.vllm_none_hash is not None
+    if args.hash_scheme is None and not vllm:
+        return None
+    return _hash_scheme({"hash_scheme": args.hash_scheme or "vllm-sha256-cbor",
+                         "vllm_hash_seed": args.vllm_hash_seed,
+                         "vllm_none_hash": args.vllm_none_hash}).identity
+
+
 def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from transforms.storage import is_url
     from transforms.stats.audit import audit as measure, map_numbering, report_text
@@ -140,13 +157,7 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError(f"{target}: not readable")
     reads = [target, *(path for path in (args.id_map, args.salt_file) if path)]
     plan_locations(reads, [Location("--json", args.json or "")])
-    scheme = None
-    if args.vllm_hash_seed is not None or args.vllm_none_hash is not None:
-        from kvtrace.commands.anonymize import _hash_scheme
-
-        scheme = _hash_scheme({"hash_scheme": "vllm-sha256-cbor",
-                               "vllm_hash_seed": args.vllm_hash_seed,
-                               "vllm_none_hash": args.vllm_none_hash}).identity
+    scheme = _audited_scheme(args)
     salt = _run_salt(args)
     numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
     settings = {key: value for key, value in (("block_size", args.block_size),

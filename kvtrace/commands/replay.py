@@ -65,6 +65,17 @@ def add_export_parser(commands: Any) -> None:
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
+def _published_export(report: dict, output: str) -> dict:
+    """The export's report as --json writes it: its command names the output by its file name
+    (run beside it), never the operator's folders."""
+    from kvtrace.commands.analyze_text import input_name
+    from transforms.write.replayers import CONSUMERS
+
+    command = CONSUMERS[report["consumer"]].command(input_name(output), report["block_size"],
+                                                    report["rows"])
+    return {**report, "command": command}
+
+
 def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from pipelines.export import ExportConfig, run_export
     from transforms.write.publish import Location
@@ -84,7 +95,7 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
               f"prompt and answer (the template dropped earlier reasoning, or the history was "
               f"cut): each is sent whole, opening a new session_id")
     print(f"replay: {report['command']}\n  ({report['note']})")
-    write_json_report(args.json, report)
+    write_json_report(args.json, _published_export(report, args.output))
     return 0
 
 

@@ -81,18 +81,30 @@ def test_the_manifest_schema_refuses_text_that_unicode_classes_would_let_through
     assert any("not printable ASCII" in p for p in problems)
 
 
-def test_every_hash_scheme_identity_and_input_vocabulary_is_in_the_schema():
+def test_every_hash_scheme_identity_is_in_the_schema():
     from transforms.encode.schemes import HashScheme
-    from transforms.read.records import INPUT_FORMATS
-    from transforms.read.timestamps import TIMESTAMP_UNITS
 
     import re
 
     pattern = MANIFEST_SCHEMA["properties"]["hash_scheme"]["pattern"]
     for scheme in (HashScheme(), HashScheme("dynamo"), HashScheme("vllm-sha256-cbor", b"\0" * 32)):
         assert re.search(pattern, scheme.identity)
-    assert MANIFEST_SCHEMA["properties"]["input_format"]["enum"] == list(INPUT_FORMATS)
-    assert MANIFEST_SCHEMA["properties"]["timestamp_unit"]["enum"] == list(TIMESTAMP_UNITS)
+
+
+def test_the_published_tokenizer_names_are_kvtraces_own():
+    """The manifest's tokenizer name comes from a closed vocabulary: every tokenizer a shipped
+    preset names, and the pkg: tokenizer the audit resolves, and nothing else."""
+    from kvtrace import presets
+    from kvtrace.config import load_bounded_yaml
+    from transforms.stats.audit import KNOWN_PACKAGE_TOKENIZERS
+    from transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
+
+    shipped = {load_bounded_yaml(str(presets.folder() / f"{name}.yaml"), "--config").get("tokenizer")
+               for name in presets.environments()} - {None}
+    packages = {f"pkg:{name}" for name in KNOWN_PACKAGE_TOKENIZERS}
+    assert set(PUBLISHED_TOKENIZER_NAMES) == shipped | packages
+    assert MANIFEST_SCHEMA["properties"]["tokenizer"]["properties"]["name"]["anyOf"][1] == {
+        "enum": list(PUBLISHED_TOKENIZER_NAMES)}
 
 
 @settings(max_examples=60, deadline=None)

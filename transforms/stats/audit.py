@@ -35,7 +35,6 @@ from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
     KEYED_SCHEME,
-    KNOWN_TEMPLATE_KWARGS,
     MAX_BLOCK_SIZE,
     MANIFEST,
     MANIFEST_SCHEMA,
@@ -111,11 +110,12 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
     windows in order). What the manifest holds but no row proves is checked against what the
     operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
     manifest's name where it resolves without running or downloading anything) and hash_scheme
-    (the identity of the engine scheme the run hashed with: its vllm suffix derives from the
-    engine's NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that
-    extends it may begin) and template_kwargs (the run's chat template kwargs as the manifest
-    publishes them under the run's salt: write/manifest.public_template_kwargs) and settings (the
-    run's block_size, timestamp_ms and output_length granularity, as far as given)."""
+    (the identity of the scheme the run hashed with, else only the keyed default passes: a vllm
+    suffix derives from the engine's NONE_HASH) and numbering (the id map's versions,
+    map_numbering: where a night that extends it may begin) and template_kwargs (the run's chat
+    template kwargs as the manifest publishes them under the run's salt:
+    write/manifest.public_template_kwargs) and settings (the run's block_size, timestamp_ms and
+    output_length granularity, as far as given)."""
     folder = target.rstrip("/") or "/"
     if not is_url(folder) and os.path.isdir(folder):
         # Resolved once: a link's own attributes and times are not the folder's, which are
@@ -127,6 +127,15 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
     return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs, settings)[0]
 
 
+# An object store serves more than a listing and the objects' bytes show: each object's user
+# metadata, tags and content type, and in a versioned bucket every earlier version under the
+# prefix. Beam's file systems read none of them, so a remote folder is measured, never passed.
+REMOTE_FOLDER = ("an object store's folder: its objects' metadata, tags and earlier versions are "
+                 "not readable here, so it is never called publishable: audit the local folder "
+                 "anonymize wrote (--output on local disk, or a copy of it) and publish that, "
+                 "uploaded to a new prefix")
+
+
 def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
            numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
            settings: dict[str, int] | None,
@@ -134,6 +143,8 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
     """The report on a folder or trace file, and its rows' figures. window_start: where a
     stream's window must begin numbering, as the audited window before it ended."""
     gate, rows, manifest = _Gate(), _Rows(), None
+    if is_url(folder):
+        gate.flag(REMOTE_FOLDER)
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, gate)
@@ -440,7 +451,7 @@ def _check_file_metadata(gate: _Gate) -> None:
     """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
     times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
     mode, rw-r--r-- under the umask or a private run's rw-------; the folder rwxr-xr-x or
-    rwx------), every entry owned by the auditing user and the folder's group, no access time
+    rwx------), every entry owned by the auditing user and group (who made the copy), no access time
     past the audit's clock (kvtrace sets it to the content time, a read moves it to its own),
     and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
     if "" not in gate.stat:
@@ -454,8 +465,11 @@ def _check_file_metadata(gate: _Gate) -> None:
             or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
         gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
                   f"the folder {oct(stat.S_IMODE(folder.st_mode))}): copy without -p")
-    if any(st.st_uid != os.geteuid() or st.st_gid != folder.st_gid for st in gate.stat.values()):
-        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the folder's "
+    # A new file or folder gets its creator's effective group (a setgid parent's group instead
+    # would also set the folder's setgid bit, refused above): so do kvtrace's writes and a copy
+    # made without -p, and any other group is a number someone chose.
+    if any(st.st_uid != os.geteuid() or st.st_gid != os.getegid() for st in gate.stat.values()):
+        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the user's "
                   "group): audit as the user who holds the copy, made without -p or --same-owner")
     now_ns = time.time_ns()
     if any(not st.st_mtime_ns <= st.st_atime_ns <= now_ns for st in gate.stat.values()):
@@ -465,9 +479,21 @@ def _check_file_metadata(gate: _Gate) -> None:
     if labels and (not os.path.isdir(SELINUX_FS) or len(gate.labels) != len(gate.stat)
                    or len(labels) > 1 or not all(len(label) <= MAX_SELINUX_LABEL
                                                  and SELINUX_CONTEXT.fullmatch(label)
-                                                 for label in labels)):
-        gate.flag("security.selinux values no SELinux module set here (free bytes, or labels "
-                  "that differ from the folder's)")
+                                                 and _policy_knows(label) for label in labels)):
+        gate.flag("security.selinux values no SELinux module set here (free bytes, labels that "
+                  "differ from the folder's, or a context the loaded policy does not define)")
+
+
+def _policy_knows(label: bytes) -> bool:
+    """Whether the loaded SELinux policy defines the context (the kernel's check_context, as
+    libselinux's security_check_context asks it: writing it to selinuxfs fails unless valid).
+    A context root stored unmapped, or one from another host's policy, is not."""
+    try:
+        with open(os.path.join(SELINUX_FS, "context"), "r+b", buffering=0) as check:
+            check.write(label.rstrip(b"\x00") + b"\x00")
+        return True
+    except OSError:  # EINVAL: not a context of this policy; no selinuxfs: nothing vouches for it
+        return False
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
@@ -543,29 +569,33 @@ def _tokenizer_here(name: str) -> Any:
 
 
 def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> None:
-    """A vllm scheme's suffix digests the engine's NONE_HASH, which only the operator knows."""
+    """The scheme is the run's: given it (a vllm scheme's suffix digests the engine's NONE_HASH,
+    which only the operator knows), exactly it; else only the default, keyed one. Dense ids look
+    the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one."""
     scheme = manifest["hash_scheme"]
-    if scheme.startswith(VLLM_SCHEME_PREFIX) and expected is None:
+    if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
         gate.flag("manifest.json: the vllm hash scheme's suffix cannot be checked without the "
                   "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
+    elif expected is None and scheme != KEYED_SCHEME:
+        gate.flag("manifest.json: hash_scheme is not the default (keyed) one, and the run's cannot "
+                  "be confirmed: pass --hash-scheme as the run was given")
     elif expected is not None and scheme != expected:
         gate.flag(f"manifest.json: hash_scheme is not {expected}")
 
 
 def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
     """chat_template_kwargs are the run's: given them (and the salt), exactly what anonymize
-    publishes for them; else only known switches set to true, false or null, which carry no
-    digest (a digest is 32 bytes only the run's salt can confirm)."""
+    publishes for them; else none, the default (any switch, even a boolean one, is a setting no
+    row shows: 4 values for each of the known ones)."""
     published = manifest["chat_template_kwargs"]
     if expected is not None:
         if published != expected:
             gate.flag("manifest.json: chat_template_kwargs are not what anonymize publishes for "
                       "the kwargs given, under the salt given")
-    elif not all(name in KNOWN_TEMPLATE_KWARGS and (value is None or isinstance(value, bool))
-                 for name, value in published.items()):
-        gate.flag("manifest.json: chat_template_kwargs hold digests only the run's kwargs and "
-                  "salt confirm: pass --chat-template-kwargs JSON as the run did, with its salt "
-                  "(--salt-file or --salt-secret)")
+    elif published:
+        gate.flag("manifest.json: chat_template_kwargs the run's options alone confirm: pass "
+                  "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
+                  "or --salt-secret)")
 
 
 # The run settings a manifest may hold unconfirmed (the rows bound them only partly: a night

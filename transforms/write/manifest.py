@@ -9,7 +9,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,8 @@ from transforms import storage
 from transforms.errors import JobStopped
 from transforms.write.coarsen import round_to
 from transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
-                                     MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_FILES, canonical_json)
+                                     PUBLISHED_TOKENIZER_FILES, PUBLISHED_TOKENIZER_NAMES,
+                                     canonical_json)
 
 
 def _installed_version() -> str:
@@ -118,15 +118,11 @@ def trace_origin_ms(configured_ms: int | None, earliest_ms: list[int]) -> int:
     return min(earliest_ms, default=0)
 
 
-# A tokenizer named as the public hub (owner/model) or an installed package (pkg:NAME) does: a
-# local folder's path is the provider's own and is never published (its files' sha256 are).
-_PUBLIC_TOKENIZER = re.compile(MANIFEST_SCHEMA["properties"]["tokenizer"]["properties"]["name"]
-                               ["anyOf"][1]["pattern"])
-
-
 def public_tokenizer_name(name: str) -> str | None:
-    """The tokenizer as the manifest may name it: a hub id or pkg: name, else nothing."""
-    if os.path.exists(name) or len(name) > 128 or not _PUBLIC_TOKENIZER.fullmatch(name):
+    """The tokenizer as the manifest may name it: one of the names kvtrace declares
+    (PUBLISHED_TOKENIZER_NAMES), else nothing; a local folder of that name is the provider's own
+    and is never named (its files' sha256 are published)."""
+    if name not in PUBLISHED_TOKENIZER_NAMES or os.path.exists(name):
         return None
     return name
 
