@@ -72,7 +72,6 @@ def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tm
     assert not (tmp_path / "o4").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_audit_accepts_a_whole_output_whatever_the_auditors_umask(tiny_tokenizer, tmp_path):
     """storage.create makes each published file 0644 under the writer's umask, and audit's
     _check_file_metadata accepts only 0644, 0600 or 0644 under the *auditor's* umask: a night
@@ -211,7 +210,7 @@ def test_two_runs_on_one_id_map_are_not_called_a_rollback(tiny_tokenizer, tmp_pa
     assert "rolled back" not in err and "start a new map" not in err, err
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
+@pytest.mark.xfail(strict=True, reason="residual: docs/AUDIT.md")
 def test_audit_refuses_access_times_someone_chose(tiny_tokenizer, tmp_path):
     """audit flags file times 'someone chose' (each mtime must be its content time), but takes
     any access time from the content time (year 2000) to the audit's clock

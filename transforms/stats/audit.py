@@ -447,19 +447,23 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
             gate.flag(f"{name}: unreadable SELinux label ({err.strerror or err})")
 
 
+# The umasks a writer's files may have been made under: the verdict on the same bytes must not
+# depend on the auditor's own umask; a choice among three is under 2 bits per folder.
+WRITERS_UMASKS = (0o022, 0o027, 0o077)
+
+
 def _check_file_metadata(gate: _Gate) -> None:
     """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
     times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
-    mode, rw-r--r-- under the umask or a private run's rw-------; the folder rwxr-xr-x or
+    mode, rw-r--r-- under the writer's umask (one of WRITERS_UMASKS, whatever the auditor's) or a
+    private run's rw-------; the folder rwxr-xr-x or
     rwx------), every entry owned by the auditing user and group (who made the copy), no access time
     past the audit's clock (kvtrace sets it to the content time, a read moves it to its own),
     and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
     if "" not in gate.stat:
         return
     folder, files = gate.stat[""], {n: st for n, st in gate.stat.items() if n}
-    umask = os.umask(0o022)
-    os.umask(umask)
-    file_modes = {storage.PUBLIC_FILE, storage.PUBLIC_FILE & ~umask, storage.PRIVATE_FILE}
+    file_modes = {storage.PUBLIC_FILE & ~umask for umask in WRITERS_UMASKS}
     modes = {stat.S_IMODE(st.st_mode) for st in files.values()}
     if (len(modes) > 1 or not modes <= file_modes
             or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
