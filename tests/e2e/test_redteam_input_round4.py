@@ -186,7 +186,6 @@ def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_pat
 
 # ---- Parquet: a FIXED_LEN_BYTE_ARRAY column is sized as one byte a row --------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(tiny_tokenizer,
                                                                             tmp_path):
     """BOUNDS.md: Parquet rows are sized from their Arrow form before they become Python values

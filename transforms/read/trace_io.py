@@ -229,13 +229,15 @@ def _read_parquet(path: str, opened: IO[bytes] | None = None) -> dict:
     """A Parquet trace (opened: read from it) with the checks a JSONL one gets: columns as they
     are when well typed, else row by row, each bad row reported by its number."""
     try:
-        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES, opened)
+        table, numbers, oversized = read_parquet_within(path, MAX_TRACE_LINE_BYTES, READ_FIELDS,
+                                                        opened)
     except (OSError, ValueError, pa.ArrowException) as err:
         return _columns_from_rows([], path, [{"file": path, "line": 0,
                                               "error": f"not a readable Parquet file ({err})"}])
+    unread = [{"file": path, "line": int(row), "error": why} for row, why in oversized]
     if _well_typed(table):
-        return _columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])
-    return _columns_from_rows(enumerate(_parquet_rows(table), 1), path)
+        return _columns_from_table(table, path, numbers, unread)
+    return _columns_from_rows(zip(numbers.tolist(), _parquet_rows(table)), path, unread)
 
 
 class _Unread:
