@@ -250,7 +250,6 @@ def test_a_parquet_log_written_with_string_view_columns_reads(tiny_tokenizer, tm
 
 # ---- trace Parquet: the dictionary bomb anonymize's reader was fixed for ------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     """BOUNDS.md: trace Parquet is read with "footer and pages as above at 16 MiB". But

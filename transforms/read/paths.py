@@ -542,7 +542,7 @@ class _CompactReader:
 class ParquetRows(NamedTuple):
     """The rows of a Parquet file read within a bound, and those not read."""
 
-    table: pa.Table  # the rows within the bound, dictionaries decoded
+    table: pa.Table  # the rows within the bound; string columns stored as dictionaries kept so
     numbers: np.ndarray  # int64: each row's 1-based number in the file
     oversized: list[tuple[int, str]]  # (1-based row number, why) of each row over the bound
 
@@ -557,11 +557,11 @@ def read_parquet_within(path: str, max_row_bytes: int, columns: Collection[str],
     """The named columns of a Parquet file (a trace's; opened: read from it), read as every
     reader reads Parquet (sized_rows): the footer bounded and each row group's pages checked
     first (ValueError saying why not), then each row sized before it is decoded, a row over
-    max_row_bytes as JSON left undecoded and reported, the others decoded a bounded run at a
-    time."""
-    batches, numbers, oversized, first = [], [], [], 1
+    max_row_bytes as JSON left unread and reported. A string column stored as a dictionary
+    stays one (an entry is held once however many rows reference it: python_values converts
+    it once too); the rest is decoded a bounded run at a time."""
+    runs, numbers, oversized, first = [], [], [], 1
     with parquet_file(path, max_row_bytes, opened) as (raw, parquet):
-        dense = without_views(pa.schema([f for f in parquet.schema_arrow if f.name in columns]))
         for group in range(parquet.num_row_groups):
             if why := oversized_pages(raw, parquet.metadata, group, max_row_bytes, columns):
                 raise ValueError(why)
@@ -570,11 +570,54 @@ def read_parquet_within(path: str, max_row_bytes: int, columns: Collection[str],
                     oversized.append((first + run.first, f"row of {run.size} bytes as JSON at "
                                       f"least, over {max_row_bytes}: not read"))
                     continue
-                batches.append(run.rows.cast(dense))
+                runs.append(run.rows)
                 numbers.append(np.arange(first + run.first, first + run.first + run.rows.num_rows))
             first += parquet.metadata.row_group(group).num_rows
-    return ParquetRows(pa.Table.from_batches(batches, dense),
+        schema = _read_schema(parquet.schema_arrow, columns, runs)
+    return ParquetRows(pa.Table.from_batches([run.cast(schema) for run in runs], schema),
                        np.concatenate(numbers) if numbers else np.zeros(0, np.int64), oversized)
+
+
+def _read_schema(schema: pa.Schema, columns: Collection[str], runs: list[pa.RecordBatch]
+                 ) -> pa.Schema:
+    """One type per column for every run: the file's (views as their plain twins), a
+    dictionary of it where any row group's chunk was read as a dictionary (a dense chunk is
+    then encoded, not the dictionary decoded)."""
+    fields = []
+    for field in schema:
+        if field.name not in columns:
+            continue
+        kind = _plain_type(field.type)
+        if any(pa.types.is_dictionary(run.schema.field(field.name).type) for run in runs):
+            kind = pa.dictionary(pa.int32(), kind)
+        fields.append(field.with_type(kind))
+    return pa.schema(fields)
+
+
+def decoded_type(kind: pa.DataType) -> pa.DataType:
+    """The type of a column's values once decoded: a dictionary's entries' type."""
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+
+def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column's values as Python values; a dictionary's entries are converted once and
+    shared by every row that references them (DictionaryArray.to_pylist copies an entry per
+    row), batches that share a dictionary sharing its conversion."""
+    converted: dict[tuple[int, ...], list[Any]] = {}
+    values: list[Any] = []
+    for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+        if not pa.types.is_dictionary(chunk.type):
+            values.extend(chunk.to_pylist())
+            continue
+        dictionary = chunk.dictionary
+        key = (dictionary.offset, len(dictionary),
+               *(buffer.address for buffer in dictionary.buffers() if buffer is not None))
+        if key not in converted:
+            converted[key] = dictionary.to_pylist()
+        entries = converted[key]
+        values.extend(None if index is None else entries[index]
+                      for index in chunk.indices.to_pylist())
+    return values
 
 
 def without_views(schema: pa.Schema) -> pa.Schema:
