@@ -186,7 +186,6 @@ def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_pat
 
 # ---- Parquet: a FIXED_LEN_BYTE_ARRAY column is sized as one byte a row --------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(tiny_tokenizer,
                                                                             tmp_path):
     """BOUNDS.md: Parquet rows are sized from their Arrow form before they become Python values
@@ -251,7 +250,6 @@ def test_a_parquet_log_written_with_string_view_columns_reads(tiny_tokenizer, tm
 
 # ---- trace Parquet: the dictionary bomb anonymize's reader was fixed for ------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     """BOUNDS.md: trace Parquet is read with "footer and pages as above at 16 MiB". But

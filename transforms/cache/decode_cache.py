@@ -35,9 +35,9 @@ def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:
 
 def _output_ids(path: str):
     if path.lower().endswith(PARQUET_SUFFIXES):
-        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES)
+        table, numbers, _ = read_parquet_within(path, MAX_TRACE_LINE_BYTES, (OUTPUT_IDS_FIELD,))
         if OUTPUT_IDS_FIELD in table.column_names:
-            yield from enumerate(table.column(OUTPUT_IDS_FIELD).to_pylist(), 1)
+            yield from zip(numbers.tolist(), table.column(OUTPUT_IDS_FIELD).to_pylist())
         return
     for line, raw in enumerate(lines_within(path, MAX_TRACE_LINE_BYTES), 1):
         if OUTPUT_IDS_FIELD.encode() in raw:

@@ -4,12 +4,30 @@ row (a 2 KB file can hold 128 rows of 4 MB each): its size per row is the size o
 row references, found by index without building the strings.
 
 A lower bound, so that a row refused on it is over --max-record-bytes as JSON too: each string
-counts its UTF-8 bytes and its two quotes, every other value one byte (a digit)."""
+counts its UTF-8 bytes and its two quotes (a fixed-size binary its type's width), every other
+value one byte (a digit).
+
+How large a value of a Parquet physical type is once Arrow decodes it dense is known from the
+type alone for the fixed-size types (fixed_value_bytes): their width, never assumed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
+
+# The width of each fixed-size Parquet physical type's values, as Arrow holds them decoded.
+_PHYSICAL_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+
+
+def fixed_value_bytes(physical_type: str, type_length: int) -> int | None:
+    """The bytes one value of a Parquet physical type takes decoded, from the type alone (a
+    FIXED_LEN_BYTE_ARRAY: its declared length); None for BYTE_ARRAY, whose values vary."""
+    if physical_type == "FIXED_LEN_BYTE_ARRAY":
+        return max(type_length, 0)
+    if physical_type == "BYTE_ARRAY":
+        return None
+    return _PHYSICAL_WIDTHS[physical_type]
 
 
 def least_json_bytes(batch: pa.RecordBatch) -> np.ndarray:
@@ -38,6 +56,8 @@ def _value_bytes(array: pa.Array) -> np.ndarray:
         return _nulls_zero(array, entries[np.where(_valid(array), indices, 0)])
     if pa.types.is_string(kind) or pa.types.is_binary(kind):
         return _nulls_zero(array, np.diff(_buffer(array, 1, np.int32, len(array) + 1)) + 2)
+    if pa.types.is_fixed_size_binary(kind):
+        return _nulls_zero(array, np.full(len(array), kind.byte_width + 2, dtype=np.int64))
     if pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
         return _nulls_zero(array, np.diff(_buffer(array, 1, np.int64, len(array) + 1)) + 2)
     if pa.types.is_struct(kind):

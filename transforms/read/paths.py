@@ -13,16 +13,18 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import storage
-from transforms.read.arrow_sizes import largest_value_bytes
+from transforms.batching import batches_by_weight
+from transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
 from transforms.read.decompress import DecodedStream
 from transforms.storage import is_url
 
@@ -282,34 +284,79 @@ class GroupReader(NamedTuple):
     dense_row_bytes: int
 
 
-def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int) -> GroupReader:
-    """A reader of the file for one row group whose string columns stored as a dictionary
-    (every data page of the group's chunk indexes its dictionary page) are read as Arrow
-    dictionaries: an entry many rows reference is held once, not once per row, until a row is
-    decoded (sources.py sizes each row first: arrow_sizes.py). Chunks that fell back to plain
-    pages are read dense: as dictionaries, Arrow would grow one over the whole chunk and copy
-    it into every batch. Their rows that index the dictionary are then decoded before they are
-    sized, each value at most the dictionary's largest entry: dense_row_bytes bounds that per
-    row, so that the caller reads few enough rows at once."""
+def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int,
+                 columns: Collection[str] | None = None) -> GroupReader:
+    """A reader of the file for one row group (of its top-level columns named, all when None)
+    whose string columns stored as a dictionary (every data page of the group's chunk indexes
+    its dictionary page) are read as Arrow dictionaries: an entry many rows reference is held
+    once, not once per row, until a row is decoded (rows are sized first: arrow_sizes.py).
+    Every other dictionary chunk is read dense: a fixed-width one (Arrow reads only strings as
+    dictionaries) decodes each value to its type's width; a string chunk that fell back to
+    plain pages (as a dictionary, Arrow would grow one over the whole chunk and copy it into
+    every batch) to at most the dictionary's largest entry. dense_row_bytes bounds what a row
+    of them decodes to before it can be sized, so that the caller reads few enough rows at
+    once."""
     metadata = parquet.metadata
     row_group = metadata.row_group(group)
-    columns, dense_row_bytes = [], 0
-    for index in range(row_group.num_columns):
+    strings, dense_row_bytes = [], 0
+    for index in _read_columns(parquet, columns):
         chunk = row_group.column(index)
-        if chunk.physical_type != "BYTE_ARRAY" or not chunk.has_dictionary_page:
+        if not chunk.has_dictionary_page:
+            continue
+        # a list column's rows hold its values on average (docs/BOUNDS.md)
+        values_per_row = -(-chunk.num_values // max(row_group.num_rows, 1))
+        width = fixed_value_bytes(chunk.physical_type, parquet.schema.column(index).length)
+        if width is not None:
+            dense_row_bytes += width * values_per_row
             continue
         pages = list(_pages(raw, chunk))
         if all(page.encoding in DICTIONARY_ENCODINGS for page in pages
                if page.encoding is not None):
-            columns.append(chunk.path_in_schema)
-        else:  # a list column's rows hold its values on average (docs/BOUNDS.md)
-            values_per_row = -(-chunk.num_values // max(row_group.num_rows, 1))
+            strings.append(chunk.path_in_schema)
+        else:
             dictionary_bytes = sum(page.size for page in pages if page.encoding is None)
             largest = _largest_entry_bytes(raw, metadata, group, chunk.path_in_schema)
             dense_row_bytes += min(largest, dictionary_bytes) * values_per_row
     reader = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
-                            buffer_size=READ_CHUNK_BYTES, read_dictionary=columns or None)
+                            buffer_size=READ_CHUNK_BYTES, read_dictionary=strings or None)
     return GroupReader(reader, dense_row_bytes)
+
+
+def _read_columns(parquet: pq.ParquetFile, columns: Collection[str] | None) -> list[int]:
+    """The indices of the leaf columns under the top-level columns named (all when None)."""
+    schema = parquet.schema
+    return [index for index in range(len(schema))
+            if columns is None or schema.column(index).path.split(".")[0] in columns]
+
+
+class SizedRows(NamedTuple):
+    """Rows of a batch read as Arrow: first is the row's number in its row group."""
+
+    first: int
+    rows: pa.RecordBatch | None  # rows within the bound, together within it; None: one over it
+    size: int  # the rows' size as JSON, at least (arrow_sizes.py)
+
+
+def sized_rows(raw: IO[bytes], parquet: pq.ParquetFile, group: int, max_row_bytes: int,
+               batch_rows: int, columns: Collection[str] | None = None) -> Iterator[SizedRows]:
+    """A row group's rows (its columns named, all when None), batch_rows at a time, fewer
+    when rows indexing a dictionary are decoded dense (as many as max_row_bytes holds at their
+    most, one at least), each sized before it is decoded (arrow_sizes.py): a row over
+    max_row_bytes as JSON comes alone with no rows, the others in runs of at most
+    max_row_bytes together, their dictionaries still undecoded (a lone row larger as JSON
+    than counted may go over). The one way every reader reads Parquet rows."""
+    group_read = group_reader(raw, parquet, group, columns)
+    rows = max(1, min(batch_rows, max_row_bytes // max(group_read.dense_row_bytes, 1)))
+    names = None if columns is None else [n for n in parquet.schema_arrow.names if n in columns]
+    read = 0
+    for batch in group_read.reader.iter_batches(rows, row_groups=[group], columns=names):
+        sizes = least_json_bytes(batch)
+        for run in batches_by_weight(range(batch.num_rows), max_row_bytes, sizes.__getitem__):
+            size = int(sizes[run].sum())
+            within = size <= max_row_bytes  # over the weight: a run alone
+            yield SizedRows(read + run[0], batch.slice(run[0], len(run)) if within else None,
+                            size)
+        read += batch.num_rows
 
 
 def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
@@ -338,20 +385,23 @@ def _dictionaries(array: pa.Array) -> Iterator[pa.Array]:
 
 
 def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
-                    max_cell_bytes: int) -> str | None:
+                    max_cell_bytes: int, columns: Collection[str] | None = None) -> str | None:
     """Why a row group cannot be read within the bounds, or None when it can, known before any
     of it is decoded. A page is decoded whole and holds whole values, so a page is refused
     when it is over PAGE_BOUND_MULTIPLE times max_cell_bytes (the reader's ceiling), or when
     its values average over it (one at least is). A column chunk within the bound (footer) has
     no such page; a larger one has its page headers read (bytes each, seeking past the pages).
     A list cell may span pages: rows averaging more values than max_cell_bytes (each value is a
-    byte of JSON at least) are refused too; rows let through are checked when read."""
+    byte of JSON at least) are refused too; rows let through are checked when read. Only the
+    top-level columns named are looked at (all when None)."""
     row_group = metadata.row_group(group)
-    values = sum(row_group.column(index).num_values for index in range(row_group.num_columns))
+    read = [index for index in range(row_group.num_columns)
+            if columns is None or row_group.column(index).path_in_schema.split(".")[0] in columns]
+    values = sum(row_group.column(index).num_values for index in read)
     if values > max_cell_bytes * max(row_group.num_rows, 1):
         return (f"row group {group} holds {values} values for {row_group.num_rows} rows: "
                 f"one row at least is over {max_cell_bytes} bytes")
-    for index in range(row_group.num_columns):
+    for index in read:
         column = row_group.column(index)
         if column.total_uncompressed_size <= max_cell_bytes:
             continue
@@ -489,13 +539,105 @@ class _CompactReader:
         return (value >> 1) ^ -(value & 1)
 
 
-def read_parquet_within(path: str, max_cell_bytes: int, opened: IO[bytes] | None = None
-                        ) -> pa.Table:
-    """A whole Parquet file (a trace's; opened: read from it) read only where no cell can be
-    over max_cell_bytes: the footer bounded and each row group checked first; ValueError
-    saying why not."""
-    with parquet_file(path, max_cell_bytes, opened) as (raw, parquet):
+class ParquetRows(NamedTuple):
+    """The rows of a Parquet file read within a bound, and those not read."""
+
+    table: pa.Table  # the rows within the bound; string columns stored as dictionaries kept so
+    numbers: np.ndarray  # int64: each row's 1-based number in the file
+    oversized: list[tuple[int, str]]  # (1-based row number, why) of each row over the bound
+
+
+# Rows a trace reader reads at once: a batch of trace rows is small; its dictionary-decoded
+# rows are bounded by sized_rows all the same.
+TRACE_BATCH_ROWS = 1 << 16
+
+
+def read_parquet_within(path: str, max_row_bytes: int, columns: Collection[str],
+                        opened: IO[bytes] | None = None) -> ParquetRows:
+    """The named columns of a Parquet file (a trace's; opened: read from it), read as every
+    reader reads Parquet (sized_rows): the footer bounded and each row group's pages checked
+    first (ValueError saying why not), then each row sized before it is decoded, a row over
+    max_row_bytes as JSON left unread and reported. A string column stored as a dictionary
+    stays one (an entry is held once however many rows reference it: python_values converts
+    it once too); the rest is decoded a bounded run at a time."""
+    runs, numbers, oversized, first = [], [], [], 1
+    with parquet_file(path, max_row_bytes, opened) as (raw, parquet):
         for group in range(parquet.num_row_groups):
-            if why := oversized_pages(raw, parquet.metadata, group, max_cell_bytes):
+            if why := oversized_pages(raw, parquet.metadata, group, max_row_bytes, columns):
                 raise ValueError(why)
-        return parquet.read()
+            for run in sized_rows(raw, parquet, group, max_row_bytes, TRACE_BATCH_ROWS, columns):
+                if run.rows is None:
+                    oversized.append((first + run.first, f"row of {run.size} bytes as JSON at "
+                                      f"least, over {max_row_bytes}: not read"))
+                    continue
+                runs.append(run.rows)
+                numbers.append(np.arange(first + run.first, first + run.first + run.rows.num_rows))
+            first += parquet.metadata.row_group(group).num_rows
+        schema = _read_schema(parquet.schema_arrow, columns, runs)
+    return ParquetRows(pa.Table.from_batches([run.cast(schema) for run in runs], schema),
+                       np.concatenate(numbers) if numbers else np.zeros(0, np.int64), oversized)
+
+
+def _read_schema(schema: pa.Schema, columns: Collection[str], runs: list[pa.RecordBatch]
+                 ) -> pa.Schema:
+    """One type per column for every run: the file's (views as their plain twins), a
+    dictionary of it where any row group's chunk was read as a dictionary (a dense chunk is
+    then encoded, not the dictionary decoded)."""
+    fields = []
+    for field in schema:
+        if field.name not in columns:
+            continue
+        kind = _plain_type(field.type)
+        if any(pa.types.is_dictionary(run.schema.field(field.name).type) for run in runs):
+            kind = pa.dictionary(pa.int32(), kind)
+        fields.append(field.with_type(kind))
+    return pa.schema(fields)
+
+
+def decoded_type(kind: pa.DataType) -> pa.DataType:
+    """The type of a column's values once decoded: a dictionary's entries' type."""
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+
+def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column's values as Python values; a dictionary's entries are converted once and
+    shared by every row that references them (DictionaryArray.to_pylist copies an entry per
+    row), batches that share a dictionary sharing its conversion."""
+    converted: dict[tuple[int, ...], list[Any]] = {}
+    values: list[Any] = []
+    for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+        if not pa.types.is_dictionary(chunk.type):
+            values.extend(chunk.to_pylist())
+            continue
+        dictionary = chunk.dictionary
+        key = (dictionary.offset, len(dictionary),
+               *(buffer.address for buffer in dictionary.buffers() if buffer is not None))
+        if key not in converted:
+            converted[key] = dictionary.to_pylist()
+        entries = converted[key]
+        values.extend(None if index is None else entries[index]
+                      for index in chunk.indices.to_pylist())
+    return values
+
+
+def without_views(schema: pa.Schema) -> pa.Schema:
+    """The file's Arrow schema with view types (string_view, binary_view, list_view: what newer
+    Arrow writers keep in a file) as their plain twins: the values are the same, and Arrow
+    casts dictionary chunks to the plain types only."""
+    return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
+
+
+def _plain_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(kind):
+        return pa.large_string()
+    if pa.types.is_binary_view(kind):
+        return pa.large_binary()
+    if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
+        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([field.with_type(_plain_type(field.type)) for field in kind])
+    return kind

@@ -16,27 +16,25 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.batching import batches_by_weight
 from transforms.dead_letters import DAMAGED_FILE, DeadLetter
 from transforms.errors import UNANTICIPATED, Rejected, unanticipated
-from transforms.read.arrow_sizes import least_json_bytes
 from transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
-    GroupReader,
     Oversized,
     broken_off,
     compression_of,
-    group_reader,
     open_stream,
     oversized_pages,
     parquet_file,
     read_lines,
+    sized_rows,
+    without_views,
 )
 from transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
@@ -147,67 +145,34 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
                     yield from _unread_rows(path, parquet.metadata, group, why)
                     continue
-                yield from _row_group(path, parquet, group_reader(raw, parquet, group),
-                                      group, max_record_bytes)
+                yield from _row_group(path, raw, parquet, group, max_record_bytes)
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
-def _row_group(path: str, parquet: pq.ParquetFile, group_read: GroupReader, group: int,
+def _row_group(path: str, raw: IO[bytes], parquet: pq.ParquetFile, group: int,
                max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
-    """A row group's rows (read by paths.group_reader), PARQUET_BATCH_ROWS at a time, fewer
-    when rows indexing a dictionary are decoded dense (as many as max_record_bytes holds at
-    their most, one at least), each sized before it is turned into Python values
-    (arrow_sizes.py): a row over max_record_bytes as JSON is a too_large dead letter, never
-    decoded, and rows are decoded a few at a time, at most max_record_bytes of them together
-    (a lone row larger as JSON than counted may go over). Where the group breaks, a dead
-    letter."""
-    read, dense = 0, without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
-    first = _first_row(parquet.metadata, group)
-    batch_rows = max(1, min(PARQUET_BATCH_ROWS,
-                            max_record_bytes // max(group_read.dense_row_bytes, 1)))
+    """A row group's rows as every reader reads Parquet (paths.sized_rows), PARQUET_BATCH_ROWS
+    at a time or fewer, each sized before it is turned into Python values: a row over
+    max_record_bytes as JSON is a too_large dead letter, never decoded, and rows are decoded
+    a few at a time, at most max_record_bytes of them together. Where the group breaks, a
+    dead letter."""
+    dense = without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
+    first, read = _first_row(parquet.metadata, group), 0
     try:
-        for batch in group_read.reader.iter_batches(batch_rows, row_groups=[group]):
-            sizes = least_json_bytes(batch)
-            for rows in batches_by_weight(range(batch.num_rows), max_record_bytes,
-                                          sizes.__getitem__):
-                if sizes[rows[0]] > max_record_bytes:  # over the weight: a batch alone
-                    yield DeadLetter(path, b"", "too_large",
-                                     f"row {first + read + rows[0]} not decoded: "
-                                     f"{sizes[rows[0]]} bytes as JSON at least, "
-                                     f"over --max-record-bytes {max_record_bytes}")
-                    continue
-                yield from _python_rows(path, batch.slice(rows[0], len(rows)), dense,
-                                        first + read + rows[0])
-            read += batch.num_rows
+        for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
+            if run.rows is None:
+                yield DeadLetter(path, b"", "too_large",
+                                 f"row {first + run.first} not decoded: {run.size} bytes as "
+                                 f"JSON at least, over --max-record-bytes {max_record_bytes}")
+            else:
+                yield from _python_rows(path, run.rows, dense, first + run.first)
+            read = run.first + (1 if run.rows is None else run.rows.num_rows)
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE,
                          f"row group {group} of {parquet.num_row_groups} unreadable after "
                          f"{read} rows: {err}",
                          lost_bytes=parquet.metadata.row_group(group).total_byte_size)
-
-
-def without_views(schema: pa.Schema) -> pa.Schema:
-    """The file's Arrow schema with view types (string_view, binary_view, list_view: what newer
-    Arrow writers keep in a file) as their plain twins: the values are the same, and Arrow
-    casts dictionary chunks to the plain types only."""
-    return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
-
-
-def _plain_type(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_string_view(kind):
-        return pa.large_string()
-    if pa.types.is_binary_view(kind):
-        return pa.large_binary()
-    if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
-        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
-    if pa.types.is_list(kind):
-        return pa.list_(kind.value_field.with_type(_plain_type(kind.value_type)))
-    if pa.types.is_large_list(kind):
-        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
-    if pa.types.is_struct(kind):
-        return pa.struct([field.with_type(_plain_type(field.type)) for field in kind])
-    return kind
 
 
 def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int

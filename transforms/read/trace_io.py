@@ -31,7 +31,9 @@ from transforms.read.paths import (
     NumberedLines,
     Oversized,
     broken_off,
+    decoded_type,
     open_stream,
+    python_values,
     read_lines,
     read_parquet_within,
 )
@@ -228,13 +230,15 @@ def _read_parquet(path: str, opened: IO[bytes] | None = None) -> dict:
     """A Parquet trace (opened: read from it) with the checks a JSONL one gets: columns as they
     are when well typed, else row by row, each bad row reported by its number."""
     try:
-        table = read_parquet_within(path, MAX_TRACE_LINE_BYTES, opened)
+        table, numbers, oversized = read_parquet_within(path, MAX_TRACE_LINE_BYTES, READ_FIELDS,
+                                                        opened)
     except (OSError, ValueError, pa.ArrowException) as err:
         return _columns_from_rows([], path, [{"file": path, "line": 0,
                                               "error": f"not a readable Parquet file ({err})"}])
+    unread = [{"file": path, "line": int(row), "error": why} for row, why in oversized]
     if _well_typed(table):
-        return _columns_from_table(table, path, np.arange(1, table.num_rows + 1), [])
-    return _columns_from_rows(enumerate(_parquet_rows(table), 1), path)
+        return _columns_from_table(table, path, numbers, unread)
+    return _columns_from_rows(zip(numbers.tolist(), _parquet_rows(table)), path, unread)
 
 
 class _Unread:
@@ -250,7 +254,8 @@ def _parquet_rows(table: pa.Table) -> list[dict]:
     for name in table.schema.names:
         if name in READ_FIELDS:
             column = table[name]
-            columns[name] = column.to_pylist() if _readable(name, column.type) else \
+            readable = _readable(name, decoded_type(column.type))
+            columns[name] = python_values(column) if readable else \
                 [None if value is None else _Unread() for value in column.is_valid().to_pylist()]
     return [{name: values[row] for name, values in columns.items()}
             for row in range(table.num_rows)]
@@ -359,7 +364,7 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
         if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
             return False
     for name in SESSION_FIELDS:  # sessions are names or numbers; anything else, line by line
-        if name in names and not (pa.types.is_string(table[name].type)
+        if name in names and not (pa.types.is_string(decoded_type(table[name].type))
                                   or pa.types.is_integer(table[name].type)
                                   or pa.types.is_null(table[name].type)):
             return False
@@ -418,7 +423,7 @@ def _columns_from_table(
     session = None
     if session_name:
         session = np.empty(table.num_rows, dtype=object)
-        session[:] = [_scalar_session(v) for v in table[session_name].to_pylist()]
+        session[:] = [_scalar_session(v) for v in python_values(table[session_name])]
     return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
             "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
             "session": session, "response_ms": column(RESPONSE_FIELD, NO_RESPONSE_MS),

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.dead_letters import DeadLetter
-from transforms.read.arrow_sizes import largest_value_bytes, least_json_bytes
+from transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
 from transforms.read.paths import group_reader, parquet_file
 from transforms.read.sources import FileRange, read_range
 
@@ -99,3 +99,30 @@ def test_the_largest_value_is_the_longest_string_with_its_quotes():
     assert largest_value_bytes(pa.array(["a", None, "abc"])) == 5
     assert largest_value_bytes(pa.array(["x" * 9, "y"]).dictionary_encode()) == 11
     assert largest_value_bytes(pa.array([], pa.string())) == 0
+
+
+def test_a_fixed_size_binary_value_is_its_width_with_quotes():
+    assert largest_value_bytes(pa.array([b"abc", None], pa.binary(3))) == 5
+    assert least_json_bytes(pa.record_batch({"b": pa.array([None, b"ab"], pa.binary(2))})
+                            ).tolist() == [0, 4]
+
+
+def test_a_fixed_size_physical_type_decodes_to_its_width():
+    assert fixed_value_bytes("FIXED_LEN_BYTE_ARRAY", 3_900_000) == 3_900_000
+    assert fixed_value_bytes("INT96", 0) == 12 and fixed_value_bytes("BOOLEAN", 0) == 1
+    assert fixed_value_bytes("BYTE_ARRAY", 0) is None
+
+
+def test_a_fixed_size_dictionary_chunk_counts_its_width_per_row(tmp_path):
+    """Arrow reads only strings as dictionaries: a dictionary-encoded FIXED_LEN_BYTE_ARRAY
+    chunk is decoded dense, each row holding the type's width, so rows are read few at a time
+    (one here: 64 x 100 KB is over the bound)."""
+    path = tmp_path / "fixed.parquet"
+    pq.write_table(pa.table({"b": pa.array([b"x" * 100_000] * 128, pa.binary(100_000))}),
+                   path, dictionary_pagesize_limit=1 << 20, compression="zstd")
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).has_dictionary_page
+    with parquet_file(str(path), 1 << 20) as (raw, parquet):
+        reader, dense_row_bytes = group_reader(raw, parquet, 0)
+    assert dense_row_bytes == 100_000
+    rows = list(read_range(FileRange(str(path), 0, None), 150_000))
+    assert len(rows) == 128 and not any(isinstance(row, DeadLetter) for row in rows)

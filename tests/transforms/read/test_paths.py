@@ -1,13 +1,16 @@
-"""--input words: which files they name (paths.expand_inputs)."""
+"""--input words: which files they name (paths.expand_inputs); Parquet read within a bound, one
+row sized before it is decoded (paths.read_parquet_within, python_values)."""
 
 from __future__ import annotations
 
 import logging
 import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from transforms.read.paths import expand_inputs
+from transforms.read.paths import expand_inputs, python_values, read_parquet_within
 
 
 def test_an_existing_path_is_the_file_whatever_its_characters(tmp_path):
@@ -49,3 +52,44 @@ def test_a_file_that_is_not_regular_or_whose_size_is_untrue_is_refused(path):
 def test_a_dangling_link_is_kept_for_its_read_to_dead_letter(tmp_path):
     (tmp_path / "gone.jsonl").symlink_to(tmp_path / "missing")
     assert expand_inputs([str(tmp_path / "gone.jsonl")]) == [str(tmp_path / "gone.jsonl")]
+
+
+def test_a_parquet_read_takes_only_its_columns_and_reports_rows_over_the_bound(tmp_path):
+    """Rows are numbered in the file across row groups; a row over the bound (its entry in a
+    dictionary page within the page ceiling) is reported by its number, never decoded; a
+    column not asked for is not read, whatever it holds."""
+    path = tmp_path / "trace.parquet"
+    pq.write_table(pa.table({"n": list(range(6)),
+                             "s": ["a", "b", "x" * 5000, "c", "d", "e"],
+                             "junk": [b"y" * 50_000] * 6}), path, row_group_size=4)
+    table, numbers, oversized = read_parquet_within(str(path), 4000, ("n", "s"))
+    assert table.column_names == ["n", "s"]
+    assert table["n"].to_pylist() == [0, 1, 3, 4, 5]
+    assert numbers.tolist() == [1, 2, 4, 5, 6]
+    assert [row for row, _ in oversized] == [3]
+
+
+def test_a_dictionary_column_is_read_as_one_its_entries_shared_by_every_row(tmp_path):
+    """A 2 KB file may reference one large entry from every row: it is held and converted
+    once, not once per row; row groups read dense (no dictionary) join it as one column."""
+    path = tmp_path / "bomb.parquet"
+    entry = "x" * 200_000
+    pq.write_table(pa.table({"s": [entry] * 50 + [None]}), path,
+                   dictionary_pagesize_limit=1 << 20, compression="zstd", row_group_size=30)
+    table = read_parquet_within(str(path), 1 << 20, ("s",)).table
+    assert pa.types.is_dictionary(table["s"].type)
+    values = python_values(table["s"])
+    assert values[:50] == [entry] * 50 and values[50] is None
+    assert len({id(value) for value in values[:30]}) == 1  # one row group: one object
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"s": ["a", "b"]}), plain, use_dictionary=False)
+    assert python_values(read_parquet_within(str(plain), 1000, ("s",)).table["s"]) == ["a", "b"]
+
+
+def test_a_parquet_page_over_the_bound_in_an_unread_column_does_not_refuse_the_file(tmp_path):
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"n": [1, 2], "junk": ["z" * 100_000] * 2}), path,
+                   use_dictionary=False)
+    assert read_parquet_within(str(path), 1000, ("n",)).table["n"].to_pylist() == [1, 2]
+    with pytest.raises(ValueError, match="junk"):
+        read_parquet_within(str(path), 1000, ("n", "junk"))
