@@ -101,7 +101,6 @@ def test_a_dict_view_is_sized_before_it_is_printed(tiny_tokenizer, tmp_path):
 
 # ---- dead letters: the merge holds one line of every run, and a large letter is a run --------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp_path, engine):
     """dead_letters.py promises letters in bounded memory: SortedRuns holds at most
@@ -165,7 +164,6 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort(tiny_t
 
 # ---- render: a 73 KB trace row asks for 6 M tokens of text, and tokenizes it again ----------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_path):
     """BOUNDS.md bounds a trace line (16 MiB) as read; render then builds input_length tokens
     of text for it and (verify, the default) tokenizes it again, unbounded: one row of 12,000
