@@ -27,6 +27,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,7 +56,9 @@ from transforms.encode.encode_requests import (EncodedBatch, OverlappedEncoder, 
 from transforms.encode.schemes import engine_hashes
 from transforms.encode.segment_cache import CacheCounts, log_counts
 from transforms.encode.hashed_batch import HashedBatch
+from transforms.encode.native_stderr import last_words
 from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
+from transforms.errors import JobStopped
 from transforms.garbage import settle_after_start_up
 from transforms.ids.dense_ids import (
     NUMBERED,
@@ -206,6 +209,10 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         with _stop_signals_held(), _single_threaded_tokenizers_in_children():
             futures = [pool.submit(_encode_claimed, worker) for worker in range(processes)]
         parts = [part for _, part in sorted(p for f in futures for p in f.result())]
+    except BrokenProcessPool:  # a worker died (its Python would have raised): say how, and why
+        workers = list((pool._processes or {}).values())
+        _end_workers(pool)
+        raise JobStopped(_worker_death(workers)) from None
     except BaseException:  # a stop (Ctrl-C, SIGTERM) or a failure: no worker outlives the run
         _end_workers(pool)
         raise
@@ -248,6 +255,21 @@ def _end_workers(pool: ProcessPoolExecutor) -> None:
         worker.join(END_WORKERS_S)
         if worker.is_alive():
             worker.kill()
+
+
+def _worker_death(workers: list[Any]) -> str:
+    """One line: which signal ended a worker (the pool ends the others with SIGTERM) and the
+    last words its native code wrote (a Rust abort says why there, nowhere else), which are
+    logged at WARNING too."""
+    codes = [worker.exitcode for worker in workers if worker.exitcode]
+    cause = next((code for code in codes if code != -signal.SIGTERM), codes[0] if codes else None)
+    how = ("" if cause is None else f" by {signal.Signals(-cause).name}" if cause < 0
+           else f" with exit code {cause}")
+    words = last_words()
+    for line in words:
+        _LOG.warning("native: %s", line)
+    said = f"; its native code's last words: {' | '.join(words[-2:])}" if words else ""
+    return f"a worker process died{how}{said}"
 
 
 def _can_fork() -> bool:

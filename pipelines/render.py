@@ -21,7 +21,8 @@ from transforms.replay.render import (
     template_overhead,
     vocabulary,
 )
-from transforms.read.trace_io import read_trace
+from transforms.read.trace_io import Trace, read_trace
+from transforms.synth.shards import take_rows
 from transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -44,6 +45,10 @@ class RenderConfig:
 # and tokens (and 16 bytes per block of the trace), not the whole trace's.
 BATCH_TOKENS = 1 << 20
 BATCH_ROWS = 256
+# Tokens one row may cost, its text built and tokenized again: at most one batch, so that the
+# batch's bound holds for every row (a 73 KB trace line may ask for 6 M tokens). Longer rows are
+# skipped and counted; 1 Mi tokens is a long context window of the models served today.
+MAX_ROW_TOKENS = BATCH_TOKENS
 PROGRESS_INTERVAL_S = 30.0
 
 
@@ -55,7 +60,8 @@ def run_render(config: RenderConfig) -> dict:
 
 def _render(config: RenderConfig, output: StagedFile) -> dict:
     started = time.perf_counter()
-    trace = read_trace(config.inputs)
+    whole = read_trace(config.inputs)
+    trace, too_long = _within_row_bound(whole)
     tokenizer = load_tokenizer(config.tokenizer)
     words = vocabulary(tokenizer)
     head, tail = (template_overhead(tokenizer, words, config.chat_template_kwargs)
@@ -85,15 +91,29 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
                 last_progress = time.monotonic()
                 _LOG.info("rendered %d of %d rows%s", rows[-1] + 1, len(trace),
                           ", verified" if config.verify else "")
-    report = {"rows": len(trace), "written": int(fits.sum()), "shape": config.shape,
+    report = {"rows": len(whole), "written": int(fits.sum()), "shape": config.shape,
               "template_tokens": {"before": head, "after": tail},
-              "too_short_for_the_template": int((~fits).sum()), "merged_blocks": rendered.merged,
-              "malformed_lines": {"count": trace.malformed_count,  # as analyze reports them
-                                  "examples": trace.malformed[:MAX_EXAMPLES]}}
+              "too_short_for_the_template": int((~fits).sum()), "too_long": too_long,
+              "merged_blocks": rendered.merged,
+              "malformed_lines": {"count": whole.malformed_count,  # as analyze reports them
+                                  "examples": whole.malformed[:MAX_EXAMPLES]}}
     if config.verify:
         report["verified"] = _verified(config, trace, lengths, keys, fits)
     _LOG.info("rendered %d requests in %.1f s", report["written"], time.perf_counter() - started)
     return report
+
+
+def _within_row_bound(trace: Trace) -> tuple[Trace, dict]:
+    """The rows of at most MAX_ROW_TOKENS tokens, and the count and first places of the rest,
+    left out before any of their text is built."""
+    over = trace.input_length > MAX_ROW_TOKENS
+    places = [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
+              for r in np.flatnonzero(over)[:MAX_EXAMPLES].tolist()]
+    skipped = {"count": int(over.sum()), "max_tokens": MAX_ROW_TOKENS, "examples": places}
+    if places:
+        _LOG.warning("%d row(s) left out: over %d tokens to render (first: %s line %d)",
+                     skipped["count"], MAX_ROW_TOKENS, places[0]["file"], places[0]["line"])
+    return (take_rows(trace, np.flatnonzero(~over)) if over.any() else trace), skipped
 
 
 def _request(shape: str, text: str, trace, row: int, session: object) -> dict:

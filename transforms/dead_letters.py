@@ -1,6 +1,9 @@
 """Dead-letter records: a rejected record, where it came from, and why; written to files as
-they come (a run may reject every record of its input, and each keeps its whole record so that
-its provider can repair it), counted in memory.
+they come (a run may reject every record of its input), counted in memory. A letter keeps its
+record whole up to LETTER_LINE_BYTES, so that its provider can repair it; a longer record keeps
+that much of its start with its size and SHA-256, to be found in the input: a letter is at most
+~6 x LETTER_LINE_BYTES as JSON (a control byte escapes to 6), whatever the record bound, and so
+is what sorting and merging letters hold of each.
 
 The declared order of a published dead-letter file, every engine's: its lines sorted by their
 bytes (each letter's JSON line, UTF-8; `source` leads, so a file's letters stand together, then
@@ -15,6 +18,7 @@ letters as sorted runs (SortedRuns: bounded memory) and merge them (merge_runs).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import json
 import uuid
@@ -30,6 +34,11 @@ DAMAGED_FILE = "damaged_file"  # the reason of a file that breaks off, rather th
 # as a run; runs merged at most this many at once (each an open file).
 SORT_RUN_BYTES = 16 << 20
 MERGE_FAN_IN = 64
+# A letter's record kept whole up to this (a chat request of ~60K tokens), a longer one cut to
+# it: the merge holds one letter of each of MERGE_FAN_IN runs, at most ~1.5 MiB each as JSON.
+LETTER_LINE_BYTES = 256 << 10
+# A message kvtrace writes is a line; one quoting a library's words is cut to this.
+LETTER_MESSAGE_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -53,12 +62,20 @@ class DeadLetter:
             {
                 "source": self.source,
                 "error": self.reason,
-                "message": self.message,
-                "line": self.line.decode("utf-8", errors="backslashreplace"),
+                "message": self.message[:LETTER_MESSAGE_CHARS],
+                "line": self.line[:LETTER_LINE_BYTES].decode("utf-8", errors="backslashreplace"),
+                **_whole_line(self.line),
                 **({"lost_bytes": self.lost_bytes} if self.lost_bytes else {}),
             },
             ensure_ascii=False,
         )
+
+
+def _whole_line(line: bytes) -> dict:
+    """What identifies a record cut to LETTER_LINE_BYTES in its letter: its size and digest."""
+    if len(line) <= LETTER_LINE_BYTES:
+        return {}
+    return {"line_bytes": len(line), "line_sha256": hashlib.sha256(line).hexdigest()}
 
 
 @dataclass(frozen=True)
@@ -142,7 +159,7 @@ def merge_runs(path: str, staged: StagedLetters, more: Iterable[DeadLetter] = ()
                fan_in: int = MERGE_FAN_IN) -> str:
     """One file of dead letters at path, in the declared order: every line of the staged runs
     (SortedRuns) and of more (a few held in memory: a stream window's), one line of each run
-    held at a time (at most fan_in runs open: more are merged in passes). The runs are removed
+    held at a time (a letter's size is bounded: LETTER_LINE_BYTES) (at most fan_in runs open: more are merged in passes). The runs are removed
     once merged. Made even when there are none; returns path."""
     folder = path.rsplit("/", 1)[0] if "/" in path else "."  # a URL's or a local path's
     runs = list(staged.files)

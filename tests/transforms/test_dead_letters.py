@@ -4,6 +4,7 @@ and the file's bytes depend on the letters alone."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tracemalloc
 
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from transforms.dead_letters import (
     DAMAGED_FILE,
+    LETTER_LINE_BYTES,
+    LETTER_MESSAGE_CHARS,
     DeadLetter,
     SortedRuns,
     StagedLetters,
@@ -104,3 +107,34 @@ def test_the_file_is_the_letters_sorted_whatever_the_order_split_and_engine(
         assert merged.read() == b"".join(sorted(each.to_line() for each in letters))
     assert staged.tally + Tally.of(held) == Tally.of(letters)
     assert [p.name for p in folder.iterdir()] == ["all.jsonl"]
+
+
+def test_a_letter_is_bounded_whatever_its_record_and_names_the_whole_by_size_and_digest():
+    """A record past LETTER_LINE_BYTES keeps that much of its start, and its size and SHA-256
+    (to find it in the input); at most ~6 x LETTER_LINE_BYTES as JSON, control bytes and all."""
+    line = b"\x01" * (3 << 20) + b"\xff"
+    written = json.loads(DeadLetter("in.jsonl", line, "invalid_json", "m" * 10**6).to_line())
+    assert written["line"] == "\x01" * LETTER_LINE_BYTES
+    assert written["line_bytes"] == len(line)
+    assert written["line_sha256"] == hashlib.sha256(line).hexdigest()
+    assert len(written["message"]) == LETTER_MESSAGE_CHARS
+    assert len(DeadLetter("in.jsonl", line, "invalid_json", "m").to_line()) < 7 * LETTER_LINE_BYTES
+    short = json.loads(letter(1, size=LETTER_LINE_BYTES - 1).to_line())
+    assert short["line"] == "x" * (LETTER_LINE_BYTES - 1) + "1" and "line_bytes" not in short
+
+
+def test_merging_letters_of_large_records_holds_one_bounded_letter_per_run(tmp_path):
+    """24 letters of 3 MiB records of control bytes, each its own run: the merge holds one
+    bounded letter of each (it held 18 MB of each, the whole line escaped)."""
+    staged = StagedLetters()
+    for i in range(24):
+        runs = SortedRuns(str(tmp_path), run_bytes=1)
+        runs.add(DeadLetter("in.jsonl", b"\x01" * (3 << 20) + bytes([65 + i]), "invalid_json",
+                            str(i)))
+        staged += runs.close()
+    tracemalloc.start()
+    merge_runs(str(tmp_path / "all.jsonl"), staged)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 24 * 7 * LETTER_LINE_BYTES, peak
+    assert sum(1 for _ in open(tmp_path / "all.jsonl", "rb")) == 24

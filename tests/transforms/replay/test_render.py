@@ -129,3 +129,29 @@ def test_ranks_are_spelled_in_as_many_words_as_they_need(tiny_tokenizer, tmp_pat
     assert len({rendered.row(r) for r in range(len(rendered.offsets) - 1)}) == many and rendered.merged == 0
     # One-token partial blocks cannot spell two digits: one pair of them reads alike.
     assert render_blocks(trace_of("c.jsonl", 1, lambda i: [i]), 2, words).merged == 1
+
+
+def test_a_row_over_the_token_bound_is_left_out_before_its_text_is_built(tiny_tokenizer,
+                                                                          tmp_path, caplog):
+    """A row may cost MAX_ROW_TOKENS tokens at most (a 73 KB trace line asked for 6 M): one past
+    it is skipped, counted and placed; the other rows render, and still reproduce their blocks
+    (the skipped row's blocks shared with them are no longer theirs to spell)."""
+    from pipelines.render import MAX_ROW_TOKENS
+
+    block, over = 512, MAX_ROW_TOKENS + 1
+    rows = [{"timestamp": t, "input_length": 1000, "output_length": 1, "hash_ids": [0, t]}
+            for t in (0, 10, 20, 30, 40)]
+    rows.insert(1, {"timestamp": 5, "input_length": over, "output_length": 1,
+                    "hash_ids": [0] + list(range(100, 100 + -(-over // block) - 1))})
+    source = write_jsonl(tmp_path / "trace.jsonl", rows)
+    report = tmp_path / "report.json"
+    assert main(["render", str(source), "--tokenizer", tiny_tokenizer, "-o",
+                 str(tmp_path / "r.jsonl"), "--block-size", str(block), "--json",
+                 str(report)]) == 0
+    said = json.loads(report.read_text())
+    assert said["too_long"] == {"count": 1, "max_tokens": MAX_ROW_TOKENS,
+                                "examples": [{"file": str(source), "line": 2}]}
+    assert said["rows"] == 6 and said["written"] == 5
+    assert said["verified"]["rows_reproduced"] == 5
+    assert [r["timestamp"] for r in read_jsonl(tmp_path / "r.jsonl")] == [0, 10, 20, 30, 40]
+    assert "1 row(s) left out: over 1048576 tokens" in caplog.text
