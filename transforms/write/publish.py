@@ -763,6 +763,8 @@ class DeadLetterRun:
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
+        if not is_url(output):  # as its lock makes it: the folder's identity keys the letters
+            os.makedirs(os.path.dirname(written_place(output)), exist_ok=True)
         self.staging = _letters_staging(self.folder, output, run_id)
 
     @property
@@ -835,9 +837,14 @@ def recover_letters(folder: str, output: str) -> list[str]:
 
 
 def _output_key(output: str) -> str:
-    """A short name for an output location, the same however it is spelled."""
-    location = output.rstrip("/") if is_url(output) else os.path.realpath(output)
-    return sha256_of(location.encode())[:12]
+    """A short name for an output location, the same however it is reached: a local one's by
+    what its folder is (st_dev, st_ino: a second mount of it is the same folder, as the plan
+    compares places) and its name's bytes (names are bytes, whatever their encoding)."""
+    if is_url(output):
+        return sha256_of(os.fsencode(output.rstrip("/")))[:12]
+    parent, name = os.path.split(written_place(output))
+    status = os.stat(parent)
+    return sha256_of(b"%d:%d/" % (status.st_dev, status.st_ino) + os.fsencode(name))[:12]
 
 
 # The extended attribute naming the run that staged a folder and the place of the dead-letter
