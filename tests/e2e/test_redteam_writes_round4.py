@@ -288,7 +288,6 @@ def test_a_published_file_by_a_staging_name_is_not_cleared_as_a_leftover(tmp_pat
     assert report.exists(), "a published report was removed as a staging leftover"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_audit_json_never_replaces_the_tokenizer_it_reads(tiny_tokenizer, tmp_path):
     """Round 2 put render's tokenizer in its location plan; audit reads --tokenizer too (every
     file's sha256 checked against the manifest) but leaves it out of its plan (it lists the
