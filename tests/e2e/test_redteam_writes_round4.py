@@ -122,7 +122,6 @@ TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
           "hash_ids": [1, 2, 10 + i]} for i in range(6)]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_path):
     """publish.folder_writer takes any folder whose manifest.json says format 'mooncake-trace'
     for an anonymize output (the readers' published_folder calls the same file 'not one kvtrace
@@ -248,7 +247,6 @@ def test_outputs_declaring_different_block_sizes_are_not_read_at_512(tiny_tokeni
     assert code != 0 or json.loads(report.read_text()).get("block_size") in (4, 8)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("second_run", [False, True])
 def test_kvtraces_own_lock_name_is_never_an_output(tmp_path, capsys, second_run):
     """The protocol's bookkeeping names beside an output (.NAME.kvtrace-lock, and
@@ -274,7 +272,6 @@ def test_kvtraces_own_lock_name_is_never_an_output(tmp_path, capsys, second_run)
         f"exit {code}, the --json report {'stands' if report.exists() else 'is gone'}"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_published_file_by_a_staging_name_is_not_cleared_as_a_leftover(tmp_path):
     """restore_interrupted (run under every output's lock) removes every name beside the output
     that starts with .NAME.kvtrace-staging- as a killed run's leftover, and check_file lets a

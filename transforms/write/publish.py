@@ -54,7 +54,9 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -67,7 +69,7 @@ from transforms.errors import JobStopped
 from transforms.storage import folded, is_url, place
 from transforms.ids.id_map import new_run_id
 from transforms.read.paths import read_bytes
-from transforms.read.trace_inputs import MAX_MANIFEST_BYTES
+from transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from transforms.trace_format import FORMAT, MANIFEST
 from transforms.write.manifest import set_content_times
 
@@ -142,10 +144,22 @@ def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
 
 
 def _manifest(folder: str) -> object:
-    """The folder's manifest, parsed (None when it has none that parses): read bounded, and
-    only a regular file (a FIFO there must not hang the plan that looks at it)."""
+    """The folder's manifest, parsed, if it is kvtrace's (None otherwise): one kvtrace writes
+    by the readers' own test (published_folder), and in a local folder the running user's (a
+    file anyone may plant in a shared folder makes nothing an output). Read bounded, and only
+    a regular file (a FIFO there must not hang the plan that looks at it)."""
     try:
-        return json.loads(read_bytes(storage.join(folder, MANIFEST), MAX_MANIFEST_BYTES))
+        published = published_folder(folder)
+    except (OSError, ValueError):
+        return None
+    if published is None:
+        return None
+    published.close()
+    path = storage.join(folder, MANIFEST)
+    try:
+        if not is_url(folder) and os.lstat(path).st_uid != os.geteuid():
+            return None
+        return json.loads(read_bytes(path, MAX_MANIFEST_BYTES))
     except (OSError, ValueError):
         return None
 
@@ -226,31 +240,45 @@ def output_lock(output: str) -> Iterator[None]:
     if is_url(output):
         yield
         return
-    parent, name = _split(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    path = os.path.join(parent, f".{_stem(name)}{LOCK_MARK}")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
     try:
         restore_interrupted(output)
         yield
     finally:
         try:
-            os.unlink(path)  # still held: a run that opened this file before sees it gone
+            if _own_lock(path, handle):  # still held: a run that opened it before sees it gone
+                os.unlink(path)
         finally:
             os.close(handle)
 
 
+def lock_path(output: str) -> str:
+    """The file a run of a local output locks: beside it, hidden, named by it."""
+    parent, name = _split(output)
+    return storage.join(parent, f".{_stem(name)}{LOCK_MARK}") if parent else \
+        f".{_stem(name)}{LOCK_MARK}"
+
+
 def _take_lock(path: str, output: str) -> int:
     """The locked descriptor of the lock file at path, which the holder removes when done: a
-    file locked after its holder removed it is no lock (the path names another), so retry."""
+    file locked after its holder removed it is no lock (the path names another), so retry. A
+    file of someone else's by the lock's name is locked as it stands (flock changes nothing in
+    it, and every run of the output opens the same name) and never removed (_own_lock)."""
     for _ in range(LOCK_ATTEMPTS):
-        try:  # O_NOFOLLOW: a link planted by the lock's name is refused, never followed
-            handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:  # O_NOFOLLOW: a link planted by the lock's name is refused, never followed;
+            handle = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC |
+                             os.O_NONBLOCK, 0o600)  # O_NONBLOCK: a FIFO there never hangs
         except OSError as err:
             if err.errno != errno.ELOOP:
                 raise
             raise OutputRefused(f"{path} is a symbolic link, not a kvtrace lock: remove it "
                                 f"to write {output}") from None
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            os.close(handle)
+            raise OutputRefused(f"{path} is not a plain file, so not a kvtrace lock: remove "
+                                f"it to write {output}")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -266,12 +294,42 @@ def _take_lock(path: str, output: str) -> int:
     raise JobStopped(f"other kvtrace runs kept taking the lock of {output}; try again")
 
 
+def _own_lock(path: str, handle: int) -> bool:
+    """Whether path names the locked file and it is a lock kvtrace made (empty, the running
+    user's, owner-only): a file by that name that anything else wrote is never removed."""
+    try:
+        named = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino) and held.st_size == 0 \
+        and held.st_uid == os.geteuid() and not held.st_mode & 0o077
+
+
+# The names kvtrace stages under beside an output: .NAME.kvtrace-staging-ID, ID a run id (12
+# hex digits) or a block-hashes folder's (16), and the same with .previous (the two-rename
+# swap's previous output). Only these, and only the running user's, are cleared as leftovers.
+_STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous)?")
+_STAGED_NAME = re.compile(rf"\..+{re.escape(STAGING_MARK)}{_STAGING_ID.pattern}", re.DOTALL)
+
+
+def staging_leftover(parent: str, entry: str, name: str) -> bool:
+    """Whether entry (a name in parent) is what a run of the output name staged: its staging
+    name exactly, and the running user's (a name alone proves nothing)."""
+    prefix = f".{_stem(name)}{STAGING_MARK}"
+    if not entry.startswith(prefix) or not _STAGING_ID.fullmatch(entry[len(prefix):]):
+        return False
+    try:
+        return os.lstat(os.path.join(parent, entry)).st_uid == os.geteuid()
+    except FileNotFoundError:
+        return False
+
+
 def restore_interrupted(output: str) -> list[str]:
     """Under the output's lock: put back an output a run took away and died before replacing
     (the two-rename path), then remove killed runs' staging folders. Returns what went."""
     parent, name = _split(os.path.abspath(output))
-    leftovers = sorted(p for p in os.listdir(parent)
-                       if p.startswith(f".{_stem(name)}{STAGING_MARK}"))
+    leftovers = sorted(p for p in os.listdir(parent) if staging_leftover(parent, p, name))
     previous = [p for p in leftovers if p.endswith(".previous")]
     if previous and not os.path.exists(output):
         os.rename(os.path.join(parent, previous[-1]), output)
@@ -460,6 +518,10 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
                 raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
                                     f"overlap: give each its own location, neither inside the "
                                     f"other")
+            if not is_url(a) and lock_path(b) == a or not is_url(b) and lock_path(a) == b:
+                raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path}: "
+                                    f"one is the lock file kvtrace holds while it writes the "
+                                    f"other; write elsewhere")
     resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
     published: dict[str, bool] = {}  # whether each folder read from is a kvtrace output
     for read in reads:
@@ -649,6 +711,9 @@ def check_written(location: Location) -> None:
     path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
+    if _STAGED_NAME.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(f"{flag} {path}: a name kvtrace stages its outputs under (and "
+                            f"clears as a killed run's leftover); choose another")
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
         raise OutputRefused(f"{flag} {path} is a mount point, which kvtrace cannot replace "
                             f"whole: name a location inside it")
