@@ -303,7 +303,6 @@ def test_audit_json_never_replaces_the_tokenizer_it_reads(tiny_tokenizer, tmp_pa
     assert code == 2
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(tiny_tokenizer,
                                                                              tmp_path,
                                                                              monkeypatch):

@@ -349,8 +349,8 @@ def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
     (if any) with its staged file: both or neither (publish_in_place); the staging folder's
     files are durable already (storage.create syncs each). A private folder stays owner-only
     from staging through the swap: a kill at any step leaves it unreadable to others."""
-    check_output(output, own)  # again: something may have appeared while the run ran
     if is_url(output):
+        check_output(output, own)  # again: something may have appeared while the run ran
         _publish_remote(staging, output)
         if report:
             report.publish()
@@ -358,7 +358,8 @@ def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
     set_content_times(staging)
     storage.sync_folder(staging)
     os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
-    publish_in_place([(staging, output), *(report.moves() if report else [])])
+    check_output(output, own)  # again, at the swap: files may have appeared while the run ran
+    publish_in_place([(staging, output), *(report.moves() if report else [])], own)
     if report:
         report.published = True
 
@@ -996,16 +997,20 @@ def _publish_remote(staging: str, output: str) -> None:
         storage.delete(stale)
 
 
-def publish_in_place(moves: Sequence[tuple[str, str]]) -> None:
+def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = frozenset()
+                     ) -> None:
     """Put each staged file or folder in its output's place, in order (a report last: a reader
     takes it for the mark that its output is whole), then sync their folders: if a step fails,
     those done are put back, so a run publishes all of them or none. The previous outputs are
-    removed once all stand. A kill between two moves leaves the first new and the rest
-    previous: POSIX renames one name at a time."""
+    removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
+    did not write (own: as in foreign_files); else all is put back and the run refused. A kill
+    between two moves leaves the first new and the rest previous: POSIX renames one name at a
+    time."""
     done: list[tuple[str, str, str | None]] = []
     try:
         for staged, output in moves:
             done.append((staged, output, _swap_in(staged, output)))
+            _check_previous(output, done[-1][2], own)
         for parent in dict.fromkeys(os.path.dirname(os.path.abspath(o)) for _, o in moves):
             storage.sync_folder(parent)
     except BaseException:
@@ -1019,6 +1024,17 @@ def publish_in_place(moves: Sequence[tuple[str, str]]) -> None:
             shutil.rmtree(previous)
         else:
             os.remove(previous)
+
+
+def _check_previous(output: str, previous: str | None, own: frozenset[str]) -> None:
+    """Refuse a previous output folder holding a file kvtrace did not write: one added after
+    the run's check, before the swap, is never removed with the folder."""
+    if previous is None or not os.path.isdir(previous) or os.path.islink(previous):
+        return
+    foreign = foreign_files(previous, own)
+    if foreign:
+        raise OutputRefused(f"{output} gained files kvtrace did not write while the run "
+                            f"published it ({', '.join(foreign[:5])}); nothing was replaced")
 
 
 def _swap_in(staged: str, output: str) -> str | None:

@@ -108,3 +108,26 @@ def test_another_users_manifest_makes_no_output(tmp_path):
     os.chown(tmp_path / "manifest.json", 65534, 65534)
     assert publish.folder_writer(str(tmp_path)) == ""
     plan_locations([], [Location("--json", str(tmp_path / "me" / "a.json"))])
+
+
+def test_a_file_added_after_the_last_check_is_never_removed_with_the_previous(tmp_path,
+                                                                              monkeypatch):
+    out = tmp_path / "analysis"
+    with publish.folder_output(str(out), "analyze") as staged:
+        with open(os.path.join(staged.path, "a.txt"), "wb") as handle:
+            handle.write(b"first")
+    real, checks = publish.check_output, []
+
+    def someone_writes_after_the_check(output, own=frozenset()):
+        real(output, own)
+        checks.append(output)
+        if len(checks) == 2:  # the check at the swap (the first is before the work)
+            (out / "notes.txt").write_bytes(b"mine")
+
+    monkeypatch.setattr(publish, "check_output", someone_writes_after_the_check)
+    with pytest.raises(OutputRefused, match="gained files kvtrace did not write"):
+        with publish.folder_output(str(out), "analyze") as staged:
+            with open(os.path.join(staged.path, "a.txt"), "wb") as handle:
+                handle.write(b"second")
+    assert (out / "notes.txt").read_bytes() == b"mine"
+    assert (out / "a.txt").read_bytes() == b"first"  # the previous output, put back whole
