@@ -50,6 +50,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -61,7 +62,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from glob import has_magic
 from typing import IO
 
 from transforms import storage
@@ -526,10 +526,11 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
     published: dict[str, bool] = {}  # whether each folder read from is a kvtrace output
     for read in reads:
-        reach = Reach.of(read, resolved).whole(published)
-        for location, placed in places:
-            if reach.meets(placed, location.kind == FOLDER, known):
-                raise OutputRefused(reach.refusal(location, placed, known))
+        for reach in Reach.every(read, resolved):
+            reach = reach.whole(published)
+            for location, placed in places:
+                if reach.meets(placed, location.kind == FOLDER, known):
+                    raise OutputRefused(reach.refusal(location, placed, known))
     for location in writes:
         check_written(location)
     proven: set[str] = set()
@@ -658,12 +659,24 @@ class Reach:
     @classmethod
     def of(cls, read: str, resolved: dict[str, str]) -> Reach:
         """An existing path is that path, whatever its characters (the readers read it so)."""
-        if not has_magic(read) or os.path.lexists(read):
+        if not glob.has_magic(read) or os.path.lexists(read):
             return cls(read, read_place(read, resolved))
         head = read[: min(read.find(c) for c in "*?[" if c in read)]
         cut = head.rfind("/") + 1
         return cls(read, read_place(read[:cut] or ".", resolved),
                    tuple(p for p in read[cut:].split("/") if p), "**" in read)
+
+    @classmethod
+    def every(cls, read: str, resolved: dict[str, str]) -> list[Reach]:
+        """The reach of a read (of), and for a glob with wildcards in its folders, that of its
+        last name in each folder they match now, placed as glob(3) walks them (through `..`
+        and links, which the wildcards, matched name by name, would miss)."""
+        reach = cls.of(read, resolved)
+        if reach.wildcards is None or reach.recursive or len(reach.wildcards) < 2:
+            return [reach]
+        folders, last = read.rsplit("/", 1)
+        return [reach, *(cls(read, read_place(folder, resolved), (last,))
+                         for folder in sorted(glob.glob(folders)) if os.path.isdir(folder))]
 
     def whole(self, published: dict[str, bool]) -> Reach:
         """The reach widened to the whole kvtrace output it reads part of (a shard, or a glob

@@ -131,3 +131,14 @@ def test_a_file_added_after_the_last_check_is_never_removed_with_the_previous(tm
                 handle.write(b"second")
     assert (out / "notes.txt").read_bytes() == b"mine"
     assert (out / "a.txt").read_bytes() == b"first"  # the previous output, put back whole
+
+
+@pytest.mark.parametrize("pattern", ["D/*/../t*.jsonl", "E/*/t*.jsonl"])
+def test_a_globs_folders_are_placed_as_the_kernel_walks_them(tmp_path, pattern):
+    (tmp_path / "D" / "sub").mkdir(parents=True)
+    (tmp_path / "E").mkdir()
+    (tmp_path / "E" / "l").symlink_to(tmp_path / "D")
+    with pytest.raises(OutputRefused, match="next run would read its own output"):
+        plan_locations([str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" /
+                                                                           "t2.jsonl"))])
+    plan_locations([str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" / "r.json"))])
