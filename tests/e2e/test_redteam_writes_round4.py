@@ -144,7 +144,6 @@ def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_p
                  "--json", str(mine / "reports" / "a.json")]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("target", ["dead letters", "id map"])
 def test_no_command_writes_into_kvtraces_private_folders(tiny_tokenizer, tmp_path, target):
     """'Nothing is written inside a command's output folder, at any depth'

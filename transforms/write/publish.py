@@ -358,6 +358,8 @@ def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
     set_content_times(staging)
     storage.sync_folder(staging)
     os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
+    if not private:
+        storage.unmark_private(staging)  # made private to stage; published for all to read
     check_output(output, own)  # again, at the swap: files may have appeared while the run ran
     publish_in_place([(staging, output), *(report.moves() if report else [])], own)
     if report:
@@ -777,6 +779,11 @@ def _check_not_in_an_output(location: Location, path: str) -> None:
             raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
                                 f"output of kvtrace {writer}, which only its command replaces, "
                                 f"whole: write elsewhere")
+        if not is_url(folder) and storage.is_private_folder(folder):
+            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, a "
+                                f"private folder of kvtrace's (dead letters, an id map, its "
+                                f"marks, block hashes), which only its own runs write: write "
+                                f"elsewhere")
         if folder == posixpath.dirname(folder):
             return
         folder = posixpath.dirname(folder)
