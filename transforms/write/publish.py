@@ -21,13 +21,17 @@ placed, compared by what they are (each folder's st_dev and st_ino, so a bind mo
 folder it mounts), checked together before any work, so nothing is computed or committed for a
 location that cannot be published (one written inside, over or around another, over what the
 run reads or where an input glob would read it next run; a file where a folder goes; another
-command's output folder, or anything inside one; a folder where no folder can be renamed: the
-plan renames one there).
+command's output folder, or anything inside one, or inside a private folder of kvtrace's
+(storage.make_folder marks each); a folder where no folder can be renamed: the plan renames one
+there). A glob's folders are also placed as glob(3) walks them (through `..` and links).
 
 A run refuses an output folder holding anything kvtrace did not write (files its manifest does
-not list, or for a folder without a manifest, files its output mark does not: mark_output): it
-publishes only what it produced, and removes only what an earlier run published. A folder is
-never taken for an output by the names of its files.
+not list, or for a folder without a manifest, files its output mark does not: mark_output),
+checked again at the swap and on the folder swapped out: it publishes only what it produced,
+and removes only what an earlier run published. A folder is never taken for an output by the
+names of its files, nor by a manifest kvtrace's readers refuse or another user's. Beside an
+output, nothing goes by its name alone: a lock only if kvtrace made it (_own_lock), a staging
+leftover only if its name is exactly a staging name and it is the running user's.
 
 A single file (a rendered request file, an exported trace, a report page) is the same protocol
 for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed over NAME, the

@@ -142,3 +142,18 @@ def test_a_globs_folders_are_placed_as_the_kernel_walks_them(tmp_path, pattern):
         plan_locations([str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" /
                                                                            "t2.jsonl"))])
     plan_locations([str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" / "r.json"))])
+
+
+def test_nothing_is_written_inside_a_private_folder_kvtrace_made(tmp_path):
+    from transforms import storage
+
+    storage.make_folder(str(tmp_path / "letters"), private=True)
+    if not storage.is_private_folder(str(tmp_path / "letters")):
+        pytest.skip("no extended attributes here")
+    with pytest.raises(OutputRefused, match="private folder of kvtrace's"):
+        plan_locations([], [Location("--json", str(tmp_path / "letters" / "rejected-x.jsonl"))])
+    plan_locations([], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER,
+                                 private=True)])  # its own runs write it still
+    with publish.folder_output(str(tmp_path / "out"), "analyze"):
+        pass  # staged in a private folder, published for all to read
+    assert not storage.is_private_folder(str(tmp_path / "out"))
