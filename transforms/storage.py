@@ -185,6 +185,36 @@ def make_folder(path: str, private: bool = False) -> None:
             raise PermissionError(f"cannot make {target} owner-only (it holds private files); "
                                   f"give a folder of your own") from None
         _LOG.info("made %s owner-only (it was %s): it holds private files", target, oct(mode))
+    _mark_private(target)
+
+
+# A folder of kvtrace's private files (dead letters, an id map, its marks, block hashes, a run's
+# staging) is marked so: the write plan refuses every other location inside one. An extended
+# attribute, which a rename keeps; a published output's staging folder has it taken off first.
+PRIVATE_MARK = "user.kvtrace.private"
+
+
+def _mark_private(folder: str) -> None:
+    try:
+        os.setxattr(folder, PRIVATE_MARK, b"1", follow_symlinks=False)
+    except OSError:  # a filesystem without extended attributes: the folder stays unmarked
+        pass
+
+
+def unmark_private(folder: str) -> None:
+    """Take the private mark off a local folder about to be published for all to read."""
+    try:
+        os.removexattr(folder, PRIVATE_MARK, follow_symlinks=False)
+    except OSError:  # unmarked, or a filesystem without extended attributes
+        pass
+
+
+def is_private_folder(folder: str) -> bool:
+    """Whether a local folder is one of kvtrace's private ones (make_folder marked it)."""
+    try:
+        return os.getxattr(folder, PRIVATE_MARK, follow_symlinks=False) == b"1"
+    except OSError:
+        return False
 
 
 def remove_folder(path: str) -> None:

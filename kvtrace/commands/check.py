@@ -155,7 +155,9 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError(f"{target}: no such folder or file")
     if not is_url(target) and os.path.isdir(target) and not os.access(target, os.R_OK | os.X_OK):
         raise ConfigError(f"{target}: not readable")
-    reads = [target, *(path for path in (args.id_map, args.salt_file) if path)]
+    # A local tokenizer (its folder: nothing is written inside it) is read as well.
+    tokenizer = [args.tokenizer] if args.tokenizer and os.path.lexists(args.tokenizer) else []
+    reads = [target, *(path for path in (args.id_map, args.salt_file) if path), *tokenizer]
     plan_locations(reads, [Location("--json", args.json or "")])
     scheme = _audited_scheme(args)
     salt = _run_salt(args)

@@ -125,7 +125,6 @@ TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
           "hash_ids": [1, 2, 10 + i]} for i in range(6)]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_path):
     """publish.folder_writer takes any folder whose manifest.json says format 'mooncake-trace'
     for an anonymize output (the readers' published_folder calls the same file 'not one kvtrace
@@ -148,7 +147,6 @@ def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_p
                  "--json", str(mine / "reports" / "a.json")]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("target", ["dead letters", "id map"])
 def test_no_command_writes_into_kvtraces_private_folders(tiny_tokenizer, tmp_path, target):
     """'Nothing is written inside a command's output folder, at any depth'
@@ -250,7 +248,6 @@ def test_outputs_declaring_different_block_sizes_are_not_read_at_512(tiny_tokeni
     assert code != 0 or json.loads(report.read_text()).get("block_size") in (4, 8)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("second_run", [False, True])
 def test_kvtraces_own_lock_name_is_never_an_output(tmp_path, capsys, second_run):
     """The protocol's bookkeeping names beside an output (.NAME.kvtrace-lock, and
@@ -276,7 +273,6 @@ def test_kvtraces_own_lock_name_is_never_an_output(tmp_path, capsys, second_run)
         f"exit {code}, the --json report {'stands' if report.exists() else 'is gone'}"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_published_file_by_a_staging_name_is_not_cleared_as_a_leftover(tmp_path):
     """restore_interrupted (run under every output's lock) removes every name beside the output
     that starts with .NAME.kvtrace-staging- as a killed run's leftover, and check_file lets a
@@ -290,7 +286,6 @@ def test_a_published_file_by_a_staging_name_is_not_cleared_as_a_leftover(tmp_pat
     assert report.exists(), "a published report was removed as a staging leftover"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_audit_json_never_replaces_the_tokenizer_it_reads(tiny_tokenizer, tmp_path):
     """Round 2 put render's tokenizer in its location plan; audit reads --tokenizer too (every
     file's sha256 checked against the manifest) but leaves it out of its plan (it lists the
@@ -309,7 +304,6 @@ def test_audit_json_never_replaces_the_tokenizer_it_reads(tiny_tokenizer, tmp_pa
     assert code == 2
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(tiny_tokenizer,
                                                                              tmp_path,
                                                                              monkeypatch):
@@ -346,7 +340,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_tokenizer,
                                                                           tmp_path):
     """A run killed after its output is published leaves its letters staged as
@@ -380,8 +373,8 @@ def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_to
     assert len(published) == 2, f"the killed run's published night lost its letters: {published}"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
-@pytest.mark.parametrize("flag", ["--output", "--id-map"])
+@pytest.mark.parametrize("flag", [
+    "--output", pytest.param("--id-map", marks=pytest.mark.xfail(strict=True, reason=ROUND4))])
 def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, flag):
     """Linux names are bytes, and round 2 made inputs named so readable; the locations a run
     writes are keyed by str.encode() of their path (publish._output_key for the output's
@@ -399,7 +392,6 @@ def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, 
     assert anonymize(tiny_tokenizer, [src], Path(out), "--block-size", "4", *extra) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 @pytest.mark.parametrize("way", ["dot-dot", "link"])
 def test_a_glob_through_dot_dot_or_a_link_keeps_outputs_out_of_what_it_reads(tmp_path, way):
     """`analyze 'D/t*.jsonl' --json D/t2.jsonl` is refused ('the next run would read its own

@@ -21,13 +21,17 @@ placed, compared by what they are (each folder's st_dev and st_ino, so a bind mo
 folder it mounts), checked together before any work, so nothing is computed or committed for a
 location that cannot be published (one written inside, over or around another, over what the
 run reads or where an input glob would read it next run; a file where a folder goes; another
-command's output folder, or anything inside one; a folder where no folder can be renamed: the
-plan renames one there).
+command's output folder, or anything inside one, or inside a private folder of kvtrace's
+(storage.make_folder marks each); a folder where no folder can be renamed: the plan renames one
+there). A glob's folders are also placed as glob(3) walks them (through `..` and links).
 
 A run refuses an output folder holding anything kvtrace did not write (files its manifest does
-not list, or for a folder without a manifest, files its output mark does not: mark_output): it
-publishes only what it produced, and removes only what an earlier run published. A folder is
-never taken for an output by the names of its files.
+not list, or for a folder without a manifest, files its output mark does not: mark_output),
+checked again at the swap and on the folder swapped out: it publishes only what it produced,
+and removes only what an earlier run published. A folder is never taken for an output by the
+names of its files, nor by a manifest kvtrace's readers refuse or another user's. Beside an
+output, nothing goes by its name alone: a lock only if kvtrace made it (_own_lock), a staging
+leftover only if its name is exactly a staging name and it is the running user's.
 
 A single file (a rendered request file, an exported trace, a report page) is the same protocol
 for one file: written and synced as parent/.NAME.kvtrace-staging-RUNID, renamed over NAME, the
@@ -50,16 +54,18 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from glob import has_magic
 from typing import IO
 
 from transforms import storage
@@ -67,7 +73,7 @@ from transforms.errors import JobStopped
 from transforms.storage import folded, is_url, place
 from transforms.ids.id_map import new_run_id
 from transforms.read.paths import read_bytes
-from transforms.read.trace_inputs import MAX_MANIFEST_BYTES
+from transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from transforms.trace_format import FORMAT, MANIFEST
 from transforms.write.manifest import set_content_times
 
@@ -142,10 +148,22 @@ def _own_file(output: str, name: str, own: frozenset[str]) -> bool:
 
 
 def _manifest(folder: str) -> object:
-    """The folder's manifest, parsed (None when it has none that parses): read bounded, and
-    only a regular file (a FIFO there must not hang the plan that looks at it)."""
+    """The folder's manifest, parsed, if it is kvtrace's (None otherwise): one kvtrace writes
+    by the readers' own test (published_folder), and in a local folder the running user's (a
+    file anyone may plant in a shared folder makes nothing an output). Read bounded, and only
+    a regular file (a FIFO there must not hang the plan that looks at it)."""
     try:
-        return json.loads(read_bytes(storage.join(folder, MANIFEST), MAX_MANIFEST_BYTES))
+        published = published_folder(folder)
+    except (OSError, ValueError):
+        return None
+    if published is None:
+        return None
+    published.close()
+    path = storage.join(folder, MANIFEST)
+    try:
+        if not is_url(folder) and os.lstat(path).st_uid != os.geteuid():
+            return None
+        return json.loads(read_bytes(path, MAX_MANIFEST_BYTES))
     except (OSError, ValueError):
         return None
 
@@ -226,31 +244,45 @@ def output_lock(output: str) -> Iterator[None]:
     if is_url(output):
         yield
         return
-    parent, name = _split(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    path = os.path.join(parent, f".{_stem(name)}{LOCK_MARK}")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
     try:
         restore_interrupted(output)
         yield
     finally:
         try:
-            os.unlink(path)  # still held: a run that opened this file before sees it gone
+            if _own_lock(path, handle):  # still held: a run that opened it before sees it gone
+                os.unlink(path)
         finally:
             os.close(handle)
 
 
+def lock_path(output: str) -> str:
+    """The file a run of a local output locks: beside it, hidden, named by it."""
+    parent, name = _split(output)
+    return storage.join(parent, f".{_stem(name)}{LOCK_MARK}") if parent else \
+        f".{_stem(name)}{LOCK_MARK}"
+
+
 def _take_lock(path: str, output: str) -> int:
     """The locked descriptor of the lock file at path, which the holder removes when done: a
-    file locked after its holder removed it is no lock (the path names another), so retry."""
+    file locked after its holder removed it is no lock (the path names another), so retry. A
+    file of someone else's by the lock's name is locked as it stands (flock changes nothing in
+    it, and every run of the output opens the same name) and never removed (_own_lock)."""
     for _ in range(LOCK_ATTEMPTS):
-        try:  # O_NOFOLLOW: a link planted by the lock's name is refused, never followed
-            handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:  # O_NOFOLLOW: a link planted by the lock's name is refused, never followed;
+            handle = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC |
+                             os.O_NONBLOCK, 0o600)  # O_NONBLOCK: a FIFO there never hangs
         except OSError as err:
             if err.errno != errno.ELOOP:
                 raise
             raise OutputRefused(f"{path} is a symbolic link, not a kvtrace lock: remove it "
                                 f"to write {output}") from None
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            os.close(handle)
+            raise OutputRefused(f"{path} is not a plain file, so not a kvtrace lock: remove "
+                                f"it to write {output}")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -266,12 +298,42 @@ def _take_lock(path: str, output: str) -> int:
     raise JobStopped(f"other kvtrace runs kept taking the lock of {output}; try again")
 
 
+def _own_lock(path: str, handle: int) -> bool:
+    """Whether path names the locked file and it is a lock kvtrace made (empty, the running
+    user's, owner-only): a file by that name that anything else wrote is never removed."""
+    try:
+        named = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino) and held.st_size == 0 \
+        and held.st_uid == os.geteuid() and not held.st_mode & 0o077
+
+
+# The names kvtrace stages under beside an output: .NAME.kvtrace-staging-ID, ID a run id (12
+# hex digits) or a block-hashes folder's (16), and the same with .previous (the two-rename
+# swap's previous output). Only these, and only the running user's, are cleared as leftovers.
+_STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous)?")
+_STAGED_NAME = re.compile(rf"\..+{re.escape(STAGING_MARK)}{_STAGING_ID.pattern}", re.DOTALL)
+
+
+def staging_leftover(parent: str, entry: str, name: str) -> bool:
+    """Whether entry (a name in parent) is what a run of the output name staged: its staging
+    name exactly, and the running user's (a name alone proves nothing)."""
+    prefix = f".{_stem(name)}{STAGING_MARK}"
+    if not entry.startswith(prefix) or not _STAGING_ID.fullmatch(entry[len(prefix):]):
+        return False
+    try:
+        return os.lstat(os.path.join(parent, entry)).st_uid == os.geteuid()
+    except FileNotFoundError:
+        return False
+
+
 def restore_interrupted(output: str) -> list[str]:
     """Under the output's lock: put back an output a run took away and died before replacing
     (the two-rename path), then remove killed runs' staging folders. Returns what went."""
     parent, name = _split(os.path.abspath(output))
-    leftovers = sorted(p for p in os.listdir(parent)
-                       if p.startswith(f".{_stem(name)}{STAGING_MARK}"))
+    leftovers = sorted(p for p in os.listdir(parent) if staging_leftover(parent, p, name))
     previous = [p for p in leftovers if p.endswith(".previous")]
     if previous and not os.path.exists(output):
         os.rename(os.path.join(parent, previous[-1]), output)
@@ -291,8 +353,8 @@ def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
     (if any) with its staged file: both or neither (publish_in_place); the staging folder's
     files are durable already (storage.create syncs each). A private folder stays owner-only
     from staging through the swap: a kill at any step leaves it unreadable to others."""
-    check_output(output, own)  # again: something may have appeared while the run ran
     if is_url(output):
+        check_output(output, own)  # again: something may have appeared while the run ran
         _publish_remote(staging, output)
         if report:
             report.publish()
@@ -300,7 +362,10 @@ def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
     set_content_times(staging)
     storage.sync_folder(staging)
     os.chmod(staging, storage.PRIVATE_FOLDER if private else storage.PUBLIC_FOLDER)
-    publish_in_place([(staging, output), *(report.moves() if report else [])])
+    if not private:
+        storage.unmark_private(staging)  # made private to stage; published for all to read
+    check_output(output, own)  # again, at the swap: files may have appeared while the run ran
+    publish_in_place([(staging, output), *(report.moves() if report else [])], own)
     if report:
         report.published = True
 
@@ -460,13 +525,18 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
                 raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
                                     f"overlap: give each its own location, neither inside the "
                                     f"other")
+            if not is_url(a) and lock_path(b) == a or not is_url(b) and lock_path(a) == b:
+                raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path}: "
+                                    f"one is the lock file kvtrace holds while it writes the "
+                                    f"other; write elsewhere")
     resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
     published: dict[str, bool] = {}  # whether each folder read from is a kvtrace output
     for read in reads:
-        reach = Reach.of(read, resolved).whole(published)
-        for location, placed in places:
-            if reach.meets(placed, location.kind == FOLDER, known):
-                raise OutputRefused(reach.refusal(location, placed, known))
+        for reach in Reach.every(read, resolved):
+            reach = reach.whole(published)
+            for location, placed in places:
+                if reach.meets(placed, location.kind == FOLDER, known):
+                    raise OutputRefused(reach.refusal(location, placed, known))
     for location in writes:
         check_written(location)
     proven: set[str] = set()
@@ -595,12 +665,24 @@ class Reach:
     @classmethod
     def of(cls, read: str, resolved: dict[str, str]) -> Reach:
         """An existing path is that path, whatever its characters (the readers read it so)."""
-        if not has_magic(read) or os.path.lexists(read):
+        if not glob.has_magic(read) or os.path.lexists(read):
             return cls(read, read_place(read, resolved))
         head = read[: min(read.find(c) for c in "*?[" if c in read)]
         cut = head.rfind("/") + 1
         return cls(read, read_place(read[:cut] or ".", resolved),
                    tuple(p for p in read[cut:].split("/") if p), "**" in read)
+
+    @classmethod
+    def every(cls, read: str, resolved: dict[str, str]) -> list[Reach]:
+        """The reach of a read (of), and for a glob with wildcards in its folders, that of its
+        last name in each folder they match now, placed as glob(3) walks them (through `..`
+        and links, which the wildcards, matched name by name, would miss)."""
+        reach = cls.of(read, resolved)
+        if reach.wildcards is None or reach.recursive or len(reach.wildcards) < 2:
+            return [reach]
+        folders, last = read.rsplit("/", 1)
+        return [reach, *(cls(read, read_place(folder, resolved), (last,))
+                         for folder in sorted(glob.glob(folders)) if os.path.isdir(folder))]
 
     def whole(self, published: dict[str, bool]) -> Reach:
         """The reach widened to the whole kvtrace output it reads part of (a shard, or a glob
@@ -649,6 +731,9 @@ def check_written(location: Location) -> None:
     path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
+    if _STAGED_NAME.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(f"{flag} {path}: a name kvtrace stages its outputs under (and "
+                            f"clears as a killed run's leftover); choose another")
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
         raise OutputRefused(f"{flag} {path} is a mount point, which kvtrace cannot replace "
                             f"whole: name a location inside it")
@@ -698,6 +783,11 @@ def _check_not_in_an_output(location: Location, path: str) -> None:
             raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
                                 f"output of kvtrace {writer}, which only its command replaces, "
                                 f"whole: write elsewhere")
+        if not is_url(folder) and storage.is_private_folder(folder):
+            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, a "
+                                f"private folder of kvtrace's (dead letters, an id map, its "
+                                f"marks, block hashes), which only its own runs write: write "
+                                f"elsewhere")
         if folder == posixpath.dirname(folder):
             return
         folder = posixpath.dirname(folder)
@@ -763,6 +853,8 @@ class DeadLetterRun:
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
+        if not is_url(output):  # as its lock makes it: the folder's identity keys the letters
+            os.makedirs(os.path.dirname(written_place(output)), exist_ok=True)
         self.staging = _letters_staging(self.folder, output, run_id)
 
     @property
@@ -835,9 +927,14 @@ def recover_letters(folder: str, output: str) -> list[str]:
 
 
 def _output_key(output: str) -> str:
-    """A short name for an output location, the same however it is spelled."""
-    location = output.rstrip("/") if is_url(output) else os.path.realpath(output)
-    return sha256_of(location.encode())[:12]
+    """A short name for an output location, the same however it is reached: a local one's by
+    what its folder is (st_dev, st_ino: a second mount of it is the same folder, as the plan
+    compares places) and its name's bytes (names are bytes, whatever their encoding)."""
+    if is_url(output):
+        return sha256_of(os.fsencode(output.rstrip("/")))[:12]
+    parent, name = os.path.split(written_place(output))
+    status = os.stat(parent)
+    return sha256_of(b"%d:%d/" % (status.st_dev, status.st_ino) + os.fsencode(name))[:12]
 
 
 # The extended attribute naming the run that staged a folder and the place of the dead-letter
@@ -924,16 +1021,20 @@ def _publish_remote(staging: str, output: str) -> None:
         storage.delete(stale)
 
 
-def publish_in_place(moves: Sequence[tuple[str, str]]) -> None:
+def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = frozenset()
+                     ) -> None:
     """Put each staged file or folder in its output's place, in order (a report last: a reader
     takes it for the mark that its output is whole), then sync their folders: if a step fails,
     those done are put back, so a run publishes all of them or none. The previous outputs are
-    removed once all stand. A kill between two moves leaves the first new and the rest
-    previous: POSIX renames one name at a time."""
+    removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
+    did not write (own: as in foreign_files); else all is put back and the run refused. A kill
+    between two moves leaves the first new and the rest previous: POSIX renames one name at a
+    time."""
     done: list[tuple[str, str, str | None]] = []
     try:
         for staged, output in moves:
             done.append((staged, output, _swap_in(staged, output)))
+            _check_previous(output, done[-1][2], own)
         for parent in dict.fromkeys(os.path.dirname(os.path.abspath(o)) for _, o in moves):
             storage.sync_folder(parent)
     except BaseException:
@@ -947,6 +1048,17 @@ def publish_in_place(moves: Sequence[tuple[str, str]]) -> None:
             shutil.rmtree(previous)
         else:
             os.remove(previous)
+
+
+def _check_previous(output: str, previous: str | None, own: frozenset[str]) -> None:
+    """Refuse a previous output folder holding a file kvtrace did not write: one added after
+    the run's check, before the swap, is never removed with the folder."""
+    if previous is None or not os.path.isdir(previous) or os.path.islink(previous):
+        return
+    foreign = foreign_files(previous, own)
+    if foreign:
+        raise OutputRefused(f"{output} gained files kvtrace did not write while the run "
+                            f"published it ({', '.join(foreign[:5])}); nothing was replaced")
 
 
 def _swap_in(staged: str, output: str) -> str | None:

@@ -16,6 +16,8 @@ from transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRe
                                       staging_folder)
 
 SEGMENTS = st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=3)
+# What makes a manifest one kvtrace writes, by the readers' test (trace_inputs.published_folder).
+KVTRACES = {"sha256": {}, "records": {"exported": 0}}
 EXAMPLES = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -129,8 +131,9 @@ def test_an_output_folder_that_is_a_link_is_refused_not_followed(tmp_path):
 
 
 @pytest.mark.parametrize("manifest, writer", [
-    ({"format": "mooncake-trace", "files": []}, "anonymize"),
-    ({"format": "mooncake-trace", "converted_from": "bailian", "files": []}, "convert"),
+    ({"format": "mooncake-trace", "files": [], **KVTRACES}, "anonymize"),
+    ({"format": "mooncake-trace", "converted_from": "bailian", "files": [], **KVTRACES},
+     "convert"),
 ])
 def test_another_commands_output_folder_is_refused_its_own_is_not(tmp_path, manifest, writer):
     out = tmp_path / "out"
@@ -234,7 +237,7 @@ def _kvtrace_output(folder) -> None:
     folder.mkdir()
     (folder / "trace-00000-of-00001.jsonl").write_text("")
     (folder / "manifest.json").write_text(json.dumps(
-        {"format": "mooncake-trace", "files": ["trace-00000-of-00001.jsonl"]}))
+        {"format": "mooncake-trace", "files": ["trace-00000-of-00001.jsonl"], **KVTRACES}))
 
 
 @pytest.mark.parametrize("read", ["trace-00000-of-00001.jsonl", "trace-*.jsonl"])

@@ -73,7 +73,7 @@ def test_a_second_run_on_the_same_file_is_refused_at_once(tmp_path):
 
 def test_a_killed_runs_staged_file_is_cleared_by_the_next_run(tmp_path):
     out = tmp_path / "x.jsonl"
-    killed = staging_folder(str(out), "deadbeef")
+    killed = staging_folder(str(out), "0123456789ab")
     with open(killed, "wb") as handle:
         handle.write(b"half")
     with output_lock(str(out)):
