@@ -113,9 +113,12 @@ def _children(value: Any) -> Iterable[Any] | None:
     """What str() or JSON of value prints inside it, or None for a value printed whole."""
     if isinstance(value, (list, tuple, set, frozenset, _KEYS_VIEW, _VALUES_VIEW)):
         return value
-    if isinstance(value, (dict, _ITEMS_VIEW)):
-        # each key, then its value
-        return chain.from_iterable(value.items() if isinstance(value, dict) else value)
+    if isinstance(value, dict):
+        return chain.from_iterable(value.items())  # each key, then its value
+    if isinstance(value, _ITEMS_VIEW):
+        # its (key, value) pairs, held while the walk runs: a pair is a new tuple each time it
+        # is iterated, and the walk knows a container met again by its id
+        return list(value)
     if isinstance(value, Namespace):  # printed with the dict of its attributes
         return _children(value._Namespace__attrs)  # type: ignore[attr-defined]
     return None
@@ -548,6 +551,11 @@ class _BoundedFilters(dict):
         if known is None or known[0] is not function:
             known = self._bounded[name] = (function, _bounded_filter(name, function))
         return known[1]
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """The filter bounded too where jinja looks it up so: folding a constant at compile
+        time (`7|round(-1000000)`), outside the render's budget."""
+        return self[name] if name in self else default
 
 
 class _BoundedCodeGenerator(CodeGenerator):
