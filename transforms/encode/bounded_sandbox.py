@@ -2,23 +2,24 @@
 is built.
 
 The render watchdog (render_budget.py) stops a template between two of its Python steps; a
-single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). Such a
-call makes a value larger than its operands only when an integer says how large (`'x' * n`,
-`2 ** n`, a width in `'%99999999s'` or `'{:>99999999}'`, `center(n)`, `indent(n)`, ...), when
-it joins or maps values (`~`, `+`, `join`, `replace`, `translate`, `wordwrap`, escaping), or
-when it prints a container (`{{ }}`, `|string`, `|tojson`), which may list one long string
-many times. So here each is sized from its operands first: every operator on two integers
-from their bit lengths (long multiplication and division are quadratic, in one C call), format
-widths from the format's own parse, containers by walking what they hold
-(`_text_length`), and an integer handed to a call or a filter (beside the value filtered) may
-not exceed MAX_ARGUMENT. Lists are sized the same way when `*` or `+` builds them, so a
-comparison, containment or sort over one walks at most the bound. A call that lists a value
-(`|list` of a string, a split) makes a new object per item, so what one step may list is
-counted first too, against a bound of items (MAX_ITEMS), not of length. `sum` adds numbers
-only (over lists it is one quadratic C call; Python refuses it for str). Every call's and
-filter's result is measured too before the template sees it (case mapping, say, is a fixed
-multiple of its operand): no value past the bound survives a step. Whatever else a template
-does is one C call linear in values within the bound, or a Python step the watchdog can stop.
+single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). So every
+value a step makes is sized by its type family: text (str, bytes, bytearray) by its length,
+integers by their bits, collections (lists, tuples, dicts, sets, a dict's views) by their
+items. Where the operands tell the result's size it is sized before the call: `'x' * n`,
+`+`, `~`, `join`, `replace`, `translate`, `expandtabs`, `wordwrap`, `indent`, escaping, widths
+in `%` and `format`, every operator on two integers from their bit lengths (long
+multiplication and division are quadratic, in one C call), and a value printed as text (`{{ }}`,
+`|string`, `|tojson`, the filters that str() their value) by walking what it holds
+(`_text_length`): a type whose text its size does not tell is refused, never printed to be
+measured. Where only the result tells (case mapping, `hex`, `from_bytes`), it is measured after
+the call, whose cost its operands bound. Calls whose cost their result does not show are
+refused before: a number read from text past MAX_NUMBER_TEXT (`|int`, `|float`, any base),
+rounding past MAX_ROUND_DIGITS, any integer argument past MAX_ARGUMENT. A call that lists a
+value (`|list` of a string, a split) makes a new object per item, so what one step may list is
+counted first too, against a bound of items (MAX_ITEMS). `sum` adds numbers only (over lists it
+is one quadratic C call). Attributes, subscripts and iteration hand out values already held.
+Whatever else a template does is one C call linear in values within the bound, or a Python
+step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -389,8 +390,23 @@ def _check_expandtabs(text: str | bytes, tabsize: Any = 8, *rest: Any) -> None:
         _check_length(len(text) + text.count(tab) * tabsize, "expandtabs")  # type: ignore[arg-type]
 
 
+def _check_encode(text: str | bytes, *rest: Any) -> None:
+    """UTF-8 is up to 4 bytes a character; 1 for ASCII, which CPython knows without a scan."""
+    if isinstance(text, str):
+        _check_length(len(text) * (1 if text.isascii() else 4), "encode")
+
+
+def _check_hex(text: str | bytes, separator: Any = "", *rest: Any) -> None:
+    """Two digits a byte, and a separator between (at most) any two."""
+    if not isinstance(text, str):
+        step = len(separator) if isinstance(separator, _TEXTS) else 0
+        _check_length(len(text) * (2 + step), "hex")
+
+
 # str and bytes methods whose result may outgrow their operands, sized by their operands.
 _STR_METHOD_CHECKS = {
+    "encode": _check_encode,
+    "hex": _check_hex,
     "format": _check_format,
     "format_map": _check_format,
     "expandtabs": _check_expandtabs,

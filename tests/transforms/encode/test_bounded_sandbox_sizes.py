@@ -51,6 +51,8 @@ def test_text_of_any_kind_is_sized_from_its_operands_before_it_is_built(small_bo
     "{{ ('\\t' * 20).encode().expandtabs(8) }}",
     "{{ '%50s%50s'.encode() % ('a'.encode(), 'b'.encode()) }}",
     "{{ ('x' * 40) + ('y' * 40) }}",
+    "{{ ('\u00e9' * 20).encode() }}",  # 40 bytes, but sized at the 4 UTF-8 may take: 80
+    "{{ ('x' * 40).encode().hex() }}",
 ])
 def test_bytes_are_bounded_as_strings_are(small_bound, source):
     with pytest.raises(ValueTooLarge):
@@ -60,6 +62,8 @@ def test_bytes_are_bounded_as_strings_are(small_bound, source):
 def test_bytes_within_the_bound_render_as_python_makes_them(small_bound):
     assert _render("{{ ('ab'.encode() * 3).replace('a'.encode(), 'xy'.encode()) }}") == str(
         b"xybxybxyb")
+    assert _render("{{ ('x' * 64).encode()|length }}|{{ ('x' * 30).encode().hex() }}") == (
+        "64|" + "78" * 30)
 
 
 @pytest.mark.parametrize("source", [
