@@ -50,7 +50,6 @@ BOOM = {"timestamp": 5, "messages": [{"role": "user", "content": "boom"}], "outp
 
 # ---- bytes are not sized: `"x".encode() * n` builds any size in one C call -------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_template_cannot_build_bytes_past_the_value_bound(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py promises no value a template builds exceeds MAX_VALUE_LENGTH (256 Mi)
     and every `*` is sized from its operands first. But its sizes know only str, list and tuple
@@ -73,7 +72,6 @@ def test_a_template_cannot_build_bytes_past_the_value_bound(tiny_tokenizer, tmp_
 
 # ---- repr of what the walk does not know: dict views printed whole before they are sized -----
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_dict_view_is_sized_before_it_is_printed(tiny_tokenizer, tmp_path):
     """_text_length (bounded_sandbox.py) walks lists, tuples, dicts and namespaces, and sizes
     anything else as `len(repr(value))`: it builds the text to measure it. `d.values()` is a
@@ -314,7 +312,6 @@ def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, en
 
 # ---- integers past MAX_INT_BITS through filters: |int(base=16), then |round(-n) -------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_filters_cannot_build_and_divide_integers_past_the_bit_bound(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py bounds integers at MAX_INT_BITS (4096) in call_binop only. jinja's
     `int` filter takes a base: `("f" * 4000000)|int(base=16)` parses a 16 M-bit integer in
@@ -404,7 +401,6 @@ def test_synthesize_output_called_valid_is_valid(tmp_path):
 
 # ---- `+` on two strings is measured after it is built --------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_adding_two_strings_is_sized_before_it_runs(tiny_tokenizer, tmp_path):
     """BOUNDS.md: "each step is sized from its operands before it runs: repetition, `+`, ...".
     BoundedSandbox.add calls _check_binop("+", ...), which has branches for two integers and

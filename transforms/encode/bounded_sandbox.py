@@ -2,23 +2,24 @@
 is built.
 
 The render watchdog (render_budget.py) stops a template between two of its Python steps; a
-single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). Such a
-call makes a value larger than its operands only when an integer says how large (`'x' * n`,
-`2 ** n`, a width in `'%99999999s'` or `'{:>99999999}'`, `center(n)`, `indent(n)`, ...), when
-it joins or maps values (`~`, `+`, `join`, `replace`, `translate`, `wordwrap`, escaping), or
-when it prints a container (`{{ }}`, `|string`, `|tojson`), which may list one long string
-many times. So here each is sized from its operands first: every operator on two integers
-from their bit lengths (long multiplication and division are quadratic, in one C call), format
-widths from the format's own parse, containers by walking what they hold
-(`_text_length`), and an integer handed to a call or a filter (beside the value filtered) may
-not exceed MAX_ARGUMENT. Lists are sized the same way when `*` or `+` builds them, so a
-comparison, containment or sort over one walks at most the bound. A call that lists a value
-(`|list` of a string, a split) makes a new object per item, so what one step may list is
-counted first too, against a bound of items (MAX_ITEMS), not of length. `sum` adds numbers
-only (over lists it is one quadratic C call; Python refuses it for str). Every call's and
-filter's result is measured too before the template sees it (case mapping, say, is a fixed
-multiple of its operand): no value past the bound survives a step. Whatever else a template
-does is one C call linear in values within the bound, or a Python step the watchdog can stop.
+single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). So every
+value a step makes is sized by its type family: text (str, bytes, bytearray) by its length,
+integers by their bits, collections (lists, tuples, dicts, sets, a dict's views) by their
+items. Where the operands tell the result's size it is sized before the call: `'x' * n`,
+`+`, `~`, `join`, `replace`, `translate`, `expandtabs`, `wordwrap`, `indent`, escaping, widths
+in `%` and `format`, every operator on two integers from their bit lengths (long
+multiplication and division are quadratic, in one C call), and a value printed as text (`{{ }}`,
+`|string`, `|tojson`, the filters that str() their value) by walking what it holds
+(`_text_length`): a type whose text its size does not tell is refused, never printed to be
+measured. Where only the result tells (case mapping, `hex`, `from_bytes`), it is measured after
+the call, whose cost its operands bound. Calls whose cost their result does not show are
+refused before: a number read from text past MAX_NUMBER_TEXT (`|int`, `|float`, any base),
+rounding past MAX_ROUND_DIGITS, any integer argument past MAX_ARGUMENT. A call that lists a
+value (`|list` of a string, a split) makes a new object per item, so what one step may list is
+counted first too, against a bound of items (MAX_ITEMS). `sum` adds numbers only (over lists it
+is one quadratic C call). Attributes, subscripts and iteration hand out values already held.
+Whatever else a template does is one C call linear in values within the bound, or a Python
+step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -37,7 +38,7 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
 from jinja2.nodes import Add, Concat
 from jinja2.filters import make_attrgetter
-from jinja2.runtime import Context, LoopContext
+from jinja2.runtime import Context, LoopContext, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg
 
@@ -49,6 +50,13 @@ MAX_VALUE_LENGTH = 256 << 20
 # (long division is quadratic in its operands' bits, and one C call).
 MAX_INT_BITS = 1 << 12
 MAX_ARGUMENT = 1 << 20  # an integer given to a call or filter: widths, counts, indents
+# The longest text read as a number (`|int`, `|float`): a MAX_INT_BITS integer in binary, with
+# room for a prefix and underscores. Parsing is one C call, quadratic in the digits for bases
+# that are not powers of two; a number is read at most this long, whatever its base.
+MAX_NUMBER_TEXT = 2 * MAX_INT_BITS + 8
+# The most digits rounding may keep or drop (`|round(n)`): those of a MAX_INT_BITS integer.
+# Python's round() of an integer to -n digits computes 10 ** n and divides by it in one call.
+MAX_ROUND_DIGITS = (MAX_INT_BITS * 30103) // 100000 + 1
 # The most items one step may build a sequence of (a list, the pieces of a split, a filter's
 # listing of a value): an item may be a new object of ~80 bytes (a character of a string, a
 # piece), so a bound on length alone would let one call build gigabytes; 1 Mi items is ~100 MB,
@@ -63,6 +71,7 @@ _BYTES_WHITESPACE = (b" ", b"\t", b"\n", b"\r", b"\x0b", b"\x0c")
 _BYTES_LINE_BREAKS = (b"\n", b"\r")
 # After a % and its mapping key: flags, width, precision and length modifier.
 _PRINTF_SIZES = re.compile(r"[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?")
+_BYTES_PRINTF_SIZES = re.compile(_PRINTF_SIZES.pattern.encode())
 _DIGITS = re.compile(r"\d+")
 
 
@@ -70,16 +79,32 @@ class ValueTooLarge(TemplateRuntimeError):
     """A template step that would build a value past its bound."""
 
 
-_SIZED = frozenset((str, list, tuple))
+# The type families a value is sized by: text by its characters or bytes, collections by their
+# items (a mapping's view is its mapping's size), integers by their bits.
+_TEXTS = (str, bytes, bytearray)
+_KEYS_VIEW, _VALUES_VIEW, _ITEMS_VIEW = type({}.keys()), type({}.values()), type({}.items())
+_COLLECTIONS = (list, tuple, dict, set, frozenset, _KEYS_VIEW, _VALUES_VIEW, _ITEMS_VIEW)
+_LENGTHS = (*_TEXTS, *_COLLECTIONS)
 
 
 def _sized(value: Any) -> int:
-    return len(value) if isinstance(value, (str, list, tuple)) else 0
+    """value's length where its type is text or a sequence: what repeating it repeats."""
+    return len(value) if isinstance(value, (*_TEXTS, list, tuple)) else 0
 
 
 def _checked(result: Any, what: str) -> Any:
-    """result, refused if it is a string or list past the bound (it was built in one call)."""
-    if isinstance(result, (str, list, tuple)) and len(result) > MAX_VALUE_LENGTH:
+    """result, refused if it is past its bound by the size of its type family: built in one
+    call whose cost its operands bound (each within theirs), measured before the template sees
+    it. Every other value has a size that no call makes grow (a float, a bool, a function)."""
+    if type(result) is str:  # most results: told at once
+        if len(result) > MAX_VALUE_LENGTH:
+            raise ValueTooLarge(f"{what} built a value of {len(result)} items, over "
+                                f"{MAX_VALUE_LENGTH}")
+    elif isinstance(result, int):
+        if result.bit_length() > MAX_INT_BITS:
+            raise ValueTooLarge(f"{what} built an integer of {result.bit_length()} bits, over "
+                                f"{MAX_INT_BITS}")
+    elif isinstance(result, _LENGTHS) and len(result) > MAX_VALUE_LENGTH:
         raise ValueTooLarge(f"{what} built a value of {len(result)} items, over "
                             f"{MAX_VALUE_LENGTH}")
     return result
@@ -87,17 +112,46 @@ def _checked(result: Any, what: str) -> Any:
 
 def _children(value: Any) -> Iterable[Any] | None:
     """What str() or JSON of value prints inside it, or None for a value printed whole."""
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset, _KEYS_VIEW, _VALUES_VIEW)):
         return value
     if isinstance(value, dict):
         return chain.from_iterable(value.items())  # each key, then its value
+    if isinstance(value, _ITEMS_VIEW):
+        # its (key, value) pairs, held while the walk runs: a pair is a new tuple each time it
+        # is iterated, and the walk knows a container met again by its id
+        return list(value)
     if isinstance(value, Namespace):  # printed with the dict of its attributes
         return _children(value._Namespace__attrs)  # type: ignore[attr-defined]
     return None
 
 
-# Values printed whole by repr(), told by their exact type (most of what a walk meets).
+def _wrapper_length(value: Any) -> int:
+    """What a collection's text holds beside its brackets: `dict_values(...)`, `frozenset(...)`
+    name their type (a set's and a view's items are printed as a list's or a dict's are)."""
+    return 0 if isinstance(value, (list, tuple, dict, Namespace)) else len(type(value).__name__) + 2
+
+
+# Values printed whole by repr(), told by their exact type (most of what a walk meets): their
+# text is short (an integer's at most Python's 4300 digits, past which it refuses to print).
 _REPR_LEAVES = frozenset((int, float, bool, type(None)))
+
+
+def _leaf_length(value: Any) -> int:
+    """The length of a value printed whole, from its size, never by printing it: a string's
+    characters, bytes at 4 characters a byte (`\\xff`) and their prefix, a number's digits;
+    an Undefined prints as "" (or raises). Any other type is refused: its text cannot be told."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (bytes, bytearray)):
+        return 4 * len(value) + len("bytearray(b'')")
+    if isinstance(value, (int, float, complex, type(None))):
+        return len(repr(value))
+    if isinstance(value, Undefined):
+        return len("Undefined")
+    if isinstance(value, range):
+        return len(repr(value))  # three integers
+    raise ValueTooLarge(f"printing a {type(value).__name__}, whose size cannot be told before "
+                        "it is printed")
 
 
 def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
@@ -108,9 +162,9 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     limit = MAX_VALUE_LENGTH if limit is None else limit
     children = _children(value)
     if children is None:
-        return len(value) if isinstance(value, str) else len(repr(value))
+        return _leaf_length(value)
     known: dict[tuple[int, int], int] = {}  # (container, depth) -> its length
-    total = 2 + (indent > 0)  # brackets, and a newline before the closing one
+    total = 2 + (indent > 0) + _wrapper_length(value)  # brackets, a newline before the last
     stack = [[(id(value), 0), iter(children), total]]  # per container: key, items, length
     while stack and total <= limit:
         frame = stack[-1]
@@ -127,14 +181,14 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
             else:
                 inner = _children(item)
                 if inner is None:
-                    length = separator + (len(item) + 2 if isinstance(item, str)
-                                          else len(repr(item)))
+                    length = separator + _leaf_length(item) + 2 * isinstance(item, str)
                 elif (id(item), depth) in known:
                     length = separator + known[id(item), depth]
                 else:
+                    wrapper = 0 if kind is dict or kind is list else _wrapper_length(item)
                     own += separator
-                    total += 2 * separator
-                    stack.append([(id(item), depth), iter(inner), separator])
+                    total += 2 * separator + wrapper
+                    stack.append([(id(item), depth), iter(inner), separator + wrapper])
                     break
             own += length
             total += length
@@ -156,33 +210,42 @@ def _check_length(length: int, what: str) -> None:
                             f"{MAX_VALUE_LENGTH}")
 
 
-def _printf_fields(template: str) -> Iterator[tuple[str, str]]:
-    """(width, precision) of each conversion of a % format, read as CPython reads it: a
-    mapping key in parentheses (nested ones counted), flags, width, precision, length."""
-    at = template.find("%")
+def _printf_fields(template: str | bytes) -> Iterator[tuple[str, str]]:
+    """(width, precision) of each conversion of a % format (str's or bytes'), read as CPython
+    reads it: a mapping key in parentheses (nested ones counted), flags, width, precision,
+    length."""
+    text = isinstance(template, str)
+    percent, opening, closing = ("%", "(", ")") if text else (b"%", b"(", b")")
+    sizes = _PRINTF_SIZES if text else _BYTES_PRINTF_SIZES
+    at = template.find(percent)  # type: ignore[arg-type]
     while 0 <= at < len(template) - 1:
         at += 1
-        if template[at] == "(":
+        if template[at:at + 1] == opening:
             depth = 0
             while at < len(template):
-                depth += {"(": 1, ")": -1}.get(template[at], 0)
+                mark = template[at:at + 1]
+                depth += (mark == opening) - (mark == closing)
                 at += 1
                 if depth == 0:
                     break
-        size = _PRINTF_SIZES.match(template, at)
+        size = sizes.match(template, at)  # type: ignore[call-overload]
         at = size.end()
-        if template[at:at + 1] != "%":  # "%%" is a literal percent sign
-            yield size.group(1) or "", size.group(2) or ""
-        at = template.find("%", at + 1)
+        if template[at:at + 1] != percent:  # "%%" is a literal percent sign
+            yield tuple(_ascii(group) for group in size.groups())  # type: ignore[misc]
+        at = template.find(percent, at + 1)  # type: ignore[arg-type]
+
+
+def _ascii(group: str | bytes | None) -> str:
+    return "" if group is None else group if isinstance(group, str) else group.decode()
 
 
 def _longest_text(values: Iterable[Any]) -> int:
     """The longest of values as text: what one format field may print of any of them."""
-    return max((len(value) if isinstance(value, str) else _text_length(value)
+    return max((len(value) if isinstance(value, _TEXTS) else _text_length(value)
                 for value in values), default=0)
 
 
-def _check_printf(template: str, operand: Any = ()) -> None:
+def _check_printf(template: str | bytes, operand: Any = ()) -> None:
     """`template % operand` sized first: its text, and each field at its width and precision
     plus the longest value it may print (a field's width alone is bounded, their sum too)."""
     values = (operand.values() if isinstance(operand, dict) else
@@ -236,7 +299,9 @@ def _check_binop(name: str, left: Any, right: Any) -> None:
             raise ValueTooLarge(f"{name} on integers of {left.bit_length()} and "
                                 f"{right.bit_length()} bits: over {MAX_INT_BITS} bits")
     elif name == "+":
-        if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+        if isinstance(left, _TEXTS) and isinstance(right, _TEXTS):
+            _check_length(len(left) + len(right), "+")
+        elif isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
             _check_items(len(left) + len(right), "+")
             _check_length(_text_length((left, right)), "+")  # one walk: l + l walks l once
     elif name == "*":
@@ -248,8 +313,8 @@ def _check_binop(name: str, left: Any, right: Any) -> None:
                           * count, "*")
         else:
             _check_length(_sized(repeated) * count, "*")
-    elif name == "%" and isinstance(left, str):
-        _check_printf(left, right)
+    elif name == "%" and isinstance(left, _TEXTS):
+        _check_printf(bytes(left) if type(left) is bytearray else left, right)
 
 
 def _check_items(count: int, what: str) -> None:
@@ -260,7 +325,7 @@ def _check_items(count: int, what: str) -> None:
 def _item_count(value: Any) -> int:
     """How many items listing value makes (a string: one per character), where its length
     tells; 0 for an iterator, whose items are the steps of a generator the watchdog can stop."""
-    return len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
+    return len(value) if isinstance(value, _LENGTHS) else 0
 
 
 def _check_split(text: str | bytes, *args: Any, lines: bool = False) -> None:
@@ -288,42 +353,63 @@ def _check_integers(values: Iterable[Any], what: str) -> None:
             raise ValueTooLarge(f"{what} takes an integer over {MAX_ARGUMENT}")
 
 
-def _check_join(separator: str, items: Any) -> None:
-    """str.join's result sized first: the same long item may be listed many times (jinja's
-    join prints items that are not strings), and join lists its items first."""
+def _check_join(separator: str | bytes, items: Any) -> None:
+    """str.join's (or bytes') result sized first: the same long item may be listed many times
+    (jinja's join prints items that are not strings), and join lists its items first."""
     _check_items(len(items), "join")
     length = len(separator) * len(items)
     for item in items:
-        length += len(item) if isinstance(item, str) else _text_length(item)
+        length += len(item) if isinstance(item, _TEXTS) else _text_length(item)
         _check_length(length, "join")
 
 
 def _listed(items: Any) -> Any:
     """An iterable about to be joined, as a list (which join would build anyway) to size it."""
-    return items if isinstance(items, (str, list, tuple, dict)) else list(items)
+    return items if isinstance(items, (*_TEXTS, list, tuple, dict)) else list(items)
 
 
-def _check_translate(text: str, table: Any = None, *rest: Any) -> None:
-    """str.translate's result sized first: each character may become the longest replacement."""
+def _check_translate(text: str | bytes, table: Any = None, *rest: Any) -> None:
+    """translate's result sized first: each character may become the longest replacement (a
+    byte stays a byte)."""
     values = (table.values() if isinstance(table, dict) else
               table if isinstance(table, (list, tuple)) else ())
     longest = max((len(value) for value in values if isinstance(value, str)), default=1)
     _check_length(len(text) * max(longest, 1), "translate")
 
 
-def _check_replace(text: str, old: Any, new: Any) -> None:
-    """str.replace's result sized first: each match of old (every gap, for "") becomes new."""
-    if isinstance(old, str) and isinstance(new, str) and len(new) > len(old):
+def _check_replace(text: str | bytes, old: Any, new: Any) -> None:
+    """replace's result sized first: each match of old (every gap, for "") becomes new."""
+    if isinstance(old, _TEXTS) and isinstance(new, _TEXTS) and len(new) > len(old):
         matches = len(text) + 1 if not old else text.count(old)
         _check_length(len(text) + matches * (len(new) - len(old)), "replace")
 
 
-# str methods whose result may outgrow their operands, sized by their operands.
+def _check_expandtabs(text: str | bytes, tabsize: Any = 8, *rest: Any) -> None:
+    if type(tabsize) is int:
+        tab = "\t" if isinstance(text, str) else b"\t"
+        _check_length(len(text) + text.count(tab) * tabsize, "expandtabs")  # type: ignore[arg-type]
+
+
+def _check_encode(text: str | bytes, *rest: Any) -> None:
+    """UTF-8 is up to 4 bytes a character; 1 for ASCII, which CPython knows without a scan."""
+    if isinstance(text, str):
+        _check_length(len(text) * (1 if text.isascii() else 4), "encode")
+
+
+def _check_hex(text: str | bytes, separator: Any = "", *rest: Any) -> None:
+    """Two digits a byte, and a separator between (at most) any two."""
+    if not isinstance(text, str):
+        step = len(separator) if isinstance(separator, _TEXTS) else 0
+        _check_length(len(text) * (2 + step), "hex")
+
+
+# str and bytes methods whose result may outgrow their operands, sized by their operands.
 _STR_METHOD_CHECKS = {
+    "encode": _check_encode,
+    "hex": _check_hex,
     "format": _check_format,
     "format_map": _check_format,
-    "expandtabs": lambda text, tabsize=8, *rest: _check_length(
-        len(text) + text.count("\t") * tabsize if type(tabsize) is int else 0, "expandtabs"),
+    "expandtabs": _check_expandtabs,
     "join": lambda text, items=(), *rest: _check_join(text, items),  # items already listed
     "replace": lambda text, old=None, new=None, *rest: _check_replace(text, old, new),
     "translate": _check_translate,
@@ -375,9 +461,19 @@ def _filter_sum(value: Any, attribute: Any = None, start: Any = 0, **kwargs: Any
         raise ValueTooLarge("sum adds numbers only")
 
 
-def _filter_string(value: Any, *rest: Any, **kwargs: Any) -> None:
-    if not isinstance(value, str):
-        _check_length(_text_length(value), "printing a value")
+def _filter_number(value: Any, *rest: Any, **kwargs: Any) -> None:
+    """A number read from text: at most MAX_NUMBER_TEXT long, in any base."""
+    if isinstance(value, _TEXTS) and len(value) > MAX_NUMBER_TEXT:
+        raise ValueTooLarge(f"a number read from {len(value)} characters, over "
+                            f"{MAX_NUMBER_TEXT}")
+
+
+def _filter_round(value: Any, precision: Any = 0, *rest: Any, **kwargs: Any) -> None:
+    """round() of an integer to -n digits divides it by 10 ** n in one call: n is bounded by
+    the digits an integer within MAX_INT_BITS has."""
+    precision = kwargs.get("precision", precision)
+    if type(precision) is int and abs(precision) > MAX_ROUND_DIGITS:
+        raise ValueTooLarge(f"rounding to {precision} digits, past {MAX_ROUND_DIGITS}")
 
 
 def _filter_escape(value: Any, *rest: Any, **kwargs: Any) -> None:
@@ -388,6 +484,14 @@ def _filter_escape(value: Any, *rest: Any, **kwargs: Any) -> None:
     else:
         _check_length(_text_length(value) * 5, "escaping")
 
+
+# Filters that print their value first (str() of it, in one C call), whatever it is: a value
+# that is not a string is sized as text before (the rest of each is sized after, a fixed
+# multiple of that text: case mapping, trimming, escaping).
+_PRINTING_FILTERS = frozenset((
+    "capitalize", "center", "format", "forceescape", "lower", "pprint", "replace", "safe",
+    "string", "striptags", "title", "trim", "truncate", "upper", "urlencode", "urlize",
+    "wordcount"))
 
 # Filters that list their value (or the pieces of a string) in one C call, sized by the items
 # the value has, a string's characters among them. (batch, unique, map, select and the like
@@ -402,7 +506,9 @@ _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "wordwrap": _filter_wordwrap,
     "tojson": _filter_tojson,
     "sum": _filter_sum,
-    "string": _filter_string,
+    "int": _filter_number,
+    "float": _filter_number,
+    "round": _filter_round,
     "e": _filter_escape,
     "escape": _filter_escape,
     "forceescape": _filter_escape,
@@ -424,6 +530,8 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
             _check_integers(kwargs.values(), f"the filter {name}")
         if name in _LISTING_FILTERS and len(args) >= skip:
             _check_items(_item_count(args[skip - 1]), f"the filter {name}")
+        if name in _PRINTING_FILTERS and len(args) >= skip and type(args[skip - 1]) is not str:
+            _check_length(_text_length(args[skip - 1]), f"the filter {name}")
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
                 args, kwargs = _join_attributes(args, kwargs, skip)
@@ -459,6 +567,11 @@ class _BoundedFilters(dict):
         if known is None or known[0] is not function:
             known = self._bounded[name] = (function, _bounded_filter(name, function))
         return known[1]
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """The filter bounded too where jinja looks it up so: folding a constant at compile
+        time (`7|round(-1000000)`), outside the render's budget."""
+        return self[name] if name in self else default
 
 
 class _BoundedCodeGenerator(CodeGenerator):
@@ -576,7 +689,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         elif method in _STR_METHOD_CHECKS:
             # the sandbox hands out str.format wrapped; the bound method is under __wrapped__
             text = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
-            if isinstance(text, str):
+            if isinstance(text, _TEXTS):
                 if method == "join" and args:
                     args = (_listed(args[0]), *args[1:])
                 _STR_METHOD_CHECKS[method](text, *args, *kwargs.values())
@@ -610,9 +723,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         Lists are sized by what they hold, through nested lists (`l = l + l` doubles that,
         not their length): so one comparison, containment or sort over any list a template
         builds walks at most the bound, where `[0] * n + [1] in [[0] * n] * n` would walk n²."""
+        if type(left) is str and type(right) is str:  # most of a template's additions
+            _check_length(len(left) + len(right), "+")
+            return left + right
         _check_binop("+", left, right)
-        result = left + right
-        if type(result) in _SIZED and len(result) > MAX_VALUE_LENGTH:
-            raise ValueTooLarge(f"+ would build a value of {len(result)} items, over "
-                                f"{MAX_VALUE_LENGTH}")
-        return result
+        return _checked(left + right, "+")
