@@ -48,7 +48,8 @@ def _as_format_3(map_dir: Path) -> None:
     """Every record as kvtrace wrote them before keying; no mark then (marks are keyed)."""
     for path in sorted((map_dir / "versions").glob("*.json")):
         record = json.loads(path.read_bytes())
-        del record["mac"], record["timestamp_kind"]
+        for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+            del record[later]
         record["history"] = [{k: entry[k] for k in ("version", "added", "compacted")}
                              for entry in record["history"]]  # format 3 named no night
         record["format_version"] = map_record.KEYLESS_FORMAT
@@ -82,8 +83,8 @@ def test_a_format_3_map_upgraded_is_keyed_anchored_and_extended(built, tiny_toke
         assert map_record.read_record(raw, "record", KEY)["format_version"] == (
             map_record.FORMAT_VERSION)
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
-    assert anchor.read_mark(anchor.mark_path(marks, str(map_dir)), str(map_dir),
-                            KEY)["version"] == 2
+    map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]  # keying gave it
+    assert anchor.read_mark(anchor.mark_path(marks, map_id), map_id, KEY)["version"] == 2
     keyed = _records(map_dir)
     assert _upgrade(str(map_dir), *salted) == 0  # rerun: verified, nothing rewritten
     assert "already keyed" in capsys.readouterr().out and _records(map_dir) == keyed
