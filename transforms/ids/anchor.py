@@ -141,13 +141,13 @@ def _read_keyed(path: str, key: MapKey,
 
 
 def check_anchor(marks: str, directory: str, version: int, map_id: str | None,
-                 record_of: Callable[[int], bytes], key: MapKey) -> None:
-    """Refuse to extend a map that is not the one its place was last published with, is not
-    at or past its marked version, or does not descend from the marked record (rolled back,
-    or replaced by another map). record_of(number) gives a version's record bytes as stored;
-    map_id is None for a map from before ids."""
+                 record_of: Callable[[int], bytes], key: MapKey, bound: bool = True) -> None:
+    """Refuse to extend a map that is not the one its place was last published with (unless
+    not bound: a rebind), is not at or past its marked version, or does not descend from the
+    marked record (rolled back, or replaced by another map). record_of(number) gives a
+    version's record bytes as stored; map_id is None for a map from before ids."""
     place = place_path(marks, directory)
-    found = read_place(place, directory, key)
+    found = read_place(place, directory, key) if bound else None
     if found is not None and "version" in found:  # a mark from before ids, named by the place
         _check_descent(found, place, directory, version, record_of)
     elif found is not None and found["map_id"] != map_id:
@@ -234,12 +234,19 @@ def advance_anchor(marks: str, directory: str, map_id: str, version: int, record
             replace_file(place, place_bytes(directory, map_id, key))
 
 
-def rebind(marks: str, directory: str, map_id: str, key: MapKey) -> None:
-    """Bind the place to the map found there now, on purpose (`kvtrace id-map rebind`)."""
+def rebind(marks: str, directory: str, map_id: str | None, key: MapKey) -> None:
+    """Bind the place to the map found there now, on purpose (`kvtrace id-map rebind`): to its
+    id, or to none (the place's file removed) for a new map or one from before ids, whose next
+    commit binds it."""
+    place = place_path(marks, directory)
+    if map_id is None:
+        if storage.exists(place):
+            storage.delete([place])
+        return
     storage.make_folder(marks, private=True)
     with folder_lock(marks):
         remove_stale_temp_files(marks)
-        replace_file(place_path(marks, directory), place_bytes(directory, map_id, key))
+        replace_file(place, place_bytes(directory, map_id, key))
 
 
 def _covers(mark: dict[str, Any] | None, path: str, version: int, record: bytes) -> bool:

@@ -47,7 +47,7 @@ from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.encode.timestamp_kinds import KIND_WORDS
 from transforms.errors import IdMapError, JobStopped
-from transforms.ids.anchor import advance_anchor, check_anchor
+from transforms.ids.anchor import advance_anchor, check_anchor, rebind
 from transforms.ids.dense_ids import NUMBERED
 from transforms.ids.exclusive import create_exclusive, replace_file
 from transforms.ids.map_record import (
@@ -325,6 +325,22 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
     if data.get("map_id") is not None:  # a map from before ids gets one at its next commit
         advance_anchor(marks, directory, data["map_id"], number, record, key)
     return number, keyed_now
+
+
+def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
+    """What `kvtrace id-map rebind` does: bind the map's place to the map found there, after
+    checking that map against its own mark (a rollback is refused here as at a commit).
+    Returns the map's id (None: no map, or one from before ids; the place is freed)."""
+    number = current_version_number(directory)
+    map_id = _map_id(directory, number, key) if number else None
+    if map_id is not None:
+        try:
+            check_anchor(marks, directory, number, map_id, _record_reader(directory), key,
+                         bound=False)
+        except JobStopped as err:
+            raise IdMapError(str(err)) from None
+    rebind(marks, directory, map_id, key)
+    return map_id
 
 
 def _map_id(directory: str, number: int, key: MapKey) -> str | None:
