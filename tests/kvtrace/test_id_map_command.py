@@ -128,3 +128,25 @@ def test_a_rolled_back_keyed_map_is_refused(built, tmp_path, capsys, monkeypatch
     capsys.readouterr()
     assert _upgrade(str(map_dir), *salted) == 2
     assert "at version 1, but version 2 of it was published" in _one_line(capsys)
+
+
+def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(built, tiny_tokenizer, tmp_path,
+                                                               capsys, monkeypatch):
+    """The place remembers the map published there: a new map in its place (the old one's
+    versions removed) is refused with the command to use, which frees the place on purpose."""
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    map_dir = _copy(built, tmp_path)
+    salted = ["--salt-file", str(tmp_path / "salt")]
+    assert _upgrade(str(map_dir), *salted) == 0  # anchored and bound here
+    assert main(["id-map", "rebind", str(map_dir), *salted]) == 0  # the map found is its own
+    map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]
+    assert f"bound to map {map_id}" in capsys.readouterr().out
+    shutil.rmtree(map_dir)
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out", "--id-map",
+                           str(map_dir), *salted) == 1
+    assert f"kvtrace id-map rebind {map_dir}" in _one_line(capsys)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert main(["id-map", "rebind", str(map_dir), *salted]) == 0
+    assert "its place freed" in capsys.readouterr().out
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out", "--id-map",
+                           str(map_dir), *salted) == 0
