@@ -291,7 +291,7 @@ def test_a_rolled_back_map_is_refused_whatever_holds_the_salt(tiny_tokenizer, tm
     if source == "environment":
         monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     _rolled_back_night_refused(tiny_tokenizer, tmp_path, capsys, salted)
-    assert len(os.listdir(marks)) == 1  # the map's mark, where the run was told to keep it
+    assert len(os.listdir(marks)) == 2  # the map's mark and its place, where the run was told
 
 
 @pytest.mark.parametrize("salted", [[], ["--salt-secret", "projects/p/secrets/s/versions/1"]])
