@@ -9,6 +9,7 @@ from kvtrace.commands.common import BeamFlags, local_reads, no_beam_options
 from transforms.encode.salt import SALT_ENV, SaltError
 
 UPGRADE_HELP = "key a map written before keying (format 3) and anchor its newest version"
+REBIND_HELP = "bind the map's place to the map found there, on purpose"
 
 
 def add_parsers(commands: Any) -> None:
@@ -27,7 +28,20 @@ def add_parsers(commands: Any) -> None:
             "newest version is marked in the folder of marks, as a night's commit marks it. "
             "Whoever runs it vouches that the map is unaltered. A keyed map is verified and "
             "anchored, nothing else. docs/ID_MAP.md, 'Format 3 maps'."))
-    add = upgrade.add_argument
+    _salted(upgrade.add_argument)
+    rebind = actions.add_parser(
+        "rebind", help=REBIND_HELP,
+        description=(
+            "Bind the map's place (its directory, as the folder of marks knows it) to the map "
+            "found there now: nights refuse a map found where another was published (a map "
+            "replaced, or its versions removed), until this is run on purpose. The map found "
+            "is checked against its own mark first; with no map there, the place is freed. "
+            "docs/ID_MAP.md, 'Rollback'."))
+    _salted(rebind.add_argument)
+
+
+def _salted(add: Any) -> None:
+    """The map and where its salt and marks are: what every action needs."""
     add("map", metavar="MAP", help="the id map's directory (local, gs:// or s3://)")
     add("--salt-file", metavar="PATH",
         help=f"the map's salt (else --salt-secret, else ${SALT_ENV})")
@@ -40,13 +54,35 @@ def add_parsers(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    return {"upgrade": upgrade}[args.id_map_action](args, beam_args)
+    return {"upgrade": upgrade, "rebind": rebind}[args.id_map_action](args, beam_args)
 
 
 def upgrade(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from transforms.ids.id_map import upgrade_map
+
+    directory, key, marks = _opened("upgrade", args, beam_args)
+    version, keyed = upgrade_map(directory, key, marks)
+    done = (f"keyed version(s) {', '.join(map(str, keyed))}" if keyed
+            else "already keyed, nothing rewritten")
+    print(f"id map {directory}: {done}; version {version} anchored in {marks}")
+    return 0
+
+
+def rebind(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from transforms.ids.id_map import rebind_map
+
+    directory, key, marks = _opened("rebind", args, beam_args)
+    map_id = rebind_map(directory, key, marks)
+    print(f"id map {directory}: its place bound to map {map_id} in {marks}" if map_id else
+          f"id map {directory}: no map with an id there; its place freed in {marks}")
+    return 0
+
+
+def _opened(action: str, args: argparse.Namespace, beam_args: BeamFlags) -> tuple[str, Any, str]:
+    """The map's directory, its key and its folder of marks, the locations planned."""
     from transforms.encode.salt import salt_source
     from transforms.ids.anchor import marks_folder
-    from transforms.ids.id_map import map_key, upgrade_map
+    from transforms.ids.id_map import map_key
     from transforms.storage import folded
     from transforms.write.publish import FOLDER, Location, plan_locations
 
@@ -54,14 +90,10 @@ def upgrade(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     directory = folded(args.map)
     salt = salt_source(args.salt_file, args.salt_secret)
     if not salt.persistent:
-        raise SaltError(f"kvtrace id-map upgrade needs the map's salt: give --salt-file, "
+        raise SaltError(f"kvtrace id-map {action} needs the map's salt: give --salt-file, "
                         f"--salt-secret or ${SALT_ENV}")
     marks = marks_folder(salt, folded(args.id_map_marks) if args.id_map_marks else None)
     plan_locations(local_reads(args.salt_file), [
         Location("MAP", directory, FOLDER, private=True),
         Location("--id-map-marks", marks, FOLDER, private=True)])
-    version, keyed = upgrade_map(directory, map_key(salt.load()), marks)
-    done = (f"keyed version(s) {', '.join(map(str, keyed))}" if keyed
-            else "already keyed, nothing rewritten")
-    print(f"id map {directory}: {done}; version {version} anchored in {marks}")
-    return 0
+    return directory, map_key(salt.load()), marks

@@ -64,10 +64,15 @@ def night(tiny_tokenizer, tmp_path_factory):
     shutil.copytree(base / "out", base / "previous-out")
     shutil.copytree(base / "map", base / "previous-map")
     expected = base / "expected"
+    # Each copy of the map gets its own copy of its marks: a copy is the same map (its id names
+    # its mark), so one copy extended under the shared marks would make the others rollbacks.
+    shutil.copytree(base / "salt.id-map-marks", base / "previous-marks")
     shutil.copytree(base / "previous-out", expected / "out")
     shutil.copytree(base / "previous-map", expected / "map")
+    shutil.copytree(base / "previous-marks", expected / "marks")
     night2 = ["anonymize", "--input", str(logs[1]), *args]
-    assert main([*night2, "--output", str(expected / "out"), "--id-map", str(expected / "map")]) == 0
+    assert main([*night2, "--output", str(expected / "out"), "--id-map", str(expected / "map"),
+                 "--id-map-marks", str(expected / "marks")]) == 0
     return base, night2, expected
 
 
@@ -81,7 +86,8 @@ def _letters(folder: Path) -> list[list[str]]:
 def _crash(night2: list[str], work: Path, point: int, mode: str, engine: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *night2,
-         "--output", str(work / "out"), "--id-map", str(work / "map"), "--engine", engine],
+         "--output", str(work / "out"), "--id-map", str(work / "map"), "--id-map-marks",
+         str(work / "marks"), "--engine", engine],
         cwd=TESTS, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])})
 
@@ -90,6 +96,7 @@ def _points(night, engine: str, work: Path) -> int:
     base, night2, _ = night
     shutil.copytree(base / "previous-out", work / "out")
     shutil.copytree(base / "previous-map", work / "map")
+    shutil.copytree(base / "previous-marks", work / "marks")
     done = _crash(night2, work, 0, "kill", engine)
     assert done.returncode == 0, done.stderr
     return int(re.search(r"steps: (\d+)", done.stderr).group(1))
@@ -104,6 +111,7 @@ def _check_every_point(night, tmp_path, mode: str, engine: str, every: int = 1) 
         work = tmp_path / f"{mode}-{point}"
         shutil.copytree(base / "previous-out", work / "out")
         shutil.copytree(base / "previous-map", work / "map")
+        shutil.copytree(base / "previous-marks", work / "marks")
         crashed = _crash(night2, work, point, mode, engine)
         assert crashed.returncode != 0, f"step {point} was never reached"
         if mode == "enospc":  # a failure, not a kill: one line, no traceback
@@ -112,11 +120,13 @@ def _check_every_point(night, tmp_path, mode: str, engine: str, every: int = 1) 
         assert seen in (_tree(base / "previous-out"), _tree(expected / "out")), f"step {point}"
         night_published = seen == _tree(expected / "out")  # by the killed run
         assert main([*night2, "--output", str(work / "out"), "--id-map", str(work / "map"),
-                     "--engine", engine]) == 0, f"rerun after step {point}"
+                     "--id-map-marks", str(work / "marks"), "--engine", engine]) == 0, \
+            f"rerun after step {point}"
         assert _tree(work / "out") == _tree(expected / "out"), \
             f"output after step {point}"
         assert _tree(work / "map") == _tree(expected / "map"), f"map after step {point}"
-        assert sorted(p.name for p in work.iterdir()) == ["map", "out", "out-rejected"], \
+        assert sorted(p.name for p in work.iterdir()) == ["map", "marks", "out",
+                                                          "out-rejected"], \
             f"left after {point}"
         # The night's letters once per run that published it: the rerun, and the killed run if
         # it had published its output (its letters are kept with it, never lost).

@@ -32,7 +32,6 @@ def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
                               [str(TESTS.parent), str(TESTS)])})
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tmp_path):
     """Round 3 named the id map's mark by storage.place (links in its parents resolved), a
     spelling: the plan compares locations by (st_dev, st_ino), the anchor does not. The same
@@ -171,7 +170,6 @@ def test_no_command_writes_into_kvtraces_private_folders(tiny_tokenizer, tmp_pat
     assert code == 2
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_two_runs_on_one_id_map_are_not_called_a_rollback(tiny_tokenizer, tmp_path,
                                                            monkeypatch, capsys):
     """Two nights on one map at once (a retried cron, two operators): id_map's commit checks
@@ -374,7 +372,7 @@ def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_to
 
 
 @pytest.mark.parametrize("flag", [
-    "--output", pytest.param("--id-map", marks=pytest.mark.xfail(strict=True, reason=ROUND4))])
+    "--output", "--id-map"])
 def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, flag):
     """Linux names are bytes, and round 2 made inputs named so readable; the locations a run
     writes are keyed by str.encode() of their path (publish._output_key for the output's

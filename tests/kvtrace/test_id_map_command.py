@@ -48,7 +48,8 @@ def _as_format_3(map_dir: Path) -> None:
     """Every record as kvtrace wrote them before keying; no mark then (marks are keyed)."""
     for path in sorted((map_dir / "versions").glob("*.json")):
         record = json.loads(path.read_bytes())
-        del record["mac"], record["timestamp_kind"]
+        for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+            del record[later]
         record["history"] = [{k: entry[k] for k in ("version", "added", "compacted")}
                              for entry in record["history"]]  # format 3 named no night
         record["format_version"] = map_record.KEYLESS_FORMAT
@@ -82,8 +83,8 @@ def test_a_format_3_map_upgraded_is_keyed_anchored_and_extended(built, tiny_toke
         assert map_record.read_record(raw, "record", KEY)["format_version"] == (
             map_record.FORMAT_VERSION)
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
-    assert anchor.read_mark(anchor.mark_path(marks, str(map_dir)), str(map_dir),
-                            KEY)["version"] == 2
+    map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]  # keying gave it
+    assert anchor.read_mark(anchor.mark_path(marks, map_id), map_id, KEY)["version"] == 2
     keyed = _records(map_dir)
     assert _upgrade(str(map_dir), *salted) == 0  # rerun: verified, nothing rewritten
     assert "already keyed" in capsys.readouterr().out and _records(map_dir) == keyed
@@ -127,3 +128,25 @@ def test_a_rolled_back_keyed_map_is_refused(built, tmp_path, capsys, monkeypatch
     capsys.readouterr()
     assert _upgrade(str(map_dir), *salted) == 2
     assert "at version 1, but version 2 of it was published" in _one_line(capsys)
+
+
+def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(built, tiny_tokenizer, tmp_path,
+                                                               capsys, monkeypatch):
+    """The place remembers the map published there: a new map in its place (the old one's
+    versions removed) is refused with the command to use, which frees the place on purpose."""
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    map_dir = _copy(built, tmp_path)
+    salted = ["--salt-file", str(tmp_path / "salt")]
+    assert _upgrade(str(map_dir), *salted) == 0  # anchored and bound here
+    assert main(["id-map", "rebind", str(map_dir), *salted]) == 0  # the map found is its own
+    map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]
+    assert f"bound to map {map_id}" in capsys.readouterr().out
+    shutil.rmtree(map_dir)
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out", "--id-map",
+                           str(map_dir), *salted) == 1
+    assert f"kvtrace id-map rebind {map_dir}" in _one_line(capsys)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert main(["id-map", "rebind", str(map_dir), *salted]) == 0
+    assert "its place freed" in capsys.readouterr().out
+    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out", "--id-map",
+                           str(map_dir), *salted) == 0

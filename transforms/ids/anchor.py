@@ -1,20 +1,29 @@
-"""An id map's published version, anchored outside the map: a mark in a folder of marks.
+"""An id map's published version, anchored outside the map: marks in a folder of marks.
 
 The map's records are keyed, but every version a map ever had is valid: a map whose files are
 all replaced by an older version's (a restored backup, or an edit that needs no salt) reads
 cleanly, and its next night would number from the older next_id again, giving new keys ids
 that published traces already use. So each commit leaves, in a folder the map's writers cannot
-write, per map directory, the version it published and its record's sha256, MAC'd with the
-map's key:
+write, MAC'd with the map's key:
 
-    MARKS/<sha256 of the map directory>.json
+    MARKS/map-<map id>.json          the version it published, its record's sha256, the place
+    MARKS/<sha256 of the place>.json the id of the map last published at that place
+
+A map's id is random at its creation and in every version's record (map_record.py), so every
+spelling of a map (a link, a bind mount, a second mount of a volume) and every copy of it finds
+the same mark: an older copy is a rollback. Each record holds the sha256 of the one before it,
+so a commit walks from the map's current record down to the marked version's (the versions
+between are those committed since the mark moved: one, or a few after killed runs) and refuses
+a map that does not descend from the marked record (another map of the same id, or a forged
+newest record). A place names the map last published there: another map found there (another
+id, a map from before ids, or a new one) is refused until the operator rebinds the place on
+purpose (`kvtrace id-map rebind`). A place file of format 5's time (a mark named by the place,
+of a map from before ids) is checked as that mark until the map's next commit replaces it.
 
 MARKS is --id-map-marks, by default SALT_FILE.id-map-marks beside a salt file. A salt from the
 environment or a secret manager has no folder beside it, so a run with one names the folder or
-is refused (marks_folder): every map is anchored, whatever holds its salt. A commit first
-checks the map it extends against its mark: the map must have reached the marked version and
-still hold that very record (it descends from it); anything else stops the night with nothing
-published. Only a map's first commit finds no mark.
+is refused (marks_folder): every map is anchored, whatever holds its salt. Only a map's first
+commit finds no mark.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,14 +43,14 @@ from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
 MARK_FORMAT = "kvtrace-id-map-mark"
-MAX_MARK_BYTES = 4096  # a path, a version, two digests
+PLACE_FORMAT = "kvtrace-id-map-place"
+MAX_MARK_BYTES = 8192  # a path (up to PATH_MAX, escaped), an id, a version, two digests
 
 
 def map_location(directory: str) -> str:
-    """The map directory as the mark names it: where the kernel puts it (storage.place: links
-    in its parents resolved, so `alias/map` with alias -> real is `real/map`), its own link
-    kept (a link swapped to an older copy is the same map to its readers, so it must meet the
-    same mark)."""
+    """The map directory as its place file names it: where the kernel puts it (storage.place:
+    links in its parents resolved), its own link kept. Only the place binding uses it: the
+    map's id names its mark, whatever the spelling."""
     directory = directory.rstrip("/")
     return directory if storage.is_url(directory) else storage.place(directory)
 
@@ -60,29 +70,68 @@ def marks_folder(salt: SaltSource, given: str | None) -> str:
         f"'Rollback'). Nothing was read or written.")
 
 
-def mark_path(marks: str, directory: str) -> str:
-    """The map's mark in the folder of marks: one per map directory."""
-    name = hashlib.sha256(map_location(directory).encode()).hexdigest()[:32]
+def mark_path(marks: str, map_id: str) -> str:
+    """The map's mark in the folder of marks: one per map, named by its id."""
+    return storage.join(marks, f"map-{map_id}.json")
+
+
+def place_path(marks: str, directory: str) -> str:
+    """The place's file in the folder of marks, named from the place's bytes (a Linux name
+    need not be UTF-8: os.fsencode gives back the bytes a surrogate stands for)."""
+    name = hashlib.sha256(os.fsencode(map_location(directory))).hexdigest()[:32]
     return storage.join(marks, f"{name}.json")
 
 
-def mark_bytes(directory: str, version: int, record: bytes, key: MapKey) -> bytes:
-    return keyed({"format": MARK_FORMAT, "map": map_location(directory), "version": version,
-                  "record_sha256": hashlib.sha256(record).hexdigest()}, key)
+def mark_bytes(directory: str, map_id: str, version: int, record: bytes, key: MapKey) -> bytes:
+    return keyed({"format": MARK_FORMAT, "map_id": map_id, "place": map_location(directory),
+                  "version": version, "record_sha256": hashlib.sha256(record).hexdigest()}, key)
 
 
-def read_mark(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
-    """The mark's fields, verified: the bytes are exactly what mark_bytes writes for them (its
-    MAC included) and name this map; None when there is no mark."""
+def place_bytes(directory: str, map_id: str, key: MapKey) -> bytes:
+    return keyed({"format": PLACE_FORMAT, "place": map_location(directory), "map_id": map_id},
+                 key)
+
+
+def read_mark(path: str, map_id: str, key: MapKey) -> dict[str, Any] | None:
+    """The map's mark, verified: exactly what mark_bytes writes for this map's id; None when
+    there is none."""
+    return _read_keyed(path, key, lambda mark: (
+        mark.keys() == {"format", "map_id", "place", "version", "record_sha256", "mac"}
+        and mark["format"] == MARK_FORMAT and mark["map_id"] == map_id
+        and type(mark["place"]) is str and _is_version(mark["version"])))
+
+
+def read_place(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
+    """The place's file, verified: the binding place_bytes writes, or a mark named by the
+    place (from before map ids: it has a version, no map_id); None when there is none."""
+    def names_this_place(mark: dict[str, Any]) -> bool:
+        bound = mark.keys() == {"format", "place", "map_id", "mac"} and (
+            mark["format"] == PLACE_FORMAT and mark["place"] == map_location(directory))
+        return bound or (mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
+                         and mark["format"] == MARK_FORMAT
+                         and mark["map"] == map_location(directory)
+                         and _is_version(mark["version"]))
+    return _read_keyed(path, key, names_this_place)
+
+
+def _is_version(value: Any) -> bool:
+    return type(value) is int and 1 <= value <= MAX_VERSION
+
+
+def _read_keyed(path: str, key: MapKey,
+                fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """A file of the folder of marks, verified: its bytes exactly what keyed writes for its
+    fields (MAC included), fits; None when there is none."""
     if not storage.exists(path):
         return None
     try:
         with storage.open_read(path) as handle:
             raw = handle.read(MAX_MARK_BYTES + 1)
         mark = json.loads(raw)
-        valid = _is_mark(mark, raw, directory, key)
-    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or a value no mark
-        valid = False                               # holds (NaN)
+        valid = type(mark) is dict and "mac" in mark and fits(mark) and hmac.compare_digest(
+            raw, keyed({k: v for k, v in mark.items() if k != "mac"}, key))
+    except (OSError, ValueError, RecursionError, TypeError):  # unreadable, not JSON, or a
+        valid = False                                         # value no mark holds (NaN)
     if not valid:
         raise JobStopped(
             f"the id map's mark {path} does not verify with this run's salt or names another "
@@ -91,50 +140,113 @@ def read_mark(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
     return mark
 
 
-def _is_mark(mark: Any, raw: bytes, directory: str, key: MapKey) -> bool:
-    """Whether raw is the mark kvtrace writes for this map, MAC and all."""
-    return (type(mark) is dict
-            and mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
-            and mark["map"] == map_location(directory)
-            and type(mark["version"]) is int and 1 <= mark["version"] <= MAX_VERSION
-            and hmac.compare_digest(raw, keyed({k: v for k, v in mark.items() if k != "mac"},
-                                               key)))
+def check_anchor(marks: str, directory: str, version: int, map_id: str | None,
+                 record_of: Callable[[int], bytes], key: MapKey, bound: bool = True) -> None:
+    """Refuse to extend a map that is not the one its place was last published with (unless
+    not bound: a rebind), is not at or past its marked version, or does not descend from the
+    marked record (rolled back, or replaced by another map). record_of(number) gives a
+    version's record bytes as stored; map_id is None for a map from before ids."""
+    place = place_path(marks, directory)
+    found = read_place(place, directory, key) if bound else None
+    if found is not None and "version" in found:  # a mark from before ids, named by the place
+        _check_descent(found, place, directory, version, record_of)
+    elif found is not None and found["map_id"] != map_id:
+        raise JobStopped(
+            f"the id map {directory} is not the map last published there (map id "
+            f"{found['map_id']}, its place file {place}): it was replaced by another map, or "
+            f"its versions were removed. Restore that map; or, if this one replaced it on "
+            f"purpose, run `kvtrace id-map rebind {directory}` with its salt. The map was not "
+            f"extended and no trace was published")
+    if map_id is not None:
+        path = mark_path(marks, map_id)
+        mark = read_mark(path, map_id, key)
+        if mark is not None:
+            _check_descent(mark, path, directory, version, record_of)
 
 
-def check_anchor(path: str, directory: str, version: int,
-                 record_of: Callable[[int], bytes], key: MapKey) -> None:
-    """Refuse to extend a map that is not at or past its marked version, or no longer holds
-    the marked record (rolled back, or replaced by another map). record_of(number) gives a
-    version's record bytes as stored."""
-    mark = read_mark(path, directory, key)
-    if mark is None:
-        return
+def _check_descent(mark: dict[str, Any], path: str, directory: str, version: int,
+                   record_of: Callable[[int], bytes]) -> None:
     marked = mark["version"]
-    if version < marked or hashlib.sha256(record_of(marked)).hexdigest() != mark[
-            "record_sha256"]:
+    if not descends(version, marked, mark["record_sha256"], record_of):
         raise JobStopped(
             f"the id map {directory} is at version {version}, but version {marked} of it was "
-            f"published (its mark {path} says so, with that version's record): the map was "
-            f"rolled back or replaced, and extending it would give new keys ids published "
-            f"traces already use. Restore the map's newest version, or start a new map in "
-            f"another directory; the map was not extended and no trace was published")
+            f"published (its mark {path} says so, with that version's record), and its current "
+            f"record does not descend from it: the map was rolled back or replaced, and "
+            f"extending it would give new keys ids published traces already use. Restore the "
+            f"map's newest version, or start a new map in another directory; the map was not "
+            f"extended and no trace was published")
 
 
-def advance_anchor(path: str, directory: str, version: int, record: bytes,
+def descends(version: int, marked: int, marked_sha256: str,
+             record_of: Callable[[int], bytes]) -> bool:
+    """Whether version `version`'s record descends from the marked one: each record names the
+    sha256 of the one before it, down to the marked record's. The walk reads one record per
+    version between (bounded: each record is, and the versions between are the map's own). A
+    record from before the chain names none: below it, only the marked record itself is
+    compared (what marks checked then)."""
+    if version < marked:
+        return False
+    raw = record_of(version)
+    for number in range(version, marked, -1):
+        previous = previous_sha256(raw)
+        if previous is None:
+            return hashlib.sha256(record_of(marked)).hexdigest() == marked_sha256
+        raw = record_of(number - 1)
+        if hashlib.sha256(raw).hexdigest() != previous:
+            return False
+    return hashlib.sha256(raw).hexdigest() == marked_sha256
+
+
+def previous_sha256(raw: bytes) -> str | None:
+    """The sha256 a record names for the record before it; None for one from before the chain
+    (or bytes that are no record: the walk then fails on the hashes, never on a parse)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    previous = data.get("previous_sha256") if type(data) is dict else None
+    return previous if type(previous) is str else None
+
+
+def advance_anchor(marks: str, directory: str, map_id: str, version: int, record: bytes,
                    key: MapKey) -> None:
-    """Mark `version` (whose record bytes are `record`) as published: the mark only moves
-    forward. It is replaced under the folder's lock after being read again there, so a run
-    that committed earlier but marks later never writes its version over a later one's (that
-    later version descends from it: its mark covers this one). Staged and renamed, owner-only."""
-    if _covers(read_mark(path, directory, key), path, version, record):
+    """Mark `version` (whose record bytes are `record`) of map `map_id` as published at this
+    place: the mark only moves forward. It is replaced under the folder's lock after being
+    read again there, so a run that committed earlier but marks later never writes its version
+    over a later one's (that later version descends from it: its mark covers this one). The
+    place is bound to the map's id. Staged and renamed, owner-only."""
+    path, place = mark_path(marks, map_id), place_path(marks, directory)
+
+    def done() -> tuple[bool, bool]:
+        bound = read_place(place, directory, key)
+        return (_covers(read_mark(path, map_id, key), path, version, record),
+                bound is not None and bound.get("map_id") == map_id)
+
+    if all(done()):
         return  # nothing to move: no lock taken
-    folder = path.rsplit("/", 1)[0]
-    storage.make_folder(folder, private=True)
-    with folder_lock(folder):
-        if _covers(read_mark(path, directory, key), path, version, record):
-            return
-        remove_stale_temp_files(folder)  # of marks whose writer was killed before its rename
-        replace_file(path, mark_bytes(directory, version, record, key))
+    storage.make_folder(marks, private=True)
+    with folder_lock(marks):
+        covered, bound = done()
+        remove_stale_temp_files(marks)  # of marks whose writer was killed before its rename
+        if not covered:
+            replace_file(path, mark_bytes(directory, map_id, version, record, key))
+        if not bound:
+            replace_file(place, place_bytes(directory, map_id, key))
+
+
+def rebind(marks: str, directory: str, map_id: str | None, key: MapKey) -> None:
+    """Bind the place to the map found there now, on purpose (`kvtrace id-map rebind`): to its
+    id, or to none (the place's file removed) for a new map or one from before ids, whose next
+    commit binds it."""
+    place = place_path(marks, directory)
+    if map_id is None:
+        if storage.exists(place):
+            storage.delete([place])
+        return
+    storage.make_folder(marks, private=True)
+    with folder_lock(marks):
+        remove_stale_temp_files(marks)
+        replace_file(place, place_bytes(directory, map_id, key))
 
 
 def _covers(mark: dict[str, Any] | None, path: str, version: int, record: bytes) -> bool:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,7 +47,7 @@ from transforms import storage
 from transforms.encode.salt import SaltSource
 from transforms.encode.timestamp_kinds import KIND_WORDS
 from transforms.errors import IdMapError, JobStopped
-from transforms.ids.anchor import advance_anchor, check_anchor, mark_path
+from transforms.ids.anchor import advance_anchor, check_anchor, rebind
 from transforms.ids.dense_ids import NUMBERED
 from transforms.ids.exclusive import create_exclusive, replace_file
 from transforms.ids.map_record import (
@@ -61,6 +62,7 @@ from transforms.ids.map_record import (
     format_of,
     keyed,
     keyed_from_keyless,
+    keyed_map_id,
     map_key,
     night_entry,
     origin_kind,
@@ -133,6 +135,12 @@ class MapVersion:
     history: list[dict[str, Any]] = field(default_factory=list)
     # Per file relative to the map (segments and their indexes): {"sha256", "bytes"}.
     checksums: dict[str, dict] = field(default_factory=dict)
+    # The map's id (anchor.py names its mark by it): None in a map from before ids, which its
+    # next commit gives one; and the sha256 of the record before this one (None for version 1).
+    map_id: str | None = None
+    previous_sha256: str | None = None
+    # The sha256 of this version's record as read (not recorded: the next one chains to it).
+    record_sha256: str | None = field(default=None, compare=False)
 
     def segment_files(self, directory: str, kind: str) -> list[SegmentFile]:
         """The kind's segment files with what their reads verify: checksums, and that each row
@@ -169,16 +177,19 @@ class MapVersion:
             "hash_shards": self.hash_shards,
             "history": self.history,
             "checksums": self.checksums,
+            "map_id": self.map_id,
+            "previous_sha256": self.previous_sha256,
         }
 
     @staticmethod
-    def from_record(data: dict[str, Any]) -> MapVersion:
+    def from_record(data: dict[str, Any], record_sha256: str | None = None) -> MapVersion:
         """A version from a record map_record.read_record verified and checked."""
         identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__
                                   if name in data})
         return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
                           data["next_id"], data["files"], data["hash_shards"], data["history"],
-                          data["checksums"])
+                          data["checksums"], data.get("map_id"), data.get("previous_sha256"),
+                          record_sha256)
 
 
 def version_bytes(version: MapVersion, key: MapKey) -> bytes:
@@ -187,13 +198,19 @@ def version_bytes(version: MapVersion, key: MapKey) -> bytes:
 
 def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
+    return _read_version(directory, number, key)[0]
+
+
+def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
+    """Version `number`'s record, verified, and its bytes as stored."""
     path = version_path(directory, number)
-    data = read_record(_record_raw(path), path, key,
+    raw = _record_raw(path)
+    data = read_record(raw, path, key,
                        below_is_keyed=lambda: number > 1 and _is_keyed(directory, number - 1))
     if data["version"] != number:
         raise IdMapError(f"{path} holds version {data['version']}, not {number} (a file put in "
                          f"another's place?). Restore the id map from a backup.")
-    return data
+    return data, raw
 
 
 def _record_raw(path: str) -> bytes:
@@ -221,10 +238,11 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
     its records carry only sha256s anyone can recompute."""
     number = current_version_number(directory)
     unkeyed = [n for n in range(1, number + 1) if _verified_is_keyless(directory, n, key)]
+    forms = _keyed_forms(directory, unkeyed, key)
     if len(unkeyed) < number:  # partly keyed: only an interrupted keying is finished
         keyed_ones = sorted(set(range(1, number + 1)) - set(unkeyed))
         for n in unkeyed:
-            if _staged_keyed_form(directory, n) != _keyed_form(directory, n, key):
+            if _staged_keyed_form(directory, n) != forms[n]:
                 raise IdMapError(
                     f"{version_path(directory, n)} is of id map format {KEYLESS_FORMAT} in a "
                     f"map keyed already (version {keyed_ones[0]} is): kvtrace never leaves "
@@ -232,7 +250,7 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
                     f"a backup.")
     else:
         for n in unkeyed:  # every record verified before any is replaced
-            replace_file(_staged_path(directory, n), _keyed_form(directory, n, key))
+            replace_file(_staged_path(directory, n), forms[n])
         # durable before a rename: a rerun finishes a partly keyed map from these alone
         storage.sync_folder(storage.join(directory, "versions"))
     for n in reversed(unkeyed):
@@ -262,8 +280,16 @@ def _keyless_data(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     return data
 
 
-def _keyed_form(directory: str, number: int, key: MapKey) -> bytes:
-    return keyed_from_keyless(_keyless_data(directory, number, key), key)
+def _keyed_forms(directory: str, unkeyed: list[int], key: MapKey) -> dict[int, bytes]:
+    """The keyed forms of the format-3 versions, each chained to the one before it. Keying
+    renames newest first, so the format-3 versions are always 1..j: the first gives the id
+    (format-3 versions that are not, an edit, get no id: their forms match nothing staged)."""
+    forms: dict[int, bytes] = {}
+    map_id = keyed_map_id(_keyless_data(directory, 1, key), key) if unkeyed[:1] == [1] else ""
+    for n in unkeyed:
+        forms[n] = keyed_from_keyless(_keyless_data(directory, n, key), key, map_id,
+                                      forms.get(n - 1))
+    return forms
 
 
 def _staged_path(directory: str, number: int) -> str:
@@ -285,18 +311,45 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
     if number == 0:
         raise IdMapError(f"{directory} holds no id map version (no {CURRENT}, no versions/): "
                          f"nothing to upgrade")
-    mark = mark_path(marks, directory)
-    try:  # before anything is rewritten; refused as a run is refused before it starts
-        check_anchor(mark, directory, number,
-                     lambda marked: _record_raw(version_path(directory, marked)), key)
-    except JobStopped as err:
-        raise IdMapError(str(err)) from None
+    record_of = _record_reader(directory)
+    if _is_keyed(directory, number):  # a format-3 map has no id to find its mark by yet
+        try:  # before anything is rewritten; refused as a run is refused before it starts
+            check_anchor(marks, directory, number, _map_id(directory, number, key), record_of,
+                         key)
+        except JobStopped as err:
+            raise IdMapError(str(err)) from None
     keyed_now = key_format_3_map(directory, key)
     path = version_path(directory, number)
     record = _record_raw(path)
-    read_record(record, path, key)  # the bytes marked are the bytes verified
-    advance_anchor(mark, directory, number, record, key)
+    data = read_record(record, path, key)  # the bytes marked are the bytes verified
+    if data.get("map_id") is not None:  # a map from before ids gets one at its next commit
+        advance_anchor(marks, directory, data["map_id"], number, record, key)
     return number, keyed_now
+
+
+def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
+    """What `kvtrace id-map rebind` does: bind the map's place to the map found there, after
+    checking that map against its own mark (a rollback is refused here as at a commit).
+    Returns the map's id (None: no map, or one from before ids; the place is freed)."""
+    number = current_version_number(directory)
+    map_id = _map_id(directory, number, key) if number else None
+    if map_id is not None:
+        try:
+            check_anchor(marks, directory, number, map_id, _record_reader(directory), key,
+                         bound=False)
+        except JobStopped as err:
+            raise IdMapError(str(err)) from None
+    rebind(marks, directory, map_id, key)
+    return map_id
+
+
+def _map_id(directory: str, number: int, key: MapKey) -> str | None:
+    return read_version_record(directory, number, key).get("map_id")
+
+
+def _record_reader(directory: str) -> Callable[[int], bytes]:
+    """A version's record bytes as stored, by number: what the anchor's walk reads."""
+    return lambda number: _record_raw(version_path(directory, number))
 
 
 def relative_index(name: str) -> str:
@@ -304,9 +357,14 @@ def relative_index(name: str) -> str:
 
 
 def empty_version(identity: MapIdentity) -> MapVersion:
-    """Version 0: what a map directory that does not exist yet stands for."""
+    """Version 0: what a map directory that does not exist yet stands for; its id is born here."""
     return MapVersion(0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS},
-                      hash_shards=0)
+                      hash_shards=0, map_id=new_map_id())
+
+
+def new_map_id() -> str:
+    """A map's id: random, so no two maps share one, whatever their salt or settings."""
+    return uuid.uuid4().hex
 
 
 def version_path(directory: str, version: int) -> str:
@@ -421,8 +479,8 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
     number = current_version_number(directory)
     if number == 0:
         return empty_version(identity)
-    data = read_version_record(directory, number, key)
-    version = MapVersion.from_record(data)
+    data, raw = _read_version(directory, number, key)
+    version = MapVersion.from_record(data, hashlib.sha256(raw).hexdigest())
     differences = version.identity.differences(identity)
     if differences:
         raise IdMapError(
@@ -530,6 +588,9 @@ def next_version(
     return replace(
         base,
         version=number,
+        map_id=base.map_id or new_map_id(),  # a map from before ids gets its id here
+        previous_sha256=base.record_sha256,
+        record_sha256=None,
         timestamp_origin_ms=origin,
         next_id=next_id,
         files=files,
@@ -568,18 +629,26 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> b
         storage.sync_folder(storage.join(directory, "segments"))
     metadata = version_bytes(new, key)
     if current_version_number(directory) != base.version or not create_exclusive(
-        version_path(directory, new.version), metadata
-    ):
-        raise JobStopped(
-            f"the id map {directory} was extended by another run while this one ran (it started "
-            f"from version {base.version}); this run's ids may clash with it, so it published "
-            f"nothing (its trace has no manifest). Run the night again, one run per map at a time."
-        )
+            version_path(directory, new.version), metadata):
+        raise _extended(directory, base)
     for folder in _new_folders(directory, base, new):
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
             pass
     _switch_current(directory, new.version)
     return metadata
+
+
+def check_not_extended(directory: str, base: MapVersion) -> None:
+    """Refuse a commit on a map another run extended since this one read it."""
+    if current_version_number(directory) > base.version:
+        raise _extended(directory, base)
+
+
+def _extended(directory: str, base: MapVersion) -> JobStopped:
+    return JobStopped(
+        f"the id map {directory} was extended by another run while this one ran (it started "
+        f"from version {base.version}); this run's ids may clash with it, so it published "
+        f"nothing (its trace has no manifest). Run the night again, one run per map at a time.")
 
 
 def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
@@ -629,9 +698,8 @@ def publish_night(
     a run killed past its commit) names the start recorded for it, not the map's current one."""
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
-    mark = mark_path(marks, directory)
-    check_anchor(mark, directory, base.version,
-                 lambda number: _record_raw(version_path(directory, number)), key)
+    check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
+    check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
     night = Night(manifest["id_map"], night_identity(manifest))
     recorded = recorded_start(base, night.identity)
     published = manifest if recorded is None else manifest | {"id_map": recorded}
@@ -646,11 +714,11 @@ def publish_night(
         night=night,
     )
     if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
-        if base.version:
-            advance_anchor(mark, directory, base.version,
+        if base.version and base.map_id is not None:  # one from before ids: at its next commit
+            advance_anchor(marks, directory, base.map_id, base.version,
                            _record_raw(version_path(directory, base.version)), key)
         return published
     record = publish(directory, base, new, key)
-    advance_anchor(mark, directory, new.version, record, key)
+    advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return published

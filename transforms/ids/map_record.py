@@ -41,7 +41,9 @@ MAP_FORMAT = "kvtrace-id-map"
 # 3: every file's checksum and the version's own recorded and verified.
 # 4: the version keyed by a MAC instead of its own sha256.
 # 5: the kind of time the map's origin is (relative or epoch) recorded beside it.
-# 6: each version's history entry names the night that made it: its start and identity.
+# 6: each version's history entry names the night that made it: its start and identity; the
+#    record holds the map's id (random at its creation, anchor.py names its mark by it) and
+#    the sha256 of the record before it (previous_sha256: the versions form a chain).
 FORMAT_VERSION = 6
 # Keyed and kinded before nights were recorded: read as it is (its entries name no night, so
 # the gate cannot confirm those nights); the map's next commit writes format 6.
@@ -63,6 +65,7 @@ MAX_BLOCK_SIZE = 1 << 20  # the CLI's bound
 SEGMENT_NAME = re.compile(r"segments/(\d{6})-[0-9a-f]{12}/(blocks|sessions)-(\d{5})\.parquet")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 # The checksums as record_bytes writes them, one grammar for all (a record lists up to ~540k
 # files, too many to check one by one in Python): sizes are plain decimal ints below 1e16.
 _FILE = r'"segments/\d{6}-[0-9a-f]{12}/(?:blocks|sessions)-\d{5}'
@@ -153,7 +156,7 @@ def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def format_of(raw: bytes, where: str) -> int:
-    """A record's format version, 3, 4 or 5 (anything else refused), nothing of it trusted yet."""
+    """A record's format version, 3 to 6 (anything else refused), nothing of it trusted yet."""
     return _parsed(raw, where)["format_version"]
 
 
@@ -177,13 +180,24 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
     return data
 
 
-def keyed_from_keyless(data: dict[str, Any], key: MapKey) -> bytes:
-    """A verified format-3 record's content as a format-5 record keyed with key (records from
-    before the probe tokenization was recorded hold none), its origin's kind recorded."""
+def keyed_from_keyless(data: dict[str, Any], key: MapKey, map_id: str,
+                       previous: bytes | None) -> bytes:
+    """A verified format-3 record's content as a format-6 record keyed with key (records from
+    before the probe tokenization was recorded hold none), its origin's kind recorded, in the
+    map of id map_id, chained to the keyed record before it (previous; None for version 1)."""
     content = {k: v for k, v in data.items() if k != "sha256"}
     return keyed({"tokenization": None} | content | {
         "format_version": FORMAT_VERSION,
-        "timestamp_kind": origin_kind(content["timestamp_origin_ms"])}, key)
+        "timestamp_kind": origin_kind(content["timestamp_origin_ms"]),
+        "map_id": map_id,
+        "previous_sha256": None if previous is None else hashlib.sha256(previous).hexdigest()},
+        key)
+
+
+def keyed_map_id(first: dict[str, Any], key: MapKey) -> str:
+    """The id keying gives a format-3 map: derived from its first record under the key, so a
+    rerun of an interrupted keying gives the same id, and another map another one."""
+    return hmac.new(key.mac, b"map id" + record_bytes(first), hashlib.sha256).hexdigest()[:32]
 
 
 def origin_kind(origin_ms: int | None) -> str | None:
@@ -267,6 +281,8 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "hash_shards": lambda v: _is_int(v, 1, MAX_HASH_SHARDS),
     "history": lambda v: type(v) is list,
     "checksums": _is_json_object,
+    "map_id": lambda v: type(v) is str and _HEX32.fullmatch(v) is not None,
+    "previous_sha256": lambda v: v is None or _is_hex64(v),
 }
 _OWN_CHECK = {FORMAT_VERSION: ("mac", lambda v: type(v) is str),
               NIGHTLESS_FORMAT: ("mac", lambda v: type(v) is str),
@@ -276,8 +292,10 @@ _OWN_CHECK = {FORMAT_VERSION: ("mac", lambda v: type(v) is str),
 _OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, UNKINDED_FORMAT: set(), NIGHTLESS_FORMAT: set(),
              FORMAT_VERSION: set()}
 # Fields a format came before.
-_LATER = {KEYLESS_FORMAT: {"timestamp_kind"}, UNKINDED_FORMAT: {"timestamp_kind"},
-          NIGHTLESS_FORMAT: set(), FORMAT_VERSION: set()}
+_CHAINED = {"map_id", "previous_sha256"}
+_LATER = {KEYLESS_FORMAT: {"timestamp_kind"} | _CHAINED,
+          UNKINDED_FORMAT: {"timestamp_kind"} | _CHAINED, NIGHTLESS_FORMAT: _CHAINED,
+          FORMAT_VERSION: set()}
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
@@ -293,7 +311,8 @@ def _check_fields(data: dict[str, Any], where: str) -> None:
     if wrong:
         raise _altered(where, f"{wrong[0]} is {_shown(data[wrong[0]])}, not a value kvtrace "
                               f"writes there")
-    problem = _kind_problem(data) or _history_problem(data) or _files_problem(data)
+    problem = (_kind_problem(data) or _chain_problem(data) or _history_problem(data)
+               or _files_problem(data))
     if problem:
         raise _altered(where, problem)
 
@@ -308,6 +327,13 @@ def _kind_problem(data: dict[str, Any]) -> str | None:
             data["timestamp_origin_ms"]):
         return (f"timestamp_kind {data['timestamp_kind']} is not the kind of its origin "
                 f"({data['timestamp_origin_ms']} ms)")
+    return None
+
+
+def _chain_problem(data: dict[str, Any]) -> str | None:
+    """Only a map's first version has no record before it."""
+    if "previous_sha256" in data and (data["previous_sha256"] is None) != (data["version"] == 1):
+        return f"previous_sha256 is {_shown(data['previous_sha256'])} for version {data['version']}"
     return None
 
 

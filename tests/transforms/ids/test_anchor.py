@@ -6,6 +6,7 @@ refused itself."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -25,7 +26,19 @@ from transforms.ids.map_record import map_key
 
 SALT = b"anchor-test-salt-of-32-bytes!!!!"
 KEY = map_key(SALT)
-RECORDS = {1: b"record one\n", 2: b"record two\n", 3: b"record three\n"}
+MAP_ID = "a" * 32
+
+
+def chain(*tags: str) -> dict[int, bytes]:
+    """Records 1..n as the walk reads them: each names the sha256 of the one before it."""
+    records: dict[int, bytes] = {}
+    for number, tag in enumerate(tags, 1):
+        previous = hashlib.sha256(records[number - 1]).hexdigest() if records else None
+        records[number] = (json.dumps({"tag": tag, "previous_sha256": previous}) + "\n").encode()
+    return records
+
+
+RECORDS = chain("one", "two", "three")
 
 
 def _salt(folder: Path) -> SaltSource:
@@ -37,71 +50,130 @@ def _marks(folder: Path) -> str:
     return anchor.marks_folder(_salt(folder), None)
 
 
-def _check(path: str | None, directory: str, version: int, records=RECORDS) -> None:
-    anchor.check_anchor(path, directory, version, records.__getitem__, KEY)
+def _check(marks: str, directory: str, version: int, records=RECORDS,
+           map_id: str | None = MAP_ID) -> None:
+    anchor.check_anchor(marks, directory, version, map_id, records.__getitem__, KEY)
+
+
+def _advance(marks: str, directory: str, version: int, records=RECORDS,
+             map_id: str = MAP_ID) -> None:
+    anchor.advance_anchor(marks, directory, map_id, version, records[version], KEY)
+
+
+def _mark(marks: str, map_id: str = MAP_ID) -> dict:
+    return anchor.read_mark(anchor.mark_path(marks, map_id), map_id, KEY)
 
 
 def test_a_map_at_or_past_its_mark_is_extended_and_one_behind_it_is_refused(tmp_path):
-    path = anchor.mark_path(_marks(tmp_path), str(tmp_path / "map"))
-    directory = str(tmp_path / "map")
-    _check(path, directory, 1)  # no mark yet: not anchored
-    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
-    _check(path, directory, 2)
-    _check(path, directory, 3)  # a later version holding the marked record
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _check(marks, directory, 1)  # no mark yet: not anchored
+    _advance(marks, directory, 2)
+    _check(marks, directory, 2)
+    _check(marks, directory, 3)  # a later version descending from the marked record
     with pytest.raises(JobStopped, match="at version 1, but version 2 of it was published"):
-        _check(path, directory, 1)
+        _check(marks, directory, 1)
     with pytest.raises(JobStopped, match="rolled back or replaced"):  # another map's version 2
-        _check(path, directory, 2, RECORDS | {2: b"another map's record two\n"})
-    anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)  # never backwards
-    assert anchor.read_mark(path, directory, KEY)["version"] == 2
+        _check(marks, directory, 2, RECORDS | {2: b"another map's record two\n"})
+    _advance(marks, directory, 1)  # never backwards
+    assert _mark(marks)["version"] == 2
+
+
+def test_a_newest_record_that_does_not_descend_from_the_marked_one_is_refused(tmp_path):
+    """Another history holding a copy of the marked record at its number (round 4): the walk
+    from the newest record finds another record before it, and refuses."""
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 2)
+    other = chain("other one", "other two", "other three", "other four")
+    with pytest.raises(JobStopped, match="does not descend from it"):
+        _check(marks, directory, 4, other | {2: RECORDS[2]})
+    longer = chain("one", "two", "three", "four", "five")  # the same history, further on
+    _check(marks, directory, 5, longer)
+
+
+def test_the_walk_reads_only_the_versions_between_the_mark_and_the_current_one(tmp_path):
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    records = chain(*map(str, range(10)))
+    _advance(marks, directory, 7, records)
+    read: list[int] = []
+    anchor.check_anchor(marks, directory, 10, MAP_ID,
+                        lambda n: read.append(n) or records[n], KEY)
+    assert read == [10, 9, 8, 7]
+
+
+def test_every_spelling_and_copy_of_a_map_meets_the_mark_named_by_its_id(tmp_path):
+    marks = _marks(tmp_path)
+    _advance(marks, str(tmp_path / "map"), 2)
+    assert anchor.mark_path(marks, MAP_ID) == f"{marks}/map-{MAP_ID}.json"
+    with pytest.raises(JobStopped, match="at version 1, but version 2"):  # a copy elsewhere
+        _check(marks, str(tmp_path / "elsewhere" / "copy"), 1)
+
+
+def test_another_map_where_a_marked_map_was_is_refused_until_the_place_is_rebound(tmp_path):
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 2)
+    for newcomer in ("b" * 32, None):  # another map, or one from before ids
+        with pytest.raises(JobStopped, match="kvtrace id-map rebind") as caught:
+            _check(marks, directory, 1, chain("b"), map_id=newcomer)
+        assert "\n" not in str(caught.value)
+    anchor.rebind(marks, directory, "b" * 32, KEY)
+    _check(marks, directory, 1, chain("b"), map_id="b" * 32)
+    anchor.rebind(marks, directory, None, KEY)  # no map there: the place freed
+    _check(marks, directory, 1, chain("c"), map_id="c" * 32)
+
+
+def test_marks_are_named_from_the_places_bytes_whatever_their_encoding(tmp_path):
+    marks = _marks(tmp_path)
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/night\xff")
+    _advance(marks, odd, 1)
+    assert anchor.read_place(anchor.place_path(marks, odd), odd, KEY)["map_id"] == MAP_ID
+    _check(marks, odd, 1)
 
 
 def test_a_mark_is_replaced_under_its_folder_s_lock(tmp_path, monkeypatch):
-    directory = str(tmp_path / "map")
-    path = anchor.mark_path(_marks(tmp_path), directory)
-    anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 1)
     monkeypatch.setattr(exclusive, "LOCK_WAIT_S", 0.0)
-    with exclusive.folder_lock(os.path.dirname(path)):  # another run replacing the mark
-        anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)  # at it: no lock needed
+    with exclusive.folder_lock(marks):  # another run replacing the mark
+        _advance(marks, directory, 1)  # at it: no lock needed
         with pytest.raises(JobStopped, match="held the lock of") as caught:
-            anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
+            _advance(marks, directory, 2)
     assert "\n" not in str(caught.value)
-    assert anchor.read_mark(path, directory, KEY)["version"] == 1
-    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)  # the lock released
-    assert anchor.read_mark(path, directory, KEY)["version"] == 2
+    assert _mark(marks)["version"] == 1
+    _advance(marks, directory, 2)  # the lock released
+    assert _mark(marks)["version"] == 2
 
 
 def test_a_mark_of_the_committed_version_with_another_record_is_refused(tmp_path):
-    directory = str(tmp_path / "map")
-    path = anchor.mark_path(_marks(tmp_path), directory)
-    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 2)
     with pytest.raises(JobStopped, match="names another record for version 2"):
-        anchor.advance_anchor(path, directory, 2, b"another map's record two\n", KEY)
-    assert anchor.read_mark(path, directory, KEY)["record_sha256"] == hashlib.sha256(
-        RECORDS[2]).hexdigest()
+        _advance(marks, directory, 2, RECORDS | {2: b"another map's record two\n"})
+    assert _mark(marks)["record_sha256"] == hashlib.sha256(RECORDS[2]).hexdigest()
 
 
 def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):
     marks = _marks(tmp_path)
-    first, second = (anchor.mark_path(marks, str(tmp_path / name)) for name in ("a", "b"))
-    assert first != second and first.startswith(str(tmp_path / "salt.id-map-marks") + "/")
-    assert anchor.mark_path(marks, str(tmp_path / "a") + "/") == first
-    anchor.advance_anchor(first, str(tmp_path / "a"), 1, RECORDS[1], KEY)
-    assert stat.S_IMODE(os.stat(first).st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(tmp_path / "salt.id-map-marks").st_mode) == 0o700
-    _check(second, str(tmp_path / "b"), 1, {1: b"b's own record one\n"})  # b has no mark
+    assert marks == str(tmp_path / "salt.id-map-marks")
+    assert anchor.place_path(marks, str(tmp_path / "a") + "/") == anchor.place_path(
+        marks, str(tmp_path / "a"))
+    _advance(marks, str(tmp_path / "a"), 1)
+    for name in os.listdir(marks):
+        assert stat.S_IMODE(os.stat(os.path.join(marks, name)).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(marks).st_mode) == 0o700
+    _check(marks, str(tmp_path / "b"), 1, {1: b"b's own record one\n"}, "b" * 32)  # no mark
 
 
 def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_path):
-    directory = str(tmp_path / "map")
-    path = anchor.mark_path(_marks(tmp_path), directory)
-    anchor.advance_anchor(path, directory, 1, RECORDS[1], KEY)
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 1)
+    path = anchor.mark_path(marks, MAP_ID)
     dead = 2**22 + 12345  # above the largest pid_max Linux allows: no process has it
     stale = Path(f"{path}{TEMP_MARK}{socket.gethostname()}-{dead}-0a1b2c3d")
     stale.write_bytes(b'{"format":')
-    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
-    assert not stale.exists() and os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
-    assert anchor.read_mark(path, directory, KEY)["version"] == 2
+    _advance(marks, directory, 2)
+    assert not stale.exists() and sorted(os.listdir(marks)) == sorted(
+        os.path.basename(p) for p in (path, anchor.place_path(marks, directory)))
+    assert _mark(marks)["version"] == 2
 
 
 @pytest.mark.parametrize("salt", [SaltSource("env", "KVTRACE_SALT"),
@@ -118,12 +190,14 @@ def test_a_folder_of_marks_given_is_used_whatever_the_salt(tmp_path):
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data())
-def test_a_mark_changed_in_any_byte_without_the_salt_is_refused(tmp_path_factory, data):
+@given(data=st.data(), which=st.sampled_from(["mark", "place"]))
+def test_a_mark_changed_in_any_byte_without_the_salt_is_refused(tmp_path_factory, data, which):
     folder = tmp_path_factory.mktemp("mark")
-    directory = "map"  # one length in every example: the mark names it absolute (the cwd's)
-    path = anchor.mark_path(_marks(folder), directory)
-    anchor.advance_anchor(path, directory, 2, RECORDS[2], KEY)
+    directory = "map"  # one length in every example: the place is named absolute (the cwd's)
+    marks = _marks(folder)
+    _advance(marks, directory, 2)
+    path = anchor.mark_path(marks, MAP_ID) if which == "mark" else anchor.place_path(
+        marks, directory)
     raw = bytearray(Path(path).read_bytes())
     start = data.draw(st.integers(0, len(raw) - 1), label="at")
     span = data.draw(st.integers(0, 8), label="span")
@@ -131,21 +205,21 @@ def test_a_mark_changed_in_any_byte_without_the_salt_is_refused(tmp_path_factory
         lambda b: b != raw[start:start + span]), label="put")
     Path(path).write_bytes(bytes(raw))
     with pytest.raises(JobStopped, match="does not verify with this run's salt") as caught:
-        _check(path, directory, 2)
+        _check(marks, directory, 2)
     assert "\n" not in str(caught.value)
 
 
 def test_a_mark_of_another_map_or_salt_is_refused(tmp_path):
-    mine, other = str(tmp_path / "map"), str(tmp_path / "other")
-    path = anchor.mark_path(_marks(tmp_path), mine)
-    os.makedirs(os.path.dirname(path))
-    Path(path).write_bytes(anchor.mark_bytes(other, 1, RECORDS[1], KEY))  # moved in place
+    marks, mine = _marks(tmp_path), str(tmp_path / "map")
+    path = anchor.mark_path(marks, MAP_ID)
+    os.makedirs(marks)
+    Path(path).write_bytes(anchor.mark_bytes(mine, "b" * 32, 1, RECORDS[1], KEY))  # moved
     with pytest.raises(JobStopped, match="names another map"):
-        _check(path, mine, 1)
-    Path(path).write_bytes(anchor.mark_bytes(mine, 1, RECORDS[1],
+        _check(marks, mine, 1)
+    Path(path).write_bytes(anchor.mark_bytes(mine, MAP_ID, 1, RECORDS[1],
                                              map_key(b"another-salt-of-enough-bytes-32!")))
     with pytest.raises(JobStopped, match="does not verify"):
-        _check(path, mine, 1)
+        _check(marks, mine, 1)
 
 
 def _night(folder: Path, day: int) -> Path:
@@ -181,9 +255,8 @@ def test_a_map_restored_from_an_older_backup_is_not_extended(tiny_tokenizer, tmp
     shutil.copytree(tmp_path / "backup2", map_dir)
     assert anonymize_night(tiny_tokenizer, [nights[2]], tmp_path / "out2", "--id-map",
                            str(map_dir), *common) == 0
-    assert anchor.read_mark(anchor.mark_path(anchor.marks_folder(salt, None), str(map_dir)),
-                            str(map_dir),
-                            KEY)["version"] == 3
+    map_id = json.loads((map_dir / "versions" / "000003.json").read_bytes())["map_id"]
+    assert _mark(anchor.marks_folder(salt, None), map_id)["version"] == 3
 
 
 def _rolled_back_night_refused(tokenizer: str, tmp_path: Path, capsys, salted: list[str]) -> None:
@@ -218,7 +291,7 @@ def test_a_rolled_back_map_is_refused_whatever_holds_the_salt(tiny_tokenizer, tm
     if source == "environment":
         monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     _rolled_back_night_refused(tiny_tokenizer, tmp_path, capsys, salted)
-    assert len(os.listdir(marks)) == 1  # the map's mark, where the run was told to keep it
+    assert len(os.listdir(marks)) == 2  # the map's mark and its place, where the run was told
 
 
 @pytest.mark.parametrize("salted", [[], ["--salt-secret", "projects/p/secrets/s/versions/1"]])

@@ -3,8 +3,10 @@ nothing, a killed run leaves the map usable, mismatched runs are refused."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -248,10 +250,14 @@ def test_next_version_numbers_after_the_base_and_records_each_night():
     assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
     assert first.history[-1] == {"version": 1, "added": {"blocks": 7, "sessions": 0},
                                  "compacted": False, "night": "a" * 64, "start": night(base).start}
+    assert first.previous_sha256 is None and first.map_id == base.map_id  # born with the map
+    stored = id_map.version_bytes(first, KEY)
+    first = replace(first, record_sha256=hashlib.sha256(stored).hexdigest())  # as opened
     second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
                                  {"blocks": 2, "sessions": 0}, False, 64, 99,
                                  night(first, 60_000, "b" * 64))
     assert second.timestamp_origin_ms == 1234  # the first origin stays
+    assert (second.map_id, second.previous_sha256) == (first.map_id, first.record_sha256)
     assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
     assert second.history[-1]["start"] == {"block_ids_from": 7, "sessions_from": 0,
                                            "time_from_ms": 60_000}

@@ -8,6 +8,7 @@ wherever it appears; a map built before keying is keyed once, on purpose."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import shutil
@@ -70,7 +71,8 @@ def built(tiny_tokenizer, tmp_path_factory):
                                str(folder / "map"), *common) == 0
     shutil.copytree(folder / "map", folder / "reference-map")
     assert anonymize_night(tiny_tokenizer, [nights[2]], folder / "expected", "--id-map",
-                           str(folder / "reference-map"), *common) == 0
+                           str(folder / "reference-map"), "--id-map-marks",
+                           str(folder / "reference-marks"), *common) == 0  # a copy: its own
     return folder, nights[2], common
 
 
@@ -214,7 +216,8 @@ def test_a_record_damaged_anywhere_is_refused_in_one_line(scratch, data, keyless
     was)."""
     record = _record(scratch)
     if keyless:
-        del record["mac"], record["timestamp_kind"]  # format 3 came before both
+        for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+            del record[later]
         record["history"] = nightless(record["history"])
         record["format_version"] = map_record.KEYLESS_FORMAT
         record["sha256"] = map_record.keyless_checksum(record)
@@ -389,7 +392,8 @@ def test_keying_checks_each_format_3_record_by_its_sha256_and_salt(identity, bui
 def _downgraded(path: Path) -> None:
     """A keyed record rewritten as format 3, its sha256 recomputed: no salt needed."""
     record = json.loads(path.read_bytes())
-    del record["mac"], record["timestamp_kind"]  # format 3 came before both
+    for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+        del record[later]
     record["history"] = nightless(record["history"])
     record["format_version"] = map_record.KEYLESS_FORMAT
     path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
@@ -459,11 +463,15 @@ def test_an_interrupted_keying_leaves_no_format_3_record_above_a_keyed_one_and_f
         id_map.read_version_record(str(map_dir), 1, KEY)
     assert id_map.key_format_3_map(str(map_dir), KEY) == [1]
     assert id_map.key_format_3_map(str(map_dir), KEY) == []  # a keyed map: only verified
-    for path in (folder / "map" / "versions").iterdir():  # what the map held before
+    keyed_id = json.loads((map_dir / "versions" / "000001.json").read_bytes())["map_id"]
+    previous = None  # each keyed record chained to the one before it, all of one id
+    for path in sorted((folder / "map" / "versions").iterdir()):  # what the map held before
         before = json.loads(path.read_bytes())  # its nights' record lost with format 3
-        assert (map_dir / "versions" / path.name).read_bytes() == keyed(
-            {k: v for k, v in before.items() if k != "mac"}
-            | {"history": nightless(before["history"])}, KEY)
+        expected = keyed({k: v for k, v in before.items() if k != "mac"}
+                         | {"history": nightless(before["history"]), "map_id": keyed_id,
+                            "previous_sha256": previous}, KEY)
+        assert (map_dir / "versions" / path.name).read_bytes() == expected
+        previous = hashlib.sha256(expected).hexdigest()
     assert sorted(p.name for p in (map_dir / "versions").iterdir()) == ["000001.json",
                                                                        "000002.json"]
     assert read_everything(map_dir, identity) == read_everything(folder / "map", identity)

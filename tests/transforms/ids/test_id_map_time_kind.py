@@ -100,14 +100,16 @@ def test_a_map_keyed_before_the_kind_was_recorded_is_read_and_written_in_the_cur
     format-4 record holding the kind is none kvtrace wrote."""
     map_dir, mapped = relative_map
     path = map_dir / "versions" / "000001.json"
-    content = {k: v for k, v in _record(map_dir, 1).items() if k not in ("mac", "timestamp_kind")}
+    content = {k: v for k, v in _record(map_dir, 1).items()
+               if k not in ("mac", "timestamp_kind", "map_id", "previous_sha256")}
     content["history"] = [{k: entry[k] for k in ("version", "added", "compacted")}
                           for entry in content["history"]]  # format 4 named no night
     old = keyed(content | {"format_version": map_record.UNKINDED_FORMAT}, KEY)
     path.write_bytes(old)  # as kvtrace wrote it before, and marked so
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
-    mark = Path(anchor.mark_path(marks, str(map_dir)))
-    mark.write_bytes(anchor.mark_bytes(str(map_dir), 1, old, KEY))
+    place = Path(anchor.place_path(marks, str(map_dir)))  # a mark from before map ids
+    place.write_bytes(keyed({"format": anchor.MARK_FORMAT, "map": anchor.map_location(
+        str(map_dir)), "version": 1, "record_sha256": hashlib.sha256(old).hexdigest()}, KEY))
     assert id_map.MapVersion.from_record(read_record(old, str(path), KEY)).timestamp_kind == (
         "relative")
     with pytest.raises(IdMapError, match="unknown key 'timestamp_kind'"):
@@ -121,5 +123,8 @@ def test_a_map_keyed_before_the_kind_was_recorded_is_read_and_written_in_the_cur
     newest = _record(map_dir, 2)
     assert (newest["format_version"], newest["timestamp_kind"]) == (map_record.FORMAT_VERSION,
                                                                     "relative")
+    assert newest["previous_sha256"] == hashlib.sha256(old).hexdigest()  # its id born here
+    assert json.loads(place.read_bytes())["map_id"] == newest["map_id"]
+    mark = Path(anchor.mark_path(marks, newest["map_id"]))
     assert json.loads(mark.read_bytes())["record_sha256"] == hashlib.sha256(
         (map_dir / "versions" / "000002.json").read_bytes()).hexdigest()

@@ -31,7 +31,6 @@ def _block_ids(out: Path) -> set[int]:
     return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_map_replaced_by_another_of_the_same_salt_is_refused_even_holding_the_marked_record(
         tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks)
@@ -72,7 +71,6 @@ def test_a_map_replaced_by_another_of_the_same_salt_is_refused_even_holding_the_
         f"which the real map's traces published for other blocks, to its new blocks")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND4)
 def test_a_rollback_by_repointing_a_link_in_the_maps_path_is_refused(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Rollback'; anchor.map_location): a map swapped for an older
     copy through a link is 'the same map to its readers, so it must meet the same mark'. Only

@@ -4,6 +4,7 @@ versions record no night fails closed, saying what to do."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def test_map_numbering_reads_each_versions_night(tmp_path: Path):
     # The same version as kvtrace wrote it before nights were recorded (format 5): read, and
     # its night unconfirmed.
     path = tmp_path / "versions" / "000001.json"
-    record = {k: v for k, v in json.loads(path.read_bytes()).items() if k != "mac"}
+    record = {k: v for k, v in json.loads(path.read_bytes()).items()
+              if k not in ("mac", "map_id", "previous_sha256")}
     record["history"] = [{k: e[k] for k in ("version", "added", "compacted")}
                          for e in record["history"]]
     path.write_bytes(keyed(record | {"format_version": map_record.NIGHTLESS_FORMAT}, KEY))
@@ -85,13 +87,15 @@ def test_a_night_of_a_map_from_before_format_6_passes_once_anonymized_again(tiny
         assert anonymize_night(tiny_tokenizer, [log], tmp_path / f"n{day}", *mapped) == 0
     for number in (1, 2):  # as kvtrace wrote the map before nights were recorded
         path = tmp_path / "map" / "versions" / f"{number:06d}.json"
-        record = {k: v for k, v in json.loads(path.read_bytes()).items() if k != "mac"}
+        record = {k: v for k, v in json.loads(path.read_bytes()).items()
+                  if k not in ("mac", "map_id", "previous_sha256")}
         record["history"] = [{k: e[k] for k in ("version", "added", "compacted")}
                              for e in record["history"]]
         path.write_bytes(keyed(record | {"format_version": map_record.NIGHTLESS_FORMAT}, KEY))
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
-    Path(anchor.mark_path(marks, str(tmp_path / "map"))).write_bytes(
-        anchor.mark_bytes(str(tmp_path / "map"), 2, path.read_bytes(), KEY))
+    Path(anchor.place_path(marks, str(tmp_path / "map"))).write_bytes(keyed({  # before map ids
+        "format": anchor.MARK_FORMAT, "map": anchor.map_location(str(tmp_path / "map")),
+        "version": 2, "record_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}, KEY))
     numbering = gate.map_numbering(str(tmp_path / "map"), SALT)
     report = gate.audit(str(tmp_path / "n2"), tiny_tokenizer, numbering=numbering)
     assert [f for f in report["flags"] if "record none" in f], report["flags"]
