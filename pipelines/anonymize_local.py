@@ -23,7 +23,11 @@ import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from pipelines.anonymize_config import TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS, AnonymizeConfig
+from pipelines.anonymize_config import (
+    TOKENIZE_BATCH_BYTES,
+    TOKENIZE_BATCH_REQUESTS,
+    AnonymizeConfig,
+)
 from pipelines.anonymize_night import Encoded, finish_night
 from pipelines.local_workers import encode_in_workers, worker_count
 from transforms.batching import batches_by_weight
