@@ -35,7 +35,8 @@ def main() -> None:
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
+    from pipelines.anonymize_beam import AnonymizeConfig, build
+    from pipelines.anonymize_config import IdMapRun
     from transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
     from transforms.encode.salt import salt_source
     from transforms.encode.tokenize import (

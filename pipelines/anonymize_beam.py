@@ -1,28 +1,26 @@
 """`kvtrace anonymize`: request logs in, an anonymized Mooncake trace out.
 
 read -> parse -> render, tokenize, chain-hash -> dense ids (blocks, sessions) -> sorted shards,
-plus dead letters, stats.json and manifest.json.
+plus dead letters, stats.json and manifest.json. From the numbering on, each step runs one
+function of the night's end every engine shares (anonymize_night.py).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
-from transforms import storage
 from transforms.dead_letters import (
     DAMAGED_FILE,
     DEAD_LETTER_TAG,
     DeadLetter,
     SortedRuns,
     StagedLetters,
-    merge_runs,
 )
-from transforms.ids.dense_ids import block_keys, new_batch_id, session_keys
+from transforms.ids.dense_ids import new_batch_id
 from transforms.ids.steps import (
     AssignDenseIds,
     ReadIdMap,
@@ -31,28 +29,34 @@ from transforms.ids.steps import (
 from transforms.encode.schemes import engine_hashes
 from transforms.encode.steps import Encode
 from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids.id_map import publish_night, segment_files_by_shard
+from transforms.ids.id_map import segment_files_by_shard
+from transforms.ids.segments import SegmentFile
 from transforms.write.coarsen import published_requests
-from transforms.write.manifest import (RecordCounts, check_not_before_origin, id_map_start,
-                                       check_rejected_fraction, trace_origin_ms)
+from transforms.write.manifest import trace_origin_ms
 from transforms.steps import BatchByWeight, CombineWith, metered
 from transforms.read.records import ParseOptions
 from transforms.read.steps import ReadRecords, RouteSessions, parse_records
-from transforms.write.publish import DEAD_LETTER_FILE
 from transforms.write.rows import assemble_rows, request_room
 from transforms.write.totals import ExportTotals, sum_totals
-from transforms.write.shards import block_hashes_staging, publish_block_hashes, shard_plan
+from transforms.write.shards import block_hashes_staging, shard_plan
 from transforms.write.steps import WriteShard
 
 from pipelines.anonymize_config import (
     ID_BATCH_BLOCKS,
     AnonymizeConfig,
-    IdMapRun,
-    publish_output,
+)
+from pipelines.anonymize_night import (
+    commit_id_map,
+    kind_keys,
+    map_reading,
+    night_manifest,
+    pass_gate,
+    publish_trace,
+    write_dead_letters,
     write_stats,
 )
 
-__all__ = ["AnonymizeConfig", "AnonymizeOutputs", "IdMapRun", "build"]
+__all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build"]
 
 
 class AnonymizeOutputs(NamedTuple):
@@ -68,13 +72,14 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     encoded = parsed["requests"] | "Encode" >> Encode(config.encode)
     earliest = (
         encoded["hashed"]
-        | "EarliestInBatch" >> beam.FlatMap(HashedBatch.earliest_ms)
+        | "EarliestInBatch" >> beam.FlatMap(lambda batch: _present(batch.earliest_ms()))
         | "Earliest" >> beam.CombineGlobally(min).without_defaults()
     )
+    earliest_ms = beam.pvalue.AsSingleton(earliest, default_value=None)  # None: no request
     origin = beam.pvalue.AsSingleton(
         pipeline
         | "Origin" >> beam.Create([config.timestamp_origin_ms])
-        | "TraceOrigin" >> beam.Map(trace_origin_ms, beam.pvalue.AsList(earliest))
+        | "TraceOrigin" >> beam.Map(trace_origin_ms, earliest_ms)
     )
     # Numbered, planned and sorted on what the rows publish (coarsen.published_requests). The
     # rounding waits on the origin's side input, a stage boundary: only when there is any.
@@ -88,21 +93,10 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             BatchByWeight(ID_BATCH_BLOCKS, lambda batch: len(batch.block_hashes)))
         | "NameBatches" >> beam.Map(lambda parts: (new_batch_id(), HashedBatch.concat(parts)))
     )
-    blocks = _dense_ids(
-        pipeline, batches, "blocks", functools.partial(block_keys, block_size=config.block_size),
-        config,
-    )
-    sessions = _dense_ids(pipeline, batches, "sessions", session_keys, config)
-
-    # Planned on the published minutes (ms from the origin), so only the two columns the plan
-    # reads wait for the origin's side input.
-    plan = beam.pvalue.AsSingleton(
-        hashed
-        | "RoomColumns" >> beam.Map(
-            lambda batch: (batch.requests["timestamp_ms"], batch.blocks_per_request()))
-        | "PublishedRoom" >> beam.Map(lambda columns, origin_ms: request_room(*columns, origin_ms),
-                                      origin)
-        | "PlanShards" >> beam.CombineGlobally(CombineWith(shard_plan())))
+    # The night's end (anonymize_night.py), each step one of its functions.
+    blocks = batches | "BlockIds" >> NumberIds(config, "blocks")
+    sessions = batches | "SessionIds" >> NumberIds(config, "sessions")
+    plan = beam.pvalue.AsSingleton(hashed | "PlanShards" >> PlanShards(origin))
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already
@@ -130,45 +124,22 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # A damaged file's unreadable rest counts as one record read and rejected, so that
     # read = exported + rejected still holds and --max-rejected-fraction sees it.
     read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
-    counts = (
+    gated = (
         read.records
         | "CountRead" >> beam.combiners.Count.Globally()
-        | "Counts" >> beam.Map(
-            lambda read, read_rejected, letters: RecordCounts(
-                read + read_rejected, letters.tally.count, letters.tally.lost_bytes,
-                config.input_bytes),
-            beam.pvalue.AsSingleton(read_letters),
-            staged,
-        )
-        # Per reason, for the message of a run refused for too much rejected input.
-        | "CheckRejected" >> beam.Map(
-            lambda counts, letters: check_rejected_fraction(
-                counts, config.max_rejected_fraction, dict(letters.tally.reasons)),
-            staged)
-        | "CheckOrigin" >> beam.Map(
-            check_not_before_origin, beam.pvalue.AsList(earliest), config.timestamp_origin_ms
-        )
-    )
+        | "PassGate" >> beam.Map(
+            lambda read, read_rejected, letters, earliest_ms: pass_gate(
+                config, read + read_rejected, letters.tally, earliest_ms,
+                config.timestamp_origin_ms),
+            beam.pvalue.AsSingleton(read_letters), staged, earliest_ms))
+    counts = beam.pvalue.AsSingleton(gated)
     # One file whatever the runner's parallelism or its order (sorted lines), named as the
     # local engine names it, into the run's letters staging folder (published with the run:
     # publish.DeadLetterRun); owner-only, as they hold raw prompts.
-    letters_path = storage.join(config.dead_letter, DEAD_LETTER_FILE)
-    letters_written = pipeline | "LettersFile" >> beam.Create([letters_path]) | (
-        "MergeRejected" >> beam.Map(merge_runs, staged))
+    letters_written = pipeline | "LettersFolder" >> beam.Create([config.dead_letter]) | (
+        "WriteDeadLetters" >> beam.Map(write_dead_letters, (), staged))
 
-    first_shard = pipeline | "FirstShard" >> beam.Create([(0, None)])
-    trace_files = (
-        (metered(rows, "rows"), first_shard)
-        | "WithFirstShard" >> beam.Flatten()
-        | "GroupByShard" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(
-            WriteShard(config.staging, config.coarsening,
-                       block_hashes_staging(config.block_hashes, config.staging)),
-            plan,
-            origin,
-            beam.pvalue.AsSingleton(counts),  # the gate: written only once counts pass
-        )
-    )
+    trace_files = rows | "WriteShards" >> WriteShards(config, plan, origin, counts)
     totals = (
         hashed
         | "BatchTotals" >> beam.Map(ExportTotals.of_batch, config.coarsening)
@@ -179,42 +150,30 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "DamagedFiles" >> beam.Filter(lambda letter: letter.reason == DAMAGED_FILE)
         | "CountDamaged" >> beam.combiners.Count.Globally()
     )
-    manifest = pipeline | "Summary" >> beam.Create([None]) | "WriteStats" >> beam.Map(
-        lambda _, files, counts, totals, unique, damaged, earliest_ms, origin_ms: write_stats(
-            config, files, counts, totals, unique, damaged,
-            id_map_start(config.id_map.base.next_id if config.id_map else None, earliest_ms,
-                         origin_ms, config.coarsening.timestamp_ms)),
-        beam.pvalue.AsList(trace_files),
-        beam.pvalue.AsSingleton(counts),
+    stats = gated | "WriteStats" >> beam.Map(
+        lambda counts, totals, unique, damaged: write_stats(config, counts, totals, unique,
+                                                            damaged),
         beam.pvalue.AsSingleton(totals),
         beam.pvalue.AsSingleton(blocks["unique"]),
         beam.pvalue.AsSingleton(damaged_files),
-        beam.pvalue.AsList(earliest),
-        origin,
     )
-    if config.id_map:
-        id_map = config.id_map
-        # The output is published once the map version is.
-        manifest = manifest | "PublishIdMap" >> beam.Map(
-            _publish_then_pass_on,
-            id_map.directory,
-            id_map.base,
-            config.salt,
-            id_map.marks,
-            config.compacts_map,
-            config.hash_shards,
+    manifest = stats | "NightManifest" >> beam.Map(
+        lambda stats, files, earliest_ms, origin_ms: night_manifest(config, files, stats,
+                                                                    earliest_ms, origin_ms),
+        beam.pvalue.AsList(trace_files), earliest_ms, origin)
+    if config.id_map:  # the output is published once the map version is
+        manifest = manifest | "CommitIdMap" >> beam.Map(
+            _commit_id_map_then_pass_on,
+            config,
             beam.pvalue.AsList(blocks["segment_files"]),
             beam.pvalue.AsList(sessions["segment_files"]),
             beam.pvalue.AsSingleton(blocks["added_count"], default_value=0),
             beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
-            beam.pvalue.AsList(earliest),
+            earliest_ms,
         )
-    # Published once the letters are written: they are published with the output; the block
-    # hashes after it.
-    summary = manifest | "PublishOutput" >> beam.Map(
-        lambda m, _: publish_block_hashes(config.block_hashes, config.staging,
-                                          publish_output(config, m)),
-        beam.pvalue.AsList(letters_written))
+    # Published once the letters are written: they are published with the output.
+    summary = manifest | "PublishTrace" >> beam.Map(
+        lambda m, _: publish_trace(config, m), beam.pvalue.AsList(letters_written))
     return AnonymizeOutputs(trace_files, letters_written, summary)
 
 
@@ -238,6 +197,86 @@ class ParseRequests(beam.PTransform):
         return {"requests": routed.requests, DEAD_LETTER_TAG: letters}
 
 
+class NumberIds(beam.PTransform):
+    """anonymize_night.number_ids and write_segments on workers: dense ids for one kind of key
+    (blocks or sessions), extending the id map when there is one (its rows joined in as
+    map_reading says), the newly numbered ones written as a new segment."""
+
+    def __init__(self, config: AnonymizeConfig, kind: str):
+        super().__init__()
+        self._config, self._kind = config, kind
+
+    def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
+        config, kind = self._config, self._kind
+        keys = kind_keys(config)[kind]
+        reading = map_reading(config, kind)
+        if reading is None:
+            return batches | "Assign" >> AssignDenseIds(keys, config.hash_shards)
+        inputs = {"batches": batches}
+        runs = batches.pipeline | "FoldedFiles" >> beam.Create([])
+        if reading.segments and reading.whole:
+            inputs["map_rows"] = batches.pipeline | "ReadMap" >> ReadIdMap(reading.segments,
+                                                                           config.hash_shards)
+        elif reading.segments:
+            inputs["map_files"] = batches.pipeline | "MapFiles" >> beam.Create(
+                [(shard, file) for shard, files in segment_files_by_shard(reading.segments).items()
+                 for file in files])
+            if reading.folds:  # each shard's files fold into its new one
+                runs = inputs["map_files"]
+        ids = inputs | "Assign" >> AssignDenseIds(keys, config.hash_shards, reading.next_id)
+        run = config.id_map
+        ids["segment_files"] = (
+            {"added": ids["added"], "runs": runs}
+            | "SegmentShards" >> beam.CoGroupByKey()
+            | "WriteSegment" >> beam.ParDo(
+                WriteSegmentShard(run.directory, run.base.version + 1, run.run_id, kind))
+        )
+        return ids
+
+
+class PlanShards(beam.PTransform):
+    """The plan anonymize_night.write_shards makes: shards by published minute, planned on the
+    published minutes (ms from the origin), so only the two columns the plan reads wait for the
+    origin's side input."""
+
+    def __init__(self, origin: beam.pvalue.AsSingleton):
+        super().__init__()
+        self._origin = origin
+
+    def expand(self, hashed: beam.PCollection) -> beam.PCollection:
+        return (
+            hashed
+            | "RoomColumns" >> beam.Map(
+                lambda batch: (batch.requests["timestamp_ms"], batch.blocks_per_request()))
+            | "PublishedRoom" >> beam.Map(
+                lambda columns, origin_ms: request_room(*columns, origin_ms), self._origin)
+            | "Plan" >> beam.CombineGlobally(CombineWith(shard_plan())))
+
+
+class WriteShards(beam.PTransform):
+    """anonymize_night.write_shards on workers: rows grouped by output shard, each shard written
+    by one worker once the gate's counts have passed; shard 0 always exists. Out: each file
+    written, with its sha256."""
+
+    def __init__(self, config: AnonymizeConfig, plan: beam.pvalue.AsSingleton,
+                 origin: beam.pvalue.AsSingleton, counts: beam.pvalue.AsSingleton):
+        super().__init__()
+        self._config, self._plan, self._origin, self._counts = config, plan, origin, counts
+
+    def expand(self, rows: beam.PCollection) -> beam.PCollection:
+        config = self._config
+        first_shard = rows.pipeline | "FirstShard" >> beam.Create([(0, None)])
+        return (
+            (metered(rows, "rows"), first_shard)
+            | "WithFirstShard" >> beam.Flatten()
+            | "GroupByShard" >> beam.GroupByKey()
+            | "Write" >> beam.ParDo(
+                WriteShard(config.staging, config.coarsening,
+                           block_hashes_staging(config.block_hashes, config.staging)),
+                self._plan, self._origin, self._counts)
+        )
+
+
 class StageLetters(beam.DoFn):
     """Dead letters in, written as they come into sorted runs in the run's letters staging
     folder; out, once per bundle, the runs and their tally (StagedLetters)."""
@@ -255,38 +294,16 @@ class StageLetters(beam.DoFn):
         yield WindowedValue(self._runs.close(), GlobalWindow().max_timestamp(), [GlobalWindow()])
 
 
-def _dense_ids(
-    pipeline: beam.Pipeline, batches: beam.PCollection, kind: str, keys, config: AnonymizeConfig
-) -> dict[str, beam.PCollection]:
-    """Dense ids for one kind of key (blocks or sessions), extending the id map when there is
-    one: its rows are joined in, and the newly numbered ones written as a new segment."""
-    label = kind[:-1].capitalize()  # BlockIds, SessionIds
-    if config.id_map is None:
-        return batches | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards)
-    id_map = config.id_map
-    base = id_map.base
-    inputs = {"batches": batches}
-    runs = pipeline | f"{label}FoldedFiles" >> beam.Create([])
-    segments = base.segment_files(id_map.directory, kind)
-    if segments and config.reshards_map:
-        inputs["map_rows"] = pipeline | f"Read{label}Map" >> ReadIdMap(segments, config.hash_shards)
-    elif segments:
-        inputs["map_files"] = pipeline | f"{label}MapFiles" >> beam.Create(
-            [(shard, file) for shard, files in segment_files_by_shard(segments).items()
-             for file in files])
-        if config.compacts_map:  # each shard's files fold into its new one
-            runs = inputs["map_files"]
-    ids = inputs | f"{label}Ids" >> AssignDenseIds(keys, config.hash_shards, base.next_id[kind])
-    ids["segment_files"] = (
-        {"added": ids["added"], "runs": runs}
-        | f"{label}SegmentShards" >> beam.CoGroupByKey()
-        | f"Write{label}Segment" >> beam.ParDo(
-            WriteSegmentShard(id_map.directory, base.version + 1, id_map.run_id, kind)
-        )
-    )
-    return ids
+def _commit_id_map_then_pass_on(manifest: dict, config: AnonymizeConfig,
+                                block_files: list[SegmentFile], session_files: list[SegmentFile],
+                                added_blocks: int, added_sessions: int,
+                                earliest_ms: int | None) -> dict:
+    """The manifest as published once the map has committed: a rerun's names the start the map
+    recorded for its night."""
+    return commit_id_map(config, manifest, {"blocks": block_files, "sessions": session_files},
+                         {"blocks": added_blocks, "sessions": added_sessions}, earliest_ms)
 
 
-def _publish_then_pass_on(manifest: dict, *publish_args: Any) -> dict:
-    """The manifest as published: a rerun's names the start the map recorded for its night."""
-    return publish_night(manifest, *publish_args)
+def _present(value: int | None) -> list[int]:
+    """An optional value as the elements Beam carries: none, or the one."""
+    return [] if value is None else [value]

@@ -12,8 +12,8 @@ past a window's end plus the allowed lateness has come in, and the source's wate
 clock: when records were produced) says everything produced before that one has come in too, or
 the source has been idle for IDLE_MS, the window is a night of the batch job: its ids continue
 the id map, which lives in the runner's keyed state (ids in first-seen order within and across
-windows), and it is numbered and published, whole, into its own folder by the local engine's
-publish_encoded (the same stage functions as every engine), named by its place among the
+windows), and it is numbered and published, whole, into its own folder by the night's end
+every engine runs (anonymize_night.finish_night), named by its place among the
 published windows (window-000000, ...: no absolute time leaves), its dead letters published with
 it as a run of the batch job's protocol (publish.DeadLetterRun: rejected-window-000000.jsonl).
 A runner restored from a checkpoint restores that state with the source's offsets: it publishes
@@ -57,7 +57,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_local import Encoded, publish_encoded, write_dead_letters
+from pipelines.anonymize_night import Encoded, finish_night, write_dead_letters
 from pipelines.runner import pipeline_options, run
 from transforms import storage
 from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
@@ -501,8 +501,8 @@ class PublishWindows(beam.DoFn):
         read = sum(len(b) for b in batches) + len(letters)
         published = False
         try:
-            manifest = publish_encoded(night, Encoded(batches, letters, read), kind_ids,
-                                       progress.origin_ms, dict(progress.next_id))
+            manifest = finish_night(night, Encoded(batches, letters, read), kind_ids,
+                                    progress.origin_ms, dict(progress.next_id))
             published = True
         finally:
             rejected.settle(published)  # with the window, or gone with the attempt

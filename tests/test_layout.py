@@ -1,9 +1,11 @@
 """The layout's rules, read from the source: imports run one way (kvtrace -> pipelines ->
-transforms) and no module reaches, through any chain of imports, back to itself."""
+transforms), no module reaches, through any chain of imports, back to itself, and Beam is
+imported only by the modules that build or run pipelines."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,6 +14,17 @@ LAYERS = {"transforms": 0, "pipelines": 1, "kvtrace": 2}
 # combiners, dead letters, the Beam steps every stage uses, the collector's setting)
 STAGES = ("storage", "errors", "trace_format", "batching", "combiners", "dead_letters", "steps", "garbage", "read",
           "encode", "ids", "write", "stats", "cache", "synth", "replay")
+
+
+# Beam drivers: they build, run or serve pipelines. Every other module is pure of Beam, so that
+# the local engine and the CLI's checks never import it.
+BEAM_DRIVERS = re.compile(r"pipelines\.\w+_beam|pipelines\.anonymize_streaming|"
+                          r"pipelines\.worker_pool|pipelines\.runner|transforms(\.\w+)?\.steps")
+# What a pure module may import of Beam, inside the function that needs it and only then:
+# Beam's filesystems for remote paths (gs://, s3://), its secret reader for --salt-secret, and
+# its options parser for Beam flags the user gave.
+BEAM_SERVICES = {"apache_beam.io.filesystems", "apache_beam.io.filesystem",
+                 "apache_beam.transforms.util", "apache_beam.options.pipeline_options"}
 
 
 def modules() -> dict[str, Path]:
@@ -79,3 +92,53 @@ def test_no_import_circles():
     circles = [c for c in circles if not all(p.startswith(c.split(" -> ")[0]) for p in
                                                c.split(" -> "))]
     assert not circles
+
+
+def beam_imports(path: Path) -> tuple[set[str], set[str]]:
+    """The Beam modules, and Beam drivers of ours, a module imports at its top level, and
+    inside its functions."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
+    found: tuple[set[str], set[str]] = (set(), set())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = {alias.name for alias in node.names}
+            ours = names
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = {node.module}
+            ours = names | {f"{node.module}.{alias.name}" for alias in node.names}
+        else:
+            continue
+        beam = {n for n in names if n == "apache_beam" or n.startswith("apache_beam.")}
+        beam |= {n for n in ours if BEAM_DRIVERS.fullmatch(n)}
+        found[0 if id(node) in top_level else 1].update(beam)
+    return found
+
+
+def test_only_beam_drivers_import_beam():
+    """Beam is imported by Beam drivers only (pipelines/*_beam.py, the stream, the runner and
+    SDK worker pool, transforms' steps.py); elsewhere only BEAM_SERVICES, lazily, and a driver
+    inside the function that runs it (the CLI's)."""
+    against = []
+    for module, path in sorted(modules().items()):
+        if BEAM_DRIVERS.fullmatch(module):
+            continue
+        top_level, inside = beam_imports(path)
+        against += [f"{module} imports {name} at its top" for name in sorted(top_level)]
+        against += [f"{module} imports {name}" for name in sorted(inside - BEAM_SERVICES)
+                    if not BEAM_DRIVERS.fullmatch(name)]
+    assert not against
+
+
+def test_the_beam_rule_sees_imports_at_the_top_and_inside_functions(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text("import apache_beam as beam\nfrom pipelines.anonymize_beam import build\n"
+                      "\ndef f():\n    from apache_beam.io.filesystems import FileSystems\n"
+                      "    from apache_beam import Map\n")
+    top_level, inside = beam_imports(module)
+    assert top_level == {"apache_beam", "pipelines.anonymize_beam"}
+    assert inside == {"apache_beam.io.filesystems", "apache_beam"}
+    assert BEAM_DRIVERS.fullmatch("pipelines.anonymize_beam")
+    assert BEAM_DRIVERS.fullmatch("transforms.ids.steps")
+    assert not BEAM_DRIVERS.fullmatch("pipelines.anonymize_night")
+    assert not BEAM_DRIVERS.fullmatch("pipelines.anonymize_local")

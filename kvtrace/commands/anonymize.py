@@ -14,7 +14,7 @@ from typing import Any
 from kvtrace.commands.common import BeamFlags, engine_options, local_reads
 from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
 from kvtrace.presets import config_path, environments
-from transforms.encode.salt import SALT_ENV, SaltError, salt_source
+from transforms.encode.salt import SALT_ENV, salt_source
 from transforms.encode.schemes import SCHEMES
 from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from transforms.errors import ConfigError, JobStopped
@@ -504,37 +504,14 @@ def _open_id_map(options: dict[str, Any], salt: Any, marks: str, fingerprint: st
                  tokenization: str, scheme: Any) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
-    from pipelines.anonymize_beam import IdMapRun
-    from transforms import storage
-    from transforms.ids.exclusive import remove_stale_temp_files
-    from transforms.ids.id_map import (
-        MapIdentity,
-        discard_abandoned,
-        finish_interrupted_commit,
-        map_key,
-        open_map,
-    )
+    from pipelines.anonymize_config import IdMapRun
+    from transforms.ids.id_map import MapIdentity
+    from transforms.ids.map_opening import open_repaired_map
 
-    if not salt.persistent:
-        raise SaltError(
-            f"--id-map needs the same salt every run: give --salt-file, --salt-secret or "
-            f"${SALT_ENV} (keep it in a secret manager; see the README)"
-        )
     directory = options["id_map"].rstrip("/")
     identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
                            options["chat_template_kwargs"], tokenization)
-    key = map_key(salt.load())
-    base = open_map(directory, identity, key)
-    storage.make_folder(directory, private=True)
-    finish_interrupted_commit(directory, base)
-    discarded = discard_abandoned(directory, base, key) + [
-        name for folder in (directory, storage.join(directory, "versions"))
-        for name in remove_stale_temp_files(folder)]
-    if discarded:
-        _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
-    _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
-              base.next_id["blocks"], base.next_id["sessions"])
-    return IdMapRun(directory, base, marks)
+    return IdMapRun(directory, open_repaired_map(directory, identity, salt), marks)
 
 
 def _read_json(path: str) -> dict:

@@ -16,7 +16,7 @@ from conftest import (ROOT, SALT, anonymize, assert_same_output, chat, published
                       write_jsonl)
 
 from kvtrace.cli import main
-from pipelines import anonymize_local
+from pipelines import local_workers
 
 BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
        {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
@@ -60,7 +60,7 @@ def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, b
 def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path, monkeypatch, start):
     """Workers forked from the loaded process (a fresh CLI process) or started clean (where a
     fork is unsafe) write what one process writes."""
-    monkeypatch.setattr(anonymize_local, "_can_fork", lambda: False)
+    monkeypatch.setattr(local_workers, "_can_fork", lambda: False)
     inputs = mixed_inputs(tmp_path / "in")
     salt = ["--salt-file", str(write_salt(tmp_path))]
     assert anonymize(tiny_tokenizer, inputs, tmp_path / "one", *salt) == 0
@@ -81,7 +81,7 @@ def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize("pieces, processes", [(10, 2), (7, 3), (3, 3), (5, 4)])
 def test_each_worker_starts_with_one_run_of_neighbouring_ranges(pieces, processes):
-    bounds = anonymize_local.run_bounds(pieces, processes)
+    bounds = local_workers.run_bounds(pieces, processes)
     runs = [range(bounds[2 * w], bounds[2 * w + 1]) for w in range(processes)]
     assert all(runs) and [i for run in runs for i in run] == list(range(pieces))
     assert max(map(len, runs)) - min(map(len, runs)) <= 1
@@ -93,13 +93,13 @@ def test_claims_take_every_range_once_whatever_the_order_workers_ask_in(pieces, 
     """Workers ask in any order: each range is claimed exactly once, a worker's own run in
     order first, and what it takes from others are neighbours taken from their backs."""
     processes = min(processes, pieces)
-    bounds = anonymize_local.run_bounds(pieces, processes)
+    bounds = local_workers.run_bounds(pieces, processes)
     own = {w: range(bounds[2 * w], bounds[2 * w + 1]) for w in range(processes)}
     taken: dict[int, list[int]] = {w: [] for w in range(processes)}
     asking = list(range(processes))
     while asking:
         worker = data.draw(st.sampled_from(asking))
-        index = anonymize_local.claim(bounds, worker)
+        index = local_workers.claim(bounds, worker)
         if index is None:
             asking.remove(worker)
         else:
@@ -114,18 +114,18 @@ def test_claims_take_every_range_once_whatever_the_order_workers_ask_in(pieces, 
 
 
 def test_the_default_is_a_worker_per_core_and_per_read_split_of_input(monkeypatch):
-    monkeypatch.setattr(anonymize_local.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3},
+    monkeypatch.setattr(local_workers.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3},
                         raising=False)
-    split = anonymize_local.READ_SPLIT_BYTES
-    assert anonymize_local.worker_count(0, 10_000) == 1
-    assert anonymize_local.worker_count(0, 2 * split + 1) == 3
-    assert anonymize_local.worker_count(0, 100 * split) == 4
-    assert anonymize_local.worker_count(6, 10_000) == 6  # asked for: as asked (ranges cap it)
+    split = local_workers.READ_SPLIT_BYTES
+    assert local_workers.worker_count(0, 10_000) == 1
+    assert local_workers.worker_count(0, 2 * split + 1) == 3
+    assert local_workers.worker_count(0, 100 * split) == 4
+    assert local_workers.worker_count(6, 10_000) == 6  # asked for: as asked (ranges cap it)
 
 
 def test_workers_fork_only_from_a_process_without_grpc_or_other_threads(monkeypatch):
     monkeypatch.setitem(sys.modules, "grpc", sys)
-    assert not anonymize_local._can_fork()
+    assert not local_workers._can_fork()
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set

@@ -15,7 +15,8 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import free_port, write_jsonl
-from pipelines.anonymize_beam import AnonymizeConfig, IdMapRun, build
+from pipelines.anonymize_beam import AnonymizeConfig, build
+from pipelines.anonymize_config import IdMapRun
 from pipelines.runner import cancelled_if_stopped, check_endpoints
 from pipelines.worker_pool import serve
 from transforms.errors import ConfigError
@@ -95,8 +96,8 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
 
     proto = pipeline.runner.proto_pipeline
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ("Encode/RenderTokenizeHash", "BlockIds/LookUpShard", "BlockMapFiles",
-                 "WriteBlockSegment", "WriteShards", "PublishIdMap"):
+    for step in ("Encode/RenderTokenizeHash", "BlockIds/Assign/LookUpShard", "BlockIds/MapFiles",
+                 "BlockIds/WriteSegment", "WriteShards", "CommitIdMap", "PublishTrace"):
         assert any(name.startswith(step) for name in names), step
     images = {env.payload for env in proto.components.environments.values()}
     assert any(b"kvtrace/worker:1" in image for image in images)

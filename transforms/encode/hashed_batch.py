@@ -97,10 +97,10 @@ class HashedBatch:
         block_mask = np.repeat(keep, self.blocks_per_request())
         return HashedBatch(self.requests[keep], self.block_hashes[block_mask])
 
-    def earliest_ms(self) -> list[int]:
-        """The earliest request's timestamp, or nothing for an empty batch."""
+    def earliest_ms(self) -> int | None:
+        """The earliest request's timestamp; None for an empty batch."""
         timestamps = self.requests["timestamp_ms"]
-        return [int(timestamps.min())] if len(timestamps) else []
+        return int(timestamps.min()) if len(timestamps) else None
 
     def blocks_per_request(self) -> np.ndarray:
         """Prompt blocks plus output blocks (these only with --emit-output-hashes)."""

@@ -601,12 +601,12 @@ def next_version(
     )
 
 
-def check_night_kind(directory: str, base: MapVersion, earliest_ms: list[int]) -> None:
+def check_night_kind(directory: str, base: MapVersion, earliest_ms: int | None) -> None:
     """Refuse a night whose timestamps are of another kind than the map's origin (relative
     offsets against epoch dates, or the reverse): its published times, counted from that
     origin, would be wall-clock dates (or negative). The night's own minority kind is dead
     lettered already (encode/timestamp_kinds.py): what remains is its bulk, one kind."""
-    night = {timestamp_kind(ms) for ms in earliest_ms}
+    night = set() if earliest_ms is None else {timestamp_kind(earliest_ms)}
     if base.timestamp_kind is not None and night - {base.timestamp_kind}:
         other = (night - {base.timestamp_kind}).pop()
         raise JobStopped(
@@ -689,7 +689,7 @@ def publish_night(
     session_files: list[SegmentFile],
     added_blocks: int,
     added_sessions: int,
-    earliest_ms: list[int],
+    earliest_ms: int | None,
 ) -> dict[str, Any]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
@@ -710,7 +710,7 @@ def publish_night(
         added={"blocks": added_blocks, "sessions": added_sessions},
         compacted=compacted,
         hash_shards=hash_shards,
-        earliest_ms=min(earliest_ms, default=None),
+        earliest_ms=earliest_ms,
         night=night,
     )
     if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not

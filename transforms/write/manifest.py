@@ -84,20 +84,20 @@ def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None,
 
 
 def check_not_before_origin(
-    counts: RecordCounts, earliest_ms: list[int], origin_ms: int | None
+    counts: RecordCounts, earliest_ms: int | None, origin_ms: int | None
 ) -> RecordCounts:
     """Fail the job, before any trace file is written, when requests precede the id map's
     timestamp origin: their timestamps would come out negative."""
-    if origin_ms is not None and earliest_ms and min(earliest_ms) < origin_ms:
+    if origin_ms is not None and earliest_ms is not None and earliest_ms < origin_ms:
         raise JobStopped(
-            f"the earliest request ({min(earliest_ms)} ms) precedes the id "
+            f"the earliest request ({earliest_ms} ms) precedes the id "
             f"map's timestamp origin ({origin_ms} ms, the first request the map ever saw). A map "
             f"extends forward in time; anonymize earlier logs with a new map."
         )
     return counts
 
 
-def id_map_start(next_ids: dict[str, int] | None, earliest_ms: list[int], origin_ms: int,
+def id_map_start(next_ids: dict[str, int] | None, earliest_ms: int | None, origin_ms: int,
                  timestamp_granularity_ms: int) -> dict[str, int] | None:
     """Where a night that extends an id map (or a stream's earlier windows) begins: its first
     new block id and session, and its first row's time (the map's clock, rounded as the rows'
@@ -105,17 +105,17 @@ def id_map_start(next_ids: dict[str, int] | None, earliest_ms: list[int], origin
     against it and it against the map (audit --id-map)."""
     if next_ids is None:
         return None
-    first = min(earliest_ms, default=origin_ms) - origin_ms
+    first = (origin_ms if earliest_ms is None else earliest_ms) - origin_ms
     return {"block_ids_from": next_ids["blocks"], "sessions_from": next_ids["sessions"],
             "time_from_ms": int(round_to(np.int64(first), timestamp_granularity_ms))}
 
 
-def trace_origin_ms(configured_ms: int | None, earliest_ms: list[int]) -> int:
+def trace_origin_ms(configured_ms: int | None, earliest_ms: int | None) -> int:
     """The published timestamps' zero: the id map's origin when it has one, else the earliest
     request's timestamp (0 for an empty trace)."""
     if configured_ms is not None:
         return configured_ms
-    return min(earliest_ms, default=0)
+    return 0 if earliest_ms is None else earliest_ms
 
 
 def public_tokenizer_name(name: str) -> str | None:

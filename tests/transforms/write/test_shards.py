@@ -170,6 +170,6 @@ def test_other_shard_counts_and_cuts_are_said_in_one_line(monkeypatch):
 
 
 def test_the_trace_origin_is_the_maps_else_the_earliest_request():
-    assert trace_origin_ms(None, [50, 20]) == 20
-    assert trace_origin_ms(None, []) == 0
-    assert trace_origin_ms(10, [50]) == 10
+    assert trace_origin_ms(None, 20) == 20
+    assert trace_origin_ms(None, None) == 0
+    assert trace_origin_ms(10, 50) == 10

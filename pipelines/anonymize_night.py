@@ -1,0 +1,301 @@
+"""The end of an anonymize night, once, on plain values: what every engine does with the hashed
+requests and dead letters of a night (or a stream's window) to publish its trace.
+
+gate (rejected share, origin) -> number ids (extending the id map) -> write segments, shards,
+dead letters, stats -> manifest -> commit the id map -> publish the trace (then block hashes)
+
+The local engine (anonymize_local.py) and the stream's windows (anonymize_streaming.py) call
+finish_night; the Beam pipeline (anonymize_beam.py) calls these same functions through named
+steps that mirror them one to one, spreading the numbering and the shards over workers. No Beam
+here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from pipelines.anonymize_config import AnonymizeConfig
+from transforms import storage
+from transforms.combiners import fold
+from transforms.dead_letters import DAMAGED_FILE, DeadLetter, StagedLetters, Tally, merge_runs
+from transforms.encode.hashed_batch import HashedBatch
+from transforms.encode.schemes import engine_hashes
+from transforms.encode.segment_cache import CacheCounts
+from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
+from transforms.ids import id_map
+from transforms.ids.dense_ids import (
+    NUMBERED,
+    KindIds,
+    UniqueTotals,
+    block_keys,
+    dense_ids,
+    session_keys,
+    shard_of,
+    split_by,
+)
+from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
+from transforms.trace_format import FORMAT, STATS, canonical_json
+from transforms.write.coarsen import published_requests
+from transforms.write.manifest import (
+    KVTRACE_VERSION,
+    RecordCounts,
+    check_not_before_origin,
+    check_rejected_fraction,
+    id_map_start,
+    manifest_path,
+    public_template_kwargs,
+    public_tokenizer_name,
+    public_tokenizer_sha256,
+    run_counts,
+    trace_origin_ms,
+    write_json,
+    write_run_counts,
+)
+from transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
+from transforms.write.replayers import replay_commands
+from transforms.write.rows import RowBatch, request_room, row_batch, rows_by_shard, shard_count
+from transforms.write.shards import (
+    block_hashes_staging,
+    publish_block_hashes,
+    shard_plan,
+    write_shard,
+)
+from transforms.write.totals import ExportTotals, export_stats
+
+_LOG = logging.getLogger("kvtrace")
+
+
+class Encoded(NamedTuple):
+    """What encoding some input gives: hashed batches, dead letters, and records read (a damaged
+    file's unreadable rest counts as one record read, as in the Beam pipeline). Dead letters
+    are written to sorted runs as they come (staged); `rejected` holds a few in memory (a
+    stream's window's) merged in with them when published."""
+
+    hashed: list[HashedBatch]
+    rejected: list[DeadLetter]
+    read: int
+    cache: CacheCounts = CacheCounts()  # what the segment cache did (not part of the output)
+    staged: StagedLetters = StagedLetters()
+
+
+# Dense ids of one kind's keys (blocks, sessions), extending whatever holds the earlier ones.
+NumberKind = Callable[[str, np.ndarray], KindIds]
+
+
+def finish_night(config: AnonymizeConfig, encoded: Encoded, number: NumberKind | None = None,
+                 origin_ms: int | None = None, next_ids: dict[str, int] | None = None) -> dict:
+    """Number encoded requests (number: by default number_ids, extending the run's id map if
+    any; a stream numbers from its state, next_ids saying where its ids go on) and publish them:
+    trace shards, dead letters, stats, manifest, then the id map's version and the trace. The
+    trace's clock starts at origin_ms, else at the map's origin or the earliest request.
+    Returns the manifest; raises JobStopped (nothing published) at the gate."""
+    whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
+    kept, mismatched = keep_input_kind(whole, kind_counts(whole))
+    whole = kept if kept is not None else HashedBatch.pack([])
+    # Merged into their declared order (dead_letters.py): what the ranges wrote, a window's
+    # held in memory, and the requests of the input's minority timestamp kind.
+    held = encoded.rejected + mismatched
+    rejected = encoded.staged.tally + Tally.of(held)
+    write_dead_letters(config.dead_letter, held, encoded.staged)
+
+    earliest_ms = whole.earliest_ms()
+    if origin_ms is None:
+        origin_ms = config.timestamp_origin_ms
+    counts = pass_gate(config, encoded.read, rejected, earliest_ms, origin_ms)
+    origin = trace_origin_ms(origin_ms, earliest_ms)
+    whole = published_requests(whole, origin, config.coarsening)
+
+    number = number or (lambda kind, keys: number_ids(config, kind, keys))
+    numbered = {kind: number(kind, keys(whole)) for kind, keys in kind_keys(config).items()}
+    rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
+                     engine_hashes(whole.block_hashes) if config.block_hashes else None,
+                     config.emit_output_hashes)
+    segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
+    files = write_shards(config, whole, rows, origin)
+    totals = ExportTotals.of_batch(whole, config.coarsening)
+    stats = write_stats(config, counts, totals, numbered["blocks"].unique,
+                        rejected.of_reason(DAMAGED_FILE))
+    manifest = night_manifest(config, files, stats, earliest_ms, origin, next_ids)
+    manifest = commit_id_map(config, manifest, segments,
+                             {kind: ids.added_count for kind, ids in numbered.items()},
+                             earliest_ms)
+    return publish_trace(config, manifest)
+
+
+def pass_gate(config: AnonymizeConfig, read: int, rejected: Tally, earliest_ms: int | None,
+              origin_ms: int | None) -> RecordCounts:
+    """The night's record counts, once it may publish: not too much of its input rejected
+    (--max-rejected-fraction, saying the top reasons), no request before the clock's origin.
+    Raises JobStopped before any trace file is written otherwise."""
+    counts = check_rejected_fraction(
+        RecordCounts(read, rejected.count, rejected.lost_bytes, config.input_bytes),
+        config.max_rejected_fraction, dict(rejected.reasons))
+    return check_not_before_origin(counts, earliest_ms, origin_ms)
+
+
+def kind_keys(config: AnonymizeConfig) -> dict[str, Callable[[HashedBatch], np.ndarray]]:
+    """What each kind of id numbers: a batch's block keys, and its session keys."""
+    return {"blocks": functools.partial(block_keys, block_size=config.block_size),
+            "sessions": session_keys}
+
+
+class MapReading(NamedTuple):
+    """How a night reads one kind of the id map it extends."""
+
+    segments: list[SegmentFile]  # the map's files of that kind
+    next_id: int  # the kind's first new id
+    # A night that re-splits the map into another shard count holds its rows whole and writes
+    # them again; other nights read only the rows that can hold their keys.
+    whole: bool
+    # A compacting night (not re-splitting) merges each shard's old files into its new one.
+    folds: bool
+
+
+def map_reading(config: AnonymizeConfig, kind: str) -> MapReading | None:
+    """How the night reads the id map's rows of one kind; None without an id map."""
+    if config.id_map is None:
+        return None
+    base = config.id_map.base
+    return MapReading(base.segment_files(config.id_map.directory, kind), base.next_id[kind],
+                      config.reshards_map, config.compacts_map and not config.reshards_map)
+
+
+def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
+    """Dense ids of one kind, extending the id map when the run has one (map_reading)."""
+    reading = map_reading(config, kind)
+    if reading is None:
+        return dense_ids(keys)
+    if not reading.whole:
+        return dense_ids(keys, lambda firsts: _matching_rows(reading.segments, config.hash_shards,
+                                                             firsts), reading.next_id)
+    tables = [table for segment in reading.segments for _, table in read_segment(segment, 1)]
+    everything = np.concatenate(tables + [np.empty(0, dtype=NUMBERED)])
+    ids = dense_ids(keys, lambda _: everything, reading.next_id)
+    return ids._replace(added=np.concatenate([ids.added, everything]))
+
+
+def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray) -> np.ndarray:
+    """The map rows holding any of firsts' keys: of each segment file, only the row groups that
+    can hold the keys of its shard."""
+    files = id_map.segment_files_by_shard(segments)
+    matched = [read_matching_files(files[shard], keys)
+               for shard, keys in split_by(firsts, shard_of(firsts, shards)) if shard in files]
+    _LOG.info("id map: read %.1f MiB, %d of %d row groups",
+              sum(m.bytes_read for m in matched) / 2**20,
+              sum(m.row_groups_read for m in matched), sum(m.row_groups for m in matched))
+    return np.concatenate([m.rows for m in matched] + [np.empty(0, dtype=NUMBERED)])
+
+
+def write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[SegmentFile]:
+    """The run's new map rows as a segment, one file per hash shard; on a folding night each
+    shard's old files are merged in. None without an id map."""
+    reading = map_reading(config, kind)
+    if reading is None:
+        return []
+    runs = id_map.segment_files_by_shard(reading.segments) if reading.folds else {}
+    new = dict(split_by(added, shard_of(added, config.hash_shards)))
+    run = config.id_map
+    return [id_map.write_segment_shard(run.directory, run.base.version + 1, run.run_id, kind,
+                                       shard, runs.get(shard, []),
+                                       [new[shard]] if shard in new else [])
+            for shard in sorted(set(new) | set(runs))]
+
+
+def write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
+                 origin: int) -> list[tuple[str, str]]:
+    """Shards by published minute (write/shards.shard_plan); shard 0 always exists. Returns
+    each file written with its sha256."""
+    plan = fold(shard_plan(), [request_room(whole.requests["timestamp_ms"],
+                                             whole.blocks_per_request(), origin)])
+    by_shard = dict(rows_by_shard(rows, plan, origin))
+    shards = shard_count(plan)
+    return [file for shard in range(shards)
+            for file in write_shard(config.staging, shard, shards,
+                                    [by_shard[shard]] if shard in by_shard else [], origin,
+                                    config.coarsening,
+                                    block_hashes_staging(config.block_hashes, config.staging))]
+
+
+def write_dead_letters(directory: str, letters: Iterable[DeadLetter],
+                       staged: StagedLetters = StagedLetters()) -> str:
+    """Into a run's letters staging folder (publish.DeadLetterRun), published with the run: the
+    staged runs and letters merged in their declared order (dead_letters.py). Returns the
+    file's path."""
+    return merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
+
+
+def write_stats(config: AnonymizeConfig, counts: RecordCounts, totals: ExportTotals,
+                unique: UniqueTotals, damaged: int) -> dict:
+    """stats.json into the staging folder, and the run's own counts beside its dead letters
+    (never published: write/manifest.run_counts). Returns the stats."""
+    write_run_counts(config.dead_letter, run_counts(counts, totals, damaged))
+    stats = export_stats(totals, unique.count, unique.weight)
+    with storage.create(storage.join(config.staging, STATS)) as handle:
+        handle.write(canonical_json(stats))
+    return stats
+
+
+def night_manifest(config: AnonymizeConfig, files: list[tuple[str, str]], stats: dict,
+                   earliest_ms: int | None, origin_ms: int,
+                   next_ids: dict[str, int] | None = None) -> dict:
+    """The manifest, which lists every file of the output (files: the shards, each with its
+    sha256; and stats.json) and is written last. Ids continue the id map's, or a stream's
+    earlier windows' (next_ids), from where write/manifest.id_map_start says."""
+    sha256 = {path.rsplit("/", 1)[-1]: digest for path, digest in files}
+    sha256[STATS] = sha256_of(canonical_json(stats))
+    if config.id_map is not None:
+        next_ids = config.id_map.base.next_id
+    exported = stats["requests"]
+    return {
+        "kvtrace_version": KVTRACE_VERSION,
+        "format": FORMAT,
+        "tokenizer": {"name": public_tokenizer_name(config.tokenizer),
+                      "sha256": public_tokenizer_sha256(config.tokenizer_sha256)},
+        "block_size": config.block_size,
+        "hash_scheme": config.hash_scheme.identity,
+        "hash_scheme_keyed": config.hash_scheme.keyed,
+        "granularity": {"timestamp_ms": config.coarsening.timestamp_ms,
+                        "output_length": config.coarsening.output_length},
+        # Whether engine hashes were written elsewhere; not where (a private location).
+        "output_hash_ids": config.emit_output_hashes,
+        "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
+                                                       config.salt.load()),
+        # Only what the rows prove: the other counts are the operator's (write_run_counts).
+        "records": {"exported": exported},
+        # Where ids continue an id map's (a stream's) earlier nights; None: dense from 0.
+        "id_map": id_map_start(next_ids, earliest_ms, origin_ms, config.coarsening.timestamp_ms),
+        "files": sorted(sha256),
+        "sha256": sha256,
+        # How each replayer reads this folder, with this block size and ms timestamps.
+        "replay": replay_commands(config.block_size, exported, list(sha256)),
+    }
+
+
+def commit_id_map(config: AnonymizeConfig, manifest: dict,
+                  segments: dict[str, list[SegmentFile]], added: dict[str, int],
+                  earliest_ms: int | None) -> dict:
+    """The id map's new version (the segments written, the ids added of each kind, the night
+    the manifest describes) committed before the trace that uses it is published. Returns the
+    manifest to publish: a night the map recorded already (a rerun after a run killed past its
+    commit) names the start recorded for it (id_map.publish_night)."""
+    run = config.id_map
+    if run is None:
+        return manifest
+    return id_map.publish_night(manifest, run.directory, run.base, config.salt, run.marks,
+                                config.compacts_map, config.hash_shards, segments["blocks"],
+                                segments["sessions"], added["blocks"], added["sessions"],
+                                earliest_ms)
+
+
+def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:
+    """The run's last step, once the id map (if any) has committed: the manifest into the
+    staging folder, then the folder in the output's place, whole; the block hashes after the
+    output they belong to, never before it. Returns the manifest."""
+    write_json(manifest_path(config.staging), manifest)
+    publish_folder(config.staging, config.output)
+    return publish_block_hashes(config.block_hashes, config.staging, manifest)

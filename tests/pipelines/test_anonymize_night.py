@@ -1,0 +1,179 @@
+"""The night's end on plain values, without Beam: the gate, numbering with and without an id map,
+stats and manifest, dead letters, and a whole night published (or refused) by finish_night."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.anonymize_config import AnonymizeConfig, IdMapRun
+from pipelines.anonymize_night import (
+    Encoded,
+    finish_night,
+    kind_keys,
+    map_reading,
+    night_manifest,
+    number_ids,
+    pass_gate,
+    write_dead_letters,
+    write_stats,
+)
+from transforms.dead_letters import DeadLetter, SortedRuns, Tally
+from transforms.encode.blocks import chain_hashes, chain_seed, salt_fingerprint, token_bytes
+from transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from transforms.encode.salt import SaltError, SaltSource
+from transforms.errors import JobStopped
+from transforms.ids.dense_ids import UniqueTotals, dense_ids
+from transforms.ids.id_map import MapIdentity, current_version_number
+from transforms.ids.map_opening import open_repaired_map
+from transforms.write.manifest import RecordCounts
+from transforms.write.publish import DEAD_LETTER_FILE
+from transforms.write.totals import ExportTotals
+
+SALT = b"a salt for the night's end, 32 bytes or more"
+BLOCK_SIZE = 2
+
+
+def request(ts: int, tokens: list[int], session: bytes | None = None) -> HashedRequest:
+    return HashedRequest(timestamp_ms=ts, fingerprint=ts, input_length=len(tokens),
+                         output_length=3, session_key=session,
+                         block_hashes=chain_hashes(token_bytes(tokens), BLOCK_SIZE,
+                                                   chain_seed(SALT)))
+
+
+def night(*requests: HashedRequest) -> HashedBatch:
+    return HashedBatch.pack(list(requests))
+
+
+def config(folder: Path, name: str = "out", **changes) -> AnonymizeConfig:
+    for part in ("staging", "rejected"):
+        (folder / f"{name}-{part}").mkdir(parents=True, exist_ok=True)
+    given = {"salt": SaltSource("random", inline=SALT), **changes}
+    return AnonymizeConfig(inputs=(("in.jsonl", 100),), output=str(folder / name),
+                           staging=str(folder / f"{name}-staging"), tokenizer="owner/model",
+                           dead_letter=str(folder / f"{name}-rejected"), block_size=BLOCK_SIZE,
+                           **given)
+
+
+def letter(reason: str = "bad_json") -> DeadLetter:
+    return DeadLetter("in.jsonl", b"{not json", reason, "it is not JSON")
+
+
+def test_the_gate_passes_counts_and_refuses_too_much_rejected_or_time_before_the_origin(
+        tmp_path):
+    job = config(tmp_path, max_rejected_fraction=0.5)
+    counts = pass_gate(job, 4, Tally.of([letter()]), 1_000, None)
+    assert counts == RecordCounts(4, 1, 0, 100)
+    assert pass_gate(job, 4, Tally(), None, 5_000).rejected == 0  # no request: nothing early
+    with pytest.raises(JobStopped, match="too much input rejected.*bad_json"):
+        pass_gate(job, 4, Tally.of([letter()] * 3), 1_000, None)
+    with pytest.raises(JobStopped, match=r"earliest request \(1000 ms\) precedes"):
+        pass_gate(job, 4, Tally(), 1_000, 5_000)
+
+
+def test_without_an_id_map_ids_are_dense_from_zero_and_nothing_is_read(tmp_path):
+    job = config(tmp_path)
+    batch = night(request(10, [1, 2, 3, 4]), request(20, [1, 2, 9, 9]))
+    assert map_reading(job, "blocks") is None
+    keys = kind_keys(job)["blocks"](batch)
+    numbered = number_ids(job, "blocks", keys)
+    assert numbered.ids.tolist() == dense_ids(keys).ids.tolist() == [0, 1, 0, 2]
+    assert numbered.added_count == 3
+
+
+def test_stats_are_returned_and_the_manifest_lists_their_bytes(tmp_path):
+    job = config(tmp_path)
+    batch = night(request(10, [1, 2, 3]), request(20, [1, 2]))
+    counts = RecordCounts(3, 1, 0, 100)
+    stats = write_stats(job, counts, ExportTotals.of_batch(batch), UniqueTotals(2, 3), 0)
+    written = (tmp_path / "out-staging" / "stats.json").read_bytes()
+    assert json.loads(written) == stats and stats["requests"] == 2
+    run_counts = json.loads((tmp_path / "out-rejected" / "run-counts.json").read_text())
+    assert run_counts["read"] == 3 and run_counts["rejected"] == 1
+    manifest = night_manifest(job, [("x/trace-00000-of-00001.jsonl", "ab" * 32)], stats, 10, 10)
+    assert manifest["sha256"]["stats.json"] == hashlib.sha256(written).hexdigest()
+    assert manifest["files"] == ["stats.json", "trace-00000-of-00001.jsonl"]
+    assert manifest["records"] == {"exported": 2} and manifest["id_map"] is None
+    stream = night_manifest(job, [], stats, 70, 10, {"blocks": 5, "sessions": 1})
+    assert stream["id_map"] == {"block_ids_from": 5, "sessions_from": 1, "time_from_ms": 60}
+
+
+def test_dead_letters_staged_and_held_merge_into_one_file_in_their_declared_order(tmp_path):
+    runs = SortedRuns(str(tmp_path))
+    for reason in ("z_reason", "a_reason"):
+        runs.add(letter(reason))
+    path = write_dead_letters(str(tmp_path), [letter("m_reason")], runs.close())
+    lines = Path(path).read_text().splitlines()
+    assert lines == sorted(lines) and len(lines) == 3
+    assert sorted(json.loads(line)["error"] for line in lines) == [
+        "a_reason", "m_reason", "z_reason"]
+
+
+def test_a_night_publishes_its_trace_letters_stats_and_manifest(tmp_path):
+    job = config(tmp_path)
+    encoded = Encoded([night(request(1_000, [1, 2, 3, 4])), night(request(1_500, [1, 2, 5]))],
+                      [letter()], 3)
+    manifest = finish_night(job, encoded)
+    published = tmp_path / "out"
+    assert json.loads((published / "manifest.json").read_text()) == manifest
+    assert manifest["records"] == {"exported": 2}
+    rows = [json.loads(line) for path in sorted(published.glob("trace-*.jsonl"))
+            for line in path.read_text().splitlines()]
+    assert [(row["timestamp"], row["hash_ids"]) for row in rows] == [(0, [0, 1]), (500, [0, 2])]
+    assert not (tmp_path / "out-staging").exists()  # moved whole into the output's place
+    letters = (tmp_path / "out-rejected" / DEAD_LETTER_FILE).read_text().splitlines()
+    assert [json.loads(line)["error"] for line in letters] == ["bad_json"]
+
+
+def test_a_night_refused_at_the_gate_publishes_nothing(tmp_path):
+    job = config(tmp_path, max_rejected_fraction=0.1)
+    encoded = Encoded([night(request(1_000, [1, 2]))], [letter(), letter()], 3)
+    with pytest.raises(JobStopped, match="too much input rejected"):
+        finish_night(job, encoded)
+    assert not (tmp_path / "out").exists()
+    assert not list((tmp_path / "out-staging").glob("trace-*"))
+
+
+def test_nights_extend_an_id_map_opened_and_committed_in_turn(tmp_path):
+    """A second night numbers the first night's blocks and sessions as the first did, its new
+    ones from where the map left off, reading the map's rows that can hold its keys."""
+    salt = SaltSource("env", "KVTRACE_TEST_NIGHT_SALT")
+    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
+    first = night(request(1_000, [1, 2, 3, 4], session=b"s" * 16))
+    second = night(request(2_000, [1, 2, 3, 4], session=b"s" * 16),
+                   request(2_500, [1, 2, 7, 7], session=b"t" * 16))
+    ids = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
+        for number, batch in enumerate((first, second)):
+            base = open_repaired_map(str(tmp_path / "map"), identity, salt)
+            assert base.version == number
+            run = IdMapRun(str(tmp_path / "map"), base, str(tmp_path / "marks"))
+            job = config(tmp_path, f"night{number}", salt=salt, id_map=run)
+            reading = map_reading(job, "blocks")
+            assert reading.next_id == (0, 2)[number] and not reading.whole
+            assert bool(reading.segments) == bool(number)  # the first night's, after it
+            finish_night(job, Encoded([batch], [], len(batch)))
+            ids.append([json.loads(line) for line in
+                        (tmp_path / f"night{number}" / "trace-00000-of-00001.jsonl")
+                        .read_text().splitlines()])
+    assert current_version_number(str(tmp_path / "map")) == 2
+    assert [row["hash_ids"] for row in ids[0]] == [[0, 1]]
+    assert [row["hash_ids"] for row in ids[1]] == [[0, 1], [0, 2]]
+    assert [row["session"] for row in ids[1]] == [ids[0][0]["session"], 1]
+    assert [row["timestamp"] for row in ids[1]] == [1_000, 1_500]  # from the map's origin
+
+
+def test_an_id_map_needs_a_salt_that_outlives_the_run(tmp_path):
+    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
+    with pytest.raises(SaltError, match="--id-map needs the same salt every run"):
+        open_repaired_map(str(tmp_path / "map"), identity, SaltSource("random", inline=SALT))
+    assert not (tmp_path / "map").exists()
+
+
+def test_earliest_is_an_optional_time(tmp_path):
+    assert night().earliest_ms() is None
+    assert night(request(30, [1]), request(20, [2])).earliest_ms() == 20

@@ -1,0 +1,45 @@
+"""The id map a run extends, opened before anything heavy starts: checked against the run's
+settings (id_map.open_map), and repaired of what killed runs left (a commit half done, segments
+no version will list, temp files of dead writers). One run per map at a time. No Beam here:
+a local run with --id-map never imports it."""
+
+from __future__ import annotations
+
+import logging
+
+from transforms import storage
+from transforms.encode.salt import SALT_ENV, SaltError, SaltSource
+from transforms.ids.exclusive import remove_stale_temp_files
+from transforms.ids.id_map import (
+    MapIdentity,
+    MapVersion,
+    discard_abandoned,
+    finish_interrupted_commit,
+    open_map,
+)
+from transforms.ids.map_record import map_key
+
+_LOG = logging.getLogger("kvtrace")
+
+
+def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -> MapVersion:
+    """The map's current version (version 0 for a new map, its folder made owner-only), once
+    it is found to be this run's (identity, and the key the salt derives) and what killed runs
+    left is rolled forward or cleared. Raises SaltError for a salt that changes between runs."""
+    if not salt.persistent:
+        raise SaltError(
+            f"--id-map needs the same salt every run: give --salt-file, --salt-secret or "
+            f"${SALT_ENV} (keep it in a secret manager; see the README)"
+        )
+    key = map_key(salt.load())
+    base = open_map(directory, identity, key)
+    storage.make_folder(directory, private=True)
+    finish_interrupted_commit(directory, base)
+    discarded = discard_abandoned(directory, base, key) + [
+        name for folder in (directory, storage.join(directory, "versions"))
+        for name in remove_stale_temp_files(folder)]
+    if discarded:
+        _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
+    _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
+              base.next_id["blocks"], base.next_id["sessions"])
+    return base
