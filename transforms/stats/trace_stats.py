@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transforms.read.trace_io import Trace
-from transforms.stats.blocks import Blocks
+from transforms.stats.trace_blocks import Blocks
 from transforms.stats.heap import return_freed_heap
 from transforms.stats.histograms import describe_histogram, histogram
 from transforms.stats.key_shards import (Rows, chaining_problems, first_after_warmup, id_shard,
