@@ -452,8 +452,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
                         "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$"},
         "hash_scheme_keyed": {"type": "boolean"},
-        "granularity": _closed({"timestamp_ms": _STEP, "output_length": _STEP}),
-        "output_hash_ids": {"type": "boolean"},
+        "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
+        OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
         "chat_template_kwargs": {
             "type": "object", "maxProperties": 64,
             "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},

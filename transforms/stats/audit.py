@@ -34,6 +34,8 @@ from transforms import storage
 from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
+    HASH_IDS_FIELD,
+    INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
     MAX_BLOCK_SIZE,
     MANIFEST,
@@ -41,11 +43,14 @@ from transforms.trace_format import (
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
+    OUTPUT_LENGTH_FIELD,
     RESPONSE_FIELD,
+    ROW_FIELDS,
     SESSION_FIELD,
     STATS,
     STREAM_TOTALS,
     STREAM_TOTALS_SCHEMA,
+    TIMESTAMP_FIELD,
     TRACE_FILE,
     VLLM_SCHEME_PREFIX,
     WINDOW_NAME,
@@ -293,7 +298,7 @@ def _check_window_cut(name: str, rows: _Rows, window_ms: int | None, last_slot: 
     """A window holds the rows of one window of the stream's time, [k W, (k + 1) W) from the
     trace's zero (anonymize_streaming.by_window), later than the window before it's; the first
     window's first row is the zero. Returns its k (None while the window length is unknown)."""
-    times = rows.column("timestamp")
+    times = rows.column("times")
     if not len(times):
         return last_slot
     if name == window_name(0) and times.min() != 0:
@@ -610,7 +615,7 @@ ROUND_STEPS = frozenset({1, 10, 100, 1000, 10_000, 60_000, 600_000, 3_600_000, 8
 SETTING_VALUES = {
     "block_size": ("--block-size", frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
     "timestamp_ms": ("--timestamp-granularity-ms", ROUND_STEPS),
-    "output_length": ("--length-granularity",
+    OUTPUT_LENGTH_FIELD: ("--length-granularity",
                       ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
 }
 
@@ -770,8 +775,8 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
                                              manifest["files"]):
         gate.flag("manifest.json: replay is not what kvtrace writes there")
-    if manifest["output_hash_ids"] and manifest["granularity"]["output_length"] > 1:
-        gate.flag("output_hash_ids beside --length-granularity: output block ids give each "
+    if manifest[OUTPUT_IDS_FIELD] and manifest["granularity"][OUTPUT_LENGTH_FIELD] > 1:
+        gate.flag(f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
                   "output length to within a block")
     if STATS not in names:
         gate.flag("no stats.json")
@@ -785,7 +790,7 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
         if window_start not in (None, (0, 0)):
             gate.flag(f"manifest.json: no id_map, the window before ends at {window_start}")
-        for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
+        for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
@@ -870,7 +875,7 @@ class _Rows:
     first_timestamp: int | None = None
     complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
     parts: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
-        k: [] for k in ("timestamp", "sequence", "lengths", "session")})
+        k: [] for k in ("times", "sequence", "lengths", "sessions")})
     # Distinct prompt ids, sorted, with their first tokens and parents; and later shards' own
     merged: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(
         np.empty(0, np.int64) for _ in range(3)))
@@ -898,10 +903,10 @@ class _Rows:
         if n and self.first_timestamp is None:
             self.first_timestamp = int(columns.timestamp[0])
         self.count += n
-        self.parts["timestamp"].append(columns.timestamp)
+        self.parts["times"].append(columns.timestamp)
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
         self.parts["lengths"].append(_mix(columns.input_length) ^ _mix(~columns.output_length))
-        self.parts["session"].append(columns.session[columns.session != NO_SESSION])
+        self.parts["sessions"].append(columns.session[columns.session != NO_SESSION])
         self.shard_rooms.append(published_room(columns.timestamp, columns.num_ids + (
             0 if columns.num_output_ids is None else columns.num_output_ids)))
         self._count_fields(columns)
@@ -925,13 +930,15 @@ class _Rows:
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
-        present = {"timestamp": n, "input_length": n, "output_length": n, "hash_ids": n,
+        present = {**dict.fromkeys(ROW_FIELDS, n),
                    SESSION_FIELD: int(np.count_nonzero(columns.session >= 0)),
                    RESPONSE_FIELD: int(np.count_nonzero(columns.response_ms >= 0)),
                    OUTPUT_IDS_FIELD: n if columns.output_ids is not None else 0}
         self.fields.update({k: v for k, v in present.items() if v})
-        for key, values in (("timestamp", columns.timestamp), ("input_length", columns.input_length),
-                            ("output_length", columns.output_length), ("hash_ids", columns.ids),
+        for key, values in ((TIMESTAMP_FIELD, columns.timestamp),
+                            (INPUT_LENGTH_FIELD, columns.input_length),
+                            (OUTPUT_LENGTH_FIELD, columns.output_length),
+                            (HASH_IDS_FIELD, columns.ids),
                             (SESSION_FIELD, columns.session), (RESPONSE_FIELD, columns.response_ms),
                             (OUTPUT_IDS_FIELD, columns.output_ids)):
             if values is not None and len(values):
@@ -945,11 +952,11 @@ class _Rows:
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
         known = columns.response_ms[columns.response_ms != NO_RESPONSE_MS]
         for values, step, what in ((columns.timestamp, grain["timestamp_ms"], "timestamps"),
-                                   (known, grain["timestamp_ms"], "response_ms"),
-                                   (columns.output_length, grain["output_length"], "output lengths")):
+                                   (known, grain["timestamp_ms"], RESPONSE_FIELD),
+                                   (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
             if (values % step).any():
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
-        if (manifest["output_hash_ids"]) != (columns.output_ids is not None):
+        if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
         elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
             decoded = np.maximum(0, (columns.input_length + columns.output_length) // block_size
@@ -1074,22 +1081,22 @@ class _Rows:
         return _sorted_unique(np.concatenate([self.ids, *self.output_ids]))
 
     def sessions(self) -> np.ndarray:
-        return _sorted_unique(self.column("session"))
+        return _sorted_unique(self.column("sessions"))
 
     def column(self, key: str) -> np.ndarray:
         parts = self.parts[key]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def report(self, names: list[str], ids: dict) -> dict:
-        sessions = np.sort(self.column("session"))
+        sessions = np.sort(self.column("sessions"))
         per_session = np.diff(np.flatnonzero(np.diff(sessions, prepend=-2, append=-2)))
         return {
             "rows": self.count,
             "files": names,
             "fields": dict(self.fields),
             "largest_integers": self.largest,
-            "hash_ids": ids,
-            "timestamps": _timestamp_report(self.column("timestamp")),
+            HASH_IDS_FIELD: ids,
+            "timestamps": _timestamp_report(self.column("times")),
             "singled_out": {} if not self.count else {
                 "unique_id_sequence": _unique_share(self.column("sequence")),
                 "unique_lengths": _unique_share(self.column("lengths"))},
@@ -1181,8 +1188,8 @@ def report_text(report: dict, where: str) -> str:
              f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",
              f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}"
              " (counts and dense ids stay small; token ids or hashes would not)",
-             f"  hash ids: {report['hash_ids']['distinct']:,} distinct, "
-             f"{'dense from 0' if report['hash_ids']['dense'] else 'not dense from 0'}"]
+             f"  hash ids: {report[HASH_IDS_FIELD]['distinct']:,} distinct, "
+             f"{'dense from 0' if report[HASH_IDS_FIELD]['dense'] else 'not dense from 0'}"]
     if ts.get("granularity_ms") is not None:
         lines.append(f"  timestamps: every one a multiple of {ts['granularity_ms']:,} ms; requests "
                      f"{_ms(ts.get('median_gap_ms'))} apart at the median, {_ms(ts.get('smallest_gap_ms'))} "
