@@ -5,6 +5,7 @@ fields' and files' names, and the default block size, are written nowhere else."
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -59,6 +60,7 @@ NOT_YET_MOVED = {
 }
 
 
+@functools.cache  # parsed once for the tests that read them
 def _sources() -> dict[str, ast.Module]:
     return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text())
             for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
