@@ -951,9 +951,10 @@ class _Rows:
         if (columns.num_ids != -(-columns.input_length // block_size)).any():
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
         known = columns.response_ms[columns.response_ms != NO_RESPONSE_MS]
-        for values, step, what in ((columns.timestamp, grain["timestamp_ms"], "timestamps"),
-                                   (known, grain["timestamp_ms"], RESPONSE_FIELD),
-                                   (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
+        for values, step, what in (
+                (columns.timestamp, grain["timestamp_ms"], "timestamps"),
+                (known, grain["timestamp_ms"], RESPONSE_FIELD),
+                (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
             if (values % step).any():
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
         if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
