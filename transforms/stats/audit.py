@@ -175,7 +175,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
         names = [name]
         # Measured, never passed: no manifest vouches for a lone file's stats, granularity or
         # block size, and kvtrace publishes whole folders.
-        gate.flag("a trace file alone: only a whole output folder (with its manifest.json) is "
+        gate.flag(f"a trace file alone: only a whole output folder (with its {MANIFEST}) is "
                   "published")
         if not TRACE_FILE.fullmatch(name):
             gate.flag(f"a file kvtrace does not publish: {name}")
@@ -511,14 +511,14 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
     name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
     if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
-        gate.flag(f"manifest.json: tokenizer.name is not the name anonymize publishes for "
+        gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for "
                   f"{tokenizer}")
     loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
-        gate.flag("manifest.json: tokenizer.sha256 cannot be checked without the tokenizer: pass "
+        gate.flag(f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
                   "--tokenizer (the folder, hub name or pkg: name the run used)")
     elif public_tokenizer_sha256(loaded.files_sha256) != published["sha256"]:
-        gate.flag("manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files")
+        gate.flag(f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files")
 
 
 # The pkg: tokenizers kvtrace documents: the only packages a manifest's name may make the audit
@@ -583,13 +583,13 @@ def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> Non
     the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one."""
     scheme = manifest["hash_scheme"]
     if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
-        gate.flag("manifest.json: the vllm hash scheme's suffix cannot be checked without the "
+        gate.flag(f"{MANIFEST}: the vllm hash scheme's suffix cannot be checked without the "
                   "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
     elif expected is None and scheme != KEYED_SCHEME:
-        gate.flag("manifest.json: hash_scheme is not the default (keyed) one, and the run's cannot "
+        gate.flag(f"{MANIFEST}: hash_scheme is not the default (keyed) one, and the run's cannot "
                   "be confirmed: pass --hash-scheme as the run was given")
     elif expected is not None and scheme != expected:
-        gate.flag(f"manifest.json: hash_scheme is not {expected}")
+        gate.flag(f"{MANIFEST}: hash_scheme is not {expected}")
 
 
 def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
@@ -599,10 +599,10 @@ def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -
     published = manifest["chat_template_kwargs"]
     if expected is not None:
         if published != expected:
-            gate.flag("manifest.json: chat_template_kwargs are not what anonymize publishes for "
+            gate.flag(f"{MANIFEST}: chat_template_kwargs are not what anonymize publishes for "
                       "the kwargs given, under the salt given")
     elif published:
-        gate.flag("manifest.json: chat_template_kwargs the run's options alone confirm: pass "
+        gate.flag(f"{MANIFEST}: chat_template_kwargs the run's options alone confirm: pass "
                   "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
                   "or --salt-secret)")
 
@@ -626,10 +626,10 @@ def _check_settings(manifest: dict, given: dict[str, int], gate: _Gate) -> None:
     published = {"block_size": manifest["block_size"], **manifest["granularity"]}
     for key, (option, usual) in SETTING_VALUES.items():
         if key in given and published[key] != given[key]:
-            gate.flag(f"manifest.json: {key} is {published[key]}, the run was given {option} "
+            gate.flag(f"{MANIFEST}: {key} is {published[key]}, the run was given {option} "
                       f"{given[key]}")
         elif key not in given and published[key] not in usual:
-            gate.flag(f"manifest.json: {key} {published[key]} is none of the round values the "
+            gate.flag(f"{MANIFEST}: {key} {published[key]} is none of the round values the "
                       f"gate passes unconfirmed: pass {option} as the run was given")
 
 
@@ -736,7 +736,7 @@ def _why_not_canonical(name: str, data: bytes, parsed: TraceColumns, jsonl: str 
 def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     """manifest.json when it is canonical JSON of the closed manifest schema, else None."""
     if MANIFEST not in names:
-        gate.flag("no manifest.json: not a complete kvtrace output")
+        gate.flag(f"no {MANIFEST}: not a complete kvtrace output")
         return None
     data = _read(folder, MANIFEST, MAX_MANIFEST_BYTES, gate)
     if data is None:
@@ -744,16 +744,16 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     try:
         manifest = parse_json(data)
     except FormatError as err:
-        gate.flag(f"manifest.json: {err}")
+        gate.flag(f"{MANIFEST}: {err}")
         return None
     problems = schema_problems(manifest, MANIFEST_SCHEMA)
     if not problems and manifest["kvtrace_version"] != KVTRACE_VERSION:
         problems = [f"written by kvtrace {manifest['kvtrace_version']}, audited by "
                     f"{KVTRACE_VERSION}: audit with the release that wrote it"]
     for problem in problems:
-        gate.flag(f"manifest.json: {problem}")
+        gate.flag(f"{MANIFEST}: {problem}")
     if not problems and canonical_json(manifest) != data:
-        gate.flag("manifest.json: not the bytes kvtrace writes (spacing, key order, number forms)")
+        gate.flag(f"{MANIFEST}: not the bytes kvtrace writes (spacing, key order, number forms)")
     return None if problems else manifest
 
 
@@ -763,33 +763,33 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
-        gate.flag(f"manifest.json lists {manifest['files']} (sha256 of "
+        gate.flag(f"{MANIFEST} lists {manifest['files']} (sha256 of "
                   f"{sorted(manifest['sha256'])}), the folder holds {present}")
     stats = _read(folder, STATS, MAX_STATS_BYTES, gate) if STATS in names else None
     for name in present:
         if name in gate.sha256 and manifest["sha256"].get(name) != gate.sha256[name]:
-            gate.flag(f"{name} is not the file manifest.json lists (sha256 differs)")
+            gate.flag(f"{name} is not the file {MANIFEST} lists (sha256 differs)")
     records = manifest["records"]
     if manifest["hash_scheme_keyed"] != (manifest["hash_scheme"] == KEYED_SCHEME):
-        gate.flag("manifest.json: hash_scheme_keyed disagrees with hash_scheme")
+        gate.flag(f"{MANIFEST}: hash_scheme_keyed disagrees with hash_scheme")
     if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
                                              manifest["files"]):
-        gate.flag("manifest.json: replay is not what kvtrace writes there")
+        gate.flag(f"{MANIFEST}: replay is not what kvtrace writes there")
     if manifest[OUTPUT_IDS_FIELD] and manifest["granularity"][OUTPUT_LENGTH_FIELD] > 1:
         gate.flag(f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
                   "output length to within a block")
     if STATS not in names:
-        gate.flag("no stats.json")
+        gate.flag(f"no {STATS}")
     if not rows.complete:
         return  # the shards' own flags say why; figures over all rows would only add noise
     if stats is not None and stats != canonical_json(rows.stats()):
-        gate.flag("stats.json holds more, or other, than the statistics of these rows")
+        gate.flag(f"{STATS} holds more, or other, than the statistics of these rows")
     if records["exported"] != rows.count:
-        gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
+        gate.flag(f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
         if window_start not in (None, (0, 0)):
-            gate.flag(f"manifest.json: no id_map, the window before ends at {window_start}")
+            gate.flag(f"{MANIFEST}: no id_map, the window before ends at {window_start}")
         for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
@@ -842,11 +842,11 @@ def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] 
     begins = _start_figures(manifest["id_map"])
     if window_start is not None:
         if begins[:2] != window_start:
-            gate.flag(f"manifest.json: id_map begins at {begins[:2]}, the window before ends at "
+            gate.flag(f"{MANIFEST}: id_map begins at {begins[:2]}, the window before ends at "
                       f"{window_start}")
         return
     if numbering is None:
-        gate.flag("manifest.json: id_map says where this night's numbering began, which only "
+        gate.flag(f"{MANIFEST}: id_map says where this night's numbering began, which only "
                   "the id map (or, for a stream's window, the stream's folder audited whole) can "
                   "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
                   "--salt-secret), or audit the stream's output folder")
@@ -856,12 +856,12 @@ def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] 
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
     if unnamed:
-        gate.flag(f"manifest.json: id_map names no night the id map recorded, and its versions "
+        gate.flag(f"{MANIFEST}: id_map names no night the id map recorded, and its versions "
                   f"{unnamed[0]}-{unnamed[-1]} record none (made before id map format 6): to "
                   f"confirm a night of theirs, anonymize it again with this kvtrace (same input, "
                   f"salt and map), which records it, and publish that output")
     else:
-        gate.flag("manifest.json: id_map and the files are not a night a version of the id map "
+        gate.flag(f"{MANIFEST}: id_map and the files are not a night a version of the id map "
                   "recorded (its start, time included, and its files' digests)")
 
 
