@@ -15,6 +15,7 @@ from transforms.read.paths import file_sizes
 from transforms.stats.heap import map_arrays_apart, return_freed_heap
 from transforms.read.trace_io import read_trace
 from transforms.stats.trace_stats import analyze
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 # Key shards per analysis and row shards in the Beam engine: each holds 1/N of the blocks (or
 # rows) in one worker.
@@ -24,7 +25,7 @@ DEFAULT_SHARDS = 64
 @dataclass(frozen=True)
 class AnalyzeConfig:
     inputs: tuple[str, ...]  # files, expanded from the user's globs, in order
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     warmup_fraction: float = 0.5
     shards: int = DEFAULT_SHARDS
 

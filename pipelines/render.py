@@ -23,6 +23,7 @@ from transforms.replay.render import (
 )
 from transforms.read.trace_io import Trace, read_trace
 from transforms.synth.shards import take_rows
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 from transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -34,7 +35,7 @@ class RenderConfig:
     inputs: tuple[str, ...]
     output: str
     tokenizer: str
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     shape: str = "prompt"  # prompt: {"prompt": text}; chat: {"messages": [one user message]}
     verify: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

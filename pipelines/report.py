@@ -21,6 +21,7 @@ from transforms.cache.policies import POLICIES
 from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
 from transforms.cache.stack_distance import COLD, stack_distances
 from transforms.stats.trace_stats import analyze
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 from transforms.write.publish import file_output
 
 from pipelines.simulate import policy_curve, two_tier_grid
@@ -36,7 +37,7 @@ GRID_POINTS = 4
 class ReportConfig:
     inputs: tuple[str, ...]
     output: str
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     gpu_kv_cache_size: int | None = None  # default: where LRU reaches half its best hit rate
     capacities: tuple[Capacity, ...] = ()  # of the policy curves; default: log-spaced over the trace
     policies: tuple[str, ...] = POLICIES

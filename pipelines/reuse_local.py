@@ -19,6 +19,7 @@ from transforms.cache.reuse_report import reuse_report
 from transforms.cache.stack_distance import infinite_cache, stack_distances
 from transforms.stats.trace_stats import row_problems
 from transforms.storage import is_url
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 from transforms.write.publish import OutputRefused, StagedFile, check_file, file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -27,7 +28,7 @@ _LOG = logging.getLogger("kvtrace")
 @dataclass(frozen=True)
 class ReuseConfig:
     inputs: tuple[str, ...]
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     gpu_kv_cache_size: int | None = None
     plot: str | None = None  # PNG path (any Beam filesystem)
 

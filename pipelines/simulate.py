@@ -17,6 +17,7 @@ from transforms.cache.capacity import Capacity
 from transforms.cache.policies import POLICIES, hit_rates
 from transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
 from transforms.stats.trace_stats import row_problems
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -42,7 +43,7 @@ class SimulateConfig:
     inputs: tuple[str, ...]
     capacities: tuple[Capacity, ...]
     policies: tuple[str, ...] = POLICIES
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     kv_bytes_per_token: int | None = None
     tier2_capacities: tuple[Capacity, ...] = ()
     warmup_fraction: float = 0.0  # rows that only fill the cache (kvcache-simulator: 0.5)

@@ -19,6 +19,7 @@ from transforms.stats.trace_stats import analyze
 from transforms.synth.output import jsonl_bytes
 from transforms.synth.summary import before_and_after
 from transforms.synth.synthesize import SynthConfig, synthesize
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 from transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -28,7 +29,7 @@ _LOG = logging.getLogger("kvtrace")
 class SynthesizeConfig:
     inputs: tuple[str, ...]
     output: str
-    block_size: int = 512
+    block_size: int = DEFAULT_BLOCK_SIZE
     synth: SynthConfig = SynthConfig()
 
 

@@ -29,6 +29,13 @@ STATS = "stats.json"
 TRACE_FILE_PREFIX = "trace-"
 TRACE_FILE = re.compile(r"trace-(\d{5})-of-(\d{5})\.(jsonl|parquet)", re.ASCII)
 SUFFIXES = (".jsonl", ".parquet")
+TRACE_SHARDS = f"{TRACE_FILE_PREFIX}*.jsonl"  # a folder's JSONL shards (its Parquet ones are twins)
+
+# A row's fields, every one present in every row (Mooncake's four).
+TIMESTAMP_FIELD = "timestamp"  # ms from the trace's first request
+INPUT_LENGTH_FIELD = "input_length"
+OUTPUT_LENGTH_FIELD = "output_length"
+HASH_IDS_FIELD = "hash_ids"
 
 # Each row holds its request's whole prompt, so a row is one self-contained request, also within
 # a conversation. The pseudonymous conversation number is therefore published as `session`, not
@@ -45,6 +52,8 @@ OUTPUT_IDS_FIELD = "output_hash_ids"
 RESPONSE_FIELD = "response_ms"
 NO_RESPONSE_MS = -1  # in columns: the log did not say when the response ended
 NO_SESSION = -1  # in columns: the request had no session
+ROW_FIELDS = (TIMESTAMP_FIELD, INPUT_LENGTH_FIELD, OUTPUT_LENGTH_FIELD, HASH_IDS_FIELD)
+OPTIONAL_FIELDS = (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD)  # in some traces or rows only
 # No count, length, time in ms (~35 years) or dense id a night publishes comes near this: a
 # larger integer is a hash or a token id, whatever field it is in.
 MAX_PUBLISHED_INT = 1 << 40
@@ -71,10 +80,10 @@ MAX_JSON_DEPTH = 32
 _ID_LIST = pa.list_(pa.field("item", pa.int64(), nullable=False))
 TRACE_SCHEMA = pa.schema(
     [
-        pa.field("timestamp", pa.int64(), nullable=False),
-        pa.field("input_length", pa.int64(), nullable=False),
-        pa.field("output_length", pa.int64(), nullable=False),
-        pa.field("hash_ids", _ID_LIST, nullable=False),
+        pa.field(TIMESTAMP_FIELD, pa.int64(), nullable=False),
+        pa.field(INPUT_LENGTH_FIELD, pa.int64(), nullable=False),
+        pa.field(OUTPUT_LENGTH_FIELD, pa.int64(), nullable=False),
+        pa.field(HASH_IDS_FIELD, _ID_LIST, nullable=False),
         pa.field(SESSION_FIELD, pa.int64(), nullable=True),
     ],
     metadata={"format": FORMAT, "timestamp_unit": "ms"},
@@ -261,7 +270,7 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
     except (OSError, pa.ArrowException) as err:
         raise FormatError(f"not a readable Parquet file ({str(err)[:80]})") from None
     names = table.schema.names
-    extra = [n for n in names if n not in TRACE_SCHEMA.names + [OUTPUT_IDS_FIELD, RESPONSE_FIELD]]
+    extra = [n for n in names if n not in ROW_FIELDS + OPTIONAL_FIELDS]
     if extra:
         raise FormatError(f"fields beyond the trace's own: {', '.join(extra)[:80]}")
     missing = [n for n in TRACE_SCHEMA.names if n not in names]
@@ -315,10 +324,6 @@ def _parquet_columns(table: pa.Table) -> TraceColumns:
                         ids, ints(SESSION_FIELD, NO_SESSION), response, *outputs)
 
 
-_ROW_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
-_OPTIONAL_KEYS = (OUTPUT_IDS_FIELD, RESPONSE_FIELD, SESSION_FIELD)
-
-
 def columns_of_jsonl(data: bytes) -> TraceColumns:
     """The rows of a JSONL shard, each a JSON object of the trace's keys holding integers (the
     first line that is not says why); whether the bytes are kvtrace's is for the caller to
@@ -355,10 +360,10 @@ def _row(line: bytes) -> dict:
         raise FormatError("not JSON") from None
     if not isinstance(row, dict):
         raise FormatError("not a JSON object")
-    extra = [k for k in row if k not in _ROW_KEYS + _OPTIONAL_KEYS]
+    extra = [k for k in row if k not in ROW_FIELDS + OPTIONAL_FIELDS]
     if extra:
         raise FormatError(f"fields beyond the trace's own: {', '.join(sorted(extra))[:80]}")
-    missing = [k for k in _ROW_KEYS if k not in row]
+    missing = [k for k in ROW_FIELDS if k not in row]
     if missing:
         raise FormatError(f"rows without {', '.join(missing)}")
     for key, value in row.items():
@@ -447,8 +452,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
                         "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$"},
         "hash_scheme_keyed": {"type": "boolean"},
-        "granularity": _closed({"timestamp_ms": _STEP, "output_length": _STEP}),
-        "output_hash_ids": {"type": "boolean"},
+        "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
+        OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
         "chat_template_kwargs": {
             "type": "object", "maxProperties": 64,
             "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},

@@ -64,7 +64,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--output", metavar="DIR", help="where the trace goes (required)")
     add("--tokenizer", metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
-    add("--block-size", type=int, metavar="N", help="tokens per block (default 512)")
+    add("--block-size", type=int, metavar="N",
+        help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})")
     add("--input-format", choices=INPUT_FORMATS,
         help="request shape; auto detects it per record (default auto)")
     add("--timestamp-unit", choices=TIMESTAMP_UNITS,

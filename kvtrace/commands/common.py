@@ -14,12 +14,14 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from transforms.errors import ConfigError, JobStopped
+from transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST
 
 if TYPE_CHECKING:  # publish imports pyarrow: only a command that runs pays for it
     from transforms.write.publish import Location, StagedFile
 
 TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
-BLOCK_HELP = "tokens per block (default: the manifest.json beside the trace, else 512)"
+BLOCK_HELP = (f"tokens per block (default: the {MANIFEST} beside the trace, "
+              f"else {DEFAULT_BLOCK_SIZE})")
 
 
 def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
@@ -33,13 +35,13 @@ def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
 
 def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     """The trace files the arguments name, in the order given, and their block size
-    (--block-size, else the manifests', else 512; refused where they disagree)."""
+    (--block-size, else the manifests', else DEFAULT_BLOCK_SIZE; refused where they disagree)."""
     from transforms.read.trace_inputs import declared_block_size, trace_files
 
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
-    return tuple(files), declared_block_size(files, args.block_size) or 512
+    return tuple(files), declared_block_size(files, args.block_size) or DEFAULT_BLOCK_SIZE
 
 
 def plan_trace_command(args: argparse.Namespace, files: Sequence[str],

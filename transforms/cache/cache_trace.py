@@ -1,7 +1,7 @@
 """A trace as a cache sees it: every block occurrence in causal order, with its real size.
 
 Causal order is timestamp, then file order (as `analyze`'s cache-sizing rates). A block is its
-exact prefix (stats.blocks.prefix_ids): two occurrences are the same cache entry only when
+exact prefix (stats.trace_blocks.prefix_ids): two occurrences are the same cache entry only when
 every block before them matches too, as in a serving engine's chained block hashes, whatever
 the trace's own ids do. Within one request a prefix occurs once.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from transforms.read.trace_io import Trace, read_trace
-from transforms.stats.blocks import causal_order, last_block_tokens, prefix_ids
+from transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
 
 _LOG = logging.getLogger("kvtrace")
 

@@ -43,10 +43,10 @@ from transforms import storage
 from transforms.errors import ConfigError
 from transforms.read.paths import expand_inputs, file_identity, open_raw
 from transforms.storage import is_url
-from transforms.trace_format import FORMAT, MANIFEST, STATS, TRACE_FILE, is_count, parse_json
+from transforms.trace_format import (FORMAT, MANIFEST, STATS, TRACE_FILE, TRACE_SHARDS, is_count,
+                                     parse_json)
 
 _LOG = logging.getLogger("kvtrace")
-TRACE_SHARDS = "trace-*.jsonl"
 MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and sha256s)
 
 # The folders pinned in this process (or the one it forked from) and still held, by token: a

@@ -20,11 +20,17 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 from transforms.trace_format import (
+    HASH_IDS_FIELD,
+    INPUT_LENGTH_FIELD,
     MAX_OUTPUT_LENGTH,
     MAX_RESPONSE_MS,
     MAX_TRACE_LINE_BYTES,
     NO_RESPONSE_MS,
+    OUTPUT_LENGTH_FIELD,
     RESPONSE_FIELD,
+    ROW_FIELDS,
+    SESSION_FIELD,
+    TIMESTAMP_FIELD,
 )
 from transforms.read.paths import (
     PARQUET_SUFFIXES,
@@ -48,16 +54,16 @@ READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's pe
 # reports a negative one).
 MAX_READ_TIMESTAMP_MS = 1 << 42
 MAX_READ_INT = (1 << 63) - 1
-HIGHEST = {"timestamp": MAX_READ_TIMESTAMP_MS, "input_length": MAX_READ_INT,
-           "output_length": MAX_OUTPUT_LENGTH, RESPONSE_FIELD: MAX_RESPONSE_MS,
-           "hash_ids": MAX_READ_INT}
+HIGHEST = {TIMESTAMP_FIELD: MAX_READ_TIMESTAMP_MS, INPUT_LENGTH_FIELD: MAX_READ_INT,
+           OUTPUT_LENGTH_FIELD: MAX_OUTPUT_LENGTH, RESPONSE_FIELD: MAX_RESPONSE_MS,
+           HASH_IDS_FIELD: MAX_READ_INT}
 # A line is read up to MAX_TRACE_LINE_BYTES (trace_format: the longest row kvtrace writes); a
 # longer one is malformed, skipped without being held.
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
-# kvtrace publishes conversations as `session` (see write/shards.py); other traces use session_id.
-SESSION_FIELDS = ("session", "session_id")
-READ_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", RESPONSE_FIELD,
-               *SESSION_FIELDS)
+# kvtrace publishes conversations as `session` (trace_format.SESSION_FIELD); other traces use
+# session_id.
+SESSION_FIELDS = (SESSION_FIELD, "session_id")
+READ_FIELDS = (*ROW_FIELDS, RESPONSE_FIELD, *SESSION_FIELDS)
 
 
 @dataclass
@@ -101,30 +107,30 @@ def read_trace(files: Sequence[str]) -> Trace:
     try:
         for index, path in enumerate(files):
             for part in _read_file(path, published.get(path)):
-                part["file_index"] = np.full(len(part["input_length"]), index, dtype=np.int32)
+                part["file_index"] = np.full(len(part[INPUT_LENGTH_FIELD]), index, dtype=np.int32)
                 parts.append(part)
-                rows[path] = rows.get(path, 0) + len(part["input_length"])
+                rows[path] = rows.get(path, 0) + len(part[INPUT_LENGTH_FIELD])
     finally:
         for folder in set(opened.values()):  # a pin from trace_files is its holder's to close
             folder.close()
     _check_exported(published, rows)
     malformed = [m for p in parts for m in p["malformed"]]
-    sessions = [p["session"] for p in parts]
+    sessions = [p[SESSION_FIELD] for p in parts]
     has_sessions = any(s is not None for s in sessions)
     lengths = np.concatenate([np.diff(p["offsets"]) for p in parts]) if parts else np.zeros(0)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return Trace(
-        timestamp=_cat(parts, "timestamp", np.float64),
-        input_length=_cat(parts, "input_length", np.int64),
-        output_length=_cat(parts, "output_length", np.int64),
+        timestamp=_cat(parts, TIMESTAMP_FIELD, np.float64),
+        input_length=_cat(parts, INPUT_LENGTH_FIELD, np.int64),
+        output_length=_cat(parts, OUTPUT_LENGTH_FIELD, np.int64),
         offsets=offsets,
         ids=_cat(parts, "ids", _id_dtype(parts)),
         session=np.concatenate([
-            s if s is not None else np.full(len(p["input_length"]), None, dtype=object)
+            s if s is not None else np.full(len(p[INPUT_LENGTH_FIELD]), None, dtype=object)
             for s, p in zip(sessions, parts)
         ]) if has_sessions else None,
-        response_ms=_cat(parts, "response_ms", np.int64),
+        response_ms=_cat(parts, RESPONSE_FIELD, np.int64),
         line=_cat(parts, "line", np.int64),
         file_index=_cat(parts, "file_index", np.int32),
         files=list(files),
@@ -266,11 +272,11 @@ def _readable(name: str, type: pa.DataType) -> bool:
     value by value); sessions may be nested (read as their JSON text) of such types."""
     if pa.types.is_null(type) or pa.types.is_integer(type):
         return True
-    if name == "timestamp":
+    if name == TIMESTAMP_FIELD:
         return pa.types.is_floating(type)
     lists = pa.types.is_list(type) or pa.types.is_large_list(type) or \
         pa.types.is_fixed_size_list(type)  # as other Parquet writers (polars) write them
-    if name == "hash_ids":
+    if name == HASH_IDS_FIELD:
         return lists and _readable("", type.value_type)
     if name in SESSION_FIELDS:
         return pa.types.is_string(type) or pa.types.is_large_string(type) \
@@ -358,7 +364,7 @@ def _streamed_columns(stream: _Tally, path: str) -> list[dict] | None:
 
 def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     names = set(table.schema.names)
-    if "input_length" not in names:
+    if INPUT_LENGTH_FIELD not in names:
         return False
     for name in HIGHEST:  # a null time or length is read row by row; a null response is none
         if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
@@ -373,12 +379,12 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
 
 def _column_fits(name: str, column: pa.Array | pa.ChunkedArray, nulls: bool) -> bool:
     """Whether every value of a column is one its field may hold (_fits, column-wise)."""
-    if name == "hash_ids":
+    if name == HASH_IDS_FIELD:
         if not (pa.types.is_list(column.type) and pa.types.is_integer(column.type.value_type)):
             return False
         column, nulls = pa.compute.list_flatten(column), False
     if not (pa.types.is_integer(column.type) or (
-            name == "timestamp" and pa.types.is_floating(column.type))):
+            name == TIMESTAMP_FIELD and pa.types.is_floating(column.type))):
         return False
     if (column.null_count and not nulls) or (pa.types.is_floating(column.type)
                                              and pa.compute.any(pa.compute.is_nan(column)).as_py()):
@@ -391,21 +397,21 @@ def _column_fits(name: str, column: pa.Array | pa.ChunkedArray, nulls: bool) -> 
 def _fits(name: str, value: object) -> bool:
     """Whether a value is one a trace field may hold: an integer (a time may be a fraction) in
     the field's range (NaN is in none)."""
-    kinds = (int, float) if name == "timestamp" else (int,)
+    kinds = (int, float) if name == TIMESTAMP_FIELD else (int,)
     return type(value) in kinds and _lowest(name) <= value <= HIGHEST[name]
 
 
 def _lowest(name: str) -> int:
-    return -HIGHEST[name] if name == "timestamp" else 0
+    return -HIGHEST[name] if name == TIMESTAMP_FIELD else 0
 
 
 def _columns_from_table(
     table: pa.Table | pa.RecordBatch, path: str, lines: np.ndarray, malformed: list
 ) -> dict:
     names = set(table.schema.names)
-    if "input_length" not in names:
-        raise ValueError(f"{path}: no input_length column")
-    ids = _whole(table["hash_ids"]) if "hash_ids" in names else None
+    if INPUT_LENGTH_FIELD not in names:
+        raise ValueError(f"{path}: no {INPUT_LENGTH_FIELD} column")
+    ids = _whole(table[HASH_IDS_FIELD]) if HASH_IDS_FIELD in names else None
     if ids is None:
         offsets, values = np.zeros(table.num_rows + 1, np.int64), np.zeros(0, np.int64)
     else:
@@ -424,9 +430,10 @@ def _columns_from_table(
     if session_name:
         session = np.empty(table.num_rows, dtype=object)
         session[:] = [_scalar_session(v) for v in python_values(table[session_name])]
-    return {"timestamp": column("timestamp", 0), "input_length": column("input_length", 0),
-            "output_length": column("output_length", 0), "offsets": offsets, "ids": values,
-            "session": session, "response_ms": column(RESPONSE_FIELD, NO_RESPONSE_MS),
+    return {TIMESTAMP_FIELD: column(TIMESTAMP_FIELD, 0),
+            INPUT_LENGTH_FIELD: column(INPUT_LENGTH_FIELD, 0),
+            OUTPUT_LENGTH_FIELD: column(OUTPUT_LENGTH_FIELD, 0), "offsets": offsets, "ids": values,
+            SESSION_FIELD: session, RESPONSE_FIELD: column(RESPONSE_FIELD, NO_RESPONSE_MS),
             "line": lines, "malformed": malformed}
 
 
@@ -471,19 +478,19 @@ def _columns_from_rows(numbered: Iterable[tuple[int, bytes | dict]], path: str,
             rows.append((number, _row(raw)))
         except ValueError as err:
             malformed.append({"file": path, "line": number, "error": str(err)})
-    lengths = [len(r["hash_ids"]) for _, r in rows]
+    lengths = [len(r[HASH_IDS_FIELD]) for _, r in rows]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     session_name = next((n for n in SESSION_FIELDS if any(n in r for _, r in rows)), None)
     return {
-        "timestamp": [r.get("timestamp", 0) for _, r in rows],
-        "input_length": [r["input_length"] for _, r in rows],
-        "output_length": [r.get("output_length", 0) for _, r in rows],
+        TIMESTAMP_FIELD: [r.get(TIMESTAMP_FIELD, 0) for _, r in rows],
+        INPUT_LENGTH_FIELD: [r[INPUT_LENGTH_FIELD] for _, r in rows],
+        OUTPUT_LENGTH_FIELD: [r.get(OUTPUT_LENGTH_FIELD, 0) for _, r in rows],
         "offsets": offsets,
-        "ids": [i for _, r in rows for i in r["hash_ids"]],
-        "session": (np.asarray([r.get(session_name) for _, r in rows], dtype=object)
+        "ids": [i for _, r in rows for i in r[HASH_IDS_FIELD]],
+        SESSION_FIELD: (np.asarray([r.get(session_name) for _, r in rows], dtype=object)
                     if session_name else None),
-        "response_ms": [r.get(RESPONSE_FIELD, NO_RESPONSE_MS) for _, r in rows],
+        RESPONSE_FIELD: [r.get(RESPONSE_FIELD, NO_RESPONSE_MS) for _, r in rows],
         "line": [n for n, _ in rows],
         "malformed": malformed,
     }
@@ -501,16 +508,16 @@ def _row(raw: bytes | dict) -> dict:
             raise ValueError(f"not JSON ({str(err)[:200]})") from None
     if not isinstance(row, dict):
         raise ValueError("not a JSON object")
-    if row.get("timestamp") is None:
-        row["timestamp"] = 0
+    if row.get(TIMESTAMP_FIELD) is None:
+        row[TIMESTAMP_FIELD] = 0
     if row.get(RESPONSE_FIELD) is None:
         row.pop(RESPONSE_FIELD, None)
-    if row.get("hash_ids") is None:
-        row["hash_ids"] = []
-    if "input_length" not in row:
-        raise ValueError("input_length missing")
+    if row.get(HASH_IDS_FIELD) is None:
+        row[HASH_IDS_FIELD] = []
+    if INPUT_LENGTH_FIELD not in row:
+        raise ValueError(f"{INPUT_LENGTH_FIELD} missing")
     for name in HIGHEST:
-        values = row[name] if name == "hash_ids" else [row.get(name, 0)]
+        values = row[name] if name == HASH_IDS_FIELD else [row.get(name, 0)]
         if not isinstance(values, list) or not all(_fits(name, value) for value in values):
             raise ValueError(f"{name} is not {_described(name)} (what kvtrace writes)")
     for name in SESSION_FIELDS:
@@ -523,6 +530,6 @@ def _row(raw: bytes | dict) -> dict:
 
 def _described(name: str) -> str:
     """What a field may hold, as _fits checks it."""
-    value = "a number" if name == "timestamp" else "an integer"
-    listed = "a list, each " if name == "hash_ids" else ""
+    value = "a number" if name == TIMESTAMP_FIELD else "an integer"
+    listed = "a list, each " if name == HASH_IDS_FIELD else ""
     return f"{listed}{value} in [{_lowest(name)}, {HIGHEST[name]}]"

@@ -25,7 +25,7 @@ from transforms.encode.blocks import token_bytes
 from transforms.encode.fallible_tokenizer import FallibleTokenizer
 from transforms.encode.tokenize import encode_texts, render_chat
 from transforms.read.trace_io import Trace
-from transforms.stats.blocks import last_block_tokens, prefix_ids
+from transforms.stats.trace_blocks import last_block_tokens, prefix_ids
 
 # Words per vocabulary: 4,096 spell 16.7M siblings in two tokens; every tokenizer we ship has
 # over 20,000 such words.

@@ -34,6 +34,8 @@ from transforms import storage
 from transforms.ids.row_order import in_published_order
 from transforms.storage import is_url
 from transforms.trace_format import (
+    HASH_IDS_FIELD,
+    INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
     MAX_BLOCK_SIZE,
     MANIFEST,
@@ -41,11 +43,14 @@ from transforms.trace_format import (
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
+    OUTPUT_LENGTH_FIELD,
     RESPONSE_FIELD,
+    ROW_FIELDS,
     SESSION_FIELD,
     STATS,
     STREAM_TOTALS,
     STREAM_TOTALS_SCHEMA,
+    TIMESTAMP_FIELD,
     TRACE_FILE,
     VLLM_SCHEME_PREFIX,
     WINDOW_NAME,
@@ -170,7 +175,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
         names = [name]
         # Measured, never passed: no manifest vouches for a lone file's stats, granularity or
         # block size, and kvtrace publishes whole folders.
-        gate.flag("a trace file alone: only a whole output folder (with its manifest.json) is "
+        gate.flag(f"a trace file alone: only a whole output folder (with its {MANIFEST}) is "
                   "published")
         if not TRACE_FILE.fullmatch(name):
             gate.flag(f"a file kvtrace does not publish: {name}")
@@ -293,7 +298,7 @@ def _check_window_cut(name: str, rows: _Rows, window_ms: int | None, last_slot: 
     """A window holds the rows of one window of the stream's time, [k W, (k + 1) W) from the
     trace's zero (anonymize_streaming.by_window), later than the window before it's; the first
     window's first row is the zero. Returns its k (None while the window length is unknown)."""
-    times = rows.column("timestamp")
+    times = rows.column("times")
     if not len(times):
         return last_slot
     if name == window_name(0) and times.min() != 0:
@@ -506,14 +511,14 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
     name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
     if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
-        gate.flag(f"manifest.json: tokenizer.name is not the name anonymize publishes for "
+        gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for "
                   f"{tokenizer}")
     loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
-        gate.flag("manifest.json: tokenizer.sha256 cannot be checked without the tokenizer: pass "
+        gate.flag(f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
                   "--tokenizer (the folder, hub name or pkg: name the run used)")
     elif public_tokenizer_sha256(loaded.files_sha256) != published["sha256"]:
-        gate.flag("manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files")
+        gate.flag(f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files")
 
 
 # The pkg: tokenizers kvtrace documents: the only packages a manifest's name may make the audit
@@ -578,13 +583,13 @@ def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> Non
     the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one."""
     scheme = manifest["hash_scheme"]
     if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
-        gate.flag("manifest.json: the vllm hash scheme's suffix cannot be checked without the "
+        gate.flag(f"{MANIFEST}: the vllm hash scheme's suffix cannot be checked without the "
                   "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
     elif expected is None and scheme != KEYED_SCHEME:
-        gate.flag("manifest.json: hash_scheme is not the default (keyed) one, and the run's cannot "
+        gate.flag(f"{MANIFEST}: hash_scheme is not the default (keyed) one, and the run's cannot "
                   "be confirmed: pass --hash-scheme as the run was given")
     elif expected is not None and scheme != expected:
-        gate.flag(f"manifest.json: hash_scheme is not {expected}")
+        gate.flag(f"{MANIFEST}: hash_scheme is not {expected}")
 
 
 def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
@@ -594,10 +599,10 @@ def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -
     published = manifest["chat_template_kwargs"]
     if expected is not None:
         if published != expected:
-            gate.flag("manifest.json: chat_template_kwargs are not what anonymize publishes for "
+            gate.flag(f"{MANIFEST}: chat_template_kwargs are not what anonymize publishes for "
                       "the kwargs given, under the salt given")
     elif published:
-        gate.flag("manifest.json: chat_template_kwargs the run's options alone confirm: pass "
+        gate.flag(f"{MANIFEST}: chat_template_kwargs the run's options alone confirm: pass "
                   "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
                   "or --salt-secret)")
 
@@ -610,7 +615,7 @@ ROUND_STEPS = frozenset({1, 10, 100, 1000, 10_000, 60_000, 600_000, 3_600_000, 8
 SETTING_VALUES = {
     "block_size": ("--block-size", frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
     "timestamp_ms": ("--timestamp-granularity-ms", ROUND_STEPS),
-    "output_length": ("--length-granularity",
+    OUTPUT_LENGTH_FIELD: ("--length-granularity",
                       ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
 }
 
@@ -621,10 +626,10 @@ def _check_settings(manifest: dict, given: dict[str, int], gate: _Gate) -> None:
     published = {"block_size": manifest["block_size"], **manifest["granularity"]}
     for key, (option, usual) in SETTING_VALUES.items():
         if key in given and published[key] != given[key]:
-            gate.flag(f"manifest.json: {key} is {published[key]}, the run was given {option} "
+            gate.flag(f"{MANIFEST}: {key} is {published[key]}, the run was given {option} "
                       f"{given[key]}")
         elif key not in given and published[key] not in usual:
-            gate.flag(f"manifest.json: {key} {published[key]} is none of the round values the "
+            gate.flag(f"{MANIFEST}: {key} {published[key]} is none of the round values the "
                       f"gate passes unconfirmed: pass {option} as the run was given")
 
 
@@ -731,7 +736,7 @@ def _why_not_canonical(name: str, data: bytes, parsed: TraceColumns, jsonl: str 
 def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     """manifest.json when it is canonical JSON of the closed manifest schema, else None."""
     if MANIFEST not in names:
-        gate.flag("no manifest.json: not a complete kvtrace output")
+        gate.flag(f"no {MANIFEST}: not a complete kvtrace output")
         return None
     data = _read(folder, MANIFEST, MAX_MANIFEST_BYTES, gate)
     if data is None:
@@ -739,16 +744,16 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     try:
         manifest = parse_json(data)
     except FormatError as err:
-        gate.flag(f"manifest.json: {err}")
+        gate.flag(f"{MANIFEST}: {err}")
         return None
     problems = schema_problems(manifest, MANIFEST_SCHEMA)
     if not problems and manifest["kvtrace_version"] != KVTRACE_VERSION:
         problems = [f"written by kvtrace {manifest['kvtrace_version']}, audited by "
                     f"{KVTRACE_VERSION}: audit with the release that wrote it"]
     for problem in problems:
-        gate.flag(f"manifest.json: {problem}")
+        gate.flag(f"{MANIFEST}: {problem}")
     if not problems and canonical_json(manifest) != data:
-        gate.flag("manifest.json: not the bytes kvtrace writes (spacing, key order, number forms)")
+        gate.flag(f"{MANIFEST}: not the bytes kvtrace writes (spacing, key order, number forms)")
     return None if problems else manifest
 
 
@@ -758,34 +763,34 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
-        gate.flag(f"manifest.json lists {manifest['files']} (sha256 of "
+        gate.flag(f"{MANIFEST} lists {manifest['files']} (sha256 of "
                   f"{sorted(manifest['sha256'])}), the folder holds {present}")
     stats = _read(folder, STATS, MAX_STATS_BYTES, gate) if STATS in names else None
     for name in present:
         if name in gate.sha256 and manifest["sha256"].get(name) != gate.sha256[name]:
-            gate.flag(f"{name} is not the file manifest.json lists (sha256 differs)")
+            gate.flag(f"{name} is not the file {MANIFEST} lists (sha256 differs)")
     records = manifest["records"]
     if manifest["hash_scheme_keyed"] != (manifest["hash_scheme"] == KEYED_SCHEME):
-        gate.flag("manifest.json: hash_scheme_keyed disagrees with hash_scheme")
+        gate.flag(f"{MANIFEST}: hash_scheme_keyed disagrees with hash_scheme")
     if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
                                              manifest["files"]):
-        gate.flag("manifest.json: replay is not what kvtrace writes there")
-    if manifest["output_hash_ids"] and manifest["granularity"]["output_length"] > 1:
-        gate.flag("output_hash_ids beside --length-granularity: output block ids give each "
+        gate.flag(f"{MANIFEST}: replay is not what kvtrace writes there")
+    if manifest[OUTPUT_IDS_FIELD] and manifest["granularity"][OUTPUT_LENGTH_FIELD] > 1:
+        gate.flag(f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
                   "output length to within a block")
     if STATS not in names:
-        gate.flag("no stats.json")
+        gate.flag(f"no {STATS}")
     if not rows.complete:
         return  # the shards' own flags say why; figures over all rows would only add noise
     if stats is not None and stats != canonical_json(rows.stats()):
-        gate.flag("stats.json holds more, or other, than the statistics of these rows")
+        gate.flag(f"{STATS} holds more, or other, than the statistics of these rows")
     if records["exported"] != rows.count:
-        gate.flag(f"manifest.json: records.exported is {records['exported']}, the trace holds "
+        gate.flag(f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
         if window_start not in (None, (0, 0)):
-            gate.flag(f"manifest.json: no id_map, the window before ends at {window_start}")
-        for kind, ids in (("block", rows.all_ids()), ("session", rows.sessions())):
+            gate.flag(f"{MANIFEST}: no id_map, the window before ends at {window_start}")
+        for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
@@ -837,11 +842,11 @@ def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] 
     begins = _start_figures(manifest["id_map"])
     if window_start is not None:
         if begins[:2] != window_start:
-            gate.flag(f"manifest.json: id_map begins at {begins[:2]}, the window before ends at "
+            gate.flag(f"{MANIFEST}: id_map begins at {begins[:2]}, the window before ends at "
                       f"{window_start}")
         return
     if numbering is None:
-        gate.flag("manifest.json: id_map says where this night's numbering began, which only "
+        gate.flag(f"{MANIFEST}: id_map says where this night's numbering began, which only "
                   "the id map (or, for a stream's window, the stream's folder audited whole) can "
                   "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
                   "--salt-secret), or audit the stream's output folder")
@@ -851,12 +856,12 @@ def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] 
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
     if unnamed:
-        gate.flag(f"manifest.json: id_map names no night the id map recorded, and its versions "
+        gate.flag(f"{MANIFEST}: id_map names no night the id map recorded, and its versions "
                   f"{unnamed[0]}-{unnamed[-1]} record none (made before id map format 6): to "
                   f"confirm a night of theirs, anonymize it again with this kvtrace (same input, "
                   f"salt and map), which records it, and publish that output")
     else:
-        gate.flag("manifest.json: id_map and the files are not a night a version of the id map "
+        gate.flag(f"{MANIFEST}: id_map and the files are not a night a version of the id map "
                   "recorded (its start, time included, and its files' digests)")
 
 
@@ -870,7 +875,7 @@ class _Rows:
     first_timestamp: int | None = None
     complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
     parts: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
-        k: [] for k in ("timestamp", "sequence", "lengths", "session")})
+        k: [] for k in ("times", "sequence", "lengths", "sessions")})
     # Distinct prompt ids, sorted, with their first tokens and parents; and later shards' own
     merged: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(
         np.empty(0, np.int64) for _ in range(3)))
@@ -898,10 +903,10 @@ class _Rows:
         if n and self.first_timestamp is None:
             self.first_timestamp = int(columns.timestamp[0])
         self.count += n
-        self.parts["timestamp"].append(columns.timestamp)
+        self.parts["times"].append(columns.timestamp)
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
         self.parts["lengths"].append(_mix(columns.input_length) ^ _mix(~columns.output_length))
-        self.parts["session"].append(columns.session[columns.session != NO_SESSION])
+        self.parts["sessions"].append(columns.session[columns.session != NO_SESSION])
         self.shard_rooms.append(published_room(columns.timestamp, columns.num_ids + (
             0 if columns.num_output_ids is None else columns.num_output_ids)))
         self._count_fields(columns)
@@ -925,13 +930,15 @@ class _Rows:
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
-        present = {"timestamp": n, "input_length": n, "output_length": n, "hash_ids": n,
+        present = {**dict.fromkeys(ROW_FIELDS, n),
                    SESSION_FIELD: int(np.count_nonzero(columns.session >= 0)),
                    RESPONSE_FIELD: int(np.count_nonzero(columns.response_ms >= 0)),
                    OUTPUT_IDS_FIELD: n if columns.output_ids is not None else 0}
         self.fields.update({k: v for k, v in present.items() if v})
-        for key, values in (("timestamp", columns.timestamp), ("input_length", columns.input_length),
-                            ("output_length", columns.output_length), ("hash_ids", columns.ids),
+        for key, values in ((TIMESTAMP_FIELD, columns.timestamp),
+                            (INPUT_LENGTH_FIELD, columns.input_length),
+                            (OUTPUT_LENGTH_FIELD, columns.output_length),
+                            (HASH_IDS_FIELD, columns.ids),
                             (SESSION_FIELD, columns.session), (RESPONSE_FIELD, columns.response_ms),
                             (OUTPUT_IDS_FIELD, columns.output_ids)):
             if values is not None and len(values):
@@ -944,12 +951,13 @@ class _Rows:
         if (columns.num_ids != -(-columns.input_length // block_size)).any():
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
         known = columns.response_ms[columns.response_ms != NO_RESPONSE_MS]
-        for values, step, what in ((columns.timestamp, grain["timestamp_ms"], "timestamps"),
-                                   (known, grain["timestamp_ms"], "response_ms"),
-                                   (columns.output_length, grain["output_length"], "output lengths")):
+        for values, step, what in (
+                (columns.timestamp, grain["timestamp_ms"], "timestamps"),
+                (known, grain["timestamp_ms"], RESPONSE_FIELD),
+                (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
             if (values % step).any():
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
-        if (manifest["output_hash_ids"]) != (columns.output_ids is not None):
+        if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
         elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
             decoded = np.maximum(0, (columns.input_length + columns.output_length) // block_size
@@ -1074,22 +1082,22 @@ class _Rows:
         return _sorted_unique(np.concatenate([self.ids, *self.output_ids]))
 
     def sessions(self) -> np.ndarray:
-        return _sorted_unique(self.column("session"))
+        return _sorted_unique(self.column("sessions"))
 
     def column(self, key: str) -> np.ndarray:
         parts = self.parts[key]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def report(self, names: list[str], ids: dict) -> dict:
-        sessions = np.sort(self.column("session"))
+        sessions = np.sort(self.column("sessions"))
         per_session = np.diff(np.flatnonzero(np.diff(sessions, prepend=-2, append=-2)))
         return {
             "rows": self.count,
             "files": names,
             "fields": dict(self.fields),
             "largest_integers": self.largest,
-            "hash_ids": ids,
-            "timestamps": _timestamp_report(self.column("timestamp")),
+            HASH_IDS_FIELD: ids,
+            "timestamps": _timestamp_report(self.column("times")),
             "singled_out": {} if not self.count else {
                 "unique_id_sequence": _unique_share(self.column("sequence")),
                 "unique_lengths": _unique_share(self.column("lengths"))},
@@ -1181,8 +1189,8 @@ def report_text(report: dict, where: str) -> str:
              f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",
              f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}"
              " (counts and dense ids stay small; token ids or hashes would not)",
-             f"  hash ids: {report['hash_ids']['distinct']:,} distinct, "
-             f"{'dense from 0' if report['hash_ids']['dense'] else 'not dense from 0'}"]
+             f"  hash ids: {report[HASH_IDS_FIELD]['distinct']:,} distinct, "
+             f"{'dense from 0' if report[HASH_IDS_FIELD]['dense'] else 'not dense from 0'}"]
     if ts.get("granularity_ms") is not None:
         lines.append(f"  timestamps: every one a multiple of {ts['granularity_ms']:,} ms; requests "
                      f"{_ms(ts.get('median_gap_ms'))} apart at the median, {_ms(ts.get('smallest_gap_ms'))} "

@@ -5,9 +5,9 @@ occurrences" for one of two keys:
 - the hash id: aiperf's seen sets, the (position, id) pairs of context length (all pairs of an id
   live with it), rows starting with an id (prefix groups), chaining checks;
 - the prefix: reuse, and each prefix's first occurrence in causal order (a miss).
-A key shard (blocks.Blocks: every occurrence of its keys, in file order) yields per-row partials
-and whole-trace counts; row_measures meets each row with every partial about it. The local
-engine runs one id shard, one prefix shard and one row shard over the whole trace; the Beam
+A key shard (trace_blocks.Blocks: every occurrence of its keys, in file order) yields per-row
+partials and whole-trace counts; row_measures meets each row with every partial about it. The
+local engine runs one id shard, one prefix shard and one row shard over the whole trace; the Beam
 engine runs N of each (stats/steps.py).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.stats.blocks import (Blocks, chunks, covered_tokens, first_index, gathered,
+from transforms.stats.trace_blocks import (Blocks, chunks, covered_tokens, first_index, gathered,
                                      gathered_compare, last_index, last_tokens)
 
 # Per row, what one key shard found about it. unseen_pos: the row's first block whose id no

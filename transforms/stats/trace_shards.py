@@ -1,5 +1,5 @@
 """The tables of `analyze --engine beam` (and `reuse --engine beam`): each trace file read as a row
-table and a block table, blocks split into key shards and made into blocks.Blocks for the
+table and a block table, blocks split into key shards and made into trace_blocks.Blocks for the
 algorithm of key_shards.py, and the per-row measures of a row shard as mergeable histograms.
 
 A prefix's identity across files is a 128-bit chain hash (the local engine numbers prefixes
@@ -19,7 +19,7 @@ import xxhash
 
 from transforms.ids.dense_ids import split_by
 from transforms.read.trace_io import Trace, read_trace
-from transforms.stats.blocks import Blocks, last_block_tokens
+from transforms.stats.trace_blocks import Blocks, last_block_tokens
 from transforms.stats.histograms import histogram
 from transforms.stats.key_shards import Rows, row_measures, row_sums
 from transforms.stats.trace_stats import row_problems, session_counts

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from transforms.read.trace_io import Trace
-from transforms.stats.blocks import Blocks
+from transforms.stats.trace_blocks import Blocks
 from transforms.stats.heap import return_freed_heap
 from transforms.stats.histograms import describe_histogram, histogram
 from transforms.stats.key_shards import (Rows, chaining_problems, first_after_warmup, id_shard,
                                          prefix_shard, row_measures, row_sums)
+from transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 MAX_EXAMPLES = 20  # example lines listed per problem kind
 
@@ -168,7 +169,8 @@ def report(measures: Measures, block_size: int, warmup_fraction: float) -> dict:
     return result
 
 
-def analyze(trace: Trace, block_size: int = 512, warmup_fraction: float = 0.5) -> dict:
+def analyze(trace: Trace, block_size: int = DEFAULT_BLOCK_SIZE,
+            warmup_fraction: float = 0.5) -> dict:
     """The report of `kvtrace analyze`, the whole trace as one key shard of each kind and one
     row shard (key_shards.py)."""
     blocks = Blocks.of(trace)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transforms.read.trace_io import Trace
-from transforms.stats.blocks import Blocks
+from transforms.stats.trace_blocks import Blocks
 from transforms.stats.trace_stats import MAX_EXAMPLES, problems
 
 _UNBOUNDED = 1 << 62  # no upper bound (rows of one id)

@@ -10,7 +10,7 @@ A request's blocks split into up to three runs, in this order:
   part covers the shared run; shared-ness is a property of the prefix, so both turns agree on
   it);
 - own: the rest, this request's unique part.
-Blocks are exact prefixes (stats.blocks.prefix_ids): a block is shared only when every
+Blocks are exact prefixes (stats.trace_blocks.prefix_ids): a block is shared only when every
 block before it is too, so the shared run is a prefix of the request.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from transforms.read.trace_io import Trace
-from transforms.stats.blocks import causal_order, last_block_tokens, prefix_ids
+from transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
 
 
 @dataclass(frozen=True)

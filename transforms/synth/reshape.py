@@ -1,7 +1,7 @@
 """Reshape a trace's requests into new rows whose ids stay valid.
 
 Each output row is first built as a sequence of labels, one per output block; ids are then the
-exact prefixes of those label sequences (stats.blocks.prefix_ids), numbered densely in
+exact prefixes of those label sequences (stats.trace_blocks.prefix_ids), numbered densely in
 order of first appearance. So an id always sits at the same position behind the same parent,
 and `len(hash_ids) == ceil(input_length / block_size)` holds by construction: lengths are
 computed in tokens, and the blocks are cut from them.

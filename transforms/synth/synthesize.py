@@ -16,7 +16,7 @@ import xxhash
 from transforms.errors import JobStopped
 from transforms.read.trace_io import HIGHEST, Trace
 from transforms.stats.trace_shards import LINE_BITS
-from transforms.stats.blocks import prefix_ids
+from transforms.stats.trace_blocks import prefix_ids
 from transforms.synth.parts import RowParts
 from transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from transforms.synth.sample import sample_requests

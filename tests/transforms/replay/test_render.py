@@ -11,7 +11,7 @@ from conftest import anonymize, read_jsonl, shared_path, trace as published, wri
 from transforms.encode.tokenize import encode_texts, load_tokenizer
 from transforms.replay.render import block_keys, render_blocks, reproduces_blocks, vocabulary
 from transforms.read.trace_io import read_trace
-from transforms.stats.blocks import prefix_ids
+from transforms.stats.trace_blocks import prefix_ids
 
 from kvtrace.cli import main
 

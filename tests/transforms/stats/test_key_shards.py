@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from conftest import trace_of
 from transforms.read.trace_io import Trace
-from transforms.stats import blocks as blocks_module
-from transforms.stats.blocks import Blocks
+from transforms.stats import trace_blocks as blocks_module
+from transforms.stats.trace_blocks import Blocks
 from transforms.stats.trace_stats import analyze
 from transforms.stats.key_shards import (PARTIAL, Rows, first_after_warmup, id_shard,
                                          prefix_shard, row_measures, row_sums)
