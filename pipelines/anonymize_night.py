@@ -39,7 +39,8 @@ from transforms.ids.dense_ids import (
     split_by,
 )
 from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
-from transforms.trace_format import FORMAT, STATS, canonical_json
+from transforms.trace_format import (FORMAT, OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, STATS,
+                                     canonical_json)
 from transforms.write.coarsen import published_requests
 from transforms.write.manifest import (
     KVTRACE_VERSION,
@@ -260,9 +261,9 @@ def night_manifest(config: AnonymizeConfig, files: list[tuple[str, str]], stats:
         "hash_scheme": config.hash_scheme.identity,
         "hash_scheme_keyed": config.hash_scheme.keyed,
         "granularity": {"timestamp_ms": config.coarsening.timestamp_ms,
-                        "output_length": config.coarsening.output_length},
+                        OUTPUT_LENGTH_FIELD: config.coarsening.output_length},
         # Whether engine hashes were written elsewhere; not where (a private location).
-        "output_hash_ids": config.emit_output_hashes,
+        OUTPUT_IDS_FIELD: config.emit_output_hashes,
         "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
                                                        config.salt.load()),
         # Only what the rows prove: the other counts are the operator's (write_run_counts).

@@ -54,7 +54,6 @@ NOT_YET_MOVED = {
     "transforms/synth/synthesize.py": "names fields in messages and bounds",
     "transforms/replay/export.py": "writes Mooncake rows for replayers",
     "pipelines/render.py": "a request's fields",
-    "pipelines/anonymize_config.py": "the manifest's output_hash_ids and granularity keys",
     "kvtrace/commands/check.py": "manifest.json and the granularity key",
     "kvtrace/commands/convert.py": "manifest.json and session",
 }
