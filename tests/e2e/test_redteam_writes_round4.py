@@ -12,24 +12,13 @@ from pathlib import Path
 
 import pytest
 from conftest import anonymize, chat, write_jsonl
+from test_redteam_writes_round3 import _in_mount_namespace
 
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 ROUND4 = "red team round 4"
-
-
-def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
-    """Run a shell script in a private mount namespace (its mounts are seen by no one else);
-    skipped where the system allows none."""
-    if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
-        pytest.skip("no private mount namespaces here")
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *args],
-                          cwd=TESTS, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(TESTS.parent), str(TESTS)])})
 
 
 def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tmp_path):

@@ -332,20 +332,7 @@ def _stream_totals(folder: str, gate: _Gate) -> dict | None:
     if data is None:
         return None
     gate.sha256[STREAM_TOTALS] = sha256_of(data)
-    try:
-        totals = parse_json(data)
-    except FormatError as err:
-        gate.flag(f"{STREAM_TOTALS}: {err}")
-        return None
-    problems = schema_problems(totals, STREAM_TOTALS_SCHEMA)
-    for problem in problems:
-        gate.flag(f"{STREAM_TOTALS}: {problem}")
-    if problems:
-        return None
-    if data != canonical_json(totals):
-        gate.flag(f"{STREAM_TOTALS}: not the bytes kvtrace writes for its values (canonical "
-                  f"JSON: sorted keys, two-space indent)")
-    return totals
+    return _declared_document(STREAM_TOTALS, data, STREAM_TOTALS_SCHEMA, gate)
 
 
 def _check_stream_totals(totals: dict, figures: dict[str, int], granularity: int,
@@ -741,20 +728,31 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     data = _read(folder, MANIFEST, MAX_MANIFEST_BYTES, gate)
     if data is None:
         return None
-    try:
-        manifest = parse_json(data)
-    except FormatError as err:
-        gate.flag(f"{MANIFEST}: {err}")
+    manifest = _declared_document(MANIFEST, data, MANIFEST_SCHEMA, gate)
+    if manifest is not None and manifest["kvtrace_version"] != KVTRACE_VERSION:
+        gate.flag(f"{MANIFEST}: written by kvtrace {manifest['kvtrace_version']}, audited by "
+                  f"{KVTRACE_VERSION}: audit with the release that wrote it")
         return None
-    problems = schema_problems(manifest, MANIFEST_SCHEMA)
-    if not problems and manifest["kvtrace_version"] != KVTRACE_VERSION:
-        problems = [f"written by kvtrace {manifest['kvtrace_version']}, audited by "
-                    f"{KVTRACE_VERSION}: audit with the release that wrote it"]
+    return manifest
+
+
+def _declared_document(name: str, data: bytes, schema: Any, gate: _Gate) -> dict | None:
+    """A JSON file kvtrace writes (the manifest, a stream's totals): parsed, within its declared
+    schema, and exactly the canonical bytes of its values; None (flagged) when it is not whole."""
+    try:
+        document = parse_json(data)
+    except FormatError as err:
+        gate.flag(f"{name}: {err}")
+        return None
+    problems = schema_problems(document, schema)
     for problem in problems:
-        gate.flag(f"{MANIFEST}: {problem}")
-    if not problems and canonical_json(manifest) != data:
-        gate.flag(f"{MANIFEST}: not the bytes kvtrace writes (spacing, key order, number forms)")
-    return None if problems else manifest
+        gate.flag(f"{name}: {problem}")
+    if problems:
+        return None
+    if canonical_json(document) != data:
+        gate.flag(f"{name}: not the bytes kvtrace writes for its values (canonical JSON: sorted "
+                  f"keys, two-space indent, number forms)")
+    return document
 
 
 def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
