@@ -357,14 +357,19 @@ def relative_index(name: str) -> str:
 
 
 def empty_version(identity: MapIdentity) -> MapVersion:
-    """Version 0: what a map directory that does not exist yet stands for; its id is born here."""
+    """Version 0: what a map directory that does not exist yet stands for (its id is given by
+    its first commit, map_id_of)."""
     return MapVersion(0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS},
-                      hash_shards=0, map_id=new_map_id())
+                      hash_shards=0)
 
 
-def new_map_id() -> str:
-    """A map's id: random, so no two maps share one, whatever their salt or settings."""
-    return uuid.uuid4().hex
+def map_id_of(base: MapVersion, night: Night) -> str:
+    """The id a map gets at its first commit (or, from before ids, its next): derived from its
+    salt's fingerprint, the record it grows from and the night that makes it, so the same
+    nights give the same map bytes on every engine (determinism), while maps of other nights
+    or salts get other ids. Only the salt's holder can write a record naming it (the MAC)."""
+    seed = "\0".join((base.identity.salt_fingerprint, base.record_sha256 or "", night.identity))
+    return hashlib.sha256(b"kvtrace map id\0" + seed.encode()).hexdigest()[:32]
 
 
 def version_path(directory: str, version: int) -> str:
@@ -588,7 +593,7 @@ def next_version(
     return replace(
         base,
         version=number,
-        map_id=base.map_id or new_map_id(),  # a map from before ids gets its id here
+        map_id=base.map_id or map_id_of(base, night),
         previous_sha256=base.record_sha256,
         record_sha256=None,
         timestamp_origin_ms=origin,

@@ -250,7 +250,9 @@ def test_next_version_numbers_after_the_base_and_records_each_night():
     assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
     assert first.history[-1] == {"version": 1, "added": {"blocks": 7, "sessions": 0},
                                  "compacted": False, "night": "a" * 64, "start": night(base).start}
-    assert first.previous_sha256 is None and first.map_id == base.map_id  # born with the map
+    assert first.previous_sha256 is None  # born with the map, its id from its first night:
+    assert first.map_id == id_map.map_id_of(base, night(base)) != id_map.map_id_of(
+        base, night(base, 0, "c" * 64))  # the same on every engine, another for another night
     stored = id_map.version_bytes(first, KEY)
     first = replace(first, record_sha256=hashlib.sha256(stored).hexdigest())  # as opened
     second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
