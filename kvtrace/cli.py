@@ -223,6 +223,7 @@ def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _show_any_name()
     parser = _parser()
     args, leftovers = parser.parse_known_args(
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
@@ -233,6 +234,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(COMMANDS[args.command], args, leftovers, parser, stop)
         except KeyboardInterrupt:
             stop.end()
+
+
+def _show_any_name() -> None:
+    """Paths are bytes on Linux: a name that is not UTF-8 reaches Python as surrogates, which a
+    strict stdout (PYTHONIOENCODING=utf-8, some locales) refuses to print, failing a run that
+    has published. Shown escaped instead, whatever the terminal's encoding settings."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _run(run: Callable[[argparse.Namespace, BeamFlags], int], args: argparse.Namespace,
