@@ -43,6 +43,13 @@ def map_contents(directory: Path) -> dict[str, bytes | str]:
     return contents
 
 
+def own_marks(folder: Path, engine: str) -> tuple[str, str]:
+    """A folder of marks per engine: the two maps grow from the same nights and salt, so they
+    are one map (the same id, the same bytes), and one folder of marks would take the second
+    engine's first night for a rollback of the first engine's second."""
+    return "--id-map-marks", str(folder / f"marks-{engine}")
+
+
 def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
     salt_file = tmp_path / "salt"
@@ -51,7 +58,8 @@ def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, mo
         for n, night in enumerate(nights(tmp_path), 1):
             assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"{engine}-{n}",
                                    "--id-map", str(tmp_path / f"map-{engine}"),
-                                   "--salt-file", str(salt_file), *extra) == 0
+                                   "--salt-file", str(salt_file),
+                                   *own_marks(tmp_path, engine), *extra) == 0
     for n in (1, 2):
         assert_same_output(tmp_path / f"local-{n}", tmp_path / f"flink-{n}")
     assert map_contents(tmp_path / "map-local") == map_contents(tmp_path / "map-flink")
@@ -83,6 +91,7 @@ def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
         runs[engine] = tmp_path / engine
         assert anonymize_night(tiny_tokenizer, [night], runs[engine], "--id-map",
                                str(tmp_path / f"map-{engine}"), "--salt-file", str(salt_file),
+                               *own_marks(tmp_path, engine),
                                *extra) == 0
     assert killed
     with urllib.request.urlopen("http://127.0.0.1:8081/jobs/overview") as response:

@@ -194,6 +194,8 @@ def test_engines_extend_an_id_map_alike_night_after_night(tiny_tokenizer, tmp_pa
         for k, night in enumerate(nights):
             assert anonymize(tiny_tokenizer, [night], tmp_path / f"{engine}{k}", "--engine", engine,
                              "--id-map", str(tmp_path / f"map-{engine}"), "--salt-file", salt,
+                             # the two maps are one map (same nights, same salt): marks apart
+                             "--id-map-marks", str(tmp_path / f"marks-{engine}"),
                              "--block-size", "4") == 0
     for k in range(3):
         assert_same_output(tmp_path / f"local{k}", tmp_path / f"beam{k}")
