@@ -93,8 +93,9 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
     # Output block ids give each output length to within a block: never beside coarse lengths.
     run("anonymize", "--output", "outputs", *common, "--emit-output-hashes")
     for engine in ("local", "beam"):
+        # The two maps are one map (same night, same salt): each its own folder of marks.
         run("anonymize", "--output", f"night-{engine}", *common, "--engine", engine,
-            "--id-map", f"map-{engine}")
+            "--id-map", f"map-{engine}", "--id-map-marks", f"marks-{engine}")
     for name in ("local", "beam", "coarse", "outputs", "night-local", "night-beam"):
         results[f"anonymize {name}"] = digests(Path(name)) | digests(Path(f"{name}-rejected"))
     for engine in ("local", "beam"):

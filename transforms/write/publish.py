@@ -312,8 +312,9 @@ def _own_lock(path: str, handle: int) -> bool:
 
 # The names kvtrace stages under beside an output: .NAME.kvtrace-staging-ID, ID a run id (12
 # hex digits) or a block-hashes folder's (16), and the same with .previous (the two-rename
-# swap's previous output). Only these, and only the running user's, are cleared as leftovers.
-_STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous)?")
+# swap's previous output) or .parts (Beam's synthesize writes its parts there before the file).
+# Only these, and only the running user's, are cleared as leftovers.
+_STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous|\.parts)?")
 _STAGED_NAME = re.compile(rf"\..+{re.escape(STAGING_MARK)}{_STAGING_ID.pattern}", re.DOTALL)
 
 
