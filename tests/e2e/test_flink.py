@@ -26,7 +26,8 @@ def nights(folder: Path) -> list[Path]:
 
 
 def without_run_ids(text: str) -> str:
-    """Segment folders carry each run's own id, by design; the version's MAC covers them."""
+    """Segment folders carry each run's own id, by design; the version's MAC and the next
+    version's previous_sha256 cover them."""
     return re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1", text)
 
 
@@ -36,7 +37,8 @@ def map_contents(directory: Path) -> dict[str, bytes | str]:
         name = without_run_ids(str(path.relative_to(directory)))
         if path.suffix == ".json" and path.parent.name == "versions":
             record = json.loads(path.read_text())
-            record.pop("mac")
+            record.pop("mac")  # both digest the record's bytes, run ids included:
+            record.pop("previous_sha256")
             contents[name] = without_run_ids(json.dumps(record, sort_keys=True))
         elif path.is_file() and path.name != "COMMITTED":
             contents[name] = path.read_bytes()
