@@ -9,10 +9,11 @@ import os
 import shutil
 
 import pytest
+from test_dead_letter_run import _staged_run
 
 from transforms.errors import JobStopped
 from transforms.write import publish
-from transforms.write.publish import (DEAD_LETTER_FILE, DeadLetterRun, OutputRefused,
+from transforms.write.publish import (DeadLetterRun, OutputRefused,
                                       file_output, folder_output, output_lock, recover_letters,
                                       staging_folder)
 
@@ -130,18 +131,6 @@ def test_a_folder_holding_what_the_command_does_not_write_is_refused(tmp_path):
             pytest.fail("the work must not start")
 
 
-def _letters_run(tmp_path, run_id: str) -> tuple[DeadLetterRun, str]:
-    """A run of output `out` whose letters are staged (as an engine writes them)."""
-    output = str(tmp_path / "out")
-    run = DeadLetterRun(str(tmp_path / "dead"), output, run_id)
-    staging = staging_folder(output, run_id)
-    os.makedirs(staging)
-    run.begin(staging)
-    with open(os.path.join(run.staging, DEAD_LETTER_FILE), "wb") as handle:
-        handle.write(f"{run_id}\n".encode())
-    return run, staging
-
-
 def _publish_output(staging: str, tmp_path) -> None:
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
     os.rename(staging, tmp_path / "out")
@@ -149,7 +138,7 @@ def _publish_output(staging: str, tmp_path) -> None:
 
 def test_each_runs_letters_are_published_under_its_own_name(tmp_path):
     for run_id in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
-        run, staging = _letters_run(tmp_path, run_id)
+        run, staging = _staged_run(tmp_path, "dead", run_id)
         _publish_output(staging, tmp_path)
         assert not os.path.exists(run.published)  # staged, hidden, until the run settles
         assert run.settle(run_succeeded=True)
@@ -161,10 +150,10 @@ def test_each_runs_letters_are_published_under_its_own_name(tmp_path):
 def test_a_failed_runs_letters_follow_its_output_not_its_exit(tmp_path):
     """Failed after publishing its output (a full disk while tidying up): its letters are
     published; failed before: they go with the run."""
-    after, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    after, staging = _staged_run(tmp_path, "dead", "aaaaaaaaaaaa")
     _publish_output(staging, tmp_path)
     assert after.settle(run_succeeded=False)
-    before, _ = _letters_run(tmp_path, "bbbbbbbbbbbb")
+    before, _ = _staged_run(tmp_path, "dead", "bbbbbbbbbbbb")
     assert not before.settle(run_succeeded=False)
     assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
@@ -172,9 +161,9 @@ def test_a_failed_runs_letters_follow_its_output_not_its_exit(tmp_path):
 def test_a_killed_runs_letters_follow_its_output(tmp_path):
     """Killed after publishing its output: the next run publishes its letters; killed before:
     they go, as its output never came."""
-    published, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    published, staging = _staged_run(tmp_path, "dead", "aaaaaaaaaaaa")
     os.rename(staging, tmp_path / "out")  # the output published, then the kill
-    unpublished, _ = _letters_run(tmp_path, "bbbbbbbbbbbb")  # killed before its output
+    unpublished, _ = _staged_run(tmp_path, "dead", "bbbbbbbbbbbb")  # killed before its output
     assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
     assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
@@ -183,7 +172,7 @@ def test_a_killed_runs_letters_are_not_published_for_a_folder_that_only_has_its_
     """The staging folder of a run killed before publishing, its inode given to the next
     folder at the output (ext4 reuses inodes): an inode mark would publish its letters for an
     output it never produced; the run's own mark does not. Here the very inode, unmarked."""
-    killed, staging = _letters_run(tmp_path, "aaaaaaaaaaaa")
+    killed, staging = _staged_run(tmp_path, "dead", "aaaaaaaaaaaa")
     os.removexattr(staging, "user.kvtrace.run")  # what a new folder with that inode carries
     os.rename(staging, tmp_path / "out")
     assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
