@@ -33,8 +33,8 @@ FLOOR_BATCH = 256
 
 
 def prepare(corpus: Path, tokenizer_name: str) -> tuple[list[str], list[str]]:
-    from transforms.read.records import parse_record
-    from transforms.encode.tokenize import load_tokenizer, render_chat
+    from kvtrace.transforms.read.records import parse_record
+    from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 
     tokenizer = load_tokenizer(tokenizer_name)
     prompts, outputs = [], []
@@ -51,7 +51,7 @@ def prepare(corpus: Path, tokenizer_name: str) -> tuple[list[str], list[str]]:
 def floor(tokenizer_name: str, texts: list[str], repeats: int = 3) -> tuple[float, int]:
     """(seconds, tokens) to batch-tokenize texts with the fast tokenizer on every core; the best
     of a few repeats, as the floor is the fastest the machine can do."""
-    from transforms.encode.tokenize import encode_texts, load_tokenizer
+    from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name)
     best = float("inf")
@@ -65,9 +65,9 @@ def floor(tokenizer_name: str, texts: list[str], repeats: int = 3) -> tuple[floa
 
 def one_at_a_time(corpus: Path, tokenizer_name: str, block_size: int) -> tuple[float, int]:
     """The naive loop: each request rendered, encoded, hashed and numbered on its own."""
-    from transforms.encode.blocks import DIGEST_SIZE, chain_hashes, chain_seed, token_bytes
-    from transforms.read.records import parse_record
-    from transforms.encode.tokenize import load_tokenizer, render_chat
+    from kvtrace.transforms.encode.blocks import DIGEST_SIZE, chain_hashes, chain_seed, token_bytes
+    from kvtrace.transforms.read.records import parse_record
+    from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 
     tokenizer = load_tokenizer(tokenizer_name)
     seed, ids, tokens = chain_seed(b"benchmark salt, 32 bytes long..."), {}, 0

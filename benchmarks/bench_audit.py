@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import run_measured  # noqa: E402
 
-from transforms.trace_format import (  # noqa: E402
+from kvtrace.transforms.trace_format import (  # noqa: E402
     MANIFEST,
     NO_RESPONSE_MS,
     NO_SESSION,
@@ -34,10 +34,10 @@ from transforms.trace_format import (  # noqa: E402
     parquet_bytes,
     shard_name,
 )
-from transforms.write.manifest import KVTRACE_VERSION  # noqa: E402
-from transforms.write.publish import sha256_of  # noqa: E402
-from transforms.write.replayers import replay_commands  # noqa: E402
-from transforms.write.totals import ExportTotals, export_stats  # noqa: E402
+from kvtrace.transforms.write.manifest import KVTRACE_VERSION  # noqa: E402
+from kvtrace.transforms.write.publish import sha256_of  # noqa: E402
+from kvtrace.transforms.write.replayers import replay_commands  # noqa: E402
+from kvtrace.transforms.write.totals import ExportTotals, export_stats  # noqa: E402
 
 BLOCK = 512
 ROWS_PER_SHARD = 1_000_000

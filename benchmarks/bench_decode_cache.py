@@ -71,8 +71,8 @@ def tokenizer_with(template: str, tokenizer: str, folder: Path) -> str:
 
 def main() -> None:
     from kvtrace.cli import main as kvtrace
-    from pipelines.simulate import SimulateConfig, run_simulate
-    from transforms.cache.capacity import Capacity
+    from kvtrace.pipelines.simulate import SimulateConfig, run_simulate
+    from kvtrace.transforms.cache.capacity import Capacity
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=200)

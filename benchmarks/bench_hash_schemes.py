@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from transforms.encode.blocks import chain_seed, token_bytes
-from transforms.encode.schemes import HashScheme, vllm_none_hash
+from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
+from kvtrace.transforms.encode.schemes import HashScheme, vllm_none_hash
 
 TOKENS = 4_000_000
 REQUEST_TOKENS = 2048

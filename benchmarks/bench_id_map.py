@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
-from transforms.ids.dense_ids import NUMBERED, hash_shards_for, shard_of, split_by
-from transforms.ids.id_map import (
+from kvtrace.transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
+from kvtrace.transforms.ids.dense_ids import NUMBERED, hash_shards_for, shard_of, split_by
+from kvtrace.transforms.ids.id_map import (
     MapIdentity,
     Night,
     empty_version,
@@ -35,8 +35,8 @@ from transforms.ids.id_map import (
     publish,
     segment_path,
 )
-from transforms.ids.segments import write_segment
-from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
+from kvtrace.transforms.ids.segments import write_segment
+from kvtrace.transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
 from measure import run_measured_with_log
 
 SALT = b"benchmark-salt-of-enough-bytes!!"

@@ -52,8 +52,8 @@ def main() -> None:
 
 
 def chat_template(log: Path, tokenizer_name: str, rows: int, repeats: int = 7) -> None:
-    from transforms.encode.tokenize import load_tokenizer, render_chat
-    from transforms.read.records import parse_record
+    from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+    from kvtrace.transforms.read.records import parse_record
 
     tokenizer = load_tokenizer(tokenizer_name)
     with open(log, "rb") as lines:

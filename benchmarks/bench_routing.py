@@ -33,9 +33,9 @@ HIT_RATE = re.compile(r"segment cache: ([0-9.]+)% of (\d+) tokens")
 def routed_bytes(corpus: Path) -> tuple[int, int, int]:
     """(requests, sessions, bytes of key and payload routing shuffles), as the pipeline keys
     them; pickling adds a few bytes per element."""
-    from transforms.read.records import ParseOptions
-    from transforms.read.routing import route_key, routed
-    from transforms.read.sources import file_ranges, parse_one, read_range
+    from kvtrace.transforms.read.records import ParseOptions
+    from kvtrace.transforms.read.routing import route_key, routed
+    from kvtrace.transforms.read.sources import file_ranges, parse_one, read_range
 
     options, requests, sessions, size = ParseOptions(), 0, set(), 0
     for piece in file_ranges(str(corpus), corpus.stat().st_size):

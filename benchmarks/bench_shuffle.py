@@ -35,17 +35,17 @@ def main() -> None:
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from pipelines.anonymize_beam import AnonymizeConfig, build
-    from pipelines.anonymize_config import IdMapRun
-    from transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
-    from transforms.encode.salt import salt_source
-    from transforms.encode.tokenize import (
+    from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
+    from kvtrace.pipelines.anonymize_config import IdMapRun
+    from kvtrace.transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
+    from kvtrace.transforms.encode.salt import salt_source
+    from kvtrace.transforms.encode.tokenize import (
         load_tokenizer,
         tokenization_fingerprint,
         tokenizer_sha256,
     )
-    from transforms.ids.id_map import MapIdentity, map_key, open_map
-    from transforms.read.paths import file_sizes
+    from kvtrace.transforms.ids.id_map import MapIdentity, map_key, open_map
+    from kvtrace.transforms.read.paths import file_sizes
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from transforms.trace_format import window_name
-from transforms.write.manifest import read_run_counts
+from kvtrace.transforms.trace_format import window_name
+from kvtrace.transforms.write.manifest import read_run_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "kvtrace-bench"

@@ -39,8 +39,8 @@ with open(sys.argv[2], "wb") as out:
 
 
 def problems(trace: Path) -> str:
-    from transforms.read.trace_io import read_trace
-    from transforms.stats.trace_stats import analyze
+    from kvtrace.transforms.read.trace_io import read_trace
+    from kvtrace.transforms.stats.trace_stats import analyze
 
     found = {name: p["count"] for name, p in analyze(read_trace([str(trace)]), 512)["problems"].items()
              if p["count"]}
@@ -52,8 +52,8 @@ def without_shared_partial_blocks(trace: str, target: Path) -> int:
     aiperf cannot take); returns the rows kept."""
     import json
 
-    from transforms.read.trace_io import read_trace
-    from transforms.synth.parts import RowParts
+    from kvtrace.transforms.read.trace_io import read_trace
+    from kvtrace.transforms.synth.parts import RowParts
 
     source = read_trace([trace])
     parts = RowParts.of(source, 512)

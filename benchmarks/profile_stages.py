@@ -58,16 +58,16 @@ def startup_seconds(tokenizer: str) -> float:
 
 
 def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
-    from transforms.batching import batches_by_weight
-    from transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
+    from kvtrace.transforms.batching import batches_by_weight
+    from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
                                                    EncodeOptions, open_encoder)
-    from transforms.encode.hashed_batch import HashedBatch
-    from transforms.encode.salt import SaltSource
-    from transforms.ids.dense_ids import block_keys, dense_ids, session_keys
-    from transforms.read.records import ParseOptions
-    from transforms.read.sources import file_ranges, parse_one, read_range
-    from transforms.write.rows import row_batch
-    from transforms.write.shards import jsonl_bytes, parquet_bytes
+    from kvtrace.transforms.encode.hashed_batch import HashedBatch
+    from kvtrace.transforms.encode.salt import SaltSource
+    from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
+    from kvtrace.transforms.read.records import ParseOptions
+    from kvtrace.transforms.read.sources import file_ranges, parse_one, read_range
+    from kvtrace.transforms.write.rows import row_batch
+    from kvtrace.transforms.write.shards import jsonl_bytes, parquet_bytes
 
     salt = SaltSource("random", inline=b"profile salt, 32 bytes long.....")
     encoder = open_encoder(EncodeOptions(tokenizer_name, salt, block_size=block_size))

@@ -29,9 +29,9 @@ from kvtrace.commands import (analyze, anonymize, cache, check, convert, id_map,
                               synthesize)
 from kvtrace.commands.common import BeamFlags
 from kvtrace.options import refuse_stray_words
-from pipelines.processes import end_descendants, quiet_thread
-from transforms.encode.salt import SaltError
-from transforms.errors import ConfigError, IdMapError, JobStopped
+from kvtrace.pipelines.processes import end_descendants, quiet_thread
+from kvtrace.transforms.encode.salt import SaltError
+from kvtrace.transforms.errors import ConfigError, IdMapError, JobStopped
 
 _LOG = logging.getLogger("kvtrace")
 COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from transforms.encode.regular_files import UnfitFile, read_regular_file
-from transforms.errors import ConfigError
+from kvtrace.transforms.encode.regular_files import UnfitFile, read_regular_file
+from kvtrace.transforms.errors import ConfigError
 
 BEAM_SECTION = "beam"
 # A preset is a few dozen values; anchors and aliases beyond these bounds are an alias bomb (a

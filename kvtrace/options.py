@@ -8,7 +8,7 @@ import difflib
 import importlib
 from collections.abc import Iterable, Sequence
 
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 # Modules that define Beam options classes the core options module does not (runner options);
 # each is imported when present so that its flags count as known.
@@ -17,7 +17,7 @@ _BEAM_OPTION_MODULES = (
     "apache_beam.runners.portability.flink_runner",
     "apache_beam.runners.portability.spark_runner",
     "apache_beam.runners.portability.prism_runner",
-    "pipelines.runner",  # kvtrace's declaration of the Flink runner's checkpointing option
+    "kvtrace.pipelines.runner",  # kvtrace's declaration of the Flink runner's checkpointing option
 )
 
 

@@ -4,8 +4,8 @@ spread over many files and machines. The numbers equal analyze_local's."""
 from __future__ import annotations
 
 import apache_beam as beam
-from pipelines.analyze_local import AnalyzeConfig
-from transforms.stats.steps import AnalyzeTrace
+from kvtrace.pipelines.analyze_local import AnalyzeConfig
+from kvtrace.transforms.stats.steps import AnalyzeTrace
 
 
 def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
@@ -18,7 +18,7 @@ def analyze_beam(config: AnalyzeConfig, beam_flags: list[str], output: str | Non
     """Run the Beam engine (embedded runner unless --runner says otherwise) and return the
     report, which the pipeline writes to OUTPUT/analysis.json on any Beam filesystem; without
     an output folder, to a temporary local one (local runners only)."""
-    from pipelines.runner import run_for_report
+    from kvtrace.pipelines.runner import run_for_report
 
     return run_for_report(lambda p: build(p, config), beam_flags, output, "analysis.json",
                           "--output DIR (a folder its workers can write: gs://, s3://) for the "

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transforms.read.paths import file_sizes
-from transforms.stats.heap import map_arrays_apart, return_freed_heap
-from transforms.read.trace_io import read_trace
-from transforms.stats.trace_stats import analyze
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.read.paths import file_sizes
+from kvtrace.transforms.stats.heap import map_arrays_apart, return_freed_heap
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.stats.trace_stats import analyze
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 # Key shards per analysis and row shards in the Beam engine: each holds 1/N of the blocks (or
 # rows) in one worker.

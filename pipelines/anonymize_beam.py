@@ -13,39 +13,39 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
-from transforms.dead_letters import (
+from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
     DEAD_LETTER_TAG,
     DeadLetter,
     SortedRuns,
     StagedLetters,
 )
-from transforms.ids.dense_ids import new_batch_id
-from transforms.ids.steps import (
+from kvtrace.transforms.ids.dense_ids import new_batch_id
+from kvtrace.transforms.ids.steps import (
     AssignDenseIds,
     ReadIdMap,
     WriteSegmentShard,
 )
-from transforms.encode.schemes import engine_hashes
-from transforms.encode.steps import Encode
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids.id_map import segment_files_by_shard
-from transforms.ids.segments import SegmentFile
-from transforms.write.coarsen import published_requests
-from transforms.write.manifest import trace_origin_ms
-from transforms.steps import BatchByWeight, CombineWith, metered
-from transforms.read.records import ParseOptions
-from transforms.read.steps import ReadRecords, RouteSessions, parse_records
-from transforms.write.rows import assemble_rows, request_room
-from transforms.write.totals import ExportTotals, sum_totals
-from transforms.write.shards import block_hashes_staging, shard_plan
-from transforms.write.steps import WriteShard
+from kvtrace.transforms.encode.schemes import engine_hashes
+from kvtrace.transforms.encode.steps import Encode
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.ids.id_map import segment_files_by_shard
+from kvtrace.transforms.ids.segments import SegmentFile
+from kvtrace.transforms.write.coarsen import published_requests
+from kvtrace.transforms.write.manifest import trace_origin_ms
+from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.read.steps import ReadRecords, RouteSessions, parse_records
+from kvtrace.transforms.write.rows import assemble_rows, request_room
+from kvtrace.transforms.write.totals import ExportTotals, sum_totals
+from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
+from kvtrace.transforms.write.steps import WriteShard
 
-from pipelines.anonymize_config import (
+from kvtrace.pipelines.anonymize_config import (
     ID_BATCH_BLOCKS,
     AnonymizeConfig,
 )
-from pipelines.anonymize_night import (
+from kvtrace.pipelines.anonymize_night import (
     commit_id_map,
     kind_keys,
     map_reading,

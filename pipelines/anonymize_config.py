@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transforms.encode.encode_requests import EncodeOptions
-from transforms.encode.schemes import HashScheme
-from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
-from transforms.encode.salt import SaltSource
-from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, hash_shards_for
-from transforms.ids.id_map import MapVersion, new_run_id
-from transforms.read.records import ParseOptions
-from transforms.write.coarsen import Coarsening
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.encode.encode_requests import EncodeOptions
+from kvtrace.transforms.encode.schemes import HashScheme
+from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, hash_shards_for
+from kvtrace.transforms.ids.id_map import MapVersion, new_run_id
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.write.coarsen import Coarsening
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 # The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.

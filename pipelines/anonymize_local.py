@@ -23,19 +23,19 @@ import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_night import Encoded, finish_night
-from pipelines.local_workers import encode_in_workers, worker_count
-from transforms.batching import batches_by_weight
-from transforms.dead_letters import DeadLetter, SortedRuns, StagedLetters
-from transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_night import Encoded, finish_night
+from kvtrace.pipelines.local_workers import encode_in_workers, worker_count
+from kvtrace.transforms.batching import batches_by_weight
+from kvtrace.transforms.dead_letters import DeadLetter, SortedRuns, StagedLetters
+from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
                                                EncodedBatch, OverlappedEncoder, RequestEncoder,
                                                open_encoder)
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.encode.segment_cache import CacheCounts, log_counts
-from transforms.garbage import settle_after_start_up
-from transforms.read.records import ParseOptions, Request
-from transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.segment_cache import CacheCounts, log_counts
+from kvtrace.transforms.garbage import settle_after_start_up
+from kvtrace.transforms.read.records import ParseOptions, Request
+from kvtrace.transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
 
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).

@@ -19,16 +19,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pipelines.anonymize_config import AnonymizeConfig
-from transforms import storage
-from transforms.combiners import fold
-from transforms.dead_letters import DAMAGED_FILE, DeadLetter, StagedLetters, Tally, merge_runs
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.encode.schemes import engine_hashes
-from transforms.encode.segment_cache import CacheCounts
-from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
-from transforms.ids import id_map
-from transforms.ids.dense_ids import (
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.transforms import storage
+from kvtrace.transforms.combiners import fold
+from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, StagedLetters, Tally, merge_runs
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.schemes import engine_hashes
+from kvtrace.transforms.encode.segment_cache import CacheCounts
+from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
+from kvtrace.transforms.ids import id_map
+from kvtrace.transforms.ids.dense_ids import (
     NUMBERED,
     KindIds,
     UniqueTotals,
@@ -38,11 +38,11 @@ from transforms.ids.dense_ids import (
     shard_of,
     split_by,
 )
-from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
-from transforms.trace_format import (FORMAT, OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, STATS,
+from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
+from kvtrace.transforms.trace_format import (FORMAT, OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, STATS,
                                      canonical_json)
-from transforms.write.coarsen import published_requests
-from transforms.write.manifest import (
+from kvtrace.transforms.write.coarsen import published_requests
+from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
     RecordCounts,
     check_not_before_origin,
@@ -57,16 +57,16 @@ from transforms.write.manifest import (
     write_json,
     write_run_counts,
 )
-from transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
-from transforms.write.replayers import replay_commands
-from transforms.write.rows import RowBatch, request_room, row_batch, rows_by_shard, shard_count
-from transforms.write.shards import (
+from kvtrace.transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
+from kvtrace.transforms.write.replayers import replay_commands
+from kvtrace.transforms.write.rows import RowBatch, request_room, row_batch, rows_by_shard, shard_count
+from kvtrace.transforms.write.shards import (
     block_hashes_staging,
     publish_block_hashes,
     shard_plan,
     write_shard,
 )
-from transforms.write.totals import ExportTotals, export_stats
+from kvtrace.transforms.write.totals import ExportTotals, export_stats
 
 _LOG = logging.getLogger("kvtrace")
 

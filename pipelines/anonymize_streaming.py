@@ -56,23 +56,23 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_night import Encoded, finish_night, write_dead_letters
-from pipelines.runner import pipeline_options, run
-from transforms import storage
-from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
-from transforms.errors import ConfigError
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.encode.steps import Encode
-from transforms.encode.timestamp_kinds import keep_kind, keep_plausible_windows, sum_kind_counts
-from transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
-from transforms.read.steps import parse_records
-from transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
-from transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
-from transforms.write.coarsen import Coarsening, published_requests, round_to
-from transforms.write.manifest import RUN_COUNTS, set_content_times
-from transforms.write.publish import DeadLetterRun
-from transforms.write.shards import block_hashes_staging
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_night import Encoded, finish_night, write_dead_letters
+from kvtrace.pipelines.runner import pipeline_options, run
+from kvtrace.transforms import storage
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.steps import Encode
+from kvtrace.transforms.encode.timestamp_kinds import keep_kind, keep_plausible_windows, sum_kind_counts
+from kvtrace.transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
+from kvtrace.transforms.read.steps import parse_records
+from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
+from kvtrace.transforms.trace_format import STREAM_TOTALS, canonical_json, window_name
+from kvtrace.transforms.write.coarsen import Coarsening, published_requests, round_to
+from kvtrace.transforms.write.manifest import RUN_COUNTS, set_content_times
+from kvtrace.transforms.write.publish import DeadLetterRun
+from kvtrace.transforms.write.shards import block_hashes_staging
 
 LATE = "late"
 # A source that has delivered nothing for this long (by its own clock) has nothing older to send:

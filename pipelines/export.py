@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transforms.write.publish import file_output
-from transforms.write.replayers import CONSUMERS
-from transforms.replay.export import export
-from transforms.read.trace_io import read_trace
+from kvtrace.transforms.write.publish import file_output
+from kvtrace.transforms.write.replayers import CONSUMERS
+from kvtrace.transforms.replay.export import export
+from kvtrace.transforms.read.trace_io import read_trace
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
-from pipelines.anonymize_night import Encoded
-from pipelines.processes import busy_threads
-from transforms.encode.encode_requests import RequestEncoder
-from transforms.encode.native_stderr import last_words
-from transforms.errors import JobStopped
-from transforms.garbage import settle_after_start_up
-from transforms.read.sources import READ_SPLIT_BYTES, FileRange, ReadProgress
+from kvtrace.pipelines.anonymize_night import Encoded
+from kvtrace.pipelines.processes import busy_threads
+from kvtrace.transforms.encode.encode_requests import RequestEncoder
+from kvtrace.transforms.encode.native_stderr import last_words
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.garbage import settle_after_start_up
+from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange, ReadProgress
 
 _LOG = logging.getLogger("kvtrace")
 # Where forking is unsafe (_can_fork), worker processes start from a clean server process.

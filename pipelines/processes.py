@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 
-from transforms.encode.native_stderr import QUIET_ATTRIBUTE
+from kvtrace.transforms.encode.native_stderr import QUIET_ATTRIBUTE
 
 PROC = "/proc"
 # Time a process is given to end on SIGTERM before SIGKILL (one that ignores SIGTERM, such as

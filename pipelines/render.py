@@ -12,19 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from transforms.batching import batches_by_weight
-from transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
-from transforms.replay.render import (
+from kvtrace.transforms.batching import batches_by_weight
+from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
+from kvtrace.transforms.replay.render import (
     block_keys,
     render_blocks,
     reproduces_blocks,
     template_overhead,
     vocabulary,
 )
-from transforms.read.trace_io import Trace, read_trace
-from transforms.synth.shards import take_rows
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
-from transforms.write.publish import StagedFile, file_output
+from kvtrace.transforms.read.trace_io import Trace, read_trace
+from kvtrace.transforms.synth.shards import take_rows
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
 MAX_EXAMPLES = 5

@@ -14,17 +14,17 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from transforms.cache import plots
-from transforms.cache.cache_trace import read_cache_trace
-from transforms.cache.capacity import Capacity
-from transforms.cache.policies import POLICIES
-from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
-from transforms.cache.stack_distance import COLD, stack_distances
-from transforms.stats.trace_stats import analyze
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
-from transforms.write.publish import file_output
+from kvtrace.transforms.cache import plots
+from kvtrace.transforms.cache.cache_trace import read_cache_trace
+from kvtrace.transforms.cache.capacity import Capacity
+from kvtrace.transforms.cache.policies import POLICIES
+from kvtrace.transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
+from kvtrace.transforms.cache.stack_distance import COLD, stack_distances
+from kvtrace.transforms.stats.trace_stats import analyze
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.write.publish import file_output
 
-from pipelines.simulate import policy_curve, two_tier_grid
+from kvtrace.pipelines.simulate import policy_curve, two_tier_grid
 
 _LOG = logging.getLogger("kvtrace")
 # Capacities of the hit-rate curves and the sizing grid, log-spaced over the trace's own

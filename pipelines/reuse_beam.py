@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import apache_beam as beam
 import numpy as np
-from pipelines.reuse_local import ReuseConfig, check_plot, write_plot
-from transforms.cache import plots
-from transforms.cache.steps import ReuseTrace
-from transforms.storage import is_url
-from transforms.write.publish import StagedFile
+from kvtrace.pipelines.reuse_local import ReuseConfig, check_plot, write_plot
+from kvtrace.transforms.cache import plots
+from kvtrace.transforms.cache.steps import ReuseTrace
+from kvtrace.transforms.storage import is_url
+from kvtrace.transforms.write.publish import StagedFile
 
 
 def build(pipeline: beam.Pipeline, config: ReuseConfig) -> beam.PCollection:
@@ -27,7 +27,7 @@ def run_reuse_beam(config: ReuseConfig, beam_flags: list[str],
     """Run on the embedded runner unless --runner says otherwise; the plot and report are
     written by the launcher from the one report element (remote runners need config.plot and
     the report on a filesystem the launcher reads: a local temporary folder is used locally)."""
-    from pipelines.runner import run_for_report
+    from kvtrace.pipelines.runner import run_for_report
 
     check_plot(config)
     remote_folder = config.plot.rsplit("/", 1)[0] if is_url(config.plot or "") else None

@@ -12,15 +12,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transforms.cache import plots
-from transforms.cache.cache_trace import read_cache_trace
-from transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
-from transforms.cache.reuse_report import reuse_report
-from transforms.cache.stack_distance import infinite_cache, stack_distances
-from transforms.stats.trace_stats import row_problems
-from transforms.storage import is_url
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
-from transforms.write.publish import OutputRefused, StagedFile, check_file, file_output
+from kvtrace.transforms.cache import plots
+from kvtrace.transforms.cache.cache_trace import read_cache_trace
+from kvtrace.transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
+from kvtrace.transforms.cache.reuse_report import reuse_report
+from kvtrace.transforms.cache.stack_distance import infinite_cache, stack_distances
+from kvtrace.transforms.stats.trace_stats import row_problems
+from kvtrace.transforms.storage import is_url
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.write.publish import OutputRefused, StagedFile, check_file, file_output
 
 _LOG = logging.getLogger("kvtrace")
 

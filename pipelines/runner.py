@@ -25,8 +25,8 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import (DirectOptions, PipelineOptions, PortableOptions,
                                                   StandardOptions)
 
-from pipelines.processes import terminate_descendants
-from transforms.errors import ConfigError
+from kvtrace.pipelines.processes import terminate_descendants
+from kvtrace.transforms.errors import ConfigError
 
 _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
@@ -186,9 +186,9 @@ def check_endpoints(options: PipelineOptions) -> None:
             "external_service_address")
         if not pool:
             raise ConfigError("--environment_type EXTERNAL needs --environment_config HOST:PORT "
-                              "(a worker pool: python -m pipelines.worker_pool)")
+                              "(a worker pool: python -m kvtrace.pipelines.worker_pool)")
         _check_listening(pool, "the SDK worker pool", "start it first: python -m "
-                         "pipelines.worker_pool --address " + pool)
+                         "kvtrace.pipelines.worker_pool --address " + pool)
     if (portable.environment_type or "").upper() == "PROCESS":
         _check_process_command(portable.environment_config or "")
 
@@ -223,7 +223,7 @@ def _log_counters(result: Any) -> None:
     caches did (EncodeRequests'), as the local engine says them."""
     from apache_beam.metrics.metric import MetricsFilter
 
-    from transforms.encode.segment_cache import COUNTED, CacheCounts, log_counts
+    from kvtrace.transforms.encode.segment_cache import COUNTED, CacheCounts, log_counts
 
     try:
         counters = result.metrics().query(MetricsFilter().with_namespace("kvtrace"))["counters"]

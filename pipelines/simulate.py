@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from transforms.cache.cache_trace import CacheTrace, read_cache_trace
-from transforms.cache.decode_cache import read_output_ids, with_decode_cache
-from transforms.cache.capacity import Capacity
-from transforms.cache.policies import POLICIES, hit_rates
-from transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
-from transforms.stats.trace_stats import row_problems
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.cache.cache_trace import CacheTrace, read_cache_trace
+from kvtrace.transforms.cache.decode_cache import read_output_ids, with_decode_cache
+from kvtrace.transforms.cache.capacity import Capacity
+from kvtrace.transforms.cache.policies import POLICIES, hit_rates
+from kvtrace.transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
+from kvtrace.transforms.stats.trace_stats import row_problems
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 _LOG = logging.getLogger("kvtrace")
 

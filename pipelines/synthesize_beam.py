@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 
 import apache_beam as beam
-from pipelines.synthesize_local import SynthesizeConfig
-from transforms import storage
-from transforms.storage import is_url
-from transforms.ids.id_map import new_run_id
-from transforms.synth.steps import SHARDS, SynthesizeTrace
-from transforms.synth.summary import before_and_after
-from transforms.synth.synthesize import SynthConfig
-from transforms.write.publish import StagedFile, file_output, staging_folder
+from kvtrace.pipelines.synthesize_local import SynthesizeConfig
+from kvtrace.transforms import storage
+from kvtrace.transforms.storage import is_url
+from kvtrace.transforms.ids.id_map import new_run_id
+from kvtrace.transforms.synth.steps import SHARDS, SynthesizeTrace
+from kvtrace.transforms.synth.summary import before_and_after
+from kvtrace.transforms.synth.synthesize import SynthConfig
+from kvtrace.transforms.write.publish import StagedFile, file_output, staging_folder
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -35,10 +35,10 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str],
     """The Beam engine (embedded runner unless --runner says otherwise). --num-requests draws
     from the whole prefix tree at once, so it stays on the local engine. As run_synthesize:
     published once accept has passed."""
-    from transforms.errors import ConfigError
-    from pipelines.analyze_local import AnalyzeConfig
-    from pipelines.analyze_beam import analyze_beam
-    from pipelines.runner import is_remote, pipeline_options, run
+    from kvtrace.transforms.errors import ConfigError
+    from kvtrace.pipelines.analyze_local import AnalyzeConfig
+    from kvtrace.pipelines.analyze_beam import analyze_beam
+    from kvtrace.pipelines.runner import is_remote, pipeline_options, run
 
     if config.synth.num_requests is not None:
         raise ConfigError("--num-requests needs the whole trace in one place: use --engine local")

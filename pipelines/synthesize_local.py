@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transforms.read.trace_io import read_trace
-from transforms.stats.trace_stats import analyze
-from transforms.synth.output import jsonl_bytes
-from transforms.synth.summary import before_and_after
-from transforms.synth.synthesize import SynthConfig, synthesize
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
-from transforms.write.publish import StagedFile, file_output
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.stats.trace_stats import analyze
+from kvtrace.transforms.synth.output import jsonl_bytes
+from kvtrace.transforms.synth.summary import before_and_after
+from kvtrace.transforms.synth.synthesize import SynthConfig, synthesize
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
 

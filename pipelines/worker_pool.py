@@ -6,7 +6,7 @@ whatever `python` comes first on PATH: with the wrong one a job waits minutes fo
 never come. This pool binds the address it is given (loopback by default) and runs each worker
 as a thread of its own interpreter, the one kvtrace is installed in.
 
-    python -m pipelines.worker_pool [--address 127.0.0.1:50000]
+    python -m kvtrace.pipelines.worker_pool [--address 127.0.0.1:50000]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def serve(address: str = DEFAULT_ADDRESS) -> tuple[str, grpc.Server]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.worker_pool",
+    parser = argparse.ArgumentParser(prog="python -m kvtrace.pipelines.worker_pool",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", default=DEFAULT_ADDRESS,
                         help="HOST:PORT to listen on (default %(default)s; port 0: any free one)")

@@ -19,8 +19,8 @@ import stat
 import sys
 from pathlib import Path
 
-from transforms import storage
-from transforms.write import publish
+from kvtrace.transforms import storage
+from kvtrace.transforms.write import publish
 
 STEPS = [0]
 

@@ -1,6 +1,6 @@
-"""The layout's rules, read from the source: imports run one way (kvtrace -> pipelines ->
-transforms), no module reaches, through any chain of imports, back to itself, and Beam is
-imported only by the modules that build or run pipelines."""
+"""The layout's rules, read from the source: one import name (kvtrace), imports run one way (the
+CLI -> kvtrace.pipelines -> kvtrace.transforms), no module reaches, through any chain of imports,
+back to itself, and Beam is imported only by the modules that build or run pipelines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"transforms": 0, "pipelines": 1, "kvtrace": 2}
+# Folder of the checkout -> its import name and its layer (lower layers never import higher ones).
+FOLDERS = {"transforms": ("kvtrace.transforms", 0), "pipelines": ("kvtrace.pipelines", 1),
+           "kvtrace": ("kvtrace", 2)}
+
+
+def layer(module: str) -> int:
+    return next(level for name, level in FOLDERS.values()
+                if module == name or module.startswith(name + "."))
 # transforms/ in the order data flows; the shared floor first (storage, errors, batching, pure
 # combiners, dead letters, the Beam steps every stage uses, the collector's setting)
 STAGES = ("storage", "errors", "trace_format", "batching", "combiners", "dead_letters", "steps", "garbage", "read",
@@ -18,8 +25,8 @@ STAGES = ("storage", "errors", "trace_format", "batching", "combiners", "dead_le
 
 # Beam drivers: they build, run or serve pipelines. Every other module is pure of Beam, so that
 # the local engine and the CLI's checks never import it.
-BEAM_DRIVERS = re.compile(r"pipelines\.\w+_beam|pipelines\.anonymize_streaming|"
-                          r"pipelines\.worker_pool|pipelines\.runner|transforms(\.\w+)?\.steps")
+BEAM_DRIVERS = re.compile(r"kvtrace\.pipelines\.(\w+_beam|anonymize_streaming|worker_pool|runner)|"
+                          r"kvtrace\.transforms(\.\w+)?\.steps")
 # What a pure module may import of Beam, inside the function that needs it and only then:
 # Beam's filesystems for remote paths (gs://, s3://), its secret reader for --salt-secret, and
 # its options parser for Beam flags the user gave.
@@ -29,10 +36,10 @@ BEAM_SERVICES = {"apache_beam.io.filesystems", "apache_beam.io.filesystem",
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package in LAYERS:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for folder, (name, _) in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            found[".".join((name,) + (parts[:-1] if parts[-1] == "__init__" else parts))] = path
     return found
 
 
@@ -56,14 +63,14 @@ def graph() -> dict[str, set[str]]:
 def test_imports_run_one_way():
     against = sorted(f"{module} imports {target}" for module, targets in graph().items()
                      for target in targets
-                     if LAYERS[target.split(".")[0]] > LAYERS[module.split(".")[0]])
+                     if layer(target) > layer(module))
     assert not against
 
 
 def test_stages_import_only_earlier_stages():
     def stage(module: str) -> int | None:
         parts = module.split(".")
-        return STAGES.index(parts[1]) if parts[0] == "transforms" and len(parts) > 1 else None
+        return STAGES.index(parts[2]) if parts[:2] == ["kvtrace", "transforms"] and len(parts) > 2 else None
 
     against = sorted(f"{module} imports {target}" for module, targets in graph().items()
                      for target in targets
@@ -89,9 +96,26 @@ def test_no_import_circles():
         if module not in state:
             visit(module, [module])
     # a package's __init__ importing its own submodule is no circle: that is how packages load
-    circles = [c for c in circles if not all(p.startswith(c.split(" -> ")[0]) for p in
-                                               c.split(" -> "))]
+    circles = [c for c in circles if not all(p.startswith(c.split(" -> ")[0] + ".") or
+                                               p == c.split(" -> ")[0] for p in c.split(" -> "))
+               or c.startswith("kvtrace -> ")]
     assert not circles
+
+
+def test_one_import_name():
+    """Every module of the project and its tests imports ours as kvtrace.*: a checkout's root on
+    sys.path would also let `transforms.x` import, as a second copy of the same module."""
+    checked = [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+               *(ROOT / "deploy").rglob("*.py")]
+    against = []
+    for path in checked:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                     else [])
+            against += [f"{path.relative_to(ROOT)} imports {name}" for name in names
+                        if name.split(".")[0] in {"transforms", "pipelines"}]
+    assert not against
 
 
 def beam_imports(path: Path) -> tuple[set[str], set[str]]:
@@ -132,13 +156,13 @@ def test_only_beam_drivers_import_beam():
 
 def test_the_beam_rule_sees_imports_at_the_top_and_inside_functions(tmp_path):
     module = tmp_path / "probe.py"
-    module.write_text("import apache_beam as beam\nfrom pipelines.anonymize_beam import build\n"
+    module.write_text("import apache_beam as beam\nfrom kvtrace.pipelines.anonymize_beam import build\n"
                       "\ndef f():\n    from apache_beam.io.filesystems import FileSystems\n"
                       "    from apache_beam import Map\n")
     top_level, inside = beam_imports(module)
-    assert top_level == {"apache_beam", "pipelines.anonymize_beam"}
+    assert top_level == {"apache_beam", "kvtrace.pipelines.anonymize_beam"}
     assert inside == {"apache_beam.io.filesystems", "apache_beam"}
-    assert BEAM_DRIVERS.fullmatch("pipelines.anonymize_beam")
-    assert BEAM_DRIVERS.fullmatch("transforms.ids.steps")
-    assert not BEAM_DRIVERS.fullmatch("pipelines.anonymize_night")
-    assert not BEAM_DRIVERS.fullmatch("pipelines.anonymize_local")
+    assert BEAM_DRIVERS.fullmatch("kvtrace.pipelines.anonymize_beam")
+    assert BEAM_DRIVERS.fullmatch("kvtrace.transforms.ids.steps")
+    assert not BEAM_DRIVERS.fullmatch("kvtrace.pipelines.anonymize_night")
+    assert not BEAM_DRIVERS.fullmatch("kvtrace.pipelines.anonymize_local")

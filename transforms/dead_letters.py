@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from transforms import storage
+from kvtrace.transforms import storage
 
 DEAD_LETTER_TAG = "rejected"
 DAMAGED_FILE = "damaged_file"  # the reason of a file that breaks off, rather than of a record

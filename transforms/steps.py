@@ -11,9 +11,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.batching import WeightedBatcher
-from transforms.combiners import Combiner
-from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.batching import WeightedBatcher
+from kvtrace.transforms.combiners import Combiner
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 
 
 class BatchByWeight(beam.DoFn):

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
                                      engine_options, json_report, plan_trace_command,
                                      require_rows, stage_json, trace_inputs)
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 if TYPE_CHECKING:
-    from transforms.write.publish import StagedFile
+    from kvtrace.transforms.write.publish import StagedFile
 
 
 def add_parser(commands: Any) -> None:
@@ -39,7 +39,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.write.publish import FOLDER, Location, folder_output
+    from kvtrace.transforms.write.publish import FOLDER, Location, folder_output
 
     engine_options(args.engine, beam_args)
     if not 0 <= args.warmup_fraction < 1:
@@ -62,13 +62,13 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
     """The report printed, and staged into folder (--output's staging) and report_file (--json)
     when given; stops (JobStopped) when no row could be read."""
     from kvtrace.commands.analyze_text import published_report, render
-    from pipelines.analyze_local import AnalyzeConfig, analyze_local
+    from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
     config = AnalyzeConfig(files, block_size, args.warmup_fraction)
     if args.engine == "local":
         report = analyze_local(config)
     else:
-        from pipelines.analyze_beam import analyze_beam
+        from kvtrace.pipelines.analyze_beam import analyze_beam
 
         report = analyze_beam(config, beam_args, folder)
     require_rows(report["total_requests"], report["problems"], files)
@@ -78,7 +78,7 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
     print(text)
     stage_json(report_file, report)
     if folder:
-        from transforms import storage
+        from kvtrace.transforms import storage
 
         published = json.dumps(published_report(report), indent=2)
         for name, payload in (("analysis.txt", text + "\n"), ("analysis.json", published + "\n")):

@@ -14,14 +14,14 @@ from typing import Any
 from kvtrace.commands.common import BeamFlags, engine_options, local_reads
 from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
 from kvtrace.presets import config_path, environments
-from transforms.encode.salt import SALT_ENV, salt_source
-from transforms.encode.schemes import SCHEMES
-from transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
-from transforms.errors import ConfigError, JobStopped
-from transforms.ids.dense_ids import MAX_HASH_SHARDS
-from transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
-from transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE
-from transforms.read.timestamps import TIMESTAMP_UNITS
+from kvtrace.transforms.encode.salt import SALT_ENV, salt_source
+from kvtrace.transforms.encode.schemes import SCHEMES
+from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
+from kvtrace.transforms.errors import ConfigError, JobStopped
+from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
+from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE
+from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
 # A night that rejects more than half its records read the wrong files or the wrong shape:
@@ -266,19 +266,19 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
-    from transforms.ids.id_map import new_run_id
-    from transforms.encode.blocks import salt_fingerprint
-    from transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
-    from transforms.read.paths import expand_inputs, file_sizes
-    from transforms.read.records import ParseOptions
-    from transforms.write.coarsen import Coarsening
-    from transforms import storage
-    from transforms.storage import folded
-    from transforms.write.publish import (FOLDER, DeadLetterRun, Location, output_lock,
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
+    from kvtrace.transforms.ids.id_map import new_run_id
+    from kvtrace.transforms.encode.blocks import salt_fingerprint
+    from kvtrace.transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
+    from kvtrace.transforms.read.paths import expand_inputs, file_sizes
+    from kvtrace.transforms.read.records import ParseOptions
+    from kvtrace.transforms.write.coarsen import Coarsening
+    from kvtrace.transforms import storage
+    from kvtrace.transforms.storage import folded
+    from kvtrace.transforms.write.publish import (FOLDER, DeadLetterRun, Location, output_lock,
                                           plan_locations, recover_letters, staging_folder)
-    from transforms.write.manifest import read_run_counts
-    from transforms.write.shards import block_hashes_staging
+    from kvtrace.transforms.write.manifest import read_run_counts
+    from kvtrace.transforms.write.shards import block_hashes_staging
 
     presets, preset_beam = load_presets(
         [config_path(p) for arg in args.config for p in arg.split(",") if p],
@@ -379,12 +379,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -> None:
     if engine == "local":
-        from pipelines.anonymize_local import run_local
+        from kvtrace.pipelines.anonymize_local import run_local
 
         run_local(config, processes)
     else:
-        from pipelines.anonymize_beam import build
-        from pipelines.runner import pipeline_options, run
+        from kvtrace.pipelines.anonymize_beam import build
+        from kvtrace.pipelines.runner import pipeline_options, run
 
         run(lambda p: build(p, config), pipeline_options(flags))
 
@@ -398,7 +398,7 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
                 raise ConfigError(f"--{name.replace('_', '-')} is for --streaming")
         return None
     from kvtrace.options import parse_duration_ms
-    from pipelines.anonymize_streaming import check_source
+    from kvtrace.pipelines.anonymize_streaming import check_source
 
     if len(options["input"]) != 1:
         raise ConfigError("--streaming reads one --input: pubsub:projects/P/subscriptions/S or "
@@ -421,7 +421,7 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
 
 
 def _run_streaming(config: Any, stream: tuple[str, int, int], flags: list[str]) -> None:
-    from pipelines.anonymize_streaming import StreamingConfig, run_streaming
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, run_streaming
 
     source, window, lateness = stream
     _LOG.info("streaming from %s into %s/window-*/, windows of %d s, %d s allowed lateness",
@@ -446,8 +446,8 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
 
 
 def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -> str | None:
-    from transforms.trace_format import BLOCK_HASHES_WARNING
-    from transforms.write.shards import check_block_hashes_folder
+    from kvtrace.transforms.trace_format import BLOCK_HASHES_WARNING
+    from kvtrace.transforms.write.shards import check_block_hashes_folder
 
     requested = options.get("emit_block_hashes")
     if requested is None:
@@ -462,7 +462,7 @@ def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -
 
 
 def _hash_scheme(options: dict[str, Any]) -> Any:
-    from transforms.encode.schemes import HashScheme, vllm_none_hash
+    from kvtrace.transforms.encode.schemes import HashScheme, vllm_none_hash
 
     name, seed, none_hash = (options["hash_scheme"], options.get("vllm_hash_seed"),
                              options.get("vllm_none_hash"))
@@ -488,8 +488,8 @@ def _hash_scheme(options: dict[str, Any]) -> Any:
 
 def _marks(options: dict[str, Any], salt: Any) -> str:
     """The id map's folder of marks (anchor.marks_folder); none without a map."""
-    from transforms.ids.anchor import marks_folder
-    from transforms.storage import folded
+    from kvtrace.transforms.ids.anchor import marks_folder
+    from kvtrace.transforms.storage import folded
 
     given = options.get("id_map_marks")
     if not options.get("id_map"):
@@ -505,9 +505,9 @@ def _open_id_map(options: dict[str, Any], salt: Any, marks: str, fingerprint: st
                  tokenization: str, scheme: Any) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
-    from pipelines.anonymize_config import IdMapRun
-    from transforms.ids.id_map import MapIdentity
-    from transforms.ids.map_opening import open_repaired_map
+    from kvtrace.pipelines.anonymize_config import IdMapRun
+    from kvtrace.transforms.ids.id_map import MapIdentity
+    from kvtrace.transforms.ids.map_opening import open_repaired_map
 
     directory = options["id_map"].rstrip("/")
     identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
@@ -516,7 +516,7 @@ def _open_id_map(options: dict[str, Any], salt: Any, marks: str, fingerprint: st
 
 
 def _read_json(path: str) -> dict:
-    from transforms import storage  # the output may be on gs:// or s3://
+    from kvtrace.transforms import storage  # the output may be on gs:// or s3://
 
     with storage.open_read(path) as handle:
         return json.loads(handle.read())
@@ -524,7 +524,7 @@ def _read_json(path: str) -> dict:
 
 def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
     """records: the run's own counts (write/manifest.run_counts), which no published file holds."""
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.write.replayers import replay_commands
 
     manifest = _read_json(f"{config.output}/manifest.json")
     stats = _read_json(f"{config.output}/stats.json")
@@ -548,7 +548,7 @@ def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
               f"left out a system or developer message (as the engine would: its prompt lacks "
               f"that text)", file=sys.stderr)
     if config.id_map:
-        from transforms.ids.id_map import current_version_number
+        from kvtrace.transforms.ids.id_map import current_version_number
 
         before = config.id_map.base.version
         after = current_version_number(config.id_map.directory)

@@ -15,8 +15,8 @@ from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engi
                                      plan_trace_command, require_rows, stage_json, trace_inputs,
                                      warn_malformed, write_json_report)
 from kvtrace.presets import load_model, models
-from transforms.cache.policy_names import POLICIES
-from transforms.errors import ConfigError
+from kvtrace.transforms.cache.policy_names import POLICIES
+from kvtrace.transforms.errors import ConfigError
 
 
 def add_parsers(commands: Any) -> None:
@@ -106,7 +106,7 @@ def _add_sizing_options(parser: argparse.ArgumentParser, required: bool, capacit
 
 def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None]:
     """The policies and KV bytes per token that simulate and report are given, checked."""
-    from transforms.cache.capacity import kv_bytes_per_token
+    from kvtrace.transforms.cache.capacity import kv_bytes_per_token
 
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
@@ -122,8 +122,8 @@ def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None
 
 
 def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.reuse_local import ReuseConfig, run_reuse
-    from transforms.write.publish import Location
+    from kvtrace.pipelines.reuse_local import ReuseConfig, run_reuse
+    from kvtrace.transforms.write.publish import Location
 
     engine_options(args.engine, beam_args)
     if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
@@ -138,7 +138,7 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             stage_json(report_file, report)
 
         if args.engine == "beam":
-            from pipelines.reuse_beam import run_reuse_beam
+            from kvtrace.pipelines.reuse_beam import run_reuse_beam
 
             report = run_reuse_beam(config, beam_args, report_file, accept)
         else:
@@ -162,7 +162,7 @@ class ListModels(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: Any, _namespace: Any, values: Any, option: Any = None) -> None:
-        from transforms.cache.capacity import kv_bytes_per_token
+        from kvtrace.transforms.cache.capacity import kv_bytes_per_token
 
         for name in models():
             print(f"{name:16} {kv_bytes_per_token(load_model(name)):>9,} KV bytes per token")
@@ -170,8 +170,8 @@ class ListModels(argparse.Action):
 
 
 def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.simulate import SimulateConfig, run_simulate
-    from transforms.cache.capacity import parse_capacities
+    from kvtrace.pipelines.simulate import SimulateConfig, run_simulate
+    from kvtrace.transforms.cache.capacity import parse_capacities
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)
@@ -202,9 +202,9 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 
 def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.report import ReportConfig, run_report
-    from transforms.cache.capacity import parse_capacities
-    from transforms.write.publish import Location
+    from kvtrace.pipelines.report import ReportConfig, run_report
+    from kvtrace.transforms.cache.capacity import parse_capacities
+    from kvtrace.transforms.write.publish import Location
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)

@@ -10,8 +10,8 @@ from typing import Any
 
 from kvtrace.commands.common import (TRACE_HELP, BeamFlags, no_beam_options, plan_trace_command,
                                      write_json_report)
-from transforms.encode.schemes import SCHEMES
-from transforms.errors import ConfigError
+from kvtrace.transforms.encode.schemes import SCHEMES
+from kvtrace.transforms.errors import ConfigError
 
 
 def add_parsers(commands: Any) -> None:
@@ -36,9 +36,9 @@ def add_parsers(commands: Any) -> None:
 
 
 def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.read.trace_inputs import declared_block_size, trace_files
-    from transforms.read.trace_io import read_trace
-    from transforms.stats.validate import report_text, validate as check
+    from kvtrace.transforms.read.trace_inputs import declared_block_size, trace_files
+    from kvtrace.transforms.read.trace_io import read_trace
+    from kvtrace.transforms.stats.validate import report_text, validate as check
 
     no_beam_options(beam_args)
     if args.block_size is not None and args.block_size < 1:
@@ -102,7 +102,7 @@ def add_audit_parser(commands: Any) -> None:
 
 def _run_salt(args: argparse.Namespace) -> bytes | None:
     """The salt the runs used, for --id-map and --chat-template-kwargs; None without either."""
-    from transforms.encode.salt import SALT_ENV, salt_source
+    from kvtrace.transforms.encode.salt import SALT_ENV, salt_source
 
     if not args.id_map and args.chat_template_kwargs is None:
         if args.salt_file or args.salt_secret:
@@ -118,7 +118,7 @@ def _run_salt(args: argparse.Namespace) -> bytes | None:
 
 def _template_kwargs(args: argparse.Namespace, salt: bytes | None) -> dict | None:
     """--chat-template-kwargs as the manifest publishes them under the run's salt."""
-    from transforms.write.manifest import public_template_kwargs
+    from kvtrace.transforms.write.manifest import public_template_kwargs
 
     if args.chat_template_kwargs is None:
         return None
@@ -145,9 +145,9 @@ def _audited_scheme(args: argparse.Namespace) -> str | None:
 
 
 def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.storage import is_url
-    from transforms.stats.audit import audit as measure, map_numbering, report_text
-    from transforms.write.publish import Location, plan_locations
+    from kvtrace.transforms.storage import is_url
+    from kvtrace.transforms.stats.audit import audit as measure, map_numbering, report_text
+    from kvtrace.transforms.write.publish import Location, plan_locations
 
     no_beam_options(beam_args)
     target = args.output

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Sequence
 
 from typing import TYPE_CHECKING
 
-from transforms.errors import ConfigError, JobStopped
-from transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST
+from kvtrace.transforms.errors import ConfigError, JobStopped
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST
 
 if TYPE_CHECKING:  # publish imports pyarrow: only a command that runs pays for it
-    from transforms.write.publish import Location, StagedFile
+    from kvtrace.transforms.write.publish import Location, StagedFile
 
 TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
 BLOCK_HELP = (f"tokens per block (default: the {MANIFEST} beside the trace, "
@@ -36,7 +36,7 @@ def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
 def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     """The trace files the arguments name, in the order given, and their block size
     (--block-size, else the manifests', else DEFAULT_BLOCK_SIZE; refused where they disagree)."""
-    from transforms.read.trace_inputs import declared_block_size, trace_files
+    from kvtrace.transforms.read.trace_inputs import declared_block_size, trace_files
 
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError("--block-size must be >= 1")
@@ -49,7 +49,7 @@ def plan_trace_command(args: argparse.Namespace, files: Sequence[str],
     """A trace command's locations, checked before any work (publish.plan_locations): it reads
     the traces as given, the files they expand to and its --tokenizer (if it has one), and
     writes --json (if it has one) and writes."""
-    from transforms.write.publish import Location, plan_locations
+    from kvtrace.transforms.write.publish import Location, plan_locations
 
     report = Location("--json", getattr(args, "json", None) or "")
     plan_locations([*args.trace, *files, *local_reads(getattr(args, "tokenizer", None))],
@@ -105,7 +105,7 @@ def warn_malformed(problems: dict) -> None:
 
 def write_json_report(path: str | None, report: dict) -> None:
     """--json OUT: written as every output is (staged beside, then renamed: never half)."""
-    from transforms.write.publish import file_output
+    from kvtrace.transforms.write.publish import file_output
 
     if path:
         with file_output(path, overwrite=True) as output:
@@ -119,7 +119,7 @@ def json_report(path: str | None) -> Iterator[StagedFile | None]:
     if not path:
         yield None
         return
-    from transforms.write.publish import file_output
+    from kvtrace.transforms.write.publish import file_output
 
     with file_output(path, overwrite=True) as report:
         yield report

@@ -8,10 +8,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvtrace.commands.common import BeamFlags, no_beam_options
-from transforms.errors import JobStopped
+from kvtrace.transforms.errors import JobStopped
 
 if TYPE_CHECKING:
-    from transforms.read.bailian import Converted
+    from kvtrace.transforms.read.bailian import Converted
 
 
 def add_parser(commands: Any) -> None:
@@ -32,11 +32,11 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms import storage
-    from transforms.read.bailian import BAILIAN_BLOCK_SIZE
-    from transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
+    from kvtrace.transforms import storage
+    from kvtrace.transforms.read.bailian import BAILIAN_BLOCK_SIZE
+    from kvtrace.transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
         plan_locations, sha256_of
-    from transforms.write.shards import shard_name
+    from kvtrace.transforms.write.shards import shard_name
 
     no_beam_options(beam_args)
     to_file = args.output.endswith(".jsonl")
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 def _converted(trace: str) -> Converted:
     """The trace converted, its skipped lines said; inside the output's block, a trace with no
     row to convert stops the run there (JobStopped), so nothing is published."""
-    from transforms.read.bailian import convert as to_mooncake
-    from transforms.read.paths import lines_within
-    from transforms.read.trace_io import MAX_TRACE_LINE_BYTES
+    from kvtrace.transforms.read.bailian import convert as to_mooncake
+    from kvtrace.transforms.read.paths import lines_within
+    from kvtrace.transforms.read.trace_io import MAX_TRACE_LINE_BYTES
 
     converted = to_mooncake(lines_within(trace, MAX_TRACE_LINE_BYTES))
     if converted.malformed:

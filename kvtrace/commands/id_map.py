@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvtrace.commands.common import BeamFlags, local_reads, no_beam_options
-from transforms.encode.salt import SALT_ENV, SaltError
+from kvtrace.transforms.encode.salt import SALT_ENV, SaltError
 
 UPGRADE_HELP = "key a map written before keying (format 3) and anchor its newest version"
 REBIND_HELP = "bind the map's place to the map found there, on purpose"
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 
 def upgrade(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.ids.id_map import upgrade_map
+    from kvtrace.transforms.ids.id_map import upgrade_map
 
     directory, key, marks = _opened("upgrade", args, beam_args)
     version, keyed = upgrade_map(directory, key, marks)
@@ -69,7 +69,7 @@ def upgrade(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 
 def rebind(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from transforms.ids.id_map import rebind_map
+    from kvtrace.transforms.ids.id_map import rebind_map
 
     directory, key, marks = _opened("rebind", args, beam_args)
     map_id = rebind_map(directory, key, marks)
@@ -80,11 +80,11 @@ def rebind(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 def _opened(action: str, args: argparse.Namespace, beam_args: BeamFlags) -> tuple[str, Any, str]:
     """The map's directory, its key and its folder of marks, the locations planned."""
-    from transforms.encode.salt import salt_source
-    from transforms.ids.anchor import marks_folder
-    from transforms.ids.id_map import map_key
-    from transforms.storage import folded
-    from transforms.write.publish import FOLDER, Location, plan_locations
+    from kvtrace.transforms.encode.salt import salt_source
+    from kvtrace.transforms.ids.anchor import marks_folder
+    from kvtrace.transforms.ids.id_map import map_key
+    from kvtrace.transforms.storage import folded
+    from kvtrace.transforms.write.publish import FOLDER, Location, plan_locations
 
     no_beam_options(beam_args)
     directory = folded(args.map)

@@ -11,7 +11,7 @@ from typing import Any
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, no_beam_options,
                                      plan_trace_command, trace_inputs, warn_malformed,
                                      write_json_report)
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 
 def add_parser(commands: Any) -> None:
@@ -42,7 +42,7 @@ def add_parser(commands: Any) -> None:
 
 
 def add_export_parser(commands: Any) -> None:
-    from transforms.write.replayers import CONSUMERS
+    from kvtrace.transforms.write.replayers import CONSUMERS
 
     export = commands.add_parser(
         "export", help="a trace -> the file (and command) one replayer needs",
@@ -69,7 +69,7 @@ def _published_export(report: dict, output: str) -> dict:
     """The export's report as --json writes it: its command names the output by its file name
     (run beside it), never the operator's folders."""
     from kvtrace.commands.analyze_text import input_name
-    from transforms.write.replayers import CONSUMERS
+    from kvtrace.transforms.write.replayers import CONSUMERS
 
     command = CONSUMERS[report["consumer"]].command(input_name(output), report["block_size"],
                                                     report["rows"])
@@ -77,8 +77,8 @@ def _published_export(report: dict, output: str) -> dict:
 
 
 def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.export import ExportConfig, run_export
-    from transforms.write.publish import Location
+    from kvtrace.pipelines.export import ExportConfig, run_export
+    from kvtrace.transforms.write.publish import Location
 
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)
@@ -100,8 +100,8 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.render import RenderConfig, run_render
-    from transforms.write.publish import Location
+    from kvtrace.pipelines.render import RenderConfig, run_render
+    from kvtrace.transforms.write.publish import Location
 
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)

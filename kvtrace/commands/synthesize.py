@@ -9,7 +9,7 @@ from typing import Any
 from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
                                      engine_options, json_report, plan_trace_command,
                                      require_rows, stage_json, trace_inputs)
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 ROWS = (
     ("requests", "requests", "{:,.0f}"),
@@ -65,11 +65,11 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from pipelines.synthesize_beam import run_synthesize_beam
-    from pipelines.synthesize_local import SynthesizeConfig, run_synthesize
-    from transforms.synth.reshape import Knobs
-    from transforms.synth.synthesize import SynthConfig
-    from transforms.write.publish import Location
+    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+    from kvtrace.pipelines.synthesize_local import SynthesizeConfig, run_synthesize
+    from kvtrace.transforms.synth.reshape import Knobs
+    from kvtrace.transforms.synth.synthesize import SynthConfig
+    from kvtrace.transforms.write.publish import Location
 
     engine_options(args.engine, beam_args)
     check_knobs(args)

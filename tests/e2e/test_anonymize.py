@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
+from helpers import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
 
 from kvtrace.cli import main
 

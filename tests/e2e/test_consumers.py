@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, anonymize, trace, write_jsonl
+from helpers import TESTS, anonymize, trace, write_jsonl
 from kvtrace.cli import main
 
 CONSUMERS = TESTS / "consumers"
@@ -140,7 +140,7 @@ def test_aiperf_reads_exported_sessions_with_their_delays(deepseek_tokenizer, ti
                                                         "guidellm_replay.py")])
 def test_guidellm_parses_the_printed_data_option_to_our_block_size_and_unit(variable, script):
     """The `--data` value of the command kvtrace prints, through guidellm's own parser."""
-    from transforms.write.replayers import CONSUMERS
+    from kvtrace.transforms.write.replayers import CONSUMERS
 
     command = CONSUMERS["guidellm"].command("trace.jsonl", 64, 10).split()
     data = command[command.index("--data") + 1]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TESTS, chat, write_jsonl
+from helpers import ROOT, TESTS, chat, write_jsonl
 
 from kvtrace.cli import main
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
-from conftest import anonymize, write_jsonl
-from transforms.encode.blocks import chain_seed, token_bytes
-from transforms.encode.schemes import HashScheme
-from transforms.encode.tokenize import encode_texts, load_tokenizer
+from helpers import anonymize, write_jsonl
+from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
+from kvtrace.transforms.encode.schemes import HashScheme
+from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer
 
 SECRET = "What is the capital of Finland ? The capital of Finland is Helsinki ."
 SALT = b"the provider's secret salt, 32b."

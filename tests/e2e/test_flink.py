@@ -10,8 +10,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import transforms.write.steps as write_steps
-from conftest import ON_FLINK, ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
+import kvtrace.transforms.write.steps as write_steps
+from helpers import ON_FLINK, ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
 
 pytestmark = ON_FLINK
 FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, TESTS, shared_path, write_jsonl
+from helpers import ROOT, TESTS, shared_path, write_jsonl
 
 from kvtrace.cli import main
 

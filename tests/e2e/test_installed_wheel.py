@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chat, write_jsonl
+from helpers import ROOT, chat, write_jsonl
 
 SOURCE_FOLDERS = ("kvtrace", "transforms", "pipelines", "configs")
 
@@ -54,8 +54,8 @@ def _run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_wheel_imports_from_site_packages_not_from_the_checkout(clean_python, tmp_path):
     shown = _run(clean_python, tmp_path, "-c",
-                 "import kvtrace.cli, transforms.encode.tokenize, pipelines.anonymize_beam as p; "
-                 "print(p.__file__)")
+                 "import kvtrace.cli, kvtrace.transforms.encode.tokenize, "
+                 "kvtrace.pipelines.anonymize_beam as p; print(p.__file__)")
     assert shown.returncode == 0, shown.stderr
     assert "site-packages" in shown.stdout and str(ROOT) not in shown.stdout
 
@@ -82,9 +82,10 @@ def test_job_runs_from_a_copy_of_the_source_tree_with_worker_processes(
 def test_every_module_of_the_tree_is_in_the_wheel(clean_python, tmp_path):
     """A folder without __init__.py imports from a checkout but is left out of the wheel."""
     modules = sorted(
-        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        for package in ("kvtrace", "transforms", "pipelines")
-        for path in (ROOT / package).rglob("*.py")
+        ".".join((prefix, *path.relative_to(ROOT / folder).with_suffix("").parts)).removesuffix(".__init__")
+        for folder, prefix in (("kvtrace", "kvtrace"), ("transforms", "kvtrace.transforms"),
+                               ("pipelines", "kvtrace.pipelines"))
+        for path in (ROOT / folder).rglob("*.py")
     )
     script = ("import importlib, sys\n"
               f"for name in {modules!r}:\n"
@@ -92,6 +93,18 @@ def test_every_module_of_the_tree_is_in_the_wheel(clean_python, tmp_path):
               "    assert 'site-packages' in module.__file__, (name, module.__file__)\n")
     shown = _run(clean_python, tmp_path, "-c", script)
     assert shown.returncode == 0, shown.stderr[-2000:]
+
+
+@pytest.mark.slow  # needs the wheel built: .ci/run runs the slow set
+def test_the_wheel_claims_one_import_name(clean_python):
+    """Installing kvtrace beside a distribution of its own named `transforms` or `pipelines`
+    (both exist on the package index) breaks neither: the wheel adds `kvtrace` only."""
+    site = Path(_run(clean_python, clean_python.parent, "-c",
+                     "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    # bin/ holds the console script (pip --target installs it there), not an import name.
+    top_level = {path.name for path in site.iterdir()
+                 if not path.name.endswith((".dist-info", ".pth")) and path.name != "bin"}
+    assert top_level == {"kvtrace"}
 
 
 @pytest.mark.slow  # needs the wheel built: .ci/run runs the slow set

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import FINLAND, FRANCE, anonymize, read_jsonl, shared_path, trace, write_jsonl
-from transforms.encode.tokenize import load_tokenizer, render_chat
+from helpers import FINLAND, FRANCE, anonymize, read_jsonl, shared_path, trace, write_jsonl
+from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 
 # Seed 000's example, with the prompts as written there.
 SEED_FRANCE = dict(FRANCE, input=[{"role": "user", "content": "What is the capital of France?"}])

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import (ON_FLINK, ROOT, STREAM_START_MS, check_stream_against_batch, free_ports,
+from helpers import (ON_FLINK, ROOT, STREAM_START_MS, check_stream_against_batch, free_ports,
                       run_stream_until_accounted, running_stream, stream_accounted,
                       stream_request)
 from kvtrace.cli import main
-from transforms.write.manifest import read_run_counts
+from kvtrace.transforms.write.manifest import read_run_counts
 from tiny_tokenizer import CORPUS
 
 pytestmark = ON_FLINK

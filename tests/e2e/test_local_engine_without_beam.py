@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT, chat, write_jsonl
+from helpers import ROOT, chat, write_jsonl
 
 # Runs the CLI once per argument list, saying after each which Beam modules are imported.
 PROBE = """

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, assert_same_output, write_jsonl
+from helpers import anonymize, assert_same_output, write_jsonl
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
 

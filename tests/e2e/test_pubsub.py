@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
+from helpers import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
                       stream_request)
 from kvtrace.cli import main
 

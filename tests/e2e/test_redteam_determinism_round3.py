@@ -37,12 +37,12 @@ def test_a_clock_reset_in_a_stream_does_not_close_its_windows_early(tiny_tokeniz
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
     from apache_beam.testing.test_stream import TestStream
-    from conftest import write_jsonl
+    from helpers import write_jsonl
 
     from kvtrace.cli import main
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import StreamingConfig, build
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+    from kvtrace.transforms.encode.salt import SaltSource
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     zero = 1_767_225_600_000
@@ -93,13 +93,13 @@ def test_a_streams_windows_do_not_split_a_timestamp_granule(tiny_tokenizer, tmp_
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
     from apache_beam.testing.test_stream import TestStream
-    from conftest import write_jsonl
+    from helpers import write_jsonl
 
     from kvtrace.cli import main
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import StreamingConfig, build
-    from transforms.encode.salt import SaltSource
-    from transforms.write.coarsen import Coarsening
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+    from kvtrace.transforms.encode.salt import SaltSource
+    from kvtrace.transforms.write.coarsen import Coarsening
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     zero = 1_767_225_600_000
@@ -143,12 +143,12 @@ def test_a_clock_reset_arriving_alone_is_a_dead_letter_not_a_window(tiny_tokeniz
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
     from apache_beam.testing.test_stream import TestStream
-    from conftest import write_jsonl
+    from helpers import write_jsonl
 
     from kvtrace.cli import main
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import StreamingConfig, build
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+    from kvtrace.transforms.encode.salt import SaltSource
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     zero = 1_767_225_600_000
@@ -199,9 +199,9 @@ def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(tiny_to
     from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
     from apache_beam.testing.test_stream import TestStream
 
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import StreamingConfig, build
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+    from kvtrace.transforms.encode.salt import SaltSource
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     zero = 1_767_225_600_000
@@ -225,7 +225,7 @@ def test_letters_after_the_last_window_are_not_lost_when_the_stream_ends(tiny_to
     cumulative = json.loads((output / "cumulative.json").read_text())
     letters = [line for p in (tmp_path / "stream-rejected").rglob("rejected-*.jsonl")
                for line in p.read_text().splitlines()]
-    from transforms.write.manifest import read_run_counts
+    from kvtrace.transforms.write.manifest import read_run_counts
 
     counts = read_run_counts(str(tmp_path / "stream-rejected"))  # the operator's, not published
     assert (cumulative["rows"], counts["rejected"], len(letters)) == (3, 2, 2), (cumulative,

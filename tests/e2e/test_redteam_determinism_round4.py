@@ -31,9 +31,9 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]],
     from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
     from apache_beam.testing.test_stream import TestStream
 
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import StreamingConfig, build
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+    from kvtrace.transforms.encode.salt import SaltSource
 
     output = tmp_path / "stream"
     output.mkdir()
@@ -66,7 +66,7 @@ def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(tiny_toke
     a night): each is published as its epoch date minus one second, 2025-12-31T23:59:59 and on,
     the wall clock to the millisecond. The batch job dead-letters the stray
     (timestamp_kind_mismatch) and publishes the epoch requests from their own zero."""
-    from conftest import write_jsonl
+    from helpers import write_jsonl
 
     from kvtrace.cli import main
 
@@ -101,13 +101,13 @@ def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp
     holds 90 s..110 s, window-000001 then holds 0 s..20 s (not late: nothing checks an older
     window still open), numbered after it. Times go back across windows, ids follow arrival
     order, and no letter says so."""
-    from conftest import write_jsonl
+    from helpers import write_jsonl
 
     from kvtrace.cli import main
 
     import itertools
 
-    from pipelines import anonymize_streaming
+    from kvtrace.pipelines import anonymize_streaming
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     clock = itertools.count(int(time.time() * 1000), 1_000)  # arrivals a second apart

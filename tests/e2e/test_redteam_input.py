@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import anonymize, chat, trace, write_jsonl
+from helpers import anonymize, chat, trace, write_jsonl
 
 # Slow, so the fast set stays fast. Each hole found here is closed; the tests keep it so.
 pytestmark = [pytest.mark.slow]
@@ -84,7 +84,7 @@ def test_ctrl_c_while_a_large_record_is_tokenized_leaves_nothing(tiny_tokenizer,
     import sys
     import time
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     words = "hello world this is a prompt about caching blocks".split()
     prompt = " ".join(words[i % len(words)] for i in range(2_100_000))
@@ -140,7 +140,7 @@ def test_rejected_lines_cost_bounded_memory(tiny_tokenizer, tmp_path, engine, li
     import gzip
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     src = tmp_path / "in.jsonl.gz"
     with gzip.open(src, "wb", compresslevel=9) as handle:
@@ -167,7 +167,7 @@ def test_a_long_run_of_whitespace_is_a_dead_letter_not_a_traceback(qwen3_tokeniz
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     src = write_jsonl(tmp_path / "in.jsonl", [
         {"timestamp": 0, "messages": [{"role": "user", "content": " " * 12_000_000 + "x"}],
@@ -192,7 +192,7 @@ def test_a_tokenizer_regex_that_gives_up_is_one_line(tiny_tokenizer, tmp_path, e
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     folder = tmp_path / "tok"
     shutil.copytree(tiny_tokenizer, folder)
@@ -246,7 +246,7 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_documented_bound(tiny_toke
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     rows = 128
     pq.write_table(pa.table({

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, anonymize, chat, trace, write_jsonl
+from helpers import ROOT, anonymize, chat, trace, write_jsonl
 from test_redteam_input import _peak_rss_mb
 
 pytestmark = [pytest.mark.slow]
@@ -210,9 +210,9 @@ def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
     steps to the next newline, once."""
     import io
 
-    from pipelines.anonymize_local import CLAIM_BYTES
-    from transforms.read import sources
-    from transforms.read.sources import file_ranges, read_range
+    from kvtrace.pipelines.anonymize_local import CLAIM_BYTES
+    from kvtrace.transforms.read import sources
+    from kvtrace.transforms.read.sources import file_ranges, read_range
 
     path = tmp_path / "sparse.jsonl"
     with open(path, "wb") as handle:

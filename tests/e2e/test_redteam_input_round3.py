@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, anonymize, chat, trace, write_jsonl
+from helpers import ROOT, anonymize, chat, trace, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND3 = "red team round 3"

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, chat, write_jsonl
+from helpers import ROOT, chat, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND4 = "red team round 4"

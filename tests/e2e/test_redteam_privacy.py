@@ -17,9 +17,9 @@ def test_cumulative_json_publishes_the_first_requests_time_within_the_hour(tmp_p
     granularity) the first request's minute, second and millisecond are published exactly, and
     with them every row's wall-clock time within the hour; docs/STREAMING.md promises "the zero's
     epoch is never published"."""
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
+    from kvtrace.transforms.encode.salt import SaltSource
 
     job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
                           staging=str(tmp_path / "staging"), tokenizer="x",
@@ -40,7 +40,7 @@ def test_row_order_within_a_coarse_timestamp_publishes_the_finer_order(tiny_toke
     timestamps: which of the two came first, sub-granularity precision, is published. Two logs
     that differ only within a granule must give the same bytes (with an hour's granularity the
     whole order within each hour is published)."""
-    from conftest import anonymize, chat, write_jsonl
+    from helpers import anonymize, chat, write_jsonl
 
     (tmp_path / "salt").write_bytes(b"k" * 32)
     start = 1_700_000_000_000
@@ -62,7 +62,7 @@ def test_an_id_map_begun_on_relative_times_publishes_a_later_nights_epoch(tiny_t
     a replay log's relative offsets (5 s) and extended by a night of epoch dates publishes that
     night's wall-clock time (1699999995000: the epoch ms minus 5 s) as every timestamp. Exit 0,
     the folder written; only the gate's 2^40 bound stops it from being published."""
-    from conftest import anonymize, chat, write_jsonl
+    from helpers import anonymize, chat, write_jsonl
 
     (tmp_path / "salt").write_bytes(b"k" * 32)
     mapped = ("--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt"),

@@ -20,9 +20,9 @@ def test_stream_windows_cut_finer_than_the_published_times(tmp_path):
     10m, which 10 minutes of the hour: nothing ties --window to the granularity). The batch
     job keeps one published time in one shard (docs/ORDERING.md); concatenated, the windows
     may differ from the batch bytes (rows of one time ordered by raw window, not the tie key)."""
-    from pipelines.anonymize_streaming import by_window
-    from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-    from transforms.write.coarsen import Coarsening, round_to
+    from kvtrace.pipelines.anonymize_streaming import by_window
+    from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+    from kvtrace.transforms.write.coarsen import Coarsening, round_to
 
     zero = 1_767_225_600_000
     raw = [zero, zero + 45 * 60_000, zero + 75 * 60_000]
@@ -43,9 +43,9 @@ def test_cumulative_json_publishes_the_rejected_count_the_manifest_stopped_publi
     and no audit ever reads the file (auditing the stream's folder skipped it). Now the count is
     the operator's (run-counts.json beside the stream's letters) and the audit checks the file
     against the windows (tests/transforms/stats/test_audit_stream_totals.py)."""
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
+    from kvtrace.transforms.encode.salt import SaltSource
 
     job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
                           staging=str(tmp_path / "staging"), tokenizer="x",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow

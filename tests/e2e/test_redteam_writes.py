@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 
 from kvtrace.cli import main
 
@@ -194,7 +194,7 @@ def test_a_file_output_named_as_a_folder_is_refused_before_the_work(trace, tmp_p
 
 KILLED_BEFORE_PUBLISHING = """
 import os, sys
-from transforms.write import publish
+from kvtrace.transforms.write import publish
 def killed(*args, **kwargs):
     os._exit(137)  # as SIGKILL at the publish step: the staging folders stay
 publish.publish_folder = killed

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 
 from kvtrace.cli import main
 
@@ -179,7 +179,7 @@ def test_a_glob_of_a_partial_kvtrace_folder_is_refused(tiny_tokenizer, tmp_path,
     are read as lone files, and without a shard the rest are read (each one's sha256 matches;
     _check_exported counts rows only when every shard was read): validate says 'valid' and
     analyze reports 5 of the 6 rows, exit 0."""
-    from transforms.write import shards
+    from kvtrace.transforms.write import shards
 
     monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 20)  # three shards of a small night
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 86_400_000 * i) for i in range(6)])
@@ -243,7 +243,7 @@ def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer
     swap publish_folder makes, done by hand at that moment) has the reader check the old
     night's bytes and return the new night's rows, as if they were the manifest's. The JSONL
     path hashes the very bytes it parses."""
-    from transforms.read import trace_io
+    from kvtrace.transforms.read import trace_io
 
     old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 1000 * i) for i in range(4)])
     new = write_jsonl(tmp_path / "new.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
@@ -325,13 +325,13 @@ def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tm
     run works (here, at the moment the trace is read) is replaced silently, exit 0. Folders
     are re-checked at publish ('something may have appeared while the run ran'); files are
     not (a link(2) or RENAME_NOREPLACE publish would refuse it)."""
-    import pipelines.export
-    import pipelines.report
+    import kvtrace.pipelines.export
+    import kvtrace.pipelines.report
 
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
     out = tmp_path / "out.file"
-    module, name = {"export": (pipelines.export, "read_trace"),
-                    "report": (pipelines.report, "read_cache_trace")}[command]
+    module, name = {"export": (kvtrace.pipelines.export, "read_trace"),
+                    "report": (kvtrace.pipelines.report, "read_cache_trace")}[command]
     read, called = getattr(module, name), []
 
     def someone_writes_the_output(*args, **kwargs):
@@ -356,7 +356,7 @@ def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_pa
     has `analyze OUT` refuse both whole outputs: 'OUT is not a whole kvtrace output: ...
     differs from its manifest (copied partly?)', exit 2. (Reading through one descriptor of
     the folder, openat, would read the one it opened.)"""
-    from transforms.read import trace_io
+    from kvtrace.transforms.read import trace_io
 
     old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 1000 * i) for i in range(4)])
     new = write_jsonl(tmp_path / "new.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(5)])
@@ -492,7 +492,7 @@ def test_reports_are_byte_identical_on_either_engine(tiny_tokenizer, tmp_path, c
     differ in their last digits (0.5666666666666665 vs 0.5666666666666667: sums in another
     order), so the published reports differ by engine. ('the same numbers from traces spread
     over many files'; same input and config, byte-identical output whatever the engine.)"""
-    from transforms.write import shards
+    from kvtrace.transforms.write import shards
 
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 86_400_000 * i) for i in range(6)])
     out = tmp_path / "night"

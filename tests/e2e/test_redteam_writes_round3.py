@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 
 from kvtrace.cli import main
-from transforms.write.manifest import read_run_counts
+from kvtrace.transforms.write.manifest import read_run_counts
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(tiny_tokenizer, tm
     is one of several: a copy that has so far brought trace-00001-of-00003.jsonl alone (the
     manifest and the other shards not yet copied) is 'valid' to validate and analysed as the
     night (2 of its 6 rows), exit 0. A shard named k-of-N with N > 1 is never whole alone."""
-    from transforms.write import shards
+    from kvtrace.transforms.write import shards
 
     monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 20)  # three shards of a small night
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 86_400_000 * i) for i in range(6)])
@@ -84,8 +84,8 @@ def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer,
     its one shard against the manifest found then, and _check_exported counts rows only when
     every shard of a folder is read in one call. A publish between two files' reads (done here
     at that moment) mixes two whole outputs: 7 rows, of neither night (6 and 6), exit 0."""
-    from transforms.stats import trace_shards
-    from transforms.write import shards
+    from kvtrace.transforms.stats import trace_shards
+    from kvtrace.transforms.write import shards
 
     monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 20)  # three shards of a small night
     old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 86_400_000 * i) for i in range(6)])
@@ -191,7 +191,7 @@ def test_the_block_size_is_read_from_the_output_whose_rows_are_read(tiny_tokeniz
     between the two (done here at that moment) has the next night's rows (block size 8)
     analysed with the previous night's block size (4): analyze reports numbers of neither
     output (exit 0), and validate calls the whole new night NOT VALID."""
-    from transforms.read import trace_io
+    from kvtrace.transforms.read import trace_io
 
     old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 1000 * i) for i in range(4)])
     new = write_jsonl(tmp_path / "new.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(5)])

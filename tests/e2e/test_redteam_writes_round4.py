@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 from test_redteam_writes_round3 import _in_mount_namespace
 
 from kvtrace.cli import main
@@ -169,7 +169,7 @@ def test_two_runs_on_one_id_map_are_not_called_a_rollback(tiny_tokenizer, tmp_pa
     an operator who follows it starts a new map, and every later night's ids stop joining the
     earlier ones. The message publish() has for this ('extended by another run while this one
     ran ... Run the night again, one run per map at a time') is never reached."""
-    from transforms.ids import id_map
+    from kvtrace.transforms.ids import id_map
 
     salt = tmp_path / "salt"
     salt.write_text("0123456789abcdef0123456789abcdef")
@@ -301,7 +301,7 @@ def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(tiny_
     in the output folder during the hashing passes the check and is deleted with the previous
     output: kvtrace 'removes only what an earlier run published'. (The hook stands for a
     writer that acts during the hashing.)"""
-    from transforms.write import publish
+    from kvtrace.transforms.write import publish
 
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
     out = tmp_path / "out"
@@ -320,7 +320,7 @@ def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(tiny_
 
 _KILLED_AFTER_PUBLISH = """
 import os, sys
-from transforms.write import publish
+from kvtrace.transforms.write import publish
 publish.DeadLetterRun.settle = lambda self, ok: os._exit(137)  # killed once its output stands
 from kvtrace.cli import main
 sys.exit(main(sys.argv[1:]))

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chat
+from helpers import ROOT, chat
 
 from kvtrace.cli import STOPPED
-from pipelines.processes import descendants
+from kvtrace.pipelines.processes import descendants
 
 STOP_BOUND_S = 2.0  # the promise
 START_BOUND_S = 180.0  # imports, the tokenizer, Beam's pipeline: generous for a loaded machine

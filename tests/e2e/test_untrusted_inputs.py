@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 
 HOSTILE = "{{ ''.__class__.__mro__[1].__subclasses__() }}{{ messages[0].content }}"
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, published_letters, write_jsonl
+from helpers import anonymize, chat, published_letters, write_jsonl
 
 from kvtrace.cli import main
 

@@ -7,9 +7,9 @@ import pytest
 import json
 import math
 
-from conftest import shared_path, write_jsonl
-from pipelines.analyze_local import AnalyzeConfig, analyze_local
-from pipelines.analyze_beam import analyze_beam
+from helpers import shared_path, write_jsonl
+from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
+from kvtrace.pipelines.analyze_beam import analyze_beam
 
 from kvtrace.cli import main
 

@@ -11,16 +11,16 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines.anonymize_beam import NumberIds, PlanShards, StageLetters
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_night import kind_keys, number_ids
+from kvtrace.pipelines.anonymize_beam import NumberIds, PlanShards, StageLetters
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_night import kind_keys, number_ids
 from test_anonymize_night import BLOCK_SIZE, SALT, night, request
-from transforms.combiners import fold
-from transforms.dead_letters import DeadLetter, StagedLetters, merge_runs
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.encode.salt import SaltSource
-from transforms.write.rows import request_room
-from transforms.write.shards import shard_plan
+from kvtrace.transforms.combiners import fold
+from kvtrace.transforms.dead_letters import DeadLetter, StagedLetters, merge_runs
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.write.rows import request_room
+from kvtrace.transforms.write.shards import shard_plan
 
 LETTERS = [DeadLetter(f"in-{i % 3}.jsonl", b"\x01" * (i % 11), "invalid_json", f"line {i}")
            for i in range(500)]

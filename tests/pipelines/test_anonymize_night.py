@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.anonymize_config import AnonymizeConfig, IdMapRun
-from pipelines.anonymize_night import (
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig, IdMapRun
+from kvtrace.pipelines.anonymize_night import (
     Encoded,
     finish_night,
     kind_keys,
@@ -21,17 +21,17 @@ from pipelines.anonymize_night import (
     write_dead_letters,
     write_stats,
 )
-from transforms.dead_letters import DeadLetter, SortedRuns, Tally
-from transforms.encode.blocks import chain_hashes, chain_seed, salt_fingerprint, token_bytes
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.encode.salt import SaltError, SaltSource
-from transforms.errors import JobStopped
-from transforms.ids.dense_ids import UniqueTotals, dense_ids
-from transforms.ids.id_map import MapIdentity, current_version_number
-from transforms.ids.map_opening import open_repaired_map
-from transforms.write.manifest import RecordCounts
-from transforms.write.publish import DEAD_LETTER_FILE
-from transforms.write.totals import ExportTotals
+from kvtrace.transforms.dead_letters import DeadLetter, SortedRuns, Tally
+from kvtrace.transforms.encode.blocks import chain_hashes, chain_seed, salt_fingerprint, token_bytes
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.encode.salt import SaltError, SaltSource
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids.dense_ids import UniqueTotals, dense_ids
+from kvtrace.transforms.ids.id_map import MapIdentity, current_version_number
+from kvtrace.transforms.ids.map_opening import open_repaired_map
+from kvtrace.transforms.write.manifest import RecordCounts
+from kvtrace.transforms.write.publish import DEAD_LETTER_FILE
+from kvtrace.transforms.write.totals import ExportTotals
 
 SALT = b"a salt for the night's end, 32 bytes or more"
 BLOCK_SIZE = 2

@@ -20,26 +20,26 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_stream import TestStream
 
-from conftest import write_jsonl
+from helpers import write_jsonl
 from kvtrace.cli import main
-from pipelines import anonymize_streaming
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
+from kvtrace.pipelines import anonymize_streaming
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_streaming import (Progress, StreamingConfig, build, by_window,
                                           check_new_stream, cumulative_summary, kafka_read,
                                           write_cumulative)
-from transforms.encode.timestamp_kinds import keep_plausible_windows
-from transforms.stats.audit import audit
-from transforms.dead_letters import DeadLetter
-from transforms.errors import ConfigError
-from transforms.trace_format import window_name
-from transforms.write.coarsen import Coarsening, round_to
-from transforms.write.manifest import RUN_COUNTS, read_run_counts
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.encode.salt import SaltSource
-from transforms.encode.timestamp_kinds import (TIMESTAMP_KIND_MISMATCH, keep_input_kind, keep_kind,
+from kvtrace.transforms.encode.timestamp_kinds import keep_plausible_windows
+from kvtrace.transforms.stats.audit import audit
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.trace_format import window_name
+from kvtrace.transforms.write.coarsen import Coarsening, round_to
+from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.timestamp_kinds import (TIMESTAMP_KIND_MISMATCH, keep_input_kind, keep_kind,
                                                kind_counts)
-from transforms.read.timestamps import timestamp_kind
-from transforms.encode.tokenize import tokenizer_sha256
+from kvtrace.transforms.read.timestamps import timestamp_kind
+from kvtrace.transforms.encode.tokenize import tokenizer_sha256
 
 SALT = "a-streaming-test-salt-0123456789abcdef"
 MINUTE = 60_000

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import (ROOT, SALT, anonymize, assert_same_output, chat, published_letters,
+from helpers import (ROOT, SALT, anonymize, assert_same_output, chat, published_letters,
                       write_jsonl)
 
 from kvtrace.cli import main
-from pipelines import local_workers
+from kvtrace.pipelines import local_workers
 
 BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
        {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
@@ -184,7 +184,7 @@ def map_rows(directory: Path) -> tuple[dict, list]:
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_extend_an_id_map_alike_night_after_night(tiny_tokenizer, tmp_path, monkeypatch):
-    monkeypatch.setattr("transforms.ids.id_map.MAX_SEGMENTS", 2)  # night 3 compacts
+    monkeypatch.setattr("kvtrace.transforms.ids.id_map.MAX_SEGMENTS", 2)  # night 3 compacts
     day = 86_400_000
     nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
                           [chat(i, k * day + 50 * i, f"u{i % 4 + k}", rotate=k % 3) for i in range(25)])

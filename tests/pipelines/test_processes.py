@@ -9,15 +9,15 @@ import subprocess
 import sys
 import threading
 
-from conftest import ROOT
+from helpers import ROOT
 
-from pipelines.processes import busy_threads, quiet_thread
+from kvtrace.pipelines.processes import busy_threads, quiet_thread
 
 # Starts a child that ignores SIGTERM, which starts a grandchild; reports what descendants()
 # finds, ends them, and reports what is left and whether the child was killed.
 SCRIPT = """
 import json, signal, subprocess, sys
-from pipelines.processes import descendants, end_descendants
+from kvtrace.pipelines.processes import descendants, end_descendants
 grandchild = "import time; print('up', flush=True); time.sleep(60)"
 child = subprocess.Popen([sys.executable, "-c", f'''
 import signal, subprocess, sys

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
-from conftest import shared_path, write_jsonl
+from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pipelines.reuse_local import ReuseConfig, run_reuse
-from pipelines.reuse_beam import build, run_reuse_beam
-from transforms.cache.cache_trace import read_cache_trace
-from transforms.cache.reuse import ccdf_at, reuse_events
-from transforms.cache.reuse_shards import CLOCKED, ReuseSummary, clock_starts, summarize
+from kvtrace.pipelines.reuse_local import ReuseConfig, run_reuse
+from kvtrace.pipelines.reuse_beam import build, run_reuse_beam
+from kvtrace.transforms.cache.cache_trace import read_cache_trace
+from kvtrace.transforms.cache.reuse import ccdf_at, reuse_events
+from kvtrace.transforms.cache.reuse_shards import CLOCKED, ReuseSummary, clock_starts, summarize
 
 
 def clocked(rows: list[tuple[int, int, int, int, float]]) -> np.ndarray:

@@ -14,15 +14,15 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from conftest import free_port, write_jsonl
-from pipelines.anonymize_beam import AnonymizeConfig, build
-from pipelines.anonymize_config import IdMapRun
-from pipelines.runner import cancelled_if_stopped, check_endpoints
-from pipelines.worker_pool import serve
-from transforms.errors import ConfigError
-from transforms.encode.blocks import HASH_SCHEME
-from transforms.ids.id_map import MapIdentity, MapVersion
-from transforms.encode.salt import SaltSource
+from helpers import free_port, write_jsonl
+from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
+from kvtrace.pipelines.anonymize_config import IdMapRun
+from kvtrace.pipelines.runner import cancelled_if_stopped, check_endpoints
+from kvtrace.pipelines.worker_pool import serve
+from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.encode.blocks import HASH_SCHEME
+from kvtrace.transforms.ids.id_map import MapIdentity, MapVersion
+from kvtrace.transforms.encode.salt import SaltSource
 
 from kvtrace.cli import main
 

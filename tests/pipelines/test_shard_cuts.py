@@ -7,15 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, assert_same_output, chat, write_jsonl
+from helpers import anonymize, assert_same_output, chat, write_jsonl
 
-from transforms.ids.buckets import BUCKET_MS
-from transforms.stats import audit as gate
-from transforms.trace_format import (MANIFEST, canonical_json, columns_of_jsonl, jsonl_bytes,
+from kvtrace.transforms.ids.buckets import BUCKET_MS
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.trace_format import (MANIFEST, canonical_json, columns_of_jsonl, jsonl_bytes,
                                      parquet_bytes, shard_name)
-from transforms.write import shards
-from transforms.write.manifest import set_content_times
-from transforms.write.publish import sha256_of
+from kvtrace.transforms.write import shards
+from kvtrace.transforms.write.manifest import set_content_times
+from kvtrace.transforms.write.publish import sha256_of
 
 pytestmark = pytest.mark.slow  # Beam runs: over a second
 

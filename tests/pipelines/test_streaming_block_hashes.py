@@ -13,12 +13,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_stream import TestStream
 
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_streaming import StreamingConfig, build
-from transforms.encode.salt import SaltSource
-from transforms.encode.schemes import HashScheme
-from transforms.write.publish import STAGING_MARK
-from transforms.write.shards import BLOCK_HASHES_OUTPUT
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.schemes import HashScheme
+from kvtrace.transforms.write.publish import STAGING_MARK
+from kvtrace.transforms.write.shards import BLOCK_HASHES_OUTPUT
 
 MINUTE = 60_000
 

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
-from conftest import shared_path, write_jsonl
-from pipelines.synthesize_beam import run_synthesize_beam
-from pipelines.synthesize_local import SynthesizeConfig
-from pipelines.synthesize_beam import build
-from transforms.read.trace_io import read_trace
-from transforms.synth.output import jsonl_bytes
-from transforms.synth.parts import RowParts
-from transforms.synth.reshape import Knobs
-from transforms.synth.shards import VISIT, shared_counts, split_file, unit_keys
-from transforms.synth.synthesize import SynthConfig, synthesize
+from helpers import shared_path, write_jsonl
+from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+from kvtrace.pipelines.synthesize_local import SynthesizeConfig
+from kvtrace.pipelines.synthesize_beam import build
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.synth.output import jsonl_bytes
+from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.reshape import Knobs
+from kvtrace.transforms.synth.shards import VISIT, shared_counts, split_file, unit_keys
+from kvtrace.transforms.synth.synthesize import SynthConfig, synthesize
 
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 BLOCK = 16
 

@@ -4,7 +4,7 @@ import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
-from transforms.steps import BatchByWeight
+from kvtrace.transforms.steps import BatchByWeight
 
 
 def test_batches_respect_weight_and_count_and_a_heavy_element_is_alone():

@@ -8,8 +8,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms.combiners import BucketTotals, fold
-from transforms.steps import CombineWith
+from kvtrace.transforms.combiners import BucketTotals, fold
+from kvtrace.transforms.steps import CombineWith
 
 PAIRS = st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100)), max_size=4),
                  max_size=12)

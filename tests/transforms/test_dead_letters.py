@@ -11,7 +11,7 @@ import tracemalloc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import (
+from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
     LETTER_LINE_BYTES,
     LETTER_MESSAGE_CHARS,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import random
 
-from conftest import anonymize, chat, published_letters, write_jsonl
+from helpers import anonymize, chat, published_letters, write_jsonl
 
 DAY_S = 86_400
 # One letter of each stage: too large to read, not JSON, not a request, a template that raises,

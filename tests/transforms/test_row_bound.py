@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from transforms.encode import encode_requests
-from transforms.encode.encode_requests import EncodeOptions, RequestEncoder
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import load_tokenizer
-from transforms.read.records import parse_record
-from transforms.trace_format import (
+from kvtrace.transforms.encode import encode_requests
+from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEncoder
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.tokenize import load_tokenizer
+from kvtrace.transforms.read.records import parse_record
+from kvtrace.transforms.trace_format import (
     MAX_PUBLISHED_INT,
     MAX_ROW_IDS,
     MAX_TRACE_LINE_BYTES,

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from transforms.storage import UnfitFile, open_regular
+from kvtrace.transforms.storage import UnfitFile, open_regular
 
 
 def test_a_regular_file_is_opened_with_its_size(tmp_path):

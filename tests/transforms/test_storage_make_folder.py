@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from transforms import storage
+from kvtrace.transforms import storage
 
 
 def test_an_existing_private_folder_is_made_owner_only_and_said_so(tmp_path, caplog):

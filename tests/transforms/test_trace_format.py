@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.trace_format import (
+from kvtrace.transforms.trace_format import (
     MANIFEST_SCHEMA,
     NO_RESPONSE_MS,
     NO_SESSION,
@@ -82,7 +82,7 @@ def test_the_manifest_schema_refuses_text_that_unicode_classes_would_let_through
 
 
 def test_every_hash_scheme_identity_is_in_the_schema():
-    from transforms.encode.schemes import HashScheme
+    from kvtrace.transforms.encode.schemes import HashScheme
 
     import re
 
@@ -96,8 +96,8 @@ def test_the_published_tokenizer_names_are_kvtraces_own():
     preset names, and the pkg: tokenizer the audit resolves, and nothing else."""
     from kvtrace import presets
     from kvtrace.config import load_bounded_yaml
-    from transforms.stats.audit import KNOWN_PACKAGE_TOKENIZERS
-    from transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
+    from kvtrace.transforms.stats.audit import KNOWN_PACKAGE_TOKENIZERS
+    from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
 
     shipped = {load_bounded_yaml(str(presets.folder() / f"{name}.yaml"), "--config").get("tokenizer")
                for name in presets.environments()} - {None}
@@ -122,7 +122,7 @@ def test_jsonl_formats_any_int64_as_json_does(rows):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(ROW, max_size=20), st.booleans(), st.integers(1, 5))
 def test_a_shard_compared_in_chunks_matches_only_its_own_bytes(rows, with_outputs, chunk):
-    import transforms.trace_format as trace_format
+    import kvtrace.transforms.trace_format as trace_format
 
     columns = columns_of(rows, with_outputs)
     data = jsonl_bytes(columns)

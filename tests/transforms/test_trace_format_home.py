@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from transforms import trace_format
-from transforms.trace_format import (
+from kvtrace.transforms import trace_format
+from kvtrace.transforms.trace_format import (
     DEFAULT_BLOCK_SIZE,
     MANIFEST_SCHEMA,
     OPTIONAL_FIELDS,

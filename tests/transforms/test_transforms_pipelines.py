@@ -14,18 +14,18 @@ import numpy as np
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.encode.encode_requests import EncodeOptions
-from transforms.encode.steps import EncodeRequests
-from transforms.encode.salt import SaltSource
-from transforms.ids.segments import (SegmentFile, checksum, index_path, parquet_checksum,
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
+from kvtrace.transforms.encode.encode_requests import EncodeOptions
+from kvtrace.transforms.encode.steps import EncodeRequests
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.ids.segments import (SegmentFile, checksum, index_path, parquet_checksum,
                                      write_segment)
-from transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
-from transforms.ids.dense_ids import FIRST, NUMBERED
-from transforms.read.records import ParseOptions, parse_record
-from transforms.trace_format import NO_RESPONSE_MS
-from transforms.write.rows import NO_SESSION, ROW, RowBatch
-from transforms.write.steps import WriteShard
+from kvtrace.transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
+from kvtrace.transforms.ids.dense_ids import FIRST, NUMBERED
+from kvtrace.transforms.read.records import ParseOptions, parse_record
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.write.rows import NO_SESSION, ROW, RowBatch
+from kvtrace.transforms.write.steps import WriteShard
 
 
 def requests(*records):

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from transforms.read.trace_io import Trace, read_trace
-from transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
+from kvtrace.transforms.read.trace_io import Trace, read_trace
+from kvtrace.transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
 
 _LOG = logging.getLogger("kvtrace")
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transforms.cache.cache_trace import CacheTrace
-from transforms.read.paths import lines_within, read_parquet_within
-from transforms.read.trace_io import MAX_TRACE_LINE_BYTES, PARQUET_SUFFIXES, Trace
-from transforms.trace_format import OUTPUT_IDS_FIELD
+from kvtrace.transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.read.paths import lines_within, read_parquet_within
+from kvtrace.transforms.read.trace_io import MAX_TRACE_LINE_BYTES, PARQUET_SUFFIXES, Trace
+from kvtrace.transforms.trace_format import OUTPUT_IDS_FIELD
 
 
 def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:

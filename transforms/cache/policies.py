@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from transforms.cache.cache_trace import CacheTrace
-from transforms.cache.policy_names import POLICIES
+from kvtrace.transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.cache.policy_names import POLICIES
 
 _LRU, _PREFIX_LRU, _FIFO, _BELADY = range(4)
 _NEVER = np.iinfo(np.int32).max  # traces hold < 2^31 blocks

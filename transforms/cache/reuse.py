@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.cache.cache_trace import CacheTrace
 
 # Reuse time buckets in seconds, as people size offload tiers: within a turn, a conversation,
 # a session, an hour, beyond.

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.stats.trace_stats import MAX_EXAMPLES
+from kvtrace.transforms.stats.trace_stats import MAX_EXAMPLES
 
 DEFINITIONS = {
     "token_clock": "rows in (timestamp, file) order; each block advances the clock by its real "

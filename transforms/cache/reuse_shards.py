@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from transforms.cache.reuse import REUSE_TIME_LABELS, clocked_reuse_events
-from transforms.stats.trace_shards import dense_prefixes
+from kvtrace.transforms.cache.reuse import REUSE_TIME_LABELS, clocked_reuse_events
+from kvtrace.transforms.stats.trace_shards import dense_prefixes
 
 CLOCKED = np.dtype([("prefix_hi", "<u8"), ("prefix_lo", "<u8"), ("start", "<i8"),
                     ("tokens", "<i8"), ("ts", "<f8")])

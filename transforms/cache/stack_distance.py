@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.cache.cache_trace import CacheTrace
 
 COLD = np.iinfo(np.int32).max  # the distance of a first use: no capacity holds it
 

@@ -8,15 +8,15 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 import numpy as np
 
-from transforms.cache.reuse_report import merged_problems, reuse_report
-from transforms.cache.reuse_shards import (ReuseSummary, bucket_tokens, clock_blocks,
+from kvtrace.transforms.cache.reuse_report import merged_problems, reuse_report
+from kvtrace.transforms.cache.reuse_shards import (ReuseSummary, bucket_tokens, clock_blocks,
                                            clock_starts, summarize)
-from transforms.combiners import BucketTotals
-from transforms.ids.buckets import buckets_of
-from transforms.ids.dense_ids import split_by
-from transforms.stats.steps import ReadTraceFiles
-from transforms.stats.trace_shards import by_shard
-from transforms.steps import CombineWith
+from kvtrace.transforms.combiners import BucketTotals
+from kvtrace.transforms.ids.buckets import buckets_of
+from kvtrace.transforms.ids.dense_ids import split_by
+from kvtrace.transforms.stats.steps import ReadTraceFiles
+from kvtrace.transforms.stats.trace_shards import by_shard
+from kvtrace.transforms.steps import CombineWith
 
 # Prefix shards: each holds 1/N of the block occurrences in one worker.
 PREFIX_SHARDS = 64

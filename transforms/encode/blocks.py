@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from transforms.trace_format import KEYED_SCHEME
+from kvtrace.transforms.trace_format import KEYED_SCHEME
 
 HASH_SCHEME = KEYED_SCHEME  # the published format names it
 DIGEST_SIZE = 16  # bytes of one block hash (xxh3-128)

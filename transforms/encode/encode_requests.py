@@ -16,19 +16,19 @@ from typing import Any
 
 import xxhash
 
-from transforms.encode.blocks import (DIGEST_SIZE, TOKEN_DTYPE, chain_seed, keyed_digest,
+from kvtrace.transforms.encode.blocks import (DIGEST_SIZE, TOKEN_DTYPE, chain_seed, keyed_digest,
                                       token_bytes)
-from transforms.encode.fallible_tokenizer import TokenizerFailure
-from transforms.encode.segment_cache import (DEFAULT_BUDGET_BYTES, CacheCounts, SegmentCache,
+from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
+from kvtrace.transforms.encode.segment_cache import (DEFAULT_BUDGET_BYTES, CacheCounts, SegmentCache,
                                              SegmentEncoder)
-from transforms.encode.salt import SaltSource
-from transforms.encode.schemes import HashScheme
-from transforms.encode.tokenize import checked_tokenizer, render_chat
-from transforms.dead_letters import DeadLetter
-from transforms.errors import Rejected
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
-from transforms.read.records import Request
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.schemes import HashScheme
+from kvtrace.transforms.encode.tokenize import checked_tokenizer, render_chat
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
+from kvtrace.transforms.read.records import Request
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off
 # the long user and assistant turns.

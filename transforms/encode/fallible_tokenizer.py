@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from transforms.encode.blocks import TOKEN_DTYPE, token_bytes
-from transforms.encode.native_stderr import capture_native_stderr
-from transforms.errors import JobStopped
+from kvtrace.transforms.encode.blocks import TOKEN_DTYPE, token_bytes
+from kvtrace.transforms.encode.native_stderr import capture_native_stderr
+from kvtrace.transforms.errors import JobStopped
 
 FAILURES_TO_STOP = 3
 MAX_REASON_CHARS = 300

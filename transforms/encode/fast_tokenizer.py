@@ -20,9 +20,9 @@ from typing import Any
 
 import tokenizers
 
-from transforms.encode import template_renderer
-from transforms.encode.regular_files import UnfitFile, read_regular_file
-from transforms.trace_format import EXTRA_TEMPLATE_PATTERN, EXTRA_TEMPLATES, TOKENIZER_FILES
+from kvtrace.transforms.encode import template_renderer
+from kvtrace.transforms.encode.regular_files import UnfitFile, read_regular_file
+from kvtrace.transforms.trace_format import EXTRA_TEMPLATE_PATTERN, EXTRA_TEMPLATES, TOKENIZER_FILES
 
 # The files kvtrace reads from a tokenizer folder are the published format's vocabulary (the
 # manifest's `tokenizer.sha256` keys): the tokenizer's identity is their bytes, nothing else.

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.encode.blocks import DIGEST_SIZE
-from transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.encode.blocks import DIGEST_SIZE
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from transforms.storage import UnfitFile, open_regular
+from kvtrace.transforms.storage import UnfitFile, open_regular
 
 __all__ = ["UnfitFile", "read_regular_file"]
 

@@ -63,8 +63,8 @@ class SaltSource:
                 raise SaltError(f"${self.where} is not set on this machine (or is empty)")
             return value.encode()
         if self.kind == "file":
-            from transforms import storage
-            from transforms.storage import is_url
+            from kvtrace.transforms import storage
+            from kvtrace.transforms.storage import is_url
 
             if not is_url(self.where) and os.path.exists(self.where) and not os.path.isfile(
                     self.where):

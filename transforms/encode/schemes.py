@@ -32,7 +32,7 @@ import cbor2
 import numpy as np
 import xxhash
 
-from transforms.encode.blocks import HASH_SCHEME, TOKEN_DTYPE, chain_hashes
+from kvtrace.transforms.encode.blocks import HASH_SCHEME, TOKEN_DTYPE, chain_hashes
 
 SCHEMES = ("kvtrace", "dynamo", "vllm-sha256-cbor")
 DYNAMO_SEED = 1337

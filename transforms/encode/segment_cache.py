@@ -24,8 +24,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from transforms.encode.blocks import TOKEN_DTYPE, token_bytes
-from transforms.encode.fallible_tokenizer import FallibleTokenizer, TokenizerFailure
+from kvtrace.transforms.encode.blocks import TOKEN_DTYPE, token_bytes
+from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, TokenizerFailure
 
 _LOG = logging.getLogger("kvtrace")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize

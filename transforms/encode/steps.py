@@ -11,16 +11,16 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.encode.segment_cache import COUNTED, SegmentCache
-from transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
+from kvtrace.transforms.encode.segment_cache import COUNTED, SegmentCache
+from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
                                                EncodedBatch, EncodeOptions, OverlappedEncoder,
                                                open_encoder)
-from transforms.garbage import settle_after_start_up
-from transforms.read.records import Request
-from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
-from transforms.steps import BatchByWeight, tagged
+from kvtrace.transforms.garbage import settle_after_start_up
+from kvtrace.transforms.read.records import Request
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
+from kvtrace.transforms.steps import BatchByWeight, tagged
 
 
 class EncodeRequests(beam.DoFn):

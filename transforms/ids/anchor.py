@@ -35,11 +35,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from transforms import storage
-from transforms.encode.salt import SaltSource
-from transforms.errors import IdMapError, JobStopped
-from transforms.ids.exclusive import folder_lock, remove_stale_temp_files, replace_file
-from transforms.ids.map_record import MAX_VERSION, MapKey, keyed
+from kvtrace.transforms import storage
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.errors import IdMapError, JobStopped
+from kvtrace.transforms.ids.exclusive import folder_lock, remove_stale_temp_files, replace_file
+from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
 MARK_FORMAT = "kvtrace-id-map-mark"

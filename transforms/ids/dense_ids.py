@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids.row_order import tie_key
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.ids.row_order import tie_key
 
 # Hash shards for the earliest-occurrence combine and the join: each shard holds 1/N of the
 # unique hashes, so N = 64 keeps a shard of a 1e9-block export near 15M rows (~600 MB).

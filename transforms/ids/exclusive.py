@@ -25,9 +25,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from transforms import storage
-from transforms.errors import JobStopped
-from transforms.storage import is_url
+from kvtrace.transforms import storage
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.storage import is_url
 
 TEMP_MARK = ".tmp-"
 # A holder reads and writes one small file: a lock held this long is held by a stuck run.

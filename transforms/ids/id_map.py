@@ -43,14 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from transforms import storage
-from transforms.encode.salt import SaltSource
-from transforms.encode.timestamp_kinds import KIND_WORDS
-from transforms.errors import IdMapError, JobStopped
-from transforms.ids.anchor import advance_anchor, check_anchor, rebind
-from transforms.ids.dense_ids import NUMBERED
-from transforms.ids.exclusive import create_exclusive, replace_file
-from transforms.ids.map_record import (
+from kvtrace.transforms import storage
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
+from kvtrace.transforms.errors import IdMapError, JobStopped
+from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, rebind
+from kvtrace.transforms.ids.dense_ids import NUMBERED
+from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
+from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
     KINDS,
@@ -69,14 +69,14 @@ from transforms.ids.map_record import (
     read_keyless_record,
     read_record,
 )
-from transforms.ids.segments import (
+from kvtrace.transforms.ids.segments import (
     RowBounds,
     SegmentFile,
     index_path,
     merge_segment,
     write_segment,
 )
-from transforms.read.timestamps import timestamp_kind
+from kvtrace.transforms.read.timestamps import timestamp_kind
 
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import logging
 
-from transforms import storage
-from transforms.encode.salt import SALT_ENV, SaltError, SaltSource
-from transforms.ids.exclusive import remove_stale_temp_files
-from transforms.ids.id_map import (
+from kvtrace.transforms import storage
+from kvtrace.transforms.encode.salt import SALT_ENV, SaltError, SaltSource
+from kvtrace.transforms.ids.exclusive import remove_stale_temp_files
+from kvtrace.transforms.ids.id_map import (
     MapIdentity,
     MapVersion,
     discard_abandoned,
     finish_interrupted_commit,
     open_map,
 )
-from transforms.ids.map_record import map_key
+from kvtrace.transforms.ids.map_record import map_key
 
 _LOG = logging.getLogger("kvtrace")
 

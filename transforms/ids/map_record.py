@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from transforms.encode.blocks import salt_fingerprint
-from transforms.errors import IdMapError
-from transforms.ids.dense_ids import MAX_HASH_SHARDS
-from transforms.ids.segments import index_path
-from transforms.read.timestamps import EPOCH, EPOCH_CEILING_MS, RELATIVE, timestamp_kind
+from kvtrace.transforms.encode.blocks import salt_fingerprint
+from kvtrace.transforms.errors import IdMapError
+from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
+from kvtrace.transforms.ids.segments import index_path
+from kvtrace.transforms.read.timestamps import EPOCH, EPOCH_CEILING_MS, RELATIVE, timestamp_kind
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.

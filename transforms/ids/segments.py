@@ -33,10 +33,10 @@ from typing import IO, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from transforms import storage
-from transforms.ids import bloom
-from transforms.errors import JobStopped
-from transforms.ids.dense_ids import NUMBERED, lookup, shard_of, split_by
+from kvtrace.transforms import storage
+from kvtrace.transforms.ids import bloom
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids.dense_ids import NUMBERED, lookup, shard_of, split_by
 
 SEGMENT_SCHEMA = pa.schema(
     [pa.field("hi", pa.uint64(), False), pa.field("lo", pa.uint64(), False),

@@ -37,10 +37,10 @@ from apache_beam.transforms.userstate import (
 )
 from apache_beam.transforms.window import GlobalWindow
 
-from transforms.combiners import BucketTotals
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.ids.buckets import buckets_of, first_offsets
-from transforms.ids.dense_ids import (
+from kvtrace.transforms.combiners import BucketTotals
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.ids.buckets import buckets_of, first_offsets
+from kvtrace.transforms.ids.dense_ids import (
     DEFAULT_HASH_SHARDS,
     FIRST,
     LOOKUP,
@@ -58,9 +58,9 @@ from transforms.ids.dense_ids import (
     split_known,
     sum_unique,
 )
-from transforms.ids.id_map import write_segment_shard
-from transforms.ids.segments import SegmentFile, read_matching_files, read_segment
-from transforms.steps import CombineWith, metered
+from kvtrace.transforms.ids.id_map import write_segment_shard
+from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
+from kvtrace.transforms.steps import CombineWith, metered
 
 # Keep merging cheap: re-sort the combined table only once the unsorted part outgrows it.
 _MIN_COMPACT_ROWS = 65_536

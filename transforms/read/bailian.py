@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from transforms.read.trace_io import MAX_READ_TIMESTAMP_MS
+from kvtrace.transforms.read.trace_io import MAX_READ_TIMESTAMP_MS
 
 BAILIAN_BLOCK_SIZE = 16
 NO_PARENT = -1

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from transforms.errors import Rejected
-from transforms.read.json_tree import loads_checked
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.json_tree import loads_checked
 
 # The roles OpenAI-compatible servers accept; anything else they answer with a 400.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from transforms.errors import Rejected
+from kvtrace.transforms.errors import Rejected
 
 # Real requests nest about 5 deep (messages > message > content > part), tool schemas ~15;
 # far deeper is an attack or a bug, and deep recursion is what makes parsers fall over.

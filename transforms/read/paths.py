@@ -22,11 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms import storage
-from transforms.batching import batches_by_weight
-from transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
-from transforms.read.decompress import DecodedStream
-from transforms.storage import is_url
+from kvtrace.transforms import storage
+from kvtrace.transforms.batching import batches_by_weight
+from kvtrace.transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
+from kvtrace.transforms.read.decompress import DecodedStream
+from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -14,13 +14,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from transforms.errors import Rejected
-from transforms.read import chat
-from transforms.read.json_tree import check_tree, orjson_reading
-from transforms.read.response_end import response_ms
-from transforms.read.shapes import check_record
-from transforms.read.timestamps import timestamp_ms
-from transforms.trace_format import MAX_OUTPUT_LENGTH
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read import chat
+from kvtrace.transforms.read.json_tree import check_tree, orjson_reading
+from kvtrace.transforms.read.response_end import response_ms
+from kvtrace.transforms.read.shapes import check_record
+from kvtrace.transforms.read.timestamps import timestamp_ms
+from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
 MAX_COUNT = MAX_OUTPUT_LENGTH  # also bounds the other counts a record gives

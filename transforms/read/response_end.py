@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from transforms.errors import Rejected
-from transforms.read.timestamps import timestamp_ms
-from transforms.trace_format import MAX_RESPONSE_MS
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.timestamps import timestamp_ms
+from kvtrace.transforms.trace_format import MAX_RESPONSE_MS
 
 END_TIME_FIELDS = ("end_timestamp", "response_timestamp", "end_time", "endTime", "finished_at")
 EPOCH_SECONDS_END_FIELDS = ("completed_at",)

@@ -17,10 +17,10 @@ from typing import Union
 
 import xxhash
 
-from transforms.dead_letters import DeadLetter
-from transforms.read.paths import PARQUET_SUFFIXES
-from transforms.read.records import ParseOptions, Request
-from transforms.read.sources import parse_one
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.read.paths import PARQUET_SUFFIXES
+from kvtrace.transforms.read.records import ParseOptions, Request
+from kvtrace.transforms.read.sources import parse_one
 
 # A request without a session has no history to share with others: keyed by its own bytes,
 # such requests spread evenly, never gathering on one worker the way a shared key would.

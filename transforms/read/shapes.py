@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from transforms.errors import Rejected
+from kvtrace.transforms.errors import Rejected
 
 # How a message names the JSON type of a value (the parsers give exactly these Python types).
 JSON_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",

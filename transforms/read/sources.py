@@ -21,9 +21,9 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.dead_letters import DAMAGED_FILE, DeadLetter
-from transforms.errors import UNANTICIPATED, Rejected, unanticipated
-from transforms.read.paths import (
+from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter
+from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
+from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
     Oversized,
@@ -36,7 +36,7 @@ from transforms.read.paths import (
     sized_rows,
     without_views,
 )
-from transforms.read.records import ParseOptions, Request, parse_record, request_from_object
+from kvtrace.transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
 _LOG = logging.getLogger("kvtrace")
 # Byte ranges of plain files that workers read in parallel: small enough that one large file

@@ -8,11 +8,11 @@ from typing import Any
 
 import apache_beam as beam
 
-from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
-from transforms.read.records import ParseOptions
-from transforms.read.routing import Routed, arrived, route_key, routed
-from transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
-from transforms.steps import tagged
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.read.routing import Routed, arrived, route_key, routed
+from kvtrace.transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
+from kvtrace.transforms.steps import tagged
 
 
 class ReadFileRange(beam.DoFn):

@@ -24,7 +24,7 @@ import re
 
 from collections.abc import Mapping
 
-from transforms.errors import Rejected
+from kvtrace.transforms.errors import Rejected
 
 UNIT_MS = {"s": 1000, "ms": 1, "us": 1e-3, "ns": 1e-6}
 TIMESTAMP_UNITS = ("auto", *UNIT_MS)

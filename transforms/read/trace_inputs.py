@@ -39,11 +39,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from transforms import storage
-from transforms.errors import ConfigError
-from transforms.read.paths import expand_inputs, file_identity, open_raw
-from transforms.storage import is_url
-from transforms.trace_format import (FORMAT, MANIFEST, STATS, TRACE_FILE, TRACE_SHARDS, is_count,
+from kvtrace.transforms import storage
+from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.read.paths import expand_inputs, file_identity, open_raw
+from kvtrace.transforms.storage import is_url
+from kvtrace.transforms.trace_format import (FORMAT, MANIFEST, STATS, TRACE_FILE, TRACE_SHARDS, is_count,
                                      parse_json)
 
 _LOG = logging.getLogger("kvtrace")

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
-from transforms.trace_format import (
+from kvtrace.transforms.trace_format import (
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
     MAX_OUTPUT_LENGTH,
@@ -32,7 +32,7 @@ from transforms.trace_format import (
     SESSION_FIELD,
     TIMESTAMP_FIELD,
 )
-from transforms.read.paths import (
+from kvtrace.transforms.read.paths import (
     PARQUET_SUFFIXES,
     NumberedLines,
     Oversized,
@@ -43,7 +43,7 @@ from transforms.read.paths import (
     read_lines,
     read_parquet_within,
 )
-from transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, pin_of, published_shards
+from kvtrace.transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, pin_of, published_shards
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
 # The largest value each numeric field (hash_ids: each id) may hold. The readers take other

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
-from transforms.trace_format import NO_RESPONSE_MS
-from transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
-from transforms.read.trace_io import Trace
+from kvtrace.transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
+from kvtrace.transforms.read.trace_io import Trace
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.trace_format import NO_RESPONSE_MS
-from transforms.read.trace_io import Trace
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.read.trace_io import Trace
 
 NO_TURN = -1
 

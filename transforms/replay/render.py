@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from transforms.encode.blocks import token_bytes
-from transforms.encode.fallible_tokenizer import FallibleTokenizer
-from transforms.encode.tokenize import encode_texts, render_chat
-from transforms.read.trace_io import Trace
-from transforms.stats.trace_blocks import last_block_tokens, prefix_ids
+from kvtrace.transforms.encode.blocks import token_bytes
+from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer
+from kvtrace.transforms.encode.tokenize import encode_texts, render_chat
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.stats.trace_blocks import last_block_tokens, prefix_ids
 
 # Words per vocabulary: 4,096 spell 16.7M siblings in two tokens; every tokenizer we ship has
 # over 20,000 such words.

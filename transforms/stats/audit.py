@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from transforms import storage
-from transforms.ids.row_order import in_published_order
-from transforms.storage import is_url
-from transforms.trace_format import (
+from kvtrace.transforms import storage
+from kvtrace.transforms.ids.row_order import in_published_order
+from kvtrace.transforms.storage import is_url
+from kvtrace.transforms.trace_format import (
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
@@ -68,14 +68,14 @@ from transforms.trace_format import (
     window_index,
     window_name,
 )
-from transforms.write.coarsen import round_to
-from transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
+from kvtrace.transforms.write.coarsen import round_to
+from kvtrace.transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
                                        public_tokenizer_name, public_tokenizer_sha256)
-from transforms.write.publish import sha256_of
-from transforms.write.replayers import replay_commands
-from transforms.write.rows import published_room
-from transforms.write.shards import cuts_unlike_plan
-from transforms.write.totals import ExportTotals, export_stats
+from kvtrace.transforms.write.publish import sha256_of
+from kvtrace.transforms.write.replayers import replay_commands
+from kvtrace.transforms.write.rows import published_room
+from kvtrace.transforms.write.shards import cuts_unlike_plan
+from kvtrace.transforms.write.totals import ExportTotals, export_stats
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest of 99,999 shards is ~10 MB; ours are KBs: 1 MiB
 MAX_STATS_BYTES = 1 << 16
@@ -517,8 +517,8 @@ def _published_tokenizer(name: str | None) -> Any:
     """The manifest's tokenizer name, resolved without importing, running or downloading
     anything it names: a known pkg: package's folder, or a hub name's files in the local hub
     cache; else None."""
-    from transforms.encode.fast_tokenizer import FastTokenizer
-    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
+    from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+    from kvtrace.transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
 
     if name is None:
         return None
@@ -550,8 +550,8 @@ def _package_folder(package: str) -> str | None:
 def _tokenizer_here(name: str) -> Any:
     """The operator's tokenizer where it loads without the network (a folder, a pkg: package,
     the local hub cache), else None."""
-    from transforms.encode.fast_tokenizer import FastTokenizer
-    from transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
+    from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+    from kvtrace.transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX, load_tokenizer
 
     try:
         if name.startswith(PACKAGE_PREFIX) or os.path.isdir(name):
@@ -814,8 +814,8 @@ class MapVersionNumbering:
 def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
     """Every version of an id map, each record verified with the map's key
     (ids/id_map.read_version_record)."""
-    from transforms.ids.id_map import current_version_number, read_version_record
-    from transforms.ids.map_record import map_key
+    from kvtrace.transforms.ids.id_map import current_version_number, read_version_record
+    from kvtrace.transforms.ids.map_record import map_key
 
     key, versions = map_key(salt), []
     for number in range(1, current_version_number(directory) + 1):
@@ -835,7 +835,7 @@ def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] 
     all three figures, and its identity (its files' digests, which bind every row: a night's
     references to the map's earlier ids included); a stream's window begins where the audited
     window before it ended. The folder alone shows neither."""
-    from transforms.ids.id_map import night_identity
+    from kvtrace.transforms.ids.id_map import night_identity
 
     begins = _start_figures(manifest["id_map"])
     if window_start is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.stats.trace_blocks import (Blocks, chunks, covered_tokens, first_index, gathered,
+from kvtrace.transforms.stats.trace_blocks import (Blocks, chunks, covered_tokens, first_index, gathered,
                                      gathered_compare, last_index, last_tokens)
 
 # Per row, what one key shard found about it. unseen_pos: the row's first block whose id no

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import Counter
 import numpy as np
 
-from transforms.stats.histograms import describe_histogram, merge
-from transforms.stats.key_shards import CHAINING_PROBLEMS, ShardResult
-from transforms.stats.trace_shards import FileChunk, RowShardResult
-from transforms.stats.trace_stats import MAX_EXAMPLES, Measures, id_problems, report
+from kvtrace.transforms.stats.histograms import describe_histogram, merge
+from kvtrace.transforms.stats.key_shards import CHAINING_PROBLEMS, ShardResult
+from kvtrace.transforms.stats.trace_shards import FileChunk, RowShardResult
+from kvtrace.transforms.stats.trace_stats import MAX_EXAMPLES, Measures, id_problems, report
 
 
 def file_summary(chunk: FileChunk) -> FileChunk:

@@ -9,12 +9,12 @@ from collections.abc import Callable
 import apache_beam as beam
 import numpy as np
 
-from transforms.combiners import BucketTotals
-from transforms.ids.buckets import buckets_of
-from transforms.stats.histograms import histogram, merge
-from transforms.stats.shard_report import assemble, file_summary, shard_counts
-from transforms.stats.key_shards import PARTIAL, id_shard, prefix_shard
-from transforms.stats.trace_shards import (
+from kvtrace.transforms.combiners import BucketTotals
+from kvtrace.transforms.ids.buckets import buckets_of
+from kvtrace.transforms.stats.histograms import histogram, merge
+from kvtrace.transforms.stats.shard_report import assemble, file_summary, shard_counts
+from kvtrace.transforms.stats.key_shards import PARTIAL, id_shard, prefix_shard
+from kvtrace.transforms.stats.trace_shards import (
     ROW,
     FileChunk,
     by_shard,
@@ -24,8 +24,8 @@ from transforms.stats.trace_shards import (
     warmup_key,
     warmup_plan,
 )
-from transforms.stats.trace_stats import minute_counts
-from transforms.steps import CombineWith
+from kvtrace.transforms.stats.trace_stats import minute_counts
+from kvtrace.transforms.steps import CombineWith
 
 
 class ReadTraceFiles(beam.PTransform):

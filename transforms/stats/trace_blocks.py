@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from transforms.read.trace_io import Trace
+from kvtrace.transforms.read.trace_io import Trace
 
 # Per-block temporaries (gathers, comparisons, int64 intermediates) are made this many blocks at
 # a time: 1M blocks is 8 MB per int64 temporary, so memory stays near the trace's own

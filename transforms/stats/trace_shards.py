@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from transforms.ids.dense_ids import split_by
-from transforms.read.trace_io import Trace, read_trace
-from transforms.stats.trace_blocks import Blocks, last_block_tokens
-from transforms.stats.histograms import histogram
-from transforms.stats.key_shards import Rows, row_measures, row_sums
-from transforms.stats.trace_stats import row_problems, session_counts
+from kvtrace.transforms.ids.dense_ids import split_by
+from kvtrace.transforms.read.trace_io import Trace, read_trace
+from kvtrace.transforms.stats.trace_blocks import Blocks, last_block_tokens
+from kvtrace.transforms.stats.histograms import histogram
+from kvtrace.transforms.stats.key_shards import Rows, row_measures, row_sums
+from kvtrace.transforms.stats.trace_stats import row_problems, session_counts
 
 ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8")])
 BLOCK = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("pos", "<i8"), ("id", "<i8"),

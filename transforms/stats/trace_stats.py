@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.read.trace_io import Trace
-from transforms.stats.trace_blocks import Blocks
-from transforms.stats.heap import return_freed_heap
-from transforms.stats.histograms import describe_histogram, histogram
-from transforms.stats.key_shards import (Rows, chaining_problems, first_after_warmup, id_shard,
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.stats.trace_blocks import Blocks
+from kvtrace.transforms.stats.heap import return_freed_heap
+from kvtrace.transforms.stats.histograms import describe_histogram, histogram
+from kvtrace.transforms.stats.key_shards import (Rows, chaining_problems, first_after_warmup, id_shard,
                                          prefix_shard, row_measures, row_sums)
-from transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 MAX_EXAMPLES = 20  # example lines listed per problem kind
 

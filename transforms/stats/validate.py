@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.read.trace_io import Trace
-from transforms.stats.trace_blocks import Blocks
-from transforms.stats.trace_stats import MAX_EXAMPLES, problems
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.stats.trace_blocks import Blocks
+from kvtrace.transforms.stats.trace_stats import MAX_EXAMPLES, problems
 
 _UNBOUNDED = 1 << 62  # no upper bound (rows of one id)
 RULES = {

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from transforms.read.trace_io import Trace
-from transforms.trace_format import SESSION_FIELD
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.trace_format import SESSION_FIELD
 
 
 def dense_sessions(sessions: np.ndarray | None) -> list[int | None]:

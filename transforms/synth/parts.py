@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from transforms.read.trace_io import Trace
-from transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from transforms.read.trace_io import Trace
-from transforms.synth.parts import RowParts
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.synth.parts import RowParts
 
 # Label layout, int64: source prefix id (< 2^31) | sub-block (< 2^21) | tree copy (< 2^10) |
 # kind (shared 0, own 1).

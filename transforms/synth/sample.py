@@ -12,8 +12,8 @@ source turn did. The result is a trace like any other, reshaped afterwards by th
 from __future__ import annotations
 
 import numpy as np
-from transforms.read.trace_io import Trace
-from transforms.synth.parts import RowParts
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.synth.parts import RowParts
 
 
 def sample_requests(trace: Trace, parts: RowParts, requests: int, block_size: int,

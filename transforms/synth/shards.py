@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import xxhash
-from transforms.ids.buckets import buckets_of
-from transforms.ids.dense_ids import OCCURRENCE
-from transforms.read.trace_io import Trace
-from transforms.stats.trace_shards import prefix_hashes, rowkeys
-from transforms.synth.reshape import hashed_label, mix64, reshape
-from transforms.synth.parts import RowParts
-from transforms.synth.synthesize import (SynthConfig, scaled_osl, scaled_timestamps, session_text,
+from kvtrace.transforms.ids.buckets import buckets_of
+from kvtrace.transforms.ids.dense_ids import OCCURRENCE
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.stats.trace_shards import prefix_hashes, rowkeys
+from kvtrace.transforms.synth.reshape import hashed_label, mix64, reshape
+from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.synthesize import (SynthConfig, scaled_osl, scaled_timestamps, session_text,
                                          unit_copies)
 
 VISIT = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("unit", "<u8"), ("rowkey", "<i8")])

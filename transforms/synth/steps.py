@@ -16,15 +16,15 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 import numpy as np
 
-from transforms import storage
-from transforms.combiners import BucketTotals
-from transforms.ids.buckets import first_offsets
-from transforms.ids.dense_ids import ids_in_request_order, split_by
-from transforms.ids.steps import AssignDenseIds
-from transforms.read.trace_io import read_trace
-from transforms.steps import CombineWith
-from transforms.synth.output import rows_jsonl
-from transforms.synth.shards import (
+from kvtrace.transforms import storage
+from kvtrace.transforms.combiners import BucketTotals
+from kvtrace.transforms.ids.buckets import first_offsets
+from kvtrace.transforms.ids.dense_ids import ids_in_request_order, split_by
+from kvtrace.transforms.ids.steps import AssignDenseIds
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.steps import CombineWith
+from kvtrace.transforms.synth.output import rows_jsonl
+from kvtrace.transforms.synth.shards import (
     SHARED,
     Synthesized,
     label_occurrences,
@@ -36,7 +36,7 @@ from transforms.synth.shards import (
     split_by_bucket,
     split_file,
 )
-from transforms.synth.synthesize import SynthConfig
+from kvtrace.transforms.synth.synthesize import SynthConfig
 
 # Shards of prefixes and of conversations: each holds 1/N of the trace in one worker.
 SHARDS = 64

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
-from transforms.errors import JobStopped
-from transforms.read.trace_io import HIGHEST, Trace
-from transforms.stats.trace_shards import LINE_BITS
-from transforms.stats.trace_blocks import prefix_ids
-from transforms.synth.parts import RowParts
-from transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
-from transforms.synth.sample import sample_requests
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.read.trace_io import HIGHEST, Trace
+from kvtrace.transforms.stats.trace_shards import LINE_BITS
+from kvtrace.transforms.stats.trace_blocks import prefix_ids
+from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
+from kvtrace.transforms.synth.sample import sample_requests
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.write.rows import RowBatch
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.write.rows import RowBatch
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from transforms import storage
-from transforms.errors import JobStopped
-from transforms.write.coarsen import round_to
-from transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
+from kvtrace.transforms import storage
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.write.coarsen import round_to
+from kvtrace.transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
                                      PUBLISHED_TOKENIZER_FILES, PUBLISHED_TOKENIZER_NAMES,
                                      canonical_json)
 

@@ -68,14 +68,14 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO
 
-from transforms import storage
-from transforms.errors import JobStopped
-from transforms.storage import folded, is_url, place
-from transforms.ids.id_map import new_run_id
-from transforms.read.paths import read_bytes
-from transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
-from transforms.trace_format import FORMAT, MANIFEST
-from transforms.write.manifest import set_content_times
+from kvtrace.transforms import storage
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.storage import folded, is_url, place
+from kvtrace.transforms.ids.id_map import new_run_id
+from kvtrace.transforms.read.paths import read_bytes
+from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
+from kvtrace.transforms.trace_format import FORMAT, MANIFEST
+from kvtrace.transforms.write.manifest import set_content_times
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"

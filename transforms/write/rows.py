@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from transforms.ids.buckets import buckets_of, shards_of
-from transforms.ids.dense_ids import ids_in_request_order
-from transforms.ids.row_order import published_order
-from transforms.trace_format import NO_SESSION
+from kvtrace.transforms.ids.buckets import buckets_of, shards_of
+from kvtrace.transforms.ids.dense_ids import ids_in_request_order
+from kvtrace.transforms.ids.row_order import published_order
+from kvtrace.transforms.trace_format import NO_SESSION
 
 ROW = np.dtype(
     [

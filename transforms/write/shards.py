@@ -22,15 +22,15 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from transforms import storage
-from transforms.combiners import BucketTotals
-from transforms.ids.buckets import plan_shards, shards_of
-from transforms.write.coarsen import Coarsening, coarsen
-from transforms.trace_format import (MANIFEST, TraceColumns, arrow_array, canonical_json,
+from kvtrace.transforms import storage
+from kvtrace.transforms.combiners import BucketTotals
+from kvtrace.transforms.ids.buckets import plan_shards, shards_of
+from kvtrace.transforms.write.coarsen import Coarsening, coarsen
+from kvtrace.transforms.trace_format import (MANIFEST, TraceColumns, arrow_array, canonical_json,
                                      jsonl_bytes, parquet_bytes, shard_name, table_bytes)
-from transforms.write.publish import (OutputRefused, folder_writer, foreign_files,
+from kvtrace.transforms.write.publish import (OutputRefused, folder_writer, foreign_files,
                                       publish_folder, sha256_of, staging_folder)
-from transforms.write.rows import RowBatch, room_by_minute, shard_count
+from kvtrace.transforms.write.rows import RowBatch, room_by_minute, shard_count
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
 MAX_BLOCKS_PER_SHARD = 8_000_000

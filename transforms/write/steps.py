@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 import numpy as np
 
-from transforms.write.coarsen import Coarsening
-from transforms.write.rows import RowBatch, shard_count
-from transforms.write.shards import write_shard
+from kvtrace.transforms.write.coarsen import Coarsening
+from kvtrace.transforms.write.rows import RowBatch, shard_count
+from kvtrace.transforms.write.shards import write_shard
 
 
 class WriteShard(beam.DoFn):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from transforms.encode.hashed_batch import HashedBatch
-from transforms.write.coarsen import Coarsening, coarse_output_lengths
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.write.coarsen import Coarsening, coarse_output_lengths
 
 TOKEN_WEIGHTED_DEFINITION = (
     "infinite cache, causal: 1 - (tokens of each distinct block's first occurrence) / "

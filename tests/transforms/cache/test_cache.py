@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.cache.cache_trace import CacheTrace
 from kvtrace.presets import load_model
-from transforms.cache.capacity import kv_bytes_per_token, parse_capacity
-from transforms.cache import policies
-from transforms.cache.policies import POLICIES, hit_rate
-from transforms.cache.reuse import ccdf_at, reuse_events, reuse_time_histogram
-from transforms.cache.stack_distance import stack_distances
-from transforms.read.trace_io import Trace
+from kvtrace.transforms.cache.capacity import kv_bytes_per_token, parse_capacity
+from kvtrace.transforms.cache import policies
+from kvtrace.transforms.cache.policies import POLICIES, hit_rate
+from kvtrace.transforms.cache.reuse import ccdf_at, reuse_events, reuse_time_histogram
+from kvtrace.transforms.cache.stack_distance import stack_distances
+from kvtrace.transforms.read.trace_io import Trace
 
 
 def trace_of(rows: list[tuple[float, int, list[int]]]) -> Trace:

@@ -4,13 +4,13 @@ simulate --decode-cache lets later turns hit them."""
 from __future__ import annotations
 
 import pytest
-from conftest import anonymize, read_jsonl, trace, write_jsonl
-from transforms.cache.capacity import Capacity
-from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
-from transforms.encode.encode_requests import _output_block_hashes
-from transforms.encode.schemes import HashScheme
+from helpers import anonymize, read_jsonl, trace, write_jsonl
+from kvtrace.transforms.cache.capacity import Capacity
+from kvtrace.transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
+from kvtrace.transforms.encode.encode_requests import _output_block_hashes
+from kvtrace.transforms.encode.schemes import HashScheme
 
-from pipelines.simulate import SimulateConfig, run_simulate
+from kvtrace.pipelines.simulate import SimulateConfig, run_simulate
 
 SEED = chain_seed(b"a salt for the output block tests")
 

@@ -7,13 +7,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import trace_of
-from transforms.cache.cache_trace import CacheTrace
-from transforms.cache.reuse import reuse_events
-from transforms.cache.reuse_shards import EDGES, clock_blocks, summarize
-from transforms.stats.trace_shards import by_shard, chunk_tables
+from helpers import trace_of
+from kvtrace.transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.cache.reuse import reuse_events
+from kvtrace.transforms.cache.reuse_shards import EDGES, clock_blocks, summarize
+from kvtrace.transforms.stats.trace_shards import by_shard, chunk_tables
 
-BLOCK_SIZE = 4  # as conftest.trace_of
+BLOCK_SIZE = 4  # as helpers.trace_of
 
 rows_strategy = st.lists(
     st.tuples(st.integers(0, 2), st.integers(0, 6).map(lambda t: t * 700.0),

@@ -1,4 +1,4 @@
-from transforms.encode.blocks import (
+from kvtrace.transforms.encode.blocks import (
     DIGEST_SIZE,
     block_count,
     chain_hashes,

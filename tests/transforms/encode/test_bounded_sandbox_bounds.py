@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms.encode import bounded_sandbox
-from transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
+from kvtrace.transforms.encode import bounded_sandbox
+from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
              "//": operator.floordiv, "%": operator.mod, "**": operator.pow}

@@ -12,8 +12,8 @@ from jinja2.runtime import LoopContext, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from transforms.encode import template_renderer
-from transforms.encode.bounded_sandbox import BoundedSandbox
+from kvtrace.transforms.encode import template_renderer
+from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox
 
 PLAIN = ImmutableSandboxedEnvironment()
 BOUNDED = BoundedSandbox()

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms.encode import bounded_sandbox
-from transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
+from kvtrace.transforms.encode import bounded_sandbox
+from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
 
 BOUND = 64  # MAX_VALUE_LENGTH in the tests that lower it
 

@@ -4,11 +4,11 @@ for others."""
 
 from __future__ import annotations
 
-from transforms.encode.encode_requests import EncodeOptions, RequestEncoder
-from transforms.encode.fast_tokenizer import FastTokenizer
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import load_tokenizer, render_chat
-from transforms.read.records import Request
+from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEncoder
+from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+from kvtrace.transforms.read.records import Request
 
 # Concatenates arguments (objects fail) when the call's message says so, else prints them as JSON
 # (objects and strings both render, differently).

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipelines.anonymize_config import AnonymizeConfig
-from transforms.encode.encode_requests import EncodeOptions
-from transforms.encode.salt import SaltSource
-from transforms.encode.schemes import HashScheme
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.transforms.encode.encode_requests import EncodeOptions
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.schemes import HashScheme
 
 
 def test_every_encode_option_is_the_configs_own():

@@ -9,14 +9,14 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import chat
+from helpers import chat
 
-from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.encode.encode_requests import EncodeOptions, open_encoder
-from transforms.encode.salt import SaltSource
-from transforms.encode.steps import Encode
-from transforms.encode.timestamp_kinds import TIMESTAMP_KIND_MISMATCH
-from transforms.read.records import parse_record
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
+from kvtrace.transforms.encode.encode_requests import EncodeOptions, open_encoder
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.steps import Encode
+from kvtrace.transforms.encode.timestamp_kinds import TIMESTAMP_KIND_MISMATCH
+from kvtrace.transforms.read.records import parse_record
 
 EPOCH_MS = 1_700_000_000_000
 SALT = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")

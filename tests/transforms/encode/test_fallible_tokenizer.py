@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from tokenizers import Tokenizer
 
-from transforms.encode.blocks import chain_seed, token_bytes
-from transforms.encode.encode_requests import TOKENIZER_ERROR, EncodeOptions, RequestEncoder
-from transforms.encode.fallible_tokenizer import (FAILURES_TO_STOP, FallibleTokenizer,
+from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
+from kvtrace.transforms.encode.encode_requests import TOKENIZER_ERROR, EncodeOptions, RequestEncoder
+from kvtrace.transforms.encode.fallible_tokenizer import (FAILURES_TO_STOP, FallibleTokenizer,
                                                   TokenizerFailure)
-from transforms.encode.fast_tokenizer import FastTokenizer
-from transforms.encode.salt import SaltSource
-from transforms.errors import JobStopped
-from transforms.read.records import parse_record
+from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.read.records import parse_record
 
 # Oniguruma gives up backtracking `(a|a)+b` over 40 a's (its retry limit): the Rust side panics.
 GIVES_UP = "a" * 40 + "c"
@@ -99,8 +99,8 @@ def test_a_request_the_tokenizer_fails_on_is_a_dead_letter_and_the_rest_are_hash
 
 ROUTED = """
 import logging, os, sys, threading
-from pipelines.processes import busy_threads
-from transforms.encode.native_stderr import capture_native_stderr
+from kvtrace.pipelines.processes import busy_threads
+from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 logging.basicConfig(format="%(name)s: %(message)s")
 logging.getLogger().setLevel(sys.argv[1])
 capture_native_stderr()

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SHAPES, shared_path
+from helpers import SHAPES, shared_path
 from transformers import AutoTokenizer
 
-from transforms.encode.fast_tokenizer import FastTokenizer
-from transforms.encode.tokenize import PROBE_TEXT, encode_texts, load_tokenizer, render_chat
-from transforms.read.records import ParseOptions, parse_record
+from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+from kvtrace.transforms.encode.tokenize import PROBE_TEXT, encode_texts, load_tokenizer, render_chat
+from kvtrace.transforms.read.records import ParseOptions, parse_record
 
 TEXTS = [PROBE_TEXT, "", " ", "a\n\n\nb", "<|im_start|>user\nhi<|im_end|>", "  leading",
          "<｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜><think>\n", "x" * 5000, "١٢٣ 𝔘𝔫𝔦"]

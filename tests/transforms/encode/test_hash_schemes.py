@@ -9,11 +9,11 @@ import struct
 import cbor2
 import pyarrow.parquet as pq
 import pytest
-from conftest import anonymize, chat, trace, write_jsonl
+from helpers import anonymize, chat, trace, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
-from transforms.encode.blocks import token_bytes
-from transforms.encode.schemes import (
+from kvtrace.transforms.encode.blocks import token_bytes
+from kvtrace.transforms.encode.schemes import (
     HashScheme,
     dynamo_local_hashes,
     dynamo_sequence_hashes,

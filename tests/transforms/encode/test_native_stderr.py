@@ -7,15 +7,15 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from helpers import ROOT
 
-from transforms.encode.native_stderr import KEPT_LINE_CHARS, KEPT_LINES
+from kvtrace.transforms.encode.native_stderr import KEPT_LINE_CHARS, KEPT_LINES
 
 # A forked child writes as Rust does when an allocation fails, then aborts; the parent asks for
 # the last words at once (no wait for the relay to have read them), as anonymize_local does.
 DIES = """
 import json, logging, os, sys
-from transforms.encode.native_stderr import capture_native_stderr, last_words
+from kvtrace.transforms.encode.native_stderr import capture_native_stderr, last_words
 logging.basicConfig(format="%(name)s: %(message)s", level=sys.argv[1])
 capture_native_stderr()
 child = os.fork()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import chat
+from helpers import chat
 
-from transforms.encode.encode_requests import EncodeOptions, OverlappedEncoder, RequestEncoder
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import load_tokenizer
-from transforms.read.records import parse_record
+from kvtrace.transforms.encode.encode_requests import EncodeOptions, OverlappedEncoder, RequestEncoder
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.tokenize import load_tokenizer
+from kvtrace.transforms.read.records import parse_record
 
 
 def batches() -> list[list]:

@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, write_jsonl
+from helpers import anonymize, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from transforms.encode import bounded_sandbox, tokenize
-from transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
-from transforms.encode.fast_tokenizer import FastTokenizer
-from transforms.encode.render_budget import TICK_SECONDS, RenderOverrun, Watchdog
-from transforms.errors import JobStopped, Rejected
+from kvtrace.transforms.encode import bounded_sandbox, tokenize
+from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
+from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+from kvtrace.transforms.encode.render_budget import TICK_SECONDS, RenderOverrun, Watchdog
+from kvtrace.transforms.errors import JobStopped, Rejected
 
 ROOT = Path(__file__).resolve().parents[3]
 # How long past its deadline a stopped render may take: one template step, on a busy machine.

@@ -9,15 +9,15 @@ import logging
 import threading
 
 import pytest
-from conftest import OPENAI_TOOL_TURN, anonymize, assert_same_output, chat, write_jsonl
+from helpers import OPENAI_TOOL_TURN, anonymize, assert_same_output, chat, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.encode.blocks import token_bytes
-from transforms.encode.segment_cache import (CHECK_EVERY, DEFAULT_BUDGET_BYTES, SegmentCache,
+from kvtrace.transforms.encode.blocks import token_bytes
+from kvtrace.transforms.encode.segment_cache import (CHECK_EVERY, DEFAULT_BUDGET_BYTES, SegmentCache,
                                              SegmentEncoder, splitter_for)
-from transforms.encode.tokenize import load_tokenizer, render_chat
-from transforms.read.records import parse_record
+from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+from kvtrace.transforms.read.records import parse_record
 
 SAFE_TOKEN = {"id": 7, "content": "<|sep|>", "normalized": False, "lstrip": False,
               "rstrip": False, "single_word": False}

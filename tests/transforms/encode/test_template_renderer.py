@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.encode import template_renderer
+from kvtrace.transforms.encode import template_renderer
 
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "templates"
 # Loops, a namespace, tojson of tools and arguments, whitespace control: what real templates use.
@@ -35,7 +35,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 # real, and prints both (a template's error as its type) with what sys.modules held in between.
 SCRIPT = """
 import json, sys
-from transforms.encode import template_renderer
+from kvtrace.transforms.encode import template_renderer
 templates, chat, tools = json.loads(open(sys.argv[1]).read())
 
 def texts(render):

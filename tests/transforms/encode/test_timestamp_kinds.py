@@ -15,19 +15,19 @@ from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import anonymize, assert_same_output, chat, read_jsonl, trace, write_jsonl
+from helpers import anonymize, assert_same_output, chat, read_jsonl, trace, write_jsonl
 
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_streaming import StreamingConfig, build
-from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.encode.hashed_batch import REQUEST, HashedBatch
-from transforms.encode.steps import OneTimestampKind
-from transforms.encode.timestamp_kinds import (IMPLAUSIBLE_TIMESTAMP, TIMESTAMP_KIND_MISMATCH,
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
+from kvtrace.transforms.encode.hashed_batch import REQUEST, HashedBatch
+from kvtrace.transforms.encode.steps import OneTimestampKind
+from kvtrace.transforms.encode.timestamp_kinds import (IMPLAUSIBLE_TIMESTAMP, TIMESTAMP_KIND_MISMATCH,
                                                keep_input_kind, keep_plausible_windows,
                                                kind_counts, sum_kind_counts)
-from transforms.encode.salt import SaltSource
-from transforms.read.timestamps import DAY_MS
-from transforms.write.manifest import read_run_counts
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.read.timestamps import DAY_MS
+from kvtrace.transforms.write.manifest import read_run_counts
 
 EPOCH_MS = 1_700_000_000_000
 

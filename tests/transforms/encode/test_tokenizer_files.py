@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.encode.fast_tokenizer import (CONFIG_FILE, MAX_EXTRA_TEMPLATES, MAX_FILE_BYTES,
+from kvtrace.transforms.encode.fast_tokenizer import (CONFIG_FILE, MAX_EXTRA_TEMPLATES, MAX_FILE_BYTES,
                                               TOKENIZER_FILE, FastTokenizer, read_tokenizer_files)
-from transforms.encode.regular_files import UnfitFile, read_regular_file
-from transforms.encode.tokenize import (TOKENIZER_FILES, is_tokenizer_file_key,
+from kvtrace.transforms.encode.regular_files import UnfitFile, read_regular_file
+from kvtrace.transforms.encode.tokenize import (TOKENIZER_FILES, is_tokenizer_file_key,
                                         tokenizer_sha256)
 
 # Bound on a refusal that must not wait on the file (a FIFO, a device): far above its ~1 s.
@@ -168,8 +168,8 @@ def test_a_fifo_in_the_folder_is_one_line_for_the_cli(folder, tmp_path, capsys):
 
 
 def test_a_worker_refuses_tokenizer_files_other_than_the_runs(tiny_tokenizer):
-    from transforms.encode.tokenize import checked_tokenizer, load_tokenizer
-    from transforms.errors import JobStopped
+    from kvtrace.transforms.encode.tokenize import checked_tokenizer, load_tokenizer
+    from kvtrace.transforms.errors import JobStopped
 
     began = dict(load_tokenizer(tiny_tokenizer).files_sha256)
     assert checked_tokenizer(tiny_tokenizer, began).files_sha256 == began

@@ -14,15 +14,15 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import anonymize_night, chat, write_jsonl
+from helpers import anonymize_night, chat, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.encode.salt import SaltSource
-from transforms.errors import IdMapError, JobStopped
-from transforms.ids import anchor, exclusive
-from transforms.ids.exclusive import TEMP_MARK
-from transforms.ids.map_record import map_key
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.errors import IdMapError, JobStopped
+from kvtrace.transforms.ids import anchor, exclusive
+from kvtrace.transforms.ids.exclusive import TEMP_MARK
+from kvtrace.transforms.ids.map_record import map_key
 
 SALT = b"anchor-test-salt-of-32-bytes!!!!"
 KEY = map_key(SALT)

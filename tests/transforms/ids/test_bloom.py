@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from transforms.ids import bloom
+from kvtrace.transforms.ids import bloom
 
 
 def keys(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
-from transforms.ids.steps import AssignDenseIds, EarliestOccurrence
-from transforms.ids.dense_ids import (
+from kvtrace.transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
+from kvtrace.transforms.ids.steps import AssignDenseIds, EarliestOccurrence
+from kvtrace.transforms.ids.dense_ids import (
     OCCURRENCE,
     UniqueTotals,
     block_keys,
@@ -17,7 +17,7 @@ from transforms.ids.dense_ids import (
     resolve,
     session_keys,
 )
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 
 SEED = chain_seed(b"dense id test salt.............")
 
@@ -104,7 +104,7 @@ def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
 
 
 def test_hash_shards_grow_with_the_map_between_bounds():
-    from transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, MAX_HASH_SHARDS, hash_shards_for
+    from kvtrace.transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, MAX_HASH_SHARDS, hash_shards_for
 
     assert hash_shards_for(0) == hash_shards_for(10**6) == DEFAULT_HASH_SHARDS
     assert hash_shards_for(10**10) == 895  # 24-byte rows, 256 MiB per shard

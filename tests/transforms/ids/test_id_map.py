@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import anonymize_night, chat, read_jsonl, trace_bytes, write_jsonl
-from transforms.ids import id_map, map_record
-from transforms.errors import JobStopped
-from transforms.ids.segments import SegmentFile
+from helpers import anonymize_night, chat, read_jsonl, trace_bytes, write_jsonl
+from kvtrace.transforms.ids import id_map, map_record
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids.segments import SegmentFile
 
 from kvtrace.cli import main
 
@@ -118,7 +118,7 @@ def test_a_run_killed_before_publishing_leaves_the_map_intact(
 
 
 def test_compaction_folds_segments_and_keeps_ids(tiny_tokenizer, tmp_path, salt_file, monkeypatch):
-    monkeypatch.setattr("transforms.ids.id_map.MAX_SEGMENTS", 2)
+    monkeypatch.setattr("kvtrace.transforms.ids.id_map.MAX_SEGMENTS", 2)
     nights = [write_jsonl(tmp_path / f"n{k}.jsonl",
                           [chat(i, k * DAY_MS + 100 * i, f"u{i % 3 + k}", rotate=k) for i in range(12)])
               for k in range(3)]

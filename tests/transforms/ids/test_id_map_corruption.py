@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import anonymize_night, chat, trace_bytes, write_jsonl
+from helpers import anonymize_night, chat, trace_bytes, write_jsonl
 
-from transforms.ids import id_map
+from kvtrace.transforms.ids import id_map
 
 DAY_MS = 86_400_000
 SALT = "corruption-test-salt-of-32-bytes"

@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import anonymize_night, chat, trace_bytes, write_jsonl
+from helpers import anonymize_night, chat, trace_bytes, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.encode.blocks import chain_seed
-from transforms.errors import IdMapError, JobStopped
-from transforms.ids import id_map, map_record
-from transforms.ids.dense_ids import NUMBERED
-from transforms.ids.map_record import KINDS, MapKey, keyed, map_key, read_record, record_bytes
-from transforms.ids.segments import (
+from kvtrace.transforms.encode.blocks import chain_seed
+from kvtrace.transforms.errors import IdMapError, JobStopped
+from kvtrace.transforms.ids import id_map, map_record
+from kvtrace.transforms.ids.dense_ids import NUMBERED
+from kvtrace.transforms.ids.map_record import KINDS, MapKey, keyed, map_key, read_record, record_bytes
+from kvtrace.transforms.ids.segments import (
     checksum,
     index_path,
     parquet_checksum,
@@ -439,7 +439,7 @@ def test_an_interrupted_keying_leaves_no_format_3_record_above_a_keyed_one_and_f
     """Killed between its renames (newest first), keying leaves the older records in format 3
     (read as a map to key, not as an edit); the rerun keys them from what the first run
     staged, and the map reads as it did before it was unkeyed."""
-    from transforms import storage
+    from kvtrace.transforms import storage
 
     folder, _, _ = built
     map_dir = tmp_path / "map"

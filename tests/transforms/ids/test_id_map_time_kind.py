@@ -12,12 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import anonymize_night, chat, write_jsonl
+from helpers import anonymize_night, chat, write_jsonl
 
-from transforms.encode.salt import SaltSource
-from transforms.errors import IdMapError, JobStopped
-from transforms.ids import anchor, id_map, map_record
-from transforms.ids.map_record import keyed, map_key, read_record
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.errors import IdMapError, JobStopped
+from kvtrace.transforms.ids import anchor, id_map, map_record
+from kvtrace.transforms.ids.map_record import keyed, map_key, read_record
 
 SALT = b"time-kind-test-salt-of-32-bytes!"
 KEY = map_key(SALT)

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from transforms.errors import IdMapError
-from transforms.ids import id_map, map_record
-from transforms.ids.map_record import keyed, map_key, read_record
+from kvtrace.transforms.errors import IdMapError
+from kvtrace.transforms.ids import id_map, map_record
+from kvtrace.transforms.ids.map_record import keyed, map_key, read_record
 
 KEY = map_key(b"m" * 32)
 IDENTITY = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {})

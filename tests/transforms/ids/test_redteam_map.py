@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from conftest import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
+from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
-from transforms.ids import id_map, map_record
-from transforms.ids.map_record import keyless_checksum, record_bytes
-from transforms.ids.segments import index_path, read_segment, write_segment
+from kvtrace.transforms.ids import id_map, map_record
+from kvtrace.transforms.ids.map_record import keyless_checksum, record_bytes
+from kvtrace.transforms.ids.segments import index_path, read_segment, write_segment
 
 pytestmark = pytest.mark.slow  # several nights each; .ci/run runs them
 
@@ -126,7 +126,7 @@ def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) 
 
     import pyarrow.parquet as pq
 
-    from transforms.ids.segments import ROW_GROUP_ROWS, _arrow, _footer
+    from kvtrace.transforms.ids.segments import ROW_GROUP_ROWS, _arrow, _footer
 
     original = path.read_bytes()
     wanted = [i for i in range(len(rows)) if int(rows["id"][i]) in used]

@@ -7,11 +7,11 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
+from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
 from kvtrace.cli import main
-from transforms.ids import map_record
-from transforms.ids.map_record import keyless_checksum, record_bytes
+from kvtrace.transforms.ids import map_record
+from kvtrace.transforms.ids.map_record import keyless_checksum, record_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_the_mark_never_moves_back_when_a_later_night_commits_during_its_write(
     blocks the ids night 3 published for others."""
     import shutil
 
-    from transforms.ids import anchor, id_map
+    from kvtrace.transforms.ids import anchor, id_map
 
     (tmp_path / "salt").write_bytes(SALT)
     common = ["--salt-file", str(tmp_path / "salt")]

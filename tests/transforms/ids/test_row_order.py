@@ -10,14 +10,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.ids.dense_ids import block_keys, dense_ids, session_keys
-from transforms.ids.row_order import in_published_order, published_order, tie_key
-from transforms.trace_format import NO_SESSION
-from transforms.write.coarsen import Coarsening, published_requests
-from transforms.write.rows import row_batch
-from transforms.write.shards import published_columns
+from kvtrace.transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
+from kvtrace.transforms.ids.row_order import in_published_order, published_order, tie_key
+from kvtrace.transforms.trace_format import NO_SESSION
+from kvtrace.transforms.write.coarsen import Coarsening, published_requests
+from kvtrace.transforms.write.rows import row_batch
+from kvtrace.transforms.write.shards import published_columns
 
 SEED = chain_seed(b"row order test salt.............")
 LENGTH = st.integers(0, 2**31 - 1)

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_segments import as_set, numbered
 
-from transforms.errors import JobStopped
-from transforms.ids import segments
-from transforms.ids.segments import SegmentFile, checksum, index_path, read_matching
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids import segments
+from kvtrace.transforms.ids.segments import SegmentFile, checksum, index_path, read_matching
 
 
 def _written(folder: Path, rows: np.ndarray) -> SegmentFile:
@@ -63,7 +63,7 @@ def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory,
 def _same_footer_with_ids_swapped(segment: SegmentFile, rows: np.ndarray) -> bytes:
     """The file written again as kvtrace writes it (page CRCs recomputed by the writer) with two
     rows' ids exchanged, where that keeps its size and footer: only page bytes differ."""
-    from transforms.ids.segments import ROW_GROUP_ROWS, _arrow, _footer
+    from kvtrace.transforms.ids.segments import ROW_GROUP_ROWS, _arrow, _footer
 
     original = Path(segment.path).read_bytes()
     ordered = np.sort(rows, order=["hi", "lo"])

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.ids import segments
-from transforms.ids.dense_ids import NUMBERED, shard_of
+from kvtrace.transforms.ids import segments
+from kvtrace.transforms.ids.dense_ids import NUMBERED, shard_of
 
 
 def numbered(n: int, seed: int) -> np.ndarray:

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import DeadLetter
-from transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
-from transforms.read.paths import group_reader, parquet_file
-from transforms.read.sources import FileRange, read_range
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
+from kvtrace.transforms.read.paths import group_reader, parquet_file
+from kvtrace.transforms.read.sources import FileRange, read_range
 
 TEXT = st.one_of(st.none(), st.text(max_size=12))
 MESSAGE = st.one_of(st.none(), st.fixed_dictionaries({"role": TEXT, "content": TEXT}))

@@ -6,10 +6,10 @@ import pytest
 
 import json
 
-from conftest import read_jsonl, write_jsonl
+from helpers import read_jsonl, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
-from transforms.read.bailian import convert
+from kvtrace.transforms.read.bailian import convert
 
 from kvtrace.cli import main
 
@@ -75,7 +75,7 @@ def test_the_cli_writes_a_folder_the_other_commands_read(tmp_path, capsys):
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_long_parent_chain_converts_walking_each_chat_once():
-    from transforms.read import bailian
+    from kvtrace.transforms.read import bailian
 
     class Counted(dict):
         steps = 0

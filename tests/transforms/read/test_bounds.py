@@ -22,9 +22,9 @@ from backports import zstd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import DeadLetter
-from transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
-from transforms.read.paths import (
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
+from kvtrace.transforms.read.paths import (
     PAGE_BOUND_MULTIPLE,
     _page_header,
     _pages,
@@ -32,9 +32,9 @@ from transforms.read.paths import (
     oversized_pages,
     parquet_file,
 )
-from transforms.read.records import ParseOptions
-from transforms.read.sources import FileRange, parse_one, read_range
-from transforms.read.trace_io import read_trace
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.read.sources import FileRange, parse_one, read_range
+from kvtrace.transforms.read.trace_io import read_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 MiB = 1 << 20
@@ -53,9 +53,9 @@ PARQUET_CEILING_MULTIPLE = 9  # pages decoded whole, up to 2 x the bound
 # VmHWM, when told "5" through clear_refs).
 _CHILD = """
 import json, re, sys, time
-from transforms.read.sources import FileRange, parse_one, read_range
-from transforms.read.records import ParseOptions
-from transforms.dead_letters import DeadLetter
+from kvtrace.transforms.read.sources import FileRange, parse_one, read_range
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.dead_letters import DeadLetter
 def status_kb(field):
     return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
 bound = int(sys.argv[1])
@@ -348,7 +348,7 @@ def test_convert_refuses_an_overlong_line_in_one_line(tmp_path, capsys):
 
 
 def test_a_manifest_that_is_a_fifo_is_ignored_not_waited_on(tmp_path):
-    from transforms.read.trace_inputs import declared_block_size
+    from kvtrace.transforms.read.trace_inputs import declared_block_size
 
     _fifo(tmp_path, "manifest.json")
     shard = tmp_path / "trace-00000-of-00001.jsonl"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import OPENAI_TOOL_TURN, SHAPES, shared_path
+from helpers import OPENAI_TOOL_TURN, SHAPES, shared_path
 
-from transforms.encode.tokenize import load_tokenizer, render_chat
-from transforms.read.records import ParseOptions, parse_record
+from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+from kvtrace.transforms.read.records import ParseOptions, parse_record
 
 def render(tokenizer_dir, record, **kwargs) -> str:
     request = parse_record(json.dumps(record).encode(), "t.jsonl", ParseOptions())
@@ -48,7 +48,7 @@ def test_shapes_render_with_real_templates(deepseek_tokenizer, template, shape):
 
 def test_a_developer_message_qwen3_leaves_out_is_counted_and_reported(qwen3_tokenizer, tmp_path,
                                                                      capsys):
-    from conftest import write_jsonl
+    from helpers import write_jsonl
     from kvtrace.cli import main
 
     records = [{"timestamp": 1_700_000_000_000 + i, "messages": [

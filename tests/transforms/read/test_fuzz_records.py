@@ -12,17 +12,17 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from conftest import chat
+from helpers import chat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import DeadLetter
-from transforms.encode.encode_requests import EncodeOptions, RequestEncoder
-from transforms.encode.salt import SaltSource
-from transforms.encode.tokenize import load_tokenizer
-from transforms.read.json_tree import loads_checked
-from transforms.read.records import ParseOptions, Request, load_json_line
-from transforms.read.sources import parse_one
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEncoder
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.tokenize import load_tokenizer
+from kvtrace.transforms.read.json_tree import loads_checked
+from kvtrace.transforms.read.records import ParseOptions, Request, load_json_line
+from kvtrace.transforms.read.sources import parse_one
 
 from kvtrace.cli import main
 
@@ -109,7 +109,7 @@ def encoder(request, tiny_tokenizer):
     if request.param == "tiny":
         path = tiny_tokenizer
     else:
-        from conftest import shared_path
+        from helpers import shared_path
         path = str(shared_path("tokenizers", request.param))
     return RequestEncoder(load_tokenizer(path), b"\0" * 16,
                           EncodeOptions(path, SaltSource("random"), block_size=16))

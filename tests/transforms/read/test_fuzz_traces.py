@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtrace.cli import main
-from transforms.read.trace_io import HIGHEST, MAX_READ_TIMESTAMP_MS, read_trace
+from kvtrace.transforms.read.trace_io import HIGHEST, MAX_READ_TIMESTAMP_MS, read_trace
 
 GOOD = [{"timestamp": 1000 * i, "input_length": 40, "output_length": 3,
          "hash_ids": [0, 1, i + 2]} for i in range(6)]

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.read.paths import expand_inputs, python_values, read_parquet_within
+from kvtrace.transforms.read.paths import expand_inputs, python_values, read_parquet_within
 
 
 def test_an_existing_path_is_the_file_whatever_its_characters(tmp_path):

@@ -22,16 +22,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.errors import ConfigError
-from transforms.read.paths import count_lines
-from transforms.read.trace_inputs import (
+from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.read.paths import count_lines
+from kvtrace.transforms.read.trace_inputs import (
     NotWholeOutput,
     declared_block_size,
     opened_folder,
     published_shards,
     trace_files,
 )
-from transforms.read.trace_io import _read_file, _Tally, read_trace
+from kvtrace.transforms.read.trace_io import _read_file, _Tally, read_trace
 
 ROWS = [{"timestamp": 1000 * i, "input_length": 8, "output_length": 1, "hash_ids": [0, i]}
         for i in range(5)]

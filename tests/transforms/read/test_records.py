@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.errors import Rejected
-from transforms.read.json_tree import MAX_NESTING_DEPTH, check_tree
-from transforms.read.records import ParseOptions, Request, parse_record
-from transforms.read.timestamps import timestamp_ms
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH, check_tree
+from kvtrace.transforms.read.records import ParseOptions, Request, parse_record
+from kvtrace.transforms.read.timestamps import timestamp_ms
 
 USER = [{"role": "user", "content": "hi"}]
 TS = {"timestamp": 1_700_000_000_000}
@@ -300,7 +300,7 @@ def test_an_anthropic_system_list_is_joined_as_vllm_joins_it():
 
 
 def test_a_system_or_developer_message_the_template_leaves_out_is_marked():
-    from transforms.encode.encode_requests import MESSAGE_NOT_RENDERED, unrendered
+    from kvtrace.transforms.encode.encode_requests import MESSAGE_NOT_RENDERED, unrendered
 
     request = parse({**TS, "messages": [{"role": "developer", "content": "Answer in French."},
                                         {"role": "user", "content": "hi"}]})

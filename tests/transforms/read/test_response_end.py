@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.errors import Rejected
-from transforms.read.records import parse_record
-from transforms.read.response_end import response_ms
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.records import parse_record
+from kvtrace.transforms.read.response_end import response_ms
 
 ARRIVAL = 1_700_000_000_000  # epoch ms
 

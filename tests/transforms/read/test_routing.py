@@ -13,12 +13,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
-from transforms.dead_letters import DEAD_LETTER_TAG
-from transforms.read.records import ParseOptions, Request
-from transforms.read.routing import arrived, route_key, routed
-from transforms.read.sources import parse_one
-from transforms.read.steps import RouteSessions
+from helpers import ROOT
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
+from kvtrace.transforms.read.records import ParseOptions, Request
+from kvtrace.transforms.read.routing import arrived, route_key, routed
+from kvtrace.transforms.read.sources import parse_one
+from kvtrace.transforms.read.steps import RouteSessions
 
 OPTIONS = ParseOptions()
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)

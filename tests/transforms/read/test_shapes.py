@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.errors import Rejected
-from transforms.read.records import ParseOptions, Request, parse_record
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.records import ParseOptions, Request, parse_record
 
 TEXT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 NAME = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)

@@ -20,11 +20,11 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
-from transforms.read.paths import Oversized, read_lines
-from transforms.read.records import ParseOptions
-from transforms.read.sources import BOM, FileRange, file_ranges, read_range
-from transforms.read.steps import ParseRecords, ReadRecords
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.read.paths import Oversized, read_lines
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range
+from kvtrace.transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
 

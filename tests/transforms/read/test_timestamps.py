@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.errors import Rejected
-from transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_ms
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.timestamps import DAY_MS, MAX_GAP_DAYS, plausible_days, timestamp_ms
 
 NIGHT_START = 1_700_000_000_000
 RESET = 946_684_800_000  # 2000-01-01: inside the calendar range of log dates

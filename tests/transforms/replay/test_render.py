@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, read_jsonl, shared_path, trace as published, write_jsonl
-from transforms.encode.tokenize import encode_texts, load_tokenizer
-from transforms.replay.render import block_keys, render_blocks, reproduces_blocks, vocabulary
-from transforms.read.trace_io import read_trace
-from transforms.stats.trace_blocks import prefix_ids
+from helpers import anonymize, read_jsonl, shared_path, trace as published, write_jsonl
+from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer
+from kvtrace.transforms.replay.render import block_keys, render_blocks, reproduces_blocks, vocabulary
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.stats.trace_blocks import prefix_ids
 
 from kvtrace.cli import main
 
@@ -136,7 +136,7 @@ def test_a_row_over_the_token_bound_is_left_out_before_its_text_is_built(tiny_to
     """A row may cost MAX_ROW_TOKENS tokens at most (a 73 KB trace line asked for 6 M): one past
     it is skipped, counted and placed; the other rows render, and still reproduce their blocks
     (the skipped row's blocks shared with them are no longer theirs to spell)."""
-    from pipelines.render import MAX_ROW_TOKENS
+    from kvtrace.pipelines.render import MAX_ROW_TOKENS
 
     block, over = 512, MAX_ROW_TOKENS + 1
     rows = [{"timestamp": t, "input_length": 1000, "output_length": 1, "hash_ids": [0, t]}

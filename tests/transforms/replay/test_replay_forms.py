@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.cli import main
-from transforms.write.replayers import CONSUMERS, SGLANG_TOKENS_PER_ID, replay_commands
-from transforms.replay.export import export
-from transforms.replay.forms import NO_TURN, deltas, recut_blocks, turns
-from transforms.read.trace_io import read_trace
+from kvtrace.transforms.write.replayers import CONSUMERS, SGLANG_TOKENS_PER_ID, replay_commands
+from kvtrace.transforms.replay.export import export
+from kvtrace.transforms.replay.forms import NO_TURN, deltas, recut_blocks, turns
+from kvtrace.transforms.read.trace_io import read_trace
 
 
 def trace_of(tmp_path: Path, rows: list[dict]):

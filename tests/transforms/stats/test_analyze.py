@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from conftest import shared_path, write_jsonl
-from pipelines.analyze_local import AnalyzeConfig, analyze_local
+from helpers import shared_path, write_jsonl
+from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
 from kvtrace.cli import main
 from kvtrace.commands.analyze_text import compatible_table
@@ -166,7 +166,7 @@ def test_chunked_temporaries_change_no_number(tmp_path, monkeypatch, chunk):
              (12, [0, 1, 2, 8, 9, 10]), (11, [5, 0, 11]), (20, [])]]
     src = write_jsonl(tmp_path / "t.jsonl", rows)
     reference = analyze_local(AnalyzeConfig((str(src),)))
-    monkeypatch.setattr("transforms.stats.trace_blocks.CHUNK_BLOCKS", chunk)
+    monkeypatch.setattr("kvtrace.transforms.stats.trace_blocks.CHUNK_BLOCKS", chunk)
     assert analyze_local(AnalyzeConfig((str(src),))) == reference
     assert reference["problems"]["ids_at_several_positions"]["count"] > 0
     assert reference["problems"]["ids_behind_several_parents"]["count"] > 0

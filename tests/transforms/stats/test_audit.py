@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import anonymize, chat, read_jsonl, trace, write_jsonl
+from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
 
 from kvtrace.cli import main
 
@@ -235,7 +235,7 @@ def test_hostile_rows_get_a_report_never_an_exception(rows):
     import tempfile
     from pathlib import Path
 
-    from transforms.stats.audit import audit as measure
+    from kvtrace.transforms.stats.audit import audit as measure
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace-00000-of-00001.jsonl"
@@ -284,7 +284,7 @@ def test_a_vllm_scheme_suffix_is_checked_against_the_engines_none_hash(tiny_toke
 def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp_path):
     """A folder's other named templates render nothing: neither their names nor digests are
     published; tool_use (chosen for requests with tools) is, under its fixed key."""
-    from conftest import anonymize as run_anonymize
+    from helpers import anonymize as run_anonymize
     from tiny_tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(tmp_path / "tok")

@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import anonymize_night, chat, write_jsonl
+from helpers import anonymize_night, chat, write_jsonl
 
-from transforms.encode.salt import SaltSource
-from transforms.ids import anchor, id_map, map_record
-from transforms.ids.map_record import keyed, map_key
-from transforms.stats import audit as gate
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.ids import anchor, id_map, map_record
+from kvtrace.transforms.ids.map_record import keyed, map_key
+from kvtrace.transforms.stats import audit as gate
 
 SALT = b"n" * 32
 KEY = map_key(SALT)

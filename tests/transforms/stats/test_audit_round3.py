@@ -8,12 +8,12 @@ import json
 import shutil
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 
 from kvtrace.cli import main
-from transforms.stats import audit as gate
-from transforms.trace_format import canonical_json
-from transforms.write.manifest import set_content_times
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.trace_format import canonical_json
+from kvtrace.transforms.write.manifest import set_content_times
 
 
 @pytest.fixture(scope="module")

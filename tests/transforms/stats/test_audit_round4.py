@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 
 from kvtrace.cli import main
-from transforms.trace_format import MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_NAMES
-from transforms.write.manifest import public_tokenizer_name
+from kvtrace.transforms.trace_format import MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_NAMES
+from kvtrace.transforms.write.manifest import public_tokenizer_name
 
 
 def _flags(folder, *options) -> tuple[int, list[str]]:

@@ -10,16 +10,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtrace.cli import main
-from pipelines.anonymize_config import AnonymizeConfig
-from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
-from transforms.encode.salt import SaltSource
-from transforms.stats import audit as gate
-from transforms.trace_format import (MANIFEST_SCHEMA, STREAM_TOTALS, STREAM_TOTALS_SCHEMA,
+from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.trace_format import (MANIFEST_SCHEMA, STREAM_TOTALS, STREAM_TOTALS_SCHEMA,
                                      canonical_json, schema_problems, window_index, window_name)
 
 MINUTE = 60_000

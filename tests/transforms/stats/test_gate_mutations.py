@@ -13,17 +13,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import anonymize, chat, write_jsonl
+from helpers import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from test_gate_redteam import NUMBERING, audit, the_tokenizer  # noqa: F401 (autouse fixture)
 
-from transforms.stats.audit import map_numbering
-from transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
+from kvtrace.transforms.stats.audit import map_numbering
+from kvtrace.transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
     jsonl_bytes
-from transforms.write.manifest import set_content_times
-from transforms.write.publish import sha256_of
+from kvtrace.transforms.write.manifest import set_content_times
+from kvtrace.transforms.write.publish import sha256_of
 
 
 def _records(count: int) -> list[dict]:

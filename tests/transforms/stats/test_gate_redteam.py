@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, anonymize, chat, write_jsonl
+from helpers import WORDS, anonymize, chat, write_jsonl
 
-from transforms.stats import audit as gate
-from transforms.stats.audit import REMOTE_FOLDER, _Rows
-from transforms.trace_format import (
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.stats.audit import REMOTE_FOLDER, _Rows
+from kvtrace.transforms.trace_format import (
     MANIFEST,
     STATS,
     TraceColumns,
@@ -26,8 +26,8 @@ from transforms.trace_format import (
     jsonl_bytes,
     parquet_bytes,
 )
-from transforms.write.manifest import set_content_times
-from transforms.write.publish import sha256_of
+from kvtrace.transforms.write.manifest import set_content_times
+from kvtrace.transforms.write.publish import sha256_of
 
 TOKENIZER: list[str] = []  # the tokenizer of every output here: the gate checks its digests
 
@@ -402,8 +402,8 @@ def test_many_shards_are_paired_in_linear_time():
     The pairing alone, on the names of 20,000 shards, should take well under a second."""
     import time
 
-    from transforms.stats.audit import _Gate, _shard_pairs
-    from transforms.trace_format import shard_name
+    from kvtrace.transforms.stats.audit import _Gate, _shard_pairs
+    from kvtrace.transforms.trace_format import shard_name
 
     shards = 20_000
     names = sorted(shard_name(i, shards, suffix) for i in range(shards)
@@ -448,7 +448,7 @@ def test_manifest_numbers_as_floats_pass(outputs, tmp_path):
     byte comparison holds: block_size, granularity and every record count may be written as
     floats (a free bit per number; and replay commands such as "--isl-block-size 4.0" that
     the replayers' int options refuse). kvtrace writes ints only."""
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.write.replayers import replay_commands
 
     folder = _copy(outputs["plain"], tmp_path)
     manifest = _manifest(folder)
@@ -469,7 +469,7 @@ def _peak_memory_of_audit(folder: Path) -> tuple[bool, int]:
     probe = textwrap.dedent(f"""
         import re
         open("/proc/self/clear_refs", "w").write("5")
-        from transforms.stats.audit import audit
+        from kvtrace.transforms.stats.audit import audit
         report = audit({str(folder)!r})
         status = open("/proc/self/status").read()
         print(report["publishable"], int(re.search(r"VmHWM:\\s+(\\d+)", status).group(1)) << 10)
@@ -526,7 +526,7 @@ def test_template_kwargs_are_published_keyed_not_as_plain_digests(tiny_tokenizer
     dictionary lookup away): kvtrace keys them with the run's salt, and the gate passes that."""
     import hashlib
 
-    from transforms.write.manifest import public_template_kwargs
+    from kvtrace.transforms.write.manifest import public_template_kwargs
 
     night = write_jsonl(tmp_path / "night.jsonl", _night(3))
     out = tmp_path / "out"

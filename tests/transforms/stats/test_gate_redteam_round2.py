@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import anonymize, write_jsonl
+from helpers import anonymize, write_jsonl
 from test_gate_redteam import (NUMBERING, SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
                                audit, the_tokenizer)  # noqa: F401 (an autouse fixture)
 
-from transforms.stats import audit as gate
-from transforms.write.manifest import set_content_times
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.write.manifest import set_content_times
 
 pytestmark = pytest.mark.slow
 
@@ -199,11 +199,11 @@ def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
     is one shard. The gate checks each shard's bytes and the rows across them, never where the
     cuts fall or how many there are: 12 rows cut into 3 shards after rows 1 and 7 pass, the
     shard count and cut points a free channel (up to 99,999 shards)."""
-    from transforms.stats.audit import _Rows
-    from transforms.trace_format import MANIFEST, STATS, canonical_json, jsonl_bytes, \
+    from kvtrace.transforms.stats.audit import _Rows
+    from kvtrace.transforms.trace_format import MANIFEST, STATS, canonical_json, jsonl_bytes, \
         parquet_bytes, shard_name
-    from transforms.write.publish import sha256_of
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.write.publish import sha256_of
+    from kvtrace.transforms.write.replayers import replay_commands
 
     folder = _copy(outputs["plain"], tmp_path)
     columns = _columns(folder)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import anonymize, write_jsonl
+from helpers import anonymize, write_jsonl
 from test_gate_redteam import SECRET, _columns, _manifest, _night, _republish, _with
 
-from transforms.stats import audit as gate
+from kvtrace.transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
 ROUND3 = "red team round 3"
@@ -183,7 +183,7 @@ def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, set
     output lengths all 0 for granularity.output_length) passes with timestamp_ms = 40 bits of
     text, and one whose prompts all fit one block (block size 512, short chats) with any
     block_size from the longest prompt to 2^20 (~20 bits), its replay commands rewritten."""
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.write.replayers import replay_commands
 
     folder = _copy(made["hourly"], tmp_path / "out")
     manifest = _manifest(folder)
@@ -327,8 +327,8 @@ def test_input_lengths_kvtrace_never_writes_pass(made, tmp_path):
     ground). A row of 5 bytes of text as its input_length ("alice" = 4.2e11 tokens) and the
     ~400,000 ids its block size of 2^20 needs passes (with the free block size above), and any
     such rows of one time and output length order freely under the saturated tie key."""
-    from transforms.trace_format import TraceColumns
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.trace_format import TraceColumns
+    from kvtrace.transforms.write.replayers import replay_commands
 
     folder = _copy(made["hourly"], tmp_path / "out")
     manifest = _manifest(folder)

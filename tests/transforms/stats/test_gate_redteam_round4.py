@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import anonymize, write_jsonl
+from helpers import anonymize, write_jsonl
 from test_gate_redteam import _columns, _night, _republish, _with
 
-from transforms.stats import audit as gate
+from kvtrace.transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
 ROUND4 = "red team round 4"
@@ -51,9 +51,9 @@ def _refused(made: dict, folder: Path) -> list[str]:
 def _totals(stream: Path, window_ms: int = MINUTE) -> None:
     """The stream's cumulative.json for its windows, written by the stream's own writer (with
     the folder's content times), as the stream job leaves it after its last window."""
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
+    from kvtrace.transforms.encode.salt import SaltSource
 
     parts = [_columns(window) for window in sorted(stream.glob("window-*"))]
     sessions = [int(p.session.max()) + 1 for p in parts if (p.session >= 0).any()]
@@ -170,7 +170,7 @@ def _windows(made: dict, stream: Path, cuts: list[int], columns=None,
     republished as the stream job would number it: the first from (0, 0), each later one's
     id_map where the window before ended (ids, sessions) and at its first row's time; and the
     stream's cumulative.json for them, of window_ms windows."""
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.write.replayers import replay_commands
 
     stream.mkdir()
     plain = made["plain"]
@@ -219,7 +219,7 @@ def test_run_settings_beside_the_confirmed_ones_are_free(made, tmp_path):
     and a keyed run may be published as unkeyed (or the reverse), which dense ids cannot tell.
     The run here used no template kwargs, no block hashes, input_format and timestamp_unit
     auto."""
-    from transforms.trace_format import BLOCK_HASHES_WARNING
+    from kvtrace.transforms.trace_format import BLOCK_HASHES_WARNING
 
     folder = _copy(made, tmp_path / "out")
     _republish(folder, input_format="tokens", timestamp_unit="ns",

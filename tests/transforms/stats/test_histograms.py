@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.stats.histograms import describe_histogram, histogram, merge
-from transforms.stats.trace_stats import describe
+from kvtrace.transforms.stats.histograms import describe_histogram, histogram, merge
+from kvtrace.transforms.stats.trace_stats import describe
 
 # Hit rates are j/n, lengths integers: the values the reports describe.
 RATES = st.lists(st.builds(lambda j, n: min(j, n) / n, st.integers(0, 40), st.integers(1, 40)),

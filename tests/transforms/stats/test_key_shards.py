@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import trace_of
-from transforms.read.trace_io import Trace
-from transforms.stats import trace_blocks as blocks_module
-from transforms.stats.trace_blocks import Blocks
-from transforms.stats.trace_stats import analyze
-from transforms.stats.key_shards import (PARTIAL, Rows, first_after_warmup, id_shard,
+from helpers import trace_of
+from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.stats import trace_blocks as blocks_module
+from kvtrace.transforms.stats.trace_blocks import Blocks
+from kvtrace.transforms.stats.trace_stats import analyze
+from kvtrace.transforms.stats.key_shards import (PARTIAL, Rows, first_after_warmup, id_shard,
                                          prefix_shard, row_measures, row_sums)
-from transforms.stats.trace_shards import by_shard, chunk_tables, rowkeys, shard_blocks
+from kvtrace.transforms.stats.trace_shards import by_shard, chunk_tables, rowkeys, shard_blocks
 
-BLOCK_SIZE = 4  # as conftest.trace_of
+BLOCK_SIZE = 4  # as helpers.trace_of
 
 
 def local_partials(trace: Trace) -> tuple[np.ndarray, Counter, dict]:

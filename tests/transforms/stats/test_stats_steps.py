@@ -16,10 +16,10 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from collections import Counter
 
-from transforms.ids.buckets import BUCKET_MS
-from transforms.read.trace_inputs import trace_files
-from transforms.stats.steps import MinuteCounts, ReadTraceFiles, ShardStep, WarmupKey
-from transforms.stats.trace_shards import ROW, by_shard, warmup_key, warmup_plan
+from kvtrace.transforms.ids.buckets import BUCKET_MS
+from kvtrace.transforms.read.trace_inputs import trace_files
+from kvtrace.transforms.stats.steps import MinuteCounts, ReadTraceFiles, ShardStep, WarmupKey
+from kvtrace.transforms.stats.trace_shards import ROW, by_shard, warmup_key, warmup_plan
 
 BLOCK = np.dtype([("id", "<i8"), ("pos", "<i8")])
 

@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import shared_path, write_jsonl
+from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.read.trace_io import Trace, read_trace
-from transforms.stats.validate import block_size_fit, validate
+from kvtrace.transforms.read.trace_io import Trace, read_trace
+from kvtrace.transforms.stats.validate import block_size_fit, validate
 
 from kvtrace.cli import main
 

@@ -7,14 +7,14 @@ import math
 
 import numpy as np
 import pytest
-from conftest import shared_path, write_jsonl
+from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transforms.read.trace_io import read_trace
-from transforms.stats.trace_stats import analyze
-from transforms.synth.parts import RowParts
-from transforms.synth.reshape import Knobs
-from transforms.synth.synthesize import SynthConfig, synthesize
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.stats.trace_stats import analyze
+from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.reshape import Knobs
+from kvtrace.transforms.synth.synthesize import SynthConfig, synthesize
 
 from kvtrace.cli import main
 

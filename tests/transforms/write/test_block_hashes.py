@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.trace_format import canonical_json
-from transforms.write.publish import STAGING_MARK, OutputRefused
-from transforms.write.rows import ROW, RowBatch
-from transforms.write.shards import (BLOCK_HASHES_OUTPUT, block_hashes_staging,
+from kvtrace.transforms.trace_format import canonical_json
+from kvtrace.transforms.write.publish import STAGING_MARK, OutputRefused
+from kvtrace.transforms.write.rows import ROW, RowBatch
+from kvtrace.transforms.write.shards import (BLOCK_HASHES_OUTPUT, block_hashes_staging,
                                      check_block_hashes_folder, publish_block_hashes, write_shard)
 
 MANIFEST = {"format": "mooncake-trace", "records": {"exported": 2}}
@@ -114,9 +114,9 @@ def test_a_run_killed_between_the_two_publishes_leaves_hashes_that_say_they_are_
         tiny_tokenizer, tmp_path, monkeypatch):
     """The decision of docs/BLOCK_HASHES.md: the output first, its hashes after; a run that dies
     in between leaves the earlier hashes, which then do not name the output beside them."""
-    from conftest import anonymize, chat, write_jsonl
+    from helpers import anonymize, chat, write_jsonl
 
-    import transforms.write.shards as shards
+    import kvtrace.transforms.write.shards as shards
 
     salt = tmp_path / "salt"
     salt.write_text("0123456789abcdef0123456789abcdef")

@@ -9,9 +9,9 @@ import shutil
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms.write.manifest import (CONTENT_TIME_BASE, content_time, folder_content_time,
+from kvtrace.transforms.write.manifest import (CONTENT_TIME_BASE, content_time, folder_content_time,
                                        set_content_times)
-from transforms.write.publish import publish_folder, staging_folder
+from kvtrace.transforms.write.publish import publish_folder, staging_folder
 
 
 @given(st.binary(max_size=64), st.binary(max_size=64))

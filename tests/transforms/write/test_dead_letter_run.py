@@ -11,9 +11,9 @@ import shutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.storage import place
-from transforms.write import publish
-from transforms.write.publish import (DEAD_LETTER_FILE, MAX_MARK_BYTES, DeadLetterRun,
+from kvtrace.transforms.storage import place
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import (DEAD_LETTER_FILE, MAX_MARK_BYTES, DeadLetterRun,
                                       recover_letters, settle_marked_letters, staging_folder)
 
 MARK = "user.kvtrace.run"

@@ -11,7 +11,7 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRefused,
+from kvtrace.transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRefused,
                                       file_output, folder_output, plan_locations, spots_beneath,
                                       staging_folder)
 

@@ -11,9 +11,9 @@ import shutil
 import pytest
 from test_dead_letter_run import _staged_run
 
-from transforms.errors import JobStopped
-from transforms.write import publish
-from transforms.write.publish import (DeadLetterRun, OutputRefused,
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import (DeadLetterRun, OutputRefused,
                                       file_output, folder_output, output_lock, recover_letters,
                                       staging_folder)
 

@@ -10,11 +10,11 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transforms.write import publish
-from transforms.write.publish import (FILE, FOLDER, Location, OutputRefused, lock_path,
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import (FILE, FOLDER, Location, OutputRefused, lock_path,
                                       output_lock, plan_locations, staging_folder,
                                       staging_leftover)
-from transforms.ids.id_map import new_run_id
+from kvtrace.transforms.ids.id_map import new_run_id
 
 
 def test_a_file_by_the_locks_name_is_locked_as_it_stands_and_kept(tmp_path):
@@ -145,7 +145,7 @@ def test_a_globs_folders_are_placed_as_the_kernel_walks_them(tmp_path, pattern):
 
 
 def test_nothing_is_written_inside_a_private_folder_kvtrace_made(tmp_path):
-    from transforms import storage
+    from kvtrace.transforms import storage
 
     storage.make_folder(str(tmp_path / "letters"), private=True)
     if not storage.is_private_folder(str(tmp_path / "letters")):

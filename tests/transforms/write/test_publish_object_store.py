@@ -14,9 +14,9 @@ import pytest
 from apache_beam.io.filesystem import FileMetadata, MatchResult
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from transforms import storage
-from transforms.write import publish
-from transforms.write.publish import OutputRefused, folder_output
+from kvtrace.transforms import storage
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import OutputRefused, folder_output
 
 SCHEME = "kvtest://"
 

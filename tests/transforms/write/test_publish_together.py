@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from transforms.write import publish
-from transforms.write.publish import file_output, folder_output
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import file_output, folder_output
 
 
 def _previous(tmp_path):

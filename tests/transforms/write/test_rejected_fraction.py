@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from transforms.errors import JobStopped
-from transforms.write.manifest import RecordCounts, check_rejected_fraction
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.write.manifest import RecordCounts, check_rejected_fraction
 
 
 def test_no_bound_lets_anything_through():  # a stream's window: the stream must not stop

@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.combiners import fold
-from transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from transforms.ids.buckets import BUCKET_MS
-from transforms.trace_format import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
+from kvtrace.transforms.combiners import fold
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.ids.buckets import BUCKET_MS
+from kvtrace.transforms.trace_format import (NO_RESPONSE_MS, OUTPUT_IDS_FIELD, RESPONSE_FIELD,
                                      SESSION_FIELD, jsonl_bytes, parquet_bytes)
-from transforms.write.manifest import trace_origin_ms
-from transforms.write import shards
-from transforms.write.rows import (NO_SESSION, ROW, RowBatch, published_room, request_room,
+from kvtrace.transforms.write.manifest import trace_origin_ms
+from kvtrace.transforms.write import shards
+from kvtrace.transforms.write.rows import (NO_SESSION, ROW, RowBatch, published_room, request_room,
                                    rows_by_shard, shard_count)
-from transforms.write.shards import cuts_unlike_plan, published_columns, shard_plan
+from kvtrace.transforms.write.shards import cuts_unlike_plan, published_columns, shard_plan
 
 ROWS = st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**31),
                           st.one_of(st.just(NO_SESSION), st.integers(0, 2**40)),

@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import chat, write_jsonl
+from helpers import chat, write_jsonl
 
 from kvtrace.cli import main
 from kvtrace.config import MAX_CONFIG_BYTES, MAX_DEPTH, load_bounded_yaml
 from kvtrace.presets import MODEL_SIZE_BOUNDS, load_model
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 
 def _anonymize_with_preset(tokenizer: str, tmp_path, preset: str) -> int:

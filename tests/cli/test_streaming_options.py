@@ -6,7 +6,7 @@ import pytest
 
 from kvtrace.cli import main
 from kvtrace.options import parse_duration_ms
-from transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, ms", [("500ms", 500), ("30s", 30_000), ("10m", 600_000),

@@ -9,12 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import anonymize_night, chat, write_jsonl
+from helpers import anonymize_night, chat, write_jsonl
 
 from kvtrace.cli import main
-from transforms.encode.salt import SaltSource
-from transforms.ids import anchor, map_record
-from transforms.ids.map_record import keyless_checksum, map_key, record_bytes
+from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.ids import anchor, map_record
+from kvtrace.transforms.ids.map_record import keyless_checksum, map_key, record_bytes
 
 SALT = b"id-map-command-salt-of-32-bytes!"
 KEY = map_key(SALT)

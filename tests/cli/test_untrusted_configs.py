@@ -10,7 +10,7 @@ import string
 
 import pytest
 import yaml
-from conftest import chat, read_jsonl, write_jsonl
+from helpers import chat, read_jsonl, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import shared_path, write_jsonl
+from helpers import shared_path, write_jsonl
 
 from kvtrace.cli import main
 

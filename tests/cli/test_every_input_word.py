@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import chat, write_jsonl
+from helpers import chat, write_jsonl
 
 from kvtrace.cli import main
 from kvtrace.commands.anonymize import option_kinds

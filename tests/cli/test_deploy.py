@@ -13,7 +13,7 @@ from pathlib import Path
 import apache_beam
 import pytest
 import yaml
-from conftest import ROOT, chat, write_jsonl
+from helpers import ROOT, chat, write_jsonl
 
 from kvtrace.cli import _parser
 from kvtrace.config import fill_dates, load_presets, parse_date

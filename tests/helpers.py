@@ -1,0 +1,276 @@
+"""Helpers the tests share: paths to ../shared, records of each shape, anonymize runs with their
+outputs read back, free ports and streams. Fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import contextlib
+import filecmp
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtrace.cli import main
+from kvtrace.transforms.read.trace_io import Trace
+
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the checkout
+# ../shared sits beside the checkout, on developers' machines and in CI alike.
+SHARED = Path(os.environ.get("KVTRACE_SHARED", ROOT.parent / "shared"))
+
+
+def shared_path(*parts: str) -> Path:
+    """A file from ../shared; the test is skipped where ../shared is absent (a fresh machine)."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not present (../shared is only on the project's machines)")
+    return path
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    """Records as JSONL; a str or bytes record is written as the raw line."""
+    with open(path, "wb") as f:
+        for record in records:
+            if isinstance(record, bytes):
+                f.write(record + b"\n")
+            elif isinstance(record, str):
+                f.write(record.encode() + b"\n")
+            else:
+                f.write(json.dumps(record).encode() + b"\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "again"]
+
+
+def chat(i: int, ts: int, session: str | None = None, rotate: int = 0) -> dict:
+    """A chat request in the tiny tokenizer's vocabulary. All share a system prompt, so blocks
+    recur; i picks the user turn's length and rotate its words, so new blocks appear too."""
+    words = WORDS[rotate:] + WORDS[:rotate]
+    record = {"timestamp": ts, "messages": [
+        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
+        {"role": "user", "content": " ".join(words[: 1 + i % len(words)])},
+    ], "output_length": i}
+    if session:
+        record["session_id"] = session
+    return record
+
+
+# Requests in each chat shape (OpenAI tool calling, Responses API, Anthropic Messages).
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+OPENAI_TOOL_TURN = {"timestamp": 1, "tools": TOOLS, "messages": [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
+]}
+RESPONSES = {"timestamp": 1, "instructions": "Be brief.",
+             "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+                        "parameters": {"type": "object"}}],
+             "input": [
+                 {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+                 {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                  "arguments": "{\"city\": \"Paris\"}"},
+                 {"type": "function_call_output", "call_id": "c1", "output": "{\"temp_c\": 21}"}]}
+ANTHROPIC = {"timestamp": 1, "system": "Be brief.",
+             "tools": [{"name": "get_weather", "description": "Weather",
+                        "input_schema": {"type": "object"}}],
+             "messages": [
+                 {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+                 {"role": "assistant", "content": [
+                     {"type": "text", "text": "Let me check."},
+                     {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                 {"role": "user", "content": [
+                     {"type": "tool_result", "tool_use_id": "t1", "content": "{\"temp_c\": 21}"}]}]}
+SHAPES = {"openai-tool-calling": OPENAI_TOOL_TURN, "responses": RESPONSES, "anthropic": ANTHROPIC}
+
+
+SALT = "a-salt-for-tests-that-is-long-enough"
+FRANCE = {"timestamp": 0, "input": [{"role": "user", "content": "What is the capital of France ?"}],
+          "output": "The capital of France is Paris ."}
+FINLAND = {"timestamp": 300, "input": [{"role": "user", "content": "What is the capital of Finland ?"}],
+           "output": "The capital of Finland is Helsinki ."}
+
+
+def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
+    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, *extra]
+    for path in inputs:
+        args += ["--input", str(path)]
+    return main(args)
+
+
+def trace(out: Path) -> list[dict]:
+    return [row for path in sorted(out.glob("trace-*.jsonl")) for row in read_jsonl(path)]
+
+
+def anonymize_night(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> int:
+    """One night of the id-map tests: anonymize at block size 4."""
+    return anonymize(tokenizer, inputs, out, "--block-size", "4", *extra)
+
+
+def trace_bytes(out: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(out.glob("trace-*.jsonl")))
+
+
+def assert_same_output(left: Path, right: Path) -> None:
+    names = sorted(p.name for p in left.iterdir())
+    assert names == sorted(p.name for p in right.iterdir())
+    assert "manifest.json" in names
+    _, mismatch, errors = filecmp.cmpfiles(left, right, names, shallow=False)
+    assert not mismatch and not errors
+    a, b = (published_letters(Path(f"{out}-rejected")) for out in (left, right))
+    # Named by their runs; their bytes in the one declared order (dead_letters.py).
+    assert a.read_bytes() == b.read_bytes()
+
+
+def published_letters(folder: Path) -> Path:
+    """The one run's dead letters a folder holds (rejected-RUNID.jsonl), nothing else beside."""
+    (letters,) = folder.iterdir()
+    assert re.fullmatch(r"rejected-[0-9a-f]{12}\.jsonl", letters.name), letters.name
+    return letters
+
+
+def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> Trace:
+    """A trace from (file index, timestamp, hash ids) rows: files in order, lines counted per
+    file, each row's last block one token short."""
+    rows = sorted(rows, key=lambda r: r[0])  # file order: files first, then as given
+    lengths = np.array([len(ids) for _, _, ids in rows], dtype=np.int64)
+    lines = np.zeros(len(rows), dtype=np.int64)
+    for i, (file, _, _) in enumerate(rows):
+        lines[i] = 1 + sum(1 for f, _, _ in rows[:i] if f == file)
+    return Trace(
+        timestamp=np.array([t for _, t, _ in rows], dtype=np.float64),
+        input_length=np.maximum(lengths * block_size - 1, 0), output_length=np.ones(len(rows), np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        ids=np.array([i for _, _, ids in rows for i in ids], dtype=np.int64),
+        session=None, line=lines, file_index=np.array([f for f, _, _ in rows], dtype=np.int32),
+        files=[f"f{i}" for i in range(3)])
+
+
+# Tests on the local Flink cluster (tests/e2e/test_flink.py, test_kafka_flink.py).
+ON_FLINK = [
+    pytest.mark.slow,
+    pytest.mark.flink,
+    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
+        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
+        "does both)")),
+]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (once the probe closes)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports nothing listens on (the probes are held until all are bound)."""
+    import contextlib
+    import socket
+
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
+# Streaming end to end (tests/e2e/test_pubsub.py, test_kafka_flink.py). A generous bound for a
+# loaded 2-core machine; the wait returns as soon as every request is accounted for.
+STREAM_S = 300
+STREAM_START_MS = 1_767_225_600_000  # 2026-01-01: long before the sources' clocks, the watermark
+
+
+def stream_request(i: int, total: int) -> dict:
+    """Request i of total: unique timestamps over three 1-minute windows, a shared system
+    prompt so that ids repeat."""
+    return {"timestamp": STREAM_START_MS + i * (180_000 // total) + i % 7, "output_length": 3,
+            "messages": [{"role": "system", "content": "you answer questions about caches"},
+                         {"role": "user", "content": f"question {i}: " + "why " * (i % 5)}]}
+
+
+def stream_accounted(output: Path) -> int:
+    """Requests a stream has published or dead-lettered so far: its run counts, the operator's,
+    beside its dead letters (the CLI's default DIR-rejected), never in the published folder."""
+    from kvtrace.transforms.write.manifest import read_run_counts
+
+    try:
+        counts = read_run_counts(f"{output}-rejected")
+    except (FileNotFoundError, ValueError):  # not yet written
+        return 0
+    assert counts["read"] == counts["exported"] + counts["rejected"], counts  # nothing lost
+    return counts["read"]
+
+
+@contextlib.contextmanager
+def running_stream(tmp_path: Path, tokenizer: str, source: str, env: dict[str, str],
+                   *extra: str) -> Iterator[Callable[[int], int]]:
+    """`anonymize --streaming` (1-minute windows, a fixed salt) as a process writing into
+    tmp_path/stream; yields wait_for(n): returns the requests accounted for once there are n,
+    failing if the stream died or took STREAM_S. Stopped on leaving."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "salt").write_bytes(b"s" * 32)
+    output = tmp_path / "stream"
+    stream = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from kvtrace.cli import main; sys.exit(main())",
+         "anonymize", "--streaming", "--input", source, "--output", str(output), "--window", "1m",
+         "--tokenizer", tokenizer, "--block-size", "4", "--salt-file", str(tmp_path / "salt"),
+         *extra],
+        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+
+    def wait_for(requests: int) -> int:
+        deadline = time.monotonic() + STREAM_S
+        # Polled: a stream has no end to wait for; each look is one file read.
+        while (stream_accounted(output) < requests and stream.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.25)
+        assert stream.poll() is None, stream.stderr.read()
+        return stream_accounted(output)
+
+    try:
+        yield wait_for
+    finally:
+        stream.terminate()
+        stream.wait()
+
+
+def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, total: int,
+                               env: dict[str, str], *extra: str) -> None:
+    """A stream stopped once all total requests are accounted for, none twice."""
+    with running_stream(tmp_path, tokenizer, source, env, *extra) as wait_for:
+        wait_for(total)
+    assert stream_accounted(tmp_path / "stream") == total
+
+
+def check_stream_against_batch(tmp_path: Path, tokenizer: str, records: list[dict]) -> None:
+    """Every request once, in a window or as a late dead letter; the windows concatenated equal
+    the batch job's trace of the requests they hold."""
+    letters = [json.loads(line) for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert {letter["error"] for letter in letters} <= {"late"}
+    late = {int(letter["message"].split()[2]) for letter in letters}
+    windows = sorted(p for p in (tmp_path / "stream").iterdir() if p.is_dir())
+    streamed = [line for window in windows for path in sorted(window.glob("trace-*.jsonl"))
+                for line in path.read_text().splitlines()]
+    assert len(streamed) + len(late) == len(records)
+    kept = write_jsonl(tmp_path / "kept.jsonl", [r for r in records if r["timestamp"] not in late])
+    assert main(["anonymize", "--input", str(kept), "--output", str(tmp_path / "batch"),
+                 "--tokenizer", tokenizer, "--block-size", "4",
+                 "--salt-file", str(tmp_path / "salt")]) == 0
+    assert streamed == [line for path in sorted((tmp_path / "batch").glob("trace-*.jsonl"))
+                        for line in path.read_text().splitlines()]
