@@ -72,12 +72,14 @@ def _renumbered(part: TraceColumns, ids_from: int, sessions_from: int) -> TraceC
     return _with(part, ids=ids, session=session, **outputs)
 
 
-def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]]) -> Path:
+def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]],
+            first_id_map: bool = True) -> Path:
     """A stream's output folder: each window rows [a, b) of one of the nights (without its
     output ids when the flag says so), its ids and sessions new to the stream, its times moved
-    into the window's own WINDOW_MS slot, republished as the stream job numbers a window (the
-    first from (0, 0), each later one's id_map where the one before ended, at its first row's
-    time); and cumulative.json for them."""
+    into the window's own WINDOW_MS slot, republished as the stream job numbers a window
+    (anonymize_streaming hands finish_night its next ids, so every window's id_map says where
+    the one before ended, at its first row's time: {0, 0, 0} for the first); and
+    cumulative.json for them. first_id_map=False: the first window's id_map null instead."""
     from transforms.write.replayers import replay_commands
 
     target.mkdir()
@@ -93,7 +95,7 @@ def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]])
         if drop_outputs:
             part = _with(part, num_output_ids=None, output_ids=None)
             changes["output_hash_ids"] = False
-        start = None if k == 0 else {"block_ids_from": next_id, "sessions_from": next_session,
+        start = None if k == 0 and not first_id_map else {"block_ids_from": next_id, "sessions_from": next_session,
                                      "time_from_ms": int(part.timestamp[0])}
         _republish(window, part, records={"exported": b - a}, id_map=start,
                    replay=replay_commands(manifest["block_size"], b - a, manifest["files"]),
@@ -113,7 +115,7 @@ def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]])
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND5)
-@pytest.mark.parametrize("change", ["block_size", "output_hash_ids", "modes"])
+@pytest.mark.parametrize("change", ["block_size", "output_hash_ids", "modes", "first_id_map"])
 def test_a_streams_windows_may_each_choose_their_own_run_settings(made, tmp_path, change):
     """A stream is one run (_audit_stream: "run settings ... other than the first window's:
     one stream is one run"), but the windows are compared only on report["manifest"]: hash
@@ -123,7 +125,9 @@ def test_a_streams_windows_may_each_choose_their_own_run_settings(made, tmp_path
     window's prompts are new), output_hash_ids (kept or dropped), and the permission bits
     (one file mode of three and a folder mode of two, per window: "one mode for every file"
     holds within a window only, and a 0o700 folder beside 0o644 files is no writer's). Each
-    window of a stream carries ~4.4 + 1 + 2.6 free bits; the control stream passes."""
+    window of a stream carries ~4.4 + 1 + 2.6 free bits; the control stream passes. And the
+    first window's id_map may be null where the stream writes {0, 0, 0} (a night of its own's
+    null passes for it: one more bit, and the same for an id map's first night)."""
     control = _stream(made, tmp_path / "control", [("bs4", 0, 6, False), ("bs4", 6, 12, False)])
     assert gate.audit(str(control), made["tokenizer"])["publishable"]
     if change == "block_size":
@@ -135,6 +139,9 @@ def test_a_streams_windows_may_each_choose_their_own_run_settings(made, tmp_path
         assert report["publishable"], report["flags"]
         stream = _stream(made, tmp_path / "stream",
                          [("outputs", 0, 6, False), ("outputs", 6, 12, True)])
+    elif change == "first_id_map":
+        stream = _stream(made, tmp_path / "stream", [("bs4", 0, 6, False), ("bs4", 6, 12, False)],
+                         first_id_map=False)
     else:
         stream = control
         window = stream / "window-000001"
