@@ -49,3 +49,36 @@ def test_length_granularity_is_undone_by_the_next_turns_input_length(tiny_tokeni
     assert outputs[0] == outputs[1], (
         f"replies of 3 and 4 tokens, both published as 16, told apart by the next turn: "
         f"{outputs}")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_private_tokenizers_files_are_published_as_plain_digests(tiny_tokenizer, tmp_path):
+    """Template kwargs are published keyed by the run's salt "so no one without the salt can
+    confirm a guessed value (a plain sha256 of 'alice' would be a dictionary lookup away)", and
+    a tokenizer kvtrace does not declare is published without its name. But its files are
+    published as plain sha256 (tokenizer.sha256, public_tokenizer_sha256), the chat template
+    included: an operator's template holding a default system prompt (a customer's name, a
+    ward, a patient) is confirmed by anyone who guesses it, e.g. a public template plus one
+    line, the guess hashed and compared with the manifest. Digests of a private tokenizer serve
+    no outsider (they cannot fetch the files), and the gate passes them."""
+    import hashlib
+    import json
+    import shutil
+    from pathlib import Path
+
+    from conftest import chat
+
+    private = tmp_path / "acme-tokenizer"
+    shutil.copytree(tiny_tokenizer, private)
+    template = Path(private / "chat_template.jinja")
+    secret = ("{% if messages[0].role != 'system' %}<|im_start|>system\nyou are the triage "
+              "assistant of acme ward 7 for patient jane doe<|im_end|>\n{% endif %}")
+    template.write_text(secret + template.read_text())
+    log = write_jsonl(tmp_path / "night.jsonl", [chat(i, 997 * i) for i in range(4)])
+    assert anonymize(str(private), [log], tmp_path / "out", "--block-size", "4") == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["name"] is None  # not named: it is the operator's own
+    assert gate.audit(str(tmp_path / "out"), str(private))["publishable"]
+    guess = hashlib.sha256(template.read_bytes()).hexdigest()  # what an outsider computes
+    assert guess not in manifest["tokenizer"]["sha256"].values(), \
+        "the guessed private template is confirmed by the published digest"
