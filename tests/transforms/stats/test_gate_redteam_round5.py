@@ -176,3 +176,49 @@ def test_confirmed_template_kwargs_carry_text_as_booleans(made, tmp_path):
     from kvtrace.cli import main
     assert main(["audit", str(tmp_path / "out"), "--tokenizer", made["tokenizer"],
                  "--chat-template-kwargs", kwargs, *salted]) == 1
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_change_times_carry_bytes_that_pax_archives_publish(made, tmp_path):
+    """The gate bounds mtime (content times) and atime (docs/AUDIT.md: publish with tar
+    "without --atime-preserve or --format=pax atime records"), but never looks at ctime. GNU
+    tar's pax/posix format records every entry's ctime to the nanosecond by default (beside
+    atime: dropping atime records keeps ctime's), and the kernel stamps ctime with the clock
+    of the last chmod/chown/utime (its tick, every few ms; finer where multigrain timestamps
+    apply): whoever touches an entry when the clock reads a chosen value writes ~8 bits there
+    per second waited (as root, who may set the clock, 64 bits). Here one byte of text per
+    entry in which 10 ms slot of a 2.56 s period its ctime falls, read back from the archive;
+    the folder is called publishable and nothing in docs/AUDIT.md says ctime travels."""
+    import subprocess
+    import tarfile
+    import time
+
+    folder = tmp_path / "out"
+    shutil.copytree(made["bs4"], folder)
+    _republish(folder)
+    entries = [folder, *sorted(folder.iterdir())]
+    slot, period = 10_000_000, 2_560_000_000
+
+    def carried(ctime_ns: int) -> int:
+        return (ctime_ns % period) // slot
+
+    for path, byte in zip(entries, TEXT):
+        deadline = time.monotonic() + 2 * period / 1e9
+        while carried(path.stat().st_ctime_ns) != byte and time.monotonic() < deadline:
+            os.chmod(path, path.stat().st_mode & 0o7777)  # the same mode: only ctime moves
+    if bytes(carried(p.stat().st_ctime_ns) for p in entries) != TEXT[:len(entries)]:
+        pytest.skip("the clock would not land in the slots (a loaded machine)")
+    archive = tmp_path / "published.tar"
+    subprocess.run(["tar", "--format=posix", "--pax-option=delete=atime", "-cf", str(archive),
+                    "-C", str(tmp_path), "out"], check=True)
+
+    def ns(text: str) -> int:
+        whole, _, fraction = text.partition(".")
+        return int(whole) * 10**9 + int((fraction + "0" * 9)[:9])
+
+    with tarfile.open(archive) as tar:
+        ctimes = {m.name.rstrip("/"): ns(m.pax_headers["ctime"]) for m in tar}
+    read = bytes(carried(ctimes["out" + ("/" + p.name if p != folder else "")])
+                 for p in entries)
+    assert read == TEXT[:len(entries)]
+    _refused(made, folder)
