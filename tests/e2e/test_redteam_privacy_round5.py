@@ -4,9 +4,9 @@ Each test asserts the promised behaviour, so each fails until it is fixed."""
 from __future__ import annotations
 
 import pytest
-from conftest import anonymize, trace, write_jsonl
+from helpers import anonymize, trace, write_jsonl
 
-from transforms.stats import audit as gate
+from kvtrace.transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
 ROUND5 = "red team round 5"
@@ -66,7 +66,7 @@ def test_a_private_tokenizers_files_are_published_as_plain_digests(tiny_tokenize
     import shutil
     from pathlib import Path
 
-    from conftest import chat
+    from helpers import chat
 
     private = tmp_path / "acme-tokenizer"
     shutil.copytree(tiny_tokenizer, private)

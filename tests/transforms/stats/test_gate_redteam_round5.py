@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import anonymize, write_jsonl
+from helpers import anonymize, write_jsonl
 from test_gate_redteam import _columns, _night, _republish, _with
 from test_gate_redteam_round4 import _totals
 
-from transforms.stats import audit as gate
-from transforms.trace_format import TraceColumns, canonical_json
-from transforms.write.manifest import set_content_times
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.trace_format import TraceColumns, canonical_json
+from kvtrace.transforms.write.manifest import set_content_times
 
 pytestmark = pytest.mark.slow
 ROUND5 = "red team round 5"
@@ -80,7 +80,7 @@ def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]],
     (anonymize_streaming hands finish_night its next ids, so every window's id_map says where
     the one before ended, at its first row's time: {0, 0, 0} for the first); and
     cumulative.json for them. first_id_map=False: the first window's id_map null instead."""
-    from transforms.write.replayers import replay_commands
+    from kvtrace.transforms.write.replayers import replay_commands
 
     target.mkdir()
     next_id = next_session = 0
