@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
-from conftest import anonymize_night, trace_bytes, write_jsonl
+from conftest import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -53,3 +54,48 @@ def test_two_maps_of_other_logs_get_other_ids_and_both_publish(tiny_tokenizer, t
     later = _one_request(tmp_path, "tenant-b-1", "over and over again", day=1)
     assert anonymize_night(tiny_tokenizer, [later], tmp_path / "b1", "--id-map",
                            str(tmp_path / "map-b"), *common) == 0
+
+
+def _night(folder: Path, day: int, n: int = 20) -> Path:
+    records = []
+    for i in range(n):
+        record = chat(i, ZERO + day * DAY_MS + 1_000 + 611 * i, f"user-{day}-{i % 5}")
+        words = random.Random(1000 * day + i).sample(WORDS, len(WORDS))
+        record["messages"][1]["content"] = " ".join(words * 2) + f" night {day}"
+        records.append(record)
+    return write_jsonl(folder / f"night{day}.jsonl", records)
+
+
+def _block_ids(out: Path) -> set[int]:
+    return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_map_removed_by_repointing_a_link_in_its_path_is_refused(tiny_tokenizer, tmp_path):
+    """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
+    a rollback 'through a link in the map's path' is refused, and deleting files 'is noticed
+    (missing versions, the mark)'. Round 4's repoint to a backup copy now meets the map's mark
+    (named by its id). But repoint the link to an empty folder: the run finds no map (version
+    0, no id), so no mark is looked up, and the place (links in the parents resolved,
+    anchor.map_location) is a new one with no place file: check_anchor passes and the night
+    starts a new map, numbering its blocks from 0 again, ids nights 1-2 published for other
+    blocks. Whoever can write maps/ (not the map, not the marks) does it with one link."""
+    (tmp_path / "salt").write_bytes(SALT)
+    common = ["--salt-file", str(tmp_path / "salt")]
+    maps = tmp_path / "maps"
+    (maps / "live").mkdir(parents=True)
+    (maps / "current").symlink_to(maps / "live")
+    map_dir = maps / "current" / "map"
+    for day in range(2):
+        assert anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
+                               "--id-map", str(map_dir), *common) == 0
+    (maps / "empty").mkdir()
+    (maps / "current").unlink()  # the map's link in its path now leads to no map
+    (maps / "current").symlink_to(maps / "empty")
+    code = anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2",
+                           "--id-map", str(map_dir), *common)
+    published = _block_ids(tmp_path / "out0") | _block_ids(tmp_path / "out1")
+    reused = sorted(_block_ids(tmp_path / "out2") & published) if code == 0 else []
+    assert code != 0, (
+        f"night 3 ran on no map (its path's link repointed) and published as a new map's "
+        f"first night: block ids {reused[:8]}..., which nights 1-2 published for other blocks")
