@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 from conftest import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
+
+from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -99,3 +102,46 @@ def test_a_map_removed_by_repointing_a_link_in_its_path_is_refused(tiny_tokenize
     assert code != 0, (
         f"night 3 ran on no map (its path's link repointed) and published as a new map's "
         f"first night: block ids {reused[:8]}..., which nights 1-2 published for other blocks")
+
+
+def _tenant_night(folder: Path, name: str, day: int, n: int = 20) -> Path:
+    records = []
+    for i in range(n):
+        record = chat(i, ZERO + day * DAY_MS + 1_000 + 611 * i, f"user-{day}-{i % 5}")
+        words = random.Random(f"{name}-{day}-{i}").sample(WORDS, len(WORDS))
+        record["messages"][1]["content"] = " ".join(words * 2) + f" {name} {day}"
+        records.append(record)
+    return write_jsonl(folder / f"{name}{day}.jsonl", records)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tokenizer,
+                                                                        tmp_path):
+    """Promise (docs/ID_MAP.md 'What the gate confirms', 'Rollback'): `audit --id-map` passes a
+    night's id_map 'only as the night a version recorded', confirming its references to the
+    map's earlier ids 'by the map alone'; with the map's files only (no salt, not the marks) 'no
+    edit of a record ... goes unnoticed'. The records form a previous_sha256 chain, but the gate
+    (audit.map_numbering) reads each version's record on its own: MAC'd, its number right, never
+    linked to the record above it, nor the map to its mark. So version 2 of map A is replaced by
+    version 2 of map B (same salt, another tenant's map): the gate then passes B's second night
+    as a night of map A (its ids below block_ids_from are B's blocks, not A's), and refuses A's
+    own second night."""
+    (tmp_path / "salt").write_bytes(SALT)
+    common = ["--salt-file", str(tmp_path / "salt")]
+    for day in range(3):
+        assert anonymize_night(tiny_tokenizer, [_tenant_night(tmp_path, "a", day)],
+                               tmp_path / f"a{day}", "--id-map", str(tmp_path / "map-a"),
+                               *common) == 0
+    for day in range(2):
+        assert anonymize_night(tiny_tokenizer, [_tenant_night(tmp_path, "b", day)],
+                               tmp_path / f"b{day}", "--id-map", str(tmp_path / "map-b"),
+                               "--id-map-marks", str(tmp_path / "marks-b"), *common) == 0
+    shutil.copy(tmp_path / "map-b" / "versions" / "000002.json",
+                tmp_path / "map-a" / "versions" / "000002.json")  # the splice: no salt needed
+
+    def audit(night: str) -> int:
+        return main(["audit", str(tmp_path / night), "--id-map", str(tmp_path / "map-a"),
+                     "--tokenizer", tiny_tokenizer, *common])
+
+    assert audit("b1") != 0, "the gate passed map B's night as a night of map A"
+    assert audit("a1") == 0
