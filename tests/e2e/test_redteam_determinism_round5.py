@@ -1,0 +1,53 @@
+"""Red team round 5 (rt5-det): determinism. Each test asserts a promise and fails today."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from conftest import WORDS, anonymize_night, chat, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+ROUND5 = "red team round 5"
+SALT = b"keyed-map-test-salt-of-32-bytes!"
+ZERO = 1_700_000_000_000
+
+
+def _night(folder: Path, files: int, seed: int) -> list[Path]:
+    records = []
+    for i in range(24):
+        record = chat(i, ZERO + 1_000 + 611 * i, f"user-{i % 5}")
+        words = random.Random(i).sample(WORDS, len(WORDS))
+        record["messages"][1]["content"] = " ".join(words * 2)
+        records.append(record)
+    random.Random(seed).shuffle(records)
+    folder.mkdir()
+    return [write_jsonl(folder / f"part-{k}.jsonl", records[k::files]) for k in range(files)]
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_the_same_night_gives_the_same_id_map_bytes(tiny_tokenizer, tmp_path):
+    """Promise: same input and config give byte-identical output, the id map included, whatever
+    the split or worker count; docs/ID_MAP.md ('Version record') and id_map.map_id_of derive
+    the map id 'not drawn at random, so the same nights give the same map (bytes) on every
+    engine (determinism)'. The map id is the same, but every record lists its segment files
+    under segments/NNNNNN-RUNID/, RUNID uuid4 (id_map.new_run_id, AnonymizeConfig.run_id), and
+    records their paths in `files` and `checksums`: version 1's record (and so every later
+    record's previous_sha256, and the marks' record_sha256) differs from run to run. Twin maps
+    of one night are 'one map' to the marks, yet never the same bytes: the second's mark names
+    another record."""
+    (tmp_path / "salt").write_bytes(SALT)
+    maps = []
+    for name, files, processes in (("one", 1, "1"), ("split", 3, "2")):
+        inputs = _night(tmp_path / f"in-{name}", files, len(name))
+        assert anonymize_night(tiny_tokenizer, inputs, tmp_path / f"out-{name}", "--id-map",
+                               str(tmp_path / f"map-{name}"), "--id-map-marks",
+                               str(tmp_path / f"marks-{name}"), "--salt-file",
+                               str(tmp_path / "salt"), "--processes", processes) == 0
+        maps.append(tmp_path / f"map-{name}")
+    records = [(m / "versions" / "000001.json").read_bytes() for m in maps]
+    listings = [sorted(str(p.relative_to(m)) for p in m.rglob("*") if p.is_file()) for m in maps]
+    assert records[0] == records[1] and listings[0] == listings[1], (
+        f"the same night gave two maps of other bytes: {listings[0][:3]} vs {listings[1][:3]}")
