@@ -145,3 +145,37 @@ def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tok
 
     assert audit("b1") != 0, "the gate passed map B's night as a night of map A"
     assert audit("a1") == 0
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_look_alike(
+        tiny_tokenizer, tmp_path):
+    """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
+    'a map replaced by another of the same salt ... is refused': the place is bound to its
+    map's id and the map must descend from its id's mark. Two maps of one salt file whose first
+    nights publish the same bytes (here one request each, other words, same token count) get
+    one id (map_id_of derives it from what the night publishes, not from its keys): map B's
+    place is bound to map A's id and mark. Map A is at version 2 when B's first night commits,
+    so B publishes (A's mark covers version 1). Whoever can write map B's folder replaces it
+    with a copy of map A: B's second night passes the place (same id) and the mark (A's own
+    chain), and numbers on A's map: B's first request, published as blocks [0, 1, 2, 3],
+    now gets other ids, and ids 0-3 stand for A's blocks in B's traces."""
+    (tmp_path / "salt").write_bytes(SALT)
+    common = ["--salt-file", str(tmp_path / "salt")]
+    prompt_b = "hello world again the dog is lazy and quick"
+    nights = [_one_request(tmp_path, "a0", "the quick brown fox jumps over the lazy dog"),
+              _one_request(tmp_path, "a1", "over and over again the fox", day=1)]
+    for day, night in enumerate(nights):
+        assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"a{day}", "--id-map",
+                               str(tmp_path / "map-a"), *common) == 0
+    assert anonymize_night(tiny_tokenizer, [_one_request(tmp_path, "b0", prompt_b)],
+                           tmp_path / "b0", "--id-map", str(tmp_path / "map-b"), *common) == 0
+    first = json.loads(trace_bytes(tmp_path / "b0"))["hash_ids"]
+    shutil.rmtree(tmp_path / "map-b")  # the swap: no salt, not the marks
+    shutil.copytree(tmp_path / "map-a", tmp_path / "map-b")
+    code = anonymize_night(tiny_tokenizer, [_one_request(tmp_path, "b1", prompt_b, day=2)],
+                           tmp_path / "b1", "--id-map", str(tmp_path / "map-b"), *common)
+    again = json.loads(trace_bytes(tmp_path / "b1"))["hash_ids"] if code == 0 else first
+    assert code != 0 or again == first, (
+        f"map B, replaced by a copy of map A, ran its night: B's request, published as "
+        f"{first} on night 1, is {again} now, and {first} are A's blocks")
