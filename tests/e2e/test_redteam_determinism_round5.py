@@ -93,3 +93,83 @@ def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(ti
     one = trace_bytes(tmp_path / "both")
     assert nights == one, (f"night 1's first row {nights.splitlines()[0]!r}, one run's "
                            f"{one.splitlines()[0]!r}")
+
+
+STREAM_SALT = "a-streaming-test-salt-0123456789abcdef"
+STREAM_ZERO = 1_767_225_600_000  # 2026-01-01
+MINUTE = 60_000
+
+
+def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]], **job: object) -> Path:
+    """The streaming pipeline on a TestStream (as tests/pipelines/test_anonymize_streaming.py
+    drives it): each batch added in turn; returns the stream's output folder."""
+    import json
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+    from apache_beam.testing.test_stream import TestStream
+
+    from pipelines.anonymize_config import AnonymizeConfig
+    from pipelines.anonymize_streaming import StreamingConfig, build
+    from transforms.encode.salt import SaltSource
+
+    output = tmp_path / "stream"
+    output.mkdir()
+    (tmp_path / "staging").mkdir()
+    config = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
+                             tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                             dead_letter=str(tmp_path / "stream-rejected"), block_size=4, **job)
+    stream = TestStream()
+    for batch in batches:
+        stream = stream.add_elements([json.dumps(r).encode() for r in batch])
+    stream = stream.advance_watermark_to_infinity()
+    with beam.Pipeline(runner=BundleBasedDirectRunner(),
+                       options=PipelineOptions(["--streaming"])) as pipeline:
+        build(pipeline | stream,
+              StreamingConfig(config, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000))
+    return output
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_streams_windows_with_output_blocks_are_the_batch_output(tiny_tokenizer, tmp_path,
+                                                                   monkeypatch):
+    """Promise (README 'Streaming', docs/STREAMING.md): 'with nothing late the windows
+    concatenated are, byte for byte, the batch output of the same requests', each window 'a
+    night of the batch job'. With emit_output_hashes (--emit-output-hashes) they are not: each
+    window numbers its answers' output-only blocks after ITS prompt blocks (dense_ids.block_keys:
+    output blocks seen OUTPUT_TS_OFFSET later), then the next window's new prompt blocks come
+    after those, while the batch job numbers every prompt block of the input first. Three
+    one-minute windows of chat turns with answers, nothing late, no dead letter: the first row's
+    output_hash_ids already differ, and every later window's prompt ids too."""
+    import json
+
+    from conftest import write_jsonl
+
+    from kvtrace.cli import main
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "again", "hello"]
+    records = []
+    for i in range(30):
+        record = {"timestamp": STREAM_ZERO + 9_000 * (i // 2) + 3 * (i % 2), "output_length": 5,
+                  "messages": [{"role": "system", "content": "a shared system prompt about caches"},
+                               {"role": "user", "content": " ".join(random.Random(i).sample(
+                                   words, 5))}],
+                  "output": " ".join(random.Random(i % 4).sample(words, 5))}
+        if i % 3 == 0:
+            record["session_id"] = f"s{i % 4}"
+        records.append(record)
+    output = _stream(tmp_path, tiny_tokenizer, [records[:14], records[14:28], records[28:]],
+                     emit_output_hashes=True)
+    letters = [line for p in (tmp_path / "stream-rejected").rglob("*.jsonl")
+               for line in p.read_text().splitlines()]
+    streamed = b"".join(p.read_bytes() for p in sorted(output.glob("window-*/trace-*.jsonl")))
+    batch = write_jsonl(tmp_path / "batch.jsonl", records)
+    assert main(["anonymize", "--input", str(batch), "--tokenizer", tiny_tokenizer,
+                 "--block-size", "4", "--output", str(tmp_path / "batch"),
+                 "--emit-output-hashes"]) == 0
+    expected = b"".join(p.read_bytes() for p in sorted((tmp_path / "batch").glob("trace-*.jsonl")))
+    assert len(list(output.glob("window-*"))) == 3 and not letters
+    assert streamed == expected, (
+        f"stream's first row {streamed.splitlines()[0]!r}, batch's {expected.splitlines()[0]!r}")
