@@ -142,7 +142,6 @@ def test_a_streams_windows_with_output_blocks_are_the_batch_output(tiny_tokenize
     after those, while the batch job numbers every prompt block of the input first. Three
     one-minute windows of chat turns with answers, nothing late, no dead letter: the first row's
     output_hash_ids already differ, and every later window's prompt ids too."""
-    import json
 
     from conftest import write_jsonl
 
