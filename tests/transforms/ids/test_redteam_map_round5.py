@@ -179,3 +179,27 @@ def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_
     assert code != 0 or again == first, (
         f"map B, replaced by a copy of map A, ran its night: B's request, published as "
         f"{first} on night 1, is {again} now, and {first} are A's blocks")
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_tokenizer,
+                                                                      tmp_path):
+    """Promise (docs/BOUNDS.md: every resource bounded, the bound fitting what kvtrace writes;
+    anchor.MAX_MARK_BYTES: 'a path (up to PATH_MAX, escaped), an id, a version, two digests';
+    tests/e2e/test_redteam_writes_round4: a location whose name is not UTF-8 is written). A
+    mark and a place file hold the map's place as canonical ASCII JSON: each byte of a name
+    that is not UTF-8 is written as a 6-character escape (\\udcXX; a CJK character too, for
+    its 3 bytes). A 1.5 KB path (six folders of 250 Latin-1 bytes, far below PATH_MAX) makes
+    a 9 KB mark, which _read_keyed reads only to 8,193 bytes: the first night commits and
+    writes it, every later night reads it cut short and stops, saying the mark 'was altered,
+    or belongs to another salt' (a false tamper alarm, the map never extended again)."""
+    import os
+
+    (tmp_path / "salt").write_bytes(SALT)
+    deep = tmp_path.joinpath(*[os.fsdecode(b"\xe9" * 250) for _ in range(6)])
+    deep.mkdir(parents=True)
+    map_dir = deep / "map"
+    for day in range(2):
+        assert anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
+                               "--id-map", str(map_dir), "--salt-file",
+                               str(tmp_path / "salt")) == 0, f"night {day + 1} was refused"
