@@ -198,8 +198,9 @@ def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_token
     (tmp_path / "salt").write_bytes(SALT)
     deep = tmp_path.joinpath(*[os.fsdecode(b"\xe9" * 250) for _ in range(6)])
     deep.mkdir(parents=True)
-    map_dir = deep / "map"
-    for day in range(2):
-        assert anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
-                               "--id-map", str(map_dir), "--salt-file",
-                               str(tmp_path / "salt")) == 0, f"night {day + 1} was refused"
+    (tmp_path / "short").symlink_to(deep)  # the place resolves it: logs stay ASCII (xdist)
+    codes = [anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
+                             "--id-map", str(tmp_path / "short" / "map"), "--salt-file",
+                             str(tmp_path / "salt")) for day in range(2)]
+    sizes = sorted(p.stat().st_size for p in (tmp_path / "salt.id-map-marks").iterdir())
+    assert codes == [0, 0], f"nights gave {codes}; the marks are {sizes} bytes"
