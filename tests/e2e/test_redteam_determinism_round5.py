@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import WORDS, anonymize_night, chat, write_jsonl
+from helpers import WORDS, anonymize_night, chat, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(ti
     run numbers them after both nights' prompt blocks: every output_hash_ids differs (the
     first row's answer is [18, 19] in night 1, [32, 33] in the single run). The split of a log
     into nights changes the published ids."""
-    from conftest import anonymize, trace_bytes
+    from helpers import anonymize, trace_bytes
 
     (tmp_path / "salt").write_bytes(SALT)
     common = ["--block-size", "4", "--salt-file", str(tmp_path / "salt"), "--emit-output-hashes"]
@@ -110,9 +110,9 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]], **job: ob
     from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
     from apache_beam.testing.test_stream import TestStream
 
-    from pipelines.anonymize_config import AnonymizeConfig
-    from pipelines.anonymize_streaming import StreamingConfig, build
-    from transforms.encode.salt import SaltSource
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+    from kvtrace.transforms.encode.salt import SaltSource
 
     output = tmp_path / "stream"
     output.mkdir()
@@ -143,7 +143,7 @@ def test_a_streams_windows_with_output_blocks_are_the_batch_output(tiny_tokenize
     one-minute windows of chat turns with answers, nothing late, no dead letter: the first row's
     output_hash_ids already differ, and every later window's prompt ids too."""
 
-    from conftest import write_jsonl
+    from helpers import write_jsonl
 
     from kvtrace.cli import main
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
+from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
 from kvtrace.cli import main
 
