@@ -42,7 +42,7 @@ def test_a_block_hashes_folders_previous_name_fits_a_file_name():
         assert len(os.fsencode(staged + ".previous")) <= NAME_MAX, length
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(NAMES, st.sampled_from(RUN_FORMS))
 def test_a_staging_name_is_found_again_as_its_outputs_leftover_only(name, form):
     """The stem of a long name is a digest, the same on every run: a next run finds a killed

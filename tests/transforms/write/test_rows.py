@@ -39,7 +39,7 @@ def as_rows(batch: RowBatch) -> list[tuple]:
                                             hashes)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(ROWS, st.randoms(use_true_random=False))
 def test_select_keeps_each_rows_ids_outputs_and_hashes_with_it(rows, random):
     batch = batch_of(rows)
@@ -50,7 +50,7 @@ def test_select_keeps_each_rows_ids_outputs_and_hashes_with_it(rows, random):
     assert as_rows(picked) == [as_rows(batch)[i] for i in order]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(ROWS, st.randoms(use_true_random=False))
 def test_the_sorted_rows_do_not_depend_on_the_order_they_came_in(rows, random):
     """Published order is a function of the rows alone: any arrival order sorts the same."""
@@ -63,7 +63,7 @@ def test_the_sorted_rows_do_not_depend_on_the_order_they_came_in(rows, random):
     assert np.all(np.diff(once.rows["timestamp_ms"]) >= 0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.lists(ROWS, max_size=4))
 def test_concat_is_the_rows_of_each_batch_in_turn(parts):
     joined = RowBatch.concat([batch_of(p) for p in parts])
@@ -84,7 +84,7 @@ def test_concat_drops_a_column_one_batch_lacks():
     assert joined.hashes is None and joined.ids.tolist() == [1, 2, 1, 2]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(ROWS, st.lists(st.integers(1, 5), max_size=3, unique=True).map(lambda p: [0, *sorted(p)]),
        st.integers(0, BUCKET_MS))
 def test_rows_by_shard_partitions_the_rows_keeping_their_order(rows, plan, origin):

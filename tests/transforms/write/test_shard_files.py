@@ -48,7 +48,7 @@ def _written(batches: list[RowBatch], coarsening: Coarsening, shard: int = 1,
     return [(Path(p).name, sha) for p, sha in written], files
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(ROWS, st.booleans(), st.sampled_from([Coarsening(), Coarsening(250, 10)]))
 def test_a_written_shard_reads_back_as_the_gate_reads_it(rows, with_outputs, coarsening):
     written, files = _written([batch_of(rows, with_outputs)], coarsening)
@@ -64,7 +64,7 @@ def test_a_written_shard_reads_back_as_the_gate_reads_it(rows, with_outputs, coa
     assert sorted(from_jsonl.ids.tolist()) == sorted(i for row in rows for i in row[5])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(ROWS, st.booleans(), st.randoms(use_true_random=False))
 def test_the_bytes_do_not_depend_on_how_the_rows_arrived(rows, with_outputs, random):
     """Workers hand a shard its rows in batches of any size and order: same files."""
