@@ -23,7 +23,7 @@ from kvtrace.transforms.replay.render import (
 )
 from kvtrace.transforms.read.trace_io import Trace, read_trace
 from kvtrace.transforms.synth.shards import take_rows
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD
 from kvtrace.transforms.write.publish import StagedFile, file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -118,12 +118,12 @@ def _within_row_bound(trace: Trace) -> tuple[Trace, dict]:
 
 
 def _request(shape: str, text: str, trace, row: int, session: object) -> dict:
-    request: dict[str, Any] = {"timestamp": int(trace.timestamp[row])}
+    request: dict[str, Any] = {TIMESTAMP_FIELD: int(trace.timestamp[row])}
     if shape == "chat":
         request["messages"] = [{"role": "user", "content": text}]
     else:
         request["prompt"] = text
-    request["max_tokens"] = request["output_length"] = int(trace.output_length[row])
+    request["max_tokens"] = request[OUTPUT_LENGTH_FIELD] = int(trace.output_length[row])
     if session is not None:
         request["session_id"] = str(session)
     return request

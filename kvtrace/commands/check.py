@@ -12,6 +12,7 @@ from kvtrace.commands.common import (TRACE_HELP, BeamFlags, no_beam_options, pla
                                      write_json_report)
 from kvtrace.transforms.encode.schemes import SCHEMES
 from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.trace_format import MANIFEST, OUTPUT_LENGTH_FIELD
 
 
 def add_parsers(commands: Any) -> None:
@@ -47,7 +48,7 @@ def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     plan_trace_command(args, files)
     declared, by = args.block_size, "--block-size"
     if declared is None:
-        declared, by = declared_block_size(files), "manifest.json"
+        declared, by = declared_block_size(files), MANIFEST
     report = check(read_trace(files), declared, by if declared else "")
     print(report_text(report, files))
     write_json_report(args.json, report)
@@ -164,7 +165,7 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
     settings = {key: value for key, value in (("block_size", args.block_size),
                                               ("timestamp_ms", args.timestamp_granularity_ms),
-                                              ("output_length", args.length_granularity),
+                                              (OUTPUT_LENGTH_FIELD, args.length_granularity),
                                               ("window_ms", args.window_ms))
                 if value is not None}
     report = measure(target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt),

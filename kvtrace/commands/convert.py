@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtrace.commands.common import BeamFlags, no_beam_options
 from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.trace_format import FORMAT, MANIFEST, SESSION_FIELD, shard_name
 
 if TYPE_CHECKING:
     from kvtrace.transforms.read.bailian import Converted
@@ -36,7 +37,6 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms.read.bailian import BAILIAN_BLOCK_SIZE
     from kvtrace.transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
         plan_locations, sha256_of
-    from kvtrace.transforms.write.shards import shard_name
 
     no_beam_options(beam_args)
     to_file = args.output.endswith(".jsonl")
@@ -56,13 +56,13 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             with storage.create(storage.join(staged.path, trace_file)) as handle:
                 handle.write(shard)
             # sha256 and records.exported: what readers check a kvtrace folder against.
-            manifest = {"format": "mooncake-trace", "block_size": BAILIAN_BLOCK_SIZE,
+            manifest = {"format": FORMAT, "block_size": BAILIAN_BLOCK_SIZE,
                         "converted_from": "bailian", "rows": len(converted.rows),
                         "files": [trace_file], "sha256": {trace_file: sha256_of(shard)},
                         "records": {"exported": len(converted.rows)}}
-            with storage.create(storage.join(staged.path, "manifest.json")) as handle:
+            with storage.create(storage.join(staged.path, MANIFEST)) as handle:
                 handle.write(json.dumps(manifest, indent=2).encode())
-    sessions = len({row["session"] for row in converted.rows})
+    sessions = len({row[SESSION_FIELD] for row in converted.rows})
     print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
           f"(block size {BAILIAN_BLOCK_SIZE})")
     return 0

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
-from kvtrace.transforms.trace_format import NO_RESPONSE_MS
+from kvtrace.transforms.trace_format import (HASH_IDS_FIELD, INPUT_LENGTH_FIELD, NO_RESPONSE_MS,
+                                             OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD)
 from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
 from kvtrace.transforms.read.trace_io import Trace
 
@@ -39,16 +40,16 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
              if chain is not None and trace.session is not None else None)
     lines = []
     for row in order.tolist():
-        record = {"timestamp": _number(trace.timestamp[row]),
-                  "input_length": int(input_length[row]),
-                  "output_length": int(trace.output_length[row]),
-                  "hash_ids": ids[offsets[row]:offsets[row + 1]].tolist()}
+        record = {TIMESTAMP_FIELD: _number(trace.timestamp[row]),
+                  INPUT_LENGTH_FIELD: int(input_length[row]),
+                  OUTPUT_LENGTH_FIELD: int(trace.output_length[row]),
+                  HASH_IDS_FIELD: ids[offsets[row]:offsets[row + 1]].tolist()}
         if names is not None and names[row] is not None:
             record["session_id"] = names[row]
         if waits[row]:
             record["delay"] = int(chain.delay_ms[row])
             if not consumer.follow_up_timestamps:
-                del record["timestamp"]
+                del record[TIMESTAMP_FIELD]
         lines.append(json.dumps(record) + "\n")
     unknown = int(np.count_nonzero(
         trace.response_ends()[chain.previous[waits]] == NO_RESPONSE_MS)) if waits.any() else 0

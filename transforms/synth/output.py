@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.trace_format import SESSION_FIELD
+from kvtrace.transforms.trace_format import (NO_RESPONSE_MS, NO_SESSION, TraceColumns,
+                                             jsonl_bytes as trace_jsonl)
 
 
 def dense_sessions(sessions: np.ndarray | None) -> list[int | None]:
@@ -23,14 +24,15 @@ def jsonl_bytes(trace: Trace) -> bytes:
 
 def rows_jsonl(timestamp: np.ndarray, input_length: np.ndarray, output_length: np.ndarray,
                ids: np.ndarray, offsets: np.ndarray, sessions: list[int | None]) -> bytes:
-    """Rows as JSON lines; sessions already published numbers (or None)."""
-    ids_list, offsets_list = ids.tolist(), offsets.tolist()
-    lines = []
-    for row, (ts, isl, osl, session) in enumerate(zip(
-            timestamp.tolist(), input_length.tolist(), output_length.tolist(), sessions)):
-        tail = "]}" if session is None else f'], "{SESSION_FIELD}": {session}}}'
-        lines.append(f'{{"timestamp": {ts}, "input_length": {isl}, '
-                     f'"output_length": {osl}, "hash_ids": ['
-                     f'{", ".join(map(str, ids_list[offsets_list[row]:offsets_list[row + 1]]))}'
-                     f'{tail}\n')
-    return "".join(lines).encode()
+    """Rows as JSON lines; sessions already published numbers (or None). Formatted by the
+    published format's own writer, so a synthesized row is byte for byte an anonymized one."""
+    rows = len(timestamp)
+    session = np.array([NO_SESSION if s is None else s for s in sessions], dtype=np.int64)
+    return trace_jsonl(TraceColumns(
+        _int64(timestamp), _int64(input_length), _int64(output_length),
+        np.diff(_int64(offsets)), _int64(ids), session,
+        np.full(rows, NO_RESPONSE_MS, dtype=np.int64)))
+
+
+def _int64(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)

@@ -1,0 +1,111 @@
+"""write/coarsen.py: the rounding that lowers what published times and output lengths reveal,
+pinned as properties (order survives, rounding twice is rounding once) and at its bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS, NO_SESSION
+from kvtrace.transforms.write.coarsen import (Coarsening, coarse_output_lengths, coarsen,
+                                              published_requests, round_to)
+from kvtrace.transforms.write.rows import ROW, RowBatch
+
+VALUES = st.lists(st.integers(0, 2**40), min_size=1, max_size=40).map(
+    lambda v: np.array(v, dtype=np.int64))
+STEPS = st.integers(1, 10**6)
+
+
+@settings(max_examples=50, deadline=None)
+@given(VALUES, STEPS)
+def test_rounding_lands_on_the_nearest_multiple_half_up(values, step):
+    rounded = round_to(values, step)
+    assert (rounded % step == 0).all()
+    assert (np.abs(rounded - values) <= step // 2).all()
+    # Half up: a value exactly between two multiples goes to the higher one.
+    assert round_to(np.array([step // 2]), step).tolist() == [step if step % 2 == 0 else 0]
+
+
+@settings(max_examples=50, deadline=None)
+@given(VALUES, STEPS)
+def test_rounding_is_idempotent_and_monotone(values, step):
+    rounded = round_to(values, step)
+    assert (round_to(rounded, step) == rounded).all()
+    ordered = np.sort(values)
+    assert (np.diff(round_to(ordered, step)) >= 0).all()  # time order survives
+
+
+@settings(max_examples=50, deadline=None)
+@given(VALUES, STEPS)
+def test_a_positive_output_length_never_publishes_as_zero(lengths, step):
+    coarse = coarse_output_lengths(lengths, step)
+    assert ((coarse > 0) == (lengths > 0)).all()
+    assert (coarse % step == 0).all()
+    assert (coarse_output_lengths(coarse, step) == coarse).all()
+    assert (np.diff(coarse_output_lengths(np.sort(lengths), step)) >= 0).all()
+
+
+def test_a_step_of_one_changes_nothing():
+    values = np.array([0, 1, 7, 2**40], dtype=np.int64)
+    assert round_to(values, 1).tolist() == values.tolist()
+    assert coarse_output_lengths(values, 1).tolist() == values.tolist()
+
+
+@pytest.mark.parametrize("coarsening", [Coarsening(0, 1), Coarsening(1, 0), Coarsening(-5, 3)])
+def test_a_granularity_below_one_is_refused_naming_both_flags(coarsening):
+    with pytest.raises(ValueError, match="--timestamp-granularity-ms and --length-granularity"):
+        coarsening.check()
+
+
+def test_the_default_coarsening_is_the_identity_and_passes_its_check():
+    Coarsening().check()
+    assert Coarsening().is_identity and not Coarsening(2, 1).is_identity
+
+
+def _rows(timestamps: list[int], outputs: list[int], responses: list[int]) -> RowBatch:
+    rows = np.zeros(len(timestamps), dtype=ROW)
+    rows["timestamp_ms"], rows["output_length"] = timestamps, outputs
+    rows["response_ms"] = responses
+    rows["input_length"], rows["num_ids"], rows["session_id"] = 33, 1, NO_SESSION
+    return RowBatch(rows, np.arange(len(timestamps), dtype=np.int64))
+
+
+def test_the_identity_returns_the_batch_itself():
+    batch = _rows([5], [3], [NO_RESPONSE_MS])
+    assert coarsen(batch, 0, Coarsening()) is batch
+
+
+def test_times_round_relative_to_the_origin_and_unknown_responses_stay_unknown():
+    origin = 1_000_003  # not a multiple of the step: rounding is from the origin, not from 0
+    batch = _rows([origin, origin + 149, origin + 150], [0, 1, 250],
+                  [NO_RESPONSE_MS, 149, 150])
+    coarse = coarsen(batch, origin, Coarsening(timestamp_ms=300, output_length=100))
+    assert (coarse.rows["timestamp_ms"] - origin).tolist() == [0, 0, 300]
+    assert coarse.rows["output_length"].tolist() == [0, 100, 300]
+    assert coarse.rows["response_ms"].tolist() == [NO_RESPONSE_MS, 0, 300]
+    # What must stay exact (input_length matches hash_ids) and the input batch stay untouched.
+    assert coarse.rows["input_length"].tolist() == [33] * 3
+    assert coarse.ids is batch.ids
+    assert batch.rows["timestamp_ms"].tolist() == [origin, origin + 149, origin + 150]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 10**6)), min_size=1, max_size=20),
+       st.integers(0, 10**9), st.integers(1, 10**5), st.integers(1, 10**4))
+def test_requests_and_their_rows_are_coarsened_alike(requests, origin, time_step, length_step):
+    """Ids are numbered on published_requests' values and rows published with coarsen's: the
+    two must agree, or the rows would be ordered by values nobody sees."""
+    coarsening = Coarsening(time_step, length_step)
+    timestamps = [origin + ms for ms, _ in requests]
+    batch = HashedBatch.pack([HashedRequest(ms, 0, 1, osl, b"", None)
+                              for ms, (_, osl) in zip(timestamps, requests)])
+    published = published_requests(batch, origin, coarsening).requests
+    lengths, unknown = [osl for _, osl in requests], [NO_RESPONSE_MS] * len(requests)
+    rows = coarsen(_rows(timestamps, lengths, unknown), origin, coarsening).rows
+    assert published["timestamp_ms"].tolist() == rows["timestamp_ms"].tolist()
+    assert published["output_length"].tolist() == rows["output_length"].tolist()
+    assert batch.requests["timestamp_ms"].tolist() == timestamps  # the input is not changed
+    assert published_requests(batch, origin, Coarsening()) is batch

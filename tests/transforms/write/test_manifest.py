@@ -1,0 +1,154 @@
+"""write/manifest.py: what a night's manifest says about its run (the id map's start, the
+tokenizer, the template kwargs), its refusals before any file is written, and the run's own
+counts kept beside its dead letters."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, FormatError, MANIFEST_SCHEMA,
+                                             PUBLISHED_TOKENIZER_FILES, canonical_json, parse_json,
+                                             schema_problems)
+from kvtrace.transforms.write.manifest import (RUN_COUNTS, RecordCounts, check_not_before_origin,
+                                               id_map_start, public_template_kwargs,
+                                               public_tokenizer_sha256, read_run_counts,
+                                               run_counts, write_run_counts)
+from kvtrace.transforms.write.totals import ExportTotals
+
+SALT = b"a-salt-for-tests-that-is-long-enough"
+
+
+def _meets(key: str, value: object) -> list[str]:
+    """The problems of one manifest key's value against the declared manifest schema."""
+    schema = {"$defs": MANIFEST_SCHEMA["$defs"], "type": "object",
+              "properties": {key: MANIFEST_SCHEMA["properties"][key]}}
+    return schema_problems({key: value}, schema)
+
+
+def test_requests_before_the_maps_origin_stop_the_job_in_one_line():
+    counts = RecordCounts(read=3, rejected=0)
+    with pytest.raises(JobStopped, match=r"earliest request \(999 ms\) precedes .* \(1000 ms") as e:
+        check_not_before_origin(counts, 999, 1000)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("earliest, origin", [(1000, 1000), (5000, 1000), (None, 1000), (7, None),
+                                              (None, None)])
+def test_a_night_at_or_after_the_origin_or_without_one_passes(earliest, origin):
+    counts = RecordCounts(read=3, rejected=1)
+    assert check_not_before_origin(counts, earliest, origin) is counts
+
+
+def test_a_night_of_its_own_declares_no_id_map_start():
+    assert id_map_start(None, 123, 0, 1) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**12),
+       st.one_of(st.none(), st.integers(0, 10**9)), st.integers(1, 10**6))
+def test_the_id_map_start_is_the_maps_next_ids_and_the_rounded_first_time(blocks, sessions, origin,
+                                                                         after, granularity):
+    earliest = None if after is None else origin + after
+    start = id_map_start({"blocks": blocks, "sessions": sessions}, earliest, origin, granularity)
+    assert start["block_ids_from"] == blocks and start["sessions_from"] == sessions
+    time = start["time_from_ms"]
+    assert time % granularity == 0 and abs(time - (after or 0)) <= granularity // 2
+    assert isinstance(time, int)
+    assert _meets("id_map", start) == []
+
+
+def test_the_tokenizer_digests_published_are_those_of_kvtraces_fixed_file_names():
+    digests = {name: "ab" * 32 for name in PUBLISHED_TOKENIZER_FILES}
+    given_files = {"additional_chat_templates/my-secret-template.jinja": "cd" * 32, **digests}
+    published = public_tokenizer_sha256(given_files)
+    assert published == digests and list(published) == sorted(published)
+    assert _meets("tokenizer", {"name": None, "sha256": published}) == []
+
+
+def test_known_names_and_flags_stay_readable_everything_else_is_keyed_by_the_salt():
+    kwargs = {"enable_thinking": False, "reasoning_effort": "high", "user": "alice",
+              "tools": [1, None, {"k": 2.5}]}
+    public = public_template_kwargs(kwargs, SALT)
+    assert public["enable_thinking"] is False
+    assert public["reasoning_effort"].startswith("hmac-sha256:")  # its value is hashed
+    assert "user" not in public and "alice" not in json.dumps(public)
+    hashed = [k for k in public if k not in KNOWN_TEMPLATE_KWARGS]
+    assert len(hashed) == 2 and all(k.startswith("hmac-sha256:") for k in hashed)
+    # The shape stays (a list holding a null and an object); every name and number is hashed.
+    (tools,) = [v for v in public.values() if isinstance(v, list)]
+    assert tools[1] is None and tools[0].startswith("hmac-sha256:")
+    assert [(k[:12], v[:12]) for k, v in tools[2].items()] == [("hmac-sha256:", "hmac-sha256:")]
+    assert public == public_template_kwargs(kwargs, SALT)  # comparable across one map's nights
+    assert public != public_template_kwargs(kwargs, SALT + b"!")  # unconfirmable without it
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason='a string is hashed as its text, not its JSON text: 1 and "1" alike')
+def test_a_number_and_its_digits_as_a_string_publish_differently():
+    """The docstring's promise ("an HMAC of its JSON text"): two nights whose template was
+    given 1 and "1" (which a template may render differently) must not look alike."""
+    assert public_template_kwargs({"x": 1}, SALT) != public_template_kwargs({"x": "1"}, SALT)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                    | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), JSON, max_size=8))
+def test_published_kwargs_meet_the_manifests_declared_schema(kwargs):
+    assert _meets("chat_template_kwargs", public_template_kwargs(kwargs, SALT)) == []
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.xfail(strict=True, raises=(AssertionError, FormatError),
+                   reason="anonymize accepts --chat-template-kwargs beyond the manifest schema's "
+                   "bounds and publishes a manifest its own gate flags")
+@pytest.mark.parametrize("kwargs", [{f"k{i}": i for i in range(65)}, {"tools": list(range(65))},
+                                    {"tools": _nested(40)}],
+                         ids=["65 names", "a list of 65", "nested 40 deep"])
+def test_kwargs_beyond_the_schemas_bounds_are_refused_before_the_work(kwargs):
+    """Found by these tests: `kvtrace anonymize --chat-template-kwargs` with 65 names exits 0
+    and `kvtrace audit` of its output says NOT publishable. Accept only what kvtrace writes:
+    refused up front (ValueError), or published as the gate reads it."""
+    try:
+        public = public_template_kwargs(kwargs, SALT)
+    except ValueError:
+        return
+    manifest = canonical_json({"chat_template_kwargs": public})
+    assert _meets("chat_template_kwargs", parse_json(manifest)["chat_template_kwargs"]) == []
+
+
+def test_the_rejected_fraction_is_the_larger_of_records_and_bytes_lost():
+    assert RecordCounts(read=0, rejected=0).rejected_fraction() == 0.0
+    assert RecordCounts(read=10, rejected=1, lost_bytes=0, input_bytes=0).rejected_fraction() == 0.1
+    assert RecordCounts(read=10, rejected=1, lost_bytes=50, input_bytes=100).rejected_fraction() \
+        == 0.5
+
+
+def test_the_runs_counts_round_trip_owner_only_beside_its_dead_letters(tmp_path):
+    totals = ExportTotals(requests=7, requests_without_output_length=2,
+                          requests_with_unrendered_messages=1)
+    counts = run_counts(RecordCounts(read=9, rejected=2, lost_bytes=11), totals, damaged_files=1)
+    assert counts == {"read": 9, "exported": 7, "rejected": 2, "damaged_files": 1,
+                      "lost_bytes": 11, "without_output_length": 2, "with_unrendered_messages": 1}
+    write_run_counts(str(tmp_path), counts)
+    assert read_run_counts(str(tmp_path)) == counts
+    path = tmp_path / RUN_COUNTS
+    assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0  # the operator's, never published
+    assert path.read_bytes() == canonical_json(counts)
