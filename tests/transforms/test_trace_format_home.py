@@ -47,11 +47,6 @@ OTHER_VOCABULARIES = {
     "transforms/write/rows.py": "ROW's columns: a row before it is published",
     "transforms/write/shards.py": "ROW's columns, handed to TraceColumns",
 }
-# Restatements in modules other work on (issue 34) owns at the time of writing: each should
-# import its names from trace_format; the test below fails once one no longer needs listing.
-NOT_YET_MOVED = {
-    "transforms/synth/synthesize.py": "names fields in messages and bounds",
-}
 
 
 @functools.cache  # parsed once for the tests that read them
@@ -84,14 +79,14 @@ def _restated(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_published_names_are_written_in_trace_format_only():
     restated = sorted(f"{path}:{line}: {name!r}" for path, tree in _sources().items()
-                      if path not in OTHER_VOCABULARIES and path not in NOT_YET_MOVED
+                      if path not in OTHER_VOCABULARIES
                       for line, name in _restated(tree))
     assert not restated, "import these names from transforms/trace_format.py"
 
 
 def test_every_listed_exception_is_still_needed():
     sources = _sources()
-    stale = [path for path in {**OTHER_VOCABULARIES, **NOT_YET_MOVED}
+    stale = [path for path in OTHER_VOCABULARIES
              if path not in sources or not _restated(sources[path])]
     assert not stale
 

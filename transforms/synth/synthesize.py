@@ -20,6 +20,7 @@ from kvtrace.transforms.stats.trace_blocks import prefix_ids
 from kvtrace.transforms.synth.parts import RowParts
 from kvtrace.transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from kvtrace.transforms.synth.sample import sample_requests
+from kvtrace.transforms.trace_format import OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,14 @@ def session_text(session: object) -> str:
 
 def scaled_timestamps(timestamp: np.ndarray, config: SynthConfig) -> np.ndarray:
     scaled = np.floor(timestamp / config.speedup_ratio)
-    return _readable(scaled, "timestamp", "raise --speedup-ratio").astype(np.int64)
+    return _readable(scaled, TIMESTAMP_FIELD, "raise --speedup-ratio").astype(np.int64)
 
 
 def scaled_osl(output_length: np.ndarray, config: SynthConfig) -> np.ndarray:
     scaled = np.floor(output_length * config.osl_multiplier + 0.5)
     low = config.min_osl if config.min_osl is not None else 0
-    high = config.max_osl if config.max_osl is not None else HIGHEST["output_length"]
-    return _readable(np.clip(scaled, low, high), "output_length",
+    high = config.max_osl if config.max_osl is not None else HIGHEST[OUTPUT_LENGTH_FIELD]
+    return _readable(np.clip(scaled, low, high), OUTPUT_LENGTH_FIELD,
                      "lower --osl-multiplier or set --max-osl").astype(np.int64)
 
 
