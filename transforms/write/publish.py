@@ -85,7 +85,10 @@ DEAD_LETTER_FILE = "rejected-00000-of-00001.jsonl"
 # The longest file name local filesystems take (bytes); a longer output name is refused, and
 # the staging and lock names of a long one are named by its digest (_stem).
 NAME_MAX = 255
-_HIDDEN_ROOM = len(".") + len(STAGING_MARK) + 12 + len(".previous")  # 12: a run id's length
+# The longest run id a staging name carries: new_run_id's 12 hex digits, a block-hashes folder's
+# 16 (shards.hashes_staging); staging_folder refuses a longer one, so the room always holds.
+MAX_RUN_ID_CHARS = 16
+_HIDDEN_ROOM = len(".") + len(STAGING_MARK) + MAX_RUN_ID_CHARS + len(".previous")
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -96,6 +99,9 @@ class OutputRefused(ValueError):
 
 def staging_folder(output: str, run_id: str) -> str:
     """Where a run stages its output, a folder or a file: beside it, hidden, named by the run."""
+    if len(run_id) > MAX_RUN_ID_CHARS:
+        raise ValueError(f"a run id of {len(run_id)} characters: staging names room for "
+                         f"{MAX_RUN_ID_CHARS}")
     parent, name = _split(output)
     return storage.join(parent, f".{_stem(name)}{STAGING_MARK}{run_id}") if parent else \
         f".{_stem(name)}{STAGING_MARK}{run_id}"
