@@ -1,0 +1,74 @@
+"""Red team round 5, the write protocol and the readers: reproducers of holes left after the
+fourth round's fixes. Each asserts the promised behaviour, so each fails until it is fixed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import chat, write_jsonl
+
+pytestmark = pytest.mark.slow
+ROUND5 = "red team round 5"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _kvtrace(*args: str, prelude: str = "", env: dict | None = None,
+             timeout: int = 300) -> subprocess.CompletedProcess:
+    """kvtrace in a child process (prelude: Python run first, to inject a fault)."""
+    code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+
+
+# A kill in the two-rename swap's gap (filesystems without RENAME_EXCHANGE: NFS, many FUSE
+# mounts), after the output went to .previous and before the staged folder took its place.
+_KILL_IN_THE_RENAME_GAP = """
+import os
+from transforms.write import publish
+publish._exchange = lambda first, second: False
+_rename = os.rename
+def _rename_then_die(src, dst, *args, **kwargs):
+    _rename(src, dst, *args, **kwargs)
+    if str(dst).endswith(".previous"):
+        os._exit(137)
+os.rename = _rename_then_die
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_long_output_name_and_its_digest_stem_are_two_outputs(tiny_tokenizer, tmp_path):
+    """publish._stem names a long output's lock and staging names by "~" + 32 hex digits of
+    its name's sha256, and any short name that is exactly that string stems to itself: two
+    outputs of one folder share one lock and one staging prefix. restore_interrupted(B) then
+    takes A's `.previous` (the output a killed two-rename swap of A set aside) for B's own,
+    renames it to B, and B's run swaps it out and deletes it: a run of another output
+    destroys A's published output, which A's next run would have restored."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
+    long_name = "a" * 230  # over NAME_MAX with the staging room: stemmed by its digest
+    digest_name = "~" + hashlib.sha256(long_name.encode()).hexdigest()[:32]
+    common = ["--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4"]
+    first = tmp_path / long_name
+    assert _kvtrace("anonymize", *common, "--output", str(first)).returncode == 0
+    published = (first / "manifest.json").read_bytes()
+    killed = _kvtrace("anonymize", *common, "--output", str(first),
+                      prelude=_KILL_IN_THE_RENAME_GAP)
+    assert killed.returncode == 137 and not first.exists()  # set aside; A's next run restores it
+    other = _kvtrace("anonymize", *common, "--output", str(tmp_path / digest_name))
+    assert other.returncode == 0
+    # A's earlier output is still A's to restore: its next run puts it back first.
+    restored = _kvtrace("anonymize", *common, "--output", str(first), prelude="""
+from transforms.write import publish
+_restore = publish.restore_interrupted
+def _stop_after_restore(output):
+    gone = _restore(output)
+    raise SystemExit(3)
+publish.restore_interrupted = _stop_after_restore
+""")
+    assert restored.returncode == 3
+    assert (first / "manifest.json").read_bytes() == published, \
+        "another output's run took A's set-aside output for its own and deleted it"
