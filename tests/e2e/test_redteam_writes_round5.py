@@ -118,3 +118,46 @@ def test_block_hashes_of_an_output_whose_name_is_not_utf8_are_written(tiny_token
     assert done.returncode == 0, done.stderr[-2000:]
     assert (Path(os.fsdecode(odd)) / "manifest.json").is_file()
     assert (tmp_path / "hashes").is_dir()
+
+
+# A kill once the output is swapped in, before its letters are settled (the window the run's
+# mark on the output exists for).
+_KILL_AFTER_THE_SWAP = """
+import os
+from transforms.write import publish
+_publish = publish.publish_folder
+def _publish_then_die(*args, **kwargs):
+    _publish(*args, **kwargs)
+    os._exit(137)
+publish.publish_folder = _publish_then_die
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+@pytest.mark.parametrize("rerun", ["old name", "new name"])
+def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer, tmp_path,
+                                                                 rerun):
+    """The run's mark on its output (user.kvtrace.run: run id, letters folder) is an extended
+    attribute, which a rename keeps, but the letters it points at are staged under
+    `.KEY.kvtrace-staging-RUN`, KEY = _output_key(output): the output's parent's identity and
+    its *name*. A night killed after its swap (published, letters staged) and then moved
+    (`mv X archive`, an ordinary step) has its letters found by no run: the next run of X
+    sees no mark on X and removes its key's staged letters as a failed run's
+    (recover_letters, publish=False); a run of the moved folder reads its mark, looks under
+    its own key, finds nothing and takes the mark off. Either way a published output's
+    rejected record has no letter: nothing lost, broken."""
+    good = [chat(i, 1000 * i) for i in range(4)]
+    night = write_jsonl(tmp_path / "night.jsonl", [*good[:3], "not json"])
+    clean = write_jsonl(tmp_path / "clean.jsonl", good)
+    common = ["--tokenizer", tiny_tokenizer, "--block-size", "4",
+              "--dead-letter", str(tmp_path / "letters")]
+    out, moved = tmp_path / "X", tmp_path / "archive"
+    killed = _kvtrace("anonymize", "--input", str(night), "--output", str(out), *common,
+                      prelude=_KILL_AFTER_THE_SWAP)
+    assert killed.returncode == 137 and (out / "manifest.json").is_file()  # published
+    out.rename(moved)
+    again = out if rerun == "old name" else moved
+    assert _kvtrace("anonymize", "--input", str(clean), "--output", str(again),
+                    *common).returncode == 0
+    letters = b"".join(p.read_bytes() for p in (tmp_path / "letters").glob("rejected-*.jsonl"))
+    assert letters.count(b"\n") == 1, "the published night's rejected record has no letter"
