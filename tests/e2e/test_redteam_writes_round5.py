@@ -161,3 +161,30 @@ def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer,
                     *common).returncode == 0
     letters = b"".join(p.read_bytes() for p in (tmp_path / "letters").glob("rejected-*.jsonl"))
     assert letters.count(b"\n") == 1, "the published night's rejected record has no letter"
+
+
+TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
+          "hash_ids": [1, 2, 10 + i]} for i in range(6)]
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_double_star_glob_through_a_link_keeps_outputs_out_of_what_it_reads(tmp_path):
+    """Round 4 placed a glob's folders as glob(3) walks them (Reach.every), but not for a
+    glob with `**`: Reach takes it for a recursive glob ('everything beneath its folder',
+    by identity) and skips that walk. expand_inputs calls glob.glob without recursive=True,
+    so `**` is one name's `*`, and it follows links: 'D/**/t*.jsonl' reads E/t*.jsonl through
+    D/l -> ../E, yet E lies beneath no D. `analyze 'D/**/t*.jsonl' --json E/t2.jsonl` is
+    published (exit 0) where the same command's next run reads it as a trace (130 malformed
+    lines), while 'D/*/t*.jsonl' is refused."""
+    from kvtrace.cli import main
+
+    (tmp_path / "D" / "sub").mkdir(parents=True)
+    (tmp_path / "E").mkdir()
+    write_jsonl(tmp_path / "E" / "t.jsonl", TRACE)
+    (tmp_path / "D" / "l").symlink_to("../E")
+    report = tmp_path / "E" / "t2.jsonl"
+    assert main(["analyze", str(tmp_path / "D" / "*" / "t*.jsonl"), "--block-size", "4",
+                 "--json", str(report)]) == 2  # refused: round 4
+    code = main(["analyze", str(tmp_path / "D" / "**" / "t*.jsonl"), "--block-size", "4",
+                 "--json", str(report)])
+    assert code == 2 and not report.exists(), "published where the next run reads it"
