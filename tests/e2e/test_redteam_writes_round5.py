@@ -188,3 +188,28 @@ def test_a_double_star_glob_through_a_link_keeps_outputs_out_of_what_it_reads(tm
     code = main(["analyze", str(tmp_path / "D" / "**" / "t*.jsonl"), "--block-size", "4",
                  "--json", str(report)])
     assert code == 2 and not report.exists(), "published where the next run reads it"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_users_folder_given_for_letters_is_not_made_kvtraces_forever(tiny_tokenizer, tmp_path):
+    """storage.make_folder(private=True) marks whatever folder it is given with
+    user.kvtrace.private (and chmods it 0700), one the user made included: `anonymize ...
+    --dead-letter .` from a working folder holding the user's own files makes that folder
+    'a private folder of kvtrace's' for good. The mark is never taken off, not even once no
+    kvtrace file is left there, and _check_not_in_an_output refuses every later location at
+    any depth beneath it: `analyze N --json report.json` in that folder is refused ("lies
+    inside ..., a private folder of kvtrace's ... which only its own runs write"). A mark
+    that says 'kvtrace made this' on a folder kvtrace did not make, which blocks writes it
+    never promised to block (with --dead-letter ~, the whole home)."""
+    from kvtrace.cli import main
+
+    src = write_jsonl(tmp_path / "in.jsonl", [*[chat(i, 1000 * i) for i in range(3)], "not json"])
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("the user's own\n")
+    night = tmp_path / "nights" / "n1"
+    assert main(["anonymize", "--input", str(src), "--output", str(night), "--tokenizer",
+                 tiny_tokenizer, "--block-size", "4", "--dead-letter", str(work)]) == 0
+    for letters in work.glob("rejected-*.jsonl"):
+        letters.rename(tmp_path / letters.name)  # filed elsewhere: no kvtrace file is left
+    assert main(["analyze", str(night), "--json", str(work / "report.json")]) == 0
