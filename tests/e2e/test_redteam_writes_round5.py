@@ -23,7 +23,7 @@ def _kvtrace(*args: str, prelude: str = "", env: dict | None = None,
     """kvtrace in a child process (prelude: Python run first, to inject a fault)."""
     code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, cwd=ROOT,
-                          env=env, timeout=timeout)
+                          env=env, timeout=timeout, check=False)
 
 
 # A kill in the two-rename swap's gap (filesystems without RENAME_EXCHANGE: NFS, many FUSE
@@ -78,7 +78,7 @@ publish.restore_interrupted = _stop_after_restore
 def _bytes_run(*args: bytes | str) -> subprocess.CompletedProcess:
     """kvtrace in a process of its own, its arguments as bytes (names that are not UTF-8)."""
     return subprocess.run([sys.executable, "-m", "kvtrace.cli", *args], cwd=ROOT,
-                          capture_output=True, timeout=300,
+                          capture_output=True, timeout=300, check=False,
                           env={**os.environ, "PYTHONIOENCODING": "utf-8"})
 
 
@@ -231,8 +231,8 @@ def test_a_converted_output_is_read_whole_by_kvtraces_own_readers(tmp_path):
     ids = 7_000_000
     src = tmp_path / "bailian.jsonl"
     with open(src, "w") as f:
-        f.write('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.0, "input_length": %d, '
-                '"output_length": 5, "hash_ids": [' % (ids * 16) + ",".join(["1"] * ids) + "]}\n")
+        f.write(f'{{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.0, "input_length": '
+                f'{ids * 16}, "output_length": 5, "hash_ids": [' + ",".join(["1"] * ids) + "]}\n")
         f.write('{"chat_id": 2, "parent_chat_id": -1, "timestamp": 2.0, "input_length": 32, '
                 '"output_length": 5, "hash_ids": [3, 4]}\n')
     assert src.stat().st_size < 16 << 20  # a line convert reads
