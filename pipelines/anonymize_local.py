@@ -11,10 +11,12 @@ belong on a distributed runner through the Beam pipeline.
 
 read -> parse -> batch -> render | tokenize (background thread) | hash -> number -> write
 
-With --processes N, file ranges are encoded in N worker processes (local_workers.py: everything
+File ranges are encoded in worker processes, one or --processes N (local_workers.py: everything
 up to hashing is per record, so it spreads), forked from this one once it has loaded the
 tokenizer; numbering and writing (anonymize_night.py, the night's end every engine runs) stay in
-this process.
+this process. Even one worker is a process of its own: the native code that renders and
+tokenizes may abort (a failed allocation in Rust), and this process, which never runs it on
+input, outlives that to say so in one line and publish nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOK
                                                open_encoder)
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.segment_cache import CacheCounts, log_counts
-from kvtrace.transforms.garbage import settle_after_start_up
 from kvtrace.transforms.read.records import ParseOptions, Request
 from kvtrace.transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
 
@@ -51,20 +52,15 @@ def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
 
 
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
-    """Every input record encoded: in this process, or spread over worker processes in runs of
-    file ranges (local_workers.py: each range parsed, rendered, tokenized and hashed where it is
-    read). Results are gathered in range order; dead letters are merged into their declared
-    order when published (dead_letters.py), whichever worker wrote them."""
+    """Every input record encoded by worker processes in runs of file ranges (local_workers.py:
+    each range parsed, rendered, tokenized and hashed where it is read). Results are gathered in
+    range order; dead letters are merged into their declared order when published
+    (dead_letters.py), whichever worker wrote them."""
     pieces = [piece for path, size in config.inputs
               for piece in file_ranges(path, size, CLAIM_BYTES)]
     total_bytes = sum(size for _, size in config.inputs)
     processes = min(worker_count(processes, total_bytes), len(pieces))
-    work = RangeEncoding(config)
-    if processes <= 1:
-        encoder = work.new_encoder()
-        settle_after_start_up()
-        return work.encode(pieces, encoder, ReadProgress(total_bytes))
-    parts = encode_in_workers(work, pieces, processes, total_bytes)
+    parts = encode_in_workers(RangeEncoding(config), pieces, processes, total_bytes)
     return Encoded([b for p in parts for b in p.hashed], [], sum(p.read for p in parts),
                    functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()),
                    sum((p.staged for p in parts), StagedLetters()))
@@ -72,8 +68,7 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
 
 @dataclass(frozen=True)
 class RangeEncoding:
-    """What encoding a run's file ranges takes, in this process or a worker's
-    (local_workers.RangeWork)."""
+    """What encoding a run's file ranges takes, in a worker process (local_workers.RangeWork)."""
 
     config: AnonymizeConfig
 

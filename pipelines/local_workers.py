@@ -1,7 +1,9 @@
-"""The local engine's worker processes (`--processes`): file ranges encoded in processes forked
-from this one once it has loaded the tokenizer (or started clean where a fork is unsafe), each
-claiming ranges from a shared table, stopped with this process. Not Beam's SDK worker pool
-(worker_pool.py): these never run a pipeline.
+"""The local engine's worker processes (`--processes`, at least one): file ranges encoded in
+processes forked from this one once it has loaded the tokenizer (or started clean where a fork
+is unsafe), each claiming ranges from a shared table, stopped with this process. A worker's
+death, a native abort included, is this process's one-line error (_worker_death): native code
+never tokenizes input here. Not Beam's SDK worker pool (worker_pool.py): these never run a
+pipeline.
 
 What a worker does with a range is the driver's (anonymize_local.RangeEncoding); here is only how
 ranges are spread, claimed, and gathered back in input order.
@@ -53,7 +55,7 @@ _WORKER: dict = {}  # per worker process: the work and its encoder, built once
 
 def worker_count(processes: int, input_bytes: int) -> int:
     """--processes: 0 means one per core this process may run on, at most one per read split of
-    input (a small input stays in this process: nothing to split, no pool to start)."""
+    input (a small input has one: nothing to split)."""
     if processes:
         return processes
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -64,23 +66,7 @@ def encode_in_workers(work: RangeWork, pieces: list[FileRange], processes: int,
                       total_bytes: int) -> list[Encoded]:
     """Every range encoded by one of `processes` workers, each starting on a run of neighbouring
     ranges (run_bounds); the results in range order, whoever encoded them."""
-    forked = _can_fork()
-    context = multiprocessing.get_context("fork" if forked else START_METHOD)
-    bounds = context.Array("q", run_bounds(len(pieces), processes))
-    if forked:
-        encoder = work.new_encoder()
-        work.warm_up(encoder, pieces[0])
-        settle_after_start_up()
-        _WORKER.update(work=work, encoder=encoder, progress=ReadProgress(total_bytes),
-                       pieces=pieces, bounds=bounds)
-        pool = ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
-        _LOG.info("encoding %d file ranges in %d worker processes forked from this one",
-                  len(pieces), processes)
-    else:
-        pool = ProcessPoolExecutor(processes, context, initializer=_start_worker,
-                                   initargs=(work, total_bytes, pieces, bounds))
-        _LOG.info("encoding %d file ranges in %d worker processes started clean (this process "
-                  "runs other threads or loaded gRPC)", len(pieces), processes)
+    pool = _start_pool(work, pieces, processes, total_bytes)
     try:
         with _stop_signals_held(), _single_threaded_tokenizers_in_children():
             futures = [pool.submit(_encode_claimed, worker) for worker in range(processes)]
@@ -96,6 +82,27 @@ def encode_in_workers(work: RangeWork, pieces: list[FileRange], processes: int,
         _WORKER.clear()  # the encoder and its cache, which forked workers took from here
     pool.shutdown()
     return parts
+
+
+def _start_pool(work: RangeWork, pieces: list[FileRange], processes: int,
+                total_bytes: int) -> ProcessPoolExecutor:
+    """Workers forked from this process (_can_fork) once it has loaded the encoder and warmed it
+    up, or started clean, each building its own."""
+    forked = _can_fork()
+    context = multiprocessing.get_context("fork" if forked else START_METHOD)
+    bounds = context.Array("q", run_bounds(len(pieces), processes))
+    _LOG.info("encoding %d file ranges in %d worker process%s %s", len(pieces), processes,
+              "es" if processes > 1 else "", "forked from this one" if forked else
+              "started clean (this process runs other threads or loaded gRPC)")
+    if forked:
+        encoder = work.new_encoder()
+        work.warm_up(encoder, pieces[0])
+        settle_after_start_up()
+        _WORKER.update(work=work, encoder=encoder, progress=ReadProgress(total_bytes),
+                       pieces=pieces, bounds=bounds)
+        return ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
+    return ProcessPoolExecutor(processes, context, initializer=_start_worker,
+                               initargs=(work, total_bytes, pieces, bounds))
 
 
 @contextlib.contextmanager

@@ -144,7 +144,7 @@ def _capped(args: list[str], address_space: int) -> subprocess.CompletedProcess:
 # default --processes keeps this 7.9 MB input in the one process (one read split), whose own
 # death by SIGABRT nothing in it can outlive: that needs the engine to encode in a worker.
 @pytest.mark.parametrize("processes", [
-    ["--processes", "2"], pytest.param([], marks=pytest.mark.xfail(strict=True, reason=ROUND4))],
+    ["--processes", "2"], []],
     ids=["workers", "default"])
 def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort(tiny_tokenizer,
                                                                           tmp_path, processes):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
+from helpers import chat, write_jsonl
 
 pytestmark = pytest.mark.slow
 ROUND5 = "red team round 5"
@@ -30,7 +30,7 @@ def _kvtrace(*args: str, prelude: str = "", env: dict | None = None,
 # mounts), after the output went to .previous and before the staged folder took its place.
 _KILL_IN_THE_RENAME_GAP = """
 import os
-from transforms.write import publish
+from kvtrace.transforms.write import publish
 publish._exchange = lambda first, second: False
 _rename = os.rename
 def _rename_then_die(src, dst, *args, **kwargs):
@@ -63,7 +63,7 @@ def test_a_long_output_name_and_its_digest_stem_are_two_outputs(tiny_tokenizer, 
     assert other.returncode == 0
     # A's earlier output is still A's to restore: its next run puts it back first.
     restored = _kvtrace("anonymize", *common, "--output", str(first), prelude="""
-from transforms.write import publish
+from kvtrace.transforms.write import publish
 _restore = publish.restore_interrupted
 def _stop_after_restore(output):
     gone = _restore(output)
@@ -125,7 +125,7 @@ def test_block_hashes_of_an_output_whose_name_is_not_utf8_are_written(tiny_token
 # mark on the output exists for).
 _KILL_AFTER_THE_SWAP = """
 import os
-from transforms.write import publish
+from kvtrace.transforms.write import publish
 _publish = publish.publish_folder
 def _publish_then_die(*args, **kwargs):
     _publish(*args, **kwargs)

@@ -1,0 +1,69 @@
+"""The local engine's workers: encoding never runs in the process that reports, however many
+workers there are, so a worker's death (a native abort) is that process's one-line error."""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import resource
+from dataclasses import dataclass
+
+import pytest
+from helpers import anonymize, chat, write_jsonl
+
+from kvtrace.pipelines import local_workers
+from kvtrace.pipelines.anonymize_night import Encoded
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.read.sources import FileRange, ReadProgress
+
+PIECES = [FileRange("in.jsonl", start, start + 1) for start in range(5)]
+
+
+@dataclass(frozen=True)
+class PidWork:
+    """Encodes a range as the id of the process that encoded it (in `read`), and aborts the
+    process, as the Rust tokenizer does when an allocation fails, on the range abort_at."""
+
+    abort_at: int | None = None
+
+    def new_encoder(self) -> None:
+        return None
+
+    def warm_up(self, encoder: None, first: FileRange) -> None:
+        pass
+
+    def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
+        if pieces[0].start == self.abort_at:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+            faulthandler.disable()  # pytest's, inherited: it would print this worker's stack
+            os.abort()
+        return Encoded([], [], os.getpid())
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_ranges_are_encoded_in_worker_processes_never_in_this_one(processes):
+    parts = local_workers.encode_in_workers(PidWork(), PIECES, processes, len(PIECES))
+    assert len(parts) == len(PIECES)
+    assert os.getpid() not in {part.read for part in parts}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_an_abort_in_the_only_worker_is_the_pool_paths_one_line(processes):
+    """One worker or several, an abort is the same error (the CLI prints it and exits 1), and
+    this process lives to say it."""
+    with pytest.raises(JobStopped) as stopped:
+        local_workers.encode_in_workers(PidWork(abort_at=3), PIECES, processes, len(PIECES))
+    message = JobStopped.message_in(stopped.value)
+    assert message is not None and message.startswith("a worker process died by SIGABRT")
+    assert "\n" not in message
+
+
+def test_a_small_input_is_encoded_by_one_worker_process(tiny_tokenizer, tmp_path, caplog):
+    """The default --processes gives a small input one worker, not this process (forked, or
+    started clean in a test process that ran Beam)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1)])
+    with caplog.at_level(logging.INFO, logger="kvtrace"):
+        assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
+    assert any(message.startswith("encoding 1 file ranges in 1 worker process ")
+               for message in caplog.messages)
