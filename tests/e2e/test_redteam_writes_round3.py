@@ -161,7 +161,7 @@ def test_a_published_runs_letters_survive_a_run_with_another_dead_letter_folder(
     common = ["anonymize", "--input", str(bad), "--output", str(out), "--tokenizer",
               tiny_tokenizer, "--block-size", "4"]
     killed = subprocess.run(
-        [sys.executable, "-c", "import os, sys\nfrom transforms.write import publish\n"
+        [sys.executable, "-c", "import os, sys\nfrom kvtrace.transforms.write import publish\n"
          "publish.DeadLetterRun.settle = lambda self, ok: os._exit(137)\n"
          "from kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))",
          *common, "--dead-letter", str(letters)], cwd=TESTS, capture_output=True, text=True,

@@ -89,7 +89,7 @@ def test_loading_imports_neither_the_model_stack_nor_beam(deepseek_tokenizer):
     model registry pulls in torch where installed) nor Beam."""
     code = (
         "import sys\n"
-        "from transforms.encode.tokenize import load_tokenizer, encode_texts\n"
+        "from kvtrace.transforms.encode.tokenize import load_tokenizer, encode_texts\n"
         f"encode_texts(load_tokenizer({deepseek_tokenizer!r}), ['hello'])\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'torch', "
         "'apache_beam'}))\n"

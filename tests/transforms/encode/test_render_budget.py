@@ -385,8 +385,8 @@ def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokeniz
     template a template_error within the deadline and a step, none kills the process."""
     code = (
         "import json, sys, time\nfrom pathlib import Path\n"
-        "from transforms.encode import tokenize\nfrom transforms.errors import Rejected\n"
-        "from transforms.encode.fast_tokenizer import FastTokenizer\n"
+        "from kvtrace.transforms.encode import tokenize\nfrom kvtrace.transforms.errors import Rejected\n"
+        "from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer\n"
         "templates = json.loads(sys.argv[2])\n"
         "for name, source in templates.items():\n"
         "    tokenizer = FastTokenizer.from_directory(Path(sys.argv[1]))\n"

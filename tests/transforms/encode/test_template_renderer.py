@@ -78,7 +78,7 @@ def test_loaded_alone_it_renders_as_transformers_does_and_leaves_nothing_behind(
 
 def test_with_transformers_already_imported_a_bounded_copy_is_used_and_the_shared_one_left():
     code = ("import transformers.utils.chat_template_utils as real\n"
-            "from transforms.encode import template_renderer\n"
+            "from kvtrace.transforms.encode import template_renderer\n"
             "render = template_renderer.render_jinja_template()\n"
             "print(render is real.render_jinja_template, real.ImmutableSandboxedEnvironment.__name__,"
             " render.__globals__['ImmutableSandboxedEnvironment'].__name__)\n")

@@ -76,7 +76,7 @@ def test_a_symlink_to_a_regular_file_is_followed(folder, tmp_path):
 
 def _refusal(folder: Path) -> subprocess.CompletedProcess:
     """Loading folder in a child process, which a hang cannot take the test down with."""
-    code = ("from pathlib import Path\nfrom transforms.encode.fast_tokenizer import FastTokenizer\n"
+    code = ("from pathlib import Path\nfrom kvtrace.transforms.encode.fast_tokenizer import FastTokenizer\n"
             f"FastTokenizer.from_directory(Path({str(folder)!r}))\n")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=REFUSAL_S, cwd=Path(__file__).resolve().parents[3])

@@ -339,7 +339,7 @@ def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
     assert read_trace(pickle.loads(sent)).input_length.tolist() == [8, 8]
     elsewhere = subprocess.run(
         [sys.executable, "-c", "import pickle, sys\n"
-         "from transforms.read.trace_io import read_trace\n"
+         "from kvtrace.transforms.read.trace_io import read_trace\n"
          "read_trace(pickle.loads(sys.stdin.buffer.read()))"],
         input=sent, capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
     assert elsewhere.returncode != 0

@@ -64,9 +64,9 @@ def test_a_session_is_one_key_and_requests_without_one_spread():
 
 def test_keys_are_the_same_in_every_worker_process():
     """Workers of a distributed runner key the same session alike (no per-process hash salt)."""
-    code = ("from transforms.read.routing import route_key; "
-            "from transforms.read.sources import parse_one; "
-            "from transforms.read.records import ParseOptions; "
+    code = ("from kvtrace.transforms.read.routing import route_key; "
+            "from kvtrace.transforms.read.sources import parse_one; "
+            "from kvtrace.transforms.read.records import ParseOptions; "
             "print(route_key(parse_one('a.jsonl', b'{\"timestamp\": 1, \"prompt\": \"p\"}', "
             "ParseOptions())))")
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
