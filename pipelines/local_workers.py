@@ -26,6 +26,7 @@ from kvtrace.pipelines.anonymize_night import Encoded
 from kvtrace.pipelines.processes import busy_threads
 from kvtrace.transforms.encode.encode_requests import RequestEncoder
 from kvtrace.transforms.encode.native_stderr import last_words
+from kvtrace.transforms.encode.tokenize import RENDER_WATCHDOG
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.garbage import settle_after_start_up
 from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange, ReadProgress
@@ -101,8 +102,11 @@ def _start_pool(work: RangeWork, pieces: list[FileRange], processes: int,
         _WORKER.update(work=work, encoder=encoder, progress=ReadProgress(total_bytes),
                        pieces=pieces, bounds=bounds)
         return ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
+    # A clean worker imports its own watchdog: it renders under this process's budget, as a
+    # forked one does by inheritance.
+    budget = (RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes)
     return ProcessPoolExecutor(processes, context, initializer=_start_worker,
-                               initargs=(work, total_bytes, pieces, bounds))
+                               initargs=(work, total_bytes, pieces, bounds, budget))
 
 
 @contextlib.contextmanager
@@ -179,8 +183,9 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
 
 
 def _start_worker(work: RangeWork, total_bytes: int, pieces: list[FileRange],
-                  bounds: Any) -> None:
+                  bounds: Any, budget: tuple[float, int]) -> None:
     _leave_stopping_to_parent()
+    RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
     _WORKER.update(work=work, encoder=work.new_encoder(), progress=ReadProgress(total_bytes),
                    pieces=pieces, bounds=bounds)
     settle_after_start_up()

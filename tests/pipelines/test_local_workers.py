@@ -67,3 +67,22 @@ def test_a_small_input_is_encoded_by_one_worker_process(tiny_tokenizer, tmp_path
         assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
     assert any(message.startswith("encoding 1 file ranges in 1 worker process ")
                for message in caplog.messages)
+
+
+@dataclass(frozen=True)
+class BudgetWork(PidWork):
+    """Encodes a range as the render budget the worker that encoded it runs under."""
+
+    def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
+        budget = (local_workers.RENDER_WATCHDOG.seconds,
+                  local_workers.RENDER_WATCHDOG.memory_bytes)
+        return Encoded([], [], budget)
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_workers_render_under_this_process_budget_forked_or_started_clean(forked, monkeypatch):
+    monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
+    monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "seconds", 0.25)
+    monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "memory_bytes", 64 << 20)
+    parts = local_workers.encode_in_workers(BudgetWork(), PIECES[:1], 1, 1)
+    assert [part.read for part in parts] == [(0.25, 64 << 20)]
