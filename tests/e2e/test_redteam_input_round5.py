@@ -1,0 +1,132 @@
+"""Red-team round 5: hostile input to `kvtrace anonymize` and the reading commands, past the
+round-1..4 fixes (test_redteam_input*.py). Each test asserts a promise the tool makes and fails
+today (2026-11-27)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+pytestmark = [pytest.mark.slow]
+ROUND5 = "red team round 5"
+
+
+def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
+    """(exit code, peak RSS in MB, stderr) of a kvtrace command run in a child."""
+    probe = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+             "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli",
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    code, peak = done.stdout.split()[-2:]
+    return int(code), int(peak), done.stderr
+
+
+# ---- Parquet: the footer's column sizes are trusted, and the footer is the attacker's -------
+
+def _zigzag_varint(value: int) -> bytes:
+    value, out = value << 1, bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _padded_varint(value: int, length: int) -> bytes:
+    """value zigzag-encoded as a varint of exactly length bytes (continuation bytes of 0: a
+    non-canonical form Thrift's readers accept)."""
+    value, out = value << 1, bytearray()
+    for i in range(length):
+        out.append((value & 0x7F) | (0x80 if i < length - 1 else 0))
+        value >>= 7
+    assert value == 0
+    return bytes(out)
+
+
+def _footer_says_small(path, small: int = 100) -> None:
+    """Rewrite, in place and at the same length, every column chunk's total_uncompressed_size
+    (ColumnMetaData field 6) over `small` in the file's footer as `small`."""
+    import pyarrow.parquet as pq
+
+    data = bytearray(path.read_bytes())
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start, end = len(data) - 8 - footer_bytes, len(data) - 8
+    footer = bytes(data[start:end])
+    metadata = pq.ParquetFile(path).metadata
+    for group in range(metadata.num_row_groups):
+        for index in range(metadata.num_columns):
+            size = metadata.row_group(group).column(index).total_uncompressed_size
+            if size > small:
+                encoded = _zigzag_varint(size)
+                assert footer.count(encoded) >= 1
+                footer = footer.replace(encoded, _padded_varint(small, len(encoded)))
+    data[start:end] = footer
+    path.write_bytes(bytes(data))
+    assert pq.ParquetFile(path).metadata.row_group(0).column(1).total_uncompressed_size == small
+
+
+CELL = 200_000_000
+
+
+def _lying_log(path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"timestamp": pa.array([0, 1], pa.int64()),
+                             "prompt": ["z" * CELL, "after"],
+                             "output_length": pa.array([1, 1], pa.int64())}),
+                   path, compression="zstd", use_dictionary=False)
+    _footer_says_small(path)
+    assert path.stat().st_size < 16 << 10
+    return path
+
+
+def _lying_trace(path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"timestamp": pa.array([0, 1], pa.int64()),
+                             "input_length": pa.array([4, 4], pa.int64()),
+                             "output_length": pa.array([1, 1], pa.int64()),
+                             "hash_ids": pa.array([[0], [1]], pa.list_(pa.int64())),
+                             "session_id": ["z" * CELL, "s"]}),
+                   path, compression="zstd", use_dictionary=False)
+    _footer_says_small(path)
+    assert path.stat().st_size < 16 << 10
+    return path
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+@pytest.mark.parametrize("command", ["anonymize", "analyze", "validate"])
+def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
+        tiny_tokenizer, tmp_path, command):
+    """BOUNDS.md: a Parquet page is checked "from the footer (column chunk sizes) and, for
+    chunks over the bound, from their page headers ... before any is decoded"; "Parquet, 200 MB
+    cell in a 7 KB file: none (refused from its page header)". paths.oversized_pages skips
+    every chunk whose footer total_uncompressed_size is within the bound, and never checks that
+    figure against the pages: Arrow does not use it. The footer is input. Rewrite that one
+    varint (same length, so nothing else moves) to say 100 bytes, and the 200 MB page is
+    decoded whole before its row is sized: the honest file peaks at 86 MB (refused unread),
+    the 7 KB lying one at 490 MB (anonymize at --max-record-bytes 1 MiB; analyze and validate
+    at their 16 MiB trace bound, whose page ceiling is 32 MiB). A cell near 2 GB (Arrow's
+    limit for one string) costs ~4 GB from a file of ~70 KB. The same footer trust bypasses
+    the list-cell check (ColumnMetaData.num_values). Promise: every resource bounded before it
+    is spent (the page headers, not the footer's sums, say what a page decodes to)."""
+    if command == "anonymize":
+        src = _lying_log(tmp_path / "in.parquet")
+        args = ["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
+                "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1",
+                "--max-record-bytes", str(1 << 20)]
+    else:
+        src = _lying_trace(tmp_path / "trace.parquet")
+        args = [command, str(src)]
+    code, peak, said = _peak_rss_mb(args)
+    assert "Traceback" not in said, said[-2000:]
+    # the honest file: 86 MB; BOUNDS.md allows ~9 x the bound over the process for Parquet
+    assert peak < 250, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
