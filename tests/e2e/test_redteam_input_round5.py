@@ -130,3 +130,42 @@ def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
     assert "Traceback" not in said, said[-2000:]
     # the honest file: 86 MB; BOUNDS.md allows ~9 x the bound over the process for Parquet
     assert peak < 250, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
+
+
+# ---- audit: a published shard's Parquet twin is read whole, outside the one Parquet path ----
+
+def _published(tiny_tokenizer, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"timestamp": 0, "prompt": "hello world", "output_length": 1}\n'
+                   '{"timestamp": 1, "prompt": "hello there", "output_length": 1}\n')
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src),
+                    "--output", str(out), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+                    "--processes", "1"], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
+    """BOUNDS.md: a trace line is bounded at 16 MiB for "analyze, validate, audit, ...", and
+    Parquet has "one path for every reader (paths.sized_rows: logs and traces)". audit does
+    not take it: audit._shard reads the shard's bytes (up to MAX_SHARD_BYTES, 2 GiB) and
+    trace_format.columns_of_parquet bounds only rows and list items from the footer
+    (num_values: a string is one value), then calls parquet.read() on everything, and checks
+    the schema after. A 31 KB trace-00000-of-00001.parquet holding one 1 GB string in an extra
+    column is decoded whole: audit peaks at 2.0 GB (its honest folder: ~90 MB) before it flags
+    the file; at Arrow's ~2 GB per string and several columns, a 100 KB file asks for many
+    GB. The verdict is right (NOT publishable), the memory is not bounded. Promise: every
+    resource bounded before it is spent, on every reading command."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = _published(tiny_tokenizer, tmp_path)
+    shard = folder / "trace-00000-of-00001.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array([0], pa.int64()),
+                             "session_id": ["z" * 400_000_000]}),
+                   shard, compression="zstd", use_dictionary=False)
+    assert shard.stat().st_size < 64 << 10
+    code, peak, said = _peak_rss_mb(["audit", str(folder)])
+    assert code == 1 and "Traceback" not in said, said[-2000:]
+    assert peak < 250, f"audit peaked at {peak} MB over a {shard.stat().st_size}-byte shard"
