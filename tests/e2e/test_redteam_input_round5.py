@@ -197,3 +197,59 @@ def test_a_record_of_many_empty_containers_costs_what_the_bounds_say(tiny_tokeni
     assert "Traceback" not in said, said[-2000:]
     # a tiny input peaks at ~94 MB; BOUNDS.md: ~3 x the bound for a JSONL record
     assert peak < 94 + 4 * 8 + 40, f"{peak} MB peak for one {src.stat().st_size}-byte record"
+
+
+# ---- Parquet: a list of nulls is free in its pages and in Arrow, and sized as nothing -------
+
+def _list_of_nulls(values: int, rows: int = 4):
+    import pyarrow as pa
+
+    offsets = pa.array([0, values] + [values] * (rows - 1), pa.int32())
+    return pa.ListArray.from_arrays(offsets, pa.nulls(values))
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+@pytest.mark.parametrize("command", ["anonymize", "analyze"])
+def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_path, command):
+    """BOUNDS.md: a list cell's values are bounded by "the pages it spans", and the row is
+    sized before it becomes Python values. A list<null> cell (Arrow holds no buffer for
+    nulls, Parquet pages hold an RLE run of levels) of 40 M nulls takes 61 bytes of pages in
+    a 1.5 KB file, and passes oversized_pages' list check (40 M values over 4 rows, under 16
+    MiB a row at the default bound). arrow_sizes._value_bytes sizes a null as 0 bytes (JSON's
+    `null` is 4), and sizing itself allocates int64 arrays per value (np.ones, cumsum,
+    concatenate: ~1 GB for 40 M values), then the row goes to to_pylist. anonymize peaks at
+    1.34 GB and calls the row malformed_record ("Length spanned by list offsets (40000000)
+    larger than values array"); under a 3 GB address-space cap the whole job fails
+    ("MemoryError: Unable to allocate 305. MiB"); analyze (a hash_ids of nulls) peaks at
+    1.34 GB too. With 64 rows the same check lets 1 G nulls through: ~30 GB from 2 KB.
+    Promise: every resource bounded before it is spent; a row over the bound is a too_large
+    dead letter, never decoded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, values = 4, 40_000_000
+    if command == "anonymize":
+        src = tmp_path / "in.parquet"
+        pq.write_table(pa.table({"timestamp": pa.array(range(rows), pa.int64()),
+                                 "prompt": ["hello world"] * rows,
+                                 "output_length": pa.array([1] * rows, pa.int64()),
+                                 "junk": _list_of_nulls(values, rows)}),
+                       src, compression="zstd")
+        args = ["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
+                "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1"]
+    else:
+        src = tmp_path / "trace.parquet"
+        pq.write_table(pa.table({"timestamp": pa.array(range(rows), pa.int64()),
+                                 "input_length": pa.array([4] * rows, pa.int64()),
+                                 "output_length": pa.array([1] * rows, pa.int64()),
+                                 "hash_ids": _list_of_nulls(values, rows)}),
+                       src, compression="zstd")
+        args = ["analyze", str(src)]
+    assert src.stat().st_size < 4096
+    code, peak, said = _peak_rss_mb(args)
+    assert "Traceback" not in said, said[-2000:]
+    assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
+    if command == "anonymize":
+        letters = [json.loads(line) for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+                   for line in f.read_text().splitlines()]
+        assert [letter["error"] for letter in letters] == ["too_large"], letters
