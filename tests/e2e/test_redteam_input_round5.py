@@ -253,3 +253,37 @@ def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_pat
         letters = [json.loads(line) for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
                    for line in f.read_text().splitlines()]
         assert [letter["error"] for letter in letters] == ["too_large"], letters
+
+
+# ---- render: MAX_ROW_TOKENS bounds input_length, but the text is built from the ids -------
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(tiny_tokenizer,
+                                                                              tmp_path):
+    """BOUNDS.md: "a row's tokens are bounded on their own, at one batch: MAX_ROW_TOKENS = 1
+    Mi tokens ... A longer row is left out before its text is built". render's
+    _within_row_bound checks trace.input_length only; replay/render.render_blocks spells
+    block_size tokens for every block but a row's last, however small its input_length. No
+    reader checks input_length against len(hash_ids). A row saying input_length 1 with 6,000
+    ids (a 33 KB line) renders 3 M tokens at the default block size 512 and tokenizes them
+    again; 200,000 ids (a 1.5 MB line) asked for 100 M tokens: killed by the OOM killer at
+    23 GB after 144 s; a 16 MiB line (~2 M ids) asks for 1 G tokens. Promise: every
+    resource bounded before it is spent (the row left out and counted in too_long)."""
+    import resource
+
+    n = 6_000
+    src = tmp_path / "trace.jsonl"
+    src.write_text(json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1,
+                               "hash_ids": list(range(n))}) + "\n")
+    report = tmp_path / "report.json"
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
+    done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "render", str(src),
+                           "--tokenizer", tiny_tokenizer, "-o", str(tmp_path / "requests.jsonl"),
+                           "--json", str(report)],
+                          cwd=ROOT, capture_output=True, timeout=300, preexec_fn=cap)
+    said = done.stderr.decode(errors="replace")
+    assert done.returncode >= 0 and "Traceback" not in said, (done.returncode, said[-2000:])
+    assert report.exists(), said[-2000:]
+    assert json.loads(report.read_text())["too_long"]["count"] == 1
