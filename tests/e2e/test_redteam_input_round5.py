@@ -287,3 +287,32 @@ def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(ti
     assert done.returncode >= 0 and "Traceback" not in said, (done.returncode, said[-2000:])
     assert report.exists(), said[-2000:]
     assert json.loads(report.read_text())["too_long"]["count"] == 1
+
+
+# ---- convert: every Bailian record is held whole, unused fields and all, as Python objects --
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
+    """convert reads lines within the trace line bound (16 MiB), and bailian.convert keeps
+    every accepted record as json.loads made it, unused fields included, until the whole file
+    is sorted and written: `records.append((number, record))`. A Bailian row is valid with any
+    extra field, so each line may carry 16 MiB of `[],` (5.6 M empty lists, ~330 MB of Python
+    objects) that nothing reads. A 98 KB .gz of 6 such lines peaks at 2.5 GB (59 s); every
+    further 16 KB of .gz adds ~330 MB, held to the end. The trace readers keep a row as a few
+    numbers; convert keeps the record. Promise: every resource bounded before it is spent
+    (convert bounded by the readers' limits)."""
+    import gzip
+
+    n = (16 << 20) - 300
+    junk = ",".join(["[]"] * (n // 3))
+    src = tmp_path / "bailian.jsonl.gz"
+    with gzip.open(src, "wt", compresslevel=9) as handle:
+        for chat in range(3):
+            handle.write(f'{{"chat_id": {chat}, "parent_chat_id": -1, "timestamp": 1.0, '
+                         f'"input_length": 16, "output_length": 1, "hash_ids": [1], '
+                         f'"junk": [{junk}]}}\n')
+    assert src.stat().st_size < 64 << 10
+    code, peak, said = _peak_rss_mb(["convert", str(src), "-o", str(tmp_path / "out")])
+    assert code == 0 and "Traceback" not in said, said[-2000:]
+    # three rows of a few numbers each; one line parsed at a time is ~350 MB already
+    assert peak < 500, f"{peak} MB peak converting a {src.stat().st_size}-byte file of 3 rows"
