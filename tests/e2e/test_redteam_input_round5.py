@@ -316,3 +316,37 @@ def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
     assert code == 0 and "Traceback" not in said, said[-2000:]
     # three rows of a few numbers each; one line parsed at a time is ~350 MB already
     assert peak < 500, f"{peak} MB peak converting a {src.stat().st_size}-byte file of 3 rows"
+
+
+# ---- Parquet: a file of many small row groups costs time quadratic in their count ---------
+
+@pytest.mark.xfail(strict=True, reason=ROUND5)
+def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_tokenizer,
+                                                                       tmp_path):
+    """Nothing bounds the count of row groups but the footer (16 MiB: ~140,000 one-row groups
+    of a two-column log at 118 footer bytes each), and reading them costs more than linear
+    time in their count: one-row groups, 1,000 of them: 4.4 s; 4,000: 12 s; 16,000 (a 1.9 MB
+    file): 225 s (the same 16,000 rows as JSONL: a few seconds). cProfile at 4,000: 20 of 33
+    s inside paths.sized_rows (its per-group reader: group_reader's pq.ParquetFile and
+    iter_batches(row_groups=[group]) over the whole file's metadata), 6.6 s in
+    sources._first_row (a sum over every earlier group, per group: 8 M steps). At the
+    footer bound, hours of a core from a 17 MB file. Promise: no hang; every resource (CPU
+    time too) bounded before it is spent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    groups = 16_000
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array(range(groups), pa.int64()),
+                             "prompt": ["hi"] * groups}),
+                   src, row_group_size=1, compression="none", write_statistics=False,
+                   use_dictionary=False)
+    assert pq.ParquetFile(src).metadata.num_row_groups == groups
+    try:
+        done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "anonymize", "--input",
+                               str(src), "--output", str(tmp_path / "out"), "--tokenizer",
+                               tiny_tokenizer, "--block-size", "4", "--processes", "1"],
+                              cwd=ROOT, capture_output=True, timeout=100)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{groups} one-row groups not read in 100 s")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
