@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import write_jsonl
 
 from kvtrace.cli import main
 
 
+# Starting Beam takes ~9 s of a loaded run (CI runs it): the engines giving the same numbers is
+# checked fast in tests/pipelines/test_analyze_beam.py
+# (test_engines_agree_on_a_multi_file_trace_with_every_kind_of_problem), the local engine's
+# refusal of Beam flags in tests/e2e/test_local_engine_cli.py.
+@pytest.mark.slow
 def test_cli_beam_engine(tmp_path, capsys):
     trace = write_jsonl(tmp_path / "t.jsonl", [
         {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [0, i + 1]} for i in range(4)
