@@ -11,56 +11,23 @@ import json
 import time
 from pathlib import Path
 
-import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_stream import TestStream
-from helpers import write_jsonl
+from helpers import (
+    MINUTE,
+    STREAM_SALT,
+    check_letters_published_by_the_protocol,
+    letters,
+    message,
+    run_stream,
+    stream_chat,
+    streaming_config,
+    write_jsonl,
+)
 
 from kvtrace.cli import main
-from kvtrace.pipelines.anonymize_config import AnonymizeConfig
-from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
-from kvtrace.transforms.encode.salt import SaltSource
-from kvtrace.transforms.encode.tokenize import tokenizer_sha256
 from kvtrace.transforms.stats.audit import audit
-from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
-
-SALT = "a-streaming-test-salt-0123456789abcdef"
-
-
-MINUTE = 60_000
-
-
-def chat(ts: int, i: int) -> dict:
-    return {"timestamp": ts, "session_id": f"s{i % 2}", "output_length": 3, "messages": [
-        {"role": "system", "content": "a shared system prompt about caches"},
-        {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
-
-
-def message(record: dict) -> bytes:
-    return json.dumps(record).encode()
-
-
-def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
-                     idle_ms: int = 10_000) -> StreamingConfig:
-    output = tmp_path / "stream"
-    output.mkdir()
-    (tmp_path / "staging").mkdir()
-    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
-                          tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4,
-                          # As the command gives them: the digests the gate checks (the pure
-                          # tests' "x" names no tokenizer folder).
-                          tokenizer_sha256=tokenizer_sha256(tokenizer)
-                          if Path(tokenizer).is_dir() else {})
-    return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms, idle_ms)
-
-
-def run_stream(config: StreamingConfig, stream: TestStream) -> None:
-    with beam.Pipeline(runner=BundleBasedDirectRunner(),
-                       options=PipelineOptions(["--streaming"])) as pipeline:
-        build(pipeline | stream, config)
+from kvtrace.transforms.write.manifest import read_run_counts
 
 
 def trace_lines(folder: Path) -> list[str]:
@@ -68,27 +35,6 @@ def trace_lines(folder: Path) -> list[str]:
             for line in path.read_text().splitlines()]
 
 
-def letters(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.rglob("rejected-*.jsonl"))
-            for line in path.read_text().splitlines()]
-
-
-def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]:
-    """The dead-letter folder as publish.DeadLetterRun leaves it once every run has settled:
-    one owner-only file per run, named by a published window (or by the cumulative.json
-    written with lone letters), and the stream's run counts, nothing staged left; the runs'
-    names."""
-    folder = Path(config.job.dead_letter)
-    windows = {p.name for p in Path(config.job.output).iterdir() if p.is_dir()}
-    runs = set()
-    assert (folder / RUN_COUNTS).stat().st_mode & 0o077 == 0
-    for entry in set(folder.iterdir()) - {folder / RUN_COUNTS}:
-        assert entry.is_file() and entry.name.startswith("rejected-") and \
-            entry.name.endswith(".jsonl"), entry.name  # no staging folder left behind
-        assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
-        runs.add(entry.name[len("rejected-"):-len(".jsonl")])
-    assert {run for run in runs if not run.startswith("letters-")} <= windows
-    return runs
 
 
 @pytest.mark.slow  # a streaming pipeline: ~10 s
@@ -96,10 +42,10 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
         tiny_tokenizer, tmp_path, monkeypatch):
     """Requests of 1970 arriving now, as a backfill's: their own times open and close windows,
     the source's watermark (the wall clock here) only confirms what came before."""
-    monkeypatch.setenv("KVTRACE_SALT", SALT)
-    on_time = [chat(20_000 * i, i) for i in range(6)]  # windows [0, 60 s) and [60 s, 120 s)
-    within_lateness = chat(59_000, 6)  # window 0, after its end but before end + lateness
-    late = chat(30_000, 7)  # window 0, after it was published
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    on_time = [stream_chat(20_000 * i, i) for i in range(6)]  # windows [0, 60 s) and [60 s, 120 s)
+    within_lateness = stream_chat(59_000, 6)  # window 0, after its end but before end + lateness
+    late = stream_chat(30_000, 7)  # window 0, after it was published
     config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5_000, idle_ms=3_600_000)
     # Past every arrival of this run, short of the idle rule: confirms what came in so far.
     arrived = int(time.time()) + 120
@@ -149,10 +95,10 @@ def test_windows_are_cut_from_the_traces_zero_and_equal_batch(tiny_tokenizer, tm
     min, zero + (k + 1) min), not the epoch's minutes (which would publish the zero's seconds
     and ms). A request earlier than those before it, before any window is published, moves the
     zero and the windows with it."""
-    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     zero = 1_767_225_600_000 + 37 * MINUTE + 12_345
     offsets = [20_000, 0, 59_999, 60_000, 119_000, 150_000]
-    records = [chat(zero + offset, i) for i, offset in enumerate(offsets)]
+    records = [stream_chat(zero + offset, i) for i, offset in enumerate(offsets)]
     config = streaming_config(tmp_path, tiny_tokenizer)
     stream = (TestStream().add_elements([message(records[0])])
               .advance_watermark_to(10)  # long before any window is due: the zero is 20 s

@@ -10,12 +10,19 @@ import json
 import pickle
 from pathlib import Path
 
-import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_stream import TestStream
+from helpers import (
+    MINUTE,
+    STREAM_SALT,
+    check_letters_published_by_the_protocol,
+    letters,
+    message,
+    run_stream,
+    stream_chat,
+    streaming_config,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +31,6 @@ from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_streaming import (
     Progress,
     StreamingConfig,
-    build,
     by_window,
     check_new_stream,
     cumulative_summary,
@@ -41,69 +47,11 @@ from kvtrace.transforms.encode.timestamp_kinds import (
     keep_plausible_windows,
     kind_counts,
 )
-from kvtrace.transforms.encode.tokenize import tokenizer_sha256
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.timestamps import timestamp_kind
 from kvtrace.transforms.trace_format import window_name
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
-
-SALT = "a-streaming-test-salt-0123456789abcdef"
-MINUTE = 60_000
-
-
-def chat(ts: int, i: int) -> dict:
-    return {"timestamp": ts, "session_id": f"s{i % 2}", "output_length": 3, "messages": [
-        {"role": "system", "content": "a shared system prompt about caches"},
-        {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
-
-
-def message(record: dict) -> bytes:
-    return json.dumps(record).encode()
-
-
-def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
-                     idle_ms: int = 10_000) -> StreamingConfig:
-    output = tmp_path / "stream"
-    output.mkdir()
-    (tmp_path / "staging").mkdir()
-    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
-                          tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4,
-                          # As the command gives them: the digests the gate checks (the pure
-                          # tests' "x" names no tokenizer folder).
-                          tokenizer_sha256=tokenizer_sha256(tokenizer)
-                          if Path(tokenizer).is_dir() else {})
-    return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms, idle_ms)
-
-
-def run_stream(config: StreamingConfig, stream: TestStream) -> None:
-    with beam.Pipeline(runner=BundleBasedDirectRunner(),
-                       options=PipelineOptions(["--streaming"])) as pipeline:
-        build(pipeline | stream, config)
-
-
-def letters(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.rglob("rejected-*.jsonl"))
-            for line in path.read_text().splitlines()]
-
-
-def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]:
-    """The dead-letter folder as publish.DeadLetterRun leaves it once every run has settled:
-    one owner-only file per run, named by a published window (or by the cumulative.json
-    written with lone letters), and the stream's run counts, nothing staged left; the runs'
-    names."""
-    folder = Path(config.job.dead_letter)
-    windows = {p.name for p in Path(config.job.output).iterdir() if p.is_dir()}
-    runs = set()
-    assert (folder / RUN_COUNTS).stat().st_mode & 0o077 == 0
-    for entry in set(folder.iterdir()) - {folder / RUN_COUNTS}:
-        assert entry.is_file() and entry.name.startswith("rejected-") and \
-            entry.name.endswith(".jsonl"), entry.name  # no staging folder left behind
-        assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
-        runs.add(entry.name[len("rejected-"):-len(".jsonl")])
-    assert {run for run in runs if not run.startswith("letters-")} <= windows
-    return runs
 
 
 def requests_at(*timestamps: int) -> HashedBatch:
@@ -230,9 +178,9 @@ HOSTILE = [b"", b"\x00\xff\xfe garbage", b"[1, 2, 3]", b"null", b'{"timestamp": 
 @pytest.mark.slow  # a streaming pipeline: ~5 s
 def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer, tmp_path,
                                                                  monkeypatch):
-    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     config = streaming_config(tmp_path, tiny_tokenizer)
-    good = [message(chat(5_000, 1)), message(chat(6_000, 2))]
+    good = [message(stream_chat(5_000, 1)), message(stream_chat(6_000, 2))]
     run_stream(config, TestStream().add_elements(HOSTILE + good).advance_watermark_to_infinity())
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     counts = read_run_counts(config.job.dead_letter)
@@ -446,14 +394,14 @@ def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(tiny_token
                                                                       monkeypatch):
     """Letters stand only for a published window: a folder the window may not replace (a file
     kvtrace did not write) stops it, and its letters go with it, nothing staged left."""
-    monkeypatch.setenv("KVTRACE_SALT", SALT)
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     # The letter waits for its window, however slow the machine: it never goes out alone here.
     monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)
     config = streaming_config(tmp_path, tiny_tokenizer)
     blocked = Path(config.job.output) / "window-000000"
     blocked.mkdir()
     (blocked / "notes.txt").write_text("not kvtrace's")
-    stream = TestStream().add_elements([b"not json", message(chat(5_000, 1))])
+    stream = TestStream().add_elements([b"not json", message(stream_chat(5_000, 1))])
     with pytest.raises(Exception, match="kvtrace did not write"):
         run_stream(config, stream.advance_watermark_to_infinity())
     assert list(Path(config.job.dead_letter).iterdir()) == []
