@@ -10,12 +10,18 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
 from kvtrace.cli import main
 from kvtrace.transforms.read.trace_io import Trace
+
+if TYPE_CHECKING:  # annotations only: Beam is imported by the tests that run it
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig
 
 
 TESTS = Path(__file__).resolve().parent
@@ -274,3 +280,77 @@ def check_stream_against_batch(tmp_path: Path, tokenizer: str, records: list[dic
                  "--salt-file", str(tmp_path / "salt")]) == 0
     assert streamed == [line for path in sorted((tmp_path / "batch").glob("trace-*.jsonl"))
                         for line in path.read_text().splitlines()]
+
+
+# The streaming driver under exact watermark control (tests/pipelines/test_anonymize_streaming.py
+# and its whole runs, tests/e2e/test_streaming_cli.py).
+STREAM_SALT = "a-streaming-test-salt-0123456789abcdef"
+MINUTE = 60_000
+
+
+def stream_chat(ts: int, i: int) -> dict:
+    return {"timestamp": ts, "session_id": f"s{i % 2}", "output_length": 3, "messages": [
+        {"role": "system", "content": "a shared system prompt about caches"},
+        {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
+
+
+def message(record: dict) -> bytes:
+    return json.dumps(record).encode()
+
+
+def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
+                     idle_ms: int = 10_000) -> StreamingConfig:
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig
+    from kvtrace.transforms.encode.salt import SaltSource
+    from kvtrace.transforms.encode.tokenize import tokenizer_sha256
+
+    output = tmp_path / "stream"
+    output.mkdir()
+    (tmp_path / "staging").mkdir()
+    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
+                          tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
+                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4,
+                          # As the command gives them: the digests the gate checks (the pure
+                          # tests' "x" names no tokenizer folder).
+                          tokenizer_sha256=tokenizer_sha256(tokenizer)
+                          if Path(tokenizer).is_dir() else {})
+    return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms, idle_ms)
+
+
+def run_stream(config: StreamingConfig, stream: TestStream) -> None:
+    """The stream's pipeline on Beam's direct runner (Beam imported here: helpers stay light)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+
+    from kvtrace.pipelines.anonymize_streaming import build
+
+    with beam.Pipeline(runner=BundleBasedDirectRunner(),
+                       options=PipelineOptions(["--streaming"])) as pipeline:
+        build(pipeline | stream, config)
+
+
+def letters(folder: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(folder.rglob("rejected-*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]:
+    """The dead-letter folder as publish.DeadLetterRun leaves it once every run has settled:
+    one owner-only file per run, named by a published window (or by the cumulative.json
+    written with lone letters), and the stream's run counts, nothing staged left; the runs'
+    names."""
+    from kvtrace.transforms.write.manifest import RUN_COUNTS
+
+    folder = Path(config.job.dead_letter)
+    windows = {p.name for p in Path(config.job.output).iterdir() if p.is_dir()}
+    runs = set()
+    assert (folder / RUN_COUNTS).stat().st_mode & 0o077 == 0
+    for entry in set(folder.iterdir()) - {folder / RUN_COUNTS}:
+        assert entry.is_file() and entry.name.startswith("rejected-") and \
+            entry.name.endswith(".jsonl"), entry.name  # no staging folder left behind
+        assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
+        runs.add(entry.name[len("rejected-"):-len(".jsonl")])
+    assert {run for run in runs if not run.startswith("letters-")} <= windows
+    return runs

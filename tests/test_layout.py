@@ -5,6 +5,7 @@ back to itself, and Beam is imported only by the modules that build or run pipel
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -34,6 +35,13 @@ BEAM_SERVICES = {"apache_beam.io.filesystems", "apache_beam.io.filesystem",
                  "apache_beam.transforms.util", "apache_beam.options.pipeline_options"}
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for all the rules (each walks the whole source)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
 def modules() -> dict[str, Path]:
     found = {}
     for folder, (name, _) in FOLDERS.items():
@@ -46,7 +54,7 @@ def modules() -> dict[str, Path]:
 def imports(path: Path, known: set[str]) -> set[str]:
     """Our modules a module imports, at its top or inside its functions."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -55,6 +63,7 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return {name for name in names if name in known}
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     found = modules()
     return {name: imports(path, set(found)) - {name} for name, path in found.items()}
@@ -128,7 +137,7 @@ def test_the_import_name_rule_sees_code_in_strings():
 def beam_imports(path: Path) -> tuple[set[str], set[str]]:
     """The Beam modules, and Beam drivers of ours, a module imports at its top level, and
     inside its functions."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     top_level = {id(node) for node in tree.body}
     found: tuple[set[str], set[str]] = (set(), set())
     for node in ast.walk(tree):
@@ -173,3 +182,68 @@ def test_the_beam_rule_sees_imports_at_the_top_and_inside_functions(tmp_path):
     assert BEAM_DRIVERS.fullmatch("kvtrace.transforms.ids.steps")
     assert not BEAM_DRIVERS.fullmatch("kvtrace.pipelines.anonymize_night")
     assert not BEAM_DRIVERS.fullmatch("kvtrace.pipelines.anonymize_local")
+
+
+# Whole CLI runs live with the end-to-end tests (tests/e2e/); a stage's folder holds its pure
+# functions' and its steps' tests, tests/pipelines/ the engines' (driving pipeline functions).
+UNIT_FOLDERS = ("transforms", "pipelines")
+# Owned by another change of issue 34 at the time of writing: its one CLI run moves to tests/e2e/
+# with that change, and this entry goes with it.
+CLI_RUN_PENDING = {"tests/transforms/write/test_block_hashes.py"}
+
+
+def cli_runners(helpers: Path) -> set[str]:
+    """The names a test module may import from helpers.py that run the CLI: the helpers calling
+    kvtrace.cli (its main, or `-m kvtrace.cli` in a child), directly or through another helper."""
+    tree = ast.parse(helpers.read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    calls = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} for name, node in
+             functions.items()}
+    runners = {name for name, node in functions.items() if runs_the_cli(node, {"main"})}
+    while grown := {name for name in functions if calls[name] & runners} - runners:
+        runners |= grown
+    return runners
+
+
+def runs_the_cli(tree: ast.AST, cli_names: set[str]) -> bool:
+    """Whether code imports kvtrace.cli, names a name bound to it, or starts it in a child."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == "kvtrace.cli" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "kvtrace.cli":
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "kvtrace.cli" in node.value:
+            return True
+        if isinstance(node, ast.Name) and node.id in cli_names:
+            return True
+    return False
+
+
+def test_unit_test_folders_run_no_cli():
+    """A test under tests/transforms/ or tests/pipelines/ tests a stage or an engine through its
+    own functions: one that imports kvtrace.cli, or a helper that runs it, is a whole run and
+    belongs in tests/e2e/ (where the fast set's cost and the slow marks are judged as such)."""
+    runners = cli_runners(ROOT / "tests" / "helpers.py")
+    against = []
+    for folder in UNIT_FOLDERS:
+        for path in sorted((ROOT / "tests" / folder).rglob("test_*.py")):
+            tree = parsed(path)
+            imported = {alias.asname or alias.name for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom) and node.module == "helpers"
+                        for alias in node.names if alias.name in runners}
+            if runs_the_cli(tree, imported) and str(path.relative_to(ROOT)) not in CLI_RUN_PENDING:
+                against.append(str(path.relative_to(ROOT)))
+    assert not against
+
+
+def test_the_cli_rule_sees_the_cli_however_it_is_run(tmp_path):
+    probes = {"from kvtrace.cli import main": True, "import kvtrace.cli": True,
+              "def f():\n    from kvtrace.cli import main": True,
+              "subprocess.run(['python', '-m', 'kvtrace.cli', 'audit'])": True,
+              "from kvtrace.transforms.stats.audit import audit": False}
+    for source, runs in probes.items():
+        assert runs_the_cli(ast.parse(source), set()) is runs, source
+    assert runs_the_cli(ast.parse("anonymize(t, [], out)"), {"anonymize"})
+    assert {"anonymize", "anonymize_night", "running_stream", "run_stream_until_accounted",
+            "check_stream_against_batch"} <= cli_runners(ROOT / "tests" / "helpers.py")
+    assert "write_jsonl" not in cli_runners(ROOT / "tests" / "helpers.py")

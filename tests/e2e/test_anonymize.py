@@ -280,6 +280,12 @@ def hostile_record(draw) -> bytes:
     return json.dumps(record).encode("utf-8", errors="surrogatepass")
 
 
+# Four whole runs, the fast set's costliest e2e test (2% of its test time; CI runs it): every
+# record parsed or a dead letter, never a crash, is checked fast in
+# tests/transforms/read/test_records.py (test_arbitrary_json_is_parsed_or_rejected_never_crashes,
+# test_mutated_valid_records_are_parsed_or_rejected_never_crash), every line read once in
+# tests/transforms/read/test_sources.py (test_every_line_is_read_once_however_the_file_is_split).
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(hostile_record(), min_size=5, max_size=25))
 def test_hostile_logs_every_record_exported_or_dead_lettered(tiny_tokenizer, tmp_path_factory, lines):

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers import ROOT, chat, write_jsonl
 
 # Runs the CLI once per argument list, saying after each which Beam modules are imported.
@@ -21,6 +22,10 @@ for flags in json.loads(sys.argv[1]):
 """
 
 
+# Two runs in a fresh interpreter, ~10 s of a loaded run (CI runs it): that no module the local
+# engine reaches imports Beam is checked fast, from the source, by tests/test_layout.py
+# (test_only_beam_drivers_import_beam).
+@pytest.mark.slow
 def test_local_runs_with_and_without_an_id_map_import_no_beam(tiny_tokenizer, tmp_path):
     inputs = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1_000 + i, session=f"s{i % 2}")
                                                  for i in range(6)])

@@ -44,7 +44,16 @@ def _run(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("files,processes,seed", [(1, 1, 1), (2, 2, 2), (3, 3, 3), (3, 1, 4)])
+# The runs with worker processes take ~8 s each (CI runs them): the one-process split and order
+# cases stay fast, and workers claiming every range once whatever the order is checked fast in
+# tests/pipelines/test_local_engine.py
+# (test_claims_take_every_range_once_whatever_the_order_workers_ask_in).
+MULTI_PROCESS = pytest.mark.slow
+
+
+@pytest.mark.parametrize("files,processes,seed", [
+    (1, 1, 1), pytest.param(2, 2, 2, marks=MULTI_PROCESS),
+    pytest.param(3, 3, 3, marks=MULTI_PROCESS), (3, 1, 4)])
 def test_local_engine_bytes_depend_on_no_order_split_or_worker_count(tiny_tokenizer, tmp_path,
                                                                      files, processes, seed):
     records = _records()
@@ -78,7 +87,11 @@ def _moved_within_granules(records: list[dict], seed: int) -> list[dict]:
     return moved
 
 
-@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.slow)])
+# Both engines' runs are whole (~8 s; CI runs them): rows within a granule publishing one time
+# whatever their finer times is checked fast in tests/transforms/ids/test_row_order.py
+# (test_rows_and_their_ids_follow_the_published_order_whatever_the_finer_times).
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["local", "beam"])
 def test_rows_within_a_granule_come_out_the_same_whatever_their_finer_times(tiny_tokenizer,
                                                                              tmp_path, engine):
     """With --timestamp-granularity-ms 1000 the eight requests of each second share a published

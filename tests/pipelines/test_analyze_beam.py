@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import math
 
+import pytest
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
-from kvtrace.pipelines.analyze_beam import analyze_beam
 
-from kvtrace.cli import main
+from kvtrace.pipelines.analyze_beam import analyze_beam
+from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
 
 def assert_same(beam, local, path="") -> None:
@@ -53,14 +51,3 @@ def test_engines_agree_on_a_multi_file_trace_with_every_kind_of_problem(tmp_path
 def test_engines_agree_on_the_synthetic_trace():
     path = str(shared_path("traces", "synthetic_trace.jsonl"))
     assert_same(*both(AnalyzeConfig((path,), block_size=512, shards=8)))
-
-
-def test_cli_beam_engine(tmp_path, capsys):
-    trace = write_jsonl(tmp_path / "t.jsonl", [
-        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [0, i + 1]} for i in range(4)
-    ])
-    assert main(["analyze", str(trace), "--block-size", "4", "--engine", "beam",
-                 "--json", str(tmp_path / "r.json")]) == 0
-    assert json.loads((tmp_path / "r.json").read_text())["hit_rates"]["block_weighted"] == 3 / 8
-    assert main(["analyze", str(trace), "--direct_num_workers", "2"]) == 2
-    assert "unknown options for the local engine" in capsys.readouterr().err

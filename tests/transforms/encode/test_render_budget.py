@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import threading
@@ -15,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -24,7 +22,11 @@ from jinja2.utils import Namespace
 from kvtrace.transforms.encode import bounded_sandbox, tokenize
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
-from kvtrace.transforms.encode.render_budget import TICK_SECONDS, RenderOverrun, Watchdog
+from kvtrace.transforms.encode.render_budget import (
+    TICK_SECONDS,
+    RenderOverrun,
+    Watchdog,
+)
 from kvtrace.transforms.errors import JobStopped, Rejected
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -409,45 +411,3 @@ def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokeniz
     for name, reason, seconds in rows:
         assert reason == "template_error", name
         assert seconds < tokenize.RENDER_WATCHDOG.seconds + GRACE_S, name
-
-
-def _folder_with_template(tiny_tokenizer: str, tmp_path: Path, template: str) -> str:
-    folder = tmp_path / "tok"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(template)
-    return str(folder)
-
-
-def _chat(content: str, ts: int) -> dict:
-    return {"timestamp": ts, "messages": [{"role": "user", "content": content}],
-            "output_length": 1}
-
-
-def test_the_cli_stops_in_one_line_on_a_template_that_never_renders(tight_budget,
-                                                                    tiny_tokenizer, tmp_path,
-                                                                    capsys):
-    folder = _folder_with_template(tiny_tokenizer, tmp_path, RUNAWAY["nested_loops"])
-    src = write_jsonl(tmp_path / "in.jsonl", [_chat("hello world", i) for i in range(10)])
-    start = time.monotonic()
-    assert anonymize(folder, [src], tmp_path / "out", "--processes", "1") == 1
-    assert time.monotonic() - start < tokenize.OVERRUNS_TO_STOP * (TIGHT_S + GRACE_S)
-    err = capsys.readouterr().err
-    assert "does not render" in err and "Traceback" not in err
-    assert not list((tmp_path / "out").glob("trace-*"))
-
-
-def test_the_cli_dead_letters_the_requests_a_template_runs_away_on(tight_budget, tiny_tokenizer,
-                                                                   tmp_path):
-    template = ("{% if messages[0].content == 'loop' %}" + RUNAWAY["nested_loops"]
-                + "{% endif %}{{ messages[0].content }}")
-    folder = _folder_with_template(tiny_tokenizer, tmp_path, template)
-    records = [_chat("hello world", 0), _chat("loop", 1), _chat("hello world this", 2)]
-    src = write_jsonl(tmp_path / "in.jsonl", records)
-    assert anonymize(folder, [src], tmp_path / "out", "--processes", "1",
-                     "--block-size", "2") == 0
-    rows = [json.loads(line) for path in sorted((tmp_path / "out").glob("trace-*.jsonl"))
-            for line in path.read_text().splitlines()]
-    letters = [json.loads(line) for path in sorted((tmp_path / "out-rejected").glob("*.jsonl"))
-               for line in path.read_text().splitlines()]
-    assert len(rows) == 2
-    assert [letter["error"] for letter in letters] == ["template_error"]

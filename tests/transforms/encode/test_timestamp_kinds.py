@@ -15,17 +15,22 @@ from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
-from helpers import anonymize, assert_same_output, chat, read_jsonl, trace, write_jsonl
+from helpers import chat
 
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.encode.hashed_batch import REQUEST, HashedBatch
-from kvtrace.transforms.encode.steps import OneTimestampKind
-from kvtrace.transforms.encode.timestamp_kinds import (IMPLAUSIBLE_TIMESTAMP, TIMESTAMP_KIND_MISMATCH,
-                                               keep_input_kind, keep_plausible_windows,
-                                               kind_counts, sum_kind_counts)
 from kvtrace.transforms.encode.salt import SaltSource
+from kvtrace.transforms.encode.steps import OneTimestampKind
+from kvtrace.transforms.encode.timestamp_kinds import (
+    IMPLAUSIBLE_TIMESTAMP,
+    TIMESTAMP_KIND_MISMATCH,
+    keep_input_kind,
+    keep_plausible_windows,
+    kind_counts,
+    sum_kind_counts,
+)
 from kvtrace.transforms.read.timestamps import DAY_MS
 from kvtrace.transforms.write.manifest import read_run_counts
 
@@ -83,26 +88,6 @@ def test_one_timestamp_kind_transform_decides_over_all_batches():
                     equal_to([EPOCH_MS, EPOCH_MS + 5, EPOCH_MS + 9]))
         assert_that(agreed[DEAD_LETTER_TAG] | beam.Map(lambda d: d.reason),
                     equal_to([TIMESTAMP_KIND_MISMATCH]), label="Letters")
-
-
-@pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_a_clock_reset_or_a_relative_time_in_a_night_never_moves_the_origin(
-        tiny_tokenizer, tmp_path):
-    night = [chat(i, EPOCH_MS + 1000 * i) for i in range(6)]
-    strays = [chat(9, 946_684_800_000), chat(8, 5)]  # 2000-01-01, a relative time
-    alone = write_jsonl(tmp_path / "night.jsonl", night)
-    assert anonymize(tiny_tokenizer, [alone], tmp_path / "alone") == 0
-    src = write_jsonl(tmp_path / "in.jsonl", night[:3] + strays + night[3:])
-    for engine in ("local", "beam"):
-        assert anonymize(tiny_tokenizer, [src], tmp_path / engine, "--engine", engine) == 0
-        assert trace(tmp_path / engine) == trace(tmp_path / "alone")
-        letters = read_jsonl(next((tmp_path / f"{engine}-rejected").glob("*.jsonl")))
-        assert sorted((letter["error"], json.loads(letter["line"])["timestamp_ms"])
-                      for letter in letters) == [(IMPLAUSIBLE_TIMESTAMP, 946_684_800_000),
-                                                 (TIMESTAMP_KIND_MISMATCH, 5)]
-        records = json.loads((tmp_path / engine / "manifest.json").read_text())["records"]
-        assert records["exported"] == 6  # and 2 letters, above: all 8 read
-    assert_same_output(tmp_path / "local", tmp_path / "beam")
 
 
 def _stream(tokenizer: str, folder: Path, records: list[dict]

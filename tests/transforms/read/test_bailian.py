@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 
-from helpers import read_jsonl, write_jsonl
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kvtrace.transforms.read.bailian import convert
 
-from kvtrace.cli import main
+from kvtrace.transforms.read.bailian import convert
 
 
 def bailian(chat, parent, ts, isl, ids, turn=1) -> dict:
@@ -61,16 +58,6 @@ def test_arbitrary_records_never_crash_and_good_ones_are_kept(records):
     assert [r["timestamp"] for r in converted.rows] == sorted(r["timestamp"] for r in converted.rows)
     assert sorted({r["session"] for r in converted.rows}) == list(range(
         len({r["session"] for r in converted.rows})))
-
-
-def test_the_cli_writes_a_folder_the_other_commands_read(tmp_path, capsys):
-    src = write_jsonl(tmp_path / "bailian.jsonl", ROWS)
-    assert main(["convert", str(src), "-o", str(tmp_path / "out")]) == 0
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["block_size"] == 16
-    assert len(read_jsonl(next((tmp_path / "out").glob("trace-*.jsonl")))) == len(ROWS)
-    assert main(["validate", str(tmp_path / "out")]) == 0
-    assert main(["convert", str(src), "-o", str(tmp_path / "one.jsonl")]) == 0
-    capsys.readouterr()
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set

@@ -329,24 +329,6 @@ def test_the_trace_reader_refuses_a_fifo_and_skips_an_overlong_line(tmp_path):
     assert "over" in trace.malformed[0]["error"]
 
 
-def test_audit_answers_on_a_fifo_named_like_a_shard(tmp_path):
-    path = _fifo(tmp_path, "trace-00000-of-00001.jsonl")
-    done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    assert "not a regular file" in done.stdout + done.stderr and "Traceback" not in done.stderr
-
-
-def test_convert_refuses_an_overlong_line_in_one_line(tmp_path, capsys):
-    from kvtrace.cli import main
-
-    path = tmp_path / "bailian.jsonl.zst"
-    path.write_bytes(zstd.compress(b"{}\n" + b"7" * (17 * MiB) + b"\n"))
-    assert main(["convert", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "line 2 is over" in error
-
-
 def test_a_manifest_that_is_a_fifo_is_ignored_not_waited_on(tmp_path):
     from kvtrace.transforms.read.trace_inputs import declared_block_size
 

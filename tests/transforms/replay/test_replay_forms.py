@@ -15,11 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.cli import main
-from kvtrace.transforms.write.replayers import CONSUMERS, SGLANG_TOKENS_PER_ID, replay_commands
+from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.replay.export import export
 from kvtrace.transforms.replay.forms import NO_TURN, deltas, recut_blocks, turns
-from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.write.replayers import (
+    CONSUMERS,
+    SGLANG_TOKENS_PER_ID,
+    replay_commands,
+)
 
 
 def trace_of(tmp_path: Path, rows: list[dict]):
@@ -165,47 +168,6 @@ def test_the_manifest_commands_run_inside_the_folder_and_export_beside_it():
     assert commands["sglang"].startswith("kvtrace export . --to sglang -o ../kvtrace.sglang.jsonl")
     two = replay_commands(16, 10, ["trace-00000-of-00002.jsonl", "trace-00001-of-00002.jsonl"])
     assert two["vllm"].startswith("kvtrace export . --to vllm")  # vLLM reads one file
-
-
-def test_export_from_the_command_line(tmp_path, capsys):
-    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHAT))
-    out = tmp_path / "dynamo.jsonl"
-    assert main(["export", str(tmp_path / "t.jsonl"), "--to", "dynamo", "-o", str(out),
-                 "--block-size", "4"]) == 0
-    printed = capsys.readouterr().out
-    assert "trace_format='mooncake', trace_block_size=4" in printed
-    assert "2 follow-up turns carry a delay; 1 of them had no response end" in printed
-    assert len(out.read_text().splitlines()) == 4
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--to", "sglang", "--block-size", "100"], "neither a multiple nor a divisor of 128"),
-    (["--to", "vllm", "--block-size", "0"], "--block-size must be >= 1"),
-    (["--to", "vlm"], "invalid choice"),
-])
-def test_export_errors_are_one_line(tmp_path, capsys, args, message):
-    (tmp_path / "t.jsonl").write_text(json.dumps(row(0, 8, 1, [0])) + "\n")
-    with pytest.raises(SystemExit) if "invalid choice" in message else _nothing():
-        code = main(["export", str(tmp_path / "t.jsonl"), "-o", str(tmp_path / "o.jsonl"), *args])
-        assert code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
-
-
-def test_a_malformed_trace_is_refused_with_its_line(tmp_path, capsys):
-    (tmp_path / "t.jsonl").write_text(json.dumps(row(0, 8, 1, [0, 1])) + "\n{oops\n")
-    assert main(["export", str(tmp_path / "t.jsonl"), "--to", "aiperf", "-o",
-                 str(tmp_path / "o.jsonl")]) == 2
-    assert "line 2" in capsys.readouterr().err
-    assert not (tmp_path / "o.jsonl").exists()
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_aiperf_follow_ups_carry_no_timestamp_so_it_waits_their_delay(tmp_path):

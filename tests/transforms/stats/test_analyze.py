@@ -7,10 +7,9 @@ import math
 
 import pytest
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
-from kvtrace.cli import main
 from kvtrace.commands.analyze_text import compatible_table
+from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
 
 def analyze(path, block_size=4, warmup=0.5) -> dict:
@@ -105,16 +104,6 @@ def test_problems_are_reported_with_lines(tmp_path):
     assert [m["line"] for m in problems["malformed_lines"]["examples"]] == [2, 4]
 
 
-def test_cli_exit_codes_and_json(tmp_path, capsys):
-    good = write_jsonl(tmp_path / "good.jsonl", [{"timestamp": 0, "input_length": 4, "hash_ids": [0]}])
-    bad = write_jsonl(tmp_path / "bad.jsonl", ["nope", "[1]"])
-    assert main(["analyze", str(good), "--block-size", "4", "--json", str(tmp_path / "r.json")]) == 0
-    assert json.loads((tmp_path / "r.json").read_text())["total_requests"] == 1
-    assert "Theoretical Hit Rates" in capsys.readouterr().out
-    assert main(["analyze", str(bad)]) == 1
-    assert "no trace rows could be read" in capsys.readouterr().err
-
-
 def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -127,33 +116,6 @@ def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
     # Only the file names in the problem examples differ.
     assert from_parquet.pop("problems").keys() == from_jsonl.pop("problems").keys()
     assert from_parquet == from_jsonl
-
-
-def test_an_output_folder_is_read_once_with_its_manifest_block_size(tmp_path, capsys):
-    import hashlib
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from kvtrace.cli import main
-
-    rows = [{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": [0, 1, 2]},
-            {"timestamp": 5, "input_length": 40, "output_length": 1, "hash_ids": [0, 1, 2]}]
-    folder = tmp_path / "out"
-    folder.mkdir()
-    (folder / "trace-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    pq.write_table(pa.Table.from_pylist(rows), folder / "trace-00000-of-00001.parquet")
-    sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
-    (folder / "manifest.json").write_text(json.dumps({  # what readers check a folder against
-        "format": "mooncake-trace", "block_size": 16, "sha256": sha256,
-        "records": {"exported": 2}}))
-    for argument in (str(folder), str(folder / "trace*")):
-        assert main(["analyze", argument, "--json", str(tmp_path / "r.json"),
-                     "--output", str(tmp_path / "report")]) == 0
-        report = json.loads((tmp_path / "r.json").read_text())
-        assert report["total_requests"] == 2  # not 4: the Parquet twins are skipped
-        assert report["block_size"] == 16  # from manifest.json, not the 512 default
-        assert json.loads((tmp_path / "report" / "analysis.json").read_text()) == report
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvtrace.transforms.read.trace_io import Trace, read_trace
 from kvtrace.transforms.stats.validate import block_size_fit, validate
-
-from kvtrace.cli import main
 
 CLEAN = [
     {"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [0, 1, 2]},
@@ -59,19 +56,6 @@ def test_a_doctored_trace_fails_on_its_rule(tmp_path, doctor, rule):
     doctor(rows)
     report = check(tmp_path, rows)
     assert not report["valid"] and rule in failing(report)
-
-
-def test_the_cli_exit_code_report_and_json(tmp_path, capsys):
-    path = write_jsonl(tmp_path / "t.jsonl", CLEAN)
-    assert main(["validate", str(path), "--block-size", "16", "--json", str(tmp_path / "r.json")]) == 0
-    assert capsys.readouterr().out.strip().endswith("valid")
-    assert json.loads((tmp_path / "r.json").read_text())["valid"] is True
-    assert main(["validate", str(path), "--block-size", "64"]) == 1
-    assert "NOT VALID" in capsys.readouterr().out
-    (tmp_path / "manifest.json").write_text(json.dumps({"block_size": 8}))
-    # Only the manifest of the kvtrace output whose rows are read declares a block size (the
-    # one pinned with its shards: test_published_folders); t.jsonl is no output's shard.
-    assert main(["validate", str(path)]) == 0
 
 
 def test_the_published_trace_is_valid_at_512_only():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -10,13 +9,12 @@ import pytest
 from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.stats.trace_stats import analyze
 from kvtrace.transforms.synth.parts import RowParts
 from kvtrace.transforms.synth.reshape import Knobs
 from kvtrace.transforms.synth.synthesize import SynthConfig, synthesize
-
-from kvtrace.cli import main
 
 BLOCK = 16
 
@@ -155,15 +153,6 @@ def test_conversations_drawn_keep_their_turns_chained(tmp_path):
     assert_turns_extend_previous(out)
 
 
-def test_the_same_seed_gives_the_same_bytes(tmp_path):
-    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
-    common = ["synthesize", trace, "--prefix-root-multiplier", "3", "--num-requests", "500"]
-    for name, seed in (("a", "7"), ("b", "7"), ("c", "8")):
-        assert main([*common, "-o", str(tmp_path / f"{name}.jsonl"), "--seed", seed]) == 0
-    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
-    assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.lists(st.tuples(st.integers(0, 100), st.lists(st.integers(0, 5), max_size=6),
@@ -181,21 +170,3 @@ def test_every_output_is_a_valid_trace(tmp_path_factory, rows, p, q, k, n):
                      SynthConfig(knobs=Knobs(p, q, k), num_requests=n, seed=3))
     assert not problems(out)
     assert (out.lengths == -(-out.input_length // BLOCK)).all()
-
-
-def test_cli_prints_before_and_after_and_refuses_bad_values(tmp_path, capsys):
-    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
-    summary = tmp_path / "summary.json"
-    assert main(["synthesize", trace, "-o", str(tmp_path / "out.jsonl"), "--speedup-ratio", "2",
-                 "--json", str(summary)]) == 0
-    out = capsys.readouterr().out
-    assert "| requests / minute (mean) | 221.8 | 443.7 |" in out and "(valid)" in out
-    numbers = json.loads(summary.read_text())
-    assert numbers["after"]["requests"] == numbers["before"]["requests"] == 3993
-    for ratio in ("0", "-1", "nan", "inf"):  # one line, before any work: nothing written
-        assert main(["synthesize", trace, "-o", str(tmp_path / "x.jsonl"),
-                     "--speedup-ratio", ratio]) == 2
-        assert capsys.readouterr().err.startswith("error: --speedup-ratio must be a number in")
-        assert not (tmp_path / "x.jsonl").exists()
-    assert main(["synthesize", trace, "-o", str(tmp_path / "x.jsonl"), "--min-isl", "9",
-                 "--max-isl", "3"]) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import WORDS, anonymize, chat, write_jsonl
+from helpers import ROOT, WORDS, anonymize, chat, write_jsonl
 
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.stats.audit import REMOTE_FOLDER, _Rows
@@ -475,7 +475,7 @@ def _peak_memory_of_audit(folder: Path) -> tuple[bool, int]:
         print(report["publishable"], int(re.search(r"VmHWM:\\s+(\\d+)", status).group(1)) << 10)
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=600, cwd=str(Path(__file__).resolve().parents[3]))
+                         timeout=600, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-500:]
     publishable, peak = out.stdout.split()
     return publishable == "True", int(peak)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, write_jsonl
+from helpers import ROOT, anonymize, write_jsonl
 from test_gate_redteam import _columns, _night, _republish, _with
 
 from kvtrace.transforms.stats import audit as gate
@@ -331,7 +331,7 @@ def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who
     cache = tmp_path / "hub"
     _hub_cache(made, cache, repo)
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    root = str(Path(__file__).resolve().parents[3])
+    root = str(ROOT)
     folder = tmp_path / "out"
     if who == "anonymize":
         rows = write_jsonl(tmp_path / "night.jsonl", _night(6))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import anonymize, write_jsonl
+from helpers import ROOT, anonymize, write_jsonl
 from test_gate_redteam import SECRET, _columns, _manifest, _night, _republish, _with
 
 from kvtrace.transforms.stats import audit as gate
@@ -236,7 +236,7 @@ def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_
     _republish(folder, tokenizer={**tokenizer, "name": name})
     out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(folder)],
                          capture_output=True, text=True, timeout=300,
-                         cwd=str(Path(__file__).resolve().parents[3]))
+                         cwd=str(ROOT))
     assert out.returncode == 1, out.stderr[-300:]  # flagged: the name does not load
     assert "Zen of Python" not in out.stdout and "job failed" not in out.stderr
 

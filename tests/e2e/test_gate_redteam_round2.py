@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import anonymize, write_jsonl
+from helpers import ROOT, anonymize, write_jsonl
 from test_gate_redteam import (NUMBERING, SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
                                audit, the_tokenizer)  # noqa: F401 (an autouse fixture)
 
@@ -304,7 +304,7 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"]),
                           "--tokenizer", TOKENIZER[0]],
                          capture_output=True, text=True, timeout=300, preexec_fn=cap,
-                         cwd=str(Path(__file__).resolve().parents[3]))
+                         cwd=str(ROOT))
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
 
 

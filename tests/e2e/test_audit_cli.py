@@ -1,0 +1,289 @@
+"""kvtrace audit: a real output folder is publishable; doctored ones are flagged; the
+granularity options coarsen what is published."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
+
+from kvtrace.cli import main
+
+
+@pytest.fixture(scope="module")
+def output(tiny_tokenizer, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("audit")
+    rows = [chat(i, 1000 * i + i * i, session=f"user-{i % 3}", rotate=i % 2) for i in range(12)]
+    src = write_jsonl(tmp / "in.jsonl", rows)
+    assert anonymize(tiny_tokenizer, [src], tmp / "out", "--block-size", "4") == 0
+    return tmp / "out"
+
+
+TOKENIZER: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)  # before the module's outputs
+def the_tokenizer(tiny_tokenizer):
+    TOKENIZER[:] = [tiny_tokenizer]
+
+
+def audit(folder, capsys) -> tuple[int, dict]:
+    code = main(["audit", str(folder), "--json", str(folder.parent / "audit.json"),
+                 "--tokenizer", TOKENIZER[0]])
+    capsys.readouterr()
+    return code, json.loads((folder.parent / "audit.json").read_text())
+
+
+def copy_of(folder, tmp_path):
+    target = tmp_path / "copy"
+    target.mkdir()
+    for path in folder.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
+
+
+def test_a_kvtrace_output_is_publishable(output, capsys):
+    code, report = audit(output, capsys)
+    assert code == 0 and report["publishable"] and not report["flags"]
+    assert set(report["fields"]) <= {"timestamp", "input_length", "output_length", "hash_ids",
+                                     "session"}
+    assert report["hash_ids"]["dense"] and report["sessions"]["sessions"] == 3
+    assert report["timestamps"]["granularity_ms"] == 1  # relative ms, unrounded
+    assert report["timestamps"]["median_gap_ms"] > 1  # the spacing, beside the precision
+    assert report["fields"]["timestamp"] == report["rows"] == 12  # twins counted once
+    assert 0 < report["singled_out"]["unique_id_sequence"] <= 1
+
+
+@pytest.mark.parametrize("doctor,flag", [
+    (lambda row, i: row.update(prompt="What is the capital of France ?"), "fields beyond"),
+    (lambda row, i: row.update(session=f"user-{i}"), "string values"),
+    (lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]),
+     "does not hold the rows of its Parquet twin"),
+    (lambda row, i: row.update(hash_ids=[2**62 + i]), "outside [0, 2^40)"),
+    (lambda row, i: row.update(timestamp=row["timestamp"] + 0.25), "not whole"),
+])
+def test_a_doctored_jsonl_is_flagged(output, tmp_path, capsys, doctor, flag):
+    folder = copy_of(output, tmp_path)
+    for path in folder.glob("trace-*.jsonl"):
+        rows = read_jsonl(path)
+        for i, row in enumerate(rows):
+            doctor(row, i)
+        write_jsonl(path, rows)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any(flag in f for f in report["flags"])
+
+
+def test_a_doctored_parquet_twin_is_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    for path in folder.glob("trace-*.parquet"):
+        table = pq.read_table(path)
+        pq.write_table(table.append_column("token_ids", pa.array([[1, 2]] * len(table))), path)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("token_ids" in f for f in report["flags"])
+
+
+def test_a_folder_without_rows_is_not_publishable(tmp_path, capsys):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "trace-00000-of-00001.jsonl").write_text("")
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("missing: trace-00000-of-00001.parquet" in f
+                             for f in report["flags"])
+
+
+def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (folder / "block-hashes-00000-of-00001.parquet").write_bytes(b"PAR1")
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("does not publish: block-hashes" in f for f in report["flags"])
+
+
+def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenizer, tmp_path,
+                                                                   capsys):
+    rows = [chat(i, 1234 * i + 7) for i in range(6)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    plain, coarse = tmp_path / "plain", tmp_path / "coarse"
+    assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "4") == 0
+    assert anonymize(tiny_tokenizer, [src], coarse, "--block-size", "4",
+                     "--timestamp-granularity-ms", "1000", "--length-granularity", "8") == 0
+    before, after = trace(plain), trace(coarse)
+    assert [r["timestamp"] for r in after] == [(r["timestamp"] + 500) // 1000 * 1000 for r in before]
+    assert all(a["output_length"] % 8 == 0 and (a["output_length"] > 0) == (b["output_length"] > 0)
+               for a, b in zip(after, before))
+    assert any(b["output_length"] % 8 for b in before)  # something was rounded
+    assert [r["input_length"] for r in after] == [r["input_length"] for r in before]
+    assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
+    assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
+    # the published sum is of the published lengths: an exact sum would undo the rounding
+    stats = json.loads((coarse / "stats.json").read_text())
+    assert stats["output_tokens"] == sum(r["output_length"] for r in after)
+
+
+def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--length-granularity", "8",
+                     "--emit-output-hashes") == 2
+    assert "choose one" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_trace_file_is_measured_but_only_a_folder_is_publishable(output, tmp_path, capsys):
+    (path,) = output.glob("trace-*.jsonl")
+    code = main(["audit", str(path), "--json", str(tmp_path / "a.json")])
+    capsys.readouterr()
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert code == 1 and report["rows"] == 12
+    assert report["flags"] == ["a trace file alone: only a whole output folder (with its "
+                               "manifest.json) is published"]
+
+
+def test_a_missing_folder_is_could_not_run_not_flagged(tmp_path, capsys):
+    assert main(["audit", str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def _gzip(path):
+    import gzip
+
+    return gzip.compress(path.read_bytes())
+
+
+STRAYS = [  # (what is added to a real output, what the gate must say)
+    (lambda f: (f / "rejected-00000-of-00001.jsonl").write_text(
+        '{"source": "a.jsonl", "error": "invalid_json", "line": "my secret prompt"}\n'),
+     "does not publish: rejected"),
+    (lambda f: (f / "logs.jsonl.gz").write_bytes(_gzip(next(f.glob("trace-*.jsonl")))),
+     "does not publish: logs.jsonl.gz"),
+    (lambda f: (f / ".notes").write_text("internal"), "(hidden)"),
+    (lambda f: (f / "extra").mkdir(), "a subfolder: extra"),
+    (lambda f: (f / "README.txt").write_text("prompts are in s3://bucket"), "does not publish: README"),
+    (lambda f: (f / "trace-00001-of-00002.jsonl").write_text(
+        '{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": [0]}\n'),
+     "manifest.json lists"),
+    (lambda f: (f / "stats.json").write_text(json.dumps(
+        json.loads((f / "stats.json").read_text()) | {"note": "customer acme"})), "stats.json holds"),
+]
+
+
+@pytest.mark.parametrize("stray, flag", STRAYS)
+def test_anything_kvtrace_does_not_publish_is_flagged(output, tmp_path, capsys, stray, flag):
+    folder = copy_of(output, tmp_path)
+    stray(folder)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any(flag in f for f in report["flags"]), report["flags"]
+
+
+@pytest.mark.parametrize("change, flag", [
+    (lambda m: m["tokenizer"].update(name="/home/alice/models/secret-model"), "tokenizer"),
+    (lambda m: m["chat_template_kwargs"].update(system_note="call 555-0100"), "chat_template_kwargs"),
+    (lambda m: m.update(operator="alice"), "'operator' was unexpected"),
+    (lambda m: m["records"].update(note=1.5), "records"),
+])
+def test_a_manifest_holding_free_text_is_flagged(output, tmp_path, capsys, change, flag):
+    folder = copy_of(output, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    code, report = audit(folder, capsys)
+    assert code == 1 and any(flag in f for f in report["flags"]), report["flags"]
+
+
+def test_a_trace_that_is_not_the_one_the_manifest_lists_is_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (path,) = folder.glob("trace-*.jsonl")
+    rows = read_jsonl(path)
+    write_jsonl(path, rows[:-1])
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("sha256 differs" in f for f in report["flags"])
+    assert any("does not hold the rows of its Parquet twin" in f for f in report["flags"])
+
+
+def test_a_parquet_with_a_prompt_column_is_flagged(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (path,) = folder.glob("trace-*.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.append_column("prompt", pa.array(["hello"] * len(table))), path)
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("prompt" in f for f in report["flags"])
+
+
+def test_a_deeply_nested_line_is_flagged_not_a_crash(output, tmp_path, capsys):
+    folder = copy_of(output, tmp_path)
+    (path,) = folder.glob("trace-*.jsonl")
+    path.write_text(path.read_text() + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, report = audit(folder, capsys)
+    assert code == 1 and any("not JSON" in f for f in report["flags"])
+
+
+def _flags(folder, *options) -> tuple[int, list[str]]:
+    code = main(["audit", str(folder), "--json", str(folder.parent / "flags.json"), *options])
+    return code, json.loads((folder.parent / "flags.json").read_text())["flags"]
+
+
+def test_tokenizer_digests_are_checked_against_the_tokenizer(output, tmp_path, capsys):
+    """A local tokenizer's name is never published, so its digests can be checked only with
+    --tokenizer: without it the folder fails closed; another tokenizer's digests are refused."""
+    from tiny_tokenizer import build_tiny_tokenizer
+
+    code, flags = _flags(output)
+    assert code == 1 and flags == ["manifest.json: tokenizer.sha256 cannot be checked without "
+                                   "the tokenizer: pass --tokenizer (the folder, hub name or pkg: "
+                                   "name the run used)"]
+    other = build_tiny_tokenizer(tmp_path / "other")
+    (other / "chat_template.jinja").write_text("{{ messages }}")
+    code, flags = _flags(output, "--tokenizer", str(other))
+    assert code == 1 and flags == [
+        "manifest.json: tokenizer.sha256 is not the digests of the tokenizer's files"]
+    assert _flags(output, "--tokenizer", TOKENIZER[0]) == (0, [])
+
+
+def test_a_vllm_scheme_suffix_is_checked_against_the_engines_none_hash(tiny_tokenizer, tmp_path,
+                                                                        capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme",
+                     "vllm-sha256-cbor", "--vllm-hash-seed", "0") == 0
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
+    assert code == 1 and "pass --vllm-hash-seed or --vllm-none-hash" in flags[0]
+    assert _flags(out, "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "0") == (0, [])
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "1")
+    assert code == 1 and flags[0].startswith("manifest.json: hash_scheme is not vllm-sha256-cbor")
+
+
+def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp_path):
+    """A folder's other named templates render nothing: neither their names nor digests are
+    published; tool_use (chosen for requests with tools) is, under its fixed key."""
+    from helpers import anonymize as run_anonymize
+    from tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(tmp_path / "tok")
+    (tokenizer / "additional_chat_templates").mkdir()
+    for name in ("tool_use", "acme_internal"):
+        (tokenizer / "additional_chat_templates" / f"{name}.jinja").write_text(
+            (tokenizer / "chat_template.jinja").read_text())
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    assert run_anonymize(str(tokenizer), [src], tmp_path / "out", "--block-size", "4") == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert "additional_chat_templates/tool_use.jinja" in manifest["tokenizer"]["sha256"]
+    assert "acme_internal" not in (tmp_path / "out" / "manifest.json").read_text()
+    assert _flags(tmp_path / "out", "--tokenizer", str(tokenizer)) == (0, [])
+
+
+@pytest.mark.slow  # two nights: over a second
+def test_a_night_extending_an_id_map_is_checked_against_the_map(tiny_tokenizer, tmp_path, capsys):
+    (tmp_path / "salt").write_bytes(b"s" * 32)
+    mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
+    for night in range(2):
+        src = write_jsonl(tmp_path / f"in{night}.jsonl",
+                          [chat(i + 5 * night, 1000 * i + 10**8 * night) for i in range(4)])
+        assert anonymize(tiny_tokenizer, [src], tmp_path / f"out{night}", "--block-size", "4",
+                         *mapped) == 0
+    out = tmp_path / "out1"
+    assert json.loads((out / "manifest.json").read_text())["id_map"]["time_from_ms"] == 10**8
+    code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
+    assert code == 1 and "pass --id-map MAP" in flags[0]
+    assert _flags(out, "--tokenizer", tiny_tokenizer, *mapped) == (0, [])
+    assert main(["audit", str(out), "--id-map", str(tmp_path / "map")]) == 2  # no salt: refused
