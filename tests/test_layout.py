@@ -187,9 +187,6 @@ def test_the_beam_rule_sees_imports_at_the_top_and_inside_functions(tmp_path):
 # Whole CLI runs live with the end-to-end tests (tests/e2e/); a stage's folder holds its pure
 # functions' and its steps' tests, tests/pipelines/ the engines' (driving pipeline functions).
 UNIT_FOLDERS = ("transforms", "pipelines")
-# Owned by another change of issue 34 at the time of writing: its one CLI run moves to tests/e2e/
-# with that change, and this entry goes with it.
-CLI_RUN_PENDING = {"tests/transforms/write/test_block_hashes.py"}
 
 
 def cli_runners(helpers: Path) -> set[str]:
@@ -231,7 +228,7 @@ def test_unit_test_folders_run_no_cli():
             imported = {alias.asname or alias.name for node in ast.walk(tree)
                         if isinstance(node, ast.ImportFrom) and node.module == "helpers"
                         for alias in node.names if alias.name in runners}
-            if runs_the_cli(tree, imported) and str(path.relative_to(ROOT)) not in CLI_RUN_PENDING:
+            if runs_the_cli(tree, imported):
                 against.append(str(path.relative_to(ROOT)))
     assert not against
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,9 @@ from helpers import (
     published_letters,
     write_jsonl,
 )
+from kvtrace.pipelines import local_workers
 
 from kvtrace.cli import main
-from kvtrace.pipelines import local_workers
 
 BAD = [b"{not json", {"messages": []}, {"timestamp": -5, "prompt": "x"}, {"prompt": "no time"},
        {"timestamp": 1, "messages": [{"role": "developer", "content": "raises"}]}]
@@ -157,3 +158,13 @@ def test_engines_extend_an_id_map_alike_night_after_night(tiny_tokenizer, tmp_pa
         assert_same_output(tmp_path / f"local{k}", tmp_path / f"beam{k}")
     local, beam = map_rows(tmp_path / "map-local"), map_rows(tmp_path / "map-beam")
     assert local == beam and local[0]["version"] == 3
+
+
+def test_a_small_input_is_encoded_by_one_worker_process(tiny_tokenizer, tmp_path, caplog):
+    """The default --processes gives a small input one worker, not this process (forked, or
+    started clean in a test process that ran Beam)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1)])
+    with caplog.at_level(logging.INFO, logger="kvtrace"):
+        assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
+    assert any(message.startswith("encoding 1 file ranges in 1 worker process ")
+               for message in caplog.messages)

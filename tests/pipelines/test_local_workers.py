@@ -4,14 +4,11 @@ workers there are, so a worker's death (a native abort) is that process's one-li
 from __future__ import annotations
 
 import faulthandler
-import logging
 import os
 import resource
 from dataclasses import dataclass
 
 import pytest
-from helpers import anonymize, chat, write_jsonl
-
 from kvtrace.pipelines import local_workers
 from kvtrace.pipelines.anonymize_night import Encoded
 from kvtrace.transforms.errors import JobStopped
@@ -57,16 +54,6 @@ def test_an_abort_in_the_only_worker_is_the_pool_paths_one_line(processes):
     message = JobStopped.message_in(stopped.value)
     assert message is not None and message.startswith("a worker process died by SIGABRT")
     assert "\n" not in message
-
-
-def test_a_small_input_is_encoded_by_one_worker_process(tiny_tokenizer, tmp_path, caplog):
-    """The default --processes gives a small input one worker, not this process (forked, or
-    started clean in a test process that ran Beam)."""
-    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1)])
-    with caplog.at_level(logging.INFO, logger="kvtrace"):
-        assert anonymize(tiny_tokenizer, [src], tmp_path / "out") == 0
-    assert any(message.startswith("encoding 1 file ranges in 1 worker process ")
-               for message in caplog.messages)
 
 
 @dataclass(frozen=True)
