@@ -26,7 +26,6 @@ def _conversation(reply: str) -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_length_granularity_is_undone_by_the_next_turns_input_length(tiny_tokenizer, tmp_path):
     """--length-granularity N publishes output lengths as multiples of N ("to blur lengths",
     audit's advice), and is refused beside --emit-output-hashes because output block counts

@@ -68,7 +68,7 @@ from kvtrace.transforms.trace_format import (
     window_index,
     window_name,
 )
-from kvtrace.transforms.write.coarsen import round_to
+from kvtrace.transforms.write.coarsen import coarse_input_lengths, round_to
 from kvtrace.transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
                                        public_tokenizer_name, public_tokenizer_sha256)
 from kvtrace.transforms.write.publish import sha256_of
@@ -944,7 +944,8 @@ class _Rows:
 
     def _check(self, columns: TraceColumns, manifest: dict) -> None:
         """The rows as the manifest describes them: block counts by block size, values
-        multiples of the granularity, time order across shards."""
+        multiples of the granularity (input lengths coarsened within their last block beside
+        coarse output lengths: write/coarsen.coarse_input_lengths), time order across shards."""
         block_size, grain = manifest["block_size"], manifest["granularity"]
         if (columns.num_ids != -(-columns.input_length // block_size)).any():
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
@@ -955,6 +956,11 @@ class _Rows:
                 (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
             if (values % step).any():
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
+        step = grain[OUTPUT_LENGTH_FIELD]
+        if (coarse_input_lengths(columns.input_length, block_size, step)
+                != columns.input_length).any():
+            self.problems.append(f"input lengths finer than the manifest's granularity ({step}): "
+                                 "a session's next prompt would give each reply's length")
         if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
         elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
