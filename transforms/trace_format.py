@@ -415,14 +415,13 @@ KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thi
                          "builtin_tools", "add_vision_id")
 KWARG_DIGEST_PREFIX = "hmac-sha256:"  # keyed by the run's salt: write/manifest.py
 HASHED_TEXT = f"^{KWARG_DIGEST_PREFIX}[0-9a-f]{{64}}$"
-# Values: booleans and null as they are (enable_thinking: false); numbers and strings hashed.
-_KWARG_VALUE = {"anyOf": [
-    {"type": ["boolean", "null"]},
-    {"type": "string", "pattern": HASHED_TEXT},
-    {"type": "array", "maxItems": 64, "items": {"$ref": "#/$defs/kwarg_value"}},
-    {"type": "object", "maxProperties": 64,
-     "propertyNames": {"pattern": HASHED_TEXT}, "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
-]}
+# Values: booleans and null as they are (enable_thinking: false); any other value, a structure
+# included, one keyed digest of its canonical JSON: no shape of booleans spells free bits.
+_KWARG_VALUE = {"anyOf": [{"type": ["boolean", "null"]}, {"type": "string", "pattern": HASHED_TEXT}]}
+# The known names a template reads as an on/off switch: only a boolean or null under them (a
+# digest beside such a name in clear would be a value no switch takes: text in another spelling).
+SWITCH_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "add_generation_prompt",
+                          "continue_final_message", "keep_cot", "add_vision_id")
 
 
 def _closed(properties: dict[str, Any]) -> dict[str, Any]:
@@ -437,7 +436,6 @@ def _closed(properties: dict[str, Any]) -> dict[str, Any]:
 # records and id_space agree with its rows, replay is what replayers.py writes for it.
 MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$defs": {"kwarg_value": _KWARG_VALUE},
     **_closed({
         "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
         "format": {"const": FORMAT},
@@ -456,9 +454,10 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
         "chat_template_kwargs": {
             "type": "object", "maxProperties": 64,
+            "properties": {name: {"type": ["boolean", "null"]} for name in SWITCH_TEMPLATE_KWARGS},
             "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},
                                         {"pattern": HASHED_TEXT}]},
-            "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
+            "additionalProperties": _KWARG_VALUE},
         # Only counts the rows prove; the run's others are the operator's (CLI, not published).
         "records": _closed({"exported": _COUNT}),
         "id_map": {"anyOf": [{"type": "null"}, _closed({

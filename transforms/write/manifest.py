@@ -135,26 +135,23 @@ def public_tokenizer_sha256(files_sha256: dict[str, str]) -> dict[str, str]:
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
-    """Chat template kwargs as the manifest may hold them: booleans and nulls as they are
-    (enable_thinking: false), names kvtrace knows as they are, every other name, string and
-    number replaced by an HMAC of its JSON text keyed by the run's salt. Equal settings stay
-    comparable under one salt (an id map's nights), and no one without the salt can confirm a
-    guessed value (a plain sha256 of "alice" would be a dictionary lookup away)."""
+    """Chat template kwargs as the manifest may hold them, a closed shape: booleans and nulls as
+    they are (enable_thinking: false), names kvtrace knows as they are, every other name and
+    value (a string, a number, an array or object whole) one HMAC of its canonical JSON keyed by
+    the run's salt, so no structure carries bits of its own (round 5: text spelled as nested
+    booleans). Equal settings stay comparable under one salt (an id map's nights), and no one
+    without the salt can confirm a guessed value (a plain sha256 of "alice" would be a
+    dictionary lookup away)."""
     key = hashlib.sha256(b"kvtrace-template-kwargs\0" + salt).digest()
 
-    def hashed(item: Any) -> str:
-        text = item if isinstance(item, str) else json.dumps(item)
-        digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256)
-        return KWARG_DIGEST_PREFIX + digest.hexdigest()
+    def keyed(item: Any) -> str:
+        text = json.dumps(item, sort_keys=True, separators=(",", ":"))  # ASCII: escapes all
+        return KWARG_DIGEST_PREFIX + hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
     def public(item: Any) -> Any:
-        if isinstance(item, list):
-            return [public(v) for v in item]
-        if isinstance(item, dict):
-            return {hashed(k): public(v) for k, v in item.items()}
-        return item if item is None or isinstance(item, bool) else hashed(item)
+        return item if item is None or isinstance(item, bool) else keyed(item)
 
-    return {k if k in KNOWN_TEMPLATE_KWARGS else hashed(k): public(v) for k, v in value.items()}
+    return {k if k in KNOWN_TEMPLATE_KWARGS else keyed(k): public(v) for k, v in value.items()}
 
 
 # A run's counts no published row proves (records read and rejected, damaged files, bytes lost,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
 
 from kvtrace.cli import main
+from kvtrace.transforms.write.coarsen import coarse_input_lengths
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +118,15 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenize
     assert all(a["output_length"] % 8 == 0 and (a["output_length"] > 0) == (b["output_length"] > 0)
                for a, b in zip(after, before))
     assert any(b["output_length"] % 8 for b in before)  # something was rounded
-    assert [r["input_length"] for r in after] == [r["input_length"] for r in before]
+    # input lengths too (a next turn's prompt holds the reply), within their last block
+    assert [r["input_length"] for r in after] == coarse_input_lengths(
+        np.array([r["input_length"] for r in before]), 4, 8).tolist()
     assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
     assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
     # the published sum is of the published lengths: an exact sum would undo the rounding
     stats = json.loads((coarse / "stats.json").read_text())
     assert stats["output_tokens"] == sum(r["output_length"] for r in after)
+    assert stats["input_tokens"] == sum(r["input_length"] for r in after)
 
 
 def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, capsys):

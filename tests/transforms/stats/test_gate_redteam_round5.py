@@ -152,7 +152,6 @@ def test_a_streams_windows_may_each_choose_their_own_run_settings(made, tmp_path
     _refused(made, stream)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_confirmed_template_kwargs_carry_text_as_booleans(made, tmp_path):
     """Round 4's fix: chat_template_kwargs pass only as the run was given them (audit
     --chat-template-kwargs), strings and numbers HMAC'd under the run's salt "so no one can

@@ -3,11 +3,19 @@ tests/e2e/test_redteam_privacy_round5.py), each tested where it decides."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtrace.transforms.stats.audit import _Rows
-from kvtrace.transforms.trace_format import OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, TraceColumns
+from kvtrace.transforms.trace_format import (HASHED_TEXT, KNOWN_TEMPLATE_KWARGS, MANIFEST_SCHEMA,
+                                             OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD,
+                                             SWITCH_TEMPLATE_KWARGS, TraceColumns,
+                                             schema_problems)
+from kvtrace.transforms.write.manifest import public_template_kwargs
 
 
 def _one_row(input_length: int, output_length: int, block_size: int) -> TraceColumns:
@@ -30,3 +38,39 @@ def test_input_lengths_pass_only_as_coarse_as_the_declared_length_granularity(
     rows.add(_one_row(input_length, length_step * 2, 4), manifest)
     finer = [p for p in rows.problems if p.startswith("input lengths finer")]
     assert bool(finer) != passes, rows.problems
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                 max_size=4), max_leaves=16)
+
+
+def _kwargs_problems(kwargs: dict) -> list[str]:
+    return schema_problems(kwargs, MANIFEST_SCHEMA["properties"]["chat_template_kwargs"])
+
+
+@given(st.dictionaries(st.text(max_size=8) | st.sampled_from(KNOWN_TEMPLATE_KWARGS),
+                       JSON_VALUES, max_size=6))
+def test_published_template_kwargs_are_a_closed_shape_the_gate_accepts(kwargs):
+    """Whatever the run was given, each published value is a boolean, null or one keyed digest:
+    no array or object, so no structure spells bits; the declared schema accepts exactly that."""
+    published = public_template_kwargs(kwargs, b"s" * 32)
+    for name, value in published.items():
+        assert value is None or isinstance(value, bool) or re.fullmatch(HASHED_TEXT, value)
+    switches = [n for n in published if n in SWITCH_TEMPLATE_KWARGS]
+    if all(published[n] is None or isinstance(published[n], bool) for n in switches):
+        assert _kwargs_problems(published) == []
+    else:  # a switch given no switch's value: refused (round 5: text as nested booleans)
+        assert _kwargs_problems(published)
+
+
+def test_a_structure_of_booleans_is_one_digest_and_refused_under_a_switch():
+    bits = [[True, False], [None, True]]
+    published = public_template_kwargs({"enable_thinking": bits, "builtin_tools": ["python"]},
+                                       b"s" * 32)
+    assert re.fullmatch(HASHED_TEXT, published["builtin_tools"])
+    assert re.fullmatch(HASHED_TEXT, published["enable_thinking"])
+    assert [p.split(":")[0] for p in _kwargs_problems(published)] == ["enable_thinking"]
+    assert _kwargs_problems({"enable_thinking": bits}), "the old shape: bits in clear"
+    assert _kwargs_problems({"keep_cot": False, "builtin_tools": published["builtin_tools"]}) == []
