@@ -439,13 +439,17 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     **_closed({
         "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
         "format": {"const": FORMAT},
-        "tokenizer": _closed({
-            # One of the tokenizers kvtrace ships presets for, or none.
-            "name": {"anyOf": [{"type": "null"}, {"enum": list(PUBLISHED_TOKENIZER_NAMES)}]},
-            # Checked against the tokenizer by the gate (audit --tokenizer).
-            "sha256": {"type": "object", "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
-                       "additionalProperties": _HEX64},
-        }),
+        "tokenizer": {"anyOf": [
+            # One of the tokenizers kvtrace ships presets for, its files' digests checked
+            # against it by the gate (audit --tokenizer) ...
+            _closed({"name": {"enum": list(PUBLISHED_TOKENIZER_NAMES)},
+                     "sha256": {"type": "object",
+                                "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
+                                "additionalProperties": _HEX64}}),
+            # ... or none: a private tokenizer's digests would confirm guesses of its files
+            # (write/manifest.public_tokenizer_sha256).
+            _closed({"name": {"type": "null"}, "sha256": {"type": "object", "maxProperties": 0}}),
+        ]},
         "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
         "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
                         "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$"},

