@@ -475,6 +475,12 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 }
 
 
+# The manifest's keys a night's own rows and files give; every other key is a setting of the run
+# (one stream is one run: each of its windows holds the first window's).
+MANIFEST_NIGHT_FIELDS = ("records", "id_map", "files", "sha256", "replay")
+RUN_SETTINGS = tuple(k for k in MANIFEST_SCHEMA["properties"] if k not in MANIFEST_NIGHT_FIELDS)
+
+
 # A stream's --output folder (pipelines/anonymize_streaming.py): its windows, each a night's
 # folder named by its place among the published windows, never its time, and its running totals.
 WINDOW_NAME = re.compile(r"window-(~*)([0-9]{6,})", re.ASCII)

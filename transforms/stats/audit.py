@@ -46,6 +46,7 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_LENGTH_FIELD,
     RESPONSE_FIELD,
     ROW_FIELDS,
+    RUN_SETTINGS,
     SESSION_FIELD,
     STATS,
     STREAM_TOTALS,
@@ -144,9 +145,10 @@ REMOTE_FOLDER = ("an object store's folder: its objects' metadata, tags and earl
 def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
            numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
            settings: dict[str, int] | None,
-           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows]:
-    """The report on a folder or trace file, and its rows' figures. window_start: where a
-    stream's window must begin numbering, as the audited window before it ended."""
+           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows, _Gate, dict | None]:
+    """The report on a folder or trace file, its rows' figures, what the audit read (the
+    entries' metadata) and its manifest when whole. window_start: where a stream's window must
+    begin numbering, as the audited window before it ended."""
     gate, rows, manifest = _Gate(), _Rows(), None
     if is_url(folder):
         gate.flag(REMOTE_FOLDER)
@@ -199,7 +201,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
         k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
     report["flags"] = gate.flags
     report["publishable"] = not gate.flags
-    return report, rows
+    return report, rows, gate, manifest
 
 
 # A stream's output folder (pipelines/anonymize_streaming.py): its windows and cumulative.json,
@@ -239,14 +241,16 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         return {"windows": {}, "flags": gate.flags, "publishable": False}
     totals = _stream_totals(folder, gate)
     window_ms = _window_length(totals, settings or {}, gate)
-    chains, last_slot, first_settings = _Rows(), None, None
+    chains, last_slot, first_settings, writers = _Rows(), None, None, []
     for name in windows:
         if start is None:
             gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
                       f"it begins cannot be checked")
             continue
-        report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None,
-                              template_kwargs, settings, start)
+        report, rows, window_gate, manifest = _audit(os.path.join(folder, name), tokenizer,
+                                                     hash_scheme, None, template_kwargs, settings,
+                                                     start)
+        writers.append(window_gate.stat)
         reports[name] = report
         for flag in report["flags"]:
             gate.flag(f"{name}: {flag}")
@@ -255,10 +259,12 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
             start = None
             continue
         start = _numbering_end(start, rows)
-        first_settings = first_settings or report["manifest"]
-        if report["manifest"] != first_settings:
-            gate.flag(f"{name}: run settings (hash scheme, granularity) other than the first "
-                      f"window's: one stream is one run")
+        settings_here = {key: manifest[key] for key in RUN_SETTINGS}
+        first_settings = first_settings or settings_here
+        differ = [key for key in RUN_SETTINGS if settings_here[key] != first_settings[key]]
+        if differ:
+            gate.flag(f"{name}: run settings other than the first window's ({', '.join(differ)})"
+                      f": one stream is one run")
         last_slot = _check_window_cut(name, rows, window_ms, last_slot, gate)
         _chain_across_windows(chains, rows)
     chains._merge()
@@ -272,6 +278,7 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         _check_stream_totals(totals, figures, granularity, window_ms, last_slot, gate)
     _check_times(gate)
     _check_file_metadata(gate)
+    _check_one_writer(writers, gate)
     return {"windows": reports, "flags": gate.flags, "publishable": not gate.flags}
 
 
@@ -444,6 +451,35 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
 WRITERS_UMASKS = (0o022, 0o027, 0o077)
 
 
+# (folder, files) modes of one writer: a published folder rwxr-xr-x (publish sets it) with its
+# files rw-r--r-- under the writer's umask, or a private one's rwx------ with rw-------.
+WRITERS_MODES = frozenset({(storage.PUBLIC_FOLDER, storage.PUBLIC_FILE & ~umask)
+                           for umask in WRITERS_UMASKS}
+                          | {(storage.PRIVATE_FOLDER, storage.PRIVATE_FILE)})
+
+
+def _one_writers_modes(folders: set[int], files: set[int]) -> bool:
+    """Whether folders and their files carry the modes one writer gives: one mode for every
+    folder, one for every file, the pair one writer's (WRITERS_MODES)."""
+    if len(folders) != 1 or len(files) > 1:
+        return False
+    (folder,) = folders
+    return any(folder == mode and files <= {file_mode} for mode, file_mode in WRITERS_MODES)
+
+
+def _check_one_writer(windows: list[dict[str, os.stat_result]], gate: _Gate) -> None:
+    """A stream's windows were written by one process, under one umask: every window folder of
+    one mode and every file of the stream (cumulative.json's too) of one, the pair one
+    writer's; a choice per window would carry bits per window."""
+    folders = {stat.S_IMODE(entries[""].st_mode) for entries in windows if "" in entries}
+    files = {stat.S_IMODE(st.st_mode) for entries in [*windows, gate.stat]
+             for name, st in entries.items() if name}
+    if folders and not _one_writers_modes(folders, files):
+        gate.flag(f"permission bits of more than one writer across the stream (window folders "
+                  f"{sorted(oct(m) for m in folders)}, files {sorted(oct(m) for m in files)}): "
+                  f"one stream is one run; copy without -p")
+
+
 def _check_file_metadata(gate: _Gate) -> None:
     """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
     times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
@@ -454,13 +490,11 @@ def _check_file_metadata(gate: _Gate) -> None:
     and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
     if "" not in gate.stat:
         return
-    folder, files = gate.stat[""], {n: st for n, st in gate.stat.items() if n}
-    file_modes = {storage.PUBLIC_FILE & ~umask for umask in WRITERS_UMASKS}
-    modes = {stat.S_IMODE(st.st_mode) for st in files.values()}
-    if (len(modes) > 1 or not modes <= file_modes
-            or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
+    folder = stat.S_IMODE(gate.stat[""].st_mode)
+    modes = {stat.S_IMODE(st.st_mode) for name, st in gate.stat.items() if name}
+    if not _one_writers_modes({folder}, modes):
         gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
-                  f"the folder {oct(stat.S_IMODE(folder.st_mode))}): copy without -p")
+                  f"the folder {oct(folder)}): copy without -p")
     # A new file or folder gets its creator's effective group (a setgid parent's group instead
     # would also set the folder's setgid bit, refused above): so do kvtrace's writes and a copy
     # made without -p, and any other group is a number someone chose.
@@ -787,8 +821,9 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
         gate.flag(f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
-        if window_start not in (None, (0, 0)):
-            gate.flag(f"{MANIFEST}: no id_map, the window before ends at {window_start}")
+        if window_start is not None:  # the stream writes every window's, {0, 0, 0} the first's
+            gate.flag(f"{MANIFEST}: no id_map, where a stream's window says where it begins "
+                      f"(the window before ends at {window_start})")
         for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")

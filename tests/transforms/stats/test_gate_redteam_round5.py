@@ -114,7 +114,6 @@ def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]],
     return target
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 @pytest.mark.parametrize("change", ["block_size", "output_hash_ids", "modes", "first_id_map"])
 def test_a_streams_windows_may_each_choose_their_own_run_settings(made, tmp_path, change):
     """A stream is one run (_audit_stream: "run settings ... other than the first window's:

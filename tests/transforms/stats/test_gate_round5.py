@@ -3,18 +3,22 @@ tests/e2e/test_redteam_privacy_round5.py), each tested where it decides."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtrace.transforms.stats.audit import _check_tokenizer, _Gate, _Rows
+from kvtrace.transforms.stats.audit import (_check_one_writer, _check_tokenizer, _Gate,
+                                            _one_writers_modes, _Rows)
 from kvtrace.transforms.trace_format import (HASHED_TEXT, KNOWN_TEMPLATE_KWARGS, MANIFEST,
-                                             MANIFEST_SCHEMA, OUTPUT_IDS_FIELD,
-                                             OUTPUT_LENGTH_FIELD, SWITCH_TEMPLATE_KWARGS,
-                                             TraceColumns, schema_problems)
+                                             MANIFEST_NIGHT_FIELDS, MANIFEST_SCHEMA,
+                                             OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, RUN_SETTINGS,
+                                             SWITCH_TEMPLATE_KWARGS, TraceColumns,
+                                             schema_problems)
 from kvtrace.transforms.write.manifest import public_template_kwargs, public_tokenizer_sha256
 
 
@@ -109,3 +113,39 @@ def test_a_named_tokenizers_digests_are_still_checked_against_its_files():
     _check_tokenizer(wrong, None, gate)
     assert gate.flags == [f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's "
                           "files"]
+
+
+def test_a_streams_run_settings_are_every_manifest_key_but_a_nights_own():
+    """Derived from the declared schema: a key the manifest gains is a run setting unless it is
+    declared a night's own, so the stream check never misses one."""
+    assert set(RUN_SETTINGS) == set(MANIFEST_SCHEMA["properties"]) - set(MANIFEST_NIGHT_FIELDS)
+    assert {"block_size", OUTPUT_IDS_FIELD, "granularity", "tokenizer",
+            "chat_template_kwargs"} <= set(RUN_SETTINGS)
+
+
+@pytest.mark.parametrize("folders, files, one_writer", [
+    ({0o755}, {0o644}, True), ({0o755}, {0o600}, True), ({0o700}, {0o600}, True),
+    ({0o755}, set(), True),
+    ({0o700}, {0o644}, False),  # a private folder beside public files: no writer's
+    ({0o755}, {0o644, 0o600}, False),  # files of two umasks
+    ({0o755, 0o700}, {0o600}, False)])  # window folders of two modes
+def test_modes_pass_only_as_one_writer_gives_them(folders, files, one_writer):
+    assert _one_writers_modes(folders, files) == one_writer
+
+
+def _entries(folder: int, *files: int) -> dict[str, os.stat_result]:
+    def entry(mode: int) -> os.stat_result:
+        return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+    return {"": entry(folder), **{f"f{i}": entry(m) for i, m in enumerate(files)}}
+
+
+def test_a_streams_windows_are_one_writers_whatever_each_window_alone_says():
+    """Each window alone passes (0o644 files in one, 0o600 in the next: two umasks); across
+    the stream, with cumulative.json's mode, they are refused."""
+    gate = _Gate()
+    gate.stat = _entries(0o755, 0o644)  # the stream's folder and cumulative.json
+    _check_one_writer([_entries(0o755, 0o644, 0o644), _entries(0o755, 0o644)], gate)
+    assert gate.flags == []
+    _check_one_writer([_entries(0o755, 0o644), _entries(0o755, 0o600)], gate)
+    assert [f.split(" (")[0] for f in gate.flags] == [
+        "permission bits of more than one writer across the stream"]
