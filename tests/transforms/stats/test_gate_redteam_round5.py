@@ -176,7 +176,7 @@ def test_confirmed_template_kwargs_carry_text_as_booleans(made, tmp_path):
                  "--chat-template-kwargs", kwargs, *salted]) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
+@pytest.mark.xfail(strict=True, reason="residual: docs/AUDIT.md")
 def test_change_times_carry_bytes_that_pax_archives_publish(made, tmp_path):
     """The gate bounds mtime (content times) and atime (docs/AUDIT.md: publish with tar
     "without --atime-preserve or --format=pax atime records"), but never looks at ctime. GNU
