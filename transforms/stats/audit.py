@@ -1242,7 +1242,8 @@ def report_text(report: dict, where: str) -> str:
             f"{single['unique_lengths']:.1%} by their (input, output) lengths. Expected for "
             f"prefix traces and no text is exposed; it matters only to someone who already knows "
             f"a request's token count or block structure and wants to find its row. To blur "
-            f"lengths: --length-granularity N (output lengths)")
+            f"lengths: --length-granularity N (output lengths, input lengths within their last "
+            f"block)")
     lines.append(f"  sessions: {sessions['sessions']:,} ({sessions['rows_with_session']:,} rows, at "
                  f"most {sessions['max_rows_per_session']:,} per session)"
                  + (": they link a user's turns; leave session ids out of the logs to publish "

@@ -12,14 +12,30 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtrace.transforms.stats.audit import (_check_one_writer, _check_tokenizer, _Gate,
-                                            _one_writers_modes, _Rows)
-from kvtrace.transforms.trace_format import (HASHED_TEXT, KNOWN_TEMPLATE_KWARGS, MANIFEST,
-                                             MANIFEST_NIGHT_FIELDS, MANIFEST_SCHEMA,
-                                             OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, RUN_SETTINGS,
-                                             SWITCH_TEMPLATE_KWARGS, TraceColumns,
-                                             schema_problems)
-from kvtrace.transforms.write.manifest import public_template_kwargs, public_tokenizer_sha256
+from kvtrace.transforms.stats.audit import (
+    _check_one_writer,
+    _check_tokenizer,
+    _Gate,
+    _one_writers_modes,
+    _Rows,
+)
+from kvtrace.transforms.trace_format import (
+    HASHED_TEXT,
+    KNOWN_TEMPLATE_KWARGS,
+    MANIFEST,
+    MANIFEST_NIGHT_FIELDS,
+    MANIFEST_SCHEMA,
+    OUTPUT_IDS_FIELD,
+    OUTPUT_LENGTH_FIELD,
+    RUN_SETTINGS,
+    SWITCH_TEMPLATE_KWARGS,
+    TraceColumns,
+    schema_problems,
+)
+from kvtrace.transforms.write.manifest import (
+    public_template_kwargs,
+    public_tokenizer_sha256,
+)
 
 
 def _one_row(input_length: int, output_length: int, block_size: int) -> TraceColumns:
@@ -60,7 +76,7 @@ def test_published_template_kwargs_are_a_closed_shape_the_gate_accepts(kwargs):
     """Whatever the run was given, each published value is a boolean, null or one keyed digest:
     no array or object, so no structure spells bits; the declared schema accepts exactly that."""
     published = public_template_kwargs(kwargs, b"s" * 32)
-    for name, value in published.items():
+    for value in published.values():
         assert value is None or isinstance(value, bool) or re.fullmatch(HASHED_TEXT, value)
     switches = [n for n in published if n in SWITCH_TEMPLATE_KWARGS]
     if all(published[n] is None or isinstance(published[n], bool) for n in switches):
@@ -107,12 +123,11 @@ def test_a_named_tokenizers_digests_are_still_checked_against_its_files():
     gate = _Gate()
     _check_tokenizer(right, None, gate)
     assert gate.flags == []
-    key = sorted(right["tokenizer"]["sha256"])[0]
+    key = min(right["tokenizer"]["sha256"])
     wrong = {"tokenizer": {"name": name, "sha256": {**right["tokenizer"]["sha256"],
                                                     key: "0" * 64}}}
     _check_tokenizer(wrong, None, gate)
-    assert gate.flags == [f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's "
-                          "files"]
+    assert gate.flags == [f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files"]
 
 
 def test_a_streams_run_settings_are_every_manifest_key_but_a_nights_own():

@@ -9,8 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from kvtrace.transforms.write.coarsen import (Coarsening, coarse_input_lengths,
-                                              published_requests)
+from kvtrace.transforms.write.coarsen import (
+    Coarsening,
+    coarse_input_lengths,
+    published_requests,
+)
 from kvtrace.transforms.write.totals import ExportTotals
 
 LENGTHS = st.lists(st.integers(0, 1 << 20), min_size=1, max_size=50)
