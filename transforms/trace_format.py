@@ -415,14 +415,14 @@ KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thi
                          "builtin_tools", "add_vision_id")
 KWARG_DIGEST_PREFIX = "hmac-sha256:"  # keyed by the run's salt: write/manifest.py
 HASHED_TEXT = f"^{KWARG_DIGEST_PREFIX}[0-9a-f]{{64}}$"
-# Values: booleans and null as they are (enable_thinking: false); numbers and strings hashed.
-_KWARG_VALUE = {"anyOf": [
-    {"type": ["boolean", "null"]},
-    {"type": "string", "pattern": HASHED_TEXT},
-    {"type": "array", "maxItems": 64, "items": {"$ref": "#/$defs/kwarg_value"}},
-    {"type": "object", "maxProperties": 64,
-     "propertyNames": {"pattern": HASHED_TEXT}, "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
-]}
+# Values: booleans and null as they are (enable_thinking: false); any other value, a structure
+# included, one keyed digest of its canonical JSON: no shape of booleans spells free bits.
+_KWARG_VALUE = {"anyOf": [{"type": ["boolean", "null"]}, {"type": "string", "pattern": HASHED_TEXT}]}
+# The known names a template reads as an on/off switch: only a boolean or null under them (a
+# digest beside such a name in clear would be a value no switch takes: text in another spelling).
+MAX_TEMPLATE_KWARGS = 64  # names a run's template kwargs may have (templates read a few)
+SWITCH_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "add_generation_prompt",
+                          "continue_final_message", "keep_cot", "add_vision_id")
 
 
 def _closed(properties: dict[str, Any]) -> dict[str, Any]:
@@ -437,17 +437,20 @@ def _closed(properties: dict[str, Any]) -> dict[str, Any]:
 # records and id_space agree with its rows, replay is what replayers.py writes for it.
 MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$defs": {"kwarg_value": _KWARG_VALUE},
     **_closed({
         "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
         "format": {"const": FORMAT},
-        "tokenizer": _closed({
-            # One of the tokenizers kvtrace ships presets for, or none.
-            "name": {"anyOf": [{"type": "null"}, {"enum": list(PUBLISHED_TOKENIZER_NAMES)}]},
-            # Checked against the tokenizer by the gate (audit --tokenizer).
-            "sha256": {"type": "object", "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
-                       "additionalProperties": _HEX64},
-        }),
+        "tokenizer": {"anyOf": [
+            # One of the tokenizers kvtrace ships presets for, its files' digests checked
+            # against it by the gate (audit --tokenizer) ...
+            _closed({"name": {"enum": list(PUBLISHED_TOKENIZER_NAMES)},
+                     "sha256": {"type": "object",
+                                "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
+                                "additionalProperties": _HEX64}}),
+            # ... or none: a private tokenizer's digests would confirm guesses of its files
+            # (write/manifest.public_tokenizer_sha256).
+            _closed({"name": {"type": "null"}, "sha256": {"type": "object", "maxProperties": 0}}),
+        ]},
         "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
         "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
                         "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$"},
@@ -455,10 +458,11 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
         OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
         "chat_template_kwargs": {
-            "type": "object", "maxProperties": 64,
+            "type": "object", "maxProperties": MAX_TEMPLATE_KWARGS,
+            "properties": {name: {"type": ["boolean", "null"]} for name in SWITCH_TEMPLATE_KWARGS},
             "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},
                                         {"pattern": HASHED_TEXT}]},
-            "additionalProperties": {"$ref": "#/$defs/kwarg_value"}},
+            "additionalProperties": _KWARG_VALUE},
         # Only counts the rows prove; the run's others are the operator's (CLI, not published).
         "records": _closed({"exported": _COUNT}),
         "id_map": {"anyOf": [{"type": "null"}, _closed({
@@ -470,6 +474,12 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                    "additionalProperties": {"type": "string", "maxLength": 1024}},
     }),
 }
+
+
+# The manifest's keys a night's own rows and files give; every other key is a setting of the run
+# (one stream is one run: each of its windows holds the first window's).
+MANIFEST_NIGHT_FIELDS = ("records", "id_map", "files", "sha256", "replay")
+RUN_SETTINGS = tuple(k for k in MANIFEST_SCHEMA["properties"] if k not in MANIFEST_NIGHT_FIELDS)
 
 
 # A stream's --output folder (pipelines/anonymize_streaming.py): its windows, each a night's

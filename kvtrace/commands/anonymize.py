@@ -20,7 +20,9 @@ from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from kvtrace.transforms.errors import ConfigError, JobStopped
 from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE
+from kvtrace.transforms.trace_format import (DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TEMPLATE_KWARGS,
+                                             SWITCH_TEMPLATE_KWARGS)
+from kvtrace.transforms.write.manifest import template_kwargs_problems
 from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
 
 _LOG = logging.getLogger("kvtrace")
@@ -228,6 +230,12 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
             raise ConfigError("--chat-template-kwargs is not valid JSON") from None
     if not isinstance(merged["chat_template_kwargs"], dict):
         raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    unpublishable = template_kwargs_problems(merged["chat_template_kwargs"])
+    if unpublishable:
+        where = unpublishable[0].split(": ")[0]
+        raise ConfigError(f"--chat-template-kwargs cannot be published in the manifest ({where}): "
+                          f"at most {MAX_TEMPLATE_KWARGS} names, and the switches "
+                          f"{', '.join(SWITCH_TEMPLATE_KWARGS)} take true, false or null")
     merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
     missing = [f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)]
     if missing:
@@ -330,7 +338,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         tokenizer_sha256=sha256,
         id_map=id_map,
         hash_scheme=scheme,
-        coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"]),
+        coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"],
+                              options["block_size"]),
         block_hashes=_block_hashes_directory(options, output, scheme),
         emit_output_hashes=bool(options.get("emit_output_hashes")),
         segment_cache_bytes=options["segment_cache_mb"] << 20,

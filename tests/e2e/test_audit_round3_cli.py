@@ -27,10 +27,15 @@ def night(tiny_tokenizer, tmp_path_factory):
 
 def test_a_stream_window_is_checked_against_the_audited_window_before(night, tiny_tokenizer,
                                                                         tmp_path):
-    """A night of its own passes as a stream's first window; the same night again as the
-    second window numbers from 0 where the first ended past 0: refused, as the second."""
+    """A night numbered as a stream's first window (id_map {0, 0, 0}) passes; the same night
+    of its own as the second window numbers from 0 where the first ended past 0: refused, as
+    the second."""
     stream = tmp_path / "stream"
-    shutil.copytree(night, stream / "window-000000")
+    first = shutil.copytree(night, stream / "window-000000")
+    manifest = json.loads((first / "manifest.json").read_text())
+    manifest["id_map"] = {"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0}
+    (first / "manifest.json").write_bytes(canonical_json(manifest))
+    set_content_times(str(first))
     blocks = json.loads((night / "stats.json").read_text())["unique_blocks"]
     (stream / "cumulative.json").write_bytes(canonical_json(  # as the stream writes it
         {"windows": 1, "rows": 6, "unique_blocks": blocks, "sessions": 2, "window_ms": 60_000,

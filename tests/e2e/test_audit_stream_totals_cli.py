@@ -24,11 +24,13 @@ from kvtrace.pipelines.anonymize_streaming import (
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.trace_format import (
+    MANIFEST,
     STREAM_TOTALS,
     STREAM_TOTALS_SCHEMA,
     canonical_json,
     window_name,
 )
+from kvtrace.transforms.write.manifest import set_content_times
 
 MINUTE = 60_000
 ROWS, SESSIONS = 6, 2
@@ -44,12 +46,17 @@ def night(tiny_tokenizer, tmp_path_factory):
 
 
 def stream_of(night: Path, tmp_path: Path, window_ms: int = MINUTE) -> Path:
-    """The night as a stream's one window, with the cumulative.json the driver writes for it."""
+    """The night as a stream's one window (its id_map {0, 0, 0}, as the stream numbers a first
+    window), with the cumulative.json the driver writes for it."""
     job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
                           staging=str(tmp_path / "staging"), tokenizer="x",
                           salt=SaltSource("env", "KVTRACE_SALT"),
                           dead_letter=str(tmp_path / "stream-rejected"), block_size=4)
-    shutil.copytree(night, tmp_path / "stream" / window_name(0))
+    window = shutil.copytree(night, tmp_path / "stream" / window_name(0))
+    manifest = json.loads((window / MANIFEST).read_text())
+    manifest["id_map"] = {"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0}
+    (window / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(window))
     blocks = json.loads((night / "stats.json").read_text())["unique_blocks"]
     write_cumulative(StreamingConfig(job, "pubsub:projects/p/subscriptions/s", window_ms), Progress(
         next_id={"blocks": blocks, "sessions": SESSIONS}, origin_ms=0, published_ms=0,

@@ -68,11 +68,12 @@ def _totals(stream: Path, window_ms: int = MINUTE) -> None:
 
 
 def _stream(made: dict, tmp_path: Path) -> Path:
-    """A stream's output folder whose one window is a publishable night of its own (a first
-    window begins at (0, 0) with no id_map), with its cumulative.json: the gate passes it."""
+    """A stream's output folder whose one window is a publishable night, as the stream numbers
+    a first window (its id_map {0, 0, 0}), with its cumulative.json: the gate passes it."""
     stream = tmp_path / "stream"
     stream.mkdir()
-    _copy(made, stream / "window-000000")
+    _republish(_copy(made, stream / "window-000000"),
+               id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0})
     _totals(stream)
     assert gate.audit(str(stream), made["tokenizer"])["publishable"]
     return stream
@@ -167,8 +168,8 @@ def test_a_streams_first_window_may_start_at_any_time(made, tmp_path):
 def _windows(made: dict, stream: Path, cuts: list[int], columns=None,
              window_ms: int = 10_000) -> None:
     """The night's rows cut into a stream's windows at these row indices, each window
-    republished as the stream job would number it: the first from (0, 0), each later one's
-    id_map where the window before ended (ids, sessions) and at its first row's time; and the
+    republished as the stream job would number it: each window's id_map where the window before
+    ended (ids, sessions; (0, 0) for the first) and at its first row's time; and the
     stream's cumulative.json for them, of window_ms windows."""
     from kvtrace.transforms.write.replayers import replay_commands
 
@@ -182,8 +183,8 @@ def _windows(made: dict, stream: Path, cuts: list[int], columns=None,
         window = stream / f"window-{k:06d}"
         shutil.copytree(plain, window)
         part = columns.rows(a, b)
-        start = None if k == 0 else {"block_ids_from": next_id, "sessions_from": next_session,
-                                     "time_from_ms": int(part.timestamp[0])}
+        start = {"block_ids_from": next_id, "sessions_from": next_session,  # {0, 0, 0} first
+                 "time_from_ms": int(part.timestamp[0])}
         _republish(window, part, records={"exported": b - a}, id_map=start,
                    replay=replay_commands(manifest["block_size"], b - a, manifest["files"]))
         sessions = part.session[part.session >= 0]

@@ -26,7 +26,6 @@ def _conversation(reply: str) -> list[dict]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_length_granularity_is_undone_by_the_next_turns_input_length(tiny_tokenizer, tmp_path):
     """--length-granularity N publishes output lengths as multiples of N ("to blur lengths",
     audit's advice), and is refused beside --emit-output-hashes because output block counts
@@ -51,7 +50,6 @@ def test_length_granularity_is_undone_by_the_next_turns_input_length(tiny_tokeni
         f"{outputs}")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_private_tokenizers_files_are_published_as_plain_digests(tiny_tokenizer, tmp_path):
     """Template kwargs are published keyed by the run's salt "so no one without the salt can
     confirm a guessed value (a plain sha256 of 'alice' would be a dictionary lookup away)", and

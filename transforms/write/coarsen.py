@@ -1,6 +1,7 @@
-"""Coarser published values, to lower what timing and output lengths reveal (`kvtrace audit`
-measures it): timestamps rounded to a granularity relative to the export's origin, output
-lengths rounded to a multiple. input_length stays exact: hash_ids must match it."""
+"""Coarser published values, to lower what timing and lengths reveal (`kvtrace audit` measures
+it): timestamps rounded to a granularity relative to the export's origin, output lengths rounded
+to a multiple, and with them input lengths within their last block (a session's next prompt
+holds the reply: an exact input_length would give the reply's length back to the token)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from kvtrace.transforms.write.rows import RowBatch
 class Coarsening:
     timestamp_ms: int = 1  # publish timestamps as multiples of this (ms from the origin)
     output_length: int = 1  # publish output lengths as multiples of this
+    # The run's block size, within which input lengths are coarsened (coarse_input_lengths)
+    # when output lengths are; 0 keeps them exact (the gate refuses such a folder).
+    block_size: int = 0
 
     def check(self) -> None:
         if self.timestamp_ms < 1 or self.output_length < 1:
@@ -38,23 +42,39 @@ def coarse_output_lengths(lengths: np.ndarray, step: int) -> np.ndarray:
     return np.where((lengths > 0) & (rounded == 0), step, rounded)
 
 
+def coarse_input_lengths(lengths: np.ndarray, block_size: int, step: int) -> np.ndarray:
+    """Input lengths as published beside output lengths rounded to step: the full blocks kept,
+    the last block's fill rounded up to a multiple of step and capped at the block size, so
+    every row keeps its block count (hash_ids match it) and the length is known only to within
+    step, as the reply a later turn's prompt holds is. A multiple of block_size stays as it is;
+    so does every length when step is 1 or block_size is 0 (not known)."""
+    if step == 1 or block_size == 0:
+        return lengths
+    full = np.maximum(lengths - 1, 0) // block_size * block_size
+    fill = lengths - full
+    return full + np.minimum(block_size, -(-fill // step) * step)
+
+
 def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch:
-    """The rows with coarsened timestamps, response times and output lengths."""
+    """The rows with coarsened timestamps, response times, output and input lengths."""
     if coarsening.is_identity:
         return batch
     rows = batch.rows.copy()
     rows["timestamp_ms"] = origin_ms + round_to(rows["timestamp_ms"] - origin_ms,
                                                 coarsening.timestamp_ms)
     rows["output_length"] = coarse_output_lengths(rows["output_length"], coarsening.output_length)
+    rows["input_length"] = coarse_input_lengths(rows["input_length"], coarsening.block_size,
+                                                coarsening.output_length)
     known = rows["response_ms"] >= 0
     rows["response_ms"][known] = round_to(rows["response_ms"][known], coarsening.timestamp_ms)
     return RowBatch(rows, batch.ids, batch.hashes, batch.output_ids)
 
 
 def published_requests(batch: HashedBatch, origin_ms: int, coarsening: Coarsening) -> HashedBatch:
-    """The requests with their timestamps and output lengths as their rows publish them. Ids
-    are numbered, shards planned and rows sorted on these (ids/row_order.py): raw ones would
-    put the rows of one published time in their finer, unpublished order."""
+    """The requests with their timestamps and lengths as their rows publish them. Ids are
+    numbered, shards planned, rows sorted and totals summed on these (ids/row_order.py,
+    dense_ids.block_keys' token weights, totals.py): raw ones would put the rows of one
+    published time in their finer, unpublished order, or publish the exact lengths in sums."""
     if coarsening.is_identity:
         return batch
     requests = batch.requests.copy()
@@ -62,4 +82,6 @@ def published_requests(batch: HashedBatch, origin_ms: int, coarsening: Coarsenin
                                                     coarsening.timestamp_ms)
     requests["output_length"] = coarse_output_lengths(requests["output_length"],
                                                       coarsening.output_length)
+    requests["input_length"] = coarse_input_lengths(requests["input_length"],
+                                                    coarsening.block_size, coarsening.output_length)
     return HashedBatch(requests, batch.block_hashes)

@@ -18,8 +18,8 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.write.coarsen import round_to
 from kvtrace.transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
-                                     PUBLISHED_TOKENIZER_FILES, PUBLISHED_TOKENIZER_NAMES,
-                                     canonical_json)
+                                     MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_FILES,
+                                     PUBLISHED_TOKENIZER_NAMES, canonical_json, schema_problems)
 
 
 def _installed_version() -> str:
@@ -121,41 +121,55 @@ def trace_origin_ms(configured_ms: int | None, earliest_ms: int | None) -> int:
 def public_tokenizer_name(name: str) -> str | None:
     """The tokenizer as the manifest may name it: one of the names kvtrace declares
     (PUBLISHED_TOKENIZER_NAMES), else nothing; a local folder of that name is the provider's own
-    and is never named (its files' sha256 are published)."""
+    and is never named."""
     if name not in PUBLISHED_TOKENIZER_NAMES or os.path.exists(name):
         return None
     return name
 
 
-def public_tokenizer_sha256(files_sha256: dict[str, str]) -> dict[str, str]:
-    """The tokenizer's file digests as the manifest holds them: those of the files under
-    kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's name."""
+def public_tokenizer_sha256(name: str | None, files_sha256: dict[str, str]) -> dict[str, str]:
+    """The tokenizer's file digests as the manifest holds them: for a published name, those of
+    the files under kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's
+    name; for an unnamed (private) tokenizer none. A plain digest of a private template would
+    confirm a guess of it (a public template plus a system prompt naming a ward or a patient),
+    and serves no outsider, who cannot fetch the files; a keyed one would serve only the salt's
+    holder, who holds the files too (an id map checks them privately)."""
+    if name is None:
+        return {}
     return {key: digest for key, digest in sorted(files_sha256.items())
             if key in PUBLISHED_TOKENIZER_FILES}
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
-    """Chat template kwargs as the manifest may hold them: booleans and nulls as they are
-    (enable_thinking: false), names kvtrace knows as they are, every other name, string and
-    number replaced by an HMAC of its JSON text keyed by the run's salt. Equal settings stay
-    comparable under one salt (an id map's nights), and no one without the salt can confirm a
-    guessed value (a plain sha256 of "alice" would be a dictionary lookup away)."""
+    """Chat template kwargs as the manifest may hold them, a closed shape: booleans and nulls as
+    they are (enable_thinking: false), names kvtrace knows as they are, every other name and
+    value (a string, a number, an array or object whole) one HMAC of its canonical JSON keyed by
+    the run's salt, so no structure carries bits of its own (round 5: text spelled as nested
+    booleans). Equal settings stay comparable under one salt (an id map's nights), and no one
+    without the salt can confirm a guessed value (a plain sha256 of "alice" would be a
+    dictionary lookup away)."""
     key = hashlib.sha256(b"kvtrace-template-kwargs\0" + salt).digest()
 
-    def hashed(item: Any) -> str:
-        text = item if isinstance(item, str) else json.dumps(item)
-        digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256)
-        return KWARG_DIGEST_PREFIX + digest.hexdigest()
+    def keyed(item: Any) -> str:
+        text = json.dumps(item, sort_keys=True, separators=(",", ":"))  # ASCII: escapes all
+        return KWARG_DIGEST_PREFIX + hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
     def public(item: Any) -> Any:
-        if isinstance(item, list):
-            return [public(v) for v in item]
-        if isinstance(item, dict):
-            return {hashed(k): public(v) for k, v in item.items()}
-        return item if item is None or isinstance(item, bool) else hashed(item)
+        return item if item is None or isinstance(item, bool) else keyed(item)
 
-    return {k if k in KNOWN_TEMPLATE_KWARGS else hashed(k): public(v) for k, v in value.items()}
+    return {k if k in KNOWN_TEMPLATE_KWARGS else keyed(k): public(v) for k, v in value.items()}
 
+
+
+def template_kwargs_problems(value: dict[str, Any]) -> list[str]:
+    """Why the manifest could not publish these kwargs as the gate reads them (too many names, a
+    switch that is no boolean), checked before the work: a run never ends with a manifest its
+    own gate refuses. Any salt gives the published shape."""
+    public = {"chat_template_kwargs": public_template_kwargs(value, bytes(32))}
+    schema = {"type": "object",
+              "properties": {"chat_template_kwargs":
+                             MANIFEST_SCHEMA["properties"]["chat_template_kwargs"]}}
+    return schema_problems(public, schema)
 
 # A run's counts no published row proves (records read and rejected, damaged files, bytes lost,
 # requests without an output length or with a message the template left out): the operator's,

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
-from kvtrace.transforms.write.coarsen import Coarsening, coarse_output_lengths
+from kvtrace.transforms.write.coarsen import Coarsening, coarse_input_lengths, coarse_output_lengths
 
 TOKEN_WEIGHTED_DEFINITION = (
     "infinite cache, causal: 1 - (tokens of each distinct block's first occurrence) / "
@@ -31,13 +31,15 @@ class ExportTotals:
 
     @classmethod
     def of_batch(cls, batch: HashedBatch, coarsening: Coarsening = Coarsening()) -> ExportTotals:
-        """The batch's totals as its published rows give them: output lengths coarsened (an
-        exact sum beside coarse rows would undo --length-granularity)."""
+        """The batch's totals as its published rows give them: lengths coarsened (an exact sum
+        beside coarse rows would undo --length-granularity)."""
         columns = batch.requests
         outputs = coarse_output_lengths(columns["output_length"], coarsening.output_length)
+        inputs = coarse_input_lengths(columns["input_length"], coarsening.block_size,
+                                      coarsening.output_length)
         return cls(
             requests=len(columns),
-            input_tokens=int(columns["input_length"].sum()),
+            input_tokens=int(inputs.sum()),
             output_tokens=int(outputs.sum()),
             blocks=int(columns["num_blocks"].sum()),
             requests_without_output_length=int(columns["without_output_length"].sum()),
