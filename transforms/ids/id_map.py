@@ -4,15 +4,17 @@ A map directory holds immutable versions and one pointer:
 
     CURRENT                                      {"version": 3}: a hint, the only file overwritten
     versions/000003.json                         version 3's metadata, listing its segment files
-    segments/000003-RUNID/blocks-00012.parquet   ids first numbered by version 3, hash shard 12
-    segments/000003-RUNID/blocks-00012.index.npz its index (segments.py)
+    segments/000003-NAME/blocks-00012.parquet    ids first numbered by version 3, hash shard 12
+    segments/000003-NAME/blocks-00012.index.npz  its index (segments.py)
 
 Every segment of a version is split into the version's hash_shards shards, so a night finds a
 key's rows in one file per segment. A compaction night may change the count (it rewrites all).
 
-A run reads the published version, writes its new ids as a segment named by the version it
-targets and its own run id (two runs never write the same paths), then commits by creating the
-next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
+A run reads the published version, writes its new ids as a segment in a folder named by the
+version it targets and its own run id (two runs never write the same paths), moves them, just
+before its commit, to a folder named by the version and their content (settle_segments: so a
+record lists what the night made, not which run made it, and the same nights give the same map
+bytes), then commits by creating the next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
 extending one version, the first to commit publishes; the other is refused and publishes
 nothing. CURRENT is then moved forward; readers also follow committed versions beyond it, so a
 run killed between the two steps has still published. Each version names the night that made
@@ -389,6 +391,30 @@ def segment_path(directory: str, version: int, run_id: str, kind: str, shard: in
                             f"{kind}-{shard:05d}.parquet")
 
 
+def settle_segments(directory: str, version: int,
+                    written: dict[str, list[SegmentFile]]) -> dict[str, list[SegmentFile]]:
+    """The run's new segment files moved from its own folder to the one their content names
+    (the digest of every file's name and checksums), so a version's record is the same whatever
+    run wrote it. Two runs of one content write the same bytes there (a rename over equal
+    bytes); of other contents, other folders. A run killed midway leaves files no version lists,
+    which cleanup deletes (discard_abandoned)."""
+    files = sorted((f for kind in KINDS for f in written[kind]), key=lambda f: f.path)
+    if not files:
+        return written
+    content = canonical([[f.path.rsplit("/", 1)[1], f.data, f.index] for f in files])
+    folder = storage.join(directory, "segments", segment_folder(
+        version, hashlib.sha256(b"kvtrace segment folder\0" + content.encode()).hexdigest()[:12]))
+    storage.make_folder(folder, private=True)
+    staged = {f.path.rsplit("/", 1)[0] for f in files} - {folder}
+    for segment in files:
+        for source in (segment.path, index_path(segment.path)):
+            storage.rename(source, storage.join(folder, source.rsplit("/", 1)[1]))
+    for emptied in staged:
+        storage.remove_folder(emptied)
+    return {kind: [f._replace(path=storage.join(folder, f.path.rsplit("/", 1)[1]))
+                   for f in written[kind]] for kind in KINDS}
+
+
 def shard_of_segment(path: str) -> int:
     """The hash shard a segment file holds, from its name (blocks-00012.parquet: 12)."""
     return int(path.rsplit("-", 1)[1].removesuffix(".parquet"))
@@ -711,7 +737,8 @@ def publish_night(
     new = next_version(
         directory,
         base,
-        written={"blocks": block_files, "sessions": session_files},
+        written=settle_segments(directory, base.version + 1,
+                                {"blocks": block_files, "sessions": session_files}),
         added={"blocks": added_blocks, "sessions": added_sessions},
         compacted=compacted,
         hash_shards=hash_shards,

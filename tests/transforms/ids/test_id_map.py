@@ -15,6 +15,7 @@ import pytest
 from helpers import anonymize_night, chat, read_jsonl, trace_bytes, write_jsonl
 from kvtrace.transforms.ids import id_map, map_record
 from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.segments import SegmentFile
 
 from kvtrace.cli import main
@@ -402,3 +403,20 @@ def test_segment_files_group_by_the_shard_their_name_holds_in_path_order():
     assert {shard: [f.path for f in group] for shard, group in grouped.items()} == {
         0: ["m/segments/000001-a/blocks-00000.parquet"],
         3: ["m/segments/000001-a/blocks-00003.parquet", "m/segments/000002-b/blocks-00003.parquet"]}
+
+
+def test_segments_settle_in_a_folder_their_content_names_whatever_run_wrote_them(tmp_path):
+    rows = np.array([(1, 2, 0), (3, 4, 1)], dtype=NUMBERED)
+    settled = []
+    for run in ("0123456789ab", "ba9876543210"):
+        directory = tmp_path / run
+        shard = id_map.write_segment_shard(str(directory), 1, run, "blocks", 0, [], [rows])
+        moved = id_map.settle_segments(str(directory), 1, {"blocks": [shard], "sessions": []})
+        settled.append((moved["blocks"][0]._replace(path=id_map.relative(
+            str(directory), moved["blocks"][0].path)), sorted(
+            str(p.relative_to(directory)) for p in directory.rglob("*"))))
+    assert settled[0] == settled[1]  # same name, same checksums, nothing else left
+    assert settled[0][0].path.split("/")[1] != "000001-0123456789ab"
+    other = id_map.write_segment_shard(str(tmp_path / "x"), 1, RUN, "blocks", 0, [], [rows[:1]])
+    moved = id_map.settle_segments(str(tmp_path / "x"), 1, {"blocks": [other], "sessions": []})
+    assert moved["blocks"][0].path.split("/")[-2] != settled[0][0].path.split("/")[1]
