@@ -365,12 +365,16 @@ def empty_version(identity: MapIdentity) -> MapVersion:
                       hash_shards=0)
 
 
-def map_id_of(base: MapVersion, night: Night) -> str:
+def map_id_of(base: MapVersion, night: Night, checksums: dict[str, dict]) -> str:
     """The id a map gets at its first commit (or, from before ids, its next): derived from its
-    salt's fingerprint, the record it grows from and the night that makes it, so the same
-    nights give the same map bytes on every engine (determinism), while maps of other nights
-    or salts get other ids. Only the salt's holder can write a record naming it (the MAC)."""
-    seed = "\0".join((base.identity.salt_fingerprint, base.record_sha256 or "", night.identity))
+    salt's fingerprint, the record it grows from, the night that makes it and the checksums of
+    the segment files that version lists. Those files hold the night's keys, hashed under the
+    salt, so maps of other keys get other ids even when their nights publish the same bytes
+    (one request each of the same length: the same dense ids, lengths and times); only twins
+    (the same night under the same salt) are one map. The same nights give the same id on
+    every engine (determinism); only the salt's holder can write a record naming it (the MAC)."""
+    seed = "\0".join((base.identity.salt_fingerprint, base.record_sha256 or "", night.identity,
+                      canonical(checksums)))
     return hashlib.sha256(b"kvtrace map id\0" + seed.encode()).hexdigest()[:32]
 
 
@@ -616,10 +620,11 @@ def next_version(
         raise JobStopped(f"the id map {directory} would pass {MAX_IDS} ids of a kind ({next_id}); "
                          f"nothing was published. Start a new map in another directory.")
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
+    checksums = {name: sums[name] for name in sorted(listed)}
     return replace(
         base,
         version=number,
-        map_id=base.map_id or map_id_of(base, night),
+        map_id=base.map_id or map_id_of(base, night, checksums),
         previous_sha256=base.record_sha256,
         record_sha256=None,
         timestamp_origin_ms=origin,
@@ -628,7 +633,7 @@ def next_version(
         hash_shards=hash_shards,
         history=base.history + [night_entry(number, added, compacted, night.start,
                                             night.identity)],
-        checksums={name: sums[name] for name in sorted(listed)},
+        checksums=checksums,
     )
 
 

@@ -252,8 +252,11 @@ def test_next_version_numbers_after_the_base_and_records_each_night():
     assert first.history[-1] == {"version": 1, "added": {"blocks": 7, "sessions": 0},
                                  "compacted": False, "night": "a" * 64, "start": night(base).start}
     assert first.previous_sha256 is None  # born with the map, its id from its first night:
-    assert first.map_id == id_map.map_id_of(base, night(base)) != id_map.map_id_of(
-        base, night(base, 0, "c" * 64))  # the same on every engine, another for another night
+    assert first.map_id == id_map.map_id_of(base, night(base), first.checksums) != \
+        id_map.map_id_of(base, night(base, 0, "c" * 64), first.checksums)  # another night's
+    other_keys = {name: sum_ | {"sha256": "2" * 64} for name, sum_ in first.checksums.items()}
+    assert id_map.map_id_of(base, night(base), other_keys) != first.map_id  # a night that
+    # publishes the same bytes from other keys (its segments' digests) is another map
     stored = id_map.version_bytes(first, KEY)
     first = replace(first, record_sha256=hashlib.sha256(stored).hexdigest())  # as opened
     second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),

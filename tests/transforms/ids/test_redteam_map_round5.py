@@ -30,7 +30,6 @@ def _map_id(map_dir: Path) -> str:
     return json.loads((map_dir / "versions" / "000001.json").read_bytes())["map_id"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_two_maps_of_other_logs_get_other_ids_and_both_publish(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Version record'; id_map.map_id_of): the map id is derived from
     the salt, the base record and the first night's identity so that 'maps of other nights or
@@ -147,7 +146,6 @@ def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tok
     assert audit("a1") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_look_alike(
         tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
