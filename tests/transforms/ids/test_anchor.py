@@ -121,11 +121,30 @@ def test_another_map_where_a_marked_map_was_is_refused_until_the_place_is_reboun
     _check(marks, directory, 1, chain("c"), map_id="c" * 32)
 
 
+def test_a_link_in_the_maps_path_repointed_leaves_its_spelling_bound_to_the_map(tmp_path):
+    marks = _marks(tmp_path)
+    (tmp_path / "live").mkdir()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "current").symlink_to(tmp_path / "live")
+    spelled = str(tmp_path / "current" / "map")
+    _advance(marks, spelled, 2)
+    (tmp_path / "current").unlink()
+    (tmp_path / "current").symlink_to(tmp_path / "empty")  # another place, the same spelling
+    with pytest.raises(JobStopped, match="a link in its path leads elsewhere"):
+        _check(marks, spelled, 0, map_id=None)  # no map there: not a new map from id 0
+    _check(marks, str(tmp_path / "empty" / "map"), 0, map_id=None)  # another spelling: free
+    anchor.rebind(marks, spelled, None, KEY)  # a new map there, on purpose
+    _check(marks, spelled, 0, map_id=None)
+    _advance(marks, spelled, 1, chain("b"), map_id="b" * 32)
+    with pytest.raises(JobStopped, match="kvtrace id-map rebind"):  # both now bound to it
+        _check(marks, str(tmp_path / "empty" / "map"), 0, map_id=None)
+
+
 def test_marks_are_named_from_the_places_bytes_whatever_their_encoding(tmp_path):
     marks = _marks(tmp_path)
     odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/night\xff")
     _advance(marks, odd, 1)
-    assert anchor.read_place(anchor.place_path(marks, odd), odd, KEY)["map_id"] == MAP_ID
+    assert anchor.read_location(anchor.place_path(marks, odd), odd, KEY)["map_id"] == MAP_ID
     _check(marks, odd, 1)
 
 

@@ -72,7 +72,6 @@ def _block_ids(out: Path) -> set[int]:
     return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_map_removed_by_repointing_a_link_in_its_path_is_refused(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
     a rollback 'through a link in the map's path' is refused, and deleting files 'is noticed
