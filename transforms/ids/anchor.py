@@ -45,7 +45,10 @@ from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 MARKS = ".id-map-marks"
 MARK_FORMAT = "kvtrace-id-map-mark"
 PLACE_FORMAT = "kvtrace-id-map-place"
-MAX_MARK_BYTES = 8192  # a path (up to PATH_MAX, escaped), an id, a version, two digests
+# What a mark or place file holds is fixed in size (~300 bytes): an id, a version, digests, the
+# place by its digest (location_digest). Marks written before that held the place's path (up
+# to PATH_MAX, each byte not UTF-8 escaped to 6): read whole up to this, as they were.
+MAX_MARK_BYTES = 8192
 
 
 def map_location(directory: str) -> str:
@@ -98,19 +101,26 @@ def place_path(marks: str, directory: str) -> str:
 
 
 def location_path(marks: str, location: str) -> str:
-    """A bound location's file in the folder of marks, named from the location's bytes (a
-    Linux name need not be UTF-8: os.fsencode gives back the bytes a surrogate stands for)."""
-    name = hashlib.sha256(os.fsencode(location)).hexdigest()[:32]
-    return storage.join(marks, f"{name}.json")
+    """A bound location's file in the folder of marks, named from the location's digest."""
+    return storage.join(marks, f"{location_digest(location)[:32]}.json")
+
+
+def location_digest(location: str) -> str:
+    """A location as marks hold it: the sha256 of its bytes (a Linux name need not be UTF-8:
+    os.fsencode gives back the bytes a surrogate stands for), so a mark's size does not grow
+    with its path's (a long name escaped in JSON would outgrow MAX_MARK_BYTES)."""
+    return hashlib.sha256(os.fsencode(location)).hexdigest()
 
 
 def mark_bytes(directory: str, map_id: str, version: int, record: bytes, key: MapKey) -> bytes:
-    return keyed({"format": MARK_FORMAT, "map_id": map_id, "place": map_location(directory),
+    return keyed({"format": MARK_FORMAT, "map_id": map_id,
+                  "place": location_digest(map_location(directory)),
                   "version": version, "record_sha256": hashlib.sha256(record).hexdigest()}, key)
 
 
 def place_bytes(location: str, map_id: str, key: MapKey) -> bytes:
-    return keyed({"format": PLACE_FORMAT, "place": location, "map_id": map_id}, key)
+    return keyed({"format": PLACE_FORMAT, "place": location_digest(location), "map_id": map_id},
+                 key)
 
 
 def read_mark(path: str, map_id: str, key: MapKey) -> dict[str, Any] | None:
@@ -123,11 +133,13 @@ def read_mark(path: str, map_id: str, key: MapKey) -> dict[str, Any] | None:
 
 
 def read_location(path: str, location: str, key: MapKey) -> dict[str, Any] | None:
-    """A bound location's file, verified: the binding place_bytes writes, or a mark named by
-    the place (from before map ids: it has a version, no map_id); None when there is none."""
+    """A bound location's file, verified: the binding place_bytes writes (the location by its
+    digest; by its path before that), or a mark named by the place (from before map ids: it
+    has a version, no map_id); None when there is none."""
     def names_this_place(mark: dict[str, Any]) -> bool:
         bound = mark.keys() == {"format", "place", "map_id", "mac"} and (
-            mark["format"] == PLACE_FORMAT and mark["place"] == location)
+            mark["format"] == PLACE_FORMAT
+            and mark["place"] in (location_digest(location), location))
         return bound or (mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
                          and mark["format"] == MARK_FORMAT and mark["map"] == location
                          and _is_version(mark["version"]))

@@ -178,7 +178,6 @@ def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_
         f"{first} on night 1, is {again} now, and {first} are A's blocks")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_tokenizer,
                                                                       tmp_path):
     """Promise (docs/BOUNDS.md: every resource bounded, the bound fitting what kvtrace writes;
