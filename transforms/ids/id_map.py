@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -201,6 +201,43 @@ def version_bytes(version: MapVersion, key: MapKey) -> bytes:
 def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
     return _read_version(directory, number, key)[0]
+
+
+def verified_history(directory: str, key: MapKey) -> Iterator[tuple[dict[str, Any], bytes]]:
+    """Every version of the map, from 1 to the published one, each record verified
+    (_read_version) and bound to the one below it: it names that record's sha256
+    (previous_sha256) and the map's id (once a record has one, every later one has the same).
+    A record of another map of the same salt put in a version's place verifies on its own;
+    it breaks the chain here. Yields each record and its bytes as stored; the first that does
+    not follow stops the iteration with one line."""
+    below: tuple[dict[str, Any], bytes] | None = None
+    for number in range(1, current_version_number(directory) + 1):
+        data, raw = _read_version(directory, number, key)
+        if below is not None and not _follows(data, *below):
+            raise IdMapError(
+                f"{version_path(directory, number)} does not follow version {number - 1} of "
+                f"the id map {directory} (its previous_sha256 or map_id differs: another map's "
+                f"version put in its place?), so the map's history cannot be trusted. Restore "
+                f"the id map from a backup; nothing was read or written.")
+        yield data, raw
+        below = data, raw
+
+
+def recorded_history(directory: str, key: MapKey) -> list[dict[str, Any]]:
+    """The night of every version, as the published version's record lists them (each record
+    carries its whole history, so its MAC binds every night before it): what the gate confirms
+    a night against. Versions below it put in place from another map change nothing here;
+    the run's open path refuses them (verified_history)."""
+    number = current_version_number(directory)
+    return read_version_record(directory, number, key)["history"] if number else []
+
+
+def _follows(data: dict[str, Any], below: dict[str, Any], below_raw: bytes) -> bool:
+    """Whether a record follows the one below it: the sha256 it names, if it names one (records
+    of format 4 and 5 do not), and the map id of any record below it that has one."""
+    previous = data.get("previous_sha256")
+    chained = previous is None or previous == hashlib.sha256(below_raw).hexdigest()
+    return chained and below.get("map_id") in (None, data.get("map_id"))
 
 
 def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
@@ -511,10 +548,12 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
         canonical(identity.__dict__)
     except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
         raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
-    number = current_version_number(directory)
-    if number == 0:
+    newest = None
+    for newest in verified_history(directory, key):  # the whole history, bound to its newest
+        pass
+    if newest is None:
         return empty_version(identity)
-    data, raw = _read_version(directory, number, key)
+    data, raw = newest
     version = MapVersion.from_record(data, hashlib.sha256(raw).hexdigest())
     differences = version.identity.differences(identity)
     if differences:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import anonymize_night, chat, read_jsonl, trace_bytes, write_jsonl
 from kvtrace.transforms.ids import id_map, map_record
-from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.segments import SegmentFile
 
@@ -423,3 +423,37 @@ def test_segments_settle_in_a_folder_their_content_names_whatever_run_wrote_them
     other = id_map.write_segment_shard(str(tmp_path / "x"), 1, RUN, "blocks", 0, [], [rows[:1]])
     moved = id_map.settle_segments(str(tmp_path / "x"), 1, {"blocks": [other], "sessions": []})
     assert moved["blocks"][0].path.split("/")[-2] != settled[0][0].path.split("/")[1]
+
+
+def _map_of_nights(directory: Path, *nights: str) -> list[bytes]:
+    """A map of one version per night (no ids added: records only), as commits write it."""
+    base = id_map.empty_version(id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER,
+                                                   "scheme", {}))
+    records = []
+    for tag in nights:
+        new = id_map.next_version(str(directory), base, written(directory),
+                                  {"blocks": 0, "sessions": 0}, False, 64, 99,
+                                  night(base, 0, tag * 64))
+        records.append(id_map.publish(str(directory), base, new, KEY))
+        base = replace(new, record_sha256=hashlib.sha256(records[-1]).hexdigest())
+    return records
+
+
+def test_a_maps_history_is_verified_whole_from_version_one_to_its_newest(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    records = _map_of_nights(ours, "a", "b", "c")
+    assert [raw for _, raw in id_map.verified_history(str(ours), KEY)] == records
+    _map_of_nights(theirs, "d", "e")
+    nights = [entry["night"] for entry in id_map.recorded_history(str(ours), KEY)]
+    assert nights == ["a" * 64, "b" * 64, "c" * 64]  # the newest record's: every night
+    for spliced in (2, 1):  # each record verifies on its own, but follows no record of ours
+        shutil.copy(theirs / "versions" / f"00000{spliced}.json",
+                    ours / "versions" / f"00000{spliced}.json")
+        with pytest.raises(IdMapError, match="does not follow version") as caught:
+            list(id_map.verified_history(str(ours), KEY))
+        assert "\n" not in str(caught.value)
+        with pytest.raises(IdMapError, match="does not follow"):  # the run's open
+            id_map.open_map(str(ours), id_map.empty_version(id_map.MapIdentity(
+                KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})).identity, KEY)
+        # the gate confirms nights by the newest record, which names ours only
+        assert [e["night"] for e in id_map.recorded_history(str(ours), KEY)] == nights

@@ -112,7 +112,6 @@ def _tenant_night(folder: Path, name: str, day: int, n: int = 20) -> Path:
     return write_jsonl(folder / f"{name}{day}.jsonl", records)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tokenizer,
                                                                         tmp_path):
     """Promise (docs/ID_MAP.md 'What the gate confirms', 'Rollback'): `audit --id-map` passes a
