@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,7 +49,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
 from kvtrace.transforms.errors import IdMapError, JobStopped
-from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, rebind
+from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
 from kvtrace.transforms.ids.map_record import (
@@ -203,41 +203,37 @@ def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, A
     return _read_version(directory, number, key)[0]
 
 
-def verified_history(directory: str, key: MapKey) -> Iterator[tuple[dict[str, Any], bytes]]:
-    """Every version of the map, from 1 to the published one, each record verified
-    (_read_version) and bound to the one below it: it names that record's sha256
-    (previous_sha256) and the map's id (once a record has one, every later one has the same).
-    A record of another map of the same salt put in a version's place verifies on its own;
-    it breaks the chain here. Yields each record and its bytes as stored; the first that does
-    not follow stops the iteration with one line."""
-    below: tuple[dict[str, Any], bytes] | None = None
-    for number in range(1, current_version_number(directory) + 1):
-        data, raw = _read_version(directory, number, key)
-        if below is not None and not _follows(data, *below):
-            raise IdMapError(
-                f"{version_path(directory, number)} does not follow version {number - 1} of "
-                f"the id map {directory} (its previous_sha256 or map_id differs: another map's "
-                f"version put in its place?), so the map's history cannot be trusted. Restore "
-                f"the id map from a backup; nothing was read or written.")
-        yield data, raw
-        below = data, raw
+def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes] | None:
+    """The published version's record, verified (_read_version), and its bytes as stored, once
+    the whole history below it is found to be its own: each record names the sha256 of the one
+    below it, down to version 1 (or to a record from before the chain), so the MAC of the
+    newest binds every one (anchor.descends: one read and one sha256 per version, no MAC or
+    field check each). A record of another map of the same salt put in a version's place
+    verifies on its own; it breaks the chain here. None for a new map."""
+    number = current_version_number(directory)
+    if number == 0:
+        return None
+    data, raw = _read_version(directory, number, key)
+    record_of = _record_reader(directory)
+    if not descends(number, 1, hashlib.sha256(record_of(1)).hexdigest(),
+                    lambda n: raw if n == number else record_of(n)):
+        for below in range(number - 1, 0, -1):  # a record damaged or edited is told as such
+            _read_version(directory, below, key)
+        raise IdMapError(
+            f"the versions of the id map {directory} do not form one chain from version 1 to "
+            f"{number} (a record names another sha256 than the one below it: another map's "
+            f"version put in its place?), so the map's history cannot be trusted. Restore the "
+            f"id map from a backup; nothing was read or written.")
+    return data, raw
 
 
 def recorded_history(directory: str, key: MapKey) -> list[dict[str, Any]]:
     """The night of every version, as the published version's record lists them (each record
     carries its whole history, so its MAC binds every night before it): what the gate confirms
     a night against. Versions below it put in place from another map change nothing here;
-    the run's open path refuses them (verified_history)."""
+    the run's open path refuses them (verified_newest)."""
     number = current_version_number(directory)
     return read_version_record(directory, number, key)["history"] if number else []
-
-
-def _follows(data: dict[str, Any], below: dict[str, Any], below_raw: bytes) -> bool:
-    """Whether a record follows the one below it: the sha256 it names, if it names one (records
-    of format 4 and 5 do not), and the map id of any record below it that has one."""
-    previous = data.get("previous_sha256")
-    chained = previous is None or previous == hashlib.sha256(below_raw).hexdigest()
-    return chained and below.get("map_id") in (None, data.get("map_id"))
 
 
 def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
@@ -548,9 +544,7 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
         canonical(identity.__dict__)
     except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
         raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
-    newest = None
-    for newest in verified_history(directory, key):  # the whole history, bound to its newest
-        pass
+    newest = verified_newest(directory, key)
     if newest is None:
         return empty_version(identity)
     data, raw = newest
