@@ -10,7 +10,7 @@ write, MAC'd with the map's key:
     MARKS/<sha256 of the place>.json the id of the map last published at that place (and at
                                      its spelling, when links in its path lead there)
 
-A map's id is random at its creation and in every version's record (map_record.py), so every
+A map's id is given at its creation (id_map.map_id_of) and in every version's record, so every
 spelling of a map (a link, a bind mount, a second mount of a volume) and every copy of it finds
 the same mark: an older copy is a rollback. Each record holds the sha256 of the one before it,
 so a commit walks from the map's current record down to the marked version's (the versions
