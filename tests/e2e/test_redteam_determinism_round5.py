@@ -27,7 +27,6 @@ def _night(folder: Path, files: int, seed: int) -> list[Path]:
     return [write_jsonl(folder / f"part-{k}.jsonl", records[k::files]) for k in range(files)]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_the_same_night_gives_the_same_id_map_bytes(tiny_tokenizer, tmp_path):
     """Promise: same input and config give byte-identical output, the id map included, whatever
     the split or worker count; docs/ID_MAP.md ('Version record') and id_map.map_id_of derive

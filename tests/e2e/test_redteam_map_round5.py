@@ -30,7 +30,6 @@ def _map_id(map_dir: Path) -> str:
     return json.loads((map_dir / "versions" / "000001.json").read_bytes())["map_id"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_two_maps_of_other_logs_get_other_ids_and_both_publish(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Version record'; id_map.map_id_of): the map id is derived from
     the salt, the base record and the first night's identity so that 'maps of other nights or
@@ -73,7 +72,6 @@ def _block_ids(out: Path) -> set[int]:
     return {h for line in trace_bytes(out).splitlines() for h in json.loads(line)["hash_ids"]}
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_map_removed_by_repointing_a_link_in_its_path_is_refused(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
     a rollback 'through a link in the map's path' is refused, and deleting files 'is noticed
@@ -114,7 +112,6 @@ def _tenant_night(folder: Path, name: str, day: int, n: int = 20) -> Path:
     return write_jsonl(folder / f"{name}{day}.jsonl", records)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tokenizer,
                                                                         tmp_path):
     """Promise (docs/ID_MAP.md 'What the gate confirms', 'Rollback'): `audit --id-map` passes a
@@ -147,7 +144,6 @@ def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tok
     assert audit("a1") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_look_alike(
         tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
@@ -181,7 +177,6 @@ def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_
         f"{first} on night 1, is {again} now, and {first} are A's blocks")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_tokenizer,
                                                                       tmp_path):
     """Promise (docs/BOUNDS.md: every resource bounded, the bound fitting what kvtrace writes;

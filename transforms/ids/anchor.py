@@ -7,9 +7,10 @@ that published traces already use. So each commit leaves, in a folder the map's 
 write, MAC'd with the map's key:
 
     MARKS/map-<map id>.json          the version it published, its record's sha256, the place
-    MARKS/<sha256 of the place>.json the id of the map last published at that place
+    MARKS/<sha256 of the place>.json the id of the map last published at that place (and at
+                                     its spelling, when links in its path lead there)
 
-A map's id is random at its creation and in every version's record (map_record.py), so every
+A map's id is given at its creation (id_map.map_id_of) and in every version's record, so every
 spelling of a map (a link, a bind mount, a second mount of a volume) and every copy of it finds
 the same mark: an older copy is a rollback. Each record holds the sha256 of the one before it,
 so a commit walks from the map's current record down to the marked version's (the versions
@@ -44,7 +45,10 @@ from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 MARKS = ".id-map-marks"
 MARK_FORMAT = "kvtrace-id-map-mark"
 PLACE_FORMAT = "kvtrace-id-map-place"
-MAX_MARK_BYTES = 8192  # a path (up to PATH_MAX, escaped), an id, a version, two digests
+# What a mark or place file holds is fixed in size (~300 bytes): an id, a version, digests, the
+# place by its digest (location_digest). Marks written before that held the place's path (up
+# to PATH_MAX, each byte not UTF-8 escaped to 6): read whole up to this, as they were.
+MAX_MARK_BYTES = 8192
 
 
 def map_location(directory: str) -> str:
@@ -53,6 +57,22 @@ def map_location(directory: str) -> str:
     map's id names its mark, whatever the spelling."""
     directory = directory.rstrip("/")
     return directory if storage.is_url(directory) else storage.place(directory)
+
+
+def map_spelling(directory: str) -> str:
+    """The map directory as the run names it: absolute, every link in its path kept. Its place
+    follows a link in the path; the spelling does not, so a link repointed (to an empty folder,
+    or another map) leaves the spelling bound to the map it named: bound as the place is, it
+    finds no map there, or another, and is refused, never taken for a new map from id 0."""
+    directory = directory.rstrip("/") or "/"
+    if storage.is_url(directory) or os.path.isabs(directory):
+        return directory
+    return os.path.join(os.getcwd(), directory)
+
+
+def bound_locations(directory: str) -> list[str]:
+    """What a commit binds to the map's id: its place and, when links lead there, its spelling."""
+    return sorted({map_location(directory), map_spelling(directory)})
 
 
 def marks_folder(salt: SaltSource, given: str | None) -> str:
@@ -76,19 +96,30 @@ def mark_path(marks: str, map_id: str) -> str:
 
 
 def place_path(marks: str, directory: str) -> str:
-    """The place's file in the folder of marks, named from the place's bytes (a Linux name
-    need not be UTF-8: os.fsencode gives back the bytes a surrogate stands for)."""
-    name = hashlib.sha256(os.fsencode(map_location(directory))).hexdigest()[:32]
-    return storage.join(marks, f"{name}.json")
+    """The place's file in the folder of marks."""
+    return location_path(marks, map_location(directory))
+
+
+def location_path(marks: str, location: str) -> str:
+    """A bound location's file in the folder of marks, named from the location's digest."""
+    return storage.join(marks, f"{location_digest(location)[:32]}.json")
+
+
+def location_digest(location: str) -> str:
+    """A location as marks hold it: the sha256 of its bytes (a Linux name need not be UTF-8:
+    os.fsencode gives back the bytes a surrogate stands for), so a mark's size does not grow
+    with its path's (a long name escaped in JSON would outgrow MAX_MARK_BYTES)."""
+    return hashlib.sha256(os.fsencode(location)).hexdigest()
 
 
 def mark_bytes(directory: str, map_id: str, version: int, record: bytes, key: MapKey) -> bytes:
-    return keyed({"format": MARK_FORMAT, "map_id": map_id, "place": map_location(directory),
+    return keyed({"format": MARK_FORMAT, "map_id": map_id,
+                  "place": location_digest(map_location(directory)),
                   "version": version, "record_sha256": hashlib.sha256(record).hexdigest()}, key)
 
 
-def place_bytes(directory: str, map_id: str, key: MapKey) -> bytes:
-    return keyed({"format": PLACE_FORMAT, "place": map_location(directory), "map_id": map_id},
+def place_bytes(location: str, map_id: str, key: MapKey) -> bytes:
+    return keyed({"format": PLACE_FORMAT, "place": location_digest(location), "map_id": map_id},
                  key)
 
 
@@ -101,15 +132,16 @@ def read_mark(path: str, map_id: str, key: MapKey) -> dict[str, Any] | None:
         and type(mark["place"]) is str and _is_version(mark["version"])))
 
 
-def read_place(path: str, directory: str, key: MapKey) -> dict[str, Any] | None:
-    """The place's file, verified: the binding place_bytes writes, or a mark named by the
-    place (from before map ids: it has a version, no map_id); None when there is none."""
+def read_location(path: str, location: str, key: MapKey) -> dict[str, Any] | None:
+    """A bound location's file, verified: the binding place_bytes writes (the location by its
+    digest; by its path before that), or a mark named by the place (from before map ids: it
+    has a version, no map_id); None when there is none."""
     def names_this_place(mark: dict[str, Any]) -> bool:
         bound = mark.keys() == {"format", "place", "map_id", "mac"} and (
-            mark["format"] == PLACE_FORMAT and mark["place"] == map_location(directory))
+            mark["format"] == PLACE_FORMAT
+            and mark["place"] in (location_digest(location), location))
         return bound or (mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
-                         and mark["format"] == MARK_FORMAT
-                         and mark["map"] == map_location(directory)
+                         and mark["format"] == MARK_FORMAT and mark["map"] == location
                          and _is_version(mark["version"]))
     return _read_keyed(path, key, names_this_place)
 
@@ -142,21 +174,24 @@ def _read_keyed(path: str, key: MapKey,
 
 def check_anchor(marks: str, directory: str, version: int, map_id: str | None,
                  record_of: Callable[[int], bytes], key: MapKey, bound: bool = True) -> None:
-    """Refuse to extend a map that is not the one its place was last published with (unless
-    not bound: a rebind), is not at or past its marked version, or does not descend from the
-    marked record (rolled back, or replaced by another map). record_of(number) gives a
-    version's record bytes as stored; map_id is None for a map from before ids."""
-    place = place_path(marks, directory)
-    found = read_place(place, directory, key) if bound else None
-    if found is not None and "version" in found:  # a mark from before ids, named by the place
-        _check_descent(found, place, directory, version, record_of)
-    elif found is not None and found["map_id"] != map_id:
-        raise JobStopped(
-            f"the id map {directory} is not the map last published there (map id "
-            f"{found['map_id']}, its place file {place}): it was replaced by another map, or "
-            f"its versions were removed. Restore that map; or, if this one replaced it on "
-            f"purpose, run `kvtrace id-map rebind {directory}` with its salt. The map was not "
-            f"extended and no trace was published")
+    """Refuse to extend a map that is not the one its place (or its spelling) was last
+    published with (unless not bound: a rebind), is not at or past its marked version, or does
+    not descend from the marked record (rolled back, or replaced by another map).
+    record_of(number) gives a version's record bytes as stored; map_id is None for a map from
+    before ids, or a new one."""
+    for location in bound_locations(directory) if bound else []:
+        place = location_path(marks, location)
+        found = read_location(place, location, key)
+        if found is not None and "version" in found:  # a mark from before ids, by the place
+            _check_descent(found, place, directory, version, record_of)
+        elif found is not None and found["map_id"] != map_id:
+            raise JobStopped(
+                f"the id map {directory} is not the map last published there (map id "
+                f"{found['map_id']}, its place file {place}): it was replaced by another map, "
+                f"its versions were removed, or a link in its path leads elsewhere now. "
+                f"Restore that map; or, if this one replaced it on purpose (a new map there "
+                f"too), run `kvtrace id-map rebind {directory}` with its salt. The map was "
+                f"not extended and no trace was published")
     if map_id is not None:
         path = mark_path(marks, map_id)
         mark = read_mark(path, map_id, key)
@@ -214,39 +249,40 @@ def advance_anchor(marks: str, directory: str, map_id: str, version: int, record
     place: the mark only moves forward. It is replaced under the folder's lock after being
     read again there, so a run that committed earlier but marks later never writes its version
     over a later one's (that later version descends from it: its mark covers this one). The
-    place is bound to the map's id. Staged and renamed, owner-only."""
-    path, place = mark_path(marks, map_id), place_path(marks, directory)
+    place and spelling are bound to the map's id. Staged and renamed, owner-only."""
+    path, locations = mark_path(marks, map_id), bound_locations(directory)
 
-    def done() -> tuple[bool, bool]:
-        bound = read_place(place, directory, key)
-        return (_covers(read_mark(path, map_id, key), path, version, record),
-                bound is not None and bound.get("map_id") == map_id)
+    def done() -> tuple[bool, list[str]]:
+        unbound = [location for location in locations if (read_location(
+            location_path(marks, location), location, key) or {}).get("map_id") != map_id]
+        return _covers(read_mark(path, map_id, key), path, version, record), unbound
 
-    if all(done()):
+    if done() == (True, []):
         return  # nothing to move: no lock taken
     storage.make_folder(marks, private=True)
     with folder_lock(marks):
-        covered, bound = done()
+        covered, unbound = done()
         remove_stale_temp_files(marks)  # of marks whose writer was killed before its rename
         if not covered:
             replace_file(path, mark_bytes(directory, map_id, version, record, key))
-        if not bound:
-            replace_file(place, place_bytes(directory, map_id, key))
+        for location in unbound:
+            replace_file(location_path(marks, location), place_bytes(location, map_id, key))
 
 
 def rebind(marks: str, directory: str, map_id: str | None, key: MapKey) -> None:
-    """Bind the place to the map found there now, on purpose (`kvtrace id-map rebind`): to its
-    id, or to none (the place's file removed) for a new map or one from before ids, whose next
-    commit binds it."""
-    place = place_path(marks, directory)
+    """Bind the place and spelling to the map found there now, on purpose (`kvtrace id-map
+    rebind`): to its id, or to none (their files removed) for a new map or one from before
+    ids, whose next commit binds them."""
+    places = {location: location_path(marks, location)
+              for location in bound_locations(directory)}
     if map_id is None:
-        if storage.exists(place):
-            storage.delete([place])
+        storage.delete([path for path in places.values() if storage.exists(path)])
         return
     storage.make_folder(marks, private=True)
     with folder_lock(marks):
         remove_stale_temp_files(marks)
-        replace_file(place, place_bytes(directory, map_id, key))
+        for location, path in places.items():
+            replace_file(path, place_bytes(location, map_id, key))
 
 
 def _covers(mark: dict[str, Any] | None, path: str, version: int, record: bytes) -> bool:

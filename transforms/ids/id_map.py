@@ -4,15 +4,17 @@ A map directory holds immutable versions and one pointer:
 
     CURRENT                                      {"version": 3}: a hint, the only file overwritten
     versions/000003.json                         version 3's metadata, listing its segment files
-    segments/000003-RUNID/blocks-00012.parquet   ids first numbered by version 3, hash shard 12
-    segments/000003-RUNID/blocks-00012.index.npz its index (segments.py)
+    segments/000003-NAME/blocks-00012.parquet    ids first numbered by version 3, hash shard 12
+    segments/000003-NAME/blocks-00012.index.npz  its index (segments.py)
 
 Every segment of a version is split into the version's hash_shards shards, so a night finds a
 key's rows in one file per segment. A compaction night may change the count (it rewrites all).
 
-A run reads the published version, writes its new ids as a segment named by the version it
-targets and its own run id (two runs never write the same paths), then commits by creating the
-next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
+A run reads the published version, writes its new ids as a segment in a folder named by the
+version it targets and its own run id (two runs never write the same paths), moves them, just
+before its commit, to a folder named by the version and their content (settle_segments: so a
+record lists what the night made, not which run made it, and the same nights give the same map
+bytes), then commits by creating the next version's metadata exclusively (exclusive.py: atomic locally and on gs://). Of two runs
 extending one version, the first to commit publishes; the other is refused and publishes
 nothing. CURRENT is then moved forward; readers also follow committed versions beyond it, so a
 run killed between the two steps has still published. Each version names the night that made
@@ -47,7 +49,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.timestamp_kinds import KIND_WORDS
 from kvtrace.transforms.errors import IdMapError, JobStopped
-from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, rebind
+from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
 from kvtrace.transforms.ids.map_record import (
@@ -199,6 +201,39 @@ def version_bytes(version: MapVersion, key: MapKey) -> bytes:
 def read_version_record(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     """Version `number`'s record, verified (map_record.read_record); it must hold that version."""
     return _read_version(directory, number, key)[0]
+
+
+def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes] | None:
+    """The published version's record, verified (_read_version), and its bytes as stored, once
+    the whole history below it is found to be its own: each record names the sha256 of the one
+    below it, down to version 1 (or to a record from before the chain), so the MAC of the
+    newest binds every one (anchor.descends: one read and one sha256 per version, no MAC or
+    field check each). A record of another map of the same salt put in a version's place
+    verifies on its own; it breaks the chain here. None for a new map."""
+    number = current_version_number(directory)
+    if number == 0:
+        return None
+    data, raw = _read_version(directory, number, key)
+    record_of = _record_reader(directory)
+    if not descends(number, 1, hashlib.sha256(record_of(1)).hexdigest(),
+                    lambda n: raw if n == number else record_of(n)):
+        for below in range(number - 1, 0, -1):  # a record damaged or edited is told as such
+            _read_version(directory, below, key)
+        raise IdMapError(
+            f"the versions of the id map {directory} do not form one chain from version 1 to "
+            f"{number} (a record names another sha256 than the one below it: another map's "
+            f"version put in its place?), so the map's history cannot be trusted. Restore the "
+            f"id map from a backup; nothing was read or written.")
+    return data, raw
+
+
+def recorded_history(directory: str, key: MapKey) -> list[dict[str, Any]]:
+    """The night of every version, as the published version's record lists them (each record
+    carries its whole history, so its MAC binds every night before it): what the gate confirms
+    a night against. Versions below it put in place from another map change nothing here;
+    the run's open path refuses them (verified_newest)."""
+    number = current_version_number(directory)
+    return read_version_record(directory, number, key)["history"] if number else []
 
 
 def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
@@ -363,12 +398,16 @@ def empty_version(identity: MapIdentity) -> MapVersion:
                       hash_shards=0)
 
 
-def map_id_of(base: MapVersion, night: Night) -> str:
+def map_id_of(base: MapVersion, night: Night, checksums: dict[str, dict]) -> str:
     """The id a map gets at its first commit (or, from before ids, its next): derived from its
-    salt's fingerprint, the record it grows from and the night that makes it, so the same
-    nights give the same map bytes on every engine (determinism), while maps of other nights
-    or salts get other ids. Only the salt's holder can write a record naming it (the MAC)."""
-    seed = "\0".join((base.identity.salt_fingerprint, base.record_sha256 or "", night.identity))
+    salt's fingerprint, the record it grows from, the night that makes it and the checksums of
+    the segment files that version lists. Those files hold the night's keys, hashed under the
+    salt, so maps of other keys get other ids even when their nights publish the same bytes
+    (one request each of the same length: the same dense ids, lengths and times); only twins
+    (the same night under the same salt) are one map. The same nights give the same id on
+    every engine (determinism); only the salt's holder can write a record naming it (the MAC)."""
+    seed = "\0".join((base.identity.salt_fingerprint, base.record_sha256 or "", night.identity,
+                      canonical(checksums)))
     return hashlib.sha256(b"kvtrace map id\0" + seed.encode()).hexdigest()[:32]
 
 
@@ -387,6 +426,30 @@ def segment_folder(version: int, run_id: str) -> str:
 def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
     return storage.join(directory, "segments", segment_folder(version, run_id),
                             f"{kind}-{shard:05d}.parquet")
+
+
+def settle_segments(directory: str, version: int,
+                    written: dict[str, list[SegmentFile]]) -> dict[str, list[SegmentFile]]:
+    """The run's new segment files moved from its own folder to the one their content names
+    (the digest of every file's name and checksums), so a version's record is the same whatever
+    run wrote it. Two runs of one content write the same bytes there (a rename over equal
+    bytes); of other contents, other folders. A run killed midway leaves files no version lists,
+    which cleanup deletes (discard_abandoned)."""
+    files = sorted((f for kind in KINDS for f in written[kind]), key=lambda f: f.path)
+    if not files:
+        return written
+    content = canonical([[f.path.rsplit("/", 1)[1], f.data, f.index] for f in files])
+    folder = storage.join(directory, "segments", segment_folder(
+        version, hashlib.sha256(b"kvtrace segment folder\0" + content.encode()).hexdigest()[:12]))
+    storage.make_folder(folder, private=True)
+    staged = {f.path.rsplit("/", 1)[0] for f in files} - {folder}
+    for segment in files:
+        for source in (segment.path, index_path(segment.path)):
+            storage.rename(source, storage.join(folder, source.rsplit("/", 1)[1]))
+    for emptied in staged:
+        storage.remove_folder(emptied)
+    return {kind: [f._replace(path=storage.join(folder, f.path.rsplit("/", 1)[1]))
+                   for f in written[kind]] for kind in KINDS}
 
 
 def shard_of_segment(path: str) -> int:
@@ -481,10 +544,10 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
         canonical(identity.__dict__)
     except ValueError as err:  # NaN in --chat-template-kwargs: found now, not at the commit
         raise IdMapError(f"an id map cannot record this run's settings: {err}") from None
-    number = current_version_number(directory)
-    if number == 0:
+    newest = verified_newest(directory, key)
+    if newest is None:
         return empty_version(identity)
-    data, raw = _read_version(directory, number, key)
+    data, raw = newest
     version = MapVersion.from_record(data, hashlib.sha256(raw).hexdigest())
     differences = version.identity.differences(identity)
     if differences:
@@ -590,10 +653,11 @@ def next_version(
         raise JobStopped(f"the id map {directory} would pass {MAX_IDS} ids of a kind ({next_id}); "
                          f"nothing was published. Start a new map in another directory.")
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
+    checksums = {name: sums[name] for name in sorted(listed)}
     return replace(
         base,
         version=number,
-        map_id=base.map_id or map_id_of(base, night),
+        map_id=base.map_id or map_id_of(base, night, checksums),
         previous_sha256=base.record_sha256,
         record_sha256=None,
         timestamp_origin_ms=origin,
@@ -602,7 +666,7 @@ def next_version(
         hash_shards=hash_shards,
         history=base.history + [night_entry(number, added, compacted, night.start,
                                             night.identity)],
-        checksums={name: sums[name] for name in sorted(listed)},
+        checksums=checksums,
     )
 
 
@@ -711,7 +775,8 @@ def publish_night(
     new = next_version(
         directory,
         base,
-        written={"blocks": block_files, "sessions": session_files},
+        written=settle_segments(directory, base.version + 1,
+                                {"blocks": block_files, "sessions": session_files}),
         added={"blocks": added_blocks, "sessions": added_sessions},
         compacted=compacted,
         hash_shards=hash_shards,

@@ -42,7 +42,7 @@ MAP_FORMAT = "kvtrace-id-map"
 # 4: the version keyed by a MAC instead of its own sha256.
 # 5: the kind of time the map's origin is (relative or epoch) recorded beside it.
 # 6: each version's history entry names the night that made it: its start and identity; the
-#    record holds the map's id (random at its creation, anchor.py names its mark by it) and
+#    record holds the map's id (given at its creation, anchor.py names its mark by it) and
 #    the sha256 of the record before it (previous_sha256: the versions form a chain).
 FORMAT_VERSION = 6
 # Keyed and kinded before nights were recorded: read as it is (its entries name no night, so

@@ -848,17 +848,14 @@ class MapVersionNumbering:
 
 
 def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
-    """Every version of an id map, each record verified with the map's key
-    (ids/id_map.read_version_record)."""
-    from kvtrace.transforms.ids.id_map import current_version_number, read_version_record
+    """Every version of an id map, as its published record (verified with the map's key)
+    lists them (ids/id_map.recorded_history)."""
+    from kvtrace.transforms.ids.id_map import recorded_history
     from kvtrace.transforms.ids.map_record import map_key
 
-    key, versions = map_key(salt), []
-    for number in range(1, current_version_number(directory) + 1):
-        entry = read_version_record(directory, number, key)["history"][-1]
-        versions.append(MapVersionNumbering(
-            _start_figures(entry["start"]) if "start" in entry else None, entry.get("night")))
-    return versions
+    return [MapVersionNumbering(_start_figures(entry["start"]) if "start" in entry else None,
+                                entry.get("night"))
+            for entry in recorded_history(directory, map_key(salt))]
 
 
 def _start_figures(start: dict) -> tuple[int, int, int]:

@@ -20,7 +20,7 @@ from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids import anchor, exclusive
 from kvtrace.transforms.ids.exclusive import TEMP_MARK
-from kvtrace.transforms.ids.map_record import map_key
+from kvtrace.transforms.ids.map_record import keyed, map_key
 
 SALT = b"anchor-test-salt-of-32-bytes!!!!"
 KEY = map_key(SALT)
@@ -119,11 +119,53 @@ def test_another_map_where_a_marked_map_was_is_refused_until_the_place_is_reboun
     _check(marks, directory, 1, chain("c"), map_id="c" * 32)
 
 
+def test_a_link_in_the_maps_path_repointed_leaves_its_spelling_bound_to_the_map(tmp_path):
+    marks = _marks(tmp_path)
+    (tmp_path / "live").mkdir()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "current").symlink_to(tmp_path / "live")
+    spelled = str(tmp_path / "current" / "map")
+    _advance(marks, spelled, 2)
+    (tmp_path / "current").unlink()
+    (tmp_path / "current").symlink_to(tmp_path / "empty")  # another place, the same spelling
+    with pytest.raises(JobStopped, match="a link in its path leads elsewhere"):
+        _check(marks, spelled, 0, map_id=None)  # no map there: not a new map from id 0
+    _check(marks, str(tmp_path / "empty" / "map"), 0, map_id=None)  # another spelling: free
+    anchor.rebind(marks, spelled, None, KEY)  # a new map there, on purpose
+    _check(marks, spelled, 0, map_id=None)
+    _advance(marks, spelled, 1, chain("b"), map_id="b" * 32)
+    with pytest.raises(JobStopped, match="kvtrace id-map rebind"):  # both now bound to it
+        _check(marks, str(tmp_path / "empty" / "map"), 0, map_id=None)
+
+
+def test_marks_hold_the_place_by_its_digest_so_their_size_does_not_grow_with_its_path(
+        tmp_path):
+    marks = _marks(tmp_path)
+    deep = os.fsdecode(os.fsencode(str(tmp_path)) + (b"/" + b"\xe9" * 250) * 16 + b"/map")
+    _advance(marks, deep, 1)
+    sizes = [os.path.getsize(os.path.join(marks, name)) for name in os.listdir(marks)]
+    assert len(sizes) == 2 and max(sizes) < 512 < anchor.MAX_MARK_BYTES  # ~24 KB escaped
+    _check(marks, deep, 1)
+    with pytest.raises(JobStopped, match="kvtrace id-map rebind"):
+        _check(marks, deep, 1, map_id="b" * 32)
+
+
+def test_a_place_file_holding_its_path_as_written_before_digests_still_binds(tmp_path):
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    os.makedirs(marks)
+    Path(anchor.place_path(marks, directory)).write_bytes(keyed({
+        "format": anchor.PLACE_FORMAT, "place": anchor.map_location(directory),
+        "map_id": MAP_ID}, KEY))
+    _check(marks, directory, 0, map_id=MAP_ID)
+    with pytest.raises(JobStopped, match="kvtrace id-map rebind"):
+        _check(marks, directory, 0, map_id=None)
+
+
 def test_marks_are_named_from_the_places_bytes_whatever_their_encoding(tmp_path):
     marks = _marks(tmp_path)
     odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/night\xff")
     _advance(marks, odd, 1)
-    assert anchor.read_place(anchor.place_path(marks, odd), odd, KEY)["map_id"] == MAP_ID
+    assert anchor.read_location(anchor.place_path(marks, odd), odd, KEY)["map_id"] == MAP_ID
     _check(marks, odd, 1)
 
 

@@ -6,13 +6,15 @@ The unit tests; the whole CLI runs are in tests/e2e/test_id_map_nights.py."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
-
-from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids import id_map, map_record
+from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.segments import SegmentFile
 
 SALT = "nightly-salt-kept-in-a-secret-manager"
@@ -57,8 +59,11 @@ def test_next_version_numbers_after_the_base_and_records_each_night():
     assert first.history[-1] == {"version": 1, "added": {"blocks": 7, "sessions": 0},
                                  "compacted": False, "night": "a" * 64, "start": night(base).start}
     assert first.previous_sha256 is None  # born with the map, its id from its first night:
-    assert first.map_id == id_map.map_id_of(base, night(base)) != id_map.map_id_of(
-        base, night(base, 0, "c" * 64))  # the same on every engine, another for another night
+    assert first.map_id == id_map.map_id_of(base, night(base), first.checksums) != \
+        id_map.map_id_of(base, night(base, 0, "c" * 64), first.checksums)  # another night's
+    other_keys = {name: sum_ | {"sha256": "2" * 64} for name, sum_ in first.checksums.items()}
+    assert id_map.map_id_of(base, night(base), other_keys) != first.map_id  # a night that
+    # publishes the same bytes from other keys (its segments' digests) is another map
     stored = id_map.version_bytes(first, KEY)
     first = replace(first, record_sha256=hashlib.sha256(stored).hexdigest())  # as opened
     second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
@@ -163,3 +168,54 @@ def test_segment_files_group_by_the_shard_their_name_holds_in_path_order():
     assert {shard: [f.path for f in group] for shard, group in grouped.items()} == {
         0: ["m/segments/000001-a/blocks-00000.parquet"],
         3: ["m/segments/000001-a/blocks-00003.parquet", "m/segments/000002-b/blocks-00003.parquet"]}
+
+
+def test_segments_settle_in_a_folder_their_content_names_whatever_run_wrote_them(tmp_path):
+    rows = np.array([(1, 2, 0), (3, 4, 1)], dtype=NUMBERED)
+    settled = []
+    for run in ("0123456789ab", "ba9876543210"):
+        directory = tmp_path / run
+        shard = id_map.write_segment_shard(str(directory), 1, run, "blocks", 0, [], [rows])
+        moved = id_map.settle_segments(str(directory), 1, {"blocks": [shard], "sessions": []})
+        settled.append((moved["blocks"][0]._replace(path=id_map.relative(
+            str(directory), moved["blocks"][0].path)), sorted(
+            str(p.relative_to(directory)) for p in directory.rglob("*"))))
+    assert settled[0] == settled[1]  # same name, same checksums, nothing else left
+    assert settled[0][0].path.split("/")[1] != "000001-0123456789ab"
+    other = id_map.write_segment_shard(str(tmp_path / "x"), 1, RUN, "blocks", 0, [], [rows[:1]])
+    moved = id_map.settle_segments(str(tmp_path / "x"), 1, {"blocks": [other], "sessions": []})
+    assert moved["blocks"][0].path.split("/")[-2] != settled[0][0].path.split("/")[1]
+
+
+def _map_of_nights(directory: Path, *nights: str) -> list[bytes]:
+    """A map of one version per night (no ids added: records only), as commits write it."""
+    base = id_map.empty_version(id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER,
+                                                   "scheme", {}))
+    records = []
+    for tag in nights:
+        new = id_map.next_version(str(directory), base, written(directory),
+                                  {"blocks": 0, "sessions": 0}, False, 64, 99,
+                                  night(base, 0, tag * 64))
+        records.append(id_map.publish(str(directory), base, new, KEY))
+        base = replace(new, record_sha256=hashlib.sha256(records[-1]).hexdigest())
+    return records
+
+
+def test_a_maps_history_is_verified_whole_from_version_one_to_its_newest(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    records = _map_of_nights(ours, "a", "b", "c")
+    assert id_map.verified_newest(str(ours), KEY)[1] == records[-1]
+    _map_of_nights(theirs, "d", "e")
+    nights = [entry["night"] for entry in id_map.recorded_history(str(ours), KEY)]
+    assert nights == ["a" * 64, "b" * 64, "c" * 64]  # the newest record's: every night
+    for spliced in (2, 1):  # each record verifies on its own, but follows no record of ours
+        shutil.copy(theirs / "versions" / f"00000{spliced}.json",
+                    ours / "versions" / f"00000{spliced}.json")
+        with pytest.raises(IdMapError, match="do not form one chain") as caught:
+            id_map.verified_newest(str(ours), KEY)
+        assert "\n" not in str(caught.value)
+        with pytest.raises(IdMapError, match="do not form one chain"):  # the run's open
+            id_map.open_map(str(ours), id_map.empty_version(id_map.MapIdentity(
+                KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})).identity, KEY)
+        # the gate confirms nights by the newest record, which names ours only
+        assert [e["night"] for e in id_map.recorded_history(str(ours), KEY)] == nights
