@@ -88,7 +88,8 @@ def encode_in_workers(work: RangeWork, pieces: list[FileRange], processes: int,
 def _start_pool(work: RangeWork, pieces: list[FileRange], processes: int,
                 total_bytes: int) -> ProcessPoolExecutor:
     """Workers forked from this process (_can_fork) once it has loaded the encoder and warmed it
-    up, or started clean, each building its own."""
+    up, or started clean, each building its own and warming it up (_start_worker): either way
+    no worker claims a range cold."""
     forked = _can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     bounds = context.Array("q", run_bounds(len(pieces), processes))
@@ -184,9 +185,15 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
 
 def _start_worker(work: RangeWork, total_bytes: int, pieces: list[FileRange],
                   bounds: Any, budget: tuple[float, int]) -> None:
+    """A worker started clean, warmed up as a forked one is before it claims a range: its first
+    render imports the renderer and compiles the template (~0.2 s of a core, seconds of the
+    wall clock on a loaded machine), which must not count against the budget of a record's
+    render, or that record's fate would hang on the machine's load."""
     _leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
-    _WORKER.update(work=work, encoder=work.new_encoder(), progress=ReadProgress(total_bytes),
+    encoder = work.new_encoder()
+    work.warm_up(encoder, pieces[0])
+    _WORKER.update(work=work, encoder=encoder, progress=ReadProgress(total_bytes),
                    pieces=pieces, bounds=bounds)
     settle_after_start_up()
 
