@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from kvtrace.pipelines import local_workers
 from kvtrace.pipelines.anonymize_night import Encoded
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.read.sources import FileRange, ReadProgress
 
 PIECES = [FileRange("in.jsonl", start, start + 1) for start in range(4)]
@@ -35,3 +36,19 @@ def test_every_worker_is_warmed_up_before_it_encodes_forked_or_started_clean(for
     monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
     parts = local_workers.encode_in_workers(WarmthWork(), PIECES, 2, len(PIECES))
     assert [part.read for part in parts] == [PIECES[0].start] * len(PIECES)
+
+
+@dataclass(frozen=True)
+class HostileWork(WarmthWork):
+    """Stops the job in its warm-up, as a template reaching for Python internals does."""
+
+    def warm_up(self, encoder: dict, first: FileRange) -> None:
+        raise JobStopped("the chat template tried to reach Python internals")
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_stop_in_the_warm_up_is_the_runs_error_forked_or_started_clean(forked, monkeypatch):
+    monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
+    with pytest.raises(JobStopped) as stopped:
+        local_workers.encode_in_workers(HostileWork(), PIECES, 2, len(PIECES))
+    assert JobStopped.message_in(stopped.value) == "the chat template tried to reach Python internals"
