@@ -88,7 +88,8 @@ def encode_in_workers(work: RangeWork, pieces: list[FileRange], processes: int,
 def _start_pool(work: RangeWork, pieces: list[FileRange], processes: int,
                 total_bytes: int) -> ProcessPoolExecutor:
     """Workers forked from this process (_can_fork) once it has loaded the encoder and warmed it
-    up, or started clean, each building its own."""
+    up, or started clean, each building its own and warming it up (_encode_claimed): either way
+    no worker claims a range cold."""
     forked = _can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     bounds = context.Array("q", run_bounds(len(pieces), processes))
@@ -184,10 +185,11 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
 
 def _start_worker(work: RangeWork, total_bytes: int, pieces: list[FileRange],
                   bounds: Any, budget: tuple[float, int]) -> None:
+    """A worker started clean, to be warmed up before its first claim (_encode_claimed)."""
     _leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
     _WORKER.update(work=work, encoder=work.new_encoder(), progress=ReadProgress(total_bytes),
-                   pieces=pieces, bounds=bounds)
+                   pieces=pieces, bounds=bounds, cold=True)
     settle_after_start_up()
 
 
@@ -220,6 +222,13 @@ def _encode_claimed(worker: int) -> list[tuple[int, Encoded]]:
     """Ranges encoded by one worker, each with its place in the input (results are put back in
     input order, whoever encoded them)."""
     pieces, bounds, done = _WORKER["pieces"], _WORKER["bounds"], []
+    # A clean worker is warmed up as a forked one was: its first render imports the renderer and
+    # compiles the template (~0.2 s of a core, seconds of the wall clock on a loaded machine),
+    # which must not count against a record's render budget, or that record's fate would hang on
+    # the machine's load. Here, not in the initializer: a stop it raises (a hostile template) is
+    # then the run's error, not a broken pool.
+    if _WORKER.pop("cold", False):
+        _WORKER["work"].warm_up(_WORKER["encoder"], pieces[0])
     while True:
         with bounds.get_lock():
             index = claim(bounds, worker)
