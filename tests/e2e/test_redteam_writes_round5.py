@@ -82,7 +82,6 @@ def _bytes_run(*args: bytes | str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONIOENCODING": "utf-8"})
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_rejected_record_of_an_input_whose_name_is_not_utf8_is_a_dead_letter(
         tiny_tokenizer, tmp_path):
     """Inputs whose names are not UTF-8 are read (round 2), and a run without rejects
