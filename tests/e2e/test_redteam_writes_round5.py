@@ -41,7 +41,6 @@ os.rename = _rename_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_long_output_name_and_its_digest_stem_are_two_outputs(tiny_tokenizer, tmp_path):
     """publish._stem names a long output's lock and staging names by "~" + 32 hex digits of
     its name's sha256, and any short name that is exactly that string stems to itself: two

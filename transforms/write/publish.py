@@ -88,6 +88,7 @@ NAME_MAX = 255
 # The longest run id a staging name carries: new_run_id's 12 hex digits, a block-hashes folder's
 # 16 (shards.hashes_staging); staging_folder refuses a longer one, so the room always holds.
 MAX_RUN_ID_CHARS = 16
+_DIGEST_MARK = "~"  # leads a stem that is a digest of its output's name (_stem)
 _HIDDEN_ROOM = len(".") + len(STAGING_MARK) + MAX_RUN_ID_CHARS + len(".previous")
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -117,10 +118,12 @@ def _split(path: str) -> tuple[str, str]:
 
 def _stem(name: str) -> str:
     """The output's name in its staging and lock names: itself, or where those would pass
-    NAME_MAX, a digest of it (the same for every run, so the next one finds a killed one's)."""
-    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX:
+    NAME_MAX, a digest of it (the same for every run, so the next one finds a killed one's).
+    One stem, one output: a name that starts with the digest's mark is digested too, so no
+    name stands for itself where it could read as another's digest."""
+    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX and not name.startswith(_DIGEST_MARK):
         return name
-    return "~" + sha256_of(os.fsencode(name))[:32]
+    return _DIGEST_MARK + sha256_of(os.fsencode(name))[:32]
 
 
 def sha256_of(data: bytes) -> str:

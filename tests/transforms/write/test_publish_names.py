@@ -3,6 +3,7 @@ a file name, and the one-line refusals of a file or folder output before any wor
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 
@@ -91,3 +92,16 @@ def test_many_foreign_files_are_named_five_then_counted_in_one_line(tmp_path):
         check_output(str(out))
     message = str(refused.value)
     assert "\n" not in message and "f0, f1, f2, f3, f4 and 3 more" in message
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(NAMES, st.text(min_size=1, max_size=40).filter(lambda n: "/" not in n)))
+def test_no_two_outputs_share_a_lock_or_a_staging_name(name):
+    """The stem is one output's: a short name spelled like a long name's digest stem (or any
+    name starting with the digest's mark) is digested itself, so it never names the long
+    output's lock or staging folder (whose `.previous` would be taken for its own)."""
+    digest = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    for a, b in ((name, digest), (digest, "~" + digest)):
+        if a != b:
+            assert lock_path(f"/d/{a}") != lock_path(f"/d/{b}")
+            assert staging_folder(f"/d/{a}", "0" * 12) != staging_folder(f"/d/{b}", "0" * 12)
