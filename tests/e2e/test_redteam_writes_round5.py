@@ -132,8 +132,10 @@ publish.publish_folder = _publish_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
-@pytest.mark.parametrize("rerun", ["old name", "new name"])
+@pytest.mark.parametrize("rerun", [pytest.param("old name", marks=pytest.mark.xfail(
+    strict=True, reason=f"{ROUND5}: a run of the old name cannot find the moved output, so its "
+    "letters stay staged (kept, not removed) until a run of the moved folder publishes them")),
+    "new name"])
 def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer, tmp_path,
                                                                  rerun):
     """The run's mark on its output (user.kvtrace.run: run id, letters folder) is an extended

@@ -351,10 +351,19 @@ def restore_interrupted(output: str) -> list[str]:
     for leftover in leftovers:
         path = os.path.join(parent, leftover)
         if os.path.isdir(path) and not os.path.islink(path):
+            _drop_marked_letters(path)  # never published: its letters go with it
             shutil.rmtree(path, ignore_errors=True)
         else:  # a single file's staged copy
             os.remove(path)
     return leftovers
+
+
+def _drop_marked_letters(staging: str) -> None:
+    """The letters of the run a killed run's staging folder is marked by, removed (before the
+    folder: a kill in between leaves the mark to find them again)."""
+    marked = _marked_run(staging)
+    if marked is not None:
+        _settle_staged(marked[1], marked[0], _marked_staging(marked), publish=False)
 
 
 def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
@@ -859,7 +868,7 @@ class DeadLetterRun:
     run's letters go.
     """
 
-    _PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
+    PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
@@ -875,8 +884,9 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
-        if not is_url(output_staging) and _mark(output_staging, self.run_id, place(self.folder)):
-            with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
+        if not is_url(output_staging) and _mark(output_staging, self.run_id, place(self.folder),
+                                                 _output_key(self.output)):
+            with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as f:
                 f.write(self.run_id.encode())
 
     def settle(self, run_succeeded: bool) -> bool:
@@ -885,7 +895,7 @@ class DeadLetterRun:
         filesystems without extended attributes). Returns whether they were published."""
         if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
             return True
-        marked = storage.exists(storage.join(self.staging, self._PUBLISHES))
+        marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
         return _settle_staged(self.folder, self.run_id, self.staging,
                               publish=run_succeeded and not marked)
 
@@ -903,9 +913,16 @@ def settle_marked_letters(output: str) -> tuple[str, str] | None:
     published, None for none."""
     marked = _marked_run(output)
     published = marked is not None and _settle_staged(
-        marked[1], marked[0], _letters_staging(marked[1], output, marked[0]), publish=True)
+        marked[1], marked[0], _marked_staging(marked), publish=True)
     _unmark(output)  # after the letters: a kill in between leaves the mark for the next run
-    return marked if published else None
+    return marked[:2] if marked and published else None
+
+
+def _marked_staging(marked: tuple[str, str, str]) -> str:
+    """Where the marked run staged its letters: by the key its mark carries, the name its
+    output had when it ran (the mark moves with the folder, a later name keys nothing)."""
+    run_id, folder, key = marked
+    return storage.join(folder, f".{key}{STAGING_MARK}{run_id}")
 
 
 def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> bool:
@@ -923,16 +940,20 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
 def recover_letters(folder: str, output: str) -> list[str]:
     """Under the output's lock, before the run stages anything: settle the letters killed runs
     of this output left: the marked run's (its output is published) wherever they are staged,
-    then those in folder, which go (no other run's output stands). Returns the run ids
-    published."""
+    then those in folder, which go (no other run's output stands), but for a marked run's
+    (`publishes`): its output went out under this name and may stand under another (moved),
+    so its mark decides, and its letters go only with its unpublished staging folder
+    (restore_interrupted). Returns the run ids published."""
     marked = settle_marked_letters(output)
     published = [marked[0]] if marked else []
     if is_url(folder) or not os.path.isdir(folder):
         return published
     prefix = f".{_output_key(output)}{STAGING_MARK}"
     for name in sorted(os.listdir(folder)):
-        if name.startswith(prefix):
-            _settle_staged(folder, name[len(prefix):], os.path.join(folder, name), publish=False)
+        staged = os.path.join(folder, name)
+        if name.startswith(prefix) and not os.path.exists(
+                os.path.join(staged, DeadLetterRun.PUBLISHES)):
+            _settle_staged(folder, name[len(prefix):], staged, publish=False)
     return published
 
 
@@ -952,10 +973,10 @@ def _output_key(output: str) -> str:
 _RUN_MARK = "user.kvtrace.run"
 
 
-def _mark(folder: str, run_id: str, letters: str) -> bool:
+def _mark(folder: str, run_id: str, letters: str, key: str) -> bool:
     """Mark a local folder as the run's (kept through renames); False where the filesystem
     keeps no extended attributes, or none that long."""
-    mark = json.dumps({"letters": letters, "run": run_id}, sort_keys=True).encode()
+    mark = json.dumps({"key": key, "letters": letters, "run": run_id}, sort_keys=True).encode()
     if len(mark) > MAX_MARK_BYTES:
         return False
     try:
@@ -968,19 +989,21 @@ def _mark(folder: str, run_id: str, letters: str) -> bool:
     return True
 
 
-def _marked_run(folder: str) -> tuple[str, str] | None:
-    """The run id and dead-letter folder place a folder's mark names (None: no folder, no
-    mark, or none kvtrace writes: a run id that is a plain name, a place that is absolute)."""
+def _marked_run(folder: str) -> tuple[str, str, str] | None:
+    """The run id, dead-letter folder place and letters' key a folder's mark names (None: no
+    folder, no mark, or none kvtrace writes: a run id that is a plain name, a place that is
+    absolute, a key of _output_key's form)."""
     try:
         mark = json.loads(os.getxattr(folder, _RUN_MARK, follow_symlinks=False))
-        run_id, letters = mark["run"], mark["letters"]
+        run_id, letters, key = mark["run"], mark["letters"], mark["key"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if set(mark) != {"letters", "run"} or not isinstance(run_id, str) or not isinstance(
+    if set(mark) != {"key", "letters", "run"} or not isinstance(key, str) or not re.fullmatch(
+            "[0-9a-f]{12}", key) or not isinstance(run_id, str) or not isinstance(
             letters, str) or not _plain_name(run_id) or not (
             is_url(letters) or os.path.isabs(letters)) or folded(letters) != letters:
         return None
-    return run_id, letters
+    return run_id, letters, key
 
 
 def _plain_name(name: str) -> bool:
