@@ -241,7 +241,6 @@ def test_a_converted_output_is_read_whole_by_kvtraces_own_readers(tmp_path):
     assert main(["analyze", str(out)]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 @pytest.mark.parametrize("command", ["analyze", "anonymize"])
 def test_a_folder_output_by_a_lock_name_never_blocks_that_outputs_runs(tiny_tokenizer, tmp_path,
                                                                       command):

@@ -325,6 +325,9 @@ def _own_lock(path: str, handle: int) -> bool:
 # Only these, and only the running user's, are cleared as leftovers.
 _STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous|\.parts)?")
 _STAGED_NAME = re.compile(rf"\..+{re.escape(STAGING_MARK)}{_STAGING_ID.pattern}", re.DOTALL)
+# The name of an output's lock (lock_path): a file there is taken as it stands (it locks all
+# the same), a folder there is no lock, so no run of that output could start.
+_LOCK_NAME = re.compile(rf"\..+{re.escape(LOCK_MARK)}", re.DOTALL)
 
 
 def staging_leftover(parent: str, entry: str, name: str) -> bool:
@@ -756,6 +759,9 @@ def check_written(location: Location) -> None:
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
         raise OutputRefused(f"{flag} {path} is a mount point, which kvtrace cannot replace "
                             f"whole: name a location inside it")
+    if location.kind != FILE and _LOCK_NAME.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(f"{flag} {path}: a name kvtrace locks an output by (a folder there "
+                            f"would stop every run of that output); choose another")
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)

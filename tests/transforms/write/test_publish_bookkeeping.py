@@ -157,3 +157,15 @@ def test_nothing_is_written_inside_a_private_folder_kvtrace_made(tmp_path):
     with publish.folder_output(str(tmp_path / "out"), "analyze"):
         pass  # staged in a private folder, published for all to read
     assert not storage.is_private_folder(str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("name", [".X.kvtrace-lock", ".a b.jsonl.kvtrace-lock", ".\n.kvtrace-lock"])
+def test_a_lock_name_is_never_a_folder_output(tmp_path, name):
+    """A folder by an output's lock name would be opened as that output's lock (EISDIR): every
+    run of it stopped. Refused at the plan, in words that say why; a file by that name is a
+    lock as it stands (kept, test above), so a file output may take it."""
+    for writer in ("analyze", ""):
+        folder = Location("--output", str(tmp_path / name), FOLDER, writer=writer)
+        with pytest.raises(OutputRefused, match="locks an output by"):
+            plan_locations([], [folder])
+    plan_locations([], [Location("--json", str(tmp_path / name), FILE)])
