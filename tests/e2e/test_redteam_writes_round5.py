@@ -101,7 +101,6 @@ def test_a_rejected_record_of_an_input_whose_name_is_not_utf8_is_a_dead_letter(
     assert letters.read_bytes().count(b"\n") == 1
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_block_hashes_of_an_output_whose_name_is_not_utf8_are_written(tiny_tokenizer, tmp_path):
     """Round 4 keyed the output's letters and the map's mark by os.fsencode of their names,
     but shards.block_hashes_staging still names the block hashes' staging folder by

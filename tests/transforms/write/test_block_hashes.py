@@ -140,3 +140,14 @@ def test_a_run_killed_between_the_two_publishes_leaves_hashes_that_say_they_are_
     assert anonymize(tiny_tokenizer, [night[1]], out, *args) == 0  # the rerun mends it
     assert _belongs(hashes, out)
     assert not list(tmp_path.glob(f".hashes{STAGING_MARK}*"))
+
+
+def test_the_block_hashes_staging_of_an_output_whose_name_is_not_utf8_is_named(tmp_path):
+    """Linux names are bytes: b'night\\xff' reaches Python as a surrogate, which .encode()
+    refuses; its block hashes stage by the name's bytes, one name per output staging."""
+    hashes = str(tmp_path / "hashes")
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/.night\xff.kvtrace-staging-a")
+    other = os.fsdecode(os.fsencode(str(tmp_path)) + b"/.night\xfe.kvtrace-staging-a")
+    staged = block_hashes_staging(hashes, odd)
+    assert staged.startswith(str(tmp_path / ".hashes.kvtrace-staging-"))
+    assert staged != block_hashes_staging(hashes, other)
