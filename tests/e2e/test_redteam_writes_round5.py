@@ -167,7 +167,6 @@ TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
           "hash_ids": [1, 2, 10 + i]} for i in range(6)]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_double_star_glob_through_a_link_keeps_outputs_out_of_what_it_reads(tmp_path):
     """Round 4 placed a glob's folders as glob(3) walks them (Reach.every), but not for a
     glob with `**`: Reach takes it for a recursive glob ('everything beneath its folder',

@@ -677,7 +677,9 @@ def spots_beneath(path: Sequence[Spot], folder: Sequence[Spot]) -> list[tuple[st
 @dataclass(frozen=True)
 class Reach:
     """What reading one path or glob reads: the place itself, or for a glob, what its
-    wildcards match beneath its folder (everything beneath it, for a recursive **)."""
+    wildcards match beneath its folder (everything beneath it, for an object store's **). A
+    local glob is read by glob(3) (paths.expand_inputs), where ** is one name's *: so is it
+    here, its folders walked as glob walks them (every), links included."""
 
     read: str
     place: str
@@ -692,7 +694,7 @@ class Reach:
         head = read[: min(read.find(c) for c in "*?[" if c in read)]
         cut = head.rfind("/") + 1
         return cls(read, read_place(read[:cut] or ".", resolved),
-                   tuple(p for p in read[cut:].split("/") if p), "**" in read)
+                   tuple(p for p in read[cut:].split("/") if p), "**" in read and is_url(read))
 
     @classmethod
     def every(cls, read: str, resolved: dict[str, str]) -> list[Reach]:
