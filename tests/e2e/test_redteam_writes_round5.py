@@ -189,7 +189,6 @@ def test_a_double_star_glob_through_a_link_keeps_outputs_out_of_what_it_reads(tm
     assert code == 2 and not report.exists(), "published where the next run reads it"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_users_folder_given_for_letters_is_not_made_kvtraces_forever(tiny_tokenizer, tmp_path):
     """storage.make_folder(private=True) marks whatever folder it is given with
     user.kvtrace.private (and chmods it 0700), one the user made included: `anonymize ...

@@ -797,6 +797,11 @@ def _check_private(location: Location, writer: str) -> None:
     if writer:
         raise OutputRefused(f"{location.flag} {location.path} is an output of kvtrace {writer}; "
                             f"private files never go there: write elsewhere")
+    path = location.path
+    if not is_url(path) and os.path.isdir(path) and not storage.is_private_folder(path):
+        unfit = storage.unfit_for_private_files(path)  # as make_folder finds it: before the work
+        if unfit:
+            raise OutputRefused(f"{location.flag} {unfit}")
 
 
 def _check_not_in_an_output(location: Location, path: str) -> None:
