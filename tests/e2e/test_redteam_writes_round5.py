@@ -299,7 +299,6 @@ def test_beam_anonymize_reads_and_writes_names_that_are_not_utf8(tiny_tokenizer,
     assert (Path(os.fsdecode(out)) / "manifest.json").is_file()
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 @pytest.mark.parametrize("command", ["synthesize", "convert"])
 def test_a_trace_file_kvtrace_writes_is_read_by_its_own_readers(tmp_path, command):
     """Round 4's lone-shard rule (trace_inputs._check_lone) refuses any file by a shard's name

@@ -74,7 +74,7 @@ from kvtrace.transforms.storage import folded, is_url, place
 from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
-from kvtrace.transforms.trace_format import FORMAT, MANIFEST
+from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
 from kvtrace.transforms.write.manifest import set_content_times
 
 STAGING_MARK = ".kvtrace-staging-"
@@ -764,6 +764,10 @@ def check_written(location: Location) -> None:
     if location.kind != FILE and _LOCK_NAME.fullmatch(posixpath.basename(path)):
         raise OutputRefused(f"{flag} {path}: a name kvtrace locks an output by (a folder there "
                             f"would stop every run of that output); choose another")
+    if location.kind == FILE and TRACE_FILE.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(f"{flag} {path}: a shard's name, which kvtrace's readers take only "
+                            f"with its folder's manifest (a lone one is refused as a partial "
+                            f"copy); choose another")
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)

@@ -105,3 +105,15 @@ def test_no_two_outputs_share_a_lock_or_a_staging_name(name):
         if a != b:
             assert lock_path(f"/d/{a}") != lock_path(f"/d/{b}")
             assert staging_folder(f"/d/{a}", "0" * 12) != staging_folder(f"/d/{b}", "0" * 12)
+
+
+@pytest.mark.parametrize("name", ["trace-00000-of-00001.jsonl", "trace-00003-of-00010.parquet"])
+def test_a_file_output_never_takes_a_shards_name(tmp_path, name):
+    """kvtrace's readers take a file by a shard's name only with its folder's manifest
+    (trace_inputs._check_lone): a single-file writer (synthesize, convert -o FILE) refuses the
+    name before any work, rather than publish a file its own readers refuse."""
+    from kvtrace.transforms.write.publish import FILE, Location, plan_locations
+
+    with pytest.raises(OutputRefused, match="a shard's name"):
+        plan_locations([], [Location("-o", str(tmp_path / name), FILE)])
+    plan_locations([], [Location("-o", str(tmp_path / ("my-" + name)), FILE)])
