@@ -120,10 +120,21 @@ def _stem(name: str) -> str:
     """The output's name in its staging and lock names: itself, or where those would pass
     NAME_MAX, a digest of it (the same for every run, so the next one finds a killed one's).
     One stem, one output: a name that starts with the digest's mark is digested too, so no
-    name stands for itself where it could read as another's digest."""
-    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX and not name.startswith(_DIGEST_MARK):
+    name stands for itself where it could read as another's digest. So is one that is not
+    UTF-8 (Linux names are bytes): the staging names stay text Beam's steps can carry."""
+    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX and not name.startswith(
+            _DIGEST_MARK) and _is_text(name):
         return name
     return _DIGEST_MARK + sha256_of(os.fsencode(name))[:32]
+
+
+def _is_text(name: str) -> bool:
+    """Whether a name is UTF-8 (no surrogate stands in it for a byte that is not)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def sha256_of(data: bytes) -> str:

@@ -117,3 +117,14 @@ def test_a_file_output_never_takes_a_shards_name(tmp_path, name):
     with pytest.raises(OutputRefused, match="a shard's name"):
         plan_locations([], [Location("-o", str(tmp_path / name), FILE)])
     plan_locations([], [Location("-o", str(tmp_path / ("my-" + name)), FILE)])
+
+
+def test_the_staging_and_lock_names_of_a_name_that_is_not_utf8_are_text():
+    """Linux names are bytes: b'syn\\xff.jsonl' reaches Python as a surrogate, which Beam's
+    steps (UTF-8 text) cannot carry. Its stem is a digest, so a Beam engine's staging paths
+    (synthesize's parts, anonymize's shards) are text, one per name."""
+    names = [os.fsdecode(b"syn\xff.jsonl"), os.fsdecode(b"syn\xfe.jsonl")]
+    staged = [staging_folder(f"/d/{name}", "0" * 12) + ".parts" for name in names]
+    assert all(path.encode() for path in staged) and staged[0] != staged[1]
+    assert lock_path(f"/d/{names[0]}").encode() != lock_path(f"/d/{names[1]}").encode()
+    assert staging_folder("/d/syn.jsonl", "0" * 12) == "/d/.syn.jsonl.kvtrace-staging-" + "0" * 12
