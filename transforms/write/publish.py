@@ -996,8 +996,10 @@ def _output_key(output: str) -> str:
     return sha256_of(b"%d:%d/" % (status.st_dev, status.st_ino) + os.fsencode(name))[:12]
 
 
-# The extended attribute naming the run that staged a folder and the place of the dead-letter
-# folder its letters are staged in: {"letters": PLACE, "run": RUNID}.
+# The extended attribute naming the run that staged a folder, the place of the dead-letter
+# folder its letters are staged in and the key they are staged under (the output's when it ran,
+# so a run of the folder under a later name finds them): {"key": KEY, "letters": PLACE,
+# "run": RUNID}.
 _RUN_MARK = "user.kvtrace.run"
 
 
