@@ -60,15 +60,26 @@ class DeadLetter:
         # Undecodable bytes stay visible as \xNN escapes, so the line can be found and fixed.
         return json.dumps(
             {
-                "source": self.source,
+                "source": shown_name(self.source),
                 "error": self.reason,
-                "message": self.message[:LETTER_MESSAGE_CHARS],
+                "message": shown_name(self.message[:LETTER_MESSAGE_CHARS]),  # may quote a name
                 "line": self.line[:LETTER_LINE_BYTES].decode("utf-8", errors="backslashreplace"),
                 **_whole_line(self.line),
                 **({"lost_bytes": self.lost_bytes} if self.lost_bytes else {}),
             },
             ensure_ascii=False,
         )
+
+
+def shown_name(name: str) -> str:
+    """A file's name as text any UTF-8 writer takes: Linux names are bytes, and one that is not
+    UTF-8 reaches Python as surrogates (os.fsdecode), shown as \\xNN escapes of its bytes, as
+    `analyze` prints names and a letter's `line` shows its undecodable bytes. A surrogate no
+    byte stands for (a JSON record's lone \\ud800, quoted) is escaped as itself."""
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode()
 
 
 def _whole_line(line: bytes) -> dict:

@@ -162,9 +162,11 @@ def make_private(path: str) -> None:
 
 
 def make_folder(path: str, private: bool = False) -> None:
-    """A local folder (and its parents); those a private one needs are made owner-only, and a
-    private one that exists already is made so too (it holds private files: no other user may
-    list, rename or plant files there)."""
+    """A local folder (and its parents); those a private one needs are made owner-only and the
+    private one marked kvtrace's. A folder kvtrace did not make is never changed nor marked
+    (its private files are owner-only themselves), but one other users may write is refused:
+    they could rename, delete or plant files among the private ones. One kvtrace made (marked)
+    is made owner-only again if it was opened up."""
     if is_url(path):
         return
     if not private:
@@ -177,15 +179,33 @@ def make_folder(path: str, private: bool = False) -> None:
     for folder in reversed(missing):  # an existing parent is the user's: left as it is
         os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
         os.chmod(folder, PRIVATE_FOLDER)
-    mode = os.stat(target).st_mode & 0o777
+    if missing:
+        _mark_private(target)
+    elif is_private_folder(target):
+        _keep_owner_only(target)
+    elif unfit_private := unfit_for_private_files(target):
+        raise PermissionError(unfit_private)
+
+
+def unfit_for_private_files(folder: str) -> str | None:
+    """Why an existing local folder kvtrace did not make cannot hold its private files (None:
+    it can): other users may add, rename or remove names in it, and kvtrace does not change it."""
+    if not os.stat(folder).st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    return (f"{folder} may be written by other users, who could rename or plant files among "
+            f"its private ones; kvtrace changes no folder it did not make: give a folder of "
+            f"your own (chmod go-w)")
+
+
+def _keep_owner_only(folder: str) -> None:
+    mode = os.stat(folder).st_mode & 0o777
     if mode & ~PRIVATE_FOLDER:
         try:
-            os.chmod(target, PRIVATE_FOLDER)
+            os.chmod(folder, PRIVATE_FOLDER)
         except PermissionError:
-            raise PermissionError(f"cannot make {target} owner-only (it holds private files); "
+            raise PermissionError(f"cannot make {folder} owner-only (it holds private files); "
                                   f"give a folder of your own") from None
-        _LOG.info("made %s owner-only (it was %s): it holds private files", target, oct(mode))
-    _mark_private(target)
+        _LOG.info("made %s owner-only (it was %s): it holds private files", folder, oct(mode))
 
 
 # A folder of kvtrace's private files (dead letters, an id map, its marks, block hashes, a run's

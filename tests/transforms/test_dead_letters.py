@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tracemalloc
 
 from hypothesis import given, settings
@@ -138,3 +139,18 @@ def test_merging_letters_of_large_records_holds_one_bounded_letter_per_run(tmp_p
     tracemalloc.stop()
     assert peak < 24 * 7 * LETTER_LINE_BYTES, peak
     assert sum(1 for _ in open(tmp_path / "all.jsonl", "rb")) == 24
+
+
+def test_a_letter_of_a_file_whose_name_is_not_utf8_is_a_utf8_line_naming_its_bytes():
+    """A Linux name is bytes: b'night\\xff.jsonl' reaches Python as a surrogate, which a strict
+    UTF-8 encoding refuses; its letter names it escaped, as `analyze` prints names."""
+    name = os.fsdecode(b"/in/night\xff.jsonl")
+    line = DeadLetter(name, b"not json", "malformed_json", f"in {name}: bad").to_line()
+    letter = json.loads(line.decode("utf-8"))
+    assert letter["source"] == "/in/night\\xff.jsonl"
+    assert letter["message"] == "in /in/night\\xff.jsonl: bad"
+
+
+def test_a_lone_surrogate_no_byte_stands_for_is_escaped_as_itself():
+    line = DeadLetter("s", b"", "r", 'record quoted "\ud800"').to_line()
+    assert json.loads(line)["message"] == 'record quoted "\\ud800"'

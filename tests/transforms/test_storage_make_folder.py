@@ -1,4 +1,5 @@
-"""storage.make_folder: a private folder is owner-only whether kvtrace made it or found it."""
+"""storage.make_folder: a private folder kvtrace makes is owner-only and marked kvtrace's; one
+it did not make is never changed nor marked, and refused if other users may write it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,31 @@ import pytest
 from kvtrace.transforms import storage
 
 
-def test_an_existing_private_folder_is_made_owner_only_and_said_so(tmp_path, caplog):
-    folder = tmp_path / "dead"
+def test_a_users_existing_folder_is_neither_changed_nor_marked(tmp_path):
+    folder = tmp_path / "work"
     folder.mkdir()
+    folder.chmod(0o755)
+    storage.make_folder(str(folder), private=True)
+    assert folder.stat().st_mode & 0o777 == 0o755
+    assert not storage.is_private_folder(str(folder))
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777])
+def test_a_users_folder_others_may_write_is_refused_and_left_as_it_is(tmp_path, mode):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(mode)
+    with pytest.raises(PermissionError, match="may be written by other users"):
+        storage.make_folder(str(folder), private=True)
+    assert folder.stat().st_mode & 0o7777 == mode
+    assert not storage.is_private_folder(str(folder))
+
+
+def test_a_private_folder_kvtrace_made_and_opened_up_is_made_owner_only_again(tmp_path, caplog):
+    folder = tmp_path / "dead"
+    storage.make_folder(str(folder), private=True)
+    if not storage.is_private_folder(str(folder)):
+        pytest.skip("no extended attributes here")
     folder.chmod(0o777)
     with caplog.at_level(logging.INFO, logger="kvtrace"):
         storage.make_folder(str(folder), private=True)
@@ -28,7 +51,7 @@ def test_new_private_folders_are_owner_only_and_existing_parents_left_alone(tmp_
         0o755, 0o700, 0o700]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may chmod any folder")
-def test_a_private_folder_that_cannot_be_made_owner_only_is_refused(tmp_path):
-    with pytest.raises(PermissionError, match="cannot make / owner-only"):
-        storage.make_folder("/", private=True)
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write any folder")
+def test_a_folder_of_another_user_that_others_may_write_is_refused():
+    with pytest.raises(PermissionError, match="may be written by other users"):
+        storage.make_folder("/tmp", private=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import dataclasses
+
 import apache_beam as beam
 
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.routing import Routed, arrived, route_key, routed
 from kvtrace.transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
@@ -16,19 +18,28 @@ from kvtrace.transforms.steps import tagged
 
 
 class ReadFileRange(beam.DoFn):
-    """A FileRange in; (source, record) out, and a dead letter for each oversized record and
-    each file that breaks off (the records before the break still go out)."""
+    """A range's index in ranges in; (source, record) out, and a dead letter for each oversized
+    record and each file that breaks off (the records before the break still go out). Beam
+    carries text between steps as UTF-8, and a Linux name need not be: the ranges travel with
+    the step (pickled whole), their index between steps, and `source` leaves it as a letter
+    shows it (dead_letters.shown_name: \\xNN escapes), which the local engine's letters show."""
 
-    def __init__(self, max_record_bytes: int, total_bytes: int):
+    def __init__(self, ranges: Sequence[FileRange], max_record_bytes: int, total_bytes: int):
+        self._ranges = list(ranges)
         self._max_record_bytes = max_record_bytes
         self._total_bytes = total_bytes
 
     def setup(self) -> None:
         self._progress = ReadProgress(self._total_bytes)
 
-    def process(self, piece: FileRange) -> Iterator[Any]:
+    def process(self, index: int) -> Iterator[Any]:
+        piece = self._ranges[index]
+        source = shown_name(piece.path)
         for item in read_range(piece, self._max_record_bytes, self._progress):
-            yield tagged(item) if isinstance(item, DeadLetter) else item
+            if isinstance(item, DeadLetter):
+                yield tagged(dataclasses.replace(item, source=source))
+            else:
+                yield source, item[1]
 
 
 class ReadRecords(beam.PTransform):
@@ -46,9 +57,9 @@ class ReadRecords(beam.PTransform):
         ranges = [r for path, size in self._files for r in file_ranges(path, size)]
         return (
             pipeline
-            | "Ranges" >> beam.Create(ranges)
+            | "Ranges" >> beam.Create(range(len(ranges)))
             | "SpreadRanges" >> beam.Reshuffle()
-            | "ReadRanges" >> beam.ParDo(ReadFileRange(self._max_record_bytes, total))
+            | "ReadRanges" >> beam.ParDo(ReadFileRange(ranges, self._max_record_bytes, total))
             .with_outputs(DEAD_LETTER_TAG, main="records")
         )
 

@@ -74,7 +74,7 @@ from kvtrace.transforms.storage import folded, is_url, place
 from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
-from kvtrace.transforms.trace_format import FORMAT, MANIFEST
+from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
 from kvtrace.transforms.write.manifest import set_content_times
 
 STAGING_MARK = ".kvtrace-staging-"
@@ -88,6 +88,7 @@ NAME_MAX = 255
 # The longest run id a staging name carries: new_run_id's 12 hex digits, a block-hashes folder's
 # 16 (shards.hashes_staging); staging_folder refuses a longer one, so the room always holds.
 MAX_RUN_ID_CHARS = 16
+_DIGEST_MARK = "~"  # leads a stem that is a digest of its output's name (_stem)
 _HIDDEN_ROOM = len(".") + len(STAGING_MARK) + MAX_RUN_ID_CHARS + len(".previous")
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -117,10 +118,23 @@ def _split(path: str) -> tuple[str, str]:
 
 def _stem(name: str) -> str:
     """The output's name in its staging and lock names: itself, or where those would pass
-    NAME_MAX, a digest of it (the same for every run, so the next one finds a killed one's)."""
-    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX:
+    NAME_MAX, a digest of it (the same for every run, so the next one finds a killed one's).
+    One stem, one output: a name that starts with the digest's mark is digested too, so no
+    name stands for itself where it could read as another's digest. So is one that is not
+    UTF-8 (Linux names are bytes): the staging names stay text Beam's steps can carry."""
+    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX and not name.startswith(
+            _DIGEST_MARK) and _is_text(name):
         return name
-    return "~" + sha256_of(os.fsencode(name))[:32]
+    return _DIGEST_MARK + sha256_of(os.fsencode(name))[:32]
+
+
+def _is_text(name: str) -> bool:
+    """Whether a name is UTF-8 (no surrogate stands in it for a byte that is not)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def sha256_of(data: bytes) -> str:
@@ -322,6 +336,9 @@ def _own_lock(path: str, handle: int) -> bool:
 # Only these, and only the running user's, are cleared as leftovers.
 _STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous|\.parts)?")
 _STAGED_NAME = re.compile(rf"\..+{re.escape(STAGING_MARK)}{_STAGING_ID.pattern}", re.DOTALL)
+# The name of an output's lock (lock_path): a file there is taken as it stands (it locks all
+# the same), a folder there is no lock, so no run of that output could start.
+_LOCK_NAME = re.compile(rf"\..+{re.escape(LOCK_MARK)}", re.DOTALL)
 
 
 def staging_leftover(parent: str, entry: str, name: str) -> bool:
@@ -348,10 +365,19 @@ def restore_interrupted(output: str) -> list[str]:
     for leftover in leftovers:
         path = os.path.join(parent, leftover)
         if os.path.isdir(path) and not os.path.islink(path):
+            _drop_marked_letters(path)  # never published: its letters go with it
             shutil.rmtree(path, ignore_errors=True)
         else:  # a single file's staged copy
             os.remove(path)
     return leftovers
+
+
+def _drop_marked_letters(staging: str) -> None:
+    """The letters of the run a killed run's staging folder is marked by, removed (before the
+    folder: a kill in between leaves the mark to find them again)."""
+    marked = _marked_run(staging)
+    if marked is not None:
+        _settle_staged(marked[1], marked[0], _marked_staging(marked), publish=False)
 
 
 def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
@@ -662,7 +688,9 @@ def spots_beneath(path: Sequence[Spot], folder: Sequence[Spot]) -> list[tuple[st
 @dataclass(frozen=True)
 class Reach:
     """What reading one path or glob reads: the place itself, or for a glob, what its
-    wildcards match beneath its folder (everything beneath it, for a recursive **)."""
+    wildcards match beneath its folder (everything beneath it, for an object store's **). A
+    local glob is read by glob(3) (paths.expand_inputs), where ** is one name's *: so is it
+    here, its folders walked as glob walks them (every), links included."""
 
     read: str
     place: str
@@ -677,7 +705,7 @@ class Reach:
         head = read[: min(read.find(c) for c in "*?[" if c in read)]
         cut = head.rfind("/") + 1
         return cls(read, read_place(read[:cut] or ".", resolved),
-                   tuple(p for p in read[cut:].split("/") if p), "**" in read)
+                   tuple(p for p in read[cut:].split("/") if p), "**" in read and is_url(read))
 
     @classmethod
     def every(cls, read: str, resolved: dict[str, str]) -> list[Reach]:
@@ -744,6 +772,13 @@ def check_written(location: Location) -> None:
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
         raise OutputRefused(f"{flag} {path} is a mount point, which kvtrace cannot replace "
                             f"whole: name a location inside it")
+    if location.kind != FILE and _LOCK_NAME.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(f"{flag} {path}: a name kvtrace locks an output by (a folder there "
+                            f"would stop every run of that output); choose another")
+    if location.kind == FILE and TRACE_FILE.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(f"{flag} {path}: a shard's name, which kvtrace's readers take only "
+                            f"with its folder's manifest (a lone one is refused as a partial "
+                            f"copy); choose another")
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)
@@ -777,6 +812,11 @@ def _check_private(location: Location, writer: str) -> None:
     if writer:
         raise OutputRefused(f"{location.flag} {location.path} is an output of kvtrace {writer}; "
                             f"private files never go there: write elsewhere")
+    path = location.path
+    if not is_url(path) and os.path.isdir(path) and not storage.is_private_folder(path):
+        unfit = storage.unfit_for_private_files(path)  # as make_folder finds it: before the work
+        if unfit:
+            raise OutputRefused(f"{location.flag} {unfit}")
 
 
 def _check_not_in_an_output(location: Location, path: str) -> None:
@@ -856,7 +896,7 @@ class DeadLetterRun:
     run's letters go.
     """
 
-    _PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
+    PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
@@ -872,8 +912,9 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
-        if not is_url(output_staging) and _mark(output_staging, self.run_id, place(self.folder)):
-            with storage.create(storage.join(self.staging, self._PUBLISHES), private=True) as f:
+        if not is_url(output_staging) and _mark(output_staging, self.run_id, place(self.folder),
+                                                 _output_key(self.output)):
+            with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as f:
                 f.write(self.run_id.encode())
 
     def settle(self, run_succeeded: bool) -> bool:
@@ -882,7 +923,7 @@ class DeadLetterRun:
         filesystems without extended attributes). Returns whether they were published."""
         if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
             return True
-        marked = storage.exists(storage.join(self.staging, self._PUBLISHES))
+        marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
         return _settle_staged(self.folder, self.run_id, self.staging,
                               publish=run_succeeded and not marked)
 
@@ -900,9 +941,16 @@ def settle_marked_letters(output: str) -> tuple[str, str] | None:
     published, None for none."""
     marked = _marked_run(output)
     published = marked is not None and _settle_staged(
-        marked[1], marked[0], _letters_staging(marked[1], output, marked[0]), publish=True)
+        marked[1], marked[0], _marked_staging(marked), publish=True)
     _unmark(output)  # after the letters: a kill in between leaves the mark for the next run
-    return marked if published else None
+    return marked[:2] if marked and published else None
+
+
+def _marked_staging(marked: tuple[str, str, str]) -> str:
+    """Where the marked run staged its letters: by the key its mark carries, the name its
+    output had when it ran (the mark moves with the folder, a later name keys nothing)."""
+    run_id, folder, key = marked
+    return storage.join(folder, f".{key}{STAGING_MARK}{run_id}")
 
 
 def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> bool:
@@ -920,16 +968,20 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
 def recover_letters(folder: str, output: str) -> list[str]:
     """Under the output's lock, before the run stages anything: settle the letters killed runs
     of this output left: the marked run's (its output is published) wherever they are staged,
-    then those in folder, which go (no other run's output stands). Returns the run ids
-    published."""
+    then those in folder, which go (no other run's output stands), but for a marked run's
+    (`publishes`): its output went out under this name and may stand under another (moved),
+    so its mark decides, and its letters go only with its unpublished staging folder
+    (restore_interrupted). Returns the run ids published."""
     marked = settle_marked_letters(output)
     published = [marked[0]] if marked else []
     if is_url(folder) or not os.path.isdir(folder):
         return published
     prefix = f".{_output_key(output)}{STAGING_MARK}"
     for name in sorted(os.listdir(folder)):
-        if name.startswith(prefix):
-            _settle_staged(folder, name[len(prefix):], os.path.join(folder, name), publish=False)
+        staged = os.path.join(folder, name)
+        if name.startswith(prefix) and not os.path.exists(
+                os.path.join(staged, DeadLetterRun.PUBLISHES)):
+            _settle_staged(folder, name[len(prefix):], staged, publish=False)
     return published
 
 
@@ -944,15 +996,17 @@ def _output_key(output: str) -> str:
     return sha256_of(b"%d:%d/" % (status.st_dev, status.st_ino) + os.fsencode(name))[:12]
 
 
-# The extended attribute naming the run that staged a folder and the place of the dead-letter
-# folder its letters are staged in: {"letters": PLACE, "run": RUNID}.
+# The extended attribute naming the run that staged a folder, the place of the dead-letter
+# folder its letters are staged in and the key they are staged under (the output's when it ran,
+# so a run of the folder under a later name finds them): {"key": KEY, "letters": PLACE,
+# "run": RUNID}.
 _RUN_MARK = "user.kvtrace.run"
 
 
-def _mark(folder: str, run_id: str, letters: str) -> bool:
+def _mark(folder: str, run_id: str, letters: str, key: str) -> bool:
     """Mark a local folder as the run's (kept through renames); False where the filesystem
     keeps no extended attributes, or none that long."""
-    mark = json.dumps({"letters": letters, "run": run_id}, sort_keys=True).encode()
+    mark = json.dumps({"key": key, "letters": letters, "run": run_id}, sort_keys=True).encode()
     if len(mark) > MAX_MARK_BYTES:
         return False
     try:
@@ -965,19 +1019,21 @@ def _mark(folder: str, run_id: str, letters: str) -> bool:
     return True
 
 
-def _marked_run(folder: str) -> tuple[str, str] | None:
-    """The run id and dead-letter folder place a folder's mark names (None: no folder, no
-    mark, or none kvtrace writes: a run id that is a plain name, a place that is absolute)."""
+def _marked_run(folder: str) -> tuple[str, str, str] | None:
+    """The run id, dead-letter folder place and letters' key a folder's mark names (None: no
+    folder, no mark, or none kvtrace writes: a run id that is a plain name, a place that is
+    absolute, a key of _output_key's form)."""
     try:
         mark = json.loads(os.getxattr(folder, _RUN_MARK, follow_symlinks=False))
-        run_id, letters = mark["run"], mark["letters"]
+        run_id, letters, key = mark["run"], mark["letters"], mark["key"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if set(mark) != {"letters", "run"} or not isinstance(run_id, str) or not isinstance(
+    if set(mark) != {"key", "letters", "run"} or not isinstance(key, str) or not re.fullmatch(
+            "[0-9a-f]{12}", key) or not isinstance(run_id, str) or not isinstance(
             letters, str) or not _plain_name(run_id) or not (
             is_url(letters) or os.path.isabs(letters)) or folded(letters) != letters:
         return None
-    return run_id, letters
+    return run_id, letters, key
 
 
 def _plain_name(name: str) -> bool:

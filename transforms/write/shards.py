@@ -133,10 +133,11 @@ def write_shard(
 
 def block_hashes_staging(hashes: str | None, output_staging: str) -> str | None:
     """Where a run stages the block hashes of the output it stages in output_staging: beside
-    their folder (so one rename publishes them), named after that staging folder (one run's)."""
+    their folder (so one rename publishes them), named after that staging folder (one run's):
+    by its name's bytes, which need not be UTF-8 (Linux names are bytes)."""
     if hashes is None:
         return None
-    return staging_folder(hashes, sha256_of(output_staging.encode())[:16])
+    return staging_folder(hashes, sha256_of(os.fsencode(output_staging))[:16])
 
 
 def block_hashes_files(hashes: str) -> frozenset[str]:

@@ -8,6 +8,7 @@ import gzip
 import io
 import lzma
 import json
+import os
 import zlib
 
 import apache_beam as beam
@@ -244,3 +245,22 @@ def test_file_range_of_compressed_and_parquet_files_is_whole():
     assert file_ranges("a.jsonl.gz", 10**9, 100) == [FileRange("a.jsonl.gz", 0, None)]
     assert file_ranges("a.parquet", 10**9, 100) == [FileRange("a.parquet", 0, None)]
     assert len(file_ranges("a.jsonl", 1000, 100)) == 10
+
+
+def test_a_file_whose_name_is_not_utf8_is_read_on_beam_and_named_as_a_letter_names_it(tmp_path):
+    """Beam carries text between steps as UTF-8, which a surrogate (a byte of a Linux name
+    that is not UTF-8) breaks: the path stays in the step, and `source` leaves it escaped, as
+    the local engine's letter (dead_letters.shown_name) shows it, byte for byte."""
+    name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/in\xff.jsonl")
+    with open(name, "wb") as handle:
+        handle.write(LINES[0] + b"\n" + b"x" * 100 + b"\n")
+    shown = str(tmp_path) + "/in\\xff.jsonl"
+    local = [item for piece in file_ranges(name, os.path.getsize(name))
+             for item in read_range(piece, 64)]
+    assert isinstance(local[1], DeadLetter) and local[1].to_line().startswith(
+        json.dumps({"source": shown}).encode()[:-1])
+    with TestPipeline() as pipeline:
+        read = pipeline | ReadRecords([(name, os.path.getsize(name))], 64)
+        assert_that(read.records, equal_to([(shown, LINES[0])]))
+        assert_that(read[DEAD_LETTER_TAG] | beam.Map(DeadLetter.to_line),
+                    equal_to([local[1].to_line()]), label="SameLetter")

@@ -105,3 +105,14 @@ def test_a_folder_holding_what_kvtrace_did_not_write_is_refused_before_the_work(
     (tmp_path / "link").symlink_to(hashes)  # a swap would move the link, not its folder
     with pytest.raises(OutputRefused, match="is a link"):
         check_block_hashes_folder(str(tmp_path / "link"))
+
+
+def test_the_block_hashes_staging_of_an_output_whose_name_is_not_utf8_is_named(tmp_path):
+    """Linux names are bytes: b'night\\xff' reaches Python as a surrogate, which .encode()
+    refuses; its block hashes stage by the name's bytes, one name per output staging."""
+    hashes = str(tmp_path / "hashes")
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/.night\xff.kvtrace-staging-a")
+    other = os.fsdecode(os.fsencode(str(tmp_path)) + b"/.night\xfe.kvtrace-staging-a")
+    staged = block_hashes_staging(hashes, odd)
+    assert staged.startswith(str(tmp_path / ".hashes.kvtrace-staging-"))
+    assert staged != block_hashes_staging(hashes, other)

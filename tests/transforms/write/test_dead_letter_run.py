@@ -50,8 +50,10 @@ def test_the_mark_names_the_run_and_the_place_of_its_dead_letter_folder(tmp_path
     monkeypatch.chdir(tmp_path)
     staging = str(tmp_path / "staging")
     os.makedirs(staging)
-    DeadLetterRun("link/dead", str(tmp_path / "out"), "aaaaaaaaaaaa").begin(staging)
+    run = DeadLetterRun("link/dead", str(tmp_path / "out"), "aaaaaaaaaaaa")
+    run.begin(staging)
     assert json.loads(os.getxattr(staging, MARK)) == {
+        "key": os.path.basename(run.staging)[1:13],
         "letters": str(tmp_path.resolve() / "real" / "dead"), "run": "aaaaaaaaaaaa"}
 
 
@@ -90,6 +92,7 @@ def test_a_published_run_settles_its_own_letters_through_its_mark(tmp_path):
 def test_the_other_runs_staged_in_the_folder_go_as_their_outputs_never_stood(tmp_path):
     _staged_run(tmp_path, "D", "bbbbbbbbbbbb")  # killed before publishing
     _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
+    publish.restore_interrupted(str(tmp_path / "out"))  # as the next run's lock does first
     assert recover_letters(str(tmp_path / "D"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
@@ -118,7 +121,7 @@ def test_a_marked_folder_that_is_gone_settles_nothing_and_the_mark_goes(tmp_path
 def test_a_place_too_long_for_a_mark_is_no_mark(tmp_path):
     folder = str(tmp_path / "x")
     os.makedirs(folder)
-    assert not publish._mark(folder, "aaaaaaaaaaaa", "/" + "d" * MAX_MARK_BYTES)
+    assert not publish._mark(folder, "aaaaaaaaaaaa", "/" + "d" * MAX_MARK_BYTES, "0" * 12)
     assert MARK not in os.listxattr(folder)
 
 
@@ -151,7 +154,9 @@ def test_a_mark_kvtrace_would_not_write_is_no_mark(tmp_path):
     """An older plain run id, a relative or unfolded place, a run id that is a path, an extra
     key: nothing is published or removed by it, in D or anywhere, and the mark goes."""
     folder = str(tmp_path / "D")
-    for mark in [b"aaaaaaaaaaaa", json.dumps({"letters": "D", "run": "aaaaaaaaaaaa"}).encode(),
+    key = os.path.basename(DeadLetterRun(folder, str(tmp_path / "out"), "a" * 12).staging)[1:13]
+    for mark in [b"aaaaaaaaaaaa", json.dumps({"letters": folder, "run": "a" * 12}).encode(),
+                 json.dumps({"key": "../x", "letters": folder, "run": "a" * 12}).encode(), json.dumps({"letters": "D", "run": "aaaaaaaaaaaa"}).encode(),
                  json.dumps({"letters": folder + "/../D", "run": "aaaaaaaaaaaa"}).encode(),
                  json.dumps({"letters": folder, "run": "../aaaaaaaaaaaa"}).encode(),
                  json.dumps({"letters": folder, "run": "aaaaaaaaaaaa", "x": 1}).encode()]:
@@ -161,7 +166,7 @@ def test_a_mark_kvtrace_would_not_write_is_no_mark(tmp_path):
             DeadLetterRun(folder, output, "aaaaaaaaaaaa").staging)], mark
         assert MARK not in os.listxattr(output)
     output = _marked_output(tmp_path, json.dumps(  # the one kvtrace writes: settled
-        {"letters": place(folder), "run": "aaaaaaaaaaaa"}).encode())
+        {"key": key, "letters": place(folder), "run": "aaaaaaaaaaaa"}).encode())
     assert settle_marked_letters(output) == ("aaaaaaaaaaaa", place(folder))
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
@@ -171,7 +176,7 @@ def test_a_mark_kvtrace_would_not_write_is_no_mark(tmp_path):
 @given(mark=st.one_of(st.binary(min_size=1, max_size=200), st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=30),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["run", "letters", "x"]), inner, max_size=3), max_leaves=6).map(
+        st.sampled_from(["key", "run", "letters", "x"]), inner, max_size=3), max_leaves=6).map(
     lambda value: json.dumps(value).encode())))
 def test_any_mark_is_read_without_an_error_and_goes(tmp_path, mark):
     """Fuzz: whatever bytes the attribute holds, settling reads them without a traceback,
@@ -181,3 +186,24 @@ def test_any_mark_is_read_without_an_error_and_goes(tmp_path, mark):
     assert settled is None or settled == ("aaaaaaaaaaaa", place(str(tmp_path / "D")))
     assert MARK not in os.listxattr(output)
     shutil.rmtree(tmp_path / "D", ignore_errors=True)
+
+
+def test_a_published_output_moved_before_its_letters_settled_finds_them_by_its_mark(tmp_path):
+    """The mark carries the key its letters are staged under (the output's name when it ran):
+    a run of the moved folder settles them; a run of the old name keeps them (its mark, now
+    elsewhere, decides), never removing a published run's letters as a failed run's."""
+    _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
+    os.rename(tmp_path / "out", tmp_path / "archive")
+    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "out")) == []
+    assert any(name.endswith("aaaaaaaaaaaa") for name in _tree(tmp_path / "D"))
+    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "archive")) == ["aaaaaaaaaaaa"]
+    assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
+
+
+def test_a_killed_runs_marked_staging_takes_its_letters_when_cleared(tmp_path):
+    """Killed before its swap: the next run's lock clears its staging folder and, by the
+    folder's mark, its letters (never published: no output of it stands)."""
+    _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
+    with publish.output_lock(str(tmp_path / "out")):
+        pass
+    assert _tree(tmp_path / "D") == []

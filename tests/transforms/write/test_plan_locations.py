@@ -80,7 +80,8 @@ def test_a_written_location_never_meets_a_read_one_whatever_the_spelling(base, r
     ("*.jsonl", "out.jsonl", True),          # the next run would read it
     ("*.jsonl", "out.json", False),
     ("*.jsonl", "sub/out.jsonl", False),     # a plain glob reads no subfolder
-    ("**/*.jsonl", "sub/deeper/x.txt", True),  # a recursive one reads them all
+    ("**/*.jsonl", "sub/x.jsonl", True),     # a local ** is one name's *, as glob reads it
+    ("**/*.jsonl", "sub/deeper/x.jsonl", False),
     ("logs/*.jsonl", ".", True),             # around the folder it reads
     ("n?ght/*.jsonl", "night/out.jsonl", True),  # a wildcard in a folder's name
     ("n?ght/*.jsonl", "day/out.jsonl", False),
@@ -354,3 +355,15 @@ def test_a_killed_plans_staging_folder_goes_with_the_next_run(tmp_path):
         with open(os.path.join(staged.path, "analysis.txt"), "w") as handle:
             handle.write("a")
     assert os.listdir(tmp_path) == ["out"]
+
+
+def test_a_double_star_glob_through_a_link_reaches_what_it_reads(tmp_path):
+    """glob reads 'D/**/t*.jsonl' as 'D/*/t*.jsonl', through the link D/l -> ../E: E/t2.jsonl
+    would be read next run, whichever of the two spellings, so both are refused."""
+    (tmp_path / "D" / "sub").mkdir(parents=True)
+    (tmp_path / "E").mkdir()
+    (tmp_path / "E" / "t.jsonl").write_text("")
+    (tmp_path / "D" / "l").symlink_to("../E")
+    for pattern in ("D/*/t*.jsonl", "D/**/t*.jsonl"):
+        reads = [str(tmp_path / pattern)]
+        assert _refused(reads, [Location("--json", str(tmp_path / "E" / "t2.jsonl"), FILE)])

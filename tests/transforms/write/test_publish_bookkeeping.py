@@ -157,3 +157,31 @@ def test_nothing_is_written_inside_a_private_folder_kvtrace_made(tmp_path):
     with publish.folder_output(str(tmp_path / "out"), "analyze"):
         pass  # staged in a private folder, published for all to read
     assert not storage.is_private_folder(str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("name", [".X.kvtrace-lock", ".a b.jsonl.kvtrace-lock", ".\n.kvtrace-lock"])
+def test_a_lock_name_is_never_a_folder_output(tmp_path, name):
+    """A folder by an output's lock name would be opened as that output's lock (EISDIR): every
+    run of it stopped. Refused at the plan, in words that say why; a file by that name is a
+    lock as it stands (kept, test above), so a file output may take it."""
+    for writer in ("analyze", ""):
+        folder = Location("--output", str(tmp_path / name), FOLDER, writer=writer)
+        with pytest.raises(OutputRefused, match="locks an output by"):
+            plan_locations([], [folder])
+    plan_locations([], [Location("--json", str(tmp_path / name), FILE)])
+
+
+def test_a_users_folder_others_may_write_is_refused_for_private_files_before_the_work(
+        tmp_path):
+    """kvtrace changes no folder it did not make: one other users may write cannot hold its
+    private files, said at the plan; one only its owner writes is taken as it stands."""
+    from kvtrace.transforms import storage
+
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    own.mkdir(mode=0o755)
+    with pytest.raises(OutputRefused, match="--dead-letter .* may be written by other users"):
+        plan_locations([], [Location("--dead-letter", str(shared), FOLDER, private=True)])
+    plan_locations([], [Location("--dead-letter", str(own), FOLDER, private=True)])
+    assert shared.stat().st_mode & 0o777 == 0o777 and not storage.is_private_folder(str(own))

@@ -3,6 +3,7 @@ a file name, and the one-line refusals of a file or folder output before any wor
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 
@@ -91,3 +92,39 @@ def test_many_foreign_files_are_named_five_then_counted_in_one_line(tmp_path):
         check_output(str(out))
     message = str(refused.value)
     assert "\n" not in message and "f0, f1, f2, f3, f4 and 3 more" in message
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(NAMES, st.text(min_size=1, max_size=40).filter(lambda n: "/" not in n)))
+def test_no_two_outputs_share_a_lock_or_a_staging_name(name):
+    """The stem is one output's: a short name spelled like a long name's digest stem (or any
+    name starting with the digest's mark) is digested itself, so it never names the long
+    output's lock or staging folder (whose `.previous` would be taken for its own)."""
+    digest = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    for a, b in ((name, digest), (digest, "~" + digest)):
+        if a != b:
+            assert lock_path(f"/d/{a}") != lock_path(f"/d/{b}")
+            assert staging_folder(f"/d/{a}", "0" * 12) != staging_folder(f"/d/{b}", "0" * 12)
+
+
+@pytest.mark.parametrize("name", ["trace-00000-of-00001.jsonl", "trace-00003-of-00010.parquet"])
+def test_a_file_output_never_takes_a_shards_name(tmp_path, name):
+    """kvtrace's readers take a file by a shard's name only with its folder's manifest
+    (trace_inputs._check_lone): a single-file writer (synthesize, convert -o FILE) refuses the
+    name before any work, rather than publish a file its own readers refuse."""
+    from kvtrace.transforms.write.publish import FILE, Location, plan_locations
+
+    with pytest.raises(OutputRefused, match="a shard's name"):
+        plan_locations([], [Location("-o", str(tmp_path / name), FILE)])
+    plan_locations([], [Location("-o", str(tmp_path / ("my-" + name)), FILE)])
+
+
+def test_the_staging_and_lock_names_of_a_name_that_is_not_utf8_are_text():
+    """Linux names are bytes: b'syn\\xff.jsonl' reaches Python as a surrogate, which Beam's
+    steps (UTF-8 text) cannot carry. Its stem is a digest, so a Beam engine's staging paths
+    (synthesize's parts, anonymize's shards) are text, one per name."""
+    names = [os.fsdecode(b"syn\xff.jsonl"), os.fsdecode(b"syn\xfe.jsonl")]
+    staged = [staging_folder(f"/d/{name}", "0" * 12) + ".parts" for name in names]
+    assert all(path.encode() for path in staged) and staged[0] != staged[1]
+    assert lock_path(f"/d/{names[0]}").encode() != lock_path(f"/d/{names[1]}").encode()
+    assert staging_folder("/d/syn.jsonl", "0" * 12) == "/d/.syn.jsonl.kvtrace-staging-" + "0" * 12
