@@ -22,6 +22,7 @@ from kvtrace.transforms.replay.render import (
     vocabulary,
 )
 from kvtrace.transforms.read.trace_io import Trace, read_trace
+from kvtrace.transforms.stats.trace_blocks import covered_tokens
 from kvtrace.transforms.synth.shards import take_rows
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD
 from kvtrace.transforms.write.publish import StagedFile, file_output
@@ -62,7 +63,7 @@ def run_render(config: RenderConfig) -> dict:
 def _render(config: RenderConfig, output: StagedFile) -> dict:
     started = time.perf_counter()
     whole = read_trace(config.inputs)
-    trace, too_long = _within_row_bound(whole)
+    trace, too_long = _within_row_bound(whole, config.block_size)
     tokenizer = load_tokenizer(config.tokenizer)
     words = vocabulary(tokenizer)
     head, tail = (template_overhead(tokenizer, words, config.chat_template_kwargs)
@@ -74,8 +75,8 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     lengths, keys = [], []
     last_progress = time.monotonic()
     with output.create() as handle:
-        lengths_of = trace.input_length.tolist()
-        for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, lengths_of.__getitem__,
+        tokens_of = _row_tokens(trace, config.block_size).tolist()
+        for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, tokens_of.__getitem__,
                                       BATCH_ROWS):
             texts = [rendered.row(r, head, tail) for r in rows]
             for r, text in zip(rows, texts):
@@ -104,10 +105,17 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     return report
 
 
-def _within_row_bound(trace: Trace) -> tuple[Trace, dict]:
+def _row_tokens(trace: Trace, block_size: int) -> np.ndarray:
+    """Per row, the tokens rendering it costs: render_blocks spells what its ids cover, which a
+    row whose ids outnumber its input_length makes larger than the length it claims."""
+    return np.maximum(trace.input_length,
+                      covered_tokens(trace.input_length, trace.lengths, block_size))
+
+
+def _within_row_bound(trace: Trace, block_size: int) -> tuple[Trace, dict]:
     """The rows of at most MAX_ROW_TOKENS tokens, and the count and first places of the rest,
     left out before any of their text is built."""
-    over = trace.input_length > MAX_ROW_TOKENS
+    over = _row_tokens(trace, block_size) > MAX_ROW_TOKENS
     places = [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
               for r in np.flatnonzero(over)[:MAX_EXAMPLES].tolist()]
     skipped = {"count": int(over.sum()), "max_tokens": MAX_ROW_TOKENS, "examples": places}

@@ -257,7 +257,6 @@ def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_pat
 
 # ---- render: MAX_ROW_TOKENS bounds input_length, but the text is built from the ids -------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(tiny_tokenizer,
                                                                               tmp_path):
     """BOUNDS.md: "a row's tokens are bounded on their own, at one batch: MAX_ROW_TOKENS = 1
