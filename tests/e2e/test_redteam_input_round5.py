@@ -102,8 +102,10 @@ def _lying_trace(path):
     return path
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
-@pytest.mark.parametrize("command", ["anonymize", "analyze", "validate"])
+@pytest.mark.parametrize("command", ["anonymize"] + [pytest.param(c, marks=pytest.mark.xfail(
+    strict=True, reason=ROUND5 + ": the setup's check reads column 1 (input_length, 85 bytes, "
+    "never rewritten); fixed, as tests/transforms/read/test_bounds.py shows")) for c in
+    ("analyze", "validate")])
 def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
         tiny_tokenizer, tmp_path, command):
     """BOUNDS.md: a Parquet page is checked "from the footer (column chunk sizes) and, for
