@@ -357,7 +357,6 @@ def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_toke
 
 # ---- trace JSONL: read line by line, every row is kept whole, unused fields and all -------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_read_line_by_line_keeps_numbers_not_whole_rows(tmp_path, command):
     """The trace readers stream JSONL through pyarrow in 1 MiB blocks ("memory stays near the
