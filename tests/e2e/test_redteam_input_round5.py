@@ -147,7 +147,6 @@ def _published(tiny_tokenizer, tmp_path):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
     """BOUNDS.md: a trace line is bounded at 16 MiB for "analyze, validate, audit, ...", and
     Parquet has "one path for every reader (paths.sized_rows: logs and traces)". audit does
