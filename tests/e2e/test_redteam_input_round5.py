@@ -324,7 +324,6 @@ def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
 
 # ---- Parquet: a file of many small row groups costs time quadratic in their count ---------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_tokenizer,
                                                                        tmp_path):
     """Nothing bounds the count of row groups but the footer (16 MiB: ~140,000 one-row groups
