@@ -174,7 +174,6 @@ def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
 
 # ---- JSONL: --max-record-bytes bounds a record's bytes, not what parsing it makes -----------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_record_of_many_empty_containers_costs_what_the_bounds_say(tiny_tokenizer, tmp_path):
     """BOUNDS.md: "a worker's reading stays under about 3 x --max-record-bytes for JSONL",
     measured with one record whose bytes are one long string ("JSONL record at the bound ...
