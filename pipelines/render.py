@@ -4,15 +4,28 @@ kvtrace anonymize) takes, whose tokenization reproduces the trace's blocks exact
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import multiprocessing
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from kvtrace.pipelines.local_workers import (
+    START_METHOD,
+    _can_fork,
+    _end_workers,
+    _leave_stopping_to_parent,
+    _worker_death,
+)
 from kvtrace.transforms.batching import batches_by_weight
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
 from kvtrace.transforms.replay.render import (
     block_keys,
@@ -22,6 +35,7 @@ from kvtrace.transforms.replay.render import (
     vocabulary,
 )
 from kvtrace.transforms.read.trace_io import Trace, read_trace
+from kvtrace.transforms.stats.trace_blocks import covered_tokens
 from kvtrace.transforms.synth.shards import take_rows
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD
 from kvtrace.transforms.write.publish import StagedFile, file_output
@@ -62,7 +76,7 @@ def run_render(config: RenderConfig) -> dict:
 def _render(config: RenderConfig, output: StagedFile) -> dict:
     started = time.perf_counter()
     whole = read_trace(config.inputs)
-    trace, too_long = _within_row_bound(whole)
+    trace, too_long = _within_row_bound(whole, config.block_size)
     tokenizer = load_tokenizer(config.tokenizer)
     words = vocabulary(tokenizer)
     head, tail = (template_overhead(tokenizer, words, config.chat_template_kwargs)
@@ -73,9 +87,10 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     sessions = trace.session.tolist() if trace.session is not None else [None] * len(trace)
     lengths, keys = [], []
     last_progress = time.monotonic()
-    with output.create() as handle:
-        lengths_of = trace.input_length.tolist()
-        for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, lengths_of.__getitem__,
+    with output.create() as handle, _verifier(config) as verify:
+        tokens_of = _row_tokens(trace, config.block_size).tolist()
+        pending = None  # the batch being tokenized in the verifier while the next is built
+        for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, tokens_of.__getitem__,
                                       BATCH_ROWS):
             texts = [rendered.row(r, head, tail) for r in rows]
             for r, text in zip(rows, texts):
@@ -83,15 +98,15 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
                     handle.write((json.dumps(_request(config.shape, text, trace, r, sessions[r]))
                                   + "\n").encode())
             if config.verify:
-                batch_lengths, batch_keys = block_keys(
-                    encode_texts(tokenizer, _as_served(config, tokenizer, texts)),
-                    config.block_size)
-                lengths.append(batch_lengths)
-                keys.append(batch_keys)
+                if pending is not None:
+                    _collect(pending, lengths, keys)
+                pending = verify.submit(_verified_batch, texts)
             if time.monotonic() - last_progress >= PROGRESS_INTERVAL_S:
                 last_progress = time.monotonic()
                 _LOG.info("rendered %d of %d rows%s", rows[-1] + 1, len(trace),
                           ", verified" if config.verify else "")
+        if pending is not None:
+            _collect(pending, lengths, keys)
     report = {"rows": len(whole), "written": int(fits.sum()), "shape": config.shape,
               "template_tokens": {"before": head, "after": tail},
               "too_short_for_the_template": int((~fits).sum()), "too_long": too_long,
@@ -104,10 +119,57 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     return report
 
 
-def _within_row_bound(trace: Trace) -> tuple[Trace, dict]:
+_VERIFIER: dict = {}  # in the verifier process: the config and its tokenizer
+
+
+@contextlib.contextmanager
+def _verifier(config: RenderConfig) -> Iterator[ProcessPoolExecutor]:
+    """One process that tokenizes the rendered texts to verify them, as the local engine's
+    workers tokenize: a native abort in the tokenizer is this process's one-line error, not
+    its silent death."""
+    context = multiprocessing.get_context("fork" if _can_fork() else START_METHOD)
+    pool = ProcessPoolExecutor(1, context, initializer=_start_verifier, initargs=(config,))
+    try:
+        yield pool
+    except BrokenProcessPool:
+        workers = list((pool._processes or {}).values())  # no public handle on them
+        _end_workers(pool)
+        raise JobStopped(_worker_death(workers).replace("a worker", "the verifying")) from None
+    except BaseException:
+        _end_workers(pool)
+        raise
+    pool.shutdown()
+
+
+def _start_verifier(config: RenderConfig) -> None:
+    _leave_stopping_to_parent()
+    _VERIFIER.update(config=config, tokenizer=load_tokenizer(config.tokenizer))
+
+
+def _verified_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """In the verifier: each text's block lengths and keys, tokenized as served."""
+    config, tokenizer = _VERIFIER["config"], _VERIFIER["tokenizer"]
+    return block_keys(encode_texts(tokenizer, _as_served(config, tokenizer, texts)),
+                      config.block_size)
+
+
+def _collect(pending: Future, lengths: list[np.ndarray], keys: list[np.ndarray]) -> None:
+    batch_lengths, batch_keys = pending.result()
+    lengths.append(batch_lengths)
+    keys.append(batch_keys)
+
+
+def _row_tokens(trace: Trace, block_size: int) -> np.ndarray:
+    """Per row, the tokens rendering it costs: render_blocks spells what its ids cover, which a
+    row whose ids outnumber its input_length makes larger than the length it claims."""
+    return np.maximum(trace.input_length,
+                      covered_tokens(trace.input_length, trace.lengths, block_size))
+
+
+def _within_row_bound(trace: Trace, block_size: int) -> tuple[Trace, dict]:
     """The rows of at most MAX_ROW_TOKENS tokens, and the count and first places of the rest,
     left out before any of their text is built."""
-    over = trace.input_length > MAX_ROW_TOKENS
+    over = _row_tokens(trace, block_size) > MAX_ROW_TOKENS
     places = [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
               for r in np.flatnonzero(over)[:MAX_EXAMPLES].tolist()]
     skipped = {"count": int(over.sum()), "max_tokens": MAX_ROW_TOKENS, "examples": places}

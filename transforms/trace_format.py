@@ -266,22 +266,35 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
             raise FormatError(f"{meta.num_rows:,} rows and {items:,} values: more than "
                               f"{'its JSONL twin holds' if twin_bytes is not None else 'a shard holds'}"
                               f" (a decompression bomb?)")
+        _check_schema(parquet.schema_arrow)  # before any value is decoded
         table = parquet.read()
     except (OSError, pa.ArrowException) as err:
         raise FormatError(f"not a readable Parquet file ({str(err)[:80]})") from None
-    names = table.schema.names
-    extra = [n for n in names if n not in ROW_FIELDS + OPTIONAL_FIELDS]
-    if extra:
-        raise FormatError(f"fields beyond the trace's own: {', '.join(extra)[:80]}")
-    missing = [n for n in TRACE_SCHEMA.names if n not in names]
-    if missing:
-        raise FormatError(f"rows without {', '.join(missing)}")
     try:
         columns = _parquet_columns(table)
     except (pa.ArrowException, TypeError, ValueError, AttributeError, OverflowError) as err:
         raise FormatError(f"columns of other types than kvtrace writes ({str(err)[:60]})") from None
     check_values(columns)
     return columns
+
+
+_WRITTEN_TYPES = {field.name: field.type for field in (*TRACE_SCHEMA, OUTPUT_IDS_COLUMN,
+                                                        RESPONSE_COLUMN)}
+
+
+def _check_schema(schema: pa.Schema) -> None:
+    """A shard's columns are kvtrace's, of the types it writes (integers, lists of integers),
+    known from the footer: a column of anything else (a string of any size) is never decoded."""
+    names = schema.names
+    extra = [n for n in names if n not in ROW_FIELDS + OPTIONAL_FIELDS]
+    if extra:
+        raise FormatError(f"fields beyond the trace's own: {', '.join(extra)[:80]}")
+    missing = [n for n in TRACE_SCHEMA.names if n not in names]
+    if missing:
+        raise FormatError(f"rows without {', '.join(missing)}")
+    other = [field.name for field in schema if not field.type.equals(_WRITTEN_TYPES[field.name])]
+    if other:
+        raise FormatError(f"columns of other types than kvtrace writes ({', '.join(other)[:60]})")
 
 
 def check_values(columns: TraceColumns) -> None:

@@ -34,7 +34,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms import storage
-    from kvtrace.transforms.read.bailian import BAILIAN_BLOCK_SIZE
+    from kvtrace.transforms.read.bailian import BAILIAN_BLOCK_SIZE, trace_jsonl
     from kvtrace.transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
         plan_locations, sha256_of
 
@@ -46,13 +46,13 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         target = args.output
         with file_output(target) as output:
             converted = _converted(args.trace)
-            output.write(_jsonl(converted.rows))
+            output.write(trace_jsonl(converted.rows))
     else:
         trace_file = shard_name(0, 1, ".jsonl")
         target = storage.join(args.output.rstrip("/"), trace_file)
         with folder_output(args.output) as staged:  # published whole, so its manifest last
             converted = _converted(args.trace)
-            shard = _jsonl(converted.rows)
+            shard = trace_jsonl(converted.rows)
             with storage.create(storage.join(staged.path, trace_file)) as handle:
                 handle.write(shard)
             # sha256 and records.exported: what readers check a kvtrace folder against.
@@ -83,7 +83,3 @@ def _converted(trace: str) -> Converted:
     if not converted.rows:
         raise JobStopped(f"no Bailian rows could be read from {trace}")
     return converted
-
-
-def _jsonl(rows: list[dict]) -> bytes:
-    return "".join(json.dumps(row) + "\n" for row in rows).encode()

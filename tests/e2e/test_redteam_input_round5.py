@@ -68,7 +68,8 @@ def _footer_says_small(path, small: int = 100) -> None:
                 footer = footer.replace(encoded, _padded_varint(small, len(encoded)))
     data[start:end] = footer
     path.write_bytes(bytes(data))
-    assert pq.ParquetFile(path).metadata.row_group(0).column(1).total_uncompressed_size == small
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    assert max(group.column(i).total_uncompressed_size for i in range(group.num_columns)) == small
 
 
 CELL = 200_000_000
@@ -102,7 +103,6 @@ def _lying_trace(path):
     return path
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 @pytest.mark.parametrize("command", ["anonymize", "analyze", "validate"])
 def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
         tiny_tokenizer, tmp_path, command):
@@ -145,7 +145,6 @@ def _published(tiny_tokenizer, tmp_path):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
     """BOUNDS.md: a trace line is bounded at 16 MiB for "analyze, validate, audit, ...", and
     Parquet has "one path for every reader (paths.sized_rows: logs and traces)". audit does
@@ -173,7 +172,6 @@ def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
 
 # ---- JSONL: --max-record-bytes bounds a record's bytes, not what parsing it makes -----------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_record_of_many_empty_containers_costs_what_the_bounds_say(tiny_tokenizer, tmp_path):
     """BOUNDS.md: "a worker's reading stays under about 3 x --max-record-bytes for JSONL",
     measured with one record whose bytes are one long string ("JSONL record at the bound ...
@@ -208,7 +206,9 @@ def _list_of_nulls(values: int, rows: int = 4):
     return pa.ListArray.from_arrays(offsets, pa.nulls(values))
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
+@pytest.mark.xfail(strict=True, reason=ROUND5 + ": sized as `null`s now (too_large, ~700 MB "
+                   "not 1.34 GB), but Arrow decodes a row's levels before it can be sized, and "
+                   "Parquet v1 page headers do not say which rows a page's values belong to")
 @pytest.mark.parametrize("command", ["anonymize", "analyze"])
 def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_path, command):
     """BOUNDS.md: a list cell's values are bounded by "the pages it spans", and the row is
@@ -257,7 +257,6 @@ def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_pat
 
 # ---- render: MAX_ROW_TOKENS bounds input_length, but the text is built from the ids -------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(tiny_tokenizer,
                                                                               tmp_path):
     """BOUNDS.md: "a row's tokens are bounded on their own, at one batch: MAX_ROW_TOKENS = 1
@@ -291,7 +290,9 @@ def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(ti
 
 # ---- convert: every Bailian record is held whole, unused fields and all, as Python objects --
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
+@pytest.mark.xfail(strict=True, reason=ROUND5 + ": records are kept as their converted fields "
+                   "now (2.5 GB -> 531 MB), but one 16 MiB line of [] parses to ~440 MB itself "
+                   "(what a JSON container costs parsed: finding 8)")
 def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
     """convert reads lines within the trace line bound (16 MiB), and bailian.convert keeps
     every accepted record as json.loads made it, unused fields included, until the whole file
@@ -320,7 +321,6 @@ def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
 
 # ---- Parquet: a file of many small row groups costs time quadratic in their count ---------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_tokenizer,
                                                                        tmp_path):
     """Nothing bounds the count of row groups but the footer (16 MiB: ~140,000 one-row groups
@@ -354,7 +354,6 @@ def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_toke
 
 # ---- trace JSONL: read line by line, every row is kept whole, unused fields and all -------
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_read_line_by_line_keeps_numbers_not_whole_rows(tmp_path, command):
     """The trace readers stream JSONL through pyarrow in 1 MiB blocks ("memory stays near the

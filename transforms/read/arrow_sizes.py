@@ -4,8 +4,10 @@ row (a 2 KB file can hold 128 rows of 4 MB each): its size per row is the size o
 row references, found by index without building the strings.
 
 A lower bound, so that a row refused on it is over --max-record-bytes as JSON too: each string
-counts its UTF-8 bytes and its two quotes (a fixed-size binary its type's width), every other
-value one byte (a digit).
+counts its UTF-8 bytes and its two quotes (a fixed-size binary its type's width), a null four
+(`null`: a list of nulls holds no Arrow buffer, yet is not free as JSON or Python), every other
+value one byte (a digit). A list whose values all cost the same at least (numbers, nulls) is
+sized from its offsets alone: sizing allocates per row, not per value.
 
 How large a value of a Parquet physical type is once Arrow decodes it dense is known from the
 type alone for the fixed-size types (fixed_value_bytes): their width, never assumed."""
@@ -16,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 
+NULL_JSON_BYTES = len("null")
 # The width of each fixed-size Parquet physical type's values, as Arrow holds them decoded.
 _PHYSICAL_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 
@@ -44,38 +47,51 @@ def largest_value_bytes(array: pa.Array) -> int:
 
 
 def _value_bytes(array: pa.Array) -> np.ndarray:
-    """Per element of the array, the fewest bytes its value takes as JSON; 0 for a null."""
+    """Per element of the array, the fewest bytes its value takes as JSON."""
     kind = array.type
     if pa.types.is_dictionary(kind):
         entries = _value_bytes(array.dictionary)
         if not len(entries):  # every element null
-            return np.zeros(len(array), dtype=np.int64)
+            return np.full(len(array), NULL_JSON_BYTES, dtype=np.int64)
         index = kind.index_type  # an integer type; numpy's by name (not pandas': its import)
         width = np.dtype(f"{'u' if pa.types.is_unsigned_integer(index) else 'i'}{index.byte_width}")
         indices = _buffer(array.indices, 1, width, len(array))
-        return _nulls_zero(array, entries[np.where(_valid(array), indices, 0)])
+        return _nulls_as_json(array, entries[np.where(_valid(array), indices, 0)])
     if pa.types.is_string(kind) or pa.types.is_binary(kind):
-        return _nulls_zero(array, np.diff(_buffer(array, 1, np.int32, len(array) + 1)) + 2)
+        return _nulls_as_json(array, np.diff(_buffer(array, 1, np.int32, len(array) + 1)) + 2)
     if pa.types.is_fixed_size_binary(kind):
-        return _nulls_zero(array, np.full(len(array), kind.byte_width + 2, dtype=np.int64))
+        return _nulls_as_json(array, np.full(len(array), kind.byte_width + 2, dtype=np.int64))
     if pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
-        return _nulls_zero(array, np.diff(_buffer(array, 1, np.int64, len(array) + 1)) + 2)
+        return _nulls_as_json(array, np.diff(_buffer(array, 1, np.int64, len(array) + 1)) + 2)
     if pa.types.is_struct(kind):
         fields = [_value_bytes(child) for child in array.flatten()]
-        return _nulls_zero(array, np.sum(fields, axis=0) if fields else np.zeros(len(array), int))
+        return _nulls_as_json(array, np.sum(fields, axis=0) if fields else np.zeros(len(array), int))
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
-        values = np.concatenate([[0], np.cumsum(_value_bytes(array.values))])
         offsets = _buffer(array, 1, np.int64 if pa.types.is_large_list(kind) else np.int32,
                           len(array) + 1)
-        return values[offsets[1:]] - values[offsets[:-1]]
+        if (each := _least_bytes_each(array.values.type)) is not None:
+            return _nulls_as_json(array, np.diff(offsets) * each)
+        values = np.concatenate([[0], np.cumsum(_value_bytes(array.values))])
+        return _nulls_as_json(array, values[offsets[1:]] - values[offsets[:-1]])
     if pa.types.is_null(kind):
-        return np.zeros(len(array), dtype=np.int64)
+        return np.full(len(array), NULL_JSON_BYTES, dtype=np.int64)
     if pa.types.is_fixed_size_list(kind):
         start, size = array.offset * kind.list_size, kind.list_size  # a null holds size too
         values = _value_bytes(array.values)[start:start + len(array) * size]
         values = values.reshape(len(array), size)
-        return _nulls_zero(array, values.sum(axis=1))
-    return _nulls_zero(array, np.ones(len(array), dtype=np.int64))  # a number, a union...
+        return _nulls_as_json(array, values.sum(axis=1))
+    return _nulls_as_json(array, np.ones(len(array), dtype=np.int64))  # a number, a union...
+
+
+def _least_bytes_each(kind: pa.DataType) -> int | None:
+    """The fewest JSON bytes any value of the type takes, null or not, when the type alone says
+    (a number: a digit; null: `null`); None when values differ by more than their type."""
+    if pa.types.is_null(kind):
+        return NULL_JSON_BYTES
+    if (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+            or pa.types.is_temporal(kind) or pa.types.is_decimal(kind)):
+        return 1
+    return None
 
 
 # Read from the arrays' buffers with numpy: pyarrow's compute functions would do, but loading
@@ -96,7 +112,8 @@ def _valid(array: pa.Array) -> np.ndarray:
     return bits[array.offset:array.offset + len(array)].astype(bool)
 
 
-def _nulls_zero(array: pa.Array, sizes: np.ndarray) -> np.ndarray:
+def _nulls_as_json(array: pa.Array, sizes: np.ndarray) -> np.ndarray:
+    """sizes with each null element's as `null`'s."""
     if array.null_count:
-        sizes = np.where(_valid(array), sizes, 0)
+        sizes = np.where(_valid(array), sizes, NULL_JSON_BYTES)
     return sizes.astype(np.int64, copy=False)

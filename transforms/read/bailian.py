@@ -15,12 +15,22 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvtrace.transforms.read.trace_io import MAX_READ_TIMESTAMP_MS
+from kvtrace.transforms.trace_format import (
+    MAX_PUBLISHED_INT,
+    MAX_ROW_IDS,
+    NO_RESPONSE_MS,
+    TraceColumns,
+    jsonl_bytes,
+)
 
 BAILIAN_BLOCK_SIZE = 16
 NO_PARENT = -1
 MAX_EXAMPLES = 5
 REQUIRED = ("chat_id", "timestamp", "input_length", "output_length", "hash_ids")
+KEPT = (*REQUIRED, "parent_chat_id")  # a record's fields conversion reads; the rest is dropped
 
 
 @dataclass
@@ -69,6 +79,19 @@ def convert(lines: Iterable[bytes | str]) -> Converted:
     return out
 
 
+def trace_jsonl(rows: list[dict]) -> bytes:
+    """Converted rows as the one trace writer writes them (trace_format.jsonl_bytes): each
+    within the line a trace reader reads, since _parsed bounds a row's ids as kvtrace's own."""
+    def column(name: str) -> np.ndarray:
+        return np.array([row[name] for row in rows], dtype=np.int64)
+
+    counts = np.array([len(row["hash_ids"]) for row in rows], dtype=np.int64)
+    ids = np.fromiter((i for row in rows for i in row["hash_ids"]), np.int64, int(counts.sum()))
+    return jsonl_bytes(TraceColumns(column("timestamp"), column("input_length"),
+                                    column("output_length"), counts, ids, column("session"),
+                                    np.full(len(rows), NO_RESPONSE_MS, dtype=np.int64)))
+
+
 def _parsed(line: bytes | str) -> tuple[dict, str]:
     try:
         record = json.loads(line)
@@ -88,14 +111,18 @@ def _parsed(line: bytes | str) -> tuple[dict, str]:
         return {}, (f"timestamp must be a non-negative number of seconds, at most "
                     f"{MAX_READ_TIMESTAMP_MS // 1000} (what a trace reader accepts)")
     ids = record["hash_ids"]
-    if not isinstance(ids, list) or not all(_is_int(i) and i >= 0 for i in ids):
-        return {}, "hash_ids must be a list of non-negative 64-bit integers"
+    if not isinstance(ids, list) or not all(_is_int(i) and 0 <= i < MAX_PUBLISHED_INT for i in ids):
+        return {}, f"hash_ids must be a list of non-negative integers below {MAX_PUBLISHED_INT}"
+    if len(ids) > MAX_ROW_IDS:  # its row would be longer than a trace reader's line
+        return {}, f"{len(ids)} hash_ids, over the {MAX_ROW_IDS} a trace row holds"
     if not _is_int(record["chat_id"]) and not isinstance(record["chat_id"], str):
         return {}, "chat_id must be an integer or a string"
     up = record.get("parent_chat_id", NO_PARENT)
     if up is not None and not _is_int(up) and not isinstance(up, str):
         return {}, "parent_chat_id must be an integer or a string"
-    return record, ""
+    # only what conversion reads: a record may carry any other field, of any size, and is
+    # freed here, before the next line is parsed
+    return {name: record[name] for name in KEPT if name in record}, ""
 
 
 def _is_int(value: object) -> bool:

@@ -389,28 +389,29 @@ def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
     """Why a row group cannot be read within the bounds, or None when it can, known before any
     of it is decoded. A page is decoded whole and holds whole values, so a page is refused
     when it is over PAGE_BOUND_MULTIPLE times max_cell_bytes (the reader's ceiling), or when
-    its values average over it (one at least is). A column chunk within the bound (footer) has
-    no such page; a larger one has its page headers read (bytes each, seeking past the pages).
-    A list cell may span pages: rows averaging more values than max_cell_bytes (each value is a
-    byte of JSON at least) are refused too; rows let through are checked when read. Only the
-    top-level columns named are looked at (all when None)."""
+    its values average over it (one at least is). Every chunk's page headers are read (bytes
+    each, seeking past the pages): they are what Arrow decodes by, while the footer's sizes and
+    value counts are claims nothing checks. A list cell may span pages: rows averaging more
+    values than max_cell_bytes (each value is a byte of JSON at least) are refused too; rows
+    let through are checked when read. Only the top-level columns named are looked at (all
+    when None)."""
     row_group = metadata.row_group(group)
     read = [index for index in range(row_group.num_columns)
             if columns is None or row_group.column(index).path_in_schema.split(".")[0] in columns]
-    values = sum(row_group.column(index).num_values for index in read)
+    values = 0
+    for index in read:
+        column = row_group.column(index)
+        for page in _pages(raw, column):
+            where = (f"row group {group}'s column {column.path_in_schema} has a page of "
+                     f"{page.size} bytes")
+            if page.size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
+                return f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
+            if page.size > max_cell_bytes * max(page.values, 1):
+                return f"{where} for {page.values} value(s): one at least is over {max_cell_bytes}"
+            values += page.values if page.encoding is not None else 0  # a dictionary's: entries
     if values > max_cell_bytes * max(row_group.num_rows, 1):
         return (f"row group {group} holds {values} values for {row_group.num_rows} rows: "
                 f"one row at least is over {max_cell_bytes} bytes")
-    for index in read:
-        column = row_group.column(index)
-        if column.total_uncompressed_size <= max_cell_bytes:
-            continue
-        for size, values, _ in _pages(raw, column):
-            where = f"row group {group}'s column {column.path_in_schema} has a page of {size} bytes"
-            if size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
-                return f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
-            if size > max_cell_bytes * max(values, 1):
-                return f"{where} for {values} value(s): one at least is over {max_cell_bytes}"
     return None
 
 

@@ -30,6 +30,11 @@ MAX_TOKEN_ID = 2**32 - 1
 # ~125x the record; docs/BOUNDS.md). 16 MiB holds a million-token conversation with its JSON and
 # keeps one record near 2 GB of a worker; larger ones are too_large dead letters unless raised.
 DEFAULT_MAX_RECORD_BYTES = 16 << 20
+# A JSON object or list parsed is a Python dict or list (~64 bytes with its slot) for its 2-3
+# bytes of text (`[],`): a record's brackets, counted before it is parsed (those inside strings
+# too: an over-count), may cost at most this many times --max-record-bytes parsed.
+PARSED_CONTAINER_BYTES = 64
+CONTAINERS_BOUND_MULTIPLE = 2
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,12 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
     if len(line) > options.max_record_bytes:
         raise Rejected("too_large", f"record of {len(line)} bytes > --max-record-bytes "
                        f"{options.max_record_bytes}")
+    containers = line.count(b"[") + line.count(b"{")
+    if containers * PARSED_CONTAINER_BYTES > CONTAINERS_BOUND_MULTIPLE * options.max_record_bytes:
+        raise Rejected("too_large", f"record of {containers} JSON objects and lists (brackets), "
+                       f"over {CONTAINERS_BOUND_MULTIPLE} x --max-record-bytes "
+                       f"{options.max_record_bytes} once parsed at {PARSED_CONTAINER_BYTES} "
+                       f"bytes each")
     record, check_strings = load_json_line(line)
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")

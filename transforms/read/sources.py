@@ -141,16 +141,18 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
     decoded: each of its rows is a too_large dead letter."""
     try:
         with parquet_file(path, max_record_bytes) as (raw, parquet):
+            first = 0  # the file's number of the group's first row, counted as groups go by
             for group in range(parquet.num_row_groups):
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
-                    yield from _unread_rows(path, parquet.metadata, group, why)
-                    continue
-                yield from _row_group(path, raw, parquet, group, max_record_bytes)
+                    yield from _unread_rows(path, parquet.metadata, group, first, why)
+                else:
+                    yield from _row_group(path, raw, parquet, group, first, max_record_bytes)
+                first += parquet.metadata.row_group(group).num_rows
     except (OSError, ValueError, pa.ArrowException) as err:
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
-def _row_group(path: str, raw: IO[bytes], parquet: pq.ParquetFile, group: int,
+def _row_group(path: str, raw: IO[bytes], parquet: pq.ParquetFile, group: int, first: int,
                max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
     """A row group's rows as every reader reads Parquet (paths.sized_rows), PARQUET_BATCH_ROWS
     at a time or fewer, each sized before it is turned into Python values: a row over
@@ -158,7 +160,7 @@ def _row_group(path: str, raw: IO[bytes], parquet: pq.ParquetFile, group: int,
     a few at a time, at most max_record_bytes of them together. Where the group breaks, a
     dead letter."""
     dense = without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
-    first, read = _first_row(parquet.metadata, group), 0
+    read = 0
     try:
         for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
             if run.rows is None:
@@ -201,15 +203,10 @@ def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
         yield path, row
 
 
-def _first_row(metadata: pq.FileMetaData, group: int) -> int:
-    """The file's row number of a row group's first row."""
-    return sum(metadata.row_group(g).num_rows for g in range(group))
-
-
-def _unread_rows(path: str, metadata: pq.FileMetaData, group: int, why: str
+def _unread_rows(path: str, metadata: pq.FileMetaData, group: int, first: int, why: str
                  ) -> Iterator[DeadLetter]:
-    """A too_large dead letter for each row of a row group refused unread."""
-    first = _first_row(metadata, group)
+    """A too_large dead letter for each row of a row group (first: its first row's number)
+    refused unread."""
     for row in range(first, first + metadata.row_group(group).num_rows):
         yield DeadLetter(path, b"", "too_large",
                          f"row {row} not read: {why} (--max-record-bytes)")

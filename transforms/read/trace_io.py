@@ -471,11 +471,13 @@ def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 def _columns_from_rows(numbered: Iterable[tuple[int, bytes | dict]], path: str,
                        malformed: list[dict] | None = None) -> dict:
-    """Columns of (line number, JSON line or Parquet row) pairs, each row checked (_row)."""
+    """Columns of (line number, JSON line or Parquet row) pairs, each row checked (_row) and
+    only its trace fields kept as it goes: a row may carry any other field, of any size."""
     rows, malformed = [], list(malformed or [])
     for number, raw in numbered:
         try:
-            rows.append((number, _row(raw)))
+            row = _row(raw)
+            rows.append((number, {name: row[name] for name in READ_FIELDS if name in row}))
         except ValueError as err:
             malformed.append({"file": path, "line": number, "error": str(err)})
     lengths = [len(r[HASH_IDS_FIELD]) for _, r in rows]

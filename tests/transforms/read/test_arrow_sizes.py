@@ -104,7 +104,7 @@ def test_the_largest_value_is_the_longest_string_with_its_quotes():
 def test_a_fixed_size_binary_value_is_its_width_with_quotes():
     assert largest_value_bytes(pa.array([b"abc", None], pa.binary(3))) == 5
     assert least_json_bytes(pa.record_batch({"b": pa.array([None, b"ab"], pa.binary(2))})
-                            ).tolist() == [0, 4]
+                            ).tolist() == [4, 4]  # a null is `null` as JSON
 
 
 def test_a_fixed_size_physical_type_decodes_to_its_width():
@@ -126,3 +126,20 @@ def test_a_fixed_size_dictionary_chunk_counts_its_width_per_row(tmp_path):
     assert dense_row_bytes == 100_000
     rows = list(read_range(FileRange(str(path), 0, None), 150_000))
     assert len(rows) == 128 and not any(isinstance(row, DeadLetter) for row in rows)
+
+
+def test_a_null_costs_what_json_spells_and_a_list_of_nulls_is_sized_from_its_offsets():
+    """A list<null> holds no Arrow buffer for its values, yet each is `null` as JSON (and a
+    None once decoded): 40 M of them are 160 MB at least, sized without an array per value."""
+    import tracemalloc
+
+    values = 40_000_000
+    nulls = pa.ListArray.from_arrays(pa.array([0, values, values], pa.int32()), pa.nulls(values))
+    numbers = pa.array([[1, None], None, []], pa.list_(pa.int64()))
+    batch = pa.record_batch({"junk": nulls, "ids": numbers[:2], "prompt": pa.array([None, "a"])})
+    tracemalloc.start()
+    sizes = least_json_bytes(batch)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert sizes.tolist() == [4 * values + 2 + 4, 0 + 4 + 3]
+    assert peak < 1 << 20, peak  # numpy's allocations are traced: nothing per value

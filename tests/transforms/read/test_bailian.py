@@ -87,3 +87,40 @@ def test_unhashable_parents_are_malformed_lines_not_a_crash():
                          "output_length": 1, "hash_ids": [0]}), "[" * 100_000]
     converted = convert(lines)
     assert converted.malformed == 2 and not converted.rows
+
+
+def test_rows_are_written_by_the_trace_writer_as_json_dumps_would():
+    """convert writes through trace_format.jsonl_bytes: the same bytes as each row's
+    json.dumps (what convert wrote before), every row within a trace reader's line."""
+    from kvtrace.transforms.read.bailian import trace_jsonl
+
+    rows = convert(json.dumps(r) for r in ROWS).rows
+    assert trace_jsonl(rows) == "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def test_a_row_is_bounded_as_a_trace_row_kvtrace_writes():
+    """More ids than MAX_ROW_IDS, or an id past MAX_PUBLISHED_INT, would write a line a trace
+    reader refuses: the record is malformed instead."""
+    from kvtrace.transforms.trace_format import MAX_PUBLISHED_INT, MAX_ROW_IDS
+
+    many = '{"chat_id": 1, "timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [' \
+        + ",".join(["1"] * (MAX_ROW_IDS + 1)) + "]}"
+    converted = convert([many, json.dumps(bailian(2, -1, 1.0, 1, [MAX_PUBLISHED_INT])),
+                         json.dumps(bailian(3, -1, 1.0, 1, [MAX_PUBLISHED_INT - 1]))])
+    assert converted.malformed == 2 and len(converted.rows) == 1
+    assert "over the" in converted.examples[0] and "below" in converted.examples[1]
+
+
+def test_records_are_kept_as_the_fields_conversion_reads():
+    """A record may carry any other field: memory follows one record's parse, not the file's."""
+    import tracemalloc
+
+    junk = json.dumps([[]] * 50_000)
+    lines = (json.dumps(bailian(chat, -1, 1.0, 1, [chat]))[:-1] + f', "junk": {junk}}}'
+             for chat in range(10))
+    tracemalloc.start()
+    converted = convert(lines)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(converted.rows) == 10
+    assert peak < 3 * 64 * 50_000, peak  # an empty list and its slot per item, of one record

@@ -388,3 +388,36 @@ def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ce
     [result] = read_in_child([path], bound)
     assert result["out"] == ["bad_timestamp"] * (rows + 1)
     assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
+
+
+def _understated_footer(path: Path, small: int = 100) -> None:
+    """Every column chunk's total_uncompressed_size over `small` rewritten as `small` in the
+    footer, at the same length (a zero-padded varint, which Thrift reads): a lying footer."""
+    def varint(value: int, length: int | None = None) -> bytes:
+        value, out = value << 1, bytearray()  # zigzag
+        while value or not out or (length and len(out) < length):
+            out.append(value & 0x7F)
+            value >>= 7
+        return bytes(b | 0x80 for b in out[:-1]) + out[-1:]
+
+    data = path.read_bytes()
+    start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    footer = data[start:-8]
+    metadata = pq.ParquetFile(path).metadata
+    for group in range(metadata.num_row_groups):
+        for index in range(metadata.num_columns):
+            size = metadata.row_group(group).column(index).total_uncompressed_size
+            if size > small:
+                footer = footer.replace(varint(size), varint(small, len(varint(size))))
+    path.write_bytes(data[:start] + footer + data[-8:])
+
+
+def test_a_footer_understating_a_chunk_does_not_skip_its_page_headers(tmp_path):
+    """The footer is input: a page is sized from its header, what Arrow decodes by."""
+    path = _parquet_with_a_huge_cell(tmp_path / "logs.parquet", 4 * MiB, 0)
+    _understated_footer(path)
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        assert max(parquet.metadata.row_group(0).column(i).total_uncompressed_size
+                   for i in range(parquet.metadata.num_columns)) == 100
+        why = oversized_pages(raw, parquet.metadata, 0, MiB)
+    assert why and f"ceiling of {PAGE_BOUND_MULTIPLE} x {MiB}" in why

@@ -328,3 +328,21 @@ def test_the_depth_check_rejects_exactly_what_the_full_walk_rejects(shape, leaf)
         return "ok"
 
     assert verdict(False) == verdict(True)
+
+
+def test_a_record_of_more_containers_than_its_parse_may_cost_is_too_large_unparsed():
+    """`[],` is 3 bytes of JSON and ~64 of Python: a record's brackets are counted before it is
+    parsed, so many empty containers cost their bytes, not 21 x them."""
+    from kvtrace.transforms.read.records import CONTAINERS_BOUND_MULTIPLE, PARSED_CONTAINER_BYTES
+
+    bound = 1 << 16
+    most = CONTAINERS_BOUND_MULTIPLE * bound // PARSED_CONTAINER_BYTES  # brackets a record may hold
+
+    def record(lists: int) -> bytes:  # lists, the junk list and the record itself
+        return b'{"timestamp": 1, "prompt": "hi", "junk": [' + b",".join([b"[]"] * lists) + b"]}"
+
+    options = ParseOptions(max_record_bytes=bound)
+    assert parse_record(record(most - 2), "s", options).prompt == "hi"
+    with pytest.raises(Rejected) as refused:
+        parse_record(record(most - 1), "s", options)
+    assert refused.value.reason == "too_large" and "JSON objects and lists" in str(refused.value)
