@@ -230,7 +230,9 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
             raise ConfigError("--chat-template-kwargs is not valid JSON") from None
     if not isinstance(merged["chat_template_kwargs"], dict):
         raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    unpublishable = template_kwargs_problems(merged["chat_template_kwargs"])
+    # (no kwargs, nothing to check: the schema's validator stays unloaded, ~5 MB)
+    unpublishable = merged["chat_template_kwargs"] and template_kwargs_problems(
+        merged["chat_template_kwargs"])
     if unpublishable:
         where = unpublishable[0].split(": ")[0]
         raise ConfigError(f"--chat-template-kwargs cannot be published in the manifest ({where}): "
