@@ -5,12 +5,10 @@ in time and prompt, differing only in response, session, or not at all)."""
 from __future__ import annotations
 
 import random
-import threading
 from pathlib import Path
 
 import pytest
 from helpers import anonymize, assert_same_output, write_jsonl
-from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
 
@@ -107,18 +105,3 @@ def test_rows_within_a_granule_come_out_the_same_whatever_their_finer_times(tiny
     extra = (("--engine", "beam", "--direct_num_workers", "2", "--direct_running_mode",
               "multi_threading") if engine == "beam" else ("--processes", "2"))
     assert_same_output(reference, _run(tiny_tokenizer, inputs, tmp_path / engine, *extra, *coarse))
-
-
-# Worker timing reached the bytes through the render budget (render_budget.py): it is charged in
-# wall-clock time, so a render whose process waits for a core under load can overrun it and its
-# record become a template_error dead letter on one run and not the next. Seen in the [3-3-3] case
-# above under CPU contention (a clean worker's first, cold render; local_workers now warms every
-# worker up first, which shrinks the window but leaves the clock). Charging the rendering thread's
-# own CPU time (time.pthread_getcpuclockid) would make the budget the same on any load.
-@pytest.mark.xfail(strict=True, raises=RenderOverrun, reason=(
-    "render_budget.Watchdog charges a render the wall clock, not its thread's CPU time"))
-def test_a_render_is_charged_only_for_the_time_it_runs():
-    """A render kept off the CPU (here waiting, as one waits for a core on a loaded machine) far
-    longer than its budget, using almost none of it, renders."""
-    off_cpu = threading.Event()
-    assert Watchdog(seconds=0.01).run(lambda: off_cpu.wait(0.5) or "rendered") == "rendered"

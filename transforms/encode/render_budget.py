@@ -16,8 +16,10 @@ on SIGTERM), and unregistering clears one still pending under the lock the watch
 under, so it never lands in code after the render.
 
 The budget is generous (normal renders take ~0.1 ms and a few MB): only a runaway template meets
-it. It is a wall-clock and whole-process figure, so a render near it could pass on one run and
-not another; no real template comes within orders of magnitude.
+it. Its time is the rendering thread's own CPU time, not the wall clock: a render waiting for a
+core on a loaded machine is not charged for the wait, so whether a record renders does not
+depend on the load (the same input gives the same dead letters on every run). Its memory is the
+whole process's growth, which no real template comes within orders of magnitude of.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class RenderOverrun(BaseException):
 
 @dataclass
 class _Render:
-    deadline: float
+    clock: int  # the rendering thread's CPU-time clock
+    cpu_deadline: float
     resident_at_start: int  # the watchdog's last sample, at most a tick old
     overran: bool = False
 
@@ -78,7 +81,9 @@ class Watchdog:
             self._start()
         overran, ended = False, None
         try:
-            self._renders[thread] = _Render(time.monotonic() + self.seconds, self._resident)
+            clock = time.pthread_getcpuclockid(thread)
+            self._renders[thread] = _Render(clock, time.clock_gettime(clock) + self.seconds,
+                                            self._resident)
             return render()
         except RenderOverrun:
             overran = True
@@ -125,12 +130,12 @@ class Watchdog:
         while True:
             time.sleep(TICK_SECONDS)
             self._resident = _resident_bytes()
-            now = time.monotonic()
             with self._lock:  # a render registered now is looked at next tick
                 # only renders still registered, left under this lock: an overrun delivered
-                # here lands in the render it is meant for, or is cleared as it is left
+                # here lands in the render it is meant for, or is cleared as it is left (so its
+                # thread, and its clock, are alive while read here)
                 for thread, render in list(self._renders.items()):
-                    if (now > render.deadline
+                    if (time.clock_gettime(render.clock) > render.cpu_deadline
                             or self._resident - render.resident_at_start > self.memory_bytes):
                         render.overran = True
                         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
