@@ -23,8 +23,9 @@ from measure import run_measured
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("trace")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--dynamo", metavar="DIR", help="folder holding prefix_data_generator")
@@ -34,13 +35,25 @@ def main() -> None:
         command = [sys.executable, "-m", "kvtrace.cli", "analyze", args.trace]
         seconds, peak_mib = run_measured(command)
         runs.append({"seconds": seconds, "peak_rss_mib": peak_mib})
-    result = {"trace": args.trace, "runs": runs,
-              "best_seconds": min(r["seconds"] for r in runs),
-              "max_peak_rss_mib": max(r["peak_rss_mib"] for r in runs)}
+    result = {
+        "trace": args.trace,
+        "runs": runs,
+        "best_seconds": min(r["seconds"] for r in runs),
+        "max_peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+    }
     if args.dynamo:
         os.environ["PYTHONPATH"] = args.dynamo
-        seconds, peak_mib = run_measured([sys.executable, "-m", "prefix_data_generator.prefix_analyzer",
-                                          "--input-file", args.trace, "--block-size", "512"])
+        seconds, peak_mib = run_measured(
+            [
+                sys.executable,
+                "-m",
+                "prefix_data_generator.prefix_analyzer",
+                "--input-file",
+                args.trace,
+                "--block-size",
+                "512",
+            ]
+        )
         result["dynamo"] = {"seconds": seconds, "peak_rss_mib": peak_mib}
     print(json.dumps(result, indent=2))
 

@@ -33,16 +33,19 @@ FLOOR_BATCH = 256
 
 
 def prepare(corpus: Path, tokenizer_name: str) -> tuple[list[str], list[str]]:
-    from kvtrace.transforms.read.records import parse_record
     from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+    from kvtrace.transforms.read.records import parse_record
 
     tokenizer = load_tokenizer(tokenizer_name)
     prompts, outputs = [], []
     with open(corpus, "rb") as f:
         for line in f:
             request = parse_record(line.rstrip(b"\n"), str(corpus))
-            prompts.append(request.prompt if request.kind != "chat" else
-                           render_chat(tokenizer, request.messages, request.tools, {}))
+            prompts.append(
+                request.prompt
+                if request.kind != "chat"
+                else render_chat(tokenizer, request.messages, request.tools, {})
+            )
             if request.output_text is not None:
                 outputs.append(request.output_text)
     return prompts, outputs
@@ -66,8 +69,8 @@ def floor(tokenizer_name: str, texts: list[str], repeats: int = 3) -> tuple[floa
 def one_at_a_time(corpus: Path, tokenizer_name: str, block_size: int) -> tuple[float, int]:
     """The naive loop: each request rendered, encoded, hashed and numbered on its own."""
     from kvtrace.transforms.encode.blocks import DIGEST_SIZE, chain_hashes, chain_seed, token_bytes
-    from kvtrace.transforms.read.records import parse_record
     from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+    from kvtrace.transforms.read.records import parse_record
 
     tokenizer = load_tokenizer(tokenizer_name)
     seed, ids, tokens = chain_seed(b"benchmark salt, 32 bytes long..."), {}, 0
@@ -87,33 +90,57 @@ def one_at_a_time(corpus: Path, tokenizer_name: str, block_size: int) -> tuple[f
 
 def end_to_end(corpus: Path, tokenizer_name: str, block_size: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(corpus),
-                   "--output", f"{tmp}/out", "--tokenizer", tokenizer_name,
-                   "--block-size", str(block_size), *extra]
+        command = [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(corpus),
+            "--output",
+            f"{tmp}/out",
+            "--tokenizer",
+            tokenizer_name,
+            "--block-size",
+            str(block_size),
+            *extra,
+        ]
         seconds, peak_mib = run_measured(command)
         stats = json.loads(Path(tmp, "out", "stats.json").read_text())
-    return {"seconds": seconds, "input_tokens": stats["input_tokens"], "blocks": stats["blocks"],
-            "unique_blocks": stats["unique_blocks"], "peak_rss_mib": peak_mib}
+    return {
+        "seconds": seconds,
+        "input_tokens": stats["input_tokens"],
+        "blocks": stats["blocks"],
+        "unique_blocks": stats["unique_blocks"],
+        "peak_rss_mib": peak_mib,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("corpus", type=Path)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--block-size", type=int, action="append", required=True)
     parser.add_argument("--skip-loop", action="store_true", help="skip (c), the slowest")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="(a) then (b), this many times each; the ratio of each pair, "
-                             "measured minutes apart, is robust to the machine's drift")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="(a) then (b), this many times each; the ratio of each pair, "
+        "measured minutes apart, is robust to the machine's drift",
+    )
     args, kvtrace_args = parser.parse_known_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     prompts, outputs = prepare(args.corpus, args.tokenizer)
     floor_prompts, input_tokens = floor(args.tokenizer, prompts)
     result = {
-        "corpus": str(args.corpus), "corpus_mib": args.corpus.stat().st_size / 2**20,
-        "requests": len(prompts), "input_tokens": input_tokens,
+        "corpus": str(args.corpus),
+        "corpus_mib": args.corpus.stat().st_size / 2**20,
+        "requests": len(prompts),
+        "input_tokens": input_tokens,
         "a_floor_prompts_only_tokens_per_s": input_tokens / floor_prompts,
         "runs": [],
     }

@@ -80,36 +80,57 @@ def write_folder(folder: Path, rows: int) -> None:
         weights.append(np.minimum(BLOCK, np.repeat(input_length, num_ids) - position * BLOCK)[rest])
         output_length = rng.integers(0, 2000, n)
         columns = TraceColumns(
-            np.arange(n, dtype=np.int64) * 3 + shard * ROWS_PER_SHARD * 3, input_length,
-            output_length, num_ids, ids, np.full(n, NO_SESSION), np.full(n, NO_RESPONSE_MS))
-        for suffix, data in ((".jsonl", jsonl_bytes(columns)), (".parquet", parquet_bytes(columns))):
+            np.arange(n, dtype=np.int64) * 3 + shard * ROWS_PER_SHARD * 3,
+            input_length,
+            output_length,
+            num_ids,
+            ids,
+            np.full(n, NO_SESSION),
+            np.full(n, NO_RESPONSE_MS),
+        )
+        for suffix, data in (
+            (".jsonl", jsonl_bytes(columns)),
+            (".parquet", parquet_bytes(columns)),
+        ):
             name = shard_name(shard, shards, suffix)
             (folder / name).write_bytes(data)
             digests[name] = sha256_of(data)
-        totals = ExportTotals(totals.requests + n, totals.input_tokens + int(input_length.sum()),
-                              totals.output_tokens + int(output_length.sum()),
-                              totals.blocks + int(num_ids.sum()))
+        totals = ExportTotals(
+            totals.requests + n,
+            totals.input_tokens + int(input_length.sum()),
+            totals.output_tokens + int(output_length.sum()),
+            totals.blocks + int(num_ids.sum()),
+        )
         print(f"shard {shard + 1} of {shards} written", file=sys.stderr)
     stats = canonical_json(export_stats(totals, next_id, int(np.concatenate(weights).sum())))
     (folder / STATS).write_bytes(stats)
     digests[STATS] = sha256_of(stats)
     manifest = {
-        "kvtrace_version": KVTRACE_VERSION, "format": "mooncake-trace",
-        "tokenizer": {"name": None, "sha256": {}}, "block_size": BLOCK,
-        "hash_scheme": "xxh3-128-chained-salted-v1", "hash_scheme_keyed": True,
-        "granularity": {"timestamp_ms": 1, "output_length": 1}, "output_hash_ids": False,
-        "block_hashes": None, "input_format": "auto", "timestamp_unit": "auto",
-        "chat_template_kwargs": {}, "id_map": None,
+        "kvtrace_version": KVTRACE_VERSION,
+        "format": "mooncake-trace",
+        "tokenizer": {"name": None, "sha256": {}},
+        "block_size": BLOCK,
+        "hash_scheme": "xxh3-128-chained-salted-v1",
+        "hash_scheme_keyed": True,
+        "granularity": {"timestamp_ms": 1, "output_length": 1},
+        "output_hash_ids": False,
+        "block_hashes": None,
+        "input_format": "auto",
+        "timestamp_unit": "auto",
+        "chat_template_kwargs": {},
+        "id_map": None,
         "records": {"exported": rows},
-        "files": sorted(digests), "sha256": digests,
+        "files": sorted(digests),
+        "sha256": digests,
         "replay": replay_commands(BLOCK, rows, sorted(digests)),
     }
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", type=Path)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=1)
@@ -117,14 +138,26 @@ def main() -> None:
     if not args.folder.exists():
         write_folder(args.folder, args.rows)
     report = args.folder.parent / f"{args.folder.name}.audit.json"
-    runs = [run_measured([sys.executable, "-m", "kvtrace.cli", "audit", str(args.folder),
-                          "--json", str(report)]) for _ in range(args.repeat)]
+    runs = [
+        run_measured(
+            [sys.executable, "-m", "kvtrace.cli", "audit", str(args.folder), "--json", str(report)]
+        )
+        for _ in range(args.repeat)
+    ]
     verdict = json.loads(report.read_text())
     size = sum(os.path.getsize(p) for p in args.folder.iterdir())
-    print(json.dumps({"rows": verdict["rows"], "folder_mb": round(size / 2**20),
-                      "seconds": [round(s, 1) for s, _ in runs],
-                      "peak_rss_mib": [round(m) for _, m in runs],
-                      "publishable": verdict["publishable"], "flags": verdict["flags"]}))
+    print(
+        json.dumps(
+            {
+                "rows": verdict["rows"],
+                "folder_mb": round(size / 2**20),
+                "seconds": [round(s, 1) for s, _ in runs],
+                "peak_rss_mib": [round(m) for _, m in runs],
+                "publishable": verdict["publishable"],
+                "flags": verdict["flags"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

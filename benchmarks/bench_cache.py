@@ -39,28 +39,68 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for policy in ("lru", "prefix-lru"):
             out = Path(tmp) / f"{policy}.json"
-            seconds, peak = run_measured([
-                "kvtrace", "simulate", args.trace, "--block-size", str(args.block_size),
-                "--policy", policy, "--warmup-fraction", "0.5",
-                "--capacity", ",".join(map(str, capacities)), "--json", str(out)])
-            rates[f"kvtrace {policy}"] = [p["hit_rate"] for p in
-                                          json.loads(out.read_text())["policies"][policy]]
+            seconds, peak = run_measured(
+                [
+                    "kvtrace",
+                    "simulate",
+                    args.trace,
+                    "--block-size",
+                    str(args.block_size),
+                    "--policy",
+                    policy,
+                    "--warmup-fraction",
+                    "0.5",
+                    "--capacity",
+                    ",".join(map(str, capacities)),
+                    "--json",
+                    str(out),
+                ]
+            )
+            rates[f"kvtrace {policy}"] = [
+                p["hit_rate"] for p in json.loads(out.read_text())["policies"][policy]
+            ]
             print(f"kvtrace simulate --policy {policy}: {seconds:.1f} s, peak {peak:.0f} MiB")
         python = tool_python("kvsim", "kvcache-simulator==0.1.3")
         theirs = Path(tmp) / "theirs.json"
-        command = [python, "-m", "kvcache_sim", "run", "--trace", args.trace, "--model", MODEL,
-                   "--kv-precision", "bf16_fp16", "--block-size", str(args.block_size),
-                   "--policies", "lru", "--budgets-gib", ",".join(map(str, BUDGETS_GIB)),
-                   "--no-progress", "--format", "json", "--output", str(theirs)]
+        command = [
+            python,
+            "-m",
+            "kvcache_sim",
+            "run",
+            "--trace",
+            args.trace,
+            "--model",
+            MODEL,
+            "--kv-precision",
+            "bf16_fp16",
+            "--block-size",
+            str(args.block_size),
+            "--policies",
+            "lru",
+            "--budgets-gib",
+            ",".join(map(str, BUDGETS_GIB)),
+            "--no-progress",
+            "--format",
+            "json",
+            "--output",
+            str(theirs),
+        ]
         subprocess.run(command, check=True, capture_output=True)  # compiles its core
         seconds, peak = run_measured(command)
         print(f"kvcache-simulator --policies lru: {seconds:.1f} s, peak {peak:.0f} MiB")
         points = {p["gib"]: p["results"]["lru"] for p in json.loads(theirs.read_text())["points"]}
-        rates["kvcache-simulator lru"] = [points.get(float(g), {}).get("hitRate", float("nan"))
-                                          for g in BUDGETS_GIB]
-    print("\n| GiB | tokens | " + " | ".join(rates) + " |\n|---" * 1 + "|---" * (len(rates) + 1) + "|")
+        rates["kvcache-simulator lru"] = [
+            points.get(float(g), {}).get("hitRate", float("nan")) for g in BUDGETS_GIB
+        ]
+    print(
+        "\n| GiB | tokens | " + " | ".join(rates) + " |\n|---" * 1 + "|---" * (len(rates) + 1) + "|"
+    )
     for i, gib in enumerate(BUDGETS_GIB):
-        print(f"| {gib} | {capacities[i]:,} | " + " | ".join(f"{r[i]:.4f}" for r in rates.values()) + " |")
+        print(
+            f"| {gib} | {capacities[i]:,} | "
+            + " | ".join(f"{r[i]:.4f}" for r in rates.values())
+            + " |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,10 +26,30 @@ SALT = b"benchmark-salt-of-enough-bytes!!"
 
 
 def _night(tree: Path, work: Path, corpus: Path, tokenizer: str, out: str, day: int) -> list[str]:
-    return ["env", f"PYTHONPATH={tree}", sys.executable, "-m", "kvtrace.cli", "anonymize",
-            "--input", str(corpus), "--output", str(work / out), "--id-map", str(work / "map"),
-            "--tokenizer", tokenizer, "--block-size", "16", "--salt-file", str(work / "salt"),
-            "--hash-shards", "64", "--dead-letter", str(work / f"{out}-rejected-{day}")]
+    return [
+        "env",
+        f"PYTHONPATH={tree}",
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        "anonymize",
+        "--input",
+        str(corpus),
+        "--output",
+        str(work / out),
+        "--id-map",
+        str(work / "map"),
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        "16",
+        "--salt-file",
+        str(work / "salt"),
+        "--hash-shards",
+        "64",
+        "--dead-letter",
+        str(work / f"{out}-rejected-{day}"),
+    ]
 
 
 def main() -> None:
@@ -39,8 +59,10 @@ def main() -> None:
     parser.add_argument("--baseline", required=True, help="a git revision to compare with")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / "corpora") as tmp, \
-            baseline_tree(args.baseline, Path(tmp)) as baseline:
+    with (
+        tempfile.TemporaryDirectory(dir=ROOT / "benchmarks" / "corpora") as tmp,
+        baseline_tree(args.baseline, Path(tmp)) as baseline,
+    ):
         tmp = Path(tmp)
         lines = args.corpus.read_bytes().splitlines(keepends=True)
         half = len(lines) // 2
@@ -51,8 +73,11 @@ def main() -> None:
             seed = tmp / f"seed-{name}"
             seed.mkdir()
             (seed / "salt").write_bytes(SALT)
-            subprocess.run(_night(tree, seed, tmp / "first.jsonl", args.tokenizer, "out", 1),
-                           check=True, capture_output=True)
+            subprocess.run(
+                _night(tree, seed, tmp / "first.jsonl", args.tokenizer, "out", 1),
+                check=True,
+                capture_output=True,
+            )
             seeds[name] = (seed, tree)
         times: dict[str, list[float]] = {"this": [], "baseline": []}
         print("| run | tree | wall s | peak RSS MiB |\n|---|---|---|---|")
@@ -61,14 +86,18 @@ def main() -> None:
                 work = tmp / f"run-{name}"
                 shutil.rmtree(work, ignore_errors=True)
                 shutil.copytree(seed, work)
-                seconds, peak = run_measured(_night(tree, work, tmp / "second.jsonl",
-                                                    args.tokenizer, "out", 2))
+                seconds, peak = run_measured(
+                    _night(tree, work, tmp / "second.jsonl", args.tokenizer, "out", 2)
+                )
                 times[name].append(seconds)
                 print(f"| {run + 1} | {name} | {seconds:.2f} | {peak:.0f} |", flush=True)
         ratios = [a / b for a, b in zip(times["this"], times["baseline"])]
-        print(f"median wall: this {statistics.median(times['this']):.2f} s, baseline "
-              f"{statistics.median(times['baseline']):.2f} s; median paired ratio "
-              f"{statistics.median(ratios):.3f}")
+        print(
+            f"median wall: this {statistics.median(times['this']):.2f} s, baseline "
+            f"{statistics.median(times['baseline']):.2f} s; median paired ratio "
+            f"{statistics.median(ratios):.3f}"
+        )
+
 
 if __name__ == "__main__":
     main()

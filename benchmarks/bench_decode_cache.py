@@ -22,22 +22,39 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 # (label, tokenizer, template file, chat template kwargs, reasoning: how the engine's output
 # starts, or None for a model that does not reason)
 SETUPS = [
-    ("Qwen2.5-7B-Instruct template (history verbatim)", "qwen3", "Qwen-Qwen2.5-7B-Instruct.jinja",
-     {}, None),
-    ("Qwen3 template, thinking off", "qwen3", "Qwen-Qwen3-0.6B.jinja",
-     {"enable_thinking": False}, None),
+    (
+        "Qwen2.5-7B-Instruct template (history verbatim)",
+        "qwen3",
+        "Qwen-Qwen2.5-7B-Instruct.jinja",
+        {},
+        None,
+    ),
+    (
+        "Qwen3 template, thinking off",
+        "qwen3",
+        "Qwen-Qwen3-0.6B.jinja",
+        {"enable_thinking": False},
+        None,
+    ),
     ("Qwen3 template, thinking on", "qwen3", "Qwen-Qwen3-0.6B.jinja", {}, "<think>\n"),
-    ("DeepSeek-R1-Distill template (reasoning stripped)", "deepseek-r1",
-     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", {}, ""),
+    (
+        "DeepSeek-R1-Distill template (reasoning stripped)",
+        "deepseek-r1",
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+        {},
+        "",
+    ),
 ]
 BLOCK = 16
 CAPACITY = 200_000  # tokens: a small GPU cache, where eviction matters
 
 
 def words(rng: random.Random, n: int) -> str:
-    vocabulary = ("cache block token prefix model answer question data system user time value "
-                  "result server request memory layer batch queue window count order graph "
-                  "energy market river planet music history language number").split()
+    vocabulary = (
+        "cache block token prefix model answer question data system user time value "
+        "result server request memory layer batch queue window count order graph "
+        "energy market river planet music history language number"
+    ).split()
     return " ".join(rng.choice(vocabulary) for _ in range(n)) + "."
 
 
@@ -51,10 +68,19 @@ def chat_logs(path: Path, conversations: int, turns: int, reasoning: str | None,
         for turn in range(turns):
             messages.append({"role": "user", "content": words(rng, rng.randint(20, 200))})
             answer = words(rng, rng.randint(50, 400))
-            output = answer if reasoning is None else (
-                f"{reasoning}{words(rng, rng.randint(100, 800))}\n</think>\n\n{answer}")
-            rows.append({"timestamp": clock, "session_id": f"c{c}", "messages": list(messages),
-                         "output": output})
+            output = (
+                answer
+                if reasoning is None
+                else (f"{reasoning}{words(rng, rng.randint(100, 800))}\n</think>\n\n{answer}")
+            )
+            rows.append(
+                {
+                    "timestamp": clock,
+                    "session_id": f"c{c}",
+                    "messages": list(messages),
+                    "output": output,
+                }
+            )
             messages.append({"role": "assistant", "content": answer})  # clients send content
             clock += rng.randint(20_000, 90_000)
     rows.sort(key=lambda r: r["timestamp"])
@@ -78,8 +104,10 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--turns", type=int, default=6)
     args = parser.parse_args()
-    print(f"{args.conversations} conversations x {args.turns} turns, block size {BLOCK}; "
-          f"token-weighted hit rates\n")
+    print(
+        f"{args.conversations} conversations x {args.turns} turns, block size {BLOCK}; "
+        f"token-weighted hit rates\n"
+    )
     print("| template | infinite cache | + decode cache | LRU 200k tokens | + decode cache |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,18 +117,39 @@ def main() -> None:
             chat_logs(logs, args.conversations, args.turns, reasoning)
             folder = tokenizer_with(template, tokenizer, work / f"tok{i}")
             out = work / f"out{i}"
-            code = kvtrace(["anonymize", "--input", str(logs), "--output", str(out), "--tokenizer",
-                            folder, "--block-size", str(BLOCK), "--emit-output-hashes",
-                            "--chat-template-kwargs", json.dumps(kwargs)])
+            code = kvtrace(
+                [
+                    "anonymize",
+                    "--input",
+                    str(logs),
+                    "--output",
+                    str(out),
+                    "--tokenizer",
+                    folder,
+                    "--block-size",
+                    str(BLOCK),
+                    "--emit-output-hashes",
+                    "--chat-template-kwargs",
+                    json.dumps(kwargs),
+                ]
+            )
             assert code == 0, label
             files = tuple(str(p) for p in sorted(out.glob("trace-*.jsonl")))
-            rates = [run_simulate(SimulateConfig(files, (Capacity(CAPACITY, None),), ("lru",),
-                                                 BLOCK, decode_cache=decode))
-                     for decode in (False, True)]
-            print(f"| {label} | {rates[0]['infinite_cache']['token_weighted']:.4f} | "
-                  f"{rates[1]['infinite_cache']['token_weighted']:.4f} | "
-                  f"{rates[0]['policies']['lru'][0]['hit_rate']:.4f} | "
-                  f"{rates[1]['policies']['lru'][0]['hit_rate']:.4f} |", flush=True)
+            rates = [
+                run_simulate(
+                    SimulateConfig(
+                        files, (Capacity(CAPACITY, None),), ("lru",), BLOCK, decode_cache=decode
+                    )
+                )
+                for decode in (False, True)
+            ]
+            print(
+                f"| {label} | {rates[0]['infinite_cache']['token_weighted']:.4f} | "
+                f"{rates[1]['infinite_cache']['token_weighted']:.4f} | "
+                f"{rates[0]['policies']['lru'][0]['hit_rate']:.4f} | "
+                f"{rates[1]['policies']['lru'][0]['hit_rate']:.4f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

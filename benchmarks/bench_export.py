@@ -33,9 +33,16 @@ def conversations(count: int, turns: int, seed: int = 0):
             while len(ids) < math.ceil(prompt / BLOCK):
                 ids.append(next_id)
                 next_id += 1
-            rows.append({"timestamp": start, "input_length": prompt, "output_length": answer,
-                         "hash_ids": list(ids), "response_ms": rng.randrange(500, 20_000),
-                         "session": session})
+            rows.append(
+                {
+                    "timestamp": start,
+                    "input_length": prompt,
+                    "output_length": answer,
+                    "hash_ids": list(ids),
+                    "response_ms": rng.randrange(500, 20_000),
+                    "session": session,
+                }
+            )
             start += rows[-1]["response_ms"] + rng.randrange(1_000, 60_000)
             prompt += answer
     rows.sort(key=lambda r: r["timestamp"])
@@ -56,9 +63,19 @@ def main() -> None:
         print(f"{len(rows):,} rows, {blocks:,} blocks, {trace.stat().st_size / 2**20:.0f} MiB\n")
         print("| --to | wall s | peak RSS MiB |\n|---|---|---|")
         for name in args.to.split(","):
-            seconds, peak = run_measured(["kvtrace", "export", str(trace), "--to", name, "-o",
-                                          str(Path(tmp) / f"{name}.jsonl"), "--block-size",
-                                          str(BLOCK)])
+            seconds, peak = run_measured(
+                [
+                    "kvtrace",
+                    "export",
+                    str(trace),
+                    "--to",
+                    name,
+                    "-o",
+                    str(Path(tmp) / f"{name}.jsonl"),
+                    "--block-size",
+                    str(BLOCK),
+                ]
+            )
             print(f"| {name} | {seconds:.1f} | {peak:.0f} |")
         sys.stdout.flush()
 

@@ -32,15 +32,17 @@ def jvm_peaks_mib() -> dict[str, float]:
             continue
         for name in JVMS:
             if name in command:
-                kib = next(int(line.split()[1]) for line in text.splitlines()
-                           if line.startswith("VmHWM"))
+                kib = next(
+                    int(line.split()[1]) for line in text.splitlines() if line.startswith("VmHWM")
+                )
                 peaks[name] = max(peaks.get(name, 0.0), kib / 1024)
     return peaks
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("corpus")
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--block-size", default="16")
@@ -48,15 +50,30 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-flink-"))
     (work / "salt").write_text("a-benchmark-salt-long-enough-to-use")
-    common = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", args.corpus,
-              "--tokenizer", args.tokenizer, "--block-size", args.block_size,
-              "--salt-file", str(work / "salt")]
+    common = [
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        "anonymize",
+        "--input",
+        args.corpus,
+        "--tokenizer",
+        args.tokenizer,
+        "--block-size",
+        args.block_size,
+        "--salt-file",
+        str(work / "salt"),
+    ]
     engines = {"local": [], "flink": ["--config", str(ROOT / "configs" / "flink-local.yaml")]}
     for engine, extra in engines.items():
-        figures = [run_measured([*common, "--output", str(work / engine), *extra])
-                   for _ in range(args.runs)]
-        print(f"{engine:6} wall median {statistics.median(s for s, _ in figures):6.1f} s, "
-              f"launcher peak {max(p for _, p in figures):6.0f} MiB")
+        figures = [
+            run_measured([*common, "--output", str(work / engine), *extra])
+            for _ in range(args.runs)
+        ]
+        print(
+            f"{engine:6} wall median {statistics.median(s for s, _ in figures):6.1f} s, "
+            f"launcher peak {max(p for _, p in figures):6.0f} MiB"
+        )
     print("cluster JVM peaks (MiB):", {k: round(v) for k, v in jvm_peaks_mib().items()})
     names = [p.name for p in (work / "local").iterdir()]
     _, mismatch, errors = filecmp.cmpfiles(work / "local", work / "flink", names, shallow=False)

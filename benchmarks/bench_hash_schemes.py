@@ -21,11 +21,16 @@ def main() -> None:
     import random
 
     rng = random.Random(0)
-    requests = [token_bytes([rng.randrange(128_000) for _ in range(REQUEST_TOKENS)])
-                for _ in range(TOKENS // REQUEST_TOKENS)]
+    requests = [
+        token_bytes([rng.randrange(128_000) for _ in range(REQUEST_TOKENS)])
+        for _ in range(TOKENS // REQUEST_TOKENS)
+    ]
     seed = chain_seed(b"benchmark salt, 32 bytes long...")
-    schemes = [HashScheme(), HashScheme("dynamo"),
-               HashScheme("vllm-sha256-cbor", vllm_none_hash("0"))]
+    schemes = [
+        HashScheme(),
+        HashScheme("dynamo"),
+        HashScheme("vllm-sha256-cbor", vllm_none_hash("0")),
+    ]
     print(f"{TOKENS:,} tokens in {len(requests):,} requests; million tokens hashed per second\n")
     print("| block size | " + " | ".join(s.name for s in schemes) + " |")
     print("|---" * (len(schemes) + 1) + "|")

@@ -23,7 +23,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from measure import run_measured_with_log
+
 from kvtrace.transforms.encode.blocks import HASH_SCHEME, salt_fingerprint
+from kvtrace.transforms.encode.tokenize import (
+    load_tokenizer,
+    tokenization_fingerprint,
+    tokenizer_sha256,
+)
 from kvtrace.transforms.ids.dense_ids import NUMBERED, hash_shards_for, shard_of, split_by
 from kvtrace.transforms.ids.id_map import (
     MapIdentity,
@@ -36,8 +43,6 @@ from kvtrace.transforms.ids.id_map import (
     segment_path,
 )
 from kvtrace.transforms.ids.segments import write_segment
-from kvtrace.transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
-from measure import run_measured_with_log
 
 SALT = b"benchmark-salt-of-enough-bytes!!"
 BLOCKS_PER_REQUEST = 100
@@ -45,8 +50,9 @@ DAY_MS = 86_400_000
 MAP_READ = re.compile(r"id map: read ([\d.]+) MiB, (\d+) of (\d+) row groups")
 
 
-def write_night(path: Path, blocks: int, block_size: int, shared_blocks: int, prefixes: int,
-                seed: int) -> None:
+def write_night(
+    path: Path, blocks: int, block_size: int, shared_blocks: int, prefixes: int, seed: int
+) -> None:
     """Requests of random token ids: a shared prefix of shared_blocks blocks (one of
     `prefixes`), then blocks of their own; every key is new to any map."""
     rng = np.random.default_rng(seed)
@@ -56,12 +62,14 @@ def write_night(path: Path, blocks: int, block_size: int, shared_blocks: int, pr
     with open(path, "w") as f:
         for start in range(0, requests, 10_000):
             count = min(10_000, requests - start)
-            tokens = np.hstack([pool[rng.integers(0, prefixes, count)],
-                                rng.integers(0, 120_000, (count, own))])
+            tokens = np.hstack(
+                [pool[rng.integers(0, prefixes, count)], rng.integers(0, 120_000, (count, own))]
+            )
             f.writelines(
                 f'{{"timestamp": {DAY_MS + 8 * (start + i)}, "output_length": 100, '
                 f'"input_ids": [{",".join(map(str, row))}]}}\n'
-                for i, row in enumerate(tokens.tolist()))
+                for i, row in enumerate(tokens.tolist())
+            )
 
 
 def write_map(directory: Path, ids: int, identity: MapIdentity) -> None:
@@ -73,13 +81,21 @@ def write_map(directory: Path, ids: int, identity: MapIdentity) -> None:
     table["id"] = np.arange(ids)
     shards = hash_shards_for(ids)
     run_id = new_run_id()
-    written = [write_segment(segment_path(str(directory), 1, run_id, "blocks", shard), [part])
-               for shard, part in split_by(table, shard_of(table, shards))]
+    written = [
+        write_segment(segment_path(str(directory), 1, run_id, "blocks", shard), [part])
+        for shard, part in split_by(table, shard_of(table, shards))
+    ]
     empty = empty_version(identity)
-    version = next_version(str(directory), empty, {"blocks": written, "sessions": []},
-                           {"blocks": ids, "sessions": 0}, False, shards, 0,
-                           Night({"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0},
-                                 "0" * 64))
+    version = next_version(
+        str(directory),
+        empty,
+        {"blocks": written, "sessions": []},
+        {"blocks": ids, "sessions": 0},
+        False,
+        shards,
+        0,
+        Night({"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0}, "0" * 64),
+    )
     publish(str(directory), empty, version, map_key(SALT))
 
 
@@ -94,21 +110,45 @@ def main() -> None:
     parser.add_argument("--engine", choices=("local", "beam"), default="beam")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.tokenizer)
-    identity = MapIdentity(salt_fingerprint(SALT), args.block_size, tokenizer_sha256(args.tokenizer),
-                           HASH_SCHEME, {}, tokenization_fingerprint(tokenizer))
+    identity = MapIdentity(
+        salt_fingerprint(SALT),
+        args.block_size,
+        tokenizer_sha256(args.tokenizer),
+        HASH_SCHEME,
+        {},
+        tokenization_fingerprint(tokenizer),
+    )
     with tempfile.TemporaryDirectory(dir=Path(__file__).parent / "corpora") as tmp:
         work = Path(tmp)
         (work / "salt").write_bytes(SALT)
         night = work / "night.jsonl"
-        write_night(night, args.night_blocks, args.block_size, args.shared_blocks, args.prefixes,
-                    seed=1)
-        base = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(night),
-                "--tokenizer", args.tokenizer, "--block-size", str(args.block_size),
-                "--salt-file", str(work / "salt"), "--engine", args.engine]
-        print(f"night: {args.night_blocks:,} block occurrences (block size {args.block_size}), "
-              f"{night.stat().st_size / 2**20:.0f} MiB of JSONL; engine {args.engine}")
-        print("| map before | run | map MiB | map read MiB | row groups read | wall s "
-              "| peak RSS MiB |\n|---|---|---|---|---|---|---|")
+        write_night(
+            night, args.night_blocks, args.block_size, args.shared_blocks, args.prefixes, seed=1
+        )
+        base = [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(night),
+            "--tokenizer",
+            args.tokenizer,
+            "--block-size",
+            str(args.block_size),
+            "--salt-file",
+            str(work / "salt"),
+            "--engine",
+            args.engine,
+        ]
+        print(
+            f"night: {args.night_blocks:,} block occurrences (block size {args.block_size}), "
+            f"{night.stat().st_size / 2**20:.0f} MiB of JSONL; engine {args.engine}"
+        )
+        print(
+            "| map before | run | map MiB | map read MiB | row groups read | wall s "
+            "| peak RSS MiB |\n|---|---|---|---|---|---|---|"
+        )
         seconds, peak, _ = run_measured_with_log([*base, "--output", str(work / "out-none")])
         print(f"| no map | night | 0 | 0 | - | {seconds:.1f} | {peak:.0f} |", flush=True)
         for size in (int(s) for s in args.map_sizes.split(",")):

@@ -27,8 +27,12 @@ PLACEHOLDER = "OUT"
 
 def run_in(tree: Path, kvtrace_args: list[str], out: Path) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MiB) of one run of the command from tree."""
-    command = [sys.executable, "-m", "kvtrace.cli",
-               *(str(out) if arg == PLACEHOLDER else arg for arg in kvtrace_args)]
+    command = [
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        *(str(out) if arg == PLACEHOLDER else arg for arg in kvtrace_args),
+    ]
     return run_measured_cpu(command, tree, {**os.environ, "PYTHONPATH": str(tree)})
 
 
@@ -47,16 +51,20 @@ def main() -> None:
             for name, tree in trees if pair % 2 == 0 else trees[::-1]:
                 run = run_in(tree, inputs, Path(tmp) / f"out-{name}-{pair}")
                 figures[name].append(run)
-                print(f"| {pair + 1} | {name} | {run[0]:.2f} | {run[1]:.2f} | {run[2]:.0f} |",
-                      flush=True)
+                print(
+                    f"| {pair + 1} | {name} | {run[0]:.2f} | {run[1]:.2f} | {run[2]:.0f} |",
+                    flush=True,
+                )
         for index, what in ((0, "wall"), (1, "CPU")):
             this = [run[index] for run in figures["this"]]
             base = [run[index] for run in figures["baseline"]]
             ratios = [a / b for a, b in zip(this, base)]
-            print(f"{what}: median this {statistics.median(this):.2f} s, baseline "
-                  f"{statistics.median(base):.2f} s; median paired ratio "
-                  f"{statistics.median(ratios):.3f} (spread {min(ratios):.3f}-"
-                  f"{max(ratios):.3f})")
+            print(
+                f"{what}: median this {statistics.median(this):.2f} s, baseline "
+                f"{statistics.median(base):.2f} s; median paired ratio "
+                f"{statistics.median(ratios):.3f} (spread {min(ratios):.3f}-"
+                f"{max(ratios):.3f})"
+            )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,11 @@ def main() -> None:
     parser.add_argument("--rows", default="500,2000,3993")
     parser.add_argument("--shape", default="prompt", choices=("prompt", "chat"))
     parser.add_argument("--block-size", default="512")
-    parser.add_argument("--chat-template", action="store_true",
-                        help="time the chat template's rendering of a request log alone")
+    parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="time the chat template's rendering of a request log alone",
+    )
     args = parser.parse_args()
     if args.chat_template:
         chat_template(args.trace, args.tokenizer, int(args.rows.split(",")[0]))
@@ -44,10 +47,23 @@ def main() -> None:
         for rows in [int(r) for r in args.rows.split(",")]:
             part = Path(tmp) / f"head{rows}.jsonl"
             part.write_bytes(b"".join(lines[:rows]))
-            seconds, peak = run_measured([sys.executable, "-m", "kvtrace.cli", "render", str(part),
-                                          "--tokenizer", args.tokenizer, "-o",
-                                          str(Path(tmp) / "out.jsonl"), "--shape", args.shape,
-                                          "--block-size", args.block_size])
+            seconds, peak = run_measured(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvtrace.cli",
+                    "render",
+                    str(part),
+                    "--tokenizer",
+                    args.tokenizer,
+                    "-o",
+                    str(Path(tmp) / "out.jsonl"),
+                    "--shape",
+                    args.shape,
+                    "--block-size",
+                    args.block_size,
+                ]
+            )
             print(f"| {rows:,} | {seconds:.1f} | {peak:.0f} |", flush=True)
 
 
@@ -57,8 +73,9 @@ def chat_template(log: Path, tokenizer_name: str, rows: int, repeats: int = 7) -
 
     tokenizer = load_tokenizer(tokenizer_name)
     with open(log, "rb") as lines:
-        requests = [parse_record(line.rstrip(b"\n"), str(log))
-                    for _, line in zip(range(rows), lines)]
+        requests = [
+            parse_record(line.rstrip(b"\n"), str(log)) for _, line in zip(range(rows), lines)
+        ]
     best, texts = float("inf"), []
     for _ in range(repeats):
         start = time.process_time()

@@ -44,22 +44,44 @@ def routed_bytes(corpus: Path) -> tuple[int, int, int]:
             key, payload = route_key(request), routed(request)
             requests += 1
             sessions.add(key)
-            size += len(key) + (sum(map(len, payload)) if isinstance(payload, tuple)
-                                else len(pickle.dumps(payload)))
+            size += len(key) + (
+                sum(map(len, payload)) if isinstance(payload, tuple) else len(pickle.dumps(payload))
+            )
     return requests, len(sessions), size
 
 
-def one_run(corpus: Path, tokenizer: str, block_size: int, beam_flags: list[str],
-            routed: bool, out: Path) -> dict:
-    command = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(corpus),
-               "--output", str(out), "--tokenizer", tokenizer, "--block-size", str(block_size),
-               "--salt-file", str(out.parent / "salt"), "--engine", "beam", *beam_flags,
-               *(["--route-sessions"] if routed else [])]
+def one_run(
+    corpus: Path, tokenizer: str, block_size: int, beam_flags: list[str], routed: bool, out: Path
+) -> dict:
+    command = [
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        "anonymize",
+        "--input",
+        str(corpus),
+        "--output",
+        str(out),
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        str(block_size),
+        "--salt-file",
+        str(out.parent / "salt"),
+        "--engine",
+        "beam",
+        *beam_flags,
+        *(["--route-sessions"] if routed else []),
+    ]
     seconds, peak_mib, log = run_measured_with_log(command)
     found = HIT_RATE.search(log)
-    return {"routed": routed, "seconds": round(seconds, 2), "peak_rss_mib": round(peak_mib),
-            "token_hit_rate": float(found.group(1)) / 100 if found else None,
-            "tokens": int(found.group(2)) if found else None}
+    return {
+        "routed": routed,
+        "seconds": round(seconds, 2),
+        "peak_rss_mib": round(peak_mib),
+        "token_hit_rate": float(found.group(1)) / 100 if found else None,
+        "tokens": int(found.group(2)) if found else None,
+    }
 
 
 def main() -> None:
@@ -68,20 +90,28 @@ def main() -> None:
     args, rest = parser.parse_known_args()  # after --: Beam options
     beam_flags = [flag for flag in rest if flag != "--"] or DIRECT_TWO_WORKERS
     requests, sessions, shuffled = routed_bytes(args.corpus)
-    result = {"corpus": str(args.corpus), "corpus_mb": args.corpus.stat().st_size / 1e6,
-              "requests": requests, "routing_keys": sessions, "routed_mb": shuffled / 1e6,
-              "beam_flags": beam_flags, "runs": []}
+    result = {
+        "corpus": str(args.corpus),
+        "corpus_mb": args.corpus.stat().st_size / 1e6,
+        "requests": requests,
+        "routing_keys": sessions,
+        "routed_mb": shuffled / 1e6,
+        "beam_flags": beam_flags,
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "salt").write_bytes(b"benchmark salt, 32 bytes long...")
         for run in range(args.runs):
             for routed in (False, True):
                 out = Path(tmp, f"out-{run}-{int(routed)}")
-                result["runs"].append(one_run(args.corpus, args.tokenizer, args.block_size,
-                                              beam_flags, routed, out))
+                result["runs"].append(
+                    one_run(args.corpus, args.tokenizer, args.block_size, beam_flags, routed, out)
+                )
         first = Path(tmp, "out-0-0")
         result["outputs_identical"] = all(
             not filecmp.dircmp(first, Path(tmp, f"out-{run}-1")).diff_files
-            for run in range(args.runs))
+            for run in range(args.runs)
+        )
     for routed in (False, True):
         runs = [r for r in result["runs"] if r["routed"] == routed]
         name = "routed" if routed else "unrouted"

@@ -25,8 +25,9 @@ BLOCK_SIZE = 16
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--map-ids", type=int, default=0)
     args = parser.parse_args()
@@ -54,17 +55,30 @@ def main() -> None:
         write_night(night, N_BLOCKS, BLOCK_SIZE, shared_blocks=0, prefixes=1, seed=1)
         id_map = None
         if args.map_ids:
-            identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE,
-                                   tokenizer_sha256(args.tokenizer), HASH_SCHEME, {},
-                                   tokenization_fingerprint(load_tokenizer(args.tokenizer)))
+            identity = MapIdentity(
+                salt_fingerprint(SALT),
+                BLOCK_SIZE,
+                tokenizer_sha256(args.tokenizer),
+                HASH_SCHEME,
+                {},
+                tokenization_fingerprint(load_tokenizer(args.tokenizer)),
+            )
             write_map(work / "map", args.map_ids, identity)
-            id_map = IdMapRun(str(work / "map"), open_map(str(work / "map"), identity,
-                                                          map_key(SALT)), str(work / "marks"))
+            id_map = IdMapRun(
+                str(work / "map"),
+                open_map(str(work / "map"), identity, map_key(SALT)),
+                str(work / "marks"),
+            )
         config = AnonymizeConfig(
-            inputs=tuple(file_sizes([str(night)])), output=str(work / "out"),
+            inputs=tuple(file_sizes([str(night)])),
+            output=str(work / "out"),
             staging=str(work / "staging"),
-            tokenizer=args.tokenizer, salt=salt_source(str(work / "salt")),
-            dead_letter=str(work / "rejected"), block_size=BLOCK_SIZE, id_map=id_map)
+            tokenizer=args.tokenizer,
+            salt=salt_source(str(work / "salt")),
+            dead_letter=str(work / "rejected"),
+            block_size=BLOCK_SIZE,
+            id_map=id_map,
+        )
         pipeline = beam.Pipeline(runner=FnApiRunner())
         build(pipeline, config)
         result = pipeline.run()
@@ -77,11 +91,19 @@ def main() -> None:
         if name.startswith("shuffled_bytes_"):
             step = name.removeprefix("shuffled_bytes_")
             by_step[step] = by_step.get(step, 0) + counter.committed
-    print(json.dumps({
-        "block_occurrences": blocks, "map_ids": args.map_ids,
-        "bytes_per_block_occurrence": {step: round(b / blocks, 2) for step, b in sorted(by_step.items())},
-        "total_bytes_per_block_occurrence": round(sum(by_step.values()) / blocks, 2),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "block_occurrences": blocks,
+                "map_ids": args.map_ids,
+                "bytes_per_block_occurrence": {
+                    step: round(b / blocks, 2) for step, b in sorted(by_step.items())
+                },
+                "total_bytes_per_block_occurrence": round(sum(by_step.values()) / blocks, 2),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

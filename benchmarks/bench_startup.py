@@ -35,8 +35,9 @@ def seconds(command: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokenizer", required=True, help="a local tokenizer folder")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--repeats", type=int, default=5)
@@ -48,27 +49,52 @@ def main() -> None:
         Path(tmp, "salt").write_text("a benchmark salt, long enough")
 
         def job(name: str, *extra: str) -> list[str]:
-            return [args.python, "-m", "kvtrace.cli", "anonymize", "--input", f"{tmp}/{name}.jsonl",
-                    "--output", f"{tmp}/out-{name}", "--tokenizer", args.tokenizer,
-                    "--salt-file", f"{tmp}/salt", *extra]
+            return [
+                args.python,
+                "-m",
+                "kvtrace.cli",
+                "anonymize",
+                "--input",
+                f"{tmp}/{name}.jsonl",
+                "--output",
+                f"{tmp}/out-{name}",
+                "--tokenizer",
+                args.tokenizer,
+                "--salt-file",
+                f"{tmp}/salt",
+                *extra,
+            ]
 
         commands = {
-            "tokenizer_file": [args.python, "-c", "import tokenizers, sys; "
-                               "tokenizers.Tokenizer.from_file(sys.argv[1])", tokenizer_file],
+            "tokenizer_file": [
+                args.python,
+                "-c",
+                "import tokenizers, sys; tokenizers.Tokenizer.from_file(sys.argv[1])",
+                tokenizer_file,
+            ],
             "prompt_job": job("prompt"),
             "chat_job": job("chat"),
             "chat_job_beam_engine": job("chat", "--engine", "beam"),
         }
-        runs = {name: [seconds(command) for _ in range(args.repeats)]
-                for name, command in commands.items()}
+        runs = {
+            name: [seconds(command) for _ in range(args.repeats)]
+            for name, command in commands.items()
+        }
     medians = {name: statistics.median(times) for name, times in runs.items()}
     base = medians["tokenizer_file"]
-    print(json.dumps({
-        "python": args.python,
-        "median_s": medians,
-        "over_tokenizer_file_s": {n: m - base for n, m in medians.items() if n != "tokenizer_file"},
-        "runs_s": runs,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "python": args.python,
+                "median_s": medians,
+                "over_tokenizer_file_s": {
+                    n: m - base for n, m in medians.items() if n != "tokenizer_file"
+                },
+                "runs_s": runs,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

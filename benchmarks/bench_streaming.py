@@ -48,10 +48,22 @@ def free_ports(count: int) -> list[int]:
 
 
 def request(i: int, timestamp_ms: int) -> bytes:
-    return json.dumps({"timestamp": timestamp_ms, "output_length": 50, "messages": [
-        {"role": "system", "content": "You are a helpful assistant for questions about caches."},
-        {"role": "user", "content": f"Question {i}: how does prefix caching help " * (1 + i % 8)}],
-    }).encode()
+    return json.dumps(
+        {
+            "timestamp": timestamp_ms,
+            "output_length": 50,
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "You are a helpful assistant for questions about caches.",
+                },
+                {
+                    "role": "user",
+                    "content": f"Question {i}: how does prefix caching help " * (1 + i % 8),
+                },
+            ],
+        }
+    ).encode()
 
 
 def subscription(host: str, name: str):
@@ -65,13 +77,33 @@ def subscription(host: str, name: str):
     return publisher, topic, f"pubsub:projects/{PROJECT}/subscriptions/{name}"
 
 
-def start_stream(source: str, output: Path, window: str, tokenizer: str, env: dict[str, str],
-                 *extra: str):
+def start_stream(
+    source: str, output: Path, window: str, tokenizer: str, env: dict[str, str], *extra: str
+):
     return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from kvtrace.cli import main; sys.exit(main())",
-         "anonymize", "--streaming", "--input", source, "--output", str(output), "--window",
-         window, "--tokenizer", tokenizer, "--block-size", "16", *extra],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kvtrace.cli import main; sys.exit(main())",
+            "anonymize",
+            "--streaming",
+            "--input",
+            source,
+            "--output",
+            str(output),
+            "--window",
+            window,
+            "--tokenizer",
+            tokenizer,
+            "--block-size",
+            "16",
+            *extra,
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def cumulative(output: Path) -> dict:
@@ -115,23 +147,33 @@ def sustained_kafka(tokenizer: str, requests: int, work: Path) -> None:
     """The same backlog from a Kafka broker, on the local Flink cluster (started beforehand)."""
     env = {**os.environ, "KVTRACE_KAFKA_HOME": str(work / "kafka")}
     broker, (port, controller) = str(ROOT / "deploy" / "kafka" / "local-broker.sh"), free_ports(2)
-    subprocess.run([broker, "start", str(port), str(controller)], env=env, capture_output=True,
-                   check=True)
+    subprocess.run(
+        [broker, "start", str(port), str(controller)], env=env, capture_output=True, check=True
+    )
     try:
         lines = b"".join(message + b"\n" for message in backlog(requests))
-        subprocess.run([broker, "produce", str(port), "backlog"], input=lines, env=env,
-                       check=True)
-        drain(f"kafka://127.0.0.1:{port}/backlog", tokenizer, requests, work / "kafka-backlog",
-              {"KVTRACE_KAFKA_EXPANSION": "localhost:8096"},
-              "--config", str(ROOT / "configs" / "flink-local.yaml"))
+        subprocess.run([broker, "produce", str(port), "backlog"], input=lines, env=env, check=True)
+        drain(
+            f"kafka://127.0.0.1:{port}/backlog",
+            tokenizer,
+            requests,
+            work / "kafka-backlog",
+            {"KVTRACE_KAFKA_EXPANSION": "localhost:8096"},
+            "--config",
+            str(ROOT / "configs" / "flink-local.yaml"),
+        )
     finally:
-        subprocess.run([str(ROOT / "deploy" / "flink" / "local-cluster.sh"), "cancel-jobs"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [str(ROOT / "deploy" / "flink" / "local-cluster.sh"), "cancel-jobs"],
+            check=True,
+            capture_output=True,
+        )
         subprocess.run([broker, "stop"], env=env, check=True)
 
 
-def drain(source: str, tokenizer: str, requests: int, output: Path, env: dict[str, str],
-          *extra: str) -> None:
+def drain(
+    source: str, tokenizer: str, requests: int, output: Path, env: dict[str, str], *extra: str
+) -> None:
     started = time.perf_counter()
     stream = start_stream(source, output, "1m", tokenizer, env, *extra)
     first = None
@@ -150,16 +192,19 @@ def drain(source: str, tokenizer: str, requests: int, output: Path, env: dict[st
         stream.wait()
     seen, counts = cumulative(output), run_counts(output)
     rate = (requests - first[1]) / (done - first[0]) if done > first[0] else float("nan")
-    print(f"sustained ({source.partition(':')[0]}): {requests} requests ({seen['rows']} published in {seen['windows']} "
-          f"windows, {counts['rejected']} late) in {done - started:.1f} s from launch; "
-          f"{rate:.0f} requests/s after the first window; peak {peak:.0f} MiB")
+    print(
+        f"sustained ({source.partition(':')[0]}): {requests} requests ({seen['rows']} published in {seen['windows']} "
+        f"windows, {counts['rejected']} late) in {done - started:.1f} s from launch; "
+        f"{rate:.0f} requests/s after the first window; peak {peak:.0f} MiB"
+    )
 
 
 def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
     publisher, topic, source = subscription(host, "live")
     output = work / "live"
-    stream = start_stream(source, output, f"{LIVE_WINDOW_MS // 1000}s", tokenizer,
-                          {"PUBSUB_EMULATOR_HOST": host})
+    stream = start_stream(
+        source, output, f"{LIVE_WINDOW_MS // 1000}s", tokenizer, {"PUBSUB_EMULATOR_HOST": host}
+    )
     published: dict[str, float] = {}
     deadline_by_end: dict[int, float] = {}
     try:
@@ -185,15 +230,20 @@ def latency(host: str, tokenizer: str, work: Path, rate: int) -> None:
         stream.wait()
     # Windows are named by their place among the published ones, not by time: the k-th window
     # the requests fell in is window k (every window here holds requests).
-    deadlines = {window_name(k): deadline_by_end[end]
-                 for k, end in enumerate(sorted(deadline_by_end))}
-    delays = [published[name] - deadline for name, deadline in deadlines.items()
-              if name in published]
+    deadlines = {
+        window_name(k): deadline_by_end[end] for k, end in enumerate(sorted(deadline_by_end))
+    }
+    delays = [
+        published[name] - deadline for name, deadline in deadlines.items() if name in published
+    ]
     late = run_counts(output).get("rejected", 0)
-    print(f"latency: {i} requests at up to {rate}/s ({late} late) into {LIVE_WINDOW_MS // 1000} s windows; "
-          f"{len(delays)} of {len(deadlines)} windows published; after the deadline: median "
-          f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s" if delays else
-          "latency: no window published")
+    print(
+        f"latency: {i} requests at up to {rate}/s ({late} late) into {LIVE_WINDOW_MS // 1000} s windows; "
+        f"{len(delays)} of {len(deadlines)} windows published; after the deadline: median "
+        f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s"
+        if delays
+        else "latency: no window published"
+    )
 
 
 def main() -> None:
@@ -201,9 +251,12 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(ROOT.parent / "shared/tokenizers/deepseek-r1"))
     parser.add_argument("--requests", type=int, default=3000, help="backlog size")
     parser.add_argument("--rate", type=int, default=20, help="live requests per second")
-    parser.add_argument("--kafka", action="store_true",
-                        help="the backlog from a Kafka broker on the local Flink cluster instead "
-                             "(deploy/flink/local-cluster.sh start first)")
+    parser.add_argument(
+        "--kafka",
+        action="store_true",
+        help="the backlog from a Kafka broker on the local Flink cluster instead "
+        "(deploy/flink/local-cluster.sh start first)",
+    )
     args = parser.parse_args()
     if args.kafka:
         with tempfile.TemporaryDirectory() as tmp:
@@ -213,8 +266,13 @@ def main() -> None:
         work = Path(tmp)
         env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(work / "emulator")}
         script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
-        started = subprocess.run([script, "start", str(free_ports(1)[0])], env=env,
-                                 capture_output=True, text=True, check=True)
+        started = subprocess.run(
+            [script, "start", str(free_ports(1)[0])],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         host = started.stdout.strip().rpartition("=")[2]
         try:
             sustained(host, args.tokenizer, args.requests, work)

@@ -21,8 +21,12 @@ from pathlib import Path
 
 from measure import run_measured, tool_python
 
-KNOBS = {"speedup_ratio": 2.0, "prefix_len_multiplier": 1.5, "prefix_root_multiplier": 2,
-         "prompt_len_multiplier": 1.0}
+KNOBS = {
+    "speedup_ratio": 2.0,
+    "prefix_len_multiplier": 1.5,
+    "prefix_root_multiplier": 2,
+    "prompt_len_multiplier": 1.0,
+}
 AIPERF_DRIVER = """
 import sys, orjson
 from aiperf.common import random_generator
@@ -42,8 +46,11 @@ def problems(trace: Path) -> str:
     from kvtrace.transforms.read.trace_io import read_trace
     from kvtrace.transforms.stats.trace_stats import analyze
 
-    found = {name: p["count"] for name, p in analyze(read_trace([str(trace)]), 512)["problems"].items()
-             if p["count"]}
+    found = {
+        name: p["count"]
+        for name, p in analyze(read_trace([str(trace)]), 512)["problems"].items()
+        if p["count"]
+    }
     return "valid" if not found else ", ".join(f"{n}: {c:,}" for n, c in found.items())
 
 
@@ -60,7 +67,7 @@ def without_shared_partial_blocks(trace: str, target: Path) -> int:
     drop = (parts.shared == source.lengths) & (parts.last_tokens < 512) & (source.lengths > 0)
     kept = 0
     with open(trace) as lines, open(target, "w") as out:
-        for line, dropped in zip((l for l in lines if l.strip()), drop.tolist()):
+        for line, dropped in zip((text for text in lines if text.strip()), drop.tolist()):
             if not dropped:
                 out.write(json.dumps(json.loads(line)) + "\n")
                 kept += 1
@@ -69,23 +76,35 @@ def without_shared_partial_blocks(trace: str, target: Path) -> int:
 
 def compare(trace: str, work: Path, beam: bool) -> None:
     ours = work / "kvtrace.jsonl"
-    command = ["kvtrace", "synthesize", trace, "-o", str(ours), "--block-size", "512",
-               *[f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.items()]]
+    command = [
+        "kvtrace",
+        "synthesize",
+        trace,
+        "-o",
+        str(ours),
+        "--block-size",
+        "512",
+        *[f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.items()],
+    ]
     seconds, peak = run_measured(command)
     print(f"| kvtrace synthesize | {seconds:.1f} | {peak:.0f} | {problems(ours)} |")
     if beam:  # the embedded runner, one worker; the bytes must be the local engine's
         on_beam = work / "kvtrace_beam.jsonl"
         seconds, peak = run_measured([*command[:4], str(on_beam), *command[5:], "--engine", "beam"])
         same = on_beam.read_bytes() == ours.read_bytes()
-        print(f"| kvtrace synthesize --engine beam (embedded runner) | {seconds:.1f} | {peak:.0f} | "
-              f"{'the same bytes' if same else 'DIFFERENT BYTES'} |")
+        print(
+            f"| kvtrace synthesize --engine beam (embedded runner) | {seconds:.1f} | {peak:.0f} | "
+            f"{'the same bytes' if same else 'DIFFERENT BYTES'} |"
+        )
     theirs = work / "aiperf.jsonl"
     driver = work / "aiperf_driver.py"
     driver.write_text(AIPERF_DRIVER.format(**KNOBS))
     command = [tool_python("aiperf", "aiperf==0.13.0"), str(driver), trace, str(theirs)]
     tried = subprocess.run(command, capture_output=True, text=True)
     if tried.returncode:
-        print(f"| aiperf 0.13 Synthesizer | crashed | - | {tried.stderr.strip().splitlines()[-1][:150]} |")
+        print(
+            f"| aiperf 0.13 Synthesizer | crashed | - | {tried.stderr.strip().splitlines()[-1][:150]} |"
+        )
         return
     seconds, peak = run_measured(command)
     print(f"| aiperf 0.13 Synthesizer | {seconds:.1f} | {peak:.0f} | {problems(theirs)} |")
@@ -102,8 +121,10 @@ def main() -> None:
         compare(args.trace, work, beam=True)
         filtered = work / "without_shared_partials.jsonl"
         kept = without_shared_partial_blocks(args.trace, filtered)
-        print(f"\nthe same without rows ending in a shared partial block ({kept:,} rows)\n\n"
-              f"| tool | wall s | peak RSS MiB | output |\n|---|---|---|---|")
+        print(
+            f"\nthe same without rows ending in a shared partial block ({kept:,} rows)\n\n"
+            f"| tool | wall s | peak RSS MiB | output |\n|---|---|---|---|"
+        )
         compare(str(filtered), work, beam=False)
 
 

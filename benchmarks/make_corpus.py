@@ -56,14 +56,16 @@ def long_requests(count: int, rng: random.Random) -> list[dict]:
     for i in range(count):
         doc = rng.choice(documents)
         question = paragraph(rng, rng.randint(100, 600))
-        requests.append({
-            "timestamp": i * 250,
-            "messages": [
-                {"role": "system", "content": "Answer from the document below.\n\n" + doc},
-                {"role": "user", "content": question},
-            ],
-            "output_length": rng.randint(50, 500),
-        })
+        requests.append(
+            {
+                "timestamp": i * 250,
+                "messages": [
+                    {"role": "system", "content": "Answer from the document below.\n\n" + doc},
+                    {"role": "user", "content": question},
+                ],
+                "output_length": rng.randint(50, 500),
+            }
+        )
     return requests
 
 
@@ -76,8 +78,14 @@ def short_requests(count: int, rng: random.Random) -> list[dict]:
             turns.append({"role": "user", "content": paragraph(rng, rng.randint(30, 90))})
             turns.append({"role": "assistant", "content": paragraph(rng, rng.randint(20, 60))})
         turns.pop()
-        requests.append({"timestamp": i * 20, "session_id": f"s{i // 3}", "messages": turns,
-                         "output": paragraph(rng, rng.randint(10, 80))})
+        requests.append(
+            {
+                "timestamp": i * 20,
+                "session_id": f"s{i // 3}",
+                "messages": turns,
+                "output": paragraph(rng, rng.randint(10, 80)),
+            }
+        )
     return requests
 
 
@@ -85,11 +93,16 @@ def rendered_requests(count: int, rng: random.Random) -> list[dict]:
     documents = [paragraph(rng, 12_000) for _ in range(8)]
     requests = []
     for i in range(count):
-        prompt = ("<｜begin▁of▁sentence｜>Answer from the document below.\n\n"
-                  + rng.choice(documents) + "<｜User｜>" + paragraph(rng, rng.randint(100, 600))
-                  + "<｜Assistant｜><think>\n")
-        requests.append({"timestamp": i * 250, "prompt": prompt,
-                         "output": paragraph(rng, rng.randint(50, 300))})
+        prompt = (
+            "<｜begin▁of▁sentence｜>Answer from the document below.\n\n"
+            + rng.choice(documents)
+            + "<｜User｜>"
+            + paragraph(rng, rng.randint(100, 600))
+            + "<｜Assistant｜><think>\n"
+        )
+        requests.append(
+            {"timestamp": i * 250, "prompt": prompt, "output": paragraph(rng, rng.randint(50, 300))}
+        )
     return requests
 
 
@@ -97,32 +110,58 @@ def agent_requests(count: int, rng: random.Random) -> list[dict]:
     """Tool-calling agent sessions of 10-60 turns, interleaved in time: every request re-sends
     the shared system prompt, the session's tool definitions and its whole history."""
     system = paragraph(rng, 800)
-    tools = [{"type": "function", "function": {
-        "name": f"tool_{t}", "description": sentence(rng, 25),
-        "parameters": {"type": "object", "required": ["query"], "properties": {
-            "query": {"type": "string", "description": sentence(rng, 12)},
-            "limit": {"type": "integer", "description": sentence(rng, 8)}}}}}
-        for t in range(12)]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{t}",
+                "description": sentence(rng, 25),
+                "parameters": {
+                    "type": "object",
+                    "required": ["query"],
+                    "properties": {
+                        "query": {"type": "string", "description": sentence(rng, 12)},
+                        "limit": {"type": "integer", "description": sentence(rng, 8)},
+                    },
+                },
+            },
+        }
+        for t in range(12)
+    ]
     sessions = []
     while sum(len(s) for s in sessions) < count:
         chosen = rng.sample(tools, rng.randint(4, 8))
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": paragraph(rng, rng.randint(40, 200))}]
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": paragraph(rng, rng.randint(40, 200))},
+        ]
         turns = []
         for turn in range(rng.randint(10, 60)):
             if turn % 3 == 2:
                 answer = paragraph(rng, rng.randint(30, 150))
                 turns.append((list(messages), chosen, answer))
-                messages += [{"role": "assistant", "content": answer},
-                             {"role": "user", "content": paragraph(rng, rng.randint(10, 80))}]
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": paragraph(rng, rng.randint(10, 80))},
+                ]
                 continue
-            call = {"id": f"call_{len(sessions)}_{turn}", "type": "function", "function": {
-                "name": rng.choice(chosen)["function"]["name"],
-                "arguments": json.dumps({"query": sentence(rng, rng.randint(5, 15))})}}
+            call = {
+                "id": f"call_{len(sessions)}_{turn}",
+                "type": "function",
+                "function": {
+                    "name": rng.choice(chosen)["function"]["name"],
+                    "arguments": json.dumps({"query": sentence(rng, rng.randint(5, 15))}),
+                },
+            }
             turns.append((list(messages), chosen, None))
-            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                         {"role": "tool", "tool_call_id": call["id"],
-                          "content": paragraph(rng, rng.randint(50, 400))}]
+            messages += [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {
+                    "role": "tool",
+                    "tool_call_id": call["id"],
+                    "content": paragraph(rng, rng.randint(50, 400)),
+                },
+            ]
         sessions.append(turns)
     requests, clock = [], 0
     cursors = [0] * len(sessions)
@@ -132,8 +171,12 @@ def agent_requests(count: int, rng: random.Random) -> list[dict]:
         messages, chosen, answer = sessions[i][cursors[i]]
         cursors[i] += 1
         clock += rng.randint(50, 400)
-        request = {"timestamp": clock, "session_id": f"agent-{i}", "messages": messages,
-                   "tools": chosen}
+        request = {
+            "timestamp": clock,
+            "session_id": f"agent-{i}",
+            "messages": messages,
+            "tools": chosen,
+        }
         request.update({"output": answer} if answer else {"output_length": rng.randint(20, 80)})
         requests.append(request)
     return requests
@@ -150,32 +193,64 @@ def streamed_requests(count: int, rng: random.Random) -> list[dict]:
         history = histories.setdefault(session, [{"role": "system", "content": system}])
         history.append({"role": "user", "content": paragraph(rng, rng.randint(10, 80))})
         words = paragraph(rng, rng.randint(60, 400)).split(" ")
-        pieces = [" ".join(words[j:j + 3]) + " " for j in range(0, len(words), 3)]
-        chunks = [{"id": f"chatcmpl-{i}", "object": "chat.completion.chunk",
-                   "created": 1_767_225_600 + i, "model": "deepseek-r1",
-                   "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
-                                "finish_reason": None}]}
-                  for piece in pieces]
+        pieces = [" ".join(words[j : j + 3]) + " " for j in range(0, len(words), 3)]
+        chunks = [
+            {
+                "id": f"chatcmpl-{i}",
+                "object": "chat.completion.chunk",
+                "created": 1_767_225_600 + i,
+                "model": "deepseek-r1",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": piece},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            for piece in pieces
+        ]
         chunks[-1]["choices"][0]["finish_reason"] = "stop"
-        requests.append({"request": {"model": "deepseek-r1", "stream": True,
-                                     "messages": list(history), "session_id": f"c{session}"},
-                         "response": chunks, "timestamp": 1_767_225_600_000 + i * 200})
+        requests.append(
+            {
+                "request": {
+                    "model": "deepseek-r1",
+                    "stream": True,
+                    "messages": list(history),
+                    "session_id": f"c{session}",
+                },
+                "response": chunks,
+                "timestamp": 1_767_225_600_000 + i * 200,
+            }
+        )
         history.append({"role": "assistant", "content": "".join(pieces)})
     return requests
 
 
 def single_requests(count: int, rng: random.Random) -> list[dict]:
     """Single-turn prompts with nothing in common: nothing for a cache to reuse."""
-    return [{"timestamp": i * 50, "prompt": paragraph(rng, rng.randint(100, 1500)),
-             "output_length": rng.randint(20, 400)} for i in range(count)]
+    return [
+        {
+            "timestamp": i * 50,
+            "prompt": paragraph(rng, rng.randint(100, 1500)),
+            "output_length": rng.randint(20, 400),
+        }
+        for i in range(count)
+    ]
 
 
 def main() -> None:
     kind, count, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     rng = random.Random(20261121)
-    requests = {"long": long_requests, "short": short_requests, "rendered": rendered_requests,
-                "agent": agent_requests, "single": single_requests,
-                "streamed": streamed_requests}[kind](count, rng)
+    requests = {
+        "long": long_requests,
+        "short": short_requests,
+        "rendered": rendered_requests,
+        "agent": agent_requests,
+        "single": single_requests,
+        "streamed": streamed_requests,
+    }[kind](count, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for request in requests:

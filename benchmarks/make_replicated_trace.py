@@ -19,12 +19,17 @@ def main() -> None:
     with open(target, "w") as out:
         for copy in range(copies):
             for row in rows:
-                out.write(json.dumps({
-                    "timestamp": row["timestamp"] + copy * time_span,
-                    "input_length": row["input_length"],
-                    "output_length": row["output_length"],
-                    "hash_ids": [i + copy * id_span for i in row["hash_ids"]],
-                }) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "timestamp": row["timestamp"] + copy * time_span,
+                            "input_length": row["input_length"],
+                            "output_length": row["output_length"],
+                            "hash_ids": [i + copy * id_span for i in row["hash_ids"]],
+                        }
+                    )
+                    + "\n"
+                )
 
 
 if __name__ == "__main__":

@@ -34,18 +34,26 @@ def run_measured_with_log(command: list[str]) -> tuple[float, float, str]:
     return seconds, peak, log
 
 
-def run_measured_cpu(command: list[str], cwd: Path, env: dict[str, str]
-                     ) -> tuple[float, float, float]:
+def run_measured_cpu(
+    command: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MiB) of the command run in cwd with env."""
     seconds, cpu, peak, _ = _measure(command, cwd, env)
     return seconds, cpu, peak
 
 
-def _measure(command: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
-             ) -> tuple[float, float, float, str]:
+def _measure(
+    command: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[float, float, float, str]:
     start = time.perf_counter()
-    measured = subprocess.run([sys.executable, "-c", _USAGE, *command], check=True, cwd=cwd,
-                              env=env, capture_output=True, text=True)
+    measured = subprocess.run(
+        [sys.executable, "-c", _USAGE, *command],
+        check=True,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     cpu, peak_kib = measured.stdout.split()[-2:]
     return time.perf_counter() - start, float(cpu), int(peak_kib) / 1024, measured.stderr
 
@@ -54,13 +62,18 @@ def _measure(command: list[str], cwd: Path | None = None, env: dict[str, str] | 
 def baseline_tree(revision: str, parent: Path) -> Iterator[Path]:
     """The repository at revision, checked out as a worktree in parent for the duration."""
     tree = parent / "baseline"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield tree
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+            capture_output=True,
+        )
 
 
 def tool_python(name: str, requirement: str) -> str:
@@ -75,8 +88,9 @@ def tool_python(name: str, requirement: str) -> str:
 
 def corpus_parser(doc: str | None) -> argparse.ArgumentParser:
     """The arguments every anonymize benchmark takes: a corpus, a tokenizer, a block size."""
-    parser = argparse.ArgumentParser(description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("corpus", type=Path)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--block-size", type=int, default=512)

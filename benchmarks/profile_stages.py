@@ -29,8 +29,16 @@ from measure import corpus_parser
 STAGES: list[dict] = []
 # What can run on every core: per record and per batch work. Fixed start-up and the global
 # numbering stay on one core (they are what Amdahl's law charges).
-PARALLEL = {"read": False, "parse": True, "render": True, "tokenize": True, "hash": True,
-            "ids": False, "rows and write": False, "start-up": False}
+PARALLEL = {
+    "read": False,
+    "parse": True,
+    "render": True,
+    "tokenize": True,
+    "hash": True,
+    "ids": False,
+    "rows and write": False,
+    "start-up": False,
+}
 
 
 def _cpu() -> float:
@@ -42,8 +50,14 @@ def _cpu() -> float:
 def stage(name: str):
     wall, cpu = time.perf_counter(), _cpu()
     yield
-    STAGES.append({"stage": name, "wall_s": time.perf_counter() - wall, "cpu_s": _cpu() - cpu,
-                   "parallel": PARALLEL[name]})
+    STAGES.append(
+        {
+            "stage": name,
+            "wall_s": time.perf_counter() - wall,
+            "cpu_s": _cpu() - cpu,
+            "parallel": PARALLEL[name],
+        }
+    )
 
 
 def startup_seconds(tokenizer: str) -> float:
@@ -51,16 +65,33 @@ def startup_seconds(tokenizer: str) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "one.jsonl").write_text('{"timestamp": 0, "prompt": "hello"}\n')
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kvtrace.cli", "anonymize", "--input",
-                        f"{tmp}/one.jsonl", "--output", f"{tmp}/out", "--tokenizer", tokenizer],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "anonymize",
+                "--input",
+                f"{tmp}/one.jsonl",
+                "--output",
+                f"{tmp}/out",
+                "--tokenizer",
+                tokenizer,
+            ],
+            check=True,
+            capture_output=True,
+        )
         return time.perf_counter() - start
 
 
 def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
     from kvtrace.transforms.batching import batches_by_weight
-    from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
-                                                   EncodeOptions, open_encoder)
+    from kvtrace.transforms.encode.encode_requests import (
+        TOKENIZE_BATCH_BYTES,
+        TOKENIZE_BATCH_REQUESTS,
+        EncodeOptions,
+        open_encoder,
+    )
     from kvtrace.transforms.encode.hashed_batch import HashedBatch
     from kvtrace.transforms.encode.salt import SaltSource
     from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
@@ -72,12 +103,18 @@ def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
     salt = SaltSource("random", inline=b"profile salt, 32 bytes long.....")
     encoder = open_encoder(EncodeOptions(tokenizer_name, salt, block_size=block_size))
     with stage("read"):
-        records = [item for piece in file_ranges(str(corpus), corpus.stat().st_size)
-                   for item in read_range(piece, 64 << 20)]
+        records = [
+            item
+            for piece in file_ranges(str(corpus), corpus.stat().st_size)
+            for item in read_range(piece, 64 << 20)
+        ]
     with stage("parse"):
         requests = [parse_one(*record, ParseOptions()) for record in records]
-    batches = list(batches_by_weight(requests, TOKENIZE_BATCH_BYTES, lambda r: len(r.line),
-                                     TOKENIZE_BATCH_REQUESTS))
+    batches = list(
+        batches_by_weight(
+            requests, TOKENIZE_BATCH_BYTES, lambda r: len(r.line), TOKENIZE_BATCH_REQUESTS
+        )
+    )
     with stage("render"):
         rendered = [encoder.render(batch)[0] for batch in batches]
     with stage("tokenize"):
@@ -109,13 +146,22 @@ def main() -> None:
     total_cpu = sum(s["cpu_s"] for s in STAGES)
     serial_cpu = sum(s["cpu_s"] for s in STAGES if not s["parallel"])
     cores = os.cpu_count() or 1
-    print(json.dumps({
-        "corpus": str(args.corpus), "block_size": args.block_size, "cores": cores,
-        "stages": STAGES, "total_cpu_s": total_cpu, "serial_cpu_s": serial_cpu,
-        "serial_share": serial_cpu / total_cpu,
-        "amdahl_wall_s": {n: amdahl(STAGES, n) for n in (1, 2, 16, 64)},
-        "amdahl_speedup": {n: amdahl(STAGES, 1) / amdahl(STAGES, n) for n in (2, 16, 64)},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "corpus": str(args.corpus),
+                "block_size": args.block_size,
+                "cores": cores,
+                "stages": STAGES,
+                "total_cpu_s": total_cpu,
+                "serial_cpu_s": serial_cpu,
+                "serial_share": serial_cpu / total_cpu,
+                "amdahl_wall_s": {n: amdahl(STAGES, n) for n in (1, 2, 16, 64)},
+                "amdahl_speedup": {n: amdahl(STAGES, 1) / amdahl(STAGES, n) for n in (2, 16, 64)},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

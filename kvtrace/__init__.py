@@ -22,8 +22,9 @@ def _adopt_from_checkout(name: str) -> None:
     if (here / name).is_dir():  # installed from the wheel: an ordinary subpackage
         return
     init = here.parent / name / "__init__.py"
-    spec = importlib.util.spec_from_file_location(f"{__name__}.{name}", init,
-                                                  submodule_search_locations=[str(init.parent)])
+    spec = importlib.util.spec_from_file_location(
+        f"{__name__}.{name}", init, submodule_search_locations=[str(init.parent)]
+    )
     if spec is None or spec.loader is None:
         raise ImportError(f"kvtrace's {name}/ folder is missing beside {here}")
     module = importlib.util.module_from_spec(spec)
@@ -41,5 +42,6 @@ def __getattr__(name: str) -> Any:
     # The version is read on demand: importing any kvtrace module must not load the writers.
     if name == "__version__":
         from kvtrace.transforms.write.manifest import KVTRACE_VERSION
+
         return KVTRACE_VERSION
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

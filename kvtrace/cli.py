@@ -25,8 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from kvtrace import __version__
-from kvtrace.commands import (analyze, anonymize, cache, check, convert, id_map, replay,
-                              synthesize)
+from kvtrace.commands import analyze, anonymize, cache, check, convert, id_map, replay, synthesize
 from kvtrace.commands.common import BeamFlags
 from kvtrace.options import refuse_stray_words
 from kvtrace.pipelines.processes import end_descendants, quiet_thread
@@ -35,10 +34,18 @@ from kvtrace.transforms.errors import ConfigError, IdMapError, JobStopped
 
 _LOG = logging.getLogger("kvtrace")
 COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
-    "anonymize": anonymize.run, "analyze": analyze.run, "reuse": cache.reuse,
-    "simulate": cache.simulate, "report": cache.report, "synthesize": synthesize.run,
-    "validate": check.validate, "audit": check.audit, "convert": convert.run,
-    "render": replay.run, "export": replay.export, "id-map": id_map.run,
+    "anonymize": anonymize.run,
+    "analyze": analyze.run,
+    "reuse": cache.reuse,
+    "simulate": cache.simulate,
+    "report": cache.report,
+    "synthesize": synthesize.run,
+    "validate": check.validate,
+    "audit": check.audit,
+    "convert": convert.run,
+    "render": replay.run,
+    "export": replay.export,
+    "id-map": id_map.run,
 }
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
@@ -55,8 +62,7 @@ STOP_DEADLINE_S = 1.5
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kvtrace",
-        description="Turn LLM request logs into anonymized Mooncake-format traces.",
+        prog="kvtrace", description="Turn LLM request logs into anonymized Mooncake-format traces."
     )
     parser.add_argument("--version", action="version", version=f"kvtrace {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -90,8 +96,10 @@ def _log_thread_failure(args: threading.ExceptHookArgs) -> None:
     library's messages are, on --verbose: the run's outcome is the one line main prints."""
     if args.exc_type is not SystemExit:
         logging.getLogger("threads").error(
-            "thread %s failed", getattr(args.thread, "name", "?"),
-            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+            "thread %s failed",
+            getattr(args.thread, "name", "?"),
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
 
 
 def _our_flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -131,15 +139,20 @@ def _refuse_misspelled(command: str, leftovers: list[str], parser: argparse.Argu
         if name.startswith("-"):
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
             if close:
-                raise ConfigError(f"unknown option {name} (did you mean {close[0]}?); see "
-                                  f"kvtrace {command} --help")
+                raise ConfigError(
+                    f"unknown option {name} (did you mean {close[0]}?); see "
+                    f"kvtrace {command} --help"
+                )
 
 
 def _stray_words(leftovers: list[str]) -> list[str]:
     """Words argparse left that follow no flag, so cannot be a Beam option's value either (an
     unquoted glob expanded by the shell, given to an option that takes one value)."""
-    return [word for before, word in zip([""] + leftovers, leftovers)
-            if not word.startswith("-") and not (before.startswith("--") and "=" not in before)]
+    return [
+        word
+        for before, word in zip([""] + leftovers, leftovers)
+        if not word.startswith("-") and not (before.startswith("--") and "=" not in before)
+    ]
 
 
 class _Stop:
@@ -245,8 +258,13 @@ def _show_any_name() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
-def _run(run: Callable[[argparse.Namespace, BeamFlags], int], args: argparse.Namespace,
-         leftovers: list[str], parser: argparse.ArgumentParser, stop: _Stop) -> int:
+def _run(
+    run: Callable[[argparse.Namespace, BeamFlags], int],
+    args: argparse.Namespace,
+    leftovers: list[str],
+    parser: argparse.ArgumentParser,
+    stop: _Stop,
+) -> int:
     try:
         _refuse_misspelled(args.command, leftovers, parser)
         refuse_stray_words(_stray_words(leftovers))
@@ -254,8 +272,9 @@ def _run(run: Callable[[argparse.Namespace, BeamFlags], int], args: argparse.Nam
     except OSError as err:
         code = 1 if err.errno in STORAGE_FULL else 2
         if stop.signum is None:
-            print(f"error: {'the job failed: ' if code == 1 else ''}{_one_line(err)}",
-                  file=sys.stderr)
+            print(
+                f"error: {'the job failed: ' if code == 1 else ''}{_one_line(err)}", file=sys.stderr
+            )
     except (ConfigError, SaltError, IdMapError, ValueError) as err:
         code = 2
         if stop.signum is None:
@@ -268,8 +287,11 @@ def _run(run: Callable[[argparse.Namespace, BeamFlags], int], args: argparse.Nam
         elif stop.signum is None:  # a stop that a library wrapped is still a stop
             if args.verbose:
                 raise
-            print(f"error: the job failed: {type(err).__name__}: {_one_line(err)} "
-                  f"(run with --verbose for the traceback)", file=sys.stderr)
+            print(
+                f"error: the job failed: {type(err).__name__}: {_one_line(err)} "
+                f"(run with --verbose for the traceback)",
+                file=sys.stderr,
+            )
     if stop.signum is not None:
         stop.end()
     return code

@@ -90,22 +90,34 @@ def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> No
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
-        "strs": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+        "strs": lambda v: (
+            isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+        ),
         "json": lambda v: isinstance(v, (str, dict)),
         "str_or_flag": lambda v: isinstance(v, str) or v is True,
     }
-    words = {"flag": "true or false (unquoted)", "int": "a whole number", "float": "a number",
-             "str": "a string", "strs": "a string or a list of strings",
-             "json": "a mapping (or its JSON text)", "str_or_flag": "a path or true"}
+    words = {
+        "flag": "true or false (unquoted)",
+        "int": "a whole number",
+        "float": "a number",
+        "str": "a string",
+        "strs": "a string or a list of strings",
+        "json": "a mapping (or its JSON text)",
+        "str_or_flag": "a path or true",
+    }
     for name, value in options.items():
         kind = kinds.get(name)
         if kind and value is not None and not checks[kind](value):
-            raise ConfigError(f"--config {path}: {name.replace('_', '-')} must be {words[kind]}, "
-                              f"not {value!r}"[:300])
+            raise ConfigError(
+                f"--config {path}: {name.replace('_', '-')} must be {words[kind]}, not {value!r}"[
+                    :300
+                ]
+            )
 
 
-def load_presets(paths: Sequence[str], kinds: dict[str, str] | None = None
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_presets(
+    paths: Sequence[str], kinds: dict[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(kvtrace options, Beam options) merged from the files in order; with kinds (option name
     -> "flag", "int", ...), each value's type checked (check_types)."""
     options: dict[str, Any] = {}
@@ -153,15 +165,24 @@ def parse_date(text: str) -> datetime.date:
 
 def fill_dates(options: dict[str, Any], date: datetime.date | None) -> dict[str, Any]:
     """The path options with their date placeholders filled; an error names what is missing."""
-    values = {"date": date.isoformat(), "yyyy": f"{date.year:04d}", "mm": f"{date.month:02d}",
-              "dd": f"{date.day:02d}"} if date else {}
+    values = (
+        {
+            "date": date.isoformat(),
+            "yyyy": f"{date.year:04d}",
+            "mm": f"{date.month:02d}",
+            "dd": f"{date.day:02d}",
+        }
+        if date
+        else {}
+    )
     filled = dict(options)
     for name in TEMPLATED_OPTIONS:
         value = options.get(name)
         if value is None:
             continue
         filled[name] = (
-            [_fill(name, v, values) for v in value] if isinstance(value, list)
+            [_fill(name, v, values) for v in value]
+            if isinstance(value, list)
             else _fill(name, value, values)
         )
     return filled
@@ -176,5 +197,7 @@ def _fill(name: str, template: str, values: dict[str, str]) -> str:
             f"{', '.join(sorted(unknown))}; use {{{'}, {'.join(DATE_FIELDS)}}}"
         )
     if fields and not values:
-        raise ConfigError(f"--{name.replace('_', '-')} {template} has a date placeholder: give --date")
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {template} has a date placeholder: give --date"
+        )
     return template.format(**values)

@@ -79,9 +79,11 @@ def refuse_stray_words(words: Sequence[str]) -> None:
     option that takes one value, say. Refused rather than dropped."""
     stray = [word for word in words if not word.startswith("-")]
     if stray:
-        raise ConfigError(f"unexpected argument(s) {' '.join(stray[:3])}"
-                          f"{' ...' if len(stray) > 3 else ''}: no option takes them (an "
-                          f"unquoted glob the shell expanded? quote it: --input 'logs/*.jsonl')")
+        raise ConfigError(
+            f"unexpected argument(s) {' '.join(stray[:3])}"
+            f"{' ...' if len(stray) > 3 else ''}: no option takes them (an "
+            f"unquoted glob the shell expanded? quote it: --input 'logs/*.jsonl')"
+        )
 
 
 DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -91,7 +93,7 @@ def parse_duration_ms(text: str, flag: str) -> int:
     """A duration such as 500ms, 30s, 10m, 1h or 1d, in milliseconds."""
     value = str(text).strip().lower()
     for unit in sorted(DURATION_UNITS_MS, key=len, reverse=True):
-        number = value[:-len(unit)]
+        number = value[: -len(unit)]
         if value.endswith(unit) and number.isdigit():
             return int(number) * DURATION_UNITS_MS[unit]
     raise ConfigError(f"{flag} takes a duration such as 30s, 10m or 1h, not {text!r}")

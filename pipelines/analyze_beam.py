@@ -4,14 +4,16 @@ spread over many files and machines. The numbers equal analyze_local's."""
 from __future__ import annotations
 
 import apache_beam as beam
+
 from kvtrace.pipelines.analyze_local import AnalyzeConfig
 from kvtrace.transforms.stats.steps import AnalyzeTrace
 
 
 def build(pipeline: beam.Pipeline, config: AnalyzeConfig) -> beam.PCollection:
     """The pipeline; its output is the report dict (one element)."""
-    return pipeline | "Analyze" >> AnalyzeTrace(config.inputs, config.block_size,
-                                                config.warmup_fraction, config.shards)
+    return pipeline | "Analyze" >> AnalyzeTrace(
+        config.inputs, config.block_size, config.warmup_fraction, config.shards
+    )
 
 
 def analyze_beam(config: AnalyzeConfig, beam_flags: list[str], output: str | None = None) -> dict:
@@ -20,6 +22,10 @@ def analyze_beam(config: AnalyzeConfig, beam_flags: list[str], output: str | Non
     an output folder, to a temporary local one (local runners only)."""
     from kvtrace.pipelines.runner import run_for_report
 
-    return run_for_report(lambda p: build(p, config), beam_flags, output, "analysis.json",
-                          "--output DIR (a folder its workers can write: gs://, s3://) for the "
-                          "report")
+    return run_for_report(
+        lambda p: build(p, config),
+        beam_flags,
+        output,
+        "analysis.json",
+        "--output DIR (a folder its workers can write: gs://, s3://) for the report",
+    )

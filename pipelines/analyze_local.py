@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtrace.transforms.read.paths import file_sizes
-from kvtrace.transforms.stats.heap import map_arrays_apart, return_freed_heap
 from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.stats.heap import map_arrays_apart, return_freed_heap
 from kvtrace.transforms.stats.trace_stats import analyze
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 
@@ -42,4 +42,3 @@ def analyze_local(config: AnalyzeConfig) -> dict:
     trace = read_trace(config.inputs)
     return_freed_heap()
     return analyze(trace, config.block_size, config.warmup_fraction)
-

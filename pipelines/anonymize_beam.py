@@ -13,38 +13,8 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
-from kvtrace.transforms.dead_letters import (
-    DAMAGED_FILE,
-    DEAD_LETTER_TAG,
-    DeadLetter,
-    SortedRuns,
-    StagedLetters,
-)
-from kvtrace.transforms.ids.dense_ids import new_batch_id
-from kvtrace.transforms.ids.steps import (
-    AssignDenseIds,
-    ReadIdMap,
-    WriteSegmentShard,
-)
-from kvtrace.transforms.encode.schemes import engine_hashes
-from kvtrace.transforms.encode.steps import Encode
-from kvtrace.transforms.encode.hashed_batch import HashedBatch
-from kvtrace.transforms.ids.id_map import segment_files_by_shard
-from kvtrace.transforms.ids.segments import SegmentFile
-from kvtrace.transforms.write.coarsen import published_requests
-from kvtrace.transforms.write.manifest import trace_origin_ms
-from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
-from kvtrace.transforms.read.records import ParseOptions
-from kvtrace.transforms.read.steps import ReadRecords, RouteSessions, parse_records
-from kvtrace.transforms.write.rows import assemble_rows, request_room
-from kvtrace.transforms.write.totals import ExportTotals, sum_totals
-from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
-from kvtrace.transforms.write.steps import WriteShard
 
-from kvtrace.pipelines.anonymize_config import (
-    ID_BATCH_BLOCKS,
-    AnonymizeConfig,
-)
+from kvtrace.pipelines.anonymize_config import ID_BATCH_BLOCKS, AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import (
     commit_id_map,
     kind_keys,
@@ -55,6 +25,29 @@ from kvtrace.pipelines.anonymize_night import (
     write_dead_letters,
     write_stats,
 )
+from kvtrace.transforms.dead_letters import (
+    DAMAGED_FILE,
+    DEAD_LETTER_TAG,
+    DeadLetter,
+    SortedRuns,
+    StagedLetters,
+)
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.schemes import engine_hashes
+from kvtrace.transforms.encode.steps import Encode
+from kvtrace.transforms.ids.dense_ids import new_batch_id
+from kvtrace.transforms.ids.id_map import segment_files_by_shard
+from kvtrace.transforms.ids.segments import SegmentFile
+from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
+from kvtrace.transforms.read.records import ParseOptions
+from kvtrace.transforms.read.steps import ReadRecords, RouteSessions, parse_records
+from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
+from kvtrace.transforms.write.coarsen import published_requests
+from kvtrace.transforms.write.manifest import trace_origin_ms
+from kvtrace.transforms.write.rows import assemble_rows, request_room
+from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
+from kvtrace.transforms.write.steps import WriteShard
+from kvtrace.transforms.write.totals import ExportTotals, sum_totals
 
 __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build"]
 
@@ -85,12 +78,13 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # rounding waits on the origin's side input, a stage boundary: only when there is any.
     hashed = encoded["hashed"]
     if not config.coarsening.is_identity:
-        hashed = hashed | "PublishedTimes" >> beam.Map(published_requests, origin,
-                                                       config.coarsening)
+        hashed = hashed | "PublishedTimes" >> beam.Map(
+            published_requests, origin, config.coarsening
+        )
     batches = (
         hashed
-        | "IdBatches" >> beam.ParDo(
-            BatchByWeight(ID_BATCH_BLOCKS, lambda batch: len(batch.block_hashes)))
+        | "IdBatches"
+        >> beam.ParDo(BatchByWeight(ID_BATCH_BLOCKS, lambda batch: len(batch.block_hashes)))
         | "NameBatches" >> beam.Map(lambda parts: (new_batch_id(), HashedBatch.concat(parts)))
     )
     # The night's end (anonymize_night.py), each step one of its functions.
@@ -102,9 +96,19 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             # Only the request columns meet the ids: the block hashes are in the lookups already
             # (their engine form rides along only when it is to be emitted).
             "requests": metered(
-                batches | "RequestColumns" >> beam.MapTuple(lambda k, b: (k, (
-                    b.requests, engine_hashes(b.block_hashes) if config.block_hashes else None))),
-                "requests"),
+                batches
+                | "RequestColumns"
+                >> beam.MapTuple(
+                    lambda k, b: (
+                        k,
+                        (
+                            b.requests,
+                            engine_hashes(b.block_hashes) if config.block_hashes else None,
+                        ),
+                    )
+                ),
+                "requests",
+            ),
             "blocks": metered(blocks["ids"], "blockIds"),
             "sessions": metered(sessions["ids"], "sessionIds"),
         }
@@ -117,27 +121,38 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # (even a Flatten of them no step reads is held whole by the local runner): only each
     # bundle's runs and tally travel on, and one step merges the runs into the file.
     staged = beam.pvalue.AsSingleton(
-        [letters | f"StageRejected{i}" >> beam.ParDo(StageLetters(config.dead_letter))
-         for i, letters in enumerate(letter_sources)]
+        [
+            letters | f"StageRejected{i}" >> beam.ParDo(StageLetters(config.dead_letter))
+            for i, letters in enumerate(letter_sources)
+        ]
         | "AllStaged" >> beam.Flatten()
-        | "SumStaged" >> beam.CombineGlobally(lambda parts: sum(parts, StagedLetters())))
+        | "SumStaged" >> beam.CombineGlobally(lambda parts: sum(parts, StagedLetters()))
+    )
     # A damaged file's unreadable rest counts as one record read and rejected, so that
     # read = exported + rejected still holds and --max-rejected-fraction sees it.
     read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
     gated = (
         read.records
         | "CountRead" >> beam.combiners.Count.Globally()
-        | "PassGate" >> beam.Map(
+        | "PassGate"
+        >> beam.Map(
             lambda read, read_rejected, letters, earliest_ms: pass_gate(
-                config, read + read_rejected, letters.tally, earliest_ms,
-                config.timestamp_origin_ms),
-            beam.pvalue.AsSingleton(read_letters), staged, earliest_ms))
+                config, read + read_rejected, letters.tally, earliest_ms, config.timestamp_origin_ms
+            ),
+            beam.pvalue.AsSingleton(read_letters),
+            staged,
+            earliest_ms,
+        )
+    )
     counts = beam.pvalue.AsSingleton(gated)
     # One file whatever the runner's parallelism or its order (sorted lines), named as the
     # local engine names it, into the run's letters staging folder (published with the run:
     # publish.DeadLetterRun); owner-only, as they hold raw prompts.
-    letters_written = pipeline | "LettersFolder" >> beam.Create([config.dead_letter]) | (
-        "WriteDeadLetters" >> beam.Map(write_dead_letters, (), staged))
+    letters_written = (
+        pipeline
+        | "LettersFolder" >> beam.Create([config.dead_letter])
+        | ("WriteDeadLetters" >> beam.Map(write_dead_letters, (), staged))
+    )
 
     trace_files = rows | "WriteShards" >> WriteShards(config, plan, origin, counts)
     totals = (
@@ -151,16 +166,21 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "CountDamaged" >> beam.combiners.Count.Globally()
     )
     stats = gated | "WriteStats" >> beam.Map(
-        lambda counts, totals, unique, damaged: write_stats(config, counts, totals, unique,
-                                                            damaged),
+        lambda counts, totals, unique, damaged: write_stats(
+            config, counts, totals, unique, damaged
+        ),
         beam.pvalue.AsSingleton(totals),
         beam.pvalue.AsSingleton(blocks["unique"]),
         beam.pvalue.AsSingleton(damaged_files),
     )
     manifest = stats | "NightManifest" >> beam.Map(
-        lambda stats, files, earliest_ms, origin_ms: night_manifest(config, files, stats,
-                                                                    earliest_ms, origin_ms),
-        beam.pvalue.AsList(trace_files), earliest_ms, origin)
+        lambda stats, files, earliest_ms, origin_ms: night_manifest(
+            config, files, stats, earliest_ms, origin_ms
+        ),
+        beam.pvalue.AsList(trace_files),
+        earliest_ms,
+        origin,
+    )
     if config.id_map:  # the output is published once the map version is
         manifest = manifest | "CommitIdMap" >> beam.Map(
             _commit_id_map_then_pass_on,
@@ -173,7 +193,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         )
     # Published once the letters are written: they are published with the output.
     summary = manifest | "PublishTrace" >> beam.Map(
-        lambda m, _: publish_trace(config, m), beam.pvalue.AsList(letters_written))
+        lambda m, _: publish_trace(config, m), beam.pvalue.AsList(letters_written)
+    )
     return AnonymizeOutputs(trace_files, letters_written, summary)
 
 
@@ -192,8 +213,10 @@ class ParseRequests(beam.PTransform):
         if not self._route_sessions:
             return {"requests": parsed.requests, DEAD_LETTER_TAG: parsed[DEAD_LETTER_TAG]}
         routed = parsed.requests | "RouteSessions" >> RouteSessions(self._options)
-        letters = ((parsed[DEAD_LETTER_TAG], routed[DEAD_LETTER_TAG])
-                   | "AllRejected" >> beam.Flatten())
+        letters = (
+            parsed[DEAD_LETTER_TAG],
+            routed[DEAD_LETTER_TAG],
+        ) | "AllRejected" >> beam.Flatten()
         return {"requests": routed.requests, DEAD_LETTER_TAG: letters}
 
 
@@ -215,12 +238,17 @@ class NumberIds(beam.PTransform):
         inputs = {"batches": batches}
         runs = batches.pipeline | "FoldedFiles" >> beam.Create([])
         if reading.segments and reading.whole:
-            inputs["map_rows"] = batches.pipeline | "ReadMap" >> ReadIdMap(reading.segments,
-                                                                           config.hash_shards)
+            inputs["map_rows"] = batches.pipeline | "ReadMap" >> ReadIdMap(
+                reading.segments, config.hash_shards
+            )
         elif reading.segments:
             inputs["map_files"] = batches.pipeline | "MapFiles" >> beam.Create(
-                [(shard, file) for shard, files in segment_files_by_shard(reading.segments).items()
-                 for file in files])
+                [
+                    (shard, file)
+                    for shard, files in segment_files_by_shard(reading.segments).items()
+                    for file in files
+                ]
+            )
             if reading.folds:  # each shard's files fold into its new one
                 runs = inputs["map_files"]
         ids = inputs | "Assign" >> AssignDenseIds(keys, config.hash_shards, reading.next_id)
@@ -228,8 +256,8 @@ class NumberIds(beam.PTransform):
         ids["segment_files"] = (
             {"added": ids["added"], "runs": runs}
             | "SegmentShards" >> beam.CoGroupByKey()
-            | "WriteSegment" >> beam.ParDo(
-                WriteSegmentShard(run.directory, run.base.version + 1, run.run_id, kind))
+            | "WriteSegment"
+            >> beam.ParDo(WriteSegmentShard(run.directory, run.base.version + 1, run.run_id, kind))
         )
         return ids
 
@@ -246,11 +274,12 @@ class PlanShards(beam.PTransform):
     def expand(self, hashed: beam.PCollection) -> beam.PCollection:
         return (
             hashed
-            | "RoomColumns" >> beam.Map(
-                lambda batch: (batch.requests["timestamp_ms"], batch.blocks_per_request()))
-            | "PublishedRoom" >> beam.Map(
-                lambda columns, origin_ms: request_room(*columns, origin_ms), self._origin)
-            | "Plan" >> beam.CombineGlobally(CombineWith(shard_plan())))
+            | "RoomColumns"
+            >> beam.Map(lambda batch: (batch.requests["timestamp_ms"], batch.blocks_per_request()))
+            | "PublishedRoom"
+            >> beam.Map(lambda columns, origin_ms: request_room(*columns, origin_ms), self._origin)
+            | "Plan" >> beam.CombineGlobally(CombineWith(shard_plan()))
+        )
 
 
 class WriteShards(beam.PTransform):
@@ -258,8 +287,13 @@ class WriteShards(beam.PTransform):
     by one worker once the gate's counts have passed; shard 0 always exists. Out: each file
     written, with its sha256."""
 
-    def __init__(self, config: AnonymizeConfig, plan: beam.pvalue.AsSingleton,
-                 origin: beam.pvalue.AsSingleton, counts: beam.pvalue.AsSingleton):
+    def __init__(
+        self,
+        config: AnonymizeConfig,
+        plan: beam.pvalue.AsSingleton,
+        origin: beam.pvalue.AsSingleton,
+        counts: beam.pvalue.AsSingleton,
+    ):
         super().__init__()
         self._config, self._plan, self._origin, self._counts = config, plan, origin, counts
 
@@ -270,10 +304,17 @@ class WriteShards(beam.PTransform):
             (metered(rows, "rows"), first_shard)
             | "WithFirstShard" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "Write" >> beam.ParDo(
-                WriteShard(config.staging, config.coarsening,
-                           block_hashes_staging(config.block_hashes, config.staging)),
-                self._plan, self._origin, self._counts)
+            | "Write"
+            >> beam.ParDo(
+                WriteShard(
+                    config.staging,
+                    config.coarsening,
+                    block_hashes_staging(config.block_hashes, config.staging),
+                ),
+                self._plan,
+                self._origin,
+                self._counts,
+            )
         )
 
 
@@ -294,14 +335,24 @@ class StageLetters(beam.DoFn):
         yield WindowedValue(self._runs.close(), GlobalWindow().max_timestamp(), [GlobalWindow()])
 
 
-def _commit_id_map_then_pass_on(manifest: dict, config: AnonymizeConfig,
-                                block_files: list[SegmentFile], session_files: list[SegmentFile],
-                                added_blocks: int, added_sessions: int,
-                                earliest_ms: int | None) -> dict:
+def _commit_id_map_then_pass_on(
+    manifest: dict,
+    config: AnonymizeConfig,
+    block_files: list[SegmentFile],
+    session_files: list[SegmentFile],
+    added_blocks: int,
+    added_sessions: int,
+    earliest_ms: int | None,
+) -> dict:
     """The manifest as published once the map has committed: a rerun's names the start the map
     recorded for its night."""
-    return commit_id_map(config, manifest, {"blocks": block_files, "sessions": session_files},
-                         {"blocks": added_blocks, "sessions": added_sessions}, earliest_ms)
+    return commit_id_map(
+        config,
+        manifest,
+        {"blocks": block_files, "sessions": session_files},
+        {"blocks": added_blocks, "sessions": added_sessions},
+        earliest_ms,
+    )
 
 
 def _present(value: int | None) -> list[int]:

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtrace.transforms.encode.encode_requests import EncodeOptions
+from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
 from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
-from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, hash_shards_for
 from kvtrace.transforms.ids.id_map import MapVersion, new_run_id
 from kvtrace.transforms.read.records import ParseOptions
-from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.write.coarsen import Coarsening
 
 # The id steps move one element per batch and hash shard: ~200k blocks per batch keeps those
 # elements a few thousand rows each (cheap to ship) and a batch's tables near 10 MB.
@@ -90,10 +90,15 @@ class AnonymizeConfig:
     def encode(self) -> EncodeOptions:
         """The encoder's options, as `parse` holds the parser's."""
         return EncodeOptions(
-            tokenizer=self.tokenizer, salt=self.salt, block_size=self.block_size,
-            chat_template_kwargs=self.chat_template_kwargs, hash_scheme=self.hash_scheme,
+            tokenizer=self.tokenizer,
+            salt=self.salt,
+            block_size=self.block_size,
+            chat_template_kwargs=self.chat_template_kwargs,
+            hash_scheme=self.hash_scheme,
             emit_output_hashes=self.emit_output_hashes,
-            segment_cache_bytes=self.segment_cache_bytes, tokenizer_sha256=self.tokenizer_sha256)
+            segment_cache_bytes=self.segment_cache_bytes,
+            tokenizer_sha256=self.tokenizer_sha256,
+        )
 
     @property
     def timestamp_origin_ms(self) -> int | None:

@@ -30,13 +30,24 @@ from kvtrace.pipelines.anonymize_night import Encoded, finish_night
 from kvtrace.pipelines.local_workers import encode_in_workers, worker_count
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.dead_letters import DeadLetter, SortedRuns, StagedLetters
-from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
-                                               EncodedBatch, OverlappedEncoder, RequestEncoder,
-                                               open_encoder)
+from kvtrace.transforms.encode.encode_requests import (
+    TOKENIZE_BATCH_BYTES,
+    TOKENIZE_BATCH_REQUESTS,
+    EncodedBatch,
+    OverlappedEncoder,
+    RequestEncoder,
+    open_encoder,
+)
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.segment_cache import CacheCounts, log_counts
 from kvtrace.transforms.read.records import ParseOptions, Request
-from kvtrace.transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
+from kvtrace.transforms.read.sources import (
+    FileRange,
+    ReadProgress,
+    file_ranges,
+    parse_one,
+    read_range,
+)
 
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
@@ -56,14 +67,19 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     each range parsed, rendered, tokenized and hashed where it is read). Results are gathered in
     range order; dead letters are merged into their declared order when published
     (dead_letters.py), whichever worker wrote them."""
-    pieces = [piece for path, size in config.inputs
-              for piece in file_ranges(path, size, CLAIM_BYTES)]
+    pieces = [
+        piece for path, size in config.inputs for piece in file_ranges(path, size, CLAIM_BYTES)
+    ]
     total_bytes = sum(size for _, size in config.inputs)
     processes = min(worker_count(processes, total_bytes), len(pieces))
     parts = encode_in_workers(RangeEncoding(config), pieces, processes, total_bytes)
-    return Encoded([b for p in parts for b in p.hashed], [], sum(p.read for p in parts),
-                   functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()),
-                   sum((p.staged for p in parts), StagedLetters()))
+    return Encoded(
+        [b for p in parts for b in p.hashed],
+        [],
+        sum(p.read for p in parts),
+        functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()),
+        sum((p.staged for p in parts), StagedLetters()),
+    )
 
 
 @dataclass(frozen=True)
@@ -85,14 +101,19 @@ class RangeEncoding:
                 encoder.render([request])
             return
 
-    def encode(self, pieces: list[FileRange], encoder: RequestEncoder,
-               progress: ReadProgress | None = None) -> Encoded:
-        return encode_ranges(pieces, encoder, self.config.parse, self.config.dead_letter,
-                             progress)
+    def encode(
+        self, pieces: list[FileRange], encoder: RequestEncoder, progress: ReadProgress | None = None
+    ) -> Encoded:
+        return encode_ranges(pieces, encoder, self.config.parse, self.config.dead_letter, progress)
 
 
-def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
-                  letters: str, progress: ReadProgress | None = None) -> Encoded:
+def encode_ranges(
+    pieces: Iterable[FileRange],
+    encoder: RequestEncoder,
+    parse: ParseOptions,
+    letters: str,
+    progress: ReadProgress | None = None,
+) -> Encoded:
     """Read, parse, batch, render, tokenize and hash the records of some file ranges (tokenizing
     in a background thread, encode_requests.OverlappedEncoder); their dead letters written as
     they come into sorted runs in the folder letters (dead_letters.SortedRuns)."""
@@ -101,8 +122,13 @@ def encode_ranges(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: P
     return Encoded(hashed, [], read, encoder.take_cache_counts(), rejected.close())
 
 
-def _encode(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOptions,
-            rejected: SortedRuns, progress: ReadProgress | None) -> tuple[list[HashedBatch], int]:
+def _encode(
+    pieces: Iterable[FileRange],
+    encoder: RequestEncoder,
+    parse: ParseOptions,
+    rejected: SortedRuns,
+    progress: ReadProgress | None,
+) -> tuple[list[HashedBatch], int]:
     hashed: list[HashedBatch] = []
     read = 0
 
@@ -127,8 +153,9 @@ def _encode(pieces: Iterable[FileRange], encoder: RequestEncoder, parse: ParseOp
 
     encoding = OverlappedEncoder(encoder)
     try:
-        for batch in batches_by_weight(requests(), TOKENIZE_BATCH_BYTES, lambda r: len(r.line),
-                                       TOKENIZE_BATCH_REQUESTS):
+        for batch in batches_by_weight(
+            requests(), TOKENIZE_BATCH_BYTES, lambda r: len(r.line), TOKENIZE_BATCH_REQUESTS
+        ):
             failed, previous = encoding.push(batch)
             for letter in failed:
                 rejected.add(letter)

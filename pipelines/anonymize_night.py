@@ -22,7 +22,13 @@ import numpy as np
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.transforms import storage
 from kvtrace.transforms.combiners import fold
-from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, StagedLetters, Tally, merge_runs
+from kvtrace.transforms.dead_letters import (
+    DAMAGED_FILE,
+    DeadLetter,
+    StagedLetters,
+    Tally,
+    merge_runs,
+)
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
 from kvtrace.transforms.encode.segment_cache import CacheCounts
@@ -39,8 +45,13 @@ from kvtrace.transforms.ids.dense_ids import (
     split_by,
 )
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
-from kvtrace.transforms.trace_format import (FORMAT, OUTPUT_IDS_FIELD, OUTPUT_LENGTH_FIELD, STATS,
-                                     canonical_json)
+from kvtrace.transforms.trace_format import (
+    FORMAT,
+    OUTPUT_IDS_FIELD,
+    OUTPUT_LENGTH_FIELD,
+    STATS,
+    canonical_json,
+)
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
@@ -59,7 +70,13 @@ from kvtrace.transforms.write.manifest import (
 )
 from kvtrace.transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
-from kvtrace.transforms.write.rows import RowBatch, request_room, row_batch, rows_by_shard, shard_count
+from kvtrace.transforms.write.rows import (
+    RowBatch,
+    request_room,
+    row_batch,
+    rows_by_shard,
+    shard_count,
+)
 from kvtrace.transforms.write.shards import (
     block_hashes_staging,
     publish_block_hashes,
@@ -88,8 +105,13 @@ class Encoded(NamedTuple):
 NumberKind = Callable[[str, np.ndarray], KindIds]
 
 
-def finish_night(config: AnonymizeConfig, encoded: Encoded, number: NumberKind | None = None,
-                 origin_ms: int | None = None, next_ids: dict[str, int] | None = None) -> dict:
+def finish_night(
+    config: AnonymizeConfig,
+    encoded: Encoded,
+    number: NumberKind | None = None,
+    origin_ms: int | None = None,
+    next_ids: dict[str, int] | None = None,
+) -> dict:
     """Number encoded requests (number: by default number_ids, extending the run's id map if
     any; a stream numbers from its state, next_ids saying where its ids go on) and publish them:
     trace shards, dead letters, stats, manifest, then the id map's version and the trace. The
@@ -113,36 +135,54 @@ def finish_night(config: AnonymizeConfig, encoded: Encoded, number: NumberKind |
 
     number = number or (lambda kind, keys: number_ids(config, kind, keys))
     numbered = {kind: number(kind, keys(whole)) for kind, keys in kind_keys(config).items()}
-    rows = row_batch(whole.requests, numbered["blocks"].ids, numbered["sessions"].ids,
-                     engine_hashes(whole.block_hashes) if config.block_hashes else None,
-                     config.emit_output_hashes)
+    rows = row_batch(
+        whole.requests,
+        numbered["blocks"].ids,
+        numbered["sessions"].ids,
+        engine_hashes(whole.block_hashes) if config.block_hashes else None,
+        config.emit_output_hashes,
+    )
     segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
     files = write_shards(config, whole, rows, origin)
     totals = ExportTotals.of_batch(whole, config.coarsening)
-    stats = write_stats(config, counts, totals, numbered["blocks"].unique,
-                        rejected.of_reason(DAMAGED_FILE))
+    stats = write_stats(
+        config, counts, totals, numbered["blocks"].unique, rejected.of_reason(DAMAGED_FILE)
+    )
     manifest = night_manifest(config, files, stats, earliest_ms, origin, next_ids)
-    manifest = commit_id_map(config, manifest, segments,
-                             {kind: ids.added_count for kind, ids in numbered.items()},
-                             earliest_ms)
+    manifest = commit_id_map(
+        config,
+        manifest,
+        segments,
+        {kind: ids.added_count for kind, ids in numbered.items()},
+        earliest_ms,
+    )
     return publish_trace(config, manifest)
 
 
-def pass_gate(config: AnonymizeConfig, read: int, rejected: Tally, earliest_ms: int | None,
-              origin_ms: int | None) -> RecordCounts:
+def pass_gate(
+    config: AnonymizeConfig,
+    read: int,
+    rejected: Tally,
+    earliest_ms: int | None,
+    origin_ms: int | None,
+) -> RecordCounts:
     """The night's record counts, once it may publish: not too much of its input rejected
     (--max-rejected-fraction, saying the top reasons), no request before the clock's origin.
     Raises JobStopped before any trace file is written otherwise."""
     counts = check_rejected_fraction(
         RecordCounts(read, rejected.count, rejected.lost_bytes, config.input_bytes),
-        config.max_rejected_fraction, dict(rejected.reasons))
+        config.max_rejected_fraction,
+        dict(rejected.reasons),
+    )
     return check_not_before_origin(counts, earliest_ms, origin_ms)
 
 
 def kind_keys(config: AnonymizeConfig) -> dict[str, Callable[[HashedBatch], np.ndarray]]:
     """What each kind of id numbers: a batch's block keys, and its session keys."""
-    return {"blocks": functools.partial(block_keys, block_size=config.block_size),
-            "sessions": session_keys}
+    return {
+        "blocks": functools.partial(block_keys, block_size=config.block_size),
+        "sessions": session_keys,
+    }
 
 
 class MapReading(NamedTuple):
@@ -162,8 +202,12 @@ def map_reading(config: AnonymizeConfig, kind: str) -> MapReading | None:
     if config.id_map is None:
         return None
     base = config.id_map.base
-    return MapReading(base.segment_files(config.id_map.directory, kind), base.next_id[kind],
-                      config.reshards_map, config.compacts_map and not config.reshards_map)
+    return MapReading(
+        base.segment_files(config.id_map.directory, kind),
+        base.next_id[kind],
+        config.reshards_map,
+        config.compacts_map and not config.reshards_map,
+    )
 
 
 def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
@@ -172,8 +216,11 @@ def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
     if reading is None:
         return dense_ids(keys)
     if not reading.whole:
-        return dense_ids(keys, lambda firsts: _matching_rows(reading.segments, config.hash_shards,
-                                                             firsts), reading.next_id)
+        return dense_ids(
+            keys,
+            lambda firsts: _matching_rows(reading.segments, config.hash_shards, firsts),
+            reading.next_id,
+        )
     tables = [table for segment in reading.segments for _, table in read_segment(segment, 1)]
     everything = np.concatenate(tables + [np.empty(0, dtype=NUMBERED)])
     ids = dense_ids(keys, lambda _: everything, reading.next_id)
@@ -184,11 +231,17 @@ def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray)
     """The map rows holding any of firsts' keys: of each segment file, only the row groups that
     can hold the keys of its shard."""
     files = id_map.segment_files_by_shard(segments)
-    matched = [read_matching_files(files[shard], keys)
-               for shard, keys in split_by(firsts, shard_of(firsts, shards)) if shard in files]
-    _LOG.info("id map: read %.1f MiB, %d of %d row groups",
-              sum(m.bytes_read for m in matched) / 2**20,
-              sum(m.row_groups_read for m in matched), sum(m.row_groups for m in matched))
+    matched = [
+        read_matching_files(files[shard], keys)
+        for shard, keys in split_by(firsts, shard_of(firsts, shards))
+        if shard in files
+    ]
+    _LOG.info(
+        "id map: read %.1f MiB, %d of %d row groups",
+        sum(m.bytes_read for m in matched) / 2**20,
+        sum(m.row_groups_read for m in matched),
+        sum(m.row_groups for m in matched),
+    )
     return np.concatenate([m.rows for m in matched] + [np.empty(0, dtype=NUMBERED)])
 
 
@@ -201,37 +254,62 @@ def write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> lis
     runs = id_map.segment_files_by_shard(reading.segments) if reading.folds else {}
     new = dict(split_by(added, shard_of(added, config.hash_shards)))
     run = config.id_map
-    return [id_map.write_segment_shard(run.directory, run.base.version + 1, run.run_id, kind,
-                                       shard, runs.get(shard, []),
-                                       [new[shard]] if shard in new else [])
-            for shard in sorted(set(new) | set(runs))]
+    return [
+        id_map.write_segment_shard(
+            run.directory,
+            run.base.version + 1,
+            run.run_id,
+            kind,
+            shard,
+            runs.get(shard, []),
+            [new[shard]] if shard in new else [],
+        )
+        for shard in sorted(set(new) | set(runs))
+    ]
 
 
-def write_shards(config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch,
-                 origin: int) -> list[tuple[str, str]]:
+def write_shards(
+    config: AnonymizeConfig, whole: HashedBatch, rows: RowBatch, origin: int
+) -> list[tuple[str, str]]:
     """Shards by published minute (write/shards.shard_plan); shard 0 always exists. Returns
     each file written with its sha256."""
-    plan = fold(shard_plan(), [request_room(whole.requests["timestamp_ms"],
-                                             whole.blocks_per_request(), origin)])
+    plan = fold(
+        shard_plan(),
+        [request_room(whole.requests["timestamp_ms"], whole.blocks_per_request(), origin)],
+    )
     by_shard = dict(rows_by_shard(rows, plan, origin))
     shards = shard_count(plan)
-    return [file for shard in range(shards)
-            for file in write_shard(config.staging, shard, shards,
-                                    [by_shard[shard]] if shard in by_shard else [], origin,
-                                    config.coarsening,
-                                    block_hashes_staging(config.block_hashes, config.staging))]
+    return [
+        file
+        for shard in range(shards)
+        for file in write_shard(
+            config.staging,
+            shard,
+            shards,
+            [by_shard[shard]] if shard in by_shard else [],
+            origin,
+            config.coarsening,
+            block_hashes_staging(config.block_hashes, config.staging),
+        )
+    ]
 
 
-def write_dead_letters(directory: str, letters: Iterable[DeadLetter],
-                       staged: StagedLetters = StagedLetters()) -> str:
+def write_dead_letters(
+    directory: str, letters: Iterable[DeadLetter], staged: StagedLetters = StagedLetters()
+) -> str:
     """Into a run's letters staging folder (publish.DeadLetterRun), published with the run: the
     staged runs and letters merged in their declared order (dead_letters.py). Returns the
     file's path."""
     return merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
 
 
-def write_stats(config: AnonymizeConfig, counts: RecordCounts, totals: ExportTotals,
-                unique: UniqueTotals, damaged: int) -> dict:
+def write_stats(
+    config: AnonymizeConfig,
+    counts: RecordCounts,
+    totals: ExportTotals,
+    unique: UniqueTotals,
+    damaged: int,
+) -> dict:
     """stats.json into the staging folder, and the run's own counts beside its dead letters
     (never published: write/manifest.run_counts). Returns the stats."""
     write_run_counts(config.dead_letter, run_counts(counts, totals, damaged))
@@ -241,9 +319,14 @@ def write_stats(config: AnonymizeConfig, counts: RecordCounts, totals: ExportTot
     return stats
 
 
-def night_manifest(config: AnonymizeConfig, files: list[tuple[str, str]], stats: dict,
-                   earliest_ms: int | None, origin_ms: int,
-                   next_ids: dict[str, int] | None = None) -> dict:
+def night_manifest(
+    config: AnonymizeConfig,
+    files: list[tuple[str, str]],
+    stats: dict,
+    earliest_ms: int | None,
+    origin_ms: int,
+    next_ids: dict[str, int] | None = None,
+) -> dict:
     """The manifest, which lists every file of the output (files: the shards, each with its
     sha256; and stats.json) and is written last. Ids continue the id map's, or a stream's
     earlier windows' (next_ids), from where write/manifest.id_map_start says."""
@@ -255,18 +338,24 @@ def night_manifest(config: AnonymizeConfig, files: list[tuple[str, str]], stats:
     return {
         "kvtrace_version": KVTRACE_VERSION,
         "format": FORMAT,
-        "tokenizer": {"name": public_tokenizer_name(config.tokenizer),
-                      "sha256": public_tokenizer_sha256(public_tokenizer_name(config.tokenizer),
-                                                        config.tokenizer_sha256)},
+        "tokenizer": {
+            "name": public_tokenizer_name(config.tokenizer),
+            "sha256": public_tokenizer_sha256(
+                public_tokenizer_name(config.tokenizer), config.tokenizer_sha256
+            ),
+        },
         "block_size": config.block_size,
         "hash_scheme": config.hash_scheme.identity,
         "hash_scheme_keyed": config.hash_scheme.keyed,
-        "granularity": {"timestamp_ms": config.coarsening.timestamp_ms,
-                        OUTPUT_LENGTH_FIELD: config.coarsening.output_length},
+        "granularity": {
+            "timestamp_ms": config.coarsening.timestamp_ms,
+            OUTPUT_LENGTH_FIELD: config.coarsening.output_length,
+        },
         # Whether engine hashes were written elsewhere; not where (a private location).
         OUTPUT_IDS_FIELD: config.emit_output_hashes,
-        "chat_template_kwargs": public_template_kwargs(config.chat_template_kwargs,
-                                                       config.salt.load()),
+        "chat_template_kwargs": public_template_kwargs(
+            config.chat_template_kwargs, config.salt.load()
+        ),
         # Only what the rows prove: the other counts are the operator's (write_run_counts).
         "records": {"exported": exported},
         # Where ids continue an id map's (a stream's) earlier nights; None: dense from 0.
@@ -278,9 +367,13 @@ def night_manifest(config: AnonymizeConfig, files: list[tuple[str, str]], stats:
     }
 
 
-def commit_id_map(config: AnonymizeConfig, manifest: dict,
-                  segments: dict[str, list[SegmentFile]], added: dict[str, int],
-                  earliest_ms: int | None) -> dict:
+def commit_id_map(
+    config: AnonymizeConfig,
+    manifest: dict,
+    segments: dict[str, list[SegmentFile]],
+    added: dict[str, int],
+    earliest_ms: int | None,
+) -> dict:
     """The id map's new version (the segments written, the ids added of each kind, the night
     the manifest describes) committed before the trace that uses it is published. Returns the
     manifest to publish: a night the map recorded already (a rerun after a run killed past its
@@ -288,10 +381,20 @@ def commit_id_map(config: AnonymizeConfig, manifest: dict,
     run = config.id_map
     if run is None:
         return manifest
-    return id_map.publish_night(manifest, run.directory, run.base, config.salt, run.marks,
-                                config.compacts_map, config.hash_shards, segments["blocks"],
-                                segments["sessions"], added["blocks"], added["sessions"],
-                                earliest_ms)
+    return id_map.publish_night(
+        manifest,
+        run.directory,
+        run.base,
+        config.salt,
+        run.marks,
+        config.compacts_map,
+        config.hash_shards,
+        segments["blocks"],
+        segments["sessions"],
+        added["blocks"],
+        added["sessions"],
+        earliest_ms,
+    )
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

@@ -51,8 +51,12 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.transforms.external import ExternalTransform, NamedTupleBasedPayloadBuilder
 from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
-                                              on_timer)
+from apache_beam.transforms.userstate import (
+    BagStateSpec,
+    ReadModifyWriteStateSpec,
+    TimerSpec,
+    on_timer,
+)
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
@@ -61,10 +65,14 @@ from kvtrace.pipelines.anonymize_night import Encoded, finish_night, write_dead_
 from kvtrace.pipelines.runner import pipeline_options, run
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
-from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.steps import Encode
-from kvtrace.transforms.encode.timestamp_kinds import keep_kind, keep_plausible_windows, sum_kind_counts
+from kvtrace.transforms.encode.timestamp_kinds import (
+    keep_kind,
+    keep_plausible_windows,
+    sum_kind_counts,
+)
+from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.ids.dense_ids import NUMBERED, KindIds, dense_ids
 from kvtrace.transforms.read.steps import parse_records
 from kvtrace.transforms.read.timestamps import DAY_MS, plausible_days, timestamp_kind
@@ -89,14 +97,24 @@ KAFKA = re.compile(r"kafka://([^/]+:\d+)/([^/]+)")
 KAFKA_READ_URN = "beam:transform:org.apache.beam:kafka_read_without_metadata:v1"
 KAFKA_EXPANSION = "KVTRACE_KAFKA_EXPANSION"  # HOST:PORT of that service
 BYTES = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
-KafkaReadSchema = typing.NamedTuple("KafkaReadSchema", [
-    ("consumer_config", typing.Mapping[str, str]), ("topics", typing.List[str]),
-    ("key_deserializer", str), ("value_deserializer", str),
-    ("start_read_time", typing.Optional[int]), ("max_num_records", typing.Optional[int]),
-    ("max_read_time", typing.Optional[int]), ("commit_offset_in_finalize", bool),
-    ("timestamp_policy", str), ("consumer_polling_timeout", typing.Optional[int]),
-    ("redistribute", typing.Optional[bool]), ("redistribute_num_keys", typing.Optional[np.int32]),
-    ("allow_duplicates", typing.Optional[bool])])
+KafkaReadSchema = typing.NamedTuple(
+    "KafkaReadSchema",
+    [
+        ("consumer_config", typing.Mapping[str, str]),
+        ("topics", typing.List[str]),
+        ("key_deserializer", str),
+        ("value_deserializer", str),
+        ("start_read_time", typing.Optional[int]),
+        ("max_num_records", typing.Optional[int]),
+        ("max_read_time", typing.Optional[int]),
+        ("commit_offset_in_finalize", bool),
+        ("timestamp_policy", str),
+        ("consumer_polling_timeout", typing.Optional[int]),
+        ("redistribute", typing.Optional[bool]),
+        ("redistribute_num_keys", typing.Optional[np.int32]),
+        ("allow_duplicates", typing.Optional[bool]),
+    ],
+)
 SOURCES = "pubsub:projects/P/subscriptions/S or kafka://HOST:PORT/TOPIC"
 
 
@@ -105,8 +123,10 @@ def check_source(source: str) -> str:
     if not (PUBSUB.fullmatch(source) or KAFKA.fullmatch(source)):
         raise ConfigError(f"--streaming reads {SOURCES}, not {source!r}")
     if KAFKA.fullmatch(source) and not os.environ.get(KAFKA_EXPANSION):
-        raise ConfigError(f"a kafka:// source needs ${KAFKA_EXPANSION}=HOST:PORT, Beam's Kafka "
-                          "expansion service (deploy/flink/local-cluster.sh start serves one)")
+        raise ConfigError(
+            f"a kafka:// source needs ${KAFKA_EXPANSION}=HOST:PORT, Beam's Kafka "
+            "expansion service (deploy/flink/local-cluster.sh start serves one)"
+        )
     return source
 
 
@@ -116,30 +136,49 @@ def read_source(source: str) -> beam.PTransform:
     if pubsub:
         return beam.io.ReadFromPubSub(subscription=pubsub.group(1))
     return "ReadKafka" >> (
-        ExternalTransform(KAFKA_READ_URN, NamedTupleBasedPayloadBuilder(kafka_read(source)),
-                          os.environ[KAFKA_EXPANSION])
-        | "Values" >> beam.Map(lambda key_value: key_value[1]))
+        ExternalTransform(
+            KAFKA_READ_URN,
+            NamedTupleBasedPayloadBuilder(kafka_read(source)),
+            os.environ[KAFKA_EXPANSION],
+        )
+        | "Values" >> beam.Map(lambda key_value: key_value[1])
+    )
 
 
 def kafka_read(source: str) -> KafkaReadSchema:
     """Beam's Kafka read of a kafka:// source, as the expansion service is sent it."""
     servers, topic = KAFKA.fullmatch(source).groups()
     return KafkaReadSchema(
-        kafka_consumer_config(servers, topic), [topic], BYTES, BYTES, None, None, None,
+        kafka_consumer_config(servers, topic),
+        [topic],
+        BYTES,
+        BYTES,
+        None,
+        None,
+        None,
         # Offsets are committed to the group only once a checkpoint holding them completes.
         True,
         # The source's clock: when records were produced. PublishWindows times windows by the
         # requests' own timestamps and uses this only to know everything produced before an
         # instant has been read.
-        "CreateTime", 2, False, np.int32(0), False)
+        "CreateTime",
+        2,
+        False,
+        np.int32(0),
+        False,
+    )
 
 
 def kafka_consumer_config(servers: str, topic: str) -> dict[str, str]:
     """The consumer's configuration (it replaces Beam's defaults whole): a new group starts at the
     topic's first record, and the consumer never commits offsets on its own, which would mark
     records read before they are processed; the runner's checkpoints hold the offsets."""
-    return {"bootstrap.servers": servers, "auto.offset.reset": "earliest",
-            "group.id": f"kvtrace-{topic}", "enable.auto.commit": "false"}
+    return {
+        "bootstrap.servers": servers,
+        "auto.offset.reset": "earliest",
+        "group.id": f"kvtrace-{topic}",
+        "enable.auto.commit": "false",
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +194,9 @@ class StreamingConfig:
         return window_start_ms + self.window_ms + self.allowed_lateness_ms
 
 
-def by_window(batch: HashedBatch, origin_ms: int, window_ms: int,
-              coarsening: Coarsening = Coarsening()) -> Iterator[tuple[int, HashedBatch]]:
+def by_window(
+    batch: HashedBatch, origin_ms: int, window_ms: int, coarsening: Coarsening = Coarsening()
+) -> Iterator[tuple[int, HashedBatch]]:
     """(window start in ms, the batch's requests in that window) for each window present, oldest
     first. Windows are cut from the trace's zero (origin_ms): window k holds the requests
     published (coarsened from the zero) in [origin + k W, origin + (k + 1) W), so every time the
@@ -173,9 +213,10 @@ def by_window(batch: HashedBatch, origin_ms: int, window_ms: int,
 def late_letters(source: str, batch: HashedBatch, published: str) -> list[DeadLetter]:
     """A dead letter per request of a window already published (its text is gone by now: the
     letter says when it was)."""
-    return [DeadLetter(source, b"", LATE,
-                       f"request at {ts} ms arrived after {published} was published")
-            for ts in batch.requests["timestamp_ms"].tolist()]
+    return [
+        DeadLetter(source, b"", LATE, f"request at {ts} ms arrived after {published} was published")
+        for ts in batch.requests["timestamp_ms"].tolist()
+    ]
 
 
 def source_now_ms() -> int:
@@ -220,17 +261,23 @@ class Progress:
         """The stream's clock: its latest request within the bulk of its input so far (the batch
         job's rule, plausible_days), so a clock reset, a dead letter once judged, never moves
         it, whether it came alone or with others, before or after the bulk."""
-        waiting = [{day: held for day, (held, _) in days.items()}
-                   for days in self.open_days.values()]
+        waiting = [
+            {day: held for day, (held, _) in days.items()} for days in self.open_days.values()
+        ]
         first, last = plausible_days(sum_kind_counts([self.published_days] + waiting))
-        kept = [latest for days in self.open_days.values()
-                for day, (_, latest) in days.items() if first <= day <= last]
+        kept = [
+            latest
+            for days in self.open_days.values()
+            for day, (_, latest) in days.items()
+            if first <= day <= last
+        ]
         if self.published_latest_ms is not None:
             kept.append(self.published_latest_ms)
         return max(kept, default=None)
 
-    def saw(self, config: StreamingConfig, window: int, timestamps: np.ndarray | int,
-            now_ms: int) -> None:
+    def saw(
+        self, config: StreamingConfig, window: int, timestamps: np.ndarray | int, now_ms: int
+    ) -> None:
         """Requests of window (their times) came in at now_ms (source's clock): the windows
         whose deadline the stream's clock passes are due once everything before now_ms has come
         in."""
@@ -272,15 +319,19 @@ class Progress:
         latest = self.latest_ms()
         return min((self.due_ms(config, w, latest) for w in self.passed_ms), default=None)
 
-    def recut(self, config: StreamingConfig, origin_ms: int,
-              waiting: list[tuple[int, HashedBatch]]) -> list[tuple[int, HashedBatch]]:
+    def recut(
+        self, config: StreamingConfig, origin_ms: int, waiting: list[tuple[int, HashedBatch]]
+    ) -> list[tuple[int, HashedBatch]]:
         """Before any window is published, the zero moved to origin_ms (an earlier request came
         in, or the earliest was a stray clock's): the waiting requests cut again from it. When a
         request past a new window's deadline came in is known no closer than the latest arrival:
         the window waits for everything produced before that."""
         self.origin_ms = origin_ms
-        cut = [part for _, batch in waiting
-               for part in by_window(batch, origin_ms, config.window_ms, config.job.coarsening)]
+        cut = [
+            part
+            for _, batch in waiting
+            for part in by_window(batch, origin_ms, config.window_ms, config.job.coarsening)
+        ]
         self.passed_ms = {}
         self.rehold(config, cut)
         return cut
@@ -333,12 +384,15 @@ class PublishWindows(beam.DoFn):
         self._rows = Metrics.counter("kvtrace", "requests_published")
         self._late = Metrics.counter("kvtrace", "requests_late")
 
-    def process(self, element: tuple[Any, HashedBatch | DeadLetter],
-                pending=beam.DoFn.StateParam(PENDING),
-                progress_state=beam.DoFn.StateParam(PROGRESS),
-                deadline=beam.DoFn.TimerParam(DEADLINE),
-                letters_due=beam.DoFn.TimerParam(LETTERS),
-                end=beam.DoFn.TimerParam(END)) -> None:
+    def process(
+        self,
+        element: tuple[Any, HashedBatch | DeadLetter],
+        pending=beam.DoFn.StateParam(PENDING),
+        progress_state=beam.DoFn.StateParam(PROGRESS),
+        deadline=beam.DoFn.TimerParam(DEADLINE),
+        letters_due=beam.DoFn.TimerParam(LETTERS),
+        end=beam.DoFn.TimerParam(END),
+    ) -> None:
         item = element[1]
         progress = progress_state.read() or Progress()
         end.set(GlobalWindow().max_timestamp())
@@ -349,8 +403,9 @@ class PublishWindows(beam.DoFn):
         progress_state.write(progress)
 
     @staticmethod
-    def _hold_letters(letters: list[DeadLetter], progress: Progress, pending: Any,
-                      letters_due: Any) -> None:
+    def _hold_letters(
+        letters: list[DeadLetter], progress: Progress, pending: Any, letters_due: Any
+    ) -> None:
         """Dead letters pending: out with the next window, or on their own soon."""
         for letter in letters:
             pending.add((None, letter))
@@ -372,17 +427,20 @@ class PublishWindows(beam.DoFn):
             if batch is None:
                 return strays
         earliest = int(batch.requests["timestamp_ms"].min())
-        if progress.published_ms is None and (progress.origin_ms is None
-                                              or earliest < progress.origin_ms):
+        if progress.published_ms is None and (
+            progress.origin_ms is None or earliest < progress.origin_ms
+        ):
             items = list(pending.read())
             pending.clear()
-            waiting = progress.recut(self._config, earliest,
-                                     [entry for entry in items if entry[0] is not None])
+            waiting = progress.recut(
+                self._config, earliest, [entry for entry in items if entry[0] is not None]
+            )
             for entry in waiting + [entry for entry in items if entry[0] is None]:
                 pending.add(entry)
         late, now_ms = [], source_now_ms()
-        for window, part in by_window(batch, progress.origin_ms, self._config.window_ms,
-                                      self._config.job.coarsening):
+        for window, part in by_window(
+            batch, progress.origin_ms, self._config.window_ms, self._config.job.coarsening
+        ):
             if progress.published_ms is not None and window <= progress.published_ms:
                 late += late_letters(self._config.source, part, progress.last_published())
                 continue
@@ -392,13 +450,16 @@ class PublishWindows(beam.DoFn):
         return strays + late
 
     @on_timer(DEADLINE)
-    def publish(self, fired=beam.DoFn.TimestampParam,
-                pending=beam.DoFn.StateParam(PENDING),
-                progress_state=beam.DoFn.StateParam(PROGRESS),
-                blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
-                sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
-                deadline=beam.DoFn.TimerParam(DEADLINE),
-                letters_due=beam.DoFn.TimerParam(LETTERS)) -> Iterator[dict]:
+    def publish(
+        self,
+        fired=beam.DoFn.TimestampParam,
+        pending=beam.DoFn.StateParam(PENDING),
+        progress_state=beam.DoFn.StateParam(PROGRESS),
+        blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
+        sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
+        deadline=beam.DoFn.TimerParam(DEADLINE),
+        letters_due=beam.DoFn.TimerParam(LETTERS),
+    ) -> Iterator[dict]:
         progress = progress_state.read() or Progress()
         maps = {"blocks": blocks_map, "sessions": sessions_map}
         yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
@@ -409,11 +470,14 @@ class PublishWindows(beam.DoFn):
         progress_state.write(progress)
 
     @on_timer(END)
-    def publish_all(self, fired=beam.DoFn.TimestampParam,
-                    pending=beam.DoFn.StateParam(PENDING),
-                    progress_state=beam.DoFn.StateParam(PROGRESS),
-                    blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
-                    sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"])) -> Iterator[dict]:
+    def publish_all(
+        self,
+        fired=beam.DoFn.TimestampParam,
+        pending=beam.DoFn.StateParam(PENDING),
+        progress_state=beam.DoFn.StateParam(PROGRESS),
+        blocks_map=beam.DoFn.StateParam(ID_MAP["blocks"]),
+        sessions_map=beam.DoFn.StateParam(ID_MAP["sessions"]),
+    ) -> Iterator[dict]:
         """The stream ended: every open window published, then every letter left."""
         progress = progress_state.read() or Progress()
         maps = {"blocks": blocks_map, "sessions": sessions_map}
@@ -421,8 +485,9 @@ class PublishWindows(beam.DoFn):
         self._flush_letters(progress, pending)
         progress_state.write(progress)
 
-    def _publish_due(self, watermark_ms: int, progress: Progress, pending: Any,
-                     maps: dict[str, Any]) -> Iterator[dict]:
+    def _publish_due(
+        self, watermark_ms: int, progress: Progress, pending: Any, maps: dict[str, Any]
+    ) -> Iterator[dict]:
         """The windows due at watermark_ms published, oldest first, the letters waiting with the
         first; the rest left pending."""
         config = self._config
@@ -449,8 +514,9 @@ class PublishWindows(beam.DoFn):
             pending.add(entry)
 
     @on_timer(LETTERS)
-    def flush_letters(self, pending=beam.DoFn.StateParam(PENDING),
-                      progress_state=beam.DoFn.StateParam(PROGRESS)) -> None:
+    def flush_letters(
+        self, pending=beam.DoFn.StateParam(PENDING), progress_state=beam.DoFn.StateParam(PROGRESS)
+    ) -> None:
         progress = progress_state.read() or Progress()
         self._flush_letters(progress, pending)
         progress_state.write(progress)
@@ -467,12 +533,19 @@ class PublishWindows(beam.DoFn):
                     pending.add(entry)
             progress.letter_batches += 1
             progress.rejected += len(letters)
-            write_cumulative(self._config, progress,
-                              (f"letters-{progress.letter_batches:06d}", letters))
+            write_cumulative(
+                self._config, progress, (f"letters-{progress.letter_batches:06d}", letters)
+            )
         progress.letters_due = None
 
-    def _publish(self, name: str, batches: list[HashedBatch], letters: list[DeadLetter],
-                 maps: dict[str, Any], progress: Progress) -> dict:
+    def _publish(
+        self,
+        name: str,
+        batches: list[HashedBatch],
+        letters: list[DeadLetter],
+        maps: dict[str, Any],
+        progress: Progress,
+    ) -> dict:
         """One window as a night of the batch job, its ids continuing the map in state."""
         job = self._config.job
         output = storage.join(job.output, name)
@@ -481,8 +554,13 @@ class PublishWindows(beam.DoFn):
         rejected = DeadLetterRun(job.dead_letter, output, name)
         # The rejected-fraction gate is the batch job's: a stream does not stop for one window.
         night = dataclasses.replace(
-            job, inputs=(), max_rejected_fraction=None, output=output,
-            staging=storage.join(job.staging, name), dead_letter=rejected.staging)
+            job,
+            inputs=(),
+            max_rejected_fraction=None,
+            output=output,
+            staging=storage.join(job.staging, name),
+            dead_letter=rejected.staging,
+        )
         # From nothing: what an attempt killed mid-window left is not part of this one.
         for leftover in (night.staging, rejected.staging):
             storage.remove_folder(leftover)
@@ -501,8 +579,13 @@ class PublishWindows(beam.DoFn):
         read = sum(len(b) for b in batches) + len(letters)
         published = False
         try:
-            manifest = finish_night(night, Encoded(batches, letters, read), kind_ids,
-                                    progress.origin_ms, dict(progress.next_id))
+            manifest = finish_night(
+                night,
+                Encoded(batches, letters, read),
+                kind_ids,
+                progress.origin_ms,
+                dict(progress.next_id),
+            )
             published = True
         finally:
             rejected.settle(published)  # with the window, or gone with the attempt
@@ -526,22 +609,32 @@ def cumulative_summary(config: StreamingConfig, progress: Progress) -> dict[str,
     published_until_ms = None
     if progress.published_ms is not None and progress.origin_ms is not None:
         windows = (progress.published_ms - progress.origin_ms) // config.window_ms + 1
-        published_until_ms = int(round_to(np.int64(windows * config.window_ms),
-                                          config.job.coarsening.timestamp_ms))
-    return {"windows": progress.windows, "rows": progress.rows,
-            "unique_blocks": progress.next_id["blocks"], "sessions": progress.next_id["sessions"],
-            "window_ms": config.window_ms, "published_until_ms": published_until_ms}
+        published_until_ms = int(
+            round_to(np.int64(windows * config.window_ms), config.job.coarsening.timestamp_ms)
+        )
+    return {
+        "windows": progress.windows,
+        "rows": progress.rows,
+        "unique_blocks": progress.next_id["blocks"],
+        "sessions": progress.next_id["sessions"],
+        "window_ms": config.window_ms,
+        "published_until_ms": published_until_ms,
+    }
 
 
 def stream_run_counts(progress: Progress) -> dict[str, int]:
     """The stream's own counts, as a batch run's (write/manifest.run_counts) as far as a stream
     keeps them: each record read is exported in a window or a dead letter."""
-    return {"read": progress.rows + progress.rejected, "exported": progress.rows,
-            "rejected": progress.rejected}
+    return {
+        "read": progress.rows + progress.rejected,
+        "exported": progress.rows,
+        "rejected": progress.rejected,
+    }
 
 
-def write_cumulative(config: StreamingConfig, progress: Progress,
-                     letters: tuple[str, list[DeadLetter]] | None = None) -> None:
+def write_cumulative(
+    config: StreamingConfig, progress: Progress, letters: tuple[str, list[DeadLetter]] | None = None
+) -> None:
     """The stream so far, beside the windows (replaced whole after each window), and its own
     counts beside its dead letters (RUN_COUNTS, owner-only, as a batch run's); letters (a run's
     name, its dead letters) are published with it, as a window's are with the window, so the
@@ -563,8 +656,11 @@ def write_cumulative(config: StreamingConfig, progress: Progress,
     # The folder's times, as a night folder's: derived from its content, never the clock's.
     set_content_times(config.job.output)
     # Last: once it counts a record, the window or letters holding it are published.
-    _replace(storage.join(config.job.dead_letter, RUN_COUNTS),
-             canonical_json(stream_run_counts(progress)), private=True)
+    _replace(
+        storage.join(config.job.dead_letter, RUN_COUNTS),
+        canonical_json(stream_run_counts(progress)),
+        private=True,
+    )
 
 
 def _replace(path: str, content: bytes, private: bool) -> None:
@@ -582,13 +678,18 @@ def check_new_stream(output: str, dead_letter: str) -> None:
     goes on; it is not launched again). Its letters are named by its windows, so a second
     stream's would replace the first one's in a shared dead-letter folder."""
     if storage.exists(storage.join(output, STREAM_TOTALS)):
-        raise ConfigError(f"--output {output} holds a stream already (cumulative.json): its ids "
-                          "continue only in its own job; a new stream needs a new --output")
+        raise ConfigError(
+            f"--output {output} holds a stream already (cumulative.json): its ids "
+            "continue only in its own job; a new stream needs a new --output"
+        )
     if storage.exists(storage.join(dead_letter, RUN_COUNTS)) or any(
-            storage.match(storage.join(dead_letter, f"rejected-{run}-*.jsonl"))
-            for run in ("window", "letters")):
-        raise ConfigError(f"--dead-letter {dead_letter} holds a stream's letters already (named by "
-                          "its windows, as a new stream's would be); a new stream needs its own")
+        storage.match(storage.join(dead_letter, f"rejected-{run}-*.jsonl"))
+        for run in ("window", "letters")
+    ):
+        raise ConfigError(
+            f"--dead-letter {dead_letter} holds a stream's letters already (named by "
+            "its windows, as a new stream's would be); a new stream needs its own"
+        )
 
 
 def run_streaming(config: StreamingConfig, flags: list[str]) -> None:

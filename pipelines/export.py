@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.replay.export import export
 from kvtrace.transforms.write.publish import file_output
 from kvtrace.transforms.write.replayers import CONSUMERS
-from kvtrace.transforms.replay.export import export
-from kvtrace.transforms.read.trace_io import read_trace
 
 
 @dataclass(frozen=True)
@@ -26,15 +26,22 @@ def run_export(config: ExportConfig) -> dict:
         trace = read_trace(config.inputs)
         if trace.malformed_count:
             first = trace.malformed[0]
-            raise ValueError(f"{trace.malformed_count} malformed row(s), the first at "
-                             f"{first['file']} line {first['line']}: {first['error']} "
-                             f"(kvtrace validate lists them)")
+            raise ValueError(
+                f"{trace.malformed_count} malformed row(s), the first at "
+                f"{first['file']} line {first['line']}: {first['error']} "
+                f"(kvtrace validate lists them)"
+            )
         exported = export(trace, consumer, config.block_size)
         output.write(exported.jsonl)
-    return {"consumer": consumer.name, "reader": consumer.reader, "form": consumer.form,
-            "rows": exported.rows, "block_size": config.block_size,
-            "follow_up_turns": exported.follow_up_turns,
-            "delays_without_response_end": exported.without_response_end,
-            "restarted_conversations": exported.restarted,
-            "command": consumer.command(config.output, config.block_size, exported.rows),
-            "note": consumer.note}
+    return {
+        "consumer": consumer.name,
+        "reader": consumer.reader,
+        "form": consumer.form,
+        "rows": exported.rows,
+        "block_size": config.block_size,
+        "follow_up_turns": exported.follow_up_turns,
+        "delays_without_response_end": exported.without_response_end,
+        "restarted_conversations": exported.restarted,
+        "command": consumer.command(config.output, config.block_size, exported.rows),
+        "note": consumer.note,
+    }

@@ -47,8 +47,9 @@ class RangeWork(Protocol):
 
     def warm_up(self, encoder: RequestEncoder, first: FileRange) -> None: ...
 
-    def encode(self, pieces: list[FileRange], encoder: RequestEncoder,
-               progress: ReadProgress) -> Encoded: ...
+    def encode(
+        self, pieces: list[FileRange], encoder: RequestEncoder, progress: ReadProgress
+    ) -> Encoded: ...
 
 
 _WORKER: dict = {}  # per worker process: the work and its encoder, built once
@@ -63,8 +64,9 @@ def worker_count(processes: int, input_bytes: int) -> int:
     return max(1, min(cores or 1, -(-input_bytes // READ_SPLIT_BYTES)))
 
 
-def encode_in_workers(work: RangeWork, pieces: list[FileRange], processes: int,
-                      total_bytes: int) -> list[Encoded]:
+def encode_in_workers(
+    work: RangeWork, pieces: list[FileRange], processes: int, total_bytes: int
+) -> list[Encoded]:
     """Every range encoded by one of `processes` workers, each starting on a run of neighbouring
     ranges (run_bounds); the results in range order, whoever encoded them."""
     pool = _start_pool(work, pieces, processes, total_bytes)
@@ -85,29 +87,45 @@ def encode_in_workers(work: RangeWork, pieces: list[FileRange], processes: int,
     return parts
 
 
-def _start_pool(work: RangeWork, pieces: list[FileRange], processes: int,
-                total_bytes: int) -> ProcessPoolExecutor:
+def _start_pool(
+    work: RangeWork, pieces: list[FileRange], processes: int, total_bytes: int
+) -> ProcessPoolExecutor:
     """Workers forked from this process (_can_fork) once it has loaded the encoder and warmed it
     up, or started clean, each building its own and warming it up (_encode_claimed): either way
     no worker claims a range cold."""
     forked = _can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     bounds = context.Array("q", run_bounds(len(pieces), processes))
-    _LOG.info("encoding %d file ranges in %d worker process%s %s", len(pieces), processes,
-              "es" if processes > 1 else "", "forked from this one" if forked else
-              "started clean (this process runs other threads or loaded gRPC)")
+    _LOG.info(
+        "encoding %d file ranges in %d worker process%s %s",
+        len(pieces),
+        processes,
+        "es" if processes > 1 else "",
+        "forked from this one"
+        if forked
+        else "started clean (this process runs other threads or loaded gRPC)",
+    )
     if forked:
         encoder = work.new_encoder()
         work.warm_up(encoder, pieces[0])
         settle_after_start_up()
-        _WORKER.update(work=work, encoder=encoder, progress=ReadProgress(total_bytes),
-                       pieces=pieces, bounds=bounds)
+        _WORKER.update(
+            work=work,
+            encoder=encoder,
+            progress=ReadProgress(total_bytes),
+            pieces=pieces,
+            bounds=bounds,
+        )
         return ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
     # A clean worker imports its own watchdog: it renders under this process's budget, as a
     # forked one does by inheritance.
     budget = (RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes)
-    return ProcessPoolExecutor(processes, context, initializer=_start_worker,
-                               initargs=(work, total_bytes, pieces, bounds, budget))
+    return ProcessPoolExecutor(
+        processes,
+        context,
+        initializer=_start_worker,
+        initargs=(work, total_bytes, pieces, bounds, budget),
+    )
 
 
 @contextlib.contextmanager
@@ -149,8 +167,13 @@ def _worker_death(workers: list[Any]) -> str:
     logged at WARNING too."""
     codes = [worker.exitcode for worker in workers if worker.exitcode]
     cause = next((code for code in codes if code != -signal.SIGTERM), codes[0] if codes else None)
-    how = ("" if cause is None else f" by {signal.Signals(-cause).name}" if cause < 0
-           else f" with exit code {cause}")
+    how = (
+        ""
+        if cause is None
+        else f" by {signal.Signals(-cause).name}"
+        if cause < 0
+        else f" with exit code {cause}"
+    )
     words = last_words()
     for line in words:
         _LOG.warning("native: %s", line)
@@ -163,8 +186,11 @@ def _can_fork() -> bool:
     renderer (~1.5 s of a core per worker otherwise): only where nothing but this thread runs
     and gRPC was never loaded (a Beam run in this process leaves threads whose locks a fork
     would copy held). The tokenizer's own thread pool is fork-aware."""
-    return ("fork" in multiprocessing.get_all_start_methods() and busy_threads() == 0
-            and "grpc" not in sys.modules)
+    return (
+        "fork" in multiprocessing.get_all_start_methods()
+        and busy_threads() == 0
+        and "grpc" not in sys.modules
+    )
 
 
 @contextlib.contextmanager
@@ -183,13 +209,24 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
             os.environ[TOKENIZERS_PARALLELISM] = before
 
 
-def _start_worker(work: RangeWork, total_bytes: int, pieces: list[FileRange],
-                  bounds: Any, budget: tuple[float, int]) -> None:
+def _start_worker(
+    work: RangeWork,
+    total_bytes: int,
+    pieces: list[FileRange],
+    bounds: Any,
+    budget: tuple[float, int],
+) -> None:
     """A worker started clean, to be warmed up before its first claim (_encode_claimed)."""
     _leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
-    _WORKER.update(work=work, encoder=work.new_encoder(), progress=ReadProgress(total_bytes),
-                   pieces=pieces, bounds=bounds, cold=True)
+    _WORKER.update(
+        work=work,
+        encoder=work.new_encoder(),
+        progress=ReadProgress(total_bytes),
+        pieces=pieces,
+        bounds=bounds,
+        cold=True,
+    )
     settle_after_start_up()
 
 
@@ -234,5 +271,9 @@ def _encode_claimed(worker: int) -> list[tuple[int, Encoded]]:
             index = claim(bounds, worker)
         if index is None:
             return done
-        done.append((index, _WORKER["work"].encode([pieces[index]], _WORKER["encoder"],
-                                                   _WORKER["progress"])))
+        done.append(
+            (
+                index,
+                _WORKER["work"].encode([pieces[index]], _WORKER["encoder"], _WORKER["progress"]),
+            )
+        )

@@ -27,9 +27,10 @@ def quiet_thread(thread: threading.Thread) -> None:
 def busy_threads() -> int:
     """Threads beside this one whose locks a fork could copy held (quiet ones aside: those marked
     by quiet_thread, and native_stderr's relay, which marks itself)."""
-    return sum(thread is not threading.current_thread()
-               and not getattr(thread, QUIET_ATTRIBUTE, False)
-               for thread in threading.enumerate())
+    return sum(
+        thread is not threading.current_thread() and not getattr(thread, QUIET_ATTRIBUTE, False)
+        for thread in threading.enumerate()
+    )
 
 
 def _parent_and_state(pid: str) -> tuple[int, str] | None:

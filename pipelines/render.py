@@ -25,8 +25,9 @@ from kvtrace.pipelines.local_workers import (
     _worker_death,
 )
 from kvtrace.transforms.batching import batches_by_weight
-from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
+from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.read.trace_io import Trace, read_trace
 from kvtrace.transforms.replay.render import (
     block_keys,
     render_blocks,
@@ -34,7 +35,6 @@ from kvtrace.transforms.replay.render import (
     template_overhead,
     vocabulary,
 )
-from kvtrace.transforms.read.trace_io import Trace, read_trace
 from kvtrace.transforms.stats.trace_blocks import covered_tokens
 from kvtrace.transforms.synth.shards import take_rows
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD
@@ -79,8 +79,11 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     trace, too_long = _within_row_bound(whole, config.block_size)
     tokenizer = load_tokenizer(config.tokenizer)
     words = vocabulary(tokenizer)
-    head, tail = (template_overhead(tokenizer, words, config.chat_template_kwargs)
-                  if config.shape == "chat" else (0, 0))
+    head, tail = (
+        template_overhead(tokenizer, words, config.chat_template_kwargs)
+        if config.shape == "chat"
+        else (0, 0)
+    )
     # A row must hold the template's own tokens and one word of content.
     fits = trace.input_length >= head + tail + 1
     rendered = render_blocks(trace, config.block_size, words, head)
@@ -90,29 +93,44 @@ def _render(config: RenderConfig, output: StagedFile) -> dict:
     with output.create() as handle, _verifier(config) as verify:
         tokens_of = _row_tokens(trace, config.block_size).tolist()
         pending = None  # the batch being tokenized in the verifier while the next is built
-        for rows in batches_by_weight(range(len(trace)), BATCH_TOKENS, tokens_of.__getitem__,
-                                      BATCH_ROWS):
+        for rows in batches_by_weight(
+            range(len(trace)), BATCH_TOKENS, tokens_of.__getitem__, BATCH_ROWS
+        ):
             texts = [rendered.row(r, head, tail) for r in rows]
             for r, text in zip(rows, texts):
                 if fits[r]:
-                    handle.write((json.dumps(_request(config.shape, text, trace, r, sessions[r]))
-                                  + "\n").encode())
+                    handle.write(
+                        (
+                            json.dumps(_request(config.shape, text, trace, r, sessions[r])) + "\n"
+                        ).encode()
+                    )
             if config.verify:
                 if pending is not None:
                     _collect(pending, lengths, keys)
                 pending = verify.submit(_verified_batch, texts)
             if time.monotonic() - last_progress >= PROGRESS_INTERVAL_S:
                 last_progress = time.monotonic()
-                _LOG.info("rendered %d of %d rows%s", rows[-1] + 1, len(trace),
-                          ", verified" if config.verify else "")
+                _LOG.info(
+                    "rendered %d of %d rows%s",
+                    rows[-1] + 1,
+                    len(trace),
+                    ", verified" if config.verify else "",
+                )
         if pending is not None:
             _collect(pending, lengths, keys)
-    report = {"rows": len(whole), "written": int(fits.sum()), "shape": config.shape,
-              "template_tokens": {"before": head, "after": tail},
-              "too_short_for_the_template": int((~fits).sum()), "too_long": too_long,
-              "merged_blocks": rendered.merged,
-              "malformed_lines": {"count": whole.malformed_count,  # as analyze reports them
-                                  "examples": whole.malformed[:MAX_EXAMPLES]}}
+    report = {
+        "rows": len(whole),
+        "written": int(fits.sum()),
+        "shape": config.shape,
+        "template_tokens": {"before": head, "after": tail},
+        "too_short_for_the_template": int((~fits).sum()),
+        "too_long": too_long,
+        "merged_blocks": rendered.merged,
+        "malformed_lines": {
+            "count": whole.malformed_count,  # as analyze reports them
+            "examples": whole.malformed[:MAX_EXAMPLES],
+        },
+    }
     if config.verify:
         report["verified"] = _verified(config, trace, lengths, keys, fits)
     _LOG.info("rendered %d requests in %.1f s", report["written"], time.perf_counter() - started)
@@ -149,8 +167,9 @@ def _start_verifier(config: RenderConfig) -> None:
 def _verified_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """In the verifier: each text's block lengths and keys, tokenized as served."""
     config, tokenizer = _VERIFIER["config"], _VERIFIER["tokenizer"]
-    return block_keys(encode_texts(tokenizer, _as_served(config, tokenizer, texts)),
-                      config.block_size)
+    return block_keys(
+        encode_texts(tokenizer, _as_served(config, tokenizer, texts)), config.block_size
+    )
 
 
 def _collect(pending: Future, lengths: list[np.ndarray], keys: list[np.ndarray]) -> None:
@@ -162,20 +181,28 @@ def _collect(pending: Future, lengths: list[np.ndarray], keys: list[np.ndarray])
 def _row_tokens(trace: Trace, block_size: int) -> np.ndarray:
     """Per row, the tokens rendering it costs: render_blocks spells what its ids cover, which a
     row whose ids outnumber its input_length makes larger than the length it claims."""
-    return np.maximum(trace.input_length,
-                      covered_tokens(trace.input_length, trace.lengths, block_size))
+    return np.maximum(
+        trace.input_length, covered_tokens(trace.input_length, trace.lengths, block_size)
+    )
 
 
 def _within_row_bound(trace: Trace, block_size: int) -> tuple[Trace, dict]:
     """The rows of at most MAX_ROW_TOKENS tokens, and the count and first places of the rest,
     left out before any of their text is built."""
     over = _row_tokens(trace, block_size) > MAX_ROW_TOKENS
-    places = [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
-              for r in np.flatnonzero(over)[:MAX_EXAMPLES].tolist()]
+    places = [
+        {"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
+        for r in np.flatnonzero(over)[:MAX_EXAMPLES].tolist()
+    ]
     skipped = {"count": int(over.sum()), "max_tokens": MAX_ROW_TOKENS, "examples": places}
     if places:
-        _LOG.warning("%d row(s) left out: over %d tokens to render (first: %s line %d)",
-                     skipped["count"], MAX_ROW_TOKENS, places[0]["file"], places[0]["line"])
+        _LOG.warning(
+            "%d row(s) left out: over %d tokens to render (first: %s line %d)",
+            skipped["count"],
+            MAX_ROW_TOKENS,
+            places[0]["file"],
+            places[0]["line"],
+        )
     return (take_rows(trace, np.flatnonzero(~over)) if over.any() else trace), skipped
 
 
@@ -195,17 +222,31 @@ def _as_served(config: RenderConfig, tokenizer: Any, texts: list[str]) -> list[s
     """The text the server (and anonymize) tokenizes for each request."""
     if config.shape != "chat":
         return texts
-    return [render_chat(tokenizer, [{"role": "user", "content": t}], None,
-                        config.chat_template_kwargs) for t in texts]
+    return [
+        render_chat(tokenizer, [{"role": "user", "content": t}], None, config.chat_template_kwargs)
+        for t in texts
+    ]
 
 
-def _verified(config: RenderConfig, trace, lengths: list[np.ndarray], keys: list[np.ndarray],
-              fits: np.ndarray) -> dict:
+def _verified(
+    config: RenderConfig, trace, lengths: list[np.ndarray], keys: list[np.ndarray], fits: np.ndarray
+) -> dict:
     """Every rendered request, tokenized as served, against the trace's blocks."""
-    ok = reproduces_blocks(trace, np.concatenate(lengths + [np.zeros(0, np.int64)]),
-                           np.concatenate(keys + [np.zeros((0, 2), np.uint64)]),
-                           config.block_size) & fits
+    ok = (
+        reproduces_blocks(
+            trace,
+            np.concatenate(lengths + [np.zeros(0, np.int64)]),
+            np.concatenate(keys + [np.zeros((0, 2), np.uint64)]),
+            config.block_size,
+        )
+        & fits
+    )
     wrong = np.flatnonzero(~ok & fits)
-    return {"rows_reproduced": int(ok.sum()), "rows_not_reproduced": int(len(wrong)),
-            "examples": [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
-                         for r in wrong[:MAX_EXAMPLES].tolist()]}
+    return {
+        "rows_reproduced": int(ok.sum()),
+        "rows_not_reproduced": int(len(wrong)),
+        "examples": [
+            {"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
+            for r in wrong[:MAX_EXAMPLES].tolist()
+        ],
+    }

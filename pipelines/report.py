@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+
+from kvtrace.pipelines.simulate import policy_curve, two_tier_grid
 from kvtrace.transforms.cache import plots
 from kvtrace.transforms.cache.cache_trace import read_cache_trace
 from kvtrace.transforms.cache.capacity import Capacity
@@ -23,8 +25,6 @@ from kvtrace.transforms.cache.stack_distance import COLD, stack_distances
 from kvtrace.transforms.stats.trace_stats import analyze
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 from kvtrace.transforms.write.publish import file_output
-
-from kvtrace.pipelines.simulate import policy_curve, two_tier_grid
 
 _LOG = logging.getLogger("kvtrace")
 # Capacities of the hit-rate curves and the sizing grid, log-spaced over the trace's own
@@ -39,7 +39,9 @@ class ReportConfig:
     output: str
     block_size: int = DEFAULT_BLOCK_SIZE
     gpu_kv_cache_size: int | None = None  # default: where LRU reaches half its best hit rate
-    capacities: tuple[Capacity, ...] = ()  # of the policy curves; default: log-spaced over the trace
+    capacities: tuple[
+        Capacity, ...
+    ] = ()  # of the policy curves; default: log-spaced over the trace
     policies: tuple[str, ...] = POLICIES
     tier2_capacities: tuple[Capacity, ...] = ()  # of the sizing grid's columns; default as rows
     kv_bytes_per_token: int | None = None
@@ -60,13 +62,22 @@ def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
     stats = analyze(trace, config.block_size)
     events = reuse_events(cache)
     distances = stack_distances(cache)
-    capacities = config.capacities or _capacities(distances.prefix_max, config.block_size,
-                                                  CURVE_POINTS)
+    capacities = config.capacities or _capacities(
+        distances.prefix_max, config.block_size, CURVE_POINTS
+    )
     gpu = config.gpu_kv_cache_size or _half_way(distances, capacities)
-    curves = {policy: policy_curve(cache, distances, policy, capacities)
-              for policy in config.policies}
-    grid_gpu = tuple(sorted({*_capacities(distances.prefix_max, config.block_size, GRID_POINTS),
-                             Capacity(gpu, None)}, key=lambda c: c.tokens))
+    curves = {
+        policy: policy_curve(cache, distances, policy, capacities) for policy in config.policies
+    }
+    grid_gpu = tuple(
+        sorted(
+            {
+                *_capacities(distances.prefix_max, config.block_size, GRID_POINTS),
+                Capacity(gpu, None),
+            },
+            key=lambda c: c.tokens,
+        )
+    )
     grid_tier2 = config.tier2_capacities or grid_gpu
     grid = two_tier_grid(distances, grid_gpu, grid_tier2)
     x, y = ccdf_curve(events)
@@ -78,11 +89,15 @@ def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
         "rate": plots.request_rate_png(cache.timestamp_ms),
         "ccdf": plots.ccdf_png(x, y, gpu, at_gpu),
         "reuse_time": plots.reuse_time_png(reuse_time_histogram(events)),
-        "hit_rate": plots.hit_rate_png({
-            policy: ([p["capacity_tokens"] for p in points], [p["hit_rate"] for p in points])
-            for policy, points in curves.items()}),
-        "two_tier": plots.two_tier_png([c.tokens for c in grid_gpu],
-                                       [c.tokens for c in grid_tier2], total, from_gpu),
+        "hit_rate": plots.hit_rate_png(
+            {
+                policy: ([p["capacity_tokens"] for p in points], [p["hit_rate"] for p in points])
+                for policy, points in curves.items()
+            }
+        ),
+        "two_tier": plots.two_tier_png(
+            [c.tokens for c in grid_gpu], [c.tokens for c in grid_tier2], total, from_gpu
+        ),
     }
     at_gpu_lru = float(distances.hit_rates(np.array([gpu]))[0])
     best_tier = max((p for p in grid if p["capacity_tokens"] == gpu), key=lambda p: p["hit_rate"])
@@ -90,14 +105,22 @@ def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
         "requests": stats["total_requests"],
         "duration_s": float(np.ptp(cache.timestamp_ms) / 1000) if len(cache.timestamp_ms) else 0.0,
         "requests_per_minute": stats["request_rate"]["mean_per_minute"],
-        "isl": stats["isl_stats"], "osl": stats["osl_stats"],
+        "isl": stats["isl_stats"],
+        "osl": stats["osl_stats"],
         "infinite_cache_hit_rate": stats["hit_rates"]["token_weighted"],
-        "gpu_kv_cache_tokens": gpu, "gpu_chosen": config.gpu_kv_cache_size is None,
+        "gpu_kv_cache_tokens": gpu,
+        "gpu_chosen": config.gpu_kv_cache_size is None,
         "gpu_lru_hit_rate": at_gpu_lru,
         "with_tier2": best_tier,
     }
-    numbers = {"headline": headline, "analyze": stats, "gpu_kv_cache_size": gpu,
-               "ccdf_at_gpu_kv_cache_size": at_gpu, "policies": curves, "two_tier": grid}
+    numbers = {
+        "headline": headline,
+        "analyze": stats,
+        "gpu_kv_cache_size": gpu,
+        "ccdf_at_gpu_kv_cache_size": at_gpu,
+        "policies": curves,
+        "two_tier": grid,
+    }
     return numbers, page(config, stats, numbers, images)
 
 
@@ -117,31 +140,58 @@ def _half_way(distances, capacities: tuple[Capacity, ...]) -> int:
 
 
 def _image(png: bytes, alt: str) -> str:
-    return (f'<img alt="{html.escape(alt)}" '
-            f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    return (
+        f'<img alt="{html.escape(alt)}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+    )
 
 
 def _headline(config: ReportConfig, numbers: dict) -> str:
     h = numbers["headline"]
     tier = h["with_tier2"]
-    chosen = (" (chosen by kvtrace: where LRU reaches half its best hit rate; set "
-              "--gpu-kv-cache-size)" if h["gpu_chosen"] else "")
-    per_token = (f", {h['gpu_kv_cache_tokens'] * config.kv_bytes_per_token / 1e9:,.1f} GB at "
-                 f"{config.kv_bytes_per_token:,} bytes per token" if config.kv_bytes_per_token else "")
+    chosen = (
+        " (chosen by kvtrace: where LRU reaches half its best hit rate; set --gpu-kv-cache-size)"
+        if h["gpu_chosen"]
+        else ""
+    )
+    per_token = (
+        f", {h['gpu_kv_cache_tokens'] * config.kv_bytes_per_token / 1e9:,.1f} GB at "
+        f"{config.kv_bytes_per_token:,} bytes per token"
+        if config.kv_bytes_per_token
+        else ""
+    )
     items = [
-        ("trace", f"{h['requests']:,} requests over {h['duration_s'] / 60:,.1f} minutes, "
-                  f"{h['requests_per_minute']:,.1f} per minute"),
-        ("input length", f"mean {h['isl']['mean']:,.0f}, median {h['isl']['median']:,.0f}, max "
-                         f"{h['isl']['max']:,.0f} tokens"),
-        ("output length", f"mean {h['osl']['mean']:,.0f}, median {h['osl']['median']:,.0f}, max "
-                          f"{h['osl']['max']:,.0f} tokens"),
-        ("infinite cache", f"{h['infinite_cache_hit_rate']:.1%} of prompt tokens hit "
-                           f"(token-weighted): the ceiling"),
-        ("GPU KV cache", f"{h['gpu_kv_cache_tokens']:,} tokens{per_token}{chosen}: LRU hits "
-                         f"{h['gpu_lru_hit_rate']:.1%}"),
-        ("with an offload tier", f"{tier['tier2_capacity_tokens']:,} tokens of CPU/SSD behind "
-                                 f"it: {tier['hit_rate']:.1%} ({tier['gpu_hit_rate']:.1%} from "
-                                 f"the GPU)"),
+        (
+            "trace",
+            f"{h['requests']:,} requests over {h['duration_s'] / 60:,.1f} minutes, "
+            f"{h['requests_per_minute']:,.1f} per minute",
+        ),
+        (
+            "input length",
+            f"mean {h['isl']['mean']:,.0f}, median {h['isl']['median']:,.0f}, max "
+            f"{h['isl']['max']:,.0f} tokens",
+        ),
+        (
+            "output length",
+            f"mean {h['osl']['mean']:,.0f}, median {h['osl']['median']:,.0f}, max "
+            f"{h['osl']['max']:,.0f} tokens",
+        ),
+        (
+            "infinite cache",
+            f"{h['infinite_cache_hit_rate']:.1%} of prompt tokens hit "
+            f"(token-weighted): the ceiling",
+        ),
+        (
+            "GPU KV cache",
+            f"{h['gpu_kv_cache_tokens']:,} tokens{per_token}{chosen}: LRU hits "
+            f"{h['gpu_lru_hit_rate']:.1%}",
+        ),
+        (
+            "with an offload tier",
+            f"{tier['tier2_capacity_tokens']:,} tokens of CPU/SSD behind "
+            f"it: {tier['hit_rate']:.1%} ({tier['gpu_hit_rate']:.1%} from "
+            f"the GPU)",
+        ),
     ]
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items)
     return f'<table class="headline">{rows}</table>'
@@ -151,10 +201,14 @@ def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, byt
     rates = stats["hit_rates"]
     definitions = stats["definitions"]
     policy_rows = "".join(
-        f"<tr><td>{policy}</td>" + "".join(f"<td>{p['hit_rate']:.1%}</td>" for p in points) + "</tr>"
-        for policy, points in numbers["policies"].items())
-    header = "".join(f"<th>{p['capacity_tokens']:,}</th>"
-                     for p in next(iter(numbers["policies"].values())))
+        f"<tr><td>{policy}</td>"
+        + "".join(f"<td>{p['hit_rate']:.1%}</td>" for p in points)
+        + "</tr>"
+        for policy, points in numbers["policies"].items()
+    )
+    header = "".join(
+        f"<th>{p['capacity_tokens']:,}</th>" for p in next(iter(numbers["policies"].values()))
+    )
     rate_rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{value:.1%}</td>"
         f"<td>{html.escape(definitions[key])}</td></tr>"
@@ -163,9 +217,13 @@ def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, byt
             ("per request mean (causal)", "per_request_mean", rates["per_request_mean"]),
             ("block weighted", "block_weighted", rates["block_weighted"]),
             ("token weighted", "token_weighted", rates["token_weighted"]),
-            ("token weighted after warm-up", "token_weighted_after_warmup",
-             rates["token_weighted_after_warmup"]),
-        ))
+            (
+                "token weighted after warm-up",
+                "token_weighted_after_warmup",
+                rates["token_weighted_after_warmup"],
+            ),
+        )
+    )
     files = ", ".join(html.escape(f.rsplit("/", 1)[-1]) for f in config.inputs)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>kvtrace report: {files}</title>
@@ -180,18 +238,18 @@ h2 {{ border-bottom: 1px solid #ddd; margin-top: 2em; }}
 <p>Block size {config.block_size}. Hit rates are the share of prompt tokens served from cache
 (the longest cached prefix of each request), in % unless said otherwise.</p>
 {_headline(config, numbers)}
-<h2>Input and output lengths</h2>{_image(images['lengths'], 'ISL and OSL histograms')}
-<h2>Request rate</h2>{_image(images['rate'], 'requests per minute')}
+<h2>Input and output lengths</h2>{_image(images["lengths"], "ISL and OSL histograms")}
+<h2>Request rate</h2>{_image(images["rate"], "requests per minute")}
 <h2>Hit rates: the definitions side by side (infinite cache)</h2>
 <table><tr><th>hit rate</th><th>value</th><th>definition</th></tr>{rate_rows}</table>
 <h2>Reuse intervals</h2>
 <p>Share of prompt tokens reused after more than x tokens went through the cache; at
-{numbers['gpu_kv_cache_size']:,} tokens of GPU cache (red), {numbers['ccdf_at_gpu_kv_cache_size']:.1%}
+{numbers["gpu_kv_cache_size"]:,} tokens of GPU cache (red), {numbers["ccdf_at_gpu_kv_cache_size"]:.1%}
 of prompt tokens are reused too late for it: the most a CPU/SSD tier could serve.</p>
-{_image(images['ccdf'], 'reuse interval CCDF')}{_image(images['reuse_time'], 'reuse time')}
-<h2>Hit rate by policy and capacity</h2>{_image(images['hit_rate'], 'hit rate per policy')}
+{_image(images["ccdf"], "reuse interval CCDF")}{_image(images["reuse_time"], "reuse time")}
+<h2>Hit rate by policy and capacity</h2>{_image(images["hit_rate"], "hit rate per policy")}
 <table><tr><th>policy \\ capacity (tokens)</th>{header}</tr>{policy_rows}</table>
-<h2>Two-tier sizing</h2>{_image(images['two_tier'], 'two-tier grid')}
+<h2>Two-tier sizing</h2>{_image(images["two_tier"], "two-tier grid")}
 <p>GPU capacity (rows) with an LRU CPU/SSD tier behind it (columns): hit rate, and in brackets
 the part the GPU serves.</p>
 </body></html>

@@ -39,7 +39,8 @@ def check_plot(config: ReuseConfig) -> None:
         return
     check_file(config.plot, overwrite=True)
     if not is_url(config.plot) and os.path.abspath(config.plot) in {
-            os.path.abspath(path) for path in config.inputs if not is_url(path)}:
+        os.path.abspath(path) for path in config.inputs if not is_url(path)
+    }:
         raise OutputRefused(f"--output {config.plot} is one of the traces read")
 
 
@@ -49,8 +50,11 @@ def write_plot(path: str, png: bytes, report: StagedFile | None) -> None:
         output.write(png)
 
 
-def run_reuse(config: ReuseConfig, report_file: StagedFile | None = None,
-              accept: Callable[[dict], None] = lambda report: None) -> dict:
+def run_reuse(
+    config: ReuseConfig,
+    report_file: StagedFile | None = None,
+    accept: Callable[[dict], None] = lambda report: None,
+) -> dict:
     """The report (JSON-ready); writes the plot when config.plot is set, once accept (the
     command's judgement of the report, which may stage it into report_file) has passed."""
     check_plot(config)
@@ -66,15 +70,31 @@ def run_reuse(config: ReuseConfig, report_file: StagedFile | None = None,
     _LOG.info("reuse intervals and stack distances in %.1f s", time.perf_counter() - started)
     reuse_time = reuse_time_histogram(events)
     at_gpu = ccdf_at(events, config.gpu_kv_cache_size) if config.gpu_kv_cache_size else None
-    stack = {"blocks": len(cache.block), "infinite_cache": infinite_cache(distances),
-             "lru_stack": {"capacity_tokens": capacities.tolist(), "lru_hit_rate": lru.tolist(),
-                           "block_lru_hit_rate": block_lru.tolist()}}
-    report = reuse_report(config.block_size, cache.rows, events.total_tokens,
-                          int(events.tokens.sum()), (x, y), reuse_time, problems,
-                          config.gpu_kv_cache_size, at_gpu, stack)
+    stack = {
+        "blocks": len(cache.block),
+        "infinite_cache": infinite_cache(distances),
+        "lru_stack": {
+            "capacity_tokens": capacities.tolist(),
+            "lru_hit_rate": lru.tolist(),
+            "block_lru_hit_rate": block_lru.tolist(),
+        },
+    }
+    report = reuse_report(
+        config.block_size,
+        cache.rows,
+        events.total_tokens,
+        int(events.tokens.sum()),
+        (x, y),
+        reuse_time,
+        problems,
+        config.gpu_kv_cache_size,
+        at_gpu,
+        stack,
+    )
     accept(report)
     if config.plot:
-        png = plots.reuse_figure(x, y, config.gpu_kv_cache_size, at_gpu, capacities, lru,
-                                 block_lru, reuse_time)
+        png = plots.reuse_figure(
+            x, y, config.gpu_kv_cache_size, at_gpu, capacities, lru, block_lru, reuse_time
+        )
         write_plot(config.plot, png, report_file)
     return report

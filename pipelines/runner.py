@@ -22,8 +22,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import (DirectOptions, PipelineOptions, PortableOptions,
-                                                  StandardOptions)
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    PortableOptions,
+    StandardOptions,
+)
 
 from kvtrace.pipelines.processes import terminate_descendants
 from kvtrace.transforms.errors import ConfigError
@@ -35,8 +39,9 @@ ENDPOINT_CONNECT_S = 5
 # The SDK worker process Beam starts for --direct_running_mode multi_processing, deaf to Ctrl-C
 # (an ignored signal stays ignored through exec, and Python keeps it so): the terminal sends
 # Ctrl-C to the whole process group, and the launcher, not each worker, acts on it, ending them.
-SDK_WORKER_COMMAND = (f"trap '' INT; exec {shlex.quote(sys.executable)} "
-                      f"-m apache_beam.runners.worker.sdk_worker_main")
+SDK_WORKER_COMMAND = (
+    f"trap '' INT; exec {shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main"
+)
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -46,8 +51,12 @@ class FlinkCheckpointOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser: Any) -> None:
-        parser.add_argument("--checkpointing_interval", type=int, default=None,
-                            help="Flink: checkpoint a streaming job's state every this many ms")
+        parser.add_argument(
+            "--checkpointing_interval",
+            type=int,
+            default=None,
+            help="Flink: checkpoint a streaming job's state every this many ms",
+        )
 
 
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
@@ -59,8 +68,13 @@ def is_remote(options: PipelineOptions) -> bool:
     return options.view_as(StandardOptions).runner not in LOCAL_RUNNERS
 
 
-def run_for_report(build: Callable[[beam.Pipeline], beam.PCollection], flags: Sequence[str],
-                   folder: str | None, name: str, needs: str) -> dict:
+def run_for_report(
+    build: Callable[[beam.Pipeline], beam.PCollection],
+    flags: Sequence[str],
+    folder: str | None,
+    name: str,
+    needs: str,
+) -> dict:
     """Run a pipeline whose output is one report element, written as JSON to folder/name (any
     Beam filesystem) and read back here; without a folder, into a temporary local one, which
     only local runners can write (a remote run is refused, saying what it `needs`)."""
@@ -100,8 +114,9 @@ def runner_for(options: PipelineOptions) -> Any:
         # The same worker processes, with our command: in its own mode FnApiRunner would
         # replace the environment with one of its own.
         direct.direct_running_mode = "in_memory"
-        return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(
-            SDK_WORKER_COMMAND))
+        return FnApiRunner(
+            default_environment=SubprocessSDKEnvironment.from_command_string(SDK_WORKER_COMMAND)
+        )
     return None
 
 
@@ -146,6 +161,7 @@ def workers_ended_if_stopped() -> Iterator[None]:
 def cancelled_if_stopped(result: Any) -> Iterator[None]:
     """A job outlives its launcher on a cluster: stopping the launcher (Ctrl-C, SIGTERM) cancels
     it, so that a stream does not hold its slots (and its LOOPBACK workers, gone with us) forever."""
+
     def stop(signum: int, frame: Any) -> None:
         _handled_before(previous, signum, frame)
 
@@ -179,16 +195,25 @@ def check_endpoints(options: PipelineOptions) -> None:
     (--environment_type EXTERNAL) where nothing listens: Beam would wait minutes."""
     portable = options.view_as(PortableOptions)
     if portable.job_endpoint and portable.job_endpoint != "embed":
-        _check_listening(portable.job_endpoint, "Beam's job server", "start it first (a local "
-                         "Flink cluster: deploy/flink/local-cluster.sh start)")
+        _check_listening(
+            portable.job_endpoint,
+            "Beam's job server",
+            "start it first (a local Flink cluster: deploy/flink/local-cluster.sh start)",
+        )
     if (portable.environment_type or "").upper() == "EXTERNAL":
         pool = portable.environment_config or portable.lookup_environment_option(
-            "external_service_address")
+            "external_service_address"
+        )
         if not pool:
-            raise ConfigError("--environment_type EXTERNAL needs --environment_config HOST:PORT "
-                              "(a worker pool: python -m kvtrace.pipelines.worker_pool)")
-        _check_listening(pool, "the SDK worker pool", "start it first: python -m "
-                         "kvtrace.pipelines.worker_pool --address " + pool)
+            raise ConfigError(
+                "--environment_type EXTERNAL needs --environment_config HOST:PORT "
+                "(a worker pool: python -m kvtrace.pipelines.worker_pool)"
+            )
+        _check_listening(
+            pool,
+            "the SDK worker pool",
+            "start it first: python -m kvtrace.pipelines.worker_pool --address " + pool,
+        )
     if (portable.environment_type or "").upper() == "PROCESS":
         _check_process_command(portable.environment_config or "")
 
@@ -201,18 +226,22 @@ def _check_process_command(config: str) -> None:
     except ValueError:
         command = None
     if not command:
-        raise ConfigError("--environment_type PROCESS needs --environment_config "
-                          "'{\"command\": \"/path/to/boot\"}'")
+        raise ConfigError(
+            '--environment_type PROCESS needs --environment_config \'{"command": "/path/to/boot"}\''
+        )
     if shutil.which(command) is None:
-        raise ConfigError(f"the PROCESS environment's command {command!r} is not an executable "
-                          "file here; workers could not start")
+        raise ConfigError(
+            f"the PROCESS environment's command {command!r} is not an executable "
+            "file here; workers could not start"
+        )
 
 
 def _check_listening(endpoint: str, what: str, remedy: str) -> None:
     host, _, port = endpoint.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]") or "localhost", int(port)),
-                                      timeout=ENDPOINT_CONNECT_S):
+        with socket.create_connection(
+            (host.strip("[]") or "localhost", int(port)), timeout=ENDPOINT_CONNECT_S
+        ):
             pass
     except (OSError, ValueError) as error:
         raise ConfigError(f"{what} at {endpoint} does not answer ({error}); {remedy}") from None
@@ -233,7 +262,10 @@ def _log_counters(result: Any) -> None:
     for counter in counters:
         totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + counter.committed
     if "map_bytes_read" in totals:
-        _LOG.info("id map: read %.1f MiB, %d of %d row groups", totals["map_bytes_read"] / 2**20,
-                  totals.get("map_row_groups_read", 0), totals.get("map_row_groups", 0))
-    log_counts(CacheCounts(**{name: totals.get(f"segment_cache_{name}", 0)
-                              for name in COUNTED}))
+        _LOG.info(
+            "id map: read %.1f MiB, %d of %d row groups",
+            totals["map_bytes_read"] / 2**20,
+            totals.get("map_row_groups_read", 0),
+            totals.get("map_row_groups", 0),
+        )
+    log_counts(CacheCounts(**{name: totals.get(f"segment_cache_{name}", 0) for name in COUNTED}))

@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvtrace.transforms.cache.cache_trace import CacheTrace, read_cache_trace
-from kvtrace.transforms.cache.decode_cache import read_output_ids, with_decode_cache
 from kvtrace.transforms.cache.capacity import Capacity
+from kvtrace.transforms.cache.decode_cache import read_output_ids, with_decode_cache
 from kvtrace.transforms.cache.policies import POLICIES, hit_rates
 from kvtrace.transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
 from kvtrace.transforms.stats.trace_stats import row_problems
@@ -23,18 +24,18 @@ _LOG = logging.getLogger("kvtrace")
 
 DEFINITIONS = {
     "capacity": "tokens of KV cache; every block (the partial last one too) takes a page of "
-                "block size tokens",
+    "block size tokens",
     "hit_rate": "token-weighted: per request, the real tokens of the longest prefix of its "
-                "blocks cached on arrival, over all prompt tokens (never above 1); only rows "
-                "after the first warmup_fraction of rows count (the others fill the cache)",
+    "blocks cached on arrival, over all prompt tokens (never above 1); only rows "
+    "after the first warmup_fraction of rows count (the others fill the cache)",
     "lru": "then the request's blocks are touched in order; least recently used evicted",
     "prefix-lru": "the same, evicting the least recently used leaf (no cached descendant), "
-                  "never a block of the running request",
+    "never a block of the running request",
     "fifo": "first inserted evicted first; hits do not refresh",
     "belady": "furthest next use evicted first (offline optimum; deepest first on a tie); "
-              "a block needed later than every cached one is not cached",
+    "a block needed later than every cached one is not cached",
     "two_tier": "exclusive LRU tiers: GPU evictions are demoted to tier 2, tier-2 hits "
-                "promoted; hit rates split by the tier that served them",
+    "promoted; hit rates split by the tier that served them",
 }
 
 
@@ -65,27 +66,41 @@ def run_simulate(config: SimulateConfig) -> dict:
         "decode_cache": config.decode_cache,
         "prompt_tokens": distances.total_tokens,
         "infinite_cache": infinite_cache(distances),
-        "definitions": {k: v for k, v in DEFINITIONS.items()
-                        if k in config.policies or k in ("capacity", "hit_rate")
-                        or (k == "two_tier" and config.tier2_capacities)},
+        "definitions": {
+            k: v
+            for k, v in DEFINITIONS.items()
+            if k in config.policies
+            or k in ("capacity", "hit_rate")
+            or (k == "two_tier" and config.tier2_capacities)
+        },
         "warmup_fraction": config.warmup_fraction,
-        "policies": {policy: policy_curve(cache, distances, policy, config.capacities,
-                                          config.warmup_fraction)
-                     for policy in config.policies},
+        "policies": {
+            policy: policy_curve(
+                cache, distances, policy, config.capacities, config.warmup_fraction
+            )
+            for policy in config.policies
+        },
         "problems": problems,
     }
     if config.tier2_capacities:
-        report["two_tier"] = two_tier_grid(distances, config.capacities, config.tier2_capacities,
-                                           config.warmup_fraction)
+        report["two_tier"] = two_tier_grid(
+            distances, config.capacities, config.tier2_capacities, config.warmup_fraction
+        )
     return report
 
 
-def policy_curve(cache: CacheTrace, distances: StackDistances, policy: str,
-                 capacities: tuple[Capacity, ...], warmup_fraction: float = 0.0) -> list[dict]:
+def policy_curve(
+    cache: CacheTrace,
+    distances: StackDistances,
+    policy: str,
+    capacities: tuple[Capacity, ...],
+    warmup_fraction: float = 0.0,
+) -> list[dict]:
     started = time.perf_counter()
     if policy == "lru":  # a stack algorithm: every capacity from one pass
-        rates = distances.hit_rates(np.array([c.tokens for c in capacities]),
-                                    warmup_fraction=warmup_fraction)
+        rates = distances.hit_rates(
+            np.array([c.tokens for c in capacities]), warmup_fraction=warmup_fraction
+        )
     else:
         finished = []
 
@@ -95,18 +110,30 @@ def policy_curve(cache: CacheTrace, distances: StackDistances, policy: str,
 
         rates = hit_rates(cache, policy, [c.tokens for c in capacities], warmup_fraction, done)
     _LOG.info("%s done in %.1f s", policy, time.perf_counter() - started)
-    return [_point(capacity, {"hit_rate": float(rate)}) for capacity, rate in zip(capacities, rates)]
+    return [
+        _point(capacity, {"hit_rate": float(rate)}) for capacity, rate in zip(capacities, rates)
+    ]
 
 
-def two_tier_grid(distances: StackDistances, gpu: tuple[Capacity, ...],
-                  tier2: tuple[Capacity, ...], warmup_fraction: float = 0.0) -> list[dict]:
+def two_tier_grid(
+    distances: StackDistances,
+    gpu: tuple[Capacity, ...],
+    tier2: tuple[Capacity, ...],
+    warmup_fraction: float = 0.0,
+) -> list[dict]:
     grid = []
     for first in gpu:
         for second in tier2:
             from_gpu, from_tier2 = distances.two_tier(first.tokens, second.tokens, warmup_fraction)
-            point = _point(first, {"tier2_capacity_tokens": second.tokens,
-                                   "hit_rate": from_gpu + from_tier2, "gpu_hit_rate": from_gpu,
-                                   "tier2_hit_rate": from_tier2})
+            point = _point(
+                first,
+                {
+                    "tier2_capacity_tokens": second.tokens,
+                    "hit_rate": from_gpu + from_tier2,
+                    "gpu_hit_rate": from_gpu,
+                    "tier2_hit_rate": from_tier2,
+                },
+            )
             if second.bytes is not None:
                 point["tier2_capacity_bytes"] = second.bytes
             grid.append(point)

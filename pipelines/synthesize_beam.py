@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 
 import apache_beam as beam
+
 from kvtrace.pipelines.synthesize_local import SynthesizeConfig
 from kvtrace.transforms import storage
-from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.ids.id_map import new_run_id
+from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.synth.steps import SHARDS, SynthesizeTrace
 from kvtrace.transforms.synth.summary import before_and_after
 from kvtrace.transforms.synth.synthesize import SynthConfig
@@ -22,23 +23,31 @@ from kvtrace.transforms.write.publish import StagedFile, file_output, staging_fo
 _LOG = logging.getLogger("kvtrace")
 
 
-def build(pipeline: beam.Pipeline, inputs: tuple[str, ...], parts_dir: str, block_size: int,
-          config: SynthConfig, shards: int = SHARDS) -> beam.PCollection:
+def build(
+    pipeline: beam.Pipeline,
+    inputs: tuple[str, ...],
+    parts_dir: str,
+    block_size: int,
+    config: SynthConfig,
+    shards: int = SHARDS,
+) -> beam.PCollection:
     """The pipeline; its output is the paths of the parts written (one per time bucket)."""
-    return pipeline | "Synthesize" >> SynthesizeTrace(inputs, parts_dir, block_size, config,
-                                                      shards)
+    return pipeline | "Synthesize" >> SynthesizeTrace(inputs, parts_dir, block_size, config, shards)
 
 
-def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str],
-                        report: StagedFile | None = None,
-                        accept: Callable[[dict], None] = lambda summary: None) -> dict:
+def run_synthesize_beam(
+    config: SynthesizeConfig,
+    beam_flags: list[str],
+    report: StagedFile | None = None,
+    accept: Callable[[dict], None] = lambda summary: None,
+) -> dict:
     """The Beam engine (embedded runner unless --runner says otherwise). --num-requests draws
     from the whole prefix tree at once, so it stays on the local engine. As run_synthesize:
     published once accept has passed."""
-    from kvtrace.transforms.errors import ConfigError
-    from kvtrace.pipelines.analyze_local import AnalyzeConfig
     from kvtrace.pipelines.analyze_beam import analyze_beam
+    from kvtrace.pipelines.analyze_local import AnalyzeConfig
     from kvtrace.pipelines.runner import is_remote, pipeline_options, run
+    from kvtrace.transforms.errors import ConfigError
 
     if config.synth.num_requests is not None:
         raise ConfigError("--num-requests needs the whole trace in one place: use --engine local")
@@ -46,32 +55,48 @@ def run_synthesize_beam(config: SynthesizeConfig, beam_flags: list[str],
     options = pipeline_options(beam_flags)
     remote = is_remote(options)
     if remote and not is_url(config.output):
-        raise ConfigError("--engine beam on a remote runner needs -o on a filesystem its "
-                          "workers can write (gs://, s3://)")
+        raise ConfigError(
+            "--engine beam on a remote runner needs -o on a filesystem its "
+            "workers can write (gs://, s3://)"
+        )
     started = time.perf_counter()
     # Remote runners write their reports where the launcher can read them back.
-    reports = (f"{config.output}.parts-before", f"{config.output}.parts-after") if remote else \
-        (None, None)
+    reports = (
+        (f"{config.output}.parts-before", f"{config.output}.parts-after")
+        if remote
+        else (None, None)
+    )
     with file_output(config.output, report=report) as output:
         # The parts are staged beside the output under the run's name, so a killed run's are
         # cleared by the next run's lock (publish.restore_interrupted), and a failed one's here.
-        parts_dir = staging_folder(config.output, new_run_id()) if is_url(config.output) else \
-            f"{output.staging}.parts"
+        parts_dir = (
+            staging_folder(config.output, new_run_id())
+            if is_url(config.output)
+            else f"{output.staging}.parts"
+        )
         try:
-            run(lambda p: build(p, config.inputs, parts_dir, config.block_size, config.synth),
-                options)
+            run(
+                lambda p: build(p, config.inputs, parts_dir, config.block_size, config.synth),
+                options,
+            )
             with output.create() as handle:
                 for part in storage.match(storage.join(parts_dir, "*.jsonl")):
                     with storage.open_read(part) as piece:  # named by first rank: in order
                         shutil.copyfileobj(piece, handle)
         finally:
             storage.remove_folder(parts_dir)  # an empty trace writes no part, nor the folder
-        before = analyze_beam(AnalyzeConfig(config.inputs, config.block_size), beam_flags,
-                              reports[0])
-        after = analyze_beam(AnalyzeConfig((output.staging,), config.block_size), beam_flags,
-                             reports[1])  # the staged trace: published only once accepted
+        before = analyze_beam(
+            AnalyzeConfig(config.inputs, config.block_size), beam_flags, reports[0]
+        )
+        after = analyze_beam(
+            AnalyzeConfig((output.staging,), config.block_size), beam_flags, reports[1]
+        )  # the staged trace: published only once accepted
         summary = before_and_after(before, after)
         accept(summary)
-    _LOG.info("synthesized %s from %d file(s) in %.1f s", config.output, len(config.inputs),
-              time.perf_counter() - started)
+    _LOG.info(
+        "synthesized %s from %d file(s) in %.1f s",
+        config.output,
+        len(config.inputs),
+        time.perf_counter() - started,
+    )
     return summary

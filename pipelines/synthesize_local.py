@@ -33,8 +33,11 @@ class SynthesizeConfig:
     synth: SynthConfig = SynthConfig()
 
 
-def run_synthesize(config: SynthesizeConfig, report: StagedFile | None = None,
-                   accept: Callable[[dict], None] = lambda summary: None) -> dict:
+def run_synthesize(
+    config: SynthesizeConfig,
+    report: StagedFile | None = None,
+    accept: Callable[[dict], None] = lambda summary: None,
+) -> dict:
     """The before/after summary; the trace (and the report, which accept may stage from the
     summary) published only once accept, the command's judgement of the run, has passed."""
     started = time.perf_counter()
@@ -42,9 +45,14 @@ def run_synthesize(config: SynthesizeConfig, report: StagedFile | None = None,
         source = read_trace(config.inputs)
         output = synthesize(source, config.block_size, config.synth)
         staged.write(jsonl_bytes(output))
-        summary = before_and_after(analyze(source, config.block_size),
-                                   analyze(output, config.block_size))
+        summary = before_and_after(
+            analyze(source, config.block_size), analyze(output, config.block_size)
+        )
         accept(summary)
-    _LOG.info("synthesized %d rows from %d in %.1f s", len(output), len(source),
-              time.perf_counter() - started)
+    _LOG.info(
+        "synthesized %d rows from %d in %.1f s",
+        len(output),
+        len(source),
+        time.perf_counter() - started,
+    )
     return summary

@@ -32,16 +32,21 @@ def serve(address: str = DEFAULT_ADDRESS) -> tuple[str, grpc.Server]:
     if not bound:
         raise OSError(f"cannot listen on {address}")
     beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-        BeamFnExternalWorkerPoolServicer(), server)
+        BeamFnExternalWorkerPoolServicer(), server
+    )
     server.start()
     return f"{host}:{bound}", server
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvtrace.pipelines.worker_pool",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--address", default=DEFAULT_ADDRESS,
-                        help="HOST:PORT to listen on (default %(default)s; port 0: any free one)")
+    parser = argparse.ArgumentParser(
+        prog="python -m kvtrace.pipelines.worker_pool", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help="HOST:PORT to listen on (default %(default)s; port 0: any free one)",
+    )
     args = parser.parse_args(argv)
     try:
         address, server = serve(args.address)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 from hypothesis import settings
-from tiny_tokenizer import build_tiny_tokenizer
 
 from helpers import shared_path
+from tiny_tokenizer import build_tiny_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 # Property tests assert results, not speed (speed lives in benchmarks/): a loaded CI machine

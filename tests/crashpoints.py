@@ -35,8 +35,10 @@ def _fault(target: int, mode: str, lose_unsynced=lambda: None) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-PROJECT = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
-                for name in ("transforms", "pipelines", "kvtrace"))
+PROJECT = tuple(
+    str(Path(__file__).resolve().parents[1] / name) + os.sep
+    for name in ("transforms", "pipelines", "kvtrace")
+)
 
 
 def _counted(function, target: int, mode: str, lose_unsynced=lambda *args: None):
@@ -46,6 +48,7 @@ def _counted(function, target: int, mode: str, lose_unsynced=lambda *args: None)
         if sys._getframe(1).f_code.co_filename.startswith(PROJECT):
             _fault(target, mode, lambda: lose_unsynced(*args))
         return function(*args, **kwargs)
+
     return step
 
 

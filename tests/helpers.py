@@ -62,52 +62,106 @@ def chat(i: int, ts: int, session: str | None = None, rotate: int = 0) -> dict:
     """A chat request in the tiny tokenizer's vocabulary. All share a system prompt, so blocks
     recur; i picks the user turn's length and rotate its words, so new blocks appear too."""
     words = WORDS[rotate:] + WORDS[:rotate]
-    record = {"timestamp": ts, "messages": [
-        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
-        {"role": "user", "content": " ".join(words[: 1 + i % len(words)])},
-    ], "output_length": i}
+    record = {
+        "timestamp": ts,
+        "messages": [
+            {"role": "system", "content": "hello world this is a prompt about caching blocks"},
+            {"role": "user", "content": " ".join(words[: 1 + i % len(words)])},
+        ],
+        "output_length": i,
+    }
     if session:
         record["session_id"] = session
     return record
 
 
 # Requests in each chat shape (OpenAI tool calling, Responses API, Anthropic Messages).
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-OPENAI_TOOL_TURN = {"timestamp": 1, "tools": TOOLS, "messages": [
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
-]}
-RESPONSES = {"timestamp": 1, "instructions": "Be brief.",
-             "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
-                        "parameters": {"type": "object"}}],
-             "input": [
-                 {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
-                 {"type": "function_call", "call_id": "c1", "name": "get_weather",
-                  "arguments": "{\"city\": \"Paris\"}"},
-                 {"type": "function_call_output", "call_id": "c1", "output": "{\"temp_c\": 21}"}]}
-ANTHROPIC = {"timestamp": 1, "system": "Be brief.",
-             "tools": [{"name": "get_weather", "description": "Weather",
-                        "input_schema": {"type": "object"}}],
-             "messages": [
-                 {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-                 {"role": "assistant", "content": [
-                     {"type": "text", "text": "Let me check."},
-                     {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
-                 {"role": "user", "content": [
-                     {"type": "tool_result", "tool_use_id": "t1", "content": "{\"temp_c\": 21}"}]}]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+OPENAI_TOOL_TURN = {
+    "timestamp": 1,
+    "tools": TOOLS,
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'},
+    ],
+}
+RESPONSES = {
+    "timestamp": 1,
+    "instructions": "Be brief.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "Weather",
+            "parameters": {"type": "object"},
+        }
+    ],
+    "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+        {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": '{"temp_c": 21}'},
+    ],
+}
+ANTHROPIC = {
+    "timestamp": 1,
+    "system": "Be brief.",
+    "tools": [
+        {"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}
+    ],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": '{"temp_c": 21}'}],
+        },
+    ],
+}
 SHAPES = {"openai-tool-calling": OPENAI_TOOL_TURN, "responses": RESPONSES, "anthropic": ANTHROPIC}
 
 
 SALT = "a-salt-for-tests-that-is-long-enough"
-FRANCE = {"timestamp": 0, "input": [{"role": "user", "content": "What is the capital of France ?"}],
-          "output": "The capital of France is Paris ."}
-FINLAND = {"timestamp": 300, "input": [{"role": "user", "content": "What is the capital of Finland ?"}],
-           "output": "The capital of Finland is Helsinki ."}
+FRANCE = {
+    "timestamp": 0,
+    "input": [{"role": "user", "content": "What is the capital of France ?"}],
+    "output": "The capital of France is Paris .",
+}
+FINLAND = {
+    "timestamp": 300,
+    "input": [{"role": "user", "content": "What is the capital of Finland ?"}],
+    "output": "The capital of Finland is Helsinki .",
+}
 
 
 def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
@@ -158,20 +212,28 @@ def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> T
         lines[i] = 1 + sum(1 for f, _, _ in rows[:i] if f == file)
     return Trace(
         timestamp=np.array([t for _, t, _ in rows], dtype=np.float64),
-        input_length=np.maximum(lengths * block_size - 1, 0), output_length=np.ones(len(rows), np.int64),
+        input_length=np.maximum(lengths * block_size - 1, 0),
+        output_length=np.ones(len(rows), np.int64),
         offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         ids=np.array([i for _, _, ids in rows for i in ids], dtype=np.int64),
-        session=None, line=lines, file_index=np.array([f for f, _, _ in rows], dtype=np.int32),
-        files=[f"f{i}" for i in range(3)])
+        session=None,
+        line=lines,
+        file_index=np.array([f for f, _, _ in rows], dtype=np.int32),
+        files=[f"f{i}" for i in range(3)],
+    )
 
 
 # Tests on the local Flink cluster (tests/e2e/test_flink.py, test_kafka_flink.py).
 ON_FLINK = [
     pytest.mark.slow,
     pytest.mark.flink,
-    pytest.mark.skipif(not os.environ.get("KVTRACE_FLINK"), reason=(
-        "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
-        "does both)")),
+    pytest.mark.skipif(
+        not os.environ.get("KVTRACE_FLINK"),
+        reason=(
+            "needs the cluster: deploy/flink/local-cluster.sh start, then KVTRACE_FLINK=1 (.ci/run "
+            "does both)"
+        ),
+    ),
 ]
 
 
@@ -201,9 +263,14 @@ STREAM_START_MS = 1_767_225_600_000  # 2026-01-01: long before the sources' cloc
 def stream_request(i: int, total: int) -> dict:
     """Request i of total: unique timestamps over three 1-minute windows, a shared system
     prompt so that ids repeat."""
-    return {"timestamp": STREAM_START_MS + i * (180_000 // total) + i % 7, "output_length": 3,
-            "messages": [{"role": "system", "content": "you answer questions about caches"},
-                         {"role": "user", "content": f"question {i}: " + "why " * (i % 5)}]}
+    return {
+        "timestamp": STREAM_START_MS + i * (180_000 // total) + i % 7,
+        "output_length": 3,
+        "messages": [
+            {"role": "system", "content": "you answer questions about caches"},
+            {"role": "user", "content": f"question {i}: " + "why " * (i % 5)},
+        ],
+    }
 
 
 def stream_accounted(output: Path) -> int:
@@ -220,8 +287,9 @@ def stream_accounted(output: Path) -> int:
 
 
 @contextlib.contextmanager
-def running_stream(tmp_path: Path, tokenizer: str, source: str, env: dict[str, str],
-                   *extra: str) -> Iterator[Callable[[int], int]]:
+def running_stream(
+    tmp_path: Path, tokenizer: str, source: str, env: dict[str, str], *extra: str
+) -> Iterator[Callable[[int], int]]:
     """`anonymize --streaming` (1-minute windows, a fixed salt) as a process writing into
     tmp_path/stream; yields wait_for(n): returns the requests accounted for once there are n,
     failing if the stream died or took STREAM_S. Stopped on leaving."""
@@ -232,18 +300,41 @@ def running_stream(tmp_path: Path, tokenizer: str, source: str, env: dict[str, s
     (tmp_path / "salt").write_bytes(b"s" * 32)
     output = tmp_path / "stream"
     stream = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from kvtrace.cli import main; sys.exit(main())",
-         "anonymize", "--streaming", "--input", source, "--output", str(output), "--window", "1m",
-         "--tokenizer", tokenizer, "--block-size", "4", "--salt-file", str(tmp_path / "salt"),
-         *extra],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kvtrace.cli import main; sys.exit(main())",
+            "anonymize",
+            "--streaming",
+            "--input",
+            source,
+            "--output",
+            str(output),
+            "--window",
+            "1m",
+            "--tokenizer",
+            tokenizer,
+            "--block-size",
+            "4",
+            "--salt-file",
+            str(tmp_path / "salt"),
+            *extra,
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def wait_for(requests: int) -> int:
         deadline = time.monotonic() + STREAM_S
         # Polled: a stream has no end to wait for; each look is one file read.
-        while (stream_accounted(output) < requests and stream.poll() is None
-               and time.monotonic() < deadline):
+        while (
+            stream_accounted(output) < requests
+            and stream.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.25)
         assert stream.poll() is None, stream.stderr.read()
         return stream_accounted(output)
@@ -255,8 +346,9 @@ def running_stream(tmp_path: Path, tokenizer: str, source: str, env: dict[str, s
         stream.wait()
 
 
-def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, total: int,
-                               env: dict[str, str], *extra: str) -> None:
+def run_stream_until_accounted(
+    tmp_path: Path, tokenizer: str, source: str, total: int, env: dict[str, str], *extra: str
+) -> None:
     """A stream stopped once all total requests are accounted for, none twice."""
     with running_stream(tmp_path, tokenizer, source, env, *extra) as wait_for:
         wait_for(total)
@@ -266,20 +358,45 @@ def run_stream_until_accounted(tmp_path: Path, tokenizer: str, source: str, tota
 def check_stream_against_batch(tmp_path: Path, tokenizer: str, records: list[dict]) -> None:
     """Every request once, in a window or as a late dead letter; the windows concatenated equal
     the batch job's trace of the requests they hold."""
-    letters = [json.loads(line) for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
-               for line in path.read_text().splitlines()]
+    letters = [
+        json.loads(line)
+        for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     assert {letter["error"] for letter in letters} <= {"late"}
     late = {int(letter["message"].split()[2]) for letter in letters}
     windows = sorted(p for p in (tmp_path / "stream").iterdir() if p.is_dir())
-    streamed = [line for window in windows for path in sorted(window.glob("trace-*.jsonl"))
-                for line in path.read_text().splitlines()]
+    streamed = [
+        line
+        for window in windows
+        for path in sorted(window.glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert len(streamed) + len(late) == len(records)
     kept = write_jsonl(tmp_path / "kept.jsonl", [r for r in records if r["timestamp"] not in late])
-    assert main(["anonymize", "--input", str(kept), "--output", str(tmp_path / "batch"),
-                 "--tokenizer", tokenizer, "--block-size", "4",
-                 "--salt-file", str(tmp_path / "salt")]) == 0
-    assert streamed == [line for path in sorted((tmp_path / "batch").glob("trace-*.jsonl"))
-                        for line in path.read_text().splitlines()]
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(kept),
+                "--output",
+                str(tmp_path / "batch"),
+                "--tokenizer",
+                tokenizer,
+                "--block-size",
+                "4",
+                "--salt-file",
+                str(tmp_path / "salt"),
+            ]
+        )
+        == 0
+    )
+    assert streamed == [
+        line
+        for path in sorted((tmp_path / "batch").glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 # The streaming driver under exact watermark control (tests/pipelines/test_anonymize_streaming.py
@@ -289,17 +406,24 @@ MINUTE = 60_000
 
 
 def stream_chat(ts: int, i: int) -> dict:
-    return {"timestamp": ts, "session_id": f"s{i % 2}", "output_length": 3, "messages": [
-        {"role": "system", "content": "a shared system prompt about caches"},
-        {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
+    return {
+        "timestamp": ts,
+        "session_id": f"s{i % 2}",
+        "output_length": 3,
+        "messages": [
+            {"role": "system", "content": "a shared system prompt about caches"},
+            {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)},
+        ],
+    }
 
 
 def message(record: dict) -> bytes:
     return json.dumps(record).encode()
 
 
-def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
-                     idle_ms: int = 10_000) -> StreamingConfig:
+def streaming_config(
+    tmp_path: Path, tokenizer: str, lateness_ms: int = 0, idle_ms: int = 10_000
+) -> StreamingConfig:
     from kvtrace.pipelines.anonymize_config import AnonymizeConfig
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig
     from kvtrace.transforms.encode.salt import SaltSource
@@ -308,13 +432,18 @@ def streaming_config(tmp_path: Path, tokenizer: str, lateness_ms: int = 0,
     output = tmp_path / "stream"
     output.mkdir()
     (tmp_path / "staging").mkdir()
-    job = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
-                          tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(tmp_path / "stream-rejected"), block_size=4,
-                          # As the command gives them: the digests the gate checks (the pure
-                          # tests' "x" names no tokenizer folder).
-                          tokenizer_sha256=tokenizer_sha256(tokenizer)
-                          if Path(tokenizer).is_dir() else {})
+    job = AnonymizeConfig(
+        inputs=(),
+        output=str(output),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tokenizer,
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(tmp_path / "stream-rejected"),
+        block_size=4,
+        # As the command gives them: the digests the gate checks (the pure
+        # tests' "x" names no tokenizer folder).
+        tokenizer_sha256=tokenizer_sha256(tokenizer) if Path(tokenizer).is_dir() else {},
+    )
     return StreamingConfig(job, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms, idle_ms)
 
 
@@ -326,14 +455,18 @@ def run_stream(config: StreamingConfig, stream: TestStream) -> None:
 
     from kvtrace.pipelines.anonymize_streaming import build
 
-    with beam.Pipeline(runner=BundleBasedDirectRunner(),
-                       options=PipelineOptions(["--streaming"])) as pipeline:
+    with beam.Pipeline(
+        runner=BundleBasedDirectRunner(), options=PipelineOptions(["--streaming"])
+    ) as pipeline:
         build(pipeline | stream, config)
 
 
 def letters(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.rglob("rejected-*.jsonl"))
-            for line in path.read_text().splitlines()]
+    return [
+        json.loads(line)
+        for path in sorted(folder.rglob("rejected-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]:
@@ -348,9 +481,10 @@ def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]
     runs = set()
     assert (folder / RUN_COUNTS).stat().st_mode & 0o077 == 0
     for entry in set(folder.iterdir()) - {folder / RUN_COUNTS}:
-        assert entry.is_file() and entry.name.startswith("rejected-") and \
-            entry.name.endswith(".jsonl"), entry.name  # no staging folder left behind
+        assert (
+            entry.is_file() and entry.name.startswith("rejected-") and entry.name.endswith(".jsonl")
+        ), entry.name  # no staging folder left behind
         assert entry.stat().st_mode & 0o077 == 0  # private, as the batch job's letters
-        runs.add(entry.name[len("rejected-"):-len(".jsonl")])
+        runs.add(entry.name[len("rejected-") : -len(".jsonl")])
     assert {run for run in runs if not run.startswith("letters-")} <= windows
     return runs

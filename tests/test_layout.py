@@ -11,28 +11,56 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Folder of the checkout -> its import name and its layer (lower layers never import higher ones).
-FOLDERS = {"transforms": ("kvtrace.transforms", 0), "pipelines": ("kvtrace.pipelines", 1),
-           "kvtrace": ("kvtrace", 2)}
+FOLDERS = {
+    "transforms": ("kvtrace.transforms", 0),
+    "pipelines": ("kvtrace.pipelines", 1),
+    "kvtrace": ("kvtrace", 2),
+}
 
 
 def layer(module: str) -> int:
-    return next(level for name, level in FOLDERS.values()
-                if module == name or module.startswith(name + "."))
+    return next(
+        level for name, level in FOLDERS.values() if module == name or module.startswith(name + ".")
+    )
+
+
 # transforms/ in the order data flows; the shared floor first (storage, errors, batching, pure
 # combiners, dead letters, the Beam steps every stage uses, the collector's setting)
-STAGES = ("storage", "errors", "trace_format", "batching", "combiners", "dead_letters", "steps", "garbage", "read",
-          "encode", "ids", "write", "stats", "cache", "synth", "replay")
+STAGES = (
+    "storage",
+    "errors",
+    "trace_format",
+    "batching",
+    "combiners",
+    "dead_letters",
+    "steps",
+    "garbage",
+    "read",
+    "encode",
+    "ids",
+    "write",
+    "stats",
+    "cache",
+    "synth",
+    "replay",
+)
 
 
 # Beam drivers: they build, run or serve pipelines. Every other module is pure of Beam, so that
 # the local engine and the CLI's checks never import it.
-BEAM_DRIVERS = re.compile(r"kvtrace\.pipelines\.(\w+_beam|anonymize_streaming|worker_pool|runner)|"
-                          r"kvtrace\.transforms(\.\w+)?\.steps")
+BEAM_DRIVERS = re.compile(
+    r"kvtrace\.pipelines\.(\w+_beam|anonymize_streaming|worker_pool|runner)|"
+    r"kvtrace\.transforms(\.\w+)?\.steps"
+)
 # What a pure module may import of Beam, inside the function that needs it and only then:
 # Beam's filesystems for remote paths (gs://, s3://), its secret reader for --salt-secret, and
 # its options parser for Beam flags the user gave.
-BEAM_SERVICES = {"apache_beam.io.filesystems", "apache_beam.io.filesystem",
-                 "apache_beam.transforms.util", "apache_beam.options.pipeline_options"}
+BEAM_SERVICES = {
+    "apache_beam.io.filesystems",
+    "apache_beam.io.filesystem",
+    "apache_beam.transforms.util",
+    "apache_beam.options.pipeline_options",
+}
 
 
 @functools.cache
@@ -70,21 +98,30 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_imports_run_one_way():
-    against = sorted(f"{module} imports {target}" for module, targets in graph().items()
-                     for target in targets
-                     if layer(target) > layer(module))
+    against = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if layer(target) > layer(module)
+    )
     assert not against
 
 
 def test_stages_import_only_earlier_stages():
     def stage(module: str) -> int | None:
         parts = module.split(".")
-        return STAGES.index(parts[2]) if parts[:2] == ["kvtrace", "transforms"] and len(parts) > 2 else None
+        return (
+            STAGES.index(parts[2])
+            if parts[:2] == ["kvtrace", "transforms"] and len(parts) > 2
+            else None
+        )
 
-    against = sorted(f"{module} imports {target}" for module, targets in graph().items()
-                     for target in targets
-                     if stage(module) is not None and stage(target) is not None
-                     and stage(target) > stage(module))
+    against = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if stage(module) is not None and stage(target) is not None and stage(target) > stage(module)
+    )
     assert not against
 
 
@@ -96,7 +133,7 @@ def test_no_import_circles():
         state[module] = 1
         for target in sorted(edges[module]):
             if state.get(target) == 1:
-                circles.append(" -> ".join(path[path.index(target):] + [target]))
+                circles.append(" -> ".join(path[path.index(target) :] + [target]))
             elif target not in state:
                 visit(target, path + [target])
         state[module] = 2
@@ -105,9 +142,15 @@ def test_no_import_circles():
         if module not in state:
             visit(module, [module])
     # a package's __init__ importing its own submodule is no circle: that is how packages load
-    circles = [c for c in circles if not all(p.startswith(c.split(" -> ")[0] + ".") or
-                                               p == c.split(" -> ")[0] for p in c.split(" -> "))
-               or c.startswith("kvtrace -> ")]
+    circles = [
+        c
+        for c in circles
+        if not all(
+            p.startswith(c.split(" -> ")[0] + ".") or p == c.split(" -> ")[0]
+            for p in c.split(" -> ")
+        )
+        or c.startswith("kvtrace -> ")
+    ]
     assert not circles
 
 
@@ -119,11 +162,18 @@ def test_one_import_name():
     """Every module of the project and its tests imports ours as kvtrace.*, also in code run
     from a string: a checkout's root on sys.path would let `transforms.x` import as a second
     copy of the same module (its exceptions then escape the other copy's except clauses)."""
-    checked = [*modules().values(), *(ROOT / "tests").rglob("*.py"),
-               *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "deploy").rglob("*.py")]
-    against = [f"{path.relative_to(ROOT)}: {match.group()}" for path in checked
-               if path != Path(__file__)  # its own examples below
-               for match in BARE_IMPORT.finditer(path.read_text())]
+    checked = [
+        *modules().values(),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.py"),
+        *(ROOT / "deploy").rglob("*.py"),
+    ]
+    against = [
+        f"{path.relative_to(ROOT)}: {match.group()}"
+        for path in checked
+        if path != Path(__file__)  # its own examples below
+        for match in BARE_IMPORT.finditer(path.read_text())
+    ]
     assert not against
 
 
@@ -165,16 +215,21 @@ def test_only_beam_drivers_import_beam():
             continue
         top_level, inside = beam_imports(path)
         against += [f"{module} imports {name} at its top" for name in sorted(top_level)]
-        against += [f"{module} imports {name}" for name in sorted(inside - BEAM_SERVICES)
-                    if not BEAM_DRIVERS.fullmatch(name)]
+        against += [
+            f"{module} imports {name}"
+            for name in sorted(inside - BEAM_SERVICES)
+            if not BEAM_DRIVERS.fullmatch(name)
+        ]
     assert not against
 
 
 def test_the_beam_rule_sees_imports_at_the_top_and_inside_functions(tmp_path):
     module = tmp_path / "probe.py"
-    module.write_text("import apache_beam as beam\nfrom kvtrace.pipelines.anonymize_beam import build\n"
-                      "\ndef f():\n    from apache_beam.io.filesystems import FileSystems\n"
-                      "    from apache_beam import Map\n")
+    module.write_text(
+        "import apache_beam as beam\nfrom kvtrace.pipelines.anonymize_beam import build\n"
+        "\ndef f():\n    from apache_beam.io.filesystems import FileSystems\n"
+        "    from apache_beam import Map\n"
+    )
     top_level, inside = beam_imports(module)
     assert top_level == {"apache_beam", "kvtrace.pipelines.anonymize_beam"}
     assert inside == {"apache_beam.io.filesystems", "apache_beam"}
@@ -194,8 +249,10 @@ def cli_runners(helpers: Path) -> set[str]:
     kvtrace.cli (its main, or `-m kvtrace.cli` in a child), directly or through another helper."""
     tree = ast.parse(helpers.read_text())
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    calls = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} for name, node in
-             functions.items()}
+    calls = {
+        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        for name, node in functions.items()
+    }
     runners = {name for name, node in functions.items() if runs_the_cli(node, {"main"})}
     while grown := {name for name in functions if calls[name] & runners} - runners:
         runners |= grown
@@ -209,7 +266,11 @@ def runs_the_cli(tree: ast.AST, cli_names: set[str]) -> bool:
             return True
         if isinstance(node, ast.ImportFrom) and node.module == "kvtrace.cli":
             return True
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "kvtrace.cli" in node.value:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "kvtrace.cli" in node.value
+        ):
             return True
         if isinstance(node, ast.Name) and node.id in cli_names:
             return True
@@ -225,22 +286,34 @@ def test_unit_test_folders_run_no_cli():
     for folder in UNIT_FOLDERS:
         for path in sorted((ROOT / "tests" / folder).rglob("test_*.py")):
             tree = parsed(path)
-            imported = {alias.asname or alias.name for node in ast.walk(tree)
-                        if isinstance(node, ast.ImportFrom) and node.module == "helpers"
-                        for alias in node.names if alias.name in runners}
+            imported = {
+                alias.asname or alias.name
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module == "helpers"
+                for alias in node.names
+                if alias.name in runners
+            }
             if runs_the_cli(tree, imported):
                 against.append(str(path.relative_to(ROOT)))
     assert not against
 
 
 def test_the_cli_rule_sees_the_cli_however_it_is_run(tmp_path):
-    probes = {"from kvtrace.cli import main": True, "import kvtrace.cli": True,
-              "def f():\n    from kvtrace.cli import main": True,
-              "subprocess.run(['python', '-m', 'kvtrace.cli', 'audit'])": True,
-              "from kvtrace.transforms.stats.audit import audit": False}
+    probes = {
+        "from kvtrace.cli import main": True,
+        "import kvtrace.cli": True,
+        "def f():\n    from kvtrace.cli import main": True,
+        "subprocess.run(['python', '-m', 'kvtrace.cli', 'audit'])": True,
+        "from kvtrace.transforms.stats.audit import audit": False,
+    }
     for source, runs in probes.items():
         assert runs_the_cli(ast.parse(source), set()) is runs, source
     assert runs_the_cli(ast.parse("anonymize(t, [], out)"), {"anonymize"})
-    assert {"anonymize", "anonymize_night", "running_stream", "run_stream_until_accounted",
-            "check_stream_against_batch"} <= cli_runners(ROOT / "tests" / "helpers.py")
+    assert {
+        "anonymize",
+        "anonymize_night",
+        "running_stream",
+        "run_stream_until_accounted",
+        "check_stream_against_batch",
+    } <= cli_runners(ROOT / "tests" / "helpers.py")
     assert "write_jsonl" not in cli_runners(ROOT / "tests" / "helpers.py")

@@ -33,9 +33,7 @@ def build_tiny_tokenizer(directory: Path) -> Path:
 
     tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.train_from_iterator(
-        CORPUS, trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS)
-    )
+    tokenizer.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS))
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="<unk>",

@@ -40,7 +40,9 @@ class WeightedBatcher:
 
 
 def batches_by_weight(
-    elements: Iterable[Any], max_weight: int, weight: Callable[[Any], int],
+    elements: Iterable[Any],
+    max_weight: int,
+    weight: Callable[[Any], int],
     max_count: int | None = None,
 ) -> Iterator[list[Any]]:
     batcher = WeightedBatcher(max_weight, weight, max_count)

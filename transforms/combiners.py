@@ -30,8 +30,11 @@ class BucketTotals:
     """Each element's (time bucket, amount) pairs summed per bucket; finish turns the totals
     into what the step needs of them (a shard plan, each bucket's first id or rank)."""
 
-    def __init__(self, amounts: Callable[[Any], Iterable[tuple[int, int]]],
-                 finish: Callable[[dict[int, int]], Any] = dict):
+    def __init__(
+        self,
+        amounts: Callable[[Any], Iterable[tuple[int, int]]],
+        finish: Callable[[dict[int, int]], Any] = dict,
+    ):
         self._amounts, self._finish = amounts, finish
 
     def create_accumulator(self) -> dict[int, int]:

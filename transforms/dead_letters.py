@@ -109,8 +109,11 @@ class Tally:
 
     def __add__(self, other: Tally) -> Tally:
         reasons = Counter(dict(self.reasons)) + Counter(dict(other.reasons))
-        return Tally(self.count + other.count, self.lost_bytes + other.lost_bytes,
-                     tuple(sorted(reasons.items())))
+        return Tally(
+            self.count + other.count,
+            self.lost_bytes + other.lost_bytes,
+            tuple(sorted(reasons.items())),
+        )
 
     def of_reason(self, reason: str) -> int:
         return dict(self.reasons).get(reason, 0)
@@ -166,8 +169,9 @@ class SortedRuns:
         self._lines, self._held = [], 0
 
 
-def merge_runs(path: str, staged: StagedLetters, more: Iterable[DeadLetter] = (),
-               fan_in: int = MERGE_FAN_IN) -> str:
+def merge_runs(
+    path: str, staged: StagedLetters, more: Iterable[DeadLetter] = (), fan_in: int = MERGE_FAN_IN
+) -> str:
     """One file of dead letters at path, in the declared order: every line of the staged runs
     (SortedRuns) and of more (a few held in memory: a stream window's), one line of each run
     held at a time (a letter's size is bounded: LETTER_LINE_BYTES) (at most fan_in runs open: more are merged in passes). The runs are removed

@@ -23,8 +23,16 @@ class Rejected(Exception):
 # use; this is the net under those checks, so that one record can never stop a night's job. The
 # record becomes a dead letter with reason "malformed_record" (found by the fuzz tests, then
 # given a check of its own).
-UNANTICIPATED = (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError,
-                 OverflowError, UnicodeError)
+UNANTICIPATED = (
+    TypeError,
+    ValueError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    RecursionError,
+    OverflowError,
+    UnicodeError,
+)
 
 
 def unanticipated(err: BaseException) -> Rejected:
@@ -48,7 +56,7 @@ class JobStopped(RuntimeError):
             return None
         # Beam wraps a worker's error in its own text, the marker's included: the last one's
         # message, without the step Beam names after it.
-        message = text[text.rindex(JOB_STOPPED) + len(JOB_STOPPED) + 2:].splitlines()[0]
+        message = text[text.rindex(JOB_STOPPED) + len(JOB_STOPPED) + 2 :].splitlines()[0]
         return message.split(" [while running '")[0]
 
 

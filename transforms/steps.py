@@ -92,4 +92,5 @@ def metered(pcoll: beam.PCollection, step: str) -> beam.PCollection:
 
     # The element type passes through, so a keyed step after it keeps its deterministic coder.
     return pcoll | f"Meter{step[0].upper()}{step[1:]}" >> beam.Map(count).with_output_types(
-        pcoll.element_type)
+        pcoll.element_type
+    )

@@ -21,7 +21,6 @@ import shutil
 import stat
 from typing import IO, Any
 
-
 _LOG = logging.getLogger("kvtrace")
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
@@ -82,8 +81,9 @@ class UnfitFile(ValueError):
     """A file that is not a regular file within its size bound; the message is one line."""
 
 
-def open_regular(path: str | os.PathLike, max_bytes: int | None = None,
-                 follow_links: bool = False) -> tuple[IO[bytes], int]:
+def open_regular(
+    path: str | os.PathLike, max_bytes: int | None = None, follow_links: bool = False
+) -> tuple[IO[bytes], int]:
     """A local regular file opened for reading, and its size, at most max_bytes (None: any).
     UnfitFile if it is anything else; OSError if it cannot be opened.
 
@@ -99,8 +99,10 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = None,
         status = os.fstat(descriptor)
         _check_regular(status, path, max_bytes)
         if status.st_size == 0 and os.pread(descriptor, 1, 0):
-            raise UnfitFile(f"{path} says it is empty but is not (a /proc or /sys file): its "
-                            "size cannot be trusted")
+            raise UnfitFile(
+                f"{path} says it is empty but is not (a /proc or /sys file): its "
+                "size cannot be trusted"
+            )
         os.set_blocking(descriptor, True)
         return os.fdopen(descriptor, "rb"), status.st_size
     except BaseException:
@@ -108,8 +110,7 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = None,
         raise
 
 
-def _check_regular(status: os.stat_result, path: str | os.PathLike, max_bytes: int | None
-                   ) -> None:
+def _check_regular(status: os.stat_result, path: str | os.PathLike, max_bytes: int | None) -> None:
     if stat.S_ISLNK(status.st_mode):
         raise UnfitFile(f"{path} is a link, not a regular file")
     if not stat.S_ISREG(status.st_mode):
@@ -174,7 +175,7 @@ def make_folder(path: str, private: bool = False) -> None:
         return
     target, missing = path, []
     while path and not os.path.isdir(path):  # every folder made here is owner-only, not just
-        missing.append(path)                  # the last (as os.makedirs would leave them)
+        missing.append(path)  # the last (as os.makedirs would leave them)
         path = os.path.dirname(path)
     for folder in reversed(missing):  # an existing parent is the user's: left as it is
         os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
@@ -192,9 +193,11 @@ def unfit_for_private_files(folder: str) -> str | None:
     it can): other users may add, rename or remove names in it, and kvtrace does not change it."""
     if not os.stat(folder).st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return None
-    return (f"{folder} may be written by other users, who could rename or plant files among "
-            f"its private ones; kvtrace changes no folder it did not make: give a folder of "
-            f"your own (chmod go-w)")
+    return (
+        f"{folder} may be written by other users, who could rename or plant files among "
+        f"its private ones; kvtrace changes no folder it did not make: give a folder of "
+        f"your own (chmod go-w)"
+    )
 
 
 def _keep_owner_only(folder: str) -> None:
@@ -203,8 +206,10 @@ def _keep_owner_only(folder: str) -> None:
         try:
             os.chmod(folder, PRIVATE_FOLDER)
         except PermissionError:
-            raise PermissionError(f"cannot make {folder} owner-only (it holds private files); "
-                                  f"give a folder of your own") from None
+            raise PermissionError(
+                f"cannot make {folder} owner-only (it holds private files); "
+                f"give a folder of your own"
+            ) from None
         _LOG.info("made %s owner-only (it was %s): it holds private files", folder, oct(mode))
 
 

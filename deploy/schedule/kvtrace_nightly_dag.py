@@ -40,6 +40,9 @@ with DAG(
             # The run at 02:00 on day D exports day D-1, whose logs are complete by then.
             "date": "{{ macros.ds_add(ds, -1) }}",
         },
-        dataflow_config={"job_name": "kvtrace-{{ macros.ds_add(ds, -1) }}", "wait_until_finished": True},
+        dataflow_config={
+            "job_name": "kvtrace-{{ macros.ds_add(ds, -1) }}",
+            "wait_until_finished": True,
+        },
         retries=1,  # a rerun of a night gives the same trace and extends the map once
     )

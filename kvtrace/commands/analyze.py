@@ -6,9 +6,18 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options, json_report, plan_trace_command,
-                                     require_rows, stage_json, trace_inputs)
+from kvtrace.commands.common import (
+    BLOCK_HELP,
+    TRACE_HELP,
+    BeamFlags,
+    add_engine_options,
+    engine_options,
+    json_report,
+    plan_trace_command,
+    require_rows,
+    stage_json,
+    trace_inputs,
+)
 from kvtrace.transforms.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,11 +39,19 @@ def add_parser(commands: Any) -> None:
     add("trace", nargs="+", metavar="TRACE", help=f"{TRACE_HELP}, read in order")
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("--json", metavar="OUT", help="also write the full report, full precision, as JSON")
-    add("--output", metavar="DIR",
+    add(
+        "--output",
+        metavar="DIR",
         help="write analysis.txt and analysis.json there (any Beam filesystem: gs://, s3://); "
-             "needed by --engine beam on a remote runner")
-    add("--warmup-fraction", type=float, default=0.5, metavar="F",
-        help="rows counted only after this share of rows has filled the cache (default 0.5)")
+        "needed by --engine beam on a remote runner",
+    )
+    add(
+        "--warmup-fraction",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="rows counted only after this share of rows has filled the cache (default 0.5)",
+    )
     add_engine_options(analyze, "the same numbers from traces spread over many files")
 
 
@@ -45,8 +62,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if not 0 <= args.warmup_fraction < 1:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = trace_inputs(args)  # in the order given: file order matters
-    plan_trace_command(args, files, Location("--output", args.output or "", FOLDER,
-                                             writer="analyze"))
+    plan_trace_command(
+        args, files, Location("--output", args.output or "", FOLDER, writer="analyze")
+    )
     with json_report(args.json) as report:
         if not args.output:
             _analyze(args, beam_args, files, block_size, None, report)
@@ -57,8 +75,14 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     return 0
 
 
-def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, ...],
-             block_size: int, folder: str | None, report_file: StagedFile | None) -> None:
+def _analyze(
+    args: argparse.Namespace,
+    beam_args: BeamFlags,
+    files: tuple[str, ...],
+    block_size: int,
+    folder: str | None,
+    report_file: StagedFile | None,
+) -> None:
     """The report printed, and staged into folder (--output's staging) and report_file (--json)
     when given; stops (JobStopped) when no row could be read."""
     from kvtrace.commands.analyze_text import published_report, render
@@ -73,8 +97,9 @@ def _analyze(args: argparse.Namespace, beam_args: BeamFlags, files: tuple[str, .
         report = analyze_beam(config, beam_args, folder)
     require_rows(report["total_requests"], report["problems"], files)
     # a name that is not UTF-8 (Linux names are bytes) is shown escaped: the text is UTF-8
-    text = render(report, files).encode("utf-8", "surrogateescape").decode(
-        "utf-8", "backslashreplace")
+    text = (
+        render(report, files).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    )
     print(text)
     stage_json(report_file, report)
     if folder:

@@ -54,12 +54,18 @@ def input_name(path: str) -> str:
 def published_report(report: dict) -> dict:
     """The report as analyze --output publishes it: each example of a problem names its file by
     name only."""
-    def named(example: Any) -> Any:
-        return {**example, "file": input_name(example["file"])} if isinstance(example, dict) \
-            else example
 
-    problems = {name: {**problem, "examples": [named(e) for e in problem["examples"]]}
-                for name, problem in report["problems"].items()}
+    def named(example: Any) -> Any:
+        return (
+            {**example, "file": input_name(example["file"])}
+            if isinstance(example, dict)
+            else example
+        )
+
+    problems = {
+        name: {**problem, "examples": [named(e) for e in problem["examples"]]}
+        for name, problem in report["problems"].items()
+    }
     return {**report, "problems": problems}
 
 
@@ -80,9 +86,15 @@ def render(report: dict, sources: Sequence[str]) -> str:
         f"context length: {definitions['context_length']}",
         "",
         "Cache sizing (infinite cache):",
-        *(f"  {name:<28} {_percent(hit[name])}  {definitions[name]}"
-          for name in ("token_weighted", "block_weighted", "per_request_mean",
-                       "token_weighted_after_warmup")),
+        *(
+            f"  {name:<28} {_percent(hit[name])}  {definitions[name]}"
+            for name in (
+                "token_weighted",
+                "block_weighted",
+                "per_request_mean",
+                "token_weighted_after_warmup",
+            )
+        ),
         f"after warmup: rows after the first {hit['warmup_fraction']:.0%} in (timestamp, file "
         "order)",
         f"working set: {hit['working_set']['unique_blocks']} unique blocks, "
@@ -92,14 +104,18 @@ def render(report: dict, sources: Sequence[str]) -> str:
     ]
     if "sessions" in report:
         s = report["sessions"]
-        lines.append(f"sessions: {s['sessions']} ({s['requests_with_session']} requests, "
-                     f"{s['requests_per_session']['mean']:.1f} per session on average)")
+        lines.append(
+            f"sessions: {s['sessions']} ({s['requests_with_session']} requests, "
+            f"{s['requests_per_session']['mean']:.1f} per session on average)"
+        )
     problems = [(name, p) for name, p in report["problems"].items() if p["count"]]
     if problems:
         lines += ["", "Warnings:"]
         for name, problem in problems:
-            lines.append(f"  {name.replace('_', ' ')}: {problem['count']}; e.g. "
-                         f"{_examples(problem['examples'])}")
+            lines.append(
+                f"  {name.replace('_', ' ')}: {problem['count']}; e.g. "
+                f"{_examples(problem['examples'])}"
+            )
     return "\n".join(lines)
 
 

@@ -20,10 +20,14 @@ from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
 from kvtrace.transforms.errors import ConfigError, JobStopped
 from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
-from kvtrace.transforms.trace_format import (DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TEMPLATE_KWARGS,
-                                             SWITCH_TEMPLATE_KWARGS)
-from kvtrace.transforms.write.manifest import template_kwargs_problems
 from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
+from kvtrace.transforms.trace_format import (
+    DEFAULT_BLOCK_SIZE,
+    MAX_BLOCK_SIZE,
+    MAX_TEMPLATE_KWARGS,
+    SWITCH_TEMPLATE_KWARGS,
+)
+from kvtrace.transforms.write.manifest import template_kwargs_problems
 
 _LOG = logging.getLogger("kvtrace")
 # A night that rejects more than half its records read the wrong files or the wrong shape:
@@ -59,111 +63,223 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add = anonymize.add_argument
     # extend, not append: a glob the shell expanded is several words, and each is an input.
-    add("--input", action="extend", nargs="+", metavar="PATH_OR_GLOB",
+    add(
+        "--input",
+        action="extend",
+        nargs="+",
+        metavar="PATH_OR_GLOB",
         help="request logs: JSONL (also .gz/.zst/.bz2) or Parquet, with chat, prompt or token "
-             "records; several words or repeated flags are all read, and a word that matches "
-             "no file is an error (required)")
+        "records; several words or repeated flags are all read, and a word that matches "
+        "no file is an error (required)",
+    )
     add("--output", metavar="DIR", help="where the trace goes (required)")
-    add("--tokenizer", metavar="NAME_OR_DIR",
-        help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)")
-    add("--block-size", type=int, metavar="N",
-        help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})")
-    add("--input-format", choices=INPUT_FORMATS,
-        help="request shape; auto detects it per record (default auto)")
-    add("--timestamp-unit", choices=TIMESTAMP_UNITS,
+    add(
+        "--tokenizer",
+        metavar="NAME_OR_DIR",
+        help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)",
+    )
+    add(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})",
+    )
+    add(
+        "--input-format",
+        choices=INPUT_FORMATS,
+        help="request shape; auto detects it per record (default auto)",
+    )
+    add(
+        "--timestamp-unit",
+        choices=TIMESTAMP_UNITS,
         help="unit of numeric `timestamp` fields; auto reads it from the magnitude: epoch s, "
-             "ms, us or ns, and values below 1e9 as relative ms (default auto)")
-    add("--drop-non-text-parts", action="store_true", default=None,
-        help="drop image, audio and file content parts instead of dead-lettering their records")
-    add("--max-record-bytes", type=int, metavar="N",
+        "ms, us or ns, and values below 1e9 as relative ms (default auto)",
+    )
+    add(
+        "--drop-non-text-parts",
+        action="store_true",
+        default=None,
+        help="drop image, audio and file content parts instead of dead-lettering their records",
+    )
+    add(
+        "--max-record-bytes",
+        type=int,
+        metavar="N",
         help=f"dead-letter records larger than this without parsing them "
-             f"(default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)")
-    add("--dead-letter", metavar="DIR",
-        help="where rejected records go (default: DIR-rejected beside --output)")
-    add("--salt-file", metavar="PATH",
+        f"(default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)",
+    )
+    add(
+        "--dead-letter",
+        metavar="DIR",
+        help="where rejected records go (default: DIR-rejected beside --output)",
+    )
+    add(
+        "--salt-file",
+        metavar="PATH",
         help=f"secret salt for the hashes: a local, gs:// or s3:// file each worker reads "
-             f"(else --salt-secret, else ${SALT_ENV} on every worker, else random per run)")
-    add("--salt-secret", metavar="VERSION",
+        f"(else --salt-secret, else ${SALT_ENV} on every worker, else random per run)",
+    )
+    add(
+        "--salt-secret",
+        metavar="VERSION",
         help="the salt in Google Secret Manager: projects/P/secrets/S/versions/V, read by "
-             "each worker (needs apache-beam[gcp])")
-    add("--id-map", metavar="DIR",
+        "each worker (needs apache-beam[gcp])",
+    )
+    add(
+        "--id-map",
+        metavar="DIR",
         help="persisted hash->id map to extend, so ids carry over between runs (a new one is "
-             "started if DIR has none); needs a persistent salt")
-    add("--id-map-marks", metavar="DIR",
+        "started if DIR has none); needs a persistent salt",
+    )
+    add(
+        "--id-map-marks",
+        metavar="DIR",
         help="folder, outside the id map and not writable by the map's writers, where each "
-             "commit marks the map's version so that a rolled-back map is refused (default: "
-             "SALT_FILE.id-map-marks beside --salt-file; required with --salt-secret or "
-             f"${SALT_ENV})")
-    add("--date", metavar="YYYY-MM-DD",
-        help="fills {date} ({yyyy}, {mm}, {dd}) in --input, --output, --dead-letter, --id-map")
-    add("--chat-template-kwargs", metavar="JSON",
-        help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
-    add("--max-rejected-fraction", type=float, metavar="F",
+        "commit marks the map's version so that a rolled-back map is refused (default: "
+        "SALT_FILE.id-map-marks beside --salt-file; required with --salt-secret or "
+        f"${SALT_ENV})",
+    )
+    add(
+        "--date",
+        metavar="YYYY-MM-DD",
+        help="fills {date} ({yyyy}, {mm}, {dd}) in --input, --output, --dead-letter, --id-map",
+    )
+    add(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="extra chat template variables, e.g. '{\"enable_thinking\": false}'",
+    )
+    add(
+        "--max-rejected-fraction",
+        type=float,
+        metavar="F",
         help=f"fail, publishing nothing, when more than this share of records is rejected "
-             f"(default {DEFAULT_MAX_REJECTED_FRACTION}; 1 allows any share), saying the top "
-             f"reasons; a run whose every record is rejected always fails")
-    add("--hash-shards", type=int, metavar="N",
+        f"(default {DEFAULT_MAX_REJECTED_FRACTION}; 1 allows any share), saying the top "
+        f"reasons; a run whose every record is rejected always fails",
+    )
+    add(
+        "--hash-shards",
+        type=int,
+        metavar="N",
         help="hash shards for the id assignment (default 64; with an id map, the map's own, "
-             "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
-             "the map's rewrites the map that night). The output does not depend on it")
-    add("--hash-scheme", choices=SCHEMES,
+        "re-derived on compaction nights as one per 256 MiB of map rows; a count unlike "
+        "the map's rewrites the map that night). The output does not depend on it",
+    )
+    add(
+        "--hash-scheme",
+        choices=SCHEMES,
         help="what keys a block before its dense id: kvtrace, keyed xxh3-128 (default); dynamo, "
-             "NVIDIA Dynamo's KV-router hashes; vllm-sha256-cbor, vLLM's sha256_cbor prefix "
-             "hashes (needs --vllm-hash-seed or --vllm-none-hash). The published ids are the "
-             "same; the engine schemes let --emit-block-hashes be joined with engine KV events")
-    add("--vllm-hash-seed", metavar="S",
+        "NVIDIA Dynamo's KV-router hashes; vllm-sha256-cbor, vLLM's sha256_cbor prefix "
+        "hashes (needs --vllm-hash-seed or --vllm-none-hash). The published ids are the "
+        "same; the engine schemes let --emit-block-hashes be joined with engine KV events",
+    )
+    add(
+        "--vllm-hash-seed",
+        metavar="S",
         help="vllm-sha256-cbor: the PYTHONHASHSEED the engine ran with (NONE_HASH = "
-             "sha256_cbor(S))")
-    add("--vllm-none-hash", metavar="HEX",
-        help="vllm-sha256-cbor: the engine's NONE_HASH itself, 64 hex digits")
-    add("--emit-block-hashes", nargs="?", const="", metavar="HASHES_DIR",
+        "sha256_cbor(S))",
+    )
+    add(
+        "--vllm-none-hash",
+        metavar="HEX",
+        help="vllm-sha256-cbor: the engine's NONE_HASH itself, 64 hex digits",
+    )
+    add(
+        "--emit-block-hashes",
+        nargs="?",
+        const="",
+        metavar="HASHES_DIR",
         help="with an engine --hash-scheme: also write each block's engine hash (row, position, "
-             "id, hash) as Parquet to HASHES_DIR (default: OUTPUT-block-hashes beside --output, "
-             "never inside it), to join with the engine's KV events. Unkeyed: keep them private")
-    add("--emit-output-hashes", action="store_true", default=None,
+        "id, hash) as Parquet to HASHES_DIR (default: OUTPUT-block-hashes beside --output, "
+        "never inside it), to join with the engine's KV events. Unkeyed: keep them private",
+    )
+    add(
+        "--emit-output-hashes",
+        action="store_true",
+        default=None,
         help="also publish output_hash_ids: the ids of the full blocks of prompt + generated "
-             "tokens past the prompt's (what the engine caches after decoding), in the same id "
-             "space; kvtrace simulate --decode-cache replays them")
-    add("--segment-cache-mb", type=int, metavar="MB",
+        "tokens past the prompt's (what the engine caches after decoding), in the same id "
+        "space; kvtrace simulate --decode-cache replays them",
+    )
+    add(
+        "--segment-cache-mb",
+        type=int,
+        metavar="MB",
         help="memory each worker process gives its segment cache (default 256; on Beam its "
-             "threads share it): a prompt is cut at the tokenizer's special tokens and each "
-             "distinct piece tokenized once, as chat logs re-send their history; the output "
-             "is the same with any size, 0 turns it off")
-    add("--route-sessions", action="store_true", default=None,
+        "threads share it): a prompt is cut at the tokenizer's special tokens and each "
+        "distinct piece tokenized once, as chat logs re-send their history; the output "
+        "is the same with any size, 0 turns it off",
+    )
+    add(
+        "--route-sessions",
+        action="store_true",
+        default=None,
         help="beam engine: shuffle requests by session before encoding, so each session's "
-             "history is tokenized by one worker's segment cache (a shuffle of every request's "
-             "record; docs/SCALE.md says when it pays). The output is the same either way")
-    add("--timestamp-granularity-ms", type=int, metavar="MS",
+        "history is tokenized by one worker's segment cache (a shuffle of every request's "
+        "record; docs/SCALE.md says when it pays). The output is the same either way",
+    )
+    add(
+        "--timestamp-granularity-ms",
+        type=int,
+        metavar="MS",
         help="publish timestamps rounded to multiples of MS from the first request (default 1): "
-             "coarser timing is harder to match against other records of the same traffic")
-    add("--length-granularity", type=int, metavar="N",
+        "coarser timing is harder to match against other records of the same traffic",
+    )
+    add(
+        "--length-granularity",
+        type=int,
+        metavar="N",
         help="publish output lengths rounded to multiples of N (default 1; input_length stays "
-             "exact, since hash_ids must match it)")
-    add("--streaming", action="store_true", default=None,
+        "exact, since hash_ids must match it)",
+    )
+    add(
+        "--streaming",
+        action="store_true",
+        default=None,
         help="read an unbounded source, one request per message (--input "
-             "pubsub:projects/P/subscriptions/S, PUBSUB_EMULATOR_HOST honoured; or "
-             "kafka://HOST:PORT/TOPIC, with $KVTRACE_KAFKA_EXPANSION naming Beam's Kafka "
-             "expansion service), and publish the trace window by window into DIR/window-*/ "
-             "(a Beam streaming pipeline)")
-    add("--window", metavar="DURATION",
+        "pubsub:projects/P/subscriptions/S, PUBSUB_EMULATOR_HOST honoured; or "
+        "kafka://HOST:PORT/TOPIC, with $KVTRACE_KAFKA_EXPANSION naming Beam's Kafka "
+        "expansion service), and publish the trace window by window into DIR/window-*/ "
+        "(a Beam streaming pipeline)",
+    )
+    add(
+        "--window",
+        metavar="DURATION",
         help="streaming: the event-time window each published folder holds (default 1h; "
-             "e.g. 30s, 10m, 1h)")
-    add("--allowed-lateness", metavar="DURATION",
+        "e.g. 30s, 10m, 1h)",
+    )
+    add(
+        "--allowed-lateness",
+        metavar="DURATION",
         help="streaming: how long after a window's end its requests are still waited for "
-             "(default 0s); later ones are dead letters with reason `late`")
-    add("--engine", choices=("local", "beam"),
+        "(default 0s); later ones are dead letters with reason `late`",
+    )
+    add(
+        "--engine",
+        choices=("local", "beam"),
         help="local: this machine, without Beam (fastest here); beam: a Beam pipeline, on the "
-             "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
-             "beam when Beam options are given, else local")
-    add("--processes", type=int, metavar="N",
+        "runner Beam options name (--runner DataflowRunner, FlinkRunner, ...). Default: "
+        "beam when Beam options are given, else local",
+    )
+    add(
+        "--processes",
+        type=int,
+        metavar="N",
         help="local engine: worker processes that read, parse, render, tokenize and hash file "
-             "ranges of 2 MB, forked once the tokenizer is loaded (default 0: one per core, at "
-             "most one per 8 MB of input; 1: all in this process, the tokenizer's threads using "
-             "every core)")
-    add("--config", action="extend", nargs="+", default=[], metavar="FILE[,FILE]",
+        "ranges of 2 MB, forked once the tokenizer is loaded (default 0: one per core, at "
+        "most one per 8 MB of input; 1: all in this process, the tokenizer's threads using "
+        "every core)",
+    )
+    add(
+        "--config",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="FILE[,FILE]",
         help="YAML preset(s), several words, repeated or comma-separated (a model's and an "
-             "environment's, say); later files and then flags override earlier values. A name without a path "
-             f"is a preset kvtrace ships: {', '.join(environments())}")
+        "environment's, say); later files and then flags override earlier values. A name without a path "
+        f"is a preset kvtrace ships: {', '.join(environments())}",
+    )
     add("--verbose", action="store_true", help="show Beam's own logs")
     return anonymize
 
@@ -229,17 +345,24 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
         except ValueError:
             raise ConfigError("--chat-template-kwargs is not valid JSON") from None
     if not isinstance(merged["chat_template_kwargs"], dict):
-        raise ConfigError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+        raise ConfigError(
+            "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"
+        )
     # (no kwargs, nothing to check: the schema's validator stays unloaded, ~5 MB)
     unpublishable = merged["chat_template_kwargs"] and template_kwargs_problems(
-        merged["chat_template_kwargs"])
+        merged["chat_template_kwargs"]
+    )
     if unpublishable:
         where = unpublishable[0].split(": ")[0]
-        raise ConfigError(f"--chat-template-kwargs cannot be published in the manifest ({where}): "
-                          f"at most {MAX_TEMPLATE_KWARGS} names, and the switches "
-                          f"{', '.join(SWITCH_TEMPLATE_KWARGS)} take true, false or null")
+        raise ConfigError(
+            f"--chat-template-kwargs cannot be published in the manifest ({where}): "
+            f"at most {MAX_TEMPLATE_KWARGS} names, and the switches "
+            f"{', '.join(SWITCH_TEMPLATE_KWARGS)} take true, false or null"
+        )
     merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
-    missing = [f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)]
+    missing = [
+        f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)
+    ]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
     _check_ranges(merged)
@@ -250,8 +373,10 @@ def _check_ranges(options: dict[str, Any]) -> None:
     def integer(name: str, low: int, high: int) -> None:
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a whole number in "
-                              f"[{low}, {high}], not {value!r}")
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be a whole number in "
+                f"[{low}, {high}], not {value!r}"
+            )
 
     integer("block_size", 1, MAX_BLOCK_SIZE)
     if options.get("hash_shards") is not None:
@@ -260,39 +385,58 @@ def _check_ranges(options: dict[str, Any]) -> None:
     integer("timestamp_granularity_ms", 1, MAX_GRANULARITY)
     integer("length_granularity", 1, MAX_GRANULARITY)
     if options["length_granularity"] > 1 and options.get("emit_output_hashes"):
-        raise ConfigError("--length-granularity and --emit-output-hashes: the output block ids "
-                          "give each output length to within a block, undoing the rounding; "
-                          "choose one")
+        raise ConfigError(
+            "--length-granularity and --emit-output-hashes: the output block ids "
+            "give each output length to within a block, undoing the rounding; "
+            "choose one"
+        )
     integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
     integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
     fraction = options["max_rejected_fraction"]
-    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-            or not 0 <= fraction <= 1):  # NaN fails both comparisons
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, (int, float))
+        or not 0 <= fraction <= 1
+    ):  # NaN fails both comparisons
         raise ConfigError(f"--max-rejected-fraction must be a number in [0, 1], not {fraction!r}")
-    for name, choices in (("input_format", INPUT_FORMATS), ("timestamp_unit", TIMESTAMP_UNITS),
-                          ("hash_scheme", SCHEMES)):
+    for name, choices in (
+        ("input_format", INPUT_FORMATS),
+        ("timestamp_unit", TIMESTAMP_UNITS),
+        ("hash_scheme", SCHEMES),
+    ):
         if options[name] not in choices:
             raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}")
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
-    from kvtrace.transforms.ids.id_map import new_run_id
+    from kvtrace.transforms import storage
     from kvtrace.transforms.encode.blocks import salt_fingerprint
-    from kvtrace.transforms.encode.tokenize import load_tokenizer, tokenization_fingerprint, tokenizer_sha256
+    from kvtrace.transforms.encode.tokenize import (
+        load_tokenizer,
+        tokenization_fingerprint,
+        tokenizer_sha256,
+    )
+    from kvtrace.transforms.ids.id_map import new_run_id
     from kvtrace.transforms.read.paths import expand_inputs, file_sizes
     from kvtrace.transforms.read.records import ParseOptions
-    from kvtrace.transforms.write.coarsen import Coarsening
-    from kvtrace.transforms import storage
     from kvtrace.transforms.storage import folded
-    from kvtrace.transforms.write.publish import (FOLDER, DeadLetterRun, Location, output_lock,
-                                          plan_locations, recover_letters, staging_folder)
+    from kvtrace.transforms.write.coarsen import Coarsening
     from kvtrace.transforms.write.manifest import read_run_counts
+    from kvtrace.transforms.write.publish import (
+        FOLDER,
+        DeadLetterRun,
+        Location,
+        output_lock,
+        plan_locations,
+        recover_letters,
+        staging_folder,
+    )
     from kvtrace.transforms.write.shards import block_hashes_staging
 
     presets, preset_beam = load_presets(
-        [config_path(p) for arg in args.config for p in arg.split(",") if p],
-        option_kinds())
+        [config_path(p) for arg in args.config for p in arg.split(",") if p], option_kinds()
+    )
     options = _merged(args, presets)
     flags = beam_flags(preset_beam) + beam_args
     engine = _engine(options, BeamFlags(flags, beam_args.ours))
@@ -304,22 +448,33 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     configs = [config_path(p) for arg in args.config for p in arg.split(",") if p]
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     marks = _marks(options, salt)
-    plan_locations([*([] if stream else [*options["input"], *files]),
-                    *local_reads(options.get("tokenizer"), options.get("salt_file"), *configs)], [
-        Location("--output", output, FOLDER, writer="anonymize"),
-        Location("--dead-letter", dead_letter, FOLDER, private=True),
-        Location("--id-map", options.get("id_map") or "", FOLDER, private=True),
-        Location("--id-map-marks", marks, FOLDER, private=True),
-        Location("--emit-block-hashes", "" if hashes is None else
-                 folded(hashes or f"{output}-block-hashes"), FOLDER, private=True)])
+    plan_locations(
+        [
+            *([] if stream else [*options["input"], *files]),
+            *local_reads(options.get("tokenizer"), options.get("salt_file"), *configs),
+        ],
+        [
+            Location("--output", output, FOLDER, writer="anonymize"),
+            Location("--dead-letter", dead_letter, FOLDER, private=True),
+            Location("--id-map", options.get("id_map") or "", FOLDER, private=True),
+            Location("--id-map-marks", marks, FOLDER, private=True),
+            Location(
+                "--emit-block-hashes",
+                "" if hashes is None else folded(hashes or f"{output}-block-hashes"),
+                FOLDER,
+                private=True,
+            ),
+        ],
+    )
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
     tokenizer = load_tokenizer(options["tokenizer"])
     sha256 = tokenizer_sha256(options["tokenizer"])
     id_map = None
     if options.get("id_map"):
-        id_map = _open_id_map(options, salt, marks, fingerprint, sha256,
-                              tokenization_fingerprint(tokenizer), scheme)
+        id_map = _open_id_map(
+            options, salt, marks, fingerprint, sha256, tokenization_fingerprint(tokenizer), scheme
+        )
     run_id = id_map.run_id if id_map else new_run_id()
     # A batch run's letters are staged with it and published with it; a stream's windows
     # publish their own (anonymize_streaming.py).
@@ -332,33 +487,50 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         salt=salt,
         dead_letter=letters.staging if letters else dead_letter,
         block_size=options["block_size"],
-        parse=ParseOptions(options["input_format"], options["timestamp_unit"],
-                           options["drop_non_text_parts"], options["max_record_bytes"]),
+        parse=ParseOptions(
+            options["input_format"],
+            options["timestamp_unit"],
+            options["drop_non_text_parts"],
+            options["max_record_bytes"],
+        ),
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options["max_rejected_fraction"],
         hash_shards=run_hash_shards(options.get("hash_shards"), id_map.base if id_map else None),
         tokenizer_sha256=sha256,
         id_map=id_map,
         hash_scheme=scheme,
-        coarsening=Coarsening(options["timestamp_granularity_ms"], options["length_granularity"],
-                              options["block_size"]),
+        coarsening=Coarsening(
+            options["timestamp_granularity_ms"],
+            options["length_granularity"],
+            options["block_size"],
+        ),
         block_hashes=_block_hashes_directory(options, output, scheme),
         emit_output_hashes=bool(options.get("emit_output_hashes")),
         segment_cache_bytes=options["segment_cache_mb"] << 20,
         route_sessions=bool(options.get("route_sessions")),
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
-    _LOG.info("anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
-              len(files), total_mb, config.tokenizer, config.block_size, salt.describe())
+    _LOG.info(
+        "anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
+        len(files),
+        total_mb,
+        config.tokenizer,
+        config.block_size,
+        salt.describe(),
+    )
     try:  # the block hashes' folder is published too, and cleared of killed runs' staging
-        with output_lock(output), (output_lock(config.block_hashes) if config.block_hashes
-                                   else nullcontext()):
+        with (
+            output_lock(output),
+            output_lock(config.block_hashes) if config.block_hashes else nullcontext(),
+        ):
             if stream:
                 storage.make_folder(config.staging, private=True)
                 storage.make_folder(config.dead_letter, private=True)
                 try:
-                    args.stop_leaves = (f"the windows published so far stay in {output}/window-*/,"
-                                        f" no other")  # what the CLI says if the stream is stopped
+                    args.stop_leaves = (
+                        f"the windows published so far stay in {output}/window-*/,"
+                        f" no other"
+                    )  # what the CLI says if the stream is stopped
                     _run_streaming(config, stream, flags)
                     return 0
                 finally:
@@ -374,8 +546,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             finally:
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
                 if config.block_hashes:
-                    storage.remove_folder(block_hashes_staging(config.block_hashes,
-                                                               config.staging))
+                    storage.remove_folder(block_hashes_staging(config.block_hashes, config.staging))
                 letters.settle(succeeded)  # published with the output, or gone with the run
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
@@ -412,16 +583,21 @@ def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
     from kvtrace.pipelines.anonymize_streaming import check_source
 
     if len(options["input"]) != 1:
-        raise ConfigError("--streaming reads one --input: pubsub:projects/P/subscriptions/S or "
-                          "kafka://HOST:PORT/TOPIC")
+        raise ConfigError(
+            "--streaming reads one --input: pubsub:projects/P/subscriptions/S or "
+            "kafka://HOST:PORT/TOPIC"
+        )
     if options.get("id_map"):
-        raise ConfigError("--streaming keeps its id map in the runner's state; --id-map is for "
-                          "batch nights")
+        raise ConfigError(
+            "--streaming keeps its id map in the runner's state; --id-map is for batch nights"
+        )
     if options.get("engine") == "local":
         raise ConfigError("--streaming runs on Beam (its DirectRunner here), not --engine local")
     if options.get("route_sessions"):
-        raise ConfigError("--route-sessions is for batch jobs: a stream's window is encoded as "
-                          "its requests arrive")
+        raise ConfigError(
+            "--route-sessions is for batch jobs: a stream's window is encoded as "
+            "its requests arrive"
+        )
     window = parse_duration_ms(options.get("window") or "1h", "--window")
     lateness = parse_duration_ms(options.get("allowed_lateness") or "0s", "--allowed-lateness")
     if not 0 < window <= MAX_WINDOW_MS:
@@ -435,8 +611,13 @@ def _run_streaming(config: Any, stream: tuple[str, int, int], flags: list[str]) 
     from kvtrace.pipelines.anonymize_streaming import StreamingConfig, run_streaming
 
     source, window, lateness = stream
-    _LOG.info("streaming from %s into %s/window-*/, windows of %d s, %d s allowed lateness",
-              source, config.output, window // 1000, lateness // 1000)
+    _LOG.info(
+        "streaming from %s into %s/window-*/, windows of %d s, %d s allowed lateness",
+        source,
+        config.output,
+        window // 1000,
+        lateness // 1000,
+    )
     run_streaming(StreamingConfig(config, source, window, lateness), flags)
 
 
@@ -446,12 +627,16 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
     if engine not in ("local", "beam"):
         raise ConfigError(f"--engine must be local or beam, not {engine!r}")
     if engine == "beam" and options["processes"] != ANONYMIZE_DEFAULTS["processes"]:
-        raise ConfigError("--processes is for the local engine; Beam runners size their own "
-                          "workers (e.g. --direct_num_workers, --max_num_workers)")
+        raise ConfigError(
+            "--processes is for the local engine; Beam runners size their own "
+            "workers (e.g. --direct_num_workers, --max_num_workers)"
+        )
     if engine == "local" and options.get("route_sessions"):
-        raise ConfigError("--route-sessions is for --engine beam: the local engine's workers "
-                          "each read a run of neighbouring ranges, which keeps a session's "
-                          "requests together already")
+        raise ConfigError(
+            "--route-sessions is for --engine beam: the local engine's workers "
+            "each read a run of neighbouring ranges, which keeps a session's "
+            "requests together already"
+        )
     engine_options(engine, flags)
     return engine
 
@@ -464,8 +649,10 @@ def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -
     if requested is None:
         return None
     if scheme.keyed:
-        raise ConfigError("--emit-block-hashes writes engine hashes: give --hash-scheme dynamo or "
-                          "vllm-sha256-cbor (kvtrace's keyed hashes join with nothing outside it)")
+        raise ConfigError(
+            "--emit-block-hashes writes engine hashes: give --hash-scheme dynamo or "
+            "vllm-sha256-cbor (kvtrace's keyed hashes join with nothing outside it)"
+        )
     directory = (requested or f"{output}-block-hashes").rstrip("/")
     check_block_hashes_folder(directory)  # replaced whole once the output is published
     print(f"warning: {BLOCK_HASHES_WARNING} ({directory})", file=sys.stderr)
@@ -475,17 +662,23 @@ def _block_hashes_directory(options: dict[str, Any], output: str, scheme: Any) -
 def _hash_scheme(options: dict[str, Any]) -> Any:
     from kvtrace.transforms.encode.schemes import HashScheme, vllm_none_hash
 
-    name, seed, none_hash = (options["hash_scheme"], options.get("vllm_hash_seed"),
-                             options.get("vllm_none_hash"))
+    name, seed, none_hash = (
+        options["hash_scheme"],
+        options.get("vllm_hash_seed"),
+        options.get("vllm_none_hash"),
+    )
     if name != "vllm-sha256-cbor":
         if seed is not None or none_hash is not None:
-            raise ConfigError("--vllm-hash-seed and --vllm-none-hash go with --hash-scheme "
-                              "vllm-sha256-cbor")
+            raise ConfigError(
+                "--vllm-hash-seed and --vllm-none-hash go with --hash-scheme vllm-sha256-cbor"
+            )
         return HashScheme(name)
     if (seed is None) == (none_hash is None):
-        raise ConfigError("--hash-scheme vllm-sha256-cbor needs the engine's NONE_HASH: "
-                          "--vllm-hash-seed (its PYTHONHASHSEED) or --vllm-none-hash (64 hex "
-                          "digits); an engine without PYTHONHASHSEED draws it at random")
+        raise ConfigError(
+            "--hash-scheme vllm-sha256-cbor needs the engine's NONE_HASH: "
+            "--vllm-hash-seed (its PYTHONHASHSEED) or --vllm-none-hash (64 hex "
+            "digits); an engine without PYTHONHASHSEED draws it at random"
+        )
     if seed is not None:
         return HashScheme(name, vllm_none_hash(str(seed)))
     try:
@@ -512,8 +705,15 @@ def _marks(options: dict[str, Any], salt: Any) -> str:
     return marks_folder(salt, folded(given) if given else None)
 
 
-def _open_id_map(options: dict[str, Any], salt: Any, marks: str, fingerprint: str, sha256: dict,
-                 tokenization: str, scheme: Any) -> Any:
+def _open_id_map(
+    options: dict[str, Any],
+    salt: Any,
+    marks: str,
+    fingerprint: str,
+    sha256: dict,
+    tokenization: str,
+    scheme: Any,
+) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
     are cleared first (one run per map at a time)."""
     from kvtrace.pipelines.anonymize_config import IdMapRun
@@ -521,8 +721,14 @@ def _open_id_map(options: dict[str, Any], salt: Any, marks: str, fingerprint: st
     from kvtrace.transforms.ids.map_opening import open_repaired_map
 
     directory = options["id_map"].rstrip("/")
-    identity = MapIdentity(fingerprint, options["block_size"], sha256, scheme.identity,
-                           options["chat_template_kwargs"], tokenization)
+    identity = MapIdentity(
+        fingerprint,
+        options["block_size"],
+        sha256,
+        scheme.identity,
+        options["chat_template_kwargs"],
+        tokenization,
+    )
     return IdMapRun(directory, open_repaired_map(directory, identity, salt), marks)
 
 
@@ -542,8 +748,12 @@ def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
     print(
         f"exported {records['exported']} of {records['read']} records "
         f"({records['rejected']} rejected -> {letters}"
-        + (f"; {records['damaged_files']} damaged file(s) lost {records['lost_bytes']} bytes"
-           if records["damaged_files"] else "") + "); "
+        + (
+            f"; {records['damaged_files']} damaged file(s) lost {records['lost_bytes']} bytes"
+            if records["damaged_files"]
+            else ""
+        )
+        + "); "
         f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
         f"{stats['unique_blocks']} unique; infinite-cache hit rate "
         f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
@@ -551,18 +761,25 @@ def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
         f"replay (block size {config.block_size}, timestamps in ms; manifest.json has these "
         f"commands, to run inside the folder):"
     )
-    for name, command in replay_commands(config.block_size, records["exported"],
-                                         manifest["files"], config.output).items():
+    for name, command in replay_commands(
+        config.block_size, records["exported"], manifest["files"], config.output
+    ).items():
         print(f"  {name}: {command}")
     if records.get("with_unrendered_messages"):
-        print(f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
-              f"left out a system or developer message (as the engine would: its prompt lacks "
-              f"that text)", file=sys.stderr)
+        print(
+            f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
+            f"left out a system or developer message (as the engine would: its prompt lacks "
+            f"that text)",
+            file=sys.stderr,
+        )
     if config.id_map:
         from kvtrace.transforms.ids.id_map import current_version_number
 
         before = config.id_map.base.version
         after = current_version_number(config.id_map.directory)
-        change = f"version {before} -> {after}" if after != before else (
-            f"version {after}, unchanged (nothing new: this night was already in it)")
+        change = (
+            f"version {before} -> {after}"
+            if after != before
+            else (f"version {after}, unchanged (nothing new: this night was already in it)")
+        )
         print(f"id map: {config.id_map.directory}, {change}")

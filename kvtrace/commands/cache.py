@@ -10,10 +10,21 @@ import argparse
 import sys
 from typing import Any
 
-from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options, json_report, no_beam_options,
-                                     plan_trace_command, require_rows, stage_json, trace_inputs,
-                                     warn_malformed, write_json_report)
+from kvtrace.commands.common import (
+    BLOCK_HELP,
+    TRACE_HELP,
+    BeamFlags,
+    add_engine_options,
+    engine_options,
+    json_report,
+    no_beam_options,
+    plan_trace_command,
+    require_rows,
+    stage_json,
+    trace_inputs,
+    warn_malformed,
+    write_json_report,
+)
 from kvtrace.presets import load_model, models
 from kvtrace.transforms.cache.policy_names import POLICIES
 from kvtrace.transforms.errors import ConfigError
@@ -21,86 +32,127 @@ from kvtrace.transforms.errors import ConfigError
 
 def add_parsers(commands: Any) -> None:
     reuse = commands.add_parser(
-        "reuse", help="reuse-interval CCDF, exact LRU stack distances, reuse times (plot + JSON)",
+        "reuse",
+        help="reuse-interval CCDF, exact LRU stack distances, reuse times (plot + JSON)",
         description=(
             "How much KV cache could go to a CPU or SSD tier: the share of prompt tokens reused "
             "only after more than x tokens went through the cache (the reuse-interval CCDF), the exact "
-            "LRU hit rate of every capacity from stack distances, and reuse times in seconds."),
+            "LRU hit rate of every capacity from stack distances, and reuse times in seconds."
+        ),
     )
     add = reuse.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
-    add("--gpu-kv-cache-size", type=int, metavar="TOKENS",
+    add(
+        "--gpu-kv-cache-size",
+        type=int,
+        metavar="TOKENS",
         help="GPU KV cache size in tokens (vLLM logs it at start-up): draws the red reference "
-             "lines and reports ccdf_at_gpu_kv_cache_size")
-    add("--output", default="block_reuse_distribution.png", metavar="PNG",
-        help="plot file (default block_reuse_distribution.png)")
+        "lines and reports ccdf_at_gpu_kv_cache_size",
+    )
+    add(
+        "--output",
+        default="block_reuse_distribution.png",
+        metavar="PNG",
+        help="plot file (default block_reuse_distribution.png)",
+    )
     add("--json", metavar="OUT", help="also write the numbers as JSON")
     add_engine_options(reuse, "the CCDF and reuse times (stack distances need one machine)")
 
     simulate = commands.add_parser(
-        "simulate", help="hit rate against cache capacity per eviction policy, two-tier sizing",
+        "simulate",
+        help="hit rate against cache capacity per eviction policy, two-tier sizing",
         description=(
             "Replay the trace through KV caches of the given capacities. Per request the hit is "
             "the longest cached prefix of its blocks (token-weighted); policies lru, "
-            "prefix-lru (leaf-first, running request pinned), fifo, belady (offline optimum)."),
+            "prefix-lru (leaf-first, running request pinned), fifo, belady (offline optimum)."
+        ),
         epilog="example: kvtrace simulate trace.jsonl --capacity 3M,50M --model qwen3-8b "
-               "--tier2-capacity 100GB,1TB",
+        "--tier2-capacity 100GB,1TB",
     )
     add = simulate.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     _add_sizing_options(
-        simulate, required=True,
+        simulate,
+        required=True,
         capacity="comma-separated capacities: tokens (3000000, 3M, 500k) or bytes (40GB, "
-                 "1.5TiB; needs --kv-bytes-per-token or --model)",
-        tier2="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid")
-    add("--decode-cache", action="store_true",
+        "1.5TiB; needs --kv-bytes-per-token or --model)",
+        tier2="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid",
+    )
+    add(
+        "--decode-cache",
+        action="store_true",
         help="also cache each request's output blocks after it (output_hash_ids, from kvtrace "
-             "anonymize --emit-output-hashes), so later turns can hit what earlier turns generated")
-    add("--warmup-fraction", type=float, default=0.0, metavar="F",
+        "anonymize --emit-output-hashes), so later turns can hit what earlier turns generated",
+    )
+    add(
+        "--warmup-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
         help="count only rows after this share of rows, which still fill the cache (default "
-             "0: every row; kvcache-simulator measures with 0.5)")
+        "0: every row; kvcache-simulator measures with 0.5)",
+    )
     add("--json", metavar="OUT", help="also write the numbers as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
     report = commands.add_parser(
-        "report", help="one self-contained HTML page: lengths, rates, hit rates, CCDF, policies",
+        "report",
+        help="one self-contained HTML page: lengths, rates, hit rates, CCDF, policies",
         description="Everything a cache sizing needs, plotted on one HTML page with the images "
-                    "embedded (it loads nothing from the network).",
+        "embedded (it loads nothing from the network).",
     )
     add = report.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("-o", "--output", required=True, metavar="HTML", help="the page to write")
     add("--overwrite", action="store_true", help="replace --output if it exists")
-    add("--gpu-kv-cache-size", metavar="SIZE",
+    add(
+        "--gpu-kv-cache-size",
+        metavar="SIZE",
         help="the GPU KV cache the headline and the CCDF's reference lines describe: tokens "
-             "(3M) or bytes (40GB, with --model or --kv-bytes-per-token); default: the capacity "
-             "at which LRU reaches half its infinite-cache hit rate, said so on the page")
+        "(3M) or bytes (40GB, with --model or --kv-bytes-per-token); default: the capacity "
+        "at which LRU reaches half its infinite-cache hit rate, said so on the page",
+    )
     _add_sizing_options(
-        report, required=False,
+        report,
+        required=False,
         capacity="capacities of the policy curves, as simulate takes them (default: 8, "
-                 "log-spaced over the trace's own reuse distances)",
-        tier2="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)")
+        "log-spaced over the trace's own reuse distances)",
+        tier2="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)",
+    )
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def _add_sizing_options(parser: argparse.ArgumentParser, required: bool, capacity: str,
-                        tier2: str) -> None:
+def _add_sizing_options(
+    parser: argparse.ArgumentParser, required: bool, capacity: str, tier2: str
+) -> None:
     """The cache-sizing options simulate and report share: capacities, policies, KV bytes per
     token (given, or from a model preset) and the tier-2 capacities."""
     parser.add_argument("--capacity", required=required, metavar="LIST", help=capacity)
-    parser.add_argument("--policy", default=",".join(POLICIES), metavar="LIST",
-                        help=f"comma-separated policies (default all: {', '.join(POLICIES)})")
+    parser.add_argument(
+        "--policy",
+        default=",".join(POLICIES),
+        metavar="LIST",
+        help=f"comma-separated policies (default all: {', '.join(POLICIES)})",
+    )
     bytes_source = parser.add_mutually_exclusive_group()
-    bytes_source.add_argument("--kv-bytes-per-token", type=int, metavar="N",
-                              help="KV cache bytes per token, for capacities in bytes")
-    bytes_source.add_argument("--model", metavar="PRESET",
-                              help="a model preset giving KV bytes per token: one kvtrace ships "
-                                   f"({', '.join(models())}) or a YAML file's path")
-    parser.add_argument("--list-models", action=ListModels,
-                        help="list the model presets kvtrace ships and exit")
+    bytes_source.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        metavar="N",
+        help="KV cache bytes per token, for capacities in bytes",
+    )
+    bytes_source.add_argument(
+        "--model",
+        metavar="PRESET",
+        help="a model preset giving KV bytes per token: one kvtrace ships "
+        f"({', '.join(models())}) or a YAML file's path",
+    )
+    parser.add_argument(
+        "--list-models", action=ListModels, help="list the model presets kvtrace ships and exit"
+    )
     parser.add_argument("--tier2-capacity", metavar="LIST", help=tier2)
 
 
@@ -111,8 +163,9 @@ def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
-        raise ConfigError(f"--policy: unknown {', '.join(unknown) or 'empty list'}; "
-                          f"known: {', '.join(POLICIES)}")
+        raise ConfigError(
+            f"--policy: unknown {', '.join(unknown) or 'empty list'}; known: {', '.join(POLICIES)}"
+        )
     per_token = args.kv_bytes_per_token
     if per_token is not None and per_token < 1:
         raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
@@ -143,12 +196,16 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             report = run_reuse_beam(config, beam_args, report_file, accept)
         else:
             report = run_reuse(config, report_file, accept)
-    print(f"{report['rows']:,} requests, {report['prompt_tokens']:,} prompt tokens, block size "
-          f"{block_size}; reused across requests (infinite cache): "
-          f"{report['reused_token_share']:.4f} of prompt tokens")
+    print(
+        f"{report['rows']:,} requests, {report['prompt_tokens']:,} prompt tokens, block size "
+        f"{block_size}; reused across requests (infinite cache): "
+        f"{report['reused_token_share']:.4f} of prompt tokens"
+    )
     if "ccdf_at_gpu_kv_cache_size" in report:
-        print(f"reused after more than {args.gpu_kv_cache_size:,} tokens (beyond the GPU cache): "
-              f"{report['ccdf_at_gpu_kv_cache_size']:.4f} of prompt tokens")
+        print(
+            f"reused after more than {args.gpu_kv_cache_size:,} tokens (beyond the GPU cache): "
+            f"{report['ccdf_at_gpu_kv_cache_size']:.4f} of prompt tokens"
+        )
     for bucket in report["reuse_time"]:
         print(f"  reuse after {bucket['bucket']:>11}: {bucket['share']:.4f} of reused tokens")
     print(f"plot: {args.output}")
@@ -180,23 +237,36 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files)
     config = SimulateConfig(
-        files, tuple(parse_capacities(args.capacity, per_token)), policies, block_size, per_token,
+        files,
+        tuple(parse_capacities(args.capacity, per_token)),
+        policies,
+        block_size,
+        per_token,
         tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
-        args.warmup_fraction, args.decode_cache)
+        args.warmup_fraction,
+        args.decode_cache,
+    )
     report = run_simulate(config)
     if not _has_rows(report, files):
         return 1
-    print(f"token-weighted hit rate (longest cached prefix per request), block size {block_size}"
-          + (f", {per_token:,} KV bytes per token" if per_token else ""))
+    print(
+        f"token-weighted hit rate (longest cached prefix per request), block size {block_size}"
+        + (f", {per_token:,} KV bytes per token" if per_token else "")
+    )
     print("| capacity (tokens) | " + " | ".join(policies) + " |")
     print("|---" * (len(policies) + 1) + "|")
     for i, capacity in enumerate(config.capacities):
-        print(f"| {capacity.tokens:,} | "
-              + " | ".join(f"{report['policies'][p][i]['hit_rate']:.4f}" for p in policies) + " |")
+        print(
+            f"| {capacity.tokens:,} | "
+            + " | ".join(f"{report['policies'][p][i]['hit_rate']:.4f}" for p in policies)
+            + " |"
+        )
     for point in report.get("two_tier", []):
-        print(f"two-tier: GPU {point['capacity_tokens']:,} + tier 2 "
-              f"{point['tier2_capacity_tokens']:,} tokens: {point['hit_rate']:.4f} "
-              f"(GPU {point['gpu_hit_rate']:.4f}, tier 2 {point['tier2_hit_rate']:.4f})")
+        print(
+            f"two-tier: GPU {point['capacity_tokens']:,} + tier 2 "
+            f"{point['tier2_capacity_tokens']:,} tokens: {point['hit_rate']:.4f} "
+            f"(GPU {point['gpu_hit_rate']:.4f}, tier 2 {point['tier2_hit_rate']:.4f})"
+        )
     write_json_report(args.json, report)
     return 0
 
@@ -214,15 +284,26 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if args.gpu_kv_cache_size is not None:
         (gpu,) = parse_capacities(args.gpu_kv_cache_size, per_token)[:1]
         if gpu.tokens < 1:
-            raise ConfigError(f"--gpu-kv-cache-size must be at least one token, not "
-                              f"{args.gpu_kv_cache_size!r}")
-    numbers = run_report(ReportConfig(
-        files, args.output, block_size, gpu.tokens if gpu else None,
-        tuple(parse_capacities(args.capacity, per_token)) if args.capacity else (), policies,
-        tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
-        per_token, args.overwrite))
-    if not _has_rows({"rows": numbers["analyze"]["total_requests"],
-                      "problems": numbers["analyze"]["problems"]}, files):
+            raise ConfigError(
+                f"--gpu-kv-cache-size must be at least one token, not {args.gpu_kv_cache_size!r}"
+            )
+    numbers = run_report(
+        ReportConfig(
+            files,
+            args.output,
+            block_size,
+            gpu.tokens if gpu else None,
+            tuple(parse_capacities(args.capacity, per_token)) if args.capacity else (),
+            policies,
+            tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
+            per_token,
+            args.overwrite,
+        )
+    )
+    if not _has_rows(
+        {"rows": numbers["analyze"]["total_requests"], "problems": numbers["analyze"]["problems"]},
+        files,
+    ):
         return 1
     print(f"report: {args.output}")
     return 0

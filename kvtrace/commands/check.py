@@ -8,8 +8,13 @@ import json
 import os
 from typing import Any
 
-from kvtrace.commands.common import (TRACE_HELP, BeamFlags, no_beam_options, plan_trace_command,
-                                     write_json_report)
+from kvtrace.commands.common import (
+    TRACE_HELP,
+    BeamFlags,
+    no_beam_options,
+    plan_trace_command,
+    write_json_report,
+)
 from kvtrace.transforms.encode.schemes import SCHEMES
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.trace_format import MANIFEST, OUTPUT_LENGTH_FIELD
@@ -17,21 +22,27 @@ from kvtrace.transforms.trace_format import MANIFEST, OUTPUT_LENGTH_FIELD
 
 def add_parsers(commands: Any) -> None:
     validate = commands.add_parser(
-        "validate", help="check a trace before a benchmark: JSON and types, hash_ids lengths, "
-                         "id chaining, timestamps, the block size it was made with",
+        "validate",
+        help="check a trace before a benchmark: JSON and types, hash_ids lengths, "
+        "id chaining, timestamps, the block size it was made with",
         description=(
             "The consistency checks of a Mooncake trace: every line a JSON object of the right "
             "types; len(hash_ids) == ceil(input_length / block_size); every id always at the "
             "same position behind the same parent; timestamps non-negative and in order; and "
             "the block size inferred from the rows compared with the one declared (--block-size "
             "or the manifest.json beside the trace), the trap of ids replayed at another block "
-            "size. Exit code 0 when valid, 1 when not."),
+            "size. Exit code 0 when valid, 1 when not."
+        ),
     )
     add = validate.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
-    add("--block-size", type=int, metavar="N",
+    add(
+        "--block-size",
+        type=int,
+        metavar="N",
         help="the block size the trace declares (default: its manifest.json; else none, and "
-             "the lengths are checked at the best-fitting block size)")
+        "the lengths are checked at the best-fitting block size)",
+    )
     add("--json", metavar="OUT", help="also write the report as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
@@ -39,7 +50,8 @@ def add_parsers(commands: Any) -> None:
 def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms.read.trace_inputs import declared_block_size, trace_files
     from kvtrace.transforms.read.trace_io import read_trace
-    from kvtrace.transforms.stats.validate import report_text, validate as check
+    from kvtrace.transforms.stats.validate import report_text
+    from kvtrace.transforms.stats.validate import validate as check
 
     no_beam_options(beam_args)
     if args.block_size is not None and args.block_size < 1:
@@ -57,7 +69,8 @@ def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 def add_audit_parser(commands: Any) -> None:
     audit = commands.add_parser(
-        "audit", help="a privacy report on an output folder before it is published",
+        "audit",
+        help="a privacy report on an output folder before it is published",
         description=(
             "The gate before a folder leaves: it passes only what kvtrace itself publishes "
             "(manifest.json in kvtrace's own words, stats.json, trace shards with exactly the "
@@ -65,37 +78,67 @@ def add_audit_parser(commands: Any) -> None:
             "everything else: other, hidden or compressed files, subfolders, strings, extra "
             "fields, hash-sized integers, ids that are not dense. It also reports what the rows "
             "expose: timestamp granularity, rows an outsider could single out, sessions. Exit "
-            "code 0: publishable; 1: something flagged; 2: the audit could not run."),
+            "code 0: publishable; 1: something flagged; 2: the audit could not run."
+        ),
     )
     add = audit.add_argument
     add("output", metavar="DIR", help="a kvtrace output folder (or one trace file)")
     add("--json", metavar="OUT", help="also write the report as JSON")
-    add("--tokenizer", metavar="TOK",
+    add(
+        "--tokenizer",
+        metavar="TOK",
         help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's file "
-             "digests are checked against it (default: the manifest's name, where it loads "
-             "without the network; else the folder is flagged)")
-    add("--id-map", metavar="MAP",
+        "digests are checked against it (default: the manifest's name, where it loads "
+        "without the network; else the folder is flagged)",
+    )
+    add(
+        "--id-map",
+        metavar="MAP",
         help="the id map a night extended (anonymize --id-map): where the manifest says its "
-             "numbering began is checked against the map's versions (needs the run's salt); "
-             "such a night audited without it is flagged")
-    add("--chat-template-kwargs", metavar="JSON",
+        "numbering began is checked against the map's versions (needs the run's salt); "
+        "such a night audited without it is flagged",
+    )
+    add(
+        "--chat-template-kwargs",
+        metavar="JSON",
         help="as the run was given: the manifest's kwargs digests are checked against them "
-             "(needs the run's salt); a manifest with any digest audited without it is flagged")
-    for option, what in (("--block-size", "N"), ("--timestamp-granularity-ms", "MS"),
-                         ("--length-granularity", "N")):
-        add(option, type=int, metavar=what,
+        "(needs the run's salt); a manifest with any digest audited without it is flagged",
+    )
+    for option, what in (
+        ("--block-size", "N"),
+        ("--timestamp-granularity-ms", "MS"),
+        ("--length-granularity", "N"),
+    ):
+        add(
+            option,
+            type=int,
+            metavar=what,
             help="as the run was given: the manifest's must equal it (without it, only round "
-                 "values pass: powers of two, 10^k ms, minutes, hours, days)")
-    add("--window-ms", type=int, metavar="MS",
+            "values pass: powers of two, 10^k ms, minutes, hours, days)",
+        )
+    add(
+        "--window-ms",
+        type=int,
+        metavar="MS",
         help="a stream's output folder: its --window as the run was given, in ms (without it, "
-             "only round values pass)")
-    add("--salt-file", metavar="PATH",
-        help="with --id-map or --chat-template-kwargs: the salt the runs used")
-    add("--salt-secret", metavar="VERSION",
-        help="with --id-map or --chat-template-kwargs: the salt the runs used")
-    add("--hash-scheme", choices=SCHEMES,
+        "only round values pass)",
+    )
+    add(
+        "--salt-file",
+        metavar="PATH",
+        help="with --id-map or --chat-template-kwargs: the salt the runs used",
+    )
+    add(
+        "--salt-secret",
+        metavar="VERSION",
+        help="with --id-map or --chat-template-kwargs: the salt the runs used",
+    )
+    add(
+        "--hash-scheme",
+        choices=SCHEMES,
         help="as the run was given: the manifest's must be it (default: only the keyed kvtrace "
-             "scheme passes)")
+        "scheme passes)",
+    )
     add("--vllm-hash-seed", metavar="S", help="vllm-sha256-cbor outputs: as the run was given")
     add("--vllm-none-hash", metavar="HEX", help="vllm-sha256-cbor outputs: as the run was given")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
@@ -107,13 +150,16 @@ def _run_salt(args: argparse.Namespace) -> bytes | None:
 
     if not args.id_map and args.chat_template_kwargs is None:
         if args.salt_file or args.salt_secret:
-            raise ConfigError("--salt-file and --salt-secret go with --id-map or "
-                              "--chat-template-kwargs")
+            raise ConfigError(
+                "--salt-file and --salt-secret go with --id-map or --chat-template-kwargs"
+            )
         return None
     salt = salt_source(args.salt_file, args.salt_secret)
     if not salt.persistent:
-        raise ConfigError(f"--id-map and --chat-template-kwargs need the salt the runs used: "
-                          f"--salt-file, --salt-secret or ${SALT_ENV}")
+        raise ConfigError(
+            f"--id-map and --chat-template-kwargs need the salt the runs used: "
+            f"--salt-file, --salt-secret or ${SALT_ENV}"
+        )
     return salt.load()
 
 
@@ -140,14 +186,19 @@ def _audited_scheme(args: argparse.Namespace) -> str | None:
     vllm = args.vllm_hash_seed is not None or args.vllm_none_hash is not None
     if args.hash_scheme is None and not vllm:
         return None
-    return _hash_scheme({"hash_scheme": args.hash_scheme or "vllm-sha256-cbor",
-                         "vllm_hash_seed": args.vllm_hash_seed,
-                         "vllm_none_hash": args.vllm_none_hash}).identity
+    return _hash_scheme(
+        {
+            "hash_scheme": args.hash_scheme or "vllm-sha256-cbor",
+            "vllm_hash_seed": args.vllm_hash_seed,
+            "vllm_none_hash": args.vllm_none_hash,
+        }
+    ).identity
 
 
 def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from kvtrace.transforms.stats.audit import audit as measure
+    from kvtrace.transforms.stats.audit import map_numbering, report_text
     from kvtrace.transforms.storage import is_url
-    from kvtrace.transforms.stats.audit import audit as measure, map_numbering, report_text
     from kvtrace.transforms.write.publish import Location, plan_locations
 
     no_beam_options(beam_args)
@@ -163,13 +214,19 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     scheme = _audited_scheme(args)
     salt = _run_salt(args)
     numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
-    settings = {key: value for key, value in (("block_size", args.block_size),
-                                              ("timestamp_ms", args.timestamp_granularity_ms),
-                                              (OUTPUT_LENGTH_FIELD, args.length_granularity),
-                                              ("window_ms", args.window_ms))
-                if value is not None}
-    report = measure(target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt),
-                     settings)
+    settings = {
+        key: value
+        for key, value in (
+            ("block_size", args.block_size),
+            ("timestamp_ms", args.timestamp_granularity_ms),
+            (OUTPUT_LENGTH_FIELD, args.length_granularity),
+            ("window_ms", args.window_ms),
+        )
+        if value is not None
+    }
+    report = measure(
+        target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt), settings
+    )
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
-
 from typing import TYPE_CHECKING
 
 from kvtrace.transforms.errors import ConfigError, JobStopped
@@ -20,16 +19,20 @@ if TYPE_CHECKING:  # publish imports pyarrow: only a command that runs pays for 
     from kvtrace.transforms.write.publish import Location, StagedFile
 
 TRACE_HELP = "trace file(s), glob(s) or kvtrace output folder(s)"
-BLOCK_HELP = (f"tokens per block (default: the {MANIFEST} beside the trace, "
-              f"else {DEFAULT_BLOCK_SIZE})")
+BLOCK_HELP = (
+    f"tokens per block (default: the {MANIFEST} beside the trace, else {DEFAULT_BLOCK_SIZE})"
+)
 
 
 def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
     """--engine (local or beam, saying what beam does for this command) and --verbose."""
     parser.add_argument(
-        "--engine", choices=("local", "beam"), default="local",
+        "--engine",
+        choices=("local", "beam"),
+        default="local",
         help=f"local: this machine (default); beam: a Beam pipeline for traces beyond one "
-             f"machine, {beam}. Beam options such as --runner pass through")
+        f"machine, {beam}. Beam options such as --runner pass through",
+    )
     parser.add_argument("--verbose", action="store_true", help="show Beam's own logs")
 
 
@@ -44,16 +47,16 @@ def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     return tuple(files), declared_block_size(files, args.block_size) or DEFAULT_BLOCK_SIZE
 
 
-def plan_trace_command(args: argparse.Namespace, files: Sequence[str],
-                       *writes: Location) -> None:
+def plan_trace_command(args: argparse.Namespace, files: Sequence[str], *writes: Location) -> None:
     """A trace command's locations, checked before any work (publish.plan_locations): it reads
     the traces as given, the files they expand to and its --tokenizer (if it has one), and
     writes --json (if it has one) and writes."""
     from kvtrace.transforms.write.publish import Location, plan_locations
 
     report = Location("--json", getattr(args, "json", None) or "")
-    plan_locations([*args.trace, *files, *local_reads(getattr(args, "tokenizer", None))],
-                   [report, *writes])
+    plan_locations(
+        [*args.trace, *files, *local_reads(getattr(args, "tokenizer", None))], [report, *writes]
+    )
 
 
 def local_reads(*paths: str | None) -> list[str]:
@@ -86,8 +89,10 @@ def no_beam_options(beam_args: list[str], hint: str = "") -> None:
 def engine_options(engine: str, beam_args: BeamFlags) -> None:
     """The local engine takes no Beam options; the Beam engine takes only those Beam knows."""
     if engine == "local" and beam_args:
-        raise ConfigError(f"unknown options for the local engine: {' '.join(beam_args)} "
-                          f"(Beam options need --engine beam)")
+        raise ConfigError(
+            f"unknown options for the local engine: {' '.join(beam_args)} "
+            f"(Beam options need --engine beam)"
+        )
     if engine == "beam":
         from kvtrace.options import check_beam_flags
 

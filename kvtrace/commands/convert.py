@@ -17,31 +17,47 @@ if TYPE_CHECKING:
 
 def add_parser(commands: Any) -> None:
     convert = commands.add_parser(
-        "convert", help="Alibaba Bailian usage traces -> Mooncake rows with sessions",
+        "convert",
+        help="Alibaba Bailian usage traces -> Mooncake rows with sessions",
         description=(
             "Convert a Bailian usage trace (chat_id / parent_chat_id, timestamps in seconds, "
             "16-token blocks) into Mooncake rows: timestamps in ms, a `session` per "
             "conversation (found through parent_chat_id), hash_ids as given. With -o DIR the "
             "output is a folder with manifest.json (block size 16), which analyze, simulate "
-            "and synthesize read the block size from."),
+            "and synthesize read the block size from."
+        ),
     )
     add = convert.add_argument
     add("trace", metavar="BAILIAN.jsonl", help="a Bailian trace file (.jsonl, .gz or .zst)")
-    add("-o", "--output", required=True, metavar="OUT.jsonl|DIR",
-        help="a .jsonl file, or a folder to hold trace-00000-of-00001.jsonl and manifest.json")
+    add(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT.jsonl|DIR",
+        help="a .jsonl file, or a folder to hold trace-00000-of-00001.jsonl and manifest.json",
+    )
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms import storage
     from kvtrace.transforms.read.bailian import BAILIAN_BLOCK_SIZE, trace_jsonl
-    from kvtrace.transforms.write.publish import FILE, FOLDER, Location, file_output, folder_output, \
-        plan_locations, sha256_of
+    from kvtrace.transforms.write.publish import (
+        FILE,
+        FOLDER,
+        Location,
+        file_output,
+        folder_output,
+        plan_locations,
+        sha256_of,
+    )
 
     no_beam_options(beam_args)
     to_file = args.output.endswith(".jsonl")
-    plan_locations([args.trace], [Location("--output", args.output, FILE if to_file else FOLDER,
-                                           writer="convert")])
+    plan_locations(
+        [args.trace],
+        [Location("--output", args.output, FILE if to_file else FOLDER, writer="convert")],
+    )
     if to_file:
         target = args.output
         with file_output(target) as output:
@@ -56,15 +72,22 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             with storage.create(storage.join(staged.path, trace_file)) as handle:
                 handle.write(shard)
             # sha256 and records.exported: what readers check a kvtrace folder against.
-            manifest = {"format": FORMAT, "block_size": BAILIAN_BLOCK_SIZE,
-                        "converted_from": "bailian", "rows": len(converted.rows),
-                        "files": [trace_file], "sha256": {trace_file: sha256_of(shard)},
-                        "records": {"exported": len(converted.rows)}}
+            manifest = {
+                "format": FORMAT,
+                "block_size": BAILIAN_BLOCK_SIZE,
+                "converted_from": "bailian",
+                "rows": len(converted.rows),
+                "files": [trace_file],
+                "sha256": {trace_file: sha256_of(shard)},
+                "records": {"exported": len(converted.rows)},
+            }
             with storage.create(storage.join(staged.path, MANIFEST)) as handle:
                 handle.write(json.dumps(manifest, indent=2).encode())
     sessions = len({row[SESSION_FIELD] for row in converted.rows})
-    print(f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
-          f"(block size {BAILIAN_BLOCK_SIZE})")
+    print(
+        f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
+        f"(block size {BAILIAN_BLOCK_SIZE})"
+    )
     return 0
 
 

@@ -6,9 +6,18 @@ import argparse
 import math
 from typing import Any
 
-from kvtrace.commands.common import (BLOCK_HELP, TRACE_HELP, BeamFlags, add_engine_options,
-                                     engine_options, json_report, plan_trace_command,
-                                     require_rows, stage_json, trace_inputs)
+from kvtrace.commands.common import (
+    BLOCK_HELP,
+    TRACE_HELP,
+    BeamFlags,
+    add_engine_options,
+    engine_options,
+    json_report,
+    plan_trace_command,
+    require_rows,
+    stage_json,
+    trace_inputs,
+)
 from kvtrace.transforms.errors import ConfigError
 
 ROWS = (
@@ -31,35 +40,61 @@ MULTIPLIER_RANGE = (0.0, 1e3)
 
 def add_parser(commands: Any) -> None:
     synthesize = commands.add_parser(
-        "synthesize", help="reshape a trace: load, prefix lengths and diversity, lengths, more "
-                           "requests; every output row valid",
+        "synthesize",
+        help="reshape a trace: load, prefix lengths and diversity, lengths, more "
+        "requests; every output row valid",
         description=(
             "Reshape a Mooncake trace into the workload a benchmark needs (speed-up, prefix and prompt lengths, output lengths, conversations): "
             "speed-up, longer or shorter shared prefixes, more prefix trees, longer or shorter "
             "unique parts, length bounds, and new requests drawn from the trace. Conversations "
             "stay in one tree and keep each turn's prefix equal to the previous turn's input; "
-            "the same --seed gives the same bytes. Prints the statistics before and after."),
+            "the same --seed gives the same bytes. Prints the statistics before and after."
+        ),
     )
     add = synthesize.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add("-o", "--output", required=True, metavar="OUT.jsonl", help="the synthesized trace")
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("--seed", type=int, default=0, help="random seed (default 0)")
-    add("--speedup-ratio", type=float, default=1.0, metavar="R",
-        help="divide timestamps by R (2: twice the load)")
-    add("--prefix-len-multiplier", type=float, default=1.0, metavar="P",
-        help="scale the prefixes shared across conversations by P (within a block)")
-    add("--prefix-root-multiplier", type=int, default=1, metavar="K",
-        help="spread conversations over K copies of the prefix tree with disjoint ids")
-    add("--prompt-len-multiplier", type=float, default=1.0, metavar="Q",
-        help="scale each request's own (unique) part by Q")
+    add(
+        "--speedup-ratio",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="divide timestamps by R (2: twice the load)",
+    )
+    add(
+        "--prefix-len-multiplier",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="scale the prefixes shared across conversations by P (within a block)",
+    )
+    add(
+        "--prefix-root-multiplier",
+        type=int,
+        default=1,
+        metavar="K",
+        help="spread conversations over K copies of the prefix tree with disjoint ids",
+    )
+    add(
+        "--prompt-len-multiplier",
+        type=float,
+        default=1.0,
+        metavar="Q",
+        help="scale each request's own (unique) part by Q",
+    )
     add("--osl-multiplier", type=float, default=1.0, metavar="M", help="scale output lengths")
     add("--min-isl", type=int, metavar="N", help="drop requests shorter than N input tokens")
     add("--max-isl", type=int, metavar="N", help="drop requests longer than N input tokens")
     add("--min-osl", type=int, metavar="N", help="raise output lengths to at least N")
     add("--max-osl", type=int, metavar="N", help="cap output lengths at N")
-    add("--num-requests", type=int, metavar="N",
-        help="draw N new requests from the trace's prefix tree, lengths and arrivals first")
+    add(
+        "--num-requests",
+        type=int,
+        metavar="N",
+        help="draw N new requests from the trace's prefix tree, lengths and arrivals first",
+    )
     add("--json", metavar="SUMMARY", help="also write the before/after statistics as JSON")
     add_engine_options(synthesize, "the same bytes (not with --num-requests)")
 
@@ -77,8 +112,15 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     plan_trace_command(args, files, Location("--output", args.output))
     synth = SynthConfig(
         Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
-        args.speedup_ratio, args.osl_multiplier, args.min_isl, args.max_isl, args.min_osl,
-        args.max_osl, args.num_requests, args.seed)
+        args.speedup_ratio,
+        args.osl_multiplier,
+        args.min_isl,
+        args.max_isl,
+        args.min_osl,
+        args.max_osl,
+        args.num_requests,
+        args.seed,
+    )
     try:
         synth.check()
     except ValueError as err:
@@ -90,12 +132,17 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             require_rows(summary["before"]["requests"], summary, files)
             stage_json(report, summary)
 
-        summary = run_synthesize_beam(config, beam_args, report, accept) \
-            if args.engine == "beam" else run_synthesize(config, report, accept)
+        summary = (
+            run_synthesize_beam(config, beam_args, report, accept)
+            if args.engine == "beam"
+            else run_synthesize(config, report, accept)
+        )
     print(f"| block size {block_size} | before | after |\n|---|---|---|")
     for key, label, form in ROWS:
-        print(f"| {label} | {form.format(summary['before'][key])} | "
-              f"{form.format(summary['after'][key])} |")
+        print(
+            f"| {label} | {form.format(summary['before'][key])} | "
+            f"{form.format(summary['after'][key])} |"
+        )
     problems = sum(summary["after"]["problems"].values())
     print(f"output: {args.output} ({'valid' if not problems else f'{problems} problems'})")
     return 0
@@ -106,7 +153,8 @@ def check_knobs(args: argparse.Namespace) -> None:
     so each range is written as what must hold)."""
     knobs = [("--speedup-ratio", args.speedup_ratio, SPEEDUP_RANGE)] + [
         (f"--{name.replace('_', '-')}", getattr(args, name), MULTIPLIER_RANGE)
-        for name in ("prefix_len_multiplier", "prompt_len_multiplier", "osl_multiplier")]
+        for name in ("prefix_len_multiplier", "prompt_len_multiplier", "osl_multiplier")
+    ]
     for flag, value, (low, high) in knobs:
         if not (math.isfinite(value) and low <= value <= high):
             raise ConfigError(f"{flag} must be a number in [{low:g}, {high:g}], not {value!r}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import chat, write_jsonl
 
+from helpers import chat, write_jsonl
 from kvtrace.cli import main
 from kvtrace.config import MAX_CONFIG_BYTES, MAX_DEPTH, load_bounded_yaml
 from kvtrace.presets import MODEL_SIZE_BOUNDS, load_model
@@ -17,13 +17,25 @@ from kvtrace.transforms.errors import ConfigError
 
 def _anonymize_with_preset(tokenizer: str, tmp_path, preset: str) -> int:
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
-    return main(["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
-                 "--tokenizer", tokenizer, "--config", preset])
+    return main(
+        [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tokenizer,
+            "--config",
+            preset,
+        ]
+    )
 
 
 @pytest.mark.parametrize("make", ["fifo", "dev_zero", "huge"])
-def test_a_preset_that_is_no_regular_file_or_too_large_is_one_line(tiny_tokenizer, tmp_path,
-                                                                     capsys, make):
+def test_a_preset_that_is_no_regular_file_or_too_large_is_one_line(
+    tiny_tokenizer, tmp_path, capsys, make
+):
     preset = tmp_path / "preset.yaml"
     if make == "fifo":
         os.mkfifo(preset)  # opened for reading, it would wait for a writer forever
@@ -53,18 +65,29 @@ def test_a_preset_nested_within_the_bound_loads(tmp_path):
     assert "chat-template-kwargs" in load_bounded_yaml(str(preset), "--config")
 
 
-@pytest.mark.parametrize("key, value", [("layers", 0), ("layers", MODEL_SIZE_BOUNDS["layers"] + 1),
-                                        ("head_dim", "128"), ("kv_heads", True),
-                                        ("kv_lora_rank", 10**30)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("layers", 0),
+        ("layers", MODEL_SIZE_BOUNDS["layers"] + 1),
+        ("head_dim", "128"),
+        ("kv_heads", True),
+        ("kv_lora_rank", 10**30),
+    ],
+)
 def test_a_model_preset_size_out_of_bounds_is_refused(tmp_path, key, value):
     preset = tmp_path / "model.yaml"
-    preset.write_text(f"name: m\nlayers: 32\nkv_heads: 8\nhead_dim: 128\n{key}: {value!r}\n"
-                      .replace("True", "true"))
+    preset.write_text(
+        f"name: m\nlayers: 32\nkv_heads: 8\nhead_dim: 128\n{key}: {value!r}\n".replace(
+            "True", "true"
+        )
+    )
     with pytest.raises(ValueError, match=f"{key} must be a whole number"):
         load_model(str(preset))
 
 
 def test_the_shipped_model_presets_are_within_bounds():
     from kvtrace.presets import models
+
     for name in models():
         assert load_model(name)["name"] == name

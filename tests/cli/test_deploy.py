@@ -13,8 +13,8 @@ from pathlib import Path
 import apache_beam
 import pytest
 import yaml
-from helpers import ROOT, chat, write_jsonl
 
+from helpers import ROOT, chat, write_jsonl
 from kvtrace.cli import _parser
 from kvtrace.config import fill_dates, load_presets, parse_date
 
@@ -36,8 +36,9 @@ def test_every_preset_parses_and_model_plus_environment_merge(tmp_path):
         options, _ = load_presets([str(preset)])
         assert {f"--{k.replace('_', '-')}" for k in options} <= flags, preset.name
     for env in ("dataflow", "flink"):
-        options, beam = load_presets([str(ROOT / "configs/deepseek-r1.yaml"),
-                                      str(ROOT / f"configs/{env}.yaml")])
+        options, beam = load_presets(
+            [str(ROOT / "configs/deepseek-r1.yaml"), str(ROOT / f"configs/{env}.yaml")]
+        )
         filled = fill_dates(options, parse_date("2026-11-20"))
         assert "/2026-11-20" in filled["output"] and "2026-11-20" in filled["input"]
         assert filled["tokenizer"] == "deepseek-ai/DeepSeek-R1" and filled["id_map"]
@@ -68,8 +69,13 @@ def test_flink_manifests_agree_with_the_flink_preset():
     manifests = documents(DEPLOY / "flink" / "flink-session.yaml")
     assert set(manifests) == {"FlinkDeployment", "Deployment", "Service"}
     _, beam = load_presets([str(ROOT / "configs/flink.yaml")])
-    pool = next(c for c in manifests["FlinkDeployment"]["spec"]["taskManager"]["podTemplate"]
-                ["spec"]["containers"] if c["name"] == "beam-worker-pool")
+    pool = next(
+        c
+        for c in manifests["FlinkDeployment"]["spec"]["taskManager"]["podTemplate"]["spec"][
+            "containers"
+        ]
+        if c["name"] == "beam-worker-pool"
+    )
     assert pool["args"] == ["--worker_pool"]
     assert beam["environment_config"] == f"localhost:{pool['ports'][0]['containerPort']}"
     service = manifests["Service"]
@@ -87,8 +93,10 @@ def test_flink_manifests_agree_with_the_flink_preset():
     assert "execution.checkpointing.interval" in configuration
     assert durable_checkpoints(configuration, ("s3://", "gs://", "hdfs://"))
     job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert job_server == (f"apache/beam_flink{versions['FLINK_MINOR']}_job_server:"
-                          f"{versions['BEAM_JOB_SERVER_VERSION']}")
+    assert job_server == (
+        f"apache/beam_flink{versions['FLINK_MINOR']}_job_server:"
+        f"{versions['BEAM_JOB_SERVER_VERSION']}"
+    )
 
 
 # Flink 1.19's keys for the checkpoint store (its CheckpointingOptions); 1.20 renamed them
@@ -98,9 +106,11 @@ CHECKPOINT_STORAGE, CHECKPOINTS_DIRECTORY = "state.checkpoint-storage", "state.c
 
 def durable_checkpoints(configuration: dict[str, str], schemes: tuple[str, ...]) -> bool:
     """Checkpoints go to files under one of schemes, not to the JobManager's memory."""
-    return (configuration.get(CHECKPOINT_STORAGE) == "filesystem"
-            and configuration.get(CHECKPOINTS_DIRECTORY, "").startswith(schemes)
-            and not any(key.startswith("execution.checkpointing.dir") for key in configuration))
+    return (
+        configuration.get(CHECKPOINT_STORAGE) == "filesystem"
+        and configuration.get(CHECKPOINTS_DIRECTORY, "").startswith(schemes)
+        and not any(key.startswith("execution.checkpointing.dir") for key in configuration)
+    )
 
 
 def flat(tree: dict, prefix: str = "") -> dict[str, str]:
@@ -138,7 +148,9 @@ def test_the_local_flink_cluster_resolves_the_pinned_job_server_and_its_script_p
     # Every Beam artifact beside it (Kafka IO, expansion service) at the job server's release.
     beam_versions = re.findall(
         r"<groupId>org\.apache\.beam</groupId>\s*<artifactId>[^<]+</artifactId>\s*"
-        r"<version>([^<]+)</version>", pom)
+        r"<version>([^<]+)</version>",
+        pom,
+    )
     assert len(beam_versions) == 3 and set(beam_versions) == {versions["BEAM_JOB_SERVER_VERSION"]}
     for other in (DEPLOY / "kafka" / "local-broker.sh", DEPLOY / "pubsub" / "emulator.sh"):
         subprocess.run(["bash", "-n", str(other)], check=True)
@@ -164,8 +176,9 @@ def test_cronjob_runs_one_night_at_a_time_with_yesterdays_date():
 def test_airflow_dag_imports_and_passes_the_previous_day(monkeypatch, tmp_path):
     pytest.importorskip("airflow.providers.apache.beam", reason="needs the deploy-test extra")
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    spec = importlib.util.spec_from_file_location("kvtrace_nightly_dag",
-                                                  DEPLOY / "schedule" / "kvtrace_nightly_dag.py")
+    spec = importlib.util.spec_from_file_location(
+        "kvtrace_nightly_dag", DEPLOY / "schedule" / "kvtrace_nightly_dag.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     from airflow.sdk.execution_time import macros
@@ -187,16 +200,28 @@ def test_the_launcher_entry_point_takes_beam_style_underscored_options(tiny_toke
     (tmp_path / "logs" / "2026-11-20").mkdir(parents=True)
     write_jsonl(tmp_path / "logs" / "2026-11-20" / "a.jsonl", [chat(i, 10 * i) for i in range(5)])
     preset = tmp_path / "site.yaml"
-    preset.write_text(f"tokenizer: {tiny_tokenizer}\ninput: {tmp_path}/logs/{{date}}/*.jsonl\n"
-                      f"output: {tmp_path}/traces/{{date}}\n")
+    preset.write_text(
+        f"tokenizer: {tiny_tokenizer}\ninput: {tmp_path}/logs/{{date}}/*.jsonl\n"
+        f"output: {tmp_path}/traces/{{date}}\n"
+    )
     salt = tmp_path / "salt"
     salt.write_text("a-salt-long-enough-for-kvtrace")
     # As the Flex Template launcher and Airflow's operator call it: python FILE --name=value.
     done = subprocess.run(
-        [sys.executable, "-m", "kvtrace.nightly", f"--config={preset}", "--date=2026-11-20",
-         f"--id_map={tmp_path}/map", f"--salt_file={salt}", "--block_size=4",
-         "--direct_num_workers=1"],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.nightly",
+            f"--config={preset}",
+            "--date=2026-11-20",
+            f"--id_map={tmp_path}/map",
+            f"--salt_file={salt}",
+            "--block_size=4",
+            "--direct_num_workers=1",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "traces" / "2026-11-20" / "manifest.json").is_file()
@@ -209,6 +234,20 @@ def test_unknown_preset_keys_are_an_error_not_ignored(tiny_tokenizer, tmp_path, 
 
     preset = tmp_path / "typo.yaml"
     preset.write_text(bad)
-    assert main(["anonymize", "--config", str(preset), "--input", "x", "--output", "y",
-                 "--tokenizer", tiny_tokenizer]) == 2
+    assert (
+        main(
+            [
+                "anonymize",
+                "--config",
+                str(preset),
+                "--input",
+                "x",
+                "--output",
+                "y",
+                "--tokenizer",
+                tiny_tokenizer,
+            ]
+        )
+        == 2
+    )
     assert "unknown option(s) in --config" in capsys.readouterr().err

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import anonymize_night, chat, write_jsonl
 
+from helpers import anonymize_night, chat, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.ids import anchor, map_record
@@ -21,9 +21,10 @@ KEY = map_key(SALT)
 
 
 def _night(folder: Path, day: int) -> Path:
-    return write_jsonl(folder / f"night{day}.jsonl",
-                       [chat(i, 1_700_000_000_000 + day * 86_400_000 + 1_000 * i, rotate=day)
-                        for i in range(6)])
+    return write_jsonl(
+        folder / f"night{day}.jsonl",
+        [chat(i, 1_700_000_000_000 + day * 86_400_000 + 1_000 * i, rotate=day) for i in range(6)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,18 @@ def built(tiny_tokenizer, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("built")
     (folder / "salt").write_bytes(SALT)
     for day in range(2):
-        assert anonymize_night(tiny_tokenizer, [_night(folder, day)], folder / f"out{day}",
-                               "--id-map", str(folder / "map"), "--salt-file",
-                               str(folder / "salt")) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [_night(folder, day)],
+                folder / f"out{day}",
+                "--id-map",
+                str(folder / "map"),
+                "--salt-file",
+                str(folder / "salt"),
+            )
+            == 0
+        )
     return folder
 
 
@@ -50,8 +60,9 @@ def _as_format_3(map_dir: Path) -> None:
         record = json.loads(path.read_bytes())
         for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
             del record[later]
-        record["history"] = [{k: entry[k] for k in ("version", "added", "compacted")}
-                             for entry in record["history"]]  # format 3 named no night
+        record["history"] = [
+            {k: entry[k] for k in ("version", "added", "compacted")} for entry in record["history"]
+        ]  # format 3 named no night
         record["format_version"] = map_record.KEYLESS_FORMAT
         path.write_bytes(record_bytes(record | {"sha256": keyless_checksum(record)}))
 
@@ -70,8 +81,9 @@ def _one_line(capsys) -> str:
     return err
 
 
-def test_a_format_3_map_upgraded_is_keyed_anchored_and_extended(built, tiny_tokenizer, tmp_path,
-                                                                 capsys, monkeypatch):
+def test_a_format_3_map_upgraded_is_keyed_anchored_and_extended(
+    built, tiny_tokenizer, tmp_path, capsys, monkeypatch
+):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
     map_dir = _copy(built, tmp_path)
     _as_format_3(map_dir)
@@ -81,20 +93,29 @@ def test_a_format_3_map_upgraded_is_keyed_anchored_and_extended(built, tiny_toke
     assert "keyed version(s) 1, 2; version 2 anchored" in capsys.readouterr().out
     for raw in _records(map_dir).values():
         assert map_record.read_record(raw, "record", KEY)["format_version"] == (
-            map_record.FORMAT_VERSION)
+            map_record.FORMAT_VERSION
+        )
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
     map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]  # keying gave it
     assert anchor.read_mark(anchor.mark_path(marks, map_id), map_id, KEY)["version"] == 2
     keyed = _records(map_dir)
     assert _upgrade(str(map_dir), *salted) == 0  # rerun: verified, nothing rewritten
     assert "already keyed" in capsys.readouterr().out and _records(map_dir) == keyed
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", "--id-map",
-                           str(map_dir), *salted) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 2)],
+            tmp_path / "out2",
+            "--id-map",
+            str(map_dir),
+            *salted,
+        )
+        == 0
+    )
     assert (map_dir / "versions" / "000003.json").exists()
 
 
-def test_refusals_are_one_line_and_leave_the_map_as_it_was(built, tmp_path, capsys,
-                                                           monkeypatch):
+def test_refusals_are_one_line_and_leave_the_map_as_it_was(built, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
     map_dir = _copy(built, tmp_path)
     _as_format_3(map_dir)
@@ -130,8 +151,9 @@ def test_a_rolled_back_keyed_map_is_refused(built, tmp_path, capsys, monkeypatch
     assert "at version 1, but version 2 of it was published" in _one_line(capsys)
 
 
-def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(built, tiny_tokenizer, tmp_path,
-                                                               capsys, monkeypatch):
+def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(
+    built, tiny_tokenizer, tmp_path, capsys, monkeypatch
+):
     """The place remembers the map published there: a new map in its place (the old one's
     versions removed) is refused with the command to use, which frees the place on purpose."""
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
@@ -142,11 +164,29 @@ def test_a_map_gone_from_a_bound_place_is_refused_until_rebound(built, tiny_toke
     map_id = json.loads(_records(map_dir)["000002.json"])["map_id"]
     assert f"bound to map {map_id}" in capsys.readouterr().out
     shutil.rmtree(map_dir)
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out", "--id-map",
-                           str(map_dir), *salted) == 1
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 2)],
+            tmp_path / "out",
+            "--id-map",
+            str(map_dir),
+            *salted,
+        )
+        == 1
+    )
     assert f"kvtrace id-map rebind {map_dir}" in _one_line(capsys)
     assert not (tmp_path / "out" / "manifest.json").exists()
     assert main(["id-map", "rebind", str(map_dir), *salted]) == 0
     assert "its place freed" in capsys.readouterr().out
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out", "--id-map",
-                           str(map_dir), *salted) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 2)],
+            tmp_path / "out",
+            "--id-map",
+            str(map_dir),
+            *salted,
+        )
+        == 0
+    )

@@ -8,41 +8,72 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import chat, write_jsonl
 
+from helpers import chat, write_jsonl
 from kvtrace.cli import main
 from kvtrace.commands.anonymize import DEFAULT_MAX_REJECTED_FRACTION
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 ONE_OBJECT_PER_LINE = "one JSON object per line (JSONL), not a JSON array or pretty-printed JSON"
 SHAPES = {
-    "openai-batch": ("\n".join(json.dumps({
-        "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": MESSAGES}}) for i in range(3)),
-        "no_input 3", "an OpenAI Batch file holds them under body"),
-    "ts-not-timestamp": ("\n".join(json.dumps({"ts": 1763700000000 + i, "messages": MESSAGES})
-                                   for i in range(3)),
-                         "missing_timestamp 3", "each line needs a timestamp (or created) field"),
-    "json-array": (json.dumps([{"timestamp": i, "messages": MESSAGES} for i in range(3)]),
-                   "not_an_object 1", ONE_OBJECT_PER_LINE),
-    "pretty-array": (json.dumps([{"timestamp": i, "messages": MESSAGES} for i in range(2)],
-                                indent=2), "invalid_json ", ONE_OBJECT_PER_LINE),
-    "pretty-object": (json.dumps({"timestamp": 1, "messages": MESSAGES}, indent=2),
-                      "invalid_json ", ONE_OBJECT_PER_LINE),
+    "openai-batch": (
+        "\n".join(
+            json.dumps(
+                {
+                    "custom_id": f"r{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": "m", "messages": MESSAGES},
+                }
+            )
+            for i in range(3)
+        ),
+        "no_input 3",
+        "an OpenAI Batch file holds them under body",
+    ),
+    "ts-not-timestamp": (
+        "\n".join(json.dumps({"ts": 1763700000000 + i, "messages": MESSAGES}) for i in range(3)),
+        "missing_timestamp 3",
+        "each line needs a timestamp (or created) field",
+    ),
+    "json-array": (
+        json.dumps([{"timestamp": i, "messages": MESSAGES} for i in range(3)]),
+        "not_an_object 1",
+        ONE_OBJECT_PER_LINE,
+    ),
+    "pretty-array": (
+        json.dumps([{"timestamp": i, "messages": MESSAGES} for i in range(2)], indent=2),
+        "invalid_json ",
+        ONE_OBJECT_PER_LINE,
+    ),
+    "pretty-object": (
+        json.dumps({"timestamp": 1, "messages": MESSAGES}, indent=2),
+        "invalid_json ",
+        ONE_OBJECT_PER_LINE,
+    ),
 }
 
 
 def _anonymize(tokenizer: str, src, out, *extra: str) -> int:
-    return main(["anonymize", "--input", str(src), "--output", str(out), "--tokenizer", tokenizer,
-                 *extra])
+    return main(
+        ["anonymize", "--input", str(src), "--output", str(out), "--tokenizer", tokenizer, *extra]
+    )
 
 
 # Each shape under the default bound; one under a bound that allows any share, which an
 # input rejected whole still fails.
-@pytest.mark.parametrize("shape, bound", [pytest.param(shape, [], id=shape) for shape in SHAPES] + [
-    pytest.param("pretty-object", ["--max-rejected-fraction", "1"], id="pretty-object-any-share")])
+@pytest.mark.parametrize(
+    "shape, bound",
+    [pytest.param(shape, [], id=shape) for shape in SHAPES]
+    + [
+        pytest.param(
+            "pretty-object", ["--max-rejected-fraction", "1"], id="pretty-object-any-share"
+        )
+    ],
+)
 def test_input_of_a_shape_kvtrace_does_not_read_is_refused_with_a_hint(
-        tiny_tokenizer, tmp_path, capsys, shape, bound):
+    tiny_tokenizer, tmp_path, capsys, shape, bound
+):
     text, reason, hint = SHAPES[shape]
     src = tmp_path / "in.jsonl"
     src.write_text(text + "\n")
@@ -61,7 +92,9 @@ def test_more_than_the_default_share_rejected_is_refused(tiny_tokenizer, tmp_pat
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), b"bad", b"{", chat(1, 1), b"bad"])
     assert _anonymize(tiny_tokenizer, src, tmp_path / "out") == 1
     err = capsys.readouterr().err
-    assert "3 of 5 records (60.0% > --max-rejected-fraction 0.5); top reasons: invalid_json 3" in err
+    assert (
+        "3 of 5 records (60.0% > --max-rejected-fraction 0.5); top reasons: invalid_json 3" in err
+    )
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -77,4 +110,5 @@ def test_help_names_the_default_bound(capsys):
     with pytest.raises(SystemExit):
         main(["anonymize", "--help"])
     assert f"(default {DEFAULT_MAX_REJECTED_FRACTION}; 1 allows any share)" in " ".join(
-        capsys.readouterr().out.split())
+        capsys.readouterr().out.split()
+    )

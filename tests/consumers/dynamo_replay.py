@@ -18,8 +18,9 @@ from dynamo.replay import run_trace_replay
 def main(path: str, trace_format: str, block_size: int, expected_path: str) -> int:
     with open(expected_path) as handle:
         expected = json.load(handle)
-    report = run_trace_replay(path, trace_format=trace_format, trace_block_size=block_size,
-                              capture_per_request=True)
+    report = run_trace_replay(
+        path, trace_format=trace_format, trace_block_size=block_size, capture_per_request=True
+    )
     requests = report.per_request
     if len(requests) != len(expected["rows"]):
         print(f"{len(requests)} requests replayed, not {len(expected['rows'])}", file=sys.stderr)
@@ -27,8 +28,10 @@ def main(path: str, trace_format: str, block_size: int, expected_path: str) -> i
     by_turn = {(r["session_id"], r["turn_index"]): r for r in requests if r["session_id"]}
     lengths = sorted(r["input_length"] for r in requests)
     if lengths != sorted(row["prompt"] for row in expected["rows"]):
-        print(f"prompt lengths {lengths}, not {sorted(r['prompt'] for r in expected['rows'])}",
-              file=sys.stderr)
+        print(
+            f"prompt lengths {lengths}, not {sorted(r['prompt'] for r in expected['rows'])}",
+            file=sys.stderr,
+        )
         return 1
     delays = 0
     for row in expected["rows"]:
@@ -38,8 +41,11 @@ def main(path: str, trace_format: str, block_size: int, expected_path: str) -> i
         before = by_turn[(row["session"], row["turn"] - 1)]
         waited = turn["arrival_time_ms"] - before["terminal_time_ms"]
         if abs(waited - row["delay"]) > 1e-6 or turn["input_length"] != row["prompt"]:
-            print(f"{row['session']} turn {row['turn']}: {turn['input_length']} tokens after "
-                  f"{waited} ms, not {row['prompt']} after {row['delay']}", file=sys.stderr)
+            print(
+                f"{row['session']} turn {row['turn']}: {turn['input_length']} tokens after "
+                f"{waited} ms, not {row['prompt']} after {row['delay']}",
+                file=sys.stderr,
+            )
             return 1
         delays += 1
     print(json.dumps({"rows": len(requests), "delays": delays}))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import write_jsonl
 
+from helpers import write_jsonl
 from kvtrace.cli import main
 
 
@@ -18,11 +18,28 @@ from kvtrace.cli import main
 # refusal of Beam flags in tests/e2e/test_local_engine_cli.py.
 @pytest.mark.slow
 def test_cli_beam_engine(tmp_path, capsys):
-    trace = write_jsonl(tmp_path / "t.jsonl", [
-        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [0, i + 1]} for i in range(4)
-    ])
-    assert main(["analyze", str(trace), "--block-size", "4", "--engine", "beam",
-                 "--json", str(tmp_path / "r.json")]) == 0
+    trace = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [0, i + 1]}
+            for i in range(4)
+        ],
+    )
+    assert (
+        main(
+            [
+                "analyze",
+                str(trace),
+                "--block-size",
+                "4",
+                "--engine",
+                "beam",
+                "--json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "r.json").read_text())["hit_rates"]["block_weighted"] == 3 / 8
     assert main(["analyze", str(trace), "--direct_num_workers", "2"]) == 2
     assert "unknown options for the local engine" in capsys.readouterr().err

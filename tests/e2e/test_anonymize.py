@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from helpers import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
 
+from helpers import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
 from kvtrace.cli import main
+
 
 def test_france_and_finland_share_only_their_first_block(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])
@@ -68,18 +69,28 @@ BAD_LINES = [
 
 def test_bad_input_is_dead_lettered_and_no_good_record_is_lost(tiny_tokenizer, tmp_path):
     good = [chat(i, 5 * i) for i in range(6)]
-    mixed = [line for pair in zip(BAD_LINES, good) for line in pair] + BAD_LINES[len(good):]
+    mixed = [line for pair in zip(BAD_LINES, good) for line in pair] + BAD_LINES[len(good) :]
     src = write_jsonl(tmp_path / "in.jsonl", mixed + [b"", b"   "])
     assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--max-rejected-fraction", "1") == 0
     assert len(trace(tmp_path / "out")) == len(good)
     rejected = [r for p in (tmp_path / "out-rejected").glob("*.jsonl") for r in read_jsonl(p)]
     assert len(rejected) == len(BAD_LINES)
     assert {r["source"] for r in rejected} == {str(src)}
-    assert {r["error"] for r in rejected} >= {"invalid_json", "not_an_object", "invalid_utf8",
-                                               "too_deep", "invalid_request", "no_input",
-                                               "bad_timestamp", "wrong_type", "template_error",
-                                               "invalid_unicode", "out_of_range",
-                                               "negative_timestamp", "missing_timestamp"}
+    assert {r["error"] for r in rejected} >= {
+        "invalid_json",
+        "not_an_object",
+        "invalid_utf8",
+        "too_deep",
+        "invalid_request",
+        "no_input",
+        "bad_timestamp",
+        "wrong_type",
+        "template_error",
+        "invalid_unicode",
+        "out_of_range",
+        "negative_timestamp",
+        "missing_timestamp",
+    }
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
     assert manifest["exported"] + len(rejected) == len(mixed)
 
@@ -99,8 +110,20 @@ def test_same_records_split_and_ordered_differently_give_identical_bytes(tiny_to
     random.Random(1).shuffle(shuffled)
     parts = [write_jsonl(tmp_path / f"part{k}.jsonl", shuffled[k::3]) for k in range(3)]
     assert anonymize(tiny_tokenizer, [one], tmp_path / "a", "--block-size", "4") == 0
-    assert anonymize(tiny_tokenizer, parts, tmp_path / "b", "--block-size", "4",
-                     "--salt-file", str(_salt(tmp_path)), "--hash-shards", "5") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            parts,
+            tmp_path / "b",
+            "--block-size",
+            "4",
+            "--salt-file",
+            str(_salt(tmp_path)),
+            "--hash-shards",
+            "5",
+        )
+        == 0
+    )
     for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
@@ -110,8 +133,18 @@ def test_two_worker_processes_give_identical_bytes(tiny_tokenizer, tmp_path):
     records = [chat(i, 3 * (i // 2)) for i in range(30)]
     src = write_jsonl(tmp_path / "in.jsonl", records)
     assert anonymize(tiny_tokenizer, [src], tmp_path / "a") == 0
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "b", "--direct_num_workers", "2",
-                     "--direct_running_mode", "multi_processing") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            tmp_path / "b",
+            "--direct_num_workers",
+            "2",
+            "--direct_running_mode",
+            "multi_processing",
+        )
+        == 0
+    )
     for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
@@ -121,14 +154,26 @@ def test_nothing_published_carries_text_token_ids_or_identifiers(tiny_tokenizer,
     records = [dict(chat(i, i), session_id=secret_session) for i in range(5)]
     records.append({"timestamp": 9, "input_ids": [31337, 27182, 16180], "output_length": 1})
     src = write_jsonl(tmp_path / "in.jsonl", records)
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--salt-file",
-                     str(_salt(tmp_path))) == 0
+    assert (
+        anonymize(tiny_tokenizer, [src], tmp_path / "out", "--salt-file", str(_salt(tmp_path))) == 0
+    )
     published = b"".join(p.read_bytes() for p in (tmp_path / "out").iterdir())
-    for secret in (b"alice", b"quick", b"caching", b"31337", b"27182", b"16180", SALT.encode(),
-                   str(src).encode()):
+    for secret in (
+        b"alice",
+        b"quick",
+        b"caching",
+        b"31337",
+        b"27182",
+        b"16180",
+        SALT.encode(),
+        str(src).encode(),
+    ):
         assert secret not in published, secret
     assert {p.name for p in (tmp_path / "out").iterdir()} == {
-        "trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json", "manifest.json"
+        "trace-00000-of-00001.jsonl",
+        "trace-00000-of-00001.parquet",
+        "stats.json",
+        "manifest.json",
     }
 
 
@@ -142,11 +187,19 @@ def test_parquet_gzip_and_zstd_inputs_read_like_jsonl(tiny_tokenizer, tmp_path):
     plain = write_jsonl(tmp_path / "plain.jsonl", records)
     lines = [json.dumps(r).encode() + b"\n" for r in records]
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b"".join(lines[:3])))
-    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[3:6])))
+    (tmp_path / "b.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(b"".join(lines[3:6]))
+    )
     pq.write_table(pa.Table.from_pylist(records[6:]), tmp_path / "c.parquet")
     assert anonymize(tiny_tokenizer, [plain], tmp_path / "one") == 0
-    assert anonymize(tiny_tokenizer, [tmp_path / "a.jsonl.gz", tmp_path / "*.zst",
-                                      tmp_path / "c.parquet"], tmp_path / "many") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [tmp_path / "a.jsonl.gz", tmp_path / "*.zst", tmp_path / "c.parquet"],
+            tmp_path / "many",
+        )
+        == 0
+    )
     assert trace(tmp_path / "one") == trace(tmp_path / "many")
 
 
@@ -162,8 +215,17 @@ def test_help_explains_every_flag(capsys):
         main(["anonymize", "--help"])
     assert exited.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--input", "--output", "--tokenizer", "--block-size", "--input-format",
-                 "--dead-letter", "--salt-file", "--config", "--max-rejected-fraction"):
+    for flag in (
+        "--input",
+        "--output",
+        "--tokenizer",
+        "--block-size",
+        "--input-format",
+        "--dead-letter",
+        "--salt-file",
+        "--config",
+        "--max-rejected-fraction",
+    ):
         assert flag in text
     assert "Beam options pass through" in text
 
@@ -172,10 +234,24 @@ def test_help_explains_every_flag(capsys):
 def test_config_presets_merge_under_flags(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])
     preset = tmp_path / "preset.yaml"
-    preset.write_text(f"tokenizer: {tiny_tokenizer}\nblock-size: 2\ninput: [{src}]\n"
-                      "beam:\n  direct_num_workers: 1\n")
-    assert main(["anonymize", "--config", str(preset), "--output", str(tmp_path / "o"),
-                 "--block-size", "4"]) == 0
+    preset.write_text(
+        f"tokenizer: {tiny_tokenizer}\nblock-size: 2\ninput: [{src}]\n"
+        "beam:\n  direct_num_workers: 1\n"
+    )
+    assert (
+        main(
+            [
+                "anonymize",
+                "--config",
+                str(preset),
+                "--output",
+                str(tmp_path / "o"),
+                "--block-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["block_size"] == 4
 
 
@@ -201,7 +277,9 @@ def test_a_request_longer_than_an_id_batch_is_exported(tiny_tokenizer, tmp_path)
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_a_truncated_gzip_file_is_counted_and_its_readable_records_exported(tiny_tokenizer, tmp_path):
+def test_a_truncated_gzip_file_is_counted_and_its_readable_records_exported(
+    tiny_tokenizer, tmp_path
+):
     import gzip
 
     records = [chat(i, 10 * i) | {"pad": "z" * (200 + i * 7919 % 500)} for i in range(6000)]
@@ -213,18 +291,23 @@ def test_a_truncated_gzip_file_is_counted_and_its_readable_records_exported(tiny
     letters = [r for p in (tmp_path / "out-rejected").glob("*.jsonl") for r in read_jsonl(p)]
     assert [r["error"] for r in letters].count("damaged_file") == 1
     assert 0 < manifest["exported"] < len(records)
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "strict", "--max-rejected-fraction", "0") == 1
+    assert (
+        anonymize(tiny_tokenizer, [src], tmp_path / "strict", "--max-rejected-fraction", "0") == 1
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--blocksize", "16"], "--blocksize (did you mean --block-size?)"),
-    (["--max-rejected-fraction", "nan"], "--max-rejected-fraction must be a number in [0, 1]"),
-    (["--max-rejected-fraction", "-1"], "--max-rejected-fraction must be a number in [0, 1]"),
-    (["--block-size", "99999999999"], "--block-size must be a whole number"),
-    (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
-    (["--dead-letter", "{out}/rejected"], "overlap"),
-    (["--dead-letter", "{out}"], "overlap"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--blocksize", "16"], "--blocksize (did you mean --block-size?)"),
+        (["--max-rejected-fraction", "nan"], "--max-rejected-fraction must be a number in [0, 1]"),
+        (["--max-rejected-fraction", "-1"], "--max-rejected-fraction must be a number in [0, 1]"),
+        (["--block-size", "99999999999"], "--block-size must be a whole number"),
+        (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
+        (["--dead-letter", "{out}/rejected"], "overlap"),
+        (["--dead-letter", "{out}"], "overlap"),
+    ],
+)
 def test_options_are_checked_before_any_work(tiny_tokenizer, tmp_path, capsys, flags, message):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     flags = [f.format(out=tmp_path / "out") for f in flags]
@@ -238,13 +321,25 @@ def test_output_in_the_input_folder_is_refused(tiny_tokenizer, tmp_path, capsys)
     write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     assert anonymize(tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path) == 2
     assert "lies inside --output" in capsys.readouterr().err
-    assert anonymize(tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path / "out", "--dead-letter",
-                     str(tmp_path)) == 2
+    assert (
+        anonymize(
+            tiny_tokenizer, [tmp_path / "*.jsonl"], tmp_path / "out", "--dead-letter", str(tmp_path)
+        )
+        == 2
+    )
     assert "overlap" in capsys.readouterr().err
     (tmp_path / "logs").mkdir()
     write_jsonl(tmp_path / "logs" / "a.jsonl", [chat(0, 0)])
-    assert anonymize(tiny_tokenizer, [tmp_path / "logs" / "*.jsonl"], tmp_path / "out",
-                     "--dead-letter", str(tmp_path / "logs")) == 2
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [tmp_path / "logs" / "*.jsonl"],
+            tmp_path / "out",
+            "--dead-letter",
+            str(tmp_path / "logs"),
+        )
+        == 2
+    )
     assert "lies inside --dead-letter" in capsys.readouterr().err
 
 
@@ -256,11 +351,26 @@ def test_version_flag(capsys):
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=12,
 )
-FIELDS = ["timestamp", "messages", "prompt", "input_ids", "output", "output_length", "session_id",
-          "request", "response", "created", "input", "system", "tools"]
+FIELDS = [
+    "timestamp",
+    "messages",
+    "prompt",
+    "input_ids",
+    "output",
+    "output_length",
+    "session_id",
+    "request",
+    "response",
+    "created",
+    "input",
+    "system",
+    "tools",
+]
 
 
 @st.composite
@@ -272,11 +382,20 @@ def hostile_record(draw) -> bytes:
         return draw(st.binary(min_size=1, max_size=40)).replace(b"\n", b" ")
     if kind == "json":
         return json.dumps(draw(JSON_VALUES)).encode()
-    record = dict(draw(st.sampled_from([
-        chat(3, 100), {"timestamp": 5, "prompt": "the quick fox"},
-        {"timestamp": 7, "input_ids": [1, 2, 3, 4, 5], "output_length": 2}])))
-    record[draw(st.sampled_from(FIELDS))] = draw(JSON_VALUES | st.sampled_from(
-        ["\ud800", 2**64, -(2**70), 1e308, float("nan"), [], {}, ""]))
+    record = dict(
+        draw(
+            st.sampled_from(
+                [
+                    chat(3, 100),
+                    {"timestamp": 5, "prompt": "the quick fox"},
+                    {"timestamp": 7, "input_ids": [1, 2, 3, 4, 5], "output_length": 2},
+                ]
+            )
+        )
+    )
+    record[draw(st.sampled_from(FIELDS))] = draw(
+        JSON_VALUES | st.sampled_from(["\ud800", 2**64, -(2**70), 1e308, float("nan"), [], {}, ""])
+    )
     return json.dumps(record).encode("utf-8", errors="surrogatepass")
 
 
@@ -288,12 +407,18 @@ def hostile_record(draw) -> bytes:
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(hostile_record(), min_size=5, max_size=25))
-def test_hostile_logs_every_record_exported_or_dead_lettered(tiny_tokenizer, tmp_path_factory, lines):
+def test_hostile_logs_every_record_exported_or_dead_lettered(
+    tiny_tokenizer, tmp_path_factory, lines
+):
     tmp = tmp_path_factory.mktemp("hostile")
     good = [chat(i, 10 * i) for i in range(3)]
     src = write_jsonl(tmp / "in.jsonl", good + lines)
-    assert anonymize(tiny_tokenizer, [src], tmp / "out", "--block-size", "2",
-                     "--max-rejected-fraction", "1") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer, [src], tmp / "out", "--block-size", "2", "--max-rejected-fraction", "1"
+        )
+        == 0
+    )
     manifest = json.loads((tmp / "out" / "manifest.json").read_text())["records"]
     records = [line for line in good + lines if not isinstance(line, bytes) or line.strip()]
     assert len(trace(tmp / "out")) == manifest["exported"] >= len(good)
@@ -301,7 +426,9 @@ def test_hostile_logs_every_record_exported_or_dead_lettered(tiny_tokenizer, tmp
     assert len(records) == manifest["exported"] + len(rejected)
 
 
-def test_an_output_folder_holding_other_files_is_refused_untouched(tiny_tokenizer, tmp_path, capsys):
+def test_an_output_folder_holding_other_files_is_refused_untouched(
+    tiny_tokenizer, tmp_path, capsys
+):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 10 * i) for i in range(4)])
     out = tmp_path / "out"
     out.mkdir()
@@ -331,9 +458,23 @@ def test_private_files_are_owner_only_and_the_output_is_readable(tiny_tokenizer,
     salt = tmp_path / "salt"
     salt.write_text(SALT)
     (tmp_path / "out-rejected").mkdir(mode=0o755)  # an existing folder: its files are private
-    assert anonymize(tiny_tokenizer, [src], out, "--id-map", str(tmp_path / "map"),
-                     "--salt-file", str(salt), "--hash-scheme", "dynamo",
-                     "--emit-block-hashes", "--engine", engine) == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            out,
+            "--id-map",
+            str(tmp_path / "map"),
+            "--salt-file",
+            str(salt),
+            "--hash-scheme",
+            "dynamo",
+            "--emit-block-hashes",
+            "--engine",
+            engine,
+        )
+        == 0
+    )
     for private in (tmp_path / "map", tmp_path / "out-block-hashes"):
         for path in [private, *private.rglob("*")]:
             assert path.stat().st_mode & 0o077 == 0, path
@@ -347,8 +488,18 @@ def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_p
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     out, salt = tmp_path / "out", tmp_path / "salt"
     salt.write_text(SALT)
-    assert anonymize(tiny_tokenizer, [src], out, "--salt-file", str(salt), "--chat-template-kwargs",
-                     '{"enable_thinking": false, "system_note": "for ACME only"}') == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            out,
+            "--salt-file",
+            str(salt),
+            "--chat-template-kwargs",
+            '{"enable_thinking": false, "system_note": "for ACME only"}',
+        )
+        == 0
+    )
     text = (out / "manifest.json").read_text()
     manifest = json.loads(text)
     assert manifest["tokenizer"]["name"] is None and tiny_tokenizer not in text
@@ -361,6 +512,18 @@ def test_the_manifest_names_no_local_path_and_no_free_text(tiny_tokenizer, tmp_p
     assert main(["audit", str(out)]) == 1  # the digests need the tokenizer to be checked
     # and the kwargs' digests the run's kwargs under its salt
     assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 1
-    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer, "--salt-file", str(salt),
-                 "--chat-template-kwargs",
-                 '{"enable_thinking": false, "system_note": "for ACME only"}']) == 0
+    assert (
+        main(
+            [
+                "audit",
+                str(out),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--salt-file",
+                str(salt),
+                "--chat-template-kwargs",
+                '{"enable_thinking": false, "system_note": "for ACME only"}',
+            ]
+        )
+        == 0
+    )

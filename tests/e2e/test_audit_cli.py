@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
 
+from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.write.coarsen import coarse_input_lengths
 
@@ -33,8 +33,16 @@ def the_tokenizer(tiny_tokenizer):
 
 
 def audit(folder, capsys) -> tuple[int, dict]:
-    code = main(["audit", str(folder), "--json", str(folder.parent / "audit.json"),
-                 "--tokenizer", TOKENIZER[0]])
+    code = main(
+        [
+            "audit",
+            str(folder),
+            "--json",
+            str(folder.parent / "audit.json"),
+            "--tokenizer",
+            TOKENIZER[0],
+        ]
+    )
     capsys.readouterr()
     return code, json.loads((folder.parent / "audit.json").read_text())
 
@@ -50,8 +58,13 @@ def copy_of(folder, tmp_path):
 def test_a_kvtrace_output_is_publishable(output, capsys):
     code, report = audit(output, capsys)
     assert code == 0 and report["publishable"] and not report["flags"]
-    assert set(report["fields"]) <= {"timestamp", "input_length", "output_length", "hash_ids",
-                                     "session"}
+    assert set(report["fields"]) <= {
+        "timestamp",
+        "input_length",
+        "output_length",
+        "hash_ids",
+        "session",
+    }
     assert report["hash_ids"]["dense"] and report["sessions"]["sessions"] == 3
     assert report["timestamps"]["granularity_ms"] == 1  # relative ms, unrounded
     assert report["timestamps"]["median_gap_ms"] > 1  # the spacing, beside the precision
@@ -59,14 +72,19 @@ def test_a_kvtrace_output_is_publishable(output, capsys):
     assert 0 < report["singled_out"]["unique_id_sequence"] <= 1
 
 
-@pytest.mark.parametrize("doctor,flag", [
-    (lambda row, i: row.update(prompt="What is the capital of France ?"), "fields beyond"),
-    (lambda row, i: row.update(session=f"user-{i}"), "string values"),
-    (lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]),
-     "does not hold the rows of its Parquet twin"),
-    (lambda row, i: row.update(hash_ids=[2**62 + i]), "outside [0, 2^40)"),
-    (lambda row, i: row.update(timestamp=row["timestamp"] + 0.25), "not whole"),
-])
+@pytest.mark.parametrize(
+    "doctor,flag",
+    [
+        (lambda row, i: row.update(prompt="What is the capital of France ?"), "fields beyond"),
+        (lambda row, i: row.update(session=f"user-{i}"), "string values"),
+        (
+            lambda row, i: row.update(hash_ids=[100_000 + 7 * i + j for j in range(3)]),
+            "does not hold the rows of its Parquet twin",
+        ),
+        (lambda row, i: row.update(hash_ids=[2**62 + i]), "outside [0, 2^40)"),
+        (lambda row, i: row.update(timestamp=row["timestamp"] + 0.25), "not whole"),
+    ],
+)
 def test_a_doctored_jsonl_is_flagged(output, tmp_path, capsys, doctor, flag):
     folder = copy_of(output, tmp_path)
     for path in folder.glob("trace-*.jsonl"):
@@ -92,8 +110,7 @@ def test_a_folder_without_rows_is_not_publishable(tmp_path, capsys):
     folder.mkdir()
     (folder / "trace-00000-of-00001.jsonl").write_text("")
     code, report = audit(folder, capsys)
-    assert code == 1 and any("missing: trace-00000-of-00001.parquet" in f
-                             for f in report["flags"])
+    assert code == 1 and any("missing: trace-00000-of-00001.parquet" in f for f in report["flags"])
 
 
 def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsys):
@@ -103,22 +120,40 @@ def test_private_hash_files_beside_the_trace_are_flagged(output, tmp_path, capsy
     assert code == 1 and any("does not publish: block-hashes" in f for f in report["flags"])
 
 
-def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenizer, tmp_path,
-                                                                   capsys):
+def test_granularity_options_coarsen_timestamps_and_output_lengths(
+    tiny_tokenizer, tmp_path, capsys
+):
     rows = [chat(i, 1234 * i + 7) for i in range(6)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     plain, coarse = tmp_path / "plain", tmp_path / "coarse"
     assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "4") == 0
-    assert anonymize(tiny_tokenizer, [src], coarse, "--block-size", "4",
-                     "--timestamp-granularity-ms", "1000", "--length-granularity", "8") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            coarse,
+            "--block-size",
+            "4",
+            "--timestamp-granularity-ms",
+            "1000",
+            "--length-granularity",
+            "8",
+        )
+        == 0
+    )
     before, after = trace(plain), trace(coarse)
-    assert [r["timestamp"] for r in after] == [(r["timestamp"] + 500) // 1000 * 1000 for r in before]
-    assert all(a["output_length"] % 8 == 0 and (a["output_length"] > 0) == (b["output_length"] > 0)
-               for a, b in zip(after, before))
+    assert [r["timestamp"] for r in after] == [
+        (r["timestamp"] + 500) // 1000 * 1000 for r in before
+    ]
+    assert all(
+        a["output_length"] % 8 == 0 and (a["output_length"] > 0) == (b["output_length"] > 0)
+        for a, b in zip(after, before)
+    )
     assert any(b["output_length"] % 8 for b in before)  # something was rounded
     # input lengths too (a next turn's prompt holds the reply), within their last block
     assert [r["input_length"] for r in after] == coarse_input_lengths(
-        np.array([r["input_length"] for r in before]), 4, 8).tolist()
+        np.array([r["input_length"] for r in before]), 4, 8
+    ).tolist()
     assert [r["hash_ids"] for r in after] == [r["hash_ids"] for r in before]
     assert audit(coarse, capsys)[1]["timestamps"]["granularity_ms"] % 1000 == 0
     # the published sum is of the published lengths: an exact sum would undo the rounding
@@ -129,8 +164,17 @@ def test_granularity_options_coarsen_timestamps_and_output_lengths(tiny_tokenize
 
 def test_output_ids_beside_coarse_lengths_are_refused(tiny_tokenizer, tmp_path, capsys):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--length-granularity", "8",
-                     "--emit-output-hashes") == 2
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            tmp_path / "out",
+            "--length-granularity",
+            "8",
+            "--emit-output-hashes",
+        )
+        == 2
+    )
     assert "choose one" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -141,8 +185,9 @@ def test_one_trace_file_is_measured_but_only_a_folder_is_publishable(output, tmp
     capsys.readouterr()
     report = json.loads((tmp_path / "a.json").read_text())
     assert code == 1 and report["rows"] == 12
-    assert report["flags"] == ["a trace file alone: only a whole output folder (with its "
-                               "manifest.json) is published"]
+    assert report["flags"] == [
+        "a trace file alone: only a whole output folder (with its manifest.json) is published"
+    ]
 
 
 def test_a_missing_folder_is_could_not_run_not_flagged(tmp_path, capsys):
@@ -157,19 +202,34 @@ def _gzip(path):
 
 
 STRAYS = [  # (what is added to a real output, what the gate must say)
-    (lambda f: (f / "rejected-00000-of-00001.jsonl").write_text(
-        '{"source": "a.jsonl", "error": "invalid_json", "line": "my secret prompt"}\n'),
-     "does not publish: rejected"),
-    (lambda f: (f / "logs.jsonl.gz").write_bytes(_gzip(next(f.glob("trace-*.jsonl")))),
-     "does not publish: logs.jsonl.gz"),
+    (
+        lambda f: (f / "rejected-00000-of-00001.jsonl").write_text(
+            '{"source": "a.jsonl", "error": "invalid_json", "line": "my secret prompt"}\n'
+        ),
+        "does not publish: rejected",
+    ),
+    (
+        lambda f: (f / "logs.jsonl.gz").write_bytes(_gzip(next(f.glob("trace-*.jsonl")))),
+        "does not publish: logs.jsonl.gz",
+    ),
     (lambda f: (f / ".notes").write_text("internal"), "(hidden)"),
     (lambda f: (f / "extra").mkdir(), "a subfolder: extra"),
-    (lambda f: (f / "README.txt").write_text("prompts are in s3://bucket"), "does not publish: README"),
-    (lambda f: (f / "trace-00001-of-00002.jsonl").write_text(
-        '{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": [0]}\n'),
-     "manifest.json lists"),
-    (lambda f: (f / "stats.json").write_text(json.dumps(
-        json.loads((f / "stats.json").read_text()) | {"note": "customer acme"})), "stats.json holds"),
+    (
+        lambda f: (f / "README.txt").write_text("prompts are in s3://bucket"),
+        "does not publish: README",
+    ),
+    (
+        lambda f: (f / "trace-00001-of-00002.jsonl").write_text(
+            '{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": [0]}\n'
+        ),
+        "manifest.json lists",
+    ),
+    (
+        lambda f: (f / "stats.json").write_text(
+            json.dumps(json.loads((f / "stats.json").read_text()) | {"note": "customer acme"})
+        ),
+        "stats.json holds",
+    ),
 ]
 
 
@@ -181,12 +241,18 @@ def test_anything_kvtrace_does_not_publish_is_flagged(output, tmp_path, capsys, 
     assert code == 1 and any(flag in f for f in report["flags"]), report["flags"]
 
 
-@pytest.mark.parametrize("change, flag", [
-    (lambda m: m["tokenizer"].update(name="/home/alice/models/secret-model"), "tokenizer"),
-    (lambda m: m["chat_template_kwargs"].update(system_note="call 555-0100"), "chat_template_kwargs"),
-    (lambda m: m.update(operator="alice"), "'operator' was unexpected"),
-    (lambda m: m["records"].update(note=1.5), "records"),
-])
+@pytest.mark.parametrize(
+    "change, flag",
+    [
+        (lambda m: m["tokenizer"].update(name="/home/alice/models/secret-model"), "tokenizer"),
+        (
+            lambda m: m["chat_template_kwargs"].update(system_note="call 555-0100"),
+            "chat_template_kwargs",
+        ),
+        (lambda m: m.update(operator="alice"), "'operator' was unexpected"),
+        (lambda m: m["records"].update(note=1.5), "records"),
+    ],
+)
 def test_a_manifest_holding_free_text_is_flagged(output, tmp_path, capsys, change, flag):
     folder = copy_of(output, tmp_path)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -235,20 +301,35 @@ def test_tokenizer_digests_are_checked_against_the_tokenizer(output, tmp_path, c
     tests/e2e/test_redteam_privacy_round5.py, tests/transforms/stats/test_gate_round5.py."""
     from tiny_tokenizer import build_tiny_tokenizer
 
-    assert json.loads((output / "manifest.json").read_text())["tokenizer"] == {"name": None,
-                                                                              "sha256": {}}
+    assert json.loads((output / "manifest.json").read_text())["tokenizer"] == {
+        "name": None,
+        "sha256": {},
+    }
     assert _flags(output) == (0, [])
     other = build_tiny_tokenizer(tmp_path / "other")
     assert _flags(output, "--tokenizer", str(other)) == (0, [])
     assert _flags(output, "--tokenizer", TOKENIZER[0]) == (0, [])
 
 
-def test_a_vllm_scheme_suffix_is_checked_against_the_engines_none_hash(tiny_tokenizer, tmp_path,
-                                                                        capsys):
+def test_a_vllm_scheme_suffix_is_checked_against_the_engines_none_hash(
+    tiny_tokenizer, tmp_path, capsys
+):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
     out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme",
-                     "vllm-sha256-cbor", "--vllm-hash-seed", "0") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            out,
+            "--block-size",
+            "4",
+            "--hash-scheme",
+            "vllm-sha256-cbor",
+            "--vllm-hash-seed",
+            "0",
+        )
+        == 0
+    )
     code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
     assert code == 1 and "pass --vllm-hash-seed or --vllm-none-hash" in flags[0]
     assert _flags(out, "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "0") == (0, [])
@@ -261,16 +342,16 @@ def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp
     published; tool_use (chosen for requests with tools) is, under its fixed key, for a named
     tokenizer (an unnamed one's digests are not published at all)."""
     from helpers import anonymize as run_anonymize
-    from tiny_tokenizer import build_tiny_tokenizer
-
     from kvtrace.transforms.encode.tokenize import tokenizer_sha256
     from kvtrace.transforms.write.manifest import public_tokenizer_sha256
+    from tiny_tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(tmp_path / "tok")
     (tokenizer / "additional_chat_templates").mkdir()
     for name in ("tool_use", "acme_internal"):
         (tokenizer / "additional_chat_templates" / f"{name}.jinja").write_text(
-            (tokenizer / "chat_template.jinja").read_text())
+            (tokenizer / "chat_template.jinja").read_text()
+        )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     assert run_anonymize(str(tokenizer), [src], tmp_path / "out", "--block-size", "4") == 0
     named = public_tokenizer_sha256("Qwen/Qwen3-8B", tokenizer_sha256(str(tokenizer)))
@@ -285,10 +366,14 @@ def test_a_night_extending_an_id_map_is_checked_against_the_map(tiny_tokenizer, 
     (tmp_path / "salt").write_bytes(b"s" * 32)
     mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
     for night in range(2):
-        src = write_jsonl(tmp_path / f"in{night}.jsonl",
-                          [chat(i + 5 * night, 1000 * i + 10**8 * night) for i in range(4)])
-        assert anonymize(tiny_tokenizer, [src], tmp_path / f"out{night}", "--block-size", "4",
-                         *mapped) == 0
+        src = write_jsonl(
+            tmp_path / f"in{night}.jsonl",
+            [chat(i + 5 * night, 1000 * i + 10**8 * night) for i in range(4)],
+        )
+        assert (
+            anonymize(tiny_tokenizer, [src], tmp_path / f"out{night}", "--block-size", "4", *mapped)
+            == 0
+        )
     out = tmp_path / "out1"
     assert json.loads((out / "manifest.json").read_text())["id_map"]["time_from_ms"] == 10**8
     code, flags = _flags(out, "--tokenizer", tiny_tokenizer)

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import anonymize_night, chat, write_jsonl
 
+from helpers import anonymize_night, chat, write_jsonl
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.ids import anchor, id_map, map_record
 from kvtrace.transforms.ids.map_record import keyed, map_key
@@ -25,33 +25,51 @@ KEY = map_key(SALT)
 
 
 def recorded(manifest: dict) -> gate.MapVersionNumbering:
-    return gate.MapVersionNumbering(gate._start_figures(manifest["id_map"]),
-                                    id_map.night_identity(manifest))
+    return gate.MapVersionNumbering(
+        gate._start_figures(manifest["id_map"]), id_map.night_identity(manifest)
+    )
 
 
 @pytest.mark.slow
-def test_a_night_of_a_map_from_before_format_6_passes_once_anonymized_again(tiny_tokenizer,
-                                                                            tmp_path):
+def test_a_night_of_a_map_from_before_format_6_passes_once_anonymized_again(
+    tiny_tokenizer, tmp_path
+):
     """What the gate's flag says to do works: the rerun records the night in a version of its
     own (no id added), publishes the same rows, and the gate confirms it."""
     (tmp_path / "salt").write_bytes(SALT)
     mapped = ["--id-map", str(tmp_path / "map"), "--salt-file", str(tmp_path / "salt")]
-    logs = [write_jsonl(tmp_path / f"night{day}.jsonl",
-                        [chat(i, day * 86_400_000 + 1_000 * i, f"u{i % 2}", rotate=day)
-                         for i in range(6)]) for day in (1, 2)]
+    logs = [
+        write_jsonl(
+            tmp_path / f"night{day}.jsonl",
+            [chat(i, day * 86_400_000 + 1_000 * i, f"u{i % 2}", rotate=day) for i in range(6)],
+        )
+        for day in (1, 2)
+    ]
     for day, log in enumerate(logs, 1):
         assert anonymize_night(tiny_tokenizer, [log], tmp_path / f"n{day}", *mapped) == 0
     for number in (1, 2):  # as kvtrace wrote the map before nights were recorded
         path = tmp_path / "map" / "versions" / f"{number:06d}.json"
-        record = {k: v for k, v in json.loads(path.read_bytes()).items()
-                  if k not in ("mac", "map_id", "previous_sha256")}
-        record["history"] = [{k: e[k] for k in ("version", "added", "compacted")}
-                             for e in record["history"]]
+        record = {
+            k: v
+            for k, v in json.loads(path.read_bytes()).items()
+            if k not in ("mac", "map_id", "previous_sha256")
+        }
+        record["history"] = [
+            {k: e[k] for k in ("version", "added", "compacted")} for e in record["history"]
+        ]
         path.write_bytes(keyed(record | {"format_version": map_record.NIGHTLESS_FORMAT}, KEY))
     marks = anchor.marks_folder(SaltSource("file", str(tmp_path / "salt")), None)
-    Path(anchor.place_path(marks, str(tmp_path / "map"))).write_bytes(keyed({  # before map ids
-        "format": anchor.MARK_FORMAT, "map": anchor.map_location(str(tmp_path / "map")),
-        "version": 2, "record_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}, KEY))
+    Path(anchor.place_path(marks, str(tmp_path / "map"))).write_bytes(
+        keyed(
+            {  # before map ids
+                "format": anchor.MARK_FORMAT,
+                "map": anchor.map_location(str(tmp_path / "map")),
+                "version": 2,
+                "record_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            },
+            KEY,
+        )
+    )
     numbering = gate.map_numbering(str(tmp_path / "map"), SALT)
     report = gate.audit(str(tmp_path / "n2"), tiny_tokenizer, numbering=numbering)
     assert [f for f in report["flags"] if "record none" in f], report["flags"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from helpers import anonymize, chat, write_jsonl
-
 from kvtrace.cli import main
 from kvtrace.transforms.trace_format import MANIFEST_SCHEMA
 
@@ -22,8 +21,9 @@ def test_a_dynamo_run_passes_only_with_its_scheme_given(tiny_tokenizer, tmp_path
     and without --hash-scheme only the default keyed one passes."""
     rows = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
     out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [rows], out, "--block-size", "4", "--hash-scheme",
-                     "dynamo") == 0
+    assert (
+        anonymize(tiny_tokenizer, [rows], out, "--block-size", "4", "--hash-scheme", "dynamo") == 0
+    )
     code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
     assert code == 1 and flags == [flags[0]] and "pass --hash-scheme" in flags[0]
     assert _flags(out, "--tokenizer", tiny_tokenizer, "--hash-scheme", "dynamo") == (0, [])
@@ -39,12 +39,31 @@ def test_template_kwargs_pass_unconfirmed_only_when_none(tiny_tokenizer, tmp_pat
     rows = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
     out = tmp_path / "out"
     kwargs = json.dumps({"enable_thinking": False})
-    assert anonymize(tiny_tokenizer, [rows], out, "--block-size", "4", "--salt-file", str(salt),
-                     "--chat-template-kwargs", kwargs) == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [rows],
+            out,
+            "--block-size",
+            "4",
+            "--salt-file",
+            str(salt),
+            "--chat-template-kwargs",
+            kwargs,
+        )
+        == 0
+    )
     code, flags = _flags(out, "--tokenizer", tiny_tokenizer)
     assert code == 1 and "--chat-template-kwargs" in flags[0]
-    assert _flags(out, "--tokenizer", tiny_tokenizer, "--chat-template-kwargs", kwargs,
-                  "--salt-file", str(salt)) == (0, [])
+    assert _flags(
+        out,
+        "--tokenizer",
+        tiny_tokenizer,
+        "--chat-template-kwargs",
+        kwargs,
+        "--salt-file",
+        str(salt),
+    ) == (0, [])
 
 
 def test_the_manifest_publishes_only_what_a_consumer_reads(tiny_tokenizer, tmp_path):

@@ -7,13 +7,20 @@ from __future__ import annotations
 import json
 
 from helpers import read_jsonl, write_jsonl
-
 from kvtrace.cli import main
 
 
 def bailian(chat, parent, ts, isl, ids, turn=1) -> dict:
-    return {"chat_id": chat, "parent_chat_id": parent, "timestamp": ts, "input_length": isl,
-            "output_length": 5, "type": "text", "turn": turn, "hash_ids": ids}
+    return {
+        "chat_id": chat,
+        "parent_chat_id": parent,
+        "timestamp": ts,
+        "input_length": isl,
+        "output_length": 5,
+        "type": "text",
+        "turn": turn,
+        "hash_ids": ids,
+    }
 
 
 ROWS = [

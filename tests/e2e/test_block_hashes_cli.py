@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import kvtrace.transforms.write.shards as shards
 import pytest
+
+import kvtrace.transforms.write.shards as shards
 from helpers import anonymize, chat, write_jsonl
 from kvtrace.transforms.write.publish import STAGING_MARK
 from kvtrace.transforms.write.shards import BLOCK_HASHES_OUTPUT
@@ -21,16 +22,29 @@ def _belongs(hashes: Path, out: Path) -> bool:
 
 @pytest.mark.slow  # three anonymize runs
 def test_a_run_killed_between_the_two_publishes_leaves_hashes_that_say_they_are_not_its(
-        tiny_tokenizer, tmp_path, monkeypatch):
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """The decision of docs/BLOCK_HASHES.md: the output first, its hashes after; a run that dies
     in between leaves the earlier hashes, which then do not name the output beside them."""
     salt = tmp_path / "salt"
     salt.write_text("0123456789abcdef0123456789abcdef")
     out, hashes = tmp_path / "out", tmp_path / "hashes"
-    args = ["--block-size", "4", "--salt-file", str(salt), "--hash-scheme", "dynamo",
-            "--emit-block-hashes", str(hashes)]
-    night = [write_jsonl(tmp_path / f"night{n}.jsonl", [chat(i, 1000 * i, rotate=n)
-                                                        for i in range(3 + n)]) for n in range(2)]
+    args = [
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        "--hash-scheme",
+        "dynamo",
+        "--emit-block-hashes",
+        str(hashes),
+    ]
+    night = [
+        write_jsonl(
+            tmp_path / f"night{n}.jsonl", [chat(i, 1000 * i, rotate=n) for i in range(3 + n)]
+        )
+        for n in range(2)
+    ]
     assert anonymize(tiny_tokenizer, [night[0]], out, *args) == 0
     assert _belongs(hashes, out)
     first = {p.name: p.read_bytes() for p in hashes.iterdir()}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import shared_path
 
+from helpers import shared_path
 from kvtrace.cli import main
 
 
@@ -25,11 +25,23 @@ def run_json(capsys, tmp_path, *argv: str) -> tuple[dict, str]:
 def test_reuse_matches_the_reference_values_and_draws_the_plot(tmp_path, capsys):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     plot = tmp_path / "reuse.png"
-    report, out = run_json(capsys, tmp_path, "reuse", trace, "--block-size", "512",
-                           "--gpu-kv-cache-size", "345792", "--output", str(plot))
+    report, out = run_json(
+        capsys,
+        tmp_path,
+        "reuse",
+        trace,
+        "--block-size",
+        "512",
+        "--gpu-kv-cache-size",
+        "345792",
+        "--output",
+        str(plot),
+    )
     assert report["ccdf_at_gpu_kv_cache_size"] == pytest.approx(0.5938, abs=5e-5)
     assert report["infinite_cache"]["token_weighted"] == pytest.approx(0.6512, abs=5e-5)
-    assert report["infinite_cache"]["token_weighted_last_50pct_of_rows"] == pytest.approx(0.8627, abs=5e-5)
+    assert report["infinite_cache"]["token_weighted_last_50pct_of_rows"] == pytest.approx(
+        0.8627, abs=5e-5
+    )
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lru = report["lru_stack"]
     assert all(a <= b for a, b in zip(lru["lru_hit_rate"], lru["lru_hit_rate"][1:]))
@@ -44,13 +56,16 @@ def test_reuse_matches_the_reference_values_and_draws_the_plot(tmp_path, capsys)
 @pytest.mark.slow
 def test_simulate_matches_the_reference_values(tmp_path, capsys):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
-    report, out = run_json(capsys, tmp_path, "simulate", trace, "--capacity", "3000000,50M",
-                           "--tier2-capacity", "47M")
+    report, out = run_json(
+        capsys, tmp_path, "simulate", trace, "--capacity", "3000000,50M", "--tier2-capacity", "47M"
+    )
     lru = {p["capacity_tokens"]: p["hit_rate"] for p in report["policies"]["lru"]}
     assert lru[3_000_000] == pytest.approx(0.3151, abs=5e-5)
     assert lru[50_000_000] == pytest.approx(0.6512, abs=5e-5)
     at_3m = {policy: points[0]["hit_rate"] for policy, points in report["policies"].items()}
     assert at_3m["belady"] >= max(at_3m.values()) and all(0 <= r <= 1 for r in at_3m.values())
     tiers = report["two_tier"][0]
-    assert tiers["gpu_hit_rate"] + tiers["tier2_hit_rate"] == pytest.approx(lru[50_000_000], abs=1e-3)
+    assert tiers["gpu_hit_rate"] + tiers["tier2_hit_rate"] == pytest.approx(
+        lru[50_000_000], abs=1e-3
+    )
     assert "| 3,000,000 | 0.3151 |" in out

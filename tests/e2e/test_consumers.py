@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from helpers import TESTS, anonymize, trace, write_jsonl
 from kvtrace.cli import main
 
@@ -18,24 +19,43 @@ CONSUMERS = TESTS / "consumers"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 40}
 
 
-def replay_check(variable: str, script: str, trace_file: Path, block_size: int, tokenizer: str,
-                 *extra: str):
+def replay_check(
+    variable: str, script: str, trace_file: Path, block_size: int, tokenizer: str, *extra: str
+):
     # aiperf's offline mode treats every tokenizer name as a hub id, local folders included.
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    return subprocess.run([os.environ[variable], str(CONSUMERS / script), str(trace_file),
-                           str(block_size), tokenizer, *extra], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run(
+        [
+            os.environ[variable],
+            str(CONSUMERS / script),
+            str(trace_file),
+            str(block_size),
+            tokenizer,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
-def conversation(session: str, turns: int, start_ms: int, latency_ms: int | None = None
-                 ) -> list[dict]:
+def conversation(
+    session: str, turns: int, start_ms: int, latency_ms: int | None = None
+) -> list[dict]:
     """A multi-turn chat logged as serving engines log it: each request holds the whole history
     (and, given latency_ms, how long its response took)."""
     records, history = [], [SYSTEM]
     for turn in range(turns):
         history = [*history, {"role": "user", "content": f"Question {turn} of {session}: why?"}]
-        records.append({"timestamp": start_ms + 1000 * turn, "session_id": session,
-                        "messages": history, "output_length": 20})
+        records.append(
+            {
+                "timestamp": start_ms + 1000 * turn,
+                "session_id": session,
+                "messages": history,
+                "output_length": 20,
+            }
+        )
         if latency_ms is not None:
             records[-1]["latency_ms"] = latency_ms
         history = [*history, {"role": "assistant", "content": f"Because {turn}. " * 30}]
@@ -57,16 +77,25 @@ def chat_trace(deepseek_tokenizer, tmp_path_factory) -> tuple[Path, int]:
 def with_tool(variable: str, script: str):
     """A parameter that skips before the fixtures run when the tool's python is not given."""
     given = bool(os.environ.get(variable)) and Path(os.environ[variable]).exists()
-    return pytest.param(variable, script, id=script.split("_")[0], marks=pytest.mark.skipif(
-        not given, reason=f"set {variable} to a python with the tool installed (.ci/run does)"))
+    return pytest.param(
+        variable,
+        script,
+        id=script.split("_")[0],
+        marks=pytest.mark.skipif(
+            not given, reason=f"set {variable} to a python with the tool installed (.ci/run does)"
+        ),
+    )
 
 
-@pytest.mark.parametrize("variable, script", [
-    # aiperf: its MooncakeTrace model, no session grouping, exact token sequences per row
-    with_tool("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py"),
-    # guidellm: its row validation and the token blocks it assigns per row
-    with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py"),
-])
+@pytest.mark.parametrize(
+    "variable, script",
+    [
+        # aiperf: its MooncakeTrace model, no session grouping, exact token sequences per row
+        with_tool("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py"),
+        # guidellm: its row validation and the token blocks it assigns per row
+        with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py"),
+    ],
+)
 def test_replay_tools_rebuild_every_row_exactly_sessions_included(
     deepseek_tokenizer, chat_trace, variable, script
 ):
@@ -81,8 +110,11 @@ def timed_chats(deepseek_tokenizer, tmp_path_factory) -> Path:
     """Conversations whose logs say how long each response took (300 ms), anonymized at block
     size 16, plus a request outside any conversation."""
     tmp = tmp_path_factory.mktemp("timed")
-    logs = conversation("alice", 4, 0, latency_ms=300) + conversation("bob", 3, 500, 300) + [
-        {"timestamp": 200, "prompt": "A lone request. " * 20, "output_length": 5}]
+    logs = (
+        conversation("alice", 4, 0, latency_ms=300)
+        + conversation("bob", 3, 500, 300)
+        + [{"timestamp": 200, "prompt": "A lone request. " * 20, "output_length": 5}]
+    )
     src = write_jsonl(tmp / "chats.jsonl", logs)
     assert anonymize(deepseek_tokenizer, [src], tmp / "out", "--block-size", "16") == 0
     assert {r.get("response_ms") for r in trace(tmp / "out")} == {300, None}
@@ -96,12 +128,15 @@ def exported(folder: Path, to: str) -> tuple[Path, list[dict]]:
     return path, [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("to, trace_format", [("dynamo", "mooncake"),
-                                               ("dynamo-delta", "mooncake-delta")])
-@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON",
-                                                        "dynamo_replay.py")])
-def test_dynamo_replays_each_turn_whole_after_its_think_time(timed_chats, variable, script, to,
-                                                             trace_format, tmp_path):
+@pytest.mark.parametrize(
+    "to, trace_format", [("dynamo", "mooncake"), ("dynamo-delta", "mooncake-delta")]
+)
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_replay.py")]
+)
+def test_dynamo_replays_each_turn_whole_after_its_think_time(
+    timed_chats, variable, script, to, trace_format, tmp_path
+):
     """Dynamo's own reader and simulated engine: every request has its whole prompt (a delta
     turn rebuilt from the previous prompt, the generated answer and the delta) and each follow-up
     turn arrives 1000 - 300 = 700 ms after the previous response ended."""
@@ -118,17 +153,29 @@ def test_dynamo_replays_each_turn_whole_after_its_think_time(timed_chats, variab
     assert [e["delay"] for e in expected if e["delay"] is not None] == [700] * 5
     expected_file = tmp_path / "expected.json"
     expected_file.write_text(json.dumps({"rows": expected}))
-    result = subprocess.run([os.environ[variable], str(CONSUMERS / script), str(path),
-                             trace_format, "16", str(expected_file)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            os.environ[variable],
+            str(CONSUMERS / script),
+            str(path),
+            trace_format,
+            "16",
+            str(expected_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"rows": 8, "delays": 5}
 
 
-@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_AIPERF_PYTHON",
-                                                        "aiperf_replay.py")])
-def test_aiperf_reads_exported_sessions_with_their_delays(deepseek_tokenizer, timed_chats,
-                                                           variable, script):
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_AIPERF_PYTHON", "aiperf_replay.py")]
+)
+def test_aiperf_reads_exported_sessions_with_their_delays(
+    deepseek_tokenizer, timed_chats, variable, script
+):
     path, rows = exported(timed_chats, "aiperf-sessions")
     assert sum("delay" in r for r in rows) == 5
     result = replay_check(variable, script, path, 16, deepseek_tokenizer, "sessions")
@@ -136,19 +183,23 @@ def test_aiperf_reads_exported_sessions_with_their_delays(deepseek_tokenizer, ti
     assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == len(rows)
 
 
-@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON",
-                                                        "guidellm_replay.py")])
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_replay.py")]
+)
 def test_guidellm_parses_the_printed_data_option_to_our_block_size_and_unit(variable, script):
     """The `--data` value of the command kvtrace prints, through guidellm's own parser."""
     from kvtrace.transforms.write.replayers import CONSUMERS
 
     command = CONSUMERS["guidellm"].command("trace.jsonl", 64, 10).split()
     data = command[command.index("--data") + 1]
-    code = ("import json, sys; from guidellm.utils.arg_string import loads; "
-            "from guidellm.schemas.data.deserializers import MooncakeTraceFormatArgs; "
-            "a = MooncakeTraceFormatArgs.model_validate(loads(sys.argv[1])); "
-            "print(json.dumps([a.hash_id_block_size, a.time_scale, str(a.source.path)]))")
-    result = subprocess.run([os.environ[variable], "-c", code, data], capture_output=True,
-                            text=True, timeout=600)
+    code = (
+        "import json, sys; from guidellm.utils.arg_string import loads; "
+        "from guidellm.schemas.data.deserializers import MooncakeTraceFormatArgs; "
+        "a = MooncakeTraceFormatArgs.model_validate(loads(sys.argv[1])); "
+        "print(json.dumps([a.hash_id_block_size, a.time_scale, str(a.source.path)]))"
+    )
+    result = subprocess.run(
+        [os.environ[variable], "-c", code, data], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout) == [64, 0.001, "trace.jsonl"]

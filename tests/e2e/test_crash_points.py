@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TESTS, chat, write_jsonl
 
+from helpers import ROOT, TESTS, chat, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -41,8 +41,9 @@ def _tree(folder: Path) -> dict[str, bytes]:
         if name.startswith("versions/"):
             record = json.loads(data)
             record.pop("mac")
-            data = re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1",
-                          json.dumps(record, sort_keys=True)).encode()
+            data = re.sub(
+                r"(segments/\d{6})-[0-9a-f]+", r"\1", json.dumps(record, sort_keys=True)
+            ).encode()
         files[name] = data
     return files
 
@@ -53,14 +54,47 @@ def night(tiny_tokenizer, tmp_path_factory):
     leaves (output and map)."""
     base = tmp_path_factory.mktemp("crash")
     (base / "salt").write_text(SALT)
-    logs = [write_jsonl(base / f"night{day}.jsonl",
-                        [chat(i + 5 * day, day * 86_400_000 + 1_000 + 577 * i, f"u{day}-{i % 4}",
-                              rotate=(i + day) % 5) for i in range(20)] + [b"{broken"])
-            for day in (1, 2)]
-    args = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--hash-shards", "2",
-            "--salt-file", str(base / "salt")]
-    assert main(["anonymize", "--input", str(logs[0]), "--output", str(base / "out"),
-                 "--id-map", str(base / "map"), *args]) == 0
+    logs = [
+        write_jsonl(
+            base / f"night{day}.jsonl",
+            [
+                chat(
+                    i + 5 * day,
+                    day * 86_400_000 + 1_000 + 577 * i,
+                    f"u{day}-{i % 4}",
+                    rotate=(i + day) % 5,
+                )
+                for i in range(20)
+            ]
+            + [b"{broken"],
+        )
+        for day in (1, 2)
+    ]
+    args = [
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--hash-shards",
+        "2",
+        "--salt-file",
+        str(base / "salt"),
+    ]
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(logs[0]),
+                "--output",
+                str(base / "out"),
+                "--id-map",
+                str(base / "map"),
+                *args,
+            ]
+        )
+        == 0
+    )
     shutil.copytree(base / "out", base / "previous-out")
     shutil.copytree(base / "map", base / "previous-map")
     expected = base / "expected"
@@ -71,8 +105,20 @@ def night(tiny_tokenizer, tmp_path_factory):
     shutil.copytree(base / "previous-map", expected / "map")
     shutil.copytree(base / "previous-marks", expected / "marks")
     night2 = ["anonymize", "--input", str(logs[1]), *args]
-    assert main([*night2, "--output", str(expected / "out"), "--id-map", str(expected / "map"),
-                 "--id-map-marks", str(expected / "marks")]) == 0
+    assert (
+        main(
+            [
+                *night2,
+                "--output",
+                str(expected / "out"),
+                "--id-map",
+                str(expected / "map"),
+                "--id-map-marks",
+                str(expected / "marks"),
+            ]
+        )
+        == 0
+    )
     return base, night2, expected
 
 
@@ -83,13 +129,31 @@ def _letters(folder: Path) -> list[list[str]]:
     return [sorted(p.read_text().splitlines()) for p in files]
 
 
-def _crash(night2: list[str], work: Path, point: int, mode: str, engine: str) -> subprocess.CompletedProcess:
+def _crash(
+    night2: list[str], work: Path, point: int, mode: str, engine: str
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *night2,
-         "--output", str(work / "out"), "--id-map", str(work / "map"), "--id-map-marks",
-         str(work / "marks"), "--engine", engine],
-        cwd=TESTS, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])})
+        [
+            sys.executable,
+            str(TESTS / "crashpoints.py"),
+            str(point),
+            mode,
+            *night2,
+            "--output",
+            str(work / "out"),
+            "--id-map",
+            str(work / "map"),
+            "--id-map-marks",
+            str(work / "marks"),
+            "--engine",
+            engine,
+        ],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])},
+    )
 
 
 def _points(night, engine: str, work: Path) -> int:
@@ -119,19 +183,32 @@ def _check_every_point(night, tmp_path, mode: str, engine: str, every: int = 1) 
         seen = _tree(work / "out")
         assert seen in (_tree(base / "previous-out"), _tree(expected / "out")), f"step {point}"
         night_published = seen == _tree(expected / "out")  # by the killed run
-        assert main([*night2, "--output", str(work / "out"), "--id-map", str(work / "map"),
-                     "--id-map-marks", str(work / "marks"), "--engine", engine]) == 0, \
-            f"rerun after step {point}"
-        assert _tree(work / "out") == _tree(expected / "out"), \
-            f"output after step {point}"
+        assert (
+            main(
+                [
+                    *night2,
+                    "--output",
+                    str(work / "out"),
+                    "--id-map",
+                    str(work / "map"),
+                    "--id-map-marks",
+                    str(work / "marks"),
+                    "--engine",
+                    engine,
+                ]
+            )
+            == 0
+        ), f"rerun after step {point}"
+        assert _tree(work / "out") == _tree(expected / "out"), f"output after step {point}"
         assert _tree(work / "map") == _tree(expected / "map"), f"map after step {point}"
-        assert sorted(p.name for p in work.iterdir()) == ["map", "marks", "out",
-                                                          "out-rejected"], \
+        assert sorted(p.name for p in work.iterdir()) == ["map", "marks", "out", "out-rejected"], (
             f"left after {point}"
+        )
         # The night's letters once per run that published it: the rerun, and the killed run if
         # it had published its output (its letters are kept with it, never lost).
         assert _letters(work / "out-rejected") == _letters(expected / "out-rejected") * (
-            1 + night_published), f"letters after step {point}"
+            1 + night_published
+        ), f"letters after step {point}"
         shutil.rmtree(work)
     return steps
 
@@ -146,26 +223,60 @@ def test_every_fourth_step_of_a_beam_night(night, tmp_path, mode):
     _check_every_point(night, tmp_path, mode, "beam", every=4)
 
 
-TRACE = [{"timestamp": 1000 * i + 37 * (i % 3), "input_length": 4 * (2 + i % 3) - 1,
-          "output_length": 3, "hash_ids": [1, 2 + i % 2] + [100 + 10 * i + j for j in range(i % 3)]}
-         for i in range(12)]
-BAILIAN = [{"chat_id": i, "parent_chat_id": i - 1 if i % 3 else -1, "timestamp": 1.5 * i,
-            "input_length": 16 * (1 + i % 3), "output_length": 4, "type": "text", "turn": 1,
-            "hash_ids": list(range(i, i + 1 + i % 3))} for i in range(9)]
+TRACE = [
+    {
+        "timestamp": 1000 * i + 37 * (i % 3),
+        "input_length": 4 * (2 + i % 3) - 1,
+        "output_length": 3,
+        "hash_ids": [1, 2 + i % 2] + [100 + 10 * i + j for j in range(i % 3)],
+    }
+    for i in range(12)
+]
+BAILIAN = [
+    {
+        "chat_id": i,
+        "parent_chat_id": i - 1 if i % 3 else -1,
+        "timestamp": 1.5 * i,
+        "input_length": 16 * (1 + i % 3),
+        "output_length": 4,
+        "type": "text",
+        "turn": 1,
+        "hash_ids": list(range(i, i + 1 + i % 3)),
+    }
+    for i in range(9)
+]
 # Each command that writes, as (name, arguments before the input, its output's name, arguments
 # after); INPUT is replaced by the trace (or Bailian file) of a run.
 COMMANDS = {
-    "render": (["render", "INPUT", "--block-size", "4", "--tokenizer", "TOKENIZER",
-                "--no-verify"], "out.jsonl"),
+    "render": (
+        ["render", "INPUT", "--block-size", "4", "--tokenizer", "TOKENIZER", "--no-verify"],
+        "out.jsonl",
+    ),
     "synthesize": (["synthesize", "INPUT", "--block-size", "4", "--seed", "1"], "out.jsonl"),
-    "synthesize-beam": (["synthesize", "INPUT", "--block-size", "4", "--engine", "beam"],
-                        "out.jsonl"),
+    "synthesize-beam": (
+        ["synthesize", "INPUT", "--block-size", "4", "--engine", "beam"],
+        "out.jsonl",
+    ),
     "convert-file": (["convert", "BAILIAN"], "out.jsonl"),
     "convert-folder": (["convert", "BAILIAN"], "out"),
-    "export": (["export", "INPUT", "--to", "dynamo", "--block-size", "4", "--overwrite"],
-               "out.jsonl"),
-    "report": (["report", "INPUT", "--block-size", "4", "--capacity", "8,32", "--policy", "lru",
-                "--overwrite"], "out.html"),
+    "export": (
+        ["export", "INPUT", "--to", "dynamo", "--block-size", "4", "--overwrite"],
+        "out.jsonl",
+    ),
+    "report": (
+        [
+            "report",
+            "INPUT",
+            "--block-size",
+            "4",
+            "--capacity",
+            "8,32",
+            "--policy",
+            "lru",
+            "--overwrite",
+        ],
+        "out.html",
+    ),
     "analyze": (["analyze", "INPUT", "--block-size", "4", "--output"], "out"),
 }
 
@@ -178,10 +289,15 @@ def _snapshot(path: Path) -> dict[str, bytes] | None:
 
 def _command(name: str, inputs: Path, run: str, tokenizer: str, work: Path) -> list[str]:
     args, output = COMMANDS[name]
-    given = {"INPUT": str(inputs / f"{run}.jsonl"), "BAILIAN": str(inputs / f"{run}-bailian.jsonl"),
-             "TOKENIZER": tokenizer}
+    given = {
+        "INPUT": str(inputs / f"{run}.jsonl"),
+        "BAILIAN": str(inputs / f"{run}-bailian.jsonl"),
+        "TOKENIZER": tokenizer,
+    }
     args = [given.get(a, a) for a in args]
-    return [*args, str(work / output)] if args[-1] == "--output" else [*args, "-o", str(work / output)]
+    return (
+        [*args, str(work / output)] if args[-1] == "--output" else [*args, "-o", str(work / output)]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -206,10 +322,14 @@ def test_every_step_of_every_command_that_writes(name, mode, inputs, tiny_tokeni
         args = _command(name, inputs, run, tiny_tokenizer, work)
         if point is None:
             return main(args)
-        return subprocess.run([sys.executable, str(TESTS / "crashpoints.py"), str(point), mode,
-                               *args], cwd=TESTS, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
-                                                                                str(TESTS)])})
+        return subprocess.run(
+            [sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *args],
+            cwd=TESTS,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])},
+        )
 
     previous, expected = tmp_path / "previous", tmp_path / "expected"
     assert run(previous, "previous") == 0 and run(expected, "new") == 0
@@ -231,5 +351,6 @@ def test_every_step_of_every_command_that_writes(name, mode, inputs, tiny_tokeni
         assert run(work, "new") == 0, f"rerun after step {point}"
         assert _snapshot(work / output) == after, f"output after step {point}"
         assert sorted(p.name for p in work.iterdir()) == sorted(
-            p.name for p in expected.iterdir()), f"left after step {point}"
+            p.name for p in expected.iterdir()
+        ), f"left after step {point}"
         shutil.rmtree(work)

@@ -12,11 +12,21 @@ from helpers import anonymize, chat, published_letters, write_jsonl
 DAY_S = 86_400
 # One letter of each stage: too large to read, not JSON, not a request, a template that raises,
 # a timestamp years from the bulk of the input's.
-BAD = [b'{"pad": "' + b"z" * 1100 + b'"}', b"zz not json", b"aa not json", {"messages": []},
-       {"timestamp": 1_700_000_000, "messages": [{"role": "developer", "content": "raises"}]},
-       chat(3, 1_700_000_000 - 900 * DAY_S)]
-REASONS = {"too_large", "invalid_json", "invalid_request", "template_error",
-           "implausible_timestamp"}
+BAD = [
+    b'{"pad": "' + b"z" * 1100 + b'"}',
+    b"zz not json",
+    b"aa not json",
+    {"messages": []},
+    {"timestamp": 1_700_000_000, "messages": [{"role": "developer", "content": "raises"}]},
+    chat(3, 1_700_000_000 - 900 * DAY_S),
+]
+REASONS = {
+    "too_large",
+    "invalid_json",
+    "invalid_request",
+    "template_error",
+    "implausible_timestamp",
+}
 
 
 def test_letters_are_sorted_bytes_whatever_the_record_order(tiny_tokenizer, tmp_path):
@@ -30,9 +40,22 @@ def test_letters_are_sorted_bytes_whatever_the_record_order(tiny_tokenizer, tmp_
         (tmp_path / f"in{run}").mkdir()
         src = write_jsonl(tmp_path / f"in{run}" / "in.jsonl", [oversized, *order])
         out = tmp_path / f"out{run}"
-        assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--salt-file",
-                         str(salt), "--max-record-bytes", "1024",
-                         "--max-rejected-fraction", "0.9") == 0
+        assert (
+            anonymize(
+                tiny_tokenizer,
+                [src],
+                out,
+                "--block-size",
+                "4",
+                "--salt-file",
+                str(salt),
+                "--max-record-bytes",
+                "1024",
+                "--max-rejected-fraction",
+                "0.9",
+            )
+            == 0
+        )
         lines = published_letters(tmp_path / f"out{run}-rejected").read_bytes().splitlines()
         assert lines == sorted(lines)
         assert {json.loads(line)["error"] for line in lines} == REASONS

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 import kvtrace.transforms.write.steps as write_steps
 from helpers import ON_FLINK, ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
 
@@ -19,10 +20,17 @@ FLINK = ("--config", str(ROOT / "configs" / "flink-local.yaml"))
 
 def nights(folder: Path) -> list[Path]:
     """Two nights of chats; the second repeats some of the first's prompts and sessions."""
-    return [write_jsonl(folder / f"night-{n}.jsonl",
-                        [chat(i + n, ts=86_400_000 * n + 1_000 * i, session=f"s{i % 4}",
-                              rotate=n) for i in range(12)] + [{"broken": True}])
-            for n in (1, 2)]
+    return [
+        write_jsonl(
+            folder / f"night-{n}.jsonl",
+            [
+                chat(i + n, ts=86_400_000 * n + 1_000 * i, session=f"s{i % 4}", rotate=n)
+                for i in range(12)
+            ]
+            + [{"broken": True}],
+        )
+        for n in (1, 2)
+    ]
 
 
 def without_run_ids(text: str) -> str:
@@ -58,10 +66,20 @@ def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, mo
     salt_file.write_text(SALT)
     for engine, extra in (("local", ()), ("flink", FLINK)):
         for n, night in enumerate(nights(tmp_path), 1):
-            assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"{engine}-{n}",
-                                   "--id-map", str(tmp_path / f"map-{engine}"),
-                                   "--salt-file", str(salt_file),
-                                   *own_marks(tmp_path, engine), *extra) == 0
+            assert (
+                anonymize_night(
+                    tiny_tokenizer,
+                    [night],
+                    tmp_path / f"{engine}-{n}",
+                    "--id-map",
+                    str(tmp_path / f"map-{engine}"),
+                    "--salt-file",
+                    str(salt_file),
+                    *own_marks(tmp_path, engine),
+                    *extra,
+                )
+                == 0
+            )
     for n in (1, 2):
         assert_same_output(tmp_path / f"local-{n}", tmp_path / f"flink-{n}")
     assert map_contents(tmp_path / "map-local") == map_contents(tmp_path / "map-flink")
@@ -70,7 +88,8 @@ def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, mo
 # The killed TaskManager's data streams end in the in-process worker's threads, which say so.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
-        tiny_tokenizer, tmp_path, monkeypatch):
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
     salt_file = tmp_path / "salt"
     salt_file.write_text(SALT)
@@ -82,8 +101,12 @@ def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
         # The Python parts run in this process (LOOPBACK): the first trace shard's write kills
         # the TaskManager that sent it, while the night is under way.
         if not killed:
-            killed.append(subprocess.run([str(ROOT / "deploy" / "flink" / "local-cluster.sh"),
-                                          "kill-taskmanager"], check=True))
+            killed.append(
+                subprocess.run(
+                    [str(ROOT / "deploy" / "flink" / "local-cluster.sh"), "kill-taskmanager"],
+                    check=True,
+                )
+            )
         return write_shard(*args, **kwargs)
 
     runs = {}
@@ -91,10 +114,20 @@ def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
         if engine == "flink":
             monkeypatch.setattr(write_steps, "write_shard", kill_once_then_write)
         runs[engine] = tmp_path / engine
-        assert anonymize_night(tiny_tokenizer, [night], runs[engine], "--id-map",
-                               str(tmp_path / f"map-{engine}"), "--salt-file", str(salt_file),
-                               *own_marks(tmp_path, engine),
-                               *extra) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [night],
+                runs[engine],
+                "--id-map",
+                str(tmp_path / f"map-{engine}"),
+                "--salt-file",
+                str(salt_file),
+                *own_marks(tmp_path, engine),
+                *extra,
+            )
+            == 0
+        )
     assert killed
     with urllib.request.urlopen("http://127.0.0.1:8081/jobs/overview") as response:
         last = max(json.load(response)["jobs"], key=lambda job: job["start-time"])

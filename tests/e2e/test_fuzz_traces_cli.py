@@ -20,26 +20,40 @@ from hypothesis import strategies as st
 from kvtrace.cli import main
 from kvtrace.transforms.read.trace_io import MAX_READ_TIMESTAMP_MS, read_trace
 
-GOOD = [{"timestamp": 1000 * i, "input_length": 40, "output_length": 3,
-         "hash_ids": [0, 1, i + 2]} for i in range(6)]
+GOOD = [
+    {"timestamp": 1000 * i, "input_length": 40, "output_length": 3, "hash_ids": [0, 1, i + 2]}
+    for i in range(6)
+]
 
 
 HOSTILE = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=4),
-    st.lists(st.integers(-2**65, 2**65), max_size=4), st.dictionaries(st.text(max_size=3),
-                                                                      st.integers(), max_size=2),
-    st.sampled_from([10**18, -10**18, 2**63, 2**64 - 1, 1e308, float("nan")]))
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=4),
+    st.lists(st.integers(-(2**65), 2**65), max_size=4),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.sampled_from([10**18, -(10**18), 2**63, 2**64 - 1, 1e308, float("nan")]),
+)
 
 
 FIELDS = ["timestamp", "input_length", "output_length", "hash_ids", "session"]
 
 
-ROWS = st.lists(st.tuples(st.integers(0, len(GOOD) - 1), st.sampled_from(FIELDS), HOSTILE),
-                max_size=4)
+ROWS = st.lists(
+    st.tuples(st.integers(0, len(GOOD) - 1), st.sampled_from(FIELDS), HOSTILE), max_size=4
+)
 
 
-COMMANDS = [["validate"], ["analyze"], ["simulate", "--capacity", "1K"], ["synthesize", "-o"],
-            ["audit"], ["report", "-o"]]
+COMMANDS = [
+    ["validate"],
+    ["analyze"],
+    ["simulate", "--capacity", "1K"],
+    ["synthesize", "-o"],
+    ["audit"],
+    ["report", "-o"],
+]
 
 
 def _hostile_rows(changes) -> list[dict]:

@@ -13,22 +13,28 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import anonymize, chat, write_jsonl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
 from test_gate_redteam import NUMBERING, audit, the_tokenizer  # noqa: F401 (autouse fixture)
 
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.transforms.stats.audit import map_numbering
-from kvtrace.transforms.trace_format import MANIFEST, canonical_json, parquet_bytes, columns_of_parquet, \
-    jsonl_bytes
+from kvtrace.transforms.trace_format import (
+    MANIFEST,
+    canonical_json,
+    columns_of_parquet,
+    jsonl_bytes,
+    parquet_bytes,
+)
 from kvtrace.transforms.write.manifest import set_content_times
 from kvtrace.transforms.write.publish import sha256_of
 
 
 def _records(count: int) -> list[dict]:
-    rows = [chat(i, 1_700_000_000_000 + 997 * i, session=f"user-{i % 3}", rotate=i % 2)
-            for i in range(count)]
+    rows = [
+        chat(i, 1_700_000_000_000 + 997 * i, session=f"user-{i % 3}", rotate=i % 2)
+        for i in range(count)
+    ]
     for i, row in enumerate(rows[::2]):
         row["latency_ms"] = 100 + 7 * i  # a response time for some rows: the optional column
     return rows
@@ -39,9 +45,13 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
     """Real outputs of each kind the gate must accept."""
     tmp = tmp_path_factory.mktemp("gate")
     first = write_jsonl(tmp / "night1.jsonl", _records(12))
-    second = write_jsonl(tmp / "night2.jsonl", [
-        chat(i, 1_700_100_000_000 + 13 * i, session=f"user-{i % 5}", rotate=(i + 1) % 3)
-        for i in range(9)])
+    second = write_jsonl(
+        tmp / "night2.jsonl",
+        [
+            chat(i, 1_700_100_000_000 + 13 * i, session=f"user-{i % 5}", rotate=(i + 1) % 3)
+            for i in range(9)
+        ],
+    )
     runs = {
         "plain": ([first], ()),
         "outputs": ([first], ("--emit-output-hashes",)),
@@ -49,8 +59,20 @@ def outputs(tiny_tokenizer, tmp_path_factory) -> dict[str, Path]:
         "night2": ([second], ("--id-map", str(tmp / "map"), "--salt-file", str(tmp / "salt"))),
     }
     (tmp / "salt").write_bytes(b"s" * 32)
-    assert anonymize(str(tiny_tokenizer), [first], tmp / "night1", "--block-size", "4",
-                     "--id-map", str(tmp / "map"), "--salt-file", str(tmp / "salt")) == 0
+    assert (
+        anonymize(
+            str(tiny_tokenizer),
+            [first],
+            tmp / "night1",
+            "--block-size",
+            "4",
+            "--id-map",
+            str(tmp / "map"),
+            "--salt-file",
+            str(tmp / "salt"),
+        )
+        == 0
+    )
     made = {}
     for name, (inputs, extra) in runs.items():
         assert anonymize(str(tiny_tokenizer), inputs, tmp / name, "--block-size", "4", *extra) == 0
@@ -77,9 +99,10 @@ TEXT = st.text(min_size=1, max_size=12)
 # commands, which the gate writes again itself): what an operator or attacker would add.
 FREE_TEXT = TEXT.map(lambda text: f"note {text}")
 JSON_VALUE = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.floats(allow_nan=False) | TEXT,
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
-    max_leaves=6)
+    max_leaves=6,
+)
 
 
 def _objects(value, path=()):
@@ -144,14 +167,17 @@ def _mutate_parquet(data_bytes: bytes, data: st.DataObject) -> bytes:
     how = data.draw(st.sampled_from(["file-metadata", "column-metadata", "column", "rewrite"]))
     if how == "file-metadata":
         table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), data.draw(TEXT).encode(): data.draw(TEXT).encode()})
+            {**(table.schema.metadata or {}), data.draw(TEXT).encode(): data.draw(TEXT).encode()}
+        )
     elif how == "column-metadata":
         index = data.draw(st.integers(0, table.num_columns - 1))
         field = table.schema.field(index).with_metadata({b"note": data.draw(TEXT).encode()})
         table = table.cast(table.schema.set(index, field))
     elif how == "column":
-        table = table.append_column(data.draw(TEXT.filter(lambda n: n not in table.schema.names)),
-                                    pa.array([data.draw(TEXT)] * table.num_rows))
+        table = table.append_column(
+            data.draw(TEXT.filter(lambda n: n not in table.schema.names)),
+            pa.array([data.draw(TEXT)] * table.num_rows),
+        )
     sink = io.BytesIO()
     # "rewrite": the same rows by another writer's settings (its own created_by, no zstd)
     pq.write_table(table, sink, compression="snappy" if how == "rewrite" else "zstd")
@@ -167,8 +193,11 @@ def _copy(folder: Path, into: Path) -> Path:
 def _recompute_digests(folder: Path) -> None:
     """What an attacker would do next: make the manifest list the mutated files' sha256."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    manifest["sha256"] = {name: sha256_of((folder / name).read_bytes())
-                          for name in manifest["sha256"] if (folder / name).exists()}
+    manifest["sha256"] = {
+        name: sha256_of((folder / name).read_bytes())
+        for name in manifest["sha256"]
+        if (folder / name).exists()
+    }
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     set_content_times(str(folder))  # and stamp the times kvtrace derives from content
 
@@ -201,8 +230,9 @@ def _mutated_output_is_refused(outputs: dict[str, Path], data: st.DataObject) ->
             name = mutated = data.draw(st.sampled_from(names))
             original = (folder / name).read_bytes()
             at = data.draw(st.integers(0, len(original)))
-            (folder / name).write_bytes(original[:at] + data.draw(st.binary(min_size=1, max_size=8))
-                                        + original[at:])
+            (folder / name).write_bytes(
+                original[:at] + data.draw(st.binary(min_size=1, max_size=8)) + original[at:]
+            )
         elif target.endswith(".parquet"):
             before = (folder / target).read_bytes()
             after = _mutate_parquet(before, data)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, WORDS, anonymize, chat, write_jsonl
 
+from helpers import ROOT, WORDS, anonymize, chat, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.stats.audit import REMOTE_FOLDER, _Rows
 from kvtrace.transforms.trace_format import (
@@ -116,8 +116,9 @@ def _republish(folder: Path, columns: TraceColumns | None = None, **manifest_cha
     manifest = _manifest(folder)
     for key, value in manifest_changes.items():
         manifest[key] = value
-    manifest["sha256"] = {name: sha256_of((folder / name).read_bytes())
-                          for name in manifest["files"]}
+    manifest["sha256"] = {
+        name: sha256_of((folder / name).read_bytes()) for name in manifest["files"]
+    }
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     set_content_times(str(folder))  # the times kvtrace derives from content: anyone can
 
@@ -140,6 +141,7 @@ def test_the_fixture_outputs_pass_untouched(outputs, tmp_path):
 
 
 # --- Hidden channels in the rows -----------------------------------------------------------
+
 
 def test_parquet_twin_lets_integers_past_the_2_to_40_bound(outputs, tmp_path):
     """The JSONL reader refuses integers >= 2^40 or < 0 ("hashes?"), but a folder's rows are
@@ -208,8 +210,14 @@ def test_manifest_record_counts_carry_free_numbers(outputs, tmp_path):
     folder = _copy(outputs["plain"], tmp_path)
     records = _manifest(folder)["records"]
     word = int.from_bytes(SECRET, "big")
-    records.update(rejected=word, read=records["exported"] + word, damaged_files=word,
-                   lost_bytes=word, without_output_length=word, with_unrendered_messages=word)
+    records.update(
+        rejected=word,
+        read=records["exported"] + word,
+        damaged_files=word,
+        lost_bytes=word,
+        without_output_length=word,
+        with_unrendered_messages=word,
+    )
     _republish(folder, records=records)
     _refused(folder)
 
@@ -231,9 +239,12 @@ def test_block_ids_that_contradict_chained_hashing(outputs, tmp_path):
     columns = _columns(folder)
     ids = columns.ids.copy()
     ends = np.cumsum(columns.num_ids)
-    row = [r for r in range(1, len(columns))  # a later repeat of the first prompt
-           if ids[ends[r] - columns.num_ids[r]:ends[r]].tolist() == [0, 1, 2, 3, 4]][-1]
-    repeat = ids[ends[row] - 5:ends[row]]
+    row = [
+        r
+        for r in range(1, len(columns))  # a later repeat of the first prompt
+        if ids[ends[r] - columns.num_ids[r] : ends[r]].tolist() == [0, 1, 2, 3, 4]
+    ][-1]
+    repeat = ids[ends[row] - 5 : ends[row]]
     repeat[3], repeat[4] = 4, 3
     _republish(folder, _with(columns, ids=ids))
     _refused(folder)
@@ -244,9 +255,12 @@ def test_one_trace_file_is_measured_never_passed(tmp_path):
     no manifest vouches for: a session that is 5 bytes of text, input_length 2^40-1 with one
     block id, a timestamp of any precision."""
     shard = tmp_path / f"{SHARD}.jsonl"
-    shard.write_bytes(b'{"timestamp": 123456789, "input_length": 1099511627775, '
-                      b'"output_length": 1099511627775, "hash_ids": [0], "session": '
-                      + str(int.from_bytes(SECRET, "big")).encode() + b'}\n')
+    shard.write_bytes(
+        b'{"timestamp": 123456789, "input_length": 1099511627775, '
+        b'"output_length": 1099511627775, "hash_ids": [0], "session": '
+        + str(int.from_bytes(SECRET, "big")).encode()
+        + b"}\n"
+    )
     _refused(shard)
 
 
@@ -264,6 +278,7 @@ def test_extended_attributes_on_published_files_pass(outputs, tmp_path):
 
 # --- Crashes and unbounded memory ------------------------------------------------------------
 
+
 def test_deeply_nested_template_kwargs_crash_the_audit(outputs, tmp_path):
     """A manifest within the 1 MiB bound whose chat_template_kwargs nest 300 arrays deep parses
     (json's own limit is ~1000) and then overflows the stack in the schema check: the audit
@@ -272,8 +287,11 @@ def test_deeply_nested_template_kwargs_crash_the_audit(outputs, tmp_path):
     folder = _copy(outputs["plain"], tmp_path)
     raw = (folder / MANIFEST).read_bytes()
     deep = b"[" * 300 + b"]" * 300
-    (folder / MANIFEST).write_bytes(raw.replace(b'"chat_template_kwargs": {}',
-                                                b'"chat_template_kwargs": {"thinking": ' + deep + b"}"))
+    (folder / MANIFEST).write_bytes(
+        raw.replace(
+            b'"chat_template_kwargs": {}', b'"chat_template_kwargs": {"thinking": ' + deep + b"}"
+        )
+    )
     report = audit(str(folder))  # must not raise
     assert not report["publishable"]
 
@@ -288,10 +306,17 @@ def test_a_small_parquet_bomb_is_refused_in_bounded_memory(tmp_path):
 
     rows, batch = 20_000_000, 1_000_000
     zeros = pa.array(np.zeros(batch, np.int64))
-    table = pa.table({"timestamp": zeros, "input_length": zeros, "output_length": zeros,
-                      "hash_ids": pa.ListArray.from_arrays(pa.array(np.zeros(batch + 1, np.int32)),
-                                                           pa.array(np.zeros(0, np.int64))),
-                      "session": zeros})
+    table = pa.table(
+        {
+            "timestamp": zeros,
+            "input_length": zeros,
+            "output_length": zeros,
+            "hash_ids": pa.ListArray.from_arrays(
+                pa.array(np.zeros(batch + 1, np.int32)), pa.array(np.zeros(0, np.int64))
+            ),
+            "session": zeros,
+        }
+    )
     path = tmp_path / "out" / f"{SHARD}.parquet"
     path.parent.mkdir()
     with pq.ParquetWriter(path, table.schema, compression="zstd") as writer:
@@ -300,7 +325,9 @@ def test_a_small_parquet_bomb_is_refused_in_bounded_memory(tmp_path):
     assert path.stat().st_size < 1 << 20
     publishable, peak = _peak_memory_of_audit(path.parent)
     assert not publishable
-    assert peak < 1 << 30, f"the audit of a {path.stat().st_size:,}-byte shard peaked at {peak:,} bytes"
+    assert peak < 1 << 30, (
+        f"the audit of a {path.stat().st_size:,}-byte shard peaked at {peak:,} bytes"
+    )
 
 
 # --- Object stores (gs://, s3://): the folder as Beam lists it -------------------------------
@@ -344,8 +371,9 @@ def _object_store():
         def size(self, path):
             return len(_OBJECTS[path])
 
-        mkdirs = create = copy = rename = last_updated = checksum = metadata = delete = \
+        mkdirs = create = copy = rename = last_updated = checksum = metadata = delete = (
             lambda self, *a, **k: (_ for _ in ()).throw(NotImplementedError())
+        )
 
     return RedTeamObjects
 
@@ -385,7 +413,7 @@ def test_a_decimal_column_crashes_the_audit(outputs, tmp_path):
 
     folder = _copy(outputs["plain"], tmp_path)
     table = pq.read_table(folder / f"{SHARD}.parquet")
-    huge = pa.array([decimal.Decimal(10 ** 30)] * table.num_rows, pa.decimal128(38, 0))
+    huge = pa.array([decimal.Decimal(10**30)] * table.num_rows, pa.decimal128(38, 0))
     table = table.set_column(0, "timestamp", huge)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
@@ -406,8 +434,9 @@ def test_many_shards_are_paired_in_linear_time():
     from kvtrace.transforms.trace_format import shard_name
 
     shards = 20_000
-    names = sorted(shard_name(i, shards, suffix) for i in range(shards)
-                   for suffix in (".jsonl", ".parquet"))
+    names = sorted(
+        shard_name(i, shards, suffix) for i in range(shards) for suffix in (".jsonl", ".parquet")
+    )
     start = time.monotonic()
     _shard_pairs(names, _Gate())
     assert time.monotonic() - start < 5
@@ -453,8 +482,13 @@ def test_manifest_numbers_as_floats_pass(outputs, tmp_path):
     folder = _copy(outputs["plain"], tmp_path)
     manifest = _manifest(folder)
     records = {k: float(v) for k, v in manifest["records"].items()}
-    _republish(folder, block_size=4.0, granularity={"timestamp_ms": 1.0, "output_length": 1.0},
-               records=records, replay=replay_commands(4.0, records["exported"], manifest["files"]))
+    _republish(
+        folder,
+        block_size=4.0,
+        granularity={"timestamp_ms": 1.0, "output_length": 1.0},
+        records=records,
+        replay=replay_commands(4.0, records["exported"], manifest["files"]),
+    )
     _refused(folder)
 
 
@@ -474,8 +508,9 @@ def _peak_memory_of_audit(folder: Path) -> tuple[bool, int]:
         status = open("/proc/self/status").read()
         print(report["publishable"], int(re.search(r"VmHWM:\\s+(\\d+)", status).group(1)) << 10)
     """)
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=600, cwd=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=600, cwd=str(ROOT)
+    )
     assert out.returncode == 0, out.stderr[-500:]
     publishable, peak = out.stdout.split()
     return publishable == "True", int(peak)
@@ -486,8 +521,11 @@ def test_a_jsonl_shard_without_its_twin_is_parsed_into_python_objects(tmp_path):
     is parsed as a Python dict and list per row: ~33 bytes of memory per byte of file (100 MB
     took 3.3 GB and 70 s here), so a JSONL shard within the 2 GiB bound takes ~70 GB. The
     documented bound is one shard's columns plus ~40 bytes per row."""
-    line = (b'{"timestamp": 0, "input_length": 4000, "output_length": 0, "hash_ids": ['
-            + b", ".join([b"0"] * 1000) + b"]}\n")
+    line = (
+        b'{"timestamp": 0, "input_length": 4000, "output_length": 0, "hash_ids": ['
+        + b", ".join([b"0"] * 1000)
+        + b"]}\n"
+    )
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / f"{SHARD}.jsonl").write_bytes(line * (40_000_000 // len(line)))
@@ -514,9 +552,18 @@ def test_distinct_ids_are_merged_across_shards_in_linear_time(monkeypatch):
     monkeypatch.setattr(_Rows, "_distinct", counted)
     for shard in range(300):
         one = np.array([1])
-        rows.add(TraceColumns(one * shard, one * 4 * block, one * 0, one * block,
-                              np.arange(shard * block, (shard + 1) * block, dtype=np.int64),
-                              one * -1, one * -1), None)
+        rows.add(
+            TraceColumns(
+                one * shard,
+                one * 4 * block,
+                one * 0,
+                one * block,
+                np.arange(shard * block, (shard + 1) * block, dtype=np.int64),
+                one * -1,
+                one * -1,
+            ),
+            None,
+        )
     assert len(rows.ids) == 300 * block
     assert sum(sorted_ids) <= 4 * 300 * block, f"{sum(sorted_ids):,} ids sorted"
 
@@ -532,18 +579,33 @@ def test_template_kwargs_are_published_keyed_not_as_plain_digests(tiny_tokenizer
     out = tmp_path / "out"
     (tmp_path / "salt").write_bytes(b"s" * 32)
     kwargs = {"customer": "alice", "reasoning_effort": "high"}
-    assert anonymize(tiny_tokenizer, [night], out, "--block-size", "4", "--chat-template-kwargs",
-                     json.dumps(kwargs), "--salt-file", str(tmp_path / "salt")) == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [night],
+            out,
+            "--block-size",
+            "4",
+            "--chat-template-kwargs",
+            json.dumps(kwargs),
+            "--salt-file",
+            str(tmp_path / "salt"),
+        )
+        == 0
+    )
     text = (out / MANIFEST).read_text()
     for guess in (b"alice", b"customer", b"high"):
         assert hashlib.sha256(guess).hexdigest() not in text
     assert "alice" not in text and "customer" not in text
     # The digests are confirmed only by the run's kwargs under its salt: without them, refused.
     assert not gate.audit(str(out), tiny_tokenizer)["publishable"]
-    assert not gate.audit(str(out), tiny_tokenizer,
-                          template_kwargs=public_template_kwargs(kwargs, b"t" * 32))["publishable"]
-    assert gate.audit(str(out), tiny_tokenizer,
-                      template_kwargs=public_template_kwargs(kwargs, b"s" * 32))["publishable"]
+    assert not gate.audit(
+        str(out), tiny_tokenizer, template_kwargs=public_template_kwargs(kwargs, b"t" * 32)
+    )["publishable"]
+    assert gate.audit(
+        str(out), tiny_tokenizer, template_kwargs=public_template_kwargs(kwargs, b"s" * 32)
+    )["publishable"]
+
 
 def test_the_json_report_written_into_the_audited_folder(outputs, tmp_path):
     """`kvtrace audit DIR --json DIR/report.json` says publishable (exit 0) and then writes a
@@ -565,9 +627,11 @@ def test_a_map_night_renumbered_from_elsewhere_is_refused_against_the_map(output
     start["block_ids_from"] += 1000
     assert (_columns(folder).ids < start["block_ids_from"]).all()
     _republish(folder, id_map=start)
-    assert _refused(folder) == ["manifest.json: id_map and the files are not a night a version "
-                                "of the id map recorded (its start, time included, and its "
-                                "files' digests)"]
+    assert _refused(folder) == [
+        "manifest.json: id_map and the files are not a night a version "
+        "of the id map recorded (its start, time included, and its "
+        "files' digests)"
+    ]
     NUMBERING_BEFORE = NUMBERING[:]
     try:
         NUMBERING[:] = []

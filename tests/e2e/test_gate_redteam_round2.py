@@ -9,10 +9,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, anonymize, write_jsonl
-from test_gate_redteam import (NUMBERING, SECRET, TOKENIZER, _columns, _copy, _manifest, _night, _republish, _with,
-                               audit, the_tokenizer)  # noqa: F401 (an autouse fixture)
+from test_gate_redteam import (
+    NUMBERING,
+    SECRET,
+    TOKENIZER,
+    _columns,
+    _copy,
+    _manifest,
+    _night,
+    _republish,
+    _with,
+    audit,  # noqa: F401 (an autouse fixture)
+)
 
+from helpers import ROOT, anonymize, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.write.manifest import set_content_times
 
@@ -48,15 +58,22 @@ def test_ids_extend_map_flag_reopens_absolute_time_sessions_and_ids(outputs, tmp
     columns = _columns(folder)
     word = int.from_bytes(SECRET, "big")
     session = np.where(columns.session >= 0, columns.session + word, columns.session)
-    _republish(folder, _with(columns, timestamp=columns.timestamp + 1_700_000_000,
-                             session=session, ids=columns.ids + word),
-               id_map={"block_ids_from": word, "sessions_from": word,
-                       "time_from_ms": 1_700_000_000})  # (the manifest's form of the bit now)
+    _republish(
+        folder,
+        _with(
+            columns,
+            timestamp=columns.timestamp + 1_700_000_000,
+            session=session,
+            ids=columns.ids + word,
+        ),
+        id_map={"block_ids_from": word, "sessions_from": word, "time_from_ms": 1_700_000_000},
+    )  # (the manifest's form of the bit now)
     assert _refused(folder) == [
         "manifest.json: id_map says where this night's numbering began, which only the id map "
         "(or, for a stream's window, the stream's folder audited whole) can confirm: pass "
         "--id-map MAP with the salt the run used (--salt-file or --salt-secret), or audit the "
-        "stream's output folder"]
+        "stream's output folder"
+    ]
 
 
 def test_local_tokenizer_folder_template_file_names_are_published(tmp_path):
@@ -87,8 +104,9 @@ def test_record_counts_still_carry_free_numbers_when_consistent(outputs, tmp_pat
     folder = _copy(outputs["plain"], tmp_path)
     records = _manifest(folder)["records"]
     word = int.from_bytes(SECRET, "big")
-    records.update(rejected=word, read=records["exported"] + word, damaged_files=word,
-                   lost_bytes=word)
+    records.update(
+        rejected=word, read=records["exported"] + word, damaged_files=word, lost_bytes=word
+    )
     _republish(folder, records=records)
     _refused(folder)
 
@@ -135,8 +153,13 @@ def test_extended_attributes_outside_user_and_trusted_pass(outputs, tmp_path, na
     folder = _copy(outputs["plain"], tmp_path)
     target = folder / "trace-00000-of-00001.jsonl"
     if name.startswith("system."):  # the kernel's ACL xattr: version 2, (tag, perm, id) entries
-        entries = ((0x01, 6, 0xFFFFFFFF), (0x02, 4, int.from_bytes(b"alic", "big")),
-                   (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF))
+        entries = (
+            (0x01, 6, 0xFFFFFFFF),
+            (0x02, 4, int.from_bytes(b"alic", "big")),
+            (0x04, 4, 0xFFFFFFFF),
+            (0x10, 4, 0xFFFFFFFF),
+            (0x20, 4, 0xFFFFFFFF),
+        )
         value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
     else:
         value = b"patient jane doe, dob 1980-01-01"
@@ -171,8 +194,12 @@ def test_manifest_digests_carry_free_bytes(outputs, tmp_path):
     tokenizer["sha256"] = {name: text for name in tokenizer["sha256"]}
     for i in range(16):
         tokenizer["sha256"][f"additional_chat_templates/t{i}.jinja"] = text
-    _republish(folder, tokenizer=tokenizer, hash_scheme="vllm-sha256-cbor-v1:" + text[:16],
-               hash_scheme_keyed=False)
+    _republish(
+        folder,
+        tokenizer=tokenizer,
+        hash_scheme="vllm-sha256-cbor-v1:" + text[:16],
+        hash_scheme_keyed=False,
+    )
     _refused(folder)
 
 
@@ -183,8 +210,9 @@ def test_output_ids_permuted_out_of_first_seen_order(tiny_tokenizer, tmp_path):
     channel of log2(N!) bits (N output-only ids), as prompt ids were in round 1."""
     night = write_jsonl(tmp_path / "texts.jsonl", _night(12, with_output_text=True))
     folder = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [night], folder, "--block-size", "4",
-                     "--emit-output-hashes") == 0
+    assert (
+        anonymize(tiny_tokenizer, [night], folder, "--block-size", "4", "--emit-output-hashes") == 0
+    )
     columns = _columns(folder)
     only = sorted(set(columns.output_ids.tolist()) - set(columns.ids.tolist()))
     assert len(only) > 2
@@ -200,8 +228,14 @@ def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
     cuts fall or how many there are: 12 rows cut into 3 shards after rows 1 and 7 pass, the
     shard count and cut points a free channel (up to 99,999 shards)."""
     from kvtrace.transforms.stats.audit import _Rows
-    from kvtrace.transforms.trace_format import MANIFEST, STATS, canonical_json, jsonl_bytes, \
-        parquet_bytes, shard_name
+    from kvtrace.transforms.trace_format import (
+        MANIFEST,
+        STATS,
+        canonical_json,
+        jsonl_bytes,
+        parquet_bytes,
+        shard_name,
+    )
     from kvtrace.transforms.write.publish import sha256_of
     from kvtrace.transforms.write.replayers import replay_commands
 
@@ -221,19 +255,22 @@ def test_shard_boundaries_of_the_attackers_choice_pass(outputs, tmp_path):
     (folder / STATS).write_bytes(canonical_json(rows.stats()))
     manifest["files"] = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
     manifest["sha256"] = {n: sha256_of((folder / n).read_bytes()) for n in manifest["files"]}
-    manifest["replay"] = replay_commands(manifest["block_size"], manifest["records"]["exported"],
-                                         manifest["files"])
+    manifest["replay"] = replay_commands(
+        manifest["block_size"], manifest["records"]["exported"], manifest["files"]
+    )
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     set_content_times(str(folder))
-    assert _refused(folder) == ["the rows are in 3 trace shards, kvtrace cuts them into 1 "
-                                "(consecutive published minutes up to 8,000,000 blocks each)"]
+    assert _refused(folder) == [
+        "the rows are in 3 trace shards, kvtrace cuts them into 1 "
+        "(consecutive published minutes up to 8,000,000 blocks each)"
+    ]
 
 
 def _renumbered(columns, order):
     """The rows in a new order, ids and sessions numbered again in first-seen order (as
     kvtrace's dense_ids numbers them): every check the gate makes on a night still holds."""
     ends = np.cumsum(columns.num_ids)
-    rows = [columns.ids[ends[r] - columns.num_ids[r]:ends[r]] for r in order]
+    rows = [columns.ids[ends[r] - columns.num_ids[r] : ends[r]] for r in order]
     ids = np.concatenate(rows)
     first = {}
     for value in ids.tolist():
@@ -243,12 +280,16 @@ def _renumbered(columns, order):
     for value in session.tolist():
         if value >= 0:
             sessions.setdefault(value, len(sessions))
-    return _with(columns, timestamp=columns.timestamp[order],
-                 input_length=columns.input_length[order],
-                 output_length=columns.output_length[order], num_ids=columns.num_ids[order],
-                 ids=np.array([first[v] for v in ids.tolist()], np.int64),
-                 session=np.array([sessions.get(v, -1) for v in session.tolist()], np.int64),
-                 response_ms=columns.response_ms[order])
+    return _with(
+        columns,
+        timestamp=columns.timestamp[order],
+        input_length=columns.input_length[order],
+        output_length=columns.output_length[order],
+        num_ids=columns.num_ids[order],
+        ids=np.array([first[v] for v in ids.tolist()], np.int64),
+        session=np.array([sessions.get(v, -1) for v in session.tolist()], np.int64),
+        response_ms=columns.response_ms[order],
+    )
 
 
 def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenizer, tmp_path):
@@ -259,8 +300,18 @@ def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenize
     hour's granularity, most of a night)."""
     night = write_jsonl(tmp_path / "night.jsonl", _night(12))
     folder = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [night], folder, "--block-size", "4",
-                     "--timestamp-granularity-ms", "60000") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [night],
+            folder,
+            "--block-size",
+            "4",
+            "--timestamp-granularity-ms",
+            "60000",
+        )
+        == 0
+    )
     columns = _columns(folder)
     assert (columns.timestamp == 0).all()  # one granule: 12 rows tied
     order = np.arange(len(columns))[::-1].copy()
@@ -269,8 +320,9 @@ def test_rows_of_one_timestamp_in_an_order_of_the_attackers_choice(tiny_tokenize
     _refused(folder)
 
 
-def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_objects(outputs,
-                                                                                 tmp_path):
+def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_objects(
+    outputs, tmp_path
+):
     """Round 1's fix keeps a JSONL shard without its twin unread, but beside a real Parquet
     twin a JSONL shard that is not its bytes is parsed whole into Python objects to word the
     flag (_why_not_canonical -> columns_of_jsonl): ~36 bytes of memory per byte of file (20 MB
@@ -279,8 +331,11 @@ def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_object
     from test_gate_redteam import _peak_memory_of_audit
 
     folder = _copy(outputs["plain"], tmp_path)
-    line = (b'{"timestamp": 0, "input_length": 4000, "output_length": 0, "hash_ids": ['
-            + b", ".join([b"0"] * 1000) + b"]}\n")
+    line = (
+        b'{"timestamp": 0, "input_length": 4000, "output_length": 0, "hash_ids": ['
+        + b", ".join([b"0"] * 1000)
+        + b"]}\n"
+    )
     (folder / "trace-00000-of-00001.jsonl").write_bytes(line * (20_000_000 // len(line)))
     publishable, peak = _peak_memory_of_audit(folder)
     assert not publishable
@@ -301,10 +356,22 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"]),
-                          "--tokenizer", TOKENIZER[0]],
-                         capture_output=True, text=True, timeout=300, preexec_fn=cap,
-                         cwd=str(ROOT))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "audit",
+            str(outputs["plain"]),
+            "--tokenizer",
+            TOKENIZER[0],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=cap,
+        cwd=str(ROOT),
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]
 
 
@@ -317,8 +384,11 @@ def test_one_block_id_with_two_token_counts(outputs, tmp_path):
     folder = _copy(outputs["plain"], tmp_path)
     columns = _columns(folder)
     ends = np.cumsum(columns.num_ids)
-    repeats = [r for r in range(len(columns))
-               if columns.ids[ends[r] - columns.num_ids[r]:ends[r]].tolist() == [0, 1, 2, 3, 4]]
+    repeats = [
+        r
+        for r in range(len(columns))
+        if columns.ids[ends[r] - columns.num_ids[r] : ends[r]].tolist() == [0, 1, 2, 3, 4]
+    ]
     assert len(repeats) > 1 and columns.input_length[repeats[0]] == 18
     input_length = columns.input_length.copy()
     input_length[repeats[-1]] = 17

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, anonymize, write_jsonl
 from test_gate_redteam import SECRET, _columns, _manifest, _night, _republish, _with
 
+from helpers import ROOT, anonymize, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
@@ -28,26 +28,51 @@ def made(tiny_tokenizer, tmp_path_factory) -> dict:
     adds ids), with the map's numbering as `audit --id-map` reads it."""
     tmp = tmp_path_factory.mktemp("redgate3")
     night = write_jsonl(tmp / "night.jsonl", _night(12))
-    later = write_jsonl(tmp / "later.jsonl", [
-        {**row, "timestamp": row["timestamp"] + 86_400_000,
-         "messages": row["messages"][:1] + [{"role": "user", "content": "again " * (1 + i % 4)}]}
-        for i, row in enumerate(_night(6))])
+    later = write_jsonl(
+        tmp / "later.jsonl",
+        [
+            {
+                **row,
+                "timestamp": row["timestamp"] + 86_400_000,
+                "messages": row["messages"][:1]
+                + [{"role": "user", "content": "again " * (1 + i % 4)}],
+            }
+            for i, row in enumerate(_night(6))
+        ],
+    )
     (tmp / "salt").write_bytes(SALT)
     mapped = ("--id-map", str(tmp / "map"), "--salt-file", str(tmp / "salt"))
     assert anonymize(tiny_tokenizer, [night], tmp / "plain", "--block-size", "4") == 0
-    assert anonymize(tiny_tokenizer, [night], tmp / "hourly", "--block-size", "512",
-                     "--timestamp-granularity-ms", "3600000") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [night],
+            tmp / "hourly",
+            "--block-size",
+            "512",
+            "--timestamp-granularity-ms",
+            "3600000",
+        )
+        == 0
+    )
     texts = write_jsonl(tmp / "texts.jsonl", _night(12, with_output_text=True))
-    assert anonymize(tiny_tokenizer, [texts], tmp / "outputs", "--block-size", "4",
-                     "--emit-output-hashes") == 0
+    assert (
+        anonymize(
+            tiny_tokenizer, [texts], tmp / "outputs", "--block-size", "4", "--emit-output-hashes"
+        )
+        == 0
+    )
     assert anonymize(tiny_tokenizer, [night], tmp / "night1", "--block-size", "4", *mapped) == 0
     assert anonymize(tiny_tokenizer, [later], tmp / "night2", "--block-size", "4", *mapped) == 0
     numbering = gate.map_numbering(str(tmp / "map"), SALT)
     made = {"tokenizer": tiny_tokenizer, "numbering": numbering, "tmp": tmp}
     for name in ("plain", "hourly", "outputs", "night1", "night2"):
         made[name] = tmp / name
-        report = gate.audit(str(tmp / name), tiny_tokenizer,
-                            numbering=numbering if name.startswith("night") else None)
+        report = gate.audit(
+            str(tmp / name),
+            tiny_tokenizer,
+            numbering=numbering if name.startswith("night") else None,
+        )
         assert report["publishable"], report["flags"]
     return made
 
@@ -76,8 +101,11 @@ def test_a_folder_named_like_a_stream_window_skips_the_id_map_check(made, tmp_pa
     free bits (here "alice"; or the log's absolute epoch ms, the round-1 hole)."""
     folder = _copy(made["plain"], tmp_path / "window-000000")
     columns = _columns(folder)
-    _republish(folder, _with(columns, timestamp=columns.timestamp + WORD),
-               id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD})
+    _republish(
+        folder,
+        _with(columns, timestamp=columns.timestamp + WORD),
+        id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD},
+    )
     _refused(made, folder)
 
 
@@ -93,8 +121,11 @@ def test_an_id_map_nights_start_time_is_checked_against_nothing(made, tmp_path):
     start = dict(_manifest(folder)["id_map"])
     columns = _columns(folder)
     shift = WORD - start["time_from_ms"]
-    _republish(folder, _with(columns, timestamp=columns.timestamp + shift),
-               id_map={**start, "time_from_ms": WORD})
+    _republish(
+        folder,
+        _with(columns, timestamp=columns.timestamp + shift),
+        id_map={**start, "time_from_ms": WORD},
+    )
     flags = _refused(made, folder, made["numbering"])
     assert any("not a night a version of the id map recorded" in flag for flag in flags), flags
 
@@ -108,8 +139,9 @@ def test_the_tokenizer_name_is_free_text_when_audit_is_given_the_tokenizer(made,
     folder = _copy(made["plain"], tmp_path / "out")
     tokenizer = _manifest(folder)["tokenizer"]
     assert tokenizer["name"] is None
-    _republish(folder, tokenizer={**tokenizer,
-                                  "name": "patient-jane-doe.dob-1980-01-01/ssn-078-05-1120"})
+    _republish(
+        folder, tokenizer={**tokenizer, "name": "patient-jane-doe.dob-1980-01-01/ssn-078-05-1120"}
+    )
     _refused(made, folder)
 
 
@@ -123,8 +155,9 @@ def test_chat_template_kwargs_digests_carry_free_bytes(made, tmp_path):
     assert _manifest(folder)["chat_template_kwargs"] == {}
     text = b"patient jane doe, dob 1980-01-01"  # 32 bytes: one digest's worth
     digest = "hmac-sha256:" + text.hex()
-    kwargs = {f"hmac-sha256:{(text[:-2] + i.to_bytes(2, 'big')).hex()}": [digest] * 63
-              for i in range(2)}
+    kwargs = {
+        f"hmac-sha256:{(text[:-2] + i.to_bytes(2, 'big')).hex()}": [digest] * 63 for i in range(2)
+    }
     kwargs["enable_thinking"] = digest
     _republish(folder, chat_template_kwargs=kwargs)
     _refused(made, folder)
@@ -194,8 +227,11 @@ def test_run_settings_the_rows_only_bound_carry_free_numbers(made, tmp_path, set
     else:
         assert (columns.num_ids == 1).all() and manifest["block_size"] == 512
         size = (1 << 20) - int.from_bytes(SECRET[:2], "big")  # 16 bits of text
-        _republish(folder, block_size=size,
-                   replay=replay_commands(size, manifest["records"]["exported"], manifest["files"]))
+        _republish(
+            folder,
+            block_size=size,
+            replay=replay_commands(size, manifest["records"]["exported"], manifest["files"]),
+        )
     _refused(made, folder)
 
 
@@ -209,13 +245,17 @@ def test_a_stream_windows_start_is_checked_against_an_unaudited_sibling(made, tm
     parent = tmp_path / "stream"
     parent.mkdir()
     (parent / "window-000000").mkdir()
-    (parent / "window-000000" / "manifest.json").write_text(json.dumps(
-        {"id_map": {"block_ids_from": WORD, "sessions_from": WORD}, "files": []}))
+    (parent / "window-000000" / "manifest.json").write_text(
+        json.dumps({"id_map": {"block_ids_from": WORD, "sessions_from": WORD}, "files": []})
+    )
     folder = _copy(made["plain"], parent / "window-000001")
     columns = _columns(folder)
     session = np.where(columns.session >= 0, columns.session + WORD, columns.session)
-    _republish(folder, _with(columns, ids=columns.ids + WORD, session=session),
-               id_map={"block_ids_from": WORD, "sessions_from": WORD, "time_from_ms": 0})
+    _republish(
+        folder,
+        _with(columns, ids=columns.ids + WORD, session=session),
+        id_map={"block_ids_from": WORD, "sessions_from": WORD, "time_from_ms": 0},
+    )
     _refused(made, folder)
 
 
@@ -234,9 +274,13 @@ def test_the_published_tokenizer_name_makes_the_audit_import_a_module(made, tmp_
     folder = _copy(made["plain"], tmp_path / "out")
     tokenizer = _manifest(folder)["tokenizer"]
     _republish(folder, tokenizer={**tokenizer, "name": name})
-    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(folder)],
-                         capture_output=True, text=True, timeout=300,
-                         cwd=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", "audit", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(ROOT),
+    )
     assert out.returncode == 1, out.stderr[-300:]  # flagged: the name does not load
     assert "Zen of Python" not in out.stdout and "job failed" not in out.stderr
 
@@ -281,8 +325,9 @@ def test_a_folder_audited_through_a_link_hides_its_own_attributes(made, tmp_path
     _refused(made, Path(f"{link}/"))
 
 
-def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, tmp_path,
-                                                                         monkeypatch):
+def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(
+    made, tmp_path, monkeypatch
+):
     """_stream_window_start reads every Parquet file the sibling window's manifest lists, with
     no check of the list: not its schema, not kvtrace's file names, not repeats. A 260 KB
     manifest naming one 12-row shard 20,000 times took 25 s here; 1 MiB names ~80,000, each up
@@ -290,16 +335,21 @@ def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(made, t
     of a 12-row folder, bounded by nothing BOUNDS.md states. The file is read once at most."""
     parent = tmp_path / "stream"
     (parent / "window-000000").mkdir(parents=True)
-    shutil.copy(made["plain"] / "trace-00000-of-00001.parquet",
-                parent / "window-000000" / "x.parquet")
-    (parent / "window-000000" / "manifest.json").write_text(json.dumps(
-        {"id_map": {"block_ids_from": 0, "sessions_from": 0}, "files": ["x.parquet"] * 2000}))
+    shutil.copy(
+        made["plain"] / "trace-00000-of-00001.parquet", parent / "window-000000" / "x.parquet"
+    )
+    (parent / "window-000000" / "manifest.json").write_text(
+        json.dumps(
+            {"id_map": {"block_ids_from": 0, "sessions_from": 0}, "files": ["x.parquet"] * 2000}
+        )
+    )
     folder = _copy(made["plain"], parent / "window-000001")
     _republish(folder, id_map={"block_ids_from": 23, "sessions_from": 3, "time_from_ms": 0})
     reads = []
     real = gate.columns_of_parquet
-    monkeypatch.setattr(gate, "columns_of_parquet",
-                        lambda data, *a: reads.append(len(data)) or real(data, *a))
+    monkeypatch.setattr(
+        gate, "columns_of_parquet", lambda data, *a: reads.append(len(data)) or real(data, *a)
+    )
     gate.audit(str(folder), made["tokenizer"])
     assert len(reads) <= 2, f"{len(reads)} Parquet files decoded for the window before"
 
@@ -340,11 +390,20 @@ def test_input_lengths_kvtrace_never_writes_pass(made, tmp_path):
     def add(values, value):
         return np.concatenate([values, np.array([value], np.int64)])
 
-    grown = TraceColumns(add(columns.timestamp, 0), add(columns.input_length, WORD),
-                         add(columns.output_length, 0), add(columns.num_ids, extra),
-                         np.concatenate([columns.ids, np.arange(first, first + extra)]),
-                         add(columns.session, -1), add(columns.response_ms, -1))
+    grown = TraceColumns(
+        add(columns.timestamp, 0),
+        add(columns.input_length, WORD),
+        add(columns.output_length, 0),
+        add(columns.num_ids, extra),
+        np.concatenate([columns.ids, np.arange(first, first + extra)]),
+        add(columns.session, -1),
+        add(columns.response_ms, -1),
+    )
     _republish(folder, block_size=size)  # stats.json is then weighed at this block size
-    _republish(folder, grown, records={"exported": len(grown)},
-               replay=replay_commands(size, len(grown), manifest["files"]))
+    _republish(
+        folder,
+        grown,
+        records={"exported": len(grown)},
+        replay=replay_commands(size, len(grown), manifest["files"]),
+    )
     _refused(made, folder)

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, anonymize, write_jsonl
 from test_gate_redteam import _columns, _night, _republish, _with
 
+from helpers import ROOT, anonymize, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
@@ -57,14 +57,29 @@ def _totals(stream: Path, window_ms: int = MINUTE) -> None:
 
     parts = [_columns(window) for window in sorted(stream.glob("window-*"))]
     sessions = [int(p.session.max()) + 1 for p in parts if (p.session >= 0).any()]
-    job = AnonymizeConfig(inputs=(), output=str(stream), staging=str(stream.parent / "staging"),
-                          tokenizer="x", salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(stream.parent / "stream-rejected"), block_size=4)
+    job = AnonymizeConfig(
+        inputs=(),
+        output=str(stream),
+        staging=str(stream.parent / "staging"),
+        tokenizer="x",
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(stream.parent / "stream-rejected"),
+        block_size=4,
+    )
     last = int(parts[-1].timestamp[-1]) // window_ms * window_ms
-    write_cumulative(StreamingConfig(job, "pubsub:projects/p/subscriptions/s", window_ms), Progress(
-        next_id={"blocks": max(int(p.ids.max()) + 1 for p in parts),
-                 "sessions": max(sessions, default=0)},
-        origin_ms=0, published_ms=last, windows=len(parts), rows=sum(len(p) for p in parts)))
+    write_cumulative(
+        StreamingConfig(job, "pubsub:projects/p/subscriptions/s", window_ms),
+        Progress(
+            next_id={
+                "blocks": max(int(p.ids.max()) + 1 for p in parts),
+                "sessions": max(sessions, default=0),
+            },
+            origin_ms=0,
+            published_ms=last,
+            windows=len(parts),
+            rows=sum(len(p) for p in parts),
+        ),
+    )
 
 
 def _stream(made: dict, tmp_path: Path) -> Path:
@@ -72,8 +87,10 @@ def _stream(made: dict, tmp_path: Path) -> Path:
     a first window (its id_map {0, 0, 0}), with its cumulative.json: the gate passes it."""
     stream = tmp_path / "stream"
     stream.mkdir()
-    _republish(_copy(made, stream / "window-000000"),
-               id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0})
+    _republish(
+        _copy(made, stream / "window-000000"),
+        id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0},
+    )
     _totals(stream)
     assert gate.audit(str(stream), made["tokenizer"])["publishable"]
     return stream
@@ -92,8 +109,10 @@ def test_access_times_in_the_past_or_just_ahead_carry_free_bytes(made, tmp_path)
     entries = [folder, *sorted(folder.iterdir())]
     base = (time.time_ns() // 10**9 + 2) * 10**9
     for i, path in enumerate(entries):
-        os.utime(path, ns=(base + int.from_bytes(TEXT[3 * i:3 * i + 3], "big"),
-                           path.stat().st_mtime_ns))
+        os.utime(
+            path,
+            ns=(base + int.from_bytes(TEXT[3 * i : 3 * i + 3], "big"), path.stat().st_mtime_ns),
+        )
     time.sleep(max(0, (base - time.time_ns()) / 1e9) + 0.5)
     try:
         _refused(made, folder)
@@ -159,14 +178,18 @@ def test_a_streams_first_window_may_start_at_any_time(made, tmp_path):
     stream.mkdir()
     window = _copy(made, stream / "window-000000")
     columns = _columns(window)
-    _republish(window, _with(columns, timestamp=columns.timestamp + WORD),
-               id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD})
+    _republish(
+        window,
+        _with(columns, timestamp=columns.timestamp + WORD),
+        id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": WORD},
+    )
     _totals(stream)
     assert any("first row is not at time 0" in flag for flag in _refused(made, stream))
 
 
-def _windows(made: dict, stream: Path, cuts: list[int], columns=None,
-             window_ms: int = 10_000) -> None:
+def _windows(
+    made: dict, stream: Path, cuts: list[int], columns=None, window_ms: int = 10_000
+) -> None:
     """The night's rows cut into a stream's windows at these row indices, each window
     republished as the stream job would number it: each window's id_map where the window before
     ended (ids, sessions; (0, 0) for the first) and at its first row's time; and the
@@ -183,10 +206,18 @@ def _windows(made: dict, stream: Path, cuts: list[int], columns=None,
         window = stream / f"window-{k:06d}"
         shutil.copytree(plain, window)
         part = columns.rows(a, b)
-        start = {"block_ids_from": next_id, "sessions_from": next_session,  # {0, 0, 0} first
-                 "time_from_ms": int(part.timestamp[0])}
-        _republish(window, part, records={"exported": b - a}, id_map=start,
-                   replay=replay_commands(manifest["block_size"], b - a, manifest["files"]))
+        start = {
+            "block_ids_from": next_id,
+            "sessions_from": next_session,  # {0, 0, 0} first
+            "time_from_ms": int(part.timestamp[0]),
+        }
+        _republish(
+            window,
+            part,
+            records={"exported": b - a},
+            id_map=start,
+            replay=replay_commands(manifest["block_size"], b - a, manifest["files"]),
+        )
         sessions = part.session[part.session >= 0]
         next_id = max(next_id, int(part.ids.max()) + 1)
         next_session = max(next_session, int(sessions.max()) + 1 if len(sessions) else 0)
@@ -223,11 +254,20 @@ def test_run_settings_beside_the_confirmed_ones_are_free(made, tmp_path):
     from kvtrace.transforms.trace_format import BLOCK_HASHES_WARNING
 
     folder = _copy(made, tmp_path / "out")
-    _republish(folder, input_format="tokens", timestamp_unit="ns",
-               block_hashes={"emitted": True, "private": BLOCK_HASHES_WARNING},
-               hash_scheme="dynamo-xxh3-64-seed1337-v1", hash_scheme_keyed=False,
-               chat_template_kwargs={"enable_thinking": False, "keep_cot": None,
-                                     "add_vision_id": True, "thinking": True})
+    _republish(
+        folder,
+        input_format="tokens",
+        timestamp_unit="ns",
+        block_hashes={"emitted": True, "private": BLOCK_HASHES_WARNING},
+        hash_scheme="dynamo-xxh3-64-seed1337-v1",
+        hash_scheme_keyed=False,
+        chat_template_kwargs={
+            "enable_thinking": False,
+            "keep_cot": None,
+            "add_vision_id": True,
+            "thinking": True,
+        },
+    )
     _refused(made, folder)
 
 
@@ -256,8 +296,10 @@ def test_a_window_may_reference_earlier_windows_ids_with_other_chains(made, tmp_
     _windows(made, tmp_path / "cut", [cut], _with(columns, timestamp=timestamp))
     assert gate.audit(str(tmp_path / "cut"), made["tokenizer"])["publishable"]
     _windows(made, tmp_path / "stream", [cut], _with(columns, ids=ids, timestamp=timestamp))
-    assert any(flag.startswith("across windows: a block id behind two different parents")
-               for flag in _refused(made, tmp_path / "stream"))
+    assert any(
+        flag.startswith("across windows: a block id behind two different parents")
+        for flag in _refused(made, tmp_path / "stream")
+    )
 
 
 @pytest.mark.parametrize("channel", ["metadata", "versions"])
@@ -278,26 +320,39 @@ def test_an_object_stores_metadata_and_history_are_never_read(made, monkeypatch,
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(key, "testing")
-    monkeypatch.setattr(FileSystems, "_pipeline_options", PipelineOptions(
-        ["--s3_region_name=us-east-1", "--s3_access_key_id=testing",
-         "--s3_secret_access_key=testing"]))
+    monkeypatch.setattr(
+        FileSystems,
+        "_pipeline_options",
+        PipelineOptions(
+            [
+                "--s3_region_name=us-east-1",
+                "--s3_access_key_id=testing",
+                "--s3_secret_access_key=testing",
+            ]
+        ),
+    )
     with moto.mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="published")
         extra = {}
         if channel == "metadata":
-            extra = {"Metadata": {"note": TEXT.decode()}, "Tagging": "ssn=078-05-1120",
-                     "ContentType": "text/x-patient-jane-doe"}
+            extra = {
+                "Metadata": {"note": TEXT.decode()},
+                "Tagging": "ssn=078-05-1120",
+                "ContentType": "text/x-patient-jane-doe",
+            }
         else:
-            s3.put_bucket_versioning(Bucket="published",
-                                     VersioningConfiguration={"Status": "Enabled"})
+            s3.put_bucket_versioning(
+                Bucket="published", VersioningConfiguration={"Status": "Enabled"}
+            )
             s3.put_object(Bucket="published", Key="out/secret.txt", Body=TEXT)
             s3.delete_object(Bucket="published", Key="out/secret.txt")
         for path in made["plain"].iterdir():
             if channel == "versions":
                 s3.put_object(Bucket="published", Key=f"out/{path.name}", Body=TEXT)
-            s3.put_object(Bucket="published", Key=f"out/{path.name}", Body=path.read_bytes(),
-                          **extra)
+            s3.put_object(
+                Bucket="published", Key=f"out/{path.name}", Body=path.read_bytes(), **extra
+            )
         report = gate.audit("s3://published/out", made["tokenizer"])
     assert not report["publishable"], "the gate accepted it: " + json.dumps(report["flags"])
     assert report["flags"] == [gate.REMOTE_FOLDER]  # the objects' bytes read as kvtrace's
@@ -327,8 +382,11 @@ def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who
     import subprocess
     import sys
 
-    repo = "acme-internal/patient-jane-doe-triage" if who == "anonymize" else \
-        "patient-jane-doe/dob-1980-01-01.ssn-078-05-1120"
+    repo = (
+        "acme-internal/patient-jane-doe-triage"
+        if who == "anonymize"
+        else "patient-jane-doe/dob-1980-01-01.ssn-078-05-1120"
+    )
     cache = tmp_path / "hub"
     _hub_cache(made, cache, repo)
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
@@ -337,9 +395,26 @@ def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who
     if who == "anonymize":
         rows = write_jsonl(tmp_path / "night.jsonl", _night(6))
         made_run = subprocess.run(
-            [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(rows), "--output",
-             str(folder), "--tokenizer", repo, "--block-size", "4"],
-            capture_output=True, text=True, timeout=300, cwd=root, env=env)
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "anonymize",
+                "--input",
+                str(rows),
+                "--output",
+                str(folder),
+                "--tokenizer",
+                repo,
+                "--block-size",
+                "4",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=root,
+            env=env,
+        )
         assert made_run.returncode == 0, made_run.stderr[-300:]
         audit_args = ["--tokenizer", repo]
     else:
@@ -347,8 +422,14 @@ def test_the_tokenizer_name_is_free_text_through_a_hub_cache(made, tmp_path, who
         tokenizer = json.loads((folder / "manifest.json").read_text())["tokenizer"]
         _republish(folder, tokenizer={**tokenizer, "name": repo})
         audit_args = []
-    out = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(folder), *audit_args],
-                         capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", "audit", str(folder), *audit_args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=env,
+    )
     if who == "anonymize":  # fixed where it is written: a name kvtrace does not declare is null
         published = b"".join(path.read_bytes() for path in folder.iterdir())
         assert repo.encode() not in published

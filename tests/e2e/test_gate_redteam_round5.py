@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import anonymize, write_jsonl
 from test_gate_redteam import _columns, _night, _republish, _with
 from test_gate_redteam_round4 import _totals
 
+from helpers import anonymize, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.trace_format import TraceColumns, canonical_json
 from kvtrace.transforms.write.manifest import set_content_times
@@ -35,9 +35,11 @@ def made(tiny_tokenizer, tmp_path_factory) -> dict:
     night = write_jsonl(tmp / "night.jsonl", _night(12))
     texts = write_jsonl(tmp / "texts.jsonl", _night(12, with_output_text=True))
     made = {"tokenizer": tiny_tokenizer, "tmp": tmp}
-    for name, source, extra in (("bs4", night, ("--block-size", "4")),
-                                ("bs8", night, ("--block-size", "8")),
-                                ("outputs", texts, ("--block-size", "4", "--emit-output-hashes"))):
+    for name, source, extra in (
+        ("bs4", night, ("--block-size", "4")),
+        ("bs8", night, ("--block-size", "8")),
+        ("outputs", texts, ("--block-size", "4", "--emit-output-hashes")),
+    ):
         assert anonymize(tiny_tokenizer, [source], tmp / name, *extra) == 0
         assert gate.audit(str(tmp / name), tiny_tokenizer)["publishable"]
         made[name] = tmp / name
@@ -53,6 +55,7 @@ def _refused(made: dict, folder: Path, **kwargs) -> list[str]:
 def _renumbered(part: TraceColumns, ids_from: int, sessions_from: int) -> TraceColumns:
     """The rows with every block id and session new to the stream: numbered in first-seen order
     from where the window before ended, as a window of new prompts is."""
+
     def first_seen(values: np.ndarray, start: int) -> np.ndarray:
         order: dict[int, int] = {}
         for value in values.tolist():
@@ -63,7 +66,7 @@ def _renumbered(part: TraceColumns, ids_from: int, sessions_from: int) -> TraceC
     outputs = {}
     if part.output_ids is not None:  # prompt ids first, then the ids only outputs hold
         both = first_seen(np.concatenate([ids, part.output_ids]), ids_from)
-        ids, outputs = both[:len(ids)], {"output_ids": both[len(ids):]}
+        ids, outputs = both[: len(ids)], {"output_ids": both[len(ids) :]}
     else:
         ids = first_seen(ids, ids_from)
     session = part.session.copy()
@@ -72,8 +75,9 @@ def _renumbered(part: TraceColumns, ids_from: int, sessions_from: int) -> TraceC
     return _with(part, ids=ids, session=session, **outputs)
 
 
-def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]],
-            first_id_map: bool = True) -> Path:
+def _stream(
+    made: dict, target: Path, windows: list[tuple[str, int, int, bool]], first_id_map: bool = True
+) -> Path:
     """A stream's output folder: each window rows [a, b) of one of the nights (without its
     output ids when the flag says so), its ids and sessions new to the stream, its times moved
     into the window's own WINDOW_MS slot, republished as the stream job numbers a window
@@ -95,21 +99,33 @@ def _stream(made: dict, target: Path, windows: list[tuple[str, int, int, bool]],
         if drop_outputs:
             part = _with(part, num_output_ids=None, output_ids=None)
             changes["output_hash_ids"] = False
-        start = None if k == 0 and not first_id_map else {"block_ids_from": next_id, "sessions_from": next_session,
-                                     "time_from_ms": int(part.timestamp[0])}
-        _republish(window, part, records={"exported": b - a}, id_map=start,
-                   replay=replay_commands(manifest["block_size"], b - a, manifest["files"]),
-                   **changes)
-        every = part.ids if part.output_ids is None else np.concatenate([part.ids,
-                                                                         part.output_ids])
+        start = (
+            None
+            if k == 0 and not first_id_map
+            else {
+                "block_ids_from": next_id,
+                "sessions_from": next_session,
+                "time_from_ms": int(part.timestamp[0]),
+            }
+        )
+        _republish(
+            window,
+            part,
+            records={"exported": b - a},
+            id_map=start,
+            replay=replay_commands(manifest["block_size"], b - a, manifest["files"]),
+            **changes,
+        )
+        every = part.ids if part.output_ids is None else np.concatenate([part.ids, part.output_ids])
         sessions = part.session[part.session >= 0]
         next_id = max(next_id, int(every.max()) + 1)
         next_session = max(next_session, int(sessions.max()) + 1 if len(sessions) else 0)
     _totals(target, WINDOW_MS)
     totals = json.loads((target / "cumulative.json").read_text())
     if totals["unique_blocks"] != next_id:  # output ids count too: as the stream writes it
-        (target / "cumulative.json").write_bytes(canonical_json({**totals,
-                                                                 "unique_blocks": next_id}))
+        (target / "cumulative.json").write_bytes(
+            canonical_json({**totals, "unique_blocks": next_id})
+        )
         set_content_times(str(target))
     return target
 
@@ -132,15 +148,23 @@ def test_a_streams_windows_may_each_choose_their_own_run_settings(made, tmp_path
     if change == "block_size":
         stream = _stream(made, tmp_path / "stream", [("bs4", 0, 6, False), ("bs8", 6, 12, False)])
     elif change == "output_hash_ids":
-        control = _stream(made, tmp_path / "control-outputs",
-                          [("outputs", 0, 6, False), ("outputs", 6, 12, False)])
+        control = _stream(
+            made,
+            tmp_path / "control-outputs",
+            [("outputs", 0, 6, False), ("outputs", 6, 12, False)],
+        )
         report = gate.audit(str(control), made["tokenizer"])
         assert report["publishable"], report["flags"]
-        stream = _stream(made, tmp_path / "stream",
-                         [("outputs", 0, 6, False), ("outputs", 6, 12, True)])
+        stream = _stream(
+            made, tmp_path / "stream", [("outputs", 0, 6, False), ("outputs", 6, 12, True)]
+        )
     elif change == "first_id_map":
-        stream = _stream(made, tmp_path / "stream", [("bs4", 0, 6, False), ("bs4", 6, 12, False)],
-                         first_id_map=False)
+        stream = _stream(
+            made,
+            tmp_path / "stream",
+            [("bs4", 0, 6, False), ("bs4", 6, 12, False)],
+            first_id_map=False,
+        )
     else:
         stream = control
         window = stream / "window-000001"
@@ -164,19 +188,41 @@ def test_confirmed_template_kwargs_carry_text_as_booleans(made, tmp_path):
     kwargs = json.dumps({"enable_thinking": bits})
     (tmp_path / "salt").write_bytes(b"s" * 32)
     salted = ("--salt-file", str(tmp_path / "salt"))
-    code = anonymize(made["tokenizer"], [write_jsonl(tmp_path / "night.jsonl", _night(6))],
-                     tmp_path / "out", "--block-size", "4", "--chat-template-kwargs", kwargs,
-                     *salted)
+    code = anonymize(
+        made["tokenizer"],
+        [write_jsonl(tmp_path / "night.jsonl", _night(6))],
+        tmp_path / "out",
+        "--block-size",
+        "4",
+        "--chat-template-kwargs",
+        kwargs,
+        *salted,
+    )
     if code != 0:  # refused before the work (a switch takes one boolean): nothing published
         assert code == 2 and not (tmp_path / "out").exists()
         return
     published = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    carried = bytes(int("".join("1" if b else "0" for b in byte), 2)
-                    for byte in published["chat_template_kwargs"]["enable_thinking"])
+    carried = bytes(
+        int("".join("1" if b else "0" for b in byte), 2)
+        for byte in published["chat_template_kwargs"]["enable_thinking"]
+    )
     assert carried != TEXT, "the manifest spells the text in booleans"
     from kvtrace.cli import main
-    assert main(["audit", str(tmp_path / "out"), "--tokenizer", made["tokenizer"],
-                 "--chat-template-kwargs", kwargs, *salted]) == 1
+
+    assert (
+        main(
+            [
+                "audit",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                made["tokenizer"],
+                "--chat-template-kwargs",
+                kwargs,
+                *salted,
+            ]
+        )
+        == 1
+    )
 
 
 @pytest.mark.xfail(strict=True, reason="residual: docs/AUDIT.md")
@@ -207,11 +253,22 @@ def test_change_times_carry_bytes_that_pax_archives_publish(made, tmp_path):
         deadline = time.monotonic() + 2 * period / 1e9
         while carried(path.stat().st_ctime_ns) != byte and time.monotonic() < deadline:
             os.chmod(path, path.stat().st_mode & 0o7777)  # the same mode: only ctime moves
-    if bytes(carried(p.stat().st_ctime_ns) for p in entries) != TEXT[:len(entries)]:
+    if bytes(carried(p.stat().st_ctime_ns) for p in entries) != TEXT[: len(entries)]:
         pytest.skip("the clock would not land in the slots (a loaded machine)")
     archive = tmp_path / "published.tar"
-    subprocess.run(["tar", "--format=posix", "--pax-option=delete=atime", "-cf", str(archive),
-                    "-C", str(tmp_path), "out"], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "--format=posix",
+            "--pax-option=delete=atime",
+            "-cf",
+            str(archive),
+            "-C",
+            str(tmp_path),
+            "out",
+        ],
+        check=True,
+    )
 
     def ns(text: str) -> int:
         whole, _, fraction = text.partition(".")
@@ -219,7 +276,6 @@ def test_change_times_carry_bytes_that_pax_archives_publish(made, tmp_path):
 
     with tarfile.open(archive) as tar:
         ctimes = {m.name.rstrip("/"): ns(m.pax_headers["ctime"]) for m in tar}
-    read = bytes(carried(ctimes["out" + ("/" + p.name if p != folder else "")])
-                 for p in entries)
-    assert read == TEXT[:len(entries)]
+    read = bytes(carried(ctimes["out" + ("/" + p.name if p != folder else "")]) for p in entries)
+    assert read == TEXT[: len(entries)]
     _refused(made, folder)

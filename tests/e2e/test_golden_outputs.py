@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, TESTS, shared_path, write_jsonl
 
+from helpers import ROOT, TESTS, shared_path, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -48,8 +48,11 @@ def map_digest(folder: Path) -> dict:
         version = json.loads(path.read_text())
         versions[path.name] = {
             "next_id": version["next_id"],
-            "files": sorted([name.rsplit("/", 1)[-1], _content_digest(folder / name, check)]
-                            for name, check in version["checksums"].items())}
+            "files": sorted(
+                [name.rsplit("/", 1)[-1], _content_digest(folder / name, check)]
+                for name, check in version["checksums"].items()
+            ),
+        }
     return versions
 
 
@@ -58,8 +61,9 @@ def _content_digest(path: Path, check: dict) -> str:
     if path.suffix != ".npz":
         return check["sha256"]
     with np.load(path) as arrays:
-        return hashlib.sha256(b"".join(name.encode() + arrays[name].tobytes()
-                                       for name in sorted(arrays.files))).hexdigest()
+        return hashlib.sha256(
+            b"".join(name.encode() + arrays[name].tobytes() for name in sorted(arrays.files))
+        ).hexdigest()
 
 
 def run(*args: str) -> None:
@@ -83,19 +87,45 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
     for example in sorted(EXAMPLES.glob("*.jsonl")):
         (Path("in") / example.name).write_bytes(example.read_bytes())
     Path("trace.jsonl").write_bytes(shared_path("traces", "synthetic_trace.jsonl").read_bytes())
-    common = ["--input", "in/*.jsonl", "--tokenizer", tokenizer, "--block-size", "16",
-              "--salt-file", "salt"]
+    common = [
+        "--input",
+        "in/*.jsonl",
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        "16",
+        "--salt-file",
+        "salt",
+    ]
     results: dict = {}
     run("anonymize", "--output", "local", *common)
     run("anonymize", "--output", "beam", *common, "--engine", "beam")
-    run("anonymize", "--output", "coarse", *common, "--timestamp-granularity-ms", "1000",
-        "--length-granularity", "8")
+    run(
+        "anonymize",
+        "--output",
+        "coarse",
+        *common,
+        "--timestamp-granularity-ms",
+        "1000",
+        "--length-granularity",
+        "8",
+    )
     # Output block ids give each output length to within a block: never beside coarse lengths.
     run("anonymize", "--output", "outputs", *common, "--emit-output-hashes")
     for engine in ("local", "beam"):
         # The two maps are one map (same night, same salt): each its own folder of marks.
-        run("anonymize", "--output", f"night-{engine}", *common, "--engine", engine,
-            "--id-map", f"map-{engine}", "--id-map-marks", f"marks-{engine}")
+        run(
+            "anonymize",
+            "--output",
+            f"night-{engine}",
+            *common,
+            "--engine",
+            engine,
+            "--id-map",
+            f"map-{engine}",
+            "--id-map-marks",
+            f"marks-{engine}",
+        )
     for name in ("local", "beam", "coarse", "outputs", "night-local", "night-beam"):
         results[f"anonymize {name}"] = digests(Path(name)) | digests(Path(f"{name}-rejected"))
     for engine in ("local", "beam"):
@@ -106,25 +136,74 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
         tag = source.split(".")[0]
         run("analyze", source, "--json", f"reports/analyze-{tag}.json")
         run("analyze", source, "--json", f"reports/analyze-beam-{tag}.json", "--engine", "beam")
-        run("reuse", source, "--output", f"reports/reuse-{tag}.png",
-            "--json", f"reports/reuse-{tag}.json")
-        run("simulate", source, "--capacity", "2K,3M", "--policy", "lru,prefix-lru,fifo",
-            "--json", f"reports/simulate-{tag}.json")
+        run(
+            "reuse",
+            source,
+            "--output",
+            f"reports/reuse-{tag}.png",
+            "--json",
+            f"reports/reuse-{tag}.json",
+        )
+        run(
+            "simulate",
+            source,
+            "--capacity",
+            "2K,3M",
+            "--policy",
+            "lru,prefix-lru,fifo",
+            "--json",
+            f"reports/simulate-{tag}.json",
+        )
         run("report", source, "-o", f"reports/report-{tag}.html")
         run("synthesize", source, "-o", f"reports/synth-{tag}.jsonl", "--seed", "3")
         run("validate", source, "--json", f"reports/validate-{tag}.json")
-        for to in ("aiperf", "aiperf-sessions", "guidellm", "vllm", "sglang", "dynamo",
-                   "dynamo-delta"):
+        for to in (
+            "aiperf",
+            "aiperf-sessions",
+            "guidellm",
+            "vllm",
+            "sglang",
+            "dynamo",
+            "dynamo-delta",
+        ):
             run("export", source, "--to", to, "-o", f"reports/export-{tag}-{to}.jsonl")
-    run("synthesize", "trace.jsonl", "-o", "reports/synth-beam.jsonl", "--seed", "3",
-        "--engine", "beam")
+    run(
+        "synthesize",
+        "trace.jsonl",
+        "-o",
+        "reports/synth-beam.jsonl",
+        "--seed",
+        "3",
+        "--engine",
+        "beam",
+    )
     run("audit", "local", "--json", "reports/audit.json", "--tokenizer", tokenizer)
     run("render", "local", "--tokenizer", tokenizer, "-o", "reports/render.jsonl")
-    write_jsonl(Path("bailian.jsonl"), [
-        {"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.5, "input_length": 20,
-         "output_length": 3, "hash_ids": [7, 8], "turn": 1, "type": "text"},
-        {"chat_id": 2, "parent_chat_id": 1, "timestamp": 4.25, "input_length": 40,
-         "output_length": 5, "hash_ids": [7, 8, 9], "turn": 2, "type": "text"}])
+    write_jsonl(
+        Path("bailian.jsonl"),
+        [
+            {
+                "chat_id": 1,
+                "parent_chat_id": -1,
+                "timestamp": 1.5,
+                "input_length": 20,
+                "output_length": 3,
+                "hash_ids": [7, 8],
+                "turn": 1,
+                "type": "text",
+            },
+            {
+                "chat_id": 2,
+                "parent_chat_id": 1,
+                "timestamp": 4.25,
+                "input_length": 40,
+                "output_length": 5,
+                "hash_ids": [7, 8, 9],
+                "turn": 2,
+                "type": "text",
+            },
+        ],
+    )
     run("convert", "bailian.jsonl", "-o", "converted")
     results["reports"] = digests(reports)
     results["convert"] = digests(Path("converted"))
@@ -137,9 +216,12 @@ def test_every_output_byte_is_what_was_recorded(outputs):
         GOLDEN.write_text(json.dumps(outputs, indent=1, sort_keys=True) + "\n")
         pytest.skip(f"recorded {GOLDEN}")
     recorded = json.loads(GOLDEN.read_text())
-    changed = [f"{job}: {name}" for job in sorted(set(recorded) | set(outputs))
-               for name in sorted(set(recorded.get(job, {})) | set(outputs.get(job, {})))
-               if recorded.get(job, {}).get(name) != outputs.get(job, {}).get(name)]
+    changed = [
+        f"{job}: {name}"
+        for job in sorted(set(recorded) | set(outputs))
+        for name in sorted(set(recorded.get(job, {})) | set(outputs.get(job, {})))
+        if recorded.get(job, {}).get(name) != outputs.get(job, {}).get(name)
+    ]
     assert not changed, f"{len(changed)} outputs changed: {changed[:10]}"
 
 

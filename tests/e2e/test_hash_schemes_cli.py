@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import anonymize, chat, trace, write_jsonl
 
+from helpers import anonymize, chat, trace, write_jsonl
 from kvtrace.cli import main
 
 
@@ -18,8 +18,10 @@ def test_published_ids_do_not_depend_on_the_scheme(tiny_tokenizer, tmp_path):
     traces = []
     for scheme in (["kvtrace"], ["dynamo"], ["vllm-sha256-cbor", "--vllm-hash-seed", "7"]):
         out = tmp_path / scheme[0]
-        assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme",
-                         *scheme) == 0
+        assert (
+            anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme", *scheme)
+            == 0
+        )
         traces.append(trace(out))
         manifest = (out / "manifest.json").read_text()
         assert (scheme[0] == "kvtrace") == ("salted" in manifest)
@@ -28,11 +30,35 @@ def test_published_ids_do_not_depend_on_the_scheme(tiny_tokenizer, tmp_path):
 
 def test_scheme_flags_are_checked(tiny_tokenizer, tmp_path, capsys):
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "o", "--hash-scheme", "vllm-sha256-cbor",
-                     "--vllm-none-hash", "abc") == 2
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            tmp_path / "o",
+            "--hash-scheme",
+            "vllm-sha256-cbor",
+            "--vllm-none-hash",
+            "abc",
+        )
+        == 2
+    )
     assert "64 hex digits" in capsys.readouterr().err
-    assert main(["anonymize", "--input", str(src), "--output", str(tmp_path / "o"),
-                 "--tokenizer", tiny_tokenizer, "--vllm-hash-seed", "1"]) == 2
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / "o"),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--vllm-hash-seed",
+                "1",
+            ]
+        )
+        == 2
+    )
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
@@ -42,10 +68,26 @@ def test_emitted_block_hashes_are_the_same_from_both_engines(tiny_tokenizer, tmp
     tables = []
     for engine in ("local", "beam"):
         out = tmp_path / engine
-        assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--hash-scheme",
-                         "dynamo", "--emit-block-hashes", "--engine", engine) == 0
-        tables.append(pq.read_table(tmp_path / f"{engine}-block-hashes" /
-                                    "block-hashes-00000-of-00001.parquet"))
+        assert (
+            anonymize(
+                tiny_tokenizer,
+                [src],
+                out,
+                "--block-size",
+                "4",
+                "--hash-scheme",
+                "dynamo",
+                "--emit-block-hashes",
+                "--engine",
+                engine,
+            )
+            == 0
+        )
+        tables.append(
+            pq.read_table(
+                tmp_path / f"{engine}-block-hashes" / "block-hashes-00000-of-00001.parquet"
+            )
+        )
         published = trace(out)
         by_row = tables[-1].to_pylist()
         # Each (row, position) names the published id of that block.

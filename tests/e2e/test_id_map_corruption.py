@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import anonymize_night, chat, trace_bytes, write_jsonl
 
+from helpers import anonymize_night, chat, trace_bytes, write_jsonl
 from kvtrace.transforms.ids import id_map
 
 DAY_MS = 86_400_000
@@ -17,8 +17,12 @@ SALT = "corruption-test-salt-of-32-bytes"
 
 
 def _night(folder: Path, day: int, offset: int) -> Path:
-    records = [chat(i + offset, day * DAY_MS + 1_000 + 611 * i, f"user-{day}-{i % 5}",
-                    rotate=(i + day) % 4) for i in range(30)]
+    records = [
+        chat(
+            i + offset, day * DAY_MS + 1_000 + 611 * i, f"user-{day}-{i % 5}", rotate=(i + day) % 4
+        )
+        for i in range(30)
+    ]
     return write_jsonl(folder / f"night{day}.jsonl", records)
 
 
@@ -32,12 +36,31 @@ def built(tiny_tokenizer, tmp_path_factory):
     nights = [_night(folder, day, 3 * day) for day in range(3)]
     common = ["--salt-file", str(salt), "--hash-shards", "3"]
     for day in range(2):
-        assert anonymize_night(tiny_tokenizer, [nights[day]], folder / f"out{day}", "--id-map",
-                   str(folder / "map"), *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [nights[day]],
+                folder / f"out{day}",
+                "--id-map",
+                str(folder / "map"),
+                *common,
+            )
+            == 0
+        )
     reference = folder / "reference-map"
     shutil.copytree(folder / "map", reference)
-    assert anonymize_night(tiny_tokenizer, [nights[2]], folder / "expected", "--id-map", str(reference),
-               *_marks_copy(folder, folder / "reference-marks"), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [nights[2]],
+            folder / "expected",
+            "--id-map",
+            str(reference),
+            *_marks_copy(folder, folder / "reference-marks"),
+            *common,
+        )
+        == 0
+    )
     return folder, nights[2], common
 
 
@@ -62,7 +85,7 @@ def _damage(path: Path, how: str, others: list[Path]) -> None:
     data = path.read_bytes()
     if how == "flip":
         middle = len(data) // 2
-        path.write_bytes(data[:middle] + bytes([data[middle] ^ 0x40]) + data[middle + 1:])
+        path.write_bytes(data[:middle] + bytes([data[middle] ^ 0x40]) + data[middle + 1 :])
     elif how == "truncate":
         path.write_bytes(data[: len(data) // 2])
     elif how == "zero":
@@ -83,20 +106,31 @@ def test_a_damaged_map_file_is_refused_by_name_or_repaired_exactly(
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     files = _files(map_dir)[kind]
-    if not files or (how == "swap" and len({f.read_bytes() for f in files}) < 2) or (
-            kind == "committed" and how != "delete"):
+    if (
+        not files
+        or (how == "swap" and len({f.read_bytes() for f in files}) < 2)
+        or (kind == "committed" and how != "delete")
+    ):
         pytest.skip(f"no {how} for {kind} files here")
     targets = files[-2:] if kind in ("segment", "index") else files[-1:]  # what night 3 reads
     for target in targets:
         _damage(target, how, files)
     capsys.readouterr()
-    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir),
-                           *_marks_copy(folder, tmp_path / "marks"), *common)
+    code = anonymize_night(
+        tiny_tokenizer,
+        [night],
+        tmp_path / "out",
+        "--id-map",
+        str(map_dir),
+        *_marks_copy(folder, tmp_path / "marks"),
+        *common,
+    )
     err = capsys.readouterr().err
     if code == 0:  # repaired: exactly the undamaged night
         assert trace_bytes(tmp_path / "out") == trace_bytes(folder / "expected")
         assert (tmp_path / "out" / "manifest.json").read_bytes() == (
-            folder / "expected" / "manifest.json").read_bytes()
+            folder / "expected" / "manifest.json"
+        ).read_bytes()
         return
     assert any(str(t.relative_to(map_dir)) in err for t in targets), err
     assert len(err.strip().splitlines()) == 1
@@ -104,14 +138,21 @@ def test_a_damaged_map_file_is_refused_by_name_or_repaired_exactly(
     assert not (map_dir / "versions" / "000003.json").exists()  # the map was not extended
 
 
-def test_a_map_whose_versions_are_lost_is_refused_not_restarted(tiny_tokenizer, built, tmp_path, capsys):
+def test_a_map_whose_versions_are_lost_is_refused_not_restarted(
+    tiny_tokenizer, built, tmp_path, capsys
+):
     folder, night, common = built
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     shutil.rmtree(map_dir / "versions")
     (map_dir / "CURRENT").unlink()
     segments = sorted(map_dir.glob("segments/*/*"))
-    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common) == 2
+    assert (
+        anonymize_night(
+            tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common
+        )
+        == 2
+    )
     assert "lost committed versions" in capsys.readouterr().err
     assert sorted(map_dir.glob("segments/*/*")) == segments  # nothing deleted
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import anonymize_night, chat, trace_bytes, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import anonymize_night, chat, trace_bytes, write_jsonl
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids import id_map, map_record
 from kvtrace.transforms.ids.dense_ids import NUMBERED
@@ -59,8 +59,12 @@ FIRST_NIGHT = id_map.Night({"block_ids_from": 0, "sessions_from": 0, "time_from_
 
 
 def _night(folder: Path, day: int) -> Path:
-    records = [chat(i + 3 * day, day * DAY_MS + 1_000 + 611 * i, f"user-{day}-{i % 5}",
-                    rotate=(i + day) % 4) for i in range(30)]
+    records = [
+        chat(
+            i + 3 * day, day * DAY_MS + 1_000 + 611 * i, f"user-{day}-{i % 5}", rotate=(i + day) % 4
+        )
+        for i in range(30)
+    ]
     return write_jsonl(folder / f"night{day}.jsonl", records)
 
 
@@ -73,12 +77,31 @@ def built(tiny_tokenizer, tmp_path_factory):
     nights = [_night(folder, day) for day in range(3)]
     common = ["--salt-file", str(folder / "salt"), "--hash-shards", "3"]
     for day in range(2):
-        assert anonymize_night(tiny_tokenizer, [nights[day]], folder / f"out{day}", "--id-map",
-                               str(folder / "map"), *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [nights[day]],
+                folder / f"out{day}",
+                "--id-map",
+                str(folder / "map"),
+                *common,
+            )
+            == 0
+        )
     shutil.copytree(folder / "map", folder / "reference-map")
-    assert anonymize_night(tiny_tokenizer, [nights[2]], folder / "expected", "--id-map",
-                           str(folder / "reference-map"), "--id-map-marks",
-                           str(folder / "reference-marks"), *common) == 0  # a copy: its own
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [nights[2]],
+            folder / "expected",
+            "--id-map",
+            str(folder / "reference-map"),
+            "--id-map-marks",
+            str(folder / "reference-marks"),
+            *common,
+        )
+        == 0
+    )  # a copy: its own
     return folder, nights[2], common
 
 
@@ -115,8 +138,9 @@ def read_everything(map_dir: Path, identity: id_map.MapIdentity, key: MapKey = K
     count = 0
     for kind in KINDS:
         for segment in version.segment_files(directory, kind):
-            rows = np.concatenate([t for _, t in read_segment(segment, version.hash_shards)]
-                                  + [np.empty(0, NUMBERED)])
+            rows = np.concatenate(
+                [t for _, t in read_segment(segment, version.hash_shards)] + [np.empty(0, NUMBERED)]
+            )
             assert len(read_matching(segment, rows).rows) == len(rows)
             count += len(rows)
     return count
@@ -205,8 +229,11 @@ def test_a_rekeyed_record_still_holds_only_values_kvtrace_writes(identity, scrat
     path = data.draw(st.sampled_from(_leaves(content)[1:]), label="path")
     old = _at(content, path)
     nullable = path in (("tokenization",), ("timestamp_origin_ms",))
-    wrong = [v for v in HOSTILE + ([float(old)] if type(old) is int else [])
-             if type(v) is not type(old) and not (nullable and v is None)]
+    wrong = [
+        v
+        for v in HOSTILE + ([float(old)] if type(old) is int else [])
+        if type(v) is not type(old) and not (nullable and v is None)
+    ]
     wrong += [-5, 2**63 - 1] if type(old) is int else []
     value = data.draw(st.sampled_from(wrong), label="value")
     with Altered(scratch, keyed(_replaced(content, path, value), KEY)):
@@ -230,10 +257,10 @@ def test_a_record_damaged_anywhere_is_refused_in_one_line(scratch, data, keyless
     raw = bytearray(record_bytes(record))
     start = data.draw(st.integers(0, len(raw) - 1), label="at")
     span = data.draw(st.integers(0, 8), label="span")
-    raw[start:start + span] = data.draw(st.binary(max_size=8).filter(
-        lambda b: b != raw[start:start + span]), label="put")
-    read = map_record.read_keyless_record if keyless else functools.partial(read_record,
-                                                                            key=KEY)
+    raw[start : start + span] = data.draw(
+        st.binary(max_size=8).filter(lambda b: b != raw[start : start + span]), label="put"
+    )
+    read = map_record.read_keyless_record if keyless else functools.partial(read_record, key=KEY)
     try:
         found = read(bytes(raw), "versions/000002.json")
     except IdMapError as err:
@@ -256,7 +283,8 @@ def test_next_id_of_another_value_or_type_is_refused(identity, scratch, next_id,
 
 @pytest.mark.parametrize("edit", ["repeat", "unknown", "missing", "spacing", "overflow", "mac"])
 def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
-        identity, scratch, edit):
+    identity, scratch, edit
+):
     record = _record(scratch)
     raw = _record_path(scratch).read_bytes()
     if edit == "repeat":  # the same key twice, the same value: the parsed content is unchanged
@@ -274,9 +302,14 @@ def test_a_record_not_in_kvtraces_form_is_refused_even_with_the_same_content(
         data = json.dumps(record, sort_keys=True).encode()  # the MAC still matches its content
     with Altered(scratch, data):
         message = refused(scratch, identity)
-    assert {"repeat": "a key repeats", "unknown": "unknown key 'note'",
-            "missing": "no 'history'", "spacing": "not the form kvtrace writes",
-            "overflow": "1e999 is out of range", "mac": "MAC does not verify"}[edit] in message
+    assert {
+        "repeat": "a key repeats",
+        "unknown": "unknown key 'note'",
+        "missing": "no 'history'",
+        "spacing": "not the form kvtrace writes",
+        "overflow": "1e999 is out of range",
+        "mac": "MAC does not verify",
+    }[edit] in message
 
 
 def _swap_segments(map_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -294,17 +327,22 @@ def _swap_segments(map_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("rekeyed", [False, True])
 def test_segments_swapped_between_shards_with_checksums_recomputed_are_refused(
-        identity, built, tmp_path, rekeyed):
+    identity, built, tmp_path, rekeyed
+):
     folder, _, _ = built
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     record = _record(map_dir)
     altered = _swap_segments(map_dir, record)
-    _record_path(map_dir).write_bytes(keyed(altered, KEY) if rekeyed
-                                      else record_bytes(altered | {"mac": record["mac"]}))
+    _record_path(map_dir).write_bytes(
+        keyed(altered, KEY) if rekeyed else record_bytes(altered | {"mac": record["mac"]})
+    )
     message = refused(map_dir, identity)
-    assert ("holds keys of another hash shard" in message) if rekeyed else (
-        "MAC does not verify" in message)
+    assert (
+        ("holds keys of another hash shard" in message)
+        if rekeyed
+        else ("MAC does not verify" in message)
+    )
 
 
 def test_a_segment_with_ids_beyond_next_id_is_refused_as_it_is_read(identity, built, tmp_path):
@@ -314,8 +352,9 @@ def test_a_segment_with_ids_beyond_next_id_is_refused_as_it_is_read(identity, bu
     record = _record(map_dir)
     name = record["files"]["blocks"][-1]
     version = id_map.MapVersion.from_record(record)
-    segment = next(s for s in version.segment_files(str(map_dir), "blocks")
-                   if s.path.endswith(name))
+    segment = next(
+        s for s in version.segment_files(str(map_dir), "blocks") if s.path.endswith(name)
+    )
     rows = np.concatenate([t for _, t in read_segment(segment, version.hash_shards)])
     rows["id"][0] = record["next_id"]["blocks"]  # an id the map never gave out
     written = write_segment(str(map_dir / name), [rows])
@@ -335,16 +374,22 @@ def test_a_wrong_salt_is_refused_with_what_to_do(identity, scratch):
 
 
 def test_a_night_refuses_an_altered_map_in_one_line_and_publishes_nothing(
-        tiny_tokenizer, built, tmp_path, capsys):
+    tiny_tokenizer, built, tmp_path, capsys
+):
     folder, night, common = built
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     record = _record(map_dir)
     _record_path(map_dir).write_bytes(
-        record_bytes(_swap_segments(map_dir, record) | {"mac": record["mac"]}))
+        record_bytes(_swap_segments(map_dir, record) | {"mac": record["mac"]})
+    )
     capsys.readouterr()
-    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir),
-                           *common) == 2
+    assert (
+        anonymize_night(
+            tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "versions/000002.json" in err, err
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -357,21 +402,30 @@ def _as_format_3(map_dir: Path) -> None:
         _downgraded(path)
 
 
-def test_a_format_3_map_is_refused_until_keyed_on_purpose(identity, tiny_tokenizer, built,
-                                                           tmp_path, capsys):
+def test_a_format_3_map_is_refused_until_keyed_on_purpose(
+    identity, tiny_tokenizer, built, tmp_path, capsys
+):
     folder, night, common = built
     map_dir = tmp_path / "map"
     shutil.copytree(folder / "map", map_dir)
     _as_format_3(map_dir)
     assert "of id map format 3: unkeyed" in refused(map_dir, identity)
     capsys.readouterr()
-    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "refused", "--id-map",
-                           str(map_dir), *common) != 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer, [night], tmp_path / "refused", "--id-map", str(map_dir), *common
+        )
+        != 0
+    )
     assert "key it once with its salt" in capsys.readouterr().err
     assert id_map.key_format_3_map(str(map_dir), KEY) == [1, 2]
     assert id_map.key_format_3_map(str(map_dir), KEY) == []  # done: every record keyed
-    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map",
-                           str(map_dir), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common
+        )
+        == 0
+    )
     assert trace_bytes(tmp_path / "out") == trace_bytes(folder / "expected")
     keyed_record = _record(map_dir)
     assert keyed_record["version"] == 3 and "mac" in keyed_record
@@ -405,8 +459,9 @@ def _downgraded(path: Path) -> None:
     path.write_bytes(record_bytes(record | {"sha256": map_record.keyless_checksum(record)}))
 
 
-def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(identity, built,
-                                                                             tmp_path):
+def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(
+    identity, built, tmp_path
+):
     """The newest record or an older one (read when cleaning up), its sha256 recomputed."""
     folder, _, _ = built
     for number in (1, 2):
@@ -419,7 +474,8 @@ def test_a_keyed_record_downgraded_to_format_3_is_refused_wherever_it_appears(id
 
 
 def test_a_format_3_record_above_a_keyed_one_is_an_edit_to_the_read_and_to_keying(
-        identity, built, tmp_path):
+    identity, built, tmp_path
+):
     """Keying would key the edit and make it the map's: the read calls it an edit (it does not
     send the operator to key it), keying refuses it, and a staged file that is not the record's
     keyed form does not make it one kvtrace left."""
@@ -441,7 +497,8 @@ def test_a_format_3_record_above_a_keyed_one_is_an_edit_to_the_read_and_to_keyin
 
 
 def test_an_interrupted_keying_leaves_no_format_3_record_above_a_keyed_one_and_finishes(
-        identity, built, tmp_path, monkeypatch):
+    identity, built, tmp_path, monkeypatch
+):
     """Killed between its renames (newest first), keying leaves the older records in format 3
     (read as a map to key, not as an edit); the rerun keys them from what the first run
     staged, and the map reads as it did before it was unkeyed."""
@@ -473,13 +530,21 @@ def test_an_interrupted_keying_leaves_no_format_3_record_above_a_keyed_one_and_f
     previous = None  # each keyed record chained to the one before it, all of one id
     for path in sorted((folder / "map" / "versions").iterdir()):  # what the map held before
         before = json.loads(path.read_bytes())  # its nights' record lost with format 3
-        expected = keyed({k: v for k, v in before.items() if k != "mac"}
-                         | {"history": nightless(before["history"]), "map_id": keyed_id,
-                            "previous_sha256": previous}, KEY)
+        expected = keyed(
+            {k: v for k, v in before.items() if k != "mac"}
+            | {
+                "history": nightless(before["history"]),
+                "map_id": keyed_id,
+                "previous_sha256": previous,
+            },
+            KEY,
+        )
         assert (map_dir / "versions" / path.name).read_bytes() == expected
         previous = hashlib.sha256(expected).hexdigest()
-    assert sorted(p.name for p in (map_dir / "versions").iterdir()) == ["000001.json",
-                                                                       "000002.json"]
+    assert sorted(p.name for p in (map_dir / "versions").iterdir()) == [
+        "000001.json",
+        "000002.json",
+    ]
     assert read_everything(map_dir, identity) == read_everything(folder / "map", identity)
 
 
@@ -492,7 +557,13 @@ def test_settings_a_record_cannot_hold_are_refused_when_the_map_opens(tmp_path):
 def test_a_version_past_the_id_bound_is_not_published(tmp_path):
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {})
     with pytest.raises(JobStopped, match="would pass"):
-        id_map.next_version(str(tmp_path), id_map.empty_version(identity),
-                            {"blocks": [], "sessions": []},
-                            {"blocks": map_record.MAX_IDS + 1, "sessions": 0}, False, 3, 0,
-                            FIRST_NIGHT)
+        id_map.next_version(
+            str(tmp_path),
+            id_map.empty_version(identity),
+            {"blocks": [], "sessions": []},
+            {"blocks": map_record.MAX_IDS + 1, "sessions": 0},
+            False,
+            3,
+            0,
+            FIRST_NIGHT,
+        )

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from helpers import FINLAND, FRANCE, anonymize, read_jsonl, shared_path, trace, write_jsonl
 from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 
@@ -27,26 +28,49 @@ def test_seed_example_first_block_shared_rest_not(deepseek_tokenizer, tmp_path):
 def test_qwen3_template_kwargs_reach_the_template(qwen3_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [SEED_FRANCE])
     assert anonymize(qwen3_tokenizer, [src], tmp_path / "think") == 0
-    assert anonymize(qwen3_tokenizer, [src], tmp_path / "nothink", "--chat-template-kwargs",
-                     '{"enable_thinking": false}') == 0
+    assert (
+        anonymize(
+            qwen3_tokenizer,
+            [src],
+            tmp_path / "nothink",
+            "--chat-template-kwargs",
+            '{"enable_thinking": false}',
+        )
+        == 0
+    )
     tokenizer = load_tokenizer(qwen3_tokenizer)
     text = render_chat(tokenizer, SEED_FRANCE["input"], None, {"enable_thinking": False})
     assert text.endswith("<think>\n\n</think>\n\n")
     (think,), (nothink,) = trace(tmp_path / "think"), trace(tmp_path / "nothink")
-    assert nothink["input_length"] == len(tokenizer.backend_tokenizer.encode(
-        text, add_special_tokens=False).ids)
+    assert nothink["input_length"] == len(
+        tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    )
     assert nothink["input_length"] > think["input_length"]
 
 
-@pytest.mark.parametrize("template", ["meta-llama-Llama-3.1-8B-Instruct.jinja",
-                                      "Qwen-Qwen2.5-7B-Instruct.jinja", "openai-gpt-oss-120b.jinja",
-                                      "Qwen-Qwen3-0.6B.jinja"])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "Qwen-Qwen2.5-7B-Instruct.jinja",
+        "openai-gpt-oss-120b.jinja",
+        "Qwen-Qwen3-0.6B.jinja",
+    ],
+)
 def test_real_templates_render_tools_and_dates_through_transformers(deepseek_tokenizer, template):
     source = shared_path("templates", template).read_text()
     tokenizer = load_tokenizer(deepseek_tokenizer)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "d",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "d",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     kwargs = {"chat_template": source, "date_string": "21 Nov 2026"}
     text = render_chat(tokenizer, messages, tools, kwargs)
     assert "Weather?" in text and "get_weather" in text
@@ -86,8 +110,13 @@ def test_round_trip_of_a_real_trace_is_exact_up_to_renumbering(deepseek_tokenize
         ids, last = row["hash_ids"], row["input_length"] - 512 * (len(row["hash_ids"]) - 1)
         last_tokens = max(2, math.ceil(last * block / 512))  # two words name an id
         sizes = [block] * (len(ids) - 1) + [last_tokens]
-        records.append({"timestamp": row["timestamp"], "output_length": row["output_length"],
-                        "prompt": "".join(block_text(i, s) for i, s in zip(ids, sizes))})
+        records.append(
+            {
+                "timestamp": row["timestamp"],
+                "output_length": row["output_length"],
+                "prompt": "".join(block_text(i, s) for i, s in zip(ids, sizes)),
+            }
+        )
         expected_lengths.append(sum(sizes))
     src = write_jsonl(tmp_path / "prompts.jsonl", records)
     assert anonymize(deepseek_tokenizer, [src], tmp_path / "out", "--block-size", str(block)) == 0
@@ -108,4 +137,8 @@ def test_round_trip_of_a_real_trace_is_exact_up_to_renumbering(deepseek_tokenize
             assert renumbering.setdefault(theirs, new) == new
     assert len(set(renumbering.values())) == len(renumbering)  # a bijection
     stats = json.loads(Path(tmp_path / "out" / "stats.json").read_text())
-    assert stats["unique_blocks"] == len(renumbering) == len({i for r in original for i in r["hash_ids"]})
+    assert (
+        stats["unique_blocks"]
+        == len(renumbering)
+        == len({i for r in original for i in r["hash_ids"]})
+    )

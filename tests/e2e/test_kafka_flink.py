@@ -16,9 +16,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers import (ON_FLINK, ROOT, STREAM_START_MS, check_stream_against_batch, free_ports,
-                      run_stream_until_accounted, running_stream, stream_accounted,
-                      stream_request)
+from helpers import (
+    ON_FLINK,
+    ROOT,
+    STREAM_START_MS,
+    check_stream_against_batch,
+    free_ports,
+    run_stream_until_accounted,
+    running_stream,
+    stream_request,
+)
 from kvtrace.cli import main
 from kvtrace.transforms.write.manifest import read_run_counts
 from tiny_tokenizer import CORPUS
@@ -38,8 +45,9 @@ def broker(tmp_path_factory) -> Iterator[tuple[int, dict[str, str]]]:
     """A Kafka broker on loopback: its port, and the environment its script needs."""
     env = {**os.environ, "KVTRACE_KAFKA_HOME": str(tmp_path_factory.mktemp("kafka"))}
     port, controller = free_ports(2)  # the controller's own port: PORT+1 may be taken
-    started = subprocess.run([BROKER, "start", str(port), str(controller)], env=env,
-                             capture_output=True, text=True)
+    started = subprocess.run(
+        [BROKER, "start", str(port), str(controller)], env=env, capture_output=True, text=True
+    )
     assert started.returncode == 0, started.stderr
     try:
         yield port, env
@@ -55,8 +63,9 @@ def cancel_running_jobs() -> None:
 
 def produce(port: int, env: dict[str, str], records: list[dict]) -> None:
     lines = "".join(json.dumps(record) + "\n" for record in records)
-    subprocess.run([BROKER, "produce", str(port), "requests"], input=lines, text=True, env=env,
-                   check=True)
+    subprocess.run(
+        [BROKER, "produce", str(port), "requests"], input=lines, text=True, env=env, check=True
+    )
 
 
 def rest(path: str) -> dict:
@@ -87,21 +96,30 @@ def next_checkpoint() -> dict:
 
 
 def dead_letters(tmp_path) -> list[dict]:
-    return [json.loads(line) for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
-            for line in path.read_text().splitlines()]
+    return [
+        json.loads(line)
+        for path in (tmp_path / "stream-rejected").rglob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
 
 
-def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(broker, tiny_tokenizer,
-                                                                       tmp_path):
+def test_kafka_on_flink_every_message_once_and_the_windows_equal_batch(
+    broker, tiny_tokenizer, tmp_path
+):
     port, env = broker
     cancel_running_jobs()  # a stream left by an earlier run holds the cluster's slots
     records = [stream_request(i, MESSAGES) for i in range(MESSAGES)]
     produce(port, env, records)
     try:
         run_stream_until_accounted(
-            tmp_path, tiny_tokenizer, f"kafka://127.0.0.1:{port}/requests", MESSAGES,
+            tmp_path,
+            tiny_tokenizer,
+            f"kafka://127.0.0.1:{port}/requests",
+            MESSAGES,
             {"KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
-            "--config", str(ROOT / "configs" / "flink-local.yaml"))
+            "--config",
+            str(ROOT / "configs" / "flink-local.yaml"),
+        )
     finally:
         cancel_running_jobs()
     assert dead_letters(tmp_path) == []  # a backfill: nothing late
@@ -124,14 +142,18 @@ def large_request(i: int) -> dict:
     i's digits in base len(WORDS)), so each adds ~800 ids to the map."""
     digits = [WORDS[i // len(WORDS) ** d % len(WORDS)] for d in range(3)]
     text = " ".join(digits + [WORDS[(i + n) % len(WORDS)] for n in range(LARGE_WORDS)])
-    return {"timestamp": STREAM_START_MS + i * (LARGE_WINDOWS * 60_000 // LARGE_REQUESTS),
-            "output_length": 3, "messages": [{"role": "user", "content": text}]}
+    return {
+        "timestamp": STREAM_START_MS + i * (LARGE_WINDOWS * 60_000 // LARGE_REQUESTS),
+        "output_length": 3,
+        "messages": [{"role": "user", "content": text}],
+    }
 
 
 # The killed TaskManager's data streams end in the in-process worker's threads, which say so.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_taskmanagers_killed_again_and_again_every_request_once_ids_continue(
-        broker, tiny_tokenizer, tmp_path):
+    broker, tiny_tokenizer, tmp_path
+):
     """A state past the JobManager's 5 MB in files; TaskManagers killed mid-stream KILLS times:
     each restart restores the id map, what was published and the Kafka offsets, so every
     request is published once (a duplicate would be counted twice, a window of a restarted id
@@ -145,20 +167,27 @@ def test_taskmanagers_killed_again_and_again_every_request_once_ids_continue(
     # wait) stays short of what closes the open window as idle.
     ends = [per_window * k + 5 for k in range(1, KILLS + 1)] + [LARGE_REQUESTS]
     try:
-        with running_stream(tmp_path, tiny_tokenizer, f"kafka://127.0.0.1:{port}/requests",
-                            {"KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
-                            "--config", str(ROOT / "configs" / "flink-local.yaml")) as wait_for:
-            produce(port, env, records[:ends[0]])
+        with running_stream(
+            tmp_path,
+            tiny_tokenizer,
+            f"kafka://127.0.0.1:{port}/requests",
+            {"KVTRACE_KAFKA_EXPANSION": KAFKA_EXPANSION},
+            "--config",
+            str(ROOT / "configs" / "flink-local.yaml"),
+        ) as wait_for:
+            produce(port, env, records[: ends[0]])
             for kill in range(KILLS):
                 wait_for(per_window * (kill + 1))  # the windows the chunks so far close
                 next_checkpoint()
-                produce(port, env, records[ends[kill]:ends[kill + 1]])
+                produce(port, env, records[ends[kill] : ends[kill + 1]])
                 subprocess.run([CLUSTER, "kill-taskmanager"], check=True, capture_output=True)
             assert wait_for(LARGE_REQUESTS) == LARGE_REQUESTS
             latest = next_checkpoint()
             assert latest["checkpointed_size"] > JOBMANAGER_CAP
-            assert rest(f"/jobs/{running_job()}/checkpoints/config")["checkpoint_storage"] == \
-                "FileSystemCheckpointStorage"
+            assert (
+                rest(f"/jobs/{running_job()}/checkpoints/config")["checkpoint_storage"]
+                == "FileSystemCheckpointStorage"
+            )
             assert checkpoints()["restored"] >= 1  # the run went on from its checkpoints
     finally:
         cancel_running_jobs()

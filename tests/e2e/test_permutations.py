@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from helpers import anonymize, assert_same_output, write_jsonl
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
@@ -20,9 +21,8 @@ def _records() -> list[dict]:
     for i in range(40):
         ts = 1_700_000_000_000 + 1000 * (i // 8)  # eight requests per millisecond
         prompt = " ".join(WORDS[: 2 + i % 3])
-        answer = " ".join(WORDS[(i % 5):] + WORDS[:(i % 5)])
-        record = {"timestamp": ts, "input": [{"role": "user", "content": prompt}],
-                  "output": answer}
+        answer = " ".join(WORDS[(i % 5) :] + WORDS[: (i % 5)])
+        record = {"timestamp": ts, "input": [{"role": "user", "content": prompt}], "output": answer}
         if i % 4 == 1:
             record["session_id"] = f"user-{i % 3}"
         records.append(record)
@@ -39,8 +39,20 @@ def _write_split(records: list[dict], folder: Path, files: int, seed: int) -> li
 def _run(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> Path:
     salt = out.parent / "salt"
     salt.write_text("a-salt-for-tests-that-is-long-enough")
-    assert anonymize(tokenizer, inputs, out, "--block-size", "2", "--emit-output-hashes",
-                     "--salt-file", str(salt), *extra) == 0
+    assert (
+        anonymize(
+            tokenizer,
+            inputs,
+            out,
+            "--block-size",
+            "2",
+            "--emit-output-hashes",
+            "--salt-file",
+            str(salt),
+            *extra,
+        )
+        == 0
+    )
     return out
 
 
@@ -51,14 +63,26 @@ def _run(tokenizer: str, inputs: list[Path], out: Path, *extra: str) -> Path:
 MULTI_PROCESS = pytest.mark.slow
 
 
-@pytest.mark.parametrize("files,processes,seed", [
-    (1, 1, 1), pytest.param(2, 2, 2, marks=MULTI_PROCESS),
-    pytest.param(3, 3, 3, marks=MULTI_PROCESS), (3, 1, 4)])
-def test_local_engine_bytes_depend_on_no_order_split_or_worker_count(tiny_tokenizer, tmp_path,
-                                                                     files, processes, seed):
+@pytest.mark.parametrize(
+    "files,processes,seed",
+    [
+        (1, 1, 1),
+        pytest.param(2, 2, 2, marks=MULTI_PROCESS),
+        pytest.param(3, 3, 3, marks=MULTI_PROCESS),
+        (3, 1, 4),
+    ],
+)
+def test_local_engine_bytes_depend_on_no_order_split_or_worker_count(
+    tiny_tokenizer, tmp_path, files, processes, seed
+):
     records = _records()
-    reference = _run(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", records)],
-                     tmp_path / "reference", "--processes", "1")
+    reference = _run(
+        tiny_tokenizer,
+        [write_jsonl(tmp_path / "in.jsonl", records)],
+        tmp_path / "reference",
+        "--processes",
+        "1",
+    )
     inputs = _write_split(records, tmp_path / "split", files, seed)
     other = _run(tiny_tokenizer, inputs, tmp_path / "other", "--processes", str(processes))
     assert_same_output(reference, other)
@@ -67,11 +91,25 @@ def test_local_engine_bytes_depend_on_no_order_split_or_worker_count(tiny_tokeni
 @pytest.mark.slow
 def test_beam_engine_writes_the_local_bytes_for_shuffled_split_input(tiny_tokenizer, tmp_path):
     records = _records()
-    reference = _run(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", records)],
-                     tmp_path / "reference", "--processes", "1")
+    reference = _run(
+        tiny_tokenizer,
+        [write_jsonl(tmp_path / "in.jsonl", records)],
+        tmp_path / "reference",
+        "--processes",
+        "1",
+    )
     inputs = _write_split(records, tmp_path / "split", 3, 7)
-    beam = _run(tiny_tokenizer, inputs, tmp_path / "beam", "--engine", "beam",
-                "--direct_num_workers", "2", "--direct_running_mode", "multi_threading")
+    beam = _run(
+        tiny_tokenizer,
+        inputs,
+        tmp_path / "beam",
+        "--engine",
+        "beam",
+        "--direct_num_workers",
+        "2",
+        "--direct_running_mode",
+        "multi_threading",
+    )
     assert_same_output(reference, beam)
 
 
@@ -92,16 +130,33 @@ def _moved_within_granules(records: list[dict], seed: int) -> list[dict]:
 # (test_rows_and_their_ids_follow_the_published_order_whatever_the_finer_times).
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["local", "beam"])
-def test_rows_within_a_granule_come_out_the_same_whatever_their_finer_times(tiny_tokenizer,
-                                                                             tmp_path, engine):
+def test_rows_within_a_granule_come_out_the_same_whatever_their_finer_times(
+    tiny_tokenizer, tmp_path, engine
+):
     """With --timestamp-granularity-ms 1000 the eight requests of each second share a published
     time: two logs that differ in the requests' times within those seconds (and in their input
     order and split) publish the same bytes, so no finer order is published."""
     coarse = ("--timestamp-granularity-ms", "1000")
     records = _records()
-    reference = _run(tiny_tokenizer, [write_jsonl(tmp_path / "in.jsonl", records)],
-                     tmp_path / "reference", "--processes", "1", *coarse)
+    reference = _run(
+        tiny_tokenizer,
+        [write_jsonl(tmp_path / "in.jsonl", records)],
+        tmp_path / "reference",
+        "--processes",
+        "1",
+        *coarse,
+    )
     inputs = _write_split(_moved_within_granules(records, 5), tmp_path / "split", 3, 6)
-    extra = (("--engine", "beam", "--direct_num_workers", "2", "--direct_running_mode",
-              "multi_threading") if engine == "beam" else ("--processes", "2"))
+    extra = (
+        (
+            "--engine",
+            "beam",
+            "--direct_num_workers",
+            "2",
+            "--direct_running_mode",
+            "multi_threading",
+        )
+        if engine == "beam"
+        else ("--processes", "2")
+    )
     assert_same_output(reference, _run(tiny_tokenizer, inputs, tmp_path / engine, *extra, *coarse))

@@ -32,8 +32,9 @@ def test_pax_archives_record_ctime_unless_told_to_drop_it(tmp_path):
     _folder(tmp_path)
     with tarfile.open(_tar(tmp_path, "--format=posix")) as tar:
         assert all("ctime" in member.pax_headers for member in tar)
-    with tarfile.open(_tar(tmp_path, "--format=posix",
-                           "--pax-option=delete=ctime,delete=atime")) as tar:
+    with tarfile.open(
+        _tar(tmp_path, "--format=posix", "--pax-option=delete=ctime,delete=atime")
+    ) as tar:
         assert not any({"ctime", "atime"} & set(member.pax_headers) for member in tar)
 
 
@@ -42,8 +43,11 @@ def test_gnu_and_ustar_archives_hold_no_ctime_and_no_names_when_told(tmp_path, f
     _folder(tmp_path)
     archive = _tar(tmp_path, f"--format={form}", "--owner=0", "--group=0", "--numeric-owner")
     data = archive.read_bytes()
-    headers = [data[at:at + 512] for at in range(0, len(data), 512)
-               if data[at + 257:at + 262] == b"ustar"]
+    headers = [
+        data[at : at + 512]
+        for at in range(0, len(data), 512)
+        if data[at + 257 : at + 262] == b"ustar"
+    ]
     assert len(headers) == 2
     if form == "gnu":
         assert all(not header[GNU_TIMES].strip(b"\0 ") for header in headers)

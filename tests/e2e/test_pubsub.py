@@ -12,15 +12,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers import (ROOT, check_stream_against_batch, free_port, run_stream_until_accounted,
-                      stream_request)
+from helpers import (
+    ROOT,
+    check_stream_against_batch,
+    free_port,
+    run_stream_until_accounted,
+    stream_request,
+)
 from kvtrace.cli import main
 
 PROJECT = "kvtrace-test"  # Beam checks project names: 6 to 30 characters
 MESSAGES = 40
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    shutil.which("gcloud") is None, reason="gcloud (and its Pub/Sub emulator) not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("gcloud") is None, reason="gcloud (and its Pub/Sub emulator) not installed"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +37,9 @@ def emulator(tmp_path_factory) -> Iterator[str]:
     """A Pub/Sub emulator on loopback, started by the project's script; its address."""
     script = str(ROOT / "deploy" / "pubsub" / "emulator.sh")
     env = {**os.environ, "KVTRACE_PUBSUB_HOME": str(tmp_path_factory.mktemp("pubsub"))}
-    started = subprocess.run([script, "start", str(free_port())], env=env, capture_output=True,
-                             text=True)
+    started = subprocess.run(
+        [script, "start", str(free_port())], env=env, capture_output=True, text=True
+    )
     assert started.returncode == 0, started.stderr
     try:
         yield started.stdout.strip().rpartition("=")[2]
@@ -54,8 +64,9 @@ def publish(host: str, records: list[dict]) -> str:
 def test_every_message_lands_once_and_the_windows_equal_batch(emulator, tiny_tokenizer, tmp_path):
     records = [stream_request(i, MESSAGES) for i in range(MESSAGES)]
     source = publish(emulator, records)
-    run_stream_until_accounted(tmp_path, tiny_tokenizer, source, len(records),
-                               {"PUBSUB_EMULATOR_HOST": emulator})
+    run_stream_until_accounted(
+        tmp_path, tiny_tokenizer, source, len(records), {"PUBSUB_EMULATOR_HOST": emulator}
+    )
     check_stream_against_batch(tmp_path, tiny_tokenizer, records)
     windows = sorted(p for p in (tmp_path / "stream").iterdir() if p.is_dir())
     assert [w.name for w in windows] == [f"window-{n:06d}" for n in range(len(windows))]

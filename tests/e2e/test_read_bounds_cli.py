@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from backports import zstd
-from helpers import ROOT
 
+from helpers import ROOT
 
 MiB = 1 << 20
 
@@ -26,8 +26,13 @@ def _fifo(tmp_path: Path, name: str) -> Path:
 
 def test_audit_answers_on_a_fifo_named_like_a_shard(tmp_path):
     path = _fifo(tmp_path, "trace-00000-of-00001.jsonl")
-    done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "audit", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", "audit", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert "not a regular file" in done.stdout + done.stderr and "Traceback" not in done.stderr
 

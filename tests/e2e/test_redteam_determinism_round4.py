@@ -17,13 +17,24 @@ ZERO = 1_767_225_600_000  # 2026-01-01
 
 
 def _chat(ts: int, i: int) -> dict:
-    return {"timestamp": ts, "session_id": f"s{i % 2}", "output_length": 3, "messages": [
-        {"role": "system", "content": "a shared system prompt about caches"},
-        {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)}]}
+    return {
+        "timestamp": ts,
+        "session_id": f"s{i % 2}",
+        "output_length": 3,
+        "messages": [
+            {"role": "system", "content": "a shared system prompt about caches"},
+            {"role": "user", "content": f"question {i} " + "the quick brown fox " * (i % 4)},
+        ],
+    }
 
 
-def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]],
-            watermarks: list[int | None], **job: object) -> Path:
+def _stream(
+    tmp_path: Path,
+    tokenizer: str,
+    batches: list[list[dict]],
+    watermarks: list[int | None],
+    **job: object,
+) -> Path:
     """Run the streaming pipeline on a TestStream: each batch added, then the watermark moved
     to its entry (None: left); returns the stream's output folder."""
     import apache_beam as beam
@@ -38,24 +49,35 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]],
     output = tmp_path / "stream"
     output.mkdir()
     (tmp_path / "staging").mkdir()
-    config = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
-                             tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                             dead_letter=str(tmp_path / "stream-rejected"), block_size=4, **job)
+    config = AnonymizeConfig(
+        inputs=(),
+        output=str(output),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tokenizer,
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(tmp_path / "stream-rejected"),
+        block_size=4,
+        **job,
+    )
     stream = TestStream()
     for batch, watermark in zip(batches, watermarks):
         stream = stream.add_elements([json.dumps(r).encode() for r in batch])
         if watermark is not None:
             stream = stream.advance_watermark_to(watermark)
     stream = stream.advance_watermark_to_infinity()
-    with beam.Pipeline(runner=BundleBasedDirectRunner(),
-                       options=PipelineOptions(["--streaming"])) as pipeline:
-        build(pipeline | stream,
-              StreamingConfig(config, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000))
+    with beam.Pipeline(
+        runner=BundleBasedDirectRunner(), options=PipelineOptions(["--streaming"])
+    ) as pipeline:
+        build(
+            pipeline | stream,
+            StreamingConfig(config, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000),
+        )
     return output
 
 
-def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(tiny_tokenizer, tmp_path,
-                                                                      monkeypatch):
+def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """Promise: nothing private is published; timestamps are ms from the trace's zero, never the
     wall clock (docs/ID_MAP.md 'The kind of time': 'counted from a relative origin, epoch dates
     would publish the wall clock'); streaming publishes what batch publishes. A stream whose
@@ -67,29 +89,50 @@ def test_a_stream_begun_by_a_relative_time_never_publishes_epoch_dates(tiny_toke
     the wall clock to the millisecond. The batch job dead-letters the stray
     (timestamp_kind_mismatch) and publishes the epoch requests from their own zero."""
     from helpers import write_jsonl
-
     from kvtrace.cli import main
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
     stray = [_chat(1_000, 0)]
     epoch = [_chat(ZERO + 7_000 * i, i) for i in range(10)]
     output = _stream(tmp_path, tiny_tokenizer, [stray, epoch], [int(time.time()) + 120, None])
-    published = [json.loads(line)["timestamp"] for p in sorted(output.glob(
-        "window-*/trace-*.jsonl")) for line in p.read_text().splitlines()]
+    published = [
+        json.loads(line)["timestamp"]
+        for p in sorted(output.glob("window-*/trace-*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
 
     batch = write_jsonl(tmp_path / "batch.jsonl", stray + epoch)
-    assert main(["anonymize", "--input", str(batch), "--tokenizer", tiny_tokenizer,
-                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
-    assert max(json.loads(line)["timestamp"] for line in (
-        tmp_path / "batch" / "trace-00000-of-00001.jsonl").read_text().splitlines()) == 63_000
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(batch),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--output",
+                str(tmp_path / "batch"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        max(
+            json.loads(line)["timestamp"]
+            for line in (tmp_path / "batch" / "trace-00000-of-00001.jsonl").read_text().splitlines()
+        )
+        == 63_000
+    )
     wall_clock = [t for t in published if t > 365 * 86_400_000]
     assert not wall_clock, (
         f"the stream published {len(wall_clock)} rows at epoch dates, e.g. {wall_clock[:2]} "
-        f"(the requests' wall-clock times, counted from a relative zero)")
+        f"(the requests' wall-clock times, counted from a relative zero)"
+    )
 
 
-def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp_path,
-                                                            monkeypatch):
+def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp_path, monkeypatch):
     """Promise (docs/STREAMING.md): due windows are published 'oldest first'; a request whose
     window is not newer than the last published one is late (a dead letter); with nothing late
     the windows concatenated are the batch output, byte for byte. Requests of 90-120 s come in
@@ -101,12 +144,10 @@ def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp
     holds 90 s..110 s, window-000001 then holds 0 s..20 s (not late: nothing checks an older
     window still open), numbered after it. Times go back across windows, ids follow arrival
     order, and no letter says so."""
-    from helpers import write_jsonl
-
-    from kvtrace.cli import main
-
     import itertools
 
+    from helpers import write_jsonl
+    from kvtrace.cli import main
     from kvtrace.pipelines import anonymize_streaming
 
     monkeypatch.setenv("KVTRACE_SALT", SALT)
@@ -115,16 +156,36 @@ def test_a_stream_never_publishes_a_window_after_a_newer_one(tiny_tokenizer, tmp
     later = [_chat(ZERO + 90_000 + 10_000 * i, i) for i in range(4)]
     earlier = [_chat(ZERO + 10_000 * i, 10 + i) for i in range(3)]
     output = _stream(tmp_path, tiny_tokenizer, [later, earlier], [None, None])
-    windows = [[json.loads(line) for line in p.read_text().splitlines()]
-               for p in sorted(output.glob("window-*/trace-*.jsonl"))]
-    letters = [line for p in (tmp_path / "stream-rejected").glob("*.jsonl")
-               for line in p.read_text().splitlines()]
+    windows = [
+        [json.loads(line) for line in p.read_text().splitlines()]
+        for p in sorted(output.glob("window-*/trace-*.jsonl"))
+    ]
+    letters = [
+        line
+        for p in (tmp_path / "stream-rejected").glob("*.jsonl")
+        for line in p.read_text().splitlines()
+    ]
     streamed = b"".join(p.read_bytes() for p in sorted(output.glob("window-*/trace-*.jsonl")))
 
     batch = write_jsonl(tmp_path / "batch.jsonl", later + earlier)
-    assert main(["anonymize", "--input", str(batch), "--tokenizer", tiny_tokenizer,
-                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(batch),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--output",
+                str(tmp_path / "batch"),
+            ]
+        )
+        == 0
+    )
     expected = (tmp_path / "batch" / "trace-00000-of-00001.jsonl").read_bytes()
     assert not letters and streamed == expected, (
         f"windows in publication order hold times {[[r['timestamp'] for r in w] for w in windows]}"
-        f" ({len(letters)} letters): an older window published after a newer one")
+        f" ({len(letters)} letters): an older window published after a newer one"
+    )

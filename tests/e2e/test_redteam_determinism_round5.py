@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from helpers import WORDS, anonymize_night, chat, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -41,15 +42,28 @@ def test_the_same_night_gives_the_same_id_map_bytes(tiny_tokenizer, tmp_path):
     maps = []
     for name, files, processes in (("one", 1, "1"), ("split", 3, "2")):
         inputs = _night(tmp_path / f"in-{name}", files, len(name))
-        assert anonymize_night(tiny_tokenizer, inputs, tmp_path / f"out-{name}", "--id-map",
-                               str(tmp_path / f"map-{name}"), "--id-map-marks",
-                               str(tmp_path / f"marks-{name}"), "--salt-file",
-                               str(tmp_path / "salt"), "--processes", processes) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                inputs,
+                tmp_path / f"out-{name}",
+                "--id-map",
+                str(tmp_path / f"map-{name}"),
+                "--id-map-marks",
+                str(tmp_path / f"marks-{name}"),
+                "--salt-file",
+                str(tmp_path / "salt"),
+                "--processes",
+                processes,
+            )
+            == 0
+        )
         maps.append(tmp_path / f"map-{name}")
     records = [(m / "versions" / "000001.json").read_bytes() for m in maps]
     listings = [sorted(str(p.relative_to(m)) for p in m.rglob("*") if p.is_file()) for m in maps]
     assert records[0] == records[1] and listings[0] == listings[1], (
-        f"the same night gave two maps of other bytes: {listings[0][:3]} vs {listings[1][:3]}")
+        f"the same night gave two maps of other bytes: {listings[0][:3]} vs {listings[1][:3]}"
+    )
 
 
 def _turns(day: int) -> list[dict]:
@@ -57,10 +71,15 @@ def _turns(day: int) -> list[dict]:
     records = []
     for i in range(25):
         words = random.Random(day * 7 + i % 6).sample(WORDS, 4)
-        record = {"timestamp": ZERO + day * 86_400_000 + 800 * i, "output_length": 6,
-                  "messages": [{"role": "system", "content": "a shared system prompt about caches"},
-                               {"role": "user", "content": " ".join(words)}],
-                  "output": " ".join(random.Random(i % 5).sample(WORDS, 6))}
+        record = {
+            "timestamp": ZERO + day * 86_400_000 + 800 * i,
+            "output_length": 6,
+            "messages": [
+                {"role": "system", "content": "a shared system prompt about caches"},
+                {"role": "user", "content": " ".join(words)},
+            ],
+            "output": " ".join(random.Random(i % 5).sample(WORDS, 6)),
+        }
         if i % 2:
             record["session_id"] = f"s{i % 3}"
         records.append(record)
@@ -68,8 +87,9 @@ def _turns(day: int) -> list[dict]:
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND5)
-def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(tiny_tokenizer,
-                                                                             tmp_path):
+def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(
+    tiny_tokenizer, tmp_path
+):
     """Promise (README 'Nightly exports'): 'night 1 and night 2, one after the other, give byte
     for byte what one run over both nights gives'; same input and config, same bytes, whatever
     the split. With --emit-output-hashes (a documented flag of the same runs) they do not:
@@ -84,14 +104,24 @@ def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(ti
     common = ["--block-size", "4", "--salt-file", str(tmp_path / "salt"), "--emit-output-hashes"]
     for day in range(2):
         night = write_jsonl(tmp_path / f"night{day}.jsonl", _turns(day))
-        assert anonymize(tiny_tokenizer, [night], tmp_path / f"out{day}", "--id-map",
-                         str(tmp_path / "map"), *common) == 0
+        assert (
+            anonymize(
+                tiny_tokenizer,
+                [night],
+                tmp_path / f"out{day}",
+                "--id-map",
+                str(tmp_path / "map"),
+                *common,
+            )
+            == 0
+        )
     both = write_jsonl(tmp_path / "both.jsonl", _turns(0) + _turns(1))
     assert anonymize(tiny_tokenizer, [both], tmp_path / "both", *common) == 0
     nights = trace_bytes(tmp_path / "out0") + trace_bytes(tmp_path / "out1")
     one = trace_bytes(tmp_path / "both")
-    assert nights == one, (f"night 1's first row {nights.splitlines()[0]!r}, one run's "
-                           f"{one.splitlines()[0]!r}")
+    assert nights == one, (
+        f"night 1's first row {nights.splitlines()[0]!r}, one run's {one.splitlines()[0]!r}"
+    )
 
 
 STREAM_SALT = "a-streaming-test-salt-0123456789abcdef"
@@ -116,23 +146,34 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]], **job: ob
     output = tmp_path / "stream"
     output.mkdir()
     (tmp_path / "staging").mkdir()
-    config = AnonymizeConfig(inputs=(), output=str(output), staging=str(tmp_path / "staging"),
-                             tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                             dead_letter=str(tmp_path / "stream-rejected"), block_size=4, **job)
+    config = AnonymizeConfig(
+        inputs=(),
+        output=str(output),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tokenizer,
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(tmp_path / "stream-rejected"),
+        block_size=4,
+        **job,
+    )
     stream = TestStream()
     for batch in batches:
         stream = stream.add_elements([json.dumps(r).encode() for r in batch])
     stream = stream.advance_watermark_to_infinity()
-    with beam.Pipeline(runner=BundleBasedDirectRunner(),
-                       options=PipelineOptions(["--streaming"])) as pipeline:
-        build(pipeline | stream,
-              StreamingConfig(config, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000))
+    with beam.Pipeline(
+        runner=BundleBasedDirectRunner(), options=PipelineOptions(["--streaming"])
+    ) as pipeline:
+        build(
+            pipeline | stream,
+            StreamingConfig(config, "pubsub:projects/p/subscriptions/s", MINUTE, 0, 10_000),
+        )
     return output
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND5)
-def test_a_streams_windows_with_output_blocks_are_the_batch_output(tiny_tokenizer, tmp_path,
-                                                                   monkeypatch):
+def test_a_streams_windows_with_output_blocks_are_the_batch_output(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """Promise (README 'Streaming', docs/STREAMING.md): 'with nothing late the windows
     concatenated are, byte for byte, the batch output of the same requests', each window 'a
     night of the batch job'. With emit_output_hashes (--emit-output-hashes) they are not: each
@@ -143,31 +184,56 @@ def test_a_streams_windows_with_output_blocks_are_the_batch_output(tiny_tokenize
     output_hash_ids already differ, and every later window's prompt ids too."""
 
     from helpers import write_jsonl
-
     from kvtrace.cli import main
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "again", "hello"]
     records = []
     for i in range(30):
-        record = {"timestamp": STREAM_ZERO + 9_000 * (i // 2) + 3 * (i % 2), "output_length": 5,
-                  "messages": [{"role": "system", "content": "a shared system prompt about caches"},
-                               {"role": "user", "content": " ".join(random.Random(i).sample(
-                                   words, 5))}],
-                  "output": " ".join(random.Random(i % 4).sample(words, 5))}
+        record = {
+            "timestamp": STREAM_ZERO + 9_000 * (i // 2) + 3 * (i % 2),
+            "output_length": 5,
+            "messages": [
+                {"role": "system", "content": "a shared system prompt about caches"},
+                {"role": "user", "content": " ".join(random.Random(i).sample(words, 5))},
+            ],
+            "output": " ".join(random.Random(i % 4).sample(words, 5)),
+        }
         if i % 3 == 0:
             record["session_id"] = f"s{i % 4}"
         records.append(record)
-    output = _stream(tmp_path, tiny_tokenizer, [records[:14], records[14:28], records[28:]],
-                     emit_output_hashes=True)
-    letters = [line for p in (tmp_path / "stream-rejected").rglob("*.jsonl")
-               for line in p.read_text().splitlines()]
+    output = _stream(
+        tmp_path,
+        tiny_tokenizer,
+        [records[:14], records[14:28], records[28:]],
+        emit_output_hashes=True,
+    )
+    letters = [
+        line
+        for p in (tmp_path / "stream-rejected").rglob("*.jsonl")
+        for line in p.read_text().splitlines()
+    ]
     streamed = b"".join(p.read_bytes() for p in sorted(output.glob("window-*/trace-*.jsonl")))
     batch = write_jsonl(tmp_path / "batch.jsonl", records)
-    assert main(["anonymize", "--input", str(batch), "--tokenizer", tiny_tokenizer,
-                 "--block-size", "4", "--output", str(tmp_path / "batch"),
-                 "--emit-output-hashes"]) == 0
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(batch),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--output",
+                str(tmp_path / "batch"),
+                "--emit-output-hashes",
+            ]
+        )
+        == 0
+    )
     expected = b"".join(p.read_bytes() for p in sorted((tmp_path / "batch").glob("trace-*.jsonl")))
     assert len(list(output.glob("window-*"))) == 3 and not letters
     assert streamed == expected, (
-        f"stream's first row {streamed.splitlines()[0]!r}, batch's {expected.splitlines()[0]!r}")
+        f"stream's first row {streamed.splitlines()[0]!r}, batch's {expected.splitlines()[0]!r}"
+    )

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+
 from helpers import anonymize, chat, trace, write_jsonl
 
 # Slow, so the fast set stays fast. Each hole found here is closed; the tests keep it so.
@@ -37,6 +38,7 @@ def test_a_template_cannot_build_a_value_past_the_sandbox_bound(tiny_tokenizer, 
 
 
 # ---- odd --input words -------------------------------------------------------------------------
+
 
 def test_an_existing_file_named_with_brackets_is_the_file_read(tiny_tokenizer, tmp_path):
     """`--input 'x[1].jsonl'` names a file that exists; glob reads it as a pattern and reads
@@ -73,6 +75,7 @@ def test_a_file_whose_size_is_not_its_length_is_not_read_as_empty(tiny_tokenizer
 
 # ---- Ctrl-C while one large record is tokenized --------------------------------------------------
 
+
 def test_ctrl_c_while_a_large_record_is_tokenized_leaves_nothing(tiny_tokenizer, tmp_path):
     """Ctrl-C lands while the main thread is in the tokenizer's one long call (a 12 MB prompt,
     under the 16 MiB default bound, --processes 1): the KeyboardInterrupt never unwinds, the
@@ -88,14 +91,33 @@ def test_ctrl_c_while_a_large_record_is_tokenized_leaves_nothing(tiny_tokenizer,
 
     words = "hello world this is a prompt about caching blocks".split()
     prompt = " ".join(words[i % len(words)] for i in range(2_100_000))
-    log = write_jsonl(tmp_path / "big.jsonl", [{"timestamp": 0, "prompt": prompt,
-                                                "output_length": 3}])
+    log = write_jsonl(
+        tmp_path / "big.jsonl", [{"timestamp": 0, "prompt": prompt, "output_length": 3}]
+    )
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(log), "--output",
-         str(out), "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(log),
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".out.kvtrace-staging-*")):
@@ -117,14 +139,19 @@ def test_ctrl_c_while_a_large_record_is_tokenized_leaves_nothing(tiny_tokenizer,
 
 # ---- dead letters are held whole in memory ---------------------------------------------------------
 
+
 def _peak_rss_mb(args: list[str], cwd) -> tuple[int, int, str]:
     """(exit code, peak RSS in MB, stderr) of a command run in a child of a fresh interpreter."""
     import subprocess
     import sys
-    probe = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-             "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
-    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+
+    probe = (
+        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     code, peak = done.stdout.split()[-2:]
     return int(code), int(peak), done.stderr
 
@@ -148,15 +175,33 @@ def test_rejected_lines_cost_bounded_memory(tiny_tokenizer, tmp_path, engine, li
             handle.write(json.dumps(chat(i, i)).encode() + b"\n")
         handle.write((b'"' + b"\x01" * 4000 + b"\n") * lines)
     code, peak, _ = _peak_rss_mb(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-         "--max-rejected-fraction", "1", "--engine", engine,
-         *(["--processes", "1"] if engine == "local" else [])], ROOT)
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--max-rejected-fraction",
+            "1",
+            "--engine",
+            engine,
+            *(["--processes", "1"] if engine == "local" else []),
+        ],
+        ROOT,
+    )
     assert code == 0
     assert peak < 400, f"{peak} MB peak for {lines} rejected lines"
 
 
 # ---- a record the real tokenizer's regex gives up on -------------------------------------------
+
 
 def test_a_long_run_of_whitespace_is_a_dead_letter_not_a_traceback(qwen3_tokenizer, tmp_path):
     """One chat record of 12 M spaces then a letter (12 MB, under the 16 MiB default bound):
@@ -169,14 +214,39 @@ def test_a_long_run_of_whitespace_is_a_dead_letter_not_a_traceback(qwen3_tokeniz
 
     from helpers import ROOT
 
-    src = write_jsonl(tmp_path / "in.jsonl", [
-        {"timestamp": 0, "messages": [{"role": "user", "content": " " * 12_000_000 + "x"}],
-         "output_length": 1},
-        chat(0, 10), chat(1, 20), chat(2, 30)])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {
+                "timestamp": 0,
+                "messages": [{"role": "user", "content": " " * 12_000_000 + "x"}],
+                "output_length": 1,
+            },
+            chat(0, 10),
+            chat(1, 20),
+            chat(2, 30),
+        ],
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", qwen3_tokenizer, "--processes", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            qwen3_tokenizer,
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "Traceback" not in done.stderr and "panicked" not in done.stderr, done.stderr[-800:]
     assert done.returncode == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -197,34 +267,72 @@ def test_a_tokenizer_regex_that_gives_up_is_one_line(tiny_tokenizer, tmp_path, e
     folder = tmp_path / "tok"
     shutil.copytree(tiny_tokenizer, folder)
     spec = json.loads((folder / "tokenizer.json").read_text())
-    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": "(a|a)+b"}, "behavior": "Isolated",
-         "invert": False}, {"type": "WhitespaceSplit"}]}
+    spec["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {
+                "type": "Split",
+                "pattern": {"Regex": "(a|a)+b"},
+                "behavior": "Isolated",
+                "invert": False,
+            },
+            {"type": "WhitespaceSplit"},
+        ],
+    }
     (folder / "tokenizer.json").write_text(json.dumps(spec))
-    src = write_jsonl(tmp_path / "in.jsonl", [
-        {"timestamp": 0, "prompt": "a" * 40 + "c", "output_length": 1}, chat(0, 10)])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"timestamp": 0, "prompt": "a" * 40 + "c", "output_length": 1}, chat(0, 10)],
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
-         "--engine", engine], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    said = [line for line in done.stderr.splitlines() if "PyTorch was not found" not in line
-            and " INFO " not in line]
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--engine",
+            engine,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = [
+        line
+        for line in done.stderr.splitlines()
+        if "PyTorch was not found" not in line and " INFO " not in line
+    ]
     assert "Traceback" not in done.stderr and len(said) <= 1, "\n".join(said[-5:])
 
 
 # ---- three long conversations first in a log condemn the template, and the run ------------------
 
-def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(qwen3_tokenizer,
-                                                                            tmp_path):
+
+def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(
+    qwen3_tokenizer, tmp_path
+):
     """Three chat records of 400,000 one-word messages (13.6 MB each, under the 16 MiB bound)
     first in a log: Qwen3's template takes over the 5 s render budget on each, and the run
     ends with "the chat template went over the render budget ... on each of the first 3
     requests: it does not render" (exit 1). The template renders every other record: the 20
     requests after them are lost with the run, instead of 3 dead letters."""
     messages = [{"role": "user", "content": "a"}] * 400_000
-    src = write_jsonl(tmp_path / "in.jsonl", [
-        *({"timestamp": i, "messages": messages, "output_length": 1} for i in range(3)),
-        *(chat(i, 10 + i) for i in range(20))])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            *({"timestamp": i, "messages": messages, "output_length": 1} for i in range(3)),
+            *(chat(i, 10 + i) for i in range(20)),
+        ],
+    )
     out = tmp_path / "out"
     assert anonymize(qwen3_tokenizer, [src], out, "--processes", "1") == 0
     manifest = json.loads((out / "manifest.json").read_text())
@@ -233,6 +341,7 @@ def test_long_conversations_first_in_a_log_are_dead_letters_not_a_failed_run(qwe
 
 
 # ---- a Parquet dictionary bomb -------------------------------------------------------------------
+
 
 def test_a_parquet_dictionary_bomb_is_read_within_the_documented_bound(tiny_tokenizer, tmp_path):
     """A 1.5 KB Parquet file: one dictionary page holding a 3.9 MB prompt (under the 4 MiB bound,
@@ -249,18 +358,44 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_documented_bound(tiny_toke
     from helpers import ROOT
 
     rows = 128
-    pq.write_table(pa.table({
-        "timestamp": pa.array(["not a time"] * rows),  # rejected once read: no tokenizing
-        "prompt": pa.array(["hello " * 650_000] * rows).dictionary_encode(),
-        "output_length": pa.array([1] * rows)}), tmp_path / "bomb.parquet", compression="zstd")
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(["not a time"] * rows),  # rejected once read: no tokenizing
+                "prompt": pa.array(["hello " * 650_000] * rows).dictionary_encode(),
+                "output_length": pa.array([1] * rows),
+            }
+        ),
+        tmp_path / "bomb.parquet",
+        compression="zstd",
+    )
     assert (tmp_path / "bomb.parquet").stat().st_size < 4096
-    capped = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
-              "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_module('kvtrace.cli', "
-              "run_name='__main__')")
+    capped = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+        "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_module('kvtrace.cli', "
+        "run_name='__main__')"
+    )
     code, peak, said = _peak_rss_mb(
-        [sys.executable, "-c", capped, "kvtrace", "anonymize", "--input",
-         str(tmp_path / "bomb.parquet"), "--output", str(tmp_path / "out"), "--tokenizer",
-         tiny_tokenizer, "--block-size", "4", "--processes", "1",
-         "--max-record-bytes", str(4 << 20)], ROOT)
+        [
+            sys.executable,
+            "-c",
+            capped,
+            "kvtrace",
+            "anonymize",
+            "--input",
+            str(tmp_path / "bomb.parquet"),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+            "--max-record-bytes",
+            str(4 << 20),
+        ],
+        ROOT,
+    )
     assert "MemoryError" not in said, said[-500:]
     assert peak < 9 * 4 + 300, f"{peak} MB peak reading a {rows}-row, 1.5 KB Parquet file"

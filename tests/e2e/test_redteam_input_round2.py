@@ -13,8 +13,9 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, anonymize, chat, trace, write_jsonl
 from test_redteam_input import _peak_rss_mb
+
+from helpers import ROOT, anonymize, chat, trace, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND2 = "red team round 2"
@@ -52,8 +53,9 @@ UNSIZED = {
 
 
 @pytest.mark.parametrize("template", UNSIZED.values(), ids=UNSIZED.keys())
-def test_a_template_cannot_build_a_value_past_the_bound_in_an_unsized_call(tiny_tokenizer,
-                                                                         tmp_path, template):
+def test_a_template_cannot_build_a_value_past_the_bound_in_an_unsized_call(
+    tiny_tokenizer, tmp_path, template
+):
     folder = _template_folder(tiny_tokenizer, tmp_path, template)
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
     anonymize(str(folder), [src], tmp_path / "out", "--block-size", "4", "--processes", "1")
@@ -63,6 +65,7 @@ def test_a_template_cannot_build_a_value_past_the_bound_in_an_unsized_call(tiny_
 
 # ---- one C call that runs for hours: the render budget never fires, nor does SIGTERM --------
 
+
 def test_a_template_cannot_hang_the_run_in_one_c_call(tiny_tokenizer, tmp_path):
     """`sum` of a million one-item lists with start=[] is one C call (builtin sum) doing
     quadratic work (5e11 pointer copies) on 8 MB: every check passes (no integer over
@@ -70,14 +73,33 @@ def test_a_template_cannot_hang_the_run_in_one_c_call(tiny_tokenizer, tmp_path):
     watchdog (5 s budget) nor the stop watcher can run: the run hangs for well over ten minutes
     (measured: 11 min of CPU, then SIGKILL), and neither `timeout`'s SIGTERM nor Ctrl-C
     (SIGINT, measured: still running 20 s after it) is honoured."""
-    folder = _template_folder(tiny_tokenizer, tmp_path,
-                              "{{ ([[1]] * 1000000)|sum(start=[])|length }}")
+    folder = _template_folder(
+        tiny_tokenizer, tmp_path, "{{ ([[1]] * 1000000)|sum(start=[])|length }}"
+    )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
-         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     try:
         time.sleep(20)  # start-up, then 5 s of render budget, with room to spare
         if proc.poll() is None:
@@ -96,16 +118,25 @@ def test_a_template_cannot_hang_the_run_in_one_c_call(tiny_tokenizer, tmp_path):
 
 # ---- a Parquet dictionary bomb through the dense fallback -------------------------------------
 
+
 def _prompt_bomb(path, rows: int) -> None:
     """The round-1 bomb plus one row written after pyarrow's writer fell back to PLAIN pages."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({
-        "timestamp": pa.array(["not a time"] * (rows + 1)),  # rejected once read
-        "prompt": pa.array(["hello " * 650_000] * rows + ["b"]),
-        "output_length": pa.array([1] * (rows + 1))}), path, compression="zstd",
-        write_batch_size=rows, data_page_size=1024)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(["not a time"] * (rows + 1)),  # rejected once read
+                "prompt": pa.array(["hello " * 650_000] * rows + ["b"]),
+                "output_length": pa.array([1] * (rows + 1)),
+            }
+        ),
+        path,
+        compression="zstd",
+        write_batch_size=rows,
+        data_page_size=1024,
+    )
 
 
 def _messages_bomb(path, rows: int) -> None:
@@ -113,15 +144,23 @@ def _messages_bomb(path, rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({
-        "timestamp": pa.array(["not a time"] * rows),
-        "messages": pa.array([[{"role": "user", "content": "hello " * 650_000}]] * rows),
-        "output_length": pa.array([1] * rows)}), path, compression="zstd")
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(["not a time"] * rows),
+                "messages": pa.array([[{"role": "user", "content": "hello " * 650_000}]] * rows),
+                "output_length": pa.array([1] * rows),
+            }
+        ),
+        path,
+        compression="zstd",
+    )
 
 
 @pytest.mark.parametrize("write", [_prompt_bomb, _messages_bomb], ids=["prompt", "messages"])
-def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tokenizer,
-                                                                      tmp_path, write):
+def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(
+    tiny_tokenizer, tmp_path, write
+):
     """A 3.9 MB dictionary entry referenced by 128 rows (a 1.5-2.4 KB file), whose column chunk
     also holds a PLAIN page: pyarrow's writer falls back to PLAIN once its dictionary is over
     dictionary_pagesize_limit (1 MB), which any entry over 1 MB does, with its defaults too
@@ -135,17 +174,36 @@ def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(tiny_tok
     write(path, rows)
     assert path.stat().st_size < 4096
     code, peak, said = _peak_rss_mb(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(path), "--output",
-         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-         "--processes", "1", "--max-record-bytes", str(4 << 20)], ROOT)
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(path),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+            "--max-record-bytes",
+            str(4 << 20),
+        ],
+        ROOT,
+    )
     assert peak < 9 * 4 + 300, f"{peak} MB peak reading a {rows}-row, 2 KB Parquet file"
 
 
 # ---- a Parquet page header nested past Python's recursion limit ends the run ------------------
 
+
 @pytest.mark.parametrize("engine", ["local", "beam"])
-def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(tiny_tokenizer,
-                                                                        tmp_path, engine):
+def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(
+    tiny_tokenizer, tmp_path, engine
+):
     """paths._CompactReader bounds nesting only in struct(): a list (or map) of lists recurses
     through _value without a depth check. A Parquet file whose column chunk is over the bound
     (so its page headers are read, paths.oversized_pages) with 5,000 bytes of 0x19 (a list of
@@ -158,28 +216,50 @@ def test_a_page_header_of_nested_lists_is_a_damaged_file_not_a_failed_run(tiny_t
 
     rows = 20
     path = tmp_path / "nested.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array(list(range(rows))),
-                             "prompt": pa.array(["hello world " * 100] * rows),
-                             "output_length": pa.array([1] * rows)}), path,
-                   compression="none", use_dictionary=False)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(list(range(rows))),
+                "prompt": pa.array(["hello world " * 100] * rows),
+                "output_length": pa.array([1] * rows),
+            }
+        ),
+        path,
+        compression="none",
+        use_dictionary=False,
+    )
     offset = pq.ParquetFile(path).metadata.row_group(0).column(1).data_page_offset
     data = bytearray(path.read_bytes())
-    data[offset:offset + 5000] = b"\x19" * 5000
+    data[offset : offset + 5000] = b"\x19" * 5000
     path.write_bytes(bytes(data))
     good = write_jsonl(tmp_path / "good.jsonl", [chat(i, i) for i in range(4)])
     out = tmp_path / "out"
-    code = anonymize(tiny_tokenizer, [good, path], out, "--block-size", "4",
-                     "--max-record-bytes", "10000", "--max-rejected-fraction", "1",
-                     "--engine", engine)
+    code = anonymize(
+        tiny_tokenizer,
+        [good, path],
+        out,
+        "--block-size",
+        "4",
+        "--max-record-bytes",
+        "10000",
+        "--max-rejected-fraction",
+        "1",
+        "--engine",
+        engine,
+    )
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"]["exported"] == 4  # the run's other counts are private: letters
-    letters = [json.loads(line) for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
-               for line in f.read_text().splitlines()]
+    letters = [
+        json.loads(line)
+        for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+        for line in f.read_text().splitlines()
+    ]
     assert [letter["error"] for letter in letters] == ["damaged_file"]
 
 
 # ---- render drops malformed rows without a word -----------------------------------------------
+
 
 def test_render_says_so_when_it_leaves_out_malformed_rows(tiny_tokenizer, tmp_path, capsys):
     """`kvtrace render` on a 3-line trace whose middle line is not JSON says "rendered 2 of 2
@@ -189,16 +269,29 @@ def test_render_says_so_when_it_leaves_out_malformed_rows(tiny_tokenizer, tmp_pa
     from kvtrace.cli import main
 
     src = tmp_path / "trace.jsonl"
-    src.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [0, 1]}\n'
-                   'not json\n'
-                   '{"timestamp": 5, "input_length": 8, "output_length": 2, "hash_ids": [0, 2]}\n')
-    code = main(["render", str(src), "--tokenizer", tiny_tokenizer, "--output",
-                 str(tmp_path / "requests.jsonl"), "--block-size", "4"])
+    src.write_text(
+        '{"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [0, 1]}\n'
+        "not json\n"
+        '{"timestamp": 5, "input_length": 8, "output_length": 2, "hash_ids": [0, 2]}\n'
+    )
+    code = main(
+        [
+            "render",
+            str(src),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--output",
+            str(tmp_path / "requests.jsonl"),
+            "--block-size",
+            "4",
+        ]
+    )
     said = capsys.readouterr()
     assert code != 0 or "malformed" in said.err + said.out or "of 3 rows" in said.out, said.out
 
 
 # ---- a line with no end is read once per range: quadratic reading --------------------------
+
 
 def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
     """A plain file is read in ranges (the local engine's claims of 2 MiB, Beam's 8 MiB splits);
@@ -228,17 +321,20 @@ def test_a_line_without_a_newline_is_read_about_once(tmp_path, monkeypatch):
             return got
 
     monkeypatch.setattr(sources, "open_stream", lambda name: io.BufferedReader(Counting(name)))
-    records = [item for piece in file_ranges(str(path), size, CLAIM_BYTES)
-               for item in read_range(piece, 16 << 20)]
+    records = [
+        item
+        for piece in file_ranges(str(path), size, CLAIM_BYTES)
+        for item in read_range(piece, 16 << 20)
+    ]
     assert len(records) == 2  # the record, and the oversized rest
     assert consumed[0] < 3 * size, f"{consumed[0] / size:.0f} x the file's size read"
 
 
 # ---- one Parquet cell Python cannot hold ends the run --------------------------------------
 
+
 @pytest.mark.parametrize("engine", ["local", "beam"])
-def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, tmp_path,
-                                                                engine):
+def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, tmp_path, engine):
     """A Parquet timestamp[s] column, one row of which holds 10**12 s (year ~33,658): Arrow
     holds it, but to_pylist (sources._row_group) raises OverflowError ("date value out of
     range"), which is neither OSError, ValueError nor ArrowException: the run fails ("the job
@@ -249,17 +345,37 @@ def test_a_timestamp_past_year_9999_in_parquet_is_a_dead_letter(tiny_tokenizer, 
 
     rows = 100
     stamps = [1_764_000_000 + i for i in range(rows)]
-    stamps[50] = 10 ** 12
+    stamps[50] = 10**12
     path = tmp_path / "stamps.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array(stamps, pa.timestamp("s")),
-                             "prompt": pa.array(["hello world"] * rows),
-                             "output_length": pa.array([1] * rows)}), path)
-    good = write_jsonl(tmp_path / "good.jsonl", [{"timestamp": 1_764_000_000_000 + i,
-                                                  "prompt": "hello world", "output_length": 1}
-                                                 for i in range(4)])
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(stamps, pa.timestamp("s")),
+                "prompt": pa.array(["hello world"] * rows),
+                "output_length": pa.array([1] * rows),
+            }
+        ),
+        path,
+    )
+    good = write_jsonl(
+        tmp_path / "good.jsonl",
+        [
+            {"timestamp": 1_764_000_000_000 + i, "prompt": "hello world", "output_length": 1}
+            for i in range(4)
+        ],
+    )
     out = tmp_path / "out"
-    code = anonymize(tiny_tokenizer, [good, path], out, "--block-size", "4",
-                     "--max-rejected-fraction", "1", "--engine", engine)
+    code = anonymize(
+        tiny_tokenizer,
+        [good, path],
+        out,
+        "--block-size",
+        "4",
+        "--max-rejected-fraction",
+        "1",
+        "--engine",
+        engine,
+    )
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"]["exported"] >= 4
@@ -277,10 +393,17 @@ def test_a_trace_timestamp_past_year_9999_is_a_malformed_row(tmp_path, capsys, c
     from kvtrace.cli import main
 
     path = tmp_path / "trace.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array([10 ** 12] * 5, pa.timestamp("s")),
-                             "input_length": pa.array([8] * 5),
-                             "output_length": pa.array([2] * 5),
-                             "hash_ids": pa.array([[0, i] for i in range(5)])}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([10**12] * 5, pa.timestamp("s")),
+                "input_length": pa.array([8] * 5),
+                "output_length": pa.array([2] * 5),
+                "hash_ids": pa.array([[0, i] for i in range(5)]),
+            }
+        ),
+        path,
+    )
     main([*command, str(path)])
     said = capsys.readouterr()
     assert "job failed" not in said.err and "OverflowError" not in said.err, said.err[-300:]

@@ -13,7 +13,8 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, anonymize, chat, trace, write_jsonl
+
+from helpers import ROOT, anonymize, chat, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND3 = "red team round 3"
@@ -31,10 +32,28 @@ def _run_for(folder, tmp_path, seconds: float, records=None):
     (ended within seconds, its stderr)."""
     src = write_jsonl(tmp_path / "in.jsonl", records or [chat(0, 0), chat(1, 10)])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
-         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     try:
         _, err = proc.communicate(timeout=seconds)
         return True, err.decode(errors="replace")
@@ -48,6 +67,7 @@ def _run_for(folder, tmp_path, seconds: float, records=None):
 
 # ---- integer arithmetic is not sized: one C call that runs for hours --------------------------
 
+
 def test_integer_division_of_squared_powers_cannot_hang_the_run(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py sizes `**` (64 Ki bits) but not `*` between integers, nor `//` or `%`
     with an integer on the left (intercepted_binops is *, **, %; _check_binop's `*` sizes only
@@ -57,15 +77,19 @@ def test_integer_division_of_squared_powers_cannot_hang_the_run(tiny_tokenizer, 
     call holding the GIL: the 5 s render watchdog cannot stop it (measured: one render still
     running 300 s in, killed). CPython's division checks for signals, so SIGTERM still ends the
     run (see the next test for what it then prints)."""
-    folder = _template_folder(tiny_tokenizer, tmp_path,
-                              "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 32768 %}"
-                              "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
-                              "{% set d = ns.x * 3 + 1 %}{% set q = (ns.x * ns.x + 7) // d %}")
+    folder = _template_folder(
+        tiny_tokenizer,
+        tmp_path,
+        "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 32768 %}"
+        "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+        "{% set d = ns.x * 3 + 1 %}{% set q = (ns.x * ns.x + 7) // d %}",
+    )
     ended, _ = _run_for(folder, tmp_path, 90)
     assert ended, "still running 90 s in on a 2-record input (render budget: 5 s a record)"
 
 
 # ---- a stop during an overrunning render: the watchdog's exception escapes the run -----------
+
 
 def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokenizer, tmp_path):
     """render_budget.Watchdog promises a RenderOverrun "never lands in code after the render":
@@ -76,16 +100,37 @@ def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokeniz
     in `transforms.encode.render_budget.RenderOverrun`, where a stopped run says one line.
     The render here is over its budget in one long C call (an integer division, see above)
     that checks for signals, so SIGTERM arrives while the overrun is pending."""
-    folder = _template_folder(tiny_tokenizer, tmp_path,
-                              "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 32768 %}"
-                              "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
-                              "{% set d = ns.x * 3 + 1 %}{% set q = (ns.x * ns.x + 7) // d %}")
+    folder = _template_folder(
+        tiny_tokenizer,
+        tmp_path,
+        "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 32768 %}"
+        "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+        "{% set d = ns.x * 3 + 1 %}{% set q = (ns.x * ns.x + 7) // d %}",
+    )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
-         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     try:
         time.sleep(20)  # start-up, then well past the 5 s budget, inside the division
         proc.terminate()
@@ -100,6 +145,7 @@ def test_sigterm_during_a_render_over_its_budget_is_not_a_traceback(tiny_tokeniz
 
 # ---- items are not bytes: a list of 100 M distinct objects from one |list --------------------
 
+
 def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py bounds a value by its count of items (MAX_VALUE_LENGTH, 256 Mi), as
     if an item cost a byte or a pointer. `|list` of a string makes one str object per
@@ -111,21 +157,39 @@ def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_
     cap's, where the render should have been refused from its operands."""
     from test_redteam_input import _peak_rss_mb
 
-    folder = _template_folder(tiny_tokenizer, tmp_path,
-                              "{{ ('\u30a2' * 100000000)|list|length }}")
+    folder = _template_folder(tiny_tokenizer, tmp_path, "{{ ('\u30a2' * 100000000)|list|length }}")
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
     code, peak, said = _peak_rss_mb(
-        ["prlimit", "--as=3200000000", sys.executable, "-m", "kvtrace.cli", "anonymize",
-         "--input", str(src), "--output", str(tmp_path / "out"), "--tokenizer", str(folder),
-         "--block-size", "4", "--processes", "1"], ROOT)
+        [
+            "prlimit",
+            "--as=3200000000",
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        ROOT,
+    )
     # 1 GiB render budget above a ~200 MB process
     assert peak < 1400, f"{peak} MB peak rendering a 2-record input"
 
 
 # ---- the 1 MiB rule: a small record still condemns the template, and the run -----------------
 
-def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3_tokenizer,
-                                                                           tmp_path):
+
+def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(
+    qwen3_tokenizer, tmp_path
+):
     """tokenize.render_chat blames the template (and stops the job after OVERRUNS_TO_STOP)
     when a record of at most CONDEMNING_RECORD_BYTES (1 MiB) goes over the 5 s render budget,
     assuming a record that small renders in milliseconds. It need not: a chat record whose
@@ -139,9 +203,15 @@ def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3
     src = tmp_path / "in.jsonl"
     with open(src, "w") as handle:
         for i in range(3):
-            line = json.dumps({"timestamp": i, "messages": [{"role": "user", "content": "hi"}],
-                               "tools": [{}] * 340_000, "output_length": 1},
-                              separators=(",", ":"))
+            line = json.dumps(
+                {
+                    "timestamp": i,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{}] * 340_000,
+                    "output_length": 1,
+                },
+                separators=(",", ":"),
+            )
             assert len(line) < 1 << 20
             handle.write(line + "\n")
         for i in range(5):
@@ -150,12 +220,16 @@ def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(qwen3
     assert anonymize(qwen3_tokenizer, [src], out, "--processes", "1") == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["records"]["exported"] == 5  # the run's other counts are private: letters
-    letters = [line for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
-               for line in f.read_text().splitlines()]
+    letters = [
+        line
+        for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+        for line in f.read_text().splitlines()
+    ]
     assert len(letters) == 3
 
 
 # ---- dead letters: the same input, different bytes per engine --------------------------------
+
 
 def test_dead_letters_are_the_same_bytes_whatever_the_engine(tiny_tokenizer, tmp_path):
     """The README promises the engines' trace, stats, dead letters and map byte for byte (and
@@ -167,12 +241,33 @@ def test_dead_letters_are_the_same_bytes_whatever_the_engine(tiny_tokenizer, tmp
     salt.write_text("a-salt-for-tests-that-is-long-enough\n")
     salt.chmod(0o600)
     src = tmp_path / "in.jsonl"
-    src.write_text("zz not json\n" + json.dumps(chat(1, 1)) + "\naa not json\n"
-                   + json.dumps(chat(2, 2)) + "\n" + json.dumps(chat(3, 3)) + "\n")
+    src.write_text(
+        "zz not json\n"
+        + json.dumps(chat(1, 1))
+        + "\naa not json\n"
+        + json.dumps(chat(2, 2))
+        + "\n"
+        + json.dumps(chat(3, 3))
+        + "\n"
+    )
     letters = {}
     for engine in ("local", "beam"):
         out = tmp_path / engine
-        assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--engine", engine,
-                         "--salt-file", str(salt), "--max-rejected-fraction", "0.9") == 0
+        assert (
+            anonymize(
+                tiny_tokenizer,
+                [src],
+                out,
+                "--block-size",
+                "4",
+                "--engine",
+                engine,
+                "--salt-file",
+                str(salt),
+                "--max-rejected-fraction",
+                "0.9",
+            )
+            == 0
+        )
         (letters[engine],) = (tmp_path / f"{engine}-rejected").iterdir()
     assert letters["local"].read_bytes() == letters["beam"].read_bytes()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import ROOT, chat, write_jsonl
 
 pytestmark = [pytest.mark.slow]
@@ -27,28 +28,52 @@ def _template_folder(tiny_tokenizer, tmp_path, template: str):
 
 def _anonymize_child(folder, src, out, address_space: int | None = None, *extra: str):
     """anonymize in a child (its address space capped when asked): (exit code, stderr)."""
+
     def cap():
         if address_space:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(out), "--tokenizer", str(folder), "--block-size", "4",
-         *([] if "beam" in extra else ["--processes", "1"]), *extra],
-        cwd=ROOT, capture_output=True, timeout=300, preexec_fn=cap,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            *([] if "beam" in extra else ["--processes", "1"]),
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        preexec_fn=cap,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     return proc.returncode, proc.stderr.decode(errors="replace")
 
 
 def _letters(out) -> list[dict]:
     folder = out.parent / f"{out.name}-rejected"
-    return [json.loads(line) for f in sorted(folder.glob("rejected-*.jsonl"))
-            for line in f.read_text().splitlines() if line]
+    return [
+        json.loads(line)
+        for f in sorted(folder.glob("rejected-*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line
+    ]
 
 
 BOOM = {"timestamp": 5, "messages": [{"role": "user", "content": "boom"}], "output_length": 1}
 
 
 # ---- bytes are not sized: `"x".encode() * n` builds any size in one C call -------------------
+
 
 def test_a_template_cannot_build_bytes_past_the_value_bound(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py promises no value a template builds exceeds MAX_VALUE_LENGTH (256 Mi)
@@ -60,9 +85,11 @@ def test_a_template_cannot_build_bytes_past_the_value_bound(tiny_tokenizer, tmp_
     between steps. The same holds for `bytes % (...)` widths, bytes.replace/center/join, and
     `{{ b }}` (repr of bytes, up to 4x)."""
     folder = _template_folder(
-        tiny_tokenizer, tmp_path,
+        tiny_tokenizer,
+        tmp_path,
         '{% if messages[0].content == "boom" %}{% set b = "x".encode() * 400000000 %}'
-        '{{ b|length }}{% endif %}')
+        "{{ b|length }}{% endif %}",
+    )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
     out = tmp_path / "out"
     code, said = _anonymize_child(folder, src, out)
@@ -71,6 +98,7 @@ def test_a_template_cannot_build_bytes_past_the_value_bound(tiny_tokenizer, tmp_
 
 
 # ---- repr of what the walk does not know: dict views printed whole before they are sized -----
+
 
 def test_a_dict_view_is_sized_before_it_is_printed(tiny_tokenizer, tmp_path):
     """_text_length (bounded_sandbox.py) walks lists, tuples, dicts and namespaces, and sizes
@@ -84,10 +112,12 @@ def test_a_dict_view_is_sized_before_it_is_printed(tiny_tokenizer, tmp_path):
     depends only on the template and the record) instead of a refusal from its size (or, on a
     loaded machine, an overrun of the render budget: the C call's time is the machine's)."""
     folder = _template_folder(
-        tiny_tokenizer, tmp_path,
+        tiny_tokenizer,
+        tmp_path,
         '{% if messages[0].content == "boom" %}{% set s = "x" * 1000000 %}'
         '{% set L = [s] * 200 %}{% set d = {"a": L, "b": L, "c": L, "d": L, "e": L, "f": L, '
-        '"g": L, "h": L, "i": L, "j": L} %}{% set t = d.values()|string %}{% endif %}')
+        '"g": L, "h": L, "i": L, "j": L} %}{% set t = d.values()|string %}{% endif %}',
+    )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
     out = tmp_path / "out"
     code, said = _anonymize_child(folder, src, out, 1_800_000_000)
@@ -98,6 +128,7 @@ def test_a_dict_view_is_sized_before_it_is_printed(tiny_tokenizer, tmp_path):
 
 
 # ---- dead letters: the merge holds one line of every run, and a large letter is a run --------
+
 
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp_path, engine):
@@ -122,32 +153,57 @@ def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp
         for i in range(3):
             handle.write(json.dumps(chat(i, i)).encode() + b"\n")
     code, peak, said = _peak_rss_mb(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-         "--max-rejected-fraction", "1", "--max-record-bytes", "4000000", "--engine", engine,
-         *(["--processes", "1"] if engine == "local" else [])], ROOT)
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--max-rejected-fraction",
+            "1",
+            "--max-record-bytes",
+            "4000000",
+            "--engine",
+            engine,
+            *(["--processes", "1"] if engine == "local" else []),
+        ],
+        ROOT,
+    )
     assert code == 0, said[-2000:]
     assert peak < 300, f"{peak} MB peak for 24 rejected lines of 3 MiB"
 
 
 # ---- a native abort is silent: native_stderr routes Rust's last words to INFO logs ----------
 
+
 def _capped(args: list[str], address_space: int) -> subprocess.CompletedProcess:
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *args], cwd=ROOT,
-                          capture_output=True, timeout=300, preexec_fn=cap,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    return subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        preexec_fn=cap,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 # In workers (--processes 2) the parent names the signal and the native last words. The
 # default --processes keeps this 7.9 MB input in the one process (one read split), whose own
 # death by SIGABRT nothing in it can outlive: that needs the engine to encode in a worker.
-@pytest.mark.parametrize("processes", [
-    ["--processes", "2"], []],
-    ids=["workers", "default"])
-def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort(tiny_tokenizer,
-                                                                          tmp_path, processes):
+@pytest.mark.parametrize("processes", [["--processes", "2"], []], ids=["workers", "default"])
+def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort(
+    tiny_tokenizer, tmp_path, processes
+):
     """An 8 MB prompt record (half the 16 MiB default --max-record-bytes) run under a 1.2 GB
     address-space limit (ulimit -v, as batch schedulers set): the Rust tokenizer's allocation
     fails, it prints "memory allocation of 80 bytes failed" on descriptor 2 and aborts. But
@@ -157,19 +213,35 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort(tiny_t
     dead letter, never a silent death; the native words that explain it are swallowed."""
     words = "the quick brown fox jumps over lazy dog again hello world".split()
     text = " ".join(words[i % len(words)] for i in range(1_500_000))
-    src = write_jsonl(tmp_path / "in.jsonl", [{"timestamp": 0, "prompt": text, "output_length": 1},
-                                              chat(1, 1)])
-    done = _capped(["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
-                    "--tokenizer", tiny_tokenizer, "--block-size", "4", *processes],
-                   1_200_000_000)
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [{"timestamp": 0, "prompt": text, "output_length": 1}, chat(1, 1)]
+    )
+    done = _capped(
+        [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            *processes,
+        ],
+        1_200_000_000,
+    )
     said = done.stderr.decode(errors="replace")
     assert done.returncode >= 0 and "memory" in said.lower(), (done.returncode, said[-2000:])
-    assert said.splitlines()[-1].startswith("error: a worker process died by SIGABRT; its "
-                                            "native code's last words: memory allocation of")
+    assert said.splitlines()[-1].startswith(
+        "error: a worker process died by SIGABRT; its "
+        "native code's last words: memory allocation of"
+    )
     assert done.returncode == 1 and not (tmp_path / "out").exists()
 
 
 # ---- render: a 73 KB trace row asks for 6 M tokens of text, and tokenizes it again ----------
+
 
 def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_path):
     """BOUNDS.md bounds a trace line (16 MiB) as read; render then builds input_length tokens
@@ -180,10 +252,14 @@ def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_pat
     the 16 MiB line bound (~2 M ids, 1 G tokens) would need hundreds of GB. Promise: every
     resource bounded before it is spent; over a bound, a one-line error (or a skipped row)."""
     n = 12_000
-    src = write_jsonl(tmp_path / "trace.jsonl", [
-        {"timestamp": 0, "input_length": 512 * n, "output_length": 1, "hash_ids": list(range(n))}])
-    done = _capped(["render", str(src), "--tokenizer", tiny_tokenizer, "-o",
-                    str(tmp_path / "requests.jsonl")], 2_000_000_000)
+    src = write_jsonl(
+        tmp_path / "trace.jsonl",
+        [{"timestamp": 0, "input_length": 512 * n, "output_length": 1, "hash_ids": list(range(n))}],
+    )
+    done = _capped(
+        ["render", str(src), "--tokenizer", tiny_tokenizer, "-o", str(tmp_path / "requests.jsonl")],
+        2_000_000_000,
+    )
     said = done.stderr.decode(errors="replace")
     assert done.returncode >= 0, (done.returncode, said[-2000:])
     assert done.returncode == 0 or len(said.strip().splitlines()) >= 1, said[-2000:]
@@ -191,8 +267,10 @@ def test_render_bounds_what_one_small_trace_row_may_cost(tiny_tokenizer, tmp_pat
 
 # ---- Parquet: a FIXED_LEN_BYTE_ARRAY column is sized as one byte a row --------------------
 
-def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(tiny_tokenizer,
-                                                                            tmp_path):
+
+def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(
+    tiny_tokenizer, tmp_path
+):
     """BOUNDS.md: Parquet rows are sized from their Arrow form before they become Python values
     and converted "a few at a time, at most the bound together"; a chunk's dictionary entries
     are counted per row that references them. arrow_sizes._value_bytes knows string, binary,
@@ -206,23 +284,43 @@ def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(tin
     twice over (Arrow's copies, then Python's bytes): ~4 GiB from a 2 KB file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from test_redteam_input import _peak_rss_mb
 
     rows, size = 128, 3_900_000
-    table = pa.table({
-        "timestamp": pa.array(range(rows), pa.int64()),
-        "prompt": pa.array(["hello world"] * rows),
-        "output_length": pa.array([1] * rows, pa.int64()),
-        "junk": pa.array([b"x" * size] * rows, type=pa.binary(size))})
+    table = pa.table(
+        {
+            "timestamp": pa.array(range(rows), pa.int64()),
+            "prompt": pa.array(["hello world"] * rows),
+            "output_length": pa.array([1] * rows, pa.int64()),
+            "junk": pa.array([b"x" * size] * rows, type=pa.binary(size)),
+        }
+    )
     src = tmp_path / "in.parquet"
-    pq.write_table(table, src, use_dictionary=True, dictionary_pagesize_limit=64 << 20,
-                   compression="zstd")
+    pq.write_table(
+        table, src, use_dictionary=True, dictionary_pagesize_limit=64 << 20, compression="zstd"
+    )
     assert src.stat().st_size < 4096
     code, peak, said = _peak_rss_mb(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-         "--processes", "1", "--max-record-bytes", str(4 << 20)], ROOT)
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+            "--max-record-bytes",
+            str(4 << 20),
+        ],
+        ROOT,
+    )
     assert code == 0, said[-2000:]
     # BOUNDS.md: ~9 x the bound for Parquet, plus reader buffers, over a ~150 MB process
     assert peak < 350, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
@@ -243,10 +341,16 @@ def test_a_parquet_log_written_with_string_view_columns_reads(tiny_tokenizer, tm
 
     rows = 4
     src = tmp_path / "in.parquet"
-    pq.write_table(pa.table({
-        "timestamp": pa.array(range(rows), pa.int64()),
-        "prompt": pa.array(["hello world"] * rows, pa.string_view()),
-        "output_length": pa.array([1] * rows, pa.int64())}), src)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(range(rows), pa.int64()),
+                "prompt": pa.array(["hello world"] * rows, pa.string_view()),
+                "output_length": pa.array([1] * rows, pa.int64()),
+            }
+        ),
+        src,
+    )
     out = tmp_path / "out"
     code, said = _anonymize_child(tiny_tokenizer, src, out)
     assert code == 0, said[-2000:]
@@ -254,6 +358,7 @@ def test_a_parquet_log_written_with_string_view_columns_reads(tiny_tokenizer, tm
 
 
 # ---- trace Parquet: the dictionary bomb anonymize's reader was fixed for ------------------
+
 
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
@@ -267,25 +372,32 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     ~1 GB. 1,000 rows of a 16 MiB entry would be 16 GB."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from test_redteam_input import _peak_rss_mb
 
     rows = 80
     src = tmp_path / "trace.parquet"
-    pq.write_table(pa.table({
-        "timestamp": pa.array(range(rows), pa.int64()),
-        "input_length": pa.array([4] * rows, pa.int64()),
-        "output_length": pa.array([1] * rows, pa.int64()),
-        "hash_ids": pa.array([[0]] * rows, pa.list_(pa.int64())),
-        "session_id": pa.array(["x" * 4_000_000] * rows)}),
-        src, use_dictionary=True, dictionary_pagesize_limit=64 << 20, compression="zstd")
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(range(rows), pa.int64()),
+                "input_length": pa.array([4] * rows, pa.int64()),
+                "output_length": pa.array([1] * rows, pa.int64()),
+                "hash_ids": pa.array([[0]] * rows, pa.list_(pa.int64())),
+                "session_id": pa.array(["x" * 4_000_000] * rows),
+            }
+        ),
+        src,
+        use_dictionary=True,
+        dictionary_pagesize_limit=64 << 20,
+        compression="zstd",
+    )
     assert src.stat().st_size < 4096
-    code, peak, said = _peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)],
-                                    ROOT)
+    code, peak, said = _peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)], ROOT)
     assert peak < 400, f"{command}: {peak} MB peak reading a {src.stat().st_size}-byte trace"
 
 
 # ---- decompression: a valid .xz with stream padding loses its later streams ----------------
+
 
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, engine):
@@ -301,8 +413,12 @@ def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, en
     src = tmp_path / "in.jsonl.xz"
     src.write_bytes(lzma.compress(good) + b"\x00" * 4 + lzma.compress(good))
     if shutil.which("xz"):
-        assert subprocess.run(["xz", "-dc", str(src)], capture_output=True,
-                              check=True).stdout.count(b"\n") == 10
+        assert (
+            subprocess.run(["xz", "-dc", str(src)], capture_output=True, check=True).stdout.count(
+                b"\n"
+            )
+            == 10
+        )
     out = tmp_path / "out"
     code, said = _anonymize_child(tiny_tokenizer, src, out, None, "--engine", engine)
     assert code == 0, said[-2000:]
@@ -311,6 +427,7 @@ def test_an_xz_file_with_stream_padding_reads_whole(tiny_tokenizer, tmp_path, en
 
 
 # ---- integers past MAX_INT_BITS through filters: |int(base=16), then |round(-n) -------------
+
 
 def test_filters_cannot_build_and_divide_integers_past_the_bit_bound(tiny_tokenizer, tmp_path):
     """bounded_sandbox.py bounds integers at MAX_INT_BITS (4096) in call_binop only. jinja's
@@ -326,15 +443,35 @@ def test_filters_cannot_build_and_divide_integers_past_the_bit_bound(tiny_tokeni
     import time
 
     folder = _template_folder(
-        tiny_tokenizer, tmp_path,
+        tiny_tokenizer,
+        tmp_path,
         '{% if messages[0].content == "boom" %}{% set x = ("f" * 4000000)|int(base=16) %}'
-        '{% set y = x|round(-1000000) %}{% endif %}')
+        "{% set y = x|round(-1000000) %}{% endif %}",
+    )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
-         "--processes", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     started = time.monotonic()
     try:
         proc.communicate(timeout=40)
@@ -350,6 +487,7 @@ def test_filters_cannot_build_and_divide_integers_past_the_bit_bound(tiny_tokeni
 
 # ---- convert writes what kvtrace's own trace readers refuse --------------------------------
 
+
 def test_a_converted_folder_reads_back(tmp_path):
     """bailian._parsed accepts timestamps in [0, 1e12) seconds and writes round(ts * 1000) ms,
     up to 1e15; the trace readers (trace_io.MAX_READ_TIMESTAMP_MS) refuse any over 2^42 ms
@@ -358,15 +496,39 @@ def test_a_converted_folder_reads_back(tmp_path):
     fails with "is not a whole kvtrace output: its shards hold 1 rows, its manifest says 2
     (copied partly?)", blaming a copy for kvtrace's own write (validate: NOT VALID). Promise:
     bad input is refused in one line (or counted), and what kvtrace writes it reads."""
-    src = write_jsonl(tmp_path / "bailian.jsonl", [
-        {"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.0, "input_length": 16,
-         "output_length": 1, "hash_ids": [1], "type": "text", "turn": 1},
-        {"chat_id": 2, "parent_chat_id": -1, "timestamp": 4.5e9, "input_length": 16,
-         "output_length": 1, "hash_ids": [2], "type": "text", "turn": 1}])
+    src = write_jsonl(
+        tmp_path / "bailian.jsonl",
+        [
+            {
+                "chat_id": 1,
+                "parent_chat_id": -1,
+                "timestamp": 1.0,
+                "input_length": 16,
+                "output_length": 1,
+                "hash_ids": [1],
+                "type": "text",
+                "turn": 1,
+            },
+            {
+                "chat_id": 2,
+                "parent_chat_id": -1,
+                "timestamp": 4.5e9,
+                "input_length": 16,
+                "output_length": 1,
+                "hash_ids": [2],
+                "type": "text",
+                "turn": 1,
+            },
+        ],
+    )
     folder = tmp_path / "converted"
     run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "kvtrace.cli", *args], cwd=ROOT, capture_output=True,
-        timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     converted = run("convert", str(src), "-o", str(folder))
     if converted.returncode != 0:  # refused in one line: the promise kept
         assert len(converted.stderr.decode().strip().splitlines()) == 1
@@ -383,15 +545,33 @@ def test_synthesize_output_called_valid_is_valid(tmp_path):
     timestamp 8796093022208 and output_length 6442450941, "(valid)", and `kvtrace validate`
     of it says NOT VALID, "no rows could be read" (analyze, simulate and export skip or refuse
     them the same way)."""
-    src = write_jsonl(tmp_path / "trace.jsonl", [
-        {"timestamp": 0, "input_length": 8, "output_length": 2**31 - 1, "hash_ids": [0, 1]},
-        {"timestamp": 2**42, "input_length": 8, "output_length": 1, "hash_ids": [0, 2]}])
+    src = write_jsonl(
+        tmp_path / "trace.jsonl",
+        [
+            {"timestamp": 0, "input_length": 8, "output_length": 2**31 - 1, "hash_ids": [0, 1]},
+            {"timestamp": 2**42, "input_length": 8, "output_length": 1, "hash_ids": [0, 2]},
+        ],
+    )
     out = tmp_path / "synth.jsonl"
     run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "kvtrace.cli", *args], cwd=ROOT, capture_output=True,
-        timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    made = run("synthesize", str(src), "-o", str(out), "--block-size", "4",
-               "--speedup-ratio", "0.5", "--osl-multiplier", "3")
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    made = run(
+        "synthesize",
+        str(src),
+        "-o",
+        str(out),
+        "--block-size",
+        "4",
+        "--speedup-ratio",
+        "0.5",
+        "--osl-multiplier",
+        "3",
+    )
     if made.returncode != 0:  # refused in one line: the promise kept
         assert len(made.stderr.decode().strip().splitlines()) == 1
         return
@@ -400,6 +580,7 @@ def test_synthesize_output_called_valid_is_valid(tmp_path):
 
 
 # ---- `+` on two strings is measured after it is built --------------------------------------
+
 
 def test_adding_two_strings_is_sized_before_it_runs(tiny_tokenizer, tmp_path):
     """BOUNDS.md: "each step is sized from its operands before it runs: repetition, `+`, ...".
@@ -411,13 +592,30 @@ def test_adding_two_strings_is_sized_before_it_runs(tiny_tokenizer, tmp_path):
     from test_redteam_input import _peak_rss_mb
 
     folder = _template_folder(
-        tiny_tokenizer, tmp_path,
+        tiny_tokenizer,
+        tmp_path,
         '{% if messages[0].content == "boom" %}{% set s = "x" * 268435456 %}'
-        '{% set t = s + s %}{% endif %}')
+        "{% set t = s + s %}{% endif %}",
+    )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
     code, peak, said = _peak_rss_mb(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src), "--output",
-         str(tmp_path / "out"), "--tokenizer", str(folder), "--block-size", "4",
-         "--processes", "1"], ROOT)
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(folder),
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        ROOT,
+    )
     assert code == 0, said[-2000:]
     assert peak < 600, f"{peak} MB peak: the sum was built before it was sized"

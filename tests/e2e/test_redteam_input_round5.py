@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import ROOT
 
 pytestmark = [pytest.mark.slow]
@@ -18,16 +19,25 @@ ROUND5 = "red team round 5"
 
 def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
     """(exit code, peak RSS in MB, stderr) of a kvtrace command run in a child."""
-    probe = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-             "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
-    done = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli",
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    probe = (
+        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     code, peak = done.stdout.split()[-2:]
     return int(code), int(peak), done.stderr
 
 
 # ---- Parquet: the footer's column sizes are trusted, and the footer is the attacker's -------
+
 
 def _zigzag_varint(value: int) -> bytes:
     value, out = value << 1, bytearray()
@@ -79,10 +89,18 @@ def _lying_log(path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"timestamp": pa.array([0, 1], pa.int64()),
-                             "prompt": ["z" * CELL, "after"],
-                             "output_length": pa.array([1, 1], pa.int64())}),
-                   path, compression="zstd", use_dictionary=False)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([0, 1], pa.int64()),
+                "prompt": ["z" * CELL, "after"],
+                "output_length": pa.array([1, 1], pa.int64()),
+            }
+        ),
+        path,
+        compression="zstd",
+        use_dictionary=False,
+    )
     _footer_says_small(path)
     assert path.stat().st_size < 16 << 10
     return path
@@ -92,12 +110,20 @@ def _lying_trace(path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"timestamp": pa.array([0, 1], pa.int64()),
-                             "input_length": pa.array([4, 4], pa.int64()),
-                             "output_length": pa.array([1, 1], pa.int64()),
-                             "hash_ids": pa.array([[0], [1]], pa.list_(pa.int64())),
-                             "session_id": ["z" * CELL, "s"]}),
-                   path, compression="zstd", use_dictionary=False)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([0, 1], pa.int64()),
+                "input_length": pa.array([4, 4], pa.int64()),
+                "output_length": pa.array([1, 1], pa.int64()),
+                "hash_ids": pa.array([[0], [1]], pa.list_(pa.int64())),
+                "session_id": ["z" * CELL, "s"],
+            }
+        ),
+        path,
+        compression="zstd",
+        use_dictionary=False,
+    )
     _footer_says_small(path)
     assert path.stat().st_size < 16 << 10
     return path
@@ -105,7 +131,8 @@ def _lying_trace(path):
 
 @pytest.mark.parametrize("command", ["anonymize", "analyze", "validate"])
 def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
-        tiny_tokenizer, tmp_path, command):
+    tiny_tokenizer, tmp_path, command
+):
     """BOUNDS.md: a Parquet page is checked "from the footer (column chunk sizes) and, for
     chunks over the bound, from their page headers ... before any is decoded"; "Parquet, 200 MB
     cell in a 7 KB file: none (refused from its page header)". paths.oversized_pages skips
@@ -120,9 +147,21 @@ def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
     is spent (the page headers, not the footer's sums, say what a page decodes to)."""
     if command == "anonymize":
         src = _lying_log(tmp_path / "in.parquet")
-        args = ["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
-                "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1",
-                "--max-record-bytes", str(1 << 20)]
+        args = [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+            "--max-record-bytes",
+            str(1 << 20),
+        ]
     else:
         src = _lying_trace(tmp_path / "trace.parquet")
         args = [command, str(src)]
@@ -134,14 +173,36 @@ def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
 
 # ---- audit: a published shard's Parquet twin is read whole, outside the one Parquet path ----
 
+
 def _published(tiny_tokenizer, tmp_path):
     src = tmp_path / "in.jsonl"
-    src.write_text('{"timestamp": 0, "prompt": "hello world", "output_length": 1}\n'
-                   '{"timestamp": 1, "prompt": "hello there", "output_length": 1}\n')
+    src.write_text(
+        '{"timestamp": 0, "prompt": "hello world", "output_length": 1}\n'
+        '{"timestamp": 1, "prompt": "hello there", "output_length": 1}\n'
+    )
     out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(src),
-                    "--output", str(out), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-                    "--processes", "1"], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return out
 
 
@@ -161,9 +222,12 @@ def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
 
     folder = _published(tiny_tokenizer, tmp_path)
     shard = folder / "trace-00000-of-00001.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array([0], pa.int64()),
-                             "session_id": ["z" * 400_000_000]}),
-                   shard, compression="zstd", use_dictionary=False)
+    pq.write_table(
+        pa.table({"timestamp": pa.array([0], pa.int64()), "session_id": ["z" * 400_000_000]}),
+        shard,
+        compression="zstd",
+        use_dictionary=False,
+    )
     assert shard.stat().st_size < 64 << 10
     code, peak, said = _peak_rss_mb(["audit", str(folder)])
     assert code == 1 and "Traceback" not in said, said[-2000:]
@@ -171,6 +235,7 @@ def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
 
 
 # ---- JSONL: --max-record-bytes bounds a record's bytes, not what parsing it makes -----------
+
 
 def test_a_record_of_many_empty_containers_costs_what_the_bounds_say(tiny_tokenizer, tmp_path):
     """BOUNDS.md: "a worker's reading stays under about 3 x --max-record-bytes for JSONL",
@@ -185,19 +250,32 @@ def test_a_record_of_many_empty_containers_costs_what_the_bounds_say(tiny_tokeni
     bound = 8 << 20
     body = ",".join(["[]"] * ((bound - 200) // 3))
     src = tmp_path / "in.jsonl"
-    src.write_text('{"timestamp": 0, "prompt": "x", "output_length": 1, "junk": [' + body
-                   + ']}\n')
+    src.write_text('{"timestamp": 0, "prompt": "x", "output_length": 1, "junk": [' + body + "]}\n")
     assert src.stat().st_size <= bound
-    _, peak, said = _peak_rss_mb(["anonymize", "--input", str(src), "--output",
-                                     str(tmp_path / "out"), "--tokenizer", tiny_tokenizer,
-                                     "--block-size", "4", "--processes", "1",
-                                     "--max-record-bytes", str(bound)])
+    _, peak, said = _peak_rss_mb(
+        [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+            "--max-record-bytes",
+            str(bound),
+        ]
+    )
     assert "Traceback" not in said, said[-2000:]
     # a tiny input peaks at ~94 MB; BOUNDS.md: ~3 x the bound for a JSONL record
     assert peak < 94 + 4 * 8 + 40, f"{peak} MB peak for one {src.stat().st_size}-byte record"
 
 
 # ---- Parquet: a list of nulls is free in its pages and in Arrow, and sized as nothing -------
+
 
 def _list_of_nulls(values: int, rows: int = 4):
     import pyarrow as pa
@@ -206,9 +284,12 @@ def _list_of_nulls(values: int, rows: int = 4):
     return pa.ListArray.from_arrays(offsets, pa.nulls(values))
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5 + ": sized as `null`s now (too_large, ~700 MB "
-                   "not 1.34 GB), but Arrow decodes a row's levels before it can be sized, and "
-                   "Parquet v1 page headers do not say which rows a page's values belong to")
+@pytest.mark.xfail(
+    strict=True,
+    reason=ROUND5 + ": sized as `null`s now (too_large, ~700 MB "
+    "not 1.34 GB), but Arrow decodes a row's levels before it can be sized, and "
+    "Parquet v1 page headers do not say which rows a page's values belong to",
+)
 @pytest.mark.parametrize("command", ["anonymize", "analyze"])
 def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_path, command):
     """BOUNDS.md: a list cell's values are bounded by "the pages it spans", and the row is
@@ -230,35 +311,65 @@ def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_pat
     rows, values = 4, 40_000_000
     if command == "anonymize":
         src = tmp_path / "in.parquet"
-        pq.write_table(pa.table({"timestamp": pa.array(range(rows), pa.int64()),
-                                 "prompt": ["hello world"] * rows,
-                                 "output_length": pa.array([1] * rows, pa.int64()),
-                                 "junk": _list_of_nulls(values, rows)}),
-                       src, compression="zstd")
-        args = ["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
-                "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1"]
+        pq.write_table(
+            pa.table(
+                {
+                    "timestamp": pa.array(range(rows), pa.int64()),
+                    "prompt": ["hello world"] * rows,
+                    "output_length": pa.array([1] * rows, pa.int64()),
+                    "junk": _list_of_nulls(values, rows),
+                }
+            ),
+            src,
+            compression="zstd",
+        )
+        args = [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--processes",
+            "1",
+        ]
     else:
         src = tmp_path / "trace.parquet"
-        pq.write_table(pa.table({"timestamp": pa.array(range(rows), pa.int64()),
-                                 "input_length": pa.array([4] * rows, pa.int64()),
-                                 "output_length": pa.array([1] * rows, pa.int64()),
-                                 "hash_ids": _list_of_nulls(values, rows)}),
-                       src, compression="zstd")
+        pq.write_table(
+            pa.table(
+                {
+                    "timestamp": pa.array(range(rows), pa.int64()),
+                    "input_length": pa.array([4] * rows, pa.int64()),
+                    "output_length": pa.array([1] * rows, pa.int64()),
+                    "hash_ids": _list_of_nulls(values, rows),
+                }
+            ),
+            src,
+            compression="zstd",
+        )
         args = ["analyze", str(src)]
     assert src.stat().st_size < 4096
     _, peak, said = _peak_rss_mb(args)
     assert "Traceback" not in said, said[-2000:]
     assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
     if command == "anonymize":
-        letters = [json.loads(line) for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
-                   for line in f.read_text().splitlines()]
+        letters = [
+            json.loads(line)
+            for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+            for line in f.read_text().splitlines()
+        ]
         assert [letter["error"] for letter in letters] == ["too_large"], letters
 
 
 # ---- render: MAX_ROW_TOKENS bounds input_length, but the text is built from the ids -------
 
-def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(tiny_tokenizer,
-                                                                              tmp_path):
+
+def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(
+    tiny_tokenizer, tmp_path
+):
     """BOUNDS.md: "a row's tokens are bounded on their own, at one batch: MAX_ROW_TOKENS = 1
     Mi tokens ... A longer row is left out before its text is built". render's
     _within_row_bound checks trace.input_length only; replay/render.render_blocks spells
@@ -272,16 +383,37 @@ def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(ti
 
     n = 6_000
     src = tmp_path / "trace.jsonl"
-    src.write_text(json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1,
-                               "hash_ids": list(range(n))}) + "\n")
+    src.write_text(
+        json.dumps(
+            {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": list(range(n))}
+        )
+        + "\n"
+    )
     report = tmp_path / "report.json"
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
-    done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "render", str(src),
-                           "--tokenizer", tiny_tokenizer, "-o", str(tmp_path / "requests.jsonl"),
-                           "--json", str(report)],
-                          cwd=ROOT, capture_output=True, timeout=300, preexec_fn=cap, check=False)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "render",
+            str(src),
+            "--tokenizer",
+            tiny_tokenizer,
+            "-o",
+            str(tmp_path / "requests.jsonl"),
+            "--json",
+            str(report),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        preexec_fn=cap,
+        check=False,
+    )
     said = done.stderr.decode(errors="replace")
     assert done.returncode >= 0 and "Traceback" not in said, (done.returncode, said[-2000:])
     assert report.exists(), said[-2000:]
@@ -290,9 +422,13 @@ def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(ti
 
 # ---- convert: every Bailian record is held whole, unused fields and all, as Python objects --
 
-@pytest.mark.xfail(strict=True, reason=ROUND5 + ": records are kept as their converted fields "
-                   "now (2.5 GB -> 531 MB), but one 16 MiB line of [] parses to ~440 MB itself "
-                   "(what a JSON container costs parsed: finding 8)")
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=ROUND5 + ": records are kept as their converted fields "
+    "now (2.5 GB -> 531 MB), but one 16 MiB line of [] parses to ~440 MB itself "
+    "(what a JSON container costs parsed: finding 8)",
+)
 def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
     """convert reads lines within the trace line bound (16 MiB), and bailian.convert keeps
     every accepted record as json.loads made it, unused fields included, until the whole file
@@ -309,9 +445,11 @@ def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
     src = tmp_path / "bailian.jsonl.gz"
     with gzip.open(src, "wt", compresslevel=9) as handle:
         for chat in range(3):
-            handle.write(f'{{"chat_id": {chat}, "parent_chat_id": -1, "timestamp": 1.0, '
-                         f'"input_length": 16, "output_length": 1, "hash_ids": [1], '
-                         f'"junk": [{junk}]}}\n')
+            handle.write(
+                f'{{"chat_id": {chat}, "parent_chat_id": -1, "timestamp": 1.0, '
+                f'"input_length": 16, "output_length": 1, "hash_ids": [1], '
+                f'"junk": [{junk}]}}\n'
+            )
     assert src.stat().st_size < 64 << 10
     code, peak, said = _peak_rss_mb(["convert", str(src), "-o", str(tmp_path / "out")])
     assert code == 0 and "Traceback" not in said, said[-2000:]
@@ -321,8 +459,8 @@ def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
 
 # ---- Parquet: a file of many small row groups costs time quadratic in their count ---------
 
-def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_tokenizer,
-                                                                       tmp_path):
+
+def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_tokenizer, tmp_path):
     """Nothing bounds the count of row groups but the footer (16 MiB: ~140,000 one-row groups
     of a two-column log at 118 footer bytes each), and reading them costs more than linear
     time in their count: one-row groups, 1,000 of them: 4.4 s; 4,000: 12 s; 16,000 (a 1.9 MB
@@ -337,22 +475,45 @@ def test_a_parquet_log_of_many_row_groups_reads_in_time_linear_in_them(tiny_toke
 
     groups = 16_000
     src = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array(range(groups), pa.int64()),
-                             "prompt": ["hi"] * groups}),
-                   src, row_group_size=1, compression="none", write_statistics=False,
-                   use_dictionary=False)
+    pq.write_table(
+        pa.table({"timestamp": pa.array(range(groups), pa.int64()), "prompt": ["hi"] * groups}),
+        src,
+        row_group_size=1,
+        compression="none",
+        write_statistics=False,
+        use_dictionary=False,
+    )
     assert pq.ParquetFile(src).metadata.num_row_groups == groups
     try:
-        done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "anonymize", "--input",
-                               str(src), "--output", str(tmp_path / "out"), "--tokenizer",
-                               tiny_tokenizer, "--block-size", "4", "--processes", "1"],
-                              cwd=ROOT, capture_output=True, timeout=100, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "anonymize",
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--processes",
+                "1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=100,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{groups} one-row groups not read in 100 s")
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
 
 
 # ---- trace JSONL: read line by line, every row is kept whole, unused fields and all -------
+
 
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_read_line_by_line_keeps_numbers_not_whole_rows(tmp_path, command):
@@ -372,8 +533,10 @@ def test_a_trace_read_line_by_line_keeps_numbers_not_whole_rows(tmp_path, comman
     src = tmp_path / "trace.jsonl.gz"
     with gzip.open(src, "wt", compresslevel=9) as handle:
         for row in range(12):
-            handle.write(f'{{"timestamp": {row}, "input_length": 4, "output_length": 1, '
-                         f'"hash_ids": [{row}], "junk": [{junk}]}}\n')
+            handle.write(
+                f'{{"timestamp": {row}, "input_length": 4, "output_length": 1, '
+                f'"hash_ids": [{row}], "junk": [{junk}]}}\n'
+            )
     assert src.stat().st_size < 64 << 10
     _, peak, said = _peak_rss_mb([command, str(src)])
     assert "Traceback" not in said, said[-2000:]

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import random
 import shutil
 from pathlib import Path
 
 import numpy as np
-from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
+import pytest
 
+from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 from kvtrace.transforms.ids import id_map, map_record
 from kvtrace.transforms.ids.map_record import keyless_checksum, record_bytes
 from kvtrace.transforms.ids.segments import index_path, read_segment, write_segment
@@ -39,11 +38,29 @@ def _build(tokenizer: str, folder: Path) -> tuple[Path, list[str]]:
     nights = [_night(folder, day) for day in range(3)]
     common = ["--salt-file", str(folder / "salt"), "--hash-shards", "3"]
     for day in range(2):
-        assert anonymize_night(tokenizer, [nights[day]], folder / f"out{day}", "--id-map",
-                               str(folder / "map"), *common) == 0
+        assert (
+            anonymize_night(
+                tokenizer,
+                [nights[day]],
+                folder / f"out{day}",
+                "--id-map",
+                str(folder / "map"),
+                *common,
+            )
+            == 0
+        )
     shutil.copytree(folder / "map", folder / "reference-map")
-    assert anonymize_night(tokenizer, [nights[2]], folder / "expected", "--id-map",
-                           str(folder / "reference-map"), *common) == 0
+    assert (
+        anonymize_night(
+            tokenizer,
+            [nights[2]],
+            folder / "expected",
+            "--id-map",
+            str(folder / "reference-map"),
+            *common,
+        )
+        == 0
+    )
     return nights[2], common
 
 
@@ -83,13 +100,19 @@ def test_a_keyed_map_refuses_its_newest_record_downgraded_to_format_3(tiny_token
     content["format_version"] = map_record.KEYLESS_FORMAT
     del content["timestamp_kind"]  # format 3 came before it
     path.write_bytes(record_bytes(content | {"sha256": keyless_checksum(content)}))
-    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir),
-                           *common)
+    code = anonymize_night(
+        tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common
+    )
     published = (tmp_path / "out" / "manifest.json").exists()
     assert code != 0 and not published, (
         "a format-3 record on top of a keyed map was trusted; the trace "
-        + ("differs from" if trace_bytes(tmp_path / "out") != trace_bytes(tmp_path / "expected")
-           else "equals") + " the untampered night's")
+        + (
+            "differs from"
+            if trace_bytes(tmp_path / "out") != trace_bytes(tmp_path / "expected")
+            else "equals"
+        )
+        + " the untampered night's"
+    )
 
 
 def _block_ids(out: Path) -> set[int]:
@@ -109,14 +132,17 @@ def test_a_map_rolled_back_a_version_does_not_reissue_published_ids(tiny_tokeniz
     for folder in (map_dir / "segments").glob("000002-*"):
         shutil.rmtree(folder)
     (map_dir / "CURRENT").write_text('{"version": 1}\n')
-    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir),
-                           *common)
+    code = anonymize_night(
+        tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common
+    )
     if code == 0:  # published: its new ids must not be ones night 2 published for others
         mixed = (_block_ids(tmp_path / "out") & _block_ids(tmp_path / "out1")) - _block_ids(
-            tmp_path / "out0")
+            tmp_path / "out0"
+        )
         clash = _block_ids(tmp_path / "out") != _block_ids(tmp_path / "expected")
         assert not (mixed and clash), (
-            f"rollback unnoticed: ids {sorted(mixed)[:5]} published by night 2 reissued")
+            f"rollback unnoticed: ids {sorted(mixed)[:5]} published by night 2 reissued"
+        )
 
 
 def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) -> bytes | None:
@@ -137,17 +163,23 @@ def _same_footer_with_ids_swapped(path: Path, rows: np.ndarray, used: set[int]) 
             swapped = rows.copy()
             swapped["id"][[i, j]] = swapped["id"][[j, i]]
             sink = io.BytesIO()
-            pq.write_table(_arrow(swapped), sink, compression="zstd",
-                           row_group_size=ROW_GROUP_ROWS, write_statistics=False,
-                           write_page_checksum=True)
+            pq.write_table(
+                _arrow(swapped),
+                sink,
+                compression="zstd",
+                row_group_size=ROW_GROUP_ROWS,
+                write_statistics=False,
+                write_page_checksum=True,
+            )
             data = sink.getvalue()
             if len(data) == len(original) and _footer(data) == _footer(original):
                 return data
     return None
 
 
-def test_ids_swapped_in_a_segment_page_with_its_crc_recomputed_are_refused(tiny_tokenizer,
-                                                                           tmp_path):
+def test_ids_swapped_in_a_segment_page_with_its_crc_recomputed_are_refused(
+    tiny_tokenizer, tmp_path
+):
     """Promise: a keyed map cannot be altered without the salt (docs/ID_MAP.md: 'the checksums
     prove a file is the one the record lists'). A night reads segments in part and checks such a
     read only by the file's size, its footer's sha256 and the pages' CRC32s, none of them keyed
@@ -167,7 +199,9 @@ def test_ids_swapped_in_a_segment_page_with_its_crc_recomputed_are_refused(tiny_
             break
     else:
         raise AssertionError("no swap kept the file's size and footer")
-    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir),
-                           *common)
+    code = anonymize_night(
+        tiny_tokenizer, [night], tmp_path / "out", "--id-map", str(map_dir), *common
+    )
     assert code != 0 or trace_bytes(tmp_path / "out") == trace_bytes(tmp_path / "expected"), (
-        "a segment altered without the salt was read; the night published other ids")
+        "a segment altered without the salt was read; the night published other ids"
+    )

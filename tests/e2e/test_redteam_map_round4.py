@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,8 @@ def _block_ids(out: Path) -> set[int]:
 
 
 def test_a_map_replaced_by_another_of_the_same_salt_is_refused_even_holding_the_marked_record(
-        tiny_tokenizer, tmp_path):
+    tiny_tokenizer, tmp_path
+):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks)
     'a map replaced by another of the same salt ... is refused'; the map must 'descend' from
     the marked version. check_anchor (anchor.py) only compares the bytes of
@@ -46,29 +48,61 @@ def test_a_map_replaced_by_another_of_the_same_salt_is_refused_even_holding_the_
     common = ["--salt-file", str(tmp_path / "salt")]
     map_dir, other = tmp_path / "map", tmp_path / "other-map"
     for day in range(3):  # the real map: versions 1..3, mark at 3
-        assert anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
-                               "--id-map", str(map_dir), *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [_night(tmp_path, day)],
+                tmp_path / f"out{day}",
+                "--id-map",
+                str(map_dir),
+                *common,
+            )
+            == 0
+        )
     for day in range(4):  # another map of the same salt: four one-request nights, the last
         fold = ["--hash-shards", "32"] if day == 3 else []  # folding it (one segment folder)
-        assert anonymize_night(tiny_tokenizer, [_night(tmp_path, day, 1, "small")],
-                               tmp_path / f"small{day}", "--id-map", str(other), *fold,
-                               "--id-map-marks", str(tmp_path / "other-marks"), *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [_night(tmp_path, day, 1, "small")],
+                tmp_path / f"small{day}",
+                "--id-map",
+                str(other),
+                *fold,
+                "--id-map-marks",
+                str(tmp_path / "other-marks"),
+                *common,
+            )
+            == 0
+        )
     shutil.copytree(map_dir, tmp_path / "reference-map")  # night 3 on the untouched map
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 3)], tmp_path / "expected",
-                           "--id-map", str(tmp_path / "reference-map"), "--id-map-marks",
-                           str(tmp_path / "reference-marks"), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 3)],
+            tmp_path / "expected",
+            "--id-map",
+            str(tmp_path / "reference-map"),
+            "--id-map-marks",
+            str(tmp_path / "reference-marks"),
+            *common,
+        )
+        == 0
+    )
     shutil.move(map_dir, tmp_path / "real-map")  # the swap: no salt needed
     shutil.copytree(other, map_dir)
     shutil.copy(tmp_path / "real-map" / "versions" / "000003.json", map_dir / "versions")
     for folder in (tmp_path / "real-map" / "segments").glob("000003-*"):  # what it lists
         shutil.copytree(folder, map_dir / "segments" / folder.name)
-    code = anonymize_night(tiny_tokenizer, [_night(tmp_path, 3)], tmp_path / "out3",
-                           "--id-map", str(map_dir), *common)
+    code = anonymize_night(
+        tiny_tokenizer, [_night(tmp_path, 3)], tmp_path / "out3", "--id-map", str(map_dir), *common
+    )
     earlier = set().union(*(_block_ids(tmp_path / f"out{d}") for d in range(3)))
     new_ids = _block_ids(tmp_path / "out3") - _block_ids(tmp_path / "expected")
     assert code != 0 or trace_bytes(tmp_path / "out3") == trace_bytes(tmp_path / "expected"), (
         f"the swapped map passed its mark; the night gave ids {sorted(new_ids & earlier)[:5]}, "
-        f"which the real map's traces published for other blocks, to its new blocks")
+        f"which the real map's traces published for other blocks, to its new blocks"
+    )
 
 
 def test_a_rollback_by_repointing_a_link_in_the_maps_path_is_refused(tiny_tokenizer, tmp_path):
@@ -85,21 +119,51 @@ def test_a_rollback_by_repointing_a_link_in_the_maps_path_is_refused(tiny_tokeni
     (maps / "live").mkdir(parents=True)
     (maps / "current").symlink_to(maps / "live")
     map_dir = maps / "current" / "map"
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 0)], tmp_path / "out0",
-                           "--id-map", str(map_dir), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 0)],
+            tmp_path / "out0",
+            "--id-map",
+            str(map_dir),
+            *common,
+        )
+        == 0
+    )
     shutil.copytree(maps / "live", maps / "backup")  # a copy after night 1
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 1)], tmp_path / "out1",
-                           "--id-map", str(map_dir), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 1)],
+            tmp_path / "out1",
+            "--id-map",
+            str(map_dir),
+            *common,
+        )
+        == 0
+    )
     shutil.copytree(maps / "live", tmp_path / "reference")  # night 3 on the untouched map
-    assert anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "expected",
-                           "--id-map", str(tmp_path / "reference" / "map"), "--id-map-marks",
-                           str(tmp_path / "reference-marks"), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, 2)],
+            tmp_path / "expected",
+            "--id-map",
+            str(tmp_path / "reference" / "map"),
+            "--id-map-marks",
+            str(tmp_path / "reference-marks"),
+            *common,
+        )
+        == 0
+    )
     (maps / "current").unlink()  # the rollback: one link repointed
     (maps / "current").symlink_to(maps / "backup")
-    code = anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2",
-                           "--id-map", str(map_dir), *common)
+    code = anonymize_night(
+        tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", "--id-map", str(map_dir), *common
+    )
     new_ids = _block_ids(tmp_path / "out2") - _block_ids(tmp_path / "expected")
     assert code != 0 or trace_bytes(tmp_path / "out2") == trace_bytes(tmp_path / "expected"), (
         f"night 3 ran on the map rolled back through its parent's link; it gave ids "
         f"{sorted(new_ids & _block_ids(tmp_path / 'out1'))[:5]}, published by night 2 for "
-        f"other blocks, to its new blocks")
+        f"other blocks, to its new blocks"
+    )

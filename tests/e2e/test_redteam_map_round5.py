@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 
+from helpers import WORDS, anonymize_night, chat, trace_bytes, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -21,9 +21,16 @@ ZERO = 1_700_000_000_000
 
 
 def _one_request(folder: Path, name: str, prompt: str, day: int = 0) -> Path:
-    return write_jsonl(folder / f"{name}.jsonl", [{
-        "timestamp": ZERO + day * DAY_MS, "output_length": 5,
-        "messages": [{"role": "user", "content": prompt}]}])
+    return write_jsonl(
+        folder / f"{name}.jsonl",
+        [
+            {
+                "timestamp": ZERO + day * DAY_MS,
+                "output_length": 5,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        ],
+    )
 
 
 def _map_id(map_dir: Path) -> str:
@@ -46,16 +53,26 @@ def test_two_maps_of_other_logs_get_other_ids_and_both_publish(tiny_tokenizer, t
     common = ["--salt-file", str(tmp_path / "salt")]
     first = _one_request(tmp_path, "tenant-a", "the quick brown fox jumps over the lazy dog")
     other = _one_request(tmp_path, "tenant-b", "hello world again the dog is lazy and quick")
-    assert anonymize_night(tiny_tokenizer, [first], tmp_path / "a0", "--id-map",
-                           str(tmp_path / "map-a"), *common) == 0
-    code = anonymize_night(tiny_tokenizer, [other], tmp_path / "b0", "--id-map",
-                           str(tmp_path / "map-b"), *common)
+    assert (
+        anonymize_night(
+            tiny_tokenizer, [first], tmp_path / "a0", "--id-map", str(tmp_path / "map-a"), *common
+        )
+        == 0
+    )
+    code = anonymize_night(
+        tiny_tokenizer, [other], tmp_path / "b0", "--id-map", str(tmp_path / "map-b"), *common
+    )
     assert code == 0 and trace_bytes(tmp_path / "b0"), (
         f"map-b's first night was refused (map-a's id {_map_id(tmp_path / 'map-a')}, map-b's "
-        f"{_map_id(tmp_path / 'map-b')}): two maps of other keys share one id and one mark")
+        f"{_map_id(tmp_path / 'map-b')}): two maps of other keys share one id and one mark"
+    )
     later = _one_request(tmp_path, "tenant-b-1", "over and over again", day=1)
-    assert anonymize_night(tiny_tokenizer, [later], tmp_path / "b1", "--id-map",
-                           str(tmp_path / "map-b"), *common) == 0
+    assert (
+        anonymize_night(
+            tiny_tokenizer, [later], tmp_path / "b1", "--id-map", str(tmp_path / "map-b"), *common
+        )
+        == 0
+    )
 
 
 def _night(folder: Path, day: int, n: int = 20) -> Path:
@@ -88,18 +105,29 @@ def test_a_map_removed_by_repointing_a_link_in_its_path_is_refused(tiny_tokenize
     (maps / "current").symlink_to(maps / "live")
     map_dir = maps / "current" / "map"
     for day in range(2):
-        assert anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
-                               "--id-map", str(map_dir), *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [_night(tmp_path, day)],
+                tmp_path / f"out{day}",
+                "--id-map",
+                str(map_dir),
+                *common,
+            )
+            == 0
+        )
     (maps / "empty").mkdir()
     (maps / "current").unlink()  # the map's link in its path now leads to no map
     (maps / "current").symlink_to(maps / "empty")
-    code = anonymize_night(tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2",
-                           "--id-map", str(map_dir), *common)
+    code = anonymize_night(
+        tiny_tokenizer, [_night(tmp_path, 2)], tmp_path / "out2", "--id-map", str(map_dir), *common
+    )
     published = _block_ids(tmp_path / "out0") | _block_ids(tmp_path / "out1")
     reused = sorted(_block_ids(tmp_path / "out2") & published) if code == 0 else []
     assert code != 0, (
         f"night 3 ran on no map (its path's link repointed) and published as a new map's "
-        f"first night: block ids {reused[:8]}..., which nights 1-2 published for other blocks")
+        f"first night: block ids {reused[:8]}..., which nights 1-2 published for other blocks"
+    )
 
 
 def _tenant_night(folder: Path, name: str, day: int, n: int = 20) -> Path:
@@ -112,8 +140,7 @@ def _tenant_night(folder: Path, name: str, day: int, n: int = 20) -> Path:
     return write_jsonl(folder / f"{name}{day}.jsonl", records)
 
 
-def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tokenizer,
-                                                                        tmp_path):
+def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tokenizer, tmp_path):
     """Promise (docs/ID_MAP.md 'What the gate confirms', 'Rollback'): `audit --id-map` passes a
     night's id_map 'only as the night a version recorded', confirming its references to the
     map's earlier ids 'by the map alone'; with the map's files only (no salt, not the marks) 'no
@@ -126,26 +153,56 @@ def test_the_gate_confirms_no_night_of_another_map_spliced_into_the_map(tiny_tok
     (tmp_path / "salt").write_bytes(SALT)
     common = ["--salt-file", str(tmp_path / "salt")]
     for day in range(3):
-        assert anonymize_night(tiny_tokenizer, [_tenant_night(tmp_path, "a", day)],
-                               tmp_path / f"a{day}", "--id-map", str(tmp_path / "map-a"),
-                               *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [_tenant_night(tmp_path, "a", day)],
+                tmp_path / f"a{day}",
+                "--id-map",
+                str(tmp_path / "map-a"),
+                *common,
+            )
+            == 0
+        )
     for day in range(2):
-        assert anonymize_night(tiny_tokenizer, [_tenant_night(tmp_path, "b", day)],
-                               tmp_path / f"b{day}", "--id-map", str(tmp_path / "map-b"),
-                               "--id-map-marks", str(tmp_path / "marks-b"), *common) == 0
-    shutil.copy(tmp_path / "map-b" / "versions" / "000002.json",
-                tmp_path / "map-a" / "versions" / "000002.json")  # the splice: no salt needed
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [_tenant_night(tmp_path, "b", day)],
+                tmp_path / f"b{day}",
+                "--id-map",
+                str(tmp_path / "map-b"),
+                "--id-map-marks",
+                str(tmp_path / "marks-b"),
+                *common,
+            )
+            == 0
+        )
+    shutil.copy(
+        tmp_path / "map-b" / "versions" / "000002.json",
+        tmp_path / "map-a" / "versions" / "000002.json",
+    )  # the splice: no salt needed
 
     def audit(night: str) -> int:
-        return main(["audit", str(tmp_path / night), "--id-map", str(tmp_path / "map-a"),
-                     "--tokenizer", tiny_tokenizer, *common])
+        return main(
+            [
+                "audit",
+                str(tmp_path / night),
+                "--id-map",
+                str(tmp_path / "map-a"),
+                "--tokenizer",
+                tiny_tokenizer,
+                *common,
+            ]
+        )
 
     assert audit("b1") != 0, "the gate passed map B's night as a night of map A"
     assert audit("a1") == 0
 
 
 def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_look_alike(
-        tiny_tokenizer, tmp_path):
+    tiny_tokenizer, tmp_path
+):
     """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only (no salt, not the marks),
     'a map replaced by another of the same salt ... is refused': the place is bound to its
     map's id and the map must descend from its id's mark. Two maps of one salt file whose first
@@ -159,26 +216,52 @@ def test_a_map_replaced_by_another_maps_copy_is_refused_when_their_first_nights_
     (tmp_path / "salt").write_bytes(SALT)
     common = ["--salt-file", str(tmp_path / "salt")]
     prompt_b = "hello world again the dog is lazy and quick"
-    nights = [_one_request(tmp_path, "a0", "the quick brown fox jumps over the lazy dog"),
-              _one_request(tmp_path, "a1", "over and over again the fox", day=1)]
+    nights = [
+        _one_request(tmp_path, "a0", "the quick brown fox jumps over the lazy dog"),
+        _one_request(tmp_path, "a1", "over and over again the fox", day=1),
+    ]
     for day, night in enumerate(nights):
-        assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"a{day}", "--id-map",
-                               str(tmp_path / "map-a"), *common) == 0
-    assert anonymize_night(tiny_tokenizer, [_one_request(tmp_path, "b0", prompt_b)],
-                           tmp_path / "b0", "--id-map", str(tmp_path / "map-b"), *common) == 0
+        assert (
+            anonymize_night(
+                tiny_tokenizer,
+                [night],
+                tmp_path / f"a{day}",
+                "--id-map",
+                str(tmp_path / "map-a"),
+                *common,
+            )
+            == 0
+        )
+    assert (
+        anonymize_night(
+            tiny_tokenizer,
+            [_one_request(tmp_path, "b0", prompt_b)],
+            tmp_path / "b0",
+            "--id-map",
+            str(tmp_path / "map-b"),
+            *common,
+        )
+        == 0
+    )
     first = json.loads(trace_bytes(tmp_path / "b0"))["hash_ids"]
     shutil.rmtree(tmp_path / "map-b")  # the swap: no salt, not the marks
     shutil.copytree(tmp_path / "map-a", tmp_path / "map-b")
-    code = anonymize_night(tiny_tokenizer, [_one_request(tmp_path, "b1", prompt_b, day=2)],
-                           tmp_path / "b1", "--id-map", str(tmp_path / "map-b"), *common)
+    code = anonymize_night(
+        tiny_tokenizer,
+        [_one_request(tmp_path, "b1", prompt_b, day=2)],
+        tmp_path / "b1",
+        "--id-map",
+        str(tmp_path / "map-b"),
+        *common,
+    )
     again = json.loads(trace_bytes(tmp_path / "b1"))["hash_ids"] if code == 0 else first
     assert code != 0 or again == first, (
         f"map B, replaced by a copy of map A, ran its night: B's request, published as "
-        f"{first} on night 1, is {again} now, and {first} are A's blocks")
+        f"{first} on night 1, is {again} now, and {first} are A's blocks"
+    )
 
 
-def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_tokenizer,
-                                                                      tmp_path):
+def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_tokenizer, tmp_path):
     """Promise (docs/BOUNDS.md: every resource bounded, the bound fitting what kvtrace writes;
     anchor.MAX_MARK_BYTES: 'a path (up to PATH_MAX, escaped), an id, a version, two digests';
     tests/e2e/test_redteam_writes_round4: a location whose name is not UTF-8 is written). A
@@ -194,8 +277,17 @@ def test_a_map_whose_path_is_long_in_escapes_keeps_its_marks_readable(tiny_token
     deep = tmp_path.joinpath(*[os.fsdecode(b"\xe9" * 250) for _ in range(6)])
     deep.mkdir(parents=True)
     (tmp_path / "short").symlink_to(deep)  # the place resolves it: logs stay ASCII (xdist)
-    codes = [anonymize_night(tiny_tokenizer, [_night(tmp_path, day)], tmp_path / f"out{day}",
-                             "--id-map", str(tmp_path / "short" / "map"), "--salt-file",
-                             str(tmp_path / "salt")) for day in range(2)]
+    codes = [
+        anonymize_night(
+            tiny_tokenizer,
+            [_night(tmp_path, day)],
+            tmp_path / f"out{day}",
+            "--id-map",
+            str(tmp_path / "short" / "map"),
+            "--salt-file",
+            str(tmp_path / "salt"),
+        )
+        for day in range(2)
+    ]
     sizes = sorted(p.stat().st_size for p in (tmp_path / "salt.id-map-marks").iterdir())
     assert codes == [0, 0], f"nights gave {codes}; the marks are {sizes} bytes"

@@ -29,10 +29,14 @@ def test_stream_windows_cut_finer_than_the_published_times(tmp_path):
     published = round_to(np.array(raw, np.int64) - zero, HOUR).tolist()
     assert published == [0, HOUR, HOUR]
     batch = HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None) for i, ts in enumerate(raw)])
-    window_of = {ts: start for start, part in by_window(batch, zero, HOUR, Coarsening(HOUR))
-                 for ts in part.requests["timestamp_ms"].tolist()}
-    assert window_of[raw[1]] == window_of[raw[2]], \
+    window_of = {
+        ts: start
+        for start, part in by_window(batch, zero, HOUR, Coarsening(HOUR))
+        for ts in part.requests["timestamp_ms"].tolist()
+    }
+    assert window_of[raw[1]] == window_of[raw[2]], (
         "rows of one published time in two windows: the cut publishes the finer time"
+    )
 
 
 def test_cumulative_json_publishes_the_rejected_count_the_manifest_stopped_publishing(tmp_path):
@@ -47,11 +51,17 @@ def test_cumulative_json_publishes_the_rejected_count_the_manifest_stopped_publi
     from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
     from kvtrace.transforms.encode.salt import SaltSource
 
-    job = AnonymizeConfig(inputs=(), output=str(tmp_path / "stream"),
-                          staging=str(tmp_path / "staging"), tokenizer="x",
-                          salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(tmp_path / "rejected"), block_size=4)
+    job = AnonymizeConfig(
+        inputs=(),
+        output=str(tmp_path / "stream"),
+        staging=str(tmp_path / "staging"),
+        tokenizer="x",
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(tmp_path / "rejected"),
+        block_size=4,
+    )
     config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s")
-    summary = cumulative_summary(config, Progress(origin_ms=0, published_ms=0, windows=1, rows=5,
-                                                  rejected=3))
+    summary = cumulative_summary(
+        config, Progress(origin_ms=0, published_ms=0, windows=1, rows=5, rejected=3)
+    )
     assert "rejected" not in summary, summary

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
@@ -27,8 +28,9 @@ def test_analyze_output_publishes_the_operators_paths(tiny_tokenizer, tmp_path):
     assert main(["analyze", str(private / "out"), "--output", str(tmp_path / "analysis")]) == 0
     for path in (tmp_path / "analysis").iterdir():
         text = path.read_text(errors="replace")
-        assert "jane.doe" not in text and "acme-corp" not in text, \
+        assert "jane.doe" not in text and "acme-corp" not in text, (
             f"{path.name} names the operator's folders: {text.splitlines()[0][:120]}"
+        )
 
 
 def _private_night(tiny_tokenizer, tmp_path):
@@ -46,8 +48,10 @@ def test_analyze_output_names_a_malformed_lines_file_by_its_name(tiny_tokenizer,
     private = _private_night(tiny_tokenizer, tmp_path)
     trace = private / "trace.jsonl"
     trace.write_bytes((private / "out" / "trace-00000-of-00001.jsonl").read_bytes() + b"{oops\n")
-    assert main(["analyze", str(trace), "--block-size", "4",
-                 "--output", str(tmp_path / "analysis")]) == 0
+    assert (
+        main(["analyze", str(trace), "--block-size", "4", "--output", str(tmp_path / "analysis")])
+        == 0
+    )
     text = (tmp_path / "analysis" / "analysis.txt").read_text()
     assert "trace.jsonl:7" in text
     for path in (tmp_path / "analysis").iterdir():
@@ -59,8 +63,21 @@ def test_export_json_names_the_output_by_its_name(tiny_tokenizer, tmp_path):
     name, not the absolute path the operator gave."""
     private = _private_night(tiny_tokenizer, tmp_path)
     report = tmp_path / "export.json"
-    assert main(["export", str(private / "out"), "--to", "sglang", "-o",
-                 str(private / "sessions.jsonl"), "--json", str(report)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(private / "out"),
+                "--to",
+                "sglang",
+                "-o",
+                str(private / "sessions.jsonl"),
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     text = report.read_text()
     assert "jane.doe" not in text and "acme-corp" not in text, text
     assert "sessions.jsonl" in json.loads(text)["command"]

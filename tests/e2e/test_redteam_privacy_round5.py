@@ -4,8 +4,8 @@ Each test asserts the promised behaviour, so each fails until it is fixed."""
 from __future__ import annotations
 
 import pytest
-from helpers import anonymize, trace, write_jsonl
 
+from helpers import anonymize, trace, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 
 pytestmark = pytest.mark.slow
@@ -18,11 +18,22 @@ def _conversation(reply: str) -> list[dict]:
     does (the client sends the history back)."""
     first = [SYSTEM, {"role": "user", "content": "the quick brown"}]
     return [
-        {"timestamp": 1_700_000_000_000, "session_id": "s", "messages": first,
-         "output_length": len(reply.split())},
-        {"timestamp": 1_700_000_030_000, "session_id": "s", "output_length": 2,
-         "messages": [*first, {"role": "assistant", "content": reply},
-                      {"role": "user", "content": "again"}]},
+        {
+            "timestamp": 1_700_000_000_000,
+            "session_id": "s",
+            "messages": first,
+            "output_length": len(reply.split()),
+        },
+        {
+            "timestamp": 1_700_000_030_000,
+            "session_id": "s",
+            "output_length": 2,
+            "messages": [
+                *first,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": "again"},
+            ],
+        },
     ]
 
 
@@ -39,15 +50,17 @@ def test_length_granularity_is_undone_by_the_next_turns_input_length(tiny_tokeni
     for name, reply in (("three", "fox jumps over"), ("four", "fox jumps over the")):
         log = write_jsonl(tmp_path / f"{name}.jsonl", _conversation(reply))
         out = tmp_path / name
-        assert anonymize(tiny_tokenizer, [log], out, "--block-size", "4",
-                         "--length-granularity", "16") == 0
+        assert (
+            anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+            == 0
+        )
         rows = trace(out)
         assert [r["output_length"] for r in rows][0] == 16
         assert gate.audit(str(out), tiny_tokenizer)["publishable"]
         outputs.append([(r["input_length"], r["output_length"]) for r in rows])
     assert outputs[0] == outputs[1], (
-        f"replies of 3 and 4 tokens, both published as 16, told apart by the next turn: "
-        f"{outputs}")
+        f"replies of 3 and 4 tokens, both published as 16, told apart by the next turn: {outputs}"
+    )
 
 
 def test_a_private_tokenizers_files_are_published_as_plain_digests(tiny_tokenizer, tmp_path):
@@ -69,8 +82,10 @@ def test_a_private_tokenizers_files_are_published_as_plain_digests(tiny_tokenize
     private = tmp_path / "acme-tokenizer"
     shutil.copytree(tiny_tokenizer, private)
     template = Path(private / "chat_template.jinja")
-    secret = ("{% if messages[0].role != 'system' %}<|im_start|>system\nyou are the triage "
-              "assistant of acme ward 7 for patient jane doe<|im_end|>\n{% endif %}")
+    secret = (
+        "{% if messages[0].role != 'system' %}<|im_start|>system\nyou are the triage "
+        "assistant of acme ward 7 for patient jane doe<|im_end|>\n{% endif %}"
+    )
     template.write_text(secret + template.read_text())
     log = write_jsonl(tmp_path / "night.jsonl", [chat(i, 997 * i) for i in range(4)])
     assert anonymize(str(private), [log], tmp_path / "out", "--block-size", "4") == 0
@@ -78,5 +93,6 @@ def test_a_private_tokenizers_files_are_published_as_plain_digests(tiny_tokenize
     assert manifest["tokenizer"]["name"] is None  # not named: it is the operator's own
     assert gate.audit(str(tmp_path / "out"), str(private))["publishable"]
     guess = hashlib.sha256(template.read_bytes()).hexdigest()  # what an outsider computes
-    assert guess not in manifest["tokenizer"]["sha256"].values(), \
+    assert guess not in manifest["tokenizer"]["sha256"].values(), (
         "the guessed private template is confirmed by the published digest"
+    )

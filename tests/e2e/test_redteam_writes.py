@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, chat, write_jsonl
 
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 # Red-team reproducers of the write protocol (issue 33), each asserting the promised behaviour;
@@ -19,8 +19,16 @@ from kvtrace.cli import main
 pytestmark = pytest.mark.slow
 OPEN = pytest.mark.xfail(reason="open write-protocol hole (issue 33)")
 
-TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
-          "hash_ids": [1, 2, 10 + i], "session": i % 2} for i in range(6)]
+TRACE = [
+    {
+        "timestamp": 1000 * i,
+        "input_length": 40 + i,
+        "output_length": 5,
+        "hash_ids": [1, 2, 10 + i],
+        "session": i % 2,
+    }
+    for i in range(6)
+]
 
 
 @pytest.fixture
@@ -55,22 +63,33 @@ def test_reuse_plot_location_is_checked_before_the_work(trace, tmp_path, capsys)
     as a raw errno ('[Errno 17] File exists'), not the protocol's 'is not a folder'."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["reuse", str(trace), "--block-size", "4",
-                 "--output", str(blocker / "x.png")]) == 2
+    assert main(["reuse", str(trace), "--block-size", "4", "--output", str(blocker / "x.png")]) == 2
     err = capsys.readouterr().err
     assert f"{blocker} is not a folder" in err, err
 
 
-@pytest.mark.parametrize("command", [
-    ["analyze"], ["validate"], ["simulate", "--capacity", "8"],
-    ["synthesize", "-o", "{tmp}/s.jsonl"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["analyze"],
+        ["validate"],
+        ["simulate", "--capacity", "8"],
+        ["synthesize", "-o", "{tmp}/s.jsonl"],
+    ],
+)
 def test_json_report_never_replaces_the_commands_own_input(trace, tmp_path, command):
     """--json is file_output(overwrite=True): given the trace it reads, it silently replaces
     the input with the report (nothing lost: an input is never an output)."""
     before = trace.read_bytes()
-    args = [command[0], str(trace), "--block-size", "4",
-            *[a.format(tmp=tmp_path) for a in command[1:]], "--json", str(trace)]
+    args = [
+        command[0],
+        str(trace),
+        "--block-size",
+        "4",
+        *[a.format(tmp=tmp_path) for a in command[1:]],
+        "--json",
+        str(trace),
+    ]
     code = main(args)
     assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
     assert code == 2
@@ -89,21 +108,31 @@ def test_audit_json_never_replaces_a_file_of_the_audited_output(tiny_tokenizer, 
     assert lone.read_bytes() == before
 
 
-def test_synthesize_json_location_checked_before_its_output_is_published(trace, tmp_path,
-                                                                          capsys):
+def test_synthesize_json_location_checked_before_its_output_is_published(trace, tmp_path, capsys):
     """synthesize publishes -o, then finds --json unwritable: exit 2 with the output published
     (a run publishes whole or not at all; locations are checked before any work)."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     out = tmp_path / "s.jsonl"
-    code = main(["synthesize", str(trace), "--block-size", "4", "-o", str(out),
-                 "--json", str(blocker / "x.json")])
+    code = main(
+        [
+            "synthesize",
+            str(trace),
+            "--block-size",
+            "4",
+            "-o",
+            str(out),
+            "--json",
+            str(blocker / "x.json"),
+        ]
+    )
     assert code == 2
     assert not out.exists(), "the failed run published its output"
 
 
-def test_an_output_that_is_a_symlink_is_refused_not_half_published(tiny_tokenizer, tmp_path,
-                                                                   capsys):
+def test_an_output_that_is_a_symlink_is_refused_not_half_published(
+    tiny_tokenizer, tmp_path, capsys
+):
     """--output a symlink to an earlier output: the run swaps the link itself with its
     staging folder, then fails in rmtree ('Cannot call rmtree on a symbolic link'), exit 2
     after publishing (letters too), leaving the user's link as a hidden staging leftover."""
@@ -122,10 +151,12 @@ def test_an_output_that_is_a_symlink_is_refused_not_half_published(tiny_tokenize
         assert not (tmp_path / "link-rejected").exists()
 
 
-@pytest.mark.parametrize("command", [["validate"], ["analyze"],
-                                     ["export", "--to", "aiperf", "-o", "{tmp}/e.jsonl"]])
-def test_readers_refuse_a_published_folder_with_a_truncated_shard(tiny_tokenizer, tmp_path,
-                                                                  command):
+@pytest.mark.parametrize(
+    "command", [["validate"], ["analyze"], ["export", "--to", "aiperf", "-o", "{tmp}/e.jsonl"]]
+)
+def test_readers_refuse_a_published_folder_with_a_truncated_shard(
+    tiny_tokenizer, tmp_path, command
+):
     """The manifest lists each file's sha256 and the row count; audit flags a shard cut at a
     line boundary, but validate says 'valid' and analyze reports the half trace, exit 0."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(6)])
@@ -144,8 +175,18 @@ def test_analyze_json_inside_its_output_folder_does_not_poison_it(trace, tmp_pat
     and every later run into an is refused ('holds files kvtrace did not write (x.json)')."""
     out = tmp_path / "an"
     assert main(["analyze", str(trace), "--block-size", "4", "--output", str(out)]) == 0
-    main(["analyze", str(trace), "--block-size", "4", "--output", str(out),
-          "--json", str(out / "x.json")])
+    main(
+        [
+            "analyze",
+            str(trace),
+            "--block-size",
+            "4",
+            "--output",
+            str(out),
+            "--json",
+            str(out / "x.json"),
+        ]
+    )
     assert not (out / "x.json").exists(), "a refused run left its report in the output folder"
     assert main(["analyze", str(trace), "--block-size", "4", "--output", str(out)]) == 0
 
@@ -154,8 +195,7 @@ def test_synthesize_json_equal_to_its_output_is_refused(trace, tmp_path, capsys)
     """synthesize -o s.jsonl --json s.jsonl: the trace is published, then replaced by the
     summary JSON; the run says 'output: s.jsonl (valid)' and exits 0."""
     out = tmp_path / "s.jsonl"
-    code = main(["synthesize", str(trace), "--block-size", "4", "-o", str(out),
-                 "--json", str(out)])
+    code = main(["synthesize", str(trace), "--block-size", "4", "-o", str(out), "--json", str(out)])
     if code == 0:
         capsys.readouterr()
         assert main(["validate", str(out), "--block-size", "4"]) == 0, "published is not a trace"
@@ -164,26 +204,46 @@ def test_synthesize_json_equal_to_its_output_is_refused(trace, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("command", ["render", "convert", "synthesize"])
-def test_a_file_output_never_replaces_the_commands_own_input(trace, tmp_path, tiny_tokenizer,
-                                                             command):
+def test_a_file_output_never_replaces_the_commands_own_input(
+    trace, tmp_path, tiny_tokenizer, command
+):
     """render, convert and synthesize -o INPUT replace the input they read, silently and
     without --overwrite (export and report refuse: 'exists; --overwrite replaces it')."""
     if command == "convert":
-        trace = write_jsonl(tmp_path / "bailian.jsonl", [
-            {"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 16,
-             "output_length": 5, "type": "text", "turn": 1, "hash_ids": [i]} for i in range(5)])
-    extra = {"render": ["--block-size", "4", "--tokenizer", tiny_tokenizer, "--no-verify"],
-             "convert": [], "synthesize": ["--block-size", "4", "--seed", "1", "--min-isl", "43"]}
+        trace = write_jsonl(
+            tmp_path / "bailian.jsonl",
+            [
+                {
+                    "chat_id": i,
+                    "parent_chat_id": -1,
+                    "timestamp": float(i),
+                    "input_length": 16,
+                    "output_length": 5,
+                    "type": "text",
+                    "turn": 1,
+                    "hash_ids": [i],
+                }
+                for i in range(5)
+            ],
+        )
+    extra = {
+        "render": ["--block-size", "4", "--tokenizer", tiny_tokenizer, "--no-verify"],
+        "convert": [],
+        "synthesize": ["--block-size", "4", "--seed", "1", "--min-isl", "43"],
+    }
     before = trace.read_bytes()
     code = main([command, str(trace), *extra[command], "-o", str(trace)])
     assert trace.read_bytes() == before, f"{command} replaced its own input"
     assert code == 2
 
 
-@pytest.mark.parametrize("command", [["synthesize", "--block-size", "4"],
-                                     ["export", "--to", "aiperf", "--block-size", "4"]])
-def test_a_file_output_named_as_a_folder_is_refused_before_the_work(trace, tmp_path, capsys,
-                                                                    command):
+@pytest.mark.parametrize(
+    "command",
+    [["synthesize", "--block-size", "4"], ["export", "--to", "aiperf", "--block-size", "4"]],
+)
+def test_a_file_output_named_as_a_folder_is_refused_before_the_work(
+    trace, tmp_path, capsys, command
+):
     """-o out.jsonl/ (a trailing slash): all the work is done, then the rename fails with a
     raw errno ('[Errno 20] Not a directory: .../.out.jsonl.kvtrace-staging-... -> ...')."""
     code = main([command[0], str(trace), *command[1:], "-o", str(tmp_path / "out.jsonl") + "/"])
@@ -204,7 +264,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_killed_runs_letters_are_not_published_for_an_output_it_never_published(
-        tiny_tokenizer, tmp_path):
+    tiny_tokenizer, tmp_path
+):
     """DeadLetterRun marks 'published' by the inode of the output's staging folder. A run
     killed before publishing leaves letters whose mark is that inode; the next run's
     restore_interrupted removes the staging folder and (ext4) the next staging folder, which
@@ -217,12 +278,24 @@ def test_a_killed_runs_letters_are_not_published_for_an_output_it_never_publishe
         base = tmp_path / f"attempt{attempt}"
         base.mkdir()
         out, dead = base / "out", base / "dead"
-        args = ["anonymize", "--input", str(src), "--output", str(out), "--tokenizer",
-                tiny_tokenizer, "--block-size", "4"]
+        args = [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
         killed = subprocess.run(
             [sys.executable, "-c", KILLED_BEFORE_PUBLISHING, *args, "--dead-letter", str(dead)],
-            capture_output=True, timeout=300, cwd=tests.parent,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])})
+            capture_output=True,
+            timeout=300,
+            cwd=tests.parent,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])},
+        )
         assert killed.returncode == 137, killed.stderr
         assert not out.exists()
         (staged,) = base.glob(".out.kvtrace-staging-*")
@@ -246,27 +319,43 @@ def test_block_hashes_are_published_with_their_output_not_before(tiny_tokenizer,
     salt.write_text("0123456789abcdef0123456789abcdef")
     salt.chmod(0o600)
     night1 = write_jsonl(tmp_path / "night1.jsonl", [chat(i, 1000 * i) for i in range(3)])
-    night2 = write_jsonl(tmp_path / "night2.jsonl", [chat(i, 1000 * i, rotate=2)
-                                                      for i in range(6)])
+    night2 = write_jsonl(tmp_path / "night2.jsonl", [chat(i, 1000 * i, rotate=2) for i in range(6)])
     hashes, out = tmp_path / "hashes", tmp_path / "out"
-    args = ["anonymize", "--output", str(out), "--tokenizer", tiny_tokenizer, "--block-size",
-            "4", "--salt-file", str(salt), "--hash-scheme", "dynamo",
-            "--emit-block-hashes", str(hashes)]
+    args = [
+        "anonymize",
+        "--output",
+        str(out),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        "--hash-scheme",
+        "dynamo",
+        "--emit-block-hashes",
+        str(hashes),
+    ]
     assert main([*args, "--input", str(night1)]) == 0
     published = {p.name: p.read_bytes() for p in hashes.iterdir()}
     trace_before = {p.name: p.read_bytes() for p in out.iterdir()}
     killed = subprocess.run(
         [sys.executable, "-c", KILLED_BEFORE_PUBLISHING, *args, "--input", str(night2)],
-        capture_output=True, timeout=300, cwd=tests.parent,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])})
+        capture_output=True,
+        timeout=300,
+        cwd=tests.parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])},
+    )
     assert killed.returncode == 137, killed.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == trace_before  # output held
-    assert {p.name: p.read_bytes() for p in hashes.iterdir()} == published, \
+    assert {p.name: p.read_bytes() for p in hashes.iterdir()} == published, (
         "the killed run's block hashes replaced those of the published output"
+    )
 
 
-def test_a_long_but_valid_output_name_is_written_or_refused_before_the_work(trace, tmp_path,
-                                                                            capsys):
+def test_a_long_but_valid_output_name_is_written_or_refused_before_the_work(
+    trace, tmp_path, capsys
+):
     """A 234-byte file name is valid (NAME_MAX 255), but its staging name
     (.NAME.kvtrace-staging-RUNID, 29 bytes more) is not: the work is done, then the run fails
     with '[Errno 36] File name too long: .../.NAME.kvtrace-staging-...'."""
@@ -277,9 +366,13 @@ def test_a_long_but_valid_output_name_is_written_or_refused_before_the_work(trac
     assert code == 0 and out.exists()
 
 
-@pytest.mark.parametrize("command", [["synthesize", "--block-size", "4"],
-                                     ["export", "--to", "aiperf", "--block-size", "4",
-                                      "--overwrite"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["synthesize", "--block-size", "4"],
+        ["export", "--to", "aiperf", "--block-size", "4", "--overwrite"],
+    ],
+)
 def test_an_output_in_the_folder_its_input_glob_reads_is_refused(trace, tmp_path, command):
     """anonymize refuses an output in the folder an input pattern reads ('the next run would
     read its own output'); synthesize and export do not: the same command run twice reads its
@@ -297,8 +390,9 @@ def test_an_output_in_the_folder_its_input_glob_reads_is_refused(trace, tmp_path
 
 
 @pytest.mark.parametrize("command", ["analyze", "validate"])
-def test_json_inside_the_kvtrace_folder_read_is_refused_as_audits_is(tiny_tokenizer, tmp_path,
-                                                                     command):
+def test_json_inside_the_kvtrace_folder_read_is_refused_as_audits_is(
+    tiny_tokenizer, tmp_path, command
+):
     """audit refuses --json inside the audited folder; analyze and validate write it there,
     and the folder is then 'NOT publishable' to audit and refused by the next night's run
     ('holds files kvtrace did not write (report.json)')."""
@@ -349,10 +443,13 @@ def test_an_existing_private_folder_is_never_world_writable(tiny_tokenizer, tmp_
     folder = tmp_path / "private"
     folder.mkdir()
     folder.chmod(0o777)
-    extra = ["--salt-file", str(salt), "--hash-scheme", "dynamo"] if flag != "--dead-letter" \
-        else []
-    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", flag,
-                     str(folder), *extra) == 2
+    extra = ["--salt-file", str(salt), "--hash-scheme", "dynamo"] if flag != "--dead-letter" else []
+    assert (
+        anonymize(
+            tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", flag, str(folder), *extra
+        )
+        == 2
+    )
     assert not any(folder.iterdir()) and folder.stat().st_mode & 0o777 == 0o777
 
 
@@ -364,8 +461,7 @@ def test_an_output_spelled_with_dots_is_the_same_output(trace, tmp_path, spellin
     (abspath); staging and checks do not."""
     out = tmp_path / "an"
     assert main(["analyze", str(trace), "--block-size", "4", "--output", str(out)]) == 0
-    code = main(["analyze", str(trace), "--block-size", "4",
-                 "--output", spelling.format(out=out)])
+    code = main(["analyze", str(trace), "--block-size", "4", "--output", spelling.format(out=out)])
     assert sorted(p.name for p in out.iterdir()) == ["analysis.json", "analysis.txt"]
     assert code == 0
     assert main(["analyze", str(trace), "--block-size", "4", "--output", str(out)]) == 0
@@ -380,10 +476,13 @@ def test_a_killed_reuse_leaves_the_earlier_plot_whole(trace, tmp_path):
     args = ["reuse", str(trace), "--block-size", "4", "--output", str(plot)]
     assert main(args) == 0
     earlier = plot.read_bytes()
-    killed = subprocess.run([sys.executable, str(tests / "crashpoints.py"), "1", "kill", *args],
-                            capture_output=True, timeout=300, cwd=tests.parent,
-                            env={**os.environ,
-                                 "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])})
+    killed = subprocess.run(
+        [sys.executable, str(tests / "crashpoints.py"), "1", "kill", *args],
+        capture_output=True,
+        timeout=300,
+        cwd=tests.parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])},
+    )
     assert killed.returncode == 137, killed.stderr
     assert plot.read_bytes() == earlier, "the killed run left the plot half written"
 
@@ -401,27 +500,39 @@ def test_block_hashes_are_not_written_through_a_symlink(tiny_tokenizer, tmp_path
     hashes = tmp_path / "hashes"
     hashes.mkdir()
     (hashes / "block-hashes-00000-of-00001.parquet").symlink_to(victim)
-    anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", "--salt-file",
-              str(salt), "--hash-scheme", "dynamo", "--emit-block-hashes", str(hashes))
+    anonymize(
+        tiny_tokenizer,
+        [src],
+        tmp_path / "out",
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        "--hash-scheme",
+        "dynamo",
+        "--emit-block-hashes",
+        str(hashes),
+    )
     assert victim.read_bytes() == b"someone's", "the block hashes went through the link"
 
 
-def test_json_equal_to_the_output_folder_is_refused_not_blamed_on_another_run(trace, tmp_path,
-                                                                              capsys):
+def test_json_equal_to_the_output_folder_is_refused_not_blamed_on_another_run(
+    trace, tmp_path, capsys
+):
     """analyze --output X --json X: after the work the run meets its own lock and says 'the
     job failed: JobStopped: kvtrace stopped the job: another kvtrace run is writing X' (exit
     1): no other run exists; the two locations overlap, which is known before any work."""
     out = tmp_path / "X"
-    code = main(["analyze", str(trace), "--block-size", "4", "--output", str(out),
-                 "--json", str(out)])
+    code = main(
+        ["analyze", str(trace), "--block-size", "4", "--output", str(out), "--json", str(out)]
+    )
     err = capsys.readouterr().err
     assert "another kvtrace run" not in err, err
     assert code == 2 and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_readers_refuse_a_kvtrace_folder_without_its_manifest(tiny_tokenizer, tmp_path,
-                                                               command):
+def test_readers_refuse_a_kvtrace_folder_without_its_manifest(tiny_tokenizer, tmp_path, command):
     """On object stores the manifest, copied last, is what marks a folder complete
     (publish.py); a folder whose copy stopped before it is an unfinished publish. validate
     says 'valid' (exit 0) and analyze reports it (exit 0); only audit flags it."""

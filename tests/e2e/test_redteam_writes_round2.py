@@ -11,33 +11,54 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, chat, write_jsonl
 
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 
-TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
-          "hash_ids": [1, 2, 10 + i], "session": i % 2} for i in range(6)]
+TRACE = [
+    {
+        "timestamp": 1000 * i,
+        "input_length": 40 + i,
+        "output_length": 5,
+        "hash_ids": [1, 2, 10 + i],
+        "session": i % 2,
+    }
+    for i in range(6)
+]
 
 
 def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {}),
-                               "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])})
+    return subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            **(env or {}),
+            "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+        },
+    )
 
 
 def _crash(point: int, mode: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *args],
-                          cwd=TESTS, capture_output=True, text=True, timeout=300,
-                          env={**os.environ,
-                               "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])})
+    return subprocess.run(
+        [sys.executable, str(TESTS / "crashpoints.py"), str(point), mode, *args],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])},
+    )
 
 
-def test_a_folder_named_with_glob_characters_is_read_not_another_folder(tiny_tokenizer,
-                                                                         tmp_path, capsys):
+def test_a_folder_named_with_glob_characters_is_read_not_another_folder(
+    tiny_tokenizer, tmp_path, capsys
+):
     """trace_inputs.trace_files reads a folder as the glob FOLDER/trace-*.jsonl, unescaped: for
     a folder named night[1], `[1]` is a character class, so `analyze night[1]` silently
     analyzes night1, another output (its manifest checks night1's shards, so it passes). The
@@ -49,8 +70,9 @@ def test_a_folder_named_with_glob_characters_is_read_not_another_folder(tiny_tok
     capsys.readouterr()
     report = tmp_path / "report.json"
     assert main(["analyze", str(tmp_path / "night[1]"), "--json", str(report)]) == 0
-    assert json.loads(report.read_text())["total_requests"] == 6, \
+    assert json.loads(report.read_text())["total_requests"] == 6, (
         "analyze night[1] read the folder night1"
+    )
 
 
 @pytest.mark.parametrize("command", [["analyze"], ["validate"], ["audit"]])
@@ -77,14 +99,28 @@ def test_a_tilde_in_a_path_is_read_and_written_where_it_is_checked(tmp_path):
     (work / "~").mkdir(parents=True)
     trace = write_jsonl(work / "~" / "t.jsonl", TRACE)
     before = trace.read_bytes()
-    done = _run(["analyze", "~/t.jsonl", "--block-size", "4", "--json", str(trace)], work,
-                {"HOME": str(home)})
+    done = _run(
+        ["analyze", "~/t.jsonl", "--block-size", "4", "--json", str(trace)],
+        work,
+        {"HOME": str(home)},
+    )
     assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
     assert done.returncode == 2, done.stderr
 
 
-BAILIAN = [{"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 16,
-            "output_length": 5, "type": "text", "turn": 1, "hash_ids": [i]} for i in range(5)]
+BAILIAN = [
+    {
+        "chat_id": i,
+        "parent_chat_id": -1,
+        "timestamp": float(i),
+        "input_length": 16,
+        "output_length": 5,
+        "type": "text",
+        "turn": 1,
+        "hash_ids": [i],
+    }
+    for i in range(5)
+]
 
 
 @pytest.mark.parametrize("command", ["synthesize", "reuse", "convert-file", "convert-folder"])
@@ -106,8 +142,11 @@ def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
         out = tmp_path / ("c.jsonl" if command == "convert-file" else "c")
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"x": 1}])
     assert main([args[0], str(good), *args[1:], str(out)]) == 0
-    snapshot = (lambda: {p.name: p.read_bytes() for p in out.iterdir()}) if out.is_dir() else \
-        out.read_bytes
+    snapshot = (
+        (lambda: {p.name: p.read_bytes() for p in out.iterdir()})
+        if out.is_dir()
+        else out.read_bytes
+    )
     earlier = snapshot()
     capsys.readouterr()
     code = main([args[0], str(bad), *args[1:], str(out)])
@@ -136,8 +175,16 @@ def test_an_output_and_its_json_report_are_published_together(tmp_path, mode, co
     second = write_jsonl(tmp_path / "second.jsonl", TRACE)
     out, summary = tmp_path / "out", tmp_path / "s.json"
     flag = "-o" if command == "synthesize" else "--output"
-    args = lambda trace: [command, str(trace), "--block-size", "4", flag, str(out),  # noqa: E731
-                          "--json", str(summary)]
+    args = lambda trace: [  # noqa: E731
+        command,
+        str(trace),
+        "--block-size",
+        "4",
+        flag,
+        str(out),
+        "--json",
+        str(summary),
+    ]
     assert main(args(second)) == 0
     new = (_snapshot(out), summary.read_bytes())
     assert main(args(first)) == 0
@@ -154,8 +201,9 @@ def test_an_output_and_its_json_report_are_published_together(tmp_path, mode, co
         if seen not in (previous, new):
             mixed.append((point, seen == (new[0], previous[1])))  # the report last
     window = 1 if mode == "kill" else 0  # the kill before the report's rename
-    assert len(mixed) <= window and all(output_first for _, output_first in mixed), \
+    assert len(mixed) <= window and all(output_first for _, output_first in mixed), (
         f"one output new, the other the previous run's, after steps {mixed}"
+    )
 
 
 def test_render_says_which_rows_it_skipped(tmp_path, tiny_tokenizer, capsys):
@@ -163,16 +211,28 @@ def test_render_says_which_rows_it_skipped(tmp_path, tiny_tokenizer, capsys):
     with a broken line renders 'rendered 3 of 3 rows', exit 0, no warning; analyze, synthesize
     and validate all warn ('1 malformed trace line(s) skipped'). Nothing is lost silently."""
     trace = write_jsonl(tmp_path / "t.jsonl", [*TRACE[:3], b"{broken"])
-    code = main(["render", str(trace), "--block-size", "4", "--tokenizer", tiny_tokenizer,
-                 "--no-verify", "-o", str(tmp_path / "r.jsonl")])
+    code = main(
+        [
+            "render",
+            str(trace),
+            "--block-size",
+            "4",
+            "--tokenizer",
+            tiny_tokenizer,
+            "--no-verify",
+            "-o",
+            str(tmp_path / "r.jsonl"),
+        ]
+    )
     err = capsys.readouterr().err
     assert "malformed" in err or code != 0, err
 
 
 @pytest.mark.parametrize("lost", ["manifest.json", "trace-00002-of-00003.jsonl"])
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_a_glob_of_a_partial_kvtrace_folder_is_refused(tiny_tokenizer, tmp_path, monkeypatch,
-                                                       command, lost):
+def test_a_glob_of_a_partial_kvtrace_folder_is_refused(
+    tiny_tokenizer, tmp_path, monkeypatch, command, lost
+):
     """A kvtrace folder is read only whole (trace_inputs.check_whole): without its manifest,
     or without one of its shards, the folder itself is refused. The same folder read through a
     glob of its shards (out/trace-*.jsonl) skips check_whole: without the manifest the shards
@@ -207,16 +267,29 @@ def test_block_hashes_never_replace_another_commands_output(tiny_tokenizer, tmp_
     night = tmp_path / "night"
     assert anonymize(tiny_tokenizer, [src], night, "--block-size", "4") == 0
     published = sorted(p.name for p in night.iterdir())
-    code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", "--salt-file",
-                     str(salt), "--hash-scheme", "dynamo", "--emit-block-hashes", str(night))
-    assert sorted(p.name for p in night.iterdir()) == published, \
+    code = anonymize(
+        tiny_tokenizer,
+        [src],
+        tmp_path / "out",
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        "--hash-scheme",
+        "dynamo",
+        "--emit-block-hashes",
+        str(night),
+    )
+    assert sorted(p.name for p in night.iterdir()) == published, (
         "the published trace was replaced by block hashes"
+    )
     assert code == 2
 
 
 @pytest.mark.parametrize("flag", ["--dead-letter", "--id-map"])
-def test_a_private_folder_is_never_put_inside_another_commands_output(tiny_tokenizer, tmp_path,
-                                                                      flag):
+def test_a_private_folder_is_never_put_inside_another_commands_output(
+    tiny_tokenizer, tmp_path, flag
+):
     """check_written checks a private folder (dead letters, id map) only for links, files and
     ownership, never for whose folder it is: --dead-letter NIGHT (or --id-map NIGHT), NIGHT a
     published trace, puts the raw rejected requests (or the map) into the folder meant for
@@ -229,15 +302,26 @@ def test_a_private_folder_is_never_put_inside_another_commands_output(tiny_token
     night = tmp_path / "night"
     assert anonymize(tiny_tokenizer, [src], night, "--block-size", "4") == 0
     published = sorted(p.name for p in night.iterdir())
-    code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4", "--salt-file",
-                     str(salt), flag, str(night))
-    assert sorted(p.name for p in night.iterdir()) == published, \
+    code = anonymize(
+        tiny_tokenizer,
+        [src],
+        tmp_path / "out",
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        flag,
+        str(night),
+    )
+    assert sorted(p.name for p in night.iterdir()) == published, (
         f"{flag} wrote into the published trace"
+    )
     assert code == 2
 
 
-def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer, tmp_path,
-                                                                    monkeypatch):
+def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """trace_io._read_file checks a Parquet shard's sha256 on one open (_sha256_of) and reads
     it on another (read_parquet_within): a publish that swaps the folder in between (here, the
     swap publish_folder makes, done by hand at that moment) has the reader check the old
@@ -260,8 +344,10 @@ def test_a_parquet_shard_is_read_from_the_bytes_that_were_checked(tiny_tokenizer
 
     monkeypatch.setattr(trace_io, "_sha256_of", hashed_then_published)
     shard = next(out.glob("trace-*.parquet"))
-    checked_rows = [json.loads(line)["input_length"] for line in
-                    shard.with_suffix(".jsonl").read_text().splitlines()]
+    checked_rows = [
+        json.loads(line)["input_length"]
+        for line in shard.with_suffix(".jsonl").read_text().splitlines()
+    ]
     try:
         read = trace_io.read_trace([str(shard)]).input_length.tolist()
     except ValueError:
@@ -281,8 +367,21 @@ def test_render_never_replaces_the_tokenizer_it_reads(tmp_path, tiny_tokenizer, 
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
     outputs = {"-o": str(tmp_path / "r.jsonl"), "--json": str(tmp_path / "r.json")}
     outputs[flag] = str(tokenizer / "tokenizer.json")
-    code = main(["render", str(trace), "--block-size", "4", "--tokenizer", str(tokenizer),
-                 "--no-verify", "-o", outputs["-o"], "--json", outputs["--json"]])
+    code = main(
+        [
+            "render",
+            str(trace),
+            "--block-size",
+            "4",
+            "--tokenizer",
+            str(tokenizer),
+            "--no-verify",
+            "-o",
+            outputs["-o"],
+            "--json",
+            outputs["--json"],
+        ]
+    )
     assert (tokenizer / "tokenizer.json").read_bytes() == before, "the tokenizer was replaced"
     assert code == 2
 
@@ -298,10 +397,25 @@ def test_a_killed_run_never_leaves_the_block_hashes_folder_open(tiny_tokenizer, 
     salt.write_text(SALT)
     salt.chmod(0o600)
     base = tmp_path / "base"
-    args = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-            "--salt-file", str(salt), "--hash-scheme", "dynamo"]
-    places = lambda work: ["--output", str(work / "out"),  # noqa: E731
-                           "--emit-block-hashes", str(work / "hashes")]
+    args = [
+        "anonymize",
+        "--input",
+        str(src),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        "--hash-scheme",
+        "dynamo",
+    ]
+    places = lambda work: [  # noqa: E731
+        "--output",
+        str(work / "out"),
+        "--emit-block-hashes",
+        str(work / "hashes"),
+    ]
     assert main([*args, *places(base)]) == 0
     counted = _crash(0, "kill", [*args, *places(base)])
     steps = int(counted.stderr.rsplit("steps: ", 1)[1])
@@ -317,9 +431,9 @@ def test_a_killed_run_never_leaves_the_block_hashes_folder_open(tiny_tokenizer, 
 
 
 @pytest.mark.parametrize("command", ["export", "report"])
-def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tmp_path,
-                                                                              monkeypatch,
-                                                                              command):
+def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(
+    tmp_path, monkeypatch, command
+):
     """export and report refuse an existing -o without --overwrite, but only in the plan
     (check_file): StagedFile.publish is os.replace, so a file someone writes at -o while the
     run works (here, at the moment the trace is read) is replaced silently, exit 0. Folders
@@ -330,8 +444,10 @@ def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tm
 
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
     out = tmp_path / "out.file"
-    module, name = {"export": (kvtrace.pipelines.export, "read_trace"),
-                    "report": (kvtrace.pipelines.report, "read_cache_trace")}[command]
+    module, name = {
+        "export": (kvtrace.pipelines.export, "read_trace"),
+        "report": (kvtrace.pipelines.report, "read_cache_trace"),
+    }[command]
     read, called = getattr(module, name), []
 
     def someone_writes_the_output(*args, **kwargs):
@@ -340,16 +456,17 @@ def test_a_file_that_appears_during_the_run_is_not_replaced_without_overwrite(tm
         return read(*args, **kwargs)
 
     monkeypatch.setattr(module, name, someone_writes_the_output)
-    args = {"export": ["export", str(trace), "--to", "dynamo", "--block-size", "4"],
-            "report": ["report", str(trace), "--block-size", "4", "--capacity", "8,32"]}[command]
+    args = {
+        "export": ["export", str(trace), "--to", "dynamo", "--block-size", "4"],
+        "report": ["report", str(trace), "--block-size", "4", "--capacity", "8,32"],
+    }[command]
     code = main([*args, "-o", str(out)])
     assert called
     assert out.read_bytes() == b"someone else's file", "replaced without --overwrite"
     assert code != 0
 
 
-def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_path,
-                                                          monkeypatch):
+def test_a_reader_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_path, monkeypatch):
     """publish_folder swaps a folder whole so that a reader meets the previous output or the
     new one; but a reader opens the folder by name for each file (the manifest, then each
     shard): a publish between the manifest's read and the shards' (done here at that moment)
@@ -387,8 +504,16 @@ def test_dot_dot_after_a_link_is_placed_where_the_system_resolves_it(tmp_path):
     (tmp_path / "a" / "link").symlink_to("../elsewhere/sub")
     trace = write_jsonl(tmp_path / "elsewhere" / "t.jsonl", TRACE)
     before = trace.read_bytes()
-    code = main(["analyze", str(tmp_path / "a" / "link" / ".." / "t.jsonl"), "--block-size", "4",
-                 "--json", str(trace)])
+    code = main(
+        [
+            "analyze",
+            str(tmp_path / "a" / "link" / ".." / "t.jsonl"),
+            "--block-size",
+            "4",
+            "--json",
+            str(trace),
+        ]
+    )
     assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
     assert code == 2
 
@@ -413,8 +538,19 @@ def test_a_full_disk_mid_run_is_a_stopped_job_on_the_local_engine(tiny_tokenizer
     OSError to 2); the Beam engine, the same disk full at the same write, exits 1 ('the job
     failed: ... No space left on device')."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
-    args = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-            "--output", str(tmp_path / "out"), "--engine", "local"]
+    args = [
+        "anonymize",
+        "--input",
+        str(src),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--output",
+        str(tmp_path / "out"),
+        "--engine",
+        "local",
+    ]
     crashed = _crash(4, "enospc", args)  # a file the job writes (2: the run's marker, before)
     assert "No space left on device" in crashed.stderr, crashed.stderr
     assert crashed.returncode == 1, crashed.stderr
@@ -440,9 +576,9 @@ def test_a_folder_missing_part_of_its_manifest_is_not_whole(tiny_tokenizer, tmp_
 
 @pytest.mark.parametrize("spelling", ["trace-*.jsonl", "trace-00000-of-00001.jsonl"])
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(tiny_tokenizer,
-                                                                         tmp_path, command,
-                                                                         spelling):
+def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(
+    tiny_tokenizer, tmp_path, command, spelling
+):
     """--json inside the kvtrace folder read is refused when the folder is named (round 1's
     fix), not when the same folder is read through a glob of its shards or a shard's path:
     out/report.json matches no wildcard of out/trace-*.jsonl and is not the shard, so the
@@ -457,29 +593,48 @@ def test_json_inside_a_kvtrace_folder_read_through_its_shards_is_refused(tiny_to
 
 
 @pytest.mark.parametrize("command", ["analyze", "anonymize"])
-def test_an_output_that_is_a_mount_point_is_refused_before_the_work(tiny_tokenizer, tmp_path,
-                                                                    command):
+def test_an_output_that_is_a_mount_point_is_refused_before_the_work(
+    tiny_tokenizer, tmp_path, command
+):
     """An output folder that is a mount point (a volume mounted at /out, as containers do)
     cannot be swapped (renameat2 and rename: EBUSY), but the plan does not look: the work is
     done, the report printed, and then the run fails with a raw errno ('[Errno 16] Device or
     resource busy'), leaving anonymize's dead-letter folder made beside it. A location that
     cannot be published is refused before any work. (A private mount namespace: unshare.)"""
-    if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0
+    ):
         pytest.skip("no user namespaces here to mount a folder")
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
     out = tmp_path / "out"
     out.mkdir()
-    args = {"analyze": ["analyze", str(trace), "--block-size", "4", "--output", str(out)],
-            "anonymize": ["anonymize", "--input", str(src), "--output", str(out), "--tokenizer",
-                          tiny_tokenizer, "--block-size", "4"]}[command]
-    script = (f"mount -t tmpfs tmpfs {out} && exec {sys.executable} -m kvtrace.cli "
-              + " ".join(f"'{a}'" for a in args))
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
-                          timeout=300, cwd=TESTS.parent,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(TESTS.parent), str(TESTS)])})
+    args = {
+        "analyze": ["analyze", str(trace), "--block-size", "4", "--output", str(out)],
+        "anonymize": [
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ],
+    }[command]
+    script = f"mount -t tmpfs tmpfs {out} && exec {sys.executable} -m kvtrace.cli " + " ".join(
+        f"'{a}'" for a in args
+    )
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=TESTS.parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])},
+    )
     assert done.returncode == 2, done.stderr
     assert "Errno" not in done.stderr, done.stderr
     assert "Rows:" not in done.stdout and "exported" not in done.stdout, "the work was done"
@@ -508,9 +663,23 @@ def test_reports_are_byte_identical_on_either_engine(tiny_tokenizer, tmp_path, c
             written[engine] = _snapshot(target)
         else:
             target = tmp_path / f"s-{engine}.json"
-            assert main(["synthesize", str(out), "--seed", "3", "-o",
-                         str(tmp_path / f"s-{engine}.jsonl"), "--json", str(target),
-                         "--engine", engine]) == 0
+            assert (
+                main(
+                    [
+                        "synthesize",
+                        str(out),
+                        "--seed",
+                        "3",
+                        "-o",
+                        str(tmp_path / f"s-{engine}.jsonl"),
+                        "--json",
+                        str(target),
+                        "--engine",
+                        engine,
+                    ]
+                )
+                == 0
+            )
             written[engine] = target.read_bytes()
     assert written["local"] == written["beam"]
 
@@ -526,8 +695,20 @@ def test_a_named_parquet_trace_is_not_dropped_as_a_twin(tmp_path, capsys):
     write_jsonl(tmp_path / "x.jsonl", TRACE[:3])
     pq.write_table(pa.Table.from_pylist(TRACE), tmp_path / "x.parquet")
     report = tmp_path / "r.json"
-    assert main(["analyze", str(tmp_path / "x.jsonl"), str(tmp_path / "x.parquet"),
-                 "--block-size", "4", "--json", str(report)]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(tmp_path / "x.jsonl"),
+                str(tmp_path / "x.parquet"),
+                "--block-size",
+                "4",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     assert json.loads(report.read_text())["total_requests"] == 9, "x.parquet was not read"
 
 

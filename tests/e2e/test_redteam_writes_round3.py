@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, chat, write_jsonl
 
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.write.manifest import read_run_counts
 
@@ -20,20 +20,34 @@ pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 ROUND3 = "red team round 3"
 
-TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
-          "hash_ids": [1, 2, 10 + i], "session": i % 2} for i in range(6)]
+TRACE = [
+    {
+        "timestamp": 1000 * i,
+        "input_length": 40 + i,
+        "output_length": 5,
+        "hash_ids": [1, 2, 10 + i],
+        "session": i % 2,
+    }
+    for i in range(6)
+]
 
 
 def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
     """Run a shell script in a private mount namespace (its mounts are seen by no one else);
     skipped where the system allows none."""
-    if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0
+    ):
         pytest.skip("no private mount namespaces here")
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *args],
-                          cwd=TESTS, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(TESTS.parent), str(TESTS)])})
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, "sh", *args],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])},
+    )
 
 
 def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
@@ -49,7 +63,11 @@ def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
     before = trace.read_bytes()
     done = _in_mount_namespace(
         'mount --bind "$1" "$2" || exit 99; exec "$3" -m kvtrace.cli analyze "$1/t.jsonl" '
-        '--block-size 4 --json "$2/t.jsonl"', str(first), str(second), sys.executable)
+        '--block-size 4 --json "$2/t.jsonl"',
+        str(first),
+        str(second),
+        sys.executable,
+    )
     if done.returncode == 99:
         pytest.skip("bind mounts are not allowed here")
     assert trace.read_bytes() == before, "the input trace was replaced by the --json report"
@@ -57,8 +75,9 @@ def test_json_never_replaces_its_input_through_a_bind_mount(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(tiny_tokenizer, tmp_path,
-                                                              monkeypatch, command):
+def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(
+    tiny_tokenizer, tmp_path, monkeypatch, command
+):
     """trace_inputs.check_whole reads a shard with no manifest beside it as a trace of its own
     when no other kvtrace file sits there (the 'lone shard' rule), though its own name says it
     is one of several: a copy that has so far brought trace-00001-of-00003.jsonl alone (the
@@ -76,8 +95,9 @@ def test_a_lone_shard_of_several_is_not_read_as_a_whole_trace(tiny_tokenizer, tm
     assert main([command, str(part), "--block-size", "4"]) != 0
 
 
-def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer, tmp_path,
-                                                                 monkeypatch):
+def test_the_beam_engine_during_a_publish_reads_one_whole_output(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """Round 2 made the local reader read a folder through one descriptor opened with its
     manifest; the Beam engines (analyze/reuse --engine beam) read each file on its own
     (trace_shards.read_chunk -> read_trace([path])), each opening the folder anew and checking
@@ -89,8 +109,9 @@ def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer,
 
     monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 20)  # three shards of a small night
     old = write_jsonl(tmp_path / "old.jsonl", [chat(i, 86_400_000 * i) for i in range(6)])
-    new = write_jsonl(tmp_path / "new.jsonl",
-                      [chat(i + 4, 86_400_000 * i, rotate=3) for i in range(6)])
+    new = write_jsonl(
+        tmp_path / "new.jsonl", [chat(i + 4, 86_400_000 * i, rotate=3) for i in range(6)]
+    )
     out, staged = tmp_path / "out", tmp_path / "next"
     assert anonymize(tiny_tokenizer, [old], out, "--block-size", "4") == 0
     assert anonymize(tiny_tokenizer, [new], staged, "--block-size", "4") == 0
@@ -118,13 +139,27 @@ def test_the_beam_engine_during_a_publish_reads_one_whole_output(tiny_tokenizer,
         assert json.loads(report.read_text()) in wanted, "a mix of two outputs was analysed"
 
 
-@pytest.mark.parametrize("command", [
-    ["validate", "TRACE", "--block-size", "4", "--json", "NIGHT/stats.json"],
-    ["export", "TRACE", "--block-size", "4", "--to", "aiperf", "--overwrite",
-     "-o", "NIGHT/trace-00000-of-00001.jsonl"],
-    ["analyze", "TRACE", "--block-size", "4", "--json", "NIGHT/analysis.json"]])
-def test_a_file_output_never_goes_into_another_commands_published_folder(tiny_tokenizer,
-                                                                         tmp_path, command):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "TRACE", "--block-size", "4", "--json", "NIGHT/stats.json"],
+        [
+            "export",
+            "TRACE",
+            "--block-size",
+            "4",
+            "--to",
+            "aiperf",
+            "--overwrite",
+            "-o",
+            "NIGHT/trace-00000-of-00001.jsonl",
+        ],
+        ["analyze", "TRACE", "--block-size", "4", "--json", "NIGHT/analysis.json"],
+    ],
+)
+def test_a_file_output_never_goes_into_another_commands_published_folder(
+    tiny_tokenizer, tmp_path, command
+):
     """check_written checks a file output as a file only (check_file): a folder output may not
     replace another command's output, and a private one may not go inside one
     (_check_private), but a report or export file is written into a published night it does
@@ -138,13 +173,15 @@ def test_a_file_output_never_goes_into_another_commands_published_folder(tiny_to
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
     args = [a.replace("TRACE", str(trace)).replace("NIGHT", str(night)) for a in command]
     code = main(args)
-    assert {p.name: p.read_bytes() for p in night.iterdir()} == before, \
+    assert {p.name: p.read_bytes() for p in night.iterdir()} == before, (
         "a published output was changed by another command's file output"
+    )
     assert code == 2
 
 
 def test_a_published_runs_letters_survive_a_run_with_another_dead_letter_folder(
-        tiny_tokenizer, tmp_path):
+    tiny_tokenizer, tmp_path
+):
     """DeadLetterRun tells whether a killed run's output was published by the run's mark on the
     output folder (an extended attribute); but the mark is one per output while letters are
     per dead-letter folder, and every run of the output unmarks it (recover_letters, settle)
@@ -155,18 +192,39 @@ def test_a_published_runs_letters_survive_a_run_with_another_dead_letter_folder(
     (Fixed: the mark names the run's dead-letter folder too, and every later run of the output
     settles the marked run's letters there first: publish.settle_marked_letters.)"""
     bad = tmp_path / "in.jsonl"
-    bad.write_text('{"timestamp": 5, "messages": 7}\n' + "".join(
-        json.dumps(chat(i, 1000 * i)) + "\n" for i in range(6)))
+    bad.write_text(
+        '{"timestamp": 5, "messages": 7}\n'
+        + "".join(json.dumps(chat(i, 1000 * i)) + "\n" for i in range(6))
+    )
     out, letters, other = tmp_path / "out", tmp_path / "D", tmp_path / "D2"
-    common = ["anonymize", "--input", str(bad), "--output", str(out), "--tokenizer",
-              tiny_tokenizer, "--block-size", "4"]
+    common = [
+        "anonymize",
+        "--input",
+        str(bad),
+        "--output",
+        str(out),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+    ]
     killed = subprocess.run(
-        [sys.executable, "-c", "import os, sys\nfrom kvtrace.transforms.write import publish\n"
-         "publish.DeadLetterRun.settle = lambda self, ok: os._exit(137)\n"
-         "from kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))",
-         *common, "--dead-letter", str(letters)], cwd=TESTS, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(TESTS.parent), str(TESTS)])})
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\nfrom kvtrace.transforms.write import publish\n"
+            "publish.DeadLetterRun.settle = lambda self, ok: os._exit(137)\n"
+            "from kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))",
+            *common,
+            "--dead-letter",
+            str(letters),
+        ],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])},
+    )
     assert killed.returncode == 137, killed.stderr  # killed after publishing, before settling
     published = (out / "manifest.json").read_bytes()
     [staged] = letters.glob(".*.kvtrace-staging-*")  # the run's counts, beside its letters
@@ -176,15 +234,19 @@ def test_a_published_runs_letters_survive_a_run_with_another_dead_letter_folder(
     assert main([*common, "--dead-letter", str(other), "--max-rejected-fraction", "0"]) != 0
     assert main([*common, "--dead-letter", str(letters), "--max-rejected-fraction", "0"]) != 0
     assert (out / "manifest.json").read_bytes() == published
-    kept = [p for p in tmp_path.rglob("*") if p.is_file() and "wrong_type" in p.read_text(
-        errors="replace") and p.parent != tmp_path]
+    kept = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and "wrong_type" in p.read_text(errors="replace") and p.parent != tmp_path
+    ]
     assert kept, "the published output's rejected record is in no dead letter"
     assert kept == [letters / f"rejected-{run_id}.jsonl"], "published once, as the killed run's"
 
 
 @pytest.mark.parametrize("command", ["analyze", "validate"])
-def test_the_block_size_is_read_from_the_output_whose_rows_are_read(tiny_tokenizer, tmp_path,
-                                                                    monkeypatch, command):
+def test_the_block_size_is_read_from_the_output_whose_rows_are_read(
+    tiny_tokenizer, tmp_path, monkeypatch, command
+):
     """Round 2 made the rows of a folder come through one descriptor opened with its manifest
     (trace_io.read_trace), but the block size they are analysed with is read before, by path,
     from whatever manifest.json is there then (trace_inputs.declared_block_size). A publish
@@ -232,8 +294,9 @@ def test_an_output_named_twice_is_read_once(tiny_tokenizer, tmp_path, monkeypatc
     assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4") == 0
     monkeypatch.chdir(tmp_path)
     report = tmp_path / "report.json"
-    code = main(["analyze", "out", second.format(out="out", abs=tmp_path / "out"),
-                 "--json", str(report)])
+    code = main(
+        ["analyze", "out", second.format(out="out", abs=tmp_path / "out"), "--json", str(report)]
+    )
     assert code == 0
     assert json.loads(report.read_text())["total_requests"] == 6, "rows counted twice"
 
@@ -254,12 +317,19 @@ def test_a_folder_that_cannot_be_renamed_is_refused_before_the_work(tiny_tokeniz
         'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 99; '
         'exec "$5" -m kvtrace.cli anonymize --input "$4/in.jsonl" --output "$4/out" '
         '--tokenizer "$6" --block-size 4',
-        str(lower), str(upper), str(work), str(merged), sys.executable, tiny_tokenizer)
+        str(lower),
+        str(upper),
+        str(work),
+        str(merged),
+        sys.executable,
+        tiny_tokenizer,
+    )
     if done.returncode == 99:
         pytest.skip("overlay mounts are not allowed here")
     published = (upper / "out" / "manifest.json").exists()
-    assert published or "anonymizing" not in done.stderr, \
+    assert published or "anonymizing" not in done.stderr, (
         f"the work was done for an output that cannot be published: {done.stderr[-300:]}"
+    )
 
 
 def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, tmp_path):
@@ -273,13 +343,26 @@ def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, t
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").symlink_to("real")
     first = write_jsonl(tmp_path / "n1.jsonl", [chat(i, 1000 * i) for i in range(4)])
-    second = write_jsonl(tmp_path / "n2.jsonl",
-                         [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+    second = write_jsonl(tmp_path / "n2.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
 
     def night(src: Path, out: str, mapdir: Path) -> int:
-        return main(["anonymize", "--input", str(src), "--output", str(tmp_path / out),
-                     "--tokenizer", tiny_tokenizer, "--block-size", "4", "--salt-file",
-                     str(salt), "--id-map", str(mapdir)])
+        return main(
+            [
+                "anonymize",
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / out),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--salt-file",
+                str(salt),
+                "--id-map",
+                str(mapdir),
+            ]
+        )
 
     real = tmp_path / "real" / "map"
     assert night(first, "o1", real) == 0
@@ -292,8 +375,9 @@ def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, t
 
 
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokenizer, tmp_path,
-                                                                    command):
+def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(
+    tiny_tokenizer, tmp_path, command
+):
     """`out/*` matches the whole published folder (manifest.json and stats.json among its
     files); trace_files passes every match to check_whole as a trace file read, and the
     manifest is not among the files it lists for itself: the whole output is refused as
@@ -307,8 +391,9 @@ def test_a_glob_of_a_whole_output_is_read_not_called_a_partial_copy(tiny_tokeniz
 
 
 @pytest.mark.parametrize("flag", ["--output", "--dead-letter"])
-def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokenizer, tmp_path,
-                                                                    monkeypatch, flag):
+def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(
+    tiny_tokenizer, tmp_path, monkeypatch, flag
+):
     """Reach.meets takes a written folder for read by a glob only when the folder itself
     matches all of the glob's wildcards (len(below) >= len(wildcards)), never when the files it
     will hold do: with --input 'logs/*/*.jsonl', --output logs/night (and its dead letters,
@@ -316,13 +401,27 @@ def test_a_folder_output_whose_files_the_input_glob_reads_is_refused(tiny_tokeni
     shard and its raw-prompt dead letters as request logs (3 files instead of 1)."""
     day = tmp_path / "logs" / "day1"
     day.mkdir(parents=True)
-    (day / "in.jsonl").write_text('{"timestamp": 5, "messages": 7}\n' + "".join(
-        json.dumps(chat(i, 1000 * i)) + "\n" for i in range(6)))
+    (day / "in.jsonl").write_text(
+        '{"timestamp": 5, "messages": 7}\n'
+        + "".join(json.dumps(chat(i, 1000 * i)) + "\n" for i in range(6))
+    )
     monkeypatch.chdir(tmp_path)
-    where = {"--output": ["--output", "logs/night"],
-             "--dead-letter": ["--output", "night", "--dead-letter", "logs/letters"]}[flag]
-    code = main(["anonymize", "--input", "logs/*/*.jsonl", *where, "--tokenizer",
-                 tiny_tokenizer, "--block-size", "4"])
+    where = {
+        "--output": ["--output", "logs/night"],
+        "--dead-letter": ["--output", "night", "--dead-letter", "logs/letters"],
+    }[flag]
+    code = main(
+        [
+            "anonymize",
+            "--input",
+            "logs/*/*.jsonl",
+            *where,
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
+    )
     assert code == 2, "an output the input pattern reads was published"
 
 
@@ -337,5 +436,8 @@ def test_analyze_output_never_removes_a_file_no_run_wrote(tmp_path):
     notes.mkdir()
     (notes / "analysis.txt").write_text("my own notes on last quarter's traffic\n")
     code = main(["analyze", str(trace), "--block-size", "4", "--output", str(notes)])
-    assert (notes / "analysis.txt").read_text() == "my own notes on last quarter's traffic\n" \
-        or code == 2, "a file no kvtrace run wrote was removed"
+    assert (
+        notes / "analysis.txt"
+    ).read_text() == "my own notes on last quarter's traffic\n" or code == 2, (
+        "a file no kvtrace run wrote was removed"
+    )

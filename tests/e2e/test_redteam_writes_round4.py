@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, chat, write_jsonl
 from test_redteam_writes_round3 import _in_mount_namespace
 
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -34,13 +34,22 @@ def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tm
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").mkdir()
     first = write_jsonl(tmp_path / "n1.jsonl", [chat(i, 1000 * i) for i in range(4)])
-    second = write_jsonl(tmp_path / "n2.jsonl",
-                         [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+    second = write_jsonl(tmp_path / "n2.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
     common = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--salt-file", str(salt)]
 
     def night(src: Path, out: str, mapdir: Path) -> int:
-        return main(["anonymize", "--input", str(src), "--output", str(tmp_path / out),
-                     "--id-map", str(mapdir), *common])
+        return main(
+            [
+                "anonymize",
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / out),
+                "--id-map",
+                str(mapdir),
+                *common,
+            ]
+        )
 
     real = tmp_path / "real" / "map"
     assert night(first, "o1", real) == 0
@@ -52,8 +61,14 @@ def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tm
     done = _in_mount_namespace(
         'mount --bind "$1" "$2" || exit 99; exec "$3" -m kvtrace.cli anonymize --input "$4" '
         '--output "$5" --id-map "$2/map" --tokenizer "$6" --block-size 4 --salt-file "$7"',
-        str(tmp_path / "real"), str(tmp_path / "alias"), sys.executable, str(second),
-        str(tmp_path / "o4"), tiny_tokenizer, str(salt))
+        str(tmp_path / "real"),
+        str(tmp_path / "alias"),
+        sys.executable,
+        str(second),
+        str(tmp_path / "o4"),
+        tiny_tokenizer,
+        str(salt),
+    )
     if done.returncode == 99:
         pytest.skip("bind mounts are not allowed here")
     assert done.returncode != 0, "a rolled-back map extended through a second mount of it"
@@ -82,8 +97,7 @@ def test_audit_accepts_a_whole_output_whatever_the_auditors_umask(tiny_tokenizer
 
 
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_a_whole_output_kvtrace_wrote_is_read_by_its_own_readers(tiny_tokenizer, tmp_path,
-                                                                 command):
+def test_a_whole_output_kvtrace_wrote_is_read_by_its_own_readers(tiny_tokenizer, tmp_path, command):
     """The writer's bound and the readers' disagree: anonymize takes a record up to
     --max-record-bytes (16 MiB) and writes its row whole, but every trace reader holds a line to
     MAX_TRACE_LINE_BYTES (16 MiB, trace_io), and at block size 1 a row's hash_ids are ~9 bytes
@@ -94,11 +108,21 @@ def test_a_whole_output_kvtrace_wrote_is_read_by_its_own_readers(tiny_tokenizer,
     validated, analysed, exported or rendered. (~70 s, ~1.2 GB.) Fixed by construction: the
     writer holds a row to the ids a reader's line holds (trace_format.MAX_ROW_IDS, from
     MAX_TRACE_LINE_BYTES); the 2.2M-block request is a too_large dead letter."""
-    src = write_jsonl(tmp_path / "in.jsonl", [
-        {"timestamp": 1000, "messages": [{"role": "user", "content": "hello " * 2_200_000}],
-         "output_length": 3},
-        {"timestamp": 2000, "messages": [{"role": "user", "content": "hello world"}],
-         "output_length": 3}])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {
+                "timestamp": 1000,
+                "messages": [{"role": "user", "content": "hello " * 2_200_000}],
+                "output_length": 3,
+            },
+            {
+                "timestamp": 2000,
+                "messages": [{"role": "user", "content": "hello world"}],
+                "output_length": 3,
+            },
+        ],
+    )
     assert src.stat().st_size < 16 << 20  # within the writer's record bound
     out = tmp_path / "out"
     assert anonymize(tiny_tokenizer, [src], out, "--block-size", "1") == 0
@@ -109,8 +133,10 @@ def test_a_whole_output_kvtrace_wrote_is_read_by_its_own_readers(tiny_tokenizer,
     assert main([command, str(out)]) == 0
 
 
-TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
-          "hash_ids": [1, 2, 10 + i]} for i in range(6)]
+TRACE = [
+    {"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5, "hash_ids": [1, 2, 10 + i]}
+    for i in range(6)
+]
 
 
 def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_path):
@@ -131,8 +157,12 @@ def test_a_manifest_another_user_plants_in_a_shared_folder_blocks_no_write(tmp_p
     mine = shared / "me"
     mine.mkdir()
     trace = write_jsonl(mine / "t.jsonl", TRACE)
-    assert main(["analyze", str(trace), "--block-size", "4",
-                 "--json", str(mine / "reports" / "a.json")]) == 0
+    assert (
+        main(
+            ["analyze", str(trace), "--block-size", "4", "--json", str(mine / "reports" / "a.json")]
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize("target", ["dead letters", "id map"])
@@ -148,8 +178,20 @@ def test_no_command_writes_into_kvtraces_private_folders(tiny_tokenizer, tmp_pat
     salt.write_text("0123456789abcdef0123456789abcdef")
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)] + [b"{bad"])
     out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--salt-file", str(salt),
-                     "--id-map", str(tmp_path / "map")) == 0
+    assert (
+        anonymize(
+            tiny_tokenizer,
+            [src],
+            out,
+            "--block-size",
+            "4",
+            "--salt-file",
+            str(salt),
+            "--id-map",
+            str(tmp_path / "map"),
+        )
+        == 0
+    )
     (letters,) = (tmp_path / "out-rejected").glob("rejected-*.jsonl")
     victim = letters if target == "dead letters" else tmp_path / "map" / "CURRENT"
     before = victim.read_bytes()
@@ -159,8 +201,9 @@ def test_no_command_writes_into_kvtraces_private_folders(tiny_tokenizer, tmp_pat
     assert code == 2
 
 
-def test_two_runs_on_one_id_map_are_not_called_a_rollback(tiny_tokenizer, tmp_path,
-                                                           monkeypatch, capsys):
+def test_two_runs_on_one_id_map_are_not_called_a_rollback(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
     """Two nights on one map at once (a retried cron, two operators): id_map's commit checks
     the anchor against the version the run *started from* (check_anchor(mark, directory,
     base.version)) before publish() can tell it that another run extended the map meanwhile.
@@ -175,16 +218,25 @@ def test_two_runs_on_one_id_map_are_not_called_a_rollback(tiny_tokenizer, tmp_pa
     salt.write_text("0123456789abcdef0123456789abcdef")
     first = write_jsonl(tmp_path / "a.jsonl", [chat(i, 1000 * i) for i in range(4)])
     second = write_jsonl(tmp_path / "b.jsonl", [chat(i, 1000 * i, rotate=2) for i in range(4)])
-    common = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--salt-file", str(salt),
-              "--id-map", str(tmp_path / "map")]
+    common = [
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+        "--id-map",
+        str(tmp_path / "map"),
+    ]
     real = id_map.check_night_kind
     raced = []
 
     def other_run_commits_first(*args, **kwargs):
         if not raced:  # the other night, started later, commits first
             raced.append(None)
-            raced[0] = main(["anonymize", "--input", str(second), "--output",
-                             str(tmp_path / "ob"), *common])
+            raced[0] = main(
+                ["anonymize", "--input", str(second), "--output", str(tmp_path / "ob"), *common]
+            )
         return real(*args, **kwargs)
 
     monkeypatch.setattr(id_map, "check_night_kind", other_run_commits_first)
@@ -208,16 +260,19 @@ def test_audit_refuses_access_times_someone_chose(tiny_tokenizer, tmp_path):
     assert anonymize(tiny_tokenizer, [src], out, "--block-size", "4") == 0
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)  # times kept, as cp -p
-    for name, chosen in (("stats.json", 1_425_445_567_123_456_789),
-                         ("trace-00000-of-00001.jsonl", 1_546_300_800_987_654_321)):
+    for name, chosen in (
+        ("stats.json", 1_425_445_567_123_456_789),
+        ("trace-00000-of-00001.jsonl", 1_546_300_800_987_654_321),
+    ):
         path = copy / name
         os.utime(path, ns=(chosen, path.stat().st_mtime_ns))
     assert main(["audit", str(copy), "--tokenizer", tiny_tokenizer]) != 0
 
 
 @pytest.mark.parametrize("command", ["analyze", "reuse"])
-def test_outputs_declaring_different_block_sizes_are_not_read_at_512(tiny_tokenizer, tmp_path,
-                                                                     command):
+def test_outputs_declaring_different_block_sizes_are_not_read_at_512(
+    tiny_tokenizer, tmp_path, command
+):
     """Each folder read is pinned with its manifest's block size, but declared_block_size
     (trace_inputs) turns two outputs that declare different ones (4 and 8) into None, and the
     commands then use their default, 512, which neither declares: analyze and reuse exit 0
@@ -227,11 +282,21 @@ def test_outputs_declaring_different_block_sizes_are_not_read_at_512(tiny_tokeni
     give), never a silent default."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(6)])
     for size in (4, 8):
-        assert anonymize(tiny_tokenizer, [src], tmp_path / f"out{size}", "--block-size",
-                         str(size)) == 0
+        assert (
+            anonymize(tiny_tokenizer, [src], tmp_path / f"out{size}", "--block-size", str(size))
+            == 0
+        )
     report = tmp_path / "report.json"
-    code = main([command, str(tmp_path / "out4"), str(tmp_path / "out8"), "--json", str(report),
-                 *(["--output", str(tmp_path / "plot.png")] if command == "reuse" else [])])
+    code = main(
+        [
+            command,
+            str(tmp_path / "out4"),
+            str(tmp_path / "out8"),
+            "--json",
+            str(report),
+            *(["--output", str(tmp_path / "plot.png")] if command == "reuse" else []),
+        ]
+    )
     assert code != 0 or json.loads(report.read_text()).get("block_size") in (4, 8)
 
 
@@ -254,10 +319,21 @@ def test_kvtraces_own_lock_name_is_never_an_output(tmp_path, capsys, second_run)
         assert code == 0
         assert report.exists(), "an earlier run's published report was deleted"
         return
-    code = main(["analyze", str(trace), "--block-size", "4", "--output", str(tmp_path / "X"),
-                 "--json", str(report)])
-    assert code == 2 or (code == 0 and report.exists()), \
+    code = main(
+        [
+            "analyze",
+            str(trace),
+            "--block-size",
+            "4",
+            "--output",
+            str(tmp_path / "X"),
+            "--json",
+            str(report),
+        ]
+    )
+    assert code == 2 or (code == 0 and report.exists()), (
         f"exit {code}, the --json report {'stands' if report.exists() else 'is gone'}"
+    )
 
 
 def test_a_published_file_by_a_staging_name_is_not_cleared_as_a_leftover(tmp_path):
@@ -291,9 +367,9 @@ def test_audit_json_never_replaces_the_tokenizer_it_reads(tiny_tokenizer, tmp_pa
     assert code == 2
 
 
-def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(tiny_tokenizer,
-                                                                             tmp_path,
-                                                                             monkeypatch):
+def test_a_file_added_to_the_output_while_it_is_published_is_never_deleted(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """publish_folder checks the output for foreign files 'again: something may have appeared
     while the run ran', and only then stamps the content times, which reads and hashes every
     staged file (set_content_times: a full read of the night, minutes for a large one), syncs,
@@ -327,8 +403,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_tokenizer,
-                                                                          tmp_path):
+def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_tokenizer, tmp_path):
     """A run killed after its output is published leaves its letters staged as
     DEAD/.KEY.kvtrace-staging-RUN, KEY the sha256 of os.path.realpath(output) (publish.
     _output_key): a spelling. The next run of that output, named through a second mount of its
@@ -341,18 +416,45 @@ def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_to
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").mkdir()
     dead = tmp_path / "dead"
-    args = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-            "--dead-letter", str(dead)]
-    killed = subprocess.run([sys.executable, "-c", _KILLED_AFTER_PUBLISH, *args, "--output",
-                             str(tmp_path / "real" / "out")], cwd=TESTS, capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                [str(TESTS.parent), str(TESTS)])})
+    args = [
+        "anonymize",
+        "--input",
+        str(src),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--dead-letter",
+        str(dead),
+    ]
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_AFTER_PUBLISH,
+            *args,
+            "--output",
+            str(tmp_path / "real" / "out"),
+        ],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])},
+    )
     assert killed.returncode == 137, killed.stderr
     assert (tmp_path / "real" / "out" / "manifest.json").exists()  # published
     done = _in_mount_namespace(
-        'mount --bind "$1" "$2" || exit 99; shift 2; exec "$@"', str(tmp_path / "real"),
-        str(tmp_path / "alias"), sys.executable, "-m", "kvtrace.cli", *args, "--output",
-        str(tmp_path / "alias" / "out"))
+        'mount --bind "$1" "$2" || exit 99; shift 2; exec "$@"',
+        str(tmp_path / "real"),
+        str(tmp_path / "alias"),
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        *args,
+        "--output",
+        str(tmp_path / "alias" / "out"),
+    )
     if done.returncode == 99:
         pytest.skip("bind mounts are not allowed here")
     assert done.returncode == 0, done.stderr
@@ -360,8 +462,7 @@ def test_a_published_runs_letters_survive_a_rerun_through_a_second_mount(tiny_to
     assert len(published) == 2, f"the killed run's published night lost its letters: {published}"
 
 
-@pytest.mark.parametrize("flag", [
-    "--output", "--id-map"])
+@pytest.mark.parametrize("flag", ["--output", "--id-map"])
 def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, flag):
     """Linux names are bytes, and round 2 made inputs named so readable; the locations a run
     writes are keyed by str.encode() of their path (publish._output_key for the output's
@@ -379,10 +480,26 @@ def test_a_location_whose_name_is_not_utf8_is_written(tiny_tokenizer, tmp_path, 
     # A process of its own, its words kept as bytes: the names it logs are not UTF-8 (and a
     # strict stdout must not fail the run), which the test runner's workers cannot carry as text.
     done = subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", os.fsencode(str(src)),
-         "--output", out, "--tokenizer", tiny_tokenizer, "--block-size", "4", *extra],
-        cwd=TESTS.parent, capture_output=True, timeout=300,
-        env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            os.fsencode(str(src)),
+            "--output",
+            out,
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            *extra,
+        ],
+        cwd=TESTS.parent,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (Path(os.fsdecode(out)) / "manifest.json").is_file()
 
@@ -405,16 +522,28 @@ def test_a_glob_through_dot_dot_or_a_link_keeps_outputs_out_of_what_it_reads(tmp
         (tmp_path / "E").mkdir()
         (tmp_path / "E" / "l").symlink_to(folder)
         pattern = str(tmp_path / "E" / "*" / "t*.jsonl")
-    assert main(["analyze", str(folder / "t*.jsonl"), "--block-size", "4",
-                 "--json", str(folder / "t2.jsonl")]) == 2  # refused, as promised
+    assert (
+        main(
+            [
+                "analyze",
+                str(folder / "t*.jsonl"),
+                "--block-size",
+                "4",
+                "--json",
+                str(folder / "t2.jsonl"),
+            ]
+        )
+        == 2
+    )  # refused, as promised
     code = main(["analyze", pattern, "--block-size", "4", "--json", str(folder / "t2.jsonl")])
     assert not (folder / "t2.jsonl").exists(), "the report went where the glob reads"
     assert code == 2
 
 
 @pytest.mark.parametrize("command", ["validate", "analyze"])
-def test_a_lone_shard_copied_halfway_is_not_read_as_a_whole_trace(tiny_tokenizer, tmp_path,
-                                                                  command):
+def test_a_lone_shard_copied_halfway_is_not_read_as_a_whole_trace(
+    tiny_tokenizer, tmp_path, command
+):
     """trace_inputs promises 'a partial copy (a shard or its twin cut short, a manifest or
     stats.json not yet copied) is refused, never analysed', and round 3 refused a lone shard k
     of N > 1; but a lone trace-00000-of-00001.jsonl is read as it stands (_check_lone), so a

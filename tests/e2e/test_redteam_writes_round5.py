@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import chat, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -18,12 +19,19 @@ ROUND5 = "red team round 5"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kvtrace(*args: str, prelude: str = "", env: dict | None = None,
-             timeout: int = 300) -> subprocess.CompletedProcess:
+def _kvtrace(
+    *args: str, prelude: str = "", env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """kvtrace in a child process (prelude: Python run first, to inject a fault)."""
     code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, cwd=ROOT,
-                          env=env, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 # A kill in the two-rename swap's gap (filesystems without RENAME_EXCHANGE: NFS, many FUSE
@@ -55,34 +63,46 @@ def test_a_long_output_name_and_its_digest_stem_are_two_outputs(tiny_tokenizer, 
     first = tmp_path / long_name
     assert _kvtrace("anonymize", *common, "--output", str(first)).returncode == 0
     published = (first / "manifest.json").read_bytes()
-    killed = _kvtrace("anonymize", *common, "--output", str(first),
-                      prelude=_KILL_IN_THE_RENAME_GAP)
+    killed = _kvtrace("anonymize", *common, "--output", str(first), prelude=_KILL_IN_THE_RENAME_GAP)
     assert killed.returncode == 137 and not first.exists()  # set aside; A's next run restores it
     other = _kvtrace("anonymize", *common, "--output", str(tmp_path / digest_name))
     assert other.returncode == 0
     # A's earlier output is still A's to restore: its next run puts it back first.
-    restored = _kvtrace("anonymize", *common, "--output", str(first), prelude="""
+    restored = _kvtrace(
+        "anonymize",
+        *common,
+        "--output",
+        str(first),
+        prelude="""
 from kvtrace.transforms.write import publish
 _restore = publish.restore_interrupted
 def _stop_after_restore(output):
     gone = _restore(output)
     raise SystemExit(3)
 publish.restore_interrupted = _stop_after_restore
-""")
+""",
+    )
     assert restored.returncode == 3
-    assert (first / "manifest.json").read_bytes() == published, \
+    assert (first / "manifest.json").read_bytes() == published, (
         "another output's run took A's set-aside output for its own and deleted it"
+    )
 
 
 def _bytes_run(*args: bytes | str) -> subprocess.CompletedProcess:
     """kvtrace in a process of its own, its arguments as bytes (names that are not UTF-8)."""
-    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *args], cwd=ROOT,
-                          capture_output=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    return subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
 
 
 def test_a_rejected_record_of_an_input_whose_name_is_not_utf8_is_a_dead_letter(
-        tiny_tokenizer, tmp_path):
+    tiny_tokenizer, tmp_path
+):
     """Inputs whose names are not UTF-8 are read (round 2), and a run without rejects
     publishes; but a letter's `source` is the input's name, and DeadLetter.to_line encodes
     json.dumps(..., ensure_ascii=False) as UTF-8, which raises on the surrogate the byte
@@ -94,8 +114,17 @@ def test_a_rejected_record_of_an_input_whose_name_is_not_utf8_is_a_dead_letter(
     with open(odd, "wb") as f:
         f.write(good.read_bytes() + b"not json\n")
     out = tmp_path / "out"
-    done = _bytes_run("anonymize", "--input", odd, "--output", str(out), "--tokenizer",
-                      tiny_tokenizer, "--block-size", "4")
+    done = _bytes_run(
+        "anonymize",
+        "--input",
+        odd,
+        "--output",
+        str(out),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (letters,) = (tmp_path / "out-rejected").glob("rejected-*.jsonl")
     assert letters.read_bytes().count(b"\n") == 1
@@ -110,9 +139,21 @@ def test_block_hashes_of_an_output_whose_name_is_not_utf8_are_written(tiny_token
     written, or refused before the work in words that say why."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(4)])
     odd = os.fsencode(str(tmp_path)) + b"/night\xff"
-    done = _bytes_run("anonymize", "--input", str(src), "--output", odd, "--tokenizer",
-                      tiny_tokenizer, "--block-size", "4", "--hash-scheme", "dynamo",
-                      "--emit-block-hashes", str(tmp_path / "hashes"))
+    done = _bytes_run(
+        "anonymize",
+        "--input",
+        str(src),
+        "--output",
+        odd,
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--hash-scheme",
+        "dynamo",
+        "--emit-block-hashes",
+        str(tmp_path / "hashes"),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (Path(os.fsdecode(odd)) / "manifest.json").is_file()
     assert (tmp_path / "hashes").is_dir()
@@ -131,12 +172,21 @@ publish.publish_folder = _publish_then_die
 """
 
 
-@pytest.mark.parametrize("rerun", [pytest.param("old name", marks=pytest.mark.xfail(
-    strict=True, reason=f"{ROUND5}: a run of the old name cannot find the moved output, so its "
-    "letters stay staged (kept, not removed) until a run of the moved folder publishes them")),
-    "new name"])
-def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer, tmp_path,
-                                                                 rerun):
+@pytest.mark.parametrize(
+    "rerun",
+    [
+        pytest.param(
+            "old name",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason=f"{ROUND5}: a run of the old name cannot find the moved output, so its "
+                "letters stay staged (kept, not removed) until a run of the moved folder publishes them",
+            ),
+        ),
+        "new name",
+    ],
+)
+def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer, tmp_path, rerun):
     """The run's mark on its output (user.kvtrace.run: run id, letters folder) is an extended
     attribute, which a rename keeps, but the letters it points at are staged under
     `.KEY.kvtrace-staging-RUN`, KEY = _output_key(output): the output's parent's identity and
@@ -149,22 +199,39 @@ def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer,
     good = [chat(i, 1000 * i) for i in range(4)]
     night = write_jsonl(tmp_path / "night.jsonl", [*good[:3], "not json"])
     clean = write_jsonl(tmp_path / "clean.jsonl", good)
-    common = ["--tokenizer", tiny_tokenizer, "--block-size", "4",
-              "--dead-letter", str(tmp_path / "letters")]
+    common = [
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--dead-letter",
+        str(tmp_path / "letters"),
+    ]
     out, moved = tmp_path / "X", tmp_path / "archive"
-    killed = _kvtrace("anonymize", "--input", str(night), "--output", str(out), *common,
-                      prelude=_KILL_AFTER_THE_SWAP)
+    killed = _kvtrace(
+        "anonymize",
+        "--input",
+        str(night),
+        "--output",
+        str(out),
+        *common,
+        prelude=_KILL_AFTER_THE_SWAP,
+    )
     assert killed.returncode == 137 and (out / "manifest.json").is_file()  # published
     out.rename(moved)
     again = out if rerun == "old name" else moved
-    assert _kvtrace("anonymize", "--input", str(clean), "--output", str(again),
-                    *common).returncode == 0
+    assert (
+        _kvtrace("anonymize", "--input", str(clean), "--output", str(again), *common).returncode
+        == 0
+    )
     letters = b"".join(p.read_bytes() for p in (tmp_path / "letters").glob("rejected-*.jsonl"))
     assert letters.count(b"\n") == 1, "the published night's rejected record has no letter"
 
 
-TRACE = [{"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5,
-          "hash_ids": [1, 2, 10 + i]} for i in range(6)]
+TRACE = [
+    {"timestamp": 1000 * i, "input_length": 40 + i, "output_length": 5, "hash_ids": [1, 2, 10 + i]}
+    for i in range(6)
+]
 
 
 def test_a_double_star_glob_through_a_link_keeps_outputs_out_of_what_it_reads(tmp_path):
@@ -182,10 +249,29 @@ def test_a_double_star_glob_through_a_link_keeps_outputs_out_of_what_it_reads(tm
     write_jsonl(tmp_path / "E" / "t.jsonl", TRACE)
     (tmp_path / "D" / "l").symlink_to("../E")
     report = tmp_path / "E" / "t2.jsonl"
-    assert main(["analyze", str(tmp_path / "D" / "*" / "t*.jsonl"), "--block-size", "4",
-                 "--json", str(report)]) == 2  # refused: round 4
-    code = main(["analyze", str(tmp_path / "D" / "**" / "t*.jsonl"), "--block-size", "4",
-                 "--json", str(report)])
+    assert (
+        main(
+            [
+                "analyze",
+                str(tmp_path / "D" / "*" / "t*.jsonl"),
+                "--block-size",
+                "4",
+                "--json",
+                str(report),
+            ]
+        )
+        == 2
+    )  # refused: round 4
+    code = main(
+        [
+            "analyze",
+            str(tmp_path / "D" / "**" / "t*.jsonl"),
+            "--block-size",
+            "4",
+            "--json",
+            str(report),
+        ]
+    )
     assert code == 2 and not report.exists(), "published where the next run reads it"
 
 
@@ -206,8 +292,24 @@ def test_a_users_folder_given_for_letters_is_not_made_kvtraces_forever(tiny_toke
     work.mkdir()
     (work / "notes.txt").write_text("the user's own\n")
     night = tmp_path / "nights" / "n1"
-    assert main(["anonymize", "--input", str(src), "--output", str(night), "--tokenizer",
-                 tiny_tokenizer, "--block-size", "4", "--dead-letter", str(work)]) == 0
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(src),
+                "--output",
+                str(night),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--dead-letter",
+                str(work),
+            ]
+        )
+        == 0
+    )
     for letters in work.glob("rejected-*.jsonl"):
         letters.rename(tmp_path / letters.name)  # filed elsewhere: no kvtrace file is left
     assert main(["analyze", str(night), "--json", str(work / "report.json")]) == 0
@@ -228,10 +330,14 @@ def test_a_converted_output_is_read_whole_by_kvtraces_own_readers(tmp_path):
     ids = 7_000_000
     src = tmp_path / "bailian.jsonl"
     with open(src, "w") as f:
-        f.write(f'{{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.0, "input_length": '
-                f'{ids * 16}, "output_length": 5, "hash_ids": [' + ",".join(["1"] * ids) + "]}\n")
-        f.write('{"chat_id": 2, "parent_chat_id": -1, "timestamp": 2.0, "input_length": 32, '
-                '"output_length": 5, "hash_ids": [3, 4]}\n')
+        f.write(
+            f'{{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.0, "input_length": '
+            f'{ids * 16}, "output_length": 5, "hash_ids": [' + ",".join(["1"] * ids) + "]}\n"
+        )
+        f.write(
+            '{"chat_id": 2, "parent_chat_id": -1, "timestamp": 2.0, "input_length": 32, '
+            '"output_length": 5, "hash_ids": [3, 4]}\n'
+        )
     assert src.stat().st_size < 16 << 20  # a line convert reads
     out = tmp_path / "converted"
     assert main(["convert", "-o", str(out), str(src)]) == 0
@@ -239,8 +345,9 @@ def test_a_converted_output_is_read_whole_by_kvtraces_own_readers(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["analyze", "anonymize"])
-def test_a_folder_output_by_a_lock_name_never_blocks_that_outputs_runs(tiny_tokenizer, tmp_path,
-                                                                      command):
+def test_a_folder_output_by_a_lock_name_never_blocks_that_outputs_runs(
+    tiny_tokenizer, tmp_path, command
+):
     """Round 4 kept a --json report by the name .X.kvtrace-lock from being unlinked (_own_lock)
     and refused the name among one command's own locations; check_written still takes it for
     any folder output. `analyze T --output .X.kvtrace-lock` (or anonymize) publishes a folder
@@ -256,8 +363,21 @@ def test_a_folder_output_by_a_lock_name_never_blocks_that_outputs_runs(tiny_toke
     if command == "analyze":
         code = main(["analyze", str(trace), "--block-size", "4", "--output", str(locked)])
     else:
-        code = main(["anonymize", "--input", str(src), "--output", str(locked), "--tokenizer",
-                     tiny_tokenizer, "--block-size", "4", "--dead-letter", str(tmp_path / "d")])
+        code = main(
+            [
+                "anonymize",
+                "--input",
+                str(src),
+                "--output",
+                str(locked),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--dead-letter",
+                str(tmp_path / "d"),
+            ]
+        )
     if code == 2:
         return  # refused before the work: the name is kvtrace's own
     assert code == 0
@@ -278,9 +398,20 @@ def test_beam_synthesize_writes_an_output_whose_name_is_not_utf8(tmp_path):
     assert Path(os.fsdecode(odd)).is_file()
 
 
-@pytest.mark.parametrize("odd", ["--input", pytest.param("--output", marks=pytest.mark.xfail(
-    strict=True, reason=f"{ROUND5}: anonymize_beam's LettersFolder step carries the dead-letter "
-    "folder (OUTPUT-rejected) as UTF-8 text: a call site outside this change"))])
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "--input",
+        pytest.param(
+            "--output",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason=f"{ROUND5}: anonymize_beam's LettersFolder step carries the dead-letter "
+                "folder (OUTPUT-rejected) as UTF-8 text: a call site outside this change",
+            ),
+        ),
+    ],
+)
 def test_beam_anonymize_reads_and_writes_names_that_are_not_utf8(tiny_tokenizer, tmp_path, odd):
     """Round 4 made `anonymize` write (and round 2 read) locations whose names are not UTF-8,
     on the local engine; --engine beam still fails on both: an input b'in\\xff.jsonl' stops
@@ -293,8 +424,19 @@ def test_beam_anonymize_reads_and_writes_names_that_are_not_utf8(tiny_tokenizer,
     if odd == "--input":
         Path(os.fsdecode(source)).write_bytes(src.read_bytes())
     out = base + b"/night\xff" if odd == "--output" else os.fsencode(str(tmp_path / "out"))
-    done = _bytes_run("anonymize", "--input", source, "--output", out, "--tokenizer",
-                      tiny_tokenizer, "--block-size", "4", "--engine", "beam")
+    done = _bytes_run(
+        "anonymize",
+        "--input",
+        source,
+        "--output",
+        out,
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--engine",
+        "beam",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (Path(os.fsdecode(out)) / "manifest.json").is_file()
 
@@ -315,9 +457,20 @@ def test_a_trace_file_kvtrace_writes_is_read_by_its_own_readers(tmp_path, comman
         trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
         code = main(["synthesize", str(trace), "--block-size", "4", "-o", str(out)])
     else:
-        bailian = write_jsonl(tmp_path / "b.jsonl", [
-            {"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 32,
-             "output_length": 5, "hash_ids": [1, 2 + i]} for i in range(3)])
+        bailian = write_jsonl(
+            tmp_path / "b.jsonl",
+            [
+                {
+                    "chat_id": i,
+                    "parent_chat_id": -1,
+                    "timestamp": float(i),
+                    "input_length": 32,
+                    "output_length": 5,
+                    "hash_ids": [1, 2 + i],
+                }
+                for i in range(3)
+            ],
+        )
         code = main(["convert", "-o", str(out), str(bailian)])
     if code == 2:
         return  # the name refused before the work

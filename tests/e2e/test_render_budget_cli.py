@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, write_jsonl
 
+from helpers import anonymize, write_jsonl
 from kvtrace.transforms.encode import tokenize
 
 # How long past its deadline a stopped render may take: one template step, on a busy machine.
@@ -27,12 +27,12 @@ TIGHT_S = 0.1  # the budget's deadline in the fast tests
 # Templates that run away through many steps: the watchdog stops them.
 RUNAWAY = {
     "nested_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
-                    "{% endfor %}",
+    "{% endfor %}",
     "huge_output": "{% for i in range(100000) %}{% for j in range(100000) %}"
-                   "{{ messages[0].content }}{% endfor %}{% endfor %}",
+    "{{ messages[0].content }}{% endfor %}{% endfor %}",
     "list_growth": "{% set ns = namespace(items=[]) %}{% for i in range(100000) %}"
-                   "{% for j in range(100000) %}{% set ns.items = ns.items + [j] %}"
-                   "{% endfor %}{% endfor %}",
+    "{% for j in range(100000) %}{% set ns.items = ns.items + [j] %}"
+    "{% endfor %}{% endfor %}",
 }
 
 
@@ -51,13 +51,12 @@ def _folder_with_template(tiny_tokenizer: str, tmp_path: Path, template: str) ->
 
 
 def _chat(content: str, ts: int) -> dict:
-    return {"timestamp": ts, "messages": [{"role": "user", "content": content}],
-            "output_length": 1}
+    return {"timestamp": ts, "messages": [{"role": "user", "content": content}], "output_length": 1}
 
 
-def test_the_cli_stops_in_one_line_on_a_template_that_never_renders(tight_budget,
-                                                                    tiny_tokenizer, tmp_path,
-                                                                    capsys):
+def test_the_cli_stops_in_one_line_on_a_template_that_never_renders(
+    tight_budget, tiny_tokenizer, tmp_path, capsys
+):
     folder = _folder_with_template(tiny_tokenizer, tmp_path, RUNAWAY["nested_loops"])
     src = write_jsonl(tmp_path / "in.jsonl", [_chat("hello world", i) for i in range(10)])
     start = time.monotonic()
@@ -68,18 +67,27 @@ def test_the_cli_stops_in_one_line_on_a_template_that_never_renders(tight_budget
     assert not list((tmp_path / "out").glob("trace-*"))
 
 
-def test_the_cli_dead_letters_the_requests_a_template_runs_away_on(tight_budget, tiny_tokenizer,
-                                                                   tmp_path):
-    template = ("{% if messages[0].content == 'loop' %}" + RUNAWAY["nested_loops"]
-                + "{% endif %}{{ messages[0].content }}")
+def test_the_cli_dead_letters_the_requests_a_template_runs_away_on(
+    tight_budget, tiny_tokenizer, tmp_path
+):
+    template = (
+        "{% if messages[0].content == 'loop' %}"
+        + RUNAWAY["nested_loops"]
+        + "{% endif %}{{ messages[0].content }}"
+    )
     folder = _folder_with_template(tiny_tokenizer, tmp_path, template)
     records = [_chat("hello world", 0), _chat("loop", 1), _chat("hello world this", 2)]
     src = write_jsonl(tmp_path / "in.jsonl", records)
-    assert anonymize(folder, [src], tmp_path / "out", "--processes", "1",
-                     "--block-size", "2") == 0
-    rows = [json.loads(line) for path in sorted((tmp_path / "out").glob("trace-*.jsonl"))
-            for line in path.read_text().splitlines()]
-    letters = [json.loads(line) for path in sorted((tmp_path / "out-rejected").glob("*.jsonl"))
-               for line in path.read_text().splitlines()]
+    assert anonymize(folder, [src], tmp_path / "out", "--processes", "1", "--block-size", "2") == 0
+    rows = [
+        json.loads(line)
+        for path in sorted((tmp_path / "out").glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    letters = [
+        json.loads(line)
+        for path in sorted((tmp_path / "out-rejected").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert len(rows) == 2
     assert [letter["error"] for letter in letters] == ["template_error"]

@@ -35,19 +35,35 @@ CHAT = [  # block size 4: turn 2 extends turn 1 by its answer (2 tokens) and 6 n
 def test_export_from_the_command_line(tmp_path, capsys):
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHAT))
     out = tmp_path / "dynamo.jsonl"
-    assert main(["export", str(tmp_path / "t.jsonl"), "--to", "dynamo", "-o", str(out),
-                 "--block-size", "4"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "t.jsonl"),
+                "--to",
+                "dynamo",
+                "-o",
+                str(out),
+                "--block-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "trace_format='mooncake', trace_block_size=4" in printed
     assert "2 follow-up turns carry a delay; 1 of them had no response end" in printed
     assert len(out.read_text().splitlines()) == 4
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--to", "sglang", "--block-size", "100"], "neither a multiple nor a divisor of 128"),
-    (["--to", "vllm", "--block-size", "0"], "--block-size must be >= 1"),
-    (["--to", "vlm"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--to", "sglang", "--block-size", "100"], "neither a multiple nor a divisor of 128"),
+        (["--to", "vllm", "--block-size", "0"], "--block-size must be >= 1"),
+        (["--to", "vlm"], "invalid choice"),
+    ],
+)
 def test_export_errors_are_one_line(tmp_path, capsys, args, message):
     (tmp_path / "t.jsonl").write_text(json.dumps(row(0, 8, 1, [0])) + "\n")
     with pytest.raises(SystemExit) if "invalid choice" in message else _nothing():
@@ -59,8 +75,12 @@ def test_export_errors_are_one_line(tmp_path, capsys, args, message):
 
 def test_a_malformed_trace_is_refused_with_its_line(tmp_path, capsys):
     (tmp_path / "t.jsonl").write_text(json.dumps(row(0, 8, 1, [0, 1])) + "\n{oops\n")
-    assert main(["export", str(tmp_path / "t.jsonl"), "--to", "aiperf", "-o",
-                 str(tmp_path / "o.jsonl")]) == 2
+    assert (
+        main(
+            ["export", str(tmp_path / "t.jsonl"), "--to", "aiperf", "-o", str(tmp_path / "o.jsonl")]
+        )
+        == 2
+    )
     assert "line 2" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from helpers import free_port, write_jsonl
 
+from helpers import free_port, write_jsonl
 from kvtrace.cli import main
 from kvtrace.pipelines.runner import check_endpoints
 from kvtrace.pipelines.worker_pool import serve
@@ -22,43 +22,108 @@ SALT = b"a-salt-that-must-never-be-staged"
 
 
 def chat(i: int, ts: int) -> dict:
-    return {"timestamp": ts, "session_id": f"s{i % 3}", "output_length": i, "messages": [
-        {"role": "system", "content": "hello world this is a prompt about caching blocks"},
-        {"role": "user", "content": "the quick brown fox jumps over the lazy dog"[: 4 + 3 * i]},
-    ]}
+    return {
+        "timestamp": ts,
+        "session_id": f"s{i % 3}",
+        "output_length": i,
+        "messages": [
+            {"role": "system", "content": "hello world this is a prompt about caching blocks"},
+            {"role": "user", "content": "the quick brown fox jumps over the lazy dog"[: 4 + 3 * i]},
+        ],
+    }
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
-def test_portable_runner_as_flink_uses_it_gives_the_same_trace(tiny_tokenizer, tmp_path, monkeypatch):
+def test_portable_runner_as_flink_uses_it_gives_the_same_trace(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 40 * i) for i in range(15)])
-    common = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4",
-              "--id-map"]
-    assert main([*common, str(tmp_path / "map-a"), "--id-map-marks", str(tmp_path / "marks-a"),
-                 "--output", str(tmp_path / "a")]) == 0
-    assert main([*common, str(tmp_path / "map-b"), "--id-map-marks", str(tmp_path / "marks-b"),
-                 "--output", str(tmp_path / "b"),
-                 "--runner", "PortableRunner", "--job_endpoint", "embed",
-                 "--environment_type", "LOOPBACK"]) == 0
-    for name in ("trace-00000-of-00001.jsonl", "trace-00000-of-00001.parquet", "stats.json",
-                 "manifest.json"):
+    common = [
+        "anonymize",
+        "--input",
+        str(src),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--block-size",
+        "4",
+        "--id-map",
+    ]
+    assert (
+        main(
+            [
+                *common,
+                str(tmp_path / "map-a"),
+                "--id-map-marks",
+                str(tmp_path / "marks-a"),
+                "--output",
+                str(tmp_path / "a"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                *common,
+                str(tmp_path / "map-b"),
+                "--id-map-marks",
+                str(tmp_path / "marks-b"),
+                "--output",
+                str(tmp_path / "b"),
+                "--runner",
+                "PortableRunner",
+                "--job_endpoint",
+                "embed",
+                "--environment_type",
+                "LOOPBACK",
+            ]
+        )
+        == 0
+    )
+    for name in (
+        "trace-00000-of-00001.jsonl",
+        "trace-00000-of-00001.parquet",
+        "stats.json",
+        "manifest.json",
+    ):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
     def without_run_ids(path):  # segment folders carry each run's own id, by design, and the
         record = json.loads(path.read_text())  # version's MAC covers those names
         record.pop("mac")
         return re.sub(r"(segments/\d{6})-[0-9a-f]+", r"\1", json.dumps(record, sort_keys=True))
 
     assert without_run_ids(tmp_path / "map-a" / "versions" / "000001.json") == without_run_ids(
-        tmp_path / "map-b" / "versions" / "000001.json")
+        tmp_path / "map-b" / "versions" / "000001.json"
+    )
 
 
 def test_a_worker_pool_where_nothing_listens_is_refused_at_once(tiny_tokenizer, tmp_path, capsys):
     port = free_port()
     src = write_jsonl(tmp_path / "in.jsonl", [chat(1, 0)])
-    assert main(["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer, "--output",
-                 str(tmp_path / "out"), "--runner", "PortableRunner", "--job_endpoint", "embed",
-                 "--environment_type", "EXTERNAL", "--environment_config",
-                 f"127.0.0.1:{port}"]) == 2
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(src),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--output",
+                str(tmp_path / "out"),
+                "--runner",
+                "PortableRunner",
+                "--job_endpoint",
+                "embed",
+                "--environment_type",
+                "EXTERNAL",
+                "--environment_config",
+                f"127.0.0.1:{port}",
+            ]
+        )
+        == 2
+    )
     assert f"the SDK worker pool at 127.0.0.1:{port} does not answer" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="needs --environment_config"):
         check_endpoints(PipelineOptions(["--environment_type", "EXTERNAL"]))
@@ -79,24 +144,49 @@ def listening_addresses(port: int) -> set[str]:
 
 
 @pytest.mark.slow  # a portable job: ~10 s
-def test_the_worker_pool_listens_on_loopback_only_and_runs_a_job(tiny_tokenizer, tmp_path,
-                                                                 monkeypatch):
+def test_the_worker_pool_listens_on_loopback_only_and_runs_a_job(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp to read listening sockets from")
     address, server = serve("127.0.0.1:0")
     try:
         # 127.0.0.1, as IPv4 or IPv4-mapped IPv6 (never 0.0.0.0 or ::, every interface)
         assert listening_addresses(int(address.rpartition(":")[2])) <= {
-            "0100007F", "0000000000000000FFFF00000100007F"}
+            "0100007F",
+            "0000000000000000FFFF00000100007F",
+        }
         assert listening_addresses(int(address.rpartition(":")[2]))
         monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
         src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 40 * i) for i in range(6)])
-        common = ["anonymize", "--input", str(src), "--tokenizer", tiny_tokenizer,
-                  "--block-size", "4"]
+        common = [
+            "anonymize",
+            "--input",
+            str(src),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
         assert main([*common, "--output", str(tmp_path / "a")]) == 0
-        assert main([*common, "--output", str(tmp_path / "b"), "--runner", "PortableRunner",
-                     "--job_endpoint", "embed", "--environment_type", "EXTERNAL",
-                     "--environment_config", address]) == 0
+        assert (
+            main(
+                [
+                    *common,
+                    "--output",
+                    str(tmp_path / "b"),
+                    "--runner",
+                    "PortableRunner",
+                    "--job_endpoint",
+                    "embed",
+                    "--environment_type",
+                    "EXTERNAL",
+                    "--environment_config",
+                    address,
+                ]
+            )
+            == 0
+        )
     finally:
         server.stop(None)
     for name in ("trace-00000-of-00001.jsonl", "stats.json", "manifest.json"):

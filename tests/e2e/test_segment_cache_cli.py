@@ -15,8 +15,11 @@ def test_the_output_is_the_same_with_the_cache_on_and_off(tiny_tokenizer, tmp_pa
     records = [chat(i, 1000 * i, session=f"s{i % 3}") for i in range(60)]
     for i, record in enumerate(records):  # each turn re-sends its session's history
         system, user = record["messages"]
-        history = [m for earlier in records[i % 3:i:3] for m in
-                   (earlier["messages"][-1], {"role": "assistant", "content": "Paris ."})]
+        history = [
+            m
+            for earlier in records[i % 3 : i : 3]
+            for m in (earlier["messages"][-1], {"role": "assistant", "content": "Paris ."})
+        ]
         record["messages"] = [system, *history, user]
     source = write_jsonl(tmp_path / "chats.jsonl", records)
     with caplog.at_level(logging.INFO, logger="kvtrace"):

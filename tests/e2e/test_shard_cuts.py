@@ -7,12 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, assert_same_output, chat, write_jsonl
 
+from helpers import anonymize, assert_same_output, chat, write_jsonl
 from kvtrace.transforms.ids.buckets import BUCKET_MS
 from kvtrace.transforms.stats import audit as gate
-from kvtrace.transforms.trace_format import (MANIFEST, canonical_json, columns_of_jsonl, jsonl_bytes,
-                                     parquet_bytes, shard_name)
+from kvtrace.transforms.trace_format import (
+    MANIFEST,
+    canonical_json,
+    columns_of_jsonl,
+    jsonl_bytes,
+    parquet_bytes,
+    shard_name,
+)
 from kvtrace.transforms.write import shards
 from kvtrace.transforms.write.manifest import set_content_times
 from kvtrace.transforms.write.publish import sha256_of
@@ -25,23 +31,41 @@ ORIGIN = 1_700_000_010_000
 
 def night(folder: Path) -> list[Path]:
     """Requests 25 s apart over five minutes, so each published minute holds two or three."""
-    return [write_jsonl(folder / "night.jsonl",
-                        [chat(i, ORIGIN + 25_000 * i, session=f"s{i % 2}") for i in range(12)])]
+    return [
+        write_jsonl(
+            folder / "night.jsonl",
+            [chat(i, ORIGIN + 25_000 * i, session=f"s{i % 2}") for i in range(12)],
+        )
+    ]
 
 
 @pytest.mark.parametrize("coarse", [(), ("--timestamp-granularity-ms", "7000")])
 def test_engines_cut_at_published_minutes_and_the_gate_recomputes_the_cuts(
-        tiny_tokenizer, tmp_path, monkeypatch, coarse):
+    tiny_tokenizer, tmp_path, monkeypatch, coarse
+):
     monkeypatch.setattr(shards, "MAX_BLOCKS_PER_SHARD", 30)  # several shards of a small night
     inputs = night(tmp_path)
     for engine in ("local", "beam"):
-        assert anonymize(tiny_tokenizer, inputs, tmp_path / engine, "--block-size", "4",
-                         "--engine", engine, *coarse) == 0
+        assert (
+            anonymize(
+                tiny_tokenizer,
+                inputs,
+                tmp_path / engine,
+                "--block-size",
+                "4",
+                "--engine",
+                engine,
+                *coarse,
+            )
+            == 0
+        )
     assert_same_output(tmp_path / "local", tmp_path / "beam")
     files = sorted((tmp_path / "local").glob("trace-*.jsonl"))
     assert len(files) >= 3
-    minutes = [{json.loads(line)["timestamp"] // BUCKET_MS for line in f.read_text().splitlines()}
-               for f in files]
+    minutes = [
+        {json.loads(line)["timestamp"] // BUCKET_MS for line in f.read_text().splitlines()}
+        for f in files
+    ]
     assert all(max(a) < min(b) for a, b in zip(minutes, minutes[1:]))  # never inside a minute
     # 7000 ms is no round step: the gate passes it only as the operator confirms it.
     settings = {"timestamp_ms": int(coarse[1])} if coarse else None
@@ -57,8 +81,10 @@ def test_a_cut_moved_by_one_row_is_flagged(tiny_tokenizer, tmp_path, monkeypatch
     assert anonymize(tiny_tokenizer, night(tmp_path), out, "--block-size", "4") == 0
     assert len(list(out.glob("trace-*.jsonl"))) == 4
     first, second = (out / shard_name(i, 4, ".jsonl") for i in (0, 1))
-    lines = [first.read_bytes().splitlines(keepends=True),
-             second.read_bytes().splitlines(keepends=True)]
+    lines = [
+        first.read_bytes().splitlines(keepends=True),
+        second.read_bytes().splitlines(keepends=True),
+    ]
     moved = [b"".join(lines[0] + lines[1][:1]), b"".join(lines[1][1:])]
     for shard, data in enumerate(moved):
         columns = columns_of_jsonl(data)
@@ -70,4 +96,5 @@ def test_a_cut_moved_by_one_row_is_flagged(tiny_tokenizer, tmp_path, monkeypatch
     set_content_times(str(out))
     assert gate.audit(str(out), tiny_tokenizer)["flags"] == [
         "trace shard 0 is not cut where kvtrace cuts the rows (consecutive published minutes up "
-        "to 30 blocks each)"]
+        "to 30 blocks each)"
+    ]

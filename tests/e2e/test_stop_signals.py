@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, chat
 
+from helpers import ROOT, chat
 from kvtrace.cli import STOPPED
 from kvtrace.pipelines.processes import descendants
 
@@ -66,21 +66,45 @@ def _wait_until(condition, what: str, proc: subprocess.Popen, stderr: Path) -> N
         time.sleep(0.05)  # polling the condition, not timing the test
 
 
-def _stop_mid_run(tmp_path: Path, tokenizer: str, log: Path, signum: int, to_group: bool,
-                  workers: int, *flags: str) -> None:
+def _stop_mid_run(
+    tmp_path: Path,
+    tokenizer: str,
+    log: Path,
+    signum: int,
+    to_group: bool,
+    workers: int,
+    *flags: str,
+) -> None:
     out, stderr = tmp_path / "out", tmp_path / "stderr"
     with open(stderr, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", str(log), "--output",
-             str(out), "--tokenizer", tokenizer, *flags],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "anonymize",
+                "--input",
+                str(log),
+                "--output",
+                str(out),
+                "--tokenizer",
+                tokenizer,
+                *flags,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     try:
         # Started: the staging folder made (the tokenizer loaded, encoding begun), the workers up.
-        _wait_until(lambda: list(tmp_path.glob(".out.kvtrace-staging-*")), "staging folder",
-                    proc, stderr)
-        _wait_until(lambda: len(descendants(proc.pid)) >= workers, f"{workers} workers", proc,
-                    stderr)
+        _wait_until(
+            lambda: list(tmp_path.glob(".out.kvtrace-staging-*")), "staging folder", proc, stderr
+        )
+        _wait_until(
+            lambda: len(descendants(proc.pid)) >= workers, f"{workers} workers", proc, stderr
+        )
         before = stderr.read_text()
         stopped_at = time.monotonic()
         if to_group:
@@ -97,7 +121,7 @@ def _stop_mid_run(tmp_path: Path, tokenizer: str, log: Path, signum: int, to_gro
     said = stderr.read_text()
     assert proc.returncode == 128 + signum, said[-2000:]
     assert took <= STOP_BOUND_S
-    assert said[len(before):].splitlines() == [STOPPED]
+    assert said[len(before) :].splitlines() == [STOPPED]
     assert "Traceback" not in said
     assert proc.stdout.read() == b""
     assert not out.exists() and not list(tmp_path.glob(".out.kvtrace-staging-*"))
@@ -105,23 +129,38 @@ def _stop_mid_run(tmp_path: Path, tokenizer: str, log: Path, signum: int, to_gro
 
 
 @pytest.mark.slow  # a run of ~10 s: .ci/run runs the slow set
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["ctrl-c", "sigterm"])
-def test_the_local_engine_and_its_workers_stop(tiny_tokenizer, tmp_path, request_log, signum,
-                                               to_group):
+@pytest.mark.parametrize(
+    "signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"]
+)
+def test_the_local_engine_and_its_workers_stop(
+    tiny_tokenizer, tmp_path, request_log, signum, to_group
+):
     _stop_mid_run(tmp_path, tiny_tokenizer, request_log, signum, to_group, 2, "--processes", "2")
 
 
 @pytest.mark.slow
 def test_the_local_engine_in_one_process_stops(tiny_tokenizer, tmp_path, request_log):
-    _stop_mid_run(tmp_path, tiny_tokenizer, request_log, signal.SIGINT, True, 0,
-                  "--processes", "1")
+    _stop_mid_run(tmp_path, tiny_tokenizer, request_log, signal.SIGINT, True, 0, "--processes", "1")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["ctrl-c", "sigterm"])
-def test_beam_and_its_sdk_worker_processes_stop(tiny_tokenizer, tmp_path, request_log, signum,
-                                                to_group):
-    _stop_mid_run(tmp_path, tiny_tokenizer, request_log, signum, to_group, 2, "--engine", "beam",
-                  "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+@pytest.mark.parametrize(
+    "signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"]
+)
+def test_beam_and_its_sdk_worker_processes_stop(
+    tiny_tokenizer, tmp_path, request_log, signum, to_group
+):
+    _stop_mid_run(
+        tmp_path,
+        tiny_tokenizer,
+        request_log,
+        signum,
+        to_group,
+        2,
+        "--engine",
+        "beam",
+        "--direct_num_workers",
+        "2",
+        "--direct_running_mode",
+        "multi_processing",
+    )

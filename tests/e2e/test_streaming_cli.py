@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from apache_beam.testing.test_stream import TestStream
+
 from helpers import (
     MINUTE,
     STREAM_SALT,
@@ -24,22 +25,23 @@ from helpers import (
     streaming_config,
     write_jsonl,
 )
-
 from kvtrace.cli import main
 from kvtrace.transforms.stats.audit import audit
 from kvtrace.transforms.write.manifest import read_run_counts
 
 
 def trace_lines(folder: Path) -> list[str]:
-    return [line for path in sorted(folder.glob("trace-*.jsonl"))
-            for line in path.read_text().splitlines()]
-
-
+    return [
+        line
+        for path in sorted(folder.glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 @pytest.mark.slow  # a streaming pipeline: ~10 s
 def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_batch(
-        tiny_tokenizer, tmp_path, monkeypatch):
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """Requests of 1970 arriving now, as a backfill's: their own times open and close windows,
     the source's watermark (the wall clock here) only confirms what came before."""
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
@@ -49,29 +51,33 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
     config = streaming_config(tmp_path, tiny_tokenizer, lateness_ms=5_000, idle_ms=3_600_000)
     # Past every arrival of this run, short of the idle rule: confirms what came in so far.
     arrived = int(time.time()) + 120
-    stream = (TestStream()
-              .add_elements([message(r) for r in on_time[:4]])  # up to 60 s: window 0 open
-              .advance_watermark_to(arrived)
-              .add_elements([message(within_lateness), b"not json", message(on_time[4])])
-              .advance_watermark_to(arrived + 1)  # 80 s came in: window 0 published
-              .add_elements([message(late), message(on_time[5])])
-              .advance_watermark_to_infinity())
+    stream = (
+        TestStream()
+        .add_elements([message(r) for r in on_time[:4]])  # up to 60 s: window 0 open
+        .advance_watermark_to(arrived)
+        .add_elements([message(within_lateness), b"not json", message(on_time[4])])
+        .advance_watermark_to(arrived + 1)  # 80 s came in: window 0 published
+        .add_elements([message(late), message(on_time[5])])
+        .advance_watermark_to_infinity()
+    )
     run_stream(config, stream)
     windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
     assert [w.name for w in windows] == ["window-000000", "window-000001"]
     # Each window exactly what kvtrace publishes, numbered on from the one before: the audit
     # of the stream's folder passes them in order.
     report = audit(config.job.output, tiny_tokenizer)
-    assert report["publishable"] and list(report["windows"]) == [w.name for w in windows], \
-        report["flags"]
+    assert report["publishable"] and list(report["windows"]) == [w.name for w in windows], report[
+        "flags"
+    ]
 
     rejected = letters(Path(config.job.dead_letter))
     assert sorted(letter["error"] for letter in rejected) == ["invalid_json", "late"]
     # The bad record came in while window 0 was open: its letter is published with it.
     runs = check_letters_published_by_the_protocol(config)
     first = Path(config.job.dead_letter) / "rejected-window-000000.jsonl"
-    assert [json.loads(line)["error"] for line in first.read_text().splitlines()] == \
-        ["invalid_json"]
+    assert [json.loads(line)["error"] for line in first.read_text().splitlines()] == [
+        "invalid_json"
+    ]
     late_letter = next(letter for letter in rejected if letter["error"] == "late")
     assert "after window-000000 was published" in late_letter["message"]
     assert "window-000000" in runs
@@ -82,15 +88,30 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
 
     # The same records, less the late one, through the batch job.
     batch_input = write_jsonl(tmp_path / "batch.jsonl", on_time + [within_lateness])
-    assert main(["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer,
-                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(batch_input),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--output",
+                str(tmp_path / "batch"),
+            ]
+        )
+        == 0
+    )
     streamed = [line for window in windows for line in trace_lines(window)]
     assert streamed == trace_lines(tmp_path / "batch")
 
 
 @pytest.mark.slow  # a streaming pipeline: ~10 s
-def test_windows_are_cut_from_the_traces_zero_and_equal_batch(tiny_tokenizer, tmp_path,
-                                                              monkeypatch):
+def test_windows_are_cut_from_the_traces_zero_and_equal_batch(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """The first request at 00:37:12.345 of a day, one-minute windows: window k holds [zero + k
     min, zero + (k + 1) min), not the epoch's minutes (which would publish the zero's seconds
     and ms). A request earlier than those before it, before any window is published, moves the
@@ -100,10 +121,13 @@ def test_windows_are_cut_from_the_traces_zero_and_equal_batch(tiny_tokenizer, tm
     offsets = [20_000, 0, 59_999, 60_000, 119_000, 150_000]
     records = [stream_chat(zero + offset, i) for i, offset in enumerate(offsets)]
     config = streaming_config(tmp_path, tiny_tokenizer)
-    stream = (TestStream().add_elements([message(records[0])])
-              .advance_watermark_to(10)  # long before any window is due: the zero is 20 s
-              .add_elements([message(r) for r in records[1:]])
-              .advance_watermark_to_infinity())
+    stream = (
+        TestStream()
+        .add_elements([message(records[0])])
+        .advance_watermark_to(10)  # long before any window is due: the zero is 20 s
+        .add_elements([message(r) for r in records[1:]])
+        .advance_watermark_to_infinity()
+    )
     run_stream(config, stream)
     windows = sorted(p for p in Path(config.job.output).iterdir() if p.is_dir())
     published = [[json.loads(line)["timestamp"] for line in trace_lines(w)] for w in windows]
@@ -111,6 +135,20 @@ def test_windows_are_cut_from_the_traces_zero_and_equal_batch(tiny_tokenizer, tm
     cumulative = json.loads((Path(config.job.output) / "cumulative.json").read_text())
     assert (cumulative["windows"], cumulative["published_until_ms"]) == (3, 3 * MINUTE)
     batch_input = write_jsonl(tmp_path / "batch.jsonl", records)
-    assert main(["anonymize", "--input", str(batch_input), "--tokenizer", tiny_tokenizer,
-                 "--block-size", "4", "--output", str(tmp_path / "batch")]) == 0
+    assert (
+        main(
+            [
+                "anonymize",
+                "--input",
+                str(batch_input),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--block-size",
+                "4",
+                "--output",
+                str(tmp_path / "batch"),
+            ]
+        )
+        == 0
+    )
     assert [line for w in windows for line in trace_lines(w)] == trace_lines(tmp_path / "batch")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from helpers import shared_path
-
 from kvtrace.cli import main
 
 
@@ -23,16 +22,44 @@ def test_the_same_seed_gives_the_same_bytes(tmp_path):
 def test_cli_prints_before_and_after_and_refuses_bad_values(tmp_path, capsys):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     summary = tmp_path / "summary.json"
-    assert main(["synthesize", trace, "-o", str(tmp_path / "out.jsonl"), "--speedup-ratio", "2",
-                 "--json", str(summary)]) == 0
+    assert (
+        main(
+            [
+                "synthesize",
+                trace,
+                "-o",
+                str(tmp_path / "out.jsonl"),
+                "--speedup-ratio",
+                "2",
+                "--json",
+                str(summary),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| requests / minute (mean) | 221.8 | 443.7 |" in out and "(valid)" in out
     numbers = json.loads(summary.read_text())
     assert numbers["after"]["requests"] == numbers["before"]["requests"] == 3993
     for ratio in ("0", "-1", "nan", "inf"):  # one line, before any work: nothing written
-        assert main(["synthesize", trace, "-o", str(tmp_path / "x.jsonl"),
-                     "--speedup-ratio", ratio]) == 2
+        assert (
+            main(["synthesize", trace, "-o", str(tmp_path / "x.jsonl"), "--speedup-ratio", ratio])
+            == 2
+        )
         assert capsys.readouterr().err.startswith("error: --speedup-ratio must be a number in")
         assert not (tmp_path / "x.jsonl").exists()
-    assert main(["synthesize", trace, "-o", str(tmp_path / "x.jsonl"), "--min-isl", "9",
-                 "--max-isl", "3"]) == 2
+    assert (
+        main(
+            [
+                "synthesize",
+                trace,
+                "-o",
+                str(tmp_path / "x.jsonl"),
+                "--min-isl",
+                "9",
+                "--max-isl",
+                "3",
+            ]
+        )
+        == 2
+    )

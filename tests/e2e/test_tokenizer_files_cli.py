@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import anonymize, chat, write_jsonl
 
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.transforms.encode.fast_tokenizer import TOKENIZER_FILE
 
 

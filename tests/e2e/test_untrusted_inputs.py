@@ -30,7 +30,8 @@ def test_a_tokenizer_that_needs_its_own_code_is_refused_unrun(tiny_tokenizer, tm
     (folder / "custom_tokenizer.py").write_text(
         f"open({str(marker)!r}, 'w').write('code from the tokenizer folder ran')\n"
         "from transformers import PreTrainedTokenizerFast\n"
-        "class CustomTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+        "class CustomTokenizer(PreTrainedTokenizerFast):\n    pass\n"
+    )
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["auto_map"] = {"AutoTokenizer": [None, "custom_tokenizer.CustomTokenizer"]}
     config["tokenizer_class"] = "CustomTokenizer"

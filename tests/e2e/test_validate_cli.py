@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from helpers import write_jsonl
-
 from kvtrace.cli import main
 
 CLEAN = [
@@ -19,7 +18,9 @@ CLEAN = [
 
 def test_the_cli_exit_code_report_and_json(tmp_path, capsys):
     path = write_jsonl(tmp_path / "t.jsonl", CLEAN)
-    assert main(["validate", str(path), "--block-size", "16", "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(["validate", str(path), "--block-size", "16", "--json", str(tmp_path / "r.json")]) == 0
+    )
     assert capsys.readouterr().out.strip().endswith("valid")
     assert json.loads((tmp_path / "r.json").read_text())["valid"] is True
     assert main(["validate", str(path), "--block-size", "64"]) == 1

@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from helpers import shared_path, write_jsonl
 
+from helpers import shared_path, write_jsonl
 from kvtrace.pipelines.analyze_beam import analyze_beam
 from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
@@ -25,23 +25,55 @@ def assert_same(beam, local, path="") -> None:
 
 def both(config: AnalyzeConfig) -> tuple[dict, dict]:
     # Through JSON, as the CLI writes them.
-    return (json.loads(json.dumps(analyze_beam(config, []))),
-            json.loads(json.dumps(analyze_local(config))))
+    return (
+        json.loads(json.dumps(analyze_beam(config, []))),
+        json.loads(json.dumps(analyze_local(config))),
+    )
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_engines_agree_on_a_multi_file_trace_with_every_kind_of_problem(tmp_path):
-    first = write_jsonl(tmp_path / "a.jsonl", [
-        {"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [0, 1], "session_id": "a"},
-        {"timestamp": 50, "input_length": 8, "output_length": 2, "hash_ids": [0, 2], "session_id": "b"},
-        {"timestamp": 40, "input_length": 8, "output_length": 3, "hash_ids": [1, 0], "session_id": "a"},
-        "garbage",
-    ])
-    second = write_jsonl(tmp_path / "b.jsonl", [
-        {"timestamp": 30, "input_length": 4, "output_length": 1, "hash_ids": [0]},
-        {"timestamp": 60, "input_length": 0, "output_length": 1, "hash_ids": []},
-        {"timestamp": 60, "input_length": 12, "output_length": 5, "hash_ids": [0, 2, 3], "session_id": "c"},
-    ])
+    first = write_jsonl(
+        tmp_path / "a.jsonl",
+        [
+            {
+                "timestamp": 0,
+                "input_length": 9,
+                "output_length": 1,
+                "hash_ids": [0, 1],
+                "session_id": "a",
+            },
+            {
+                "timestamp": 50,
+                "input_length": 8,
+                "output_length": 2,
+                "hash_ids": [0, 2],
+                "session_id": "b",
+            },
+            {
+                "timestamp": 40,
+                "input_length": 8,
+                "output_length": 3,
+                "hash_ids": [1, 0],
+                "session_id": "a",
+            },
+            "garbage",
+        ],
+    )
+    second = write_jsonl(
+        tmp_path / "b.jsonl",
+        [
+            {"timestamp": 30, "input_length": 4, "output_length": 1, "hash_ids": [0]},
+            {"timestamp": 60, "input_length": 0, "output_length": 1, "hash_ids": []},
+            {
+                "timestamp": 60,
+                "input_length": 12,
+                "output_length": 5,
+                "hash_ids": [0, 2, 3],
+                "session_id": "c",
+            },
+        ],
+    )
     beam, local = both(AnalyzeConfig((str(first), str(second)), block_size=4, shards=3))
     assert local["problems"]["timestamps_backwards"]["count"] == 2  # within a file and across
     assert_same(beam, local)

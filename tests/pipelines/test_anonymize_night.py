@@ -38,10 +38,14 @@ BLOCK_SIZE = 2
 
 
 def request(ts: int, tokens: list[int], session: bytes | None = None) -> HashedRequest:
-    return HashedRequest(timestamp_ms=ts, fingerprint=ts, input_length=len(tokens),
-                         output_length=3, session_key=session,
-                         block_hashes=chain_hashes(token_bytes(tokens), BLOCK_SIZE,
-                                                   chain_seed(SALT)))
+    return HashedRequest(
+        timestamp_ms=ts,
+        fingerprint=ts,
+        input_length=len(tokens),
+        output_length=3,
+        session_key=session,
+        block_hashes=chain_hashes(token_bytes(tokens), BLOCK_SIZE, chain_seed(SALT)),
+    )
 
 
 def night(*requests: HashedRequest) -> HashedBatch:
@@ -52,18 +56,22 @@ def config(folder: Path, name: str = "out", **changes) -> AnonymizeConfig:
     for part in ("staging", "rejected"):
         (folder / f"{name}-{part}").mkdir(parents=True, exist_ok=True)
     given = {"salt": SaltSource("random", inline=SALT), **changes}
-    return AnonymizeConfig(inputs=(("in.jsonl", 100),), output=str(folder / name),
-                           staging=str(folder / f"{name}-staging"), tokenizer="owner/model",
-                           dead_letter=str(folder / f"{name}-rejected"), block_size=BLOCK_SIZE,
-                           **given)
+    return AnonymizeConfig(
+        inputs=(("in.jsonl", 100),),
+        output=str(folder / name),
+        staging=str(folder / f"{name}-staging"),
+        tokenizer="owner/model",
+        dead_letter=str(folder / f"{name}-rejected"),
+        block_size=BLOCK_SIZE,
+        **given,
+    )
 
 
 def letter(reason: str = "bad_json") -> DeadLetter:
     return DeadLetter("in.jsonl", b"{not json", reason, "it is not JSON")
 
 
-def test_the_gate_passes_counts_and_refuses_too_much_rejected_or_time_before_the_origin(
-        tmp_path):
+def test_the_gate_passes_counts_and_refuses_too_much_rejected_or_time_before_the_origin(tmp_path):
     job = config(tmp_path, max_rejected_fraction=0.5)
     counts = pass_gate(job, 4, Tally.of([letter()]), 1_000, None)
     assert counts == RecordCounts(4, 1, 0, 100)
@@ -109,19 +117,26 @@ def test_dead_letters_staged_and_held_merge_into_one_file_in_their_declared_orde
     lines = Path(path).read_text().splitlines()
     assert lines == sorted(lines) and len(lines) == 3
     assert sorted(json.loads(line)["error"] for line in lines) == [
-        "a_reason", "m_reason", "z_reason"]
+        "a_reason",
+        "m_reason",
+        "z_reason",
+    ]
 
 
 def test_a_night_publishes_its_trace_letters_stats_and_manifest(tmp_path):
     job = config(tmp_path)
-    encoded = Encoded([night(request(1_000, [1, 2, 3, 4])), night(request(1_500, [1, 2, 5]))],
-                      [letter()], 3)
+    encoded = Encoded(
+        [night(request(1_000, [1, 2, 3, 4])), night(request(1_500, [1, 2, 5]))], [letter()], 3
+    )
     manifest = finish_night(job, encoded)
     published = tmp_path / "out"
     assert json.loads((published / "manifest.json").read_text()) == manifest
     assert manifest["records"] == {"exported": 2}
-    rows = [json.loads(line) for path in sorted(published.glob("trace-*.jsonl"))
-            for line in path.read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for path in sorted(published.glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert [(row["timestamp"], row["hash_ids"]) for row in rows] == [(0, [0, 1]), (500, [0, 2])]
     assert not (tmp_path / "out-staging").exists()  # moved whole into the output's place
     letters = (tmp_path / "out-rejected" / DEAD_LETTER_FILE).read_text().splitlines()
@@ -143,8 +158,10 @@ def test_nights_extend_an_id_map_opened_and_committed_in_turn(tmp_path):
     salt = SaltSource("env", "KVTRACE_TEST_NIGHT_SALT")
     identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
     first = night(request(1_000, [1, 2, 3, 4], session=b"s" * 16))
-    second = night(request(2_000, [1, 2, 3, 4], session=b"s" * 16),
-                   request(2_500, [1, 2, 7, 7], session=b"t" * 16))
+    second = night(
+        request(2_000, [1, 2, 3, 4], session=b"s" * 16),
+        request(2_500, [1, 2, 7, 7], session=b"t" * 16),
+    )
     ids = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
@@ -157,9 +174,14 @@ def test_nights_extend_an_id_map_opened_and_committed_in_turn(tmp_path):
             assert reading.next_id == (0, 2)[number] and not reading.whole
             assert bool(reading.segments) == bool(number)  # the first night's, after it
             finish_night(job, Encoded([batch], [], len(batch)))
-            ids.append([json.loads(line) for line in
-                        (tmp_path / f"night{number}" / "trace-00000-of-00001.jsonl")
-                        .read_text().splitlines()])
+            ids.append(
+                [
+                    json.loads(line)
+                    for line in (tmp_path / f"night{number}" / "trace-00000-of-00001.jsonl")
+                    .read_text()
+                    .splitlines()
+                ]
+            )
     assert current_version_number(str(tmp_path / "map")) == 2
     assert [row["hash_ids"] for row in ids[0]] == [[0, 1]]
     assert [row["hash_ids"] for row in ids[1]] == [[0, 1], [0, 2]]

@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from apache_beam.testing.test_stream import TestStream
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from helpers import (
     MINUTE,
     STREAM_SALT,
@@ -23,9 +26,6 @@ from helpers import (
     stream_chat,
     streaming_config,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from kvtrace.pipelines import anonymize_streaming
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_streaming import (
@@ -55,8 +55,9 @@ from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
 
 
 def requests_at(*timestamps: int) -> HashedBatch:
-    return HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None)
-                             for i, ts in enumerate(timestamps)])
+    return HashedBatch.pack(
+        [HashedRequest(ts, i, 1, 1, b"", None) for i, ts in enumerate(timestamps)]
+    )
 
 
 def test_the_zero_moves_only_until_a_window_is_published_and_restores_with_the_state(tmp_path):
@@ -69,38 +70,53 @@ def test_the_zero_moves_only_until_a_window_is_published_and_restores_with_the_s
     waiting = progress.recut(config, 90_000, [(0, requests_at(90_000, 130_000))])
     progress.saw(config, 90_000, 130_000, NOW)
     waiting = progress.recut(config, 50_000, waiting)  # a request at 50 s came in
-    assert [(start, part.requests["timestamp_ms"].tolist()) for start, part in waiting] == \
-        [(50_000, [90_000]), (110_000, [130_000])]
+    assert [(start, part.requests["timestamp_ms"].tolist()) for start, part in waiting] == [
+        (50_000, [90_000]),
+        (110_000, [130_000]),
+    ]
     assert progress.passed_ms == {50_000: NOW, 110_000: None}  # 130 s passed 50 s's deadline
     assert progress.publish(50_000) == "window-000000"
     restored = pickle.loads(pickle.dumps(progress))  # as the runner's state coder keeps it
     later = requests_at(20_000, 160_000, 175_000)
-    assert [start for start, _ in by_window(later, restored.origin_ms, MINUTE)] == \
-        [start for start, _ in by_window(later, progress.origin_ms, MINUTE)] == \
-        [-10_000, 110_000, 170_000]  # the first one before the zero: late
+    assert (
+        [start for start, _ in by_window(later, restored.origin_ms, MINUTE)]
+        == [start for start, _ in by_window(later, progress.origin_ms, MINUTE)]
+        == [-10_000, 110_000, 170_000]
+    )  # the first one before the zero: late
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=30), st.integers(1, 10**6),
-       st.integers(0, 2 * 10**7))
-def test_every_request_lands_in_the_one_window_holding_its_timestamp(timestamps, window_ms,
-                                                                     origin_ms):
+@given(
+    st.lists(st.integers(0, 10**7), min_size=1, max_size=30),
+    st.integers(1, 10**6),
+    st.integers(0, 2 * 10**7),
+)
+def test_every_request_lands_in_the_one_window_holding_its_timestamp(
+    timestamps, window_ms, origin_ms
+):
     """Windows are cut from the trace's zero, before it too (a request earlier than the zero is
     late, in a window of its own)."""
-    batch = HashedBatch.pack([HashedRequest(ts, i, 1, 1, b"", None) for i, ts in
-                              enumerate(timestamps)])
+    batch = HashedBatch.pack(
+        [HashedRequest(ts, i, 1, 1, b"", None) for i, ts in enumerate(timestamps)]
+    )
     parts = list(by_window(batch, origin_ms, window_ms))
     assert sum(len(part) for _, part in parts) == len(timestamps)
     assert [start for start, _ in parts] == sorted({start for start, _ in parts})
     for start, part in parts:
         assert (start - origin_ms) % window_ms == 0
-        assert ((start <= part.requests["timestamp_ms"])
-                & (part.requests["timestamp_ms"] < start + window_ms)).all()
+        assert (
+            (start <= part.requests["timestamp_ms"])
+            & (part.requests["timestamp_ms"] < start + window_ms)
+        ).all()
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=30), st.integers(1, 10**6),
-       st.integers(1, 10**5), st.integers(0, 2 * 10**7))
+@given(
+    st.lists(st.integers(0, 10**7), min_size=1, max_size=30),
+    st.integers(1, 10**6),
+    st.integers(1, 10**5),
+    st.integers(0, 2 * 10**7),
+)
 def test_a_window_holds_whole_granules(timestamps, window_ms, granularity_ms, origin_ms):
     """With --timestamp-granularity-ms, windows are cut on the published time: every request of
     one published time is in one window, the window holding that time, so the rows of a granule
@@ -109,8 +125,7 @@ def test_a_window_holds_whole_granules(timestamps, window_ms, granularity_ms, or
     coarsening = Coarsening(timestamp_ms=granularity_ms)
     windows_of: dict[int, set[int]] = {}
     for start, part in by_window(batch, origin_ms, window_ms, coarsening):
-        published = origin_ms + round_to(part.requests["timestamp_ms"] - origin_ms,
-                                         granularity_ms)
+        published = origin_ms + round_to(part.requests["timestamp_ms"] - origin_ms, granularity_ms)
         assert ((start <= published) & (published < start + window_ms)).all()
         for time_ms in published.tolist():
             windows_of.setdefault(time_ms, set()).add(start)
@@ -145,13 +160,17 @@ def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_pat
     progress.publish(0)
     progress.saw(config, RESET, [RESET + 1], NOW + 1)
     assert progress.latest_ms() == 20_000
-    kept, strays = keep_plausible_windows([(RESET, requests_at(RESET + 1))], progress.published_days)
+    kept, strays = keep_plausible_windows(
+        [(RESET, requests_at(RESET + 1))], progress.published_days
+    )
     assert kept == [] and [letter.reason for letter in strays] == ["implausible_timestamp"]
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.sampled_from([0, DAY, 2 * DAY, 9 * DAY, RESET]), min_size=1, max_size=20),
-       st.integers(0, 20))
+@given(
+    st.lists(st.sampled_from([0, DAY, 2 * DAY, 9 * DAY, RESET]), min_size=1, max_size=20),
+    st.integers(0, 20),
+)
 def test_a_stream_judges_plausibility_as_the_batch_job_does(days, split):
     """However the stream's input splits between what it published and what waits, a waiting
     request is kept exactly when the batch job, judging the whole input, keeps it."""
@@ -162,22 +181,31 @@ def test_a_stream_judges_plausibility_as_the_batch_job_does(days, split):
     batch_times = [] if batch_kept is None else batch_kept.requests["timestamp_ms"].tolist()
     stream_kept, strays = keep_plausible_windows(
         [(0, requests_at(*waiting))] if waiting else [],
-        kind_counts(requests_at(*published)) if published else {})
+        kind_counts(requests_at(*published)) if published else {},
+    )
     kept_times = [t for _, part in stream_kept for t in part.requests["timestamp_ms"].tolist()]
     assert kept_times == [t for t in waiting if t in batch_times]
     assert len(kept_times) + len(strays) == len(waiting)
 
 
-HOSTILE = [b"", b"\x00\xff\xfe garbage", b"[1, 2, 3]", b"null", b'{"timestamp": -5}',
-           b'{"messages": [{"role": "user", "content": "no timestamp"}]}',
-           b"[" * 100_000, b'{"timestamp": 1e999, "prompt": "x"}',
-           b'{"timestamp": 1000, "prompt": "\xed\xa0\x80 lone surrogate bytes"}',
-           b'{"timestamp": 2000, "prompt": {"not": "text"}}']
+HOSTILE = [
+    b"",
+    b"\x00\xff\xfe garbage",
+    b"[1, 2, 3]",
+    b"null",
+    b'{"timestamp": -5}',
+    b'{"messages": [{"role": "user", "content": "no timestamp"}]}',
+    b"[" * 100_000,
+    b'{"timestamp": 1e999, "prompt": "x"}',
+    b'{"timestamp": 1000, "prompt": "\xed\xa0\x80 lone surrogate bytes"}',
+    b'{"timestamp": 2000, "prompt": {"not": "text"}}',
+]
 
 
 @pytest.mark.slow  # a streaming pipeline: ~5 s
-def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer, tmp_path,
-                                                                 monkeypatch):
+def test_hostile_messages_are_dead_letters_and_the_counts_add_up(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     config = streaming_config(tmp_path, tiny_tokenizer)
     good = [message(stream_chat(5_000, 1)), message(stream_chat(6_000, 2))]
@@ -191,8 +219,9 @@ def test_hostile_messages_are_dead_letters_and_the_counts_add_up(tiny_tokenizer,
     assert check_letters_published_by_the_protocol(config) <= {"window-000000", "letters-000001"}
 
 
-def windows_published(config: StreamingConfig, arrivals: list[tuple[int, int]],
-                      watermark_ms: int) -> list[int]:
+def windows_published(
+    config: StreamingConfig, arrivals: list[tuple[int, int]], watermark_ms: int
+) -> list[int]:
     """Windows due once the source's watermark is at watermark_ms, after requests (event time,
     arrival by the source's clock) came in in that order."""
     progress = Progress()
@@ -220,8 +249,11 @@ def test_a_backfill_is_timed_by_its_requests_not_by_when_it_was_produced(tmp_pat
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(0, 10 * MINUTE), min_size=1, max_size=40), st.integers(0, 10**6),
-       st.integers(0, 2 * MINUTE))
+@given(
+    st.lists(st.integers(0, 10 * MINUTE), min_size=1, max_size=40),
+    st.integers(0, 10**6),
+    st.integers(0, 2 * MINUTE),
+)
 def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, lateness_ms):
     """However far the source's clock is from the requests' (a backfill, a live stream), a window
     in-order requests still belong to is never due: nothing in order becomes late."""
@@ -237,8 +269,10 @@ def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10 * MINUTE), st.integers(0, 100)), min_size=1,
-                max_size=30), st.integers(0, 200))
+@given(
+    st.lists(st.tuples(st.integers(0, 10 * MINUTE), st.integers(0, 100)), min_size=1, max_size=30),
+    st.integers(0, 200),
+)
 def test_no_window_is_due_before_an_older_open_one(arrivals, watermark):
     """Whatever order requests come in (each window due on its own clock), the windows due are
     every open window up to the newest due one: an older window is never left open behind a
@@ -264,8 +298,9 @@ def test_once_the_zero_is_fixed_a_request_of_another_kind_is_a_dead_letter():
 
 def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path):
     config = streaming_config(tmp_path, "x")
-    config = dataclasses.replace(config, job=dataclasses.replace(
-        config.job, coarsening=Coarsening(timestamp_ms=10_000)))
+    config = dataclasses.replace(
+        config, job=dataclasses.replace(config.job, coarsening=Coarsening(timestamp_ms=10_000))
+    )
     start = 1_767_225_600_000  # 2026-01-01
     origin = start + 1_234
     progress = Progress(origin_ms=origin, published_ms=origin + MINUTE, windows=2, rows=9)
@@ -276,34 +311,53 @@ def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2**41), st.integers(-10**9, 10**9), st.integers(1, 10**8),
-       st.integers(1, 10**5), st.integers(0, 2**41))
-def test_cumulative_json_is_the_same_whatever_the_zeros_epoch(origin_ms, offset_ms, window_ms,
-                                                              granularity_ms, shift_ms):
+@given(
+    st.integers(0, 2**41),
+    st.integers(-(10**9), 10**9),
+    st.integers(1, 10**8),
+    st.integers(1, 10**5),
+    st.integers(0, 2**41),
+)
+def test_cumulative_json_is_the_same_whatever_the_zeros_epoch(
+    origin_ms, offset_ms, window_ms, granularity_ms, shift_ms
+):
     """The summary depends on the published window's place from the zero only: the same stream
     at any other epoch publishes the same figures, a whole number of windows (rounded as rows
     are) even from a window start off the zero's grid."""
-    config = StreamingConfig(AnonymizeConfig(
-        inputs=(), output="o", staging="s", tokenizer="x", salt=SaltSource("env", "K"),
-        dead_letter="d", coarsening=Coarsening(timestamp_ms=granularity_ms)),
-        "pubsub:projects/p/subscriptions/s", window_ms)
+    config = StreamingConfig(
+        AnonymizeConfig(
+            inputs=(),
+            output="o",
+            staging="s",
+            tokenizer="x",
+            salt=SaltSource("env", "K"),
+            dead_letter="d",
+            coarsening=Coarsening(timestamp_ms=granularity_ms),
+        ),
+        "pubsub:projects/p/subscriptions/s",
+        window_ms,
+    )
 
     def summary(origin: int) -> dict:
-        return cumulative_summary(config, Progress(origin_ms=origin,
-                                                   published_ms=origin + offset_ms))
+        return cumulative_summary(
+            config, Progress(origin_ms=origin, published_ms=origin + offset_ms)
+        )
 
     assert summary(origin_ms) == summary(origin_ms + shift_ms)
     windows = offset_ms // window_ms + 1
-    assert summary(origin_ms + 10**12)["published_until_ms"] == \
-        round_to(np.int64(windows * window_ms), granularity_ms)
+    assert summary(origin_ms + 10**12)["published_until_ms"] == round_to(
+        np.int64(windows * window_ms), granularity_ms
+    )
 
 
 def test_kafka_offsets_are_committed_only_with_a_checkpoint():
     read = kafka_read("kafka://127.0.0.1:9092/requests")
     assert read.commit_offset_in_finalize is True
     assert read.consumer_config["enable.auto.commit"] == "false"
-    assert (read.topics, read.consumer_config["bootstrap.servers"]) == (["requests"],
-                                                                        "127.0.0.1:9092")
+    assert (read.topics, read.consumer_config["bootstrap.servers"]) == (
+        ["requests"],
+        "127.0.0.1:9092",
+    )
 
 
 def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
@@ -345,8 +399,11 @@ def published_names(window_starts: list[int]) -> list[str]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sets(st.integers(0, 10**6), min_size=1, max_size=30), st.integers(1, 10**7),
-       st.integers(0, 2**42))
+@given(
+    st.sets(st.integers(0, 10**6), min_size=1, max_size=30),
+    st.integers(1, 10**7),
+    st.integers(0, 2**42),
+)
 def test_window_names_hold_no_time_only_their_order(indices, window_ms, epoch_ms):
     """The same windows at any other time, of any other length, get the same names: nothing
     absolute (nor the window's length) can be read from a name without the trace's origin."""
@@ -390,8 +447,9 @@ def test_a_second_stream_into_a_streams_run_counts_is_refused(tmp_path):
 
 
 @pytest.mark.slow  # a streaming pipeline: ~5 s
-def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(tiny_tokenizer, tmp_path,
-                                                                      monkeypatch):
+def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
     """Letters stand only for a published window: a folder the window may not replace (a file
     kvtrace did not write) stops it, and its letters go with it, nothing staged left."""
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)

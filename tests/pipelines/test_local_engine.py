@@ -42,15 +42,16 @@ def test_claims_take_every_range_once_whatever_the_order_workers_ask_in(pieces, 
     assert sorted(i for got in taken.values() for i in got) == list(range(pieces))
     for worker, got in taken.items():
         mine = [i for i in got if i in own[worker]]
-        assert got[:len(mine)] == mine == sorted(mine)
+        assert got[: len(mine)] == mine == sorted(mine)
         for victim, run in own.items():
-            stolen = [i for i in got[len(mine):] if i in run]
+            stolen = [i for i in got[len(mine) :] if i in run]
             assert stolen == sorted(stolen, reverse=True)  # from the back, neighbours
 
 
 def test_the_default_is_a_worker_per_core_and_per_read_split_of_input(monkeypatch):
-    monkeypatch.setattr(local_workers.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3},
-                        raising=False)
+    monkeypatch.setattr(
+        local_workers.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False
+    )
     split = local_workers.READ_SPLIT_BYTES
     assert local_workers.worker_count(0, 10_000) == 1
     assert local_workers.worker_count(0, 2 * split + 1) == 3

@@ -9,6 +9,7 @@ import resource
 from dataclasses import dataclass
 
 import pytest
+
 from kvtrace.pipelines import local_workers
 from kvtrace.pipelines.anonymize_night import Encoded
 from kvtrace.transforms.errors import JobStopped
@@ -61,8 +62,7 @@ class BudgetWork(PidWork):
     """Encodes a range as the render budget the worker that encoded it runs under."""
 
     def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
-        budget = (local_workers.RENDER_WATCHDOG.seconds,
-                  local_workers.RENDER_WATCHDOG.memory_bytes)
+        budget = (local_workers.RENDER_WATCHDOG.seconds, local_workers.RENDER_WATCHDOG.memory_bytes)
         return Encoded([], [], budget)
 
 

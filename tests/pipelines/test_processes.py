@@ -10,7 +10,6 @@ import sys
 import threading
 
 from helpers import ROOT
-
 from kvtrace.pipelines.processes import busy_threads, quiet_thread
 
 # Starts a child that ignores SIGTERM, which starts a grandchild; reports what descendants()
@@ -37,8 +36,9 @@ print(json.dumps({"child": child.pid, "grandchild": grand, "found": found,
 
 
 def test_descendants_are_found_parents_first_and_all_ended():
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["found"] == [report["child"], report["grandchild"]]

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
-from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtrace.pipelines.reuse_local import ReuseConfig, run_reuse
+
+from helpers import shared_path, write_jsonl
 from kvtrace.pipelines.reuse_beam import build, run_reuse_beam
+from kvtrace.pipelines.reuse_local import ReuseConfig, run_reuse
 from kvtrace.transforms.cache.cache_trace import read_cache_trace
 from kvtrace.transforms.cache.reuse import ccdf_at, reuse_events
 from kvtrace.transforms.cache.reuse_shards import CLOCKED, ReuseSummary, clock_starts, summarize
@@ -31,30 +32,42 @@ def test_clock_starts_add_up_earlier_buckets_in_time_order():
 
 def test_summary_of_one_prefix_reused_twice():
     # Prefix 1 at clock 0 (512 tokens), again at 612 and at 2000: intervals 100 and 876.
-    table = clocked([(1, 0, 512, 0.0), (2, 512, 100, 0.0), (1, 612, 512, 500.0),
-                     (1, 2000, 512, 90_000.0)])
+    table = clocked(
+        [(1, 0, 512, 0.0), (2, 512, 100, 0.0), (1, 612, 512, 500.0), (1, 2000, 512, 90_000.0)]
+    )
     summary = summarize(table, gpu_kv_cache_size=500)
-    assert (summary.total_tokens, summary.reused_tokens, summary.above_gpu_tokens) == (1636, 1024, 512)
+    assert (summary.total_tokens, summary.reused_tokens, summary.above_gpu_tokens) == (
+        1636,
+        1024,
+        512,
+    )
     assert [b["tokens"] for b in summary.reuse_time()] == [512, 0, 0, 512, 0, 0]
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 600)), min_size=1, max_size=60),
-       cut=st.integers(0, 60))
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 600)), min_size=1, max_size=60),
+    cut=st.integers(0, 60),
+)
 def test_summaries_merge_to_the_summary_of_the_whole(rows, cut):
     starts = np.cumsum([0] + [t for _, t in rows])[:-1]
     table = clocked([(p, int(s), t, float(s)) for (p, t), s in zip(rows, starts)])
     prefixes = table["prefix_lo"]
     left, right = table[prefixes < cut % 6], table[prefixes >= cut % 6]  # a prefix stays whole
     whole, parts = summarize(table, 300), summarize(left, 300).merge(summarize(right, 300))
-    assert (whole.reused_tokens, whole.above_gpu_tokens) == (parts.reused_tokens, parts.above_gpu_tokens)
+    assert (whole.reused_tokens, whole.above_gpu_tokens) == (
+        parts.reused_tokens,
+        parts.above_gpu_tokens,
+    )
     assert np.array_equal(whole.interval_tokens, parts.interval_tokens)
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_pipeline_reports_reuse_of_a_tiny_trace(tmp_path):
-    rows = [{"timestamp": t, "input_length": 20, "output_length": 1, "hash_ids": ids}
-            for t, ids in ((2_000, [0, 1]), (0, [0, 2]), (5_000, [0, 1]))]
+    rows = [
+        {"timestamp": t, "input_length": 20, "output_length": 1, "hash_ids": ids}
+        for t, ids in ((2_000, [0, 1]), (0, [0, 2]), (5_000, [0, 1]))
+    ]
     trace = str(write_jsonl(tmp_path / "t.jsonl", rows))
     config = ReuseConfig((trace,), block_size=16, gpu_kv_cache_size=10)
 
@@ -76,8 +89,13 @@ def test_beam_equals_local_on_the_real_trace(tmp_path):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     config = ReuseConfig((trace,), 512, 345_792, str(tmp_path / "beam.png"))
     beam, local = run_reuse_beam(config, []), run_reuse(ReuseConfig((trace,), 512, 345_792))
-    for key in ("ccdf_at_gpu_kv_cache_size", "reused_token_share", "prompt_tokens", "rows",
-                "reuse_time"):
+    for key in (
+        "ccdf_at_gpu_kv_cache_size",
+        "reused_token_share",
+        "prompt_tokens",
+        "rows",
+        "reuse_time",
+    ):
         assert beam[key] == local[key], key
     _, cache = read_cache_trace([trace], 512)
     events = reuse_events(cache)

@@ -14,8 +14,8 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from helpers import free_port
 
+from helpers import free_port
 from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
 from kvtrace.pipelines.anonymize_config import IdMapRun
 from kvtrace.pipelines.runner import cancelled_if_stopped, check_endpoints
@@ -29,19 +29,30 @@ SALT = b"a-salt-that-must-never-be-staged"
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
-    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient",
-                        reason="needs the deploy-test extra (apache-beam[gcp])")
+    pytest.importorskip(
+        "apache_beam.runners.dataflow.internal.apiclient",
+        reason="needs the deploy-test extra (apache-beam[gcp])",
+    )
     pytest.importorskip("google.cloud.storage", reason="needs the deploy-test extra")
     salt_file = tmp_path / "salt"
     salt_file.write_bytes(SALT)
     identity = MapIdentity("0" * 16, 512, {"tokenizer.json": "ab"}, HASH_SCHEME, {})
-    base = MapVersion(3, identity, 1_700_000_000_000, {"blocks": 10, "sessions": 2},
-                      {"blocks": ["segments/000001/blocks-00000.parquet"],
-                       "sessions": ["segments/000001/sessions-00000.parquet"]}, hash_shards=64,
-                      checksums={f"segments/000001/{kind}-00000.{suffix}": {"sha256": "0" * 64,
-                                                                           "bytes": 1}
-                                 for kind in ("blocks", "sessions")
-                                 for suffix in ("parquet", "index.npz")})
+    base = MapVersion(
+        3,
+        identity,
+        1_700_000_000_000,
+        {"blocks": 10, "sessions": 2},
+        {
+            "blocks": ["segments/000001/blocks-00000.parquet"],
+            "sessions": ["segments/000001/sessions-00000.parquet"],
+        },
+        hash_shards=64,
+        checksums={
+            f"segments/000001/{kind}-00000.{suffix}": {"sha256": "0" * 64, "bytes": 1}
+            for kind in ("blocks", "sessions")
+            for suffix in ("parquet", "index.npz")
+        },
+    )
     config = AnonymizeConfig(
         inputs=(("gs://kvtrace-logs/2026-11-20/part-0.jsonl.gz", 10_000_000),),
         output="gs://kvtrace-traces/2026-11-20",
@@ -51,20 +62,33 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
         dead_letter="gs://kvtrace-traces/2026-11-20-rejected",
         id_map=IdMapRun("gs://kvtrace-maps/deepseek-r1", base, "gs://kvtrace-secrets/marks"),
     )
-    options = PipelineOptions([
-        "--runner=DataflowRunner", "--project=kvtrace-test", "--region=europe-west4",
-        "--temp_location=gs://kvtrace-tmp/tmp", "--staging_location=gs://kvtrace-tmp/staging",
-        "--sdk_container_image=europe-docker.pkg.dev/kvtrace-test/kvtrace/worker:1",
-        "--dry_run=true", "--no_auth",
-    ])
+    options = PipelineOptions(
+        [
+            "--runner=DataflowRunner",
+            "--project=kvtrace-test",
+            "--region=europe-west4",
+            "--temp_location=gs://kvtrace-tmp/tmp",
+            "--staging_location=gs://kvtrace-tmp/staging",
+            "--sdk_container_image=europe-docker.pkg.dev/kvtrace-test/kvtrace/worker:1",
+            "--dry_run=true",
+            "--no_auth",
+        ]
+    )
     pipeline = beam.Pipeline(options=options)
     build(pipeline, config)
     result = pipeline.run()  # dry run: translated into a Dataflow job, not submitted
 
     proto = pipeline.runner.proto_pipeline
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ("Encode/RenderTokenizeHash", "BlockIds/Assign/LookUpShard", "BlockIds/MapFiles",
-                 "BlockIds/WriteSegment", "WriteShards", "CommitIdMap", "PublishTrace"):
+    for step in (
+        "Encode/RenderTokenizeHash",
+        "BlockIds/Assign/LookUpShard",
+        "BlockIds/MapFiles",
+        "BlockIds/WriteSegment",
+        "WriteShards",
+        "CommitIdMap",
+        "PublishTrace",
+    ):
         assert any(name.startswith(step) for name in names), step
     images = {env.payload for env in proto.components.environments.values()}
     assert any(b"kvtrace/worker:1" in image for image in images)
@@ -76,10 +100,14 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_local_pipeline_graph_holds_no_salt_either(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
-    config = AnonymizeConfig(inputs=((str(Path(tmp_path) / "in.jsonl"), 100),), output=str(tmp_path / "o"),
-                             staging=str(tmp_path / "staging"),
-                             tokenizer=tiny_tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                             dead_letter=str(tmp_path / "r"))
+    config = AnonymizeConfig(
+        inputs=((str(Path(tmp_path) / "in.jsonl"), 100),),
+        output=str(tmp_path / "o"),
+        staging=str(tmp_path / "staging"),
+        tokenizer=tiny_tokenizer,
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(tmp_path / "r"),
+    )
     pipeline = beam.Pipeline()
     build(pipeline, config)
     staged = unpacked(pipeline.to_runner_api().SerializeToString())
@@ -103,8 +131,18 @@ def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
 
 def test_a_process_environment_whose_command_is_missing_is_refused_at_once(tmp_path):
     def options(config: str) -> PipelineOptions:
-        return PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", "embed",
-                                "--environment_type", "PROCESS", "--environment_config", config])
+        return PipelineOptions(
+            [
+                "--runner",
+                "PortableRunner",
+                "--job_endpoint",
+                "embed",
+                "--environment_type",
+                "PROCESS",
+                "--environment_config",
+                config,
+            ]
+        )
 
     with pytest.raises(ConfigError, match="is not an executable file here"):
         check_endpoints(options(json.dumps({"command": str(tmp_path / "no-boot")})))

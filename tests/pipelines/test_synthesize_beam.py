@@ -6,18 +6,17 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
+
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+from kvtrace.pipelines.synthesize_beam import build, run_synthesize_beam
 from kvtrace.pipelines.synthesize_local import SynthesizeConfig
-from kvtrace.pipelines.synthesize_beam import build
+from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.synth.output import jsonl_bytes
 from kvtrace.transforms.synth.parts import RowParts
 from kvtrace.transforms.synth.reshape import Knobs
 from kvtrace.transforms.synth.shards import VISIT, shared_counts, split_file, unit_keys
 from kvtrace.transforms.synth.synthesize import SynthConfig, synthesize
-
-from kvtrace.transforms.errors import ConfigError
 
 BLOCK = 16
 
@@ -27,9 +26,16 @@ def visit(prefix: int, unit: int, rowkey: int) -> tuple:
 
 
 def test_a_prefix_is_shared_when_two_conversations_visit_it_not_one_twice():
-    table = np.array([visit(1, 7, 10), visit(1, 7, 11),  # one conversation, two turns
-                      visit(2, 7, 10), visit(2, 8, 12),  # two conversations
-                      visit(3, 9, 13)], dtype=VISIT)
+    table = np.array(
+        [
+            visit(1, 7, 10),
+            visit(1, 7, 11),  # one conversation, two turns
+            visit(2, 7, 10),
+            visit(2, 8, 12),  # two conversations
+            visit(3, 9, 13),
+        ],
+        dtype=VISIT,
+    )
     counts = shared_counts(table)
     assert counts["rowkey"].tolist() == [10, 12] and counts["shared"].tolist() == [1, 1]
     assert counts["unit"].tolist() == [7, 8]
@@ -46,14 +52,23 @@ def conversations(tmp_path) -> list[str]:
         for turn in range(3):
             ids = ids + list(range(next_id, next_id + int(rng.integers(1, 4))))
             next_id += 4
-            rows.append({"timestamp": 700 * s + 4000 * turn, "input_length": len(ids) * BLOCK - 3,
-                         "output_length": int(rng.integers(1, 90)), "hash_ids": ids,
-                         "session_id": f"c{s}" if s < 6 else None})
-    rows += [{"timestamp": 9_000, "input_length": 40, "output_length": 4, "hash_ids": [0, 1, 9]}] * 2
+            rows.append(
+                {
+                    "timestamp": 700 * s + 4000 * turn,
+                    "input_length": len(ids) * BLOCK - 3,
+                    "output_length": int(rng.integers(1, 90)),
+                    "hash_ids": ids,
+                    "session_id": f"c{s}" if s < 6 else None,
+                }
+            )
+    rows += [
+        {"timestamp": 9_000, "input_length": 40, "output_length": 4, "hash_ids": [0, 1, 9]}
+    ] * 2
     rows.sort(key=lambda r: r["timestamp"])
     first = write_jsonl(tmp_path / "a.jsonl", rows[::2])
-    second = write_jsonl(tmp_path / "b.jsonl", [{k: v for k, v in r.items() if v is not None}
-                                                for r in rows[1::2]])
+    second = write_jsonl(
+        tmp_path / "b.jsonl", [{k: v for k, v in r.items() if v is not None} for r in rows[1::2]]
+    )
     return [str(first), str(second)]
 
 
@@ -70,12 +85,24 @@ def test_per_shard_shared_counts_sum_to_the_local_ones(tmp_path):
     assert len(set(unit_keys(trace).tolist())) == 6 + 6 + 2  # sessions, then lone requests
 
 
-@pytest.mark.parametrize("config,shards", [
-    (SynthConfig(), 3),
-    (SynthConfig(Knobs(1.7, 0.6, 3), speedup_ratio=2.5, osl_multiplier=1.3, max_isl=90,
-                 min_osl=5, seed=4), 2),
-    (SynthConfig(Knobs(0.5, 2.0, 5), min_isl=30, seed=1), 1),
-])
+@pytest.mark.parametrize(
+    "config,shards",
+    [
+        (SynthConfig(), 3),
+        (
+            SynthConfig(
+                Knobs(1.7, 0.6, 3),
+                speedup_ratio=2.5,
+                osl_multiplier=1.3,
+                max_isl=90,
+                min_osl=5,
+                seed=4,
+            ),
+            2,
+        ),
+        (SynthConfig(Knobs(0.5, 2.0, 5), min_isl=30, seed=1), 1),
+    ],
+)
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_the_pipeline_writes_the_local_engines_bytes(tmp_path, config, shards):
     files = conversations(tmp_path)
@@ -92,10 +119,12 @@ def test_the_pipeline_writes_the_local_engines_bytes(tmp_path, config, shards):
 def test_run_on_the_real_trace_gives_the_same_file_and_summary(tmp_path):
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     config = SynthConfig(Knobs(1.5, 0.8, 2), speedup_ratio=2, seed=9)
-    summary = run_synthesize_beam(SynthesizeConfig((trace,), str(tmp_path / "out.jsonl"), 512,
-                                                   config), [])
-    assert (tmp_path / "out.jsonl").read_bytes() == \
-        jsonl_bytes(synthesize(read_trace([trace]), 512, config))
+    summary = run_synthesize_beam(
+        SynthesizeConfig((trace,), str(tmp_path / "out.jsonl"), 512, config), []
+    )
+    assert (tmp_path / "out.jsonl").read_bytes() == jsonl_bytes(
+        synthesize(read_trace([trace]), 512, config)
+    )
     assert not (tmp_path / "out.jsonl.parts").exists()
     assert summary["before"]["requests"] == 3993
     assert not any(summary["after"]["problems"].values())
@@ -103,14 +132,22 @@ def test_run_on_the_real_trace_gives_the_same_file_and_summary(tmp_path):
 
 def test_sampling_new_requests_stays_local(tmp_path):
     with pytest.raises(ConfigError, match="--engine local"):
-        run_synthesize_beam(SynthesizeConfig(("x.jsonl",), str(tmp_path / "o.jsonl"), 16,
-                                             SynthConfig(num_requests=5)), [])
+        run_synthesize_beam(
+            SynthesizeConfig(
+                ("x.jsonl",), str(tmp_path / "o.jsonl"), 16, SynthConfig(num_requests=5)
+            ),
+            [],
+        )
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_an_empty_trace_gives_an_empty_output(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
-    summary = run_synthesize_beam(SynthesizeConfig((str(tmp_path / "empty.jsonl"),),
-                                                   str(tmp_path / "out.jsonl"), 16, SynthConfig()), [])
+    summary = run_synthesize_beam(
+        SynthesizeConfig(
+            (str(tmp_path / "empty.jsonl"),), str(tmp_path / "out.jsonl"), 16, SynthConfig()
+        ),
+        [],
+    )
     assert (tmp_path / "out.jsonl").read_bytes() == b""
     assert summary["before"]["requests"] == summary["after"]["requests"] == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+
 from kvtrace.pipelines import local_workers
 from kvtrace.pipelines.anonymize_night import Encoded
 from kvtrace.transforms.errors import JobStopped
@@ -51,4 +52,6 @@ def test_a_stop_in_the_warm_up_is_the_runs_error_forked_or_started_clean(forked,
     monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
     with pytest.raises(JobStopped) as stopped:
         local_workers.encode_in_workers(HostileWork(), PIECES, 2, len(PIECES))
-    assert JobStopped.message_in(stopped.value) == "the chat template tried to reach Python internals"
+    assert (
+        JobStopped.message_in(stopped.value) == "the chat template tried to reach Python internals"
+    )

@@ -18,6 +18,9 @@ def test_batches_respect_weight_and_count_and_a_heavy_element_is_alone():
             assert len(batch) == 1 or sum(batch) <= 100
 
     with TestPipeline() as pipeline:
-        batches = (pipeline | beam.Create(elements, reshuffle=False)
-                   | beam.ParDo(BatchByWeight(100, lambda x: x, max_count=3)))
+        batches = (
+            pipeline
+            | beam.Create(elements, reshuffle=False)
+            | beam.ParDo(BatchByWeight(100, lambda x: x, max_count=3))
+        )
         assert_that(batches, check)

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from kvtrace.transforms.combiners import BucketTotals, fold
 from kvtrace.transforms.steps import CombineWith
 
-PAIRS = st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100)), max_size=4),
-                 max_size=12)
+PAIRS = st.lists(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100)), max_size=4), max_size=12
+)
 
 
 def expected_totals(elements: list[list[tuple[int, int]]]) -> dict[int, int]:
@@ -46,6 +47,9 @@ def test_bucket_totals_finish_sees_the_totals():
 def test_combine_with_lifts_a_pure_combiner_into_beam():
     elements = [[(0, 3), (1, 1)], [(1, 2)], [(7, 5)]]
     with TestPipeline() as pipeline:
-        combined = (pipeline | beam.Create(elements)
-                    | beam.CombineGlobally(CombineWith(BucketTotals(lambda pairs: pairs))))
+        combined = (
+            pipeline
+            | beam.Create(elements)
+            | beam.CombineGlobally(CombineWith(BucketTotals(lambda pairs: pairs)))
+        )
         assert_that(combined, equal_to([expected_totals(elements)]))

@@ -25,8 +25,13 @@ from kvtrace.transforms.dead_letters import (
 
 
 def letter(i: int, reason: str = "invalid_json", size: int = 10) -> DeadLetter:
-    return DeadLetter("in.jsonl", b"x" * size + str(i).encode(), reason, f"line {i}",
-                      lost_bytes=i if reason == DAMAGED_FILE else 0)
+    return DeadLetter(
+        "in.jsonl",
+        b"x" * size + str(i).encode(),
+        reason,
+        f"line {i}",
+        lost_bytes=i if reason == DAMAGED_FILE else 0,
+    )
 
 
 def test_letters_are_counted_as_they_come(tmp_path):
@@ -36,8 +41,9 @@ def test_letters_are_counted_as_they_come(tmp_path):
     runs.add(letter(7, DAMAGED_FILE))
     staged = runs.close()
     assert staged.tally == Tally(4, 7, (("damaged_file", 1), ("invalid_json", 3)))
-    assert staged.tally == (Tally.of(letter(i) for i in range(3))
-                            + Tally.of([letter(7, DAMAGED_FILE)]))
+    assert staged.tally == (
+        Tally.of(letter(i) for i in range(3)) + Tally.of([letter(7, DAMAGED_FILE)])
+    )
 
 
 def test_no_letters_no_run(tmp_path):
@@ -79,16 +85,28 @@ def test_no_runs_merge_to_an_empty_file(tmp_path):
     assert (tmp_path / "all.jsonl").read_bytes() == b""
 
 
-LETTERS = st.builds(DeadLetter, st.sampled_from(["a.jsonl", "a.jsonl.gz", "b/c.parquet", ""]),
-                    st.binary(max_size=12), st.sampled_from(["invalid_json", DAMAGED_FILE, "late"]),
-                    st.text(max_size=12), st.integers(0, 3))
+LETTERS = st.builds(
+    DeadLetter,
+    st.sampled_from(["a.jsonl", "a.jsonl.gz", "b/c.parquet", ""]),
+    st.binary(max_size=12),
+    st.sampled_from(["invalid_json", DAMAGED_FILE, "late"]),
+    st.text(max_size=12),
+    st.integers(0, 3),
+)
 
 
 @settings(max_examples=30, deadline=None)
-@given(letters=st.lists(LETTERS, max_size=30), held=st.integers(0, 30), seed=st.randoms(),
-       run_bytes=st.integers(1, 400), bundles=st.integers(1, 4), fan_in=st.integers(2, 5))
+@given(
+    letters=st.lists(LETTERS, max_size=30),
+    held=st.integers(0, 30),
+    seed=st.randoms(),
+    run_bytes=st.integers(1, 400),
+    bundles=st.integers(1, 4),
+    fan_in=st.integers(2, 5),
+)
 def test_the_file_is_the_letters_sorted_whatever_the_order_split_and_engine(
-        tmp_path_factory, letters, held, seed, run_bytes, bundles, fan_in):
+    tmp_path_factory, letters, held, seed, run_bytes, bundles, fan_in
+):
     """The declared order (dead_letters.py) is the lines' bytes sorted: however the letters are
     shuffled, dealt into bundles (Beam) or ranges (the local engine's workers), spilled into runs,
     held in memory (a stream window's) or merged a few runs at a time, the file is the same,
@@ -130,8 +148,9 @@ def test_merging_letters_of_large_records_holds_one_bounded_letter_per_run(tmp_p
     staged = StagedLetters()
     for i in range(24):
         runs = SortedRuns(str(tmp_path), run_bytes=1)
-        runs.add(DeadLetter("in.jsonl", b"\x01" * (3 << 20) + bytes([65 + i]), "invalid_json",
-                            str(i)))
+        runs.add(
+            DeadLetter("in.jsonl", b"\x01" * (3 << 20) + bytes([65 + i]), "invalid_json", str(i))
+        )
         staged += runs.close()
     tracemalloc.start()
     merge_runs(str(tmp_path / "all.jsonl"), staged)

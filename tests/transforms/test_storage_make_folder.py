@@ -41,14 +41,18 @@ def test_a_private_folder_kvtrace_made_and_opened_up_is_made_owner_only_again(tm
         storage.make_folder(str(folder), private=True)
     assert folder.stat().st_mode & 0o777 == 0o700
     assert [r.getMessage() for r in caplog.records] == [
-        f"made {folder} owner-only (it was 0o777): it holds private files"]
+        f"made {folder} owner-only (it was 0o777): it holds private files"
+    ]
 
 
 def test_new_private_folders_are_owner_only_and_existing_parents_left_alone(tmp_path):
     tmp_path.chmod(0o755)
     storage.make_folder(str(tmp_path / "a" / "b"), private=True)
     assert [(tmp_path / p).stat().st_mode & 0o777 for p in ("", "a", "a/b")] == [
-        0o755, 0o700, 0o700]
+        0o755,
+        0o700,
+        0o700,
+    ]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write any folder")

@@ -26,9 +26,15 @@ from kvtrace.transforms.trace_format import (
 
 INT = st.integers(0, 2**40 - 1)
 READ_INT = st.integers(0, 2**31 - 1)  # input and output lengths, response times the reader takes
-ROW = st.tuples(INT, READ_INT, READ_INT, st.one_of(st.just(NO_SESSION), INT),
-                st.one_of(st.just(NO_RESPONSE_MS), READ_INT), st.lists(INT, max_size=6),
-                st.lists(INT, max_size=3))
+ROW = st.tuples(
+    INT,
+    READ_INT,
+    READ_INT,
+    st.one_of(st.just(NO_SESSION), INT),
+    st.one_of(st.just(NO_RESPONSE_MS), READ_INT),
+    st.lists(INT, max_size=6),
+    st.lists(INT, max_size=3),
+)
 
 
 def columns_of(rows: list, with_outputs: bool) -> TraceColumns:
@@ -36,16 +42,20 @@ def columns_of(rows: list, with_outputs: bool) -> TraceColumns:
         return np.array([r[i] for r in rows], dtype=np.int64)
 
     def flat(i: int) -> tuple[np.ndarray, np.ndarray]:
-        return (np.array([len(r[i]) for r in rows], dtype=np.int64),
-                np.array([x for r in rows for x in r[i]], dtype=np.int64))
+        return (
+            np.array([len(r[i]) for r in rows], dtype=np.int64),
+            np.array([x for r in rows for x in r[i]], dtype=np.int64),
+        )
 
     outputs = flat(6) if with_outputs else (None, None)
     return TraceColumns(column(0), column(1), column(2), *flat(5), column(3), column(4), *outputs)
 
 
 def same(left: TraceColumns, right: TraceColumns) -> bool:
-    return all((a is None and b is None) or np.array_equal(a, b)
-               for a, b in zip(left.__dict__.values(), right.__dict__.values()))
+    return all(
+        (a is None and b is None) or np.array_equal(a, b)
+        for a, b in zip(left.__dict__.values(), right.__dict__.values())
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -82,9 +92,9 @@ def test_the_manifest_schema_refuses_text_that_unicode_classes_would_let_through
 
 
 def test_every_hash_scheme_identity_is_in_the_schema():
-    from kvtrace.transforms.encode.schemes import HashScheme
-
     import re
+
+    from kvtrace.transforms.encode.schemes import HashScheme
 
     pattern = MANIFEST_SCHEMA["properties"]["hash_scheme"]["pattern"]
     for scheme in (HashScheme(), HashScheme("dynamo"), HashScheme("vllm-sha256-cbor", b"\0" * 32)):
@@ -99,8 +109,10 @@ def test_the_published_tokenizer_names_are_kvtraces_own():
     from kvtrace.transforms.stats.audit import KNOWN_PACKAGE_TOKENIZERS
     from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
 
-    shipped = {load_bounded_yaml(str(presets.folder() / f"{name}.yaml"), "--config").get("tokenizer")
-               for name in presets.environments()} - {None}
+    shipped = {
+        load_bounded_yaml(str(presets.folder() / f"{name}.yaml"), "--config").get("tokenizer")
+        for name in presets.environments()
+    } - {None}
     packages = {f"pkg:{name}" for name in KNOWN_PACKAGE_TOKENIZERS}
     assert set(PUBLISHED_TOKENIZER_NAMES) == shipped | packages
     named, unnamed = MANIFEST_SCHEMA["properties"]["tokenizer"]["anyOf"]
@@ -109,14 +121,20 @@ def test_the_published_tokenizer_names_are_kvtraces_own():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(-2**62, 2**62), st.lists(st.integers(-2**62, 2**62),
-                                                                max_size=5)), max_size=10))
+@given(
+    st.lists(
+        st.tuples(st.integers(-(2**62), 2**62), st.lists(st.integers(-(2**62), 2**62), max_size=5)),
+        max_size=10,
+    )
+)
 def test_jsonl_formats_any_int64_as_json_does(rows):
     """The gate re-serializes whatever a file holds: negative and wide values are formatted as
     json.dumps would, so only a file's own bytes can match."""
     columns = columns_of([(0, 0, t, NO_SESSION, NO_RESPONSE_MS, ids, []) for t, ids in rows], False)
-    expected = "".join(json.dumps({"timestamp": 0, "input_length": 0, "output_length": t,
-                                   "hash_ids": ids}) + "\n" for t, ids in rows)
+    expected = "".join(
+        json.dumps({"timestamp": 0, "input_length": 0, "output_length": t, "hash_ids": ids}) + "\n"
+        for t, ids in rows
+    )
     assert jsonl_bytes(columns) == expected.encode()
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvtrace.transforms.read.trace_io import Trace, read_trace
 from kvtrace.transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
 
@@ -53,9 +54,18 @@ class CacheTrace:
         prefix = prefix_ids(trace)
         tokens = np.full(len(source), block_size, dtype=np.int32)
         has_blocks = lengths > 0
-        tokens[row_starts[1:][has_blocks] - 1] = last_block_tokens(trace, block_size)[order][has_blocks]
-        return CacheTrace(prefix[source], tokens, row_starts, trace.timestamp[order],
-                          trace.input_length[order], trace.output_length[order], block_size)
+        tokens[row_starts[1:][has_blocks] - 1] = last_block_tokens(trace, block_size)[order][
+            has_blocks
+        ]
+        return CacheTrace(
+            prefix[source],
+            tokens,
+            row_starts,
+            trace.timestamp[order],
+            trace.input_length[order],
+            trace.output_length[order],
+            block_size,
+        )
 
 
 def read_cache_trace(files: Sequence[str], block_size: int) -> tuple[Trace, CacheTrace]:
@@ -63,6 +73,11 @@ def read_cache_trace(files: Sequence[str], block_size: int) -> tuple[Trace, Cach
     started = time.perf_counter()
     trace = read_trace(files)
     cache = CacheTrace.of(trace, block_size)
-    _LOG.info("read %d rows, %d blocks (%d distinct prefixes) in %.1f s", cache.rows,
-              len(cache.block), cache.distinct_blocks, time.perf_counter() - started)
+    _LOG.info(
+        "read %d rows, %d blocks (%d distinct prefixes) in %.1f s",
+        cache.rows,
+        len(cache.block),
+        cache.distinct_blocks,
+        time.perf_counter() - started,
+    )
     return trace, cache

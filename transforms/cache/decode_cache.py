@@ -28,8 +28,10 @@ def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:
         for line, ids in _output_ids(path):
             by_line[(index, line)] = ids
     if not by_line:
-        raise ValueError(f"no {OUTPUT_IDS_FIELD} in the trace: make it with kvtrace anonymize "
-                         f"--emit-output-hashes")
+        raise ValueError(
+            f"no {OUTPUT_IDS_FIELD} in the trace: make it with kvtrace anonymize "
+            f"--emit-output-hashes"
+        )
     return [by_line.get((int(f), int(n)), []) for f, n in zip(trace.file_index, trace.line)]
 
 
@@ -62,14 +64,20 @@ def with_decode_cache(trace: Trace, output_ids: list[list[int]], block_size: int
     for row in range(rows):
         start, end = int(trace.offsets[row]), int(trace.offsets[row + 1])
         prompt_at, out_at = int(offsets[2 * row]), int(offsets[2 * row + 1])
-        ids[prompt_at:prompt_at + end - start] = trace.ids[start:end]
-        ids[out_at:out_at + full[row]] = trace.ids[start:start + full[row]]
-        ids[out_at + full[row]:int(offsets[2 * row + 2])] = output_ids[row]
+        ids[prompt_at : prompt_at + end - start] = trace.ids[start:end]
+        ids[out_at : out_at + full[row]] = trace.ids[start : start + full[row]]
+        ids[out_at + full[row] : int(offsets[2 * row + 2])] = output_ids[row]
     interleaved = Trace(
         np.repeat(trace.timestamp, 2),
         np.ravel(np.column_stack([trace.input_length, out_lengths * block_size])),
-        np.repeat(trace.output_length, 2), offsets, ids, None,
-        np.repeat(trace.line, 2), np.repeat(trace.file_index, 2), trace.files)
+        np.repeat(trace.output_length, 2),
+        offsets,
+        ids,
+        None,
+        np.repeat(trace.line, 2),
+        np.repeat(trace.file_index, 2),
+        trace.files,
+    )
     cache = CacheTrace.of(interleaved, block_size)
     # Causal order keeps each output row right after its request (same time, next in file order).
     is_output = np.repeat(np.arange(cache.rows) % 2 == 1, np.diff(cache.row_starts))

@@ -25,8 +25,13 @@ def _png(figure: plt.Figure) -> bytes:
     return sink.getvalue()
 
 
-def draw_ccdf(axes: plt.Axes, x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
-              at_gpu: float | None) -> None:
+def draw_ccdf(
+    axes: plt.Axes,
+    x: np.ndarray,
+    y: np.ndarray,
+    gpu_kv_cache_size: int | None,
+    at_gpu: float | None,
+) -> None:
     """Seed 003's plot: share of prompt tokens reused after more than x tokens, log x; with a
     GPU cache size, red lines at it and at the share beyond it (drawn even outside the data)."""
     axes.scatter(x, 100 * y, s=6)
@@ -35,10 +40,18 @@ def draw_ccdf(axes: plt.Axes, x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: i
     axes.set_ylabel("% of prompt tokens reused after > x")
     axes.set_title("CCDF of block reuse intervals (token-weighted, across requests)", fontsize=10)
     if gpu_kv_cache_size:
-        axes.axvline(gpu_kv_cache_size, color="red", linestyle="--",
-                     label=f"GPU KV cache: {gpu_kv_cache_size:,} tokens")
-        axes.axhline(100 * (at_gpu or 0.0), color="red", linestyle=":",
-                     label=f"{100 * (at_gpu or 0.0):.1f}% reusable beyond it (offload bound)")
+        axes.axvline(
+            gpu_kv_cache_size,
+            color="red",
+            linestyle="--",
+            label=f"GPU KV cache: {gpu_kv_cache_size:,} tokens",
+        )
+        axes.axhline(
+            100 * (at_gpu or 0.0),
+            color="red",
+            linestyle=":",
+            label=f"{100 * (at_gpu or 0.0):.1f}% reusable beyond it (offload bound)",
+        )
         low, high = axes.get_xlim() if len(x) else (gpu_kv_cache_size / 10, gpu_kv_cache_size * 10)
         axes.set_xlim(min(low, gpu_kv_cache_size / 2), max(high, gpu_kv_cache_size * 2))
         axes.legend(fontsize=8)
@@ -46,9 +59,16 @@ def draw_ccdf(axes: plt.Axes, x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: i
     axes.grid(True, which="both", alpha=0.3)
 
 
-def reuse_figure(x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
-                 at_gpu: float | None, capacities: np.ndarray | None, lru: np.ndarray | None,
-                 block_lru: np.ndarray | None, reuse_time: Sequence[dict]) -> bytes:
+def reuse_figure(
+    x: np.ndarray,
+    y: np.ndarray,
+    gpu_kv_cache_size: int | None,
+    at_gpu: float | None,
+    capacities: np.ndarray | None,
+    lru: np.ndarray | None,
+    block_lru: np.ndarray | None,
+    reuse_time: Sequence[dict],
+) -> bytes:
     """The CCDF, the exact LRU curves (when stack distances were computed) and reuse times."""
     panels = 3 if capacities is not None else 2
     figure, axes = plt.subplots(1, panels, figsize=(5.7 * panels, 4.8))
@@ -76,8 +96,9 @@ def draw_reuse_time(axes: plt.Axes, reuse_time: Sequence[dict]) -> None:
     axes.tick_params(axis="x", labelsize=8)
 
 
-def ccdf_png(x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None,
-             at_gpu: float | None) -> bytes:
+def ccdf_png(
+    x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None, at_gpu: float | None
+) -> bytes:
     figure, axes = plt.subplots(figsize=(7, 4.8))
     draw_ccdf(axes, x, y, gpu_kv_cache_size, at_gpu)
     return _png(figure)
@@ -104,16 +125,25 @@ def hit_rate_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> by
     return _png(figure)
 
 
-def two_tier_png(gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray,
-                 from_gpu: np.ndarray) -> bytes:
+def two_tier_png(
+    gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray, from_gpu: np.ndarray
+) -> bytes:
     """Hit rate of each (GPU, tier-2) capacity pair; cells show total and the GPU's part."""
     figure, axes = plt.subplots(figsize=(1.6 * len(tier2) + 3, 0.7 * len(gpu) + 2))
-    image = axes.imshow(total, cmap="viridis", vmin=0, vmax=max(1e-9, float(total.max())),
-                        aspect="auto")
+    image = axes.imshow(
+        total, cmap="viridis", vmin=0, vmax=max(1e-9, float(total.max())), aspect="auto"
+    )
     for i in range(len(gpu)):
         for j in range(len(tier2)):
-            axes.text(j, i, f"{total[i, j]:.1%}\n(GPU {from_gpu[i, j]:.1%})", ha="center",
-                      va="center", fontsize=7, color="white" if total[i, j] < 0.6 * total.max() else "black")
+            axes.text(
+                j,
+                i,
+                f"{total[i, j]:.1%}\n(GPU {from_gpu[i, j]:.1%})",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if total[i, j] < 0.6 * total.max() else "black",
+            )
     axes.set_xticks(range(len(tier2)), [f"{t:,}" for t in tier2], fontsize=7)
     axes.set_yticks(range(len(gpu)), [f"{g:,}" for g in gpu], fontsize=7)
     axes.set_xlabel("tier-2 (CPU/SSD) capacity, tokens")
@@ -125,8 +155,10 @@ def two_tier_png(gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray,
 
 def lengths_png(input_length: np.ndarray, output_length: np.ndarray) -> bytes:
     figure, (isl, osl) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for axes, values, name in ((isl, input_length, "input length (ISL)"),
-                               (osl, output_length, "output length (OSL)")):
+    for axes, values, name in (
+        (isl, input_length, "input length (ISL)"),
+        (osl, output_length, "output length (OSL)"),
+    ):
         axes.hist(values, bins=60, color="tab:blue")
         axes.set_xlabel(f"{name}, tokens")
         axes.set_ylabel("requests")

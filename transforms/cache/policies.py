@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
+
 from kvtrace.transforms.cache.cache_trace import CacheTrace
 from kvtrace.transforms.cache.policy_names import POLICIES
 
@@ -39,15 +40,19 @@ _NEVER = np.iinfo(np.int32).max  # traces hold < 2^31 blocks
 HEAP_SLACK = 1024
 
 
-def hit_rates(trace: CacheTrace, policy: str, capacities: Sequence[int],
-              warmup_fraction: float = 0.0,
-              done: Callable[[int], None] | None = None) -> list[float]:
+def hit_rates(
+    trace: CacheTrace,
+    policy: str,
+    capacities: Sequence[int],
+    warmup_fraction: float = 0.0,
+    done: Callable[[int], None] | None = None,
+) -> list[float]:
     """Token-weighted hit rate of the policy at each capacity (tokens), counting only rows
     after the first warmup_fraction of rows (earlier ones still fill the cache). Capacities
     replay in parallel threads (the compiled replay releases the GIL), one per core; done(i)
     is called as capacity i finishes."""
     first_row = math.floor(warmup_fraction * trace.rows)
-    total = int(trace.tokens[trace.row_starts[first_row]:].sum())
+    total = int(trace.tokens[trace.row_starts[first_row] :].sum())
     parent = _parents(trace.block, trace.row_starts, trace.distinct_blocks)
     next_use = _next_uses(trace.block) if policy == "belady" else np.empty(0, dtype=np.int32)
 
@@ -56,8 +61,18 @@ def hit_rates(trace: CacheTrace, policy: str, capacities: Sequence[int],
         # Stale heap entries pile up as blocks are re-keyed; they are dropped whenever the heap
         # is full, which leaves at most one per cached block (<= pages): memory follows pages.
         room = 2 * min(pages, trace.distinct_blocks) + HEAP_SLACK
-        hits = _replay(trace.block, trace.tokens, trace.row_starts, parent, next_use,
-                       trace.distinct_blocks, pages, POLICIES.index(policy), first_row, room)
+        hits = _replay(
+            trace.block,
+            trace.tokens,
+            trace.row_starts,
+            parent,
+            next_use,
+            trace.distinct_blocks,
+            pages,
+            POLICIES.index(policy),
+            first_row,
+            room,
+        )
         if done:
             done(index)
         return hits / total if total else 0.0
@@ -66,8 +81,9 @@ def hit_rates(trace: CacheTrace, policy: str, capacities: Sequence[int],
         return list(pool.map(replay, range(len(capacities))))
 
 
-def hit_rate(trace: CacheTrace, policy: str, capacity_tokens: int,
-             warmup_fraction: float = 0.0) -> float:
+def hit_rate(
+    trace: CacheTrace, policy: str, capacity_tokens: int, warmup_fraction: float = 0.0
+) -> float:
     """hit_rates at one capacity."""
     return hit_rates(trace, policy, [capacity_tokens], warmup_fraction)[0]
 
@@ -136,8 +152,11 @@ def _without_stale(keys, values, size, cached, key_now, cached_children, policy)
     kept = 0
     for i in range(size):
         b = values[i]
-        if cached[b] and keys[i] == key_now[b] and not (policy == _PREFIX_LRU
-                                                        and cached_children[b] > 0):
+        if (
+            cached[b]
+            and keys[i] == key_now[b]
+            and not (policy == _PREFIX_LRU and cached_children[b] > 0)
+        ):
             keys[kept], values[kept] = keys[i], b
             kept += 1
     for i in range(kept // 2 - 1, -1, -1):
@@ -146,8 +165,9 @@ def _without_stale(keys, values, size, cached, key_now, cached_children, policy)
 
 
 @numba.njit(cache=True, nogil=True)
-def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy,
-            first_measured_row, room) -> int:
+def _replay(
+    block, tokens, row_starts, parent, next_use, distinct, pages, policy, first_measured_row, room
+) -> int:
     cached = np.zeros(distinct, dtype=np.bool_)
     key_now = np.zeros(distinct, dtype=np.int64)  # the block's current eviction key
     cached_children = np.zeros(distinct, dtype=np.int32)
@@ -215,7 +235,6 @@ def _replay(block, tokens, row_starts, parent, next_use, distinct, pages, policy
                 continue  # FIFO: a hit keeps its place
             key_now[b] = key
             if size == len(keys):
-                size = _without_stale(keys, values, size, cached, key_now, cached_children,
-                                      policy)
+                size = _without_stale(keys, values, size, cached, key_now, cached_children, policy)
             size = _push(keys, values, size, key, b)
     return hits

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+
 from kvtrace.transforms.cache.cache_trace import CacheTrace
 
 # Reuse time buckets in seconds, as people size offload tiers: within a turn, a conversation,
@@ -38,13 +39,19 @@ class ReuseEvents:
 
 def reuse_events(trace: CacheTrace) -> ReuseEvents:
     """Every reuse event of a trace (its blocks in causal order, one after another)."""
-    return clocked_reuse_events(trace.block, trace.tokens, trace.row_starts, trace.timestamp_ms,
-                                trace.distinct_blocks)
+    return clocked_reuse_events(
+        trace.block, trace.tokens, trace.row_starts, trace.timestamp_ms, trace.distinct_blocks
+    )
 
 
-def clocked_reuse_events(block: np.ndarray, tokens: np.ndarray, row_starts: np.ndarray,
-                         timestamp_ms: np.ndarray, distinct: int,
-                         start: np.ndarray | None = None) -> ReuseEvents:
+def clocked_reuse_events(
+    block: np.ndarray,
+    tokens: np.ndarray,
+    row_starts: np.ndarray,
+    timestamp_ms: np.ndarray,
+    distinct: int,
+    start: np.ndarray | None = None,
+) -> ReuseEvents:
     """The reuse events of block occurrences in clock order (block: dense ids below distinct;
     row r's occurrences are [row_starts[r], row_starts[r + 1]), at timestamp_ms[r]). start is
     the clock at each occurrence's start, None when they follow one another (a whole trace);
@@ -54,11 +61,19 @@ def clocked_reuse_events(block: np.ndarray, tokens: np.ndarray, row_starts: np.n
     total = int(tokens.sum(dtype=np.int64))
     clock_end = total if start is None else int((start + tokens).max(initial=0))
     if clock_end >= 1 << (63 - TOKEN_BITS):
-        raise ValueError(f"a trace of {clock_end:,} prompt tokens is beyond the reuse analysis "
-                         f"(2^{63 - TOKEN_BITS}); split it")
-    packed, time_tokens = _events(block, tokens, row_starts, timestamp_ms, distinct,
-                                  np.array(REUSE_TIME_EDGES_S[1:-1]) * 1000.0,
-                                  np.zeros(0, np.int64) if start is None else start)
+        raise ValueError(
+            f"a trace of {clock_end:,} prompt tokens is beyond the reuse analysis "
+            f"(2^{63 - TOKEN_BITS}); split it"
+        )
+    packed, time_tokens = _events(
+        block,
+        tokens,
+        row_starts,
+        timestamp_ms,
+        distinct,
+        np.array(REUSE_TIME_EDGES_S[1:-1]) * 1000.0,
+        np.zeros(0, np.int64) if start is None else start,
+    )
     packed.sort()
     return ReuseEvents(packed >> TOKEN_BITS, packed & ((1 << TOKEN_BITS) - 1), time_tokens, total)
 
@@ -108,5 +123,7 @@ def ccdf_curve(events: ReuseEvents, points: int = 400) -> tuple[np.ndarray, np.n
 def reuse_time_histogram(events: ReuseEvents) -> list[dict]:
     """Reused tokens by time since the previous use, as shares of all reused tokens."""
     reused = int(events.time_tokens.sum())
-    return [{"bucket": label, "tokens": int(t), "share": float(t / reused) if reused else 0.0}
-            for label, t in zip(REUSE_TIME_LABELS, events.time_tokens.tolist())]
+    return [
+        {"bucket": label, "tokens": int(t), "share": float(t / reused) if reused else 0.0}
+        for label, t in zip(REUSE_TIME_LABELS, events.time_tokens.tolist())
+    ]

@@ -13,16 +13,16 @@ from kvtrace.transforms.stats.trace_stats import MAX_EXAMPLES
 
 DEFINITIONS = {
     "token_clock": "rows in (timestamp, file) order; each block advances the clock by its real "
-                   "tokens (the last block of a row by its remainder)",
+    "tokens (the last block of a row by its remainder)",
     "reuse_event": "an occurrence of a block (an exact prefix) seen in an earlier request",
     "interval_tokens": "clock at the occurrence's start minus clock at the end of the block's "
-                       "previous occurrence",
+    "previous occurrence",
     "ccdf": "y(x) = tokens of reuse events with interval > x / all prompt tokens",
     "lru_hit_rate": "token-weighted; per request the longest prefix cached in an LRU cache of "
-                    "C tokens (pages of block size) on arrival, then its blocks touched in order",
+    "C tokens (pages of block size) on arrival, then its blocks touched in order",
     "block_lru_hit_rate": "token-weighted; every block cached on arrival counts, prefix or not",
     "reuse_time": "seconds between the timestamps of a reuse event's request and the previous "
-                  "use's request",
+    "use's request",
 }
 BINNED = "exact at each listed interval (32 bins per doubling)"
 
@@ -39,10 +39,19 @@ def merged_problems(per_file: Iterable[dict]) -> dict:
     return problems
 
 
-def reuse_report(block_size: int, rows: int, prompt_tokens: int, reused_tokens: int,
-                 ccdf: tuple[np.ndarray, np.ndarray], reuse_time: list[dict], problems: dict,
-                 gpu_kv_cache_size: int | None, at_gpu: float | None,
-                 stack: dict[str, Any] | None = None, binned: bool = False) -> dict:
+def reuse_report(
+    block_size: int,
+    rows: int,
+    prompt_tokens: int,
+    reused_tokens: int,
+    ccdf: tuple[np.ndarray, np.ndarray],
+    reuse_time: list[dict],
+    problems: dict,
+    gpu_kv_cache_size: int | None,
+    at_gpu: float | None,
+    stack: dict[str, Any] | None = None,
+    binned: bool = False,
+) -> dict:
     """The report. stack (local engine only): {"blocks": int, "infinite_cache": dict,
     "lru_stack": dict} from the stack-distance pass."""
     share = reused_tokens / prompt_tokens if prompt_tokens else 0.0

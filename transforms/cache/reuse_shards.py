@@ -15,19 +15,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from kvtrace.transforms.cache.reuse import REUSE_TIME_LABELS, clocked_reuse_events
 from kvtrace.transforms.stats.trace_shards import dense_prefixes
 
-CLOCKED = np.dtype([("prefix_hi", "<u8"), ("prefix_lo", "<u8"), ("start", "<i8"),
-                    ("tokens", "<i8"), ("ts", "<f8")])
+CLOCKED = np.dtype(
+    [("prefix_hi", "<u8"), ("prefix_lo", "<u8"), ("start", "<i8"), ("tokens", "<i8"), ("ts", "<f8")]
+)
 # Interval bins: [0, 1), then integer edges at 2^(k/32) up to 2^48 tokens: ~3% wide.
-EDGES = np.unique(np.concatenate([[0], np.ceil(2.0 ** (np.arange(48 * 32 + 1) / 32))])).astype(np.int64)
+EDGES = np.unique(np.concatenate([[0], np.ceil(2.0 ** (np.arange(48 * 32 + 1) / 32))])).astype(
+    np.int64
+)
 
 
 def bucket_tokens(blocks: np.ndarray, bucket: np.ndarray) -> dict[int, int]:
     """Tokens per time bucket of a chunk's blocks (bucket: each block's row's bucket)."""
     keys, inverse = np.unique(bucket, return_inverse=True)
-    return dict(zip(keys.tolist(), np.bincount(inverse, weights=blocks["weight"]).astype(np.int64).tolist()))
+    return dict(
+        zip(keys.tolist(), np.bincount(inverse, weights=blocks["weight"]).astype(np.int64).tolist())
+    )
 
 
 def clock_starts(bucket_totals: dict[int, int]) -> dict[int, int]:
@@ -59,14 +65,17 @@ class ReuseSummary:
     above_gpu_tokens: int = 0
     interval_tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(EDGES), np.int64))
     time_tokens: np.ndarray = field(
-        default_factory=lambda: np.zeros(len(REUSE_TIME_LABELS), np.int64))
+        default_factory=lambda: np.zeros(len(REUSE_TIME_LABELS), np.int64)
+    )
 
     def merge(self, other: ReuseSummary) -> ReuseSummary:
-        return ReuseSummary(self.total_tokens + other.total_tokens,
-                            self.reused_tokens + other.reused_tokens,
-                            self.above_gpu_tokens + other.above_gpu_tokens,
-                            self.interval_tokens + other.interval_tokens,
-                            self.time_tokens + other.time_tokens)
+        return ReuseSummary(
+            self.total_tokens + other.total_tokens,
+            self.reused_tokens + other.reused_tokens,
+            self.above_gpu_tokens + other.above_gpu_tokens,
+            self.interval_tokens + other.interval_tokens,
+            self.time_tokens + other.time_tokens,
+        )
 
     def ccdf(self) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) at every bin edge x = EDGES[b] - 1 with tokens above it, exact there."""
@@ -79,8 +88,10 @@ class ReuseSummary:
 
     def reuse_time(self) -> list[dict]:
         reused = int(self.time_tokens.sum())
-        return [{"bucket": label, "tokens": int(t), "share": float(t / reused) if reused else 0.0}
-                for label, t in zip(REUSE_TIME_LABELS, self.time_tokens)]
+        return [
+            {"bucket": label, "tokens": int(t), "share": float(t / reused) if reused else 0.0}
+            for label, t in zip(REUSE_TIME_LABELS, self.time_tokens)
+        ]
 
 
 def summarize(clocked: np.ndarray, gpu_kv_cache_size: int | None) -> ReuseSummary:
@@ -89,17 +100,31 @@ def summarize(clocked: np.ndarray, gpu_kv_cache_size: int | None) -> ReuseSummar
     clocked = clocked[np.argsort(clocked["start"])]
     prefix = dense_prefixes(clocked)
     # Each occurrence its own row: a prefix occurs once per request, so rows only carry times.
-    events = clocked_reuse_events(prefix, clocked["tokens"], np.arange(len(clocked) + 1),
-                                  clocked["ts"], int(prefix.max(initial=-1)) + 1,
-                                  clocked["start"])
-    above_gpu = (int(events.tokens[np.searchsorted(events.interval_tokens, gpu_kv_cache_size,
-                                                   side="right"):].sum())
-                 if gpu_kv_cache_size else 0)
+    events = clocked_reuse_events(
+        prefix,
+        clocked["tokens"],
+        np.arange(len(clocked) + 1),
+        clocked["ts"],
+        int(prefix.max(initial=-1)) + 1,
+        clocked["start"],
+    )
+    above_gpu = (
+        int(
+            events.tokens[
+                np.searchsorted(events.interval_tokens, gpu_kv_cache_size, side="right") :
+            ].sum()
+        )
+        if gpu_kv_cache_size
+        else 0
+    )
     return ReuseSummary(
         total_tokens=events.total_tokens,
         reused_tokens=int(events.tokens.sum()),
         above_gpu_tokens=above_gpu,
-        interval_tokens=np.bincount(np.searchsorted(EDGES, events.interval_tokens, side="right") - 1,
-                                    weights=events.tokens, minlength=len(EDGES)).astype(np.int64),
+        interval_tokens=np.bincount(
+            np.searchsorted(EDGES, events.interval_tokens, side="right") - 1,
+            weights=events.tokens,
+            minlength=len(EDGES),
+        ).astype(np.int64),
         time_tokens=events.time_tokens,
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+
 from kvtrace.transforms.cache.cache_trace import CacheTrace
 
 COLD = np.iinfo(np.int32).max  # the distance of a first use: no capacity holds it
@@ -37,14 +38,15 @@ class StackDistances:
     def total_tokens(self) -> int:
         return int(self.tokens.sum(dtype=np.int64))
 
-    def hit_rates(self, capacities: np.ndarray, prefix: bool = True,
-                  warmup_fraction: float = 0.0) -> np.ndarray:
+    def hit_rates(
+        self, capacities: np.ndarray, prefix: bool = True, warmup_fraction: float = 0.0
+    ) -> np.ndarray:
         """Token-weighted hit rate at each capacity (tokens): `lru`'s (longest cached prefix)
         or, with prefix=False, block LRU's (every cached block counts); counting only rows
         after the first warmup_fraction of rows (earlier ones still fill the cache)."""
         cumulative = self._hits_within(prefix, warmup_fraction)
         pages = np.asarray(capacities, dtype=np.int64) // self.block_size
-        total = self.tokens[self.first_measured(warmup_fraction):].sum()
+        total = self.tokens[self.first_measured(warmup_fraction) :].sum()
         hits = cumulative[np.clip(pages, 0, len(cumulative) - 1)]
         return hits / total if total else np.zeros(len(pages))
 
@@ -65,10 +67,15 @@ class StackDistances:
         """Token-weighted hit rate of an unbounded cache, after a warm-up as in hit_rates."""
         first = self.first_measured(warmup_fraction)
         tokens = self.tokens[first:]
-        return float(tokens[self.prefix_max[first:] != COLD].sum() / tokens.sum()) if tokens.sum() else 0.0
+        return (
+            float(tokens[self.prefix_max[first:] != COLD].sum() / tokens.sum())
+            if tokens.sum()
+            else 0.0
+        )
 
-    def two_tier(self, gpu_tokens: int, tier2_tokens: int,
-                 warmup_fraction: float = 0.0) -> tuple[float, float]:
+    def two_tier(
+        self, gpu_tokens: int, tier2_tokens: int, warmup_fraction: float = 0.0
+    ) -> tuple[float, float]:
         """(hit rate served by the GPU, by tier 2) of a GPU cache with a CPU/SSD tier behind it:
         blocks the GPU evicts are demoted to tier 2 (LRU), a tier-2 hit is promoted back. That
         is one LRU stack whose top gpu pages are on the GPU and the next tier2 pages below."""
@@ -150,5 +157,7 @@ def _running_max_per_row(values: np.ndarray, row_starts: np.ndarray) -> np.ndarr
 
 def infinite_cache(distances: StackDistances) -> dict[str, float]:
     """The unbounded cache's token-weighted hit rates: the ceiling every capacity approaches."""
-    return {"token_weighted": distances.infinite_hit_rate(),
-            "token_weighted_last_50pct_of_rows": distances.infinite_hit_rate(0.5)}
+    return {
+        "token_weighted": distances.infinite_hit_rate(),
+        "token_weighted_last_50pct_of_rows": distances.infinite_hit_rate(0.5),
+    }

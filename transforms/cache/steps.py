@@ -9,8 +9,13 @@ import apache_beam as beam
 import numpy as np
 
 from kvtrace.transforms.cache.reuse_report import merged_problems, reuse_report
-from kvtrace.transforms.cache.reuse_shards import (ReuseSummary, bucket_tokens, clock_blocks,
-                                           clock_starts, summarize)
+from kvtrace.transforms.cache.reuse_shards import (
+    ReuseSummary,
+    bucket_tokens,
+    clock_blocks,
+    clock_starts,
+    summarize,
+)
 from kvtrace.transforms.combiners import BucketTotals
 from kvtrace.transforms.ids.buckets import buckets_of
 from kvtrace.transforms.ids.dense_ids import split_by
@@ -33,23 +38,29 @@ class SummarizeReuse(beam.PTransform):
 
     def expand(self, chunks: beam.PCollection) -> beam.PCollection:
         gpu = self._gpu_kv_cache_size
-        starts = chunks | "ClockStarts" >> beam.CombineGlobally(CombineWith(BucketTotals(
-            lambda c: bucket_tokens(c.blocks, buckets_of(c.blocks["ts"])).items(),
-            clock_starts)))
+        starts = chunks | "ClockStarts" >> beam.CombineGlobally(
+            CombineWith(
+                BucketTotals(
+                    lambda c: bucket_tokens(c.blocks, buckets_of(c.blocks["ts"])).items(),
+                    clock_starts,
+                )
+            )
+        )
         return (
             chunks
             | "ByBucket" >> beam.FlatMap(lambda c: split_by(c.blocks, buckets_of(c.blocks["ts"])))
             | "GroupBuckets" >> beam.GroupByKey()
             | "Clock" >> beam.FlatMap(_clocked_by_prefix, beam.pvalue.AsSingleton(starts))
             | "GroupPrefixes" >> beam.GroupByKey()
-            | "Summarize" >> beam.MapTuple(
-                lambda _, tables: summarize(np.concatenate(list(tables)), gpu))
+            | "Summarize"
+            >> beam.MapTuple(lambda _, tables: summarize(np.concatenate(list(tables)), gpu))
             | "MergeSummaries" >> beam.CombineGlobally(_merged).without_defaults()
         )
 
 
-def _clocked_by_prefix(element: tuple[int, Iterable[np.ndarray]],
-                       starts: dict[int, int]) -> Iterator[tuple[int, np.ndarray]]:
+def _clocked_by_prefix(
+    element: tuple[int, Iterable[np.ndarray]], starts: dict[int, int]
+) -> Iterator[tuple[int, np.ndarray]]:
     bucket, tables = element
     clocked = clock_blocks(np.concatenate(list(tables)), starts[bucket])
     yield from by_shard(clocked, clocked["prefix_lo"], PREFIX_SHARDS)
@@ -76,19 +87,30 @@ class ReuseTrace(beam.PTransform):
         return (
             root.pipeline
             | "Report" >> beam.Create([None])
-            | "Assemble" >> beam.Map(
+            | "Assemble"
+            >> beam.Map(
                 lambda _, summary, files: self._report(summary, files),
                 beam.pvalue.AsSingleton(summary, default_value=ReuseSummary()),
-                beam.pvalue.AsList(files))
+                beam.pvalue.AsList(files),
+            )
         )
 
     def _report(self, summary: ReuseSummary, files: list[tuple[int, dict, int]]) -> dict:
         files = sorted(files, key=lambda f: f[0])
-        at_gpu = (summary.above_gpu_tokens / summary.total_tokens if summary.total_tokens
-                  else 0.0) if self._gpu else None
-        return reuse_report(self._block_size, sum(rows for _, _, rows in files),
-                            summary.total_tokens, summary.reused_tokens, summary.ccdf(),
-                            summary.reuse_time(), merged_problems(p for _, p, _ in files),
-                            self._gpu, at_gpu, binned=True)
-
-
+        at_gpu = (
+            (summary.above_gpu_tokens / summary.total_tokens if summary.total_tokens else 0.0)
+            if self._gpu
+            else None
+        )
+        return reuse_report(
+            self._block_size,
+            sum(rows for _, _, rows in files),
+            summary.total_tokens,
+            summary.reused_tokens,
+            summary.ccdf(),
+            summary.reuse_time(),
+            merged_problems(p for _, p, _ in files),
+            self._gpu,
+            at_gpu,
+            binned=True,
+        )

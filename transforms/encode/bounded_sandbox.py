@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import TemplateRuntimeError
-from jinja2.nodes import Add, Concat
 from jinja2.filters import make_attrgetter
+from jinja2.nodes import Add, Concat
 from jinja2.runtime import Context, LoopContext, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg
@@ -64,8 +64,10 @@ MAX_ROUND_DIGITS = (MAX_INT_BITS * 30103) // 100000 + 1
 MAX_ITEMS = 1 << 20
 # What str.split() with no separator splits at, and str.splitlines() ends a line at
 # (test_bounded_sandbox_bounds.py checks both against Python's own).
-_WHITESPACE = (" \n\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
-               "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+_WHITESPACE = (
+    " \n\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 _LINE_BREAKS = "\n\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
 _BYTES_WHITESPACE = (b" ", b"\t", b"\n", b"\r", b"\x0b", b"\x0c")
 _BYTES_LINE_BREAKS = (b"\n", b"\r")
@@ -98,15 +100,16 @@ def _checked(result: Any, what: str) -> Any:
     it. Every other value has a size that no call makes grow (a float, a bool, a function)."""
     if type(result) is str:  # most results: told at once
         if len(result) > MAX_VALUE_LENGTH:
-            raise ValueTooLarge(f"{what} built a value of {len(result)} items, over "
-                                f"{MAX_VALUE_LENGTH}")
+            raise ValueTooLarge(
+                f"{what} built a value of {len(result)} items, over {MAX_VALUE_LENGTH}"
+            )
     elif isinstance(result, int):
         if result.bit_length() > MAX_INT_BITS:
-            raise ValueTooLarge(f"{what} built an integer of {result.bit_length()} bits, over "
-                                f"{MAX_INT_BITS}")
+            raise ValueTooLarge(
+                f"{what} built an integer of {result.bit_length()} bits, over {MAX_INT_BITS}"
+            )
     elif isinstance(result, _LENGTHS) and len(result) > MAX_VALUE_LENGTH:
-        raise ValueTooLarge(f"{what} built a value of {len(result)} items, over "
-                            f"{MAX_VALUE_LENGTH}")
+        raise ValueTooLarge(f"{what} built a value of {len(result)} items, over {MAX_VALUE_LENGTH}")
     return result
 
 
@@ -150,8 +153,9 @@ def _leaf_length(value: Any) -> int:
         return len("Undefined")
     if isinstance(value, range):
         return len(repr(value))  # three integers
-    raise ValueTooLarge(f"printing a {type(value).__name__}, whose size cannot be told before "
-                        "it is printed")
+    raise ValueTooLarge(
+        f"printing a {type(value).__name__}, whose size cannot be told before it is printed"
+    )
 
 
 def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
@@ -206,8 +210,9 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
 
 def _check_length(length: int, what: str) -> None:
     if length > MAX_VALUE_LENGTH:
-        raise ValueTooLarge(f"{what} would build a value of {length} items, over "
-                            f"{MAX_VALUE_LENGTH}")
+        raise ValueTooLarge(
+            f"{what} would build a value of {length} items, over {MAX_VALUE_LENGTH}"
+        )
 
 
 def _printf_fields(template: str | bytes) -> Iterator[tuple[str, str]]:
@@ -220,17 +225,17 @@ def _printf_fields(template: str | bytes) -> Iterator[tuple[str, str]]:
     at = template.find(percent)  # type: ignore[arg-type]
     while 0 <= at < len(template) - 1:
         at += 1
-        if template[at:at + 1] == opening:
+        if template[at : at + 1] == opening:
             depth = 0
             while at < len(template):
-                mark = template[at:at + 1]
+                mark = template[at : at + 1]
                 depth += (mark == opening) - (mark == closing)
                 at += 1
                 if depth == 0:
                     break
         size = sizes.match(template, at)  # type: ignore[call-overload]
         at = size.end()
-        if template[at:at + 1] != percent:  # "%%" is a literal percent sign
+        if template[at : at + 1] != percent:  # "%%" is a literal percent sign
             yield tuple(_ascii(group) for group in size.groups())  # type: ignore[misc]
         at = template.find(percent, at + 1)  # type: ignore[arg-type]
 
@@ -241,15 +246,22 @@ def _ascii(group: str | bytes | None) -> str:
 
 def _longest_text(values: Iterable[Any]) -> int:
     """The longest of values as text: what one format field may print of any of them."""
-    return max((len(value) if isinstance(value, _TEXTS) else _text_length(value)
-                for value in values), default=0)
+    return max(
+        (len(value) if isinstance(value, _TEXTS) else _text_length(value) for value in values),
+        default=0,
+    )
 
 
 def _check_printf(template: str | bytes, operand: Any = ()) -> None:
     """`template % operand` sized first: its text, and each field at its width and precision
     plus the longest value it may print (a field's width alone is bounded, their sum too)."""
-    values = (operand.values() if isinstance(operand, dict) else
-              operand if isinstance(operand, tuple) else (operand,))
+    values = (
+        operand.values()
+        if isinstance(operand, dict)
+        else operand
+        if isinstance(operand, tuple)
+        else (operand,)
+    )
     longest, length = _longest_text(values), len(template)
     for width, precision in _printf_fields(template):
         if "*" in (width, precision):
@@ -296,8 +308,10 @@ def _check_binop(name: str, left: Any, right: Any) -> None:
     """Every binary operator a template runs, sized from its operands before it runs."""
     if isinstance(left, int) and isinstance(right, int):
         if _integer_result_bits(name, left, right) > MAX_INT_BITS:
-            raise ValueTooLarge(f"{name} on integers of {left.bit_length()} and "
-                                f"{right.bit_length()} bits: over {MAX_INT_BITS} bits")
+            raise ValueTooLarge(
+                f"{name} on integers of {left.bit_length()} and "
+                f"{right.bit_length()} bits: over {MAX_INT_BITS} bits"
+            )
     elif name == "+":
         if isinstance(left, _TEXTS) and isinstance(right, _TEXTS):
             _check_length(len(left) + len(right), "+")
@@ -309,8 +323,9 @@ def _check_binop(name: str, left: Any, right: Any) -> None:
         repeated = left if type(right) is int else right
         if isinstance(repeated, (list, tuple)):  # sized by what it holds: see add
             _check_items(len(repeated) * count, "*")
-            _check_length(_text_length(repeated, limit=MAX_VALUE_LENGTH // max(count, 1))
-                          * count, "*")
+            _check_length(
+                _text_length(repeated, limit=MAX_VALUE_LENGTH // max(count, 1)) * count, "*"
+            )
         else:
             _check_length(_sized(repeated) * count, "*")
     elif name == "%" and isinstance(left, _TEXTS):
@@ -338,9 +353,12 @@ def _check_split(text: str | bytes, *args: Any, lines: bool = False) -> None:
     if most is not None and most < MAX_ITEMS and not lines:
         return
     breaks: Iterable[Any] = (
-        (separator,) if separator else
-        (_LINE_BREAKS if lines else _WHITESPACE) if isinstance(text, str) else
-        (_BYTES_LINE_BREAKS if lines else _BYTES_WHITESPACE))
+        (separator,)
+        if separator
+        else (_LINE_BREAKS if lines else _WHITESPACE)
+        if isinstance(text, str)
+        else (_BYTES_LINE_BREAKS if lines else _BYTES_WHITESPACE)
+    )
     pieces = 1
     for mark in breaks:  # the commonest first: past the bound, the rest is not counted
         pieces += text.count(mark)  # type: ignore[arg-type]
@@ -371,8 +389,13 @@ def _listed(items: Any) -> Any:
 def _check_translate(text: str | bytes, table: Any = None, *rest: Any) -> None:
     """translate's result sized first: each character may become the longest replacement (a
     byte stays a byte)."""
-    values = (table.values() if isinstance(table, dict) else
-              table if isinstance(table, (list, tuple)) else ())
+    values = (
+        table.values()
+        if isinstance(table, dict)
+        else table
+        if isinstance(table, (list, tuple))
+        else ()
+    )
     longest = max((len(value) for value in values if isinstance(value, str)), default=1)
     _check_length(len(text) * max(longest, 1), "translate")
 
@@ -417,14 +440,19 @@ _STR_METHOD_CHECKS = {
 # Methods that build a sequence of new objects from one value in one call, sized by its items
 # (called with the method's owner: a string or bytes to split, dict for fromkeys).
 _SEQUENCE_METHOD_CHECKS: dict[str, Callable[..., None]] = {
-    "split": lambda text, *args: _check_split(text, *args)
-    if isinstance(text, (str, bytes)) else None,
-    "rsplit": lambda text, *args: _check_split(text, *args)
-    if isinstance(text, (str, bytes)) else None,
-    "splitlines": lambda text, *args: _check_split(text, lines=True)
-    if isinstance(text, (str, bytes)) else None,
+    "split": lambda text, *args: (
+        _check_split(text, *args) if isinstance(text, (str, bytes)) else None
+    ),
+    "rsplit": lambda text, *args: (
+        _check_split(text, *args) if isinstance(text, (str, bytes)) else None
+    ),
+    "splitlines": lambda text, *args: (
+        _check_split(text, lines=True) if isinstance(text, (str, bytes)) else None
+    ),
     "fromkeys": lambda owner, keys=(), *rest: _check_items(_item_count(keys), "fromkeys"),
 }
+
+
 # Filters whose result may outgrow their value and arguments, sized the same way (called with
 # the filter's own arguments, the value first).
 def _filter_format(value: Any, *args: Any, **kwargs: Any) -> None:
@@ -440,16 +468,23 @@ def _filter_indent(value: Any, width: Any = 4, *rest: Any, **kwargs: Any) -> Non
         _check_length(len(value) + (value.count("\n") + 1) * step, "indent")
 
 
-def _filter_wordwrap(value: Any, width: Any = 79, break_long_words: Any = True,
-                     wrapstring: Any = None, *rest: Any, **kwargs: Any) -> None:
+def _filter_wordwrap(
+    value: Any,
+    width: Any = 79,
+    break_long_words: Any = True,
+    wrapstring: Any = None,
+    *rest: Any,
+    **kwargs: Any,
+) -> None:
     """wrapstring joins the lines, at most one per character of value."""
     wrapstring = kwargs.get("wrapstring", wrapstring)
     if isinstance(value, str) and isinstance(wrapstring, str):
         _check_length(len(value) + (len(value) + 1) * len(wrapstring), "wordwrap")
 
 
-def _filter_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *rest: Any,
-                   **kwargs: Any) -> None:
+def _filter_tojson(
+    value: Any, ensure_ascii: Any = False, indent: Any = None, *rest: Any, **kwargs: Any
+) -> None:
     indent = kwargs.get("indent", indent)
     step = len(indent) if isinstance(indent, str) else indent if type(indent) is int else 0
     _check_length(_text_length(value, max(step, 0)) + 2, "tojson")  # a string's quotes
@@ -464,8 +499,7 @@ def _filter_sum(value: Any, attribute: Any = None, start: Any = 0, **kwargs: Any
 def _filter_number(value: Any, *rest: Any, **kwargs: Any) -> None:
     """A number read from text: at most MAX_NUMBER_TEXT long, in any base."""
     if isinstance(value, _TEXTS) and len(value) > MAX_NUMBER_TEXT:
-        raise ValueTooLarge(f"a number read from {len(value)} characters, over "
-                            f"{MAX_NUMBER_TEXT}")
+        raise ValueTooLarge(f"a number read from {len(value)} characters, over {MAX_NUMBER_TEXT}")
 
 
 def _filter_round(value: Any, precision: Any = 0, *rest: Any, **kwargs: Any) -> None:
@@ -488,17 +522,46 @@ def _filter_escape(value: Any, *rest: Any, **kwargs: Any) -> None:
 # Filters that print their value first (str() of it, in one C call), whatever it is: a value
 # that is not a string is sized as text before (the rest of each is sized after, a fixed
 # multiple of that text: case mapping, trimming, escaping).
-_PRINTING_FILTERS = frozenset((
-    "capitalize", "center", "format", "forceescape", "lower", "pprint", "replace", "safe",
-    "string", "striptags", "title", "trim", "truncate", "upper", "urlencode", "urlize",
-    "wordcount"))
+_PRINTING_FILTERS = frozenset(
+    (
+        "capitalize",
+        "center",
+        "format",
+        "forceescape",
+        "lower",
+        "pprint",
+        "replace",
+        "safe",
+        "string",
+        "striptags",
+        "title",
+        "trim",
+        "truncate",
+        "upper",
+        "urlencode",
+        "urlize",
+        "wordcount",
+    )
+)
 
 # Filters that list their value (or the pieces of a string) in one C call, sized by the items
 # the value has, a string's characters among them. (batch, unique, map, select and the like
 # are generators: a step per item, which the watchdog can stop.)
-_LISTING_FILTERS = frozenset((
-    "list", "sort", "slice", "reverse", "dictsort", "groupby", "wordcount", "wordwrap",
-    "title", "urlize", "striptags"))
+_LISTING_FILTERS = frozenset(
+    (
+        "list",
+        "sort",
+        "slice",
+        "reverse",
+        "dictsort",
+        "groupby",
+        "wordcount",
+        "wordwrap",
+        "title",
+        "urlize",
+        "striptags",
+    )
+)
 
 _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "format": _filter_format,
@@ -512,10 +575,12 @@ _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "e": _filter_escape,
     "escape": _filter_escape,
     "forceescape": _filter_escape,
-    "join": lambda value, separator="", *rest, **kwargs:
-        _check_join(str(kwargs.get("d", separator)), value),  # listed
-    "replace": lambda value, old=None, new=None, *rest, **kwargs:
-        _check_replace(value, old, new) if isinstance(value, str) else None,
+    "join": lambda value, separator="", *rest, **kwargs: _check_join(
+        str(kwargs.get("d", separator)), value
+    ),  # listed
+    "replace": lambda value, old=None, new=None, *rest, **kwargs: (
+        _check_replace(value, old, new) if isinstance(value, str) else None
+    ),
 }
 
 
@@ -535,14 +600,15 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
                 args, kwargs = _join_attributes(args, kwargs, skip)
-            _FILTER_CHECKS[name](*args[skip - 1:], **kwargs)
+            _FILTER_CHECKS[name](*args[skip - 1 :], **kwargs)
         return _checked(function(*args, **kwargs), f"the filter {name}")
 
     return bounded
 
 
-def _join_attributes(args: tuple[Any, ...], kwargs: dict[str, Any],
-                     skip: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _join_attributes(
+    args: tuple[Any, ...], kwargs: dict[str, Any], skip: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """jinja join's arguments with its items listed, each its attribute when one is named
     (what join would join), so that what is sized is what is joined."""
     items = _listed(args[skip - 1])
@@ -550,7 +616,7 @@ def _join_attributes(args: tuple[Any, ...], kwargs: dict[str, Any],
     attribute = kwargs.pop("attribute", rest.pop(1) if len(rest) > 1 else None)
     if attribute is not None:
         items = list(map(make_attrgetter(args[0].environment, attribute), items))
-    return (*args[:skip - 1], items, *rest), kwargs
+    return (*args[: skip - 1], items, *rest), kwargs
 
 
 class _BoundedFilters(dict):
@@ -608,9 +674,12 @@ def _returned_as_is(sample: Any) -> frozenset[str]:
     (safe for the type, not str.format): asked of jinja itself, once. Its answer depends on
     the type alone for these builtins (isinstance checks and the name)."""
     sandbox = ImmutableSandboxedEnvironment()
-    return frozenset(name for name in dir(type(sample))
-                     if sandbox.is_safe_attribute(sample, name, None)
-                     and sandbox.wrap_str_format(getattr(sample, name)) is None)
+    return frozenset(
+        name
+        for name in dir(type(sample))
+        if sandbox.is_safe_attribute(sample, name, None)
+        and sandbox.wrap_str_format(getattr(sample, name)) is None
+    )
 
 
 # What a template is given is plain JSON types (transformers rebuilds messages and tools so):
@@ -668,8 +737,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         known = self._by_name.get(kind)
         if known is None:
             known = self._by_name[kind] = (
-                isinstance(obj, _NAMED_ATTRIBUTES) and not hasattr(kind, "__getitem__")
-                and all(self.is_safe_attribute(obj, name, None) for name in _PROBES))
+                isinstance(obj, _NAMED_ATTRIBUTES)
+                and not hasattr(kind, "__getitem__")
+                and all(self.is_safe_attribute(obj, name, None) for name in _PROBES)
+            )
         return known
 
     def call_binop(self, context: Context, operator_name: str, left: Any, right: Any) -> Any:
@@ -684,8 +755,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             _check_integers(kwargs.values(), "a call")
         method = getattr(__obj, "__name__", None)
         if method in _SEQUENCE_METHOD_CHECKS:
-            _SEQUENCE_METHOD_CHECKS[method](getattr(__obj, "__self__", None), *args,
-                                            *kwargs.values())
+            _SEQUENCE_METHOD_CHECKS[method](
+                getattr(__obj, "__self__", None), *args, *kwargs.values()
+            )
         elif method in _STR_METHOD_CHECKS:
             # the sandbox hands out str.format wrapped; the bound method is under __wrapped__
             text = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
@@ -705,8 +777,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     @staticmethod
     def join_values(values: tuple[Any, ...]) -> str:
         """`a ~ b ~ ...`: what jinja's str_join does, sized first."""
-        _check_length(sum(len(value) if type(value) is str else _text_length(value)
-                          for value in values), "~")
+        _check_length(
+            sum(len(value) if type(value) is str else _text_length(value) for value in values), "~"
+        )
         return _checked("".join(map(str, values)), "~")
 
     @staticmethod

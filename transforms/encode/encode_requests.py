@@ -10,25 +10,34 @@ import logging
 import struct
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import xxhash
 
-from kvtrace.transforms.encode.blocks import (DIGEST_SIZE, TOKEN_DTYPE, chain_seed, keyed_digest,
-                                      token_bytes)
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.encode.blocks import (
+    DIGEST_SIZE,
+    TOKEN_DTYPE,
+    chain_seed,
+    keyed_digest,
+    token_bytes,
+)
 from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
-from kvtrace.transforms.encode.segment_cache import (DEFAULT_BUDGET_BYTES, CacheCounts, SegmentCache,
-                                             SegmentEncoder)
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
+from kvtrace.transforms.encode.segment_cache import (
+    DEFAULT_BUDGET_BYTES,
+    CacheCounts,
+    SegmentCache,
+    SegmentEncoder,
+)
 from kvtrace.transforms.encode.tokenize import checked_tokenizer, render_chat
-from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
 from kvtrace.transforms.read.records import Request
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
 
 # Roles whose messages a template may leave out; only these are checked, so the check stays off
 # the long user and assistant turns.
@@ -72,8 +81,9 @@ def hash_request(
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
         response_ms=NO_RESPONSE_MS if request.response_ms is None else request.response_ms,
-        output_block_hashes=b"" if not output_data else
-        _output_block_hashes(data, output_data, block_size, seed, scheme),
+        output_block_hashes=b""
+        if not output_data
+        else _output_block_hashes(data, output_data, block_size, seed, scheme),
     )
 
 
@@ -82,8 +92,9 @@ def row_ids(hashed: HashedRequest) -> int:
     return (len(hashed.block_hashes) + len(hashed.output_block_hashes)) // DIGEST_SIZE
 
 
-def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: bytes,
-                         scheme: HashScheme) -> bytes:
+def _output_block_hashes(
+    prompt: bytes, output: bytes, block_size: int, seed: bytes, scheme: HashScheme
+) -> bytes:
     """The full blocks of prompt + output that the prompt's full blocks do not already cover,
     as the engine caches them after decoding: the prompt's partial last block completed by
     generated tokens, and the blocks after it (a last partial block of output is not cached)."""
@@ -93,8 +104,8 @@ def _output_block_hashes(prompt: bytes, output: bytes, block_size: int, seed: by
     cached = len(whole) // step
     if cached <= full_prompt:
         return b""
-    keys = scheme.block_keys(whole[:cached * step], block_size, seed)
-    return keys[full_prompt * DIGEST_SIZE:]
+    keys = scheme.block_keys(whole[: cached * step], block_size, seed)
+    return keys[full_prompt * DIGEST_SIZE :]
 
 
 @dataclass(frozen=True)
@@ -123,14 +134,20 @@ class RequestEncoder:
     """Batches of Requests in, one HashedBatch (or None) and dead letters out, in three steps
     that callers may overlap: render (Python), tokenize (Rust, releases the GIL), hash."""
 
-    def __init__(self, tokenizer: Any, seed: bytes, options: EncodeOptions,
-                 segment_cache: SegmentCache | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        seed: bytes,
+        options: EncodeOptions,
+        segment_cache: SegmentCache | None = None,
+    ):
         """tokenizer and seed: the options' tokenizer loaded and their salt's chain seed
         (open_encoder makes both; tests may pass an in-memory tokenizer)."""
         self._tokenizer = tokenizer
         self._template_kwargs = dict(options.chat_template_kwargs)
-        self._segments = SegmentEncoder(tokenizer.backend_tokenizer, options.segment_cache_bytes,
-                                        segment_cache)
+        self._segments = SegmentEncoder(
+            tokenizer.backend_tokenizer, options.segment_cache_bytes, segment_cache
+        )
         self._scheme = options.hash_scheme
         self._emit_output_hashes = options.emit_output_hashes
         self._block_size = options.block_size
@@ -164,8 +181,9 @@ class RequestEncoder:
         """What the segment cache did since the last take."""
         return self._segments.take_counts()
 
-    def hash(self, rendered: Rendered, tokenized: Tokenized
-             ) -> tuple[HashedBatch | None, list[DeadLetter]]:
+    def hash(
+        self, rendered: Rendered, tokenized: Tokenized
+    ) -> tuple[HashedBatch | None, list[DeadLetter]]:
         prompt_ids, output_ids = tokenized
         token_lists, outputs = iter(prompt_ids), iter(output_ids)
         hashed, rejected = [], []
@@ -174,23 +192,43 @@ class RequestEncoder:
             generated = next(outputs) if request.output_text is not None else None
             failed = next((r for r in (data, generated) if isinstance(r, TokenizerFailure)), None)
             if failed is not None:
-                rejected.append(DeadLetter(request.source, request.line, TOKENIZER_ERROR,
-                                           f"the tokenizer failed on it: {failed.reason}"))
+                rejected.append(
+                    DeadLetter(
+                        request.source,
+                        request.line,
+                        TOKENIZER_ERROR,
+                        f"the tokenizer failed on it: {failed.reason}",
+                    )
+                )
                 continue
             if generated is not None:
                 output_length = len(generated) // TOKEN_DTYPE.itemsize
             else:
                 output_length = request.output_length or 0
             if not data:
-                rejected.append(DeadLetter(request.source, request.line, "no_input",
-                                           "renders to no tokens"))
+                rejected.append(
+                    DeadLetter(request.source, request.line, "no_input", "renders to no tokens")
+                )
                 continue
-            row = hash_request(request, data, output_length, self._block_size, self._seed,
-                               self._scheme, generated if self._emit_output_hashes else None)
+            row = hash_request(
+                request,
+                data,
+                output_length,
+                self._block_size,
+                self._seed,
+                self._scheme,
+                generated if self._emit_output_hashes else None,
+            )
             if (ids := row_ids(row)) > MAX_ROW_IDS:  # a row its own readers would refuse
-                rejected.append(DeadLetter(request.source, request.line, "too_large",
-                                           f"{ids} blocks, over the {MAX_ROW_IDS} a trace row "
-                                           f"holds: a larger --block-size takes it"))
+                rejected.append(
+                    DeadLetter(
+                        request.source,
+                        request.line,
+                        "too_large",
+                        f"{ids} blocks, over the {MAX_ROW_IDS} a trace row "
+                        f"holds: a larger --block-size takes it",
+                    )
+                )
                 continue
             hashed.append(row)
             self._progress.add(len(data) // TOKEN_DTYPE.itemsize)
@@ -199,17 +237,27 @@ class RequestEncoder:
     def _prompt(self, request: Request) -> str | None:
         """The text to tokenize, or None when the request came as token ids."""
         if request.kind == "chat":
-            return render_chat(self._tokenizer, request.messages, request.tools,
-                               self._template_kwargs, len(request.line))
+            return render_chat(
+                self._tokenizer,
+                request.messages,
+                request.tools,
+                self._template_kwargs,
+                len(request.line),
+            )
         return request.prompt
 
 
-def open_encoder(options: EncodeOptions, segment_cache: SegmentCache | None = None
-                 ) -> RequestEncoder:
+def open_encoder(
+    options: EncodeOptions, segment_cache: SegmentCache | None = None
+) -> RequestEncoder:
     """The encoder where it runs (a Beam worker, a local worker process): the tokenizer loaded
     and checked against the files the run began with, the salt fetched and chained."""
-    return RequestEncoder(checked_tokenizer(options.tokenizer, options.tokenizer_sha256),
-                          chain_seed(options.salt.load()), options, segment_cache)
+    return RequestEncoder(
+        checked_tokenizer(options.tokenizer, options.tokenizer_sha256),
+        chain_seed(options.salt.load()),
+        options,
+        segment_cache,
+    )
 
 
 def unrendered(request: Request, prompt: str | None) -> Request:
@@ -218,9 +266,15 @@ def unrendered(request: Request, prompt: str | None) -> Request:
     prompt then lacks what the log holds."""
     if prompt is None or request.kind != "chat":
         return request
-    dropped = any(m["role"] in DROPPABLE_ROLES and m.get("content") and m["content"] not in prompt
-                  for m in request.messages)
-    return replace(request, defaulted=(*request.defaulted, MESSAGE_NOT_RENDERED)) if dropped else request
+    dropped = any(
+        m["role"] in DROPPABLE_ROLES and m.get("content") and m["content"] not in prompt
+        for m in request.messages
+    )
+    return (
+        replace(request, defaulted=(*request.defaulted, MESSAGE_NOT_RENDERED))
+        if dropped
+        else request
+    )
 
 
 class _Progress:
@@ -237,8 +291,12 @@ class _Progress:
         if now - self._last >= PROGRESS_INTERVAL_S:
             self._last = now
             rate = self._tokens / (now - self._start)
-            _LOG.info("tokenized %d requests, %d tokens (%.0f tokens/s)", self._requests,
-                      self._tokens, rate)
+            _LOG.info(
+                "tokenized %d requests, %d tokens (%.0f tokens/s)",
+                self._requests,
+                self._tokens,
+                rate,
+            )
 
 
 EncodedBatch = tuple[HashedBatch | None, list[DeadLetter]]  # a batch hashed, and its dead letters

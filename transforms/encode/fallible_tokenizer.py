@@ -58,8 +58,10 @@ class FallibleTokenizer:
         self._encoded += len(encoded) - failed
         if not self._encoded and self._failed >= FAILURES_TO_STOP:
             first = next(r for r in encoded if isinstance(r, TokenizerFailure))
-            raise JobStopped(f"the tokenizer failed on each of the first {self._failed} texts "
-                             f"it was given ({first.reason}): it does not tokenize")
+            raise JobStopped(
+                f"the tokenizer failed on each of the first {self._failed} texts "
+                f"it was given ({first.reason}): it does not tokenize"
+            )
         return encoded
 
     def encode_or_raise(self, texts: list[str]) -> list[bytes]:

@@ -31,16 +31,27 @@ EXTRA_TEMPLATE_KEY = re.compile(EXTRA_TEMPLATE_PATTERN)
 # What a file may weigh before it is opened: tokenizer.json 7.8 MB (DeepSeek-R1) and 11.4 MB
 # (Qwen3) here, ~33 MB for the largest vocabularies (Gemma 3); its config 0.17 MB here and
 # 1.2 MB for Gemma 3, whose added_tokens_decoder lists 6k tokens; templates are tens of kB.
-MAX_FILE_BYTES = {TOKENIZER_FILE: 64 << 20, CONFIG_FILE: 8 << 20, SPECIAL_TOKENS_FILE: 1 << 20,
-                  TEMPLATE_FILE: 1 << 20}
+MAX_FILE_BYTES = {
+    TOKENIZER_FILE: 64 << 20,
+    CONFIG_FILE: 8 << 20,
+    SPECIAL_TOKENS_FILE: 1 << 20,
+    TEMPLATE_FILE: 1 << 20,
+}
 MAX_TEMPLATE_BYTES = 1 << 20
 MAX_EXTRA_TEMPLATES = 16  # entries of the folder, of any kind: the listing is bounded too
 # Added tokens become one regular expression (segment_cache.py); Gemma 3 has 6k, Llama 3 256.
 MAX_ADDED_TOKENS = 1 << 16
 MAX_SPECIAL_TOKEN_CHARS = 1024
 # The named special tokens transformers passes to every template (its special_tokens_map).
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                       "cls_token", "mask_token")
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 def read_tokenizer_files(folder: Path) -> dict[str, bytes]:
@@ -78,8 +89,9 @@ def _read_extra_templates(extra: Path) -> dict[str, bytes]:
             if not entry.name.endswith(".jinja"):
                 continue  # transformers reads only *.jinja there; nor does kvtrace
             if not EXTRA_TEMPLATE_KEY.fullmatch(key):
-                raise UnfitFile(f"{extra}/{entry.name}: a template name is letters, digits, "
-                                f"_ and -")
+                raise UnfitFile(
+                    f"{extra}/{entry.name}: a template name is letters, digits, _ and -"
+                )
             files[key] = read_regular_file(entry.path, MAX_TEMPLATE_BYTES)
     return dict(sorted(files.items()))
 
@@ -94,8 +106,13 @@ class FastTokenizer:
 
     is_fast = True
 
-    def __init__(self, backend: tokenizers.Tokenizer, chat_template: str | dict[str, str] | None,
-                 special_tokens: dict[str, str], sha256: dict[str, str] | None = None):
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        chat_template: str | dict[str, str] | None,
+        special_tokens: dict[str, str],
+        sha256: dict[str, str] | None = None,
+    ):
         self.backend_tokenizer = backend
         self.chat_template = chat_template
         self.special_tokens_map = special_tokens
@@ -111,29 +128,40 @@ class FastTokenizer:
         again: what is hashed is what is loaded."""
         config = _json_object(files, CONFIG_FILE)
         special = {**config, **_json_object(files, SPECIAL_TOKENS_FILE)}
-        tokens = {name: _token_text(special[name], name) for name in SPECIAL_TOKEN_NAMES
-                  if special.get(name) is not None}
+        tokens = {
+            name: _token_text(special[name], name)
+            for name in SPECIAL_TOKEN_NAMES
+            if special.get(name) is not None
+        }
         try:
             backend = tokenizers.Tokenizer.from_buffer(files[TOKENIZER_FILE])
         except Exception as err:  # the Rust parser's error, whatever its type
             raise ValueError(f"{TOKENIZER_FILE}: not a tokenizer ({str(err)[:200]})") from None
         added = backend.get_added_tokens_decoder()
         if len(added) > MAX_ADDED_TOKENS:
-            raise ValueError(f"{TOKENIZER_FILE}: {len(added)} added tokens, over "
-                             f"{MAX_ADDED_TOKENS}")
+            raise ValueError(
+                f"{TOKENIZER_FILE}: {len(added)} added tokens, over {MAX_ADDED_TOKENS}"
+            )
         return cls(backend, _chat_template(files, config), tokens, files_sha256(files))
 
     def apply_chat_template(
-        self, conversation: list[dict[str, Any]], tools: list[dict] | None = None,
-        tokenize: bool = False, add_generation_prompt: bool = False,
-        chat_template: str | None = None, **kwargs: Any,
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        chat_template: str | None = None,
+        **kwargs: Any,
     ) -> str:
         if tokenize:
             raise ValueError("FastTokenizer renders text only; tokenize with backend_tokenizer")
         messages = [{k: v for k, v in m.items() if v is not None} for m in conversation]
         rendered, _ = template_renderer.render_jinja_template()(
-            conversations=[messages], tools=tools, chat_template=self._template(chat_template, tools),
-            add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs},
+            conversations=[messages],
+            tools=tools,
+            chat_template=self._template(chat_template, tools),
+            add_generation_prompt=add_generation_prompt,
+            **{**self.special_tokens_map, **kwargs},
         )
         return rendered[0]
 
@@ -147,13 +175,17 @@ class FastTokenizer:
                 return templates["tool_use"]
             if "default" in templates:
                 return templates["default"]
-            raise ValueError(f"the tokenizer has several chat templates and none is the default: "
-                             f"{sorted(templates)}")
+            raise ValueError(
+                f"the tokenizer has several chat templates and none is the default: "
+                f"{sorted(templates)}"
+            )
         if chosen is not None:
             return chosen
         if templates is None:
-            raise ValueError("the tokenizer has no chat template, so chat requests cannot be "
-                             "rendered; give prompt-shaped records or a tokenizer with a template")
+            raise ValueError(
+                "the tokenizer has no chat template, so chat requests cannot be "
+                "rendered; give prompt-shaped records or a tokenizer with a template"
+            )
         return templates
 
 
@@ -173,21 +205,26 @@ def _token_text(value: Any, name: str) -> str:
     """A special token as configured: a string, or an AddedToken's fields."""
     text = value.get("content") if isinstance(value, dict) else value
     if not isinstance(text, str) or len(text) > MAX_SPECIAL_TOKEN_CHARS:
-        raise ValueError(f"{CONFIG_FILE}: {name} is not a string of at most "
-                         f"{MAX_SPECIAL_TOKEN_CHARS} characters")
+        raise ValueError(
+            f"{CONFIG_FILE}: {name} is not a string of at most {MAX_SPECIAL_TOKEN_CHARS} characters"
+        )
     return text
 
 
-def _chat_template(files: dict[str, bytes], config: dict[str, Any]
-                   ) -> str | dict[str, str] | None:
+def _chat_template(files: dict[str, bytes], config: dict[str, Any]) -> str | dict[str, str] | None:
     """The model's chat template(s), as transformers reads them: template files
     (chat_template.jinja as "default", additional_chat_templates/NAME.jinja) take priority over
     tokenizer_config.json's entry; named templates become a dict."""
     templates = {}
     if TEMPLATE_FILE in files:
         templates["default"] = _text(files[TEMPLATE_FILE], TEMPLATE_FILE)
-    templates.update({key[len(EXTRA_TEMPLATES) + 1:-len(".jinja")]: _text(data, key)
-                      for key, data in files.items() if key.startswith(EXTRA_TEMPLATES + "/")})
+    templates.update(
+        {
+            key[len(EXTRA_TEMPLATES) + 1 : -len(".jinja")]: _text(data, key)
+            for key, data in files.items()
+            if key.startswith(EXTRA_TEMPLATES + "/")
+        }
+    )
     if templates:
         return templates["default"] if list(templates) == ["default"] else templates
     return _configured_template(config.get("chat_template"))
@@ -197,14 +234,23 @@ def _configured_template(template: Any) -> str | dict[str, str] | None:
     """tokenizer_config.json's chat_template: one template, or a list of named ones."""
     if template is None or (isinstance(template, str) and len(template) <= MAX_TEMPLATE_BYTES):
         return template
-    if isinstance(template, list) and len(template) <= MAX_EXTRA_TEMPLATES and all(
-            isinstance(entry, dict) and isinstance(entry.get("name"), str)
+    if (
+        isinstance(template, list)
+        and len(template) <= MAX_EXTRA_TEMPLATES
+        and all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
             and isinstance(entry.get("template"), str)
-            and len(entry["template"]) <= MAX_TEMPLATE_BYTES for entry in template):
+            and len(entry["template"]) <= MAX_TEMPLATE_BYTES
+            for entry in template
+        )
+    ):
         return {entry["name"]: entry["template"] for entry in template}
-    raise ValueError(f"{CONFIG_FILE}: chat_template is neither a template of at most "
-                     f"{MAX_TEMPLATE_BYTES} characters nor a list of at most "
-                     f"{MAX_EXTRA_TEMPLATES} named ones")
+    raise ValueError(
+        f"{CONFIG_FILE}: chat_template is neither a template of at most "
+        f"{MAX_TEMPLATE_BYTES} characters nor a list of at most "
+        f"{MAX_EXTRA_TEMPLATES} named ones"
+    )
 
 
 def _text(data: bytes, name: str) -> str:

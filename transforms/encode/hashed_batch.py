@@ -81,8 +81,9 @@ class HashedBatch:
             keys = np.frombuffer(b"".join(k for _, k in sessions), dtype="<u8").reshape(-1, 2)
             columns["has_session"][index] = True
             columns["session_hi"][index], columns["session_lo"][index] = keys[:, 0], keys[:, 1]
-        hashes = np.frombuffer(b"".join(r.block_hashes + r.output_block_hashes for r in requests),
-                               dtype="<u8")
+        hashes = np.frombuffer(
+            b"".join(r.block_hashes + r.output_block_hashes for r in requests), dtype="<u8"
+        )
         return HashedBatch(columns, hashes.reshape(-1, 2))
 
     @staticmethod

@@ -68,8 +68,9 @@ def capture_native_stderr() -> None:
         except OSError:  # no descriptors left: native output stays where it was
             return
         sys.stderr.flush()
-        stream = open(original, "w", buffering=1, encoding=sys.stderr.encoding,
-                      errors="backslashreplace")
+        stream = open(
+            original, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace"
+        )
         _move_handlers(sys.stderr, stream)
         sys.stderr = stream
         os.dup2(write, STDERR_FD)
@@ -86,8 +87,11 @@ def _move_handlers(old: TextIO, new: TextIO) -> None:
     a property, as logging's last resort's is, read sys.stderr at each write: they follow)."""
     for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
         for handler in getattr(logger, "handlers", []):
-            if (isinstance(handler, logging.StreamHandler) and handler.stream is old
-                    and not isinstance(getattr(type(handler), "stream", None), property)):
+            if (
+                isinstance(handler, logging.StreamHandler)
+                and handler.stream is old
+                and not isinstance(getattr(type(handler), "stream", None), property)
+            ):
                 handler.setStream(new)
 
 
@@ -129,7 +133,7 @@ def _relayed(line: bytes) -> None:
     global _mark_read
     if line.startswith(_MARK):
         with _read_to:
-            _mark_read = max(_mark_read, int(line[len(_MARK):] or 0))
+            _mark_read = max(_mark_read, int(line[len(_MARK) :] or 0))
             _read_to.notify_all()
         return
     text = line.decode("utf-8", "replace").rstrip()

@@ -82,8 +82,9 @@ class Watchdog:
         overran, ended = False, None
         try:
             clock = time.pthread_getcpuclockid(thread)
-            self._renders[thread] = _Render(clock, time.clock_gettime(clock) + self.seconds,
-                                            self._resident)
+            self._renders[thread] = _Render(
+                clock, time.clock_gettime(clock) + self.seconds, self._resident
+            )
             return render()
         except RenderOverrun:
             overran = True
@@ -98,8 +99,9 @@ class Watchdog:
             if stop is not None:
                 raise stop
             if overran:
-                raise RenderOverrun(f"over the render budget ({self.seconds:g} s, "
-                                    f"{self.memory_bytes >> 20} MiB)")
+                raise RenderOverrun(
+                    f"over the render budget ({self.seconds:g} s, {self.memory_bytes >> 20} MiB)"
+                )
 
     def _leave(self, thread: int) -> tuple[bool, BaseException | None]:
         """thread's render unregistered, whatever lands meanwhile: (whether it overran, the
@@ -122,8 +124,9 @@ class Watchdog:
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._watch, name="render-watchdog",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._watch, name="render-watchdog", daemon=True
+                )
                 self._thread.start()
 
     def _watch(self) -> None:
@@ -135,11 +138,14 @@ class Watchdog:
                 # here lands in the render it is meant for, or is cleared as it is left (so its
                 # thread, and its clock, are alive while read here)
                 for thread, render in list(self._renders.items()):
-                    if (time.clock_gettime(render.clock) > render.cpu_deadline
-                            or self._resident - render.resident_at_start > self.memory_bytes):
+                    if (
+                        time.clock_gettime(render.clock) > render.cpu_deadline
+                        or self._resident - render.resident_at_start > self.memory_bytes
+                    ):
                         render.overran = True
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
-                                                                   ctypes.py_object(RenderOverrun))
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                            ctypes.c_ulong(thread), ctypes.py_object(RenderOverrun)
+                        )
 
 
 def _resident_bytes() -> int:

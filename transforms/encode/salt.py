@@ -66,8 +66,11 @@ class SaltSource:
             from kvtrace.transforms import storage
             from kvtrace.transforms.storage import is_url
 
-            if not is_url(self.where) and os.path.exists(self.where) and not os.path.isfile(
-                    self.where):
+            if (
+                not is_url(self.where)
+                and os.path.exists(self.where)
+                and not os.path.isfile(self.where)
+            ):
                 raise SaltError(f"--salt-file {self.where}: not a regular file")
             try:
                 with storage.open_read(self.where) as handle:
@@ -75,8 +78,10 @@ class SaltSource:
             except Exception as err:  # Beam raises its own IO errors for remote paths
                 raise SaltError(f"--salt-file {self.where}: cannot read it ({err})") from None
             if len(salt) > MAX_SALT_BYTES:
-                raise SaltError(f"--salt-file {self.where}: over {MAX_SALT_BYTES} bytes; a salt "
-                                f"is a short secret (32 random bytes are plenty)")
+                raise SaltError(
+                    f"--salt-file {self.where}: over {MAX_SALT_BYTES} bytes; a salt "
+                    f"is a short secret (32 random bytes are plenty)"
+                )
             return salt.strip()
         if self.kind == "gcp-secret":
             from apache_beam.transforms.util import GcpSecret

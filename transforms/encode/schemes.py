@@ -48,8 +48,10 @@ class HashScheme:
         if self.name not in SCHEMES:
             raise ValueError(f"unknown hash scheme {self.name!r}: one of {', '.join(SCHEMES)}")
         if (self.name == "vllm-sha256-cbor") != (self.none_hash is not None):
-            raise ValueError("vllm-sha256-cbor needs the engine's NONE_HASH (--vllm-none-hash "
-                             "or --vllm-hash-seed), and only it takes one")
+            raise ValueError(
+                "vllm-sha256-cbor needs the engine's NONE_HASH (--vllm-none-hash "
+                "or --vllm-hash-seed), and only it takes one"
+            )
 
     @property
     def keyed(self) -> bool:
@@ -69,8 +71,11 @@ class HashScheme:
         the salt's chain seed, used by the keyed scheme only."""
         if self.name == "kvtrace":
             return chain_hashes(data, block_size, seed)
-        hashes = (dynamo_sequence_hashes(data, block_size) if self.name == "dynamo" else
-                  [vllm_int_hash(h) for h in vllm_block_hashes(data, block_size, self.none_hash)])
+        hashes = (
+            dynamo_sequence_hashes(data, block_size)
+            if self.name == "dynamo"
+            else [vllm_int_hash(h) for h in vllm_block_hashes(data, block_size, self.none_hash)]
+        )
         return b"".join(_U64.pack(h) * 2 for h in hashes)
 
 
@@ -81,15 +86,22 @@ def engine_hashes(keys: np.ndarray) -> np.ndarray:
 
 def dynamo_local_hashes(data: bytes, block_size: int) -> list[int]:
     step = block_size * TOKEN_DTYPE.itemsize
-    return [xxhash.xxh3_64_intdigest(data[start:start + step], seed=DYNAMO_SEED)
-            for start in range(0, len(data), step)]
+    return [
+        xxhash.xxh3_64_intdigest(data[start : start + step], seed=DYNAMO_SEED)
+        for start in range(0, len(data), step)
+    ]
 
 
 def dynamo_sequence_hashes(data: bytes, block_size: int) -> list[int]:
     sequence: list[int] = []
     for local in dynamo_local_hashes(data, block_size):
-        sequence.append(local if not sequence else xxhash.xxh3_64_intdigest(
-            _U64.pack(sequence[-1]) + _U64.pack(local), seed=DYNAMO_SEED))
+        sequence.append(
+            local
+            if not sequence
+            else xxhash.xxh3_64_intdigest(
+                _U64.pack(sequence[-1]) + _U64.pack(local), seed=DYNAMO_SEED
+            )
+        )
     return sequence
 
 
@@ -108,7 +120,7 @@ def vllm_block_hashes(data: bytes, block_size: int, none_hash: bytes) -> list[by
     hashes: list[bytes] = []
     for start in range(0, len(tokens), block_size):
         parent = hashes[-1] if hashes else none_hash
-        hashes.append(sha256_cbor((parent, tuple(tokens[start:start + block_size]), None)))
+        hashes.append(sha256_cbor((parent, tuple(tokens[start : start + block_size]), None)))
     return hashes
 
 

@@ -38,8 +38,21 @@ DEFAULT_BUDGET_BYTES = 256 << 20  # a worker's share of memory; what a run evict
 CHECK_EVERY = 128
 # Texts that reach the edges of a cut: whitespace, combining marks and digits beside added
 # tokens, tokens back to back, at the start and the end.
-PROBE_PIECES = (" ", "  ", "\n", "\n\n", "\u0301", "e\u0301", "123", "a", " a ", "\t",
-                "🙂", "def f(x):\n    return x", "")
+PROBE_PIECES = (
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\u0301",
+    "e\u0301",
+    "123",
+    "a",
+    " a ",
+    "\t",
+    "🙂",
+    "def f(x):\n    return x",
+    "",
+)
 
 
 @dataclasses.dataclass
@@ -58,8 +71,11 @@ class CacheCounts:
     disabled: str | None = None  # why the cache was off (from the start or from a mismatch on)
 
     def add(self, other: CacheCounts) -> CacheCounts:
-        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
-                  for f in dataclasses.fields(self) if f.name != "disabled"}
+        summed = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "disabled"
+        }
         return CacheCounts(**summed, disabled=self.disabled or other.disabled)
 
 
@@ -73,13 +89,22 @@ def log_counts(counts: CacheCounts) -> None:
     if counts.disabled:
         _LOG.info("segment cache off: %s", counts.disabled)
     if counts.mismatches:
-        _LOG.warning("segment cache: %d sampled texts tokenized differently when cut; the cache "
-                     "was turned off from there on", counts.mismatches)
+        _LOG.warning(
+            "segment cache: %d sampled texts tokenized differently when cut; the cache "
+            "was turned off from there on",
+            counts.mismatches,
+        )
     if counts.tokens:
-        _LOG.info("segment cache: %.1f%% of %d tokens and %d of %d segments from the cache, "
-                  "%d evicted, %d texts checked whole", 100 * counts.hit_tokens / counts.tokens,
-                  counts.tokens, counts.hit_segments, counts.segments, counts.evicted,
-                  counts.checked)
+        _LOG.info(
+            "segment cache: %.1f%% of %d tokens and %d of %d segments from the cache, "
+            "%d evicted, %d texts checked whole",
+            100 * counts.hit_tokens / counts.tokens,
+            counts.tokens,
+            counts.hit_segments,
+            counts.segments,
+            counts.evicted,
+            counts.checked,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +147,9 @@ def _longest_first(words: Iterable[str]) -> str:
         node[""] = {}  # a word ends here
 
     def pattern(node: dict[str, dict]) -> str:
-        branches = [re.escape(char) + pattern(child) for char, child in sorted(node.items())
-                    if char]
+        branches = [
+            re.escape(char) + pattern(child) for char, child in sorted(node.items()) if char
+        ]
         if not branches:
             return ""
         body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
@@ -135,9 +161,15 @@ def _longest_first(words: Iterable[str]) -> str:
 def tokenizer_config(backend: Any) -> dict[str, Any]:
     """The parts of a tokenizer's tokenizer.json that decide its cuts, read from the loaded
     tokenizer (serializing it whole takes ~0.1 s for a 150k vocabulary)."""
-    added = [{"id": token_id, "content": token.content, "normalized": token.normalized,
-              **{flag: getattr(token, flag) for flag in CONTEXT_FLAGS}}
-             for token_id, token in backend.get_added_tokens_decoder().items()]
+    added = [
+        {
+            "id": token_id,
+            "content": token.content,
+            "normalized": token.normalized,
+            **{flag: getattr(token, flag) for flag in CONTEXT_FLAGS},
+        }
+        for token_id, token in backend.get_added_tokens_decoder().items()
+    ]
     pre = backend.pre_tokenizer
     return {"added_tokens": added, "pre_tokenizer": json.loads(pre.__getstate__()) if pre else None}
 
@@ -207,15 +239,22 @@ class SegmentEncoder:
     """Texts to token bytes (uint32 little-endian ids) through the cache, or whole when the
     tokenizer is not safe to cut (then it is exactly today's path)."""
 
-    def __init__(self, backend: Any, budget_bytes: int = DEFAULT_BUDGET_BYTES,
-                 cache: SegmentCache | None = None):
+    def __init__(
+        self,
+        backend: Any,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        cache: SegmentCache | None = None,
+    ):
         """cache: one to share (its budget rules), else one of budget_bytes of its own."""
         self._tokenizer = FallibleTokenizer(backend)
         self._cache = cache if cache is not None else SegmentCache(budget_bytes)
         self.counts = CacheCounts()
         self._texts = 0  # cut texts so far: every CHECK_EVERY-th is checked
-        splitter = splitter_for(tokenizer_config(backend)) if budget_bytes > 0 else \
-            "turned off (--segment-cache-mb 0)"
+        splitter = (
+            splitter_for(tokenizer_config(backend))
+            if budget_bytes > 0
+            else "turned off (--segment-cache-mb 0)"
+        )
         self._splitter = splitter if isinstance(splitter, Splitter) else None
         if self._splitter is None:
             self.counts.disabled = splitter
@@ -231,8 +270,12 @@ class SegmentEncoder:
         """Probe texts around every kind of cut, whole against cut: any difference turns the
         cache off (the tokenizer's configuration missed something)."""
         tokens = sorted(self._splitter.ids)[:8]
-        probes = [left + token + right for token in tokens for left in PROBE_PIECES
-                  for right in PROBE_PIECES]
+        probes = [
+            left + token + right
+            for token in tokens
+            for left in PROBE_PIECES
+            for right in PROBE_PIECES
+        ]
         probes.append("".join(tokens) + " tail")
         for text, whole, cut in zip(probes, self._whole(probes), self._cut(probes)[0]):
             if cut != whole:
@@ -294,13 +337,13 @@ class SegmentEncoder:
             counts.evicted += cache.put(segment, ids)
             counts.hit_segments += occurrences - 1  # tokenized once for all its occurrences
             counts.hit_tokens += (occurrences - 1) * (len(ids) // TOKEN_BYTES)
-        joined = [_joined([fresh[p] if isinstance(p, str) else p for p in parts])
-                  for parts in pieces]
+        joined = [
+            _joined([fresh[p] if isinstance(p, str) else p for p in parts]) for parts in pieces
+        ]
         counts.tokens += sum(len(ids) for ids in joined if isinstance(ids, bytes)) // TOKEN_BYTES
         return joined, cut
 
-    def _check(self, texts: list[str], out: list[bytes | TokenizerFailure], cut: list[int]
-               ) -> None:
+    def _check(self, texts: list[str], out: list[bytes | TokenizerFailure], cut: list[int]) -> None:
         """Every CHECK_EVERY-th text that was cut also tokenized whole; a difference is reported
         and turns the cache off (the text's whole ids replace its cut ones)."""
         first = -self._texts % CHECK_EVERY
@@ -314,8 +357,9 @@ class SegmentEncoder:
             if out[i] != ids:
                 self.counts.mismatches += 1
                 out[i] = ids
-                self._disable(f"a sampled text of {len(texts[i])} characters tokenized "
-                              "differently when cut")
+                self._disable(
+                    f"a sampled text of {len(texts[i])} characters tokenized differently when cut"
+                )
 
     def take_counts(self) -> CacheCounts:
         """The counts since the last take (so that workers' counts can be summed)."""

@@ -11,15 +11,20 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
+from kvtrace.transforms.encode.encode_requests import (
+    TOKENIZE_BATCH_BYTES,
+    TOKENIZE_BATCH_REQUESTS,
+    EncodedBatch,
+    EncodeOptions,
+    OverlappedEncoder,
+    open_encoder,
+)
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.segment_cache import COUNTED, SegmentCache
-from kvtrace.transforms.encode.encode_requests import (TOKENIZE_BATCH_BYTES, TOKENIZE_BATCH_REQUESTS,
-                                               EncodedBatch, EncodeOptions, OverlappedEncoder,
-                                               open_encoder)
+from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from kvtrace.transforms.garbage import settle_after_start_up
 from kvtrace.transforms.read.records import Request
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
-from kvtrace.transforms.encode.hashed_batch import HashedBatch
-from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from kvtrace.transforms.steps import BatchByWeight, tagged
 
 
@@ -37,12 +42,14 @@ class EncodeRequests(beam.DoFn):
         # (Dataflow runs several per process): the budget is a process's, not a thread's.
         self._shared_cache = shared.Shared()
         # Each worker's segment cache, summed in the runner's metrics (Dataflow's job page).
-        self._cache_metrics = {name: Metrics.counter("kvtrace", f"segment_cache_{name}")
-                               for name in COUNTED}
+        self._cache_metrics = {
+            name: Metrics.counter("kvtrace", f"segment_cache_{name}") for name in COUNTED
+        }
 
     def setup(self) -> None:
         self._segment_cache = self._shared_cache.acquire(  # held: the handle keeps weak refs
-            lambda: SegmentCache(self._options.segment_cache_bytes))
+            lambda: SegmentCache(self._options.segment_cache_bytes)
+        )
         self._encoding = OverlappedEncoder(open_encoder(self._options, self._segment_cache))
         settle_after_start_up()
 
@@ -78,7 +85,6 @@ class EncodeRequests(beam.DoFn):
             else:
                 yield WindowedValue(output, timestamp, [window])
 
-
     def _count_cache(self) -> None:
         counts = self._encoding.take_cache_counts()
         for name, counter in self._cache_metrics.items():
@@ -111,8 +117,11 @@ class OneTimestampKind(beam.PTransform):
     dead letters (DEAD_LETTER_TAG)."""
 
     def expand(self, hashed: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
-        counts = (hashed | "KindCounts" >> beam.Map(kind_counts)
-                  | "SumKindCounts" >> beam.CombineGlobally(sum_kind_counts))
+        counts = (
+            hashed
+            | "KindCounts" >> beam.Map(kind_counts)
+            | "SumKindCounts" >> beam.CombineGlobally(sum_kind_counts)
+        )
         return hashed | "KeepKind" >> beam.ParDo(
             KeepInputTimestampKind(), beam.pvalue.AsSingleton(counts)
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
@@ -135,13 +144,22 @@ class Encode(beam.PTransform):
     def expand(self, requests: beam.PCollection) -> dict[str, beam.PCollection]:
         encoded = (
             requests
-            | "Batch" >> beam.ParDo(BatchByWeight(
-                TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS))
-            | "RenderTokenizeHash" >> beam.ParDo(EncodeRequests(self._options))
-            .with_outputs(DEAD_LETTER_TAG, main="hashed"))
+            | "Batch"
+            >> beam.ParDo(
+                BatchByWeight(
+                    TOKENIZE_BATCH_BYTES, lambda request: len(request.line), TOKENIZE_BATCH_REQUESTS
+                )
+            )
+            | "RenderTokenizeHash"
+            >> beam.ParDo(EncodeRequests(self._options)).with_outputs(
+                DEAD_LETTER_TAG, main="hashed"
+            )
+        )
         if not self._one_timestamp_kind:
             return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG]}
         agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
-        letters = ((encoded[DEAD_LETTER_TAG], agreed[DEAD_LETTER_TAG])
-                   | "AllRejected" >> beam.Flatten())
+        letters = (
+            encoded[DEAD_LETTER_TAG],
+            agreed[DEAD_LETTER_TAG],
+        ) | "AllRejected" >> beam.Flatten()
         return {"hashed": agreed.hashed, DEAD_LETTER_TAG: letters}

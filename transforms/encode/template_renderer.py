@@ -112,9 +112,12 @@ def _copy_plain(value: Any, original: Callable[[Any], Any]) -> Any:
     if kind in _SCALARS:
         return value
     if kind is dict:
-        return {key if type(key) in _SCALARS else _copy_plain(key, original):
-                item if type(item) in _SCALARS else _copy_plain(item, original)
-                for key, item in value.items()}
+        return {
+            key if type(key) in _SCALARS else _copy_plain(key, original): item
+            if type(item) in _SCALARS
+            else _copy_plain(item, original)
+            for key, item in value.items()
+        }
     if kind is list:
         return [item if type(item) in _SCALARS else _copy_plain(item, original) for item in value]
     return original(value)

@@ -14,13 +14,21 @@ import numpy as np
 
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
-from kvtrace.transforms.read.timestamps import (DAY_MS, EPOCH, MAX_GAP_DAYS, RELATIVE, plausible_days,
-                                        timestamp_kind)
+from kvtrace.transforms.read.timestamps import (
+    DAY_MS,
+    EPOCH,
+    MAX_GAP_DAYS,
+    RELATIVE,
+    plausible_days,
+    timestamp_kind,
+)
 
 TIMESTAMP_KIND_MISMATCH = "timestamp_kind_mismatch"
 IMPLAUSIBLE_TIMESTAMP = "implausible_timestamp"
-KIND_WORDS = {RELATIVE: ("a relative time", "relative times"),
-              EPOCH: ("an epoch date", "epoch dates")}
+KIND_WORDS = {
+    RELATIVE: ("a relative time", "relative times"),
+    EPOCH: ("an epoch date", "epoch dates"),
+}
 
 
 def kind_counts(batch: HashedBatch) -> dict[int, int]:
@@ -36,8 +44,9 @@ def sum_kind_counts(counts: list[dict[int, int]]) -> dict[int, int]:
     return dict(total)
 
 
-def keep_input_kind(batch: HashedBatch, counts: dict[int, int]
-                    ) -> tuple[HashedBatch | None, list[DeadLetter]]:
+def keep_input_kind(
+    batch: HashedBatch, counts: dict[int, int]
+) -> tuple[HashedBatch | None, list[DeadLetter]]:
     """The batch's requests within the bulk of the input's timestamps (counts: the whole input's
     requests per day), and a dead letter for each other one. The record's text is gone by now
     (only hashes leave the encoder), so the letter names what identifies the row: its timestamp
@@ -52,9 +61,9 @@ def keep_input_kind(batch: HashedBatch, counts: dict[int, int]
     return (batch.select(keep) if keep.any() else None), letters
 
 
-def keep_plausible_windows(windows: list[tuple[int, HashedBatch]],
-                           established: Mapping[int, int] | None = None
-                           ) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
+def keep_plausible_windows(
+    windows: list[tuple[int, HashedBatch]], established: Mapping[int, int] | None = None
+) -> tuple[list[tuple[int, HashedBatch]], list[DeadLetter]]:
     """(window start, batch) pairs judged together as one input with what was established
     before them (a stream's published requests per day): the pairs with their plausible
     requests, and a dead letter for each other. Judged among waiting windows alone, a clock
@@ -83,14 +92,23 @@ def keep_kind(batch: HashedBatch, kind: str) -> tuple[HashedBatch | None, list[D
 
 def _letter(row: np.void, bulk_kind: str, first: int, last: int) -> DeadLetter:
     ms = int(row["timestamp_ms"])
-    identity = json.dumps({key: int(row[key])
-                           for key in ("timestamp_ms", "input_length", "output_length")}).encode()
+    identity = json.dumps(
+        {key: int(row[key]) for key in ("timestamp_ms", "input_length", "output_length")}
+    ).encode()
     kind = timestamp_kind(ms)
     if kind != bulk_kind:
-        return DeadLetter("", identity, TIMESTAMP_KIND_MISMATCH,
-                          f"timestamp {ms} ms is {KIND_WORDS[kind][0]}, but the bulk of the "
-                          f"input's timestamps are {KIND_WORDS[bulk_kind][1]}")
-    return DeadLetter("", identity, IMPLAUSIBLE_TIMESTAMP,
-                      f"timestamp {ms} ms is more than {MAX_GAP_DAYS} days from the bulk of the "
-                      f"input's timestamps (days {first} to {last} of the epoch): a clock reset, "
-                      f"not a request of this input")
+        return DeadLetter(
+            "",
+            identity,
+            TIMESTAMP_KIND_MISMATCH,
+            f"timestamp {ms} ms is {KIND_WORDS[kind][0]}, but the bulk of the "
+            f"input's timestamps are {KIND_WORDS[bulk_kind][1]}",
+        )
+    return DeadLetter(
+        "",
+        identity,
+        IMPLAUSIBLE_TIMESTAMP,
+        f"timestamp {ms} ms is more than {MAX_GAP_DAYS} days from the bulk of the "
+        f"input's timestamps (days {first} to {last} of the epoch): a clock reset, "
+        f"not a request of this input",
+    )

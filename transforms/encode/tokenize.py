@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
 import hashlib
 import importlib.util
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvtrace.transforms.encode.fast_tokenizer import (EXTRA_TEMPLATE_KEY, EXTRA_TEMPLATES, TOKENIZER_FILE,
-                                              TOKENIZER_FILES, FastTokenizer)
 from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
+from kvtrace.transforms.encode.fast_tokenizer import (
+    EXTRA_TEMPLATE_KEY,
+    EXTRA_TEMPLATES,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
+    FastTokenizer,
+)
 from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog
 from kvtrace.transforms.errors import JobStopped, Rejected
 from kvtrace.transforms.read.chat import arguments_as_strings
@@ -52,19 +57,23 @@ def check_tokenizer_path(name: str) -> None:
     of the path). A name that is no existing path and looks like a hub id (owner/model) passes."""
     path = Path(os.path.expanduser(name))
     if path.is_file():
-        raise ValueError(f"--tokenizer {name} is a file; give the folder that holds it "
-                         f"({path.parent})")
+        raise ValueError(
+            f"--tokenizer {name} is a file; give the folder that holds it ({path.parent})"
+        )
     if path.is_dir():
         if not os.access(path, os.R_OK | os.X_OK):
             raise ValueError(f"--tokenizer {name}: the folder is not readable")
         if not os.path.lexists(path / TOKENIZER_FILE):
-            raise ValueError(f"--tokenizer {name}: no {TOKENIZER_FILE} in this folder; kvtrace "
-                             f"loads a tokenizer from that file alone, as data (never a "
-                             f"tokenizer's own code: no trust_remote_code). transformers writes "
-                             f"one: AutoTokenizer.from_pretrained(...).save_pretrained(FOLDER)")
+            raise ValueError(
+                f"--tokenizer {name}: no {TOKENIZER_FILE} in this folder; kvtrace "
+                f"loads a tokenizer from that file alone, as data (never a "
+                f"tokenizer's own code: no trust_remote_code). transformers writes "
+                f"one: AutoTokenizer.from_pretrained(...).save_pretrained(FOLDER)"
+            )
         return
-    looks_like_path = (name.startswith(("/", ".", "~")) or name.count("/") > 1
-                       or name.endswith(".json"))
+    looks_like_path = (
+        name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith(".json")
+    )
     if looks_like_path:
         raise ValueError(f"--tokenizer {name}: no such folder (a hub model is named owner/model)")
 
@@ -82,8 +91,10 @@ def checked_tokenizer(name: str, sha256: Mapping[str, str] | None) -> FastTokeni
     records (a worker on another machine, or started later, loads the folder again)."""
     tokenizer = load_tokenizer(name)
     if sha256 and dict(tokenizer.files_sha256) != dict(sha256):  # empty: not known here
-        raise JobStopped(f"the tokenizer files of {name} are not the ones this run began with "
-                         f"(changed, or another copy on this worker); nothing was published")
+        raise JobStopped(
+            f"the tokenizer files of {name} are not the ones this run began with "
+            f"(changed, or another copy on this worker); nothing was published"
+        )
     return tokenizer
 
 
@@ -104,7 +115,7 @@ def tokenizer_directory(name: str) -> Path:
 PROBE_TEXT = (
     "kvtrace probe: Hello, world! 1234567890 3.14159  \t\n  indented\r\n"
     "naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 中文文本, 한국어 "
-    "🙂👍🏽 <|im_start|> <｜User｜> </think> {\"json\": [1, 2]} def f(x): return x**2"
+    '🙂👍🏽 <|im_start|> <｜User｜> </think> {"json": [1, 2]} def f(x): return x**2'
 )
 
 
@@ -159,26 +170,35 @@ def render_chat(
     """
     items = len(messages) + len(tools or ())
     if items > MAX_RENDERED_ITEMS:
-        raise Rejected("too_large", f"a chat request of {items} messages and tools, over "
-                                    f"{MAX_RENDERED_ITEMS}: more than a template renders within "
-                                    f"its budget")
+        raise Rejected(
+            "too_large",
+            f"a chat request of {items} messages and tools, over "
+            f"{MAX_RENDERED_ITEMS}: more than a template renders within "
+            f"its budget",
+        )
     tally = _TALLIES.get(tokenizer) or _TALLIES.setdefault(tokenizer, _Tally())
     try:
-        text = RENDER_WATCHDOG.run(lambda: _apply_or_rejected(tokenizer, messages, tools,
-                                                              template_kwargs))
+        text = RENDER_WATCHDOG.run(
+            lambda: _apply_or_rejected(tokenizer, messages, tools, template_kwargs)
+        )
     except RenderOverrun as err:
         if record_bytes > CONDEMNING_RECORD_BYTES:
-            raise Rejected("template_error", f"the chat template went {err} on a record of "
-                                             f"{record_bytes} bytes") from None
+            raise Rejected(
+                "template_error",
+                f"the chat template went {err} on a record of {record_bytes} bytes",
+            ) from None
         if _holds_more_than((messages, tools), CONDEMNING_RECORD_ITEMS):
-            raise Rejected("template_error", f"the chat template went {err} on a record of "
-                                             f"over {CONDEMNING_RECORD_ITEMS} items") from None
+            raise Rejected(
+                "template_error",
+                f"the chat template went {err} on a record of over {CONDEMNING_RECORD_ITEMS} items",
+            ) from None
         tally.overruns += 1
         if tally.overruns >= OVERRUNS_TO_STOP and not tally.rendered:
-            raise JobStopped(f"the chat template went {err} on each of the first "
-                             f"{OVERRUNS_TO_STOP} requests of at most {CONDEMNING_RECORD_BYTES} "
-                             f"bytes and {CONDEMNING_RECORD_ITEMS} items: it does not render"
-                             ) from None
+            raise JobStopped(
+                f"the chat template went {err} on each of the first "
+                f"{OVERRUNS_TO_STOP} requests of at most {CONDEMNING_RECORD_BYTES} "
+                f"bytes and {CONDEMNING_RECORD_ITEMS} items: it does not render"
+            ) from None
         raise Rejected("template_error", f"the chat template went {err}") from None
     tally.rendered += 1
     return text
@@ -210,8 +230,12 @@ class _Tally:
 _TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
 
 
-def _apply_or_rejected(tokenizer: Any, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]) -> str:
+def _apply_or_rejected(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> str:
     try:
         return _apply(tokenizer, messages, tools, template_kwargs)
     except Exception as err:  # a template raising on a request is that request's fault...
@@ -220,9 +244,11 @@ def _apply_or_rejected(tokenizer: Any, messages: list[dict[str, Any]],
         from jinja2.exceptions import SecurityError
 
         if isinstance(err, SecurityError):
-            raise JobStopped(f"the chat template tried to reach Python internals, which "
-                             f"transformers' sandboxed Jinja environment refuses "
-                             f"({str(err)[:200]}); check where the template came from") from None
+            raise JobStopped(
+                f"the chat template tried to reach Python internals, which "
+                f"transformers' sandboxed Jinja environment refuses "
+                f"({str(err)[:200]}); check where the template came from"
+            ) from None
         if _has_tool_calls(messages):
             try:
                 return _apply(tokenizer, arguments_as_strings(messages), tools, template_kwargs)
@@ -235,8 +261,12 @@ def _has_tool_calls(messages: list[dict[str, Any]]) -> bool:
     return any("tool_calls" in m for m in messages)
 
 
-def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           template_kwargs: dict[str, Any]) -> str:
+def _apply(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> str:
     return tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
     )

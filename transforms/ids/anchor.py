@@ -87,7 +87,8 @@ def marks_folder(salt: SaltSource, given: str | None) -> str:
         f"--id-map with the salt from {salt.describe()} needs --id-map-marks DIR: a folder, "
         f"outside the map and not writable by whoever can write the map, where each commit "
         f"marks the version it published (a salt file keeps them beside it; docs/ID_MAP.md, "
-        f"'Rollback'). Nothing was read or written.")
+        f"'Rollback'). Nothing was read or written."
+    )
 
 
 def mark_path(marks: str, map_id: str) -> str:
@@ -113,36 +114,57 @@ def location_digest(location: str) -> str:
 
 
 def mark_bytes(directory: str, map_id: str, version: int, record: bytes, key: MapKey) -> bytes:
-    return keyed({"format": MARK_FORMAT, "map_id": map_id,
-                  "place": location_digest(map_location(directory)),
-                  "version": version, "record_sha256": hashlib.sha256(record).hexdigest()}, key)
+    return keyed(
+        {
+            "format": MARK_FORMAT,
+            "map_id": map_id,
+            "place": location_digest(map_location(directory)),
+            "version": version,
+            "record_sha256": hashlib.sha256(record).hexdigest(),
+        },
+        key,
+    )
 
 
 def place_bytes(location: str, map_id: str, key: MapKey) -> bytes:
-    return keyed({"format": PLACE_FORMAT, "place": location_digest(location), "map_id": map_id},
-                 key)
+    return keyed(
+        {"format": PLACE_FORMAT, "place": location_digest(location), "map_id": map_id}, key
+    )
 
 
 def read_mark(path: str, map_id: str, key: MapKey) -> dict[str, Any] | None:
     """The map's mark, verified: exactly what mark_bytes writes for this map's id; None when
     there is none."""
-    return _read_keyed(path, key, lambda mark: (
-        mark.keys() == {"format", "map_id", "place", "version", "record_sha256", "mac"}
-        and mark["format"] == MARK_FORMAT and mark["map_id"] == map_id
-        and type(mark["place"]) is str and _is_version(mark["version"])))
+    return _read_keyed(
+        path,
+        key,
+        lambda mark: (
+            mark.keys() == {"format", "map_id", "place", "version", "record_sha256", "mac"}
+            and mark["format"] == MARK_FORMAT
+            and mark["map_id"] == map_id
+            and type(mark["place"]) is str
+            and _is_version(mark["version"])
+        ),
+    )
 
 
 def read_location(path: str, location: str, key: MapKey) -> dict[str, Any] | None:
     """A bound location's file, verified: the binding place_bytes writes (the location by its
     digest; by its path before that), or a mark named by the place (from before map ids: it
     has a version, no map_id); None when there is none."""
+
     def names_this_place(mark: dict[str, Any]) -> bool:
         bound = mark.keys() == {"format", "place", "map_id", "mac"} and (
             mark["format"] == PLACE_FORMAT
-            and mark["place"] in (location_digest(location), location))
-        return bound or (mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
-                         and mark["format"] == MARK_FORMAT and mark["map"] == location
-                         and _is_version(mark["version"]))
+            and mark["place"] in (location_digest(location), location)
+        )
+        return bound or (
+            mark.keys() == {"format", "map", "version", "record_sha256", "mac"}
+            and mark["format"] == MARK_FORMAT
+            and mark["map"] == location
+            and _is_version(mark["version"])
+        )
+
     return _read_keyed(path, key, names_this_place)
 
 
@@ -150,8 +172,9 @@ def _is_version(value: Any) -> bool:
     return type(value) is int and 1 <= value <= MAX_VERSION
 
 
-def _read_keyed(path: str, key: MapKey,
-                fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+def _read_keyed(
+    path: str, key: MapKey, fits: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
     """A file of the folder of marks, verified: its bytes exactly what keyed writes for its
     fields (MAC included), fits; None when there is none."""
     if not storage.exists(path):
@@ -160,20 +183,32 @@ def _read_keyed(path: str, key: MapKey,
         with storage.open_read(path) as handle:
             raw = handle.read(MAX_MARK_BYTES + 1)
         mark = json.loads(raw)
-        valid = type(mark) is dict and "mac" in mark and fits(mark) and hmac.compare_digest(
-            raw, keyed({k: v for k, v in mark.items() if k != "mac"}, key))
+        valid = (
+            type(mark) is dict
+            and "mac" in mark
+            and fits(mark)
+            and hmac.compare_digest(raw, keyed({k: v for k, v in mark.items() if k != "mac"}, key))
+        )
     except (OSError, ValueError, RecursionError, TypeError):  # unreadable, not JSON, or a
-        valid = False                                         # value no mark holds (NaN)
+        valid = False  # value no mark holds (NaN)
     if not valid:
         raise JobStopped(
             f"the id map's mark {path} does not verify with this run's salt or names another "
             f"map: it was altered, or belongs to another salt. Restore it from the backup of "
-            f"the folder of marks; the map was not extended and no trace was published")
+            f"the folder of marks; the map was not extended and no trace was published"
+        )
     return mark
 
 
-def check_anchor(marks: str, directory: str, version: int, map_id: str | None,
-                 record_of: Callable[[int], bytes], key: MapKey, bound: bool = True) -> None:
+def check_anchor(
+    marks: str,
+    directory: str,
+    version: int,
+    map_id: str | None,
+    record_of: Callable[[int], bytes],
+    key: MapKey,
+    bound: bool = True,
+) -> None:
     """Refuse to extend a map that is not the one its place (or its spelling) was last
     published with (unless not bound: a rebind), is not at or past its marked version, or does
     not descend from the marked record (rolled back, or replaced by another map).
@@ -191,7 +226,8 @@ def check_anchor(marks: str, directory: str, version: int, map_id: str | None,
                 f"its versions were removed, or a link in its path leads elsewhere now. "
                 f"Restore that map; or, if this one replaced it on purpose (a new map there "
                 f"too), run `kvtrace id-map rebind {directory}` with its salt. The map was "
-                f"not extended and no trace was published")
+                f"not extended and no trace was published"
+            )
     if map_id is not None:
         path = mark_path(marks, map_id)
         mark = read_mark(path, map_id, key)
@@ -199,8 +235,9 @@ def check_anchor(marks: str, directory: str, version: int, map_id: str | None,
             _check_descent(mark, path, directory, version, record_of)
 
 
-def _check_descent(mark: dict[str, Any], path: str, directory: str, version: int,
-                   record_of: Callable[[int], bytes]) -> None:
+def _check_descent(
+    mark: dict[str, Any], path: str, directory: str, version: int, record_of: Callable[[int], bytes]
+) -> None:
     marked = mark["version"]
     if not descends(version, marked, mark["record_sha256"], record_of):
         raise JobStopped(
@@ -209,11 +246,13 @@ def _check_descent(mark: dict[str, Any], path: str, directory: str, version: int
             f"record does not descend from it: the map was rolled back or replaced, and "
             f"extending it would give new keys ids published traces already use. Restore the "
             f"map's newest version, or start a new map in another directory; the map was not "
-            f"extended and no trace was published")
+            f"extended and no trace was published"
+        )
 
 
-def descends(version: int, marked: int, marked_sha256: str,
-             record_of: Callable[[int], bytes]) -> bool:
+def descends(
+    version: int, marked: int, marked_sha256: str, record_of: Callable[[int], bytes]
+) -> bool:
     """Whether version `version`'s record descends from the marked one: each record names the
     sha256 of the one before it, down to the marked record's. The walk reads one record per
     version between (bounded: each record is, and the versions between are the map's own). A
@@ -243,8 +282,9 @@ def previous_sha256(raw: bytes) -> str | None:
     return previous if type(previous) is str else None
 
 
-def advance_anchor(marks: str, directory: str, map_id: str, version: int, record: bytes,
-                   key: MapKey) -> None:
+def advance_anchor(
+    marks: str, directory: str, map_id: str, version: int, record: bytes, key: MapKey
+) -> None:
     """Mark `version` (whose record bytes are `record`) of map `map_id` as published at this
     place: the mark only moves forward. It is replaced under the folder's lock after being
     read again there, so a run that committed earlier but marks later never writes its version
@@ -253,8 +293,12 @@ def advance_anchor(marks: str, directory: str, map_id: str, version: int, record
     path, locations = mark_path(marks, map_id), bound_locations(directory)
 
     def done() -> tuple[bool, list[str]]:
-        unbound = [location for location in locations if (read_location(
-            location_path(marks, location), location, key) or {}).get("map_id") != map_id]
+        unbound = [
+            location
+            for location in locations
+            if (read_location(location_path(marks, location), location, key) or {}).get("map_id")
+            != map_id
+        ]
         return _covers(read_mark(path, map_id, key), path, version, record), unbound
 
     if done() == (True, []):
@@ -273,8 +317,7 @@ def rebind(marks: str, directory: str, map_id: str | None, key: MapKey) -> None:
     """Bind the place and spelling to the map found there now, on purpose (`kvtrace id-map
     rebind`): to its id, or to none (their files removed) for a new map or one from before
     ids, whose next commit binds them."""
-    places = {location: location_path(marks, location)
-              for location in bound_locations(directory)}
+    places = {location: location_path(marks, location) for location in bound_locations(directory)}
     if map_id is None:
         storage.delete([path for path in places.values() if storage.exists(path)])
         return
@@ -290,10 +333,10 @@ def _covers(mark: dict[str, Any] | None, path: str, version: int, record: bytes)
     another record is refused: the map was replaced while this run committed."""
     if mark is None or mark["version"] < version:
         return False
-    if mark["version"] == version and mark["record_sha256"] != hashlib.sha256(
-            record).hexdigest():
+    if mark["version"] == version and mark["record_sha256"] != hashlib.sha256(record).hexdigest():
         raise JobStopped(
             f"the id map's mark {path} names another record for version {version} than the "
             f"one this run committed: the map was replaced while it ran. Restore the map's "
-            f"newest version; no trace was published")
+            f"newest version; no trace was published"
+        )
     return True

@@ -40,8 +40,11 @@ def add(packed: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> None:
     bits = len(packed) * 8
     for probe in range(PROBES):
         position = _position(hi, lo, probe, bits)
-        np.bitwise_or.at(packed, position >> np.uint64(3),
-                         np.left_shift(1, position & np.uint64(7)).astype(np.uint8))
+        np.bitwise_or.at(
+            packed,
+            position >> np.uint64(3),
+            np.left_shift(1, position & np.uint64(7)).astype(np.uint8),
+        )
 
 
 def may_contain(packed: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
+
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.ids.row_order import tie_key
 
@@ -26,13 +27,22 @@ TARGET_SHARD_BYTES = 256 << 20
 MAX_HASH_SHARDS = 4096
 
 OCCURRENCE = np.dtype(
-    [("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("key", "<u8"), ("fp", "<u8"), ("pos", "<u4"),
-     ("weight", "<u4"), ("req", "<u4")]
+    [
+        ("hi", "<u8"),
+        ("lo", "<u8"),
+        ("ts", "<i8"),
+        ("key", "<u8"),
+        ("fp", "<u8"),
+        ("pos", "<u4"),
+        ("weight", "<u4"),
+        ("req", "<u4"),
+    ]
 )
 NUMBERED = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("id", "<i8")])
 # What numbering needs of a first occurrence (44 bytes of the occurrence's 52).
-FIRST = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("key", "<u8"), ("fp", "<u8"),
-                  ("pos", "<u4")])
+FIRST = np.dtype(
+    [("hi", "<u8"), ("lo", "<u8"), ("ts", "<i8"), ("key", "<u8"), ("fp", "<u8"), ("pos", "<u4")]
+)
 # What a batch sends to the join to get its ids back: the key and where it goes (24 bytes; the
 # whole occurrence is 52).
 LOOKUP = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("req", "<u4"), ("pos", "<u4")])
@@ -91,18 +101,22 @@ def session_keys(batch: HashedBatch) -> np.ndarray:
 
 def earliest(table: np.ndarray) -> np.ndarray:
     """Each distinct key once, at its earliest (ts, key, fp, pos) occurrence."""
-    order = np.lexsort((table["pos"], table["fp"], table["key"], table["ts"], table["lo"],
-                        table["hi"]))
+    order = np.lexsort(
+        (table["pos"], table["fp"], table["key"], table["ts"], table["lo"], table["hi"])
+    )
     ordered = table[order]
     first = np.ones(len(ordered), dtype=bool)
-    first[1:] = (ordered["hi"][1:] != ordered["hi"][:-1]) | (ordered["lo"][1:] != ordered["lo"][:-1])
+    first[1:] = (ordered["hi"][1:] != ordered["hi"][:-1]) | (
+        ordered["lo"][1:] != ordered["lo"][:-1]
+    )
     return ordered[first]
 
 
 def number(table: np.ndarray, first_id: int) -> np.ndarray:
     """Dense ids from first_id for distinct keys, in first-seen order (the hash breaks ties)."""
-    order = np.lexsort((table["lo"], table["hi"], table["pos"], table["fp"], table["key"],
-                        table["ts"]))
+    order = np.lexsort(
+        (table["lo"], table["hi"], table["pos"], table["fp"], table["key"], table["ts"])
+    )
     numbered = np.empty(len(table), dtype=NUMBERED)
     numbered["hi"], numbered["lo"] = table["hi"][order], table["lo"][order]
     numbered["id"] = first_id + np.arange(len(table))
@@ -139,7 +153,6 @@ def resolve(numbered: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return numbered["id"][rows]
 
 
-
 def split_known(firsts: np.ndarray, existing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the first occurrences an id map does not hold, the map rows of those it does)."""
     rows = lookup(existing, firsts)
@@ -156,8 +169,9 @@ class KindIds(NamedTuple):
     added_count: int
 
 
-def dense_ids(keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | None = None,
-              next_id: int = 0) -> KindIds:
+def dense_ids(
+    keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | None = None, next_id: int = 0
+) -> KindIds:
     """Each key's id in first-seen order, in one process (the local engine): the same numbering
     as ids/steps.py's buckets, whose order is by timestamp first. Keys an id map already holds keep their ids (map_rows
     gives, for the distinct keys, NUMBERED map rows that include every one it holds); the
@@ -168,6 +182,7 @@ def dense_ids(keys: np.ndarray, map_rows: Callable[[np.ndarray], np.ndarray] | N
     new = number(unseen, next_id)
     ids = resolve(np.concatenate([new, known]), keys)
     return KindIds(ids, unique, new, len(new))
+
 
 def hash_shards_for(map_ids: int) -> int:
     """Hash shards for a run extending a map of map_ids ids."""

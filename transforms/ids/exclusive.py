@@ -83,9 +83,11 @@ def _wait_for_lock(handle: int, path: str) -> None:
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise JobStopped(f"another kvtrace run held the lock of {path} for over "
-                                 f"{LOCK_WAIT_S:.0f} s; nothing was written. Try again once it "
-                                 f"ends") from None
+                raise JobStopped(
+                    f"another kvtrace run held the lock of {path} for over "
+                    f"{LOCK_WAIT_S:.0f} s; nothing was written. Try again once it "
+                    f"ends"
+                ) from None
             time.sleep(LOCK_POLL_S)
 
 
@@ -120,7 +122,12 @@ def remove_stale_temp_files(folder: str) -> list[str]:
         if TEMP_MARK not in name:
             continue
         writer = name.rsplit(TEMP_MARK, 1)[1].rsplit("-", 2)
-        if len(writer) == 3 and writer[0] == host and writer[1].isdigit() and not _alive(int(writer[1])):
+        if (
+            len(writer) == 3
+            and writer[0] == host
+            and writer[1].isdigit()
+            and not _alive(int(writer[1]))
+        ):
             os.unlink(os.path.join(folder, name))
             stale.append(name)
     return stale
@@ -140,7 +147,7 @@ def _create_gcs(path: str, data: bytes) -> bool:
     from google.api_core.exceptions import PreconditionFailed
     from google.cloud import storage
 
-    bucket, name = path[len("gs://"):].split("/", 1)
+    bucket, name = path[len("gs://") :].split("/", 1)
     blob = storage.Client().bucket(bucket).blob(name)
     try:
         blob.upload_from_string(data, if_generation_match=0)

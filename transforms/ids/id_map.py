@@ -107,10 +107,14 @@ class MapIdentity:
 
     def differences(self, other: MapIdentity) -> list[str]:
         """What differs, field by field, by type and value (1, 1.0 and true are three values)."""
-        names = {"salt_fingerprint": "salt", "block_size": "block size",
-                 "tokenizer_sha256": "tokenizer files (sha256)", "hash_scheme": "hash scheme",
-                 "chat_template_kwargs": "chat template kwargs",
-                 "tokenization": "tokenization of a probe text (tokenizers release?)"}
+        names = {
+            "salt_fingerprint": "salt",
+            "block_size": "block size",
+            "tokenizer_sha256": "tokenizer files (sha256)",
+            "hash_scheme": "hash scheme",
+            "chat_template_kwargs": "chat template kwargs",
+            "tokenization": "tokenization of a probe text (tokenizers release?)",
+        }
         return [
             f"{label}: map has {_shown(name, getattr(self, name))}, "
             f"this run has {_shown(name, getattr(other, name))}"
@@ -147,11 +151,15 @@ class MapVersion:
     def segment_files(self, directory: str, kind: str) -> list[SegmentFile]:
         """The kind's segment files with what their reads verify: checksums, and that each row
         belongs to the file's hash shard and has an id this version gave out."""
-        return [SegmentFile(storage.join(directory, name), self.checksums[name],
-                            self.checksums[relative_index(name)],
-                            bounds=RowBounds(shard_of_segment(name), self.hash_shards,
-                                             self.next_id[kind]))
-                for name in sorted(self.files[kind])]
+        return [
+            SegmentFile(
+                storage.join(directory, name),
+                self.checksums[name],
+                self.checksums[relative_index(name)],
+                bounds=RowBounds(shard_of_segment(name), self.hash_shards, self.next_id[kind]),
+            )
+            for name in sorted(self.files[kind])
+        ]
 
     @property
     def timestamp_kind(self) -> str | None:
@@ -186,12 +194,22 @@ class MapVersion:
     @staticmethod
     def from_record(data: dict[str, Any], record_sha256: str | None = None) -> MapVersion:
         """A version from a record map_record.read_record verified and checked."""
-        identity = MapIdentity(**{name: data[name] for name in MapIdentity.__dataclass_fields__
-                                  if name in data})
-        return MapVersion(data["version"], identity, data["timestamp_origin_ms"],
-                          data["next_id"], data["files"], data["hash_shards"], data["history"],
-                          data["checksums"], data.get("map_id"), data.get("previous_sha256"),
-                          record_sha256)
+        identity = MapIdentity(
+            **{name: data[name] for name in MapIdentity.__dataclass_fields__ if name in data}
+        )
+        return MapVersion(
+            data["version"],
+            identity,
+            data["timestamp_origin_ms"],
+            data["next_id"],
+            data["files"],
+            data["hash_shards"],
+            data["history"],
+            data["checksums"],
+            data.get("map_id"),
+            data.get("previous_sha256"),
+            record_sha256,
+        )
 
 
 def version_bytes(version: MapVersion, key: MapKey) -> bytes:
@@ -215,15 +233,20 @@ def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes]
         return None
     data, raw = _read_version(directory, number, key)
     record_of = _record_reader(directory)
-    if not descends(number, 1, hashlib.sha256(record_of(1)).hexdigest(),
-                    lambda n: raw if n == number else record_of(n)):
+    if not descends(
+        number,
+        1,
+        hashlib.sha256(record_of(1)).hexdigest(),
+        lambda n: raw if n == number else record_of(n),
+    ):
         for below in range(number - 1, 0, -1):  # a record damaged or edited is told as such
             _read_version(directory, below, key)
         raise IdMapError(
             f"the versions of the id map {directory} do not form one chain from version 1 to "
             f"{number} (a record names another sha256 than the one below it: another map's "
             f"version put in its place?), so the map's history cannot be trusted. Restore the "
-            f"id map from a backup; nothing was read or written.")
+            f"id map from a backup; nothing was read or written."
+        )
     return data, raw
 
 
@@ -240,11 +263,14 @@ def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, A
     """Version `number`'s record, verified, and its bytes as stored."""
     path = version_path(directory, number)
     raw = _record_raw(path)
-    data = read_record(raw, path, key,
-                       below_is_keyed=lambda: number > 1 and _is_keyed(directory, number - 1))
+    data = read_record(
+        raw, path, key, below_is_keyed=lambda: number > 1 and _is_keyed(directory, number - 1)
+    )
     if data["version"] != number:
-        raise IdMapError(f"{path} holds version {data['version']}, not {number} (a file put in "
-                         f"another's place?). Restore the id map from a backup.")
+        raise IdMapError(
+            f"{path} holds version {data['version']}, not {number} (a file put in "
+            f"another's place?). Restore the id map from a backup."
+        )
     return data, raw
 
 
@@ -282,7 +308,8 @@ def key_format_3_map(directory: str, key: MapKey) -> list[int]:
                     f"{version_path(directory, n)} is of id map format {KEYLESS_FORMAT} in a "
                     f"map keyed already (version {keyed_ones[0]} is): kvtrace never leaves "
                     f"that, so the map was edited; nothing was keyed. Restore the id map from "
-                    f"a backup.")
+                    f"a backup."
+                )
     else:
         for n in unkeyed:  # every record verified before any is replaced
             replace_file(_staged_path(directory, n), forms[n])
@@ -309,9 +336,11 @@ def _keyless_data(directory: str, number: int, key: MapKey) -> dict[str, Any]:
     path = version_path(directory, number)
     data = read_keyless_record(_record_raw(path), path)
     if data["version"] != number or data["salt_fingerprint"] != key.salt_fingerprint:
-        raise IdMapError(f"{path} holds version {data['version']} of a map of salt "
-                         f"fingerprint {data['salt_fingerprint']}, not version {number} of "
-                         f"this salt's ({key.salt_fingerprint}); nothing was keyed.")
+        raise IdMapError(
+            f"{path} holds version {data['version']} of a map of salt "
+            f"fingerprint {data['salt_fingerprint']}, not version {number} of "
+            f"this salt's ({key.salt_fingerprint}); nothing was keyed."
+        )
     return data
 
 
@@ -322,8 +351,9 @@ def _keyed_forms(directory: str, unkeyed: list[int], key: MapKey) -> dict[int, b
     forms: dict[int, bytes] = {}
     map_id = keyed_map_id(_keyless_data(directory, 1, key), key) if unkeyed[:1] == [1] else ""
     for n in unkeyed:
-        forms[n] = keyed_from_keyless(_keyless_data(directory, n, key), key, map_id,
-                                      forms.get(n - 1))
+        forms[n] = keyed_from_keyless(
+            _keyless_data(directory, n, key), key, map_id, forms.get(n - 1)
+        )
     return forms
 
 
@@ -344,13 +374,13 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
     verified), then mark its published version. Returns that version and the versions keyed."""
     number = current_version_number(directory)
     if number == 0:
-        raise IdMapError(f"{directory} holds no id map version (no {CURRENT}, no versions/): "
-                         f"nothing to upgrade")
+        raise IdMapError(
+            f"{directory} holds no id map version (no {CURRENT}, no versions/): nothing to upgrade"
+        )
     record_of = _record_reader(directory)
     if _is_keyed(directory, number):  # a format-3 map has no id to find its mark by yet
         try:  # before anything is rewritten; refused as a run is refused before it starts
-            check_anchor(marks, directory, number, _map_id(directory, number, key), record_of,
-                         key)
+            check_anchor(marks, directory, number, _map_id(directory, number, key), record_of, key)
         except JobStopped as err:
             raise IdMapError(str(err)) from None
     keyed_now = key_format_3_map(directory, key)
@@ -370,8 +400,9 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     map_id = _map_id(directory, number, key) if number else None
     if map_id is not None:
         try:
-            check_anchor(marks, directory, number, map_id, _record_reader(directory), key,
-                         bound=False)
+            check_anchor(
+                marks, directory, number, map_id, _record_reader(directory), key, bound=False
+            )
         except JobStopped as err:
             raise IdMapError(str(err)) from None
     rebind(marks, directory, map_id, key)
@@ -394,8 +425,9 @@ def relative_index(name: str) -> str:
 def empty_version(identity: MapIdentity) -> MapVersion:
     """Version 0: what a map directory that does not exist yet stands for (its id is given by
     its first commit, map_id_of)."""
-    return MapVersion(0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS},
-                      hash_shards=0)
+    return MapVersion(
+        0, identity, None, {kind: 0 for kind in KINDS}, {kind: [] for kind in KINDS}, hash_shards=0
+    )
 
 
 def map_id_of(base: MapVersion, night: Night, checksums: dict[str, dict]) -> str:
@@ -406,8 +438,14 @@ def map_id_of(base: MapVersion, night: Night, checksums: dict[str, dict]) -> str
     (one request each of the same length: the same dense ids, lengths and times); only twins
     (the same night under the same salt) are one map. The same nights give the same id on
     every engine (determinism); only the salt's holder can write a record naming it (the MAC)."""
-    seed = "\0".join((base.identity.salt_fingerprint, base.record_sha256 or "", night.identity,
-                      canonical(checksums)))
+    seed = "\0".join(
+        (
+            base.identity.salt_fingerprint,
+            base.record_sha256 or "",
+            night.identity,
+            canonical(checksums),
+        )
+    )
     return hashlib.sha256(b"kvtrace map id\0" + seed.encode()).hexdigest()[:32]
 
 
@@ -424,12 +462,14 @@ def segment_folder(version: int, run_id: str) -> str:
 
 
 def segment_path(directory: str, version: int, run_id: str, kind: str, shard: int) -> str:
-    return storage.join(directory, "segments", segment_folder(version, run_id),
-                            f"{kind}-{shard:05d}.parquet")
+    return storage.join(
+        directory, "segments", segment_folder(version, run_id), f"{kind}-{shard:05d}.parquet"
+    )
 
 
-def settle_segments(directory: str, version: int,
-                    written: dict[str, list[SegmentFile]]) -> dict[str, list[SegmentFile]]:
+def settle_segments(
+    directory: str, version: int, written: dict[str, list[SegmentFile]]
+) -> dict[str, list[SegmentFile]]:
     """The run's new segment files moved from its own folder to the one their content names
     (the digest of every file's name and checksums), so a version's record is the same whatever
     run wrote it. Two runs of one content write the same bytes there (a rename over equal
@@ -439,8 +479,13 @@ def settle_segments(directory: str, version: int,
     if not files:
         return written
     content = canonical([[f.path.rsplit("/", 1)[1], f.data, f.index] for f in files])
-    folder = storage.join(directory, "segments", segment_folder(
-        version, hashlib.sha256(b"kvtrace segment folder\0" + content.encode()).hexdigest()[:12]))
+    folder = storage.join(
+        directory,
+        "segments",
+        segment_folder(
+            version, hashlib.sha256(b"kvtrace segment folder\0" + content.encode()).hexdigest()[:12]
+        ),
+    )
     storage.make_folder(folder, private=True)
     staged = {f.path.rsplit("/", 1)[0] for f in files} - {folder}
     for segment in files:
@@ -448,8 +493,12 @@ def settle_segments(directory: str, version: int,
             storage.rename(source, storage.join(folder, source.rsplit("/", 1)[1]))
     for emptied in staged:
         storage.remove_folder(emptied)
-    return {kind: [f._replace(path=storage.join(folder, f.path.rsplit("/", 1)[1]))
-                   for f in written[kind]] for kind in KINDS}
+    return {
+        kind: [
+            f._replace(path=storage.join(folder, f.path.rsplit("/", 1)[1])) for f in written[kind]
+        ]
+        for kind in KINDS
+    }
 
 
 def shard_of_segment(path: str) -> int:
@@ -465,20 +514,28 @@ def segment_files_by_shard(segments: list[SegmentFile]) -> dict[int, list[Segmen
     return by_shard
 
 
-def write_segment_shard(directory: str, version: int, run_id: str, kind: str, shard: int,
-                        runs: list[SegmentFile], added: list[np.ndarray]) -> SegmentFile:
+def write_segment_shard(
+    directory: str,
+    version: int,
+    run_id: str,
+    kind: str,
+    shard: int,
+    runs: list[SegmentFile],
+    added: list[np.ndarray],
+) -> SegmentFile:
     """One hash shard of the night's new segment: its newly numbered rows, merged on a folding
     night with the shard's earlier files, streamed (segments.merge_segment gives the bytes
     segments.write_segment gives for all the rows at once)."""
     path = segment_path(directory, version, run_id, kind, shard)
     if not runs:
         return write_segment(path, added)
-    return merge_segment(path, sorted(runs),
-                         np.concatenate(added) if added else np.empty(0, NUMBERED))
+    return merge_segment(
+        path, sorted(runs), np.concatenate(added) if added else np.empty(0, NUMBERED)
+    )
 
 
 def relative(directory: str, path: str) -> str:
-    return path[len(directory.rstrip("/")) + 1:]
+    return path[len(directory.rstrip("/")) + 1 :]
 
 
 def _read_json(path: str) -> Any:
@@ -495,28 +552,37 @@ def current_version_number(directory: str) -> int:
     only a hint: a run stopped between the two has still published); 0 for a new map. A map
     missing versions it once had is refused: numbering again from an older version would give
     new keys ids that published traces already use."""
-    committed = sorted(int(name.removesuffix(".json")) for name in _names(directory, "versions", "*.json")
-                       if name.removesuffix(".json").isdigit())
+    committed = sorted(
+        int(name.removesuffix(".json"))
+        for name in _names(directory, "versions", "*.json")
+        if name.removesuffix(".json").isdigit()
+    )
     number = committed[-1] if committed else 0
     lost = sorted(set(range(1, number + 1)) - set(committed))
     pointer = storage.join(directory, CURRENT)
     hinted = _current_hint(pointer)
     if hinted is not None and hinted > number:
         lost.append(hinted)
-    beyond = [folder for folder in _committed_segment_folders(directory)
-              if int(folder.split("-")[0]) > number]
+    beyond = [
+        folder
+        for folder in _committed_segment_folders(directory)
+        if int(folder.split("-")[0]) > number
+    ]
     if lost or beyond:
         missing = [relative(directory, version_path(directory, v)) for v in sorted(set(lost))]
         raise IdMapError(
             f"the id map {directory} has lost committed versions "
             f"({', '.join(missing or [f'the versions of segments/{beyond[0]}'])} missing): its "
             f"ids cannot be continued safely. Restore versions/ and CURRENT from a backup; "
-            f"nothing was read or written.")
+            f"nothing was read or written."
+        )
     return number
 
 
 def _names(directory: str, folder: str, pattern: str) -> list[str]:
-    return [path.rsplit("/", 1)[-1] for path in storage.match(storage.join(directory, folder, pattern))]
+    return [
+        path.rsplit("/", 1)[-1] for path in storage.match(storage.join(directory, folder, pattern))
+    ]
 
 
 def _current_hint(pointer: str) -> int | None:
@@ -533,8 +599,10 @@ def _current_hint(pointer: str) -> int | None:
 def _committed_segment_folders(directory: str) -> list[str]:
     """Segment folders whose version was committed (marked after the commit: a killed run's
     folder has no mark, a published one's does)."""
-    return sorted(relative(directory, path).split("/")[1] for path in
-                  storage.match(storage.join(directory, "segments", "*", COMMITTED_MARK)))
+    return sorted(
+        relative(directory, path).split("/")[1]
+        for path in storage.match(storage.join(directory, "segments", "*", COMMITTED_MARK))
+    )
 
 
 def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
@@ -553,12 +621,14 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
     if differences:
         raise IdMapError(
             f"the id map {directory} was built with other settings, so its ids would not carry "
-            f"over; refusing to use it. " + "; ".join(differences)
+            f"over; refusing to use it. "
+            + "; ".join(differences)
             + ". Use the map's settings, or start a new map in another directory."
         )
     if version.identity.tokenization is None:  # a map from before it was recorded adopts it
-        version = replace(version, identity=replace(version.identity,
-                                                    tokenization=identity.tokenization))
+        version = replace(
+            version, identity=replace(version.identity, tokenization=identity.tokenization)
+        )
     return version
 
 
@@ -583,13 +653,15 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
     return sorted(abandoned)
 
 
-def _segment_folders(directory: str, version: int, current: MapVersion,
-                     key: MapKey) -> set[str]:
+def _segment_folders(directory: str, version: int, current: MapVersion, key: MapKey) -> set[str]:
     """The segment folders version `version` lists (none for version 0)."""
     if version == 0:
         return set()
-    files = current.files if version == current.version else read_version_record(
-        directory, version, key)["files"]
+    files = (
+        current.files
+        if version == current.version
+        else read_version_record(directory, version, key)["files"]
+    )
     return {path.split("/")[1] for kind_files in files.values() for path in kind_files}
 
 
@@ -614,8 +686,9 @@ def recorded_start(version: MapVersion, identity: str) -> dict[str, int] | None:
     """The start a version of the map recorded for the night of this identity (the first, if a
     compacting rerun recorded it again); None for a night the map has not recorded. A rerun
     publishes it, so its manifest is the original's byte for byte."""
-    return next((entry["start"] for entry in version.history if entry.get("night") == identity),
-                None)
+    return next(
+        (entry["start"] for entry in version.history if entry.get("night") == identity), None
+    )
 
 
 def next_version(
@@ -632,17 +705,25 @@ def next_version(
     compaction, and a night the map records already (a rerun) or no request at all. A night of
     known ids only is still recorded, so the gate can confirm where it began. A compacting
     run's segments replace the map's; the others' add to them."""
-    if not any(added.values()) and not compacted and (
-            earliest_ms is None or recorded_start(base, night.identity) is not None):
+    if (
+        not any(added.values())
+        and not compacted
+        and (earliest_ms is None or recorded_start(base, night.identity) is not None)
+    ):
         return None
     if (night.start["block_ids_from"], night.start["sessions_from"]) != (
-            base.next_id["blocks"], base.next_id["sessions"]):
-        raise JobStopped(f"the night's id_map {night.start} does not begin where the id map "
-                         f"{directory} stands ({base.next_id}); nothing was published.")
+        base.next_id["blocks"],
+        base.next_id["sessions"],
+    ):
+        raise JobStopped(
+            f"the night's id_map {night.start} does not begin where the id map "
+            f"{directory} stands ({base.next_id}); nothing was published."
+        )
     number = base.version + 1
     names = {kind: [relative(directory, f.path) for f in written[kind]] for kind in KINDS}
-    files = {kind: sorted(names[kind] if compacted else base.files[kind] + names[kind])
-             for kind in KINDS}
+    files = {
+        kind: sorted(names[kind] if compacted else base.files[kind] + names[kind]) for kind in KINDS
+    }
     sums = dict(base.checksums)
     for segment in (f for kind in KINDS for f in written[kind]):
         name = relative(directory, segment.path)
@@ -650,8 +731,10 @@ def next_version(
     listed = {n for kind in KINDS for name in files[kind] for n in (name, relative_index(name))}
     next_id = {kind: base.next_id[kind] + added[kind] for kind in KINDS}
     if any(n > MAX_IDS for n in next_id.values()):
-        raise JobStopped(f"the id map {directory} would pass {MAX_IDS} ids of a kind ({next_id}); "
-                         f"nothing was published. Start a new map in another directory.")
+        raise JobStopped(
+            f"the id map {directory} would pass {MAX_IDS} ids of a kind ({next_id}); "
+            f"nothing was published. Start a new map in another directory."
+        )
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
     checksums = {name: sums[name] for name in sorted(listed)}
     return replace(
@@ -664,8 +747,7 @@ def next_version(
         next_id=next_id,
         files=files,
         hash_shards=hash_shards,
-        history=base.history + [night_entry(number, added, compacted, night.start,
-                                            night.identity)],
+        history=base.history + [night_entry(number, added, compacted, night.start, night.identity)],
         checksums=checksums,
     )
 
@@ -684,7 +766,8 @@ def check_night_kind(directory: str, base: MapVersion, earliest_ms: int | None) 
             f"{base.timestamp_origin_ms} ms): counted from that origin they would not be times "
             f"since the map's first request (epoch dates would publish the wall clock). "
             f"Anonymize them with a map of their own kind; the map was not "
-            f"extended and no trace was published")
+            f"extended and no trace was published"
+        )
 
 
 def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
@@ -698,7 +781,8 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> b
         storage.sync_folder(storage.join(directory, "segments"))
     metadata = version_bytes(new, key)
     if current_version_number(directory) != base.version or not create_exclusive(
-            version_path(directory, new.version), metadata):
+        version_path(directory, new.version), metadata
+    ):
         raise _extended(directory, base)
     for folder in _new_folders(directory, base, new):
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
@@ -717,7 +801,8 @@ def _extended(directory: str, base: MapVersion) -> JobStopped:
     return JobStopped(
         f"the id map {directory} was extended by another run while this one ran (it started "
         f"from version {base.version}); this run's ids may clash with it, so it published "
-        f"nothing (its trace has no manifest). Run the night again, one run per map at a time.")
+        f"nothing (its trace has no manifest). Run the night again, one run per map at a time."
+    )
 
 
 def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
@@ -727,8 +812,9 @@ def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
         return
     marked = set(_committed_segment_folders(directory))
     for name in sorted({n.split("/")[1] for kind in KINDS for n in current.files[kind]} - marked):
-        with storage.create(storage.join(directory, "segments", name, COMMITTED_MARK),
-                            private=True):
+        with storage.create(
+            storage.join(directory, "segments", name, COMMITTED_MARK), private=True
+        ):
             pass
     if _current_hint(storage.join(directory, CURRENT)) != current.version:
         _switch_current(directory, current.version)
@@ -736,9 +822,14 @@ def finish_interrupted_commit(directory: str, current: MapVersion) -> None:
 
 def _new_folders(directory: str, base: MapVersion, new: MapVersion) -> list[str]:
     listed = {name.split("/")[1] for kind in KINDS for name in base.files[kind]}
-    return sorted({storage.join(directory, "segments", name.split("/")[1])
-                   for kind in KINDS for name in new.files[kind]
-                   if name.split("/")[1] not in listed})
+    return sorted(
+        {
+            storage.join(directory, "segments", name.split("/")[1])
+            for kind in KINDS
+            for name in new.files[kind]
+            if name.split("/")[1] not in listed
+        }
+    )
 
 
 def _switch_current(directory: str, version: int) -> None:
@@ -775,8 +866,9 @@ def publish_night(
     new = next_version(
         directory,
         base,
-        written=settle_segments(directory, base.version + 1,
-                                {"blocks": block_files, "sessions": session_files}),
+        written=settle_segments(
+            directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
+        ),
         added={"blocks": added_blocks, "sessions": added_sessions},
         compacted=compacted,
         hash_shards=hash_shards,
@@ -785,8 +877,14 @@ def publish_night(
     )
     if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
         if base.version and base.map_id is not None:  # one from before ids: at its next commit
-            advance_anchor(marks, directory, base.map_id, base.version,
-                           _record_raw(version_path(directory, base.version)), key)
+            advance_anchor(
+                marks,
+                directory,
+                base.map_id,
+                base.version,
+                _record_raw(version_path(directory, base.version)),
+                key,
+            )
         return published
     record = publish(directory, base, new, key)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)

@@ -36,10 +36,17 @@ def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -
     storage.make_folder(directory, private=True)
     finish_interrupted_commit(directory, base)
     discarded = discard_abandoned(directory, base, key) + [
-        name for folder in (directory, storage.join(directory, "versions"))
-        for name in remove_stale_temp_files(folder)]
+        name
+        for folder in (directory, storage.join(directory, "versions"))
+        for name in remove_stale_temp_files(folder)
+    ]
     if discarded:
         _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
-    _LOG.info("id map %s: version %d, %d block ids, %d session ids", directory, base.version,
-              base.next_id["blocks"], base.next_id["sessions"])
+    _LOG.info(
+        "id map %s: version %d, %d block ids, %d session ids",
+        directory,
+        base.version,
+        base.next_id["blocks"],
+        base.next_id["sessions"],
+    )
     return base

@@ -71,8 +71,10 @@ _HEX32 = re.compile(r"[0-9a-f]{32}")
 _FILE = r'"segments/\d{6}-[0-9a-f]{12}/(?:blocks|sessions)-\d{5}'
 _SUMS = r'"sha256":"[0-9a-f]{64}"\}'
 _SIZE = r'\{"bytes":(?:0|[1-9]\d{0,15}),'
-_CHECKSUM = (rf'{_FILE}\.(?:parquet":{_SIZE}"footer_sha256":"[0-9a-f]{{64}}",'
-             rf'|index\.npz":{_SIZE}){_SUMS}')
+_CHECKSUM = (
+    rf'{_FILE}\.(?:parquet":{_SIZE}"footer_sha256":"[0-9a-f]{{64}}",'
+    rf'|index\.npz":{_SIZE}){_SUMS}'
+)
 CHECKSUMS = re.compile(rf"\{{(?:(?:{_CHECKSUM})(?:,(?:{_CHECKSUM}))*)?\}}")
 
 
@@ -98,8 +100,9 @@ def record_bytes(record: dict[str, Any]) -> bytes:
 
 
 def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
 
 
 def keyed(record: dict[str, Any], key: MapKey) -> bytes:
@@ -116,8 +119,9 @@ def keyless_checksum(record: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-def read_record(raw: bytes, where: str, key: MapKey,
-                below_is_keyed: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+def read_record(
+    raw: bytes, where: str, key: MapKey, below_is_keyed: Callable[[], bool] = lambda: False
+) -> dict[str, Any]:
     """A version record's fields, verified by its MAC and checked field by field; any doubt
     (a format-3 record included) is a one-line IdMapError naming the file. below_is_keyed
     tells whether the version below this one is keyed: a format-3 record above a keyed one
@@ -129,13 +133,15 @@ def read_record(raw: bytes, where: str, key: MapKey,
             raise IdMapError(
                 f"{where} is of id map format {KEYLESS_FORMAT} above a keyed version: kvtrace "
                 f"never writes that, so the map was edited (keying it would publish the "
-                f"edit). Restore the id map from a backup; nothing was read or written.")
+                f"edit). Restore the id map from a backup; nothing was read or written."
+            )
         raise IdMapError(
             f"{where} is of id map format {KEYLESS_FORMAT}: unkeyed, so anyone can rewrite it, "
             f"and a keyed map's record rewritten so is an edit. If this map was built before "
             f"keying, key it once with its salt (kvtrace id-map upgrade MAP --salt-file ...; "
             f"docs/ID_MAP.md, 'Format 3 maps'); otherwise "
-            f"restore the id map from a backup. Nothing was read or written.")
+            f"restore the id map from a backup. Nothing was read or written."
+        )
     _verify_mac(data, raw, where, key)
     _check_fields(data, where)
     return data
@@ -146,11 +152,15 @@ def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
     keying a map built before keying reads (id_map.key_format_3_map), and nothing else."""
     data = _parsed(raw, where)
     if data["format_version"] != KEYLESS_FORMAT:
-        raise IdMapError(f"{where} is of id map format {data['format_version']}, not "
-                         f"{KEYLESS_FORMAT}: it is keyed already")
+        raise IdMapError(
+            f"{where} is of id map format {data['format_version']}, not "
+            f"{KEYLESS_FORMAT}: it is keyed already"
+        )
     if data.get("sha256") != keyless_checksum({k: v for k, v in data.items() if k != "sha256"}):
-        raise IdMapError(f"{where} is damaged: its content does not match its sha256. "
-                         f"Restore the id map from a backup.")
+        raise IdMapError(
+            f"{where} is damaged: its content does not match its sha256. "
+            f"Restore the id map from a backup."
+        )
     _check_fields(data, where)
     return data
 
@@ -165,33 +175,48 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
     if len(raw) > MAX_RECORD_BYTES:
         raise _altered(where, f"over {MAX_RECORD_BYTES} bytes")
     try:
-        data = json.loads(raw, object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant,
-                          parse_float=_finite)
+        data = json.loads(
+            raw,
+            object_pairs_hook=_no_repeated_keys,
+            parse_constant=_no_constant,
+            parse_float=_finite,
+        )
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise _altered(where, f"not JSON kvtrace wrote: {str(err)[:80]}") from None
     if not isinstance(data, dict) or data.get("format") != MAP_FORMAT:
         raise IdMapError(f"{where} is not a kvtrace id map version")
     form = data.get("format_version")
-    if type(form) is not int or form not in (FORMAT_VERSION, NIGHTLESS_FORMAT, UNKINDED_FORMAT,
-                                             KEYLESS_FORMAT):
+    if type(form) is not int or form not in (
+        FORMAT_VERSION,
+        NIGHTLESS_FORMAT,
+        UNKINDED_FORMAT,
+        KEYLESS_FORMAT,
+    ):
         raise IdMapError(
             f"{where} has id map format version {form}; this kvtrace reads versions "
-            f"{UNKINDED_FORMAT} to {FORMAT_VERSION}. Start a new map in another directory.")
+            f"{UNKINDED_FORMAT} to {FORMAT_VERSION}. Start a new map in another directory."
+        )
     return data
 
 
-def keyed_from_keyless(data: dict[str, Any], key: MapKey, map_id: str,
-                       previous: bytes | None) -> bytes:
+def keyed_from_keyless(
+    data: dict[str, Any], key: MapKey, map_id: str, previous: bytes | None
+) -> bytes:
     """A verified format-3 record's content as a format-6 record keyed with key (records from
     before the probe tokenization was recorded hold none), its origin's kind recorded, in the
     map of id map_id, chained to the keyed record before it (previous; None for version 1)."""
     content = {k: v for k, v in data.items() if k != "sha256"}
-    return keyed({"tokenization": None} | content | {
-        "format_version": FORMAT_VERSION,
-        "timestamp_kind": origin_kind(content["timestamp_origin_ms"]),
-        "map_id": map_id,
-        "previous_sha256": None if previous is None else hashlib.sha256(previous).hexdigest()},
-        key)
+    return keyed(
+        {"tokenization": None}
+        | content
+        | {
+            "format_version": FORMAT_VERSION,
+            "timestamp_kind": origin_kind(content["timestamp_origin_ms"]),
+            "map_id": map_id,
+            "previous_sha256": None if previous is None else hashlib.sha256(previous).hexdigest(),
+        },
+        key,
+    )
 
 
 def keyed_map_id(first: dict[str, Any], key: MapKey) -> str:
@@ -215,19 +240,26 @@ def _verify_mac(data: dict[str, Any], raw: bytes, where: str, key: MapKey) -> No
     # compare_digest takes ASCII strings only: a MAC of other characters is no MAC.
     if not _is_hex64(mac) or not hmac.compare_digest(mac, expected):
         named = content.get("salt_fingerprint")
-        hint = (f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
-                f"{key.salt_fingerprint})" if named != key.salt_fingerprint else "")
+        hint = (
+            f" (it names salt fingerprint {str(named)[:16]}, this run's salt has "
+            f"{key.salt_fingerprint})"
+            if named != key.salt_fingerprint
+            else ""
+        )
         raise IdMapError(
             f"{where}: its MAC does not verify with this run's salt: either the salt is not the "
             f"map's{hint}, or the map was damaged or altered. Run with the salt the map was built "
-            f"with, or restore the id map from a backup; nothing was read or written.")
+            f"with, or restore the id map from a backup; nothing was read or written."
+        )
     if raw != record_bytes(data):
         raise _altered(where, "its bytes are not the form kvtrace writes")
 
 
 def _altered(where: str, why: str) -> IdMapError:
-    return IdMapError(f"{where} is not an id map version as kvtrace writes it ({why}). Restore "
-                      f"the id map from a backup; nothing was read or written.")
+    return IdMapError(
+        f"{where} is not an id map version as kvtrace writes it ({why}). Restore "
+        f"the id map from a backup; nothing was read or written."
+    )
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -274,45 +306,71 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "tokenization": lambda v: v is None or type(v) is str,
     "timestamp_origin_ms": lambda v: v is None or _is_int(v, 0, EPOCH_CEILING_MS),
     "timestamp_kind": lambda v: v is None or v in (RELATIVE, EPOCH),
-    "next_id": lambda v: _is_json_object(v) and v.keys() == set(KINDS)
-    and all(_is_int(n, 0, MAX_IDS) for n in v.values()),
-    "files": lambda v: _is_json_object(v) and v.keys() == set(KINDS)
-    and all(type(names) is list and all(type(n) is str for n in names) for names in v.values()),
+    "next_id": lambda v: (
+        _is_json_object(v)
+        and v.keys() == set(KINDS)
+        and all(_is_int(n, 0, MAX_IDS) for n in v.values())
+    ),
+    "files": lambda v: (
+        _is_json_object(v)
+        and v.keys() == set(KINDS)
+        and all(type(names) is list and all(type(n) is str for n in names) for names in v.values())
+    ),
     "hash_shards": lambda v: _is_int(v, 1, MAX_HASH_SHARDS),
     "history": lambda v: type(v) is list,
     "checksums": _is_json_object,
     "map_id": lambda v: type(v) is str and _HEX32.fullmatch(v) is not None,
     "previous_sha256": lambda v: v is None or _is_hex64(v),
 }
-_OWN_CHECK = {FORMAT_VERSION: ("mac", lambda v: type(v) is str),
-              NIGHTLESS_FORMAT: ("mac", lambda v: type(v) is str),
-              UNKINDED_FORMAT: ("mac", lambda v: type(v) is str),
-              KEYLESS_FORMAT: ("sha256", lambda v: type(v) is str)}
+_OWN_CHECK = {
+    FORMAT_VERSION: ("mac", lambda v: type(v) is str),
+    NIGHTLESS_FORMAT: ("mac", lambda v: type(v) is str),
+    UNKINDED_FORMAT: ("mac", lambda v: type(v) is str),
+    KEYLESS_FORMAT: ("sha256", lambda v: type(v) is str),
+}
 # Format-3 maps made before the probe text's tokenization was recorded lack it.
-_OPTIONAL = {KEYLESS_FORMAT: {"tokenization"}, UNKINDED_FORMAT: set(), NIGHTLESS_FORMAT: set(),
-             FORMAT_VERSION: set()}
+_OPTIONAL = {
+    KEYLESS_FORMAT: {"tokenization"},
+    UNKINDED_FORMAT: set(),
+    NIGHTLESS_FORMAT: set(),
+    FORMAT_VERSION: set(),
+}
 # Fields a format came before.
 _CHAINED = {"map_id", "previous_sha256"}
-_LATER = {KEYLESS_FORMAT: {"timestamp_kind"} | _CHAINED,
-          UNKINDED_FORMAT: {"timestamp_kind"} | _CHAINED, NIGHTLESS_FORMAT: _CHAINED,
-          FORMAT_VERSION: set()}
+_LATER = {
+    KEYLESS_FORMAT: {"timestamp_kind"} | _CHAINED,
+    UNKINDED_FORMAT: {"timestamp_kind"} | _CHAINED,
+    NIGHTLESS_FORMAT: _CHAINED,
+    FORMAT_VERSION: set(),
+}
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
     form = data["format_version"]
     own, own_check = _OWN_CHECK[form]
     fields = {name: check for name, check in _FIELDS.items() if name not in _LATER[form]} | {
-        own: own_check}
+        own: own_check
+    }
     unknown, missing = data.keys() - fields, fields.keys() - data.keys() - _OPTIONAL[form]
     if unknown or missing:
-        raise _altered(where, ", ".join([f"unknown key {k!r}" for k in sorted(unknown)]
-                                        + [f"no {k!r}" for k in sorted(missing)]))
+        raise _altered(
+            where,
+            ", ".join(
+                [f"unknown key {k!r}" for k in sorted(unknown)]
+                + [f"no {k!r}" for k in sorted(missing)]
+            ),
+        )
     wrong = [name for name, check in fields.items() if name in data and not check(data[name])]
     if wrong:
-        raise _altered(where, f"{wrong[0]} is {_shown(data[wrong[0]])}, not a value kvtrace "
-                              f"writes there")
-    problem = (_kind_problem(data) or _chain_problem(data) or _history_problem(data)
-               or _files_problem(data))
+        raise _altered(
+            where, f"{wrong[0]} is {_shown(data[wrong[0]])}, not a value kvtrace writes there"
+        )
+    problem = (
+        _kind_problem(data)
+        or _chain_problem(data)
+        or _history_problem(data)
+        or _files_problem(data)
+    )
     if problem:
         raise _altered(where, problem)
 
@@ -324,9 +382,12 @@ def _shown(value: Any) -> str:
 def _kind_problem(data: dict[str, Any]) -> str | None:
     """The recorded kind of time must be the origin's: one fact, never two that disagree."""
     if "timestamp_kind" in data and data["timestamp_kind"] != origin_kind(
-            data["timestamp_origin_ms"]):
-        return (f"timestamp_kind {data['timestamp_kind']} is not the kind of its origin "
-                f"({data['timestamp_origin_ms']} ms)")
+        data["timestamp_origin_ms"]
+    ):
+        return (
+            f"timestamp_kind {data['timestamp_kind']} is not the kind of its origin "
+            f"({data['timestamp_origin_ms']} ms)"
+        )
     return None
 
 
@@ -348,12 +409,16 @@ def _history_problem(data: dict[str, Any]) -> str | None:
     for number, entry in enumerate(history, 1):
         shape = _is_json_object(entry) and entry.keys()
         named = named or (data["format_version"] == FORMAT_VERSION and shape == NIGHT_ENTRY)
-        if not (shape == (NIGHT_ENTRY if named else ENTRY)
-                and type(entry["version"]) is int and entry["version"] == number
-                and type(entry["compacted"]) is bool and _is_json_object(entry["added"])
-                and entry["added"].keys() == set(KINDS)
-                and all(_is_int(n, 0, MAX_IDS) for n in entry["added"].values())
-                and (not named or _is_night(entry, added))):
+        if not (
+            shape == (NIGHT_ENTRY if named else ENTRY)
+            and type(entry["version"]) is int
+            and entry["version"] == number
+            and type(entry["compacted"]) is bool
+            and _is_json_object(entry["added"])
+            and entry["added"].keys() == set(KINDS)
+            and all(_is_int(n, 0, MAX_IDS) for n in entry["added"].values())
+            and (not named or _is_night(entry, added))
+        ):
             return f"history entry {number} is not one kvtrace writes"
         for kind in KINDS:
             added[kind] += entry["added"][kind]
@@ -362,12 +427,18 @@ def _history_problem(data: dict[str, Any]) -> str | None:
     return None
 
 
-def night_entry(number: int, added: dict[str, int], compacted: bool, start: dict[str, int],
-                night: str) -> dict[str, Any]:
+def night_entry(
+    number: int, added: dict[str, int], compacted: bool, start: dict[str, int], night: str
+) -> dict[str, Any]:
     """A version's history entry: the ids it added, and the night that made it, by its start
     (the manifest's id_map, as published) and its identity (id_map.night_identity)."""
-    return {"version": number, "added": added, "compacted": compacted, "start": start,
-            "night": night}
+    return {
+        "version": number,
+        "added": added,
+        "compacted": compacted,
+        "start": start,
+        "night": night,
+    }
 
 
 ENTRY = {"version", "added", "compacted"}  # before format 6: no night named
@@ -379,12 +450,15 @@ def _is_night(entry: dict[str, Any], before: dict[str, int]) -> bool:
     """A night's start as kvtrace records it: its first ids are where the versions before it
     ended (the record proves those figures twice), its time a time of the map's clock."""
     start = entry["start"]
-    return (_is_json_object(start) and start.keys() == set(NIGHT_START)
-            and all(_is_int(start[name], 0, MAX_IDS) for name in NIGHT_START[:2])
-            and _is_int(start["time_from_ms"], 0, EPOCH_CEILING_MS)
-            and (start["block_ids_from"], start["sessions_from"])
-            == (before["blocks"], before["sessions"])
-            and _is_hex64(entry["night"]))
+    return (
+        _is_json_object(start)
+        and start.keys() == set(NIGHT_START)
+        and all(_is_int(start[name], 0, MAX_IDS) for name in NIGHT_START[:2])
+        and _is_int(start["time_from_ms"], 0, EPOCH_CEILING_MS)
+        and (start["block_ids_from"], start["sessions_from"])
+        == (before["blocks"], before["sessions"])
+        and _is_hex64(entry["night"])
+    )
 
 
 def _files_problem(data: dict[str, Any]) -> str | None:
@@ -400,8 +474,11 @@ def _files_problem(data: dict[str, Any]) -> str | None:
             return f"{wrong[0][:80]!r} is not the name of a {kind} segment"
         versions = np.array([int(match[1]) for match in parts], dtype=np.int64)
         shards = np.array([int(match[3]) for match in parts], dtype=np.int64)
-        if len(names) and (versions.min() < 1 or versions.max() > data["version"]
-                           or shards.max() >= data["hash_shards"]):
+        if len(names) and (
+            versions.min() < 1
+            or versions.max() > data["version"]
+            or shards.max() >= data["hash_shards"]
+        ):
             return f"its {kind} files name versions or shards this version does not have"
         listed += names + [index_path(name) for name in names]
     checksums = data["checksums"]

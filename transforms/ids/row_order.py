@@ -26,21 +26,24 @@ _LARGEST = np.uint64((1 << LENGTH_BITS) - 1)
 def tie_key(input_length: np.ndarray, output_length: np.ndarray) -> np.ndarray:
     """Each row's place among rows of its published time, as published: input_length, then
     output_length (the published, coarsened one), packed into a uint64 ordered as the pair."""
+
     def saturated(values: np.ndarray) -> np.ndarray:
         return np.minimum(np.maximum(np.asarray(values, np.int64), 0).astype(np.uint64), _LARGEST)
 
     return (saturated(input_length) << np.uint64(LENGTH_BITS)) | saturated(output_length)
 
 
-def published_order(timestamp: np.ndarray, input_length: np.ndarray, output_length: np.ndarray,
-                    *private: np.ndarray) -> np.ndarray:
+def published_order(
+    timestamp: np.ndarray, input_length: np.ndarray, output_length: np.ndarray, *private: np.ndarray
+) -> np.ndarray:
     """The rows' positions in published order: time, the tie key, then the private columns
     given (first most significant) for rows the published ones leave tied."""
     return np.lexsort((*reversed(private), tie_key(input_length, output_length), timestamp))
 
 
-def in_published_order(timestamp: np.ndarray, input_length: np.ndarray,
-                       output_length: np.ndarray) -> bool:
+def in_published_order(
+    timestamp: np.ndarray, input_length: np.ndarray, output_length: np.ndarray
+) -> bool:
     """Whether consecutive rows never go back in (time, tie key): what the gate can check of
     published_order from the published rows alone."""
     key = tie_key(input_length, output_length)

@@ -33,14 +33,18 @@ from typing import IO, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from kvtrace.transforms import storage
-from kvtrace.transforms.ids import bloom
 from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids import bloom
 from kvtrace.transforms.ids.dense_ids import NUMBERED, lookup, shard_of, split_by
 
 SEGMENT_SCHEMA = pa.schema(
-    [pa.field("hi", pa.uint64(), False), pa.field("lo", pa.uint64(), False),
-     pa.field("id", pa.int64(), False)]
+    [
+        pa.field("hi", pa.uint64(), False),
+        pa.field("lo", pa.uint64(), False),
+        pa.field("id", pa.int64(), False),
+    ]
 )
 # The unit of a read: a key the map holds costs one row group, ~24 KB. Smaller groups cost more
 # footer (~300 bytes each) than they save.
@@ -87,12 +91,14 @@ def _footer(data: bytes) -> bytes:
     if len(data) < 8:
         return data
     length = int.from_bytes(data[-8:-4], "little")
-    return data[-min(len(data), length + 8):]
+    return data[-min(len(data), length + 8) :]
 
 
 def damaged(path: str, why: str) -> JobStopped:
-    return JobStopped(f"id map file {path} is damaged ({why}). Restore the id map from a backup; "
-                      f"the map was not extended and no trace was published")
+    return JobStopped(
+        f"id map file {path} is damaged ({why}). Restore the id map from a backup; "
+        f"the map was not extended and no trace was published"
+    )
 
 
 def _check(path: str, found: dict, expected: dict) -> None:
@@ -107,11 +113,15 @@ def check_rows(segment: SegmentFile, rows: np.ndarray) -> np.ndarray:
     if bounds is None:
         return rows
     if (shard_of(rows, bounds.shards) != bounds.shard).any():
-        raise damaged(segment.path, f"it holds keys of another hash shard than {bounds.shard} "
-                                    f"of {bounds.shards}")
+        raise damaged(
+            segment.path,
+            f"it holds keys of another hash shard than {bounds.shard} of {bounds.shards}",
+        )
     if len(rows) and not (0 <= rows["id"].min() and rows["id"].max() < bounds.next_id):
-        raise damaged(segment.path, f"it holds ids outside [0, {bounds.next_id}), the ids its "
-                                    f"map version gave out")
+        raise damaged(
+            segment.path,
+            f"it holds ids outside [0, {bounds.next_id}), the ids its map version gave out",
+        )
     return rows
 
 
@@ -160,14 +170,28 @@ def write_segment(path: str, tables: list[np.ndarray]) -> SegmentFile:
     table = table[np.lexsort((table["lo"], table["hi"]))]
     sink = io.BytesIO()
     # The index replaces column statistics: without them the footer stays small.
-    pq.write_table(_arrow(table), sink, compression="zstd", row_group_size=ROW_GROUP_ROWS,
-                   write_statistics=False, write_page_checksum=True)
-    group_ends = np.minimum(np.arange(ROW_GROUP_ROWS, len(table) + ROW_GROUP_ROWS,
-                                      ROW_GROUP_ROWS), len(table)) - 1
+    pq.write_table(
+        _arrow(table),
+        sink,
+        compression="zstd",
+        row_group_size=ROW_GROUP_ROWS,
+        write_statistics=False,
+        write_page_checksum=True,
+    )
+    group_ends = (
+        np.minimum(
+            np.arange(ROW_GROUP_ROWS, len(table) + ROW_GROUP_ROWS, ROW_GROUP_ROWS), len(table)
+        )
+        - 1
+    )
     data = sink.getvalue()
-    index = _write_index(path, bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
-                         table["hi"][::ROW_GROUP_ROWS], table["hi"][group_ends],
-                         row_group_digests(data))
+    index = _write_index(
+        path,
+        bloom.build(table["hi"], table["lo"], bloom.bloom_bits(len(table))),
+        table["hi"][::ROW_GROUP_ROWS],
+        table["hi"][group_ends],
+        row_group_digests(data),
+    )
     return SegmentFile(path, _store_parquet(path, data), index, len(table))
 
 
@@ -183,8 +207,13 @@ def _store_parquet(path: str, data: bytes) -> dict:
     return parquet_checksum(data)
 
 
-def _write_index(path: str, filter_: np.ndarray, first_hi: np.ndarray, last_hi: np.ndarray,
-                 group_sha256: np.ndarray) -> dict:
+def _write_index(
+    path: str,
+    filter_: np.ndarray,
+    first_hi: np.ndarray,
+    last_hi: np.ndarray,
+    group_sha256: np.ndarray,
+) -> dict:
     index = io.BytesIO()
     np.savez(index, filter=filter_, first_hi=first_hi, last_hi=last_hi, group_sha256=group_sha256)
     return _store(index_path(path), index.getvalue())
@@ -196,8 +225,9 @@ def chunk_ranges(metadata: pq.FileMetaData, group: int) -> list[tuple[int, int]]
     ranges = []
     for c in range(metadata.num_columns):
         chunk = metadata.row_group(group).column(c)
-        start = (chunk.dictionary_page_offset if chunk.has_dictionary_page
-                 else chunk.data_page_offset)
+        start = (
+            chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        )
         ranges.append((start, chunk.total_compressed_size))
     return ranges
 
@@ -213,9 +243,10 @@ def row_group_digests(data: bytes) -> np.ndarray:
     """Per row group of a Parquet file's bytes, the sha256 of its column chunks in column order:
     (row groups, 32) uint8, kept in the index so that a row group can be checked on its own."""
     metadata = pq.read_metadata(pa.py_buffer(data))
-    digests = [_group_digest([data[start:start + length]
-                              for start, length in chunk_ranges(metadata, g)])
-               for g in range(metadata.num_row_groups)]
+    digests = [
+        _group_digest([data[start : start + length] for start, length in chunk_ranges(metadata, g)])
+        for g in range(metadata.num_row_groups)
+    ]
     return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)
 
 
@@ -237,8 +268,9 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
     first_hi, last_hi = [], []
     carry = np.empty(0, dtype=NUMBERED)  # sorted rows short of a whole row group
     sink = io.BytesIO()
-    with pq.ParquetWriter(sink, SEGMENT_SCHEMA, compression="zstd",
-                          write_statistics=False, write_page_checksum=True) as writer:
+    with pq.ParquetWriter(
+        sink, SEGMENT_SCHEMA, compression="zstd", write_statistics=False, write_page_checksum=True
+    ) as writer:
         while True:
             ready, buffers = _next_sorted(readers, buffers)
             rows = np.concatenate([carry, ready])
@@ -246,7 +278,7 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
             finished = all(b is None for b in buffers)
             whole = len(rows) if finished else len(rows) - len(rows) % ROW_GROUP_ROWS
             for start in range(0, whole, ROW_GROUP_ROWS):
-                group = rows[start:start + ROW_GROUP_ROWS]
+                group = rows[start : start + ROW_GROUP_ROWS]
                 writer.write_table(_arrow(group), row_group_size=ROW_GROUP_ROWS)
                 first_hi.append(int(group["hi"][0]))
                 last_hi.append(int(group["hi"][-1]))
@@ -257,13 +289,19 @@ def merge_segment(path: str, runs: list[SegmentFile], new: np.ndarray) -> Segmen
         if not total:
             writer.write_table(_arrow(carry))
     data = sink.getvalue()
-    index = _write_index(path, filter_, np.array(first_hi, dtype=np.uint64),
-                         np.array(last_hi, dtype=np.uint64), row_group_digests(data))
+    index = _write_index(
+        path,
+        filter_,
+        np.array(first_hi, dtype=np.uint64),
+        np.array(last_hi, dtype=np.uint64),
+        row_group_digests(data),
+    )
     return SegmentFile(path, _store_parquet(path, data), index, total)
 
 
-def _next_sorted(readers: list[Iterator[np.ndarray]],
-                 buffers: list[np.ndarray | None]) -> tuple[np.ndarray, list]:
+def _next_sorted(
+    readers: list[Iterator[np.ndarray]], buffers: list[np.ndarray | None]
+) -> tuple[np.ndarray, list]:
     """The buffered rows that sort before every row not yet read, and the buffers after.
 
     Keys are distinct across runs (a key is numbered once), so every unread row of a run sorts
@@ -278,7 +316,9 @@ def _next_sorted(readers: list[Iterator[np.ndarray]],
         if buffer is None:
             after.append(None)
             continue
-        cut = int(np.count_nonzero((buffer["hi"] < hi) | ((buffer["hi"] == hi) & (buffer["lo"] <= lo))))
+        cut = int(
+            np.count_nonzero((buffer["hi"] < hi) | ((buffer["hi"] == hi) & (buffer["lo"] <= lo)))
+        )
         ready.append(buffer[:cut])
         after.append(buffer[cut:] if cut < len(buffer) else _next_rows(reader))
     return np.concatenate(ready), after
@@ -321,8 +361,9 @@ def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
             groups = list(range(verified.metadata.num_row_groups))
             step = max(1, rows // ROW_GROUP_ROWS)
             for start in range(0, len(groups), step):
-                yield check_rows(segment, _numbered(
-                    verified.row_groups(groups[start:start + step])))
+                yield check_rows(
+                    segment, _numbered(verified.row_groups(groups[start : start + step]))
+                )
     except (OSError, pa.ArrowException) as err:
         raise damaged(segment.path, str(err)) from None
 
@@ -342,8 +383,9 @@ def read_index(segment: SegmentFile) -> Index:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             digests = arrays["group_sha256"] if "group_sha256" in arrays.files else None
-            index = Index(arrays["filter"], arrays["first_hi"], arrays["last_hi"], len(data),
-                          digests)
+            index = Index(
+                arrays["filter"], arrays["first_hi"], arrays["last_hi"], len(data), digests
+            )
     except (OSError, ValueError, KeyError) as err:
         raise damaged(path, f"not a segment index: {err}") from None
     if digests is not None and (digests.ndim != 2 or digests.shape[1] != 32):
@@ -380,8 +422,7 @@ def read_matching(segment: SegmentFile, keys: np.ndarray) -> MatchedRows:
     return MatchedRows(rows[wanted], index.size + read, len(groups), len(index.first_hi))
 
 
-def _row_groups_read(segment: SegmentFile, index: Index,
-                     groups: list[int]) -> tuple[pa.Table, int]:
+def _row_groups_read(segment: SegmentFile, index: Index, groups: list[int]) -> tuple[pa.Table, int]:
     """The given row groups, verified, and the bytes read for them."""
     if index.group_sha256 is None:
         data = _read_whole(segment.path, segment.data)
@@ -410,8 +451,9 @@ class _VerifiedFile:
         self.size = handle.seek(0, io.SEEK_END)
         _check(self._path, {"bytes": self.size}, segment.data)
         self._footer = _read_footer(handle, self.size)
-        _check(self._path, {"footer_sha256": hashlib.sha256(self._footer).hexdigest()},
-               segment.data)
+        _check(
+            self._path, {"footer_sha256": hashlib.sha256(self._footer).hexdigest()}, segment.data
+        )
         self.metadata = pq.read_metadata(pa.py_buffer(self._footer))
         if self.metadata.num_row_groups != len(self._digests):
             raise damaged(self._path, "it does not match its index")
@@ -419,16 +461,19 @@ class _VerifiedFile:
 
     def row_groups(self, groups: list[int]) -> pa.Table:
         verified = mmap.mmap(-1, self.size)
-        verified[self.size - len(self._footer):] = self._footer
+        verified[self.size - len(self._footer) :] = self._footer
         for group in groups:
             ranges = chunk_ranges(self.metadata, group)
-            chunks = [_read_range(self._handle, self._path, start, length,
-                                  self.size - len(self._footer)) for start, length in ranges]
+            chunks = [
+                _read_range(self._handle, self._path, start, length, self.size - len(self._footer))
+                for start, length in ranges
+            ]
             if _group_digest(chunks) != self._digests[group].tobytes():
-                raise damaged(self._path, f"row group {group} differs from the digest its index "
-                                          f"recorded")
+                raise damaged(
+                    self._path, f"row group {group} differs from the digest its index recorded"
+                )
             for (start, length), chunk in zip(ranges, chunks):
-                verified[start:start + length] = chunk
+                verified[start : start + length] = chunk
             self.read += sum(length for _, length in ranges)
         parquet = pq.ParquetFile(pa.py_buffer(verified), metadata=self.metadata, pre_buffer=False)
         return parquet.read_row_groups(groups)
@@ -463,6 +508,9 @@ def read_matching_files(segments: list[SegmentFile], keys: np.ndarray) -> Matche
     """read_matching over several files of one hash shard: their matching rows together, and
     what was read of them all."""
     parts = [read_matching(segment, keys) for segment in sorted(segments)]
-    return MatchedRows(np.concatenate([p.rows for p in parts] + [np.empty(0, NUMBERED)]),
-                       sum(p.bytes_read for p in parts), sum(p.row_groups_read for p in parts),
-                       sum(p.row_groups for p in parts))
+    return MatchedRows(
+        np.concatenate([p.rows for p in parts] + [np.empty(0, NUMBERED)]),
+        sum(p.bytes_read for p in parts),
+        sum(p.row_groups_read for p in parts),
+        sum(p.row_groups for p in parts),
+    )

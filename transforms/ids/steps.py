@@ -48,7 +48,6 @@ from kvtrace.transforms.ids.dense_ids import (
     OCCURRENCE,
     RESOLVED,
     KeyExtractor,
-    unique_totals,
     earliest,
     narrowed,
     number,
@@ -57,6 +56,7 @@ from kvtrace.transforms.ids.dense_ids import (
     split_by,
     split_known,
     sum_unique,
+    unique_totals,
 )
 from kvtrace.transforms.ids.id_map import write_segment_shard
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
@@ -218,13 +218,16 @@ class AssignDenseIds(beam.PTransform):
             table = keys(hashed)
             for shard, part in split_by(table, shard_of(table, shards)):
                 yield beam.pvalue.TaggedOutput("occurrences", (shard, part))
-                yield beam.pvalue.TaggedOutput("lookups", (shard, (batch_id, narrowed(part, LOOKUP))))
+                yield beam.pvalue.TaggedOutput(
+                    "lookups", (shard, (batch_id, narrowed(part, LOOKUP)))
+                )
 
         split = batches | "SplitByShard" >> beam.FlatMap(tables).with_outputs(
             "occurrences", "lookups"
         )
-        firsts = metered(split.occurrences, "occurrences") | "EarliestPerShard" >> beam.CombinePerKey(
-            EarliestOccurrence())
+        firsts = metered(
+            split.occurrences, "occurrences"
+        ) | "EarliestPerShard" >> beam.CombinePerKey(EarliestOccurrence())
         unique = (
             firsts
             | "UniqueTotals" >> beam.Map(lambda kv: unique_totals(kv[1]))
@@ -236,9 +239,14 @@ class AssignDenseIds(beam.PTransform):
         by_bucket = unseen | "ByBucket" >> beam.FlatMap(
             lambda kv: split_by(narrowed(kv[1], FIRST), buckets_of(kv[1]["ts"]))
         ).with_output_types(tuple[int, Any])
-        first_ids = by_bucket | "FirstIds" >> beam.CombineGlobally(CombineWith(BucketTotals(
-            lambda kv: [(kv[0], len(kv[1]))],
-            functools.partial(first_offsets, start=self._next_id))))
+        first_ids = by_bucket | "FirstIds" >> beam.CombineGlobally(
+            CombineWith(
+                BucketTotals(
+                    lambda kv: [(kv[0], len(kv[1]))],
+                    functools.partial(first_offsets, start=self._next_id),
+                )
+            )
+        )
         numbered = (
             metered(by_bucket, "buckets")
             | "NumberBuckets" >> beam.ParDo(NumberBucket(), beam.pvalue.AsSingleton(first_ids))
@@ -250,8 +258,10 @@ class AssignDenseIds(beam.PTransform):
             | "SumUnseen" >> beam.CombineGlobally(sum)
         )
         ids = (
-            {"numbered": metered((numbered, known) | "WithKnown" >> beam.Flatten(), "numbered"),
-             "lookups": metered(split.lookups, "lookups")}
+            {
+                "numbered": metered((numbered, known) | "WithKnown" >> beam.Flatten(), "numbered"),
+                "lookups": metered(split.lookups, "lookups"),
+            }
             | "JoinPerShard" >> beam.CoGroupByKey()
             | "Resolve" >> beam.ParDo(ResolveShard())
         )
@@ -278,10 +288,13 @@ class AssignDenseIds(beam.PTransform):
             return split.unseen, split.known, nothing
         if "map_rows" in prior:
             split = (
-                {"firsts": metered(firsts, "firsts"), "existing": metered(prior["map_rows"], "mapRows")}
+                {
+                    "firsts": metered(firsts, "firsts"),
+                    "existing": metered(prior["map_rows"], "mapRows"),
+                }
                 | "MeetMap" >> beam.CoGroupByKey()
-                | "SplitKnown" >> beam.ParDo(SplitKnown()).with_outputs(
-                    "known", "carried", main="unseen")
+                | "SplitKnown"
+                >> beam.ParDo(SplitKnown()).with_outputs("known", "carried", main="unseen")
             )
             return split.unseen, split.known, split.carried
         return firsts, nothing, nothing
@@ -315,5 +328,12 @@ class WriteSegmentShard(beam.DoFn):
 
     def process(self, element: tuple[int, dict[str, list]]) -> Iterator[SegmentFile]:
         shard, groups = element
-        yield write_segment_shard(self._directory, self._version, self._run_id, self._kind,
-                                  shard, list(groups["runs"]), list(groups["added"]))
+        yield write_segment_shard(
+            self._directory,
+            self._version,
+            self._run_id,
+            self._kind,
+            shard,
+            list(groups["runs"]),
+            list(groups["added"]),
+        )

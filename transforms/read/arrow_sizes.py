@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-
 NULL_JSON_BYTES = len("null")
 # The width of each fixed-size Parquet physical type's values, as Arrow holds them decoded.
 _PHYSICAL_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
@@ -65,10 +64,13 @@ def _value_bytes(array: pa.Array) -> np.ndarray:
         return _nulls_as_json(array, np.diff(_buffer(array, 1, np.int64, len(array) + 1)) + 2)
     if pa.types.is_struct(kind):
         fields = [_value_bytes(child) for child in array.flatten()]
-        return _nulls_as_json(array, np.sum(fields, axis=0) if fields else np.zeros(len(array), int))
+        return _nulls_as_json(
+            array, np.sum(fields, axis=0) if fields else np.zeros(len(array), int)
+        )
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
-        offsets = _buffer(array, 1, np.int64 if pa.types.is_large_list(kind) else np.int32,
-                          len(array) + 1)
+        offsets = _buffer(
+            array, 1, np.int64 if pa.types.is_large_list(kind) else np.int32, len(array) + 1
+        )
         if (each := _least_bytes_each(array.values.type)) is not None:
             return _nulls_as_json(array, np.diff(offsets) * each)
         values = np.concatenate([[0], np.cumsum(_value_bytes(array.values))])
@@ -77,7 +79,7 @@ def _value_bytes(array: pa.Array) -> np.ndarray:
         return np.full(len(array), NULL_JSON_BYTES, dtype=np.int64)
     if pa.types.is_fixed_size_list(kind):
         start, size = array.offset * kind.list_size, kind.list_size  # a null holds size too
-        values = _value_bytes(array.values)[start:start + len(array) * size]
+        values = _value_bytes(array.values)[start : start + len(array) * size]
         values = values.reshape(len(array), size)
         return _nulls_as_json(array, values.sum(axis=1))
     return _nulls_as_json(array, np.ones(len(array), dtype=np.int64))  # a number, a union...
@@ -88,8 +90,13 @@ def _least_bytes_each(kind: pa.DataType) -> int | None:
     (a number: a digit; null: `null`); None when values differ by more than their type."""
     if pa.types.is_null(kind):
         return NULL_JSON_BYTES
-    if (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-            or pa.types.is_temporal(kind) or pa.types.is_decimal(kind)):
+    if (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_temporal(kind)
+        or pa.types.is_decimal(kind)
+    ):
         return 1
     return None
 
@@ -101,7 +108,7 @@ def _least_bytes_each(kind: pa.DataType) -> int | None:
 def _buffer(array: pa.Array, index: int, dtype: np.dtype, count: int) -> np.ndarray:
     """count values of one of the array's buffers (offsets, indices) from the array's offset."""
     values = np.frombuffer(array.buffers()[index], dtype=dtype)
-    return values[array.offset:array.offset + count].astype(np.int64)
+    return values[array.offset : array.offset + count].astype(np.int64)
 
 
 def _valid(array: pa.Array) -> np.ndarray:
@@ -109,7 +116,7 @@ def _valid(array: pa.Array) -> np.ndarray:
     if not array.null_count or bitmap is None:
         return np.ones(len(array), dtype=bool)
     bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-    return bits[array.offset:array.offset + len(array)].astype(bool)
+    return bits[array.offset : array.offset + len(array)].astype(bool)
 
 
 def _nulls_as_json(array: pa.Array, sizes: np.ndarray) -> np.ndarray:

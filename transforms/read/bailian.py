@@ -65,13 +65,19 @@ def convert(lines: Iterable[bytes | str]) -> Converted:
         if root is None:
             out.reject(number, "parent_chat_id links form a cycle")
             continue
-        rows.append((record["timestamp"], number, {
-            "timestamp": round(record["timestamp"] * 1000),
-            "input_length": record["input_length"],
-            "output_length": record["output_length"],
-            "hash_ids": record["hash_ids"],
-            "session": root,
-        }))
+        rows.append(
+            (
+                record["timestamp"],
+                number,
+                {
+                    "timestamp": round(record["timestamp"] * 1000),
+                    "input_length": record["input_length"],
+                    "output_length": record["output_length"],
+                    "hash_ids": record["hash_ids"],
+                    "session": root,
+                },
+            )
+        )
     rows.sort(key=lambda r: (r[0], r[1]))  # time order, file order among equals
     for _, _, row in rows:
         row["session"] = numbered.setdefault(row["session"], len(numbered))
@@ -82,14 +88,23 @@ def convert(lines: Iterable[bytes | str]) -> Converted:
 def trace_jsonl(rows: list[dict]) -> bytes:
     """Converted rows as the one trace writer writes them (trace_format.jsonl_bytes): each
     within the line a trace reader reads, since _parsed bounds a row's ids as kvtrace's own."""
+
     def column(name: str) -> np.ndarray:
         return np.array([row[name] for row in rows], dtype=np.int64)
 
     counts = np.array([len(row["hash_ids"]) for row in rows], dtype=np.int64)
     ids = np.fromiter((i for row in rows for i in row["hash_ids"]), np.int64, int(counts.sum()))
-    return jsonl_bytes(TraceColumns(column("timestamp"), column("input_length"),
-                                    column("output_length"), counts, ids, column("session"),
-                                    np.full(len(rows), NO_RESPONSE_MS, dtype=np.int64)))
+    return jsonl_bytes(
+        TraceColumns(
+            column("timestamp"),
+            column("input_length"),
+            column("output_length"),
+            counts,
+            ids,
+            column("session"),
+            np.full(len(rows), NO_RESPONSE_MS, dtype=np.int64),
+        )
+    )
 
 
 def _parsed(line: bytes | str) -> tuple[dict, str]:
@@ -106,10 +121,15 @@ def _parsed(line: bytes | str) -> tuple[dict, str]:
     if any(not _is_int(record[name]) or record[name] < 0 for name in counts):
         return {}, "input_length and output_length must be non-negative integers"
     ts = record["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) \
-            or not 0 <= ts * 1000 <= MAX_READ_TIMESTAMP_MS:
-        return {}, (f"timestamp must be a non-negative number of seconds, at most "
-                    f"{MAX_READ_TIMESTAMP_MS // 1000} (what a trace reader accepts)")
+    if (
+        isinstance(ts, bool)
+        or not isinstance(ts, (int, float))
+        or not 0 <= ts * 1000 <= MAX_READ_TIMESTAMP_MS
+    ):
+        return {}, (
+            f"timestamp must be a non-negative number of seconds, at most "
+            f"{MAX_READ_TIMESTAMP_MS // 1000} (what a trace reader accepts)"
+        )
     ids = record["hash_ids"]
     if not isinstance(ids, list) or not all(_is_int(i) and 0 <= i < MAX_PUBLISHED_INT for i in ids):
         return {}, f"hash_ids must be a list of non-negative integers below {MAX_PUBLISHED_INT}"

@@ -21,10 +21,20 @@ CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "fun
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 # Parts whose tokens depend on the model's processor (image patches, audio frames), which a log
 # does not let us count: dead-lettered, or dropped with --drop-non-text-parts.
-NON_TEXT_PART_TYPES = frozenset({
-    "image_url", "input_image", "image", "input_audio", "audio", "file", "input_file",
-    "document", "video_url", "video",
-})
+NON_TEXT_PART_TYPES = frozenset(
+    {
+        "image_url",
+        "input_image",
+        "image",
+        "input_audio",
+        "audio",
+        "file",
+        "input_file",
+        "document",
+        "video_url",
+        "video",
+    }
+)
 ANTHROPIC_BLOCK_TYPES = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 
 
@@ -37,7 +47,8 @@ def is_anthropic(body: dict[str, Any]) -> bool:
         return False
     return any(
         type_of(block) in ANTHROPIC_BLOCK_TYPES
-        for message in messages if isinstance(message, dict)
+        for message in messages
+        if isinstance(message, dict)
         for block in (message.get("content") if isinstance(message.get("content"), list) else ())
     )
 
@@ -60,7 +71,8 @@ def _openai_message(message: Any, index: int, drop_non_text: bool) -> dict[str, 
     if message.get("content") is None and role != "assistant":  # as the OpenAI API requires
         raise Rejected("invalid_request", f"message {index} ({role}) has no content")
     normalized: dict[str, Any] = {
-        "role": role, "content": text_of(message.get("content"), f"message {index}", drop_non_text)
+        "role": role,
+        "content": text_of(message.get("content"), f"message {index}", drop_non_text),
     }
     if role == "assistant":
         calls = message.get("tool_calls")
@@ -73,8 +85,9 @@ def _openai_message(message: Any, index: int, drop_non_text: bool) -> dict[str, 
             reasoning = _string(reasoning, f"message {index} reasoning")
             normalized["reasoning"] = normalized["reasoning_content"] = reasoning
     elif role == "tool" and message.get("tool_call_id") is not None:
-        normalized["tool_call_id"] = _string(message["tool_call_id"],
-                                             f"message {index} tool_call_id")
+        normalized["tool_call_id"] = _string(
+            message["tool_call_id"], f"message {index} tool_call_id"
+        )
     if isinstance(message.get("name"), str):
         normalized["name"] = message["name"]
     return normalized
@@ -109,11 +122,15 @@ def text_of(content: Any, where: str, drop_non_text: bool) -> str:
             texts.append(_string(part.get("text"), f"{where} text part"))
         elif kind in NON_TEXT_PART_TYPES:
             if not drop_non_text:
-                raise Rejected("non_text_content", f"{where} has a {kind!r} part (images, audio "
-                               "and files cannot be counted from a log; --drop-non-text-parts)")
+                raise Rejected(
+                    "non_text_content",
+                    f"{where} has a {kind!r} part (images, audio "
+                    "and files cannot be counted from a log; --drop-non-text-parts)",
+                )
         else:
-            raise Rejected("unsupported_content",
-                           f"{where} has a content part of type {str(kind)[:32]!r}")
+            raise Rejected(
+                "unsupported_content", f"{where} has a content part of type {str(kind)[:32]!r}"
+            )
     return "\n".join(texts)
 
 
@@ -124,14 +141,17 @@ def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or type_of(call, "function") != "function":
-            raise Rejected("invalid_request",
-                           f"message {index} has a tool call that is not a function call")
+            raise Rejected(
+                "invalid_request", f"message {index} has a tool call that is not a function call"
+            )
         name = _string(function.get("name"), f"message {index} tool call name")
-        normalized.append({
-            **({"id": call["id"]} if isinstance(call.get("id"), str) else {}),
-            "type": "function",
-            "function": {"name": name, "arguments": _arguments(function.get("arguments"))},
-        })
+        normalized.append(
+            {
+                **({"id": call["id"]} if isinstance(call.get("id"), str) else {}),
+                "type": "function",
+                "function": {"name": name, "arguments": _arguments(function.get("arguments"))},
+            }
+        )
     return normalized
 
 
@@ -155,8 +175,16 @@ def arguments_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
-            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(
-                c["function"]["arguments"], ensure_ascii=False)}} for c in calls]
+            calls = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                    },
+                }
+                for c in calls
+            ]
             message = {**message, "tool_calls": calls}
         converted.append(message)
     return converted
@@ -182,9 +210,13 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
             content = text_of(item.get("content"), f"input item {index}", drop_non_text)
             messages.append({"role": role, "content": content})
         elif kind == "function_call":
-            call = {"type": "function", "function": {
-                "name": _string(item.get("name"), f"input item {index} name"),
-                "arguments": _arguments(item.get("arguments"))}}
+            call = {
+                "type": "function",
+                "function": {
+                    "name": _string(item.get("name"), f"input item {index} name"),
+                    "arguments": _arguments(item.get("arguments")),
+                },
+            }
             if isinstance(item.get("call_id"), str):
                 call["id"] = item["call_id"]
             # One assistant message per call, parallel calls too: vLLM's Responses server
@@ -192,9 +224,15 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")),
-                             "content": output if isinstance(output, str)
-                             else text_of(output, f"input item {index} output", drop_non_text)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(item.get("call_id", "")),
+                    "content": output
+                    if isinstance(output, str)
+                    else text_of(output, f"input item {index} output", drop_non_text),
+                }
+            )
         elif kind == "reasoning":
             continue  # reasoning items are not replayed into the prompt by chat templates
         else:
@@ -227,14 +265,27 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
         for block in content:
             kind = type_of(block)
             if kind == "tool_use":
-                calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
-                    "name": _string(block.get("name"), f"message {index} tool_use name"),
-                    "arguments": _arguments(block.get("input"))}})
+                calls.append(
+                    {
+                        "id": str(block.get("id", "")),
+                        "type": "function",
+                        "function": {
+                            "name": _string(block.get("name"), f"message {index} tool_use name"),
+                            "arguments": _arguments(block.get("input")),
+                        },
+                    }
+                )
             elif kind == "tool_result":
-                result = text_of(block.get("content"), f"message {index} tool_result",
-                                 drop_non_text)
-                results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                                "content": result})
+                result = text_of(
+                    block.get("content"), f"message {index} tool_result", drop_non_text
+                )
+                results.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": str(block.get("tool_use_id", "")),
+                        "content": result,
+                    }
+                )
             elif kind == "thinking":
                 thinking.append(_string(block.get("thinking"), f"message {index} thinking"))
             elif kind == "redacted_thinking":
@@ -267,18 +318,29 @@ def _anthropic_system(system: Any) -> str:
         return system or ""
     if not isinstance(system, list):
         raise Rejected("wrong_type", f"system is a {type(system).__name__}")
-    texts = [_string(block.get("text"), "system text block") for block in system
-             if type_of(block) == "text"]
+    texts = [
+        _string(block.get("text"), "system text block")
+        for block in system
+        if type_of(block) == "text"
+    ]
     return "".join(t for t in texts if t and not t.startswith(BILLING_HEADER))
 
 
 def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Anthropic and Responses API tool definitions in the Chat Completions form templates read."""
-    return [tool if "function" in tool else {
-        "type": "function",
-        "function": {"name": tool.get("name"), "description": tool.get("description"),
-                     "parameters": tool.get("input_schema", tool.get("parameters"))}}
-        for tool in tools]
+    return [
+        tool
+        if "function" in tool
+        else {
+            "type": "function",
+            "function": {
+                "name": tool.get("name"),
+                "description": tool.get("description"),
+                "parameters": tool.get("input_schema", tool.get("parameters")),
+            },
+        }
+        for tool in tools
+    ]
 
 
 def served_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -292,11 +354,13 @@ def served_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             served.append(tool)
             continue
         declared = {name: function.get(name) for name in ("name", "description", "parameters")}
-        served.append({
-            "type": "function",
-            "function": declared | {k: v for k, v in function.items() if k not in declared},
-            **{k: v for k, v in tool.items() if k not in ("type", "function")},
-        })
+        served.append(
+            {
+                "type": "function",
+                "function": declared | {k: v for k, v in function.items() if k not in declared},
+                **{k: v for k, v in tool.items() if k not in ("type", "function")},
+            }
+        )
     return served
 
 

@@ -74,7 +74,8 @@ def _decoder(codec: str) -> Any:
         return bz2.BZ2Decompressor()
     if codec == "zstd":
         return zstd.ZstdDecompressor(
-            options={zstd.DecompressionParameter.window_log_max: _ZSTD_WINDOW_LOG_MAX})
+            options={zstd.DecompressionParameter.window_log_max: _ZSTD_WINDOW_LOG_MAX}
+        )
     if codec == "xz":  # .xz and legacy .lzma alike
         return lzma.LZMADecompressor(memlimit=MAX_DECODER_STATE_BYTES)
     raise ValueError(f"unknown codec {codec!r}")
@@ -108,7 +109,7 @@ class DecodedStream(io.RawIOBase):
             self._decode_more()
         size = min(len(buffer), len(self._pending) - self._position)
         end = self._position + size
-        buffer[:size] = self._pending[self._position:end]
+        buffer[:size] = self._pending[self._position : end]
         if size:
             self.ends_with_newline = self._pending[end - 1] == ord("\n")
         self._position = end

@@ -89,9 +89,12 @@ def _check_depth(value: Any) -> None:
     while level:
         if depth > MAX_NESTING_DEPTH:
             raise Rejected("too_deep", f"nested deeper than {MAX_NESTING_DEPTH} levels")
-        level = [child for node in level
-                 for child in (node.values() if type(node) is dict else node)
-                 if type(child) in containers]
+        level = [
+            child
+            for node in level
+            for child in (node.values() if type(node) is dict else node)
+            if type(child) in containers
+        ]
         depth += 1
 
 
@@ -99,5 +102,7 @@ def _check_unicode(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise Rejected("invalid_unicode", f"a string holds a lone surrogate at character "
-                       f"{err.start} (not encodable as UTF-8)") from None
+        raise Rejected(
+            "invalid_unicode",
+            f"a string holds a lone surrogate at character {err.start} (not encodable as UTF-8)",
+        ) from None

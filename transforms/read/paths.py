@@ -24,15 +24,26 @@ import pyarrow.parquet as pq
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.batching import batches_by_weight
-from kvtrace.transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
+from kvtrace.transforms.read.arrow_sizes import (
+    fixed_value_bytes,
+    largest_value_bytes,
+    least_json_bytes,
+)
 from kvtrace.transforms.read.decompress import DecodedStream
 from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Compressed JSONL by suffix, as pyarrow names the codecs.
-CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
-          ".xz": "xz", ".lzma": "xz"}
+CODECS = {
+    ".gz": "gzip",
+    ".gzip": "gzip",
+    ".zst": "zstd",
+    ".zstd": "zstd",
+    ".bz2": "bz2",
+    ".xz": "xz",
+    ".lzma": "xz",
+}
 READ_CHUNK_BYTES = 1 << 20  # decompressed bytes buffered per read, and per step of a skip
 PARQUET_MAGIC = b"PAR1"
 # A Parquet page read may be this many times the bound of one value: pyarrow's writer fills a
@@ -71,15 +82,22 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         else:
             matched = [p for p in glob.glob(pattern) if not os.path.isdir(p)]
         if not matched:
-            hint = " (a folder: give a glob of its files, e.g. DIR/*.jsonl)" if (
-                not is_url(pattern) and os.path.isdir(pattern)) else ""
+            hint = (
+                " (a folder: give a glob of its files, e.g. DIR/*.jsonl)"
+                if (not is_url(pattern) and os.path.isdir(pattern))
+                else ""
+            )
             raise FileNotFoundError(f"{pattern!r} matches no file{hint}")
         for path in matched:
             files.setdefault(file_identity(path), set()).add(path)
     for names in files.values():
         if len(names) > 1:
-            _LOG.warning("one file named %d ways, read once as %s: %s", len(names),
-                         min(names), ", ".join(sorted(names)))
+            _LOG.warning(
+                "one file named %d ways, read once as %s: %s",
+                len(names),
+                min(names),
+                ", ".join(sorted(names)),
+            )
     return sorted(min(names) for names in files.values())
 
 
@@ -102,7 +120,7 @@ def file_identity(path: str) -> Any:
 
 def compression_of(path: str) -> str | None:
     """The codec a file's suffix names, or None for a plain file."""
-    suffix = path[path.rfind("."):].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    suffix = path[path.rfind(".") :].lower() if "." in path.rsplit("/", 1)[-1] else ""
     return CODECS.get(suffix)
 
 
@@ -155,8 +173,9 @@ def broken_off(stream: IO[bytes]) -> str | None:
     return decoded.broken if isinstance(decoded, DecodedStream) else None
 
 
-def read_lines(stream: IO[bytes], start: int, end: int | None, max_bytes: int
-               ) -> Iterator[tuple[int, bytes | Oversized]]:
+def read_lines(
+    stream: IO[bytes], start: int, end: int | None, max_bytes: int
+) -> Iterator[tuple[int, bytes | Oversized]]:
     """(offset, line) for every line starting in [start, end) of a positioned stream, without
     its newline; a line over max_bytes comes as (offset, Oversized) and is skipped: no more
     than max_bytes + 1 of it is ever held.
@@ -251,8 +270,9 @@ def count_lines(path: str, chunk_bytes: int = 16 << 20) -> int:
 
 
 @contextmanager
-def parquet_file(path: str, max_footer_bytes: int, opened: IO[bytes] | None = None
-                 ) -> Iterator[tuple[IO[bytes], pq.ParquetFile]]:
+def parquet_file(
+    path: str, max_footer_bytes: int, opened: IO[bytes] | None = None
+) -> Iterator[tuple[IO[bytes], pq.ParquetFile]]:
     """The file (opened: read from it, not opened by path) and a Parquet reader over it, once
     its footer is known to be within max_footer_bytes (the footer is read whole before any row,
     and it can claim any size); ValueError if not. Rows are then read a page at a time (no
@@ -268,12 +288,21 @@ def parquet_file(path: str, max_footer_bytes: int, opened: IO[bytes] | None = No
             raise ValueError(f"{path}: not a Parquet file (no {PARQUET_MAGIC!r} at its end)")
         footer_bytes = int.from_bytes(tail[:4], "little")
         if footer_bytes > max_footer_bytes:
-            raise ValueError(f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
-                             f"of {max_footer_bytes}")
+            raise ValueError(
+                f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
+                f"of {max_footer_bytes}"
+            )
         raw.seek(0)
-        yield raw, pq.ParquetFile(raw, pre_buffer=False, buffer_size=READ_CHUNK_BYTES,
-                                  thrift_string_size_limit=max_footer_bytes,
-                                  thrift_container_size_limit=max_footer_bytes)
+        yield (
+            raw,
+            pq.ParquetFile(
+                raw,
+                pre_buffer=False,
+                buffer_size=READ_CHUNK_BYTES,
+                thrift_string_size_limit=max_footer_bytes,
+                thrift_container_size_limit=max_footer_bytes,
+            ),
+        )
 
 
 class GroupReader(NamedTuple):
@@ -284,8 +313,9 @@ class GroupReader(NamedTuple):
     dense_row_bytes: int
 
 
-def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int,
-                 columns: Collection[str] | None = None) -> GroupReader:
+def group_reader(
+    raw: IO[bytes], parquet: pq.ParquetFile, group: int, columns: Collection[str] | None = None
+) -> GroupReader:
     """A reader of the file for one row group (of its top-level columns named, all when None)
     whose string columns stored as a dictionary (every data page of the group's chunk indexes
     its dictionary page) are read as Arrow dictionaries: an entry many rows reference is held
@@ -310,23 +340,32 @@ def group_reader(raw: IO[bytes], parquet: pq.ParquetFile, group: int,
             dense_row_bytes += width * values_per_row
             continue
         pages = list(_pages(raw, chunk))
-        if all(page.encoding in DICTIONARY_ENCODINGS for page in pages
-               if page.encoding is not None):
+        if all(
+            page.encoding in DICTIONARY_ENCODINGS for page in pages if page.encoding is not None
+        ):
             strings.append(chunk.path_in_schema)
         else:
             dictionary_bytes = sum(page.size for page in pages if page.encoding is None)
             largest = _largest_entry_bytes(raw, metadata, group, chunk.path_in_schema)
             dense_row_bytes += min(largest, dictionary_bytes) * values_per_row
-    reader = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
-                            buffer_size=READ_CHUNK_BYTES, read_dictionary=strings or None)
+    reader = pq.ParquetFile(
+        raw,
+        metadata=metadata,
+        pre_buffer=False,
+        buffer_size=READ_CHUNK_BYTES,
+        read_dictionary=strings or None,
+    )
     return GroupReader(reader, dense_row_bytes)
 
 
 def _read_columns(parquet: pq.ParquetFile, columns: Collection[str] | None) -> list[int]:
     """The indices of the leaf columns under the top-level columns named (all when None)."""
     schema = parquet.schema
-    return [index for index in range(len(schema))
-            if columns is None or schema.column(index).path.split(".")[0] in columns]
+    return [
+        index
+        for index in range(len(schema))
+        if columns is None or schema.column(index).path.split(".")[0] in columns
+    ]
 
 
 class SizedRows(NamedTuple):
@@ -337,8 +376,14 @@ class SizedRows(NamedTuple):
     size: int  # the rows' size as JSON, at least (arrow_sizes.py)
 
 
-def sized_rows(raw: IO[bytes], parquet: pq.ParquetFile, group: int, max_row_bytes: int,
-               batch_rows: int, columns: Collection[str] | None = None) -> Iterator[SizedRows]:
+def sized_rows(
+    raw: IO[bytes],
+    parquet: pq.ParquetFile,
+    group: int,
+    max_row_bytes: int,
+    batch_rows: int,
+    columns: Collection[str] | None = None,
+) -> Iterator[SizedRows]:
     """A row group's rows (its columns named, all when None), batch_rows at a time, fewer
     when rows indexing a dictionary are decoded dense (as many as max_row_bytes holds at their
     most, one at least), each sized before it is decoded (arrow_sizes.py): a row over
@@ -354,19 +399,22 @@ def sized_rows(raw: IO[bytes], parquet: pq.ParquetFile, group: int, max_row_byte
         for run in batches_by_weight(range(batch.num_rows), max_row_bytes, sizes.__getitem__):
             size = int(sizes[run].sum())
             within = size <= max_row_bytes  # over the weight: a run alone
-            yield SizedRows(read + run[0], batch.slice(run[0], len(run)) if within else None,
-                            size)
+            yield SizedRows(read + run[0], batch.slice(run[0], len(run)) if within else None, size)
         read += batch.num_rows
 
 
-def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
-                         column: str) -> int:
+def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int, column: str) -> int:
     """The largest entry of a column chunk's dictionary page (its bytes as JSON), read as an
     Arrow dictionary with the chunk's first row: the page is decoded once, within the page
     ceiling that oversized_pages checked. Unbounded (the page's size is then the bound) when
     no dictionary comes back."""
-    probe = pq.ParquetFile(raw, metadata=metadata, pre_buffer=False,
-                           buffer_size=READ_CHUNK_BYTES, read_dictionary=[column])
+    probe = pq.ParquetFile(
+        raw,
+        metadata=metadata,
+        pre_buffer=False,
+        buffer_size=READ_CHUNK_BYTES,
+        read_dictionary=[column],
+    )
     batch = next(probe.iter_batches(1, row_groups=[group], columns=[column]), None)
     arrays = [] if batch is None else _dictionaries(batch.column(0))
     return max((largest_value_bytes(array) for array in arrays), default=sys.maxsize)
@@ -384,8 +432,13 @@ def _dictionaries(array: pa.Array) -> Iterator[pa.Array]:
         yield from _dictionaries(array.values)
 
 
-def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
-                    max_cell_bytes: int, columns: Collection[str] | None = None) -> str | None:
+def oversized_pages(
+    raw: IO[bytes],
+    metadata: pq.FileMetaData,
+    group: int,
+    max_cell_bytes: int,
+    columns: Collection[str] | None = None,
+) -> str | None:
     """Why a row group cannot be read within the bounds, or None when it can, known before any
     of it is decoded. A page is decoded whole and holds whole values, so a page is refused
     when it is over PAGE_BOUND_MULTIPLE times max_cell_bytes (the reader's ceiling), or when
@@ -396,22 +449,29 @@ def oversized_pages(raw: IO[bytes], metadata: pq.FileMetaData, group: int,
     let through are checked when read. Only the top-level columns named are looked at (all
     when None)."""
     row_group = metadata.row_group(group)
-    read = [index for index in range(row_group.num_columns)
-            if columns is None or row_group.column(index).path_in_schema.split(".")[0] in columns]
+    read = [
+        index
+        for index in range(row_group.num_columns)
+        if columns is None or row_group.column(index).path_in_schema.split(".")[0] in columns
+    ]
     values = 0
     for index in read:
         column = row_group.column(index)
         for page in _pages(raw, column):
-            where = (f"row group {group}'s column {column.path_in_schema} has a page of "
-                     f"{page.size} bytes")
+            where = (
+                f"row group {group}'s column {column.path_in_schema} has a page of "
+                f"{page.size} bytes"
+            )
             if page.size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
                 return f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
             if page.size > max_cell_bytes * max(page.values, 1):
                 return f"{where} for {page.values} value(s): one at least is over {max_cell_bytes}"
             values += page.values if page.encoding is not None else 0  # a dictionary's: entries
     if values > max_cell_bytes * max(row_group.num_rows, 1):
-        return (f"row group {group} holds {values} values for {row_group.num_rows} rows: "
-                f"one row at least is over {max_cell_bytes} bytes")
+        return (
+            f"row group {group} holds {values} values for {row_group.num_rows} rows: "
+            f"one row at least is over {max_cell_bytes} bytes"
+        )
     return None
 
 
@@ -433,8 +493,9 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
         uncompressed, compressed = header.get(2), header.get(3)
         # A data page (v1, v2) or dictionary page header: its first field counts the values;
         # a data page's encoding is its field 2 (v1) or 4 (v2).
-        field, kind = next(((k, header[k]) for k in (5, 8, 7) if isinstance(header.get(k), dict)),
-                           (0, {}))
+        field, kind = next(
+            ((k, header[k]) for k in (5, 8, 7) if isinstance(header.get(k), dict)), (0, {})
+        )
         values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
         if not all(isinstance(n, int) and n >= 0 for n in (uncompressed, compressed, values)):
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
@@ -456,8 +517,10 @@ def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
             return reader.struct(), reader.position
         except IndexError:  # the header goes on past the slice read
             if size >= MAX_PAGE_HEADER_BYTES or len(data) < size:
-                raise ValueError(f"Parquet page header at byte {offset} is damaged or over "
-                                 f"{MAX_PAGE_HEADER_BYTES} bytes") from None
+                raise ValueError(
+                    f"Parquet page header at byte {offset} is damaged or over "
+                    f"{MAX_PAGE_HEADER_BYTES} bytes"
+                ) from None
             size *= 4
 
 
@@ -553,8 +616,9 @@ class ParquetRows(NamedTuple):
 TRACE_BATCH_ROWS = 1 << 16
 
 
-def read_parquet_within(path: str, max_row_bytes: int, columns: Collection[str],
-                        opened: IO[bytes] | None = None) -> ParquetRows:
+def read_parquet_within(
+    path: str, max_row_bytes: int, columns: Collection[str], opened: IO[bytes] | None = None
+) -> ParquetRows:
     """The named columns of a Parquet file (a trace's; opened: read from it), read as every
     reader reads Parquet (sized_rows): the footer bounded and each row group's pages checked
     first (ValueError saying why not), then each row sized before it is decoded, a row over
@@ -568,19 +632,28 @@ def read_parquet_within(path: str, max_row_bytes: int, columns: Collection[str],
                 raise ValueError(why)
             for run in sized_rows(raw, parquet, group, max_row_bytes, TRACE_BATCH_ROWS, columns):
                 if run.rows is None:
-                    oversized.append((first + run.first, f"row of {run.size} bytes as JSON at "
-                                      f"least, over {max_row_bytes}: not read"))
+                    oversized.append(
+                        (
+                            first + run.first,
+                            f"row of {run.size} bytes as JSON at "
+                            f"least, over {max_row_bytes}: not read",
+                        )
+                    )
                     continue
                 runs.append(run.rows)
                 numbers.append(np.arange(first + run.first, first + run.first + run.rows.num_rows))
             first += parquet.metadata.row_group(group).num_rows
         schema = _read_schema(parquet.schema_arrow, columns, runs)
-    return ParquetRows(pa.Table.from_batches([run.cast(schema) for run in runs], schema),
-                       np.concatenate(numbers) if numbers else np.zeros(0, np.int64), oversized)
+    return ParquetRows(
+        pa.Table.from_batches([run.cast(schema) for run in runs], schema),
+        np.concatenate(numbers) if numbers else np.zeros(0, np.int64),
+        oversized,
+    )
 
 
-def _read_schema(schema: pa.Schema, columns: Collection[str], runs: list[pa.RecordBatch]
-                 ) -> pa.Schema:
+def _read_schema(
+    schema: pa.Schema, columns: Collection[str], runs: list[pa.RecordBatch]
+) -> pa.Schema:
     """One type per column for every run: the file's (views as their plain twins), a
     dictionary of it where any row group's chunk was read as a dictionary (a dense chunk is
     then encoded, not the dictionary decoded)."""
@@ -611,13 +684,17 @@ def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
             values.extend(chunk.to_pylist())
             continue
         dictionary = chunk.dictionary
-        key = (dictionary.offset, len(dictionary),
-               *(buffer.address for buffer in dictionary.buffers() if buffer is not None))
+        key = (
+            dictionary.offset,
+            len(dictionary),
+            *(buffer.address for buffer in dictionary.buffers() if buffer is not None),
+        )
         if key not in converted:
             converted[key] = dictionary.to_pylist()
         entries = converted[key]
-        values.extend(None if index is None else entries[index]
-                      for index in chunk.indices.to_pylist())
+        values.extend(
+            None if index is None else entries[index] for index in chunk.indices.to_pylist()
+        )
     return values
 
 

@@ -67,14 +67,19 @@ class Request:
 def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
     """The Request in one JSONL line; raises Rejected with a reason when there is none."""
     if len(line) > options.max_record_bytes:
-        raise Rejected("too_large", f"record of {len(line)} bytes > --max-record-bytes "
-                       f"{options.max_record_bytes}")
+        raise Rejected(
+            "too_large",
+            f"record of {len(line)} bytes > --max-record-bytes {options.max_record_bytes}",
+        )
     containers = line.count(b"[") + line.count(b"{")
     if containers * PARSED_CONTAINER_BYTES > CONTAINERS_BOUND_MULTIPLE * options.max_record_bytes:
-        raise Rejected("too_large", f"record of {containers} JSON objects and lists (brackets), "
-                       f"over {CONTAINERS_BOUND_MULTIPLE} x --max-record-bytes "
-                       f"{options.max_record_bytes} once parsed at {PARSED_CONTAINER_BYTES} "
-                       f"bytes each")
+        raise Rejected(
+            "too_large",
+            f"record of {containers} JSON objects and lists (brackets), "
+            f"over {CONTAINERS_BOUND_MULTIPLE} x --max-record-bytes "
+            f"{options.max_record_bytes} once parsed at {PARSED_CONTAINER_BYTES} "
+            f"bytes each",
+        )
     record, check_strings = load_json_line(line)
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
@@ -107,7 +112,10 @@ def _loads_lenient(line: bytes) -> Any:
 
 
 def request_from_object(
-    record: dict[str, Any], line: bytes, source: str, options: ParseOptions = ParseOptions(),
+    record: dict[str, Any],
+    line: bytes,
+    source: str,
+    options: ParseOptions = ParseOptions(),
     check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
@@ -160,7 +168,9 @@ def _detect_kind(body: dict[str, Any]) -> str:
 def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
     tools = body.get("tools") or None  # a list of objects, its shape says
     if "messages" in body and not chat.is_anthropic(body):
-        return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(tools)
+        return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(
+            tools
+        )
     converted_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
     if "messages" in body:
         return chat.anthropic_messages(body, drop_non_text), converted_tools

@@ -21,15 +21,34 @@ from kvtrace.transforms.trace_format import MAX_RESPONSE_MS
 
 END_TIME_FIELDS = ("end_timestamp", "response_timestamp", "end_time", "endTime", "finished_at")
 EPOCH_SECONDS_END_FIELDS = ("completed_at",)
-DURATION_FIELDS_MS = ("latency_ms", "e2e_latency_ms", "duration_ms", "response_time_ms",
-                      "elapsed_ms", "total_time_ms")
-DURATION_FIELDS_S = ("latency_s", "e2e_latency_s", "duration_s", "response_time_s", "elapsed_s",
-                     "latency", "duration", "response_time")
+DURATION_FIELDS_MS = (
+    "latency_ms",
+    "e2e_latency_ms",
+    "duration_ms",
+    "response_time_ms",
+    "elapsed_ms",
+    "total_time_ms",
+)
+DURATION_FIELDS_S = (
+    "latency_s",
+    "e2e_latency_s",
+    "duration_s",
+    "response_time_s",
+    "elapsed_s",
+    "latency",
+    "duration",
+    "response_time",
+)
 CHUNK_TIME_FIELDS = ("timestamp", "received_at", "arrival_time")
 
 
-def response_ms(record: dict, body: dict, response: dict | list | None, arrival_ms: int,
-                timestamp_unit: str = "auto") -> int | None:
+def response_ms(
+    record: dict,
+    body: dict,
+    response: dict | list | None,
+    arrival_ms: int,
+    timestamp_unit: str = "auto",
+) -> int | None:
     """ms from the request's arrival to its response's end, or None when the record says not."""
     holders = [record, body] + ([response] if isinstance(response, dict) else [])
     end, resolution = _end_time(holders, timestamp_unit)
@@ -45,8 +64,10 @@ def response_ms(record: dict, body: dict, response: dict | list | None, arrival_
     if -resolution < elapsed < 0:  # an end in whole seconds, floored, within the arrival's second
         elapsed = 0
     if elapsed < 0:
-        raise Rejected("response_before_request",
-                       f"the response ended {-elapsed} ms before the request arrived")
+        raise Rejected(
+            "response_before_request",
+            f"the response ended {-elapsed} ms before the request arrived",
+        )
     if elapsed > MAX_RESPONSE_MS:
         raise Rejected("out_of_range", f"a response of {elapsed} ms (over 24 days)")
     return elapsed

@@ -21,8 +21,15 @@ from typing import Any
 from kvtrace.transforms.errors import Rejected
 
 # How a message names the JSON type of a value (the parsers give exactly these Python types).
-JSON_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-                   type(None): "null", list: "a list", dict: "an object"}
+JSON_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+    list: "a list",
+    dict: "an object",
+}
 
 # Where a value sits: (the parent's path, its key or index), None at the top; spelled out
 # ("request.messages[1].content") only for a message, as building every path costs more than
@@ -96,6 +103,7 @@ def optional(shape: Shape) -> Shape:
 def list_of(item: Shape | Callable[[], Shape]) -> Shape:
     """A list whose every element has the item's shape (a callable: a shape declared later,
     for shapes that hold themselves, as a tool result holds content parts)."""
+
     def walk(values: list, path: Path) -> None:
         shape = item if isinstance(item, Shape) else item()
         accepts = shape.accepts
@@ -104,6 +112,7 @@ def list_of(item: Shape | Callable[[], Shape]) -> Shape:
             walk_into = accepts.get(type(value), _REFUSED)
             if walk_into is not None:
                 shape.walk_or_refuse(walk_into, value, (path, index))
+
     return Shape("a list", {list: walk})
 
 
@@ -129,6 +138,7 @@ def fields_walk(fields: dict[str, Shape]) -> Walk:
                     walk_into = shape.accepts.get(type(child), _REFUSED)
                     if walk_into is not None:
                         shape.walk_or_refuse(walk_into, child, (path, name))
+
     return walk
 
 
@@ -136,8 +146,12 @@ def obj(**fields: Shape) -> Shape:
     return Shape("an object", {dict: fields_walk(fields)})
 
 
-def tagged(tag: str, variants: dict[str, Shape], default: str | None = None,
-           common: dict[str, Shape] | None = None) -> Shape:
+def tagged(
+    tag: str,
+    variants: dict[str, Shape],
+    default: str | None = None,
+    common: dict[str, Shape] | None = None,
+) -> Shape:
     """An object whose `tag` field (a string; `default` when absent) picks its variant's fields,
     on top of the fields `common` to all. An unknown tag is checked for its common fields only:
     whether it is supported is the reader's to say (unsupported_content, with the type)."""
@@ -151,21 +165,29 @@ def tagged(tag: str, variants: dict[str, Shape], default: str | None = None,
         variant = walks.get(kind)
         if variant is not None:
             variant(value, path)
+
     return Shape("an object", {dict: walk})
 
 
 # ---- Content: OpenAI's content parts, Anthropic's content blocks, Responses API parts ----------
 
 TEXT_PART = obj(text=STRING)
-BLOCK = tagged("type", {
-    "text": TEXT_PART, "input_text": TEXT_PART, "output_text": TEXT_PART,
-    "image_url": obj(image_url=one_of(STRING, obj(url=STRING))),
-    "tool_use": obj(id=STRING, name=STRING, input=ANY_OBJECT),
-    "tool_result": obj(tool_use_id=STRING, content=optional(one_of(STRING, list_of(lambda: PART)))),
-    "thinking": obj(thinking=STRING, signature=STRING),
-    "redacted_thinking": obj(data=STRING),
-    "refusal": obj(refusal=STRING),
-})
+BLOCK = tagged(
+    "type",
+    {
+        "text": TEXT_PART,
+        "input_text": TEXT_PART,
+        "output_text": TEXT_PART,
+        "image_url": obj(image_url=one_of(STRING, obj(url=STRING))),
+        "tool_use": obj(id=STRING, name=STRING, input=ANY_OBJECT),
+        "tool_result": obj(
+            tool_use_id=STRING, content=optional(one_of(STRING, list_of(lambda: PART)))
+        ),
+        "thinking": obj(thinking=STRING, signature=STRING),
+        "redacted_thinking": obj(data=STRING),
+        "refusal": obj(refusal=STRING),
+    },
+)
 PART = one_of(STRING, BLOCK)  # in a request, vLLM takes a bare string as a text part
 CONTENT = optional(one_of(STRING, list_of(PART)))
 # Anthropic's top-level system prompt: a string or text blocks (no bare strings).
@@ -176,25 +198,44 @@ SYSTEM = optional(one_of(STRING, list_of(tagged("type", {"text": TEXT_PART}))))
 # A tool call as the Chat Completions API sends it back in the history: arguments are a JSON text.
 TOOL_CALL = obj(id=STRING, type=STRING, function=obj(name=STRING, arguments=STRING))
 MESSAGE = obj(
-    role=STRING, content=CONTENT, name=optional(STRING), tool_calls=optional(list_of(TOOL_CALL)),
-    tool_call_id=optional(STRING), reasoning=optional(STRING), reasoning_content=optional(STRING),
+    role=STRING,
+    content=CONTENT,
+    name=optional(STRING),
+    tool_calls=optional(list_of(TOOL_CALL)),
+    tool_call_id=optional(STRING),
+    reasoning=optional(STRING),
+    reasoning_content=optional(STRING),
 )
 # Chat Completions ({type, function: {...}}), Anthropic ({name, input_schema}) and Responses API
 # ({type, name, parameters}) tool definitions: one object declares the fields of all three.
 TOOL = obj(
-    type=STRING, name=STRING, description=optional(STRING), parameters=optional(ANY_OBJECT),
-    input_schema=ANY_OBJECT, strict=optional(BOOLEAN),
-    function=obj(name=STRING, description=optional(STRING), parameters=optional(ANY_OBJECT),
-                 strict=optional(BOOLEAN)),
+    type=STRING,
+    name=STRING,
+    description=optional(STRING),
+    parameters=optional(ANY_OBJECT),
+    input_schema=ANY_OBJECT,
+    strict=optional(BOOLEAN),
+    function=obj(
+        name=STRING,
+        description=optional(STRING),
+        parameters=optional(ANY_OBJECT),
+        strict=optional(BOOLEAN),
+    ),
 )
-INPUT_ITEM = tagged("type", default="message", variants={
-    "message": obj(role=STRING, content=CONTENT),
-    "function_call": obj(name=STRING, arguments=STRING, call_id=STRING),
-    "function_call_output": obj(call_id=STRING, output=one_of(STRING, list_of(PART))),
-})
+INPUT_ITEM = tagged(
+    "type",
+    default="message",
+    variants={
+        "message": obj(role=STRING, content=CONTENT),
+        "function_call": obj(name=STRING, arguments=STRING, call_id=STRING),
+        "function_call_output": obj(call_id=STRING, output=one_of(STRING, list_of(PART))),
+    },
+)
 CHAT_BODY = {
-    "messages": list_of(MESSAGE), "tools": optional(list_of(TOOL)),
-    "system": SYSTEM, "instructions": optional(STRING),
+    "messages": list_of(MESSAGE),
+    "tools": optional(list_of(TOOL)),
+    "system": SYSTEM,
+    "instructions": optional(STRING),
     "input": optional(one_of(STRING, list_of(INPUT_ITEM))),
 }
 PROMPT_BODY = {"prompt": optional(STRING)}
@@ -203,30 +244,56 @@ BODY_FIELDS = {"chat": CHAT_BODY, "prompt": PROMPT_BODY, "tokens": TOKENS_BODY}
 
 # ---- Responses -----------------------------------------------------------------------------------
 
-USAGE = obj(**dict.fromkeys(
-    ("prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"),
-    optional(INTEGER)))
+USAGE = obj(
+    **dict.fromkeys(
+        ("prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"),
+        optional(INTEGER),
+    )
+)
 # A streamed delta's tool call may come in pieces: every field is optional, types are not.
-RESPONSE_TOOL_CALL = obj(id=optional(STRING), type=optional(STRING), index=optional(INTEGER),
-                         function=optional(obj(name=optional(STRING),
-                                               arguments=optional(STRING))))
-RESPONSE_MESSAGE = optional(obj(
-    role=optional(STRING), content=optional(STRING), reasoning=optional(STRING),
-    reasoning_content=optional(STRING), tool_calls=optional(list_of(RESPONSE_TOOL_CALL)),
-))
-CHOICE = obj(index=optional(INTEGER), message=RESPONSE_MESSAGE, delta=RESPONSE_MESSAGE,
-             text=optional(STRING), finish_reason=optional(STRING))
-OUTPUT_ITEM = tagged("type", {
-    "message": obj(role=optional(STRING), content=list_of(BLOCK)),
-    "function_call": obj(name=STRING, arguments=STRING, call_id=optional(STRING)),
-    "reasoning": obj(summary=optional(list_of(TEXT_PART)), content=optional(list_of(TEXT_PART))),
-})
+RESPONSE_TOOL_CALL = obj(
+    id=optional(STRING),
+    type=optional(STRING),
+    index=optional(INTEGER),
+    function=optional(obj(name=optional(STRING), arguments=optional(STRING))),
+)
+RESPONSE_MESSAGE = optional(
+    obj(
+        role=optional(STRING),
+        content=optional(STRING),
+        reasoning=optional(STRING),
+        reasoning_content=optional(STRING),
+        tool_calls=optional(list_of(RESPONSE_TOOL_CALL)),
+    )
+)
+CHOICE = obj(
+    index=optional(INTEGER),
+    message=RESPONSE_MESSAGE,
+    delta=RESPONSE_MESSAGE,
+    text=optional(STRING),
+    finish_reason=optional(STRING),
+)
+OUTPUT_ITEM = tagged(
+    "type",
+    {
+        "message": obj(role=optional(STRING), content=list_of(BLOCK)),
+        "function_call": obj(name=STRING, arguments=STRING, call_id=optional(STRING)),
+        "reasoning": obj(
+            summary=optional(list_of(TEXT_PART)), content=optional(list_of(TEXT_PART))
+        ),
+    },
+)
 # A Chat Completions response or chunk, a Responses API response, an Anthropic message (its
 # `type` is "message"; the others have none, or a streaming event's).
 RESPONSE_OBJECT = tagged(
-    "type", {"message": obj(role=optional(STRING), content=list_of(BLOCK))}, default="",
-    common={"choices": optional(list_of(CHOICE)), "usage": optional(USAGE),
-            "output": optional(list_of(OUTPUT_ITEM))},
+    "type",
+    {"message": obj(role=optional(STRING), content=list_of(BLOCK))},
+    default="",
+    common={
+        "choices": optional(list_of(CHOICE)),
+        "usage": optional(USAGE),
+        "output": optional(list_of(OUTPUT_ITEM)),
+    },
 )
 RESPONSE = optional(one_of(RESPONSE_OBJECT, list_of(RESPONSE_OBJECT)))
 
@@ -234,15 +301,17 @@ RESPONSE = optional(one_of(RESPONSE_OBJECT, list_of(RESPONSE_OBJECT)))
 
 # Fields a log record may carry beside the request (at its top level or in the request body).
 RECORD_FIELDS = {
-    "output": STRING, "output_length": INTEGER,
+    "output": STRING,
+    "output_length": INTEGER,
     "session_id": optional(one_of(STRING, INTEGER)),
     "conversation_id": optional(one_of(STRING, INTEGER)),
 }
 ENVELOPE = {"request": ANY_OBJECT, "response": RESPONSE}
 _RECORD_WALK = fields_walk({**ENVELOPE, **RECORD_FIELDS})
 _BODY_WALKS = {kind: fields_walk({**RECORD_FIELDS, **body}) for kind, body in BODY_FIELDS.items()}
-_FULL_RECORD_WALKS = {kind: fields_walk({**ENVELOPE, **RECORD_FIELDS, **body})
-                      for kind, body in BODY_FIELDS.items()}
+_FULL_RECORD_WALKS = {
+    kind: fields_walk({**ENVELOPE, **RECORD_FIELDS, **body}) for kind, body in BODY_FIELDS.items()
+}
 
 
 def check_record(record: dict[str, Any], body: dict[str, Any], kind: str) -> None:

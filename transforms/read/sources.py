@@ -62,8 +62,10 @@ def file_ranges(path: str, size: int, split_bytes: int = READ_SPLIT_BYTES) -> li
     """The ranges a file is read in: byte ranges of a plain file, the whole of any other."""
     if compression_of(path) or path.lower().endswith(PARQUET_SUFFIXES):
         return [FileRange(path, 0, None)]
-    return [FileRange(path, start, min(start + split_bytes, size))
-            for start in range(0, max(size, 1), split_bytes)]
+    return [
+        FileRange(path, start, min(start + split_bytes, size))
+        for start in range(0, max(size, 1), split_bytes)
+    ]
 
 
 class ReadProgress:
@@ -79,12 +81,17 @@ class ReadProgress:
         now = time.monotonic()
         if now - self._last >= PROGRESS_INTERVAL_S:
             self._last = now
-            _LOG.info("read %.1f of %.1f MB (this worker; %.1f MB/s)", self._done / 1e6,
-                      self._total / 1e6, self._done / 1e6 / (now - self._start))
+            _LOG.info(
+                "read %.1f of %.1f MB (this worker; %.1f MB/s)",
+                self._done / 1e6,
+                self._total / 1e6,
+                self._done / 1e6 / (now - self._start),
+            )
 
 
-def read_range(piece: FileRange, max_record_bytes: int, progress: ReadProgress | None = None
-               ) -> Iterator[tuple[str, Any] | DeadLetter]:
+def read_range(
+    piece: FileRange, max_record_bytes: int, progress: ReadProgress | None = None
+) -> Iterator[tuple[str, Any] | DeadLetter]:
     """(source, record) for every record of the range, a record being a JSONL line's bytes or a
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
     (the records before the break still come). Blank lines are not records."""
@@ -103,7 +110,7 @@ def read_range(piece: FileRange, max_record_bytes: int, progress: ReadProgress |
                     yield _oversized(piece.path, offset, line, max_record_bytes)
                     continue
                 if offset == 0 and line.startswith(BOM):
-                    line = line[len(BOM):]
+                    line = line[len(BOM) :]
                 if line.strip():
                     held = (offset, line)
             broken = broken_off(stream)
@@ -117,22 +124,31 @@ def read_range(piece: FileRange, max_record_bytes: int, progress: ReadProgress |
             if progress is not None:
                 progress.add(offset - piece.start)
     except (OSError, ValueError, EOFError) as err:
-        yield DeadLetter(piece.path, b"", DAMAGED_FILE,
-                         f"file unreadable after byte {offset}: {err}")
+        yield DeadLetter(
+            piece.path, b"", DAMAGED_FILE, f"file unreadable after byte {offset}: {err}"
+        )
 
 
 def _damaged_tail(path: str, offset: int, partial: bytes, why: str) -> DeadLetter:
     """The dead letter of a file that breaks off: where, why, and the partial record cut by the
     break (its bytes are what was lost, as far as anyone can tell)."""
-    return DeadLetter(path, partial[:OVERSIZED_EXCERPT_BYTES], DAMAGED_FILE,
-                      f"file breaks off at byte {offset} (decompressed): {why}",
-                      lost_bytes=len(partial))
+    return DeadLetter(
+        path,
+        partial[:OVERSIZED_EXCERPT_BYTES],
+        DAMAGED_FILE,
+        f"file breaks off at byte {offset} (decompressed): {why}",
+        lost_bytes=len(partial),
+    )
 
 
 def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -> DeadLetter:
-    return DeadLetter(path, line.excerpt, "too_large",
-                      f"record at byte {offset} is {line.size} bytes, over --max-record-bytes "
-                      f"{max_record_bytes}; `line` holds its first bytes only")
+    return DeadLetter(
+        path,
+        line.excerpt,
+        "too_large",
+        f"record at byte {offset} is {line.size} bytes, over --max-record-bytes "
+        f"{max_record_bytes}; `line` holds its first bytes only",
+    )
 
 
 def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
@@ -152,8 +168,14 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
         yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
 
 
-def _row_group(path: str, raw: IO[bytes], parquet: pq.ParquetFile, group: int, first: int,
-               max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
+def _row_group(
+    path: str,
+    raw: IO[bytes],
+    parquet: pq.ParquetFile,
+    group: int,
+    first: int,
+    max_record_bytes: int,
+) -> Iterator[tuple[str, Any] | DeadLetter]:
     """A row group's rows as every reader reads Parquet (paths.sized_rows), PARQUET_BATCH_ROWS
     at a time or fewer, each sized before it is turned into Python values: a row over
     max_record_bytes as JSON is a too_large dead letter, never decoded, and rows are decoded
@@ -164,21 +186,29 @@ def _row_group(path: str, raw: IO[bytes], parquet: pq.ParquetFile, group: int, f
     try:
         for run in sized_rows(raw, parquet, group, max_record_bytes, PARQUET_BATCH_ROWS):
             if run.rows is None:
-                yield DeadLetter(path, b"", "too_large",
-                                 f"row {first + run.first} not decoded: {run.size} bytes as "
-                                 f"JSON at least, over --max-record-bytes {max_record_bytes}")
+                yield DeadLetter(
+                    path,
+                    b"",
+                    "too_large",
+                    f"row {first + run.first} not decoded: {run.size} bytes as "
+                    f"JSON at least, over --max-record-bytes {max_record_bytes}",
+                )
             else:
                 yield from _python_rows(path, run.rows, dense, first + run.first)
             read = run.first + (1 if run.rows is None else run.rows.num_rows)
     except (OSError, ValueError, pa.ArrowException) as err:
-        yield DeadLetter(path, b"", DAMAGED_FILE,
-                         f"row group {group} of {parquet.num_row_groups} unreadable after "
-                         f"{read} rows: {err}",
-                         lost_bytes=parquet.metadata.row_group(group).total_byte_size)
+        yield DeadLetter(
+            path,
+            b"",
+            DAMAGED_FILE,
+            f"row group {group} of {parquet.num_row_groups} unreadable after {read} rows: {err}",
+            lost_bytes=parquet.metadata.row_group(group).total_byte_size,
+        )
 
 
-def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
-                 ) -> Iterator[tuple[str, Any] | DeadLetter]:
+def _python_rows(
+    path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
+) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Rows (sized already) as dicts: the one place Parquet values become Python values. A
     value Arrow holds but Python cannot (a timestamp past year 9999, a decimal past its
     precision) fails its row alone: the rows are then converted one by one, and each that
@@ -196,34 +226,46 @@ def _python_rows(path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
             [row] = rows.slice(index, 1).cast(dense).to_pylist()
         except CONVERSION_FAILURES as err:
             failed = unanticipated(err)
-            yield DeadLetter(path, b"", failed.reason,
-                             f"row {first + index} has a value Python cannot hold: "
-                             f"{failed.message}")
+            yield DeadLetter(
+                path,
+                b"",
+                failed.reason,
+                f"row {first + index} has a value Python cannot hold: {failed.message}",
+            )
             continue
         yield path, row
 
 
-def _unread_rows(path: str, metadata: pq.FileMetaData, group: int, first: int, why: str
-                 ) -> Iterator[DeadLetter]:
+def _unread_rows(
+    path: str, metadata: pq.FileMetaData, group: int, first: int, why: str
+) -> Iterator[DeadLetter]:
     """A too_large dead letter for each row of a row group (first: its first row's number)
     refused unread."""
     for row in range(first, first + metadata.row_group(group).num_rows):
-        yield DeadLetter(path, b"", "too_large",
-                         f"row {row} not read: {why} (--max-record-bytes)")
+        yield DeadLetter(path, b"", "too_large", f"row {row} not read: {why} (--max-record-bytes)")
 
 
 def parse_one(source: str, record: Any, options: ParseOptions) -> Request | DeadLetter:
     """A record (JSONL line bytes or Parquet row) as a Request, or the reason it is not one."""
     is_line = isinstance(record, bytes)
     try:
-        line = record if is_line else json.dumps(record, default=str, ensure_ascii=False).encode(
-            "utf-8", errors="backslashreplace")
+        line = (
+            record
+            if is_line
+            else json.dumps(record, default=str, ensure_ascii=False).encode(
+                "utf-8", errors="backslashreplace"
+            )
+        )
     except RecursionError:
         return DeadLetter(source, b"", "too_deep", "row nested too deep to serialize")
     if not is_line and len(line) > options.max_record_bytes:  # a line's size is known sooner
-        return DeadLetter(source, line[:OVERSIZED_EXCERPT_BYTES], "too_large",
-                          f"row of {len(line)} bytes as JSON, over --max-record-bytes "
-                          f"{options.max_record_bytes}; `line` holds its first bytes only")
+        return DeadLetter(
+            source,
+            line[:OVERSIZED_EXCERPT_BYTES],
+            "too_large",
+            f"row of {len(line)} bytes as JSON, over --max-record-bytes "
+            f"{options.max_record_bytes}; `line` holds its first bytes only",
+        )
     try:
         if is_line:
             return parse_record(line, source, options)

@@ -3,17 +3,22 @@ and, when asked, each session's requests routed to one worker."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
-
-import dataclasses
 
 import apache_beam as beam
 
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.routing import Routed, arrived, route_key, routed
-from kvtrace.transforms.read.sources import FileRange, ReadProgress, file_ranges, parse_one, read_range
+from kvtrace.transforms.read.sources import (
+    FileRange,
+    ReadProgress,
+    file_ranges,
+    parse_one,
+    read_range,
+)
 from kvtrace.transforms.steps import tagged
 
 
@@ -59,8 +64,10 @@ class ReadRecords(beam.PTransform):
             pipeline
             | "Ranges" >> beam.Create(range(len(ranges)))
             | "SpreadRanges" >> beam.Reshuffle()
-            | "ReadRanges" >> beam.ParDo(ReadFileRange(ranges, self._max_record_bytes, total))
-            .with_outputs(DEAD_LETTER_TAG, main="records")
+            | "ReadRanges"
+            >> beam.ParDo(ReadFileRange(ranges, self._max_record_bytes, total)).with_outputs(
+                DEAD_LETTER_TAG, main="records"
+            )
         )
 
 
@@ -107,6 +114,8 @@ class RouteSessions(beam.PTransform):
             requests
             | "KeyBySession" >> beam.Map(lambda request: (route_key(request), routed(request)))
             | "GroupBySession" >> beam.GroupByKey()
-            | "ParseArrived" >> beam.ParDo(ParseArrived(self._options))
-            .with_outputs(DEAD_LETTER_TAG, main="requests")
+            | "ParseArrived"
+            >> beam.ParDo(ParseArrived(self._options)).with_outputs(
+                DEAD_LETTER_TAG, main="requests"
+            )
         )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-
 from collections.abc import Mapping
 
 from kvtrace.transforms.errors import Rejected
@@ -78,8 +77,10 @@ def _number_ms(value: int | float, unit: str) -> int:
         unit = detect_unit(value)
     # Compare before converting: a huge value times 1000 would overflow a float or int64.
     if value >= EPOCH_CEILING_MS / UNIT_MS[unit]:
-        raise Rejected("implausible_timestamp",
-                       f"timestamp {str(value)[:32]} ({unit}) is after 2100: no log's date")
+        raise Rejected(
+            "implausible_timestamp",
+            f"timestamp {str(value)[:32]} ({unit}) is after 2100: no log's date",
+        )
     if isinstance(value, int):
         scale = UNIT_MS[unit]
         return value * scale if scale >= 1 else value // round(1 / scale)
@@ -92,8 +93,15 @@ def _iso_ms(text: str) -> int:
         raise Rejected("bad_timestamp", f"timestamp {text[:64]!r} is not ISO-8601")
     year, month, day, hour, minute, second, fraction, zone = match.groups()
     try:
-        moment = dt.datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0),
-                             int(second or 0), tzinfo=_zone(zone))
+        moment = dt.datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour or 0),
+            int(minute or 0),
+            int(second or 0),
+            tzinfo=_zone(zone),
+        )
     except ValueError as err:
         raise Rejected("bad_timestamp", f"timestamp {text[:64]!r}: {err}") from None
     delta = moment - _EPOCH
@@ -101,8 +109,9 @@ def _iso_ms(text: str) -> int:
     if ms < 0:
         raise Rejected("negative_timestamp", f"timestamp {text[:64]!r} is before 1970")
     if not EPOCH_FLOOR_MS <= ms < EPOCH_CEILING_MS:
-        raise Rejected("implausible_timestamp",
-                       f"timestamp {text[:64]!r} is outside 2000-2100: no log's date")
+        raise Rejected(
+            "implausible_timestamp", f"timestamp {text[:64]!r} is outside 2000-2100: no log's date"
+        )
     return ms
 
 

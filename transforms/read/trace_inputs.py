@@ -43,8 +43,15 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.paths import expand_inputs, file_identity, open_raw
 from kvtrace.transforms.storage import is_url
-from kvtrace.transforms.trace_format import (FORMAT, MANIFEST, STATS, TRACE_FILE, TRACE_SHARDS, is_count,
-                                     parse_json)
+from kvtrace.transforms.trace_format import (
+    FORMAT,
+    MANIFEST,
+    STATS,
+    TRACE_FILE,
+    TRACE_SHARDS,
+    is_count,
+    parse_json,
+)
 
 _LOG = logging.getLogger("kvtrace")
 MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and sha256s)
@@ -123,13 +130,17 @@ class PublishedFolder:
             object.__setattr__(self, "descriptor", None)  # never a number reused by another file
 
 
-def _pinned(folder: str, sha256: dict[str, str], exported: int, block_size: int | None,
-            token: str) -> PublishedFolder:
+def _pinned(
+    folder: str, sha256: dict[str, str], exported: int, block_size: int | None, token: str
+) -> PublishedFolder:
     """A pin unpickled: the folder as opened, where this process holds it; else its promises
     alone (files opened by path, each checked against them)."""
     here = _PINNED_HERE.get(token)
-    return here if here is not None else PublishedFolder(folder, sha256, exported, block_size,
-                                                         None, token)
+    return (
+        here
+        if here is not None
+        else PublishedFolder(folder, sha256, exported, block_size, None, token)
+    )
 
 
 class PinnedPath(str):
@@ -195,8 +206,9 @@ def _named_once(arguments: Sequence[str]) -> list[str]:
         if _is_folder(argument):
             folder = argument.rstrip("/") or "/"
             # The folder's name is itself, not a glob: night[1] is not night1.
-            pattern = posixpath.join(folder if is_url(folder) else glob.escape(folder),
-                                     TRACE_SHARDS)
+            pattern = posixpath.join(
+                folder if is_url(folder) else glob.escape(folder), TRACE_SHARDS
+            )
             if not _matched(pattern):  # say what is missing, if it is a kvtrace output
                 published, _ = pinned_whole(folder, ())
                 if published is not None:
@@ -208,8 +220,12 @@ def _named_once(arguments: Sequence[str]) -> list[str]:
             names.append(path)
     for names in spellings.values():
         if len(names) > 1:
-            _LOG.warning("one file named %d ways, read once as %s: %s", len(names), names[0],
-                         ", ".join(names))
+            _LOG.warning(
+                "one file named %d ways, read once as %s: %s",
+                len(names),
+                names[0],
+                ", ".join(names),
+            )
     return files
 
 
@@ -241,8 +257,9 @@ def _matched(pattern: str) -> list[str]:
         return []
 
 
-def pinned_whole(folder: str, named: Collection[str]
-                 ) -> tuple[PublishedFolder | None, frozenset[str]]:
+def pinned_whole(
+    folder: str, named: Collection[str]
+) -> tuple[PublishedFolder | None, frozenset[str]]:
     """The folder pinned (published_folder: the caller closes it, or drops it) and the names
     of it to read: those named, a Parquet twin dropped where its JSONL twin is read; the
     folder's JSONL shards when every file it publishes is named (a glob of the folder: its
@@ -251,13 +268,18 @@ def pinned_whole(folder: str, named: Collection[str]
     published = published_folder(folder)
     try:
         present = _names(folder, None) if published is None else published.names()
-        read = published.shards if published is not None and set(named) == published.files \
+        read = (
+            published.shards
+            if published is not None and set(named) == published.files
             else frozenset(n for n in named if not _twin_read(n, named))
+        )
         own = read & {MANIFEST, STATS} if published is not None else frozenset()
         check_whole(folder, published, present, read - own)
         if own:
-            raise ConfigError(f"{posixpath.join(folder, min(own))} is a kvtrace output's own "
-                              f"file, not a trace: name the folder, or its shards")
+            raise ConfigError(
+                f"{posixpath.join(folder, min(own))} is a kvtrace output's own "
+                f"file, not a trace: name the folder, or its shards"
+            )
     except BaseException:
         if published is not None:
             published.close()
@@ -268,12 +290,16 @@ def pinned_whole(folder: str, named: Collection[str]
 def _twin_read(name: str, named: Collection[str]) -> bool:
     """A kvtrace shard's Parquet twin (by kvtrace's shard name) whose JSONL twin is read too:
     the same rows. Any other Parquet file is a trace of its own, read."""
-    return (_is_shard(name) and name.endswith(".parquet")
-            and name[: -len(".parquet")] + ".jsonl" in named)
+    return (
+        _is_shard(name)
+        and name.endswith(".parquet")
+        and name[: -len(".parquet")] + ".jsonl" in named
+    )
 
 
-def check_whole(folder: str, published: PublishedFolder | None, present: set[str],
-                read: Collection[str]) -> None:
+def check_whole(
+    folder: str, published: PublishedFolder | None, present: set[str], read: Collection[str]
+) -> None:
     """Refuse a folder of kvtrace shards that is not whole: its manifest missing (where any
     file kvtrace publishes is: _check_lone), a file it lists
     missing or (unless read now: its bytes are checked as read) not of the sha256 listed, or a
@@ -298,8 +324,9 @@ def _check_lone(folder: str, present: set[str]) -> None:
     cut short, whatever its name says."""
     published = sorted(n for n in present if _is_shard(n) or n == STATS)
     if published:
-        raise NotWholeOutput(folder, f"its {MANIFEST} is missing, and only it proves "
-                                     f"{published[0]} whole")
+        raise NotWholeOutput(
+            folder, f"its {MANIFEST} is missing, and only it proves {published[0]} whole"
+        )
 
 
 def _names(folder: str, descriptor: int | None) -> set[str]:
@@ -355,14 +382,23 @@ def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | Non
         manifest = {}
     sha256, records = manifest.get("sha256"), manifest.get("records")
     exported = records.get("exported") if isinstance(records, dict) else None
-    if manifest.get("format") != FORMAT or not is_count(exported) or not (
-            isinstance(sha256, dict) and all(isinstance(v, str) for v in sha256.values())):
-        raise NotWholeOutput(folder, f"its {MANIFEST} is not one kvtrace writes (no format, "
-                                     f"sha256 or records.exported)")
+    if (
+        manifest.get("format") != FORMAT
+        or not is_count(exported)
+        or not (isinstance(sha256, dict) and all(isinstance(v, str) for v in sha256.values()))
+    ):
+        raise NotWholeOutput(
+            folder,
+            f"its {MANIFEST} is not one kvtrace writes (no format, sha256 or records.exported)",
+        )
     block_size = manifest.get("block_size")
-    return PublishedFolder(folder, sha256, exported,
-                           block_size if is_count(block_size) and block_size > 0 else None,
-                           descriptor)
+    return PublishedFolder(
+        folder,
+        sha256,
+        exported,
+        block_size if is_count(block_size) and block_size > 0 else None,
+        descriptor,
+    )
 
 
 def _open_folder(folder: str) -> int:
@@ -380,8 +416,9 @@ def _open_file(folder: str, opened: int | None, name: str) -> IO[bytes]:
     the descriptor read)."""
     if opened is None:
         return open_raw(posixpath.join(folder, name))
-    descriptor = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=opened)
+    descriptor = os.open(
+        name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=opened
+    )
     try:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise storage.UnfitFile(f"{name} is not a regular file")
@@ -423,22 +460,26 @@ def declared_block_size(files: Sequence[str], given: int | None = None) -> int |
     every file was pinned with declares (trace_files); None when no file declares one. Traces
     that do not agree are refused (ConfigError), never read at a default: files declaring
     different sizes (or some none) without given, or given against a declared one."""
-    declared = {f: published.block_size if (published := pin_of(f)) is not None else None
-                for f in files}
+    declared = {
+        f: published.block_size if (published := pin_of(f)) is not None else None for f in files
+    }
     sizes = set(declared.values())
     if given is not None:
         against = next((f for f, size in declared.items() if size not in (None, given)), None)
         if against is not None:
-            raise ConfigError(f"--block-size {given}, but {_declaring(against)} declares "
-                              f"{declared[against]}: its hash_ids are blocks of that size")
+            raise ConfigError(
+                f"--block-size {given}, but {_declaring(against)} declares "
+                f"{declared[against]}: its hash_ids are blocks of that size"
+            )
         return given
     if len(sizes) > 1:
         first = next(f for f in files if declared[f] is not None)
         second = next(f for f in files if declared[f] != declared[first])
-        raise ConfigError(f"{_declaring(first)} declares block size {declared[first]}, "
-                          f"{_declaring(second)} declares {declared[second] or 'none'}: read them "
-                          f"apart" + ("" if declared[second] else
-                                      f", or give --block-size {declared[first]}"))
+        raise ConfigError(
+            f"{_declaring(first)} declares block size {declared[first]}, "
+            f"{_declaring(second)} declares {declared[second] or 'none'}: read them "
+            f"apart" + ("" if declared[second] else f", or give --block-size {declared[first]}")
+        )
     return sizes.pop() if sizes else None
 
 

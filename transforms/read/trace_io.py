@@ -19,6 +19,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
+
+from kvtrace.transforms.read.paths import (
+    PARQUET_SUFFIXES,
+    NumberedLines,
+    Oversized,
+    broken_off,
+    decoded_type,
+    open_stream,
+    python_values,
+    read_lines,
+    read_parquet_within,
+)
+from kvtrace.transforms.read.trace_inputs import (
+    NotWholeOutput,
+    PublishedFolder,
+    pin_of,
+    published_shards,
+)
 from kvtrace.transforms.trace_format import (
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
@@ -32,18 +50,6 @@ from kvtrace.transforms.trace_format import (
     SESSION_FIELD,
     TIMESTAMP_FIELD,
 )
-from kvtrace.transforms.read.paths import (
-    PARQUET_SUFFIXES,
-    NumberedLines,
-    Oversized,
-    broken_off,
-    decoded_type,
-    open_stream,
-    python_values,
-    read_lines,
-    read_parquet_within,
-)
-from kvtrace.transforms.read.trace_inputs import NotWholeOutput, PublishedFolder, pin_of, published_shards
 
 READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's peak low at full speed
 # The largest value each numeric field (hash_ids: each id) may hold. The readers take other
@@ -54,9 +60,13 @@ READ_BLOCK_BYTES = 1 << 20  # JSON parsed per block: 1 MiB keeps the reader's pe
 # reports a negative one).
 MAX_READ_TIMESTAMP_MS = 1 << 42
 MAX_READ_INT = (1 << 63) - 1
-HIGHEST = {TIMESTAMP_FIELD: MAX_READ_TIMESTAMP_MS, INPUT_LENGTH_FIELD: MAX_READ_INT,
-           OUTPUT_LENGTH_FIELD: MAX_OUTPUT_LENGTH, RESPONSE_FIELD: MAX_RESPONSE_MS,
-           HASH_IDS_FIELD: MAX_READ_INT}
+HIGHEST = {
+    TIMESTAMP_FIELD: MAX_READ_TIMESTAMP_MS,
+    INPUT_LENGTH_FIELD: MAX_READ_INT,
+    OUTPUT_LENGTH_FIELD: MAX_OUTPUT_LENGTH,
+    RESPONSE_FIELD: MAX_RESPONSE_MS,
+    HASH_IDS_FIELD: MAX_READ_INT,
+}
 # A line is read up to MAX_TRACE_LINE_BYTES (trace_format: the longest row kvtrace writes); a
 # longer one is malformed, skipped without being held.
 MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is always exact
@@ -126,10 +136,14 @@ def read_trace(files: Sequence[str]) -> Trace:
         output_length=_cat(parts, OUTPUT_LENGTH_FIELD, np.int64),
         offsets=offsets,
         ids=_cat(parts, "ids", _id_dtype(parts)),
-        session=np.concatenate([
-            s if s is not None else np.full(len(p[INPUT_LENGTH_FIELD]), None, dtype=object)
-            for s, p in zip(sessions, parts)
-        ]) if has_sessions else None,
+        session=np.concatenate(
+            [
+                s if s is not None else np.full(len(p[INPUT_LENGTH_FIELD]), None, dtype=object)
+                for s, p in zip(sessions, parts)
+            ]
+        )
+        if has_sessions
+        else None,
         response_ms=_cat(parts, RESPONSE_FIELD, np.int64),
         line=_cat(parts, "line", np.int64),
         file_index=_cat(parts, "file_index", np.int32),
@@ -155,12 +169,18 @@ def _check_exported(published: dict[str, PublishedFolder], rows: dict[str, int])
     """A whole folder read (each shard it lists, by one twin or the other): its rows are the
     records its manifest says were exported."""
     for folder in set(published.values()):
-        read = {posixpath.basename(p).rsplit(".", 1)[0]: n for p, n in rows.items()
-                if published.get(p) is folder}
-        if {s.rsplit(".", 1)[0] for s in folder.shards} <= set(read) and \
-                sum(read.values()) != folder.exported:
-            raise NotWholeOutput(folder.folder, f"its shards hold {sum(read.values())} rows, "
-                                                f"its manifest says {folder.exported}")
+        read = {
+            posixpath.basename(p).rsplit(".", 1)[0]: n
+            for p, n in rows.items()
+            if published.get(p) is folder
+        }
+        if {s.rsplit(".", 1)[0] for s in folder.shards} <= set(read) and sum(
+            read.values()
+        ) != folder.exported:
+            raise NotWholeOutput(
+                folder.folder,
+                f"its shards hold {sum(read.values())} rows, its manifest says {folder.exported}",
+            )
 
 
 def _read_file(path: str, published: PublishedFolder | None = None) -> list[dict]:
@@ -182,8 +202,11 @@ def _read_shard(path: str, published: PublishedFolder) -> list[dict]:
         if path.lower().endswith(PARQUET_SUFFIXES):
             # Read by seeking (footer first), so held whole (it is one shard, as large as the
             # descriptor says) and parsed from the very bytes hashed.
-            data = raw.read() if published.descriptor is None else \
-                raw.read(os.fstat(raw.fileno()).st_size + 1)  # a file growing meanwhile differs
+            data = (
+                raw.read()
+                if published.descriptor is None
+                else raw.read(os.fstat(raw.fileno()).st_size + 1)
+            )  # a file growing meanwhile differs
             published.check(path, _sha256_of(data))
             return [_read_parquet(path, pa.BufferReader(data))]
         parts = _read_jsonl_streamed(raw, path, published)
@@ -201,14 +224,16 @@ def _sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _numbered(lines: Iterable[tuple[int, bytes | Oversized]]
-              ) -> Iterable[tuple[int, bytes | Oversized]]:
+def _numbered(
+    lines: Iterable[tuple[int, bytes | Oversized]],
+) -> Iterable[tuple[int, bytes | Oversized]]:
     """(1-based line number, line) of read_lines' (offset, line)."""
     return ((number, line) for number, (_, line) in enumerate(lines, 1))
 
 
-def _read_jsonl_lines(path: str, numbered: Iterable[tuple[int, bytes | Oversized]] | None = None
-                      ) -> dict:
+def _read_jsonl_lines(
+    path: str, numbered: Iterable[tuple[int, bytes | Oversized]] | None = None
+) -> dict:
     """The file's columns, line by line (numbered: those lines, of a plain file already open):
     each bad line, overlong line or break reported."""
     lines = NumberedLines(path, MAX_TRACE_LINE_BYTES) if numbered is None else numbered
@@ -217,17 +242,28 @@ def _read_jsonl_lines(path: str, numbered: Iterable[tuple[int, bytes | Oversized
     part["malformed"] += overlong
     part["malformed"].sort(key=lambda m: m["line"])
     if isinstance(lines, NumberedLines) and lines.broken:
-        part["malformed"].append({"file": path, "line": lines.lines_read + 1,
-                                  "error": f"the file breaks off: {lines.broken}"})
+        part["malformed"].append(
+            {
+                "file": path,
+                "line": lines.lines_read + 1,
+                "error": f"the file breaks off: {lines.broken}",
+            }
+        )
     return part
 
 
-def _within_bound(lines: Iterable[tuple[int, bytes | Oversized]], path: str, overlong: list[dict]
-                  ) -> Iterable[tuple[int, bytes]]:
+def _within_bound(
+    lines: Iterable[tuple[int, bytes | Oversized]], path: str, overlong: list[dict]
+) -> Iterable[tuple[int, bytes]]:
     for number, line in lines:
         if isinstance(line, Oversized):
-            overlong.append({"file": path, "line": number, "error":
-                             f"line of {line.size} bytes, over {MAX_TRACE_LINE_BYTES}: skipped"})
+            overlong.append(
+                {
+                    "file": path,
+                    "line": number,
+                    "error": f"line of {line.size} bytes, over {MAX_TRACE_LINE_BYTES}: skipped",
+                }
+            )
         elif line.strip():
             yield number, line
 
@@ -236,11 +272,13 @@ def _read_parquet(path: str, opened: IO[bytes] | None = None) -> dict:
     """A Parquet trace (opened: read from it) with the checks a JSONL one gets: columns as they
     are when well typed, else row by row, each bad row reported by its number."""
     try:
-        table, numbers, oversized = read_parquet_within(path, MAX_TRACE_LINE_BYTES, READ_FIELDS,
-                                                        opened)
+        table, numbers, oversized = read_parquet_within(
+            path, MAX_TRACE_LINE_BYTES, READ_FIELDS, opened
+        )
     except (OSError, ValueError, pa.ArrowException) as err:
-        return _columns_from_rows([], path, [{"file": path, "line": 0,
-                                              "error": f"not a readable Parquet file ({err})"}])
+        return _columns_from_rows(
+            [], path, [{"file": path, "line": 0, "error": f"not a readable Parquet file ({err})"}]
+        )
     unread = [{"file": path, "line": int(row), "error": why} for row, why in oversized]
     if _well_typed(table):
         return _columns_from_table(table, path, numbers, unread)
@@ -261,10 +299,16 @@ def _parquet_rows(table: pa.Table) -> list[dict]:
         if name in READ_FIELDS:
             column = table[name]
             readable = _readable(name, decoded_type(column.type))
-            columns[name] = python_values(column) if readable else \
-                [None if value is None else _Unread() for value in column.is_valid().to_pylist()]
-    return [{name: values[row] for name, values in columns.items()}
-            for row in range(table.num_rows)]
+            columns[name] = (
+                python_values(column)
+                if readable
+                else [
+                    None if value is None else _Unread() for value in column.is_valid().to_pylist()
+                ]
+            )
+    return [
+        {name: values[row] for name, values in columns.items()} for row in range(table.num_rows)
+    ]
 
 
 def _readable(name: str, type: pa.DataType) -> bool:
@@ -274,15 +318,20 @@ def _readable(name: str, type: pa.DataType) -> bool:
         return True
     if name == TIMESTAMP_FIELD:
         return pa.types.is_floating(type)
-    lists = pa.types.is_list(type) or pa.types.is_large_list(type) or \
-        pa.types.is_fixed_size_list(type)  # as other Parquet writers (polars) write them
+    lists = (
+        pa.types.is_list(type) or pa.types.is_large_list(type) or pa.types.is_fixed_size_list(type)
+    )  # as other Parquet writers (polars) write them
     if name == HASH_IDS_FIELD:
         return lists and _readable("", type.value_type)
     if name in SESSION_FIELDS:
-        return pa.types.is_string(type) or pa.types.is_large_string(type) \
-            or pa.types.is_floating(type) or pa.types.is_boolean(type) \
-            or (lists and _readable(name, type.value_type)) \
+        return (
+            pa.types.is_string(type)
+            or pa.types.is_large_string(type)
+            or pa.types.is_floating(type)
+            or pa.types.is_boolean(type)
+            or (lists and _readable(name, type.value_type))
             or (pa.types.is_struct(type) and all(_readable(name, field.type) for field in type))
+        )
     return False
 
 
@@ -326,8 +375,9 @@ class _Tally:
         return self._sha256.hexdigest() if self._sha256 is not None else None
 
 
-def _read_jsonl_streamed(stream: IO[bytes], path: str,
-                         published: PublishedFolder | None = None) -> list[dict] | None:
+def _read_jsonl_streamed(
+    stream: IO[bytes], path: str, published: PublishedFolder | None = None
+) -> list[dict] | None:
     """The stream's columns (open_stream's, or a published shard's), streamed through pyarrow's
     JSON reader in blocks (memory stays near the size of the columns); None when any line is
     blank, malformed or ill-typed, since pyarrow skips blank lines and accepts any JSON types.
@@ -349,13 +399,16 @@ def _streamed_columns(stream: _Tally, path: str) -> list[dict] | None:
     parts, rows = [], 0
     try:
         reader = pa_json.open_json(  # a line longer than a block is ArrowInvalid
-            stream, read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
+            stream,
+            read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
             memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
         )
         for batch in reader:
             if not _well_typed(batch):
                 return None
-            parts.append(_columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), []))
+            parts.append(
+                _columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), [])
+            )
             rows += batch.num_rows
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
@@ -370,9 +423,11 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
         if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
             return False
     for name in SESSION_FIELDS:  # sessions are names or numbers; anything else, line by line
-        if name in names and not (pa.types.is_string(decoded_type(table[name].type))
-                                  or pa.types.is_integer(table[name].type)
-                                  or pa.types.is_null(table[name].type)):
+        if name in names and not (
+            pa.types.is_string(decoded_type(table[name].type))
+            or pa.types.is_integer(table[name].type)
+            or pa.types.is_null(table[name].type)
+        ):
             return False
     return True
 
@@ -383,15 +438,19 @@ def _column_fits(name: str, column: pa.Array | pa.ChunkedArray, nulls: bool) -> 
         if not (pa.types.is_list(column.type) and pa.types.is_integer(column.type.value_type)):
             return False
         column, nulls = pa.compute.list_flatten(column), False
-    if not (pa.types.is_integer(column.type) or (
-            name == TIMESTAMP_FIELD and pa.types.is_floating(column.type))):
+    if not (
+        pa.types.is_integer(column.type)
+        or (name == TIMESTAMP_FIELD and pa.types.is_floating(column.type))
+    ):
         return False
-    if (column.null_count and not nulls) or (pa.types.is_floating(column.type)
-                                             and pa.compute.any(pa.compute.is_nan(column)).as_py()):
+    if (column.null_count and not nulls) or (
+        pa.types.is_floating(column.type) and pa.compute.any(pa.compute.is_nan(column)).as_py()
+    ):
         return False  # min_max skips NaN
     bounds = pa.compute.min_max(column).as_py()
-    return bounds["min"] is None or (_lowest(name) <= bounds["min"]
-                                     and bounds["max"] <= HIGHEST[name])
+    return bounds["min"] is None or (
+        _lowest(name) <= bounds["min"] and bounds["max"] <= HIGHEST[name]
+    )
 
 
 def _fits(name: str, value: object) -> bool:
@@ -422,7 +481,8 @@ def _columns_from_table(
         if len(values) and values.max() < 2**31:  # as most traces: half the memory
             values = values.astype(np.int32)
     column = lambda name, default: (  # noqa: E731
-        np.full(table.num_rows, default) if name not in names
+        np.full(table.num_rows, default)
+        if name not in names
         else as_numpy(table[name].fill_null(default) if table[name].null_count else table[name])
     )
     session_name = next((n for n in SESSION_FIELDS if n in names), None)
@@ -430,17 +490,26 @@ def _columns_from_table(
     if session_name:
         session = np.empty(table.num_rows, dtype=object)
         session[:] = [_scalar_session(v) for v in python_values(table[session_name])]
-    return {TIMESTAMP_FIELD: column(TIMESTAMP_FIELD, 0),
-            INPUT_LENGTH_FIELD: column(INPUT_LENGTH_FIELD, 0),
-            OUTPUT_LENGTH_FIELD: column(OUTPUT_LENGTH_FIELD, 0), "offsets": offsets, "ids": values,
-            SESSION_FIELD: session, RESPONSE_FIELD: column(RESPONSE_FIELD, NO_RESPONSE_MS),
-            "line": lines, "malformed": malformed}
+    return {
+        TIMESTAMP_FIELD: column(TIMESTAMP_FIELD, 0),
+        INPUT_LENGTH_FIELD: column(INPUT_LENGTH_FIELD, 0),
+        OUTPUT_LENGTH_FIELD: column(OUTPUT_LENGTH_FIELD, 0),
+        "offsets": offsets,
+        "ids": values,
+        SESSION_FIELD: session,
+        RESPONSE_FIELD: column(RESPONSE_FIELD, NO_RESPONSE_MS),
+        "line": lines,
+        "malformed": malformed,
+    }
 
 
 # Arrow's numeric types by name, as numpy's ("float" is Arrow's 32-bit float).
-_NUMPY_TYPES = {**{f"{sign}int{bits}": f"{sign}int{bits}" for sign in ("", "u")
-                   for bits in (8, 16, 32, 64)},
-                "halffloat": "float16", "float": "float32", "double": "float64"}
+_NUMPY_TYPES = {
+    **{f"{sign}int{bits}": f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)},
+    "halffloat": "float16",
+    "float": "float32",
+    "double": "float64",
+}
 
 
 def as_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -469,8 +538,9 @@ def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _columns_from_rows(numbered: Iterable[tuple[int, bytes | dict]], path: str,
-                       malformed: list[dict] | None = None) -> dict:
+def _columns_from_rows(
+    numbered: Iterable[tuple[int, bytes | dict]], path: str, malformed: list[dict] | None = None
+) -> dict:
     """Columns of (line number, JSON line or Parquet row) pairs, each row checked (_row) and
     only its trace fields kept as it goes: a row may carry any other field, of any size."""
     rows, malformed = [], list(malformed or [])
@@ -490,8 +560,11 @@ def _columns_from_rows(numbered: Iterable[tuple[int, bytes | dict]], path: str,
         OUTPUT_LENGTH_FIELD: [r.get(OUTPUT_LENGTH_FIELD, 0) for _, r in rows],
         "offsets": offsets,
         "ids": [i for _, r in rows for i in r[HASH_IDS_FIELD]],
-        SESSION_FIELD: (np.asarray([r.get(session_name) for _, r in rows], dtype=object)
-                    if session_name else None),
+        SESSION_FIELD: (
+            np.asarray([r.get(session_name) for _, r in rows], dtype=object)
+            if session_name
+            else None
+        ),
         RESPONSE_FIELD: [r.get(RESPONSE_FIELD, NO_RESPONSE_MS) for _, r in rows],
         "line": [n for n, _ in rows],
         "malformed": malformed,
@@ -524,8 +597,9 @@ def _row(raw: bytes | dict) -> dict:
             raise ValueError(f"{name} is not {_described(name)} (what kvtrace writes)")
     for name in SESSION_FIELDS:
         session = row.get(name)
-        if session is not None and (isinstance(session, bool)
-                                    or not isinstance(session, (str, int))):
+        if session is not None and (
+            isinstance(session, bool) or not isinstance(session, (str, int))
+        ):
             raise ValueError(f"{name} is not a string or an integer")
     return row
 

@@ -7,11 +7,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtrace.transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
-from kvtrace.transforms.trace_format import (HASH_IDS_FIELD, INPUT_LENGTH_FIELD, NO_RESPONSE_MS,
-                                             OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD)
-from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
 from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
+from kvtrace.transforms.trace_format import (
+    HASH_IDS_FIELD,
+    INPUT_LENGTH_FIELD,
+    NO_RESPONSE_MS,
+    OUTPUT_LENGTH_FIELD,
+    TIMESTAMP_FIELD,
+)
+from kvtrace.transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
 
 
 @dataclass(frozen=True)
@@ -36,14 +41,19 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
         offsets, ids, input_length = cut.offsets, cut.ids, cut.input_length
         starts, restarted = cut.starts_conversation, cut.restarted
     waits = _waits(chain, starts) if chain is not None else np.zeros(len(trace), dtype=bool)
-    names = (_conversation_names(trace, chain, starts)
-             if chain is not None and trace.session is not None else None)
+    names = (
+        _conversation_names(trace, chain, starts)
+        if chain is not None and trace.session is not None
+        else None
+    )
     lines = []
     for row in order.tolist():
-        record = {TIMESTAMP_FIELD: _number(trace.timestamp[row]),
-                  INPUT_LENGTH_FIELD: int(input_length[row]),
-                  OUTPUT_LENGTH_FIELD: int(trace.output_length[row]),
-                  HASH_IDS_FIELD: ids[offsets[row]:offsets[row + 1]].tolist()}
+        record = {
+            TIMESTAMP_FIELD: _number(trace.timestamp[row]),
+            INPUT_LENGTH_FIELD: int(input_length[row]),
+            OUTPUT_LENGTH_FIELD: int(trace.output_length[row]),
+            HASH_IDS_FIELD: ids[offsets[row] : offsets[row + 1]].tolist(),
+        }
         if names is not None and names[row] is not None:
             record["session_id"] = names[row]
         if waits[row]:
@@ -51,10 +61,14 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
             if not consumer.follow_up_timestamps:
                 del record[TIMESTAMP_FIELD]
         lines.append(json.dumps(record) + "\n")
-    unknown = int(np.count_nonzero(
-        trace.response_ends()[chain.previous[waits]] == NO_RESPONSE_MS)) if waits.any() else 0
-    return Exported("".join(lines).encode(), len(order), int(np.count_nonzero(waits)), unknown,
-                    restarted)
+    unknown = (
+        int(np.count_nonzero(trace.response_ends()[chain.previous[waits]] == NO_RESPONSE_MS))
+        if waits.any()
+        else 0
+    )
+    return Exported(
+        "".join(lines).encode(), len(order), int(np.count_nonzero(waits)), unknown, restarted
+    )
 
 
 def _waits(chain: Turns, starts: np.ndarray | None) -> np.ndarray:
@@ -78,7 +92,8 @@ def _conversation_names(trace: Trace, chain: Turns, starts: np.ndarray | None) -
         if session is None:
             continue
         before = chain.previous[row]
-        restarts[row] = 0 if before == NO_TURN else (
-            restarts[before] + int(starts is not None and starts[row]))
+        restarts[row] = (
+            0 if before == NO_TURN else (restarts[before] + int(starts is not None and starts[row]))
+        )
         names[row] = str(session) if not restarts[row] else f"{session}~{restarts[row]}"
     return names

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 from kvtrace.transforms.read.trace_io import Trace
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 
 NO_TURN = -1
 
@@ -71,8 +71,11 @@ def deltas(trace: Trace, chain: Turns, block_size: int) -> Deltas:
     previous = chain.previous
     follow = previous != NO_TURN
     added = np.zeros(len(trace), dtype=np.int64)
-    added[follow] = (trace.input_length[follow] - trace.input_length[previous[follow]]
-                     - trace.output_length[previous[follow]])
+    added[follow] = (
+        trace.input_length[follow]
+        - trace.input_length[previous[follow]]
+        - trace.output_length[previous[follow]]
+    )
     as_delta = follow & (added >= 1)
     lengths = np.diff(trace.offsets)
     kept = np.where(as_delta, -(-added // block_size), lengths)
@@ -81,9 +84,13 @@ def deltas(trace: Trace, chain: Turns, block_size: int) -> Deltas:
     np.cumsum(kept, out=offsets[1:])
     first = np.repeat(trace.offsets[1:] - kept, kept)
     within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], kept)
-    return Deltas(np.where(as_delta, added, trace.input_length), offsets,
-                  trace.ids[first + within].astype(np.int64), ~as_delta,
-                  int(np.count_nonzero(follow & ~as_delta)))
+    return Deltas(
+        np.where(as_delta, added, trace.input_length),
+        offsets,
+        trace.ids[first + within].astype(np.int64),
+        ~as_delta,
+        int(np.count_nonzero(follow & ~as_delta)),
+    )
 
 
 def recut_blocks(trace: Trace, block_size: int, new_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,14 +99,17 @@ def recut_blocks(trace: Trace, block_size: int, new_size: int) -> tuple[np.ndarr
     its place in it), renumbered densely in order of first appearance: equal prefixes still get
     equal ids. Cut finer, two prompts that part inside an old block part at its start."""
     if new_size % block_size and block_size % new_size:
-        raise ValueError(f"block size {block_size} is neither a multiple nor a divisor of "
-                         f"{new_size}")
+        raise ValueError(
+            f"block size {block_size} is neither a multiple nor a divisor of {new_size}"
+        )
     lengths = np.diff(trace.offsets)
     blocks = -(-trace.input_length // block_size)
     if np.any(blocks != lengths):
         row = int(np.flatnonzero(blocks != lengths)[0])
-        raise ValueError(f"row {row + 1} has {lengths[row]} hash ids for {trace.input_length[row]}"
-                         f" tokens: not ceil(input_length / {block_size})")
+        raise ValueError(
+            f"row {row + 1} has {lengths[row]} hash ids for {trace.input_length[row]}"
+            f" tokens: not ceil(input_length / {block_size})"
+        )
     count = -(-trace.input_length // new_size)
     offsets = np.zeros(len(trace) + 1, dtype=np.int64)
     np.cumsum(count, out=offsets[1:])

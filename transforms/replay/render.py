@@ -50,7 +50,8 @@ class Rendered:
     def __post_init__(self) -> None:
         # Shared prefixes recur row after row: their blocks are spelled once while they recur.
         spell = functools.lru_cache(maxsize=SPELLED_BLOCKS_KEPT)(
-            lambda rank, tokens, start: _spelled(rank, tokens, self.digits, start, self.words))
+            lambda rank, tokens, start: _spelled(rank, tokens, self.digits, start, self.words)
+        )
         object.__setattr__(self, "_spell", spell)
 
     def text(self, block: int) -> str:
@@ -60,11 +61,11 @@ class Rendered:
         """Row r's text, built when asked (a trace's texts together can outgrow memory); the
         first skip_head and last skip_tail words are left out, for a chat template's own
         tokens before and after the content."""
-        index = self.block_text[self.offsets[r]:self.offsets[r + 1]].tolist()
+        index = self.block_text[self.offsets[r] : self.offsets[r + 1]].tolist()
         parts = [self.text(i) for i in index]
         if (skip_head or skip_tail) and parts:
             kept = "".join(parts).split(" ")[1:]  # every word starts with its space
-            parts = [" " + w for w in kept[skip_head:len(kept) - skip_tail]]
+            parts = [" " + w for w in kept[skip_head : len(kept) - skip_tail]]
         return "".join(parts)
 
 
@@ -78,8 +79,11 @@ def vocabulary(tokenizer, size: int = VOCABULARY_WORDS) -> list[str]:
         if _WORD.fullmatch(text):
             candidates.append((token_id, text))
     encoded = FallibleTokenizer(backend).encode_or_raise([t for _, t in candidates])
-    words = [text for (token_id, text), data in zip(candidates, encoded)
-             if data == token_bytes([token_id])]
+    words = [
+        text
+        for (token_id, text), data in zip(candidates, encoded)
+        if data == token_bytes([token_id])
+    ]
     if len(words) < 2:
         raise ValueError("the tokenizer has too few single-token words to render with")
     return words[:size]
@@ -99,24 +103,42 @@ def render_blocks(trace: Trace, block_size: int, words: list[str], head: int = 0
     rank = rank_of_prefix[prefix]
     base = len(words)
     digits = 1
-    while base ** digits <= rank.max(initial=0):
+    while base**digits <= rank.max(initial=0):
         digits += 1
     if digits + head > block_size:
-        raise ValueError(f"a prefix has {int(rank.max()) + 1:,} different next blocks: more than "
-                         f"{base:,}^{block_size} words can spell")
+        raise ValueError(
+            f"a prefix has {int(rank.max()) + 1:,} different next blocks: more than "
+            f"{base:,}^{block_size} words can spell"
+        )
     tokens = np.full(len(prefix), block_size, dtype=np.int64)
     has = trace.lengths > 0
     tokens[np.cumsum(trace.lengths)[has] - 1] = last_block_tokens(trace, block_size)[has]
     # Each distinct (prefix, tokens) block is spelled once.
-    distinct, first, index = np.unique(prefix * (block_size + 1) + tokens, return_index=True,
-                                       return_inverse=True)
+    distinct, first, index = np.unique(
+        prefix * (block_size + 1) + tokens, return_index=True, return_inverse=True
+    )
     starts = np.zeros(len(prefix), dtype=np.int64)
     starts[trace.offsets[:-1][has]] = head
     spelling = np.stack([rank[first], tokens[first], starts[first]], axis=1)
     short = tokens[first] < digits + starts[first]
-    merged = int(short.sum()) - len(np.unique(np.stack(
-        [parent[first][short], tokens[first][short], rank[first][short] % base ** tokens[first][short]],
-        axis=1), axis=0)) if short.any() else 0
+    merged = (
+        int(short.sum())
+        - len(
+            np.unique(
+                np.stack(
+                    [
+                        parent[first][short],
+                        tokens[first][short],
+                        rank[first][short] % base ** tokens[first][short],
+                    ],
+                    axis=1,
+                ),
+                axis=0,
+            )
+        )
+        if short.any()
+        else 0
+    )
     return Rendered(index.reshape(-1), spelling, digits, words, trace.offsets, merged)
 
 
@@ -139,13 +161,17 @@ def block_keys(token_ids: list[list[int]], block_size: int) -> tuple[np.ndarray,
     digests = b"".join(
         xxhash.xxh3_128_digest(block.tobytes())
         for tokens in token_ids
-        for block in np.array_split(np.asarray(tokens, dtype=np.uint32),
-                                    range(block_size, len(tokens), block_size)) if len(block))
+        for block in np.array_split(
+            np.asarray(tokens, dtype=np.uint32), range(block_size, len(tokens), block_size)
+        )
+        if len(block)
+    )
     return lengths, np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
 
 
-def reproduces_blocks(trace: Trace, lengths: np.ndarray, keys: np.ndarray,
-                      block_size: int) -> np.ndarray:
+def reproduces_blocks(
+    trace: Trace, lengths: np.ndarray, keys: np.ndarray, block_size: int
+) -> np.ndarray:
     """Per row, whether its tokens (lengths, block digests from block_keys) give the trace's
     blocks: the same number of tokens, and equal block prefixes exactly where the trace has
     equal id prefixes."""
@@ -153,9 +179,19 @@ def reproduces_blocks(trace: Trace, lengths: np.ndarray, keys: np.ndarray,
     if not ok.all():
         return ok
     _, ids = np.unique(keys, axis=0, return_inverse=True)
-    ours = prefix_ids(Trace(trace.timestamp, trace.input_length, trace.output_length,
-                            trace.offsets, ids.reshape(-1).astype(np.int64), None, trace.line,
-                            trace.file_index, trace.files))
+    ours = prefix_ids(
+        Trace(
+            trace.timestamp,
+            trace.input_length,
+            trace.output_length,
+            trace.offsets,
+            ids.reshape(-1).astype(np.int64),
+            None,
+            trace.line,
+            trace.file_index,
+            trace.files,
+        )
+    )
     theirs = prefix_ids(trace)
     # The partitions agree where each prefix of one meets one prefix of the other.
     pairs = np.unique(np.stack([theirs, ours], axis=1).astype(np.int64), axis=0)
@@ -175,7 +211,8 @@ def template_overhead(tokenizer, words: list[str], template_kwargs: dict) -> tup
     rendered = render_chat(tokenizer, [{"role": "user", "content": probe}], None, template_kwargs)
     tokens = encode_texts(tokenizer, [rendered])[0]
     for start in range(len(tokens) - len(content) + 1):
-        if tokens[start:start + len(content)] == content:
+        if tokens[start : start + len(content)] == content:
             return start, len(tokens) - start - len(content)
-    raise ValueError("the chat template changes the tokens of the message it wraps: render "
-                     "with --shape prompt")
+    raise ValueError(
+        "the chat template changes the tokens of the message it wraps: render with --shape prompt"
+    )

@@ -37,9 +37,9 @@ from kvtrace.transforms.trace_format import (
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
-    MAX_BLOCK_SIZE,
     MANIFEST,
     MANIFEST_SCHEMA,
+    MAX_BLOCK_SIZE,
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
@@ -70,8 +70,13 @@ from kvtrace.transforms.trace_format import (
     window_name,
 )
 from kvtrace.transforms.write.coarsen import coarse_input_lengths, round_to
-from kvtrace.transforms.write.manifest import (KVTRACE_VERSION, content_time, folder_content_time,
-                                       public_tokenizer_name, public_tokenizer_sha256)
+from kvtrace.transforms.write.manifest import (
+    KVTRACE_VERSION,
+    content_time,
+    folder_content_time,
+    public_tokenizer_name,
+    public_tokenizer_sha256,
+)
 from kvtrace.transforms.write.publish import sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import published_room
@@ -109,9 +114,14 @@ class _Gate:
             self.flags.append(message)
 
 
-def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = None,
-          numbering: list[MapVersionNumbering] | None = None,
-          template_kwargs: dict | None = None, settings: dict[str, int] | None = None) -> dict:
+def audit(
+    target: str,
+    tokenizer: str | None = None,
+    hash_scheme: str | None = None,
+    numbering: list[MapVersionNumbering] | None = None,
+    template_kwargs: dict | None = None,
+    settings: dict[str, int] | None = None,
+) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
     operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
@@ -136,16 +146,23 @@ def audit(target: str, tokenizer: str | None = None, hash_scheme: str | None = N
 # An object store serves more than a listing and the objects' bytes show: each object's user
 # metadata, tags and content type, and in a versioned bucket every earlier version under the
 # prefix. Beam's file systems read none of them, so a remote folder is measured, never passed.
-REMOTE_FOLDER = ("an object store's folder: its objects' metadata, tags and earlier versions are "
-                 "not readable here, so it is never called publishable: audit the local folder "
-                 "anonymize wrote (--output on local disk, or a copy of it) and publish that, "
-                 "uploaded to a new prefix")
+REMOTE_FOLDER = (
+    "an object store's folder: its objects' metadata, tags and earlier versions are "
+    "not readable here, so it is never called publishable: audit the local folder "
+    "anonymize wrote (--output on local disk, or a copy of it) and publish that, "
+    "uploaded to a new prefix"
+)
 
 
-def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
-           numbering: list[MapVersionNumbering] | None, template_kwargs: dict | None,
-           settings: dict[str, int] | None,
-           window_start: tuple[int, int] | None = None) -> tuple[dict, _Rows, _Gate, dict | None]:
+def _audit(
+    folder: str,
+    tokenizer: str | None,
+    hash_scheme: str | None,
+    numbering: list[MapVersionNumbering] | None,
+    template_kwargs: dict | None,
+    settings: dict[str, int] | None,
+    window_start: tuple[int, int] | None = None,
+) -> tuple[dict, _Rows, _Gate, dict | None]:
     """The report on a folder or trace file, its rows' figures, what the audit read (the
     entries' metadata) and its manifest when whole. window_start: where a stream's window must
     begin numbering, as the audited window before it ended."""
@@ -164,8 +181,7 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
-            _check_manifest_against(folder, names, manifest, rows, numbering, window_start,
-                                    gate)
+            _check_manifest_against(folder, names, manifest, rows, numbering, window_start, gate)
             _check_tokenizer(manifest, tokenizer, gate)
             _check_hash_scheme(manifest, hash_scheme, gate)
             _check_template_kwargs(manifest, template_kwargs, gate)
@@ -177,28 +193,41 @@ def _audit(folder: str, tokenizer: str | None, hash_scheme: str | None,
         names = [name]
         # Measured, never passed: no manifest vouches for a lone file's stats, granularity or
         # block size, and kvtrace publishes whole folders.
-        gate.flag(f"a trace file alone: only a whole output folder (with its {MANIFEST}) is "
-                  "published")
+        gate.flag(
+            f"a trace file alone: only a whole output folder (with its {MANIFEST}) is published"
+        )
         if not TRACE_FILE.fullmatch(name):
             gate.flag(f"a file kvtrace does not publish: {name}")
         else:
-            columns = _shard(folder, name if name.endswith(".jsonl") else None,
-                             name if name.endswith(".parquet") else None, gate, MAX_LONE_FILE_BYTES)
+            columns = _shard(
+                folder,
+                name if name.endswith(".jsonl") else None,
+                name if name.endswith(".parquet") else None,
+                gate,
+                MAX_LONE_FILE_BYTES,
+            )
             if columns is not None:
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
     start = manifest["id_map"] if manifest is not None else None
     if rows.count and rows.first_timestamp != (start["time_from_ms"] if start else 0):
-        gate.flag("the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
-                  "night's clock starts at its first request, or the id map's (an absolute time?)")
+        gate.flag(
+            "the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
+            "night's clock starts at its first request, or the id map's (an absolute time?)"
+        )
     ids = rows.all_ids()
     if rows.complete and manifest is None and not id_report(ids)["dense"]:
-        gate.flag("hash_ids are not dense from 0, and no manifest says from where (token ids "
-                  "or raw hashes?)")
+        gate.flag(
+            "hash_ids are not dense from 0, and no manifest says from where (token ids "
+            "or raw hashes?)"
+        )
     report = rows.report(names, id_report(ids))
-    report["manifest"] = None if manifest is None else {
-        k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
+    report["manifest"] = (
+        None
+        if manifest is None
+        else {k: manifest[k] for k in ("hash_scheme", "hash_scheme_keyed", "granularity")}
+    )
     report["flags"] = gate.flags
     report["publishable"] = not gate.flags
     return report, rows, gate, manifest
@@ -220,9 +249,14 @@ def _stream_windows(folder: str) -> list[str] | None:
     return names
 
 
-def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
-                  hash_scheme: str | None, template_kwargs: dict | None,
-                  settings: dict[str, int] | None) -> dict:
+def _audit_stream(
+    folder: str,
+    names: list[str],
+    tokenizer: str | None,
+    hash_scheme: str | None,
+    template_kwargs: dict | None,
+    settings: dict[str, int] | None,
+) -> dict:
     """Each window of a stream audited in order, each beginning where the audited window before
     it ended ((0, 0) for the first): a window's start is checked only against a window the
     audit has itself passed, never against a sibling read on trust. Every cut is recomputed
@@ -232,8 +266,11 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
     gate, reports, start, rows_seen = _Gate(), {}, (0, 0), 0
     _check_attributes(folder, "the stream's folder", gate)
     gate.stat[""] = os.stat(folder)
-    windows = [n for n in names if os.path.isdir(os.path.join(folder, n))
-               and not os.path.islink(os.path.join(folder, n))]
+    windows = [
+        n
+        for n in names
+        if os.path.isdir(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n))
+    ]
     for name in sorted(set(names) - set(windows) - {STREAM_TOTALS}):
         gate.flag(f"not a window of the stream: {name}")
     if [window_index(n) for n in windows] != list(range(len(windows))):
@@ -244,12 +281,20 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
     chains, last_slot, first_settings, writers = _Rows(), None, None, []
     for name in windows:
         if start is None:
-            gate.flag(f"{name}: not audited: the window before it is not publishable, so where "
-                      f"it begins cannot be checked")
+            gate.flag(
+                f"{name}: not audited: the window before it is not publishable, so where "
+                f"it begins cannot be checked"
+            )
             continue
-        report, rows, window_gate, manifest = _audit(os.path.join(folder, name), tokenizer,
-                                                     hash_scheme, None, template_kwargs, settings,
-                                                     start)
+        report, rows, window_gate, manifest = _audit(
+            os.path.join(folder, name),
+            tokenizer,
+            hash_scheme,
+            None,
+            template_kwargs,
+            settings,
+            start,
+        )
         writers.append(window_gate.stat)
         reports[name] = report
         for flag in report["flags"]:
@@ -263,8 +308,10 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
         first_settings = first_settings or settings_here
         differ = [key for key in RUN_SETTINGS if settings_here[key] != first_settings[key]]
         if differ:
-            gate.flag(f"{name}: run settings other than the first window's ({', '.join(differ)})"
-                      f": one stream is one run")
+            gate.flag(
+                f"{name}: run settings other than the first window's ({', '.join(differ)})"
+                f": one stream is one run"
+            )
         last_slot = _check_window_cut(name, rows, window_ms, last_slot, gate)
         _chain_across_windows(chains, rows)
     chains._merge()
@@ -272,8 +319,12 @@ def _audit_stream(folder: str, names: list[str], tokenizer: str | None,
     for problem in chains.problems:
         gate.flag(f"across windows: {problem}")
     if start is not None and windows and totals is not None:  # else the stream is refused
-        figures = {"windows": len(windows), "rows": rows_seen, "unique_blocks": start[0],
-                   "sessions": start[1]}
+        figures = {
+            "windows": len(windows),
+            "rows": rows_seen,
+            "unique_blocks": start[0],
+            "sessions": start[1],
+        }
         granularity = reports[windows[-1]]["manifest"]["granularity"]["timestamp_ms"]
         _check_stream_totals(totals, figures, granularity, window_ms, last_slot, gate)
     _check_times(gate)
@@ -290,18 +341,23 @@ def _window_length(totals: dict | None, given: dict[str, int], gate: _Gate) -> i
         return None
     window_ms = totals["window_ms"]
     if "window_ms" in given and window_ms != given["window_ms"]:
-        gate.flag(f"{STREAM_TOTALS}: window_ms is {window_ms}, the run was given --window-ms "
-                  f"{given['window_ms']}")
+        gate.flag(
+            f"{STREAM_TOTALS}: window_ms is {window_ms}, the run was given --window-ms "
+            f"{given['window_ms']}"
+        )
         return None
     if "window_ms" not in given and window_ms not in ROUND_STEPS:
-        gate.flag(f"{STREAM_TOTALS}: window_ms {window_ms} is none of the round values the gate "
-                  f"passes unconfirmed: pass --window-ms as the run was given --window")
+        gate.flag(
+            f"{STREAM_TOTALS}: window_ms {window_ms} is none of the round values the gate "
+            f"passes unconfirmed: pass --window-ms as the run was given --window"
+        )
         return None
     return window_ms
 
 
-def _check_window_cut(name: str, rows: _Rows, window_ms: int | None, last_slot: int | None,
-                      gate: _Gate) -> int | None:
+def _check_window_cut(
+    name: str, rows: _Rows, window_ms: int | None, last_slot: int | None, gate: _Gate
+) -> int | None:
     """A window holds the rows of one window of the stream's time, [k W, (k + 1) W) from the
     trace's zero (anonymize_streaming.by_window), later than the window before it's; the first
     window's first row is the zero. Returns its k (None while the window length is unknown)."""
@@ -309,14 +365,18 @@ def _check_window_cut(name: str, rows: _Rows, window_ms: int | None, last_slot: 
     if not len(times):
         return last_slot
     if name == window_name(0) and times.min() != 0:
-        gate.flag(f"{name}: the stream's first row is not at time 0: its zero is its first "
-                  f"request (an absolute time?)")
+        gate.flag(
+            f"{name}: the stream's first row is not at time 0: its zero is its first "
+            f"request (an absolute time?)"
+        )
     if window_ms is None:
         return last_slot
     slots = times // window_ms
     if slots.min() != slots.max():
-        gate.flag(f"{name}: rows of more than one {window_ms} ms window: windows are cut at "
-                  f"whole windows from the zero")
+        gate.flag(
+            f"{name}: rows of more than one {window_ms} ms window: windows are cut at "
+            f"whole windows from the zero"
+        )
     if last_slot is not None and slots.min() <= last_slot:
         gate.flag(f"{name}: rows of a window not after the window before it's")
     return int(slots.max())
@@ -342,8 +402,14 @@ def _stream_totals(folder: str, gate: _Gate) -> dict | None:
     return _declared_document(STREAM_TOTALS, data, STREAM_TOTALS_SCHEMA, gate)
 
 
-def _check_stream_totals(totals: dict, figures: dict[str, int], granularity: int,
-                         window_ms: int | None, last_slot: int | None, gate: _Gate) -> None:
+def _check_stream_totals(
+    totals: dict,
+    figures: dict[str, int],
+    granularity: int,
+    window_ms: int | None,
+    last_slot: int | None,
+    gate: _Gate,
+) -> None:
     """Each count what the windows' rows give (figures), published_until_ms the end of the
     last window from the zero, rounded as the rows' times are (granularity): what
     anonymize_streaming.cumulative_summary writes."""
@@ -354,9 +420,11 @@ def _check_stream_totals(totals: dict, figures: dict[str, int], granularity: int
         return  # the window length is flagged already
     until = int(round_to(np.int64((last_slot + 1) * window_ms), granularity))
     if totals["published_until_ms"] != until:
-        gate.flag(f"{STREAM_TOTALS}: published_until_ms is {totals['published_until_ms']}, the "
-                  f"end of the last window is {until} ms ({window_ms} ms windows from the zero, "
-                  f"rounded to {granularity} ms)")
+        gate.flag(
+            f"{STREAM_TOTALS}: published_until_ms is {totals['published_until_ms']}, the "
+            f"end of the last window is {until} ms ({window_ms} ms windows from the zero, "
+            f"rounded to {granularity} ms)"
+        )
 
 
 def _read_stream_totals(path: str, gate: _Gate) -> bytes | None:
@@ -370,8 +438,10 @@ def _read_stream_totals(path: str, gate: _Gate) -> bytes | None:
         gate.flag(f"{STREAM_TOTALS}: not a regular file (a link, FIFO or device)")
         return None
     if entry.st_size > MAX_STREAM_TOTALS_BYTES:
-        gate.flag(f"{STREAM_TOTALS}: {entry.st_size} bytes, more than kvtrace writes "
-                  f"({MAX_STREAM_TOTALS_BYTES})")
+        gate.flag(
+            f"{STREAM_TOTALS}: {entry.st_size} bytes, more than kvtrace writes "
+            f"({MAX_STREAM_TOTALS_BYTES})"
+        )
         return None
     gate.stat[STREAM_TOTALS] = entry
     _check_attributes(path, STREAM_TOTALS, gate)
@@ -386,8 +456,10 @@ def _read_stream_totals(path: str, gate: _Gate) -> bytes | None:
 def _numbering_end(start: tuple[int, int], rows: _Rows) -> tuple[int, int]:
     """Where the next window begins numbering: past every id and session this one holds."""
     ids, sessions = rows.all_ids(), rows.sessions()
-    return (max(start[0], int(ids[-1]) + 1 if len(ids) else 0),
-            max(start[1], int(sessions[-1]) + 1 if len(sessions) else 0))
+    return (
+        max(start[0], int(ids[-1]) + 1 if len(ids) else 0),
+        max(start[1], int(sessions[-1]) + 1 if len(sessions) else 0),
+    )
 
 
 def _entries(folder: str, gate: _Gate) -> list[str]:
@@ -396,7 +468,7 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
         # Every object under the folder's prefix ("**": nested ones, any character), as a copy
         # of the folder would take them all.
         prefix = storage.join(folder, "")
-        names = sorted(p[len(prefix):] for p in storage.match(storage.join(folder, "**")))
+        names = sorted(p[len(prefix) :] for p in storage.match(storage.join(folder, "**")))
         for name in [n for n in names if "/" in n]:
             gate.flag(f"an object in a subfolder: {name}")
     else:
@@ -414,15 +486,19 @@ def _entries(folder: str, gate: _Gate) -> list[str]:
                 _check_attributes(entry.path, entry.name, gate)
     for name in names:
         if name not in (MANIFEST, STATS) and not TRACE_FILE.fullmatch(name):
-            gate.flag(f"a file kvtrace does not publish: {name}"
-                      + (" (hidden)" if name.startswith(".") else ""))
+            gate.flag(
+                f"a file kvtrace does not publish: {name}"
+                + (" (hidden)" if name.startswith(".") else "")
+            )
     return [n for n in names if n in (MANIFEST, STATS) or TRACE_FILE.fullmatch(n)]
 
 
 SELINUX_ATTRIBUTE = "security.selinux"
 # An SELinux context as the kernel stores it: user:role:type[:level], ASCII, NUL-terminated.
-SELINUX_CONTEXT = re.compile(rb"[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*"
-                             rb"(:s[0-9]+(-s[0-9]+)?(:c[0-9]+([.,]c[0-9]+)*)?)?\x00?")
+SELINUX_CONTEXT = re.compile(
+    rb"[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*:[a-z_][a-z0-9_]*"
+    rb"(:s[0-9]+(-s[0-9]+)?(:c[0-9]+([.,]c[0-9]+)*)?)?\x00?"
+)
 MAX_SELINUX_LABEL = 255
 SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 
@@ -437,8 +513,10 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
         return
     # Every namespace carries bytes (security.* as root, ACL entries' uids): all are refused.
     if attributes - {SELINUX_ATTRIBUTE}:
-        gate.flag(f"{name}: extended attributes kvtrace does not set "
-                  f"({', '.join(sorted(attributes - {SELINUX_ATTRIBUTE}))[:80]})")
+        gate.flag(
+            f"{name}: extended attributes kvtrace does not set "
+            f"({', '.join(sorted(attributes - {SELINUX_ATTRIBUTE}))[:80]})"
+        )
     if SELINUX_ATTRIBUTE in attributes:
         try:
             gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
@@ -453,9 +531,10 @@ WRITERS_UMASKS = (0o022, 0o027, 0o077)
 
 # (folder, files) modes of one writer: a published folder rwxr-xr-x (publish sets it) with its
 # files rw-r--r-- under the writer's umask, or a private one's rwx------ with rw-------.
-WRITERS_MODES = frozenset({(storage.PUBLIC_FOLDER, storage.PUBLIC_FILE & ~umask)
-                           for umask in WRITERS_UMASKS}
-                          | {(storage.PRIVATE_FOLDER, storage.PRIVATE_FILE)})
+WRITERS_MODES = frozenset(
+    {(storage.PUBLIC_FOLDER, storage.PUBLIC_FILE & ~umask) for umask in WRITERS_UMASKS}
+    | {(storage.PRIVATE_FOLDER, storage.PRIVATE_FILE)}
+)
 
 
 def _one_writers_modes(folders: set[int], files: set[int]) -> bool:
@@ -472,12 +551,18 @@ def _check_one_writer(windows: list[dict[str, os.stat_result]], gate: _Gate) -> 
     one mode and every file of the stream (cumulative.json's too) of one, the pair one
     writer's; a choice per window would carry bits per window."""
     folders = {stat.S_IMODE(entries[""].st_mode) for entries in windows if "" in entries}
-    files = {stat.S_IMODE(st.st_mode) for entries in [*windows, gate.stat]
-             for name, st in entries.items() if name}
+    files = {
+        stat.S_IMODE(st.st_mode)
+        for entries in [*windows, gate.stat]
+        for name, st in entries.items()
+        if name
+    }
     if folders and not _one_writers_modes(folders, files):
-        gate.flag(f"permission bits of more than one writer across the stream (window folders "
-                  f"{sorted(oct(m) for m in folders)}, files {sorted(oct(m) for m in files)}): "
-                  f"one stream is one run; copy without -p")
+        gate.flag(
+            f"permission bits of more than one writer across the stream (window folders "
+            f"{sorted(oct(m) for m in folders)}, files {sorted(oct(m) for m in files)}): "
+            f"one stream is one run; copy without -p"
+        )
 
 
 def _check_file_metadata(gate: _Gate) -> None:
@@ -493,25 +578,40 @@ def _check_file_metadata(gate: _Gate) -> None:
     folder = stat.S_IMODE(gate.stat[""].st_mode)
     modes = {stat.S_IMODE(st.st_mode) for name, st in gate.stat.items() if name}
     if not _one_writers_modes({folder}, modes):
-        gate.flag(f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
-                  f"the folder {oct(folder)}): copy without -p")
+        gate.flag(
+            f"permission bits kvtrace does not set (files {sorted(oct(m) for m in modes)}, "
+            f"the folder {oct(folder)}): copy without -p"
+        )
     # A new file or folder gets its creator's effective group (a setgid parent's group instead
     # would also set the folder's setgid bit, refused above): so do kvtrace's writes and a copy
     # made without -p, and any other group is a number someone chose.
     if any(st.st_uid != os.geteuid() or st.st_gid != os.getegid() for st in gate.stat.values()):
-        gate.flag("owners kvtrace does not set (each entry the auditing user's, of the user's "
-                  "group): audit as the user who holds the copy, made without -p or --same-owner")
+        gate.flag(
+            "owners kvtrace does not set (each entry the auditing user's, of the user's "
+            "group): audit as the user who holds the copy, made without -p or --same-owner"
+        )
     now_ns = time.time_ns()
     if any(not st.st_mtime_ns <= st.st_atime_ns <= now_ns for st in gate.stat.values()):
-        gate.flag("access times kvtrace does not set (before the content time or in the "
-                  "future): copy without -p / rsync -U")
+        gate.flag(
+            "access times kvtrace does not set (before the content time or in the "
+            "future): copy without -p / rsync -U"
+        )
     labels = set(gate.labels.values())
-    if labels and (not os.path.isdir(SELINUX_FS) or len(gate.labels) != len(gate.stat)
-                   or len(labels) > 1 or not all(len(label) <= MAX_SELINUX_LABEL
-                                                 and SELINUX_CONTEXT.fullmatch(label)
-                                                 and _policy_knows(label) for label in labels)):
-        gate.flag("security.selinux values no SELinux module set here (free bytes, labels that "
-                  "differ from the folder's, or a context the loaded policy does not define)")
+    if labels and (
+        not os.path.isdir(SELINUX_FS)
+        or len(gate.labels) != len(gate.stat)
+        or len(labels) > 1
+        or not all(
+            len(label) <= MAX_SELINUX_LABEL
+            and SELINUX_CONTEXT.fullmatch(label)
+            and _policy_knows(label)
+            for label in labels
+        )
+    ):
+        gate.flag(
+            "security.selinux values no SELinux module set here (free bytes, labels that "
+            "differ from the folder's, or a context the loaded policy does not define)"
+        )
 
 
 def _policy_knows(label: bytes) -> bool:
@@ -533,14 +633,15 @@ def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None
     name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
     published = manifest["tokenizer"]
     if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
-        gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for "
-                  f"{tokenizer}")
+        gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for {tokenizer}")
     if published["name"] is None:
         return
     loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
     if loaded is None:
-        gate.flag(f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
-                  "--tokenizer (the folder, hub name or pkg: name the run used)")
+        gate.flag(
+            f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
+            "--tokenizer (the folder, hub name or pkg: name the run used)"
+        )
     elif public_tokenizer_sha256(published["name"], loaded.files_sha256) != published["sha256"]:
         gate.flag(f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files")
 
@@ -559,7 +660,7 @@ def _published_tokenizer(name: str) -> Any:
 
     try:
         if name.startswith(PACKAGE_PREFIX):
-            folder = _package_folder(name[len(PACKAGE_PREFIX):])
+            folder = _package_folder(name[len(PACKAGE_PREFIX) :])
         else:
             from huggingface_hub import snapshot_download
 
@@ -605,11 +706,15 @@ def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> Non
     the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one."""
     scheme = manifest["hash_scheme"]
     if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
-        gate.flag(f"{MANIFEST}: the vllm hash scheme's suffix cannot be checked without the "
-                  "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did")
+        gate.flag(
+            f"{MANIFEST}: the vllm hash scheme's suffix cannot be checked without the "
+            "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did"
+        )
     elif expected is None and scheme != KEYED_SCHEME:
-        gate.flag(f"{MANIFEST}: hash_scheme is not the default (keyed) one, and the run's cannot "
-                  "be confirmed: pass --hash-scheme as the run was given")
+        gate.flag(
+            f"{MANIFEST}: hash_scheme is not the default (keyed) one, and the run's cannot "
+            "be confirmed: pass --hash-scheme as the run was given"
+        )
     elif expected is not None and scheme != expected:
         gate.flag(f"{MANIFEST}: hash_scheme is not {expected}")
 
@@ -621,12 +726,16 @@ def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -
     published = manifest["chat_template_kwargs"]
     if expected is not None:
         if published != expected:
-            gate.flag(f"{MANIFEST}: chat_template_kwargs are not what anonymize publishes for "
-                      "the kwargs given, under the salt given")
+            gate.flag(
+                f"{MANIFEST}: chat_template_kwargs are not what anonymize publishes for "
+                "the kwargs given, under the salt given"
+            )
     elif published:
-        gate.flag(f"{MANIFEST}: chat_template_kwargs the run's options alone confirm: pass "
-                  "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
-                  "or --salt-secret)")
+        gate.flag(
+            f"{MANIFEST}: chat_template_kwargs the run's options alone confirm: pass "
+            "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
+            "or --salt-secret)"
+        )
 
 
 # The run settings a manifest may hold unconfirmed (the rows bound them only partly: a night
@@ -637,8 +746,10 @@ ROUND_STEPS = frozenset({1, 10, 100, 1000, 10_000, 60_000, 600_000, 3_600_000, 8
 SETTING_VALUES = {
     "block_size": ("--block-size", frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
     "timestamp_ms": ("--timestamp-granularity-ms", ROUND_STEPS),
-    OUTPUT_LENGTH_FIELD: ("--length-granularity",
-                      ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length()))),
+    OUTPUT_LENGTH_FIELD: (
+        "--length-granularity",
+        ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length())),
+    ),
 }
 
 
@@ -648,11 +759,14 @@ def _check_settings(manifest: dict, given: dict[str, int], gate: _Gate) -> None:
     published = {"block_size": manifest["block_size"], **manifest["granularity"]}
     for key, (option, usual) in SETTING_VALUES.items():
         if key in given and published[key] != given[key]:
-            gate.flag(f"{MANIFEST}: {key} is {published[key]}, the run was given {option} "
-                      f"{given[key]}")
+            gate.flag(
+                f"{MANIFEST}: {key} is {published[key]}, the run was given {option} {given[key]}"
+            )
         elif key not in given and published[key] not in usual:
-            gate.flag(f"{MANIFEST}: {key} {published[key]} is none of the round values the "
-                      f"gate passes unconfirmed: pass {option} as the run was given")
+            gate.flag(
+                f"{MANIFEST}: {key} {published[key]} is none of the round values the "
+                f"gate passes unconfirmed: pass {option} as the run was given"
+            )
 
 
 def _check_times(gate: _Gate) -> None:
@@ -663,8 +777,10 @@ def _check_times(gate: _Gate) -> None:
     if "" in gate.stat and expected.keys() == files.keys():
         expected[""] = folder_content_time({n: gate.sha256[n] for n in files})
     if any(gate.stat[name].st_mtime_ns != stamp * 10**9 for name, stamp in expected.items()):
-        gate.flag("file times are not the ones kvtrace sets (each derived from its content): "
-                  "copy the folder with times preserved (cp -p, rsync -t)")
+        gate.flag(
+            "file times are not the ones kvtrace sets (each derived from its content): "
+            "copy the folder with times preserved (cp -p, rsync -t)"
+        )
 
 
 def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
@@ -704,13 +820,18 @@ def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | 
     for name in sorted(expected - set(names)):
         gate.flag(f"missing: {name}")
     present = set(names)
-    return [(j if j in present else None, p if p in present else None)
-            for j, p in ((shard_name(i, shards, ".jsonl"), shard_name(i, shards, ".parquet"))
-                         for i in range(shards))]
+    return [
+        (j if j in present else None, p if p in present else None)
+        for j, p in (
+            (shard_name(i, shards, ".jsonl"), shard_name(i, shards, ".parquet"))
+            for i in range(shards)
+        )
+    ]
 
 
-def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate,
-           limit: int = MAX_SHARD_BYTES) -> TraceColumns | None:
+def _shard(
+    folder: str, jsonl: str | None, parquet: str | None, gate: _Gate, limit: int = MAX_SHARD_BYTES
+) -> TraceColumns | None:
     """A shard's rows when its files are exactly kvtrace's bytes for them, else None (flagged).
     The rows come from the Parquet twin where there is one (typed columns: quick), and both
     files must then be what kvtrace writes for those rows."""
@@ -735,13 +856,16 @@ def _shard(folder: str, jsonl: str | None, parquet: str | None, gate: _Gate,
     return columns if ok else None
 
 
-def _why_not_canonical(name: str, data: bytes, parsed: TraceColumns, jsonl: str | None,
-                       parquet: str | None) -> str:
+def _why_not_canonical(
+    name: str, data: bytes, parsed: TraceColumns, jsonl: str | None, parquet: str | None
+) -> str:
     """Why a file is not the bytes kvtrace writes, as precisely as one line can say. A JSONL
     file the rows did not come from is parsed to say why only when small: its Python objects
     cost ~36x its bytes."""
-    not_canonical = ("not the bytes kvtrace writes for its rows (spacing, key order, duplicate "
-                     "keys, number forms)")
+    not_canonical = (
+        "not the bytes kvtrace writes for its rows (spacing, key order, duplicate "
+        "keys, number forms)"
+    )
     if name != jsonl:
         return "not the bytes kvtrace writes for its rows (metadata, encoding or another writer)"
     if parquet is not None and len(data) > MAX_WORDING_PARSE_BYTES:
@@ -765,8 +889,10 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
         return None
     manifest = _declared_document(MANIFEST, data, MANIFEST_SCHEMA, gate)
     if manifest is not None and manifest["kvtrace_version"] != KVTRACE_VERSION:
-        gate.flag(f"{MANIFEST}: written by kvtrace {manifest['kvtrace_version']}, audited by "
-                  f"{KVTRACE_VERSION}: audit with the release that wrote it")
+        gate.flag(
+            f"{MANIFEST}: written by kvtrace {manifest['kvtrace_version']}, audited by "
+            f"{KVTRACE_VERSION}: audit with the release that wrote it"
+        )
         return None
     return manifest
 
@@ -785,19 +911,29 @@ def _declared_document(name: str, data: bytes, schema: Any, gate: _Gate) -> dict
     if problems:
         return None
     if canonical_json(document) != data:
-        gate.flag(f"{name}: not the bytes kvtrace writes for its values (canonical JSON: sorted "
-                  f"keys, two-space indent, number forms)")
+        gate.flag(
+            f"{name}: not the bytes kvtrace writes for its values (canonical JSON: sorted "
+            f"keys, two-space indent, number forms)"
+        )
     return document
 
 
-def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows: _Rows,
-                            numbering: list[MapVersionNumbering] | None,
-                            window_start: tuple[int, int] | None, gate: _Gate) -> None:
+def _check_manifest_against(
+    folder: str,
+    names: list[str],
+    manifest: dict,
+    rows: _Rows,
+    numbering: list[MapVersionNumbering] | None,
+    window_start: tuple[int, int] | None,
+    gate: _Gate,
+) -> None:
     """What only the folder can confirm: its files, their digests, the rows' figures."""
     present = sorted(n for n in names if n != MANIFEST)
     if manifest["files"] != present or sorted(manifest["sha256"]) != present:
-        gate.flag(f"{MANIFEST} lists {manifest['files']} (sha256 of "
-                  f"{sorted(manifest['sha256'])}), the folder holds {present}")
+        gate.flag(
+            f"{MANIFEST} lists {manifest['files']} (sha256 of "
+            f"{sorted(manifest['sha256'])}), the folder holds {present}"
+        )
     stats = _read(folder, STATS, MAX_STATS_BYTES, gate) if STATS in names else None
     for name in present:
         if name in gate.sha256 and manifest["sha256"].get(name) != gate.sha256[name]:
@@ -805,12 +941,15 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     records = manifest["records"]
     if manifest["hash_scheme_keyed"] != (manifest["hash_scheme"] == KEYED_SCHEME):
         gate.flag(f"{MANIFEST}: hash_scheme_keyed disagrees with hash_scheme")
-    if manifest["replay"] != replay_commands(manifest["block_size"], records["exported"],
-                                             manifest["files"]):
+    if manifest["replay"] != replay_commands(
+        manifest["block_size"], records["exported"], manifest["files"]
+    ):
         gate.flag(f"{MANIFEST}: replay is not what kvtrace writes there")
     if manifest[OUTPUT_IDS_FIELD] and manifest["granularity"][OUTPUT_LENGTH_FIELD] > 1:
-        gate.flag(f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
-                  "output length to within a block")
+        gate.flag(
+            f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
+            "output length to within a block"
+        )
     if STATS not in names:
         gate.flag(f"no {STATS}")
     if not rows.complete:
@@ -818,12 +957,16 @@ def _check_manifest_against(folder: str, names: list[str], manifest: dict, rows:
     if stats is not None and stats != canonical_json(rows.stats()):
         gate.flag(f"{STATS} holds more, or other, than the statistics of these rows")
     if records["exported"] != rows.count:
-        gate.flag(f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
-                  f"{rows.count} rows")
+        gate.flag(
+            f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
+            f"{rows.count} rows"
+        )
     if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
         if window_start is not None:  # the stream writes every window's, {0, 0, 0} the first's
-            gate.flag(f"{MANIFEST}: no id_map, where a stream's window says where it begins "
-                      f"(the window before ends at {window_start})")
+            gate.flag(
+                f"{MANIFEST}: no id_map, where a stream's window says where it begins "
+                f"(the window before ends at {window_start})"
+            )
         for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
@@ -853,17 +996,24 @@ def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
     from kvtrace.transforms.ids.id_map import recorded_history
     from kvtrace.transforms.ids.map_record import map_key
 
-    return [MapVersionNumbering(_start_figures(entry["start"]) if "start" in entry else None,
-                                entry.get("night"))
-            for entry in recorded_history(directory, map_key(salt))]
+    return [
+        MapVersionNumbering(
+            _start_figures(entry["start"]) if "start" in entry else None, entry.get("night")
+        )
+        for entry in recorded_history(directory, map_key(salt))
+    ]
 
 
 def _start_figures(start: dict) -> tuple[int, int, int]:
     return start["block_ids_from"], start["sessions_from"], start["time_from_ms"]
 
 
-def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] | None,
-                           window_start: tuple[int, int] | None, gate: _Gate) -> None:
+def _check_numbering_start(
+    manifest: dict,
+    numbering: list[MapVersionNumbering] | None,
+    window_start: tuple[int, int] | None,
+    gate: _Gate,
+) -> None:
     """A night that extends an id map is the night a version of the map recorded: its start,
     all three figures, and its identity (its files' digests, which bind every row: a night's
     references to the map's earlier ids included); a stream's window begins where the audited
@@ -873,27 +1023,35 @@ def _check_numbering_start(manifest: dict, numbering: list[MapVersionNumbering] 
     begins = _start_figures(manifest["id_map"])
     if window_start is not None:
         if begins[:2] != window_start:
-            gate.flag(f"{MANIFEST}: id_map begins at {begins[:2]}, the window before ends at "
-                      f"{window_start}")
+            gate.flag(
+                f"{MANIFEST}: id_map begins at {begins[:2]}, the window before ends at "
+                f"{window_start}"
+            )
         return
     if numbering is None:
-        gate.flag(f"{MANIFEST}: id_map says where this night's numbering began, which only "
-                  "the id map (or, for a stream's window, the stream's folder audited whole) can "
-                  "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
-                  "--salt-secret), or audit the stream's output folder")
+        gate.flag(
+            f"{MANIFEST}: id_map says where this night's numbering began, which only "
+            "the id map (or, for a stream's window, the stream's folder audited whole) can "
+            "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
+            "--salt-secret), or audit the stream's output folder"
+        )
         return
     night = MapVersionNumbering(begins, night_identity(manifest))
     if night in numbering:
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
     if unnamed:
-        gate.flag(f"{MANIFEST}: id_map names no night the id map recorded, and its versions "
-                  f"{unnamed[0]}-{unnamed[-1]} record none (made before id map format 6): to "
-                  f"confirm a night of theirs, anonymize it again with this kvtrace (same input, "
-                  f"salt and map), which records it, and publish that output")
+        gate.flag(
+            f"{MANIFEST}: id_map names no night the id map recorded, and its versions "
+            f"{unnamed[0]}-{unnamed[-1]} record none (made before id map format 6): to "
+            f"confirm a night of theirs, anonymize it again with this kvtrace (same input, "
+            f"salt and map), which records it, and publish that output"
+        )
     else:
-        gate.flag(f"{MANIFEST}: id_map and the files are not a night a version of the id map "
-                  "recorded (its start, time included, and its files' digests)")
+        gate.flag(
+            f"{MANIFEST}: id_map and the files are not a night a version of the id map "
+            "recorded (its start, time included, and its files' digests)"
+        )
 
 
 @dataclass
@@ -905,11 +1063,13 @@ class _Rows:
     count: int = 0
     first_timestamp: int | None = None
     complete: bool = True  # every shard's rows were read (else cross-file figures are unknown)
-    parts: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
-        k: [] for k in ("times", "sequence", "lengths", "sessions")})
+    parts: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {k: [] for k in ("times", "sequence", "lengths", "sessions")}
+    )
     # Distinct prompt ids, sorted, with their first tokens and parents; and later shards' own
-    merged: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(
-        np.empty(0, np.int64) for _ in range(3)))
+    merged: tuple[np.ndarray, ...] = field(
+        default_factory=lambda: tuple(np.empty(0, np.int64) for _ in range(3))
+    )
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     # Each shard's distinct output ids in the order they first appear (their numbering order)
     output_ids: list[np.ndarray] = field(default_factory=list)
@@ -938,13 +1098,19 @@ class _Rows:
         self.parts["sequence"].append(_sequence_digests(columns.ids, columns.num_ids))
         self.parts["lengths"].append(_mix(columns.input_length) ^ _mix(~columns.output_length))
         self.parts["sessions"].append(columns.session[columns.session != NO_SESSION])
-        self.shard_rooms.append(published_room(columns.timestamp, columns.num_ids + (
-            0 if columns.num_output_ids is None else columns.num_output_ids)))
+        self.shard_rooms.append(
+            published_room(
+                columns.timestamp,
+                columns.num_ids + (0 if columns.num_output_ids is None else columns.num_output_ids),
+            )
+        )
         self._count_fields(columns)
-        self.totals = ExportTotals(self.totals.requests + n,
-                                   self.totals.input_tokens + int(columns.input_length.sum()),
-                                   self.totals.output_tokens + int(columns.output_length.sum()),
-                                   self.totals.blocks + int(columns.num_ids.sum()))
+        self.totals = ExportTotals(
+            self.totals.requests + n,
+            self.totals.input_tokens + int(columns.input_length.sum()),
+            self.totals.output_tokens + int(columns.output_length.sum()),
+            self.totals.blocks + int(columns.num_ids.sum()),
+        )
         if manifest is not None:
             self._check(columns, manifest)
             self.block_size = manifest["block_size"]
@@ -961,17 +1127,22 @@ class _Rows:
 
     def _count_fields(self, columns: TraceColumns) -> None:
         n = len(columns)
-        present = {**dict.fromkeys(ROW_FIELDS, n),
-                   SESSION_FIELD: int(np.count_nonzero(columns.session >= 0)),
-                   RESPONSE_FIELD: int(np.count_nonzero(columns.response_ms >= 0)),
-                   OUTPUT_IDS_FIELD: n if columns.output_ids is not None else 0}
+        present = {
+            **dict.fromkeys(ROW_FIELDS, n),
+            SESSION_FIELD: int(np.count_nonzero(columns.session >= 0)),
+            RESPONSE_FIELD: int(np.count_nonzero(columns.response_ms >= 0)),
+            OUTPUT_IDS_FIELD: n if columns.output_ids is not None else 0,
+        }
         self.fields.update({k: v for k, v in present.items() if v})
-        for key, values in ((TIMESTAMP_FIELD, columns.timestamp),
-                            (INPUT_LENGTH_FIELD, columns.input_length),
-                            (OUTPUT_LENGTH_FIELD, columns.output_length),
-                            (HASH_IDS_FIELD, columns.ids),
-                            (SESSION_FIELD, columns.session), (RESPONSE_FIELD, columns.response_ms),
-                            (OUTPUT_IDS_FIELD, columns.output_ids)):
+        for key, values in (
+            (TIMESTAMP_FIELD, columns.timestamp),
+            (INPUT_LENGTH_FIELD, columns.input_length),
+            (OUTPUT_LENGTH_FIELD, columns.output_length),
+            (HASH_IDS_FIELD, columns.ids),
+            (SESSION_FIELD, columns.session),
+            (RESPONSE_FIELD, columns.response_ms),
+            (OUTPUT_IDS_FIELD, columns.output_ids),
+        ):
             if values is not None and len(values):
                 self.largest[key] = max(self.largest.get(key, 0), int(np.abs(values).max()))
 
@@ -984,21 +1155,28 @@ class _Rows:
             self.problems.append(f"hash_ids counts differ from ceil(input_length / {block_size})")
         known = columns.response_ms[columns.response_ms != NO_RESPONSE_MS]
         for values, step, what in (
-                (columns.timestamp, grain["timestamp_ms"], "timestamps"),
-                (known, grain["timestamp_ms"], RESPONSE_FIELD),
-                (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths")):
+            (columns.timestamp, grain["timestamp_ms"], "timestamps"),
+            (known, grain["timestamp_ms"], RESPONSE_FIELD),
+            (columns.output_length, grain[OUTPUT_LENGTH_FIELD], "output lengths"),
+        ):
             if (values % step).any():
                 self.problems.append(f"{what} finer than the manifest's granularity ({step})")
         step = grain[OUTPUT_LENGTH_FIELD]
-        if (coarse_input_lengths(columns.input_length, block_size, step)
-                != columns.input_length).any():
-            self.problems.append(f"input lengths finer than the manifest's granularity ({step}): "
-                                 "a session's next prompt would give each reply's length")
+        if (
+            coarse_input_lengths(columns.input_length, block_size, step) != columns.input_length
+        ).any():
+            self.problems.append(
+                f"input lengths finer than the manifest's granularity ({step}): "
+                "a session's next prompt would give each reply's length"
+            )
         if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
         elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
-            decoded = np.maximum(0, (columns.input_length + columns.output_length) // block_size
-                                 - columns.input_length // block_size)
+            decoded = np.maximum(
+                0,
+                (columns.input_length + columns.output_length) // block_size
+                - columns.input_length // block_size,
+            )
             if ((columns.num_output_ids != decoded) & (columns.num_output_ids != 0)).any():
                 self.problems.append(f"{OUTPUT_IDS_FIELD} counts that decoding does not give")
         if (columns.session < NO_SESSION).any() or (columns.response_ms < NO_RESPONSE_MS).any():
@@ -1008,18 +1186,24 @@ class _Rows:
         """What numbering in first-seen order gives, checked in the rows' own order: rows in
         time order; a night's new block ids and sessions first appear as 0, 1, 2, ..."""
         if len(columns):
-            if (not in_published_order(columns.timestamp, columns.input_length,
-                                       columns.output_length)
-                    or columns.timestamp[0] < self.last_timestamp):
+            if (
+                not in_published_order(
+                    columns.timestamp, columns.input_length, columns.output_length
+                )
+                or columns.timestamp[0] < self.last_timestamp
+            ):
                 self.problems.append("rows out of time order")
             self.last_timestamp = int(columns.timestamp[-1])
         sessions = columns.session[columns.session != NO_SESSION]
-        for kind, values, expected in (("block ids", columns.ids, self.next_id),
-                                       ("sessions", sessions, self.next_session)):
+        for kind, values, expected in (
+            ("block ids", columns.ids, self.next_id),
+            ("sessions", sessions, self.next_session),
+        ):
             new = _first_appearances(values[values >= expected])
             if not np.array_equal(new, np.arange(expected, expected + len(new))):
-                self.problems.append(f"{kind} not numbered in first-seen order (dense from the "
-                                     f"night's first)")
+                self.problems.append(
+                    f"{kind} not numbered in first-seen order (dense from the night's first)"
+                )
             if kind == "sessions":
                 self.next_session = expected + len(new)
             else:
@@ -1034,8 +1218,10 @@ class _Rows:
         new = _first_appearances(np.concatenate(self.output_ids))
         new = new[new >= self.next_id]
         if not np.array_equal(new, np.arange(self.next_id, self.next_id + len(new))):
-            self.problems.append(f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
-                                 f"first-seen order after the prompts' ids")
+            self.problems.append(
+                f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
+                f"first-seen order after the prompts' ids"
+            )
 
     def _output_links(self, columns: TraceColumns) -> tuple[np.ndarray, ...]:
         """Each distinct output id with its parent: output blocks continue the chain of prompt +
@@ -1047,8 +1233,11 @@ class _Rows:
         full = columns.input_length // self.block_size
         last_full = np.cumsum(columns.num_ids) - columns.num_ids + full - 1
         # Clipped: rows of other block counts are flagged already (_check), never an IndexError
-        prompt_parent = np.where(full > 0, columns.ids[np.clip(last_full, 0, len(columns.ids) - 1)]
-                                 if len(columns.ids) else -1, -1)
+        prompt_parent = np.where(
+            full > 0,
+            columns.ids[np.clip(last_full, 0, len(columns.ids) - 1)] if len(columns.ids) else -1,
+            -1,
+        )
         parent = np.where(position == 0, np.repeat(prompt_parent, counts), np.roll(ids, 1))
         return self._distinct(ids, np.full(len(ids), self.block_size), parent)
 
@@ -1057,8 +1246,12 @@ class _Rows:
         the same prefix: one parent, and a full block, wherever it appears."""
         if self.output_links:
             self._merge()
-            self._distinct(*(np.concatenate([self.merged[i], *(o[i] for o in self.output_links)])
-                             for i in range(3)))
+            self._distinct(
+                *(
+                    np.concatenate([self.merged[i], *(o[i] for o in self.output_links)])
+                    for i in range(3)
+                )
+            )
 
     def _merge_ids(self, columns: TraceColumns) -> None:
         """Each distinct prompt block id with its tokens at its first occurrence and the id
@@ -1069,14 +1262,17 @@ class _Rows:
         starts = np.repeat(np.cumsum(columns.num_ids) - columns.num_ids, columns.num_ids)
         position = np.arange(len(columns.ids)) - starts
         size = self.block_size
-        weight = np.minimum(size, np.repeat(columns.input_length, columns.num_ids) - position * size)
+        weight = np.minimum(
+            size, np.repeat(columns.input_length, columns.num_ids) - position * size
+        )
         parent = np.where(position == 0, -1, np.roll(columns.ids, 1))
         self.pending.append(self._distinct(columns.ids, weight, parent))
         if sum(len(p[0]) for p in self.pending) >= max(MERGE_AT_LEAST, len(self.merged[0])):
             self._merge()
 
-    def _distinct(self, ids: np.ndarray, weights: np.ndarray, parents: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _distinct(
+        self, ids: np.ndarray, weights: np.ndarray, parents: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each id once, with its weight and parent; an id behind two parents, or of two token
         counts (its block's tokens are part of what it stands for), flagged."""
         order = np.argsort(ids, kind="stable")  # earlier shards first among equal ids
@@ -1135,19 +1331,28 @@ class _Rows:
             "largest_integers": self.largest,
             HASH_IDS_FIELD: ids,
             "timestamps": _timestamp_report(self.column("times")),
-            "singled_out": {} if not self.count else {
+            "singled_out": {}
+            if not self.count
+            else {
                 "unique_id_sequence": _unique_share(self.column("sequence")),
-                "unique_lengths": _unique_share(self.column("lengths"))},
-            "sessions": {"sessions": int(len(per_session)), "rows_with_session": int(len(sessions)),
-                         "max_rows_per_session": int(per_session.max(initial=0))},
+                "unique_lengths": _unique_share(self.column("lengths")),
+            },
+            "sessions": {
+                "sessions": int(len(per_session)),
+                "rows_with_session": int(len(sessions)),
+                "max_rows_per_session": int(per_session.max(initial=0)),
+            },
         }
 
 
 def id_report(ids: np.ndarray) -> dict:
     if not len(ids):
         return {"distinct": 0, "max": None, "dense": True}
-    return {"distinct": int(len(ids)), "max": int(ids[-1]),
-            "dense": bool(ids[0] == 0 and ids[-1] == len(ids) - 1)}
+    return {
+        "distinct": int(len(ids)),
+        "max": int(ids[-1]),
+        "dense": bool(ids[0] == 0 and ids[-1] == len(ids) - 1),
+    }
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -1205,34 +1410,43 @@ def _timestamp_report(values: np.ndarray) -> dict:
         return {"granularity_ms": None}
     gaps = np.diff(np.sort(values))
     positive = gaps[gaps > 0]
-    return {"granularity_ms": int(np.gcd.reduce(values)) if values.any() else None,
-            "smallest_gap_ms": int(positive.min()) if len(positive) else None,
-            "median_gap_ms": float(np.median(gaps)) if len(gaps) else None,
-            "distinct": int(len(positive)) + 1}
+    return {
+        "granularity_ms": int(np.gcd.reduce(values)) if values.any() else None,
+        "smallest_gap_ms": int(positive.min()) if len(positive) else None,
+        "median_gap_ms": float(np.median(gaps)) if len(gaps) else None,
+        "distinct": int(len(positive)) + 1,
+    }
 
 
 def report_text(report: dict, where: str) -> str:
     """The report for a person: each figure, what it means, what the publisher can do."""
     if "windows" in report:  # a stream: each window's report, then the stream's own flags
-        lines = [report_text(window, f"{where.rstrip('/')}/{name}")
-                 for name, window in report["windows"].items()]
+        lines = [
+            report_text(window, f"{where.rstrip('/')}/{name}")
+            for name, window in report["windows"].items()
+        ]
         lines += [f"  FLAG {flag}" for flag in report["flags"]]
         verdict = "publishable" if report["publishable"] else "NOT publishable"
-        lines.append(f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited "
-                     f"in order)")
+        lines.append(
+            f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited in order)"
+        )
         return "\n".join(lines)
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
-    lines = [f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
-             f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",
-             f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}"
-             " (counts and dense ids stay small; token ids or hashes would not)",
-             f"  hash ids: {report[HASH_IDS_FIELD]['distinct']:,} distinct, "
-             f"{'dense from 0' if report[HASH_IDS_FIELD]['dense'] else 'not dense from 0'}"]
+    lines = [
+        f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
+        f"  fields present: {', '.join(f'{k} ({v:,} rows)' for k, v in report['fields'].items())}",
+        f"  largest integers: {', '.join(f'{k} {v:,}' for k, v in report['largest_integers'].items())}"
+        " (counts and dense ids stay small; token ids or hashes would not)",
+        f"  hash ids: {report[HASH_IDS_FIELD]['distinct']:,} distinct, "
+        f"{'dense from 0' if report[HASH_IDS_FIELD]['dense'] else 'not dense from 0'}",
+    ]
     if ts.get("granularity_ms") is not None:
-        lines.append(f"  timestamps: every one a multiple of {ts['granularity_ms']:,} ms; requests "
-                     f"{_ms(ts.get('median_gap_ms'))} apart at the median, {_ms(ts.get('smallest_gap_ms'))} "
-                     f"at the closest. To publish coarser timing: anonymize "
-                     f"--timestamp-granularity-ms N")
+        lines.append(
+            f"  timestamps: every one a multiple of {ts['granularity_ms']:,} ms; requests "
+            f"{_ms(ts.get('median_gap_ms'))} apart at the median, {_ms(ts.get('smallest_gap_ms'))} "
+            f"at the closest. To publish coarser timing: anonymize "
+            f"--timestamp-granularity-ms N"
+        )
     if single:
         lines.append(
             f"  rows unique in the trace: {single['unique_id_sequence']:.1%} by their id sequence, "
@@ -1240,20 +1454,30 @@ def report_text(report: dict, where: str) -> str:
             f"prefix traces and no text is exposed; it matters only to someone who already knows "
             f"a request's token count or block structure and wants to find its row. To blur "
             f"lengths: --length-granularity N (output lengths, input lengths within their last "
-            f"block)")
-    lines.append(f"  sessions: {sessions['sessions']:,} ({sessions['rows_with_session']:,} rows, at "
-                 f"most {sessions['max_rows_per_session']:,} per session)"
-                 + (": they link a user's turns; leave session ids out of the logs to publish "
-                    "none" if sessions["sessions"] else ""))
+            f"block)"
+        )
+    lines.append(
+        f"  sessions: {sessions['sessions']:,} ({sessions['rows_with_session']:,} rows, at "
+        f"most {sessions['max_rows_per_session']:,} per session)"
+        + (
+            ": they link a user's turns; leave session ids out of the logs to publish none"
+            if sessions["sessions"]
+            else ""
+        )
+    )
     if report["manifest"]:
         m = report["manifest"]
-        lines.append(f"  manifest: hash scheme {m['hash_scheme']}"
-                     f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
-                     f"{m.get('granularity')}")
+        lines.append(
+            f"  manifest: hash scheme {m['hash_scheme']}"
+            f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
+            f"{m.get('granularity')}"
+        )
     lines += [f"  FLAG {flag}" for flag in report["flags"]]
-    lines.append("verdict: publishable: exactly what kvtrace publishes, nothing flagged"
-                 if report["publishable"] else
-                 f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above")
+    lines.append(
+        "verdict: publishable: exactly what kvtrace publishes, nothing flagged"
+        if report["publishable"]
+        else f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above"
+    )
     return "\n".join(lines)
 
 

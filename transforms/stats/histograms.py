@@ -52,9 +52,15 @@ def describe_histogram(counts: Counter) -> dict[str, float]:
         below, above, t = at(low), at(high), k - low
         return above - (above - below) * (1 - t) if t >= 0.5 else below + (above - below) * t
 
-    return {"mean": mean, "std_dev": std, "min": float(values[0]),
-            "p25": percentile(0.25), "median": percentile(0.5), "p75": percentile(0.75),
-            "max": float(values[-1])}
+    return {
+        "mean": mean,
+        "std_dev": std,
+        "min": float(values[0]),
+        "p25": percentile(0.25),
+        "median": percentile(0.5),
+        "p75": percentile(0.75),
+        "max": float(values[-1]),
+    }
 
 
 def exact_moments(counts: Counter, n: int) -> tuple[float, float]:

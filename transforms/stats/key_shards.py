@@ -19,14 +19,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtrace.transforms.stats.trace_blocks import (Blocks, chunks, covered_tokens, first_index, gathered,
-                                     gathered_compare, last_index, last_tokens)
+from kvtrace.transforms.stats.trace_blocks import (
+    Blocks,
+    chunks,
+    covered_tokens,
+    first_index,
+    gathered,
+    gathered_compare,
+    last_index,
+    last_tokens,
+)
 
 # Per row, what one key shard found about it. unseen_pos: the row's first block whose id no
 # earlier row has (-1: none here); repeated: its blocks whose (position, id) pair occurs twice or
 # more in the trace; misses: its blocks whose prefix first occurs there in causal order.
-PARTIAL = np.dtype([("rowkey", "<i8"), ("unseen_pos", "<i8"), ("repeated", "<i8"),
-                    ("misses", "<i8")])
+PARTIAL = np.dtype(
+    [("rowkey", "<i8"), ("unseen_pos", "<i8"), ("repeated", "<i8"), ("misses", "<i8")]
+)
 CHAINING_PROBLEMS = ("ids_at_several_positions", "ids_behind_several_parents")
 
 
@@ -55,13 +64,19 @@ def id_shard(blocks: Blocks) -> ShardResult:
     return ShardResult(
         _partials(blocks, unseen_pos=_first_unseen(blocks), repeated=_repeated_per_row(blocks)),
         Counter(num_prefix_groups=int((per_first_id >= 2).sum())),
-        chaining_problems(blocks))
+        chaining_problems(blocks),
+    )
 
 
 def _first_unseen(blocks: Blocks) -> np.ndarray:
     """Per row, the position of its first block whose id no earlier row (file order) has, or -1."""
-    first_row = np.concatenate([np.zeros(0, np.int32)] + [
-        blocks.rows_at(blocks.id_first[start:end]) for start, end in chunks(len(blocks.id_first))])
+    first_row = np.concatenate(
+        [np.zeros(0, np.int32)]
+        + [
+            blocks.rows_at(blocks.id_first[start:end])
+            for start, end in chunks(len(blocks.id_first))
+        ]
+    )
     result = np.full(blocks.row_count, -1, dtype=np.int64)
     done = np.zeros(blocks.row_count, dtype=bool)
     for start, end in chunks(len(blocks.id_group)):  # in block order: a row's earlier chunk wins
@@ -93,15 +108,18 @@ def _repeated_per_row(blocks: Blocks) -> np.ndarray:
     del moved
     counts = np.zeros(blocks.row_count, dtype=np.int64)
     for start, end in chunks(len(repeated)):
-        counts += np.bincount(blocks.rows(start, end)[repeated[start:end]],
-                              minlength=blocks.row_count)
+        counts += np.bincount(
+            blocks.rows(start, end)[repeated[start:end]], minlength=blocks.row_count
+        )
     return counts
 
 
 def chaining_problems(blocks: Blocks) -> dict[str, np.ndarray]:
     """The ids not always at the position, or behind the parent, of their first occurrence."""
-    return {"ids_at_several_positions": _ids_differing(blocks, lambda i: blocks.position[i]),
-            "ids_behind_several_parents": _ids_differing(blocks, blocks.parent)}
+    return {
+        "ids_at_several_positions": _ids_differing(blocks, lambda i: blocks.position[i]),
+        "ids_behind_several_parents": _ids_differing(blocks, blocks.parent),
+    }
 
 
 def _ids_differing(blocks: Blocks, attribute) -> np.ndarray:
@@ -120,16 +138,22 @@ def prefix_shard(blocks: Blocks) -> ShardResult:
     holding every occurrence of their prefixes. A prefix occurs once exactly when its first and
     last occurrences coincide (a count per prefix would widen every block's id to int64)."""
     prefixes = int(blocks.prefix.max(initial=-1)) + 1
-    once = int(np.count_nonzero(
-        first_index(blocks.prefix, prefixes) == last_index(blocks.prefix, prefixes)))
+    once = int(
+        np.count_nonzero(
+            first_index(blocks.prefix, prefixes) == last_index(blocks.prefix, prefixes)
+        )
+    )
     misses = np.zeros(blocks.row_count, dtype=np.int64)
     missed = _first_in_causal_order(blocks, prefixes)
     for start, end in chunks(len(missed)):
         misses += np.bincount(blocks.rows_at(missed[start:end]), minlength=blocks.row_count)
     occurrences = len(blocks.prefix)
-    return ShardResult(_partials(blocks, misses=misses),
-                       Counter(unique_prefixes=prefixes, occurrences=occurrences,
-                               reused_occurrences=occurrences - once))
+    return ShardResult(
+        _partials(blocks, misses=misses),
+        Counter(
+            unique_prefixes=prefixes, occurrences=occurrences, reused_occurrences=occurrences - once
+        ),
+    )
 
 
 def _first_in_causal_order(blocks: Blocks, prefixes: int) -> np.ndarray:
@@ -142,9 +166,14 @@ def _first_in_causal_order(blocks: Blocks, prefixes: int) -> np.ndarray:
     for start, end in chunks(len(blocks.prefix)):
         np.minimum.at(earliest, blocks.prefix[start:end], rank[blocks.rows(start, end)])
     # A prefix occurs at most once per row and ranks are distinct: one block per prefix matches.
-    return np.concatenate([np.zeros(0, dtype=np.int64)] + [
-        np.flatnonzero(earliest[blocks.prefix[start:end]] == rank[blocks.rows(start, end)]) + start
-        for start, end in chunks(len(blocks.prefix))])
+    return np.concatenate(
+        [np.zeros(0, dtype=np.int64)]
+        + [
+            np.flatnonzero(earliest[blocks.prefix[start:end]] == rank[blocks.rows(start, end)])
+            + start
+            for start, end in chunks(len(blocks.prefix))
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -171,8 +200,9 @@ class RowMeasures:
     after_warmup: np.ndarray  # bool
 
 
-def row_measures(rows: Rows, partials: np.ndarray, block_size: int,
-                 warmup_key: tuple[float, int] | None) -> RowMeasures:
+def row_measures(
+    rows: Rows, partials: np.ndarray, block_size: int, warmup_key: tuple[float, int] | None
+) -> RowMeasures:
     """Each row met with every partial about it (each row's in this row shard)."""
     index = np.searchsorted(rows.keys, partials["rowkey"])
     n = rows.lengths
@@ -196,21 +226,29 @@ def row_measures(rows: Rows, partials: np.ndarray, block_size: int,
         hit_rate=unseen[with_ids] / n[with_ids],
         per_request=1 - misses[with_ids] / n[with_ids],
         tokens=covered_tokens(rows.input_length, n, block_size),
-        miss_tokens=miss_tokens, misses=misses, after_warmup=after)
+        miss_tokens=miss_tokens,
+        misses=misses,
+        after_warmup=after,
+    )
 
 
 def row_sums(rows: Rows, measured: RowMeasures) -> Counter:
     """The whole-trace sums of one row shard's measures (they add across row shards)."""
     after = measured.after_warmup
     return Counter(
-        rows=len(rows.keys), blocks=int(rows.lengths.sum()), misses=int(measured.misses.sum()),
-        tokens=int(measured.tokens.sum()), miss_tokens=int(measured.miss_tokens.sum()),
+        rows=len(rows.keys),
+        blocks=int(rows.lengths.sum()),
+        misses=int(measured.misses.sum()),
+        tokens=int(measured.tokens.sum()),
+        miss_tokens=int(measured.miss_tokens.sum()),
         tokens_after=int(measured.tokens[after].sum()),
-        miss_tokens_after=int(measured.miss_tokens[after].sum()))
+        miss_tokens_after=int(measured.miss_tokens[after].sum()),
+    )
 
 
-def first_after_warmup(timestamp: np.ndarray, keys: np.ndarray,
-                       fraction: float) -> tuple[float, int] | None:
+def first_after_warmup(
+    timestamp: np.ndarray, keys: np.ndarray, fraction: float
+) -> tuple[float, int] | None:
     """The causal key (timestamp, key) of the row at rank floor(fraction x rows), or None."""
     rank = math.floor(fraction * len(keys))
     if rank >= len(keys):

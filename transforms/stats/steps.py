@@ -12,8 +12,8 @@ import numpy as np
 from kvtrace.transforms.combiners import BucketTotals
 from kvtrace.transforms.ids.buckets import buckets_of
 from kvtrace.transforms.stats.histograms import histogram, merge
-from kvtrace.transforms.stats.shard_report import assemble, file_summary, shard_counts
 from kvtrace.transforms.stats.key_shards import PARTIAL, id_shard, prefix_shard
+from kvtrace.transforms.stats.shard_report import assemble, file_summary, shard_counts
 from kvtrace.transforms.stats.trace_shards import (
     ROW,
     FileChunk,
@@ -37,17 +37,23 @@ class ReadTraceFiles(beam.PTransform):
         self._files, self._block_size = files, block_size
 
     def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
-        return (root
-                | "Files" >> beam.Create(list(enumerate(self._files)))
-                | "Read" >> beam.FlatMap(read_chunk, self._files, self._block_size))
+        return (
+            root
+            | "Files" >> beam.Create(list(enumerate(self._files)))
+            | "Read" >> beam.FlatMap(read_chunk, self._files, self._block_size)
+        )
 
 
 class ShardStep(beam.PTransform):
     """Blocks to shards of one key; each shard's tables (one per file) through one shard
     function."""
 
-    def __init__(self, key: Callable[[np.ndarray], np.ndarray],
-                 analyse: Callable[[list[np.ndarray]], object], shards: int):
+    def __init__(
+        self,
+        key: Callable[[np.ndarray], np.ndarray],
+        analyse: Callable[[list[np.ndarray]], object],
+        shards: int,
+    ):
         super().__init__()
         self._key, self._analyse, self._shards = key, analyse, shards
 
@@ -71,9 +77,14 @@ class WarmupKey(beam.PTransform):
         self._fraction = fraction
 
     def expand(self, chunks: beam.PCollection) -> beam.PCollection:
-        plan = chunks | "WarmupPlan" >> beam.CombineGlobally(CombineWith(BucketTotals(
-            lambda c: histogram(buckets_of(c.rows["ts"])).items(),
-            lambda sizes: warmup_plan(sizes, self._fraction))))
+        plan = chunks | "WarmupPlan" >> beam.CombineGlobally(
+            CombineWith(
+                BucketTotals(
+                    lambda c: histogram(buckets_of(c.rows["ts"])).items(),
+                    lambda sizes: warmup_plan(sizes, self._fraction),
+                )
+            )
+        )
         return (
             chunks
             | "Candidates" >> beam.FlatMap(_warmup_candidates, beam.pvalue.AsSingleton(plan))
@@ -100,16 +111,24 @@ class RowShards(beam.PTransform):
     def expand(self, inputs: dict[str, beam.PCollection]) -> beam.PCollection:
         block_size, shards = self._block_size, self._shards
         partials = inputs["shard_results"] | "Partials" >> beam.FlatMap(
-            lambda r: by_shard(r.partials, r.partials["rowkey"], shards))
+            lambda r: by_shard(r.partials, r.partials["rowkey"], shards)
+        )
         rows = inputs["chunks"] | "Rows" >> beam.FlatMap(
-            lambda c: by_shard(c.rows, c.rows["rowkey"], shards))
+            lambda c: by_shard(c.rows, c.rows["rowkey"], shards)
+        )
         return (
             {"rows": rows, "partials": partials}
             | "JoinRows" >> beam.CoGroupByKey()
-            | "PerRow" >> beam.Map(
-                lambda kv, key: row_shard(_concat(kv[1]["rows"], ROW),
-                                          _concat(kv[1]["partials"], PARTIAL), block_size, key),
-                beam.pvalue.AsSingleton(self._warmup))
+            | "PerRow"
+            >> beam.Map(
+                lambda kv, key: row_shard(
+                    _concat(kv[1]["rows"], ROW),
+                    _concat(kv[1]["partials"], PARTIAL),
+                    block_size,
+                    key,
+                ),
+                beam.pvalue.AsSingleton(self._warmup),
+            )
         )
 
 
@@ -124,13 +143,16 @@ class MinuteCounts(beam.PTransform):
     def expand(self, chunks: beam.PCollection) -> beam.PCollection:
         origin = (
             chunks
-            | "FirstTimes" >> beam.FlatMap(lambda c: [float(c.rows["ts"].min())] if len(c.rows) else [])
+            | "FirstTimes"
+            >> beam.FlatMap(lambda c: [float(c.rows["ts"].min())] if len(c.rows) else [])
             | "Origin" >> beam.CombineGlobally(lambda ts: min(ts, default=0.0))
         )
         return (
             chunks
-            | "Minutes" >> beam.Map(lambda c, o: minute_counts(c.rows["ts"], o),
-                                    beam.pvalue.AsSingleton(origin))
+            | "Minutes"
+            >> beam.Map(
+                lambda c, o: minute_counts(c.rows["ts"], o), beam.pvalue.AsSingleton(origin)
+            )
             | "AllMinutes" >> beam.CombineGlobally(merge)
         )
 
@@ -140,8 +162,9 @@ class AnalyzeTrace(beam.PTransform):
     hash id and of prefix (key_shards.py); their per-row partials meet their rows in row
     shards."""
 
-    def __init__(self, files: tuple[str, ...], block_size: int, warmup_fraction: float,
-                 shards: int):
+    def __init__(
+        self, files: tuple[str, ...], block_size: int, warmup_fraction: float, shards: int
+    ):
         super().__init__()
         self._files, self._block_size = files, block_size
         self._warmup_fraction, self._shards = warmup_fraction, shards
@@ -150,22 +173,32 @@ class AnalyzeTrace(beam.PTransform):
         shards = self._shards
         chunks = root | "ReadFiles" >> ReadTraceFiles(self._files, self._block_size)
         shard_results = (
-            chunks | "ByIds" >> ShardStep(
-                lambda b: b["id"], lambda t: id_shard(shard_blocks(t, id_divisor=shards)), shards),
-            chunks | "ByPrefixes" >> ShardStep(
-                lambda b: b["prefix_lo"], lambda t: prefix_shard(shard_blocks(t, with_prefix=True)),
-                shards),
+            chunks
+            | "ByIds"
+            >> ShardStep(
+                lambda b: b["id"], lambda t: id_shard(shard_blocks(t, id_divisor=shards)), shards
+            ),
+            chunks
+            | "ByPrefixes"
+            >> ShardStep(
+                lambda b: b["prefix_lo"],
+                lambda t: prefix_shard(shard_blocks(t, with_prefix=True)),
+                shards,
+            ),
         ) | "AllShards" >> beam.Flatten()
         warmup = chunks | "FirstAfterWarmup" >> WarmupKey(self._warmup_fraction)
-        row_results = ({"chunks": chunks, "shard_results": shard_results}
-                       | "RowShards" >> RowShards(self._block_size, shards, warmup))
+        row_results = {"chunks": chunks, "shard_results": shard_results} | "RowShards" >> RowShards(
+            self._block_size, shards, warmup
+        )
         minutes = chunks | "RequestRate" >> MinuteCounts()
         return (
             root.pipeline
             | "Report" >> beam.Create([None])
-            | "Assemble" >> beam.Map(
-                lambda _, *parts: assemble(self._files, self._block_size, self._warmup_fraction,
-                                           *parts),
+            | "Assemble"
+            >> beam.Map(
+                lambda _, *parts: assemble(
+                    self._files, self._block_size, self._warmup_fraction, *parts
+                ),
                 beam.pvalue.AsList(chunks | "FileSummaries" >> beam.Map(file_summary)),
                 beam.pvalue.AsList(shard_results | "ShardCounts" >> beam.Map(shard_counts)),
                 beam.pvalue.AsList(row_results),

@@ -33,7 +33,9 @@ class Blocks:
     timestamp: np.ndarray  # float64 per row
     position: np.ndarray  # each block's position in its row (int16 where rows allow, else int32)
     ids: np.ndarray  # each block's hash id
-    prefix: np.ndarray | None  # int32: dense id of hash_ids[:position + 1], equal for equal prefixes
+    prefix: (
+        np.ndarray | None
+    )  # int32: dense id of hash_ids[:position + 1], equal for equal prefixes
     parents: np.ndarray | None = None  # the id before each block, -1 first; None: whole rows here
     id_divisor: int = 1  # ids // id_divisor are dense where a shard holds every id_divisor-th id
 
@@ -43,8 +45,14 @@ class Blocks:
         lengths = trace.lengths
         narrow = np.int16 if lengths.max(initial=0) < 2**15 else np.int32
         position = np.empty(len(trace.ids), dtype=narrow)
-        blocks = Blocks(trace.offsets, np.arange(len(trace), dtype=np.int64), trace.timestamp,
-                        position, trace.ids, prefix_ids(trace))
+        blocks = Blocks(
+            trace.offsets,
+            np.arange(len(trace), dtype=np.int64),
+            trace.timestamp,
+            position,
+            trace.ids,
+            prefix_ids(trace),
+        )
         for start, end in chunks(len(position)):  # traces hold < 2^31 blocks
             position[start:end] = np.arange(start, end) - trace.offsets[blocks.rows(start, end)]
         return blocks
@@ -72,7 +80,7 @@ class Blocks:
         """The row of each block in [start, end). Computed, not stored: a row per block would
         be the largest array of a big trace's analysis after the ids."""
         first, last = np.searchsorted(self.offsets, [start, end - 1], "right") - 1
-        spans = np.diff(np.clip(self.offsets[first:last + 2], start, end))
+        spans = np.diff(np.clip(self.offsets[first : last + 2], start, end))
         return np.repeat(np.arange(first, last + 1, dtype=np.int32), spans)
 
     def rows_at(self, index: np.ndarray) -> np.ndarray:
@@ -119,7 +127,9 @@ def gathered(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     return out
 
 
-def gathered_compare(table: np.ndarray, index: np.ndarray, other: np.ndarray, compare) -> np.ndarray:
+def gathered_compare(
+    table: np.ndarray, index: np.ndarray, other: np.ndarray, compare
+) -> np.ndarray:
     """compare(table[index], other) as a bool array, built chunk by chunk."""
     out = np.empty(len(index), dtype=bool)
     for start, end in chunks(len(index)):

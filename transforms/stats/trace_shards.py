@@ -19,15 +19,24 @@ import xxhash
 
 from kvtrace.transforms.ids.dense_ids import split_by
 from kvtrace.transforms.read.trace_io import Trace, read_trace
-from kvtrace.transforms.stats.trace_blocks import Blocks, last_block_tokens
 from kvtrace.transforms.stats.histograms import histogram
 from kvtrace.transforms.stats.key_shards import Rows, row_measures, row_sums
+from kvtrace.transforms.stats.trace_blocks import Blocks, last_block_tokens
 from kvtrace.transforms.stats.trace_stats import row_problems, session_counts
 
 ROW = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("isl", "<i8"), ("osl", "<i8"), ("n", "<i8")])
-BLOCK = np.dtype([("rowkey", "<i8"), ("ts", "<f8"), ("pos", "<i8"), ("id", "<i8"),
-                  ("parent", "<i8"), ("prefix_hi", "<u8"), ("prefix_lo", "<u8"),
-                  ("weight", "<i8")])
+BLOCK = np.dtype(
+    [
+        ("rowkey", "<i8"),
+        ("ts", "<f8"),
+        ("pos", "<i8"),
+        ("id", "<i8"),
+        ("parent", "<i8"),
+        ("prefix_hi", "<u8"),
+        ("prefix_lo", "<u8"),
+        ("weight", "<i8"),
+    ]
+)
 LINE_BITS = 40  # rowkey = file index << 40 | line: file order is rowkey order
 
 
@@ -68,8 +77,9 @@ def prefix_hashes(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.
     return words[:, 0].copy(), words[:, 1].copy()
 
 
-def shard_blocks(tables: list[np.ndarray], id_divisor: int = 1,
-                 with_prefix: bool = False) -> Blocks:
+def shard_blocks(
+    tables: list[np.ndarray], id_divisor: int = 1, with_prefix: bool = False
+) -> Blocks:
     """One key shard's block tables (one per file, each in file order) as Blocks: every
     occurrence of the shard's keys, in file order, grouped by row. Ids are dense once divided by
     id_divisor (the id shard count); prefixes are numbered when the shard measures them."""
@@ -77,9 +87,16 @@ def shard_blocks(tables: list[np.ndarray], id_divisor: int = 1,
     rowkey = table["rowkey"]
     starts = np.flatnonzero(np.concatenate([[True], rowkey[1:] != rowkey[:-1]]))
     offsets = np.append(starts, len(table))
-    return Blocks(offsets, rowkey[starts], table["ts"][starts], table["pos"].astype(np.int32),
-                  table["id"], dense_prefixes(table) if with_prefix else None,
-                  parents=table["parent"], id_divisor=id_divisor)
+    return Blocks(
+        offsets,
+        rowkey[starts],
+        table["ts"][starts],
+        table["pos"].astype(np.int32),
+        table["id"],
+        dense_prefixes(table) if with_prefix else None,
+        parents=table["parent"],
+        id_divisor=id_divisor,
+    )
 
 
 def dense_prefixes(table: np.ndarray) -> np.ndarray:
@@ -99,15 +116,17 @@ class RowShardResult:
     sums: Counter
 
 
-def row_shard(rows: np.ndarray, partials: np.ndarray, block_size: int,
-              warmup_key: tuple[float, int] | None) -> RowShardResult:
+def row_shard(
+    rows: np.ndarray, partials: np.ndarray, block_size: int, warmup_key: tuple[float, int] | None
+) -> RowShardResult:
     """One row shard's rows met with every partial about them: histograms and sums."""
     rows = rows[np.argsort(rows["rowkey"])]
     columns = Rows(rows["rowkey"], rows["ts"], rows["isl"], rows["osl"], rows["n"])
     measured = row_measures(columns, partials, block_size, warmup_key)
     return RowShardResult(
         histograms={
-            "isl": histogram(rows["isl"]), "osl": histogram(rows["osl"]),
+            "isl": histogram(rows["isl"]),
+            "osl": histogram(rows["osl"]),
             "context": histogram(measured.context),
             "unique_prompt": histogram(rows["isl"] - measured.context),
             "hit_rate": histogram(measured.hit_rate),
@@ -131,7 +150,9 @@ class FileChunk:
     first_line: int
 
 
-def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int) -> Iterator[FileChunk]:
+def read_chunk(
+    indexed: tuple[int, str], files: tuple[str, ...], block_size: int
+) -> Iterator[FileChunk]:
     """One file of a trace as tables (the unit the Beam engines of analyze and reuse shard),
     read as pinned when the files were listed (files[index] carries its pin: trace_inputs)."""
     index, _ = indexed
@@ -141,7 +162,11 @@ def read_chunk(indexed: tuple[int, str], files: tuple[str, ...], block_size: int
     rows, blocks = chunk_tables(trace, block_size)
     has_rows = len(trace) > 0
     yield FileChunk(
-        index, rows, blocks, row_problems(trace, block_size), session_counts(trace),
+        index,
+        rows,
+        blocks,
+        row_problems(trace, block_size),
+        session_counts(trace),
         float(trace.timestamp[0]) if has_rows else None,
         float(trace.timestamp[-1]) if has_rows else None,
         int(trace.line[0]) if has_rows else 0,

@@ -17,29 +17,36 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.stats.trace_blocks import Blocks
 from kvtrace.transforms.stats.heap import return_freed_heap
 from kvtrace.transforms.stats.histograms import describe_histogram, histogram
-from kvtrace.transforms.stats.key_shards import (Rows, chaining_problems, first_after_warmup, id_shard,
-                                         prefix_shard, row_measures, row_sums)
+from kvtrace.transforms.stats.key_shards import (
+    Rows,
+    chaining_problems,
+    first_after_warmup,
+    id_shard,
+    prefix_shard,
+    row_measures,
+    row_sums,
+)
+from kvtrace.transforms.stats.trace_blocks import Blocks
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 
 MAX_EXAMPLES = 20  # example lines listed per problem kind
 
 DEFINITIONS = {
     "cache_hit_rate": "aiperf/Dynamo theoretical hit rate: per row, (index of the first hash id "
-                      "not seen in any earlier row, file order) / len(hash_ids); mean over rows "
-                      "with hash_ids; a partial last block counts as a whole block",
+    "not seen in any earlier row, file order) / len(hash_ids); mean over rows "
+    "with hash_ids; a partial last block counts as a whole block",
     "context_length": "aiperf/Dynamo: (position, id) pairs counted over the whole file; "
-                      "input_length if all of a row's pairs repeat, else repeated pairs x block "
-                      "size (not causal)",
+    "input_length if all of a row's pairs repeat, else repeated pairs x block "
+    "size (not causal)",
     "token_weighted": "infinite cache, causal in (timestamp, file order): tokens of each row's "
-                      "longest prefix seen in an earlier row / all input tokens; the partial last "
-                      "block weighs its real token count",
+    "longest prefix seen in an earlier row / all input tokens; the partial last "
+    "block weighs its real token count",
     "block_weighted": "as token_weighted, counting blocks",
     "per_request_mean": "as block_weighted, per row, then the unweighted mean over rows with blocks",
     "token_weighted_after_warmup": "as token_weighted, counting only rows after the first "
-                                   "warmup fraction of rows (earlier rows still fill the cache)",
+    "warmup fraction of rows (earlier rows still fill the cache)",
 }
 
 
@@ -64,8 +71,11 @@ def request_rate(per_minute: Counter) -> dict:
     if not per_minute:
         return {"mean_per_minute": 0.0, "peak_per_minute": 0, "minutes": 0}
     minutes = max(per_minute) + 1
-    return {"mean_per_minute": float(sum(per_minute.values()) / minutes),
-            "peak_per_minute": int(max(per_minute.values())), "minutes": int(minutes)}
+    return {
+        "mean_per_minute": float(sum(per_minute.values()) / minutes),
+        "peak_per_minute": int(max(per_minute.values())),
+        "minutes": int(minutes),
+    }
 
 
 def session_counts(trace: Trace) -> Counter:
@@ -79,30 +89,45 @@ def session_stats(counts: Counter) -> dict | None:
     if not counts:
         return None
     per_session = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
-    return {"sessions": len(counts), "requests_with_session": int(per_session.sum()),
-            "requests_per_session": describe(per_session)}
+    return {
+        "sessions": len(counts),
+        "requests_with_session": int(per_session.sum()),
+        "requests_per_session": describe(per_session),
+    }
 
 
 def row_problems(trace: Trace, block_size: int) -> dict:
     """Broken row invariants and malformed lines, with example lines (file order)."""
+
     def examples(rows: np.ndarray) -> list[dict]:
-        return [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
-                for r in rows[:MAX_EXAMPLES]]
+        return [
+            {"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
+            for r in rows[:MAX_EXAMPLES]
+        ]
 
     expected = -(-trace.input_length // block_size)
     wrong_length = np.flatnonzero(trace.lengths != expected)
     backwards = np.flatnonzero(np.diff(trace.timestamp) < 0) + 1
     return {
-        "hash_ids_length_mismatch": {"count": int(len(wrong_length)), "examples": examples(wrong_length)},
+        "hash_ids_length_mismatch": {
+            "count": int(len(wrong_length)),
+            "examples": examples(wrong_length),
+        },
         "timestamps_backwards": {"count": int(len(backwards)), "examples": examples(backwards)},
         "malformed_lines": {"count": trace.malformed_count, "examples": trace.malformed},
     }
 
 
-def id_problems(ids_at_several_positions: np.ndarray, ids_behind_several_parents: np.ndarray) -> dict:
-    return {name: {"count": int(len(ids)), "examples": np.sort(ids)[:MAX_EXAMPLES].tolist()}
-            for name, ids in (("ids_at_several_positions", ids_at_several_positions),
-                              ("ids_behind_several_parents", ids_behind_several_parents))}
+def id_problems(
+    ids_at_several_positions: np.ndarray, ids_behind_several_parents: np.ndarray
+) -> dict:
+    return {
+        name: {"count": int(len(ids)), "examples": np.sort(ids)[:MAX_EXAMPLES].tolist()}
+        for name, ids in (
+            ("ids_at_several_positions", ids_at_several_positions),
+            ("ids_behind_several_parents", ids_behind_several_parents),
+        )
+    }
 
 
 def problems(trace: Trace, block_size: int, blocks: Blocks) -> dict:
@@ -143,8 +168,12 @@ def report(measures: Measures, block_size: int, warmup_fraction: float) -> dict:
         "unique_prefixes": m.unique_prefixes,
         "num_prefix_groups": m.num_prefix_groups,
         "cache_hit_rate": m.stats["hit_rate"]["mean"],
-        "min_isl": m.isl_range[0], "max_isl": m.isl_range[1], "avg_isl": m.stats["isl"]["mean"],
-        "min_osl": m.osl_range[0], "max_osl": m.osl_range[1], "avg_osl": m.stats["osl"]["mean"],
+        "min_isl": m.isl_range[0],
+        "max_isl": m.isl_range[1],
+        "avg_isl": m.stats["isl"]["mean"],
+        "min_osl": m.osl_range[0],
+        "max_osl": m.osl_range[1],
+        "avg_osl": m.stats["osl"]["mean"],
         "prefix_reuse_ratio": _ratio(m.reused_prefix_occurrences, m.prefix_occurrences),
         "isl_stats": m.stats["isl"],
         "osl_stats": m.stats["osl"],
@@ -155,8 +184,9 @@ def report(measures: Measures, block_size: int, warmup_fraction: float) -> dict:
             "token_weighted": _ratio(m.tokens - m.miss_tokens, m.tokens),
             "block_weighted": _ratio(m.blocks - m.misses, m.blocks),
             "per_request_mean": m.per_request_mean,
-            "token_weighted_after_warmup": _ratio(m.tokens_after_warmup - m.miss_tokens_after_warmup,
-                                                  m.tokens_after_warmup),
+            "token_weighted_after_warmup": _ratio(
+                m.tokens_after_warmup - m.miss_tokens_after_warmup, m.tokens_after_warmup
+            ),
             "warmup_fraction": warmup_fraction,
             "working_set": {"unique_blocks": m.misses, "unique_tokens": m.miss_tokens},
         },
@@ -169,19 +199,28 @@ def report(measures: Measures, block_size: int, warmup_fraction: float) -> dict:
     return result
 
 
-def analyze(trace: Trace, block_size: int = DEFAULT_BLOCK_SIZE,
-            warmup_fraction: float = 0.5) -> dict:
+def analyze(
+    trace: Trace, block_size: int = DEFAULT_BLOCK_SIZE, warmup_fraction: float = 0.5
+) -> dict:
     """The report of `kvtrace analyze`, the whole trace as one key shard of each kind and one
     row shard (key_shards.py)."""
     blocks = Blocks.of(trace)
     return_freed_heap()
     by_id, by_prefix = id_shard(blocks), prefix_shard(blocks)
     del blocks
-    rows = Rows(np.arange(len(trace), dtype=np.int64), trace.timestamp, trace.input_length,
-                trace.output_length, trace.lengths)
-    measured = row_measures(rows, np.concatenate([by_id.partials, by_prefix.partials]),
-                            block_size, first_after_warmup(rows.timestamp, rows.keys,
-                                                           warmup_fraction))
+    rows = Rows(
+        np.arange(len(trace), dtype=np.int64),
+        trace.timestamp,
+        trace.input_length,
+        trace.output_length,
+        trace.lengths,
+    )
+    measured = row_measures(
+        rows,
+        np.concatenate([by_id.partials, by_prefix.partials]),
+        block_size,
+        first_after_warmup(rows.timestamp, rows.keys, warmup_fraction),
+    )
     sums, counts = row_sums(rows, measured), by_id.counts + by_prefix.counts
     isl, osl = trace.input_length, trace.output_length
     measures = Measures(
@@ -190,17 +229,26 @@ def analyze(trace: Trace, block_size: int = DEFAULT_BLOCK_SIZE,
         num_prefix_groups=counts["num_prefix_groups"],
         prefix_occurrences=counts["occurrences"],
         reused_prefix_occurrences=counts["reused_occurrences"],
-        stats={"isl": describe(isl), "osl": describe(osl), "context": describe(measured.context),
-               "unique_prompt": describe(isl - measured.context),
-               "hit_rate": describe(measured.hit_rate)},
+        stats={
+            "isl": describe(isl),
+            "osl": describe(osl),
+            "context": describe(measured.context),
+            "unique_prompt": describe(isl - measured.context),
+            "hit_rate": describe(measured.hit_rate),
+        },
         isl_range=(int(isl.min()) if len(isl) else 0, int(isl.max(initial=0))),
         osl_range=(int(osl.min()) if len(osl) else 0, int(osl.max(initial=0))),
-        tokens=sums["tokens"], miss_tokens=sums["miss_tokens"],
-        blocks=sums["blocks"], misses=sums["misses"],
+        tokens=sums["tokens"],
+        miss_tokens=sums["miss_tokens"],
+        blocks=sums["blocks"],
+        misses=sums["misses"],
         tokens_after_warmup=sums["tokens_after"],
         miss_tokens_after_warmup=sums["miss_tokens_after"],
         per_request_mean=describe(measured.per_request)["mean"],  # 0.0 for no row with blocks
-        per_minute=minute_counts(trace.timestamp, float(trace.timestamp.min()) if len(trace) else 0.0),
+        per_minute=minute_counts(
+            trace.timestamp, float(trace.timestamp.min()) if len(trace) else 0.0
+        ),
         sessions=session_counts(trace),
-        problems={**row_problems(trace, block_size), **id_problems(**by_id.problem_ids)})
+        problems={**row_problems(trace, block_size), **id_problems(**by_id.problem_ids)},
+    )
     return report(measures, block_size, warmup_fraction)

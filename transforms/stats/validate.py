@@ -20,7 +20,7 @@ from kvtrace.transforms.stats.trace_stats import MAX_EXAMPLES, problems
 _UNBOUNDED = 1 << 62  # no upper bound (rows of one id)
 RULES = {
     "malformed_lines": "every line is a JSON object with integer timestamp, input_length, "
-                       "output_length and a list of integer hash_ids",
+    "output_length and a list of integer hash_ids",
     "hash_ids_length_mismatch": "len(hash_ids) == ceil(input_length / block_size)",
     "ids_at_several_positions": "every hash id is always at the same position",
     "ids_behind_several_parents": "every hash id always follows the same parent id",
@@ -48,8 +48,10 @@ class BlockSizeFit:
         if self.rows == 0:
             return "no row has ids"
         if self.high is not None and self.low > self.high:
-            return f"no block size fits every row; {self.best} fits most ({self.best_rows:,} " \
-                   f"of {self.rows:,} rows)"
+            return (
+                f"no block size fits every row; {self.best} fits most ({self.best_rows:,} "
+                f"of {self.rows:,} rows)"
+            )
         if self.high == self.low:
             return f"the rows fit block size {self.low} only"
         upper = "any larger" if self.high is None else f"{self.high}"
@@ -73,8 +75,13 @@ def block_size_fit(trace: Trace) -> BlockSizeFit:
     covering = np.searchsorted(starts, points, "right") - np.searchsorted(ends, points, "right")
     at = int(np.lexsort((points, ~np.isin(points, powers), -covering))[0])
     top = int(high.min())
-    return BlockSizeFit(int(low.max()), None if top == _UNBOUNDED else top, int(points[at]),
-                        int(covering[at]), int(len(n)))
+    return BlockSizeFit(
+        int(low.max()),
+        None if top == _UNBOUNDED else top,
+        int(points[at]),
+        int(covering[at]),
+        int(len(n)),
+    )
 
 
 def validate(trace: Trace, block_size: int | None, declared_by: str) -> dict:
@@ -86,18 +93,37 @@ def validate(trace: Trace, block_size: int | None, declared_by: str) -> dict:
     negative = np.flatnonzero(trace.timestamp < 0)
     found["negative_timestamps"] = {
         "count": int(len(negative)),
-        "examples": [{"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
-                     for r in negative[:MAX_EXAMPLES]]}
+        "examples": [
+            {"file": trace.files[trace.file_index[r]], "line": int(trace.line[r])}
+            for r in negative[:MAX_EXAMPLES]
+        ],
+    }
     fits = block_size is None or fit.fits_all(block_size)
     found["block_size"] = {"count": 0 if fits else 1, "examples": [] if fits else [fit.describe()]}
-    checks = [{"rule": name, "description": RULES[name], "count": found[name]["count"],
-               "examples": found[name]["examples"]} for name in RULES]
+    checks = [
+        {
+            "rule": name,
+            "description": RULES[name],
+            "count": found[name]["count"],
+            "examples": found[name]["examples"],
+        }
+        for name in RULES
+    ]
     return {
         "rows": len(trace),
-        "block_size": {"declared": block_size, "declared_by": declared_by, "used": used,
-                       "inferred": {"low": fit.low, "high": fit.high, "best": fit.best,
-                                    "best_rows": fit.best_rows, "rows_with_ids": fit.rows},
-                       "summary": fit.describe()},
+        "block_size": {
+            "declared": block_size,
+            "declared_by": declared_by,
+            "used": used,
+            "inferred": {
+                "low": fit.low,
+                "high": fit.high,
+                "best": fit.best,
+                "best_rows": fit.best_rows,
+                "rows_with_ids": fit.rows,
+            },
+            "summary": fit.describe(),
+        },
         "checks": checks,
         "valid": len(trace) > 0 and all(check["count"] == 0 for check in checks),
     }
@@ -105,8 +131,11 @@ def validate(trace: Trace, block_size: int | None, declared_by: str) -> dict:
 
 def report_text(report: dict, files: list[str]) -> str:
     size = report["block_size"]
-    declared = (f"block size {size['declared']} ({size['declared_by']})" if size["declared"]
-                else f"no block size declared: using {size['used']}, the best fit")
+    declared = (
+        f"block size {size['declared']} ({size['declared_by']})"
+        if size["declared"]
+        else f"no block size declared: using {size['used']}, the best fit"
+    )
     lines = [f"{', '.join(files)}: {report['rows']:,} rows; {declared}; {size['summary']}"]
     for check in report["checks"]:
         mark = "ok  " if check["count"] == 0 else "FAIL"

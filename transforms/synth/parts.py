@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
 
@@ -36,8 +37,12 @@ class RowParts:
     last_tokens: np.ndarray  # per row: tokens of its last block (0 without blocks)
 
     @staticmethod
-    def of(trace: Trace, block_size: int, shared: np.ndarray | None = None,
-           prefix: np.ndarray | None = None) -> RowParts:
+    def of(
+        trace: Trace,
+        block_size: int,
+        shared: np.ndarray | None = None,
+        prefix: np.ndarray | None = None,
+    ) -> RowParts:
         """shared and prefix are computed from the trace unless given: the Beam engine gives
         them for a shard of conversations (shared-ness is counted over the whole trace, and
         prefixes are identified by their 64-bit keys, the same in every shard)."""
@@ -49,8 +54,9 @@ class RowParts:
         common = np.zeros(len(trace), dtype=np.int64)
         for row in np.flatnonzero(previous >= 0).tolist():
             common[row] = _common_prefix(trace, prefix, row, int(previous[row]))
-        return RowParts(shared, common, previous, order, prefix,
-                        last_block_tokens(trace, block_size))
+        return RowParts(
+            shared, common, previous, order, prefix, last_block_tokens(trace, block_size)
+        )
 
 
 def _units(trace: Trace) -> np.ndarray:
@@ -90,8 +96,8 @@ def _previous_turns(trace: Trace, order: np.ndarray) -> np.ndarray:
 
 
 def _common_prefix(trace: Trace, prefix: np.ndarray, row: int, other: int) -> int:
-    a = prefix[trace.offsets[row]:trace.offsets[row + 1]]
-    b = prefix[trace.offsets[other]:trace.offsets[other + 1]]
+    a = prefix[trace.offsets[row] : trace.offsets[row + 1]]
+    b = prefix[trace.offsets[other] : trace.offsets[other + 1]]
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n

@@ -12,12 +12,14 @@ source turn did. The result is a trace like any other, reshaped afterwards by th
 from __future__ import annotations
 
 import numpy as np
+
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.synth.parts import RowParts
 
 
-def sample_requests(trace: Trace, parts: RowParts, requests: int, block_size: int,
-                    rng: np.random.Generator) -> Trace:
+def sample_requests(
+    trace: Trace, parts: RowParts, requests: int, block_size: int, rng: np.random.Generator
+) -> Trace:
     units = _conversations(trace, parts)  # lists of rows, causal order
     starts = np.array([trace.timestamp[turns[0]] for turns in units])
     gaps = np.diff(np.sort(starts)) if len(starts) > 1 else np.zeros(1)
@@ -29,12 +31,16 @@ def sample_requests(trace: Trace, parts: RowParts, requests: int, block_size: in
     clock, drawn = float(starts.min(initial=0.0)), 0
     while drawn < requests:
         turns = units[int(rng.integers(len(units)))]
-        session = f"s{drawn}" if trace.session is not None and trace.session[turns[0]] is not None else None
+        session = (
+            f"s{drawn}"
+            if trace.session is not None and trace.session[turns[0]] is not None
+            else None
+        )
         previous: tuple[list[int], int] | None = None  # the drawn previous turn: ids, length
         for row in turns:
             if drawn == requests:
                 break
-            ids = trace.ids[trace.offsets[row]:trace.offsets[row + 1]].tolist()
+            ids = trace.ids[trace.offsets[row] : trace.offsets[row + 1]].tolist()
             shared, common = int(parts.shared[row]), int(parts.common[row])
             source_previous = int(parts.previous_turn[row])
             if previous is not None and common >= max(shared, 1):
@@ -69,15 +75,19 @@ def _conversations(trace: Trace, parts: RowParts) -> list[list[int]]:
         session = trace.session[row] if trace.session is not None else None
         key = ("s", session) if session is not None else ("r", row)
         groups.setdefault(key, []).append(row)
-    return [turns for turns in groups.values() if trace.lengths[turns].sum() > 0] or \
-        [[row] for row in parts.order.tolist()]
+    return [turns for turns in groups.values() if trace.lengths[turns].sum() > 0] or [
+        [row] for row in parts.order.tolist()
+    ]
 
 
 def _own_tokens(trace: Trace, parts: RowParts, block_size: int) -> np.ndarray:
     """Per row, the tokens of its own part (after its shared run, or its common part with the
     previous turn)."""
-    base = np.where((parts.previous_turn >= 0) & (parts.common >= np.maximum(parts.shared, 1)),
-                    parts.common, parts.shared)
+    base = np.where(
+        (parts.previous_turn >= 0) & (parts.common >= np.maximum(parts.shared, 1)),
+        parts.common,
+        parts.shared,
+    )
     own_blocks = trace.lengths - base
     return np.where(own_blocks > 0, (own_blocks - 1) * block_size + parts.last_tokens, 0)
 

@@ -18,19 +18,33 @@ from dataclasses import dataclass
 
 import numpy as np
 import xxhash
+
 from kvtrace.transforms.ids.buckets import buckets_of
 from kvtrace.transforms.ids.dense_ids import OCCURRENCE
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_shards import prefix_hashes, rowkeys
-from kvtrace.transforms.synth.reshape import hashed_label, mix64, reshape
 from kvtrace.transforms.synth.parts import RowParts
-from kvtrace.transforms.synth.synthesize import (SynthConfig, scaled_osl, scaled_timestamps, session_text,
-                                         unit_copies)
+from kvtrace.transforms.synth.reshape import hashed_label, mix64, reshape
+from kvtrace.transforms.synth.synthesize import (
+    SynthConfig,
+    scaled_osl,
+    scaled_timestamps,
+    session_text,
+    unit_copies,
+)
 
 VISIT = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("unit", "<u8"), ("rowkey", "<i8")])
 SHARED = np.dtype([("rowkey", "<i8"), ("unit", "<u8"), ("shared", "<i8")])
-OUT = np.dtype([("ts_out", "<i8"), ("ts", "<f8"), ("rowkey", "<i8"), ("isl", "<i8"),
-                ("osl", "<i8"), ("rank", "<i8")])
+OUT = np.dtype(
+    [
+        ("ts_out", "<i8"),
+        ("ts", "<f8"),
+        ("rowkey", "<i8"),
+        ("isl", "<i8"),
+        ("osl", "<i8"),
+        ("rank", "<i8"),
+    ]
+)
 _ROW_UNIT = np.uint64(1 << 63)  # marks units that are a request of their own, not a session
 
 
@@ -60,8 +74,9 @@ def unit_keys(trace: Trace) -> np.ndarray:
     units = mix64(rowkeys(trace).astype(np.uint64)) | _ROW_UNIT
     if trace.session is not None:
         for row in np.flatnonzero(trace.session != None).tolist():  # noqa: E711 (elementwise)
-            units[row] = xxhash.xxh3_64_intdigest(session_text(trace.session[row]).encode()) \
-                & ~int(_ROW_UNIT)
+            units[row] = xxhash.xxh3_64_intdigest(session_text(trace.session[row]).encode()) & ~int(
+                _ROW_UNIT
+            )
     return units
 
 
@@ -80,12 +95,15 @@ def shared_counts(table: np.ndarray) -> np.ndarray:
     order = np.lexsort((table["unit"], table["lo"], table["hi"]))
     ordered = table[order]
     new_prefix = np.ones(len(ordered), dtype=bool)
-    new_prefix[1:] = (ordered["hi"][1:] != ordered["hi"][:-1]) | \
-        (ordered["lo"][1:] != ordered["lo"][:-1])
+    new_prefix[1:] = (ordered["hi"][1:] != ordered["hi"][:-1]) | (
+        ordered["lo"][1:] != ordered["lo"][:-1]
+    )
     prefix = np.cumsum(new_prefix) - 1
     new_unit = new_prefix.copy()
     new_unit[1:] |= ordered["unit"][1:] != ordered["unit"][:-1]
-    units_per_prefix = np.bincount(prefix[new_unit], minlength=int(prefix[-1]) + 1 if len(prefix) else 0)
+    units_per_prefix = np.bincount(
+        prefix[new_unit], minlength=int(prefix[-1]) + 1 if len(prefix) else 0
+    )
     shared = ordered[units_per_prefix[prefix] >= 2]
     rowkey, first, counts = np.unique(shared["rowkey"], return_index=True, return_counts=True)
     out = np.empty(len(rowkey), dtype=SHARED)
@@ -99,10 +117,17 @@ def take_rows(trace: Trace, rows: np.ndarray) -> Trace:
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     blocks = block_index(trace.offsets[rows], lengths)
-    return Trace(trace.timestamp[rows], trace.input_length[rows], trace.output_length[rows],
-                 offsets, trace.ids[blocks],
-                 trace.session[rows] if trace.session is not None else None,
-                 trace.line[rows], trace.file_index[rows], trace.files)
+    return Trace(
+        trace.timestamp[rows],
+        trace.input_length[rows],
+        trace.output_length[rows],
+        offsets,
+        trace.ids[blocks],
+        trace.session[rows] if trace.session is not None else None,
+        trace.line[rows],
+        trace.file_index[rows],
+        trace.files,
+    )
 
 
 def block_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -121,8 +146,15 @@ def split_file(trace: Trace, shards: int) -> tuple[list[tuple[int, Conversations
     out = []
     for s in np.unique(shard).tolist():
         rows = np.flatnonzero(shard == s)
-        out.append((s, Conversations(take_rows(trace, rows),
-                                     key[block_index(trace.offsets[rows], trace.lengths[rows])])))
+        out.append(
+            (
+                s,
+                Conversations(
+                    take_rows(trace, rows),
+                    key[block_index(trace.offsets[rows], trace.lengths[rows])],
+                ),
+            )
+        )
     return out, visits(trace, hi, lo, units)
 
 
@@ -134,20 +166,29 @@ def merge_conversations(parts: list[Conversations]) -> Conversations:
         np.concatenate([t.timestamp for t in traces]),
         np.concatenate([t.input_length for t in traces]),
         np.concatenate([t.output_length for t in traces]),
-        np.concatenate([[0], np.cumsum(np.concatenate([t.lengths for t in traces]))]).astype(np.int64),
+        np.concatenate([[0], np.cumsum(np.concatenate([t.lengths for t in traces]))]).astype(
+            np.int64
+        ),
         np.concatenate([t.ids.astype(np.int64) for t in traces]),
-        np.concatenate([t.session if t.session is not None else np.full(len(t), None, object)
-                        for t in traces]) if has_sessions else None,
+        np.concatenate(
+            [t.session if t.session is not None else np.full(len(t), None, object) for t in traces]
+        )
+        if has_sessions
+        else None,
         np.concatenate([t.line for t in traces]),
-        np.concatenate([t.file_index for t in traces]), traces[0].files)
+        np.concatenate([t.file_index for t in traces]),
+        traces[0].files,
+    )
     keys = np.concatenate([p.prefix_key for p in parts])
     order = np.argsort(rowkeys(whole), kind="stable")
-    return Conversations(take_rows(whole, order),
-                         keys[block_index(whole.offsets[order], whole.lengths[order])])
+    return Conversations(
+        take_rows(whole, order), keys[block_index(whole.offsets[order], whole.lengths[order])]
+    )
 
 
-def reshape_conversations(conversations: Conversations, shared: np.ndarray, block_size: int,
-                          config: SynthConfig) -> Synthesized:
+def reshape_conversations(
+    conversations: Conversations, shared: np.ndarray, block_size: int, config: SynthConfig
+) -> Synthesized:
     """A conversation shard reshaped as the local engine does (synthesize.synthesize), given
     its rows' shared counts (SHARED rows from every prefix shard: a row's are summed)."""
     trace = conversations.trace
@@ -172,24 +213,33 @@ def reshape_conversations(conversations: Conversations, shared: np.ndarray, bloc
     labels = [reshaped.labels[r] for r in kept.tolist()]
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum([len(label) for label in labels], out=offsets[1:])
-    return Synthesized(rows, offsets, np.concatenate(labels + [np.empty(0, np.int64)]),
-                       trace.session[kept] if trace.session is not None else None)
+    return Synthesized(
+        rows,
+        offsets,
+        np.concatenate(labels + [np.empty(0, np.int64)]),
+        trace.session[kept] if trace.session is not None else None,
+    )
 
 
 def take_synthesized(part: Synthesized, rows: np.ndarray) -> Synthesized:
     lengths = np.diff(part.offsets)[rows]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Synthesized(part.rows[rows], offsets,
-                       part.labels[block_index(part.offsets[rows], lengths)],
-                       part.session[rows] if part.session is not None else None)
+    return Synthesized(
+        part.rows[rows],
+        offsets,
+        part.labels[block_index(part.offsets[rows], lengths)],
+        part.session[rows] if part.session is not None else None,
+    )
 
 
 def split_by_bucket(part: Synthesized) -> list[tuple[int, Synthesized]]:
     """Output rows to the time buckets of their output timestamps."""
     buckets = buckets_of(part.rows["ts_out"])
-    return [(b, take_synthesized(part, np.flatnonzero(buckets == b)))
-            for b in np.unique(buckets).tolist()]
+    return [
+        (b, take_synthesized(part, np.flatnonzero(buckets == b)))
+        for b in np.unique(buckets).tolist()
+    ]
 
 
 def rank_bucket(parts: list[Synthesized], first_rank: int) -> Synthesized:
@@ -204,7 +254,8 @@ def rank_bucket(parts: list[Synthesized], first_rank: int) -> Synthesized:
         np.concatenate([p.rows for p in parts]),
         np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         np.concatenate([p.labels for p in parts]),
-        np.concatenate([p.session for p in parts]) if has_sessions else None)
+        np.concatenate([p.session for p in parts]) if has_sessions else None,
+    )
     rows = whole.rows
     ordered = take_synthesized(whole, np.lexsort((rows["rowkey"], rows["ts"], rows["ts_out"])))
     ordered.rows["rank"] = first_rank + np.arange(len(ordered))

@@ -46,14 +46,25 @@ class SynthesizeTrace(beam.PTransform):
     """Trace files in; the output's parts written to parts_dir, their paths out (one per time
     bucket, named so that name order is output order)."""
 
-    def __init__(self, inputs: tuple[str, ...], parts_dir: str, block_size: int,
-                 config: SynthConfig, shards: int = SHARDS):
+    def __init__(
+        self,
+        inputs: tuple[str, ...],
+        parts_dir: str,
+        block_size: int,
+        config: SynthConfig,
+        shards: int = SHARDS,
+    ):
         super().__init__()
         self._inputs, self._parts_dir, self._block_size = inputs, parts_dir, block_size
         self._config, self._shards = config, shards
 
     def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
-        inputs, shards, block_size, config = self._inputs, self._shards, self._block_size, self._config
+        inputs, shards, block_size, config = (
+            self._inputs,
+            self._shards,
+            self._block_size,
+            self._config,
+        )
         split = (
             root
             | "Files" >> beam.Create(list(enumerate(inputs)))
@@ -67,19 +78,32 @@ class SynthesizeTrace(beam.PTransform):
         synthesized = (
             {"rows": split.rows, "shared": shared}
             | "MeetSharedCounts" >> beam.CoGroupByKey()
-            | "Reshape" >> beam.MapTuple(lambda _, groups: reshape_conversations(
-                merge_conversations(list(groups["rows"])), _concat(groups["shared"]), block_size,
-                config))
+            | "Reshape"
+            >> beam.MapTuple(
+                lambda _, groups: reshape_conversations(
+                    merge_conversations(list(groups["rows"])),
+                    _concat(groups["shared"]),
+                    block_size,
+                    config,
+                )
+            )
             | "ByBucket" >> beam.FlatMap(split_by_bucket)
         )
-        first_ranks = synthesized | "FirstRanks" >> beam.CombineGlobally(CombineWith(BucketTotals(
-            lambda kv: [(kv[0], len(kv[1]))], functools.partial(first_offsets, start=0))))
+        first_ranks = synthesized | "FirstRanks" >> beam.CombineGlobally(
+            CombineWith(
+                BucketTotals(
+                    lambda kv: [(kv[0], len(kv[1]))], functools.partial(first_offsets, start=0)
+                )
+            )
+        )
         batches = (
             synthesized
             | "GroupBuckets" >> beam.GroupByKey()
-            | "Rank" >> beam.Map(
+            | "Rank"
+            >> beam.Map(
                 lambda kv, ranks: (ranks[kv[0]], rank_bucket(list(kv[1]), ranks[kv[0]])),
-                beam.pvalue.AsSingleton(first_ranks)).with_output_types(tuple[int, Synthesized])
+                beam.pvalue.AsSingleton(first_ranks),
+            ).with_output_types(tuple[int, Synthesized])
         )
         ids = batches | "NumberBlocks" >> AssignDenseIds(label_occurrences)
         sessions = batches | "NumberSessions" >> AssignDenseIds(session_occurrences)
@@ -103,8 +127,9 @@ def _read_file(indexed: tuple[int, str], files: tuple[str, ...], shards: int) ->
         yield beam.pvalue.TaggedOutput("visits", (shard, table))
 
 
-def _shared_counts_by_shard(element: tuple[int, Iterable[np.ndarray]],
-                            shards: int) -> Iterator[tuple[int, np.ndarray]]:
+def _shared_counts_by_shard(
+    element: tuple[int, Iterable[np.ndarray]], shards: int
+) -> Iterator[tuple[int, np.ndarray]]:
     counts = shared_counts(np.concatenate(list(element[1])))
     return split_by(counts, (counts["unit"] % np.uint64(shards)).astype(np.int64))
 
@@ -120,10 +145,15 @@ def _write_part(element: tuple[int, dict], parts_dir: str) -> str:
     (part,) = groups["batch"]
     ids = ids_in_request_order(groups["ids"], np.diff(part.offsets))
     has_session = (part.session != None) if part.session is not None else np.zeros(len(part), bool)  # noqa: E711
-    session_ids = iter(ids_in_request_order(groups["sessions"], has_session.astype(np.int64)).tolist())
+    session_ids = iter(
+        ids_in_request_order(groups["sessions"], has_session.astype(np.int64)).tolist()
+    )
     sessions = [next(session_ids) if has else None for has in has_session.tolist()]
     path = storage.join(parts_dir, f"{first_rank:015d}.jsonl")
     with storage.create(path) as handle:
-        handle.write(rows_jsonl(part.rows["ts_out"], part.rows["isl"], part.rows["osl"], ids,
-                                part.offsets, sessions))
+        handle.write(
+            rows_jsonl(
+                part.rows["ts_out"], part.rows["isl"], part.rows["osl"], ids, part.offsets, sessions
+            )
+        )
     return path

@@ -11,8 +11,10 @@ def summary_from(stats: dict) -> dict:
     return {
         "requests": stats["total_requests"],
         "requests_per_minute": stats["request_rate"]["mean_per_minute"],
-        "isl_mean": stats["isl_stats"]["mean"], "isl_median": stats["isl_stats"]["median"],
-        "osl_mean": stats["osl_stats"]["mean"], "osl_median": stats["osl_stats"]["median"],
+        "isl_mean": stats["isl_stats"]["mean"],
+        "isl_median": stats["isl_stats"]["median"],
+        "osl_mean": stats["osl_stats"]["mean"],
+        "osl_median": stats["osl_stats"]["median"],
         "hit_rate_token_weighted": rates["token_weighted"],
         "hit_rate_after_warmup": rates["token_weighted_after_warmup"],
         "cache_hit_rate_aiperf": stats["cache_hit_rate"],
@@ -23,5 +25,8 @@ def summary_from(stats: dict) -> dict:
 
 def before_and_after(before: dict, after: dict) -> dict:
     malformed = before["problems"]["malformed_lines"]
-    return {"before": summary_from(before), "after": summary_from(after),
-            "malformed_lines": {"count": malformed["count"], "examples": malformed["examples"][:5]}}
+    return {
+        "before": summary_from(before),
+        "after": summary_from(after),
+        "malformed_lines": {"count": malformed["count"], "examples": malformed["examples"][:5]},
+    }

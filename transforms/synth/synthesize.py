@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
+
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.read.trace_io import HIGHEST, Trace
-from kvtrace.transforms.stats.trace_shards import LINE_BITS
 from kvtrace.transforms.stats.trace_blocks import prefix_ids
+from kvtrace.transforms.stats.trace_shards import LINE_BITS
 from kvtrace.transforms.synth.parts import RowParts
 from kvtrace.transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from kvtrace.transforms.synth.sample import sample_requests
@@ -37,14 +38,21 @@ class SynthConfig:
 
     def check(self) -> None:
         knobs = self.knobs
-        if self.speedup_ratio <= 0 or knobs.prefix_len_multiplier < 0 or \
-                knobs.prompt_len_multiplier < 0 or self.osl_multiplier < 0:
+        if (
+            self.speedup_ratio <= 0
+            or knobs.prefix_len_multiplier < 0
+            or knobs.prompt_len_multiplier < 0
+            or self.osl_multiplier < 0
+        ):
             raise ValueError("--speedup-ratio must be > 0 and the multipliers >= 0")
         if not 1 <= knobs.prefix_root_multiplier <= MAX_TREE_COPIES:
             raise ValueError(f"--prefix-root-multiplier must be in 1..{MAX_TREE_COPIES}")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError("--num-requests must be >= 1")
-        for low, high, name in ((self.min_isl, self.max_isl, "isl"), (self.min_osl, self.max_osl, "osl")):
+        for low, high, name in (
+            (self.min_isl, self.max_isl, "isl"),
+            (self.min_osl, self.max_osl, "osl"),
+        ):
             if low is not None and high is not None and low > high:
                 raise ValueError(f"--min-{name} is above --max-{name}")
 
@@ -53,8 +61,9 @@ def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
     config.check()
     parts = RowParts.of(trace, block_size)
     if config.num_requests is not None:
-        trace = sample_requests(trace, parts, config.num_requests, block_size,
-                                np.random.default_rng([config.seed, 1]))
+        trace = sample_requests(
+            trace, parts, config.num_requests, block_size, np.random.default_rng([config.seed, 1])
+        )
         parts = RowParts.of(trace, block_size)
     copies = tree_copies(trace, config.knobs.prefix_root_multiplier, config.seed)
     reshaped = reshape(trace, parts, config.knobs, copies, block_size)
@@ -93,16 +102,18 @@ def tree_copies(trace: Trace, copies: int, seed: int) -> np.ndarray:
     return unit_copies(rowkey, trace.session, copies, seed)
 
 
-def unit_copies(rowkey: np.ndarray, session: np.ndarray | None, copies: int,
-                seed: int) -> np.ndarray:
+def unit_copies(
+    rowkey: np.ndarray, session: np.ndarray | None, copies: int, seed: int
+) -> np.ndarray:
     if copies == 1:
         return np.zeros(len(rowkey), dtype=np.int64)
     seed_key = mix64(np.array([seed], dtype=np.uint64))[0]
     drawn = mix64(rowkey.astype(np.uint64) ^ seed_key)
     if session is not None:
         for row in np.flatnonzero(session != None).tolist():  # noqa: E711 (elementwise)
-            drawn[row] = xxhash.xxh3_64_intdigest(session_text(session[row]).encode(),
-                                                   seed=int(seed_key))
+            drawn[row] = xxhash.xxh3_64_intdigest(
+                session_text(session[row]).encode(), seed=int(seed_key)
+            )
     return (drawn % np.uint64(copies)).astype(np.int64)
 
 
@@ -120,16 +131,19 @@ def scaled_osl(output_length: np.ndarray, config: SynthConfig) -> np.ndarray:
     scaled = np.floor(output_length * config.osl_multiplier + 0.5)
     low = config.min_osl if config.min_osl is not None else 0
     high = config.max_osl if config.max_osl is not None else HIGHEST[OUTPUT_LENGTH_FIELD]
-    return _readable(np.clip(scaled, low, high), OUTPUT_LENGTH_FIELD,
-                     "lower --osl-multiplier or set --max-osl").astype(np.int64)
+    return _readable(
+        np.clip(scaled, low, high), OUTPUT_LENGTH_FIELD, "lower --osl-multiplier or set --max-osl"
+    ).astype(np.int64)
 
 
 def _readable(values: np.ndarray, name: str, remedy: str) -> np.ndarray:
     """Synthesized values every trace reader accepts (trace_io.HIGHEST), or a one-line refusal
     before anything is written: what synthesize writes, its own readers read."""
     if len(values) and not values.max() <= HIGHEST[name]:
-        raise JobStopped(f"the synthesized {name} would reach {values.max():.0f}, past the "
-                         f"{HIGHEST[name]} a trace reader accepts; {remedy}")
+        raise JobStopped(
+            f"the synthesized {name} would reach {values.max():.0f}, past the "
+            f"{HIGHEST[name]} a trace reader accepts; {remedy}"
+        )
     return values
 
 

@@ -60,11 +60,13 @@ def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch
     if coarsening.is_identity:
         return batch
     rows = batch.rows.copy()
-    rows["timestamp_ms"] = origin_ms + round_to(rows["timestamp_ms"] - origin_ms,
-                                                coarsening.timestamp_ms)
+    rows["timestamp_ms"] = origin_ms + round_to(
+        rows["timestamp_ms"] - origin_ms, coarsening.timestamp_ms
+    )
     rows["output_length"] = coarse_output_lengths(rows["output_length"], coarsening.output_length)
-    rows["input_length"] = coarse_input_lengths(rows["input_length"], coarsening.block_size,
-                                                coarsening.output_length)
+    rows["input_length"] = coarse_input_lengths(
+        rows["input_length"], coarsening.block_size, coarsening.output_length
+    )
     known = rows["response_ms"] >= 0
     rows["response_ms"][known] = round_to(rows["response_ms"][known], coarsening.timestamp_ms)
     return RowBatch(rows, batch.ids, batch.hashes, batch.output_ids)
@@ -78,10 +80,13 @@ def published_requests(batch: HashedBatch, origin_ms: int, coarsening: Coarsenin
     if coarsening.is_identity:
         return batch
     requests = batch.requests.copy()
-    requests["timestamp_ms"] = origin_ms + round_to(requests["timestamp_ms"] - origin_ms,
-                                                    coarsening.timestamp_ms)
-    requests["output_length"] = coarse_output_lengths(requests["output_length"],
-                                                      coarsening.output_length)
-    requests["input_length"] = coarse_input_lengths(requests["input_length"],
-                                                    coarsening.block_size, coarsening.output_length)
+    requests["timestamp_ms"] = origin_ms + round_to(
+        requests["timestamp_ms"] - origin_ms, coarsening.timestamp_ms
+    )
+    requests["output_length"] = coarse_output_lengths(
+        requests["output_length"], coarsening.output_length
+    )
+    requests["input_length"] = coarse_input_lengths(
+        requests["input_length"], coarsening.block_size, coarsening.output_length
+    )
     return HashedBatch(requests, batch.block_hashes)

@@ -16,10 +16,17 @@ import numpy as np
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.trace_format import (
+    KNOWN_TEMPLATE_KWARGS,
+    KWARG_DIGEST_PREFIX,
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    PUBLISHED_TOKENIZER_FILES,
+    PUBLISHED_TOKENIZER_NAMES,
+    canonical_json,
+    schema_problems,
+)
 from kvtrace.transforms.write.coarsen import round_to
-from kvtrace.transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, KWARG_DIGEST_PREFIX, MANIFEST,
-                                     MANIFEST_SCHEMA, PUBLISHED_TOKENIZER_FILES,
-                                     PUBLISHED_TOKENIZER_NAMES, canonical_json, schema_problems)
 
 
 def _installed_version() -> str:
@@ -51,8 +58,9 @@ class RecordCounts:
         return max(records, lost)
 
 
-def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None,
-                            reasons: dict[str, int] | None = None) -> RecordCounts:
+def check_rejected_fraction(
+    counts: RecordCounts, max_fraction: float | None, reasons: dict[str, int] | None = None
+) -> RecordCounts:
     """Fail the job, before any trace file is written, when more than max_fraction of the input
     was rejected, or all of it (nothing to publish); None turns the gate off (a stream's window
     must not stop the stream). The one-line message names the commonest dead-letter reasons
@@ -65,22 +73,32 @@ def check_rejected_fraction(counts: RecordCounts, max_fraction: float | None,
     top = sorted((reasons or {}).items(), key=lambda item: (-item[1], item[0]))[:3]
     shape_hints = {  # what the commonest reason says about the whole file's shape
         "invalid_json": "kvtrace reads one JSON object per line (JSONL), not a JSON array or "
-                        "pretty-printed JSON: rewrite it with jq -c '.[]' (an array) or jq -c .",
+        "pretty-printed JSON: rewrite it with jq -c '.[]' (an array) or jq -c .",
         "no_input": "each line needs messages (or input, prompt, input_ids) at its top level; an "
-                    "OpenAI Batch file holds them under body, with no timestamp",
+        "OpenAI Batch file holds them under body, with no timestamp",
         "missing_timestamp": "each line needs a timestamp (or created) field: epoch s, ms, us, "
-                             "ns or ISO 8601",
+        "ns or ISO 8601",
     }
     shape_hints["not_an_object"] = shape_hints["invalid_json"]
-    hint = shape_hints.get(top[0][0] if top else "", "expected one JSON object per line with "
-                           "messages (or prompt) and timestamp")
+    hint = shape_hints.get(
+        top[0][0] if top else "",
+        "expected one JSON object per line with messages (or prompt) and timestamp",
+    )
     reasons_said = ", ".join(f"{reason} {count}" for reason, count in top) or "none recorded"
-    lost = (f", {counts.lost_bytes} of {counts.input_bytes} bytes lost in damaged files"
-            if counts.lost_bytes else "")
-    verdict = ("every record rejected: nothing to publish" if every else
-               f"{counts.rejected_fraction():.1%} > --max-rejected-fraction {max_fraction}")
-    raise JobStopped(f"too much input rejected: {counts.rejected} of {counts.read} records"
-                     f"{lost} ({verdict}); top reasons: {reasons_said}; {hint}")
+    lost = (
+        f", {counts.lost_bytes} of {counts.input_bytes} bytes lost in damaged files"
+        if counts.lost_bytes
+        else ""
+    )
+    verdict = (
+        "every record rejected: nothing to publish"
+        if every
+        else f"{counts.rejected_fraction():.1%} > --max-rejected-fraction {max_fraction}"
+    )
+    raise JobStopped(
+        f"too much input rejected: {counts.rejected} of {counts.read} records"
+        f"{lost} ({verdict}); top reasons: {reasons_said}; {hint}"
+    )
 
 
 def check_not_before_origin(
@@ -97,8 +115,12 @@ def check_not_before_origin(
     return counts
 
 
-def id_map_start(next_ids: dict[str, int] | None, earliest_ms: int | None, origin_ms: int,
-                 timestamp_granularity_ms: int) -> dict[str, int] | None:
+def id_map_start(
+    next_ids: dict[str, int] | None,
+    earliest_ms: int | None,
+    origin_ms: int,
+    timestamp_granularity_ms: int,
+) -> dict[str, int] | None:
     """Where a night that extends an id map (or a stream's earlier windows) begins: its first
     new block id and session, and its first row's time (the map's clock, rounded as the rows'
     are); None for a night of its own, which begins at 0, 0, 0. The gate checks the rows
@@ -106,8 +128,11 @@ def id_map_start(next_ids: dict[str, int] | None, earliest_ms: int | None, origi
     if next_ids is None:
         return None
     first = (origin_ms if earliest_ms is None else earliest_ms) - origin_ms
-    return {"block_ids_from": next_ids["blocks"], "sessions_from": next_ids["sessions"],
-            "time_from_ms": int(round_to(np.int64(first), timestamp_granularity_ms))}
+    return {
+        "block_ids_from": next_ids["blocks"],
+        "sessions_from": next_ids["sessions"],
+        "time_from_ms": int(round_to(np.int64(first), timestamp_granularity_ms)),
+    }
 
 
 def trace_origin_ms(configured_ms: int | None, earliest_ms: int | None) -> int:
@@ -136,8 +161,11 @@ def public_tokenizer_sha256(name: str | None, files_sha256: dict[str, str]) -> d
     holder, who holds the files too (an id map checks them privately)."""
     if name is None:
         return {}
-    return {key: digest for key, digest in sorted(files_sha256.items())
-            if key in PUBLISHED_TOKENIZER_FILES}
+    return {
+        key: digest
+        for key, digest in sorted(files_sha256.items())
+        if key in PUBLISHED_TOKENIZER_FILES
+    }
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
@@ -160,16 +188,19 @@ def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]
     return {k if k in KNOWN_TEMPLATE_KWARGS else keyed(k): public(v) for k, v in value.items()}
 
 
-
 def template_kwargs_problems(value: dict[str, Any]) -> list[str]:
     """Why the manifest could not publish these kwargs as the gate reads them (too many names, a
     switch that is no boolean), checked before the work: a run never ends with a manifest its
     own gate refuses. Any salt gives the published shape."""
     public = {"chat_template_kwargs": public_template_kwargs(value, bytes(32))}
-    schema = {"type": "object",
-              "properties": {"chat_template_kwargs":
-                             MANIFEST_SCHEMA["properties"]["chat_template_kwargs"]}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "chat_template_kwargs": MANIFEST_SCHEMA["properties"]["chat_template_kwargs"]
+        },
+    }
     return schema_problems(public, schema)
+
 
 # A run's counts no published row proves (records read and rejected, damaged files, bytes lost,
 # requests without an output length or with a message the template left out): the operator's,
@@ -179,10 +210,15 @@ RUN_COUNTS = "run-counts.json"
 
 def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[str, int]:
     """The run's own counts (totals: write/totals.ExportTotals)."""
-    return {"read": counts.read, "exported": totals.requests, "rejected": counts.rejected,
-            "damaged_files": damaged_files, "lost_bytes": counts.lost_bytes,
-            "without_output_length": totals.requests_without_output_length,
-            "with_unrendered_messages": totals.requests_with_unrendered_messages}
+    return {
+        "read": counts.read,
+        "exported": totals.requests,
+        "rejected": counts.rejected,
+        "damaged_files": damaged_files,
+        "lost_bytes": counts.lost_bytes,
+        "without_output_length": totals.requests_without_output_length,
+        "with_unrendered_messages": totals.requests_with_unrendered_messages,
+    }
 
 
 def write_run_counts(letters_staging: str, counts: dict[str, int]) -> None:
@@ -214,7 +250,7 @@ CONTENT_TIME_BYTES = 3  # up to ~194 days past the base
 
 def content_time(sha256_hex: str) -> int:
     """The mtime (whole seconds) of a published file whose sha256 is sha256_hex."""
-    return CONTENT_TIME_BASE + int(sha256_hex[:2 * CONTENT_TIME_BYTES], 16)
+    return CONTENT_TIME_BASE + int(sha256_hex[: 2 * CONTENT_TIME_BYTES], 16)
 
 
 def folder_content_time(file_sha256: dict[str, str]) -> int:

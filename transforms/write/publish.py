@@ -70,10 +70,10 @@ from typing import IO
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
-from kvtrace.transforms.storage import folded, is_url, place
 from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
+from kvtrace.transforms.storage import folded, is_url, place
 from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
 from kvtrace.transforms.write.manifest import set_content_times
 
@@ -101,11 +101,15 @@ class OutputRefused(ValueError):
 def staging_folder(output: str, run_id: str) -> str:
     """Where a run stages its output, a folder or a file: beside it, hidden, named by the run."""
     if len(run_id) > MAX_RUN_ID_CHARS:
-        raise ValueError(f"a run id of {len(run_id)} characters: staging names room for "
-                         f"{MAX_RUN_ID_CHARS}")
+        raise ValueError(
+            f"a run id of {len(run_id)} characters: staging names room for {MAX_RUN_ID_CHARS}"
+        )
     parent, name = _split(output)
-    return storage.join(parent, f".{_stem(name)}{STAGING_MARK}{run_id}") if parent else \
-        f".{_stem(name)}{STAGING_MARK}{run_id}"
+    return (
+        storage.join(parent, f".{_stem(name)}{STAGING_MARK}{run_id}")
+        if parent
+        else f".{_stem(name)}{STAGING_MARK}{run_id}"
+    )
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -122,8 +126,11 @@ def _stem(name: str) -> str:
     One stem, one output: a name that starts with the digest's mark is digested too, so no
     name stands for itself where it could read as another's digest. So is one that is not
     UTF-8 (Linux names are bytes): the staging names stay text Beam's steps can carry."""
-    if len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX and not name.startswith(
-            _DIGEST_MARK) and _is_text(name):
+    if (
+        len(os.fsencode(name)) + _HIDDEN_ROOM <= NAME_MAX
+        and not name.startswith(_DIGEST_MARK)
+        and _is_text(name)
+    ):
         return name
     return _DIGEST_MARK + sha256_of(os.fsencode(name))[:32]
 
@@ -194,7 +201,8 @@ def _listed(output: str) -> list[str]:
     try:
         files = manifest["files"]
         if manifest.get("format") != FORMAT or not all(
-                isinstance(f, str) and "/" not in f for f in files):
+            isinstance(f, str) and "/" not in f for f in files
+        ):
             return []
         return [*files, MANIFEST]
     except (KeyError, TypeError):
@@ -240,8 +248,11 @@ def _marked(folder: str) -> tuple[str, list[str]]:
         writer, files = mark["writer"], mark["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "", []
-    if not isinstance(writer, str) or not isinstance(files, list) or not all(
-            isinstance(f, str) and "/" not in f for f in files):
+    if (
+        not isinstance(writer, str)
+        or not isinstance(files, list)
+        or not all(isinstance(f, str) and "/" not in f for f in files)
+    ):
         return "", []
     return writer, [*files, *([OUTPUT_MARK_OBJECT] if is_url(folder) else [])]
 
@@ -250,10 +261,13 @@ def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
     """Refuse an output folder holding files kvtrace did not write (or a file in its place)."""
     foreign = foreign_files(output, own)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
         raise OutputRefused(
             f"--output {output} holds files kvtrace did not write ({shown}); a run replaces an "
-            f"output folder whole, so it must be new, empty, or an earlier kvtrace output")
+            f"output folder whole, so it must be new, empty, or an earlier kvtrace output"
+        )
 
 
 @contextmanager
@@ -281,8 +295,11 @@ def output_lock(output: str) -> Iterator[None]:
 def lock_path(output: str) -> str:
     """The file a run of a local output locks: beside it, hidden, named by it."""
     parent, name = _split(output)
-    return storage.join(parent, f".{_stem(name)}{LOCK_MARK}") if parent else \
-        f".{_stem(name)}{LOCK_MARK}"
+    return (
+        storage.join(parent, f".{_stem(name)}{LOCK_MARK}")
+        if parent
+        else f".{_stem(name)}{LOCK_MARK}"
+    )
 
 
 def _take_lock(path: str, output: str) -> int:
@@ -292,23 +309,27 @@ def _take_lock(path: str, output: str) -> int:
     it, and every run of the output opens the same name) and never removed (_own_lock)."""
     for _ in range(LOCK_ATTEMPTS):
         try:  # O_NOFOLLOW: a link planted by the lock's name is refused, never followed;
-            handle = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC |
-                             os.O_NONBLOCK, 0o600)  # O_NONBLOCK: a FIFO there never hangs
+            handle = os.open(
+                path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600
+            )  # O_NONBLOCK: a FIFO there never hangs
         except OSError as err:
             if err.errno != errno.ELOOP:
                 raise
-            raise OutputRefused(f"{path} is a symbolic link, not a kvtrace lock: remove it "
-                                f"to write {output}") from None
+            raise OutputRefused(
+                f"{path} is a symbolic link, not a kvtrace lock: remove it to write {output}"
+            ) from None
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             os.close(handle)
-            raise OutputRefused(f"{path} is not a plain file, so not a kvtrace lock: remove "
-                                f"it to write {output}")
+            raise OutputRefused(
+                f"{path} is not a plain file, so not a kvtrace lock: remove it to write {output}"
+            )
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(handle)
-            raise JobStopped(f"another kvtrace run is writing {output}; one run per output "
-                             f"at a time") from None
+            raise JobStopped(
+                f"another kvtrace run is writing {output}; one run per output at a time"
+            ) from None
         try:
             if os.stat(path).st_ino == os.fstat(handle).st_ino:
                 return handle
@@ -326,8 +347,12 @@ def _own_lock(path: str, handle: int) -> bool:
     except FileNotFoundError:
         return False
     held = os.fstat(handle)
-    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino) and held.st_size == 0 \
-        and held.st_uid == os.geteuid() and not held.st_mode & 0o077
+    return (
+        (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+        and held.st_size == 0
+        and held.st_uid == os.geteuid()
+        and not held.st_mode & 0o077
+    )
 
 
 # The names kvtrace stages under beside an output: .NAME.kvtrace-staging-ID, ID a run id (12
@@ -345,7 +370,7 @@ def staging_leftover(parent: str, entry: str, name: str) -> bool:
     """Whether entry (a name in parent) is what a run of the output name staged: its staging
     name exactly, and the running user's (a name alone proves nothing)."""
     prefix = f".{_stem(name)}{STAGING_MARK}"
-    if not entry.startswith(prefix) or not _STAGING_ID.fullmatch(entry[len(prefix):]):
+    if not entry.startswith(prefix) or not _STAGING_ID.fullmatch(entry[len(prefix) :]):
         return False
     try:
         return os.lstat(os.path.join(parent, entry)).st_uid == os.geteuid()
@@ -380,8 +405,13 @@ def _drop_marked_letters(staging: str) -> None:
         _settle_staged(marked[1], marked[0], _marked_staging(marked), publish=False)
 
 
-def publish_folder(staging: str, output: str, own: frozenset[str] = frozenset(),
-                   private: bool = False, report: StagedFile | None = None) -> None:
+def publish_folder(
+    staging: str,
+    output: str,
+    own: frozenset[str] = frozenset(),
+    private: bool = False,
+    report: StagedFile | None = None,
+) -> None:
     """Replace the output folder with the staging folder, whole, and then the run's report
     (if any) with its staged file: both or neither (publish_in_place); the staging folder's
     files are durable already (storage.create syncs each). A private folder stays owner-only
@@ -415,8 +445,9 @@ class StagedFolder:
 
 
 @contextmanager
-def folder_output(output: str, writer: str = "",
-                  report: StagedFile | None = None) -> Iterator[StagedFolder]:
+def folder_output(
+    output: str, writer: str = "", report: StagedFile | None = None
+) -> Iterator[StagedFolder]:
     """An output folder checked (no foreign file) and locked before the work, which writes into
     the staging folder yielded; it is published whole when the block ends without an error,
     and removed when it does not. writer: the command, for a folder the work writes no manifest
@@ -488,8 +519,9 @@ def _publish_new(staging: str, output: str) -> None:
     try:
         os.link(staging, output)
     except FileExistsError:
-        raise OutputRefused(f"{output} appeared while the run worked; --overwrite replaces "
-                            f"it") from None
+        raise OutputRefused(
+            f"{output} appeared while the run worked; --overwrite replaces it"
+        ) from None
     os.unlink(staging)
 
 
@@ -553,15 +585,19 @@ def plan_locations(reads: Sequence[str], writes: Sequence[Location]) -> None:
     places = [(w, written_place(w.path)) for w in writes]
     known = Known()
     for i, (first, a) in enumerate(places):
-        for second, b in places[i + 1:]:
+        for second, b in places[i + 1 :]:
             if inside(a, b, known) or inside(b, a, known):
-                raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path} "
-                                    f"overlap: give each its own location, neither inside the "
-                                    f"other")
+                raise OutputRefused(
+                    f"{first.flag} {first.path} and {second.flag} {second.path} "
+                    f"overlap: give each its own location, neither inside the "
+                    f"other"
+                )
             if not is_url(a) and lock_path(b) == a or not is_url(b) and lock_path(a) == b:
-                raise OutputRefused(f"{first.flag} {first.path} and {second.flag} {second.path}: "
-                                    f"one is the lock file kvtrace holds while it writes the "
-                                    f"other; write elsewhere")
+                raise OutputRefused(
+                    f"{first.flag} {first.path} and {second.flag} {second.path}: "
+                    f"one is the lock file kvtrace holds while it writes the "
+                    f"other; write elsewhere"
+                )
     resolved: dict[str, str] = {}  # each folder's links resolved once, however many files
     published: dict[str, bool] = {}  # whether each folder read from is a kvtrace output
     for read in reads:
@@ -594,9 +630,11 @@ def prove_folder_rename(location: Location, proven: set[str]) -> None:
         os.mkdir(made, 0o700)
         os.rename(made, renamed)
     except OSError as err:
-        raise OutputRefused(f"{location.flag} {location.path}: no folder can be renamed in "
-                            f"{os.path.dirname(named)} ({err.strerror}), and kvtrace publishes "
-                            f"a folder by renaming it: write elsewhere") from None
+        raise OutputRefused(
+            f"{location.flag} {location.path}: no folder can be renamed in "
+            f"{os.path.dirname(named)} ({err.strerror}), and kvtrace publishes "
+            f"a folder by renaming it: write elsewhere"
+        ) from None
     finally:
         for leftover in (made, renamed):
             with suppress(OSError):  # gone already; else the next run clears it
@@ -630,7 +668,7 @@ def beneath(path: str, folder: str, known: Known | None = None) -> list[tuple[st
     if is_url(path) or is_url(folder):
         prefix = folder.rstrip("/") + "/"
         if path == folder or path.startswith(prefix):
-            return [tuple(n for n in path[len(prefix):].split("/") if n)]
+            return [tuple(n for n in path[len(prefix) :].split("/") if n)]
         return []
     known = Known() if known is None else known
     return spots_beneath(known.spots(path), known.spots(folder))
@@ -681,8 +719,11 @@ def spots_beneath(path: Sequence[Spot], folder: Sequence[Spot]) -> list[tuple[st
     if not folder:
         return []
     identity, beyond = folder[-1]
-    return [names[len(beyond):] for spot, names in path
-            if spot == identity and names[:len(beyond)] == beyond]
+    return [
+        names[len(beyond) :]
+        for spot, names in path
+        if spot == identity and names[: len(beyond)] == beyond
+    ]
 
 
 @dataclass(frozen=True)
@@ -704,8 +745,12 @@ class Reach:
             return cls(read, read_place(read, resolved))
         head = read[: min(read.find(c) for c in "*?[" if c in read)]
         cut = head.rfind("/") + 1
-        return cls(read, read_place(read[:cut] or ".", resolved),
-                   tuple(p for p in read[cut:].split("/") if p), "**" in read and is_url(read))
+        return cls(
+            read,
+            read_place(read[:cut] or ".", resolved),
+            tuple(p for p in read[cut:].split("/") if p),
+            "**" in read and is_url(read),
+        )
 
     @classmethod
     def every(cls, read: str, resolved: dict[str, str]) -> list[Reach]:
@@ -716,8 +761,14 @@ class Reach:
         if reach.wildcards is None or reach.recursive or len(reach.wildcards) < 2:
             return [reach]
         folders, last = read.rsplit("/", 1)
-        return [reach, *(cls(read, read_place(folder, resolved), (last,))
-                         for folder in sorted(glob.glob(folders)) if os.path.isdir(folder))]
+        return [
+            reach,
+            *(
+                cls(read, read_place(folder, resolved), (last,))
+                for folder in sorted(glob.glob(folders))
+                if os.path.isdir(folder)
+            ),
+        ]
 
     def whole(self, published: dict[str, bool]) -> Reach:
         """The reach widened to the whole kvtrace output it reads part of (a shard, or a glob
@@ -739,20 +790,27 @@ class Reach:
         ways = beneath(place, self.place, known)
         if not ways or self.wildcards is None or self.recursive:
             return bool(ways)
-        return any(below and (folder or len(below) >= len(self.wildcards)) and all(
-            fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
-            for below in ways)
+        return any(
+            below
+            and (folder or len(below) >= len(self.wildcards))
+            and all(fnmatchcase(name, part) for name, part in zip(below, self.wildcards))
+            for below in ways
+        )
 
     def refusal(self, location: Location, place: str, known: Known | None = None) -> str:
         where = f"{location.flag} {location.path}"
         if self.wildcards is None and () in beneath(place, self.place, known):
             return f"{where} is the input {self.read}: an output never replaces what the run reads"
         if inside(self.place, place, known):
-            return (f"input {self.read} lies inside {where}: an output never replaces what the "
-                    f"run reads")
+            return (
+                f"input {self.read} lies inside {where}: an output never replaces what the "
+                f"run reads"
+            )
         if self.wildcards is not None:
-            return (f"{where} is in the folder input {self.read} reads; write elsewhere, or the "
-                    f"next run would read its own output")
+            return (
+                f"{where} is in the folder input {self.read} reads; write elsewhere, or the "
+                f"next run would read its own output"
+            )
         return f"{where} lies inside input {self.read}: write elsewhere"
 
 
@@ -767,18 +825,26 @@ def check_written(location: Location) -> None:
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
     if _STAGED_NAME.fullmatch(posixpath.basename(path)):
-        raise OutputRefused(f"{flag} {path}: a name kvtrace stages its outputs under (and "
-                            f"clears as a killed run's leftover); choose another")
+        raise OutputRefused(
+            f"{flag} {path}: a name kvtrace stages its outputs under (and "
+            f"clears as a killed run's leftover); choose another"
+        )
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
-        raise OutputRefused(f"{flag} {path} is a mount point, which kvtrace cannot replace "
-                            f"whole: name a location inside it")
+        raise OutputRefused(
+            f"{flag} {path} is a mount point, which kvtrace cannot replace "
+            f"whole: name a location inside it"
+        )
     if location.kind != FILE and _LOCK_NAME.fullmatch(posixpath.basename(path)):
-        raise OutputRefused(f"{flag} {path}: a name kvtrace locks an output by (a folder there "
-                            f"would stop every run of that output); choose another")
+        raise OutputRefused(
+            f"{flag} {path}: a name kvtrace locks an output by (a folder there "
+            f"would stop every run of that output); choose another"
+        )
     if location.kind == FILE and TRACE_FILE.fullmatch(posixpath.basename(path)):
-        raise OutputRefused(f"{flag} {path}: a shard's name, which kvtrace's readers take only "
-                            f"with its folder's manifest (a lone one is refused as a partial "
-                            f"copy); choose another")
+        raise OutputRefused(
+            f"{flag} {path}: a shard's name, which kvtrace's readers take only "
+            f"with its folder's manifest (a lone one is refused as a partial "
+            f"copy); choose another"
+        )
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)
@@ -789,29 +855,37 @@ def check_written(location: Location) -> None:
         return
     check_parent(path)
     if os.path.islink(written_place(path)):
-        raise OutputRefused(f"{flag} {path} is a symbolic link; kvtrace writes its own folder "
-                            f"there, never through a link: name the folder itself")
+        raise OutputRefused(
+            f"{flag} {path} is a symbolic link; kvtrace writes its own folder "
+            f"there, never through a link: name the folder itself"
+        )
     if os.path.exists(path) and not os.path.isdir(path):
         raise OutputRefused(f"{flag} {path} is a file; it names a folder")
     writer = folder_writer(path)
     if location.writer and writer and writer != location.writer:
-        raise OutputRefused(f"{flag} {path} is an output of kvtrace {writer}; "
-                            f"{location.writer} replaces only its own: write elsewhere")
+        raise OutputRefused(
+            f"{flag} {path} is an output of kvtrace {writer}; "
+            f"{location.writer} replaces only its own: write elsewhere"
+        )
     if location.private:
         _check_private(location, writer)
     if location.writer:
         check_output(path)
     if location.private and os.path.isdir(path) and os.stat(path).st_uid != os.geteuid():
-        raise OutputRefused(f"{flag} {path} belongs to another user, so it cannot be made "
-                            f"owner-only; give a folder of your own")
+        raise OutputRefused(
+            f"{flag} {path} belongs to another user, so it cannot be made "
+            f"owner-only; give a folder of your own"
+        )
 
 
 def _check_private(location: Location, writer: str) -> None:
     """A private folder is no command's output (writer: the one path is, if any): it would
     replace a published output."""
     if writer:
-        raise OutputRefused(f"{location.flag} {location.path} is an output of kvtrace {writer}; "
-                            f"private files never go there: write elsewhere")
+        raise OutputRefused(
+            f"{location.flag} {location.path} is an output of kvtrace {writer}; "
+            f"private files never go there: write elsewhere"
+        )
     path = location.path
     if not is_url(path) and os.path.isdir(path) and not storage.is_private_folder(path):
         unfit = storage.unfit_for_private_files(path)  # as make_folder finds it: before the work
@@ -827,14 +901,18 @@ def _check_not_in_an_output(location: Location, path: str) -> None:
     while not is_url(path) or "://" in folder:
         writer = folder_writer(folder)
         if writer:
-            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, an "
-                                f"output of kvtrace {writer}, which only its command replaces, "
-                                f"whole: write elsewhere")
+            raise OutputRefused(
+                f"{location.flag} {location.path} lies inside {folder}, an "
+                f"output of kvtrace {writer}, which only its command replaces, "
+                f"whole: write elsewhere"
+            )
         if not is_url(folder) and storage.is_private_folder(folder):
-            raise OutputRefused(f"{location.flag} {location.path} lies inside {folder}, a "
-                                f"private folder of kvtrace's (dead letters, an id map, its "
-                                f"marks, block hashes), which only its own runs write: write "
-                                f"elsewhere")
+            raise OutputRefused(
+                f"{location.flag} {location.path} lies inside {folder}, a "
+                f"private folder of kvtrace's (dead letters, an id map, its "
+                f"marks, block hashes), which only its own runs write: write "
+                f"elsewhere"
+            )
         if folder == posixpath.dirname(folder):
             return
         folder = posixpath.dirname(folder)
@@ -851,8 +929,9 @@ def folder_writer(folder: str) -> str:
 
 
 @contextmanager
-def file_output(output: str, overwrite: bool = True,
-                report: StagedFile | None = None) -> Iterator[StagedFile]:
+def file_output(
+    output: str, overwrite: bool = True, report: StagedFile | None = None
+) -> Iterator[StagedFile]:
     """An output file checked (check_file) and locked before the work; the work writes it with
     StagedFile.create (or write), and it is published when the block ends without an error (a
     report, from file_output entered first, with it, last); what a failed or killed run staged
@@ -912,8 +991,9 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
-        if not is_url(output_staging) and _mark(output_staging, self.run_id, place(self.folder),
-                                                 _output_key(self.output)):
+        if not is_url(output_staging) and _mark(
+            output_staging, self.run_id, place(self.folder), _output_key(self.output)
+        ):
             with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as f:
                 f.write(self.run_id.encode())
 
@@ -924,8 +1004,9 @@ class DeadLetterRun:
         if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
             return True
         marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
-        return _settle_staged(self.folder, self.run_id, self.staging,
-                              publish=run_succeeded and not marked)
+        return _settle_staged(
+            self.folder, self.run_id, self.staging, publish=run_succeeded and not marked
+        )
 
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
@@ -941,7 +1022,8 @@ def settle_marked_letters(output: str) -> tuple[str, str] | None:
     published, None for none."""
     marked = _marked_run(output)
     published = marked is not None and _settle_staged(
-        marked[1], marked[0], _marked_staging(marked), publish=True)
+        marked[1], marked[0], _marked_staging(marked), publish=True
+    )
     _unmark(output)  # after the letters: a kill in between leaves the mark for the next run
     return marked[:2] if marked and published else None
 
@@ -980,8 +1062,9 @@ def recover_letters(folder: str, output: str) -> list[str]:
     for name in sorted(os.listdir(folder)):
         staged = os.path.join(folder, name)
         if name.startswith(prefix) and not os.path.exists(
-                os.path.join(staged, DeadLetterRun.PUBLISHES)):
-            _settle_staged(folder, name[len(prefix):], staged, publish=False)
+            os.path.join(staged, DeadLetterRun.PUBLISHES)
+        ):
+            _settle_staged(folder, name[len(prefix) :], staged, publish=False)
     return published
 
 
@@ -1012,8 +1095,14 @@ def _mark(folder: str, run_id: str, letters: str, key: str) -> bool:
     try:
         os.setxattr(folder, _RUN_MARK, mark)
     except OSError as err:
-        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.ENOSPC, errno.E2BIG,
-                         errno.ERANGE):
+        if err.errno in (
+            errno.ENOTSUP,
+            errno.EOPNOTSUPP,
+            errno.EPERM,
+            errno.ENOSPC,
+            errno.E2BIG,
+            errno.ERANGE,
+        ):
             return False
         raise
     return True
@@ -1028,10 +1117,16 @@ def _marked_run(folder: str) -> tuple[str, str, str] | None:
         run_id, letters, key = mark["run"], mark["letters"], mark["key"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if set(mark) != {"key", "letters", "run"} or not isinstance(key, str) or not re.fullmatch(
-            "[0-9a-f]{12}", key) or not isinstance(run_id, str) or not isinstance(
-            letters, str) or not _plain_name(run_id) or not (
-            is_url(letters) or os.path.isabs(letters)) or folded(letters) != letters:
+    if (
+        set(mark) != {"key", "letters", "run"}
+        or not isinstance(key, str)
+        or not re.fullmatch("[0-9a-f]{12}", key)
+        or not isinstance(run_id, str)
+        or not isinstance(letters, str)
+        or not _plain_name(run_id)
+        or not (is_url(letters) or os.path.isabs(letters))
+        or folded(letters) != letters
+    ):
         return None
     return run_id, letters, key
 
@@ -1058,8 +1153,9 @@ def _exchange(first: str, second: str) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return False
-    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
-                       _RENAME_EXCHANGE)
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
+    )
     if result == 0:
         return True
     code = ctypes.get_errno()
@@ -1078,14 +1174,14 @@ def _publish_remote(staging: str, output: str) -> None:
     for name in sorted(names, key=lambda n: n == MANIFEST):
         storage.rename(storage.join(staging, name), storage.join(output, name))
     listed = set(names)
-    stale = [p for p in storage.match(storage.join(output, "*"))
-             if p.rsplit("/", 1)[-1] not in listed]
+    stale = [
+        p for p in storage.match(storage.join(output, "*")) if p.rsplit("/", 1)[-1] not in listed
+    ]
     if stale:
         storage.delete(stale)
 
 
-def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = frozenset()
-                     ) -> None:
+def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = frozenset()) -> None:
     """Put each staged file or folder in its output's place, in order (a report last: a reader
     takes it for the mark that its output is whole), then sync their folders: if a step fails,
     those done are put back, so a run publishes all of them or none. The previous outputs are
@@ -1120,8 +1216,10 @@ def _check_previous(output: str, previous: str | None, own: frozenset[str]) -> N
         return
     foreign = foreign_files(previous, own)
     if foreign:
-        raise OutputRefused(f"{output} gained files kvtrace did not write while the run "
-                            f"published it ({', '.join(foreign[:5])}); nothing was replaced")
+        raise OutputRefused(
+            f"{output} gained files kvtrace did not write while the run "
+            f"published it ({', '.join(foreign[:5])}); nothing was replaced"
+        )
 
 
 def _swap_in(staged: str, output: str) -> str | None:

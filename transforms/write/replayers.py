@@ -31,63 +31,114 @@ class Consumer:
 
 
 def _aiperf(path: str, block_size: int, rows: int) -> str:
-    return (f"aiperf profile --model {MODEL} --url {URL} --endpoint-type completions "
-            f"--input-file {path} --custom-dataset-type mooncake_trace --fixed-schedule "
-            f"--isl-block-size {block_size}")
+    return (
+        f"aiperf profile --model {MODEL} --url {URL} --endpoint-type completions "
+        f"--input-file {path} --custom-dataset-type mooncake_trace --fixed-schedule "
+        f"--isl-block-size {block_size}"
+    )
 
 
 def _guidellm(path: str, block_size: int, rows: int) -> str:
-    return (f"guidellm run --backend kind=openai_http,target={URL} --profile kind=replay "
-            f"--data kind=mooncake,source.kind=json_file,source.path={path},"
-            f"hash_id_block_size={block_size},time_scale=0.001")
+    return (
+        f"guidellm run --backend kind=openai_http,target={URL} --profile kind=replay "
+        f"--data kind=mooncake,source.kind=json_file,source.path={path},"
+        f"hash_id_block_size={block_size},time_scale=0.001"
+    )
 
 
 def _vllm(path: str, block_size: int, rows: int) -> str:
-    return (f"vllm bench serve --backend vllm --model {MODEL} --base-url {URL} "
-            f"--dataset-name timed_trace --dataset-path {path} --num-prompts {rows} "
-            f"--timed-trace-chunk-hash-size {block_size} --timed-trace-sec-multiplier 0.001")
+    return (
+        f"vllm bench serve --backend vllm --model {MODEL} --base-url {URL} "
+        f"--dataset-name timed_trace --dataset-path {path} --num-prompts {rows} "
+        f"--timed-trace-chunk-hash-size {block_size} --timed-trace-sec-multiplier 0.001"
+    )
 
 
 def _sglang(path: str, block_size: int, rows: int) -> str:
-    return (f"python -m sglang.benchmark.serving --backend sglang --model {MODEL} "
-            f"--base-url {URL} --dataset-name mooncake --dataset-path {path} --num-prompts {rows}")
+    return (
+        f"python -m sglang.benchmark.serving --backend sglang --model {MODEL} "
+        f"--base-url {URL} --dataset-name mooncake --dataset-path {path} --num-prompts {rows}"
+    )
 
 
 def _dynamo(trace_format: str) -> Callable[[str, int, int], str]:
     """Dynamo 1.6.1 moved its replay command line into aisimulate (not installable here); its
     Python entry point is what runs here, and is tested."""
+
     def command(path: str, block_size: int, rows: int) -> str:
-        return (f"python -c \"from dynamo.replay import run_trace_replay; print(run_trace_replay("
-                f"'{path}', trace_format='{trace_format}', trace_block_size={block_size}).summary)\"")
+        return (
+            f'python -c "from dynamo.replay import run_trace_replay; print(run_trace_replay('
+            f"'{path}', trace_format='{trace_format}', trace_block_size={block_size}).summary)\""
+        )
+
     return command
 
 
-CONSUMERS = {c.name: c for c in (
-    Consumer("aiperf", "aiperf 0.13 mooncake_trace", WHOLE, _aiperf,
-             "timestamps in ms; one self-contained request per row"),
-    Consumer("aiperf-sessions", "aiperf 0.13 mooncake_trace (multi-turn)", DELTAS, _aiperf,
-             "session_id groups turns; aiperf sends each follow-up `delay` ms after the previous "
-             "response and adds its live answers to the history", follow_up_timestamps=False),
-    Consumer("guidellm", "guidellm 0.8.1 mooncake trace data", WHOLE, _guidellm,
-             "time_scale 0.001: guidellm reads timestamps as seconds"),
-    Consumer("vllm", "vLLM 0.33.0 bench serve, timed_trace dataset", WHOLE, _vllm,
-             "its chunk size defaults to 16 and its timestamps to seconds; --num-prompts defaults "
-             "to 1,000 rows; one file, read in order"),
-    Consumer("sglang", "SGLang 0.5.23 bench_serving, mooncake dataset", RECUT, _sglang,
-             f"hash ids re-cut to {SGLANG_TOKENS_PER_ID} tokens each: SGLang writes ~"
-             f"{SGLANG_TOKENS_PER_ID} tokens per id and ignores input_length; timestamps in ms"),
-    Consumer("dynamo", "Dynamo 1.6.1 replay, mooncake format", TURNS, _dynamo("mooncake"),
-             "rows with session_id: each follow-up turn sent `delay` ms after the previous "
-             "response ends"),
-    Consumer("dynamo-delta", "Dynamo 1.6.1 replay, mooncake-delta format", DELTAS,
-             _dynamo("mooncake-delta"),
-             "follow-up turns hold only what they add; Dynamo rebuilds each prompt from the "
-             "previous prompt, its generated answer and the delta"),
-)}
+CONSUMERS = {
+    c.name: c
+    for c in (
+        Consumer(
+            "aiperf",
+            "aiperf 0.13 mooncake_trace",
+            WHOLE,
+            _aiperf,
+            "timestamps in ms; one self-contained request per row",
+        ),
+        Consumer(
+            "aiperf-sessions",
+            "aiperf 0.13 mooncake_trace (multi-turn)",
+            DELTAS,
+            _aiperf,
+            "session_id groups turns; aiperf sends each follow-up `delay` ms after the previous "
+            "response and adds its live answers to the history",
+            follow_up_timestamps=False,
+        ),
+        Consumer(
+            "guidellm",
+            "guidellm 0.8.1 mooncake trace data",
+            WHOLE,
+            _guidellm,
+            "time_scale 0.001: guidellm reads timestamps as seconds",
+        ),
+        Consumer(
+            "vllm",
+            "vLLM 0.33.0 bench serve, timed_trace dataset",
+            WHOLE,
+            _vllm,
+            "its chunk size defaults to 16 and its timestamps to seconds; --num-prompts defaults "
+            "to 1,000 rows; one file, read in order",
+        ),
+        Consumer(
+            "sglang",
+            "SGLang 0.5.23 bench_serving, mooncake dataset",
+            RECUT,
+            _sglang,
+            f"hash ids re-cut to {SGLANG_TOKENS_PER_ID} tokens each: SGLang writes ~"
+            f"{SGLANG_TOKENS_PER_ID} tokens per id and ignores input_length; timestamps in ms",
+        ),
+        Consumer(
+            "dynamo",
+            "Dynamo 1.6.1 replay, mooncake format",
+            TURNS,
+            _dynamo("mooncake"),
+            "rows with session_id: each follow-up turn sent `delay` ms after the previous "
+            "response ends",
+        ),
+        Consumer(
+            "dynamo-delta",
+            "Dynamo 1.6.1 replay, mooncake-delta format",
+            DELTAS,
+            _dynamo("mooncake-delta"),
+            "follow-up turns hold only what they add; Dynamo rebuilds each prompt from the "
+            "previous prompt, its generated answer and the delta",
+        ),
+    )
+}
 
 
-def replay_commands(block_size: int, rows: int, trace_files: list[str],
-                    folder: str = ".") -> dict[str, str]:
+def replay_commands(
+    block_size: int, rows: int, trace_files: list[str], folder: str = "."
+) -> dict[str, str]:
     """The command per replayer for a kvtrace output folder (by default run inside it): straight
     on the trace file where a replayer reads it as published and there is one, else after
     `kvtrace export` has written the replayer's file beside the folder (never into it: the
@@ -101,7 +152,8 @@ def replay_commands(block_size: int, rows: int, trace_files: list[str],
             commands[consumer.name] = consumer.command(path, block_size, rows)
         else:
             exported = f"{beside}.{consumer.name}.jsonl"
-            commands[consumer.name] = (f"kvtrace export {folder} --to {consumer.name} -o "
-                                       f"{exported} && "
-                                       + consumer.command(exported, block_size, rows))
+            commands[consumer.name] = (
+                f"kvtrace export {folder} --to {consumer.name} -o "
+                f"{exported} && " + consumer.command(exported, block_size, rows)
+            )
     return commands

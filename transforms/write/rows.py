@@ -42,29 +42,49 @@ class RowBatch:
     def concat(batches: Sequence[RowBatch]) -> RowBatch:
         if not batches:
             return RowBatch(np.empty(0, ROW), np.empty(0, np.int64))
+
         def joined(name: str) -> np.ndarray | None:
             parts = [getattr(b, name) for b in batches]
             return None if any(p is None for p in parts) else np.concatenate(parts)
 
-        return RowBatch(np.concatenate([b.rows for b in batches]), joined("ids"), joined("hashes"),
-                        joined("output_ids"))
+        return RowBatch(
+            np.concatenate([b.rows for b in batches]),
+            joined("ids"),
+            joined("hashes"),
+            joined("output_ids"),
+        )
 
     def select(self, order: np.ndarray) -> RowBatch:
         """The rows at positions order (in that order), each with its ids."""
         blocks = _picked(self.rows["num_ids"], order)
-        outputs = None if self.output_ids is None else \
-            self.output_ids[_picked(self.rows["num_output_ids"], order)]
-        return RowBatch(self.rows[order], self.ids[blocks],
-                        None if self.hashes is None else self.hashes[blocks], outputs)
+        outputs = (
+            None
+            if self.output_ids is None
+            else self.output_ids[_picked(self.rows["num_output_ids"], order)]
+        )
+        return RowBatch(
+            self.rows[order],
+            self.ids[blocks],
+            None if self.hashes is None else self.hashes[blocks],
+            outputs,
+        )
 
     def sorted(self) -> RowBatch:
         """In published order (row_order.py): timestamp and tie key, then content fingerprint,
         then the other published fields and the ids' digest. Ids are numbered in this order, so
         the rows must hold published timestamps and output lengths (coarsen.published_requests)."""
         r = self.rows
-        return self.select(published_order(r["timestamp_ms"], r["input_length"], r["output_length"],
-                                           r["fingerprint"], r["session_id"], r["response_ms"],
-                                           r["ids_digest"]))
+        return self.select(
+            published_order(
+                r["timestamp_ms"],
+                r["input_length"],
+                r["output_length"],
+                r["fingerprint"],
+                r["session_id"],
+                r["response_ms"],
+                r["ids_digest"],
+            )
+        )
 
     def row_ids(self) -> list[np.ndarray]:
         return np.split(self.ids, np.cumsum(self.rows["num_ids"])[:-1]) if len(self.rows) else []
@@ -89,8 +109,13 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarray,
-              hashes: np.ndarray | None = None, with_outputs: bool = False) -> RowBatch:
+def row_batch(
+    requests: np.ndarray,
+    block_ids: np.ndarray,
+    session_ids: np.ndarray,
+    hashes: np.ndarray | None = None,
+    with_outputs: bool = False,
+) -> RowBatch:
     """Rows for a batch's REQUEST columns, given its ids in request order (each request's
     prompt blocks, then its output blocks) and one session number per request that has a
     session (and, to emit them, each block's engine hash)."""
@@ -102,21 +127,30 @@ def row_batch(requests: np.ndarray, block_ids: np.ndarray, session_ids: np.ndarr
     rows["session_id"] = NO_SESSION
     rows["session_id"][requests["has_session"]] = session_ids
     per_request = requests["num_blocks"] + requests["num_output_blocks"]
-    is_prompt = (np.arange(len(block_ids)) - np.repeat(np.cumsum(per_request) - per_request,
-                                                       per_request)) < np.repeat(requests["num_blocks"], per_request)
+    is_prompt = (
+        np.arange(len(block_ids)) - np.repeat(np.cumsum(per_request) - per_request, per_request)
+    ) < np.repeat(requests["num_blocks"], per_request)
     block_ids = block_ids.astype(np.int64, copy=False)
-    row = RowBatch(rows, block_ids[is_prompt], None if hashes is None else hashes[is_prompt],
-                   block_ids[~is_prompt] if with_outputs else None)
+    row = RowBatch(
+        rows,
+        block_ids[is_prompt],
+        None if hashes is None else hashes[is_prompt],
+        block_ids[~is_prompt] if with_outputs else None,
+    )
     # Everything a row publishes is in the sort key, its output ids too: two requests alike but
     # for their responses must not come out in input order.
     outputs = row.row_output_ids() or [b""] * len(rows)
-    rows["ids_digest"] = [xxhash.xxh3_64_intdigest(ids.tobytes() + bytes(out))
-                          for ids, out in zip(row.row_ids(), outputs)]
+    rows["ids_digest"] = [
+        xxhash.xxh3_64_intdigest(ids.tobytes() + bytes(out))
+        for ids, out in zip(row.row_ids(), outputs)
+    ]
     return row
 
 
 def assemble_rows(
-    element: tuple[int, dict[str, list]], plan: np.ndarray, origin_ms: int,
+    element: tuple[int, dict[str, list]],
+    plan: np.ndarray,
+    origin_ms: int,
     with_outputs: bool = False,
 ) -> Iterator[tuple[int, RowBatch]]:
     """One batch's requests joined with their block ids and session numbers, split by the output
@@ -125,15 +159,18 @@ def assemble_rows(
     # One batch per id (a list keeps the join symmetric): its REQUEST columns, and its blocks'
     # engine hashes or None.
     for requests, hashes in groups["requests"]:
-        block_ids = ids_in_request_order(groups["blocks"],
-                                         requests["num_blocks"] + requests["num_output_blocks"])
+        block_ids = ids_in_request_order(
+            groups["blocks"], requests["num_blocks"] + requests["num_output_blocks"]
+        )
         session_ids = ids_in_request_order(groups["sessions"], requests["has_session"].astype(int))
-        yield from rows_by_shard(row_batch(requests, block_ids, session_ids, hashes, with_outputs),
-                                 plan, origin_ms)
+        yield from rows_by_shard(
+            row_batch(requests, block_ids, session_ids, hashes, with_outputs), plan, origin_ms
+        )
 
 
-def rows_by_shard(batch: RowBatch, plan: np.ndarray,
-                  origin_ms: int) -> Iterator[tuple[int, RowBatch]]:
+def rows_by_shard(
+    batch: RowBatch, plan: np.ndarray, origin_ms: int
+) -> Iterator[tuple[int, RowBatch]]:
     """(output shard, the batch's rows in it) for each shard the batch has rows in. The rows
     hold published times (coarsen.published_requests), made relative to the origin here."""
     shards = output_shards(batch.rows["timestamp_ms"] - origin_ms, plan)
@@ -145,6 +182,7 @@ def rows_by_shard(batch: RowBatch, plan: np.ndarray,
 # counts), so that `kvtrace audit` recomputes it from the rows it reads: a shard takes
 # consecutive published minutes up to shards.MAX_BLOCKS_PER_SHARD of room, never part of one.
 
+
 def output_shards(published_ms: np.ndarray, plan: np.ndarray) -> np.ndarray:
     """Each row's output shard: its published minute's, as the plan (shards.shard_plan) says."""
     return shards_of(buckets_of(published_ms), plan)
@@ -155,8 +193,7 @@ def shard_count(plan: np.ndarray) -> int:
     return max(len(plan), 1)
 
 
-def published_room(published_ms: np.ndarray,
-                   blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def published_room(published_ms: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(each published minute, ascending; room its rows take in an output shard): their blocks
     (prompt and output), +1 per row so that a row without blocks still counts."""
     return room_by_minute(buckets_of(published_ms), blocks + 1)
@@ -168,8 +205,9 @@ def room_by_minute(minutes: np.ndarray, rooms: np.ndarray) -> tuple[np.ndarray, 
     return labels, np.bincount(index, weights=rooms, minlength=len(labels)).astype(np.int64)
 
 
-def request_room(timestamps_ms: np.ndarray, blocks: np.ndarray,
-                 origin_ms: int) -> list[tuple[int, int]]:
+def request_room(
+    timestamps_ms: np.ndarray, blocks: np.ndarray, origin_ms: int
+) -> list[tuple[int, int]]:
     """(published minute, room) of requests of these published, yet absolute, timestamps
     (coarsen.published_requests) and blocks (HashedBatch.blocks_per_request)."""
     minutes, rooms = published_room(timestamps_ms - origin_ms, blocks)

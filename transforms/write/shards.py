@@ -25,11 +25,25 @@ import pyarrow as pa
 from kvtrace.transforms import storage
 from kvtrace.transforms.combiners import BucketTotals
 from kvtrace.transforms.ids.buckets import plan_shards, shards_of
+from kvtrace.transforms.trace_format import (
+    MANIFEST,
+    TraceColumns,
+    arrow_array,
+    canonical_json,
+    jsonl_bytes,
+    parquet_bytes,
+    shard_name,
+    table_bytes,
+)
 from kvtrace.transforms.write.coarsen import Coarsening, coarsen
-from kvtrace.transforms.trace_format import (MANIFEST, TraceColumns, arrow_array, canonical_json,
-                                     jsonl_bytes, parquet_bytes, shard_name, table_bytes)
-from kvtrace.transforms.write.publish import (OutputRefused, folder_writer, foreign_files,
-                                      publish_folder, sha256_of, staging_folder)
+from kvtrace.transforms.write.publish import (
+    OutputRefused,
+    folder_writer,
+    foreign_files,
+    publish_folder,
+    sha256_of,
+    staging_folder,
+)
 from kvtrace.transforms.write.rows import RowBatch, room_by_minute, shard_count
 
 # A shard is sorted in one worker's memory: 8M ids are ~64 MB as int64 and ~70 MB of JSONL.
@@ -60,16 +74,21 @@ def cuts_unlike_plan(shard_rooms: Sequence[tuple[np.ndarray, np.ndarray]]) -> st
     (rows.published_room), are cut otherwise than kvtrace plans their rows; None when not."""
     minutes, rooms = room_by_minute(
         np.concatenate([m for m, _ in shard_rooms] + [np.empty(0, np.int64)]),
-        np.concatenate([r for _, r in shard_rooms] + [np.empty(0, np.int64)]))
+        np.concatenate([r for _, r in shard_rooms] + [np.empty(0, np.int64)]),
+    )
     plan = plan_of(minutes, rooms)
     if len(shard_rooms) != shard_count(plan):
-        return (f"the rows are in {len(shard_rooms)} trace shards, kvtrace cuts them into "
-                f"{shard_count(plan)} (consecutive published minutes up to "
-                f"{MAX_BLOCKS_PER_SHARD:,} blocks each)")
+        return (
+            f"the rows are in {len(shard_rooms)} trace shards, kvtrace cuts them into "
+            f"{shard_count(plan)} (consecutive published minutes up to "
+            f"{MAX_BLOCKS_PER_SHARD:,} blocks each)"
+        )
     for shard, (shard_minutes, _) in enumerate(shard_rooms):
         if (shards_of(shard_minutes, plan) != shard).any():
-            return (f"trace shard {shard} is not cut where kvtrace cuts the rows (consecutive "
-                    f"published minutes up to {MAX_BLOCKS_PER_SHARD:,} blocks each)")
+            return (
+                f"trace shard {shard} is not cut where kvtrace cuts the rows (consecutive "
+                f"published minutes up to {MAX_BLOCKS_PER_SHARD:,} blocks each)"
+            )
     return None
 
 
@@ -78,21 +97,33 @@ BLOCK_HASHES_FILE = re.compile(rf"{BLOCK_HASHES_PREFIX}\d{{5}}-of-\d{{5}}\.parqu
 # Which output the hashes belong to, as `sha256sum -c` reads it inside that output's folder.
 BLOCK_HASHES_OUTPUT = f"{MANIFEST}.sha256"
 BLOCK_HASHES_SCHEMA = pa.schema(
-    [pa.field("row", pa.int64(), nullable=False), pa.field("position", pa.int32(), nullable=False),
-     pa.field("id", pa.int64(), nullable=False), pa.field("hash", pa.uint64(), nullable=False)],
-    metadata={"private": "unkeyed engine block hashes: whoever holds the tokenizer can confirm "
-                         "a guessed prompt from them; never publish"},
+    [
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("hash", pa.uint64(), nullable=False),
+    ],
+    metadata={
+        "private": "unkeyed engine block hashes: whoever holds the tokenizer can confirm "
+        "a guessed prompt from them; never publish"
+    },
 )
 
 
 def published_columns(batch: RowBatch, origin_ms: int) -> TraceColumns:
     """A shard's sorted, coarsened rows as the format publishes them: ms from the origin."""
     rows = batch.rows
-    return TraceColumns(rows["timestamp_ms"] - origin_ms, rows["input_length"],
-                        rows["output_length"], rows["num_ids"], batch.ids, rows["session_id"],
-                        rows["response_ms"],
-                        None if batch.output_ids is None else rows["num_output_ids"],
-                        batch.output_ids)
+    return TraceColumns(
+        rows["timestamp_ms"] - origin_ms,
+        rows["input_length"],
+        rows["output_length"],
+        rows["num_ids"],
+        batch.ids,
+        rows["session_id"],
+        rows["response_ms"],
+        None if batch.output_ids is None else rows["num_output_ids"],
+        batch.output_ids,
+    )
 
 
 def block_hashes_bytes(batch: RowBatch) -> bytes:
@@ -102,23 +133,36 @@ def block_hashes_bytes(batch: RowBatch) -> bytes:
     row = np.repeat(np.arange(len(counts)), counts)
     position = np.arange(len(batch.ids)) - np.repeat(np.cumsum(counts) - counts, counts)
     table = pa.Table.from_arrays(
-        [arrow_array(row), arrow_array(position, pa.int32()), arrow_array(batch.ids),
-         pa.array(batch.hashes if batch.hashes is not None else np.empty(0, np.uint64),
-                  pa.uint64())],
-        schema=BLOCK_HASHES_SCHEMA)
+        [
+            arrow_array(row),
+            arrow_array(position, pa.int32()),
+            arrow_array(batch.ids),
+            pa.array(
+                batch.hashes if batch.hashes is not None else np.empty(0, np.uint64), pa.uint64()
+            ),
+        ],
+        schema=BLOCK_HASHES_SCHEMA,
+    )
     return table_bytes(table)
 
 
 def write_shard(
-    directory: str, shard: int, shards: int, batches: Iterable[RowBatch], origin_ms: int,
-    coarsening: Coarsening = Coarsening(), hashes_directory: str | None = None,
+    directory: str,
+    shard: int,
+    shards: int,
+    batches: Iterable[RowBatch],
+    origin_ms: int,
+    coarsening: Coarsening = Coarsening(),
+    hashes_directory: str | None = None,
 ) -> list[tuple[str, str]]:
     """Sort one shard's rows and write them as JSONL and Parquet; returns (path, sha256) of the
     two. With hashes_directory, the rows' engine block hashes go there too, owner-only
     (block_hashes_bytes)."""
     ordered = coarsen(RowBatch.concat(list(batches)), origin_ms, coarsening).sorted()
     if hashes_directory is not None:
-        path = storage.join(hashes_directory, f"{BLOCK_HASHES_PREFIX}{shard:05d}-of-{shards:05d}.parquet")
+        path = storage.join(
+            hashes_directory, f"{BLOCK_HASHES_PREFIX}{shard:05d}-of-{shards:05d}.parquet"
+        )
         with storage.create(path, private=True) as handle:
             handle.write(block_hashes_bytes(ordered))
     columns = published_columns(ordered, origin_ms)
@@ -142,8 +186,11 @@ def block_hashes_staging(hashes: str | None, output_staging: str) -> str | None:
 
 def block_hashes_files(hashes: str) -> frozenset[str]:
     """The names in a block-hashes folder that kvtrace writes (the rest is foreign)."""
-    names = [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(hashes, "*"))] if \
-        storage.is_url(hashes) else (os.listdir(hashes) if os.path.isdir(hashes) else [])
+    names = (
+        [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(hashes, "*"))]
+        if storage.is_url(hashes)
+        else (os.listdir(hashes) if os.path.isdir(hashes) else [])
+    )
     return frozenset(n for n in names if BLOCK_HASHES_FILE.fullmatch(n) or n == BLOCK_HASHES_OUTPUT)
 
 
@@ -154,13 +201,17 @@ def check_block_hashes_folder(hashes: str) -> None:
         raise OutputRefused(f"--emit-block-hashes {hashes} is a link; give the folder itself")
     writer = folder_writer(hashes)  # its files are all listed by its manifest: none foreign
     if writer:
-        raise OutputRefused(f"--emit-block-hashes {hashes} is an output of kvtrace {writer}; "
-                            f"block hashes never replace it: write elsewhere")
+        raise OutputRefused(
+            f"--emit-block-hashes {hashes} is an output of kvtrace {writer}; "
+            f"block hashes never replace it: write elsewhere"
+        )
     foreign = foreign_files(hashes, block_hashes_files(hashes))
     if foreign:
-        raise OutputRefused(f"--emit-block-hashes {hashes} holds files kvtrace did not write "
-                         f"({', '.join(foreign[:5])}); it is replaced whole, so it must be new, "
-                         f"empty, or an earlier run's block hashes")
+        raise OutputRefused(
+            f"--emit-block-hashes {hashes} holds files kvtrace did not write "
+            f"({', '.join(foreign[:5])}); it is replaced whole, so it must be new, "
+            f"empty, or an earlier run's block hashes"
+        )
 
 
 def publish_block_hashes(hashes: str | None, output_staging: str, manifest: dict) -> dict:
@@ -172,6 +223,7 @@ def publish_block_hashes(hashes: str | None, output_staging: str, manifest: dict
     staged = block_hashes_staging(hashes, output_staging)
     with storage.create(storage.join(staged, BLOCK_HASHES_OUTPUT), private=True) as handle:
         handle.write(f"{sha256_of(canonical_json(manifest))}  {MANIFEST}\n".encode())
-    publish_folder(staged, hashes, block_hashes_files(hashes) | block_hashes_files(staged),
-                   private=True)
+    publish_folder(
+        staged, hashes, block_hashes_files(hashes) | block_hashes_files(staged), private=True
+    )
     return manifest

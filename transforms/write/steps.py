@@ -16,17 +16,31 @@ class WriteShard(beam.DoFn):
     """(shard, row batches) in, (written path, sha256) out. `gate` is a side input that must be
     computed, and may fail the job, before any file is written."""
 
-    def __init__(self, directory: str, coarsening: Coarsening = Coarsening(),
-                 hashes_directory: str | None = None):
+    def __init__(
+        self,
+        directory: str,
+        coarsening: Coarsening = Coarsening(),
+        hashes_directory: str | None = None,
+    ):
         self._directory = directory
         self._coarsening = coarsening
         self._hashes_directory = hashes_directory
 
     def process(
-        self, element: tuple[int, Iterable[RowBatch | None]], plan: np.ndarray, origin: int,
+        self,
+        element: tuple[int, Iterable[RowBatch | None]],
+        plan: np.ndarray,
+        origin: int,
         gate: object,
     ) -> Iterator[tuple[str, str]]:
         shard, batches = element
         # None marks shard 0, which always exists so that an empty trace still has its files.
-        yield from write_shard(self._directory, shard, shard_count(plan), (b for b in batches if b), origin,
-                               self._coarsening, self._hashes_directory)
+        yield from write_shard(
+            self._directory,
+            shard,
+            shard_count(plan),
+            (b for b in batches if b),
+            origin,
+            self._coarsening,
+            self._hashes_directory,
+        )

@@ -35,8 +35,9 @@ class ExportTotals:
         beside coarse rows would undo --length-granularity)."""
         columns = batch.requests
         outputs = coarse_output_lengths(columns["output_length"], coarsening.output_length)
-        inputs = coarse_input_lengths(columns["input_length"], coarsening.block_size,
-                                      coarsening.output_length)
+        inputs = coarse_input_lengths(
+            columns["input_length"], coarsening.block_size, coarsening.output_length
+        )
         return cls(
             requests=len(columns),
             input_tokens=int(inputs.sum()),

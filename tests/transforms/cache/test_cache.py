@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtrace.transforms.cache.cache_trace import CacheTrace
+
 from kvtrace.presets import load_model
-from kvtrace.transforms.cache.capacity import kv_bytes_per_token, parse_capacity
 from kvtrace.transforms.cache import policies
+from kvtrace.transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.cache.capacity import kv_bytes_per_token, parse_capacity
 from kvtrace.transforms.cache.policies import POLICIES, hit_rate
 from kvtrace.transforms.cache.reuse import ccdf_at, reuse_events, reuse_time_histogram
 from kvtrace.transforms.cache.stack_distance import stack_distances
@@ -25,8 +26,11 @@ def trace_of(rows: list[tuple[float, int, list[int]]]) -> Trace:
         timestamp=np.array([t for t, _, _ in rows], dtype=np.float64),
         input_length=np.array([n for _, n, _ in rows], dtype=np.int64),
         output_length=np.ones(len(rows), dtype=np.int64),
-        offsets=offsets, ids=np.array(ids, dtype=np.int64), session=None,
-        line=np.arange(1, len(rows) + 1), file_index=np.zeros(len(rows), dtype=np.int32),
+        offsets=offsets,
+        ids=np.array(ids, dtype=np.int64),
+        session=None,
+        line=np.arange(1, len(rows) + 1),
+        file_index=np.zeros(len(rows), dtype=np.int32),
         files=["t.jsonl"],
     )
 
@@ -72,14 +76,21 @@ def test_lru_evicts_a_prefix_head_before_its_tail_prefix_lru_keeps_the_path():
 
 rows_strategy = st.lists(
     st.tuples(st.integers(0, 50), st.lists(st.integers(0, 6), min_size=0, max_size=6)),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 
 def random_trace(rows: list[tuple[int, list[int]]], block_size: int) -> CacheTrace:
-    return CacheTrace.of(trace_of(
-        [(t, max(1, len(ids) * block_size - (t % block_size)) if ids else 0, ids)
-         for t, ids in rows]), block_size)
+    return CacheTrace.of(
+        trace_of(
+            [
+                (t, max(1, len(ids) * block_size - (t % block_size)) if ids else 0, ids)
+                for t, ids in rows
+            ]
+        ),
+        block_size,
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -138,7 +149,10 @@ def test_a_warm_up_counts_only_the_later_rows():
     distances = stack_distances(cache)
     assert distances.infinite_hit_rate(0.5) == 1.0 and distances.infinite_hit_rate() == 0.5
     assert distances.hit_rates(np.array([1024]), warmup_fraction=0.5)[0] == 1.0
-    assert distances.two_tier(512, 512, warmup_fraction=0.5) == (0.5, 0.5)  # P2 on the GPU, P1 below
+    assert distances.two_tier(512, 512, warmup_fraction=0.5) == (
+        0.5,
+        0.5,
+    )  # P2 on the GPU, P1 below
     for policy in POLICIES:
         assert hit_rate(cache, policy, 1024, warmup_fraction=0.5) == 1.0
 

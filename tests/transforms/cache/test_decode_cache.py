@@ -4,8 +4,8 @@ simulate --decode-cache lets later turns hit them."""
 from __future__ import annotations
 
 import pytest
-from helpers import write_jsonl
 
+from helpers import write_jsonl
 from kvtrace.pipelines.simulate import SimulateConfig, run_simulate
 from kvtrace.transforms.cache.capacity import Capacity
 from kvtrace.transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
@@ -19,27 +19,45 @@ def test_output_blocks_complete_the_prompt_and_chain_on():
     prompt, output = token_bytes(list(range(10))), token_bytes(list(range(100, 110)))
     whole = chain_hashes(prompt + output, 4, SEED)  # 5 blocks of 4 tokens
     out = _output_block_hashes(prompt, output, 4, SEED, HashScheme())
-    assert out == whole[2 * 16:]  # blocks 2, 3, 4: the partial prompt block completed, then on
+    assert out == whole[2 * 16 :]  # blocks 2, 3, 4: the partial prompt block completed, then on
     assert _output_block_hashes(prompt, token_bytes([1]), 4, SEED, HashScheme()) == b""
 
 
 def test_simulate_counts_hits_on_cached_outputs(tmp_path):
-    rows = [{"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [0, 1],
-             "output_hash_ids": [2]},
-            {"timestamp": 5, "input_length": 16, "output_length": 1, "hash_ids": [0, 1, 2, 3],
-             "output_hash_ids": []}]
+    rows = [
+        {
+            "timestamp": 0,
+            "input_length": 8,
+            "output_length": 4,
+            "hash_ids": [0, 1],
+            "output_hash_ids": [2],
+        },
+        {
+            "timestamp": 5,
+            "input_length": 16,
+            "output_length": 1,
+            "hash_ids": [0, 1, 2, 3],
+            "output_hash_ids": [],
+        },
+    ]
     src = str(write_jsonl(tmp_path / "t.jsonl", rows))
     rates = {}
     for decode in (False, True):
-        report = run_simulate(SimulateConfig((src,), (Capacity(1000, None),), ("lru", "belady"), 4,
-                                             decode_cache=decode))
+        report = run_simulate(
+            SimulateConfig(
+                (src,), (Capacity(1000, None),), ("lru", "belady"), 4, decode_cache=decode
+            )
+        )
         rates[decode] = report
         assert report["rows"] == 2 and report["prompt_tokens"] == 24
     assert rates[False]["infinite_cache"]["token_weighted"] == pytest.approx(8 / 24)
     assert rates[True]["infinite_cache"]["token_weighted"] == pytest.approx(12 / 24)
     assert rates[True]["policies"]["lru"][0]["hit_rate"] == pytest.approx(12 / 24)
     with pytest.raises(ValueError, match="--emit-output-hashes"):
-        plain = write_jsonl(tmp_path / "p.jsonl", [{k: v for k, v in r.items()
-                                                     if k != "output_hash_ids"} for r in rows])
-        run_simulate(SimulateConfig((str(plain),), (Capacity(1000, None),), ("lru",), 4,
-                                    decode_cache=True))
+        plain = write_jsonl(
+            tmp_path / "p.jsonl",
+            [{k: v for k, v in r.items() if k != "output_hash_ids"} for r in rows],
+        )
+        run_simulate(
+            SimulateConfig((str(plain),), (Capacity(1000, None),), ("lru",), 4, decode_cache=True)
+        )

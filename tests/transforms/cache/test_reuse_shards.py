@@ -16,9 +16,14 @@ from kvtrace.transforms.stats.trace_shards import by_shard, chunk_tables
 BLOCK_SIZE = 4  # as helpers.trace_of
 
 rows_strategy = st.lists(
-    st.tuples(st.integers(0, 2), st.integers(0, 6).map(lambda t: t * 700.0),
-              st.lists(st.integers(0, 9), max_size=6)),
-    min_size=1, max_size=25)
+    st.tuples(
+        st.integers(0, 2),
+        st.integers(0, 6).map(lambda t: t * 700.0),
+        st.lists(st.integers(0, 9), max_size=6),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -31,9 +36,19 @@ def test_reuse_events_of_prefix_shards_are_the_whole_traces(rows, shards):
     parts = [summarize(part, 5) for _, part in by_shard(clocked, clocked["prefix_lo"], shards)]
     assert sum(p.total_tokens for p in parts) == whole.total_tokens
     assert sum(p.reused_tokens for p in parts) == int(whole.tokens.sum())
-    assert sum(p.above_gpu_tokens for p in parts) == int(whole.tokens[whole.interval_tokens > 5].sum())
-    binned = np.bincount(np.searchsorted(EDGES, whole.interval_tokens, side="right") - 1,
-                         weights=whole.tokens, minlength=len(EDGES)).astype(np.int64)
-    assert sum((p.interval_tokens for p in parts), np.zeros(len(EDGES), np.int64)).tolist() == binned.tolist()
-    assert sum((p.time_tokens for p in parts), np.zeros_like(whole.time_tokens)).tolist() == \
-        whole.time_tokens.tolist()
+    assert sum(p.above_gpu_tokens for p in parts) == int(
+        whole.tokens[whole.interval_tokens > 5].sum()
+    )
+    binned = np.bincount(
+        np.searchsorted(EDGES, whole.interval_tokens, side="right") - 1,
+        weights=whole.tokens,
+        minlength=len(EDGES),
+    ).astype(np.int64)
+    assert (
+        sum((p.interval_tokens for p in parts), np.zeros(len(EDGES), np.int64)).tolist()
+        == binned.tolist()
+    )
+    assert (
+        sum((p.time_tokens for p in parts), np.zeros_like(whole.time_tokens)).tolist()
+        == whole.time_tokens.tolist()
+    )

@@ -18,17 +18,52 @@ from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox
 PLAIN = ImmutableSandboxedEnvironment()
 BOUNDED = BoundedSandbox()
 # Names a template may read: keys, safe and mutating methods, private and internal names.
-NAMES = st.sampled_from(["role", "content", "name", "arguments", "x", "", "keys", "items", "get",
-                         "pop", "clear", "update", "append", "sort", "copy", "index", "count",
-                         "split", "startswith", "strip", "format", "format_map", "mro",
-                         "_private", "__class__", "__init__", "__dict__", "_Namespace__attrs",
-                         "index0", "first", "last", "length", "cycle", "func_code", "gi_code"])
+NAMES = st.sampled_from(
+    [
+        "role",
+        "content",
+        "name",
+        "arguments",
+        "x",
+        "",
+        "keys",
+        "items",
+        "get",
+        "pop",
+        "clear",
+        "update",
+        "append",
+        "sort",
+        "copy",
+        "index",
+        "count",
+        "split",
+        "startswith",
+        "strip",
+        "format",
+        "format_map",
+        "mro",
+        "_private",
+        "__class__",
+        "__init__",
+        "__dict__",
+        "_Namespace__attrs",
+        "index0",
+        "first",
+        "last",
+        "length",
+        "cycle",
+        "func_code",
+        "gi_code",
+    ]
+)
 
 
 def _transformers_namespace() -> type:
     """transformers' namespace class (a Namespace subclass), as its renderer builds it."""
     compile_template = template_renderer.render_jinja_template().__globals__[
-        "_compile_jinja_template"]
+        "_compile_jinja_template"
+    ]
     return compile_template("{{ 1 }}").environment.globals["namespace"]
 
 
@@ -41,19 +76,25 @@ OBJECTS = st.one_of(
     st.lists(st.integers(), max_size=3),
     st.integers(),
     st.dictionaries(NAMES, st.integers(), max_size=3).map(lambda keys: Namespace(keys)),
-    st.dictionaries(NAMES.filter(lambda name: not name.startswith("_")), st.integers(),
-                    max_size=3).map(TEMPLATE_NAMESPACE),
+    st.dictionaries(
+        NAMES.filter(lambda name: not name.startswith("_")), st.integers(), max_size=3
+    ).map(TEMPLATE_NAMESPACE),
     st.lists(st.integers(), max_size=3).map(lambda items: LoopContext(items, Undefined)),
-    st.just(str.upper), st.just(len), st.just(int),
+    st.just(str.upper),
+    st.just(len),
+    st.just(int),
 )
 
 
 def _same(plain: Any, bounded: Any) -> bool:
     if isinstance(plain, Undefined):
-        return (type(bounded) is type(plain) and bounded._undefined_hint == plain._undefined_hint
-                and bounded._undefined_obj is plain._undefined_obj
-                and bounded._undefined_name == plain._undefined_name
-                and bounded._undefined_exception is plain._undefined_exception)
+        return (
+            type(bounded) is type(plain)
+            and bounded._undefined_hint == plain._undefined_hint
+            and bounded._undefined_obj is plain._undefined_obj
+            and bounded._undefined_name == plain._undefined_name
+            and bounded._undefined_exception is plain._undefined_exception
+        )
     if callable(plain) and hasattr(plain, "__wrapped__"):  # a sandboxed str.format
         return bounded.__wrapped__ == plain.__wrapped__ and bounded("a") == plain("a")
     return type(bounded) is type(plain) and (bounded == plain or plain != plain)
@@ -68,10 +109,12 @@ def test_getattr_answers_as_jinja_does(obj, name):
 
 
 def test_templates_read_keys_methods_and_loops_as_before():
-    source = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
-              "{{ loop.index0 }}{{ m.role }}{{ m.missing is defined }}{{ m.items()|list|length }}"
-              "{{ m.content.split(' ')|length }}{{ m.content.startswith('he') }}"
-              "{{ '{}!'.format(m.content) }}{{ m.get('role') }}{% endfor %}{{ ns.n }}")
+    source = (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "{{ loop.index0 }}{{ m.role }}{{ m.missing is defined }}{{ m.items()|list|length }}"
+        "{{ m.content.split(' ')|length }}{{ m.content.startswith('he') }}"
+        "{{ '{}!'.format(m.content) }}{{ m.get('role') }}{% endfor %}{{ ns.n }}"
+    )
     messages = [{"role": "user", "content": "hello world"}, {"role": "tool", "content": "x"}]
     plain = PLAIN.from_string(source).render(messages=messages)
     assert BOUNDED.from_string(source).render(messages=messages) == plain

@@ -27,33 +27,40 @@ def small_bound(monkeypatch):
     monkeypatch.setattr(bounded_sandbox, "MAX_VALUE_LENGTH", BOUND)
 
 
-@pytest.mark.parametrize(("name", "left", "right"), [
-    ("+", "x" * 40, "y" * 40),
-    ("+", b"x" * 40, b"y" * 40),
-    ("+", bytearray(40), b"y" * 40),
-    ("*", b"x", 65),
-    ("*", 65, bytearray(1)),
-    ("%", b"%100s", b""),
-    ("%", "%100s", ""),
-])
-def test_text_of_any_kind_is_sized_from_its_operands_before_it_is_built(small_bound, name,
-                                                                          left, right):
+@pytest.mark.parametrize(
+    ("name", "left", "right"),
+    [
+        ("+", "x" * 40, "y" * 40),
+        ("+", b"x" * 40, b"y" * 40),
+        ("+", bytearray(40), b"y" * 40),
+        ("*", b"x", 65),
+        ("*", 65, bytearray(1)),
+        ("%", b"%100s", b""),
+        ("%", "%100s", ""),
+    ],
+)
+def test_text_of_any_kind_is_sized_from_its_operands_before_it_is_built(
+    small_bound, name, left, right
+):
     """The check that runs before the operator refuses it: the operands alone tell."""
     with pytest.raises(ValueTooLarge):
         bounded_sandbox._check_binop(name, left, right)
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ('x' * 40).encode() + ('y' * 40).encode() }}",
-    "{{ 'x'.encode() * 100 }}",
-    "{{ 'ab'.encode().replace('a'.encode(), ('z' * 60).encode()) }}",
-    "{{ ('z' * 40).encode().join(['a'.encode(), 'b'.encode()]) }}",
-    "{{ ('\\t' * 20).encode().expandtabs(8) }}",
-    "{{ '%50s%50s'.encode() % ('a'.encode(), 'b'.encode()) }}",
-    "{{ ('x' * 40) + ('y' * 40) }}",
-    "{{ ('\u00e9' * 20).encode() }}",  # 40 bytes, but sized at the 4 UTF-8 may take: 80
-    "{{ ('x' * 40).encode().hex() }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ('x' * 40).encode() + ('y' * 40).encode() }}",
+        "{{ 'x'.encode() * 100 }}",
+        "{{ 'ab'.encode().replace('a'.encode(), ('z' * 60).encode()) }}",
+        "{{ ('z' * 40).encode().join(['a'.encode(), 'b'.encode()]) }}",
+        "{{ ('\\t' * 20).encode().expandtabs(8) }}",
+        "{{ '%50s%50s'.encode() % ('a'.encode(), 'b'.encode()) }}",
+        "{{ ('x' * 40) + ('y' * 40) }}",
+        "{{ ('\u00e9' * 20).encode() }}",  # 40 bytes, but sized at the 4 UTF-8 may take: 80
+        "{{ ('x' * 40).encode().hex() }}",
+    ],
+)
 def test_bytes_are_bounded_as_strings_are(small_bound, source):
     with pytest.raises(ValueTooLarge):
         _render(source)
@@ -61,19 +68,24 @@ def test_bytes_are_bounded_as_strings_are(small_bound, source):
 
 def test_bytes_within_the_bound_render_as_python_makes_them(small_bound):
     assert _render("{{ ('ab'.encode() * 3).replace('a'.encode(), 'xy'.encode()) }}") == str(
-        b"xybxybxyb")
+        b"xybxybxyb"
+    )
     assert _render("{{ ('x' * 64).encode()|length }}|{{ ('x' * 30).encode().hex() }}") == (
-        "64|" + "78" * 30)
+        "64|" + "78" * 30
+    )
 
 
-@pytest.mark.parametrize("source", [
-    "{{ d.values()|string }}",
-    "{{ [d.values(), 1] }}",
-    "{{ d.items()|upper }}",
-    "{{ 'a' ~ d.values() }}",
-    "{{ '%s' % (d.values(),) }}",
-    "{{ [d.values()]|join }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ d.values()|string }}",
+        "{{ [d.values(), 1] }}",
+        "{{ d.items()|upper }}",
+        "{{ 'a' ~ d.values() }}",
+        "{{ '%s' % (d.values(),) }}",
+        "{{ [d.values()]|join }}",
+    ],
+)
 def test_a_dict_view_is_sized_by_walking_it_not_by_printing_it(source):
     """The reproducer's 2 GB view, refused in well under a second: its text is never built."""
     text = "x" * 1_000_000
@@ -90,25 +102,37 @@ class Opaque:
         raise AssertionError("printed to be measured")
 
 
-@pytest.mark.parametrize("source", ["{{ x }}", "{{ x|string }}", "{{ [x]|tojson }}",
-                                    "{{ 'a' ~ x }}", "{{ x|upper }}"])
+@pytest.mark.parametrize(
+    "source", ["{{ x }}", "{{ x|string }}", "{{ [x]|tojson }}", "{{ 'a' ~ x }}", "{{ x|upper }}"]
+)
 def test_a_value_of_an_unknown_type_is_refused_not_printed(source):
     with pytest.raises(ValueTooLarge, match="Opaque"):
         _render(source, x=Opaque())
 
 
-JSON_LEAVES = (st.text("abc XYZ019", max_size=6) | st.integers() | st.floats(allow_nan=False)
-               | st.booleans() | st.none() | st.binary(max_size=6))
+JSON_LEAVES = (
+    st.text("abc XYZ019", max_size=6)
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.booleans()
+    | st.none()
+    | st.binary(max_size=6)
+)
 HASHABLE = st.text("abc", max_size=3) | st.integers(-9, 99) | st.binary(max_size=3)
 
 
 def _views(children: st.SearchStrategy) -> st.SearchStrategy:
     mappings = st.dictionaries(st.text("ab", max_size=2), children, max_size=3)
     return st.one_of(
-        st.lists(children, max_size=3), st.lists(children, max_size=3).map(tuple), mappings,
-        mappings.map(lambda d: d.keys()), mappings.map(lambda d: d.values()),
-        mappings.map(lambda d: d.items()), st.sets(HASHABLE, max_size=3),
-        st.frozensets(HASHABLE, max_size=3))
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+        mappings,
+        mappings.map(lambda d: d.keys()),
+        mappings.map(lambda d: d.values()),
+        mappings.map(lambda d: d.items()),
+        st.sets(HASHABLE, max_size=3),
+        st.frozensets(HASHABLE, max_size=3),
+    )
 
 
 @given(value=st.recursive(JSON_LEAVES, _views, max_leaves=12))
@@ -118,28 +142,34 @@ def test_a_values_text_is_never_longer_than_its_size(value):
     assert bounded_sandbox._text_length(value) >= len(str(value))
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ('f' * 9000)|int(base=16) }}",
-    "{{ ('1' * 9000)|int(base=2) }}",
-    "{{ ('9' * 9000)|float }}",
-    "{{ 7|round(-2000) }}",  # a constant: jinja folds it at compile time, outside the budget
-    "{{ x|round(-2000) }}",
-    "{{ 7|round(precision=2000, method='ceil') }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ('f' * 9000)|int(base=16) }}",
+        "{{ ('1' * 9000)|int(base=2) }}",
+        "{{ ('9' * 9000)|float }}",
+        "{{ 7|round(-2000) }}",  # a constant: jinja folds it at compile time, outside the budget
+        "{{ x|round(-2000) }}",
+        "{{ 7|round(precision=2000, method='ceil') }}",
+    ],
+)
 def test_a_number_call_costing_past_its_result_is_refused_before_it_runs(source):
     with pytest.raises(ValueTooLarge):
         _render(source, x=7)
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ('f' * 1100)|int(base=16) }}",  # 4400 bits from text within the bound
-    "{{ (0).from_bytes(('x' * 600).encode(), 'big') }}",
-    "{{ x|abs }}",
-    "{{ [x, 1]|sum }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ('f' * 1100)|int(base=16) }}",  # 4400 bits from text within the bound
+        "{{ (0).from_bytes(('x' * 600).encode(), 'big') }}",
+        "{{ x|abs }}",
+        "{{ [x, 1]|sum }}",
+    ],
+)
 def test_an_integer_past_the_bit_bound_is_refused_as_it_is_made(source):
     with pytest.raises(ValueTooLarge, match="bits"):
-        _render(source, x=-(2 ** 5000))
+        _render(source, x=-(2**5000))
 
 
 def test_integers_and_rounding_within_the_bounds_are_python_s():
@@ -147,11 +177,22 @@ def test_integers_and_rounding_within_the_bounds_are_python_s():
     assert _render("{{ 123456|round(-3)|int }}|{{ 2.5|round(1, 'floor') }}") == "123000|2.5"
 
 
-OPERATORS = {"+": operator.add, "*": operator.mul, "%": operator.mod, "-": operator.sub,
-             "//": operator.floordiv, "**": operator.pow}
-OPERANDS = (st.text("ab%s", max_size=80) | st.binary(max_size=80)
-            | st.integers(-(2 ** 5000), 2 ** 5000) | st.integers(-5, 200)
-            | st.lists(st.text("a", max_size=40), max_size=5) | st.tuples(st.integers(-5, 9)))
+OPERATORS = {
+    "+": operator.add,
+    "*": operator.mul,
+    "%": operator.mod,
+    "-": operator.sub,
+    "//": operator.floordiv,
+    "**": operator.pow,
+}
+OPERANDS = (
+    st.text("ab%s", max_size=80)
+    | st.binary(max_size=80)
+    | st.integers(-(2**5000), 2**5000)
+    | st.integers(-5, 200)
+    | st.lists(st.text("a", max_size=40), max_size=5)
+    | st.tuples(st.integers(-5, 9))
+)
 
 
 def _within(value: object) -> bool:
@@ -166,8 +207,11 @@ def test_no_operator_result_past_the_bound_reaches_a_template(name, left, right)
         patch.setattr(bounded_sandbox, "MAX_VALUE_LENGTH", BOUND)
         sandbox = BoundedSandbox()
         try:
-            result = (sandbox.add(left, right) if name == "+" else
-                      sandbox.call_binop(None, name, left, right))  # type: ignore[arg-type]
+            result = (
+                sandbox.add(left, right)
+                if name == "+"
+                else sandbox.call_binop(None, name, left, right)
+            )  # type: ignore[arg-type]
         except (ValueTooLarge, TypeError, ValueError, ZeroDivisionError, OverflowError):
             return
     assert _within(result)

@@ -12,14 +12,23 @@ from kvtrace.transforms.read.records import Request
 
 # Concatenates arguments (objects fail) when the call's message says so, else prints them as JSON
 # (objects and strings both render, differently).
-PICKY = ("{% for m in messages %}{% for c in m.tool_calls or [] %}{% if m.content == 'concat' %}"
-         "{{ 'args: ' + c.function.arguments }}{% else %}{{ c.function.arguments | tojson }}"
-         "{% endif %}{% endfor %}{% endfor %}")
+PICKY = (
+    "{% for m in messages %}{% for c in m.tool_calls or [] %}{% if m.content == 'concat' %}"
+    "{{ 'args: ' + c.function.arguments }}{% else %}{{ c.function.arguments | tojson }}"
+    "{% endif %}{% endfor %}{% endfor %}"
+)
 
 
 def _call(content: str) -> list[dict]:
-    return [{"role": "assistant", "content": content, "tool_calls": [{
-        "id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}]
+    return [
+        {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+            ],
+        }
+    ]
 
 
 def test_a_requests_text_does_not_depend_on_the_requests_before_it(tiny_tokenizer):
@@ -27,9 +36,12 @@ def test_a_requests_text_does_not_depend_on_the_requests_before_it(tiny_tokenize
     picky = FastTokenizer(tokenizer.backend_tokenizer, PICKY, tokenizer.special_tokens_map)
     alone = render_chat(picky, _call("json"), None, {})
     assert alone == '{"a": 1}' and render_chat(picky, _call("concat"), None, {}) == 'args: {"a": 1}'
-    encoder = RequestEncoder(picky, b"s" * 16,
-                             EncodeOptions("picky", SaltSource("random"), block_size=4))
-    requests = [Request("t", b"", 0, "chat", messages=_call(content))
-                for content in ["concat"] * 3 + ["json"]]
+    encoder = RequestEncoder(
+        picky, b"s" * 16, EncodeOptions("picky", SaltSource("random"), block_size=4)
+    )
+    requests = [
+        Request("t", b"", 0, "chat", messages=_call(content))
+        for content in ["concat"] * 3 + ["json"]
+    ]
     rendered, rejected = encoder.render(requests)
     assert not rejected and rendered[-1][1] == alone  # objects first, after strings were needed

@@ -13,10 +13,19 @@ from kvtrace.transforms.encode.schemes import HashScheme
 
 def test_every_encode_option_is_the_configs_own():
     config = AnonymizeConfig(
-        inputs=(), output="out", staging="staging", dead_letter="rejected", tokenizer="tok",
-        salt=SaltSource("env", "KVTRACE_SALT"), block_size=16,
-        chat_template_kwargs={"enable_thinking": False}, hash_scheme=HashScheme("dynamo"),
-        emit_output_hashes=True, segment_cache_bytes=1 << 20, tokenizer_sha256={"a": "b" * 64})
+        inputs=(),
+        output="out",
+        staging="staging",
+        dead_letter="rejected",
+        tokenizer="tok",
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        block_size=16,
+        chat_template_kwargs={"enable_thinking": False},
+        hash_scheme=HashScheme("dynamo"),
+        emit_output_hashes=True,
+        segment_cache_bytes=1 << 20,
+        tokenizer_sha256={"a": "b" * 64},
+    )
     options = config.encode
     defaults = EncodeOptions("", SaltSource("random"))
     for option in dataclasses.fields(EncodeOptions):

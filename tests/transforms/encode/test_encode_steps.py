@@ -9,8 +9,8 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from helpers import chat
 
+from helpers import chat
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.encode.encode_requests import EncodeOptions, open_encoder
 from kvtrace.transforms.encode.salt import SaltSource
@@ -31,9 +31,14 @@ def requests() -> list:
 def rows(batch) -> list[tuple[int, int, tuple[int, ...]]]:
     """Each request's timestamp, input length and block hashes, whatever the batching."""
     starts = batch.requests["num_blocks"].cumsum() - batch.requests["num_blocks"]
-    return [(int(r["timestamp_ms"]), int(r["input_length"]),
-             tuple(batch.block_hashes[start:start + r["num_blocks"]].ravel().tolist()))
-            for r, start in zip(batch.requests, starts)]
+    return [
+        (
+            int(r["timestamp_ms"]),
+            int(r["input_length"]),
+            tuple(batch.block_hashes[start : start + r["num_blocks"]].ravel().tolist()),
+        )
+        for r, start in zip(batch.requests, starts)
+    ]
 
 
 def encoded_rows(tiny_tokenizer) -> tuple[EncodeOptions, list]:
@@ -44,24 +49,34 @@ def encoded_rows(tiny_tokenizer) -> tuple[EncodeOptions, list]:
     return options, rows(hashed)
 
 
-def check_encode(options: EncodeOptions, one_timestamp_kind: bool, kept: list,
-                 reasons: list[str]) -> None:
+def check_encode(
+    options: EncodeOptions, one_timestamp_kind: bool, kept: list, reasons: list[str]
+) -> None:
     with TestPipeline() as pipeline:
-        encoded = (pipeline | beam.Create(requests())
-                   | Encode(options, one_timestamp_kind=one_timestamp_kind))
+        encoded = (
+            pipeline
+            | beam.Create(requests())
+            | Encode(options, one_timestamp_kind=one_timestamp_kind)
+        )
         assert_that(encoded["hashed"] | "Rows" >> beam.FlatMap(rows), equal_to(kept))
-        assert_that(encoded[DEAD_LETTER_TAG] | "Reasons" >> beam.Map(lambda l: l.reason),
-                    equal_to(reasons), label="Letters")
+        assert_that(
+            encoded[DEAD_LETTER_TAG] | "Reasons" >> beam.Map(lambda letter: letter.reason),
+            equal_to(reasons),
+            label="Letters",
+        )
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set (the streaming tests run Encode)
-def test_encode_in_a_stream_gives_the_encoders_batches_and_leaves_timestamps_alone(
-        tiny_tokenizer):
+def test_encode_in_a_stream_gives_the_encoders_batches_and_leaves_timestamps_alone(tiny_tokenizer):
     options, expected = encoded_rows(tiny_tokenizer)
     check_encode(options, False, expected, ["template_error"])
 
 
 def test_encode_in_a_batch_run_keeps_the_inputs_timestamp_kind(tiny_tokenizer):
     options, expected = encoded_rows(tiny_tokenizer)
-    check_encode(options, True, [row for row in expected if row[0] >= EPOCH_MS],
-                 ["template_error", TIMESTAMP_KIND_MISMATCH])
+    check_encode(
+        options,
+        True,
+        [row for row in expected if row[0] >= EPOCH_MS],
+        ["template_error", TIMESTAMP_KIND_MISMATCH],
+    )

@@ -10,13 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
 from tokenizers import Tokenizer
 
+from helpers import ROOT
 from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
 from kvtrace.transforms.encode.encode_requests import TOKENIZER_ERROR, EncodeOptions, RequestEncoder
-from kvtrace.transforms.encode.fallible_tokenizer import (FAILURES_TO_STOP, FallibleTokenizer,
-                                                  TokenizerFailure)
+from kvtrace.transforms.encode.fallible_tokenizer import (
+    FAILURES_TO_STOP,
+    FallibleTokenizer,
+    TokenizerFailure,
+)
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import JobStopped
@@ -35,9 +38,18 @@ def backtracking(tiny_tokenizer, tmp_path) -> Path:
     for path in Path(tiny_tokenizer).iterdir():
         (folder / path.name).write_bytes(path.read_bytes())
     spec = json.loads((folder / "tokenizer.json").read_text())
-    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": "(a|a)+b"}, "behavior": "Isolated",
-         "invert": False}, {"type": "WhitespaceSplit"}]}
+    spec["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {
+                "type": "Split",
+                "pattern": {"Regex": "(a|a)+b"},
+                "behavior": "Isolated",
+                "invert": False,
+            },
+            {"type": "WhitespaceSplit"},
+        ],
+    }
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     return folder
 
@@ -53,8 +65,9 @@ def test_a_text_the_tokenizer_panics_on_fails_alone(backtracking):
     assert isinstance(encoded[1], TokenizerFailure)
     assert "PanicException" in encoded[1].reason and "retry-limit" in encoded[1].reason
     assert [encoded[0], encoded[2]] == [
-        token_bytes(e.ids) for e in backend.encode_batch([texts[0], texts[2]],
-                                                         add_special_tokens=False)]
+        token_bytes(e.ids)
+        for e in backend.encode_batch([texts[0], texts[2]], add_special_tokens=False)
+    ]
 
 
 def test_a_tokenizer_failing_on_each_of_its_first_texts_stops_the_job(backtracking):
@@ -79,20 +92,32 @@ def test_kvtraces_own_text_failing_is_one_line(backtracking):
 
 @pytest.mark.parametrize("segment_cache_bytes", [0, 1 << 20], ids=["whole", "cut"])
 def test_a_request_the_tokenizer_fails_on_is_a_dead_letter_and_the_rest_are_hashed(
-        backtracking, segment_cache_bytes):
+    backtracking, segment_cache_bytes
+):
     """Through the segment cache too: a chat prompt is cut at its added tokens, and the text
     fails where one of its segments does."""
     tokenizer = FastTokenizer.from_directory(backtracking)
-    encoder = RequestEncoder(tokenizer, chain_seed(b"salt"), EncodeOptions(
-        str(backtracking), SaltSource("random"), block_size=4,
-        segment_cache_bytes=segment_cache_bytes))
-    lines = [{"timestamp": 0, "messages": [{"role": "user", "content": GIVES_UP}]},
-             {"timestamp": 1, "messages": [{"role": "user", "content": "hello world"}]},
-             {"timestamp": 2, "prompt": "hello " + GIVES_UP}]
+    encoder = RequestEncoder(
+        tokenizer,
+        chain_seed(b"salt"),
+        EncodeOptions(
+            str(backtracking),
+            SaltSource("random"),
+            block_size=4,
+            segment_cache_bytes=segment_cache_bytes,
+        ),
+    )
+    lines = [
+        {"timestamp": 0, "messages": [{"role": "user", "content": GIVES_UP}]},
+        {"timestamp": 1, "messages": [{"role": "user", "content": "hello world"}]},
+        {"timestamp": 2, "prompt": "hello " + GIVES_UP},
+    ]
     requests = [parse_record(json.dumps(line).encode(), "in.jsonl") for line in lines]
     hashed, letters = encoder.encode(requests)
     assert [(letter.reason, json.loads(letter.line)["timestamp"]) for letter in letters] == [
-        (TOKENIZER_ERROR, 0), (TOKENIZER_ERROR, 2)]
+        (TOKENIZER_ERROR, 0),
+        (TOKENIZER_ERROR, 2),
+    ]
     assert "retry-limit" in letters[0].message
     assert hashed is not None and hashed.requests["timestamp_ms"].tolist() == [1]
 
@@ -119,20 +144,31 @@ def test_native_stderr_is_logged_and_python_stderr_is_never_held_back(level):
     """What native code writes to descriptor 2 is a log line (seen with --verbose, at INFO);
     what Python writes reaches stderr at once, even when the process ends with os._exit; and
     the relay thread leaves forking safe."""
-    done = subprocess.run([sys.executable, "-c", ROUTED, level], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", ROUTED, level], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     said = done.stderr.splitlines()
     assert said[-2:] == ["kvtrace: logged", "printed"] and done.stdout.split() == ["0", "1"]
     native = [line for line in said if "panicked" in line or "Rust's own words" in line]
-    assert native == ([] if level == "CRITICAL" else [
-        "native: thread '<unnamed>' panicked at src/lib.rs:1:1:", "native: Rust's own words"])
+    assert native == (
+        []
+        if level == "CRITICAL"
+        else ["native: thread '<unnamed>' panicked at src/lib.rs:1:1:", "native: Rust's own words"]
+    )
 
 
 def test_a_request_encoder_whose_tokenizer_fails_on_its_first_requests_stops(backtracking):
     """Judged on the run's texts: the segment cache's probes, which it encodes, do not count."""
-    encoder = RequestEncoder(FastTokenizer.from_directory(backtracking), chain_seed(b"salt"),
-                             EncodeOptions(str(backtracking), SaltSource("random"), block_size=4))
-    requests = [parse_record(json.dumps({"timestamp": i, "prompt": GIVES_UP + "c" * i}).encode(),
-                             "in.jsonl") for i in range(FAILURES_TO_STOP)]
+    encoder = RequestEncoder(
+        FastTokenizer.from_directory(backtracking),
+        chain_seed(b"salt"),
+        EncodeOptions(str(backtracking), SaltSource("random"), block_size=4),
+    )
+    requests = [
+        parse_record(
+            json.dumps({"timestamp": i, "prompt": GIVES_UP + "c" * i}).encode(), "in.jsonl"
+        )
+        for i in range(FAILURES_TO_STOP)
+    ]
     with pytest.raises(JobStopped, match="does not tokenize"):
         encoder.encode(requests)

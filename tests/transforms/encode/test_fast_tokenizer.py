@@ -9,33 +9,53 @@ import subprocess
 import sys
 
 import pytest
-from helpers import SHAPES, shared_path
 from transformers import AutoTokenizer
 
+from helpers import SHAPES, shared_path
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
 from kvtrace.transforms.encode.tokenize import PROBE_TEXT, encode_texts, load_tokenizer, render_chat
 from kvtrace.transforms.read.records import ParseOptions, parse_record
 
-TEXTS = [PROBE_TEXT, "", " ", "a\n\n\nb", "<|im_start|>user\nhi<|im_end|>", "  leading",
-         "<｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜><think>\n", "x" * 5000, "١٢٣ 𝔘𝔫𝔦"]
-TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
-             "meta-llama-Llama-3.1-8B-Instruct.jinja", "openai-gpt-oss-120b.jinja",
-             "deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"]
-PLAIN = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"},
-         {"role": "assistant", "content": "Hi.", "name": None}, {"role": "user", "content": "x"}]
+TEXTS = [
+    PROBE_TEXT,
+    "",
+    " ",
+    "a\n\n\nb",
+    "<|im_start|>user\nhi<|im_end|>",
+    "  leading",
+    "<｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜><think>\n",
+    "x" * 5000,
+    "١٢٣ 𝔘𝔫𝔦",
+]
+TEMPLATES = [
+    "Qwen-Qwen2.5-7B-Instruct.jinja",
+    "Qwen-Qwen3-0.6B.jinja",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "openai-gpt-oss-120b.jinja",
+    "deepseek-ai-DeepSeek-V3.1.jinja",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+]
+PLAIN = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hello?"},
+    {"role": "assistant", "content": "Hi.", "name": None},
+    {"role": "user", "content": "x"},
+]
 
 
 def requests() -> list:
-    shapes = [parse_record(json.dumps(record).encode(), "t", ParseOptions())
-              for record in SHAPES.values()]
+    shapes = [
+        parse_record(json.dumps(record).encode(), "t", ParseOptions()) for record in SHAPES.values()
+    ]
     return [(r.messages, r.tools) for r in shapes] + [(PLAIN, None)]
 
 
 @pytest.fixture(scope="module", params=["deepseek-r1", "qwen3"])
 def both(request):
     folder = str(shared_path("tokenizers", request.param))
-    return FastTokenizer.from_directory(shared_path("tokenizers", request.param)), \
-        AutoTokenizer.from_pretrained(folder)
+    return FastTokenizer.from_directory(
+        shared_path("tokenizers", request.param)
+    ), AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
@@ -50,19 +70,30 @@ def test_rendered_chats_equal_autotokenizer(both, kwargs):
     light, auto = both
     assert light.special_tokens_map == auto.special_tokens_map
     for messages, tools in requests():
-        assert render_chat(light, messages, tools, kwargs) == render_chat(auto, messages, tools, kwargs)
+        assert render_chat(light, messages, tools, kwargs) == render_chat(
+            auto, messages, tools, kwargs
+        )
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_real_templates_render_as_autotokenizer(deepseek_tokenizer, template):
-    light, auto = load_tokenizer(deepseek_tokenizer), AutoTokenizer.from_pretrained(deepseek_tokenizer)
-    kwargs = {"chat_template": shared_path("templates", template).read_text(),
-              "date_string": "21 Nov 2026"}
+    light, auto = (
+        load_tokenizer(deepseek_tokenizer),
+        AutoTokenizer.from_pretrained(deepseek_tokenizer),
+    )
+    kwargs = {
+        "chat_template": shared_path("templates", template).read_text(),
+        "date_string": "21 Nov 2026",
+    }
     for messages, tools in requests():
-        assert render_chat(light, messages, tools, kwargs) == render_chat(auto, messages, tools, kwargs)
+        assert render_chat(light, messages, tools, kwargs) == render_chat(
+            auto, messages, tools, kwargs
+        )
 
 
-def test_template_files_and_named_templates_are_chosen_as_transformers_does(tiny_tokenizer, tmp_path):
+def test_template_files_and_named_templates_are_chosen_as_transformers_does(
+    tiny_tokenizer, tmp_path
+):
     folder = tmp_path / "tok"
     shutil.copytree(tiny_tokenizer, folder)
     (folder / "additional_chat_templates").mkdir()

@@ -24,10 +24,16 @@ from kvtrace.transforms.encode.schemes import (
 # From dynamo._core.compute_block_hash_for_seq (ai-dynamo-runtime 1.6.1), block size 4; Dynamo
 # hashes full blocks only, so tokens 8, 9 (a partial block) have no vector.
 DYNAMO_VECTORS = [
-    (list(range(10)), [9143094415614847814, 12124091508212882195],
-     [9143094415614847814, 9510318385840434533]),
-    (list(range(1, 9)), [14643705804678351452, 16777012769546811212],
-     [14643705804678351452, 4945711292740353085]),
+    (
+        list(range(10)),
+        [9143094415614847814, 12124091508212882195],
+        [9143094415614847814, 9510318385840434533],
+    ),
+    (
+        list(range(1, 9)),
+        [14643705804678351452, 16777012769546811212],
+        [14643705804678351452, 4945711292740353085],
+    ),
 ]
 
 
@@ -52,7 +58,7 @@ def vllm_reference(tokens: list[int], block_size: int, none_hash: bytes) -> list
     canonical=True)), full blocks, extra_keys None for a plain text request."""
     parent, out = none_hash, []
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = tuple(tokens[start:start + block_size])
+        block = tuple(tokens[start : start + block_size])
         parent = hashlib.sha256(cbor2.dumps((parent, block, None), canonical=True)).digest()
         out.append(parent)
     return out
@@ -76,9 +82,12 @@ def test_vllm_none_hash_is_sha256_cbor_of_the_seed_string():
 def test_engine_keys_carry_the_engine_hash():
     data = token_bytes(list(range(10)))
     keys = HashScheme("dynamo").block_keys(data, 4, b"")
-    assert [struct.unpack_from("<Q", keys, 16 * i)[0] for i in range(3)] == \
-        dynamo_sequence_hashes(data, 4)
+    assert [struct.unpack_from("<Q", keys, 16 * i)[0] for i in range(3)] == dynamo_sequence_hashes(
+        data, 4
+    )
     with pytest.raises(ValueError, match="NONE_HASH"):
         HashScheme("vllm-sha256-cbor")
-    assert HashScheme("vllm-sha256-cbor", b"\0" * 32).identity != \
-        HashScheme("vllm-sha256-cbor", b"\1" * 32).identity
+    assert (
+        HashScheme("vllm-sha256-cbor", b"\0" * 32).identity
+        != HashScheme("vllm-sha256-cbor", b"\1" * 32).identity
+    )

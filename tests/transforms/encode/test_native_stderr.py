@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 from helpers import ROOT
-
 from kvtrace.transforms.encode.native_stderr import KEPT_LINE_CHARS, KEPT_LINES
 
 # A forked child writes as Rust does when an allocation fails, then aborts; the parent asks for
@@ -31,8 +30,13 @@ os._exit(0)
 
 
 def died(level: str, earlier: int = 0, width: int = 1) -> tuple[list, str]:
-    done = subprocess.run([sys.executable, "-c", DIES, level, str(earlier), str(width)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", DIES, level, str(earlier), str(width)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return json.loads(done.stdout), done.stderr
 
 

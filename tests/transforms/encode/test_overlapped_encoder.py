@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from helpers import chat
 
-from kvtrace.transforms.encode.encode_requests import EncodeOptions, OverlappedEncoder, RequestEncoder
+from helpers import chat
+from kvtrace.transforms.encode.encode_requests import (
+    EncodeOptions,
+    OverlappedEncoder,
+    RequestEncoder,
+)
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.tokenize import load_tokenizer
 from kvtrace.transforms.read.records import parse_record
@@ -20,8 +24,11 @@ def batches() -> list[list]:
 
 
 def test_overlapped_batches_equal_batches_encoded_one_after_another(tiny_tokenizer):
-    encoder = RequestEncoder(load_tokenizer(tiny_tokenizer), b"\0" * 16,
-                             EncodeOptions(tiny_tokenizer, SaltSource("random"), block_size=4))
+    encoder = RequestEncoder(
+        load_tokenizer(tiny_tokenizer),
+        b"\0" * 16,
+        EncodeOptions(tiny_tokenizer, SaltSource("random"), block_size=4),
+    )
     expected = []
     for batch in batches():
         rendered, failed = encoder.render(batch)
@@ -35,8 +42,9 @@ def test_overlapped_batches_equal_batches_encoded_one_after_another(tiny_tokeniz
     finished.append(overlapped.flush())
     overlapped.close()
     assert finished[0] is None and overlapped.flush() is None
-    for (failed, (hashed, rejected)), mine, (my_hashed, my_rejected) in zip(expected, got,
-                                                                            finished[1:]):
+    for (failed, (hashed, rejected)), mine, (my_hashed, my_rejected) in zip(
+        expected, got, finished[1:]
+    ):
         assert [d.reason for d in mine] == [d.reason for d in failed]
         assert [d.reason for d in my_rejected] == [d.reason for d in rejected]
         assert (hashed is None) == (my_hashed is None)

@@ -22,11 +22,7 @@ from jinja2.utils import Namespace
 from kvtrace.transforms.encode import bounded_sandbox, tokenize
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
-from kvtrace.transforms.encode.render_budget import (
-    TICK_SECONDS,
-    RenderOverrun,
-    Watchdog,
-)
+from kvtrace.transforms.encode.render_budget import TICK_SECONDS, RenderOverrun, Watchdog
 from kvtrace.transforms.errors import JobStopped, Rejected
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,19 +32,19 @@ TIGHT_S = 0.1  # the budget's deadline in the fast tests
 # Templates that run away through many steps: the watchdog stops them.
 RUNAWAY = {
     "nested_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
-                    "{% endfor %}",
+    "{% endfor %}",
     "huge_output": "{% for i in range(100000) %}{% for j in range(100000) %}"
-                   "{{ messages[0].content }}{% endfor %}{% endfor %}",
+    "{{ messages[0].content }}{% endfor %}{% endfor %}",
     "list_growth": "{% set ns = namespace(items=[]) %}{% for i in range(100000) %}"
-                   "{% for j in range(100000) %}{% set ns.items = ns.items + [j] %}"
-                   "{% endfor %}{% endfor %}",
+    "{% for j in range(100000) %}{% set ns.items = ns.items + [j] %}"
+    "{% endfor %}{% endfor %}",
 }
 # Templates whose growth a single step's bound refuses, or that the sandbox refuses anyway.
 REFUSED = {
     "doubling_tilde": "{% set ns = namespace(s='x') %}{% for i in range(100) %}"
-                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
     "doubling_plus": "{% set ns = namespace(s='x') %}{% for i in range(100) %}"
-                     "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
     "repeat": "{{ 'x' * 10**10 }}",
     "list_repeat": "{{ ([1] * 10**10)|length }}",
     "power": "{{ 9 ** 999999999 }}",
@@ -85,13 +81,13 @@ REFUSED = {
     "sum_of_lists": "{{ ([[1]] * 1000000)|sum(start=[])|length }}",
     "containment": "{% set a = [0] * 1000000 %}{{ (a[1:] + [1]) in [a] * 1000000 }}",
     "doubling_list": "{% set ns = namespace(l=[[0] * 100000]) %}{% for i in range(40) %}"
-                     "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ (ns.l[0][1:] + [1]) in ns.l }}",
+    "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ (ns.l[0][1:] + [1]) in ns.l }}",
     # integers squared past the bound, then one long division of minutes (round 3)
     "squared_integers": "{% set ns = namespace(x=0) %}{% set ns.x = 2 ** 4000 %}"
-                        "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
-                        "{% set d = ns.x * 3 + 1 %}{{ (ns.x * ns.x + 7) // d }}",
+    "{% for i in range(8) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+    "{% set d = ns.x * 3 + 1 %}{{ (ns.x * ns.x + 7) // d }}",
     "summed_integers": "{% set ns = namespace(x=2 ** 4000) %}{% for i in range(8) %}"
-                       "{% set ns.x = ns.x + ns.x %}{% endfor %}",
+    "{% set ns.x = ns.x + ns.x %}{% endfor %}",
     # a new object per item in one call: gigabytes from a value within the bound (round 3)
     "list_of_characters": "{{ ('\u30a2' * 100000000)|list|length }}",
     "split": "{{ ('ab ' * 80000000).split()|length }}",
@@ -118,7 +114,7 @@ ONE_CALL = {
     "sum_of_lists": "{{ ([[1]] * 1000)|sum(start=[])|length }}",
     "repeat_of_lists": "{% set a = [0] * 1000 %}{{ ([a] * 1000)|length }}",
     "doubling_list": "{% set ns = namespace(l=[[0] * 1000]) %}{% for i in range(40) %}"
-                     "{% set ns.l = ns.l + ns.l %}{% endfor %}",
+    "{% set ns.l = ns.l + ns.l %}{% endfor %}",
 }
 MESSAGES = [{"role": "user", "content": "hello world"}]
 
@@ -205,8 +201,10 @@ def test_renders_in_several_threads_are_bounded_each():
         except RenderOverrun:
             outcomes[name] = "overrun"
 
-    threads = [threading.Thread(target=render, args=("short", 0.01)),
-               threading.Thread(target=render, args=("long", 60))]
+    threads = [
+        threading.Thread(target=render, args=("short", 0.01)),
+        threading.Thread(target=render, args=("long", 60)),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -235,13 +233,23 @@ def test_a_value_past_the_bound_is_refused_in_the_step_that_builds_it(name, monk
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="\\'\""),
-              max_size=8),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(st.characters(min_codepoint=97, max_codepoint=122), max_size=4),
-                      inner, max_size=4),
-    max_leaves=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(
+        st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="\\'\""), max_size=8
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text(st.characters(min_codepoint=97, max_codepoint=122), max_size=4),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 @given(value=JSON_VALUES, indent=st.sampled_from([None, 0, 1, 4]))
@@ -253,41 +261,49 @@ def test_text_length_is_at_least_what_printing_builds(value, indent):
         assert bounded_sandbox._text_length(item) >= len(str(item))
         # + 2: a string's quotes in JSON, which tojson's check adds
         assert bounded_sandbox._text_length(item, indent or 0) + 2 >= len(
-            json.dumps(item, indent=indent))
+            json.dumps(item, indent=indent)
+        )
 
 
 CALL = {"name": "f", "arguments": {"path": "/x", "n": 3, "ok": True, "v": None, "r": 1.5}}
 
 
-@pytest.mark.parametrize(("value", "indent", "limit", "length"), [
-    (CALL, 0, None, 87), (CALL, 2, None, 153),
-    ([CALL, CALL, [CALL, (CALL, "x")]], 0, None, 371),
-    ([CALL, CALL, [CALL, (CALL, "x")]], 4, None, 1357),
-    (Namespace(x=[CALL] * 3), 0, None, 278),
-    ([CALL] * 50, 0, 100, 180),  # stopped past the limit: the length a refusal reports
-])
+@pytest.mark.parametrize(
+    ("value", "indent", "limit", "length"),
+    [
+        (CALL, 0, None, 87),
+        (CALL, 2, None, 153),
+        ([CALL, CALL, [CALL, (CALL, "x")]], 0, None, 371),
+        ([CALL, CALL, [CALL, (CALL, "x")]], 4, None, 1357),
+        (Namespace(x=[CALL] * 3), 0, None, 278),
+        ([CALL] * 50, 0, 100, 180),  # stopped past the limit: the length a refusal reports
+    ],
+)
 def test_text_length_counts_as_it_always_has(value, indent, limit, length):
     """The walk's counts, pinned: a refusal's decision and its message depend on them."""
     assert bounded_sandbox._text_length(value, indent, limit) == length
 
 
-@pytest.mark.parametrize("source", [
-    "{{ [1, 'x', [none, true]] }}|{{ {'a': [1.5]}|string }}|{{ [1] ~ 'x' }}|{{ [[1, 2]] * 2 }}"
-    "|{{ [1] + [[2]] }}|{{ '%s' % ([1],) }}|{{ '{}'.format([1]) }}",
-    "{{ 'abc'.translate({98: 'BB'}) }}|{{ 'a b c'|wordwrap(1, wrapstring='--') }}"
-    "|{{ {'a': [1]}|tojson(indent=2) }}|{{ '<a>'|e }}|{{ [1, 2]|sum }}|{{ [1.5]|sum(start=1) }}",
-    "{{ [{'a': 'x'}, {'a': 'y'}]|join(',', attribute='a') }}|{{ [[1], 2]|join('-') }}"
-    "|{{ [{'a': 1}]|join(attribute='a') }}|{{ ([0] * 3) in [[0, 0, 0]] }}",
-    "{{ 'a' ~ 1 ~ none }}|{{ 'ab' * 3 }}|{{ [1] + [2] }}|{{ 2 ** 10 }}|{{ '%05.1f' % 3.14159 }}",
-    "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
-    "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
-    "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
-    "{{ 7 - 9 }}|{{ 7 // 2 }}|{{ -7 % 3 }}|{{ 7 / 2 }}|{{ 2 ** 2000 - 1 }}|{{ 1.5 * 4 }}"
-    "|{{ 'a b\tc'.split() }}|{{ 'a,b'.split(',', 1) }}|{{ 'a\nb'.splitlines() }}"
-    "|{{ 'ab'|list }}|{{ {}.fromkeys('ab') }}|{{ 'a b'|wordcount }}",
-    "{{ '%(a)5s|%%|%(a)-3s' % {'a': 'x'} }}|{{ '%(n)03d'|format(n=7) }}|{{ '{0}{0}'.format('y') }}"
-    "|{{ 'a\tb'.expandtabs(4) }}|{{ 'a\nb'|indent('> ', first=true) }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ [1, 'x', [none, true]] }}|{{ {'a': [1.5]}|string }}|{{ [1] ~ 'x' }}|{{ [[1, 2]] * 2 }}"
+        "|{{ [1] + [[2]] }}|{{ '%s' % ([1],) }}|{{ '{}'.format([1]) }}",
+        "{{ 'abc'.translate({98: 'BB'}) }}|{{ 'a b c'|wordwrap(1, wrapstring='--') }}"
+        "|{{ {'a': [1]}|tojson(indent=2) }}|{{ '<a>'|e }}|{{ [1, 2]|sum }}|{{ [1.5]|sum(start=1) }}",
+        "{{ [{'a': 'x'}, {'a': 'y'}]|join(',', attribute='a') }}|{{ [[1], 2]|join('-') }}"
+        "|{{ [{'a': 1}]|join(attribute='a') }}|{{ ([0] * 3) in [[0, 0, 0]] }}",
+        "{{ 'a' ~ 1 ~ none }}|{{ 'ab' * 3 }}|{{ [1] + [2] }}|{{ 2 ** 10 }}|{{ '%05.1f' % 3.14159 }}",
+        "{{ '{:>8}|{}'.format('x', 2) }}|{{ ['a', 'b']|join(', ') }}|{{ 'abc'.replace('b', 'xx') }}",
+        "{{ 'x'|center(9) }}|{{ 'a\nb'|indent(4) }}|{{ '%s-%d'|format('a', 3) }}|{{ 7 % 3 }}",
+        "{% for m in messages %}{{ loop.index ~ ':' ~ m.content|trim ~ '\n' }}{% endfor %}",
+        "{{ 7 - 9 }}|{{ 7 // 2 }}|{{ -7 % 3 }}|{{ 7 / 2 }}|{{ 2 ** 2000 - 1 }}|{{ 1.5 * 4 }}"
+        "|{{ 'a b\tc'.split() }}|{{ 'a,b'.split(',', 1) }}|{{ 'a\nb'.splitlines() }}"
+        "|{{ 'ab'|list }}|{{ {}.fromkeys('ab') }}|{{ 'a b'|wordcount }}",
+        "{{ '%(a)5s|%%|%(a)-3s' % {'a': 'x'} }}|{{ '%(n)03d'|format(n=7) }}|{{ '{0}{0}'.format('y') }}"
+        "|{{ 'a\tb'.expandtabs(4) }}|{{ 'a\nb'|indent('> ', first=true) }}",
+    ],
+)
 def test_the_bounded_sandbox_renders_what_the_plain_one_does(source):
     plain = ImmutableSandboxedEnvironment().from_string(source).render(messages=MESSAGES)
     assert BoundedSandbox().from_string(source).render(messages=MESSAGES) == plain
@@ -326,8 +342,11 @@ def test_a_template_over_budget_on_every_request_stops_the_job(tight_budget, tin
 def test_records_over_budget_for_their_size_do_not_condemn_the_template(tight_budget, tiny):
     """Large records first in a log, each over the budget: dead letters, and the template,
     judged on the records small enough to say something of it, renders the rest."""
-    kwargs = {"chat_template": "{% if messages|length > 1 %}" + RUNAWAY["nested_loops"]
-                               + "{% endif %}{{ messages[0].content }}"}
+    kwargs = {
+        "chat_template": "{% if messages|length > 1 %}"
+        + RUNAWAY["nested_loops"]
+        + "{% endif %}{{ messages[0].content }}"
+    }
     large = [{"role": "user", "content": "a"}] * 2
     for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
         with pytest.raises(Rejected, match="on a record of"):
@@ -339,8 +358,11 @@ def test_records_over_budget_for_their_items_do_not_condemn_the_template(tight_b
     """Round 3: a record under 1 MiB may hold hundreds of thousands of tools, each a template
     step (Qwen3: ~10 s for 340,000 empty ones): its overrun is its own dead letter, however
     many such records come first, and the template renders the small ones after them."""
-    kwargs = {"chat_template": "{% if tools %}" + RUNAWAY["nested_loops"]
-                               + "{% endif %}{{ messages[0].content }}"}
+    kwargs = {
+        "chat_template": "{% if tools %}"
+        + RUNAWAY["nested_loops"]
+        + "{% endif %}{{ messages[0].content }}"
+    }
     tools = [{}] * tokenize.CONDEMNING_RECORD_ITEMS
     for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
         with pytest.raises(Rejected, match="items"):
@@ -359,16 +381,20 @@ def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_fi
     assert err.value.reason == "too_large"
 
 
-@pytest.mark.parametrize(("value", "count"), [
-    ([], 1), ({"a": [1, {"b": None}]}, 5), (([{}] * 3, None), 6), ("text", 1)])
+@pytest.mark.parametrize(
+    ("value", "count"), [([], 1), ({"a": [1, {"b": None}]}, 5), (([{}] * 3, None), 6), ("text", 1)]
+)
 def test_a_records_items_are_counted_through_lists_and_objects(value, count):
     assert tokenize._holds_more_than(value, count - 1)
     assert not tokenize._holds_more_than(value, count)
 
 
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
-    kwargs = {"chat_template": "{% if messages[0].content == 'loop' %}"
-                               + RUNAWAY["nested_loops"] + "{% endif %}{{ messages[0].content }}"}
+    kwargs = {
+        "chat_template": "{% if messages[0].content == 'loop' %}"
+        + RUNAWAY["nested_loops"]
+        + "{% endif %}{{ messages[0].content }}"
+    }
     assert tokenize.render_chat(tiny, MESSAGES, None, kwargs) == "hello world"
     for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
         with pytest.raises(Rejected):
@@ -378,6 +404,7 @@ def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tin
 def _capped(limit_bytes: int):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
     return cap
 
 
@@ -402,9 +429,14 @@ def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokeniz
         "    print(json.dumps([name, reason, time.thread_time() - start]), flush=True)\n"
     )
     hostile = {**RUNAWAY, **REFUSED}
-    result = subprocess.run([sys.executable, "-c", code, tiny_tokenizer, json.dumps(hostile)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=600,
-                            preexec_fn=_capped(3 << 30))
+    result = subprocess.run(
+        [sys.executable, "-c", code, tiny_tokenizer, json.dumps(hostile)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        preexec_fn=_capped(3 << 30),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [name for name, _, _ in rows] == list(hostile)

@@ -8,10 +8,10 @@ import re
 import threading
 
 import pytest
-from helpers import OPENAI_TOOL_TURN, chat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import OPENAI_TOOL_TURN, chat
 from kvtrace.transforms.encode.blocks import token_bytes
 from kvtrace.transforms.encode.segment_cache import (
     CHECK_EVERY,
@@ -23,29 +23,59 @@ from kvtrace.transforms.encode.segment_cache import (
 from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 from kvtrace.transforms.read.records import parse_record
 
-SAFE_TOKEN = {"id": 7, "content": "<|sep|>", "normalized": False, "lstrip": False,
-              "rstrip": False, "single_word": False}
+SAFE_TOKEN = {
+    "id": 7,
+    "content": "<|sep|>",
+    "normalized": False,
+    "lstrip": False,
+    "rstrip": False,
+    "single_word": False,
+}
 
 
-@pytest.mark.parametrize("config, reason", [
-    ({"added_tokens": []}, "no added tokens"),
-    ({"added_tokens": [{**SAFE_TOKEN, "normalized": True}]}, "no added tokens"),
-    ({"added_tokens": [SAFE_TOKEN, {**SAFE_TOKEN, "content": "<x>", "lstrip": True}]}, "lstrip"),
-    ({"added_tokens": [{**SAFE_TOKEN, "rstrip": True, "single_word": True}]},
-     "rstrip, single_word"),
-    ({"added_tokens": [SAFE_TOKEN], "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}]}}, "first piece"),
-])
+@pytest.mark.parametrize(
+    "config, reason",
+    [
+        ({"added_tokens": []}, "no added tokens"),
+        ({"added_tokens": [{**SAFE_TOKEN, "normalized": True}]}, "no added tokens"),
+        (
+            {"added_tokens": [SAFE_TOKEN, {**SAFE_TOKEN, "content": "<x>", "lstrip": True}]},
+            "lstrip",
+        ),
+        (
+            {"added_tokens": [{**SAFE_TOKEN, "rstrip": True, "single_word": True}]},
+            "rstrip, single_word",
+        ),
+        (
+            {
+                "added_tokens": [SAFE_TOKEN],
+                "pre_tokenizer": {
+                    "type": "Sequence",
+                    "pretokenizers": [
+                        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}
+                    ],
+                },
+            },
+            "first piece",
+        ),
+    ],
+)
 def test_a_tokenizer_whose_cut_reads_its_context_is_not_cut(config, reason):
     assert reason in splitter_for(config)
 
 
 def test_the_cut_takes_the_longest_added_token_as_the_tokenizer_matches():
-    splitter = splitter_for({"added_tokens": [
-        {**SAFE_TOKEN, "content": "<a>", "id": 1}, {**SAFE_TOKEN, "content": "<a><b>", "id": 2},
-        {**SAFE_TOKEN, "content": "<b>", "id": 3},
-        {**SAFE_TOKEN, "content": "<Metaspace ok>", "id": 4}],
-        "pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "always"}})
+    splitter = splitter_for(
+        {
+            "added_tokens": [
+                {**SAFE_TOKEN, "content": "<a>", "id": 1},
+                {**SAFE_TOKEN, "content": "<a><b>", "id": 2},
+                {**SAFE_TOKEN, "content": "<b>", "id": 3},
+                {**SAFE_TOKEN, "content": "<Metaspace ok>", "id": 4},
+            ],
+            "pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "always"},
+        }
+    )
     assert splitter.split("x<a><b>y<b>") == ["x", "<a><b>", "y", "<b>", ""]
     assert splitter.ids["<a><b>"] == token_bytes([2])
 
@@ -87,20 +117,49 @@ def test_encoders_sharing_a_cache_tokenize_a_segment_once(tiny_tokenizer):
     backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
     shared = SegmentCache(DEFAULT_BUDGET_BYTES)
     first, second = (SegmentEncoder(backend, cache=shared) for _ in range(2))
-    token = next(added.content for added in backend.get_added_tokens_decoder().values()
-                 if not added.normalized)
+    token = next(
+        added.content
+        for added in backend.get_added_tokens_decoder().values()
+        if not added.normalized
+    )
     text = f"hello world{token}this is a prompt{token}"
     assert first.encode([text]) == second.encode([text])
     assert first.take_counts().hit_segments == 0
     assert second.take_counts().hit_segments == 2  # both pieces, from the other's work
 
 
-PIECES = st.sampled_from([
-    " ", "  ", "\n", "\n\n", "\t", "\u0301", "e\u0301", "é", "123", "4567", "hello", "world",
-    "The capital of France", " is Paris .", "🙂", "👍🏽", "日本語", "{\"json\": [1, 2]}",
-    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<｜User｜>", "<｜Assistant｜>",
-    "<｜tool▁calls▁begin｜>", "<|endoftext|>", "<tool_call>", "</tool_call>",
-])
+PIECES = st.sampled_from(
+    [
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\u0301",
+        "e\u0301",
+        "é",
+        "123",
+        "4567",
+        "hello",
+        "world",
+        "The capital of France",
+        " is Paris .",
+        "🙂",
+        "👍🏽",
+        "日本語",
+        '{"json": [1, 2]}',
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<|endoftext|>",
+        "<tool_call>",
+        "</tool_call>",
+    ]
+)
 TEXTS = st.lists(st.lists(PIECES, max_size=24).map("".join), min_size=1, max_size=12)
 
 
@@ -111,7 +170,9 @@ def check_equal_to_whole(encoder: SegmentEncoder, backend, batches: list[list[st
         assert encoder.encode(texts) == whole
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(batches=st.lists(TEXTS, min_size=1, max_size=3))
 def test_cut_texts_tokenize_as_whole_ones_tiny(tiny_tokenizer, batches):
     backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
@@ -152,10 +213,13 @@ def test_a_sampled_text_that_differs_turns_the_cache_off_and_is_corrected(tiny_t
 
 
 @settings(max_examples=200, deadline=None)
-@given(words=st.sets(st.text("<>|ab", min_size=1, max_size=5), min_size=1, max_size=8),
-       text=st.text("<>|abc", max_size=40))
+@given(
+    words=st.sets(st.text("<>|ab", min_size=1, max_size=5), min_size=1, max_size=8),
+    text=st.text("<>|abc", max_size=40),
+)
 def test_the_cut_matches_the_longest_token_at_the_leftmost_place(words, text):
-    splitter = splitter_for({"added_tokens": [
-        {**SAFE_TOKEN, "content": word, "id": i} for i, word in enumerate(words)]})
+    splitter = splitter_for(
+        {"added_tokens": [{**SAFE_TOKEN, "content": word, "id": i} for i, word in enumerate(words)]}
+    )
     flat = re.compile("(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + ")")
     assert splitter.split(text) == flat.split(text)

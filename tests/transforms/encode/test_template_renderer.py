@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvtrace.transforms.encode import template_renderer
 
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "templates"
@@ -25,10 +26,17 @@ TEMPLATE = (
     "{%- for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments | tojson }}]"
     "{%- endfor %}\n{% endfor %}{%- if add_generation_prompt %}<|assistant|>{{ ns.n }}{% endif %}"
 )
-CHAT = [{"role": "system", "content": "Sé breve."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"type": "function", "function": {"name": "f", "arguments": {"q": "ü", "n": [1.5]}}}]},
-        {"role": "user", "content": "  spaces \n"}]
+CHAT = [
+    {"role": "system", "content": "Sé breve."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": {"q": "ü", "n": [1.5]}}}
+        ],
+    },
+    {"role": "user", "content": "  spaces \n"},
+]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 # Renders every template with the renderer loaded alone, then with transformers imported for
@@ -65,8 +73,11 @@ def _templates() -> list[str]:
 
 def test_loaded_alone_it_renders_as_transformers_does_and_leaves_nothing_behind(tmp_path):
     (tmp_path / "inputs.json").write_text(json.dumps([_templates(), CHAT, TOOLS]))
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "inputs.json")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "inputs.json")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads(out.stdout)
     assert found["alone"] == found["real"]
@@ -77,11 +88,13 @@ def test_loaded_alone_it_renders_as_transformers_does_and_leaves_nothing_behind(
 
 
 def test_with_transformers_already_imported_a_bounded_copy_is_used_and_the_shared_one_left():
-    code = ("import transformers.utils.chat_template_utils as real\n"
-            "from kvtrace.transforms.encode import template_renderer\n"
-            "render = template_renderer.render_jinja_template()\n"
-            "print(render is real.render_jinja_template, real.ImmutableSandboxedEnvironment.__name__,"
-            " render.__globals__['ImmutableSandboxedEnvironment'].__name__)\n")
+    code = (
+        "import transformers.utils.chat_template_utils as real\n"
+        "from kvtrace.transforms.encode import template_renderer\n"
+        "render = template_renderer.render_jinja_template()\n"
+        "print(render is real.render_jinja_template, real.ImmutableSandboxedEnvironment.__name__,"
+        " render.__globals__['ImmutableSandboxedEnvironment'].__name__)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "ImmutableSandboxedEnvironment", "BoundedSandbox"]
 
@@ -104,16 +117,34 @@ class Point:
     label: str
 
 
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(2**63, 2**80)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8))
-ODD = (st.builds(Name, st.text(max_size=4)) | st.just(Colour.RED) | st.just(Level.HIGH)
-       | st.builds(np.int64, st.integers(-5, 5)) | st.just(np.bool_(False))
-       | st.builds(Point, st.integers(), st.text(max_size=3))
-       | st.just(datetime.date(2026, 11, 25)) | st.just(b"raw"))
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(2**63, 2**80)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+)
+ODD = (
+    st.builds(Name, st.text(max_size=4))
+    | st.just(Colour.RED)
+    | st.just(Level.HIGH)
+    | st.builds(np.int64, st.integers(-5, 5))
+    | st.just(np.bool_(False))
+    | st.builds(Point, st.integers(), st.text(max_size=3))
+    | st.just(datetime.date(2026, 11, 25))
+    | st.just(b"raw")
+)
 KEYS = st.text(max_size=4) | st.integers() | st.builds(Name, st.text(max_size=3)) | st.none()
-VALUES = st.recursive(SCALARS | ODD, lambda inner: (
-    st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4)
-    | st.lists(inner, max_size=3).map(tuple)), max_leaves=25)
+VALUES = st.recursive(
+    SCALARS | ODD,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(KEYS, inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+    ),
+    max_leaves=25,
+)
 
 
 def _shape(value):

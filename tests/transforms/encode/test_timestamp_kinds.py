@@ -15,8 +15,8 @@ from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
-from helpers import chat
 
+from helpers import chat
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
@@ -49,8 +49,11 @@ def test_counts_per_day_add_up_over_any_split():
     batch = batch_of([EPOCH_MS, 5, EPOCH_MS + 1, EPOCH_MS + DAY_MS])
     first = np.arange(4) < 2
     halves = [kind_counts(batch.select(first)), kind_counts(batch.select(~first))]
-    assert sum_kind_counts(halves) == kind_counts(batch) == {
-        0: 1, EPOCH_MS // DAY_MS: 2, EPOCH_MS // DAY_MS + 1: 1}
+    assert (
+        sum_kind_counts(halves)
+        == kind_counts(batch)
+        == {0: 1, EPOCH_MS // DAY_MS: 2, EPOCH_MS // DAY_MS + 1: 1}
+    )
 
 
 def test_a_clock_reset_to_a_plausible_date_is_an_implausible_timestamp():
@@ -63,8 +66,11 @@ def test_a_clock_reset_to_a_plausible_date_is_an_implausible_timestamp():
 
 
 def test_stray_windows_are_dead_letters_when_judged_with_the_others():
-    windows = [(0, batch_of([5])), (EPOCH_MS, batch_of([EPOCH_MS, EPOCH_MS + 1])),
-               (EPOCH_MS + 60_000, batch_of([EPOCH_MS + 60_000]))]
+    windows = [
+        (0, batch_of([5])),
+        (EPOCH_MS, batch_of([EPOCH_MS, EPOCH_MS + 1])),
+        (EPOCH_MS + 60_000, batch_of([EPOCH_MS + 60_000])),
+    ]
     kept, letters = keep_plausible_windows(windows)
     assert [window for window, _ in kept] == [EPOCH_MS, EPOCH_MS + 60_000]
     assert [letter.reason for letter in letters] == [TIMESTAMP_KIND_MISMATCH]
@@ -84,36 +90,62 @@ def test_one_timestamp_kind_transform_decides_over_all_batches():
     batches = [batch_of([EPOCH_MS, 7]), batch_of([EPOCH_MS + 5]), batch_of([EPOCH_MS + 9])]
     with TestPipeline() as pipeline:
         agreed = pipeline | beam.Create(batches) | OneTimestampKind()
-        assert_that(agreed.hashed | beam.FlatMap(lambda b: b.requests["timestamp_ms"].tolist()),
-                    equal_to([EPOCH_MS, EPOCH_MS + 5, EPOCH_MS + 9]))
-        assert_that(agreed[DEAD_LETTER_TAG] | beam.Map(lambda d: d.reason),
-                    equal_to([TIMESTAMP_KIND_MISMATCH]), label="Letters")
+        assert_that(
+            agreed.hashed | beam.FlatMap(lambda b: b.requests["timestamp_ms"].tolist()),
+            equal_to([EPOCH_MS, EPOCH_MS + 5, EPOCH_MS + 9]),
+        )
+        assert_that(
+            agreed[DEAD_LETTER_TAG] | beam.Map(lambda d: d.reason),
+            equal_to([TIMESTAMP_KIND_MISMATCH]),
+            label="Letters",
+        )
 
 
-def _stream(tokenizer: str, folder: Path, records: list[dict]
-            ) -> tuple[list[str], list[dict], dict, dict]:
+def _stream(
+    tokenizer: str, folder: Path, records: list[dict]
+) -> tuple[list[str], list[dict], dict, dict]:
     """The records through the streaming driver, all before the watermark passes any window:
     (the windows' trace lines in order, the dead letters, the cumulative summary, the stream's
     run counts beside its dead letters)."""
     folder.mkdir()
-    job = AnonymizeConfig(inputs=(), output=str(folder / "out"), staging=str(folder / "staging"),
-                          tokenizer=tokenizer, salt=SaltSource("env", "KVTRACE_SALT"),
-                          dead_letter=str(folder / "rejected"), block_size=4)
+    job = AnonymizeConfig(
+        inputs=(),
+        output=str(folder / "out"),
+        staging=str(folder / "staging"),
+        tokenizer=tokenizer,
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(folder / "rejected"),
+        block_size=4,
+    )
     (folder / "out").mkdir()
     (folder / "staging").mkdir()
     config = StreamingConfig(job, "pubsub:projects/p/subscriptions/s", 60_000)
-    stream = (TestStream().add_elements([json.dumps(r).encode() for r in records])
-              .advance_watermark_to_infinity())
-    with beam.Pipeline(runner=BundleBasedDirectRunner(),
-                       options=PipelineOptions(["--streaming"])) as pipeline:
+    stream = (
+        TestStream()
+        .add_elements([json.dumps(r).encode() for r in records])
+        .advance_watermark_to_infinity()
+    )
+    with beam.Pipeline(
+        runner=BundleBasedDirectRunner(), options=PipelineOptions(["--streaming"])
+    ) as pipeline:
         build(pipeline | stream, config)
-    lines = [line for window in sorted(p for p in (folder / "out").iterdir() if p.is_dir())
-             for path in sorted(window.glob("trace-*.jsonl"))
-             for line in path.read_text().splitlines()]
-    letters = [json.loads(line) for path in sorted((folder / "rejected").rglob("rejected-*.jsonl"))
-               for line in path.read_text().splitlines()]
-    return (lines, letters, json.loads((folder / "out" / "cumulative.json").read_text()),
-            read_run_counts(str(folder / "rejected")))
+    lines = [
+        line
+        for window in sorted(p for p in (folder / "out").iterdir() if p.is_dir())
+        for path in sorted(window.glob("trace-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    letters = [
+        json.loads(line)
+        for path in sorted((folder / "rejected").rglob("rejected-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    return (
+        lines,
+        letters,
+        json.loads((folder / "out" / "cumulative.json").read_text()),
+        read_run_counts(str(folder / "rejected")),
+    )
 
 
 @pytest.mark.slow  # two streaming pipelines: ~20 s
@@ -122,10 +154,14 @@ def test_a_stray_window_never_becomes_the_streams_origin(tiny_tokenizer, tmp_pat
     night = [chat(i, EPOCH_MS + 20_000 * i) for i in range(6)]  # three one-minute windows
     strays = [chat(9, 946_684_800_000), chat(8, 5)]
     alone = _stream(tiny_tokenizer, tmp_path / "alone", night)
-    lines, letters, cumulative, counts = _stream(tiny_tokenizer, tmp_path / "strays", strays + night)
+    lines, letters, cumulative, counts = _stream(
+        tiny_tokenizer, tmp_path / "strays", strays + night
+    )
     assert lines == alone[0] and len(lines) == 6
-    assert sorted(letter["error"] for letter in letters) == [IMPLAUSIBLE_TIMESTAMP,
-                                                             TIMESTAMP_KIND_MISMATCH]
+    assert sorted(letter["error"] for letter in letters) == [
+        IMPLAUSIBLE_TIMESTAMP,
+        TIMESTAMP_KIND_MISMATCH,
+    ]
     # same rows from the same zero: the stream published up to the same time after its origin
     assert cumulative["published_until_ms"] == alone[2]["published_until_ms"]
     assert cumulative["rows"] == counts["exported"] == 6 and "rejected" not in cumulative

@@ -59,8 +59,10 @@ def test_the_hash_is_of_the_bytes_loaded_not_of_the_folder_later(folder):
     (folder / "chat_template.jinja").write_text("SWAPPED")  # after the read, before the load
     tokenizer = FastTokenizer.from_files(files)
     assert tokenizer.chat_template != "SWAPPED"
-    assert tokenizer.files_sha256["chat_template.jinja"] == hashlib.sha256(
-        files["chat_template.jinja"]).hexdigest()
+    assert (
+        tokenizer.files_sha256["chat_template.jinja"]
+        == hashlib.sha256(files["chat_template.jinja"]).hexdigest()
+    )
 
 
 def test_named_templates_are_keyed_by_their_folder(folder):
@@ -78,16 +80,25 @@ def test_a_symlink_to_a_regular_file_is_followed(folder, tmp_path):
     elsewhere = tmp_path / "elsewhere.json"
     (folder / TOKENIZER_FILE).rename(elsewhere)
     (folder / TOKENIZER_FILE).symlink_to(elsewhere)
-    assert FastTokenizer.from_directory(folder).files_sha256[TOKENIZER_FILE] == hashlib.sha256(
-        elsewhere.read_bytes()).hexdigest()
+    assert (
+        FastTokenizer.from_directory(folder).files_sha256[TOKENIZER_FILE]
+        == hashlib.sha256(elsewhere.read_bytes()).hexdigest()
+    )
 
 
 def _refusal(folder: Path) -> subprocess.CompletedProcess:
     """Loading folder in a child process, which a hang cannot take the test down with."""
-    code = ("from pathlib import Path\nfrom kvtrace.transforms.encode.fast_tokenizer import FastTokenizer\n"
-            f"FastTokenizer.from_directory(Path({str(folder)!r}))\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=REFUSAL_S, cwd=Path(__file__).resolve().parents[3])
+    code = (
+        "from pathlib import Path\nfrom kvtrace.transforms.encode.fast_tokenizer import FastTokenizer\n"
+        f"FastTokenizer.from_directory(Path({str(folder)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=REFUSAL_S,
+        cwd=Path(__file__).resolve().parents[3],
+    )
 
 
 @pytest.mark.parametrize("make", ["fifo", "dev_zero", "dangling"])
@@ -139,9 +150,13 @@ def test_read_regular_file_reads_within_its_bound(tmp_path):
         read_regular_file(tmp_path, 10)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
 KEYS = st.sampled_from(["chat_template", "eos_token", "bos_token", "pad_token", "x"])
 
 

@@ -48,13 +48,15 @@ def _marks(folder: Path) -> str:
     return anchor.marks_folder(_salt(folder), None)
 
 
-def _check(marks: str, directory: str, version: int, records=RECORDS,
-           map_id: str | None = MAP_ID) -> None:
+def _check(
+    marks: str, directory: str, version: int, records=RECORDS, map_id: str | None = MAP_ID
+) -> None:
     anchor.check_anchor(marks, directory, version, map_id, records.__getitem__, KEY)
 
 
-def _advance(marks: str, directory: str, version: int, records=RECORDS,
-             map_id: str = MAP_ID) -> None:
+def _advance(
+    marks: str, directory: str, version: int, records=RECORDS, map_id: str = MAP_ID
+) -> None:
     anchor.advance_anchor(marks, directory, map_id, version, records[version], KEY)
 
 
@@ -93,8 +95,7 @@ def test_the_walk_reads_only_the_versions_between_the_mark_and_the_current_one(t
     records = chain(*map(str, range(10)))
     _advance(marks, directory, 7, records)
     read: list[int] = []
-    anchor.check_anchor(marks, directory, 10, MAP_ID,
-                        lambda n: read.append(n) or records[n], KEY)
+    anchor.check_anchor(marks, directory, 10, MAP_ID, lambda n: read.append(n) or records[n], KEY)
     assert read == [10, 9, 8, 7]
 
 
@@ -138,8 +139,7 @@ def test_a_link_in_the_maps_path_repointed_leaves_its_spelling_bound_to_the_map(
         _check(marks, str(tmp_path / "empty" / "map"), 0, map_id=None)
 
 
-def test_marks_hold_the_place_by_its_digest_so_their_size_does_not_grow_with_its_path(
-        tmp_path):
+def test_marks_hold_the_place_by_its_digest_so_their_size_does_not_grow_with_its_path(tmp_path):
     marks = _marks(tmp_path)
     deep = os.fsdecode(os.fsencode(str(tmp_path)) + (b"/" + b"\xe9" * 250) * 16 + b"/map")
     _advance(marks, deep, 1)
@@ -153,9 +153,16 @@ def test_marks_hold_the_place_by_its_digest_so_their_size_does_not_grow_with_its
 def test_a_place_file_holding_its_path_as_written_before_digests_still_binds(tmp_path):
     marks, directory = _marks(tmp_path), str(tmp_path / "map")
     os.makedirs(marks)
-    Path(anchor.place_path(marks, directory)).write_bytes(keyed({
-        "format": anchor.PLACE_FORMAT, "place": anchor.map_location(directory),
-        "map_id": MAP_ID}, KEY))
+    Path(anchor.place_path(marks, directory)).write_bytes(
+        keyed(
+            {
+                "format": anchor.PLACE_FORMAT,
+                "place": anchor.map_location(directory),
+                "map_id": MAP_ID,
+            },
+            KEY,
+        )
+    )
     _check(marks, directory, 0, map_id=MAP_ID)
     with pytest.raises(JobStopped, match="kvtrace id-map rebind"):
         _check(marks, directory, 0, map_id=None)
@@ -195,7 +202,8 @@ def test_marks_are_owner_only_beside_the_salt_one_per_map(tmp_path):
     marks = _marks(tmp_path)
     assert marks == str(tmp_path / "salt.id-map-marks")
     assert anchor.place_path(marks, str(tmp_path / "a") + "/") == anchor.place_path(
-        marks, str(tmp_path / "a"))
+        marks, str(tmp_path / "a")
+    )
     _advance(marks, str(tmp_path / "a"), 1)
     for name in os.listdir(marks):
         assert stat.S_IMODE(os.stat(os.path.join(marks, name)).st_mode) == 0o600
@@ -212,12 +220,18 @@ def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_pat
     stale.write_bytes(b'{"format":')
     _advance(marks, directory, 2)
     assert not stale.exists() and sorted(os.listdir(marks)) == sorted(
-        os.path.basename(p) for p in (path, anchor.place_path(marks, directory)))
+        os.path.basename(p) for p in (path, anchor.place_path(marks, directory))
+    )
     assert _mark(marks)["version"] == 2
 
 
-@pytest.mark.parametrize("salt", [SaltSource("env", "KVTRACE_SALT"),
-                                  SaltSource("gcp-secret", "projects/p/secrets/s/versions/1")])
+@pytest.mark.parametrize(
+    "salt",
+    [
+        SaltSource("env", "KVTRACE_SALT"),
+        SaltSource("gcp-secret", "projects/p/secrets/s/versions/1"),
+    ],
+)
 def test_a_salt_that_is_not_a_file_needs_its_folder_of_marks_named(salt):
     with pytest.raises(IdMapError, match="needs --id-map-marks DIR") as caught:
         anchor.marks_folder(salt, None)
@@ -236,13 +250,15 @@ def test_a_mark_changed_in_any_byte_without_the_salt_is_refused(tmp_path_factory
     directory = "map"  # one length in every example: the place is named absolute (the cwd's)
     marks = _marks(folder)
     _advance(marks, directory, 2)
-    path = anchor.mark_path(marks, MAP_ID) if which == "mark" else anchor.place_path(
-        marks, directory)
+    path = (
+        anchor.mark_path(marks, MAP_ID) if which == "mark" else anchor.place_path(marks, directory)
+    )
     raw = bytearray(Path(path).read_bytes())
     start = data.draw(st.integers(0, len(raw) - 1), label="at")
     span = data.draw(st.integers(0, 8), label="span")
-    raw[start:start + span] = data.draw(st.binary(max_size=8).filter(
-        lambda b: b != raw[start:start + span]), label="put")
+    raw[start : start + span] = data.draw(
+        st.binary(max_size=8).filter(lambda b: b != raw[start : start + span]), label="put"
+    )
     Path(path).write_bytes(bytes(raw))
     with pytest.raises(JobStopped, match="does not verify with this run's salt") as caught:
         _check(marks, directory, 2)
@@ -256,7 +272,8 @@ def test_a_mark_of_another_map_or_salt_is_refused(tmp_path):
     Path(path).write_bytes(anchor.mark_bytes(mine, "b" * 32, 1, RECORDS[1], KEY))  # moved
     with pytest.raises(JobStopped, match="names another map"):
         _check(marks, mine, 1)
-    Path(path).write_bytes(anchor.mark_bytes(mine, MAP_ID, 1, RECORDS[1],
-                                             map_key(b"another-salt-of-enough-bytes-32!")))
+    Path(path).write_bytes(
+        anchor.mark_bytes(mine, MAP_ID, 1, RECORDS[1], map_key(b"another-salt-of-enough-bytes-32!"))
+    )
     with pytest.raises(JobStopped, match="does not verify"):
         _check(marks, mine, 1)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+
 from kvtrace.transforms.ids import bloom
 
 
 def keys(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False),
-            rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False))
+    return (
+        rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False),
+        rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False),
+    )
 
 
 def test_no_false_negatives_and_few_false_positives():

@@ -2,7 +2,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.transforms.ids.buckets import BUCKET_MS, buckets_of, first_offsets, plan_shards, shards_of
+from kvtrace.transforms.ids.buckets import (
+    BUCKET_MS,
+    buckets_of,
+    first_offsets,
+    plan_shards,
+    shards_of,
+)
 
 
 def test_buckets_floor_negative_positive_and_fractional_times():

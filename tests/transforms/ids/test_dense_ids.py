@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
+
 from kvtrace.transforms.encode.blocks import chain_hashes, chain_seed, token_bytes
-from kvtrace.transforms.ids.steps import AssignDenseIds, EarliestOccurrence
+from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.ids.dense_ids import (
     OCCURRENCE,
     UniqueTotals,
@@ -17,15 +18,19 @@ from kvtrace.transforms.ids.dense_ids import (
     resolve,
     session_keys,
 )
-from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.ids.steps import AssignDenseIds, EarliestOccurrence
 
 SEED = chain_seed(b"dense id test salt.............")
 
 
 def request(ts, tokens, fp=0, block_size=2, session=None):
     return HashedRequest(
-        timestamp_ms=ts, fingerprint=fp, input_length=len(tokens), output_length=1,
-        block_hashes=chain_hashes(token_bytes(tokens), block_size, SEED), session_key=session,
+        timestamp_ms=ts,
+        fingerprint=fp,
+        input_length=len(tokens),
+        output_length=1,
+        block_hashes=chain_hashes(token_bytes(tokens), block_size, SEED),
+        session_key=session,
     )
 
 
@@ -33,20 +38,32 @@ def table(*rows):
     """Occurrence rows (key, ts, fp, pos)."""
     out = np.zeros(len(rows), dtype=OCCURRENCE)
     for i, (key, ts, fp, pos) in enumerate(rows):
-        out[i]["hi"], out[i]["lo"], out[i]["ts"], out[i]["fp"], out[i]["pos"] = key, key, ts, fp, pos
+        out[i]["hi"], out[i]["lo"], out[i]["ts"], out[i]["fp"], out[i]["pos"] = (
+            key,
+            key,
+            ts,
+            fp,
+            pos,
+        )
     return out
 
 
 def test_earliest_keeps_each_key_at_its_first_occurrence():
     firsts = earliest(table((7, 5, 0, 1), (7, 3, 9, 1), (8, 3, 1, 0), (7, 3, 2, 1)))
     assert sorted(zip(firsts["hi"].tolist(), firsts["ts"].tolist(), firsts["fp"].tolist())) == [
-        (7, 3, 2), (8, 3, 1)
+        (7, 3, 2),
+        (8, 3, 1),
     ]
 
 
 def test_number_orders_by_time_then_fingerprint_then_position():
     numbered = number(table((1, 9, 0, 0), (2, 3, 5, 1), (3, 3, 5, 0), (4, 3, 1, 4)), first_id=10)
-    assert dict(zip(numbered["hi"].tolist(), numbered["id"].tolist())) == {4: 10, 3: 11, 2: 12, 1: 13}
+    assert dict(zip(numbered["hi"].tolist(), numbered["id"].tolist())) == {
+        4: 10,
+        3: 11,
+        2: 12,
+        1: 13,
+    }
 
 
 def test_resolve_joins_every_query_to_its_id():
@@ -66,7 +83,9 @@ def test_combine_is_order_and_grouping_independent():
 
 
 def test_ids_in_request_order_restores_block_order():
-    resolved = np.array([(1, 1, 30), (0, 0, 10), (1, 0, 20)], dtype=[("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
+    resolved = np.array(
+        [(1, 1, 30), (0, 0, 10), (1, 0, 20)], dtype=[("req", "<u4"), ("pos", "<u4"), ("id", "<i8")]
+    )
     assert ids_in_request_order([resolved], np.array([1, 2])).tolist() == [10, 20, 30]
 
 
@@ -96,15 +115,23 @@ def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
         merged = ids | beam.CombinePerKey(lambda parts: sorted(x for p in parts for x in p))
         assert_that(
             merged,
-            equal_to([(1, [(0, 0, 0), (0, 1, 2), (0, 2, 3), (1, 0, 0), (1, 1, 2), (1, 2, 3)]),
-                      (2, [(0, 0, 0), (0, 1, 1)])]),
+            equal_to(
+                [
+                    (1, [(0, 0, 0), (0, 1, 2), (0, 2, 3), (1, 0, 0), (1, 1, 2), (1, 2, 3)]),
+                    (2, [(0, 0, 0), (0, 1, 1)]),
+                ]
+            ),
             label="ids",
         )
         assert_that(out["unique"], equal_to([UniqueTotals(4, 2 + 2 + 2 + 1)]), label="unique")
 
 
 def test_hash_shards_grow_with_the_map_between_bounds():
-    from kvtrace.transforms.ids.dense_ids import DEFAULT_HASH_SHARDS, MAX_HASH_SHARDS, hash_shards_for
+    from kvtrace.transforms.ids.dense_ids import (
+        DEFAULT_HASH_SHARDS,
+        MAX_HASH_SHARDS,
+        hash_shards_for,
+    )
 
     assert hash_shards_for(0) == hash_shards_for(10**6) == DEFAULT_HASH_SHARDS
     assert hash_shards_for(10**10) == 895  # 24-byte rows, 256 MiB per shard

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids import id_map, map_record
 from kvtrace.transforms.ids.dense_ids import NUMBERED
@@ -37,87 +38,196 @@ RUN = "0123456789ab"  # a run id, as new_run_id gives
 
 def written(directory, *names: str) -> dict:
     """What a run wrote: block segment files (relative names) with checksums."""
-    return {"blocks": [SegmentFile(f"{directory}/{name}", PARQUET_CHECKSUM, CHECKSUM)
-                       for name in names], "sessions": []}
+    return {
+        "blocks": [
+            SegmentFile(f"{directory}/{name}", PARQUET_CHECKSUM, CHECKSUM) for name in names
+        ],
+        "sessions": [],
+    }
 
 
 def night(base: id_map.MapVersion, time_from_ms: int = 0, identity: str = "a" * 64) -> id_map.Night:
     """A night extending base: its start where base stands."""
-    return id_map.Night({"block_ids_from": base.next_id["blocks"],
-                         "sessions_from": base.next_id["sessions"],
-                         "time_from_ms": time_from_ms}, identity)
+    return id_map.Night(
+        {
+            "block_ids_from": base.next_id["blocks"],
+            "sessions_from": base.next_id["sessions"],
+            "time_from_ms": time_from_ms,
+        },
+        identity,
+    )
 
 
 def test_next_version_numbers_after_the_base_and_records_each_night():
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
     base = id_map.empty_version(identity)
-    assert id_map.next_version("m", base, written("m"), {"blocks": 0, "sessions": 0},
-                               False, 64, None, night(base)) is None  # no request
-    first = id_map.next_version("m", base, written("m", f"segments/000001-{RUN}/blocks-00000.parquet"),
-                                {"blocks": 7, "sessions": 0}, False, 64, 1234, night(base))
-    assert (first.version, first.next_id, first.timestamp_origin_ms) == (1, {"blocks": 7, "sessions": 0}, 1234)
-    assert first.history[-1] == {"version": 1, "added": {"blocks": 7, "sessions": 0},
-                                 "compacted": False, "night": "a" * 64, "start": night(base).start}
+    assert (
+        id_map.next_version(
+            "m", base, written("m"), {"blocks": 0, "sessions": 0}, False, 64, None, night(base)
+        )
+        is None
+    )  # no request
+    first = id_map.next_version(
+        "m",
+        base,
+        written("m", f"segments/000001-{RUN}/blocks-00000.parquet"),
+        {"blocks": 7, "sessions": 0},
+        False,
+        64,
+        1234,
+        night(base),
+    )
+    assert (first.version, first.next_id, first.timestamp_origin_ms) == (
+        1,
+        {"blocks": 7, "sessions": 0},
+        1234,
+    )
+    assert first.history[-1] == {
+        "version": 1,
+        "added": {"blocks": 7, "sessions": 0},
+        "compacted": False,
+        "night": "a" * 64,
+        "start": night(base).start,
+    }
     assert first.previous_sha256 is None  # born with the map, its id from its first night:
-    assert first.map_id == id_map.map_id_of(base, night(base), first.checksums) != \
-        id_map.map_id_of(base, night(base, 0, "c" * 64), first.checksums)  # another night's
+    assert (
+        first.map_id
+        == id_map.map_id_of(base, night(base), first.checksums)
+        != id_map.map_id_of(base, night(base, 0, "c" * 64), first.checksums)
+    )  # another night's
     other_keys = {name: sum_ | {"sha256": "2" * 64} for name, sum_ in first.checksums.items()}
     assert id_map.map_id_of(base, night(base), other_keys) != first.map_id  # a night that
     # publishes the same bytes from other keys (its segments' digests) is another map
     stored = id_map.version_bytes(first, KEY)
     first = replace(first, record_sha256=hashlib.sha256(stored).hexdigest())  # as opened
-    second = id_map.next_version("m", first, written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
-                                 {"blocks": 2, "sessions": 0}, False, 64, 99,
-                                 night(first, 60_000, "b" * 64))
+    second = id_map.next_version(
+        "m",
+        first,
+        written("m", f"segments/000002-{RUN}/blocks-00003.parquet"),
+        {"blocks": 2, "sessions": 0},
+        False,
+        64,
+        99,
+        night(first, 60_000, "b" * 64),
+    )
     assert second.timestamp_origin_ms == 1234  # the first origin stays
     assert (second.map_id, second.previous_sha256) == (first.map_id, first.record_sha256)
     assert second.segments("blocks") == 2 and second.next_id["blocks"] == 9
-    assert second.history[-1]["start"] == {"block_ids_from": 7, "sessions_from": 0,
-                                           "time_from_ms": 60_000}
+    assert second.history[-1]["start"] == {
+        "block_ids_from": 7,
+        "sessions_from": 0,
+        "time_from_ms": 60_000,
+    }
     read = map_record.read_record(id_map.version_bytes(second, KEY), "x", KEY)
     assert id_map.MapVersion.from_record(read) == second
     # A rerun of a night the map recorded adds nothing; another night of known ids only is
     # recorded, so the gate can confirm its start.
-    assert id_map.next_version("m", second, written("m"), {"blocks": 0, "sessions": 0}, False,
-                               64, 99, night(second, 0, "a" * 64)) is None
-    known = id_map.next_version("m", second, written("m"), {"blocks": 0, "sessions": 0}, False,
-                                64, 99, night(second, 120_000, "c" * 64))
+    assert (
+        id_map.next_version(
+            "m",
+            second,
+            written("m"),
+            {"blocks": 0, "sessions": 0},
+            False,
+            64,
+            99,
+            night(second, 0, "a" * 64),
+        )
+        is None
+    )
+    known = id_map.next_version(
+        "m",
+        second,
+        written("m"),
+        {"blocks": 0, "sessions": 0},
+        False,
+        64,
+        99,
+        night(second, 120_000, "c" * 64),
+    )
     assert known.version == 3 and known.next_id == second.next_id
-    compacted = id_map.next_version("m", second, written("m", f"segments/000003-{RUN}/blocks-00001.parquet"),
-                                    {"blocks": 0, "sessions": 0}, True, 128, 99, night(second))
+    compacted = id_map.next_version(
+        "m",
+        second,
+        written("m", f"segments/000003-{RUN}/blocks-00001.parquet"),
+        {"blocks": 0, "sessions": 0},
+        True,
+        128,
+        99,
+        night(second),
+    )
     assert compacted.files["blocks"] == [f"segments/000003-{RUN}/blocks-00001.parquet"]
-    assert set(compacted.checksums) == {f"segments/000003-{RUN}/blocks-00001.parquet",
-                                        f"segments/000003-{RUN}/blocks-00001.index.npz"}
+    assert set(compacted.checksums) == {
+        f"segments/000003-{RUN}/blocks-00001.parquet",
+        f"segments/000003-{RUN}/blocks-00001.index.npz",
+    }
     assert compacted.hash_shards == 128
 
 
 def test_a_rerun_is_given_the_start_recorded_for_its_night():
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
     base = id_map.empty_version(identity)
-    first = id_map.next_version("m", base, written("m"), {"blocks": 7, "sessions": 2}, False,
-                                64, 0, night(base, 0, "a" * 64))
-    second = id_map.next_version("m", first, written("m"), {"blocks": 3, "sessions": 1}, False,
-                                 64, 0, night(first, 60_000, "b" * 64))
+    first = id_map.next_version(
+        "m",
+        base,
+        written("m"),
+        {"blocks": 7, "sessions": 2},
+        False,
+        64,
+        0,
+        night(base, 0, "a" * 64),
+    )
+    second = id_map.next_version(
+        "m",
+        first,
+        written("m"),
+        {"blocks": 3, "sessions": 1},
+        False,
+        64,
+        0,
+        night(first, 60_000, "b" * 64),
+    )
     # A compacting rerun of night "b" records it again at the map's current start: a rerun
     # is given the first start recorded, the original's.
-    again = id_map.next_version("m", second, written("m"), {"blocks": 0, "sessions": 0}, True,
-                                64, 0, night(second, 60_000, "b" * 64))
-    assert id_map.recorded_start(again, "b" * 64) == {"block_ids_from": 7, "sessions_from": 2,
-                                                      "time_from_ms": 60_000}
+    again = id_map.next_version(
+        "m",
+        second,
+        written("m"),
+        {"blocks": 0, "sessions": 0},
+        True,
+        64,
+        0,
+        night(second, 60_000, "b" * 64),
+    )
+    assert id_map.recorded_start(again, "b" * 64) == {
+        "block_ids_from": 7,
+        "sessions_from": 2,
+        "time_from_ms": 60_000,
+    }
     assert id_map.recorded_start(again, "a" * 64)["block_ids_from"] == 0
     assert id_map.recorded_start(again, "c" * 64) is None
-    assert id_map.night_identity({"sha256": {"stats.json": "1" * 64}}) != \
-        id_map.night_identity({"sha256": {"stats.json": "2" * 64}})
+    assert id_map.night_identity({"sha256": {"stats.json": "1" * 64}}) != id_map.night_identity(
+        {"sha256": {"stats.json": "2" * 64}}
+    )
 
 
 def test_a_night_not_beginning_where_the_map_stands_is_not_recorded():
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
     base = id_map.empty_version(identity)
-    first = id_map.next_version("m", base, written("m"), {"blocks": 7, "sessions": 2}, False,
-                                64, 0, night(base))
+    first = id_map.next_version(
+        "m", base, written("m"), {"blocks": 7, "sessions": 2}, False, 64, 0, night(base)
+    )
     with pytest.raises(JobStopped, match="does not begin where the id map"):
-        id_map.next_version("m", first, written("m"), {"blocks": 1, "sessions": 0}, False,
-                            64, 0, night(base, 0, "b" * 64))
+        id_map.next_version(
+            "m",
+            first,
+            written("m"),
+            {"blocks": 1, "sessions": 0},
+            False,
+            64,
+            0,
+            night(base, 0, "b" * 64),
+        )
 
 
 def test_a_map_of_an_older_format_is_refused_with_what_to_do():
@@ -130,9 +240,15 @@ def test_a_map_of_an_older_format_is_refused_with_what_to_do():
 def test_cleanup_keeps_published_and_live_segments(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
     published = id_map.next_version(
-        str(tmp_path), id_map.empty_version(identity),
+        str(tmp_path),
+        id_map.empty_version(identity),
         written(tmp_path, "segments/000001-winner/blocks-00000.parquet"),
-        {"blocks": 1, "sessions": 0}, False, 64, 0, night(id_map.empty_version(identity)))
+        {"blocks": 1, "sessions": 0},
+        False,
+        64,
+        0,
+        night(id_map.empty_version(identity)),
+    )
     (tmp_path / "segments" / "000001-winner").mkdir(parents=True)
     id_map.publish(str(tmp_path), id_map.empty_version(identity), published, KEY)
     for folder in ("000001-winner", "000001-loser", "000002-live"):
@@ -146,9 +262,18 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
 
 def test_a_second_writer_is_refused_at_publish_time(tmp_path):
     identity = id_map.MapIdentity("f" * 16, 4, {}, "scheme", {})
+
     def version(base):
-        return id_map.next_version(str(tmp_path), base, written(tmp_path),
-                                   {"blocks": 1, "sessions": 0}, False, 64, 0, night(base))
+        return id_map.next_version(
+            str(tmp_path),
+            base,
+            written(tmp_path),
+            {"blocks": 1, "sessions": 0},
+            False,
+            64,
+            0,
+            night(base),
+        )
 
     empty = id_map.empty_version(identity)
     id_map.publish(str(tmp_path), empty, version(empty), KEY)  # the other run, first to finish
@@ -161,13 +286,16 @@ def test_segment_files_group_by_the_shard_their_name_holds_in_path_order():
     def segment(path: str) -> SegmentFile:
         return SegmentFile(path, {}, {})
 
-    files = [segment("m/segments/000002-b/blocks-00003.parquet"),
-             segment("m/segments/000001-a/blocks-00003.parquet"),
-             segment("m/segments/000001-a/blocks-00000.parquet")]
+    files = [
+        segment("m/segments/000002-b/blocks-00003.parquet"),
+        segment("m/segments/000001-a/blocks-00003.parquet"),
+        segment("m/segments/000001-a/blocks-00000.parquet"),
+    ]
     grouped = id_map.segment_files_by_shard(files)
     assert {shard: [f.path for f in group] for shard, group in grouped.items()} == {
         0: ["m/segments/000001-a/blocks-00000.parquet"],
-        3: ["m/segments/000001-a/blocks-00003.parquet", "m/segments/000002-b/blocks-00003.parquet"]}
+        3: ["m/segments/000001-a/blocks-00003.parquet", "m/segments/000002-b/blocks-00003.parquet"],
+    }
 
 
 def test_segments_settle_in_a_folder_their_content_names_whatever_run_wrote_them(tmp_path):
@@ -177,9 +305,14 @@ def test_segments_settle_in_a_folder_their_content_names_whatever_run_wrote_them
         directory = tmp_path / run
         shard = id_map.write_segment_shard(str(directory), 1, run, "blocks", 0, [], [rows])
         moved = id_map.settle_segments(str(directory), 1, {"blocks": [shard], "sessions": []})
-        settled.append((moved["blocks"][0]._replace(path=id_map.relative(
-            str(directory), moved["blocks"][0].path)), sorted(
-            str(p.relative_to(directory)) for p in directory.rglob("*"))))
+        settled.append(
+            (
+                moved["blocks"][0]._replace(
+                    path=id_map.relative(str(directory), moved["blocks"][0].path)
+                ),
+                sorted(str(p.relative_to(directory)) for p in directory.rglob("*")),
+            )
+        )
     assert settled[0] == settled[1]  # same name, same checksums, nothing else left
     assert settled[0][0].path.split("/")[1] != "000001-0123456789ab"
     other = id_map.write_segment_shard(str(tmp_path / "x"), 1, RUN, "blocks", 0, [], [rows[:1]])
@@ -189,13 +322,21 @@ def test_segments_settle_in_a_folder_their_content_names_whatever_run_wrote_them
 
 def _map_of_nights(directory: Path, *nights: str) -> list[bytes]:
     """A map of one version per night (no ids added: records only), as commits write it."""
-    base = id_map.empty_version(id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER,
-                                                   "scheme", {}))
+    base = id_map.empty_version(
+        id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+    )
     records = []
     for tag in nights:
-        new = id_map.next_version(str(directory), base, written(directory),
-                                  {"blocks": 0, "sessions": 0}, False, 64, 99,
-                                  night(base, 0, tag * 64))
+        new = id_map.next_version(
+            str(directory),
+            base,
+            written(directory),
+            {"blocks": 0, "sessions": 0},
+            False,
+            64,
+            99,
+            night(base, 0, tag * 64),
+        )
         records.append(id_map.publish(str(directory), base, new, KEY))
         base = replace(new, record_sha256=hashlib.sha256(records[-1]).hexdigest())
     return records
@@ -209,13 +350,19 @@ def test_a_maps_history_is_verified_whole_from_version_one_to_its_newest(tmp_pat
     nights = [entry["night"] for entry in id_map.recorded_history(str(ours), KEY)]
     assert nights == ["a" * 64, "b" * 64, "c" * 64]  # the newest record's: every night
     for spliced in (2, 1):  # each record verifies on its own, but follows no record of ours
-        shutil.copy(theirs / "versions" / f"00000{spliced}.json",
-                    ours / "versions" / f"00000{spliced}.json")
+        shutil.copy(
+            theirs / "versions" / f"00000{spliced}.json", ours / "versions" / f"00000{spliced}.json"
+        )
         with pytest.raises(IdMapError, match="do not form one chain") as caught:
             id_map.verified_newest(str(ours), KEY)
         assert "\n" not in str(caught.value)
         with pytest.raises(IdMapError, match="do not form one chain"):  # the run's open
-            id_map.open_map(str(ours), id_map.empty_version(id_map.MapIdentity(
-                KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})).identity, KEY)
+            id_map.open_map(
+                str(ours),
+                id_map.empty_version(
+                    id_map.MapIdentity(KEY.salt_fingerprint, 4, TOKENIZER, "scheme", {})
+                ).identity,
+                KEY,
+            )
         # the gate confirms nights by the newest record, which names ours only
         assert [e["night"] for e in id_map.recorded_history(str(ours), KEY)] == nights

@@ -31,11 +31,14 @@ def test_the_map_key_is_a_subkey_of_its_own():
 
 def test_identities_differ_by_type_as_well_as_value():
     base = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {"thinking": 1})
-    for other in (id_map.MapIdentity(KEY.salt_fingerprint, 4.0, {}, "scheme", {"thinking": 1}),
-                  id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {"thinking": True})):
+    for other in (
+        id_map.MapIdentity(KEY.salt_fingerprint, 4.0, {}, "scheme", {"thinking": 1}),
+        id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {"thinking": True}),
+    ):
         assert base.differences(other)
-    assert not base.differences(id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme",
-                                                   {"thinking": 1}))
+    assert not base.differences(
+        id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {"thinking": 1})
+    )
 
 
 def test_records_read_are_bounded_in_size(monkeypatch):

@@ -32,16 +32,19 @@ def _base(origin_ms: int | None) -> id_map.MapVersion:
     return replace(id_map.empty_version(IDENTITY), timestamp_origin_ms=origin_ms)
 
 
-@pytest.mark.parametrize("origin_ms, night_ms, night_words", [
-    (5_000, EPOCH_MS, "epoch dates"), (EPOCH_MS, 5_000, "relative times")])
-def test_a_night_of_another_kind_than_the_maps_origin_is_refused(origin_ms, night_ms,
-                                                                 night_words):
+@pytest.mark.parametrize(
+    "origin_ms, night_ms, night_words",
+    [(5_000, EPOCH_MS, "epoch dates"), (EPOCH_MS, 5_000, "relative times")],
+)
+def test_a_night_of_another_kind_than_the_maps_origin_is_refused(origin_ms, night_ms, night_words):
     with pytest.raises(JobStopped, match=f"timestamps are {night_words}, but") as caught:
         id_map.check_night_kind("map", _base(origin_ms), night_ms)
     assert "\n" not in str(caught.value) and "no trace was published" in str(caught.value)
 
 
-@pytest.mark.parametrize("origin_ms, night_ms", [
-    (5_000, 6_000), (EPOCH_MS, EPOCH_MS + 1), (None, EPOCH_MS), (5_000, None)])
+@pytest.mark.parametrize(
+    "origin_ms, night_ms",
+    [(5_000, 6_000), (EPOCH_MS, EPOCH_MS + 1), (None, EPOCH_MS), (5_000, None)],
+)
 def test_a_night_of_the_maps_kind_or_a_maps_first_is_accepted(origin_ms, night_ms):
     id_map.check_night_kind("map", _base(origin_ms), night_ms)

@@ -37,8 +37,12 @@ def test_tie_key_saturates_what_kvtrace_never_writes():
     assert keys.tolist() == [3, 2**64 - 1, 7 << 32]
 
 
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(0, 4),
-                          st.integers(0, 9)), max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(0, 4), st.integers(0, 9)),
+        max_size=30,
+    )
+)
 def test_published_order_is_time_then_lengths_then_the_private_column(rows):
     ts, isl, osl, private = (np.array([row[k] for row in rows], np.int64) for k in range(4))
     order = published_order(ts, isl, osl, private)
@@ -63,13 +67,21 @@ def _requests(rng: random.Random, count: int, start: int, jitter: int) -> list[H
     requests = []
     for i in range(count):
         granule = 0 if i == 0 else rng.randrange(4)
-        offset = 0 if i == 0 else rng.randint(-jitter, jitter) if granule else rng.randint(0, jitter)
+        offset = (
+            0 if i == 0 else rng.randint(-jitter, jitter) if granule else rng.randint(0, jitter)
+        )
         tokens = [rng.randrange(3) for _ in range(rng.randrange(1, 9))]
         session = rng.choice([None, b"s" * 16, b"t" * 16, b"u" * 16])
-        requests.append(HashedRequest(
-            timestamp_ms=start + 1000 * granule + offset, fingerprint=rng.getrandbits(64),
-            input_length=len(tokens), output_length=rng.choice([0, 3, 40, 260]),
-            block_hashes=chain_hashes(token_bytes(tokens), 2, SEED), session_key=session))
+        requests.append(
+            HashedRequest(
+                timestamp_ms=start + 1000 * granule + offset,
+                fingerprint=rng.getrandbits(64),
+                input_length=len(tokens),
+                output_length=rng.choice([0, 3, 40, 260]),
+                block_hashes=chain_hashes(token_bytes(tokens), 2, SEED),
+                session_key=session,
+            )
+        )
     return requests
 
 
@@ -123,9 +135,19 @@ def test_rows_and_their_ids_follow_the_published_order_whatever_the_finer_times(
 def test_published_requests_round_as_the_rows_do_and_leave_nothing_finer():
     """Times and output lengths as coarsen() publishes them, so that coarsening the rows again
     at write changes nothing; a granularity of 1 leaves the batch as it is."""
-    batch = HashedBatch.pack([HashedRequest(timestamp_ms=t, fingerprint=0, input_length=1,
-                                            output_length=o, block_hashes=b"", session_key=None)
-                              for t, o in ((1000, 0), (1499, 1), (1500, 26), (2600, 75))])
+    batch = HashedBatch.pack(
+        [
+            HashedRequest(
+                timestamp_ms=t,
+                fingerprint=0,
+                input_length=1,
+                output_length=o,
+                block_hashes=b"",
+                session_key=None,
+            )
+            for t, o in ((1000, 0), (1499, 1), (1500, 26), (2600, 75))
+        ]
+    )
     published = published_requests(batch, 1000, Coarsening(timestamp_ms=1000, output_length=50))
     assert published.requests["timestamp_ms"].tolist() == [1000, 1000, 2000, 3000]
     assert published.requests["output_length"].tolist() == [0, 50, 50, 100]

@@ -39,8 +39,7 @@ def _outcome(segment: SegmentFile, keys: np.ndarray | None) -> set | str:
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), size=st.integers(1, 2500), seed=st.integers(0, 2**32 - 1))
-def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory, data, size,
-                                                               seed):
+def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory, data, size, seed):
     """Bytes of the Parquet file overwritten anywhere (its record, so its size, footer sha256
     and index, untouched: they are bound by the MAC): a read of every key, or of the whole file,
     is refused or gives exactly the rows written (bytes it never reads, such as the leading
@@ -51,10 +50,10 @@ def test_any_change_to_a_unit_read_without_the_salt_is_refused(tmp_path_factory,
     raw = bytearray(path.read_bytes())
     start = data.draw(st.integers(0, len(raw) - 1), label="at")
     put = data.draw(st.binary(min_size=1, max_size=8), label="put")
-    put = put[:len(raw) - start]
-    if raw[start:start + len(put)] == put:
+    put = put[: len(raw) - start]
+    if raw[start : start + len(put)] == put:
         put = bytes(b ^ 0xFF for b in put)
-    raw[start:start + len(put)] = put
+    raw[start : start + len(put)] = put
     path.write_bytes(bytes(raw))
     assert _outcome(segment, rows) in ("refused", as_set(rows))
     assert _outcome(segment, None) in ("refused", as_set(rows))
@@ -72,8 +71,14 @@ def _same_footer_with_ids_swapped(segment: SegmentFile, rows: np.ndarray) -> byt
         j = (i + 1) % len(ordered)
         swapped["id"][[i, j]] = swapped["id"][[j, i]]
         sink = io.BytesIO()
-        pq.write_table(_arrow(swapped), sink, compression="zstd", row_group_size=ROW_GROUP_ROWS,
-                       write_statistics=False, write_page_checksum=True)
+        pq.write_table(
+            _arrow(swapped),
+            sink,
+            compression="zstd",
+            row_group_size=ROW_GROUP_ROWS,
+            write_statistics=False,
+            write_page_checksum=True,
+        )
         forged = sink.getvalue()
         if len(forged) == len(original) and _footer(forged) == _footer(original):
             return forged
@@ -104,10 +109,10 @@ def test_a_row_group_read_is_only_the_bytes_verified(tmp_path):
     segment = _written(tmp_path, rows)
     metadata = pq.read_metadata(segment.path)
     raw = bytearray(Path(segment.path).read_bytes())
-    wanted = np.sort(rows, order=["hi", "lo"])[2 * segments.ROW_GROUP_ROWS:][:5]
+    wanted = np.sort(rows, order=["hi", "lo"])[2 * segments.ROW_GROUP_ROWS :][:5]
     for group in (0, 1, 3, 4):
         for start, length in segments.chunk_ranges(metadata, group):
-            raw[start:start + length] = b"\xee" * length
+            raw[start : start + length] = b"\xee" * length
     Path(segment.path).write_bytes(bytes(raw))
     matched = read_matching(segment, wanted)
     assert as_set(matched.rows) == as_set(wanted) and matched.row_groups_read == 1
@@ -146,5 +151,5 @@ def test_digests_are_of_each_row_groups_column_chunks(tmp_path):
     metadata = pq.read_metadata(segment.path)
     assert digests.shape == (metadata.num_row_groups, 32) == (3, 32)
     for group in range(3):
-        chunks = b"".join(data[s:s + n] for s, n in segments.chunk_ranges(metadata, group))
+        chunks = b"".join(data[s : s + n] for s, n in segments.chunk_ranges(metadata, group))
         assert digests[group].tobytes() == hashlib.sha256(chunks).digest()

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvtrace.transforms.ids import segments
 from kvtrace.transforms.ids.dense_ids import NUMBERED, shard_of
 
@@ -42,7 +43,9 @@ def test_rows_are_sorted_by_hash_in_row_groups_the_index_describes(tmp_path):
     assert (np.diff(hi.astype(np.float64)) >= 0).all()
     index = segments.read_index(segment)
     groups = pq.ParquetFile(path).metadata.num_row_groups
-    assert groups == len(index.first_hi) == len(index.last_hi) == -(-5000 // segments.ROW_GROUP_ROWS)
+    assert (
+        groups == len(index.first_hi) == len(index.last_hi) == -(-5000 // segments.ROW_GROUP_ROWS)
+    )
     assert index.first_hi[0] == hi[0] and index.last_hi[-1] == hi[-1]
 
 
@@ -71,7 +74,7 @@ def test_keys_absent_from_the_map_read_only_the_index(tmp_path):
 
 def test_equal_high_halves_across_a_row_group_boundary_are_found(tmp_path):
     table = numbered(3 * segments.ROW_GROUP_ROWS, 6)
-    table["hi"][segments.ROW_GROUP_ROWS - 5: segments.ROW_GROUP_ROWS + 5] = 12345
+    table["hi"][segments.ROW_GROUP_ROWS - 5 : segments.ROW_GROUP_ROWS + 5] = 12345
     path = str(tmp_path / "blocks-00000.parquet")
     segment = segments.write_segment(path, [table])
     wanted = table[table["hi"] == 12345]
@@ -87,8 +90,13 @@ def test_an_empty_segment_holds_nothing(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(size=st.integers(0, 4000), asked=st.integers(0, 300), foreign=st.integers(0, 300),
-       seed=st.integers(0, 2**32 - 1), narrow=st.booleans())
+@given(
+    size=st.integers(0, 4000),
+    asked=st.integers(0, 300),
+    foreign=st.integers(0, 300),
+    seed=st.integers(0, 2**32 - 1),
+    narrow=st.booleans(),
+)
 def test_read_matching_returns_exactly_the_rows_of_the_keys_asked_for(
     tmp_path_factory, size, asked, foreign, seed, narrow
 ):
@@ -129,8 +137,11 @@ def test_folding_runs_gives_the_bytes_of_writing_all_rows_at_once(
         everything["hi"] %= 3
     runs, start = [], 0
     for i, size in enumerate(sizes):
-        runs.append(segments.write_segment(str(folder / f"run{i}.parquet"),
-                                           [everything[start:start + size]]))
+        runs.append(
+            segments.write_segment(
+                str(folder / f"run{i}.parquet"), [everything[start : start + size]]
+            )
+        )
         start += size
     original = segments.MERGE_BATCH_ROWS
     segments.MERGE_BATCH_ROWS = batch

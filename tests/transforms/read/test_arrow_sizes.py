@@ -11,23 +11,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.dead_letters import DeadLetter
-from kvtrace.transforms.read.arrow_sizes import fixed_value_bytes, largest_value_bytes, least_json_bytes
+from kvtrace.transforms.read.arrow_sizes import (
+    fixed_value_bytes,
+    largest_value_bytes,
+    least_json_bytes,
+)
 from kvtrace.transforms.read.paths import group_reader, parquet_file
 from kvtrace.transforms.read.sources import FileRange, read_range
 
 TEXT = st.one_of(st.none(), st.text(max_size=12))
 MESSAGE = st.one_of(st.none(), st.fixed_dictionaries({"role": TEXT, "content": TEXT}))
-ROW = st.fixed_dictionaries({
-    "prompt": TEXT,
-    "n": st.one_of(st.none(), st.integers(-2**40, 2**40)),
-    "messages": st.one_of(st.none(), st.lists(MESSAGE, max_size=4)),
-    "tags": st.one_of(st.none(), st.lists(TEXT, max_size=3)),
-    "pair": st.one_of(st.none(), st.lists(TEXT, min_size=2, max_size=2)),
-})
-SCHEMA = pa.schema([("prompt", pa.string()), ("n", pa.int64()),
-                    ("messages", pa.list_(pa.struct([("role", pa.string()),
-                                                     ("content", pa.string())]))),
-                    ("tags", pa.list_(pa.string())), ("pair", pa.list_(pa.string(), 2))])
+ROW = st.fixed_dictionaries(
+    {
+        "prompt": TEXT,
+        "n": st.one_of(st.none(), st.integers(-(2**40), 2**40)),
+        "messages": st.one_of(st.none(), st.lists(MESSAGE, max_size=4)),
+        "tags": st.one_of(st.none(), st.lists(TEXT, max_size=3)),
+        "pair": st.one_of(st.none(), st.lists(TEXT, min_size=2, max_size=2)),
+    }
+)
+SCHEMA = pa.schema(
+    [
+        ("prompt", pa.string()),
+        ("n", pa.int64()),
+        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("tags", pa.list_(pa.string())),
+        ("pair", pa.list_(pa.string(), 2)),
+    ]
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -58,8 +69,9 @@ def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path
     50 KB bound, so each is a too_large dead letter; the small rows around them are read."""
     path = tmp_path / "bomb.parquet"
     prompts = ["small"] + ["a" * 60_000] * 200 + ["small"]
-    pq.write_table(pa.table({"prompt": pa.array(prompts).dictionary_encode()}), path,
-                   compression="zstd")
+    pq.write_table(
+        pa.table({"prompt": pa.array(prompts).dictionary_encode()}), path, compression="zstd"
+    )
     assert path.stat().st_size < 4096
     read = list(read_range(FileRange(str(path), 0, None), 50_000))
     kept = [record for record in read if not isinstance(record, DeadLetter)]
@@ -72,8 +84,16 @@ def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path
 
 def test_rows_within_the_bound_read_as_they_always_were(tmp_path):
     """Read as dictionaries or not, the rows are the same Python values."""
-    rows = [{"prompt": f"p{i}" * (i % 5), "messages": [{"role": "user", "content": "hi"}],
-             "n": i, "tags": None, "pair": ["a", None]} for i in range(300)]
+    rows = [
+        {
+            "prompt": f"p{i}" * (i % 5),
+            "messages": [{"role": "user", "content": "hi"}],
+            "n": i,
+            "tags": None,
+            "pair": ["a", None],
+        }
+        for i in range(300)
+    ]
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows, SCHEMA), path, row_group_size=100)
     assert [record for _, record in read_range(FileRange(str(path), 0, None), 1 << 20)] == rows
@@ -83,9 +103,16 @@ def test_only_chunks_indexed_by_their_dictionary_throughout_are_read_as_dictiona
     """A chunk that fell back to plain pages is read dense: as a dictionary, Arrow would grow
     one over the chunk and copy it into every batch (quadratic)."""
     path = tmp_path / "mixed.parquet"
-    pq.write_table(pa.table({"role": ["user", "assistant"] * 5000,
-                             "prompt": [f"unique prompt {i}" for i in range(10_000)]}), path,
-                   dictionary_pagesize_limit=4096)
+    pq.write_table(
+        pa.table(
+            {
+                "role": ["user", "assistant"] * 5000,
+                "prompt": [f"unique prompt {i}" for i in range(10_000)],
+            }
+        ),
+        path,
+        dictionary_pagesize_limit=4096,
+    )
     with parquet_file(str(path), 1 << 20) as (raw, parquet):
         reader, dense_row_bytes = group_reader(raw, parquet, 0)
     assert pa.types.is_dictionary(reader.schema_arrow.field("role").type)
@@ -103,8 +130,9 @@ def test_the_largest_value_is_the_longest_string_with_its_quotes():
 
 def test_a_fixed_size_binary_value_is_its_width_with_quotes():
     assert largest_value_bytes(pa.array([b"abc", None], pa.binary(3))) == 5
-    assert least_json_bytes(pa.record_batch({"b": pa.array([None, b"ab"], pa.binary(2))})
-                            ).tolist() == [4, 4]  # a null is `null` as JSON
+    assert least_json_bytes(
+        pa.record_batch({"b": pa.array([None, b"ab"], pa.binary(2))})
+    ).tolist() == [4, 4]  # a null is `null` as JSON
 
 
 def test_a_fixed_size_physical_type_decodes_to_its_width():
@@ -118,8 +146,12 @@ def test_a_fixed_size_dictionary_chunk_counts_its_width_per_row(tmp_path):
     chunk is decoded dense, each row holding the type's width, so rows are read few at a time
     (one here: 64 x 100 KB is over the bound)."""
     path = tmp_path / "fixed.parquet"
-    pq.write_table(pa.table({"b": pa.array([b"x" * 100_000] * 128, pa.binary(100_000))}),
-                   path, dictionary_pagesize_limit=1 << 20, compression="zstd")
+    pq.write_table(
+        pa.table({"b": pa.array([b"x" * 100_000] * 128, pa.binary(100_000))}),
+        path,
+        dictionary_pagesize_limit=1 << 20,
+        compression="zstd",
+    )
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).has_dictionary_page
     with parquet_file(str(path), 1 << 20) as (raw, parquet):
         reader, dense_row_bytes = group_reader(raw, parquet, 0)

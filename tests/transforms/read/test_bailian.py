@@ -12,8 +12,16 @@ from kvtrace.transforms.read.bailian import convert
 
 
 def bailian(chat, parent, ts, isl, ids, turn=1) -> dict:
-    return {"chat_id": chat, "parent_chat_id": parent, "timestamp": ts, "input_length": isl,
-            "output_length": 5, "type": "text", "turn": turn, "hash_ids": ids}
+    return {
+        "chat_id": chat,
+        "parent_chat_id": parent,
+        "timestamp": ts,
+        "input_length": isl,
+        "output_length": 5,
+        "type": "text",
+        "turn": turn,
+        "hash_ids": ids,
+    }
 
 
 ROWS = [
@@ -36,28 +44,64 @@ def test_turns_are_linked_into_sessions_and_rows_are_mooncake():
 
 
 def test_bad_lines_are_counted_not_fatal():
-    lines = [json.dumps(ROWS[0]), "{not json", json.dumps({"chat_id": 1}),
-             json.dumps({**ROWS[1], "input_length": "70"}), "[1, 2]",
-             json.dumps(bailian(1, 2, 1.0, 1, [1])), json.dumps(bailian(2, 1, 1.0, 1, [1]))]
+    lines = [
+        json.dumps(ROWS[0]),
+        "{not json",
+        json.dumps({"chat_id": 1}),
+        json.dumps({**ROWS[1], "input_length": "70"}),
+        "[1, 2]",
+        json.dumps(bailian(1, 2, 1.0, 1, [1])),
+        json.dumps(bailian(2, 1, 1.0, 1, [1])),
+    ]
     converted = convert(lines)
     assert len(converted.rows) == 1 and converted.malformed == 6
     assert "cycle" in converted.examples[4]  # 1 and 2 are each other's parents
 
 
-@given(st.lists(st.one_of(
-    st.dictionaries(st.sampled_from(["chat_id", "parent_chat_id", "timestamp", "input_length",
-                                     "output_length", "hash_ids", "turn"]),
-                    st.one_of(st.integers(-3, 10**6), st.floats(allow_nan=True), st.text(max_size=3),
-                              st.none(), st.lists(st.integers(-5, 10**9), max_size=4))),
-    st.builds(bailian, st.integers(0, 50), st.integers(-1, 50), st.floats(0, 1e6),
-              st.integers(0, 100), st.lists(st.integers(0, 100), max_size=7)),
-), max_size=30))
+@given(
+    st.lists(
+        st.one_of(
+            st.dictionaries(
+                st.sampled_from(
+                    [
+                        "chat_id",
+                        "parent_chat_id",
+                        "timestamp",
+                        "input_length",
+                        "output_length",
+                        "hash_ids",
+                        "turn",
+                    ]
+                ),
+                st.one_of(
+                    st.integers(-3, 10**6),
+                    st.floats(allow_nan=True),
+                    st.text(max_size=3),
+                    st.none(),
+                    st.lists(st.integers(-5, 10**9), max_size=4),
+                ),
+            ),
+            st.builds(
+                bailian,
+                st.integers(0, 50),
+                st.integers(-1, 50),
+                st.floats(0, 1e6),
+                st.integers(0, 100),
+                st.lists(st.integers(0, 100), max_size=7),
+            ),
+        ),
+        max_size=30,
+    )
+)
 def test_arbitrary_records_never_crash_and_good_ones_are_kept(records):
     converted = convert(json.dumps(r) for r in records)
     assert len(converted.rows) + converted.malformed == len(records)
-    assert [r["timestamp"] for r in converted.rows] == sorted(r["timestamp"] for r in converted.rows)
-    assert sorted({r["session"] for r in converted.rows}) == list(range(
-        len({r["session"] for r in converted.rows})))
+    assert [r["timestamp"] for r in converted.rows] == sorted(
+        r["timestamp"] for r in converted.rows
+    )
+    assert sorted({r["session"] for r in converted.rows}) == list(
+        range(len({r["session"] for r in converted.rows}))
+    )
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
@@ -75,16 +119,37 @@ def test_a_long_parent_chain_converts_walking_each_chat_once():
     roots = bailian._roots(Counted({i: i - 1 if i else -1 for i in range(n)}))
     assert Counted.steps <= n  # a walk per chat to the root would be n^2 / 2
     assert set(roots.values()) == {0}
-    chain = [json.dumps({"chat_id": i, "parent_chat_id": i - 1 if i else -1, "timestamp": i,
-                         "input_length": 16, "output_length": 1, "hash_ids": [0]})
-             for i in range(n)]
+    chain = [
+        json.dumps(
+            {
+                "chat_id": i,
+                "parent_chat_id": i - 1 if i else -1,
+                "timestamp": i,
+                "input_length": 16,
+                "output_length": 1,
+                "hash_ids": [0],
+            }
+        )
+        for i in range(n)
+    ]
     converted = convert(chain)
     assert converted.malformed == 0 and {row["session"] for row in converted.rows} == {0}
 
 
 def test_unhashable_parents_are_malformed_lines_not_a_crash():
-    lines = [json.dumps({"chat_id": 1, "parent_chat_id": [1], "timestamp": 1, "input_length": 1,
-                         "output_length": 1, "hash_ids": [0]}), "[" * 100_000]
+    lines = [
+        json.dumps(
+            {
+                "chat_id": 1,
+                "parent_chat_id": [1],
+                "timestamp": 1,
+                "input_length": 1,
+                "output_length": 1,
+                "hash_ids": [0],
+            }
+        ),
+        "[" * 100_000,
+    ]
     converted = convert(lines)
     assert converted.malformed == 2 and not converted.rows
 
@@ -103,10 +168,18 @@ def test_a_row_is_bounded_as_a_trace_row_kvtrace_writes():
     reader refuses: the record is malformed instead."""
     from kvtrace.transforms.trace_format import MAX_PUBLISHED_INT, MAX_ROW_IDS
 
-    many = '{"chat_id": 1, "timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [' \
-        + ",".join(["1"] * (MAX_ROW_IDS + 1)) + "]}"
-    converted = convert([many, json.dumps(bailian(2, -1, 1.0, 1, [MAX_PUBLISHED_INT])),
-                         json.dumps(bailian(3, -1, 1.0, 1, [MAX_PUBLISHED_INT - 1]))])
+    many = (
+        '{"chat_id": 1, "timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": ['
+        + ",".join(["1"] * (MAX_ROW_IDS + 1))
+        + "]}"
+    )
+    converted = convert(
+        [
+            many,
+            json.dumps(bailian(2, -1, 1.0, 1, [MAX_PUBLISHED_INT])),
+            json.dumps(bailian(3, -1, 1.0, 1, [MAX_PUBLISHED_INT - 1])),
+        ]
+    )
     assert converted.malformed == 2 and len(converted.rows) == 1
     assert "over the" in converted.examples[0] and "below" in converted.examples[1]
 
@@ -116,8 +189,10 @@ def test_records_are_kept_as_the_fields_conversion_reads():
     import tracemalloc
 
     junk = json.dumps([[]] * 50_000)
-    lines = (json.dumps(bailian(chat, -1, 1.0, 1, [chat]))[:-1] + f', "junk": {junk}}}'
-             for chat in range(10))
+    lines = (
+        json.dumps(bailian(chat, -1, 1.0, 1, [chat]))[:-1] + f', "junk": {junk}}}'
+        for chat in range(10)
+    )
     tracemalloc.start()
     converted = convert(lines)
     peak = tracemalloc.get_traced_memory()[1]

@@ -38,8 +38,13 @@ from kvtrace.transforms.read.trace_io import read_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 MiB = 1 << 20
-COMPRESSORS = {".gz": gzip.compress, ".bz2": bz2.compress, ".zst": zstd.compress,
-               ".xz": lzma.compress, "": bytes}
+COMPRESSORS = {
+    ".gz": gzip.compress,
+    ".bz2": bz2.compress,
+    ".zst": zstd.compress,
+    ".xz": lzma.compress,
+    "": bytes,
+}
 BEFORE, AFTER = b'{"timestamp": 1, "prompt": "before"}', b'{"timestamp": 2, "prompt": "after"}'
 # Peak memory a read may add over the reader's own start, as a multiple of the record bound,
 # plus a fixed allowance for buffers that do not scale with it (docs/BOUNDS.md).
@@ -90,8 +95,13 @@ def bomb(path: Path, line_bytes: int) -> Path:
 
 def read_in_child(paths: list[Path], bound: int, timeout_s: float = 120) -> list[dict]:
     """What reading each file gave, in one child process (one start-up for them all)."""
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(bound), *map(str, paths)],
-                          cwd=ROOT, capture_output=True, timeout=timeout_s, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(bound), *map(str, paths)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=timeout_s,
+        check=True,
+    )
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
@@ -132,15 +142,19 @@ def test_a_record_at_the_bound_is_read_and_parsed_within_the_ceiling(tmp_path):
 
 def _parquet_with_a_huge_cell(path: Path, cell_bytes: int, small_rows: int) -> Path:
     prompts = ["before"] * small_rows + ["z" * cell_bytes] + ["after"]
-    pq.write_table(pa.table({"timestamp": list(range(len(prompts))), "prompt": prompts}), path,
-                   compression="zstd")
+    pq.write_table(
+        pa.table({"timestamp": list(range(len(prompts))), "prompt": prompts}),
+        path,
+        compression="zstd",
+    )
     return path
 
 
 def test_a_parquet_cell_over_the_bound_is_refused_unread(tmp_path):
     small_rows = [0, 1000]  # the cell alone in its page, or among many
-    paths = [_parquet_with_a_huge_cell(tmp_path / f"logs{n}.parquet", 12 * MiB, n)
-             for n in small_rows]
+    paths = [
+        _parquet_with_a_huge_cell(tmp_path / f"logs{n}.parquet", 12 * MiB, n) for n in small_rows
+    ]
     for rows, result in zip(small_rows, read_in_child(paths, MiB)):
         # Its row group is refused whole: each row a too_large dead letter, none decoded.
         assert result["out"] == ["too_large"] * (rows + 2)
@@ -171,10 +185,13 @@ def test_parquet_rows_within_the_pages_ceiling_are_read_and_checked_one_by_one(t
     path = tmp_path / "logs.parquet"
     pq.write_table(pa.table({"timestamp": list(range(len(prompts))), "prompt": prompts}), path)
     options = ParseOptions(max_record_bytes=bound)
-    out = [item if isinstance(item, DeadLetter) else parse_one(*item, options)
-           for item in read_range(FileRange(str(path), 0, None), bound)]
+    out = [
+        item if isinstance(item, DeadLetter) else parse_one(*item, options)
+        for item in read_range(FileRange(str(path), 0, None), bound)
+    ]
     assert [x.reason if isinstance(x, DeadLetter) else x.prompt for x in out] == (
-        prompts[:100] + ["too_large", "after"])
+        prompts[:100] + ["too_large", "after"]
+    )
 
 
 def test_a_parquet_footer_over_the_bound_is_a_dead_letter(tmp_path):
@@ -189,17 +206,27 @@ def test_a_parquet_footer_over_the_bound_is_a_dead_letter(tmp_path):
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.lists(st.text(max_size=3000), min_size=1, max_size=3000),
-       page_bytes=st.sampled_from([1024, 64 * 1024, MiB]), dictionary=st.booleans(),
-       version=st.sampled_from(["1.0", "2.0"]))
-def test_page_headers_walk_every_column_chunk_exactly(tmp_path_factory, rows, page_bytes,
-                                                      dictionary, version):
+@given(
+    rows=st.lists(st.text(max_size=3000), min_size=1, max_size=3000),
+    page_bytes=st.sampled_from([1024, 64 * 1024, MiB]),
+    dictionary=st.booleans(),
+    version=st.sampled_from(["1.0", "2.0"]),
+)
+def test_page_headers_walk_every_column_chunk_exactly(
+    tmp_path_factory, rows, page_bytes, dictionary, version
+):
     """Against pyarrow's own writer: the pages found cover each column chunk to its last byte
     (else the walk raises) and hold all its values."""
     path = tmp_path_factory.mktemp("pages") / "t.parquet"
     table = pa.table({"prompt": rows, "ids": [[len(r)] * (len(r) % 5) for r in rows]})
-    pq.write_table(table, path, data_page_size=page_bytes, use_dictionary=dictionary,
-                   data_page_version=version, row_group_size=1000)
+    pq.write_table(
+        table,
+        path,
+        data_page_size=page_bytes,
+        use_dictionary=dictionary,
+        data_page_version=version,
+        row_group_size=1000,
+    )
     with parquet_file(str(path), MiB) as (raw, parquet):
         for group in range(parquet.num_row_groups):
             for index in range(parquet.metadata.num_columns):
@@ -207,7 +234,9 @@ def test_page_headers_walk_every_column_chunk_exactly(tmp_path_factory, rows, pa
                 pages = list(_pages(raw, column))
                 data_values = sum(page.values for page in pages)
                 dictionary_values = data_values - column.num_values
-                assert dictionary_values >= 0 and (column.has_dictionary_page or not dictionary_values)
+                assert dictionary_values >= 0 and (
+                    column.has_dictionary_page or not dictionary_values
+                )
                 # the dictionary page is the one page without a data page's encoding
                 dictionary_pages = sum(page.encoding is None for page in pages)
                 assert dictionary_pages == int(column.has_dictionary_page)
@@ -215,7 +244,9 @@ def test_page_headers_walk_every_column_chunk_exactly(tmp_path_factory, rows, pa
 
 @settings(max_examples=150, deadline=None)
 @given(header=st.binary(max_size=200))
-def test_any_bytes_as_a_page_header_are_read_or_refused_with_a_value_error(tmp_path_factory, header):
+def test_any_bytes_as_a_page_header_are_read_or_refused_with_a_value_error(
+    tmp_path_factory, header
+):
     path = tmp_path_factory.mktemp("headers") / "h"
     path.write_bytes(header)
     with open(path, "rb") as raw:
@@ -226,8 +257,9 @@ def test_any_bytes_as_a_page_header_are_read_or_refused_with_a_value_error(tmp_p
     assert isinstance(fields, dict) and 0 < size <= len(header)
 
 
-@pytest.mark.parametrize("container", [b"\x19", b"\x1a", b"\x1b\x01\x99"],
-                         ids=["list", "set", "map"])
+@pytest.mark.parametrize(
+    "container", [b"\x19", b"\x1a", b"\x1b\x01\x99"], ids=["list", "set", "map"]
+)
 def test_a_page_header_nested_past_the_bound_in_any_container_is_a_value_error(tmp_path, container):
     """Field 1 a list (set, map) of lists of lists...: refused at the depth bound, before
     Python's recursion limit."""
@@ -251,8 +283,12 @@ def test_a_page_ceiling_refuses_pages_of_many_values_over_it(tmp_path):
 @pytest.mark.parametrize("codec", ["gzip", "bz2", "zstd", "xz"])
 def test_each_decoding_step_is_bounded_and_the_stream_is_whole(codec):
     data = b"a" * (6 * MiB) + b"tail\n"
-    compress = {"gzip": gzip.compress, "bz2": bz2.compress, "zstd": zstd.compress,
-                "xz": lzma.compress}[codec]
+    compress = {
+        "gzip": gzip.compress,
+        "bz2": bz2.compress,
+        "zstd": zstd.compress,
+        "xz": lzma.compress,
+    }[codec]
     stream = DecodedStream(io.BytesIO(compress(data[:MiB]) + compress(data[MiB:])), codec)
     # A read hands out at most what one decoding step returned, however much is asked for.
     got = list(iter(lambda: stream.read(8 * DECODED_CHUNK_BYTES), b""))
@@ -261,16 +297,23 @@ def test_each_decoding_step_is_bounded_and_the_stream_is_whole(codec):
 
 
 @settings(max_examples=100, deadline=None)
-@given(codec=st.sampled_from(["gzip", "bz2", "zstd", "xz"]), data=st.binary(max_size=2000),
-       cut=st.integers(0, 4000), noise=st.binary(max_size=64))
+@given(
+    codec=st.sampled_from(["gzip", "bz2", "zstd", "xz"]),
+    data=st.binary(max_size=2000),
+    cut=st.integers(0, 4000),
+    noise=st.binary(max_size=64),
+)
 def test_any_bytes_decode_to_a_prefix_or_a_break_never_an_error(codec, data, cut, noise):
     """Whole, cut, or followed by garbage: the stream gives bytes of the data and says why it
     stopped, and never raises."""
-    compress = {"gzip": gzip.compress, "bz2": bz2.compress, "zstd": zstd.compress,
-                "xz": lzma.compress}[codec]
+    compress = {
+        "gzip": gzip.compress,
+        "bz2": bz2.compress,
+        "zstd": zstd.compress,
+        "xz": lzma.compress,
+    }[codec]
     whole = compress(data)
-    stream = DecodedStream(io.BytesIO(whole[:cut] + (noise if cut >= len(whole) else b"")),
-                           codec)
+    stream = DecodedStream(io.BytesIO(whole[:cut] + (noise if cut >= len(whole) else b"")), codec)
     got = b"".join(iter(lambda: stream.read(4096), b""))
     assert data.startswith(got) or (noise and got.startswith(data))
     if cut < len(whole) and cut:
@@ -322,8 +365,16 @@ def test_the_trace_reader_refuses_a_fifo_and_skips_an_overlong_line(tmp_path):
         _within(10, lambda: read_trace([str(_fifo(tmp_path, "night.jsonl"))]))
     row = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}
     path = tmp_path / "trace.jsonl.bz2"
-    path.write_bytes(bz2.compress(json.dumps(row).encode() + b"\n" + b"9" * (17 * MiB) + b"\n"
-                                  + json.dumps(row).encode() + b"\n"))
+    path.write_bytes(
+        bz2.compress(
+            json.dumps(row).encode()
+            + b"\n"
+            + b"9" * (17 * MiB)
+            + b"\n"
+            + json.dumps(row).encode()
+            + b"\n"
+        )
+    )
     trace = read_trace([str(path)])
     assert len(trace) == 2 and [m["line"] for m in trace.malformed] == [2]
     assert "over" in trace.malformed[0]["error"]
@@ -340,9 +391,19 @@ def test_a_manifest_that_is_a_fifo_is_ignored_not_waited_on(tmp_path):
 
 def test_a_trace_parquet_page_over_the_bound_is_malformed_not_read(tmp_path):
     path = tmp_path / "trace.parquet"
-    pq.write_table(pa.table({"timestamp": [0], "input_length": [1], "output_length": [1],
-                             "hash_ids": [[0]], "session": ["s" * (17 * MiB)]}), path,
-                   compression="zstd")
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": [0],
+                "input_length": [1],
+                "output_length": [1],
+                "hash_ids": [[0]],
+                "session": ["s" * (17 * MiB)],
+            }
+        ),
+        path,
+        compression="zstd",
+    )
     trace = read_trace([str(path)])
     assert len(trace) == 0 and trace.malformed_count == 1
     assert "page" in trace.malformed[0]["error"]
@@ -355,9 +416,16 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
     alone."""
     bound = 4 * MiB
     path = tmp_path / "bomb.parquet"
-    pq.write_table(pa.table({"timestamp": ["not a time"] * 32,
-                             "prompt": pa.array(["hello " * 650_000] * 32).dictionary_encode()}),
-                   path, compression="zstd")
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": ["not a time"] * 32,
+                "prompt": pa.array(["hello " * 650_000] * 32).dictionary_encode(),
+            }
+        ),
+        path,
+        compression="zstd",
+    )
     assert path.stat().st_size < 4096
     [result] = read_in_child([path], bound)
     assert result["out"] == ["bad_timestamp"] * 32
@@ -367,7 +435,8 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
 
 @pytest.mark.parametrize("column", ["prompt", "messages"])
 def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ceiling(
-        tmp_path, column):
+    tmp_path, column
+):
     """The same entry, its chunk holding a PLAIN page too (pyarrow's writer falls back once its
     dictionary is over 1 MB): read dense, so the rows indexing the dictionary are decoded before
     they are sized; they are read as many at once as the bound holds at their most (one here,
@@ -378,8 +447,12 @@ def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ce
     if column == "messages":
         values = [[{"role": "user", "content": value}] for value in values]
     path = tmp_path / "bomb.parquet"
-    pq.write_table(pa.table({"timestamp": ["not a time"] * (rows + 1), column: values}), path,
-                   compression="zstd", write_batch_size=rows)
+    pq.write_table(
+        pa.table({"timestamp": ["not a time"] * (rows + 1), column: values}),
+        path,
+        compression="zstd",
+        write_batch_size=rows,
+    )
     with parquet_file(str(path), bound) as (raw, parquet):
         group = parquet.metadata.row_group(0)
         chunk = group.column(group.num_columns - 1)  # the prompt, or the messages' content
@@ -393,6 +466,7 @@ def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ce
 def _understated_footer(path: Path, small: int = 100) -> None:
     """Every column chunk's total_uncompressed_size over `small` rewritten as `small` in the
     footer, at the same length (a zero-padded varint, which Thrift reads): a lying footer."""
+
     def varint(value: int, length: int | None = None) -> bytes:
         value, out = value << 1, bytearray()  # zigzag
         while value or not out or (length and len(out) < length):
@@ -417,7 +491,12 @@ def test_a_footer_understating_a_chunk_does_not_skip_its_page_headers(tmp_path):
     path = _parquet_with_a_huge_cell(tmp_path / "logs.parquet", 4 * MiB, 0)
     _understated_footer(path)
     with parquet_file(str(path), MiB) as (raw, parquet):
-        assert max(parquet.metadata.row_group(0).column(i).total_uncompressed_size
-                   for i in range(parquet.metadata.num_columns)) == 100
+        assert (
+            max(
+                parquet.metadata.row_group(0).column(i).total_uncompressed_size
+                for i in range(parquet.metadata.num_columns)
+            )
+            == 100
+        )
         why = oversized_pages(raw, parquet.metadata, 0, MiB)
     assert why and f"ceiling of {PAGE_BOUND_MULTIPLE} x {MiB}" in why

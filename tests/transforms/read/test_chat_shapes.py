@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import OPENAI_TOOL_TURN, SHAPES, shared_path
 
+from helpers import OPENAI_TOOL_TURN, SHAPES, shared_path
 from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 from kvtrace.transforms.read.records import ParseOptions, parse_record
 
@@ -22,13 +22,15 @@ def render(tokenizer_dir, record, **kwargs) -> str:
 def test_shapes_render_with_the_shipped_tokenizers(tokenizer, shape):
     text = render(str(shared_path("tokenizers", tokenizer)), SHAPES[shape])
     assert "Weather in Paris?" in text and "get_weather" in text and "21" in text
-    assert "Paris" in text.split("Weather in Paris?", 1)[1]  # the call's arguments, after the question
+    assert (
+        "Paris" in text.split("Weather in Paris?", 1)[1]
+    )  # the call's arguments, after the question
 
 
 def test_qwen3_renders_arguments_as_vllm_passes_them():
     text = render(str(shared_path("tokenizers", "qwen3")), OPENAI_TOOL_TURN)
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
-    assert "<tool_response>\n{\"temp_c\": 21}\n</tool_response>" in text
+    assert '<tool_response>\n{"temp_c": 21}\n</tool_response>' in text
 
 
 def test_deepseek_r1_gets_the_arguments_as_the_json_string_its_template_concatenates():
@@ -36,12 +38,20 @@ def test_deepseek_r1_gets_the_arguments_as_the_json_string_its_template_concaten
     assert '```json\n{"city": "Paris"}\n```' in text
 
 
-@pytest.mark.parametrize("template", ["Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
-                                      "meta-llama-Llama-3.1-8B-Instruct.jinja",
-                                      "openai-gpt-oss-120b.jinja",
-                                      "deepseek-ai-DeepSeek-V3.1.jinja"])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "Qwen-Qwen2.5-7B-Instruct.jinja",
+        "Qwen-Qwen3-0.6B.jinja",
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "openai-gpt-oss-120b.jinja",
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+    ],
+)
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_shapes_render_with_real_templates(deepseek_tokenizer, template, shape):
     source = shared_path("templates", template).read_text()
-    text = render(deepseek_tokenizer, SHAPES[shape], chat_template=source, date_string="21 Nov 2026")
+    text = render(
+        deepseek_tokenizer, SHAPES[shape], chat_template=source, date_string="21 Nov 2026"
+    )
     assert "Weather in Paris?" in text and "get_weather" in text

@@ -24,46 +24,107 @@ from kvtrace.transforms.read.sources import parse_one
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
 SHAPES = {
     "chat_tools": {
-        "timestamp": 1_700_000_000_000, "session_id": "s", "output_length": 5,
-        "messages": [{"role": "system", "content": "be brief"},
-                     {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                     {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
-                     {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
-        "tools": [{"type": "function", "function": {"name": "f", "description": "d",
-                   "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]},
+        "timestamp": 1_700_000_000_000,
+        "session_id": "s",
+        "output_length": 5,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "description": "d",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                },
+            }
+        ],
+    },
     "responses": {
         "timestamp": "2025-01-01T00:00:00Z",
-        "request": {"input": [{"role": "user", "content": "hi"},
-                              {"type": "function_call", "call_id": "c", "name": "f",
-                               "arguments": "{}"},
-                              {"type": "function_call_output", "call_id": "c", "output": "x"}],
-                    "instructions": "sys"},
-        "response": {"output": [{"type": "message",
-                                 "content": [{"type": "output_text", "text": "yo"}]},
-                                {"type": "function_call", "name": "f", "arguments": "{}"},
-                                {"type": "reasoning", "summary": [{"text": "s"}]}]}},
+        "request": {
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "x"},
+            ],
+            "instructions": "sys",
+        },
+        "response": {
+            "output": [
+                {"type": "message", "content": [{"type": "output_text", "text": "yo"}]},
+                {"type": "function_call", "name": "f", "arguments": "{}"},
+                {"type": "reasoning", "summary": [{"text": "s"}]},
+            ]
+        },
+    },
     "anthropic": {
         "timestamp": 1_700_000_000,
-        "request": {"system": [{"type": "text", "text": "sys"}],
-                    "messages": [{"role": "user", "content": [
+        "request": {
+            "system": [{"type": "text", "text": "sys"}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
                         {"type": "text", "text": "hi"},
-                        {"type": "tool_result", "tool_use_id": "t",
-                         "content": [{"type": "text", "text": "r"}]}]},
-                        {"role": "assistant", "content": [
-                            {"type": "thinking", "thinking": "hm"},
-                            {"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}]}],
-                    "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}]},
-        "response": {"type": "message", "content": [{"type": "text", "text": "ok"},
-                                                    {"type": "tool_use", "name": "f", "input": {}}]}},
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": [{"type": "text", "text": "r"}],
+                        },
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "hm"},
+                        {"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}},
+                    ],
+                },
+            ],
+            "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+        },
+        "response": {
+            "type": "message",
+            "content": [
+                {"type": "text", "text": "ok"},
+                {"type": "tool_use", "name": "f", "input": {}},
+            ],
+        },
+    },
     "streamed": {
-        "timestamp": 1_700_000_000_123, "request": {"messages": [{"role": "user", "content": "hi"}]},
-        "response": [{"created": 1_700_000_000, "choices": [{"delta": {
-            "content": "a", "tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{"}}]}}]},
+        "timestamp": 1_700_000_000_123,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+        "response": [
+            {
+                "created": 1_700_000_000,
+                "choices": [
+                    {
+                        "delta": {
+                            "content": "a",
+                            "tool_calls": [
+                                {"index": 0, "function": {"name": "f", "arguments": "{"}}
+                            ],
+                        }
+                    }
+                ],
+            },
             {"choices": [{"delta": {"content": "b", "reasoning_content": "r"}}]},
-            {"choices": [{"text": "c"}]}]},
-    "completion": {"timestamp": 5, "prompt": "hello world",
-                   "response": {"choices": [{"message": {"content": "a", "tool_calls": [TOOL_CALL]}}],
-                                "usage": {"completion_tokens": 2}}},
+            {"choices": [{"text": "c"}]},
+        ],
+    },
+    "completion": {
+        "timestamp": 5,
+        "prompt": "hello world",
+        "response": {
+            "choices": [{"message": {"content": "a", "tool_calls": [TOOL_CALL]}}],
+            "usage": {"completion_tokens": 2},
+        },
+    },
     "tokens": {"timestamp": 5, "input_ids": [1, 2, 3], "conversation_id": 7, "output": "bye"},
 }
 
@@ -75,15 +136,34 @@ def _nested(depth: int) -> object:
     return value
 
 
-HOSTILE = [None, True, 0, -1, 2**70, 1.5, 1e308, "", "\u202e", [], {}, [1, [2]],
-           {"a": {"b": "c"}}, [{"type": [1]}], {"type": {"x": 1}}, _nested(3000),
-           '{"a":' * 3000 + "1" + "}" * 3000]
+HOSTILE = [
+    None,
+    True,
+    0,
+    -1,
+    2**70,
+    1.5,
+    1e308,
+    "",
+    "\u202e",
+    [],
+    {},
+    [1, [2]],
+    {"a": {"b": "c"}},
+    [{"type": [1]}],
+    {"type": {"x": 1}},
+    _nested(3000),
+    '{"a":' * 3000 + "1" + "}" * 3000,
+]
 
 
 def _paths(value: object, path: tuple = ()) -> Iterator[tuple]:
     yield path
-    children = value.items() if isinstance(value, dict) else (
-        enumerate(value) if isinstance(value, list) else ())
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else (enumerate(value) if isinstance(value, list) else ())
+    )
     for key, child in children:
         yield from _paths(child, path + (key,))
 
@@ -105,9 +185,11 @@ def encoder(request, tiny_tokenizer):
         path = tiny_tokenizer
     else:
         from helpers import shared_path
+
         path = str(shared_path("tokenizers", request.param))
-    return RequestEncoder(load_tokenizer(path), b"\0" * 16,
-                          EncodeOptions(path, SaltSource("random"), block_size=16))
+    return RequestEncoder(
+        load_tokenizer(path), b"\0" * 16, EncodeOptions(path, SaltSource("random"), block_size=16)
+    )
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -137,10 +219,14 @@ def test_every_node_of_every_shape_with_any_value_is_a_request_or_a_dead_letter(
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.integers(min_value=-(1 << 70), max_value=1 << 70) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(min_value=-(1 << 70), max_value=1 << 70)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -153,13 +239,20 @@ def test_a_line_reads_exactly_as_the_standard_parser_reads_it(value, spacing):
 
 
 @settings(max_examples=400, deadline=None)
-@given(value=JSON_VALUES | st.just(float("nan")) | st.just(float("-inf")),
-       spacing=st.sampled_from([None, (",", ":"), (", ", ": ")]), ascii_only=st.booleans(),
-       surrogate=st.booleans())
+@given(
+    value=JSON_VALUES | st.just(float("nan")) | st.just(float("-inf")),
+    spacing=st.sampled_from([None, (",", ":"), (", ", ": ")]),
+    ascii_only=st.booleans(),
+    surrogate=st.booleans(),
+)
 def test_tool_call_arguments_read_exactly_as_the_standard_parser_reads_them(
-        value, spacing, ascii_only, surrogate):
+    value, spacing, ascii_only, surrogate
+):
     """Arguments strings (orjson where it reads the same): the same value and types, NaN and
     infinities, lone surrogates escaped or raw, integers past 64 bits."""
-    text = json.dumps({"a": value, "s": "\ud800" if surrogate else "x"}, separators=spacing,
-                      ensure_ascii=ascii_only)
+    text = json.dumps(
+        {"a": value, "s": "\ud800" if surrogate else "x"},
+        separators=spacing,
+        ensure_ascii=ascii_only,
+    )
     assert repr(loads_checked(text)) == repr(json.loads(text))

@@ -13,8 +13,10 @@ import pytest
 
 from kvtrace.transforms.read.trace_io import HIGHEST, read_trace
 
-GOOD = [{"timestamp": 1000 * i, "input_length": 40, "output_length": 3,
-         "hash_ids": [0, 1, i + 2]} for i in range(6)]
+GOOD = [
+    {"timestamp": 1000 * i, "input_length": 40, "output_length": 3, "hash_ids": [0, 1, i + 2]}
+    for i in range(6)
+]
 
 
 @pytest.mark.parametrize("value, reason", [(-5, "input_length"), (10**18, "timestamp")])
@@ -51,18 +53,26 @@ def test_each_field_is_read_within_the_published_bounds_only(tmp_path, field, lo
         assert all(m["error"].startswith(f"{field} is not") for m in trace.malformed), name
 
 
-@pytest.mark.parametrize("column", [
-    pa.array([10**12] * 3, pa.timestamp("s")),  # past year 9999: Python has no such date
-    pa.array([0] * 3, pa.date32()), pa.array([0] * 3, pa.decimal128(5, 0)),
-    pa.array([0] * 3, pa.duration("ms"))])
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([10**12] * 3, pa.timestamp("s")),  # past year 9999: Python has no such date
+        pa.array([0] * 3, pa.date32()),
+        pa.array([0] * 3, pa.decimal128(5, 0)),
+        pa.array([0] * 3, pa.duration("ms")),
+    ],
+)
 @pytest.mark.parametrize("field", ["timestamp", "input_length", "hash_ids", "session"])
 def test_a_parquet_column_of_a_type_no_field_holds_is_malformed_rows(tmp_path, column, field):
     """Such a column is never converted to Python: its rows are malformed, saying which field;
     an unread column of the same type beside a good trace changes nothing."""
     table = pa.Table.from_pylist(GOOD[:3])
     good = table.append_column("extra", column)
-    table = table.set_column(table.schema.get_field_index(field), field, column) \
-        if field in table.schema.names else table.append_column(field, column)
+    table = (
+        table.set_column(table.schema.get_field_index(field), field, column)
+        if field in table.schema.names
+        else table.append_column(field, column)
+    )
     pq.write_table(table, tmp_path / "bad.parquet")
     pq.write_table(good, tmp_path / "good.parquet")
     trace = read_trace([str(tmp_path / "bad.parquet")])
@@ -72,9 +82,14 @@ def test_a_parquet_column_of_a_type_no_field_holds_is_malformed_rows(tmp_path, c
 
 
 def test_large_lists_and_strings_as_other_writers_use_are_read(tmp_path):
-    table = pa.table({"timestamp": [0, 1], "input_length": [40, 40],
-                      "hash_ids": pa.array([[0, 1], [0, 2]], pa.large_list(pa.int64())),
-                      "session_id": pa.array(["a", "b"], pa.large_string())})
+    table = pa.table(
+        {
+            "timestamp": [0, 1],
+            "input_length": [40, 40],
+            "hash_ids": pa.array([[0, 1], [0, 2]], pa.large_list(pa.int64())),
+            "session_id": pa.array(["a", "b"], pa.large_string()),
+        }
+    )
     pq.write_table(table, tmp_path / "t.parquet")
     trace = read_trace([str(tmp_path / "t.parquet")])
     assert (len(trace), trace.session.tolist(), trace.ids.tolist()) == (2, ["a", "b"], [0, 1, 0, 2])

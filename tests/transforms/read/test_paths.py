@@ -27,8 +27,13 @@ def test_one_file_by_many_names_is_read_once_under_its_first_name(tmp_path, monk
     (tmp_path / "link.jsonl").symlink_to(path)
     os.link(path, tmp_path / "hard.jsonl")
     monkeypatch.chdir(tmp_path)
-    names = ["in.jsonl", f"{tmp_path}/./in.jsonl", str(tmp_path / "*.jsonl"), "link.jsonl",
-             "./in.jsonl"]
+    names = [
+        "in.jsonl",
+        f"{tmp_path}/./in.jsonl",
+        str(tmp_path / "*.jsonl"),
+        "link.jsonl",
+        "./in.jsonl",
+    ]
     with caplog.at_level(logging.WARNING, "kvtrace"):
         once = expand_inputs(names)
     assert once == ["./in.jsonl"]  # the least of its names, in sorted order
@@ -40,7 +45,9 @@ def test_distinct_files_are_all_kept(tmp_path):
     for name in ("a.jsonl", "b.jsonl"):
         (tmp_path / name).write_text("{}\n")
     assert expand_inputs([str(tmp_path / "*.jsonl"), str(tmp_path / "a.jsonl")]) == [
-        str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+        str(tmp_path / "a.jsonl"),
+        str(tmp_path / "b.jsonl"),
+    ]
 
 
 @pytest.mark.parametrize("path", ["/proc/self/status", "/dev/null"])
@@ -59,9 +66,17 @@ def test_a_parquet_read_takes_only_its_columns_and_reports_rows_over_the_bound(t
     dictionary page within the page ceiling) is reported by its number, never decoded; a
     column not asked for is not read, whatever it holds."""
     path = tmp_path / "trace.parquet"
-    pq.write_table(pa.table({"n": list(range(6)),
-                             "s": ["a", "b", "x" * 5000, "c", "d", "e"],
-                             "junk": [b"y" * 50_000] * 6}), path, row_group_size=4)
+    pq.write_table(
+        pa.table(
+            {
+                "n": list(range(6)),
+                "s": ["a", "b", "x" * 5000, "c", "d", "e"],
+                "junk": [b"y" * 50_000] * 6,
+            }
+        ),
+        path,
+        row_group_size=4,
+    )
     table, numbers, oversized = read_parquet_within(str(path), 4000, ("n", "s"))
     assert table.column_names == ["n", "s"]
     assert table["n"].to_pylist() == [0, 1, 3, 4, 5]
@@ -74,8 +89,13 @@ def test_a_dictionary_column_is_read_as_one_its_entries_shared_by_every_row(tmp_
     once, not once per row; row groups read dense (no dictionary) join it as one column."""
     path = tmp_path / "bomb.parquet"
     entry = "x" * 200_000
-    pq.write_table(pa.table({"s": [entry] * 50 + [None]}), path,
-                   dictionary_pagesize_limit=1 << 20, compression="zstd", row_group_size=30)
+    pq.write_table(
+        pa.table({"s": [entry] * 50 + [None]}),
+        path,
+        dictionary_pagesize_limit=1 << 20,
+        compression="zstd",
+        row_group_size=30,
+    )
     table = read_parquet_within(str(path), 1 << 20, ("s",)).table
     assert pa.types.is_dictionary(table["s"].type)
     values = python_values(table["s"])
@@ -88,8 +108,7 @@ def test_a_dictionary_column_is_read_as_one_its_entries_shared_by_every_row(tmp_
 
 def test_a_parquet_page_over_the_bound_in_an_unread_column_does_not_refuse_the_file(tmp_path):
     path = tmp_path / "wide.parquet"
-    pq.write_table(pa.table({"n": [1, 2], "junk": ["z" * 100_000] * 2}), path,
-                   use_dictionary=False)
+    pq.write_table(pa.table({"n": [1, 2], "junk": ["z" * 100_000] * 2}), path, use_dictionary=False)
     assert read_parquet_within(str(path), 1000, ("n",)).table["n"].to_pylist() == [1, 2]
     with pytest.raises(ValueError, match="junk"):
         read_parquet_within(str(path), 1000, ("n", "junk"))

@@ -33,16 +33,19 @@ from kvtrace.transforms.read.trace_inputs import (
 )
 from kvtrace.transforms.read.trace_io import _read_file, _Tally, read_trace
 
-ROWS = [{"timestamp": 1000 * i, "input_length": 8, "output_length": 1, "hash_ids": [0, i]}
-        for i in range(5)]
+ROWS = [
+    {"timestamp": 1000 * i, "input_length": 8, "output_length": 1, "hash_ids": [0, i]}
+    for i in range(5)
+]
 
 
 def _jsonl(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def published(folder: Path, shards: list[list[dict]], exported: int | None = None,
-              block_size: int = 4) -> Path:
+def published(
+    folder: Path, shards: list[list[dict]], exported: int | None = None, block_size: int = 4
+) -> Path:
     """A folder as kvtrace publishes it: JSONL and Parquet twins, stats.json, a manifest
     listing them."""
     folder.mkdir()
@@ -52,10 +55,17 @@ def published(folder: Path, shards: list[list[dict]], exported: int | None = Non
         pq.write_table(pa.Table.from_pylist(rows), folder / f"{name}.parquet")
     (folder / "stats.json").write_text(json.dumps({"rows": sum(map(len, shards))}))
     sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
-    (folder / "manifest.json").write_text(json.dumps({
-        "format": "mooncake-trace", "block_size": block_size, "files": sorted(sha256),
-        "sha256": sha256,
-        "records": {"exported": sum(map(len, shards)) if exported is None else exported}}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "mooncake-trace",
+                "block_size": block_size,
+                "files": sorted(sha256),
+                "sha256": sha256,
+                "records": {"exported": sum(map(len, shards)) if exported is None else exported},
+            }
+        )
+    )
     return folder
 
 
@@ -69,18 +79,24 @@ def test_a_whole_folder_is_read(tmp_path):
     assert len(_read(str(folder / "trace-*.parquet"))) == 5  # either twin, each checked
 
 
-@pytest.mark.parametrize("cut", [
-    lambda rows: rows[:-1],                       # whole lines dropped
-    lambda rows: rows[:-1] + [{**rows[-1], "input_length": 9}],  # one number changed
-    lambda rows: [],                              # emptied
-])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        lambda rows: rows[:-1],  # whole lines dropped
+        lambda rows: rows[:-1] + [{**rows[-1], "input_length": 9}],  # one number changed
+        lambda rows: [],  # emptied
+    ],
+)
 def test_a_shard_that_is_not_the_published_one_is_refused(tmp_path, cut):
     folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
     (folder / "trace-00001-of-00002.jsonl").write_bytes(_jsonl(cut(ROWS[2:])))
     for argument in (folder, folder / "trace-*.jsonl", folder / "trace-00001-of-00002.jsonl"):
-        with pytest.raises(NotWholeOutput, match=r"out is not a whole kvtrace output: "
-                           r"trace-00001-of-00002\.jsonl differs from its manifest "
-                           r"\(copied partly\?\)$"):
+        with pytest.raises(
+            NotWholeOutput,
+            match=r"out is not a whole kvtrace output: "
+            r"trace-00001-of-00002\.jsonl differs from its manifest "
+            r"\(copied partly\?\)$",
+        ):
             _read(str(argument))
 
 
@@ -112,8 +128,9 @@ def test_a_trace_file_the_manifest_does_not_list_is_refused(tmp_path, name):
             _read(str(folder / name))
 
 
-@pytest.mark.parametrize("manifest", [b"{", b"[]", b'{"block_size": 4}',
-                                      b'{"format": "mooncake-trace", "sha256": {}}'])
+@pytest.mark.parametrize(
+    "manifest", [b"{", b"[]", b'{"block_size": 4}', b'{"format": "mooncake-trace", "sha256": {}}']
+)
 def test_a_manifest_kvtrace_would_not_write_is_refused(tmp_path, manifest):
     folder = published(tmp_path / "out", [ROWS])
     (folder / "manifest.json").write_bytes(manifest)
@@ -151,17 +168,25 @@ def test_the_tally_counts_lines_as_count_lines_does(tmp_path):
         assert tally.lines == count_lines(str(path)) and tally.sha256() is None
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.one_of(
-    st.binary(max_size=64),
-    JSON.map(lambda v: json.dumps(v).encode()),
-    st.fixed_dictionaries({"format": st.just("mooncake-trace"), "sha256": JSON,
-                           "records": JSON}).map(lambda v: json.dumps(v).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=64),
+        JSON.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries(
+            {"format": st.just("mooncake-trace"), "sha256": JSON, "records": JSON}
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
 def test_any_manifest_is_read_or_refused_in_one_line(tmp_path_factory, manifest):
     folder = tmp_path_factory.mktemp("out")
     (folder / "manifest.json").write_bytes(manifest)
@@ -179,13 +204,15 @@ def test_a_folder_is_read_by_its_own_name_not_as_a_glob(tmp_path):
 
 
 @pytest.mark.parametrize("lost", ["manifest.json", "trace-00001-of-00002.jsonl"])
-@pytest.mark.parametrize("spelling", ["trace-*.jsonl", "trace-*.parquet",
-                                      "trace-00000-of-00002.jsonl"])
+@pytest.mark.parametrize(
+    "spelling", ["trace-*.jsonl", "trace-*.parquet", "trace-00000-of-00002.jsonl"]
+)
 def test_a_shard_read_however_named_makes_its_folder_read_whole(tmp_path, lost, spelling):
     folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
     (folder / lost).unlink()
-    with pytest.raises(NotWholeOutput, match=f"{'its ' if lost == 'manifest.json' else ''}"
-                                             f"{lost} is missing"):
+    with pytest.raises(
+        NotWholeOutput, match=f"{'its ' if lost == 'manifest.json' else ''}{lost} is missing"
+    ):
         _read(str(folder / spelling))
 
 
@@ -261,8 +288,12 @@ DAMAGE = st.sampled_from(["unlink", "cut", "grow", "none"])
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 5), DAMAGE, st.integers(0, 10_000),
-       st.sampled_from(["", "trace-*.jsonl", "trace-*.parquet", "trace-00001-of-00002.jsonl"]))
+@given(
+    st.integers(0, 5),
+    DAMAGE,
+    st.integers(0, 10_000),
+    st.sampled_from(["", "trace-*.jsonl", "trace-*.parquet", "trace-00001-of-00002.jsonl"]),
+)
 def test_a_damaged_copy_is_refused_or_read_whole(tmp_path_factory, victim, damage, cut, spelling):
     """Whatever one file of a published folder (6: manifest, stats, 2 twins of 2 shards) loses or
     gains, and however the folder is named, a reader refuses it in one line or reads exactly
@@ -316,12 +347,18 @@ def test_traces_read_together_are_read_at_the_one_block_size_they_declare(tmp_pa
     assert declared_block_size(trace_files([str(plain)])) is None  # the command's default
     assert declared_block_size(trace_files([str(plain)]), 16) == 16
     assert declared_block_size(trace_files([str(four), str(plain)]), 4) == 4
-    with pytest.raises(ConfigError, match=r"four/manifest.json declares block size 4, .*eight/"
-                                          r"manifest.json declares 8: read them apart$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"four/manifest.json declares block size 4, .*eight/"
+        r"manifest.json declares 8: read them apart$",
+    ):
         declared_block_size(trace_files([str(four), str(eight)]))
-    with pytest.raises(ConfigError, match=r"eight/manifest.json declares block size 8, .*plain"
-                                          r".jsonl declares none: read them apart, or give "
-                                          r"--block-size 8$"):  # never read at the default
+    with pytest.raises(
+        ConfigError,
+        match=r"eight/manifest.json declares block size 8, .*plain"
+        r".jsonl declares none: read them apart, or give "
+        r"--block-size 8$",
+    ):  # never read at the default
         declared_block_size(trace_files([str(plain), str(eight)]))
     with pytest.raises(ConfigError, match=r"--block-size 4, but .*eight/manifest.json declares 8"):
         declared_block_size(trace_files([str(four), str(eight)]), 4)
@@ -338,13 +375,22 @@ def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
     _swap(out, staged)
     assert read_trace(pickle.loads(sent)).input_length.tolist() == [8, 8]
     elsewhere = subprocess.run(
-        [sys.executable, "-c", "import pickle, sys\n"
-         "from kvtrace.transforms.read.trace_io import read_trace\n"
-         "read_trace(pickle.loads(sys.stdin.buffer.read()))"],
-        input=sent, capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+        [
+            sys.executable,
+            "-c",
+            "import pickle, sys\n"
+            "from kvtrace.transforms.read.trace_io import read_trace\n"
+            "read_trace(pickle.loads(sys.stdin.buffer.read()))",
+        ],
+        input=sent,
+        capture_output=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert elsewhere.returncode != 0
-    assert b"trace-00000-of-00001.jsonl differs from its manifest (copied partly?)" in \
-        elsewhere.stderr
+    assert (
+        b"trace-00000-of-00001.jsonl differs from its manifest (copied partly?)" in elsewhere.stderr
+    )
 
 
 def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
@@ -361,16 +407,25 @@ def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
         assert os.readlink(f"/proc/self/fd/{descriptor}") != str(folder)
 
 
-@pytest.mark.parametrize("name", ["trace-00000-of-00001.jsonl", "trace-00001-of-00003.jsonl",
-                                  "trace-00000-of-00003.jsonl", "trace-00000-of-00002.parquet"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "trace-00000-of-00001.jsonl",
+        "trace-00001-of-00003.jsonl",
+        "trace-00000-of-00003.jsonl",
+        "trace-00000-of-00002.parquet",
+    ],
+)
 def test_a_shard_without_its_manifest_is_refused_whatever_its_name_says(tmp_path, name):
     """A one-shard night copied halfway is still trace-00000-of-00001: only a manifest proves
     a shard whole, so a shard with none is refused however it is named, or read directly."""
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / name).write_bytes(_jsonl(ROWS[:3]) if name.endswith(".jsonl") else b"")
-    why = f"copy is not a whole kvtrace output: its manifest.json is missing, and only it " \
-          f"proves {name} whole"
+    why = (
+        f"copy is not a whole kvtrace output: its manifest.json is missing, and only it "
+        f"proves {name} whole"
+    )
     for argument in (copy, copy / name, copy / "*"):
         with pytest.raises(NotWholeOutput, match=why):
             trace_files([str(argument)])
@@ -380,8 +435,17 @@ def test_a_shard_without_its_manifest_is_refused_whatever_its_name_says(tmp_path
     assert len(_read(str(copy / "night.jsonl"))) == (3 if name.endswith(".jsonl") else 0)
 
 
-SPELLINGS = ["out", "./out", "{abs}", "alias", "out/", "out/trace-*.jsonl", "out/trace-*",
-             "./out/trace-00001-of-00002.parquet", "alias/trace-00000-of-00002.jsonl"]
+SPELLINGS = [
+    "out",
+    "./out",
+    "{abs}",
+    "alias",
+    "out/",
+    "out/trace-*.jsonl",
+    "out/trace-*",
+    "./out/trace-00001-of-00002.parquet",
+    "alias/trace-00000-of-00002.jsonl",
+]
 
 
 @pytest.mark.parametrize("second", SPELLINGS)
@@ -396,14 +460,24 @@ def test_an_output_named_twice_is_read_once(tmp_path, monkeypatch, caplog, secon
         assert "read once as out/trace-0000" in caplog.text
 
 
-FILES = ["manifest.json", "stats.json", "trace-00000-of-00002.jsonl",
-         "trace-00000-of-00002.parquet", "trace-00001-of-00002.jsonl",
-         "trace-00001-of-00002.parquet"]
+FILES = [
+    "manifest.json",
+    "stats.json",
+    "trace-00000-of-00002.jsonl",
+    "trace-00000-of-00002.parquet",
+    "trace-00001-of-00002.jsonl",
+    "trace-00001-of-00002.parquet",
+]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from(["", "./", "{abs}/"])),
-                min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(FILES), st.sampled_from(["", "./", "{abs}/"])),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_any_files_of_an_output_named_are_its_rows_once_or_refused(tmp_path_factory, named):
     """However often and however spelled its files are named: all of them (a glob of the
     folder) read the folder; shards alone, each shard's rows once (one twin or the other); the
@@ -419,9 +493,10 @@ def test_any_files_of_an_output_named_are_its_rows_once_or_refused(tmp_path_fact
         assert "\n" not in str(err) and "not a trace: name the folder, or its shards" in str(err)
         assert names & {"manifest.json", "stats.json"} and names != set(FILES)
         return
-    shards = {name[:len("trace-00000-of-00002")] for name in names if name.startswith("trace")}
+    shards = {name[: len("trace-00000-of-00002")] for name in names if name.startswith("trace")}
     assert len(trace) == 2 * ("trace-00000-of-00002" in shards) + 3 * (
-        "trace-00001-of-00002" in shards)
+        "trace-00001-of-00002" in shards
+    )
     assert names == set(FILES) or not names & {"manifest.json", "stats.json"}
 
 

@@ -44,10 +44,15 @@ def test_prompt_and_tokens_shapes():
 
 
 def test_openai_envelope():
-    request = parse({
-        "request": {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
-        "response": {"created": 1700000000, "usage": {"completion_tokens": 42}},
-    })
+    request = parse(
+        {
+            "request": {
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "response": {"created": 1700000000, "usage": {"completion_tokens": 42}},
+        }
+    )
     assert request.kind == "chat" and request.tools and request.output_length == 42
     assert request.timestamp_ms == 1_700_000_000_000
 
@@ -57,7 +62,10 @@ def test_output_length_sources_in_order():
     assert parse(both).output_text == "text" and parse(both).output_length is None
     assert parse({"messages": USER, "output_length": 3, **TS}).output_length == 3
     response = {"choices": [{"message": {"content": "answer", "reasoning_content": "think"}}]}
-    assert parse({"request": {"messages": USER}, "response": response, **TS}).output_text == "thinkanswer"
+    assert (
+        parse({"request": {"messages": USER}, "response": response, **TS}).output_text
+        == "thinkanswer"
+    )
     assert parse({"messages": USER, **TS}).defaulted == ("output_length",)
 
 
@@ -66,9 +74,12 @@ def test_output_counts_tool_calls_and_streamed_chunks():
     response = {"choices": [{"message": {"content": None, "tool_calls": [call]}}]}
     text = parse({"request": {"messages": USER}, "response": response, **TS}).output_text
     assert text == 'get_weather{"city": "Paris"}'
-    chunks = [{"choices": [{"delta": {"reasoning_content": "hm"}}]},
-              {"choices": [{"delta": {"content": "Hel"}}]},
-              {"choices": [{"delta": {"content": "lo"}}]}, {"choices": []}]
+    chunks = [
+        {"choices": [{"delta": {"reasoning_content": "hm"}}]},
+        {"choices": [{"delta": {"content": "Hel"}}]},
+        {"choices": [{"delta": {"content": "lo"}}]},
+        {"choices": []},
+    ]
     assert parse({"request": {"messages": USER}, "response": chunks, **TS}).output_text == "hmHello"
     with_usage = [*chunks, {"choices": [], "usage": {"completion_tokens": 9}}]
     assert parse({"request": {"messages": USER}, "response": with_usage, **TS}).output_length == 9
@@ -77,91 +88,176 @@ def test_output_counts_tool_calls_and_streamed_chunks():
 def test_openai_tool_calling_history_is_normalized_as_vllm_does():
     messages = [
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "20C"},
         {"role": "assistant", "tool_calls": []},
     ]
     got = parse({"messages": messages, **TS}).messages
-    assert got[1] == {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function",
-         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    assert got[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
     assert got[2] == {"role": "tool", "content": "20C", "tool_call_id": "c1"}
     assert got[3] == {"role": "assistant", "content": ""}
 
 
 def test_anthropic_messages_become_openai_messages():
-    record = {**TS, "system": [{"type": "text", "text": "be brief"}], "messages": [
-        {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "look it up"},
-            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "20C"}]},
-    ], "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+    record = {
+        **TS,
+        "system": [{"type": "text", "text": "be brief"}],
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "look it up"},
+                    {
+                        "type": "tool_use",
+                        "id": "t1",
+                        "name": "get_weather",
+                        "input": {"city": "Paris"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "20C"}],
+            },
+        ],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+    }
     request = parse(record)
     assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "tool"]
     assert request.messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert request.messages[2]["reasoning_content"] == "look it up"
-    assert request.tools == [{"type": "function", "function": {
-        "name": "get_weather", "description": None, "parameters": {"type": "object"}}}]
+    assert request.tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": None,
+                "parameters": {"type": "object"},
+            },
+        }
+    ]
 
 
 def test_tools_are_normalized_as_vllms_request_model_dumps_them():
-    tools = [{"function": {"parameters": {"type": "object"}, "strict": True, "name": "f"},
-              "type": "function"},
-             {"type": "function", "function": {"name": "g"}, "x-note": 1}]
+    tools = [
+        {
+            "function": {"parameters": {"type": "object"}, "strict": True, "name": "f"},
+            "type": "function",
+        },
+        {"type": "function", "function": {"name": "g"}, "x-note": 1},
+    ]
     served = parse({**TS, "messages": USER, "tools": tools}).tools
     assert served == [
-        {"type": "function", "function": {"name": "f", "description": None,
-                                          "parameters": {"type": "object"}, "strict": True}},
-        {"type": "function", "function": {"name": "g", "description": None, "parameters": None},
-         "x-note": 1}]
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "description": None,
+                "parameters": {"type": "object"},
+                "strict": True,
+            },
+        },
+        {
+            "type": "function",
+            "function": {"name": "g", "description": None, "parameters": None},
+            "x-note": 1,
+        },
+    ]
     assert list(served[0]["function"]) == ["name", "description", "parameters", "strict"]
 
 
 def test_responses_api_items():
-    record = {**TS, "instructions": "sys", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
-        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "20C"},
-    ]}
+    record = {
+        **TS,
+        "instructions": "sys",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "20C"},
+        ],
+    }
     messages = parse(record).messages
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[3]["tool_call_id"] == "c1"
 
 
 def test_parallel_function_call_items_are_one_assistant_message_each_as_vllm_makes_them():
-    calls = [{"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
-              "arguments": json.dumps({"city": city})} for i, city in enumerate(["Oslo", "Rome"])]
-    outputs = [{"type": "function_call_output", "call_id": f"c{i}", "output": "20C"}
-               for i in range(2)]
-    messages = parse({**TS, "input": [{"role": "user", "content": "both?"}, *calls,
-                                      *outputs]}).messages
+    calls = [
+        {
+            "type": "function_call",
+            "call_id": f"c{i}",
+            "name": "get_weather",
+            "arguments": json.dumps({"city": city}),
+        }
+        for i, city in enumerate(["Oslo", "Rome"])
+    ]
+    outputs = [
+        {"type": "function_call_output", "call_id": f"c{i}", "output": "20C"} for i in range(2)
+    ]
+    messages = parse(
+        {**TS, "input": [{"role": "user", "content": "both?"}, *calls, *outputs]}
+    ).messages
     assert [m["role"] for m in messages] == ["user", "assistant", "assistant", "tool", "tool"]
     assert [m["tool_calls"][0]["function"]["arguments"] for m in messages[1:3]] == [
-        {"city": "Oslo"}, {"city": "Rome"}]
+        {"city": "Oslo"},
+        {"city": "Rome"},
+    ]
 
 
 def test_non_text_parts_are_dead_letters_unless_dropped():
-    image = {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "x"}}]}], **TS}
+    image = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this"},
+                    {"type": "image_url", "image_url": {"url": "x"}},
+                ],
+            }
+        ],
+        **TS,
+    }
     assert reason(image) == "non_text_content"
     assert parse(image, drop_non_text_parts=True).messages[0]["content"] == "what is this"
 
 
-@pytest.mark.parametrize("value, unit, expected", [
-    (1_700_000_000, "auto", 1_700_000_000_000),  # epoch seconds
-    (1_700_000_000.5, "auto", 1_700_000_000_500),
-    (1_700_000_000_123, "auto", 1_700_000_000_123),  # ms
-    (1_700_000_000_123_456, "auto", 1_700_000_000_123),  # us
-    (1_700_000_000_123_456_789, "auto", 1_700_000_000_123),  # ns
-    (1500.7, "auto", 1500),  # small: relative ms
-    (1500, "s", 1_500_000),
-    ("2001-09-09T01:46:40.5Z", "auto", 1_000_000_000_500),
-    ("2025-01-01T01:00:00+01:00", "auto", 1_735_689_600_000),
-    ("2025-01-01 00:00:00", "auto", 1_735_689_600_000),
-])
+@pytest.mark.parametrize(
+    "value, unit, expected",
+    [
+        (1_700_000_000, "auto", 1_700_000_000_000),  # epoch seconds
+        (1_700_000_000.5, "auto", 1_700_000_000_500),
+        (1_700_000_000_123, "auto", 1_700_000_000_123),  # ms
+        (1_700_000_000_123_456, "auto", 1_700_000_000_123),  # us
+        (1_700_000_000_123_456_789, "auto", 1_700_000_000_123),  # ns
+        (1500.7, "auto", 1500),  # small: relative ms
+        (1500, "s", 1_500_000),
+        ("2001-09-09T01:46:40.5Z", "auto", 1_000_000_000_500),
+        ("2025-01-01T01:00:00+01:00", "auto", 1_735_689_600_000),
+        ("2025-01-01 00:00:00", "auto", 1_735_689_600_000),
+    ],
+)
 def test_timestamp_units(value, unit, expected):
     assert timestamp_ms(value, unit) == expected
 
@@ -192,14 +288,26 @@ def test_oversized_record_is_rejected_before_decoding():
         (b"[1, 2]", "not_an_object"),
         (b"\xff\xfe{}", "invalid_utf8"),
         (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
-        ({"x": json.loads("[" * (MAX_NESTING_DEPTH + 1) + "]" * (MAX_NESTING_DEPTH + 1)), **TS}, "too_deep"),
+        (
+            {"x": json.loads("[" * (MAX_NESTING_DEPTH + 1) + "]" * (MAX_NESTING_DEPTH + 1)), **TS},
+            "too_deep",
+        ),
         (b'{"prompt": "a\\ud800b", "timestamp": 1}', "invalid_unicode"),
-        (b'{"messages": [{"role": "user", "content": "\\udfff"}], "timestamp": 1}', "invalid_unicode"),
+        (
+            b'{"messages": [{"role": "user", "content": "\\udfff"}], "timestamp": 1}',
+            "invalid_unicode",
+        ),
         (b'{"prompt": "p", "session_id": "\\ud83d", "timestamp": 1}', "invalid_unicode"),
         (b'{"prompt": "p", "timestamp": 1, "\\ud800": 1}', "invalid_unicode"),
-        (b'{"prompt": "p", "timestamp": 1, "output_length": 99999999999999999999999}', "out_of_range"),
+        (
+            b'{"prompt": "p", "timestamp": 1, "output_length": 99999999999999999999999}',
+            "out_of_range",
+        ),
         (b'{"prompt": "p", "timestamp": 99999999999999999999999999}', "implausible_timestamp"),
-        (b'{"prompt": "p", "timestamp": 9223372036854775808}', "implausible_timestamp"),  # > int64 ns
+        (
+            b'{"prompt": "p", "timestamp": 9223372036854775808}',
+            "implausible_timestamp",
+        ),  # > int64 ns
         (b'{"prompt": "p", "timestamp": 1e308}', "implausible_timestamp"),
         (b'{"prompt": "p", "timestamp": 1e400}', "bad_timestamp"),
         (b'{"prompt": "p", "timestamp": "9999-12-31T23:00:00-05:00"}', "implausible_timestamp"),
@@ -217,8 +325,14 @@ def test_oversized_record_is_rejected_before_decoding():
         ({"messages": [{"role": "wizard", "content": "x"}], **TS}, "invalid_request"),
         ({"messages": [{"role": "user", "content": 5}], **TS}, "wrong_type"),
         ({"messages": [{"role": "user"}], **TS}, "invalid_request"),
-        ({"messages": [{"role": "user", "content": [{"type": "hologram"}]}], **TS}, "unsupported_content"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"type": "x"}]}], **TS}, "invalid_request"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "hologram"}]}], **TS},
+            "unsupported_content",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"type": "x"}]}], **TS},
+            "invalid_request",
+        ),
         ({"messages": USER, "tools": "f", **TS}, "wrong_type"),
         ({"prompt": "", **TS}, "no_input"),
         ({"prompt": 5, **TS}, "wrong_type"),
@@ -240,11 +354,17 @@ def test_bad_records_are_rejected_with_a_reason(record, expected):
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=30,
 )
-VALID = {"timestamp": 1_700_000_000_000, "session_id": "s", "output_length": 5,
-         "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
+VALID = {
+    "timestamp": 1_700_000_000_000,
+    "session_id": "s",
+    "output_length": 5,
+    "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+}
 
 
 @settings(max_examples=300, deadline=None)
@@ -258,9 +378,18 @@ def test_arbitrary_json_is_parsed_or_rejected_never_crashes(value):
 
 
 def _mutations():
-    paths = [("timestamp",), ("session_id",), ("output_length",), ("messages",), ("messages", 0),
-             ("messages", 1, "content"), ("messages", 1, "role")]
-    return st.tuples(st.sampled_from(paths), JSON | st.sampled_from(["\ud800", 2**70, -1, 1e308, None]))
+    paths = [
+        ("timestamp",),
+        ("session_id",),
+        ("output_length",),
+        ("messages",),
+        ("messages", 0),
+        ("messages", 1, "content"),
+        ("messages", 1, "role"),
+    ]
+    return st.tuples(
+        st.sampled_from(paths), JSON | st.sampled_from(["\ud800", 2**70, -1, 1e308, None])
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -286,14 +415,26 @@ def test_mutated_valid_records_are_parsed_or_rejected_never_crash(mutation):
 
 
 def test_an_anthropic_system_list_is_joined_as_vllm_joins_it():
-    record = {**TS, "system": [{"type": "text", "text": "You are brief. "},
-                               {"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
-                               {"type": "text", "text": ""}, {"type": "text", "text": "Be kind."}],
-              "messages": [{"role": "user", "content": "hi"},
-                           {"role": "assistant", "content": [
-                               {"type": "thinking", "thinking": "a"},
-                               {"type": "thinking", "thinking": "b"},
-                               {"type": "text", "text": "ok"}]}]}
+    record = {
+        **TS,
+        "system": [
+            {"type": "text", "text": "You are brief. "},
+            {"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
+            {"type": "text", "text": ""},
+            {"type": "text", "text": "Be kind."},
+        ],
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "a"},
+                    {"type": "thinking", "thinking": "b"},
+                    {"type": "text", "text": "ok"},
+                ],
+            },
+        ],
+    }
     messages = parse(record).messages
     assert messages[0] == {"role": "system", "content": "You are brief. Be kind."}
     assert messages[2]["reasoning_content"] == "ab"
@@ -302,23 +443,39 @@ def test_an_anthropic_system_list_is_joined_as_vllm_joins_it():
 def test_a_system_or_developer_message_the_template_leaves_out_is_marked():
     from kvtrace.transforms.encode.encode_requests import MESSAGE_NOT_RENDERED, unrendered
 
-    request = parse({**TS, "messages": [{"role": "developer", "content": "Answer in French."},
-                                        {"role": "user", "content": "hi"}]})
+    request = parse(
+        {
+            **TS,
+            "messages": [
+                {"role": "developer", "content": "Answer in French."},
+                {"role": "user", "content": "hi"},
+            ],
+        }
+    )
     assert MESSAGE_NOT_RENDERED in unrendered(request, "<user>hi</user>").defaulted
     kept = unrendered(request, "<dev>Answer in French.</dev><user>hi</user>")
     assert MESSAGE_NOT_RENDERED not in kept.defaulted
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["list", "dict"]), st.integers(0, 2)),
-                min_size=1, max_size=MAX_NESTING_DEPTH + 6),
-       st.sampled_from(["", "x", 1, None]))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["list", "dict"]), st.integers(0, 2)),
+        min_size=1,
+        max_size=MAX_NESTING_DEPTH + 6,
+    ),
+    st.sampled_from(["", "x", 1, None]),
+)
 def test_the_depth_check_rejects_exactly_what_the_full_walk_rejects(shape, leaf):
     """check_tree without strings (the orjson path) walks containers a level at a time; it must
     reject exactly the values the full walk rejects as too deep."""
     value: object = leaf
     for kind, siblings in shape:  # innermost first; siblings are shallow neighbours
-        value = [value, *[[]] * siblings] if kind == "list" else {"k": value, **{f"s{i}": {} for i in range(siblings)}}
+        value = (
+            [value, *[[]] * siblings]
+            if kind == "list"
+            else {"k": value, **{f"s{i}": {} for i in range(siblings)}}
+        )
 
     def verdict(check_strings: bool) -> str:
         try:

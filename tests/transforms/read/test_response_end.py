@@ -15,16 +15,19 @@ from kvtrace.transforms.read.response_end import response_ms
 ARRIVAL = 1_700_000_000_000  # epoch ms
 
 
-@pytest.mark.parametrize("record, expected", [
-    ({"end_timestamp": ARRIVAL + 2_500}, 2_500),
-    ({"end_time": "2023-11-14T22:13:22.500Z"}, 2_500),  # ARRIVAL is 22:13:20.000Z
-    ({"latency_ms": 840}, 840),
-    ({"e2e_latency_ms": 12.9}, 12),
-    ({"response_time": 1.25}, 1_250),  # a bare name is seconds
-    ({"latency_s": 3}, 3_000),
-    ({"total_time_ms": 0}, 0),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"end_timestamp": ARRIVAL + 2_500}, 2_500),
+        ({"end_time": "2023-11-14T22:13:22.500Z"}, 2_500),  # ARRIVAL is 22:13:20.000Z
+        ({"latency_ms": 840}, 840),
+        ({"e2e_latency_ms": 12.9}, 12),
+        ({"response_time": 1.25}, 1_250),  # a bare name is seconds
+        ({"latency_s": 3}, 3_000),
+        ({"total_time_ms": 0}, 0),
+        ({}, None),
+    ],
+)
 def test_each_way_logs_give_the_end(record, expected):
     assert response_ms(record, record, None, ARRIVAL) == expected
 
@@ -36,8 +39,11 @@ def test_the_responses_api_completed_at_is_whole_seconds_and_may_floor_below_the
 
 
 def test_streamed_chunks_end_at_the_last_chunk_that_says_when():
-    chunks = [{"received_at": ARRIVAL + 90, "choices": []},
-              {"received_at": ARRIVAL + 1_400, "choices": []}, {"choices": []}]
+    chunks = [
+        {"received_at": ARRIVAL + 90, "choices": []},
+        {"received_at": ARRIVAL + 1_400, "choices": []},
+        {"choices": []},
+    ]
     assert response_ms({}, {}, chunks, ARRIVAL) == 1_400
 
 
@@ -46,15 +52,18 @@ def test_an_end_time_wins_over_a_duration_and_both_over_chunks():
     assert response_ms(record, record, [{"timestamp": ARRIVAL + 5}], ARRIVAL) == 10
 
 
-@pytest.mark.parametrize("record, reason", [
-    ({"end_timestamp": ARRIVAL - 1}, "response_before_request"),
-    ({"latency_ms": -5}, "out_of_range"),
-    ({"latency_ms": float("nan")}, "out_of_range"),
-    ({"latency": 1e12}, "out_of_range"),
-    ({"latency_ms": "fast"}, "wrong_type"),
-    ({"latency_ms": True}, "wrong_type"),
-    ({"end_time": "yesterday"}, "bad_timestamp"),
-])
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        ({"end_timestamp": ARRIVAL - 1}, "response_before_request"),
+        ({"latency_ms": -5}, "out_of_range"),
+        ({"latency_ms": float("nan")}, "out_of_range"),
+        ({"latency": 1e12}, "out_of_range"),
+        ({"latency_ms": "fast"}, "wrong_type"),
+        ({"latency_ms": True}, "wrong_type"),
+        ({"end_time": "yesterday"}, "bad_timestamp"),
+    ],
+)
 def test_damaged_ends_are_dead_letters_with_a_reason(record, reason):
     with pytest.raises(Rejected) as caught:
         response_ms(record, record, None, ARRIVAL)
@@ -68,16 +77,31 @@ def test_a_parsed_record_carries_it():
     assert parse_record(line, "f").response_ms is None
 
 
-VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-                          st.text(max_size=5), inner, max_size=3), max_leaves=8)
-NAMES = st.sampled_from(["end_timestamp", "end_time", "completed_at", "latency_ms", "latency",
-                         "duration_s", "timestamp", "received_at"])
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+NAMES = st.sampled_from(
+    [
+        "end_timestamp",
+        "end_time",
+        "completed_at",
+        "latency_ms",
+        "latency",
+        "duration_s",
+        "timestamp",
+        "received_at",
+    ]
+)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(NAMES, VALUES, max_size=3), st.lists(st.dictionaries(NAMES, VALUES),
-                                                            max_size=3))
+@given(
+    st.dictionaries(NAMES, VALUES, max_size=3), st.lists(st.dictionaries(NAMES, VALUES), max_size=3)
+)
 def test_any_value_gives_an_end_or_a_dead_letter(record, chunks):
     try:
         elapsed = response_ms(record, record, chunks, ARRIVAL)

@@ -22,116 +22,237 @@ NAME = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
 ARGUMENTS = st.dictionaries(NAME, st.integers(0, 9) | TEXT, max_size=2).map(json.dumps)
 TIMESTAMP = st.integers(1_700_000_000_000, 1_800_000_000_000)
 # Fields no reader looks at and the engine takes any value of (sampling parameters, metadata).
-IGNORED = st.fixed_dictionaries({}, optional={"model": NAME, "temperature": st.floats(0, 2),
-                                               "metadata": st.dictionaries(NAME, TEXT, max_size=2)})
+IGNORED = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": NAME,
+        "temperature": st.floats(0, 2),
+        "metadata": st.dictionaries(NAME, TEXT, max_size=2),
+    },
+)
 
 
 def _tool_call(draw) -> dict:
-    return {"id": draw(NAME), "type": "function",
-            "function": {"name": draw(NAME), "arguments": draw(ARGUMENTS)}}
+    return {
+        "id": draw(NAME),
+        "type": "function",
+        "function": {"name": draw(NAME), "arguments": draw(ARGUMENTS)},
+    }
 
 
 @st.composite
 def openai_records(draw) -> dict:
-    content = draw(TEXT | st.lists(st.builds(lambda t: {"type": "text", "text": t}, TEXT),
-                                   min_size=1, max_size=2))
+    content = draw(
+        TEXT
+        | st.lists(st.builds(lambda t: {"type": "text", "text": t}, TEXT), min_size=1, max_size=2)
+    )
     messages = [{"role": "system", "content": draw(TEXT)}, {"role": "user", "content": content}]
     if draw(st.booleans()):
         call = _tool_call(draw)
-        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": call["id"], "content": draw(TEXT)}]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": draw(TEXT)},
+        ]
     message = {"role": "assistant", "content": draw(TEXT), "tool_calls": [_tool_call(draw)]}
     response = draw(st.sampled_from(["message", "chunks", "usage"]))
     if response == "message":
         response = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
     elif response == "chunks":
-        response = [{"choices": [{"index": 0, "delta": {"content": draw(TEXT)}}]},
-                    {"choices": [{"index": 0, "delta": {"reasoning_content": draw(TEXT)}}]}]
+        response = [
+            {"choices": [{"index": 0, "delta": {"content": draw(TEXT)}}]},
+            {"choices": [{"index": 0, "delta": {"reasoning_content": draw(TEXT)}}]},
+        ]
     else:
-        response = {"choices": [], "usage": {"prompt_tokens": 3,
-                                             "completion_tokens": draw(st.integers(0, 99))}}
-    tools = [{"type": "function", "function": {"name": draw(NAME), "description": draw(TEXT),
-                                               "parameters": {"type": "object"}}}]
-    return {"timestamp": draw(TIMESTAMP), "session_id": draw(NAME),
-            "request": {"messages": messages, "tools": tools, **draw(IGNORED)},
-            "response": response}
+        response = {
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": draw(st.integers(0, 99))},
+        }
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": draw(NAME),
+                "description": draw(TEXT),
+                "parameters": {"type": "object"},
+            },
+        }
+    ]
+    return {
+        "timestamp": draw(TIMESTAMP),
+        "session_id": draw(NAME),
+        "request": {"messages": messages, "tools": tools, **draw(IGNORED)},
+        "response": response,
+    }
 
 
 @st.composite
 def responses_records(draw) -> dict:
-    return {"timestamp": draw(TIMESTAMP), "instructions": draw(TEXT), "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": draw(TEXT)}]},
-        {"type": "function_call", "call_id": "c", "name": draw(NAME), "arguments": draw(ARGUMENTS)},
-        {"type": "function_call_output", "call_id": "c", "output": draw(TEXT)}],
+    return {
+        "timestamp": draw(TIMESTAMP),
+        "instructions": draw(TEXT),
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": draw(TEXT)}]},
+            {
+                "type": "function_call",
+                "call_id": "c",
+                "name": draw(NAME),
+                "arguments": draw(ARGUMENTS),
+            },
+            {"type": "function_call_output", "call_id": "c", "output": draw(TEXT)},
+        ],
         "tools": [{"type": "function", "name": draw(NAME), "parameters": {"type": "object"}}],
-        "response": {"output": [
-            {"type": "message", "content": [{"type": "output_text", "text": draw(TEXT)}]},
-            {"type": "function_call", "name": draw(NAME), "arguments": draw(ARGUMENTS)},
-            {"type": "reasoning", "summary": [{"type": "summary_text", "text": draw(TEXT)}]}]},
-        **draw(IGNORED)}
+        "response": {
+            "output": [
+                {"type": "message", "content": [{"type": "output_text", "text": draw(TEXT)}]},
+                {"type": "function_call", "name": draw(NAME), "arguments": draw(ARGUMENTS)},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": draw(TEXT)}]},
+            ]
+        },
+        **draw(IGNORED),
+    }
 
 
 @st.composite
 def anthropic_records(draw) -> dict:
-    return {"timestamp": draw(TIMESTAMP), "conversation_id": draw(st.integers(0, 99)),
-            "request": {"system": [{"type": "text", "text": draw(TEXT)}], "messages": [
+    return {
+        "timestamp": draw(TIMESTAMP),
+        "conversation_id": draw(st.integers(0, 99)),
+        "request": {
+            "system": [{"type": "text", "text": draw(TEXT)}],
+            "messages": [
                 {"role": "user", "content": [{"type": "text", "text": draw(TEXT)}]},
-                {"role": "assistant", "content": [
-                    {"type": "thinking", "thinking": draw(TEXT)},
-                    {"type": "tool_use", "id": "t", "name": draw(NAME), "input": {}}]},
-                {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "t",
-                     "content": [{"type": "text", "text": draw(TEXT)}]}]}],
-                "tools": [{"name": draw(NAME), "input_schema": {}}], **draw(IGNORED)},
-            "response": {"type": "message", "content": [{"type": "text", "text": draw(TEXT)}]}}
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": draw(TEXT)},
+                        {"type": "tool_use", "id": "t", "name": draw(NAME), "input": {}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": [{"type": "text", "text": draw(TEXT)}],
+                        }
+                    ],
+                },
+            ],
+            "tools": [{"name": draw(NAME), "input_schema": {}}],
+            **draw(IGNORED),
+        },
+        "response": {"type": "message", "content": [{"type": "text", "text": draw(TEXT)}]},
+    }
 
 
 @st.composite
 def prompt_and_token_records(draw) -> dict:
-    body = draw(st.sampled_from([{"prompt": draw(TEXT)},
-                                 {"input_ids": draw(st.lists(st.integers(0, 99), min_size=1))}]))
-    output = draw(st.sampled_from([{"output": draw(TEXT)},
-                                   {"output_length": draw(st.integers(0, 99))}]))
-    return {"timestamp": draw(TIMESTAMP | st.just("2025-01-01T00:00:00Z")), **body, **output,
-            **draw(IGNORED)}
+    body = draw(
+        st.sampled_from(
+            [{"prompt": draw(TEXT)}, {"input_ids": draw(st.lists(st.integers(0, 99), min_size=1))}]
+        )
+    )
+    output = draw(
+        st.sampled_from([{"output": draw(TEXT)}, {"output_length": draw(st.integers(0, 99))}])
+    )
+    return {
+        "timestamp": draw(TIMESTAMP | st.just("2025-01-01T00:00:00Z")),
+        **body,
+        **output,
+        **draw(IGNORED),
+    }
 
 
 RECORDS = openai_records() | responses_records() | anthropic_records() | prompt_and_token_records()
 
 # One value of each JSON type.
-VALUES = {"null": None, "boolean": True, "number": 7, "string": "x", "array": ["x"],
-          "object": {"x": 1}}
+VALUES = {
+    "null": None,
+    "boolean": True,
+    "number": 7,
+    "string": "x",
+    "array": ["x"],
+    "object": {"x": 1},
+}
 # Where the engine truly takes more than one JSON type (vLLM's request models: Optional fields
 # take null; content is a string or a list of parts, a part a string or an object; a streamed
 # delta may leave out any field), by field name, a response's prefixed. Any other accepted
 # replacement must leave the parse exactly as before (a field nobody reads).
 ACCEPTED = {
-    "content": {"string", "array", "null"}, "content[]": {"string", "object"},
-    "system": {"string", "array", "null"}, "input": {"string", "array"},
-    "output": {"string", "array"}, "timestamp": {"number", "string"},
-    "session_id": {"string", "number", "null"}, "conversation_id": {"string", "number", "null"},
-    **dict.fromkeys(["tools", "tool_calls", "name", "description", "parameters", "instructions",
-                     "reasoning", "reasoning_content", "tool_call_id"], {"null"}),
+    "content": {"string", "array", "null"},
+    "content[]": {"string", "object"},
+    "system": {"string", "array", "null"},
+    "input": {"string", "array"},
+    "output": {"string", "array"},
+    "timestamp": {"number", "string"},
+    "session_id": {"string", "number", "null"},
+    "conversation_id": {"string", "number", "null"},
+    **dict.fromkeys(
+        [
+            "tools",
+            "tool_calls",
+            "name",
+            "description",
+            "parameters",
+            "instructions",
+            "reasoning",
+            "reasoning_content",
+            "tool_call_id",
+        ],
+        {"null"},
+    ),
     "response": {"object", "array", "null"},
-    **dict.fromkeys([f"response.{name}" for name in (
-        "content", "tool_calls", "function", "name", "arguments", "id", "type", "index", "role",
-        "reasoning", "reasoning_content", "text", "finish_reason", "usage", "choices", "message",
-        "delta", "completion_tokens", "prompt_tokens", "output", "summary")], {"null"}),
+    **dict.fromkeys(
+        [
+            f"response.{name}"
+            for name in (
+                "content",
+                "tool_calls",
+                "function",
+                "name",
+                "arguments",
+                "id",
+                "type",
+                "index",
+                "role",
+                "reasoning",
+                "reasoning_content",
+                "text",
+                "finish_reason",
+                "usage",
+                "choices",
+                "message",
+                "delta",
+                "completion_tokens",
+                "prompt_tokens",
+                "output",
+                "summary",
+            )
+        ],
+        {"null"},
+    ),
 }
 # Objects the engine takes whole, as free-form JSON (a tool's JSON schema).
 FREE_FORM = {"parameters", "input_schema", "metadata"}
 
 
 def json_type(value: object) -> str:
-    return next(name for name, sample in VALUES.items()
-                if type(sample) is type(value) or (name == "number" and type(value) is float))
+    return next(
+        name
+        for name, sample in VALUES.items()
+        if type(sample) is type(value) or (name == "number" and type(value) is float)
+    )
 
 
 def paths(value: object, path: tuple = ()) -> Iterator[tuple]:
     if path:
         yield path
-    children = value.items() if isinstance(value, dict) else (
-        enumerate(value) if isinstance(value, list) else ())
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else (enumerate(value) if isinstance(value, list) else ())
+    )
     for key, child in children:
         yield from paths(child, path + (key,))
 
@@ -183,31 +304,81 @@ def test_a_field_of_another_type_anywhere_is_a_dead_letter_naming_it(record):
             except Rejected as err:
                 named = path[-1] if isinstance(path[-1], str) else dotted(path)
                 assert dotted(path) in err.message or (
-                    err.reason != "wrong_type" and named in err.message), (path, err.message)
+                    err.reason != "wrong_type" and named in err.message
+                ), (path, err.message)
                 continue
             if after != before:
                 assert kind in ACCEPTED.get(field_name(path), ()), (path, kind)
 
 
-@pytest.mark.parametrize("record, where", [
-    ({"messages": [{"role": "user", "content": "hi"}], "timestamp": 1,
-      "response": {"choices": [{"message": {"content": 5}}]}},
-     "response.choices[0].message.content"),
-    ({"messages": [{"role": "user", "content": "hi"}], "timestamp": 1,
-      "response": {"choices": [{"message": {"tool_calls": 3}}]}},
-     "response.choices[0].message.tool_calls"),
-    ({"messages": [{"role": "user", "content": "hi"}], "timestamp": 1,
-      "tools": [{"type": "function", "function": {"name": {"a": 1}}}]}, "tools[0].function.name"),
-    ({"request": {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}]},
-      "timestamp": 1}, "request.messages[0].tool_calls[0].function.arguments"),
-    ({"input": [{"type": "function_call", "name": 5, "arguments": "{}", "call_id": "c"}],
-      "timestamp": 1}, "input[0].name"),
-    ({"messages": [{"role": "user", "content": "hi"}], "timestamp": 1,
-      "response": [{"choices": [{"delta": {"content": "a"}}]}, {"choices": [{"delta": {
-          "tool_calls": [{"function": {"arguments": 5}}]}}]}]},
-     "response[1].choices[0].delta.tool_calls[0].function.arguments"),
-])
+@pytest.mark.parametrize(
+    "record, where",
+    [
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "timestamp": 1,
+                "response": {"choices": [{"message": {"content": 5}}]},
+            },
+            "response.choices[0].message.content",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "timestamp": 1,
+                "response": {"choices": [{"message": {"tool_calls": 3}}]},
+            },
+            "response.choices[0].message.tool_calls",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "timestamp": 1,
+                "tools": [{"type": "function", "function": {"name": {"a": 1}}}],
+            },
+            "tools[0].function.name",
+        ),
+        (
+            {
+                "request": {
+                    "messages": [
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "c",
+                                    "type": "function",
+                                    "function": {"name": "f", "arguments": {"a": 1}},
+                                }
+                            ],
+                        }
+                    ]
+                },
+                "timestamp": 1,
+            },
+            "request.messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            {
+                "input": [{"type": "function_call", "name": 5, "arguments": "{}", "call_id": "c"}],
+                "timestamp": 1,
+            },
+            "input[0].name",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "timestamp": 1,
+                "response": [
+                    {"choices": [{"delta": {"content": "a"}}]},
+                    {"choices": [{"delta": {"tool_calls": [{"function": {"arguments": 5}}]}}]},
+                ],
+            },
+            "response[1].choices[0].delta.tool_calls[0].function.arguments",
+        ),
+    ],
+)
 def test_values_the_engine_refuses_are_dead_letters_naming_the_field(record, where):
     with pytest.raises(Rejected) as caught:
         parse(record)
@@ -216,6 +387,8 @@ def test_values_the_engine_refuses_are_dead_letters_naming_the_field(record, whe
 
 def test_content_as_a_string_or_as_its_text_part_parses_alike():
     as_string = {"timestamp": 1, "messages": [{"role": "user", "content": "hi"}]}
-    as_part = {"timestamp": 1, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "hi"}]}]}
+    as_part = {
+        "timestamp": 1,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    }
     assert parse(as_string) == parse(as_part)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
-import lzma
 import json
+import lzma
 import os
 import zlib
 
@@ -31,8 +31,11 @@ LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=40),
-       st.integers(1, 64), st.booleans())
+@given(
+    st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=40),
+    st.integers(1, 64),
+    st.booleans(),
+)
 def test_every_line_is_read_once_however_the_file_is_split(lines, split, final_newline):
     data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
     read = []
@@ -85,7 +88,8 @@ def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
         read = pipeline | ReadRecords(files, max_record_bytes)
         assert_that(read.records, check_records)
         letters = read[DEAD_LETTER_TAG] | "Letters" >> beam.Map(
-            lambda d: (d.reason, d.source, d.message, d.lost_bytes))
+            lambda d: (d.reason, d.source, d.message, d.lost_bytes)
+        )
         assert_that(letters, check_letters, label="CheckLetters")
 
 
@@ -98,11 +102,16 @@ def test_read_records_in_a_test_pipeline(tmp_path):
         assert_that(read[DEAD_LETTER_TAG], equal_to([]), label="NoDeadLetters")
 
 
-CODECS = [(".gz", gzip.compress, lambda: zlib.decompressobj(31)),
-          (".zst", zstandard.ZstdCompressor().compress,
-           lambda: zstandard.ZstdDecompressor().decompressobj()),
-          (".bz2", bz2.compress, bz2.BZ2Decompressor),
-          (".xz", lzma.compress, lzma.LZMADecompressor)]
+CODECS = [
+    (".gz", gzip.compress, lambda: zlib.decompressobj(31)),
+    (
+        ".zst",
+        zstandard.ZstdCompressor().compress,
+        lambda: zstandard.ZstdDecompressor().decompressobj(),
+    ),
+    (".bz2", bz2.compress, bz2.BZ2Decompressor),
+    (".xz", lzma.compress, lzma.LZMADecompressor),
+]
 
 
 def _decodable_prefix(data: bytes, decoder) -> bytes:
@@ -116,21 +125,25 @@ def _decodable_prefix(data: bytes, decoder) -> bytes:
 def test_a_truncated_compressed_file_gives_every_complete_record_and_its_cut_tail(
     tmp_path, suffix, compress, decoder, records
 ):
-    many = [json.dumps({"timestamp": i, "prompt": f"p{i * 7919 % 10007}"}).encode()
-            for i in range(records)]
+    many = [
+        json.dumps({"timestamp": i, "prompt": f"p{i * 7919 % 10007}"}).encode()
+        for i in range(records)
+    ]
     whole = compress(b"\n".join(many) + b"\n")
     cut = whole[: len(whole) * 2 // 3]
     path = tmp_path / f"logs.jsonl{suffix}"
     path.write_bytes(cut)
     prefix = _decodable_prefix(cut, decoder)
     complete = prefix.count(b"\n")
-    tail = prefix[prefix.rfind(b"\n") + 1:]
+    tail = prefix[prefix.rfind(b"\n") + 1 :]
 
     def check_records(read):
         assert [line for _, line in read] == many[:complete]  # every whole record, none made up
 
     def check_letters(letters):
-        assert [(reason, source) for reason, source, _, _ in letters] == [("damaged_file", str(path))]
+        assert [(reason, source) for reason, source, _, _ in letters] == [
+            ("damaged_file", str(path))
+        ]
         assert f"breaks off at byte {len(prefix) - len(tail)}" in letters[0][2]
         assert letters[0][3] == len(tail)  # the cut record's bytes are the loss
 
@@ -173,45 +186,67 @@ def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
     def check_letters(letters):
         assert [(r, s) for r, s, _, _ in letters] == [("damaged_file", str(broken))]
 
-    check_read([good, broken], lambda records: len(records) == 100 or pytest.fail(len(records)),
-               check_letters)
+    check_read(
+        [good, broken],
+        lambda records: len(records) == 100 or pytest.fail(len(records)),
+        check_letters,
+    )
 
 
 def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_path):
     """A timestamp Arrow holds but Python's datetime cannot (year ~33,658): that row is a
     dead letter numbered and saying why; every other row, in its batch and after, is read."""
     stamps = [1_764_000_000 + i for i in range(200)]
-    stamps[70] = 10 ** 12
+    stamps[70] = 10**12
     path = tmp_path / "stamps.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array(stamps, pa.timestamp("s")),
-                             "prompt": [f"p{i}" for i in range(200)]}), path, row_group_size=100)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(stamps, pa.timestamp("s")),
+                "prompt": [f"p{i}" for i in range(200)],
+            }
+        ),
+        path,
+        row_group_size=100,
+    )
     read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
     letters = [item for item in read if isinstance(item, DeadLetter)]
     assert [(d.reason, d.message[:7]) for d in letters] == [("malformed_record", "row 70 ")]
     assert "OverflowError" in letters[0].message
     assert [item[1]["prompt"] for item in read if isinstance(item, tuple)] == [
-        f"p{i}" for i in range(200) if i != 70]
+        f"p{i}" for i in range(200) if i != 70
+    ]
 
 
 def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
     """Newer Arrow writers keep string_view in the file; dictionary chunks cast to plain
     strings only, so the rows are read through the plain twin of the file's schema."""
     path = tmp_path / "views.parquet"
-    pq.write_table(pa.table({"timestamp": pa.array(range(4), pa.int64()),
-                             "prompt": pa.array(["hello"] * 4, pa.string_view()),
-                             "tags": pa.array([["a"]] * 4, pa.list_view(pa.string_view()))}),
-                   path)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(range(4), pa.int64()),
+                "prompt": pa.array(["hello"] * 4, pa.string_view()),
+                "tags": pa.array([["a"]] * 4, pa.list_view(pa.string_view())),
+            }
+        ),
+        path,
+    )
     read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
-    assert [row for _, row in read] == [{"timestamp": i, "prompt": "hello", "tags": ["a"]}
-                                        for i in range(4)]
+    assert [row for _, row in read] == [
+        {"timestamp": i, "prompt": "hello", "tags": ["a"]} for i in range(4)
+    ]
 
 
 @pytest.mark.parametrize("padding, whole", [(4, True), (8, True), (3, False), (5, False)])
 def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
     """.xz lets NUL bytes, a multiple of 4, follow a stream (xz -dc reads past them); any other
     count is damage."""
-    streams = lzma.compress(b"\n".join(LINES[:2]) + b"\n") + bytes(padding) + lzma.compress(
-        b"\n".join(LINES[2:4]) + b"\n")
+    streams = (
+        lzma.compress(b"\n".join(LINES[:2]) + b"\n")
+        + bytes(padding)
+        + lzma.compress(b"\n".join(LINES[2:4]) + b"\n")
+    )
     path = tmp_path / "logs.jsonl.xz"
     path.write_bytes(streams)
     read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
@@ -222,23 +257,37 @@ def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
 
 def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
     path = tmp_path / "big.jsonl"
-    path.write_bytes(LINES[0] + b"\n" + b'{"prompt": "' + b"y" * 10_000 + b'"}\n' + LINES[1] + b"\n")
+    path.write_bytes(
+        LINES[0] + b"\n" + b'{"prompt": "' + b"y" * 10_000 + b'"}\n' + LINES[1] + b"\n"
+    )
 
     def check_letters(letters):
         assert [reason for reason, _, _, _ in letters] == ["too_large"]
 
-    check_read([path], equal_to([(str(path), line) for line in LINES[:2]]), check_letters,
-               max_record_bytes=2048)
+    check_read(
+        [path],
+        equal_to([(str(path), line) for line in LINES[:2]]),
+        check_letters,
+        max_record_bytes=2048,
+    )
 
 
 def test_parse_records_in_a_test_pipeline():
     good = b'{"timestamp": 5, "prompt": "p"}'
     with TestPipeline() as pipeline:
-        parsed = (pipeline | beam.Create([("s", good), ("s", b"junk"), ("s", {"timestamp": 1})])
-                  | beam.ParDo(ParseRecords(ParseOptions())).with_outputs(DEAD_LETTER_TAG, main="ok"))
-        assert_that(parsed.ok | beam.Map(lambda r: (r.prompt, r.timestamp_ms)), equal_to([("p", 5)]))
-        assert_that(parsed[DEAD_LETTER_TAG] | "Reasons" >> beam.Map(lambda d: d.reason),
-                    equal_to(["invalid_json", "no_input"]), label="Rejected")
+        parsed = (
+            pipeline
+            | beam.Create([("s", good), ("s", b"junk"), ("s", {"timestamp": 1})])
+            | beam.ParDo(ParseRecords(ParseOptions())).with_outputs(DEAD_LETTER_TAG, main="ok")
+        )
+        assert_that(
+            parsed.ok | beam.Map(lambda r: (r.prompt, r.timestamp_ms)), equal_to([("p", 5)])
+        )
+        assert_that(
+            parsed[DEAD_LETTER_TAG] | "Reasons" >> beam.Map(lambda d: d.reason),
+            equal_to(["invalid_json", "no_input"]),
+            label="Rejected",
+        )
 
 
 def test_file_range_of_compressed_and_parquet_files_is_whole():
@@ -255,15 +304,20 @@ def test_a_file_whose_name_is_not_utf8_is_read_on_beam_and_named_as_a_letter_nam
     with open(name, "wb") as handle:
         handle.write(LINES[0] + b"\n" + b"x" * 100 + b"\n")
     shown = str(tmp_path) + "/in\\xff.jsonl"
-    local = [item for piece in file_ranges(name, os.path.getsize(name))
-             for item in read_range(piece, 64)]
+    local = [
+        item for piece in file_ranges(name, os.path.getsize(name)) for item in read_range(piece, 64)
+    ]
     assert isinstance(local[1], DeadLetter) and local[1].to_line().startswith(
-        json.dumps({"source": shown}).encode()[:-1])
+        json.dumps({"source": shown}).encode()[:-1]
+    )
     with TestPipeline() as pipeline:
         read = pipeline | ReadRecords([(name, os.path.getsize(name))], 64)
         assert_that(read.records, equal_to([(shown, LINES[0])]))
-        assert_that(read[DEAD_LETTER_TAG] | beam.Map(DeadLetter.to_line),
-                    equal_to([local[1].to_line()]), label="SameLetter")
+        assert_that(
+            read[DEAD_LETTER_TAG] | beam.Map(DeadLetter.to_line),
+            equal_to([local[1].to_line()]),
+            label="SameLetter",
+        )
 
 
 def test_parquet_rows_are_numbered_across_row_groups_as_the_groups_go_by(tmp_path):
@@ -272,8 +326,12 @@ def test_parquet_rows_are_numbered_across_row_groups_as_the_groups_go_by(tmp_pat
     bound = 4096
     prompts = ["a", "b", "c", "z" * (3 * bound), "e", "f"]
     path = tmp_path / "logs.parquet"
-    pq.write_table(pa.table({"timestamp": list(range(6)), "prompt": prompts}), path,
-                   row_group_size=2, use_dictionary=False)
+    pq.write_table(
+        pa.table({"timestamp": list(range(6)), "prompt": prompts}),
+        path,
+        row_group_size=2,
+        use_dictionary=False,
+    )
     out = list(read_range(FileRange(str(path), 0, None), bound))
     letters = [item.message for item in out if isinstance(item, DeadLetter)]
     assert len(out) == 6 and [m.split(" not ")[0] for m in letters] == ["row 2", "row 3"]

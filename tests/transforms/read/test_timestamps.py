@@ -26,10 +26,22 @@ def plausible(timestamps: list[int], ts: int) -> bool:
 
 
 @settings(max_examples=100, deadline=None)
-@given(night=st.lists(st.integers(0, 3 * DAY_MS), min_size=2, max_size=40),
-       strays=st.lists(st.sampled_from([5, 250, RESET, RESET + 7 * DAY_MS,
-                                        NIGHT_START - (MAX_GAP_DAYS + 2) * DAY_MS,
-                                        NIGHT_START + 400 * DAY_MS]), max_size=1))
+@given(
+    night=st.lists(st.integers(0, 3 * DAY_MS), min_size=2, max_size=40),
+    strays=st.lists(
+        st.sampled_from(
+            [
+                5,
+                250,
+                RESET,
+                RESET + 7 * DAY_MS,
+                NIGHT_START - (MAX_GAP_DAYS + 2) * DAY_MS,
+                NIGHT_START + 400 * DAY_MS,
+            ]
+        ),
+        max_size=1,
+    ),
+)
 def test_a_night_keeps_its_own_requests_and_nothing_years_away(night, strays):
     night = [NIGHT_START + offset for offset in night]
     everything = night + strays
@@ -49,14 +61,17 @@ def test_the_run_with_most_requests_wins_and_the_later_on_a_tie():
     assert plausible_days({}) == (0, -1)  # an empty input: no day is plausible
 
 
-@pytest.mark.parametrize("text", [
-    "２０２５-01-01T00:00:00Z",  # fullwidth digits
-    "2025-01-0١T00:00:00Z",  # an Arabic-Indic one
-    "2025-01-01T00:00:00+0١:00",
-    "2025-01-01T00:00:00+1_00",
-    "2025-01-01T00:00:00++100",
-    "2025-01-01T0_:00:00Z",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "２０２５-01-01T00:00:00Z",  # fullwidth digits
+        "2025-01-0١T00:00:00Z",  # an Arabic-Indic one
+        "2025-01-01T00:00:00+0١:00",
+        "2025-01-01T00:00:00+1_00",
+        "2025-01-01T00:00:00++100",
+        "2025-01-01T0_:00:00Z",
+    ],
+)
 def test_only_ascii_digits_parse(text):
     with pytest.raises(Rejected) as caught:
         timestamp_ms(text)
@@ -71,4 +86,4 @@ def test_any_non_ascii_digit_in_a_valid_timestamp_is_refused(position, digit):
     at = digits[position % len(digits)]
     assert timestamp_ms(text) == 1_749_983_445_123
     with pytest.raises(Rejected):
-        timestamp_ms(text[:at] + digit + text[at + 1:])
+        timestamp_ms(text[:at] + digit + text[at + 1 :])

@@ -12,9 +12,16 @@ def test_rows_read_one_by_one_keep_only_their_trace_fields():
     """Each row may carry any other field (here 50,000 empty lists, ~3 MB of Python objects):
     memory follows one row's parse, not the file's rows."""
     junk = json.dumps([[]] * 50_000)
-    lines = ((number, (f'{{"timestamp": {number}, "input_length": 4, "output_length": 1, '
-                       f'"hash_ids": [{number}], "session_id": "s", "junk": {junk}}}').encode())
-             for number in range(1, 11))
+    lines = (
+        (
+            number,
+            (
+                f'{{"timestamp": {number}, "input_length": 4, "output_length": 1, '
+                f'"hash_ids": [{number}], "session_id": "s", "junk": {junk}}}'
+            ).encode(),
+        )
+        for number in range(1, 11)
+    )
     tracemalloc.start()
     columns = _columns_from_rows(lines, "trace.jsonl")
     peak = tracemalloc.get_traced_memory()[1]

@@ -18,11 +18,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.replay.export import export
 from kvtrace.transforms.replay.forms import NO_TURN, deltas, recut_blocks, turns
-from kvtrace.transforms.write.replayers import (
-    CONSUMERS,
-    SGLANG_TOKENS_PER_ID,
-    replay_commands,
-)
+from kvtrace.transforms.write.replayers import CONSUMERS, SGLANG_TOKENS_PER_ID, replay_commands
 
 
 def trace_of(tmp_path: Path, rows: list[dict]):
@@ -68,9 +64,16 @@ def test_the_delta_export_names_a_restarted_conversation_apart(tmp_path):
     exported = export(trace_of(tmp_path, CHAT), CONSUMERS["dynamo-delta"], 4)
     rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
     assert [(r.get("session_id"), r.get("delay")) for r in rows] == [
-        ("7", None), (None, None), ("7", 700), ("7~1", None)]
+        ("7", None),
+        (None, None),
+        ("7", 700),
+        ("7~1", None),
+    ]
     assert (exported.follow_up_turns, exported.without_response_end, exported.restarted) == (
-        1, 0, 1)
+        1,
+        0,
+        1,
+    )
 
 
 def test_the_turns_export_keeps_whole_prompts_and_counts_unknown_ends(tmp_path):
@@ -81,17 +84,29 @@ def test_the_turns_export_keeps_whole_prompts_and_counts_unknown_ends(tmp_path):
     assert exported.without_response_end == 1  # turn 3's previous turn logged no end
 
 
-@pytest.mark.parametrize("block_size, new_size, expected", [
-    (16, 128, [[0], [0, 1], [2, 3]]),  # 8 blocks to an id; the 150-token row shares the first 128
-    (512, 128, [[0, 1, 2, 3], [0, 1, 2, 3, 4], [5, 6]]),  # a block to 4 ids
-])
+@pytest.mark.parametrize(
+    "block_size, new_size, expected",
+    [
+        (
+            16,
+            128,
+            [[0], [0, 1], [2, 3]],
+        ),  # 8 blocks to an id; the 150-token row shares the first 128
+        (512, 128, [[0, 1, 2, 3], [0, 1, 2, 3, 4], [5, 6]]),  # a block to 4 ids
+    ],
+)
 def test_blocks_recut_keep_shared_prefixes(tmp_path, block_size, new_size, expected):
     tokens = [128, 150, 200] if block_size == 16 else [512, 600, 200]
+
     def ids(n, first):
         return list(range(first, first + math.ceil(n / block_size)))
+
     shared = ids(tokens[1], 0)
-    rows = [row(0, tokens[0], 1, shared[: math.ceil(tokens[0] / block_size)]),
-            row(1, tokens[1], 1, shared), row(2, tokens[2], 1, ids(tokens[2], 100))]
+    rows = [
+        row(0, tokens[0], 1, shared[: math.ceil(tokens[0] / block_size)]),
+        row(1, tokens[1], 1, shared),
+        row(2, tokens[2], 1, ids(tokens[2], 100)),
+    ]
     offsets, new = recut_blocks(trace_of(tmp_path, rows), block_size, new_size)
     assert [new[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == expected
 
@@ -120,9 +135,16 @@ def test_recut_ids_are_equal_exactly_where_the_prompts_are(tmp_path_factory, pat
         # a partial last block is its own content: key it by its length too
         chain[-1] = ids_of.setdefault((tuple(path), length % block_size), len(ids_of))
         rows.append(row(0, length, 1, chain))
-        tokens.append([(tuple(path[: t // block_size + 1]),
-                        length if t // block_size == len(path) - 1 else None, t % block_size)
-                       for t in range(length)])
+        tokens.append(
+            [
+                (
+                    tuple(path[: t // block_size + 1]),
+                    length if t // block_size == len(path) - 1 else None,
+                    t % block_size,
+                )
+                for t in range(length)
+            ]
+        )
     trace = trace_of(tmp_path_factory.mktemp("t"), rows)
     offsets, new = recut_blocks(trace, block_size, new_size)
     cut = [new[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
@@ -157,8 +179,10 @@ def test_sglang_gets_an_id_per_128_tokens(tmp_path):
     rows = [row(0, 1000, 5, list(range(63))), row(1, 300, 5, list(range(19)))]
     exported = export(trace_of(tmp_path, rows), CONSUMERS["sglang"], 16)
     out = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
-    assert [len(r["hash_ids"]) for r in out] == [math.ceil(1000 / SGLANG_TOKENS_PER_ID),
-                                                  math.ceil(300 / SGLANG_TOKENS_PER_ID)]
+    assert [len(r["hash_ids"]) for r in out] == [
+        math.ceil(1000 / SGLANG_TOKENS_PER_ID),
+        math.ceil(300 / SGLANG_TOKENS_PER_ID),
+    ]
     assert out[0]["hash_ids"][:2] == out[1]["hash_ids"][:2]  # the first 256 tokens are shared
 
 
@@ -175,7 +199,11 @@ def test_aiperf_follow_ups_carry_no_timestamp_so_it_waits_their_delay(tmp_path):
     exported = export(trace_of(tmp_path, CHAT), CONSUMERS["aiperf-sessions"], 4)
     rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
     assert [("timestamp" in r, r.get("delay")) for r in rows] == [
-        (True, None), (True, None), (False, 700), (True, None)]
+        (True, None),
+        (True, None),
+        (False, 700),
+        (True, None),
+    ]
 
 
 @pytest.mark.parametrize("to", ["dynamo", "dynamo-delta", "aiperf-sessions"])

@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from helpers import shared_path, write_jsonl
 
+from helpers import shared_path, write_jsonl
 from kvtrace.commands.analyze_text import compatible_table
 from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
@@ -26,7 +26,9 @@ def assert_close(ours, reference, path="") -> None:
 
 def test_equals_aiperf_reference_on_synthetic_trace():
     report = analyze(shared_path("traces", "synthetic_trace.jsonl"), block_size=512)
-    reference = json.loads(shared_path("traces", "reference_synthetic_aiperf_analyze.json").read_text())
+    reference = json.loads(
+        shared_path("traces", "reference_synthetic_aiperf_analyze.json").read_text()
+    )
     assert_close(report, reference)
 
 
@@ -72,15 +74,19 @@ def test_hand_computed_tiny_trace(tmp_path):
 
 
 def test_equal_timestamps_break_ties_by_file_order(tmp_path):
-    rows = [{"timestamp": 7, "input_length": 4, "output_length": 1, "hash_ids": [0]},
-            {"timestamp": 7, "input_length": 4, "output_length": 1, "hash_ids": [0]}]
+    rows = [
+        {"timestamp": 7, "input_length": 4, "output_length": 1, "hash_ids": [0]},
+        {"timestamp": 7, "input_length": 4, "output_length": 1, "hash_ids": [0]},
+    ]
     rates = analyze(write_jsonl(tmp_path / "t.jsonl", rows))["hit_rates"]
     assert rates["block_weighted"] == 0.5 and rates["per_request_mean"] == 0.5
 
 
 def test_causal_order_follows_timestamps_not_file_order(tmp_path):
-    rows = [{"timestamp": 9, "input_length": 8, "output_length": 1, "hash_ids": [0, 1]},
-            {"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": [0]}]
+    rows = [
+        {"timestamp": 9, "input_length": 8, "output_length": 1, "hash_ids": [0, 1]},
+        {"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": [0]},
+    ]
     report = analyze(write_jsonl(tmp_path / "t.jsonl", rows))
     # The later row (file line 1) finds block 0 cached by the earlier one (line 2).
     assert report["hit_rates"]["token_weighted"] == pytest.approx(4 / 12)
@@ -89,9 +95,19 @@ def test_causal_order_follows_timestamps_not_file_order(tmp_path):
 
 def test_problems_are_reported_with_lines(tmp_path):
     lines = [
-        {"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [0, 1]},  # 9 tokens need 3
+        {
+            "timestamp": 0,
+            "input_length": 9,
+            "output_length": 1,
+            "hash_ids": [0, 1],
+        },  # 9 tokens need 3
         "not json",
-        {"timestamp": 1, "input_length": 8, "output_length": 1, "hash_ids": [1, 0]},  # ids swap places
+        {
+            "timestamp": 1,
+            "input_length": 8,
+            "output_length": 1,
+            "hash_ids": [1, 0],
+        },  # ids swap places
         {"timestamp": 2, "input_length": "x", "hash_ids": []},
     ]
     report = analyze(write_jsonl(tmp_path / "t.jsonl", lines))
@@ -108,8 +124,10 @@ def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"timestamp": i, "input_length": 5, "output_length": 1, "hash_ids": [0, i + 1]}
-            for i in range(5)]
+    rows = [
+        {"timestamp": i, "input_length": 5, "output_length": 1, "hash_ids": [0, i + 1]}
+        for i in range(5)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
     from_parquet = analyze(tmp_path / "t.parquet")
     from_jsonl = analyze(write_jsonl(tmp_path / "t.jsonl", rows))
@@ -122,10 +140,24 @@ def test_reads_parquet_written_by_anonymize_like_jsonl(tmp_path):
 def test_chunked_temporaries_change_no_number(tmp_path, monkeypatch, chunk):
     """Per-block work runs in chunks to bound memory; chunk edges must not show. The trace mixes
     chained rows, an id at two positions, an id behind two parents and timestamps out of order."""
-    rows = [{"timestamp": t, "input_length": max(512 * len(ids) - 100, 0), "output_length": 3,
-             "hash_ids": ids} for t, ids in
-            [(0, [0, 1, 2]), (5, [0, 1, 3, 4]), (3, [5, 0]), (9, [0, 6, 2]), (9, [7]),
-             (12, [0, 1, 2, 8, 9, 10]), (11, [5, 0, 11]), (20, [])]]
+    rows = [
+        {
+            "timestamp": t,
+            "input_length": max(512 * len(ids) - 100, 0),
+            "output_length": 3,
+            "hash_ids": ids,
+        }
+        for t, ids in [
+            (0, [0, 1, 2]),
+            (5, [0, 1, 3, 4]),
+            (3, [5, 0]),
+            (9, [0, 6, 2]),
+            (9, [7]),
+            (12, [0, 1, 2, 8, 9, 10]),
+            (11, [5, 0, 11]),
+            (20, []),
+        ]
+    ]
     src = write_jsonl(tmp_path / "t.jsonl", rows)
     reference = analyze_local(AnalyzeConfig((str(src),)))
     monkeypatch.setattr("kvtrace.transforms.stats.trace_blocks.CHUNK_BLOCKS", chunk)

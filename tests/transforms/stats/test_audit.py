@@ -10,15 +10,26 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
-                    | st.text(max_size=5),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=5), inner, max_size=4), max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
-ROW = st.fixed_dictionaries({}, optional={
-    "timestamp": JSON, "input_length": JSON, "output_length": JSON, "hash_ids": JSON,
-    "session": JSON, "extra": JSON})
+ROW = st.fixed_dictionaries(
+    {},
+    optional={
+        "timestamp": JSON,
+        "input_length": JSON,
+        "output_length": JSON,
+        "hash_ids": JSON,
+        "session": JSON,
+        "extra": JSON,
+    },
+)
 
 
 @settings(max_examples=40, deadline=None)

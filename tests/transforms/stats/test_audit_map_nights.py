@@ -14,8 +14,10 @@ from kvtrace.transforms.stats import audit as gate
 SALT = b"n" * 32
 KEY = map_key(SALT)
 START = {"block_ids_from": 7, "sessions_from": 2, "time_from_ms": 60_000}
-MANIFEST = {"id_map": START, "sha256": {"stats.json": "1" * 64,
-                                        "trace-00000-of-00001.jsonl": "2" * 64}}
+MANIFEST = {
+    "id_map": START,
+    "sha256": {"stats.json": "1" * 64, "trace-00000-of-00001.jsonl": "2" * 64},
+}
 
 
 def flags(manifest: dict, numbering: list[gate.MapVersionNumbering]) -> list[str]:
@@ -25,8 +27,9 @@ def flags(manifest: dict, numbering: list[gate.MapVersionNumbering]) -> list[str
 
 
 def recorded(manifest: dict) -> gate.MapVersionNumbering:
-    return gate.MapVersionNumbering(gate._start_figures(manifest["id_map"]),
-                                    id_map.night_identity(manifest))
+    return gate.MapVersionNumbering(
+        gate._start_figures(manifest["id_map"]), id_map.night_identity(manifest)
+    )
 
 
 def test_a_night_passes_only_as_a_version_recorded_it():
@@ -52,17 +55,30 @@ def test_map_numbering_reads_each_versions_night(tmp_path: Path):
     identity = id_map.MapIdentity(KEY.salt_fingerprint, 4, {}, "scheme", {})
     empty = id_map.empty_version(identity)
     night = id_map.Night(START | {"block_ids_from": 0, "sessions_from": 0}, "a" * 64)
-    first = id_map.next_version(str(tmp_path), empty, {"blocks": [], "sessions": []},
-                                {"blocks": 7, "sessions": 2}, False, 4, 0, night)
+    first = id_map.next_version(
+        str(tmp_path),
+        empty,
+        {"blocks": [], "sessions": []},
+        {"blocks": 7, "sessions": 2},
+        False,
+        4,
+        0,
+        night,
+    )
     id_map.publish(str(tmp_path), empty, first, KEY)
     assert gate.map_numbering(str(tmp_path), SALT) == [
-        gate.MapVersionNumbering((0, 0, 60_000), "a" * 64)]
+        gate.MapVersionNumbering((0, 0, 60_000), "a" * 64)
+    ]
     # The same version as kvtrace wrote it before nights were recorded (format 5): read, and
     # its night unconfirmed.
     path = tmp_path / "versions" / "000001.json"
-    record = {k: v for k, v in json.loads(path.read_bytes()).items()
-              if k not in ("mac", "map_id", "previous_sha256")}
-    record["history"] = [{k: e[k] for k in ("version", "added", "compacted")}
-                         for e in record["history"]]
+    record = {
+        k: v
+        for k, v in json.loads(path.read_bytes()).items()
+        if k not in ("mac", "map_id", "previous_sha256")
+    }
+    record["history"] = [
+        {k: e[k] for k in ("version", "added", "compacted")} for e in record["history"]
+    ]
     path.write_bytes(keyed(record | {"format_version": map_record.NIGHTLESS_FORMAT}, KEY))
     assert gate.map_numbering(str(tmp_path), SALT) == [gate.MapVersionNumbering(None, None)]

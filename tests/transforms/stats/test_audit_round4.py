@@ -12,8 +12,16 @@ from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
 from kvtrace.transforms.write.manifest import public_tokenizer_name
 
 
-@pytest.mark.parametrize("name", ["acme-internal/patient-jane-doe-triage", "Qwen/Qwen3-8B-private",
-                                  "pkg:acme_tokenizer", "deepseek-ai/deepseek-r1", ""])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "acme-internal/patient-jane-doe-triage",
+        "Qwen/Qwen3-8B-private",
+        "pkg:acme_tokenizer",
+        "deepseek-ai/deepseek-r1",
+        "",
+    ],
+)
 def test_a_name_kvtrace_does_not_declare_is_published_as_null(name):
     assert public_tokenizer_name(name) is None
 

@@ -32,28 +32,38 @@ from kvtrace.transforms.trace_format import (
     TraceColumns,
     schema_problems,
 )
-from kvtrace.transforms.write.manifest import (
-    public_template_kwargs,
-    public_tokenizer_sha256,
-)
+from kvtrace.transforms.write.manifest import public_template_kwargs, public_tokenizer_sha256
 
 
 def _one_row(input_length: int, output_length: int, block_size: int) -> TraceColumns:
     blocks = -(-input_length // block_size)
-    return TraceColumns(*(np.array([v], np.int64) for v in (0, input_length, output_length,
-                                                              blocks)),
-                        np.arange(blocks, dtype=np.int64), np.array([-1]), np.array([-1]))
+    return TraceColumns(
+        *(np.array([v], np.int64) for v in (0, input_length, output_length, blocks)),
+        np.arange(blocks, dtype=np.int64),
+        np.array([-1]),
+        np.array([-1]),
+    )
 
 
-@pytest.mark.parametrize("input_length, length_step, passes", [
-    (5, 1, True),  # no granularity: exact, as hash_ids need
-    (5, 16, False),  # exact beside coarse output lengths: the next turn gives the reply back
-    (8, 16, True),  # the last block's fill rounded up to 16, capped at the block size
-    (6, 2, True), (5, 2, False)])
+@pytest.mark.parametrize(
+    "input_length, length_step, passes",
+    [
+        (5, 1, True),  # no granularity: exact, as hash_ids need
+        (5, 16, False),  # exact beside coarse output lengths: the next turn gives the reply back
+        (8, 16, True),  # the last block's fill rounded up to 16, capped at the block size
+        (6, 2, True),
+        (5, 2, False),
+    ],
+)
 def test_input_lengths_pass_only_as_coarse_as_the_declared_length_granularity(
-        input_length, length_step, passes):
-    manifest = {"block_size": 4, OUTPUT_IDS_FIELD: False, "id_map": None,
-                "granularity": {"timestamp_ms": 1, OUTPUT_LENGTH_FIELD: length_step}}
+    input_length, length_step, passes
+):
+    manifest = {
+        "block_size": 4,
+        OUTPUT_IDS_FIELD: False,
+        "id_map": None,
+        "granularity": {"timestamp_ms": 1, OUTPUT_LENGTH_FIELD: length_step},
+    }
     rows = _Rows()
     rows.add(_one_row(input_length, length_step * 2, 4), manifest)
     finer = [p for p in rows.problems if p.startswith("input lengths finer")]
@@ -62,16 +72,22 @@ def test_input_lengths_pass_only_as_coarse_as_the_declared_length_granularity(
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=4), max_leaves=16)
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
 
 
 def _kwargs_problems(kwargs: dict) -> list[str]:
     return schema_problems(kwargs, MANIFEST_SCHEMA["properties"]["chat_template_kwargs"])
 
 
-@given(st.dictionaries(st.text(max_size=8) | st.sampled_from(KNOWN_TEMPLATE_KWARGS),
-                       JSON_VALUES, max_size=6))
+@given(
+    st.dictionaries(
+        st.text(max_size=8) | st.sampled_from(KNOWN_TEMPLATE_KWARGS), JSON_VALUES, max_size=6
+    )
+)
 def test_published_template_kwargs_are_a_closed_shape_the_gate_accepts(kwargs):
     """Whatever the run was given, each published value is a boolean, null or one keyed digest:
     no array or object, so no structure spells bits; the declared schema accepts exactly that."""
@@ -87,8 +103,9 @@ def test_published_template_kwargs_are_a_closed_shape_the_gate_accepts(kwargs):
 
 def test_a_structure_of_booleans_is_one_digest_and_refused_under_a_switch():
     bits = [[True, False], [None, True]]
-    published = public_template_kwargs({"enable_thinking": bits, "builtin_tools": ["python"]},
-                                       b"s" * 32)
+    published = public_template_kwargs(
+        {"enable_thinking": bits, "builtin_tools": ["python"]}, b"s" * 32
+    )
     assert re.fullmatch(HASHED_TEXT, published["builtin_tools"])
     assert re.fullmatch(HASHED_TEXT, published["enable_thinking"])
     assert [p.split(":")[0] for p in _kwargs_problems(published)] == ["enable_thinking"]
@@ -124,26 +141,38 @@ def test_a_named_tokenizers_digests_are_still_checked_against_its_files():
     _check_tokenizer(right, None, gate)
     assert gate.flags == []
     key = min(right["tokenizer"]["sha256"])
-    wrong = {"tokenizer": {"name": name, "sha256": {**right["tokenizer"]["sha256"],
-                                                    key: "0" * 64}}}
+    wrong = {"tokenizer": {"name": name, "sha256": {**right["tokenizer"]["sha256"], key: "0" * 64}}}
     _check_tokenizer(wrong, None, gate)
-    assert gate.flags == [f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files"]
+    assert gate.flags == [
+        f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files"
+    ]
 
 
 def test_a_streams_run_settings_are_every_manifest_key_but_a_nights_own():
     """Derived from the declared schema: a key the manifest gains is a run setting unless it is
     declared a night's own, so the stream check never misses one."""
     assert set(RUN_SETTINGS) == set(MANIFEST_SCHEMA["properties"]) - set(MANIFEST_NIGHT_FIELDS)
-    assert {"block_size", OUTPUT_IDS_FIELD, "granularity", "tokenizer",
-            "chat_template_kwargs"} <= set(RUN_SETTINGS)
+    assert {
+        "block_size",
+        OUTPUT_IDS_FIELD,
+        "granularity",
+        "tokenizer",
+        "chat_template_kwargs",
+    } <= set(RUN_SETTINGS)
 
 
-@pytest.mark.parametrize("folders, files, one_writer", [
-    ({0o755}, {0o644}, True), ({0o755}, {0o600}, True), ({0o700}, {0o600}, True),
-    ({0o755}, set(), True),
-    ({0o700}, {0o644}, False),  # a private folder beside public files: no writer's
-    ({0o755}, {0o644, 0o600}, False),  # files of two umasks
-    ({0o755, 0o700}, {0o600}, False)])  # window folders of two modes
+@pytest.mark.parametrize(
+    "folders, files, one_writer",
+    [
+        ({0o755}, {0o644}, True),
+        ({0o755}, {0o600}, True),
+        ({0o700}, {0o600}, True),
+        ({0o755}, set(), True),
+        ({0o700}, {0o644}, False),  # a private folder beside public files: no writer's
+        ({0o755}, {0o644, 0o600}, False),  # files of two umasks
+        ({0o755, 0o700}, {0o600}, False),
+    ],
+)  # window folders of two modes
 def test_modes_pass_only_as_one_writer_gives_them(folders, files, one_writer):
     assert _one_writers_modes(folders, files) == one_writer
 
@@ -151,6 +180,7 @@ def test_modes_pass_only_as_one_writer_gives_them(folders, files, one_writer):
 def _entries(folder: int, *files: int) -> dict[str, os.stat_result]:
     def entry(mode: int) -> os.stat_result:
         return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+
     return {"": entry(folder), **{f"f{i}": entry(m) for i, m in enumerate(files)}}
 
 
@@ -163,4 +193,5 @@ def test_a_streams_windows_are_one_writers_whatever_each_window_alone_says():
     assert gate.flags == []
     _check_one_writer([_entries(0o755, 0o644), _entries(0o755, 0o600)], gate)
     assert [f.split(" (")[0] for f in gate.flags] == [
-        "permission bits of more than one writer across the stream"]
+        "permission bits of more than one writer across the stream"
+    ]

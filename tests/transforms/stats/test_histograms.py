@@ -15,14 +15,20 @@ from kvtrace.transforms.stats.histograms import describe_histogram, histogram, m
 from kvtrace.transforms.stats.trace_stats import describe
 
 # Hit rates are j/n, lengths integers: the values the reports describe.
-RATES = st.lists(st.builds(lambda j, n: min(j, n) / n, st.integers(0, 40), st.integers(1, 40)),
-                 min_size=1, max_size=200)
+RATES = st.lists(
+    st.builds(lambda j, n: min(j, n) / n, st.integers(0, 40), st.integers(1, 40)),
+    min_size=1,
+    max_size=200,
+)
 LENGTHS = st.lists(st.integers(0, 1 << 40), min_size=1, max_size=200)
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.one_of(RATES, LENGTHS), cuts=st.lists(st.integers(0, 200), max_size=4),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    values=st.one_of(RATES, LENGTHS),
+    cuts=st.lists(st.integers(0, 200), max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_shards_merged_in_any_order_give_the_whole_traces_digits(values, cuts, seed):
     shuffled = np.random.default_rng(seed).permutation(np.array(values))
     parts = np.split(shuffled, sorted(c % (len(values) + 1) for c in cuts))
@@ -37,8 +43,9 @@ def test_the_mean_and_std_are_the_exact_ones_rounded_once(values):
     described = describe(np.array(values))
     assert described["mean"] == float(exact_mean)
     exact_variance = sum((Fraction(v) - exact_mean) ** 2 for v in values) / len(values)
-    assert math.isclose(described["std_dev"] ** 2, float(exact_variance), rel_tol=1e-15,
-                        abs_tol=1e-300)
+    assert math.isclose(
+        described["std_dev"] ** 2, float(exact_variance), rel_tol=1e-15, abs_tol=1e-300
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -51,5 +58,8 @@ def test_quartiles_are_numpys(values):
 
 def test_a_mean_of_hit_rates_is_the_same_in_either_order():
     rates = np.array([0.0, 0.5, 0.6, 0.75, 0.8, 0.75])
-    assert describe(rates)["mean"] == describe(rates[::-1])["mean"] == float(
-        sum(map(Fraction, rates.tolist())) / len(rates))
+    assert (
+        describe(rates)["mean"]
+        == describe(rates[::-1])["mean"]
+        == float(sum(map(Fraction, rates.tolist())) / len(rates))
+    )

@@ -13,11 +13,18 @@ from hypothesis import strategies as st
 from helpers import trace_of
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats import trace_blocks as blocks_module
+from kvtrace.transforms.stats.key_shards import (
+    PARTIAL,
+    Rows,
+    first_after_warmup,
+    id_shard,
+    prefix_shard,
+    row_measures,
+    row_sums,
+)
 from kvtrace.transforms.stats.trace_blocks import Blocks
-from kvtrace.transforms.stats.trace_stats import analyze
-from kvtrace.transforms.stats.key_shards import (PARTIAL, Rows, first_after_warmup, id_shard,
-                                         prefix_shard, row_measures, row_sums)
 from kvtrace.transforms.stats.trace_shards import by_shard, chunk_tables, rowkeys, shard_blocks
+from kvtrace.transforms.stats.trace_stats import analyze
 
 BLOCK_SIZE = 4  # as helpers.trace_of
 
@@ -25,8 +32,11 @@ BLOCK_SIZE = 4  # as helpers.trace_of
 def local_partials(trace: Trace) -> tuple[np.ndarray, Counter, dict]:
     blocks = Blocks.of(trace)
     by_id, by_prefix = id_shard(blocks), prefix_shard(blocks)
-    return (np.concatenate([by_id.partials, by_prefix.partials]), by_id.counts + by_prefix.counts,
-            by_id.problem_ids)
+    return (
+        np.concatenate([by_id.partials, by_prefix.partials]),
+        by_id.counts + by_prefix.counts,
+        by_id.problem_ids,
+    )
 
 
 def test_id_shard_by_hand():
@@ -45,7 +55,9 @@ def test_misses_end_with_the_last_block_and_weigh_its_real_tokens():
     # Second row shares one block: it misses blocks 1 and 2, the last one holding 3 tokens.
     trace = trace_of([(0, 0.0, [0, 1]), (0, 1.0, [0, 2, 3])])
     partials, _, _ = local_partials(trace)
-    rows = Rows(np.arange(2), trace.timestamp, trace.input_length, trace.output_length, trace.lengths)
+    rows = Rows(
+        np.arange(2), trace.timestamp, trace.input_length, trace.output_length, trace.lengths
+    )
     measured = row_measures(rows, partials, BLOCK_SIZE, None)
     assert measured.misses.tolist() == [2, 2]
     assert measured.miss_tokens.tolist() == [7, 7]  # 4 + 3, and 4 + 3 of 11 tokens
@@ -54,9 +66,12 @@ def test_misses_end_with_the_last_block_and_weigh_its_real_tokens():
 
 # (file, timestamp, hash ids): few ids and times, so that ids repeat, move and tie.
 rows_strategy = st.lists(
-    st.tuples(st.integers(0, 2), st.integers(0, 6).map(float),
-              st.lists(st.integers(0, 9), max_size=6)),
-    min_size=1, max_size=25)
+    st.tuples(
+        st.integers(0, 2), st.integers(0, 6).map(float), st.lists(st.integers(0, 9), max_size=6)
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 def beam_like(trace: Trace, shards: int) -> tuple[np.ndarray, Counter, dict]:
@@ -64,8 +79,10 @@ def beam_like(trace: Trace, shards: int) -> tuple[np.ndarray, Counter, dict]:
     functions on each, partials and counts gathered."""
     tables = [chunk_tables(_file(trace, f), BLOCK_SIZE)[1] for f in np.unique(trace.file_index)]
     partials, counts, problems = [], Counter(), {}
-    for key, measure, options in (("id", id_shard, {"id_divisor": shards}),
-                                  ("prefix_lo", prefix_shard, {"with_prefix": True})):
+    for key, measure, options in (
+        ("id", id_shard, {"id_divisor": shards}),
+        ("prefix_lo", prefix_shard, {"with_prefix": True}),
+    ):
         grouped: dict[int, list[np.ndarray]] = {}
         for table in tables:
             for shard, part in by_shard(table, table[key], shards):
@@ -81,10 +98,18 @@ def beam_like(trace: Trace, shards: int) -> tuple[np.ndarray, Counter, dict]:
 
 def _file(trace: Trace, index: int) -> Trace:
     rows = np.flatnonzero(trace.file_index == index)
-    offsets = trace.offsets[rows[0]:rows[-1] + 2]
-    return Trace(trace.timestamp[rows], trace.input_length[rows], trace.output_length[rows],
-                 offsets - offsets[0], trace.ids[offsets[0]:offsets[-1]], None, trace.line[rows],
-                 trace.file_index[rows], trace.files)
+    offsets = trace.offsets[rows[0] : rows[-1] + 2]
+    return Trace(
+        trace.timestamp[rows],
+        trace.input_length[rows],
+        trace.output_length[rows],
+        offsets - offsets[0],
+        trace.ids[offsets[0] : offsets[-1]],
+        None,
+        trace.line[rows],
+        trace.file_index[rows],
+        trace.files,
+    )
 
 
 @settings(max_examples=60, deadline=None)

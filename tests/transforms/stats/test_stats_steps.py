@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,8 +14,6 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-
-from collections import Counter
 
 from kvtrace.transforms.ids.buckets import BUCKET_MS
 from kvtrace.transforms.read.trace_inputs import trace_files
@@ -33,9 +32,13 @@ def blocks(ids: list[int]) -> np.ndarray:
 def test_each_shard_gets_all_its_keys_from_every_chunk():
     chunks = [SimpleNamespace(blocks=blocks([0, 1, 2, 3])), SimpleNamespace(blocks=blocks([4, 6]))]
     with TestPipeline() as pipeline:
-        sizes = (pipeline | beam.Create(chunks)
-                 | ShardStep(lambda b: b["id"],
-                             lambda tables: sorted(np.concatenate(tables)["id"].tolist()), 2))
+        sizes = (
+            pipeline
+            | beam.Create(chunks)
+            | ShardStep(
+                lambda b: b["id"], lambda tables: sorted(np.concatenate(tables)["id"].tolist()), 2
+            )
+        )
         assert_that(sizes, equal_to([[0, 2, 4, 6], [1, 3]]))
 
 
@@ -61,8 +64,11 @@ def rows(times: list[float], first_rowkey: int) -> SimpleNamespace:
 def test_warmup_key_and_minute_counts_over_chunks_of_several_files():
     # Five rows over two files and two time buckets; rank floor(0.5 x 5) = 2 is the third row in
     # (timestamp, rowkey) order: (BUCKET_MS + 1, 11).
-    chunks = [rows([0.0, BUCKET_MS + 1.0], 10), rows([BUCKET_MS + 2.0, 7.0, BUCKET_MS + 1.0], 20),
-              rows([], 30)]
+    chunks = [
+        rows([0.0, BUCKET_MS + 1.0], 10),
+        rows([BUCKET_MS + 2.0, 7.0, BUCKET_MS + 1.0], 20),
+        rows([], 30),
+    ]
     with TestPipeline() as pipeline:
         files = pipeline | beam.Create(chunks)
         assert_that(files | WarmupKey(0.5), equal_to([(BUCKET_MS + 1.0, 11)]), label="Warmup")
@@ -74,13 +80,23 @@ def _published(folder: Path, shards: list[list[int]]) -> Path:
     listing them), enough for the readers."""
     folder.mkdir()
     for index, lengths in enumerate(shards):
-        (folder / f"trace-{index:05d}-of-{len(shards):05d}.jsonl").write_text("".join(
-            json.dumps({"timestamp": i, "input_length": n, "hash_ids": [i]}) + "\n"
-            for i, n in enumerate(lengths)))
+        (folder / f"trace-{index:05d}-of-{len(shards):05d}.jsonl").write_text(
+            "".join(
+                json.dumps({"timestamp": i, "input_length": n, "hash_ids": [i]}) + "\n"
+                for i, n in enumerate(lengths)
+            )
+        )
     sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
-    (folder / "manifest.json").write_text(json.dumps({
-        "format": "mooncake-trace", "block_size": 4, "sha256": sha256,
-        "records": {"exported": sum(map(len, shards))}}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "mooncake-trace",
+                "block_size": 4,
+                "sha256": sha256,
+                "records": {"exported": sum(map(len, shards))},
+            }
+        )
+    )
     return folder
 
 
@@ -93,6 +109,9 @@ def test_the_workers_read_each_file_as_pinned_when_the_files_were_listed(tmp_pat
     os.rename(out, tmp_path / "previous")
     os.rename(staged, out)
     with TestPipeline() as pipeline:
-        read = (pipeline | ReadTraceFiles(files, 4)
-                | beam.Map(lambda chunk: (chunk.index, chunk.rows["isl"].tolist())))
+        read = (
+            pipeline
+            | ReadTraceFiles(files, 4)
+            | beam.Map(lambda chunk: (chunk.index, chunk.rows["isl"].tolist()))
+        )
         assert_that(read, equal_to([(0, [8, 8]), (1, [8, 8, 8])]))

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from helpers import shared_path, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import shared_path, write_jsonl
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.stats.trace_stats import analyze
 from kvtrace.transforms.synth.parts import RowParts
@@ -20,8 +20,11 @@ BLOCK = 16
 
 
 def problems(trace, block_size=BLOCK) -> dict:
-    return {name: found["count"] for name, found in analyze(trace, block_size)["problems"].items()
-            if found["count"]}
+    return {
+        name: found["count"]
+        for name, found in analyze(trace, block_size)["problems"].items()
+        if found["count"]
+    }
 
 
 def row_ids(trace) -> list[list[int]]:
@@ -40,9 +43,15 @@ def chat_trace(tmp_path, sessions: int = 6, turns: int = 4, seed: int = 0):
             next_id += len(new)
             ids = ids + new
             partial = t == turns - 1
-            rows.append({"timestamp": 1000 * s + 5000 * t, "input_length": len(ids) * BLOCK - (5 if partial else 0),
-                         "output_length": int(rng.integers(1, 50)), "hash_ids": ids,
-                         "session_id": f"conv-{s}"})
+            rows.append(
+                {
+                    "timestamp": 1000 * s + 5000 * t,
+                    "input_length": len(ids) * BLOCK - (5 if partial else 0),
+                    "output_length": int(rng.integers(1, 50)),
+                    "hash_ids": ids,
+                    "session_id": f"conv-{s}",
+                }
+            )
     rows.sort(key=lambda r: r["timestamp"])
     return read_trace([str(write_jsonl(tmp_path / "chats.jsonl", rows))])
 
@@ -89,12 +98,13 @@ def test_root_multiplier_lowers_the_hit_rate_and_keeps_conversations_in_one_tree
 def assert_turns_extend_previous(trace) -> None:
     """Each turn of a conversation starts with the previous turn's whole input."""
     last: dict = {}
-    for session, ids, length in zip(trace.session.tolist(), row_ids(trace),
-                                    trace.input_length.tolist()):
+    for session, ids, length in zip(
+        trace.session.tolist(), row_ids(trace), trace.input_length.tolist()
+    ):
         if session in last:
             previous, previous_length = last[session]
             if previous_length % BLOCK == 0:  # a partial block cannot be continued
-                assert ids[:len(previous)] == previous
+                assert ids[: len(previous)] == previous
         last[session] = (ids, length)
 
 
@@ -112,8 +122,15 @@ def test_prefix_multiplier_scales_shared_prefixes(tmp_path, p):
 
 @pytest.mark.parametrize("q", [0.5, 2.0])
 def test_prompt_multiplier_scales_the_unique_parts(tmp_path, q):
-    rows = [{"timestamp": i, "input_length": 3 * BLOCK + 40 + i, "output_length": 1,
-             "hash_ids": [0, 1, 2, 10 + 10 * i, 11 + 10 * i, 12 + 10 * i]} for i in range(8)]
+    rows = [
+        {
+            "timestamp": i,
+            "input_length": 3 * BLOCK + 40 + i,
+            "output_length": 1,
+            "hash_ids": [0, 1, 2, 10 + 10 * i, 11 + 10 * i, 12 + 10 * i],
+        }
+        for i in range(8)
+    ]
     trace = read_trace([str(write_jsonl(tmp_path / "t.jsonl", rows))])
     out = synthesize(trace, BLOCK, SynthConfig(knobs=Knobs(prompt_len_multiplier=q)))
     own_before = trace.input_length - 3 * BLOCK
@@ -124,13 +141,20 @@ def test_prompt_multiplier_scales_the_unique_parts(tmp_path, q):
 
 def test_rows_sharing_a_partial_last_block_work_with_every_option(tmp_path):
     # FAST'25 traces: exact repeats share their partial last block (aiperf crashes on them).
-    rows = [{"timestamp": t, "input_length": 2 * BLOCK + 7, "output_length": 3, "hash_ids": [0, 1, 2]}
-            for t in range(0, 50, 10)]
-    rows += [{"timestamp": 60, "input_length": 4 * BLOCK, "output_length": 3, "hash_ids": [0, 1, 5, 6]}]
+    rows = [
+        {"timestamp": t, "input_length": 2 * BLOCK + 7, "output_length": 3, "hash_ids": [0, 1, 2]}
+        for t in range(0, 50, 10)
+    ]
+    rows += [
+        {"timestamp": 60, "input_length": 4 * BLOCK, "output_length": 3, "hash_ids": [0, 1, 5, 6]}
+    ]
     trace = read_trace([str(write_jsonl(tmp_path / "t.jsonl", rows))])
     for knobs in (Knobs(2.5, 0.3, 3), Knobs(0.4, 3.0, 1), Knobs()):
-        out = synthesize(trace, BLOCK, SynthConfig(knobs=knobs, num_requests=40, seed=1,
-                                                   max_isl=10 * BLOCK, speedup_ratio=2))
+        out = synthesize(
+            trace,
+            BLOCK,
+            SynthConfig(knobs=knobs, num_requests=40, seed=1, max_isl=10 * BLOCK, speedup_ratio=2),
+        )
         assert len(out.input_length) <= 40 and not problems(out)
 
 
@@ -147,26 +171,42 @@ def test_drawn_requests_keep_the_sources_statistics(tmp_path):
 
 def test_conversations_drawn_keep_their_turns_chained(tmp_path):
     trace = chat_trace(tmp_path)
-    out = synthesize(trace, BLOCK, SynthConfig(num_requests=60, seed=4,
-                                               knobs=Knobs(2.0, 1.5, 2)))
+    out = synthesize(trace, BLOCK, SynthConfig(num_requests=60, seed=4, knobs=Knobs(2.0, 1.5, 2)))
     assert len(out.input_length) == 60 and not problems(out)
     assert_turns_extend_previous(out)
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    rows=st.lists(st.tuples(st.integers(0, 100), st.lists(st.integers(0, 5), max_size=6),
-                            st.integers(0, BLOCK - 1), st.sampled_from([None, "a", "b"])),
-                  min_size=1, max_size=25),
-    p=st.sampled_from([0.0, 0.5, 1.0, 1.7]), q=st.sampled_from([0.0, 0.4, 1.0, 2.5]),
-    k=st.integers(1, 3), n=st.one_of(st.none(), st.integers(1, 30)),
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 100),
+            st.lists(st.integers(0, 5), max_size=6),
+            st.integers(0, BLOCK - 1),
+            st.sampled_from([None, "a", "b"]),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    p=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    q=st.sampled_from([0.0, 0.4, 1.0, 2.5]),
+    k=st.integers(1, 3),
+    n=st.one_of(st.none(), st.integers(1, 30)),
 )
 def test_every_output_is_a_valid_trace(tmp_path_factory, rows, p, q, k, n):
-    records = [{"timestamp": t, "input_length": max(0, len(ids) * BLOCK - cut) if ids else 0,
-                "output_length": 1, "hash_ids": ids, **({"session_id": s} if s else {})}
-               for t, ids, cut, s in rows]
+    records = [
+        {
+            "timestamp": t,
+            "input_length": max(0, len(ids) * BLOCK - cut) if ids else 0,
+            "output_length": 1,
+            "hash_ids": ids,
+            **({"session_id": s} if s else {}),
+        }
+        for t, ids, cut, s in rows
+    ]
     path = write_jsonl(tmp_path_factory.mktemp("synth") / "t.jsonl", records)
-    out = synthesize(read_trace([str(path)]), BLOCK,
-                     SynthConfig(knobs=Knobs(p, q, k), num_requests=n, seed=3))
+    out = synthesize(
+        read_trace([str(path)]), BLOCK, SynthConfig(knobs=Knobs(p, q, k), num_requests=n, seed=3)
+    )
     assert not problems(out)
     assert (out.lengths == -(-out.input_length // BLOCK)).all()

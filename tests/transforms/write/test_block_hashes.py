@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from kvtrace.transforms.trace_format import canonical_json
 from kvtrace.transforms.write.publish import STAGING_MARK, OutputRefused
 from kvtrace.transforms.write.rows import ROW, RowBatch
@@ -34,8 +35,14 @@ def _run(tmp_path: Path, hashes: Path, shards: int = 1, run: str = "a") -> str:
     """A run's shards written: the output into its staging folder, the hashes into theirs."""
     output_staging = str(tmp_path / f".out{STAGING_MARK}{run}")
     for shard in range(shards):
-        write_shard(output_staging, shard, shards, [_batch()], 0,
-                    hashes_directory=block_hashes_staging(str(hashes), output_staging))
+        write_shard(
+            output_staging,
+            shard,
+            shards,
+            [_batch()],
+            0,
+            hashes_directory=block_hashes_staging(str(hashes), output_staging),
+        )
     return output_staging
 
 
@@ -55,9 +62,14 @@ def test_nothing_reaches_the_folder_before_it_is_published(tmp_path):
     assert not hashes.exists()
     publish_block_hashes(str(hashes), staging, MANIFEST)
     assert sorted(p.name for p in hashes.iterdir()) == [
-        "block-hashes-00000-of-00001.parquet", BLOCK_HASHES_OUTPUT]
-    assert pq.read_table(hashes / "block-hashes-00000-of-00001.parquet")["hash"].to_pylist() == \
-        [11, 12, 13]
+        "block-hashes-00000-of-00001.parquet",
+        BLOCK_HASHES_OUTPUT,
+    ]
+    assert pq.read_table(hashes / "block-hashes-00000-of-00001.parquet")["hash"].to_pylist() == [
+        11,
+        12,
+        13,
+    ]
     assert not list(tmp_path.glob(f".hashes{STAGING_MARK}*"))  # the staging folder became it
 
 
@@ -67,8 +79,9 @@ def test_the_published_folder_is_owner_only_and_names_its_output(tmp_path):
     for path in (hashes, *hashes.iterdir()):
         assert path.stat().st_mode & 0o077 == 0, path
     # as `sha256sum -c` checks it inside the output folder
-    assert (hashes / BLOCK_HASHES_OUTPUT).read_text() == \
-        f"{hashlib.sha256(canonical_json(MANIFEST)).hexdigest()}  manifest.json\n"
+    assert (
+        hashes / BLOCK_HASHES_OUTPUT
+    ).read_text() == f"{hashlib.sha256(canonical_json(MANIFEST)).hexdigest()}  manifest.json\n"
 
 
 def test_an_earlier_runs_hashes_are_replaced_whole(tmp_path):
@@ -76,7 +89,9 @@ def test_an_earlier_runs_hashes_are_replaced_whole(tmp_path):
     publish_block_hashes(str(hashes), _run(tmp_path, hashes, shards=3, run="a"), MANIFEST)
     publish_block_hashes(str(hashes), _run(tmp_path, hashes, shards=1, run="b"), MANIFEST)
     assert sorted(p.name for p in hashes.iterdir()) == [
-        "block-hashes-00000-of-00001.parquet", BLOCK_HASHES_OUTPUT]
+        "block-hashes-00000-of-00001.parquet",
+        BLOCK_HASHES_OUTPUT,
+    ]
 
 
 def test_none_publishes_nothing(tmp_path):

@@ -10,12 +10,18 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS, NO_SESSION
-from kvtrace.transforms.write.coarsen import (Coarsening, coarse_output_lengths, coarsen,
-                                              published_requests, round_to)
+from kvtrace.transforms.write.coarsen import (
+    Coarsening,
+    coarse_output_lengths,
+    coarsen,
+    published_requests,
+    round_to,
+)
 from kvtrace.transforms.write.rows import ROW, RowBatch
 
 VALUES = st.lists(st.integers(0, 2**40), min_size=1, max_size=40).map(
-    lambda v: np.array(v, dtype=np.int64))
+    lambda v: np.array(v, dtype=np.int64)
+)
 STEPS = st.integers(1, 10**6)
 
 
@@ -80,8 +86,7 @@ def test_the_identity_returns_the_batch_itself():
 
 def test_times_round_relative_to_the_origin_and_unknown_responses_stay_unknown():
     origin = 1_000_003  # not a multiple of the step: rounding is from the origin, not from 0
-    batch = _rows([origin, origin + 149, origin + 150], [0, 1, 250],
-                  [NO_RESPONSE_MS, 149, 150])
+    batch = _rows([origin, origin + 149, origin + 150], [0, 1, 250], [NO_RESPONSE_MS, 149, 150])
     coarse = coarsen(batch, origin, Coarsening(timestamp_ms=300, output_length=100))
     assert (coarse.rows["timestamp_ms"] - origin).tolist() == [0, 0, 300]
     assert coarse.rows["output_length"].tolist() == [0, 100, 300]
@@ -93,15 +98,20 @@ def test_times_round_relative_to_the_origin_and_unknown_responses_stay_unknown()
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 10**6)), min_size=1, max_size=20),
-       st.integers(0, 10**9), st.integers(1, 10**5), st.integers(1, 10**4))
+@given(
+    st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 10**6)), min_size=1, max_size=20),
+    st.integers(0, 10**9),
+    st.integers(1, 10**5),
+    st.integers(1, 10**4),
+)
 def test_requests_and_their_rows_are_coarsened_alike(requests, origin, time_step, length_step):
     """Ids are numbered on published_requests' values and rows published with coarsen's: the
     two must agree, or the rows would be ordered by values nobody sees."""
     coarsening = Coarsening(time_step, length_step)
     timestamps = [origin + ms for ms, _ in requests]
-    batch = HashedBatch.pack([HashedRequest(ms, 0, 1, osl, b"", None)
-                              for ms, (_, osl) in zip(timestamps, requests)])
+    batch = HashedBatch.pack(
+        [HashedRequest(ms, 0, 1, osl, b"", None) for ms, (_, osl) in zip(timestamps, requests)]
+    )
     published = published_requests(batch, origin, coarsening).requests
     lengths, unknown = [osl for _, osl in requests], [NO_RESPONSE_MS] * len(requests)
     rows = coarsen(_rows(timestamps, lengths, unknown), origin, coarsening).rows

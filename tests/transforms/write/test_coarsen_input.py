@@ -9,11 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
-from kvtrace.transforms.write.coarsen import (
-    Coarsening,
-    coarse_input_lengths,
-    published_requests,
-)
+from kvtrace.transforms.write.coarsen import Coarsening, coarse_input_lengths, published_requests
 from kvtrace.transforms.write.totals import ExportTotals
 
 LENGTHS = st.lists(st.integers(0, 1 << 20), min_size=1, max_size=50)
@@ -53,9 +49,19 @@ def test_a_step_of_one_or_no_block_size_keeps_lengths_exact():
 def test_requests_and_their_totals_publish_the_coarse_input_lengths():
     """Numbering's token weights and stats.json's sums read the published requests: none of
     them may sum the exact lengths back."""
-    batch = HashedBatch.pack([HashedRequest(timestamp_ms=1000, fingerprint=i, input_length=n,
-                                            output_length=3, block_hashes=b"", session_key=None)
-                              for i, n in enumerate((5, 6, 9))])
+    batch = HashedBatch.pack(
+        [
+            HashedRequest(
+                timestamp_ms=1000,
+                fingerprint=i,
+                input_length=n,
+                output_length=3,
+                block_hashes=b"",
+                session_key=None,
+            )
+            for i, n in enumerate((5, 6, 9))
+        ]
+    )
     coarsening = Coarsening(timestamp_ms=1, output_length=16, block_size=4)
     published = published_requests(batch, 1000, coarsening)
     assert published.requests["input_length"].tolist() == [8, 8, 12]

@@ -9,8 +9,12 @@ import shutil
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtrace.transforms.write.manifest import (CONTENT_TIME_BASE, content_time, folder_content_time,
-                                       set_content_times)
+from kvtrace.transforms.write.manifest import (
+    CONTENT_TIME_BASE,
+    content_time,
+    folder_content_time,
+    set_content_times,
+)
 from kvtrace.transforms.write.publish import publish_folder, staging_folder
 
 

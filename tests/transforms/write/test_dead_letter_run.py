@@ -13,8 +13,14 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.storage import place
 from kvtrace.transforms.write import publish
-from kvtrace.transforms.write.publish import (DEAD_LETTER_FILE, MAX_MARK_BYTES, DeadLetterRun,
-                                      recover_letters, settle_marked_letters, staging_folder)
+from kvtrace.transforms.write.publish import (
+    DEAD_LETTER_FILE,
+    MAX_MARK_BYTES,
+    DeadLetterRun,
+    recover_letters,
+    settle_marked_letters,
+    staging_folder,
+)
 
 MARK = "user.kvtrace.run"
 
@@ -54,7 +60,9 @@ def test_the_mark_names_the_run_and_the_place_of_its_dead_letter_folder(tmp_path
     run.begin(staging)
     assert json.loads(os.getxattr(staging, MARK)) == {
         "key": os.path.basename(run.staging)[1:13],
-        "letters": str(tmp_path.resolve() / "real" / "dead"), "run": "aaaaaaaaaaaa"}
+        "letters": str(tmp_path.resolve() / "real" / "dead"),
+        "run": "aaaaaaaaaaaa",
+    }
 
 
 def test_a_run_with_another_dead_letter_folder_publishes_the_marked_runs_letters(tmp_path):
@@ -98,7 +106,8 @@ def test_the_other_runs_staged_in_the_folder_go_as_their_outputs_never_stood(tmp
 
 
 def test_a_kill_after_the_letters_are_published_before_the_mark_goes_loses_nothing(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
     monkeypatch.setattr(publish, "_unmark", lambda folder: None)  # killed before unmarking
     settle_marked_letters(str(tmp_path / "out"))
@@ -155,29 +164,49 @@ def test_a_mark_kvtrace_would_not_write_is_no_mark(tmp_path):
     key: nothing is published or removed by it, in D or anywhere, and the mark goes."""
     folder = str(tmp_path / "D")
     key = os.path.basename(DeadLetterRun(folder, str(tmp_path / "out"), "a" * 12).staging)[1:13]
-    for mark in [b"aaaaaaaaaaaa", json.dumps({"letters": folder, "run": "a" * 12}).encode(),
-                 json.dumps({"key": "../x", "letters": folder, "run": "a" * 12}).encode(), json.dumps({"letters": "D", "run": "aaaaaaaaaaaa"}).encode(),
-                 json.dumps({"letters": folder + "/../D", "run": "aaaaaaaaaaaa"}).encode(),
-                 json.dumps({"letters": folder, "run": "../aaaaaaaaaaaa"}).encode(),
-                 json.dumps({"letters": folder, "run": "aaaaaaaaaaaa", "x": 1}).encode()]:
+    for mark in [
+        b"aaaaaaaaaaaa",
+        json.dumps({"letters": folder, "run": "a" * 12}).encode(),
+        json.dumps({"key": "../x", "letters": folder, "run": "a" * 12}).encode(),
+        json.dumps({"letters": "D", "run": "aaaaaaaaaaaa"}).encode(),
+        json.dumps({"letters": folder + "/../D", "run": "aaaaaaaaaaaa"}).encode(),
+        json.dumps({"letters": folder, "run": "../aaaaaaaaaaaa"}).encode(),
+        json.dumps({"letters": folder, "run": "aaaaaaaaaaaa", "x": 1}).encode(),
+    ]:
         output = _marked_output(tmp_path, mark)
         assert settle_marked_letters(output) is None, mark
-        assert _tree(tmp_path / "D") == [os.path.basename(
-            DeadLetterRun(folder, output, "aaaaaaaaaaaa").staging)], mark
+        assert _tree(tmp_path / "D") == [
+            os.path.basename(DeadLetterRun(folder, output, "aaaaaaaaaaaa").staging)
+        ], mark
         assert MARK not in os.listxattr(output)
-    output = _marked_output(tmp_path, json.dumps(  # the one kvtrace writes: settled
-        {"key": key, "letters": place(folder), "run": "aaaaaaaaaaaa"}).encode())
+    output = _marked_output(
+        tmp_path,
+        json.dumps(  # the one kvtrace writes: settled
+            {"key": key, "letters": place(folder), "run": "aaaaaaaaaaaa"}
+        ).encode(),
+    )
     assert settle_marked_letters(output) == ("aaaaaaaaaaaa", place(folder))
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
-@settings(max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(mark=st.one_of(st.binary(min_size=1, max_size=200), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["key", "run", "letters", "x"]), inner, max_size=3), max_leaves=6).map(
-    lambda value: json.dumps(value).encode())))
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    mark=st.one_of(
+        st.binary(min_size=1, max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=30),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(
+                    st.sampled_from(["key", "run", "letters", "x"]), inner, max_size=3
+                )
+            ),
+            max_leaves=6,
+        ).map(lambda value: json.dumps(value).encode()),
+    )
+)
 def test_any_mark_is_read_without_an_error_and_goes(tmp_path, mark):
     """Fuzz: whatever bytes the attribute holds, settling reads them without a traceback,
     publishes nothing but a marked run's letters, and takes the mark off."""

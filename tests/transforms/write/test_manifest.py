@@ -13,14 +13,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import JobStopped
-from kvtrace.transforms.trace_format import (KNOWN_TEMPLATE_KWARGS, MANIFEST_SCHEMA,
-                                             PUBLISHED_TOKENIZER_FILES, PUBLISHED_TOKENIZER_NAMES,
-                                             canonical_json, parse_json, schema_problems)
-from kvtrace.transforms.write.manifest import (RUN_COUNTS, RecordCounts, check_not_before_origin,
-                                               id_map_start, public_template_kwargs,
-                                               public_tokenizer_sha256, read_run_counts,
-                                               run_counts, template_kwargs_problems,
-                                               write_run_counts)
+from kvtrace.transforms.trace_format import (
+    KNOWN_TEMPLATE_KWARGS,
+    MANIFEST_SCHEMA,
+    PUBLISHED_TOKENIZER_FILES,
+    PUBLISHED_TOKENIZER_NAMES,
+    canonical_json,
+    parse_json,
+    schema_problems,
+)
+from kvtrace.transforms.write.manifest import (
+    RUN_COUNTS,
+    RecordCounts,
+    check_not_before_origin,
+    id_map_start,
+    public_template_kwargs,
+    public_tokenizer_sha256,
+    read_run_counts,
+    run_counts,
+    template_kwargs_problems,
+    write_run_counts,
+)
 from kvtrace.transforms.write.totals import ExportTotals
 
 SALT = b"a-salt-for-tests-that-is-long-enough"
@@ -39,8 +52,9 @@ def test_requests_before_the_maps_origin_stop_the_job_in_one_line():
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("earliest, origin", [(1000, 1000), (5000, 1000), (None, 1000), (7, None),
-                                              (None, None)])
+@pytest.mark.parametrize(
+    "earliest, origin", [(1000, 1000), (5000, 1000), (None, 1000), (7, None), (None, None)]
+)
 def test_a_night_at_or_after_the_origin_or_without_one_passes(earliest, origin):
     counts = RecordCounts(read=3, rejected=1)
     assert check_not_before_origin(counts, earliest, origin) is counts
@@ -51,10 +65,16 @@ def test_a_night_of_its_own_declares_no_id_map_start():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**12),
-       st.one_of(st.none(), st.integers(0, 10**9)), st.integers(1, 10**6))
-def test_the_id_map_start_is_the_maps_next_ids_and_the_rounded_first_time(blocks, sessions, origin,
-                                                                         after, granularity):
+@given(
+    st.integers(0, 10**9),
+    st.integers(0, 10**9),
+    st.integers(0, 10**12),
+    st.one_of(st.none(), st.integers(0, 10**9)),
+    st.integers(1, 10**6),
+)
+def test_the_id_map_start_is_the_maps_next_ids_and_the_rounded_first_time(
+    blocks, sessions, origin, after, granularity
+):
     earliest = None if after is None else origin + after
     start = id_map_start({"blocks": blocks, "sessions": sessions}, earliest, origin, granularity)
     assert start["block_ids_from"] == blocks and start["sessions_from"] == sessions
@@ -75,14 +95,20 @@ def test_the_tokenizer_digests_published_are_those_of_kvtraces_fixed_file_names(
 
 def test_an_unnamed_tokenizer_publishes_no_digests():
     """A private tokenizer's digests would confirm guesses of its template."""
-    published = public_tokenizer_sha256(None, {name: "ab" * 32 for name in PUBLISHED_TOKENIZER_FILES})
+    published = public_tokenizer_sha256(
+        None, {name: "ab" * 32 for name in PUBLISHED_TOKENIZER_FILES}
+    )
     assert published == {}
     assert _meets("tokenizer", {"name": None, "sha256": published}) == []
 
 
 def test_known_names_and_flags_stay_readable_everything_else_is_keyed_by_the_salt():
-    kwargs = {"enable_thinking": False, "reasoning_effort": "high", "user": "alice",
-              "tools": [1, None, {"k": 2.5}]}
+    kwargs = {
+        "enable_thinking": False,
+        "reasoning_effort": "high",
+        "user": "alice",
+        "tools": [1, None, {"k": 2.5}],
+    }
     public = public_template_kwargs(kwargs, SALT)
     assert public["enable_thinking"] is False
     assert public["reasoning_effort"].startswith("hmac-sha256:")  # its value is hashed
@@ -90,8 +116,11 @@ def test_known_names_and_flags_stay_readable_everything_else_is_keyed_by_the_sal
     hashed = [k for k in public if k not in KNOWN_TEMPLATE_KWARGS]
     assert len(hashed) == 2 and all(k.startswith("hmac-sha256:") for k in hashed)
     # An array or object is one digest of its canonical JSON: no structure carries bits.
-    assert all(isinstance(v, str) and v.startswith("hmac-sha256:")
-               for k, v in public.items() if k in hashed)
+    assert all(
+        isinstance(v, str) and v.startswith("hmac-sha256:")
+        for k, v in public.items()
+        if k in hashed
+    )
     assert public == public_template_kwargs(kwargs, SALT)  # comparable across one map's nights
     assert public != public_template_kwargs(kwargs, SALT + b"!")  # unconfirmable without it
 
@@ -102,10 +131,13 @@ def test_a_number_and_its_digits_as_a_string_publish_differently():
     assert public_template_kwargs({"x": 1}, SALT) != public_template_kwargs({"x": "1"}, SALT)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
-                    | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=25, deadline=None)
@@ -121,9 +153,16 @@ def _nested(depth: int) -> list:
     return value
 
 
-@pytest.mark.parametrize("kwargs", [{f"k{i}": i for i in range(65)}, {"tools": list(range(65))},
-                                    {"tools": _nested(40)}, {"enable_thinking": [True]}],
-                         ids=["65 names", "a list of 65", "nested 40 deep", "a switch's array"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {f"k{i}": i for i in range(65)},
+        {"tools": list(range(65))},
+        {"tools": _nested(40)},
+        {"enable_thinking": [True]},
+    ],
+    ids=["65 names", "a list of 65", "nested 40 deep", "a switch's array"],
+)
 def test_kwargs_are_refused_before_the_work_or_published_as_the_gate_reads_them(kwargs):
     """Found by these tests: `kvtrace anonymize --chat-template-kwargs` with 65 names exited 0
     and `kvtrace audit` of its output said NOT publishable. Now the CLI asks
@@ -137,16 +176,25 @@ def test_kwargs_are_refused_before_the_work_or_published_as_the_gate_reads_them(
 def test_the_rejected_fraction_is_the_larger_of_records_and_bytes_lost():
     assert RecordCounts(read=0, rejected=0).rejected_fraction() == 0.0
     assert RecordCounts(read=10, rejected=1, lost_bytes=0, input_bytes=0).rejected_fraction() == 0.1
-    assert RecordCounts(read=10, rejected=1, lost_bytes=50, input_bytes=100).rejected_fraction() \
-        == 0.5
+    assert (
+        RecordCounts(read=10, rejected=1, lost_bytes=50, input_bytes=100).rejected_fraction() == 0.5
+    )
 
 
 def test_the_runs_counts_round_trip_owner_only_beside_its_dead_letters(tmp_path):
-    totals = ExportTotals(requests=7, requests_without_output_length=2,
-                          requests_with_unrendered_messages=1)
+    totals = ExportTotals(
+        requests=7, requests_without_output_length=2, requests_with_unrendered_messages=1
+    )
     counts = run_counts(RecordCounts(read=9, rejected=2, lost_bytes=11), totals, damaged_files=1)
-    assert counts == {"read": 9, "exported": 7, "rejected": 2, "damaged_files": 1,
-                      "lost_bytes": 11, "without_output_length": 2, "with_unrendered_messages": 1}
+    assert counts == {
+        "read": 9,
+        "exported": 7,
+        "rejected": 2,
+        "damaged_files": 1,
+        "lost_bytes": 11,
+        "without_output_length": 2,
+        "with_unrendered_messages": 1,
+    }
     write_run_counts(str(tmp_path), counts)
     assert read_run_counts(str(tmp_path)) == counts
     path = tmp_path / RUN_COUNTS

@@ -9,17 +9,28 @@ import os
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kvtrace.transforms.write.publish import (FILE, FOLDER, NAME_MAX, Location, OutputRefused,
-                                      file_output, folder_output, plan_locations, spots_beneath,
-                                      staging_folder)
+from kvtrace.transforms.write.publish import (
+    FILE,
+    FOLDER,
+    NAME_MAX,
+    Location,
+    OutputRefused,
+    file_output,
+    folder_output,
+    plan_locations,
+    spots_beneath,
+    staging_folder,
+)
 
 SEGMENTS = st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=3)
 # What makes a manifest one kvtrace writes, by the readers' test (trace_inputs.published_folder).
 KVTRACES = {"sha256": {}, "records": {"exported": 0}}
-EXAMPLES = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+EXAMPLES = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _spelled(base, segments: list[str], data, folder: bool) -> str:
@@ -62,47 +73,55 @@ def base(tmp_path):
 @EXAMPLES
 @given(first=SEGMENTS, second=SEGMENTS, data=st.data())
 def test_two_written_locations_overlap_whatever_their_spelling(base, first, second, data):
-    writes = [Location("--output", _spelled(base, first, data, folder=True), FOLDER),
-              Location("--dead-letter", _spelled(base, second, data, folder=True), FOLDER)]
+    writes = [
+        Location("--output", _spelled(base, first, data, folder=True), FOLDER),
+        Location("--dead-letter", _spelled(base, second, data, folder=True), FOLDER),
+    ]
     assert _refused([], writes) == _related(first, second), writes
 
 
 @EXAMPLES
 @given(read=SEGMENTS, written=SEGMENTS, data=st.data())
-def test_a_written_location_never_meets_a_read_one_whatever_the_spelling(base, read, written,
-                                                                         data):
+def test_a_written_location_never_meets_a_read_one_whatever_the_spelling(base, read, written, data):
     writes = [Location("--json", _spelled(base, written, data, folder=False), FILE)]
     reads = [_spelled(base, read, data, folder=False)]
     assert _refused(reads, writes) == _related(read, written), (reads, writes)
 
 
-@pytest.mark.parametrize("pattern, output, refused", [
-    ("*.jsonl", "out.jsonl", True),          # the next run would read it
-    ("*.jsonl", "out.json", False),
-    ("*.jsonl", "sub/out.jsonl", False),     # a plain glob reads no subfolder
-    ("**/*.jsonl", "sub/x.jsonl", True),     # a local ** is one name's *, as glob reads it
-    ("**/*.jsonl", "sub/deeper/x.jsonl", False),
-    ("logs/*.jsonl", ".", True),             # around the folder it reads
-    ("n?ght/*.jsonl", "night/out.jsonl", True),  # a wildcard in a folder's name
-    ("n?ght/*.jsonl", "day/out.jsonl", False),
-])
+@pytest.mark.parametrize(
+    "pattern, output, refused",
+    [
+        ("*.jsonl", "out.jsonl", True),  # the next run would read it
+        ("*.jsonl", "out.json", False),
+        ("*.jsonl", "sub/out.jsonl", False),  # a plain glob reads no subfolder
+        ("**/*.jsonl", "sub/x.jsonl", True),  # a local ** is one name's *, as glob reads it
+        ("**/*.jsonl", "sub/deeper/x.jsonl", False),
+        ("logs/*.jsonl", ".", True),  # around the folder it reads
+        ("n?ght/*.jsonl", "night/out.jsonl", True),  # a wildcard in a folder's name
+        ("n?ght/*.jsonl", "day/out.jsonl", False),
+    ],
+)
 def test_a_glob_reaches_what_it_would_read_next_time(tmp_path, pattern, output, refused):
     reads = [str(tmp_path / pattern)]
     assert _refused(reads, [Location("-o", str(tmp_path / output), FILE)]) == refused
 
 
-@pytest.mark.parametrize("pattern, output, kind, refused", [
-    ("logs/*/*.jsonl", "logs/night", FOLDER, True),    # its files would be read next run
-    ("logs/*/*.jsonl", "logs/night", FILE, False),     # a file holds no file
-    ("logs/*/*.jsonl", "logs/night/sub", FOLDER, False),
-    ("logs/d?y/*.jsonl", "logs/night", FOLDER, False),
-    ("logs/d?y/*.jsonl", "logs/day/letters", FOLDER, False),
-    ("logs/*/x/*.jsonl", "logs/night/x", FOLDER, True),
-    ("logs/*.jsonl", "logs/night", FOLDER, False),
-    ("logs/*", "logs/night", FOLDER, True),
-])
-def test_a_written_folder_meets_a_glob_that_could_match_inside_it(tmp_path, pattern, output,
-                                                                 kind, refused):
+@pytest.mark.parametrize(
+    "pattern, output, kind, refused",
+    [
+        ("logs/*/*.jsonl", "logs/night", FOLDER, True),  # its files would be read next run
+        ("logs/*/*.jsonl", "logs/night", FILE, False),  # a file holds no file
+        ("logs/*/*.jsonl", "logs/night/sub", FOLDER, False),
+        ("logs/d?y/*.jsonl", "logs/night", FOLDER, False),
+        ("logs/d?y/*.jsonl", "logs/day/letters", FOLDER, False),
+        ("logs/*/x/*.jsonl", "logs/night/x", FOLDER, True),
+        ("logs/*.jsonl", "logs/night", FOLDER, False),
+        ("logs/*", "logs/night", FOLDER, True),
+    ],
+)
+def test_a_written_folder_meets_a_glob_that_could_match_inside_it(
+    tmp_path, pattern, output, kind, refused
+):
     (tmp_path / "logs" / "day").mkdir(parents=True)
     reads = [str(tmp_path / pattern)]
     assert _refused(reads, [Location("--output", str(tmp_path / output), kind)]) == refused
@@ -127,15 +146,19 @@ def test_an_output_folder_that_is_a_link_is_refused_not_followed(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to("real")
     with pytest.raises(OutputRefused, match="symbolic link"):
-        plan_locations([], [Location("--output", str(tmp_path / "link"), FOLDER,
-                                     writer="analyze")])
+        plan_locations([], [Location("--output", str(tmp_path / "link"), FOLDER, writer="analyze")])
 
 
-@pytest.mark.parametrize("manifest, writer", [
-    ({"format": "mooncake-trace", "files": [], **KVTRACES}, "anonymize"),
-    ({"format": "mooncake-trace", "converted_from": "bailian", "files": [], **KVTRACES},
-     "convert"),
-])
+@pytest.mark.parametrize(
+    "manifest, writer",
+    [
+        ({"format": "mooncake-trace", "files": [], **KVTRACES}, "anonymize"),
+        (
+            {"format": "mooncake-trace", "converted_from": "bailian", "files": [], **KVTRACES},
+            "convert",
+        ),
+    ],
+)
 def test_another_commands_output_folder_is_refused_its_own_is_not(tmp_path, manifest, writer):
     out = tmp_path / "out"
     out.mkdir()
@@ -237,8 +260,11 @@ def test_dot_dot_after_a_link_is_placed_where_the_kernel_resolves_it(tmp_path):
 def _kvtrace_output(folder) -> None:
     folder.mkdir()
     (folder / "trace-00000-of-00001.jsonl").write_text("")
-    (folder / "manifest.json").write_text(json.dumps(
-        {"format": "mooncake-trace", "files": ["trace-00000-of-00001.jsonl"], **KVTRACES}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {"format": "mooncake-trace", "files": ["trace-00000-of-00001.jsonl"], **KVTRACES}
+        )
+    )
 
 
 @pytest.mark.parametrize("read", ["trace-00000-of-00001.jsonl", "trace-*.jsonl"])
@@ -252,8 +278,7 @@ def test_a_shard_read_reaches_its_whole_kvtrace_output(tmp_path, read):
     assert not _refused([str(plain / "t.jsonl")], [Location("--json", str(plain / "r.json"))])
 
 
-@pytest.mark.parametrize("name", ["stats.json", "manifest.json", "report.json",
-                                  "new/report.json"])
+@pytest.mark.parametrize("name", ["stats.json", "manifest.json", "report.json", "new/report.json"])
 @pytest.mark.parametrize("kind", [FILE, FOLDER])
 def test_nothing_is_written_inside_a_commands_output_folder(tmp_path, name, kind):
     """Over one of its files, beside them or in a folder made in it, through any spelling: the
@@ -270,10 +295,8 @@ def test_nothing_is_written_inside_a_commands_output_folder(tmp_path, name, kind
 def test_a_private_folder_is_never_another_commands_output_nor_inside_one(tmp_path, where):
     _kvtrace_output(tmp_path / "out")
     with pytest.raises(OutputRefused, match="output of kvtrace anonymize"):
-        plan_locations([], [Location("--dead-letter", str(tmp_path / where), FOLDER,
-                                     private=True)])
-    plan_locations([], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER,
-                                 private=True)])
+        plan_locations([], [Location("--dead-letter", str(tmp_path / where), FOLDER, private=True)])
+    plan_locations([], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER, private=True)])
 
 
 def test_a_fifo_by_the_manifests_name_never_hangs_the_plan(tmp_path):
@@ -281,9 +304,13 @@ def test_a_fifo_by_the_manifests_name_never_hangs_the_plan(tmp_path):
     regular files only (a FIFO would block the open)."""
     (tmp_path / "in").mkdir()
     os.mkfifo(tmp_path / "in" / "manifest.json")
-    assert not _refused([str(tmp_path / "in" / "t.jsonl")],
-                        [Location("--dead-letter", str(tmp_path / "in" / "letters"), FOLDER,
-                                  private=True), Location("--json", str(tmp_path / "r.json"))])
+    assert not _refused(
+        [str(tmp_path / "in" / "t.jsonl")],
+        [
+            Location("--dead-letter", str(tmp_path / "in" / "letters"), FOLDER, private=True),
+            Location("--json", str(tmp_path / "r.json")),
+        ],
+    )
 
 
 def test_a_second_name_of_an_input_is_the_input(tmp_path):
@@ -301,9 +328,11 @@ def test_a_second_name_of_an_input_is_the_input(tmp_path):
 def _spots_of(names: tuple[str, ...], existing: int) -> list:
     """The spots of /names whose first `existing` prefixes exist, each identified by its path
     with a top folder m taken for a (its second name, as a bind mount of a at m)."""
+
     def identity(prefix: tuple[str, ...]) -> tuple[int, int]:
         folded = tuple("a" if (d, n) == (0, "m") else n for d, n in enumerate(prefix))
         return (0, hash("/".join(folded)))
+
     return [(identity(names[:d]), names[d:]) for d in range(min(existing, len(names)) + 1)]
 
 
@@ -311,23 +340,32 @@ NAMES_BELOW = st.lists(st.sampled_from(["a", "b"]), max_size=3)
 
 
 @EXAMPLES
-@given(path=NAMES_BELOW, folder=NAMES_BELOW, tops=st.tuples(*[st.sampled_from("am")] * 2),
-       made=st.integers(1, 4))
-def test_spots_beneath_is_the_name_prefix_whatever_the_folders_second_name(path, folder, tops,
-                                                                         made):
+@given(
+    path=NAMES_BELOW,
+    folder=NAMES_BELOW,
+    tops=st.tuples(*[st.sampled_from("am")] * 2),
+    made=st.integers(1, 4),
+)
+def test_spots_beneath_is_the_name_prefix_whatever_the_folders_second_name(
+    path, folder, tops, made
+):
     """Pure: a path lies beneath a folder exactly when their names, a top folder's second name
     (m: a mounted again) taken for the first, begin alike; however much of them exists (the
     top folders do; a name existing on one exists on the other, as on one filesystem)."""
     path, folder = [tops[0], *path], [tops[1], *folder]
     found = spots_beneath(_spots_of(tuple(path), made), _spots_of(tuple(folder), made))
-    expected = [tuple(path[len(folder):])] if path[1:len(folder)] == folder[1:] and len(
-        path) >= len(folder) else []
+    expected = (
+        [tuple(path[len(folder) :])]
+        if path[1 : len(folder)] == folder[1:] and len(path) >= len(folder)
+        else []
+    )
     assert found == expected
 
 
 @pytest.mark.parametrize("output", ["out", "new/deeper/out"])
-def test_a_folder_output_is_published_only_where_a_folder_can_be_renamed(tmp_path, monkeypatch,
-                                                                         output):
+def test_a_folder_output_is_published_only_where_a_folder_can_be_renamed(
+    tmp_path, monkeypatch, output
+):
     """The plan renames a staging folder where the publish will (the nearest existing folder
     on the way) and leaves nothing: a filesystem that refuses (overlay without redirect_dir:
     EXDEV, tests/e2e round 3 mounts one) is refused before any work, in one line."""
@@ -342,8 +380,11 @@ def test_a_folder_output_is_published_only_where_a_folder_can_be_renamed(tmp_pat
         return rename(source, target, *rest)
 
     monkeypatch.setattr(os, "rename", across_devices)
-    with pytest.raises(OutputRefused, match=f"no folder can be renamed in {tmp_path} "
-                                            r"\(Invalid cross-device link\)"):
+    with pytest.raises(
+        OutputRefused,
+        match=f"no folder can be renamed in {tmp_path} "
+        r"\(Invalid cross-device link\)",
+    ):
         plan_locations([], [where])
     assert os.listdir(tmp_path) == []
 

@@ -13,10 +13,16 @@ from test_dead_letter_run import _staged_run
 
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.write import publish
-from kvtrace.transforms.write.publish import (DeadLetterRun, OutputRefused,
-                                      file_output, folder_output, output_lock, recover_letters,
-                                      restore_interrupted,
-                                      staging_folder)
+from kvtrace.transforms.write.publish import (
+    DeadLetterRun,
+    OutputRefused,
+    file_output,
+    folder_output,
+    output_lock,
+    recover_letters,
+    restore_interrupted,
+    staging_folder,
+)
 
 
 def _beside(path) -> list[str]:
@@ -106,7 +112,9 @@ def test_a_published_folder_is_marked_with_what_its_run_published(tmp_path):
                     handle.write(text)
     assert sorted(os.listdir(out)) == ["a.txt", "b.txt"]
     assert json.loads(os.getxattr(out, publish.OUTPUT_MARK)) == {
-        "writer": "analyze", "files": ["a.txt", "b.txt"]}
+        "writer": "analyze",
+        "files": ["a.txt", "b.txt"],
+    }
     assert publish.folder_writer(str(out)) == "analyze"
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -143,8 +151,10 @@ def test_each_runs_letters_are_published_under_its_own_name(tmp_path):
         _publish_output(staging, tmp_path)
         assert not os.path.exists(run.published)  # staged, hidden, until the run settles
         assert run.settle(run_succeeded=True)
-    assert sorted(os.listdir(tmp_path / "dead")) == ["rejected-aaaaaaaaaaaa.jsonl",
-                                                     "rejected-bbbbbbbbbbbb.jsonl"]
+    assert sorted(os.listdir(tmp_path / "dead")) == [
+        "rejected-aaaaaaaaaaaa.jsonl",
+        "rejected-bbbbbbbbbbbb.jsonl",
+    ]
     assert (tmp_path / "dead" / "rejected-aaaaaaaaaaaa.jsonl").read_text() == "aaaaaaaaaaaa\n"
 
 
@@ -239,8 +249,9 @@ def test_without_overwrite_a_new_file_is_published(tmp_path):
 
 
 @pytest.mark.parametrize("earlier", [False, True])
-def test_a_private_folder_is_owner_only_from_staging_through_the_swap(tmp_path, monkeypatch,
-                                                                       earlier):
+def test_a_private_folder_is_owner_only_from_staging_through_the_swap(
+    tmp_path, monkeypatch, earlier
+):
     """publish_folder(private=True) never opens the folder: its mode at the swap (a kill
     there leaves it as it is) and after it is 0700."""
     out, staging = tmp_path / "hashes", tmp_path / ".hashes.kvtrace-staging-1"
@@ -255,6 +266,7 @@ def test_a_private_folder_is_owner_only_from_staging_through_the_swap(tmp_path, 
         def swapped(first, second, *rest):
             seen.append(os.stat(first).st_mode & 0o777)
             return swap(first, second, *rest)
+
         return swapped
 
     monkeypatch.setattr(publish.os, "rename", noting(rename))

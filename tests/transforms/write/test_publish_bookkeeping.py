@@ -8,13 +8,22 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvtrace.transforms.write import publish
-from kvtrace.transforms.write.publish import (FILE, FOLDER, Location, OutputRefused, lock_path,
-                                      output_lock, plan_locations, staging_folder,
-                                      staging_leftover)
 from kvtrace.transforms.ids.id_map import new_run_id
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import (
+    FILE,
+    FOLDER,
+    Location,
+    OutputRefused,
+    lock_path,
+    output_lock,
+    plan_locations,
+    staging_folder,
+    staging_leftover,
+)
 
 
 def test_a_file_by_the_locks_name_is_locked_as_it_stands_and_kept(tmp_path):
@@ -37,17 +46,28 @@ def test_a_lock_kvtrace_made_goes_with_its_run(tmp_path):
 
 def test_only_an_exact_staging_name_of_the_running_user_is_a_leftover(tmp_path):
     run = new_run_id()
-    for name in (f".X.kvtrace-staging-{run}", f".X.kvtrace-staging-{run}.previous",
-                 ".X.kvtrace-staging-notes.json", f".X.kvtrace-staging-{run}x",
-                 f".Y.kvtrace-staging-{run}"):
+    for name in (
+        f".X.kvtrace-staging-{run}",
+        f".X.kvtrace-staging-{run}.previous",
+        ".X.kvtrace-staging-notes.json",
+        f".X.kvtrace-staging-{run}x",
+        f".Y.kvtrace-staging-{run}",
+    ):
         (tmp_path / name).write_bytes(b"")
-    assert sorted(n for n in os.listdir(tmp_path) if staging_leftover(str(tmp_path), n, "X")) \
-        == [f".X.kvtrace-staging-{run}", f".X.kvtrace-staging-{run}.previous"]
+    assert sorted(n for n in os.listdir(tmp_path) if staging_leftover(str(tmp_path), n, "X")) == [
+        f".X.kvtrace-staging-{run}",
+        f".X.kvtrace-staging-{run}.previous",
+    ]
     with output_lock(str(tmp_path / "X")):
         pass  # the previous output put back, the killed run's staging cleared, nothing else
-    assert sorted(os.listdir(tmp_path)) == sorted([
-        ".X.kvtrace-staging-notes.json", f".X.kvtrace-staging-{run}x", f".Y.kvtrace-staging-{run}",
-        "X"])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [
+            ".X.kvtrace-staging-notes.json",
+            f".X.kvtrace-staging-{run}x",
+            f".Y.kvtrace-staging-{run}",
+            "X",
+        ]
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away takes root")
@@ -70,13 +90,21 @@ def test_a_location_by_a_staging_name_is_refused(tmp_path):
 def test_a_location_that_is_anothers_lock_is_refused(tmp_path):
     out = tmp_path / "X"
     with pytest.raises(OutputRefused, match="lock file"):
-        plan_locations([], [Location("--json", lock_path(str(out))),
-                            Location("--output", str(out), FOLDER, writer="analyze")])
+        plan_locations(
+            [],
+            [
+                Location("--json", lock_path(str(out))),
+                Location("--output", str(out), FOLDER, writer="analyze"),
+            ],
+        )
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.binary(min_size=1, max_size=20).filter(lambda b: b"/" not in b and b"\0" not in b
-                                                  and b not in (b".", b"..")))
+@given(
+    st.binary(min_size=1, max_size=20).filter(
+        lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b"..")
+    )
+)
 def test_a_letters_key_is_the_places_whatever_its_bytes_or_spelling(name):
     import tempfile
 
@@ -110,8 +138,9 @@ def test_another_users_manifest_makes_no_output(tmp_path):
     plan_locations([], [Location("--json", str(tmp_path / "me" / "a.json"))])
 
 
-def test_a_file_added_after_the_last_check_is_never_removed_with_the_previous(tmp_path,
-                                                                              monkeypatch):
+def test_a_file_added_after_the_last_check_is_never_removed_with_the_previous(
+    tmp_path, monkeypatch
+):
     out = tmp_path / "analysis"
     with publish.folder_output(str(out), "analyze") as staged:
         with open(os.path.join(staged.path, "a.txt"), "wb") as handle:
@@ -139,8 +168,9 @@ def test_a_globs_folders_are_placed_as_the_kernel_walks_them(tmp_path, pattern):
     (tmp_path / "E").mkdir()
     (tmp_path / "E" / "l").symlink_to(tmp_path / "D")
     with pytest.raises(OutputRefused, match="next run would read its own output"):
-        plan_locations([str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" /
-                                                                           "t2.jsonl"))])
+        plan_locations(
+            [str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" / "t2.jsonl"))]
+        )
     plan_locations([str(tmp_path / pattern)], [Location("--json", str(tmp_path / "D" / "r.json"))])
 
 
@@ -152,8 +182,9 @@ def test_nothing_is_written_inside_a_private_folder_kvtrace_made(tmp_path):
         pytest.skip("no extended attributes here")
     with pytest.raises(OutputRefused, match="private folder of kvtrace's"):
         plan_locations([], [Location("--json", str(tmp_path / "letters" / "rejected-x.jsonl"))])
-    plan_locations([], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER,
-                                 private=True)])  # its own runs write it still
+    plan_locations(
+        [], [Location("--dead-letter", str(tmp_path / "letters"), FOLDER, private=True)]
+    )  # its own runs write it still
     with publish.folder_output(str(tmp_path / "out"), "analyze"):
         pass  # staged in a private folder, published for all to read
     assert not storage.is_private_folder(str(tmp_path / "out"))
@@ -171,8 +202,7 @@ def test_a_lock_name_is_never_a_folder_output(tmp_path, name):
     plan_locations([], [Location("--json", str(tmp_path / name), FILE)])
 
 
-def test_a_users_folder_others_may_write_is_refused_for_private_files_before_the_work(
-        tmp_path):
+def test_a_users_folder_others_may_write_is_refused_for_private_files_before_the_work(tmp_path):
     """kvtrace changes no folder it did not make: one other users may write cannot hold its
     private files, said at the plan; one only its owner writes is taken as it stands."""
     from kvtrace.transforms import storage

@@ -12,9 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.ids.id_map import new_run_id
-from kvtrace.transforms.write.publish import (NAME_MAX, OutputRefused, check_file, check_output,
-                                              foreign_files, lock_path, staging_folder,
-                                              staging_leftover)
+from kvtrace.transforms.write.publish import (
+    NAME_MAX,
+    OutputRefused,
+    check_file,
+    check_output,
+    foreign_files,
+    lock_path,
+    staging_folder,
+    staging_leftover,
+)
 
 NAMES = st.integers(1, NAME_MAX).map(lambda n: "n" * n)
 # What kvtrace puts after a staging folder's name: a run's own (12 hex digits) with the

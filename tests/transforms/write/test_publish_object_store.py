@@ -31,7 +31,7 @@ class ObjectStore(LocalFileSystem):
         return SCHEME[:-3]
 
     def _local(self, url: str) -> str:
-        return os.path.join(self.root, url[len(SCHEME):])
+        return os.path.join(self.root, url[len(SCHEME) :])
 
     def join(self, base, *names):
         return posixpath.join(base, *names)
@@ -40,10 +40,17 @@ class ObjectStore(LocalFileSystem):
         return posixpath.split(url)
 
     def match(self, patterns, limits=None):
-        return [MatchResult(pattern, [
-            FileMetadata(SCHEME + os.path.relpath(path, self.root), os.path.getsize(path))
-            for path in sorted(glob.glob(self._local(pattern), include_hidden=True))
-            if os.path.isfile(path)]) for pattern in patterns]
+        return [
+            MatchResult(
+                pattern,
+                [
+                    FileMetadata(SCHEME + os.path.relpath(path, self.root), os.path.getsize(path))
+                    for path in sorted(glob.glob(self._local(pattern), include_hidden=True))
+                    if os.path.isfile(path)
+                ],
+            )
+            for pattern in patterns
+        ]
 
     def create(self, url, *args, **kwargs):
         return super().create(self._local(url), *args, **kwargs)
@@ -57,8 +64,9 @@ class ObjectStore(LocalFileSystem):
     def rename(self, sources, destinations):
         for destination in destinations:
             os.makedirs(os.path.dirname(self._local(destination)), exist_ok=True)
-        return super().rename([self._local(s) for s in sources],
-                              [self._local(d) for d in destinations])
+        return super().rename(
+            [self._local(s) for s in sources], [self._local(d) for d in destinations]
+        )
 
     def delete(self, urls):
         return super().delete([self._local(u) for u in urls])
@@ -84,7 +92,9 @@ def test_a_folder_is_marked_by_an_object_and_replaced_only_by_its_command(store)
     assert sorted(os.listdir(folder)) == ["analysis.txt", publish.OUTPUT_MARK_OBJECT]
     assert (folder / "analysis.txt").read_text() == "2"
     assert json.loads((folder / publish.OUTPUT_MARK_OBJECT).read_text()) == {
-        "writer": "analyze", "files": ["analysis.txt"]}
+        "writer": "analyze",
+        "files": ["analysis.txt"],
+    }
     assert publish.folder_writer(output) == "analyze"
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(OutputRefused, match=r"did not write \(notes.txt\)"):

@@ -26,8 +26,10 @@ def _state(out, report) -> tuple[bytes, bytes]:
 
 def test_nothing_is_published_before_the_block_ends(tmp_path):
     out, report = _previous(tmp_path)
-    with file_output(str(report)) as staged_report, \
-            file_output(str(out), report=staged_report) as staged:
+    with (
+        file_output(str(report)) as staged_report,
+        file_output(str(out), report=staged_report) as staged,
+    ):
         staged.write(b"new output")
         staged_report.write(b"new report")
         assert _state(out, report) == (b"previous output", b"previous report")
@@ -37,8 +39,11 @@ def test_nothing_is_published_before_the_block_ends(tmp_path):
 
 def test_a_failure_in_the_block_after_staging_publishes_neither(tmp_path):
     out, report = _previous(tmp_path)
-    with pytest.raises(RuntimeError), file_output(str(report)) as staged_report, \
-            file_output(str(out), report=staged_report) as staged:
+    with (
+        pytest.raises(RuntimeError),
+        file_output(str(report)) as staged_report,
+        file_output(str(out), report=staged_report) as staged,
+    ):
         staged.write(b"new output")
         staged_report.write(b"new report")
         raise RuntimeError("the command found the work wanting")
@@ -59,8 +64,11 @@ def test_a_report_that_cannot_be_published_puts_the_output_back(tmp_path, monkey
         return swap_in(staged, output)
 
     monkeypatch.setattr(publish, "_swap_in", full_at_the_report)
-    with pytest.raises(OSError), file_output(str(report)) as staged_report, \
-            file_output(str(out), report=staged_report) as staged:
+    with (
+        pytest.raises(OSError),
+        file_output(str(report)) as staged_report,
+        file_output(str(out), report=staged_report) as staged,
+    ):
         staged.write(b"new output")
         staged_report.write(b"new report")
     assert report.read_bytes() == b"previous report"
@@ -72,7 +80,8 @@ def test_a_report_that_cannot_be_published_puts_the_output_back(tmp_path, monkey
 
 
 def test_a_folder_and_its_report_are_put_back_together_when_their_folder_sync_fails(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     folder, report = tmp_path / "analysis", tmp_path / "report.json"
     with folder_output(str(folder), "analyze") as staged:
         (tmp_path / staged.path / "analysis.txt").write_bytes(b"previous")
@@ -85,8 +94,11 @@ def test_a_folder_and_its_report_are_put_back_together_when_their_folder_sync_fa
         sync(path)
 
     monkeypatch.setattr(publish.storage, "sync_folder", fails_for_the_parent)
-    with pytest.raises(OSError), file_output(str(report)) as staged_report, \
-            folder_output(str(folder), "analyze", staged_report) as staged:
+    with (
+        pytest.raises(OSError),
+        file_output(str(report)) as staged_report,
+        folder_output(str(folder), "analyze", staged_report) as staged,
+    ):
         (tmp_path / staged.path / "analysis.txt").write_bytes(b"new")
         staged_report.write(b"new report")
     assert (folder / "analysis.txt").read_bytes() == b"previous"
@@ -105,8 +117,11 @@ def test_without_a_rename_exchange_the_previous_output_is_put_back_too(tmp_path,
         return swap_in(staged, output)
 
     monkeypatch.setattr(publish, "_swap_in", full_at_the_report)
-    with pytest.raises(OSError), file_output(str(report)) as staged_report, \
-            file_output(str(out), report=staged_report) as staged:
+    with (
+        pytest.raises(OSError),
+        file_output(str(report)) as staged_report,
+        file_output(str(out), report=staged_report) as staged,
+    ):
         staged.write(b"new output")
         staged_report.write(b"new report")
     assert _state(out, report) == (b"previous output", b"previous report")

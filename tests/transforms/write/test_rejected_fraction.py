@@ -14,8 +14,10 @@ def test_no_bound_lets_anything_through():  # a stream's window: the stream must
     assert check_rejected_fraction(counts, None, {"invalid_json": 4}) is counts
 
 
-@pytest.mark.parametrize("counts", [RecordCounts(4, 2), RecordCounts(0, 0),
-                                    RecordCounts(4, 0, lost_bytes=5, input_bytes=10)])
+@pytest.mark.parametrize(
+    "counts",
+    [RecordCounts(4, 2), RecordCounts(0, 0), RecordCounts(4, 0, lost_bytes=5, input_bytes=10)],
+)
 def test_up_to_the_bound_passes(counts):
     assert check_rejected_fraction(counts, 0.5) is counts
 

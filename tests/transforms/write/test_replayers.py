@@ -27,8 +27,10 @@ def test_a_single_shard_is_replayed_as_published_by_the_replayers_that_read_it_w
 
 def test_several_shards_go_through_export_for_every_replayer():
     commands = replay_commands(64, 10, TWO)
-    assert all(c.startswith(f"kvtrace export . --to {name} -o ../kvtrace.{name}.jsonl && ")
-               for name, c in commands.items())
+    assert all(
+        c.startswith(f"kvtrace export . --to {name} -o ../kvtrace.{name}.jsonl && ")
+        for name, c in commands.items()
+    )
 
 
 @pytest.mark.parametrize("folder", ["out", "out/", "gs://bucket/night"])

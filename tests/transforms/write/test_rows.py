@@ -10,14 +10,20 @@ from hypothesis import strategies as st
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.ids.buckets import BUCKET_MS
 from kvtrace.transforms.trace_format import NO_SESSION
-from kvtrace.transforms.write.rows import (ROW, RowBatch, room_by_minute, row_batch,
-                                           rows_by_shard)
+from kvtrace.transforms.write.rows import ROW, RowBatch, room_by_minute, row_batch, rows_by_shard
 
 # (timestamp, input_length, output_length, session, ids, output ids)
-ROWS = st.lists(st.tuples(st.integers(0, 5 * BUCKET_MS), st.integers(0, 3), st.integers(0, 3),
-                          st.sampled_from([NO_SESSION, 0, 1]),
-                          st.lists(st.integers(0, 99), max_size=4),
-                          st.lists(st.integers(100, 199), max_size=2)), max_size=25)
+ROWS = st.lists(
+    st.tuples(
+        st.integers(0, 5 * BUCKET_MS),
+        st.integers(0, 3),
+        st.integers(0, 3),
+        st.sampled_from([NO_SESSION, 0, 1]),
+        st.lists(st.integers(0, 99), max_size=4),
+        st.lists(st.integers(100, 199), max_size=2),
+    ),
+    max_size=25,
+)
 
 
 def batch_of(rows: list, hashes: bool = True) -> RowBatch:
@@ -31,12 +37,15 @@ def batch_of(rows: list, hashes: bool = True) -> RowBatch:
 
 def as_rows(batch: RowBatch) -> list[tuple]:
     """Each row with its own ids, output ids and hashes: what must stay together."""
-    hashes = np.split(batch.hashes, np.cumsum(batch.rows["num_ids"])[:-1]) \
-        if batch.hashes is not None and len(batch.rows) else [None] * len(batch.rows)
-    return [(tuple(row.tolist()), ids.tolist(), outputs.tolist(),
-             None if h is None else h.tolist())
-            for row, ids, outputs, h in zip(batch.rows, batch.row_ids(), batch.row_output_ids(),
-                                            hashes)]
+    hashes = (
+        np.split(batch.hashes, np.cumsum(batch.rows["num_ids"])[:-1])
+        if batch.hashes is not None and len(batch.rows)
+        else [None] * len(batch.rows)
+    )
+    return [
+        (tuple(row.tolist()), ids.tolist(), outputs.tolist(), None if h is None else h.tolist())
+        for row, ids, outputs, h in zip(batch.rows, batch.row_ids(), batch.row_output_ids(), hashes)
+    ]
 
 
 @settings(max_examples=30, deadline=None)
@@ -45,7 +54,7 @@ def test_select_keeps_each_rows_ids_outputs_and_hashes_with_it(rows, random):
     batch = batch_of(rows)
     order = list(range(len(rows)))
     random.shuffle(order)
-    order = order[:random.randint(0, len(order))]  # any subset, in any order
+    order = order[: random.randint(0, len(order))]  # any subset, in any order
     picked = batch.select(np.array(order, dtype=np.int64))
     assert as_rows(picked) == [as_rows(batch)[i] for i in order]
 
@@ -85,8 +94,11 @@ def test_concat_drops_a_column_one_batch_lacks():
 
 
 @settings(max_examples=30, deadline=None)
-@given(ROWS, st.lists(st.integers(1, 5), max_size=3, unique=True).map(lambda p: [0, *sorted(p)]),
-       st.integers(0, BUCKET_MS))
+@given(
+    ROWS,
+    st.lists(st.integers(1, 5), max_size=3, unique=True).map(lambda p: [0, *sorted(p)]),
+    st.integers(0, BUCKET_MS),
+)
 def test_rows_by_shard_partitions_the_rows_keeping_their_order(rows, plan, origin):
     batch = batch_of([(ts + origin, *rest) for ts, *rest in rows])
     plan = np.array(plan, dtype=np.int64)
@@ -113,13 +125,21 @@ def test_room_by_minute_sums_each_minutes_room():
 
 
 def _request(ms: int, prompt: int, outputs: int, session: bytes | None) -> HashedRequest:
-    return HashedRequest(ms, ms, 4 * prompt, 5, b"\1" * 16 * prompt, session,
-                         output_block_hashes=b"\2" * 16 * outputs)
+    return HashedRequest(
+        ms,
+        ms,
+        4 * prompt,
+        5,
+        b"\1" * 16 * prompt,
+        session,
+        output_block_hashes=b"\2" * 16 * outputs,
+    )
 
 
 def test_row_batch_splits_each_requests_ids_into_prompt_and_output_blocks():
-    batch = HashedBatch.pack([_request(0, 2, 1, b"s" * 16), _request(1, 0, 2, None),
-                              _request(2, 1, 0, b"t" * 16)])
+    batch = HashedBatch.pack(
+        [_request(0, 2, 1, b"s" * 16), _request(1, 0, 2, None), _request(2, 1, 0, b"t" * 16)]
+    )
     # Ids in request order: 2 prompt + 1 output, 0 + 2, 1 + 0.
     ids = np.array([10, 11, 90, 91, 92, 12], dtype=np.int64)
     rows = row_batch(batch.requests, ids, np.array([7, 8]), with_outputs=True)
@@ -132,8 +152,9 @@ def test_row_batch_splits_each_requests_ids_into_prompt_and_output_blocks():
 def test_rows_alike_but_for_their_output_ids_differ_in_their_sort_key():
     """Everything a row publishes is in its sort key: output ids too (ids_digest)."""
     batch = HashedBatch.pack([_request(0, 1, 1, None), _request(0, 1, 1, None)])
-    rows = row_batch(batch.requests, np.array([1, 2, 1, 3]), np.empty(0, np.int64),
-                     with_outputs=True)
+    rows = row_batch(
+        batch.requests, np.array([1, 2, 1, 3]), np.empty(0, np.int64), with_outputs=True
+    )
     assert rows.rows["ids_digest"][0] != rows.rows["ids_digest"][1]
     plain = row_batch(batch.requests, np.array([1, 2, 1, 3]), np.empty(0, np.int64))
     assert plain.rows["ids_digest"][0] == plain.rows["ids_digest"][1]

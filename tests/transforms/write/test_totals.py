@@ -25,19 +25,28 @@ def test_summing_is_field_by_field_and_splits_anywhere(left, right):
     """Beam combines partial sums in any grouping: the sum of sums is the sum."""
     whole = sum_totals(left + right)
     assert whole == sum_totals([sum_totals(left), sum_totals(right)])
-    assert all(getattr(whole, f.name) == sum(getattr(t, f.name) for t in left + right)
-               for f in fields(ExportTotals))
+    assert all(
+        getattr(whole, f.name) == sum(getattr(t, f.name) for t in left + right)
+        for f in fields(ExportTotals)
+    )
 
 
 def test_a_batchs_totals_count_what_its_published_rows_show():
-    requests = [HashedRequest(0, 0, 40, 149, b"\0" * 32, None, defaulted=("output_length",)),
-                HashedRequest(1, 1, 8, 0, b"\0" * 16, None, defaulted=("message_not_rendered",)),
-                HashedRequest(2, 2, 3, 1, b"", None)]
+    requests = [
+        HashedRequest(0, 0, 40, 149, b"\0" * 32, None, defaulted=("output_length",)),
+        HashedRequest(1, 1, 8, 0, b"\0" * 16, None, defaulted=("message_not_rendered",)),
+        HashedRequest(2, 2, 3, 1, b"", None),
+    ]
     totals = ExportTotals.of_batch(HashedBatch.pack(requests), Coarsening(output_length=100))
     # Output lengths as published: 149 -> 100, 0 stays 0, 1 -> 100 (never 0 once positive).
-    assert totals == ExportTotals(requests=3, input_tokens=51, output_tokens=200, blocks=3,
-                                  requests_without_output_length=1,
-                                  requests_with_unrendered_messages=1)
+    assert totals == ExportTotals(
+        requests=3,
+        input_tokens=51,
+        output_tokens=200,
+        blocks=3,
+        requests_without_output_length=1,
+        requests_with_unrendered_messages=1,
+    )
     assert ExportTotals.of_batch(HashedBatch.pack(requests)).output_tokens == 150
 
 

@@ -30,15 +30,29 @@ def _batch(ms: list[int]) -> RowBatch:
 def test_each_shard_is_written_under_the_plans_count_coarsened_with_its_hashes(tmp_path):
     out, hashes = tmp_path / "out", tmp_path / "hashes"
     plan = np.array([0, 5, 9])  # three shards; shard 1 gets only the None that marks shard 0
-    elements = [(0, [None, _batch([ORIGIN + 40, ORIGIN + 260])]), (1, []),
-                (2, [_batch([ORIGIN + 9 * 60_000])])]
+    elements = [
+        (0, [None, _batch([ORIGIN + 40, ORIGIN + 260])]),
+        (1, []),
+        (2, [_batch([ORIGIN + 9 * 60_000])]),
+    ]
     with TestPipeline() as pipeline:
-        written = (pipeline | beam.Create(elements)
-                   | beam.ParDo(WriteShard(str(out), Coarsening(100, 100), str(hashes)), plan,
-                                ORIGIN, object()))
-        assert_that(written | beam.MapTuple(lambda path, sha: os.path.basename(path)),
-                    equal_to([f"trace-0000{s}-of-00003.{kind}" for s in range(3)
-                              for kind in ("jsonl", "parquet")]))
+        written = (
+            pipeline
+            | beam.Create(elements)
+            | beam.ParDo(
+                WriteShard(str(out), Coarsening(100, 100), str(hashes)), plan, ORIGIN, object()
+            )
+        )
+        assert_that(
+            written | beam.MapTuple(lambda path, sha: os.path.basename(path)),
+            equal_to(
+                [
+                    f"trace-0000{s}-of-00003.{kind}"
+                    for s in range(3)
+                    for kind in ("jsonl", "parquet")
+                ]
+            ),
+        )
     first = columns_of_jsonl((out / "trace-00000-of-00003.jsonl").read_bytes())
     assert first.timestamp.tolist() == [0, 300] and first.output_length.tolist() == [100, 100]
     assert (out / "trace-00001-of-00003.jsonl").read_bytes() == b""
