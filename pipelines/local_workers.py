@@ -1,7 +1,7 @@
 """The local engine's worker processes (`--processes`, at least one): file ranges encoded in
 processes forked from this one once it has loaded the tokenizer (or started clean where a fork
 is unsafe), each claiming ranges from a shared table, stopped with this process. A worker's
-death, a native abort included, is this process's one-line error (_worker_death): native code
+death, a native abort included, is this process's one-line error (worker_death): native code
 never tokenizes input here. Not Beam's SDK worker pool (worker_pool.py): these never run a
 pipeline.
 
@@ -32,7 +32,7 @@ from kvtrace.transforms.garbage import settle_after_start_up
 from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange, ReadProgress
 
 _LOG = logging.getLogger("kvtrace")
-# Where forking is unsafe (_can_fork), worker processes start from a clean server process.
+# Where forking is unsafe (can_fork), worker processes start from a clean server process.
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # read by the Rust tokenizer
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -76,10 +76,10 @@ def encode_in_workers(
         parts = [part for _, part in sorted(p for f in futures for p in f.result())]
     except BrokenProcessPool:  # a worker died (its Python would have raised): say how, and why
         workers = list((pool._processes or {}).values())
-        _end_workers(pool)
-        raise JobStopped(_worker_death(workers)) from None
+        end_workers(pool)
+        raise JobStopped(worker_death(workers)) from None
     except BaseException:  # a stop (Ctrl-C, SIGTERM) or a failure: no worker outlives the run
-        _end_workers(pool)
+        end_workers(pool)
         raise
     finally:
         _WORKER.clear()  # the encoder and its cache, which forked workers took from here
@@ -90,10 +90,10 @@ def encode_in_workers(
 def _start_pool(
     work: RangeWork, pieces: list[FileRange], processes: int, total_bytes: int
 ) -> ProcessPoolExecutor:
-    """Workers forked from this process (_can_fork) once it has loaded the encoder and warmed it
+    """Workers forked from this process (can_fork) once it has loaded the encoder and warmed it
     up, or started clean, each building its own and warming it up (_encode_claimed): either way
     no worker claims a range cold."""
-    forked = _can_fork()
+    forked = can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     bounds = context.Array("q", run_bounds(len(pieces), processes))
     _LOG.info(
@@ -116,7 +116,7 @@ def _start_pool(
             pieces=pieces,
             bounds=bounds,
         )
-        return ProcessPoolExecutor(processes, context, initializer=_leave_stopping_to_parent)
+        return ProcessPoolExecutor(processes, context, initializer=leave_stopping_to_parent)
     # A clean worker imports its own watchdog: it renders under this process's budget, as a
     # forked one does by inheritance.
     budget = (RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes)
@@ -132,7 +132,7 @@ def _start_pool(
 def _stop_signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back while workers start: a worker forked meanwhile begins with
     them held and with this process's handlers, and lets them through only once
-    _leave_stopping_to_parent has set its own (this process gets them when this ends)."""
+    leave_stopping_to_parent has set its own (this process gets them when this ends)."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -140,7 +140,7 @@ def _stop_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def _leave_stopping_to_parent() -> None:
+def leave_stopping_to_parent() -> None:
     """In a worker: Ctrl-C (sent to the terminal's whole process group) is the parent's to act
     on, and SIGTERM, from the parent ending its workers, ends the worker at once, without a
     traceback."""
@@ -149,7 +149,7 @@ def _leave_stopping_to_parent() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-def _end_workers(pool: ProcessPoolExecutor) -> None:
+def end_workers(pool: ProcessPoolExecutor) -> None:
     """Workers ended at once, their work abandoned: shutting the pool down would wait for it."""
     workers = list((pool._processes or {}).values())  # the executor has no public handle on them
     pool.shutdown(wait=False, cancel_futures=True)
@@ -161,7 +161,7 @@ def _end_workers(pool: ProcessPoolExecutor) -> None:
             worker.kill()
 
 
-def _worker_death(workers: list[Any]) -> str:
+def worker_death(workers: list[Any]) -> str:
     """One line: which signal ended a worker (the pool ends the others with SIGTERM) and the
     last words its native code wrote (a Rust abort says why there, nowhere else), which are
     logged at WARNING too."""
@@ -181,7 +181,7 @@ def _worker_death(workers: list[Any]) -> str:
     return f"a worker process died{how}{said}"
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
     """Whether workers may fork from this process, inheriting its loaded tokenizer and imported
     renderer (~1.5 s of a core per worker otherwise): only where nothing but this thread runs
     and gRPC was never loaded (a Beam run in this process leaves threads whose locks a fork
@@ -217,7 +217,7 @@ def _start_worker(
     budget: tuple[float, int],
 ) -> None:
     """A worker started clean, to be warmed up before its first claim (_encode_claimed)."""
-    _leave_stopping_to_parent()
+    leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
     _WORKER.update(
         work=work,

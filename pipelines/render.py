@@ -19,10 +19,10 @@ import numpy as np
 
 from kvtrace.pipelines.local_workers import (
     START_METHOD,
-    _can_fork,
-    _end_workers,
-    _leave_stopping_to_parent,
-    _worker_death,
+    can_fork,
+    end_workers,
+    leave_stopping_to_parent,
+    worker_death,
 )
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
@@ -145,22 +145,22 @@ def _verifier(config: RenderConfig) -> Iterator[ProcessPoolExecutor]:
     """One process that tokenizes the rendered texts to verify them, as the local engine's
     workers tokenize: a native abort in the tokenizer is this process's one-line error, not
     its silent death."""
-    context = multiprocessing.get_context("fork" if _can_fork() else START_METHOD)
+    context = multiprocessing.get_context("fork" if can_fork() else START_METHOD)
     pool = ProcessPoolExecutor(1, context, initializer=_start_verifier, initargs=(config,))
     try:
         yield pool
     except BrokenProcessPool:
         workers = list((pool._processes or {}).values())  # no public handle on them
-        _end_workers(pool)
-        raise JobStopped(_worker_death(workers).replace("a worker", "the verifying")) from None
+        end_workers(pool)
+        raise JobStopped(worker_death(workers).replace("a worker", "the verifying")) from None
     except BaseException:
-        _end_workers(pool)
+        end_workers(pool)
         raise
     pool.shutdown()
 
 
 def _start_verifier(config: RenderConfig) -> None:
-    _leave_stopping_to_parent()
+    leave_stopping_to_parent()
     _VERIFIER.update(config=config, tokenizer=load_tokenizer(config.tokenizer))
 
 

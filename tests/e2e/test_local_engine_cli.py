@@ -77,7 +77,7 @@ def test_local_and_beam_engines_write_the_same_bytes(tiny_tokenizer, tmp_path, b
 def test_worker_processes_change_no_byte(tiny_tokenizer, tmp_path, monkeypatch, start):
     """Workers forked from the loaded process (a fresh CLI process) or started clean (where a
     fork is unsafe) write what one process writes."""
-    monkeypatch.setattr(local_workers, "_can_fork", lambda: False)
+    monkeypatch.setattr(local_workers, "can_fork", lambda: False)
     inputs = mixed_inputs(tmp_path / "in")
     salt = ["--salt-file", str(write_salt(tmp_path))]
     assert anonymize(tiny_tokenizer, inputs, tmp_path / "one", *salt) == 0

@@ -61,4 +61,4 @@ def test_the_default_is_a_worker_per_core_and_per_read_split_of_input(monkeypatc
 
 def test_workers_fork_only_from_a_process_without_grpc_or_other_threads(monkeypatch):
     monkeypatch.setitem(sys.modules, "grpc", sys)
-    assert not local_workers._can_fork()
+    assert not local_workers.can_fork()

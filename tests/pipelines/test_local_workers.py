@@ -68,7 +68,7 @@ class BudgetWork(PidWork):
 
 @pytest.mark.parametrize("forked", [True, False])
 def test_workers_render_under_this_process_budget_forked_or_started_clean(forked, monkeypatch):
-    monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
+    monkeypatch.setattr(local_workers, "can_fork", lambda: forked)
     monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "seconds", 0.25)
     monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "memory_bytes", 64 << 20)
     parts = local_workers.encode_in_workers(BudgetWork(), PIECES[:1], 1, 1)

@@ -34,7 +34,7 @@ class WarmthWork:
 
 @pytest.mark.parametrize("forked", [True, False])
 def test_every_worker_is_warmed_up_before_it_encodes_forked_or_started_clean(forked, monkeypatch):
-    monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
+    monkeypatch.setattr(local_workers, "can_fork", lambda: forked)
     parts = local_workers.encode_in_workers(WarmthWork(), PIECES, 2, len(PIECES))
     assert [part.read for part in parts] == [PIECES[0].start] * len(PIECES)
 
@@ -49,7 +49,7 @@ class HostileWork(WarmthWork):
 
 @pytest.mark.parametrize("forked", [True, False])
 def test_a_stop_in_the_warm_up_is_the_runs_error_forked_or_started_clean(forked, monkeypatch):
-    monkeypatch.setattr(local_workers, "_can_fork", lambda: forked)
+    monkeypatch.setattr(local_workers, "can_fork", lambda: forked)
     with pytest.raises(JobStopped) as stopped:
         local_workers.encode_in_workers(HostileWork(), PIECES, 2, len(PIECES))
     assert (
