@@ -58,9 +58,9 @@ def validate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError("--block-size must be >= 1")
     files = trace_files(args.trace)
     plan_trace_command(args, files)
-    declared, by = args.block_size, "--block-size"
-    if declared is None:
-        declared, by = declared_block_size(files), MANIFEST
+    # --block-size against a manifest that declares another is refused, as every reader does
+    declared = declared_block_size(files, args.block_size)
+    by = "--block-size" if args.block_size is not None else MANIFEST
     report = check(read_trace(files), declared, by if declared else "")
     print(report_text(report, files))
     write_json_report(args.json, report)

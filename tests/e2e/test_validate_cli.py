@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import write_jsonl
+from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 
 CLEAN = [
@@ -29,3 +29,18 @@ def test_the_cli_exit_code_report_and_json(tmp_path, capsys):
     # Only the manifest of the kvtrace output whose rows are read declares a block size (the
     # one pinned with its shards: test_published_folders); t.jsonl is no output's shard.
     assert main(["validate", str(path)]) == 0
+
+
+def test_a_block_size_against_the_outputs_declared_one_is_refused_in_one_line(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """As every reader refuses it (analyze, reuse, ...): an output's hash_ids are blocks of the
+    size its manifest declares, so another --block-size is an error, not a failed check."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(i, 1000 * i) for i in range(3)])
+    assert anonymize(tiny_tokenizer, [src], tmp_path / "out", "--block-size", "4") == 0
+    capsys.readouterr()
+    assert main(["validate", str(tmp_path / "out"), "--block-size", "4"]) == 0
+    assert main(["validate", str(tmp_path / "out"), "--block-size", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --block-size 8, but") and "declares 4" in err
+    assert "\n" not in err
