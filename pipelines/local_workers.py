@@ -34,6 +34,11 @@ from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange, ReadPro
 _LOG = logging.getLogger("kvtrace")
 # Where forking is unsafe (can_fork), worker processes start from a clean server process.
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+# The forkserver imports the workers' stack once, so each clean worker forks from it with that
+# stack loaded (~0.1 s) instead of importing it again (~1 s of a core per worker and run).
+FORKSERVER_PRELOAD = ["kvtrace.pipelines.anonymize_local", "jinja2.sandbox"]
+if START_METHOD == "forkserver":
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # read by the Rust tokenizer
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # A worker still running this long after SIGTERM is killed (it ends at once, by default action).
