@@ -129,7 +129,7 @@ def _start_pool(
         processes,
         context,
         initializer=_start_worker,
-        initargs=(work, total_bytes, pieces, bounds, budget),
+        initargs=(work, total_bytes, pieces, bounds, budget, workers_environment()),
     )
 
 
@@ -214,14 +214,29 @@ def _single_threaded_tokenizers_in_children() -> Iterator[None]:
             os.environ[TOKENIZERS_PARALLELISM] = before
 
 
+def workers_environment() -> dict[str, str]:
+    """This process's environment as its workers run in it (one tokenizer thread each)."""
+    return {**os.environ, TOKENIZERS_PARALLELISM: "false"}
+
+
+def adopt_environment(environment: dict[str, str]) -> None:
+    """A clean worker runs in its parent's environment as it is now: a forkserver's children
+    inherit the server's, taken when it started, before a salt (KVTRACE_SALT) or setting may
+    have been set."""
+    os.environ.clear()
+    os.environ.update(environment)
+
+
 def _start_worker(
     work: RangeWork,
     total_bytes: int,
     pieces: list[FileRange],
     bounds: Any,
     budget: tuple[float, int],
+    environment: dict[str, str],
 ) -> None:
     """A worker started clean, to be warmed up before its first claim (_encode_claimed)."""
+    adopt_environment(environment)
     leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
     _WORKER.update(

@@ -19,10 +19,12 @@ import numpy as np
 
 from kvtrace.pipelines.local_workers import (
     START_METHOD,
+    adopt_environment,
     can_fork,
     end_workers,
     leave_stopping_to_parent,
     worker_death,
+    workers_environment,
 )
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
@@ -146,7 +148,9 @@ def _verifier(config: RenderConfig) -> Iterator[ProcessPoolExecutor]:
     workers tokenize: a native abort in the tokenizer is this process's one-line error, not
     its silent death."""
     context = multiprocessing.get_context("fork" if can_fork() else START_METHOD)
-    pool = ProcessPoolExecutor(1, context, initializer=_start_verifier, initargs=(config,))
+    pool = ProcessPoolExecutor(
+        1, context, initializer=_start_verifier, initargs=(config, workers_environment())
+    )
     try:
         yield pool
     except BrokenProcessPool:
@@ -159,7 +163,8 @@ def _verifier(config: RenderConfig) -> Iterator[ProcessPoolExecutor]:
     pool.shutdown()
 
 
-def _start_verifier(config: RenderConfig) -> None:
+def _start_verifier(config: RenderConfig, environment: dict[str, str]) -> None:
+    adopt_environment(environment)
     leave_stopping_to_parent()
     _VERIFIER.update(config=config, tokenizer=load_tokenizer(config.tokenizer))
 

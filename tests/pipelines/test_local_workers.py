@@ -73,3 +73,25 @@ def test_workers_render_under_this_process_budget_forked_or_started_clean(forked
     monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "memory_bytes", 64 << 20)
     parts = local_workers.encode_in_workers(BudgetWork(), PIECES[:1], 1, 1)
     assert [part.read for part in parts] == [(0.25, 64 << 20)]
+
+
+@dataclass(frozen=True)
+class EnvironmentWork(PidWork):
+    """Encodes a range as the worker's value of KVTRACE_PROBE (as a salt is read from
+    KVTRACE_SALT)."""
+
+    def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
+        return Encoded([], [], os.environ.get("KVTRACE_PROBE"))
+
+
+def test_clean_workers_see_the_environment_as_it_is_when_they_start(monkeypatch):
+    """A forkserver started earlier (by a run before this one) keeps its own environment: a salt
+    set since in the environment still reaches the run's workers."""
+    monkeypatch.setattr(local_workers, "can_fork", lambda: False)
+    monkeypatch.delenv("KVTRACE_PROBE", raising=False)
+    assert [
+        p.read for p in local_workers.encode_in_workers(EnvironmentWork(), PIECES[:1], 1, 1)
+    ] == [None]
+    monkeypatch.setenv("KVTRACE_PROBE", "set since")
+    parts = local_workers.encode_in_workers(EnvironmentWork(), PIECES[:1], 1, 1)
+    assert [part.read for part in parts] == ["set since"]
