@@ -19,7 +19,8 @@ from test_gate_redteam import (
     _night,
     _republish,
     _with,
-    audit,  # noqa: F401 (an autouse fixture)
+    audit,
+    the_tokenizer,  # noqa: F401 (an autouse fixture)
 )
 
 from helpers import ROOT, anonymize, write_jsonl
