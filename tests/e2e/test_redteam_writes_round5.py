@@ -315,7 +315,6 @@ def test_a_users_folder_given_for_letters_is_not_made_kvtraces_forever(tiny_toke
     assert main(["analyze", str(night), "--json", str(work / "report.json")]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_converted_output_is_read_whole_by_kvtraces_own_readers(tmp_path):
     """Round 4 held anonymize's rows to what a reader's line holds (trace_format.MAX_ROW_IDS),
     but convert writes rows too, unchecked: it reads a Bailian line up to

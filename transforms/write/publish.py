@@ -1050,20 +1050,16 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
 def recover_letters(folder: str, output: str) -> list[str]:
     """Under the output's lock, before the run stages anything: settle the letters killed runs
     of this output left: the marked run's (its output is published) wherever they are staged,
-    then those in folder, which go (no other run's output stands), but for a marked run's
-    (`publishes`): its output went out under this name and may stand under another (moved),
-    so its mark decides, and its letters go only with its unpublished staging folder
-    (restore_interrupted). Returns the run ids published."""
+    then those in folder, which go (no other run's output stands: a run of an output moved
+    since finds its letters by its mark first). Returns the run ids published."""
     marked = settle_marked_letters(output)
     published = [marked[0]] if marked else []
     if is_url(folder) or not os.path.isdir(folder):
         return published
     prefix = f".{_output_key(output)}{STAGING_MARK}"
     for name in sorted(os.listdir(folder)):
-        staged = os.path.join(folder, name)
-        if name.startswith(prefix) and not os.path.exists(
-            os.path.join(staged, DeadLetterRun.PUBLISHES)
-        ):
+        if name.startswith(prefix):
+            staged = os.path.join(folder, name)
             _settle_staged(folder, name[len(prefix) :], staged, publish=False)
     return published
 
