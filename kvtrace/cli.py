@@ -58,6 +58,7 @@ STOPPED = "stopped: nothing published"  # a command that publishes as it goes se
 # cancelled) for at most this long; then the process ends whatever it waits on (a tokenizer
 # call, a thread join, a worker that will not go), its child processes with it.
 STOP_DEADLINE_S = 1.5
+ABANDON_WAIT_S = 0.2  # a publication under way at the deadline: renames, done in that
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,8 +179,12 @@ class _Stop:
 
     def end(self) -> NoReturn:
         """End what this process started, say so once, and end this process: at once, as the
-        interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds)."""
+        interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds).
+        What the run staged goes too: it may not have unwound (a wait in a library)."""
         end_descendants()
+        publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
+        if publish is not None:
+            publish.abandon_staged(ABANDON_WAIT_S)
         with self._saying:
             if not self._said:
                 self._said = True

@@ -47,7 +47,7 @@ def beam_option_names() -> set[str]:
 def check_beam_flags(flags: Sequence[str], our_flags: Iterable[str]) -> None:
     """Refuse flags that neither kvtrace nor any Beam options class knows, and words that are
     no flag's value (Beam would silently drop both), suggesting the closest known spelling."""
-    given = [f.split("=", 1)[0] for f in flags if f.startswith("--")]
+    given = [f.split("=", 1)[0] for f in flags if _is_flag(f)]
     if not given:
         refuse_stray_words(flags)
         return
@@ -62,6 +62,11 @@ def check_beam_flags(flags: Sequence[str], our_flags: Iterable[str]) -> None:
         close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
         hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
     raise ConfigError(f"unknown option(s): {', '.join(hints)}; see kvtrace COMMAND --help")
+
+
+def _is_flag(word: str) -> bool:
+    """--name or -x: Beam has no short options, so -x is a flag nobody knows (-5 is a value)."""
+    return word.startswith("--") or (len(word) > 1 and word[0] == "-" and not word[1].isdigit())
 
 
 def _left_by_beam(flags: Sequence[str]) -> list[str]:

@@ -626,6 +626,7 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
     engine = options.get("engine") or ("beam" if flags or options.get("streaming") else "local")
     if engine not in ("local", "beam"):
         raise ConfigError(f"--engine must be local or beam, not {engine!r}")
+    engine_options(engine, flags)  # first: an unknown flag (-v, say) is what picked Beam
     if engine == "beam" and options["processes"] != ANONYMIZE_DEFAULTS["processes"]:
         raise ConfigError(
             "--processes is for the local engine; Beam runners size their own "
@@ -637,7 +638,6 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
             "each read a run of neighbouring ranges, which keeps a session's "
             "requests together already"
         )
-    engine_options(engine, flags)
     return engine
 
 

@@ -62,6 +62,7 @@ import posixpath
 import re
 import shutil
 import stat
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -91,6 +92,12 @@ MAX_RUN_ID_CHARS = 16
 _DIGEST_MARK = "~"  # leads a stem that is a digest of its output's name (_stem)
 _HIDDEN_ROOM = len(".") + len(STAGING_MARK) + MAX_RUN_ID_CHARS + len(".previous")
 _RENAME_EXCHANGE = 2
+# Every staging name this process made up (its runs' own), for a stop that ends the process
+# without waiting for it to unwind (the CLI's deadline): abandon_staged removes them. Each
+# publication holds _PUBLISHING, so that removal never meets one half done: a name it removes
+# is still staged, or published and gone.
+_STAGED_HERE: set[str] = set()
+_PUBLISHING = threading.RLock()
 _AT_FDCWD = -100
 
 
@@ -105,11 +112,34 @@ def staging_folder(output: str, run_id: str) -> str:
             f"a run id of {len(run_id)} characters: staging names room for {MAX_RUN_ID_CHARS}"
         )
     parent, name = _split(output)
-    return (
+    return _staged_here(
         storage.join(parent, f".{_stem(name)}{STAGING_MARK}{run_id}")
         if parent
         else f".{_stem(name)}{STAGING_MARK}{run_id}"
     )
+
+
+def _staged_here(path: str) -> str:
+    """A staging name of this process's run, noted for abandon_staged."""
+    if not is_url(path):
+        _STAGED_HERE.add(os.path.abspath(path))
+    return path
+
+
+def abandon_staged(wait_s: float) -> None:
+    """For a stop that ends this process at once: what its runs staged and have not published
+    is removed, once no publication is under way (waiting wait_s at most for one; past that,
+    left for the next run of the output to clear). The lock is kept: the process ends next,
+    and no publication may start meanwhile."""
+    if not _PUBLISHING.acquire(timeout=wait_s):
+        return
+    for path in sorted(_STAGED_HERE):
+        for staged in (path, f"{path}.parts"):
+            if os.path.isdir(staged) and not os.path.islink(staged):
+                shutil.rmtree(staged, ignore_errors=True)
+            else:
+                with suppress(OSError):
+                    os.remove(staged)
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -516,13 +546,14 @@ class StagedFile:
 def _publish_new(staging: str, output: str) -> None:
     """Publish a staged file where no file is: link(2) refuses an existing name in the same
     step that makes it (a check before a rename would leave a gap), then the staged name goes."""
-    try:
-        os.link(staging, output)
-    except FileExistsError:
-        raise OutputRefused(
-            f"{output} appeared while the run worked; --overwrite replaces it"
-        ) from None
-    os.unlink(staging)
+    with _PUBLISHING:
+        try:
+            os.link(staging, output)
+        except FileExistsError:
+            raise OutputRefused(
+                f"{output} appeared while the run worked; --overwrite replaces it"
+            ) from None
+        os.unlink(staging)
 
 
 def check_parent(output: str) -> None:
@@ -1011,7 +1042,7 @@ class DeadLetterRun:
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
     """Where a run of output stages its letters in the dead-letter folder."""
-    return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
+    return _staged_here(storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}"))
 
 
 def settle_marked_letters(output: str) -> tuple[str, str] | None:
@@ -1041,7 +1072,8 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
     letters = storage.join(staging, DEAD_LETTER_FILE)
     publish = publish and storage.exists(letters)
     if publish:
-        storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
+        with _PUBLISHING:
+            storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
         storage.sync_folder(folder)
     storage.remove_folder(staging)
     return publish
@@ -1185,6 +1217,11 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     did not write (own: as in foreign_files); else all is put back and the run refused. A kill
     between two moves leaves the first new and the rest previous: POSIX renames one name at a
     time."""
+    with _PUBLISHING:
+        _publish_in_place(moves, own)
+
+
+def _publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str]) -> None:
     done: list[tuple[str, str, str | None]] = []
     try:
         for staged, output in moves:

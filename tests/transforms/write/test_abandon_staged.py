@@ -1,0 +1,75 @@
+"""A stop that ends the process without unwinding (the CLI's deadline) removes what the run
+staged (publish.abandon_staged), never meeting a publication half done."""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import ExitStack
+
+import pytest
+
+from kvtrace.transforms.write import publish
+from kvtrace.transforms.write.publish import STAGING_MARK, DeadLetterRun, folder_output
+
+
+@pytest.fixture(autouse=True)
+def _this_tests_own_registry(monkeypatch):
+    """abandon_staged keeps the lock (its process ends next): each test gets its own."""
+    monkeypatch.setattr(publish, "_STAGED_HERE", set())
+    monkeypatch.setattr(publish, "_PUBLISHING", threading.RLock())
+
+
+def _staged_names(root) -> list[str]:
+    return [
+        name for _, dirs, files in os.walk(root) for name in dirs + files if STAGING_MARK in name
+    ]
+
+
+def _run_left_unwound(tmp_path, stack: ExitStack) -> str:
+    """A run's output and letters staged, written into, and never unwound (as a process that
+    ends mid-run leaves them)."""
+    out = tmp_path / "out"
+    staged = stack.enter_context(folder_output(str(out)))
+    (tmp_path / "kept-beside").write_bytes(b"")  # the user's, beside the output: stays
+    with open(os.path.join(staged.path, "trace-00000-of-00001.jsonl"), "wb") as handle:
+        handle.write(b'{"timestamp": 0}\n')
+    letters = DeadLetterRun(str(tmp_path / "dead"), str(out), "0123456789ab")
+    letters.begin(staged.path)
+    return staged.path
+
+
+def test_what_a_run_staged_goes_and_nothing_else(tmp_path):
+    with ExitStack() as stack:
+        staged = _run_left_unwound(tmp_path, stack)
+        assert _staged_names(tmp_path)
+        publish.abandon_staged(0)
+        assert _staged_names(tmp_path) == []
+        assert not os.path.exists(staged) and not (tmp_path / "out").exists()
+        assert (tmp_path / "kept-beside").exists() and (tmp_path / "dead").is_dir()
+        stack.pop_all()  # the process would end here: no unwinding
+
+
+def test_a_publication_under_way_is_waited_for_and_then_stands(tmp_path):
+    staged = tmp_path / f".out{STAGING_MARK}0123456789ab"
+    publish._staged_here(str(staged))
+    staged.mkdir()
+    (staged / "manifest.json").write_text("{}")
+    holding, done = threading.Event(), threading.Event()
+
+    def publication() -> None:
+        with publish._PUBLISHING:
+            holding.set()
+            done.wait()
+            os.rename(staged, tmp_path / "out")
+
+    worker = threading.Thread(target=publication)
+    worker.start()
+    holding.wait()
+    publish.abandon_staged(0)  # the publication holds the lock: nothing is removed
+    assert (staged / "manifest.json").exists()
+    done.set()
+    worker.join()
+    publish.abandon_staged(30)
+    assert (tmp_path / "out" / "manifest.json").read_text() == "{}"
+    assert _staged_names(tmp_path) == []
