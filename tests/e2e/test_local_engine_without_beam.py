@@ -1,6 +1,6 @@
 """The local engine never imports Beam, with or without an id map: whole `kvtrace anonymize
 --engine local` runs in a fresh process, its modules looked at after each (Beam's import costs
-seconds, and the README promises the local engine does without it)."""
+seconds, and docs/ANONYMIZE.md promises the local engine does without it)."""
 
 from __future__ import annotations
 

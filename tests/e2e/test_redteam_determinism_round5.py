@@ -90,11 +90,11 @@ def _turns(day: int) -> list[dict]:
 def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(
     tiny_tokenizer, tmp_path
 ):
-    """Promise (README 'Nightly exports'): 'night 1 and night 2, one after the other, give byte
+    """Promise (docs/NIGHTLY.md): 'night 1 and night 2, one after the other, give byte
     for byte what one run over both nights gives'; same input and config, same bytes, whatever
     the split. With --emit-output-hashes (a documented flag of the same runs) they do not:
-    output-only blocks are 'numbered after every prompt block' of the RUN (README 'Output
-    blocks'), so night 1's answers take ids right after night 1's prompt blocks, while the one
+    output-only blocks are 'numbered after every prompt block' of the RUN (docs/ANALYSIS.md
+    'Output blocks'), so night 1's answers take ids right after night 1's prompt blocks, while the one
     run numbers them after both nights' prompt blocks: every output_hash_ids differs (the
     first row's answer is [18, 19] in night 1, [32, 33] in the single run). The split of a log
     into nights changes the published ids."""
@@ -174,7 +174,7 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]], **job: ob
 def test_a_streams_windows_with_output_blocks_are_the_batch_output(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
-    """Promise (README 'Streaming', docs/STREAMING.md): 'with nothing late the windows
+    """Promise (docs/STREAMING.md, 'Running a stream'): 'with nothing late the windows
     concatenated are, byte for byte, the batch output of the same requests', each window 'a
     night of the batch job'. With emit_output_hashes (--emit-output-hashes) they are not: each
     window numbers its answers' output-only blocks after ITS prompt blocks (dense_ids.block_keys:

@@ -232,7 +232,7 @@ def test_three_small_records_first_in_a_log_do_not_condemn_a_real_template(
 
 
 def test_dead_letters_are_the_same_bytes_whatever_the_engine(tiny_tokenizer, tmp_path):
-    """The README promises the engines' trace, stats, dead letters and map byte for byte (and
+    """docs/DEPLOY.md promises the engines' trace, stats, dead letters and map byte for byte (and
     kvtrace: same input and config, byte-identical output whatever the engine). The local
     engine wrote its dead letters in input order, Beam's sorted as text. Two bad lines whose
     text sorts against their order ("zz" first, then "aa") gave the same lines in a different

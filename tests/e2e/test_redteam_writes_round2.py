@@ -169,7 +169,7 @@ def test_an_output_and_its_json_report_are_published_together(tmp_path, mode, co
     full disk the run exits 2 with one output published. A run publishes whole or not at
     all. Fixed: both staged, published together, the report last, the output put back if the
     report's publish fails; a full disk at any step leaves both previous or both new. POSIX
-    renames one name at a time, so one kill window is left (README): before the report's
+    renames one name at a time, so one kill window is left (docs/OUTPUT.md): before the report's
     rename, the new output beside the previous report, and only there."""
     first = write_jsonl(tmp_path / "first.jsonl", TRACE[:3])
     second = write_jsonl(tmp_path / "second.jsonl", TRACE)

@@ -29,7 +29,7 @@ def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -
     if not salt.persistent:
         raise SaltError(
             f"--id-map needs the same salt every run: give --salt-file, --salt-secret or "
-            f"${SALT_ENV} (keep it in a secret manager; see the README)"
+            f"${SALT_ENV} (keep it in a secret manager: docs/NIGHTLY.md)"
         )
     key = map_key(salt.load())
     base = open_map(directory, identity, key)

@@ -212,7 +212,7 @@ def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str
 def _output(
     record: dict, body: dict, response: dict | list | None
 ) -> tuple[str | None, int | None]:
-    """(text to tokenize, known length): the first source present, in the README's order."""
+    """(text to tokenize, known length): the first source present, in docs/ANONYMIZE.md's order."""
     for holder in (record, body):
         if "output" in holder:
             return holder["output"], None
