@@ -241,6 +241,14 @@ def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader of stdout left (`| head`): it has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush is quiet
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     _show_any_name()
     parser = _parser()
     args, leftovers = parser.parse_known_args(

@@ -229,8 +229,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--length-granularity",
         type=int,
         metavar="N",
-        help="publish output lengths rounded to multiples of N (default 1; input_length stays "
-        "exact, since hash_ids must match it)",
+        help="publish output lengths rounded to multiples of N (default 1), and input_length's "
+        "last block's fill rounded up to a multiple of N (its full blocks kept, so hash_ids "
+        "still match it): a session's next prompt holds the reply",
     )
     add(
         "--streaming",
