@@ -5,6 +5,7 @@ test asserts the promised behaviour, so each fails today."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -93,3 +94,67 @@ def test_a_parquet_shard_repeating_a_column_name_crashes_the_audit(night, tmp_pa
     set_content_times(str(folder))
     report = gate.audit(str(folder))  # must not raise
     assert not report["publishable"]
+
+
+def _creation_ordered_tmp() -> Path | None:
+    """A scratch folder on a file system that lists entries in an order their creation chose
+    (tmpfs: newest first; btrfs, XFS: oldest first), else None (ext4 lists by name hash)."""
+    import tempfile
+
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        if not os.path.isdir(base) or not os.access(base, os.W_OK):
+            continue
+        probe = Path(tempfile.mkdtemp(dir=base))
+        orders = []
+        for names in (("c", "a", "d", "b"), ("b", "d", "a", "c")):
+            folder = probe / f"p{len(orders)}"
+            folder.mkdir()
+            for name in names:
+                (folder / name).touch()
+            orders.append(os.listdir(folder))
+        if orders[0] != orders[1]:
+            return probe
+        shutil.rmtree(probe)
+    return None
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_the_order_files_were_made_in_is_published_by_tar_and_passes(night, tiny_tokenizer):
+    """docs/AUDIT.md lists what a copy carries beside the bytes (atime, ctime, owner names,
+    SELinux labels, modes) and the gate checks each entry's metadata, never the folder's own
+    listing order. On tmpfs (the usual /tmp of CI runners and containers), btrfs and XFS a
+    folder lists its entries in the order they were made, and GNU tar's default
+    (--sort=none), zip and cpio archive them in that order. Whoever makes the folder's files
+    in an order of their choosing (copying them one by one, then set_content_times, which
+    anyone can run) publishes log2(n!) bits in the archive's member order, n entries: 4.6
+    bits for a night of one shard, ~1,200 bits (150 bytes) for one of 100 shards, and a
+    stream's window folders add log2(windows!) more. Here two copies of one night, made in
+    two orders, are both called publishable and their archives list the files differently:
+    the order says which copy is which. Nothing in docs/AUDIT.md tells the operator to
+    archive with --sort=name."""
+    import tarfile
+
+    scratch = _creation_ordered_tmp()
+    if scratch is None:
+        pytest.skip("no file system here lists entries in the order they were made")
+    try:
+        names = sorted(p.name for p in night.iterdir())
+        members = []
+        for k, order in enumerate((names, names[::-1])):
+            folder = scratch / f"out{k}"
+            folder.mkdir(mode=0o755)
+            os.chmod(folder, 0o755)
+            for name in order:  # made one by one, in the order chosen
+                shutil.copyfile(night / name, folder / name)
+                os.chmod(folder / name, 0o644)
+            set_content_times(str(folder))
+            report = gate.audit(str(folder), tiny_tokenizer)
+            if not report["publishable"]:
+                return  # refused: the order carries nothing
+            archive = scratch / f"out{k}.tar"
+            subprocess.run(["tar", "-cf", str(archive), "-C", str(folder), "."], check=True)
+            with tarfile.open(archive) as tar:
+                members.append([m.name for m in tar if m.isfile()])
+        assert members[0] == members[1], f"the archives order the files as made: {members}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
