@@ -72,3 +72,37 @@ def test_a_private_template_under_a_published_tokenizer_name_is_published_as_a_d
         "the gate passes the plain digest of the operator's private template: "
         + audited.stdout[-300:]
     )
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer, tmp_path):
+    """--length-granularity N publishes output lengths as multiples of N, and since round 5 the
+    input lengths within their last block, so that a reply's length is known only to within N
+    ("To blur lengths", audit's advice). But response_ms, the time from a request's arrival
+    to the end of its response, is published to the millisecond beside them (rounded only by
+    --timestamp-granularity-ms, 1 by default), and a serving engine decodes one token every
+    few tens of ms: response_ms = TTFT + tokens x TPOT, both fitted from the trace itself. Here
+    two logs whose replies are 3 and 4 tokens (a 200 ms TTFT, 30 ms a token) publish output
+    length 16 for both, and response_ms 290 and 320: the exact length, to the token, from a
+    figure that is not coarsened with it. The gate passes both and measures nothing of it."""
+    from helpers import anonymize, trace
+    from kvtrace.transforms.stats import audit as gate
+
+    outputs = []
+    for tokens in (3, 4):
+        record = chat(2, 1_700_000_000_000)
+        record["output_length"] = tokens
+        record["latency_ms"] = 200 + 30 * tokens
+        log = write_jsonl(tmp_path / f"{tokens}.jsonl", [record])
+        out = tmp_path / f"out{tokens}"
+        assert (
+            anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+            == 0
+        )
+        assert gate.audit(str(out), tiny_tokenizer)["publishable"]
+        (row,) = trace(out)
+        assert row["output_length"] == 16
+        outputs.append(row)
+    assert outputs[0] == outputs[1], (
+        f"replies of 3 and 4 tokens, both published as 16, told apart by response_ms: {outputs}"
+    )
