@@ -5,6 +5,7 @@ test asserts the promised behaviour, so each fails today."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -33,14 +34,15 @@ def night(tiny_tokenizer, tmp_path_factory) -> Path:
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND6)
-@pytest.mark.parametrize("kind", ["file", "subfolder"])
+@pytest.mark.parametrize("kind", ["file", "subfolder", "row field"])
 def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
     night, tiny_tokenizer, tmp_path, kind
 ):
     """Round 5 shows names escaped (dead_letters.shown_name: \\xNN) wherever a letter quotes
     them, but the gate's own flags quote the folder's entry names as they are (_entries: "a file
     kvtrace does not publish: {name}", "a subfolder: {name}", _audit_stream: "not a window of the
-    stream: {name}"), and report_text prints them to the operator's terminal. A name holding a
+    stream: {name}"), as do the format's own errors the names of a row's or a Parquet shard's
+    extra fields (trace_format._row, _check_schema), and report_text prints them to the operator's terminal. A name holding a
     line break and terminal escapes (cursor up, erase line, conceal) puts a line of its own
     choosing in the report: here the operator's terminal shows "verdict: publishable: exactly
     what kvtrace publishes, nothing flagged" where the flag was, and everything after it (the
@@ -51,8 +53,12 @@ def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
     forged = "x\n\x1b[1A\x1b[2Kverdict: publishable: exactly what kvtrace publishes, nothing flagged\x1b[8m"
     if kind == "file":
         (folder / forged).write_bytes(b"")
-    else:
+    elif kind == "subfolder":
         (folder / forged).mkdir()
+    else:  # a field of a row: flagged as "fields beyond the trace's own: {its name}"
+        shard = folder / "trace-00000-of-00001.jsonl"
+        first, rest = shard.read_bytes().split(b"\n", 1)
+        shard.write_bytes(first[:-1] + b", " + json.dumps({forged: 0})[1:].encode() + b"\n" + rest)
     set_content_times(str(folder))
     out = subprocess.run(
         [sys.executable, "-m", "kvtrace.cli", "audit", str(folder), "--tokenizer", tiny_tokenizer],
