@@ -106,3 +106,23 @@ def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer,
     assert outputs[0] == outputs[1], (
         f"replies of 3 and 4 tokens, both published as 16, told apart by response_ms: {outputs}"
     )
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_template_kwargs_of_a_yaml_preset_crash_the_closed_shape_check(tiny_tokenizer, tmp_path):
+    """Round 5: --chat-template-kwargs are "a closed shape ... checked before any work"
+    (anonymize._options: template_kwargs_problems), a refusal being a configuration error
+    (exit 2, one line naming the option). A --config preset is YAML, whose loader gives a date
+    for an unquoted 2026-01-01 (a value, or a name): public_template_kwargs then json.dumps it
+    and raises TypeError, which reaches the CLI's catch-all as "the job failed: TypeError:
+    Object of type date is not JSON serializable" (exit 1), where the option's own one-line
+    refusal was due."""
+    from helpers import main
+
+    (tmp_path / "preset.yaml").write_text("chat_template_kwargs:\n  reasoning_effort: 2026-01-01\n")
+    log = write_jsonl(tmp_path / "night.jsonl", [chat(i, 997 * i) for i in range(3)])
+    code = main(
+        ["anonymize", "--config", str(tmp_path / "preset.yaml"), "--input", str(log), "--output",
+         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4"]
+    )
+    assert code == 2 and not (tmp_path / "out").exists()
