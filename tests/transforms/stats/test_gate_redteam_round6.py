@@ -164,3 +164,40 @@ def test_the_order_files_were_made_in_is_published_by_tar_and_passes(night, tiny
         assert members[0] == members[1], f"the archives order the files as made: {members}"
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize("umask", [0o027, 0o002])
+def test_a_stream_written_under_a_common_umask_fails_its_own_gate(
+    tiny_tokenizer, tmp_path, monkeypatch, umask
+):
+    """docs/AUDIT.md: the gate accepts the modes of the common umasks "whatever the auditor's
+    own umask, so the verdict on the same bytes is the same in every shell", the folder
+    rwxr-xr-x "as published" (publish_folder chmods a night's folder to it). But a stream's own
+    folder is made by run_streaming's storage.make_folder(output), a bare os.makedirs, so it
+    takes the writer's umask: rwxr-x--- under 027 (one of the three the gate names), rwxrwxr-x
+    under 002 (the default of a user-private-group login); the gate passes a folder only as
+    rwxr-xr-x or rwx------ (WRITERS_MODES), so the stream kvtrace wrote, byte for byte right,
+    is refused ("permission bits kvtrace does not set ... the folder 0o750")."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from helpers import STREAM_SALT, message, run_stream, stream_chat, streaming_config
+    from kvtrace.transforms import storage
+
+    monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
+    config = streaming_config(tmp_path, tiny_tokenizer, idle_ms=3_600_000)
+    os.rmdir(config.job.output)
+    previous = os.umask(umask)
+    try:
+        storage.make_folder(config.job.output)  # as run_streaming makes the stream's folder
+        stream = (
+            TestStream()
+            .add_elements([message(stream_chat(20_000 * i, i)) for i in range(4)])
+            .advance_watermark_to_infinity()
+        )
+        run_stream(config, stream)
+    finally:
+        os.umask(previous)
+    report = gate.audit(config.job.output, tiny_tokenizer)
+    assert report["windows"], "the stream published no window"
+    assert report["publishable"], report["flags"]
