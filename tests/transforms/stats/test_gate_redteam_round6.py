@@ -201,3 +201,45 @@ def test_a_stream_written_under_a_common_umask_fails_its_own_gate(
     report = gate.audit(config.job.output, tiny_tokenizer)
     assert report["windows"], "the stream published no window"
     assert report["publishable"], report["flags"]
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_inode_flags_kvtrace_never_sets_pass(night, tiny_tokenizer, tmp_path):
+    """The gate refuses every extended attribute kvtrace does not set (_check_attributes), but
+    never reads an entry's inode flags (lsattr/chattr: FS_IOC_GETFLAGS), which the owner sets
+    without privilege (d nodump, A noatime, S sync, D dirsync, ... each entry) and libarchive
+    archives: bsdtar's default is --fflags, written as pax SCHILY.fflags ("nodump,noatime").
+    kvtrace sets none, so any flag is a choice someone made: a few bits per entry, the folder's
+    included. Here one file nodump, another noatime, the folder sync: publishable."""
+    import fcntl
+    import struct
+
+    get_flags, set_flags = 0x80086601, 0x40086602  # FS_IOC_GETFLAGS, FS_IOC_SETFLAGS
+    nodump, noatime, sync = 0x40, 0x80, 0x8
+    folder = tmp_path / "out"
+    shutil.copytree(night, folder)
+    chosen = {
+        folder / "stats.json": nodump,
+        folder / "trace-00000-of-00001.jsonl": noatime,
+        folder: sync,
+    }
+    original = {}
+    for path, flag in chosen.items():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            (flags,) = struct.unpack("l", fcntl.ioctl(fd, get_flags, struct.pack("l", 0)))
+            original[path] = flags
+            fcntl.ioctl(fd, set_flags, struct.pack("l", flags | flag))
+        except OSError:
+            pytest.skip("this file system keeps no inode flags")
+        finally:
+            os.close(fd)
+    set_content_times(str(folder))
+    report = gate.audit(str(folder), tiny_tokenizer)
+    try:
+        assert not report["publishable"], "entries flagged nodump, noatime and sync pass"
+    finally:
+        for path, flags in original.items():  # as they were, so the tmp folder goes
+            fd = os.open(path, os.O_RDONLY)
+            fcntl.ioctl(fd, set_flags, struct.pack("l", flags))
+            os.close(fd)
