@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -61,8 +60,17 @@ def test_a_private_template_under_a_published_tokenizer_name_is_published_as_a_d
     log = write_jsonl(tmp_path / "night.jsonl", [chat(i, 997 * i) for i in range(4)])
     out = tmp_path / "out"
     run = _cli(
-        ["anonymize", "--input", str(log), "--output", str(out), "--tokenizer", "Qwen/Qwen3-8B",
-         "--block-size", "4"],
+        [
+            "anonymize",
+            "--input",
+            str(log),
+            "--output",
+            str(out),
+            "--tokenizer",
+            "Qwen/Qwen3-8B",
+            "--block-size",
+            "4",
+        ],
         env,
     )
     assert run.returncode == 0, run.stderr[-400:]
@@ -124,8 +132,19 @@ def test_template_kwargs_of_a_yaml_preset_crash_the_closed_shape_check(tiny_toke
     (tmp_path / "preset.yaml").write_text("chat_template_kwargs:\n  reasoning_effort: 2026-01-01\n")
     log = write_jsonl(tmp_path / "night.jsonl", [chat(i, 997 * i) for i in range(3)])
     code = main(
-        ["anonymize", "--config", str(tmp_path / "preset.yaml"), "--input", str(log), "--output",
-         str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--block-size", "4"]
+        [
+            "anonymize",
+            "--config",
+            str(tmp_path / "preset.yaml"),
+            "--input",
+            str(log),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]
     )
     assert code == 2 and not (tmp_path / "out").exists()
 
@@ -162,7 +181,9 @@ def test_a_commands_file_output_carries_the_clock_of_its_run(tiny_tokenizer, tmp
     before = time.time_ns()
     assert main(args) == 0
     written = target.stat().st_mtime_ns
-    assert not before - 10**9 <= written <= time.time_ns(), "the file is stamped with the run's clock"
+    assert not before - 10**9 <= written <= time.time_ns(), (
+        "the file is stamped with the run's clock"
+    )
     assert written == content_time(sha256_of(target.read_bytes())) * 10**9
 
 

@@ -70,8 +70,10 @@ def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
     assert out.returncode == 1
     printed = out.stdout + out.stderr
     assert "\x1b" not in printed, "the report carries the name's terminal escapes"
-    assert not any(line.startswith("\x1b[1A") or line.startswith("verdict: publishable")
-                   for line in printed.splitlines()), "a name wrote a line of the report"
+    assert not any(
+        line.startswith("\x1b[1A") or line.startswith("verdict: publishable")
+        for line in printed.splitlines()
+    ), "a name wrote a line of the report"
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND6)
