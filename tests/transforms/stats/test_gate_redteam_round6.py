@@ -313,3 +313,32 @@ def test_trusted_attributes_are_invisible_to_an_auditor_who_is_not_root(night, t
         assert not report["publishable"], "a trusted.* attribute passes an auditor who is not root"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_template_kwargs_under_a_random_salt_publish_a_folder_no_audit_can_pass(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Round 5: template kwargs are refused before any work when the manifest could not publish
+    them, "a run never ends with a manifest its own gate refuses". But anonymize takes
+    --chat-template-kwargs without a salt (the run's salt is then random, "this run only") and
+    publishes; the gate passes kwargs only as `audit --chat-template-kwargs` confirms them, and
+    audit refuses that option without a persistent salt (check._run_salt): even for
+    {"enable_thinking": false}, which no salt keys, the folder can never be called
+    publishable, and nothing said so before the night's work."""
+    from helpers import anonymize, main
+
+    monkeypatch.delenv("KVTRACE_SALT", raising=False)
+    kwargs = '{"enable_thinking": false}'
+    log = write_jsonl(tmp_path / "night.jsonl", [chat(i, 997 * i) for i in range(3)])
+    out = tmp_path / "out"
+    code = anonymize(
+        tiny_tokenizer, [log], out, "--block-size", "4", "--chat-template-kwargs", kwargs
+    )
+    if code == 2 and not out.exists():
+        return  # refused before the work: nothing unpublishable made
+    assert code == 0
+    audited = main(
+        ["audit", str(out), "--tokenizer", tiny_tokenizer, "--chat-template-kwargs", kwargs]
+    )
+    assert audited == 0, "kvtrace's own folder cannot pass its gate"
