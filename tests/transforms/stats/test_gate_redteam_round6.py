@@ -168,6 +168,7 @@ def test_the_order_files_were_made_in_is_published_by_tar_and_passes(night, tiny
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+@pytest.mark.slow  # a streaming pipeline on Beam's direct runner
 @pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("umask", [0o027, 0o002])
 def test_a_stream_written_under_a_common_umask_fails_its_own_gate(
