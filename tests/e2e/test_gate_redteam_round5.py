@@ -64,8 +64,10 @@ def _renumbered(part: TraceColumns, ids_from: int, sessions_from: int) -> TraceC
 
     ids = part.ids
     outputs = {}
-    if part.output_ids is not None:  # prompt ids first, then the ids only outputs hold
-        both = first_seen(np.concatenate([ids, part.output_ids]), ids_from)
+    if part.output_ids is not None:  # each row's prompt ids, then its output's
+        order = gate.first_seen_order(part)
+        both = np.empty(len(order), np.int64)
+        both[order] = first_seen(np.concatenate([ids, part.output_ids])[order], ids_from)
         ids, outputs = both[: len(ids)], {"output_ids": both[len(ids) :]}
     else:
         ids = first_seen(ids, ids_from)

@@ -11,7 +11,6 @@ from helpers import WORDS, anonymize_night, chat, write_jsonl
 
 pytestmark = pytest.mark.slow
 
-ROUND5 = "red team round 5"
 SALT = b"keyed-map-test-salt-of-32-bytes!"
 ZERO = 1_700_000_000_000
 
@@ -86,7 +85,6 @@ def _turns(day: int) -> list[dict]:
     return records
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_nights_on_a_map_give_what_one_run_over_them_gives_with_output_blocks(
     tiny_tokenizer, tmp_path
 ):
@@ -170,7 +168,6 @@ def _stream(tmp_path: Path, tokenizer: str, batches: list[list[dict]], **job: ob
     return output
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND5)
 def test_a_streams_windows_with_output_blocks_are_the_batch_output(
     tiny_tokenizer, tmp_path, monkeypatch
 ):

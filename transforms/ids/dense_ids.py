@@ -48,9 +48,6 @@ FIRST = np.dtype(
 LOOKUP = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("req", "<u4"), ("pos", "<u4")])
 RESOLVED = np.dtype([("req", "<u4"), ("pos", "<u4"), ("id", "<i8")])
 
-# Output blocks are seen this much later than their request (2^62 ms): after every prompt.
-OUTPUT_TS_OFFSET = 1 << 62
-
 # What gets numbered in a batch (block hashes, or session keys), as an OCCURRENCE table.
 KeyExtractor = Callable[[HashedBatch], np.ndarray]
 
@@ -64,9 +61,11 @@ class UniqueTotals(NamedTuple):
 
 def block_keys(batch: HashedBatch, block_size: int) -> np.ndarray:
     """Every block of the batch, weighted by its real token count (the partial last block
-    less). Output blocks (--emit-output-hashes) weigh 0 and are seen OUTPUT_TS_OFFSET later:
-    a key any prompt has is first seen there, so prompt ids and unique prompt tokens are what
-    they are without outputs, and blocks only outputs have are numbered after all of them."""
+    less). Output blocks (--emit-output-hashes) are seen at their own request's time, after its
+    prompt blocks (their positions follow), so a request's ids depend on the requests before it
+    and never on those after: a night or a window numbers them as one run over all does. They
+    weigh 0: earliest() keeps a key's largest weight, so a key any prompt has counts its prompt
+    tokens in the unique totals wherever it is first seen, and a key only outputs have none."""
     requests = batch.requests
     counts = batch.blocks_per_request()
     table = np.empty(len(batch.block_hashes), dtype=OCCURRENCE)
@@ -79,7 +78,6 @@ def block_keys(batch: HashedBatch, block_size: int) -> np.ndarray:
     prompt = requests["num_blocks"]
     is_output = table["pos"] >= np.repeat(prompt, counts)
     table["weight"] = np.where(is_output, 0, block_size)
-    table["ts"][is_output] += OUTPUT_TS_OFFSET
     has_blocks = prompt > 0
     last = (np.cumsum(counts) - counts)[has_blocks] + prompt[has_blocks] - 1
     lengths = requests["input_length"][has_blocks]
@@ -100,7 +98,9 @@ def session_keys(batch: HashedBatch) -> np.ndarray:
 
 
 def earliest(table: np.ndarray) -> np.ndarray:
-    """Each distinct key once, at its earliest (ts, key, fp, pos) occurrence."""
+    """Each distinct key once, at its earliest (ts, key, fp, pos) occurrence, weighing the
+    largest weight of its occurrences (a prompt's tokens, where an output saw it first). Both
+    are kept whatever the tables are cut into, so a combine may call it on its parts."""
     order = np.lexsort(
         (table["pos"], table["fp"], table["key"], table["ts"], table["lo"], table["hi"])
     )
@@ -109,7 +109,10 @@ def earliest(table: np.ndarray) -> np.ndarray:
     first[1:] = (ordered["hi"][1:] != ordered["hi"][:-1]) | (
         ordered["lo"][1:] != ordered["lo"][:-1]
     )
-    return ordered[first]
+    firsts = ordered[first]
+    if len(firsts):
+        firsts["weight"] = np.maximum.reduceat(ordered["weight"], np.flatnonzero(first))
+    return firsts
 
 
 def number(table: np.ndarray, first_id: int) -> np.ndarray:
@@ -218,8 +221,8 @@ def new_batch_id() -> int:
 
 
 def unique_totals(firsts: np.ndarray) -> UniqueTotals:
-    """Of earliest occurrences: the keys a request's prompt has (weight > 0; output blocks weigh
-    0 and sort after every prompt, see block_keys), and their tokens."""
+    """Of earliest occurrences: the keys a request's prompt has (weight > 0: output blocks weigh
+    0, and earliest() keeps a key's largest weight, see block_keys), and their tokens."""
     return UniqueTotals(int(np.count_nonzero(firsts["weight"])), int(firsts["weight"].sum()))
 
 

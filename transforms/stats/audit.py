@@ -975,7 +975,6 @@ def _check_manifest_against(
     cut = cuts_unlike_plan(rows.shard_rooms)
     if cut:
         gate.flag(cut)
-    rows.check_output_order()
     rows.check_output_chains()
     for problem in rows.problems:
         gate.flag(problem)
@@ -1071,7 +1070,7 @@ class _Rows:
         default_factory=lambda: tuple(np.empty(0, np.int64) for _ in range(3))
     )
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
-    # Each shard's distinct output ids in the order they first appear (their numbering order)
+    # Each shard's distinct output ids (all_ids: the folder's numbering end)
     output_ids: list[np.ndarray] = field(default_factory=list)
     # Each shard's (published minutes, their room), to recompute where kvtrace cuts the shards
     shard_rooms: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
@@ -1184,7 +1183,8 @@ class _Rows:
 
     def _check_order(self, columns: TraceColumns) -> None:
         """What numbering in first-seen order gives, checked in the rows' own order: rows in
-        time order; a night's new block ids and sessions first appear as 0, 1, 2, ..."""
+        time order; a night's new block ids (each row's prompt blocks, then its output blocks:
+        dense_ids.block_keys) and sessions first appear as 0, 1, 2, ..."""
         if len(columns):
             if (
                 not in_published_order(
@@ -1196,7 +1196,7 @@ class _Rows:
             self.last_timestamp = int(columns.timestamp[-1])
         sessions = columns.session[columns.session != NO_SESSION]
         for kind, values, expected in (
-            ("block ids", columns.ids, self.next_id),
+            ("block ids", _blocks_first_seen(columns), self.next_id),
             ("sessions", sessions, self.next_session),
         ):
             new = _first_appearances(values[values >= expected])
@@ -1208,20 +1208,6 @@ class _Rows:
                 self.next_session = expected + len(new)
             else:
                 self.next_id = expected + len(new)
-
-    def check_output_order(self) -> None:
-        """Blocks only outputs hold are numbered after every prompt block of the night, in the
-        order they are first seen (dense_ids.block_keys): the ids past the prompts' must first
-        appear as next_id, next_id + 1, ... in the rows' order."""
-        if not self.output_ids:
-            return
-        new = _first_appearances(np.concatenate(self.output_ids))
-        new = new[new >= self.next_id]
-        if not np.array_equal(new, np.arange(self.next_id, self.next_id + len(new))):
-            self.problems.append(
-                f"{OUTPUT_IDS_FIELD} only outputs hold not numbered in "
-                f"first-seen order after the prompts' ids"
-            )
 
     def _output_links(self, columns: TraceColumns) -> tuple[np.ndarray, ...]:
         """Each distinct output id with its parent: output blocks continue the chain of prompt +
@@ -1375,6 +1361,24 @@ def _sequence_digests(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
     sums = np.concatenate([[np.uint64(0)], np.cumsum(mixed, dtype=np.uint64)])
     with np.errstate(over="ignore"):
         return (sums[ends] - sums[ends - counts]) ^ _mix(counts)
+
+
+def first_seen_order(columns: TraceColumns) -> np.ndarray:
+    """Where each of the rows' block ids (hash_ids, then output_hash_ids when published,
+    concatenated) comes in the order kvtrace sees them: row by row, its prompt's ids then its
+    output's (dense_ids.block_keys)."""
+    rows = np.arange(len(columns))
+    owner = np.repeat(rows, columns.num_ids)
+    if columns.output_ids is not None:
+        owner = np.concatenate([owner, np.repeat(rows, columns.num_output_ids)])
+    return np.argsort(owner, kind="stable")  # within a row: prompt ids came first
+
+
+def _blocks_first_seen(columns: TraceColumns) -> np.ndarray:
+    """Every block id of the rows in first_seen_order."""
+    if columns.output_ids is None:
+        return columns.ids
+    return np.concatenate([columns.ids, columns.output_ids])[first_seen_order(columns)]
 
 
 def _first_appearances(values: np.ndarray) -> np.ndarray:
