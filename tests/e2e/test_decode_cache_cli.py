@@ -56,7 +56,8 @@ def test_a_later_turn_carries_the_ids_of_what_the_earlier_one_generated(tiny_tok
     )
     plain = tmp_path / "plain"
     assert anonymize(tiny_tokenizer, [src], plain, "--block-size", "4") == 0
-    # Prompt ids and the export's statistics are what they are without outputs.
+    # Here no answer-only block comes before a prompt block: prompt ids and statistics are
+    # what they are without outputs (in general only the statistics are).
     assert [
         {k: v for k, v in r.items() if k != "output_hash_ids"} for r in trace(outs["local"])
     ] == trace(plain)
