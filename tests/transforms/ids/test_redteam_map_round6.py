@@ -1,0 +1,99 @@
+"""Red team round 6 (rt6-det): the id map. Each test asserts a promise and fails today."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, anonymize_night, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+ROUND6 = "red team round 6"
+SALT = b"keyed-map-test-salt-of-32-bytes!"
+ZERO = 1_700_000_000_000
+
+
+def _request(folder: Path, name: str, prompt: str, day: int = 0) -> Path:
+    return write_jsonl(
+        folder / f"{name}.jsonl",
+        [
+            {
+                "timestamp": ZERO + day * 86_400_000,
+                "output_length": 5,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        ],
+    )
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess | None:
+    """The CLI in a child process; None when it is still running after 45 s (a hang)."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "kvtrace.cli", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=45,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _fifo_in_place_of(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize(
+    "command, which",
+    [
+        ("anonymize", "CURRENT"),
+        ("anonymize", "segment index"),
+        ("anonymize", "mark"),
+        ("audit", "CURRENT"),
+        ("id-map rebind", "CURRENT"),
+        ("id-map rebind", "mark"),
+    ],
+)
+def test_a_fifo_in_the_id_map_is_one_line_not_a_hang(tiny_tokenizer, tmp_path, which, command):
+    """Promise: bad input gets 'a one-line error ..., never a hang'; docs/BOUNDS.md: any local
+    path is read as 'a regular file ... (storage.open_regular, the one place kvtrace opens a
+    local file to read) ... FIFO, device, socket: refused in one line'; docs/ID_MAP.md: with
+    the map's files only, damage is noticed and refused in one line. But the id map's files
+    are opened with storage.open_read (a plain open(path, 'rb')): id_map._current_hint reads
+    CURRENT, segments.read_index the .index.npz files, anchor._read_keyed the marks. Whoever
+    can write the map (the threat the marks exist for) puts a FIFO in CURRENT's place and
+    every night, `kvtrace audit --id-map` and `kvtrace id-map rebind|upgrade` block in open()
+    forever (storage.match lists regular files only, so a FIFO in a version's place is told
+    in one line: the mechanism exists, these reads skip it)."""
+    salt = tmp_path / "salt"
+    salt.write_bytes(SALT)
+    map_dir, marks = tmp_path / "map", tmp_path / "marks"
+    common = ["--id-map", str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    night = _request(tmp_path, "night0", "the quick brown fox jumps over the lazy dog")
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out0", *common) == 0
+    if which == "CURRENT":
+        _fifo_in_place_of(map_dir / "CURRENT")
+    elif which == "segment index":
+        _fifo_in_place_of(next(map_dir.glob("segments/*/*.index.npz")))
+    else:
+        _fifo_in_place_of(next(marks.glob("map-*.json")))
+    if command == "anonymize":
+        later = _request(tmp_path, "night1", "the quick brown fox jumps over the lazy dog", 1)
+        args = ["anonymize", "--input", str(later), "--output", str(tmp_path / "out1")]
+        args += ["--tokenizer", tiny_tokenizer, "--block-size", "4", *common]
+    elif command == "audit":
+        args = ["audit", str(tmp_path / "out0"), "--id-map", str(map_dir), "--salt-file", str(salt)]
+    else:
+        args = ["id-map", "rebind", str(map_dir), "--id-map-marks", str(marks)]
+        args += ["--salt-file", str(salt)]
+    done = _cli(*args)
+    assert done is not None, f"`kvtrace {command}` hung on a FIFO in place of the map's {which}"
+    assert "Traceback" not in done.stderr
