@@ -122,3 +122,46 @@ def test_nights_cut_inside_a_granule_give_what_one_run_over_them_gives(tiny_toke
     one_run = trace(tmp_path / "both")
     assert [r["input_length"] for r in one_run] == [7, 12, 17]  # the published order
     assert trace(tmp_path / "out0") + trace(tmp_path / "out1") == one_run
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_quiet_nights_clock_reset_is_judged_against_the_map_as_one_run_judges_it(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (README 'Nightly exports'): nights on a map give byte for byte what one run over
+    them gives; a clock reset is a dead letter (read/timestamps.plausible_days: the bulk of the
+    input's days decides). A stream judges a reset against the windows it published
+    (docs/STREAMING.md 'Clock resets'); a night on a map is judged alone: its bulk is its own.
+    A quiet night (one real request) with two requests from a gateway whose clock jumped 400
+    days ahead takes the reset as its bulk: the real request is the dead letter
+    (implausible_timestamp) and the two reset rows are published 400 days after the map's
+    origin. One run over both nights exports the real request and dead-letters the reset."""
+    (tmp_path / "salt").write_bytes(SALT)
+    common = ["--block-size", "4", "--salt-file", str(tmp_path / "salt")]
+    common += ["--max-rejected-fraction", "0.9"]
+    day = 86_400_000
+    first = [_prompt(ZERO + 1_000 * i, "hello world " + "again " * i, 3) for i in range(5)]
+    quiet = [
+        _prompt(ZERO + day, "the quick brown fox", 4),
+        _prompt(ZERO + 401 * day, "What is the capital of France ?", 5),
+        _prompt(ZERO + 401 * day + 5, "the lazy dog", 5),
+    ]
+    for n, records in enumerate([first, quiet]):
+        night = write_jsonl(tmp_path / f"night{n}.jsonl", records)
+        assert (
+            anonymize(
+                tiny_tokenizer,
+                [night],
+                tmp_path / f"out{n}",
+                "--id-map",
+                str(tmp_path / "map"),
+                *common,
+            )
+            == 0
+        )
+    both = write_jsonl(tmp_path / "both.jsonl", first + quiet)
+    assert anonymize(tiny_tokenizer, [both], tmp_path / "both", *common) == 0
+    assert [r["timestamp"] for r in trace(tmp_path / "out1")] == [day], (
+        "the quiet night published the reset and dead-lettered its real request"
+    )
+    assert trace(tmp_path / "out0") + trace(tmp_path / "out1") == trace(tmp_path / "both")
