@@ -31,7 +31,13 @@ def _request(folder: Path, name: str, prompt: str, day: int = 0) -> Path:
     )
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess | None:
+def _capped() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # 2 GiB: a shared machine
+
+
+def _cli(*args: str, cap: bool = False) -> subprocess.CompletedProcess | None:
     """The CLI in a child process; None when it is still running after 45 s (a hang)."""
     try:
         return subprocess.run(
@@ -40,6 +46,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess | None:
             capture_output=True,
             text=True,
             timeout=45,
+            preexec_fn=_capped if cap else None,
         )
     except subprocess.TimeoutExpired:
         return None
@@ -97,3 +104,38 @@ def test_a_fifo_in_the_id_map_is_one_line_not_a_hang(tiny_tokenizer, tmp_path, w
     done = _cli(*args)
     assert done is not None, f"`kvtrace {command}` hung on a FIFO in place of the map's {which}"
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize("command", ["anonymize", "audit", "id-map upgrade"])
+def test_a_version_file_named_far_ahead_is_refused_before_memory_is_spent(
+    tiny_tokenizer, tmp_path, command
+):
+    """Promise: 'every resource is bounded before it is spent'; docs/ID_MAP.md: deleting or
+    adding files in the map is noticed in one line ('missing versions'). A version is at most
+    999,999 (map_record.MAX_VERSION: six digits), but id_map.current_version_number takes any
+    digits name in versions/ as a version and spends memory on the versions below it before
+    deciding: `set(range(1, number + 1))`. One empty file, versions/999999999999.json, written
+    by anyone who can write the map (no salt), makes every night, the gate's --id-map and
+    `id-map upgrade|rebind` build a set of 10^12 ints: MemoryError under a 2 GiB cap, the
+    machine's memory without one."""
+    salt = tmp_path / "salt"
+    salt.write_bytes(SALT)
+    map_dir, marks = tmp_path / "map", tmp_path / "marks"
+    common = ["--id-map", str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    night = _request(tmp_path, "night0", "the quick brown fox jumps over the lazy dog")
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out0", *common) == 0
+    (map_dir / "versions" / "999999999999.json").write_bytes(b"")
+    if command == "anonymize":
+        later = _request(tmp_path, "night1", "hello world again", day=1)
+        args = ["anonymize", "--input", str(later), "--output", str(tmp_path / "out1")]
+        args += ["--tokenizer", tiny_tokenizer, "--block-size", "4", *common]
+    elif command == "audit":
+        args = ["audit", str(tmp_path / "out0"), "--id-map", str(map_dir), "--salt-file", str(salt)]
+    else:
+        args = ["id-map", "upgrade", str(map_dir), "--id-map-marks", str(marks)]
+        args += ["--salt-file", str(salt)]
+    done = _cli(*args, cap=True)
+    assert done is not None, f"`kvtrace {command}` still running after 45 s"
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "MemoryError" not in said, said[-300:]
