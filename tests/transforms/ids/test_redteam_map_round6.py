@@ -139,3 +139,80 @@ def test_a_version_file_named_far_ahead_is_refused_before_memory_is_spent(
     assert done is not None, f"`kvtrace {command}` still running after 45 s"
     said = done.stdout + done.stderr
     assert done.returncode != 0 and "MemoryError" not in said, said[-300:]
+
+
+def _as_format_3(record_path: Path) -> None:
+    """A keyed record rewritten as format 3 (its own sha256, no MAC): no salt needed."""
+    import json
+
+    from kvtrace.transforms.ids.map_record import keyless_checksum
+
+    record = json.loads(record_path.read_bytes())
+    for name in ("mac", "map_id", "previous_sha256", "timestamp_kind"):
+        record.pop(name)
+    record["format_version"] = 3
+    record["history"] = [
+        {k: entry[k] for k in ("version", "added", "compacted")} for entry in record["history"]
+    ]
+    record["sha256"] = keyless_checksum(record)
+    record_path.write_text(json.dumps(record, sort_keys=True))
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_upgrade_refuses_a_keyed_map_rolled_back_and_rewritten_as_format_3(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (docs/ID_MAP.md 'Rollback'): with the map's files only, 'a rollback to an older
+    version ... or a keyed record rewritten as format 3 is refused'; a place bound to a map
+    refuses any other map found there 'until the operator rebinds the place on purpose'.
+    Whoever can write the map rolls it back to version 1 (versions/000002.json and its
+    segments deleted, CURRENT 1) and rewrites version 1 as format 3 (fields copied, its sha256
+    recomputed: no salt). The night is refused, and its message sends the operator to
+    `kvtrace id-map upgrade` ('If this map was built before keying, key it once'). upgrade_map
+    checks the anchor only for a keyed newest record (a format-3 map 'has no id to find its
+    mark by yet'): it keys the rolled-back map under a new id (keyed_map_id), and
+    advance_anchor rebinds the place, bound to the keyed map, to it. The next night numbers
+    from version 1's next_id again: block ids night 2 published for other blocks."""
+    import json
+
+    salt = tmp_path / "salt"
+    salt.write_bytes(SALT)
+    map_dir, marks = tmp_path / "map", tmp_path / "marks"
+    common = ["--id-map", str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    prompts = [
+        "the quick brown fox jumps",
+        "hello world this is a prompt about caching blocks",
+        "What is the capital of France ?",
+    ]
+    for day in range(2):
+        night = _request(tmp_path, f"night{day}", prompts[day], day)
+        assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"out{day}", *common) == 0
+    (map_dir / "versions" / "000002.json").unlink()
+    for folder in map_dir.glob("segments/000002-*"):
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+    (map_dir / "CURRENT").write_text('{"version": 1}\n')
+    _as_format_3(map_dir / "versions" / "000001.json")
+
+    from kvtrace.cli import main
+
+    upgraded = main(
+        ["id-map", "upgrade", str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    )
+    night = _request(tmp_path, "night2", prompts[2], 2)
+    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out2", *common)
+    published = {
+        i
+        for day in range(2)
+        for line in next((tmp_path / f"out{day}").glob("trace-*.jsonl")).read_text().splitlines()
+        for i in json.loads(line)["hash_ids"]
+    }
+    reused = []
+    if code == 0:
+        rows = next((tmp_path / "out2").glob("trace-*.jsonl")).read_text().splitlines()
+        reused = sorted({i for line in rows for i in json.loads(line)["hash_ids"]} & published)
+    assert upgraded != 0 and code != 0, (
+        f"upgrade keyed the rolled-back map (exit {upgraded}) and night 3 published block ids "
+        f"{reused} that nights 1-2 published for other blocks"
+    )
