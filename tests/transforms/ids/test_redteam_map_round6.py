@@ -216,3 +216,46 @@ def test_upgrade_refuses_a_keyed_map_rolled_back_and_rewritten_as_format_3(
         f"upgrade keyed the rolled-back map (exit {upgraded}) and night 3 published block ids "
         f"{reused} that nights 1-2 published for other blocks"
     )
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise (docs/ID_MAP.md 'Rollback'): 'When links in the path lead there, the path as the
+    run spells it (absolute, its links kept) is bound ...: a link repointed (to an empty
+    folder, or another map) leads that spelling to another place, where it finds no map or
+    another, and is refused ..., never taken for a new map numbering from 0' (round 5's
+    repointed link, fixed for an absolute --id-map). A job that runs in its release folder
+    (`cd /srv/current && kvtrace anonymize --id-map map ...`, /srv/current a link to the
+    release) spells the map relative to a working folder reached through a link: anchor.
+    map_spelling joins os.getcwd(), which the kernel gives resolved, so the spelling bound is
+    the link's target, never the link. Repoint the link to an empty folder (whoever can write
+    /srv, not the map nor the marks): the next night's spelling and place are both the empty
+    folder's, bound to nothing; it starts a new map from id 0, reusing ids nights 1-2
+    published for other blocks."""
+    import json
+
+    salt = tmp_path / "salt"
+    salt.write_bytes(SALT)
+    common = ["--id-map", "map", "--id-map-marks", str(tmp_path / "marks"), "--salt-file"]
+    common.append(str(salt))
+    (tmp_path / "release-1").mkdir()
+    (tmp_path / "empty").mkdir()
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "release-1")
+    prompts = ["the quick brown fox jumps", "hello world this is a prompt about caching blocks"]
+    for day in range(2):
+        monkeypatch.chdir(current)
+        night = _request(tmp_path, f"night{day}", prompts[day], day)
+        assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"out{day}", *common) == 0
+    current.unlink()
+    current.symlink_to(tmp_path / "empty")
+    monkeypatch.chdir(current)
+    night = _request(tmp_path, "night2", "What is the capital of France ?", 2)
+    code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out2", *common)
+    ids = []
+    if code == 0:
+        rows = next((tmp_path / "out2").glob("trace-*.jsonl")).read_text().splitlines()
+        ids = [i for line in rows for i in json.loads(line)["hash_ids"]]
+    assert code != 0, f"night 3 started a new map behind the repointed link: block ids {ids}"
