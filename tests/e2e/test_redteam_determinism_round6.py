@@ -3,8 +3,6 @@ today."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from helpers import anonymize, trace, write_jsonl
