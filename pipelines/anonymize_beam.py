@@ -54,7 +54,7 @@ __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build"]
 
 class AnonymizeOutputs(NamedTuple):
     trace_files: beam.PCollection
-    dead_letters: beam.PCollection  # the path of the one dead-letter file, once written
+    dead_letters: beam.PCollection  # how many letters the one dead-letter file holds, once written
     summary: beam.PCollection  # the manifest dict, once written
 
 
@@ -147,11 +147,13 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     counts = beam.pvalue.AsSingleton(gated)
     # One file whatever the runner's parallelism or its order (sorted lines), named as the
     # local engine names it, into the run's letters staging folder (published with the run:
-    # publish.DeadLetterRun); owner-only, as they hold raw prompts.
+    # publish.DeadLetterRun); owner-only, as they hold raw prompts. The folder travels with
+    # the step, as every path a step needs does (ReadRecords' ranges): Beam carries text
+    # between steps as UTF-8, and a Linux name need not be.
     letters_written = (
         pipeline
-        | "LettersFolder" >> beam.Create([config.dead_letter])
-        | ("WriteDeadLetters" >> beam.Map(write_dead_letters, (), staged))
+        | "LettersFolder" >> beam.Create([None])
+        | "WriteDeadLetters" >> beam.Map(lambda _, staged: _write_letters(config, staged), staged)
     )
 
     trace_files = rows | "WriteShards" >> WriteShards(config, plan, origin, counts)
@@ -196,6 +198,13 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         lambda m, _: publish_trace(config, m), beam.pvalue.AsList(letters_written)
     )
     return AnonymizeOutputs(trace_files, letters_written, summary)
+
+
+def _write_letters(config: AnonymizeConfig, staged: StagedLetters) -> int:
+    """The one dead-letter file written; out, how many letters it holds (not its path, which
+    Beam could not carry to the next step when it is not UTF-8)."""
+    write_dead_letters(config.dead_letter, (), staged)
+    return staged.tally.count
 
 
 class ParseRequests(beam.PTransform):

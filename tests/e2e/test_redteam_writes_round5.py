@@ -397,20 +397,7 @@ def test_beam_synthesize_writes_an_output_whose_name_is_not_utf8(tmp_path):
     assert Path(os.fsdecode(odd)).is_file()
 
 
-@pytest.mark.parametrize(
-    "odd",
-    [
-        "--input",
-        pytest.param(
-            "--output",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"{ROUND5}: anonymize_beam's LettersFolder step carries the dead-letter "
-                "folder (OUTPUT-rejected) as UTF-8 text: a call site outside this change",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("odd", ["--input", "--output"])
 def test_beam_anonymize_reads_and_writes_names_that_are_not_utf8(tiny_tokenizer, tmp_path, odd):
     """Round 4 made `anonymize` write (and round 2 read) locations whose names are not UTF-8,
     on the local engine; --engine beam still fails on both: an input b'in\\xff.jsonl' stops

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtrace.transforms.read.json_tree import containers_over
 from kvtrace.transforms.read.trace_io import MAX_READ_TIMESTAMP_MS
 from kvtrace.transforms.trace_format import (
     MAX_PUBLISHED_INT,
@@ -31,6 +32,9 @@ NO_PARENT = -1
 MAX_EXAMPLES = 5
 REQUIRED = ("chat_id", "timestamp", "input_length", "output_length", "hash_ids")
 KEPT = (*REQUIRED, "parent_chat_id")  # a record's fields conversion reads; the rest is dropped
+# A row's JSON containers: its object and hash_ids (every other field of the format a number or
+# a name). A line of more is malformed, found before it is parsed (json_tree.containers_over).
+MAX_ROW_CONTAINERS = 1 + len(("hash_ids",))
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Converted:
             self.examples.append(f"line {line}: {why}")
 
 
-def convert(lines: Iterable[bytes | str]) -> Converted:
+def convert(lines: Iterable[bytes]) -> Converted:
     out = Converted()
     records: list[tuple[int, dict]] = []
     for number, line in enumerate(lines, 1):
@@ -107,7 +111,13 @@ def trace_jsonl(rows: list[dict]) -> bytes:
     )
 
 
-def _parsed(line: bytes | str) -> tuple[dict, str]:
+def _parsed(line: bytes) -> tuple[dict, str]:
+    containers = containers_over(line, MAX_ROW_CONTAINERS)
+    if containers is not None:
+        return {}, (
+            f"{containers} JSON objects and lists, over the {MAX_ROW_CONTAINERS} a Bailian row "
+            f"holds (the row and its hash_ids): not parsed"
+        )
     try:
         record = json.loads(line)
     except (ValueError, RecursionError) as err:
@@ -140,8 +150,8 @@ def _parsed(line: bytes | str) -> tuple[dict, str]:
     up = record.get("parent_chat_id", NO_PARENT)
     if up is not None and not _is_int(up) and not isinstance(up, str):
         return {}, "parent_chat_id must be an integer or a string"
-    # only what conversion reads: a record may carry any other field, of any size, and is
-    # freed here, before the next line is parsed
+    # only what conversion reads: a record may carry any other field (a number or a name) of
+    # any size, and is freed here, before the next line is parsed
     return {name: record[name] for name in KEPT if name in record}, ""
 
 

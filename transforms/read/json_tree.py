@@ -1,10 +1,12 @@
-"""Checks on a decoded JSON value before any field of it is used: nesting depth, and valid
-Unicode in every string and key. Iterative, so a hostile value cannot blow the stack. And JSON
-texts inside records (tool-call arguments) read exactly as the standard parser reads them."""
+"""Checks on JSON: before a line is parsed, how many containers it holds (what parsing it
+would cost); once decoded, before any field of it is used, nesting depth and valid Unicode in
+every string and key. Iterative, so a hostile value cannot blow the stack. And JSON texts
+inside records (tool-call arguments) read exactly as the standard parser reads them."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -20,6 +22,25 @@ MAX_NESTING_DEPTH = 64
 # orjson's own time on 40 KB lines).
 _DIGITS_AS_ZEROS = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_DIGIT_RUN = b"0" * 19
+# A JSON string, to its closing quote or the line's end: possessive, so a quote never closed
+# costs one pass over the rest, not one per quote after it.
+_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"?', re.DOTALL)
+
+
+def containers_over(line: bytes, most: int) -> int | None:
+    """How many JSON objects and lists a line holds, when that is more than most (else None),
+    found before it is parsed: a container parses to a Python dict or list of ~64 bytes for its
+    2-3 bytes of text. The one rule every JSON line reader bounds its parse by. Brackets are
+    counted at C speed; only past most, again outside the line's strings (where they are
+    text), so a name holding brackets reads as the parsed line would."""
+    if _brackets(line) <= most:
+        return None
+    count = _brackets(_JSON_STRING.sub(b"", line))
+    return count if count > most else None
+
+
+def _brackets(data: bytes) -> int:
+    return data.count(b"[") + data.count(b"{")
 
 
 def orjson_reading(data: bytes) -> tuple[bool, Any]:

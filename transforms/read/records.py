@@ -16,7 +16,7 @@ from typing import Any
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read import chat
-from kvtrace.transforms.read.json_tree import check_tree, orjson_reading
+from kvtrace.transforms.read.json_tree import check_tree, containers_over, orjson_reading
 from kvtrace.transforms.read.response_end import response_ms
 from kvtrace.transforms.read.shapes import check_record
 from kvtrace.transforms.read.timestamps import timestamp_ms
@@ -31,8 +31,8 @@ MAX_TOKEN_ID = 2**32 - 1
 # keeps one record near 2 GB of a worker; larger ones are too_large dead letters unless raised.
 DEFAULT_MAX_RECORD_BYTES = 16 << 20
 # A JSON object or list parsed is a Python dict or list (~64 bytes with its slot) for its 2-3
-# bytes of text (`[],`): a record's brackets, counted before it is parsed (those inside strings
-# too: an over-count), may cost at most this many times --max-record-bytes parsed.
+# bytes of text (`[],`): a record's containers, counted before it is parsed
+# (json_tree.containers_over), may cost at most this many times --max-record-bytes parsed.
 PARSED_CONTAINER_BYTES = 64
 CONTAINERS_BOUND_MULTIPLE = 2
 
@@ -71,11 +71,12 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
             "too_large",
             f"record of {len(line)} bytes > --max-record-bytes {options.max_record_bytes}",
         )
-    containers = line.count(b"[") + line.count(b"{")
-    if containers * PARSED_CONTAINER_BYTES > CONTAINERS_BOUND_MULTIPLE * options.max_record_bytes:
+    most = CONTAINERS_BOUND_MULTIPLE * options.max_record_bytes // PARSED_CONTAINER_BYTES
+    containers = containers_over(line, most)
+    if containers is not None:
         raise Rejected(
             "too_large",
-            f"record of {containers} JSON objects and lists (brackets), "
+            f"record of {containers} JSON objects and lists, "
             f"over {CONTAINERS_BOUND_MULTIPLE} x --max-record-bytes "
             f"{options.max_record_bytes} once parsed at {PARSED_CONTAINER_BYTES} "
             f"bytes each",

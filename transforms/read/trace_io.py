@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.json as pa_json
 
+from kvtrace.transforms.read.json_tree import containers_over
 from kvtrace.transforms.read.paths import (
     PARQUET_SUFFIXES,
     NumberedLines,
@@ -44,6 +45,7 @@ from kvtrace.transforms.trace_format import (
     MAX_RESPONSE_MS,
     MAX_TRACE_LINE_BYTES,
     NO_RESPONSE_MS,
+    OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
     RESPONSE_FIELD,
     ROW_FIELDS,
@@ -74,6 +76,11 @@ MAX_REPORTED_LINES = 1000  # malformed lines listed in the report; the count is 
 # session_id.
 SESSION_FIELDS = (SESSION_FIELD, "session_id")
 READ_FIELDS = (*ROW_FIELDS, RESPONSE_FIELD, *SESSION_FIELDS)
+# A row's JSON containers, as kvtrace writes it: its object and its lists of ids (every other
+# field a number or a name). A line of more is malformed, found before it is parsed
+# (json_tree.containers_over): parsed, 16 MiB of `[],` is ~350 MB of Python lists.
+ROW_LISTS = (HASH_IDS_FIELD, OUTPUT_IDS_FIELD)
+MAX_ROW_CONTAINERS = 1 + len(ROW_LISTS)
 
 
 @dataclass
@@ -417,7 +424,7 @@ def _streamed_columns(stream: _Tally, path: str) -> list[dict] | None:
 
 def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     names = set(table.schema.names)
-    if INPUT_LENGTH_FIELD not in names:
+    if INPUT_LENGTH_FIELD not in names or not _row_containers_only(table.schema):
         return False
     for name in HIGHEST:  # a null time or length is read row by row; a null response is none
         if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
@@ -430,6 +437,17 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
         ):
             return False
     return True
+
+
+def _row_containers_only(schema: pa.Schema) -> bool:
+    """Whether no row of a batch may hold more containers than a row does (MAX_ROW_CONTAINERS):
+    each nested column one object or list of plain values a row, the row itself one more. A
+    batch that may is read line by line, where each row is counted, so a row is kept or
+    malformed alike whichever path its file takes."""
+    nested = [field.type for field in schema if pa.types.is_nested(field.type)]
+    return 1 + len(nested) <= MAX_ROW_CONTAINERS and not any(
+        pa.types.is_nested(kind.field(i).type) for kind in nested for i in range(kind.num_fields)
+    )
 
 
 def _column_fits(name: str, column: pa.Array | pa.ChunkedArray, nulls: bool) -> bool:
@@ -577,6 +595,12 @@ def _row(raw: bytes | dict) -> dict:
     if isinstance(raw, dict):  # a Parquet row: a session of lists or structs reads as its JSON
         row = {k: _scalar_session(v) if k in SESSION_FIELDS else v for k, v in raw.items()}
     else:
+        containers = containers_over(raw, MAX_ROW_CONTAINERS)
+        if containers is not None:
+            raise ValueError(
+                f"{containers} JSON objects and lists, over the {MAX_ROW_CONTAINERS} a trace "
+                f"row holds (the row, {' and '.join(ROW_LISTS)}): not parsed"
+            )
         try:
             row = json.loads(raw)
         except (ValueError, RecursionError) as err:

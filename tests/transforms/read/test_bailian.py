@@ -35,7 +35,7 @@ ROWS = [
 
 
 def test_turns_are_linked_into_sessions_and_rows_are_mooncake():
-    converted = convert(json.dumps(r) for r in ROWS)
+    converted = convert(json.dumps(r).encode() for r in ROWS)
     rows = converted.rows
     assert [r["timestamp"] for r in rows] == [60000, 61114, 62500, 63000, 64000, 65250]
     assert [r["session"] for r in rows] == [0, 1, 1, 0, 1, 2]
@@ -53,7 +53,7 @@ def test_bad_lines_are_counted_not_fatal():
         json.dumps(bailian(1, 2, 1.0, 1, [1])),
         json.dumps(bailian(2, 1, 1.0, 1, [1])),
     ]
-    converted = convert(lines)
+    converted = convert(line.encode() for line in lines)
     assert len(converted.rows) == 1 and converted.malformed == 6
     assert "cycle" in converted.examples[4]  # 1 and 2 are each other's parents
 
@@ -94,7 +94,7 @@ def test_bad_lines_are_counted_not_fatal():
     )
 )
 def test_arbitrary_records_never_crash_and_good_ones_are_kept(records):
-    converted = convert(json.dumps(r) for r in records)
+    converted = convert(json.dumps(r).encode() for r in records)
     assert len(converted.rows) + converted.malformed == len(records)
     assert [r["timestamp"] for r in converted.rows] == sorted(
         r["timestamp"] for r in converted.rows
@@ -132,7 +132,7 @@ def test_a_long_parent_chain_converts_walking_each_chat_once():
         )
         for i in range(n)
     ]
-    converted = convert(chain)
+    converted = convert(line.encode() for line in chain)
     assert converted.malformed == 0 and {row["session"] for row in converted.rows} == {0}
 
 
@@ -150,7 +150,7 @@ def test_unhashable_parents_are_malformed_lines_not_a_crash():
         ),
         "[" * 100_000,
     ]
-    converted = convert(lines)
+    converted = convert(line.encode() for line in lines)
     assert converted.malformed == 2 and not converted.rows
 
 
@@ -159,7 +159,7 @@ def test_rows_are_written_by_the_trace_writer_as_json_dumps_would():
     json.dumps (what convert wrote before), every row within a trace reader's line."""
     from kvtrace.transforms.read.bailian import trace_jsonl
 
-    rows = convert(json.dumps(r) for r in ROWS).rows
+    rows = convert(json.dumps(r).encode() for r in ROWS).rows
     assert trace_jsonl(rows) == "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
@@ -174,7 +174,8 @@ def test_a_row_is_bounded_as_a_trace_row_kvtrace_writes():
         + "]}"
     )
     converted = convert(
-        [
+        line.encode()
+        for line in [
             many,
             json.dumps(bailian(2, -1, 1.0, 1, [MAX_PUBLISHED_INT])),
             json.dumps(bailian(3, -1, 1.0, 1, [MAX_PUBLISHED_INT - 1])),
@@ -185,12 +186,13 @@ def test_a_row_is_bounded_as_a_trace_row_kvtrace_writes():
 
 
 def test_records_are_kept_as_the_fields_conversion_reads():
-    """A record may carry any other field: memory follows one record's parse, not the file's."""
+    """A record may carry any other field of the format's kinds (a number or a name): memory
+    follows one record's parse, not the file's."""
     import tracemalloc
 
-    junk = json.dumps([[]] * 50_000)
+    junk = "x" * 1_000_000
     lines = (
-        json.dumps(bailian(chat, -1, 1.0, 1, [chat]))[:-1] + f', "junk": {junk}}}'
+        (json.dumps(bailian(chat, -1, 1.0, 1, [chat]))[:-1] + f', "junk": "{junk}"}}').encode()
         for chat in range(10)
     )
     tracemalloc.start()
@@ -198,4 +200,25 @@ def test_records_are_kept_as_the_fields_conversion_reads():
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(converted.rows) == 10
-    assert peak < 3 * 64 * 50_000, peak  # an empty list and its slot per item, of one record
+    assert peak < 4 * len(junk), peak  # a line, its parse; all ten kept whole: ~20 x
+
+
+def test_a_record_of_more_containers_than_a_row_holds_is_malformed_unparsed():
+    """A row holds two containers (itself, hash_ids): 50,000 empty lists more (~3 MB of Python
+    objects once parsed, from 200 KB of text) make the line malformed before it is parsed,
+    brackets inside its strings (names) not counted."""
+    import tracemalloc
+
+    junk = json.dumps([[]] * 50_000)
+    named = json.dumps(bailian("[chat] {1}", -1, 1.0, 1, [1])).encode()
+    lines = [(json.dumps(bailian(2, -1, 1.0, 1, [2]))[:-1] + f', "junk": {junk}}}').encode(), named]
+    tracemalloc.start()
+    converted = convert(iter(lines))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert converted.malformed == 1 and len(converted.rows) == 1
+    assert converted.examples == [
+        "line 1: 50003 JSON objects and lists, over the 2 a Bailian row holds "
+        "(the row and its hash_ids): not parsed"
+    ]
+    assert peak < 64 * 50_000 // 4, peak  # the line and a copy at most, never its parse
