@@ -16,8 +16,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvtrace.transforms.cache.cache_trace import CacheTrace
+from kvtrace.transforms.read.json_tree import containers_over
 from kvtrace.transforms.read.paths import lines_within, read_parquet_within
-from kvtrace.transforms.read.trace_io import MAX_TRACE_LINE_BYTES, PARQUET_SUFFIXES, Trace
+from kvtrace.transforms.read.trace_io import (
+    MAX_ROW_CONTAINERS,
+    MAX_TRACE_LINE_BYTES,
+    PARQUET_SUFFIXES,
+    Trace,
+)
 from kvtrace.transforms.trace_format import OUTPUT_IDS_FIELD
 
 
@@ -42,7 +48,8 @@ def _output_ids(path: str):
             yield from zip(numbers.tolist(), table.column(OUTPUT_IDS_FIELD).to_pylist())
         return
     for line, raw in enumerate(lines_within(path, MAX_TRACE_LINE_BYTES), 1):
-        if OUTPUT_IDS_FIELD.encode() in raw:
+        # A line of more containers than a row holds is malformed to the trace reader too.
+        if OUTPUT_IDS_FIELD.encode() in raw and containers_over(raw, MAX_ROW_CONTAINERS) is None:
             try:
                 ids = json.loads(raw).get(OUTPUT_IDS_FIELD)
             except (ValueError, AttributeError):

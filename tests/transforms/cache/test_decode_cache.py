@@ -61,3 +61,27 @@ def test_simulate_counts_hits_on_cached_outputs(tmp_path):
         run_simulate(
             SimulateConfig((str(plain),), (Capacity(1000, None),), ("lru",), 4, decode_cache=True)
         )
+
+
+def test_a_line_of_more_containers_than_a_row_is_never_parsed(tmp_path):
+    """The trace reader counts such a line malformed before parsing it; the output-id reader
+    skips it by the same rule (json_tree.containers_over), not after ~64 bytes per bracket."""
+    import tracemalloc
+
+    from kvtrace.transforms.cache.decode_cache import _output_ids
+
+    path = tmp_path / "t.jsonl"
+    junk = ",".join(["[]"] * 1_000_000)
+    path.write_text(
+        '{"timestamp": 0, "input_length": 4, "output_length": 4, "hash_ids": [0], '
+        f'"output_hash_ids": [1], "junk": [{junk}]}}\n'
+        '{"timestamp": 1, "input_length": 4, "output_length": 4, "hash_ids": [0], '
+        '"output_hash_ids": [2]}\n'
+    )
+    tracemalloc.start()
+    try:
+        assert list(_output_ids(str(path))) == [(2, [2])]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # the 3 MB line held once or twice; parsed, ~64 MB
