@@ -228,3 +228,54 @@ def test_an_unused_deeply_nested_parquet_column_is_not_a_failed_run(tiny_tokeniz
         assert done.returncode == 0, f"{engine}: {done.stderr[-600:]}"
         outputs[engine] = (out / "trace-00000-of-00001.jsonl").read_bytes()
     assert outputs["local"] == outputs["beam"]
+
+
+# ---- the Beam engine tokenizes in the CLI's own process: a native abort is a silent death ---
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort_on_beam(
+    tiny_tokenizer, tmp_path
+):
+    """Round 4's reproducer, fixed for the local engine only ("every run encodes in a worker
+    process"; README: "a native abort ... is a one-line error, never the CLI's silent death").
+    `--engine beam` (or any Beam option, which picks it) runs Beam's in-process runner, so the
+    Rust tokenizer tokenizes input in the CLI's own process: an 8 MB prompt under a 1.5 GB
+    address-space limit (as batch schedulers set) aborts it, exit -6 (SIGABRT), having said
+    nothing but its start line (Rust's last words go to INFO logs, shown with --verbose only).
+    Promise: bad input gets a one-line error or a dead letter, never a silent death."""
+    import resource
+
+    words = "the quick brown fox jumps over lazy dog again hello world".split()
+    text = " ".join(words[i % len(words)] for i in range(1_500_000))
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        json.dumps({"timestamp": 0, "prompt": text, "output_length": 1})
+        + "\n"
+        + json.dumps(
+            {"timestamp": 1, "messages": [{"role": "user", "content": "hi"}], "output_length": 1}
+        )
+        + "\n"
+    )
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))
+
+    done = _kvtrace(
+        [
+            "anonymize",
+            "--engine",
+            "beam",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ],
+        preexec_fn=cap,
+    )
+    assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr[-1000:]}"
+    assert done.stderr.strip().splitlines()[-1].startswith("error: "), done.stderr[-1000:]
