@@ -279,3 +279,82 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort_on_bea
     )
     assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr[-1000:]}"
     assert done.stderr.strip().splitlines()[-1].startswith("error: "), done.stderr[-1000:]
+
+
+# ---- Parquet: a refused row group is counted by the footer's claim, one letter per row -----
+
+
+def _zigzag_varint(value: int) -> bytes:
+    value, out = value << 1, bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _claiming_rows(path, claimed: int, rows: int = 7, prompt_bytes: int = 3000) -> None:
+    """A Parquet log of `rows` rows (one uncompressed page per column) whose footer says every
+    count of rows and values is `claimed` (Thrift compact i64 fields rewritten, footer length
+    fixed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(range(rows), pa.int64()),
+                "prompt": ["z" * prompt_bytes + str(i) for i in range(rows)],
+                "output_length": pa.array([1] * rows, pa.int64()),
+            }
+        ),
+        path,
+        use_dictionary=False,
+        compression="none",
+    )
+    data = path.read_bytes()
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    footer = data[start:-8].replace(b"\x16" + _zigzag_varint(rows), b"\x16" + _zigzag_varint(claimed))
+    path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_claims(
+    tiny_tokenizer, tmp_path
+):
+    """BOUNDS.md: "the footer's chunk sizes and value counts are never trusted"; a row group
+    whose pages are over the bound has "every row of its row group a too_large dead letter,
+    unread". Which rows: sources._unread_rows writes one letter per row the footer's
+    RowGroup.num_rows claims, a number nothing checks against the pages. A 34 KB file of 7
+    rows whose footer claims 1,000,000 (read at --max-record-bytes 8192, its pages over 2 x
+    that) is 1,000,000 dead letters: 40 s of a core and 1,000,001 records "read" from two
+    files of 8; a claim of 10^12 is days of a core and terabytes of staged letters, from the
+    same 34 KB. Promises: every resource bounded before it is spent (by the file, not by what
+    it says); counts add up (records read are records there)."""
+    import re
+
+    _claiming_rows(tmp_path / "claims.parquet", 1_000_000)
+    (tmp_path / "good.jsonl").write_text(
+        '{"timestamp": 1, "prompt": "hello world", "output_length": 1}\n'
+    )
+    done = _kvtrace(
+        [
+            "anonymize",
+            "--input",
+            str(tmp_path / "claims.parquet"),
+            "--input",
+            str(tmp_path / "good.jsonl"),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--max-record-bytes",
+            "8192",
+        ]
+    )
+    said = done.stderr
+    counted = re.search(r"(\d+) of (\d+) records", said)
+    assert counted, said[-1000:]
+    assert int(counted.group(2)) <= 8, said.strip().splitlines()[-1]
