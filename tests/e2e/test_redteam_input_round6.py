@@ -358,3 +358,66 @@ def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_cla
     counted = re.search(r"(\d+) of (\d+) records", said)
     assert counted, said[-1000:]
     assert int(counted.group(2)) <= 8, said.strip().splitlines()[-1]
+
+
+# ---- Parquet: an empty list is sized as nothing, so a row of millions of them is decoded ---
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_tokenizer, tmp_path):
+    """BOUNDS.md: each Parquet row is "sized from its offsets ... before it becomes Python
+    values"; "over the bound: too_large, never decoded". arrow_sizes._value_bytes sizes a list
+    as the sum of its values, each at least a byte: an empty list `[]` (2 bytes of JSON, a
+    56-byte Python list) counts 0, and so does a list of them. A 1.6 KB Parquet log whose one
+    row carries, in a column anonymize never uses, 4,000,000 empty lists (list<list<int8>>) is
+    sized as 0 bytes of junk, turned into 4 M Python lists, dumped as a 16 MB JSON line and
+    only then refused ("row of 16000071 bytes as JSON, over --max-record-bytes 4194304"):
+    ~370 MB over the process at a 4 MiB bound (the documented Parquet reading: about 9 x).
+    Among rows of a row group, one row may hold the group's whole average of such values: the
+    same cell then costs 64 bytes per value unbounded by the row's bound. Promise: every
+    resource bounded before it is spent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, bound = 4_000_000, 4 << 20
+    inner = pa.ListArray.from_arrays(pa.array([0] * (n + 1), pa.int32()), pa.array([], pa.int8()))
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([1], pa.int64()),
+                "prompt": ["hello world"],
+                "output_length": pa.array([1], pa.int64()),
+                "junk": pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), inner),
+            }
+        ),
+        tmp_path / "empties.parquet",
+        compression="zstd",
+    )
+    assert (tmp_path / "empties.parquet").stat().st_size < 4 << 10
+    (tmp_path / "small.jsonl").write_text(
+        '{"timestamp": 1, "prompt": "hello world", "output_length": 1}\n'
+    )
+    peaks = {}
+    for name in ("small.jsonl", "empties.parquet"):
+        _, peaks[name], said = _peak_rss_mb(
+            [
+                "anonymize",
+                "--input",
+                str(tmp_path / name),
+                "--input",
+                str(tmp_path / "small.jsonl"),
+                "--output",
+                str(tmp_path / f"out-{name}"),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--processes",
+                "1",
+                "--max-record-bytes",
+                str(bound),
+                "--max-rejected-fraction",
+                "1",
+            ]
+        )
+        assert "Traceback" not in said, said[-2000:]
+    over = peaks["empties.parquet"] - peaks["small.jsonl"]
+    assert over <= 9 * (bound >> 20) + 24, f"{over} MB over the process for a 1.6 KB file"
