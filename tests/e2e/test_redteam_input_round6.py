@@ -421,3 +421,38 @@ def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_toke
         assert "Traceback" not in said, said[-2000:]
     over = peaks["empties.parquet"] - peaks["small.jsonl"]
     assert over <= 9 * (bound >> 20) + 24, f"{over} MB over the process for a 1.6 KB file"
+
+
+# ---- trace readers: a row's ids are numbered one level (one numpy pass) per id --------------
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize(
+    "command",
+    [["analyze"], ["validate"], ["simulate", "--capacity", "100"], ["synthesize", "-o", "{out}"]],
+    ids=lambda c: c[0],
+)
+def test_one_long_trace_row_costs_time_linear_in_its_bytes(tmp_path, command):
+    """stats.trace_blocks.prefix_ids numbers every block by its prefix "level by level": one
+    round of numpy calls (argsort, lexsort, diff, cumsum) per position of the longest row, each
+    ~60-150 us of fixed cost whatever the rows at that level. One row of 1,000,000 ids (within
+    the 16 MiB line bound and MAX_ROW_IDS), all `0`, is a 2 KB .gz: analyze spends 75-150 s of
+    a core on it (cProfile: prefix_ids 147 s of 151), validate, simulate and synthesize alike,
+    where a trace of the same 2 MB in short rows takes a second. A folder of such files is
+    hours. Promise: every resource (CPU time included) bounded before it is spent; a trace line
+    is bounded in bytes, and what a line costs should follow its bytes."""
+    import gzip
+
+    n = 1_000_000
+    src = tmp_path / "trace.jsonl.gz"
+    with gzip.open(src, "wt", compresslevel=9) as handle:
+        handle.write(
+            f'{{"timestamp": 0, "input_length": {16 * n}, "output_length": 1, '
+            f'"hash_ids": [{",".join(["0"] * n)}]}}\n'
+        )
+    assert src.stat().st_size < 4 << 10
+    args = [a.format(out=tmp_path / "out.jsonl") for a in command]
+    try:
+        _kvtrace([args[0], str(src), "--block-size", "16", *args[1:]], timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command[0]} of a {src.stat().st_size}-byte trace not done in 30 s")
