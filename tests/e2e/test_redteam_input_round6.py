@@ -456,3 +456,26 @@ def test_one_long_trace_row_costs_time_linear_in_its_bytes(tmp_path, command):
         _kvtrace([args[0], str(src), "--block-size", "16", *args[1:]], timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command[0]} of a {src.stat().st_size}-byte trace not done in 30 s")
+
+
+# ---- trace JSONL: the streamed reader builds a column for every field of every row ---------
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_trace_with_many_extra_fields_costs_its_trace_fields_not_a_column_each(tmp_path):
+    """Round 5 made the line-by-line trace reader keep "only their trace fields as they go";
+    but every JSONL trace goes first through pyarrow's streamed JSON reader
+    (trace_io._streamed_columns), which infers a column for every field of the first block and
+    builds every column of every block before _columns_from_table picks the trace fields. A
+    row may carry any field: three 1 MB rows of 90,000 extra fields `"kN": 0` (a 3 MB file)
+    peak at ~630 MB in analyze (one row 374 MB, ten 1.04 GB), 38 s of a core (ten: 98 s),
+    where the same rows read line by line, or the same 3 MB of short rows, take ~100 MB.
+    Promise: every resource bounded before it is spent (round 5's own bar for a 12-line
+    trace of 4 MiB lines: 400 MB)."""
+    keys = ",".join(f'"k{i}": 0' for i in range(90_000))
+    row = f'{{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1], {keys}}}\n'
+    src = tmp_path / "trace.jsonl"
+    src.write_text(row * 3)
+    code, peak, said = _peak_rss_mb(["analyze", str(src)])
+    assert code == 0, said[-1000:]
+    assert peak < 400, f"{peak} MB peak reading a {src.stat().st_size}-byte trace of 3 rows"
