@@ -479,3 +479,26 @@ def test_a_trace_with_many_extra_fields_costs_its_trace_fields_not_a_column_each
     code, peak, said = _peak_rss_mb(["analyze", str(src)])
     assert code == 0, said[-1000:]
     assert peak < 400, f"{peak} MB peak reading a {src.stat().st_size}-byte trace of 3 rows"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_nested_field_under_the_crash_depth_costs_time_linear_in_its_bytes(tmp_path):
+    """Below the depth that crashes it (above), pyarrow's streamed JSON reader, first in line
+    for every JSONL trace, spends time quadratic in a field's nesting: a 10 KB line nested
+    5,000 deep takes 13-29 s (pyarrow's open_json alone: 13.4 s), 10,000 deep (20 KB) 103 s of
+    analyze, per 1 MiB block that holds one (three such rows in a block cost what one does):
+    a trace padded to one per block is minutes per MiB, hours for a small .gz. Promise: every
+    resource (CPU time included) bounded before it is spent; what a trace line costs follows
+    its bytes (a 24 KB line of short values reads in well under a second)."""
+    depth = 12_000
+    src = tmp_path / "trace.jsonl"
+    src.write_text(
+        '{"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": [1], "junk": '
+        + "[" * depth
+        + "]" * depth
+        + "}\n"
+    )
+    try:
+        _kvtrace(["analyze", str(src)], timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"analyze of a {src.stat().st_size}-byte trace not done in 15 s")
