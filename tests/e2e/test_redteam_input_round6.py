@@ -502,3 +502,41 @@ def test_a_nested_field_under_the_crash_depth_costs_time_linear_in_its_bytes(tmp
         _kvtrace(["analyze", str(src)], timeout=15)
     except subprocess.TimeoutExpired:
         pytest.fail(f"analyze of a {src.stat().st_size}-byte trace not done in 15 s")
+
+
+# ---- trace Parquet: a column name given twice is an unanticipated failure of the whole read -
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize("command", ["analyze", "validate"])
+def test_a_trace_parquet_naming_a_column_twice_is_a_malformed_file_not_a_failed_job(
+    tmp_path, command
+):
+    """A Parquet file may name two columns alike (pyarrow writes it). trace_io._read_parquet
+    turns what read_parquet_within raises (OSError, ValueError, ArrowException) into a
+    malformed line 0 "not a readable Parquet file", and the other inputs read on; two
+    `hash_ids` columns make it raise KeyError ("Column hash_ids does not exist in schema"),
+    which nothing expects: every trace reader (analyze, validate, reuse, synthesize, export)
+    stops with "the job failed: KeyError ... (run with --verbose for the traceback)", the
+    bug path, and the good trace beside it is not read. Promise: bad input gets a one-line
+    error about it or is reported and skipped, as any other unreadable Parquet file is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.Table.from_arrays(
+            [
+                pa.array([0, 1], pa.int64()),
+                pa.array([4, 4], pa.int64()),
+                pa.array([1, 1], pa.int64()),
+                pa.array([[1], [2]], pa.list_(pa.int64())),
+                pa.array([[3], [4]], pa.list_(pa.int64())),
+            ],
+            names=["timestamp", "input_length", "output_length", "hash_ids", "hash_ids"],
+        ),
+        tmp_path / "twice.parquet",
+    )
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n')
+    done = _kvtrace([command, str(good), str(tmp_path / "twice.parquet")], timeout=120)
+    assert "the job failed" not in done.stderr, done.stderr[-1000:]
