@@ -540,3 +540,74 @@ def test_a_trace_parquet_naming_a_column_twice_is_a_malformed_file_not_a_failed_
     good.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n')
     done = _kvtrace([command, str(good), str(tmp_path / "twice.parquet")], timeout=120)
     assert "the job failed" not in done.stderr, done.stderr[-1000:]
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+def test_a_footer_claiming_many_rows_does_not_let_one_cell_of_millions_of_values_decode(
+    tiny_tokenizer, tmp_path
+):
+    """BOUNDS.md: "rows averaging more values than the bound ... counted from the page
+    headers, is refused"; "the footer's chunk sizes and value counts are never trusted". The
+    average divides by RowGroup.num_rows, the footer's claim. A 3-row group whose first cell
+    holds 30,000,000 dictionary-encoded zeros (RLE: a 1.6 KB file) is refused unread at a
+    1 MiB bound (94 MB peak); rewrite the footer's row counts to say 10^9 and the average
+    passes: Arrow decodes the 30 M values (240 MB dense, more as a list) before the row is
+    sized and refused, ~505 MB peak, and the same 1.6 KB at 300 M values is gigabytes. The
+    "pages it spans bound that" of the documented residual does not hold for RLE either.
+    Promise: every resource bounded before it is spent."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, claimed = 30_000_000, 10**9
+    ids = pa.ListArray.from_arrays(
+        pa.array([0, n, n + 1, n + 2], pa.int32()), pa.array(np.zeros(n + 2, dtype=np.int64))
+    )
+    path = tmp_path / "rle.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([0, 1, 2], pa.int64()),
+                "prompt": ["hi", "ho", "hu"],
+                "output_length": pa.array([1, 1, 1], pa.int64()),
+                "ids": ids,
+            }
+        ),
+        path,
+        use_dictionary=True,
+        compression="zstd",
+    )
+    data = path.read_bytes()
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    footer = data[start:-8].replace(b"\x16" + _zigzag_varint(3), b"\x16" + _zigzag_varint(claimed))
+    path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
+    assert path.stat().st_size < 4 << 10
+    (tmp_path / "small.jsonl").write_text(
+        '{"timestamp": 1, "prompt": "hello world", "output_length": 1}\n'
+    )
+    peaks = {}
+    for name in ("small.jsonl", "rle.parquet"):
+        _, peaks[name], said = _peak_rss_mb(
+            [
+                "anonymize",
+                "--input",
+                str(tmp_path / name),
+                "--input",
+                str(tmp_path / "small.jsonl"),
+                "--output",
+                str(tmp_path / f"out-{name}"),
+                "--tokenizer",
+                tiny_tokenizer,
+                "--processes",
+                "1",
+                "--max-record-bytes",
+                str(1 << 20),
+                "--max-rejected-fraction",
+                "1",
+            ]
+        )
+        assert "Traceback" not in said, said[-2000:]
+    over = peaks["rle.parquet"] - peaks["small.jsonl"]
+    assert over <= 100, f"{over} MB over the process for a 1.6 KB file at a 1 MiB bound"
