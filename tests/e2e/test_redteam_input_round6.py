@@ -315,7 +315,9 @@ def _claiming_rows(path, claimed: int, rows: int = 7, prompt_bytes: int = 3000) 
     data = path.read_bytes()
     footer_bytes = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - footer_bytes
-    footer = data[start:-8].replace(b"\x16" + _zigzag_varint(rows), b"\x16" + _zigzag_varint(claimed))
+    footer = data[start:-8].replace(
+        b"\x16" + _zigzag_varint(rows), b"\x16" + _zigzag_varint(claimed)
+    )
     path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
     assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
 
