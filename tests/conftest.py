@@ -3,6 +3,7 @@ The helpers the tests import are in helpers.py."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
@@ -20,7 +21,18 @@ settings.load_profile("kvtrace")
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory) -> str:
-    return str(build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer")))
+    """Built once per run, however many xdist workers: building imports transformers (~2.5
+    CPU-s), which a worker running no test that needs it then never pays. Read-only to tests."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return str(build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer")))
+    run = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers alone
+    built = run / "tiny-tokenizer"
+    with open(run / "tiny-tokenizer.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        if not built.exists():  # staged, then renamed: a worker killed mid-build leaves no half
+            staged = tmp_path_factory.mktemp("tiny-tokenizer")
+            build_tiny_tokenizer(staged).rename(built)
+    return str(built)
 
 
 @pytest.fixture(scope="session")

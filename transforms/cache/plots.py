@@ -5,23 +5,38 @@ Each plot names the definition of what it draws, since hit rates differ by defin
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only: no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+if TYPE_CHECKING:  # annotations only: pyplot is imported by the first plot drawn
+    import matplotlib.pyplot as plt
 
 _DPI = 110
+
+
+@functools.cache
+def _pyplot() -> ModuleType:
+    """pyplot, imported when a plot is first drawn: its import costs ~2 s of CPU, which every
+    process importing this module (the cache commands' jobs without a plot, each test worker)
+    would otherwise pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def _png(figure: plt.Figure) -> bytes:
     sink = io.BytesIO()
     figure.tight_layout()
     figure.savefig(sink, format="png", dpi=_DPI)
-    plt.close(figure)
+    _pyplot().close(figure)
     return sink.getvalue()
 
 
@@ -71,7 +86,7 @@ def reuse_figure(
 ) -> bytes:
     """The CCDF, the exact LRU curves (when stack distances were computed) and reuse times."""
     panels = 3 if capacities is not None else 2
-    figure, axes = plt.subplots(1, panels, figsize=(5.7 * panels, 4.8))
+    figure, axes = _pyplot().subplots(1, panels, figsize=(5.7 * panels, 4.8))
     draw_ccdf(axes[0], x, y, gpu_kv_cache_size, at_gpu)
     if capacities is not None:
         stack = axes[1]
@@ -99,20 +114,20 @@ def draw_reuse_time(axes: plt.Axes, reuse_time: Sequence[dict]) -> None:
 def ccdf_png(
     x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None, at_gpu: float | None
 ) -> bytes:
-    figure, axes = plt.subplots(figsize=(7, 4.8))
+    figure, axes = _pyplot().subplots(figsize=(7, 4.8))
     draw_ccdf(axes, x, y, gpu_kv_cache_size, at_gpu)
     return _png(figure)
 
 
 def reuse_time_png(reuse_time: Sequence[dict]) -> bytes:
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure, axes = _pyplot().subplots(figsize=(7, 4))
     draw_reuse_time(axes, reuse_time)
     return _png(figure)
 
 
 def hit_rate_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> bytes:
     """Token-weighted hit rate (%) against capacity, one line per policy."""
-    figure, axes = plt.subplots(figsize=(7, 4.8))
+    figure, axes = _pyplot().subplots(figsize=(7, 4.8))
     for policy, (capacities, rates) in curves.items():
         axes.plot(capacities, 100 * np.asarray(rates), marker="o", markersize=3, label=policy)
     axes.set_xscale("log")
@@ -129,7 +144,7 @@ def two_tier_png(
     gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray, from_gpu: np.ndarray
 ) -> bytes:
     """Hit rate of each (GPU, tier-2) capacity pair; cells show total and the GPU's part."""
-    figure, axes = plt.subplots(figsize=(1.6 * len(tier2) + 3, 0.7 * len(gpu) + 2))
+    figure, axes = _pyplot().subplots(figsize=(1.6 * len(tier2) + 3, 0.7 * len(gpu) + 2))
     image = axes.imshow(
         total, cmap="viridis", vmin=0, vmax=max(1e-9, float(total.max())), aspect="auto"
     )
@@ -154,7 +169,7 @@ def two_tier_png(
 
 
 def lengths_png(input_length: np.ndarray, output_length: np.ndarray) -> bytes:
-    figure, (isl, osl) = plt.subplots(1, 2, figsize=(11, 3.8))
+    figure, (isl, osl) = _pyplot().subplots(1, 2, figsize=(11, 3.8))
     for axes, values, name in (
         (isl, input_length, "input length (ISL)"),
         (osl, output_length, "output length (OSL)"),
@@ -170,7 +185,7 @@ MAX_RATE_BINS = 2000
 
 
 def request_rate_png(timestamp_ms: np.ndarray) -> bytes:
-    figure, axes = plt.subplots(figsize=(11, 3.5))
+    figure, axes = _pyplot().subplots(figsize=(11, 3.5))
     if len(timestamp_ms):
         minutes = (timestamp_ms - timestamp_ms.min()) / 60_000
         # One bin per minute, or wider bins for a long trace: the plot's cost never follows its

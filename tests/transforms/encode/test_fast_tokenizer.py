@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from transformers import AutoTokenizer
 
 from helpers import SHAPES, shared_path
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
@@ -43,6 +42,14 @@ PLAIN = [
 ]
 
 
+def reference(folder: str):
+    """transformers' AutoTokenizer, imported by the tests that compare with it rather than at
+    collection, which every test worker runs (~2.5 CPU-s each)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def requests() -> list:
     shapes = [
         parse_record(json.dumps(record).encode(), "t", ParseOptions()) for record in SHAPES.values()
@@ -53,9 +60,7 @@ def requests() -> list:
 @pytest.fixture(scope="module", params=["deepseek-r1", "qwen3"])
 def both(request):
     folder = str(shared_path("tokenizers", request.param))
-    return FastTokenizer.from_directory(
-        shared_path("tokenizers", request.param)
-    ), AutoTokenizer.from_pretrained(folder)
+    return FastTokenizer.from_directory(shared_path("tokenizers", request.param)), reference(folder)
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
@@ -75,12 +80,15 @@ def test_rendered_chats_equal_autotokenizer(both, kwargs):
         )
 
 
+@pytest.fixture(scope="module")
+def deepseek_reference(deepseek_tokenizer):
+    """Loaded once for every template: each test passes its template, changing no tokenizer."""
+    return reference(deepseek_tokenizer)
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_real_templates_render_as_autotokenizer(deepseek_tokenizer, template):
-    light, auto = (
-        load_tokenizer(deepseek_tokenizer),
-        AutoTokenizer.from_pretrained(deepseek_tokenizer),
-    )
+def test_real_templates_render_as_autotokenizer(deepseek_tokenizer, deepseek_reference, template):
+    light, auto = load_tokenizer(deepseek_tokenizer), deepseek_reference
     kwargs = {
         "chat_template": shared_path("templates", template).read_text(),
         "date_string": "21 Nov 2026",
@@ -98,7 +106,7 @@ def test_template_files_and_named_templates_are_chosen_as_transformers_does(
     shutil.copytree(tiny_tokenizer, folder)
     (folder / "additional_chat_templates").mkdir()
     (folder / "additional_chat_templates" / "tool_use.jinja").write_text("TOOLS{{ tools|length }}")
-    light, auto = FastTokenizer.from_directory(folder), AutoTokenizer.from_pretrained(str(folder))
+    light, auto = FastTokenizer.from_directory(folder), reference(str(folder))
     assert set(light.chat_template) == {"default", "tool_use"}
     assert light.chat_template == auto.chat_template
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -409,58 +409,80 @@ def test_a_trace_parquet_page_over_the_bound_is_malformed_not_read(tmp_path):
     assert "page" in trace.malformed[0]["error"]
 
 
-def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(tmp_path):
-    """One dictionary entry near the bound referenced by 32 rows (a ~1.5 KB file): read 64 rows
-    at a time and decoded whole, the rows took 32 x the entry and more (a run of 128 such rows
-    at 4 MiB peaked at ~1.1 GB). Each row is now sized from its dictionary index and decoded
-    alone."""
-    bound = 4 * MiB
-    path = tmp_path / "bomb.parquet"
+PARQUET_BOUND = 4 * MiB
+BOMB_ENTRY = "hello " * 650_000  # one dictionary entry near the bound
+BOMB_ROWS = 32  # 64 at once before: ~130 MiB, over the ceiling
+
+
+def _dictionary_bomb(path: Path) -> Path:
     pq.write_table(
         pa.table(
             {
-                "timestamp": ["not a time"] * 32,
-                "prompt": pa.array(["hello " * 650_000] * 32).dictionary_encode(),
+                "timestamp": ["not a time"] * BOMB_ROWS,
+                "prompt": pa.array([BOMB_ENTRY] * BOMB_ROWS).dictionary_encode(),
             }
         ),
         path,
         compression="zstd",
     )
+    return path
+
+
+def _fallback_bomb(path: Path, column: str) -> Path:
+    values = [BOMB_ENTRY] * BOMB_ROWS + ["b"]
+    if column == "messages":
+        values = [[{"role": "user", "content": value}] for value in values]
+    pq.write_table(
+        pa.table({"timestamp": ["not a time"] * (BOMB_ROWS + 1), column: values}),
+        path,
+        compression="zstd",
+        write_batch_size=BOMB_ROWS,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def parquet_bombs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The Parquet bombs below by name, each with what reading it gave: all read in one child
+    (one start-up of the reader for them all; each file's peak is measured on its own)."""
+    folder = tmp_path_factory.mktemp("parquet-bombs")
+    paths = {
+        "dictionary": _dictionary_bomb(folder / "dictionary.parquet"),
+        "prompt": _fallback_bomb(folder / "prompt.parquet", "prompt"),
+        "messages": _fallback_bomb(folder / "messages.parquet", "messages"),
+    }
+    results = read_in_child(list(paths.values()), PARQUET_BOUND)
+    return {name: (path, result) for (name, path), result in zip(paths.items(), results)}
+
+
+def test_a_parquet_dictionary_bomb_is_read_within_the_ceiling(parquet_bombs):
+    """One dictionary entry near the bound referenced by 32 rows (a ~1.5 KB file): read 64 rows
+    at a time and decoded whole, the rows took 32 x the entry and more (a run of 128 such rows
+    at 4 MiB peaked at ~1.1 GB). Each row is now sized from its dictionary index and decoded
+    alone."""
+    path, result = parquet_bombs["dictionary"]
     assert path.stat().st_size < 4096
-    [result] = read_in_child([path], bound)
-    assert result["out"] == ["bad_timestamp"] * 32
+    assert result["out"] == ["bad_timestamp"] * BOMB_ROWS
     # docs/BOUNDS.md: Parquet reading stays under 9 x the bound (measured 54 MiB; was ~1.1 GB)
-    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
+    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * PARQUET_BOUND + CEILING_FIXED
 
 
 @pytest.mark.parametrize("column", ["prompt", "messages"])
 def test_a_dictionary_bomb_whose_chunk_falls_back_to_plain_is_read_within_the_ceiling(
-    tmp_path, column
+    parquet_bombs, column
 ):
     """The same entry, its chunk holding a PLAIN page too (pyarrow's writer falls back once its
     dictionary is over 1 MB): read dense, so the rows indexing the dictionary are decoded before
     they are sized; they are read as many at once as the bound holds at their most (one here,
     from its largest entry), not 64 (~870 MB peak at 128 rows)."""
-    bound, rows = 4 * MiB, 32  # 64 at once before: ~130 MiB, over the ceiling
-    entry = "hello " * 650_000
-    values = [entry] * rows + ["b"]
-    if column == "messages":
-        values = [[{"role": "user", "content": value}] for value in values]
-    path = tmp_path / "bomb.parquet"
-    pq.write_table(
-        pa.table({"timestamp": ["not a time"] * (rows + 1), column: values}),
-        path,
-        compression="zstd",
-        write_batch_size=rows,
-    )
-    with parquet_file(str(path), bound) as (raw, parquet):
+    path, result = parquet_bombs[column]
+    with parquet_file(str(path), PARQUET_BOUND) as (raw, parquet):
         group = parquet.metadata.row_group(0)
         chunk = group.column(group.num_columns - 1)  # the prompt, or the messages' content
         assert {page.encoding for page in _pages(raw, chunk)} >= {None, 0}  # dictionary, PLAIN
     assert path.stat().st_size < 4096
-    [result] = read_in_child([path], bound)
-    assert result["out"] == ["bad_timestamp"] * (rows + 1)
-    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * bound + CEILING_FIXED
+    assert result["out"] == ["bad_timestamp"] * (BOMB_ROWS + 1)
+    assert result["peak_bytes"] <= PARQUET_CEILING_MULTIPLE * PARQUET_BOUND + CEILING_FIXED
 
 
 def _understated_footer(path: Path, small: int = 100) -> None:
