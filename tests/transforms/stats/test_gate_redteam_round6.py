@@ -76,7 +76,6 @@ def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
     ), "a name wrote a line of the report"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_parquet_shard_repeating_a_column_name_crashes_the_audit(night, tmp_path):
     """Round 5's fix checks a Parquet shard's schema from the footer before decoding
     (trace_format._check_schema): every name one of the trace's, every one present, each of the
@@ -169,7 +168,6 @@ def test_the_order_files_were_made_in_is_published_by_tar_and_passes(night, tiny
 
 
 @pytest.mark.slow  # a streaming pipeline on Beam's direct runner
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("umask", [0o027, 0o002])
 def test_a_stream_written_under_a_common_umask_fails_its_own_gate(
     tiny_tokenizer, tmp_path, monkeypatch, umask
@@ -185,14 +183,14 @@ def test_a_stream_written_under_a_common_umask_fails_its_own_gate(
     from apache_beam.testing.test_stream import TestStream
 
     from helpers import STREAM_SALT, message, run_stream, stream_chat, streaming_config
-    from kvtrace.transforms import storage
+    from kvtrace.pipelines.anonymize_streaming import make_stream_folder
 
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     config = streaming_config(tmp_path, tiny_tokenizer, idle_ms=3_600_000)
     os.rmdir(config.job.output)
     previous = os.umask(umask)
     try:
-        storage.make_folder(config.job.output)  # as run_streaming makes the stream's folder
+        make_stream_folder(config.job.output)  # as run_streaming makes the stream's folder
         stream = (
             TestStream()
             .add_elements([message(stream_chat(20_000 * i, i)) for i in range(4)])
