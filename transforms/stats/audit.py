@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
@@ -1419,18 +1420,82 @@ def _timestamp_report(values: np.ndarray) -> dict:
 
 
 def report_text(report: dict, where: str) -> str:
-    """The report for a person: each figure, what it means, what the publisher can do."""
+    """The report for a person: each figure, what it means, what the publisher can do. Every
+    line is shown through one escaping (_shown), so nothing the folder named (a file, a
+    subfolder, a row's field) reaches the terminal as anything but one line of printable text."""
+    lines = [*_report_lines(report, where), *_unseen_lines(), _verdict(report)]
+    return "\n".join(_shown(line) for line in lines)
+
+
+def _shown(line: str) -> str:
+    """A line as printable text: names as letters show them (dead_letters.shown_name), then
+    every character a terminal acts on (a line break, an escape, a bidi control) as the \\x or
+    \\u escape of its code point (never \\x80-\\xff, which shown_name gives a name's bytes)."""
+    return "".join(c if c.isprintable() else _code_point(c) for c in shown_name(line))
+
+
+def _code_point(character: str) -> str:
+    point = ord(character)
+    return (
+        f"\\x{point:02x}"
+        if point < 0x80
+        else f"\\u{point:04x}"
+        if point <= 0xFFFF
+        else f"\\U{point:08x}"
+    )
+
+
+# The kernel lists trusted.* extended attributes only to a process holding CAP_SYS_ADMIN
+# (linux/capability.h: 21) in the initial user namespace (capable(), not ns_capable()): not to a
+# user, nor to root in a container without the capability or in a user namespace of its own.
+CAP_SYS_ADMIN = 21
+INITIAL_USER_NAMESPACE = "user:[4026531837]"  # /proc/self/ns/user there (PROC_USER_INIT_INO)
+TRUSTED_ATTRIBUTES_UNSEEN = (
+    "trusted.* extended attributes: the kernel lists them only to root (CAP_SYS_ADMIN), and "
+    "a copy made as root (sudo cp -a, rsync -X, tar --xattrs) may carry some unseen here: "
+    "publish an archive made without extended attributes (docs/AUDIT.md)"
+)
+
+
+def unseen_channels() -> list[str]:
+    """What a copy may carry that this process cannot read: the gate claims nothing of it."""
+    return [] if _lists_trusted_attributes() else [TRUSTED_ATTRIBUTES_UNSEEN]
+
+
+def _lists_trusted_attributes() -> bool:
+    try:
+        with open("/proc/self/status") as status:
+            effective = next(line for line in status if line.startswith("CapEff:"))
+        held = int(effective.split()[1], 16) >> CAP_SYS_ADMIN & 1
+        return bool(held) and os.readlink("/proc/self/ns/user") == INITIAL_USER_NAMESPACE
+    except (OSError, StopIteration, ValueError, IndexError):  # no procfs: nothing vouches
+        return False
+
+
+def _unseen_lines() -> list[str]:
+    return [f"  NOT CHECKED {channel}" for channel in unseen_channels()]
+
+
+def _verdict(report: dict) -> str:
+    if "windows" in report:
+        verdict = "publishable" if report["publishable"] else "NOT publishable"
+        return f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited in order)"
+    return (
+        "verdict: publishable: exactly what kvtrace publishes, nothing flagged"
+        if report["publishable"]
+        else f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above"
+    )
+
+
+def _report_lines(report: dict, where: str) -> list[str]:
+    """The report's lines before its verdict, as the audit found them (unescaped)."""
     if "windows" in report:  # a stream: each window's report, then the stream's own flags
         lines = [
-            report_text(window, f"{where.rstrip('/')}/{name}")
+            line
             for name, window in report["windows"].items()
+            for line in [*_report_lines(window, f"{where.rstrip('/')}/{name}"), _verdict(window)]
         ]
-        lines += [f"  FLAG {flag}" for flag in report["flags"]]
-        verdict = "publishable" if report["publishable"] else "NOT publishable"
-        lines.append(
-            f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited in order)"
-        )
-        return "\n".join(lines)
+        return lines + [f"  FLAG {flag}" for flag in report["flags"]]
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
     lines = [
         f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
@@ -1472,13 +1537,7 @@ def report_text(report: dict, where: str) -> str:
             f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
             f"{m.get('granularity')}"
         )
-    lines += [f"  FLAG {flag}" for flag in report["flags"]]
-    lines.append(
-        "verdict: publishable: exactly what kvtrace publishes, nothing flagged"
-        if report["publishable"]
-        else f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above"
-    )
-    return "\n".join(lines)
+    return lines + [f"  FLAG {flag}" for flag in report["flags"]]
 
 
 def _ms(value: float | None) -> str:

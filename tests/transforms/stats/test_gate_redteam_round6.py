@@ -33,7 +33,6 @@ def night(tiny_tokenizer, tmp_path_factory) -> Path:
     return tmp / "out"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("kind", ["file", "subfolder", "row field"])
 def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
     night, tiny_tokenizer, tmp_path, kind
