@@ -19,9 +19,12 @@ of each shard (the shard cuts).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import stat
+import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -507,7 +510,8 @@ SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     """Extended attributes a user can set travel with copies that keep them (cp -a, rsync -X,
     tar --xattrs): kvtrace sets none. The one a security module sets on every file, the SELinux
-    label, is kept for _check_file_metadata."""
+    label, is kept for _check_file_metadata. So do inode flags (_check_inode_flags)."""
+    _check_inode_flags(path, name, gate)
     try:
         attributes = set(os.listxattr(path, follow_symlinks=False))
     except (OSError, AttributeError):  # a file system without them holds none
@@ -523,6 +527,41 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
             gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
         except OSError as err:
             gate.flag(f"{name}: unreadable SELinux label ({err.strerror or err})")
+
+
+FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: an entry's inode flags (lsattr)
+# The inode flags a file system sets itself, on no one's choice: ext4 maps a file's blocks by
+# extents, indexes a folder by name hashes once it outgrows a block, and keeps a small file's
+# bytes inside its inode.
+FS_EXTENT_FL, FS_INDEX_FL, FS_INLINE_DATA_FL = 0x00080000, 0x00001000, 0x10000000
+FILE_SYSTEMS_OWN_FLAGS = FS_EXTENT_FL | FS_INDEX_FL | FS_INLINE_DATA_FL
+# What the ioctl fails with on a file system that keeps no inode flags
+NO_INODE_FLAGS = frozenset({errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
+
+
+def _check_inode_flags(path: str, name: str, gate: _Gate) -> None:
+    """Inode flags (chattr: nodump, noatime, sync, ...) are set by the owner without privilege
+    and archived by libarchive (bsdtar's default --fflags): kvtrace sets none, so any flag but
+    the file system's own is a choice someone made. Where the file system keeps none, none."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as err:
+        gate.flag(f"{name}: inode flags unreadable ({err.strerror or err})")
+        return
+    try:
+        packed = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("l", 0))
+    except OSError as err:
+        if err.errno not in NO_INODE_FLAGS:
+            gate.flag(f"{name}: inode flags unreadable ({err.strerror or err})")
+        return
+    finally:
+        os.close(descriptor)
+    chosen = struct.unpack("l", packed)[0] & 0xFFFFFFFF & ~FILE_SYSTEMS_OWN_FLAGS
+    if chosen:
+        gate.flag(
+            f"{name}: inode flags kvtrace does not set ({chosen:#x}, as lsattr lists them): "
+            f"clear them (chattr) or copy into a folder that has none"
+        )
 
 
 # The umasks a writer's files may have been made under: the verdict on the same bytes must not

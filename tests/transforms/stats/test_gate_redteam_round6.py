@@ -203,7 +203,6 @@ def test_a_stream_written_under_a_common_umask_fails_its_own_gate(
     assert report["publishable"], report["flags"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_inode_flags_kvtrace_never_sets_pass(night, tiny_tokenizer, tmp_path):
     """The gate refuses every extended attribute kvtrace does not set (_check_attributes), but
     never reads an entry's inode flags (lsattr/chattr: FS_IOC_GETFLAGS), which the owner sets
