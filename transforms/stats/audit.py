@@ -7,7 +7,9 @@ rows in kvtrace's JSONL and its Parquet twin exactly the same rows in kvtrace's 
 metadata and all); stats.json is exactly the statistics of those rows; manifest.json is
 canonical JSON of the closed manifest schema, naming exactly the folder's files with their
 sha256, with records, id ranges, granularity and replay commands that agree with the rows. The
-folder holds nothing else: no other, hidden or special file, no subfolder.
+folder holds nothing else: no other, hidden or special file, no subfolder, no extended
+attribute or inode flag kvtrace does not set. The report shows every line escaped: nothing a
+folder names reaches the terminal but as one line of printable text.
 
 Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
 (by their whole id sequence; by their lengths), sessions.
