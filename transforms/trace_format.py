@@ -325,7 +325,8 @@ def _written_footer(with_outputs: bool, with_response: bool) -> tuple[pa.Schema,
     """The schema a reader finds in the footer of a shard kvtrace writes, as Arrow (metadata
     included) and as Parquet: read back from kvtrace's own bytes for an empty table, so it is
     what the writer leaves (Parquet names a list's items "element"), never a copy of it."""
-    empty = written_schema(with_outputs, with_response).empty_table()
+    # From no batches: Schema.empty_table would import pandas (~1 s)
+    empty = pa.Table.from_batches([], schema=written_schema(with_outputs, with_response))
     footer = pq.ParquetFile(io.BytesIO(table_bytes(empty)))
     return footer.schema_arrow, footer.schema
 
