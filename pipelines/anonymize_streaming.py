@@ -697,8 +697,16 @@ def run_streaming(config: StreamingConfig, flags: list[str]) -> None:
     options = pipeline_options(flags)
     options.view_as(StandardOptions).streaming = True
     check_new_stream(config.job.output, config.job.dead_letter)
-    storage.make_folder(config.job.output)
+    make_stream_folder(config.job.output)
     run(lambda pipeline: build(pipeline | "Read" >> read_source(config.source), config), options)
+
+
+def make_stream_folder(output: str) -> None:
+    """The stream's folder, rwxr-xr-x whatever the writer's umask: the mode publish gives a
+    night's folder, the one the gate passes."""
+    storage.make_folder(output)
+    if not storage.is_url(output):
+        os.chmod(output, storage.PUBLIC_FOLDER)
 
 
 def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:

@@ -10,6 +10,7 @@ duplicate that kvtrace would not write can pass, whoever thought of it.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -146,12 +147,17 @@ class TraceColumns:
     def schema(self) -> pa.Schema:
         """The Parquet schema kvtrace writes these rows with: the optional columns only when
         they hold something (output ids asked for; a response time known for some row)."""
-        schema = TRACE_SCHEMA
-        if self.output_ids is not None:
-            schema = schema.append(OUTPUT_IDS_COLUMN)
-        if self.has_response:
-            schema = schema.append(RESPONSE_COLUMN)
-        return schema
+        return written_schema(self.output_ids is not None, self.has_response)
+
+
+def written_schema(with_outputs: bool, with_response: bool) -> pa.Schema:
+    """The schema of a shard kvtrace writes, with or without each optional column."""
+    schema = TRACE_SCHEMA
+    if with_outputs:
+        schema = schema.append(OUTPUT_IDS_COLUMN)
+    if with_response:
+        schema = schema.append(RESPONSE_COLUMN)
+    return schema
 
 
 def jsonl_bytes(columns: TraceColumns) -> bytes:
@@ -297,7 +303,7 @@ def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColum
                 f"{'its JSONL twin holds' if twin_bytes is not None else 'a shard holds'}"
                 f" (a decompression bomb?)"
             )
-        _check_schema(parquet.schema_arrow)  # before any value is decoded
+        _check_schema(parquet)  # before any value is decoded
         table = parquet.read()
     except (OSError, pa.ArrowException) as err:
         raise FormatError(f"not a readable Parquet file ({str(err)[:80]})") from None
@@ -314,19 +320,46 @@ _WRITTEN_TYPES = {
 }
 
 
-def _check_schema(schema: pa.Schema) -> None:
-    """A shard's columns are kvtrace's, of the types it writes (integers, lists of integers),
-    known from the footer: a column of anything else (a string of any size) is never decoded."""
+@functools.cache
+def _written_footer(with_outputs: bool, with_response: bool) -> tuple[pa.Schema, pq.ParquetSchema]:
+    """The schema a reader finds in the footer of a shard kvtrace writes, as Arrow (metadata
+    included) and as Parquet: read back from kvtrace's own bytes for an empty table, so it is
+    what the writer leaves (Parquet names a list's items "element"), never a copy of it."""
+    # From no batches: Schema.empty_table would import pandas (~1 s)
+    empty = pa.Table.from_batches([], schema=written_schema(with_outputs, with_response))
+    footer = pq.ParquetFile(io.BytesIO(table_bytes(empty)))
+    return footer.schema_arrow, footer.schema
+
+
+def _check_schema(shard: pq.ParquetFile) -> None:
+    """A shard's schema, known from the footer, is whole the one kvtrace writes with the same
+    optional columns: names in order and each once, types, nullability, metadata (as Arrow and as
+    Parquet). Anything else is refused before a value is decoded: a column of anything else (a
+    string of any size) is never read."""
+    schema = shard.schema_arrow
+    arrow, parquet = _written_footer(
+        OUTPUT_IDS_FIELD in schema.names, RESPONSE_FIELD in schema.names
+    )
+    if not (schema.equals(arrow, check_metadata=True) and shard.schema.equals(parquet)):
+        raise FormatError(_schema_difference(schema))
+
+
+def _schema_difference(schema: pa.Schema) -> str:
+    """How a schema that is not kvtrace's differs from it, as precisely as one line can say."""
     names = schema.names
     extra = [n for n in names if n not in ROW_FIELDS + OPTIONAL_FIELDS]
     if extra:
-        raise FormatError(f"fields beyond the trace's own: {', '.join(extra)[:80]}")
+        return f"fields beyond the trace's own: {', '.join(extra)[:80]}"
     missing = [n for n in TRACE_SCHEMA.names if n not in names]
     if missing:
-        raise FormatError(f"rows without {', '.join(missing)}")
+        return f"rows without {', '.join(missing)}"
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        return f"columns repeated: {', '.join(repeated)}"
     other = [field.name for field in schema if not field.type.equals(_WRITTEN_TYPES[field.name])]
     if other:
-        raise FormatError(f"columns of other types than kvtrace writes ({', '.join(other)[:60]})")
+        return f"columns of other types than kvtrace writes ({', '.join(other)[:60]})"
+    return "a schema other than kvtrace writes (column order, nullability or metadata)"
 
 
 def check_values(columns: TraceColumns) -> None:

@@ -7,7 +7,9 @@ rows in kvtrace's JSONL and its Parquet twin exactly the same rows in kvtrace's 
 metadata and all); stats.json is exactly the statistics of those rows; manifest.json is
 canonical JSON of the closed manifest schema, naming exactly the folder's files with their
 sha256, with records, id ranges, granularity and replay commands that agree with the rows. The
-folder holds nothing else: no other, hidden or special file, no subfolder.
+folder holds nothing else: no other, hidden or special file, no subfolder, no extended
+attribute or inode flag kvtrace does not set. The report shows every line escaped: nothing a
+folder names reaches the terminal but as one line of printable text.
 
 Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
 (by their whole id sequence; by their lengths), sessions.
@@ -19,9 +21,12 @@ of each shard (the shard cuts).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import stat
+import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
@@ -506,7 +512,8 @@ SELINUX_FS = "/sys/fs/selinux"  # mounted where the SELinux module labels files
 def _check_attributes(path: str, name: str, gate: _Gate) -> None:
     """Extended attributes a user can set travel with copies that keep them (cp -a, rsync -X,
     tar --xattrs): kvtrace sets none. The one a security module sets on every file, the SELinux
-    label, is kept for _check_file_metadata."""
+    label, is kept for _check_file_metadata. So do inode flags (_check_inode_flags)."""
+    _check_inode_flags(path, name, gate)
     try:
         attributes = set(os.listxattr(path, follow_symlinks=False))
     except (OSError, AttributeError):  # a file system without them holds none
@@ -522,6 +529,41 @@ def _check_attributes(path: str, name: str, gate: _Gate) -> None:
             gate.labels[name] = os.getxattr(path, SELINUX_ATTRIBUTE, follow_symlinks=False)
         except OSError as err:
             gate.flag(f"{name}: unreadable SELinux label ({err.strerror or err})")
+
+
+FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: an entry's inode flags (lsattr)
+# The inode flags a file system sets itself, on no one's choice: ext4 maps a file's blocks by
+# extents, indexes a folder by name hashes once it outgrows a block, and keeps a small file's
+# bytes inside its inode.
+FS_EXTENT_FL, FS_INDEX_FL, FS_INLINE_DATA_FL = 0x00080000, 0x00001000, 0x10000000
+FILE_SYSTEMS_OWN_FLAGS = FS_EXTENT_FL | FS_INDEX_FL | FS_INLINE_DATA_FL
+# What the ioctl fails with on a file system that keeps no inode flags
+NO_INODE_FLAGS = frozenset({errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
+
+
+def _check_inode_flags(path: str, name: str, gate: _Gate) -> None:
+    """Inode flags (chattr: nodump, noatime, sync, ...) are set by the owner without privilege
+    and archived by libarchive (bsdtar's default --fflags): kvtrace sets none, so any flag but
+    the file system's own is a choice someone made. Where the file system keeps none, none."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as err:
+        gate.flag(f"{name}: inode flags unreadable ({err.strerror or err})")
+        return
+    try:
+        packed = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("l", 0))
+    except OSError as err:
+        if err.errno not in NO_INODE_FLAGS:
+            gate.flag(f"{name}: inode flags unreadable ({err.strerror or err})")
+        return
+    finally:
+        os.close(descriptor)
+    chosen = struct.unpack("l", packed)[0] & 0xFFFFFFFF & ~FILE_SYSTEMS_OWN_FLAGS
+    if chosen:
+        gate.flag(
+            f"{name}: inode flags kvtrace does not set ({chosen:#x}, as lsattr lists them): "
+            f"clear them (chattr) or copy into a folder that has none"
+        )
 
 
 # The umasks a writer's files may have been made under: the verdict on the same bytes must not
@@ -1423,18 +1465,82 @@ def _timestamp_report(values: np.ndarray) -> dict:
 
 
 def report_text(report: dict, where: str) -> str:
-    """The report for a person: each figure, what it means, what the publisher can do."""
+    """The report for a person: each figure, what it means, what the publisher can do. Every
+    line is shown through one escaping (_shown), so nothing the folder named (a file, a
+    subfolder, a row's field) reaches the terminal as anything but one line of printable text."""
+    lines = [*_report_lines(report, where), *_unseen_lines(), _verdict(report)]
+    return "\n".join(_shown(line) for line in lines)
+
+
+def _shown(line: str) -> str:
+    """A line as printable text: names as letters show them (dead_letters.shown_name), then
+    every character a terminal acts on (a line break, an escape, a bidi control) as the \\x or
+    \\u escape of its code point (never \\x80-\\xff, which shown_name gives a name's bytes)."""
+    return "".join(c if c.isprintable() else _code_point(c) for c in shown_name(line))
+
+
+def _code_point(character: str) -> str:
+    point = ord(character)
+    return (
+        f"\\x{point:02x}"
+        if point < 0x80
+        else f"\\u{point:04x}"
+        if point <= 0xFFFF
+        else f"\\U{point:08x}"
+    )
+
+
+# The kernel lists trusted.* extended attributes only to a process holding CAP_SYS_ADMIN
+# (linux/capability.h: 21) in the initial user namespace (capable(), not ns_capable()): not to a
+# user, nor to root in a container without the capability or in a user namespace of its own.
+CAP_SYS_ADMIN = 21
+INITIAL_USER_NAMESPACE = "user:[4026531837]"  # /proc/self/ns/user there (PROC_USER_INIT_INO)
+TRUSTED_ATTRIBUTES_UNSEEN = (
+    "trusted.* extended attributes: the kernel lists them only to root (CAP_SYS_ADMIN), and "
+    "a copy made as root (sudo cp -a, rsync -X, tar --xattrs) may carry some unseen here: "
+    "publish an archive made without extended attributes (docs/AUDIT.md)"
+)
+
+
+def unseen_channels() -> list[str]:
+    """What a copy may carry that this process cannot read: the gate claims nothing of it."""
+    return [] if _lists_trusted_attributes() else [TRUSTED_ATTRIBUTES_UNSEEN]
+
+
+def _lists_trusted_attributes() -> bool:
+    try:
+        with open("/proc/self/status") as status:
+            effective = next(line for line in status if line.startswith("CapEff:"))
+        held = int(effective.split()[1], 16) >> CAP_SYS_ADMIN & 1
+        return bool(held) and os.readlink("/proc/self/ns/user") == INITIAL_USER_NAMESPACE
+    except (OSError, StopIteration, ValueError, IndexError):  # no procfs: nothing vouches
+        return False
+
+
+def _unseen_lines() -> list[str]:
+    return [f"  NOT CHECKED {channel}" for channel in unseen_channels()]
+
+
+def _verdict(report: dict) -> str:
+    if "windows" in report:
+        verdict = "publishable" if report["publishable"] else "NOT publishable"
+        return f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited in order)"
+    return (
+        "verdict: publishable: exactly what kvtrace publishes, nothing flagged"
+        if report["publishable"]
+        else f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above"
+    )
+
+
+def _report_lines(report: dict, where: str) -> list[str]:
+    """The report's lines before its verdict, as the audit found them (unescaped)."""
     if "windows" in report:  # a stream: each window's report, then the stream's own flags
         lines = [
-            report_text(window, f"{where.rstrip('/')}/{name}")
+            line
             for name, window in report["windows"].items()
+            for line in [*_report_lines(window, f"{where.rstrip('/')}/{name}"), _verdict(window)]
         ]
-        lines += [f"  FLAG {flag}" for flag in report["flags"]]
-        verdict = "publishable" if report["publishable"] else "NOT publishable"
-        lines.append(
-            f"stream verdict: {verdict} ({len(report['windows'])} window(s) audited in order)"
-        )
-        return "\n".join(lines)
+        return lines + [f"  FLAG {flag}" for flag in report["flags"]]
     ts, single, sessions = report["timestamps"], report["singled_out"], report["sessions"]
     lines = [
         f"{where}: {report['rows']:,} rows (each counted once) in {', '.join(report['files'])}",
@@ -1476,13 +1582,7 @@ def report_text(report: dict, where: str) -> str:
             f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
             f"{m.get('granularity')}"
         )
-    lines += [f"  FLAG {flag}" for flag in report["flags"]]
-    lines.append(
-        "verdict: publishable: exactly what kvtrace publishes, nothing flagged"
-        if report["publishable"]
-        else f"verdict: NOT publishable: {len(report['flags'])} problem(s) flagged above"
-    )
-    return "\n".join(lines)
+    return lines + [f"  FLAG {flag}" for flag in report["flags"]]
 
 
 def _ms(value: float | None) -> str:
