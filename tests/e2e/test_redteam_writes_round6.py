@@ -7,7 +7,6 @@ CLI's own handler then does what it does for a Ctrl-C at that moment."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -274,3 +273,43 @@ def test_beam_synthesize_publishes_every_row_whatever_the_outputs_name(tmp_path)
     done = _kvtrace(*common, "-o", str(tmp_path / name), "--engine", "beam")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / name).read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+
+
+# The disk fills as the --json report is written (its staged copy's bytes).
+_FULL_DISK_AT_THE_REPORT = """
+import errno, os
+from kvtrace.transforms.write import publish
+_write = publish.StagedFile.write
+def _write_or_fill(self, data):
+    if self.output.endswith("report.json"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    _write(self, data)
+publish.StagedFile.write = _write_or_fill
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize("command", ["export", "render"])
+def test_an_export_or_render_and_its_json_report_are_published_together(
+    tiny_tokenizer, tmp_path, command
+):
+    """Round 2 made synthesize and analyze stage their --json report and publish it with the
+    output (file_output's report); export and render still publish the output first and only
+    then write the report as a second publication (kvtrace/commands/replay.py export / run:
+    `write_json_report(args.json, ...)` after run_export / run_render returned). A full disk
+    (or a stop, or a kill) while the report is written: "error: the job failed: [Errno 28] No
+    space left on device" (exit 1), and yet the new output is published beside the previous
+    run's report, which describes other rows. Both or neither."""
+    first = write_jsonl(tmp_path / "first.jsonl", TRACE[:7])
+    second = write_jsonl(tmp_path / "second.jsonl", TRACE)
+    out, report = tmp_path / "out.jsonl", tmp_path / "report.json"
+    if command == "export":
+        flags = ["--to", "dynamo", "--block-size", "4", "--overwrite"]
+    else:
+        flags = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--no-verify"]
+    flags += ["-o", str(out), "--json", str(report)]
+    assert _kvtrace(command, str(first), *flags).returncode == 0
+    before = (out.read_bytes(), report.read_bytes())
+    failed = _kvtrace(command, str(second), *flags, prelude=_FULL_DISK_AT_THE_REPORT)
+    assert failed.returncode == 1 and "No space left" in failed.stderr, failed.stderr[-2000:]
+    assert (out.read_bytes(), report.read_bytes()) == before, "the output was published alone"
