@@ -98,7 +98,6 @@ storage.remove_folder = _stop_then_remove
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_stop_once_the_output_is_published_never_loses_its_dead_letters(tiny_tokenizer, tmp_path):
     """A Ctrl-C that lands after anonymize published its output, in the finally block that
     removes the staging folder (kvtrace/commands/anonymize.py run: `storage.remove_folder(

@@ -97,6 +97,7 @@ _RENAME_EXCHANGE = 2
 # publication holds _PUBLISHING, so that removal never meets one half done: a name it removes
 # is still staged, or published and gone.
 _STAGED_HERE: set[str] = set()
+MAX_NOTED_STAGING = 1024
 _PUBLISHING = threading.RLock()
 _AT_FDCWD = -100
 
@@ -120,8 +121,11 @@ def staging_folder(output: str, run_id: str) -> str:
 
 
 def _staged_here(path: str) -> str:
-    """A staging name of this process's run, noted for abandon_staged."""
+    """A staging name of this process's run, noted for abandon_staged (those gone are forgotten
+    now and then: a stream names one per window)."""
     if not is_url(path):
+        if len(_STAGED_HERE) >= MAX_NOTED_STAGING:
+            _STAGED_HERE.difference_update([p for p in _STAGED_HERE if not os.path.lexists(p)])
         _STAGED_HERE.add(os.path.abspath(path))
     return path
 
@@ -1042,7 +1046,9 @@ class DeadLetterRun:
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
     """Where a run of output stages its letters in the dead-letter folder."""
-    return _staged_here(storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}"))
+    # Not noted for abandon_staged: a published run's letters stay staged until they are
+    # settled (its output's mark names them), and a stopped run's are cleared by the next run.
+    return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
 
 
 def settle_marked_letters(output: str) -> tuple[str, str] | None:

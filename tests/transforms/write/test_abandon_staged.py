@@ -26,7 +26,7 @@ def _staged_names(root) -> list[str]:
     ]
 
 
-def _run_left_unwound(tmp_path, stack: ExitStack) -> str:
+def _run_left_unwound(tmp_path, stack: ExitStack) -> tuple[str, str]:
     """A run's output and letters staged, written into, and never unwound (as a process that
     ends mid-run leaves them)."""
     out = tmp_path / "out"
@@ -36,15 +36,17 @@ def _run_left_unwound(tmp_path, stack: ExitStack) -> str:
         handle.write(b'{"timestamp": 0}\n')
     letters = DeadLetterRun(str(tmp_path / "dead"), str(out), "0123456789ab")
     letters.begin(staged.path)
-    return staged.path
+    return staged.path, os.path.basename(letters.staging)
 
 
 def test_what_a_run_staged_goes_and_nothing_else(tmp_path):
     with ExitStack() as stack:
-        staged = _run_left_unwound(tmp_path, stack)
+        staged, letters = _run_left_unwound(tmp_path, stack)
         assert _staged_names(tmp_path)
         publish.abandon_staged(0)
-        assert _staged_names(tmp_path) == []
+        # The letters stay staged: the next run settles them (published with the output the
+        # run's mark names, else removed); the output's staging folder goes.
+        assert _staged_names(tmp_path) == [letters]
         assert not os.path.exists(staged) and not (tmp_path / "out").exists()
         assert (tmp_path / "kept-beside").exists() and (tmp_path / "dead").is_dir()
         stack.pop_all()  # the process would end here: no unwinding
