@@ -187,7 +187,6 @@ def test_a_commands_file_output_carries_the_clock_of_its_run(tiny_tokenizer, tmp
     assert written == content_time(sha256_of(target.read_bytes())) * 10**9
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_two_input_files_are_shown_under_one_name_in_their_letters(tiny_tokenizer, tmp_path):
     """Round 5 shows a name that is not UTF-8 as \\xNN escapes of its bytes
     (dead_letters.shown_name) and calls letters' names injective. But the escape is not
