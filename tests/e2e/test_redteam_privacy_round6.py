@@ -118,7 +118,6 @@ def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer,
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_template_kwargs_of_a_yaml_preset_crash_the_closed_shape_check(tiny_tokenizer, tmp_path):
     """Round 5: --chat-template-kwargs are "a closed shape ... checked before any work"
     (anonymize._options: template_kwargs_problems), a refusal being a configuration error
@@ -149,7 +148,6 @@ def test_template_kwargs_of_a_yaml_preset_crash_the_closed_shape_check(tiny_toke
     assert code == 2 and not (tmp_path / "out").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["export", "synthesize", "render", "report", "analyze-json"])
 def test_a_commands_file_output_carries_the_clock_of_its_run(tiny_tokenizer, tmp_path, command):
     """A published folder's files and the folder itself carry content times

@@ -168,30 +168,53 @@ def public_tokenizer_sha256(name: str | None, files_sha256: dict[str, str]) -> d
     }
 
 
-def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
+def public_template_kwargs(value: dict[str, Any], salt: bytes | None) -> dict[str, Any]:
     """Chat template kwargs as the manifest may hold them, a closed shape: booleans and nulls as
     they are (enable_thinking: false), names kvtrace knows as they are, every other name and
     value (a string, a number, an array or object whole) one HMAC of its canonical JSON keyed by
     the run's salt, so no structure carries bits of its own (round 5: text spelled as nested
     booleans). Equal settings stay comparable under one salt (an id map's nights), and no one
     without the salt can confirm a guessed value (a plain sha256 of "alice" would be a
-    dictionary lookup away)."""
-    key = hashlib.sha256(b"kvtrace-template-kwargs\0" + salt).digest()
+    dictionary lookup away). Kwargs that key nothing (template_kwargs_keyed) need no salt."""
+    if salt is None and template_kwargs_keyed(value):
+        raise ValueError("these chat template kwargs are published keyed by the run's salt")
+    key = hashlib.sha256(b"kvtrace-template-kwargs\0" + (salt or b"")).digest()
 
     def keyed(item: Any) -> str:
         text = json.dumps(item, sort_keys=True, separators=(",", ":"))  # ASCII: escapes all
         return KWARG_DIGEST_PREFIX + hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
-    def public(item: Any) -> Any:
-        return item if item is None or isinstance(item, bool) else keyed(item)
+    return {
+        name if _name_as_is(name) else keyed(name): item if _value_as_is(item) else keyed(item)
+        for name, item in value.items()
+    }
 
-    return {k if k in KNOWN_TEMPLATE_KWARGS else keyed(k): public(v) for k, v in value.items()}
+
+def _name_as_is(name: str) -> bool:
+    return name in KNOWN_TEMPLATE_KWARGS
+
+
+def _value_as_is(item: Any) -> bool:
+    return item is None or isinstance(item, bool)
+
+
+def template_kwargs_keyed(value: dict[str, Any]) -> bool:
+    """Whether the manifest publishes any of these kwargs keyed by the run's salt (a name kvtrace
+    does not know, a value no boolean or null): then only the run's salt confirms them, so a run
+    that publishes them needs a persistent salt, and so does the gate that checks them."""
+    return not all(_name_as_is(name) and _value_as_is(item) for name, item in value.items())
 
 
 def template_kwargs_problems(value: dict[str, Any]) -> list[str]:
-    """Why the manifest could not publish these kwargs as the gate reads them (too many names, a
-    switch that is no boolean), checked before the work: a run never ends with a manifest its
-    own gate refuses. Any salt gives the published shape."""
+    """Why the manifest could not publish these kwargs as the gate reads them (a value that is
+    not JSON, as a YAML preset's date; too many names; a switch that is no boolean), checked
+    before the work: a run never ends with a manifest its own gate refuses. Any salt gives the
+    published shape."""
+    try:  # JSON, and the same value read back (a YAML key 1 would come back as "1")
+        if json.loads(json.dumps(value, allow_nan=False)) != value:
+            raise ValueError("a name that is not a string")
+    except (TypeError, ValueError, RecursionError) as err:
+        return [f"chat_template_kwargs: not JSON ({str(err)[:80]})"]
     public = {"chat_template_kwargs": public_template_kwargs(value, bytes(32))}
     schema = {
         "type": "object",
@@ -259,17 +282,24 @@ def folder_content_time(file_sha256: dict[str, str]) -> int:
     return content_time(hashlib.sha256(listing.encode()).hexdigest())
 
 
+def set_content_time(path: str) -> str:
+    """Stamp a local published file with its content time; its sha256, which gives it."""
+    with open(path, "rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    stamp = content_time(digest)
+    os.utime(path, (stamp, stamp), follow_symlinks=False)
+    return digest
+
+
 def set_content_times(folder: str) -> None:
     """Stamp a local folder's files and the folder with their content times (object stores keep
     no settable mtime)."""
     if storage.is_url(folder):
         return
-    digests = {}
-    for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False):
-            with open(entry.path, "rb") as handle:
-                digests[entry.name] = hashlib.file_digest(handle, "sha256").hexdigest()
-            stamp = content_time(digests[entry.name])
-            os.utime(entry.path, (stamp, stamp), follow_symlinks=False)
+    digests = {
+        entry.name: set_content_time(entry.path)
+        for entry in os.scandir(folder)
+        if entry.is_file(follow_symlinks=False)
+    }
     stamp = folder_content_time(digests)
     os.utime(folder, (stamp, stamp))

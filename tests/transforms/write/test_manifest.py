@@ -4,6 +4,7 @@ counts kept beside its dead letters."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import stat
@@ -31,6 +32,7 @@ from kvtrace.transforms.write.manifest import (
     public_tokenizer_sha256,
     read_run_counts,
     run_counts,
+    template_kwargs_keyed,
     template_kwargs_problems,
     write_run_counts,
 )
@@ -171,6 +173,37 @@ def test_kwargs_are_refused_before_the_work_or_published_as_the_gate_reads_them(
     manifest = canonical_json({"chat_template_kwargs": public_template_kwargs(kwargs, SALT)})
     meets = _meets("chat_template_kwargs", parse_json(manifest)["chat_template_kwargs"])
     assert bool(problems) == bool(meets)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"when": datetime.date(2026, 1, 1)}, {1: True}, {"budget": float("nan")}, {"t": {2}}],
+    ids=["a YAML date", "a YAML number as a name", "NaN", "a set"],
+)
+def test_kwargs_that_are_not_json_are_a_problem_not_a_crash(kwargs):
+    """A --config preset's kwargs come from YAML, which has values JSON has not: each is one
+    problem line before anything hashes them (json.dumps raised TypeError in round 6)."""
+    (problem,) = template_kwargs_problems(kwargs)
+    assert problem.startswith("chat_template_kwargs: not JSON")
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([*KNOWN_TEMPLATE_KWARGS, "ward"]),
+        st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4)),
+        max_size=4,
+    )
+)
+def test_kwargs_need_the_salt_exactly_when_the_salt_changes_what_is_published(kwargs):
+    """template_kwargs_keyed, which decides for anonymize (a persistent salt required) and audit
+    (the salt asked for), is true exactly when two salts publish the kwargs differently."""
+    differ = public_template_kwargs(kwargs, SALT) != public_template_kwargs(kwargs, SALT + b"!")
+    assert template_kwargs_keyed(kwargs) == differ
+    if not differ:
+        assert public_template_kwargs(kwargs, None) == public_template_kwargs(kwargs, SALT)
+    else:
+        with pytest.raises(ValueError):
+            public_template_kwargs(kwargs, None)
 
 
 def test_the_rejected_fraction_is_the_larger_of_records_and_bytes_lost():
