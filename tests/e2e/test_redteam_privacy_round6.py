@@ -29,7 +29,6 @@ def _cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("audited", ["with --tokenizer", "by the manifest's name"])
 def test_a_private_template_under_a_published_tokenizer_name_is_published_as_a_digest(
     tiny_tokenizer, tmp_path, audited

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,7 @@ from kvtrace.transforms.trace_format import (
     KWARG_DIGEST_PREFIX,
     MANIFEST,
     MANIFEST_SCHEMA,
-    PUBLISHED_TOKENIZER_FILES,
-    PUBLISHED_TOKENIZER_NAMES,
+    PUBLISHED_TOKENIZERS,
     canonical_json,
     schema_problems,
 )
@@ -143,29 +143,17 @@ def trace_origin_ms(configured_ms: int | None, earliest_ms: int | None) -> int:
     return 0 if earliest_ms is None else earliest_ms
 
 
-def public_tokenizer_name(name: str) -> str | None:
-    """The tokenizer as the manifest may name it: one of the names kvtrace declares
-    (PUBLISHED_TOKENIZER_NAMES), else nothing; a local folder of that name is the provider's own
-    and is never named."""
-    if name not in PUBLISHED_TOKENIZER_NAMES or os.path.exists(name):
-        return None
-    return name
-
-
-def public_tokenizer_sha256(name: str | None, files_sha256: dict[str, str]) -> dict[str, str]:
-    """The tokenizer's file digests as the manifest holds them: for a published name, those of
-    the files under kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's
-    name; for an unnamed (private) tokenizer none. A plain digest of a private template would
-    confirm a guess of it (a public template plus a system prompt naming a ward or a patient),
-    and serves no outsider, who cannot fetch the files; a keyed one would serve only the salt's
-    holder, who holds the files too (an id map checks them privately)."""
-    if name is None:
-        return {}
-    return {
-        key: digest
-        for key, digest in sorted(files_sha256.items())
-        if key in PUBLISHED_TOKENIZER_FILES
-    }
+def public_tokenizer(name: str, files_sha256: Mapping[str, str]) -> dict[str, Any]:
+    """The manifest's tokenizer, for anonymize and the gate alike: a name kvtrace publishes
+    (PUBLISHED_TOKENIZERS) with its files' digests when the files kvtrace loaded are exactly
+    ones pinned for it, else no name and no digests. The name alone is not the tokenizer: a hub
+    cache's snapshot or a folder of that name may hold an edited template (a default system
+    prompt naming a ward or a patient), whose plain digest would confirm a guess of it and
+    serves no outsider, who cannot fetch the files."""
+    files = dict(sorted(files_sha256.items()))
+    if files not in PUBLISHED_TOKENIZERS.get(name, ()):
+        return {"name": None, "sha256": {}}
+    return {"name": name, "sha256": files}
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes | None) -> dict[str, Any]:
