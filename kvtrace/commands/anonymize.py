@@ -231,7 +231,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="publish output lengths rounded to multiples of N (default 1), and input_length's "
         "last block's fill rounded up to a multiple of N (its full blocks kept, so hash_ids "
-        "still match it): a session's next prompt holds the reply",
+        "still match it): a session's next prompt holds the reply; no response_ms is then "
+        "published (with the trace's own decode speed it would give each length back)",
     )
     add(
         "--streaming",

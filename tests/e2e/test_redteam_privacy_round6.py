@@ -83,7 +83,6 @@ def test_a_private_template_under_a_published_tokenizer_name_is_published_as_a_d
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer, tmp_path):
     """--length-granularity N publishes output lengths as multiples of N, and since round 5 the
     input lengths within their last block, so that a reply's length is known only to within N

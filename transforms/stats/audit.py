@@ -1129,6 +1129,11 @@ class _Rows:
                 f"input lengths finer than the manifest's granularity ({step}): "
                 "a session's next prompt would give each reply's length"
             )
+        if step > 1 and len(known):  # write/coarsen.coarse_response_ms publishes none
+            self.problems.append(
+                f"{RESPONSE_FIELD} beside output lengths of granularity {step}: a response "
+                "time (TTFT + tokens x TPOT) would give each reply's length"
+            )
         if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")
         elif columns.output_ids is not None:  # the full blocks decoding adds, or none known
