@@ -215,3 +215,41 @@ def test_two_input_files_are_shown_under_one_name_in_their_letters(tiny_tokenize
     ]
     sources = {letter["line"]: letter["source"] for letter in letters}
     assert len(sources) == 2 and len(set(sources.values())) == 2, sources
+
+
+def test_the_gate_flags_response_times_beside_coarse_lengths(tiny_tokenizer, tmp_path):
+    """What anonymize no longer writes (write/coarsen.coarse_response_ms), the gate refuses: a
+    row's response_ms added back beside --length-granularity 16, digests and times redone."""
+    from helpers import anonymize
+    from kvtrace.transforms.stats import audit as gate
+    from kvtrace.transforms.trace_format import (
+        NO_RESPONSE_MS,
+        canonical_json,
+        columns_of_parquet,
+        jsonl_bytes,
+        parquet_bytes,
+    )
+    from kvtrace.transforms.write.manifest import set_content_times
+    from kvtrace.transforms.write.publish import sha256_of
+
+    record = {**chat(2, 1_700_000_000_000), "output_length": 3, "latency_ms": 290}
+    log = write_jsonl(tmp_path / "night.jsonl", [record])
+    out = tmp_path / "out"
+    assert (
+        anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+        == 0
+    )
+    (parquet,) = out.glob("trace-*.parquet")
+    columns = columns_of_parquet(parquet.read_bytes())
+    assert (columns.response_ms == NO_RESPONSE_MS).all()
+    timed = columns.__class__(**{**columns.__dict__, "response_ms": columns.response_ms * 0 + 288})
+    parquet.write_bytes(parquet_bytes(timed))  # both twins, with kvtrace's own writers
+    parquet.with_suffix(".jsonl").write_bytes(jsonl_bytes(timed))
+    manifest = json.loads((out / "manifest.json").read_text())
+    for twin in (parquet, parquet.with_suffix(".jsonl")):
+        manifest["sha256"][twin.name] = sha256_of(twin.read_bytes())
+    (out / "manifest.json").write_bytes(canonical_json(manifest))
+    set_content_times(str(out))
+    report = gate.audit(str(out), tiny_tokenizer)
+    assert not report["publishable"]
+    assert any("response_ms beside output lengths of granularity 16" in f for f in report["flags"])
