@@ -87,9 +87,9 @@ def add_audit_parser(commands: Any) -> None:
     add(
         "--tokenizer",
         metavar="TOK",
-        help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's file "
-        "digests are checked against it (default: the manifest's name, where it loads "
-        "without the network; else the folder is flagged)",
+        help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's "
+        "tokenizer must be what anonymize publishes for its files (a name only with the files "
+        "kvtrace pins for it; default: any pinned name, or none)",
     )
     add(
         "--id-map",

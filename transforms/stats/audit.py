@@ -123,8 +123,8 @@ def audit(
 ) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
-    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
-    manifest's name where it resolves without running or downloading anything) and hash_scheme
+    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else only
+    the schema's pinned digests or none: write/manifest.public_tokenizer) and hash_scheme
     (the identity of the scheme the run hashed with, else only the keyed default passes: a vllm
     suffix derives from the engine's NONE_HASH) and numbering (the id map's versions,
     map_numbering: where a night that extends it may begin) and template_kwargs (the run's chat
