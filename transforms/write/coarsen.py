@@ -1,7 +1,8 @@
 """Coarser published values, to lower what timing and lengths reveal (`kvtrace audit` measures
 it): timestamps rounded to a granularity relative to the export's origin, output lengths rounded
 to a multiple, and with them input lengths within their last block (a session's next prompt
-holds the reply: an exact input_length would give the reply's length back to the token)."""
+holds the reply: an exact input_length would give the reply's length back to the token) and
+response times dropped (coarse_response_ms)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 from kvtrace.transforms.write.rows import RowBatch
 
 
@@ -55,6 +57,18 @@ def coarse_input_lengths(lengths: np.ndarray, block_size: int, step: int) -> np.
     return full + np.minimum(block_size, -(-fill // step) * step)
 
 
+def coarse_response_ms(response_ms: np.ndarray, coarsening: Coarsening) -> np.ndarray:
+    """Response times as published: rounded to the timestamp granularity, and none beside
+    coarsened lengths. A response time is TTFT + output tokens x TPOT, both fitted from the
+    trace itself, so to the millisecond it gives a rounded length back to the token; no
+    rounding of it is safe without knowing the engine's decode speed, so it goes (as for a
+    log that does not say when responses end)."""
+    if coarsening.output_length > 1:
+        return np.full_like(response_ms, NO_RESPONSE_MS)
+    known = response_ms != NO_RESPONSE_MS
+    return np.where(known, round_to(response_ms, coarsening.timestamp_ms), response_ms)
+
+
 def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch:
     """The rows with coarsened timestamps, response times, output and input lengths."""
     if coarsening.is_identity:
@@ -67,8 +81,7 @@ def coarsen(batch: RowBatch, origin_ms: int, coarsening: Coarsening) -> RowBatch
     rows["input_length"] = coarse_input_lengths(
         rows["input_length"], coarsening.block_size, coarsening.output_length
     )
-    known = rows["response_ms"] >= 0
-    rows["response_ms"][known] = round_to(rows["response_ms"][known], coarsening.timestamp_ms)
+    rows["response_ms"] = coarse_response_ms(rows["response_ms"], coarsening)
     return RowBatch(rows, batch.ids, batch.hashes, batch.output_ids)
 
 
@@ -89,4 +102,5 @@ def published_requests(batch: HashedBatch, origin_ms: int, coarsening: Coarsenin
     requests["input_length"] = coarse_input_lengths(
         requests["input_length"], coarsening.block_size, coarsening.output_length
     )
+    requests["response_ms"] = coarse_response_ms(requests["response_ms"], coarsening)
     return HashedBatch(requests, batch.block_hashes)

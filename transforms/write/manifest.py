@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,7 @@ from kvtrace.transforms.trace_format import (
     KWARG_DIGEST_PREFIX,
     MANIFEST,
     MANIFEST_SCHEMA,
-    PUBLISHED_TOKENIZER_FILES,
-    PUBLISHED_TOKENIZER_NAMES,
+    PUBLISHED_TOKENIZERS,
     canonical_json,
     schema_problems,
 )
@@ -143,55 +143,66 @@ def trace_origin_ms(configured_ms: int | None, earliest_ms: int | None) -> int:
     return 0 if earliest_ms is None else earliest_ms
 
 
-def public_tokenizer_name(name: str) -> str | None:
-    """The tokenizer as the manifest may name it: one of the names kvtrace declares
-    (PUBLISHED_TOKENIZER_NAMES), else nothing; a local folder of that name is the provider's own
-    and is never named."""
-    if name not in PUBLISHED_TOKENIZER_NAMES or os.path.exists(name):
-        return None
-    return name
+def public_tokenizer(name: str, files_sha256: Mapping[str, str]) -> dict[str, Any]:
+    """The manifest's tokenizer, for anonymize and the gate alike: a name kvtrace publishes
+    (PUBLISHED_TOKENIZERS) with its files' digests when the files kvtrace loaded are exactly
+    ones pinned for it, else no name and no digests. The name alone is not the tokenizer: a hub
+    cache's snapshot or a folder of that name may hold an edited template (a default system
+    prompt naming a ward or a patient), whose plain digest would confirm a guess of it and
+    serves no outsider, who cannot fetch the files."""
+    files = dict(sorted(files_sha256.items()))
+    if files not in PUBLISHED_TOKENIZERS.get(name, ()):
+        return {"name": None, "sha256": {}}
+    return {"name": name, "sha256": files}
 
 
-def public_tokenizer_sha256(name: str | None, files_sha256: dict[str, str]) -> dict[str, str]:
-    """The tokenizer's file digests as the manifest holds them: for a published name, those of
-    the files under kvtrace's fixed names (PUBLISHED_TOKENIZER_FILES), never another template's
-    name; for an unnamed (private) tokenizer none. A plain digest of a private template would
-    confirm a guess of it (a public template plus a system prompt naming a ward or a patient),
-    and serves no outsider, who cannot fetch the files; a keyed one would serve only the salt's
-    holder, who holds the files too (an id map checks them privately)."""
-    if name is None:
-        return {}
-    return {
-        key: digest
-        for key, digest in sorted(files_sha256.items())
-        if key in PUBLISHED_TOKENIZER_FILES
-    }
-
-
-def public_template_kwargs(value: dict[str, Any], salt: bytes) -> dict[str, Any]:
+def public_template_kwargs(value: dict[str, Any], salt: bytes | None) -> dict[str, Any]:
     """Chat template kwargs as the manifest may hold them, a closed shape: booleans and nulls as
     they are (enable_thinking: false), names kvtrace knows as they are, every other name and
     value (a string, a number, an array or object whole) one HMAC of its canonical JSON keyed by
     the run's salt, so no structure carries bits of its own (round 5: text spelled as nested
     booleans). Equal settings stay comparable under one salt (an id map's nights), and no one
     without the salt can confirm a guessed value (a plain sha256 of "alice" would be a
-    dictionary lookup away)."""
-    key = hashlib.sha256(b"kvtrace-template-kwargs\0" + salt).digest()
+    dictionary lookup away). Kwargs that key nothing (template_kwargs_keyed) need no salt."""
+    if salt is None and template_kwargs_keyed(value):
+        raise ValueError("these chat template kwargs are published keyed by the run's salt")
+    key = hashlib.sha256(b"kvtrace-template-kwargs\0" + (salt or b"")).digest()
 
     def keyed(item: Any) -> str:
         text = json.dumps(item, sort_keys=True, separators=(",", ":"))  # ASCII: escapes all
         return KWARG_DIGEST_PREFIX + hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
-    def public(item: Any) -> Any:
-        return item if item is None or isinstance(item, bool) else keyed(item)
+    return {
+        name if _name_as_is(name) else keyed(name): item if _value_as_is(item) else keyed(item)
+        for name, item in value.items()
+    }
 
-    return {k if k in KNOWN_TEMPLATE_KWARGS else keyed(k): public(v) for k, v in value.items()}
+
+def _name_as_is(name: str) -> bool:
+    return name in KNOWN_TEMPLATE_KWARGS
+
+
+def _value_as_is(item: Any) -> bool:
+    return item is None or isinstance(item, bool)
+
+
+def template_kwargs_keyed(value: dict[str, Any]) -> bool:
+    """Whether the manifest publishes any of these kwargs keyed by the run's salt (a name kvtrace
+    does not know, a value no boolean or null): then only the run's salt confirms them, so a run
+    that publishes them needs a persistent salt, and so does the gate that checks them."""
+    return not all(_name_as_is(name) and _value_as_is(item) for name, item in value.items())
 
 
 def template_kwargs_problems(value: dict[str, Any]) -> list[str]:
-    """Why the manifest could not publish these kwargs as the gate reads them (too many names, a
-    switch that is no boolean), checked before the work: a run never ends with a manifest its
-    own gate refuses. Any salt gives the published shape."""
+    """Why the manifest could not publish these kwargs as the gate reads them (a value that is
+    not JSON, as a YAML preset's date; too many names; a switch that is no boolean), checked
+    before the work: a run never ends with a manifest its own gate refuses. Any salt gives the
+    published shape."""
+    try:  # JSON, and the same value read back (a YAML key 1 would come back as "1")
+        if json.loads(json.dumps(value, allow_nan=False)) != value:
+            raise ValueError("a name that is not a string")
+    except (TypeError, ValueError, RecursionError) as err:
+        return [f"chat_template_kwargs: not JSON ({str(err)[:80]})"]
     public = {"chat_template_kwargs": public_template_kwargs(value, bytes(32))}
     schema = {
         "type": "object",
@@ -259,17 +270,24 @@ def folder_content_time(file_sha256: dict[str, str]) -> int:
     return content_time(hashlib.sha256(listing.encode()).hexdigest())
 
 
+def set_content_time(path: str) -> str:
+    """Stamp a local published file with its content time; its sha256, which gives it."""
+    with open(path, "rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    stamp = content_time(digest)
+    os.utime(path, (stamp, stamp), follow_symlinks=False)
+    return digest
+
+
 def set_content_times(folder: str) -> None:
     """Stamp a local folder's files and the folder with their content times (object stores keep
     no settable mtime)."""
     if storage.is_url(folder):
         return
-    digests = {}
-    for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False):
-            with open(entry.path, "rb") as handle:
-                digests[entry.name] = hashlib.file_digest(handle, "sha256").hexdigest()
-            stamp = content_time(digests[entry.name])
-            os.utime(entry.path, (stamp, stamp), follow_symlinks=False)
+    digests = {
+        entry.name: set_content_time(entry.path)
+        for entry in os.scandir(folder)
+        if entry.is_file(follow_symlinks=False)
+    }
     stamp = folder_content_time(digests)
     os.utime(folder, (stamp, stamp))

@@ -76,7 +76,7 @@ from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from kvtrace.transforms.storage import folded, is_url, place
 from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
-from kvtrace.transforms.write.manifest import set_content_times
+from kvtrace.transforms.write.manifest import set_content_time, set_content_times
 
 STAGING_MARK = ".kvtrace-staging-"
 LOCK_MARK = ".kvtrace-lock"
@@ -462,6 +462,8 @@ def publish_folder(
     if not private:
         storage.unmark_private(staging)  # made private to stage; published for all to read
     check_output(output, own)  # again, at the swap: files may have appeared while the run ran
+    if report:
+        report.stamp()
     publish_in_place([(staging, output), *(report.moves() if report else [])], own)
     if report:
         report.published = True
@@ -530,8 +532,16 @@ class StagedFile:
             return []
         return [(self.staging, self.output)]
 
+    def stamp(self) -> None:
+        """Give the staged copy its content time, as a published folder's files have
+        (manifest.set_content_time): the time a copy keeps is the content's, not the run's."""
+        if self.moves():
+            set_content_time(self.staging)
+
     def publish(self, report: StagedFile | None = None) -> None:
         """Put the written file in place, then the report (if any): both or neither."""
+        for staged in (self, report) if report else (self,):
+            staged.stamp()
         report_moves = report.moves() if report else []
         if self.overwrite or not self.moves():
             publish_in_place([*self.moves(), *report_moves])

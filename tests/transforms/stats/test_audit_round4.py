@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZER_NAMES
-from kvtrace.transforms.write.manifest import public_tokenizer_name
+from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZERS
+from kvtrace.transforms.write.manifest import public_tokenizer
 
 
 @pytest.mark.parametrize(
@@ -23,12 +23,11 @@ from kvtrace.transforms.write.manifest import public_tokenizer_name
     ],
 )
 def test_a_name_kvtrace_does_not_declare_is_published_as_null(name):
-    assert public_tokenizer_name(name) is None
+    (pinned, *_) = PUBLISHED_TOKENIZERS["Qwen/Qwen3-8B"]
+    assert public_tokenizer(name, pinned) == {"name": None, "sha256": {}}
 
 
-def test_a_declared_name_is_published_unless_it_is_a_local_folder(tmp_path, monkeypatch):
-    for name in PUBLISHED_TOKENIZER_NAMES:
-        assert public_tokenizer_name(name) == name
-    monkeypatch.chdir(tmp_path)  # a folder of that name holds the operator's own files
-    (tmp_path / "Qwen" / "Qwen3-8B").mkdir(parents=True)
-    assert public_tokenizer_name("Qwen/Qwen3-8B") is None
+def test_a_declared_name_is_published_with_its_pinned_files_only():
+    for name, (pinned, *_) in PUBLISHED_TOKENIZERS.items():
+        assert public_tokenizer(name, pinned)["name"] == name
+        assert public_tokenizer(name, {**pinned, "chat_template.jinja": "0" * 64})["name"] is None

@@ -348,7 +348,6 @@ def test_trusted_attributes_unseen_by_an_auditor_who_is_not_root_are_named(night
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_template_kwargs_under_a_random_salt_publish_a_folder_no_audit_can_pass(
     tiny_tokenizer, tmp_path, monkeypatch
 ):

