@@ -96,10 +96,7 @@ def _analyze(
 
         report = analyze_beam(config, beam_args, folder)
     require_rows(report["total_requests"], report["problems"], files)
-    # a name that is not UTF-8 (Linux names are bytes) is shown escaped: the text is UTF-8
-    text = (
-        render(report, files).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    )
+    text = render(report, files)  # names shown escaped (input_name): the text is UTF-8
     print(text)
     stage_json(report_file, report)
     if folder:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvtrace.transforms.dead_letters import shown_name
+
 TABLE_ROWS = (
     ("Input Length", "isl_stats"),
     ("Context Length", "context_length_stats"),
@@ -47,8 +49,8 @@ def _percent(value: float) -> str:
 
 def input_name(path: str) -> str:
     """An input as published text names it: its file name (as `report` does), never the
-    operator's folders."""
-    return path.rstrip("/").rsplit("/", 1)[-1]
+    operator's folders, shown as every name is (one printable text per name)."""
+    return shown_name(path.rstrip("/").rsplit("/", 1)[-1])
 
 
 def published_report(report: dict) -> dict:
