@@ -40,6 +40,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.exclusive import folder_lock, remove_stale_temp_files, replace_file
+from kvtrace.transforms.ids.map_files import map_file_exists, open_map_file
 from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
@@ -177,10 +178,10 @@ def _read_keyed(
 ) -> dict[str, Any] | None:
     """A file of the folder of marks, verified: its bytes exactly what keyed writes for its
     fields (MAC included), fits; None when there is none."""
-    if not storage.exists(path):
+    if not map_file_exists(path):
         return None
     try:
-        with storage.open_read(path) as handle:
+        with open_map_file(path) as handle:
             raw = handle.read(MAX_MARK_BYTES + 1)
         mark = json.loads(raw)
         valid = (
@@ -189,6 +190,12 @@ def _read_keyed(
             and fits(mark)
             and hmac.compare_digest(raw, keyed({k: v for k, v in mark.items() if k != "mac"}, key))
         )
+    except storage.UnfitFile as err:  # before ValueError, which it is: told as what it is
+        raise JobStopped(
+            f"the id map's mark {err}: kvtrace writes only regular files in the folder of "
+            f"marks. Restore it from the backup of the folder of marks; the map was not "
+            f"extended and no trace was published"
+        ) from None
     except (OSError, ValueError, RecursionError, TypeError):  # unreadable, not JSON, or a
         valid = False  # value no mark holds (NaN)
     if not valid:

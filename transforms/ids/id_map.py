@@ -52,6 +52,7 @@ from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
+from kvtrace.transforms.ids.map_files import map_file_exists, open_map_file
 from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
@@ -276,9 +277,9 @@ def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, A
 
 def _record_raw(path: str) -> bytes:
     try:
-        with storage.open_read(path) as handle:
+        with open_map_file(path) as handle:
             return handle.read(MAX_RECORD_BYTES + 1)
-    except OSError as err:
+    except (OSError, storage.UnfitFile) as err:
         raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
 
 
@@ -539,7 +540,7 @@ def relative(directory: str, path: str) -> str:
 
 
 def _read_json(path: str) -> Any:
-    with storage.open_read(path) as handle:
+    with open_map_file(path) as handle:
         return json.loads(handle.read(CURRENT_MAX_BYTES))
 
 
@@ -586,11 +587,19 @@ def _names(directory: str, folder: str, pattern: str) -> list[str]:
 
 
 def _current_hint(pointer: str) -> int | None:
-    """The version CURRENT names; None when it is absent or unreadable (it is only a hint)."""
-    if not storage.exists(pointer):
+    """The version CURRENT names; None when it is absent or its bytes name none (it is only a
+    hint). Anything but a regular file in its place (a FIFO, whose open would wait forever) is
+    refused: kvtrace writes none."""
+    if not map_file_exists(pointer):
         return None
     try:
         hinted = _read_json(pointer)["version"]
+    except storage.UnfitFile as err:
+        raise IdMapError(
+            f"the id map's {CURRENT} is not a file kvtrace wrote ({err}). Remove it (it is "
+            f"only a hint, rewritten by the next commit) or restore it from a backup; nothing "
+            f"was read or written."
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
     return hinted if type(hinted) is int else None
