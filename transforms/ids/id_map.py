@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,7 @@ from kvtrace.transforms.ids.map_record import (
     MAP_FORMAT,
     MAX_IDS,
     MAX_RECORD_BYTES,
+    MAX_VERSION,
     MapKey,
     canonical,
     format_of,
@@ -552,14 +554,12 @@ def current_version_number(directory: str) -> int:
     """The published version: the highest committed one (CURRENT, moved after each commit, is
     only a hint: a run stopped between the two has still published); 0 for a new map. A map
     missing versions it once had is refused: numbering again from an older version would give
-    new keys ids that published traces already use."""
-    committed = sorted(
-        int(name.removesuffix(".json"))
-        for name in _names(directory, "versions", "*.json")
-        if name.removesuffix(".json").isdigit()
-    )
+    new keys ids that published traces already use. A name in versions/ is read as a number
+    only once it is one kvtrace writes (six digits, at most MAX_VERSION), so nothing is sized
+    by a number found on disk before it is bounded."""
+    committed = _committed_versions(directory)
     number = committed[-1] if committed else 0
-    lost = sorted(set(range(1, number + 1)) - set(committed))
+    lost = _missing_versions(committed)
     pointer = storage.join(directory, CURRENT)
     hinted = _current_hint(pointer)
     if hinted is not None and hinted > number:
@@ -578,6 +578,36 @@ def current_version_number(directory: str) -> int:
             f"nothing was read or written."
         )
     return number
+
+
+# The name of a version's record: six digits (version_path), 000001 to MAX_VERSION.
+VERSION_NAME = re.compile(r"(?!000000)[0-9]{6}\.json")
+LOST_NAMED = 3  # missing versions a refusal names: the first few tell the operator enough
+
+
+def _committed_versions(directory: str) -> list[int]:
+    """The versions whose records are in versions/, sorted; a *.json there that is not a name
+    kvtrace writes (versions/999999999999.json) is refused before it is read as a number."""
+    names = _names(directory, "versions", "*.json")
+    stray = next((name for name in names if not VERSION_NAME.fullmatch(name)), None)
+    if stray is not None:
+        raise IdMapError(
+            f"the id map {directory} holds versions/{stray[:80]}, which is no version kvtrace "
+            f"writes (000001.json to {MAX_VERSION}.json): the map was edited. Restore "
+            f"versions/ from a backup; nothing was read or written."
+        )
+    return sorted(int(name.removesuffix(".json")) for name in names)
+
+
+def _missing_versions(committed: list[int]) -> list[int]:
+    """The first few versions below the highest that have no record (committed: distinct,
+    sorted), found in the gaps: nothing sized by the highest number."""
+    missing: list[int] = []
+    for below, above in zip([0, *committed], committed):
+        missing += range(below + 1, min(above, below + 1 + LOST_NAMED - len(missing)))
+        if len(missing) >= LOST_NAMED:
+            break
+    return missing
 
 
 def _names(directory: str, folder: str, pattern: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Red team round 6 (rt6-det): the id map. Each test asserts a promise and fails today."""
+"""Red team round 6 (rt6-det): the id map. Each test asserts a promise the map once broke."""
 
 from __future__ import annotations
 
@@ -57,7 +57,6 @@ def _fifo_in_place_of(path: Path) -> None:
     os.mkfifo(path)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize(
     "command, which",
     [
@@ -106,7 +105,6 @@ def test_a_fifo_in_the_id_map_is_one_line_not_a_hang(tiny_tokenizer, tmp_path, w
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["anonymize", "audit", "id-map upgrade"])
 def test_a_version_file_named_far_ahead_is_refused_before_memory_is_spent(
     tiny_tokenizer, tmp_path, command
