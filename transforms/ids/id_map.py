@@ -371,21 +371,28 @@ def _staged_keyed_form(directory: str, number: int) -> bytes | None:
 
 
 def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]]:
-    """What `kvtrace id-map upgrade` does: check the map against its mark as a commit would
-    (a map built before keying has none; one anchored must be at or past it), key it if all its
-    records are format 3 or finish an interrupted keying (key_format_3_map; a keyed map is only
-    verified), then mark its published version. Returns that version and the versions keyed."""
+    """What `kvtrace id-map upgrade` does: check the map against its place and mark as a commit
+    would, whatever format its newest record claims (a place bound to a keyed map takes only
+    that map's continuation: a keyed map rolled back and rewritten as format 3 is another map
+    there; a map built before keying has neither), key it if all its records are format 3 or
+    finish an interrupted keying (key_format_3_map; a keyed map is only verified), then mark
+    its published version. Returns that version and the versions keyed."""
     number = current_version_number(directory)
     if number == 0:
         raise IdMapError(
             f"{directory} holds no id map version (no {CURRENT}, no versions/): nothing to upgrade"
         )
-    record_of = _record_reader(directory)
-    if _is_keyed(directory, number):  # a format-3 map has no id to find its mark by yet
-        try:  # before anything is rewritten; refused as a run is refused before it starts
-            check_anchor(marks, directory, number, _map_id(directory, number, key), record_of, key)
-        except JobStopped as err:
-            raise IdMapError(str(err)) from None
+    try:  # before anything is rewritten; refused as a run is refused before it starts
+        check_anchor(
+            marks,
+            directory,
+            number,
+            _found_map_id(directory, number, key),
+            _record_reader(directory),
+            key,
+        )
+    except JobStopped as err:
+        raise IdMapError(str(err)) from None
     keyed_now = key_format_3_map(directory, key)
     path = version_path(directory, number)
     record = _record_raw(path)
@@ -398,9 +405,10 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
 def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     """What `kvtrace id-map rebind` does: bind the map's place to the map found there, after
     checking that map against its own mark (a rollback is refused here as at a commit).
-    Returns the map's id (None: no map, or one from before ids; the place is freed)."""
+    Returns the map's id (None: no map, or one from before ids or keying; the place is freed,
+    and the map's next commit or upgrade binds it)."""
     number = current_version_number(directory)
-    map_id = _map_id(directory, number, key) if number else None
+    map_id = _found_map_id(directory, number, key) if number else None
     if map_id is not None:
         try:
             check_anchor(
@@ -412,8 +420,13 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     return map_id
 
 
-def _map_id(directory: str, number: int, key: MapKey) -> str | None:
-    return read_version_record(directory, number, key).get("map_id")
+def _found_map_id(directory: str, number: int, key: MapKey) -> str | None:
+    """The id of the map whose newest version is `number`, its record verified: None for a map
+    from before ids, or a format-3 one (of this salt: keyed later, it gets its id then)."""
+    if _is_keyed(directory, number):
+        return read_version_record(directory, number, key).get("map_id")
+    _keyless_data(directory, number, key)
+    return None
 
 
 def _record_reader(directory: str) -> Callable[[int], bytes]:

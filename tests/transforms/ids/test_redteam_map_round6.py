@@ -156,7 +156,6 @@ def _as_format_3(record_path: Path) -> None:
     record_path.write_text(json.dumps(record, sort_keys=True))
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_upgrade_refuses_a_keyed_map_rolled_back_and_rewritten_as_format_3(
     tiny_tokenizer, tmp_path
 ):
@@ -257,3 +256,28 @@ def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it
         rows = next((tmp_path / "out2").glob("trace-*.jsonl")).read_text().splitlines()
         ids = [i for line in rows for i in json.loads(line)["hash_ids"]]
     assert code != 0, f"night 3 started a new map behind the repointed link: block ids {ids}"
+
+
+def test_a_format_3_map_at_a_place_bound_to_a_keyed_map_is_keyed_only_once_rebound(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """The way out the refusal above names: an operator who put a format-3 map there on
+    purpose rebinds the place (freed: a format-3 map has no id yet), then upgrade keys it."""
+    from kvtrace.cli import main
+
+    salt = tmp_path / "salt"
+    salt.write_bytes(SALT)
+    map_dir, marks = tmp_path / "map", tmp_path / "marks"
+    common = ["--id-map", str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    night = _request(tmp_path, "night0", "the quick brown fox jumps")
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out0", *common) == 0
+    _as_format_3(map_dir / "versions" / "000001.json")
+    capsys.readouterr()
+    maintained = [str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    assert main(["id-map", "upgrade", *maintained]) == 2
+    refusal = capsys.readouterr().err.strip()
+    assert "not the map last published there" in refusal and "\n" not in refusal
+    assert main(["id-map", "rebind", *maintained]) == 0
+    assert "its place freed" in capsys.readouterr().out
+    assert main(["id-map", "upgrade", *maintained]) == 0
+    assert "keyed version(s) 1" in capsys.readouterr().out
