@@ -61,14 +61,30 @@ def map_location(directory: str) -> str:
 
 
 def map_spelling(directory: str) -> str:
-    """The map directory as the run names it: absolute, every link in its path kept. Its place
-    follows a link in the path; the spelling does not, so a link repointed (to an empty folder,
-    or another map) leaves the spelling bound to the map it named: bound as the place is, it
+    """The map directory as the run names it: absolute, every link in its path kept (a relative
+    one from the working folder as the user reached it: working_folder). Its place follows a
+    link in the path; the spelling does not, so a link repointed (to an empty folder, or
+    another map) leaves the spelling bound to the map it named: bound as the place is, it
     finds no map there, or another, and is refused, never taken for a new map from id 0."""
     directory = directory.rstrip("/") or "/"
     if storage.is_url(directory) or os.path.isabs(directory):
         return directory
-    return os.path.join(os.getcwd(), directory)
+    return os.path.join(working_folder(), directory)
+
+
+def working_folder() -> str:
+    """The working folder as the user reached it: $PWD, which a shell sets to the path cd was
+    given, links kept (`cd /srv/current`), when it is absolute, has no `.` or `..` and names
+    the folder the kernel gives (os.getcwd(), links resolved), as `pwd` decides; else that."""
+    physical = os.getcwd()
+    logical = os.environ.get("PWD", "")
+    if not os.path.isabs(logical) or {".", ".."} & set(logical.split("/")):
+        return physical
+    try:
+        same = os.path.samestat(os.stat(logical), os.stat(physical))
+    except OSError:  # $PWD names nothing now
+        return physical
+    return logical if same else physical
 
 
 def bound_locations(directory: str) -> list[str]:

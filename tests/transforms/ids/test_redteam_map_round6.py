@@ -13,7 +13,6 @@ from helpers import ROOT, anonymize_night, write_jsonl
 
 pytestmark = pytest.mark.slow
 
-ROUND6 = "red team round 6"
 SALT = b"keyed-map-test-salt-of-32-bytes!"
 ZERO = 1_700_000_000_000
 
@@ -215,7 +214,12 @@ def test_upgrade_refuses_a_keyed_map_rolled_back_and_rewritten_as_format_3(
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
+def _cd(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """`cd folder` as a shell does it: the kernel's working folder, and $PWD as spelled."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("PWD", str(folder))
+
+
 def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -243,12 +247,12 @@ def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it
     current.symlink_to(tmp_path / "release-1")
     prompts = ["the quick brown fox jumps", "hello world this is a prompt about caching blocks"]
     for day in range(2):
-        monkeypatch.chdir(current)
+        _cd(monkeypatch, current)
         night = _request(tmp_path, f"night{day}", prompts[day], day)
         assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"out{day}", *common) == 0
     current.unlink()
     current.symlink_to(tmp_path / "empty")
-    monkeypatch.chdir(current)
+    _cd(monkeypatch, current)
     night = _request(tmp_path, "night2", "What is the capital of France ?", 2)
     code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out2", *common)
     ids = []
