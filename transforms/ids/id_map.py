@@ -580,7 +580,7 @@ def current_version_number(directory: str) -> int:
     beyond = [
         folder
         for folder in _committed_segment_folders(directory)
-        if int(folder.split("-")[0]) > number
+        if _folder_version(directory, folder) > number
     ]
     if lost or beyond:
         missing = [relative(directory, version_path(directory, v)) for v in sorted(set(lost))]
@@ -610,6 +610,23 @@ def _committed_versions(directory: str) -> list[int]:
             f"versions/ from a backup; nothing was read or written."
         )
     return sorted(int(name.removesuffix(".json")) for name in names)
+
+
+# A segment folder's name: the version it was written for, then the run or content naming it.
+SEGMENT_FOLDER_NAME = re.compile(r"([0-9]{6})-[^/]+")
+
+
+def _folder_version(directory: str, folder: str) -> int:
+    """The version a segment folder was written for, from its name (segment_folder); a folder
+    kvtrace does not name so is refused in one line, never parsed as a number."""
+    named = SEGMENT_FOLDER_NAME.fullmatch(folder)
+    if named is None:
+        raise IdMapError(
+            f"the id map {directory} holds segments/{folder[:80]}, which is no segment folder "
+            f"kvtrace writes (VERSION-NAME): the map was edited. Restore segments/ from a "
+            f"backup; nothing was read or written."
+        )
+    return int(named.group(1))
 
 
 def _missing_versions(committed: list[int]) -> list[int]:
@@ -693,7 +710,7 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
     abandoned = []
     for path in storage.match(storage.join(directory, "segments", "*", "*")):
         folder = relative(directory, path).split("/")[1]  # 000004-RUNID
-        version = int(folder.split("-")[0])
+        version = _folder_version(directory, folder)
         if version > current.version:
             continue
         if version not in listed:

@@ -403,3 +403,13 @@ def test_something_other_than_a_file_in_place_of_current_is_refused_in_one_line(
     (tmp_path / "CURRENT").unlink()
     (tmp_path / "CURRENT").write_bytes(b"not json")  # a hint whose bytes name no version
     assert id_map.current_version_number(str(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("folder", ["x-0123456789ab", "1-0123456789ab", "000001"])
+def test_a_segment_folder_kvtrace_never_names_is_refused_in_one_line(tmp_path, folder):
+    _map_of_nights(tmp_path, "a")
+    (tmp_path / "segments" / folder).mkdir(parents=True)
+    (tmp_path / "segments" / folder / id_map.COMMITTED_MARK).write_bytes(b"")
+    with pytest.raises(IdMapError, match="no segment folder kvtrace writes") as refused:
+        id_map.current_version_number(str(tmp_path))
+    assert "\n" not in str(refused.value)
