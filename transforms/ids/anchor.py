@@ -40,6 +40,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.exclusive import folder_lock, remove_stale_temp_files, replace_file
+from kvtrace.transforms.ids.map_files import map_file_exists, open_map_file
 from kvtrace.transforms.ids.map_record import MAX_VERSION, MapKey, keyed
 
 MARKS = ".id-map-marks"
@@ -60,14 +61,30 @@ def map_location(directory: str) -> str:
 
 
 def map_spelling(directory: str) -> str:
-    """The map directory as the run names it: absolute, every link in its path kept. Its place
-    follows a link in the path; the spelling does not, so a link repointed (to an empty folder,
-    or another map) leaves the spelling bound to the map it named: bound as the place is, it
+    """The map directory as the run names it: absolute, every link in its path kept (a relative
+    one from the working folder as the user reached it: working_folder). Its place follows a
+    link in the path; the spelling does not, so a link repointed (to an empty folder, or
+    another map) leaves the spelling bound to the map it named: bound as the place is, it
     finds no map there, or another, and is refused, never taken for a new map from id 0."""
     directory = directory.rstrip("/") or "/"
     if storage.is_url(directory) or os.path.isabs(directory):
         return directory
-    return os.path.join(os.getcwd(), directory)
+    return os.path.join(working_folder(), directory)
+
+
+def working_folder() -> str:
+    """The working folder as the user reached it: $PWD, which a shell sets to the path cd was
+    given, links kept (`cd /srv/current`), when it is absolute, has no `.` or `..` and names
+    the folder the kernel gives (os.getcwd(), links resolved), as `pwd` decides; else that."""
+    physical = os.getcwd()
+    logical = os.environ.get("PWD", "")
+    if not os.path.isabs(logical) or {".", ".."} & set(logical.split("/")):
+        return physical
+    try:
+        same = os.path.samestat(os.stat(logical), os.stat(physical))
+    except OSError:  # $PWD names nothing now
+        return physical
+    return logical if same else physical
 
 
 def bound_locations(directory: str) -> list[str]:
@@ -177,10 +194,10 @@ def _read_keyed(
 ) -> dict[str, Any] | None:
     """A file of the folder of marks, verified: its bytes exactly what keyed writes for its
     fields (MAC included), fits; None when there is none."""
-    if not storage.exists(path):
+    if not map_file_exists(path):
         return None
     try:
-        with storage.open_read(path) as handle:
+        with open_map_file(path) as handle:
             raw = handle.read(MAX_MARK_BYTES + 1)
         mark = json.loads(raw)
         valid = (
@@ -189,6 +206,12 @@ def _read_keyed(
             and fits(mark)
             and hmac.compare_digest(raw, keyed({k: v for k, v in mark.items() if k != "mac"}, key))
         )
+    except storage.UnfitFile as err:  # before ValueError, which it is: told as what it is
+        raise JobStopped(
+            f"the id map's mark {err}: kvtrace writes only regular files in the folder of "
+            f"marks. Restore it from the backup of the folder of marks; the map was not "
+            f"extended and no trace was published"
+        ) from None
     except (OSError, ValueError, RecursionError, TypeError):  # unreadable, not JSON, or a
         valid = False  # value no mark holds (NaN)
     if not valid:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,7 @@ from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids.anchor import advance_anchor, check_anchor, descends, rebind
 from kvtrace.transforms.ids.dense_ids import NUMBERED
 from kvtrace.transforms.ids.exclusive import create_exclusive, replace_file
+from kvtrace.transforms.ids.map_files import map_file_exists, open_map_file
 from kvtrace.transforms.ids.map_record import (
     FORMAT_VERSION,
     KEYLESS_FORMAT,
@@ -59,6 +61,7 @@ from kvtrace.transforms.ids.map_record import (
     MAP_FORMAT,
     MAX_IDS,
     MAX_RECORD_BYTES,
+    MAX_VERSION,
     MapKey,
     canonical,
     format_of,
@@ -276,9 +279,9 @@ def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, A
 
 def _record_raw(path: str) -> bytes:
     try:
-        with storage.open_read(path) as handle:
+        with open_map_file(path) as handle:
             return handle.read(MAX_RECORD_BYTES + 1)
-    except OSError as err:
+    except (OSError, storage.UnfitFile) as err:
         raise IdMapError(f"{path}: unreadable id map metadata ({err})") from None
 
 
@@ -368,21 +371,28 @@ def _staged_keyed_form(directory: str, number: int) -> bytes | None:
 
 
 def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]]:
-    """What `kvtrace id-map upgrade` does: check the map against its mark as a commit would
-    (a map built before keying has none; one anchored must be at or past it), key it if all its
-    records are format 3 or finish an interrupted keying (key_format_3_map; a keyed map is only
-    verified), then mark its published version. Returns that version and the versions keyed."""
+    """What `kvtrace id-map upgrade` does: check the map against its place and mark as a commit
+    would, whatever format its newest record claims (a place bound to a keyed map takes only
+    that map's continuation: a keyed map rolled back and rewritten as format 3 is another map
+    there; a map built before keying has neither), key it if all its records are format 3 or
+    finish an interrupted keying (key_format_3_map; a keyed map is only verified), then mark
+    its published version. Returns that version and the versions keyed."""
     number = current_version_number(directory)
     if number == 0:
         raise IdMapError(
             f"{directory} holds no id map version (no {CURRENT}, no versions/): nothing to upgrade"
         )
-    record_of = _record_reader(directory)
-    if _is_keyed(directory, number):  # a format-3 map has no id to find its mark by yet
-        try:  # before anything is rewritten; refused as a run is refused before it starts
-            check_anchor(marks, directory, number, _map_id(directory, number, key), record_of, key)
-        except JobStopped as err:
-            raise IdMapError(str(err)) from None
+    try:  # before anything is rewritten; refused as a run is refused before it starts
+        check_anchor(
+            marks,
+            directory,
+            number,
+            _found_map_id(directory, number, key),
+            _record_reader(directory),
+            key,
+        )
+    except JobStopped as err:
+        raise IdMapError(str(err)) from None
     keyed_now = key_format_3_map(directory, key)
     path = version_path(directory, number)
     record = _record_raw(path)
@@ -395,9 +405,10 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
 def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     """What `kvtrace id-map rebind` does: bind the map's place to the map found there, after
     checking that map against its own mark (a rollback is refused here as at a commit).
-    Returns the map's id (None: no map, or one from before ids; the place is freed)."""
+    Returns the map's id (None: no map, or one from before ids or keying; the place is freed,
+    and the map's next commit or upgrade binds it)."""
     number = current_version_number(directory)
-    map_id = _map_id(directory, number, key) if number else None
+    map_id = _found_map_id(directory, number, key) if number else None
     if map_id is not None:
         try:
             check_anchor(
@@ -409,8 +420,13 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     return map_id
 
 
-def _map_id(directory: str, number: int, key: MapKey) -> str | None:
-    return read_version_record(directory, number, key).get("map_id")
+def _found_map_id(directory: str, number: int, key: MapKey) -> str | None:
+    """The id of the map whose newest version is `number`, its record verified: None for a map
+    from before ids, or a format-3 one (of this salt: keyed later, it gets its id then)."""
+    if _is_keyed(directory, number):
+        return read_version_record(directory, number, key).get("map_id")
+    _keyless_data(directory, number, key)
+    return None
 
 
 def _record_reader(directory: str) -> Callable[[int], bytes]:
@@ -539,7 +555,7 @@ def relative(directory: str, path: str) -> str:
 
 
 def _read_json(path: str) -> Any:
-    with storage.open_read(path) as handle:
+    with open_map_file(path) as handle:
         return json.loads(handle.read(CURRENT_MAX_BYTES))
 
 
@@ -551,14 +567,12 @@ def current_version_number(directory: str) -> int:
     """The published version: the highest committed one (CURRENT, moved after each commit, is
     only a hint: a run stopped between the two has still published); 0 for a new map. A map
     missing versions it once had is refused: numbering again from an older version would give
-    new keys ids that published traces already use."""
-    committed = sorted(
-        int(name.removesuffix(".json"))
-        for name in _names(directory, "versions", "*.json")
-        if name.removesuffix(".json").isdigit()
-    )
+    new keys ids that published traces already use. A name in versions/ is read as a number
+    only once it is one kvtrace writes (six digits, at most MAX_VERSION), so nothing is sized
+    by a number found on disk before it is bounded."""
+    committed = _committed_versions(directory)
     number = committed[-1] if committed else 0
-    lost = sorted(set(range(1, number + 1)) - set(committed))
+    lost = _missing_versions(committed)
     pointer = storage.join(directory, CURRENT)
     hinted = _current_hint(pointer)
     if hinted is not None and hinted > number:
@@ -566,7 +580,7 @@ def current_version_number(directory: str) -> int:
     beyond = [
         folder
         for folder in _committed_segment_folders(directory)
-        if int(folder.split("-")[0]) > number
+        if _folder_version(directory, folder) > number
     ]
     if lost or beyond:
         missing = [relative(directory, version_path(directory, v)) for v in sorted(set(lost))]
@@ -579,6 +593,53 @@ def current_version_number(directory: str) -> int:
     return number
 
 
+# The name of a version's record: six digits (version_path), 000001 to MAX_VERSION.
+VERSION_NAME = re.compile(r"(?!000000)[0-9]{6}\.json")
+LOST_NAMED = 3  # missing versions a refusal names: the first few tell the operator enough
+
+
+def _committed_versions(directory: str) -> list[int]:
+    """The versions whose records are in versions/, sorted; a *.json there that is not a name
+    kvtrace writes (versions/999999999999.json) is refused before it is read as a number."""
+    names = _names(directory, "versions", "*.json")
+    stray = next((name for name in names if not VERSION_NAME.fullmatch(name)), None)
+    if stray is not None:
+        raise IdMapError(
+            f"the id map {directory} holds versions/{stray[:80]}, which is no version kvtrace "
+            f"writes (000001.json to {MAX_VERSION}.json): the map was edited. Restore "
+            f"versions/ from a backup; nothing was read or written."
+        )
+    return sorted(int(name.removesuffix(".json")) for name in names)
+
+
+# A segment folder's name: the version it was written for, then the run or content naming it.
+SEGMENT_FOLDER_NAME = re.compile(r"([0-9]{6})-[^/]+")
+
+
+def _folder_version(directory: str, folder: str) -> int:
+    """The version a segment folder was written for, from its name (segment_folder); a folder
+    kvtrace does not name so is refused in one line, never parsed as a number."""
+    named = SEGMENT_FOLDER_NAME.fullmatch(folder)
+    if named is None:
+        raise IdMapError(
+            f"the id map {directory} holds segments/{folder[:80]}, which is no segment folder "
+            f"kvtrace writes (VERSION-NAME): the map was edited. Restore segments/ from a "
+            f"backup; nothing was read or written."
+        )
+    return int(named.group(1))
+
+
+def _missing_versions(committed: list[int]) -> list[int]:
+    """The first few versions below the highest that have no record (committed: distinct,
+    sorted), found in the gaps: nothing sized by the highest number."""
+    missing: list[int] = []
+    for below, above in zip([0, *committed], committed):
+        missing += range(below + 1, min(above, below + 1 + LOST_NAMED - len(missing)))
+        if len(missing) >= LOST_NAMED:
+            break
+    return missing
+
+
 def _names(directory: str, folder: str, pattern: str) -> list[str]:
     return [
         path.rsplit("/", 1)[-1] for path in storage.match(storage.join(directory, folder, pattern))
@@ -586,11 +647,19 @@ def _names(directory: str, folder: str, pattern: str) -> list[str]:
 
 
 def _current_hint(pointer: str) -> int | None:
-    """The version CURRENT names; None when it is absent or unreadable (it is only a hint)."""
-    if not storage.exists(pointer):
+    """The version CURRENT names; None when it is absent or its bytes name none (it is only a
+    hint). Anything but a regular file in its place (a FIFO, whose open would wait forever) is
+    refused: kvtrace writes none."""
+    if not map_file_exists(pointer):
         return None
     try:
         hinted = _read_json(pointer)["version"]
+    except storage.UnfitFile as err:
+        raise IdMapError(
+            f"the id map's {CURRENT} is not a file kvtrace wrote ({err}). Remove it (it is "
+            f"only a hint, rewritten by the next commit) or restore it from a backup; nothing "
+            f"was read or written."
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
     return hinted if type(hinted) is int else None
@@ -641,7 +710,7 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
     abandoned = []
     for path in storage.match(storage.join(directory, "segments", "*", "*")):
         folder = relative(directory, path).split("/")[1]  # 000004-RUNID
-        version = int(folder.split("-")[0])
+        version = _folder_version(directory, folder)
         if version > current.version:
             continue
         if version not in listed:

@@ -38,6 +38,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids import bloom
 from kvtrace.transforms.ids.dense_ids import NUMBERED, lookup, shard_of, split_by
+from kvtrace.transforms.ids.map_files import open_map_file
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -125,10 +126,19 @@ def check_rows(segment: SegmentFile, rows: np.ndarray) -> np.ndarray:
     return rows
 
 
+def _opened(path: str) -> IO[bytes]:
+    """A file of the map opened to read (map_files.open_map_file); anything but a regular file
+    in its place is told as damage to it, in one line."""
+    try:
+        return open_map_file(path)
+    except storage.UnfitFile as err:
+        raise damaged(path, str(err)) from None
+
+
 def _read_whole(path: str, expected: dict) -> bytes:
     try:
-        with storage.open_read(path) as handle:
-            data = handle.read()
+        with _opened(path) as handle:
+            data = handle.read(expected["bytes"] + 1)
     except OSError as err:
         raise damaged(path, f"unreadable: {err.strerror or err}") from None
     _check(path, checksum(data), expected)
@@ -336,7 +346,7 @@ def _verify_whole(segment: SegmentFile) -> None:
     """The whole file against its sha256, read in chunks (a shard's file may be large)."""
     digest, size = hashlib.sha256(), 0
     try:
-        with storage.open_read(segment.path) as handle:
+        with _opened(segment.path) as handle:
             while chunk := handle.read(VERIFY_CHUNK_BYTES):
                 digest.update(chunk)
                 size += len(chunk)
@@ -351,12 +361,12 @@ def _record_batches(segment: SegmentFile, rows: int) -> Iterator[np.ndarray]:
     index = read_index(segment)
     if index.group_sha256 is None:
         _verify_whole(segment)
-        with storage.open_read(segment.path) as handle:
+        with _opened(segment.path) as handle:
             for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows):
                 yield check_rows(segment, _numbered(batch))
         return
     try:
-        with storage.open_read(segment.path) as handle:
+        with _opened(segment.path) as handle:
             verified = _VerifiedFile(handle, segment, index)
             groups = list(range(verified.metadata.num_row_groups))
             step = max(1, rows // ROW_GROUP_ROWS)
@@ -373,7 +383,7 @@ def _batches(segment: SegmentFile) -> Iterator[np.ndarray]:
 
 
 def _row_count(segment: SegmentFile) -> int:
-    with storage.open_read(segment.path) as handle:
+    with _opened(segment.path) as handle:
         return pq.ParquetFile(handle).metadata.num_rows
 
 
@@ -429,7 +439,7 @@ def _row_groups_read(segment: SegmentFile, index: Index, groups: list[int]) -> t
         parquet, read = pq.ParquetFile(pa.py_buffer(data)), len(data)
         _check_groups(segment, parquet.metadata, index)
         return parquet.read_row_groups(groups), read
-    with storage.open_read(segment.path) as handle:
+    with _opened(segment.path) as handle:
         verified = _VerifiedFile(handle, segment, index)
         _check_groups(segment, verified.metadata, index)
         return verified.row_groups(groups), verified.read

@@ -120,6 +120,30 @@ def test_another_map_where_a_marked_map_was_is_refused_until_the_place_is_reboun
     _check(marks, directory, 1, chain("c"), map_id="c" * 32)
 
 
+@pytest.mark.parametrize(
+    "pwd, spelled",
+    [
+        ("{tmp}/current", "{tmp}/current/map"),  # `cd current`: the link kept, as shells do
+        ("{tmp}/release-1", "{tmp}/release-1/map"),  # `cd release-1`
+        ("{tmp}/current/../current", "{tmp}/release-1/map"),  # `..`: not lexically foldable
+        ("{tmp}/empty", "{tmp}/release-1/map"),  # stale: names another folder
+        ("{tmp}/nothing", "{tmp}/release-1/map"),  # stale: names nothing
+        ("current", "{tmp}/release-1/map"),  # not absolute
+        ("", "{tmp}/release-1/map"),  # unset
+    ],
+)
+def test_a_relative_map_is_spelled_from_the_working_folder_as_the_user_reached_it(
+    tmp_path, monkeypatch, pwd, spelled
+):
+    (tmp_path / "release-1").mkdir()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "current").symlink_to(tmp_path / "release-1")
+    monkeypatch.chdir(tmp_path / "current")  # the kernel's working folder: release-1
+    monkeypatch.setenv("PWD", pwd.format(tmp=tmp_path))
+    assert anchor.map_spelling("map/") == spelled.format(tmp=tmp_path)
+    assert anchor.map_location("map") == str(tmp_path / "release-1" / "map")
+
+
 def test_a_link_in_the_maps_path_repointed_leaves_its_spelling_bound_to_the_map(tmp_path):
     marks = _marks(tmp_path)
     (tmp_path / "live").mkdir()

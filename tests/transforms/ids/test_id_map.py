@@ -6,12 +6,15 @@ The unit tests; the whole CLI runs are in tests/e2e/test_id_map_nights.py."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import IdMapError, JobStopped
 from kvtrace.transforms.ids import id_map, map_record
@@ -366,3 +369,47 @@ def test_a_maps_history_is_verified_whole_from_version_one_to_its_newest(tmp_pat
             )
         # the gate confirms nights by the newest record, which names ours only
         assert [e["night"] for e in id_map.recorded_history(str(ours), KEY)] == nights
+
+
+@pytest.mark.parametrize(
+    "name", ["999999999999.json", "1.json", "0000001.json", "000000.json", "00001a.json"]
+)
+def test_a_version_name_kvtrace_never_writes_is_refused_before_it_is_read_as_a_number(
+    tmp_path, name
+):
+    _map_of_nights(tmp_path, "a")
+    (tmp_path / "versions" / name).write_bytes(b"")
+    with pytest.raises(IdMapError, match="no version kvtrace writes") as refused:
+        id_map.current_version_number(str(tmp_path))
+    assert name in str(refused.value) and "\n" not in str(refused.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(1, map_record.MAX_VERSION), max_size=8))
+def test_the_first_missing_versions_are_found_in_the_gaps(present):
+    committed = sorted(present)
+    below = range(1, committed[-1] + 1) if committed else range(0)
+    expected = [v for v in below if v not in present][: id_map.LOST_NAMED]
+    assert id_map._missing_versions(committed) == expected
+
+
+def test_something_other_than_a_file_in_place_of_current_is_refused_in_one_line(tmp_path):
+    _map_of_nights(tmp_path, "a", "b")
+    (tmp_path / "CURRENT").unlink()
+    os.mkfifo(tmp_path / "CURRENT")  # an open would wait for a writer forever
+    with pytest.raises(IdMapError, match="CURRENT is not a file kvtrace wrote") as refused:
+        id_map.current_version_number(str(tmp_path))
+    assert "\n" not in str(refused.value)
+    (tmp_path / "CURRENT").unlink()
+    (tmp_path / "CURRENT").write_bytes(b"not json")  # a hint whose bytes name no version
+    assert id_map.current_version_number(str(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("folder", ["x-0123456789ab", "1-0123456789ab", "000001"])
+def test_a_segment_folder_kvtrace_never_names_is_refused_in_one_line(tmp_path, folder):
+    _map_of_nights(tmp_path, "a")
+    (tmp_path / "segments" / folder).mkdir(parents=True)
+    (tmp_path / "segments" / folder / id_map.COMMITTED_MARK).write_bytes(b"")
+    with pytest.raises(IdMapError, match="no segment folder kvtrace writes") as refused:
+        id_map.current_version_number(str(tmp_path))
+    assert "\n" not in str(refused.value)

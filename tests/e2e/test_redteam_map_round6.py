@@ -1,4 +1,4 @@
-"""Red team round 6 (rt6-det): the id map. Each test asserts a promise and fails today."""
+"""Red team round 6 (rt6-det): the id map. Each test asserts a promise the map once broke."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from helpers import ROOT, anonymize_night, write_jsonl
 
 pytestmark = pytest.mark.slow
 
-ROUND6 = "red team round 6"
 SALT = b"keyed-map-test-salt-of-32-bytes!"
 ZERO = 1_700_000_000_000
 
@@ -57,7 +56,6 @@ def _fifo_in_place_of(path: Path) -> None:
     os.mkfifo(path)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize(
     "command, which",
     [
@@ -106,7 +104,6 @@ def test_a_fifo_in_the_id_map_is_one_line_not_a_hang(tiny_tokenizer, tmp_path, w
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["anonymize", "audit", "id-map upgrade"])
 def test_a_version_file_named_far_ahead_is_refused_before_memory_is_spent(
     tiny_tokenizer, tmp_path, command
@@ -158,7 +155,6 @@ def _as_format_3(record_path: Path) -> None:
     record_path.write_text(json.dumps(record, sort_keys=True))
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_upgrade_refuses_a_keyed_map_rolled_back_and_rewritten_as_format_3(
     tiny_tokenizer, tmp_path
 ):
@@ -218,7 +214,12 @@ def test_upgrade_refuses_a_keyed_map_rolled_back_and_rewritten_as_format_3(
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
+def _cd(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """`cd folder` as a shell does it: the kernel's working folder, and $PWD as spelled."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("PWD", str(folder))
+
+
 def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -246,12 +247,12 @@ def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it
     current.symlink_to(tmp_path / "release-1")
     prompts = ["the quick brown fox jumps", "hello world this is a prompt about caching blocks"]
     for day in range(2):
-        monkeypatch.chdir(current)
+        _cd(monkeypatch, current)
         night = _request(tmp_path, f"night{day}", prompts[day], day)
         assert anonymize_night(tiny_tokenizer, [night], tmp_path / f"out{day}", *common) == 0
     current.unlink()
     current.symlink_to(tmp_path / "empty")
-    monkeypatch.chdir(current)
+    _cd(monkeypatch, current)
     night = _request(tmp_path, "night2", "What is the capital of France ?", 2)
     code = anonymize_night(tiny_tokenizer, [night], tmp_path / "out2", *common)
     ids = []
@@ -259,3 +260,28 @@ def test_a_map_named_from_a_working_folder_reached_through_a_link_is_bound_to_it
         rows = next((tmp_path / "out2").glob("trace-*.jsonl")).read_text().splitlines()
         ids = [i for line in rows for i in json.loads(line)["hash_ids"]]
     assert code != 0, f"night 3 started a new map behind the repointed link: block ids {ids}"
+
+
+def test_a_format_3_map_at_a_place_bound_to_a_keyed_map_is_keyed_only_once_rebound(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """The way out the refusal above names: an operator who put a format-3 map there on
+    purpose rebinds the place (freed: a format-3 map has no id yet), then upgrade keys it."""
+    from kvtrace.cli import main
+
+    salt = tmp_path / "salt"
+    salt.write_bytes(SALT)
+    map_dir, marks = tmp_path / "map", tmp_path / "marks"
+    common = ["--id-map", str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    night = _request(tmp_path, "night0", "the quick brown fox jumps")
+    assert anonymize_night(tiny_tokenizer, [night], tmp_path / "out0", *common) == 0
+    _as_format_3(map_dir / "versions" / "000001.json")
+    capsys.readouterr()
+    maintained = [str(map_dir), "--id-map-marks", str(marks), "--salt-file", str(salt)]
+    assert main(["id-map", "upgrade", *maintained]) == 2
+    refusal = capsys.readouterr().err.strip()
+    assert "not the map last published there" in refusal and "\n" not in refusal
+    assert main(["id-map", "rebind", *maintained]) == 0
+    assert "its place freed" in capsys.readouterr().out
+    assert main(["id-map", "upgrade", *maintained]) == 0
+    assert "keyed version(s) 1" in capsys.readouterr().out
