@@ -509,7 +509,6 @@ def test_a_nested_field_under_the_crash_depth_costs_time_linear_in_its_bytes(tmp
 # ---- trace Parquet: a column name given twice is an unanticipated failure of the whole read -
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_parquet_naming_a_column_twice_is_a_malformed_file_not_a_failed_job(
     tmp_path, command

@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -293,16 +294,23 @@ def parquet_file(
                 f"of {max_footer_bytes}"
             )
         raw.seek(0)
-        yield (
+        parquet = pq.ParquetFile(
             raw,
-            pq.ParquetFile(
-                raw,
-                pre_buffer=False,
-                buffer_size=READ_CHUNK_BYTES,
-                thrift_string_size_limit=max_footer_bytes,
-                thrift_container_size_limit=max_footer_bytes,
-            ),
+            pre_buffer=False,
+            buffer_size=READ_CHUNK_BYTES,
+            thrift_string_size_limit=max_footer_bytes,
+            thrift_container_size_limit=max_footer_bytes,
         )
+        _check_names(path, parquet.schema_arrow)
+        yield raw, parquet
+
+
+def _check_names(path: str, schema: pa.Schema) -> None:
+    """A file's columns are found by name, so each name must be one column's (kvtrace writes
+    no other file, and Arrow's lookups by a repeated name fail): ValueError if not."""
+    twice = sorted(name for name, count in Counter(schema.names).items() if count > 1)
+    if twice:
+        raise ValueError(f"{path}: a Parquet file naming a column twice ({', '.join(twice)[:80]})")
 
 
 class GroupReader(NamedTuple):

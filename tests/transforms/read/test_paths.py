@@ -112,3 +112,13 @@ def test_a_parquet_page_over_the_bound_in_an_unread_column_does_not_refuse_the_f
     assert read_parquet_within(str(path), 1000, ("n",)).table["n"].to_pylist() == [1, 2]
     with pytest.raises(ValueError, match="junk"):
         read_parquet_within(str(path), 1000, ("n", "junk"))
+
+
+def test_a_parquet_file_naming_a_column_twice_is_refused_before_any_row(tmp_path):
+    path = tmp_path / "twice.parquet"
+    pq.write_table(
+        pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array([3])], names=["a", "b", "a"]),
+        path,
+    )
+    with pytest.raises(ValueError, match=r"naming a column twice \(a\)"):
+        read_parquet_within(str(path), 1 << 20, ["a"])
