@@ -174,7 +174,6 @@ def test_a_deeply_nested_field_in_a_trace_line_is_not_a_segfault(tiny_tokenizer,
 # ---- Parquet: an unused column's nested type is walked by Python recursion -----------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_an_unused_deeply_nested_parquet_column_is_not_a_failed_run(tiny_tokenizer, tmp_path):
     """sources._row_group sizes a row group after paths.without_views(parquet.schema_arrow), a
     recursive rewrite of every column's type (_plain_type), the unused ones too. A Parquet log
