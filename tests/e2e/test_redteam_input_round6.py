@@ -364,7 +364,6 @@ def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_cla
 # ---- Parquet: an empty list is sized as nothing, so a row of millions of them is decoded ---
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_tokenizer, tmp_path):
     """BOUNDS.md: each Parquet row is "sized from its offsets ... before it becomes Python
     values"; "over the bound: too_large, never decoded". arrow_sizes._value_bytes sizes a list

@@ -45,9 +45,7 @@ def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:
 def _output_ids(path: str):
     if path.lower().endswith(PARQUET_SUFFIXES):
         try:
-            table, numbers, _ = read_parquet_within(
-                path, MAX_TRACE_LINE_BYTES, (OUTPUT_IDS_FIELD,)
-            )
+            table, numbers, _ = read_parquet_within(path, MAX_TRACE_LINE_BYTES, (OUTPUT_IDS_FIELD,))
         except (OSError, ValueError, pa.ArrowException):
             return  # a file the trace reader cannot read either: it reports it, no row is read
         if OUTPUT_IDS_FIELD in table.column_names:
