@@ -321,7 +321,6 @@ def _claiming_rows(path, claimed: int, rows: int = 7, prompt_bytes: int = 3000) 
     assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_claims(
     tiny_tokenizer, tmp_path
 ):
