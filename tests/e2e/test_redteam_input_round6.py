@@ -174,7 +174,6 @@ def test_a_deeply_nested_field_in_a_trace_line_is_not_a_segfault(tiny_tokenizer,
 # ---- Parquet: an unused column's nested type is walked by Python recursion -----------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_an_unused_deeply_nested_parquet_column_is_not_a_failed_run(tiny_tokenizer, tmp_path):
     """sources._row_group sizes a row group after paths.without_views(parquet.schema_arrow), a
     recursive rewrite of every column's type (_plain_type), the unused ones too. A Parquet log
@@ -322,7 +321,6 @@ def _claiming_rows(path, claimed: int, rows: int = 7, prompt_bytes: int = 3000) 
     assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_claims(
     tiny_tokenizer, tmp_path
 ):
@@ -365,7 +363,6 @@ def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_cla
 # ---- Parquet: an empty list is sized as nothing, so a row of millions of them is decoded ---
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_tokenizer, tmp_path):
     """BOUNDS.md: each Parquet row is "sized from its offsets ... before it becomes Python
     values"; "over the bound: too_large, never decoded". arrow_sizes._value_bytes sizes a list
@@ -509,7 +506,6 @@ def test_a_nested_field_under_the_crash_depth_costs_time_linear_in_its_bytes(tmp
 # ---- trace Parquet: a column name given twice is an unanticipated failure of the whole read -
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_trace_parquet_naming_a_column_twice_is_a_malformed_file_not_a_failed_job(
     tmp_path, command

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from kvtrace.transforms.cache.cache_trace import CacheTrace
 from kvtrace.transforms.read.json_tree import containers_over
@@ -43,7 +44,10 @@ def read_output_ids(files: Sequence[str], trace: Trace) -> list[list[int]]:
 
 def _output_ids(path: str):
     if path.lower().endswith(PARQUET_SUFFIXES):
-        table, numbers, _ = read_parquet_within(path, MAX_TRACE_LINE_BYTES, (OUTPUT_IDS_FIELD,))
+        try:
+            table, numbers, _ = read_parquet_within(path, MAX_TRACE_LINE_BYTES, (OUTPUT_IDS_FIELD,))
+        except (OSError, ValueError, pa.ArrowException):
+            return  # a file the trace reader cannot read either: it reports it, no row is read
         if OUTPUT_IDS_FIELD in table.column_names:
             yield from zip(numbers.tolist(), table.column(OUTPUT_IDS_FIELD).to_pylist())
         return

@@ -1,13 +1,15 @@
-"""How large a Parquet row is as JSON, at least, known from its Arrow form before it is decoded
-into Python values. A dictionary-encoded string is stored once and may be referenced by every
-row (a 2 KB file can hold 128 rows of 4 MB each): its size per row is the size of the entry each
-row references, found by index without building the strings.
+"""How large a Parquet row is, at least, known from its Arrow form before it is decoded into
+Python values. A dictionary-encoded string is stored once and may be referenced by every row (a
+2 KB file can hold 128 rows of 4 MB each): its size per row is the size of the entry each row
+references, found by index without building the strings.
 
-A lower bound, so that a row refused on it is over --max-record-bytes as JSON too: each string
-counts its UTF-8 bytes and its two quotes (a fixed-size binary its type's width), a null four
-(`null`: a list of nulls holds no Arrow buffer, yet is not free as JSON or Python), every other
-value one byte (a digit). A list whose values all cost the same at least (numbers, nulls) is
-sized from its offsets alone: sizing allocates per row, not per value.
+A lower bound of what a JSON line of the row costs a reader, so that a row refused on it is
+refused as a JSON line too: each string counts its UTF-8 bytes and its two quotes (a fixed-size
+binary its type's width), a null four (`null`: a list of nulls holds no Arrow buffer, yet is not
+free as JSON or Python), every other scalar one byte (a digit), and every container (a list, a
+struct, a map) CONTAINER_BYTES at least, however empty: it becomes a Python list or dict of ~64
+bytes, which its 2 bytes of JSON do not pay for. A list whose values all cost the same at least
+(numbers, nulls) is sized from its offsets alone: sizing allocates per row, not per value.
 
 How large a value of a Parquet physical type is once Arrow decodes it dense is known from the
 type alone for the fixed-size types (fixed_value_bytes): their width, never assumed."""
@@ -18,6 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 NULL_JSON_BYTES = len("null")
+# What a container counts at least: a JSON line may hold 2 x --max-record-bytes / 64 containers
+# (records.CONTAINERS_BOUND_MULTIPLE, PARSED_CONTAINER_BYTES: a parsed one is a ~64-byte Python
+# list or dict), so a row of containers alone is refused past the same count, before any becomes
+# a Python value (an empty list is 2 bytes of JSON: counted as that, 4 M of them were decoded).
+CONTAINER_BYTES = 32
 # The width of each fixed-size Parquet physical type's values, as Arrow holds them decoded.
 _PHYSICAL_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 
@@ -33,7 +40,8 @@ def fixed_value_bytes(physical_type: str, type_length: int) -> int | None:
 
 
 def least_json_bytes(batch: pa.RecordBatch) -> np.ndarray:
-    """Per row of the batch, the fewest bytes its values take as JSON (int64)."""
+    """Per row of the batch, the fewest bytes its values take as JSON, each container counted
+    CONTAINER_BYTES at least (int64)."""
     total = np.zeros(batch.num_rows, dtype=np.int64)
     for column in batch.columns:
         total += _value_bytes(column)
@@ -46,7 +54,8 @@ def largest_value_bytes(array: pa.Array) -> int:
 
 
 def _value_bytes(array: pa.Array) -> np.ndarray:
-    """Per element of the array, the fewest bytes its value takes as JSON."""
+    """Per element of the array, the fewest bytes its value takes as JSON, each container
+    CONTAINER_BYTES at least."""
     kind = array.type
     if pa.types.is_dictionary(kind):
         entries = _value_bytes(array.dictionary)
@@ -65,24 +74,50 @@ def _value_bytes(array: pa.Array) -> np.ndarray:
     if pa.types.is_struct(kind):
         fields = [_value_bytes(child) for child in array.flatten()]
         return _nulls_as_json(
-            array, np.sum(fields, axis=0) if fields else np.zeros(len(array), int)
+            array, _as_container(np.sum(fields, axis=0) if fields else np.zeros(len(array), int))
         )
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
         offsets = _buffer(
             array, 1, np.int64 if pa.types.is_large_list(kind) else np.int32, len(array) + 1
         )
         if (each := _least_bytes_each(array.values.type)) is not None:
-            return _nulls_as_json(array, np.diff(offsets) * each)
+            return _nulls_as_json(array, _as_container(np.diff(offsets) * each))
+        if (nested := _lists_of_alike_bytes(array.values, offsets)) is not None:
+            return _nulls_as_json(array, _as_container(nested))
         values = np.concatenate([[0], np.cumsum(_value_bytes(array.values))])
-        return _nulls_as_json(array, values[offsets[1:]] - values[offsets[:-1]])
+        return _nulls_as_json(array, _as_container(values[offsets[1:]] - values[offsets[:-1]]))
     if pa.types.is_null(kind):
         return np.full(len(array), NULL_JSON_BYTES, dtype=np.int64)
     if pa.types.is_fixed_size_list(kind):
         start, size = array.offset * kind.list_size, kind.list_size  # a null holds size too
         values = _value_bytes(array.values)[start : start + len(array) * size]
         values = values.reshape(len(array), size)
-        return _nulls_as_json(array, values.sum(axis=1))
+        return _nulls_as_json(array, _as_container(values.sum(axis=1)))
     return _nulls_as_json(array, np.ones(len(array), dtype=np.int64))  # a number, a union...
+
+
+def _lists_of_alike_bytes(lists: pa.Array, offsets: np.ndarray) -> np.ndarray | None:
+    """For each range [offsets[i], offsets[i + 1]) of lists whose values all cost the same at
+    least (numbers, nulls: a list of lists of them), the fewest bytes the range's lists take,
+    from offsets alone: their values' bytes, or CONTAINER_BYTES per list (a null one, `null`'s),
+    whichever is more (each list counts the more of the two; summed, at least the more of the
+    sums). None for other values. Per range, not per list: millions of empty lists in one row
+    are sized without an array of millions."""
+    kind = lists.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    if (each := _least_bytes_each(kind.value_type)) is None:
+        return None
+    width = np.int64 if pa.types.is_large_list(kind) else np.int32
+    starts = np.frombuffer(lists.buffers()[1], dtype=width)[lists.offset + offsets]
+    values = np.diff(starts.astype(np.int64)) * each
+    per_list = NULL_JSON_BYTES if lists.null_count else CONTAINER_BYTES
+    return np.maximum(values, np.diff(offsets) * per_list)
+
+
+def _as_container(contents: np.ndarray) -> np.ndarray:
+    """Sizes of containers from those of their contents: CONTAINER_BYTES at least each."""
+    return np.maximum(contents, CONTAINER_BYTES)
 
 
 def _least_bytes_each(kind: pa.DataType) -> int | None:

@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from kvtrace.transforms.read.arrow_sizes import (
     least_json_bytes,
 )
 from kvtrace.transforms.read.decompress import DecodedStream
+from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
@@ -293,16 +295,42 @@ def parquet_file(
                 f"of {max_footer_bytes}"
             )
         raw.seek(0)
-        yield (
+        parquet = pq.ParquetFile(
             raw,
-            pq.ParquetFile(
-                raw,
-                pre_buffer=False,
-                buffer_size=READ_CHUNK_BYTES,
-                thrift_string_size_limit=max_footer_bytes,
-                thrift_container_size_limit=max_footer_bytes,
-            ),
+            pre_buffer=False,
+            buffer_size=READ_CHUNK_BYTES,
+            thrift_string_size_limit=max_footer_bytes,
+            thrift_container_size_limit=max_footer_bytes,
         )
+        _check_schema(path, parquet.schema_arrow)
+        yield raw, parquet
+
+
+def _check_schema(path: str, schema: pa.Schema) -> None:
+    """The file's columns as a whole are ones a record can be read from, or ValueError: each
+    name one column's (columns are found by name, and Arrow's lookups by a repeated name fail),
+    no type nested deeper than a record may be (every walk of a type is then shallow)."""
+    twice = sorted(name for name, count in Counter(schema.names).items() if count > 1)
+    if twice:
+        raise ValueError(f"{path}: a Parquet file naming a column twice ({', '.join(twice)[:80]})")
+    if deep := _nested_over(schema, MAX_NESTING_DEPTH):
+        raise ValueError(
+            f"{path}: Parquet column {deep} nests its rows deeper than {MAX_NESTING_DEPTH} levels"
+        )
+
+
+def _nested_over(schema: pa.Schema, most: int) -> str | None:
+    """The first column whose rows nest containers more than `most` levels deep (the row
+    itself one level, as a record's object is), or None; walked with a stack of its own, so
+    however deep a type is, Python's recursion limit is never met."""
+    for field in schema:
+        stack = [(field.type, 2)]  # a column's value is inside its row
+        while stack:
+            kind, depth = stack.pop()
+            if kind.num_fields and depth > most:  # only containers nest
+                return field.name
+            stack.extend((kind.field(i).type, depth + 1) for i in range(kind.num_fields))
+    return None
 
 
 class GroupReader(NamedTuple):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,13 +169,14 @@ def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -
 def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Every row of a Parquet file as a dict. The footer is bounded before it is read, and a
     row group whose pages could not be read within the bound (paths.oversized_pages) is never
-    decoded: each of its rows is a too_large dead letter."""
+    decoded: it is one too_large dead letter (_unread_group)."""
     try:
         with parquet_file(path, max_record_bytes) as (raw, parquet):
+            stored = raw.seek(0, os.SEEK_END)
             first = 0  # the file's number of the group's first row, counted as groups go by
             for group in range(parquet.num_row_groups):
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
-                    yield from _unread_rows(path, parquet.metadata, group, first, why)
+                    yield _unread_group(path, parquet.metadata, group, first, why, stored)
                 else:
                     yield from _row_group(path, raw, parquet, group, first, max_record_bytes)
                 first += parquet.metadata.row_group(group).num_rows
@@ -250,13 +252,25 @@ def _python_rows(
         yield path, row
 
 
-def _unread_rows(
-    path: str, metadata: pq.FileMetaData, group: int, first: int, why: str
-) -> Iterator[DeadLetter]:
-    """A too_large dead letter for each row of a row group (first: its first row's number)
-    refused unread."""
-    for row in range(first, first + metadata.row_group(group).num_rows):
-        yield DeadLetter(path, b"", "too_large", f"row {row} not read: {why} (--max-record-bytes)")
+def _unread_group(
+    path: str, metadata: pq.FileMetaData, group: int, first: int, why: str, stored: int
+) -> DeadLetter:
+    """The one too_large dead letter of a row group refused unread (first: its first row's
+    number), counted as one record read and rejected: how many rows it holds is known only by
+    decoding them, and its footer's count is a claim (a 34 KB file may claim 10^12 rows), so
+    the letter states that claim and costs one letter whatever it says. Its bytes as stored
+    (its column chunks', at most the file's: stored) weigh in --max-rejected-fraction as lost."""
+    row_group = metadata.row_group(group)
+    claimed = row_group.num_rows
+    chunks = sum(row_group.column(i).total_compressed_size for i in range(row_group.num_columns))
+    return DeadLetter(
+        path,
+        b"",
+        "too_large",
+        f"row group {group} (rows {first} to {first + claimed - 1}, {claimed} as its footer "
+        f"claims) not read: {why} (--max-record-bytes)",
+        lost_bytes=min(max(chunks, 0), stored),
+    )
 
 
 def parse_one(source: str, record: Any, options: ParseOptions) -> Request | DeadLetter:

@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.arrow_sizes import (
+    CONTAINER_BYTES,
     fixed_value_bytes,
     largest_value_bytes,
     least_json_bytes,
 )
 from kvtrace.transforms.read.paths import group_reader, parquet_file
+from kvtrace.transforms.read.records import CONTAINERS_BOUND_MULTIPLE, PARSED_CONTAINER_BYTES
 from kvtrace.transforms.read.sources import FileRange, read_range
 
 TEXT = st.one_of(st.none(), st.text(max_size=12))
@@ -28,6 +30,15 @@ ROW = st.fixed_dictionaries(
         "messages": st.one_of(st.none(), st.lists(MESSAGE, max_size=4)),
         "tags": st.one_of(st.none(), st.lists(TEXT, max_size=3)),
         "pair": st.one_of(st.none(), st.lists(TEXT, min_size=2, max_size=2)),
+        "grid": st.one_of(
+            st.none(),
+            st.lists(
+                st.one_of(
+                    st.none(), st.lists(st.one_of(st.none(), st.integers(0, 99)), max_size=3)
+                ),
+                max_size=3,
+            ),
+        ),
     }
 )
 SCHEMA = pa.schema(
@@ -40,13 +51,17 @@ SCHEMA = pa.schema(
     ]
 )
 
+# Lists of lists of numbers are sized per row from offsets (arrow_sizes._lists_of_alike_bytes).
+ROW_SCHEMA = SCHEMA.append(pa.field("grid", pa.list_(pa.list_(pa.int64()))))
+
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(ROW, min_size=1, max_size=12), st.booleans(), st.integers(0, 11))
 def test_the_count_never_exceeds_the_rows_json(rows, as_dictionaries, start):
-    """A lower bound: a row refused by it is over the bound as JSON too, whatever its shape,
-    its nulls, its encoding (dictionary or not) or where its batch was sliced."""
-    table = pa.Table.from_pylist(rows, SCHEMA)
+    """A lower bound: a row refused by it is over the bound as a JSON line too (its bytes, or
+    its containers at CONTAINER_BYTES each), whatever its shape, its nulls, its encoding
+    (dictionary or not) or where its batch was sliced."""
+    table = pa.Table.from_pylist(rows, ROW_SCHEMA)
     if as_dictionaries:
         table = table.set_column(0, "prompt", table["prompt"].dictionary_encode())
     batch = table.combine_chunks().to_batches()[0].slice(min(start, len(rows) - 1))
@@ -54,7 +69,42 @@ def test_the_count_never_exceeds_the_rows_json(rows, as_dictionaries, start):
     decoded = batch.to_pylist()
     assert len(sizes) == len(decoded)
     for size, row in zip(sizes, decoded):
-        assert 0 <= size <= len(json.dumps(row, ensure_ascii=False).encode())
+        containers = _containers(list(row.values()))
+        assert (
+            0
+            <= size
+            <= len(json.dumps(row, ensure_ascii=False).encode()) + (CONTAINER_BYTES * containers)
+        )
+
+
+def _containers(values: list) -> int:
+    """The lists and dicts among values, however nested."""
+    count, stack = 0, list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, (list, dict)):
+            count += 1
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    return count
+
+
+def test_an_empty_container_counts_what_it_costs_as_a_python_value():
+    """`[]` is 2 bytes of JSON and a ~56-byte Python list: a row of 4 M empty lists (a few KB
+    of Parquet) counts CONTAINER_BYTES each, over a 4 MiB bound before any is decoded, as a
+    JSON line of them is (records.py: 2 x the bound / 64 containers at most)."""
+    empties = 4_000_000
+    inner = pa.ListArray.from_arrays(
+        pa.array([0] * (empties + 1), pa.int32()), pa.array([], pa.int8())
+    )
+    batch = pa.record_batch(
+        {
+            "junk": pa.ListArray.from_arrays(pa.array([0, empties], pa.int32()), inner),
+            "empty_struct": pa.array([{"a": None}], pa.struct([("a", pa.int8())])),
+        }
+    )
+    assert least_json_bytes(batch).tolist() == [CONTAINER_BYTES * empties + CONTAINER_BYTES]
+    assert CONTAINER_BYTES == PARSED_CONTAINER_BYTES // CONTAINERS_BOUND_MULTIPLE
+    assert CONTAINER_BYTES * empties > 4 << 20
 
 
 def test_a_shared_dictionary_entry_counts_for_every_row_that_references_it():
@@ -173,5 +223,5 @@ def test_a_null_costs_what_json_spells_and_a_list_of_nulls_is_sized_from_its_off
     sizes = least_json_bytes(batch)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert sizes.tolist() == [4 * values + 2 + 4, 0 + 4 + 3]
+    assert sizes.tolist() == [4 * values + CONTAINER_BYTES + 4, CONTAINER_BYTES + 4 + 3]
     assert peak < 1 << 20, peak  # numpy's allocations are traced: nothing per value

@@ -112,3 +112,36 @@ def test_a_parquet_page_over_the_bound_in_an_unread_column_does_not_refuse_the_f
     assert read_parquet_within(str(path), 1000, ("n",)).table["n"].to_pylist() == [1, 2]
     with pytest.raises(ValueError, match="junk"):
         read_parquet_within(str(path), 1000, ("n", "junk"))
+
+
+def test_a_parquet_file_naming_a_column_twice_is_refused_before_any_row(tmp_path):
+    path = tmp_path / "twice.parquet"
+    pq.write_table(
+        pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array([3])], names=["a", "b", "a"]),
+        path,
+    )
+    with pytest.raises(ValueError, match=r"naming a column twice \(a\)"):
+        read_parquet_within(str(path), 1 << 20, ["a"])
+
+
+@pytest.mark.parametrize(("lists", "refused"), [(63, False), (64, True), (5000, True)])
+def test_a_parquet_column_nested_past_a_record_s_depth_is_refused_without_recursion(
+    tmp_path, lists, refused
+):
+    """A row is one level and each list one more: 63 lists nest a row 64 deep, what a JSON
+    record may (json_tree.MAX_NESTING_DEPTH); deeper is refused from the schema, walked
+    without recursion however deep it goes."""
+    kind = pa.int64()
+    for _ in range(lists):
+        kind = pa.list_(kind)
+    path = tmp_path / "deep.parquet"
+    pq.write_table(
+        pa.table({"a": pa.array([1], pa.int64()), "deep": pa.nulls(1, kind)}),
+        path,
+        store_schema=False,
+    )
+    if refused:
+        with pytest.raises(ValueError, match="column deep nests its rows deeper than 64"):
+            read_parquet_within(str(path), 1 << 20, ["a"])
+    else:
+        assert read_parquet_within(str(path), 1 << 20, ["a"]).table["a"].to_pylist() == [1]

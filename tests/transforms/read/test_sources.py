@@ -322,7 +322,8 @@ def test_a_file_whose_name_is_not_utf8_is_read_on_beam_and_named_as_a_letter_nam
 
 def test_parquet_rows_are_numbered_across_row_groups_as_the_groups_go_by(tmp_path):
     """Each group's first row is counted as the groups are read (not summed again per group:
-    16,000 one-row groups took minutes): a row refused in a later group has its file number."""
+    16,000 one-row groups took minutes): a group refused in a later group has its rows' file
+    numbers, one letter for them."""
     bound = 4096
     prompts = ["a", "b", "c", "z" * (3 * bound), "e", "f"]
     path = tmp_path / "logs.parquet"
@@ -334,4 +335,36 @@ def test_parquet_rows_are_numbered_across_row_groups_as_the_groups_go_by(tmp_pat
     )
     out = list(read_range(FileRange(str(path), 0, None), bound))
     letters = [item.message for item in out if isinstance(item, DeadLetter)]
-    assert len(out) == 6 and [m.split(" not ")[0] for m in letters] == ["row 2", "row 3"]
+    assert len(out) == 5 and [m.split(" not ")[0] for m in letters] == [
+        "row group 1 (rows 2 to 3, 2 as its footer claims)"
+    ]
+
+
+def test_a_refused_row_group_is_one_letter_whatever_rows_its_footer_claims(tmp_path):
+    """The footer's row count is a claim: a refused group costs one dead letter stating it,
+    and weighs as lost its stored bytes (at most the file's), never a letter per claimed row."""
+    bound = 4096
+    path = tmp_path / "logs.parquet"
+    pq.write_table(
+        pa.table({"timestamp": [0, 1], "prompt": ["a", "z" * (3 * bound)]}),
+        path,
+        use_dictionary=False,
+        compression="none",
+    )
+    data = path.read_bytes()
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    # RowGroup.num_rows (field 3, i64: 0x16 delta 1 from field 2) 2 -> 10^12, zigzag varint
+    claimed = 10**12
+    zigzag, varint = claimed << 1, bytearray()
+    while zigzag >= 0x80:
+        varint.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    varint.append(zigzag)
+    footer = data[start:-8].replace(b"\x16\x04", b"\x16" + bytes(varint))
+    path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
+    [letter] = read_range(FileRange(str(path), 0, None), bound)
+    assert letter.reason == "too_large"
+    assert f"rows 0 to {claimed - 1}, {claimed} as its footer claims" in letter.message
+    assert 0 < letter.lost_bytes <= path.stat().st_size
