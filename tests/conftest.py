@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+import warnings
 
 import pytest
 from hypothesis import settings
@@ -32,11 +33,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """A test that loads Beam into a worker that had not must say so (mark it beam): else it
-    lands beside the others and takes their forks away."""
+    lands beside the others and takes their forks away. A warning, not a failure: it is seen
+    only where the test runs first in its worker, which depends on how xdist spread them."""
     loaded = "apache_beam" in sys.modules
     result = yield
     if not loaded and "apache_beam" in sys.modules and not item.get_closest_marker("beam"):
-        pytest.fail("this test loads Beam: mark it @pytest.mark.beam", pytrace=False)
+        warnings.warn(pytest.PytestWarning("this test loads Beam: mark it @pytest.mark.beam"))
     return result
 
 
