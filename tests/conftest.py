@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
+import warnings
 
 import pytest
 from hypothesis import settings
@@ -17,6 +19,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 # must not fail an example for taking over hypothesis's default 200 ms.
 settings.register_profile("kvtrace", deadline=None)
 settings.load_profile("kvtrace")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked beam run in one xdist worker (addopts: --dist loadgroup): Beam loads gRPC,
+    which is not fork-safe, and a worker that loaded it starts every in-process run's encode
+    worker from a forkserver (rebuilding its tokenizer) instead of forking."""
+    for item in items:
+        if item.get_closest_marker("beam"):
+            item.add_marker(pytest.mark.xdist_group("beam"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test that loads Beam into a worker that had not must say so (mark it beam): else it
+    lands beside the others and takes their forks away. A warning, not a failure: it is seen
+    only where the test runs first in its worker, which depends on how xdist spread them."""
+    loaded = "apache_beam" in sys.modules
+    result = yield
+    if not loaded and "apache_beam" in sys.modules and not item.get_closest_marker("beam"):
+        warnings.warn(pytest.PytestWarning("this test loads Beam: mark it @pytest.mark.beam"))
+    return result
 
 
 @pytest.fixture(scope="session")

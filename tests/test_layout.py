@@ -317,3 +317,15 @@ def test_the_cli_rule_sees_the_cli_however_it_is_run(tmp_path):
         "check_stream_against_batch",
     } <= cli_runners(ROOT / "tests" / "helpers.py")
     assert "write_jsonl" not in cli_runners(ROOT / "tests" / "helpers.py")
+
+
+def test_test_modules_import_no_beam_at_their_top():
+    """Collecting the tests loads no Beam: a test module's top level imports neither Beam nor a
+    Beam driver of ours (inside a test it may). Every xdist worker collects every module, and a
+    worker that loaded Beam's gRPC cannot fork its in-process runs' encode workers."""
+    against = [
+        f"{path.relative_to(ROOT)} imports {name} at its top"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for name in sorted(beam_imports(path)[0])
+    ]
+    assert not against

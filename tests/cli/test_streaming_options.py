@@ -30,6 +30,7 @@ def test_durations_refused(text):
         parse_duration_ms(text, "--window")
 
 
+@pytest.mark.beam  # the streaming command's checks read Beam's options
 @pytest.mark.parametrize(
     "extra, message",
     [

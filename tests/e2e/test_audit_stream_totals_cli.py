@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
-from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.trace_format import (
@@ -27,6 +26,8 @@ from kvtrace.transforms.trace_format import (
     window_name,
 )
 from kvtrace.transforms.write.manifest import set_content_times
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 MINUTE = 60_000
 ROWS, SESSIONS = 6, 2
@@ -48,6 +49,8 @@ def night(tiny_tokenizer, tmp_path_factory):
 def stream_of(night: Path, tmp_path: Path, window_ms: int = MINUTE) -> Path:
     """The night as a stream's one window (its id_map {0, 0, 0}, as the stream numbers a first
     window), with the cumulative.json the driver writes for it."""
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
+
     job = AnonymizeConfig(
         inputs=(),
         output=str(tmp_path / "stream"),

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import kvtrace.transforms.write.steps as write_steps
 from helpers import ON_FLINK, ROOT, SALT, anonymize_night, assert_same_output, chat, write_jsonl
 
 pytestmark = ON_FLINK
@@ -86,10 +85,13 @@ def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, mo
 
 
 # The killed TaskManager's data streams end in the in-process worker's threads, which say so.
+@pytest.mark.beam
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
+    import kvtrace.transforms.write.steps as write_steps
+
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
     salt_file = tmp_path / "salt"
     salt_file.write_text(SALT)

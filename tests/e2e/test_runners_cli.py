@@ -10,12 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import free_port, write_jsonl
 from kvtrace.cli import main
-from kvtrace.pipelines.runner import check_endpoints
-from kvtrace.pipelines.worker_pool import serve
 from kvtrace.transforms.errors import ConfigError
 
 SALT = b"a-salt-that-must-never-be-staged"
@@ -99,7 +96,12 @@ def test_portable_runner_as_flink_uses_it_gives_the_same_trace(
     )
 
 
+@pytest.mark.beam
 def test_a_worker_pool_where_nothing_listens_is_refused_at_once(tiny_tokenizer, tmp_path, capsys):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from kvtrace.pipelines.runner import check_endpoints
+
     port = free_port()
     src = write_jsonl(tmp_path / "in.jsonl", [chat(1, 0)])
     assert (
@@ -143,10 +145,13 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # a portable job: ~10 s
 def test_the_worker_pool_listens_on_loopback_only_and_runs_a_job(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
+    from kvtrace.pipelines.worker_pool import serve
+
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp to read listening sockets from")
     address, server = serve("127.0.0.1:0")

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from apache_beam.testing.test_stream import TestStream
 
 from helpers import (
     MINUTE,
@@ -29,6 +28,8 @@ from kvtrace.cli import main
 from kvtrace.transforms.stats.audit import audit
 from kvtrace.transforms.write.manifest import read_run_counts
 
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
+
 
 def trace_lines(folder: Path) -> list[str]:
     return [
@@ -44,6 +45,8 @@ def test_windows_publish_at_the_watermark_late_ones_are_dead_letters_and_equal_b
 ):
     """Requests of 1970 arriving now, as a backfill's: their own times open and close windows,
     the source's watermark (the wall clock here) only confirms what came before."""
+    from apache_beam.testing.test_stream import TestStream
+
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     on_time = [stream_chat(20_000 * i, i) for i in range(6)]  # windows [0, 60 s) and [60 s, 120 s)
     within_lateness = stream_chat(59_000, 6)  # window 0, after its end but before end + lateness
@@ -116,6 +119,8 @@ def test_windows_are_cut_from_the_traces_zero_and_equal_batch(
     min, zero + (k + 1) min), not the epoch's minutes (which would publish the zero's seconds
     and ms). A request earlier than those before it, before any window is published, moves the
     zero and the windows with it."""
+    from apache_beam.testing.test_stream import TestStream
+
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     zero = 1_767_225_600_000 + 37 * MINUTE + 12_345
     offsets = [20_000, 0, 59_999, 60_000, 119_000, 150_000]

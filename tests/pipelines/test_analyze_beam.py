@@ -8,8 +8,9 @@ import math
 import pytest
 
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.analyze_beam import analyze_beam
 from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 
 def assert_same(beam, local, path="") -> None:
@@ -25,6 +26,8 @@ def assert_same(beam, local, path="") -> None:
 
 def both(config: AnalyzeConfig) -> tuple[dict, dict]:
     # Through JSON, as the CLI writes them.
+    from kvtrace.pipelines.analyze_beam import analyze_beam
+
     return (
         json.loads(json.dumps(analyze_beam(config, []))),
         json.loads(json.dumps(analyze_local(config))),

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import random
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 from test_anonymize_night import BLOCK_SIZE, SALT, night, request
 
-from kvtrace.pipelines.anonymize_beam import NumberIds, PlanShards, StageLetters
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import kind_keys, number_ids
 from kvtrace.transforms.combiners import fold
@@ -22,6 +18,8 @@ from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.write.rows import request_room
 from kvtrace.transforms.write.shards import shard_plan
 
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
+
 LETTERS = [
     DeadLetter(f"in-{i % 3}.jsonl", b"\x01" * (i % 11), "invalid_json", f"line {i}")
     for i in range(500)
@@ -29,6 +27,12 @@ LETTERS = [
 
 
 def merged(folder, letters: list[DeadLetter]) -> bytes:
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.pipelines.anonymize_beam import StageLetters
+
     path = str(folder / "rejected.jsonl")
     with TestPipeline() as pipeline:
         staged = (
@@ -63,6 +67,12 @@ def test_the_letters_file_is_the_same_bytes_whatever_the_order(tmp_path):
 def test_the_night_steps_on_beam_give_what_the_nights_functions_give(tmp_path):
     """NumberIds and PlanShards (the Beam steps of anonymize_night's number_ids and the plan of
     its write_shards): the same unique totals and new ids per kind, the same shard plan."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.pipelines.anonymize_beam import NumberIds, PlanShards
+
     job = AnonymizeConfig(
         inputs=(),
         output=str(tmp_path / "out"),

@@ -9,10 +9,10 @@ import dataclasses
 import json
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from apache_beam.testing.test_stream import TestStream
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,17 +26,7 @@ from helpers import (
     stream_chat,
     streaming_config,
 )
-from kvtrace.pipelines import anonymize_streaming
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
-from kvtrace.pipelines.anonymize_streaming import (
-    Progress,
-    StreamingConfig,
-    by_window,
-    check_new_stream,
-    cumulative_summary,
-    kafka_read,
-    write_cumulative,
-)
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.salt import SaltSource
@@ -53,6 +43,9 @@ from kvtrace.transforms.trace_format import window_name
 from kvtrace.transforms.write.coarsen import Coarsening, round_to
 from kvtrace.transforms.write.manifest import RUN_COUNTS, read_run_counts
 
+if TYPE_CHECKING:  # Beam is loaded by the tests that run it, not by collecting them
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig
+
 
 def requests_at(*timestamps: int) -> HashedBatch:
     return HashedBatch.pack(
@@ -60,11 +53,14 @@ def requests_at(*timestamps: int) -> HashedBatch:
     )
 
 
+@pytest.mark.beam
 def test_the_zero_moves_only_until_a_window_is_published_and_restores_with_the_state(tmp_path):
     """Before the first window an earlier request moves the zero: the waiting requests are cut
     again from it, and a new window whose deadline a request already passed waits for
     everything produced before the latest arrival. Once a window is published the zero is
     fixed, in the state a restored runner goes on from: its windows are cut as before."""
+    from kvtrace.pipelines.anonymize_streaming import Progress, by_window
+
     config = streaming_config(tmp_path, "x")
     progress = Progress()
     waiting = progress.recut(config, 90_000, [(0, requests_at(90_000, 130_000))])
@@ -85,6 +81,7 @@ def test_the_zero_moves_only_until_a_window_is_published_and_restores_with_the_s
     )  # the first one before the zero: late
 
 
+@pytest.mark.beam
 @settings(max_examples=50, deadline=None)
 @given(
     st.lists(st.integers(0, 10**7), min_size=1, max_size=30),
@@ -96,6 +93,8 @@ def test_every_request_lands_in_the_one_window_holding_its_timestamp(
 ):
     """Windows are cut from the trace's zero, before it too (a request earlier than the zero is
     late, in a window of its own)."""
+    from kvtrace.pipelines.anonymize_streaming import by_window
+
     batch = HashedBatch.pack(
         [HashedRequest(ts, i, 1, 1, b"", None) for i, ts in enumerate(timestamps)]
     )
@@ -110,6 +109,7 @@ def test_every_request_lands_in_the_one_window_holding_its_timestamp(
         ).all()
 
 
+@pytest.mark.beam
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.integers(0, 10**7), min_size=1, max_size=30),
@@ -121,6 +121,8 @@ def test_a_window_holds_whole_granules(timestamps, window_ms, granularity_ms, or
     """With --timestamp-granularity-ms, windows are cut on the published time: every request of
     one published time is in one window, the window holding that time, so the rows of a granule
     come out in the one published order (ids/row_order.py), never split at a window's end."""
+    from kvtrace.pipelines.anonymize_streaming import by_window
+
     batch = requests_at(*timestamps)
     coarsening = Coarsening(timestamp_ms=granularity_ms)
     windows_of: dict[int, set[int]] = {}
@@ -136,10 +138,13 @@ DAY = 86_400_000
 RESET = 365 * DAY  # a clock gone a year ahead
 
 
+@pytest.mark.beam
 def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
     """The stream's clock is its latest request within the bulk of its input so far (the batch
     job's rule): a reset passes no open window's deadline, and deadlines a reset passed while it
     was the bulk (a tie, the latest day wins) are open again once the bulk moves off it."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
     config = streaming_config(tmp_path, "x")
     progress = Progress()
     progress.saw(config, 0, [10_000], NOW)
@@ -151,9 +156,12 @@ def test_a_clock_reset_never_moves_the_streams_clock(tmp_path):
     assert progress.passed_ms[0] == NOW + 3 and progress.due(config, NOW + 3) == [0]
 
 
+@pytest.mark.beam
 def test_a_reset_arriving_alone_is_judged_with_what_the_stream_published(tmp_path):
     """Once windows are published, a reset waiting alone is no window of its own: it is judged
     with the published requests' days, and neither moves the clock nor is kept."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
     config = streaming_config(tmp_path, "x")
     progress = Progress()
     progress.saw(config, 0, [0, 10_000, 20_000], NOW)
@@ -202,10 +210,13 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # a streaming pipeline: ~5 s
 def test_hostile_messages_are_dead_letters_and_the_counts_add_up(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
+    from apache_beam.testing.test_stream import TestStream
+
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     config = streaming_config(tmp_path, tiny_tokenizer)
     good = [message(stream_chat(5_000, 1)), message(stream_chat(6_000, 2))]
@@ -224,6 +235,8 @@ def windows_published(
 ) -> list[int]:
     """Windows due once the source's watermark is at watermark_ms, after requests (event time,
     arrival by the source's clock) came in in that order."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
     progress = Progress()
     for event_ms, arrival_ms in arrivals:
         progress.saw(config, event_ms // config.window_ms * config.window_ms, event_ms, arrival_ms)
@@ -233,6 +246,7 @@ def windows_published(
 NOW = 1_800_000_000_000  # the source's clock: long after the requests' own times
 
 
+@pytest.mark.beam
 def test_a_backfill_is_timed_by_its_requests_not_by_when_it_was_produced(tmp_path):
     config = streaming_config(tmp_path, "x", lateness_ms=5_000)
     # Old requests produced now: the source's clock is far past every deadline.
@@ -248,6 +262,7 @@ def test_a_backfill_is_timed_by_its_requests_not_by_when_it_was_produced(tmp_pat
     assert windows_published(config, arrivals, idle_due) == [0, MINUTE]
 
 
+@pytest.mark.beam
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.integers(0, 10 * MINUTE), min_size=1, max_size=40),
@@ -257,6 +272,8 @@ def test_a_backfill_is_timed_by_its_requests_not_by_when_it_was_produced(tmp_pat
 def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, lateness_ms):
     """However far the source's clock is from the requests' (a backfill, a live stream), a window
     in-order requests still belong to is never due: nothing in order becomes late."""
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig
+
     config = StreamingConfig(None, "pubsub:projects/p/subscriptions/s", MINUTE, lateness_ms)
     times = sorted(times)
     progress = Progress()
@@ -268,6 +285,7 @@ def test_in_order_requests_are_never_late(tmp_path_factory, times, produced_ms, 
             del progress.passed_ms[due]
 
 
+@pytest.mark.beam
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 10 * MINUTE), st.integers(0, 100)), min_size=1, max_size=30),
@@ -277,6 +295,8 @@ def test_no_window_is_due_before_an_older_open_one(arrivals, watermark):
     """Whatever order requests come in (each window due on its own clock), the windows due are
     every open window up to the newest due one: an older window is never left open behind a
     newer published one, to be published after it."""
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig
+
     config = StreamingConfig(None, "pubsub:projects/p/subscriptions/s", MINUTE)
     progress = Progress()
     for event_ms, arrival_ms in arrivals:
@@ -296,7 +316,10 @@ def test_once_the_zero_is_fixed_a_request_of_another_kind_is_a_dead_letter():
     assert kept is None and len(letters) == 1
 
 
+@pytest.mark.beam
 def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path):
+    from kvtrace.pipelines.anonymize_streaming import Progress, cumulative_summary
+
     config = streaming_config(tmp_path, "x")
     config = dataclasses.replace(
         config, job=dataclasses.replace(config.job, coarsening=Coarsening(timestamp_ms=10_000))
@@ -310,6 +333,7 @@ def test_cumulative_publishes_only_coarsened_times_from_the_traces_zero(tmp_path
     assert cumulative_summary(config, Progress())["published_until_ms"] is None
 
 
+@pytest.mark.beam
 @settings(max_examples=200, deadline=None)
 @given(
     st.integers(0, 2**41),
@@ -324,6 +348,8 @@ def test_cumulative_json_is_the_same_whatever_the_zeros_epoch(
     """The summary depends on the published window's place from the zero only: the same stream
     at any other epoch publishes the same figures, a whole number of windows (rounded as rows
     are) even from a window start off the zero's grid."""
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, cumulative_summary
+
     config = StreamingConfig(
         AnonymizeConfig(
             inputs=(),
@@ -350,7 +376,10 @@ def test_cumulative_json_is_the_same_whatever_the_zeros_epoch(
     )
 
 
+@pytest.mark.beam
 def test_kafka_offsets_are_committed_only_with_a_checkpoint():
+    from kvtrace.pipelines.anonymize_streaming import kafka_read
+
     read = kafka_read("kafka://127.0.0.1:9092/requests")
     assert read.commit_offset_in_finalize is True
     assert read.consumer_config["enable.auto.commit"] == "false"
@@ -360,7 +389,10 @@ def test_kafka_offsets_are_committed_only_with_a_checkpoint():
     )
 
 
+@pytest.mark.beam
 def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
+    from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
     output, dead = tmp_path / "stream", tmp_path / "stream-rejected"
     check_new_stream(str(output), str(dead))  # new folders: fine
     dead.mkdir()
@@ -372,9 +404,12 @@ def test_a_second_stream_into_a_streams_folder_is_refused(tmp_path):
         check_new_stream(str(output), str(dead))
 
 
+@pytest.mark.beam
 @pytest.mark.parametrize("run", ["window-000000", "letters-000001"])
 def test_a_second_stream_into_a_streams_dead_letters_is_refused(tmp_path, run):
     """Its letters would take the first stream's names and replace them."""
+    from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
     (tmp_path / f"rejected-{run}.jsonl").write_text("")
     with pytest.raises(ConfigError, match="holds a stream's letters already"):
         check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
@@ -390,6 +425,8 @@ def test_window_names_sort_as_the_windows_do(first, second):
 
 def published_names(window_starts: list[int]) -> list[str]:
     """The folders of windows published in that order, named as PublishWindows names them."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
     progress = Progress()
     names = []
     for start in window_starts:
@@ -398,6 +435,7 @@ def published_names(window_starts: list[int]) -> list[str]:
     return names
 
 
+@pytest.mark.beam
 @settings(max_examples=100, deadline=None)
 @given(
     st.sets(st.integers(0, 10**6), min_size=1, max_size=30),
@@ -414,9 +452,12 @@ def test_window_names_hold_no_time_only_their_order(indices, window_ms, epoch_ms
     assert published_names(moved) == names
 
 
+@pytest.mark.beam
 def test_a_restored_stream_names_its_next_window_as_before(tmp_path):
     """The name comes from the state a runner checkpoints: a restart that publishes a window
     again names it as the first attempt did."""
+    from kvtrace.pipelines.anonymize_streaming import Progress
+
     progress = Progress(passed_ms={0: None, MINUTE: None})
     progress.publish(0)
     restored = pickle.loads(pickle.dumps(progress))  # as the runner's state coder keeps it
@@ -424,7 +465,10 @@ def test_a_restored_stream_names_its_next_window_as_before(tmp_path):
     assert restored.last_published() == "window-000001"
 
 
+@pytest.mark.beam
 def test_lone_letters_are_published_with_the_cumulative_json_and_counted_privately(tmp_path):
+    from kvtrace.pipelines.anonymize_streaming import Progress, write_cumulative
+
     config = streaming_config(tmp_path, "x")
     letter = DeadLetter("pubsub:projects/p/subscriptions/s", b"not json", "invalid_json", "")
     progress = Progress(letter_batches=1, rejected=1)
@@ -439,19 +483,27 @@ def test_lone_letters_are_published_with_the_cumulative_json_and_counted_private
     assert sorted(p.name for p in Path(config.job.output).iterdir()) == ["cumulative.json"]
 
 
+@pytest.mark.beam
 def test_a_second_stream_into_a_streams_run_counts_is_refused(tmp_path):
     """It would replace the first stream's counts."""
+    from kvtrace.pipelines.anonymize_streaming import check_new_stream
+
     (tmp_path / RUN_COUNTS).write_text("{}")
     with pytest.raises(ConfigError, match="holds a stream's letters already"):
         check_new_stream(str(tmp_path / "other-stream"), str(tmp_path))
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # a streaming pipeline: ~5 s
 def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
     """Letters stand only for a published window: a folder the window may not replace (a file
     kvtrace did not write) stops it, and its letters go with it, nothing staged left."""
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.pipelines import anonymize_streaming
+
     monkeypatch.setenv("KVTRACE_SALT", STREAM_SALT)
     # The letter waits for its window, however slow the machine: it never goes out alone here.
     monkeypatch.setattr(anonymize_streaming, "LETTER_DELAY_S", 3600)

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.reuse_beam import build, run_reuse_beam
 from kvtrace.pipelines.reuse_local import ReuseConfig, run_reuse
 from kvtrace.transforms.cache.cache_trace import read_cache_trace
 from kvtrace.transforms.cache.reuse import ccdf_at, reuse_events
@@ -62,8 +59,14 @@ def test_summaries_merge_to_the_summary_of_the_whole(rows, cut):
     assert np.array_equal(whole.interval_tokens, parts.interval_tokens)
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_pipeline_reports_reuse_of_a_tiny_trace(tmp_path):
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    from kvtrace.pipelines.reuse_beam import build
+
     rows = [
         {"timestamp": t, "input_length": 20, "output_length": 1, "hash_ids": ids}
         for t, ids in ((2_000, [0, 1]), (0, [0, 2]), (5_000, [0, 1]))
@@ -84,8 +87,11 @@ def test_pipeline_reports_reuse_of_a_tiny_trace(tmp_path):
         assert_that(build(pipeline, config), check)
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_beam_equals_local_on_the_real_trace(tmp_path):
+    from kvtrace.pipelines.reuse_beam import run_reuse_beam
+
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     config = ReuseConfig((trace,), 512, 345_792, str(tmp_path / "beam.png"))
     beam, local = run_reuse_beam(config, []), run_reuse(ReuseConfig((trace,), 512, 345_792))

@@ -11,24 +11,27 @@ import re
 import signal
 from pathlib import Path
 
-import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import free_port
-from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
 from kvtrace.pipelines.anonymize_config import IdMapRun
-from kvtrace.pipelines.runner import cancelled_if_stopped, check_endpoints
 from kvtrace.transforms.encode.blocks import HASH_SCHEME
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.ids.id_map import MapIdentity, MapVersion
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 SALT = b"a-salt-that-must-never-be-staged"
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
+
     pytest.importorskip(
         "apache_beam.runners.dataflow.internal.apiclient",
         reason="needs the deploy-test extra (apache-beam[gcp])",
@@ -99,6 +102,10 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_local_pipeline_graph_holds_no_salt_either(tiny_tokenizer, tmp_path, monkeypatch):
+    import apache_beam as beam
+
+    from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
+
     monkeypatch.setenv("KVTRACE_SALT", SALT.decode())
     config = AnonymizeConfig(
         inputs=((str(Path(tmp_path) / "in.jsonl"), 100),),
@@ -122,6 +129,10 @@ def unpacked(serialized: bytes) -> bytes:
 
 
 def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from kvtrace.pipelines.runner import check_endpoints
+
     port = free_port()
     options = PipelineOptions(["--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}"])
     with pytest.raises(ConfigError, match=f"job server at localhost:{port} does not answer"):
@@ -130,6 +141,10 @@ def test_a_job_endpoint_where_nothing_listens_is_refused_at_once():
 
 
 def test_a_process_environment_whose_command_is_missing_is_refused_at_once(tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from kvtrace.pipelines.runner import check_endpoints
+
     def options(config: str) -> PipelineOptions:
         return PipelineOptions(
             [
@@ -155,6 +170,8 @@ def test_a_process_environment_whose_command_is_missing_is_refused_at_once(tmp_p
 
 
 def test_a_launcher_stopped_by_sigterm_cancels_its_job_and_restores_the_handler():
+    from kvtrace.pipelines.runner import cancelled_if_stopped
+
     class Job:  # the part of a PipelineResult a stop uses
         cancelled = False
 

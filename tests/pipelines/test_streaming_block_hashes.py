@@ -7,18 +7,15 @@ import hashlib
 import json
 import time
 
-import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
-from apache_beam.testing.test_stream import TestStream
 
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
-from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
 from kvtrace.transforms.write.publish import STAGING_MARK
 from kvtrace.transforms.write.shards import BLOCK_HASHES_OUTPUT
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 MINUTE = 60_000
 
@@ -39,6 +36,13 @@ def _request(ts: int, i: int) -> bytes:
 def test_each_windows_hashes_are_published_beside_it_and_name_it(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+
     monkeypatch.setenv("KVTRACE_SALT", "a-streaming-test-salt-0123456789abcdef")
     output, hashes = tmp_path / "stream", tmp_path / "hashes"
     output.mkdir()

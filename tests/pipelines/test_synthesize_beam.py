@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that
 
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.synthesize_beam import build, run_synthesize_beam
 from kvtrace.pipelines.synthesize_local import SynthesizeConfig
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.trace_io import read_trace
@@ -85,6 +82,7 @@ def test_per_shard_shared_counts_sum_to_the_local_ones(tmp_path):
     assert len(set(unit_keys(trace).tolist())) == 6 + 6 + 2  # sessions, then lone requests
 
 
+@pytest.mark.beam
 @pytest.mark.parametrize(
     "config,shards",
     [
@@ -105,6 +103,11 @@ def test_per_shard_shared_counts_sum_to_the_local_ones(tmp_path):
 )
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_the_pipeline_writes_the_local_engines_bytes(tmp_path, config, shards):
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    from kvtrace.pipelines.synthesize_beam import build
+
     files = conversations(tmp_path)
     expected = jsonl_bytes(synthesize(read_trace(files), BLOCK, config))
     parts_dir = str(tmp_path / "parts")
@@ -115,8 +118,11 @@ def test_the_pipeline_writes_the_local_engines_bytes(tmp_path, config, shards):
     assert b"".join(path.read_bytes() for path in written) == expected
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_run_on_the_real_trace_gives_the_same_file_and_summary(tmp_path):
+    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+
     trace = str(shared_path("traces", "synthetic_trace.jsonl"))
     config = SynthConfig(Knobs(1.5, 0.8, 2), speedup_ratio=2, seed=9)
     summary = run_synthesize_beam(
@@ -130,7 +136,10 @@ def test_run_on_the_real_trace_gives_the_same_file_and_summary(tmp_path):
     assert not any(summary["after"]["problems"].values())
 
 
+@pytest.mark.beam
 def test_sampling_new_requests_stays_local(tmp_path):
+    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+
     with pytest.raises(ConfigError, match="--engine local"):
         run_synthesize_beam(
             SynthesizeConfig(
@@ -140,8 +149,11 @@ def test_sampling_new_requests_stays_local(tmp_path):
         )
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_an_empty_trace_gives_an_empty_output(tmp_path):
+    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+
     (tmp_path / "empty.jsonl").write_text("")
     summary = run_synthesize_beam(
         SynthesizeConfig(

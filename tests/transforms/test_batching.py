@@ -1,13 +1,17 @@
 """BatchByWeight: bounded by weight and count, never an empty batch, nothing lost."""
 
-import apache_beam as beam
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that
+import pytest
 
-from kvtrace.transforms.steps import BatchByWeight
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 
 def test_batches_respect_weight_and_count_and_a_heavy_element_is_alone():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    from kvtrace.transforms.steps import BatchByWeight
+
     elements = [300, 5, 5, 5, 1000, 1, 1, 1, 1, 1]
 
     def check(batches):

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import apache_beam as beam
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace.transforms.combiners import BucketTotals, fold
-from kvtrace.transforms.steps import CombineWith
 
 PAIRS = st.lists(
     st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100)), max_size=4), max_size=12
@@ -44,7 +41,14 @@ def test_bucket_totals_finish_sees_the_totals():
     assert fold(combiner, []) == []
 
 
+@pytest.mark.beam
 def test_combine_with_lifts_a_pure_combiner_into_beam():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.steps import CombineWith
+
     elements = [[(0, 3), (1, 1)], [(1, 2)], [(7, 5)]]
     with TestPipeline() as pipeline:
         combined = (

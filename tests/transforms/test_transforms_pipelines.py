@@ -6,16 +6,12 @@ import json
 import pickle
 from pathlib import Path
 
-import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.encode.encode_requests import EncodeOptions
 from kvtrace.transforms.encode.salt import SaltSource
-from kvtrace.transforms.encode.steps import EncodeRequests
 from kvtrace.transforms.ids.dense_ids import FIRST, NUMBERED
 from kvtrace.transforms.ids.segments import (
     SegmentFile,
@@ -24,11 +20,11 @@ from kvtrace.transforms.ids.segments import (
     parquet_checksum,
     write_segment,
 )
-from kvtrace.transforms.ids.steps import LookUpShard, ReadIdMap, SplitKnown, WriteSegmentShard
 from kvtrace.transforms.read.records import ParseOptions, parse_record
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 from kvtrace.transforms.write.rows import NO_SESSION, ROW, RowBatch
-from kvtrace.transforms.write.steps import WriteShard
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 
 def requests(*records):
@@ -36,6 +32,12 @@ def requests(*records):
 
 
 def test_encode_requests_hashes_batches_and_dead_letters_template_errors(tiny_tokenizer):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.encode.steps import EncodeRequests
+
     chat = {
         "timestamp": 1,
         "messages": [{"role": "user", "content": "hello world"}],
@@ -76,6 +78,8 @@ def test_encode_requests_hashes_batches_and_dead_letters_template_errors(tiny_to
 def test_encode_requests_instances_of_a_process_share_one_segment_cache(tiny_tokenizer):
     """A runner deserializes a DoFn once per thread: those copies share one cache (and its
     budget), as the threads of one Dataflow worker process would."""
+    from kvtrace.transforms.encode.steps import EncodeRequests
+
     salt = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")
     dofn = EncodeRequests(
         EncodeOptions(tiny_tokenizer, salt, block_size=4, segment_cache_bytes=1 << 20)
@@ -95,6 +99,12 @@ def test_encode_requests_instances_of_a_process_share_one_segment_cache(tiny_tok
 
 
 def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.write.steps import WriteShard
+
     rows = np.zeros(2, dtype=ROW)
     rows["timestamp_ms"] = [1_000_500, 1_000_000]
     rows["input_length"], rows["output_length"] = [8, 4], [1, 2]
@@ -120,6 +130,12 @@ def test_write_shard_sorts_rows_and_writes_both_formats(tmp_path):
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_id_map_segments_written_and_read_back_by_shard(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.ids.steps import ReadIdMap, WriteSegmentShard
+
     table = np.zeros(50, dtype=NUMBERED)
     table["hi"], table["lo"], table["id"] = np.arange(50), np.arange(50) * 7 + 3, np.arange(50)
     paths = [str(tmp_path / f"segments/000001-run1/blocks-0000{i}.parquet") for i in (0, 1)]
@@ -157,6 +173,12 @@ def _firsts(keys: np.ndarray, ts: int = 5) -> np.ndarray:
 
 
 def test_look_up_shard_splits_tonights_keys_into_unseen_and_known(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.ids.steps import LookUpShard
+
     mapped = np.zeros(3000, dtype=NUMBERED)
     mapped["hi"], mapped["lo"], mapped["id"] = (
         np.arange(3000) * 7919,
@@ -187,6 +209,12 @@ def test_look_up_shard_splits_tonights_keys_into_unseen_and_known(tmp_path):
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_split_known_carries_every_map_row_on_a_compaction_night():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.ids.steps import SplitKnown
+
     mapped = np.zeros(3, dtype=NUMBERED)
     mapped["hi"], mapped["lo"], mapped["id"] = [1, 2, 3], [1, 2, 3], [7, 8, 9]
     fresh = np.zeros(1, dtype=NUMBERED)
@@ -214,6 +242,12 @@ def test_split_known_carries_every_map_row_on_a_compaction_night():
 
 
 def test_a_folding_night_merges_a_shards_old_files_with_its_new_rows(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.ids.steps import WriteSegmentShard
+
     old = np.zeros(3000, dtype=NUMBERED)
     old["hi"], old["lo"], old["id"] = np.arange(3000) * 7, np.arange(3000), np.arange(3000)
     new = np.zeros(10, dtype=NUMBERED)

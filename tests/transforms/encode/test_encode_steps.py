@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 
 from helpers import chat
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.encode.encode_requests import EncodeOptions, open_encoder
 from kvtrace.transforms.encode.salt import SaltSource
-from kvtrace.transforms.encode.steps import Encode
 from kvtrace.transforms.encode.timestamp_kinds import TIMESTAMP_KIND_MISMATCH
 from kvtrace.transforms.read.records import parse_record
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 EPOCH_MS = 1_700_000_000_000
 SALT = SaltSource("random", inline=b"a-test-salt-of-enough-bytes-0123456789")
@@ -52,6 +50,12 @@ def encoded_rows(tiny_tokenizer) -> tuple[EncodeOptions, list]:
 def check_encode(
     options: EncodeOptions, one_timestamp_kind: bool, kept: list, reasons: list[str]
 ) -> None:
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.encode.steps import Encode
+
     with TestPipeline() as pipeline:
         encoded = (
             pipeline

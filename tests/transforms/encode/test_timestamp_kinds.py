@@ -7,22 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.test_stream import TestStream
-from apache_beam.testing.util import assert_that, equal_to
 
 from helpers import chat
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
-from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.encode.hashed_batch import REQUEST, HashedBatch
 from kvtrace.transforms.encode.salt import SaltSource
-from kvtrace.transforms.encode.steps import OneTimestampKind
 from kvtrace.transforms.encode.timestamp_kinds import (
     IMPLAUSIBLE_TIMESTAMP,
     TIMESTAMP_KIND_MISMATCH,
@@ -85,8 +77,15 @@ def test_the_minority_kind_is_dead_lettered_with_its_blocks_removed():
     assert json.loads(letters[0].line)["timestamp_ms"] == 5
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_one_timestamp_kind_transform_decides_over_all_batches():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.encode.steps import OneTimestampKind
+
     batches = [batch_of([EPOCH_MS, 7]), batch_of([EPOCH_MS + 5]), batch_of([EPOCH_MS + 9])]
     with TestPipeline() as pipeline:
         agreed = pipeline | beam.Create(batches) | OneTimestampKind()
@@ -107,6 +106,13 @@ def _stream(
     """The records through the streaming driver, all before the watermark passes any window:
     (the windows' trace lines in order, the dead letters, the cumulative summary, the stream's
     run counts beside its dead letters)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+    from apache_beam.testing.test_stream import TestStream
+
+    from kvtrace.pipelines.anonymize_streaming import StreamingConfig, build
+
     folder.mkdir()
     job = AnonymizeConfig(
         inputs=(),
@@ -148,6 +154,7 @@ def _stream(
     )
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # two streaming pipelines: ~20 s
 def test_a_stray_window_never_becomes_the_streams_origin(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("KVTRACE_SALT", "a-streaming-test-salt-0123456789abcdef")

@@ -1,10 +1,7 @@
 import functools
 
-import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,7 +21,6 @@ from kvtrace.transforms.ids.dense_ids import (
     session_keys,
     unique_totals,
 )
-from kvtrace.transforms.ids.steps import AssignDenseIds, EarliestOccurrence
 
 SEED = chain_seed(b"dense id test salt.............")
 
@@ -103,7 +99,10 @@ def test_earliest_weighs_a_key_by_its_largest_occurrence():
     assert firsts[["hi", "ts", "pos", "weight"]].tolist() == [(7, 1, 3, 4), (8, 1, 4, 0)]
 
 
+@pytest.mark.beam
 def test_combine_is_order_and_grouping_independent():
+    from kvtrace.transforms.ids.steps import EarliestOccurrence
+
     fn = EarliestOccurrence()
     rows = table((1, 5, 0, 0, 2), (1, 2, 0, 0, 0), (2, 7, 0, 0, 1), (2, 7, 0, 3))
     one = fn.extract_output(fn.add_input(fn.create_accumulator(), rows))
@@ -194,9 +193,16 @@ def test_session_keys_only_for_requests_with_a_session():
     assert table["req"].tolist() == [1] and table["ts"].tolist() == [5]
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_assign_dense_ids_pipeline_numbers_in_first_seen_order():
     # Request b comes first in time, though it sits in the later batch.
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.ids.steps import AssignDenseIds
+
     a = request(100, [1, 2, 3, 4, 5])  # blocks [1,2] [3,4] [5]
     b = request(50, [1, 2, 9, 9])  # blocks [1,2] [9,9]
     c = request(100, [1, 2, 3, 4, 5], fp=1)  # exact repeat of a

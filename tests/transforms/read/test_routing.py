@@ -7,9 +7,7 @@ import json
 import subprocess
 import sys
 
-import apache_beam as beam
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +16,6 @@ from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG
 from kvtrace.transforms.read.records import ParseOptions, Request
 from kvtrace.transforms.read.routing import arrived, route_key, routed
 from kvtrace.transforms.read.sources import parse_one
-from kvtrace.transforms.read.steps import RouteSessions
 
 OPTIONS = ParseOptions()
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
@@ -101,7 +98,14 @@ def test_keys_are_the_same_in_every_worker_process():
     assert len(keys) == 1
 
 
+@pytest.mark.beam
 def test_route_sessions_passes_every_request_on_in_a_test_pipeline():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.read.steps import RouteSessions
+
     sent = [
         request(
             {

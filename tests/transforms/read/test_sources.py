@@ -11,13 +11,10 @@ import lzma
 import os
 import zlib
 
-import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +22,6 @@ from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range
-from kvtrace.transforms.read.steps import ParseRecords, ReadRecords
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
 
@@ -83,6 +79,12 @@ def test_a_line_without_end_is_read_about_once_however_many_ranges_it_crosses(sp
 def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
     """Read the files in a TestPipeline; the checks get the records and the dead letters as
     (reason, source, message) and raise when wrong (they run where the pipeline runs)."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    from kvtrace.transforms.read.steps import ReadRecords
+
     files = [(str(p), p.stat().st_size) for p in paths]
     with TestPipeline() as pipeline:
         read = pipeline | ReadRecords(files, max_record_bytes)
@@ -93,7 +95,13 @@ def check_read(paths, check_records, check_letters, max_record_bytes=1 << 20):
         assert_that(letters, check_letters, label="CheckLetters")
 
 
+@pytest.mark.beam
 def test_read_records_in_a_test_pipeline(tmp_path):
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.read.steps import ReadRecords
+
     path = tmp_path / "a.jsonl"
     path.write_bytes(BOM + b"\n".join(LINES[:3]) + b"\n\n  \n")
     with TestPipeline() as pipeline:
@@ -119,6 +127,7 @@ def _decodable_prefix(data: bytes, decoder) -> bytes:
     return decoder().decompress(data)
 
 
+@pytest.mark.beam
 @pytest.mark.parametrize("records", [150_000, 40])  # ~6 MB, past any decoder's buffer; tiny
 @pytest.mark.parametrize("suffix, compress, decoder", CODECS)
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
@@ -150,6 +159,7 @@ def test_a_truncated_compressed_file_gives_every_complete_record_and_its_cut_tai
     check_read([path], check_records, check_letters)
 
 
+@pytest.mark.beam
 def test_a_corrupt_member_gives_the_records_of_the_members_before_it(tmp_path):
     many = [json.dumps({"timestamp": i, "prompt": "x" * (i % 50)}).encode() for i in range(2000)]
     first = gzip.compress(b"\n".join(many[:1000]) + b"\n")
@@ -168,13 +178,17 @@ def test_a_corrupt_member_gives_the_records_of_the_members_before_it(tmp_path):
     check_read([path], check_records, check_letters)
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_a_whole_compressed_file_reads_completely(tmp_path):
+    from apache_beam.testing.util import equal_to
+
     path = tmp_path / "logs.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(BOM + b"\n".join(LINES)))
     check_read([path], equal_to([(str(path), line) for line in LINES]), equal_to([]))
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_parquet_damage_is_a_dead_letter_naming_the_file(tmp_path):
     table = pa.table({"timestamp": list(range(100)), "prompt": [f"p{i}" for i in range(100)]})
@@ -255,7 +269,10 @@ def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
     assert (lines, letters) == ((LINES[:4], []) if whole else (LINES[:2], ["damaged_file"]))
 
 
+@pytest.mark.beam
 def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
+    from apache_beam.testing.util import equal_to
+
     path = tmp_path / "big.jsonl"
     path.write_bytes(
         LINES[0] + b"\n" + b'{"prompt": "' + b"y" * 10_000 + b'"}\n' + LINES[1] + b"\n"
@@ -272,7 +289,14 @@ def test_oversized_records_become_dead_letters_with_an_excerpt(tmp_path):
     )
 
 
+@pytest.mark.beam
 def test_parse_records_in_a_test_pipeline():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.read.steps import ParseRecords
+
     good = b'{"timestamp": 5, "prompt": "p"}'
     with TestPipeline() as pipeline:
         parsed = (
@@ -296,10 +320,17 @@ def test_file_range_of_compressed_and_parquet_files_is_whole():
     assert len(file_ranges("a.jsonl", 1000, 100)) == 10
 
 
+@pytest.mark.beam
 def test_a_file_whose_name_is_not_utf8_is_read_on_beam_and_named_as_a_letter_names_it(tmp_path):
     """Beam carries text between steps as UTF-8, which a surrogate (a byte of a Linux name
     that is not UTF-8) breaks: the path stays in the step, and `source` leaves it escaped, as
     the local engine's letter (dead_letters.shown_name) shows it, byte for byte."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.read.steps import ReadRecords
+
     name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/in\xff.jsonl")
     with open(name, "wb") as handle:
         handle.write(LINES[0] + b"\n" + b"x" * 100 + b"\n")

@@ -9,15 +9,11 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 
 from kvtrace.transforms.ids.buckets import BUCKET_MS
 from kvtrace.transforms.read.trace_inputs import trace_files
-from kvtrace.transforms.stats.steps import MinuteCounts, ReadTraceFiles, ShardStep, WarmupKey
 from kvtrace.transforms.stats.trace_shards import ROW, by_shard, warmup_key, warmup_plan
 
 BLOCK = np.dtype([("id", "<i8"), ("pos", "<i8")])
@@ -29,7 +25,14 @@ def blocks(ids: list[int]) -> np.ndarray:
     return table
 
 
+@pytest.mark.beam
 def test_each_shard_gets_all_its_keys_from_every_chunk():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.stats.steps import ShardStep
+
     chunks = [SimpleNamespace(blocks=blocks([0, 1, 2, 3])), SimpleNamespace(blocks=blocks([4, 6]))]
     with TestPipeline() as pipeline:
         sizes = (
@@ -60,10 +63,17 @@ def rows(times: list[float], first_rowkey: int) -> SimpleNamespace:
     return SimpleNamespace(rows=table)
 
 
+@pytest.mark.beam
 @pytest.mark.slow  # two side-input joins: ~2 s on the embedded runner
 def test_warmup_key_and_minute_counts_over_chunks_of_several_files():
     # Five rows over two files and two time buckets; rank floor(0.5 x 5) = 2 is the third row in
     # (timestamp, rowkey) order: (BUCKET_MS + 1, 11).
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.stats.steps import MinuteCounts, WarmupKey
+
     chunks = [
         rows([0.0, BUCKET_MS + 1.0], 10),
         rows([BUCKET_MS + 2.0, 7.0, BUCKET_MS + 1.0], 20),
@@ -100,9 +110,16 @@ def _published(folder: Path, shards: list[list[int]]) -> Path:
     return folder
 
 
+@pytest.mark.beam
 def test_the_workers_read_each_file_as_pinned_when_the_files_were_listed(tmp_path):
     """The next night published over the folder after it was listed: every worker's read is of
     the output listed (the pinned folder), never a mix."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.stats.steps import ReadTraceFiles
+
     out = _published(tmp_path / "out", [[8, 8], [8, 8, 8]])
     staged = _published(tmp_path / "next", [[9], [9, 9, 9]])
     files = tuple(trace_files([str(out)]))

@@ -5,76 +5,86 @@ ways: a match's `*` takes every name, a rename makes no folder first."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
 import posixpath
 
 import pytest
-from apache_beam.io.filesystem import FileMetadata, MatchResult
-from apache_beam.io.localfilesystem import LocalFileSystem
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.write import publish
 from kvtrace.transforms.write.publish import OutputRefused, folder_output
 
 SCHEME = "kvtest://"
+pytestmark = pytest.mark.beam  # Beam's file systems: its tests share one worker
 
 
-class ObjectStore(LocalFileSystem):
-    """kvtest://NAME is the local file ROOT/NAME (ROOT: each test's, set by the fixture)."""
+@functools.cache  # once: Beam finds a file system by its subclasses, one per scheme
+def object_store() -> type:
+    """The store's class, made when a test first asks: Beam is loaded by its tests alone."""
+    from apache_beam.io.filesystem import FileMetadata, MatchResult
+    from apache_beam.io.localfilesystem import LocalFileSystem
 
-    root = ""
+    class ObjectStore(LocalFileSystem):
+        """kvtest://NAME is the local file ROOT/NAME (ROOT: each test's, set by the fixture)."""
 
-    @classmethod
-    def scheme(cls) -> str:
-        return SCHEME[:-3]
+        root = ""
 
-    def _local(self, url: str) -> str:
-        return os.path.join(self.root, url[len(SCHEME) :])
+        @classmethod
+        def scheme(cls) -> str:
+            return SCHEME[:-3]
 
-    def join(self, base, *names):
-        return posixpath.join(base, *names)
+        def _local(self, url: str) -> str:
+            return os.path.join(self.root, url[len(SCHEME) :])
 
-    def split(self, url):
-        return posixpath.split(url)
+        def join(self, base, *names):
+            return posixpath.join(base, *names)
 
-    def match(self, patterns, limits=None):
-        return [
-            MatchResult(
-                pattern,
-                [
-                    FileMetadata(SCHEME + os.path.relpath(path, self.root), os.path.getsize(path))
-                    for path in sorted(glob.glob(self._local(pattern), include_hidden=True))
-                    if os.path.isfile(path)
-                ],
+        def split(self, url):
+            return posixpath.split(url)
+
+        def match(self, patterns, limits=None):
+            return [
+                MatchResult(
+                    pattern,
+                    [
+                        FileMetadata(
+                            SCHEME + os.path.relpath(path, self.root), os.path.getsize(path)
+                        )
+                        for path in sorted(glob.glob(self._local(pattern), include_hidden=True))
+                        if os.path.isfile(path)
+                    ],
+                )
+                for pattern in patterns
+            ]
+
+        def create(self, url, *args, **kwargs):
+            return super().create(self._local(url), *args, **kwargs)
+
+        def open(self, url, *args, **kwargs):
+            return super().open(self._local(url), *args, **kwargs)
+
+        def exists(self, url):
+            return super().exists(self._local(url))
+
+        def rename(self, sources, destinations):
+            for destination in destinations:
+                os.makedirs(os.path.dirname(self._local(destination)), exist_ok=True)
+            return super().rename(
+                [self._local(s) for s in sources], [self._local(d) for d in destinations]
             )
-            for pattern in patterns
-        ]
 
-    def create(self, url, *args, **kwargs):
-        return super().create(self._local(url), *args, **kwargs)
+        def delete(self, urls):
+            return super().delete([self._local(u) for u in urls])
 
-    def open(self, url, *args, **kwargs):
-        return super().open(self._local(url), *args, **kwargs)
-
-    def exists(self, url):
-        return super().exists(self._local(url))
-
-    def rename(self, sources, destinations):
-        for destination in destinations:
-            os.makedirs(os.path.dirname(self._local(destination)), exist_ok=True)
-        return super().rename(
-            [self._local(s) for s in sources], [self._local(d) for d in destinations]
-        )
-
-    def delete(self, urls):
-        return super().delete([self._local(u) for u in urls])
+    return ObjectStore
 
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    monkeypatch.setattr(ObjectStore, "root", str(tmp_path))
+    monkeypatch.setattr(object_store(), "root", str(tmp_path))
     return tmp_path
 
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import stat
 
-import apache_beam as beam
 import numpy as np
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
+import pytest
 
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS, NO_SESSION, columns_of_jsonl
 from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.write.rows import ROW, RowBatch
-from kvtrace.transforms.write.steps import WriteShard
+
+pytestmark = pytest.mark.beam  # imports Beam: its tests share one worker
 
 ORIGIN = 1_000_000
 
@@ -28,6 +27,12 @@ def _batch(ms: list[int]) -> RowBatch:
 
 
 def test_each_shard_is_written_under_the_plans_count_coarsened_with_its_hashes(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from kvtrace.transforms.write.steps import WriteShard
+
     out, hashes = tmp_path / "out", tmp_path / "hashes"
     plan = np.array([0, 5, 9])  # three shards; shard 1 gets only the None that marks shard 0
     elements = [
