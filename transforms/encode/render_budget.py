@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvtrace.transforms.encode.native_stderr import QUIET_ATTRIBUTE
+
 RENDER_SECONDS = 5.0
 RENDER_MEMORY_BYTES = 1 << 30  # the whole process's growth (RSS) while one render runs
 TICK_SECONDS = 0.01  # how often a running render is looked at
@@ -127,6 +129,9 @@ class Watchdog:
                 self._thread = threading.Thread(
                     target=self._watch, name="render-watchdog", daemon=True
                 )
+                # Safe to fork beside (busy_threads): the one lock it takes is replaced in a
+                # forked child (_forget_thread), and nothing else it holds is the child's.
+                setattr(self._thread, QUIET_ATTRIBUTE, True)
                 self._thread.start()
 
     def _watch(self) -> None:

@@ -460,3 +460,27 @@ def test_a_render_spending_its_cpu_time_overruns():
 
     with pytest.raises(RenderOverrun):
         Watchdog(seconds=0.05).run(spin)
+
+
+def test_the_watchdog_leaves_forking_safe_and_a_forked_child_watches_its_own_renders():
+    """Its thread is marked as holding no lock a fork could copy held (the local engine forks
+    workers only beside such threads): the one lock it takes is replaced in a forked child,
+    whose first render starts a watchdog of its own that stops an overrun there too."""
+    import os
+
+    from kvtrace.transforms.encode.native_stderr import QUIET_ATTRIBUTE
+
+    watchdog = Watchdog(seconds=0.2)
+    assert watchdog.run(lambda: 7) == 7
+    assert getattr(watchdog._thread, QUIET_ATTRIBUTE, False)
+    child = os.fork()
+    if child == 0:  # the child: exit code 0 only if its watchdog stops the overrun
+        try:
+            watchdog.run(lambda: _busy(60))
+            os._exit(1)
+        except RenderOverrun:
+            os._exit(0)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
