@@ -167,9 +167,12 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     children = _children(value)
     if children is None:
         return _leaf_length(value)
-    known: dict[tuple[int, int], int] = {}  # (container, depth) -> its length
+    # (container, depth) -> its length, and the container: kept alive, so that its id is
+    # never another's (a mapping's items are tuples made as they are listed, and freed after)
+    known: dict[tuple[int, int], tuple[int, Any]] = {}
     total = 2 + (indent > 0) + _wrapper_length(value)  # brackets, a newline before the last
-    stack = [[(id(value), 0), iter(children), total]]  # per container: key, items, length
+    # per container: key, items, length, the container
+    stack = [[(id(value), 0), iter(children), total, value]]
     while stack and total <= limit:
         frame = stack[-1]
         depth = len(stack) if indent else 0
@@ -187,12 +190,12 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
                 if inner is None:
                     length = separator + _leaf_length(item) + 2 * isinstance(item, str)
                 elif (id(item), depth) in known:
-                    length = separator + known[id(item), depth]
+                    length = separator + known[id(item), depth][0]
                 else:
                     wrapper = 0 if kind is dict or kind is list else _wrapper_length(item)
                     own += separator
                     total += 2 * separator + wrapper
-                    stack.append([(id(item), depth), iter(inner), separator + wrapper])
+                    stack.append([(id(item), depth), iter(inner), separator + wrapper, item])
                     break
             own += length
             total += length
@@ -200,7 +203,7 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
                 break
         else:
             stack.pop()
-            known[frame[0]] = own
+            known[frame[0]] = (own, frame[3])
             if stack:
                 stack[-1][2] += own
             continue
