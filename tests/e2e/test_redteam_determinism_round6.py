@@ -37,7 +37,6 @@ def _same_question(latency: bool) -> list[dict]:
     return records
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("latency", [True, False], ids=["with-response-ms", "without"])
 def test_requests_alike_but_for_their_answers_publish_what_the_gate_passes(
     tiny_tokenizer, tmp_path, latency
