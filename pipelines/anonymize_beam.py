@@ -20,8 +20,10 @@ from kvtrace.pipelines.anonymize_night import (
     kind_keys,
     map_reading,
     night_manifest,
+    night_times,
     pass_gate,
     publish_trace,
+    published_days,
     write_dead_letters,
     write_stats,
 )
@@ -35,8 +37,9 @@ from kvtrace.transforms.dead_letters import (
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
 from kvtrace.transforms.encode.steps import Encode
+from kvtrace.transforms.encode.timestamp_kinds import kind_counts, sum_kind_counts
 from kvtrace.transforms.ids.dense_ids import new_batch_id
-from kvtrace.transforms.ids.id_map import segment_files_by_shard
+from kvtrace.transforms.ids.id_map import NightTimes, segment_files_by_shard
 from kvtrace.transforms.ids.segments import SegmentFile
 from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
 from kvtrace.transforms.read.records import ParseOptions
@@ -62,7 +65,9 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     read = pipeline | "Read" >> ReadRecords(config.inputs, config.parse.max_record_bytes)
     parsed = read.records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
-    encoded = parsed["requests"] | "Encode" >> Encode(config.encode)
+    encoded = parsed["requests"] | "Encode" >> Encode(
+        config.encode, established=published_days(config)
+    )
     earliest = (
         encoded["hashed"]
         | "EarliestInBatch" >> beam.FlatMap(lambda batch: _present(batch.earliest_ms()))
@@ -184,6 +189,23 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         origin,
     )
     if config.id_map:  # the output is published once the map version is
+        days = (
+            encoded["hashed"]
+            | "NightDays" >> beam.Map(kind_counts)
+            | "SumNightDays" >> beam.CombineGlobally(sum_kind_counts)
+        )
+        latest = (
+            hashed
+            | "LatestInBatch" >> beam.FlatMap(lambda batch: _present(_latest_ms(batch)))
+            | "Latest" >> beam.CombineGlobally(max).without_defaults()
+        )
+        times = days | "NightTimes" >> beam.Map(
+            lambda days, latest_ms, origin_ms: night_times(
+                days, origin_ms if latest_ms is None else latest_ms, origin_ms
+            ),
+            beam.pvalue.AsSingleton(latest, default_value=None),
+            origin,
+        )
         manifest = manifest | "CommitIdMap" >> beam.Map(
             _commit_id_map_then_pass_on,
             config,
@@ -192,6 +214,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             beam.pvalue.AsSingleton(blocks["added_count"], default_value=0),
             beam.pvalue.AsSingleton(sessions["added_count"], default_value=0),
             earliest_ms,
+            beam.pvalue.AsSingleton(times),
         )
     # Published once the letters are written: they are published with the output.
     summary = manifest | "PublishTrace" >> beam.Map(
@@ -352,6 +375,7 @@ def _commit_id_map_then_pass_on(
     added_blocks: int,
     added_sessions: int,
     earliest_ms: int | None,
+    times: NightTimes,
 ) -> dict:
     """The manifest as published once the map has committed: a rerun's names the start the map
     recorded for its night."""
@@ -361,7 +385,14 @@ def _commit_id_map_then_pass_on(
         {"blocks": block_files, "sessions": session_files},
         {"blocks": added_blocks, "sessions": added_sessions},
         earliest_ms,
+        times,
     )
+
+
+def _latest_ms(batch: HashedBatch) -> int | None:
+    """The batch's latest (published) request time; None for an empty batch."""
+    timestamps = batch.requests["timestamp_ms"]
+    return int(timestamps.max()) if len(timestamps) else None
 
 
 def _present(value: int | None) -> list[int]:

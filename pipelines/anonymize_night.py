@@ -32,7 +32,7 @@ from kvtrace.transforms.dead_letters import (
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.schemes import engine_hashes
 from kvtrace.transforms.encode.segment_cache import CacheCounts
-from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts
+from kvtrace.transforms.encode.timestamp_kinds import keep_input_kind, kind_counts, sum_kind_counts
 from kvtrace.transforms.ids import id_map
 from kvtrace.transforms.ids.dense_ids import (
     NUMBERED,
@@ -117,8 +117,11 @@ def finish_night(
     trace's clock starts at origin_ms, else at the map's origin or the earliest request.
     Returns the manifest; raises JobStopped (nothing published) at the gate."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
-    kept, mismatched = keep_input_kind(whole, kind_counts(whole))
+    kept, mismatched = keep_input_kind(
+        whole, sum_kind_counts([published_days(config), kind_counts(whole)])
+    )
     whole = kept if kept is not None else HashedBatch.pack([])
+    days = kind_counts(whole)  # what the night adds to the map's, before times are rounded
     # Merged into their declared order (dead_letters.py): what the ranges wrote, a window's
     # held in memory, and the requests of the input's minority timestamp kind.
     held = encoded.rejected + mismatched
@@ -154,8 +157,21 @@ def finish_night(
         segments,
         {kind: ids.added_count for kind, ids in numbered.items()},
         earliest_ms,
+        night_times(days, whole.requests["timestamp_ms"].max(initial=origin), origin),
     )
     return publish_trace(config, manifest)
+
+
+def published_days(config: AnonymizeConfig) -> dict[int, int]:
+    """Requests per day the id map's nights published (none without a map): a night's clock
+    resets are judged against them with its own, as one run over every night judges them."""
+    return config.id_map.base.days if config.id_map else {}
+
+
+def night_times(days: dict[int, int], latest_ms: int, origin_ms: int) -> id_map.NightTimes:
+    """What the id map records of a night: its requests per day, its last published time (from
+    the origin; latest_ms is published already), None without a request."""
+    return id_map.NightTimes(days, int(latest_ms - origin_ms) if days else None)
 
 
 def pass_gate(
@@ -367,6 +383,7 @@ def commit_id_map(
     segments: dict[str, list[SegmentFile]],
     added: dict[str, int],
     earliest_ms: int | None,
+    times: id_map.NightTimes = id_map.NightTimes(),
 ) -> dict:
     """The id map's new version (the segments written, the ids added of each kind, the night
     the manifest describes) committed before the trace that uses it is published. Returns the
@@ -388,6 +405,7 @@ def commit_id_map(
         added["blocks"],
         added["sessions"],
         earliest_ms,
+        times,
     )
 
 

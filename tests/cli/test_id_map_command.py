@@ -58,7 +58,13 @@ def _as_format_3(map_dir: Path) -> None:
     """Every record as kvtrace wrote them before keying; no mark then (marks are keyed)."""
     for path in sorted((map_dir / "versions").glob("*.json")):
         record = json.loads(path.read_bytes())
-        for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+        for later in (
+            "mac",
+            "timestamp_kind",
+            "map_id",
+            "previous_sha256",
+            *map_record.TIMES,
+        ):  # after format 3
             del record[later]
         record["history"] = [
             {k: entry[k] for k in ("version", "added", "compacted")} for entry in record["history"]

@@ -249,7 +249,13 @@ def test_a_record_damaged_anywhere_is_refused_in_one_line(scratch, data, keyless
     was)."""
     record = _record(scratch)
     if keyless:
-        for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+        for later in (
+            "mac",
+            "timestamp_kind",
+            "map_id",
+            "previous_sha256",
+            *map_record.TIMES,
+        ):  # after format 3
             del record[later]
         record["history"] = nightless(record["history"])
         record["format_version"] = map_record.KEYLESS_FORMAT
@@ -452,7 +458,13 @@ def test_keying_checks_each_format_3_record_by_its_sha256_and_salt(identity, bui
 def _downgraded(path: Path) -> None:
     """A keyed record rewritten as format 3, its sha256 recomputed: no salt needed."""
     record = json.loads(path.read_bytes())
-    for later in ("mac", "timestamp_kind", "map_id", "previous_sha256"):  # after format 3
+    for later in (
+        "mac",
+        "timestamp_kind",
+        "map_id",
+        "previous_sha256",
+        *map_record.TIMES,
+    ):  # after format 3
         del record[later]
     record["history"] = nightless(record["history"])
     record["format_version"] = map_record.KEYLESS_FORMAT
@@ -536,6 +548,8 @@ def test_an_interrupted_keying_leaves_no_format_3_record_above_a_keyed_one_and_f
                 "history": nightless(before["history"]),
                 "map_id": keyed_id,
                 "previous_sha256": previous,
+                "published_days": {},  # its nights' times lost with format 3 too
+                "published_to_ms": None,
             },
             KEY,
         )

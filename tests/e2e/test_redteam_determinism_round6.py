@@ -10,7 +10,6 @@ from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
 
-ROUND6 = "red team round 6"
 SALT = b"keyed-map-test-salt-of-32-bytes!"
 ZERO = 1_700_000_000_000
 
@@ -37,7 +36,6 @@ def _same_question(latency: bool) -> list[dict]:
     return records
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("latency", [True, False], ids=["with-response-ms", "without"])
 def test_requests_alike_but_for_their_answers_publish_what_the_gate_passes(
     tiny_tokenizer, tmp_path, latency
@@ -81,50 +79,52 @@ def _prompt(ts: int, text: str, output_length: int) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
-def test_nights_cut_inside_a_granule_give_what_one_run_over_them_gives(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_nights_cut_inside_a_granule_give_what_one_run_over_them_gives(
+    tiny_tokenizer, tmp_path, capsys, engine
+):
     """Promise (README 'Nightly exports'): 'night 1 and night 2, one after the other, give byte
     for byte what one run over both nights gives'; docs/ORDERING.md: 'Raw times never order
     rows', rows of one published time sort by input_length, output_length. With
     --timestamp-granularity-ms, granules are rounded half up from the map's origin, so a
-    night's end (a raw cut: midnight, the log's rotation) falls inside a granule unless it
-    happens to sit on a granule's half: a long request 300 ms before the cut (night 1) and a
-    short one 200 ms after it (night 2) both publish at 2000. One run writes the short one
-    first (its tie key is smaller) and numbers its blocks first; the nights write the long one
-    first (night 1) and the short one after it, its ids after every id of night 1. The nights'
-    concatenation publishes the raw order inside the granule, and other ids; each night passes
-    `kvtrace audit --id-map` (the gate sees one night at a time). Nothing refuses night 2's
-    start at a time night 1 already published (manifest id_map.time_from_ms 2000)."""
+    night's end (a raw cut: midnight, the log's rotation) can fall inside a granule: a long
+    request 300 ms before the cut (night 1) and a short one 200 ms after it (night 2) both
+    publish at 2000, where one run writes the short one first. Rule (docs/NIGHTLY.md): a night
+    on a map begins after the last time its nights published (id_map.published_to_ms), else it
+    is refused with one line and publishes nothing; the same requests cut at the granule's end
+    give what one run gives."""
     (tmp_path / "salt").write_bytes(SALT)
     common = ["--block-size", "4", "--salt-file", str(tmp_path / "salt")]
-    common += ["--timestamp-granularity-ms", "1000"]
+    common += ["--timestamp-granularity-ms", "1000", "--engine", engine]
     short = _prompt(ZERO, "hello world", 3)
     long = _prompt(ZERO + 1_700, "the quick brown fox jumps over the lazy dog again and again", 4)
     late = _prompt(ZERO + 2_200, "What is the capital of France ?", 5)
-    nights = [[short, long], [late]]
-    for day, records in enumerate(nights):
-        night = write_jsonl(tmp_path / f"night{day}.jsonl", records)
-        assert (
-            anonymize(
-                tiny_tokenizer,
-                [night],
-                tmp_path / f"out{day}",
-                "--id-map",
-                str(tmp_path / "map"),
-                *common,
-            )
-            == 0
-        )
     both = write_jsonl(tmp_path / "both.jsonl", [short, long, late])
     assert anonymize(tiny_tokenizer, [both], tmp_path / "both", *common) == 0
-    one_run = trace(tmp_path / "both")
-    assert [r["input_length"] for r in one_run] == [7, 12, 17]  # the published order
-    assert trace(tmp_path / "out0") + trace(tmp_path / "out1") == one_run
+    assert [r["input_length"] for r in trace(tmp_path / "both")] == [7, 12, 17]
+
+    def night(day: int, records: list[dict], map_name: str) -> int:
+        path = write_jsonl(tmp_path / f"{map_name}-night{day}.jsonl", records)
+        out = tmp_path / f"{map_name}-out{day}"
+        return anonymize(tiny_tokenizer, [path], out, "--id-map", str(tmp_path / map_name), *common)
+
+    assert night(0, [short, long], "cut-inside") == 0
+    versions = sorted((tmp_path / "cut-inside" / "versions").iterdir())
+    capsys.readouterr()
+    assert night(1, [late], "cut-inside") == 1
+    assert "at or before 2000 ms" in capsys.readouterr().err
+    assert not (tmp_path / "cut-inside-out1").exists()
+    assert sorted((tmp_path / "cut-inside" / "versions").iterdir()) == versions
+
+    assert night(0, [short], "cut-at-end") == 0
+    assert night(1, [long, late], "cut-at-end") == 0
+    nights = trace(tmp_path / "cut-at-end-out0") + trace(tmp_path / "cut-at-end-out1")
+    assert nights == trace(tmp_path / "both")
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
+@pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_quiet_nights_clock_reset_is_judged_against_the_map_as_one_run_judges_it(
-    tiny_tokenizer, tmp_path
+    tiny_tokenizer, tmp_path, engine
 ):
     """Promise (README 'Nightly exports'): nights on a map give byte for byte what one run over
     them gives; a clock reset is a dead letter (read/timestamps.plausible_days: the bulk of the
@@ -136,7 +136,7 @@ def test_a_quiet_nights_clock_reset_is_judged_against_the_map_as_one_run_judges_
     origin. One run over both nights exports the real request and dead-letters the reset."""
     (tmp_path / "salt").write_bytes(SALT)
     common = ["--block-size", "4", "--salt-file", str(tmp_path / "salt")]
-    common += ["--max-rejected-fraction", "0.9"]
+    common += ["--max-rejected-fraction", "0.9", "--engine", engine]
     day = 86_400_000
     first = [_prompt(ZERO + 1_000 * i, "hello world " + "again " * i, 3) for i in range(5)]
     quiet = [

@@ -142,10 +142,10 @@ def _as_format_3(record_path: Path) -> None:
     """A keyed record rewritten as format 3 (its own sha256, no MAC): no salt needed."""
     import json
 
-    from kvtrace.transforms.ids.map_record import keyless_checksum
+    from kvtrace.transforms.ids.map_record import TIMES, keyless_checksum
 
     record = json.loads(record_path.read_bytes())
-    for name in ("mac", "map_id", "previous_sha256", "timestamp_kind"):
+    for name in ("mac", "map_id", "previous_sha256", *TIMES, "timestamp_kind"):
         record.pop(name)
     record["format_version"] = 3
     record["history"] = [

@@ -72,6 +72,10 @@ def hash_request(
     fingerprint = xxhash.xxh3_64_intdigest(
         data + struct.pack("<q", output_length) + (b"" if session is None else session.encode())
     )
+    if output_data:
+        # Hashed answers are ids of the row: the fingerprint covers them, so requests it leaves
+        # tied hold the same ids and the one order (row_order.py) numbers and sorts alike.
+        fingerprint = xxhash.xxh3_64_intdigest(output_data, seed=fingerprint)
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,
         fingerprint=fingerprint,

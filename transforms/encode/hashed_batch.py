@@ -21,8 +21,9 @@ class HashedRequest:
     """A request reduced to what may leave the worker: no text, no token ids, no identifiers."""
 
     timestamp_ms: int
-    # Unsalted digest of the request's content: orders requests that share a timestamp the same
-    # way in every run, whatever the salt, so ids do not depend on the salt. Never published.
+    # Unsalted digest of the request's content (all its ids are made of, a hashed answer too):
+    # orders requests that share a timestamp the same way in every run, whatever the salt, so
+    # ids do not depend on the salt. Never published.
     fingerprint: int
     input_length: int
     output_length: int

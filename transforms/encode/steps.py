@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -114,12 +114,20 @@ class KeepInputTimestampKind(beam.DoFn):
 
 class OneTimestampKind(beam.PTransform):
     """HashedBatches in; those of the input's majority timestamp kind out (main), the others as
-    dead letters (DEAD_LETTER_TAG)."""
+    dead letters (DEAD_LETTER_TAG). Judged with established: the requests per day the nights
+    before it published (an id map's), as one run over them all would judge."""
+
+    def __init__(self, established: Mapping[int, int] | None = None):
+        super().__init__()
+        self._established = dict(established or {})
 
     def expand(self, hashed: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         counts = (
-            hashed
-            | "KindCounts" >> beam.Map(kind_counts)
+            (
+                hashed | "KindCounts" >> beam.Map(kind_counts),
+                hashed.pipeline | "Established" >> beam.Create([self._established]),
+            )
+            | "WithEstablished" >> beam.Flatten()
             | "SumKindCounts" >> beam.CombineGlobally(sum_kind_counts)
         )
         return hashed | "KeepKind" >> beam.ParDo(
@@ -136,10 +144,16 @@ class Encode(beam.PTransform):
     against its input so far instead (anonymize_streaming), as a count over an unbounded input
     never completes."""
 
-    def __init__(self, options: EncodeOptions, one_timestamp_kind: bool = True):
+    def __init__(
+        self,
+        options: EncodeOptions,
+        one_timestamp_kind: bool = True,
+        established: Mapping[int, int] | None = None,
+    ):
         super().__init__()
         self._options = options
         self._one_timestamp_kind = one_timestamp_kind
+        self._established = established
 
     def expand(self, requests: beam.PCollection) -> dict[str, beam.PCollection]:
         encoded = (
@@ -157,7 +171,7 @@ class Encode(beam.PTransform):
         )
         if not self._one_timestamp_kind:
             return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG]}
-        agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind()
+        agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind(self._established)
         letters = (
             encoded[DEAD_LETTER_TAG],
             agreed[DEAD_LETTER_TAG],

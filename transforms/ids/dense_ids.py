@@ -116,7 +116,9 @@ def earliest(table: np.ndarray) -> np.ndarray:
 
 
 def number(table: np.ndarray, first_id: int) -> np.ndarray:
-    """Dense ids from first_id for distinct keys, in first-seen order (the hash breaks ties)."""
+    """Dense ids from first_id for distinct keys, in first-seen order: the rows' order
+    (RowBatch.sorted) as far as their ids differ, since requests of one fingerprint hold the same
+    keys (encode_requests.hash_request); the hash breaks only that fingerprint's 2^-64 ties."""
     order = np.lexsort(
         (table["lo"], table["hi"], table["pos"], table["fp"], table["key"], table["ts"])
     )

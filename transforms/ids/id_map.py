@@ -150,6 +150,16 @@ class MapVersion:
     previous_sha256: str | None = None
     # The sha256 of this version's record as read (not recorded: the next one chains to it).
     record_sha256: str | None = field(default=None, compare=False)
+    # What its nights published (map_record format 7): requests per day (named in decimal) and
+    # the last published time, ms from the origin; empty and None before.
+    published_days: dict[str, int] = field(default_factory=dict)
+    published_to_ms: int | None = None
+
+    @property
+    def days(self) -> dict[int, int]:
+        """Requests its nights published per day (ms // DAY_MS): what a night's clock resets
+        are judged against, as a stream's are against its published windows."""
+        return {int(day): count for day, count in self.published_days.items()}
 
     def segment_files(self, directory: str, kind: str) -> list[SegmentFile]:
         """The kind's segment files with what their reads verify: checksums, and that each row
@@ -192,6 +202,8 @@ class MapVersion:
             "checksums": self.checksums,
             "map_id": self.map_id,
             "previous_sha256": self.previous_sha256,
+            "published_days": self.published_days,
+            "published_to_ms": self.published_to_ms,
         }
 
     @staticmethod
@@ -212,6 +224,8 @@ class MapVersion:
             data.get("map_id"),
             data.get("previous_sha256"),
             record_sha256,
+            data.get("published_days", {}),
+            data.get("published_to_ms"),
         )
 
 
@@ -743,6 +757,15 @@ class Night:
     identity: str
 
 
+@dataclass(frozen=True)
+class NightTimes:
+    """When a night's rows publish: its requests per day (ms // DAY_MS) and its last published
+    time (ms from the map's origin; None without a request)."""
+
+    days: dict[int, int] = field(default_factory=dict)
+    last_ms: int | None = None
+
+
 def night_identity(manifest: dict[str, Any]) -> str:
     """What a night publishes, whatever the map's later state: the sha256 of its files' digests
     (trace shards and stats.json, as its manifest lists them). Known before the map's commit in
@@ -769,6 +792,7 @@ def next_version(
     hash_shards: int,
     earliest_ms: int | None,
     night: Night,
+    times: NightTimes = NightTimes(),
 ) -> MapVersion | None:
     """The version a run publishes, or None when it brings nothing the map lacks: no new id, no
     compaction, and a night the map records already (a rerun) or no request at all. A night of
@@ -806,6 +830,8 @@ def next_version(
         )
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
     checksums = {name: sums[name] for name in sorted(listed)}
+    if recorded_start(base, night.identity) is not None:  # a compacting rerun: counted once
+        times = NightTimes()
     return replace(
         base,
         version=number,
@@ -818,6 +844,33 @@ def next_version(
         hash_shards=hash_shards,
         history=base.history + [night_entry(number, added, compacted, night.start, night.identity)],
         checksums=checksums,
+        published_days=_days_added(base.published_days, times.days),
+        published_to_ms=max(
+            (t for t in (base.published_to_ms, times.last_ms) if t is not None), default=None
+        ),
+    )
+
+
+def _days_added(recorded: dict[str, int], night: dict[int, int]) -> dict[str, int]:
+    days = dict(recorded)
+    for day, count in night.items():
+        days[str(day)] = days.get(str(day), 0) + count
+    return days
+
+
+def check_night_follows(directory: str, base: MapVersion, night: Night) -> None:
+    """Refuse a new night that begins at or before the last time the map's nights published
+    (a cut inside a --timestamp-granularity-ms granule, or a log the map has passed): one run
+    would sort its rows among theirs, nights cannot, so nothing may publish it. A rerun of a
+    recorded night is that night, and passes."""
+    last = base.published_to_ms
+    if last is None or night.start["time_from_ms"] > last:
+        return
+    raise JobStopped(
+        f"this night's first row would publish at {night.start['time_from_ms']} ms, at or before "
+        f"{last} ms, the last time the id map {directory}'s nights published: its rows would not "
+        f"follow theirs as in one run over both. Cut nights on published times (granules): "
+        f"give this night only requests that publish after {last} ms; nothing was published."
     )
 
 
@@ -919,6 +972,7 @@ def publish_night(
     added_blocks: int,
     added_sessions: int,
     earliest_ms: int | None,
+    times: NightTimes = NightTimes(),
 ) -> dict[str, Any]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
@@ -931,6 +985,8 @@ def publish_night(
     check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
     night = Night(manifest["id_map"], night_identity(manifest))
     recorded = recorded_start(base, night.identity)
+    if recorded is None and earliest_ms is not None:
+        check_night_follows(directory, base, night)
     published = manifest if recorded is None else manifest | {"id_map": recorded}
     new = next_version(
         directory,
@@ -943,6 +999,7 @@ def publish_night(
         hash_shards=hash_shards,
         earliest_ms=earliest_ms,
         night=night,
+        times=times,
     )
     if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
         if base.version and base.map_id is not None:  # one from before ids: at its next commit

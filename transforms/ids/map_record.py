@@ -34,7 +34,13 @@ from kvtrace.transforms.encode.blocks import salt_fingerprint
 from kvtrace.transforms.errors import IdMapError
 from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
 from kvtrace.transforms.ids.segments import index_path
-from kvtrace.transforms.read.timestamps import EPOCH, EPOCH_CEILING_MS, RELATIVE, timestamp_kind
+from kvtrace.transforms.read.timestamps import (
+    DAY_MS,
+    EPOCH,
+    EPOCH_CEILING_MS,
+    RELATIVE,
+    timestamp_kind,
+)
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.
@@ -44,7 +50,13 @@ MAP_FORMAT = "kvtrace-id-map"
 # 6: each version's history entry names the night that made it: its start and identity; the
 #    record holds the map's id (given at its creation, anchor.py names its mark by it) and
 #    the sha256 of the record before it (previous_sha256: the versions form a chain).
-FORMAT_VERSION = 6
+# 7: the time its nights published: requests per day (published_days, what a night's clock
+#    resets are judged against) and the last published time (published_to_ms, where the next
+#    night must begin).
+FORMAT_VERSION = 7
+# Nights recorded before their times: read as it is (its next night is judged alone, as
+# then); the map's next commit writes format 7, counting from that night.
+TIMELESS_FORMAT = 6
 # Keyed and kinded before nights were recorded: read as it is (its entries name no night, so
 # the gate cannot confirm those nights); the map's next commit writes format 6.
 NIGHTLESS_FORMAT = 5
@@ -166,7 +178,7 @@ def read_keyless_record(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def format_of(raw: bytes, where: str) -> int:
-    """A record's format version, 3 to 6 (anything else refused), nothing of it trusted yet."""
+    """A record's format version, 3 to 7 (anything else refused), nothing of it trusted yet."""
     return _parsed(raw, where)["format_version"]
 
 
@@ -188,6 +200,7 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
     form = data.get("format_version")
     if type(form) is not int or form not in (
         FORMAT_VERSION,
+        TIMELESS_FORMAT,
         NIGHTLESS_FORMAT,
         UNKINDED_FORMAT,
         KEYLESS_FORMAT,
@@ -202,12 +215,12 @@ def _parsed(raw: bytes, where: str) -> dict[str, Any]:
 def keyed_from_keyless(
     data: dict[str, Any], key: MapKey, map_id: str, previous: bytes | None
 ) -> bytes:
-    """A verified format-3 record's content as a format-6 record keyed with key (records from
+    """A verified format-3 record's content as a format-7 record keyed with key (records from
     before the probe tokenization was recorded hold none), its origin's kind recorded, in the
     map of id map_id, chained to the keyed record before it (previous; None for version 1)."""
     content = {k: v for k, v in data.items() if k != "sha256"}
     return keyed(
-        {"tokenization": None}
+        {"tokenization": None, "published_days": {}, "published_to_ms": None}
         | content
         | {
             "format_version": FORMAT_VERSION,
@@ -321,9 +334,26 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "checksums": _is_json_object,
     "map_id": lambda v: type(v) is str and _HEX32.fullmatch(v) is not None,
     "previous_sha256": lambda v: v is None or _is_hex64(v),
+    "published_days": lambda v: (
+        _is_json_object(v)
+        and len(v) <= MAX_DAYS
+        and all(_is_day(day) and _is_int(n, 1, MAX_IDS) for day, n in v.items())
+    ),
+    "published_to_ms": lambda v: v is None or _is_int(v, 0, EPOCH_CEILING_MS),
 }
+# Days a map's nights can publish on: those of 2000-2100 (timestamps.EPOCH_CEILING_MS).
+MAX_DAYS = EPOCH_CEILING_MS // DAY_MS
+_DAY = re.compile(r"0|[1-9]\d{0,5}")
+
+
+def _is_day(name: str) -> bool:
+    """A day as published_days names it: its number since the epoch, in decimal."""
+    return _DAY.fullmatch(name) is not None and int(name) <= MAX_DAYS
+
+
 _OWN_CHECK = {
     FORMAT_VERSION: ("mac", lambda v: type(v) is str),
+    TIMELESS_FORMAT: ("mac", lambda v: type(v) is str),
     NIGHTLESS_FORMAT: ("mac", lambda v: type(v) is str),
     UNKINDED_FORMAT: ("mac", lambda v: type(v) is str),
     KEYLESS_FORMAT: ("sha256", lambda v: type(v) is str),
@@ -333,14 +363,17 @@ _OPTIONAL = {
     KEYLESS_FORMAT: {"tokenization"},
     UNKINDED_FORMAT: set(),
     NIGHTLESS_FORMAT: set(),
+    TIMELESS_FORMAT: set(),
     FORMAT_VERSION: set(),
 }
 # Fields a format came before.
-_CHAINED = {"map_id", "previous_sha256"}
+TIMES = {"published_days", "published_to_ms"}
+_CHAINED = {"map_id", "previous_sha256"} | TIMES
 _LATER = {
     KEYLESS_FORMAT: {"timestamp_kind"} | _CHAINED,
     UNKINDED_FORMAT: {"timestamp_kind"} | _CHAINED,
     NIGHTLESS_FORMAT: _CHAINED,
+    TIMELESS_FORMAT: TIMES,
     FORMAT_VERSION: set(),
 }
 
@@ -367,6 +400,7 @@ def _check_fields(data: dict[str, Any], where: str) -> None:
         )
     problem = (
         _kind_problem(data)
+        or _times_problem(data)
         or _chain_problem(data)
         or _history_problem(data)
         or _files_problem(data)
@@ -391,6 +425,18 @@ def _kind_problem(data: dict[str, Any]) -> str | None:
     return None
 
 
+def _times_problem(data: dict[str, Any]) -> str | None:
+    """A map's nights published a last time once they published on a day, and not before."""
+    if "published_days" in data and (data["published_to_ms"] is None) != (
+        not data["published_days"]
+    ):
+        return (
+            f"published_to_ms is {_shown(data['published_to_ms'])} for "
+            f"{len(data['published_days'])} days published"
+        )
+    return None
+
+
 def _chain_problem(data: dict[str, Any]) -> str | None:
     """Only a map's first version has no record before it."""
     if "previous_sha256" in data and (data["previous_sha256"] is None) != (data["version"] == 1):
@@ -408,7 +454,7 @@ def _history_problem(data: dict[str, Any]) -> str | None:
     named = False
     for number, entry in enumerate(history, 1):
         shape = _is_json_object(entry) and entry.keys()
-        named = named or (data["format_version"] == FORMAT_VERSION and shape == NIGHT_ENTRY)
+        named = named or (data["format_version"] >= TIMELESS_FORMAT and shape == NIGHT_ENTRY)
         if not (
             shape == (NIGHT_ENTRY if named else ENTRY)
             and type(entry["version"]) is int

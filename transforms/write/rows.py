@@ -71,8 +71,10 @@ class RowBatch:
 
     def sorted(self) -> RowBatch:
         """In published order (row_order.py): timestamp and tie key, then content fingerprint,
-        then the other published fields and the ids' digest. Ids are numbered in this order, so
-        the rows must hold published timestamps and output lengths (coarsen.published_requests)."""
+        then the other published fields and the ids' digest. Ids are numbered in the order of the
+        first three (dense_ids.number); the fingerprint covers all a row's ids are made of, its
+        hashed answer included, so the rest only orders rows of the same ids. The rows must hold
+        published timestamps and output lengths (coarsen.published_requests)."""
         r = self.rows
         return self.select(
             published_order(

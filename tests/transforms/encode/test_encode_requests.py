@@ -1,0 +1,57 @@
+"""encode_requests.hash_request's fingerprint: the private tie-break of rows equal in all they
+publish (row_order.py), so it must cover everything a row's ids are made of."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
+from kvtrace.transforms.encode.encode_requests import hash_request
+from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
+from kvtrace.transforms.read.records import Request
+from kvtrace.transforms.write.rows import row_batch
+
+SEED = chain_seed(b"fingerprint test salt of 32 byte")
+BLOCK = 2
+
+
+def _hashed(prompt: list[int], answer: list[int] | None, response_ms: int | None = None):
+    request = Request("log", b"", 1_000, "tokens", response_ms=response_ms)
+    output = None if answer is None else token_bytes(answer)
+    return hash_request(request, token_bytes(prompt), 4, BLOCK, SEED, output_data=output)
+
+
+def test_the_fingerprint_covers_hashed_answers_only():
+    """Answers hashed (--emit-output-hashes) tell two requests apart; without the flag the
+    fingerprint is the prompt's, output length's and session's as before (no output changes)."""
+    one, other = _hashed([1, 2, 3], [4, 5, 6, 7]), _hashed([1, 2, 3], [7, 6, 5, 4])
+    assert one.fingerprint != other.fingerprint
+    assert _hashed([1, 2, 3], None).fingerprint == _hashed([1, 2, 3], []).fingerprint
+    assert _hashed([1, 2, 3], None, 5).fingerprint == _hashed([1, 2, 3], None, 9).fingerprint
+
+
+ANSWERS = st.lists(
+    st.tuples(st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(0, 3)),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(ANSWERS)
+def test_rows_alike_but_for_their_answers_sort_as_their_ids_are_numbered(answers):
+    """One question asked again (one time, one prompt, one output length), answered
+    differently and after different latencies: the rows' published order is the order their
+    answers' blocks are first seen in, so the gate's first-seen check passes."""
+    requests = [_hashed([9, 8, 7], answer, latency) for answer, latency in answers]
+    batch = HashedBatch.pack(requests)
+    blocks = dense_ids(block_keys(batch, BLOCK)).ids
+    rows = row_batch(batch.requests, blocks, dense_ids(session_keys(batch)).ids, None, True)
+    ordered = rows.sorted()
+    seen = np.concatenate(
+        [np.concatenate(ids) for ids in zip(ordered.row_ids(), ordered.row_output_ids())]
+    )
+    firsts = seen[np.sort(np.unique(seen, return_index=True)[1])]
+    assert firsts.tolist() == list(range(len(firsts)))
