@@ -287,7 +287,6 @@ publish.StagedFile.write = _write_or_fill
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["export", "render"])
 def test_an_export_or_render_and_its_json_report_are_published_together(
     tiny_tokenizer, tmp_path, command
