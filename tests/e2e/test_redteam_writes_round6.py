@@ -226,7 +226,6 @@ def test_a_stop_during_a_publication_publishes_the_output_and_its_report_togethe
     assert report_new == output_new, f"report new: {report_new}, output new: {output_new}"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_file_output_by_a_lock_name_never_lets_two_runs_write_one_output(tmp_path):
     """Round 5 refused kvtrace's lock names for folder outputs (check_written: a folder there
     would stop every run) but keeps them for file outputs: "a file there is taken as it stands

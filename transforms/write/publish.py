@@ -859,20 +859,25 @@ def check_written(location: Location) -> None:
     path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
+    # kvtrace's own names beside an output, by the rules its runs find them by (a staging
+    # leftover, a lock), are no output, file or folder: a run clears a staging name as a killed
+    # run's, and a lock holds by the inode a run opens at that name, which publishing a file
+    # there (a rename) replaces, so the next run of that output would lock a new one and run
+    # beside the holder.
     if _STAGED_NAME.fullmatch(posixpath.basename(path)):
         raise OutputRefused(
             f"{flag} {path}: a name kvtrace stages its outputs under (and "
             f"clears as a killed run's leftover); choose another"
         )
+    if _LOCK_NAME.fullmatch(posixpath.basename(path)):
+        raise OutputRefused(
+            f"{flag} {path}: a name kvtrace locks an output by (one more "
+            f"run of that output could start beside its holder); choose another"
+        )
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
         raise OutputRefused(
             f"{flag} {path} is a mount point, which kvtrace cannot replace "
             f"whole: name a location inside it"
-        )
-    if location.kind != FILE and _LOCK_NAME.fullmatch(posixpath.basename(path)):
-        raise OutputRefused(
-            f"{flag} {path}: a name kvtrace locks an output by (a folder there "
-            f"would stop every run of that output); choose another"
         )
     if location.kind == FILE and TRACE_FILE.fullmatch(posixpath.basename(path)):
         raise OutputRefused(
