@@ -311,7 +311,6 @@ def test_an_export_or_render_and_its_json_report_are_published_together(
     assert (out.read_bytes(), report.read_bytes()) == before, "the output was published alone"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["analyze", "reuse", "synthesize"])
 def test_beams_trace_commands_read_an_input_whose_name_is_not_utf8(tmp_path, command):
     """Round 5 carried names that are not UTF-8 through Beam's anonymize (--input) and
