@@ -350,7 +350,6 @@ publish.os.mkdir = _mkdir_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_run_killed_while_planning_leaves_nothing_its_reruns_do_not_clear(tmp_path):
     """prove_folder_rename proves a folder can be renamed "in the nearest existing folder on
     its way" by making and renaming a staging folder named after the first missing name: for
