@@ -37,6 +37,7 @@ the local engine (docs/STREAMING.md sizes it); reading, parsing and tokenizing s
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import re
 import time
@@ -685,7 +686,8 @@ def check_new_stream(output: str, dead_letter: str) -> None:
             "continue only in its own job; a new stream needs a new --output"
         )
     if storage.exists(storage.join(dead_letter, RUN_COUNTS)) or any(
-        storage.match(storage.join(dead_letter, f"rejected-{run}-*.jsonl"))
+        fnmatch.fnmatchcase(name, f"rejected-{run}-*.jsonl")
+        for name in storage.files_in(dead_letter)
         for run in ("window", "letters")
     ):
         raise ConfigError(

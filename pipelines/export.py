@@ -3,11 +3,12 @@ as one JSONL file, with the command that replays it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.replay.export import export
-from kvtrace.transforms.write.publish import file_output
+from kvtrace.transforms.write.publish import StagedFile, file_output
 from kvtrace.transforms.write.replayers import CONSUMERS
 
 
@@ -20,9 +21,15 @@ class ExportConfig:
     overwrite: bool = False
 
 
-def run_export(config: ExportConfig) -> dict:
+def run_export(
+    config: ExportConfig,
+    report: StagedFile | None = None,
+    accept: Callable[[dict], None] = lambda summary: None,
+) -> dict:
+    """The export's summary; the file (and the report, which accept may stage from the summary)
+    published together, once accept has passed."""
     consumer = CONSUMERS[config.consumer]
-    with file_output(config.output, config.overwrite) as output:
+    with file_output(config.output, config.overwrite, report=report) as output:
         trace = read_trace(config.inputs)
         if trace.malformed_count:
             first = trace.malformed[0]
@@ -33,15 +40,17 @@ def run_export(config: ExportConfig) -> dict:
             )
         exported = export(trace, consumer, config.block_size)
         output.write(exported.jsonl)
-    return {
-        "consumer": consumer.name,
-        "reader": consumer.reader,
-        "form": consumer.form,
-        "rows": exported.rows,
-        "block_size": config.block_size,
-        "follow_up_turns": exported.follow_up_turns,
-        "delays_without_response_end": exported.without_response_end,
-        "restarted_conversations": exported.restarted,
-        "command": consumer.command(config.output, config.block_size, exported.rows),
-        "note": consumer.note,
-    }
+        summary = {
+            "consumer": consumer.name,
+            "reader": consumer.reader,
+            "form": consumer.form,
+            "rows": exported.rows,
+            "block_size": config.block_size,
+            "follow_up_turns": exported.follow_up_turns,
+            "delays_without_response_end": exported.without_response_end,
+            "restarted_conversations": exported.restarted,
+            "command": consumer.command(config.output, config.block_size, exported.rows),
+            "note": consumer.note,
+        }
+        accept(summary)
+    return summary

@@ -9,7 +9,7 @@ import json
 import logging
 import multiprocessing
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -69,10 +69,17 @@ MAX_ROW_TOKENS = BATCH_TOKENS
 PROGRESS_INTERVAL_S = 30.0
 
 
-def run_render(config: RenderConfig) -> dict:
-    """Renders the trace into the output, published whole (publish.file_output) once written."""
-    with file_output(config.output) as output:
-        return _render(config, output)
+def run_render(
+    config: RenderConfig,
+    report: StagedFile | None = None,
+    accept: Callable[[dict], None] = lambda summary: None,
+) -> dict:
+    """Renders the trace into the output, published whole (publish.file_output) once written,
+    with the report (which accept may stage from the summary) once accept has passed."""
+    with file_output(config.output, report=report) as output:
+        summary = _render(config, output)
+        accept(summary)
+    return summary
 
 
 def _render(config: RenderConfig, output: StagedFile) -> dict:

@@ -80,8 +80,9 @@ def run_synthesize_beam(
                 options,
             )
             with output.create() as handle:
-                for part in storage.match(storage.join(parts_dir, "*.jsonl")):
-                    with storage.open_read(part) as piece:  # named by first rank: in order
+                parts = [n for n in storage.files_in(parts_dir) if n.endswith(".jsonl")]
+                for part in parts:  # named by first rank: in order
+                    with storage.open_read(storage.join(parts_dir, part)) as piece:
                         shutil.copyfileobj(piece, handle)
         finally:
             storage.remove_folder(parts_dir)  # an empty trace writes no part, nor the folder

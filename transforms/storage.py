@@ -245,7 +245,7 @@ def is_private_folder(folder: str) -> bool:
 def remove_folder(path: str) -> None:
     """Remove a folder and what it holds, if it exists."""
     if is_url(path):
-        leftovers = match(join(path, "*"))
+        leftovers = [join(path, name) for name in files_in(path)]
         if leftovers:
             delete(leftovers)
     else:
@@ -285,7 +285,42 @@ def rename(source: str, destination: str) -> None:
 
 
 def match(pattern: str) -> list[str]:
-    """Files matching a glob pattern, sorted."""
+    """Files matching a glob pattern, sorted. A folder's files are listed with files_in, which
+    never reads the folder's name as a pattern."""
     if is_url(pattern):
         return sorted(m.path for r in _beam().match([pattern]) for m in r.metadata_list)
     return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+
+
+def files_in(folder: str, nested: bool = False) -> list[str]:
+    """The names of the files a folder holds, sorted (none when it does not exist); nested: its
+    subfolders' too, as a/b. The folder's name is taken as it is spelled, never as a pattern
+    (`out[1]` is itself, not out1), and hidden names are names like any other. Files are
+    what a glob of the folder would give: regular files (links to them included)."""
+    if is_url(folder):
+        prefix = join(folder, "")
+        listed = (m.path for r in _beam().match([objects_under(prefix)]) for m in r.metadata_list)
+        names = (path[len(prefix) :] for path in listed if path.startswith(prefix))
+        return sorted(name for name in names if nested or "/" not in name)
+    if not nested:
+        try:
+            with os.scandir(folder) as entries:
+                return sorted(e.name for e in entries if e.is_file())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    return sorted(
+        os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
+        for parent, _, names in os.walk(folder)
+        for name in names
+        if os.path.isfile(os.path.join(parent, name))
+    )
+
+
+def objects_under(prefix: str) -> str:
+    """A Beam pattern matching every object whose name starts with prefix: the prefix up to its
+    first glob character, then `**`. Beam's patterns have no escape character (a `[[]` class
+    warns in Python's re), so a glob character in a name is cut off, not escaped: the store
+    lists from there (more than the folder only when its name holds one), and files_in keeps
+    the folder's own objects."""
+    cut = min((prefix.find(c) for c in "[*?" if c in prefix), default=len(prefix))
+    return prefix[:cut] + "**"

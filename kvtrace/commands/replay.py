@@ -12,11 +12,12 @@ from kvtrace.commands.common import (
     BLOCK_HELP,
     TRACE_HELP,
     BeamFlags,
+    json_report,
     no_beam_options,
     plan_trace_command,
+    stage_json,
     trace_inputs,
     warn_malformed,
-    write_json_report,
 )
 from kvtrace.transforms.errors import ConfigError
 
@@ -115,7 +116,13 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
-    report = run_export(ExportConfig(files, args.output, args.to, block_size, args.overwrite))
+    config = ExportConfig(files, args.output, args.to, block_size, args.overwrite)
+    with json_report(args.json) as report_file:  # published with the output, last: both or neither
+        report = run_export(
+            config,
+            report_file,
+            lambda summary: stage_json(report_file, _published_export(summary, args.output)),
+        )
     print(
         f"exported {report['rows']:,} rows for {report['reader']} ({report['form']}, block "
         f"size {block_size}) -> {args.output}"
@@ -133,7 +140,6 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             f"cut): each is sent whole, opening a new session_id"
         )
     print(f"replay: {report['command']}\n  ({report['note']})")
-    write_json_report(args.json, _published_export(report, args.output))
     return 0
 
 
@@ -150,11 +156,11 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError("--chat-template-kwargs is not valid JSON") from None
     if not isinstance(kwargs, dict):
         raise ConfigError("--chat-template-kwargs must be a JSON object")
-    report = run_render(
-        RenderConfig(
-            files, args.output, args.tokenizer, block_size, args.shape, not args.no_verify, kwargs
-        )
+    config = RenderConfig(
+        files, args.output, args.tokenizer, block_size, args.shape, not args.no_verify, kwargs
     )
+    with json_report(args.json) as report_file:  # published with the output, last: both or neither
+        report = run_render(config, report_file, lambda summary: stage_json(report_file, summary))
     print(
         f"rendered {report['written']:,} of {report['rows']:,} rows as {args.shape} requests "
         f"-> {args.output} (block size {block_size})"
@@ -178,5 +184,4 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             f"verified: {verified['rows_reproduced']:,} rows tokenize to exactly their blocks; "
             f"{verified['rows_not_reproduced']:,} do not"
         )
-    write_json_report(args.json, report)
     return 1 if verified and verified["rows_not_reproduced"] else 0

@@ -226,7 +226,6 @@ def test_a_stop_during_a_publication_publishes_the_output_and_its_report_togethe
     assert report_new == output_new, f"report new: {report_new}, output new: {output_new}"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_file_output_by_a_lock_name_never_lets_two_runs_write_one_output(tmp_path):
     """Round 5 refused kvtrace's lock names for folder outputs (check_written: a folder there
     would stop every run) but keeps them for file outputs: "a file there is taken as it stands
@@ -254,7 +253,6 @@ def test_a_file_output_by_a_lock_name_never_lets_two_runs_write_one_output(tmp_p
         )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_beam_synthesize_publishes_every_row_whatever_the_outputs_name(tmp_path):
     """`synthesize T -o 'syn[ab].jsonl' --engine beam` says "output: .../syn[ab].jsonl
     (valid)" (exit 0) and publishes an EMPTY trace, where the local engine publishes its 12
@@ -287,7 +285,6 @@ publish.StagedFile.write = _write_or_fill
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["export", "render"])
 def test_an_export_or_render_and_its_json_report_are_published_together(
     tiny_tokenizer, tmp_path, command
@@ -314,7 +311,6 @@ def test_an_export_or_render_and_its_json_report_are_published_together(
     assert (out.read_bytes(), report.read_bytes()) == before, "the output was published alone"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["analyze", "reuse", "synthesize"])
 def test_beams_trace_commands_read_an_input_whose_name_is_not_utf8(tmp_path, command):
     """Round 5 carried names that are not UTF-8 through Beam's anonymize (--input) and
@@ -354,7 +350,6 @@ publish.os.mkdir = _mkdir_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_run_killed_while_planning_leaves_nothing_its_reruns_do_not_clear(tmp_path):
     """prove_folder_rename proves a folder can be renamed "in the nearest existing folder on
     its way" by making and renaming a staging folder named after the first missing name: for
@@ -376,7 +371,6 @@ def test_a_run_killed_while_planning_leaves_nothing_its_reruns_do_not_clear(tmp_
     assert left == []
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_an_id_map_whose_folder_name_has_a_bracket_is_continued_by_the_next_night(
     tiny_tokenizer, tmp_path
 ):
@@ -387,9 +381,9 @@ def test_an_id_map_whose_folder_name_has_a_bracket_is_continued_by_the_next_nigh
     committed versions (versions/000001.json missing): its ids cannot be continued safely.
     Restore versions/ and CURRENT from a backup" (exit 2). The map is whole; no night on it
     ever runs again, and the operator is sent to restore a backup of nothing lost."""
-    night = _night(tmp_path, tiny_tokenizer, 6)
     id_map = tmp_path / "m[1]"
-    for n in (1, 2):
+    for n in (1, 2):  # two nights, two logs (a night run again leaves the map unchanged)
+        night = _night(tmp_path, tiny_tokenizer, 5 + n)
         done = _kvtrace(
             "anonymize", *night, "--output", str(tmp_path / f"out{n}"), "--id-map", str(id_map)
         )

@@ -36,6 +36,7 @@ would restart ids and delete the segments); every file is owner-only.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -655,8 +656,15 @@ def _missing_versions(committed: list[int]) -> list[int]:
 
 
 def _names(directory: str, folder: str, pattern: str) -> list[str]:
+    """The files of the map's folder whose names match pattern, a glob of kvtrace's own names
+    one level per `/` (`*/COMMITTED`: a/COMMITTED), relative to the folder. The map's path is
+    taken as spelled (storage.files_in), never as a pattern: a map may be named m[1]."""
+    levels = pattern.split("/")
     return [
-        path.rsplit("/", 1)[-1] for path in storage.match(storage.join(directory, folder, pattern))
+        name
+        for name in storage.files_in(storage.join(directory, folder), nested=len(levels) > 1)
+        if len(name.split("/")) == len(levels)
+        and all(map(fnmatch.fnmatchcase, name.split("/"), levels))
     ]
 
 
@@ -683,8 +691,7 @@ def _committed_segment_folders(directory: str) -> list[str]:
     """Segment folders whose version was committed (marked after the commit: a killed run's
     folder has no mark, a published one's does)."""
     return sorted(
-        relative(directory, path).split("/")[1]
-        for path in storage.match(storage.join(directory, "segments", "*", COMMITTED_MARK))
+        name.split("/")[0] for name in _names(directory, "segments", f"*/{COMMITTED_MARK}")
     )
 
 
@@ -722,15 +729,15 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
     verified before it decides anything). Returns what went."""
     listed: dict[int, set[str]] = {}
     abandoned = []
-    for path in storage.match(storage.join(directory, "segments", "*", "*")):
-        folder = relative(directory, path).split("/")[1]  # 000004-RUNID
+    for name in _names(directory, "segments", "*/*"):
+        folder = name.split("/")[0]  # 000004-RUNID
         version = _folder_version(directory, folder)
         if version > current.version:
             continue
         if version not in listed:
             listed[version] = _segment_folders(directory, version, current, key)
         if folder not in listed[version]:
-            abandoned.append(path)
+            abandoned.append(storage.join(directory, "segments", name))
     if abandoned:
         storage.delete(abandoned)
     return sorted(abandoned)

@@ -470,10 +470,9 @@ def _numbering_end(start: tuple[int, int], rows: _Rows) -> tuple[int, int]:
 def _entries(folder: str, gate: _Gate) -> list[str]:
     """The names kvtrace publishes that the folder holds; anything else is flagged here."""
     if is_url(folder):
-        # Every object under the folder's prefix ("**": nested ones, any character), as a copy
-        # of the folder would take them all.
-        prefix = storage.join(folder, "")
-        names = sorted(p[len(prefix) :] for p in storage.match(storage.join(folder, "**")))
+        # Every object under the folder's prefix (nested ones too), as a copy of the folder
+        # would take them all.
+        names = storage.files_in(folder, nested=True)
         for name in [n for n in names if "/" in n]:
             gate.flag(f"an object in a subfolder: {name}")
     else:

@@ -30,7 +30,8 @@ from kvtrace.transforms.steps import CombineWith
 
 class ReadTraceFiles(beam.PTransform):
     """Trace files in, one FileChunk per file out (files are the unit of parallelism: line
-    numbers define file order)."""
+    numbers define file order). The files travel with the step (pickled), only their indexes
+    between steps: Beam carries text as UTF-8, and a Linux name need not be."""
 
     def __init__(self, files: tuple[str, ...], block_size: int):
         super().__init__()
@@ -39,7 +40,7 @@ class ReadTraceFiles(beam.PTransform):
     def expand(self, root: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             root
-            | "Files" >> beam.Create(list(enumerate(self._files)))
+            | "Files" >> beam.Create(list(range(len(self._files))))
             | "Read" >> beam.FlatMap(read_chunk, self._files, self._block_size)
         )
 

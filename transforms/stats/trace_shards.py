@@ -150,12 +150,9 @@ class FileChunk:
     first_line: int
 
 
-def read_chunk(
-    indexed: tuple[int, str], files: tuple[str, ...], block_size: int
-) -> Iterator[FileChunk]:
+def read_chunk(index: int, files: tuple[str, ...], block_size: int) -> Iterator[FileChunk]:
     """One file of a trace as tables (the unit the Beam engines of analyze and reuse shard),
     read as pinned when the files were listed (files[index] carries its pin: trace_inputs)."""
-    index, _ = indexed
     trace = read_trace([files[index]])
     trace.file_index[:] = index
     trace.files = list(files)

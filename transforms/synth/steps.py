@@ -67,7 +67,7 @@ class SynthesizeTrace(beam.PTransform):
         )
         split = (
             root
-            | "Files" >> beam.Create(list(enumerate(inputs)))
+            | "Files" >> beam.Create(list(range(len(inputs))))  # names need not be UTF-8
             | "Read" >> beam.FlatMap(_read_file, inputs, shards).with_outputs("visits", main="rows")
         )
         shared = (
@@ -114,10 +114,9 @@ class SynthesizeTrace(beam.PTransform):
         )
 
 
-def _read_file(indexed: tuple[int, str], files: tuple[str, ...], shards: int) -> Iterator:
+def _read_file(index: int, files: tuple[str, ...], shards: int) -> Iterator:
     """One file's conversations and prefix visits, the file read as pinned when the files
     were listed (files[index] carries its pin: trace_inputs)."""
-    index, _ = indexed
     trace = read_trace([files[index]])
     trace.file_index[:] = index
     trace.files = list(files)

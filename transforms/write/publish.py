@@ -71,6 +71,7 @@ from typing import IO
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.ids.exclusive import folder_lock
 from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
@@ -663,28 +664,52 @@ def prove_folder_rename(location: Location, proven: set[str]) -> None:
     """Refuse, before the work, a local folder output where folders cannot be renamed (an
     overlay filesystem without redirect_dir refuses with EXDEV): it is published by renaming
     its staging folder into place. Proved as the publish does it, in the nearest existing
-    folder on its way (its parent, once made): a staging folder made there, renamed, removed
-    (one a killed run leaves is cleared as any staging leftover). proven: folders done."""
+    folder on its way (its parent, once made): a folder made there, renamed, removed.
+    proven: folders done.
+
+    The probe is the folder's, not an output's: a run's staging name there would be cleared
+    only by a run of the output it names, which for a missing folder on the way (K/a of
+    K/a/b/out) is no run at all. So it has one name per user (_probe_names), made and removed
+    only under the folder's lock: whatever stands by that name when the lock is taken is a
+    killed prover's, and goes first. Every later plan that proves in that folder clears it."""
     named = written_place(location.path)
     while not os.path.isdir(os.path.dirname(named)):
         named = os.path.dirname(named)
-    if os.path.dirname(named) in proven:
+    folder = os.path.dirname(named)
+    if folder in proven:
         return
-    made, renamed = (staging_folder(named, new_run_id()) for _ in range(2))
-    try:
-        os.mkdir(made, 0o700)
-        os.rename(made, renamed)
-    except OSError as err:
-        raise OutputRefused(
-            f"{location.flag} {location.path}: no folder can be renamed in "
-            f"{os.path.dirname(named)} ({err.strerror}), and kvtrace publishes "
-            f"a folder by renaming it: write elsewhere"
-        ) from None
-    finally:
-        for leftover in (made, renamed):
-            with suppress(OSError):  # gone already; else the next run clears it
-                os.rmdir(leftover)
-    proven.add(os.path.dirname(named))
+    made, renamed = _probe_names(folder)
+    with folder_lock(folder):
+        _remove_probe(made, renamed)  # a killed prover's, if any
+        try:
+            os.mkdir(made, 0o700)
+            os.rename(made, renamed)
+        except OSError as err:
+            raise OutputRefused(
+                f"{location.flag} {location.path}: no folder can be renamed in "
+                f"{folder} ({err.strerror}), and kvtrace publishes "
+                f"a folder by renaming it: write elsewhere"
+            ) from None
+        finally:
+            _remove_probe(made, renamed)
+    proven.add(folder)
+
+
+# A rename probe's names (_probe_names), which prove_folder_rename removes as a killed one's.
+_PROBE_NAME = re.compile(rf"{re.escape(STAGING_MARK)}probe-[0-9]+(?:\.renamed)?")
+
+
+def _probe_names(folder: str) -> tuple[str, str]:
+    """The rename probe's two names in folder, the running user's (another's may stand beside,
+    which this user might not remove)."""
+    made = os.path.join(folder, f"{STAGING_MARK}probe-{os.geteuid()}")
+    return made, f"{made}.renamed"
+
+
+def _remove_probe(*names: str) -> None:
+    for name in names:
+        with suppress(OSError):  # absent; or not an empty folder, which mkdir then refuses
+            os.rmdir(name)
 
 
 def written_place(path: str) -> str:
@@ -869,20 +894,26 @@ def check_written(location: Location) -> None:
     path, flag = folded(location.path), location.flag
     if not is_url(path) and len(os.fsencode(os.path.basename(written_place(path)))) > NAME_MAX:
         raise OutputRefused(f"{flag} {path}: a name longer than {NAME_MAX} bytes")
-    if _STAGED_NAME.fullmatch(posixpath.basename(path)):
+    # kvtrace's own names beside an output, by the rules its runs find them by (a staging
+    # leftover, a rename probe, a lock), are no output, file or folder: a run clears a staging
+    # name or a probe as a killed run's, and a lock holds by the inode a run opens at that
+    # name, which publishing a file there (a rename) replaces, so the next run of that output
+    # would lock a new one and run beside the holder.
+    name = posixpath.basename(path)
+    if _STAGED_NAME.fullmatch(name) or _PROBE_NAME.fullmatch(name):
         raise OutputRefused(
             f"{flag} {path}: a name kvtrace stages its outputs under (and "
             f"clears as a killed run's leftover); choose another"
+        )
+    if _LOCK_NAME.fullmatch(name):
+        raise OutputRefused(
+            f"{flag} {path}: a name kvtrace locks an output by (one more "
+            f"run of that output could start beside its holder); choose another"
         )
     if not is_url(path) and not os.path.islink(path) and os.path.ismount(path):
         raise OutputRefused(
             f"{flag} {path} is a mount point, which kvtrace cannot replace "
             f"whole: name a location inside it"
-        )
-    if location.kind != FILE and _LOCK_NAME.fullmatch(posixpath.basename(path)):
-        raise OutputRefused(
-            f"{flag} {path}: a name kvtrace locks an output by (a folder there "
-            f"would stop every run of that output); choose another"
         )
     if location.kind == FILE and TRACE_FILE.fullmatch(posixpath.basename(path)):
         raise OutputRefused(

@@ -187,7 +187,7 @@ def block_hashes_staging(hashes: str | None, output_staging: str) -> str | None:
 def block_hashes_files(hashes: str) -> frozenset[str]:
     """The names in a block-hashes folder that kvtrace writes (the rest is foreign)."""
     names = (
-        [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(hashes, "*"))]
+        storage.files_in(hashes)
         if storage.is_url(hashes)
         else (os.listdir(hashes) if os.path.isdir(hashes) else [])
     )

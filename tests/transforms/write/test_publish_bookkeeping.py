@@ -191,15 +191,17 @@ def test_nothing_is_written_inside_a_private_folder_kvtrace_made(tmp_path):
 
 
 @pytest.mark.parametrize("name", [".X.kvtrace-lock", ".a b.jsonl.kvtrace-lock", ".\n.kvtrace-lock"])
-def test_a_lock_name_is_never_a_folder_output(tmp_path, name):
+def test_a_lock_name_is_never_an_output(tmp_path, name):
     """A folder by an output's lock name would be opened as that output's lock (EISDIR): every
-    run of it stopped. Refused at the plan, in words that say why; a file by that name is a
-    lock as it stands (kept, test above), so a file output may take it."""
+    run of it stopped; a file published there is a new inode, which the next run of that
+    output locks beside the holder's. Refused at the plan, in words that say why (a file that
+    stands there is a lock as it stands: kept, test above)."""
     for writer in ("analyze", ""):
         folder = Location("--output", str(tmp_path / name), FOLDER, writer=writer)
         with pytest.raises(OutputRefused, match="locks an output by"):
             plan_locations([], [folder])
-    plan_locations([], [Location("--json", str(tmp_path / name), FILE)])
+    with pytest.raises(OutputRefused, match="locks an output by"):
+        plan_locations([], [Location("--json", str(tmp_path / name), FILE)])
 
 
 def test_a_users_folder_others_may_write_is_refused_for_private_files_before_the_work(tmp_path):
