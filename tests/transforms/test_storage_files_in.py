@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from apache_beam.io.filesystem import FileSystem
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -43,11 +43,14 @@ def test_a_folder_that_is_missing_or_a_file_holds_nothing(tmp_path):
 NAMES = st.text(alphabet="ab[]*?!^-.\\", min_size=1, max_size=12)
 
 
+@pytest.mark.beam
 @given(folder=NAMES, name=st.text(alphabet="ab[]*?/.", min_size=1, max_size=8))
 def test_an_object_stores_listing_takes_in_every_object_of_the_folder(folder, name):
     """What gs:// and s3:// match for files_in, by Beam's own translation of the pattern
     (FileSystem.translate_pattern): every object under the folder, whatever the characters of
     the folder's name or the object's (files_in then keeps the folder's own)."""
+    from apache_beam.io.filesystem import FileSystem
+
     prefix = storage.join(f"gs://bucket/{folder}", "")
     listed = re.compile(FileSystem.translate_pattern(storage.objects_under(prefix)))
     assert listed.fullmatch(prefix + name)
