@@ -31,6 +31,7 @@ from kvtrace.options import refuse_stray_words
 from kvtrace.pipelines.processes import end_descendants, quiet_thread
 from kvtrace.transforms.encode.salt import SaltError
 from kvtrace.transforms.errors import ConfigError, IdMapError, JobStopped
+from kvtrace.transforms.write import interrupts
 
 _LOG = logging.getLogger("kvtrace")
 COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
@@ -53,12 +54,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Storage running out: only a write meets it, and every check is made before the work writes,
 # so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2).
 STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-STOPPED = "stopped: nothing published"  # a command that publishes as it goes sets args.stop_leaves
+STOPPED = "stopped: nothing published"  # by this process, nor (args.stop_leaves) its workers
 # A stopped run unwinds (staging folders removed, pools end their workers, a cluster's job
 # cancelled) for at most this long; then the process ends whatever it waits on (a tokenizer
 # call, a thread join, a worker that will not go), its child processes with it.
 STOP_DEADLINE_S = 1.5
 ABANDON_WAIT_S = 0.2  # a publication under way at the deadline: renames, done in that
+HALF_DONE = "; a publication was under way at the deadline and may be half done"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,10 +163,12 @@ class _Stop:
     the run unwinds through its finally blocks, and a deadline past which the process ends
     anyway. Python runs a handler only once the main thread is back in Python code, which a
     wait in a library may delay; the watcher learns of the signal at once, from the wakeup fd
-    the interpreter writes to. Later signals are ignored: the stop is under way, and bounded."""
+    the interpreter writes to. Later signals are ignored: the stop is under way, and bounded.
+    A publication defers the stop to its end (interrupts), so it is whole or rolled back; what
+    the stop leaves is said from what this process published (publish.published_here)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self._args = args  # read when the stop is said: the command may have said what it leaves
+        self._args = args  # read when the stop is said: a command's word for its workers' part
         self.signum: int | None = None
         self._raised = False
         self._said = False
@@ -175,7 +179,7 @@ class _Stop:
             return
         self._raised = True
         self.signum = self.signum or signum
-        raise KeyboardInterrupt
+        interrupts.stop()  # raised now, or at the end of the publication under way
 
     def end(self) -> NoReturn:
         """End what this process started, say so once, and end this process: at once, as the
@@ -183,16 +187,23 @@ class _Stop:
         What the run staged goes too: it may not have unwound (a wait in a library)."""
         end_descendants()
         publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
-        if publish is not None:
-            publish.abandon_staged(ABANDON_WAIT_S)
+        whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)
+        published = publish.published_here() if publish is not None else ""
         with self._saying:
             if not self._said:
                 self._said = True
-                leaves = getattr(self._args, "stop_leaves", None)
-                print(f"stopped: {leaves}" if leaves else STOPPED, file=sys.stderr)
+                print(self._leaves(published) + ("" if whole else HALF_DONE), file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + (self.signum or signal.SIGINT))
+
+    def _leaves(self, published: str) -> str:
+        """What the stop leaves: what this process published, else what the command says its
+        workers (another process, a cluster) may have published, else nothing."""
+        if published:
+            return f"stopped: published {published} before the stop"
+        leaves = getattr(self._args, "stop_leaves", None)
+        return f"stopped: {leaves}" if leaves else STOPPED
 
     def watch(self, wakeup: socket.socket) -> None:
         """In a thread of its own: the first signal's number, then the deadline."""

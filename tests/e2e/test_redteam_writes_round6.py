@@ -135,7 +135,6 @@ publish.publish_in_place = _publish_then_stop
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("command", ["anonymize", "analyze", "convert", "export"])
 def test_a_stop_after_the_output_is_published_never_says_nothing_was(
     tiny_tokenizer, tmp_path, command
@@ -201,7 +200,6 @@ publish._exchange = _exchange_then_stop
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("swap", [1, 2], ids=["during-the-outputs-swap", "during-the-reports"])
 def test_a_stop_during_a_publication_publishes_the_output_and_its_report_together(tmp_path, swap):
     """`analyze T --output DIR --json R` publishes DIR and R together (publish_in_place: each

@@ -63,6 +63,7 @@ import re
 import shutil
 import stat
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from kvtrace.transforms.storage import folded, is_url, place
 from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
+from kvtrace.transforms.write.interrupts import stops_deferred
 from kvtrace.transforms.write.manifest import set_content_time, set_content_times
 
 STAGING_MARK = ".kvtrace-staging-"
@@ -95,11 +97,12 @@ _HIDDEN_ROOM = len(".") + len(STAGING_MARK) + MAX_RUN_ID_CHARS + len(".previous"
 _RENAME_EXCHANGE = 2
 # Every staging name this process made up (its runs' own), for a stop that ends the process
 # without waiting for it to unwind (the CLI's deadline): abandon_staged removes them. Each
-# publication holds _PUBLISHING, so that removal never meets one half done: a name it removes
-# is still staged, or published and gone.
+# publication holds _PUBLISHING (_publication), so that removal never meets one half done: a
+# name it removes is still staged, or published and gone.
 _STAGED_HERE: set[str] = set()
 MAX_NOTED_STAGING = 1024
 _PUBLISHING = threading.RLock()
+SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
 _AT_FDCWD = -100
 
 
@@ -131,13 +134,62 @@ def _staged_here(path: str) -> str:
     return path
 
 
-def abandon_staged(wait_s: float) -> None:
+class _Published:
+    """What this process has published, as its publications stand once whole: how many, and
+    the latest names (bounded), for a stop to say (published_here)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.latest: deque[str] = deque(maxlen=SHOWN_PUBLISHED)
+
+    def note(self, names: Sequence[str]) -> None:
+        self.count += len(names)
+        self.latest.extend(names)
+
+
+_PUBLISHED_HERE = _Published()
+_OPEN_PUBLICATIONS: list[list[str]] = []  # under _PUBLISHING: those under way, outermost first
+
+
+@contextmanager
+def _publication() -> Iterator[list[str]]:
+    """The one section every publication runs in: it holds _PUBLISHING (a hard end waits for
+    it: abandon_staged) and defers a stop until it ends (interrupts), so a publication is whole
+    or rolled back whenever the stop comes. What the body appends to the list yielded (the
+    names it put in place) is recorded once the outermost publication ends whole: one that
+    fails, or that an enclosing one rolls back, records nothing."""
+    with _PUBLISHING, stops_deferred():
+        published: list[str] = []
+        _OPEN_PUBLICATIONS.append(published)
+        try:
+            yield published
+        finally:
+            _OPEN_PUBLICATIONS.pop()
+        if _OPEN_PUBLICATIONS:
+            _OPEN_PUBLICATIONS[-1].extend(published)
+        else:
+            _PUBLISHED_HERE.note(published)
+
+
+def published_here() -> str:
+    """What this process has published, for a stop to say ("": nothing)."""
+    record = _PUBLISHED_HERE
+    if not record.count:
+        return ""
+    latest = list(record.latest)
+    if record.count > len(latest):
+        return f"{record.count} outputs, the last {', '.join(latest)}"
+    return " and ".join([", ".join(latest[:-1]), latest[-1]] if len(latest) > 1 else latest)
+
+
+def abandon_staged(wait_s: float) -> bool:
     """For a stop that ends this process at once: what its runs staged and have not published
     is removed, once no publication is under way (waiting wait_s at most for one; past that,
     left for the next run of the output to clear). The lock is kept: the process ends next,
-    and no publication may start meanwhile."""
+    and no publication may start meanwhile. Returns whether none was under way (else one may
+    be left half done)."""
     if not _PUBLISHING.acquire(timeout=wait_s):
-        return
+        return False
     for path in sorted(_STAGED_HERE):
         for staged in (path, f"{path}.parts"):
             if os.path.isdir(staged) and not os.path.islink(staged):
@@ -145,6 +197,7 @@ def abandon_staged(wait_s: float) -> None:
             else:
                 with suppress(OSError):
                     os.remove(staged)
+    return True
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -453,9 +506,11 @@ def publish_folder(
     from staging through the swap: a kill at any step leaves it unreadable to others."""
     if is_url(output):
         check_output(output, own)  # again: something may have appeared while the run ran
-        _publish_remote(staging, output)
-        if report:
-            report.publish()
+        with _publication() as published:
+            _publish_remote(staging, output)
+            published.append(output)
+            if report:
+                report.publish()
         return
     set_content_times(staging)
     storage.sync_folder(staging)
@@ -544,15 +599,18 @@ class StagedFile:
         for staged in (self, report) if report else (self,):
             staged.stamp()
         report_moves = report.moves() if report else []
-        if self.overwrite or not self.moves():
-            publish_in_place([*self.moves(), *report_moves])
-        else:  # link(2) refuses a file that appeared meanwhile; the report follows, or it goes
-            _publish_new(self.staging, self.output)
-            try:
-                publish_in_place(report_moves)
-            except BaseException:
-                os.remove(self.output)  # ours, made just now
-                raise
+        with _publication() as published:
+            if self.staging == self.output:  # an object, whole once its upload completed
+                published.append(self.output)
+            if self.overwrite or not self.moves():
+                publish_in_place([*self.moves(), *report_moves])
+            else:  # link(2) refuses a file that appeared meanwhile; the report follows, or goes
+                _publish_new(self.staging, self.output)
+                try:
+                    publish_in_place(report_moves)
+                except BaseException:
+                    os.remove(self.output)  # ours, made just now
+                    raise
         self.published = True
         if report:
             report.published = True
@@ -561,13 +619,14 @@ class StagedFile:
 def _publish_new(staging: str, output: str) -> None:
     """Publish a staged file where no file is: link(2) refuses an existing name in the same
     step that makes it (a check before a rename would leave a gap), then the staged name goes."""
-    with _PUBLISHING:
+    with _publication() as published:
         try:
             os.link(staging, output)
         except FileExistsError:
             raise OutputRefused(
                 f"{output} appeared while the run worked; --overwrite replaces it"
             ) from None
+        published.append(output)
         os.unlink(staging)
 
 
@@ -1076,13 +1135,15 @@ class DeadLetterRun:
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
         is published is the run's word only where the output carries no mark (object stores,
-        filesystems without extended attributes). Returns whether they were published."""
-        if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
-            return True
-        marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
-        return _settle_staged(
-            self.folder, self.run_id, self.staging, publish=run_succeeded and not marked
-        )
+        filesystems without extended attributes). Returns whether they were published. One
+        publication (_publication): a stop waits for it, so the letters are settled whole."""
+        with _publication():
+            if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
+                return True
+            marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
+            return _settle_staged(
+                self.folder, self.run_id, self.staging, publish=run_succeeded and not marked
+            )
 
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
@@ -1119,8 +1180,9 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
     letters = storage.join(staging, DEAD_LETTER_FILE)
     publish = publish and storage.exists(letters)
     if publish:
-        with _PUBLISHING:
+        with _publication() as published:
             storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
+            published.append(storage.join(folder, f"rejected-{run_id}.jsonl"))
         storage.sync_folder(folder)
     storage.remove_folder(staging)
     return publish
@@ -1261,11 +1323,13 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     takes it for the mark that its output is whole), then sync their folders: if a step fails,
     those done are put back, so a run publishes all of them or none. The previous outputs are
     removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
-    did not write (own: as in foreign_files); else all is put back and the run refused. A kill
-    between two moves leaves the first new and the rest previous: POSIX renames one name at a
-    time."""
-    with _PUBLISHING:
+    did not write (own: as in foreign_files); else all is put back and the run refused. One
+    publication (_publication): a stop is raised once all stand or all are put back; a kill
+    between two moves leaves the first new and the rest previous (POSIX renames one name at a
+    time)."""
+    with _publication() as published:
         _publish_in_place(moves, own)
+        published.extend(output for _, output in moves)
 
 
 def _publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str]) -> None:
