@@ -60,9 +60,7 @@ def test_a_section_that_fails_raises_the_stop_with_its_failure_as_context(
     assert isinstance(raised.value.__context__, OSError)
 
 
-def test_another_threads_section_never_defers_the_main_threads_stop(
-    stops_as_the_cli_handles_them,
-):
+def test_another_threads_section_never_defers_the_main_threads_stop(stops_as_the_cli_handles_them):
     inside, leave = threading.Event(), threading.Event()
 
     def publication() -> None:
