@@ -1437,21 +1437,10 @@ def report_text(report: dict, where: str) -> str:
 
 
 def _shown(line: str) -> str:
-    """A line as printable text: names as letters show them (dead_letters.shown_name), then
-    every character a terminal acts on (a line break, an escape, a bidi control) as the \\x or
-    \\u escape of its code point (never \\x80-\\xff, which shown_name gives a name's bytes)."""
-    return "".join(c if c.isprintable() else _code_point(c) for c in shown_name(line))
-
-
-def _code_point(character: str) -> str:
-    point = ord(character)
-    return (
-        f"\\x{point:02x}"
-        if point < 0x80
-        else f"\\u{point:04x}"
-        if point <= 0xFFFF
-        else f"\\U{point:08x}"
-    )
+    """A line as printable text, whatever names it quotes: as letters show names
+    (dead_letters.shown_name: one printable text per text, a line break or an escape as the
+    \\u escape of its code point)."""
+    return shown_name(line)
 
 
 # The kernel lists trusted.* extended attributes only to a process holding CAP_SYS_ADMIN

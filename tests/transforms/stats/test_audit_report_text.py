@@ -35,7 +35,7 @@ def test_a_flag_quoting_a_forged_name_is_one_printable_line():
     text = gate.report_text(report, "out")
     assert all(line.isprintable() for line in text.splitlines())
     assert text.splitlines()[-1].startswith("verdict: NOT publishable")
-    assert "a file kvtrace does not publish: x\\x0a\\x1b[1A" in text
+    assert "a file kvtrace does not publish: x\\u000a\\u001b[1A" in text
 
 
 def test_a_stream_report_escapes_its_windows_lines_once():
