@@ -321,9 +321,17 @@ def _run(
     return code
 
 
+MAX_ERROR_CHARS = 500  # a long path twice in a message must not push the advice off screen
+
+
 def _one_line(err: BaseException) -> str:
+    """An error's first line, its middle cut if it is long: the advice comes last."""
     lines = str(err).strip().splitlines()
-    return lines[0][:500] if lines else type(err).__name__
+    line = lines[0] if lines else type(err).__name__
+    if len(line) <= MAX_ERROR_CHARS:
+        return line
+    half = MAX_ERROR_CHARS // 2
+    return f"{line[: half - 3]}...{line[-half:]}"
 
 
 if __name__ == "__main__":
