@@ -250,7 +250,7 @@ def foreign_files(output: str, own: frozenset[str] = frozenset()) -> list[str]:
 def _names(folder: str) -> list[str]:
     """The names a folder holds (none when it does not exist)."""
     if is_url(folder):
-        return [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(folder, "*"))]
+        return storage.files_in(folder)  # by its name as spelled, never as a glob
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
@@ -1307,13 +1307,11 @@ def _publish_remote(staging: str, output: str) -> None:
     old = storage.join(output, MANIFEST)
     if storage.exists(old):
         storage.delete([old])
-    names = [p.rsplit("/", 1)[-1] for p in storage.match(storage.join(staging, "*"))]
+    names = storage.files_in(staging)  # folders by their names as spelled, never as globs
     for name in sorted(names, key=lambda n: n == MANIFEST):
         storage.rename(storage.join(staging, name), storage.join(output, name))
     listed = set(names)
-    stale = [
-        p for p in storage.match(storage.join(output, "*")) if p.rsplit("/", 1)[-1] not in listed
-    ]
+    stale = [storage.join(output, n) for n in storage.files_in(output) if n not in listed]
     if stale:
         storage.delete(stale)
 

@@ -1,15 +1,16 @@
 """publish on an object store (no folders, no attributes, no atomic rename of a folder): a
 command's folder without a manifest is marked by an object listing what its run published.
 The store is Beam's local filesystem behind a URL scheme (kvtest://), with an object store's
-ways: a match's `*` takes every name, a rename makes no folder first."""
+ways: a match reads its pattern as Beam does over every object's name, a rename makes no
+folder first."""
 
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import os
 import posixpath
+import re
 
 import pytest
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.beam  # Beam's file systems: its tests share one worker
 @functools.cache  # once: Beam finds a file system by its subclasses, one per scheme
 def object_store() -> type:
     """The store's class, made when a test first asks: Beam is loaded by its tests alone."""
-    from apache_beam.io.filesystem import FileMetadata, MatchResult
+    from apache_beam.io.filesystem import FileMetadata, FileSystem, MatchResult
     from apache_beam.io.localfilesystem import LocalFileSystem
 
     class ObjectStore(LocalFileSystem):
@@ -46,15 +47,20 @@ def object_store() -> type:
             return posixpath.split(url)
 
         def match(self, patterns, limits=None):
+            """As an object store matches: Beam's own reading of the pattern (`*` within a
+            name, `**` across names) over every object's name."""
+            objects = sorted(
+                SCHEME + os.path.relpath(os.path.join(parent, name), self.root)
+                for parent, _, names in os.walk(self.root)
+                for name in names
+            )
             return [
                 MatchResult(
                     pattern,
                     [
-                        FileMetadata(
-                            SCHEME + os.path.relpath(path, self.root), os.path.getsize(path)
-                        )
-                        for path in sorted(glob.glob(self._local(pattern), include_hidden=True))
-                        if os.path.isfile(path)
+                        FileMetadata(url, os.path.getsize(self._local(url)))
+                        for url in objects
+                        if re.fullmatch(FileSystem.translate_pattern(pattern), url)
                     ],
                 )
                 for pattern in patterns
@@ -120,3 +126,15 @@ def test_a_folder_without_the_mark_is_nobodys_output(store):
     with pytest.raises(OutputRefused, match=r"did not write \(analysis.txt\)"):
         _publish(output, "1")
     assert (store / "bucket" / "notes" / "analysis.txt").read_text() == "my notes"
+
+
+def test_a_folder_named_with_a_glob_character_is_itself_not_its_look_alikes(store):
+    """out[1] is listed by its name as spelled (storage.files_in): its own objects move in and
+    go stale, never those of out1, which a glob of the name would match."""
+    (store / "bucket" / "out1").mkdir(parents=True)
+    (store / "bucket" / "out1" / "analysis.txt").write_text("a neighbour's")
+    output = f"{SCHEME}bucket/out[1]"
+    for text in ("1", "2"):
+        _publish(output, text)
+    assert (store / "bucket" / "out[1]" / "analysis.txt").read_text() == "2"
+    assert (store / "bucket" / "out1" / "analysis.txt").read_text() == "a neighbour's"
