@@ -343,7 +343,10 @@ def test_a_rolled_back_id_map_is_refused_however_it_is_spelled(tiny_tokenizer, t
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").symlink_to("real")
     first = write_jsonl(tmp_path / "n1.jsonl", [chat(i, 1000 * i) for i in range(4)])
-    second = write_jsonl(tmp_path / "n2.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+    # night 2 comes after night 1, as a map's nights must (id_map.check_night_follows)
+    second = write_jsonl(
+        tmp_path / "n2.jsonl", [chat(i + 4, 10_000 + 1000 * i, rotate=3) for i in range(4)]
+    )
 
     def night(src: Path, out: str, mapdir: Path) -> int:
         return main(

@@ -34,7 +34,10 @@ def test_a_rolled_back_id_map_is_refused_through_a_bind_mount(tiny_tokenizer, tm
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").mkdir()
     first = write_jsonl(tmp_path / "n1.jsonl", [chat(i, 1000 * i) for i in range(4)])
-    second = write_jsonl(tmp_path / "n2.jsonl", [chat(i + 4, 1000 * i, rotate=3) for i in range(4)])
+    # night 2 comes after night 1, as a map's nights must (id_map.check_night_follows)
+    second = write_jsonl(
+        tmp_path / "n2.jsonl", [chat(i + 4, 10_000 + 1000 * i, rotate=3) for i in range(4)]
+    )
     common = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--salt-file", str(salt)]
 
     def night(src: Path, out: str, mapdir: Path) -> int:

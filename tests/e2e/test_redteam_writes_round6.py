@@ -54,10 +54,12 @@ def _said(done: subprocess.CompletedProcess) -> list[str]:
     ]
 
 
-def _night(tmp_path: Path, tokenizer: str, n: int) -> list[str]:
-    """An anonymize run's arguments on a log of n chats and two lines that are dead letters."""
+def _night(tmp_path: Path, tokenizer: str, n: int, start_ms: int = 0) -> list[str]:
+    """An anonymize run's arguments on a log of n chats (from start_ms) and two lines that are
+    dead letters."""
     src = write_jsonl(
-        tmp_path / f"in{n}.jsonl", [chat(i, 1000 * i) for i in range(n)] + [b"{broken", b"[]"]
+        tmp_path / f"in{n}.jsonl",
+        [chat(i, start_ms + 1000 * i) for i in range(n)] + [b"{broken", b"[]"],
     )
     salt = tmp_path / "salt"
     salt.write_text("round-six-salt-of-thirty-two-by!")
@@ -381,7 +383,7 @@ def test_an_id_map_whose_folder_name_has_a_bracket_is_continued_by_the_next_nigh
     ever runs again, and the operator is sent to restore a backup of nothing lost."""
     id_map = tmp_path / "m[1]"
     for n in (1, 2):  # two nights, two logs (a night run again leaves the map unchanged)
-        night = _night(tmp_path, tiny_tokenizer, 5 + n)
+        night = _night(tmp_path, tiny_tokenizer, 5 + n, start_ms=100_000 * n)  # nights follow
         done = _kvtrace(
             "anonymize", *night, "--output", str(tmp_path / f"out{n}"), "--id-map", str(id_map)
         )
