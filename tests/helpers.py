@@ -227,6 +227,7 @@ def trace_of(rows: list[tuple[int, float, list[int]]], block_size: int = 4) -> T
 ON_FLINK = [
     pytest.mark.slow,
     pytest.mark.flink,
+    pytest.mark.beam,  # they submit Beam pipelines from the test process
     pytest.mark.skipif(
         not os.environ.get("KVTRACE_FLINK"),
         reason=(
