@@ -134,7 +134,6 @@ def test_a_record_of_many_small_values_costs_what_the_bounds_say(tiny_tokenizer,
 DEPTH = 20_000  # a 40 KB line
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize(
     "command",
     [
@@ -461,7 +460,6 @@ def test_one_long_trace_row_costs_time_linear_in_its_bytes(tmp_path, command):
 # ---- trace JSONL: the streamed reader builds a column for every field of every row ---------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_trace_with_many_extra_fields_costs_its_trace_fields_not_a_column_each(tmp_path):
     """Round 5 made the line-by-line trace reader keep "only their trace fields as they go";
     but every JSONL trace goes first through pyarrow's streamed JSON reader
@@ -481,7 +479,6 @@ def test_a_trace_with_many_extra_fields_costs_its_trace_fields_not_a_column_each
     assert peak < 400, f"{peak} MB peak reading a {src.stat().st_size}-byte trace of 3 rows"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_nested_field_under_the_crash_depth_costs_time_linear_in_its_bytes(tmp_path):
     """Below the depth that crashes it (above), pyarrow's streamed JSON reader, first in line
     for every JSONL trace, spends time quadratic in a field's nesting: a 10 KB line nested

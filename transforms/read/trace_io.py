@@ -1,8 +1,9 @@
 """Read Mooncake traces (JSONL, .gz/.zst, Parquet) into columns, noting every malformed line.
 
-The fast path is pyarrow's multithreaded JSON reader; a file it cannot read whole (a malformed
-line somewhere) is read again line by line, so each bad line is reported with its number and
-every good line is kept.
+The fast path is pyarrow's multithreaded JSON reader, given blocks of whole lines each within
+the line reader's pre-parse rule and asked for the trace fields only; a file it cannot read
+whole (a malformed line somewhere) is read again line by line, so each bad line is reported
+with its number and every good line is kept.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import hashlib
 import json
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -403,28 +405,121 @@ def _read_jsonl_streamed(
 
 
 def _streamed_columns(stream: _Tally, path: str) -> list[dict] | None:
-    parts, rows = [], 0
-    try:
-        reader = pa_json.open_json(  # a line longer than a block is ArrowInvalid
-            stream,
-            read_options=pa_json.ReadOptions(block_size=READ_BLOCK_BYTES),
-            memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
+    """The stream's columns, block by block (_screened_blocks), pyarrow asked for the trace
+    fields only; None (read line by line) at the first block it cannot read as columns."""
+    parts, rows, schemas, session_names = [], 0, list(_READ_SCHEMAS), set()
+    for block in _screened_blocks(stream):
+        table = None if block is None else _parsed_block(block, schemas)
+        if table is None or not _well_typed(table):
+            return None
+        session_names.add(next((n for n in SESSION_FIELDS if n in table.column_names), None))
+        parts.append(
+            _columns_from_table(table, path, np.arange(rows + 1, rows + table.num_rows + 1), [])
         )
-        for batch in reader:
-            if not _well_typed(batch):
-                return None
-            parts.append(
-                _columns_from_table(batch, path, np.arange(rows + 1, rows + batch.num_rows + 1), [])
+        rows += table.num_rows
+    # A file's session field is the first one any of its rows names (as read line by line):
+    # blocks naming different ones are read line by line.
+    return parts if len(session_names - {None}) <= 1 else None
+
+
+def _screened_blocks(stream: _Tally) -> Iterator[bytes | None]:
+    """The stream in blocks of whole lines, each line checked by the line reader's pre-parse
+    rule (json_tree.containers_over, MAX_ROW_CONTAINERS) before pyarrow sees it: pyarrow's JSON
+    parser recurses natively on nesting (a 40 KB line 20,000 deep overflows the stack) and takes
+    time quadratic in it. None, and no more, at a line outside the rule or longer than a block:
+    the file is then read line by line, where that line is malformed."""
+    rest = b""
+    while True:
+        data = stream.read(READ_BLOCK_BYTES)
+        chunk = rest + data
+        end = chunk.rfind(b"\n") + 1 if data else len(chunk)
+        block, rest = chunk[:end], chunk[end:]
+        if len(rest) > READ_BLOCK_BYTES or not _lines_within_rule(block):
+            yield None
+            return
+        if block:
+            yield block
+        if not data:
+            return
+
+
+def _lines_within_rule(block: bytes) -> bool:
+    """Whether no line of a block holds more than MAX_ROW_CONTAINERS containers, as
+    json_tree.containers_over counts them. Its first count (brackets, strings included) is made
+    here for the whole block at numpy speed, so only a line over it is handed to it: a line at a
+    time was 0.6 s of a 68 MB trace's 2 s read."""
+    data = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(data == ord("\n"))
+    brackets = np.flatnonzero((data == ord("[")) | (data == ord("{")))
+    per_line = np.bincount(np.searchsorted(ends, brackets), minlength=len(ends) + 1)
+    starts = np.concatenate(([0], ends + 1))
+    ends = np.append(ends, len(block))
+    return all(
+        containers_over(block[starts[line] : ends[line]], MAX_ROW_CONTAINERS) is None
+        for line in np.flatnonzero(per_line > MAX_ROW_CONTAINERS).tolist()
+    )
+
+
+def _read_schema(session: pa.DataType) -> pa.Schema:
+    """The trace fields as pyarrow is asked for them: any other field of a row is skipped as it
+    is parsed, never a column (a row of 90,000 extra fields made 90,000 columns)."""
+    return pa.schema(
+        [
+            (TIMESTAMP_FIELD, pa.float64()),
+            (INPUT_LENGTH_FIELD, pa.int64()),
+            (OUTPUT_LENGTH_FIELD, pa.int64()),
+            (HASH_IDS_FIELD, pa.list_(pa.int64())),
+            (RESPONSE_FIELD, pa.int64()),
+            *((name, session) for name in SESSION_FIELDS),
+        ]
+    )
+
+
+# Sessions are numbers (kvtrace's) or names; pyarrow converts no number to a string.
+_READ_SCHEMAS = (_read_schema(pa.int64()), _read_schema(pa.string()))
+
+
+def _parsed_block(block: bytes, schemas: list[pa.Schema]) -> pa.Table | None:
+    """A block's trace fields, by the first of schemas that reads them (moved first, for the
+    next block), without the fields no row names; None if no schema reads them."""
+    for schema in list(schemas):
+        try:
+            table = pa_json.read_json(
+                pa.BufferReader(block),
+                read_options=pa_json.ReadOptions(block_size=len(block)),  # whole: no split line
+                parse_options=pa_json.ParseOptions(
+                    explicit_schema=schema, unexpected_field_behavior="ignore"
+                ),
+                memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
             )
-            rows += batch.num_rows
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            continue
+        schemas.remove(schema)
+        schemas.insert(0, schema)
+        return _named_only(table, block)
+    return None
+
+
+def _named_only(table: pa.Table, block: bytes) -> pa.Table | None:
+    """The table without the columns of fields no row of the block names: pyarrow gives each
+    field of the schema a column, null where a row lacks it, and an absent field is not a null
+    one (output_length: 0, or malformed; a session field: the file's, or none). A field is
+    named where its quoted name is followed by a colon (in valid JSON, only a key is); a block
+    holding escapes (\\u) may spell a name otherwise: None, read line by line."""
+    unnamed = [
+        name
+        for name in table.column_names
+        if table[name].null_count == table.num_rows
+        and not re.search(rb'"%s"\s*:' % name.encode(), block)
+    ]
+    if unnamed and b"\\u" in block:
         return None
-    return parts
+    return table.drop_columns(unnamed)
 
 
 def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
     names = set(table.schema.names)
-    if INPUT_LENGTH_FIELD not in names or not _row_containers_only(table.schema):
+    if INPUT_LENGTH_FIELD not in names:
         return False
     for name in HIGHEST:  # a null time or length is read row by row; a null response is none
         if name in names and not _column_fits(name, table[name], nulls=name == RESPONSE_FIELD):
@@ -437,17 +532,6 @@ def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:
         ):
             return False
     return True
-
-
-def _row_containers_only(schema: pa.Schema) -> bool:
-    """Whether no row of a batch may hold more containers than a row does (MAX_ROW_CONTAINERS):
-    each nested column one object or list of plain values a row, the row itself one more. A
-    batch that may is read line by line, where each row is counted, so a row is kept or
-    malformed alike whichever path its file takes."""
-    nested = [field.type for field in schema if pa.types.is_nested(field.type)]
-    return 1 + len(nested) <= MAX_ROW_CONTAINERS and not any(
-        pa.types.is_nested(kind.field(i).type) for kind in nested for i in range(kind.num_fields)
-    )
 
 
 def _column_fits(name: str, column: pa.Array | pa.ChunkedArray, nulls: bool) -> bool:
