@@ -418,8 +418,8 @@ def _streamed_columns(stream: _Tally, path: str) -> list[dict] | None:
         )
         rows += table.num_rows
     # A file's session field is the first one any of its rows names (as read line by line):
-    # blocks naming different ones are read line by line.
-    return parts if len(session_names - {None}) <= 1 else None
+    # blocks naming different ones are read line by line; so is a file of no rows (one part).
+    return parts if parts and len(session_names - {None}) <= 1 else None
 
 
 def _screened_blocks(stream: _Tally) -> Iterator[bytes | None]:
@@ -477,6 +477,9 @@ def _read_schema(session: pa.DataType) -> pa.Schema:
 
 # Sessions are numbers (kvtrace's) or names; pyarrow converts no number to a string.
 _READ_SCHEMAS = (_read_schema(pa.int64()), _read_schema(pa.string()))
+# A field named as a key: its quoted name and a colon (in valid JSON without escapes, only a
+# key is).
+_NAMED = {name: re.compile(rb'"%s"\s*:' % name.encode()) for name in READ_FIELDS}
 
 
 def _parsed_block(block: bytes, schemas: list[pa.Schema]) -> pa.Table | None:
@@ -503,18 +506,11 @@ def _parsed_block(block: bytes, schemas: list[pa.Schema]) -> pa.Table | None:
 def _named_only(table: pa.Table, block: bytes) -> pa.Table | None:
     """The table without the columns of fields no row of the block names: pyarrow gives each
     field of the schema a column, null where a row lacks it, and an absent field is not a null
-    one (output_length: 0, or malformed; a session field: the file's, or none). A field is
-    named where its quoted name is followed by a colon (in valid JSON, only a key is); a block
-    holding escapes (\\u) may spell a name otherwise: None, read line by line."""
-    unnamed = [
-        name
-        for name in table.column_names
-        if table[name].null_count == table.num_rows
-        and not re.search(rb'"%s"\s*:' % name.encode(), block)
-    ]
-    if unnamed and b"\\u" in block:
-        return None
-    return table.drop_columns(unnamed)
+    one (output_length: 0, or malformed; a session field: the file's, or none)."""
+    nulls = [name for name in table.column_names if table[name].null_count == table.num_rows]
+    if nulls and b"\\" in block:
+        return None  # an escape may spell a name (or a quote in a key seem to): line by line
+    return table.drop_columns([name for name in nulls if not _NAMED[name].search(block)])
 
 
 def _well_typed(table: pa.Table | pa.RecordBatch) -> bool:

@@ -69,6 +69,15 @@ def test_blocks_hold_whole_lines_and_a_line_longer_than_a_block_is_refused(monke
     assert _blocks(b'{"a":1}\n{"long":"123456789"}\n') == [b'{"a":1}\n', None]
 
 
+def test_a_file_of_no_rows_is_read_line_by_line_as_one_empty_part(tmp_path):
+    """As before blocks: a published shard of no rows is still counted (0 rows) against its
+    manifest."""
+    assert _read_jsonl_streamed(io.BytesIO(b""), "t.jsonl") is None
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"")
+    assert len(read_trace([str(path)])) == 0
+
+
 def test_extra_fields_never_become_columns():
     """A row of 20,000 extra fields (a 220 KB line) was 20,000 columns built by pyarrow before
     the trace fields were picked; now they are skipped as they are parsed."""
@@ -142,6 +151,7 @@ def _rows(session: st.SearchStrategy) -> st.SearchStrategy:
             "session": _maybe(session),
             "session_id": _maybe(session),
             "note": st.sampled_from(["session", "output_length", "[x]"]),
+            'x"session': st.just(1),  # a key that, escaped, holds "session":
         },
     )
 
