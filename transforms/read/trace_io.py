@@ -446,8 +446,9 @@ def _screened_blocks(stream: _Tally) -> Iterator[bytes | None]:
 def _lines_within_rule(block: bytes) -> bool:
     """Whether no line of a block holds more than MAX_ROW_CONTAINERS containers, as
     json_tree.containers_over counts them. Its first count (brackets, strings included) is made
-    here for the whole block at numpy speed, so only a line over it is handed to it: a line at a
-    time was 0.6 s of a 68 MB trace's 2 s read."""
+    here for the whole block at numpy speed, so only a line over it is handed to it. Line by line
+    it cost as much as half pyarrow's parse on short rows (63 MiB of 37-byte rows: 1.1 s of CPU,
+    0.25 s so; the parse 1.9 s)."""
     data = np.frombuffer(block, np.uint8)
     ends = np.flatnonzero(data == ord("\n"))
     brackets = np.flatnonzero((data == ord("[")) | (data == ord("{")))

@@ -14,10 +14,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.read import trace_io
+from kvtrace.transforms.read.json_tree import containers_over
 from kvtrace.transforms.read.trace_io import (
     _READ_SCHEMAS,
     MAX_ROW_CONTAINERS,
     READ_FIELDS,
+    _lines_within_rule,
     _parsed_block,
     _read_jsonl_lines,
     _read_jsonl_streamed,
@@ -26,6 +28,8 @@ from kvtrace.transforms.read.trace_io import (
     read_trace,
 )
 
+# Bytes as JSON's structure: brackets, quotes, escapes, newlines (and a letter).
+SYNTAX = bytes(b'[]{}"\\\na'[i % 8] for i in range(256))
 ROW = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]'
 
 
@@ -61,6 +65,15 @@ def test_a_nested_line_costs_time_linear_in_its_bytes(tmp_path):
     trace = read_trace([str(path)])
     assert time.process_time() - start < 1.0
     assert len(trace) == 0 and trace.malformed_count == 20
+
+
+@given(st.binary().map(lambda b: b.translate(SYNTAX)))
+def test_a_block_is_screened_as_containers_over_screens_each_of_its_lines(block):
+    """The block-wide count hands containers_over every line it could refuse: the rule is
+    the line reader's, line for line."""
+    assert _lines_within_rule(block) == all(
+        containers_over(line, MAX_ROW_CONTAINERS) is None for line in block.split(b"\n")
+    )
 
 
 def test_blocks_hold_whole_lines_and_a_line_longer_than_a_block_is_refused(monkeypatch):
