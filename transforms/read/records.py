@@ -172,12 +172,13 @@ def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[d
         return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(
             tools
         )
-    converted_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
     if "messages" in body:
-        return chat.anthropic_messages(body, drop_non_text), converted_tools
+        anthropic_tools = tools and chat.served_tools(chat.anthropic_tools(tools))
+        return chat.anthropic_messages(body, drop_non_text), anthropic_tools
     if body.get("input") is None:
         raise Rejected("no_input", "no messages or input")
-    return chat.responses_messages(body, drop_non_text), converted_tools
+    responses_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
+    return chat.responses_messages(body, drop_non_text), responses_tools
 
 
 def _prompt(prompt: str | None) -> str:
