@@ -23,6 +23,15 @@ from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
+# The request's arrival: a log's own `timestamp`, else LiteLLM's `startTime` (its standard
+# logging payload's epoch seconds, its spend logs' ISO date), read alike.
+TIMESTAMP_FIELDS = ("timestamp", "startTime")
+# Where a log keeps the request when not at its top level: an envelope's `request`, LiteLLM
+# spend logs' `proxy_server_request` (an empty object when the proxy stores no prompts).
+REQUEST_FIELDS = ("request", "proxy_server_request")
+# The OpenAI Batch API's generation endpoints, and the kind of request each takes.
+BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "prompt"}
+BATCH_JOIN = "join each input line with its output line by custom_id (docs/ANONYMIZE.md)"
 MAX_COUNT = MAX_OUTPUT_LENGTH  # also bounds the other counts a record gives
 # Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
 MAX_TOKEN_ID = 2**32 - 1
@@ -121,16 +130,19 @@ def request_from_object(
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
     check_tree(record, check_strings)
-    envelope = record.get("request")
-    body = envelope if isinstance(envelope, dict) else record
-    response = record.get("response")
-    response = response if isinstance(response, (dict, list)) else None
+    batch = "custom_id" in record
+    body_field, body = _request_body(record, batch)
+    response = _response(record, batch)
 
-    kind = _detect_kind(body) if options.input_format == "auto" else options.input_format
-    check_record(record, body, kind)
+    kind = options.input_format
+    if kind == "auto":
+        kind = _batch_kind(record) if batch and body is not record else _detect_kind(body)
+    check_record(record, body, kind, "batch" if batch else "log", body_field)
+    if batch:
+        _check_batch(record, body)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
-        fields["messages"], fields["tools"] = _chat(body, options.drop_non_text_parts)
+        fields["messages"], fields["tools"] = _chat(body, _tools(record, body), options)
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
     elif kind == "tokens":
@@ -141,7 +153,9 @@ def request_from_object(
     ts = _timestamp(record, body, response, options.timestamp_unit)
     if ts is None:
         # A default would become the export's origin and shift every other row: never guess.
-        raise Rejected("missing_timestamp", "no timestamp or created field")
+        if batch:
+            raise Rejected("missing_timestamp", f"a Batch input line has no time: {BATCH_JOIN}")
+        raise Rejected("missing_timestamp", "no timestamp, startTime or created field")
     output_text, output_length = _output(record, body, response)
     return Request(
         source=source,
@@ -156,6 +170,62 @@ def request_from_object(
     )
 
 
+def _request_body(record: dict[str, Any], batch: bool) -> tuple[str, dict[str, Any]]:
+    """(the field holding the request, the request): a Batch line's `body`, else the first of
+    REQUEST_FIELDS holding a non-empty object, else the record itself."""
+    for name in ("body",) if batch else REQUEST_FIELDS:
+        value = record.get(name)
+        if isinstance(value, dict) and (value or batch):
+            return name, value
+    if record.get("proxy_server_request") == {} and not isinstance(record.get("messages"), list):
+        raise Rejected(
+            "no_input",
+            "a LiteLLM spend log without its request (the proxy keeps it only with "
+            "store_prompts_in_spend_logs)",
+        )
+    return "request", record
+
+
+def _response(record: dict[str, Any], batch: bool) -> dict | list | None:
+    """The response object (or streamed chunks): a Batch output line's `response.body`."""
+    response = record.get("response")
+    if batch:
+        response = response.get("body") if isinstance(response, dict) else None
+    return response if isinstance(response, (dict, list)) else None
+
+
+def _batch_kind(record: dict[str, Any]) -> str:
+    """The kind of request a Batch line's endpoint takes; other endpoints generate nothing."""
+    url = record.get("url")
+    if url is None:
+        return _detect_kind(record["body"])
+    if not isinstance(url, str) or url not in BATCH_URLS:
+        raise Rejected(
+            "unsupported_request", f"a Batch request to {str(url)[:64]!r}: not a generation"
+        )
+    return BATCH_URLS[url]
+
+
+def _check_batch(record: dict[str, Any], body: dict[str, Any]) -> None:
+    if body is record:
+        raise Rejected("no_input", f"a Batch output line holds no request: {BATCH_JOIN}")
+    error = record.get("error")
+    if error is not None:
+        code = error.get("code")
+        raise Rejected(
+            "failed_request",
+            f"the Batch API served no response (error {str(code)[:64]!r}): no request to trace",
+        )
+
+
+def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:
+    """A chat's tools; LiteLLM's standard logging payload keeps them in model_parameters."""
+    if "tools" in body or body is not record:
+        return body.get("tools")
+    parameters = record.get("model_parameters")
+    return parameters.get("tools") if isinstance(parameters, dict) else None
+
+
 def _detect_kind(body: dict[str, Any]) -> str:
     if "messages" in body or ("input" in body and not isinstance(body["input"], (int, float))):
         return "chat"
@@ -166,8 +236,11 @@ def _detect_kind(body: dict[str, Any]) -> str:
     return "none"
 
 
-def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
-    tools = body.get("tools") or None  # a list of objects, its shape says
+def _chat(
+    body: dict[str, Any], tools: list | None, options: ParseOptions
+) -> tuple[list[dict], list[dict] | None]:
+    drop_non_text = options.drop_non_text_parts
+    tools = tools or None  # a list of objects, its shape says
     if "messages" in body and not chat.is_anthropic(body):
         return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(
             tools
@@ -201,13 +274,16 @@ def _token_ids(ids: list[int] | None) -> list[int]:
 
 
 def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str) -> int | None:
-    for holder in (record, body):
-        if holder.get("timestamp") is not None:
-            return timestamp_ms(holder["timestamp"], unit)
+    for name in TIMESTAMP_FIELDS:
+        for holder in (record, body):
+            if holder.get(name) is not None:
+                return timestamp_ms(holder[name], unit)
     first_chunk = response[0] if isinstance(response, list) and response else response
     for holder in (record, body, first_chunk if isinstance(first_chunk, dict) else {}):
         if holder.get("created") is not None:
             return timestamp_ms(holder["created"], "s")  # OpenAI's `created` is epoch seconds
+    if isinstance(first_chunk, dict) and first_chunk.get("created_at") is not None:
+        return timestamp_ms(first_chunk["created_at"], "s")  # a Responses API response's
     return None
 
 
@@ -221,6 +297,8 @@ def _output(
     for holder in (record, body):
         if "output_length" in holder:
             return None, _count(holder["output_length"], "output_length")
+    if "completion_tokens" in record:  # LiteLLM's logs
+        return None, _count(record["completion_tokens"], "completion_tokens")
     if response is None:
         return None, None
     for chunk in reversed(response if isinstance(response, list) else [response]):

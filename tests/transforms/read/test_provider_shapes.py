@@ -165,3 +165,184 @@ def test_an_anthropic_tool_without_input_schema_is_refused_as_vllm_refuses_it():
         "messages": [{"role": "user", "content": "hi"}],
     }
     assert rejection(record).reason == "invalid_request"
+
+
+# ---- LiteLLM's logs ---------------------------------------------------------------------------
+
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": WEATHER_SCHEMA,
+        },
+    }
+]
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+]
+ENGINE_TOOLS = [function("get_weather", "Weather in a city", WEATHER_SCHEMA)]
+CHAT_RESPONSE = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1_732_700_001,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "Sunny.", "tool_calls": None},
+        }
+    ],
+    "usage": {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37},
+}
+# LiteLLM's StandardLoggingPayload: epoch-second floats, the chat at the top level, tools in
+# model_parameters (which never holds the messages).
+STANDARD_LOGGING_PAYLOAD = {
+    "id": "chatcmpl-1",
+    "call_type": "acompletion",
+    "status": "success",
+    "startTime": 1_732_700_000.123,
+    "endTime": 1_732_700_001.5,
+    "completionStartTime": 1_732_700_000.9,
+    "response_time": 1.377,
+    "model": "m",
+    "messages": CHAT,
+    "model_parameters": {"temperature": 0.2, "tools": OPENAI_TOOLS},
+    "response": CHAT_RESPONSE,
+    "prompt_tokens": 30,
+    "completion_tokens": 7,
+    "total_tokens": 37,
+    "metadata": {"user_api_key_hash": "h"},
+}
+# A row of LiteLLM's spend logs table: ISO dates; the request as the proxy took it in
+# proxy_server_request when it stores prompts.
+SPEND_LOG = {
+    "request_id": "chatcmpl-1",
+    "call_type": "acompletion",
+    "startTime": "2024-11-27T09:33:20.123000Z",
+    "endTime": "2024-11-27 09:33:21.500000+00:00",
+    "prompt_tokens": 30,
+    "completion_tokens": 7,
+    "messages": {},
+    "response": {},
+    "session_id": "s1",
+    "proxy_server_request": {"model": "m", "messages": CHAT, "tools": OPENAI_TOOLS},
+}
+
+
+@pytest.mark.parametrize("record", [STANDARD_LOGGING_PAYLOAD, SPEND_LOG], ids=["payload", "spend"])
+def test_litellm_logs_render_as_the_engine_renders_their_request(tokenizers, record):
+    ours, auto = tokenizers
+    assert kvtrace_ids(ours, record) == engine_ids(auto, CHAT, ENGINE_TOOLS)
+
+
+@pytest.mark.parametrize("record", [STANDARD_LOGGING_PAYLOAD, SPEND_LOG], ids=["payload", "spend"])
+def test_litellm_start_and_end_times_are_read_to_the_ms_not_whole_second_created(record):
+    request = parse(record)
+    assert request.timestamp_ms == 1_732_700_000_123  # `created` would say ..._001_000
+    assert request.response_ms == 1_377
+    assert request.output_length == 7 and request.output_text is None
+
+
+def test_litellm_spend_logs_keep_their_session():
+    assert parse(SPEND_LOG).session == "s1"
+
+
+def test_a_spend_log_without_its_request_says_why():
+    record = {**SPEND_LOG, "proxy_server_request": {}}
+    caught = rejection(record)
+    assert caught.reason == "no_input" and "store_prompts_in_spend_logs" in caught.message
+
+
+def test_litellm_fields_are_held_to_their_declared_types():
+    caught = rejection({**STANDARD_LOGGING_PAYLOAD, "model_parameters": {"tools": "x"}})
+    assert caught.reason == "wrong_type" and "model_parameters.tools" in caught.message
+    spend_log_of_strings = {k: v for k, v in SPEND_LOG.items() if k != "messages"}
+    caught = rejection({**spend_log_of_strings, "proxy_server_request": "{}"})
+    assert caught.reason == "wrong_type" and "proxy_server_request" in caught.message
+
+
+# ---- OpenAI Batch files -----------------------------------------------------------------------
+
+BATCH_INPUT = {
+    "custom_id": "r1",
+    "method": "POST",
+    "url": "/v1/chat/completions",
+    "body": {"model": "m", "messages": CHAT, "tools": OPENAI_TOOLS, "max_tokens": 100},
+}
+BATCH_OUTPUT = {
+    "id": "batch_req_1",
+    "custom_id": "r1",
+    "response": {"status_code": 200, "request_id": "req_1", "body": CHAT_RESPONSE},
+    "error": None,
+}
+BATCH_JOINED = {**BATCH_INPUT, "response": BATCH_OUTPUT["response"], "error": None}
+
+
+def test_a_joined_batch_line_renders_as_the_engine_renders_its_body(tokenizers):
+    ours, auto = tokenizers
+    assert kvtrace_ids(ours, BATCH_JOINED) == engine_ids(auto, CHAT, ENGINE_TOOLS)
+
+
+def test_a_joined_batch_line_takes_its_time_and_length_from_the_response_body():
+    request = parse(BATCH_JOINED)
+    assert request.timestamp_ms == 1_732_700_001_000
+    assert request.output_length == 7
+
+
+def test_each_batch_file_alone_is_a_dead_letter_that_says_to_join_them():
+    for line, reason in ((BATCH_INPUT, "missing_timestamp"), (BATCH_OUTPUT, "no_input")):
+        caught = rejection(line)
+        assert caught.reason == reason and "custom_id" in caught.message
+
+
+def test_a_batch_request_that_failed_is_no_request_to_trace():
+    failed = {**BATCH_INPUT, "response": None, "error": {"code": "batch_expired", "message": "m"}}
+    assert rejection(failed).reason == "failed_request"
+
+
+def test_batch_endpoints_pick_the_request_kind_and_others_are_refused():
+    completion = {
+        **BATCH_JOINED,
+        "url": "/v1/completions",
+        "body": {"model": "m", "prompt": "Once upon"},
+    }
+    assert parse(completion).prompt == "Once upon"
+    embeddings = {**BATCH_JOINED, "url": "/v1/embeddings", "body": {"input": "x"}}
+    assert rejection(embeddings).reason == "unsupported_request"
+
+
+def test_a_responses_api_batch_line_is_timed_by_its_created_at():
+    line = {
+        "custom_id": "r2",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": "m", "instructions": "Be brief.", "input": "Weather in Paris?"},
+        "response": {
+            "status_code": 200,
+            "request_id": "req_2",
+            "body": {
+                "object": "response",
+                "created_at": 1_732_700_002,
+                "output": [],
+                "usage": {"input_tokens": 9, "output_tokens": 5},
+            },
+        },
+    }
+    request = parse(line)
+    assert request.messages == CHAT
+    assert (request.timestamp_ms, request.output_length) == (1_732_700_002_000, 5)
+
+
+def test_batch_fields_are_held_to_their_declared_types():
+    caught = rejection({**BATCH_JOINED, "body": "x"})
+    assert caught.reason == "wrong_type" and caught.message.startswith("body is a string")
+    bad_body = {
+        **BATCH_OUTPUT["response"],
+        "body": {**CHAT_RESPONSE, "usage": {"completion_tokens": "7"}},
+    }
+    caught = rejection({**BATCH_JOINED, "response": bad_body})
+    assert "response.body.usage.completion_tokens" in caught.message
