@@ -31,6 +31,10 @@ TIMESTAMP_FIELDS = ("timestamp", "startTime")
 REQUEST_FIELDS = ("request", "proxy_server_request")
 # The OpenAI Batch API's generation endpoints, and the kind of request each takes.
 BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "prompt"}
+ONE_OBJECT_PER_LINE = (
+    "kvtrace reads one JSON object per line (JSONL), not pretty-printed JSON or a JSON array: "
+    "jq -c . (objects) or jq -c '.[]' (an array) writes it so"
+)
 BATCH_JOIN = "join each input line with its output line by custom_id (docs/ANONYMIZE.md)"
 MAX_COUNT = MAX_OUTPUT_LENGTH  # also bounds the other counts a record gives
 # Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
@@ -91,6 +95,8 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
             f"bytes each",
         )
     record, check_strings = load_json_line(line)
+    if isinstance(record, list):
+        raise Rejected("not_an_object", f"a JSON array, not an object: {ONE_OBJECT_PER_LINE}")
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
     return request_from_object(record, line, source, options, check_strings=check_strings)
@@ -118,7 +124,20 @@ def _loads_lenient(line: bytes) -> Any:
     except RecursionError:
         raise Rejected("too_deep", "JSON nested too deep to parse") from None
     except ValueError as err:  # also integers of more than 4300 digits
-        raise Rejected("invalid_json", f"not JSON: {str(err)[:200]}") from None
+        hint = f"; {ONE_OBJECT_PER_LINE}" if _piece_of_wider_json(text) else ""
+        raise Rejected("invalid_json", f"not JSON: {str(err)[:200]}{hint}") from None
+
+
+def _piece_of_wider_json(text: str) -> bool:
+    """Whether a line that is not JSON reads as a line of JSON written over many lines (a
+    pretty-printed object, an array of them): it opens or closes a bracket, opens with a key
+    or indentation, or ends where a value goes on."""
+    stripped = text.strip()
+    return (
+        stripped[:1] in ("[", "]", "{", "}", '"')
+        or text[:1] in (" ", "\t")
+        or stripped.endswith((",", "{", "[", ":"))
+    )
 
 
 def request_from_object(

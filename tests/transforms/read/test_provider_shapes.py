@@ -10,6 +10,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import shared_path
 from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
@@ -346,3 +348,46 @@ def test_batch_fields_are_held_to_their_declared_types():
     }
     caught = rejection({**BATCH_JOINED, "response": bad_body})
     assert "response.body.usage.completion_tokens" in caught.message
+
+
+# ---- One object per line ---------------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def letter_of(line: bytes) -> Rejected:
+    with pytest.raises(Rejected) as caught:
+        parse_record(line, "t.jsonl", ParseOptions())
+    return caught.value
+
+
+@given(st.dictionaries(st.text(max_size=6), JSON_VALUES, min_size=1, max_size=4), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_each_line_of_pretty_printed_json_that_is_no_record_says_one_object_per_line(
+    record, in_array
+):
+    text = json.dumps([record, record] if in_array else record, indent=2)
+    for line in text.encode().split(b"\n"):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            assert "one JSON object per line" in letter_of(line).message
+            continue
+        if isinstance(value, list):
+            assert "one JSON object per line" in letter_of(line).message
+
+
+def test_a_compact_array_on_one_line_says_one_object_per_line():
+    caught = letter_of(json.dumps([{**TS, "prompt": "a"}, {**TS, "prompt": "b"}]).encode())
+    assert caught.reason == "not_an_object" and "jq -c '.[]'" in caught.message
+
+
+def test_a_line_that_is_no_json_of_any_shape_gets_no_hint():
+    caught = letter_of(b"GET /v1/chat/completions 200")
+    assert caught.reason == "invalid_json" and "per line" not in caught.message
