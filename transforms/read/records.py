@@ -173,7 +173,7 @@ def request_from_object(
     if ts is None:
         # A default would become the export's origin and shift every other row: never guess.
         if batch:
-            raise Rejected("missing_timestamp", f"a Batch input line has no time: {BATCH_JOIN}")
+            raise Rejected("unjoined_batch", f"a Batch input line has no time: {BATCH_JOIN}")
         raise Rejected("missing_timestamp", "no timestamp, startTime or created field")
     output_text, output_length = _output(record, body, response)
     return Request(
@@ -227,7 +227,7 @@ def _batch_kind(record: dict[str, Any]) -> str:
 
 def _check_batch(record: dict[str, Any], body: dict[str, Any]) -> None:
     if body is record:
-        raise Rejected("no_input", f"a Batch output line holds no request: {BATCH_JOIN}")
+        raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
     error = record.get("error")
     if error is not None:
         code = error.get("code")
