@@ -161,7 +161,9 @@ def request_from_object(
         _check_batch(record, body)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
-        fields["messages"], fields["tools"] = _chat(body, _tools(record, body), options)
+        fields["messages"], fields["tools"] = _chat(
+            body, _tools(record, body), options.drop_non_text_parts
+        )
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
     elif kind == "tokens":
@@ -216,12 +218,10 @@ def _response(record: dict[str, Any], batch: bool) -> dict | list | None:
 def _batch_kind(record: dict[str, Any]) -> str:
     """The kind of request a Batch line's endpoint takes; other endpoints generate nothing."""
     url = record.get("url")
-    if url is None:
+    if not isinstance(url, str):  # absent, or of a type its shape refuses next
         return _detect_kind(record["body"])
-    if not isinstance(url, str) or url not in BATCH_URLS:
-        raise Rejected(
-            "unsupported_request", f"a Batch request to {str(url)[:64]!r}: not a generation"
-        )
+    if url not in BATCH_URLS:
+        raise Rejected("unsupported_request", f"a Batch request to {url[:64]!r}: not a generation")
     return BATCH_URLS[url]
 
 
@@ -256,9 +256,8 @@ def _detect_kind(body: dict[str, Any]) -> str:
 
 
 def _chat(
-    body: dict[str, Any], tools: list | None, options: ParseOptions
+    body: dict[str, Any], tools: list | None, drop_non_text: bool
 ) -> tuple[list[dict], list[dict] | None]:
-    drop_non_text = options.drop_non_text_parts
     tools = tools or None  # a list of objects, its shape says
     if "messages" in body and not chat.is_anthropic(body):
         return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(

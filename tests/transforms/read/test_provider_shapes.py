@@ -391,3 +391,8 @@ def test_a_compact_array_on_one_line_says_one_object_per_line():
 def test_a_line_that_is_no_json_of_any_shape_gets_no_hint():
     caught = letter_of(b"GET /v1/chat/completions 200")
     assert caught.reason == "invalid_json" and "per line" not in caught.message
+
+
+def test_a_batch_url_of_the_wrong_type_is_named_as_any_field_is():
+    caught = rejection({**BATCH_JOINED, "url": 7})
+    assert (caught.reason, caught.message) == ("wrong_type", "url is an integer, not a string")
