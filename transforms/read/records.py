@@ -1,9 +1,10 @@
 """Parse one log record (a JSON object) into a Request, or reject it with a reason.
 
 Shapes, detected per record unless forced: chat (OpenAI `messages`, the Responses API's `input`
-and `instructions`, Anthropic Messages with a top-level `system`), prompt (`prompt`, already
-formatted), tokens (`input_ids`); any of them may sit inside a log envelope
-{"request": {...}, "response": {...}}, the response possibly a list of streamed chunks.
+and `instructions`, Anthropic Messages told by its own fields: chat.is_anthropic), prompt
+(`prompt`, already formatted), tokens (`input_ids`); any of them may sit inside a log envelope
+{"request": {...}, "response": {...}}, the response possibly a list of streamed chunks, or in
+the envelopes providers keep: LiteLLM's logging payload and spend logs, OpenAI Batch lines.
 Every field is held to its declared shape (read/shapes.py: the types the serving engine would
 accept), then checked for range; every string for valid Unicode.
 """
