@@ -70,7 +70,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         metavar="PATH_OR_GLOB",
         help="request logs: JSONL (also .gz/.zst/.bz2) or Parquet, with chat, prompt or token "
         "records; several words or repeated flags are all read, and a word that matches "
-        "no file is an error (required)",
+        "no file is an error; - is standard input (required)",
     )
     add("--output", metavar="DIR", help="where the trace goes (required)")
     add(
@@ -410,6 +410,16 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from kvtrace.transforms.read.decompress import STANDARD_INPUT, spooled_standard_input
+
+    if args.streaming or STANDARD_INPUT not in (args.input or ()):
+        return _run(args, beam_args)
+    with spooled_standard_input() as spooled:  # `--input -`: read as the file it is spooled to
+        args.input = [spooled if word == STANDARD_INPUT else word for word in args.input]
+        return _run(args, beam_args)
+
+
+def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
     from kvtrace.transforms import storage
     from kvtrace.transforms.encode.blocks import salt_fingerprint

@@ -28,8 +28,8 @@ SHAPES = {
             )
             for i in range(3)
         ),
-        "no_input 3",
-        "an OpenAI Batch file holds them under body",
+        "unjoined_batch 3",  # each line's letter says to join it with its output line
+        "expected one JSON object per line with messages (or prompt) and timestamp",
     ),
     "ts-not-timestamp": (
         "\n".join(json.dumps({"ts": 1763700000000 + i, "messages": MESSAGES}) for i in range(3)),

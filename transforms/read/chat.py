@@ -39,8 +39,18 @@ ANTHROPIC_BLOCK_TYPES = frozenset({"tool_use", "tool_result", "thinking", "redac
 
 
 def is_anthropic(body: dict[str, Any]) -> bool:
-    """Anthropic Messages: a top-level system prompt, or content blocks only Anthropic uses."""
-    if "system" in body and "messages" in body:
+    """Anthropic Messages, told by the fields only Anthropic's API has: a top-level system
+    prompt, a tool defined by `input_schema`, or content blocks only Anthropic uses. (Its
+    required `max_tokens` tells nothing: Chat Completions takes one too; and a request with none
+    of these renders alike either way: string or text-block content.)"""
+    if "messages" not in body:
+        return False
+    if "system" in body:
+        return True
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(
+        isinstance(tool, dict) and "input_schema" in tool for tool in tools
+    ):
         return True
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -288,8 +298,8 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
                 )
             elif kind == "thinking":
                 thinking.append(_string(block.get("thinking"), f"message {index} thinking"))
-            elif kind == "redacted_thinking":
-                continue
+            elif kind == "redacted_thinking" or (kind == "text" and block.get("text") == ""):
+                continue  # vLLM's Anthropic server skips empty text blocks too
             else:
                 texts.append(block)
         messages.extend(results)  # tool results answer the previous turn's calls: they come first
@@ -301,7 +311,7 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
             if thinking:
                 normalized["reasoning"] = normalized["reasoning_content"] = "".join(thinking)
             messages.append(normalized)
-        elif text or not results:
+        elif texts:  # a user turn of tool results (or nothing) alone is no message of its own
             messages.append({"role": role, "content": text})
     return messages
 
@@ -327,7 +337,7 @@ def _anthropic_system(system: Any) -> str:
 
 
 def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Anthropic and Responses API tool definitions in the Chat Completions form templates read."""
+    """Responses API tool definitions in the Chat Completions form templates read."""
     return [
         tool
         if "function" in tool
@@ -336,11 +346,30 @@ def chat_completions_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "function": {
                 "name": tool.get("name"),
                 "description": tool.get("description"),
-                "parameters": tool.get("input_schema", tool.get("parameters")),
+                "parameters": tool.get("parameters"),
             },
         }
         for tool in tools
     ]
+
+
+def anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Anthropic tool definitions as vLLM's Anthropic server hands them on: every tool needs a
+    name and an `input_schema` (its request model refuses the request otherwise), which becomes
+    the function's parameters, with `"type": "object"` added last when the schema has no type,
+    as its validator adds it."""
+    converted = []
+    for index, tool in enumerate(tools):
+        name, schema = tool.get("name"), tool.get("input_schema")
+        if not isinstance(name, str) or not isinstance(schema, dict):
+            raise Rejected(
+                "invalid_request",
+                f"tool {index} of an Anthropic request has no name and input_schema",
+            )
+        parameters = schema if "type" in schema else {**schema, "type": "object"}
+        function = {"name": name, "description": tool.get("description"), "parameters": parameters}
+        converted.append({"type": "function", "function": function})
+    return converted
 
 
 def served_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

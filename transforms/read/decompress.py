@@ -19,11 +19,18 @@ record: garbage becomes an invalid_json dead letter).
 from __future__ import annotations
 
 import bz2
+import contextlib
 import io
 import lzma
+import os
+import shutil
 import sys
+import tempfile
 import zlib
+from collections.abc import Iterator
 from typing import IO, Any
+
+from kvtrace.transforms.errors import ConfigError
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -159,3 +166,69 @@ class DecodedStream(io.RawIOBase):
     def close(self) -> None:
         self._raw.close()
         super().close()
+
+
+# ---- Standard input (`--input -`) -------------------------------------------------------------
+
+STANDARD_INPUT = "-"
+# Standard input has no name to tell its form by: its first bytes do (no JSON text starts with
+# any of these), and the spooled copy is named for it, so every reader takes it as the file it
+# is, within every bound a file of that name is read in.
+MAGIC_SUFFIXES = (
+    (b"\x1f\x8b", ".jsonl.gz"),
+    (b"BZh", ".jsonl.bz2"),
+    (b"\xfd7zXZ\x00", ".jsonl.xz"),
+    (b"\x28\xb5\x2f\xfd", ".jsonl.zst"),
+    (b"PAR1", ".parquet"),
+)
+SPOOL_STEP_BYTES = 1 << 20
+# What the spool leaves free on its file system: a stream that never ends (or outgrows the
+# disk) stops here with a one-line error, never by filling the disk under the run's own output.
+SPOOL_RESERVE_BYTES = 1 << 30
+
+
+def standard_input_name(head: bytes) -> str:
+    """The spooled copy's file name, for the form the input's first bytes say it has."""
+    for magic, suffix in MAGIC_SUFFIXES:
+        if head.startswith(magic):
+            return "stdin" + suffix
+    return "stdin.jsonl"
+
+
+@contextlib.contextmanager
+def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
+    """Standard input copied, 1 MiB at a time, to a private folder of the temporary directory
+    ($TMPDIR), as a file the run reads like any other (in byte ranges, by every worker, its
+    records in any order to the same output), removed when the run ends. Refused in one line
+    when it is a terminal (the run would wait for typing) or would leave its file system less
+    than SPOOL_RESERVE_BYTES free."""
+    stream = source if source is not None else sys.stdin.buffer
+    if stream.isatty():
+        raise ConfigError("--input - reads standard input, which is a terminal: pipe a log in")
+    folder = tempfile.mkdtemp(prefix="kvtrace-stdin-")  # readable by this user alone
+    try:
+        yield _spool(stream, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _spool(stream: IO[bytes], folder: str) -> str:
+    budget = shutil.disk_usage(folder).free - SPOOL_RESERVE_BYTES
+    chunk = stream.read(SPOOL_STEP_BYTES)
+    path = os.path.join(folder, standard_input_name(chunk))
+    written = 0
+    try:
+        with open(path, "wb") as spool:
+            while chunk:
+                written += len(chunk)
+                if written > budget:
+                    raise ConfigError(
+                        f"standard input is over {max(budget, 0)} bytes, what {folder}'s file "
+                        f"system holds less {SPOOL_RESERVE_BYTES >> 30} GiB: give --input a "
+                        "file, or set TMPDIR to a larger disk"
+                    )
+                spool.write(chunk)
+                chunk = stream.read(SPOOL_STEP_BYTES)
+    except OSError as err:
+        raise ConfigError(f"standard input could not be spooled to {folder}: {err}") from None
+    return path

@@ -1,9 +1,10 @@
 """Parse one log record (a JSON object) into a Request, or reject it with a reason.
 
 Shapes, detected per record unless forced: chat (OpenAI `messages`, the Responses API's `input`
-and `instructions`, Anthropic Messages with a top-level `system`), prompt (`prompt`, already
-formatted), tokens (`input_ids`); any of them may sit inside a log envelope
-{"request": {...}, "response": {...}}, the response possibly a list of streamed chunks.
+and `instructions`, Anthropic Messages told by its own fields: chat.is_anthropic), prompt
+(`prompt`, already formatted), tokens (`input_ids`); any of them may sit inside a log envelope
+{"request": {...}, "response": {...}}, the response possibly a list of streamed chunks, or in
+the envelopes providers keep: LiteLLM's logging payload and spend logs, OpenAI Batch lines.
 Every field is held to its declared shape (read/shapes.py: the types the serving engine would
 accept), then checked for range; every string for valid Unicode.
 """
@@ -23,6 +24,19 @@ from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
 INPUT_FORMATS = ("auto", "chat", "prompt", "tokens")
+# The request's arrival: a log's own `timestamp`, else LiteLLM's `startTime` (its standard
+# logging payload's epoch seconds, its spend logs' ISO date), read alike.
+TIMESTAMP_FIELDS = ("timestamp", "startTime")
+# Where a log keeps the request when not at its top level: an envelope's `request`, LiteLLM
+# spend logs' `proxy_server_request` (an empty object when the proxy stores no prompts).
+REQUEST_FIELDS = ("request", "proxy_server_request")
+# The OpenAI Batch API's generation endpoints, and the kind of request each takes.
+BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "prompt"}
+ONE_OBJECT_PER_LINE = (
+    "kvtrace reads one JSON object per line (JSONL), not pretty-printed JSON or a JSON array: "
+    "jq -c . (objects) or jq -c '.[]' (an array) writes it so"
+)
+BATCH_JOIN = "join each input line with its output line by custom_id (docs/ANONYMIZE.md)"
 MAX_COUNT = MAX_OUTPUT_LENGTH  # also bounds the other counts a record gives
 # Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
 MAX_TOKEN_ID = 2**32 - 1
@@ -82,6 +96,8 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
             f"bytes each",
         )
     record, check_strings = load_json_line(line)
+    if isinstance(record, list):
+        raise Rejected("not_an_object", f"a JSON array, not an object: {ONE_OBJECT_PER_LINE}")
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
     return request_from_object(record, line, source, options, check_strings=check_strings)
@@ -109,7 +125,20 @@ def _loads_lenient(line: bytes) -> Any:
     except RecursionError:
         raise Rejected("too_deep", "JSON nested too deep to parse") from None
     except ValueError as err:  # also integers of more than 4300 digits
-        raise Rejected("invalid_json", f"not JSON: {str(err)[:200]}") from None
+        hint = f"; {ONE_OBJECT_PER_LINE}" if _piece_of_wider_json(text) else ""
+        raise Rejected("invalid_json", f"not JSON: {str(err)[:200]}{hint}") from None
+
+
+def _piece_of_wider_json(text: str) -> bool:
+    """Whether a line that is not JSON reads as a line of JSON written over many lines (a
+    pretty-printed object, an array of them): it opens or closes a bracket, opens with a key
+    or indentation, or ends where a value goes on."""
+    stripped = text.strip()
+    return (
+        stripped[:1] in ("[", "]", "{", "}", '"')
+        or text[:1] in (" ", "\t")
+        or stripped.endswith((",", "{", "[", ":"))
+    )
 
 
 def request_from_object(
@@ -121,16 +150,21 @@ def request_from_object(
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
     check_tree(record, check_strings)
-    envelope = record.get("request")
-    body = envelope if isinstance(envelope, dict) else record
-    response = record.get("response")
-    response = response if isinstance(response, (dict, list)) else None
+    batch = "custom_id" in record
+    body_field, body = _request_body(record, batch)
+    response = _response(record, batch)
 
-    kind = _detect_kind(body) if options.input_format == "auto" else options.input_format
-    check_record(record, body, kind)
+    kind = options.input_format
+    if kind == "auto":
+        kind = _batch_kind(record) if batch and body is not record else _detect_kind(body)
+    check_record(record, body, kind, "batch" if batch else "log", body_field)
+    if batch:
+        _check_batch(record, body)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
-        fields["messages"], fields["tools"] = _chat(body, options.drop_non_text_parts)
+        fields["messages"], fields["tools"] = _chat(
+            body, _tools(record, body), options.drop_non_text_parts
+        )
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
     elif kind == "tokens":
@@ -141,7 +175,9 @@ def request_from_object(
     ts = _timestamp(record, body, response, options.timestamp_unit)
     if ts is None:
         # A default would become the export's origin and shift every other row: never guess.
-        raise Rejected("missing_timestamp", "no timestamp or created field")
+        if batch:
+            raise Rejected("unjoined_batch", f"a Batch input line has no time: {BATCH_JOIN}")
+        raise Rejected("missing_timestamp", "no timestamp, startTime or created field")
     output_text, output_length = _output(record, body, response)
     return Request(
         source=source,
@@ -156,6 +192,60 @@ def request_from_object(
     )
 
 
+def _request_body(record: dict[str, Any], batch: bool) -> tuple[str, dict[str, Any]]:
+    """(the field holding the request, the request): a Batch line's `body`, else the first of
+    REQUEST_FIELDS holding a non-empty object, else the record itself."""
+    for name in ("body",) if batch else REQUEST_FIELDS:
+        value = record.get(name)
+        if isinstance(value, dict) and (value or batch):
+            return name, value
+    if record.get("proxy_server_request") == {} and not isinstance(record.get("messages"), list):
+        raise Rejected(
+            "no_input",
+            "a LiteLLM spend log without its request (the proxy keeps it only with "
+            "store_prompts_in_spend_logs)",
+        )
+    return "request", record
+
+
+def _response(record: dict[str, Any], batch: bool) -> dict | list | None:
+    """The response object (or streamed chunks): a Batch output line's `response.body`."""
+    response = record.get("response")
+    if batch:
+        response = response.get("body") if isinstance(response, dict) else None
+    return response if isinstance(response, (dict, list)) else None
+
+
+def _batch_kind(record: dict[str, Any]) -> str:
+    """The kind of request a Batch line's endpoint takes; other endpoints generate nothing."""
+    url = record.get("url")
+    if not isinstance(url, str):  # absent, or of a type its shape refuses next
+        return _detect_kind(record["body"])
+    if url not in BATCH_URLS:
+        raise Rejected("unsupported_request", f"a Batch request to {url[:64]!r}: not a generation")
+    return BATCH_URLS[url]
+
+
+def _check_batch(record: dict[str, Any], body: dict[str, Any]) -> None:
+    if body is record:
+        raise Rejected("unjoined_batch", f"a Batch output line holds no request: {BATCH_JOIN}")
+    error = record.get("error")
+    if error is not None:
+        code = error.get("code")
+        raise Rejected(
+            "failed_request",
+            f"the Batch API served no response (error {str(code)[:64]!r}): no request to trace",
+        )
+
+
+def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:
+    """A chat's tools; LiteLLM's standard logging payload keeps them in model_parameters."""
+    if "tools" in body or body is not record:
+        return body.get("tools")
+    parameters = record.get("model_parameters")
+    return parameters.get("tools") if isinstance(parameters, dict) else None
+
+
 def _detect_kind(body: dict[str, Any]) -> str:
     if "messages" in body or ("input" in body and not isinstance(body["input"], (int, float))):
         return "chat"
@@ -166,18 +256,21 @@ def _detect_kind(body: dict[str, Any]) -> str:
     return "none"
 
 
-def _chat(body: dict[str, Any], drop_non_text: bool) -> tuple[list[dict], list[dict] | None]:
-    tools = body.get("tools") or None  # a list of objects, its shape says
+def _chat(
+    body: dict[str, Any], tools: list | None, drop_non_text: bool
+) -> tuple[list[dict], list[dict] | None]:
+    tools = tools or None  # a list of objects, its shape says
     if "messages" in body and not chat.is_anthropic(body):
         return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(
             tools
         )
-    converted_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
     if "messages" in body:
-        return chat.anthropic_messages(body, drop_non_text), converted_tools
+        anthropic_tools = tools and chat.served_tools(chat.anthropic_tools(tools))
+        return chat.anthropic_messages(body, drop_non_text), anthropic_tools
     if body.get("input") is None:
         raise Rejected("no_input", "no messages or input")
-    return chat.responses_messages(body, drop_non_text), converted_tools
+    responses_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
+    return chat.responses_messages(body, drop_non_text), responses_tools
 
 
 def _prompt(prompt: str | None) -> str:
@@ -200,13 +293,16 @@ def _token_ids(ids: list[int] | None) -> list[int]:
 
 
 def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str) -> int | None:
-    for holder in (record, body):
-        if holder.get("timestamp") is not None:
-            return timestamp_ms(holder["timestamp"], unit)
+    for name in TIMESTAMP_FIELDS:
+        for holder in (record, body):
+            if holder.get(name) is not None:
+                return timestamp_ms(holder[name], unit)
     first_chunk = response[0] if isinstance(response, list) and response else response
     for holder in (record, body, first_chunk if isinstance(first_chunk, dict) else {}):
         if holder.get("created") is not None:
             return timestamp_ms(holder["created"], "s")  # OpenAI's `created` is epoch seconds
+    if isinstance(first_chunk, dict) and first_chunk.get("created_at") is not None:
+        return timestamp_ms(first_chunk["created_at"], "s")  # a Responses API response's
     return None
 
 
@@ -220,6 +316,8 @@ def _output(
     for holder in (record, body):
         if "output_length" in holder:
             return None, _count(holder["output_length"], "output_length")
+    if "completion_tokens" in record:  # LiteLLM's logs
+        return None, _count(record["completion_tokens"], "completion_tokens")
     if response is None:
         return None, None
     for chunk in reversed(response if isinstance(response, list) else [response]):

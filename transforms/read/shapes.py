@@ -306,21 +306,54 @@ RECORD_FIELDS = {
     "session_id": optional(one_of(STRING, INTEGER)),
     "conversation_id": optional(one_of(STRING, INTEGER)),
 }
-ENVELOPE = {"request": ANY_OBJECT, "response": RESPONSE}
-_RECORD_WALK = fields_walk({**ENVELOPE, **RECORD_FIELDS})
+# A log's envelope: the request as the server took it ({"request": ...}, LiteLLM spend logs'
+# `proxy_server_request`) and its response. LiteLLM's standard logging payload keeps the chat
+# at its top level, its tools in `model_parameters`, the generated count in `completion_tokens`.
+ENVELOPE = {
+    "request": ANY_OBJECT,
+    "proxy_server_request": ANY_OBJECT,
+    "response": RESPONSE,
+    "model_parameters": obj(tools=optional(list_of(TOOL))),
+    "completion_tokens": INTEGER,
+}
+# A line of an OpenAI Batch file, told by its `custom_id`: the input file's request (method,
+# url, body), the output file's response (its body a response object) or error; a line joined
+# from both holds both.
+BATCH_ENVELOPE = {
+    "custom_id": STRING,
+    "method": STRING,
+    "url": STRING,
+    "body": ANY_OBJECT,
+    "response": optional(obj(status_code=INTEGER, request_id=STRING, body=RESPONSE_OBJECT)),
+    "error": optional(ANY_OBJECT),
+}
+ENVELOPES = {"log": ENVELOPE, "batch": BATCH_ENVELOPE}
+_RECORD_WALKS = {
+    name: fields_walk({**envelope, **RECORD_FIELDS}) for name, envelope in ENVELOPES.items()
+}
 _BODY_WALKS = {kind: fields_walk({**RECORD_FIELDS, **body}) for kind, body in BODY_FIELDS.items()}
 _FULL_RECORD_WALKS = {
-    kind: fields_walk({**ENVELOPE, **RECORD_FIELDS, **body}) for kind, body in BODY_FIELDS.items()
+    (name, kind): fields_walk({**envelope, **RECORD_FIELDS, **body})
+    for name, envelope in ENVELOPES.items()
+    for kind, body in BODY_FIELDS.items()
 }
 
 
-def check_record(record: dict[str, Any], body: dict[str, Any], kind: str) -> None:
-    """Hold a record to the declared shapes: its envelope and response, and the request body
-    (the record itself, or its `request`) as the kind of request it was detected to be. Raises
-    Rejected("wrong_type") naming the first field of a type the engine would refuse."""
+def check_record(
+    record: dict[str, Any],
+    body: dict[str, Any],
+    kind: str,
+    envelope: str = "log",
+    body_field: str = "request",
+) -> None:
+    """Hold a record to the declared shapes: its envelope ("log" or "batch") and response, and
+    the request body (the record itself, or its envelope's `body_field`) as the kind of request
+    it was detected to be. Raises Rejected("wrong_type") naming the first field of a type the
+    engine would refuse."""
     if body is record:
-        _FULL_RECORD_WALKS.get(kind, _RECORD_WALK)(record, None)
+        walk = _FULL_RECORD_WALKS.get((envelope, kind), _RECORD_WALKS[envelope])
+        walk(record, None)
         return
-    _RECORD_WALK(record, None)
+    _RECORD_WALKS[envelope](record, None)
     if kind in _BODY_WALKS:
-        _BODY_WALKS[kind](body, (None, "request"))
+        _BODY_WALKS[kind](body, (None, body_field))

@@ -126,6 +126,41 @@ SHAPES = {
         },
     },
     "tokens": {"timestamp": 5, "input_ids": [1, 2, 3], "conversation_id": 7, "output": "bye"},
+    "anthropic_tools_only": {
+        "timestamp": 5,
+        "max_tokens": 9,
+        "tools": [{"name": "f", "input_schema": {"properties": {"a": {"type": "integer"}}}}],
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+    "litellm_payload": {
+        "startTime": 1_700_000_000.5,
+        "endTime": 1_700_000_001.25,
+        "messages": [{"role": "user", "content": "hi"}],
+        "model_parameters": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        "response": {"created": 1_700_000_001, "choices": [{"message": {"content": "a"}}]},
+        "completion_tokens": 1,
+    },
+    "litellm_spend_log": {
+        "startTime": "2023-11-14T22:13:20.5Z",
+        "endTime": "2023-11-14 22:13:21.25",
+        "messages": {},
+        "response": {},
+        "session_id": "s",
+        "completion_tokens": 1,
+        "proxy_server_request": {"messages": [{"role": "user", "content": "hi"}]},
+    },
+    "batch_joined": {
+        "custom_id": "r",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9},
+        "response": {
+            "status_code": 200,
+            "request_id": "q",
+            "body": {"created": 1_700_000_000, "usage": {"completion_tokens": 2}},
+        },
+        "error": None,
+    },
 }
 
 

@@ -1,0 +1,215 @@
+"""The log shapes providers keep, through the whole CLI: standard input (`--input -`) gives the
+bytes the same log gives as a file; LiteLLM's logs and OpenAI Batch lines come out with the
+input lengths the engine's own rendering gives and their times to the ms."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    ROOT,
+    anonymize,
+    assert_same_output,
+    chat,
+    published_letters,
+    read_jsonl,
+    trace,
+    write_jsonl,
+)
+
+RECORDS = [chat(i, 1_700_000_000_000 + 1000 * i, session=f"s{i % 3}") for i in range(40)]
+
+
+def stdin_of(monkeypatch, data: bytes) -> None:
+    """Standard input as a pipe gives it: bytes under a text wrapper, no terminal."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_standard_input_gives_the_bytes_its_file_gives(
+    tiny_tokenizer, tmp_path, monkeypatch, compress
+):
+    as_file = write_jsonl(tmp_path / "log.jsonl", RECORDS)
+    data = as_file.read_bytes()
+    if compress:
+        data = gzip.compress(data, mtime=0)
+        as_file = tmp_path / "log.jsonl.gz"
+        as_file.write_bytes(data)
+    assert anonymize(tiny_tokenizer, [as_file], tmp_path / "file", "--block-size", "4") == 0
+    stdin_of(monkeypatch, data)
+    assert anonymize(tiny_tokenizer, ["-"], tmp_path / "stdin", "--block-size", "4") == 0
+    assert len(trace(tmp_path / "stdin")) == len(RECORDS)
+    assert_same_output(tmp_path / "file", tmp_path / "stdin")
+
+
+def test_standard_input_from_a_terminal_is_a_one_line_error(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    leader, follower = os.openpty()
+    with open(follower, "rb", closefd=True) as terminal:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(terminal))
+        code = anonymize(tiny_tokenizer, ["-"], tmp_path / "out")
+    os.close(leader)
+    err = capsys.readouterr().err
+    assert code != 0 and "standard input, which is a terminal" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_standard_input_piped_into_the_command(tiny_tokenizer, tmp_path):
+    log = write_jsonl(tmp_path / "log.jsonl", RECORDS)
+    assert anonymize(tiny_tokenizer, [log], tmp_path / "file", "--block-size", "4") == 0
+    command = [sys.executable, "-m", "kvtrace.cli", "anonymize", "--input", "-"]
+    command += ["--output", str(tmp_path / "stdin"), "--tokenizer", tiny_tokenizer]
+    spool_folder = tmp_path / "tmp"
+    spool_folder.mkdir()
+    proc = subprocess.run(
+        [*command, "--block-size", "4"],
+        cwd=ROOT,
+        input=gzip.compress(log.read_bytes()),
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(spool_folder)},
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert_same_output(tmp_path / "file", tmp_path / "stdin")
+    assert not any(spool_folder.iterdir())  # the spooled copy is gone with the run
+
+
+# ---- Providers' shapes, whole runs on a shipped tokenizer ------------------------------------
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
+CHAT = [{"role": "user", "content": "Weather in Paris?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+RESPONSE = {"created": 1_732_700_009, "choices": [{"message": {"content": "Sunny."}}]}
+
+
+def provider_records() -> list[dict]:
+    litellm_payload = {
+        "startTime": 1_732_700_000.25,
+        "endTime": 1_732_700_001.5,
+        "messages": CHAT,
+        "model_parameters": {"tools": TOOLS},
+        "response": {**RESPONSE, "usage": {"completion_tokens": 3}},
+        "completion_tokens": 3,
+    }
+    spend_log = {
+        "startTime": "2024-11-27T09:33:20.75Z",
+        "endTime": "2024-11-27T09:33:22Z",
+        "messages": {},
+        "response": {},
+        "completion_tokens": 4,
+        "proxy_server_request": {"messages": CHAT, "tools": TOOLS},
+    }
+    batch_line = {
+        "custom_id": "r1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": CHAT, "tools": TOOLS},
+        "response": {
+            "status_code": 200,
+            "request_id": "q",
+            "body": {**RESPONSE, "usage": {"completion_tokens": 5}},
+        },
+        "error": None,
+    }
+    anthropic = {
+        "timestamp": 1_732_700_003_000,
+        "max_tokens": 64,
+        "tools": [{"name": "get_weather", "input_schema": {"properties": WEATHER["properties"]}}],
+        "messages": CHAT,
+        "output_length": 6,
+    }
+    return [litellm_payload, spend_log, batch_line, anthropic]
+
+
+def test_provider_shapes_come_out_as_the_engine_renders_them(qwen3_tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    log = write_jsonl(tmp_path / "log.jsonl", provider_records())
+    out = tmp_path / "out"
+    assert anonymize(qwen3_tokenizer, [log], out, "--block-size", "16") == 0
+    rows = sorted(trace(out), key=lambda row: row["timestamp"])
+    auto = AutoTokenizer.from_pretrained(qwen3_tokenizer)
+    served = [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": None, "parameters": WEATHER},
+        }
+    ]
+    expected = len(
+        auto.encode(
+            auto.apply_chat_template(
+                CHAT, tools=served, tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )
+    )
+    # Arrivals to the ms: LiteLLM's start times, the Anthropic record's timestamp, the Batch
+    # response's whole second; each with the engine's input length (the Anthropic schema without
+    # a type gets it last: other bytes, the same tokens' count here is not assumed).
+    assert [row["timestamp"] for row in rows] == [0, 500, 2750, 8750]
+    assert [row["output_length"] for row in rows] == [3, 4, 6, 5]
+    assert [row["input_length"] for row in rows if row["output_length"] != 6] == [expected] * 3
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"] == {"exported": 4}
+
+
+# ---- The examples, and the Batch join the docs give ------------------------------------------
+
+PROVIDERS = ROOT / "examples" / "providers"
+
+
+def joined_batch(folder: Path) -> Path:
+    """The Batch example's input lines, each with its output line's response and error."""
+    outputs = {line["custom_id"]: line for line in read_jsonl(PROVIDERS / "batch_output.jsonl")}
+    joined = [
+        {**line, "response": outputs[line["custom_id"]]["response"], "error": None}
+        for line in read_jsonl(PROVIDERS / "batch_input.jsonl")
+    ]
+    return write_jsonl(folder / "batch_joined.jsonl", joined)
+
+
+def test_every_provider_example_is_exported(tiny_tokenizer, tmp_path):
+    inputs = [
+        *(PROVIDERS / f"{name}.jsonl" for name in ("litellm_payload", "litellm_spend_logs")),
+        PROVIDERS / "anthropic_tools.jsonl",
+        joined_batch(tmp_path),
+    ]
+    assert anonymize(tiny_tokenizer, inputs, tmp_path / "out", "--block-size", "4") == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["records"] == {"exported": 8}
+
+
+def test_each_batch_file_alone_is_dead_letters_saying_to_join_them(tiny_tokenizer, tmp_path):
+    inputs = [PROVIDERS / f"{name}.jsonl" for name in ("litellm_payload", "anthropic_tools")]
+    inputs += [PROVIDERS / "batch_input.jsonl", PROVIDERS / "batch_output.jsonl"]
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, inputs, out, "--max-rejected-fraction", "0.5") == 0
+    letters = read_jsonl(published_letters(Path(f"{out}-rejected")))
+    assert [letter["error"] for letter in letters] == ["unjoined_batch"] * 4
+    assert all(
+        "join each input line with its output line by custom_id" in letter["message"]
+        for letter in letters
+    )
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
+def test_the_docs_jq_join_writes_what_kvtrace_reads(tmp_path):
+    docs = (ROOT / "docs" / "ANONYMIZE.md").read_text()
+    command = re.search(r"^ +(jq -c -n --slurpfile out .*?> joined\.jsonl)$", docs, re.M | re.S)
+    assert command, "the Batch join is no longer in docs/ANONYMIZE.md"
+    script = " ".join(line.strip() for line in command.group(1).splitlines())
+    for name in ("batch_input", "batch_output"):
+        shutil.copy(PROVIDERS / f"{name}.jsonl", tmp_path / f"{name.split('_')[1]}.jsonl")
+    subprocess.run(["sh", "-c", script], cwd=tmp_path, check=True, timeout=60)
+    assert read_jsonl(tmp_path / "joined.jsonl") == read_jsonl(joined_batch(tmp_path))
