@@ -29,7 +29,7 @@ SHAPES = {
             for i in range(3)
         ),
         "unjoined_batch 3",  # each line's letter says to join it with its output line
-        "expected one JSON object per line with messages (or prompt) and timestamp",
+        "join each input line with its output line by custom_id",
     ),
     "ts-not-timestamp": (
         "\n".join(json.dumps({"ts": 1763700000000 + i, "messages": MESSAGES}) for i in range(3)),

@@ -52,6 +52,21 @@ def test_standard_input_gives_the_bytes_its_file_gives(
     assert_same_output(tmp_path / "file", tmp_path / "stdin")
 
 
+def test_standard_input_letters_name_it_as_given_and_repeat_byte_for_byte(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """A letter of standard input names it `-`, as the user gave it, not the spooled copy's
+    random folder: the same input gives the same letters, run after run."""
+    data = write_jsonl(tmp_path / "log.jsonl", [*RECORDS[:3], "not json"]).read_bytes()
+    letters = []
+    for run in ("one", "two"):
+        stdin_of(monkeypatch, data)
+        assert anonymize(tiny_tokenizer, ["-"], tmp_path / run, "--block-size", "4") == 0
+        letters.append(published_letters(tmp_path / f"{run}-rejected").read_bytes())
+    assert letters[0] == letters[1]
+    assert [letter["source"] for letter in map(json.loads, letters[0].splitlines())] == ["-"]
+
+
 def test_standard_input_from_a_terminal_is_a_one_line_error(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

@@ -185,6 +185,14 @@ SPOOL_STEP_BYTES = 1 << 20
 # What the spool leaves free on its file system: a stream that never ends (or outgrows the
 # disk) stops here with a one-line error, never by filling the disk under the run's own output.
 SPOOL_RESERVE_BYTES = 1 << 30
+# The spooled copies of this process, by path: their letters name the input as the user gave it,
+# `-`, never the temporary folder's random name, so the same input gives the same letters.
+_SPOOLED: set[str] = set()
+
+
+def input_name(path: str) -> str:
+    """The name the run shows for the input at path: `-` for standard input's spooled copy."""
+    return STANDARD_INPUT if path in _SPOOLED else path
 
 
 def standard_input_name(head: bytes) -> str:
@@ -207,7 +215,12 @@ def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
         raise ConfigError("--input - reads standard input, which is a terminal: pipe a log in")
     folder = tempfile.mkdtemp(prefix="kvtrace-stdin-")  # readable by this user alone
     try:
-        yield _spool(stream, folder)
+        spooled = _spool(stream, folder)
+        _SPOOLED.add(spooled)
+        try:
+            yield spooled
+        finally:
+            _SPOOLED.discard(spooled)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

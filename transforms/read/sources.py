@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
+from kvtrace.transforms.read.decompress import input_name
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
@@ -97,9 +98,10 @@ def read_range(
     """(source, record) for every record of the range, a record being a JSONL line's bytes or a
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
     (the records before the break still come). Blank lines are not records. The source is the
-    file's name as every letter shows it (dead_letters.shown_name), shown once here for both
+    file's name as every letter shows it (dead_letters.shown_name; standard input's spooled
+    copy as `-`, decompress.input_name), shown once here for both
     engines: Beam carries text between steps as UTF-8, and a Linux name need not be."""
-    source = shown_name(piece.path)
+    source = shown_name(input_name(piece.path))
     for item in _read_range(piece, max_record_bytes, progress):
         if isinstance(item, DeadLetter):
             yield dataclasses.replace(item, source=source)

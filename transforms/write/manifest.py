@@ -74,8 +74,10 @@ def check_rejected_fraction(
     shape_hints = {  # what the commonest reason says about the whole file's shape
         "invalid_json": "kvtrace reads one JSON object per line (JSONL), not a JSON array or "
         "pretty-printed JSON: rewrite it with jq -c '.[]' (an array) or jq -c .",
-        "no_input": "each line needs messages (or input, prompt, input_ids) at its top level; an "
-        "OpenAI Batch file holds them under body, with no timestamp",
+        "no_input": "each line needs messages (or input, prompt, input_ids) at its top level, "
+        "or under an OpenAI Batch line's body",
+        "unjoined_batch": "an OpenAI Batch input file has no times and its output file no "
+        "requests: join each input line with its output line by custom_id (docs/ANONYMIZE.md)",
         "missing_timestamp": "each line needs a timestamp (or created) field: epoch s, ms, us, "
         "ns or ISO 8601",
     }
