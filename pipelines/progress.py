@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -30,6 +31,9 @@ _LOG = logging.getLogger("kvtrace")
 COUNTED = ("stored_bytes", "records", "tokens")  # the shared array's slots, in this order
 FLUSH_INTERVAL_S = 0.2  # a worker adds its counts to the shared ones at most this often
 BAR_INTERVAL_S = 0.5  # a terminal's bar is redrawn this often
+# A terminal that tells no size (a pseudo-terminal nobody sized: `script`, `docker exec -t`,
+# CI) is taken to be this big: tqdm would draw nothing in it.
+UNSIZED_TERMINAL = {"ncols": 80, "nrows": 24}
 LINE_INTERVAL_S = 10.0  # without a terminal, a line this often (and one at the start and end)
 # tqdm's formats, with the unit beside each amount (12.3MB of 62.8MB), ETA after elapsed time.
 AMOUNTS = "{n_fmt}{unit} of {total_fmt}{unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
@@ -110,6 +114,15 @@ def count_text(count: int) -> str:
     return str(count) if count < 1000 else tqdm.format_sizeof(count)
 
 
+def _width(stream: TextIO) -> dict[str, Any]:
+    """The bar's width: the terminal's as it changes, or UNSIZED_TERMINAL's where it tells none."""
+    try:
+        sized = os.get_terminal_size(stream.fileno()).columns > 0
+    except (OSError, ValueError):  # no descriptor (a stream in memory), or not a terminal
+        sized = False
+    return {"dynamic_ncols": True} if sized else UNSIZED_TERMINAL
+
+
 @contextlib.contextmanager
 def shown(
     total: int,
@@ -138,7 +151,7 @@ def shown(
             unit_divisor=1000,
             file=stream,
             mininterval=interval,
-            dynamic_ncols=True,
+            **_width(stream),
             bar_format=BAR_FORMAT,
         )
         if terminal
