@@ -5,6 +5,7 @@ Values are rounded for display only; the JSON keeps full precision.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,9 +39,23 @@ def ascii_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def compatible_table(report: dict) -> str:
-    """The `datagen analyze` table, values printed as Python floats as Dynamo prints them."""
-    rows = [[label, *(str(float(report[key][s])) for s in STAT_KEYS)] for label, key in TABLE_ROWS]
+    """The `datagen analyze` table, its figures rounded for people (Dynamo prints every digit
+    of a float: 2677.841851494696); the JSON report keeps them whole."""
+    rows = [[label, *(rounded(report[key][s]) for s in STAT_KEYS)] for label, key in TABLE_ROWS]
     return ascii_table(TABLE_COLUMNS, rows)
+
+
+SIGNIFICANT_DIGITS = 4
+
+
+def rounded(value: float) -> str:
+    """A figure for people: a whole number as it is, any other to SIGNIFICANT_DIGITS without
+    trailing zeros (2,678, 44.67, 0.2287, 7.5), with thousands separated."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    magnitude = math.floor(math.log10(abs(value)))
+    text = f"{value:,.{max(0, SIGNIFICANT_DIGITS - 1 - magnitude)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _percent(value: float) -> str:
