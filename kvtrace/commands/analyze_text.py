@@ -93,8 +93,8 @@ def render(report: dict, sources: Sequence[str]) -> str:
     lines = [
         f"Analyzing: {', '.join(input_name(source) for source in sources)}",
         f"Block size: {report['block_size']}",
-        f"Rows: {report['total_requests']}; unique prefixes: {report['unique_prefixes']}; "
-        f"prefix groups: {report['num_prefix_groups']}; prefix reuse ratio: "
+        f"Rows: {report['total_requests']:,}; unique prefixes: {report['unique_prefixes']:,}; "
+        f"prefix groups: {report['num_prefix_groups']:,}; prefix reuse ratio: "
         f"{_percent(report['prefix_reuse_ratio'])}",
         "",
         "Compatible with Dynamo `datagen analyze` and aiperf analyze-trace:",
@@ -114,15 +114,15 @@ def render(report: dict, sources: Sequence[str]) -> str:
         ),
         f"after warmup: rows after the first {hit['warmup_fraction']:.0%} in (timestamp, file "
         "order)",
-        f"working set: {hit['working_set']['unique_blocks']} unique blocks, "
-        f"{hit['working_set']['unique_tokens']} unique tokens",
-        f"request rate: {rate['mean_per_minute']:.1f} per minute on average, peak "
-        f"{rate['peak_per_minute']} (over {rate['minutes']} minutes)",
+        f"working set: {hit['working_set']['unique_blocks']:,} unique blocks, "
+        f"{hit['working_set']['unique_tokens']:,} unique tokens",
+        f"request rate: {rate['mean_per_minute']:,.1f} per minute on average, peak "
+        f"{rate['peak_per_minute']:,} (over {rate['minutes']:,} minutes)",
     ]
     if "sessions" in report:
         s = report["sessions"]
         lines.append(
-            f"sessions: {s['sessions']} ({s['requests_with_session']} requests, "
+            f"sessions: {s['sessions']:,} ({s['requests_with_session']:,} requests, "
             f"{s['requests_per_session']['mean']:.1f} per session on average)"
         )
     problems = [(name, p) for name, p in report["problems"].items() if p["count"]]
@@ -130,7 +130,7 @@ def render(report: dict, sources: Sequence[str]) -> str:
         lines += ["", "Warnings:"]
         for name, problem in problems:
             lines.append(
-                f"  {name.replace('_', ' ')}: {problem['count']}; e.g. "
+                f"  {name.replace('_', ' ')}: {problem['count']:,}; e.g. "
                 f"{_examples(problem['examples'])}"
             )
     return "\n".join(lines)
