@@ -93,8 +93,13 @@ class RangeCounts:
         self._pending = [0] * len(COUNTED)
         self._flushed_at = time.monotonic()
 
+    def due(self) -> bool:
+        """Whether the counts are to be added to the shared ones now (a reader asks before it
+        finds out how far it has read)."""
+        return time.monotonic() - self._flushed_at >= FLUSH_INTERVAL_S
+
     def _flush_when_due(self) -> None:
-        if time.monotonic() - self._flushed_at >= FLUSH_INTERVAL_S:
+        if self.due():
             self.flush()
 
 

@@ -74,7 +74,10 @@ def stored_bytes(piece: FileRange, file_size: int) -> int:
 
 class ReadProgress(Protocol):
     """Told, as a range is read, how many of its bytes as stored it has consumed so far
-    (compressed bytes of a compressed file): pipelines/progress.py shows them."""
+    (compressed bytes of a compressed file), when it is due (asking costs a system call):
+    pipelines/progress.py shows them."""
+
+    def due(self) -> bool: ...
 
     def reached(self, stored_offset: int) -> None: ...
 
@@ -116,7 +119,7 @@ def _read_range(
                     line = line[len(BOM) :]
                 if line.strip():
                     held = (offset, line)
-                if progress is not None:
+                if progress is not None and progress.due():
                     progress.reached(stored_position(stream, offset) - piece.start)
             broken = broken_off(stream)
             ends_with_newline = not broken or stream.raw.ends_with_newline
