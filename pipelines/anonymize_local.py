@@ -49,6 +49,7 @@ from kvtrace.transforms.read.sources import (
     read_range,
     stored_bytes,
 )
+from kvtrace.transforms.trace_format import INPUT_LENGTH_FIELD
 
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
@@ -162,7 +163,7 @@ def _encode(
             if batch is not None:
                 hashed.append(batch)
                 if progress is not None:
-                    progress.tokens(int(batch.requests["input_length"].sum()))
+                    progress.tokens(int(batch.requests[INPUT_LENGTH_FIELD].sum()))
 
     encoding = OverlappedEncoder(encoder)
     try:
