@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import Encoded, finish_night
 from kvtrace.pipelines.local_workers import encode_in_workers, worker_count
+from kvtrace.pipelines.progress import RangeCounts
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.dead_letters import DeadLetter, SortedRuns, StagedLetters
 from kvtrace.transforms.encode.encode_requests import (
@@ -43,11 +44,12 @@ from kvtrace.transforms.encode.segment_cache import CacheCounts, log_counts
 from kvtrace.transforms.read.records import ParseOptions, Request
 from kvtrace.transforms.read.sources import (
     FileRange,
-    ReadProgress,
     file_ranges,
     parse_one,
     read_range,
+    stored_bytes,
 )
+from kvtrace.transforms.trace_format import INPUT_LENGTH_FIELD
 
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
@@ -67,12 +69,20 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     each range parsed, rendered, tokenized and hashed where it is read). Results are gathered in
     range order; dead letters are merged into their declared order when published
     (dead_letters.py), whichever worker wrote them."""
-    pieces = [
-        piece for path, size in config.inputs for piece in file_ranges(path, size, CLAIM_BYTES)
+    sized = [
+        (piece, size)
+        for path, size in config.inputs
+        for piece in file_ranges(path, size, CLAIM_BYTES)
     ]
+    pieces = [piece for piece, _ in sized]
     total_bytes = sum(size for _, size in config.inputs)
     processes = min(worker_count(processes, total_bytes), len(pieces))
-    parts = encode_in_workers(RangeEncoding(config), pieces, processes, total_bytes)
+    parts = encode_in_workers(
+        RangeEncoding(config),
+        pieces,
+        processes,
+        [stored_bytes(piece, size) for piece, size in sized],
+    )
     return Encoded(
         [b for p in parts for b in p.hashed],
         [],
@@ -102,7 +112,7 @@ class RangeEncoding:
             return
 
     def encode(
-        self, pieces: list[FileRange], encoder: RequestEncoder, progress: ReadProgress | None = None
+        self, pieces: list[FileRange], encoder: RequestEncoder, progress: RangeCounts | None = None
     ) -> Encoded:
         return encode_ranges(pieces, encoder, self.config.parse, self.config.dead_letter, progress)
 
@@ -112,7 +122,7 @@ def encode_ranges(
     encoder: RequestEncoder,
     parse: ParseOptions,
     letters: str,
-    progress: ReadProgress | None = None,
+    progress: RangeCounts | None = None,
 ) -> Encoded:
     """Read, parse, batch, render, tokenize and hash the records of some file ranges (tokenizing
     in a background thread, encode_requests.OverlappedEncoder); their dead letters written as
@@ -127,7 +137,7 @@ def _encode(
     encoder: RequestEncoder,
     parse: ParseOptions,
     rejected: SortedRuns,
-    progress: ReadProgress | None,
+    progress: RangeCounts | None,
 ) -> tuple[list[HashedBatch], int]:
     hashed: list[HashedBatch] = []
     read = 0
@@ -137,6 +147,8 @@ def _encode(
         for piece in pieces:
             for item in read_range(piece, parse.max_record_bytes, progress):
                 read += 1
+                if progress is not None:
+                    progress.records()
                 parsed = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
                 if isinstance(parsed, DeadLetter):
                     rejected.add(parsed)
@@ -150,6 +162,8 @@ def _encode(
                 rejected.add(letter)
             if batch is not None:
                 hashed.append(batch)
+                if progress is not None:
+                    progress.tokens(int(batch.requests[INPUT_LENGTH_FIELD].sum()))
 
     encoding = OverlappedEncoder(encoder)
     try:

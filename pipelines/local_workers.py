@@ -17,19 +17,20 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Iterator, MutableSequence
+from collections.abc import Iterator, MutableSequence, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from kvtrace.pipelines.anonymize_night import Encoded
 from kvtrace.pipelines.processes import busy_threads
+from kvtrace.pipelines.progress import RangeCounts, read_meter, shared_counts, shown
 from kvtrace.transforms.encode.encode_requests import RequestEncoder
 from kvtrace.transforms.encode.native_stderr import last_words
 from kvtrace.transforms.encode.tokenize import RENDER_WATCHDOG
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.garbage import settle_after_start_up
-from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange, ReadProgress
+from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange
 
 _LOG = logging.getLogger("kvtrace")
 # Where forking is unsafe (can_fork), worker processes start from a clean server process.
@@ -53,7 +54,7 @@ class RangeWork(Protocol):
     def warm_up(self, encoder: RequestEncoder, first: FileRange) -> None: ...
 
     def encode(
-        self, pieces: list[FileRange], encoder: RequestEncoder, progress: ReadProgress
+        self, pieces: list[FileRange], encoder: RequestEncoder, progress: RangeCounts
     ) -> Encoded: ...
 
 
@@ -70,15 +71,18 @@ def worker_count(processes: int, input_bytes: int) -> int:
 
 
 def encode_in_workers(
-    work: RangeWork, pieces: list[FileRange], processes: int, total_bytes: int
+    work: RangeWork, pieces: list[FileRange], processes: int, piece_bytes: Sequence[int]
 ) -> list[Encoded]:
     """Every range encoded by one of `processes` workers, each starting on a run of neighbouring
-    ranges (run_bounds); the results in range order, whoever encoded them."""
-    pool = _start_pool(work, pieces, processes, total_bytes)
+    ranges (run_bounds); the results in range order, whoever encoded them. piece_bytes: each
+    range's bytes as stored, which the progress shown counts once it is read."""
+    pool, counts = _start_pool(work, pieces, processes, piece_bytes)
     try:
         with _stop_signals_held(), _single_threaded_tokenizers_in_children():
             futures = [pool.submit(_encode_claimed, worker) for worker in range(processes)]
-        parts = [part for _, part in sorted(p for f in futures for p in f.result())]
+        # Shown once the workers are forked: a fork must copy no lock this thread holds.
+        with shown(sum(piece_bytes), read_meter(counts)):
+            parts = [part for _, part in sorted(p for f in futures for p in f.result())]
     except BrokenProcessPool:  # a worker died (its Python would have raised): say how, and why
         workers = list((pool._processes or {}).values())
         end_workers(pool)
@@ -93,14 +97,15 @@ def encode_in_workers(
 
 
 def _start_pool(
-    work: RangeWork, pieces: list[FileRange], processes: int, total_bytes: int
-) -> ProcessPoolExecutor:
+    work: RangeWork, pieces: list[FileRange], processes: int, piece_bytes: Sequence[int]
+) -> tuple[ProcessPoolExecutor, Any]:
     """Workers forked from this process (can_fork) once it has loaded the encoder and warmed it
     up, or started clean, each building its own and warming it up (_encode_claimed): either way
-    no worker claims a range cold."""
+    no worker claims a range cold. With the run's counts, which the workers add to."""
     forked = can_fork()
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     bounds = context.Array("q", run_bounds(len(pieces), processes))
+    counts = shared_counts(context)
     _LOG.info(
         "encoding %d file ranges in %d worker process%s %s",
         len(pieces),
@@ -117,20 +122,25 @@ def _start_pool(
         _WORKER.update(
             work=work,
             encoder=encoder,
-            progress=ReadProgress(total_bytes),
+            progress=RangeCounts(counts),
             pieces=pieces,
+            piece_bytes=piece_bytes,
             bounds=bounds,
         )
-        return ProcessPoolExecutor(processes, context, initializer=leave_stopping_to_parent)
+        return (
+            ProcessPoolExecutor(processes, context, initializer=leave_stopping_to_parent),
+            counts,
+        )
     # A clean worker imports its own watchdog: it renders under this process's budget, as a
     # forked one does by inheritance.
     budget = (RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes)
-    return ProcessPoolExecutor(
+    pool = ProcessPoolExecutor(
         processes,
         context,
         initializer=_start_worker,
-        initargs=(work, total_bytes, pieces, bounds, budget, workers_environment()),
+        initargs=(work, counts, pieces, piece_bytes, bounds, budget, workers_environment()),
     )
+    return pool, counts
 
 
 @contextlib.contextmanager
@@ -229,8 +239,9 @@ def adopt_environment(environment: dict[str, str]) -> None:
 
 def _start_worker(
     work: RangeWork,
-    total_bytes: int,
+    counts: Any,
     pieces: list[FileRange],
+    piece_bytes: Sequence[int],
     bounds: Any,
     budget: tuple[float, int],
     environment: dict[str, str],
@@ -242,8 +253,9 @@ def _start_worker(
     _WORKER.update(
         work=work,
         encoder=work.new_encoder(),
-        progress=ReadProgress(total_bytes),
+        progress=RangeCounts(counts),
         pieces=pieces,
+        piece_bytes=piece_bytes,
         bounds=bounds,
         cold=True,
     )
@@ -291,9 +303,7 @@ def _encode_claimed(worker: int) -> list[tuple[int, Encoded]]:
             index = claim(bounds, worker)
         if index is None:
             return done
-        done.append(
-            (
-                index,
-                _WORKER["work"].encode([pieces[index]], _WORKER["encoder"], _WORKER["progress"]),
-            )
-        )
+        progress = _WORKER["progress"]
+        progress.start_range(_WORKER["piece_bytes"][index])
+        done.append((index, _WORKER["work"].encode([pieces[index]], _WORKER["encoder"], progress)))
+        progress.end_range()

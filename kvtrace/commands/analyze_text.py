@@ -5,6 +5,7 @@ Values are rounded for display only; the JSON keeps full precision.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,9 +39,23 @@ def ascii_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def compatible_table(report: dict) -> str:
-    """The `datagen analyze` table, values printed as Python floats as Dynamo prints them."""
-    rows = [[label, *(str(float(report[key][s])) for s in STAT_KEYS)] for label, key in TABLE_ROWS]
+    """The `datagen analyze` table, its figures rounded for people (Dynamo prints every digit
+    of a float: 2677.841851494696); the JSON report keeps them whole."""
+    rows = [[label, *(rounded(report[key][s]) for s in STAT_KEYS)] for label, key in TABLE_ROWS]
     return ascii_table(TABLE_COLUMNS, rows)
+
+
+SIGNIFICANT_DIGITS = 4
+
+
+def rounded(value: float) -> str:
+    """A figure for people: a whole number as it is, any other to SIGNIFICANT_DIGITS without
+    trailing zeros (2,678, 44.67, 0.2287, 7.5), with thousands separated."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    magnitude = math.floor(math.log10(abs(value)))
+    text = f"{value:,.{max(0, SIGNIFICANT_DIGITS - 1 - magnitude)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _percent(value: float) -> str:
@@ -78,8 +93,8 @@ def render(report: dict, sources: Sequence[str]) -> str:
     lines = [
         f"Analyzing: {', '.join(input_name(source) for source in sources)}",
         f"Block size: {report['block_size']}",
-        f"Rows: {report['total_requests']}; unique prefixes: {report['unique_prefixes']}; "
-        f"prefix groups: {report['num_prefix_groups']}; prefix reuse ratio: "
+        f"Rows: {report['total_requests']:,}; unique prefixes: {report['unique_prefixes']:,}; "
+        f"prefix groups: {report['num_prefix_groups']:,}; prefix reuse ratio: "
         f"{_percent(report['prefix_reuse_ratio'])}",
         "",
         "Compatible with Dynamo `datagen analyze` and aiperf analyze-trace:",
@@ -99,15 +114,15 @@ def render(report: dict, sources: Sequence[str]) -> str:
         ),
         f"after warmup: rows after the first {hit['warmup_fraction']:.0%} in (timestamp, file "
         "order)",
-        f"working set: {hit['working_set']['unique_blocks']} unique blocks, "
-        f"{hit['working_set']['unique_tokens']} unique tokens",
-        f"request rate: {rate['mean_per_minute']:.1f} per minute on average, peak "
-        f"{rate['peak_per_minute']} (over {rate['minutes']} minutes)",
+        f"working set: {hit['working_set']['unique_blocks']:,} unique blocks, "
+        f"{hit['working_set']['unique_tokens']:,} unique tokens",
+        f"request rate: {rate['mean_per_minute']:,.1f} per minute on average, peak "
+        f"{rate['peak_per_minute']:,} (over {rate['minutes']:,} minutes)",
     ]
     if "sessions" in report:
         s = report["sessions"]
         lines.append(
-            f"sessions: {s['sessions']} ({s['requests_with_session']} requests, "
+            f"sessions: {s['sessions']:,} ({s['requests_with_session']:,} requests, "
             f"{s['requests_per_session']['mean']:.1f} per session on average)"
         )
     problems = [(name, p) for name, p in report["problems"].items() if p["count"]]
@@ -115,7 +130,7 @@ def render(report: dict, sources: Sequence[str]) -> str:
         lines += ["", "Warnings:"]
         for name, problem in problems:
             lines.append(
-                f"  {name.replace('_', ' ')}: {problem['count']}; e.g. "
+                f"  {name.replace('_', ' ')}: {problem['count']:,}; e.g. "
                 f"{_examples(problem['examples'])}"
             )
     return "\n".join(lines)

@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from contextlib import nullcontext
 from typing import Any
 
@@ -283,6 +284,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         f"is a preset kvtrace ships: {', '.join(environments())}",
     )
     add("--verbose", action="store_true", help="show Beam's own logs")
+    add(
+        "--quiet",
+        action="store_true",
+        help="no progress or log lines on stderr (warnings, errors and the summary still print)",
+    )
     return anonymize
 
 
@@ -330,7 +336,7 @@ def option_kinds() -> dict[str, str]:
 
 
 def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(presets) - (set(vars(args)) - {"command", "config", "verbose"}))
+    unknown = sorted(set(presets) - (set(vars(args)) - {"command", "config", "verbose", "quiet"}))
     if unknown:
         raise ConfigError(
             f"unknown option(s) in --config: {', '.join(unknown)} (Beam options go under `beam:`)"
@@ -420,6 +426,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 
 def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    started = time.monotonic()
+    if args.quiet:  # progress shows only with kvtrace's INFO lines (pipelines/progress.py)
+        _LOG.setLevel(logging.WARNING)
     from kvtrace.pipelines.anonymize_config import AnonymizeConfig, run_hash_shards
     from kvtrace.transforms import storage
     from kvtrace.transforms.encode.blocks import salt_fingerprint
@@ -567,7 +576,7 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 1
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
-    _print_summary(config, letters.published, counts)
+    _print_summary(config, letters.published, counts, time.monotonic() - started)
     return 0
 
 
@@ -762,25 +771,49 @@ def _read_json(path: str) -> dict:
         return json.loads(handle.read())
 
 
-def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
-    """records: the run's own counts (write/manifest.run_counts), which no published file holds."""
+def _print_summary(config: Any, letters: str, records: dict[str, int], seconds: float) -> None:
+    """The run in a few lines, its figures the run's own: records (write/manifest.run_counts,
+    which no published file holds; read = exported + rejected), tokens, blocks and hit rate
+    (stats.json), the time it took and where each thing went."""
     from kvtrace.transforms.write.replayers import replay_commands
 
     manifest = _read_json(f"{config.output}/manifest.json")
     stats = _read_json(f"{config.output}/stats.json")
-    print(
-        f"exported {records['exported']} of {records['read']} records "
-        f"({records['rejected']} rejected -> {letters}"
-        + (
-            f"; {records['damaged_files']} damaged file(s) lost {records['lost_bytes']} bytes"
+    rows = [
+        (
+            "records",
+            f"{records['read']:,} read = {records['exported']:,} exported + "
+            f"{records['rejected']:,} rejected",
+        ),
+        ("rejected", f"{letters} (one line each, with its reason)"),
+        *(
+            [
+                (
+                    "damaged",
+                    f"{records['damaged_files']:,} file(s) broke off, "
+                    f"{records['lost_bytes']:,} bytes lost",
+                )
+            ]
             if records["damaged_files"]
-            else ""
-        )
-        + "); "
-        f"{stats['input_tokens']} input tokens in {stats['blocks']} blocks, "
-        f"{stats['unique_blocks']} unique; infinite-cache hit rate "
-        f"{stats['hit_rates']['token_weighted']:.4f} (token-weighted)\n"
-        f"trace: {config.output}/trace-*.jsonl|.parquet, stats.json, manifest.json\n"
+            else []
+        ),
+        (
+            "tokens",
+            f"{stats['input_tokens']:,} input in {stats['blocks']:,} blocks, "
+            f"{stats['unique_blocks']:,} of them unique",
+        ),
+        (
+            "hit rate",
+            f"{stats['hit_rates']['token_weighted']:.1%} of input tokens (infinite cache)",
+        ),
+        ("trace", f"{config.output}: trace-*.jsonl|.parquet, stats.json, manifest.json"),
+    ]
+    print(
+        f"exported {records['exported']:,} of {records['read']:,} records in {_duration(seconds)}"
+    )
+    for label, value in rows:
+        print(f"  {label:<9} {value}")
+    print(
         f"replay (block size {config.block_size}, timestamps in ms; manifest.json has these "
         f"commands, to run inside the folder):"
     )
@@ -806,3 +839,10 @@ def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
             else (f"version {after}, unchanged (nothing new: this night was already in it)")
         )
         print(f"id map: {config.id_map.directory}, {change}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"

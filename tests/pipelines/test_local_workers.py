@@ -12,8 +12,9 @@ import pytest
 
 from kvtrace.pipelines import local_workers
 from kvtrace.pipelines.anonymize_night import Encoded
+from kvtrace.pipelines.progress import RangeCounts
 from kvtrace.transforms.errors import JobStopped
-from kvtrace.transforms.read.sources import FileRange, ReadProgress
+from kvtrace.transforms.read.sources import FileRange
 
 PIECES = [FileRange("in.jsonl", start, start + 1) for start in range(5)]
 
@@ -31,7 +32,7 @@ class PidWork:
     def warm_up(self, encoder: None, first: FileRange) -> None:
         pass
 
-    def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
+    def encode(self, pieces: list[FileRange], encoder: None, progress: RangeCounts) -> Encoded:
         if pieces[0].start == self.abort_at:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
             faulthandler.disable()  # pytest's, inherited: it would print this worker's stack
@@ -41,7 +42,7 @@ class PidWork:
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_ranges_are_encoded_in_worker_processes_never_in_this_one(processes):
-    parts = local_workers.encode_in_workers(PidWork(), PIECES, processes, len(PIECES))
+    parts = local_workers.encode_in_workers(PidWork(), PIECES, processes, [1] * len(PIECES))
     assert len(parts) == len(PIECES)
     assert os.getpid() not in {part.read for part in parts}
 
@@ -51,7 +52,7 @@ def test_an_abort_in_the_only_worker_is_the_pool_paths_one_line(processes):
     """One worker or several, an abort is the same error (the CLI prints it and exits 1), and
     this process lives to say it."""
     with pytest.raises(JobStopped) as stopped:
-        local_workers.encode_in_workers(PidWork(abort_at=3), PIECES, processes, len(PIECES))
+        local_workers.encode_in_workers(PidWork(abort_at=3), PIECES, processes, [1] * len(PIECES))
     message = JobStopped.message_in(stopped.value)
     assert message is not None and message.startswith("a worker process died by SIGABRT")
     assert "\n" not in message
@@ -61,7 +62,7 @@ def test_an_abort_in_the_only_worker_is_the_pool_paths_one_line(processes):
 class BudgetWork(PidWork):
     """Encodes a range as the render budget the worker that encoded it runs under."""
 
-    def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
+    def encode(self, pieces: list[FileRange], encoder: None, progress: RangeCounts) -> Encoded:
         budget = (local_workers.RENDER_WATCHDOG.seconds, local_workers.RENDER_WATCHDOG.memory_bytes)
         return Encoded([], [], budget)
 
@@ -71,7 +72,7 @@ def test_workers_render_under_this_process_budget_forked_or_started_clean(forked
     monkeypatch.setattr(local_workers, "can_fork", lambda: forked)
     monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "seconds", 0.25)
     monkeypatch.setattr(local_workers.RENDER_WATCHDOG, "memory_bytes", 64 << 20)
-    parts = local_workers.encode_in_workers(BudgetWork(), PIECES[:1], 1, 1)
+    parts = local_workers.encode_in_workers(BudgetWork(), PIECES[:1], 1, [1])
     assert [part.read for part in parts] == [(0.25, 64 << 20)]
 
 
@@ -80,7 +81,7 @@ class EnvironmentWork(PidWork):
     """Encodes a range as the worker's value of KVTRACE_PROBE (as a salt is read from
     KVTRACE_SALT)."""
 
-    def encode(self, pieces: list[FileRange], encoder: None, progress: ReadProgress) -> Encoded:
+    def encode(self, pieces: list[FileRange], encoder: None, progress: RangeCounts) -> Encoded:
         return Encoded([], [], os.environ.get("KVTRACE_PROBE"))
 
 
@@ -90,8 +91,8 @@ def test_clean_workers_see_the_environment_as_it_is_when_they_start(monkeypatch)
     monkeypatch.setattr(local_workers, "can_fork", lambda: False)
     monkeypatch.delenv("KVTRACE_PROBE", raising=False)
     assert [
-        p.read for p in local_workers.encode_in_workers(EnvironmentWork(), PIECES[:1], 1, 1)
+        p.read for p in local_workers.encode_in_workers(EnvironmentWork(), PIECES[:1], 1, [1])
     ] == [None]
     monkeypatch.setenv("KVTRACE_PROBE", "set since")
-    parts = local_workers.encode_in_workers(EnvironmentWork(), PIECES[:1], 1, 1)
+    parts = local_workers.encode_in_workers(EnvironmentWork(), PIECES[:1], 1, [1])
     assert [part.read for part in parts] == ["set since"]

@@ -11,8 +11,9 @@ import pytest
 
 from kvtrace.pipelines import local_workers
 from kvtrace.pipelines.anonymize_night import Encoded
+from kvtrace.pipelines.progress import RangeCounts
 from kvtrace.transforms.errors import JobStopped
-from kvtrace.transforms.read.sources import FileRange, ReadProgress
+from kvtrace.transforms.read.sources import FileRange
 
 PIECES = [FileRange("in.jsonl", start, start + 1) for start in range(4)]
 
@@ -28,14 +29,14 @@ class WarmthWork:
     def warm_up(self, encoder: dict, first: FileRange) -> None:
         encoder["warmed_on"] = first.start
 
-    def encode(self, pieces: list[FileRange], encoder: dict, progress: ReadProgress) -> Encoded:
+    def encode(self, pieces: list[FileRange], encoder: dict, progress: RangeCounts) -> Encoded:
         return Encoded([], [], encoder.get("warmed_on"))
 
 
 @pytest.mark.parametrize("forked", [True, False])
 def test_every_worker_is_warmed_up_before_it_encodes_forked_or_started_clean(forked, monkeypatch):
     monkeypatch.setattr(local_workers, "can_fork", lambda: forked)
-    parts = local_workers.encode_in_workers(WarmthWork(), PIECES, 2, len(PIECES))
+    parts = local_workers.encode_in_workers(WarmthWork(), PIECES, 2, [1] * len(PIECES))
     assert [part.read for part in parts] == [PIECES[0].start] * len(PIECES)
 
 
@@ -51,7 +52,7 @@ class HostileWork(WarmthWork):
 def test_a_stop_in_the_warm_up_is_the_runs_error_forked_or_started_clean(forked, monkeypatch):
     monkeypatch.setattr(local_workers, "can_fork", lambda: forked)
     with pytest.raises(JobStopped) as stopped:
-        local_workers.encode_in_workers(HostileWork(), PIECES, 2, len(PIECES))
+        local_workers.encode_in_workers(HostileWork(), PIECES, 2, [1] * len(PIECES))
     assert (
         JobStopped.message_in(stopped.value) == "the chat template tried to reach Python internals"
     )

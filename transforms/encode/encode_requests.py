@@ -6,9 +6,7 @@ encode/steps.py runs it on Beam workers, pipelines/anonymize_local.py in local p
 
 from __future__ import annotations
 
-import logging
 import struct
-import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -51,9 +49,6 @@ TOKENIZER_ERROR = "tokenizer_error"  # the dead letter of a text the tokenizer f
 # a batch of its own. (Measured on long prompts: 2 MB costs 5% more time, 16 MB twice the peak.)
 TOKENIZE_BATCH_REQUESTS = 256
 TOKENIZE_BATCH_BYTES = 8 << 20
-
-_LOG = logging.getLogger("kvtrace")
-PROGRESS_INTERVAL_S = 30.0
 
 
 def hash_request(
@@ -156,7 +151,6 @@ class RequestEncoder:
         self._emit_output_hashes = options.emit_output_hashes
         self._block_size = options.block_size
         self._seed = seed
-        self._progress = _Progress()
 
     def encode(self, batch: Iterable[Request]) -> tuple[HashedBatch | None, list[DeadLetter]]:
         rendered, rejected = self.render(batch)
@@ -235,7 +229,6 @@ class RequestEncoder:
                 )
                 continue
             hashed.append(row)
-            self._progress.add(len(data) // TOKEN_DTYPE.itemsize)
         return (HashedBatch.pack(hashed) if hashed else None), rejected
 
     def _prompt(self, request: Request) -> str | None:
@@ -279,28 +272,6 @@ def unrendered(request: Request, prompt: str | None) -> Request:
         if dropped
         else request
     )
-
-
-class _Progress:
-    """Logs requests and tokens per second from each worker, at most every PROGRESS_INTERVAL_S."""
-
-    def __init__(self) -> None:
-        self._start = self._last = time.monotonic()
-        self._requests = self._tokens = 0
-
-    def add(self, tokens: int) -> None:
-        self._requests += 1
-        self._tokens += tokens
-        now = time.monotonic()
-        if now - self._last >= PROGRESS_INTERVAL_S:
-            self._last = now
-            rate = self._tokens / (now - self._start)
-            _LOG.info(
-                "tokenized %d requests, %d tokens (%.0f tokens/s)",
-                self._requests,
-                self._tokens,
-                rate,
-            )
 
 
 EncodedBatch = tuple[HashedBatch | None, list[DeadLetter]]  # a batch hashed, and its dead letters

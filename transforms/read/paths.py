@@ -166,7 +166,29 @@ def open_stream(path: str) -> IO[bytes]:
     raw = open_raw(path)
     if not codec:
         return raw
-    return io.BufferedReader(DecodedStream(raw, codec), READ_CHUNK_BYTES)
+    return _Decoded(raw, codec)
+
+
+class _Decoded(io.BufferedReader):
+    """A compressed file's decoded bytes, keeping the file as stored (`stored`), whose position
+    is how much of it the decoding has consumed (stored_position)."""
+
+    def __init__(self, stored: IO[bytes], codec: str):
+        super().__init__(DecodedStream(stored, codec), READ_CHUNK_BYTES)
+        self.stored = stored
+
+
+def stored_position(stream: IO[bytes], offset: int) -> int:
+    """How far into its file as stored a stream from open_stream has read, at decoded byte
+    offset: the offset itself for a plain file; for a compressed one the compressed bytes
+    consumed (read ahead of offset by at most a chunk), 0 where the store cannot tell: progress
+    only, never a reason for a read to fail."""
+    if not isinstance(stream, _Decoded):
+        return offset
+    try:
+        return stream.stored.tell()
+    except (OSError, ValueError):
+        return 0
 
 
 def broken_off(stream: IO[bytes]) -> str | None:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,16 +35,15 @@ from kvtrace.transforms.read.paths import (
     parquet_file,
     read_lines,
     sized_rows,
+    stored_position,
     without_views,
 )
 from kvtrace.transforms.read.records import ParseOptions, Request, parse_record, request_from_object
 
-_LOG = logging.getLogger("kvtrace")
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
 # keeps every worker busy, large enough that per-range overhead stays negligible.
 READ_SPLIT_BYTES = 8 << 20
 BOM = b"\xef\xbb\xbf"
-PROGRESS_INTERVAL_S = 30.0
 # Parquet rows turned into Python values at once: few, so they stay small beside the page being
 # decoded (at 1024, a page's worth, the peak was 40% higher; docs/BOUNDS.md).
 PARQUET_BATCH_ROWS = 64
@@ -71,25 +68,19 @@ def file_ranges(path: str, size: int, split_bytes: int = READ_SPLIT_BYTES) -> li
     ]
 
 
-class ReadProgress:
-    """Logs bytes read of all input at most every PROGRESS_INTERVAL_S, per worker process."""
+def stored_bytes(piece: FileRange, file_size: int) -> int:
+    """How many of its file's bytes as stored a range covers (file_size: the file's)."""
+    return (file_size if piece.end is None else piece.end) - piece.start
 
-    def __init__(self, total_bytes: int):
-        self._total = total_bytes
-        self._done = 0
-        self._start = self._last = time.monotonic()
 
-    def add(self, done: int) -> None:
-        self._done += done
-        now = time.monotonic()
-        if now - self._last >= PROGRESS_INTERVAL_S:
-            self._last = now
-            _LOG.info(
-                "read %.1f of %.1f MB (this worker; %.1f MB/s)",
-                self._done / 1e6,
-                self._total / 1e6,
-                self._done / 1e6 / (now - self._start),
-            )
+class ReadProgress(Protocol):
+    """Told, as a range is read, how many of its bytes as stored it has consumed so far
+    (compressed bytes of a compressed file), when it is due (asking costs a system call):
+    pipelines/progress.py shows them."""
+
+    def due(self) -> bool: ...
+
+    def reached(self, stored_offset: int) -> None: ...
 
 
 def read_range(
@@ -130,6 +121,8 @@ def _read_range(
                     line = line[len(BOM) :]
                 if line.strip():
                     held = (offset, line)
+                if progress is not None and progress.due():
+                    progress.reached(stored_position(stream, offset) - piece.start)
             broken = broken_off(stream)
             ends_with_newline = not broken or stream.raw.ends_with_newline
             if broken and held is not None and not ends_with_newline:
@@ -138,8 +131,6 @@ def _read_range(
                 yield piece.path, held[1]
             if broken and (held is None or ends_with_newline):
                 yield _damaged_tail(piece.path, offset, b"", broken)
-            if progress is not None:
-                progress.add(offset - piece.start)
     except (OSError, ValueError, EOFError) as err:
         yield DeadLetter(
             piece.path, b"", DAMAGED_FILE, f"file unreadable after byte {offset}: {err}"

@@ -3,22 +3,28 @@ and, when asked, each session's requests routed to one worker."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.metrics import Metrics
 
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.routing import Routed, arrived, route_key, routed
 from kvtrace.transforms.read.sources import (
     FileRange,
-    ReadProgress,
     file_ranges,
     parse_one,
     read_range,
+    stored_bytes,
 )
 from kvtrace.transforms.steps import tagged
+
+_LOG = logging.getLogger("kvtrace")
+PROGRESS_INTERVAL_S = 30.0
 
 
 class ReadFileRange(beam.DoFn):
@@ -26,19 +32,37 @@ class ReadFileRange(beam.DoFn):
     record and each file that breaks off (the records before the break still go out). Beam
     carries text between steps as UTF-8, and a Linux name need not be: the ranges travel with
     the step (pickled whole), their index between steps, and `source` leaves it as read_range
-    shows it (dead_letters.shown_name), as the local engine's letters show it."""
+    shows it (dead_letters.shown_name), as the local engine's letters show it. Each range read
+    counts its bytes as stored in the metric kvtrace/stored_bytes_read (the runner's console
+    sums the workers'), and each worker logs its own at most every PROGRESS_INTERVAL_S."""
 
-    def __init__(self, ranges: Sequence[FileRange], max_record_bytes: int, total_bytes: int):
+    def __init__(
+        self, ranges: Sequence[FileRange], max_record_bytes: int, range_bytes: Sequence[int]
+    ):
         self._ranges = list(ranges)
         self._max_record_bytes = max_record_bytes
-        self._total_bytes = total_bytes
+        self._range_bytes = list(range_bytes)
 
     def setup(self) -> None:
-        self._progress = ReadProgress(self._total_bytes)
+        self._stored_read = Metrics.counter("kvtrace", "stored_bytes_read")
+        self._read_here = 0
+        self._logged_at = time.monotonic()
 
     def process(self, index: int) -> Iterator[Any]:
-        for item in read_range(self._ranges[index], self._max_record_bytes, self._progress):
+        for item in read_range(self._ranges[index], self._max_record_bytes):
             yield tagged(item) if isinstance(item, DeadLetter) else item
+        self._count_read(self._range_bytes[index])
+
+    def _count_read(self, stored: int) -> None:
+        self._stored_read.inc(stored)
+        self._read_here += stored
+        if time.monotonic() - self._logged_at >= PROGRESS_INTERVAL_S:
+            self._logged_at = time.monotonic()
+            _LOG.info(
+                "this worker has read %.1f of the input's %.1f MB as stored",
+                self._read_here / 1e6,
+                sum(self._range_bytes) / 1e6,
+            )
 
 
 class ReadRecords(beam.PTransform):
@@ -52,14 +76,15 @@ class ReadRecords(beam.PTransform):
         self._max_record_bytes = max_record_bytes
 
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
-        total = sum(size for _, size in self._files)
-        ranges = [r for path, size in self._files for r in file_ranges(path, size)]
+        sized = [(r, size) for path, size in self._files for r in file_ranges(path, size)]
+        ranges = [r for r, _ in sized]
+        range_bytes = [stored_bytes(r, size) for r, size in sized]
         return (
             pipeline
             | "Ranges" >> beam.Create(range(len(ranges)))
             | "SpreadRanges" >> beam.Reshuffle()
             | "ReadRanges"
-            >> beam.ParDo(ReadFileRange(ranges, self._max_record_bytes, total)).with_outputs(
+            >> beam.ParDo(ReadFileRange(ranges, self._max_record_bytes, range_bytes)).with_outputs(
                 DEAD_LETTER_TAG, main="records"
             )
         )

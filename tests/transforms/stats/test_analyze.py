@@ -8,7 +8,7 @@ import math
 import pytest
 
 from helpers import shared_path, write_jsonl
-from kvtrace.commands.analyze_text import compatible_table
+from kvtrace.commands.analyze_text import ascii_table, compatible_table, rounded
 from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
 
 
@@ -33,10 +33,23 @@ def test_equals_aiperf_reference_on_synthetic_trace():
 
 
 def test_prints_dynamo_reference_table_on_synthetic_trace():
+    """Dynamo's table, each of its figures rounded as analyze prints them for people."""
     report = analyze(shared_path("traces", "synthetic_trace.jsonl"), block_size=512)
     text = shared_path("traces", "reference_synthetic_dynamo_datagen_analyze.txt").read_text()
-    table = [line.rstrip() for line in text.splitlines() if line.startswith(("+", "|"))]
-    assert compatible_table(report).splitlines() == table
+    cells = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
+    header, *rows = cells
+    table = ascii_table(header, [[label, *map(rounded, map(float, r))] for label, *r in rows])
+    assert compatible_table(report) == table
+    assert "15325.476584022039" in text and " 15,325 " in table  # what people read instead
+
+
+def test_figures_are_rounded_for_people():
+    figures = [0.0, 10.0, 2677.841851494696, 44.666666666666664, 0.22874860857702703, 7.5, -0.5]
+    assert list(map(rounded, figures)) == ["0", "10", "2,678", "44.67", "0.2287", "7.5", "-0.5"]
 
 
 def test_cache_sizing_hit_rates_on_synthetic_trace_match_the_published_figures():
