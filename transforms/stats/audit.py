@@ -1533,9 +1533,22 @@ def _report_lines(report: dict, where: str) -> list[str]:
         lines.append(
             f"  manifest: hash scheme {m['hash_scheme']}"
             f"{'' if m.get('hash_scheme_keyed', True) else ' (unkeyed)'}, granularity "
-            f"{m.get('granularity')}"
+            f"{_granularity(m.get('granularity'))}"
         )
     return lines + [f"  FLAG {flag}" for flag in report["flags"]]
+
+
+def _granularity(steps: object) -> str:
+    """The manifest's rounding steps as a reader says them: `timestamps 1 ms, output lengths 1`."""
+    if not isinstance(steps, dict) or not steps:
+        return "not stated"
+    said = {"timestamp_ms": "timestamps {:,} ms", "output_length": "output lengths {:,}"}
+    return ", ".join(
+        said.get(field, f"{field} {{:,}}").format(step)
+        if isinstance(step, int)
+        else f"{field} {step!r}"
+        for field, step in sorted(steps.items(), key=lambda item: item[0] != "timestamp_ms")
+    )
 
 
 def _ms(value: float | None) -> str:

@@ -58,3 +58,16 @@ def test_characters_a_terminal_acts_on_are_shown_apart_from_a_names_bytes():
     names = ["a\nb", "a\rb", "a\x85b", "a\udc85b", "a\u202eb"]
     shown = [gate._shown(name) for name in names]
     assert len(set(shown)) == len(names), shown
+
+
+def test_the_manifests_rounding_reads_as_words_not_a_dict():
+    report = {
+        **_refused([]),
+        "manifest": {
+            "hash_scheme": "xxh3-128-chained-salted-v1",
+            "granularity": {"output_length": 16, "timestamp_ms": 1000},
+        },
+    }
+    (line,) = [line for line in gate.report_text(report, "out").splitlines() if "manifest:" in line]
+    assert line.endswith("granularity timestamps 1,000 ms, output lengths 16"), line
+    assert "{" not in line
