@@ -185,7 +185,13 @@ def pass_gate(
     (--max-rejected-fraction, saying the top reasons), no request before the clock's origin.
     Raises JobStopped before any trace file is written otherwise."""
     counts = check_rejected_fraction(
-        RecordCounts(read, rejected.count, rejected.lost_bytes, config.input_bytes),
+        RecordCounts(
+            read,
+            rejected.count,
+            rejected.lost_bytes,
+            config.input_bytes,
+            tuple(sorted(rejected.reasons, key=lambda item: (-item[1], item[0]))),
+        ),
         config.max_rejected_fraction,
         dict(rejected.reasons),
     )

@@ -771,7 +771,7 @@ def _read_json(path: str) -> dict:
         return json.loads(handle.read())
 
 
-def _print_summary(config: Any, letters: str, records: dict[str, int], seconds: float) -> None:
+def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: float) -> None:
     """The run in a few lines, its figures the run's own: records (write/manifest.run_counts,
     which no published file holds; read = exported + rejected), tokens, blocks and hit rate
     (stats.json), the time it took and where each thing went."""
@@ -785,7 +785,13 @@ def _print_summary(config: Any, letters: str, records: dict[str, int], seconds: 
             f"{records['read']:,} read = {records['exported']:,} exported + "
             f"{records['rejected']:,} rejected",
         ),
-        ("rejected", f"{letters} (one line each, with its reason)"),
+        (
+            "rejected",
+            ", ".join(
+                f"{reason} {count:,}" for reason, count in records["rejected_by_reason"].items()
+            )
+            + f"{': ' if records['rejected'] else ''}{letters} (one line each, with its reason)",
+        ),
         *(
             [
                 (

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -63,19 +64,22 @@ def test_the_summary_is_the_runs_own_figures(tiny_tokenizer, tmp_path, capsys):
     figures = re.search(
         r"exported ([\d,]+) of ([\d,]+) records in [\d.]+ s\n"
         r"  records   ([\d,]+) read = ([\d,]+) exported \+ ([\d,]+) rejected\n"
-        r"  rejected  (\S+) .*\n"
+        r"  rejected  ([a-z_]+ [\d,]+(?:, [a-z_]+ [\d,]+)*): (\S+) .*\n"
         r"  tokens    ([\d,]+) input in ([\d,]+) blocks, ([\d,]+) of them unique\n"
         r"  hit rate  ([\d.]+)% of input tokens",
         printed,
     )
     assert figures, printed
-    exported, read, read_again, exported_again, rejected, where, tokens, blocks, unique, rate = (
-        figures.groups()
-    )
+    exported, read, read_again, exported_again, rejected, reasons, where, *rest = figures.groups()
+    tokens, blocks, unique, rate = rest
     number = lambda text: int(text.replace(",", ""))  # noqa: E731
     assert number(exported) == number(exported_again) == manifest["records"]["exported"] == 40
     assert number(read) == number(read_again) == number(exported) + number(rejected) == 43
     assert number(rejected) == len(read_jsonl(letters)) and where == str(letters)
+    by_reason = Counter(letter["error"] for letter in read_jsonl(letters))
+    assert reasons == ", ".join(
+        f"{r} {n}" for r, n in sorted(by_reason.items(), key=lambda i: (-i[1], i[0]))
+    )
     assert (number(tokens), number(blocks), number(unique)) == (
         stats["input_tokens"],
         stats["blocks"],

@@ -49,6 +49,8 @@ class RecordCounts:
     # input bytes as stored: a file cut in its middle loses bytes, not only one record.
     lost_bytes: int = 0
     input_bytes: int = 0
+    # (reason, count) of the rejected records, commonest first: the operator's summary says them.
+    reasons: tuple[tuple[str, int], ...] = ()
 
     def rejected_fraction(self) -> float:
         """The larger of the records rejected and the input bytes lost (decoded bytes against
@@ -221,7 +223,7 @@ def template_kwargs_problems(value: dict[str, Any]) -> list[str]:
 RUN_COUNTS = "run-counts.json"
 
 
-def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[str, int]:
+def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[str, Any]:
     """The run's own counts (totals: write/totals.ExportTotals)."""
     return {
         "read": counts.read,
@@ -231,15 +233,16 @@ def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[st
         "lost_bytes": counts.lost_bytes,
         "without_output_length": totals.requests_without_output_length,
         "with_unrendered_messages": totals.requests_with_unrendered_messages,
+        "rejected_by_reason": dict(counts.reasons),
     }
 
 
-def write_run_counts(letters_staging: str, counts: dict[str, int]) -> None:
+def write_run_counts(letters_staging: str, counts: dict[str, Any]) -> None:
     with storage.create(storage.join(letters_staging, RUN_COUNTS), private=True) as handle:
         handle.write(canonical_json(counts))
 
 
-def read_run_counts(letters_staging: str) -> dict[str, int]:
+def read_run_counts(letters_staging: str) -> dict[str, Any]:
     with storage.open_read(storage.join(letters_staging, RUN_COUNTS)) as handle:
         return json.loads(handle.read())
 

@@ -241,7 +241,11 @@ def test_the_runs_counts_round_trip_owner_only_beside_its_dead_letters(tmp_path)
     totals = ExportTotals(
         requests=7, requests_without_output_length=2, requests_with_unrendered_messages=1
     )
-    counts = run_counts(RecordCounts(read=9, rejected=2, lost_bytes=11), totals, damaged_files=1)
+    counts = run_counts(
+        RecordCounts(read=9, rejected=2, lost_bytes=11, reasons=(("too_large", 2),)),
+        totals,
+        damaged_files=1,
+    )
     assert counts == {
         "read": 9,
         "exported": 7,
@@ -250,6 +254,7 @@ def test_the_runs_counts_round_trip_owner_only_beside_its_dead_letters(tmp_path)
         "lost_bytes": 11,
         "without_output_length": 2,
         "with_unrendered_messages": 1,
+        "rejected_by_reason": {"too_large": 2},
     }
     write_run_counts(str(tmp_path), counts)
     assert read_run_counts(str(tmp_path)) == counts
