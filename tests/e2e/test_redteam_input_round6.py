@@ -425,7 +425,6 @@ def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_toke
 # ---- trace readers: a row's ids are numbered one level (one numpy pass) per id --------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize(
     "command",
     [["analyze"], ["validate"], ["simulate", "--capacity", "100"], ["synthesize", "-o", "{out}"]],
