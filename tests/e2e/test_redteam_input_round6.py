@@ -81,7 +81,6 @@ def _anonymize_peak(tiny_tokenizer, tmp_path, name: str, data: bytes | None = No
     return peak
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("form", ["jsonl", "parquet"])
 def test_a_record_of_many_small_values_costs_what_the_bounds_say(tiny_tokenizer, tmp_path, form):
     """BOUNDS.md: "a record of 8 MiB of "ab", (1.7 M short strings) parses to 152 MB over the
