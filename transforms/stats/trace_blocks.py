@@ -22,6 +22,9 @@ from kvtrace.transforms.read.trace_io import Trace
 # 4-byte-per-block columns instead of doubling at each step. (At 16M, a 240k-row trace of 7.3M
 # blocks was one chunk and analyze peaked at 455 MiB; at 1M, 299 MiB and 8% faster.)
 CHUNK_BLOCKS = 1 << 20
+# prefix_ids compares and lists blocks with ~10 int64 temporaries each: an eighth of a chunk at
+# a time keeps them near one chunk's int64 temporary (7.3M blocks: 68 MiB at a chunk, 22 at this).
+PREFIX_STEP_BLOCKS = CHUNK_BLOCKS >> 3
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,9 @@ class Blocks:
     def rows(self, start: int, end: int) -> np.ndarray:
         """The row of each block in [start, end). Computed, not stored: a row per block would
         be the largest array of a big trace's analysis after the ids."""
-        return rows_of(self.offsets, start, end)
+        first, last = np.searchsorted(self.offsets, [start, end - 1], "right") - 1
+        spans = np.diff(np.clip(self.offsets[first : last + 2], start, end))
+        return np.repeat(np.arange(first, last + 1, dtype=np.int32), spans)
 
     def rows_at(self, index: np.ndarray) -> np.ndarray:
         """The row of each block in index."""
@@ -98,13 +103,6 @@ class Blocks:
 
 def chunks(size: int) -> list[tuple[int, int]]:
     return [(start, min(size, start + CHUNK_BLOCKS)) for start in range(0, size, CHUNK_BLOCKS)]
-
-
-def rows_of(offsets: np.ndarray, start: int, end: int) -> np.ndarray:
-    """The row of each block in [start, end) of blocks grouped by row at offsets."""
-    first, last = np.searchsorted(offsets, [start, end - 1], "right") - 1
-    spans = np.diff(np.clip(offsets[first : last + 2], start, end))
-    return np.repeat(np.arange(first, last + 1, dtype=np.int32), spans)
 
 
 def first_index(groups: np.ndarray, size: int) -> np.ndarray:
@@ -169,12 +167,15 @@ def rows_in_sequence_order(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     if len(ids) == 0:
         return np.arange(len(offsets) - 1, dtype=np.int64)
     low = int(ids.min())
-    wide = int(ids.max()) - low >= 2**32
-    width = 8 if wide else 4
-    text = (ids - low).astype(">u8" if wide else ">u4").tobytes()
-    bounds = (offsets * width).tolist()
-    rows = [text[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
-    del text
+    as_bytes = np.dtype(">u8" if int(ids.max()) - low >= 2**32 else ">u4")
+    rows: list[bytes] = []
+    first = 0
+    while first < len(offsets) - 1:  # rows of about a chunk of ids at a time, at least one
+        last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + CHUNK_BLOCKS)) - 1)
+        text = (ids[offsets[first] : offsets[last]] - low).astype(as_bytes).tobytes()
+        bounds = ((offsets[first : last + 1] - offsets[first]) * as_bytes.itemsize).tolist()
+        rows.extend(text[start:end] for start, end in zip(bounds[:-1], bounds[1:]))
+        first = last
     return np.array(sorted(range(len(rows)), key=rows.__getitem__), dtype=np.int64)
 
 
@@ -188,8 +189,10 @@ def _shared_lengths(trace: Trace, order: np.ndarray) -> np.ndarray:
     shared = np.zeros(len(order), dtype=np.int64)
     ends = np.cumsum(span)
     pair = 0
-    while pair < len(span):  # a chunk: pairs spanning CHUNK_BLOCKS ids, at least one pair
-        last = max(pair + 1, int(np.searchsorted(ends, ends[pair] - span[pair] + CHUNK_BLOCKS)))
+    while pair < len(span):  # pairs spanning PREFIX_STEP_BLOCKS ids at a time, at least one
+        last = max(
+            pair + 1, int(np.searchsorted(ends, ends[pair] - span[pair] + PREFIX_STEP_BLOCKS))
+        )
         shared[pair + 1 : last + 1] = _first_differences(
             trace, before[pair:last], after[pair:last], span[pair:last]
         )
@@ -216,35 +219,29 @@ def _first_differences(
 def _numbered_breadth_first(
     offsets: np.ndarray, order: np.ndarray, shared: np.ndarray
 ) -> np.ndarray:
-    """Each block's prefix id, blocks laid out row after row in order: a block past its row's
-    shared length ends a new prefix; listed by position (stable, so in row order), a running
-    count of new prefixes numbers every block, a shared one as the row before it."""
+    """Each block's prefix id. A block past its row's shared length ends a new prefix; blocks
+    listed by position, rows in order within one, a running count of new prefixes numbers
+    every block (a shared one as the row before it). Listed a band of positions at a time,
+    PREFIX_STEP_BLOCKS blocks each (or one position's)."""
     lengths = np.diff(offsets)[order]
-    sorted_offsets = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=sorted_offsets[1:])
-    size = int(sorted_offsets[-1])
-    position = np.empty(size, dtype=np.int16 if lengths.max(initial=0) < 2**15 else np.int32)
-    is_new = np.empty(size, dtype=bool)
-    for start, end in chunks(size):
-        rows = rows_of(sorted_offsets, start, end)
-        position[start:end] = np.arange(start, end) - sorted_offsets[rows]
-        is_new[start:end] = position[start:end] >= shared[rows]
-    by_position = np.argsort(position, kind="stable")  # a radix sort for int16 positions
-    del position
-    numbered = np.empty(size, dtype=np.int32)  # traces hold < 2^31 blocks
+    reaching = len(order) - np.cumsum(np.bincount(lengths, minlength=1))[:-1]  # per position
+    band = (np.cumsum(reaching) - reaching) // PREFIX_STEP_BLOCKS  # of each position's first
+    cuts = [*np.flatnonzero(np.diff(band, prepend=-1)).tolist(), len(reaching)]
+    longest_first = np.argsort(-lengths, kind="stable")
+    prefix = np.empty(int(offsets[-1]), dtype=np.int32)  # traces hold < 2^31 blocks
     count = 0
-    for start, end in chunks(size):
-        listed = by_position[start:end]
-        new = is_new[listed]
-        numbered[listed] = count + np.cumsum(new, dtype=np.int64) - 1
+    for low, high in zip(cuts[:-1], cuts[1:]):
+        rows = np.sort(longest_first[: reaching[low]])  # the rows reaching low, in order
+        width = np.minimum(lengths[rows], high) - low
+        starts = np.cumsum(width) - width
+        step = np.arange(int(width.sum())) - np.repeat(starts, width)
+        narrow = np.int16 if high - low < 2**15 else np.int32  # int16 sorts by radix
+        listed = np.argsort(step.astype(narrow), kind="stable")
+        row = np.repeat(rows, width)[listed]
+        position = low + step[listed]
+        new = position >= shared[row]
+        prefix[offsets[order[row]] + position] = count + np.cumsum(new) - 1
         count += int(np.count_nonzero(new))
-    del by_position
-    prefix = np.empty(size, dtype=np.int32)
-    for start, end in chunks(size):  # back to file order, row by row
-        rows = rows_of(sorted_offsets, start, end)
-        prefix[np.arange(start, end) - sorted_offsets[rows] + offsets[order[rows]]] = numbered[
-            start:end
-        ]
     return prefix
 
 

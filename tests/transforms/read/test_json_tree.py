@@ -92,8 +92,9 @@ def _nested(value: object, depth: int, kind: str) -> object:
 UNICODE_TEXT = st.text(alphabet="ab\u00e9\ud800", max_size=4)
 UNICODE_VALUES = st.recursive(
     st.none() | st.integers() | UNICODE_TEXT,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(UNICODE_TEXT, children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(UNICODE_TEXT, children, max_size=4)
+    ),
     max_leaves=20,
 )
 
