@@ -81,7 +81,6 @@ def _anonymize_peak(tiny_tokenizer, tmp_path, name: str, data: bytes | None = No
     return peak
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize("form", ["jsonl", "parquet"])
 def test_a_record_of_many_small_values_costs_what_the_bounds_say(tiny_tokenizer, tmp_path, form):
     """BOUNDS.md: "a record of 8 MiB of "ab", (1.7 M short strings) parses to 152 MB over the
@@ -424,7 +423,6 @@ def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_toke
 # ---- trace readers: a row's ids are numbered one level (one numpy pass) per id --------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 @pytest.mark.parametrize(
     "command",
     [["analyze"], ["validate"], ["simulate", "--capacity", "100"], ["synthesize", "-o", "{out}"]],

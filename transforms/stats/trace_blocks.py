@@ -22,6 +22,9 @@ from kvtrace.transforms.read.trace_io import Trace
 # 4-byte-per-block columns instead of doubling at each step. (At 16M, a 240k-row trace of 7.3M
 # blocks was one chunk and analyze peaked at 455 MiB; at 1M, 299 MiB and 8% faster.)
 CHUNK_BLOCKS = 1 << 20
+# prefix_ids compares and lists blocks with ~10 int64 temporaries each: an eighth of a chunk at
+# a time keeps them near one chunk's int64 temporary (7.3M blocks: 68 MiB at a chunk, 22 at this).
+PREFIX_STEP_BLOCKS = CHUNK_BLOCKS >> 3
 
 
 @dataclass(frozen=True)
@@ -147,27 +150,98 @@ def dense_groups(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def prefix_ids(trace: Trace) -> np.ndarray:
-    """A dense id per block for the prefix it ends, exact (no hashing): level by level, each
-    (parent prefix, id) pair is numbered by sorting."""
+    """A dense id per block for the prefix it ends, exact (no hashing), numbered breadth first:
+    by length, then prefixes of one length in their order as id sequences. Linear in the blocks
+    once the rows are sorted, whatever the rows' lengths (one pass per position of the longest
+    row cost 28 s for one row of 1M ids): with rows sorted as id sequences, a block ends a prefix
+    no earlier row ends exactly where its row has left the row before it, and one stable sort
+    of all blocks by position lists each length's prefixes in order."""
+    order = rows_in_sequence_order(trace.ids, trace.offsets)
+    return _numbered_breadth_first(trace.offsets, order, _shared_lengths(trace, order))
+
+
+def rows_in_sequence_order(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Row indices sorted by their ids as sequences (a row before every longer row it begins),
+    ties in file order. Each row is compared as bytes, ids written big-endian unsigned so byte
+    order is the ids' order: Python's sort, one memcmp per comparison."""
+    if len(ids) == 0:
+        return np.arange(len(offsets) - 1, dtype=np.int64)
+    low = int(ids.min())
+    as_bytes = np.dtype(">u8" if int(ids.max()) - low >= 2**32 else ">u4")
+    rows: list[bytes] = []
+    first = 0
+    while first < len(offsets) - 1:  # rows of about a chunk of ids at a time, at least one
+        last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + CHUNK_BLOCKS)) - 1)
+        text = (ids[offsets[first] : offsets[last]] - low).astype(as_bytes).tobytes()
+        bounds = ((offsets[first : last + 1] - offsets[first]) * as_bytes.itemsize).tolist()
+        rows.extend(text[start:end] for start, end in zip(bounds[:-1], bounds[1:]))
+        first = last
+    return np.array(sorted(range(len(rows)), key=rows.__getitem__), dtype=np.int64)
+
+
+def _shared_lengths(trace: Trace, order: np.ndarray) -> np.ndarray:
+    """Per row in order, how many leading ids it shares with the row before it (0 first).
+    Each pair compares its shorter row's length of ids, so all pairs compare at most every
+    block once, a chunk of pairs at a time."""
     lengths = trace.lengths
-    prefix = np.empty(len(trace.ids), dtype=np.int32)
-    by_length = np.argsort(-lengths, kind="stable")
-    # rows with more than `level` ids: a prefix of by_length
-    active_counts = np.searchsorted(-lengths[by_length], -np.arange(lengths.max(initial=0)), "left")
-    next_id, parents = 0, None
-    for level, active in enumerate(active_counts):
-        rows = by_length[:active]
-        at = trace.offsets[rows] + level
-        values = trace.ids[at]
-        parent = parents[:active] if parents is not None else np.zeros(active, np.int64)
-        order = np.lexsort((values, parent))
-        new = np.ones(active, dtype=bool)
-        new[1:] = (np.diff(parent[order]) != 0) | (np.diff(values[order]) != 0)
-        numbered = np.empty(active, dtype=np.int64)
-        numbered[order] = next_id + np.cumsum(new) - 1
-        next_id += int(new.sum())
-        prefix[at] = numbered
-        parents = numbered
+    before, after = order[:-1], order[1:]
+    span = np.minimum(lengths[before], lengths[after])
+    shared = np.zeros(len(order), dtype=np.int64)
+    ends = np.cumsum(span)
+    pair = 0
+    while pair < len(span):  # pairs spanning PREFIX_STEP_BLOCKS ids at a time, at least one
+        last = max(
+            pair + 1, int(np.searchsorted(ends, ends[pair] - span[pair] + PREFIX_STEP_BLOCKS))
+        )
+        shared[pair + 1 : last + 1] = _first_differences(
+            trace, before[pair:last], after[pair:last], span[pair:last]
+        )
+        pair = last
+    return shared
+
+
+def _first_differences(
+    trace: Trace, before: np.ndarray, after: np.ndarray, span: np.ndarray
+) -> np.ndarray:
+    """Per pair of rows, the first position in span where their ids differ (span if none)."""
+    starts = np.cumsum(span) - span
+    step = np.arange(int(span.sum())) - np.repeat(starts, span)
+    differ = np.flatnonzero(
+        trace.ids[np.repeat(trace.offsets[before], span) + step]
+        != trace.ids[np.repeat(trace.offsets[after], span) + step]
+    )
+    first = span.copy()
+    pairs, at = np.unique(np.searchsorted(starts, differ, "right") - 1, return_index=True)
+    first[pairs] = differ[at] - starts[pairs]
+    return first
+
+
+def _numbered_breadth_first(
+    offsets: np.ndarray, order: np.ndarray, shared: np.ndarray
+) -> np.ndarray:
+    """Each block's prefix id. A block past its row's shared length ends a new prefix; blocks
+    listed by position, rows in order within one, a running count of new prefixes numbers
+    every block (a shared one as the row before it). Listed a band of positions at a time,
+    PREFIX_STEP_BLOCKS blocks each (or one position's)."""
+    lengths = np.diff(offsets)[order]
+    reaching = len(order) - np.cumsum(np.bincount(lengths, minlength=1))[:-1]  # per position
+    band = (np.cumsum(reaching) - reaching) // PREFIX_STEP_BLOCKS  # of each position's first
+    cuts = [*np.flatnonzero(np.diff(band, prepend=-1)).tolist(), len(reaching)]
+    longest_first = np.argsort(-lengths, kind="stable")
+    prefix = np.empty(int(offsets[-1]), dtype=np.int32)  # traces hold < 2^31 blocks
+    count = 0
+    for low, high in zip(cuts[:-1], cuts[1:]):
+        rows = np.sort(longest_first[: reaching[low]])  # the rows reaching low, in order
+        width = np.minimum(lengths[rows], high) - low
+        starts = np.cumsum(width) - width
+        step = np.arange(int(width.sum())) - np.repeat(starts, width)
+        narrow = np.int16 if high - low < 2**15 else np.int32  # int16 sorts by radix
+        listed = np.argsort(step.astype(narrow), kind="stable")
+        row = np.repeat(rows, width)[listed]
+        position = low + step[listed]
+        new = position >= shared[row]
+        prefix[offsets[order[row]] + position] = count + np.cumsum(new) - 1
+        count += int(np.count_nonzero(new))
     return prefix
 
 

@@ -1,14 +1,17 @@
 """json_tree.containers_over: the one count of a JSON line's containers, made before it is
-parsed, that every JSON line reader bounds its parse by."""
+parsed, that every JSON line reader bounds its parse by; json_tree.check_tree: the walk every
+decoded record goes through, whose own memory is its depth, not its values."""
 
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtrace.transforms.read.json_tree import containers_over
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH, check_tree, containers_over
 
 # Strings rich in what a scan could take for structure: brackets, quotes and escapes.
 TEXT = st.text(alphabet='[]{}"\\ab\n\u00e9\U0001f600', max_size=8)
@@ -50,3 +53,76 @@ def test_lines_of_many_quotes_or_brackets_are_counted_in_one_pass():
     size = 16 << 20
     assert containers_over(b"[" + b"[]," * (size // 3) + b"[]]", 3) == size // 3 + 2
     assert containers_over(b'\\"' * (size // 2) + b"[", 0) is None
+
+
+def _verdict(value: object) -> str:
+    """The reference walk, recursive: too_deep past MAX_NESTING_DEPTH open containers, then
+    invalid_unicode for a lone surrogate in any string or key, else ok."""
+
+    def deepest(node: object) -> int:
+        children = node.values() if isinstance(node, dict) else node
+        if not isinstance(node, (dict, list)):
+            return 0
+        return 1 + max((deepest(child) for child in children), default=0)
+
+    def strings(node: object):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            yield from node
+            for child in node.values():
+                yield from strings(child)
+        elif isinstance(node, list):
+            for child in node:
+                yield from strings(child)
+
+    if deepest(value) > MAX_NESTING_DEPTH:
+        return "too_deep"
+    if any(not text.isascii() and "\ud800" in text for text in strings(value)):
+        return "invalid_unicode"
+    return "ok"
+
+
+def _nested(value: object, depth: int, kind: str) -> object:
+    for _ in range(depth):
+        value = [value, 1] if kind == "list" else {"k": value, "\u00e9": 1}
+    return value
+
+
+UNICODE_TEXT = st.text(alphabet="ab\u00e9\ud800", max_size=4)
+UNICODE_VALUES = st.recursive(
+    st.none() | st.integers() | UNICODE_TEXT,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(UNICODE_TEXT, children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(UNICODE_VALUES, st.integers(0, 3), st.sampled_from(["list", "dict"]))
+def test_the_walk_rejects_what_a_recursive_walk_rejects(value, extra, kind):
+    """Depth first over the record's containers (strings and keys with lone surrogates
+    anywhere, nesting around MAX_NESTING_DEPTH): the same verdict as recursion."""
+    value = _nested(value, MAX_NESTING_DEPTH - 2 + extra, kind)
+    try:
+        check_tree(value)
+        verdict = "ok"
+    except Rejected as err:
+        verdict = err.reason
+    expected = _verdict(value)
+    # too deep is found first only where the walk reaches the depth before a bad string
+    assert verdict == expected or {verdict, expected} == {"too_deep", "invalid_unicode"}
+    assert (verdict == "ok") == (expected == "ok")
+
+
+def test_the_walk_holds_its_depth_not_an_entry_per_value():
+    """A record of 1M small values (a 2 MB `[0,0,...]` line): the walk's own memory is a few
+    iterators, not 64 bytes a value (64 MB: the record's parse again, 30 x its bytes)."""
+    record = {"input_ids": [0] * 1_000_000, "nested": _nested(["\u00e9"], 60, "list")}
+    tracemalloc.start()
+    try:
+        check_tree(record)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 10, f"{peak} bytes held by the walk"
