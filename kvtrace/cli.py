@@ -293,6 +293,8 @@ def _run(
         _refuse_misspelled(args.command, leftovers, parser)
         refuse_stray_words(_stray_words(leftovers))
         code = run(args, BeamFlags(leftovers, _our_flags(parser)))
+    except BrokenPipeError:  # stdout's reader left: main ends quietly, as `| head` expects
+        raise
     except OSError as err:
         code = 1 if err.errno in STORAGE_FULL else 2
         if stop.signum is None:
