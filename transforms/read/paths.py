@@ -646,7 +646,7 @@ def _decompressed(data: bytes, codec: str, size: int) -> bytes:
             out = pa.decompress(data, size, _PAGE_CODECS[codec], asbytes=True)
         else:
             raise ValueError(f"pages compressed as {codec} cannot be read")
-    except pa.ArrowException as err:
+    except (pa.ArrowException, OSError) as err:  # pyarrow's corrupt data: an OSError
         raise ValueError(f"a page does not decompress: {err}") from None
     if len(out) != size:
         raise ValueError(f"a page decompresses to {len(out)} bytes, not its header's {size}")
@@ -666,7 +666,7 @@ def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
             return None
         try:
             out.append(pa.decompress(data[at : at + stored], expected, "lz4_raw", asbytes=True))
-        except pa.ArrowException:
+        except (pa.ArrowException, OSError):
             return None
         at += stored
     return b"".join(out) if at == len(data) else None

@@ -26,8 +26,11 @@ from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
 from kvtrace.transforms.read.paths import (
     PAGE_BOUND_MULTIPLE,
+    _decompressed,
     _page_header,
     _pages,
+    _RowCounter,
+    chunk_levels,
     open_raw,
     oversized_pages,
     parquet_file,
@@ -522,3 +525,105 @@ def test_a_footer_understating_a_chunk_does_not_skip_its_page_headers(tmp_path):
         )
         why = oversized_pages(raw, parquet.metadata, 0, MiB)
     assert why and f"ceiling of {PAGE_BOUND_MULTIPLE} x {MiB}" in why
+
+
+def _levels_of_each_row(rows: list[list[list[int]] | None]) -> list[int]:
+    """The levels Parquet stores for each row of a list<list<int64>> column: one for a null or
+    empty list, else one per inner list that is null or empty, else one per value."""
+    return [max(1, sum(max(1, len(inner or [])) for inner in row)) if row else 1 for row in rows]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.one_of(
+            st.none(),
+            st.lists(st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=40)), max_size=60),
+        ),
+        min_size=1,
+        max_size=400,
+    ),
+    page_bytes=st.sampled_from([64, 1024, MiB]),
+    version=st.sampled_from(["1.0", "2.0"]),
+    codec=st.sampled_from(["none", "zstd", "snappy", "gzip", "lz4", "brotli"]),
+    dictionary=st.booleans(),
+)
+def test_a_chunk_s_rows_and_largest_row_are_counted_from_its_repetition_levels(
+    tmp_path_factory, rows, page_bytes, version, codec, dictionary
+):
+    """Against pyarrow's own writer, every page format and codec: chunk_levels counts each row
+    group's rows, levels, and the levels of its largest row, as Arrow stores them."""
+    path = tmp_path_factory.mktemp("levels") / "t.parquet"
+    pq.write_table(
+        pa.table({"ids": pa.array(rows, pa.list_(pa.list_(pa.int64())))}),
+        path,
+        data_page_size=page_bytes,
+        data_page_version=version,
+        compression=codec,
+        use_dictionary=dictionary,
+        row_group_size=150,
+    )
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        for group in range(parquet.num_row_groups):
+            column = parquet.metadata.row_group(group).column(0)
+            levels = chunk_levels(raw, column, 2, _pages(raw, column))
+            expected = _levels_of_each_row(rows[group * 150 : (group + 1) * 150])
+            assert levels == (len(expected), sum(expected), max(expected))
+
+
+@settings(max_examples=300, deadline=None)
+@given(levels=st.binary(max_size=64), width=st.integers(1, 3), count=st.integers(0, 1 << 40))
+def test_any_bytes_as_repetition_levels_are_counted_or_refused_at_once(levels, width, count):
+    """Damaged levels (a run header claiming 2^60 groups, a run past the page) are a
+    ValueError, and counting them costs at most the bytes there are, whatever they claim."""
+    rows = _RowCounter()
+    try:
+        rows.add(levels, width, count)
+    except ValueError:
+        return
+    assert rows.rows <= count and rows.most_levels() <= count
+
+
+def test_lz4_pages_are_read_in_hadoop_s_framing_or_raw():
+    """Parquet's LZ4: Arrow reads Hadoop's framing first, one raw block if it is not that."""
+    data = b"levels " * 1000
+    block = pa.compress(data, "lz4_raw", asbytes=True)
+    framed = len(data).to_bytes(4, "big") + len(block).to_bytes(4, "big") + block
+    assert _decompressed(framed, "LZ4", len(data)) == data
+    assert _decompressed(block, "LZ4", len(data)) == data
+    for stored, codec, size in ((block, "LZ4_RAW", len(data) - 1), (b"abc", "UNCOMPRESSED", 4)):
+        with pytest.raises(ValueError, match="decompress"):  # to a size not its header's
+            _decompressed(stored, codec, size)
+    with pytest.raises(ValueError, match="LZO"):  # no codec of Arrow's
+        _decompressed(block, "LZO", len(data))
+
+
+def test_a_footer_claiming_many_rows_does_not_lower_what_one_row_may_hold(tmp_path):
+    """The footer's row count is a claim: one cell of 2 M dictionary-encoded zeros (an RLE run:
+    a tiny file) among 3 rows is refused unread whatever rows the footer says the group has."""
+    cell = 2 * MiB
+    ids = pa.ListArray.from_arrays(
+        pa.array([0, cell, cell + 1, cell + 2], pa.int32()), pa.array([0] * (cell + 2))
+    )
+    path = tmp_path / "rle.parquet"
+    pq.write_table(pa.table({"timestamp": [0, 1, 2], "ids": ids}), path, compression="zstd")
+    data = path.read_bytes()
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    claimed = b"\x16" + _zigzag(10**9)  # RowGroup.num_rows and FileMetaData.num_rows
+    footer = data[start:-8].replace(b"\x16" + _zigzag(3), claimed)
+    path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        assert parquet.metadata.row_group(0).num_rows == 10**9
+        why = oversized_pages(raw, parquet.metadata, 0, MiB)
+    assert why and f"rows of up to {cell + 1} values" in why  # the cell and its timestamp
+
+
+def _zigzag(value: int) -> bytes:
+    """A Thrift compact i64: zigzag, then LEB128."""
+    value, out = value << 1, bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
