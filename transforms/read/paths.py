@@ -674,73 +674,125 @@ def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
 
 class _RowCounter:
     """Rows a column's repetition levels start (a level of 0 starts one) and the most levels
-    one holds, counted run by run as its pages go by: an RLE run costs the same however many
-    levels it stands for, a bit-packed run is unpacked a slice at a time."""
+    one holds, counted as its pages go by from where its rows start: an RLE run of 0s is two
+    positions however many rows it starts, bit-packed runs are unpacked together a slice at a
+    time, so the only Python work per run is reading its header."""
 
-    _PACKED_GROUPS = 1 << 16  # groups of 8 levels unpacked at once
+    _SLICE_LEVELS = 1 << 20  # bit-packed levels unpacked at once
+    _SLICE_RUNS = 1 << 16
 
     def __init__(self) -> None:
         self.rows = 0
-        self._open = 0  # the levels of the row not yet ended
+        self._levels = 0  # of every page so far
+        self._row_start = 0  # the level the row not yet ended starts at
         self._most = 0
 
     def most_levels(self) -> int:
-        return max(self._most, self._open)
+        return max(self._most, self._levels - self._row_start)
 
     def add(self, levels: bytes, width: int, count: int) -> None:
         """A page's `count` levels, `width` bits each, as the RLE / bit-packed hybrid."""
-        at = 0
-        while count > 0:
-            if at >= len(levels):
-                raise ValueError("a page's repetition levels end before its values")
-            header, at = _varint(levels, at)
-            if header & 1:  # bit-packed: header >> 1 groups of 8 levels
-                groups = header >> 1
-                if groups * width > len(levels) - at:
-                    raise ValueError("a page's repetition levels end inside a bit-packed run")
-                for first in range(0, groups, self._PACKED_GROUPS):
-                    step = min(self._PACKED_GROUPS, groups - first)
-                    packed = levels[at + first * width : at + (first + step) * width]
-                    unpacked = _unpacked(packed, width)[:count]
-                    self._packed(unpacked)
-                    count -= len(unpacked)
-                    if count <= 0:
+        runs: list[_Run] = []
+        packed = 0
+        for run in _hybrid_runs(levels, width, count):
+            runs.append(run)
+            packed += run.levels if run.packed >= 0 else 0
+            if packed >= self._SLICE_LEVELS or len(runs) >= self._SLICE_RUNS:
+                self._starts(levels, width, runs, count)
+                runs, packed = [], 0
+        self._starts(levels, width, runs, count)
+        self._levels += count
+
+    def _starts(self, levels: bytes, width: int, runs: list[_Run], count: int) -> None:
+        """Count the rows the runs (in order, of one page) start."""
+        starts: list[np.ndarray] = []
+        interior: list[np.ndarray] = []  # whether the gap before a start lies inside a run
+        if bits := [run for run in runs if run.packed >= 0]:
+            found = _packed_zeros(levels, width, bits)
+            found = found[found < count]  # past the page's levels: its last group's padding
+            starts.append(found)
+            interior.append(np.zeros(len(found), dtype=bool))
+            self.rows += len(found)
+        for run in runs:
+            if run.packed < 0:  # an RLE run of 0s: run.levels rows of one level each
+                starts.append(np.array([run.first, run.first + run.levels - 1]))
+                interior.append(np.array([False, True]))
+                self.rows += run.levels
+        at = np.concatenate(starts or [np.zeros(0, dtype=np.int64)]) + self._levels
+        if not len(at):
+            return
+        order = np.argsort(at, kind="stable")
+        at, inside = at[order], np.concatenate(interior)[order]
+        gaps = np.diff(at, prepend=self._row_start)
+        self._most = max(self._most, int(np.where(inside, 1, gaps).max()))
+        self._row_start = int(at[-1])
+
+
+def _packed_zeros(levels: bytes, width: int, runs: list[_Run]) -> np.ndarray:
+    """Where in their page bit-packed runs hold a level of 0, the runs unpacked together."""
+    groups = np.array([-(-run.levels // 8) for run in runs])
+    unpacked = _unpacked(
+        b"".join(
+            levels[run.packed : run.packed + int(size) * width] for run, size in zip(runs, groups)
+        ),
+        width,
+    )
+    ends = np.cumsum(groups) * 8  # each run's end among the unpacked levels
+    zeros = np.flatnonzero(unpacked == 0)
+    shift = np.array([run.first for run in runs]) - (ends - groups * 8)
+    return zeros + shift[np.searchsorted(ends, zeros, side="right")]
+
+
+class _Run(NamedTuple):
+    """A run of the RLE / bit-packed hybrid that may start rows."""
+
+    first: int  # its first level's place in the page
+    levels: int
+    packed: int  # where its bit-packed bytes start; -1 for an RLE run of 0s
+
+
+# Bit-packed groups of 8 levels taken as one run at most: a run's header may claim any.
+_GROUPS_PER_RUN = 1 << 14
+
+
+def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
+    """The runs of `count` levels, `width` bits each, in the RLE / bit-packed hybrid that may
+    start a row: bit-packed ones (long ones in pieces) and RLE runs of 0s. ValueError when the
+    bytes end first; an RLE run of another level only moves on."""
+    at = position = 0
+    value_bytes = (width + 7) // 8
+    size = len(levels)
+    while position < count:
+        if at >= size:
+            raise ValueError("a page's repetition levels end before its values")
+        header = levels[at]  # most headers are one byte
+        header, at = (header, at + 1) if header < 0x80 else _varint(levels, at)
+        length = header >> 1
+        if header & 1:  # bit-packed: `length` groups of 8 levels
+            if length * width > size - at:
+                raise ValueError("a page's repetition levels end inside a bit-packed run")
+            if length <= _GROUPS_PER_RUN:
+                yield _Run(position, min(length * 8, count - position), at)
+                position += length * 8
+            else:
+                for group in range(0, length, _GROUPS_PER_RUN):
+                    if position >= count:
                         break
-                at += groups * width
-            else:  # an RLE run: header >> 1 levels of one value
-                size = (width + 7) // 8
-                value = int.from_bytes(levels[at : at + size], "little")
-                at += size
-                run = min(header >> 1, count)
-                self._run(value, run)
-                count -= run
-
-    def _run(self, level: int, length: int) -> None:
-        if not length:
-            return
-        if level:
-            self._open += length
-            return
-        self._most = max(self._most, self._open, 1 if length > 1 else 0)
-        self.rows += length
-        self._open = 1
-
-    def _packed(self, levels: np.ndarray) -> None:
-        starts = np.flatnonzero(levels == 0)
-        if not len(starts):
-            self._open += len(levels)
-            return
-        self._most = max(self._most, self._open + int(starts[0]))
-        if len(starts) > 1:
-            self._most = max(self._most, int(np.diff(starts).max()))
-        self.rows += len(starts)
-        self._open = len(levels) - int(starts[-1])
+                    groups = min(_GROUPS_PER_RUN, length - group)
+                    yield _Run(position, min(groups * 8, count - position), at + group * width)
+                    position += groups * 8
+            at += length * width
+        else:  # an RLE run: `length` levels of one value
+            zero = not any(levels[at : at + value_bytes])
+            at += value_bytes
+            length = min(length, count - position)
+            if zero and length:
+                yield _Run(position, length, -1)
+            position += length
 
 
 def _unpacked(packed: bytes, width: int) -> np.ndarray:
     """Levels bit-packed `width` bits each, least significant bit first (Parquet's order)."""
-    if len(packed) % width:
-        raise ValueError("a page's repetition levels end inside a bit-packed run")
     bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
     if width == 1:
         return bits

@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -620,10 +621,79 @@ def test_a_footer_claiming_many_rows_does_not_lower_what_one_row_may_hold(tmp_pa
 
 
 def _zigzag(value: int) -> bytes:
-    """A Thrift compact i64: zigzag, then LEB128."""
-    value, out = value << 1, bytearray()
+    """A Thrift compact i64 not below 0: zigzag, then LEB128."""
+    return _uleb(value << 1)
+
+
+def _hybrid(runs: list[tuple[str, list[int]]], width: int) -> bytes:
+    """Levels in Parquet's RLE / bit-packed hybrid: ("rle", [value, length]) or ("packed",
+    levels), the last group of a packed run padded with zeros."""
+    out = bytearray()
+    for kind, run in runs:
+        if kind == "rle":
+            value, length = run
+            out += _uleb(length << 1) + value.to_bytes((width + 7) // 8, "little")
+        else:
+            padded = np.zeros(-(-len(run) // 8) * 8, dtype=np.uint8)
+            padded[: len(run)] = run
+            bits = ((padded[:, None] >> np.arange(width)) & 1).astype(np.uint8).ravel()
+            out += (
+                _uleb((len(padded) // 8) << 1 | 1) + np.packbits(bits, bitorder="little").tobytes()
+            )
+    return bytes(out)
+
+
+def _uleb(value: int) -> bytes:
+    """An unsigned LEB128 integer."""
+    out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
         out.append(byte | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    width=st.integers(1, 3),
+    runs=st.lists(
+        st.one_of(
+            st.tuples(st.just("rle"), st.tuples(st.integers(0, 1), st.integers(0, 5000))),
+            st.tuples(st.just("packed"), st.lists(st.integers(0, 1), min_size=1, max_size=300)),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    cut=st.integers(0, 7),
+)
+def test_rows_are_counted_from_runs_as_from_the_levels_they_stand_for(width, runs, cut):
+    """Against the levels written out one by one, however the runs are sliced for unpacking
+    (slices of a few levels here) and with the page ending inside a packed run's last group:
+    the rows started (a 0 each) and the levels between one start and the next."""
+    # only a page's last run may end inside a group of 8 (its padding is not levels)
+    runs = [
+        (kind, list(r) + [1] * (-len(r) % 8 if kind == "packed" and i < len(runs) - 1 else 0))
+        for i, (kind, r) in enumerate(runs)
+    ]
+    levels = np.concatenate(
+        [np.full(r[1], r[0]) if kind == "rle" else np.array(r) for kind, r in runs]
+    ).astype(np.int64)
+    levels = levels[: max(len(levels) - cut, 0)]
+    starts = np.flatnonzero(levels == 0)
+    bounds = np.concatenate([[0], starts, [len(levels)]])
+    rows = _RowCounter()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_RowCounter, "_SLICE_LEVELS", 16)
+        patch.setattr(_RowCounter, "_SLICE_RUNS", 3)
+        rows.add(_hybrid(runs, width), width, len(levels))
+    assert rows.rows == len(starts)
+    assert rows.most_levels() == int(np.diff(bounds).max(initial=0))
+
+
+def test_a_bit_packed_run_longer_than_a_slice_is_unpacked_in_pieces():
+    """A run header may claim any number of groups: a long run is taken in pieces."""
+    levels = np.ones(3_000_000, dtype=np.int64)
+    levels[[0, 5, 1_999_999]] = 0
+    rows = _RowCounter()
+    rows.add(_hybrid([("packed", list(levels))], 1), 1, len(levels))
+    assert (rows.rows, rows.most_levels()) == (3, 1_999_994)
