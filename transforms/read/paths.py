@@ -476,9 +476,10 @@ def oversized_pages(
     each, seeking past the pages): they are what Arrow decodes by, while the footer's sizes,
     value and row counts are claims nothing checks. A list cell may span pages, and Arrow
     decodes a row's levels whole before it can be sized: a group whose rows may hold more
-    levels than max_cell_bytes (each level is a byte of JSON at least: a value, a null, an
-    empty list), the most in one row of each column summed, counted from the repetition
-    levels (chunk_levels), is refused. Only the top-level columns named are looked at (all
+    levels than max_cell_bytes takes as JSON, the most in one row of each column summed,
+    counted from the repetition levels (chunk_levels), is refused. A level is a value, a null
+    or an empty list: a byte at least, and a comma parts it from the next (a cell of L levels
+    is 2 L - 1 bytes at least). Only the top-level columns named are looked at (all
     when None)."""
     row_group = metadata.row_group(group)
     read = [
@@ -495,10 +496,11 @@ def oversized_pages(
             most += chunk_levels(raw, column, repeats, pages).most
     except _OverCeiling as err:
         return str(err)
-    if most > max_cell_bytes:
+    if 2 * most - 1 > max_cell_bytes:
         return (
             f"row group {group} has rows of up to {most} values (each column's largest row, "
-            f"from its repetition levels; a value is a byte at least): over {max_cell_bytes}"
+            f"from its repetition levels; as JSON, each a byte and a comma at least): over "
+            f"{max_cell_bytes} bytes"
         )
     return None
 

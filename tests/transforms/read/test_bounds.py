@@ -697,3 +697,17 @@ def test_a_bit_packed_run_longer_than_a_slice_is_unpacked_in_pieces():
     rows = _RowCounter()
     rows.add(_hybrid([("packed", list(levels))], 1), 1, len(levels))
     assert (rows.rows, rows.most_levels()) == (3, 1_999_994)
+
+
+@pytest.mark.parametrize("cell", [MiB // 2, MiB // 2 + 1])
+def test_a_cell_is_refused_by_its_levels_exactly_when_its_json_must_be_over_the_bound(
+    tmp_path, cell
+):
+    """A cell of L values is 2 L - 1 bytes of JSON at least (`0,0,...0`): refused unread
+    from its levels exactly when that is over the bound, read (and sized) when it is not."""
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[0] * cell], pa.list_(pa.int8()))}), path)
+    assert len(json.dumps([0] * cell, separators=(",", ":"))) - 2 == 2 * cell - 1
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        why = oversized_pages(raw, parquet.metadata, 0, MiB)
+    assert (why is not None) == (2 * cell - 1 > MiB)
