@@ -619,12 +619,13 @@ def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Pag
     """A data page's repetition levels as stored (the RLE / bit-packed hybrid, no length
     prefix): a v2 page keeps them plain ahead of its values; a v1 page opens its (decompressed)
     data with them and their length."""
+    stored = page.repetition if page.version == 2 else page.stored
+    # sizes are the header's claims: none is read past the page, nor the file
+    if stored > page.stored or page.start + stored > raw.seek(0, os.SEEK_END):
+        raise ValueError(f"a page of {column.path_in_schema} ends past its file")
     raw.seek(page.start)
     if page.version == 2:
-        levels = raw.read(page.repetition)
-        if len(levels) != page.repetition or page.repetition > page.stored:
-            raise ValueError(f"a page of {column.path_in_schema} ends inside its levels")
-        return levels
+        return raw.read(stored)
     if page.repetition != RLE_ENCODING:
         raise ValueError(
             f"a page of {column.path_in_schema} stores repetition levels as encoding "
@@ -643,7 +644,8 @@ def _decompressed(data: bytes, codec: str, size: int) -> bytes:
         if codec == "UNCOMPRESSED":
             out = data
         elif codec == "LZ4":
-            out = _lz4_hadoop(data, size) or pa.decompress(data, size, "lz4_raw", asbytes=True)
+            framed = _lz4_hadoop(data, size)
+            out = pa.decompress(data, size, "lz4_raw", asbytes=True) if framed is None else framed
         elif codec in _PAGE_CODECS:
             out = pa.decompress(data, size, _PAGE_CODECS[codec], asbytes=True)
         else:
@@ -659,18 +661,19 @@ def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
     """LZ4 blocks in Hadoop's framing (each block's decompressed and compressed sizes, 4 bytes
     big-endian, before it), as Arrow reads them first; None when the data is not so framed
     (Arrow then reads it as one raw block)."""
-    out, at = [], 0
+    out, at, produced = [], 0, 0
     while len(data) - at >= 8:
         expected = int.from_bytes(data[at : at + 4], "big")
         stored = int.from_bytes(data[at + 4 : at + 8], "big")
         at += 8
-        if stored > len(data) - at or expected > size - sum(map(len, out)):
+        if stored > len(data) - at or expected > size - produced:
             return None
         try:
             out.append(pa.decompress(data[at : at + stored], expected, "lz4_raw", asbytes=True))
         except (pa.ArrowException, OSError):
             return None
         at += stored
+        produced += expected
     return b"".join(out) if at == len(data) else None
 
 

@@ -27,9 +27,11 @@ from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
 from kvtrace.transforms.read.paths import (
     PAGE_BOUND_MULTIPLE,
+    Page,
     _decompressed,
     _page_header,
     _pages,
+    _repetition_levels,
     _RowCounter,
     chunk_levels,
     open_raw,
@@ -711,3 +713,17 @@ def test_a_cell_is_refused_by_its_levels_exactly_when_its_json_must_be_over_the_
     with parquet_file(str(path), MiB) as (raw, parquet):
         why = oversized_pages(raw, parquet.metadata, 0, MiB)
     assert (why is not None) == (2 * cell - 1 > MiB)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_page_claiming_more_bytes_than_its_file_holds_is_refused_before_a_read(tmp_path, version):
+    """A header's compressed size (v1) or levels' length (v2) is a claim: 1 TiB of it is a
+    ValueError, never a read (a Python read allocates what it is asked for)."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"ids": [[1, 2]]}), path)
+    huge = 1 << 40
+    page = Page(8, 2, 0, 4, huge, version, huge if version == 2 else 3)
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        column = parquet.metadata.row_group(0).column(0)
+        with pytest.raises(ValueError, match="past its file"):
+            _repetition_levels(raw, column, page)
