@@ -284,13 +284,22 @@ def _list_of_nulls(values: int, rows: int = 4):
     return pa.ListArray.from_arrays(offsets, pa.nulls(values))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=ROUND5 + ": sized as `null`s now (too_large, ~700 MB "
-    "not 1.34 GB), but Arrow decodes a row's levels before it can be sized, and "
-    "Parquet v1 page headers do not say which rows a page's values belong to",
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(
+            "anonymize",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason=ROUND5 + ": the cell's 40 M levels are counted from its page's "
+                "repetition levels and its row group refused unread (peak bounded), but as one "
+                "too_large letter: Arrow cannot skip a row, so the 3 rows after it go unread "
+                "and the run stops, every record rejected (docs/BOUNDS.md)",
+            ),
+        ),
+        "analyze",
+    ],
 )
-@pytest.mark.parametrize("command", ["anonymize", "analyze"])
 def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_path, command):
     """BOUNDS.md: a list cell's values are bounded by "the pages it spans", and the row is
     sized before it becomes Python values. A list<null> cell (Arrow holds no buffer for

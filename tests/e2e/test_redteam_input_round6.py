@@ -536,7 +536,6 @@ def test_a_trace_parquet_naming_a_column_twice_is_a_malformed_file_not_a_failed_
     assert "the job failed" not in done.stderr, done.stderr[-1000:]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND6)
 def test_a_footer_claiming_many_rows_does_not_let_one_cell_of_millions_of_values_decode(
     tiny_tokenizer, tmp_path
 ):

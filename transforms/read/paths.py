@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
@@ -383,13 +383,15 @@ def group_reader(
         chunk = row_group.column(index)
         if not chunk.has_dictionary_page:
             continue
-        # a list column's rows hold its values on average (docs/BOUNDS.md)
-        values_per_row = -(-chunk.num_values // max(row_group.num_rows, 1))
+        pages = list(_pages(raw, chunk))
+        # a list column's rows hold its values on average (docs/BOUNDS.md), as its pages
+        # count them (the footer's counts are claims)
+        levels = chunk_levels(raw, chunk, parquet.schema.column(index).max_repetition_level, pages)
+        values_per_row = -(-levels.values // max(levels.rows, 1))
         width = fixed_value_bytes(chunk.physical_type, parquet.schema.column(index).length)
         if width is not None:
             dense_row_bytes += width * values_per_row
             continue
-        pages = list(_pages(raw, chunk))
         if all(
             page.encoding in DICTIONARY_ENCODINGS for page in pages if page.encoding is not None
         ):
@@ -493,10 +495,13 @@ def oversized_pages(
     of it is decoded. A page is decoded whole and holds whole values, so a page is refused
     when it is over PAGE_BOUND_MULTIPLE times max_cell_bytes (the reader's ceiling), or when
     its values average over it (one at least is). Every chunk's page headers are read (bytes
-    each, seeking past the pages): they are what Arrow decodes by, while the footer's sizes and
-    value counts are claims nothing checks. A list cell may span pages: rows averaging more
-    values than max_cell_bytes (each value is a byte of JSON at least) are refused too; rows
-    let through are checked when read. Only the top-level columns named are looked at (all
+    each, seeking past the pages): they are what Arrow decodes by, while the footer's sizes,
+    value and row counts are claims nothing checks. A list cell may span pages, and Arrow
+    decodes a row's levels whole before it can be sized: a group whose rows may hold more
+    levels than max_cell_bytes takes as JSON, the most in one row of each column summed,
+    counted from the repetition levels (chunk_levels), is refused. A level is a value, a null
+    or an empty list: a byte at least, and a comma parts it from the next (a cell of L levels
+    is 2 L - 1 bytes at least). Only the top-level columns named are looked at (all
     when None)."""
     row_group = metadata.row_group(group)
     read = [
@@ -504,31 +509,55 @@ def oversized_pages(
         for index in range(row_group.num_columns)
         if columns is None or row_group.column(index).path_in_schema.split(".")[0] in columns
     ]
-    values = 0
-    for index in read:
-        column = row_group.column(index)
-        for page in _pages(raw, column):
-            where = (
-                f"row group {group}'s column {column.path_in_schema} has a page of "
-                f"{page.size} bytes"
-            )
-            if page.size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
-                return f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
-            if page.size > max_cell_bytes * max(page.values, 1):
-                return f"{where} for {page.values} value(s): one at least is over {max_cell_bytes}"
-            values += page.values if page.encoding is not None else 0  # a dictionary's: entries
-    if values > max_cell_bytes * max(row_group.num_rows, 1):
+    most = 0  # the most levels a row holds, column by column, summed
+    try:
+        for index in read:
+            column = row_group.column(index)
+            pages = _within_ceiling(_pages(raw, column), group, column, max_cell_bytes)
+            repeats = metadata.schema.column(index).max_repetition_level
+            most += chunk_levels(raw, column, repeats, pages).most
+    except _OverCeiling as err:
+        return str(err)
+    if 2 * most - 1 > max_cell_bytes:
         return (
-            f"row group {group} holds {values} values for {row_group.num_rows} rows: "
-            f"one row at least is over {max_cell_bytes} bytes"
+            f"row group {group} has rows of up to {most} values (each column's largest row, "
+            f"from its repetition levels; as JSON, each a byte and a comma at least): over "
+            f"{max_cell_bytes} bytes"
         )
     return None
+
+
+class _OverCeiling(Exception):
+    """A page that cannot be decoded within the bound: why."""
+
+
+def _within_ceiling(
+    pages: Iterable[Page], group: int, column: pq.ColumnChunkMetaData, max_cell_bytes: int
+) -> Iterator[Page]:
+    """The pages, each checked against the reader's ceiling before it goes on (_OverCeiling)."""
+    for page in pages:
+        where = (
+            f"row group {group}'s column {column.path_in_schema} has a page of {page.size} bytes"
+        )
+        if page.size > PAGE_BOUND_MULTIPLE * max_cell_bytes:
+            raise _OverCeiling(
+                f"{where}, over the reader's ceiling of {PAGE_BOUND_MULTIPLE} x {max_cell_bytes}"
+            )
+        if page.size > max_cell_bytes * max(page.values, 1):
+            raise _OverCeiling(
+                f"{where} for {page.values} value(s): one at least is over {max_cell_bytes}"
+            )
+        yield page
 
 
 class Page(NamedTuple):
     size: int  # uncompressed
     values: int
     encoding: int | None  # a data page's (Parquet's Encoding enum); None for the dictionary
+    start: int  # its data's first byte in the file, past its header
+    stored: int  # its data's bytes in the file (compressed)
+    version: int  # a data page's format, 1 or 2; 0 for any other page (the dictionary)
+    repetition: int  # v1: its repetition levels' encoding; v2: their bytes (stored plain)
 
 
 def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
@@ -542,17 +571,272 @@ def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
         header, header_bytes = _page_header(raw, offset)
         uncompressed, compressed = header.get(2), header.get(3)
         # A data page (v1, v2) or dictionary page header: its first field counts the values;
-        # a data page's encoding is its field 2 (v1) or 4 (v2).
+        # a data page's encoding is its field 2 (v1) or 4 (v2), its repetition levels' encoding
+        # field 4 (v1) or their length field 6 (v2).
         field, kind = next(
             ((k, header[k]) for k in (5, 8, 7) if isinstance(header.get(k), dict)), (0, {})
         )
         values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
-        if not all(isinstance(n, int) and n >= 0 for n in (uncompressed, compressed, values)):
+        repetition = kind.get({5: 4, 8: 6}.get(field, 0), 0)
+        if not all(
+            isinstance(n, int) and n >= 0 for n in (uncompressed, compressed, values, repetition)
+        ):
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
-        yield Page(uncompressed, values, encoding if field != 7 else None)
+        version = {5: 1, 8: 2}.get(field, 0)
+        yield Page(
+            uncompressed,
+            values,
+            encoding if field != 7 else None,
+            offset + header_bytes,
+            compressed,
+            version,
+            repetition,
+        )
         offset += header_bytes + compressed
     if offset != end:
         raise ValueError(f"the pages of {column.path_in_schema} overrun its column chunk")
+
+
+class Levels(NamedTuple):
+    """What a column chunk's data pages hold, counted from their headers and repetition
+    levels (what Arrow decodes by), not from the footer."""
+
+    rows: int  # the rows its levels start
+    values: int  # its levels: a value, or a null or empty list where one would be
+    most: int  # the most levels one row holds
+
+
+def chunk_levels(
+    raw: IO[bytes], column: pq.ColumnChunkMetaData, max_repetition: int, pages: Iterable[Page]
+) -> Levels:
+    """A column chunk's rows and levels, from its pages (_pages), taken one at a time. A
+    column that does not repeat holds one level a row; one that does starts a row at each
+    repetition level of 0, read from its pages' RLE runs without decoding a value (a page is
+    read, and decompressed, once more: its size is checked first)."""
+    rows, values = _RowCounter(), 0
+    width = max_repetition.bit_length()
+    for page in pages:
+        if not page.version:  # the dictionary: entries, not levels
+            continue
+        values += page.values
+        if max_repetition:
+            rows.add(_repetition_levels(raw, column, page), width, page.values)
+    if not max_repetition:
+        return Levels(values, values, min(values, 1))
+    return Levels(rows.rows, values, rows.most_levels())
+
+
+# Parquet's codecs as pyarrow names them; LZ4 (Hadoop's framing or none) is read apart.
+_PAGE_CODECS = {
+    "SNAPPY": "snappy",
+    "GZIP": "gzip",
+    "BROTLI": "brotli",
+    "ZSTD": "zstd",
+    "LZ4_RAW": "lz4_raw",
+}
+RLE_ENCODING = 3  # Parquet's Encoding enum: the RLE / bit-packed hybrid
+
+
+def _repetition_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, page: Page) -> bytes:
+    """A data page's repetition levels as stored (the RLE / bit-packed hybrid, no length
+    prefix): a v2 page keeps them plain ahead of its values; a v1 page opens its (decompressed)
+    data with them and their length."""
+    stored = page.repetition if page.version == 2 else page.stored
+    # sizes are the header's claims: none is read past the page, nor the file
+    if stored > page.stored or page.start + stored > raw.seek(0, os.SEEK_END):
+        raise ValueError(f"a page of {column.path_in_schema} ends past its file")
+    raw.seek(page.start)
+    if page.version == 2:
+        return raw.read(stored)
+    if page.repetition != RLE_ENCODING:
+        raise ValueError(
+            f"a page of {column.path_in_schema} stores repetition levels as encoding "
+            f"{page.repetition}, not RLE"
+        )
+    data = _decompressed(raw.read(page.stored), column.compression, page.size)
+    length = int.from_bytes(data[:4], "little")
+    if len(data) < 4 + length:
+        raise ValueError(f"a page of {column.path_in_schema} ends inside its levels")
+    return data[4 : 4 + length]
+
+
+def _decompressed(data: bytes, codec: str, size: int) -> bytes:
+    """A v1 page's data decompressed to its header's size (ValueError if it is not)."""
+    try:
+        if codec == "UNCOMPRESSED":
+            out = data
+        elif codec == "LZ4":
+            framed = _lz4_hadoop(data, size)
+            out = pa.decompress(data, size, "lz4_raw", asbytes=True) if framed is None else framed
+        elif codec in _PAGE_CODECS:
+            out = pa.decompress(data, size, _PAGE_CODECS[codec], asbytes=True)
+        else:
+            raise ValueError(f"pages compressed as {codec} cannot be read")
+    except (pa.ArrowException, OSError) as err:  # pyarrow's corrupt data: an OSError
+        raise ValueError(f"a page does not decompress: {err}") from None
+    if len(out) != size:
+        raise ValueError(f"a page decompresses to {len(out)} bytes, not its header's {size}")
+    return out
+
+
+def _lz4_hadoop(data: bytes, size: int) -> bytes | None:
+    """LZ4 blocks in Hadoop's framing (each block's decompressed and compressed sizes, 4 bytes
+    big-endian, before it), as Arrow reads them first; None when the data is not so framed
+    (Arrow then reads it as one raw block)."""
+    out, at, produced = [], 0, 0
+    while len(data) - at >= 8:
+        expected = int.from_bytes(data[at : at + 4], "big")
+        stored = int.from_bytes(data[at + 4 : at + 8], "big")
+        at += 8
+        if stored > len(data) - at or expected > size - produced:
+            return None
+        try:
+            out.append(pa.decompress(data[at : at + stored], expected, "lz4_raw", asbytes=True))
+        except (pa.ArrowException, OSError):
+            return None
+        at += stored
+        produced += expected
+    return b"".join(out) if at == len(data) else None
+
+
+class _RowCounter:
+    """Rows a column's repetition levels start (a level of 0 starts one) and the most levels
+    one holds, counted as its pages go by from where its rows start: an RLE run of 0s is two
+    positions however many rows it starts, bit-packed runs are unpacked together a slice at a
+    time, so the only Python work per run is reading its header."""
+
+    _SLICE_LEVELS = 1 << 20  # bit-packed levels unpacked at once
+    _SLICE_RUNS = 1 << 16
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._levels = 0  # of every page so far
+        self._row_start = 0  # the level the row not yet ended starts at
+        self._most = 0
+
+    def most_levels(self) -> int:
+        return max(self._most, self._levels - self._row_start)
+
+    def add(self, levels: bytes, width: int, count: int) -> None:
+        """A page's `count` levels, `width` bits each, as the RLE / bit-packed hybrid."""
+        runs: list[_Run] = []
+        packed = 0
+        for run in _hybrid_runs(levels, width, count):
+            runs.append(run)
+            packed += run.levels if run.packed >= 0 else 0
+            if packed >= self._SLICE_LEVELS or len(runs) >= self._SLICE_RUNS:
+                self._starts(levels, width, runs, count)
+                runs, packed = [], 0
+        self._starts(levels, width, runs, count)
+        self._levels += count
+
+    def _starts(self, levels: bytes, width: int, runs: list[_Run], count: int) -> None:
+        """Count the rows the runs (in order, of one page) start."""
+        starts: list[np.ndarray] = []
+        interior: list[np.ndarray] = []  # whether the gap before a start lies inside a run
+        if bits := [run for run in runs if run.packed >= 0]:
+            found = _packed_zeros(levels, width, bits)
+            found = found[found < count]  # past the page's levels: its last group's padding
+            starts.append(found)
+            interior.append(np.zeros(len(found), dtype=bool))
+            self.rows += len(found)
+        for run in runs:
+            if run.packed < 0:  # an RLE run of 0s: run.levels rows of one level each
+                starts.append(np.array([run.first, run.first + run.levels - 1]))
+                interior.append(np.array([False, True]))
+                self.rows += run.levels
+        at = np.concatenate(starts or [np.zeros(0, dtype=np.int64)]) + self._levels
+        if not len(at):
+            return
+        order = np.argsort(at, kind="stable")
+        at, inside = at[order], np.concatenate(interior)[order]
+        gaps = np.diff(at, prepend=self._row_start)
+        self._most = max(self._most, int(np.where(inside, 1, gaps).max()))
+        self._row_start = int(at[-1])
+
+
+def _packed_zeros(levels: bytes, width: int, runs: list[_Run]) -> np.ndarray:
+    """Where in their page bit-packed runs hold a level of 0, the runs unpacked together."""
+    groups = np.array([-(-run.levels // 8) for run in runs])
+    unpacked = _unpacked(
+        b"".join(
+            levels[run.packed : run.packed + int(size) * width] for run, size in zip(runs, groups)
+        ),
+        width,
+    )
+    ends = np.cumsum(groups) * 8  # each run's end among the unpacked levels
+    zeros = np.flatnonzero(unpacked == 0)
+    shift = np.array([run.first for run in runs]) - (ends - groups * 8)
+    return zeros + shift[np.searchsorted(ends, zeros, side="right")]
+
+
+class _Run(NamedTuple):
+    """A run of the RLE / bit-packed hybrid that may start rows."""
+
+    first: int  # its first level's place in the page
+    levels: int
+    packed: int  # where its bit-packed bytes start; -1 for an RLE run of 0s
+
+
+# Bit-packed groups of 8 levels taken as one run at most: a run's header may claim any.
+_GROUPS_PER_RUN = 1 << 14
+
+
+def _hybrid_runs(levels: bytes, width: int, count: int) -> Iterator[_Run]:
+    """The runs of `count` levels, `width` bits each, in the RLE / bit-packed hybrid that may
+    start a row: bit-packed ones (long ones in pieces) and RLE runs of 0s. ValueError when the
+    bytes end first; an RLE run of another level only moves on."""
+    at = position = 0
+    value_bytes = (width + 7) // 8
+    size = len(levels)
+    while position < count:
+        if at >= size:
+            raise ValueError("a page's repetition levels end before its values")
+        header = levels[at]  # most headers are one byte
+        header, at = (header, at + 1) if header < 0x80 else _varint(levels, at)
+        length = header >> 1
+        if header & 1:  # bit-packed: `length` groups of 8 levels
+            if length * width > size - at:
+                raise ValueError("a page's repetition levels end inside a bit-packed run")
+            if length <= _GROUPS_PER_RUN:
+                yield _Run(position, min(length * 8, count - position), at)
+                position += length * 8
+            else:
+                for group in range(0, length, _GROUPS_PER_RUN):
+                    if position >= count:
+                        break
+                    groups = min(_GROUPS_PER_RUN, length - group)
+                    yield _Run(position, min(groups * 8, count - position), at + group * width)
+                    position += groups * 8
+            at += length * width
+        else:  # an RLE run: `length` levels of one value
+            zero = not any(levels[at : at + value_bytes])
+            at += value_bytes
+            length = min(length, count - position)
+            if zero and length:
+                yield _Run(position, length, -1)
+            position += length
+
+
+def _unpacked(packed: bytes, width: int) -> np.ndarray:
+    """Levels bit-packed `width` bits each, least significant bit first (Parquet's order)."""
+    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
+    if width == 1:
+        return bits
+    return bits.reshape(-1, width) @ (1 << np.arange(width))
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """An unsigned LEB128 integer at `at`, and where the data goes on."""
+    value = shift = 0
+    while shift < 64 and at < len(data):
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    raise ValueError("a page's repetition levels hold a damaged run header")
 
 
 def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:

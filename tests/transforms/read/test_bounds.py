@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -26,8 +27,13 @@ from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.decompress import DECODED_CHUNK_BYTES, DecodedStream
 from kvtrace.transforms.read.paths import (
     PAGE_BOUND_MULTIPLE,
+    Page,
+    _decompressed,
     _page_header,
     _pages,
+    _repetition_levels,
+    _RowCounter,
+    chunk_levels,
     open_raw,
     oversized_pages,
     parquet_file,
@@ -176,7 +182,7 @@ def test_a_parquet_list_cell_of_more_values_than_the_bound_is_refused_unread(tmp
     pq.write_table(pa.table({"timestamp": [0], "input_ids": ids}), path, compression="zstd")
     letters = list(read_range(FileRange(str(path), 0, None), MiB))
     assert [letter.reason for letter in letters] == ["too_large"]
-    assert "values for 1 rows" in letters[0].message
+    assert f"rows of up to {2 * MiB + 1} values" in letters[0].message  # the ids and timestamp
 
 
 def test_parquet_rows_within_the_pages_ceiling_are_read_and_checked_one_by_one(tmp_path):
@@ -522,3 +528,202 @@ def test_a_footer_understating_a_chunk_does_not_skip_its_page_headers(tmp_path):
         )
         why = oversized_pages(raw, parquet.metadata, 0, MiB)
     assert why and f"ceiling of {PAGE_BOUND_MULTIPLE} x {MiB}" in why
+
+
+def _levels_of_each_row(rows: list[list[list[int]] | None]) -> list[int]:
+    """The levels Parquet stores for each row of a list<list<int64>> column: one for a null or
+    empty list, else one per inner list that is null or empty, else one per value."""
+    return [max(1, sum(max(1, len(inner or [])) for inner in row)) if row else 1 for row in rows]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.one_of(
+            st.none(),
+            st.lists(st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=40)), max_size=60),
+        ),
+        min_size=1,
+        max_size=400,
+    ),
+    page_bytes=st.sampled_from([64, 1024, MiB]),
+    version=st.sampled_from(["1.0", "2.0"]),
+    codec=st.sampled_from(["none", "zstd", "snappy", "gzip", "lz4", "brotli"]),
+    dictionary=st.booleans(),
+)
+def test_a_chunk_s_rows_and_largest_row_are_counted_from_its_repetition_levels(
+    tmp_path_factory, rows, page_bytes, version, codec, dictionary
+):
+    """Against pyarrow's own writer, every page format and codec: chunk_levels counts each row
+    group's rows, levels, and the levels of its largest row, as Arrow stores them."""
+    path = tmp_path_factory.mktemp("levels") / "t.parquet"
+    pq.write_table(
+        pa.table({"ids": pa.array(rows, pa.list_(pa.list_(pa.int64())))}),
+        path,
+        data_page_size=page_bytes,
+        data_page_version=version,
+        compression=codec,
+        use_dictionary=dictionary,
+        row_group_size=150,
+    )
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        for group in range(parquet.num_row_groups):
+            column = parquet.metadata.row_group(group).column(0)
+            levels = chunk_levels(raw, column, 2, _pages(raw, column))
+            expected = _levels_of_each_row(rows[group * 150 : (group + 1) * 150])
+            assert levels == (len(expected), sum(expected), max(expected))
+
+
+@settings(max_examples=300, deadline=None)
+@given(levels=st.binary(max_size=64), width=st.integers(1, 3), count=st.integers(0, 1 << 40))
+def test_any_bytes_as_repetition_levels_are_counted_or_refused_at_once(levels, width, count):
+    """Damaged levels (a run header claiming 2^60 groups, a run past the page) are a
+    ValueError, and counting them costs at most the bytes there are, whatever they claim."""
+    rows = _RowCounter()
+    try:
+        rows.add(levels, width, count)
+    except ValueError:
+        return
+    assert rows.rows <= count and rows.most_levels() <= count
+
+
+def test_lz4_pages_are_read_in_hadoop_s_framing_or_raw():
+    """Parquet's LZ4: Arrow reads Hadoop's framing first, one raw block if it is not that."""
+    data = b"levels " * 1000
+    block = pa.compress(data, "lz4_raw", asbytes=True)
+    framed = len(data).to_bytes(4, "big") + len(block).to_bytes(4, "big") + block
+    assert _decompressed(framed, "LZ4", len(data)) == data
+    assert _decompressed(block, "LZ4", len(data)) == data
+    for stored, codec, size in ((block, "LZ4_RAW", len(data) - 1), (b"abc", "UNCOMPRESSED", 4)):
+        with pytest.raises(ValueError, match="decompress"):  # to a size not its header's
+            _decompressed(stored, codec, size)
+    with pytest.raises(ValueError, match="LZO"):  # no codec of Arrow's
+        _decompressed(block, "LZO", len(data))
+
+
+def test_a_footer_claiming_many_rows_does_not_lower_what_one_row_may_hold(tmp_path):
+    """The footer's row count is a claim: one cell of 2 M dictionary-encoded zeros (an RLE run:
+    a tiny file) among 3 rows is refused unread whatever rows the footer says the group has."""
+    cell = 2 * MiB
+    ids = pa.ListArray.from_arrays(
+        pa.array([0, cell, cell + 1, cell + 2], pa.int32()), pa.array([0] * (cell + 2))
+    )
+    path = tmp_path / "rle.parquet"
+    pq.write_table(pa.table({"timestamp": [0, 1, 2], "ids": ids}), path, compression="zstd")
+    data = path.read_bytes()
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    claimed = b"\x16" + _zigzag(10**9)  # RowGroup.num_rows and FileMetaData.num_rows
+    footer = data[start:-8].replace(b"\x16" + _zigzag(3), claimed)
+    path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        assert parquet.metadata.row_group(0).num_rows == 10**9
+        why = oversized_pages(raw, parquet.metadata, 0, MiB)
+    assert why and f"rows of up to {cell + 1} values" in why  # the cell and its timestamp
+
+
+def _zigzag(value: int) -> bytes:
+    """A Thrift compact i64 not below 0: zigzag, then LEB128."""
+    return _uleb(value << 1)
+
+
+def _hybrid(runs: list[tuple[str, list[int]]], width: int) -> bytes:
+    """Levels in Parquet's RLE / bit-packed hybrid: ("rle", [value, length]) or ("packed",
+    levels), the last group of a packed run padded with zeros."""
+    out = bytearray()
+    for kind, run in runs:
+        if kind == "rle":
+            value, length = run
+            out += _uleb(length << 1) + value.to_bytes((width + 7) // 8, "little")
+        else:
+            padded = np.zeros(-(-len(run) // 8) * 8, dtype=np.uint8)
+            padded[: len(run)] = run
+            bits = ((padded[:, None] >> np.arange(width)) & 1).astype(np.uint8).ravel()
+            out += (
+                _uleb((len(padded) // 8) << 1 | 1) + np.packbits(bits, bitorder="little").tobytes()
+            )
+    return bytes(out)
+
+
+def _uleb(value: int) -> bytes:
+    """An unsigned LEB128 integer."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    width=st.integers(1, 3),
+    runs=st.lists(
+        st.one_of(
+            st.tuples(st.just("rle"), st.tuples(st.integers(0, 1), st.integers(0, 5000))),
+            st.tuples(st.just("packed"), st.lists(st.integers(0, 1), min_size=1, max_size=300)),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    cut=st.integers(0, 7),
+)
+def test_rows_are_counted_from_runs_as_from_the_levels_they_stand_for(width, runs, cut):
+    """Against the levels written out one by one, however the runs are sliced for unpacking
+    (slices of a few levels here) and with the page ending inside a packed run's last group:
+    the rows started (a 0 each) and the levels between one start and the next."""
+    # only a page's last run may end inside a group of 8 (its padding is not levels)
+    runs = [
+        (kind, list(r) + [1] * (-len(r) % 8 if kind == "packed" and i < len(runs) - 1 else 0))
+        for i, (kind, r) in enumerate(runs)
+    ]
+    levels = np.concatenate(
+        [np.full(r[1], r[0]) if kind == "rle" else np.array(r) for kind, r in runs]
+    ).astype(np.int64)
+    levels = levels[: max(len(levels) - cut, 0)]
+    starts = np.flatnonzero(levels == 0)
+    bounds = np.concatenate([[0], starts, [len(levels)]])
+    rows = _RowCounter()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_RowCounter, "_SLICE_LEVELS", 16)
+        patch.setattr(_RowCounter, "_SLICE_RUNS", 3)
+        rows.add(_hybrid(runs, width), width, len(levels))
+    assert rows.rows == len(starts)
+    assert rows.most_levels() == int(np.diff(bounds).max(initial=0))
+
+
+def test_a_bit_packed_run_longer_than_a_slice_is_unpacked_in_pieces():
+    """A run header may claim any number of groups: a long run is taken in pieces."""
+    levels = np.ones(3_000_000, dtype=np.int64)
+    levels[[0, 5, 1_999_999]] = 0
+    rows = _RowCounter()
+    rows.add(_hybrid([("packed", list(levels))], 1), 1, len(levels))
+    assert (rows.rows, rows.most_levels()) == (3, 1_999_994)
+
+
+@pytest.mark.parametrize("cell", [MiB // 2, MiB // 2 + 1])
+def test_a_cell_is_refused_by_its_levels_exactly_when_its_json_must_be_over_the_bound(
+    tmp_path, cell
+):
+    """A cell of L values is 2 L - 1 bytes of JSON at least (`0,0,...0`): refused unread
+    from its levels exactly when that is over the bound, read (and sized) when it is not."""
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[0] * cell], pa.list_(pa.int8()))}), path)
+    assert len(json.dumps([0] * cell, separators=(",", ":"))) - 2 == 2 * cell - 1
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        why = oversized_pages(raw, parquet.metadata, 0, MiB)
+    assert (why is not None) == (2 * cell - 1 > MiB)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_page_claiming_more_bytes_than_its_file_holds_is_refused_before_a_read(tmp_path, version):
+    """A header's compressed size (v1) or levels' length (v2) is a claim: 1 TiB of it is a
+    ValueError, never a read (a Python read allocates what it is asked for)."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"ids": [[1, 2]]}), path)
+    huge = 1 << 40
+    page = Page(8, 2, 0, 4, huge, version, huge if version == 2 else 3)
+    with parquet_file(str(path), MiB) as (raw, parquet):
+        column = parquet.metadata.row_group(0).column(0)
+        with pytest.raises(ValueError, match="past its file"):
+            _repetition_levels(raw, column, page)
