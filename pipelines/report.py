@@ -28,9 +28,11 @@ from kvtrace.transforms.cache.policies import POLICIES
 from kvtrace.transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
 from kvtrace.transforms.cache.sessions import session_report
 from kvtrace.transforms.cache.stack_distance import COLD, stack_distances
+from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, PublishedFolder, pin_of
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import analyze
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST, MODEL_NAME, parse_json
+from kvtrace.transforms.write.manifest import model_name_problems
 from kvtrace.transforms.write.publish import file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -188,8 +190,19 @@ def _is_date(text: str) -> bool:
 
 
 def _model_name(config: ReportConfig) -> str | None:
-    """The model the trace is of: the --model preset that sizes it, or None."""
-    return config.model
+    """The model the trace is of: the model_name its manifests publish, else the --model preset
+    that sizes it, else None."""
+    folders = {pin for f in config.inputs if (pin := pin_of(f)) is not None}
+    published = sorted({name for folder in folders if (name := _published_model_name(folder))})
+    return ", ".join(published) if published else config.model
+
+
+def _published_model_name(folder: PublishedFolder) -> str | None:
+    """A kvtrace output folder's model_name, if its manifest holds one the gate would accept."""
+    with folder.open(MANIFEST) as handle:
+        manifest = parse_json(handle.read(MAX_MANIFEST_BYTES + 1))
+    name = manifest.get(MODEL_NAME) if isinstance(manifest, dict) else None
+    return name if isinstance(name, str) and not model_name_problems(name) else None
 
 
 def _image(png: bytes, alt: str) -> str:
