@@ -26,7 +26,15 @@ from kvtrace.commands.common import (
     write_json_report,
 )
 from kvtrace.presets import load_model, models
-from kvtrace.transforms.cache.capacity import SIZE_HELP, Capacity, capacity_text, percent
+from kvtrace.transforms.cache.capacity import (
+    SIZE_HELP,
+    Capacity,
+    capacity_text,
+    kv_bytes_per_token,
+    parse_capacities,
+    parse_capacity,
+    percent,
+)
 from kvtrace.transforms.cache.policy_names import POLICIES
 from kvtrace.transforms.errors import ConfigError
 
@@ -176,8 +184,6 @@ def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None
 
 def _kv_bytes_per_token(args: argparse.Namespace) -> int | None:
     """--kv-bytes-per-token, or --model's, checked; None when neither is given."""
-    from kvtrace.transforms.cache.capacity import kv_bytes_per_token
-
     per_token = args.kv_bytes_per_token
     if per_token is not None and per_token < 1:
         raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
@@ -188,8 +194,6 @@ def _kv_bytes_per_token(args: argparse.Namespace) -> int | None:
 
 def _gpu_kv_cache_size(args: argparse.Namespace, per_token: int | None) -> Capacity | None:
     """--gpu-kv-cache-size as reuse and report take it, at least one token; None if not given."""
-    from kvtrace.transforms.cache.capacity import parse_capacity
-
     if args.gpu_kv_cache_size is None:
         return None
     gpu = parse_capacity(args.gpu_kv_cache_size, per_token)
@@ -246,8 +250,6 @@ class ListModels(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: Any, _namespace: Any, values: Any, option: Any = None) -> None:
-        from kvtrace.transforms.cache.capacity import kv_bytes_per_token
-
         for name in models():
             print(f"{name:16} {kv_bytes_per_token(load_model(name)):>9,} KV bytes per token")
         parser.exit()
@@ -255,7 +257,6 @@ class ListModels(argparse.Action):
 
 def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.simulate import SimulateConfig, run_simulate
-    from kvtrace.transforms.cache.capacity import parse_capacities
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)
@@ -301,7 +302,6 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.report import ReportConfig, run_report
-    from kvtrace.transforms.cache.capacity import parse_capacities
     from kvtrace.transforms.write.publish import Location
 
     no_beam_options(beam_args)

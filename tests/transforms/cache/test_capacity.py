@@ -6,11 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvtrace.presets import load_model
 from kvtrace.transforms.cache.capacity import (
     DEFAULT_GPU_KV_CACHE_BYTES,
+    DEFAULT_KV_BYTES_PER_TOKEN,
     GIB,
     capacity_text,
     default_gpu_kv_cache,
+    kv_bytes_per_token,
     parse_capacity,
     percent,
 )
@@ -49,6 +52,7 @@ def test_capacities_print_in_gib_where_a_token_has_bytes_else_in_tokens():
 
 def test_the_default_gpu_cache_is_50_gib_at_the_models_bytes_per_token():
     assert DEFAULT_GPU_KV_CACHE_BYTES == 50 * GIB
+    assert DEFAULT_KV_BYTES_PER_TOKEN == kv_bytes_per_token(load_model("llama-3.1-8b"))
     assert default_gpu_kv_cache(None).tokens == 409_600  # Llama-3.1-8B's 128 KiB per token
     qwen = default_gpu_kv_cache(147_456)
     assert qwen.tokens == 50 * GIB // 147_456 and capacity_text(qwen.tokens, 147_456) == "50.0 GiB"
