@@ -66,6 +66,7 @@ class AnonymizeConfig:
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
     route_sessions: bool = False  # Beam: a session's requests encoded on one worker
+    model_name: str | None = None  # published as the manifest's model_name (--model-name)
 
     @property
     def input_bytes(self) -> int:

@@ -60,6 +60,7 @@ from kvtrace.transforms.write.manifest import (
     check_rejected_fraction,
     id_map_start,
     manifest_path,
+    public_model_name,
     public_template_kwargs,
     public_tokenizer,
     run_counts,
@@ -380,6 +381,7 @@ def night_manifest(
         "sha256": sha256,
         # How each replayer reads this folder, with this block size and ms timestamps.
         "replay": replay_commands(config.block_size, exported, list(sha256)),
+        **public_model_name(config.model_name),
     }
 
 

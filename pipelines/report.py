@@ -1,6 +1,8 @@
-"""`kvtrace report`: one self-contained HTML page of a trace: a headline (duration, rate, lengths,
-hit rates, what a GPU cache and an offload tier would do), lengths, request rate, the hit-rate
-definitions side by side, the reuse CCDF, hit-rate curves per policy, a two-tier sizing grid.
+"""`kvtrace report`: one self-contained HTML page of a trace, titled by its model and dates: a
+headline (duration, rate, lengths, hit rates, what a GPU cache and an offload tier would do),
+lengths, request rate, the hit-rate definitions side by side, sessions, the reuse CCDF, hit-rate
+curves per policy, a two-tier sizing grid. Capacities are GiB where the model is known, hit
+rates percent, as the CLI prints them (transforms/cache/capacity.py).
 
 Images are embedded as data URIs and the page loads nothing from the network, so it can be
 mailed or attached to a ticket as one file.
@@ -9,21 +11,28 @@ mailed or attached to a ticket as one file.
 from __future__ import annotations
 
 import base64
+import datetime
 import html
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvtrace.pipelines.simulate import policy_curve, two_tier_grid
 from kvtrace.transforms.cache import plots
-from kvtrace.transforms.cache.cache_trace import read_cache_trace
-from kvtrace.transforms.cache.capacity import Capacity
+from kvtrace.transforms.cache.cache_trace import CacheTrace, read_cache_trace
+from kvtrace.transforms.cache.capacity import Capacity, capacity_text, default_gpu_kv_cache, percent
 from kvtrace.transforms.cache.policies import POLICIES
 from kvtrace.transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
+from kvtrace.transforms.cache.sessions import session_report
 from kvtrace.transforms.cache.stack_distance import COLD, stack_distances
+from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, PublishedFolder, pin_of
+from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import analyze
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST, MODEL_NAME, parse_json
+from kvtrace.transforms.write.manifest import model_name_problems
 from kvtrace.transforms.write.publish import file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -38,7 +47,7 @@ class ReportConfig:
     inputs: tuple[str, ...]
     output: str
     block_size: int = DEFAULT_BLOCK_SIZE
-    gpu_kv_cache_size: int | None = None  # default: where LRU reaches half its best hit rate
+    gpu_kv_cache_size: Capacity | None = None  # default: capacity.default_gpu_kv_cache
     capacities: tuple[
         Capacity, ...
     ] = ()  # of the policy curves; default: log-spaced over the trace
@@ -46,26 +55,31 @@ class ReportConfig:
     tier2_capacities: tuple[Capacity, ...] = ()  # of the sizing grid's columns; default as rows
     kv_bytes_per_token: int | None = None
     overwrite: bool = False
+    model: str | None = None  # the --model preset sizing it; the manifest's model_name first
 
 
-def run_report(config: ReportConfig) -> dict:
-    """Writes the page (published whole, publish.file_output); returns the numbers it shows."""
+def run_report(config: ReportConfig, accept: Callable[[int, dict], None]) -> dict:
+    """Writes the page (published whole, publish.file_output); returns the numbers it shows.
+    accept(rows, problems) is called before any file is written: it refuses a trace of no rows."""
+    trace, cache = read_cache_trace(config.inputs, config.block_size)
+    stats = analyze(trace, config.block_size)
+    accept(stats["total_requests"], stats["problems"])
+    numbers, text = _numbers_and_page(config, trace, cache, stats)
     with file_output(config.output, config.overwrite) as output:
-        numbers, text = _numbers_and_page(config)
         output.write(text.encode())
     _LOG.info("report written to %s", config.output)
     return numbers
 
 
-def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
-    trace, cache = read_cache_trace(config.inputs, config.block_size)
-    stats = analyze(trace, config.block_size)
+def _numbers_and_page(
+    config: ReportConfig, trace: Trace, cache: CacheTrace, stats: dict
+) -> tuple[dict, str]:
     events = reuse_events(cache)
     distances = stack_distances(cache)
     capacities = config.capacities or _capacities(
         distances.prefix_max, config.block_size, CURVE_POINTS
     )
-    gpu = config.gpu_kv_cache_size or _half_way(distances, capacities)
+    gpu = (config.gpu_kv_cache_size or default_gpu_kv_cache(config.kv_bytes_per_token)).tokens
     curves = {
         policy: policy_curve(cache, distances, policy, capacities) for policy in config.policies
     }
@@ -84,23 +98,24 @@ def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
     at_gpu = ccdf_at(events, gpu)
     total = np.array([p["hit_rate"] for p in grid]).reshape(len(grid_gpu), len(grid_tier2))
     from_gpu = np.array([p["gpu_hit_rate"] for p in grid]).reshape(total.shape)
+    per_token = config.kv_bytes_per_token
     images = {
         "lengths": plots.lengths_png(cache.input_length, cache.output_length),
         "rate": plots.request_rate_png(cache.timestamp_ms),
-        "ccdf": plots.ccdf_png(x, y, gpu, at_gpu),
+        "ccdf": plots.ccdf_png(x, y, gpu, at_gpu, per_token),
         "reuse_time": plots.reuse_time_png(reuse_time_histogram(events)),
         "hit_rate": plots.hit_rate_png(
             {
                 policy: ([p["capacity_tokens"] for p in points], [p["hit_rate"] for p in points])
                 for policy, points in curves.items()
-            }
+            },
+            per_token,
         ),
         "two_tier": plots.two_tier_png(
-            [c.tokens for c in grid_gpu], [c.tokens for c in grid_tier2], total, from_gpu
+            [c.tokens for c in grid_gpu], [c.tokens for c in grid_tier2], total, from_gpu, per_token
         ),
     }
     at_gpu_lru = float(distances.hit_rates(np.array([gpu]))[0])
-    best_tier = max((p for p in grid if p["capacity_tokens"] == gpu), key=lambda p: p["hit_rate"])
     headline = {
         "requests": stats["total_requests"],
         "duration_s": float(np.ptp(cache.timestamp_ms) / 1000) if len(cache.timestamp_ms) else 0.0,
@@ -111,11 +126,13 @@ def _numbers_and_page(config: ReportConfig) -> tuple[dict, str]:
         "gpu_kv_cache_tokens": gpu,
         "gpu_chosen": config.gpu_kv_cache_size is None,
         "gpu_lru_hit_rate": at_gpu_lru,
-        "with_tier2": best_tier,
+        "with_tier2": _smallest_best_tier(grid, gpu),
     }
     numbers = {
+        "title": {"model": _model_name(config), "dates": _dates(cache.timestamp_ms, config.inputs)},
         "headline": headline,
         "analyze": stats,
+        "sessions": session_report(trace, cache),
         "gpu_kv_cache_size": gpu,
         "ccdf_at_gpu_kv_cache_size": at_gpu,
         "policies": curves,
@@ -132,11 +149,60 @@ def _capacities(prefix_max: np.ndarray, block_size: int, points: int) -> tuple[C
     return tuple(Capacity(int(p) * block_size, None) for p in pages)
 
 
-def _half_way(distances, capacities: tuple[Capacity, ...]) -> int:
-    """The smallest capacity where LRU reaches half its infinite-cache hit rate."""
-    tokens = np.array([c.tokens for c in capacities])
-    rates = distances.hit_rates(tokens)
-    return int(tokens[np.searchsorted(rates, rates[-1] / 2)]) if len(tokens) else 0
+def _smallest_best_tier(grid: list[dict], gpu: int) -> dict:
+    """Of the grid's tiers behind the GPU capacity, the smallest whose hit rate prints as the
+    best one does: a larger tier that adds nothing a reader can see is not the advice."""
+    behind = sorted(
+        (p for p in grid if p["capacity_tokens"] == gpu), key=lambda p: p["tier2_capacity_tokens"]
+    )
+    best = percent(max(p["hit_rate"] for p in behind))
+    return next(p for p in behind if percent(p["hit_rate"]) == best)
+
+
+# Timestamps from this many ms on are epoch times (2001-09-09 on) up to the year 9999; kvtrace
+# publishes them from the first request, so its traces are dated by their folders' names, as a
+# nightly's {date} makes them (kvtrace/config.fill_dates).
+EPOCH_MS = (10**12, 253_402_300_799_999)
+_DATE_IN_PATH = re.compile(r"(?<![0-9])([0-9]{4}-[0-9]{2}-[0-9]{2})(?![0-9])")
+
+
+def _dates(timestamp_ms: np.ndarray, files: tuple[str, ...]) -> str:
+    """The trace's dates (UTC): from epoch timestamps, else the dates its paths name, else
+    "undated"."""
+    if len(timestamp_ms) and EPOCH_MS[0] <= timestamp_ms.min() <= timestamp_ms.max() <= EPOCH_MS[1]:
+        days = [
+            datetime.datetime.fromtimestamp(t / 1000, datetime.UTC).date().isoformat()
+            for t in (timestamp_ms.min(), timestamp_ms.max())
+        ]
+    else:
+        days = sorted({d for f in files for d in _DATE_IN_PATH.findall(f) if _is_date(d)})
+    if not days:
+        return "undated"
+    return days[0] if days[0] == days[-1] else f"{days[0]} to {days[-1]}"
+
+
+def _is_date(text: str) -> bool:
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _model_name(config: ReportConfig) -> str | None:
+    """The model the trace is of: the model_name its manifests publish, else the --model preset
+    that sizes it, else None."""
+    folders = {pin for f in config.inputs if (pin := pin_of(f)) is not None}
+    published = sorted({name for folder in folders if (name := _published_model_name(folder))})
+    return ", ".join(published) if published else config.model
+
+
+def _published_model_name(folder: PublishedFolder) -> str | None:
+    """A kvtrace output folder's model_name, if its manifest holds one the gate would accept."""
+    with folder.open(MANIFEST) as handle:
+        manifest = parse_json(handle.read(MAX_MANIFEST_BYTES + 1))
+    name = manifest.get(MODEL_NAME) if isinstance(manifest, dict) else None
+    return name if isinstance(name, str) and not model_name_problems(name) else None
 
 
 def _image(png: bytes, alt: str) -> str:
@@ -148,18 +214,17 @@ def _image(png: bytes, alt: str) -> str:
 
 def _headline(config: ReportConfig, numbers: dict) -> str:
     h = numbers["headline"]
-    tier = h["with_tier2"]
+    per_token = config.kv_bytes_per_token
+    gpu = h["gpu_kv_cache_tokens"]
     chosen = (
-        " (chosen by kvtrace: where LRU reaches half its best hit rate; set --gpu-kv-cache-size)"
+        " (kvtrace's default: 50 GiB, an 80 GB H100 under vLLM's default memory use less an 8B "
+        "model's weights"
+        + ("" if per_token else ", at Llama-3.1-8B's 128 KiB per token")
+        + "; set --gpu-kv-cache-size)"
         if h["gpu_chosen"]
         else ""
     )
-    per_token = (
-        f", {h['gpu_kv_cache_tokens'] * config.kv_bytes_per_token / 1e9:,.1f} GB at "
-        f"{config.kv_bytes_per_token:,} bytes per token"
-        if config.kv_bytes_per_token
-        else ""
-    )
+    tokens = f" ({gpu:,} tokens at {per_token:,} bytes per token)" if per_token else ""
     items = [
         (
             "trace",
@@ -178,39 +243,89 @@ def _headline(config: ReportConfig, numbers: dict) -> str:
         ),
         (
             "infinite cache",
-            f"{h['infinite_cache_hit_rate']:.1%} of prompt tokens hit "
+            f"{percent(h['infinite_cache_hit_rate'])} of prompt tokens hit "
             f"(token-weighted): the ceiling",
         ),
         (
             "GPU KV cache",
-            f"{h['gpu_kv_cache_tokens']:,} tokens{per_token}{chosen}: LRU hits "
-            f"{h['gpu_lru_hit_rate']:.1%}",
+            f"{capacity_text(gpu, per_token)}{tokens}{chosen}: LRU hits "
+            f"{percent(h['gpu_lru_hit_rate'])}",
         ),
-        (
-            "with an offload tier",
-            f"{tier['tier2_capacity_tokens']:,} tokens of CPU/SSD behind "
-            f"it: {tier['hit_rate']:.1%} ({tier['gpu_hit_rate']:.1%} from "
-            f"the GPU)",
-        ),
+        ("with an offload tier", offload_verdict(h, per_token)),
     ]
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items)
     return f'<table class="headline">{rows}</table>'
 
 
+def offload_verdict(headline: dict, kv_bytes_per_token: int | None) -> str:
+    """What a CPU/SSD tier behind the GPU adds, compared as the page prints the figures."""
+    gpu, ceiling = headline["gpu_lru_hit_rate"], headline["infinite_cache_hit_rate"]
+    tier = headline["with_tier2"]
+    if percent(gpu) == percent(ceiling):
+        return f"not needed: the GPU alone reaches the ceiling ({percent(ceiling)})"
+    if percent(tier["hit_rate"]) == percent(gpu):
+        return (
+            f"none of the tiers sized adds to the GPU's {percent(gpu)} (the ceiling is "
+            f"{percent(ceiling)}): give larger ones with --tier2-capacity"
+        )
+    return (
+        f"{capacity_text(tier['tier2_capacity_tokens'], kv_bytes_per_token)} of CPU/SSD behind "
+        f"it: {percent(tier['hit_rate'])} ({percent(tier['gpu_hit_rate'])} from the GPU, "
+        f"{percent(tier['tier2_hit_rate'])} from the tier; the ceiling is {percent(ceiling)})"
+    )
+
+
+def _sessions(numbers: dict) -> str:
+    sessions = numbers["sessions"]
+    per = sessions["requests_per_session"]
+    defined = (
+        "the trace's own session ids (rows without one: by their first block)"
+        if sessions["defined_by"] == "session ids"
+        else "the requests that share a first block (the trace names no sessions); every reuse "
+        "is then within a session, since a block is its exact prefix"
+    )
+    rows = (
+        (
+            "sessions",
+            f"{sessions['sessions']:,} ({sessions['single_request_sessions']:,} of one request)",
+        ),
+        (
+            "requests per session",
+            f"mean {per['mean']:,.1f}, median {per['median']:,.0f}, p75 {per['p75']:,.0f}, max "
+            f"{per['max']:,.0f}",
+        ),
+        (
+            "reused tokens",
+            f"{percent(sessions['reused_within_session'])} within a session, "
+            f"{percent(sessions['reused_across_sessions'])} across sessions",
+        ),
+    )
+    cells = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<p>Sessions are {html.escape(defined)}.</p><table>{cells}</table>"
+
+
+def title(numbers: dict) -> str:
+    """The page's title: the model (or that none is named) and the trace's dates."""
+    model = numbers["title"]["model"] or "model not named"
+    return f"kvtrace report: {model}, {numbers['title']['dates']}"
+
+
 def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, bytes]) -> str:
+    per_token = config.kv_bytes_per_token
     rates = stats["hit_rates"]
     definitions = stats["definitions"]
     policy_rows = "".join(
         f"<tr><td>{policy}</td>"
-        + "".join(f"<td>{p['hit_rate']:.1%}</td>" for p in points)
+        + "".join(f"<td>{percent(p['hit_rate'])}</td>" for p in points)
         + "</tr>"
         for policy, points in numbers["policies"].items()
     )
     header = "".join(
-        f"<th>{p['capacity_tokens']:,}</th>" for p in next(iter(numbers["policies"].values()))
+        f"<th>{capacity_text(p['capacity_tokens'], per_token)}</th>"
+        for p in next(iter(numbers["policies"].values()))
     )
     rate_rows = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{value:.1%}</td>"
+        f"<tr><td>{html.escape(name)}</td><td>{percent(value)}</td>"
         f"<td>{html.escape(definitions[key])}</td></tr>"
         for name, key, value in (
             ("aiperf / Dynamo cache_hit_rate", "cache_hit_rate", stats["cache_hit_rate"]),
@@ -224,9 +339,9 @@ def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, byt
             ),
         )
     )
-    files = ", ".join(html.escape(f.rsplit("/", 1)[-1]) for f in config.inputs)
+    heading = html.escape(title(numbers))
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>kvtrace report: {files}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{heading}</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
 img {{ max-width: 100%; }} table {{ border-collapse: collapse; margin: 1em 0; }}
@@ -234,21 +349,24 @@ td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 14px; text-align:
 table.headline {{ background: #f4f7fb; font-size: 16px; }}
 h2 {{ border-bottom: 1px solid #ddd; margin-top: 2em; }}
 </style></head><body>
-<h1>kvtrace report: {files}</h1>
+<h1>{heading}</h1>
 <p>Block size {config.block_size}. Hit rates are the share of prompt tokens served from cache
-(the longest cached prefix of each request), in % unless said otherwise.</p>
+(the longest cached prefix of each request), in %; capacities in
+{"GiB" if per_token else "tokens (give --model for GiB)"}.</p>
 {_headline(config, numbers)}
 <h2>Input and output lengths</h2>{_image(images["lengths"], "ISL and OSL histograms")}
 <h2>Request rate</h2>{_image(images["rate"], "requests per minute")}
 <h2>Hit rates: the definitions side by side (infinite cache)</h2>
 <table><tr><th>hit rate</th><th>value</th><th>definition</th></tr>{rate_rows}</table>
+<h2>Sessions</h2>{_sessions(numbers)}
 <h2>Reuse intervals</h2>
 <p>Share of prompt tokens reused after more than x tokens went through the cache; at
-{numbers["gpu_kv_cache_size"]:,} tokens of GPU cache (red), {numbers["ccdf_at_gpu_kv_cache_size"]:.1%}
-of prompt tokens are reused too late for it: the most a CPU/SSD tier could serve.</p>
+{capacity_text(numbers["gpu_kv_cache_size"], per_token)} of GPU cache (red),
+{percent(numbers["ccdf_at_gpu_kv_cache_size"])} of prompt tokens are reused too late for it: the
+most a CPU/SSD tier could serve.</p>
 {_image(images["ccdf"], "reuse interval CCDF")}{_image(images["reuse_time"], "reuse time")}
 <h2>Hit rate by policy and capacity</h2>{_image(images["hit_rate"], "hit rate per policy")}
-<table><tr><th>policy \\ capacity (tokens)</th>{header}</tr>{policy_rows}</table>
+<table><tr><th>policy \\ capacity</th>{header}</tr>{policy_rows}</table>
 <h2>Two-tier sizing</h2>{_image(images["two_tier"], "two-tier grid")}
 <p>GPU capacity (rows) with an LRU CPU/SSD tier behind it (columns): hit rate, and in brackets
 the part the GPU serves.</p>

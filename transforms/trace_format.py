@@ -594,19 +594,30 @@ SWITCH_TEMPLATE_KWARGS = (
 )
 
 
-def _closed(properties: dict[str, Any]) -> dict[str, Any]:
-    """An object holding exactly these keys."""
+def _closed(properties: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An object holding exactly these keys, those optional ones perhaps not."""
     return {
         "type": "object",
         "properties": properties,
-        "required": list(properties),
+        "required": [key for key in properties if key not in optional],
         "additionalProperties": False,
     }
 
 
+# The model a trace is of, as its publisher names it (anonymize --model-name): the operator's
+# claim, unlike the tokenizer's name, which kvtrace checks against pinned files. Published only
+# when given, and only as a model hub names one (owner/name: letters, digits, . _ -), so the
+# field carries a model's name and no free text.
+MODEL_NAME = "model_name"
+MODEL_NAME_SCHEMA = {
+    "type": "string",
+    "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$",
+}
+
+
 # manifest.json, key by key: kvtrace's own vocabulary, numbers and digests; no string an operator
-# typed, no path. Every string is also printable ASCII (published_strings_ascii). The gate checks
-# beyond the schema what only the folder can say: files and sha256 name exactly its files,
+# typed but a model's name (MODEL_NAME), no path. Every string is also printable ASCII
+# (published_strings_ascii). The gate checks beyond the schema what only the folder can say: files and sha256 name exactly its files,
 # records and id_space agree with its rows, replay is what replayers.py writes for it.
 MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -670,7 +681,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 "maxProperties": 16,
                 "additionalProperties": {"type": "string", "maxLength": 1024},
             },
-        }
+            MODEL_NAME: MODEL_NAME_SCHEMA,
+        },
+        optional=(MODEL_NAME,),
     ),
 }
 

@@ -28,7 +28,11 @@ from kvtrace.transforms.trace_format import (
     MAX_TEMPLATE_KWARGS,
     SWITCH_TEMPLATE_KWARGS,
 )
-from kvtrace.transforms.write.manifest import template_kwargs_keyed, template_kwargs_problems
+from kvtrace.transforms.write.manifest import (
+    model_name_problems,
+    template_kwargs_keyed,
+    template_kwargs_problems,
+)
 
 _LOG = logging.getLogger("kvtrace")
 # A night that rejects more than half its records read the wrong files or the wrong shape:
@@ -78,6 +82,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--tokenizer",
         metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)",
+    )
+    add(
+        "--model-name",
+        metavar="NAME",
+        help="the model these logs are of, published in the manifest as model_name (your "
+        "claim; the tokenizer's name is published only for files kvtrace pins): a hub name "
+        "such as Qwen/Qwen3-8B (letters, digits, . _ -; one /)",
     )
     add(
         "--block-size",
@@ -366,6 +377,14 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
             f"a JSON object of at most {MAX_TEMPLATE_KWARGS} names, and the switches "
             f"{', '.join(SWITCH_TEMPLATE_KWARGS)} take true, false or null"
         )
+    model_name = merged.get("model_name")
+    if model_name is not None and (
+        not isinstance(model_name, str) or model_name_problems(model_name)
+    ):
+        raise ConfigError(
+            f"--model-name {str(model_name)[:100]!r} cannot be published: a hub name such as "
+            f"Qwen/Qwen3-8B (letters, digits, . _ -; one /; at most 96 characters a part)"
+        )
     merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
     missing = [
         f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)
@@ -529,6 +548,7 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         emit_output_hashes=bool(options.get("emit_output_hashes")),
         segment_cache_bytes=options["segment_cache_mb"] << 20,
         route_sessions=bool(options.get("route_sessions")),
+        model_name=options.get("model_name"),
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info(

@@ -26,6 +26,15 @@ from kvtrace.commands.common import (
     write_json_report,
 )
 from kvtrace.presets import load_model, models
+from kvtrace.transforms.cache.capacity import (
+    SIZE_HELP,
+    Capacity,
+    capacity_text,
+    kv_bytes_per_token,
+    parse_capacities,
+    parse_capacity,
+    percent,
+)
 from kvtrace.transforms.cache.policy_names import POLICIES
 from kvtrace.transforms.errors import ConfigError
 
@@ -45,11 +54,11 @@ def add_parsers(commands: Any) -> None:
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add(
         "--gpu-kv-cache-size",
-        type=int,
-        metavar="TOKENS",
-        help="GPU KV cache size in tokens (vLLM logs it at start-up): draws the red reference "
-        "lines and reports ccdf_at_gpu_kv_cache_size",
+        metavar="SIZE",
+        help=f"GPU KV cache size: {SIZE_HELP}. Draws the red reference lines and reports "
+        "ccdf_at_gpu_kv_cache_size",
     )
+    _add_bytes_source(reuse)
     add(
         "--output",
         default="block_reuse_distribution.png",
@@ -76,8 +85,7 @@ def add_parsers(commands: Any) -> None:
     _add_sizing_options(
         simulate,
         required=True,
-        capacity="comma-separated capacities: tokens (3000000, 3M, 500k) or bytes (40GB, "
-        "1.5TiB; needs --kv-bytes-per-token or --model)",
+        capacity=f"comma-separated capacities: {SIZE_HELP}",
         tier2="CPU/SSD tier capacities behind each GPU capacity: a two-tier LRU grid",
     )
     add(
@@ -111,9 +119,10 @@ def add_parsers(commands: Any) -> None:
     add(
         "--gpu-kv-cache-size",
         metavar="SIZE",
-        help="the GPU KV cache the headline and the CCDF's reference lines describe: tokens "
-        "(3M) or bytes (40GB, with --model or --kv-bytes-per-token); default: the capacity "
-        "at which LRU reaches half its infinite-cache hit rate, said so on the page",
+        help=f"the GPU KV cache the headline and the CCDF's reference lines describe: "
+        f"{SIZE_HELP}; default 50 GiB (an 80 GB H100 at vLLM's default memory use, less an "
+        f"8B model's weights), in tokens at --model's bytes per token or else Llama-3.1-8B's, "
+        f"said so on the page",
     )
     _add_sizing_options(
         report,
@@ -137,6 +146,13 @@ def _add_sizing_options(
         metavar="LIST",
         help=f"comma-separated policies (default all: {', '.join(POLICIES)})",
     )
+    _add_bytes_source(parser)
+    parser.add_argument("--tier2-capacity", metavar="LIST", help=tier2)
+
+
+def _add_bytes_source(parser: argparse.ArgumentParser) -> None:
+    """What a token of KV cache costs, for sizes in bytes and capacities printed in GiB: given,
+    or from a model preset."""
     bytes_source = parser.add_mutually_exclusive_group()
     bytes_source.add_argument(
         "--kv-bytes-per-token",
@@ -153,25 +169,39 @@ def _add_sizing_options(
     parser.add_argument(
         "--list-models", action=ListModels, help="list the model presets kvtrace ships and exit"
     )
-    parser.add_argument("--tier2-capacity", metavar="LIST", help=tier2)
 
 
 def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None]:
     """The policies and KV bytes per token that simulate and report are given, checked."""
-    from kvtrace.transforms.cache.capacity import kv_bytes_per_token
-
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ConfigError(
             f"--policy: unknown {', '.join(unknown) or 'empty list'}; known: {', '.join(POLICIES)}"
         )
+    return policies, _kv_bytes_per_token(args)
+
+
+def _kv_bytes_per_token(args: argparse.Namespace) -> int | None:
+    """--kv-bytes-per-token, or --model's, checked; None when neither is given."""
     per_token = args.kv_bytes_per_token
     if per_token is not None and per_token < 1:
         raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
     if args.model:
         per_token = kv_bytes_per_token(load_model(args.model))
-    return policies, per_token
+    return per_token
+
+
+def _gpu_kv_cache_size(args: argparse.Namespace, per_token: int | None) -> Capacity | None:
+    """--gpu-kv-cache-size as reuse and report take it, at least one token; None if not given."""
+    if args.gpu_kv_cache_size is None:
+        return None
+    gpu = parse_capacity(args.gpu_kv_cache_size, per_token)
+    if gpu.tokens < 1:
+        raise ConfigError(
+            f"--gpu-kv-cache-size must be at least one token, not {args.gpu_kv_cache_size!r}"
+        )
+    return gpu
 
 
 def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
@@ -179,11 +209,11 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms.write.publish import Location
 
     engine_options(args.engine, beam_args)
-    if args.gpu_kv_cache_size is not None and args.gpu_kv_cache_size < 1:
-        raise ConfigError("--gpu-kv-cache-size must be a positive number of tokens")
+    per_token = _kv_bytes_per_token(args)
+    gpu = _gpu_kv_cache_size(args, per_token)
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files, Location("--output", args.output))
-    config = ReuseConfig(files, block_size, args.gpu_kv_cache_size, args.output)
+    config = ReuseConfig(files, block_size, gpu.tokens if gpu else None, args.output)
     with json_report(args.json) as report_file:
 
         def accept(report: dict) -> None:  # before anything is published
@@ -199,15 +229,16 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     print(
         f"{report['rows']:,} requests, {report['prompt_tokens']:,} prompt tokens, block size "
         f"{block_size}; reused across requests (infinite cache): "
-        f"{report['reused_token_share']:.4f} of prompt tokens"
+        f"{percent(report['reused_token_share'])} of prompt tokens"
     )
     if "ccdf_at_gpu_kv_cache_size" in report:
         print(
-            f"reused after more than {args.gpu_kv_cache_size:,} tokens (beyond the GPU cache): "
-            f"{report['ccdf_at_gpu_kv_cache_size']:.4f} of prompt tokens"
+            f"reused after more than {capacity_text(gpu.tokens, per_token)} went through the "
+            f"cache (beyond the GPU cache): {percent(report['ccdf_at_gpu_kv_cache_size'])} of "
+            f"prompt tokens"
         )
     for bucket in report["reuse_time"]:
-        print(f"  reuse after {bucket['bucket']:>11}: {bucket['share']:.4f} of reused tokens")
+        print(f"  reuse after {bucket['bucket']:>11}: {percent(bucket['share'])} of reused tokens")
     print(f"plot: {args.output}")
     return 0
 
@@ -219,8 +250,6 @@ class ListModels(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: Any, _namespace: Any, values: Any, option: Any = None) -> None:
-        from kvtrace.transforms.cache.capacity import kv_bytes_per_token
-
         for name in models():
             print(f"{name:16} {kv_bytes_per_token(load_model(name)):>9,} KV bytes per token")
         parser.exit()
@@ -228,7 +257,6 @@ class ListModels(argparse.Action):
 
 def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.simulate import SimulateConfig, run_simulate
-    from kvtrace.transforms.cache.capacity import parse_capacities
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)
@@ -253,19 +281,20 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         f"token-weighted hit rate (longest cached prefix per request), block size {block_size}"
         + (f", {per_token:,} KV bytes per token" if per_token else "")
     )
-    print("| capacity (tokens) | " + " | ".join(policies) + " |")
+    print("| capacity | " + " | ".join(policies) + " |")
     print("|---" * (len(policies) + 1) + "|")
     for i, capacity in enumerate(config.capacities):
         print(
-            f"| {capacity.tokens:,} | "
-            + " | ".join(f"{report['policies'][p][i]['hit_rate']:.4f}" for p in policies)
+            f"| {capacity_text(capacity.tokens, per_token)} | "
+            + " | ".join(percent(report["policies"][p][i]["hit_rate"]) for p in policies)
             + " |"
         )
     for point in report.get("two_tier", []):
         print(
-            f"two-tier: GPU {point['capacity_tokens']:,} + tier 2 "
-            f"{point['tier2_capacity_tokens']:,} tokens: {point['hit_rate']:.4f} "
-            f"(GPU {point['gpu_hit_rate']:.4f}, tier 2 {point['tier2_hit_rate']:.4f})"
+            f"two-tier: GPU {capacity_text(point['capacity_tokens'], per_token)} + tier 2 "
+            f"{capacity_text(point['tier2_capacity_tokens'], per_token)}: "
+            f"{percent(point['hit_rate'])} (GPU {percent(point['gpu_hit_rate'])}, tier 2 "
+            f"{percent(point['tier2_hit_rate'])})"
         )
     write_json_report(args.json, report)
     return 0
@@ -273,38 +302,28 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
 
 def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.report import ReportConfig, run_report
-    from kvtrace.transforms.cache.capacity import parse_capacities
     from kvtrace.transforms.write.publish import Location
 
     no_beam_options(beam_args)
     policies, per_token = _cache_sizing(args)
+    gpu = _gpu_kv_cache_size(args, per_token)
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
-    gpu = None
-    if args.gpu_kv_cache_size is not None:
-        (gpu,) = parse_capacities(args.gpu_kv_cache_size, per_token)[:1]
-        if gpu.tokens < 1:
-            raise ConfigError(
-                f"--gpu-kv-cache-size must be at least one token, not {args.gpu_kv_cache_size!r}"
-            )
-    numbers = run_report(
+    run_report(
         ReportConfig(
             files,
             args.output,
             block_size,
-            gpu.tokens if gpu else None,
+            gpu,
             tuple(parse_capacities(args.capacity, per_token)) if args.capacity else (),
             policies,
             tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
             per_token,
             args.overwrite,
-        )
+            args.model,
+        ),
+        lambda rows, problems: require_rows(rows, problems, files),  # before the page is written
     )
-    if not _has_rows(
-        {"rows": numbers["analyze"]["total_requests"], "problems": numbers["analyze"]["problems"]},
-        files,
-    ):
-        return 1
     print(f"report: {args.output}")
     return 0
 

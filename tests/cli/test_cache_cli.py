@@ -90,10 +90,12 @@ def test_report_is_one_self_contained_page(tmp_path, capsys):
         "Two-tier sizing",
         "Reuse intervals",
         "Request rate",
+        "Sessions",
     ):
         assert heading in text
     assert text.index('class="headline"') < text.index("<h2>")  # the headline comes first
-    assert "chosen by kvtrace" in text and str(Path(trace).parent) not in text
+    assert "kvtrace&#x27;s default: 50 GiB" in text and str(Path(trace).parent) not in text
+    assert "<title>kvtrace report: model not named, undated</title>" in text
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
@@ -123,9 +125,10 @@ def test_report_takes_the_sizing_options_simulate_takes(tmp_path, capsys):
     )
     text = page.read_text()
     tokens = 40 * 10**9 // (2 * 36 * 8 * 128 * 2)
-    assert f"{tokens:,} tokens" in text and "chosen by kvtrace" not in text
+    assert f"37.3 GiB ({tokens:,} tokens at 147,456 bytes per token)" in text
+    assert "kvtrace&#x27;s default" not in text and "kvtrace report: qwen3-8b, " in text
     assert "<td>fifo</td>" in text and "<td>belady</td>" not in text
-    assert "<th>3,000,000</th>" in text and "of CPU/SSD behind it" in text
+    assert "<th>412.0 GiB</th>" in text and "with an offload tier" in text
     assert (
         main(["report", trace, "-o", str(page), "--gpu-kv-cache-size", "40GB", "--overwrite"]) == 2
     )
@@ -161,3 +164,87 @@ def test_report_renders_in_headless_chromium(tmp_path):
     pixels = np.asarray(Image.open(shot).convert("L"))
     # Not blank: many distinct grey levels (plots, text), not one background colour.
     assert len(np.unique(pixels)) > 50 and pixels.std() > 10
+
+
+def _conversations(path: Path) -> str:
+    """A trace whose reuse spans many capacities: a shared opening, 25 conversations, new turns."""
+    rows = [
+        {
+            "timestamp": 1000 * i,
+            "input_length": 16 * 4 - 3,
+            "output_length": 5,
+            "hash_ids": [0, 1, 100 + i % 25, 1000 + i],
+        }
+        for i in range(300)
+    ]
+    return str(write_jsonl(path, rows))
+
+
+def test_one_size_parser_for_reuse_simulate_and_report(tmp_path, capsys):
+    trace = _conversations(tmp_path / "t.jsonl")
+    png, page = str(tmp_path / "p.png"), str(tmp_path / "r.html")
+    for argv in (
+        ["reuse", trace, "--output", png, "--gpu-kv-cache-size"],
+        ["simulate", trace, "--policy", "lru", "--capacity"],
+        ["report", trace, "-o", page, "--gpu-kv-cache-size"],
+    ):
+        assert main([*argv, "40G", "--model", "qwen3-8b"]) == 2
+        assert "'40G': bytes or tokens? write 40GB" in capsys.readouterr().err
+        assert main([*argv, "40GB"]) == 2  # bytes need a token's bytes
+        assert "--kv-bytes-per-token or --model" in capsys.readouterr().err
+    assert not Path(page).exists() and not Path(png).exists()
+
+
+@pytest.mark.slow  # the plot: over a second
+def test_reuse_takes_a_gpu_cache_in_bytes_as_report_does(tmp_path, capsys):
+    trace = _conversations(tmp_path / "t.jsonl")
+    report, out = run_json(
+        capsys, tmp_path, "reuse", trace, "--output", str(tmp_path / "p.png"),
+        "--gpu-kv-cache-size", "40GB", "--model", "qwen3-8b",
+    )  # fmt: skip
+    assert report["gpu_kv_cache_size"] == 40 * 10**9 // 147_456
+    assert "reused after more than 37.3 GiB went through the cache" in out
+
+
+def test_report_refuses_an_empty_trace_before_writing_anything(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("nonsense\n")
+    page = tmp_path / "r.html"
+    assert main(["report", str(empty), "-o", str(page)]) == 1
+    assert "no trace rows could be read" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]
+
+
+@pytest.mark.slow  # the report draws six plots: over a second
+def test_every_figure_simulate_and_reuse_print_is_the_reports(tmp_path, capsys):
+    trace = _conversations(tmp_path / "t.jsonl")
+    sizing = ["--capacity", "200k,500k,2M", "--policy", "lru,fifo", "--model", "qwen3-8b"]
+    page = tmp_path / "r.html"
+    assert main(["report", trace, "-o", str(page), "--gpu-kv-cache-size", "500k", *sizing]) == 0
+    text = page.read_text()
+    capsys.readouterr()
+    assert main(["simulate", trace, *sizing]) == 0
+    simulated = capsys.readouterr().out
+    argv = ["reuse", trace, "--output", str(tmp_path / "p.png"), "--gpu-kv-cache-size", "500k"]
+    assert main([*argv, "--model", "qwen3-8b"]) == 0
+    reused = capsys.readouterr().out
+
+    header = re.findall(r"<th>([0-9.,]+ GiB)</th>", text.split("policy \\ capacity")[1])
+    table = {
+        (policy, capacity): rate
+        for policy, cells in re.findall(r"<tr><td>(\w+)</td>((?:<td>[^<]+</td>)+)</tr>", text)
+        if policy in ("lru", "fifo")
+        for capacity, rate in zip(header, re.findall(r"<td>([^<]+)</td>", cells))
+    }
+    printed = {
+        (policy, capacity): rate
+        for capacity, lru, fifo in re.findall(r"^\| ([0-9.,]+ GiB) \| (\S+) \| (\S+) \|$",
+                                              simulated, re.M)
+        for policy, rate in (("lru", lru), ("fifo", fifo))
+    }  # fmt: skip
+    assert len(printed) == 6 and printed == table
+    ceiling = re.search(r"\(infinite cache\): ([0-9.]+%) of prompt tokens", reused)[1]
+    assert f"<td>{ceiling} of prompt tokens hit (token-weighted)" in text
+    beyond = re.search(r"beyond the GPU cache\): ([0-9.]+%) of prompt tokens", reused)[1]
+    gpu = re.search(r"more than ([0-9.,]+ GiB) went", reused)[1]
+    assert f"at\n{gpu} of GPU cache (red),\n{beyond} of prompt tokens" in text

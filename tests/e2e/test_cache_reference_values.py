@@ -46,7 +46,7 @@ def test_reuse_matches_the_reference_values_and_draws_the_plot(tmp_path, capsys)
     lru = report["lru_stack"]
     assert all(a <= b for a, b in zip(lru["lru_hit_rate"], lru["lru_hit_rate"][1:]))
     assert sum(b["share"] for b in report["reuse_time"]) == pytest.approx(1.0)
-    assert "0.5938 of prompt tokens" in out
+    assert "(beyond the GPU cache): 59.4% of prompt tokens" in out  # printed in percent
 
 
 # 4% of the fast set's test time (CI runs it): every policy's hit rates and the two tiers are
@@ -68,4 +68,4 @@ def test_simulate_matches_the_reference_values(tmp_path, capsys):
     assert tiers["gpu_hit_rate"] + tiers["tier2_hit_rate"] == pytest.approx(
         lru[50_000_000], abs=1e-3
     )
-    assert "| 3,000,000 | 0.3151 |" in out
+    assert "| 3,000,000 tokens | 31.5% |" in out  # printed in percent

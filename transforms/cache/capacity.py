@@ -1,9 +1,16 @@
-"""Cache capacities as people write them, and what a token of KV cache costs in bytes.
+"""Cache capacities as people write them and as kvtrace prints them, and what a token of KV
+cache costs in bytes: the one parser and the one printer of sizes and shares for reuse,
+simulate and report.
 
-A capacity is tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB: a unit ending in B), which
-need the bytes one token's KV cache takes: given directly, or from a model preset (layers,
-heads, head size and dtype; kvtrace/presets.py finds them). Bad values raise ValueError with
-a message for the user.
+A capacity is tokens (3000000, 3M, 500k: as vLLM logs its KV cache) or bytes (a unit ending in
+B: 40GB and 1.5TB decimal, 10^9 and 10^12 as GPU spec sheets and disks count; 40GiB binary,
+2^30, as nvidia-smi counts), which need the bytes one token's KV cache takes: given directly, or
+from a model preset (layers, heads, head size and dtype; kvtrace/presets.py finds them). A bare
+G or T (40G) is refused: bytes or tokens is the question a typo must not answer. Bad values
+raise ValueError with a message for the user.
+
+Printed, a capacity is GiB where the bytes per token are known, else tokens; a share is a
+percent with one decimal, everywhere (capacity_text, percent).
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TOKEN_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+_TOKEN_UNITS = {"": 1, "k": 10**3, "m": 10**6}
+_AMBIGUOUS_UNITS = ("g", "t")  # 40G: forty billion tokens, or bytes without the B?
 _BYTE_UNITS = {
     "b": 1,
     "kb": 10**3,
@@ -23,6 +31,10 @@ _BYTE_UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+SIZE_HELP = (
+    "tokens (3000000, 3M, 500k) or bytes (40GB = 40*10^9, 40GiB = 40*2^30; needs "
+    "--kv-bytes-per-token or --model)"
+)
 _CAPACITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 DTYPE_BYTES = {
     "fp32": 4,
@@ -55,6 +67,11 @@ def parse_capacities(text: str, kv_bytes_per_token: int | None) -> list[Capacity
 def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
     match = _CAPACITY.match(text)
     unit = match[2].lower() if match else None
+    if unit in _AMBIGUOUS_UNITS:
+        raise ValueError(
+            f"capacity {text.strip()!r}: bytes or tokens? write {match[1]}{match[2]}B (decimal "
+            f"bytes), {match[1]}{match[2]}iB (binary bytes) or tokens (3M, 500k)"
+        )
     if match is None or (unit not in _TOKEN_UNITS and unit not in _BYTE_UNITS):
         raise ValueError(
             f"capacity {text.strip()!r}: write tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB)"
@@ -70,6 +87,36 @@ def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
         )
     size = int(value * _BYTE_UNITS[unit])
     return Capacity(size // kv_bytes_per_token, size)
+
+
+GIB = 2**30
+# The GPU KV cache the report describes when none is given: one 80 GB H100 under vLLM's default
+# gpu_memory_utilization of 0.9 (72 GB), less an 8B model's bf16 weights (16 GB) and activations,
+# leaves about 50 GiB; at Llama-3.1-8B's 128 KiB per token (configs/models/llama-3.1-8b.yaml)
+# when no model is given, 409,600 tokens.
+DEFAULT_GPU_KV_CACHE_BYTES = 50 * GIB
+DEFAULT_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+
+
+def default_gpu_kv_cache(kv_bytes_per_token: int | None) -> Capacity:
+    """The report's GPU KV cache when none is given (DEFAULT_GPU_KV_CACHE_BYTES)."""
+    per_token = kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN
+    tokens = DEFAULT_GPU_KV_CACHE_BYTES // per_token
+    return Capacity(tokens, tokens * kv_bytes_per_token if kv_bytes_per_token else None)
+
+
+def capacity_text(tokens: int, kv_bytes_per_token: int | None) -> str:
+    """A capacity as kvtrace prints it: GiB when a token's bytes are known, else tokens."""
+    if not kv_bytes_per_token:
+        return f"{tokens:,} tokens"
+    gib = tokens * kv_bytes_per_token / GIB
+    # Two significant digits below 1 GiB: a small cache must not print as 0.0.
+    return f"{gib:,.1f} GiB" if gib >= 1 else f"{gib:.2g} GiB"
+
+
+def percent(share: float) -> str:
+    """A share (hit rate, part of prompt tokens) as kvtrace prints it: percent, one decimal."""
+    return f"{share:.1%}"
 
 
 def kv_bytes_per_token(preset: dict) -> int:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtrace.transforms.cache.capacity import GIB, capacity_text, percent
+
 if TYPE_CHECKING:  # annotations only: pyplot is imported by the first plot drawn
     import matplotlib.pyplot as plt
 
@@ -46,6 +48,7 @@ def draw_ccdf(
     y: np.ndarray,
     gpu_kv_cache_size: int | None,
     at_gpu: float | None,
+    kv_bytes_per_token: int | None = None,
 ) -> None:
     """Seed 003's plot: share of prompt tokens reused after more than x tokens, log x; with a
     GPU cache size, red lines at it and at the share beyond it (drawn even outside the data)."""
@@ -59,13 +62,14 @@ def draw_ccdf(
             gpu_kv_cache_size,
             color="red",
             linestyle="--",
-            label=f"GPU KV cache: {gpu_kv_cache_size:,} tokens",
+            label=f"GPU KV cache: {capacity_text(gpu_kv_cache_size, kv_bytes_per_token)}"
+            + (f" ({gpu_kv_cache_size:,} tokens)" if kv_bytes_per_token else ""),
         )
         axes.axhline(
             100 * (at_gpu or 0.0),
             color="red",
             linestyle=":",
-            label=f"{100 * (at_gpu or 0.0):.1f}% reusable beyond it (offload bound)",
+            label=f"{percent(at_gpu or 0.0)} reusable beyond it (offload bound)",
         )
         low, high = axes.get_xlim() if len(x) else (gpu_kv_cache_size / 10, gpu_kv_cache_size * 10)
         axes.set_xlim(min(low, gpu_kv_cache_size / 2), max(high, gpu_kv_cache_size * 2))
@@ -112,10 +116,14 @@ def draw_reuse_time(axes: plt.Axes, reuse_time: Sequence[dict]) -> None:
 
 
 def ccdf_png(
-    x: np.ndarray, y: np.ndarray, gpu_kv_cache_size: int | None, at_gpu: float | None
+    x: np.ndarray,
+    y: np.ndarray,
+    gpu_kv_cache_size: int | None,
+    at_gpu: float | None,
+    kv_bytes_per_token: int | None = None,
 ) -> bytes:
     figure, axes = _pyplot().subplots(figsize=(7, 4.8))
-    draw_ccdf(axes, x, y, gpu_kv_cache_size, at_gpu)
+    draw_ccdf(axes, x, y, gpu_kv_cache_size, at_gpu, kv_bytes_per_token)
     return _png(figure)
 
 
@@ -125,14 +133,32 @@ def reuse_time_png(reuse_time: Sequence[dict]) -> bytes:
     return _png(figure)
 
 
-def hit_rate_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> bytes:
-    """Token-weighted hit rate (%) against capacity, one line per policy."""
+def _capacity_axis(tokens: Sequence[int], kv_bytes_per_token: int | None) -> np.ndarray:
+    """Capacities in the unit capacity_text prints: GiB when a token's bytes are known."""
+    values = np.asarray(tokens, dtype=np.float64)
+    return values * kv_bytes_per_token / GIB if kv_bytes_per_token else values
+
+
+def _capacity_unit(kv_bytes_per_token: int | None) -> str:
+    return "GiB" if kv_bytes_per_token else "tokens"
+
+
+def hit_rate_png(
+    curves: dict[str, tuple[Sequence[int], Sequence[float]]], kv_bytes_per_token: int | None = None
+) -> bytes:
+    """Token-weighted hit rate (%) against capacity (tokens, or GiB), one line per policy."""
     figure, axes = _pyplot().subplots(figsize=(7, 4.8))
     for policy, (capacities, rates) in curves.items():
-        axes.plot(capacities, 100 * np.asarray(rates), marker="o", markersize=3, label=policy)
+        axes.plot(
+            _capacity_axis(capacities, kv_bytes_per_token),
+            100 * np.asarray(rates),
+            marker="o",
+            markersize=3,
+            label=policy,
+        )
     axes.set_xscale("log")
     axes.set_ylim(bottom=0)
-    axes.set_xlabel("cache capacity (tokens)")
+    axes.set_xlabel(f"cache capacity ({_capacity_unit(kv_bytes_per_token)})")
     axes.set_ylabel("hit rate, % of prompt tokens (token-weighted)")
     axes.set_title("Hit rate by policy: hit = longest cached prefix per request", fontsize=10)
     axes.legend(fontsize=8)
@@ -141,30 +167,39 @@ def hit_rate_png(curves: dict[str, tuple[Sequence[int], Sequence[float]]]) -> by
 
 
 def two_tier_png(
-    gpu: Sequence[int], tier2: Sequence[int], total: np.ndarray, from_gpu: np.ndarray
+    gpu: Sequence[int],
+    tier2: Sequence[int],
+    total: np.ndarray,
+    from_gpu: np.ndarray,
+    kv_bytes_per_token: int | None = None,
 ) -> bytes:
-    """Hit rate of each (GPU, tier-2) capacity pair; cells show total and the GPU's part."""
+    """Hit rate of each (GPU, tier-2) capacity pair; cells show total and the GPU's part, in
+    percent as the colour scale is."""
     figure, axes = _pyplot().subplots(figsize=(1.6 * len(tier2) + 3, 0.7 * len(gpu) + 2))
     image = axes.imshow(
-        total, cmap="viridis", vmin=0, vmax=max(1e-9, float(total.max())), aspect="auto"
+        100 * total, cmap="viridis", vmin=0, vmax=max(1e-7, 100 * float(total.max())), aspect="auto"
     )
     for i in range(len(gpu)):
         for j in range(len(tier2)):
             axes.text(
                 j,
                 i,
-                f"{total[i, j]:.1%}\n(GPU {from_gpu[i, j]:.1%})",
+                f"{percent(total[i, j])}\n(GPU {percent(from_gpu[i, j])})",
                 ha="center",
                 va="center",
                 fontsize=7,
                 color="white" if total[i, j] < 0.6 * total.max() else "black",
             )
-    axes.set_xticks(range(len(tier2)), [f"{t:,}" for t in tier2], fontsize=7)
-    axes.set_yticks(range(len(gpu)), [f"{g:,}" for g in gpu], fontsize=7)
-    axes.set_xlabel("tier-2 (CPU/SSD) capacity, tokens")
-    axes.set_ylabel("GPU capacity, tokens")
+    axes.set_xticks(
+        range(len(tier2)), [capacity_text(t, kv_bytes_per_token) for t in tier2], fontsize=7
+    )
+    axes.set_yticks(
+        range(len(gpu)), [capacity_text(g, kv_bytes_per_token) for g in gpu], fontsize=7
+    )
+    axes.set_xlabel("tier-2 (CPU/SSD) capacity")
+    axes.set_ylabel("GPU capacity")
     axes.set_title("Two-tier LRU: hit rate, % of prompt tokens (the GPU's part)", fontsize=10)
-    figure.colorbar(image, ax=axes)
+    figure.colorbar(image, ax=axes, label="hit rate, % of prompt tokens")
     return _png(figure)
 
 

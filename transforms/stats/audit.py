@@ -309,7 +309,7 @@ def _audit_stream(
             start = None
             continue
         start = _numbering_end(start, rows)
-        settings_here = {key: manifest[key] for key in RUN_SETTINGS}
+        settings_here = {key: manifest.get(key) for key in RUN_SETTINGS}  # model_name: optional
         first_settings = first_settings or settings_here
         differ = [key for key in RUN_SETTINGS if settings_here[key] != first_settings[key]]
         if differ:

@@ -22,6 +22,8 @@ from kvtrace.transforms.trace_format import (
     KWARG_DIGEST_PREFIX,
     MANIFEST,
     MANIFEST_SCHEMA,
+    MODEL_NAME,
+    MODEL_NAME_SCHEMA,
     PUBLISHED_TOKENIZERS,
     canonical_json,
     schema_problems,
@@ -158,6 +160,19 @@ def public_tokenizer(name: str, files_sha256: Mapping[str, str]) -> dict[str, An
     if files not in PUBLISHED_TOKENIZERS.get(name, ()):
         return {"name": None, "sha256": {}}
     return {"name": name, "sha256": files}
+
+
+def model_name_problems(name: str) -> list[str]:
+    """Why the manifest could not publish this model name as the gate reads it, checked before
+    the work with the gate's own schema: a run never ends with a manifest its gate refuses."""
+    schema = {"type": "object", "properties": {MODEL_NAME: MODEL_NAME_SCHEMA}}
+    return schema_problems({MODEL_NAME: name}, schema)
+
+
+def public_model_name(name: str | None) -> dict[str, str]:
+    """The manifest's model name: the publisher's claim (anonymize --model-name), kept only
+    when given; the tokenizer's name is kvtrace's, from pinned files (public_tokenizer)."""
+    return {} if name is None else {MODEL_NAME: name}
 
 
 def public_template_kwargs(value: dict[str, Any], salt: bytes | None) -> dict[str, Any]:

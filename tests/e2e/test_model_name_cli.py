@@ -1,0 +1,58 @@
+"""anonymize --model-name: published in the manifest, accepted by the gate, titling the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import anonymize, chat, write_jsonl
+from kvtrace.cli import main
+
+
+@pytest.fixture(scope="module")
+def named(tiny_tokenizer, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("named")
+    src = write_jsonl(tmp / "in.jsonl", [chat(i, 1000 * i) for i in range(8)])
+    out = tmp / "out"
+    assert (
+        anonymize(tiny_tokenizer, [src], out, "--block-size", "4", "--model-name", "Qwen/Qwen3-8B")
+        == 0
+    )
+    return out
+
+
+def test_the_model_name_is_published_beside_the_tokenizer_and_passes_the_gate(
+    named, tiny_tokenizer, capsys
+):
+    manifest = json.loads((named / "manifest.json").read_text())
+    assert manifest["model_name"] == "Qwen/Qwen3-8B"
+    assert manifest["tokenizer"]["name"] is None  # a local folder: the pin rule stays
+    assert main(["audit", str(named), "--tokenizer", tiny_tokenizer]) == 0, capsys.readouterr()
+
+
+def test_a_manifest_edited_to_hold_free_text_is_refused(named, tmp_path, tiny_tokenizer, capsys):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in named.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["model_name"] = "patient J. Smith, ward 7"
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    assert main(["audit", str(copy), "--tokenizer", tiny_tokenizer]) != 0
+    assert "model_name" in capsys.readouterr().out
+
+
+def test_a_name_the_gate_would_refuse_is_refused_before_any_work(tiny_tokenizer, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0)])
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [src], out, "--model-name", "my model") == 2
+    assert "--model-name 'my model' cannot be published" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow  # the report's plots: over a second
+def test_the_report_is_titled_by_the_published_model(named, tmp_path):
+    page = tmp_path / "r.html"
+    assert main(["report", str(named), "-o", str(page), "--model", "qwen3-8b"]) == 0
+    assert "<title>kvtrace report: Qwen/Qwen3-8B, undated</title>" in page.read_text()

@@ -1,0 +1,52 @@
+"""The report's headline verdict, title and chosen tier, as pure functions of its numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtrace.pipelines.report import _dates, _smallest_best_tier, offload_verdict
+
+
+def headline(gpu: float, ceiling: float, tier: dict) -> dict:
+    return {"gpu_lru_hit_rate": gpu, "infinite_cache_hit_rate": ceiling, "with_tier2": tier}
+
+
+def point(tier2: int, gpu: float, tier: float) -> dict:
+    return {
+        "capacity_tokens": 1024,
+        "tier2_capacity_tokens": tier2,
+        "hit_rate": gpu + tier,
+        "gpu_hit_rate": gpu,
+        "tier2_hit_rate": tier,
+    }
+
+
+def test_the_gpu_alone_reaching_the_ceiling_is_said_so():
+    verdict = offload_verdict(headline(0.7131, 0.7134, point(1024, 0.7131, 0.0)), None)
+    assert verdict == "not needed: the GPU alone reaches the ceiling (71.3%)"
+
+
+def test_a_tier_that_adds_something_is_named_with_its_parts():
+    verdict = offload_verdict(headline(0.2, 0.7, point(2**20, 0.21, 0.4)), 147_456)
+    assert verdict.startswith("144.0 GiB of CPU/SSD behind it: 61.0% (21.0% from the GPU")
+    assert "the ceiling is 70.0%" in verdict
+
+
+def test_tiers_that_add_nothing_visible_say_to_size_larger_ones():
+    verdict = offload_verdict(headline(0.2, 0.7, point(16, 0.2, 0.0001)), None)
+    assert "none of the tiers sized adds to the GPU's 20.0%" in verdict
+
+
+def test_the_smallest_tier_printing_the_best_rate_is_the_advice():
+    grid = [point(4096, 0.2, 0.30001), point(1024, 0.2, 0.1), point(2048, 0.2, 0.3)]
+    assert _smallest_best_tier(grid, 1024)["tier2_capacity_tokens"] == 2048
+
+
+def test_dates_from_epoch_times_else_from_dated_paths_else_undated():
+    day = 1_736_899_200_000  # 2025-01-15T00:00:00Z
+    assert _dates(np.array([day, day + 3_600_000.0]), ()) == "2025-01-15"
+    assert _dates(np.array([day, day + 86_400_000.0]), ()) == "2025-01-15 to 2025-01-16"
+    relative = np.array([0.0, 5000.0])
+    assert _dates(relative, ("traces/2025-01-15/trace-00000-of-00001.jsonl",)) == "2025-01-15"
+    assert _dates(relative, ("traces/2025-13-45/t.jsonl", "t.jsonl")) == "undated"
+    assert _dates(np.array([1e300]), ()) == "undated"  # beyond any calendar: not a date

@@ -1,0 +1,58 @@
+"""The one parser and printer of sizes and shares that reuse, simulate and report share."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtrace.presets import load_model
+from kvtrace.transforms.cache.capacity import (
+    DEFAULT_GPU_KV_CACHE_BYTES,
+    DEFAULT_KV_BYTES_PER_TOKEN,
+    GIB,
+    capacity_text,
+    default_gpu_kv_cache,
+    kv_bytes_per_token,
+    parse_capacity,
+    percent,
+)
+
+
+def test_decimal_and_binary_bytes_and_tokens():
+    assert parse_capacity("40GB", 1).bytes == 40 * 10**9
+    assert parse_capacity("40GiB", 1).bytes == 40 * 2**30
+    assert parse_capacity("1.5TB", 1000).tokens == 1_500_000_000
+    assert parse_capacity("3M", None) == parse_capacity("3000000", None)
+    assert parse_capacity("500k", 2).bytes == 1_000_000  # tokens, with their bytes known
+
+
+@pytest.mark.parametrize("text", ["40G", "1.5T", "40g"])
+def test_a_bare_giga_or_tera_is_refused_as_bytes_or_tokens(text):
+    with pytest.raises(ValueError, match=r"bytes or tokens\? write .*B \(decimal bytes\)"):
+        parse_capacity(text, 1000)
+
+
+@given(st.text(max_size=20))
+def test_any_text_parses_or_says_why_in_one_line(text):
+    try:
+        capacity = parse_capacity(text, 147_456)
+    except ValueError as err:
+        assert "\n" not in str(err) and "capacity" in str(err)
+    else:
+        assert capacity.tokens >= 0 and capacity.bytes is not None
+
+
+def test_capacities_print_in_gib_where_a_token_has_bytes_else_in_tokens():
+    assert capacity_text(3_000_000, None) == "3,000,000 tokens"
+    assert capacity_text(3_000_000, 147_456) == "412.0 GiB"
+    assert capacity_text(16, 147_456) == "0.0022 GiB"  # small, never 0.0
+    assert percent(0.71349) == "71.3%" and percent(1.0) == "100.0%"
+
+
+def test_the_default_gpu_cache_is_50_gib_at_the_models_bytes_per_token():
+    assert DEFAULT_GPU_KV_CACHE_BYTES == 50 * GIB
+    assert DEFAULT_KV_BYTES_PER_TOKEN == kv_bytes_per_token(load_model("llama-3.1-8b"))
+    assert default_gpu_kv_cache(None).tokens == 409_600  # Llama-3.1-8B's 128 KiB per token
+    qwen = default_gpu_kv_cache(147_456)
+    assert qwen.tokens == 50 * GIB // 147_456 and capacity_text(qwen.tokens, 147_456) == "50.0 GiB"
