@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -94,11 +95,9 @@ def test_flink_manifests_agree_with_the_flink_preset():
     assert configuration["restart-strategy.type"] == "fixed-delay"
     assert "execution.checkpointing.interval" in configuration
     assert durable_checkpoints(configuration, ("s3://", "gs://", "hdfs://"))
-    job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert job_server == (
-        f"apache/beam_flink{versions['FLINK_MINOR']}_job_server:"
-        f"{versions['BEAM_JOB_SERVER_VERSION']}"
-    )
+    job_server = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert job_server["image"] == "${KVTRACE_JOBSERVER_IMAGE}"
+    assert job_server["args"][0] == "org.apache.beam.runners.flink.FlinkJobServerDriver"
 
 
 # Flink 1.19's keys for the checkpoint store (its CheckpointingOptions); 1.20 renamed them
@@ -253,3 +252,167 @@ def test_unknown_preset_keys_are_an_error_not_ignored(tiny_tokenizer, tmp_path, 
         == 2
     )
     assert "unknown option(s) in --config" in capsys.readouterr().err
+
+
+# Every Kubernetes manifest deploy/render.sh fills in, and the values file it fills them from.
+MANIFESTS = (
+    "flink/rbac.yaml",
+    "flink/flink-session.yaml",
+    "schedule/cronjob.yaml",
+    "kafka/streaming.yaml",
+)
+PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
+
+
+def value_names() -> list[str]:
+    text = (DEPLOY / "values.env").read_text()
+    return re.findall(r"^([A-Z_]+)=\S", text, flags=re.M)
+
+
+def rendered(tmp_path: Path, values: Path = DEPLOY / "values.env") -> dict[str, list[dict]]:
+    subprocess.run(
+        [str(DEPLOY / "render.sh"), str(values), str(tmp_path / "out")],
+        check=True,
+        capture_output=True,
+    )
+    return {
+        name: list(yaml.safe_load_all((tmp_path / "out" / name).read_text())) for name in MANIFESTS
+    }
+
+
+def schema_errors(document: dict) -> list[str]:
+    """What the API server (with the operator's CRD installed) would refuse in document, from
+    the schemas vendored in deploy/schemas (their README says whence): no network."""
+    if document["kind"] == "FlinkDeployment":
+        schema = json.loads((DEPLOY / "schemas" / "flinkdeployment-v1beta1.json").read_text())
+    else:
+        kubernetes = json.loads((DEPLOY / "schemas" / "kubernetes-v1.33.json").read_text())
+        kind = dict(kubernetes["kinds"][document["kind"]])
+        kind.pop("$id")
+        schema = {**kind, "$defs": kubernetes["$defs"]}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
+
+
+def test_every_manifest_is_valid_for_kubernetes_and_the_flink_operator(tmp_path):
+    kinds = []
+    for name, documents_of in rendered(tmp_path).items():
+        for document in documents_of:
+            kinds.append(document["kind"])
+            assert schema_errors(document) == [], (name, document["kind"])
+    assert sorted(set(kinds)) == [
+        "CronJob",
+        "Deployment",
+        "FlinkDeployment",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
+
+
+def test_the_schemas_refuse_what_the_cluster_would_refuse(tmp_path):
+    manifests = rendered(tmp_path)
+    flink = next(d for d in manifests["flink/flink-session.yaml"] if d["kind"] == "FlinkDeployment")
+    flink["spec"]["taskManagers"] = flink["spec"].pop("taskManager")  # a misspelt field
+    assert any("taskManagers" in error for error in schema_errors(flink))
+    cronjob = manifests["schedule/cronjob.yaml"][0]
+    cronjob["spec"]["startingDeadlineSeconds"] = "an hour"  # seconds, a number
+    assert any("startingDeadlineSeconds" in error for error in schema_errors(cronjob))
+    account = manifests["flink/rbac.yaml"][0]
+    account["metadata"]["annotations"] = {"role": 7}  # annotations are strings
+    assert schema_errors(account)
+
+
+def test_every_value_to_fill_in_is_named_in_values_env_and_only_there(tmp_path):
+    names = value_names()
+    assert len(names) == len(set(names))
+    used: set[str] = set()
+    for name in MANIFESTS:
+        text = (DEPLOY / name).read_text()
+        used |= set(PLACEHOLDER.findall(text))
+        # The shipped examples' site-specific values live in values.env, nowhere else.
+        assert "example" not in text, name
+    assert used == set(names)
+    for name, documents_of in rendered(tmp_path).items():
+        assert "${" not in (tmp_path / "out" / name).read_text(), name
+        assert documents_of
+
+
+def test_render_refuses_a_value_left_empty(tmp_path):
+    site = tmp_path / "site.env"
+    site.write_text(
+        (DEPLOY / "values.env")
+        .read_text()
+        .replace("KVTRACE_BUCKET=example-bucket", "KVTRACE_BUCKET=")
+    )
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        rendered(tmp_path, site)
+    assert b"KVTRACE_BUCKET is empty" in refused.value.stderr
+
+
+def pod_specs(document: dict) -> list[dict]:
+    if document["kind"] == "CronJob":
+        return [document["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
+    if document["kind"] == "Deployment":
+        return [document["spec"]["template"]["spec"]]
+    return []
+
+
+def test_every_pod_that_touches_the_object_store_runs_as_the_kvtrace_account(tmp_path):
+    manifests = rendered(tmp_path)
+    account, role, binding = manifests["flink/rbac.yaml"]
+    assert account["metadata"]["name"] == "kvtrace" and account["metadata"]["annotations"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == "kvtrace"
+    flink = next(d for d in manifests["flink/flink-session.yaml"] if d["kind"] == "FlinkDeployment")
+    assert flink["spec"]["serviceAccount"] == "kvtrace"
+    launchers = manifests["schedule/cronjob.yaml"] + manifests["kafka/streaming.yaml"]
+    for spec in (s for d in launchers for s in pod_specs(d)):
+        assert spec["serviceAccountName"] == "kvtrace"
+    # Without a cloud identity, the optional Secret reaches each container that reads or writes.
+    pool = flink["spec"]["taskManager"]["podTemplate"]["spec"]["containers"][1]
+    main = flink["spec"]["podTemplate"]["spec"]["containers"][0]
+    containers = [pool, main] + [
+        c for d in launchers for s in pod_specs(d) for c in s["containers"]
+    ]
+    for container in containers:
+        assert {"secretRef": {"name": "kvtrace-object-store", "optional": True}} in container[
+            "envFrom"
+        ]
+
+
+def test_the_kafka_stream_reaches_the_expansion_service_with_the_flink_presets_options():
+    manifests = documents(DEPLOY / "flink" / "flink-session.yaml")
+    launcher = yaml.safe_load((DEPLOY / "kafka" / "streaming.yaml").read_text())
+    container = launcher["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    host, port = env["KVTRACE_KAFKA_EXPANSION"].split(":")
+    service = manifests["Service"]
+    assert host == service["metadata"]["name"]
+    assert {"name": "kafka-expansion", "port": int(port)} in service["spec"]["ports"]
+    expansion = next(
+        c
+        for c in manifests["Deployment"]["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "kafka-expansion"
+    )
+    assert expansion["args"][:2] == ["org.apache.beam.sdk.expansion.service.ExpansionService", port]
+    # The same flags as local-cluster.sh's expansion service, which the Kafka e2e test runs.
+    script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
+    assert all(flag in script for flag in expansion["args"][2:])
+    beam_flags = dict(a[2:].split("=", 1) for a in container["args"] if "=" in a)
+    _, beam = load_presets([str(ROOT / "configs/flink.yaml")])
+    assert beam_flags == {k: str(v) for k, v in beam.items()}
+    args = container["args"]
+    assert "--streaming" in args and args[args.index("--input") + 1].startswith("kafka://")
+
+
+def test_the_job_server_image_is_the_local_clusters_classpath():
+    text = (DEPLOY / "docker" / "Dockerfile.jobserver").read_text()
+    assert "COPY deploy/flink/job-server/pom.xml" in text
+    script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
+    local_opens = re.search(r"java_opens=\((.*?)\)", script, re.S).group(1).split()
+    assert re.findall(r'"(--add-(?:opens|exports)=[^"]+)"', text) == local_opens

@@ -4,8 +4,10 @@ nights with an id map give the local engine's trace, stats, dead letters and map
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -82,6 +84,40 @@ def test_two_nights_on_flink_equal_the_local_engine(tiny_tokenizer, tmp_path, mo
     for n in (1, 2):
         assert_same_output(tmp_path / f"local-{n}", tmp_path / f"flink-{n}")
     assert map_contents(tmp_path / "map-local") == map_contents(tmp_path / "map-flink")
+
+
+def test_a_successful_run_exits_without_a_traceback(tiny_tokenizer, tmp_path):
+    """As a user runs it, in a process of its own: what it prints up to and at its exit (where
+    Beam's in-process workers end) is kvtrace's, not a gRPC stream's traceback."""
+    salt_file = tmp_path / "salt"
+    salt_file.write_text(SALT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kvtrace.cli import main; sys.exit(main())",
+            "anonymize",
+            *FLINK,
+            "--input",
+            str(nights(tmp_path)[0]),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--salt-file",
+            str(salt_file),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={name: value for name, value in os.environ.items() if name != "KVTRACE_SALT"},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 # The killed TaskManager's data streams end in the in-process worker's threads, which say so.
