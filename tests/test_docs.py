@@ -20,6 +20,8 @@ import pytest
 from helpers import ROOT
 from kvtrace import cli
 
+# Flags are checked against Beam's options too (beam_option_names loads Beam): one group.
+pytestmark = pytest.mark.beam
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 INLINE_COMMAND = re.compile(r"`(kvtrace [^`]+)`")
 CODE_COMMAND = re.compile(r"(?:^|&&\s*|\$\s*)(kvtrace\s.*)")
