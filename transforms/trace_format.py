@@ -683,6 +683,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 DERIVED_FROM = "derived_from"
 DERIVING_COMMANDS = ("convert", "synthesize")
 MAX_DERIVED_SETTINGS = 32
+DECIMAL = r"^-?[0-9]{1,20}(\.[0-9]{1,20})?(e[+-][0-9]{1,3})?$"
 DERIVED_MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     **_closed(
@@ -700,7 +701,13 @@ DERIVED_MANIFEST_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "maxProperties": MAX_DERIVED_SETTINGS,
                         "propertyNames": {"pattern": "^[a-z][a-z_]{0,39}$"},
-                        "additionalProperties": {"type": ["number", "null"]},
+                        # whole numbers as they are; a fraction as Python spells it ("0.5")
+                        "additionalProperties": {
+                            "anyOf": [
+                                {"type": ["integer", "null"]},
+                                {"type": "string", "pattern": DECIMAL},
+                            ]
+                        },
                     },
                 }
             ),
