@@ -40,6 +40,8 @@ from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
+    DERIVED_FROM,
+    DERIVING_COMMANDS,
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
@@ -888,6 +890,14 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     data = _read(folder, MANIFEST, MAX_MANIFEST_BYTES, gate)
     if data is None:
         return None
+    derived = _derived_by(data)
+    if derived:
+        gate.flag(
+            f"{MANIFEST}: a trace derived by kvtrace {derived}, not an anonymize output: the "
+            f"audit passes only what anonymize publishes, checked against its settings; "
+            f"publish the trace it came from"
+        )
+        return None
     manifest = _declared_document(MANIFEST, data, MANIFEST_SCHEMA, gate)
     if manifest is not None and manifest["kvtrace_version"] != KVTRACE_VERSION:
         gate.flag(
@@ -896,6 +906,17 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
         )
         return None
     return manifest
+
+
+def _derived_by(data: bytes) -> str | None:
+    """The command a derived trace's manifest names (synth/derived.py), else None."""
+    try:
+        document = parse_json(data)
+    except FormatError:
+        return None
+    derived = document.get(DERIVED_FROM) if isinstance(document, dict) else None
+    command = derived.get("command") if isinstance(derived, dict) else None
+    return command if command in DERIVING_COMMANDS else None
 
 
 def _declared_document(name: str, data: bytes, schema: Any, gate: _Gate) -> dict | None:

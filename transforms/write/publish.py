@@ -77,7 +77,13 @@ from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from kvtrace.transforms.storage import folded, is_url, place
-from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
+from kvtrace.transforms.trace_format import (
+    DERIVED_FROM,
+    DERIVING_COMMANDS,
+    FORMAT,
+    MANIFEST,
+    TRACE_FILE,
+)
 from kvtrace.transforms.write.interrupts import stops_deferred
 from kvtrace.transforms.write.manifest import set_content_time, set_content_times
 
@@ -1054,11 +1060,14 @@ def _check_not_in_an_output(location: Location, path: str) -> None:
 
 
 def folder_writer(folder: str) -> str:
-    """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
-    says what it converted; anonymize's is any other trace manifest), else by its output mark
-    (mark_output), never by the names of its files."""
+    """The kvtrace command whose output the folder is ("" for none): by its manifest (a derived
+    trace's names its command, as an older convert's says what it converted; anonymize's is any
+    other trace manifest), else by its output mark (mark_output), never by its files' names."""
     manifest = _manifest(folder)
     if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
+        derived = manifest.get(DERIVED_FROM)
+        if isinstance(derived, dict) and derived.get("command") in DERIVING_COMMANDS:
+            return derived["command"]
         return "convert" if "converted_from" in manifest else "anonymize"
     return _marked(folder)[0]
 
