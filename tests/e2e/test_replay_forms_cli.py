@@ -60,7 +60,7 @@ def test_the_delta_export_names_the_common_cause_of_a_restart(tmp_path, capsys):
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHAT))
     args = ["export", str(tmp_path / "t.jsonl"), "--to", "dynamo-delta", "--block-size", "4"]
     assert main([*args, "-o", str(tmp_path / "d.jsonl")]) == 0
-    said = next(line for line in capsys.readouterr().out.splitlines() if "1 follow-up" in line)
+    said = next(line for line in capsys.readouterr().out.splitlines() if "whole" in line)
     assert "opening a new session_id" in said
     assert "logged completion length (output_length) is longer than the answer" in said
 
