@@ -760,7 +760,8 @@ def _print_summary(config: Any, letters: str, records: dict[str, int]) -> None:
     stats = _read_json(f"{config.output}/stats.json")
     print(
         f"exported {records['exported']} of {records['read']} records "
-        f"({records['rejected']} rejected -> {letters}"
+        f"({records['rejected']} rejected"
+        + (f" -> {letters}" if records["rejected"] else ": no dead-letter file")
         + (
             f"; {records['damaged_files']} damaged file(s) lost {records['lost_bytes']} bytes"
             if records["damaged_files"]

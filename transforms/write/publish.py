@@ -1123,6 +1123,7 @@ class DeadLetterRun:
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
+        self.made_folder = False  # by begin: removed again if the run publishes no letter
         if not is_url(output):  # as its lock makes it: the folder's identity keys the letters
             os.makedirs(os.path.dirname(written_place(output)), exist_ok=True)
         self.staging = _letters_staging(self.folder, output, run_id)
@@ -1133,6 +1134,7 @@ class DeadLetterRun:
 
     def begin(self, output_staging: str) -> None:
         """Under the output's lock, once its staging folder exists."""
+        self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
         if not is_url(output_staging) and _mark(
@@ -1150,9 +1152,13 @@ class DeadLetterRun:
             if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
                 return True
             marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
-            return _settle_staged(
+            published = _settle_staged(
                 self.folder, self.run_id, self.staging, publish=run_succeeded and not marked
             )
+        if not published and self.made_folder and not is_url(self.folder):
+            with suppress(OSError):  # only while empty: a letter since stays
+                os.rmdir(self.folder)  # made for this run, which rejected nothing
+        return published
 
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
