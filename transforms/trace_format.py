@@ -675,6 +675,15 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 }
 
 
+# Where a night of an id map counts its rows' times from when not from the map's origin (the
+# key absent): "night", from its own first published time, id_map.time_from_ms on the map's
+# clock (anonymize --time-origin night). Optional, so manifests that count from the map's
+# origin are as they were.
+TIME_ORIGIN_FIELD = "time_origin"
+NIGHT_ORIGIN = "night"
+MANIFEST_SCHEMA["properties"][TIME_ORIGIN_FIELD] = {"const": NIGHT_ORIGIN}
+
+
 # A derived trace's manifest.json (synthesize, convert -o DIR): what every reader takes from a
 # kvtrace folder (format, block size, files and their sha256, rows) and where its rows came from:
 # the command, the format it read, the sha256 of its sources' sha256 lines (`sha256sum FILES |
