@@ -66,6 +66,9 @@ class AnonymizeConfig:
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
     route_sessions: bool = False  # Beam: a session's requests encoded on one worker
+    # With an id map, where the rows' times count from: "map" (its origin: nights continue one
+    # clock) or "night" (this night's first request; the manifest says where on the map's)
+    time_origin: str = "map"
 
     @property
     def input_bytes(self) -> int:

@@ -47,9 +47,11 @@ from kvtrace.transforms.ids.dense_ids import (
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from kvtrace.transforms.trace_format import (
     FORMAT,
+    NIGHT_ORIGIN,
     OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
     STATS,
+    TIME_ORIGIN_FIELD,
     canonical_json,
 )
 from kvtrace.transforms.write.coarsen import published_requests
@@ -145,7 +147,7 @@ def finish_night(
         config.emit_output_hashes,
     )
     segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
-    files = write_shards(config, whole, rows, origin)
+    files = write_shards(config, whole, rows, rows_origin_ms(config, origin, earliest_ms))
     totals = ExportTotals.of_batch(whole, config.coarsening)
     stats = write_stats(
         config, counts, totals, numbered["blocks"].unique, rejected.of_reason(DAMAGED_FILE)
@@ -160,6 +162,24 @@ def finish_night(
         night_times(days, whole.requests["timestamp_ms"].max(initial=origin), origin),
     )
     return publish_trace(config, manifest)
+
+
+def rows_origin_ms(config: AnonymizeConfig, origin_ms: int, earliest_ms: int | None) -> int:
+    """Where the published rows' times count from: the trace's origin; with --time-origin night,
+    this night's first published time on the map's clock (its manifest's id_map.time_from_ms),
+    so its rows begin at 0. Only the rows move: what the map records of the night (its start,
+    its times) stays on the map's clock, so the next night still follows it."""
+    if not counts_from_night(config) or earliest_ms is None:
+        return origin_ms
+    start = id_map_start(
+        config.id_map.base.next_id, earliest_ms, origin_ms, config.coarsening.timestamp_ms
+    )
+    return origin_ms + start["time_from_ms"]
+
+
+def counts_from_night(config: AnonymizeConfig) -> bool:
+    """Whether a night of an id map publishes its rows from its own start (--time-origin)."""
+    return config.time_origin == NIGHT_ORIGIN and config.id_map is not None
 
 
 def published_days(config: AnonymizeConfig) -> dict[int, int]:
@@ -233,7 +253,7 @@ def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
     if not reading.whole:
         return dense_ids(
             keys,
-            lambda firsts: _matching_rows(reading.segments, config.hash_shards, firsts),
+            lambda firsts: _matching_rows(reading.segments, config.hash_shards, firsts, kind),
             reading.next_id,
         )
     tables = [table for segment in reading.segments for _, table in read_segment(segment, 1)]
@@ -242,17 +262,29 @@ def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
     return ids._replace(added=np.concatenate([ids.added, everything]))
 
 
-def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray) -> np.ndarray:
+def _matching_rows(
+    segments: list[SegmentFile], shards: int, firsts: np.ndarray, kind: str
+) -> np.ndarray:
     """The map rows holding any of firsts' keys: of each segment file, only the row groups that
     can hold the keys of its shard."""
     files = id_map.segment_files_by_shard(segments)
-    matched = [
-        read_matching_files(files[shard], keys)
+    looked_up = [
+        (files[shard], keys)
         for shard, keys in split_by(firsts, shard_of(firsts, shards))
         if shard in files
     ]
+    matched = [read_matching_files(shard_files, keys) for shard_files, keys in looked_up]
+    if not len(firsts):
+        return np.empty(0, dtype=NUMBERED)  # nothing looked up, nothing to say
+    # One line per kind of id, saying what it counts: a map's files are few per shard, and a
+    # night reads of them only the indexes and the row groups its keys may fall in.
     _LOG.info(
-        "id map: read %.1f MiB, %d of %d row groups",
+        "id map, %s: %d keys looked up in %d of its %d segment files (each with an index); "
+        "read %.1f MiB, %d of their %d row groups",
+        kind,
+        len(firsts),
+        sum(len(shard_files) for shard_files, _ in looked_up),
+        len(segments),
         sum(m.bytes_read for m in matched) / 2**20,
         sum(m.row_groups_read for m in matched),
         sum(m.row_groups for m in matched),
@@ -377,6 +409,9 @@ def night_manifest(
         "sha256": sha256,
         # How each replayer reads this folder, with this block size and ms timestamps.
         "replay": replay_commands(config.block_size, exported, list(sha256)),
+        # Rows from the night's own start (id_map.time_from_ms on the map's clock); absent: from
+        # the map's origin.
+        **({TIME_ORIGIN_FIELD: NIGHT_ORIGIN} if counts_from_night(config) else {}),
     }
 
 

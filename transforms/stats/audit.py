@@ -48,6 +48,7 @@ from kvtrace.transforms.trace_format import (
     MANIFEST,
     MANIFEST_SCHEMA,
     MAX_BLOCK_SIZE,
+    NIGHT_ORIGIN,
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
@@ -59,6 +60,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     STREAM_TOTALS,
     STREAM_TOTALS_SCHEMA,
+    TIME_ORIGIN_FIELD,
     TIMESTAMP_FIELD,
     TRACE_FILE,
     VLLM_SCHEME_PREFIX,
@@ -218,7 +220,8 @@ def _audit(
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
     start = manifest["id_map"] if manifest is not None else None
-    if rows.count and rows.first_timestamp != (start["time_from_ms"] if start else 0):
+    from_map = start and manifest.get(TIME_ORIGIN_FIELD) != NIGHT_ORIGIN
+    if rows.count and rows.first_timestamp != (start["time_from_ms"] if from_map else 0):
         gate.flag(
             "the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
             "night's clock starts at its first request, or the id map's (an absolute time?)"
@@ -311,7 +314,7 @@ def _audit_stream(
             start = None
             continue
         start = _numbering_end(start, rows)
-        settings_here = {key: manifest[key] for key in RUN_SETTINGS}
+        settings_here = {key: manifest.get(key) for key in RUN_SETTINGS}  # some optional
         first_settings = first_settings or settings_here
         differ = [key for key in RUN_SETTINGS if settings_here[key] != first_settings[key]]
         if differ:
