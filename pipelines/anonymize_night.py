@@ -343,14 +343,16 @@ def write_shards(
 
 def write_dead_letters(
     directory: str, letters: Iterable[DeadLetter], staged: StagedLetters = StagedLetters()
-) -> None:
+) -> str | None:
     """Into a run's letters staging folder (publish.DeadLetterRun), published with the run: the
-    staged runs and letters merged in their declared order (dead_letters.py). A run that
-    rejected nothing leaves no file, so it publishes none."""
+    staged runs and letters merged in their declared order (dead_letters.py). Returns the
+    file's path; None for a run that rejected nothing, which leaves no file to publish."""
     letters = list(letters)  # a few held in memory (a window's, the minority timestamp kind's)
     path = merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
-    if not staged.tally.count and not letters:
-        storage.delete([path])
+    if staged.tally.count or letters:
+        return path
+    storage.delete([path])
+    return None
 
 
 def write_stats(
