@@ -70,12 +70,7 @@ def test_reuse_plot_location_is_checked_before_the_work(trace, tmp_path, capsys)
 
 @pytest.mark.parametrize(
     "command",
-    [
-        ["analyze"],
-        ["validate"],
-        ["simulate", "--capacity", "8"],
-        ["synthesize", "-o", "{tmp}/s"],
-    ],
+    [["analyze"], ["validate"], ["simulate", "--capacity", "8"], ["synthesize", "-o", "{tmp}/s"]],
 )
 def test_json_report_never_replaces_the_commands_own_input(trace, tmp_path, command):
     """--json is file_output(overwrite=True): given the trace it reads, it silently replaces
