@@ -17,6 +17,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kvtrace.pipelines.anonymize_config import ID_BATCH_BLOCKS, AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import (
     commit_id_map,
+    counts_from_night,
     kind_keys,
     map_reading,
     night_manifest,
@@ -24,6 +25,7 @@ from kvtrace.pipelines.anonymize_night import (
     pass_gate,
     publish_trace,
     published_days,
+    rows_origin_ms,
     write_dead_letters,
     write_stats,
 )
@@ -74,10 +76,21 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "Earliest" >> beam.CombineGlobally(min).without_defaults()
     )
     earliest_ms = beam.pvalue.AsSingleton(earliest, default_value=None)  # None: no request
-    origin = beam.pvalue.AsSingleton(
+    origin_ms = (
         pipeline
         | "Origin" >> beam.Create([config.timestamp_origin_ms])
         | "TraceOrigin" >> beam.Map(trace_origin_ms, earliest_ms)
+    )
+    origin = beam.pvalue.AsSingleton(origin_ms)
+    # What the rows count from: the origin, or the night's own start (--time-origin night).
+    rows_origin = (
+        beam.pvalue.AsSingleton(
+            origin_ms
+            | "RowsOrigin"
+            >> beam.Map(lambda ms, earliest: rows_origin_ms(config, ms, earliest), earliest_ms)
+        )
+        if counts_from_night(config)
+        else origin
     )
     # Numbered, planned and sorted on what the rows publish (coarsen.published_requests). The
     # rounding waits on the origin's side input, a stage boundary: only when there is any.
@@ -95,7 +108,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     # The night's end (anonymize_night.py), each step one of its functions.
     blocks = batches | "BlockIds" >> NumberIds(config, "blocks")
     sessions = batches | "SessionIds" >> NumberIds(config, "sessions")
-    plan = beam.pvalue.AsSingleton(hashed | "PlanShards" >> PlanShards(origin))
+    plan = beam.pvalue.AsSingleton(hashed | "PlanShards" >> PlanShards(rows_origin))
     rows = (
         {
             # Only the request columns meet the ids: the block hashes are in the lookups already
@@ -118,7 +131,8 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             "sessions": metered(sessions["ids"], "sessionIds"),
         }
         | "JoinIds" >> beam.CoGroupByKey()
-        | "AssembleRows" >> beam.FlatMap(assemble_rows, plan, origin, config.emit_output_hashes)
+        | "AssembleRows"
+        >> beam.FlatMap(assemble_rows, plan, rows_origin, config.emit_output_hashes)
     )
 
     letter_sources = (read[DEAD_LETTER_TAG], parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
@@ -161,7 +175,7 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "WriteDeadLetters" >> beam.Map(lambda _, staged: _write_letters(config, staged), staged)
     )
 
-    trace_files = rows | "WriteShards" >> WriteShards(config, plan, origin, counts)
+    trace_files = rows | "WriteShards" >> WriteShards(config, plan, rows_origin, counts)
     totals = (
         hashed
         | "BatchTotals" >> beam.Map(ExportTotals.of_batch, config.coarsening)

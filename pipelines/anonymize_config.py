@@ -67,6 +67,9 @@ class AnonymizeConfig:
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
     route_sessions: bool = False  # Beam: a session's requests encoded on one worker
     model_name: str | None = None  # published as the manifest's model_name (--model-name)
+    # With an id map, where the rows' times count from: "map" (its origin: nights continue one
+    # clock) or "night" (this night's first request; the manifest says where on the map's)
+    time_origin: str = "map"
 
     @property
     def input_bytes(self) -> int:

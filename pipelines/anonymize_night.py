@@ -47,9 +47,11 @@ from kvtrace.transforms.ids.dense_ids import (
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from kvtrace.transforms.trace_format import (
     FORMAT,
+    NIGHT_ORIGIN,
     OUTPUT_IDS_FIELD,
     OUTPUT_LENGTH_FIELD,
     STATS,
+    TIME_ORIGIN_FIELD,
     canonical_json,
 )
 from kvtrace.transforms.write.coarsen import published_requests
@@ -146,7 +148,7 @@ def finish_night(
         config.emit_output_hashes,
     )
     segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
-    files = write_shards(config, whole, rows, origin)
+    files = write_shards(config, whole, rows, rows_origin_ms(config, origin, earliest_ms))
     totals = ExportTotals.of_batch(whole, config.coarsening)
     stats = write_stats(
         config, counts, totals, numbered["blocks"].unique, rejected.of_reason(DAMAGED_FILE)
@@ -161,6 +163,24 @@ def finish_night(
         night_times(days, whole.requests["timestamp_ms"].max(initial=origin), origin),
     )
     return publish_trace(config, manifest)
+
+
+def rows_origin_ms(config: AnonymizeConfig, origin_ms: int, earliest_ms: int | None) -> int:
+    """Where the published rows' times count from: the trace's origin; with --time-origin night,
+    this night's first published time on the map's clock (its manifest's id_map.time_from_ms),
+    so its rows begin at 0. Only the rows move: what the map records of the night (its start,
+    its times) stays on the map's clock, so the next night still follows it."""
+    if not counts_from_night(config) or earliest_ms is None:
+        return origin_ms
+    start = id_map_start(
+        config.id_map.base.next_id, earliest_ms, origin_ms, config.coarsening.timestamp_ms
+    )
+    return origin_ms + start["time_from_ms"]
+
+
+def counts_from_night(config: AnonymizeConfig) -> bool:
+    """Whether a night of an id map publishes its rows from its own start (--time-origin)."""
+    return config.time_origin == NIGHT_ORIGIN and config.id_map is not None
 
 
 def published_days(config: AnonymizeConfig) -> dict[int, int]:
@@ -240,7 +260,7 @@ def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
     if not reading.whole:
         return dense_ids(
             keys,
-            lambda firsts: _matching_rows(reading.segments, config.hash_shards, firsts),
+            lambda firsts: _matching_rows(reading.segments, config.hash_shards, firsts, kind),
             reading.next_id,
         )
     tables = [table for segment in reading.segments for _, table in read_segment(segment, 1)]
@@ -249,17 +269,29 @@ def number_ids(config: AnonymizeConfig, kind: str, keys: np.ndarray) -> KindIds:
     return ids._replace(added=np.concatenate([ids.added, everything]))
 
 
-def _matching_rows(segments: list[SegmentFile], shards: int, firsts: np.ndarray) -> np.ndarray:
+def _matching_rows(
+    segments: list[SegmentFile], shards: int, firsts: np.ndarray, kind: str
+) -> np.ndarray:
     """The map rows holding any of firsts' keys: of each segment file, only the row groups that
     can hold the keys of its shard."""
     files = id_map.segment_files_by_shard(segments)
-    matched = [
-        read_matching_files(files[shard], keys)
+    looked_up = [
+        (files[shard], keys)
         for shard, keys in split_by(firsts, shard_of(firsts, shards))
         if shard in files
     ]
+    matched = [read_matching_files(shard_files, keys) for shard_files, keys in looked_up]
+    if not len(firsts):
+        return np.empty(0, dtype=NUMBERED)  # nothing looked up, nothing to say
+    # One line per kind of id, saying what it counts: a map's files are few per shard, and a
+    # night reads of them only the indexes and the row groups its keys may fall in.
     _LOG.info(
-        "id map: read %.1f MiB, %d of %d row groups",
+        "id map, %s: %d keys looked up in %d of its %d segment files (each with an index); "
+        "read %.1f MiB, %d of their %d row groups",
+        kind,
+        len(firsts),
+        sum(len(shard_files) for shard_files, _ in looked_up),
+        len(segments),
         sum(m.bytes_read for m in matched) / 2**20,
         sum(m.row_groups_read for m in matched),
         sum(m.row_groups for m in matched),
@@ -318,11 +350,16 @@ def write_shards(
 
 def write_dead_letters(
     directory: str, letters: Iterable[DeadLetter], staged: StagedLetters = StagedLetters()
-) -> str:
+) -> str | None:
     """Into a run's letters staging folder (publish.DeadLetterRun), published with the run: the
     staged runs and letters merged in their declared order (dead_letters.py). Returns the
-    file's path."""
-    return merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
+    file's path; None for a run that rejected nothing, which leaves no file to publish."""
+    letters = list(letters)  # a few held in memory (a window's, the minority timestamp kind's)
+    path = merge_runs(storage.join(directory, DEAD_LETTER_FILE), staged, letters)
+    if staged.tally.count or letters:
+        return path
+    storage.delete([path])
+    return None
 
 
 def write_stats(
@@ -382,6 +419,9 @@ def night_manifest(
         # How each replayer reads this folder, with this block size and ms timestamps.
         "replay": replay_commands(config.block_size, exported, list(sha256)),
         **public_model_name(config.model_name),
+        # Rows from the night's own start (id_map.time_from_ms on the map's clock); absent: from
+        # the map's origin.
+        **({TIME_ORIGIN_FIELD: NIGHT_ORIGIN} if counts_from_night(config) else {}),
     }
 
 

@@ -8,17 +8,18 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from typing import IO
 
 import apache_beam as beam
 
-from kvtrace.pipelines.synthesize_local import SynthesizeConfig
+from kvtrace.pipelines.synthesize_local import SynthesizeConfig, trace_output
 from kvtrace.transforms import storage
 from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.synth.steps import SHARDS, SynthesizeTrace
 from kvtrace.transforms.synth.summary import before_and_after
 from kvtrace.transforms.synth.synthesize import SynthConfig
-from kvtrace.transforms.write.publish import StagedFile, file_output, staging_folder
+from kvtrace.transforms.write.publish import StagedFile, staging_folder
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -66,7 +67,7 @@ def run_synthesize_beam(
         if remote
         else (None, None)
     )
-    with file_output(config.output, report=report) as output:
+    with trace_output(config, report) as output:
         # The parts are staged beside the output under the run's name, so a killed run's are
         # cleared by the next run's lock (publish.restore_interrupted), and a failed one's here.
         parts_dir = (
@@ -79,18 +80,15 @@ def run_synthesize_beam(
                 lambda p: build(p, config.inputs, parts_dir, config.block_size, config.synth),
                 options,
             )
-            with output.create() as handle:
-                parts = [n for n in storage.files_in(parts_dir) if n.endswith(".jsonl")]
-                for part in parts:  # named by first rank: in order
-                    with storage.open_read(storage.join(parts_dir, part)) as piece:
-                        shutil.copyfileobj(piece, handle)
+            parts = [n for n in storage.files_in(parts_dir) if n.endswith(".jsonl")]
+            trace = output.write(lambda handle: _concatenate(parts_dir, parts, handle))
         finally:
             storage.remove_folder(parts_dir)  # an empty trace writes no part, nor the folder
         before = analyze_beam(
             AnalyzeConfig(config.inputs, config.block_size), beam_flags, reports[0]
         )
         after = analyze_beam(
-            AnalyzeConfig((output.staging,), config.block_size), beam_flags, reports[1]
+            AnalyzeConfig((trace,), config.block_size), beam_flags, reports[1]
         )  # the staged trace: published only once accepted
         summary = before_and_after(before, after)
         accept(summary)
@@ -101,3 +99,9 @@ def run_synthesize_beam(
         time.perf_counter() - started,
     )
     return summary
+
+
+def _concatenate(parts_dir: str, parts: list[str], handle: IO[bytes]) -> None:
+    for part in parts:  # named by first rank: in order
+        with storage.open_read(storage.join(parts_dir, part)) as piece:
+            shutil.copyfileobj(piece, handle)

@@ -688,6 +688,56 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 }
 
 
+# Where a night of an id map counts its rows' times from when not from the map's origin (the
+# key absent): "night", from its own first published time, id_map.time_from_ms on the map's
+# clock (anonymize --time-origin night). Optional, so manifests that count from the map's
+# origin are as they were.
+TIME_ORIGIN_FIELD = "time_origin"
+NIGHT_ORIGIN = "night"
+MANIFEST_SCHEMA["properties"][TIME_ORIGIN_FIELD] = {"const": NIGHT_ORIGIN}
+
+
+# A derived trace's manifest.json (synthesize, convert -o DIR): what every reader takes from a
+# kvtrace folder (format, block size, files and their sha256, rows) and where its rows came from:
+# the command, the format it read, the sha256 of its sources' sha256 lines (`sha256sum FILES |
+# cut -c1-64 | sha256sum`), its numeric settings. None of anonymize's settings: the audit refuses
+# a derived trace for publication (it publishes what anonymize writes, checked against them).
+DERIVED_FROM = "derived_from"
+DERIVING_COMMANDS = ("convert", "synthesize")
+MAX_DERIVED_SETTINGS = 32
+DECIMAL = r"^-?[0-9]{1,20}(\.[0-9]{1,20})?(e[+-][0-9]{1,3})?$"
+DERIVED_MANIFEST_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    **_closed(
+        {
+            **{
+                key: MANIFEST_SCHEMA["properties"][key]
+                for key in ("kvtrace_version", "format", "block_size", "records", "files", "sha256")
+            },
+            DERIVED_FROM: _closed(
+                {
+                    "command": {"enum": list(DERIVING_COMMANDS)},
+                    "source_format": {"enum": [FORMAT, "bailian"]},
+                    "sources_sha256": _HEX64,
+                    "settings": {
+                        "type": "object",
+                        "maxProperties": MAX_DERIVED_SETTINGS,
+                        "propertyNames": {"pattern": "^[a-z][a-z_]{0,39}$"},
+                        # whole numbers as they are; a fraction as Python spells it ("0.5")
+                        "additionalProperties": {
+                            "anyOf": [
+                                {"type": ["integer", "null"]},
+                                {"type": "string", "pattern": DECIMAL},
+                            ]
+                        },
+                    },
+                }
+            ),
+        }
+    ),
+}
+
+
 # The manifest's keys a night's own rows and files give; every other key is a setting of the run
 # (one stream is one run: each of its windows holds the first window's).
 MANIFEST_NIGHT_FIELDS = ("records", "id_map", "files", "sha256", "replay")

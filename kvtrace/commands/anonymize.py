@@ -53,6 +53,8 @@ nightly, extending an id map so that ids carry over between nights:
       --date 2026-11-20          # fills {date} in the presets' input/output/id-map paths
 """
 
+TIME_ORIGINS = ("map", "night")  # anonymize_config.AnonymizeConfig.time_origin
+
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     anonymize = commands.add_parser(
@@ -142,6 +144,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help="persisted hash->id map to extend, so ids carry over between runs (a new one is "
         "started if DIR has none); needs a persistent salt",
+    )
+    add(
+        "--time-origin",
+        choices=TIME_ORIGINS,
+        help="with --id-map, where the rows' times count from: map, the map's first request, so "
+        "nights continue one clock and concatenate (default); night, this night's first "
+        "request (its manifest's id_map.time_from_ms says where it lies on the map's clock)",
     )
     add(
         "--id-map-marks",
@@ -307,6 +316,7 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
     "block_size": DEFAULT_BLOCK_SIZE,
     "input_format": "auto",
     "timestamp_unit": "auto",
+    "time_origin": "map",
     "drop_non_text_parts": False,
     "max_record_bytes": DEFAULT_MAX_RECORD_BYTES,
     "chat_template_kwargs": {},
@@ -429,9 +439,15 @@ def _check_ranges(options: dict[str, Any]) -> None:
         ("input_format", INPUT_FORMATS),
         ("timestamp_unit", TIMESTAMP_UNITS),
         ("hash_scheme", SCHEMES),
+        ("time_origin", TIME_ORIGINS),
     ):
         if options[name] not in choices:
             raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}")
+    if options["time_origin"] == "night" and not options.get("id_map"):
+        raise ConfigError(
+            "--time-origin night is for a night of an --id-map: without one, a trace's times "
+            "count from its own first request already"
+        )
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
@@ -549,6 +565,7 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         segment_cache_bytes=options["segment_cache_mb"] << 20,
         route_sessions=bool(options.get("route_sessions")),
         model_name=options.get("model_name"),
+        time_origin=options["time_origin"],
     )
     total_mb = sum(size for _, size in config.inputs) / 1e6
     _LOG.info(
@@ -791,6 +808,21 @@ def _read_json(path: str) -> dict:
         return json.loads(handle.read())
 
 
+def _time_origin_said(config: Any, manifest: dict) -> str:
+    """Where a night of an id map counts its times from, and how to have the other."""
+    start = manifest["id_map"]["time_from_ms"] if manifest["id_map"] else 0
+    where = f"{start:,} ms ({start / 3_600_000:.1f} h) after the map's first request"
+    if config.time_origin == "night":
+        return (
+            f"timestamps: from this night's first request, which lies {where} "
+            f"(manifest.json: id_map.time_from_ms)"
+        )
+    return (
+        f"timestamps: from the id map's first request, so its nights continue one clock; this "
+        f"night begins {where} (--time-origin night: from its own first request)"
+    )
+
+
 def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: float) -> None:
     """The run in a few lines, its figures the run's own: records (write/manifest.run_counts,
     which no published file holds; read = exported + rejected), tokens, blocks and hit rate
@@ -807,10 +839,12 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
         ),
         (
             "rejected",
-            ", ".join(
-                f"{reason} {count:,}" for reason, count in records["rejected_by_reason"].items()
-            )
-            + f"{': ' if records['rejected'] else ''}{letters} (one line each, with its reason)",
+            ", ".join(f"{reason} {count:,}" for reason, count in records["rejected_by_reason"])
+            + (
+                f": {letters} (one line each, with its reason)"
+                if records["rejected"]
+                else "none: no dead-letter file"
+            ),
         ),
         *(
             [
@@ -865,6 +899,7 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
             else (f"version {after}, unchanged (nothing new: this night was already in it)")
         )
         print(f"id map: {config.id_map.directory}, {change}")
+        print(_time_origin_said(config, manifest))
 
 
 def _duration(seconds: float) -> str:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 from kvtrace.commands.common import BeamFlags, no_beam_options
-from kvtrace.transforms.errors import JobStopped
-from kvtrace.transforms.trace_format import FORMAT, MANIFEST, SESSION_FIELD, shard_name
+from kvtrace.transforms.errors import ConfigError, JobStopped
+from kvtrace.transforms.trace_format import SESSION_FIELD
 
 if TYPE_CHECKING:
     from kvtrace.transforms.read.bailian import Converted
@@ -22,9 +21,9 @@ def add_parser(commands: Any) -> None:
         description=(
             "Convert a Bailian usage trace (chat_id / parent_chat_id, timestamps in seconds, "
             "16-token blocks) into Mooncake rows: timestamps in ms, a `session` per "
-            "conversation (found through parent_chat_id), hash_ids as given. With -o DIR the "
-            "output is a folder with manifest.json (block size 16), which analyze, simulate "
-            "and synthesize read the block size from."
+            "conversation (found through parent_chat_id), hash_ids as given. The output is a "
+            "folder with manifest.json (block size 16), which analyze, simulate, synthesize, "
+            "export and render read the block size from."
         ),
     )
     add = convert.add_argument
@@ -33,60 +32,42 @@ def add_parser(commands: Any) -> None:
         "-o",
         "--output",
         required=True,
-        metavar="OUT.jsonl|DIR",
-        help="a .jsonl file, or a folder to hold trace-00000-of-00001.jsonl and manifest.json",
+        metavar="DIR",
+        help="a folder to hold trace-00000-of-00001.jsonl and its manifest.json (block size 16 "
+        "and where the rows came from); a bare .jsonl is refused: nothing would say its block "
+        "size",
     )
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.transforms import storage
     from kvtrace.transforms.read.bailian import BAILIAN_BLOCK_SIZE, trace_jsonl
-    from kvtrace.transforms.write.publish import (
-        FILE,
-        FOLDER,
-        Location,
-        file_output,
-        folder_output,
-        plan_locations,
-        sha256_of,
+    from kvtrace.transforms.synth.derived import (
+        DERIVED_SHARD,
+        Derivation,
+        bare_file_refusal,
+        sources_digest,
+        write_derived,
     )
+    from kvtrace.transforms.write.publish import FOLDER, Location, folder_output, plan_locations
 
     no_beam_options(beam_args)
-    to_file = args.output.endswith(".jsonl")
-    plan_locations(
-        [args.trace],
-        [Location("--output", args.output, FILE if to_file else FOLDER, writer="convert")],
-    )
-    if to_file:
-        target = args.output
-        with file_output(target) as output:
-            converted = _converted(args.trace)
-            output.write(trace_jsonl(converted.rows))
-    else:
-        trace_file = shard_name(0, 1, ".jsonl")
-        target = storage.join(args.output.rstrip("/"), trace_file)
-        with folder_output(args.output) as staged:  # published whole, so its manifest last
-            converted = _converted(args.trace)
-            shard = trace_jsonl(converted.rows)
-            with storage.create(storage.join(staged.path, trace_file)) as handle:
-                handle.write(shard)
-            # sha256 and records.exported: what readers check a kvtrace folder against.
-            manifest = {
-                "format": FORMAT,
-                "block_size": BAILIAN_BLOCK_SIZE,
-                "converted_from": "bailian",
-                "rows": len(converted.rows),
-                "files": [trace_file],
-                "sha256": {trace_file: sha256_of(shard)},
-                "records": {"exported": len(converted.rows)},
-            }
-            with storage.create(storage.join(staged.path, MANIFEST)) as handle:
-                handle.write(json.dumps(manifest, indent=2).encode())
+    refusal = bare_file_refusal("-o", args.output, BAILIAN_BLOCK_SIZE)
+    if refusal:  # Bailian's blocks are not every reader's default size
+        raise ConfigError(refusal)
+    plan_locations([args.trace], [Location("--output", args.output, FOLDER, writer="convert")])
+    target = f"{args.output.rstrip('/')}/{DERIVED_SHARD}"
+    with folder_output(args.output) as staged:  # published whole, so its manifest last
+        converted = _converted(args.trace)
+        shard = trace_jsonl(converted.rows)
+        derivation = Derivation("convert", "bailian", sources_digest([args.trace]))
+        write_derived(
+            staged.path, lambda handle: handle.write(shard), BAILIAN_BLOCK_SIZE, derivation
+        )
     sessions = len({row[SESSION_FIELD] for row in converted.rows})
     print(
         f"converted {len(converted.rows):,} rows in {sessions:,} sessions -> {target} "
-        f"(block size {BAILIAN_BLOCK_SIZE})"
+        f"(block size {BAILIAN_BLOCK_SIZE}, in its manifest.json)"
     )
     return 0
 

@@ -136,8 +136,10 @@ def export(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     if report["restarted_conversations"]:
         print(
             f"{report['restarted_conversations']:,} follow-up turn(s) do not extend the previous "
-            f"prompt and answer (the template dropped earlier reasoning, or the history was "
-            f"cut): each is sent whole, opening a new session_id"
+            f"prompt and answer: each is sent whole, opening a new session_id. Commonly the "
+            f"logged completion length (output_length) is longer than the answer as the next "
+            f"prompt re-renders it (reasoning the chat template drops from history, or tokens "
+            f"the log counts that the history does not hold); else the history was cut"
         )
     print(f"replay: {report['command']}\n  ({report['note']})")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.commands.common import (
     BLOCK_HELP,
@@ -19,6 +19,9 @@ from kvtrace.commands.common import (
     trace_inputs,
 )
 from kvtrace.transforms.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvtrace.transforms.write.publish import Location
 
 ROWS = (
     ("requests", "requests", "{:,.0f}"),
@@ -53,7 +56,14 @@ def add_parser(commands: Any) -> None:
     )
     add = synthesize.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
-    add("-o", "--output", required=True, metavar="OUT.jsonl", help="the synthesized trace")
+    add(
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR|OUT.jsonl",
+        help="a folder to hold the trace and its manifest.json (its block size and where it came "
+        "from, which every command reading it takes), or a bare .jsonl (block size 512 only)",
+    )
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("--seed", type=int, default=0, help="random seed (default 0)")
     add(
@@ -102,14 +112,17 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
     from kvtrace.pipelines.synthesize_local import SynthesizeConfig, run_synthesize
+    from kvtrace.transforms.synth.derived import bare_file_refusal
     from kvtrace.transforms.synth.reshape import Knobs
     from kvtrace.transforms.synth.synthesize import SynthConfig
-    from kvtrace.transforms.write.publish import Location
 
     engine_options(args.engine, beam_args)
     check_knobs(args)
     files, block_size = trace_inputs(args)
-    plan_trace_command(args, files, Location("--output", args.output))
+    refusal = bare_file_refusal("-o", args.output, block_size)
+    if refusal:
+        raise ConfigError(refusal)
+    plan_trace_command(args, files, _output_location(args.output))
     synth = SynthConfig(
         Knobs(args.prefix_len_multiplier, args.prompt_len_multiplier, args.prefix_root_multiplier),
         args.speedup_ratio,
@@ -144,8 +157,27 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             f"{form.format(summary['after'][key])} |"
         )
     problems = sum(summary["after"]["problems"].values())
-    print(f"output: {args.output} ({'valid' if not problems else f'{problems} problems'})")
+    validity = "valid" if not problems else f"{problems} problems"
+    print(f"output: {args.output} ({validity}, {_carries(args.output, block_size)})")
     return 0
+
+
+def _output_location(output: str) -> Location:
+    from kvtrace.transforms.synth.derived import is_folder_output
+    from kvtrace.transforms.write.publish import FILE, FOLDER, Location
+
+    if is_folder_output(output):
+        return Location("--output", output, FOLDER, writer="synthesize")
+    return Location("--output", output, FILE)
+
+
+def _carries(output: str, block_size: int) -> str:
+    """What tells the trace's readers its block size."""
+    from kvtrace.transforms.synth.derived import is_folder_output
+
+    if is_folder_output(output):
+        return f"block size {block_size} and provenance in its manifest.json"
+    return f"block size {block_size}, every reader's default"
 
 
 def check_knobs(args: argparse.Namespace) -> None:

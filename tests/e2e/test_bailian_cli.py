@@ -39,5 +39,12 @@ def test_the_cli_writes_a_folder_the_other_commands_read(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["block_size"] == 16
     assert len(read_jsonl(next((tmp_path / "out").glob("trace-*.jsonl")))) == len(ROWS)
     assert main(["validate", str(tmp_path / "out")]) == 0
-    assert main(["convert", str(src), "-o", str(tmp_path / "one.jsonl")]) == 0
     capsys.readouterr()
+
+
+def test_a_bare_jsonl_is_refused_as_it_would_forget_its_block_size(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "bailian.jsonl", ROWS)
+    assert main(["convert", str(src), "-o", str(tmp_path / "one.jsonl")]) == 2
+    error = capsys.readouterr().err
+    assert "block size 512" in error and "-o DIR" in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "one.jsonl").exists()

@@ -252,12 +252,9 @@ COMMANDS = {
         ["render", "INPUT", "--block-size", "4", "--tokenizer", "TOKENIZER", "--no-verify"],
         "out.jsonl",
     ),
-    "synthesize": (["synthesize", "INPUT", "--block-size", "4", "--seed", "1"], "out.jsonl"),
-    "synthesize-beam": (
-        ["synthesize", "INPUT", "--block-size", "4", "--engine", "beam"],
-        "out.jsonl",
-    ),
-    "convert-file": (["convert", "BAILIAN"], "out.jsonl"),
+    # A derived trace at block size 4 is a folder with its manifest (a bare .jsonl is refused).
+    "synthesize": (["synthesize", "INPUT", "--block-size", "4", "--seed", "1"], "out"),
+    "synthesize-beam": (["synthesize", "INPUT", "--block-size", "4", "--engine", "beam"], "out"),
     "convert-folder": (["convert", "BAILIAN"], "out"),
     "export": (
         ["export", "INPUT", "--to", "dynamo", "--block-size", "4", "--overwrite"],

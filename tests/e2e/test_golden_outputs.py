@@ -155,7 +155,7 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
             f"reports/simulate-{tag}.json",
         )
         run("report", source, "-o", f"reports/report-{tag}.html")
-        run("synthesize", source, "-o", f"reports/synth-{tag}.jsonl", "--seed", "3")
+        run("synthesize", source, "-o", f"reports/synth-{tag}", "--seed", "3")
         run("validate", source, "--json", f"reports/validate-{tag}.json")
         for to in (
             "aiperf",
@@ -167,16 +167,7 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
             "dynamo-delta",
         ):
             run("export", source, "--to", to, "-o", f"reports/export-{tag}-{to}.jsonl")
-    run(
-        "synthesize",
-        "trace.jsonl",
-        "-o",
-        "reports/synth-beam.jsonl",
-        "--seed",
-        "3",
-        "--engine",
-        "beam",
-    )
+    run("synthesize", "trace.jsonl", "-o", "reports/synth-beam", "--seed", "3", "--engine", "beam")
     run("audit", "local", "--json", "reports/audit.json", "--tokenizer", tokenizer)
     run("render", "local", "--tokenizer", tokenizer, "-o", "reports/render.jsonl")
     write_jsonl(
@@ -229,3 +220,8 @@ def test_the_engines_agree(outputs):
     assert outputs["anonymize local"] == outputs["anonymize beam"]
     assert outputs["anonymize night-local"] == outputs["anonymize night-beam"]
     assert outputs["id map local"] == outputs["id map beam"]
+    synthesized = {  # the folders, manifests included: the same sources, settings and rows
+        engine: {k.split("/")[1]: v for k, v in outputs["reports"].items() if k.startswith(engine)}
+        for engine in ("synth-trace/", "synth-beam/")
+    }
+    assert synthesized["synth-trace/"] == synthesized["synth-beam/"] != {}

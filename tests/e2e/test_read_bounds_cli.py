@@ -42,6 +42,6 @@ def test_convert_refuses_an_overlong_line_in_one_line(tmp_path, capsys):
 
     path = tmp_path / "bailian.jsonl.zst"
     path.write_bytes(zstd.compress(b"{}\n" + b"7" * (17 * MiB) + b"\n"))
-    assert main(["convert", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert main(["convert", str(path), "-o", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "line 2 is over" in error

@@ -70,12 +70,7 @@ def test_reuse_plot_location_is_checked_before_the_work(trace, tmp_path, capsys)
 
 @pytest.mark.parametrize(
     "command",
-    [
-        ["analyze"],
-        ["validate"],
-        ["simulate", "--capacity", "8"],
-        ["synthesize", "-o", "{tmp}/s.jsonl"],
-    ],
+    [["analyze"], ["validate"], ["simulate", "--capacity", "8"], ["synthesize", "-o", "{tmp}/s"]],
 )
 def test_json_report_never_replaces_the_commands_own_input(trace, tmp_path, command):
     """--json is file_output(overwrite=True): given the trace it reads, it silently replaces
@@ -113,7 +108,7 @@ def test_synthesize_json_location_checked_before_its_output_is_published(trace, 
     (a run publishes whole or not at all; locations are checked before any work)."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = tmp_path / "s.jsonl"
+    out = tmp_path / "s"
     code = main(
         [
             "synthesize",
@@ -192,9 +187,9 @@ def test_analyze_json_inside_its_output_folder_does_not_poison_it(trace, tmp_pat
 
 
 def test_synthesize_json_equal_to_its_output_is_refused(trace, tmp_path, capsys):
-    """synthesize -o s.jsonl --json s.jsonl: the trace is published, then replaced by the
-    summary JSON; the run says 'output: s.jsonl (valid)' and exits 0."""
-    out = tmp_path / "s.jsonl"
+    """synthesize -o s --json s: the trace is published, then replaced by the summary JSON;
+    the run says 'output: s (valid)' and exits 0."""
+    out = tmp_path / "s"
     code = main(["synthesize", str(trace), "--block-size", "4", "-o", str(out), "--json", str(out)])
     if code == 0:
         capsys.readouterr()
@@ -359,7 +354,7 @@ def test_a_long_but_valid_output_name_is_written_or_refused_before_the_work(
     """A 234-byte file name is valid (NAME_MAX 255), but its staging name
     (.NAME.kvtrace-staging-RUNID, 29 bytes more) is not: the work is done, then the run fails
     with '[Errno 36] File name too long: .../.NAME.kvtrace-staging-...'."""
-    out = tmp_path / ("a" * 228 + ".jsonl")
+    out = tmp_path / ("a" * 234)  # a derived trace's folder, staged under a longer name
     code = main(["synthesize", str(trace), "--block-size", "4", "-o", str(out)])
     err = capsys.readouterr().err
     assert "Errno" not in err and "kvtrace-staging" not in err, err

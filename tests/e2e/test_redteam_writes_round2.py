@@ -123,7 +123,7 @@ BAILIAN = [
 ]
 
 
-@pytest.mark.parametrize("command", ["synthesize", "reuse", "convert-file", "convert-folder"])
+@pytest.mark.parametrize("command", ["synthesize", "reuse", "convert-folder"])
 def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
     """A run with no readable row fails (exit 1: synthesize says 'error: no trace rows could be
     read'; convert says nothing) after publishing an empty output over the earlier, good one:
@@ -132,14 +132,14 @@ def test_a_failed_run_publishes_nothing(tmp_path, capsys, command):
     an empty plot over the earlier one, run_reuse publishing before cache.reuse's _has_rows)."""
     if command == "synthesize":
         good = write_jsonl(tmp_path / "good.jsonl", TRACE)
-        args, out = ["synthesize", "--block-size", "4", "-o"], tmp_path / "s.jsonl"
+        args, out = ["synthesize", "--block-size", "4", "-o"], tmp_path / "s"
     elif command == "reuse":
         good = write_jsonl(tmp_path / "good.jsonl", TRACE)
         args, out = ["reuse", "--block-size", "4", "--output"], tmp_path / "p.png"
     else:
         good = write_jsonl(tmp_path / "good.jsonl", BAILIAN)
         args = ["convert", "--output"]
-        out = tmp_path / ("c.jsonl" if command == "convert-file" else "c")
+        out = tmp_path / "c"
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"x": 1}])
     assert main([args[0], str(good), *args[1:], str(out)]) == 0
     snapshot = (
@@ -671,7 +671,7 @@ def test_reports_are_byte_identical_on_either_engine(tiny_tokenizer, tmp_path, c
                         "--seed",
                         "3",
                         "-o",
-                        str(tmp_path / f"s-{engine}.jsonl"),
+                        str(tmp_path / f"s-{engine}"),
                         "--json",
                         str(target),
                         "--engine",

@@ -391,10 +391,10 @@ def test_beam_synthesize_writes_an_output_whose_name_is_not_utf8(tmp_path):
     encode character '\\udcff' ...: surrogates not allowed" (exit 2), nothing published. The
     same command and name give the same output on either engine."""
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
-    odd = os.fsencode(str(tmp_path)) + b"/syn\xff.jsonl"
+    odd = os.fsencode(str(tmp_path)) + b"/syn\xff"  # at block size 4, a derived trace's folder
     done = _bytes_run("synthesize", str(trace), "--block-size", "4", "--engine", "beam", "-o", odd)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert Path(os.fsdecode(odd)).is_file()
+    assert (Path(os.fsdecode(odd)) / "trace-00000-of-00001.jsonl").is_file()
 
 
 @pytest.mark.parametrize("odd", ["--input", "--output"])

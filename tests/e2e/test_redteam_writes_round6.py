@@ -265,11 +265,12 @@ def test_beam_synthesize_publishes_every_row_whatever_the_outputs_name(tmp_path)
 
     trace = write_jsonl(tmp_path / "t.jsonl", TRACE)
     common = ["synthesize", str(trace), "--block-size", "4", "--seed", "1"]
-    assert main([*common, "-o", str(tmp_path / "local.jsonl")]) == 0
-    name = "syn[ab].jsonl"
+    assert main([*common, "-o", str(tmp_path / "local")]) == 0
+    name = "syn[ab]"  # a derived trace's folder at block size 4
     done = _kvtrace(*common, "-o", str(tmp_path / name), "--engine", "beam")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / name).read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+    for part in ("trace-00000-of-00001.jsonl", "manifest.json"):
+        assert (tmp_path / name / part).read_bytes() == (tmp_path / "local" / part).read_bytes()
 
 
 # The disk fills as the --json report is written (its staged copy's bytes).
@@ -325,7 +326,7 @@ def test_beams_trace_commands_read_an_input_whose_name_is_not_utf8(tmp_path, com
     Path(os.fsdecode(odd)).write_bytes(trace.read_bytes())
     args = [command, odd, "--block-size", "4", "--engine", "beam"]
     if command == "synthesize":
-        args += ["-o", str(tmp_path / "s.jsonl")]
+        args += ["-o", str(tmp_path / "s")]
     done = subprocess.run(
         [sys.executable, "-m", "kvtrace.cli", *args],
         cwd=ROOT,

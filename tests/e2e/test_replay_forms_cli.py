@@ -56,6 +56,15 @@ def test_export_from_the_command_line(tmp_path, capsys):
     assert len(out.read_text().splitlines()) == 4
 
 
+def test_the_delta_export_names_the_common_cause_of_a_restart(tmp_path, capsys):
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHAT))
+    args = ["export", str(tmp_path / "t.jsonl"), "--to", "dynamo-delta", "--block-size", "4"]
+    assert main([*args, "-o", str(tmp_path / "d.jsonl")]) == 0
+    said = next(line for line in capsys.readouterr().out.splitlines() if "whole" in line)
+    assert "opening a new session_id" in said
+    assert "logged completion length (output_length) is longer than the answer" in said
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

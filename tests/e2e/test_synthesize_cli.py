@@ -38,7 +38,7 @@ def test_cli_prints_before_and_after_and_refuses_bad_values(tmp_path, capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "| requests / minute (mean) | 221.8 | 443.7 |" in out and "(valid)" in out
+    assert "| requests / minute (mean) | 221.8 | 443.7 |" in out and "(valid, block size 512" in out
     numbers = json.loads(summary.read_text())
     assert numbers["after"]["requests"] == numbers["before"]["requests"] == 3993
     for ratio in ("0", "-1", "nan", "inf"):  # one line, before any work: nothing written

@@ -82,7 +82,11 @@ def test_an_unwritable_location_is_refused_before_any_work(trace, tmp_path, caps
         ["analyze", trace, "--output"],
         ["convert", trace],
     ):
-        target = str(blocker / "x.jsonl") if command[0] != "analyze" else str(blocker / "dir")
+        target = (
+            str(blocker / "x.jsonl")
+            if command[0] not in ("analyze", "convert")
+            else str(blocker / "dir")
+        )
         args = [*command, target] if command[-1] == "--output" else [*command, "-o", target]
         assert main(args) == 2, command
         err = capsys.readouterr().err
@@ -110,7 +114,7 @@ def test_convert_publishes_its_folder_whole_manifest_last(tmp_path, capsys):
         assert main(["convert", str(src), "-o", str(out)]) == 0
         manifest = json.loads((out / "manifest.json").read_text())
         trace_rows = (out / manifest["files"][0]).read_text().splitlines()
-        assert manifest["rows"] == len(trace_rows) == 5
+        assert manifest["records"]["exported"] == len(trace_rows) == 5
     (out / "notes.txt").write_text("mine")
     assert main(["convert", str(src), "-o", str(out)]) == 2
     assert "notes.txt" in capsys.readouterr().err
@@ -138,7 +142,7 @@ def test_a_run_with_nothing_to_analyze_publishes_nothing(tmp_path):
 
 
 def test_synthesize_and_render_leave_only_their_output(trace, tmp_path, tiny_tokenizer):
-    assert main(["synthesize", trace, "-o", str(tmp_path / "s.jsonl"), "--block-size", "4"]) == 0
+    assert main(["synthesize", trace, "-o", str(tmp_path / "s"), "--block-size", "4"]) == 0
     assert (
         main(
             [
@@ -155,7 +159,9 @@ def test_synthesize_and_render_leave_only_their_output(trace, tmp_path, tiny_tok
         )
         == 0
     )
-    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == len(TRACE)
+    assert len((tmp_path / "s" / "trace-00000-of-00001.jsonl").read_text().splitlines()) == len(
+        TRACE
+    )
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == len(TRACE)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 

@@ -123,6 +123,11 @@ def test_dead_letters_staged_and_held_merge_into_one_file_in_their_declared_orde
     ]
 
 
+def test_no_dead_letter_leaves_no_file(tmp_path):
+    assert write_dead_letters(str(tmp_path), [], SortedRuns(str(tmp_path)).close()) is None
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_night_publishes_its_trace_letters_stats_and_manifest(tmp_path):
     job = config(tmp_path)
     encoded = Encoded(

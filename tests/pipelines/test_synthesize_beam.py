@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import shared_path, write_jsonl
-from kvtrace.pipelines.synthesize_local import SynthesizeConfig
+from kvtrace.pipelines.synthesize_local import SynthesizeConfig, run_synthesize
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.synth.output import jsonl_bytes
@@ -163,3 +163,17 @@ def test_an_empty_trace_gives_an_empty_output(tmp_path):
     )
     assert (tmp_path / "out.jsonl").read_bytes() == b""
     assert summary["before"]["requests"] == summary["after"]["requests"] == 0
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
+def test_a_folder_output_is_the_local_engines_folder(tmp_path):
+    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+
+    trace = str(shared_path("traces", "synthetic_trace.jsonl"))
+    config = SynthConfig(Knobs(1.5, 0.8, 2), speedup_ratio=2, seed=9)
+    run_synthesize_beam(SynthesizeConfig((trace,), str(tmp_path / "beam"), 16, config), [])
+    run_synthesize(SynthesizeConfig((trace,), str(tmp_path / "local"), 16, config))
+    for name in ("manifest.json", "trace-00000-of-00001.jsonl"):
+        assert (tmp_path / "beam" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beam", "local"]

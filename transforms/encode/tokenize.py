@@ -105,8 +105,28 @@ def tokenizer_directory(name: str) -> Path:
     if os.path.isdir(resolved):
         return Path(resolved)
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    return Path(snapshot_download(resolved, allow_patterns=_HUB_PATTERNS))
+    try:
+        return Path(snapshot_download(resolved, allow_patterns=_HUB_PATTERNS))
+    except LocalEntryNotFoundError as err:  # not cached here, and the hub out of reach
+        raise ValueError(hub_unreachable(name, err)) from None
+
+
+def hub_unreachable(name: str, err: Exception) -> str:
+    """One line for a hub tokenizer this machine has not cached and cannot fetch: where its
+    files come from, and the two sources that need no hub (a folder, a package)."""
+    from huggingface_hub import constants
+
+    first = str(err).splitlines()[0].removeprefix("Got: ") if str(err) else type(err).__name__
+    cause = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else first
+    return (
+        f"tokenizer {name}: not in this machine's model hub cache, and the hub cannot be "
+        f"reached ({cause[:120]}); give --tokenizer DIR, a folder holding its tokenizer.json "
+        f"and tokenizer_config.json (where the hub is reachable: hf download {name} "
+        f"tokenizer.json tokenizer_config.json --local-dir DIR), or --tokenizer pkg:PACKAGE, "
+        f"an installed package holding them"
+    )
 
 
 # Text whose token ids pin down how a tokenizer behaves (byte fallback, digits, whitespace runs,

@@ -25,7 +25,9 @@ class Exported:
     rows: int
     follow_up_turns: int  # rows sent after a previous turn's response, with a delay
     without_response_end: int  # of those, delays that are arrival gaps (no response end logged)
-    restarted: int  # deltas: follow-ups that do not extend their previous turn, sent whole
+    # deltas: follow-ups no longer than their previous turn's input plus its logged output
+    # length (commonly a completion length above the answer as re-rendered), sent whole
+    restarted: int
 
 
 def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:

@@ -40,12 +40,15 @@ from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
+    DERIVED_FROM,
+    DERIVING_COMMANDS,
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
     MANIFEST,
     MANIFEST_SCHEMA,
     MAX_BLOCK_SIZE,
+    NIGHT_ORIGIN,
     NO_RESPONSE_MS,
     NO_SESSION,
     OUTPUT_IDS_FIELD,
@@ -57,6 +60,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     STREAM_TOTALS,
     STREAM_TOTALS_SCHEMA,
+    TIME_ORIGIN_FIELD,
     TIMESTAMP_FIELD,
     TRACE_FILE,
     VLLM_SCHEME_PREFIX,
@@ -216,7 +220,8 @@ def _audit(
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
     start = manifest["id_map"] if manifest is not None else None
-    if rows.count and rows.first_timestamp != (start["time_from_ms"] if start else 0):
+    from_map = start and manifest.get(TIME_ORIGIN_FIELD) != NIGHT_ORIGIN
+    if rows.count and rows.first_timestamp != (start["time_from_ms"] if from_map else 0):
         gate.flag(
             "the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
             "night's clock starts at its first request, or the id map's (an absolute time?)"
@@ -309,7 +314,7 @@ def _audit_stream(
             start = None
             continue
         start = _numbering_end(start, rows)
-        settings_here = {key: manifest.get(key) for key in RUN_SETTINGS}  # model_name: optional
+        settings_here = {key: manifest.get(key) for key in RUN_SETTINGS}  # some optional
         first_settings = first_settings or settings_here
         differ = [key for key in RUN_SETTINGS if settings_here[key] != first_settings[key]]
         if differ:
@@ -888,6 +893,14 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
     data = _read(folder, MANIFEST, MAX_MANIFEST_BYTES, gate)
     if data is None:
         return None
+    derived = _derived_by(data)
+    if derived:
+        gate.flag(
+            f"{MANIFEST}: a trace derived by kvtrace {derived}, not an anonymize output: the "
+            f"audit passes only what anonymize publishes, checked against its settings; "
+            f"publish the trace it came from"
+        )
+        return None
     manifest = _declared_document(MANIFEST, data, MANIFEST_SCHEMA, gate)
     if manifest is not None and manifest["kvtrace_version"] != KVTRACE_VERSION:
         gate.flag(
@@ -896,6 +909,17 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
         )
         return None
     return manifest
+
+
+def _derived_by(data: bytes) -> str | None:
+    """The command a derived trace's manifest names (synth/derived.py), else None."""
+    try:
+        document = parse_json(data)
+    except FormatError:
+        return None
+    derived = document.get(DERIVED_FROM) if isinstance(document, dict) else None
+    command = derived.get("command") if isinstance(derived, dict) else None
+    return command if command in DERIVING_COMMANDS else None
 
 
 def _declared_document(name: str, data: bytes, schema: Any, gate: _Gate) -> dict | None:

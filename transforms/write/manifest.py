@@ -248,7 +248,8 @@ def run_counts(counts: RecordCounts, totals: Any, damaged_files: int) -> dict[st
         "lost_bytes": counts.lost_bytes,
         "without_output_length": totals.requests_without_output_length,
         "with_unrendered_messages": totals.requests_with_unrendered_messages,
-        "rejected_by_reason": dict(counts.reasons),
+        # [reason, count] pairs, commonest first: a JSON object's keys would be sorted by name.
+        "rejected_by_reason": [list(pair) for pair in counts.reasons],
     }
 
 

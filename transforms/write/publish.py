@@ -77,7 +77,13 @@ from kvtrace.transforms.ids.id_map import new_run_id
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from kvtrace.transforms.storage import folded, is_url, place
-from kvtrace.transforms.trace_format import FORMAT, MANIFEST, TRACE_FILE
+from kvtrace.transforms.trace_format import (
+    DERIVED_FROM,
+    DERIVING_COMMANDS,
+    FORMAT,
+    MANIFEST,
+    TRACE_FILE,
+)
 from kvtrace.transforms.write.interrupts import stops_deferred
 from kvtrace.transforms.write.manifest import set_content_time, set_content_times
 
@@ -1054,11 +1060,14 @@ def _check_not_in_an_output(location: Location, path: str) -> None:
 
 
 def folder_writer(folder: str) -> str:
-    """The kvtrace command whose output the folder is ("" for none): by its manifest (convert
-    says what it converted; anonymize's is any other trace manifest), else by its output mark
-    (mark_output), never by the names of its files."""
+    """The kvtrace command whose output the folder is ("" for none): by its manifest (a derived
+    trace's names its command, as an older convert's says what it converted; anonymize's is any
+    other trace manifest), else by its output mark (mark_output), never by its files' names."""
     manifest = _manifest(folder)
     if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
+        derived = manifest.get(DERIVED_FROM)
+        if isinstance(derived, dict) and derived.get("command") in DERIVING_COMMANDS:
+            return derived["command"]
         return "convert" if "converted_from" in manifest else "anonymize"
     return _marked(folder)[0]
 
@@ -1114,6 +1123,7 @@ class DeadLetterRun:
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
+        self.made_folder = False  # by begin: removed again if the run publishes no letter
         if not is_url(output):  # as its lock makes it: the folder's identity keys the letters
             os.makedirs(os.path.dirname(written_place(output)), exist_ok=True)
         self.staging = _letters_staging(self.folder, output, run_id)
@@ -1124,6 +1134,7 @@ class DeadLetterRun:
 
     def begin(self, output_staging: str) -> None:
         """Under the output's lock, once its staging folder exists."""
+        self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
         storage.make_folder(self.staging, private=True)
         if not is_url(output_staging) and _mark(
@@ -1141,9 +1152,13 @@ class DeadLetterRun:
             if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
                 return True
             marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
-            return _settle_staged(
+            published = _settle_staged(
                 self.folder, self.run_id, self.staging, publish=run_succeeded and not marked
             )
+        if not published and self.made_folder and not is_url(self.folder):
+            with suppress(OSError):  # only while empty: a letter since stays
+                os.rmdir(self.folder)  # made for this run, which rejected nothing
+        return published
 
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:

@@ -254,7 +254,7 @@ def test_the_runs_counts_round_trip_owner_only_beside_its_dead_letters(tmp_path)
         "lost_bytes": 11,
         "without_output_length": 2,
         "with_unrendered_messages": 1,
-        "rejected_by_reason": {"too_large": 2},
+        "rejected_by_reason": [["too_large", 2]],
     }
     write_run_counts(str(tmp_path), counts)
     assert read_run_counts(str(tmp_path)) == counts
