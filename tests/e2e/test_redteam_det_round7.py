@@ -66,3 +66,31 @@ def test_a_row_of_invalid_utf8_is_kept_or_dropped_by_which_other_lines_share_its
     _, split = _analyzed(tmp_path, "split", first, second)
     _, whole = _analyzed(tmp_path, "whole", joined)
     assert split["total_requests"] == whole["total_requests"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 7")
+@pytest.mark.parametrize("banner", [b"BZh91AY&SY log start", b"PAR1 log start"], ids=["bz2", "parquet"])
+def test_standard_input_whose_first_line_is_damaged_like_a_magic_number_reads_as_its_file(
+    tiny_tokenizer, tmp_path, monkeypatch, banner
+):
+    """Promise: standard input gives the output the same file gives (a bad line is one dead
+    letter, never a lost run). decompress.spooled_standard_input names the spooled copy by its
+    first bytes alone (standard_input_name, MAGIC_SUFFIXES: 'no JSON text starts with any of
+    these'); but a damaged first line is no JSON text. As a file, a JSONL log whose first line
+    begins 'BZh' or 'PAR1' is one invalid_json letter and its 40 records exported; piped in, the
+    same bytes are read as a bzip2 / Parquet file: one damaged_file letter, nothing exported,
+    the run refused ('every record rejected')."""
+    import io
+    import sys
+
+    from helpers import anonymize, chat, trace
+
+    records = [json.dumps(chat(i, 1_700_000_000_000 + 1000 * i)).encode() for i in range(40)]
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b"\n".join([banner, *records]) + b"\n")
+    assert anonymize(tiny_tokenizer, [log], tmp_path / "file", "--block-size", "4") == 0
+    assert len(trace(tmp_path / "file")) == 40
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(log.read_bytes())))
+    code = anonymize(tiny_tokenizer, ["-"], tmp_path / "stdin", "--block-size", "4")
+    assert code == 0
+    assert len(trace(tmp_path / "stdin")) == 40
