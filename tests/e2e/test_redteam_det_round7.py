@@ -48,15 +48,24 @@ def test_a_session_of_invalid_utf8_is_a_malformed_line_not_a_refused_trace(tmp_p
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 7")
-def test_a_row_of_invalid_utf8_is_kept_or_dropped_by_which_other_lines_share_its_file(tmp_path):
+@pytest.mark.parametrize(
+    "odd",
+    [b'"note": "caf\xe9"', b'"note": "\xc0\x80"', b'"n": ' + b"9" * 5000],
+    ids=["latin1", "overlong-utf8", "int-of-5000-digits"],
+)
+def test_a_row_of_invalid_utf8_is_kept_or_dropped_by_which_other_lines_share_its_file(
+    tmp_path, odd
+):
     """Promise: same rows, same numbers whatever the file split; the block reader gives exactly
     what the line reader gives. A row with a field kvtrace does not read holding invalid UTF-8
     (a note of Latin-1 bytes) is malformed to the line reader (json.loads refuses the bytes) but
     kept by pyarrow's block reader (the unread field is skipped unchecked). Which reader a file
     gets depends on its other lines: alone with good rows the row is counted; in one file with any
     malformed line the file is read line by line and the row is dropped. So the same rows split
-    [latin + good] / [bad] count 6 requests, and joined in one file 5."""
-    latin = b'{"timestamp": 50000, "input_length": 8, "hash_ids": [0, 77], "note": "caf\xe9"}'
+    [latin + good] / [bad] count 6 requests, and joined in one file 5. The same for an
+    overlong UTF-8 sequence, and for an integer of 5,000 digits in an unread field (Python's
+    json refuses integers over 4,300 digits: 'not JSON'; pyarrow skips the field)."""
+    latin = b'{"timestamp": 50000, "input_length": 8, "hash_ids": [0, 77], ' + odd + b"}"
     good = _rows(5)
     broken = b'{"timestamp": 60000, "input_length": '
     first, second, joined = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "ab.jsonl"
