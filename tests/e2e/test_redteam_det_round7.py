@@ -103,3 +103,20 @@ def test_standard_input_whose_first_line_is_damaged_like_a_magic_number_reads_as
     code = anonymize(tiny_tokenizer, ["-"], tmp_path / "stdin", "--block-size", "4")
     assert code == 0
     assert len(trace(tmp_path / "stdin")) == 40
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 7")
+def test_validate_does_not_call_a_line_of_invalid_utf8_a_json_object(tmp_path):
+    """Promise: validate's first check ('every line is a JSON object ...') and the block reader
+    giving what the line reader gives. A trace whose first line carries a Latin-1 byte in a field
+    validate does not read is 'valid' (the pyarrow block path skips the field unchecked); the same
+    line beside a broken one is read line by line and reported 'not JSON (utf-8 codec can't
+    decode byte 0xe9)'. A replayer's json.loads refuses that line, so the trace validate passed
+    breaks the benchmark it was checked for."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(
+        b'{"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [0, 1], '
+        b'"note": "caf\xe9"}\n'
+        b'{"timestamp": 1000, "input_length": 8, "output_length": 1, "hash_ids": [0, 2]}\n'
+    )
+    assert main(["validate", "--block-size", "4", str(trace)]) == 1
