@@ -120,3 +120,27 @@ def test_validate_does_not_call_a_line_of_invalid_utf8_a_json_object(tmp_path):
         b'{"timestamp": 1000, "input_length": 8, "output_length": 1, "hash_ids": [0, 2]}\n'
     )
     assert main(["validate", "--block-size", "4", str(trace)]) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 7")
+def test_the_summary_says_rejected_reasons_commonest_first(tiny_tokenizer, tmp_path, capsys):
+    """Promise (issue 35; manifest.RecordCounts.reasons: '(reason, count) of the rejected
+    records, commonest first: the operator's summary says them'): the run's summary line
+    'rejected' lists its reasons commonest first. The night sorts them so
+    (anonymize_night: key (-count, reason)), but they reach the summary through run-counts.json,
+    written by canonical_json with sort_keys=True (manifest.write_run_counts ->
+    read_run_counts): the dict comes back in alphabetical order. 1 bad_timestamp and 5
+    invalid_json print as 'bad_timestamp 1, invalid_json 5'."""
+    from helpers import anonymize, chat
+
+    lines = [json.dumps(chat(i, 1_700_000_000_000 + 1000 * i)).encode() for i in range(30)]
+    lines += [b"not json"] * 5
+    lines.append(json.dumps({**chat(99, 0), "timestamp": "yesterday"}).encode())
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    capsys.readouterr()
+    assert anonymize(tiny_tokenizer, [log], tmp_path / "out", "--block-size", "4", "--quiet") == 0
+    said = next(
+        line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("rejected")
+    )
+    assert said.split()[1:5] == ["invalid_json", "5,", "bad_timestamp", "1:"], said
