@@ -22,7 +22,9 @@ def _rows(n: int, start: int = 0) -> list[bytes]:
 
 def _analyzed(tmp_path: Path, name: str, *files: Path, engine: str = "local") -> tuple[int, dict]:
     out = tmp_path / f"{name}.json"
-    code = main(["analyze", *map(str, files), "--block-size", "4", "--json", str(out), "--engine", engine])
+    code = main(
+        ["analyze", *map(str, files), "--block-size", "4", "--json", str(out), "--engine", engine]
+    )
     return code, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -38,9 +40,7 @@ def test_a_session_of_invalid_utf8_is_a_malformed_line_not_a_refused_trace(tmp_p
     ends 'error: utf-8 codec can't decode byte 0xe9' (exit 2), on both engines."""
     trace = tmp_path / "t.jsonl"
     bad = b'{"timestamp": 99000, "input_length": 8, "hash_ids": [0, 99], "session_id": "\xe9"}'
-    good = [
-        json.dumps({**json.loads(r), "session_id": "s"}).encode() for r in _rows(5)
-    ]
+    good = [json.dumps({**json.loads(r), "session_id": "s"}).encode() for r in _rows(5)]
     trace.write_bytes(b"\n".join([*good, bad]) + b"\n")
     code, report = _analyzed(tmp_path, "r", trace, engine=engine)
     assert code == 0
@@ -78,7 +78,9 @@ def test_a_row_of_invalid_utf8_is_kept_or_dropped_by_which_other_lines_share_its
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 7")
-@pytest.mark.parametrize("banner", [b"BZh91AY&SY log start", b"PAR1 log start"], ids=["bz2", "parquet"])
+@pytest.mark.parametrize(
+    "banner", [b"BZh91AY&SY log start", b"PAR1 log start"], ids=["bz2", "parquet"]
+)
 def test_standard_input_whose_first_line_is_damaged_like_a_magic_number_reads_as_its_file(
     tiny_tokenizer, tmp_path, monkeypatch, banner
 ):
