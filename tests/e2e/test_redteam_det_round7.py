@@ -146,3 +146,34 @@ def test_the_summary_says_rejected_reasons_commonest_first(tiny_tokenizer, tmp_p
         line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("rejected")
     )
     assert said.split()[1:5] == ["invalid_json", "5,", "bad_timestamp", "1:"], said
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 7")
+def test_standard_input_of_zstd_opening_with_a_skippable_frame_reads_as_its_file(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Promise: standard input gives the output the same file gives. A zstd stream may open with
+    a skippable frame (magic 0x184D2A50..0x184D2A5F, RFC 8878 section 3.1.2): pzstd writes one
+    before every frame, seekable-format writers too, and zstd reads such a file as any other.
+    Named log.jsonl.zst, it is read whole (40 records exported). Piped in, its first bytes are
+    not in decompress.MAGIC_SUFFIXES (only the frame magic 28 b5 2f fd), so the spool is named
+    stdin.jsonl and read as text: every line invalid_utf8, the run refused."""
+    import io
+    import struct
+    import sys
+
+    import zstandard
+
+    from helpers import anonymize, chat, trace
+
+    data = b"".join(
+        json.dumps(chat(i, 1_700_000_000_000 + 1000 * i)).encode() + b"\n" for i in range(40)
+    )
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"meta"
+    log = tmp_path / "log.jsonl.zst"
+    log.write_bytes(skippable + zstandard.ZstdCompressor().compress(data))
+    assert anonymize(tiny_tokenizer, [log], tmp_path / "file", "--block-size", "4") == 0
+    assert len(trace(tmp_path / "file")) == 40
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(log.read_bytes())))
+    assert anonymize(tiny_tokenizer, ["-"], tmp_path / "stdin", "--block-size", "4") == 0
+    assert len(trace(tmp_path / "stdin")) == 40
