@@ -124,7 +124,6 @@ def test_validate_does_not_call_a_line_of_invalid_utf8_a_json_object(tmp_path):
     assert main(["validate", "--block-size", "4", str(trace)]) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 7")
 def test_the_summary_says_rejected_reasons_commonest_first(tiny_tokenizer, tmp_path, capsys):
     """Promise (issue 35; manifest.RecordCounts.reasons: '(reason, count) of the rejected
     records, commonest first: the operator's summary says them'): the run's summary line
