@@ -246,3 +246,40 @@ def test_an_openai_request_beside_an_anthropic_one_in_parquet_keeps_its_tool_cal
         assert done.returncode == 0, done.stderr[-2000:]
         published[name] = _trace_rows(out)
     assert published["log.jsonl"] == published["log.parquet"]
+
+
+# ---- a field read that no shape declares --------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND7)
+@pytest.mark.parametrize("engine", ["local", "beam"])
+@pytest.mark.parametrize("value", ['"5"', "[5]", "{}", "true"])
+def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_letter(
+    tiny_tokenizer, tmp_path, engine, value
+):
+    """records._output reads LiteLLM's `completion_tokens` from any record, but only the log
+    envelope declares it (shapes.ENVELOPE); a Batch line (custom_id) is held to
+    BATCH_ENVELOPE, which does not. So its value reaches _count unchecked and `0 <= "5"`
+    raises TypeError, caught only by the reader's last-resort net: a malformed_record letter
+    whose message is Python's ("TypeError: '<=' not supported between instances of 'int' and
+    'str'"), not the shape's wrong_type naming the field."""
+    line = (
+        '{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "hello world"}, '
+        f'"timestamp": 1764000000, "completion_tokens": {value}}}\n'
+        '{"prompt": "the quick brown fox", "timestamp": 1764000001, "output_length": 2}\n'
+    )
+    (tmp_path / "batch.jsonl").write_text(line)
+    out = tmp_path / "out"
+    done = _kvtrace(
+        ["anonymize", "--input", str(tmp_path / "batch.jsonl"), "--output", str(out),
+         "--tokenizer", tiny_tokenizer, "--block-size", "4", "--engine", engine]  # fmt: skip
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    letters = [
+        json.loads(line)
+        for path in (tmp_path / "out-rejected").iterdir()
+        for line in path.open()
+    ]
+    assert len(letters) == 1
+    assert letters[0]["error"] == "wrong_type", letters[0]
+    assert "Error:" not in letters[0]["message"]
