@@ -325,3 +325,64 @@ def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_token
         )
     assert {json.loads(line)["source"] for line in letters["beam"]} == {"-"}
     assert letters["local"] == letters["beam"]
+
+
+# ---- `-` is standard input on the command line only ---------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND7)
+def test_standard_input_named_in_a_config_file_is_standard_input(tiny_tokenizer, tmp_path):
+    """anonymize.run spools stdin when `-` is in args.input, before --config files are merged
+    (in _run): `input: ["-"]` in a config file is not standard input but a file named `-` in
+    the working directory ("'-' matches no file" without one; with one, its records are
+    published in place of the piped log's)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "-").write_text(
+        '{"prompt": "the quick brown fox", "timestamp": 1764000000, "output_length": 2}\n'
+    )
+    piped = tmp_path / "piped.jsonl"
+    piped.write_text(
+        "".join(
+            f'{{"prompt": "hello world", "timestamp": {1764000000 + i}, "output_length": 2}}\n'
+            for i in range(5)
+        )
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(f'input: ["-"]\ntokenizer: {tiny_tokenizer}\nblock_size: 4\n')
+    out = tmp_path / "out"
+    with piped.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvtrace.cli", "anonymize", "--config", str(config),
+             "--output", str(out)],  # fmt: skip
+            cwd=work,
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(_trace_rows(out)) == 5  # the piped log's, not the file named `-`
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND7)
+def test_a_closed_standard_input_is_a_one_line_error_saying_so(tiny_tokenizer, tmp_path):
+    """`kvtrace anonymize --input - <&-`: sys.stdin is None, and spooled_standard_input's
+    `sys.stdin.buffer` raises AttributeError, caught only by the command's last-resort net
+    ("the job failed: AttributeError: 'NoneType' object has no attribute 'buffer'")."""
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "kvtrace.cli", "anonymize",
+         "--input", "-", "--output", str(tmp_path / "out"), "--tokenizer", tiny_tokenizer,
+         "--block-size", "4"],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode != 0
+    assert "Error" not in done.stderr and "NoneType" not in done.stderr, done.stderr[-500:]
+    assert "standard input" in done.stderr
