@@ -386,3 +386,54 @@ def test_a_closed_standard_input_is_a_one_line_error_saying_so(tiny_tokenizer, t
     assert done.returncode != 0
     assert "Error" not in done.stderr and "NoneType" not in done.stderr, done.stderr[-500:]
     assert "standard input" in done.stderr
+
+
+# ---- a Batch request the API refused ----------------------------------------------------------
+
+
+def _batch_line(custom_id: str, response: dict, **extra) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hello world"}]},
+        "response": response,
+        "error": None,
+        **extra,
+    }
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND7)
+@pytest.mark.parametrize("timed", [False, True])
+def test_a_batch_request_the_api_refused_is_a_failed_request_letter(
+    tiny_tokenizer, tmp_path, timed
+):
+    """In an OpenAI Batch output file a request the API refused (context too long, invalid)
+    has `error: null` and `response: {status_code: 400, body: {error: ...}}`; `error` is for
+    requests the batch never ran. records._check_batch looks at `error` only, so the refused
+    request is read as served: with no time of its own it is an `unjoined_batch` letter
+    telling the user to join lines that are joined; with a time (a log that adds one) it is
+    published as a trace row (output_length 0, defaulted) that no engine ever served."""
+    served = {"status_code": 200, "request_id": "q", "body": {
+        "created": 1764000000, "choices": [{"index": 0, "message": {"content": "Paris"}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3}}}  # fmt: skip
+    refused = {"status_code": 400, "request_id": "q", "body": {"error": {
+        "message": "maximum context length exceeded", "type": "invalid_request_error",
+        "code": "context_length_exceeded"}}}  # fmt: skip
+    extra = {"timestamp": 1764000100} if timed else {}
+    lines = [_batch_line(f"r{i}", served) for i in range(10)]
+    lines.append(_batch_line("refused", refused, **extra))
+    (tmp_path / "joined.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    done = _kvtrace(
+        ["anonymize", "--input", str(tmp_path / "joined.jsonl"), "--output", str(out),
+         "--tokenizer", tiny_tokenizer, "--block-size", "4"]  # fmt: skip
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(_trace_rows(out)) == 10
+    letters = [
+        json.loads(line)
+        for path in (tmp_path / "out-rejected").iterdir()
+        for line in path.open()
+    ]
+    assert [letter["error"] for letter in letters] == ["failed_request"]
