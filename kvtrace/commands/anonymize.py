@@ -571,10 +571,9 @@ def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -
 
         run_local(config, processes)
     else:
-        from kvtrace.pipelines.anonymize_beam import build
-        from kvtrace.pipelines.runner import pipeline_options, run
+        from kvtrace.pipelines.anonymize_beam import run_beam
 
-        run(lambda p: build(p, config), pipeline_options(flags))
+        run_beam(config, flags)
 
 
 def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:
