@@ -546,14 +546,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                 counts = read_run_counts(letters.staging)  # before the staging folder goes
                 succeeded = True
             finally:
-                try:  # first: a failed run's letters go while its marked staging folder stands
-                    letters.settle(succeeded)  # published with the output, or gone with the run
-                finally:
-                    storage.remove_folder(config.staging)  # gone once published; else a failure's
-                    if config.block_hashes:
-                        storage.remove_folder(
-                            block_hashes_staging(config.block_hashes, config.staging)
-                        )
+                # Letters first: where settling fails, the staging folder stays marked, and the
+                # next run's lock drops the letters with it (as after a kill).
+                letters.settle(succeeded)  # published with the output, or gone with the run
+                storage.remove_folder(config.staging)  # gone once published; else a failure's
+                if config.block_hashes:
+                    storage.remove_folder(block_hashes_staging(config.block_hashes, config.staging))
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
