@@ -15,6 +15,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
+from kvtrace.pipelines import child_process
 from kvtrace.pipelines.anonymize_config import ID_BATCH_BLOCKS, AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import (
     commit_id_map,
@@ -28,7 +29,6 @@ from kvtrace.pipelines.anonymize_night import (
     write_dead_letters,
     write_stats,
 )
-from kvtrace.pipelines.child_process import run_in_child
 from kvtrace.pipelines.runner import pipeline_options, run
 from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
@@ -62,7 +62,7 @@ def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
     """The night run on Beam, in a child process (child_process.run_in_child): Beam's local
     runner tokenizes in the process it runs in, and a native abort there must not be the
     CLI's silent death."""
-    run_in_child(functools.partial(_run_here, config, list(flags)))
+    child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
 
 
 def _run_here(config: AnonymizeConfig, flags: list[str]) -> None:
