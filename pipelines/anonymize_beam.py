@@ -7,13 +7,15 @@ function of the night's end every engine shares (anonymize_night.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
+from kvtrace.pipelines import child_process
 from kvtrace.pipelines.anonymize_config import ID_BATCH_BLOCKS, AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import (
     commit_id_map,
@@ -29,6 +31,7 @@ from kvtrace.pipelines.anonymize_night import (
     write_dead_letters,
     write_stats,
 )
+from kvtrace.pipelines.runner import pipeline_options, run
 from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
     DEAD_LETTER_TAG,
@@ -54,7 +57,18 @@ from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
 from kvtrace.transforms.write.steps import WriteShard
 from kvtrace.transforms.write.totals import ExportTotals, sum_totals
 
-__all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build"]
+__all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build", "run_beam"]
+
+
+def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
+    """The night run on Beam, in a child process (child_process.run_in_child): Beam's local
+    runner tokenizes in the process it runs in, and a native abort there must not be the
+    CLI's silent death."""
+    child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
+
+
+def _run_here(config: AnonymizeConfig, flags: list[str]) -> None:
+    run(lambda pipeline: build(pipeline, config), pipeline_options(flags))
 
 
 class AnonymizeOutputs(NamedTuple):

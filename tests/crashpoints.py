@@ -19,6 +19,7 @@ import stat
 import sys
 from pathlib import Path
 
+from kvtrace.pipelines import child_process
 from kvtrace.transforms import storage
 from kvtrace.transforms.write import publish
 
@@ -84,6 +85,9 @@ def install(target: int, mode: str) -> None:
         return CountedWriter(original_create(path, private).detach())
 
     storage.create = create
+    # The Beam engine's run, in this process: a kill here is the whole run's (its child would die
+    # with it: child_process), and every step is counted in one place.
+    child_process.run_in_child = lambda job: job()
 
 
 if __name__ == "__main__":

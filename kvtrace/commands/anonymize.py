@@ -602,10 +602,12 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                 counts = read_run_counts(letters.staging)  # before the staging folder goes
                 succeeded = True
             finally:
+                # Letters first: where settling fails, the staging folder stays marked, and the
+                # next run's lock drops the letters with it (as after a kill).
+                letters.settle(succeeded)  # published with the output, or gone with the run
                 storage.remove_folder(config.staging)  # gone once published; else a failure's
                 if config.block_hashes:
                     storage.remove_folder(block_hashes_staging(config.block_hashes, config.staging))
-                letters.settle(succeeded)  # published with the output, or gone with the run
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
@@ -623,10 +625,9 @@ def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -
 
         run_local(config, processes)
     else:
-        from kvtrace.pipelines.anonymize_beam import build
-        from kvtrace.pipelines.runner import pipeline_options, run
+        from kvtrace.pipelines.anonymize_beam import run_beam
 
-        run(lambda p: build(p, config), pipeline_options(flags))
+        run_beam(config, flags)
 
 
 def _stream_source(options: dict[str, Any]) -> tuple[str, int, int] | None:

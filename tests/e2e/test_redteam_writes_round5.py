@@ -172,20 +172,7 @@ publish.publish_folder = _publish_then_die
 """
 
 
-@pytest.mark.parametrize(
-    "rerun",
-    [
-        pytest.param(
-            "old name",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"{ROUND5}: a run of the old name cannot find the moved output, so its "
-                "letters stay staged (kept, not removed) until a run of the moved folder publishes them",
-            ),
-        ),
-        "new name",
-    ],
-)
+@pytest.mark.parametrize("rerun", ["old name", "new name"])
 def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer, tmp_path, rerun):
     """The run's mark on its output (user.kvtrace.run: run id, letters folder) is an extended
     attribute, which a rename keeps, but the letters it points at are staged under
@@ -195,7 +182,9 @@ def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer,
     sees no mark on X and removes its key's staged letters as a failed run's
     (recover_letters, publish=False); a run of the moved folder reads its mark, looks under
     its own key, finds nothing and takes the mark off. Either way a published output's
-    rejected record has no letter: nothing lost, broken."""
+    rejected record has no letter: nothing lost, broken. Fixed: the mark carries the key, and
+    letters whose run marked its output are settled by that mark only (a run of the old name
+    keeps them; the moved folder's run publishes them)."""
     good = [chat(i, 1000 * i) for i in range(4)]
     night = write_jsonl(tmp_path / "night.jsonl", [*good[:3], "not json"])
     clean = write_jsonl(tmp_path / "clean.jsonl", good)
@@ -224,6 +213,12 @@ def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer,
         _kvtrace("anonymize", "--input", str(clean), "--output", str(again), *common).returncode
         == 0
     )
+    if rerun == "old name":  # it cannot find the moved output: the letters stay staged, kept
+        assert list((tmp_path / "letters").glob(".*/rejected-*.jsonl")), "the letters went"
+        assert (
+            _kvtrace("anonymize", "--input", str(clean), "--output", str(moved), *common).returncode
+            == 0
+        )
     letters = b"".join(p.read_bytes() for p in (tmp_path / "letters").glob("rejected-*.jsonl"))
     assert letters.count(b"\n") == 1, "the published night's rejected record has no letter"
 

@@ -1119,7 +1119,9 @@ class DeadLetterRun:
     run's letters go.
     """
 
-    PUBLISHES = "publishes"  # present once the output's staging folder carries the mark
+    # Present once the output's staging folder carries the mark: from then on only the mark
+    # settles the letters (recover_letters keeps them for it).
+    PUBLISHES = "publishes"
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
@@ -1206,16 +1208,22 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
 def recover_letters(folder: str, output: str) -> list[str]:
     """Under the output's lock, before the run stages anything: settle the letters killed runs
     of this output left: the marked run's (its output is published) wherever they are staged,
-    then those in folder, which go (no other run's output stands: a run of an output moved
-    since finds its letters by its mark first). Returns the run ids published."""
+    then those in folder of runs that marked no output, which go (without a mark, no output
+    stands for them). Letters whose run marked its output are that mark's alone to settle:
+    published by a run of the folder carrying it, under whatever name it has since (the mark
+    moves with it), or dropped with the staging folder of a run killed before publishing
+    (restore_interrupted); a run of a name the output had before keeps them. Returns the run
+    ids published."""
     marked = settle_marked_letters(output)
     published = [marked[0]] if marked else []
     if is_url(folder) or not os.path.isdir(folder):
         return published
     prefix = f".{_output_key(output)}{STAGING_MARK}"
     for name in sorted(os.listdir(folder)):
-        if name.startswith(prefix):
-            staged = os.path.join(folder, name)
+        staged = os.path.join(folder, name)
+        if name.startswith(prefix) and not storage.exists(
+            storage.join(staged, DeadLetterRun.PUBLISHES)
+        ):
             _settle_staged(folder, name[len(prefix) :], staged, publish=False)
     return published
 

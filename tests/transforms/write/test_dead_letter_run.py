@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -218,11 +217,6 @@ def test_any_mark_is_read_without_an_error_and_goes(tmp_path, mark):
     shutil.rmtree(tmp_path / "D", ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team round 5: a run of the old name clears a moved output's staged letters as a "
-    "killed run's (kept, they were left by every killed run: tests/e2e/test_crash_points.py)",
-)
 def test_a_published_output_moved_before_its_letters_settled_finds_them_by_its_mark(tmp_path):
     """The mark carries the key its letters are staged under (the output's name when it ran):
     a run of the moved folder settles them; a run of the old name keeps them (its mark, now

@@ -1,0 +1,163 @@
+"""A job run whole in a child process, so that native code never runs in the process that
+reports: the Beam engine's in-process runner tokenizes (and reads Parquet) in the process it
+runs in, where a native abort (the Rust tokenizer's failed allocation) would end the CLI silently.
+Here that process is a child, and its death is this process's one-line error (JobStopped, as a
+local engine worker's is: local_workers.worker_death), its native code's last words included.
+
+The child is forked from this one (its options, logging and stop handlers with it; Beam's
+in-process runner starts no gRPC thread to copy) where nothing but quiet threads run
+(processes.busy_threads), else started clean (local_workers.START_METHOD), the job then picklable.
+Its error, whatever it is, is raised here (its traceback a note, shown with --verbose); a stop
+reaches it as it reaches this process (Ctrl-C: the terminal's whole process group), or from this
+process (SIGTERM), and it unwinds as a run in this process would (a publication under way ends
+first, interrupts.stops_deferred).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from kvtrace.pipelines.local_workers import START_METHOD, worker_death
+from kvtrace.pipelines.processes import busy_threads, end_descendants
+from kvtrace.transforms.encode.native_stderr import capture_native_stderr
+from kvtrace.transforms.errors import JobStopped
+
+# How long a stopped child may unwind (its staging removed, a publication under way finished)
+# before it is ended: the CLI's own deadline (STOP_DEADLINE_S) is as long.
+UNWIND_S = 1.5
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_DIED = object()  # the child's outcome where it ended without a word
+
+
+def run_in_child(job: Callable[[], Any]) -> None:
+    """job() run in a child process; its error raised here, its death JobStopped."""
+    forked = busy_threads() == 0
+    if forked:
+        capture_native_stderr()  # the child's native words come through this process's relay
+    context = multiprocessing.get_context("fork" if forked else START_METHOD)
+    results, sent = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_run_job,
+        args=(job, sent, os.getpid(), None if forked else _LoggingSetup.of_this_process()),
+        name="kvtrace-job",
+    )
+    child.start()
+    sent.close()  # the child's end: the pipe reads as closed once the child is gone
+    try:
+        outcome = _wait_for(child, results)
+    except BaseException:  # a stop: the child stops too (if the signal was this process's alone)
+        _stop(child)
+        raise
+    finally:
+        results.close()
+    if isinstance(outcome, BaseException):
+        raise outcome
+    if outcome is _DIED:
+        raise JobStopped(worker_death([child]))
+
+
+def _wait_for(child: multiprocessing.process.BaseProcess, results: Connection) -> Any:
+    """What the child sent (None: done; an error), or _DIED where it ended without a word."""
+    wait([results, child.sentinel])
+    try:
+        outcome = results.recv()
+    except EOFError:  # gone before it could say anything: a signal, an abort, os._exit
+        child.join()
+        return _DIED
+    child.join()
+    return outcome
+
+
+def _stop(child: multiprocessing.process.BaseProcess) -> None:
+    """SIGTERM to the child, which unwinds for at most UNWIND_S; then it and its own are ended."""
+    if child.is_alive():
+        child.terminate()
+        child.join(UNWIND_S)
+    end_descendants()
+
+
+def _run_job(
+    job: Callable[[], Any], sent: Connection, parent: int, setup: _LoggingSetup | None
+) -> None:
+    """In the child: job run, then None or its error sent back."""
+    _end_with_parent(parent if setup is None else None)
+    if setup is not None:
+        setup.apply()
+    elif threading.current_thread() is threading.main_thread():
+        # Forked with this process's stop handlers, but not its wakeup socket's reader: the
+        # child's signals must not wake the parent's watcher as if they were its own.
+        signal.set_wakeup_fd(-1)
+    try:
+        job()
+    except BaseException as err:  # every outcome is the parent's to report
+        outcome: BaseException | None = _portable(err)
+    else:
+        outcome = None
+    sent.send(outcome)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # At once, as the CLI ends a stopped run: the interpreter's own exit would wait on threads
+    # and finalizers (gRPC's, for seconds), and the parent has its outcome.
+    os._exit(0)
+
+
+def _end_with_parent(parent: int | None) -> None:
+    """The child killed when its parent dies (SIGKILL, the OOM killer), as the run in one process
+    was: none goes on publishing for a process that is gone (Linux: prctl PR_SET_PDEATHSIG).
+    parent: the forking process, None where a server started the child (forkserver)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's stop still ends the child
+        return
+    if parent is not None and os.getppid() != parent:  # died before the call: no signal comes
+        os._exit(128 + signal.SIGKILL)
+
+
+def _portable(err: BaseException) -> BaseException:
+    """The error as it can travel: itself, with its traceback as a note, or where it does not
+    pickle (a library's error holding a handle) a RuntimeError saying the same."""
+    note = "".join(traceback.format_exception(err)).rstrip()
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        err = RuntimeError(f"{type(err).__name__}: {err}")
+    err.add_note(note)
+    return err
+
+
+class _LoggingSetup:
+    """This process's logging as a child started clean repeats it: levels, and the formats of
+    the plain stderr handlers on the root logger (the CLI's one)."""
+
+    def __init__(self, levels: dict[str, int], formats: list[tuple[str | None, str | None]]):
+        self._levels, self._formats = levels, formats
+
+    @classmethod
+    def of_this_process(cls) -> _LoggingSetup:
+        levels = {name: logging.getLogger(name).level for name in ("", "kvtrace")}
+        formats = [
+            (getattr(handler.formatter, "_fmt", None), getattr(handler.formatter, "datefmt", None))
+            for handler in logging.getLogger().handlers
+            if type(handler) is logging.StreamHandler  # a harness's capturing ones aside
+        ]
+        return cls(levels, formats)
+
+    def apply(self) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        for fmt, datefmt in self._formats:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(fmt, datefmt))
+            logging.getLogger().addHandler(handler)

@@ -1,0 +1,133 @@
+"""A job run whole in a child process (the Beam engine's run): native code never runs in the
+process that reports, so the child's death is that process's one-line error, and whatever the
+job raises is raised there as it was."""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers import ROOT
+from kvtrace.pipelines import child_process
+from kvtrace.pipelines.child_process import run_in_child
+from kvtrace.transforms.errors import ConfigError, JobStopped
+
+GONE_BOUND_S = 10.0  # a killed process is reaped at once; generous for a loaded machine
+
+
+@pytest.fixture(params=["forked", "started clean"])
+def start(request, monkeypatch):
+    """Either way a child starts: forked where no other thread runs, else from a clean server."""
+    busy = 0 if request.param == "forked" else 1
+    monkeypatch.setattr(child_process, "busy_threads", lambda: busy)
+    return request.param
+
+
+def _write_pid(path: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(str(os.getpid()))
+
+
+def _refuse() -> None:
+    raise ConfigError("a refusal the job makes")
+
+
+class _HoldsALock(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()  # no pickle takes it
+
+
+def _raise_unpicklable() -> None:
+    raise _HoldsALock("the job failed holding a lock")
+
+
+def _abort() -> None:
+    """As the Rust tokenizer does when an allocation fails."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+    faulthandler.disable()  # pytest's, inherited: it would print this child's stack
+    os.write(2, b"memory allocation of 8 bytes failed\n")
+    os.abort()
+
+
+def test_the_job_runs_in_another_process(start, tmp_path):
+    run_in_child(functools.partial(_write_pid, str(tmp_path / "pid")))
+    assert int((tmp_path / "pid").read_text()) != os.getpid()
+
+
+def test_the_jobs_error_is_raised_here_as_it_was_with_its_traceback_noted(start):
+    with pytest.raises(ConfigError, match="a refusal the job makes") as raised:
+        run_in_child(_refuse)
+    assert "_refuse" in "\n".join(raised.value.__notes__)  # seen with --verbose
+
+
+def test_an_error_that_cannot_travel_is_said_in_its_words():
+    with pytest.raises(RuntimeError) as raised:
+        run_in_child(_raise_unpicklable)
+    assert str(raised.value) == "_HoldsALock: the job failed holding a lock"
+
+
+def test_an_abort_is_a_one_line_stop_and_this_process_lives_to_say_it():
+    with pytest.raises(JobStopped) as stopped:
+        run_in_child(_abort)
+    message = JobStopped.message_in(stopped.value)
+    assert message is not None and message.startswith("a worker process died by SIGABRT")
+    assert "\n" not in message
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (Z: ended, not yet reaped); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return None
+
+
+def _wait_until(condition, bound_s: float = GONE_BOUND_S) -> bool:
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)  # polling a condition, bounded
+    return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_the_child_ends_when_its_parent_is_killed(tmp_path):
+    """SIGKILL (the OOM killer, a scheduler) gives the parent no chance to end its child: the
+    kernel does (PR_SET_PDEATHSIG), so no job goes on publishing for a process that is gone."""
+    pid_file = tmp_path / "pid"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import functools, signal, sys\n"
+            "from kvtrace.pipelines.child_process import run_in_child\n"
+            "def job(path):\n"
+            "    open(path + '.tmp', 'w').write(str(__import__('os').getpid()))\n"
+            "    __import__('os').rename(path + '.tmp', path)\n"
+            "    signal.pause()\n"
+            "run_in_child(functools.partial(job, sys.argv[1]))\n",
+            str(pid_file),
+        ],
+        cwd=ROOT,
+    )
+    try:
+        assert _wait_until(pid_file.exists, 120.0), "the child never started"
+        child = int(pid_file.read_text())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(GONE_BOUND_S)
+        assert _wait_until(lambda: _state(child) in (None, "Z")), "the child outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
