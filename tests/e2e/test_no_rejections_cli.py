@@ -17,7 +17,7 @@ def salted(tmp_path):
 def test_nothing_rejected_leaves_no_rejected_folder(tiny_tokenizer, tmp_path, capsys, salted):
     logs = write_jsonl(tmp_path / "in.jsonl", [chat(0, 1_000), chat(1, 2_000)])
     assert anonymize(tiny_tokenizer, [logs], tmp_path / "out", *salted) == 0
-    assert "(0 rejected: no dead-letter file)" in capsys.readouterr().out
+    assert "  rejected  none: no dead-letter file\n" in capsys.readouterr().out
     assert not (tmp_path / "out-rejected").exists()
     assert (tmp_path / "out" / "manifest.json").exists()
 
@@ -33,5 +33,5 @@ def test_a_folder_of_the_users_stays_and_letters_still_publish(
     assert letters.is_dir() and not list(letters.iterdir())  # the user's: left as it was
     broken = write_jsonl(tmp_path / "broken.jsonl", [chat(0, 1_000), b"{broken"])
     assert anonymize(tiny_tokenizer, [broken], tmp_path / "out2", *salted) == 0
-    assert "1 rejected -> " in capsys.readouterr().out
+    assert "  rejected  invalid_json 1: " in capsys.readouterr().out
     assert published_letters(tmp_path / "out2-rejected").stat().st_size > 0

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -132,8 +131,17 @@ def test_an_anthropic_request_logged_by_litellm_renders_as_in_its_request_envelo
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(record) + "\n")
         out = tmp_path / f"out-{name}"
         done = _kvtrace(
-            ["anonymize", "--input", str(tmp_path / f"{name}.jsonl"), "--output", str(out),
-             "--tokenizer", tokenizer, "--block-size", "4"]  # fmt: skip
+            [
+                "anonymize",
+                "--input",
+                str(tmp_path / f"{name}.jsonl"),
+                "--output",
+                str(out),
+                "--tokenizer",
+                tokenizer,
+                "--block-size",
+                "4",
+            ]  # fmt: skip
         )
         assert done.returncode == 0, done.stderr[-2000:]
         rows[name] = _trace_rows(out)
@@ -160,8 +168,9 @@ def test_a_trace_row_reads_alike_whatever_the_other_lines_of_its_file(tmp_path):
     sys.path.insert(0, str(ROOT))
     from kvtrace.transforms.read.trace_io import read_trace
 
-    clean, dirty = read_trace([str(tmp_path / "clean.jsonl")]), read_trace(
-        [str(tmp_path / "dirty.jsonl")]
+    clean, dirty = (
+        read_trace([str(tmp_path / "clean.jsonl")]),
+        read_trace([str(tmp_path / "dirty.jsonl")]),
     )
     # The odd line is one thing, whatever the line after it: a row in both files, or malformed
     # in both (the dirty file's extra malformed line is its own).
@@ -212,8 +221,17 @@ def test_the_same_records_as_parquet_publish_what_they_publish_as_jsonl(tiny_tok
     for name in ("log.jsonl", "log.parquet"):
         out = tmp_path / f"out-{name}"
         done = _kvtrace(
-            ["anonymize", "--input", str(tmp_path / name), "--output", str(out),
-             "--tokenizer", tokenizer, "--block-size", "4"]  # fmt: skip
+            [
+                "anonymize",
+                "--input",
+                str(tmp_path / name),
+                "--output",
+                str(out),
+                "--tokenizer",
+                tokenizer,
+                "--block-size",
+                "4",
+            ]  # fmt: skip
         )
         assert done.returncode == 0, done.stderr[-2000:]
         published[name] = _trace_rows(out)
@@ -240,8 +258,17 @@ def test_an_openai_request_beside_an_anthropic_one_in_parquet_keeps_its_tool_cal
     for name in ("log.jsonl", "log.parquet"):
         out = tmp_path / f"out-{name}"
         done = _kvtrace(
-            ["anonymize", "--input", str(tmp_path / name), "--output", str(out),
-             "--tokenizer", tokenizer, "--block-size", "4"]  # fmt: skip
+            [
+                "anonymize",
+                "--input",
+                str(tmp_path / name),
+                "--output",
+                str(out),
+                "--tokenizer",
+                tokenizer,
+                "--block-size",
+                "4",
+            ]  # fmt: skip
         )
         assert done.returncode == 0, done.stderr[-2000:]
         published[name] = _trace_rows(out)
@@ -271,14 +298,23 @@ def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_
     (tmp_path / "batch.jsonl").write_text(line)
     out = tmp_path / "out"
     done = _kvtrace(
-        ["anonymize", "--input", str(tmp_path / "batch.jsonl"), "--output", str(out),
-         "--tokenizer", tiny_tokenizer, "--block-size", "4", "--engine", engine]  # fmt: skip
+        [
+            "anonymize",
+            "--input",
+            str(tmp_path / "batch.jsonl"),
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+            "--engine",
+            engine,
+        ]  # fmt: skip
     )
     assert done.returncode == 0, done.stderr[-2000:]
     letters = [
-        json.loads(line)
-        for path in (tmp_path / "out-rejected").iterdir()
-        for line in path.open()
+        json.loads(line) for path in (tmp_path / "out-rejected").iterdir() for line in path.open()
     ]
     assert len(letters) == 1
     assert letters[0]["error"] == "wrong_type", letters[0]
@@ -313,8 +349,18 @@ def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_token
         out = tmp_path / f"out-{name}"
         with log.open("rb") as stdin:
             done = _kvtrace(
-                ["anonymize", "--input", "-", "--output", str(out), "--tokenizer",
-                 tiny_tokenizer, "--block-size", "4", *engine],  # fmt: skip
+                [
+                    "anonymize",
+                    "--input",
+                    "-",
+                    "--output",
+                    str(out),
+                    "--tokenizer",
+                    tiny_tokenizer,
+                    "--block-size",
+                    "4",
+                    *engine,
+                ],  # fmt: skip
                 stdin=stdin,
             )
         assert done.returncode == 0, done.stderr[-2000:]
@@ -353,8 +399,16 @@ def test_standard_input_named_in_a_config_file_is_standard_input(tiny_tokenizer,
     out = tmp_path / "out"
     with piped.open("rb") as stdin:
         done = subprocess.run(
-            [sys.executable, "-m", "kvtrace.cli", "anonymize", "--config", str(config),
-             "--output", str(out)],  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "anonymize",
+                "--config",
+                str(config),
+                "--output",
+                str(out),
+            ],  # fmt: skip
             cwd=work,
             stdin=stdin,
             capture_output=True,
@@ -373,9 +427,24 @@ def test_a_closed_standard_input_is_a_one_line_error_saying_so(tiny_tokenizer, t
     `sys.stdin.buffer` raises AttributeError, caught only by the command's last-resort net
     ("the job failed: AttributeError: 'NoneType' object has no attribute 'buffer'")."""
     done = subprocess.run(
-        ["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "kvtrace.cli", "anonymize",
-         "--input", "-", "--output", str(tmp_path / "out"), "--tokenizer", tiny_tokenizer,
-         "--block-size", "4"],  # fmt: skip
+        [
+            "sh",
+            "-c",
+            'exec "$@" <&-',
+            "sh",
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            "-",
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ],  # fmt: skip
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -426,14 +495,21 @@ def test_a_batch_request_the_api_refused_is_a_failed_request_letter(
     (tmp_path / "joined.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out"
     done = _kvtrace(
-        ["anonymize", "--input", str(tmp_path / "joined.jsonl"), "--output", str(out),
-         "--tokenizer", tiny_tokenizer, "--block-size", "4"]  # fmt: skip
+        [
+            "anonymize",
+            "--input",
+            str(tmp_path / "joined.jsonl"),
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--block-size",
+            "4",
+        ]  # fmt: skip
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(_trace_rows(out)) == 10
     letters = [
-        json.loads(line)
-        for path in (tmp_path / "out-rejected").iterdir()
-        for line in path.open()
+        json.loads(line) for path in (tmp_path / "out-rejected").iterdir() for line in path.open()
     ]
     assert [letter["error"] for letter in letters] == ["failed_request"]

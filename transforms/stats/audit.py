@@ -1566,7 +1566,7 @@ def _granularity(steps: object) -> str:
     """The manifest's rounding steps as a reader says them: `timestamps 1 ms, output lengths 1`."""
     if not isinstance(steps, dict) or not steps:
         return "not stated"
-    said = {"timestamp_ms": "timestamps {:,} ms", "output_length": "output lengths {:,}"}
+    said = {"timestamp_ms": "timestamps {:,} ms", OUTPUT_LENGTH_FIELD: "output lengths {:,}"}
     return ", ".join(
         said.get(field, f"{field} {{:,}}").format(step)
         if isinstance(step, int)

@@ -125,4 +125,6 @@ def test_the_walk_holds_its_depth_not_an_entry_per_value():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 64 << 10, f"{peak} bytes held by the walk"
+    # 1 MiB, not the walk's ~10 KiB: tracemalloc also counts other threads of a test worker
+    # (108 KB seen in the fast set); the old walk held 64 MB.
+    assert peak < 1 << 20, f"{peak} bytes held by the walk"
