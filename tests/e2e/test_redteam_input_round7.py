@@ -288,7 +288,6 @@ def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_
 # ---- standard input's name: a set held by one process --------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_tokenizer, tmp_path):
     """decompress.input_name names the spooled copy `-` by looking it up in _SPOOLED, a set of
     the process that spooled it. Beam's workers in their own processes (DirectRunner
