@@ -9,8 +9,10 @@ import json
 import logging
 import sys
 import time
-from contextlib import nullcontext
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from typing import IO, Any
 
 from kvtrace.commands.common import BeamFlags, engine_options, local_reads
 from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
@@ -451,16 +453,6 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.transforms.read.decompress import STANDARD_INPUT, spooled_standard_input
-
-    if args.streaming or STANDARD_INPUT not in (args.input or ()):
-        return _run(args, beam_args)
-    with spooled_standard_input() as spooled:  # `--input -`: read as the file it is spooled to
-        args.input = [spooled if word == STANDARD_INPUT else word for word in args.input]
-        return _run(args, beam_args)
-
-
-def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     started = time.monotonic()
     if args.quiet:  # progress shows only with kvtrace's INFO lines (pipelines/progress.py)
         _LOG.setLevel(logging.WARNING)
@@ -473,7 +465,8 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         tokenizer_sha256,
     )
     from kvtrace.transforms.ids.id_map import new_run_id
-    from kvtrace.transforms.read.paths import expand_inputs, file_sizes
+    from kvtrace.transforms.read.decompress import STANDARD_INPUT
+    from kvtrace.transforms.read.paths import expand_inputs
     from kvtrace.transforms.read.records import ParseOptions
     from kvtrace.transforms.storage import folded
     from kvtrace.transforms.write.coarsen import Coarsening
@@ -499,14 +492,18 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     dead_letter = folded(options.get("dead_letter") or f"{output}-rejected")
     hashes = options.get("emit_block_hashes")
     stream = _stream_source(options)
-    files = [] if stream else expand_inputs(options["input"])
+    # `-` is standard input wherever the input list came from (flags or a --config file); it is
+    # read only once every check that needs none of it has passed (_with_inputs).
+    files = [] if stream else expand_inputs([p for p in options["input"] if p != STANDARD_INPUT])
+    reads_stdin = not stream and STANDARD_INPUT in options["input"]
+    stdin = _standard_input() if reads_stdin else None
     configs = [config_path(p) for arg in args.config for p in arg.split(",") if p]
     salt = salt_source(options.get("salt_file"), options.get("salt_secret"))
     _check_template_kwargs_salt(options, salt)
     marks = _marks(options, salt)
     plan_locations(
         [
-            *([] if stream else [*options["input"], *files]),
+            *([] if stream else [p for p in [*options["input"], *files] if p != STANDARD_INPUT]),
             *local_reads(options.get("tokenizer"), options.get("salt_file"), *configs),
         ],
         [
@@ -536,7 +533,7 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     # publish their own (anonymize_streaming.py).
     letters = None if stream else DeadLetterRun(dead_letter, output, run_id)
     config = AnonymizeConfig(
-        inputs=tuple(file_sizes(files)),
+        inputs=(),  # known once the output is locked (_with_inputs)
         output=output,
         staging=staging_folder(output, run_id),
         tokenizer=options["tokenizer"],
@@ -567,15 +564,6 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         model_name=options.get("model_name"),
         time_origin=options["time_origin"],
     )
-    total_mb = sum(size for _, size in config.inputs) / 1e6
-    _LOG.info(
-        "anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
-        len(files),
-        total_mb,
-        config.tokenizer,
-        config.block_size,
-        salt.describe(),
-    )
     try:  # the block hashes' folder is published too, and cleared of killed runs' staging
         with (
             output_lock(output),
@@ -593,21 +581,32 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     return 0
                 finally:
                     storage.remove_folder(config.staging)
-            recover_letters(dead_letter, output)  # before this run's staging folder exists
-            storage.make_folder(config.staging, private=True)
-            letters.begin(config.staging)
-            succeeded = False
-            try:
-                _run_anonymize(config, engine, options["processes"], flags)
-                counts = read_run_counts(letters.staging)  # before the staging folder goes
-                succeeded = True
-            finally:
-                # Letters first: where settling fails, the staging folder stays marked, and the
-                # next run's lock drops the letters with it (as after a kill).
-                letters.settle(succeeded)  # published with the output, or gone with the run
-                storage.remove_folder(config.staging)  # gone once published; else a failure's
-                if config.block_hashes:
-                    storage.remove_folder(block_hashes_staging(config.block_hashes, config.staging))
+            with _with_inputs(config, files, stdin) as config:
+                _LOG.info(
+                    "anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
+                    len(config.inputs),
+                    config.input_bytes / 1e6,
+                    config.tokenizer,
+                    config.block_size,
+                    salt.describe(),
+                )
+                recover_letters(dead_letter, output)  # before this run's staging folder exists
+                storage.make_folder(config.staging, private=True)
+                letters.begin(config.staging)
+                succeeded = False
+                try:
+                    _run_anonymize(config, engine, options["processes"], flags)
+                    counts = read_run_counts(letters.staging)  # before the staging folder goes
+                    succeeded = True
+                finally:
+                    # Letters first: where settling fails, the staging folder stays marked, and
+                    # the next run's lock drops the letters with it (as after a kill).
+                    letters.settle(succeeded)  # published with the output, or gone with the run
+                    storage.remove_folder(config.staging)  # gone once published; else a failure's
+                    if config.block_hashes:
+                        storage.remove_folder(
+                            block_hashes_staging(config.block_hashes, config.staging)
+                        )
     except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
         message = JobStopped.message_in(err)
         if message is None:
@@ -617,6 +616,30 @@ def _run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
     _print_summary(config, letters.published, counts, time.monotonic() - started)
     return 0
+
+
+def _standard_input() -> IO[bytes]:
+    """Standard input's bytes; refused in one line when it is closed (`<&-`: no stream at all),
+    before any work."""
+    if sys.stdin is None:
+        raise ConfigError("--input - reads standard input, which is closed: pipe a log in")
+    return sys.stdin.buffer
+
+
+@contextmanager
+def _with_inputs(config: Any, files: list[str], stdin: IO[bytes] | None) -> Iterator[Any]:
+    """The run's config with its inputs: the files, and standard input's spooled copy when the
+    run reads it. Spooled only here, under the output's lock, once every check that can fail
+    without it has passed: a bad option never waits for a pipe that stays open, nor copies it.
+    The copy is gone when the run ends."""
+    from kvtrace.transforms.read.decompress import spooled_standard_input
+    from kvtrace.transforms.read.paths import file_sizes
+
+    if stdin is None:
+        yield replace(config, inputs=tuple(file_sizes(files)))
+        return
+    with spooled_standard_input(stdin) as spooled:
+        yield replace(config, inputs=tuple(file_sizes(sorted({*files, spooled}))))
 
 
 def _run_anonymize(config: Any, engine: str, processes: int, flags: list[str]) -> None:

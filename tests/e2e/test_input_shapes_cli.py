@@ -80,6 +80,89 @@ def test_standard_input_from_a_terminal_is_a_one_line_error(
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
+class Untouchable(io.RawIOBase):
+    """A pipe that stays open: any read of it is a failure of the test, never a wait."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        raise AssertionError("standard input was read before the run's checks passed")
+
+
+def refused_without_reading_standard_input(
+    tiny_tokenizer, out: Path, monkeypatch, capsys, *bad: str
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Untouchable())))
+    code = anonymize(tiny_tokenizer, ["-"], out, "--block-size", "4", *bad)
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and "before the run's checks" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--block-size", "0"],
+        ["--tokenizer", "/nonexistent/tok"],
+        ["--emit-block-hashes"],  # checked once the tokenizer is loaded
+        ["--config", "/nonexistent.yaml"],
+    ],
+    ids=["option", "tokenizer", "late-check", "config"],
+)
+def test_a_run_that_cannot_start_refuses_before_reading_standard_input(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys, bad
+):
+    """Options, config files and the tokenizer are all checked before stdin is spooled: a
+    refused run never waits for, nor copies, a pipe."""
+    refused_without_reading_standard_input(
+        tiny_tokenizer, tmp_path / "out", monkeypatch, capsys, *bad
+    )
+
+
+def test_an_output_another_run_holds_is_refused_before_reading_standard_input(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    from kvtrace.transforms.write.publish import output_lock
+
+    with output_lock(str(tmp_path / "out")):  # another run of the same output
+        refused_without_reading_standard_input(
+            tiny_tokenizer, tmp_path / "out", monkeypatch, capsys
+        )
+
+
+def test_a_closed_standard_input_is_refused_in_one_line(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(sys, "stdin", None)  # `<&-`: Python has no stdin at all
+    assert anonymize(tiny_tokenizer, ["-"], tmp_path / "out", "--block-size", "4") != 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "error: --input - reads standard input, which is closed: pipe a log in"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_standard_input_beside_files_and_in_a_config_file_is_read_once(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """`-` among file inputs adds stdin's records to theirs, the same whether the input list
+    comes from flags or a --config file, and named twice it is still read once."""
+    first = write_jsonl(tmp_path / "a.jsonl", RECORDS[:20])
+    rest = write_jsonl(tmp_path / "b.jsonl", RECORDS[20:])
+    assert anonymize(tiny_tokenizer, [first, rest], tmp_path / "files", "--block-size", "4") == 0
+    stdin_of(monkeypatch, rest.read_bytes())
+    assert (
+        anonymize(tiny_tokenizer, [first, "-", "-"], tmp_path / "flags", "--block-size", "4") == 0
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(f'input: ["{first}", "-"]\nblock_size: 4\n')
+    stdin_of(monkeypatch, rest.read_bytes())
+    assert anonymize(tiny_tokenizer, [], tmp_path / "config", "--config", str(config)) == 0
+    assert_same_output(tmp_path / "files", tmp_path / "flags")
+    assert_same_output(tmp_path / "files", tmp_path / "config")
+
+
 def test_standard_input_piped_into_the_command(tiny_tokenizer, tmp_path):
     log = write_jsonl(tmp_path / "log.jsonl", RECORDS)
     assert anonymize(tiny_tokenizer, [log], tmp_path / "file", "--block-size", "4") == 0

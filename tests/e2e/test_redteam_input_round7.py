@@ -39,7 +39,6 @@ def _trace_rows(folder) -> list[dict]:
 # ---- standard input: a bad option waits for (and copies) the whole of stdin first -------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 @pytest.mark.parametrize("bad", [["--block-size", "0"], ["--tokenizer", "/nonexistent/tok"]])
 def test_a_bad_option_is_refused_before_standard_input_is_read(tiny_tokenizer, tmp_path, bad):
     """`--input -` is spooled in anonymize.run before _run checks a single option: a typo in
@@ -324,7 +323,6 @@ def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_
 # ---- standard input's name: a set held by one process --------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_tokenizer, tmp_path):
     """decompress.input_name names the spooled copy `-` by looking it up in _SPOOLED, a set of
     the process that spooled it. Beam's workers in their own processes (DirectRunner
@@ -376,7 +374,6 @@ def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_token
 # ---- `-` is standard input on the command line only ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_standard_input_named_in_a_config_file_is_standard_input(tiny_tokenizer, tmp_path):
     """anonymize.run spools stdin when `-` is in args.input, before --config files are merged
     (in _run): `input: ["-"]` in a config file is not standard input but a file named `-` in
@@ -421,7 +418,6 @@ def test_standard_input_named_in_a_config_file_is_standard_input(tiny_tokenizer,
     assert len(_trace_rows(out)) == 5  # the piped log's, not the file named `-`
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_a_closed_standard_input_is_a_one_line_error_saying_so(tiny_tokenizer, tmp_path):
     """`kvtrace anonymize --input - <&-`: sys.stdin is None, and spooled_standard_input's
     `sys.stdin.buffer` raises AttributeError, caught only by the command's last-resort net

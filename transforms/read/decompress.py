@@ -185,14 +185,16 @@ SPOOL_STEP_BYTES = 1 << 20
 # What the spool leaves free on its file system: a stream that never ends (or outgrows the
 # disk) stops here with a one-line error, never by filling the disk under the run's own output.
 SPOOL_RESERVE_BYTES = 1 << 30
-# The spooled copies of this process, by path: their letters name the input as the user gave it,
-# `-`, never the temporary folder's random name, so the same input gives the same letters.
-_SPOOLED: set[str] = set()
+# The spooled copy's path, kept in the environment so that every worker the run starts, forked
+# or spawned (Beam's multi_processing workers), inherits it: their letters name the input as the
+# user gave it, `-`, never the temporary folder's random name, so the same input gives the same
+# letters on every engine. Set by spooled_standard_input alone, for the run's length.
+SPOOLED_STDIN_ENV = "KVTRACE_SPOOLED_STDIN"
 
 
 def input_name(path: str) -> str:
     """The name the run shows for the input at path: `-` for standard input's spooled copy."""
-    return STANDARD_INPUT if path in _SPOOLED else path
+    return STANDARD_INPUT if path == os.environ.get(SPOOLED_STDIN_ENV) else path
 
 
 def standard_input_name(head: bytes) -> str:
@@ -216,11 +218,11 @@ def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix="kvtrace-stdin-")  # readable by this user alone
     try:
         spooled = _spool(stream, folder)
-        _SPOOLED.add(spooled)
+        os.environ[SPOOLED_STDIN_ENV] = spooled
         try:
             yield spooled
         finally:
-            _SPOOLED.discard(spooled)
+            os.environ.pop(SPOOLED_STDIN_ENV, None)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

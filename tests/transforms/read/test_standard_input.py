@@ -7,6 +7,7 @@ import bz2
 import gzip
 import io
 import lzma
+import multiprocessing
 import os
 import shutil
 import sys
@@ -75,3 +76,19 @@ def test_input_beyond_the_free_space_is_a_one_line_error_and_leaves_nothing(monk
         with spooled_standard_input(endless):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+def shown_name_in_a_new_process(path: str) -> str:
+    """input_name as a worker started afresh (spawned, as Beam's multi_processing ones are)
+    sees it: nothing of the spooling process's memory, only what it inherits."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(decompress.input_name, (path,))
+
+
+def test_the_spooled_copy_is_named_dash_in_every_process_and_only_while_spooled():
+    with spooled_standard_input(io.BytesIO(LOG)) as path:
+        assert decompress.input_name(path) == "-"
+        assert shown_name_in_a_new_process(path) == "-"
+        assert decompress.input_name(path + ".other") == path + ".other"
+    assert decompress.input_name(path) == path
+    assert decompress.SPOOLED_STDIN_ENV not in os.environ
