@@ -77,7 +77,6 @@ def test_a_row_of_invalid_utf8_is_kept_or_dropped_by_which_other_lines_share_its
     assert split["total_requests"] == whole["total_requests"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 7")
 @pytest.mark.parametrize(
     "banner", [b"BZh91AY&SY log start", b"PAR1 log start"], ids=["bz2", "parquet"]
 )
@@ -147,7 +146,6 @@ def test_the_summary_says_rejected_reasons_commonest_first(tiny_tokenizer, tmp_p
     assert said.split()[1:5] == ["invalid_json", "5,", "bad_timestamp", "1:"], said
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 7")
 def test_standard_input_of_zstd_opening_with_a_skippable_frame_reads_as_its_file(
     tiny_tokenizer, tmp_path, monkeypatch
 ):

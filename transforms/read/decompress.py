@@ -30,6 +30,9 @@ import zlib
 from collections.abc import Iterator
 from typing import IO, Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from kvtrace.transforms.errors import ConfigError
 
 if sys.version_info >= (3, 14):
@@ -171,16 +174,15 @@ class DecodedStream(io.RawIOBase):
 # ---- Standard input (`--input -`) -------------------------------------------------------------
 
 STANDARD_INPUT = "-"
-# Standard input has no name to tell its form by: its first bytes do (no JSON text starts with
-# any of these), and the spooled copy is named for it, so every reader takes it as the file it
-# is, within every bound a file of that name is read in.
-MAGIC_SUFFIXES = (
-    (b"\x1f\x8b", ".jsonl.gz"),
-    (b"BZh", ".jsonl.bz2"),
-    (b"\xfd7zXZ\x00", ".jsonl.xz"),
-    (b"\x28\xb5\x2f\xfd", ".jsonl.zst"),
-    (b"PAR1", ".parquet"),
-)
+# Standard input has no name to tell its form by, so its spooled copy is named for the form it
+# is: the suffix of the first form whose reader takes it (see standard_input_form).
+CODEC_SUFFIXES = {"gzip": ".jsonl.gz", "bz2": ".jsonl.bz2", "xz": ".jsonl.xz", "zstd": ".jsonl.zst"}
+PARQUET_SUFFIX = ".parquet"
+PLAIN_SUFFIX = ".jsonl"
+_PARQUET_TAIL_BYTES = 8  # a Parquet file ends with its footer's length (4 bytes) and magic
+# The largest Parquet footer parsed to tell the form: a footer claiming more is no Parquet
+# kvtrace wrote (its footers are KiBs), and parsing it would hold it whole in memory.
+MAX_SNIFFED_FOOTER_BYTES = 64 << 20
 SPOOL_STEP_BYTES = 1 << 20
 # What the spool leaves free on its file system: a stream that never ends (or outgrows the
 # disk) stops here with a one-line error, never by filling the disk under the run's own output.
@@ -197,12 +199,46 @@ def input_name(path: str) -> str:
     return STANDARD_INPUT if path == os.environ.get(SPOOLED_STDIN_ENV) else path
 
 
-def standard_input_name(head: bytes) -> str:
-    """The spooled copy's file name, for the form the input's first bytes say it has."""
-    for magic, suffix in MAGIC_SUFFIXES:
-        if head.startswith(magic):
-            return "stdin" + suffix
-    return "stdin.jsonl"
+def standard_input_form(path: str) -> str:
+    """The suffix of the form the whole file at path is, as the readers check it: Parquet when
+    its footer parses; a compressed log when its codec's decoder returns bytes, or ends cleanly,
+    before any damage (gzip and bzip2 check their headers, xz and zstd their stream and frame
+    headers, zstd skippable frames included); else plain JSONL, whose bad lines are letters.
+    A damaged first line that merely starts like a magic number is thus JSONL, as its file is."""
+    if not os.path.getsize(path):
+        return PLAIN_SUFFIX  # every codec's decoder ends cleanly on nothing
+    if _is_parquet(path):
+        return PARQUET_SUFFIX
+    for codec, suffix in CODEC_SUFFIXES.items():
+        if _decodes_as(path, codec):
+            return suffix
+    return PLAIN_SUFFIX
+
+
+def _decodes_as(path: str, codec: str) -> bool:
+    with DecodedStream(open(path, "rb"), codec) as decoded:
+        return bool(decoded.read(1)) or decoded.broken is None
+
+
+def _is_parquet(path: str) -> bool:
+    """Whether pyarrow opens the file as the Parquet readers do (its footer's magic checked and
+    the footer parsed), the footer's claimed length first bounded so no claim is held whole."""
+    with open(path, "rb") as raw:
+        size = raw.seek(0, os.SEEK_END)
+        if size < _PARQUET_TAIL_BYTES:
+            return False
+        raw.seek(-_PARQUET_TAIL_BYTES, os.SEEK_END)
+        footer_bytes = int.from_bytes(raw.read(4), "little")
+        if footer_bytes > min(size - _PARQUET_TAIL_BYTES, MAX_SNIFFED_FOOTER_BYTES):
+            return False
+        raw.seek(0)
+        try:
+            pq.ParquetFile(
+                raw, thrift_string_size_limit=footer_bytes, thrift_container_size_limit=footer_bytes
+            )
+        except (pa.ArrowException, OSError, ValueError):
+            return False
+    return True
 
 
 @contextlib.contextmanager
@@ -230,7 +266,7 @@ def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
 def _spool(stream: IO[bytes], folder: str) -> str:
     budget = shutil.disk_usage(folder).free - SPOOL_RESERVE_BYTES
     chunk = stream.read(SPOOL_STEP_BYTES)
-    path = os.path.join(folder, standard_input_name(chunk))
+    path = os.path.join(folder, "stdin")
     written = 0
     try:
         with open(path, "wb") as spool:
@@ -246,4 +282,6 @@ def _spool(stream: IO[bytes], folder: str) -> str:
                 chunk = stream.read(SPOOL_STEP_BYTES)
     except OSError as err:
         raise ConfigError(f"standard input could not be spooled to {folder}: {err}") from None
-    return path
+    named = path + standard_input_form(path)
+    os.rename(path, named)
+    return named

@@ -10,14 +10,17 @@ import lzma
 import multiprocessing
 import os
 import shutil
+import struct
 import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import ConfigError
-from kvtrace.transforms.read import decompress
+from kvtrace.transforms.read import decompress, paths
 from kvtrace.transforms.read.decompress import spooled_standard_input
 
 if sys.version_info >= (3, 14):
@@ -26,6 +29,15 @@ else:
     from backports import zstd
 
 LOG = b'{"timestamp": 1, "prompt": "hi"}\n' * 1000
+# A zstd skippable frame, as pzstd and seekable-format writers put before their frames.
+SKIPPABLE = struct.pack("<II", 0x184D2A5F, 4) + b"meta"
+COMPRESSED = [
+    (".jsonl.gz", gzip.compress),
+    (".jsonl.bz2", bz2.compress),
+    (".jsonl.xz", lzma.compress),
+    (".jsonl.zst", zstd.compress),
+    (".jsonl.zst", lambda data: SKIPPABLE + zstd.compress(data)),
+]
 
 
 def parquet_bytes() -> bytes:
@@ -43,10 +55,34 @@ def parquet_bytes() -> bytes:
         (bz2.compress(LOG), "stdin.jsonl.bz2"),
         (lzma.compress(LOG), "stdin.jsonl.xz"),
         (zstd.compress(LOG), "stdin.jsonl.zst"),
+        (SKIPPABLE + zstd.compress(LOG), "stdin.jsonl.zst"),
+        (zstd.compress(b""), "stdin.jsonl.zst"),
         (parquet_bytes(), "stdin.parquet"),
         (b"", "stdin.jsonl"),
+        # Damaged first lines that start like a magic number are lines, as in their file.
+        (b"BZh91AY&SY log start\n" + LOG, "stdin.jsonl"),
+        (b"PAR1 log start\n" + LOG + b"PAR1", "stdin.jsonl"),
+        (b"\x1f\x8b\x08\x00 damaged\n" + LOG, "stdin.jsonl"),
+        (b"\xfd7zXZ\x00 damaged\n" + LOG, "stdin.jsonl"),
+        (b"\x28\xb5\x2f\xfd damaged\n" + LOG, "stdin.jsonl"),
     ],
-    ids=["plain", "bom", "gzip", "bz2", "xz", "zstd", "parquet", "empty"],
+    ids=[
+        "plain",
+        "bom",
+        "gzip",
+        "bz2",
+        "xz",
+        "zstd",
+        "zstd-skippable",
+        "zstd-empty",
+        "parquet",
+        "empty",
+        "bz2-like-line",
+        "parquet-like-lines",
+        "gzip-like-line",
+        "xz-like-line",
+        "zstd-like-line",
+    ],
 )
 def test_the_spooled_copy_holds_the_bytes_under_the_name_of_their_form(data, name):
     with spooled_standard_input(io.BytesIO(data)) as path:
@@ -92,3 +128,50 @@ def test_the_spooled_copy_is_named_dash_in_every_process_and_only_while_spooled(
         assert decompress.input_name(path + ".other") == path + ".other"
     assert decompress.input_name(path) == path
     assert decompress.SPOOLED_STDIN_ENV not in os.environ
+
+
+def _spooled_form(data: bytes) -> tuple[str, bytes | None]:
+    """The suffix standard input's data is spooled under, and what the file reader of that name
+    reads from it: the decoded bytes up to any damage (None if damaged before its first byte),
+    the Parquet rows, or the plain bytes."""
+    with spooled_standard_input(io.BytesIO(data)) as path:
+        suffix = os.path.basename(path).removeprefix("stdin")
+        if suffix == ".parquet":
+            with paths.parquet_file(path, 1 << 20) as (_, parquet):
+                return suffix, str(parquet.read().to_pylist()).encode()
+        with paths.open_stream(path) as stream:
+            read = stream.read()
+            return suffix, None if paths.broken_off(stream) and not read else read
+
+
+_MAGICS = [b"\x1f\x8b", b"\x1f\x8b\x08", b"BZh9", b"BZh91AY&SY", b"\xfd7zXZ\x00", b"PAR1"]
+_MAGICS += [b"\x28\xb5\x2f\xfd", SKIPPABLE[:4], SKIPPABLE]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([b"", *_MAGICS]), st.binary(max_size=200))
+def test_any_input_is_spooled_as_a_form_its_reader_takes_or_as_jsonl(magic, rest):
+    """For any bytes, most of them opening like a magic number: the form standard input is
+    spooled as is one whose reader takes it (bytes decoded, or a clean end, before any damage),
+    or it is plain JSONL (bad lines then dead letters, as in the file)."""
+    suffix, read = _spooled_form(magic + rest)
+    assert suffix == ".jsonl" or read is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(range(len(COMPRESSED))), st.binary(max_size=2000))
+def test_any_compressed_log_is_spooled_as_its_form_and_reads_whole(which, payload):
+    suffix, compress = COMPRESSED[which]
+    assert _spooled_form(compress(payload)) == (suffix, payload)
+
+
+@given(
+    st.sampled_from(["", "BZh9", "BZh91AY&SY", "PAR1", "P*M\x18"]),  # magic numbers in text
+    st.text(max_size=80).filter(lambda line: "\n" not in line),
+)
+def test_a_damaged_first_line_before_json_lines_is_plain_jsonl(opening, rest):
+    """Whatever a first line says, JSON lines after it make the input a log: no decoder reads
+    them, so no form but JSONL takes the input (a lone magic number once took it)."""
+    line = opening + rest
+    data = line.encode() + b"\n" + LOG
+    assert _spooled_form(data) == (".jsonl", data)
