@@ -28,7 +28,6 @@ def _analyzed(tmp_path: Path, name: str, *files: Path, engine: str = "local") ->
     return code, json.loads(out.read_text()) if out.exists() else {}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 7")
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_session_of_invalid_utf8_is_a_malformed_line_not_a_refused_trace(tmp_path, engine):
     """Promise: analyze reports malformed lines as warnings, never a failure, and the pyarrow
@@ -47,7 +46,6 @@ def test_a_session_of_invalid_utf8_is_a_malformed_line_not_a_refused_trace(tmp_p
     assert report["total_requests"] == 5
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 7")
 @pytest.mark.parametrize(
     "odd",
     [b'"note": "caf\xe9"', b'"note": "\xc0\x80"', b'"n": ' + b"9" * 5000],
@@ -106,7 +104,6 @@ def test_standard_input_whose_first_line_is_damaged_like_a_magic_number_reads_as
     assert len(trace(tmp_path / "stdin")) == 40
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 7")
 def test_validate_does_not_call_a_line_of_invalid_utf8_a_json_object(tmp_path):
     """Promise: validate's first check ('every line is a JSON object ...') and the block reader
     giving what the line reader gives. A trace whose first line carries a Latin-1 byte in a field

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import sys
 import time
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -19,6 +22,7 @@ from kvtrace.transforms.read.trace_io import (
     _READ_SCHEMAS,
     MAX_ROW_CONTAINERS,
     READ_FIELDS,
+    _digit_run_over,
     _lines_within_rule,
     _parsed_block,
     _read_jsonl_lines,
@@ -198,6 +202,94 @@ def test_a_file_the_streamed_reader_reads_is_read_alike_line_by_line(
     ]
     path = tmp_path / "t.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
+    with open(path, "rb") as stream:
+        streamed = _read_jsonl_streamed(stream, str(path))
+    event("streamed" if streamed is not None else "line by line")
+    if streamed is not None:
+        by_line = _read_jsonl_lines(str(path))
+        assert not by_line["malformed"]
+        assert _as_rows(streamed) == _as_rows([by_line])
+
+
+@given(
+    st.binary().map(lambda b: b.translate(bytes(b"0123456789a"[i % 11] for i in range(256)))),
+    st.integers(3, 40),
+)
+def test_a_digit_run_over_the_limit_is_found_wherever_it_lies(data, limit):
+    """The chunked scan finds exactly the runs a plain scan finds, at any limit and offset."""
+    longest = max((len(run) for run in re.findall(rb"[0-9]+", data)), default=0)
+    assert _digit_run_over(np.frombuffer(data, np.uint8), limit) == (longest > limit)
+
+
+# Bytes json.loads refuses and pyarrow's JSON parser skips in a field it is not asked for.
+ODD = [
+    b'"note": "caf\xe9"',
+    b'"note": "\xc0\x80"',
+    b'"note": "\xed\xa0\x80"',
+    b'"n": ' + b"9" * 5000,
+]
+
+
+@pytest.mark.parametrize("odd", ODD, ids=["latin1", "overlong", "surrogate", "long-int"])
+def test_a_line_json_loads_refuses_is_read_line_by_line_and_decided_there(tmp_path, odd):
+    """pyarrow skips an unread field's bytes unchecked: a block holding invalid UTF-8 or an
+    integer past Python's digit limit is never read by it, so the line reader decides that
+    line, the rows beside it kept by both readers alike."""
+    line = ROW.encode() + b", " + odd + b"}\n"
+    data = (ROW + "}\n").encode() + line + (ROW + "}\n").encode()
+    assert _blocks(data) == [None]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    trace = read_trace([str(path)])
+    try:
+        json.loads(line)
+        kept = [1, 2, 3]
+    except ValueError:
+        kept = [1, 3]
+    assert list(trace.line) == kept and trace.malformed_count == 3 - len(kept)
+
+
+def test_the_digit_limit_is_pythons_as_set(tmp_path):
+    """An integer is refused past the limit Python holds now (sys.set_int_max_str_digits), not
+    a copy of its default."""
+    line = (ROW + ', "n": ' + "9" * 1000 + "}\n").encode()
+    assert _blocks(line) == [line]
+    previous = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(999)
+    try:
+        assert _blocks(line) == [None]
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
+def test_a_session_of_invalid_utf8_is_one_malformed_line(tmp_path):
+    """pyarrow kept the bytes as a string and converting them raised UnicodeDecodeError: the
+    whole trace was refused. Now the line reader reports that line, the others kept."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(
+        (ROW + ', "session_id": "s"}\n').encode() + ROW.encode() + b', "session_id": "\xe9"}\n'
+    )
+    trace = read_trace([str(path)])
+    assert list(trace.session) == ["s"] and trace.malformed_count == 1
+    assert trace.malformed[0]["line"] == 2
+    assert trace.malformed[0]["error"].startswith("not JSON ('utf-8' codec can't decode")
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.binary(max_size=12).map(
+            lambda b: b.replace(b'"', b"").replace(b"\\", b"").replace(b"\n", b"")
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_any_bytes_in_an_unread_field_are_read_as_the_line_reader_reads_them(tmp_path, notes):
+    """Whatever bytes an unread string holds: a file the streamed reader reads, the line reader
+    reads alike, no line malformed."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(ROW.encode() + b', "note": "' + note + b'"}\n' for note in notes))
     with open(path, "rb") as stream:
         streamed = _read_jsonl_streamed(stream, str(path))
     event("streamed" if streamed is not None else "line by line")
