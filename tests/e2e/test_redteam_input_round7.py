@@ -100,7 +100,6 @@ def _tool_rendering_tokenizer(tiny_tokenizer, tmp_path) -> str:
     return str(folder)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_an_anthropic_request_logged_by_litellm_renders_as_in_its_request_envelope(
     tiny_tokenizer, tmp_path
 ):
@@ -200,7 +199,6 @@ _ANTHROPIC = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_the_same_records_as_parquet_publish_what_they_publish_as_jsonl(tiny_tokenizer, tmp_path):
     """A Parquet column of structs holds every field any row has: a row without one reads it as
     null (paths.sized_rows, to_pylist). The shapes (shapes.TOOL: name, function, input_schema
@@ -237,7 +235,6 @@ def test_the_same_records_as_parquet_publish_what_they_publish_as_jsonl(tiny_tok
     assert published["log.jsonl"] == published["log.parquet"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_an_openai_request_beside_an_anthropic_one_in_parquet_keeps_its_tool_calls(
     tiny_tokenizer, tmp_path
 ):
@@ -277,7 +274,6 @@ def test_an_openai_request_beside_an_anthropic_one_in_parquet_keeps_its_tool_cal
 # ---- a field read that no shape declares --------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 @pytest.mark.parametrize("engine", ["local", "beam"])
 @pytest.mark.parametrize("value", ['"5"', "[5]", "{}", "true"])
 def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_letter(
@@ -468,7 +464,6 @@ def _batch_line(custom_id: str, response: dict, **extra) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 @pytest.mark.parametrize("timed", [False, True])
 def test_a_batch_request_the_api_refused_is_a_failed_request_letter(
     tiny_tokenizer, tmp_path, timed

@@ -38,18 +38,19 @@ NON_TEXT_PART_TYPES = frozenset(
 ANTHROPIC_BLOCK_TYPES = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 
 
-def is_anthropic(body: dict[str, Any]) -> bool:
+def is_anthropic(body: dict[str, Any], tools: Any) -> bool:
     """Anthropic Messages, told by the fields only Anthropic's API has: a top-level system
-    prompt, a tool defined by `input_schema`, or content blocks only Anthropic uses. (Its
-    required `max_tokens` tells nothing: Chat Completions takes one too; and a request with none
-    of these renders alike either way: string or text-block content.)"""
-    if "messages" not in body:
+    prompt, a tool defined by `input_schema` (of the tools the request is rendered with:
+    LiteLLM's payload keeps them beside the body), or content blocks only Anthropic uses. A null
+    field is not given, as vLLM's request models read it. (Its required `max_tokens` tells
+    nothing: Chat Completions takes one too; and a request with none of these renders alike
+    either way: string or text-block content.)"""
+    if body.get("messages") is None:
         return False
-    if "system" in body:
+    if body.get("system") is not None:
         return True
-    tools = body.get("tools")
     if isinstance(tools, list) and any(
-        isinstance(tool, dict) and "input_schema" in tool for tool in tools
+        isinstance(tool, dict) and tool.get("input_schema") is not None for tool in tools
     ):
         return True
     messages = body.get("messages")

@@ -19,7 +19,7 @@ from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read import chat
 from kvtrace.transforms.read.json_tree import check_tree, containers_over, orjson_reading
 from kvtrace.transforms.read.response_end import response_ms
-from kvtrace.transforms.read.shapes import check_record
+from kvtrace.transforms.read.shapes import check_record, declared_fields
 from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_OUTPUT_LENGTH
 
@@ -150,14 +150,15 @@ def request_from_object(
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
     check_tree(record, check_strings)
-    batch = "custom_id" in record
+    batch = record.get("custom_id") is not None
     body_field, body = _request_body(record, batch)
     response = _response(record, batch)
 
     kind = options.input_format
     if kind == "auto":
         kind = _batch_kind(record) if batch and body is not record else _detect_kind(body)
-    check_record(record, body, kind, "batch" if batch else "log", body_field)
+    envelope = "batch" if batch else "log"
+    check_record(record, body, kind, envelope, body_field)
     if batch:
         _check_batch(record, body)
     fields: dict[str, Any] = {"kind": kind}
@@ -178,7 +179,7 @@ def request_from_object(
         if batch:
             raise Rejected("unjoined_batch", f"a Batch input line has no time: {BATCH_JOIN}")
         raise Rejected("missing_timestamp", "no timestamp, startTime or created field")
-    output_text, output_length = _output(record, body, response)
+    output_text, output_length = _output(declared_fields(record, envelope), body, response)
     return Request(
         source=source,
         line=line,
@@ -236,22 +237,34 @@ def _check_batch(record: dict[str, Any], body: dict[str, Any]) -> None:
             "failed_request",
             f"the Batch API served no response (error {str(code)[:64]!r}): no request to trace",
         )
+    response = record.get("response")
+    status = response.get("status_code") if isinstance(response, dict) else None
+    if status is not None and not 200 <= status < 300:
+        # The API refused the request (context too long, invalid): nothing was generated.
+        raise Rejected(
+            "failed_request",
+            f"the Batch API refused the request (status {status}): no request to trace",
+        )
 
 
 def _tools(record: dict[str, Any], body: dict[str, Any]) -> list | None:
     """A chat's tools; LiteLLM's standard logging payload keeps them in model_parameters."""
-    if "tools" in body or body is not record:
+    if body.get("tools") is not None or body is not record:
         return body.get("tools")
     parameters = record.get("model_parameters")
     return parameters.get("tools") if isinstance(parameters, dict) else None
 
 
 def _detect_kind(body: dict[str, Any]) -> str:
-    if "messages" in body or ("input" in body and not isinstance(body["input"], (int, float))):
+    """The kind of request by the fields it gives; a null field is not given (vLLM's request
+    models read null as unset, and a Parquet log cannot tell the two apart)."""
+    if body.get("messages") is not None or not isinstance(
+        body.get("input"), (int, float, type(None))
+    ):
         return "chat"
-    if "prompt" in body:
+    if body.get("prompt") is not None:
         return "prompt"
-    if "input_ids" in body:
+    if body.get("input_ids") is not None:
         return "tokens"
     return "none"
 
@@ -260,11 +273,11 @@ def _chat(
     body: dict[str, Any], tools: list | None, drop_non_text: bool
 ) -> tuple[list[dict], list[dict] | None]:
     tools = tools or None  # a list of objects, its shape says
-    if "messages" in body and not chat.is_anthropic(body):
+    if body.get("messages") is not None and not chat.is_anthropic(body, tools):
         return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(
             tools
         )
-    if "messages" in body:
+    if body.get("messages") is not None:
         anthropic_tools = tools and chat.served_tools(chat.anthropic_tools(tools))
         return chat.anthropic_messages(body, drop_non_text), anthropic_tools
     if body.get("input") is None:
@@ -309,7 +322,9 @@ def _timestamp(record: dict, body: dict, response: dict | list | None, unit: str
 def _output(
     record: dict, body: dict, response: dict | list | None
 ) -> tuple[str | None, int | None]:
-    """(text to tokenize, known length): the first source present, in docs/ANONYMIZE.md's order."""
+    """(text to tokenize, known length): the first source present, in docs/ANONYMIZE.md's order.
+    `record`: the record's declared fields (shapes.declared_fields), so every count read here
+    has had its type checked."""
     for holder in (record, body):
         if "output" in holder:
             return holder["output"], None

@@ -318,7 +318,7 @@ ENVELOPE = {
 }
 # A line of an OpenAI Batch file, told by its `custom_id`: the input file's request (method,
 # url, body), the output file's response (its body a response object) or error; a line joined
-# from both holds both.
+# from both holds both, and may carry a log's generated count as LiteLLM's does.
 BATCH_ENVELOPE = {
     "custom_id": STRING,
     "method": STRING,
@@ -326,8 +326,10 @@ BATCH_ENVELOPE = {
     "body": ANY_OBJECT,
     "response": optional(obj(status_code=INTEGER, request_id=STRING, body=RESPONSE_OBJECT)),
     "error": optional(ANY_OBJECT),
+    "completion_tokens": INTEGER,
 }
 ENVELOPES = {"log": ENVELOPE, "batch": BATCH_ENVELOPE}
+_DECLARED = {name: (*envelope, *RECORD_FIELDS) for name, envelope in ENVELOPES.items()}
 _RECORD_WALKS = {
     name: fields_walk({**envelope, **RECORD_FIELDS}) for name, envelope in ENVELOPES.items()
 }
@@ -357,3 +359,9 @@ def check_record(
     _RECORD_WALKS[envelope](record, None)
     if kind in _BODY_WALKS:
         _BODY_WALKS[kind](body, (None, body_field))
+
+
+def declared_fields(record: dict[str, Any], envelope: str = "log") -> dict[str, Any]:
+    """The fields of a checked record its envelope declares, and only those: what a reader
+    reads through this cannot be a field no shape has checked."""
+    return {name: record[name] for name in _DECLARED[envelope] if name in record}

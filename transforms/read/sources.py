@@ -228,7 +228,7 @@ def _python_rows(
         converted = None
     if converted is not None:
         for row in converted:
-            yield path, row
+            yield path, without_nulls(row)
         return
     for index in range(rows.num_rows):
         try:
@@ -242,7 +242,20 @@ def _python_rows(
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
             )
             continue
-        yield path, row
+        yield path, without_nulls(row)
+
+
+def without_nulls(value: Any) -> Any:
+    """A Parquet value with every null struct field left out: a struct column gives each row
+    every field any row has, null where the row had none, and Parquet cannot tell an absent
+    field from a null one; so a null field is absent (docs/ANONYMIZE.md, Parquet input), and
+    the same records read alike as JSONL and as Parquet. A null list element stays: it is a
+    value, not a field."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        return [without_nulls(item) for item in value]  # lists of scalars (token ids) as they are
+    return value
 
 
 def _unread_group(

@@ -503,3 +503,49 @@ def test_a_record_of_more_containers_than_its_parse_may_cost_is_too_large_unpars
     with pytest.raises(Rejected) as refused:
         parse_record(record(most - 1), "s", options)
     assert refused.value.reason == "too_large" and "JSON objects and lists" in str(refused.value)
+
+
+# ---- a null field is not given; a reader reads only declared fields ---------------------------
+
+CALL = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+WITH_CALLS = [*USER, {"role": "assistant", "content": "ok", "tool_calls": [CALL]}]
+ANTHROPIC_TOOL = {"name": "g", "input_schema": {"properties": {}}}
+
+
+def test_a_null_system_or_input_schema_does_not_make_a_request_anthropic():
+    openai = parse({"messages": WITH_CALLS, **TS})
+    assert parse({"messages": WITH_CALLS, "system": None, **TS}).messages == openai.messages
+    assert openai.messages[1]["tool_calls"]  # the Anthropic reader would have dropped them
+    assert parse({"messages": USER, "system": "s", **TS}).messages[0]["role"] == "system"
+
+
+def test_a_null_field_does_not_decide_the_kind_of_request():
+    assert parse({"messages": None, "prompt": "p", **TS}).kind == "prompt"
+    assert parse({"prompt": None, "input_ids": [1], **TS}).kind == "tokens"
+    assert reason({"messages": None, **TS}) == "no_input"
+
+
+def test_litellm_tools_decide_anthropic_as_the_same_tools_in_a_request_envelope():
+    envelope = parse({"request": {"messages": USER, "tools": [ANTHROPIC_TOOL]}, **TS})
+    litellm = parse(
+        {"messages": USER, "model_parameters": {"tools": [ANTHROPIC_TOOL]}, "startTime": 1.7e9}
+    )
+    assert litellm.tools == envelope.tools
+    assert litellm.tools[0]["function"]["parameters"]["type"] == "object"
+
+
+BATCH = {"custom_id": "r", "url": "/v1/completions", "body": {"prompt": "p"}, **TS}
+
+
+@pytest.mark.parametrize("status", [400, 429, 500, 199])
+def test_a_batch_line_the_api_refused_is_a_failed_request(status):
+    refused = {"status_code": status, "request_id": "q", "body": {"error": {"code": "x"}}}
+    assert reason({**BATCH, "response": refused, "error": None}) == "failed_request"
+    served = {"status_code": 200, "request_id": "q", "body": {"usage": {"completion_tokens": 2}}}
+    assert parse({**BATCH, "response": served}).output_length == 2
+
+
+@pytest.mark.parametrize("value", ["5", [5], {}, True, None])
+def test_a_batch_lines_completion_count_is_held_to_its_shape(value):
+    assert reason({**BATCH, "completion_tokens": value}) == "wrong_type"
+    assert parse({**BATCH, "completion_tokens": 5}).output_length == 5

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.records import ParseOptions, Request, parse_record
+from kvtrace.transforms.read.shapes import declared_fields
 
 TEXT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 NAME = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
@@ -392,3 +393,9 @@ def test_content_as_a_string_or_as_its_text_part_parses_alike():
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
     }
     assert parse(as_string) == parse(as_part)
+
+
+def test_declared_fields_hold_only_what_the_envelope_declares():
+    record = {"custom_id": "r", "completion_tokens": 1, "output": "o", "extra": 2, "body": {}}
+    assert declared_fields(record, "batch") == {k: v for k, v in record.items() if k != "extra"}
+    assert "custom_id" not in declared_fields(record, "log")

@@ -399,3 +399,33 @@ def test_a_refused_row_group_is_one_letter_whatever_rows_its_footer_claims(tmp_p
     assert letter.reason == "too_large"
     assert f"rows 0 to {claimed - 1}, {claimed} as its footer claims" in letter.message
     assert 0 < letter.lost_bytes <= path.stat().st_size
+
+
+# Records that share some fields and lack others, at the top and nested: a Parquet struct
+# column gives each the fields of all (null where absent).
+_PART = st.fixed_dictionaries({"type": st.just("text")}, optional={"text": st.text(max_size=3)})
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"])},
+    optional={"content": st.lists(_PART, min_size=1, max_size=2), "name": st.just("n")},
+)
+_RECORD = st.fixed_dictionaries(
+    {"timestamp": st.integers(0, 10)},
+    optional={
+        "system": st.just("s"),
+        "messages": st.lists(_MESSAGE, min_size=1, max_size=3),
+        "tools": st.lists(
+            st.fixed_dictionaries({"name": st.just("g")}, optional={"type": st.just("f")}),
+            min_size=1,
+            max_size=2,
+        ),
+        "input_ids": st.lists(st.integers(0, 9), max_size=4),
+    },
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_RECORD, min_size=1, max_size=5))
+def test_parquet_rows_read_as_the_records_written_absent_fields_absent(tmp_path_factory, records):
+    path = tmp_path_factory.mktemp("absent") / "log.parquet"
+    pq.write_table(pa.Table.from_struct_array(pa.array(records)), path)
+    assert [row for _, row in read_range(FileRange(str(path), 0, None), 1 << 20)] == records
