@@ -16,7 +16,6 @@ import pytest
 from helpers import ROOT
 
 pytestmark = [pytest.mark.slow]
-ROUND7 = "red team round 7"
 
 
 def _kvtrace(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -150,7 +149,6 @@ def test_an_anthropic_request_logged_by_litellm_renders_as_in_its_request_envelo
 # ---- the trace reader: a row's fate decided by another row ---------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND7)
 def test_a_trace_row_reads_alike_whatever_the_other_lines_of_its_file(tmp_path):
     """trace_io reads a file as pyarrow blocks (_streamed_columns) and falls back to the line
     reader (_row, json.loads) when any line is not clean. pyarrow never checks the UTF-8 of a
