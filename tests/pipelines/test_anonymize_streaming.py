@@ -514,5 +514,6 @@ def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
     stream = TestStream().add_elements([b"not json", message(stream_chat(5_000, 1))])
     with pytest.raises(Exception, match="kvtrace did not write"):
         run_stream(config, stream.advance_watermark_to_infinity())
-    assert list(Path(config.job.dead_letter).iterdir()) == []
+    letters = Path(config.job.dead_letter)  # the run made it: gone again with nothing in it
+    assert not letters.exists() or list(letters.iterdir()) == []
     assert sorted(p.name for p in blocked.iterdir()) == ["notes.txt"]
