@@ -127,6 +127,7 @@ def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
     import kvtrace.transforms.write.steps as write_steps
+    from kvtrace.pipelines import child_process
 
     monkeypatch.delenv("KVTRACE_SALT", raising=False)
     salt_file = tmp_path / "salt"
@@ -151,6 +152,9 @@ def test_a_taskmanager_killed_mid_night_is_replaced_and_the_night_is_unchanged(
     for engine, extra in (("local", ()), ("flink", FLINK)):
         if engine == "flink":
             monkeypatch.setattr(write_steps, "write_shard", kill_once_then_write)
+            # The job in this process, so the hook above runs where `killed` is read (the child
+            # it otherwise runs in is tested in tests/pipelines/test_child_process.py).
+            monkeypatch.setattr(child_process, "run_in_child", lambda job: job())
         runs[engine] = tmp_path / engine
         assert (
             anonymize_night(
