@@ -197,6 +197,24 @@ _ANTHROPIC = {
 }
 
 
+def _published_as_jsonl_and_parquet(records: list[dict], tokenizer: str, tmp_path) -> dict:
+    """The trace rows the same records publish as a JSONL log and as a Parquet log."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    pq.write_table(pa.Table.from_struct_array(pa.array(records)), tmp_path / "log.parquet")
+    published = {}
+    for name in ("log.jsonl", "log.parquet"):
+        out = tmp_path / f"out-{name}"
+        done = _kvtrace(
+            ["anonymize", "--input", str(tmp_path / name), "--output", str(out)]
+            + ["--tokenizer", tokenizer, "--block-size", "4"]
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        published[name] = _trace_rows(out)
+    return published
+
+
 def test_the_same_records_as_parquet_publish_what_they_publish_as_jsonl(tiny_tokenizer, tmp_path):
     """A Parquet column of structs holds every field any row has: a row without one reads it as
     null (paths.sized_rows, to_pylist). The shapes (shapes.TOOL: name, function, input_schema
@@ -206,30 +224,9 @@ def test_the_same_records_as_parquet_publish_what_they_publish_as_jsonl(tiny_tok
     wrong_type dead letter (the Chat Completions tool has name: null; the Anthropic tool,
     function: null): here both rows are rejected and the run publishes nothing, while the same
     two records as JSONL publish two rows. docs/ANONYMIZE.md: "Parquet with the same fields"."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
     tokenizer = _tool_rendering_tokenizer(tiny_tokenizer, tmp_path)
     records = [_OPENAI, _ANTHROPIC]
-    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    pq.write_table(pa.Table.from_struct_array(pa.array(records)), tmp_path / "log.parquet")
-    published = {}
-    for name in ("log.jsonl", "log.parquet"):
-        out = tmp_path / f"out-{name}"
-        done = _kvtrace(
-            [
-                "anonymize",
-                "--input",
-                str(tmp_path / name),
-                "--output",
-                str(out),
-                "--tokenizer",
-                tokenizer,
-                "--block-size",
-                "4",
-            ]  # fmt: skip
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        published[name] = _trace_rows(out)
+    published = _published_as_jsonl_and_parquet(records, tokenizer, tmp_path)
     assert published["log.jsonl"] == published["log.parquet"]
 
 
@@ -240,32 +237,11 @@ def test_an_openai_request_beside_an_anthropic_one_in_parquet_keeps_its_tool_cal
     OpenAI row `system: null`, so chat.is_anthropic reads it as Anthropic Messages, whose
     reader (chat.anthropic_messages) drops the assistant's `tool_calls`: a shorter prompt than
     the same record alone, or as JSONL."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
     tokenizer = _tool_rendering_tokenizer(tiny_tokenizer, tmp_path)
     openai = {k: v for k, v in _OPENAI.items() if k != "tools"}
     anthropic = {k: v for k, v in _ANTHROPIC.items() if k != "tools"}
     records = [openai, anthropic]
-    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    pq.write_table(pa.Table.from_struct_array(pa.array(records)), tmp_path / "log.parquet")
-    published = {}
-    for name in ("log.jsonl", "log.parquet"):
-        out = tmp_path / f"out-{name}"
-        done = _kvtrace(
-            [
-                "anonymize",
-                "--input",
-                str(tmp_path / name),
-                "--output",
-                str(out),
-                "--tokenizer",
-                tokenizer,
-                "--block-size",
-                "4",
-            ]  # fmt: skip
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        published[name] = _trace_rows(out)
+    published = _published_as_jsonl_and_parquet(records, tokenizer, tmp_path)
     assert published["log.jsonl"] == published["log.parquet"]
 
 
