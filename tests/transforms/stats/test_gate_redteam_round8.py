@@ -1,0 +1,119 @@
+"""Red team round 8 against the publication gate (`kvtrace audit`): what the fields new since
+round 6 (model_name, time_origin, a stream's windows) let through. Each test asserts the promised
+behaviour (the gate accepts only what kvtrace writes for the run, no byte of private text), so
+each fails today."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import anonymize, chat, write_jsonl
+from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.trace_format import MANIFEST, canonical_json, window_name
+from kvtrace.transforms.write.manifest import set_content_times
+
+pytestmark = [pytest.mark.slow, pytest.mark.beam]
+ROUND8 = "red team round 8"
+
+
+@pytest.fixture(scope="module")
+def night(tiny_tokenizer, tmp_path_factory) -> Path:
+    """A publishable night at block size 4, with sessions."""
+    tmp = tmp_path_factory.mktemp("redgate8")
+    log = write_jsonl(
+        tmp / "night.jsonl",
+        [chat(i, 1_700_000_000_000 + 1000 * i, session=f"user-{i % 2}") for i in range(6)],
+    )
+    assert anonymize(tiny_tokenizer, [log], tmp / "out", "--block-size", "4") == 0
+    assert gate.audit(str(tmp / "out"), tiny_tokenizer)["publishable"]
+    return tmp / "out"
+
+
+def edit_manifest(folder: Path, change) -> None:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    change(manifest)
+    (folder / MANIFEST).write_bytes(canonical_json(manifest))
+    set_content_times(str(folder))
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_model_name_carries_free_text_the_gate_never_confirms(night, tiny_tokenizer, tmp_path):
+    """The manifest's model_name (anonymize --model-name) is held only to a hub-name *shape*
+    (trace_format.MODEL_NAME_SCHEMA: [A-Za-z0-9._-]{1,96}, twice): up to 193 characters, ~1,150
+    bits, of any words spelled without spaces. Every other setting the rows do not prove
+    (tokenizer, hash_scheme, chat_template_kwargs, block size, granularity) is refused unless
+    the audit is given it as the run was, or is one of a closed set of values; model_name is
+    checked against nothing (audit has no --model-name; _check_settings ignores it), so a
+    manifest edited after the run to hold a patient's name and diagnosis passes as kvtrace's.
+    (tests/e2e/test_model_name_cli.py only tries a name with spaces.)"""
+    folder = tmp_path / "out"
+    shutil.copytree(night, folder)
+    secret = "Patient-John.Smith-born-1961-04-02-HIV-positive/ward-7.bed-3.SSN-078-05-1120"
+    edit_manifest(folder, lambda m: m.update(model_name=secret))
+    report = gate.audit(str(folder), tiny_tokenizer)
+    assert not report["publishable"], "free text in model_name passed the gate unconfirmed"
+
+
+def one_window_stream(night: Path, tmp_path: Path) -> Path:
+    """The night as a stream's one window, with the cumulative.json the driver writes (as
+    tests/e2e/test_audit_stream_totals_cli.stream_of builds it)."""
+    from kvtrace.pipelines.anonymize_config import AnonymizeConfig
+    from kvtrace.pipelines.anonymize_streaming import Progress, StreamingConfig, write_cumulative
+    from kvtrace.transforms.encode.salt import SaltSource
+
+    job = AnonymizeConfig(
+        inputs=(),
+        output=str(tmp_path / "stream"),
+        staging=str(tmp_path / "staging"),
+        tokenizer="x",
+        salt=SaltSource("env", "KVTRACE_SALT"),
+        dead_letter=str(tmp_path / "stream-rejected"),
+        block_size=4,
+    )
+    window = shutil.copytree(night, tmp_path / "stream" / window_name(0))
+    edit_manifest(
+        window,
+        lambda m: m.update(id_map={"block_ids_from": 0, "sessions_from": 0, "time_from_ms": 0}),
+    )
+    stats = json.loads((night / "stats.json").read_text())
+    write_cumulative(
+        StreamingConfig(job, "pubsub:projects/p/subscriptions/s", 60_000),
+        Progress(
+            next_id={"blocks": stats["unique_blocks"], "sessions": 2},
+            origin_ms=0,
+            published_ms=0,
+            windows=1,
+            rows=6,
+            rejected=0,
+        ),
+    )
+    return tmp_path / "stream"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_a_stream_windows_time_from_ms_is_free_under_the_night_origin(
+    night, tiny_tokenizer, tmp_path
+):
+    """A stream's window begins where the window before it ended: _check_numbering_start
+    compares only begins[:2] (block ids, sessions) with the audited window before, never
+    id_map.time_from_ms; _audit binds time_from_ms to the first row only when the rows count
+    from the map (from_map), and a manifest that says time_origin "night" (which the stream
+    never writes: it has no id map) lifts that too. So a stream's window carries any number
+    below 2^40 in time_from_ms (here "Alice" as 40 bits; an absolute epoch in ms up to 2004
+    fits too), and the gate calls the stream publishable."""
+    stream = one_window_stream(night, tmp_path)
+    assert gate.audit(str(stream), tiny_tokenizer)["publishable"]
+    window = stream / window_name(0)
+
+    def hide(manifest: dict) -> None:
+        manifest["id_map"]["time_from_ms"] = int.from_bytes(b"Alice", "big")
+        manifest["time_origin"] = "night"
+
+    edit_manifest(window, hide)
+    set_content_times(str(stream))
+    report = gate.audit(str(stream), tiny_tokenizer)
+    assert not report["publishable"], "40 free bits in a window's time_from_ms passed"
