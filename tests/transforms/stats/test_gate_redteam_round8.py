@@ -132,3 +132,21 @@ def test_time_origin_night_beside_no_id_map_passes(night, tiny_tokenizer, tmp_pa
     edit_manifest(folder, lambda m: m.update(time_origin="night"))
     report = gate.audit(str(folder), tiny_tokenizer)
     assert not report["publishable"], "time_origin without an id_map passed"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_a_tokenizer_name_the_run_did_not_use_passes_unconfirmed(night, tmp_path):
+    """Settings no row shows are refused unless confirmed: a hash scheme other than the keyed
+    default without --hash-scheme, any chat_template_kwargs without --chat-template-kwargs
+    (even one boolean switch: _check_template_kwargs), block sizes and steps outside the round
+    ones. The tokenizer is the exception: without --tokenizer, _check_tokenizer returns at once,
+    so a manifest edited to name any pinned tokenizer (null or one of three: 2 bits, and a false
+    claim of the model the night was tokenized for) passes."""
+    from kvtrace.transforms.trace_format import PUBLISHED_TOKENIZERS
+
+    folder = tmp_path / "out"
+    shutil.copytree(night, folder)
+    named = {"name": "Qwen/Qwen3-8B", "sha256": PUBLISHED_TOKENIZERS["Qwen/Qwen3-8B"][0]}
+    edit_manifest(folder, lambda m: m.update(tokenizer=named))
+    report = gate.audit(str(folder))
+    assert not report["publishable"], "a tokenizer name no option confirms passed"
