@@ -1,0 +1,59 @@
+"""Red team round 8 (det8): determinism and nothing lost across forms, engines, nights and
+derived traces. Each test asserts a promise and fails today."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import SALT, anonymize, chat, trace, write_jsonl
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.slow
+
+DAY0 = 1_700_000_000_000
+
+
+def _letters(out: Path) -> list[dict]:
+    folder = Path(f"{out}-rejected")
+    return [json.loads(line) for p in sorted(folder.glob("*.jsonl")) for line in p.open()]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"output_length": None},
+        {"completion_tokens": None},
+        {"output": None},
+    ],
+    ids=["output_length", "completion_tokens", "output"],
+)
+def test_a_null_output_count_reads_alike_as_jsonl_and_as_parquet(tiny_tokenizer, tmp_path, field):
+    """Promise (docs/ANONYMIZE.md, Input; round 7's fix): the same records read alike as JSONL
+    and as Parquet, a null field read as absent. sources.without_nulls drops nulls from Parquet
+    rows only; the JSONL reader keeps an explicit null of the fields an output length is taken
+    from (output_length, completion_tokens, output) and calls it a
+    wrong_type letter ('output_length is null, not an integer'). The same record written as
+    Parquet (pyarrow.Table.from_pylist of the same dicts) loses the null: the row is exported
+    with output_length 0. One request: a letter in one form, a row in the other."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [chat(i, DAY0 + 1000 * i, session="s") for i in range(3)]
+    last = chat(5, DAY0 + 9000, session="s")
+    last.pop("output_length")
+    records.append({**last, **field})
+    as_jsonl = write_jsonl(tmp_path / "log.jsonl", records)
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_pylist(records), as_parquet)
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out), [letter["error"] for letter in _letters(out)])
+    assert runs["jsonl"] == runs["parquet"]
