@@ -119,3 +119,55 @@ def test_the_id_map_records_a_night_alike_whatever_its_time_origin(tiny_tokenize
         assert night(2, map_name, "--time-origin", origin) == 0
     recorded = [(tmp_path / m / "versions" / "000002.json").read_bytes() for m in ("on-map", "own")]
     assert recorded[0] == recorded[1]
+
+
+def _tool_turn(i: int, call: dict, tools: list | None = None) -> dict:
+    record = {
+        "timestamp": DAY0 + 1000 * i,
+        "output_length": 3,
+        "messages": [
+            {"role": "user", "content": "the fox"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "dog"},
+        ],
+    }
+    return {**record, "tools": tools} if tools else record
+
+
+TOOL = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+CALL = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"a": 1}'}}
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"call": {**CALL, "id": None}},
+        {"call": {**CALL, "type": None}},
+        {"call": {**CALL, "function": {"name": "get", "arguments": None}}},
+        {"tools": [{**TOOL, "type": None}]},
+        {"tools": [{"type": "function", "function": {"name": None, "parameters": {}}}]},
+    ],
+    ids=["call.id", "call.type", "call.function.arguments", "tool.type", "tool.function.name"],
+)
+def test_a_null_required_field_reads_alike_as_jsonl_and_as_parquet(tiny_tokenizer, tmp_path, odd):
+    """The same mechanism as the output counts, in the request: shapes.py declares a tool call's
+    id, type and function.arguments and a tool's type and function.name as strings (not
+    optional), so the JSONL reader letters a null one (wrong_type), while a field that is absent
+    passes (no shape requires presence). Parquet cannot tell null from absent and
+    sources.without_nulls makes it absent: the same request is a wrong_type letter as JSONL and
+    an exported row as Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [_tool_turn(i, CALL, [TOOL]) for i in range(3)]
+    records.append(_tool_turn(5, odd.get("call", CALL), odd.get("tools", [TOOL])))
+    as_jsonl = write_jsonl(tmp_path / "log.jsonl", records)
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_pylist(records), as_parquet)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4")
+        runs[name] = (code, len(trace(out)), [letter["error"] for letter in _letters(out)])
+    assert runs["jsonl"] == runs["parquet"]
