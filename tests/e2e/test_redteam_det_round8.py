@@ -171,3 +171,29 @@ def test_a_null_required_field_reads_alike_as_jsonl_and_as_parquet(tiny_tokenize
         code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4")
         runs[name] = (code, len(trace(out)), [letter["error"] for letter in _letters(out)])
     assert runs["jsonl"] == runs["parquet"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+def test_a_truncated_parquet_file_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, capsys):
+    """Promise (docs/ANONYMIZE.md): --max-rejected-fraction (default 0.5) fails the run when
+    more than half the records are rejected 'or more than F of the input bytes are lost'; the
+    summary says 'the damaged files and the bytes they lost'. A Parquet file cut short (an
+    upload that broke off: no PAR1 at its end) loses every row it holds, but
+    sources._parquet's 'not a readable Parquet file' letter carries no lost_bytes: 3,000 rows
+    (42 KB) beside a JSONL of 30 are '1 of 31 records rejected', 'damaged 1 file(s) broke off,
+    0 bytes lost', and the run publishes the 30 rows (exit 0). A compressed file or a row group
+    that breaks off weighs its lost bytes; a whole Parquet file does not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    whole = tmp_path / "whole.parquet"
+    records = [chat(i, DAY0 + 1000 * i) for i in range(3000)]
+    pq.write_table(pa.Table.from_pylist(records), whole, row_group_size=500)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole.read_bytes()[:-100])
+    small = write_jsonl(tmp_path / "small.jsonl", [chat(i, DAY0 + 1000 * i) for i in range(30)])
+    capsys.readouterr()
+    code = anonymize(tiny_tokenizer, [cut, small], tmp_path / "out", "--block-size", "4")
+    said = capsys.readouterr()
+    assert code == 1, said.out
+    assert not (tmp_path / "out").exists()
