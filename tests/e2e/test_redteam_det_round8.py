@@ -174,26 +174,37 @@ def test_a_null_required_field_reads_alike_as_jsonl_and_as_parquet(tiny_tokenize
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 8")
-def test_a_truncated_parquet_file_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, capsys):
+@pytest.mark.parametrize("damage", ["parquet-cut-short", "gzip-corrupt-header"])
+def test_a_file_lost_whole_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, capsys, damage):
     """Promise (docs/ANONYMIZE.md): --max-rejected-fraction (default 0.5) fails the run when
     more than half the records are rejected 'or more than F of the input bytes are lost'; the
-    summary says 'the damaged files and the bytes they lost'. A Parquet file cut short (an
-    upload that broke off: no PAR1 at its end) loses every row it holds, but
-    sources._parquet's 'not a readable Parquet file' letter carries no lost_bytes: 3,000 rows
-    (42 KB) beside a JSONL of 30 are '1 of 31 records rejected', 'damaged 1 file(s) broke off,
-    0 bytes lost', and the run publishes the 30 rows (exit 0). A compressed file or a row group
-    that breaks off weighs its lost bytes; a whole Parquet file does not."""
+    summary says 'the damaged files and the bytes they lost'. A file lost whole weighs nothing:
+    a Parquet file cut short (an upload that broke off: no PAR1 at its end) loses every row,
+    but sources._parquet's 'not a readable Parquet file' letter carries no lost_bytes; a gzip
+    file damaged in its first block (or a plain log misnamed .gz) breaks off 'at byte 0
+    (decompressed)', and sources._damaged_tail weighs only the partial record decoded (none).
+    3,000 requests (42 KB as Parquet) beside a JSONL of 30 are '1 of 31 records rejected',
+    'damaged 1 file(s) broke off, 0 bytes lost', and the run publishes the 30 rows (exit 0).
+    (A row group that breaks off weighs its bytes: _row_group's letter has lost_bytes.)"""
+    import gzip
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    whole = tmp_path / "whole.parquet"
     records = [chat(i, DAY0 + 1000 * i) for i in range(3000)]
-    pq.write_table(pa.Table.from_pylist(records), whole, row_group_size=500)
-    cut = tmp_path / "cut.parquet"
-    cut.write_bytes(whole.read_bytes()[:-100])
+    if damage == "parquet-cut-short":
+        whole = tmp_path / "whole.parquet"
+        pq.write_table(pa.Table.from_pylist(records), whole, row_group_size=500)
+        lost = tmp_path / "lost.parquet"
+        lost.write_bytes(whole.read_bytes()[:-100])
+    else:
+        data = bytearray(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in records)))
+        data[20] ^= 0xFF  # inside the first deflate block's header
+        lost = tmp_path / "lost.jsonl.gz"
+        lost.write_bytes(bytes(data))
     small = write_jsonl(tmp_path / "small.jsonl", [chat(i, DAY0 + 1000 * i) for i in range(30)])
     capsys.readouterr()
-    code = anonymize(tiny_tokenizer, [cut, small], tmp_path / "out", "--block-size", "4")
+    code = anonymize(tiny_tokenizer, [lost, small], tmp_path / "out", "--block-size", "4")
     said = capsys.readouterr()
     assert code == 1, said.out
     assert not (tmp_path / "out").exists()
