@@ -208,3 +208,39 @@ def test_a_file_lost_whole_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, ca
     said = capsys.readouterr()
     assert code == 1, said.out
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+def test_a_parquet_timestamp_column_reads_as_the_same_time_in_jsonl(tiny_tokenizer, tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input): 'JSONL ... and Parquet with the same fields', the same
+    records read alike in both. A time in JSONL is a number or an ISO-8601 string; in Parquet
+    its own type is an Arrow timestamp (what pandas, Spark, DuckDB and a database export
+    write for a datetime column). paths.python_values hands records.timestamp_ms a
+    datetime.datetime, which it refuses: every row a wrong_type letter ('timestamp is a
+    datetime, not a number or string'), the run refused, where the JSONL of the same moments
+    (ISO strings) publishes every row."""
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    moments = [dt.datetime(2025, 11, 21, 4, 41, i, 7000, tzinfo=dt.timezone.utc) for i in range(6)]
+    records = [chat(i, 0) for i in range(6)]
+    as_jsonl = write_jsonl(
+        tmp_path / "log.jsonl",
+        [{**r, "timestamp": m.isoformat().replace("+00:00", "Z")} for r, m in zip(records, moments)],
+    )
+    table = pa.Table.from_pylist(records)
+    column = pa.array(moments, type=pa.timestamp("ms", tz="UTC"))
+    table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp", column)
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(table, as_parquet)
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out))
+    assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 6
+    assert runs["parquet"] == runs["jsonl"]
