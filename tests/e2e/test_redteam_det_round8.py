@@ -282,3 +282,25 @@ def test_convert_gives_the_same_trace_whatever_the_order_of_its_rows(tmp_path):
         assert main(["convert", str(src), "-o", str(tmp_path / name)]) == 0
         traces.append((tmp_path / name / "trace-00000-of-00001.jsonl").read_bytes())
     assert traces[0] == traces[1]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+def test_the_summary_says_how_many_rows_got_an_output_length_of_0(tiny_tokenizer, tmp_path, capsys):
+    """Promise (transforms/write/manifest.py, RUN_COUNTS: the run's counts no published row
+    proves, 'requests without an output length or with a message the template left out', are
+    'kept beside the run's dead letters while it runs, for the CLI's summary'). Since the
+    manifest stopped publishing them (8f11592), a request with no output length anywhere is
+    published with output_length 0 (docs/ANONYMIZE.md: 'else 0'), counted in run-counts.json as
+    without_output_length, and never told: commands/anonymize.py's summary prints the
+    unrendered-messages count but not this one. 10 of 20 rows whose output length was made up
+    (0, indistinguishable from an empty reply) pass unnoticed: nothing says so."""
+    records = [chat(i + 1, DAY0 + 1000 * i) for i in range(20)]
+    for record in records[::2]:
+        record.pop("output_length")
+    log = write_jsonl(tmp_path / "log.jsonl", records)
+    capsys.readouterr()
+    assert anonymize(tiny_tokenizer, [log], tmp_path / "out", "--block-size", "4") == 0
+    said = capsys.readouterr()
+    assert sum(row["output_length"] == 0 for row in trace(tmp_path / "out")) == 10
+    told = [line for line in (said.out + said.err).splitlines() if "output length" in line]
+    assert told and "10" in told[0], said.out + said.err
