@@ -24,11 +24,7 @@ def _letters(out: Path) -> list[dict]:
 @pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize(
     "field",
-    [
-        {"output_length": None},
-        {"completion_tokens": None},
-        {"output": None},
-    ],
+    [{"output_length": None}, {"completion_tokens": None}, {"output": None}],
     ids=["output_length", "completion_tokens", "output"],
 )
 def test_a_null_output_count_reads_alike_as_jsonl_and_as_parquet(tiny_tokenizer, tmp_path, field):
@@ -228,7 +224,10 @@ def test_a_parquet_timestamp_column_reads_as_the_same_time_in_jsonl(tiny_tokeniz
     records = [chat(i, 0) for i in range(6)]
     as_jsonl = write_jsonl(
         tmp_path / "log.jsonl",
-        [{**r, "timestamp": m.isoformat().replace("+00:00", "Z")} for r, m in zip(records, moments)],
+        [
+            {**r, "timestamp": m.isoformat().replace("+00:00", "Z")}
+            for r, m in zip(records, moments)
+        ],
     )
     table = pa.Table.from_pylist(records)
     column = pa.array(moments, type=pa.timestamp("ms", tz="UTC"))
