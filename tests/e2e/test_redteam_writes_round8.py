@@ -21,14 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTHING = "stopped: nothing published"
 
 
-def _kvtrace(*args: str, prelude: str = "", timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
+def _kvtrace(*args: str, prelude: str = "", timeout: int = 300, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     """kvtrace in a child process (prelude: Python run first, to inject a stop)."""
     code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         timeout=timeout,
         text=True,
         check=False,
@@ -90,3 +90,78 @@ def test_a_stop_after_the_beam_child_published_never_says_nothing_was(tiny_token
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert (out / "manifest.json").is_file()  # published whole by the stopped run's child
     assert NOTHING not in _said(stopped), _said(stopped)
+
+
+# The Beam job's child, once started, stops the CLI (SIGTERM, as `kill PID`) and then itself
+# (SIGSTOP: as a child busy in a native call, a tokenizer's encode of a long prompt, that cannot
+# unwind within the parent's UNWIND_S).
+_TERM_PARENT_WHILE_CHILD_IS_BUSY = """
+import os, signal, time
+from kvtrace.pipelines import anonymize_beam
+_parent = os.getpid()
+_run_here = anonymize_beam._run_here
+def _busy(*args, **kwargs):
+    time.sleep(1)  # the parent waiting on the child (child_process._wait_for)
+    os.kill(_parent, signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return _run_here(*args, **kwargs)
+anonymize_beam._run_here = _busy
+"""
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_a_stop_while_the_beam_child_is_busy_removes_the_standard_input_spool(
+    tiny_tokenizer, tmp_path
+):
+    """`--input -` is spooled to a private folder of $TMPDIR, "removed when the run ends"
+    (decompress.spooled_standard_input: a finally block). A stop while the Beam child cannot
+    unwind at once: the parent's main thread waits UNWIND_S (1.5 s) in child_process._stop,
+    the CLI's watcher waits STOP_DEADLINE_S (1.5 s) and then ends the process with os._exit
+    (cli._Stop.end): the finally blocks never run. The copy of the whole private log stays in
+    $TMPDIR (kvtrace-stdin-*/stdin.jsonl) for good, with the letters' staging folder and the
+    lock file; the run said "stopped: nothing published" (abandon_staged knows no spool)."""
+    night = _night(tmp_path, tiny_tokenizer, 6)
+    night[night.index("--input") + 1] = "-"
+    left: list[str] = []
+    for attempt in range(8):  # the deadline and the unwinding race: either may win a run
+        if left:
+            break
+        tmp = tmp_path / f"tmp{attempt}"
+        tmp.mkdir()
+        with open(tmp_path / "in6.jsonl", "rb") as log:
+            stopped = _kvtrace("anonymize", *night, "--engine", "beam", "--output",
+                               str(tmp_path / f"out{attempt}"),
+                               prelude=_TERM_PARENT_WHILE_CHILD_IS_BUSY, stdin=log, timeout=120,
+                               env={"TMPDIR": str(tmp)})
+        assert stopped.returncode == 143, stopped.stderr[-2000:]
+        left += [p.name for p in tmp.iterdir() if p.name.startswith("kvtrace-stdin-")]
+    assert left == [], left  # the log's copy gone with the run, every time (seen: 3 runs in 4)
+
+
+# SIGTERM arriving while the Beam job's child is forked: the first of the parent's after-fork
+# hooks (registered first, as a C call: no Python of its own) delivers it, so the CLI's handler
+# runs in the hooks, as a signal landing mid-fork does (seen unprompted in logging's
+# _releaseLock, "Exception ignored in: <function _releaseLock ...>").
+_TERM_DURING_THE_CHILDS_FORK = """
+import functools, os, signal
+os.register_at_fork(after_in_parent=functools.partial(os.kill, os.getpid(), signal.SIGTERM))
+"""
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_a_stop_while_the_beam_child_forks_prints_no_traceback(tiny_tokenizer, tmp_path):
+    """The local engine blocks SIGINT and SIGTERM around its forks (local_workers: pthread_sigmask
+    SIG_BLOCK), the Beam engine's child_process.run_in_child does not. A stop landing while the
+    child is forked runs the CLI's handler inside an after-fork hook, where CPython prints the
+    KeyboardInterrupt's traceback ("Exception ignored in: ... Traceback ... raise
+    KeyboardInterrupt") and drops it: the stop is lost, the run goes on until the watcher's
+    deadline ends it with os._exit, its finally blocks unrun (the stdin spool and the Beam
+    temporary folder may stay in $TMPDIR). Bad input or a stop: a one-line error, never a
+    traceback."""
+    night = _night(tmp_path, tiny_tokenizer, 6)
+    stopped = _kvtrace("anonymize", *night, "--engine", "beam", "--output",
+                       str(tmp_path / "out"), prelude=_TERM_DURING_THE_CHILDS_FORK, timeout=120)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert not any("Traceback" in line for line in _said(stopped)), _said(stopped)
