@@ -165,3 +165,34 @@ def test_a_stop_while_the_beam_child_forks_prints_no_traceback(tiny_tokenizer, t
                        str(tmp_path / "out"), prelude=_TERM_DURING_THE_CHILDS_FORK, timeout=120)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert not any("Traceback" in line for line in _said(stopped)), _said(stopped)
+
+
+# The Beam job's child killed (SIGKILL: the OOM killer) right after it published the trace.
+_KILL_CHILD_AFTER_IT_PUBLISHED = """
+import os, signal
+from kvtrace.transforms.write import publish
+_parent = os.getpid()
+_publish = publish.publish_in_place
+def _publish_then_die(*args, **kwargs):
+    _publish(*args, **kwargs)
+    if os.getpid() != _parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+publish.publish_in_place = _publish_then_die
+"""
+
+
+@pytest.mark.beam
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_a_beam_run_that_fails_has_published_nothing(tiny_tokenizer, tmp_path):
+    """The child publishes, then dies before it can send its outcome: the parent takes the
+    closed pipe for a death mid-job (child_process._wait_for: _DIED, JobStopped) and exits 1,
+    "error: a worker process died by SIGKILL", beside a fresh output and its letters, whole.
+    A run that fails publishes nothing (the local engine publishes in the process that
+    reports, so its failure and its publication never disagree)."""
+    out = tmp_path / "out"
+    night = _night(tmp_path, tiny_tokenizer, 6)
+    failed = _kvtrace("anonymize", *night, "--engine", "beam", "--output", str(out),
+                      prelude=_KILL_CHILD_AFTER_IT_PUBLISHED)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert "died by SIGKILL" in failed.stderr
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
