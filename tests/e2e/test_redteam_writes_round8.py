@@ -196,3 +196,18 @@ def test_a_beam_run_that_fails_has_published_nothing(tiny_tokenizer, tmp_path):
     assert failed.returncode == 1, failed.stderr[-2000:]
     assert "died by SIGKILL" in failed.stderr
     assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
+    """anonymize opens --id-map (kvtrace/commands/anonymize.py _open_id_map, which makes the
+    folder) before it checks --emit-block-hashes (_block_hashes_directory: a keyed scheme, a
+    folder holding foreign files): the run is refused in one line, exit 2, and leaves a new,
+    empty, owner-only id map folder behind. Every check is made before the work writes."""
+    night = _night(tmp_path, tiny_tokenizer, 6)
+    refused = _kvtrace("anonymize", *night, "--output", str(tmp_path / "out"),
+                       "--id-map", str(tmp_path / "map"),
+                       "--emit-block-hashes", str(tmp_path / "hashes"))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "--emit-block-hashes writes engine hashes" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in6.jsonl", "salt"]
