@@ -211,3 +211,21 @@ def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "--emit-block-hashes writes engine hashes" in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in6.jsonl", "salt"]
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND8)
+def test_storage_running_out_while_standard_input_is_spooled_is_a_stopped_job(
+    tiny_tokenizer, tmp_path
+):
+    """kvtrace/cli.py: storage running out (ENOSPC, EDQUOT, EFBIG) "is a job that stopped (1, as
+    the Beam engine's wrapped error is), never a refusal (2)", and so it is for every output.
+    The spool of `--input -` (decompress._spool) turns the same OSError into a ConfigError:
+    exit 2, the code that tells a scheduler the command line is wrong and retrying is useless."""
+    night = _night(tmp_path, tiny_tokenizer, 300)
+    night[night.index("--input") + 1] = "-"
+    code = "import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))"
+    with open(tmp_path / "in300.jsonl", "rb") as log:
+        full = _kvtrace("anonymize", *night, "--output", str(tmp_path / "out"), prelude=code,
+                        stdin=log, timeout=120, env={"TMPDIR": str(tmp_path)})
+    assert "File too large" in full.stderr, full.stderr[-2000:]
+    assert full.returncode == 1, _said(full)
