@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTHING = "stopped: nothing published"
 
 
-def _kvtrace(*args: str, prelude: str = "", timeout: int = 300, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+def _kvtrace(
+    *args: str, prelude: str = "", timeout: int = 300, env: dict | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     """kvtrace in a child process (prelude: Python run first, to inject a stop)."""
     code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run(
@@ -53,8 +55,16 @@ def _night(tmp_path: Path, tokenizer: str, n: int, letters: bool = True) -> list
     )
     salt = tmp_path / "salt"
     salt.write_text("round-eight-salt-of-thirty-two-b")
-    return ["--input", str(src), "--tokenizer", tokenizer, "--block-size", "4",
-            "--salt-file", str(salt)]
+    return [
+        "--input",
+        str(src),
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(salt),
+    ]
 
 
 # `kill PARENT` (SIGTERM) sent by the Beam job's child right after it published something: as
@@ -85,8 +95,15 @@ def test_a_stop_after_the_beam_child_published_never_says_nothing_was(tiny_token
     the process that reports: the record does not cross the child's boundary."""
     out = tmp_path / "out"
     night = _night(tmp_path, tiny_tokenizer, 6, letters=False)
-    stopped = _kvtrace("anonymize", *night, "--engine", "beam", "--output", str(out),
-                       prelude=_TERM_PARENT_AFTER_CHILD_PUBLISHED)
+    stopped = _kvtrace(
+        "anonymize",
+        *night,
+        "--engine",
+        "beam",
+        "--output",
+        str(out),
+        prelude=_TERM_PARENT_AFTER_CHILD_PUBLISHED,
+    )
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert (out / "manifest.json").is_file()  # published whole by the stopped run's child
     assert NOTHING not in _said(stopped), _said(stopped)
@@ -130,10 +147,18 @@ def test_a_stop_while_the_beam_child_is_busy_removes_the_standard_input_spool(
         tmp = tmp_path / f"tmp{attempt}"
         tmp.mkdir()
         with open(tmp_path / "in6.jsonl", "rb") as log:
-            stopped = _kvtrace("anonymize", *night, "--engine", "beam", "--output",
-                               str(tmp_path / f"out{attempt}"),
-                               prelude=_TERM_PARENT_WHILE_CHILD_IS_BUSY, stdin=log, timeout=120,
-                               env={"TMPDIR": str(tmp)})
+            stopped = _kvtrace(
+                "anonymize",
+                *night,
+                "--engine",
+                "beam",
+                "--output",
+                str(tmp_path / f"out{attempt}"),
+                prelude=_TERM_PARENT_WHILE_CHILD_IS_BUSY,
+                stdin=log,
+                timeout=120,
+                env={"TMPDIR": str(tmp)},
+            )
         assert stopped.returncode == 143, stopped.stderr[-2000:]
         left += [p.name for p in tmp.iterdir() if p.name.startswith("kvtrace-stdin-")]
     assert left == [], left  # the log's copy gone with the run, every time (seen: 3 runs in 4)
@@ -161,8 +186,16 @@ def test_a_stop_while_the_beam_child_forks_prints_no_traceback(tiny_tokenizer, t
     temporary folder may stay in $TMPDIR). Bad input or a stop: a one-line error, never a
     traceback."""
     night = _night(tmp_path, tiny_tokenizer, 6)
-    stopped = _kvtrace("anonymize", *night, "--engine", "beam", "--output",
-                       str(tmp_path / "out"), prelude=_TERM_DURING_THE_CHILDS_FORK, timeout=120)
+    stopped = _kvtrace(
+        "anonymize",
+        *night,
+        "--engine",
+        "beam",
+        "--output",
+        str(tmp_path / "out"),
+        prelude=_TERM_DURING_THE_CHILDS_FORK,
+        timeout=120,
+    )
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert not any("Traceback" in line for line in _said(stopped)), _said(stopped)
 
@@ -191,8 +224,15 @@ def test_a_beam_run_that_fails_has_published_nothing(tiny_tokenizer, tmp_path):
     reports, so its failure and its publication never disagree)."""
     out = tmp_path / "out"
     night = _night(tmp_path, tiny_tokenizer, 6)
-    failed = _kvtrace("anonymize", *night, "--engine", "beam", "--output", str(out),
-                      prelude=_KILL_CHILD_AFTER_IT_PUBLISHED)
+    failed = _kvtrace(
+        "anonymize",
+        *night,
+        "--engine",
+        "beam",
+        "--output",
+        str(out),
+        prelude=_KILL_CHILD_AFTER_IT_PUBLISHED,
+    )
     assert failed.returncode == 1, failed.stderr[-2000:]
     assert "died by SIGKILL" in failed.stderr
     assert not out.exists(), sorted(p.name for p in out.iterdir())
@@ -205,9 +245,16 @@ def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     folder holding foreign files): the run is refused in one line, exit 2, and leaves a new,
     empty, owner-only id map folder behind. Every check is made before the work writes."""
     night = _night(tmp_path, tiny_tokenizer, 6)
-    refused = _kvtrace("anonymize", *night, "--output", str(tmp_path / "out"),
-                       "--id-map", str(tmp_path / "map"),
-                       "--emit-block-hashes", str(tmp_path / "hashes"))
+    refused = _kvtrace(
+        "anonymize",
+        *night,
+        "--output",
+        str(tmp_path / "out"),
+        "--id-map",
+        str(tmp_path / "map"),
+        "--emit-block-hashes",
+        str(tmp_path / "hashes"),
+    )
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "--emit-block-hashes writes engine hashes" in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in6.jsonl", "salt"]
@@ -225,7 +272,15 @@ def test_storage_running_out_while_standard_input_is_spooled_is_a_stopped_job(
     night[night.index("--input") + 1] = "-"
     code = "import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))"
     with open(tmp_path / "in300.jsonl", "rb") as log:
-        full = _kvtrace("anonymize", *night, "--output", str(tmp_path / "out"), prelude=code,
-                        stdin=log, timeout=120, env={"TMPDIR": str(tmp_path)})
+        full = _kvtrace(
+            "anonymize",
+            *night,
+            "--output",
+            str(tmp_path / "out"),
+            prelude=code,
+            stdin=log,
+            timeout=120,
+            env={"TMPDIR": str(tmp_path)},
+        )
     assert "File too large" in full.stderr, full.stderr[-2000:]
     assert full.returncode == 1, _said(full)
