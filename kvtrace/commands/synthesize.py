@@ -117,7 +117,6 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
     from kvtrace.pipelines.synthesize_local import SynthesizeConfig, run_synthesize
     from kvtrace.transforms.synth.derived import bare_file_refusal
     from kvtrace.transforms.synth.reshape import Knobs
@@ -152,11 +151,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             require_rows(summary["before"]["requests"], summary, files)
             stage_json(report, summary)
 
-        summary = (
-            run_synthesize_beam(config, beam_args, report, accept)
-            if args.engine == "beam"
-            else run_synthesize(config, report, accept)
-        )
+        if args.engine == "beam":  # Beam (and gRPC) loaded only for its engine, as analyze does
+            from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+
+            summary = run_synthesize_beam(config, beam_args, report, accept)
+        else:
+            summary = run_synthesize(config, report, accept)
     print(f"| block size {block_size} | before | after |\n|---|---|---|")
     for key, label, shown in ROWS:
         print(f"| {label} | {shown(summary['before'][key])} | {shown(summary['after'][key])} |")
