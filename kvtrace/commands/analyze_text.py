@@ -118,7 +118,8 @@ def render(report: dict, sources: Sequence[str]) -> str:
         f"working set: {hit['working_set']['unique_blocks']:,} unique blocks, "
         f"{hit['working_set']['unique_tokens']:,} unique tokens",
         f"request rate: {rate['mean_per_minute']:,.1f} per minute on average, peak "
-        f"{rate['peak_per_minute']:,} (over {rate['minutes']:,} minutes)",
+        f"{rate['peak_per_minute']:,} (over {rate['minutes']:,} one-minute bins from the first "
+        "request)",
     ]
     if "sessions" in report:
         s = report["sessions"]
