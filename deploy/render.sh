@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Fill deploy/'s Kubernetes manifests with a site's values (a copy of deploy/values.env) and write
-# them to OUT, ready for `kubectl apply -f OUT/...`. Only the names values.env declares are
-# replaced (a shell's $(...) in a manifest stays as it is); an empty value is an error.
+# Fill deploy/'s Kubernetes manifests and the presets of configs/ with a site's values (a copy of
+# deploy/values.env) and write them to OUT: OUT/{flink,schedule,kafka}/, ready for
+# `kubectl apply -f OUT/...`, and OUT/configs/, the presets to pass to --config (Dataflow's
+# dataflow.yaml filled in, the others as they are, so that one folder holds a night's presets).
+# Only the names values.env declares are replaced (a shell's $(...) in a manifest stays as it
+# is); an empty value is an error.
 #   deploy/render.sh site.env rendered/
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,4 +25,8 @@ for manifest in flink/rbac.yaml flink/flink-session.yaml schedule/cronjob.yaml k
   mkdir -p "$out/$(dirname "$manifest")"
   envsubst "$shell_format" <"$here/$manifest" >"$out/$manifest"
 done
-echo "render.sh: wrote $out/{flink,schedule,kafka}/ from $values"
+mkdir -p "$out/configs"
+for preset in "$here"/../configs/*.yaml; do
+  envsubst "$shell_format" <"$preset" >"$out/configs/$(basename "$preset")"
+done
+echo "render.sh: wrote $out/{flink,schedule,kafka}/ and $out/configs/ from $values"

@@ -54,6 +54,7 @@ def run_reuse_beam(
             None,
             None,
             result["reuse_time"],
+            config.kv_bytes_per_token,
         )
         write_plot(config.plot, png, report_file)
     return result

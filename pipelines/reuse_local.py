@@ -31,6 +31,7 @@ class ReuseConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     gpu_kv_cache_size: int | None = None
     plot: str | None = None  # PNG path (any Beam filesystem)
+    kv_bytes_per_token: int | None = None  # the model's: the plot's capacities in GiB
 
 
 def check_plot(config: ReuseConfig) -> None:
@@ -94,7 +95,15 @@ def run_reuse(
     accept(report)
     if config.plot:
         png = plots.reuse_figure(
-            x, y, config.gpu_kv_cache_size, at_gpu, capacities, lru, block_lru, reuse_time
+            x,
+            y,
+            config.gpu_kv_cache_size,
+            at_gpu,
+            capacities,
+            lru,
+            block_lru,
+            reuse_time,
+            config.kv_bytes_per_token,
         )
         write_plot(config.plot, png, report_file)
     return report

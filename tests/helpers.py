@@ -8,6 +8,7 @@ import filecmp
 import json
 import os
 import re
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -492,3 +493,18 @@ def check_letters_published_by_the_protocol(config: StreamingConfig) -> set[str]
         runs.add(entry.name[len("rejected-") : -len(".jsonl")])
     assert {run for run in runs if not run.startswith("letters-")} <= windows
     return runs
+
+
+def render_deploy(out: Path, **values: str) -> Path:
+    """deploy/render.sh run on a copy of deploy/values.env whose named values are replaced by
+    values (the others as shipped); the folder it wrote, out."""
+    text = (ROOT / "deploy" / "values.env").read_text()
+    for name, value in values.items():
+        text, count = re.subn(rf"^{name}=.*$", f"{name}={value}", text, flags=re.M)
+        assert count == 1, name
+    site = out.parent / f"{out.name}.env"
+    site.write_text(text)
+    subprocess.run(
+        [str(ROOT / "deploy" / "render.sh"), str(site), str(out)], check=True, capture_output=True
+    )
+    return out

@@ -38,7 +38,12 @@ def add_parser(commands: Any) -> None:
     add = analyze.add_argument
     add("trace", nargs="+", metavar="TRACE", help=f"{TRACE_HELP}, read in order")
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
-    add("--json", metavar="OUT", help="also write the full report, full precision, as JSON")
+    add(
+        "--json",
+        metavar="OUT",
+        help="also write the full report as JSON, full precision (hit rates and shares as "
+        "fractions in [0, 1], where the text prints percent)",
+    )
     add(
         "--output",
         metavar="DIR",

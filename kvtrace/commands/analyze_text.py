@@ -1,6 +1,7 @@
 """The printed form of `kvtrace analyze`: Dynamo's `datagen analyze` table, then our sections.
 
-Values are rounded for display only; the JSON keeps full precision.
+Values are rounded for display only, hit rates and shares in percent as every command and the
+report print them (capacity.percent); the JSON keeps full precision, rates as fractions.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kvtrace.transforms.cache.capacity import percent
 from kvtrace.transforms.dead_letters import shown_name
 
 TABLE_ROWS = (
@@ -16,8 +18,8 @@ TABLE_ROWS = (
     ("Context Length", "context_length_stats"),
     ("Unique Prompt Length", "unique_prompt_length_stats"),
     ("Output Length", "osl_stats"),
-    ("Theoretical Hit Rates", "hit_rate_stats"),
 )
+HIT_RATE_ROW = ("Theoretical Hit Rates", "hit_rate_stats")  # fractions, printed as percent
 TABLE_COLUMNS = ("", "Mean", "Std Dev", "Min", "P25", "Median", "P75", "Max")
 STAT_KEYS = ("mean", "std_dev", "min", "p25", "median", "p75", "max")
 
@@ -40,8 +42,11 @@ def ascii_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def compatible_table(report: dict) -> str:
     """The `datagen analyze` table, its figures rounded for people (Dynamo prints every digit
-    of a float: 2677.841851494696); the JSON report keeps them whole."""
+    of a float: 2677.841851494696) and its hit rates in percent (Dynamo's are fractions); the
+    JSON report keeps them whole."""
     rows = [[label, *(rounded(report[key][s]) for s in STAT_KEYS)] for label, key in TABLE_ROWS]
+    label, key = HIT_RATE_ROW
+    rows.append([label, *(percent(report[key][s]) for s in STAT_KEYS)])
     return ascii_table(TABLE_COLUMNS, rows)
 
 
@@ -56,10 +61,6 @@ def rounded(value: float) -> str:
     magnitude = math.floor(math.log10(abs(value)))
     text = f"{value:,.{max(0, SIGNIFICANT_DIGITS - 1 - magnitude)}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def _percent(value: float) -> str:
-    return f"{value:.4f}"
 
 
 def input_name(path: str) -> str:
@@ -95,16 +96,16 @@ def render(report: dict, sources: Sequence[str]) -> str:
         f"Block size: {report['block_size']}",
         f"Rows: {report['total_requests']:,}; unique prefixes: {report['unique_prefixes']:,}; "
         f"prefix groups: {report['num_prefix_groups']:,}; prefix reuse ratio: "
-        f"{_percent(report['prefix_reuse_ratio'])}",
+        f"{percent(report['prefix_reuse_ratio'])}",
         "",
         "Compatible with Dynamo `datagen analyze` and aiperf analyze-trace:",
         compatible_table(report),
-        f"cache_hit_rate = {report['cache_hit_rate']:.6f}: {definitions['cache_hit_rate']}",
+        f"cache_hit_rate {percent(report['cache_hit_rate'])}: {definitions['cache_hit_rate']}",
         f"context length: {definitions['context_length']}",
         "",
         "Cache sizing (infinite cache):",
         *(
-            f"  {name:<28} {_percent(hit[name])}  {definitions[name]}"
+            f"  {name:<28} {percent(hit[name])}  {definitions[name]}"
             for name in (
                 "token_weighted",
                 "block_weighted",
@@ -117,7 +118,8 @@ def render(report: dict, sources: Sequence[str]) -> str:
         f"working set: {hit['working_set']['unique_blocks']:,} unique blocks, "
         f"{hit['working_set']['unique_tokens']:,} unique tokens",
         f"request rate: {rate['mean_per_minute']:,.1f} per minute on average, peak "
-        f"{rate['peak_per_minute']:,} (over {rate['minutes']:,} minutes)",
+        f"{rate['peak_per_minute']:,} (over {rate['minutes']:,} one-minute bins from the first "
+        "request)",
     ]
     if "sessions" in report:
         s = report["sessions"]

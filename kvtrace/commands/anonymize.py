@@ -851,6 +851,7 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
     """The run in a few lines, its figures the run's own: records (write/manifest.run_counts,
     which no published file holds; read = exported + rejected), tokens, blocks and hit rate
     (stats.json), the time it took and where each thing went."""
+    from kvtrace.transforms.cache.capacity import percent
     from kvtrace.transforms.write.replayers import replay_commands
 
     manifest = _read_json(f"{config.output}/manifest.json")
@@ -888,7 +889,7 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
         ),
         (
             "hit rate",
-            f"{stats['hit_rates']['token_weighted']:.1%} of input tokens (infinite cache)",
+            f"{percent(stats['hit_rates']['token_weighted'])} of input tokens (infinite cache)",
         ),
         ("trace", f"{config.output}: trace-*.jsonl|.parquet, stats.json, manifest.json"),
     ]

@@ -213,7 +213,7 @@ def reuse(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     gpu = _gpu_kv_cache_size(args, per_token)
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files, Location("--output", args.output))
-    config = ReuseConfig(files, block_size, gpu.tokens if gpu else None, args.output)
+    config = ReuseConfig(files, block_size, gpu.tokens if gpu else None, args.output, per_token)
     with json_report(args.json) as report_file:
 
         def accept(report: dict) -> None:  # before anything is published

@@ -18,22 +18,24 @@ from kvtrace.commands.common import (
     stage_json,
     trace_inputs,
 )
+from kvtrace.transforms.cache.capacity import percent
 from kvtrace.transforms.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvtrace.transforms.write.publish import Location
 
 ROWS = (
-    ("requests", "requests", "{:,.0f}"),
-    ("requests_per_minute", "requests / minute (mean)", "{:,.1f}"),
-    ("isl_mean", "input length, mean", "{:,.1f}"),
-    ("isl_median", "input length, median", "{:,.0f}"),
-    ("osl_mean", "output length, mean", "{:,.1f}"),
-    ("osl_median", "output length, median", "{:,.0f}"),
-    ("hit_rate_token_weighted", "hit rate, token-weighted (infinite cache)", "{:.4f}"),
-    ("hit_rate_after_warmup", "  the same, last 50% of rows", "{:.4f}"),
-    ("cache_hit_rate_aiperf", "aiperf/Dynamo cache_hit_rate (per-row mean)", "{:.4f}"),
-    ("unique_blocks", "unique blocks (working set)", "{:,.0f}"),
+    ("requests", "requests", "{:,.0f}".format),
+    ("requests_per_minute", "requests / minute (mean)", "{:,.1f}".format),
+    ("isl_mean", "input length, mean", "{:,.1f}".format),
+    ("isl_median", "input length, median", "{:,.0f}".format),
+    ("osl_mean", "output length, mean", "{:,.1f}".format),
+    ("osl_median", "output length, median", "{:,.0f}".format),
+    # Rates in percent, as analyze and the report print them; --json keeps the fractions.
+    ("hit_rate_token_weighted", "hit rate, token-weighted (infinite cache)", percent),
+    ("hit_rate_after_warmup", "  the same, last 50% of rows", percent),
+    ("cache_hit_rate_aiperf", "aiperf/Dynamo cache_hit_rate (per-row mean)", percent),
+    ("unique_blocks", "unique blocks (working set)", "{:,.0f}".format),
 )
 # The float knobs' ranges: a timestamp divided by the ratio, or a length multiplied, stays a
 # number the trace's int64 columns (and a replayer) can hold, whatever the trace's span.
@@ -105,12 +107,16 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="draw N new requests from the trace's prefix tree, lengths and arrivals first",
     )
-    add("--json", metavar="SUMMARY", help="also write the before/after statistics as JSON")
+    add(
+        "--json",
+        metavar="SUMMARY",
+        help="also write the before/after statistics as JSON, full precision (hit rates as "
+        "fractions in [0, 1], where the table prints percent)",
+    )
     add_engine_options(synthesize, "the same bytes (not with --num-requests)")
 
 
 def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
-    from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
     from kvtrace.pipelines.synthesize_local import SynthesizeConfig, run_synthesize
     from kvtrace.transforms.synth.derived import bare_file_refusal
     from kvtrace.transforms.synth.reshape import Knobs
@@ -145,17 +151,15 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             require_rows(summary["before"]["requests"], summary, files)
             stage_json(report, summary)
 
-        summary = (
-            run_synthesize_beam(config, beam_args, report, accept)
-            if args.engine == "beam"
-            else run_synthesize(config, report, accept)
-        )
+        if args.engine == "beam":  # Beam (and gRPC) loaded only for its engine, as analyze does
+            from kvtrace.pipelines.synthesize_beam import run_synthesize_beam
+
+            summary = run_synthesize_beam(config, beam_args, report, accept)
+        else:
+            summary = run_synthesize(config, report, accept)
     print(f"| block size {block_size} | before | after |\n|---|---|---|")
-    for key, label, form in ROWS:
-        print(
-            f"| {label} | {form.format(summary['before'][key])} | "
-            f"{form.format(summary['after'][key])} |"
-        )
+    for key, label, shown in ROWS:
+        print(f"| {label} | {shown(summary['before'][key])} | {shown(summary['after'][key])} |")
     problems = sum(summary["after"]["problems"].values())
     validity = "valid" if not problems else f"{problems} problems"
     print(f"output: {args.output} ({validity}, {_carries(args.output, block_size)})")

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from helpers import ROOT, chat, write_jsonl
+from helpers import ROOT, chat, render_deploy, write_jsonl
 from kvtrace.cli import _parser
 from kvtrace.config import fill_dates, load_presets, parse_date
 
@@ -35,9 +35,10 @@ def test_every_preset_parses_and_model_plus_environment_merge(tmp_path):
     for preset in ROOT.glob("configs/*.yaml"):
         options, _ = load_presets([str(preset)])
         assert {f"--{k.replace('_', '-')}" for k in options} <= flags, preset.name
+    presets = render_deploy(tmp_path / "out") / "configs"  # Dataflow's filled in
     for env in ("dataflow", "flink"):
         options, beam = load_presets(
-            [str(ROOT / "configs/deepseek-r1.yaml"), str(ROOT / f"configs/{env}.yaml")]
+            [str(presets / "deepseek-r1.yaml"), str(presets / f"{env}.yaml")]
         )
         filled = fill_dates(options, parse_date("2026-11-20"))
         assert "/2026-11-20" in filled["output"] and "2026-11-20" in filled["input"]
@@ -261,6 +262,8 @@ MANIFESTS = (
     "schedule/cronjob.yaml",
     "kafka/streaming.yaml",
 )
+# The preset of configs/ it fills in too: Dataflow's.
+DATAFLOW_PRESET = ROOT / "configs" / "dataflow.yaml"
 PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 
 
@@ -269,12 +272,9 @@ def value_names() -> list[str]:
     return re.findall(r"^([A-Z_]+)=\S", text, flags=re.M)
 
 
-def rendered(tmp_path: Path, values: Path = DEPLOY / "values.env") -> dict[str, list[dict]]:
-    subprocess.run(
-        [str(DEPLOY / "render.sh"), str(values), str(tmp_path / "out")],
-        check=True,
-        capture_output=True,
-    )
+def rendered(tmp_path: Path) -> dict[str, list[dict]]:
+    """The manifests as deploy/render.sh writes them from the shipped values.env."""
+    render_deploy(tmp_path / "out")
     return {
         name: list(yaml.safe_load_all((tmp_path / "out" / name).read_text())) for name in MANIFESTS
     }
@@ -331,27 +331,61 @@ def test_every_value_to_fill_in_is_named_in_values_env_and_only_there(tmp_path):
     names = value_names()
     assert len(names) == len(set(names))
     used: set[str] = set()
-    for name in MANIFESTS:
-        text = (DEPLOY / name).read_text()
+    for template in [*(DEPLOY / name for name in MANIFESTS), DATAFLOW_PRESET]:
+        text = template.read_text()
         used |= set(PLACEHOLDER.findall(text))
         # The shipped examples' site-specific values live in values.env, nowhere else.
-        assert "example" not in text, name
+        assert "example" not in text, template
     assert used == set(names)
     for name, documents_of in rendered(tmp_path).items():
         assert "${" not in (tmp_path / "out" / name).read_text(), name
         assert documents_of
+    for preset in (tmp_path / "out" / "configs").iterdir():
+        assert "${" not in preset.read_text(), preset.name
 
 
-def test_render_refuses_a_value_left_empty(tmp_path):
-    site = tmp_path / "site.env"
-    site.write_text(
-        (DEPLOY / "values.env")
-        .read_text()
-        .replace("KVTRACE_BUCKET=example-bucket", "KVTRACE_BUCKET=")
+# A site's Dataflow values, each unlike the shipped examples, so that each is seen where it goes.
+SITE = {
+    "KVTRACE_GCP_PROJECT": "acme-inference",
+    "KVTRACE_GCP_REGION": "us-central1",
+    "KVTRACE_BUCKET": "acme-logs",
+    "KVTRACE_OPS_BUCKET": "acme-ops",
+    "KVTRACE_DATAFLOW_SERVICE_ACCOUNT": "kvtrace@acme-inference.iam.gserviceaccount.com",
+    "KVTRACE_IMAGE": "us-central1-docker.pkg.dev/acme-inference/kvtrace/kvtrace:abc123",
+}
+
+
+def test_the_dataflow_preset_renders_the_sites_values_into_a_night(tmp_path):
+    presets = render_deploy(tmp_path / "out", **SITE) / "configs"
+    # One folder holds a night's presets: the others copied as they are.
+    for preset in (ROOT / "configs").glob("*.yaml"):
+        if preset != DATAFLOW_PRESET:
+            assert (presets / preset.name).read_bytes() == preset.read_bytes(), preset.name
+    options, beam = load_presets(
+        [str(presets / "deepseek-r1.yaml"), str(presets / "dataflow.yaml")]
     )
+    assert {f"--{k.replace('_', '-')}" for k in options} <= anonymize_flags()
+    night = fill_dates(options, parse_date("2026-11-20"))
+    assert night["input"] == "gs://acme-logs/logs/2026-11-20/*.jsonl.gz"
+    assert night["output"] == "gs://acme-logs/traces/2026-11-20"
+    assert night["dead_letter"] == "gs://acme-logs/rejected/2026-11-20"
+    assert night["id_map"] == "gs://acme-logs/id-maps/main"
+    assert night["id_map_marks"] == "gs://acme-ops/id-map-marks"
+    assert night["salt_secret"] == "projects/acme-inference/secrets/kvtrace-salt/versions/1"
+    assert beam["runner"] == "DataflowRunner"
+    assert (beam["project"], beam["region"]) == ("acme-inference", "us-central1")
+    assert beam["service_account_email"] == SITE["KVTRACE_DATAFLOW_SERVICE_ACCOUNT"]
+    assert beam["sdk_container_image"] == SITE["KVTRACE_IMAGE"]
+    assert beam["temp_location"].startswith("gs://acme-logs/")
+    assert beam["staging_location"].startswith("gs://acme-logs/")
+
+
+@pytest.mark.parametrize("name", ["KVTRACE_BUCKET", "KVTRACE_GCP_PROJECT"])
+def test_render_refuses_a_value_left_empty(tmp_path, name):
     with pytest.raises(subprocess.CalledProcessError) as refused:
-        rendered(tmp_path, site)
-    assert b"KVTRACE_BUCKET is empty" in refused.value.stderr
+        render_deploy(tmp_path / "out", **{name: ""})
+    assert f"{name} is empty".encode() in refused.value.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def pod_specs(document: dict) -> list[dict]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, render_deploy
 from kvtrace.pipelines.anonymize_config import IdMapRun
 from kvtrace.transforms.encode.blocks import HASH_SCHEME
 from kvtrace.transforms.encode.salt import SaltSource
@@ -28,8 +28,9 @@ SALT = b"a-salt-that-must-never-be-staged"
 @pytest.mark.slow  # over a second: .ci/run runs the slow set
 def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
+    from kvtrace.config import beam_flags, load_presets
     from kvtrace.pipelines.anonymize_beam import AnonymizeConfig, build
 
     pytest.importorskip(
@@ -65,18 +66,17 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
         dead_letter="gs://kvtrace-traces/2026-11-20-rejected",
         id_map=IdMapRun("gs://kvtrace-maps/deepseek-r1", base, "gs://kvtrace-secrets/marks"),
     )
-    options = PipelineOptions(
-        [
-            "--runner=DataflowRunner",
-            "--project=kvtrace-test",
-            "--region=europe-west4",
-            "--temp_location=gs://kvtrace-tmp/tmp",
-            "--staging_location=gs://kvtrace-tmp/staging",
-            "--sdk_container_image=europe-docker.pkg.dev/kvtrace-test/kvtrace/worker:1",
-            "--dry_run=true",
-            "--no_auth",
-        ]
+    # The Beam options of configs/dataflow.yaml as deploy/render.sh fills it from a site's values.
+    presets = render_deploy(
+        tmp_path / "site",
+        KVTRACE_GCP_PROJECT="kvtrace-test",
+        KVTRACE_GCP_REGION="europe-west4",
+        KVTRACE_BUCKET="kvtrace-tmp",
+        KVTRACE_DATAFLOW_SERVICE_ACCOUNT="kvtrace@kvtrace-test.iam.gserviceaccount.com",
+        KVTRACE_IMAGE="europe-docker.pkg.dev/kvtrace-test/kvtrace/worker:1",
     )
+    _, beam_options = load_presets([str(presets / "configs" / "dataflow.yaml")])
+    options = PipelineOptions([*beam_flags(beam_options), "--dry_run=true", "--no_auth"])
     pipeline = beam.Pipeline(options=options)
     build(pipeline, config)
     result = pipeline.run()  # dry run: translated into a Dataflow job, not submitted
@@ -95,6 +95,11 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
         assert any(name.startswith(step) for name in names), step
     images = {env.payload for env in proto.components.environments.values()}
     assert any(b"kvtrace/worker:1" in image for image in images)
+    # Each rendered value under the name Dataflow's runner reads it by (a misspelt key is not).
+    cloud = options.view_as(GoogleCloudOptions)
+    assert (cloud.project, cloud.region) == ("kvtrace-test", "europe-west4")
+    assert cloud.service_account_email == "kvtrace@kvtrace-test.iam.gserviceaccount.com"
+    assert cloud.temp_location.startswith("gs://kvtrace-tmp/")
     staged = unpacked(proto.SerializeToString()) + unpacked(str(result.job.proto).encode())
     assert b"gs://kvtrace-secrets/salt" in staged  # where the salt is, not what it is
     assert SALT not in staged

@@ -87,25 +87,45 @@ def reuse_figure(
     lru: np.ndarray | None,
     block_lru: np.ndarray | None,
     reuse_time: Sequence[dict],
+    kv_bytes_per_token: int | None = None,
 ) -> bytes:
-    """The CCDF, the exact LRU curves (when stack distances were computed) and reuse times."""
+    """The CCDF, the exact LRU curves (when stack distances were computed) and reuse times;
+    capacities in GiB where a token's bytes are known (the model), as the report draws them."""
     panels = 3 if capacities is not None else 2
     figure, axes = _pyplot().subplots(1, panels, figsize=(5.7 * panels, 4.8))
-    draw_ccdf(axes[0], x, y, gpu_kv_cache_size, at_gpu)
+    draw_ccdf(axes[0], x, y, gpu_kv_cache_size, at_gpu, kv_bytes_per_token)
     if capacities is not None:
-        stack = axes[1]
-        stack.plot(capacities, lru, label="lru: longest cached prefix per request")
-        stack.plot(capacities, block_lru, linestyle="--", label="block LRU: every cached block")
-        stack.set_xscale("log")
-        stack.set_xlabel("LRU cache capacity (tokens, pages of block size)")
-        stack.set_ylabel("token-weighted hit rate")
-        stack.set_title("Exact LRU hit rate from stack distances", fontsize=10)
-        if gpu_kv_cache_size:
-            stack.axvline(gpu_kv_cache_size, color="red", linestyle="--")
-        stack.legend(fontsize=8)
-        stack.grid(True, which="both", alpha=0.3)
+        draw_lru_stack(axes[1], capacities, lru, block_lru, gpu_kv_cache_size, kv_bytes_per_token)
     draw_reuse_time(axes[-1], reuse_time)
     return _png(figure)
+
+
+def draw_lru_stack(
+    axes: plt.Axes,
+    capacities: np.ndarray,
+    lru: np.ndarray,
+    block_lru: np.ndarray,
+    gpu_kv_cache_size: int | None,
+    kv_bytes_per_token: int | None = None,
+) -> None:
+    """The exact LRU hit rates (%) against capacity (tokens, or GiB), the GPU's size in red."""
+    capacity = _capacity_axis(capacities, kv_bytes_per_token)
+    axes.plot(capacity, 100 * np.asarray(lru), label="lru: longest cached prefix per request")
+    axes.plot(
+        capacity, 100 * np.asarray(block_lru), linestyle="--", label="block LRU: every cached block"
+    )
+    axes.set_xscale("log")
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel(
+        f"LRU cache capacity ({_capacity_unit(kv_bytes_per_token)}, pages of block size)"
+    )
+    axes.set_ylabel("hit rate, % of prompt tokens (token-weighted)")
+    axes.set_title("Exact LRU hit rate from stack distances", fontsize=10)
+    if gpu_kv_cache_size:
+        gpu = _capacity_axis([gpu_kv_cache_size], kv_bytes_per_token)[0]
+        axes.axvline(gpu, color="red", linestyle="--")
+    axes.legend(fontsize=8)
+    axes.grid(True, which="both", alpha=0.3)
 
 
 def draw_reuse_time(axes: plt.Axes, reuse_time: Sequence[dict]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from helpers import shared_path, write_jsonl
 from kvtrace.commands.analyze_text import ascii_table, compatible_table, rounded
 from kvtrace.pipelines.analyze_local import AnalyzeConfig, analyze_local
+from kvtrace.transforms.cache.capacity import percent
 
 
 def analyze(path, block_size=4, warmup=0.5) -> dict:
@@ -33,7 +34,8 @@ def test_equals_aiperf_reference_on_synthetic_trace():
 
 
 def test_prints_dynamo_reference_table_on_synthetic_trace():
-    """Dynamo's table, each of its figures rounded as analyze prints them for people."""
+    """Dynamo's table, each of its figures rounded as analyze prints them for people, its hit
+    rates (Dynamo's fractions) in percent as every command prints them."""
     report = analyze(shared_path("traces", "synthetic_trace.jsonl"), block_size=512)
     text = shared_path("traces", "reference_synthetic_dynamo_datagen_analyze.txt").read_text()
     cells = [
@@ -42,7 +44,13 @@ def test_prints_dynamo_reference_table_on_synthetic_trace():
         if line.startswith("|")
     ]
     header, *rows = cells
-    table = ascii_table(header, [[label, *map(rounded, map(float, r))] for label, *r in rows])
+    *lengths, (hit_label, *hit_rates) = rows
+    assert hit_label == "Theoretical Hit Rates"
+    table = ascii_table(
+        header,
+        [[label, *map(rounded, map(float, r))] for label, *r in lengths]
+        + [[hit_label, *map(percent, map(float, hit_rates))]],
+    )
     assert compatible_table(report) == table
     assert "15325.476584022039" in text and " 15,325 " in table  # what people read instead
 
