@@ -1,0 +1,134 @@
+"""Red-team round 8: hostile input to `kvtrace anonymize` and the reading commands, past the
+round-1..7 fixes (test_redteam_input*.py). Each test asserts a promise the tool makes and fails
+today (2026-11-27)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+pytestmark = [pytest.mark.slow]
+
+
+def _kvtrace(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **kwargs.pop("env", {})},
+        **kwargs,
+    )
+
+
+def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
+    """(exit code, peak RSS in MB, stderr) of a kvtrace command run in a child."""
+    probe = (
+        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    code, peak = done.stdout.split()[-2:]
+    return int(code), int(peak), done.stderr
+
+
+def _zigzag_varint(value: int) -> bytes:
+    value, out = value << 1, bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+# ---- Parquet: the page walk stops where the footer says; Arrow reads 100 bytes further --------
+
+
+def _hidden_last_page(path, nulls: int) -> None:
+    """A trace Parquet file of 2 rows whose hash_ids chunk ends (as its footer says) after row
+    0's page; row 1's page (`nulls` null ids, ~36 bytes) lies just past that end. The footer
+    names its writer parquet-mr 1.2.8: for such files Arrow reads each column chunk 100 bytes
+    past its stated size (PARQUET-816: that writer left the dictionary header out of the size),
+    and so decodes the hidden page; kvtrace's page walk (paths._pages) stops at the stated
+    end and never sees it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.transforms.read import paths
+
+    offsets = pa.array([0, 20, 20 + nulls], pa.int32())
+    values = pa.concat_arrays([pa.array(range(20), pa.int64()), pa.nulls(nulls, pa.int64())])
+    table = pa.table(
+        {
+            "timestamp": pa.array([0, 1], pa.int64()),
+            "input_length": pa.array([4, 4], pa.int64()),
+            "output_length": pa.array([1, 1], pa.int64()),
+            "hash_ids": pa.ListArray.from_arrays(offsets, values),
+        }
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, use_dictionary=False, compression="none", data_page_size=1,
+                   write_batch_size=1, write_statistics=False)  # fmt: skip
+    data = bytearray(buf.getvalue())
+    metadata = pq.ParquetFile(io.BytesIO(bytes(data))).metadata
+    column = metadata.row_group(0).column(3)
+    pages = list(paths._pages(io.BytesIO(bytes(data)), column))
+    assert len(pages) == 2
+    hidden = column.data_page_offset + column.total_compressed_size - (
+        pages[0].start + pages[0].stored
+    )
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    footer = bytearray(data[start:-8])
+    old = _zigzag_varint(column.total_compressed_size)
+    new = _zigzag_varint(column.total_compressed_size - hidden)
+    assert len(old) == len(new)
+    patched = 0
+    for at in range(len(footer)):
+        if footer[at - 1] == 0x16 and footer.startswith(old, at):  # the chunk's two sizes
+            footer[at : at + len(old)] = new
+            patched += 1
+    assert patched == 2
+    writer = metadata.created_by.encode()
+    liar = (b"parquet-mr version 1.2.8 (build " + b"x" * len(writer))[: len(writer) - 1] + b")"
+    at = footer.find(writer)
+    footer[at : at + len(writer)] = liar
+    data[start:-8] = footer
+    path.write_bytes(bytes(data))
+    assert [len(ids) for ids in pq.read_table(path)["hash_ids"].to_pylist()[:1]] == [20]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+def test_a_page_past_the_chunks_stated_end_is_checked_before_arrow_decodes_it(tmp_path):
+    """BOUNDS.md, Parquet list cell: each repeated column's rows are counted from its pages'
+    repetition levels before Arrow decodes them, and the footer's chunk sizes are never
+    trusted. But paths._pages walks a chunk's pages only up to data_page_offset +
+    total_compressed_size, while Arrow (PARQUET-816 workaround, for a footer naming
+    parquet-mr < 1.2.9 as its writer) reads up to 100 bytes past it: a page there is decoded
+    and never checked. A 1.4 KB trace file whose hidden page holds one cell of 40 M nulls
+    passes oversized_pages (it sees 20 levels) and `analyze` peaks at ~1 GB (150 M nulls:
+    "realloc of size 1073741824 failed" under a 2.5 GB cap; unbounded without one), what the
+    round-5/6 fix brought to 86 MB. Promise: every resource bounded before it is spent."""
+    src = tmp_path / "trace.parquet"
+    _hidden_last_page(src, 40_000_000)
+    assert src.stat().st_size < 2048
+    _, peak, said = _peak_rss_mb(["analyze", str(src), "--block-size", "16"])
+    assert "Traceback" not in said, said[-2000:]
+    assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
