@@ -132,3 +132,36 @@ def test_a_page_past_the_chunks_stated_end_is_checked_before_arrow_decodes_it(tm
     _, peak, said = _peak_rss_mb(["analyze", str(src), "--block-size", "16"])
     assert "Traceback" not in said, said[-2000:]
     assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
+
+
+# ---- sizes: the size parser takes a number no count holds ----------------------------------
+
+
+def _small_trace(folder) -> str:
+    path = folder / "t.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": i * 100, "input_length": 32, "output_length": 5,
+                        "hash_ids": [0, i % 3]}) + "\n"  # fmt: skip
+            for i in range(20)
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+@pytest.mark.parametrize("size", ["9" * 400, "9" * 400 + "GB", "99999999999999999999999"])
+def test_a_size_past_any_count_is_a_usage_error_naming_the_flag(tmp_path, size):
+    """capacity.parse_capacity reads the number as a float and multiplies it out: 400 nines
+    are inf (int(inf): OverflowError), 10^23 tokens a Python int that numpy's int64 cannot
+    take later, after the whole trace is read. Both end as `error: the job failed:
+    OverflowError: ...` (exit 1), the catch-all for a crash, while `--capacity 3X` is a usage
+    error naming the capacity (exit 2). Promise: a bad option is a one-line error saying what
+    is wrong with it, before the input is read."""
+    done = _kvtrace(
+        ["simulate", _small_trace(tmp_path), "--block-size", "16", "--capacity", size,
+         "--model", "llama-3.1-8b"]  # fmt: skip
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "OverflowError" not in done.stderr and "capacity" in done.stderr
+    assert "read 20 rows" not in done.stderr
