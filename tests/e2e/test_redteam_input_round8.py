@@ -165,3 +165,80 @@ def test_a_size_past_any_count_is_a_usage_error_naming_the_flag(tmp_path, size):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "OverflowError" not in done.stderr and "capacity" in done.stderr
     assert "read 20 rows" not in done.stderr
+
+
+# ---- Parquet: a dictionary index past the dictionary ----------------------------------------
+
+
+def _dictionary_index_past_its_end(path, trace: bool) -> None:
+    """A Parquet file (a log, or a trace) whose string column (prompt; session_id) is stored as
+    a 3-entry dictionary, its data page's indices rewritten to one RLE run of index 3: one
+    damaged page, as a flipped byte makes it (found by fuzzing: one random byte changed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.transforms.read import paths
+
+    rows, name = 8, "session_id" if trace else "prompt"
+    words = [["hello world", "the quick", "brown fox"][i % 3] for i in range(rows)]
+    columns = {"timestamp": pa.array(range(rows), pa.int64())}
+    if trace:
+        columns |= {"input_length": pa.array([4] * rows, pa.int64()), "hash_ids": [[1]] * rows}
+    columns |= {"output_length": pa.array([1] * rows, pa.int64()), name: pa.array(words)}
+    buf = io.BytesIO()
+    pq.write_table(pa.table(columns), buf, compression="none", use_dictionary=[name],
+                   data_page_version="1.0", write_statistics=False)  # fmt: skip
+    data = bytearray(buf.getvalue())
+    metadata = pq.ParquetFile(io.BytesIO(bytes(data))).metadata
+    column = metadata.row_group(0).column(len(columns) - 1)
+    page = next(p for p in paths._pages(io.BytesIO(bytes(data)), column) if p.version)
+    at = page.start + 4 + int.from_bytes(data[page.start : page.start + 4], "little")
+    assert data[at] == 2  # the indices' bit width
+    data[at + 1], data[at + 2] = rows << 1, 3  # an RLE run of every row, of index 3
+    path.write_bytes(bytes(data))
+    with pytest.raises(pa.ArrowInvalid):  # "Index not in dictionary bounds"
+        pq.read_table(path)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+@pytest.mark.parametrize("engine", ["local", "beam"])
+def test_a_damaged_dictionary_page_is_a_dead_letter_not_the_end_of_the_run(
+    tiny_tokenizer, tmp_path, engine
+):
+    """group_reader reads a string column stored as a dictionary as an Arrow dictionary
+    (read_dictionary), which Arrow does not check against its indices; arrow_sizes then sizes
+    each row with entries[indices] (numpy): an index past the dictionary is an IndexError,
+    which sources._row_group does not catch (OSError, ValueError, ArrowException). One damaged
+    page in one input file ends the whole run, every engine: `error: the job failed:
+    IndexError: index 3 is out of bounds for axis 0 with size 3`, the good file beside it
+    unpublished. Promise: bad input is a dead letter (damaged_file) and the rest is read."""
+    _dictionary_index_past_its_end(tmp_path / "bad.parquet", trace=False)
+    (tmp_path / "good.jsonl").write_text(
+        json.dumps({"timestamp": 1735689600, "prompt": "hello world", "output_length": 1}) + "\n"
+    )
+    out = tmp_path / "out"
+    done = _kvtrace(
+        ["anonymize", "--input", str(tmp_path / "bad.parquet"), str(tmp_path / "good.jsonl"),
+         "--output", str(out), "--tokenizer", tiny_tokenizer, "--block-size", "4",
+         "--engine", engine, "--max-rejected-fraction", "1"]  # fmt: skip
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    letters = [
+        json.loads(line)
+        for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
+        for line in f.open()
+    ]
+    assert any(letter["reason"] == "damaged_file" for letter in letters)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+@pytest.mark.parametrize("command", ["analyze", "validate"])
+def test_a_damaged_dictionary_page_in_a_trace_is_malformed_not_a_crash(tmp_path, command):
+    """The same damaged page in a trace's session_id column: every trace command (analyze,
+    validate, reuse, simulate) ends `error: the job failed: IndexError: ...` through
+    paths.sized_rows -> arrow_sizes. Promise: a damaged trace file is malformed lines or a
+    one-line error saying what is wrong with the file, never an unanticipated crash."""
+    src = tmp_path / "trace.parquet"
+    _dictionary_index_past_its_end(src, trace=True)
+    done = _kvtrace([command, str(src), "--block-size", "4"])
+    assert "the job failed" not in done.stderr and "IndexError" not in done.stderr, done.stderr
