@@ -284,3 +284,41 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
     done = _kvtrace([*command, *folders], preexec_fn=few_files)
     assert "Too many open files" not in done.stderr, done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---- a derived folder's manifest: a block size it cannot hold is no block size --------------
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 8")
+@pytest.mark.parametrize("declared", ['"16"', "16.0", "0", str(1 << 60)])
+@pytest.mark.parametrize("command", ["analyze", "validate"])
+def test_a_derived_manifest_with_a_damaged_block_size_is_refused_not_read_at_512(
+    tmp_path, declared, command
+):
+    """trace_inputs._read_manifest keeps a manifest's block_size only when it is a count
+    (is_count: an int below MAX_PUBLISHED_INT) over 0, and takes any other value as no block
+    size declared: the folder is then read at the default, 512, in silence. A derived folder of
+    16-token blocks whose manifest says "16" (a string), 16.0, 0 or 2^60 is analyzed as
+    `Block size: 512`, and `validate` calls it `valid` ("ok the rows fit the declared block
+    size"); a manifest of 2^21 (over MAX_BLOCK_SIZE, which --block-size refuses) is taken as
+    given. kvtrace writes none of these (DERIVED_MANIFEST_SCHEMA: an integer in 1..2^20).
+    Promise: a damaged or hostile manifest is refused in one line, never read as another
+    trace."""
+    source = tmp_path / "t.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"timestamp": i, "input_length": 40, "output_length": 1,
+                        "hash_ids": [0, 1, i]}) + "\n"  # fmt: skip
+            for i in range(5)
+        )
+    )
+    folder = tmp_path / "derived"
+    made = _kvtrace(["synthesize", str(source), "--block-size", "16", "-o", str(folder)])
+    assert made.returncode == 0, made.stderr[-2000:]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["block_size"] == 16
+    manifest["block_size"] = json.loads(declared)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    done = _kvtrace([command, str(folder)])
+    said = (done.stdout + done.stderr).lower()
+    assert done.returncode != 0 or any(f"block size{c} 16" in said for c in (":", "")), said[-2000:]
