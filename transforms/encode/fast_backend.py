@@ -185,7 +185,7 @@ def _settings_refusal(
             setting is choice or (type(setting) is type(choice) and setting == choice)
             for choice in allowed[key]
         ):
-            return f"{what} has {key}={str(setting)[:40]!r}, which fastokens is not used for"
+            return f"{what} has {key}={repr(setting)[:40]}, which fastokens is not used for"
     return None
 
 
