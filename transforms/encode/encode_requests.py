@@ -181,6 +181,11 @@ class RequestEncoder:
         """What the segment cache did since the last take."""
         return self._segments.take_counts()
 
+    @property
+    def backend_fallback(self) -> str | None:
+        """Why the fast tokenizer backend gave way to tokenizers, if it did (fast_backend.py)."""
+        return getattr(self._tokenizer.backend_tokenizer, "fallback", None)
+
     def hash(
         self, rendered: Rendered, tokenized: Tokenized
     ) -> tuple[HashedBatch | None, list[DeadLetter]]:
