@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 from kvtrace.transforms.encode.blocks import TOKEN_DTYPE
+from kvtrace.transforms.encode.fallible_tokenizer import _is_panic
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -224,7 +225,9 @@ class VerifiedBackend:
             return self._reference.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         try:
             fast = self._fast_batch(texts)
-        except Exception:  # a text over the regex's limits: the reference decides each
+        except BaseException as err:  # a text over the regex's limits: the reference decides
+            if not (isinstance(err, Exception) or _is_panic(err)):
+                raise  # a stop (KeyboardInterrupt, a render overrun): not the texts'
             return self._reference.encode_batch_fast(texts, add_special_tokens=False)
         sampled = [i for i, text in enumerate(texts) if is_sampled(text)]
         if not sampled:

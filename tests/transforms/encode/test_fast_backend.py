@@ -20,7 +20,11 @@ from hypothesis import strategies as st
 
 from helpers import ROOT, SALT, assert_same_output, read_jsonl, write_jsonl
 from kvtrace.cli import main
-from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
+from kvtrace.transforms.encode.fallible_tokenizer import (
+    FallibleTokenizer,
+    TokenizerFailure,
+    token_ids,
+)
 from kvtrace.transforms.encode.fast_backend import (
     AUTO,
     FASTOKENS,
@@ -228,6 +232,18 @@ def test_probes_catch_a_backend_that_differs_at_load(wrong, deepseek_tokenizer):
         VerifiedBackend(fast, reference), reference, _config(deepseek_tokenizer)
     )
     assert reason and reason.startswith("the probe ")
+
+
+def test_a_text_the_fast_library_fails_on_is_the_references_to_decide(deepseek_tokenizer):
+    """A lone surrogate fails in both libraries: the batch goes to the reference, whose
+    failure is the text's (a tokenizer_error), and the other texts keep their ids."""
+    reference = load_tokenizer(deepseek_tokenizer).backend_tokenizer
+    fast = encoding_tokenizer(deepseek_tokenizer, FASTOKENS).backend_tokenizer
+    texts = ["fine text", "bad \ud800 text", "more text"]
+    got, want = FallibleTokenizer(fast).encode(texts), FallibleTokenizer(reference).encode(texts)
+    assert got == want
+    assert isinstance(got[1], TokenizerFailure) and isinstance(got[0], bytes)
+    assert fast.fallback is None  # a failure is not a difference
 
 
 def test_the_tokenizers_backend_is_the_reference_itself(deepseek_tokenizer):
