@@ -6,6 +6,8 @@ For each corpus:
       raw fastokens, and through the verified backend as a run calls it (its 1-in-64 check
       included); whether every text's ids agree;
   parse only: orjson over every line, the next floor once tokenizing is cheap;
+  stages: CPU seconds of read, parse, render, tokenize, hash and numbering, each alone over
+      the corpus in this process, with each backend (the step that bounds the run);
   whole process: `kvtrace anonymize --tokenizer-backend B` for B in tokenizers and fastokens,
       alternated pair by pair (the order swapped each pair), start-up included, with the peak
       RSS of the process and its workers; the output's bytes compared across backends.
@@ -98,6 +100,56 @@ def tokenize_rates(tokenizer_name: str, texts: list[str], repeats: int = 3) -> d
     )
     rates["ids_equal"] = equal
     return rates
+
+
+def stage_seconds(corpus: Path, tokenizer_name: str, block_size: int, backend: str) -> dict:
+    """CPU seconds of each step of encoding and numbering, run alone over the whole corpus in
+    this process (as profile_stages.py times them), with the backend given: which step bounds
+    the run once tokenizing is cheap."""
+    from profile_stages import STAGES, stage
+
+    from kvtrace.transforms.batching import batches_by_weight
+    from kvtrace.transforms.dead_letters import DeadLetter
+    from kvtrace.transforms.encode.encode_requests import (
+        TOKENIZE_BATCH_BYTES,
+        TOKENIZE_BATCH_REQUESTS,
+        EncodeOptions,
+        open_encoder,
+    )
+    from kvtrace.transforms.encode.hashed_batch import HashedBatch
+    from kvtrace.transforms.encode.salt import SaltSource
+    from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
+    from kvtrace.transforms.read.records import ParseOptions
+    from kvtrace.transforms.read.sources import file_ranges, parse_one, read_range
+
+    STAGES.clear()
+    salt = SaltSource("random", inline=b"profile salt, 32 bytes long.....")
+    options = EncodeOptions(tokenizer_name, salt, block_size=block_size, tokenizer_backend=backend)
+    encoder = open_encoder(options)
+    with stage("read"):
+        records = [
+            item
+            for piece in file_ranges(str(corpus), corpus.stat().st_size)
+            for item in read_range(piece, 64 << 20)
+        ]
+    with stage("parse"):
+        parsed = [parse_one(*record, ParseOptions()) for record in records]
+    requests = [r for r in parsed if not isinstance(r, DeadLetter)]
+    batches = list(
+        batches_by_weight(
+            requests, TOKENIZE_BATCH_BYTES, lambda r: len(r.line), TOKENIZE_BATCH_REQUESTS
+        )
+    )
+    with stage("render"):
+        rendered = [encoder.render(batch)[0] for batch in batches]
+    with stage("tokenize"):
+        tokenized = [encoder.tokenize(batch) for batch in rendered]
+    with stage("hash"):
+        hashed = [encoder.hash(r, t)[0] for r, t in zip(rendered, tokenized)]
+    with stage("ids"):
+        whole = HashedBatch.concat(hashed)
+        dense_ids(block_keys(whole, block_size)), dense_ids(session_keys(whole))
+    return {s["stage"]: round(s["cpu_s"], 2) for s in STAGES}
 
 
 def parse_only(corpus: Path) -> float:
@@ -200,6 +252,10 @@ def main() -> None:
             "bytes": corpus.stat().st_size,
             "tokenize_only": rates,
             "parse_only_orjson_s": parse_only(corpus),
+            "stage_cpu_s": {
+                backend: stage_seconds(corpus, args.tokenizer, args.block_size, backend)
+                for backend in BACKENDS
+            },
             "whole_process": runs,
             # the whole run with each backend against the floor: the floor's time for the same
             # texts over the run's wall time (1.0: the run as fast as tokenizing alone)
