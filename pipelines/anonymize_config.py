@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtrace.transforms.encode.encode_requests import EncodeOptions
+from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
 from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
@@ -65,6 +66,7 @@ class AnonymizeConfig:
     block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
+    tokenizer_backend: str = DEFAULT_BACKEND  # what encodes texts where verified (fast_backend.py)
     route_sessions: bool = False  # Beam: a session's requests encoded on one worker
     model_name: str | None = None  # published as the manifest's model_name (--model-name)
     # With an id map, where the rows' times count from: "map" (its origin: nights continue one
@@ -101,6 +103,7 @@ class AnonymizeConfig:
             hash_scheme=self.hash_scheme,
             emit_output_hashes=self.emit_output_hashes,
             segment_cache_bytes=self.segment_cache_bytes,
+            tokenizer_backend=self.tokenizer_backend,
             tokenizer_sha256=self.tokenizer_sha256,
         )
 

@@ -22,8 +22,9 @@ input, outlives that to say so in one line and publish nothing.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import Encoded, finish_night
@@ -39,6 +40,7 @@ from kvtrace.transforms.encode.encode_requests import (
     RequestEncoder,
     open_encoder,
 )
+from kvtrace.transforms.encode.fast_backend import TOKENIZERS
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.segment_cache import CacheCounts, log_counts
 from kvtrace.transforms.read.records import ParseOptions, Request
@@ -51,6 +53,7 @@ from kvtrace.transforms.read.sources import (
 )
 from kvtrace.transforms.trace_format import INPUT_LENGTH_FIELD
 
+_LOG = logging.getLogger("kvtrace")
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
 CLAIM_BYTES = 2 << 20
@@ -83,6 +86,13 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
         processes,
         [stored_bytes(piece, size) for piece, size in sized],
     )
+    fallback = next((p.backend_fallback for p in parts if p.backend_fallback), None)
+    if fallback and config.tokenizer_backend != TOKENIZERS:
+        # Texts encoded before the difference was seen hold the fast backend's ids: the whole
+        # input again, so the output is a tokenizers run's however the work was ordered (the
+        # first pass's letter runs are left in the staging folder, which goes with the run).
+        _LOG.warning("encoding the input again with tokenizers alone (%s)", fallback)
+        return encode_inputs(replace(config, tokenizer_backend=TOKENIZERS), processes)
     return Encoded(
         [b for p in parts for b in p.hashed],
         [],
@@ -129,7 +139,9 @@ def encode_ranges(
     they come into sorted runs in the folder letters (dead_letters.SortedRuns)."""
     rejected = SortedRuns(letters)
     hashed, read = _encode(pieces, encoder, parse, rejected, progress)
-    return Encoded(hashed, [], read, encoder.take_cache_counts(), rejected.close())
+    return Encoded(
+        hashed, [], read, encoder.take_cache_counts(), rejected.close(), encoder.backend_fallback
+    )
 
 
 def _encode(

@@ -101,6 +101,9 @@ class Encoded(NamedTuple):
     read: int
     cache: CacheCounts = CacheCounts()  # what the segment cache did (not part of the output)
     staged: StagedLetters = StagedLetters()
+    # Why the fast tokenizer backend gave way to tokenizers in a worker, if it did
+    # (fast_backend.py): the local engine then encodes the input again with tokenizers alone.
+    backend_fallback: str | None = None
 
 
 # Dense ids of one kind's keys (blocks, sessions), extending whatever holds the earlier ones.

@@ -23,6 +23,7 @@ from kvtrace.transforms.encode.blocks import (
     token_bytes,
 )
 from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
+from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
@@ -121,6 +122,7 @@ class EncodeOptions:
     hash_scheme: HashScheme = field(default_factory=HashScheme)
     emit_output_hashes: bool = False  # also hash the blocks the engine caches after decoding
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
+    tokenizer_backend: str = DEFAULT_BACKEND  # fast_backend.BACKENDS: the same ids with each
     tokenizer_sha256: Mapping[str, str] = field(default_factory=dict)  # the run's files, if known
 
 
@@ -178,6 +180,11 @@ class RequestEncoder:
     def take_cache_counts(self) -> CacheCounts:
         """What the segment cache did since the last take."""
         return self._segments.take_counts()
+
+    @property
+    def backend_fallback(self) -> str | None:
+        """Why the fast tokenizer backend gave way to tokenizers, if it did (fast_backend.py)."""
+        return getattr(self._tokenizer.backend_tokenizer, "fallback", None)
 
     def hash(
         self, rendered: Rendered, tokenized: Tokenized
@@ -250,7 +257,7 @@ def open_encoder(
     """The encoder where it runs (a Beam worker, a local worker process): the tokenizer loaded
     and checked against the files the run began with, the salt fetched and chained."""
     return RequestEncoder(
-        checked_tokenizer(options.tokenizer, options.tokenizer_sha256),
+        checked_tokenizer(options.tokenizer, options.tokenizer_sha256, options.tokenizer_backend),
         chain_seed(options.salt.load()),
         options,
         segment_cache,

@@ -112,11 +112,23 @@ class FastTokenizer:
         chat_template: str | dict[str, str] | None,
         special_tokens: dict[str, str],
         sha256: dict[str, str] | None = None,
+        tokenizer_json: bytes = b"",
     ):
         self.backend_tokenizer = backend
         self.chat_template = chat_template
         self.special_tokens_map = special_tokens
         self.files_sha256 = sha256 or {}  # of the bytes this tokenizer was built from
+        self.tokenizer_json = tokenizer_json  # what a faster backend loads (fast_backend.py)
+
+    def encoding_with(self, backend: Any) -> FastTokenizer:
+        """This tokenizer with another backend encoding its texts (fast_backend.py)."""
+        return FastTokenizer(
+            backend,
+            self.chat_template,
+            self.special_tokens_map,
+            self.files_sha256,
+            self.tokenizer_json,
+        )
 
     @classmethod
     def from_directory(cls, folder: Path) -> FastTokenizer:
@@ -142,7 +154,13 @@ class FastTokenizer:
             raise ValueError(
                 f"{TOKENIZER_FILE}: {len(added)} added tokens, over {MAX_ADDED_TOKENS}"
             )
-        return cls(backend, _chat_template(files, config), tokens, files_sha256(files))
+        return cls(
+            backend,
+            _chat_template(files, config),
+            tokens,
+            files_sha256(files),
+            files[TOKENIZER_FILE],
+        )
 
     def apply_chat_template(
         self,

