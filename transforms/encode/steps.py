@@ -50,7 +50,8 @@ class EncodeRequests(beam.DoFn):
         self._segment_cache = self._shared_cache.acquire(  # held: the handle keeps weak refs
             lambda: SegmentCache(self._options.segment_cache_bytes)
         )
-        self._encoding = OverlappedEncoder(open_encoder(self._options, self._segment_cache))
+        self._encoder = open_encoder(self._options, self._segment_cache)
+        self._encoding = OverlappedEncoder(self._encoder)
         settle_after_start_up()
 
     def teardown(self) -> None:
@@ -66,6 +67,7 @@ class EncodeRequests(beam.DoFn):
         timestamp=beam.DoFn.TimestampParam,
     ) -> Iterator[Any]:
         failed, previous = self._encoding.push(batch)
+        _refuse_backend_fallback(self._encoder)
         yield from map(tagged, failed)
         yield from _outputs(previous)
         self._last_window = (window, timestamp)
@@ -76,6 +78,7 @@ class EncodeRequests(beam.DoFn):
         window, timestamp = self._last_window
         self._last_window = None
         flushed = self._encoding.flush()
+        _refuse_backend_fallback(self._encoder)
         self._count_cache()  # here, as no batch tokenizes in the background
         for output in _outputs(flushed):
             if isinstance(output, beam.pvalue.TaggedOutput):
@@ -89,6 +92,17 @@ class EncodeRequests(beam.DoFn):
         counts = self._encoding.take_cache_counts()
         for name, counter in self._cache_metrics.items():
             counter.inc(getattr(counts, name))
+
+
+def _refuse_backend_fallback(encoder: Any) -> None:
+    """A Beam worker cannot take back what it emitted before its tokenizer backend disagreed with
+    `tokenizers` (the local engine encodes again): the job fails, publishing nothing, rather
+    than publish bytes that depend on which worker saw the difference when."""
+    if encoder.backend_fallback is not None:
+        raise RuntimeError(
+            f"tokenizer backend fastokens disagreed with tokenizers ({encoder.backend_fallback}):"
+            " run again with --tokenizer-backend tokenizers"
+        )
 
 
 def _outputs(encoded: EncodedBatch | None) -> Iterator[Any]:

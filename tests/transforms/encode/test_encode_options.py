@@ -24,7 +24,7 @@ def test_every_encode_option_is_the_configs_own():
         hash_scheme=HashScheme("dynamo"),
         emit_output_hashes=True,
         segment_cache_bytes=1 << 20,
-        tokenizer_backend="tokenizers",
+        tokenizer_backend="fastokens",
         tokenizer_sha256={"a": "b" * 64},
     )
     options = config.encode

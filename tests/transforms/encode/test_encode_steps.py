@@ -84,3 +84,15 @@ def test_encode_in_a_batch_run_keeps_the_inputs_timestamp_kind(tiny_tokenizer):
         [row for row in expected if row[0] >= EPOCH_MS],
         ["template_error", TIMESTAMP_KIND_MISMATCH],
     )
+
+
+def test_a_worker_whose_backend_disagreed_fails_its_bundle_rather_than_emit():
+    """A Beam worker cannot take back batches it emitted before the difference: the bundle
+    fails (nothing of it is committed) with the one-line way out."""
+    from types import SimpleNamespace
+
+    from kvtrace.transforms.encode.steps import _refuse_backend_fallback
+
+    _refuse_backend_fallback(SimpleNamespace(backend_fallback=None))
+    with pytest.raises(RuntimeError, match="--tokenizer-backend tokenizers"):
+        _refuse_backend_fallback(SimpleNamespace(backend_fallback="a sampled text differed"))
