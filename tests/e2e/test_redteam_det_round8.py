@@ -283,7 +283,6 @@ def test_convert_gives_the_same_trace_whatever_the_order_of_its_rows(tmp_path):
     assert traces[0] == traces[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_the_summary_says_how_many_rows_got_an_output_length_of_0(tiny_tokenizer, tmp_path, capsys):
     """Promise (transforms/write/manifest.py, RUN_COUNTS: the run's counts no published row
     proves, 'requests without an output length or with a message the template left out', are
