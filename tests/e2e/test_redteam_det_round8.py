@@ -55,7 +55,6 @@ def test_a_null_output_count_reads_alike_as_jsonl_and_as_parquet(tiny_tokenizer,
     assert runs["jsonl"] == runs["parquet"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_synthesize_num_requests_draws_the_same_rows_whatever_the_input_order(tmp_path):
     """Promise: same input and config give byte-identical output whatever the order or split;
     docs/ANALYSIS.md: 'the same --seed gives the same bytes' (and without --num-requests the
