@@ -244,7 +244,6 @@ def test_a_parquet_timestamp_column_reads_as_the_same_time_in_jsonl(tiny_tokeniz
     assert runs["parquet"] == runs["jsonl"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_convert_gives_the_same_trace_whatever_the_order_of_its_rows(tmp_path):
     """Promise: same input and config give byte-identical output whatever the order (the
     derived manifest's sources_sha256 names the input's bytes, but the trace is the rows').
