@@ -453,6 +453,7 @@ def commit_id_map(
         added["blocks"],
         added["sessions"],
         earliest_ms,
+        config.staging,
         times,
     )
 

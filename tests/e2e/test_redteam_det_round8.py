@@ -84,7 +84,6 @@ def test_synthesize_num_requests_draws_the_same_rows_whatever_the_input_order(tm
     assert outputs[0] == outputs[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_the_id_map_records_a_night_alike_whatever_its_time_origin(tiny_tokenizer, tmp_path):
     """Promise (docs/NIGHTLY.md, --time-origin night): 'only the rows move': what the map records
     of the night stays on the map's clock, and 'the same nights give the same map bytes'. The
