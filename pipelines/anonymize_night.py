@@ -456,6 +456,7 @@ def commit_id_map(
         added["blocks"],
         added["sessions"],
         earliest_ms,
+        config.staging,
         times,
     )
 

@@ -919,6 +919,8 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
         config.block_size, records["exported"], manifest["files"], config.output
     ).items():
         print(f"  {name}: {command}")
+    if records.get("without_output_length"):
+        print(_without_output_length_said(records["without_output_length"]), file=sys.stderr)
     if records.get("with_unrendered_messages"):
         print(
             f"warning: in {records['with_unrendered_messages']} request(s) the chat template "
@@ -938,6 +940,13 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
         )
         print(f"id map: {config.id_map.directory}, {change}")
         print(_time_origin_said(config, manifest))
+
+
+def _without_output_length_said(requests: int) -> str:
+    """One line for the requests whose output length was nowhere in the log: published with 0,
+    which a replay cannot tell from an empty reply, so the user is told how many."""
+    had = "request had" if requests == 1 else "requests had"
+    return f"warning: {requests:,} {had} no output length: published with 0"
 
 
 def _duration(seconds: float) -> str:

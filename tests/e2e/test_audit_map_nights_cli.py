@@ -24,9 +24,10 @@ SALT = b"n" * 32
 KEY = map_key(SALT)
 
 
-def recorded(manifest: dict) -> gate.MapVersionNumbering:
+def recorded(folder: Path) -> gate.MapVersionNumbering:
+    manifest = json.loads((folder / "manifest.json").read_text())
     return gate.MapVersionNumbering(
-        gate._start_figures(manifest["id_map"]), id_map.night_identity(manifest)
+        gate._start_figures(manifest["id_map"]), id_map.night_identity(manifest, str(folder))
     )
 
 
@@ -77,8 +78,7 @@ def test_a_night_of_a_map_from_before_format_6_passes_once_anonymized_again(
     for name in ("trace-00000-of-00001.parquet", "stats.json"):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "n2" / name).read_bytes()
     numbering = gate.map_numbering(str(tmp_path / "map"), SALT)
-    manifest = json.loads((tmp_path / "again" / "manifest.json").read_text())
-    assert numbering[2:] == [recorded(manifest)]
+    assert numbering[2:] == [recorded(tmp_path / "again")]
     versions = [id_map.read_version_record(str(tmp_path / "map"), n, KEY) for n in (2, 3)]
     assert versions[0]["next_id"] == versions[1]["next_id"]  # no id added
     report = gate.audit(str(tmp_path / "again"), tiny_tokenizer, numbering=numbering)

@@ -55,7 +55,6 @@ def test_a_null_output_count_reads_alike_as_jsonl_and_as_parquet(tiny_tokenizer,
     assert runs["jsonl"] == runs["parquet"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_synthesize_num_requests_draws_the_same_rows_whatever_the_input_order(tmp_path):
     """Promise: same input and config give byte-identical output whatever the order or split;
     docs/ANALYSIS.md: 'the same --seed gives the same bytes' (and without --num-requests the
@@ -85,7 +84,6 @@ def test_synthesize_num_requests_draws_the_same_rows_whatever_the_input_order(tm
     assert outputs[0] == outputs[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_the_id_map_records_a_night_alike_whatever_its_time_origin(tiny_tokenizer, tmp_path):
     """Promise (docs/NIGHTLY.md, --time-origin night): 'only the rows move': what the map records
     of the night stays on the map's clock, and 'the same nights give the same map bytes'. The
@@ -245,7 +243,6 @@ def test_a_parquet_timestamp_column_reads_as_the_same_time_in_jsonl(tiny_tokeniz
     assert runs["parquet"] == runs["jsonl"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_convert_gives_the_same_trace_whatever_the_order_of_its_rows(tmp_path):
     """Promise: same input and config give byte-identical output whatever the order (the
     derived manifest's sources_sha256 names the input's bytes, but the trace is the rows').
@@ -283,7 +280,6 @@ def test_convert_gives_the_same_trace_whatever_the_order_of_its_rows(tmp_path):
     assert traces[0] == traces[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_the_summary_says_how_many_rows_got_an_output_length_of_0(tiny_tokenizer, tmp_path, capsys):
     """Promise (transforms/write/manifest.py, RUN_COUNTS: the run's counts no published row
     proves, 'requests without an output length or with a message the template left out', are

@@ -41,7 +41,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -83,6 +83,13 @@ from kvtrace.transforms.ids.segments import (
     write_segment,
 )
 from kvtrace.transforms.read.timestamps import timestamp_kind
+from kvtrace.transforms.trace_format import (
+    MAX_TRACE_LINE_BYTES,
+    NIGHT_ORIGIN,
+    STATS,
+    TIME_ORIGIN_FIELD,
+    TIMESTAMP_FIELD,
+)
 
 CURRENT = "CURRENT"
 CURRENT_MAX_BYTES = 1024  # {"version": N}: anything longer is not kvtrace's
@@ -758,10 +765,16 @@ def _segment_folders(directory: str, version: int, current: MapVersion, key: Map
 @dataclass(frozen=True)
 class Night:
     """The night a version records: where its manifest says its numbering began (its id_map:
-    block_ids_from, sessions_from, time_from_ms) and its identity (night_identity)."""
+    block_ids_from, sessions_from, time_from_ms) and its identity (night_identity); former, the
+    identity maps recorded before (files_identity), by which a rerun of a night they recorded
+    is still found."""
 
     start: dict[str, int]
     identity: str
+    former: str | None = None
+
+    def identities(self) -> tuple[str, ...]:
+        return (self.identity,) if self.former is None else (self.identity, self.former)
 
 
 @dataclass(frozen=True)
@@ -773,20 +786,71 @@ class NightTimes:
     last_ms: int | None = None
 
 
-def night_identity(manifest: dict[str, Any]) -> str:
-    """What a night publishes, whatever the map's later state: the sha256 of its files' digests
-    (trace shards and stats.json, as its manifest lists them). Known before the map's commit in
-    every engine, and the same for a rerun that finds the night in the map (same rows, same
-    ids); the gate recomputes it from the folder (audit --id-map)."""
+# A trace row as kvtrace writes it begins with its timestamp (trace_format.jsonl_bytes).
+_ROW_TIME = re.compile(rb'\{"' + TIMESTAMP_FIELD.encode() + rb'": (0|[1-9][0-9]{0,18}),')
+_READ_BYTES = 1 << 20
+
+
+def night_identity(manifest: dict[str, Any], folder: str) -> str:
+    """What a night is, however its times are published: the sha256 of the canonical JSON of
+    its rows' digest (the sha256 of its JSONL trace shards, in order, every timestamp on the
+    map's clock: a --time-origin night's moved back by its id_map.time_from_ms) and
+    stats.json's. It binds every row and its time on the map's clock, never a presentation
+    flag; the same for a rerun that finds the night in the map (same rows, same ids). Read
+    from the folder's shards, as written (before the map's commit, in every engine) or as
+    published (the gate: audit --id-map)."""
+    shift = (
+        manifest["id_map"]["time_from_ms"] if manifest.get(TIME_ORIGIN_FIELD) == NIGHT_ORIGIN else 0
+    )
+    rows = hashlib.sha256()
+    for name in sorted(n for n in manifest["files"] if n.endswith(".jsonl")):
+        with open_map_file(storage.join(folder, name)) as handle:  # a regular file only
+            for piece, starts_row in _pieces(handle):
+                rows.update(_on_map_clock(piece, shift) if starts_row else piece)
+    digests = {"rows_on_map_clock": rows.hexdigest(), STATS: manifest["sha256"].get(STATS)}
+    return hashlib.sha256(canonical(digests).encode()).hexdigest()
+
+
+def files_identity(manifest: dict[str, Any]) -> str:
+    """A night's identity as id maps recorded it before night_identity (the sha256 of its files'
+    digests, as its manifest lists them): a presentation's, still matched so that a rerun of a
+    night recorded then is found."""
     return hashlib.sha256(canonical(manifest["sha256"]).encode()).hexdigest()
 
 
-def recorded_start(version: MapVersion, identity: str) -> dict[str, int] | None:
-    """The start a version of the map recorded for the night of this identity (the first, if a
-    compacting rerun recorded it again); None for a night the map has not recorded. A rerun
-    publishes it, so its manifest is the original's byte for byte."""
+def _pieces(handle: Any) -> Iterator[tuple[bytes, bool]]:
+    """A file's bytes as lines (each with its newline), held in bounded pieces: a line over
+    MAX_TRACE_LINE_BYTES is given in pieces, only the first said to start a row."""
+    pending, starts_row = b"", True
+    while chunk := handle.read(_READ_BYTES):
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            yield line + b"\n", starts_row
+            starts_row = True
+        if len(pending) > MAX_TRACE_LINE_BYTES:
+            yield pending, starts_row
+            pending, starts_row = b"", False
+    if pending:
+        yield pending, starts_row
+
+
+def _on_map_clock(line: bytes, shift: int) -> bytes:
+    """A row with its timestamp moved by shift ms (a line not kvtrace's is left as it is: its
+    identity is then no night's)."""
+    found = _ROW_TIME.match(line)
+    if not shift or found is None:
+        return line
+    return line[: found.start(1)] + str(int(found[1]) + shift).encode() + line[found.end(1) :]
+
+
+def recorded_start(version: MapVersion, *identities: str) -> dict[str, int] | None:
+    """The start a version of the map recorded for the night of these identities (its own and
+    its former: Night.identities; the first, if a compacting rerun recorded it again); None for
+    a night the map has not recorded. A rerun publishes it, so its manifest is the original's
+    byte for byte."""
     return next(
-        (entry["start"] for entry in version.history if entry.get("night") == identity), None
+        (entry["start"] for entry in version.history if entry.get("night") in identities), None
     )
 
 
@@ -808,7 +872,7 @@ def next_version(
     if (
         not any(added.values())
         and not compacted
-        and (earliest_ms is None or recorded_start(base, night.identity) is not None)
+        and (earliest_ms is None or recorded_start(base, *night.identities()) is not None)
     ):
         return None
     if (night.start["block_ids_from"], night.start["sessions_from"]) != (
@@ -837,7 +901,7 @@ def next_version(
         )
     origin = base.timestamp_origin_ms if base.timestamp_origin_ms is not None else earliest_ms
     checksums = {name: sums[name] for name in sorted(listed)}
-    if recorded_start(base, night.identity) is not None:  # a compacting rerun: counted once
+    if recorded_start(base, *night.identities()) is not None:  # a compacting rerun: counted once
         times = NightTimes()
     return replace(
         base,
@@ -979,19 +1043,20 @@ def publish_night(
     added_blocks: int,
     added_sessions: int,
     earliest_ms: int | None,
+    folder: str,
     times: NightTimes = NightTimes(),
 ) -> dict[str, Any]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
-    (Night). Returns the manifest to publish: a night the map recorded already (a rerun after
+    (Night: folder holds its trace shards as written). Returns the manifest to publish: a night the map recorded already (a rerun after
     a run killed past its commit) names the start recorded for it, not the map's current one."""
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
     check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
     check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
-    night = Night(manifest["id_map"], night_identity(manifest))
-    recorded = recorded_start(base, night.identity)
+    night = Night(manifest["id_map"], night_identity(manifest, folder), files_identity(manifest))
+    recorded = recorded_start(base, *night.identities())
     if recorded is None and earliest_ms is not None:
         check_night_follows(directory, base, night)
     published = manifest if recorded is None else manifest | {"id_map": recorded}

@@ -5,8 +5,14 @@ A Bailian row: {"chat_id", "parent_chat_id" (-1 for a conversation's first reque
 "type", "turn"}. Every row is a whole request (a follow-up's input_length and hash_ids cover
 its history), so a row becomes one Mooncake row as it is; turns are linked into a session by
 following parent_chat_id to the conversation's root. A parent missing from the file (a subset)
-roots its children's session itself, so siblings still share one. Sessions are numbered 0, 1,
-... by first appearance, as kvtrace publishes them; `type` and `turn` are dropped.
+roots its children's session itself, so siblings still share one. `type` and `turn` are
+dropped.
+
+Rows come out in an order of their content alone (_content_key: time, then every field), and
+sessions are numbered 0, 1, ... by first appearance in it, as kvtrace publishes them: the same
+rows in any order convert to the same bytes. A chat_id on several rows is one chat (one
+session) when its rows name one parent; rows naming different parents leave its conversation
+unknown, so each is skipped as malformed, whatever their order.
 """
 
 from __future__ import annotations
@@ -60,33 +66,65 @@ def convert(lines: Iterable[bytes]) -> Converted:
             out.reject(number, why)
         else:
             records.append((number, record))
-    parent = {r["chat_id"]: r.get("parent_chat_id", NO_PARENT) for _, r in records}
+    parent = _parents(records)
     roots = _roots(parent)
-    numbered: dict = {}
     rows = []
     for number, record in records:
-        root = roots[record["chat_id"]]
-        if root is None:
+        chat = record["chat_id"]
+        if chat not in parent:
+            out.reject(number, f"chat_id {chat!r} is on rows that name different parent_chat_id")
+            continue
+        if roots[chat] is None:
             out.reject(number, "parent_chat_id links form a cycle")
             continue
         rows.append(
             (
-                record["timestamp"],
-                number,
+                _content_key(record, parent[chat]),
                 {
                     "timestamp": round(record["timestamp"] * 1000),
                     "input_length": record["input_length"],
                     "output_length": record["output_length"],
                     "hash_ids": record["hash_ids"],
-                    "session": root,
+                    "session": roots[chat],
                 },
             )
         )
-    rows.sort(key=lambda r: (r[0], r[1]))  # time order, file order among equals
-    for _, _, row in rows:
+    rows.sort(key=lambda r: r[0])
+    numbered: dict = {}
+    for _, row in rows:
         row["session"] = numbered.setdefault(row["session"], len(numbered))
         out.rows.append(row)
     return out
+
+
+def _content_key(record: dict, parent: int | str) -> tuple:
+    """A row's place among the converted rows, from its content alone: its published time and
+    lengths first (the order of ids/row_order.py), then its ids, then every other field read,
+    so rows tie only when they are the same request."""
+    return (
+        round(record["timestamp"] * 1000),
+        record["input_length"],
+        record["output_length"],
+        record["hash_ids"],
+        record["timestamp"],
+        _id_key(record["chat_id"]),
+        _id_key(parent),
+    )
+
+
+def _id_key(chat: int | str) -> tuple[bool, int | str]:
+    """A chat id, comparable to any other: integers before names (1 and "1" are two chats)."""
+    return isinstance(chat, str), chat
+
+
+def _parents(records: list[tuple[int, dict]]) -> dict:
+    """Each chat's parent (NO_PARENT for a conversation's first), for chats whose rows all name
+    the same one: a chat named with different parents is left out (its rows are malformed)."""
+    named: dict = {}
+    for _, record in records:
+        up = record.get("parent_chat_id", NO_PARENT)
+        named.setdefault(record["chat_id"], set()).add(NO_PARENT if up in (None, "-1") else up)
+    return {chat: ups.pop() for chat, ups in named.items() if len(ups) == 1}
 
 
 def trace_jsonl(rows: list[dict]) -> bytes:
@@ -173,7 +211,7 @@ def _roots(parent: dict) -> dict:
             up = parent[chat]
             path.append(chat)
             on_path.add(chat)
-            if up in (NO_PARENT, None, "-1"):
+            if up == NO_PARENT:
                 root = chat
                 break
             if up not in parent:

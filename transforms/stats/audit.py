@@ -996,7 +996,7 @@ def _check_manifest_against(
             if len(ids) and ids[-1] != len(ids) - 1:
                 gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
     else:
-        _check_numbering_start(manifest, numbering, window_start, gate)
+        _check_numbering_start(manifest, numbering, window_start, gate, folder)
     cut = cuts_unlike_plan(rows.shard_rooms)
     if cut:
         gate.flag(cut)
@@ -1037,12 +1037,14 @@ def _check_numbering_start(
     numbering: list[MapVersionNumbering] | None,
     window_start: tuple[int, int] | None,
     gate: _Gate,
+    folder: str,
 ) -> None:
     """A night that extends an id map is the night a version of the map recorded: its start,
-    all three figures, and its identity (its files' digests, which bind every row: a night's
-    references to the map's earlier ids included); a stream's window begins where the audited
-    window before it ended. The folder alone shows neither."""
-    from kvtrace.transforms.ids.id_map import night_identity
+    all three figures, and its identity (its rows on the map's clock, which bind every row: a
+    night's references to the map's earlier ids included; or, recorded before that, its files'
+    digests); a stream's window begins where the audited window before it ended. The folder
+    alone shows neither."""
+    from kvtrace.transforms.ids.id_map import files_identity, night_identity
 
     begins = _start_figures(manifest["id_map"])
     if window_start is not None:
@@ -1060,8 +1062,12 @@ def _check_numbering_start(
             "--salt-secret), or audit the stream's output folder"
         )
         return
-    night = MapVersionNumbering(begins, night_identity(manifest))
-    if night in numbering:
+    try:
+        identities = (night_identity(manifest, folder), files_identity(manifest))
+    except (OSError, ValueError) as err:  # a shard gone, or not a file, since it was read
+        gate.flag(f"{MANIFEST}: the night's identity could not be read from its shards ({err})")
+        return
+    if any(MapVersionNumbering(begins, identity) in numbering for identity in identities):
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
     if unnamed:

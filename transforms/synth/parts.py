@@ -59,6 +59,11 @@ class RowParts:
         )
 
 
+def session_text(session: object) -> str:
+    """A session id as hashed: its JSON type and value (1 and "1" are different sessions)."""
+    return f"{type(session).__name__}:{session}"
+
+
 def _units(trace: Trace) -> np.ndarray:
     """A dense unit per row: its session's, or its own when it has none."""
     rows = len(trace)

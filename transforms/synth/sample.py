@@ -7,25 +7,31 @@ time; each turn's own part gets fresh blocks of a length drawn from the trace's 
 turn an output length drawn from the trace's, and conversations start at inter-arrival times
 drawn from the trace's. Turns keep the previous turn's whole input as their prefix where the
 source turn did. The result is a trace like any other, reshaped afterwards by the knobs.
+
+Everything is drawn from rows in the order of what they hold (content_order), never of where
+they sit: the same rows, in any order or split over any files, draw the same requests.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kvtrace.transforms.ids.row_order import published_order
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.parts import RowParts, session_text
 
 
 def sample_requests(
     trace: Trace, parts: RowParts, requests: int, block_size: int, rng: np.random.Generator
 ) -> Trace:
-    units = _conversations(trace, parts)  # lists of rows, causal order
+    order = content_order(trace, parts.prefix)
+    units = _conversations(trace, order)  # lists of rows, content order
     starts = np.array([trace.timestamp[turns[0]] for turns in units])
     gaps = np.diff(np.sort(starts)) if len(starts) > 1 else np.zeros(1)
     n = trace.lengths
-    own_tokens = _own_tokens(trace, parts, block_size)
+    own_tokens = _own_tokens(trace, parts, block_size)[order]
     pool = own_tokens[own_tokens > 0]
+    output_lengths = trace.output_length[order]
     next_id = int(trace.ids.max(initial=-1)) + 1
     rows: list[tuple[float, int, int, list[int], object]] = []
     clock, drawn = float(starts.min(initial=0.0)), 0
@@ -59,7 +65,7 @@ def sample_requests(
                 next_id += blocks
                 length = len(base) * block_size + tokens
             offset = float(trace.timestamp[row] - trace.timestamp[turns[0]])
-            osl = int(trace.output_length[rng.integers(len(trace))])
+            osl = int(output_lengths[rng.integers(len(trace))])
             rows.append((clock + offset, length, osl, base + own, session))
             previous = (base + own, length)
             drawn += 1
@@ -68,15 +74,39 @@ def sample_requests(
     return _as_trace(rows, trace.session is not None)
 
 
-def _conversations(trace: Trace, parts: RowParts) -> list[list[int]]:
-    """Rows grouped by session (causal order within), a request without one alone."""
+def content_order(trace: Trace, prefix: np.ndarray) -> np.ndarray:
+    """Row indices in the order of what the rows hold: published order (time, input and output
+    length: ids/row_order.py), then the ids (the exact prefix id of a row's last block names its
+    whole sequence), then the session. Time first, so a session's turns stay causal; rows equal
+    in all of it are alike to a draw."""
+    sequence = np.full(len(trace), -1, dtype=np.int64)
+    has_ids = trace.lengths > 0
+    sequence[has_ids] = prefix[trace.offsets[1:][has_ids] - 1]
+    return published_order(
+        trace.timestamp, trace.input_length, trace.output_length, sequence, _session_ranks(trace)
+    )
+
+
+def _session_ranks(trace: Trace) -> np.ndarray:
+    """Per row, its session's rank among the sessions as hashed (session_text); -1 for none."""
+    if trace.session is None:
+        return np.full(len(trace), -1, dtype=np.int64)
+    texts = sorted({session_text(s) for s in trace.session.tolist() if s is not None})
+    rank = {text: i for i, text in enumerate(texts)}
+    return np.array(
+        [-1 if s is None else rank[session_text(s)] for s in trace.session.tolist()], dtype=np.int64
+    )
+
+
+def _conversations(trace: Trace, order: np.ndarray) -> list[list[int]]:
+    """Rows grouped by session (in the order given within), a request without one alone."""
     groups: dict = {}
-    for row in parts.order.tolist():
+    for row in order.tolist():
         session = trace.session[row] if trace.session is not None else None
         key = ("s", session) if session is not None else ("r", row)
         groups.setdefault(key, []).append(row)
     return [turns for turns in groups.values() if trace.lengths[turns].sum() > 0] or [
-        [row] for row in parts.order.tolist()
+        [row] for row in order.tolist()
     ]
 
 

@@ -23,13 +23,12 @@ from kvtrace.transforms.ids.buckets import buckets_of
 from kvtrace.transforms.ids.dense_ids import OCCURRENCE
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_shards import prefix_hashes, rowkeys
-from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.parts import RowParts, session_text
 from kvtrace.transforms.synth.reshape import hashed_label, mix64, reshape
 from kvtrace.transforms.synth.synthesize import (
     SynthConfig,
     scaled_osl,
     scaled_timestamps,
-    session_text,
     unit_copies,
 )
 

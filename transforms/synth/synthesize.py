@@ -18,7 +18,7 @@ from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.read.trace_io import HIGHEST, Trace
 from kvtrace.transforms.stats.trace_blocks import prefix_ids
 from kvtrace.transforms.stats.trace_shards import LINE_BITS
-from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.parts import RowParts, session_text
 from kvtrace.transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from kvtrace.transforms.synth.sample import sample_requests
 from kvtrace.transforms.trace_format import OUTPUT_LENGTH_FIELD, TIMESTAMP_FIELD
@@ -115,11 +115,6 @@ def unit_copies(
                 session_text(session[row]).encode(), seed=int(seed_key)
             )
     return (drawn % np.uint64(copies)).astype(np.int64)
-
-
-def session_text(session: object) -> str:
-    """A session id as hashed: its JSON type and value (1 and "1" are different sessions)."""
-    return f"{type(session).__name__}:{session}"
 
 
 def scaled_timestamps(timestamp: np.ndarray, config: SynthConfig) -> np.ndarray:

@@ -209,7 +209,8 @@ def test_a_rerun_is_given_the_start_recorded_for_its_night():
     }
     assert id_map.recorded_start(again, "a" * 64)["block_ids_from"] == 0
     assert id_map.recorded_start(again, "c" * 64) is None
-    assert id_map.night_identity({"sha256": {"stats.json": "1" * 64}}) != id_map.night_identity(
+    assert id_map.recorded_start(again, "c" * 64, "b" * 64)["time_from_ms"] == 60_000
+    assert id_map.files_identity({"sha256": {"stats.json": "1" * 64}}) != id_map.files_identity(
         {"sha256": {"stats.json": "2" * 64}}
     )
 

@@ -222,3 +222,48 @@ def test_a_record_of_more_containers_than_a_row_holds_is_malformed_unparsed():
         "(the row and its hash_ids): not parsed"
     ]
     assert peak < 64 * 50_000 // 4, peak  # the line and a copy at most, never its parse
+
+
+@given(
+    st.lists(
+        st.builds(
+            bailian,
+            st.one_of(st.integers(0, 6), st.sampled_from(["3", "x"])),
+            st.one_of(st.integers(-1, 6), st.sampled_from([None, "-1", "x"])),
+            st.sampled_from([1.0, 1.0004, 2.5, 3.0]),  # ties, and times of one published ms
+            st.integers(0, 3),
+            st.lists(st.integers(0, 3), max_size=3),
+        ),
+        max_size=12,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_the_same_rows_in_any_order_convert_alike(records, random):
+    shuffled = random.sample(records, len(records))
+    given_order, other_order = (
+        convert(json.dumps(r).encode() for r in rs) for rs in (records, shuffled)
+    )
+    assert given_order.rows == other_order.rows
+    assert given_order.malformed == other_order.malformed
+
+
+def test_a_chat_id_on_rows_of_one_parent_is_one_chat_of_different_parents_malformed():
+    rows = [
+        bailian(1, -1, 1.0, 16, [1]),
+        bailian(2, 1, 2.0, 32, [1, 2], 2),
+        bailian(2, 1, 2.0, 32, [1, 2], 2),  # a chat logged twice: the same conversation
+        bailian(3, 1, 3.0, 16, [5]),
+        bailian(3, None, 3.5, 16, [6]),  # chat 3: a follow-up of 1, or a first request?
+        bailian(4, 3, 4.0, 32, [6, 7], 2),
+    ]
+    for order in (rows, rows[::-1]):
+        converted = convert(json.dumps(r).encode() for r in order)
+        assert converted.malformed == 2
+        assert all("different parent_chat_id" in example for example in converted.examples)
+        # chat 4's parent is then missing from the file: it names the session, as a subset's
+        assert [(r["timestamp"], r["session"]) for r in converted.rows] == [
+            (1000, 0),
+            (2000, 0),
+            (2000, 0),
+            (4000, 1),
+        ]
