@@ -97,8 +97,9 @@ def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
     from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
     from kvtrace.transforms.read.records import ParseOptions
     from kvtrace.transforms.read.sources import file_ranges, parse_one, read_range
+    from kvtrace.transforms.trace_format import jsonl_bytes, parquet_bytes
     from kvtrace.transforms.write.rows import row_batch
-    from kvtrace.transforms.write.shards import jsonl_bytes, parquet_bytes
+    from kvtrace.transforms.write.shards import published_columns
 
     salt = SaltSource("random", inline=b"profile salt, 32 bytes long.....")
     encoder = open_encoder(EncodeOptions(tokenizer_name, salt, block_size=block_size))
@@ -127,7 +128,8 @@ def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
         session_ids = dense_ids(session_keys(whole)).ids
     with stage("rows and write"):
         rows = row_batch(whole.requests, block_ids, session_ids).sorted()
-        jsonl_bytes(rows, 0), parquet_bytes(rows, 0)
+        columns = published_columns(rows, int(rows.rows["timestamp_ms"].min()))
+        jsonl_bytes(columns), parquet_bytes(columns)
 
 
 def amdahl(stages: list[dict], cores: int) -> float:
