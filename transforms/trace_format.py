@@ -615,6 +615,16 @@ MODEL_NAME_SCHEMA = {
 }
 
 
+# Where a night of an id map counts its rows' times from when not from the map's origin (the
+# key absent): "night", from its own first published time, id_map.time_from_ms on the map's
+# clock (anonymize --time-origin night). Optional, so manifests that count from the map's
+# origin are as they were.
+TIME_ORIGIN_FIELD = "time_origin"
+NIGHT_ORIGIN = "night"
+# Where a night's numbering began, when not at 0, 0, 0 (write/manifest.id_map_start)
+ID_MAP_START = _closed({"block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT})
+
+
 # manifest.json, key by key: kvtrace's own vocabulary, numbers and digests; no string an operator
 # typed but a model's name (MODEL_NAME), no path. Every string is also printable ASCII
 # (published_strings_ascii). The gate checks beyond the schema what only the folder can say: files and sha256 name exactly its files,
@@ -662,14 +672,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             },
             # Only counts the rows prove; the run's others are the operator's (CLI, not published).
             "records": _closed({"exported": _COUNT}),
-            "id_map": {
-                "anyOf": [
-                    {"type": "null"},
-                    _closed(
-                        {"block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT}
-                    ),
-                ]
-            },
+            "id_map": {"anyOf": [{"type": "null"}, ID_MAP_START]},
             "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
             "sha256": {
                 "type": "object",
@@ -682,19 +685,47 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 "additionalProperties": {"type": "string", "maxLength": 1024},
             },
             MODEL_NAME: MODEL_NAME_SCHEMA,
+            TIME_ORIGIN_FIELD: {"const": NIGHT_ORIGIN},
         },
-        optional=(MODEL_NAME,),
+        optional=(MODEL_NAME, TIME_ORIGIN_FIELD),
     ),
 }
 
 
-# Where a night of an id map counts its rows' times from when not from the map's origin (the
-# key absent): "night", from its own first published time, id_map.time_from_ms on the map's
-# clock (anonymize --time-origin night). Optional, so manifests that count from the map's
-# origin are as they were.
-TIME_ORIGIN_FIELD = "time_origin"
-NIGHT_ORIGIN = "night"
-MANIFEST_SCHEMA["properties"][TIME_ORIGIN_FIELD] = {"const": NIGHT_ORIGIN}
+# What each kind of run writes (pipelines/anonymize_night.night_manifest, the one writer), so
+# what a manifest of each provenance may hold: MANIFEST_SCHEMA narrowed. A night of its own
+# numbers from 0 on its own clock (id_map null, no time_origin); a night that extends an id map
+# says where it began (id_map) and, run with --time-origin night, that its rows count from its own
+# first request (time_origin: only there, anonymize_night.counts_from_night); a stream's window
+# says where it begins (id_map, the first window's at 0) and never holds time_origin: a stream
+# keeps no id map of the operator's (anonymize --streaming refuses --id-map), so its windows
+# count from the stream's zero.
+NIGHT, MAP_NIGHT, STREAM_WINDOW = "night", "night of an id map", "stream window"
+
+
+def _provenance_schema(id_map: dict[str, Any], time_origin: bool) -> dict[str, Any]:
+    properties = {**MANIFEST_SCHEMA["properties"], "id_map": id_map}
+    if not time_origin:
+        del properties[TIME_ORIGIN_FIELD]
+    return {
+        "$schema": MANIFEST_SCHEMA["$schema"],
+        **_closed(properties, optional=(MODEL_NAME, TIME_ORIGIN_FIELD)),
+    }
+
+
+MANIFEST_SCHEMAS: dict[str, dict[str, Any]] = {
+    NIGHT: _provenance_schema({"type": "null"}, time_origin=False),
+    MAP_NIGHT: _provenance_schema(ID_MAP_START, time_origin=True),
+    STREAM_WINDOW: _provenance_schema(ID_MAP_START, time_origin=False),
+}
+
+
+def manifest_provenance(manifest: Any, stream_window: bool) -> str:
+    """The provenance a manifest is audited as: a stream's window where the gate found it in a
+    stream's folder, else a night, of an id map when it says where its numbering began."""
+    if stream_window:
+        return STREAM_WINDOW
+    return NIGHT if isinstance(manifest, dict) and manifest.get("id_map") is None else MAP_NIGHT
 
 
 # A derived trace's manifest.json (synthesize, convert -o DIR): what every reader takes from a

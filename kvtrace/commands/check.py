@@ -89,7 +89,13 @@ def add_audit_parser(commands: Any) -> None:
         metavar="TOK",
         help="the tokenizer the run used (folder, hub name or pkg:PACKAGE): the manifest's "
         "tokenizer must be what anonymize publishes for its files (a name only with the files "
-        "kvtrace pins for it; default: any pinned name, or none)",
+        "kvtrace pins for it; without it, only a manifest that names none passes)",
+    )
+    add(
+        "--model-name",
+        metavar="NAME",
+        help="as the run was given (anonymize --model-name): the manifest's model_name must be "
+        "it (without it, only a manifest that names none passes)",
     )
     add(
         "--id-map",
@@ -230,7 +236,9 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         if value is not None
     }
     published_kwargs = None if kwargs is None else public_template_kwargs(kwargs, salt)
-    report = measure(target, args.tokenizer, scheme, numbering, published_kwargs, settings)
+    report = measure(
+        target, args.tokenizer, scheme, numbering, published_kwargs, settings, args.model_name
+    )
     print(report_text(report, target))
     write_json_report(args.json, report)
     return 0 if report["publishable"] else 1

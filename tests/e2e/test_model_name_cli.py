@@ -28,7 +28,20 @@ def test_the_model_name_is_published_beside_the_tokenizer_and_passes_the_gate(
     manifest = json.loads((named / "manifest.json").read_text())
     assert manifest["model_name"] == "Qwen/Qwen3-8B"
     assert manifest["tokenizer"]["name"] is None  # a local folder: the pin rule stays
-    assert main(["audit", str(named), "--tokenizer", tiny_tokenizer]) == 0, capsys.readouterr()
+    audit = ["audit", str(named), "--tokenizer", tiny_tokenizer]
+    assert main([*audit, "--model-name", "Qwen/Qwen3-8B"]) == 0, capsys.readouterr()
+
+
+def test_the_gate_refuses_a_model_name_it_is_not_given_as_the_run_was(
+    named, tiny_tokenizer, capsys
+):
+    """The name is the publisher's claim, which no row proves: without --model-name, or with
+    another name, the manifest's model_name is refused in one line naming the flag."""
+    audit = ["audit", str(named), "--tokenizer", tiny_tokenizer]
+    assert main(audit) == 1
+    assert "model_name is the run's --model-name" in capsys.readouterr().out
+    assert main([*audit, "--model-name", "Qwen/Qwen3-32B"]) == 1
+    assert "model_name is not the --model-name given (Qwen/Qwen3-32B)" in capsys.readouterr().out
 
 
 def test_a_manifest_edited_to_hold_free_text_is_refused(named, tmp_path, tiny_tokenizer, capsys):

@@ -5,11 +5,13 @@ Each published file is parsed with the declared format (trace_format.py) and ser
 by the writers' own functions; the file must equal those bytes. So a trace shard is exactly its
 rows in kvtrace's JSONL and its Parquet twin exactly the same rows in kvtrace's Parquet (schema,
 metadata and all); stats.json is exactly the statistics of those rows; manifest.json is
-canonical JSON of the closed manifest schema, naming exactly the folder's files with their
-sha256, with records, id ranges, granularity and replay commands that agree with the rows. The
-folder holds nothing else: no other, hidden or special file, no subfolder, no extended
-attribute or inode flag kvtrace does not set. The report shows every line escaped: nothing a
-folder names reaches the terminal but as one line of printable text.
+canonical JSON of the closed manifest schema of its provenance (a night, a night of an id map, a
+stream's window), each of its fields held against its one confirmer (MANIFEST_CONFIRMERS: the
+rows and files, where the numbering began, the auditing release, or an audit option as the run
+was given it); a field without one is refused. The folder holds nothing else: no other,
+hidden or special file, no subfolder, no extended attribute or inode flag kvtrace does not set.
+The report shows every line escaped: nothing a folder names reaches the terminal but as one line
+of printable text.
 
 Measured, not flagged: timestamp granularity, the share of rows an outsider could single out
 (by their whole id sequence; by their lengths), sessions.
@@ -29,7 +31,8 @@ import stat
 import struct
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +45,16 @@ from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
     DERIVED_FROM,
     DERIVING_COMMANDS,
+    FORMAT,
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
     KEYED_SCHEME,
     MANIFEST,
-    MANIFEST_SCHEMA,
+    MANIFEST_SCHEMAS,
+    MAP_NIGHT,
     MAX_BLOCK_SIZE,
+    MODEL_NAME,
+    NIGHT,
     NIGHT_ORIGIN,
     NO_RESPONSE_MS,
     NO_SESSION,
@@ -60,6 +67,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     STREAM_TOTALS,
     STREAM_TOTALS_SCHEMA,
+    STREAM_WINDOW,
     TIME_ORIGIN_FIELD,
     TIMESTAMP_FIELD,
     TRACE_FILE,
@@ -72,6 +80,7 @@ from kvtrace.transforms.trace_format import (
     columns_of_parquet,
     is_jsonl_of,
     jsonl_bytes,
+    manifest_provenance,
     parquet_bytes,
     parse_json,
     schema_problems,
@@ -123,6 +132,19 @@ class _Gate:
             self.flags.append(message)
 
 
+@dataclass(frozen=True)
+class Given:
+    """What the operator gives the audit as the run was given it (its command line): the
+    manifest's fields no row proves are held against these (MANIFEST_CONFIRMERS)."""
+
+    tokenizer: str | None = None
+    hash_scheme: str | None = None
+    numbering: list[MapVersionNumbering] | None = None
+    template_kwargs: dict | None = None
+    settings: dict[str, int] = field(default_factory=dict)
+    model_name: str | None = None
+
+
 def audit(
     target: str,
     tokenizer: str | None = None,
@@ -130,17 +152,19 @@ def audit(
     numbering: list[MapVersionNumbering] | None = None,
     template_kwargs: dict | None = None,
     settings: dict[str, int] | None = None,
+    model_name: str | None = None,
 ) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
-    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else only
-    the schema's pinned digests or none: write/manifest.public_tokenizer) and hash_scheme
-    (the identity of the scheme the run hashed with, else only the keyed default passes: a vllm
-    suffix derives from the engine's NONE_HASH) and numbering (the id map's versions,
-    map_numbering: where a night that extends it may begin) and template_kwargs (the run's chat
-    template kwargs as the manifest publishes them under the run's salt:
-    write/manifest.public_template_kwargs) and settings (the run's block_size, timestamp_ms and
-    output_length granularity, as far as given)."""
+    operator gives: tokenizer (the folder, hub name or pkg: name the run used; else only none:
+    write/manifest.public_tokenizer) and hash_scheme (the identity of the scheme the run hashed
+    with, else only the keyed default passes: a vllm suffix derives from the engine's
+    NONE_HASH) and numbering (the id map's versions, map_numbering: where a night that extends
+    it may begin) and template_kwargs (the run's chat template kwargs as the manifest publishes
+    them under the run's salt: write/manifest.public_template_kwargs) and settings (the run's
+    block_size, timestamp_ms and output_length granularity, as far as given) and model_name
+    (anonymize --model-name; else only none)."""
+    given = Given(tokenizer, hash_scheme, numbering, template_kwargs, settings or {}, model_name)
     folder = target.rstrip("/") or "/"
     if not is_url(folder) and os.path.isdir(folder):
         # Resolved once: a link's own attributes and times are not the folder's, which are
@@ -148,8 +172,8 @@ def audit(
         folder = os.path.realpath(folder)
     windows = None if is_url(folder) else _stream_windows(folder)
     if windows is not None:
-        return _audit_stream(folder, windows, tokenizer, hash_scheme, template_kwargs, settings)
-    return _audit(folder, tokenizer, hash_scheme, numbering, template_kwargs, settings)[0]
+        return _audit_stream(folder, windows, replace(given, numbering=None))
+    return _audit(folder, given)[0]
 
 
 # An object store serves more than a listing and the objects' bytes show: each object's user
@@ -164,13 +188,7 @@ REMOTE_FOLDER = (
 
 
 def _audit(
-    folder: str,
-    tokenizer: str | None,
-    hash_scheme: str | None,
-    numbering: list[MapVersionNumbering] | None,
-    template_kwargs: dict | None,
-    settings: dict[str, int] | None,
-    window_start: tuple[int, int] | None = None,
+    folder: str, given: Given, window_start: tuple[int, int] | None = None
 ) -> tuple[dict, _Rows, _Gate, dict | None]:
     """The report on a folder or trace file, its rows' figures, what the audit read (the
     entries' metadata) and its manifest when whole. window_start: where a stream's window must
@@ -180,7 +198,7 @@ def _audit(
         gate.flag(REMOTE_FOLDER)
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
-        manifest = _manifest(folder, names, gate)
+        manifest = _manifest(folder, names, window_start is not None, gate)
         for jsonl, parquet in _shard_pairs(names, gate):
             # A shard without its twin is flagged already; its rows are not read (a JSONL
             # file alone would be parsed into Python objects).
@@ -190,11 +208,8 @@ def _audit(
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
-            _check_manifest_against(folder, names, manifest, rows, numbering, window_start, gate)
-            _check_tokenizer(manifest, tokenizer, gate)
-            _check_hash_scheme(manifest, hash_scheme, gate)
-            _check_template_kwargs(manifest, template_kwargs, gate)
-            _check_settings(manifest, settings or {}, gate)
+            _check_folder_against(folder, names, manifest, rows, gate)
+            _confirm_manifest(_Confirming(folder, names, manifest, rows, given, window_start, gate))
         _check_times(gate)
         _check_file_metadata(gate)
     else:
@@ -219,13 +234,8 @@ def _audit(
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
-    start = manifest["id_map"] if manifest is not None else None
-    from_map = start and manifest.get(TIME_ORIGIN_FIELD) != NIGHT_ORIGIN
-    if rows.count and rows.first_timestamp != (start["time_from_ms"] if from_map else 0):
-        gate.flag(
-            "the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
-            "night's clock starts at its first request, or the id map's (an absolute time?)"
-        )
+    if manifest is None:
+        _check_first_time(rows, 0, gate)
     ids = rows.all_ids()
     if rows.complete and manifest is None and not id_report(ids)["dense"]:
         gate.flag(
@@ -259,14 +269,7 @@ def _stream_windows(folder: str) -> list[str] | None:
     return names
 
 
-def _audit_stream(
-    folder: str,
-    names: list[str],
-    tokenizer: str | None,
-    hash_scheme: str | None,
-    template_kwargs: dict | None,
-    settings: dict[str, int] | None,
-) -> dict:
+def _audit_stream(folder: str, names: list[str], given: Given) -> dict:
     """Each window of a stream audited in order, each beginning where the audited window before
     it ended ((0, 0) for the first): a window's start is checked only against a window the
     audit has itself passed, never against a sibling read on trust. Every cut is recomputed
@@ -287,7 +290,7 @@ def _audit_stream(
         gate.flag(f"the windows are not the stream's, numbered from 0 in order: {windows[:5]}")
         return {"windows": {}, "flags": gate.flags, "publishable": False}
     totals = _stream_totals(folder, gate)
-    window_ms = _window_length(totals, settings or {}, gate)
+    window_ms = _window_length(totals, given.settings, gate)
     chains, last_slot, first_settings, writers = _Rows(), None, None, []
     for name in windows:
         if start is None:
@@ -296,15 +299,7 @@ def _audit_stream(
                 f"it begins cannot be checked"
             )
             continue
-        report, rows, window_gate, manifest = _audit(
-            os.path.join(folder, name),
-            tokenizer,
-            hash_scheme,
-            None,
-            template_kwargs,
-            settings,
-            start,
-        )
+        report, rows, window_gate, manifest = _audit(os.path.join(folder, name), given, start)
         writers.append(window_gate.stat)
         reports[name] = report
         for flag in report["flags"]:
@@ -409,7 +404,7 @@ def _stream_totals(folder: str, gate: _Gate) -> dict | None:
     if data is None:
         return None
     gate.sha256[STREAM_TOTALS] = sha256_of(data)
-    return _declared_document(STREAM_TOTALS, data, STREAM_TOTALS_SCHEMA, gate)
+    return _declared_document(STREAM_TOTALS, data, lambda _: STREAM_TOTALS_SCHEMA, gate)
 
 
 def _check_stream_totals(
@@ -671,24 +666,6 @@ def _policy_knows(label: bytes) -> bool:
         return False
 
 
-def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
-    """The schema holds the tokenizer to one kvtrace publishes by name with its pinned digests,
-    or none, so nothing of a private tokenizer's files is published. Given the tokenizer, the
-    manifest holds what anonymize publishes for its files (write/manifest.public_tokenizer, the
-    one decision for both); a name that cannot be checked here is flagged."""
-    if tokenizer is None:
-        return
-    published = manifest["tokenizer"]
-    loaded = _tokenizer_here(tokenizer)
-    if loaded is None and published["name"] is not None:
-        gate.flag(
-            f"{MANIFEST}: tokenizer.name cannot be checked: --tokenizer {tokenizer} does not "
-            "load here (a folder, a pkg: package or the local hub cache)"
-        )
-    elif loaded is not None and public_tokenizer(tokenizer, loaded.files_sha256) != published:
-        gate.flag(f"{MANIFEST}: tokenizer is not what anonymize publishes for {tokenizer}")
-
-
 def _tokenizer_here(name: str) -> Any:
     """The operator's tokenizer where it loads without the network (a folder, a pkg: package,
     the local hub cache), else None."""
@@ -706,44 +683,6 @@ def _tokenizer_here(name: str) -> Any:
         return None
 
 
-def _check_hash_scheme(manifest: dict, expected: str | None, gate: _Gate) -> None:
-    """The scheme is the run's: given it (a vllm scheme's suffix digests the engine's NONE_HASH,
-    which only the operator knows), exactly it; else only the default, keyed one. Dense ids look
-    the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one."""
-    scheme = manifest["hash_scheme"]
-    if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
-        gate.flag(
-            f"{MANIFEST}: the vllm hash scheme's suffix cannot be checked without the "
-            "engine's NONE_HASH: pass --vllm-hash-seed or --vllm-none-hash as the run did"
-        )
-    elif expected is None and scheme != KEYED_SCHEME:
-        gate.flag(
-            f"{MANIFEST}: hash_scheme is not the default (keyed) one, and the run's cannot "
-            "be confirmed: pass --hash-scheme as the run was given"
-        )
-    elif expected is not None and scheme != expected:
-        gate.flag(f"{MANIFEST}: hash_scheme is not {expected}")
-
-
-def _check_template_kwargs(manifest: dict, expected: dict | None, gate: _Gate) -> None:
-    """chat_template_kwargs are the run's: given them (and the salt), exactly what anonymize
-    publishes for them; else none, the default (any switch, even a boolean one, is a setting no
-    row shows: 4 values for each of the known ones)."""
-    published = manifest["chat_template_kwargs"]
-    if expected is not None:
-        if published != expected:
-            gate.flag(
-                f"{MANIFEST}: chat_template_kwargs are not what anonymize publishes for "
-                "the kwargs given, under the salt given"
-            )
-    elif published:
-        gate.flag(
-            f"{MANIFEST}: chat_template_kwargs the run's options alone confirm: pass "
-            "--chat-template-kwargs JSON as the run was given, with its salt (--salt-file "
-            "or --salt-secret)"
-        )
-
-
 # The run settings a manifest may hold unconfirmed (the rows bound them only partly: a night
 # whose times all round to 0, or whose prompts all fit one block, would leave them free): block
 # sizes engines page by (powers of two) and round steps of time and length. Any other value the
@@ -757,22 +696,6 @@ SETTING_VALUES = {
         ROUND_STEPS | frozenset(1 << k for k in range(MAX_BLOCK_SIZE.bit_length())),
     ),
 }
-
-
-def _check_settings(manifest: dict, given: dict[str, int], gate: _Gate) -> None:
-    """Block size and granularity: as the run was given them (settings), else from the closed
-    set of round values (SETTING_VALUES)."""
-    published = {"block_size": manifest["block_size"], **manifest["granularity"]}
-    for key, (option, usual) in SETTING_VALUES.items():
-        if key in given and published[key] != given[key]:
-            gate.flag(
-                f"{MANIFEST}: {key} is {published[key]}, the run was given {option} {given[key]}"
-            )
-        elif key not in given and published[key] not in usual:
-            gate.flag(
-                f"{MANIFEST}: {key} {published[key]} is none of the round values the "
-                f"gate passes unconfirmed: pass {option} as the run was given"
-            )
 
 
 def _check_times(gate: _Gate) -> None:
@@ -885,8 +808,9 @@ def _why_not_canonical(
     return not_canonical
 
 
-def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
-    """manifest.json when it is canonical JSON of the closed manifest schema, else None."""
+def _manifest(folder: str, names: list[str], stream_window: bool, gate: _Gate) -> dict | None:
+    """manifest.json when it is canonical JSON of the closed manifest schema of its provenance
+    (trace_format.MANIFEST_SCHEMAS: a stream's window when stream_window), else None."""
     if MANIFEST not in names:
         gate.flag(f"no {MANIFEST}: not a complete kvtrace output")
         return None
@@ -901,14 +825,12 @@ def _manifest(folder: str, names: list[str], gate: _Gate) -> dict | None:
             f"publish the trace it came from"
         )
         return None
-    manifest = _declared_document(MANIFEST, data, MANIFEST_SCHEMA, gate)
-    if manifest is not None and manifest["kvtrace_version"] != KVTRACE_VERSION:
-        gate.flag(
-            f"{MANIFEST}: written by kvtrace {manifest['kvtrace_version']}, audited by "
-            f"{KVTRACE_VERSION}: audit with the release that wrote it"
-        )
-        return None
-    return manifest
+    return _declared_document(
+        MANIFEST,
+        data,
+        lambda document: MANIFEST_SCHEMAS[manifest_provenance(document, stream_window)],
+        gate,
+    )
 
 
 def _derived_by(data: bytes) -> str | None:
@@ -922,15 +844,18 @@ def _derived_by(data: bytes) -> str | None:
     return command if command in DERIVING_COMMANDS else None
 
 
-def _declared_document(name: str, data: bytes, schema: Any, gate: _Gate) -> dict | None:
+def _declared_document(
+    name: str, data: bytes, schema_of: Callable[[Any], dict], gate: _Gate
+) -> dict | None:
     """A JSON file kvtrace writes (the manifest, a stream's totals): parsed, within its declared
-    schema, and exactly the canonical bytes of its values; None (flagged) when it is not whole."""
+    schema (schema_of the document: a manifest's depends on its provenance), and exactly the
+    canonical bytes of its values; None (flagged) when it is not whole."""
     try:
         document = parse_json(data)
     except FormatError as err:
         gate.flag(f"{name}: {err}")
         return None
-    problems = schema_problems(document, schema)
+    problems = schema_problems(document, schema_of(document))
     for problem in problems:
         gate.flag(f"{name}: {problem}")
     if problems:
@@ -943,60 +868,19 @@ def _declared_document(name: str, data: bytes, schema: Any, gate: _Gate) -> dict
     return document
 
 
-def _check_manifest_against(
-    folder: str,
-    names: list[str],
-    manifest: dict,
-    rows: _Rows,
-    numbering: list[MapVersionNumbering] | None,
-    window_start: tuple[int, int] | None,
-    gate: _Gate,
+def _check_folder_against(
+    folder: str, names: list[str], manifest: dict, rows: _Rows, gate: _Gate
 ) -> None:
-    """What only the folder can confirm: its files, their digests, the rows' figures."""
-    present = sorted(n for n in names if n != MANIFEST)
-    if manifest["files"] != present or sorted(manifest["sha256"]) != present:
-        gate.flag(
-            f"{MANIFEST} lists {manifest['files']} (sha256 of "
-            f"{sorted(manifest['sha256'])}), the folder holds {present}"
-        )
+    """What the folder holds beside the manifest's fields (those are _confirm_manifest's):
+    stats.json the statistics of its rows, shards cut where kvtrace cuts them, the rows as the
+    manifest describes them (_Rows._check)."""
     stats = _read(folder, STATS, MAX_STATS_BYTES, gate) if STATS in names else None
-    for name in present:
-        if name in gate.sha256 and manifest["sha256"].get(name) != gate.sha256[name]:
-            gate.flag(f"{name} is not the file {MANIFEST} lists (sha256 differs)")
-    records = manifest["records"]
-    if manifest["hash_scheme_keyed"] != (manifest["hash_scheme"] == KEYED_SCHEME):
-        gate.flag(f"{MANIFEST}: hash_scheme_keyed disagrees with hash_scheme")
-    if manifest["replay"] != replay_commands(
-        manifest["block_size"], records["exported"], manifest["files"]
-    ):
-        gate.flag(f"{MANIFEST}: replay is not what kvtrace writes there")
-    if manifest[OUTPUT_IDS_FIELD] and manifest["granularity"][OUTPUT_LENGTH_FIELD] > 1:
-        gate.flag(
-            f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
-            "output length to within a block"
-        )
     if STATS not in names:
         gate.flag(f"no {STATS}")
     if not rows.complete:
         return  # the shards' own flags say why; figures over all rows would only add noise
     if stats is not None and stats != canonical_json(rows.stats()):
         gate.flag(f"{STATS} holds more, or other, than the statistics of these rows")
-    if records["exported"] != rows.count:
-        gate.flag(
-            f"{MANIFEST}: records.exported is {records['exported']}, the trace holds "
-            f"{rows.count} rows"
-        )
-    if not manifest["id_map"]:  # a night of its own: ids and sessions dense from 0
-        if window_start is not None:  # the stream writes every window's, {0, 0, 0} the first's
-            gate.flag(
-                f"{MANIFEST}: no id_map, where a stream's window says where it begins "
-                f"(the window before ends at {window_start})"
-            )
-        for kind, ids in (("block", rows.all_ids()), (SESSION_FIELD, rows.sessions())):
-            if len(ids) and ids[-1] != len(ids) - 1:
-                gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
-    else:
-        _check_numbering_start(manifest, numbering, window_start, gate, folder)
     cut = cuts_unlike_plan(rows.shard_rooms)
     if cut:
         gate.flag(cut)
@@ -1032,56 +916,323 @@ def _start_figures(start: dict) -> tuple[int, int, int]:
     return start["block_ids_from"], start["sessions_from"], start["time_from_ms"]
 
 
-def _check_numbering_start(
-    manifest: dict,
-    numbering: list[MapVersionNumbering] | None,
-    window_start: tuple[int, int] | None,
-    gate: _Gate,
-    folder: str,
-) -> None:
+@dataclass(frozen=True)
+class _Confirming:
+    """What a manifest's fields are held against: the folder and its rows, where the audited
+    window before ended (window_start, in a stream), what the operator gave the audit."""
+
+    folder: str
+    names: list[str]
+    manifest: dict
+    rows: _Rows
+    given: Given
+    window_start: tuple[int, int] | None
+    gate: _Gate
+
+    @property
+    def provenance(self) -> str:
+        return manifest_provenance(self.manifest, self.window_start is not None)
+
+    def flag(self, message: str) -> None:
+        self.gate.flag(f"{MANIFEST}: {message}")
+
+
+def _confirm_release(c: _Confirming) -> None:
+    """kvtrace_version and format: the auditing release's own; a manifest of another release is
+    held to that release's rules, which this one does not know."""
+    version = c.manifest["kvtrace_version"]
+    if (version, c.manifest["format"]) != (KVTRACE_VERSION, FORMAT):
+        c.flag(
+            f"written by kvtrace {version}, audited by {KVTRACE_VERSION}: audit with the "
+            f"release that wrote it"
+        )
+
+
+def _confirm_files(c: _Confirming) -> None:
+    """files and sha256: exactly the folder's files, each with its digest as read."""
+    present = sorted(n for n in c.names if n != MANIFEST)
+    files, digests = c.manifest["files"], c.manifest["sha256"]
+    if files != present or sorted(digests) != present:
+        c.gate.flag(
+            f"{MANIFEST} lists {files} (sha256 of {sorted(digests)}), the folder holds {present}"
+        )
+    for name in present:
+        if name in c.gate.sha256 and digests.get(name) != c.gate.sha256[name]:
+            c.gate.flag(f"{name} is not the file {MANIFEST} lists (sha256 differs)")
+
+
+def _confirm_replay(c: _Confirming) -> None:
+    """replay: what replayers.py writes for the folder's block size, rows and files."""
+    manifest = c.manifest
+    expected = replay_commands(
+        manifest["block_size"], manifest["records"]["exported"], manifest["files"]
+    )
+    if manifest["replay"] != expected:
+        c.flag("replay is not what kvtrace writes there")
+
+
+def _confirm_output_ids(c: _Confirming) -> None:
+    """output_hash_ids: whether the rows hold that field (each shard's rows are held to it as
+    read, _Rows._check), never beside coarse output lengths."""
+    if c.manifest[OUTPUT_IDS_FIELD] and c.manifest["granularity"][OUTPUT_LENGTH_FIELD] > 1:
+        c.gate.flag(
+            f"{OUTPUT_IDS_FIELD} beside --length-granularity: output block ids give each "
+            "output length to within a block"
+        )
+
+
+def _confirm_records(c: _Confirming) -> None:
+    """records.exported: the rows the folder holds."""
+    exported = c.manifest["records"]["exported"]
+    if c.rows.complete and exported != c.rows.count:
+        c.flag(f"records.exported is {exported}, the trace holds {c.rows.count} rows")
+
+
+def _check_first_time(rows: _Rows, expected: int, gate: _Gate) -> None:
+    """A night's clock starts at its first request, or where its manifest's id_map says."""
+    if rows.count and rows.first_timestamp != expected:
+        gate.flag(
+            "the first row is not at time 0 (or the manifest's id_map.time_from_ms): a "
+            "night's clock starts at its first request, or the id map's (an absolute time?)"
+        )
+
+
+def _confirm_own_start(c: _Confirming) -> None:
+    """A night of its own (id_map null) begins at 0, 0, 0: its ids and sessions dense from 0,
+    its first row at time 0."""
+    _check_first_time(c.rows, 0, c.gate)
+    if not c.rows.complete:
+        return
+    for kind, ids in (("block", c.rows.all_ids()), (SESSION_FIELD, c.rows.sessions())):
+        if len(ids) and ids[-1] != len(ids) - 1:
+            c.gate.flag(f"{kind} ids not dense from 0: {len(ids):,} distinct up to {ids[-1]:,}")
+
+
+def _confirm_first_time(c: _Confirming) -> None:
+    """Where the rows' clock starts: the first row at time 0 under time_origin "night" (a night
+    of an id map counted from its own start), else at id_map.time_from_ms (the map's origin, or
+    a stream's zero)."""
+    from_night = c.manifest.get(TIME_ORIGIN_FIELD) == NIGHT_ORIGIN
+    _check_first_time(c.rows, 0 if from_night else c.manifest["id_map"]["time_from_ms"], c.gate)
+
+
+def _confirm_recorded_start(c: _Confirming) -> None:
     """A night that extends an id map is the night a version of the map recorded: its start,
     all three figures, and its identity (its rows on the map's clock, which bind every row: a
     night's references to the map's earlier ids included; or, recorded before that, its files'
-    digests); a stream's window begins where the audited window before it ended. The folder
-    alone shows neither."""
+    digests). The folder alone shows neither."""
     from kvtrace.transforms.ids.id_map import files_identity, night_identity
 
-    begins = _start_figures(manifest["id_map"])
-    if window_start is not None:
-        if begins[:2] != window_start:
-            gate.flag(
-                f"{MANIFEST}: id_map begins at {begins[:2]}, the window before ends at "
-                f"{window_start}"
-            )
-        return
+    numbering = c.given.numbering
     if numbering is None:
-        gate.flag(
-            f"{MANIFEST}: id_map says where this night's numbering began, which only "
-            "the id map (or, for a stream's window, the stream's folder audited whole) can "
-            "confirm: pass --id-map MAP with the salt the run used (--salt-file or "
-            "--salt-secret), or audit the stream's output folder"
+        c.flag(
+            "id_map says where this night's numbering began, which only the id map (or, for a "
+            "stream's window, the stream's folder audited whole) can confirm: pass --id-map MAP "
+            "with the salt the run used (--salt-file or --salt-secret), or audit the stream's "
+            "output folder"
         )
         return
     try:
-        identities = (night_identity(manifest, folder), files_identity(manifest))
+        identities = (night_identity(c.manifest, c.folder), files_identity(c.manifest))
     except (OSError, ValueError) as err:  # a shard gone, or not a file, since it was read
-        gate.flag(f"{MANIFEST}: the night's identity could not be read from its shards ({err})")
+        c.flag(f"the night's identity could not be read from its shards ({err})")
         return
+    begins = _start_figures(c.manifest["id_map"])
     if any(MapVersionNumbering(begins, identity) in numbering for identity in identities):
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
     if unnamed:
-        gate.flag(
-            f"{MANIFEST}: id_map names no night the id map recorded, and its versions "
+        c.flag(
+            f"id_map names no night the id map recorded, and its versions "
             f"{unnamed[0]}-{unnamed[-1]} record none (made before id map format 6): to "
             f"confirm a night of theirs, anonymize it again with this kvtrace (same input, "
             f"salt and map), which records it, and publish that output"
         )
     else:
-        gate.flag(
-            f"{MANIFEST}: id_map and the files are not a night a version of the id map "
-            "recorded (its start, time included, and its files' digests)"
+        c.flag(
+            "id_map and the files are not a night a version of the id map recorded (its "
+            "start, time included, and its files' digests)"
         )
+
+
+def _confirm_window_start(c: _Confirming) -> None:
+    """A stream's window begins numbering where the audited window before it ended."""
+    begins = _start_figures(c.manifest["id_map"])[:2]
+    if begins != c.window_start:
+        c.flag(f"id_map begins at {begins}, the window before ends at {c.window_start}")
+
+
+def _confirm_tokenizer(c: _Confirming) -> None:
+    _check_tokenizer(c.manifest, c.given.tokenizer, c.gate)
+
+
+def _check_tokenizer(manifest: dict, tokenizer: str | None, gate: _Gate) -> None:
+    """The schema holds the tokenizer to one kvtrace publishes by name with its pinned digests,
+    or none, so nothing of a private tokenizer's files is published. Given the tokenizer, the
+    manifest holds what anonymize publishes for its files (write/manifest.public_tokenizer, the
+    one decision for both); a name that cannot be checked here is flagged. Not given it, only
+    none passes: a name is a claim of the model the night was tokenized for, which no row shows."""
+    published = manifest["tokenizer"]
+    if tokenizer is None:
+        if published["name"] is not None:
+            gate.flag(
+                f"{MANIFEST}: tokenizer names {published['name']}, which only the run's "
+                "tokenizer confirms: pass --tokenizer as the run was given"
+            )
+        return
+    loaded = _tokenizer_here(tokenizer)
+    if loaded is None and published["name"] is not None:
+        gate.flag(
+            f"{MANIFEST}: tokenizer.name cannot be checked: --tokenizer {tokenizer} does not "
+            "load here (a folder, a pkg: package or the local hub cache)"
+        )
+    elif loaded is not None and public_tokenizer(tokenizer, loaded.files_sha256) != published:
+        gate.flag(f"{MANIFEST}: tokenizer is not what anonymize publishes for {tokenizer}")
+
+
+def _confirm_hash_scheme(c: _Confirming) -> None:
+    """The scheme is the run's: given it (a vllm scheme's suffix digests the engine's NONE_HASH,
+    which only the operator knows), exactly it; else only the default, keyed one. Dense ids look
+    the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one;
+    hash_scheme_keyed says which the scheme is."""
+    scheme, expected = c.manifest["hash_scheme"], c.given.hash_scheme
+    if c.manifest["hash_scheme_keyed"] != (scheme == KEYED_SCHEME):
+        c.flag("hash_scheme_keyed disagrees with hash_scheme")
+    if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
+        c.flag(
+            "the vllm hash scheme's suffix cannot be checked without the engine's NONE_HASH: "
+            "pass --vllm-hash-seed or --vllm-none-hash as the run did"
+        )
+    elif expected is None and scheme != KEYED_SCHEME:
+        c.flag(
+            "hash_scheme is not the default (keyed) one, and the run's cannot be confirmed: "
+            "pass --hash-scheme as the run was given"
+        )
+    elif expected is not None and scheme != expected:
+        c.flag(f"hash_scheme is not {expected}")
+
+
+def _confirm_template_kwargs(c: _Confirming) -> None:
+    """chat_template_kwargs are the run's: given them (and the salt), exactly what anonymize
+    publishes for them; else none, the default (any switch, even a boolean one, is a setting no
+    row shows: 4 values for each of the known ones)."""
+    published, expected = c.manifest["chat_template_kwargs"], c.given.template_kwargs
+    if expected is not None:
+        if published != expected:
+            c.flag(
+                "chat_template_kwargs are not what anonymize publishes for the kwargs given, "
+                "under the salt given"
+            )
+    elif published:
+        c.flag(
+            "chat_template_kwargs the run's options alone confirm: pass --chat-template-kwargs "
+            "JSON as the run was given, with its salt (--salt-file or --salt-secret)"
+        )
+
+
+def _confirm_settings(c: _Confirming) -> None:
+    """Block size and granularity: as the run was given them (settings), else from the closed
+    set of round values (SETTING_VALUES)."""
+    published = {"block_size": c.manifest["block_size"], **c.manifest["granularity"]}
+    given = c.given.settings
+    for key, (option, usual) in SETTING_VALUES.items():
+        if key in given and published[key] != given[key]:
+            c.flag(f"{key} is {published[key]}, the run was given {option} {given[key]}")
+        elif key not in given and published[key] not in usual:
+            c.flag(
+                f"{key} {published[key]} is none of the round values the gate passes "
+                f"unconfirmed: pass {option} as the run was given"
+            )
+
+
+def _confirm_model_name(c: _Confirming) -> None:
+    """model_name is the publisher's claim (anonymize --model-name), which no row shows: only
+    the name the audit is given, or none when it is given none."""
+    published, given = c.manifest.get(MODEL_NAME), c.given.model_name
+    if published == given:
+        return
+    if given is None:
+        c.flag(
+            f"{MODEL_NAME} is the run's --model-name, which no row shows: pass --model-name "
+            "as the run was given"
+        )
+    else:
+        c.flag(f"{MODEL_NAME} is not the --model-name given ({given})")
+
+
+@dataclass(frozen=True)
+class Confirmer:
+    """What a manifest field is held against (by) and the check that holds it there."""
+
+    by: str
+    check: Callable[[_Confirming], None]
+
+
+# What confirms a field: the auditing release itself; the folder's rows and files, recomputed;
+# where the numbering began (the id map's record, the audited window before); or an option the
+# operator gives the audit as the run was given it (its flag; without it only the run's default
+# passes: none, the keyed scheme, round values).
+RELEASE, ROWS, START = "the auditing release", "the rows and files", "the recorded start"
+_ANY_PROVENANCE: dict[str, Confirmer] = {
+    "kvtrace_version": Confirmer(RELEASE, _confirm_release),
+    "format": Confirmer(RELEASE, _confirm_release),
+    "files": Confirmer(ROWS, _confirm_files),
+    "sha256": Confirmer(ROWS, _confirm_files),
+    "replay": Confirmer(ROWS, _confirm_replay),
+    OUTPUT_IDS_FIELD: Confirmer(ROWS, _confirm_output_ids),
+    "records/exported": Confirmer(ROWS, _confirm_records),
+    "tokenizer/name": Confirmer("--tokenizer", _confirm_tokenizer),
+    "tokenizer/sha256": Confirmer("--tokenizer", _confirm_tokenizer),
+    "hash_scheme": Confirmer("--hash-scheme", _confirm_hash_scheme),
+    "hash_scheme_keyed": Confirmer("--hash-scheme", _confirm_hash_scheme),
+    "chat_template_kwargs": Confirmer("--chat-template-kwargs", _confirm_template_kwargs),
+    "block_size": Confirmer("--block-size", _confirm_settings),
+    "granularity/timestamp_ms": Confirmer("--timestamp-granularity-ms", _confirm_settings),
+    f"granularity/{OUTPUT_LENGTH_FIELD}": Confirmer("--length-granularity", _confirm_settings),
+    MODEL_NAME: Confirmer("--model-name", _confirm_model_name),
+}
+_ID_MAP_FIELDS = ("id_map/block_ids_from", "id_map/sessions_from", "id_map/time_from_ms")
+# Every field a manifest of each provenance may hold (trace_format.MANIFEST_SCHEMAS), by path,
+# and its one confirmer; a field of none is refused (_confirm_manifest).
+MANIFEST_CONFIRMERS: dict[str, dict[str, Confirmer]] = {
+    NIGHT: {**_ANY_PROVENANCE, "id_map": Confirmer(ROWS, _confirm_own_start)},
+    MAP_NIGHT: {
+        **_ANY_PROVENANCE,
+        **dict.fromkeys(_ID_MAP_FIELDS, Confirmer("--id-map", _confirm_recorded_start)),
+        TIME_ORIGIN_FIELD: Confirmer(ROWS, _confirm_first_time),
+    },
+    STREAM_WINDOW: {
+        **_ANY_PROVENANCE,
+        **dict.fromkeys(_ID_MAP_FIELDS[:2], Confirmer(START, _confirm_window_start)),
+        _ID_MAP_FIELDS[2]: Confirmer(ROWS, _confirm_first_time),
+    },
+}
+
+
+def _confirm_manifest(c: _Confirming) -> None:
+    """Every field of the manifest held against its one confirmer (MANIFEST_CONFIRMERS for its
+    provenance), each confirmer run once; a field with none is refused, whatever the schema let
+    through."""
+    confirmers = MANIFEST_CONFIRMERS[c.provenance]
+    for path in unconfirmed_fields(c.manifest, confirmers):
+        c.flag(f"{path}: a field nothing confirms (kvtrace writes none there)")
+    for check in dict.fromkeys(confirmer.check for confirmer in confirmers.values()):
+        check(c)
+
+
+def unconfirmed_fields(document: dict, confirmers: dict[str, Confirmer], at: str = "") -> list[str]:
+    """The paths ("granularity/timestamp_ms") of a document's fields no confirmer holds: a key
+    confirmed whole, or an object whose every key is."""
+    paths = []
+    for key, value in document.items():
+        path = f"{at}{key}"
+        if path in confirmers:
+            continue
+        if isinstance(value, dict) and value:
+            paths += unconfirmed_fields(value, confirmers, f"{path}/")
+        else:
+            paths.append(path)
+    return paths
 
 
 @dataclass

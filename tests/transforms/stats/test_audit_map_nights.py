@@ -23,7 +23,10 @@ MANIFEST = {
 
 def flags(manifest: dict, numbering: list[gate.MapVersionNumbering]) -> list[str]:
     checked = gate._Gate()
-    gate._check_numbering_start(manifest, numbering, None, checked, "no-shards")
+    given = gate.Given(numbering=numbering)
+    gate._confirm_recorded_start(
+        gate._Confirming("no-shards", [], manifest, gate._Rows(), given, None, checked)
+    )
     return checked.flags
 
 
