@@ -9,7 +9,7 @@ import sys
 import warnings
 
 import pytest
-from hypothesis import settings
+from hypothesis import is_hypothesis_test, settings
 
 from helpers import shared_path
 from tiny_tokenizer import build_tiny_tokenizer
@@ -18,16 +18,34 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 # Property tests assert results, not speed (speed lives in benchmarks/): a loaded CI machine
 # must not fail an example for taking over hypothesis's default 200 ms.
 settings.register_profile("kvtrace", deadline=None)
+# The fast set (the README's command) runs each property test's first FAST_EXAMPLES examples;
+# .ci/run's property pass (--hypothesis-profile=ci -m property) runs every one a test asks for.
+settings.register_profile("ci", parent=settings.get_profile("kvtrace"))
 settings.load_profile("kvtrace")
+FAST_EXAMPLES = 25
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked beam run in one xdist worker (addopts: --dist loadgroup): Beam loads gRPC,
     which is not fork-safe, and a worker that loaded it starts every in-process run's encode
-    worker from a forkserver (rebuilding its tokenizer) instead of forking."""
+    worker from a forkserver (rebuilding its tokenizer) instead of forking. Property tests are
+    marked property, and hold to FAST_EXAMPLES outside the ci profile."""
     for item in items:
         if item.get_closest_marker("beam"):
             item.add_marker(pytest.mark.xdist_group("beam"))
+        test = getattr(item, "obj", None)
+        if test is not None and is_hypothesis_test(test):
+            item.add_marker(pytest.mark.property)
+            if settings.get_current_profile_name() != "ci":
+                hold_to_fast_examples(getattr(test, "__func__", test))
+
+
+def hold_to_fast_examples(test) -> None:
+    """The test's own settings with at most FAST_EXAMPLES examples. Hypothesis reads them from
+    this attribute as the test runs; a second @settings on a decorated test would be refused."""
+    written = test._hypothesis_internal_use_settings
+    if written.max_examples > FAST_EXAMPLES:
+        test._hypothesis_internal_use_settings = settings(written, max_examples=FAST_EXAMPLES)
 
 
 @pytest.hookimpl(wrapper=True)
