@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 from hypothesis import is_hypothesis_test, settings
+from xdist.scheduler import LoadGroupScheduling
 
 from helpers import shared_path
 from tiny_tokenizer import build_tiny_tokenizer
@@ -46,6 +47,21 @@ def hold_to_fast_examples(test) -> None:
     written = test._hypothesis_internal_use_settings
     if written.max_examples > FAST_EXAMPLES:
         test._hypothesis_internal_use_settings = settings(written, max_examples=FAST_EXAMPLES)
+
+
+class LoadFileAndGroupScheduling(LoadGroupScheduling):
+    """--dist loadgroup, but a test outside any group goes with its file's tests: a module's
+    fixtures (a published output, a loaded tokenizer) are then built in one worker, not both."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadGroupScheduling | None:
+    if config.getvalue("dist") == "loadgroup":
+        return LoadFileAndGroupScheduling(config, log)
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
