@@ -49,13 +49,42 @@ def hold_to_fast_examples(test) -> None:
         test._hypothesis_internal_use_settings = settings(written, max_examples=FAST_EXAMPLES)
 
 
+# The test folders whose tests start encode workers: the CLI's runs in this process (which
+# tests/test_layout.py keeps out of tests/transforms/) and the engines'. In a worker that loaded
+# Beam those start from a forkserver and rebuild their tokenizer, at several times the cost.
+STARTS_WORKERS = ("tests/e2e/", "tests/cli/", "tests/pipelines/")
+
+
+def next_scope(queue: list[str], beam_worker: bool) -> str:
+    """The scope a worker runs next: the beam group first; then, for the worker that ran it,
+    a file of no STARTS_WORKERS folder, for the others one of those folders' files, while
+    there are any; else the queue's head."""
+    if "beam" in queue:
+        return "beam"
+    fitting = (scope for scope in queue if scope.startswith(STARTS_WORKERS) != beam_worker)
+    return next(fitting, queue[0])
+
+
 class LoadFileAndGroupScheduling(LoadGroupScheduling):
     """--dist loadgroup, but a test outside any group goes with its file's tests: a module's
-    fixtures (a published output, a loaded tokenizer) are then built in one worker, not both."""
+    fixtures (a published output, a loaded tokenizer) are then built in one worker, not both.
+    Scopes go out in next_scope's order."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        super().__init__(config, log)
+        self.beam_workers: set = set()
 
     def _split_scope(self, nodeid: str) -> str:
         scope = super()._split_scope(nodeid)
         return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+    def _assign_work_unit(self, node) -> None:
+        """Puts the scope this node should run next at the head of the queue it pops."""
+        scope = next_scope(list(self.workqueue), node in self.beam_workers)
+        self.workqueue.move_to_end(scope, last=False)
+        if scope == "beam":
+            self.beam_workers.add(node)
+        super()._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadGroupScheduling | None:
