@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import is_hypothesis_test, settings
-from xdist.scheduler import LoadGroupScheduling
+from xdist.scheduler import LoadScopeScheduling
 
 from helpers import shared_path
 from tiny_tokenizer import build_tiny_tokenizer
@@ -27,13 +30,8 @@ FAST_EXAMPLES = 25
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked beam run in one xdist worker (addopts: --dist loadgroup): Beam loads gRPC,
-    which is not fork-safe, and a worker that loaded it starts every in-process run's encode
-    worker from a forkserver (rebuilding its tokenizer) instead of forking. Property tests are
-    marked property, and hold to FAST_EXAMPLES outside the ci profile."""
+    """Property tests are marked property, and hold to FAST_EXAMPLES outside the ci profile."""
     for item in items:
-        if item.get_closest_marker("beam"):
-            item.add_marker(pytest.mark.xdist_group("beam"))
         test = getattr(item, "obj", None)
         if test is not None and is_hypothesis_test(test):
             item.add_marker(pytest.mark.property)
@@ -65,18 +63,29 @@ def next_scope(queue: list[str], beam_worker: bool) -> str:
     return next(fitting, queue[0])
 
 
-class LoadFileAndGroupScheduling(LoadGroupScheduling):
-    """--dist loadgroup, but a test outside any group goes with its file's tests: a module's
-    fixtures (a published output, a loaded tokenizer) are then built in one worker, not both.
-    Scopes go out in next_scope's order."""
+# Where xdist's workers list the tests marked beam for the scheduler, which sees test ids
+# only: xdist's own groups (xdist_group) name a test by changing item._nodeid, which pytest 9
+# no longer reads.
+BEAM_TESTS = "KVTRACE_BEAM_TESTS"
+
+
+class LoadFileAndBeamScheduling(LoadScopeScheduling):
+    """Tests marked beam run in one xdist worker: Beam loads gRPC, which is not fork-safe, and a
+    worker that loaded it starts every in-process run's encode workers from a forkserver
+    (rebuilding their tokenizer) instead of forking. Every other test goes with its file's: a
+    module's fixtures (a published output, a loaded tokenizer) are built in one worker. Scopes
+    go out in next_scope's order."""
 
     def __init__(self, config: pytest.Config, log=None) -> None:
         super().__init__(config, log)
         self.beam_workers: set = set()
+        self.beam_tests: set[str] | None = None  # read once the workers have collected
 
     def _split_scope(self, nodeid: str) -> str:
-        scope = super()._split_scope(nodeid)
-        return nodeid.split("::", 1)[0] if scope == nodeid else scope
+        if self.beam_tests is None:
+            listing = Path(os.environ[BEAM_TESTS])
+            self.beam_tests = set(listing.read_text().splitlines()) if listing.exists() else set()
+        return "beam" if nodeid in self.beam_tests else nodeid.split("::", 1)[0]
 
     def _assign_work_unit(self, node) -> None:
         """Puts the scope this node should run next at the head of the queue it pops."""
@@ -87,9 +96,30 @@ class LoadFileAndGroupScheduling(LoadGroupScheduling):
         super()._assign_work_unit(node)
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadGroupScheduling | None:
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getvalue("dist") == "loadgroup":  # the controller, before it starts the workers
+        os.environ[BEAM_TESTS] = str(Path(tempfile.mkdtemp(prefix="kvtrace-tests-")) / "beam")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
     if config.getvalue("dist") == "loadgroup":
-        return LoadFileAndGroupScheduling(config, log)
+        shutil.rmtree(Path(os.environ.pop(BEAM_TESTS)).parent, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the worker reports its collection to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and BEAM_TESTS in os.environ:  # every worker collects the same tests
+        listing = Path(os.environ[BEAM_TESTS])
+        staged = listing.with_name(f"{listing.name}.{worker}")
+        marked = [item.nodeid for item in session.items if item.get_closest_marker("beam")]
+        staged.write_text("".join(f"{nodeid}\n" for nodeid in marked))
+        staged.replace(listing)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduling | None:
+    if config.getvalue("dist") == "loadgroup":
+        return LoadFileAndBeamScheduling(config, log)
     return None
 
 

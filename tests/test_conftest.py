@@ -3,7 +3,7 @@ files that start no encode workers while there are any, the other worker the res
 
 from __future__ import annotations
 
-from conftest import LoadFileAndGroupScheduling, next_scope
+from conftest import BEAM_TESTS, LoadFileAndBeamScheduling, next_scope
 
 QUEUE = ["tests/e2e/test_a.py", "beam", "tests/transforms/test_c.py", "tests/cli/test_d.py"]
 
@@ -27,10 +27,14 @@ def test_once_one_kind_runs_out_a_worker_takes_the_other():
     assert next_scope(["tests/test_layout.py"], beam_worker=False) == "tests/test_layout.py"
 
 
-def test_a_files_tests_are_one_scope_and_a_group_its_own():
-    split = LoadFileAndGroupScheduling._split_scope
-    scheduler = object.__new__(LoadFileAndGroupScheduling)  # the split reads no state
-    assert split(scheduler, "tests/e2e/test_a.py::test_one") == "tests/e2e/test_a.py"
-    assert split(scheduler, "tests/e2e/test_a.py::Class::test_one[1]") == "tests/e2e/test_a.py"
-    assert split(scheduler, "tests/e2e/test_a.py::test_one@beam") == "beam"
-    assert split(scheduler, "tests/e2e/test_a.py::test_one[x@y]") == "tests/e2e/test_a.py"
+def test_a_files_tests_are_one_scope_and_the_beam_tests_one(monkeypatch, tmp_path):
+    listing = tmp_path / "beam"
+    listing.write_text("tests/e2e/test_a.py::test_beam[1]\n")
+    monkeypatch.setenv(BEAM_TESTS, str(listing))
+    scheduler = object.__new__(LoadFileAndBeamScheduling)  # its split reads this state only
+    scheduler.beam_tests = None
+    split = scheduler._split_scope
+    assert split("tests/e2e/test_a.py::test_one") == "tests/e2e/test_a.py"
+    assert split("tests/e2e/test_a.py::Class::test_one[1]") == "tests/e2e/test_a.py"
+    assert split("tests/e2e/test_a.py::test_beam[1]") == "beam"
+    assert split("tests/e2e/test_a.py::test_beam[2]") == "tests/e2e/test_a.py"
