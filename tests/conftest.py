@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import is_hypothesis_test, settings
+from xdist.scheduler import LoadScopeScheduling
 
 from helpers import shared_path
 from tiny_tokenizer import build_tiny_tokenizer
@@ -18,16 +22,105 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 # Property tests assert results, not speed (speed lives in benchmarks/): a loaded CI machine
 # must not fail an example for taking over hypothesis's default 200 ms.
 settings.register_profile("kvtrace", deadline=None)
+# The fast set (the README's command) runs each property test's first FAST_EXAMPLES examples;
+# .ci/run's property pass (--hypothesis-profile=ci -m property) runs every one a test asks for.
+settings.register_profile("ci", parent=settings.get_profile("kvtrace"))
 settings.load_profile("kvtrace")
+FAST_EXAMPLES = 25
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked beam run in one xdist worker (addopts: --dist loadgroup): Beam loads gRPC,
-    which is not fork-safe, and a worker that loaded it starts every in-process run's encode
-    worker from a forkserver (rebuilding its tokenizer) instead of forking."""
+    """Property tests are marked property, and hold to FAST_EXAMPLES outside the ci profile."""
     for item in items:
-        if item.get_closest_marker("beam"):
-            item.add_marker(pytest.mark.xdist_group("beam"))
+        test = getattr(item, "obj", None)
+        if test is not None and is_hypothesis_test(test):
+            item.add_marker(pytest.mark.property)
+            if settings.get_current_profile_name() != "ci":
+                hold_to_fast_examples(getattr(test, "__func__", test))
+
+
+def hold_to_fast_examples(test) -> None:
+    """The test's own settings with at most FAST_EXAMPLES examples. Hypothesis reads them from
+    this attribute as the test runs; a second @settings on a decorated test would be refused."""
+    written = test._hypothesis_internal_use_settings
+    if written.max_examples > FAST_EXAMPLES:
+        test._hypothesis_internal_use_settings = settings(written, max_examples=FAST_EXAMPLES)
+
+
+# The test folders whose tests start encode workers: the CLI's runs in this process (which
+# tests/test_layout.py keeps out of tests/transforms/) and the engines'. In a worker that loaded
+# Beam those start from a forkserver and rebuild their tokenizer, at several times the cost.
+STARTS_WORKERS = ("tests/e2e/", "tests/cli/", "tests/pipelines/")
+
+
+def next_scope(queue: list[str], beam_worker: bool) -> str:
+    """The scope a worker runs next: the beam group first; then, for the worker that ran it,
+    a file of no STARTS_WORKERS folder, for the others one of those folders' files, while
+    there are any; else the queue's head."""
+    if "beam" in queue:
+        return "beam"
+    fitting = (scope for scope in queue if scope.startswith(STARTS_WORKERS) != beam_worker)
+    return next(fitting, queue[0])
+
+
+# Where xdist's workers list the tests marked beam for the scheduler, which sees test ids
+# only: xdist's own groups (xdist_group) name a test by changing item._nodeid, which pytest 9
+# no longer reads.
+BEAM_TESTS = "KVTRACE_BEAM_TESTS"
+
+
+class LoadFileAndBeamScheduling(LoadScopeScheduling):
+    """Tests marked beam run in one xdist worker: Beam loads gRPC, which is not fork-safe, and a
+    worker that loaded it starts every in-process run's encode workers from a forkserver
+    (rebuilding their tokenizer) instead of forking. Every other test goes with its file's: a
+    module's fixtures (a published output, a loaded tokenizer) are built in one worker. Scopes
+    go out in next_scope's order."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        super().__init__(config, log)
+        self.beam_workers: set = set()
+        self.beam_tests: set[str] | None = None  # read once the workers have collected
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self.beam_tests is None:
+            listing = Path(os.environ[BEAM_TESTS])
+            self.beam_tests = set(listing.read_text().splitlines()) if listing.exists() else set()
+        return "beam" if nodeid in self.beam_tests else nodeid.split("::", 1)[0]
+
+    def _assign_work_unit(self, node) -> None:
+        """Puts the scope this node should run next at the head of the queue it pops."""
+        scope = next_scope(list(self.workqueue), node in self.beam_workers)
+        self.workqueue.move_to_end(scope, last=False)
+        if scope == "beam":
+            self.beam_workers.add(node)
+        super()._assign_work_unit(node)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getvalue("dist") == "loadgroup":  # the controller, before it starts the workers
+        os.environ[BEAM_TESTS] = str(Path(tempfile.mkdtemp(prefix="kvtrace-tests-")) / "beam")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.getvalue("dist") == "loadgroup":
+        shutil.rmtree(Path(os.environ.pop(BEAM_TESTS)).parent, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the worker reports its collection to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and BEAM_TESTS in os.environ:  # every worker collects the same tests
+        listing = Path(os.environ[BEAM_TESTS])
+        staged = listing.with_name(f"{listing.name}.{worker}")
+        marked = [item.nodeid for item in session.items if item.get_closest_marker("beam")]
+        staged.write_text("".join(f"{nodeid}\n" for nodeid in marked))
+        staged.replace(listing)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduling | None:
+    if config.getvalue("dist") == "loadgroup":
+        return LoadFileAndBeamScheduling(config, log)
+    return None
 
 
 @pytest.hookimpl(wrapper=True)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -170,6 +171,53 @@ def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
     for path in inputs:
         args += ["--input", str(path)]
     return main(args)
+
+
+KVTRACE = [sys.executable, "-m", "kvtrace.cli"]  # the CLI as a command runs it
+
+
+def kvtrace_child(
+    *args: str,
+    prelude: str = "",
+    timeout: float = 300,
+    text: bool = True,
+    env: dict[str, str] | None = None,
+    **kwargs,
+) -> subprocess.CompletedProcess:
+    """The CLI in a child process, for tests about the process (its exit code, its streams, a
+    fault injected by prelude: Python run before main), never raising on its exit code. The
+    checkout's code, offline; env adds to this process's environment."""
+    code = f"{prelude}\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=text,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **(env or {})},
+        **kwargs,
+    )
+
+
+def peak_rss_mb(command: list[str], cwd: Path = ROOT) -> tuple[int, int, str]:
+    """(exit code, peak RSS in MB of the command and its children, stderr) of a command run in
+    a child of a fresh interpreter: this process's own memory is not counted."""
+    probe = (
+        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    code, peak = done.stdout.split()[-2:]
+    return int(code), int(peak), done.stderr
 
 
 def trace(out: Path) -> list[dict]:

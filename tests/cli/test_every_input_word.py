@@ -68,17 +68,21 @@ def test_an_input_word_that_matches_nothing_is_one_line(tiny_tokenizer, tmp_path
 @pytest.mark.parametrize(
     "words",
     [
-        ["--output", "{out}", "{stray}"],  # a one-value option given two words
-        ["--output", "{out}", "--block-size", "4", "{stray}"],
-        ["--output", "{out}", "--runner", "DirectRunner", "{stray}"],  # after a Beam option's value
-        [
-            "--output",
-            "{out}",
-            "--save_main_session",
-            "{stray}",
-        ],  # after a Beam option with no value
+        # a one-value option given two words
+        pytest.param(["--output", "{out}", "{stray}"], id="after-output"),
+        pytest.param(["--output", "{out}", "--block-size", "4", "{stray}"], id="after-block-size"),
+        # after a Beam option's value, and one with no value: Beam's options parser reads them
+        pytest.param(
+            ["--output", "{out}", "--runner", "DirectRunner", "{stray}"],
+            id="after-beam-value",
+            marks=pytest.mark.beam,
+        ),
+        pytest.param(
+            ["--output", "{out}", "--save_main_session", "{stray}"],
+            id="after-beam-switch",
+            marks=pytest.mark.beam,
+        ),
     ],
-    ids=["after-output", "after-block-size", "after-beam-value", "after-beam-switch"],
 )
 def test_a_word_no_option_takes_is_refused(tiny_tokenizer, tmp_path, capsys, words):
     files = _inputs(tmp_path, 2)

@@ -378,6 +378,7 @@ def _object_store():
     return RedTeamObjects
 
 
+@pytest.mark.beam  # a Beam FileSystem: the beam tests' worker runs it
 @pytest.mark.parametrize("extra", ["sub/secret.txt", "back\\slash-secret.txt"])
 def test_an_object_store_folder_hides_objects_from_the_gate(outputs, extra):
     """On gs:// or s3:// the gate lists the folder with Beam's glob `*`, which is [^/\\\\]*: an

@@ -9,12 +9,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import ROOT, chat, write_jsonl
+from kvtrace.cli import main
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.write.manifest import set_content_times
 
@@ -35,7 +35,7 @@ def night(tiny_tokenizer, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("kind", ["file", "subfolder", "row field"])
 def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
-    night, tiny_tokenizer, tmp_path, kind
+    night, tiny_tokenizer, tmp_path, kind, capfd
 ):
     """Round 5 shows names escaped (dead_letters.shown_name: \\xNN) wherever a letter quotes
     them, but the gate's own flags quote the folder's entry names as they are (_entries: "a file
@@ -59,15 +59,10 @@ def test_the_audit_report_prints_a_file_name_raw_so_a_name_forges_the_verdict(
         first, rest = shard.read_bytes().split(b"\n", 1)
         shard.write_bytes(first[:-1] + b", " + json.dumps({forged: 0})[1:].encode() + b"\n" + rest)
     set_content_times(str(folder))
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", "audit", str(folder), "--tokenizer", tiny_tokenizer],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(ROOT),
-    )
-    assert out.returncode == 1
-    printed = out.stdout + out.stderr
+    # In this process: the report is what the CLI writes to its streams, captured by descriptor.
+    assert main(["audit", str(folder), "--tokenizer", tiny_tokenizer]) == 1
+    out = capfd.readouterr()
+    printed = out.out + out.err
     assert "\x1b" not in printed, "the report carries the name's terminal escapes"
     assert not any(
         line.startswith("\x1b[1A") or line.startswith("verdict: publishable")

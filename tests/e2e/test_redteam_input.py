@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import anonymize, chat, trace, write_jsonl
+from helpers import anonymize, chat, peak_rss_mb, trace, write_jsonl
 
 # Slow, so the fast set stays fast. Each hole found here is closed; the tests keep it so.
 pytestmark = [pytest.mark.slow]
@@ -140,22 +140,6 @@ def test_ctrl_c_while_a_large_record_is_tokenized_leaves_nothing(tiny_tokenizer,
 # ---- dead letters are held whole in memory ---------------------------------------------------------
 
 
-def _peak_rss_mb(args: list[str], cwd) -> tuple[int, int, str]:
-    """(exit code, peak RSS in MB, stderr) of a command run in a child of a fresh interpreter."""
-    import subprocess
-    import sys
-
-    probe = (
-        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    code, peak = done.stdout.split()[-2:]
-    return int(code), int(peak), done.stderr
-
-
 @pytest.mark.parametrize("engine, lines", [("local", 10_000), ("beam", 5_000)])
 def test_rejected_lines_cost_bounded_memory(tiny_tokenizer, tmp_path, engine, lines):
     """A 50-100 KB .gz of lines that are not JSON (4 KB of control characters each, 40 MB
@@ -174,7 +158,7 @@ def test_rejected_lines_cost_bounded_memory(tiny_tokenizer, tmp_path, engine, li
         for i in range(3):
             handle.write(json.dumps(chat(i, i)).encode() + b"\n")
         handle.write((b'"' + b"\x01" * 4000 + b"\n") * lines)
-    code, peak, _ = _peak_rss_mb(
+    code, peak, _ = peak_rss_mb(
         [
             sys.executable,
             "-m",
@@ -375,7 +359,7 @@ def test_a_parquet_dictionary_bomb_is_read_within_the_documented_bound(tiny_toke
         "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_module('kvtrace.cli', "
         "run_name='__main__')"
     )
-    code, peak, said = _peak_rss_mb(
+    code, peak, said = peak_rss_mb(
         [
             sys.executable,
             "-c",

@@ -13,9 +13,8 @@ import sys
 import time
 
 import pytest
-from test_redteam_input import _peak_rss_mb
 
-from helpers import ROOT, anonymize, chat, trace, write_jsonl
+from helpers import ROOT, anonymize, chat, peak_rss_mb, trace, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND2 = "red team round 2"
@@ -173,7 +172,7 @@ def test_a_dictionary_bomb_with_one_plain_page_is_read_within_the_bound(
     path = tmp_path / "bomb.parquet"
     write(path, rows)
     assert path.stat().st_size < 4096
-    code, peak, said = _peak_rss_mb(
+    code, peak, said = peak_rss_mb(
         [
             sys.executable,
             "-m",

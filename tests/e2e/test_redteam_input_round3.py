@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, anonymize, chat, write_jsonl
+from helpers import ROOT, anonymize, chat, peak_rss_mb, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND3 = "red team round 3"
@@ -155,11 +155,10 @@ def test_a_template_cannot_spend_gigabytes_in_one_list_call(tiny_tokenizer, tmp_
     1 GiB memory budget is looked at between steps). `.split()` of 'ab ' * 80 M does the same
     (~5 GB). Capped here at 3.2 GB of address space (~2 GB resident) so the machine survives: the peak is the
     cap's, where the render should have been refused from its operands."""
-    from test_redteam_input import _peak_rss_mb
 
     folder = _template_folder(tiny_tokenizer, tmp_path, "{{ ('\u30a2' * 100000000)|list|length }}")
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 10)])
-    code, peak, said = _peak_rss_mb(
+    code, peak, said = peak_rss_mb(
         [
             "prlimit",
             "--as=3200000000",

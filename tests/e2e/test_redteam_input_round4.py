@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, chat, write_jsonl
+from helpers import ROOT, chat, peak_rss_mb, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND4 = "red team round 4"
@@ -144,15 +144,13 @@ def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp
     453 MB of letters from 75 MB of input)."""
     import gzip
 
-    from test_redteam_input import _peak_rss_mb
-
     src = tmp_path / "in.jsonl.gz"
     with gzip.open(src, "wb", compresslevel=9) as handle:
         for i in range(24):
             handle.write(b"\x01" * (3 << 20) + bytes([65 + i]) + b"\n")
         for i in range(3):
             handle.write(json.dumps(chat(i, i)).encode() + b"\n")
-    code, peak, said = _peak_rss_mb(
+    code, peak, said = peak_rss_mb(
         [
             sys.executable,
             "-m",
@@ -284,7 +282,6 @@ def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(
     twice over (Arrow's copies, then Python's bytes): ~4 GiB from a 2 KB file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_redteam_input import _peak_rss_mb
 
     rows, size = 128, 3_900_000
     table = pa.table(
@@ -300,7 +297,7 @@ def test_a_fixed_size_binary_dictionary_column_is_sized_before_it_is_decoded(
         table, src, use_dictionary=True, dictionary_pagesize_limit=64 << 20, compression="zstd"
     )
     assert src.stat().st_size < 4096
-    code, peak, said = _peak_rss_mb(
+    code, peak, said = peak_rss_mb(
         [
             sys.executable,
             "-m",
@@ -372,7 +369,6 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
     ~1 GB. 1,000 rows of a 16 MiB entry would be 16 GB."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_redteam_input import _peak_rss_mb
 
     rows = 80
     src = tmp_path / "trace.parquet"
@@ -392,7 +388,7 @@ def test_a_trace_parquet_dictionary_bomb_is_bounded(tmp_path, command):
         compression="zstd",
     )
     assert src.stat().st_size < 4096
-    code, peak, said = _peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)], ROOT)
+    code, peak, said = peak_rss_mb([sys.executable, "-m", "kvtrace.cli", command, str(src)], ROOT)
     assert peak < 400, f"{command}: {peak} MB peak reading a {src.stat().st_size}-byte trace"
 
 
@@ -589,7 +585,6 @@ def test_adding_two_strings_is_sized_before_it_runs(tiny_tokenizer, tmp_path):
     so `s + s` with s at the 256 Mi bound allocates 512 MB in one C call before the refusal
     (the same message a check before it would give). Measured by peak RSS: ~256 MB for s,
     then 512 MB more for the sum that a check from len(left) + len(right) would never build."""
-    from test_redteam_input import _peak_rss_mb
 
     folder = _template_folder(
         tiny_tokenizer,
@@ -598,7 +593,7 @@ def test_adding_two_strings_is_sized_before_it_runs(tiny_tokenizer, tmp_path):
         "{% set t = s + s %}{% endif %}",
     )
     src = write_jsonl(tmp_path / "in.jsonl", [chat(0, 0), chat(1, 1), chat(2, 2), BOOM])
-    code, peak, said = _peak_rss_mb(
+    code, peak, said = peak_rss_mb(
         [
             sys.executable,
             "-m",

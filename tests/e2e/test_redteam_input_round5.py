@@ -5,35 +5,15 @@ today (2026-11-27)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import KVTRACE, ROOT, peak_rss_mb
 
 pytestmark = [pytest.mark.slow]
 ROUND5 = "red team round 5"
-
-
-def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
-    """(exit code, peak RSS in MB, stderr) of a kvtrace command run in a child."""
-    probe = (
-        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    code, peak = done.stdout.split()[-2:]
-    return int(code), int(peak), done.stderr
 
 
 # ---- Parquet: the footer's column sizes are trusted, and the footer is the attacker's -------
@@ -165,7 +145,7 @@ def test_a_parquet_footer_that_understates_a_chunk_does_not_skip_the_page_check(
     else:
         src = _lying_trace(tmp_path / "trace.parquet")
         args = [command, str(src)]
-    _, peak, said = _peak_rss_mb(args)
+    _, peak, said = peak_rss_mb(KVTRACE + args)
     assert "Traceback" not in said, said[-2000:]
     # the honest file: 86 MB; BOUNDS.md allows ~9 x the bound over the process for Parquet
     assert peak < 250, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
@@ -229,7 +209,7 @@ def test_audit_bounds_what_a_parquet_shard_decodes_to(tiny_tokenizer, tmp_path):
         use_dictionary=False,
     )
     assert shard.stat().st_size < 64 << 10
-    code, peak, said = _peak_rss_mb(["audit", str(folder)])
+    code, peak, said = peak_rss_mb(KVTRACE + ["audit", str(folder)])
     assert code == 1 and "Traceback" not in said, said[-2000:]
     assert peak < 250, f"audit peaked at {peak} MB over a {shard.stat().st_size}-byte shard"
 
@@ -252,8 +232,9 @@ def test_a_record_of_many_empty_containers_costs_what_the_bounds_say(tiny_tokeni
     src = tmp_path / "in.jsonl"
     src.write_text('{"timestamp": 0, "prompt": "x", "output_length": 1, "junk": [' + body + "]}\n")
     assert src.stat().st_size <= bound
-    _, peak, said = _peak_rss_mb(
-        [
+    _, peak, said = peak_rss_mb(
+        KVTRACE
+        + [
             "anonymize",
             "--input",
             str(src),
@@ -361,7 +342,7 @@ def test_a_list_of_nulls_is_sized_before_it_costs_memory(tiny_tokenizer, tmp_pat
         )
         args = ["analyze", str(src)]
     assert src.stat().st_size < 4096
-    _, peak, said = _peak_rss_mb(args)
+    _, peak, said = peak_rss_mb(KVTRACE + args)
     assert "Traceback" not in said, said[-2000:]
     assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
     if command == "anonymize":
@@ -457,7 +438,7 @@ def test_convert_holds_what_it_converts_not_every_record_whole(tmp_path):
             handle.write(row.format(chat, f', "junk": [{junk}]'))
         handle.write(row.format(3, ""))
     assert src.stat().st_size < 64 << 10
-    code, peak, said = _peak_rss_mb(["convert", str(src), "-o", str(tmp_path / "out")])
+    code, peak, said = peak_rss_mb(KVTRACE + ["convert", str(src), "-o", str(tmp_path / "out")])
     assert code == 0 and "Traceback" not in said, said[-2000:]
     assert "3 line(s) skipped" in said and said.count("JSON objects and lists") == 3, said
     # the process (~90 MB) and the line reader (~4 x the 16 MiB line bound), never a parse:
@@ -546,7 +527,7 @@ def test_a_trace_read_line_by_line_keeps_numbers_not_whole_rows(tmp_path, comman
                 f'"hash_ids": [{row}], "junk": [{junk}]}}\n'
             )
     assert src.stat().st_size < 64 << 10
-    _, peak, said = _peak_rss_mb([command, str(src)])
+    _, peak, said = peak_rss_mb(KVTRACE + [command, str(src)])
     assert "Traceback" not in said, said[-2000:]
     # one 4 MiB line parsed at a time is ~130 MB over a ~90 MB process
     assert peak < 400, f"{peak} MB peak reading a {src.stat().st_size}-byte trace of 12 rows"

@@ -5,49 +5,14 @@ today (2026-11-27)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import KVTRACE, kvtrace_child, peak_rss_mb
 
 pytestmark = [pytest.mark.slow]
 ROUND6 = "red team round 6"
-
-
-def _kvtrace(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **kwargs.pop("env", {})},
-        **kwargs,
-    )
-
-
-def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
-    """(exit code, peak RSS in MB of the command and its workers, stderr) of a kvtrace command
-    run in a child."""
-    probe = (
-        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    code, peak = done.stdout.split()[-2:]
-    return int(code), int(peak), done.stderr
 
 
 # ---- a record's values, not its containers: the Unicode walk holds a tuple per value -------
@@ -60,8 +25,9 @@ def _anonymize_peak(tiny_tokenizer, tmp_path, name: str, data: bytes | None = No
     if data is not None:
         (tmp_path / name).write_bytes(data)
     out = tmp_path / f"out-{name}"
-    code, peak, said = _peak_rss_mb(
-        [
+    code, peak, said = peak_rss_mb(
+        KVTRACE
+        + [
             "anonymize",
             "--input",
             str(tmp_path / name),
@@ -164,7 +130,7 @@ def test_a_deeply_nested_field_in_a_trace_line_is_not_a_segfault(tiny_tokenizer,
         + "}\n"
     )
     args = [a.format(out=tmp_path / "out", tok=tiny_tokenizer) for a in command]
-    done = _kvtrace([args[0], str(src), *args[1:]], timeout=120)
+    done = kvtrace_child(*[args[0], str(src), *args[1:]], timeout=120)
     assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr[-500:]}"
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
@@ -206,8 +172,8 @@ def test_an_unused_deeply_nested_parquet_column_is_not_a_failed_run(tiny_tokeniz
     outputs = {}
     for engine in ("beam", "local"):
         out = tmp_path / f"out-{engine}"
-        done = _kvtrace(
-            [
+        done = kvtrace_child(
+            *[
                 "anonymize",
                 "--engine",
                 engine,
@@ -259,8 +225,8 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort_on_bea
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))
 
-    done = _kvtrace(
-        [
+    done = kvtrace_child(
+        *[
             "anonymize",
             "--engine",
             "beam",
@@ -338,8 +304,8 @@ def test_a_refused_row_group_costs_the_rows_it_holds_not_the_rows_its_footer_cla
     (tmp_path / "good.jsonl").write_text(
         '{"timestamp": 1, "prompt": "hello world", "output_length": 1}\n'
     )
-    done = _kvtrace(
-        [
+    done = kvtrace_child(
+        *[
             "anonymize",
             "--input",
             str(tmp_path / "claims.parquet"),
@@ -397,8 +363,9 @@ def test_a_row_of_empty_lists_is_sized_before_it_becomes_python_values(tiny_toke
     )
     peaks = {}
     for name in ("small.jsonl", "empties.parquet"):
-        _, peaks[name], said = _peak_rss_mb(
-            [
+        _, peaks[name], said = peak_rss_mb(
+            KVTRACE
+            + [
                 "anonymize",
                 "--input",
                 str(tmp_path / name),
@@ -451,7 +418,7 @@ def test_one_long_trace_row_costs_time_linear_in_its_bytes(tmp_path, command):
     args = [a.format(out=tmp_path / "out.jsonl") for a in command]
     try:
         # ~1 s for the same bytes in short rows; 18 s here on a quiet machine (was 75-150 s)
-        _kvtrace([args[0], str(src), "--block-size", "16", *args[1:]], timeout=10)
+        kvtrace_child(*[args[0], str(src), "--block-size", "16", *args[1:]], timeout=10)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command[0]} of a {src.stat().st_size}-byte trace not done in 10 s")
 
@@ -473,7 +440,7 @@ def test_a_trace_with_many_extra_fields_costs_its_trace_fields_not_a_column_each
     row = f'{{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1], {keys}}}\n'
     src = tmp_path / "trace.jsonl"
     src.write_text(row * 3)
-    code, peak, said = _peak_rss_mb(["analyze", str(src)])
+    code, peak, said = peak_rss_mb(KVTRACE + ["analyze", str(src)])
     assert code == 0, said[-1000:]
     assert peak < 400, f"{peak} MB peak reading a {src.stat().st_size}-byte trace of 3 rows"
 
@@ -495,7 +462,7 @@ def test_a_nested_field_under_the_crash_depth_costs_time_linear_in_its_bytes(tmp
         + "}\n"
     )
     try:
-        _kvtrace(["analyze", str(src)], timeout=15)
+        kvtrace_child(*["analyze", str(src)], timeout=15)
     except subprocess.TimeoutExpired:
         pytest.fail(f"analyze of a {src.stat().st_size}-byte trace not done in 15 s")
 
@@ -533,7 +500,7 @@ def test_a_trace_parquet_naming_a_column_twice_is_a_malformed_file_not_a_failed_
     )
     good = tmp_path / "good.jsonl"
     good.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n')
-    done = _kvtrace([command, str(good), str(tmp_path / "twice.parquet")], timeout=120)
+    done = kvtrace_child(*[command, str(good), str(tmp_path / "twice.parquet")], timeout=120)
     assert "the job failed" not in done.stderr, done.stderr[-1000:]
 
 
@@ -583,8 +550,9 @@ def test_a_footer_claiming_many_rows_does_not_let_one_cell_of_millions_of_values
     )
     peaks = {}
     for name in ("small.jsonl", "rle.parquet"):
-        _, peaks[name], said = _peak_rss_mb(
-            [
+        _, peaks[name], said = peak_rss_mb(
+            KVTRACE
+            + [
                 "anonymize",
                 "--input",
                 str(tmp_path / name),

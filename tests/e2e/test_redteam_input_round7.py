@@ -13,22 +13,9 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, kvtrace_child
 
 pytestmark = [pytest.mark.slow]
-
-
-def _kvtrace(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **kwargs.pop("env", {})},
-        **kwargs,
-    )
 
 
 def _trace_rows(folder) -> list[dict]:
@@ -127,8 +114,8 @@ def test_an_anthropic_request_logged_by_litellm_renders_as_in_its_request_envelo
     for name, record in shapes.items():
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(record) + "\n")
         out = tmp_path / f"out-{name}"
-        done = _kvtrace(
-            [
+        done = kvtrace_child(
+            *[
                 "anonymize",
                 "--input",
                 str(tmp_path / f"{name}.jsonl"),
@@ -206,8 +193,8 @@ def _published_as_jsonl_and_parquet(records: list[dict], tokenizer: str, tmp_pat
     published = {}
     for name in ("log.jsonl", "log.parquet"):
         out = tmp_path / f"out-{name}"
-        done = _kvtrace(
-            ["anonymize", "--input", str(tmp_path / name), "--output", str(out)]
+        done = kvtrace_child(
+            *["anonymize", "--input", str(tmp_path / name), "--output", str(out)]
             + ["--tokenizer", tokenizer, "--block-size", "4"]
         )
         assert done.returncode == 0, done.stderr[-2000:]
@@ -266,8 +253,8 @@ def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_
     )
     (tmp_path / "batch.jsonl").write_text(line)
     out = tmp_path / "out"
-    done = _kvtrace(
-        [
+    done = kvtrace_child(
+        *[
             "anonymize",
             "--input",
             str(tmp_path / "batch.jsonl"),
@@ -316,8 +303,8 @@ def test_letters_name_standard_input_as_dash_on_beam_worker_processes(tiny_token
     }.items():  # fmt: skip
         out = tmp_path / f"out-{name}"
         with log.open("rb") as stdin:
-            done = _kvtrace(
-                [
+            done = kvtrace_child(
+                *[
                     "anonymize",
                     "--input",
                     "-",
@@ -459,8 +446,8 @@ def test_a_batch_request_the_api_refused_is_a_failed_request_letter(
     lines.append(_batch_line("refused", refused, **extra))
     (tmp_path / "joined.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out"
-    done = _kvtrace(
-        [
+    done = kvtrace_child(
+        *[
             "anonymize",
             "--input",
             str(tmp_path / "joined.jsonl"),

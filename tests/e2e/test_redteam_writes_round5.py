@@ -12,26 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import chat, write_jsonl
+from helpers import ROOT, chat, kvtrace_child, write_jsonl
 
 pytestmark = pytest.mark.slow
 ROUND5 = "red team round 5"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _kvtrace(
-    *args: str, prelude: str = "", env: dict | None = None, timeout: int = 300
-) -> subprocess.CompletedProcess:
-    """kvtrace in a child process (prelude: Python run first, to inject a fault)."""
-    code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        cwd=ROOT,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
 
 
 # A kill in the two-rename swap's gap (filesystems without RENAME_EXCHANGE: NFS, many FUSE
@@ -61,14 +45,16 @@ def test_a_long_output_name_and_its_digest_stem_are_two_outputs(tiny_tokenizer, 
     digest_name = "~" + hashlib.sha256(long_name.encode()).hexdigest()[:32]
     common = ["--input", str(src), "--tokenizer", tiny_tokenizer, "--block-size", "4"]
     first = tmp_path / long_name
-    assert _kvtrace("anonymize", *common, "--output", str(first)).returncode == 0
+    assert kvtrace_child("anonymize", *common, "--output", str(first)).returncode == 0
     published = (first / "manifest.json").read_bytes()
-    killed = _kvtrace("anonymize", *common, "--output", str(first), prelude=_KILL_IN_THE_RENAME_GAP)
+    killed = kvtrace_child(
+        "anonymize", *common, "--output", str(first), prelude=_KILL_IN_THE_RENAME_GAP
+    )
     assert killed.returncode == 137 and not first.exists()  # set aside; A's next run restores it
-    other = _kvtrace("anonymize", *common, "--output", str(tmp_path / digest_name))
+    other = kvtrace_child("anonymize", *common, "--output", str(tmp_path / digest_name))
     assert other.returncode == 0
     # A's earlier output is still A's to restore: its next run puts it back first.
-    restored = _kvtrace(
+    restored = kvtrace_child(
         "anonymize",
         *common,
         "--output",
@@ -197,7 +183,7 @@ def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer,
         str(tmp_path / "letters"),
     ]
     out, moved = tmp_path / "X", tmp_path / "archive"
-    killed = _kvtrace(
+    killed = kvtrace_child(
         "anonymize",
         "--input",
         str(night),
@@ -210,13 +196,17 @@ def test_a_published_runs_letters_survive_a_rename_of_its_output(tiny_tokenizer,
     out.rename(moved)
     again = out if rerun == "old name" else moved
     assert (
-        _kvtrace("anonymize", "--input", str(clean), "--output", str(again), *common).returncode
+        kvtrace_child(
+            "anonymize", "--input", str(clean), "--output", str(again), *common
+        ).returncode
         == 0
     )
     if rerun == "old name":  # it cannot find the moved output: the letters stay staged, kept
         assert list((tmp_path / "letters").glob(".*/rejected-*.jsonl")), "the letters went"
         assert (
-            _kvtrace("anonymize", "--input", str(clean), "--output", str(moved), *common).returncode
+            kvtrace_child(
+                "anonymize", "--input", str(clean), "--output", str(moved), *common
+            ).returncode
             == 0
         )
     letters = b"".join(p.read_bytes() for p in (tmp_path / "letters").glob("rejected-*.jsonl"))

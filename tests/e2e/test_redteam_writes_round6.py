@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import chat, write_jsonl
+from helpers import ROOT, chat, kvtrace_child, write_jsonl
 
 pytestmark = pytest.mark.slow
 ROUND6 = "red team round 6"
-ROOT = Path(__file__).resolve().parents[2]
 NOTHING = "stopped: nothing published"
 TRACE = [
     {
@@ -29,20 +28,6 @@ TRACE = [
     }
     for i in range(12)
 ]
-
-
-def _kvtrace(*args: str, prelude: str = "", timeout: int = 300) -> subprocess.CompletedProcess:
-    """kvtrace in a child process (prelude: Python run first, to inject a stop)."""
-    code = prelude + "\nimport sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=timeout,
-        text=True,
-        check=False,
-    )
 
 
 def _said(done: subprocess.CompletedProcess) -> list[str]:
@@ -113,10 +98,12 @@ def test_a_stop_once_the_output_is_published_never_loses_its_dead_letters(tiny_t
     Found at steps 33-34 of a stop at every step (and past the deadline at the same steps)."""
     night = _night(tmp_path, tiny_tokenizer, 6)
     out, dead = tmp_path / "out", tmp_path / "out-rejected"
-    stopped = _kvtrace("anonymize", *night, "--output", str(out), prelude=_STOP_WHILE_TIDYING_UP)
+    stopped = kvtrace_child(
+        "anonymize", *night, "--output", str(out), prelude=_STOP_WHILE_TIDYING_UP
+    )
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     assert (out / "manifest.json").is_file()  # the stopped run's output stands, published
-    again = _kvtrace("anonymize", *night, "--output", str(out))
+    again = kvtrace_child("anonymize", *night, "--output", str(out))
     assert again.returncode == 0, again.stderr[-2000:]
     letters = sorted(dead.glob("rejected-*.jsonl"))
     # One file per run that published the night: the stopped run's and the rerun's.
@@ -178,7 +165,7 @@ def test_a_stop_after_the_output_is_published_never_says_nothing_was(
         out = tmp_path / "out.jsonl"
         args = ["export", str(trace), "--to", "dynamo", "--block-size", "4", "--overwrite"]
         args += ["-o", str(out)]
-    stopped = _kvtrace(*args, prelude=_STOP_AFTER_PUBLISHING)
+    stopped = kvtrace_child(*args, prelude=_STOP_AFTER_PUBLISHING)
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     assert out.exists()  # published whole by the stopped run
     assert NOTHING not in _said(stopped), _said(stopped)
@@ -217,9 +204,11 @@ def test_a_stop_during_a_publication_publishes_the_output_and_its_report_togethe
     second = write_jsonl(tmp_path / "second.jsonl", TRACE)
     out, report = tmp_path / "out", tmp_path / "report.json"
     flags = ["--block-size", "4", "--output", str(out), "--json", str(report)]
-    assert _kvtrace("analyze", str(first), *flags).returncode == 0
+    assert kvtrace_child("analyze", str(first), *flags).returncode == 0
     before = (report.read_bytes(), (out / "analysis.json").read_bytes())
-    stopped = _kvtrace("analyze", str(second), *flags, prelude=_STOP_DURING_SWAP.format(n=swap))
+    stopped = kvtrace_child(
+        "analyze", str(second), *flags, prelude=_STOP_DURING_SWAP.format(n=swap)
+    )
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     report_new = report.read_bytes() != before[0]
     output_new = (out / "analysis.json").read_bytes() != before[1]
@@ -247,7 +236,7 @@ def test_a_file_output_by_a_lock_name_never_lets_two_runs_write_one_output(tmp_p
             + ["-o", str(lock), "--overwrite"]
         )
         assert code in (0, 2)
-        second = _kvtrace("analyze", str(trace), "--block-size", "4", "--output", str(out))
+        second = kvtrace_child("analyze", str(trace), "--block-size", "4", "--output", str(out))
         assert second.returncode != 0 and "another kvtrace run is writing" in second.stderr, _said(
             second
         )
@@ -267,7 +256,7 @@ def test_beam_synthesize_publishes_every_row_whatever_the_outputs_name(tmp_path)
     common = ["synthesize", str(trace), "--block-size", "4", "--seed", "1"]
     assert main([*common, "-o", str(tmp_path / "local")]) == 0
     name = "syn[ab]"  # a derived trace's folder at block size 4
-    done = _kvtrace(*common, "-o", str(tmp_path / name), "--engine", "beam")
+    done = kvtrace_child(*common, "-o", str(tmp_path / name), "--engine", "beam")
     assert done.returncode == 0, done.stderr[-2000:]
     for part in ("trace-00000-of-00001.jsonl", "manifest.json"):
         assert (tmp_path / name / part).read_bytes() == (tmp_path / "local" / part).read_bytes()
@@ -305,9 +294,9 @@ def test_an_export_or_render_and_its_json_report_are_published_together(
     else:
         flags = ["--tokenizer", tiny_tokenizer, "--block-size", "4", "--no-verify"]
     flags += ["-o", str(out), "--json", str(report)]
-    assert _kvtrace(command, str(first), *flags).returncode == 0
+    assert kvtrace_child(command, str(first), *flags).returncode == 0
     before = (out.read_bytes(), report.read_bytes())
-    failed = _kvtrace(command, str(second), *flags, prelude=_FULL_DISK_AT_THE_REPORT)
+    failed = kvtrace_child(command, str(second), *flags, prelude=_FULL_DISK_AT_THE_REPORT)
     assert failed.returncode == 1 and "No space left" in failed.stderr, failed.stderr[-2000:]
     assert (out.read_bytes(), report.read_bytes()) == before, "the output was published alone"
 
@@ -364,10 +353,10 @@ def test_a_run_killed_while_planning_leaves_nothing_its_reruns_do_not_clear(tmp_
     work = tmp_path / "K"
     work.mkdir()
     args = ["analyze", str(trace), "--block-size", "4", "--output", str(work / "a" / "b" / "out")]
-    killed = _kvtrace(*args, prelude=_KILL_WHILE_PLANNING)
+    killed = kvtrace_child(*args, prelude=_KILL_WHILE_PLANNING)
     assert killed.returncode == 137, killed.stderr[-2000:]
     for _ in range(2):
-        assert _kvtrace(*args).returncode == 0
+        assert kvtrace_child(*args).returncode == 0
     left = [str(p.relative_to(work)) for p in work.rglob("*") if ".kvtrace-staging-" in p.name]
     assert left == []
 
@@ -385,7 +374,7 @@ def test_an_id_map_whose_folder_name_has_a_bracket_is_continued_by_the_next_nigh
     id_map = tmp_path / "m[1]"
     for n in (1, 2):  # two nights, two logs (a night run again leaves the map unchanged)
         night = _night(tmp_path, tiny_tokenizer, 5 + n, start_ms=100_000 * n)  # nights follow
-        done = _kvtrace(
+        done = kvtrace_child(
             "anonymize", *night, "--output", str(tmp_path / f"out{n}"), "--id-map", str(id_map)
         )
         assert done.returncode == 0, _said(done)

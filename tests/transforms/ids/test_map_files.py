@@ -26,8 +26,10 @@ def _openers(path: Path) -> list[str]:
         if not isinstance(node, ast.Call):
             continue
         name = getattr(node.func, "attr", getattr(node.func, "id", None))
+        if name not in OPENERS:  # before the segment: each costs a pass over the source
+            continue
         text = ast.get_source_segment(source, node) or ""
-        if name in OPENERS and "O_DIRECTORY" not in text:
+        if "O_DIRECTORY" not in text:
             found.append(f"{path.name}:{node.lineno}: {text}")
     return found
 
