@@ -169,7 +169,6 @@ def test_a_null_required_field_reads_alike_as_jsonl_and_as_parquet(tiny_tokenize
     assert runs["jsonl"] == runs["parquet"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("damage", ["parquet-cut-short", "gzip-corrupt-header"])
 def test_a_file_lost_whole_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, capsys, damage):
     """Promise (docs/ANONYMIZE.md): --max-rejected-fraction (default 0.5) fails the run when
