@@ -21,7 +21,6 @@ def _letters(out: Path) -> list[dict]:
     return [json.loads(line) for p in sorted(folder.glob("*.jsonl")) for line in p.open()]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize(
     "field",
     [{"output_length": None}, {"completion_tokens": None}, {"output": None}],
@@ -134,7 +133,6 @@ TOOL = {"type": "function", "function": {"name": "get", "parameters": {"type": "
 CALL = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"a": 1}'}}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize(
     "odd",
     [

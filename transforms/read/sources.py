@@ -40,7 +40,13 @@ from kvtrace.transforms.read.paths import (
     stored_position,
     without_views,
 )
-from kvtrace.transforms.read.records import ParseOptions, Request, parse_record, request_from_object
+from kvtrace.transforms.read.records import (
+    ParseOptions,
+    Request,
+    parse_record,
+    request_from_object,
+    without_nulls,
+)
 
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
 # keeps every worker busy, large enough that per-range overhead stays negligible.
@@ -307,19 +313,6 @@ def _python_rows(
             )
             continue
         yield path, without_nulls(row)
-
-
-def without_nulls(value: Any) -> Any:
-    """A Parquet value with every null struct field left out: a struct column gives each row
-    every field any row has, null where the row had none, and Parquet cannot tell an absent
-    field from a null one; so a null field is absent (docs/ANONYMIZE.md, Parquet input), and
-    the same records read alike as JSONL and as Parquet. A null list element stays: it is a
-    value, not a field."""
-    if isinstance(value, dict):
-        return {key: without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
-        return [without_nulls(item) for item in value]  # lists of scalars (token ids) as they are
-    return value
 
 
 def _unread_group(
