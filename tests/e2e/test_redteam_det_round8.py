@@ -203,7 +203,6 @@ def test_a_file_lost_whole_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_a_parquet_timestamp_column_reads_as_the_same_time_in_jsonl(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input): 'JSONL ... and Parquet with the same fields', the same
     records read alike in both. A time in JSONL is a number or an ISO-8601 string; in Parquet
