@@ -21,7 +21,6 @@ def _letters(out: Path) -> list[dict]:
     return [json.loads(line) for p in sorted(folder.glob("*.jsonl")) for line in p.open()]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize(
     "field",
     [{"output_length": None}, {"completion_tokens": None}, {"output": None}],
@@ -132,7 +131,6 @@ TOOL = {"type": "function", "function": {"name": "get", "parameters": {"type": "
 CALL = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"a": 1}'}}
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize(
     "odd",
     [
@@ -167,7 +165,6 @@ def test_a_null_required_field_reads_alike_as_jsonl_and_as_parquet(tiny_tokenize
     assert runs["jsonl"] == runs["parquet"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("damage", ["parquet-cut-short", "gzip-corrupt-header"])
 def test_a_file_lost_whole_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, capsys, damage):
     """Promise (docs/ANONYMIZE.md): --max-rejected-fraction (default 0.5) fails the run when
@@ -204,7 +201,6 @@ def test_a_file_lost_whole_weighs_its_bytes_as_lost(tiny_tokenizer, tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_a_parquet_timestamp_column_reads_as_the_same_time_in_jsonl(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input): 'JSONL ... and Parquet with the same fields', the same
     records read alike in both. A time in JSONL is a number or an ISO-8601 string; in Parquet

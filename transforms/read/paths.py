@@ -293,6 +293,11 @@ def count_lines(path: str, chunk_bytes: int = 16 << 20) -> int:
     return lines + (last != b"\n")
 
 
+class FooterOverBound(ValueError):
+    """A Parquet footer over the bound it is read within: a file too large to read, not a
+    damaged one."""
+
+
 @contextmanager
 def parquet_file(
     path: str, max_footer_bytes: int, opened: IO[bytes] | None = None
@@ -311,8 +316,12 @@ def parquet_file(
         if tail[4:] != PARQUET_MAGIC:
             raise ValueError(f"{path}: not a Parquet file (no {PARQUET_MAGIC!r} at its end)")
         footer_bytes = int.from_bytes(tail[:4], "little")
-        if footer_bytes > max_footer_bytes:
+        if footer_bytes > raw.tell() - len(PARQUET_MAGIC) * 2 - 4:
             raise ValueError(
+                f"{path}: a Parquet footer of {footer_bytes} bytes, past the file's start"
+            )
+        if footer_bytes > max_footer_bytes:
+            raise FooterOverBound(
                 f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
                 f"of {max_footer_bytes}"
             )

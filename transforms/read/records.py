@@ -103,6 +103,20 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
     return request_from_object(record, line, source, options, check_strings=check_strings)
 
 
+def without_nulls(value: Any) -> Any:
+    """A record with every null object field left out, the one rule for a null in every form,
+    applied by each reader before a shape is checked: vLLM's request models read an Optional
+    field sent as null as unset, and one the engine requires, null or absent, is a 400 alike
+    (shapes.required); Parquet cannot tell an absent field from a null one (a struct column
+    gives each row every field any row has). So the same records read alike as JSONL and as
+    Parquet (docs/ANONYMIZE.md, Input). A null list element stays: it is a value, not a field."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        return [without_nulls(item) for item in value]  # lists of scalars (token ids) as they are
+    return value
+
+
 def load_json_line(line: bytes) -> tuple[Any, bool]:
     """The JSON value of a line, and whether its strings may hold lone surrogates (orjson's
     reading where it reads alike, else the standard parser's)."""
@@ -149,7 +163,9 @@ def request_from_object(
     check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
-    check_tree(record, check_strings)
+    check_tree(record, check_strings)  # first: without_nulls recurses, within this depth
+    if b"null" in line:  # a record whose text lacks the word holds no null: nothing to drop
+        record = without_nulls(record)
     batch = record.get("custom_id") is not None
     body_field, body = _request_body(record, batch)
     response = _response(record, batch)

@@ -9,11 +9,15 @@ Fields not declared are ignored, as the engine ignores them (its models allow ex
 sampling parameters, metadata, a log's own annotations); a declared field must have exactly one
 of its declared JSON types (an integer is not a boolean, a number is not a string). Which values
 a field may hold (a known role, a part type, a non-empty list) is the readers' business
-(records.py, chat.py): a shape only says types, and descends into what it knows.
+(records.py, chat.py): a shape only says types and which fields the engine's models require
+(`required`), and descends into what it knows. A null field is an absent one: each reader
+leaves nulls out before a shape is checked (records.without_nulls), as the engine's models
+read an Optional field sent as null as unset.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +50,7 @@ class Shape:
 
     name: str  # for messages: "a string or null"
     accepts: dict[type, Walk | None]
+    required: bool = False  # as a field of an object: the engine refuses the object without it
 
     def check(self, value: Any, path: Path) -> None:
         walk = self.accepts.get(type(value), _REFUSED)
@@ -100,6 +105,12 @@ def optional(shape: Shape) -> Shape:
     return one_of(shape, NULL)
 
 
+def required(shape: Shape) -> Shape:
+    """A field the engine's request model requires: an object without it (null reads as
+    absent) is what the engine answers with a 400, an invalid_request dead letter."""
+    return dataclasses.replace(shape, required=True)
+
+
 def list_of(item: Shape | Callable[[], Shape]) -> Shape:
     """A list whose every element has the item's shape (a callable: a shape declared later,
     for shapes that hold themselves, as a tool result holds content parts)."""
@@ -121,8 +132,14 @@ def fields_walk(fields: dict[str, Shape]) -> Walk:
     Whichever of the object and the declaration is smaller is the one iterated."""
     declared = dict(fields)
     declared_items = tuple(declared.items())
+    needed = tuple(name for name, shape in declared_items if shape.required)
 
     def walk(value: dict, path: Path) -> None:
+        for name in needed:
+            if name not in value:
+                raise Rejected(
+                    "invalid_request", f"{spelled((path, name))} is absent: the engine requires it"
+                )
         # Shape.check inlined: leaves (most fields) cost no call.
         if len(value) <= len(declared_items):
             for name, child in value.items():
@@ -171,21 +188,22 @@ def tagged(
 
 # ---- Content: OpenAI's content parts, Anthropic's content blocks, Responses API parts ----------
 
-TEXT_PART = obj(text=STRING)
+TEXT_PART = obj(text=required(STRING))
 BLOCK = tagged(
     "type",
     {
         "text": TEXT_PART,
         "input_text": TEXT_PART,
         "output_text": TEXT_PART,
-        "image_url": obj(image_url=one_of(STRING, obj(url=STRING))),
+        "image_url": obj(image_url=required(one_of(STRING, obj(url=required(STRING))))),
+        # Anthropic's blocks: vLLM's one model of them (AnthropicContentBlock) requires no field.
         "tool_use": obj(id=STRING, name=STRING, input=ANY_OBJECT),
         "tool_result": obj(
             tool_use_id=STRING, content=optional(one_of(STRING, list_of(lambda: PART)))
         ),
         "thinking": obj(thinking=STRING, signature=STRING),
         "redacted_thinking": obj(data=STRING),
-        "refusal": obj(refusal=STRING),
+        "refusal": obj(refusal=required(STRING)),
     },
 )
 PART = one_of(STRING, BLOCK)  # in a request, vLLM takes a bare string as a text part
@@ -196,9 +214,13 @@ SYSTEM = optional(one_of(STRING, list_of(tagged("type", {"text": TEXT_PART}))))
 # ---- Requests ----------------------------------------------------------------------------------
 
 # A tool call as the Chat Completions API sends it back in the history: arguments are a JSON text.
-TOOL_CALL = obj(id=STRING, type=STRING, function=obj(name=STRING, arguments=STRING))
+TOOL_CALL = obj(
+    id=required(STRING),
+    type=required(STRING),
+    function=required(obj(name=required(STRING), arguments=required(STRING))),
+)
 MESSAGE = obj(
-    role=STRING,
+    role=required(STRING),
     content=CONTENT,
     name=optional(STRING),
     tool_calls=optional(list_of(TOOL_CALL)),
@@ -216,7 +238,7 @@ TOOL = obj(
     input_schema=ANY_OBJECT,
     strict=optional(BOOLEAN),
     function=obj(
-        name=STRING,
+        name=required(STRING),
         description=optional(STRING),
         parameters=optional(ANY_OBJECT),
         strict=optional(BOOLEAN),
@@ -226,9 +248,13 @@ INPUT_ITEM = tagged(
     "type",
     default="message",
     variants={
-        "message": obj(role=STRING, content=CONTENT),
-        "function_call": obj(name=STRING, arguments=STRING, call_id=STRING),
-        "function_call_output": obj(call_id=STRING, output=one_of(STRING, list_of(PART))),
+        "message": obj(role=required(STRING), content=required(CONTENT)),
+        "function_call": obj(
+            name=required(STRING), arguments=required(STRING), call_id=required(STRING)
+        ),
+        "function_call_output": obj(
+            call_id=required(STRING), output=required(one_of(STRING, list_of(PART)))
+        ),
     },
 )
 CHAT_BODY = {

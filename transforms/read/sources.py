@@ -27,9 +27,11 @@ from kvtrace.transforms.read.decompress import input_name
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     PARQUET_SUFFIXES,
+    FooterOverBound,
     Oversized,
     broken_off,
     compression_of,
+    open_raw,
     open_stream,
     oversized_pages,
     parquet_file,
@@ -38,7 +40,13 @@ from kvtrace.transforms.read.paths import (
     stored_position,
     without_views,
 )
-from kvtrace.transforms.read.records import ParseOptions, Request, parse_record, request_from_object
+from kvtrace.transforms.read.records import (
+    ParseOptions,
+    Request,
+    parse_record,
+    request_from_object,
+    without_nulls,
+)
 
 # Byte ranges of plain files that workers read in parallel: small enough that one large file
 # keeps every worker busy, large enough that per-range overhead stays negligible.
@@ -107,6 +115,7 @@ def _read_range(
         yield from _parquet(piece.path, max_record_bytes)
         return
     offset = piece.start
+    reached = 0  # the range's bytes as stored that records handed on were decoded from
     held: tuple[int, bytes] | None = None  # the last line, held until we know it is whole
     try:
         with open_stream(piece.path) as stream:
@@ -114,6 +123,7 @@ def _read_range(
                 if held is not None:
                     yield piece.path, held[1]
                     held = None
+                    reached = stored_position(stream, offset) - piece.start
                 if isinstance(line, Oversized):
                     yield _oversized(piece.path, offset, line, max_record_bytes)
                     continue
@@ -126,26 +136,55 @@ def _read_range(
             broken = broken_off(stream)
             ends_with_newline = not broken or stream.raw.ends_with_newline
             if broken and held is not None and not ends_with_newline:
-                yield _damaged_tail(piece.path, held[0], held[1], broken)
+                yield _damaged_tail(piece, held[0], held[1], broken, reached)
             elif held is not None:
                 yield piece.path, held[1]
+                reached = stored_position(stream, offset) - piece.start
             if broken and (held is None or ends_with_newline):
-                yield _damaged_tail(piece.path, offset, b"", broken)
+                yield _damaged_tail(piece, offset, b"", broken, reached)
     except (OSError, ValueError, EOFError) as err:
         yield DeadLetter(
-            piece.path, b"", DAMAGED_FILE, f"file unreadable after byte {offset}: {err}"
+            piece.path,
+            b"",
+            DAMAGED_FILE,
+            f"file unreadable after byte {offset}: {err}",
+            lost_bytes=unread_bytes(_range_stored_bytes(piece), reached),
         )
 
 
-def _damaged_tail(path: str, offset: int, partial: bytes, why: str) -> DeadLetter:
-    """The dead letter of a file that breaks off: where, why, and the partial record cut by the
-    break (its bytes are what was lost, as far as anyone can tell)."""
+def unread_bytes(stored: int, reached: int, partial: int = 0) -> int:
+    """What a file, a tail of one or a row group refused or broken off weighs as lost, one rule
+    for every reader and codec: its bytes as stored (`stored`) less those records were decoded
+    from (`reached`, as far as the reader can place them; a compressed stream reads ahead, so
+    this may fall short by a chunk), and at least the partial record cut by a break (decoded
+    bytes: a compressed file's loss weighs more, never less). A file refused whole weighs all
+    its bytes: --max-rejected-fraction sees it however few records it would have held."""
+    return max(stored - min(max(reached, 0), stored), partial)
+
+
+def _range_stored_bytes(piece: FileRange) -> int:
+    """A range's bytes as stored (a compressed file's range is the whole file); 0 where the
+    store cannot tell, as a file that cannot be opened has nothing to weigh."""
+    if piece.end is not None:
+        return piece.end - piece.start
+    try:
+        with open_raw(piece.path) as raw:
+            return raw.seek(0, os.SEEK_END) - piece.start
+    except (OSError, ValueError):
+        return 0
+
+
+def _damaged_tail(
+    piece: FileRange, offset: int, partial: bytes, why: str, reached: int
+) -> DeadLetter:
+    """The dead letter of a file that breaks off: where, why, the partial record cut by the
+    break, and the bytes lost (unread_bytes)."""
     return DeadLetter(
-        path,
+        piece.path,
         partial[:OVERSIZED_EXCERPT_BYTES],
         DAMAGED_FILE,
         f"file breaks off at byte {offset} (decompressed): {why}",
-        lost_bytes=len(partial),
+        lost_bytes=unread_bytes(_range_stored_bytes(piece), reached, len(partial)),
     )
 
 
@@ -162,7 +201,9 @@ def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -
 def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Every row of a Parquet file as a dict. The footer is bounded before it is read, and a
     row group whose pages could not be read within the bound (paths.oversized_pages) is never
-    decoded: it is one too_large dead letter (_unread_group)."""
+    decoded: it is one too_large dead letter (_unread_group). A file that cannot be read on
+    weighs its bytes not yet read as lost (unread_bytes)."""
+    stored = reached = 0  # the file's bytes as stored; those of the row groups gone by
     try:
         with parquet_file(path, max_record_bytes) as (raw, parquet):
             stored = raw.seek(0, os.SEEK_END)
@@ -171,10 +212,37 @@ def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | Dea
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):
                     yield _unread_group(path, parquet.metadata, group, first, why, stored)
                 else:
-                    yield from _row_group(path, raw, parquet, group, first, max_record_bytes)
+                    yield from _row_group(
+                        path, raw, parquet, group, first, max_record_bytes, stored
+                    )
                 first += parquet.metadata.row_group(group).num_rows
+                reached += group_stored_bytes(parquet.metadata, group, stored)
+    except FooterOverBound as err:
+        yield DeadLetter(
+            path,
+            b"",
+            "too_large",
+            f"Parquet file not read: {err} (--max-record-bytes)",
+            lost_bytes=unread_bytes(_range_stored_bytes(FileRange(path, 0, None)), 0),
+        )
     except (OSError, ValueError, pa.ArrowException) as err:
-        yield DeadLetter(path, b"", DAMAGED_FILE, f"not a readable Parquet file: {err}")
+        yield DeadLetter(
+            path,
+            b"",
+            DAMAGED_FILE,
+            f"not a readable Parquet file: {err}",
+            lost_bytes=unread_bytes(
+                stored or _range_stored_bytes(FileRange(path, 0, None)), reached
+            ),
+        )
+
+
+def group_stored_bytes(metadata: pq.FileMetaData, group: int, stored: int) -> int:
+    """A row group's bytes as stored: its column chunks', at most the file's (`stored`), as a
+    footer's sizes are claims."""
+    row_group = metadata.row_group(group)
+    chunks = sum(row_group.column(i).total_compressed_size for i in range(row_group.num_columns))
+    return min(max(chunks, 0), stored)
 
 
 def _row_group(
@@ -184,12 +252,14 @@ def _row_group(
     group: int,
     first: int,
     max_record_bytes: int,
+    stored: int,
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """A row group's rows as every reader reads Parquet (paths.sized_rows), PARQUET_BATCH_ROWS
     at a time or fewer, each sized before it is turned into Python values: a row over
     max_record_bytes as JSON is a too_large dead letter, never decoded, and rows are decoded
     a few at a time, at most max_record_bytes of them together. Where the group breaks, a
-    dead letter."""
+    dead letter weighing the group's bytes as stored (stored: the file's) as lost: its rows
+    before the break cannot be placed in its compressed pages, and a loss weighs never less."""
     dense = without_views(parquet.schema_arrow)  # the rows' types, dictionaries decoded
     read = 0
     try:
@@ -211,7 +281,7 @@ def _row_group(
             b"",
             DAMAGED_FILE,
             f"row group {group} of {parquet.num_row_groups} unreadable after {read} rows: {err}",
-            lost_bytes=parquet.metadata.row_group(group).total_byte_size,
+            lost_bytes=unread_bytes(group_stored_bytes(parquet.metadata, group, stored), 0),
         )
 
 
@@ -245,19 +315,6 @@ def _python_rows(
         yield path, without_nulls(row)
 
 
-def without_nulls(value: Any) -> Any:
-    """A Parquet value with every null struct field left out: a struct column gives each row
-    every field any row has, null where the row had none, and Parquet cannot tell an absent
-    field from a null one; so a null field is absent (docs/ANONYMIZE.md, Parquet input), and
-    the same records read alike as JSONL and as Parquet. A null list element stays: it is a
-    value, not a field."""
-    if isinstance(value, dict):
-        return {key: without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
-        return [without_nulls(item) for item in value]  # lists of scalars (token ids) as they are
-    return value
-
-
 def _unread_group(
     path: str, metadata: pq.FileMetaData, group: int, first: int, why: str, stored: int
 ) -> DeadLetter:
@@ -265,17 +322,15 @@ def _unread_group(
     number), counted as one record read and rejected: how many rows it holds is known only by
     decoding them, and its footer's count is a claim (a 34 KB file may claim 10^12 rows), so
     the letter states that claim and costs one letter whatever it says. Its bytes as stored
-    (its column chunks', at most the file's: stored) weigh in --max-rejected-fraction as lost."""
-    row_group = metadata.row_group(group)
-    claimed = row_group.num_rows
-    chunks = sum(row_group.column(i).total_compressed_size for i in range(row_group.num_columns))
+    (group_stored_bytes) weigh in --max-rejected-fraction as lost."""
+    claimed = metadata.row_group(group).num_rows
     return DeadLetter(
         path,
         b"",
         "too_large",
         f"row group {group} (rows {first} to {first + claimed - 1}, {claimed} as its footer "
         f"claims) not read: {why} (--max-record-bytes)",
-        lost_bytes=min(max(chunks, 0), stored),
+        lost_bytes=unread_bytes(group_stored_bytes(metadata, group, stored), 0),
     )
 
 

@@ -7,7 +7,9 @@ Numbers: the unit is detected from magnitude unless given. Epoch values of any p
 in [1e14, 1e17), ns from 1e17. Smaller values are relative ms (a replay log's offsets, up to 11
 days). Strings: ISO-8601, parsed by one regular expression rather than datetime.fromisoformat,
 whose accepted forms change between Python versions (3.11 added "Z" and more), and whose digits
-are ASCII only (int() also reads "\u0661" and "1_0").
+are ASCII only (int() also reads "\u0661" and "1_0"). Datetimes: a Parquet timestamp column
+(what pandas, Spark and DuckDB write), read by its own unit and zone; one without a zone is
+UTC, as an ISO string without one is.
 
 A calendar range alone cannot tell a clock that reset to a plausible date (2000-01-01) from a
 request: the input's own timestamps do (plausible_days). Requests come in runs of days (a night,
@@ -65,7 +67,19 @@ def timestamp_ms(value: object, unit: str = "auto") -> int:
         return _number_ms(value, unit)
     if isinstance(value, str):
         return _iso_ms(value)
-    raise Rejected("wrong_type", f"timestamp is a {type(value).__name__}, not a number or string")
+    if isinstance(value, dt.datetime):  # also pandas' Timestamp, Arrow's for a ns column
+        return _datetime_ms(value)
+    raise Rejected(
+        "wrong_type", f"timestamp is a {type(value).__name__}, not a number, string or datetime"
+    )
+
+
+def _datetime_ms(moment: dt.datetime) -> int:
+    """An Arrow timestamp as Python holds it, floored to ms (finer digits, down to a ns
+    column's, never round up); without a zone: UTC, so a run never depends on the worker's."""
+    if moment.utcoffset() is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return _moment_ms(moment, 0, moment.isoformat())
 
 
 def _number_ms(value: int | float, unit: str) -> int:
@@ -104,13 +118,18 @@ def _iso_ms(text: str) -> int:
         )
     except ValueError as err:
         raise Rejected("bad_timestamp", f"timestamp {text[:64]!r}: {err}") from None
+    return _moment_ms(moment, int((fraction or "0")[:3].ljust(3, "0")), text)
+
+
+def _moment_ms(moment: dt.datetime, fraction_ms: int, shown: str) -> int:
+    """A zoned moment (and ms beyond its microseconds) as epoch ms, within the log's dates."""
     delta = moment - _EPOCH
-    ms = delta.days * DAY_MS + delta.seconds * 1000 + int((fraction or "0")[:3].ljust(3, "0"))
+    ms = delta.days * DAY_MS + delta.seconds * 1000 + delta.microseconds // 1000 + fraction_ms
     if ms < 0:
-        raise Rejected("negative_timestamp", f"timestamp {text[:64]!r} is before 1970")
+        raise Rejected("negative_timestamp", f"timestamp {shown[:64]!r} is before 1970")
     if not EPOCH_FLOOR_MS <= ms < EPOCH_CEILING_MS:
         raise Rejected(
-            "implausible_timestamp", f"timestamp {text[:64]!r} is outside 2000-2100: no log's date"
+            "implausible_timestamp", f"timestamp {shown[:64]!r} is outside 2000-2100: no log's date"
         )
     return ms
 

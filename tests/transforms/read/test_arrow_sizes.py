@@ -134,7 +134,7 @@ def test_rows_of_a_dictionary_bomb_over_the_bound_are_refused_undecoded(tmp_path
 
 def test_rows_within_the_bound_read_as_they_always_were(tmp_path):
     """Read as dictionaries or not, the rows are the same Python values (a null field left
-    out: sources.without_nulls)."""
+    out: records.without_nulls)."""
     rows = [
         {
             "prompt": f"p{i}" * (i % 5),

@@ -211,6 +211,18 @@ def test_a_parquet_footer_over_the_bound_is_a_dead_letter(tmp_path):
     assert "footer" in letters[0].message
 
 
+def test_a_valid_parquet_footer_over_the_bound_is_too_large_and_weighs_the_file(tmp_path):
+    """A footer longer than --max-record-bytes in a whole file is the bound's refusal
+    (too_large), not damage, and the file unread weighs all its bytes as lost."""
+    path = tmp_path / "logs.parquet"
+    pq.write_table(pa.table({"timestamp": list(range(200)), "prompt": ["p"] * 200}), path)
+    footer_bytes = int.from_bytes(path.read_bytes()[-8:-4], "little")
+    [letter] = read_range(FileRange(str(path), 0, None), footer_bytes - 1)
+    assert letter.reason == "too_large"
+    assert "footer" in letter.message
+    assert letter.lost_bytes == path.stat().st_size
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     rows=st.lists(st.text(max_size=3000), min_size=1, max_size=3000),

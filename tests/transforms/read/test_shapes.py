@@ -267,6 +267,22 @@ def replaced(record: dict, path: tuple, value: object) -> dict:
     return record
 
 
+def removed(record: dict, path: tuple) -> dict:
+    record = copy.deepcopy(record)
+    holder = record
+    for key in path[:-1]:
+        holder = holder[key]
+    del holder[path[-1]]
+    return record
+
+
+def outcome(record: dict) -> Request | tuple[str, str]:
+    try:
+        return parse(record)
+    except Rejected as err:
+        return err.reason, err.message
+
+
 def dotted(path: tuple) -> str:
     text = ""
     for key in path:
@@ -300,6 +316,9 @@ def test_a_field_of_another_type_anywhere_is_a_dead_letter_naming_it(record):
         for key in path:
             original = original[key]
         for kind in sorted(VALUES.keys() - {json_type(original)}):
+            if kind == "null" and isinstance(path[-1], str):  # a null field is an absent one
+                assert outcome(replaced(record, path, None)) == outcome(removed(record, path))
+                continue
             try:
                 after = parse(replaced(record, path, VALUES[kind]))
             except Rejected as err:
@@ -399,3 +418,39 @@ def test_declared_fields_hold_only_what_the_envelope_declares():
     record = {"custom_id": "r", "completion_tokens": 1, "output": "o", "extra": 2, "body": {}}
     assert declared_fields(record, "batch") == {k: v for k, v in record.items() if k != "extra"}
     assert "custom_id" not in declared_fields(record, "log")
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("odd", "named"),
+    [
+        ({"call": {k: v for k, v in CALL.items() if k != "id"}}, "tool_calls[0].id"),
+        ({"call": {**CALL, "type": None}}, "tool_calls[0].type"),
+        ({"call": {**CALL, "function": {"name": "get"}}}, "function.arguments"),
+        ({"tools": [{"type": "function", "function": {"name": None}}]}, "function.name"),
+        ({"role": None}, "messages[1].role"),
+    ],
+    ids=["call.id", "call.type", "call.function.arguments", "tool.function.name", "role"],
+)
+def test_a_field_the_engine_requires_absent_or_null_is_an_invalid_request(odd, named):
+    """vLLM's request models require these (a 400 without them): absent and null alike."""
+    message = {"role": "assistant", "content": None, "tool_calls": [odd.get("call", CALL)]}
+    if "role" in odd:
+        message["role"] = odd["role"]
+    record = {
+        "timestamp": 1_700_000_000_000,
+        "messages": [{"role": "user", "content": "hi"}, message],
+        "tools": odd.get("tools", [{"type": "function", "function": {"name": "get"}}]),
+    }
+    with pytest.raises(Rejected) as caught:
+        parse(record)
+    assert caught.value.reason == "invalid_request"
+    assert named in caught.value.message and "absent" in caught.value.message
+
+
+def test_an_optional_field_sent_as_null_reads_as_absent():
+    record = {"timestamp": 1_700_000_000_000, "messages": [{"role": "user", "content": "hi"}]}
+    nulls = {**record, "tools": None, "output": None, "output_length": None, "session_id": None}
+    assert parse(nulls) == parse(record)

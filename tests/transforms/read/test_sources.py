@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
 from kvtrace.transforms.read.records import ParseOptions
-from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range
+from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range, unread_bytes
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
 
@@ -429,3 +429,45 @@ def test_parquet_rows_read_as_the_records_written_absent_fields_absent(tmp_path_
     path = tmp_path_factory.mktemp("absent") / "log.parquet"
     pq.write_table(pa.Table.from_struct_array(pa.array(records)), path)
     assert [row for _, row in read_range(FileRange(str(path), 0, None), 1 << 20)] == records
+
+
+@given(st.integers(0, 1 << 40), st.integers(-(1 << 40), 1 << 41), st.integers(0, 1 << 30))
+def test_what_is_lost_is_never_negative_nor_more_than_stored_or_less_than_the_cut(
+    stored, reached, partial
+):
+    lost = unread_bytes(stored, reached, partial)
+    assert partial <= lost <= max(stored, partial)
+    assert unread_bytes(stored, 0) == stored  # nothing decoded: the whole of it
+
+
+def test_a_gzip_damaged_in_its_first_block_weighs_the_whole_file(tmp_path):
+    """No record decoded: the file refused whole weighs its bytes as stored, not the 0 bytes
+    of the partial record it never got to."""
+    data = bytearray(gzip.compress(b"".join(line + b"\n" for line in LINES)))
+    data[20] ^= 0xFF  # inside the first deflate block's header
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(bytes(data))
+    [letter] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    assert letter.reason == "damaged_file"
+    assert letter.lost_bytes == len(data)
+
+
+def test_a_parquet_cut_short_weighs_the_whole_file(tmp_path):
+    path = tmp_path / "logs.parquet"
+    pq.write_table(pa.table({"timestamp": list(range(500)), "prompt": ["p"] * 500}), path)
+    path.write_bytes(path.read_bytes()[:-100])
+    [letter] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    assert letter.reason == "damaged_file"
+    assert letter.lost_bytes == path.stat().st_size
+
+
+def test_a_gzip_cut_in_its_middle_weighs_what_its_records_did_not_reach(tmp_path):
+    """Records before the cut go on; the letter weighs the stored bytes after the last of them
+    (at least the cut record), less than the whole file."""
+    data = gzip.compress(b"".join(line + b"\n" for line in LINES * 40), compresslevel=1)
+    path = tmp_path / "logs.jsonl.gz"
+    path.write_bytes(data[: len(data) * 3 // 4])
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert len(read) > len(LINES)
+    assert 0 < letter.lost_bytes < path.stat().st_size

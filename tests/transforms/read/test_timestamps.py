@@ -3,6 +3,7 @@ and the ISO-8601 reader's digits (ASCII only)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 
 import pytest
@@ -87,3 +88,29 @@ def test_any_non_ascii_digit_in_a_valid_timestamp_is_refused(position, digit):
     assert timestamp_ms(text) == 1_749_983_445_123
     with pytest.raises(Rejected):
         timestamp_ms(text[:at] + digit + text[at + 1 :])
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+@pytest.mark.parametrize("zone", [None, "UTC", "+05:30", "America/New_York"])
+def test_an_arrow_timestamp_reads_as_the_same_moment_as_its_iso_string(unit, zone):
+    """A Parquet timestamp column, whatever its unit and zone, gives the ms its ISO string
+    gives (floored); a column without a zone is UTC, as a string without one is."""
+    import pyarrow as pa
+
+    epoch_ns = 1_763_700_061_007_654_321  # 2025-11-21T04:41:01.007654321Z
+    per_unit = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[unit]
+    [moment] = pa.array([epoch_ns // per_unit], pa.timestamp(unit, tz=zone)).to_pylist()
+    expected = epoch_ns // per_unit * per_unit // 10**6
+    assert timestamp_ms(moment) == expected
+    assert timestamp_ms(moment, "s") == expected  # a number's unit is no datetime's
+    text = dt.datetime.fromtimestamp(expected / 1000, dt.timezone.utc).isoformat()
+    assert timestamp_ms(text) == expected
+
+
+def test_an_arrow_timestamp_outside_the_logs_dates_is_refused_alike():
+    with pytest.raises(Rejected) as caught:
+        timestamp_ms(dt.datetime(1999, 12, 31, 23, 59))
+    assert caught.value.reason == "implausible_timestamp"
+    with pytest.raises(Rejected) as caught:
+        timestamp_ms(dt.datetime(1969, 12, 31, tzinfo=dt.timezone.utc))
+    assert caught.value.reason == "negative_timestamp"
