@@ -28,7 +28,7 @@ def _letters(out: Path) -> list[dict]:
 )
 def test_a_null_output_count_reads_alike_as_jsonl_and_as_parquet(tiny_tokenizer, tmp_path, field):
     """Promise (docs/ANONYMIZE.md, Input; round 7's fix): the same records read alike as JSONL
-    and as Parquet, a null field read as absent. sources.without_nulls drops nulls from Parquet
+    and as Parquet, a null field read as absent. records.without_nulls drops nulls from Parquet
     rows only; the JSONL reader keeps an explicit null of the fields an output length is taken
     from (output_length, completion_tokens, output) and calls it a
     wrong_type letter ('output_length is null, not an integer'). The same record written as
@@ -147,7 +147,7 @@ def test_a_null_required_field_reads_alike_as_jsonl_and_as_parquet(tiny_tokenize
     id, type and function.arguments and a tool's type and function.name as strings (not
     optional), so the JSONL reader letters a null one (wrong_type), while a field that is absent
     passes (no shape requires presence). Parquet cannot tell null from absent and
-    sources.without_nulls makes it absent: the same request is a wrong_type letter as JSONL and
+    records.without_nulls makes it absent: the same request is a wrong_type letter as JSONL and
     an exported row as Parquet."""
     import pyarrow as pa
     import pyarrow.parquet as pq
