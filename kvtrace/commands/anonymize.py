@@ -81,7 +81,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "records; several words or repeated flags are all read, and a word that matches "
         "no file is an error; - is standard input (required)",
     )
-    add("--output", metavar="DIR", help="where the trace goes (required)")
+    add("-o", "--output", metavar="DIR", help="where the trace goes (required)")
     add(
         "--tokenizer",
         metavar="NAME_OR_DIR",

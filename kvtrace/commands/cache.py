@@ -60,6 +60,7 @@ def add_parsers(commands: Any) -> None:
     )
     _add_bytes_source(reuse)
     add(
+        "-o",
         "--output",
         default="block_reuse_distribution.png",
         metavar="PNG",
