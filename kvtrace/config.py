@@ -152,6 +152,8 @@ def beam_flags(beam_options: dict[str, Any]) -> list[str]:
 
 TEMPLATED_OPTIONS = ("input", "output", "dead_letter", "id_map")
 DATE_FIELDS = ("date", "yyyy", "mm", "dd")
+# A site value deploy/render.sh fills in from deploy/values.env, left as the template names it.
+UNRENDERED = re.compile(r"\$\{KVTRACE_[A-Z_]+\}")
 
 
 def parse_date(text: str) -> datetime.date:
@@ -191,6 +193,13 @@ def fill_dates(options: dict[str, Any], date: datetime.date | None) -> dict[str,
 def _fill(name: str, template: str, values: dict[str, str]) -> str:
     fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     unknown = fields - set(DATE_FIELDS)
+    unrendered = UNRENDERED.findall(template)
+    if unrendered:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {template}: {', '.join(unrendered)} not filled in: this "
+            f"preset is a template; render it with deploy/render.sh and give the rendered "
+            f"copy (docs/deploy/DATAFLOW.md)"
+        )
     if unknown:
         raise ConfigError(
             f"--{name.replace('_', '-')} {template}: unknown placeholder(s) "

@@ -450,3 +450,14 @@ def test_the_job_server_image_is_the_local_clusters_classpath():
     script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
     local_opens = re.search(r"java_opens=\((.*?)\)", script, re.S).group(1).split()
     assert re.findall(r'"(--add-(?:opens|exports)=[^"]+)"', text) == local_opens
+
+
+def test_the_unrendered_dataflow_preset_is_refused_saying_how_to_render_it(capsys):
+    from kvtrace.cli import main
+
+    configs = ["--config", "deepseek-r1", "--config", str(DATAFLOW_PRESET)]
+    assert main(["anonymize", *configs, "--date", "2026-11-20"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert "${KVTRACE_BUCKET} not filled in" in error
+    assert "render it with deploy/render.sh" in error
