@@ -94,6 +94,7 @@ def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> No
             isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
         ),
         "json": lambda v: isinstance(v, (str, dict)),
+        "size": lambda v: isinstance(v, (int, str)) and not isinstance(v, bool),
         "str_or_flag": lambda v: isinstance(v, str) or v is True,
     }
     words = {
@@ -103,6 +104,7 @@ def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> No
         "str": "a string",
         "strs": "a string or a list of strings",
         "json": "a mapping (or its JSON text)",
+        "size": "a size (a whole number, or 1MB, 1MiB)",
         "str_or_flag": "a path or true",
     }
     for name, value in options.items():
