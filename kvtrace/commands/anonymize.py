@@ -89,6 +89,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)",
     )
     add(
+        "--offline-tokenizer",
+        metavar="DIR|pkg:PACKAGE",
+        help="where --tokenizer's files are found without the model hub, named by the error when "
+        "the hub is out of reach (a model preset declares it); never loaded in its place, "
+        "which would change the tokens without a word",
+    )
+    add(
         "--model-name",
         metavar="NAME",
         help="the model these logs are of, published in the manifest as model_name (your "
@@ -483,6 +490,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms import storage
     from kvtrace.transforms.encode.blocks import salt_fingerprint
     from kvtrace.transforms.encode.tokenize import (
+        TokenizerUnreachable,
         load_tokenizer,
         tokenization_fingerprint,
         tokenizer_sha256,
@@ -544,7 +552,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     )
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
-    tokenizer = load_tokenizer(options["tokenizer"])
+    try:
+        tokenizer = load_tokenizer(options["tokenizer"])
+    except TokenizerUnreachable as err:
+        if not options.get("offline_tokenizer"):
+            raise
+        raise ConfigError(err.naming(options["offline_tokenizer"])) from None
     sha256 = tokenizer_sha256(options["tokenizer"])
     id_map = None
     if options.get("id_map"):
