@@ -94,6 +94,7 @@ def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> No
             isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
         ),
         "json": lambda v: isinstance(v, (str, dict)),
+        "size": lambda v: isinstance(v, (int, str)) and not isinstance(v, bool),
         "str_or_flag": lambda v: isinstance(v, str) or v is True,
     }
     words = {
@@ -103,6 +104,7 @@ def check_types(path: str, options: dict[str, Any], kinds: dict[str, str]) -> No
         "str": "a string",
         "strs": "a string or a list of strings",
         "json": "a mapping (or its JSON text)",
+        "size": "a size (a whole number, or 1MB, 1MiB)",
         "str_or_flag": "a path or true",
     }
     for name, value in options.items():
@@ -152,6 +154,8 @@ def beam_flags(beam_options: dict[str, Any]) -> list[str]:
 
 TEMPLATED_OPTIONS = ("input", "output", "dead_letter", "id_map")
 DATE_FIELDS = ("date", "yyyy", "mm", "dd")
+# A site value deploy/render.sh fills in from deploy/values.env, left as the template names it.
+UNRENDERED = re.compile(r"\$\{KVTRACE_[A-Z_]+\}")
 
 
 def parse_date(text: str) -> datetime.date:
@@ -191,6 +195,13 @@ def fill_dates(options: dict[str, Any], date: datetime.date | None) -> dict[str,
 def _fill(name: str, template: str, values: dict[str, str]) -> str:
     fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     unknown = fields - set(DATE_FIELDS)
+    unrendered = UNRENDERED.findall(template)
+    if unrendered:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {template}: {', '.join(unrendered)} not filled in: this "
+            f"preset is a template; render it with deploy/render.sh and give the rendered "
+            f"copy (docs/deploy/DATAFLOW.md)"
+        )
     if unknown:
         raise ConfigError(
             f"--{name.replace('_', '-')} {template}: unknown placeholder(s) "

@@ -1,5 +1,5 @@
 """`kvtrace report`: one self-contained HTML page of a trace, titled by its model and dates: a
-headline (duration, rate, lengths, hit rates, what a GPU cache and an offload tier would do),
+headline (span and rate, lengths, hit rates, what a GPU cache and an offload tier would do),
 lengths, request rate, the hit-rate definitions side by side, sessions, the reuse CCDF, hit-rate
 curves per policy, a two-tier sizing grid. Capacities are GiB where the model is known, hit
 rates percent, as the CLI prints them (transforms/cache/capacity.py).
@@ -118,8 +118,7 @@ def _numbers_and_page(
     at_gpu_lru = float(distances.hit_rates(np.array([gpu]))[0])
     headline = {
         "requests": stats["total_requests"],
-        "duration_s": float(np.ptp(cache.timestamp_ms) / 1000) if len(cache.timestamp_ms) else 0.0,
-        "requests_per_minute": stats["request_rate"]["mean_per_minute"],
+        "rate": stats["request_rate"],  # its span and rate, as analyze prints them
         "isl": stats["isl_stats"],
         "osl": stats["osl_stats"],
         "infinite_cache_hit_rate": stats["hit_rates"]["token_weighted"],
@@ -228,8 +227,9 @@ def _headline(config: ReportConfig, numbers: dict) -> str:
     items = [
         (
             "trace",
-            f"{h['requests']:,} requests over {h['duration_s'] / 60:,.1f} minutes, "
-            f"{h['requests_per_minute']:,.1f} per minute",
+            f"{h['requests']:,} requests in {h['rate']['minutes']:,} one-minute bins, from the "
+            f"first request's to the last's: {h['rate']['mean_per_minute']:,.1f} per minute on "
+            f"average, peak {h['rate']['peak_per_minute']:,}",
         ),
         (
             "input length",

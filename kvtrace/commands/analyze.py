@@ -45,6 +45,7 @@ def add_parser(commands: Any) -> None:
         "fractions in [0, 1], where the text prints percent)",
     )
     add(
+        "-o",
         "--output",
         metavar="DIR",
         help="write analysis.txt and analysis.json there (any Beam filesystem: gs://, s3://); "

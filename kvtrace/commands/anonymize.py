@@ -17,6 +17,7 @@ from typing import IO, Any
 from kvtrace.commands.common import BeamFlags, engine_options, local_reads
 from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
 from kvtrace.presets import config_path, environments
+from kvtrace.transforms.cache.capacity import parse_bytes
 from kvtrace.transforms.encode.fast_backend import BACKENDS, DEFAULT_BACKEND
 from kvtrace.transforms.encode.salt import SALT_ENV, salt_source
 from kvtrace.transforms.encode.schemes import SCHEMES
@@ -82,11 +83,18 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "records; several words or repeated flags are all read, and a word that matches "
         "no file is an error; - is standard input (required)",
     )
-    add("--output", metavar="DIR", help="where the trace goes (required)")
+    add("-o", "--output", metavar="DIR", help="where the trace goes (required)")
     add(
         "--tokenizer",
         metavar="NAME_OR_DIR",
         help="hub name, local folder, or pkg:PYTHON_PACKAGE holding tokenizer files (required)",
+    )
+    add(
+        "--offline-tokenizer",
+        metavar="DIR|pkg:PACKAGE",
+        help="where --tokenizer's files are found without the model hub, named by the error when "
+        "the hub is out of reach (a model preset declares it); never loaded in its place, "
+        "which would change the tokens without a word",
     )
     add(
         "--model-name",
@@ -120,10 +128,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add(
         "--max-record-bytes",
-        type=int,
-        metavar="N",
-        help=f"dead-letter records larger than this without parsing them "
-        f"(default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)",
+        metavar="SIZE",
+        help=f"dead-letter records larger than this without parsing them: bytes, or 1MB "
+        f"(10^6), 1MiB (2^20) (default {DEFAULT_MAX_RECORD_BYTES >> 20}MiB)",
     )
     add(
         "--dead-letter",
@@ -227,9 +234,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add(
         "--segment-cache-mb",
-        type=int,
-        metavar="MB",
-        help="memory each worker process gives its segment cache (default 256; on Beam its "
+        metavar="SIZE",
+        help="memory each worker process gives its segment cache: MiB, or 1GB (10^9), 1GiB "
+        "(2^30) (default 256 MiB; on Beam its "
         "threads share it): a prompt is cut at the tokenizer's special tokens and each "
         "distinct piece tokenized once, as chat logs re-send their history; the output "
         "is the same with any size, 0 turns it off",
@@ -345,7 +352,13 @@ ANONYMIZE_DEFAULTS: dict[str, Any] = {
 MAX_PROCESSES = 1024
 MIN_RECORD_BYTES = 1024
 MAX_GRANULARITY = 1 << 40
-MAX_SEGMENT_CACHE_MB = 1 << 20  # 1 TiB: a bound against typos, not a recommendation
+MAX_SEGMENT_CACHE_BYTES = 1 << 40  # 1 TiB: a bound against typos, not a recommendation
+# The options that take a size (capacity.parse_bytes), in bytes once read: the unit of a bare
+# number (as before sizes took units, so presets read the same) and the bounds in bytes.
+SIZES = {
+    "max_record_bytes": (1, MIN_RECORD_BYTES, 1 << 40),
+    "segment_cache_mb": (1 << 20, 0, MAX_SEGMENT_CACHE_BYTES),
+}
 # A streaming window or lateness beyond a month holds a month of requests in state: a batch job.
 MAX_WINDOW_MS = 31 * 86_400_000
 
@@ -355,7 +368,9 @@ def option_kinds() -> dict[str, str]:
     parser = add_parser(argparse.ArgumentParser().add_subparsers())
     kinds = {}
     for action in parser._actions:
-        if isinstance(action, argparse._StoreTrueAction):
+        if action.dest in SIZES:
+            kinds[action.dest] = "size"
+        elif isinstance(action, argparse._StoreTrueAction):
             kinds[action.dest] = "flag"
         elif action.type in (int, float):
             kinds[action.dest] = action.type.__name__
@@ -414,8 +429,19 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
     ]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
+    for name, (bare_unit, _, _) in SIZES.items():
+        merged[name] = _size(name, merged[name], bare_unit)
     _check_ranges(merged)
     return merged
+
+
+def _size(name: str, value: Any, bare_unit: int) -> int:
+    """A size option in bytes, from a flag's text, a preset's number or text (check_types saw
+    to that), or a default."""
+    try:
+        return parse_bytes(str(value), bare_unit)
+    except ValueError as err:
+        raise ConfigError(f"--{name.replace('_', '-')}: {err}") from None
 
 
 def _check_ranges(options: dict[str, Any]) -> None:
@@ -439,8 +465,12 @@ def _check_ranges(options: dict[str, Any]) -> None:
             "give each output length to within a block, undoing the rounding; "
             "choose one"
         )
-    integer("segment_cache_mb", 0, MAX_SEGMENT_CACHE_MB)
-    integer("max_record_bytes", MIN_RECORD_BYTES, 1 << 40)
+    for name, (_, low, high) in SIZES.items():
+        if not low <= options[name] <= high:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be from {low:,} to {high:,} bytes, not "
+                f"{options[name]:,}"
+            )
     fraction = options["max_rejected_fraction"]
     if (
         isinstance(fraction, bool)
@@ -472,6 +502,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     from kvtrace.transforms import storage
     from kvtrace.transforms.encode.blocks import salt_fingerprint
     from kvtrace.transforms.encode.tokenize import (
+        TokenizerUnreachable,
         load_tokenizer,
         tokenization_fingerprint,
         tokenizer_sha256,
@@ -533,7 +564,12 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     )
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
-    tokenizer = load_tokenizer(options["tokenizer"])
+    try:
+        tokenizer = load_tokenizer(options["tokenizer"])
+    except TokenizerUnreachable as err:
+        if not options.get("offline_tokenizer"):
+            raise
+        raise ConfigError(err.naming(options["offline_tokenizer"])) from None
     sha256 = tokenizer_sha256(options["tokenizer"])
     id_map = None
     if options.get("id_map"):
@@ -571,7 +607,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         ),
         block_hashes=_block_hashes_directory(options, output, scheme),
         emit_output_hashes=bool(options.get("emit_output_hashes")),
-        segment_cache_bytes=options["segment_cache_mb"] << 20,
+        segment_cache_bytes=options["segment_cache_mb"],
         tokenizer_backend=options["tokenizer_backend"],
         route_sessions=bool(options.get("route_sessions")),
         model_name=options.get("model_name"),

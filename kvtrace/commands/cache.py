@@ -31,6 +31,7 @@ from kvtrace.transforms.cache.capacity import (
     Capacity,
     capacity_text,
     kv_bytes_per_token,
+    parse_bytes,
     parse_capacities,
     parse_capacity,
     percent,
@@ -60,6 +61,7 @@ def add_parsers(commands: Any) -> None:
     )
     _add_bytes_source(reuse)
     add(
+        "-o",
         "--output",
         default="block_reuse_distribution.png",
         metavar="PNG",
@@ -156,9 +158,8 @@ def _add_bytes_source(parser: argparse.ArgumentParser) -> None:
     bytes_source = parser.add_mutually_exclusive_group()
     bytes_source.add_argument(
         "--kv-bytes-per-token",
-        type=int,
-        metavar="N",
-        help="KV cache bytes per token, for capacities in bytes",
+        metavar="SIZE",
+        help="KV cache bytes per token, for capacities in bytes: bytes, or 128KiB (2^10)",
     )
     bytes_source.add_argument(
         "--model",
@@ -184,9 +185,14 @@ def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None
 
 def _kv_bytes_per_token(args: argparse.Namespace) -> int | None:
     """--kv-bytes-per-token, or --model's, checked; None when neither is given."""
-    per_token = args.kv_bytes_per_token
-    if per_token is not None and per_token < 1:
-        raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
+    per_token = None
+    if args.kv_bytes_per_token is not None:
+        try:
+            per_token = parse_bytes(args.kv_bytes_per_token, 1)
+        except ValueError as err:
+            raise ConfigError(f"--kv-bytes-per-token: {err}") from None
+        if per_token < 1:
+            raise ConfigError(f"--kv-bytes-per-token must be >= 1, not {per_token}")
     if args.model:
         per_token = kv_bytes_per_token(load_model(args.model))
     return per_token

@@ -52,8 +52,9 @@ def test_dockerfile_matches_the_beam_version_and_the_sources():
 
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
     assert re.search(r"ARG BEAM_VERSION=(\S+)", text).group(1) == apache_beam.__version__
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))
     for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
-        for part in source.split():
+        for part in PLACEHOLDER.sub(lambda arg: defaults[arg[1]], source).split():
             assert (ROOT / part).exists(), part
     launcher_file = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/kvtrace/(\S+)", text).group(1)
     assert (ROOT / launcher_file).is_file()
@@ -450,3 +451,94 @@ def test_the_job_server_image_is_the_local_clusters_classpath():
     script = (DEPLOY / "flink" / "local-cluster.sh").read_text()
     local_opens = re.search(r"java_opens=\((.*?)\)", script, re.S).group(1).split()
     assert re.findall(r'"(--add-(?:opens|exports)=[^"]+)"', text) == local_opens
+
+
+def test_the_unrendered_dataflow_preset_is_refused_saying_how_to_render_it(capsys):
+    from kvtrace.cli import main
+
+    configs = ["--config", "deepseek-r1", "--config", str(DATAFLOW_PRESET)]
+    assert main(["anonymize", *configs, "--date", "2026-11-20"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert "${KVTRACE_BUCKET} not filled in" in error
+    assert "render it with deploy/render.sh" in error
+
+
+def stub_cloud(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """docker and gcloud that record their arguments (one call a line) in the calls file; docker
+    build copies the build context's CONFIGS folder to tmp_path/image-configs, as the image
+    would hold it. No daemon, no cloud: what the scripts would ask of them."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for tool in ("docker", "gcloud"):
+        (bin_dir / tool).write_text(
+            "#!/usr/bin/env bash\n"
+            f'printf "%s\\n" "{tool} $*" >>"{calls}"\n'
+            'if [ "$1" = build ]; then\n'
+            '  for arg; do case "$arg" in CONFIGS=*)\n'
+            f'    cp -r "${{@: -1}}/${{arg#CONFIGS=}}" "{tmp_path}/image-configs";; esac; done\n'
+            "fi\n"
+        )
+        (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
+
+
+def site_values(tmp_path: Path) -> Path:
+    """A site's copy of deploy/values.env holding SITE's values."""
+    text = (DEPLOY / "values.env").read_text()
+    for name, value in SITE.items():
+        text = re.sub(rf"^{name}=.*$", f"{name}={value}", text, flags=re.M)
+    (tmp_path / "site.env").write_text(text)
+    return tmp_path / "site.env"
+
+
+def test_the_flex_template_image_holds_the_sites_rendered_presets(tmp_path):
+    env, calls = stub_cloud(tmp_path)
+    site = site_values(tmp_path)
+    built = subprocess.run(
+        [str(DEPLOY / "dataflow" / "build.sh"), str(site)], env=env, capture_output=True, text=True
+    )
+    assert built.returncode == 0, built.stderr
+    docker_build, docker_push, template = calls.read_text().splitlines()
+    image = SITE["KVTRACE_IMAGE"]  # the values file's, never a path the script makes up
+    assert f"-t {image} " in docker_build and "--build-arg CONFIGS=" in docker_build
+    assert docker_push == f"docker push {image}"
+    assert template.startswith("gcloud dataflow flex-template build gs://acme-logs/templates/")
+    assert f"--image {image}" in template and "--project acme-inference" in template
+    # The image's presets are render.sh's from the same values: the template runs a filled one.
+    image_configs = tmp_path / "image-configs"
+    assert (image_configs / "dataflow.yaml").read_bytes() == (
+        render_deploy(tmp_path / "out", **SITE) / "configs" / "dataflow.yaml"
+    ).read_bytes()
+    assert "${" not in (image_configs / "dataflow.yaml").read_text()
+    assert not list(ROOT.glob(".dataflow-build.*"))  # the rendered copy goes with the build
+
+    ran = subprocess.run(
+        [str(DEPLOY / "dataflow" / "run.sh"), str(site), "2026-11-20"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    run = calls.read_text().splitlines()[-1]
+    assert run.startswith("gcloud dataflow flex-template run kvtrace-2026-11-20 ")
+    assert "--project acme-inference --region us-central1 " in run
+    assert "gs://acme-logs/templates/kvtrace-anonymize.json" in run
+    assert (
+        f"config=configs/deepseek-r1.yaml,configs/dataflow.yaml~sdk_container_image={image}~" in run
+    )
+
+
+def test_the_dataflow_scripts_refuse_a_value_left_empty(tmp_path):
+    env, calls = stub_cloud(tmp_path)
+    site = site_values(tmp_path)
+    site.write_text(re.sub(r"^KVTRACE_IMAGE=.*$", "KVTRACE_IMAGE=", site.read_text(), flags=re.M))
+    for script, args in (("build.sh", []), ("run.sh", ["2026-11-20"])):
+        done = subprocess.run(
+            [str(DEPLOY / "dataflow" / script), str(site), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode != 0 and "KVTRACE_IMAGE is empty" in done.stderr, script
+    assert not calls.exists()  # nothing built, pushed or started

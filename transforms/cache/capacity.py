@@ -9,6 +9,10 @@ from a model preset (layers, heads, head size and dtype; kvtrace/presets.py find
 G or T (40G) is refused: bytes or tokens is the question a typo must not answer. Bad values
 raise ValueError with a message for the user.
 
+A size in bytes alone (parse_bytes: --max-record-bytes, --segment-cache-mb, --kv-bytes-per-token
+and their preset keys) takes the same byte units; a bare whole number stays in the option's own
+unit (bytes, or --segment-cache-mb's MiB), so a preset written before units read the same.
+
 Printed, a capacity is GiB where the bytes per token are known, else tokens; a share is a
 percent with one decimal, everywhere (capacity_text, percent).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 _TOKEN_UNITS = {"": 1, "k": 10**3, "m": 10**6}
 _AMBIGUOUS_UNITS = ("g", "t")  # 40G: forty billion tokens, or bytes without the B?
@@ -87,6 +92,26 @@ def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
         )
     size = int(value * _BYTE_UNITS[unit])
     return Capacity(size // kv_bytes_per_token, size)
+
+
+MAX_SIZE_TEXT = 64  # longer is no size anyone writes; refused before its digits are read
+
+
+def parse_bytes(text: str, bare_unit: int) -> int:
+    """A size in bytes: a byte unit as capacities take them (1MB = 10^6, 1.5GiB = 1.5 * 2^30),
+    or a bare whole number of bare_unit bytes. K, M, G or T without the B is refused (1MB or
+    1MiB?), as is anything else; ValueError with a message for the user."""
+    match = _CAPACITY.match(text) if len(text) <= MAX_SIZE_TEXT else None
+    unit = match[2].lower() if match else None
+    if match and unit == "" and "." not in match[1]:
+        return int(match[1]) * bare_unit
+    if match is None or unit not in _BYTE_UNITS:
+        raise ValueError(
+            f"size {text.strip()[:40]!r}: write bytes as 1MB (10^6), 1MiB (2^20), 1.5GB, or a "
+            f"whole number"
+        )
+    # Decimal: 4.35MB is 4,350,000 bytes, where a float would give one byte fewer.
+    return int(Decimal(match[1]) * _BYTE_UNITS[unit])
 
 
 GIB = 2**30

@@ -147,22 +147,39 @@ def tokenizer_directory(name: str) -> Path:
     try:
         return Path(snapshot_download(resolved, allow_patterns=_HUB_PATTERNS))
     except LocalEntryNotFoundError as err:  # not cached here, and the hub out of reach
-        raise ValueError(hub_unreachable(name, err)) from None
+        raise TokenizerUnreachable(name, err) from None
 
 
-def hub_unreachable(name: str, err: Exception) -> str:
+class TokenizerUnreachable(ValueError):
+    """A hub tokenizer this machine has not cached and cannot fetch, said in one line
+    (hub_unreachable); naming() says it again with the source a preset declares for no hub."""
+
+    def __init__(self, name: str, cause: Exception) -> None:
+        super().__init__(hub_unreachable(name, cause))
+        self.name, self.cause = name, cause
+
+    def naming(self, offline: str) -> str:
+        return hub_unreachable(self.name, self.cause, offline)
+
+
+def hub_unreachable(name: str, err: Exception, offline: str | None = None) -> str:
     """One line for a hub tokenizer this machine has not cached and cannot fetch: where its
-    files come from, and the two sources that need no hub (a folder, a package)."""
+    files come from, and the sources that need no hub: a folder, and offline (the one a preset
+    declares, --offline-tokenizer) or else any package."""
     from huggingface_hub import constants
 
     first = str(err).splitlines()[0].removeprefix("Got: ") if str(err) else type(err).__name__
     cause = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else first
+    package = (
+        f"--tokenizer {offline}, the same tokenizer without the hub (--offline-tokenizer)"
+        if offline
+        else "--tokenizer pkg:PACKAGE, an installed package holding them"
+    )
     return (
         f"tokenizer {name}: not in this machine's model hub cache, and the hub cannot be "
         f"reached ({cause[:120]}); give --tokenizer DIR, a folder holding its tokenizer.json "
         f"and tokenizer_config.json (where the hub is reachable: hf download {name} "
-        f"tokenizer.json tokenizer_config.json --local-dir DIR), or --tokenizer pkg:PACKAGE, "
-        f"an installed package holding them"
+        f"tokenizer.json tokenizer_config.json --local-dir DIR), or {package}"
     )
 
 

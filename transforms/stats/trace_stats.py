@@ -67,7 +67,11 @@ def minute_counts(timestamps: np.ndarray, origin: float) -> Counter:
 
 
 def request_rate(per_minute: Counter) -> dict:
-    """Requests per minute, over the minutes from the first request to the last."""
+    """A trace's span and request rate, the one definition analyze, the report and synthesize's
+    summary print: the span is the one-minute bins from the first request's to the last's
+    (minutes; 17.0 minutes from first to last fill 18), the rate the mean of those bins (so
+    requests / minutes, exactly), the peak the fullest bin. Bins, not the first-to-last time:
+    one request, or a burst within a second, still has a rate."""
     if not per_minute:
         return {"mean_per_minute": 0.0, "peak_per_minute": 0, "minutes": 0}
     minutes = max(per_minute) + 1

@@ -14,6 +14,7 @@ from kvtrace.transforms.cache.capacity import (
     capacity_text,
     default_gpu_kv_cache,
     kv_bytes_per_token,
+    parse_bytes,
     parse_capacity,
     percent,
 )
@@ -56,3 +57,23 @@ def test_the_default_gpu_cache_is_50_gib_at_the_models_bytes_per_token():
     assert default_gpu_kv_cache(None).tokens == 409_600  # Llama-3.1-8B's 128 KiB per token
     qwen = default_gpu_kv_cache(147_456)
     assert qwen.tokens == 50 * GIB // 147_456 and capacity_text(qwen.tokens, 147_456) == "50.0 GiB"
+
+
+def test_sizes_in_bytes_take_the_capacities_byte_units_and_a_bare_unit():
+    assert parse_bytes("1MB", 1) == 10**6 and parse_bytes("1MiB", 1) == 2**20
+    assert parse_bytes("4.35MB", 1) == 4_350_000  # exact, where a float loses a byte
+    assert parse_bytes("256", 2**20) == 256 * 2**20  # --segment-cache-mb 256, as before units
+    assert parse_bytes("1GB", 2**20) == 10**9  # a unit given wins over the bare one
+    for text in ("1M", "1.5", "-5", "1 G", "9" * 65):  # 1M: MB or MiB? 1.5 of a bare unit?
+        with pytest.raises(ValueError, match="write bytes as 1MB"):
+            parse_bytes(text, 1)
+
+
+@given(st.text(max_size=70))
+def test_any_size_text_is_whole_bytes_or_a_one_line_reason(text):
+    try:
+        size = parse_bytes(text, 2**20)
+    except ValueError as err:
+        assert "\n" not in str(err) and len(str(err)) < 200
+    else:
+        assert isinstance(size, int) and size >= 0
