@@ -523,6 +523,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     scheme = _hash_scheme(options)
     tokenizer = load_tokenizer(options["tokenizer"])
     sha256 = tokenizer_sha256(options["tokenizer"])
+    # The last check before the id map is opened (which makes its folder): a refused run
+    # leaves nothing behind.
+    block_hashes = _block_hashes_directory(options, output, scheme)
     id_map = None
     if options.get("id_map"):
         id_map = _open_id_map(
@@ -557,7 +560,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             options["length_granularity"],
             options["block_size"],
         ),
-        block_hashes=_block_hashes_directory(options, output, scheme),
+        block_hashes=block_hashes,
         emit_output_hashes=bool(options.get("emit_output_hashes")),
         segment_cache_bytes=options["segment_cache_mb"] << 20,
         route_sessions=bool(options.get("route_sessions")),

@@ -238,7 +238,6 @@ def test_a_beam_run_that_fails_has_published_nothing(tiny_tokenizer, tmp_path):
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     """anonymize opens --id-map (kvtrace/commands/anonymize.py _open_id_map, which makes the
     folder) before it checks --emit-block-hashes (_block_hashes_directory: a keyed scheme, a
@@ -260,7 +259,6 @@ def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in6.jsonl", "salt"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_storage_running_out_while_standard_input_is_spooled_is_a_stopped_job(
     tiny_tokenizer, tmp_path
 ):

@@ -281,7 +281,11 @@ def _spool(stream: IO[bytes], folder: str) -> str:
                 spool.write(chunk)
                 chunk = stream.read(SPOOL_STEP_BYTES)
     except OSError as err:
-        raise ConfigError(f"standard input could not be spooled to {folder}: {err}") from None
+        # The error's own number kept: storage running out is a job that stopped (the CLI's
+        # exit 1), an unwritable folder a refusal (2), as for every other output.
+        raise OSError(
+            err.errno, f"standard input could not be spooled to {folder}: {err.strerror}"
+        ) from None
     named = path + standard_input_form(path)
     os.rename(path, named)
     return named
