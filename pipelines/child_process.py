@@ -28,7 +28,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from kvtrace.pipelines.local_workers import START_METHOD, worker_death
+from kvtrace.pipelines.local_workers import (
+    START_METHOD,
+    STOP_SIGNALS,
+    stop_signals_held,
+    worker_death,
+)
 from kvtrace.pipelines.processes import busy_threads, end_descendants
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
@@ -52,14 +57,16 @@ def run_in_child(job: Callable[[], Any]) -> None:
         args=(job, sent, os.getpid(), None if forked else _LoggingSetup.of_this_process()),
         name="kvtrace-job",
     )
-    child.start()
-    sent.close()  # the child's end: the pipe reads as closed once the child is gone
     try:
+        with stop_signals_held():  # a stop lands here once the fork is whole, never in its hooks
+            child.start()
+        sent.close()  # the child's end: the pipe reads as closed once the child is gone
         outcome = _wait_for(child, results)
     except BaseException:  # a stop: the child stops too (if the signal was this process's alone)
         _stop(child)
         raise
     finally:
+        sent.close()
         results.close()
     if isinstance(outcome, BaseException):
         raise outcome
@@ -99,6 +106,9 @@ def _run_job(
         # child's signals must not wake the parent's watcher as if they were its own.
         signal.set_wakeup_fd(-1)
     try:
+        # Held since the fork (stop_signals_held): a stop sent meanwhile is raised here, an
+        # outcome as any other.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         job()
     except BaseException as err:  # every outcome is the parent's to report
         outcome: BaseException | None = _portable(err)

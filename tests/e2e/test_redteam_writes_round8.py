@@ -175,7 +175,6 @@ os.register_at_fork(after_in_parent=functools.partial(os.kill, os.getpid(), sign
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_stop_while_the_beam_child_forks_prints_no_traceback(tiny_tokenizer, tmp_path):
     """The local engine blocks SIGINT and SIGTERM around its forks (local_workers: pthread_sigmask
     SIG_BLOCK), the Beam engine's child_process.run_in_child does not. A stop landing while the
