@@ -127,7 +127,6 @@ anonymize_beam._run_here = _busy
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_stop_while_the_beam_child_is_busy_removes_the_standard_input_spool(
     tiny_tokenizer, tmp_path
 ):
