@@ -8,6 +8,7 @@ function of the night's end every engine shares (anonymize_night.py).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -25,9 +26,10 @@ from kvtrace.pipelines.anonymize_night import (
     night_manifest,
     night_times,
     pass_gate,
-    publish_trace,
+    publish_staged,
     published_days,
     rows_origin_ms,
+    stage_manifest,
     write_dead_letters,
     write_stats,
 )
@@ -47,11 +49,13 @@ from kvtrace.transforms.ids.dense_ids import new_batch_id
 from kvtrace.transforms.ids.id_map import NightTimes, segment_files_by_shard
 from kvtrace.transforms.ids.segments import SegmentFile
 from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
+from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.steps import ReadRecords, RouteSessions, parse_records
+from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
 from kvtrace.transforms.write.coarsen import published_requests
-from kvtrace.transforms.write.manifest import trace_origin_ms
+from kvtrace.transforms.write.manifest import manifest_path, trace_origin_ms
 from kvtrace.transforms.write.rows import assemble_rows, request_room
 from kvtrace.transforms.write.shards import block_hashes_staging, shard_plan
 from kvtrace.transforms.write.steps import WriteShard
@@ -63,18 +67,24 @@ __all__ = ["AnonymizeConfig", "AnonymizeOutputs", "build", "run_beam"]
 def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
     """The night run on Beam, in a child process (child_process.run_in_child): Beam's local
     runner tokenizes in the process it runs in, and a native abort there must not be the
-    CLI's silent death."""
-    child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
+    CLI's silent death. The child stages the whole output and returns its manifest; this
+    process, which holds the output's lock and answers a stop, publishes it, once the child's
+    word of success has arrived whole: the process that reports is the one that publishes, so
+    a child that dies or is stopped has published nothing (the command removes its staging)."""
+    manifest = child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
+    publish_staged(config, manifest)
 
 
-def _run_here(config: AnonymizeConfig, flags: list[str]) -> None:
+def _run_here(config: AnonymizeConfig, flags: list[str]) -> dict:
+    """In the child: the pipeline run, which stages the output; its staged manifest returned."""
     run(lambda pipeline: build(pipeline, config), pipeline_options(flags))
+    return json.loads(read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES))
 
 
 class AnonymizeOutputs(NamedTuple):
     trace_files: beam.PCollection
     dead_letters: beam.PCollection  # how many letters the one dead-letter file holds, once written
-    summary: beam.PCollection  # the manifest dict, once written
+    summary: beam.PCollection  # the manifest dict, once staged
 
 
 def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
@@ -244,9 +254,10 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
             earliest_ms,
             beam.pvalue.AsSingleton(times),
         )
-    # Published once the letters are written: they are published with the output.
-    summary = manifest | "PublishTrace" >> beam.Map(
-        lambda m, _: publish_trace(config, m), beam.pvalue.AsList(letters_written)
+    # Staged once the letters are written, the output's last file: the driver's process
+    # publishes it with them (run_beam).
+    summary = manifest | "StageManifest" >> beam.Map(
+        lambda m, _: stage_manifest(config, m), beam.pvalue.AsList(letters_written)
     )
     return AnonymizeOutputs(trace_files, letters_written, summary)
 

@@ -462,9 +462,21 @@ def commit_id_map(
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:
-    """The run's last step, once the id map (if any) has committed: the manifest into the
-    staging folder, then the folder in the output's place, whole; the block hashes after the
-    output they belong to, never before it. Returns the manifest."""
+    """The run's last step, once the id map (if any) has committed: the manifest staged, then
+    published with the rest (publish_staged). Returns the manifest."""
+    stage_manifest(config, manifest)
+    return publish_staged(config, manifest)
+
+
+def stage_manifest(config: AnonymizeConfig, manifest: dict) -> dict:
+    """The manifest into the staging folder, the last file staged. Returns it."""
     write_json(manifest_path(config.staging), manifest)
+    return manifest
+
+
+def publish_staged(config: AnonymizeConfig, manifest: dict) -> dict:
+    """The staging folder, its manifest staged, in the output's place, whole; the block hashes
+    after the output they belong to, never before it. Run by the process that reports (the Beam
+    engine's parent: anonymize_beam.run_beam). Returns the manifest."""
     publish_folder(config.staging, config.output)
     return publish_block_hashes(config.block_hashes, config.staging, manifest)

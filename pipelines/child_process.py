@@ -11,6 +11,14 @@ Its error, whatever it is, is raised here (its traceback a note, shown with --ve
 reaches it as it reaches this process (Ctrl-C: the terminal's whole process group), or from this
 process (SIGTERM), and it unwinds as a run in this process would (a publication under way ends
 first, interrupts.stops_deferred).
+
+What the job returns comes back here once the child's message arrived whole. The Beam engine's
+child stages its output and returns what it staged; this process publishes it (the one write
+protocol, anonymize_beam.run_beam): the process that reports a stop or a failure is the one that
+publishes, so what it says is its own record (publish.published_here), and a child that dies or
+is stopped has published nothing. Publishing here is possible because nothing after the
+publication runs in the child: the job's last step only stages the manifest, the dead letters
+are settled by this process already, and the output's lock is this process's.
 """
 
 from __future__ import annotations
@@ -26,9 +34,14 @@ import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, TypeVar
 
-from kvtrace.pipelines.local_workers import START_METHOD, worker_death
+from kvtrace.pipelines.local_workers import (
+    START_METHOD,
+    STOP_SIGNALS,
+    stop_signals_held,
+    worker_death,
+)
 from kvtrace.pipelines.processes import busy_threads, end_descendants
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
@@ -38,10 +51,12 @@ from kvtrace.transforms.errors import JobStopped
 UNWIND_S = 1.5
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DIED = object()  # the child's outcome where it ended without a word
+T = TypeVar("T")
 
 
-def run_in_child(job: Callable[[], Any]) -> None:
-    """job() run in a child process; its error raised here, its death JobStopped."""
+def run_in_child(job: Callable[[], T]) -> T:
+    """job() run in a child process, its value returned here once it arrived whole; its error
+    raised here, its death JobStopped."""
     forked = busy_threads() == 0
     if forked:
         capture_native_stderr()  # the child's native words come through this process's relay
@@ -52,23 +67,28 @@ def run_in_child(job: Callable[[], Any]) -> None:
         args=(job, sent, os.getpid(), None if forked else _LoggingSetup.of_this_process()),
         name="kvtrace-job",
     )
-    child.start()
-    sent.close()  # the child's end: the pipe reads as closed once the child is gone
     try:
+        with stop_signals_held():  # a stop lands here once the fork is whole, never in its hooks
+            child.start()
+        sent.close()  # the child's end: the pipe reads as closed once the child is gone
         outcome = _wait_for(child, results)
     except BaseException:  # a stop: the child stops too (if the signal was this process's alone)
         _stop(child)
         raise
     finally:
+        sent.close()
         results.close()
     if isinstance(outcome, BaseException):
         raise outcome
     if outcome is _DIED:
         raise JobStopped(worker_death([child]))
+    (value,) = outcome
+    return value
 
 
 def _wait_for(child: multiprocessing.process.BaseProcess, results: Connection) -> Any:
-    """What the child sent (None: done; an error), or _DIED where it ended without a word."""
+    """What the child sent (its job's value in a 1-tuple; an error), or _DIED where it ended
+    without a word: a message that broke off is no word (recv reads one whole, or fails)."""
     wait([results, child.sentinel])
     try:
         outcome = results.recv()
@@ -90,7 +110,7 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
 def _run_job(
     job: Callable[[], Any], sent: Connection, parent: int, setup: _LoggingSetup | None
 ) -> None:
-    """In the child: job run, then None or its error sent back."""
+    """In the child: job run, then its value (in a 1-tuple) or its error sent back."""
     _end_with_parent(parent if setup is None else None)
     if setup is not None:
         setup.apply()
@@ -99,11 +119,12 @@ def _run_job(
         # child's signals must not wake the parent's watcher as if they were its own.
         signal.set_wakeup_fd(-1)
     try:
-        job()
+        # Held since the fork (stop_signals_held): a stop sent meanwhile is raised here, an
+        # outcome as any other.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        outcome: BaseException | tuple[Any] = (job(),)
     except BaseException as err:  # every outcome is the parent's to report
-        outcome: BaseException | None = _portable(err)
-    else:
-        outcome = None
+        outcome = _portable(err)
     sent.send(outcome)
     sys.stdout.flush()
     sys.stderr.flush()

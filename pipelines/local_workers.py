@@ -78,7 +78,7 @@ def encode_in_workers(
     range's bytes as stored, which the progress shown counts once it is read."""
     pool, counts = _start_pool(work, pieces, processes, piece_bytes)
     try:
-        with _stop_signals_held(), _single_threaded_tokenizers_in_children():
+        with stop_signals_held(), _single_threaded_tokenizers_in_children():
             futures = [pool.submit(_encode_claimed, worker) for worker in range(processes)]
         # Shown once the workers are forked: a fork must copy no lock this thread holds.
         with shown(sum(piece_bytes), read_meter(counts)):
@@ -144,10 +144,12 @@ def _start_pool(
 
 
 @contextlib.contextmanager
-def _stop_signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back while workers start: a worker forked meanwhile begins with
-    them held and with this process's handlers, and lets them through only once
-    leave_stopping_to_parent has set its own (this process gets them when this ends)."""
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while a process forks its workers (or its job's child): a
+    stop landing mid-fork would run the CLI's handler in an after-fork hook, where its
+    KeyboardInterrupt is printed and dropped. A child begins with them held and with this
+    process's handlers, and lets them through only once it has set its own
+    (leave_stopping_to_parent); this process gets them when this ends."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield

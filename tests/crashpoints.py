@@ -7,16 +7,25 @@ rmtree and the atomic folder swap. MODE kill
 ends the process at once before the step (as SIGKILL would: no cleanup, no finally), and a file
 killed before it is synced keeps only half its bytes (as a power cut may leave it: written but
 never synced); MODE enospc makes the step fail as on a full disk. K = 0 runs cleanly and prints the number of steps.
+
+The steps are counted in one process: the Beam engine's job runs in this one (a kill here is
+the whole run's). Its boundary between processes (pipelines/child_process.run_in_child: the
+child stages, this process publishes) has points of its own, MODE one of BOUNDARY (K unused):
+the child dies having staged everything, before or after it sends its outcome, or this process
+dies or is stopped (SIGTERM) once the outcome arrived, before it publishes.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
 import shutil
+import signal
 import stat
 import sys
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from kvtrace.pipelines import child_process
@@ -90,9 +99,53 @@ def install(target: int, mode: str) -> None:
     child_process.run_in_child = lambda job: job()
 
 
+def _die() -> None:
+    os._exit(137)
+
+
+def _then(job, act):
+    value = job()
+    act()
+    return value
+
+
+def _child_dies_before_its_word() -> None:
+    run = child_process.run_in_child
+    child_process.run_in_child = lambda job: run(functools.partial(_then, job, _die))
+
+
+def _child_dies_after_its_word() -> None:
+    parent, send = os.getpid(), Connection.send
+
+    def send_then_die(self, obj) -> None:
+        send(self, obj)
+        if os.getpid() != parent:  # the child's one message: its outcome
+            _die()
+
+    Connection.send = send_then_die
+
+
+def _at_the_word(act) -> None:
+    run = child_process.run_in_child
+    child_process.run_in_child = lambda job: _then(functools.partial(run, job), act)
+
+
+BOUNDARY = {
+    "child-dies-before-its-word": _child_dies_before_its_word,
+    "child-dies-after-its-word": _child_dies_after_its_word,
+    "parent-dies-at-the-word": functools.partial(_at_the_word, _die),
+    "parent-stopped-at-the-word": functools.partial(
+        _at_the_word, lambda: os.kill(os.getpid(), signal.SIGTERM)
+    ),
+}
+
+
 if __name__ == "__main__":
     target, mode = int(sys.argv[1]), sys.argv[2]
-    install(target, mode)
+    if mode in BOUNDARY:
+        BOUNDARY[mode]()
+    else:
+        install(target, mode)
     from kvtrace.cli import main
 
     code = main(sys.argv[3:])

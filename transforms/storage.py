@@ -19,6 +19,7 @@ import posixpath
 import re
 import shutil
 import stat
+from collections.abc import Callable
 from typing import IO, Any
 
 _LOG = logging.getLogger("kvtrace")
@@ -324,3 +325,53 @@ def objects_under(prefix: str) -> str:
     the folder's own objects."""
     cut = min((prefix.find(c) for c in "[*?" if c in prefix), default=len(prefix))
     return prefix[:cut] + "**"
+
+
+# ---- What a run made and must remove on any exit -----------------------------------------------
+
+# Every local path this process made for its run and removes when the run ends (a staging name,
+# standard input's spooled copy, an output's lock file), in one registry: the normal unwind
+# removes each in its finally block and forgets it; a hard end (the CLI's stop deadline, which
+# ends the process with os._exit past every finally block) removes what is left
+# (remove_leftovers). Each entry may carry a test that it is still this run's to remove (a lock
+# file is removed only while it is the file locked). Entries are this process's alone: a forked
+# child inherits the registry but never removes its parent's paths.
+MAX_LEFTOVERS = 1024  # a stream stages one folder per window: gone ones are forgotten past this
+_LEFTOVERS: dict[str, Callable[[], bool] | None] = {}  # path -> its test (None: always ours)
+_LEFTOVERS_OWNER = [os.getpid()]
+
+
+def remove_on_exit(path: str, still_ours: Callable[[], bool] | None = None) -> str:
+    """Note a local path this run made (absolute), for remove_leftovers; returns path."""
+    if is_url(path):
+        return path
+    if _LEFTOVERS_OWNER[0] != os.getpid():  # a forked child's own registry starts empty
+        _LEFTOVERS.clear()
+        _LEFTOVERS_OWNER[0] = os.getpid()
+    if len(_LEFTOVERS) >= MAX_LEFTOVERS:
+        for gone in [p for p in _LEFTOVERS if not os.path.lexists(p)]:
+            del _LEFTOVERS[gone]
+    _LEFTOVERS[os.path.abspath(path)] = still_ours
+    return path
+
+
+def forget_on_exit(path: str) -> None:
+    """The run removed (or published) path itself: a hard end leaves it alone."""
+    _LEFTOVERS.pop(os.path.abspath(path), None)
+
+
+def remove_leftovers() -> None:
+    """At a hard end: remove what this process's run made and has not removed (links are
+    removed, never followed). The caller makes sure no publication is under way."""
+    if _LEFTOVERS_OWNER[0] != os.getpid():
+        return
+    for path, still_ours in sorted(_LEFTOVERS.items()):
+        if still_ours is not None and not still_ours():
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except OSError:
+                pass

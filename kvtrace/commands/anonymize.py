@@ -571,6 +571,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             raise
         raise ConfigError(err.naming(options["offline_tokenizer"])) from None
     sha256 = tokenizer_sha256(options["tokenizer"])
+    # The last check before the id map is opened (which makes its folder): a refused run
+    # leaves nothing behind.
+    block_hashes = _block_hashes_directory(options, output, scheme)
     id_map = None
     if options.get("id_map"):
         id_map = _open_id_map(
@@ -605,7 +608,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             options["length_granularity"],
             options["block_size"],
         ),
-        block_hashes=_block_hashes_directory(options, output, scheme),
+        block_hashes=block_hashes,
         emit_output_hashes=bool(options.get("emit_output_hashes")),
         segment_cache_bytes=options["segment_cache_mb"],
         tokenizer_backend=options["tokenizer_backend"],

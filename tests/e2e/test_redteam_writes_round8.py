@@ -67,8 +67,9 @@ def _night(tmp_path: Path, tokenizer: str, n: int, letters: bool = True) -> list
     ]
 
 
-# `kill PARENT` (SIGTERM) sent by the Beam job's child right after it published something: as
-# an operator's signal landing while the child publishes (the child defers only its own stop).
+# `kill PARENT` (SIGTERM) sent right after the trace was published, by whichever process
+# published it: as an operator's signal landing while it publishes. (Round 8's fix publishes in
+# the parent, the process that reports: the child stages; before, the child published.)
 _TERM_PARENT_AFTER_CHILD_PUBLISHED = """
 import os, signal, time
 from kvtrace.transforms.write import publish
@@ -76,15 +77,14 @@ _parent = os.getpid()
 _publish = publish.publish_in_place
 def _publish_then_stop(*args, **kwargs):
     _publish(*args, **kwargs)
+    os.kill(_parent, signal.SIGTERM)
     if os.getpid() != _parent:
-        os.kill(_parent, signal.SIGTERM)
         time.sleep(1)
 publish.publish_in_place = _publish_then_stop
 """
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_stop_after_the_beam_child_published_never_says_nothing_was(tiny_tokenizer, tmp_path):
     """--engine beam runs its job in a child (pipelines/child_process.run_in_child), and the
     child publishes the trace (anonymize_night.publish_trace). What a stop says comes from
@@ -127,7 +127,6 @@ anonymize_beam._run_here = _busy
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_stop_while_the_beam_child_is_busy_removes_the_standard_input_spool(
     tiny_tokenizer, tmp_path
 ):
@@ -175,7 +174,6 @@ os.register_at_fork(after_in_parent=functools.partial(os.kill, os.getpid(), sign
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_stop_while_the_beam_child_forks_prints_no_traceback(tiny_tokenizer, tmp_path):
     """The local engine blocks SIGINT and SIGTERM around its forks (local_workers: pthread_sigmask
     SIG_BLOCK), the Beam engine's child_process.run_in_child does not. A stop landing while the
@@ -200,22 +198,27 @@ def test_a_stop_while_the_beam_child_forks_prints_no_traceback(tiny_tokenizer, t
     assert not any("Traceback" in line for line in _said(stopped)), _said(stopped)
 
 
-# The Beam job's child killed (SIGKILL: the OOM killer) right after it published the trace.
+# The Beam job's child killed (SIGKILL: the OOM killer) right after it published the trace, or
+# (round 8's fix: the child stages, the parent publishes) after its job, the output staged
+# whole, before its outcome is sent: the last moment it could die in.
 _KILL_CHILD_AFTER_IT_PUBLISHED = """
 import os, signal
+from kvtrace.pipelines import anonymize_beam
 from kvtrace.transforms.write import publish
 _parent = os.getpid()
-_publish = publish.publish_in_place
-def _publish_then_die(*args, **kwargs):
-    _publish(*args, **kwargs)
-    if os.getpid() != _parent:
-        os.kill(os.getpid(), signal.SIGKILL)
-publish.publish_in_place = _publish_then_die
+def _then_die(step):
+    def _step(*args, **kwargs):
+        done = step(*args, **kwargs)
+        if os.getpid() != _parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
+    return _step
+publish.publish_in_place = _then_die(publish.publish_in_place)
+anonymize_beam._run_here = _then_die(anonymize_beam._run_here)
 """
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_beam_run_that_fails_has_published_nothing(tiny_tokenizer, tmp_path):
     """The child publishes, then dies before it can send its outcome: the parent takes the
     closed pipe for a death mid-job (child_process._wait_for: _DIED, JobStopped) and exits 1,
@@ -238,7 +241,6 @@ def test_a_beam_run_that_fails_has_published_nothing(tiny_tokenizer, tmp_path):
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     """anonymize opens --id-map (kvtrace/commands/anonymize.py _open_id_map, which makes the
     folder) before it checks --emit-block-hashes (_block_hashes_directory: a keyed scheme, a
@@ -260,7 +262,6 @@ def test_a_refused_run_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in6.jsonl", "salt"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND8)
 def test_storage_running_out_while_standard_input_is_spooled_is_a_stopped_job(
     tiny_tokenizer, tmp_path
 ):

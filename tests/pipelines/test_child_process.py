@@ -64,6 +64,24 @@ def test_the_job_runs_in_another_process(start, tmp_path):
     assert int((tmp_path / "pid").read_text()) != os.getpid()
 
 
+def test_the_jobs_value_is_returned_here(start):
+    """What the Beam job's child staged comes back whole, for this process to publish."""
+    assert run_in_child(functools.partial(dict, staged=[1, 2])) == {"staged": [1, 2]}
+
+
+def test_a_job_that_dies_after_its_work_returns_nothing(tmp_path):
+    """A child gone before its outcome is sent: its death, never a value taken for success."""
+    with pytest.raises(JobStopped, match="died by SIGKILL"):
+        run_in_child(functools.partial(_work_then_die, str(tmp_path / "pid")))
+    assert (tmp_path / "pid").is_file()  # its work was done: only the word was missing
+
+
+def _work_then_die(path: str) -> dict:
+    _write_pid(path)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
 def test_the_jobs_error_is_raised_here_as_it_was_with_its_traceback_noted(start):
     with pytest.raises(ConfigError, match="a refusal the job makes") as raised:
         run_in_child(_refuse)

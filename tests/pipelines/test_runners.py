@@ -90,7 +90,7 @@ def test_dataflow_translation_keeps_the_salt_out_of_the_staged_job(tmp_path):
         "BlockIds/WriteSegment",
         "WriteShards",
         "CommitIdMap",
-        "PublishTrace",
+        "StageManifest",
     ):
         assert any(name.startswith(step) for name in names), step
     images = {env.payload for env in proto.components.environments.values()}

@@ -33,6 +33,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError
 
 if sys.version_info >= (3, 14):
@@ -252,6 +253,7 @@ def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
     if stream.isatty():
         raise ConfigError("--input - reads standard input, which is a terminal: pipe a log in")
     folder = tempfile.mkdtemp(prefix="kvtrace-stdin-")  # readable by this user alone
+    storage.remove_on_exit(folder)  # even where the run ends past this finally (a hard stop)
     try:
         spooled = _spool(stream, folder)
         os.environ[SPOOLED_STDIN_ENV] = spooled
@@ -261,6 +263,7 @@ def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
             os.environ.pop(SPOOLED_STDIN_ENV, None)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        storage.forget_on_exit(folder)
 
 
 def _spool(stream: IO[bytes], folder: str) -> str:
@@ -281,7 +284,11 @@ def _spool(stream: IO[bytes], folder: str) -> str:
                 spool.write(chunk)
                 chunk = stream.read(SPOOL_STEP_BYTES)
     except OSError as err:
-        raise ConfigError(f"standard input could not be spooled to {folder}: {err}") from None
+        # The error's own number kept: storage running out is a job that stopped (the CLI's
+        # exit 1), an unwritable folder a refusal (2), as for every other output.
+        raise OSError(
+            err.errno, f"standard input could not be spooled to {folder}: {err.strerror}"
+        ) from None
     named = path + standard_input_form(path)
     os.rename(path, named)
     return named

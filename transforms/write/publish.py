@@ -54,6 +54,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -101,12 +102,11 @@ MAX_RUN_ID_CHARS = 16
 _DIGEST_MARK = "~"  # leads a stem that is a digest of its output's name (_stem)
 _HIDDEN_ROOM = len(".") + len(STAGING_MARK) + MAX_RUN_ID_CHARS + len(".previous")
 _RENAME_EXCHANGE = 2
-# Every staging name this process made up (its runs' own), for a stop that ends the process
-# without waiting for it to unwind (the CLI's deadline): abandon_staged removes them. Each
-# publication holds _PUBLISHING (_publication), so that removal never meets one half done: a
-# name it removes is still staged, or published and gone.
-_STAGED_HERE: set[str] = set()
-MAX_NOTED_STAGING = 1024
+# Every staging name this process made up (its runs' own) and its lock files are noted in the
+# run's one registry of what it removes on any exit (storage.remove_on_exit), for a stop that
+# ends the process without waiting for it to unwind (the CLI's deadline): abandon_staged
+# removes them. Each publication holds _PUBLISHING (_publication), so that removal never meets
+# one half done: a name it removes is still staged, or published and gone.
 _PUBLISHING = threading.RLock()
 SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
 _AT_FDCWD = -100
@@ -131,13 +131,10 @@ def staging_folder(output: str, run_id: str) -> str:
 
 
 def _staged_here(path: str) -> str:
-    """A staging name of this process's run, noted for abandon_staged (those gone are forgotten
-    now and then: a stream names one per window)."""
-    if not is_url(path):
-        if len(_STAGED_HERE) >= MAX_NOTED_STAGING:
-            _STAGED_HERE.difference_update([p for p in _STAGED_HERE if not os.path.lexists(p)])
-        _STAGED_HERE.add(os.path.abspath(path))
-    return path
+    """A staging name of this process's run (and its parts: Beam's synthesize), noted for
+    abandon_staged."""
+    storage.remove_on_exit(f"{path}.parts")
+    return storage.remove_on_exit(path)
 
 
 class _Published:
@@ -189,20 +186,15 @@ def published_here() -> str:
 
 
 def abandon_staged(wait_s: float) -> bool:
-    """For a stop that ends this process at once: what its runs staged and have not published
-    is removed, once no publication is under way (waiting wait_s at most for one; past that,
-    left for the next run of the output to clear). The lock is kept: the process ends next,
+    """For a stop that ends this process at once: what its run made and has not removed (its
+    staging, its lock files, standard input's spooled copy: storage.remove_leftovers) is
+    removed, once no publication is under way (waiting wait_s at most for one; past that, left
+    for the next run of the output to clear). _PUBLISHING stays held: the process ends next,
     and no publication may start meanwhile. Returns whether none was under way (else one may
     be left half done)."""
     if not _PUBLISHING.acquire(timeout=wait_s):
         return False
-    for path in sorted(_STAGED_HERE):
-        for staged in (path, f"{path}.parts"):
-            if os.path.isdir(staged) and not os.path.islink(staged):
-                shutil.rmtree(staged, ignore_errors=True)
-            else:
-                with suppress(OSError):
-                    os.remove(staged)
+    storage.remove_leftovers()
     return True
 
 
@@ -375,6 +367,7 @@ def output_lock(output: str) -> Iterator[None]:
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
+    storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
     try:
         restore_interrupted(output)
         yield
@@ -383,6 +376,7 @@ def output_lock(output: str) -> Iterator[None]:
             if _own_lock(path, handle):  # still held: a run that opened it before sees it gone
                 os.unlink(path)
         finally:
+            storage.forget_on_exit(path)
             os.close(handle)
 
 

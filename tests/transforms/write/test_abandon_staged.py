@@ -3,12 +3,15 @@ staged (publish.abandon_staged), never meeting a publication half done."""
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from contextlib import ExitStack
 
 import pytest
 
+from kvtrace.transforms import storage
+from kvtrace.transforms.read.decompress import SPOOLED_STDIN_ENV, spooled_standard_input
 from kvtrace.transforms.write import publish
 from kvtrace.transforms.write.publish import STAGING_MARK, DeadLetterRun, folder_output
 
@@ -16,7 +19,7 @@ from kvtrace.transforms.write.publish import STAGING_MARK, DeadLetterRun, folder
 @pytest.fixture(autouse=True)
 def _this_tests_own_registry(monkeypatch):
     """abandon_staged keeps the lock (its process ends next): each test gets its own."""
-    monkeypatch.setattr(publish, "_STAGED_HERE", set())
+    monkeypatch.setattr(storage, "_LEFTOVERS", {})
     monkeypatch.setattr(publish, "_PUBLISHING", threading.RLock())
 
 
@@ -75,3 +78,45 @@ def test_a_publication_under_way_is_waited_for_and_then_stands(tmp_path):
     publish.abandon_staged(30)
     assert (tmp_path / "out" / "manifest.json").read_text() == "{}"
     assert _staged_names(tmp_path) == []
+
+
+def test_the_lock_file_and_standard_inputs_copy_go_too(tmp_path, monkeypatch):
+    """One registry of what the run made (storage.remove_on_exit): its lock file and the
+    spooled copy of standard input go with its staging, though no finally block ran."""
+    monkeypatch.delenv(SPOOLED_STDIN_ENV, raising=False)  # restored: the spool never unwinds
+    with ExitStack() as stack:
+        staged, _ = _run_left_unwound(tmp_path, stack)
+        spooled = stack.enter_context(spooled_standard_input(io.BytesIO(b'{"a": 1}\n')))
+        lock = publish.lock_path(str(tmp_path / "out"))
+        assert os.path.exists(lock) and os.path.exists(spooled)
+        publish.abandon_staged(0)
+        assert not os.path.exists(lock) and not os.path.exists(os.path.dirname(spooled))
+        stack.pop_all()
+
+
+def test_a_lock_file_that_is_not_the_one_held_stays(tmp_path):
+    """A file by the lock's name that is not the locked one (another run's, made after this
+    one's was removed) is never removed."""
+    with ExitStack() as stack:
+        _run_left_unwound(tmp_path, stack)
+        lock = publish.lock_path(str(tmp_path / "out"))
+        os.remove(lock)
+        with open(lock, "wb"):
+            pass
+        publish.abandon_staged(0)
+        assert os.path.exists(lock)
+        stack.pop_all()
+
+
+def test_a_forked_child_removes_nothing_its_parent_made(tmp_path):
+    made = tmp_path / "made-by-the-parent"
+    made.mkdir()
+    storage.remove_on_exit(str(made))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit code is the assertion
+        storage.remove_leftovers()
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert made.is_dir()
+    storage.remove_leftovers()
+    assert not made.exists()
