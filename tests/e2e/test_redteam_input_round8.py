@@ -156,7 +156,6 @@ def _small_trace(folder) -> str:
     return str(path)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("size", ["9" * 400, "9" * 400 + "GB", "99999999999999999999999"])
 def test_a_size_past_any_count_is_a_usage_error_naming_the_flag(tmp_path, size):
     """capacity.parse_capacity reads the number as a float and multiplies it out: 400 nines
