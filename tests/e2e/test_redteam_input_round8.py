@@ -316,7 +316,6 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
 # ---- a derived folder's manifest: a block size it cannot hold is no block size --------------
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("declared", ['"16"', "16.0", "0", str(1 << 60)])
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_derived_manifest_with_a_damaged_block_size_is_refused_not_read_at_512(

@@ -44,13 +44,17 @@ from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.paths import expand_inputs, file_identity, open_raw
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
+    DERIVED_FROM,
+    DERIVED_MANIFEST_SCHEMA,
     FORMAT,
     MANIFEST,
+    MAX_BLOCK_SIZE,
     STATS,
     TRACE_FILE,
     TRACE_SHARDS,
     is_count,
     parse_json,
+    schema_problems,
 )
 
 _LOG = logging.getLogger("kvtrace")
@@ -391,14 +395,18 @@ def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | Non
             folder,
             f"its {MANIFEST} is not one kvtrace writes (no format, sha256 or records.exported)",
         )
+    if DERIVED_FROM in manifest and (
+        problems := schema_problems(manifest, DERIVED_MANIFEST_SCHEMA)
+    ):
+        raise NotWholeOutput(folder, f"its {MANIFEST} is not one kvtrace writes ({problems[0]})")
     block_size = manifest.get("block_size")
-    return PublishedFolder(
-        folder,
-        sha256,
-        exported,
-        block_size if is_count(block_size) and block_size > 0 else None,
-        descriptor,
-    )
+    if block_size is not None and not (is_count(block_size) and 0 < block_size <= MAX_BLOCK_SIZE):
+        # declared, but no block size --block-size takes: never read as none declared
+        raise NotWholeOutput(
+            folder,
+            f"its {MANIFEST} declares block size {str(block_size)[:40]}, not 1..{MAX_BLOCK_SIZE}",
+        )
+    return PublishedFolder(folder, sha256, exported, block_size, descriptor)
 
 
 def _open_folder(folder: str) -> int:

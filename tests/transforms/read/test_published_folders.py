@@ -138,6 +138,29 @@ def test_a_manifest_kvtrace_would_not_write_is_refused(tmp_path, manifest):
         _read(str(folder))
 
 
+@pytest.mark.parametrize("block_size", ["16", 16.0, 0, -4, True, 1 << 21, 1 << 60])
+def test_a_declared_block_size_no_block_size_flag_takes_is_refused_not_read_as_none(
+    tmp_path, block_size
+):
+    folder = published(tmp_path / "out", [ROWS], block_size=block_size)
+    with pytest.raises(NotWholeOutput, match="declares block size"):
+        _read(str(folder))
+
+
+def test_a_derived_manifest_is_checked_against_its_declared_schema(tmp_path):
+    folder = published(tmp_path / "out", [ROWS])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["derived_from"] = {"command": "no-such-command"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(NotWholeOutput, match=r"not one kvtrace writes \(.*required property"):
+        _read(str(folder))
+
+
+def test_a_block_size_within_the_flags_bound_is_read_as_declared(tmp_path):
+    folder = published(tmp_path / "out", [ROWS], block_size=1 << 20)
+    assert declared_block_size(trace_files([str(folder)])) == 1 << 20
+
+
 def test_rows_that_do_not_add_up_to_the_records_exported_are_refused(tmp_path):
     folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]], exported=6)
     with pytest.raises(NotWholeOutput, match="its shards hold 5 rows, its manifest says 6"):
