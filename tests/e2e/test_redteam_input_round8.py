@@ -115,7 +115,6 @@ def _hidden_last_page(path, nulls: int) -> None:
     assert [len(ids) for ids in pq.read_table(path)["hash_ids"].to_pylist()[:1]] == [20]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_a_page_past_the_chunks_stated_end_is_checked_before_arrow_decodes_it(tmp_path):
     """BOUNDS.md, Parquet list cell: each repeated column's rows are counted from its pages'
     repetition levels before Arrow decodes them, and the footer's chunk sizes are never

@@ -12,6 +12,7 @@ import glob
 import io
 import logging
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -325,7 +326,32 @@ def parquet_file(
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
+        _check_writer(path, parquet.metadata.created_by)
         yield raw, parquet
+
+
+# Arrow reads a column chunk up to 100 bytes past its stated size when the footer names
+# parquet-mr before 1.2.9 as its writer (PARQUET-816: that writer left the dictionary page's
+# header out of the size), bytes the page checks, which stop at the stated end, never see.
+PARQUET_816_FIXED = (1, 2, 9)
+_WRITER_VERSION = re.compile(r"\s*version\s*(\d+)\.(\d+)\.(\d+)")
+
+
+def _check_writer(path: str, created_by: str | None) -> None:
+    """Refuse (ValueError) a file Arrow would read past its chunks' stated ends: one whose
+    footer names parquet-mr, unless it names a version known to be 1.2.9 or later (a writer
+    from 2013 that neither kvtrace nor any current writer is)."""
+    named = (created_by or "").lower()
+    at = named.find("parquet-mr")
+    if at < 0:
+        return
+    version = _WRITER_VERSION.match(named, at + len("parquet-mr"))
+    if version is None or tuple(map(int, version.groups())) < PARQUET_816_FIXED:
+        raise ValueError(
+            f"{path}: written by {(created_by or '')[:60]!r}: Arrow reads such a file's column "
+            f"chunks past their stated size (PARQUET-816), bytes kvtrace cannot check first; "
+            f"rewrite it with a current writer"
+        )
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
