@@ -422,7 +422,6 @@ def _bloated_header_aliased(path, groups: int) -> None:
     assert pq.read_table(path).num_rows == groups  # Arrow: ~50 ms a group
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_page_headers_cost_their_bytes_once_not_once_per_row_group(tiny_tokenizer, tmp_path):
     """paths._page_header parses a page header in Python (_CompactReader, a call per value):
     a 0.9 MB header of one list costs ~0.2 s of CPU a walk (its growing slices parsed 1 KiB,

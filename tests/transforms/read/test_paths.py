@@ -181,3 +181,24 @@ def test_a_file_arrow_reads_past_its_chunks_stated_ends_is_refused(created_by):
 )
 def test_a_file_arrow_reads_within_its_chunks_is_accepted(created_by):
     _check_writer("f.parquet", created_by)
+
+
+def test_a_chunk_named_by_many_row_groups_is_walked_once(tmp_path):
+    """The page walk of an open file is kept by the bytes walked: a footer whose row groups
+    all name one chunk costs its bytes once, not once per group."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.transforms.read.paths import checked_levels, chunk_pages
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"ids": [[1, 2], [3]]}), buf)
+    column = pq.ParquetFile(buf).metadata.row_group(0).column(0)
+    assert chunk_pages(buf, column) is chunk_pages(buf, column)
+    assert checked_levels(buf, column, 1) is checked_levels(buf, column, 1)
+    assert checked_levels(buf, column, 1).rows == 2
+    other = io.BytesIO(buf.getvalue())  # another open file: walked on its own
+    assert chunk_pages(other, column) == chunk_pages(buf, column)
+    assert chunk_pages(other, column) is not chunk_pages(buf, column)
