@@ -271,7 +271,6 @@ def test_a_damaged_dictionary_page_in_a_trace_is_malformed_not_a_crash(tmp_path,
 # ---- file descriptors: one held per output folder read --------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("command", [["analyze"], ["validate"], ["simulate", "--capacity", "100"]])
 def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, command):
     """trace_inputs.published_shards pins every output folder named (a descriptor for the
@@ -307,7 +306,10 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
 
     done = _kvtrace([*command, *folders], preexec_fn=few_files)
     assert "Too many open files" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 0, done.stderr[-2000:]
+    if command == ["validate"]:  # 300 copies of one trace, read as one, go back in time
+        assert "900 rows" in done.stdout and "FAIL timestamps never go backwards" in done.stdout
+    else:
+        assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ---- a derived folder's manifest: a block size it cannot hold is no block size --------------
