@@ -157,7 +157,7 @@ def test_a_parquet_column_nested_past_a_record_s_depth_is_refused_without_recurs
     [
         "parquet-mr version 1.2.8 (build abc)",
         "parquet-mr version 1.2.8",
-        "parquet-mr",  # no version: Arrow takes it as 0.0.0, so before the fix
+        "parquet-mr",  # no version: not known to be one with the fix
         "Parquet-MR version 1.2",
         "parquet-mr version 0.9.99",
     ],
