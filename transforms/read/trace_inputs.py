@@ -16,10 +16,11 @@ through that descriptor, its identity (device and inode) kept, the files not rea
 fact taken from it comes from that pin: the block size (declared_block_size) and each shard's
 rows, read through the folder opened again and found the same one (else refused), and checked
 against the pinned sha256 (trace_io.read_trace); each shard's path carries its pin
-(PinnedPath) to every reader and engine. A folder is held open only while a file of it is
-opened or listed, so a command holds a descriptor or two however many folders it reads
-(docs/BOUNDS.md). A Beam worker in this process reads through the folder so checked; one
-elsewhere opens the file by its path and checks it against the pinned sha256. So a publish
+(PinnedPath) to every reader and engine. The first MAX_HELD_FOLDERS folders pinned are held
+open (their files read from the folder as pinned, wherever it is moved); any other is opened
+again only while a file of it is opened or listed, so the descriptors a command holds are
+bounded however many folders it reads (docs/BOUNDS.md). A Beam worker in this process reads
+through the folder so held or checked; one elsewhere opens the file by its path and checks it against the pinned sha256. So a publish
 that swaps the folder meanwhile is never mixed in: it is either not seen or refused. A partial copy (a shard or its twin cut short, a manifest or stats.json
 not yet copied) is refused, never analysed. A trace file by a shard's name with no manifest
 beside it is refused too: nothing proves it whole (its name does not: a one-shard night copied
@@ -28,6 +29,7 @@ halfway is still trace-00000-of-00001); renamed, it is a trace of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import logging
@@ -65,6 +67,8 @@ MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and s
 # The folders pinned in this process (or the one it forked from) and still held, by token: a
 # pin that comes back from pickling (a Beam worker here) is the folder as opened, not reopened.
 _PINNED_HERE: weakref.WeakValueDictionary[str, PublishedFolder] = weakref.WeakValueDictionary()
+# Folders held open at once, of the pins in this process: a few, whatever the folders read.
+MAX_HELD_FOLDERS = 16
 
 
 class NotWholeOutput(ValueError):
@@ -78,7 +82,8 @@ class NotWholeOutput(ValueError):
 class PublishedFolder:
     """What a kvtrace output folder's manifest promises: each file's sha256, the rows exported,
     the block size; and which folder was opened when its manifest was read (identity: a local
-    one's device and inode, until close()), the one its files are opened through."""
+    one's device and inode, until close()), the one its files are opened through: held open
+    (descriptor) while few are, else opened again and checked to be it."""
 
     folder: str
     sha256: dict[str, str]
@@ -86,10 +91,13 @@ class PublishedFolder:
     block_size: int | None = None
     identity: tuple[int, int] | None = None
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    descriptor: int | None = None
 
     def __post_init__(self) -> None:
         if self.identity is not None:
             _PINNED_HERE[self.token] = self
+        if self.descriptor is not None:
+            object.__setattr__(self, "_closer", weakref.finalize(self, os.close, self.descriptor))
 
     def __reduce__(self) -> tuple[Any, tuple]:
         # The promises travel; an inode means nothing on another machine (_pinned).
@@ -136,8 +144,8 @@ class PublishedFolder:
         names listed: the one whose manifest was read, or NotWholeOutput (a publish swapped
         it meanwhile): the guarantee a descriptor held throughout gave, one descriptor at a
         time."""
-        if self.identity is None:
-            yield None
+        if self.descriptor is not None or self.identity is None:
+            yield self.descriptor
             return
         descriptor = _open_folder(self.folder)
         try:
@@ -151,6 +159,10 @@ class PublishedFolder:
         """The pin let go; a read after opens by path, checked against the promises."""
         _PINNED_HERE.pop(self.token, None)
         object.__setattr__(self, "identity", None)
+        closer = getattr(self, "_closer", None)
+        if closer is not None:
+            closer()
+            object.__setattr__(self, "descriptor", None)  # never a number reused by another file
 
 
 def _pinned(
@@ -162,7 +174,7 @@ def _pinned(
     return (
         here
         if here is not None
-        else PublishedFolder(folder, sha256, exported, block_size, None, token)
+        else PublishedFolder(folder, sha256, exported, block_size, token=token)
     )
 
 
@@ -379,10 +391,21 @@ def published_folder(folder: str) -> PublishedFolder | None:
     opened_folder), or drops it."""
     descriptor = None if is_url(folder) else _open_folder(folder)
     try:
-        return _read_manifest(folder, descriptor)
-    finally:
+        published = _read_manifest(folder, descriptor)
+    except BaseException:
         if descriptor is not None:
             os.close(descriptor)
+        raise
+    if descriptor is None:
+        return published
+    if published is None or _held() >= MAX_HELD_FOLDERS:
+        os.close(descriptor)
+        return published
+    return dataclasses.replace(published, descriptor=descriptor)
+
+
+def _held() -> int:
+    return sum(pin.descriptor is not None for pin in list(_PINNED_HERE.values()))
 
 
 def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | None:

@@ -4,6 +4,8 @@ exported; however it is named, and whatever is published over it while it is rea
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -11,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +25,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.paths import count_lines
 from kvtrace.transforms.read.trace_inputs import (
+    MAX_HELD_FOLDERS,
     NotWholeOutput,
     declared_block_size,
     opened_folder,
@@ -273,9 +277,8 @@ def test_a_lone_shard_among_other_traces_is_refused_not_read_in_part(tmp_path):
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 @pytest.mark.parametrize("blank_line", [False, True])  # True: the line-by-line path
 def test_a_shard_is_read_from_the_folder_opened_with_its_manifest(tmp_path, suffix, blank_line):
-    """A publish swaps the folder (rename) after its manifest was read: the folder opened
-    again to read the shard is not the one whose manifest was read, and is refused; never a
-    mix of the two outputs."""
+    """A publish swaps the folder (rename) after its manifest was read: the shard read is the
+    one of the output whose manifest was read, from the bytes checked against it."""
     old = published(tmp_path / "out", [ROWS[:2]])
     new = published(tmp_path / "next", [ROWS[2:]])
     if blank_line and suffix == ".jsonl":
@@ -290,10 +293,10 @@ def test_a_shard_is_read_from_the_folder_opened_with_its_manifest(tmp_path, suff
     try:
         os.rename(old, tmp_path / "previous")  # the next output published in out's place
         os.rename(new, old)
-        with pytest.raises(NotWholeOutput, match="replaced since its manifest was read"):
-            _read_file(path, found[path])
+        (part,) = _read_file(path, found[path])
     finally:
         found[path].close()
+    assert list(part["input_length"]) == [8, 8] and list(part["line"]) == [1, 2]
     assert len(_read(str(old))) == 3  # the next read meets the new output, whole
 
 
@@ -353,8 +356,7 @@ def test_the_block_size_and_the_rows_come_from_the_one_pin(tmp_path):
     files = trace_files([str(out)])  # pinned here
     _swap(out, staged)
     assert declared_block_size(files) == 4
-    with pytest.raises(NotWholeOutput, match="replaced since its manifest was read"):
-        read_trace(files)  # never the next output's rows at the pinned block size
+    assert len(read_trace(files)) == 2
     fresh = trace_files([str(out)])
     assert declared_block_size(fresh) == 8 and len(read_trace(fresh)) == 3
 
@@ -387,17 +389,15 @@ def test_traces_read_together_are_read_at_the_one_block_size_they_declare(tmp_pa
 
 
 def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
-    """A Beam worker gets the files pickled: in this process the folder as pinned (opened
-    again: the next night's is another folder, refused); in another, that has no identity of
-    it, the file opened by path and checked against the pinned sha256 (the next night's:
-    refused in one line)."""
+    """A Beam worker gets the files pickled: in this process the folder as opened (the
+    previous night, whole); in another, that has no descriptor of it, the file opened by path
+    and checked against the pinned sha256 (the next night's: refused in one line)."""
     out = published(tmp_path / "out", [ROWS[:2]])
     staged = published(tmp_path / "next", [ROWS[2:]])
     files = trace_files([str(out)])
     sent = pickle.dumps(files)
     _swap(out, staged)
-    with pytest.raises(NotWholeOutput, match="replaced since its manifest was read"):
-        read_trace(pickle.loads(sent))
+    assert read_trace(pickle.loads(sent)).input_length.tolist() == [8, 8]
     elsewhere = subprocess.run(
         [
             sys.executable,
@@ -417,26 +417,42 @@ def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
     )
 
 
-def test_pinned_folders_hold_no_descriptor_however_many_are_read(tmp_path):
-    """A folder is open only while a file of it is opened: descriptors do not grow with the
-    folders a command reads (docs/BOUNDS.md)."""
+def test_the_folders_held_open_are_a_few_however_many_are_read(tmp_path):
+    """Past MAX_HELD_FOLDERS, a folder is open only while a file of it is opened: descriptors
+    do not grow with the folders a command reads (docs/BOUNDS.md)."""
+    count = MAX_HELD_FOLDERS + 20
+    folders = [str(published(tmp_path / f"out{i}", [ROWS])) for i in range(count)]
     before = len(os.listdir("/proc/self/fd"))
-    folders = [str(published(tmp_path / f"out{i}", [ROWS])) for i in range(20)]
     files = trace_files(folders)
-    assert len(os.listdir("/proc/self/fd")) == before
-    assert len(read_trace(files)) == 5 * 20
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert len(os.listdir("/proc/self/fd")) <= before + MAX_HELD_FOLDERS
+    assert len(read_trace(files)) == 5 * count
+    assert len(os.listdir("/proc/self/fd")) <= before + MAX_HELD_FOLDERS
 
 
-def test_a_folder_swapped_after_it_was_pinned_is_refused_not_read(tmp_path):
-    """The pin keeps the folder's identity: the folder opened again to read a shard must be the
-    one whose manifest was read, as the descriptor once held made sure."""
+def test_a_folder_not_held_and_swapped_after_it_was_pinned_is_refused_not_read(tmp_path):
+    """A folder pinned past the ones held keeps its identity: opened again to read a shard, it
+    must be the one whose manifest was read, as a held descriptor makes sure."""
+    held = [str(published(tmp_path / f"held{i}", [ROWS])) for i in range(MAX_HELD_FOLDERS)]
     out = published(tmp_path / "out", [ROWS])
-    files = trace_files([str(out)])
+    files = trace_files([*held, str(out)])
     staged = published(tmp_path / "next", [ROWS])  # the same bytes, another folder
     _swap(out, staged)
     with pytest.raises(NotWholeOutput, match="replaced since its manifest was read"):
         read_trace(files)
+
+
+def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
+    folder = published(tmp_path / "out", [ROWS[:2], ROWS[2:]])
+    files = trace_files([str(folder)])
+    assert len(read_trace(files)) == 5
+    assert {f.published for f in files} == {files[0].published}  # one pin, held by the files
+    descriptor, pin = files[0].published.descriptor, weakref.ref(files[0].published)
+    assert os.readlink(f"/proc/self/fd/{descriptor}") == str(folder)
+    del files
+    gc.collect()
+    assert pin() is None
+    with contextlib.suppress(FileNotFoundError):  # closed, or the number taken by another file
+        assert os.readlink(f"/proc/self/fd/{descriptor}") != str(folder)
 
 
 @pytest.mark.parametrize(
