@@ -115,7 +115,6 @@ def _hidden_last_page(path, nulls: int) -> None:
     assert [len(ids) for ids in pq.read_table(path)["hash_ids"].to_pylist()[:1]] == [20]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_a_page_past_the_chunks_stated_end_is_checked_before_arrow_decodes_it(tmp_path):
     """BOUNDS.md, Parquet list cell: each repeated column's rows are counted from its pages'
     repetition levels before Arrow decodes them, and the footer's chunk sizes are never
@@ -156,7 +155,6 @@ def _small_trace(folder) -> str:
     return str(path)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("size", ["9" * 400, "9" * 400 + "GB", "99999999999999999999999"])
 def test_a_size_past_any_count_is_a_usage_error_naming_the_flag(tmp_path, size):
     """capacity.parse_capacity reads the number as a float and multiplies it out: 400 nines
@@ -215,7 +213,6 @@ def _dictionary_index_past_its_end(path, trace: bool) -> None:
         pq.read_table(path)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("engine", ["local", "beam"])
 def test_a_damaged_dictionary_page_is_a_dead_letter_not_the_end_of_the_run(
     tiny_tokenizer, tmp_path, engine
@@ -256,10 +253,9 @@ def test_a_damaged_dictionary_page_is_a_dead_letter_not_the_end_of_the_run(
         for f in (tmp_path / "out-rejected").glob("rejected-*.jsonl")
         for line in f.open()
     ]
-    assert any(letter["reason"] == "damaged_file" for letter in letters)
+    assert any(letter["error"] == "damaged_file" for letter in letters)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_damaged_dictionary_page_in_a_trace_is_malformed_not_a_crash(tmp_path, command):
     """The same damaged page in a trace's session_id column: every trace command (analyze,
@@ -275,7 +271,6 @@ def test_a_damaged_dictionary_page_in_a_trace_is_malformed_not_a_crash(tmp_path,
 # ---- file descriptors: one held per output folder read --------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("command", [["analyze"], ["validate"], ["simulate", "--capacity", "100"]])
 def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, command):
     """trace_inputs.published_shards pins every output folder named (a descriptor for the
@@ -311,13 +306,15 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
 
     done = _kvtrace([*command, *folders], preexec_fn=few_files)
     assert "Too many open files" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 0, done.stderr[-2000:]
+    if command == ["validate"]:  # 300 copies of one trace, read as one, go back in time
+        assert "900 rows" in done.stdout and "FAIL timestamps never go backwards" in done.stdout
+    else:
+        assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ---- a derived folder's manifest: a block size it cannot hold is no block size --------------
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 @pytest.mark.parametrize("declared", ['"16"', "16.0", "0", str(1 << 60)])
 @pytest.mark.parametrize("command", ["analyze", "validate"])
 def test_a_derived_manifest_with_a_damaged_block_size_is_refused_not_read_at_512(
@@ -427,7 +424,6 @@ def _bloated_header_aliased(path, groups: int) -> None:
     assert pq.read_table(path).num_rows == groups  # Arrow: ~50 ms a group
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 8")
 def test_page_headers_cost_their_bytes_once_not_once_per_row_group(tiny_tokenizer, tmp_path):
     """paths._page_header parses a page header in Python (_CompactReader, a call per value):
     a 0.9 MB header of one list costs ~0.2 s of CPU a walk (its growing slices parsed 1 KiB,

@@ -40,6 +40,11 @@ SIZE_HELP = (
     "tokens (3000000, 3M, 500k) or bytes (40GB = 40*10^9, 40GiB = 40*2^30; needs "
     "--kv-bytes-per-token or --model)"
 )
+# The largest size a capacity may be, tokens or bytes: past what any trace's prompts hold (2^50
+# tokens: 30 years at a million tokens a second), and far inside the int64 every count is kept
+# in. A size past it is a typo, refused before any work.
+MAX_CAPACITY_TOKENS = 1 << 50
+MAX_CAPACITY_BYTES = 1 << 60  # an exbibyte
 _CAPACITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 DTYPE_BYTES = {
     "fp32": 4,
@@ -81,16 +86,16 @@ def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
         raise ValueError(
             f"capacity {text.strip()!r}: write tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB)"
         )
-    value = float(match[1])
+    value = Decimal(match[1])  # exact: a float of 400 digits is inf
     if unit in _TOKEN_UNITS:
-        tokens = int(value * _TOKEN_UNITS[unit])
+        tokens = int(_within(text, value * _TOKEN_UNITS[unit], MAX_CAPACITY_TOKENS, "tokens"))
         return Capacity(tokens, tokens * kv_bytes_per_token if kv_bytes_per_token else None)
     if not kv_bytes_per_token:
         raise ValueError(
             f"capacity {text.strip()!r} is in bytes: give --kv-bytes-per-token or "
             f"--model so it can be turned into tokens"
         )
-    size = int(value * _BYTE_UNITS[unit])
+    size = int(_within(text, value * _BYTE_UNITS[unit], MAX_CAPACITY_BYTES, "bytes"))
     return Capacity(size // kv_bytes_per_token, size)
 
 
@@ -112,6 +117,16 @@ def parse_bytes(text: str, bare_unit: int) -> int:
         )
     # Decimal: 4.35MB is 4,350,000 bytes, where a float would give one byte fewer.
     return int(Decimal(match[1]) * _BYTE_UNITS[unit])
+
+
+def _within(text: str, size: Decimal, most: int, unit: str) -> Decimal:
+    """The size, refused (ValueError) past the most a capacity may be."""
+    if size > most:
+        raise ValueError(
+            f"capacity {text.strip()[:40]!r} is over the most a capacity may be, 2^"
+            f"{most.bit_length() - 1} {unit}: more than any trace holds (a typo?)"
+        )
+    return size
 
 
 GIB = 2**30

@@ -63,8 +63,11 @@ def _value_bytes(array: pa.Array) -> np.ndarray:
             return np.full(len(array), NULL_JSON_BYTES, dtype=np.int64)
         index = kind.index_type  # an integer type; numpy's by name (not pandas': its import)
         width = np.dtype(f"{'u' if pa.types.is_unsigned_integer(index) else 'i'}{index.byte_width}")
-        indices = _buffer(array.indices, 1, width, len(array))
-        return _nulls_as_json(array, entries[np.where(_valid(array), indices, 0)])
+        indices = np.where(_valid(array), _buffer(array.indices, 1, width, len(array)), 0)
+        if len(indices) and not 0 <= indices.min() <= indices.max() < len(entries):
+            # Arrow does not check a dictionary page's indices: a damaged one indexes past it
+            raise ValueError(f"a dictionary index outside its {len(entries)} entries (damaged)")
+        return _nulls_as_json(array, entries[indices])
     if pa.types.is_string(kind) or pa.types.is_binary(kind):
         return _nulls_as_json(array, np.diff(_buffer(array, 1, np.int32, len(array) + 1)) + 2)
     if pa.types.is_fixed_size_binary(kind):

@@ -12,7 +12,9 @@ import glob
 import io
 import logging
 import os
+import re
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -334,7 +336,52 @@ def parquet_file(
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
+        _check_writer(path, parquet.metadata.created_by)
+        _check_chunks_apart(path, parquet.metadata)
         yield raw, parquet
+
+
+def _check_chunks_apart(path: str, metadata: pq.FileMetaData) -> None:
+    """Column chunks lie apart, each the bytes of one column of one row group, as the Parquet
+    spec lays them out and every writer writes them; ValueError for chunks that overlap without
+    being the same bytes. Chunks named twice are walked once (chunk_pages), so the page walks
+    of a file cost its bytes once, however many row groups its footer claims."""
+    ranges = sorted(
+        {
+            _chunk_range(metadata.row_group(group).column(index))
+            for group in range(metadata.num_row_groups)
+            for index in range(metadata.num_columns)
+        }
+    )
+    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+        if start < end:
+            raise ValueError(
+                f"{path}: Parquet column chunks overlap at byte {start}: a layout no writer makes"
+            )
+
+
+# Arrow reads a column chunk up to 100 bytes past its stated size when the footer names
+# parquet-mr before 1.2.9 as its writer (PARQUET-816: that writer left the dictionary page's
+# header out of the size), bytes the page checks, which stop at the stated end, never see.
+PARQUET_816_FIXED = (1, 2, 9)
+_WRITER_VERSION = re.compile(r"\s*version\s*(\d+)\.(\d+)\.(\d+)")
+
+
+def _check_writer(path: str, created_by: str | None) -> None:
+    """Refuse (ValueError) a file Arrow would read past its chunks' stated ends: one whose
+    footer names parquet-mr, unless it names a version known to be 1.2.9 or later (a writer
+    from 2013 that neither kvtrace nor any current writer is)."""
+    named = (created_by or "").lower()
+    at = named.find("parquet-mr")
+    if at < 0:
+        return
+    version = _WRITER_VERSION.match(named, at + len("parquet-mr"))
+    if version is None or tuple(map(int, version.groups())) < PARQUET_816_FIXED:
+        raise ValueError(
+            f"{path}: written by {(created_by or '')[:60]!r}: Arrow reads such a file's column "
+            f"chunks past their stated size (PARQUET-816), bytes kvtrace cannot check first; "
+            f"rewrite it with a current writer"
+        )
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
@@ -392,10 +439,10 @@ def group_reader(
         chunk = row_group.column(index)
         if not chunk.has_dictionary_page:
             continue
-        pages = list(_pages(raw, chunk))
+        pages = chunk_pages(raw, chunk)
         # a list column's rows hold its values on average (docs/BOUNDS.md), as its pages
         # count them (the footer's counts are claims)
-        levels = chunk_levels(raw, chunk, parquet.schema.column(index).max_repetition_level, pages)
+        levels = checked_levels(raw, chunk, parquet.schema.column(index).max_repetition_level)
         values_per_row = -(-levels.values // max(levels.rows, 1))
         width = fixed_value_bytes(chunk.physical_type, parquet.schema.column(index).length)
         if width is not None:
@@ -522,9 +569,9 @@ def oversized_pages(
     try:
         for index in read:
             column = row_group.column(index)
-            pages = _within_ceiling(_pages(raw, column), group, column, max_cell_bytes)
+            _check_ceiling(chunk_pages(raw, column), group, column, max_cell_bytes)
             repeats = metadata.schema.column(index).max_repetition_level
-            most += chunk_levels(raw, column, repeats, pages).most
+            most += checked_levels(raw, column, repeats).most
     except _OverCeiling as err:
         return str(err)
     if 2 * most - 1 > max_cell_bytes:
@@ -540,10 +587,11 @@ class _OverCeiling(Exception):
     """A page that cannot be decoded within the bound: why."""
 
 
-def _within_ceiling(
+def _check_ceiling(
     pages: Iterable[Page], group: int, column: pq.ColumnChunkMetaData, max_cell_bytes: int
-) -> Iterator[Page]:
-    """The pages, each checked against the reader's ceiling before it goes on (_OverCeiling)."""
+) -> None:
+    """Each page checked against the reader's ceiling (_OverCeiling), from its header alone:
+    before any is read."""
     for page in pages:
         where = (
             f"row group {group}'s column {column.path_in_schema} has a page of {page.size} bytes"
@@ -556,7 +604,6 @@ def _within_ceiling(
             raise _OverCeiling(
                 f"{where} for {page.values} value(s): one at least is over {max_cell_bytes}"
             )
-        yield page
 
 
 class Page(NamedTuple):
@@ -569,13 +616,41 @@ class Page(NamedTuple):
     repetition: int  # v1: its repetition levels' encoding; v2: their bytes (stored plain)
 
 
+# What the page walks of an open Parquet file found, by the bytes walked: a footer's row groups
+# may all name the same column chunk, whose pages are then walked once (docs/BOUNDS.md).
+_WALKED: weakref.WeakKeyDictionary[IO[bytes], dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def chunk_pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> tuple[Page, ...]:
+    """Each page of a column chunk (_pages), its bytes walked once per open file."""
+    walked = _WALKED.setdefault(raw, {})
+    key = _chunk_range(column)
+    if key not in walked:
+        walked[key] = tuple(_pages(raw, column))
+    return walked[key]
+
+
+def checked_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, max_repetition: int) -> Levels:
+    """A column chunk's rows and levels (chunk_levels), its pages read once per open file."""
+    walked = _WALKED.setdefault(raw, {})
+    key = (*_chunk_range(column), column.compression, max_repetition)
+    if key not in walked:
+        walked[key] = chunk_levels(raw, column, max_repetition, chunk_pages(raw, column))
+    return walked[key]
+
+
+def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
+    """The bytes a column chunk claims, [start, end): its first page (the dictionary's, if
+    any) on, as Arrow reads it."""
+    start = column.data_page_offset
+    if column.has_dictionary_page and 0 < column.dictionary_page_offset < start:
+        start = column.dictionary_page_offset
+    return start, start + column.total_compressed_size
+
+
 def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
     """Each page of a column chunk, from its page headers."""
-    starts = [column.data_page_offset]
-    if column.has_dictionary_page and column.dictionary_page_offset > 0:
-        starts.append(column.dictionary_page_offset)
-    offset = min(starts)
-    end = offset + column.total_compressed_size
+    offset, end = _chunk_range(column)
     while offset < end:
         header, header_bytes = _page_header(raw, offset)
         uncompressed, compressed = header.get(2), header.get(3)

@@ -12,13 +12,16 @@ A folder holding shards by kvtrace's names is read only as the whole output it w
 as, whichever way it is named (the folder, a glob of its shards, one shard): its manifest
 there, every file it lists present with the sha256 it lists, no trace file it does not list.
 It is pinned once, when the trace files are listed (pinned_whole): opened, its manifest read
-through that descriptor, the files not read hashed. Every fact taken from it comes from that
-pin: the block size (declared_block_size) and each shard's rows, read through the same
-descriptor and checked against the pinned sha256 (trace_io.read_trace); each shard's path
-carries its pin (PinnedPath) to every reader and engine. A Beam worker in this process reads
-through the pinned descriptor; one elsewhere opens the file by its path and checks it against
-the pinned sha256. So a publish that swaps the folder meanwhile is never mixed in: it is either
-not seen or refused. A partial copy (a shard or its twin cut short, a manifest or stats.json
+through that descriptor, its identity (device and inode) kept, the files not read hashed. Every
+fact taken from it comes from that pin: the block size (declared_block_size) and each shard's
+rows, read through the folder opened again and found the same one (else refused), and checked
+against the pinned sha256 (trace_io.read_trace); each shard's path carries its pin
+(PinnedPath) to every reader and engine. The first MAX_HELD_FOLDERS folders pinned are held
+open (their files read from the folder as pinned, wherever it is moved); any other is opened
+again only while a file of it is opened or listed, so the descriptors a command holds are
+bounded however many folders it reads (docs/BOUNDS.md). A Beam worker in this process reads
+through the folder so held or checked; one elsewhere opens the file by its path and checks it against the pinned sha256. So a publish
+that swaps the folder meanwhile is never mixed in: it is either not seen or refused. A partial copy (a shard or its twin cut short, a manifest or stats.json
 not yet copied) is refused, never analysed. A trace file by a shard's name with no manifest
 beside it is refused too: nothing proves it whole (its name does not: a one-shard night copied
 halfway is still trace-00000-of-00001); renamed, it is a trace of its own.
@@ -26,6 +29,7 @@ halfway is still trace-00000-of-00001); renamed, it is a trace of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import logging
@@ -44,13 +48,17 @@ from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.paths import expand_inputs, file_identity, open_raw
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
+    DERIVED_FROM,
+    DERIVED_MANIFEST_SCHEMA,
     FORMAT,
     MANIFEST,
+    MAX_BLOCK_SIZE,
     STATS,
     TRACE_FILE,
     TRACE_SHARDS,
     is_count,
     parse_json,
+    schema_problems,
 )
 
 _LOG = logging.getLogger("kvtrace")
@@ -59,6 +67,8 @@ MAX_MANIFEST_BYTES = 16 << 20  # kvtrace's manifests are KiBs (a file list and s
 # The folders pinned in this process (or the one it forked from) and still held, by token: a
 # pin that comes back from pickling (a Beam worker here) is the folder as opened, not reopened.
 _PINNED_HERE: weakref.WeakValueDictionary[str, PublishedFolder] = weakref.WeakValueDictionary()
+# Folders held open at once, of the pins in this process: a few, whatever the folders read.
+MAX_HELD_FOLDERS = 16
 
 
 class NotWholeOutput(ValueError):
@@ -71,23 +81,26 @@ class NotWholeOutput(ValueError):
 @dataclass(frozen=True, eq=False)  # one per folder read: compared, and hashed, by identity
 class PublishedFolder:
     """What a kvtrace output folder's manifest promises: each file's sha256, the rows exported,
-    the block size; and the folder as opened when its manifest was read (descriptor: a local
-    one's, closed by close() or once the pin is dropped), which its files are opened through."""
+    the block size; and which folder was opened when its manifest was read (identity: a local
+    one's device and inode, until close()), the one its files are opened through: held open
+    (descriptor) while few are, else opened again and checked to be it."""
 
     folder: str
     sha256: dict[str, str]
     exported: int
     block_size: int | None = None
-    descriptor: int | None = None
+    identity: tuple[int, int] | None = None
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    descriptor: int | None = None
 
     def __post_init__(self) -> None:
-        if self.descriptor is not None:
+        if self.identity is not None:
             _PINNED_HERE[self.token] = self
+        if self.descriptor is not None:
             object.__setattr__(self, "_closer", weakref.finalize(self, os.close, self.descriptor))
 
     def __reduce__(self) -> tuple[Any, tuple]:
-        # The promises travel; a descriptor means nothing in another process (_pinned).
+        # The promises travel; an inode means nothing on another machine (_pinned).
         return _pinned, (self.folder, self.sha256, self.exported, self.block_size, self.token)
 
     @property
@@ -112,18 +125,40 @@ class PublishedFolder:
     def open(self, name: str) -> IO[bytes]:
         """A file of the folder as it was opened: a regular file, never through a link."""
         try:
-            return _open_file(self.folder, self.descriptor, name)
+            with self._opened() as descriptor:
+                return _open_file(self.folder, descriptor, name)
+        except NotWholeOutput:
+            raise
         except FileNotFoundError:
             raise NotWholeOutput(self.folder, f"{name} is missing") from None
         except (OSError, ValueError) as err:  # a link, a FIFO, a folder in a file's place
             raise NotWholeOutput(self.folder, f"{name} cannot be read ({err})") from None
 
     def names(self) -> set[str]:
-        return _names(self.folder, self.descriptor)
+        with self._opened() as descriptor:
+            return _names(self.folder, descriptor)
+
+    @contextmanager
+    def _opened(self) -> Iterator[int | None]:
+        """The folder opened again (a local one), for as long as a file of it is opened or its
+        names listed: the one whose manifest was read, or NotWholeOutput (a publish swapped
+        it meanwhile): the guarantee a descriptor held throughout gave, one descriptor at a
+        time."""
+        if self.descriptor is not None or self.identity is None:
+            yield self.descriptor
+            return
+        descriptor = _open_folder(self.folder)
+        try:
+            if _identity(descriptor) != self.identity:
+                raise NotWholeOutput(self.folder, "it was replaced since its manifest was read")
+            yield descriptor
+        finally:
+            os.close(descriptor)
 
     def close(self) -> None:
-        """The descriptor closed; a read after opens by path, checked against the promises."""
+        """The pin let go; a read after opens by path, checked against the promises."""
         _PINNED_HERE.pop(self.token, None)
+        object.__setattr__(self, "identity", None)
         closer = getattr(self, "_closer", None)
         if closer is not None:
             closer()
@@ -139,7 +174,7 @@ def _pinned(
     return (
         here
         if here is not None
-        else PublishedFolder(folder, sha256, exported, block_size, None, token)
+        else PublishedFolder(folder, sha256, exported, block_size, token=token)
     )
 
 
@@ -339,7 +374,7 @@ def _names(folder: str, descriptor: int | None) -> set[str]:
 @contextmanager
 def opened_folder(folder: str) -> Iterator[PublishedFolder | None]:
     """The folder's manifest promises (published_folder), its files opened through the folder
-    as opened here; the descriptor closed on leaving."""
+    as opened here; the pin let go on leaving."""
     published = published_folder(folder)
     try:
         yield published
@@ -350,19 +385,27 @@ def opened_folder(folder: str) -> Iterator[PublishedFolder | None]:
 
 def published_folder(folder: str) -> PublishedFolder | None:
     """The folder pinned: the promises of its manifest.json, read through the folder opened
-    here (a local one); None when there is none; NotWholeOutput when it is not one kvtrace
-    writes (unreadable, or lacking sha256 or records.exported). The one pinning every reader
-    and engine uses; the caller closes it (PublishedFolder.close, or opened_folder), or drops
-    it."""
+    here (a local one, closed once read); None when there is none; NotWholeOutput when it is
+    not one kvtrace writes (unreadable, or lacking sha256 or records.exported). The one pinning
+    every reader and engine uses; the caller closes it (PublishedFolder.close, or
+    opened_folder), or drops it."""
     descriptor = None if is_url(folder) else _open_folder(folder)
     try:
         published = _read_manifest(folder, descriptor)
     except BaseException:
-        _close(descriptor)
+        if descriptor is not None:
+            os.close(descriptor)
         raise
-    if published is None:
-        _close(descriptor)
-    return published
+    if descriptor is None:
+        return published
+    if published is None or _held() >= MAX_HELD_FOLDERS:
+        os.close(descriptor)
+        return published
+    return dataclasses.replace(published, descriptor=descriptor)
+
+
+def _held() -> int:
+    return sum(pin.descriptor is not None for pin in list(_PINNED_HERE.values()))
 
 
 def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | None:
@@ -391,23 +434,28 @@ def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | Non
             folder,
             f"its {MANIFEST} is not one kvtrace writes (no format, sha256 or records.exported)",
         )
+    if DERIVED_FROM in manifest and (
+        problems := schema_problems(manifest, DERIVED_MANIFEST_SCHEMA)
+    ):
+        raise NotWholeOutput(folder, f"its {MANIFEST} is not one kvtrace writes ({problems[0]})")
     block_size = manifest.get("block_size")
-    return PublishedFolder(
-        folder,
-        sha256,
-        exported,
-        block_size if is_count(block_size) and block_size > 0 else None,
-        descriptor,
-    )
+    if block_size is not None and not (is_count(block_size) and 0 < block_size <= MAX_BLOCK_SIZE):
+        # declared, but no block size --block-size takes: never read as none declared
+        raise NotWholeOutput(
+            folder,
+            f"its {MANIFEST} declares block size {str(block_size)[:40]}, not 1..{MAX_BLOCK_SIZE}",
+        )
+    identity = None if descriptor is None else _identity(descriptor)
+    return PublishedFolder(folder, sha256, exported, block_size, identity)
 
 
 def _open_folder(folder: str) -> int:
     return os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def _close(descriptor: int | None) -> None:
-    if descriptor is not None:
-        os.close(descriptor)
+def _identity(descriptor: int) -> tuple[int, int]:
+    status = os.fstat(descriptor)
+    return status.st_dev, status.st_ino
 
 
 def _open_file(folder: str, opened: int | None, name: str) -> IO[bytes]:

@@ -214,7 +214,7 @@ def _read_shard(path: str, published: PublishedFolder) -> list[dict]:
             # descriptor says) and parsed from the very bytes hashed.
             data = (
                 raw.read()
-                if published.descriptor is None
+                if published.identity is None
                 else raw.read(os.fstat(raw.fileno()).st_size + 1)
             )  # a file growing meanwhile differs
             published.check(path, _sha256_of(data))

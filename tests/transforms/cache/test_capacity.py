@@ -11,6 +11,8 @@ from kvtrace.transforms.cache.capacity import (
     DEFAULT_GPU_KV_CACHE_BYTES,
     DEFAULT_KV_BYTES_PER_TOKEN,
     GIB,
+    MAX_CAPACITY_BYTES,
+    MAX_CAPACITY_TOKENS,
     capacity_text,
     default_gpu_kv_cache,
     kv_bytes_per_token,
@@ -42,6 +44,30 @@ def test_any_text_parses_or_says_why_in_one_line(text):
         assert "\n" not in str(err) and "capacity" in str(err)
     else:
         assert capacity.tokens >= 0 and capacity.bytes is not None
+
+
+@pytest.mark.parametrize(
+    "text", ["9" * 400, "9" * 400 + "GB", "99999999999999999999999", "1125899906842625"]
+)
+def test_a_size_past_the_most_a_capacity_may_be_is_refused_not_overflowed(text):
+    with pytest.raises(ValueError, match=r"over the most a capacity may be, 2\^(50 tokens|60 bytes)"):
+        parse_capacity(text, 147_456)
+
+
+def test_the_most_a_capacity_may_be_is_taken_exactly():
+    assert parse_capacity(str(MAX_CAPACITY_TOKENS), None).tokens == MAX_CAPACITY_TOKENS
+    assert parse_capacity(f"{MAX_CAPACITY_BYTES}B", 1).bytes == MAX_CAPACITY_BYTES
+    assert parse_capacity("1024TiB", 1).bytes == 1 << 50  # a decimal read exactly, no float
+
+
+@given(st.integers(min_value=0, max_value=MAX_CAPACITY_TOKENS), st.sampled_from(["", "k", "M"]))
+def test_every_size_within_the_bound_parses_to_a_count_int64_holds(number, unit):
+    try:
+        capacity = parse_capacity(f"{number}{unit}", 147_456)
+    except ValueError as err:
+        assert "over the most" in str(err)
+    else:
+        assert 0 <= capacity.tokens <= MAX_CAPACITY_TOKENS
 
 
 def test_capacities_print_in_gib_where_a_token_has_bytes_else_in_tokens():

@@ -7,6 +7,7 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -227,3 +228,21 @@ def test_a_null_costs_what_json_spells_and_a_list_of_nulls_is_sized_from_its_off
     tracemalloc.stop()
     assert sizes.tolist() == [4 * values + CONTAINER_BYTES + 4, CONTAINER_BYTES + 4 + 3]
     assert peak < 1 << 20, peak  # numpy's allocations are traced: nothing per value
+
+
+@pytest.mark.parametrize("index", [3, -1, 1 << 30])
+def test_a_dictionary_index_outside_its_entries_is_refused_not_read_past(index):
+    """Arrow does not check a dictionary page's indices against its entries: a damaged page's
+    index past them (or negative: numpy would read from the end) is a ValueError, not an
+    IndexError or another entry's size."""
+    damaged = pa.DictionaryArray.from_arrays(
+        pa.array([0, index], pa.int32()), pa.array(["a", "bb", "ccc"]), safe=False
+    )
+    with pytest.raises(ValueError, match="outside its 3 entries"):
+        least_json_bytes(pa.record_batch([damaged], ["s"]))
+
+
+def test_a_null_rows_index_is_never_looked_at():
+    indices = pa.array([2, None], pa.int32())
+    column = pa.DictionaryArray.from_arrays(indices, pa.array(["a", "bb", "ccc"]))
+    assert least_json_bytes(pa.record_batch([column], ["s"])).tolist() == [5, 4]

@@ -10,7 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kvtrace.transforms.read.paths import expand_inputs, python_values, read_parquet_within
+from kvtrace.transforms.read.paths import (
+    _check_writer,
+    expand_inputs,
+    python_values,
+    read_parquet_within,
+)
 
 
 def test_an_existing_path_is_the_file_whatever_its_characters(tmp_path):
@@ -145,3 +150,55 @@ def test_a_parquet_column_nested_past_a_record_s_depth_is_refused_without_recurs
             read_parquet_within(str(path), 1 << 20, ["a"])
     else:
         assert read_parquet_within(str(path), 1 << 20, ["a"]).table["a"].to_pylist() == [1]
+
+
+@pytest.mark.parametrize(
+    "created_by",
+    [
+        "parquet-mr version 1.2.8 (build abc)",
+        "parquet-mr version 1.2.8",
+        "parquet-mr",  # no version: not known to be one with the fix
+        "Parquet-MR version 1.2",
+        "parquet-mr version 0.9.99",
+    ],
+)
+def test_a_file_arrow_reads_past_its_chunks_stated_ends_is_refused(created_by):
+    """Arrow pads a chunk's read by 100 bytes for parquet-mr before 1.2.9 (PARQUET-816): the
+    page walk stops at the stated end, so such a file is refused, never half checked."""
+    with pytest.raises(ValueError, match="PARQUET-816"):
+        _check_writer("f.parquet", created_by)
+
+
+@pytest.mark.parametrize(
+    "created_by",
+    [
+        None,
+        "parquet-cpp-arrow version 17.0.0",
+        "parquet-mr version 1.2.9 (build x)",
+        "parquet-mr version 1.12.3 (build f8dced182c4c1fbdec6ccb3185537b5a01e6ed6b)",
+        "parquet-rs version 53.0.0",
+    ],
+)
+def test_a_file_arrow_reads_within_its_chunks_is_accepted(created_by):
+    _check_writer("f.parquet", created_by)
+
+
+def test_a_chunk_named_by_many_row_groups_is_walked_once(tmp_path):
+    """The page walk of an open file is kept by the bytes walked: a footer whose row groups
+    all name one chunk costs its bytes once, not once per group."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtrace.transforms.read.paths import checked_levels, chunk_pages
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"ids": [[1, 2], [3]]}), buf)
+    column = pq.ParquetFile(buf).metadata.row_group(0).column(0)
+    assert chunk_pages(buf, column) is chunk_pages(buf, column)
+    assert checked_levels(buf, column, 1) is checked_levels(buf, column, 1)
+    assert checked_levels(buf, column, 1).rows == 2
+    other = io.BytesIO(buf.getvalue())  # another open file: walked on its own
+    assert chunk_pages(other, column) == chunk_pages(buf, column)
+    assert chunk_pages(other, column) is not chunk_pages(buf, column)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.paths import count_lines
 from kvtrace.transforms.read.trace_inputs import (
+    MAX_HELD_FOLDERS,
     NotWholeOutput,
     declared_block_size,
     opened_folder,
@@ -136,6 +137,29 @@ def test_a_manifest_kvtrace_would_not_write_is_refused(tmp_path, manifest):
     (folder / "manifest.json").write_bytes(manifest)
     with pytest.raises(NotWholeOutput, match="manifest.json"):
         _read(str(folder))
+
+
+@pytest.mark.parametrize("block_size", ["16", 16.0, 0, -4, True, 1 << 21, 1 << 60])
+def test_a_declared_block_size_no_block_size_flag_takes_is_refused_not_read_as_none(
+    tmp_path, block_size
+):
+    folder = published(tmp_path / "out", [ROWS], block_size=block_size)
+    with pytest.raises(NotWholeOutput, match="declares block size"):
+        _read(str(folder))
+
+
+def test_a_derived_manifest_is_checked_against_its_declared_schema(tmp_path):
+    folder = published(tmp_path / "out", [ROWS])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["derived_from"] = {"command": "no-such-command"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(NotWholeOutput, match=r"not one kvtrace writes \(.*required property"):
+        _read(str(folder))
+
+
+def test_a_block_size_within_the_flags_bound_is_read_as_declared(tmp_path):
+    folder = published(tmp_path / "out", [ROWS], block_size=1 << 20)
+    assert declared_block_size(trace_files([str(folder)])) == 1 << 20
 
 
 def test_rows_that_do_not_add_up_to_the_records_exported_are_refused(tmp_path):
@@ -391,6 +415,30 @@ def test_a_pin_that_travels_reads_the_pinned_output_or_is_refused(tmp_path):
     assert (
         b"trace-00000-of-00001.jsonl differs from its manifest (copied partly?)" in elsewhere.stderr
     )
+
+
+def test_the_folders_held_open_are_a_few_however_many_are_read(tmp_path):
+    """Past MAX_HELD_FOLDERS, a folder is open only while a file of it is opened: descriptors
+    do not grow with the folders a command reads (docs/BOUNDS.md)."""
+    count = MAX_HELD_FOLDERS + 20
+    folders = [str(published(tmp_path / f"out{i}", [ROWS])) for i in range(count)]
+    before = len(os.listdir("/proc/self/fd"))
+    files = trace_files(folders)
+    assert len(os.listdir("/proc/self/fd")) <= before + MAX_HELD_FOLDERS
+    assert len(read_trace(files)) == 5 * count
+    assert len(os.listdir("/proc/self/fd")) <= before + MAX_HELD_FOLDERS
+
+
+def test_a_folder_not_held_and_swapped_after_it_was_pinned_is_refused_not_read(tmp_path):
+    """A folder pinned past the ones held keeps its identity: opened again to read a shard, it
+    must be the one whose manifest was read, as a held descriptor makes sure."""
+    held = [str(published(tmp_path / f"held{i}", [ROWS])) for i in range(MAX_HELD_FOLDERS)]
+    out = published(tmp_path / "out", [ROWS])
+    files = trace_files([*held, str(out)])
+    staged = published(tmp_path / "next", [ROWS])  # the same bytes, another folder
+    _swap(out, staged)
+    with pytest.raises(NotWholeOutput, match="replaced since its manifest was read"):
+        read_trace(files)
 
 
 def test_a_pinned_folder_is_closed_once_its_files_are_dropped(tmp_path):
