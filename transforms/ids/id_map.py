@@ -539,6 +539,14 @@ def settle_segments(
     }
 
 
+def discard_run_segments(written: list[SegmentFile]) -> None:
+    """Remove a refused run's segment files before they settle: they sit in folders named by
+    its own run id (write_segment_shard), which no version lists and no other run writes, and
+    cleanup would never reach them (they target a version the map does not reach)."""
+    for folder in sorted({f.path.rsplit("/", 1)[0] for f in written}):
+        storage.remove_folder(folder)
+
+
 def shard_of_segment(path: str) -> int:
     """The hash shard a segment file holds, from its name (blocks-00012.parquet: 12)."""
     return int(path.rsplit("-", 1)[1].removesuffix(".parquet"))
@@ -1051,14 +1059,20 @@ def publish_night(
     version its mark in the folder of marks names (anchor.py); the version records the night
     (Night: folder holds its trace shards as written). Returns the manifest to publish: a night the map recorded already (a rerun after
     a run killed past its commit) names the start recorded for it, not the map's current one."""
-    check_night_kind(directory, base, earliest_ms)
-    key = map_key(salt.load())
-    check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
-    check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
-    night = Night(manifest["id_map"], night_identity(manifest, folder), files_identity(manifest))
-    recorded = recorded_start(base, *night.identities())
-    if recorded is None and earliest_ms is not None:
-        check_night_follows(directory, base, night)
+    try:  # every check before the run's segments settle; a refusal takes them away
+        check_night_kind(directory, base, earliest_ms)
+        key = map_key(salt.load())
+        check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
+        check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+        night = Night(
+            manifest["id_map"], night_identity(manifest, folder), files_identity(manifest)
+        )
+        recorded = recorded_start(base, *night.identities())
+        if recorded is None and earliest_ms is not None:
+            check_night_follows(directory, base, night)
+    except BaseException:
+        discard_run_segments(block_files + session_files)
+        raise
     published = manifest if recorded is None else manifest | {"id_map": recorded}
     new = next_version(
         directory,

@@ -20,19 +20,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtrace.transforms.ids.row_order import published_order
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.stats.trace_blocks import causal_order, last_block_tokens, prefix_ids
+from kvtrace.transforms.stats.trace_blocks import last_block_tokens, prefix_ids
 
 
 @dataclass(frozen=True)
 class RowParts:
     """Per row, file order: how many leading blocks are shared, how many it has in common with
-    the row before it in its session, and that row (-1 for none); rows in causal order."""
+    the row before it in its session, and that row (-1 for none); rows in content order (time
+    first, so causal; turns of one session at one time by what they hold, not where they sit)."""
 
     shared: np.ndarray  # int64
     common: np.ndarray  # int64: leading blocks in common with previous_turn (0 without one)
     previous_turn: np.ndarray  # int64 row index, -1
-    order: np.ndarray  # row indices in causal order (timestamp, file order)
+    order: np.ndarray  # row indices in content_order: causal, ties by content, never position
     prefix: np.ndarray  # per block (file order): the exact prefix's id (or 64-bit key)
     last_tokens: np.ndarray  # per row: tokens of its last block (0 without blocks)
 
@@ -46,8 +48,11 @@ class RowParts:
         """shared and prefix are computed from the trace unless given: the Beam engine gives
         them for a shard of conversations (shared-ness is counted over the whole trace, and
         prefixes are identified by their 64-bit keys, the same in every shard)."""
-        prefix = prefix_ids(trace) if prefix is None else prefix
-        order = np.argsort(causal_order(trace), kind="stable")
+        exact = prefix_ids(trace)
+        prefix = exact if prefix is None else prefix
+        # Exact ids order rows alike in a shard and in the whole trace (by length, then as id
+        # sequences); 64-bit keys would order a session's tied turns otherwise than locally.
+        order = content_order(trace, exact)
         if shared is None:
             shared = _shared_lengths(trace, prefix, _units(trace))
         previous = _previous_turns(trace, order)
@@ -62,6 +67,30 @@ class RowParts:
 def session_text(session: object) -> str:
     """A session id as hashed: its JSON type and value (1 and "1" are different sessions)."""
     return f"{type(session).__name__}:{session}"
+
+
+def content_order(trace: Trace, prefix: np.ndarray) -> np.ndarray:
+    """Row indices in the order of what the rows hold: published order (time, input and output
+    length: ids/row_order.py), then the ids (the exact prefix id of a row's last block names its
+    whole sequence), then the session. Time first, so a session's turns stay causal; rows equal
+    in all of it are alike to a draw."""
+    sequence = np.full(len(trace), -1, dtype=np.int64)
+    has_ids = trace.lengths > 0
+    sequence[has_ids] = prefix[trace.offsets[1:][has_ids] - 1]
+    return published_order(
+        trace.timestamp, trace.input_length, trace.output_length, sequence, _session_ranks(trace)
+    )
+
+
+def _session_ranks(trace: Trace) -> np.ndarray:
+    """Per row, its session's rank among the sessions as hashed (session_text); -1 for none."""
+    if trace.session is None:
+        return np.full(len(trace), -1, dtype=np.int64)
+    texts = sorted({session_text(s) for s in trace.session.tolist() if s is not None})
+    rank = {text: i for i, text in enumerate(texts)}
+    return np.array(
+        [-1 if s is None else rank[session_text(s)] for s in trace.session.tolist()], dtype=np.int64
+    )
 
 
 def _units(trace: Trace) -> np.ndarray:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvtrace.transforms.ids.row_order import published_order
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.synth.parts import RowParts, session_text
+from kvtrace.transforms.synth.parts import RowParts, content_order
 
 
 def sample_requests(
@@ -72,30 +71,6 @@ def sample_requests(
         clock += float(gaps[rng.integers(len(gaps))])
     rows.sort(key=lambda r: r[0])
     return _as_trace(rows, trace.session is not None)
-
-
-def content_order(trace: Trace, prefix: np.ndarray) -> np.ndarray:
-    """Row indices in the order of what the rows hold: published order (time, input and output
-    length: ids/row_order.py), then the ids (the exact prefix id of a row's last block names its
-    whole sequence), then the session. Time first, so a session's turns stay causal; rows equal
-    in all of it are alike to a draw."""
-    sequence = np.full(len(trace), -1, dtype=np.int64)
-    has_ids = trace.lengths > 0
-    sequence[has_ids] = prefix[trace.offsets[1:][has_ids] - 1]
-    return published_order(
-        trace.timestamp, trace.input_length, trace.output_length, sequence, _session_ranks(trace)
-    )
-
-
-def _session_ranks(trace: Trace) -> np.ndarray:
-    """Per row, its session's rank among the sessions as hashed (session_text); -1 for none."""
-    if trace.session is None:
-        return np.full(len(trace), -1, dtype=np.int64)
-    texts = sorted({session_text(s) for s in trace.session.tolist() if s is not None})
-    rank = {text: i for i, text in enumerate(texts)}
-    return np.array(
-        [-1 if s is None else rank[session_text(s)] for s in trace.session.tolist()], dtype=np.int64
-    )
 
 
 def _conversations(trace: Trace, order: np.ndarray) -> list[list[int]]:

@@ -29,7 +29,7 @@ from kvtrace.transforms.synth.synthesize import (
     SynthConfig,
     scaled_osl,
     scaled_timestamps,
-    unit_copies,
+    tree_copies,
 )
 
 VISIT = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("unit", "<u8"), ("rowkey", "<i8")])
@@ -196,7 +196,7 @@ def reshape_conversations(
     if len(shared):
         np.add.at(counts, np.searchsorted(keys, shared["rowkey"]), shared["shared"])
     parts = RowParts.of(trace, block_size, shared=counts, prefix=conversations.prefix_key)
-    copies = unit_copies(keys, trace.session, config.knobs.prefix_root_multiplier, config.seed)
+    copies = tree_copies(trace, config.knobs.prefix_root_multiplier, config.seed)
     reshaped = reshape(trace, parts, config.knobs, copies, block_size, hashed_label)
     keep = np.ones(len(trace), dtype=bool)
     if config.min_isl is not None:

@@ -16,8 +16,7 @@ import xxhash
 
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.read.trace_io import HIGHEST, Trace
-from kvtrace.transforms.stats.trace_blocks import prefix_ids
-from kvtrace.transforms.stats.trace_shards import LINE_BITS
+from kvtrace.transforms.stats.trace_blocks import causal_order, prefix_ids
 from kvtrace.transforms.synth.parts import RowParts, session_text
 from kvtrace.transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from kvtrace.transforms.synth.sample import sample_requests
@@ -72,7 +71,10 @@ def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
         keep &= reshaped.input_length >= config.min_isl
     if config.max_isl is not None:
         keep &= reshaped.input_length <= config.max_isl
-    rows = parts.order[keep[parts.order]]  # causal order, the output's
+    # The output's order: causal (time, file order), as the Beam engine ranks rows
+    # (shards.rank_bucket); ties of one time stay in file order in both engines for now.
+    causal = np.argsort(causal_order(trace), kind="stable")
+    rows = causal[keep[causal]]
     timestamp = scaled_timestamps(trace.timestamp[rows], config)
     order = np.argsort(timestamp, kind="stable")  # division keeps the order; floor may tie
     rows, timestamp = rows[order], timestamp[order]
@@ -96,25 +98,38 @@ def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
 
 def tree_copies(trace: Trace, copies: int, seed: int) -> np.ndarray:
     """A tree copy per row, drawn once per session (a request without one is its own): turns
-    of a conversation stay in one tree. Drawn from a hash of (seed, session or row key), so a
-    shard of conversations draws the same trees as the whole trace."""
-    rowkey = (trace.file_index.astype(np.int64) << LINE_BITS) | trace.line
-    return unit_copies(rowkey, trace.session, copies, seed)
-
-
-def unit_copies(
-    rowkey: np.ndarray, session: np.ndarray | None, copies: int, seed: int
-) -> np.ndarray:
+    of a conversation stay in one tree. Drawn from a hash of the seed and the session, or of
+    what a request without one holds (time, lengths, ids), never of where it sits: the same rows
+    in any order or split draw the same trees, and a shard of conversations draws what the
+    whole trace does."""
     if copies == 1:
-        return np.zeros(len(rowkey), dtype=np.int64)
-    seed_key = mix64(np.array([seed], dtype=np.uint64))[0]
-    drawn = mix64(rowkey.astype(np.uint64) ^ seed_key)
-    if session is not None:
-        for row in np.flatnonzero(session != None).tolist():  # noqa: E711 (elementwise)
-            drawn[row] = xxhash.xxh3_64_intdigest(
-                session_text(session[row]).encode(), seed=int(seed_key)
-            )
+        return np.zeros(len(trace), dtype=np.int64)
+    seed_key = int(mix64(np.array([seed], dtype=np.uint64))[0])
+    sessions = trace.session.tolist() if trace.session is not None else [None] * len(trace)
+    drawn = np.array(
+        [
+            xxhash.xxh3_64_intdigest(_unit_bytes(trace, row, session), seed=seed_key)
+            for row, session in enumerate(sessions)
+        ],
+        dtype=np.uint64,
+    )
     return (drawn % np.uint64(copies)).astype(np.int64)
+
+
+def _unit_bytes(trace: Trace, row: int, session: object) -> bytes:
+    """What names a row's unit: its session as hashed (session_text), else the row's content
+    (a NUL after "row" keeps it apart from every session text, which starts with a type name)."""
+    if session is not None:
+        return session_text(session).encode()
+    lengths = np.array([trace.input_length[row], trace.output_length[row]], dtype="<i8")
+    return b"".join(
+        [
+            b"row\0",
+            np.array([trace.timestamp[row]], dtype="<f8").tobytes(),
+            lengths.tobytes(),
+            trace.ids[trace.offsets[row] : trace.offsets[row + 1]].astype("<i8").tobytes(),
+        ]
+    )
 
 
 def scaled_timestamps(timestamp: np.ndarray, config: SynthConfig) -> np.ndarray:
