@@ -50,7 +50,9 @@ def test_any_text_parses_or_says_why_in_one_line(text):
     "text", ["9" * 400, "9" * 400 + "GB", "99999999999999999999999", "1125899906842625"]
 )
 def test_a_size_past_the_most_a_capacity_may_be_is_refused_not_overflowed(text):
-    with pytest.raises(ValueError, match=r"over the most a capacity may be, 2\^(50 tokens|60 bytes)"):
+    with pytest.raises(
+        ValueError, match=r"over the most a capacity may be, 2\^(50 tokens|60 bytes)"
+    ):
         parse_capacity(text, 147_456)
 
 
