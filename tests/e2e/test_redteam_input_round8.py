@@ -6,47 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import KVTRACE, kvtrace_child, peak_rss_mb
 
 pytestmark = [pytest.mark.slow]
-
-
-def _kvtrace(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **kwargs.pop("env", {})},
-        **kwargs,
-    )
-
-
-def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
-    """(exit code, peak RSS in MB, stderr) of a kvtrace command run in a child."""
-    probe = (
-        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, sys.executable, "-m", "kvtrace.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    code, peak = done.stdout.split()[-2:]
-    return int(code), int(peak), done.stderr
 
 
 def _zigzag_varint(value: int) -> bytes:
@@ -128,7 +94,7 @@ def test_a_page_past_the_chunks_stated_end_is_checked_before_arrow_decodes_it(tm
     src = tmp_path / "trace.parquet"
     _hidden_last_page(src, 40_000_000)
     assert src.stat().st_size < 2048
-    _, peak, said = _peak_rss_mb(["analyze", str(src), "--block-size", "16"])
+    _, peak, said = peak_rss_mb([*KVTRACE, "analyze", str(src), "--block-size", "16"])
     assert "Traceback" not in said, said[-2000:]
     assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
 
@@ -163,8 +129,8 @@ def test_a_size_past_any_count_is_a_usage_error_naming_the_flag(tmp_path, size):
     OverflowError: ...` (exit 1), the catch-all for a crash, while `--capacity 3X` is a usage
     error naming the capacity (exit 2). Promise: a bad option is a one-line error saying what
     is wrong with it, before the input is read."""
-    done = _kvtrace(
-        [
+    done = kvtrace_child(
+        *[
             "simulate",
             _small_trace(tmp_path),
             "--block-size",
@@ -229,8 +195,8 @@ def test_a_damaged_dictionary_page_is_a_dead_letter_not_the_end_of_the_run(
         json.dumps({"timestamp": 1735689600, "prompt": "hello world", "output_length": 1}) + "\n"
     )
     out = tmp_path / "out"
-    done = _kvtrace(
-        [
+    done = kvtrace_child(
+        *[
             "anonymize",
             "--input",
             str(tmp_path / "bad.parquet"),
@@ -264,7 +230,7 @@ def test_a_damaged_dictionary_page_in_a_trace_is_malformed_not_a_crash(tmp_path,
     one-line error saying what is wrong with the file, never an unanticipated crash."""
     src = tmp_path / "trace.parquet"
     _dictionary_index_past_its_end(src, trace=True)
-    done = _kvtrace([command, str(src), "--block-size", "4"])
+    done = kvtrace_child(*[command, str(src), "--block-size", "4"])
     assert "the job failed" not in done.stderr and "IndexError" not in done.stderr, done.stderr
 
 
@@ -291,7 +257,7 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
         )
     )
     first = tmp_path / "f000"
-    made = _kvtrace(["synthesize", str(source), "--block-size", "16", "-o", str(first)])
+    made = kvtrace_child(*["synthesize", str(source), "--block-size", "16", "-o", str(first)])
     assert made.returncode == 0, made.stderr[-2000:]
     folders = [str(first)]
     for index in range(1, 300):
@@ -304,7 +270,7 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
     def few_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
-    done = _kvtrace([*command, *folders], preexec_fn=few_files)
+    done = kvtrace_child(*[*command, *folders], preexec_fn=few_files)
     assert "Too many open files" not in done.stderr, done.stderr[-2000:]
     if command == ["validate"]:  # 300 copies of one trace, read as one, go back in time
         assert "900 rows" in done.stdout and "FAIL timestamps never go backwards" in done.stdout
@@ -340,13 +306,13 @@ def test_a_derived_manifest_with_a_damaged_block_size_is_refused_not_read_at_512
         )
     )
     folder = tmp_path / "derived"
-    made = _kvtrace(["synthesize", str(source), "--block-size", "16", "-o", str(folder)])
+    made = kvtrace_child(*["synthesize", str(source), "--block-size", "16", "-o", str(folder)])
     assert made.returncode == 0, made.stderr[-2000:]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["block_size"] == 16
     manifest["block_size"] = json.loads(declared)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    done = _kvtrace([command, str(folder)])
+    done = kvtrace_child(*[command, str(folder)])
     said = (done.stdout + done.stderr).lower()
     read_at_16 = "block size: 16" in said or "block size 16" in said
     assert done.returncode != 0 or read_at_16, said[-2000:]
@@ -438,8 +404,8 @@ def test_page_headers_cost_their_bytes_once_not_once_per_row_group(tiny_tokenize
     _bloated_header_aliased(src, 300)
     assert src.stat().st_size < 1 << 20
     try:
-        done = _kvtrace(
-            ["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
+        done = kvtrace_child(
+            *["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
              "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1"],
             timeout=60,
         )  # fmt: skip
