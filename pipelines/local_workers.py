@@ -183,7 +183,11 @@ def worker_death(workers: list[Any]) -> str:
     last words its native code wrote (a Rust abort says why there, nowhere else), which are
     logged at WARNING too."""
     codes = [worker.exitcode for worker in workers if worker.exitcode]
-    cause = next((code for code in codes if code != -signal.SIGTERM), codes[0] if codes else None)
+    # A signal (an abort, a segfault, the OOM killer) is the cause; a sibling's exit code, or the
+    # SIGTERM the pool ends the others with, follows from it.
+    ranked = [c for c in codes if c < 0 and c != -signal.SIGTERM]
+    ranked += [c for c in codes if c > 0] + codes
+    cause = ranked[0] if ranked else None
     how = (
         ""
         if cause is None
