@@ -169,6 +169,9 @@ def leave_stopping_to_parent() -> None:
 def end_workers(pool: ProcessPoolExecutor) -> None:
     """Workers ended at once, their work abandoned: shutting the pool down would wait for it."""
     workers = list((pool._processes or {}).values())  # the executor has no public handle on them
+    # The pool's own thread reaps a dead worker too: until it is done, the worker's exit code may
+    # read as unknown here (worker_death would not name the signal).
+    reaper = pool._executor_manager_thread
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
         worker.terminate()
@@ -176,6 +179,8 @@ def end_workers(pool: ProcessPoolExecutor) -> None:
         worker.join(END_WORKERS_S)
         if worker.is_alive():
             worker.kill()
+    if reaper is not None:
+        reaper.join(END_WORKERS_S)
 
 
 def worker_death(workers: list[Any]) -> str:
