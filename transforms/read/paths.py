@@ -1119,11 +1119,20 @@ def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
 def without_views(schema: pa.Schema) -> pa.Schema:
     """The file's Arrow schema with view types (string_view, binary_view, list_view: what newer
     Arrow writers keep in a file) as their plain twins: the values are the same, and Arrow
-    casts dictionary chunks to the plain types only."""
+    casts dictionary chunks to the plain types only. Nanosecond times become microseconds
+    (floored: cast with safe=False): Python's datetime holds no finer, and without pandas Arrow
+    refuses to convert a value with nanoseconds at all, so a pandas-written log (its default
+    unit) would be refused row by row, or read otherwise where pandas is installed."""
     return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
 
 
 def _plain_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(kind) and kind.unit == "ns":
+        return pa.timestamp("us", kind.tz)
+    if pa.types.is_duration(kind) and kind.unit == "ns":
+        return pa.duration("us")
+    if pa.types.is_time64(kind) and kind.unit == "ns":
+        return pa.time64("us")
     if pa.types.is_string_view(kind):
         return pa.large_string()
     if pa.types.is_binary_view(kind):

@@ -296,7 +296,7 @@ def _python_rows(
     precision) fails its row alone: the rows are then converted one by one, and each that
     fails is a dead letter saying why, numbered from `first`."""
     try:
-        converted = rows.cast(dense).to_pylist()
+        converted = rows.cast(dense, safe=False).to_pylist()  # without_views: ns floored
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
@@ -305,7 +305,7 @@ def _python_rows(
         return
     for index in range(rows.num_rows):
         try:
-            [row] = rows.slice(index, 1).cast(dense).to_pylist()
+            [row] = rows.slice(index, 1).cast(dense, safe=False).to_pylist()
         except CONVERSION_FAILURES as err:
             failed = unanticipated(err)
             yield DeadLetter(

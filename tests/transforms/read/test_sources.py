@@ -253,6 +253,31 @@ def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
     ]
 
 
+def test_nanosecond_columns_read_floored_to_microseconds_with_or_without_pandas(tmp_path):
+    """pandas writes timestamps in ns: Arrow converts a value with nanoseconds only through
+    pandas, so without it every row was refused (and read otherwise with it). Any column in
+    ns, the request's timestamp or one kvtrace ignores (a latency), reads floored to us."""
+    import datetime as dt
+
+    epoch_ns = 1_763_700_061_007_654_321
+    path = tmp_path / "pandas.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([epoch_ns], pa.timestamp("ns", tz="UTC")),
+                "latency": pa.array([1_234_567], pa.duration("ns")),
+                "at": pa.array([5_000_000_001], pa.time64("ns")),
+                "prompt": ["hello"],
+            }
+        ),
+        path,
+    )
+    [(_, row)] = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert row["timestamp"] == dt.datetime(2025, 11, 21, 4, 41, 1, 7654, tzinfo=dt.timezone.utc)
+    assert row["latency"] == dt.timedelta(microseconds=1234)
+    assert row["at"] == dt.time(0, 0, 5)
+
+
 @pytest.mark.parametrize("padding, whole", [(4, True), (8, True), (3, False), (5, False)])
 def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
     """.xz lets NUL bytes, a multiple of 4, follow a stream (xz -dc reads past them); any other
