@@ -1,0 +1,202 @@
+"""Red team round 9, the gate (nothing private published): reproducers of what `kvtrace audit`
+still lets through, or cannot refuse within its bounds, on a folder anonymize published. Each
+test asserts the promised behaviour, so each fails today (xfail, strict)."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import chat, kvtrace_child, peak_rss_mb, write_jsonl
+
+pytestmark = pytest.mark.slow
+ROUND9 = "red team round 9"
+SHARD = "trace-00000-of-00001"
+
+
+@pytest.fixture(scope="module")
+def night(tiny_tokenizer, tmp_path_factory) -> Path:
+    """A publishable night at block size 4: six rows, two sessions."""
+    tmp = tmp_path_factory.mktemp("redgate9")
+    log = write_jsonl(tmp / "night.jsonl", [chat(i, 1000 * i, f"s{i % 2}") for i in range(6)])
+    made = kvtrace_child(
+        "anonymize", "--input", str(log), "--output", str(tmp / "out"),
+        "--tokenizer", tiny_tokenizer, "--block-size", "4",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    audited = kvtrace_child("audit", str(tmp / "out"))
+    assert audited.returncode == 0, audited.stdout
+    return tmp / "out"
+
+
+# --- Thrift's compact protocol, as far as a Parquet footer and page header need it -----------
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _value(data: bytes, at: int, kind: int) -> tuple[object, int]:
+    if kind in (1, 2):  # booleans live in the field header
+        return kind == 1, at
+    if kind == 3:
+        return data[at], at + 1
+    if kind in (4, 5, 6):
+        raw, at = _varint(data, at)
+        return (raw >> 1) ^ -(raw & 1), at
+    if kind == 7:
+        return data[at : at + 8], at + 8
+    if kind == 8:
+        size, at = _varint(data, at)
+        return data[at : at + size], at + size
+    if kind == 9:
+        head, at = data[at], at + 1
+        count, item = head >> 4, head & 15
+        if count == 15:
+            count, at = _varint(data, at)
+        items = []
+        for _ in range(count):
+            value, at = (data[at] == 1, at + 1) if item in (1, 2) else _value(data, at, item)
+            items.append(value)
+        return (item, items), at
+    if kind == 12:
+        return _decode(data, at)
+    raise ValueError(f"thrift type {kind}")
+
+
+def _decode(data: bytes, at: int = 0) -> tuple[list, int]:
+    """A struct as [field id, type, value] triples."""
+    fields, last = [], 0
+    while data[at]:
+        head, at = data[at], at + 1
+        kind, delta = head & 15, head >> 4
+        if delta:
+            number = last + delta
+        else:
+            raw, at = _varint(data, at)
+            number = (raw >> 1) ^ -(raw & 1)
+        value, at = _value(data, at, kind)
+        fields.append([number, kind, value])
+        last = number
+    return fields, at + 1
+
+
+def _encoded(kind: int, value: object) -> bytes:
+    if kind == 3:
+        return bytes([value])
+    if kind in (4, 5, 6):
+        return _uvarint((value << 1) ^ (value >> 63))
+    if kind == 7:
+        return value
+    if kind == 8:
+        return _uvarint(len(value)) + value
+    if kind == 9:
+        item, items = value
+        head = bytes([len(items) << 4 | item]) if len(items) < 15 else bytes([0xF0 | item])
+        head += _uvarint(len(items)) if len(items) >= 15 else b""
+        return head + b"".join(
+            bytes([1 if v else 2]) if item in (1, 2) else _encoded(item, v) for v in items
+        )
+    return _encode(value)
+
+
+def _encode(fields: list) -> bytes:
+    out, last = bytearray(), 0
+    for number, kind, value in fields:
+        wire = (1 if value else 2) if kind in (1, 2) else kind
+        delta = number - last
+        out += bytes([delta << 4 | wire]) if 0 < delta <= 15 else bytes([wire]) + _uvarint(number)
+        out += b"" if kind in (1, 2) else _encoded(kind, value)
+        last = number
+    return bytes(out + b"\0")
+
+
+def _field(fields: list, number: int) -> list:
+    return next(f for f in fields if f[0] == number)
+
+
+def _rle(count: int, level: int) -> bytes:
+    """One run of the RLE/bit-packed hybrid at bit width 1."""
+    return _uvarint(count << 1) + bytes([level])
+
+
+def _hash_ids_swapped_for_a_page_of(parquet: bytes, values: int) -> bytes:
+    """kvtrace's Parquet shard whose hash_ids chunk is one zstd data page of `values` zero ids
+    in the shard's six rows (the last holding the rest), its footer unchanged but for where the
+    chunk lies: it still counts the chunk's values as kvtrace wrote them. The page is ~100
+    bytes per 8 MB of ids (zstd frames of zeros, concatenated)."""
+    from pyarrow import Codec
+
+    size = struct.unpack("<i", parquet[-8:-4])[0]
+    footer, _ = _decode(parquet[-8 - size : -8])
+    body = parquet[: -8 - size]
+    repetition = _rle(6, 0) + _rle(values - 6, 1)
+    definition = _rle(values, 1)
+    levels = b"".join(struct.pack("<i", len(r)) + r for r in (repetition, definition))
+    frame = 8 << 20
+    zstd = Codec("zstd")
+    data = zstd.compress(levels, asbytes=True) + zstd.compress(bytes(frame), asbytes=True) * (
+        8 * values // frame
+    )
+    page_header = _encode(
+        [
+            [1, 5, 0],  # a v1 data page
+            [2, 5, len(levels) + 8 * values],  # uncompressed
+            [3, 5, len(data)],
+            [5, 12, [[1, 5, values], [2, 5, 0], [3, 5, 3], [4, 5, 3]]],  # PLAIN, RLE levels
+        ]
+    )
+    group = _field(footer, 4)[2][1][0]
+    chunk = _field(_field(group, 1)[2][1][3], 3)[2]  # hash_ids.list.element's metadata
+    # Sizes and where the chunk starts; its statistics and encoding stats dropped (the
+    # dictionary page they describe is gone). num_values (field 5) is kvtrace's count.
+    chunk[:] = sorted(
+        [f for f in chunk if f[0] not in (6, 7, 9, 11, 12, 13, 16)]
+        + [
+            [6, 6, len(page_header) + len(levels) + 8 * values],
+            [7, 6, len(page_header) + len(data)],
+            [9, 6, len(body)],
+        ]
+    )
+    footer_bytes = _encode(footer)
+    return body + page_header + data + footer_bytes + struct.pack("<i", len(footer_bytes)) + b"PAR1"
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND9)
+def test_a_parquet_page_larger_than_its_footer_says_is_decoded_whole(night, tmp_path):
+    """The audit bounds a Parquet shard's rows and values by its footer (columns_of_parquet:
+    num_rows, each chunk's num_values, against the JSONL twin's size), then lets Arrow decode
+    it; but Arrow decodes by the page headers, which the footer's counts do not bind (the input
+    reader walks them: read/paths.oversized_pages). A 7 KB shard whose footer still counts the
+    33 ids kvtrace wrote but whose one page holds 16M zero ids (128 MB) costs the audit ~650 MB
+    (96 MB for the untouched night): 2^31 bytes per page, a few GB for a file of a few KB. The
+    gate should refuse it from its page headers, before decoding, in bounded memory."""
+    folder = tmp_path / "night"
+    shutil.copytree(night, folder)
+    shard = folder / f"{SHARD}.parquet"
+    shard.write_bytes(_hash_ids_swapped_for_a_page_of(shard.read_bytes(), 16 << 20))
+    assert shard.stat().st_size < 16 << 10
+    code, peak_mb, _ = peak_rss_mb([sys.executable, "-m", "kvtrace.cli", "audit", str(folder)])
+    assert code == 1
+    assert peak_mb < 300, (
+        f"the audit of a {shard.stat().st_size:,}-byte shard peaked at {peak_mb} MB"
+    )
