@@ -134,6 +134,23 @@ def _field(fields: list, number: int) -> list:
     return next(f for f in fields if f[0] == number)
 
 
+def _footer(parquet: bytes) -> tuple[list, bytes]:
+    """A Parquet file's footer (FileMetaData, decoded) and the bytes before it."""
+    size = struct.unpack("<i", parquet[-8:-4])[0]
+    return _decode(parquet[-8 - size : -8])[0], parquet[: -8 - size]
+
+
+def _with_footer(body: bytes, footer: list) -> bytes:
+    encoded = _encode(footer)
+    return body + encoded + struct.pack("<i", len(encoded)) + b"PAR1"
+
+
+def _hash_ids_chunk(footer: list) -> list:
+    """The metadata (ColumnMetaData's fields) of the first row group's hash_ids chunk."""
+    group = _field(footer, 4)[2][1][0]
+    return _field(_field(group, 1)[2][1][3], 3)[2]
+
+
 def _rle(count: int, level: int) -> bytes:
     """One run of the RLE/bit-packed hybrid at bit width 1."""
     return _uvarint(count << 1) + bytes([level])
@@ -146,9 +163,7 @@ def _hash_ids_swapped_for_a_page_of(parquet: bytes, values: int) -> bytes:
     bytes per 8 MB of ids (zstd frames of zeros, concatenated)."""
     from pyarrow import Codec
 
-    size = struct.unpack("<i", parquet[-8:-4])[0]
-    footer, _ = _decode(parquet[-8 - size : -8])
-    body = parquet[: -8 - size]
+    footer, body = _footer(parquet)
     repetition = _rle(6, 0) + _rle(values - 6, 1)
     definition = _rle(values, 1)
     levels = b"".join(struct.pack("<i", len(r)) + r for r in (repetition, definition))
@@ -165,8 +180,7 @@ def _hash_ids_swapped_for_a_page_of(parquet: bytes, values: int) -> bytes:
             [5, 12, [[1, 5, values], [2, 5, 0], [3, 5, 3], [4, 5, 3]]],  # PLAIN, RLE levels
         ]
     )
-    group = _field(footer, 4)[2][1][0]
-    chunk = _field(_field(group, 1)[2][1][3], 3)[2]  # hash_ids.list.element's metadata
+    chunk = _hash_ids_chunk(footer)
     # Sizes and where the chunk starts; its statistics and encoding stats dropped (the
     # dictionary page they describe is gone). num_values (field 5) is kvtrace's count.
     chunk[:] = sorted(
@@ -177,8 +191,7 @@ def _hash_ids_swapped_for_a_page_of(parquet: bytes, values: int) -> bytes:
             [9, 6, len(body)],
         ]
     )
-    footer_bytes = _encode(footer)
-    return body + page_header + data + footer_bytes + struct.pack("<i", len(footer_bytes)) + b"PAR1"
+    return _with_footer(body + page_header + data, footer)
 
 
 @pytest.mark.xfail(strict=True, reason=ROUND9)
@@ -200,3 +213,52 @@ def test_a_parquet_page_larger_than_its_footer_says_is_decoded_whole(night, tmp_
     assert peak_mb < 300, (
         f"the audit of a {shard.stat().st_size:,}-byte shard peaked at {peak_mb} MB"
     )
+
+
+def _audit_of_shard(night: Path, folder: Path, edit) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the CLI's audit of a copy of the night whose Parquet
+    shard's footer was edited in place (edit: the decoded footer, changed in place)."""
+    shutil.copytree(night, folder)
+    shard = folder / f"{SHARD}.parquet"
+    footer, body = _footer(shard.read_bytes())
+    edit(footer)
+    shard.write_bytes(_with_footer(body, footer))
+    done = kvtrace_child("audit", str(folder), timeout=60)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND9)
+def test_a_parquet_footers_size_statistics_abort_the_audit(night, tmp_path):
+    """A shard's footer whose hash_ids chunk lists five repetition-level counts in its size
+    statistics (ColumnMetaData.size_statistics; a list column has two levels) makes Arrow throw
+    while building the chunk's metadata, outside any handler: the process aborts (SIGABRT,
+    exit 134, "terminate called after throwing an instance of parquet::ParquetException"),
+    with no verdict and no word of which file (columns_of_parquet: meta.row_group(g).column(c),
+    before any bound). One byte of the footer does it; in a stream, one window's shard ends the
+    audit of every window. The gate should flag the shard and say NOT publishable (exit 1)."""
+
+    def five_levels(footer: list) -> None:
+        histogram = _field(_field(_hash_ids_chunk(footer), 16)[2], 2)
+        histogram[2] = (histogram[2][0], [*histogram[2][1], 0, 0, 0])
+
+    code, out, err = _audit_of_shard(night, tmp_path / "night", five_levels)
+    assert code == 1, f"exit {code}: {err[-200:]}"
+    assert f"{SHARD}.parquet" in out and "NOT publishable" in out
+
+
+@pytest.mark.xfail(strict=True, reason=ROUND9)
+def test_a_column_name_not_utf8_stops_the_audit_naming_no_file(night, tmp_path):
+    """A shard's footer naming its timestamp column b"timestam\\xff" makes pyarrow raise
+    UnicodeDecodeError while listing the columns (ParquetFile: column_paths), which
+    columns_of_parquet does not turn into a FormatError: the CLI's catch-all for ValueError
+    says "error: 'utf-8' codec can't decode byte 0xff in position 8" and exits 2 (the audit
+    could not run) naming no file; in a stream no window is reported. The gate should flag the
+    shard by name, NOT publishable (exit 1)."""
+
+    def name_not_utf8(footer: list) -> None:
+        timestamp = _field(_field(footer, 2)[2][1][1], 4)  # schema[1]: the timestamp column
+        timestamp[2] = b"timestam\xff"
+
+    code, out, err = _audit_of_shard(night, tmp_path / "night", name_not_utf8)
+    assert code == 1, f"exit {code}: {err[-200:]}"
+    assert f"{SHARD}.parquet" in out and "NOT publishable" in out
