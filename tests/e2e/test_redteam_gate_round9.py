@@ -246,19 +246,31 @@ def test_a_parquet_footers_size_statistics_abort_the_audit(night, tmp_path):
     assert f"{SHARD}.parquet" in out and "NOT publishable" in out
 
 
+def _name_not_utf8(footer: list) -> None:
+    """The timestamp column (schema[1]) named b"timestam\\xff"."""
+    _field(_field(footer, 2)[2][1][1], 4)[2] = b"timestam\xff"
+
+
+def _a_chunk_missing(footer: list) -> None:
+    """The row group lists four column chunks where the schema has five columns."""
+    chunks = _field(_field(footer, 4)[2][1][0], 1)
+    chunks[2] = (chunks[2][0], chunks[2][1][:4])
+
+
 @pytest.mark.xfail(strict=True, reason=ROUND9)
-def test_a_column_name_not_utf8_stops_the_audit_naming_no_file(night, tmp_path):
-    """A shard's footer naming its timestamp column b"timestam\\xff" makes pyarrow raise
-    UnicodeDecodeError while listing the columns (ParquetFile: column_paths), which
-    columns_of_parquet does not turn into a FormatError: the CLI's catch-all for ValueError
-    says "error: 'utf-8' codec can't decode byte 0xff in position 8" and exits 2 (the audit
-    could not run) naming no file; in a stream no window is reported. The gate should flag the
-    shard by name, NOT publishable (exit 1)."""
-
-    def name_not_utf8(footer: list) -> None:
-        timestamp = _field(_field(footer, 2)[2][1][1], 4)  # schema[1]: the timestamp column
-        timestamp[2] = b"timestam\xff"
-
-    code, out, err = _audit_of_shard(night, tmp_path / "night", name_not_utf8)
+@pytest.mark.parametrize("edit", [_name_not_utf8, _a_chunk_missing], ids=lambda f: f.__name__)
+def test_a_parquet_footer_pyarrow_refuses_with_its_own_errors_stops_the_audit(
+    night, tmp_path, edit
+):
+    """columns_of_parquet turns OSError and ArrowException into a FormatError (the shard
+    flagged), but pyarrow refuses some footers with Python's own errors: a column name not
+    UTF-8 raises UnicodeDecodeError (ParquetFile: column_paths), a row group with fewer column
+    chunks than the schema has columns IndexError (RowGroupMetaData.column, in the bound on
+    values). The audit then stops with no verdict and names no file: "error: 'utf-8' codec
+    can't decode byte 0xff in position 8" (exit 2, the audit could not run) or "error: the job
+    failed: IndexError: 4 out of bounds" (exit 1, the code of a folder flagged, without its
+    report); in a stream, no window is reported. The gate should flag the shard by name, NOT
+    publishable (exit 1)."""
+    code, out, err = _audit_of_shard(night, tmp_path / "night", edit)
     assert code == 1, f"exit {code}: {err[-200:]}"
     assert f"{SHARD}.parquet" in out and "NOT publishable" in out
