@@ -156,22 +156,27 @@ def _rle(count: int, level: int) -> bytes:
     return _uvarint(count << 1) + bytes([level])
 
 
-def _hash_ids_swapped_for_a_page_of(parquet: bytes, values: int) -> bytes:
+def _zeros(size: int) -> bytes:
+    """size zero bytes as zstd: one 8 MB frame of zeros (~300 bytes), repeated (a reader
+    decodes concatenated frames as one stream)."""
+    from pyarrow import Codec
+
+    frame = 8 << 20
+    assert size % frame == 0
+    return Codec("zstd").compress(bytes(frame), asbytes=True) * (size // frame)
+
+
+def _a_data_page_of(parquet: bytes, values: int) -> bytes:
     """kvtrace's Parquet shard whose hash_ids chunk is one zstd data page of `values` zero ids
     in the shard's six rows (the last holding the rest), its footer unchanged but for where the
-    chunk lies: it still counts the chunk's values as kvtrace wrote them. The page is ~100
-    bytes per 8 MB of ids (zstd frames of zeros, concatenated)."""
+    chunk lies: it still counts the values kvtrace wrote (num_values)."""
     from pyarrow import Codec
 
     footer, body = _footer(parquet)
     repetition = _rle(6, 0) + _rle(values - 6, 1)
     definition = _rle(values, 1)
     levels = b"".join(struct.pack("<i", len(r)) + r for r in (repetition, definition))
-    frame = 8 << 20
-    zstd = Codec("zstd")
-    data = zstd.compress(levels, asbytes=True) + zstd.compress(bytes(frame), asbytes=True) * (
-        8 * values // frame
-    )
+    data = Codec("zstd").compress(levels, asbytes=True) + _zeros(8 * values)
     page_header = _encode(
         [
             [1, 5, 0],  # a v1 data page
@@ -180,33 +185,65 @@ def _hash_ids_swapped_for_a_page_of(parquet: bytes, values: int) -> bytes:
             [5, 12, [[1, 5, values], [2, 5, 0], [3, 5, 3], [4, 5, 3]]],  # PLAIN, RLE levels
         ]
     )
-    chunk = _hash_ids_chunk(footer)
-    # Sizes and where the chunk starts; its statistics and encoding stats dropped (the
-    # dictionary page they describe is gone). num_values (field 5) is kvtrace's count.
-    chunk[:] = sorted(
-        [f for f in chunk if f[0] not in (6, 7, 9, 11, 12, 13, 16)]
-        + [
-            [6, 6, len(page_header) + len(levels) + 8 * values],
-            [7, 6, len(page_header) + len(data)],
-            [9, 6, len(body)],
-        ]
+    _move_chunk(
+        footer, len(body), len(page_header) + len(levels) + 8 * values, len(page_header) + len(data)
     )
     return _with_footer(body + page_header + data, footer)
 
 
+def _a_dictionary_page_of(parquet: bytes, values: int) -> bytes:
+    """kvtrace's Parquet shard whose hash_ids dictionary page holds `values` zero ids, before
+    kvtrace's own data page (indices into the first 14): a footer counts a chunk's data values,
+    never its dictionary's."""
+    footer, body = _footer(parquet)
+    chunk = _hash_ids_chunk(footer)
+    start, data_start = _field(chunk, 11)[2], _field(chunk, 9)[2]
+    data_page = parquet[data_start : start + _field(chunk, 7)[2]]
+    data = _zeros(8 * values)
+    page_header = _encode(
+        [[1, 5, 2], [2, 5, 8 * values], [3, 5, len(data)], [7, 12, [[1, 5, values], [2, 5, 0]]]]
+    )
+    dictionary = len(page_header) + len(data)
+    _move_chunk(
+        footer,
+        len(body),
+        dictionary + 8 * values + len(data_page) - len(data),
+        dictionary + len(data_page),
+    )
+    _field(chunk, 9)[2] = len(body) + dictionary
+    chunk[:] = sorted([*chunk, [11, 6, len(body)]])
+    return _with_footer(body + page_header + data + data_page, footer)
+
+
+def _move_chunk(footer: list, start: int, uncompressed: int, stored: int) -> None:
+    """The hash_ids chunk's metadata pointed at its new pages (at start in the file): its sizes
+    set, its statistics, encoding stats and size statistics dropped (they describe kvtrace's
+    pages); num_values (field 5) left as kvtrace wrote it."""
+    chunk = _hash_ids_chunk(footer)
+    chunk[:] = sorted(
+        [f for f in chunk if f[0] not in (6, 7, 9, 11, 12, 13, 16)]
+        + [[6, 6, uncompressed], [7, 6, stored], [9, 6, start]]
+    )
+
+
 @pytest.mark.xfail(strict=True, reason=ROUND9)
-def test_a_parquet_page_larger_than_its_footer_says_is_decoded_whole(night, tmp_path):
+@pytest.mark.parametrize(
+    "page, values", [(_a_data_page_of, 16 << 20), (_a_dictionary_page_of, 32 << 20)],
+    ids=["data page", "dictionary page"],
+)  # fmt: skip
+def test_a_parquet_page_larger_than_its_footer_says_is_decoded_whole(night, tmp_path, page, values):
     """The audit bounds a Parquet shard's rows and values by its footer (columns_of_parquet:
     num_rows, each chunk's num_values, against the JSONL twin's size), then lets Arrow decode
     it; but Arrow decodes by the page headers, which the footer's counts do not bind (the input
-    reader walks them: read/paths.oversized_pages). A 7 KB shard whose footer still counts the
-    33 ids kvtrace wrote but whose one page holds 16M zero ids (128 MB) costs the audit ~650 MB
+    reader walks them: read/paths.oversized_pages), and a dictionary page's values are counted
+    nowhere. A 7 KB shard whose footer still counts the 33 ids kvtrace wrote but whose one data
+    page holds 16M zero ids (128 MB) costs the audit ~650 MB, a dictionary page of 32M ~600 MB
     (96 MB for the untouched night): 2^31 bytes per page, a few GB for a file of a few KB. The
     gate should refuse it from its page headers, before decoding, in bounded memory."""
     folder = tmp_path / "night"
     shutil.copytree(night, folder)
     shard = folder / f"{SHARD}.parquet"
-    shard.write_bytes(_hash_ids_swapped_for_a_page_of(shard.read_bytes(), 16 << 20))
+    shard.write_bytes(page(shard.read_bytes(), values))
     assert shard.stat().st_size < 16 << 10
     code, peak_mb, _ = peak_rss_mb([sys.executable, "-m", "kvtrace.cli", "audit", str(folder)])
     assert code == 1
