@@ -29,9 +29,17 @@ settings.load_profile("kvtrace")
 FAST_EXAMPLES = 25
 
 
+# Whole CLI runs (a process each, a tokenizer loaded, often several nights): the fast set keeps
+# the files marked smoke, one per command's main path; .ci/run's slow pass runs every other.
+END_TO_END = "tests/e2e/"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Property tests are marked property, and hold to FAST_EXAMPLES outside the ci profile."""
+    """Property tests are marked property, and hold to FAST_EXAMPLES outside the ci profile;
+    end-to-end tests not marked smoke are marked slow."""
     for item in items:
+        if item.nodeid.startswith(END_TO_END) and not item.get_closest_marker("smoke"):
+            item.add_marker(pytest.mark.slow)
         test = getattr(item, "obj", None)
         if test is not None and is_hypothesis_test(test):
             item.add_marker(pytest.mark.property)

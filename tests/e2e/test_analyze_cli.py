@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import write_jsonl
 from kvtrace.cli import main
+
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from helpers import FINLAND, FRANCE, SALT, anonymize, chat, read_jsonl, trace, write_jsonl
 from kvtrace.cli import main
 
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
+
 
 def test_france_and_finland_share_only_their_first_block(tiny_tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [FRANCE, FINLAND])

@@ -14,6 +14,8 @@ from helpers import anonymize, chat, read_jsonl, trace, write_jsonl
 from kvtrace.cli import main
 from kvtrace.transforms.write.coarsen import coarse_input_lengths
 
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
+
 
 @pytest.fixture(scope="module")
 def output(tiny_tokenizer, tmp_path_factory):

@@ -11,6 +11,8 @@ import pytest
 from helpers import FINLAND, FRANCE, anonymize, read_jsonl, shared_path, trace, write_jsonl
 from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
+
 # Seed 000's example, with the prompts as written there.
 SEED_FRANCE = dict(FRANCE, input=[{"role": "user", "content": "What is the capital of France?"}])
 SEED_FINLAND = dict(FINLAND, input=[{"role": "user", "content": "What is the capital of Finland?"}])

@@ -16,6 +16,8 @@ from helpers import ROOT, SALT, anonymize, assert_same_output, chat, published_l
 from kvtrace.cli import main
 from kvtrace.pipelines import local_workers
 
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
+
 BAD = [
     b"{not json",
     {"messages": []},

@@ -16,6 +16,8 @@ from kvtrace.transforms.read.trace_io import read_trace
 from kvtrace.transforms.replay.render import block_keys, reproduces_blocks
 from kvtrace.transforms.stats.trace_blocks import prefix_ids
 
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
+
 BLOCK = 4
 # Shared prefixes, a partial last block shared by two rows (FAST'25), sessions, a one-block row.
 ROWS = [

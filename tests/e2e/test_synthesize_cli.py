@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import shared_path
 from kvtrace.cli import main
+
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
 
 
 def test_the_same_seed_gives_the_same_bytes(tmp_path):

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import anonymize, chat, write_jsonl
 from kvtrace.cli import main
+
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
 
 CLEAN = [
     {"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [0, 1, 2]},
