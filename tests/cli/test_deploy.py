@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import os
@@ -58,6 +59,42 @@ def test_dockerfile_matches_the_beam_version_and_the_sources():
             assert (ROOT / part).exists(), part
     launcher_file = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/kvtrace/(\S+)", text).group(1)
     assert (ROOT / launcher_file).is_file()
+
+
+def _sent_to_the_builder(path: str) -> bool:
+    """Whether .dockerignore lets path into the build context: its last pattern matching the
+    path or a folder above it decides (Docker's rule; these patterns need no more)."""
+    sent = True
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        keep = pattern.startswith("!")
+        pattern = pattern.removeprefix("!").removeprefix("**/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatchcase(prefix, pattern) for prefix in prefixes + parts):
+            sent = keep
+    return sent
+
+
+def test_the_build_context_holds_what_the_images_copy_and_nothing_private():
+    for dockerfile in (DEPLOY / "docker").glob("Dockerfile*"):
+        text = dockerfile.read_text()
+        defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))
+        for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
+            for part in PLACEHOLDER.sub(lambda arg: defaults[arg[1]], source).split():
+                assert _sent_to_the_builder(f"{part}/x.py"), part
+    assert _sent_to_the_builder(".dataflow-build.a1B2c3/configs/default.yaml")  # build.sh's
+    for private in (
+        "salt",
+        "out/trace-00000-of-00001.jsonl",
+        "logs/day.jsonl.gz",
+        ".git/config",
+        "id-map/versions/000001.json",
+        "kvtrace/__pycache__/cli.cpython-311.pyc",
+    ):
+        assert not _sent_to_the_builder(private), private
 
 
 def test_flex_template_parameters_are_kvtrace_flags_and_scripts_parse():
