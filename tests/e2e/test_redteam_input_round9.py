@@ -4,12 +4,13 @@ names what is wrong, never an unanticipated exception) and fails today (2026-11-
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
 import pytest
 
-from helpers import kvtrace_child, write_jsonl
+from helpers import KVTRACE, kvtrace_child, peak_rss_mb, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +79,48 @@ def test_deeply_nested_chat_template_kwargs_are_refused_naming_the_flag(tiny_tok
     assert "--chat-template-kwargs" in done.stderr, done.stderr
     assert "RecursionError" not in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _named_writer(path, writer: str) -> None:
+    """Rewrites a Parquet file's footer to name `writer` as the program that wrote it (the
+    footer's created_by string, its length prefix and the footer's length)."""
+    import pyarrow.parquet as pq
+
+    data = path.read_bytes()
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_bytes
+    footer = data[start:-8]
+    old = pq.ParquetFile(io.BytesIO(data)).metadata.created_by.encode()
+    at = footer.find(old)
+    new = writer.encode()
+    assert footer[at - 1] == len(old) and len(new) < 128  # a one-byte length prefix
+    footer = footer[: at - 1] + bytes([len(new)]) + new + footer[at + len(old) :]
+    path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+@pytest.mark.parametrize(
+    "writer",
+    [
+        "parquet-mr version 1.2.4294967296 (build x)",  # patch 2^32: Arrow's int reads 0
+        "parquet-mr version 1.4294967298.0 (build x)",  # minor 2^32 + 2: Arrow's int reads 2
+    ],
+)
+def test_a_parquet_mr_version_arrow_reads_as_old_is_refused(tmp_path, writer):
+    """Round 8 refused footers naming parquet-mr before 1.2.9 (paths._check_writer), for which
+    Arrow reads each column chunk 100 bytes past its stated size (PARQUET-816) where the page
+    walk never looks. But kvtrace reads the version as Python ints of any length, and
+    Arrow as C ints, which wrap past 2^31: a version kvtrace reads as
+    1.2.4294967296 (>= 1.2.9: passed) Arrow reads as 1.2.0 (< 1.2.9: padded). Round 8's
+    1.4 KB trace file, its hidden page holding a cell of 40 M nulls, written by such a
+    version: `analyze` peaks at ~1.16 GB (89 MB when the writer says 1.2.8 and is refused).
+    Promise: every resource bounded before it is spent (docs/BOUNDS.md)."""
+    from test_redteam_input_round8 import _hidden_last_page
+
+    src = tmp_path / "trace.parquet"
+    _hidden_last_page(src, 40_000_000)
+    _named_writer(src, writer)
+    assert src.stat().st_size < 2048
+    _, peak, said = peak_rss_mb([*KVTRACE, "analyze", str(src), "--block-size", "16"])
+    assert "Traceback" not in said, said[-2000:]
+    assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
