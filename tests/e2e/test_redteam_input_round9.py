@@ -168,3 +168,48 @@ def test_a_parquet_log_of_many_columns_is_read_within_the_documented_bound(
     )
     assert "Traceback" not in said, said[-2000:]
     assert peak < 250, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_standard_input_is_told_parquet_within_the_footer_bound(tiny_tokenizer, tmp_path):
+    """decompress.standard_input_form tells Parquet on `--input -` by opening the spooled copy
+    with pyarrow (_is_parquet), its footer allowed up to MAX_SNIFFED_FOOTER_BYTES (64 MiB)
+    whatever --max-record-bytes says, in the CLI's own process. A footer's decoded form
+    follows its column chunks, ~20 x its bytes: a 56 MB footer-only file (3,000 columns in
+    400 row groups) peaks at 1.14 GB on standard input, and at 89 MB given by path, where
+    the 16 MiB footer bound refuses it before Arrow parses it (the same too_large letter)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {f"{i}": pa.nulls(1) for i in range(3000)}
+    table = pa.table({"timestamp": [1_700_000_000], "prompt": ["hi there"], **columns})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, write_statistics=False, use_dictionary=False)
+    metadata = pq.ParquetFile(io.BytesIO(buffer.getvalue())).metadata
+    group = pq.ParquetFile(io.BytesIO(buffer.getvalue())).metadata
+    for _ in range(399):
+        metadata.append_row_groups(group)
+    src = tmp_path / "footer.parquet"
+    metadata.write_metadata_file(str(src))
+    assert src.stat().st_size > 48 << 20
+    out = tmp_path / "out"
+    # The shell gives the file as standard input to the CLI, whose peak peak_rss_mb takes.
+    command = [
+        "sh",
+        "-c",
+        '"$@" < "$0"',
+        str(src),
+        *KVTRACE,
+        "anonymize",
+        "--input",
+        "-",
+        "--output",
+        str(out),
+        "--tokenizer",
+        tiny_tokenizer,
+        "--quiet",
+    ]
+    _, peak, said = peak_rss_mb(command)
+    assert "Traceback" not in said, said[-2000:]
+    assert "too_large" in said, said[-2000:]
+    assert peak < 300, f"{peak} MB peak telling the form of {src.stat().st_size} bytes on stdin"
