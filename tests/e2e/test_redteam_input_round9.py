@@ -213,3 +213,27 @@ def test_standard_input_is_told_parquet_within_the_footer_bound(tiny_tokenizer, 
     assert "Traceback" not in said, said[-2000:]
     assert "too_large" in said, said[-2000:]
     assert peak < 300, f"{peak} MB peak telling the form of {src.stat().st_size} bytes on stdin"
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+@pytest.mark.parametrize("capacity", ["3,000,000", "1,5GB"])
+def test_a_size_written_with_separators_is_not_read_as_a_list(tmp_path, capacity):
+    """capacity.parse_capacities splits --capacity at commas (a list: 3M,50M), so a size
+    written with thousands separators is a list of other sizes: `simulate --capacity
+    3,000,000` simulates 3 tokens and 0 tokens twice and exits 0, as `1,5GB` (a decimal
+    comma) is 1 token and 5 GB. The parser refuses a bare 40G because "bytes or tokens is
+    the question a typo must not answer" (capacity.py); this typo answers how many."""
+    trace = tmp_path / "t.jsonl"
+    write_jsonl(
+        trace,
+        [
+            {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [0, i]}
+            for i in range(4)
+        ],
+    )
+    done = kvtrace_child(
+        "simulate", str(trace), "--block-size", "4", "--capacity", capacity,
+        "--kv-bytes-per-token", "1000",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-1000:]
+    assert capacity in done.stderr, done.stderr
