@@ -237,3 +237,41 @@ def test_a_size_written_with_separators_is_not_read_as_a_list(tmp_path, capacity
     )  # fmt: skip
     assert done.returncode == 2, done.stdout[-1000:]
     assert capacity in done.stderr, done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_a_parquet_page_failing_its_checksum_is_a_damaged_file_not_a_record(
+    tiny_tokenizer, tmp_path
+):
+    """A Parquet page may carry a CRC of its bytes (pyarrow: write_page_checksum=True), and
+    Arrow checks it when asked (page_checksum_verification).
+    kvtrace never asks (paths.parquet_file, trace_io): a page whose bytes changed after it was
+    written, its CRC saying so, is decoded and published as if whole (30 of 30 exported, the
+    damaged prompt hashed), where a .gz, .zst, .xz or .bz2 failing its check is a
+    damaged_file letter. Promise: bad input is a dead letter, never a record."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "logs.parquet"
+    prompts = [f"hello number {i} " * 20 for i in range(30)]
+    table = pa.table({"timestamp": [1_700_000_000 + i for i in range(30)], "prompt": prompts})
+    pq.write_table(
+        table, src, row_group_size=10, compression="none", use_dictionary=False,
+        write_page_checksum=True,
+    )  # fmt: skip
+    data = bytearray(src.read_bytes())
+    at = data.index(b"hello number 15")
+    data[at : at + 5] = b"HELLO"  # a byte flipped on disk, after the page's CRC was taken
+    src.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    done = kvtrace_child(
+        "anonymize", "--input", str(src), "--output", str(out), "--tokenizer", tiny_tokenizer,
+        "--block-size", "4", "--max-rejected-fraction", "1", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    letters = [
+        json.loads(line)
+        for path in sorted((tmp_path / "out-rejected").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    assert [letter["error"] for letter in letters] == ["damaged_file"], done.stderr
