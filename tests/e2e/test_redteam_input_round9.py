@@ -275,3 +275,43 @@ def test_a_parquet_page_failing_its_checksum_is_a_damaged_file_not_a_record(
         for line in path.read_text().splitlines()
     ]
     assert [letter["error"] for letter in letters] == ["damaged_file"], done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_containers_inside_tool_call_arguments_are_bounded_as_the_record_s_are(
+    tiny_tokenizer, tmp_path
+):
+    """BOUNDS.md: every JSON line reader counts a line's containers before parsing it
+    (json_tree.containers_over, brackets inside strings not counted: they are text), so "a
+    record of 8 MiB of `[],` is now refused unparsed (was 612 MB peak, 31 x)", and the worst
+    record peaks at 244 MB (8 MiB of short strings). But a tool call's `arguments` is a JSON
+    text inside a string, parsed by chat._arguments (json_tree.loads_checked) with no count:
+    an 8 MB record whose arguments are `[[],[],...]` is parsed into 2.7 M lists, 354 MB peak
+    (`--processes 1 --max-record-bytes 8388608`), before the record is even found to lack a
+    timestamp (a missing_timestamp letter)."""
+    arguments = "[" + "[]," * (8_000_000 // 3) + "[]]"
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    src = write_jsonl(tmp_path / "logs.jsonl", [{"messages": messages}])
+    _, peak, said = peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            tiny_tokenizer,
+            "--processes",
+            "1",
+            "--max-record-bytes",
+            "8388608",
+            "--quiet",
+        ]  # fmt: skip
+    )
+    assert "Traceback" not in said, said[-2000:]
+    assert peak < 250, f"{peak} MB peak for one {src.stat().st_size}-byte record"
