@@ -1,0 +1,54 @@
+"""Red team round 9, determinism: reproducers of byte-identical output broken by the form, split,
+order or engine of the same input. Each test asserts a promise and fails today."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import SALT, anonymize, chat, trace, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+DAY0 = 1_700_000_000_000
+
+
+def _salt(tmp_path: Path) -> Path:
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    return salt
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_a_nanosecond_parquet_timestamp_reads_as_its_jsonl_nanoseconds(tiny_tokenizer, tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input; round 8's fix for Arrow timestamps): the same records
+    read alike as JSONL and as Parquet. A JSONL time in ns (an integer from 1e17) is floored to
+    its ms and published. The same instants as a Parquet timestamp[ns] column (pandas' and
+    Spark's datetime64[ns]) are refused when a value has digits below the microsecond:
+    paths.python_values calls to_pylist, which without pandas installed raises 'Nanosecond
+    resolution temporal type ... is not safely convertible' for the row group, and every row
+    becomes a wrong_type letter ('expected one JSON object per line', of a Parquet file). With
+    pandas installed (a Beam worker image) the same column reads as pandas Timestamps: the
+    output depends on what the worker has installed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nanos = [(DAY0 + 700 * i) * 1_000_000 + 123_457 for i in range(6)]
+    records = [chat(i, 0, f"u{i % 2}") for i in range(6)]
+    as_jsonl = write_jsonl(
+        tmp_path / "log.jsonl", [{**r, "timestamp": ns} for r, ns in zip(records, nanos)]
+    )
+    table = pa.Table.from_pylist(records)
+    column = pa.array(nanos, type=pa.timestamp("ns"))
+    table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp", column)
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(table, as_parquet)
+    salt = _salt(tmp_path)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out))
+    assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 6
+    assert runs["parquet"] == runs["jsonl"]
