@@ -52,3 +52,37 @@ def test_a_nanosecond_parquet_timestamp_reads_as_its_jsonl_nanoseconds(tiny_toke
         runs[name] = (code, trace(out))
     assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 6
     assert runs["parquet"] == runs["jsonl"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_a_parquet_timestamp_reads_whatever_zone_database_the_worker_has(tiny_tokenizer, tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input; transforms/read/timestamps.py: 'read by its own unit
+    and zone ... so a run never depends on the worker's'): an Arrow timestamp column stores UTC
+    instants; its zone is a label for display and does not change a value's ms. The reader
+    turns each value into a zoned Python datetime (to_pylist), which looks the label up in
+    whatever zone database the worker has (pytz, else zoneinfo and the system's tzdata). A zone
+    that database lacks, here 'US/Pacific-New' (in tzdata until 2020b, in files written then),
+    fails the row group: every row a malformed_record letter, the run refused, where the same
+    instants as JSONL numbers publish. Which labels pass depends on the worker's pytz/tzdata
+    release, so the same file publishes on one machine and not on another."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    millis = [DAY0 + 700 * i for i in range(6)]
+    records = [chat(i, 0, f"u{i % 2}") for i in range(6)]
+    as_jsonl = write_jsonl(
+        tmp_path / "log.jsonl", [{**r, "timestamp": ms} for r, ms in zip(records, millis)]
+    )
+    table = pa.Table.from_pylist(records)
+    column = pa.array([ms * 1000 for ms in millis], type=pa.timestamp("us", tz="US/Pacific-New"))
+    table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp", column)
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(table, as_parquet)
+    salt = _salt(tmp_path)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out))
+    assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 6
+    assert runs["parquet"] == runs["jsonl"]
