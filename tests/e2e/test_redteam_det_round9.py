@@ -86,3 +86,35 @@ def test_a_parquet_timestamp_reads_whatever_zone_database_the_worker_has(tiny_to
         runs[name] = (code, trace(out))
     assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 6
     assert runs["parquet"] == runs["jsonl"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_a_parquet_duration_column_reads_as_its_jsonl_seconds(tiny_tokenizer, tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; round 8 read
+    Parquet's own type for a time, the Arrow timestamp, as its JSONL number): a response time
+    logged as `latency` reads alike in both forms. In JSONL it is a number of seconds; Parquet's
+    own type for it is an Arrow duration (what pandas writes for a timedelta column, its unit in
+    the type). response_end._duration_ms refuses the datetime.timedelta python_values hands it:
+    every row a wrong_type letter, the run refused, where the JSONL of the same latencies
+    publishes every row with its response_ms."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    latency_ms = [250 * (i + 1) for i in range(6)]
+    records = [chat(i, DAY0 + 700 * i, f"u{i % 2}") for i in range(6)]
+    as_jsonl = write_jsonl(
+        tmp_path / "log.jsonl", [{**r, "latency": ms / 1000} for r, ms in zip(records, latency_ms)]
+    )
+    table = pa.Table.from_pylist(records).append_column(
+        "latency", pa.array(latency_ms, type=pa.duration("ms"))
+    )
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(table, as_parquet)
+    salt = _salt(tmp_path)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out))
+    assert runs["jsonl"][0] == 0 and [r["response_ms"] for r in runs["jsonl"][1]] == latency_ms
+    assert runs["parquet"] == runs["jsonl"]
