@@ -3,11 +3,14 @@ order or engine of the same input. Each test asserts a promise and fails today."
 
 from __future__ import annotations
 
+import json
+import random
+import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import SALT, anonymize, chat, trace, write_jsonl
+from helpers import SALT, WORDS, anonymize, chat, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +121,66 @@ def test_a_parquet_duration_column_reads_as_its_jsonl_seconds(tiny_tokenizer, tm
         runs[name] = (code, trace(out))
     assert runs["jsonl"][0] == 0 and [r["response_ms"] for r in runs["jsonl"][1]] == latency_ms
     assert runs["parquet"] == runs["jsonl"]
+
+
+TOKENIZER_SETTINGS = {
+    "truncation": {"direction": "Right", "max_length": 24, "strategy": "LongestFirst", "stride": 0},
+    "padding": {
+        "strategy": "BatchLongest",
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "<unk>",
+    },
+}
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+@pytest.mark.parametrize("setting", sorted(TOKENIZER_SETTINGS))
+def test_a_tokenizer_files_truncation_or_padding_never_decides_the_bytes(
+    tiny_tokenizer, tmp_path, setting
+):
+    """Promise: the same input and configuration give byte-identical output whatever the record
+    order, and the lengths are the prompts' own. Many tokenizer.json files on the hub carry a
+    `truncation` or `padding` section from their export; fast_tokenizer.FastTokenizer.from_files
+    loads the file as it is (only the fastokens gate looks at these sections), so `tokenizers`
+    applies them to every encode_batch_fast. Padding pads each text to the longest of its batch,
+    so a row's input_length and ids depend on which records share its batch; truncation cuts
+    each segment_cache piece on its own (not the whole prompt), and the cache's check of one cut
+    text in 128 turns the cache off from wherever a worker meets a mismatch: which rows were cut
+    depends on the order. The same 300 chats in two orders publish different rows."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, tokenizer)
+    config = json.loads((tokenizer / "tokenizer.json").read_text())
+    config[setting] = TOKENIZER_SETTINGS[setting]
+    (tokenizer / "tokenizer.json").write_text(json.dumps(config))
+    rng = random.Random(11)
+
+    def words() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8)))
+
+    records = []
+    for i in range(300):
+        record = chat(rng.randint(0, 9), DAY0 + 1000 * i, f"u{i % 50}", rotate=rng.randint(0, 9))
+        record["messages"] += [
+            {"role": "assistant", "content": words()},
+            {"role": "user", "content": words()},
+        ]
+        records.append(record)
+    shuffled = records[:]
+    rng.shuffle(shuffled)
+    salt = _salt(tmp_path)
+    runs = []
+    for name, rows in (("given", records), ("shuffled", shuffled)):
+        log = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+        out = tmp_path / name
+        code = anonymize(str(tokenizer), [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs.append((code, trace(out)))
+    assert runs[0] == runs[1]
+    if runs[0][0] == 0:  # used, not refused: the prompts' own lengths
+        plain = tmp_path / "plain"
+        given = tmp_path / "given.jsonl"
+        args = ("--block-size", "4", "--salt-file", str(salt))
+        assert anonymize(tiny_tokenizer, [given], plain, *args) == 0
+        assert runs[0][1] == trace(plain)
