@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, WORDS, anonymize, chat, trace, write_jsonl
+from helpers import SALT, WORDS, anonymize, chat, shared_path, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -184,3 +184,34 @@ def test_a_tokenizer_files_truncation_or_padding_never_decides_the_bytes(
         args = ("--block-size", "4", "--salt-file", str(salt))
         assert anonymize(tiny_tokenizer, [given], plain, *args) == 0
         assert runs[0][1] == trace(plain)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_a_tokenizer_files_bpe_dropout_never_decides_the_bytes(tmp_path):
+    """Promise: the same input and configuration give byte-identical output. A BPE
+    tokenizer.json may carry `model.dropout` (a training-time setting: each merge skipped at
+    random); FastTokenizer.from_files loads it as it is (only the fastokens gate refuses it), so
+    `tokenizers` drops merges at random in every encode: the same log anonymized twice with the
+    same tokenizer folder publishes different lengths and ids (Qwen3's tokenizer.json with
+    dropout 0.2 here; the examples gave another trace on every run)."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(shared_path("tokenizers", "qwen3"), tokenizer)
+    config = json.loads((tokenizer / "tokenizer.json").read_text())
+    config["model"]["dropout"] = 0.2
+    (tokenizer / "tokenizer.json").write_text(json.dumps(config))
+    text = "Summarize the following paragraph about caching transformer attention keys. " * 8
+    log = write_jsonl(
+        tmp_path / "log.jsonl",
+        [
+            {"timestamp": DAY0 + 1000 * i, "prompt": f"{i} {text}", "output_length": 3}
+            for i in range(8)
+        ],
+    )
+    salt = _salt(tmp_path)
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        args = ("--block-size", "16", "--salt-file", str(salt))
+        runs.append((anonymize(str(tokenizer), [log], out, *args), trace(out)))
+    assert runs[0][0] == 0
+    assert runs[0] == runs[1]
