@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, WORDS, anonymize, chat, shared_path, trace, write_jsonl
+from helpers import SALT, WORDS, anonymize, chat, kvtrace_child, shared_path, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -213,5 +213,34 @@ def test_a_tokenizer_files_bpe_dropout_never_decides_the_bytes(tmp_path):
         out = tmp_path / name
         args = ("--block-size", "16", "--salt-file", str(salt))
         runs.append((anonymize(str(tokenizer), [log], out, *args), trace(out)))
+    assert runs[0][0] == 0
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+def test_a_chat_template_reading_the_clock_never_decides_the_bytes(tiny_tokenizer, tmp_path):
+    """Promise: the same input and configuration give byte-identical output on any worker, day
+    or time zone. transformers' renderer gives every template `strftime_now`, the worker's
+    local wall clock, and real templates call it (Llama 3.2 and 3.3 put
+    `strftime_now("%d %b %Y")` in every system prompt); template_renderer leaves it in the
+    sandbox, so a prompt's tokens depend on when and where it is anonymized, not on the
+    request: its length changes with the date's spelling, and a night rerun another day (or
+    on a Beam worker in another zone, or across midnight) hashes other blocks. Here a template
+    repeats a word once per hour of strftime_now("%H"): the same log under TZ=UTC and
+    TZ=Pacific/Kiritimati (14 hours apart, so never the same hour) publishes other lengths."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, tokenizer)
+    template = tokenizer / "chat_template.jinja"
+    clock = '<|im_start|>system\n{{ "the " * (strftime_now("%H") | int) }}<|im_end|>\n'
+    template.write_text(clock + template.read_text())
+    log = write_jsonl(tmp_path / "log.jsonl", [chat(i, DAY0 + 1000 * i) for i in range(4)])
+    salt = _salt(tmp_path)
+    runs = []
+    for zone in ("UTC", "Pacific/Kiritimati"):
+        out = tmp_path / zone.replace("/", "-")
+        args = ["anonymize", "--input", str(log), "--output", str(out), "--tokenizer"]
+        args += [str(tokenizer), "--block-size", "4", "--salt-file", str(salt)]
+        done = kvtrace_child(*args, env={"TZ": zone})
+        runs.append((done.returncode, trace(out)))
     assert runs[0][0] == 0
     assert runs[0] == runs[1]
