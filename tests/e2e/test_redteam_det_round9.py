@@ -244,3 +244,29 @@ def test_a_chat_template_reading_the_clock_never_decides_the_bytes(tiny_tokenize
         runs.append((done.returncode, trace(out)))
     assert runs[0][0] == 0
     assert runs[0] == runs[1]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 9")
+@pytest.mark.parametrize(
+    "draw",
+    ['{{ "the " * (range(40) | random) }}', "{{ lipsum(1, html=False, min=5, max=40) }}"],
+    ids=["random", "lipsum"],
+)
+def test_a_chat_template_drawing_at_random_never_decides_the_bytes(tiny_tokenizer, tmp_path, draw):
+    """Promise: the same input and configuration give byte-identical output. The template
+    sandbox (bounded_sandbox.BoundedSandbox, Jinja's defaults) keeps Jinja's `random` filter and
+    `lipsum` global, both drawn from Python's unseeded random module at each render: a template
+    using either renders other text, so other lengths and ids, on every run of the same log."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, tokenizer)
+    template = tokenizer / "chat_template.jinja"
+    template.write_text(f"<|im_start|>system\n{draw}<|im_end|>\n" + template.read_text())
+    log = write_jsonl(tmp_path / "log.jsonl", [chat(i, DAY0 + 1000 * i) for i in range(8)])
+    salt = _salt(tmp_path)
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        args = ("--block-size", "4", "--salt-file", str(salt))
+        runs.append((anonymize(str(tokenizer), [log], out, *args), trace(out)))
+    assert runs[0][0] == 0
+    assert runs[0] == runs[1]
