@@ -30,10 +30,10 @@ def test_a_nanosecond_parquet_timestamp_reads_as_its_jsonl_nanoseconds(tiny_toke
     its ms and published. The same instants as a Parquet timestamp[ns] column (pandas' and
     Spark's datetime64[ns]) are refused when a value has digits below the microsecond:
     paths.python_values calls to_pylist, which without pandas installed raises 'Nanosecond
-    resolution temporal type ... is not safely convertible' for the row group, and every row
-    becomes a wrong_type letter ('expected one JSON object per line', of a Parquet file). With
-    pandas installed (a Beam worker image) the same column reads as pandas Timestamps: the
-    output depends on what the worker has installed."""
+    resolution temporal type ... is not safely convertible', and each such row becomes a
+    malformed_record letter (the summary says 'expected one JSON object per line', of a
+    Parquet file). pyarrow returns pandas Timestamps instead
+    where pandas is installed: whether the rows publish depends on the worker's packages."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
