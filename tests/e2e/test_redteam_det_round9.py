@@ -65,9 +65,9 @@ def test_a_parquet_timestamp_reads_whatever_zone_database_the_worker_has(tiny_to
     turns each value into a zoned Python datetime (to_pylist), which looks the label up in
     whatever zone database the worker has (pytz, else zoneinfo and the system's tzdata). A zone
     that database lacks, here 'US/Pacific-New' (in tzdata until 2020b, in files written then),
-    fails the row group: every row a malformed_record letter, the run refused, where the same
-    instants as JSONL numbers publish. Which labels pass depends on the worker's pytz/tzdata
-    release, so the same file publishes on one machine and not on another."""
+    fails every value of the column: every row a malformed_record letter, the run refused,
+    where the same instants as JSONL numbers publish. Which labels pass depends on the
+    worker's pytz/tzdata release, so the same file publishes on one machine and not another."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
