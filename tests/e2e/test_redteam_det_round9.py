@@ -23,7 +23,6 @@ def _salt(tmp_path: Path) -> Path:
     return salt
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_nanosecond_parquet_timestamp_reads_as_its_jsonl_nanoseconds(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input; round 8's fix for Arrow timestamps): the same records
     read alike as JSONL and as Parquet. A JSONL time in ns (an integer from 1e17) is floored to
@@ -57,7 +56,6 @@ def test_a_nanosecond_parquet_timestamp_reads_as_its_jsonl_nanoseconds(tiny_toke
     assert runs["parquet"] == runs["jsonl"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_parquet_timestamp_reads_whatever_zone_database_the_worker_has(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input; transforms/read/timestamps.py: 'read by its own unit
     and zone ... so a run never depends on the worker's'): an Arrow timestamp column stores UTC
@@ -91,7 +89,6 @@ def test_a_parquet_timestamp_reads_whatever_zone_database_the_worker_has(tiny_to
     assert runs["parquet"] == runs["jsonl"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_parquet_duration_column_reads_as_its_jsonl_seconds(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; round 8 read
     Parquet's own type for a time, the Arrow timestamp, as its JSONL number): a response time

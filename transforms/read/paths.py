@@ -1116,19 +1116,23 @@ def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     return values
 
 
+UTC_LABEL = "+00:00"  # a fixed offset: Python's own timezone.utc, no zone database asked
+
+
 def without_views(schema: pa.Schema) -> pa.Schema:
     """The file's Arrow schema with view types (string_view, binary_view, list_view: what newer
     Arrow writers keep in a file) as their plain twins: the values are the same, and Arrow
-    casts dictionary chunks to the plain types only. Nanosecond times become microseconds
-    (floored: cast with safe=False): Python's datetime holds no finer, and without pandas Arrow
-    refuses to convert a value with nanoseconds at all, so a pandas-written log (its default
-    unit) would be refused row by row, or read otherwise where pandas is installed."""
+    casts dictionary chunks to the plain types only. Times are read from their storage, never
+    through the worker's packages: a timestamp, whatever its unit and zone, as UTC microseconds
+    (an Arrow timestamp holds a UTC instant; its zone is a display label the worker's zone
+    database may lack, and "+00:00" is looked up in none); nanoseconds floored to microseconds
+    (cast with safe=False), which without pandas Arrow refuses to convert at all."""
     return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
 
 
 def _plain_type(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_timestamp(kind) and kind.unit == "ns":
-        return pa.timestamp("us", kind.tz)
+    if pa.types.is_timestamp(kind):
+        return pa.timestamp("us", UTC_LABEL)
     if pa.types.is_duration(kind) and kind.unit == "ns":
         return pa.duration("us")
     if pa.types.is_time64(kind) and kind.unit == "ns":

@@ -12,6 +12,7 @@ A response that ends before its request arrived is a damaged record.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Any
 
@@ -96,6 +97,8 @@ def _duration(holders: list[dict]) -> int | None:
 
 
 def _duration_ms(value: Any, name: str, scale: int) -> int:
+    if isinstance(value, dt.timedelta):  # an Arrow duration column: its unit is its own
+        value, scale = value / dt.timedelta(milliseconds=1), 1
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, not a number")
     if not math.isfinite(value) or not 0 <= value * scale <= MAX_RESPONSE_MS:

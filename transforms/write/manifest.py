@@ -88,7 +88,8 @@ def check_rejected_fraction(
     shape_hints["not_an_object"] = shape_hints["invalid_json"]
     hint = shape_hints.get(
         top[0][0] if top else "",
-        "expected one JSON object per line with messages (or prompt) and timestamp",
+        "each record (a JSON line or a Parquet row) needs messages (or prompt) and a timestamp; "
+        "the dead letters say why each was refused",
     )
     reasons_said = ", ".join(f"{reason} {count}" for reason, count in top) or "none recorded"
     lost = (
