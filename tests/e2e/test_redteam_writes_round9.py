@@ -93,7 +93,6 @@ def _end_orphans(pids: Path) -> None:
             pass
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_killed_run_leaves_no_worker_holding_its_output_locked(tiny_tokenizer, tmp_path):
     """The local engine forks its workers (local_workers._start_pool: ProcessPoolExecutor, fork)
     after the output's lock is taken (publish.output_lock: flock on an O_CLOEXEC descriptor,
@@ -141,7 +140,6 @@ decompress._spool = _spool_then_hang_up
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_hang_up_is_a_stop_that_removes_what_the_run_made(tiny_tokenizer, tmp_path):
     """The CLI handles SIGINT and SIGTERM as stops (cli.STOP_SIGNALS), not SIGHUP, the signal an
     operator's closed terminal or dropped ssh session sends: its default action ends the process
