@@ -183,8 +183,8 @@ class _Stop:
     def end(self) -> NoReturn:
         """End what this process started, say so once, and end this process: at once, as the
         interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds).
-        What the run made goes too (its staging, lock files, standard input's copy: the run's
-        one registry, storage.remove_on_exit): it may not have unwound (a wait in a library)."""
+        What the run made goes too (its staging, lock files: the run's one registry,
+        storage.remove_on_exit): it may not have unwound (a wait in a library)."""
         end_descendants()
         publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
         whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)

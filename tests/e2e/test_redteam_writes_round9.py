@@ -177,7 +177,6 @@ decompress._spool = _spool_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_killed_runs_copy_of_standard_input_is_not_left_for_good(tiny_tokenizer, tmp_path):
     """`--input -` copies the whole private log to $TMPDIR/kvtrace-stdin-*/ under a name
     (decompress.spooled_standard_input), removed in a finally block or by the hard end's registry:
@@ -311,7 +310,6 @@ decompress._spool = _spool_and_note
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_standard_inputs_copy_is_owner_only_from_its_first_byte(tiny_tokenizer, tmp_path):
     """storage: "private files are owner-only from their first byte (0600 in 0700 folders)".
     decompress._spool writes the copy of the private log with open(path, "wb"), the mode the
