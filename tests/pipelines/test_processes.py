@@ -91,6 +91,13 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _gone_in_time(pid: int) -> bool:
+    deadline = time.monotonic() + GONE_BOUND_S
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling a condition, bounded
+    return not _running(pid)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_a_worker_ends_when_the_process_that_started_it_is_killed(method):
@@ -107,13 +114,46 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(method):
         worker = int(parent.stdout.readline())
         parent.kill()
         parent.wait(GONE_BOUND_S)
-        deadline = time.monotonic() + GONE_BOUND_S
-        while _running(worker) and time.monotonic() < deadline:
-            time.sleep(0.02)  # polling a condition, bounded
-        assert not _running(worker), f"the {method} worker outlived its parent"
+        assert _gone_in_time(worker), f"the {method} worker outlived its parent"
     finally:
         parent.kill()
         parent.wait()
         parent.stdout.close()
         if worker is not None and _running(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+# The race: the parent is gone before its child calls end_with_parent (no death signal will
+# come); the child says its pid, waits until it is orphaned, and only then makes the call.
+ORPHANED_FIRST = """
+import multiprocessing, os, signal, sys, time
+from kvtrace.pipelines.processes import end_with_parent
+def child(parent):
+    print(os.getpid(), flush=True)
+    while os.getppid() == parent:
+        time.sleep(0.01)
+    end_with_parent()
+    signal.pause()
+if __name__ == "__main__":
+    multiprocessing.get_context("fork").Process(target=child, args=(os.getpid(),)).start()
+    signal.pause()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_process_whose_parent_died_before_it_could_ask_to_end_with_it_ends_too():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHANED_FIRST], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(GONE_BOUND_S)
+        assert _gone_in_time(child), "the orphaned child lived on"
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)
