@@ -4,7 +4,7 @@ Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_wo
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
 line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped (a full
 disk mid-run included, on either engine), 128 plus the signal's number (130 for Ctrl-C, 143 for
-SIGTERM) for a run stopped from outside.
+SIGTERM, 129 for a hang-up) for a run stopped from outside.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kvtrace import __version__
 from kvtrace.commands import analyze, anonymize, cache, check, convert, id_map, replay, synthesize
 from kvtrace.commands.common import BeamFlags
 from kvtrace.options import refuse_stray_words
-from kvtrace.pipelines.processes import end_descendants, quiet_thread
+from kvtrace.pipelines.processes import STOP_SIGNALS, end_descendants, quiet_thread
 from kvtrace.transforms.encode.salt import SaltError
 from kvtrace.transforms.errors import ConfigError, IdMapError, JobStopped
 from kvtrace.transforms.write import interrupts
@@ -50,7 +50,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
 }
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Storage running out: only a write meets it, and every check is made before the work writes,
 # so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2).
 STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -159,9 +158,9 @@ def _stray_words(leftovers: list[str]) -> list[str]:
 
 
 class _Stop:
-    """The first SIGINT or SIGTERM stops the run: KeyboardInterrupt in the main thread, so that
-    the run unwinds through its finally blocks, and a deadline past which the process ends
-    anyway. Python runs a handler only once the main thread is back in Python code, which a
+    """The first stop signal (SIGINT, SIGTERM, SIGHUP: STOP_SIGNALS) stops the run:
+    KeyboardInterrupt in the main thread, so that the run unwinds through its finally blocks,
+    and a deadline past which the process ends anyway. Python runs a handler only once the main thread is back in Python code, which a
     wait in a library may delay; the watcher learns of the signal at once, from the wakeup fd
     the interpreter writes to. Later signals are ignored: the stop is under way, and bounded.
     A publication defers the stop to its end (interrupts), so it is whole or rolled back; what
@@ -184,8 +183,8 @@ class _Stop:
     def end(self) -> NoReturn:
         """End what this process started, say so once, and end this process: at once, as the
         interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds).
-        What the run made goes too (its staging, lock files, standard input's copy: the run's
-        one registry, storage.remove_on_exit): it may not have unwound (a wait in a library)."""
+        What the run made goes too (its staging, lock files: the run's one registry,
+        storage.remove_on_exit): it may not have unwound (a wait in a library)."""
         end_descendants()
         publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
         whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)
@@ -230,7 +229,7 @@ class _Stop:
 
 @contextlib.contextmanager
 def _stopped_by_signals(args: argparse.Namespace) -> Iterator[_Stop]:
-    """SIGINT and SIGTERM handled by a _Stop while a command runs (in the main thread only:
+    """The stop signals handled by a _Stop while a command runs (in the main thread only:
     Python delivers signals there). Once stopped, the handlers stay: the process is ending."""
     stop = _Stop(args)
     if threading.current_thread() is not threading.main_thread():

@@ -23,7 +23,6 @@ are settled by this process already, and the output's lock is this process's.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -36,20 +35,14 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from kvtrace.pipelines.local_workers import (
-    START_METHOD,
-    STOP_SIGNALS,
-    stop_signals_held,
-    worker_death,
-)
-from kvtrace.pipelines.processes import busy_threads, end_descendants
+from kvtrace.pipelines.local_workers import START_METHOD, stop_signals_held, worker_death
+from kvtrace.pipelines.processes import STOP_SIGNALS, busy_threads, end_descendants, end_with_parent
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
 
 # How long a stopped child may unwind (its staging removed, a publication under way finished)
 # before it is ended: the CLI's own deadline (STOP_DEADLINE_S) is as long.
 UNWIND_S = 1.5
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DIED = object()  # the child's outcome where it ended without a word
 T = TypeVar("T")
 
@@ -64,7 +57,7 @@ def run_in_child(job: Callable[[], T]) -> T:
     results, sent = context.Pipe(duplex=False)
     child = context.Process(
         target=_run_job,
-        args=(job, sent, os.getpid(), None if forked else _LoggingSetup.of_this_process()),
+        args=(job, sent, None if forked else _LoggingSetup.of_this_process()),
         name="kvtrace-job",
     )
     try:
@@ -107,11 +100,9 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
     end_descendants()
 
 
-def _run_job(
-    job: Callable[[], Any], sent: Connection, parent: int, setup: _LoggingSetup | None
-) -> None:
+def _run_job(job: Callable[[], Any], sent: Connection, setup: _LoggingSetup | None) -> None:
     """In the child: job run, then its value (in a 1-tuple) or its error sent back."""
-    _end_with_parent(parent if setup is None else None)
+    end_with_parent()  # none goes on publishing for a process that is gone
     if setup is not None:
         setup.apply()
     elif threading.current_thread() is threading.main_thread():
@@ -131,19 +122,6 @@ def _run_job(
     # At once, as the CLI ends a stopped run: the interpreter's own exit would wait on threads
     # and finalizers (gRPC's, for seconds), and the parent has its outcome.
     os._exit(0)
-
-
-def _end_with_parent(parent: int | None) -> None:
-    """The child killed when its parent dies (SIGKILL, the OOM killer), as the run in one process
-    was: none goes on publishing for a process that is gone (Linux: prctl PR_SET_PDEATHSIG).
-    parent: the forking process, None where a server started the child (forkserver)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the parent's stop still ends the child
-        return
-    if parent is not None and os.getppid() != parent:  # died before the call: no signal comes
-        os._exit(128 + signal.SIGKILL)
 
 
 def _portable(err: BaseException) -> BaseException:

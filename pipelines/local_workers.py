@@ -1,6 +1,7 @@
 """The local engine's worker processes (`--processes`, at least one): file ranges encoded in
 processes forked from this one once it has loaded the tokenizer (or started clean where a fork
-is unsafe), each claiming ranges from a shared table, stopped with this process. A worker's
+is unsafe), each claiming ranges from a shared table, stopped with this process and ended with it
+however it ends (processes.end_with_parent). A worker's
 death, a native abort included, is this process's one-line error (worker_death): native code
 never tokenizes input here. Not Beam's SDK worker pool (worker_pool.py): these never run a
 pipeline.
@@ -23,7 +24,12 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from kvtrace.pipelines.anonymize_night import Encoded
-from kvtrace.pipelines.processes import busy_threads
+from kvtrace.pipelines.processes import (
+    GROUP_STOP_SIGNALS,
+    STOP_SIGNALS,
+    busy_threads,
+    end_with_parent,
+)
 from kvtrace.pipelines.progress import RangeCounts, read_meter, shared_counts, shown
 from kvtrace.transforms.encode.encode_requests import RequestEncoder
 from kvtrace.transforms.encode.native_stderr import last_words
@@ -41,7 +47,6 @@ FORKSERVER_PRELOAD = ["kvtrace.pipelines.anonymize_local", "jinja2.sandbox"]
 if START_METHOD == "forkserver":
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # read by the Rust tokenizer
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # A worker still running this long after SIGTERM is killed (it ends at once, by default action).
 END_WORKERS_S = 0.5
 
@@ -127,10 +132,7 @@ def _start_pool(
             piece_bytes=piece_bytes,
             bounds=bounds,
         )
-        return (
-            ProcessPoolExecutor(processes, context, initializer=leave_stopping_to_parent),
-            counts,
-        )
+        return ProcessPoolExecutor(processes, context, initializer=start_forked_worker), counts
     # A clean worker imports its own watchdog: it renders under this process's budget, as a
     # forked one does by inheritance.
     budget = (RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes)
@@ -145,7 +147,7 @@ def _start_pool(
 
 @contextlib.contextmanager
 def stop_signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back while a process forks its workers (or its job's child): a
+    """The stop signals held back while a process forks its workers (or its job's child): a
     stop landing mid-fork would run the CLI's handler in an after-fork hook, where its
     KeyboardInterrupt is printed and dropped. A child begins with them held and with this
     process's handlers, and lets them through only once it has set its own
@@ -157,11 +159,18 @@ def stop_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+def start_forked_worker() -> None:
+    """A worker forked with its parent's state: ended with its parent, stops left to it."""
+    end_with_parent()
+    leave_stopping_to_parent()
+
+
 def leave_stopping_to_parent() -> None:
-    """In a worker: Ctrl-C (sent to the terminal's whole process group) is the parent's to act
-    on, and SIGTERM, from the parent ending its workers, ends the worker at once, without a
-    traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """In a worker: Ctrl-C and a hang-up (sent to the terminal's whole process group) are the
+    parent's to act on, and SIGTERM, from the parent ending its workers, ends the worker at once,
+    without a traceback."""
+    for signum in GROUP_STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
@@ -258,6 +267,7 @@ def _start_worker(
     environment: dict[str, str],
 ) -> None:
     """A worker started clean, to be warmed up before its first claim (_encode_claimed)."""
+    end_with_parent()
     adopt_environment(environment)
     leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget

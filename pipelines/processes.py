@@ -1,9 +1,13 @@
 """The processes this one started, and theirs, found in /proc: a stopped run ends them all, so
 that none outlives it (the local engine's workers, Beam's SDK workers, a job server Beam
-launched, multiprocessing's helpers), whichever library started them."""
+launched, multiprocessing's helpers), whichever library started them. A killed run cannot end
+them: each process kvtrace starts ends itself with the run (end_with_parent). And the one list
+of the signals that stop a run."""
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
 import signal
 import threading
@@ -16,6 +20,45 @@ PROC = "/proc"
 # multiprocessing's resource tracker, waits this long).
 END_GRACE_S = 0.3
 POLL_S = 0.02
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# What stops a run, in every process that handles or holds them: Ctrl-C, a stop from outside
+# (kill, a scheduler), and a hang-up (a closed terminal, a dropped ssh session), whose default
+# action would end the process past every finally block and the hard end's cleanup.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Of those, the ones a terminal sends its whole process group: a worker leaves them to its
+# parent, which stops the run (and its workers with it).
+GROUP_STOP_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
+def end_with_parent() -> None:
+    """First thing in every process kvtrace starts (multiprocessing's: the local engine's
+    workers, render's verifier, the Beam engine's child): it ends when the process that started
+    it does, however that ends (SIGKILL, the OOM killer, a hard timeout), so none goes on
+    holding the run's input, its output's lock or its work for a run that is gone.
+
+    A forked process is killed by the kernel with its parent (PR_SET_PDEATHSIG), unless the
+    parent died before the call, which the parent's pid then tells (no signal would come). One
+    a server forked (forkserver) has that server for its parent, which lives on while any of
+    its children does: it watches its starter's sentinel instead (a pipe the starter holds open,
+    read as closed once it is gone) and ends itself then."""
+    starter = multiprocessing.parent_process()
+    if starter is None:  # not started by multiprocessing: nothing to end with
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: a stopped parent still ends its children
+        pass
+    if os.getppid() != starter.pid:  # a server's child, or its parent died before the call
+        watcher = threading.Thread(
+            target=_end_once_gone, args=(starter,), name="end-with-parent", daemon=True
+        )
+        watcher.start()
+        quiet_thread(watcher)  # it waits holding no lock
+
+
+def _end_once_gone(starter: multiprocessing.process.BaseProcess) -> None:
+    starter.join()  # returns once the starter's end of its sentinel is closed: it is gone
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kernel ends a forked one
 
 
 def quiet_thread(thread: threading.Thread) -> None:

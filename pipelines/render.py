@@ -26,6 +26,7 @@ from kvtrace.pipelines.local_workers import (
     worker_death,
     workers_environment,
 )
+from kvtrace.pipelines.processes import end_with_parent
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.encode.tokenize import encode_texts, load_tokenizer, render_chat
 from kvtrace.transforms.errors import JobStopped
@@ -171,6 +172,7 @@ def _verifier(config: RenderConfig) -> Iterator[ProcessPoolExecutor]:
 
 
 def _start_verifier(config: RenderConfig, environment: dict[str, str]) -> None:
+    end_with_parent()
     adopt_environment(environment)
     leave_stopping_to_parent()
     _VERIFIER.update(config=config, tokenizer=load_tokenizer(config.tokenizer))

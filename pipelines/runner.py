@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from kvtrace.pipelines.processes import terminate_descendants
+from kvtrace.pipelines.processes import STOP_SIGNALS, terminate_descendants
 from kvtrace.transforms.errors import ConfigError
 
 _LOG = logging.getLogger("kvtrace")
@@ -133,12 +133,9 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     return outputs
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def workers_ended_if_stopped() -> Iterator[None]:
-    """A local run (which pipeline.run() is, whole) stopped by Ctrl-C or SIGTERM ends its SDK
+    """A local run (which pipeline.run() is, whole) stopped (STOP_SIGNALS) ends its SDK
     worker processes first: Beam, unwinding, would wait for each to finish its bundle. The
     signal then goes on to whoever handled it before (the CLI's stop, else KeyboardInterrupt)."""
     if threading.current_thread() is not threading.main_thread():

@@ -19,6 +19,7 @@ import posixpath
 import re
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -155,6 +156,21 @@ def create(path: str, private: bool = False) -> IO[bytes]:
     if private:  # an existing file keeps its mode through O_TRUNC
         os.chmod(path, mode)
     return io.BufferedWriter(raw)
+
+
+def create_unnamed(folder: str) -> IO[bytes]:
+    """A private file without a name on a local folder's file system, open to write and read
+    back: the kernel frees it once its last descriptor closes, however the process ends (a
+    SIGKILL included), so no copy of it is ever left behind. Owner-only from its first byte
+    (O_TMPFILE; where the file system has none, made under a random owner-only name, removed at
+    once). Other processes of this user read it at descriptor_path(file) while it is open."""
+    return tempfile.TemporaryFile(dir=folder)  # mode 0600, PRIVATE_FILE's
+
+
+def descriptor_path(file: IO[bytes]) -> str:
+    """Where any process of this user opens a file this one holds open (one without a name
+    included), while it is open: its descriptor, in /proc."""
+    return f"/proc/{os.getpid()}/fd/{file.fileno()}"
 
 
 def make_private(path: str) -> None:
@@ -330,7 +346,7 @@ def objects_under(prefix: str) -> str:
 # ---- What a run made and must remove on any exit -----------------------------------------------
 
 # Every local path this process made for its run and removes when the run ends (a staging name,
-# standard input's spooled copy, an output's lock file), in one registry: the normal unwind
+# an output's lock file), in one registry: the normal unwind
 # removes each in its finally block and forgets it; a hard end (the CLI's stop deadline, which
 # ends the process with os._exit past every finally block) removes what is left
 # (remove_leftovers). Each entry may carry a test that it is still this run's to remove (a lock

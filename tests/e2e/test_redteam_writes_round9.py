@@ -93,7 +93,6 @@ def _end_orphans(pids: Path) -> None:
             pass
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_killed_run_leaves_no_worker_holding_its_output_locked(tiny_tokenizer, tmp_path):
     """The local engine forks its workers (local_workers._start_pool: ProcessPoolExecutor, fork)
     after the output's lock is taken (publish.output_lock: flock on an O_CLOEXEC descriptor,
@@ -141,7 +140,6 @@ decompress._spool = _spool_then_hang_up
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_hang_up_is_a_stop_that_removes_what_the_run_made(tiny_tokenizer, tmp_path):
     """The CLI handles SIGINT and SIGTERM as stops (cli.STOP_SIGNALS), not SIGHUP, the signal an
     operator's closed terminal or dropped ssh session sends: its default action ends the process
@@ -179,7 +177,6 @@ decompress._spool = _spool_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_killed_runs_copy_of_standard_input_is_not_left_for_good(tiny_tokenizer, tmp_path):
     """`--input -` copies the whole private log to $TMPDIR/kvtrace-stdin-*/ under a name
     (decompress.spooled_standard_input), removed in a finally block or by the hard end's registry:
@@ -313,7 +310,6 @@ decompress._spool = _spool_and_note
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_standard_inputs_copy_is_owner_only_from_its_first_byte(tiny_tokenizer, tmp_path):
     """storage: "private files are owner-only from their first byte (0600 in 0700 folders)".
     decompress._spool writes the copy of the private log with open(path, "wb"), the mode the

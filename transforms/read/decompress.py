@@ -175,8 +175,8 @@ class DecodedStream(io.RawIOBase):
 # ---- Standard input (`--input -`) -------------------------------------------------------------
 
 STANDARD_INPUT = "-"
-# Standard input has no name to tell its form by, so its spooled copy is named for the form it
-# is: the suffix of the first form whose reader takes it (see standard_input_form).
+# Standard input has no name to tell its form by, nor has its spooled copy: its readers are told
+# the suffix of the first form whose reader takes it (standard_input_form, form_name).
 CODEC_SUFFIXES = {"gzip": ".jsonl.gz", "bz2": ".jsonl.bz2", "xz": ".jsonl.xz", "zstd": ".jsonl.zst"}
 PARQUET_SUFFIX = ".parquet"
 PLAIN_SUFFIX = ".jsonl"
@@ -188,16 +188,26 @@ SPOOL_STEP_BYTES = 1 << 20
 # What the spool leaves free on its file system: a stream that never ends (or outgrows the
 # disk) stops here with a one-line error, never by filling the disk under the run's own output.
 SPOOL_RESERVE_BYTES = 1 << 30
-# The spooled copy's path, kept in the environment so that every worker the run starts, forked
-# or spawned (Beam's multi_processing workers), inherits it: their letters name the input as the
-# user gave it, `-`, never the temporary folder's random name, so the same input gives the same
-# letters on every engine. Set by spooled_standard_input alone, for the run's length.
+# The spooled copy's path (/proc/PID/fd/N: the copy has no name) and form, kept in the
+# environment so that every worker the run starts, forked or spawned (Beam's multi_processing
+# workers), inherits them: they read it as its form, and their letters name the input as the
+# user gave it, `-`, never the path of the moment, so the same input gives the same letters on
+# every engine. Set by spooled_standard_input alone, for the run's length.
 SPOOLED_STDIN_ENV = "KVTRACE_SPOOLED_STDIN"
+SPOOLED_STDIN_FORM_ENV = "KVTRACE_SPOOLED_STDIN_FORM"
 
 
 def input_name(path: str) -> str:
     """The name the run shows for the input at path: `-` for standard input's spooled copy."""
     return STANDARD_INPUT if path == os.environ.get(SPOOLED_STDIN_ENV) else path
+
+
+def form_name(path: str) -> str:
+    """The name whose suffix tells a reader the file's form: its path, but for standard input's
+    spooled copy, which has no name, `stdin` and the suffix of the form it was found to be."""
+    if path != os.environ.get(SPOOLED_STDIN_ENV):
+        return path
+    return "stdin" + os.environ.get(SPOOLED_STDIN_FORM_ENV, PLAIN_SUFFIX)
 
 
 def standard_input_form(path: str) -> str:
@@ -244,51 +254,56 @@ def _is_parquet(path: str) -> bool:
 
 @contextlib.contextmanager
 def spooled_standard_input(source: IO[bytes] | None = None) -> Iterator[str]:
-    """Standard input copied, 1 MiB at a time, to a private folder of the temporary directory
-    ($TMPDIR), as a file the run reads like any other (in byte ranges, by every worker, its
-    records in any order to the same output), removed when the run ends. Refused in one line
-    when it is a terminal (the run would wait for typing) or would leave its file system less
-    than SPOOL_RESERVE_BYTES free."""
+    """Standard input copied, 1 MiB at a time, to a private file without a name on the
+    temporary directory's file system ($TMPDIR), which the run reads like any other (in byte
+    ranges, by every worker, its records in any order to the same output) at its descriptor's
+    path. The kernel frees it once this process closes it, however the run ends (a SIGKILL
+    included): no copy of the log is left behind. Refused in one line when it is a terminal (the
+    run would wait for typing) or would leave its file system less than SPOOL_RESERVE_BYTES
+    free."""
     stream = source if source is not None else sys.stdin.buffer
     if stream.isatty():
         raise ConfigError("--input - reads standard input, which is a terminal: pipe a log in")
-    folder = tempfile.mkdtemp(prefix="kvtrace-stdin-")  # readable by this user alone
-    storage.remove_on_exit(folder)  # even where the run ends past this finally (a hard stop)
-    try:
-        spooled = _spool(stream, folder)
+    folder = tempfile.gettempdir()
+    with _spooling_to(folder):
+        spool = storage.create_unnamed(folder)  # owner-only from its first byte
+    with spool:
+        spooled = _spool(stream, spool, folder)
+        os.environ[SPOOLED_STDIN_FORM_ENV] = standard_input_form(spooled)
         os.environ[SPOOLED_STDIN_ENV] = spooled
         try:
             yield spooled
         finally:
             os.environ.pop(SPOOLED_STDIN_ENV, None)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        storage.forget_on_exit(folder)
+            os.environ.pop(SPOOLED_STDIN_FORM_ENV, None)
 
 
-def _spool(stream: IO[bytes], folder: str) -> str:
+def _spool(stream: IO[bytes], spool: IO[bytes], folder: str) -> str:
+    """stream copied to spool, on folder's file system; the path every process reads it at."""
     budget = shutil.disk_usage(folder).free - SPOOL_RESERVE_BYTES
-    chunk = stream.read(SPOOL_STEP_BYTES)
-    path = os.path.join(folder, "stdin")
     written = 0
+    with _spooling_to(folder):
+        while chunk := stream.read(SPOOL_STEP_BYTES):
+            written += len(chunk)
+            if written > budget:
+                raise ConfigError(
+                    f"standard input is over {max(budget, 0)} bytes, what {folder}'s file "
+                    f"system holds less {SPOOL_RESERVE_BYTES >> 30} GiB: give --input a "
+                    "file, or set TMPDIR to a larger disk"
+                )
+            spool.write(chunk)
+        spool.flush()  # read back by path, past this file object's buffer
+    return storage.descriptor_path(spool)
+
+
+@contextlib.contextmanager
+def _spooling_to(folder: str) -> Iterator[None]:
+    """An OSError as a line naming the spool's folder, its number kept: storage running out is a
+    job that stopped (the CLI's exit 1), an unwritable folder a refusal (2), as for every other
+    output."""
     try:
-        with open(path, "wb") as spool:
-            while chunk:
-                written += len(chunk)
-                if written > budget:
-                    raise ConfigError(
-                        f"standard input is over {max(budget, 0)} bytes, what {folder}'s file "
-                        f"system holds less {SPOOL_RESERVE_BYTES >> 30} GiB: give --input a "
-                        "file, or set TMPDIR to a larger disk"
-                    )
-                spool.write(chunk)
-                chunk = stream.read(SPOOL_STEP_BYTES)
+        yield
     except OSError as err:
-        # The error's own number kept: storage running out is a job that stopped (the CLI's
-        # exit 1), an unwritable folder a refusal (2), as for every other output.
         raise OSError(
             err.errno, f"standard input could not be spooled to {folder}: {err.strerror}"
         ) from None
-    named = path + standard_input_form(path)
-    os.rename(path, named)
-    return named

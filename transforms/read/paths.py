@@ -32,7 +32,7 @@ from kvtrace.transforms.read.arrow_sizes import (
     largest_value_bytes,
     least_json_bytes,
 )
-from kvtrace.transforms.read.decompress import DecodedStream
+from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.storage import is_url
 
@@ -123,9 +123,16 @@ def file_identity(path: str) -> Any:
 
 
 def compression_of(path: str) -> str | None:
-    """The codec a file's suffix names, or None for a plain file."""
+    """The codec a file's suffix names (standard input's spool: its form's), or None for a plain
+    file."""
+    path = form_name(path)
     suffix = path[path.rfind(".") :].lower() if "." in path.rsplit("/", 1)[-1] else ""
     return CODECS.get(suffix)
+
+
+def is_parquet(path: str) -> bool:
+    """Whether a file is read as Parquet: by its suffix (standard input's spool: its form's)."""
+    return form_name(path).lower().endswith(PARQUET_SUFFIXES)
 
 
 def file_sizes(files: Sequence[str]) -> list[tuple[str, int]]:

@@ -26,11 +26,11 @@ from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from kvtrace.transforms.read.decompress import input_name
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
-    PARQUET_SUFFIXES,
     FooterOverBound,
     Oversized,
     broken_off,
     compression_of,
+    is_parquet,
     open_raw,
     open_stream,
     oversized_pages,
@@ -68,7 +68,7 @@ class FileRange:
 
 def file_ranges(path: str, size: int, split_bytes: int = READ_SPLIT_BYTES) -> list[FileRange]:
     """The ranges a file is read in: byte ranges of a plain file, the whole of any other."""
-    if compression_of(path) or path.lower().endswith(PARQUET_SUFFIXES):
+    if compression_of(path) or is_parquet(path):
         return [FileRange(path, 0, None)]
     return [
         FileRange(path, start, min(start + split_bytes, size))
@@ -111,7 +111,7 @@ def read_range(
 def _read_range(
     piece: FileRange, max_record_bytes: int, progress: ReadProgress | None
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
-    if piece.path.lower().endswith(PARQUET_SUFFIXES):
+    if is_parquet(piece.path):
         yield from _parquet(piece.path, max_record_bytes)
         return
     offset = piece.start

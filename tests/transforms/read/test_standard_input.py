@@ -1,5 +1,5 @@
-"""Standard input spooled to a file named for its form, bounded by its file system's free space,
-gone when the run ends."""
+"""Standard input spooled to a private file without a name, read as the form it is, bounded by its
+file system's free space, gone when the run ends (however it ends: the kernel frees it)."""
 
 from __future__ import annotations
 
@@ -84,13 +84,17 @@ def parquet_bytes() -> bytes:
         "zstd-like-line",
     ],
 )
-def test_the_spooled_copy_holds_the_bytes_under_the_name_of_their_form(data, name):
+def test_the_spooled_copy_holds_the_bytes_read_as_their_form(data, name, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
     with spooled_standard_input(io.BytesIO(data)) as path:
-        assert os.path.basename(path) == name
+        assert decompress.form_name(path) == name
         with open(path, "rb") as spooled:
             assert spooled.read() == data
-        assert os.stat(os.path.dirname(path)).st_mode & 0o077 == 0  # this user's alone
-    assert not os.path.exists(os.path.dirname(path))
+        assert os.stat(path).st_mode & 0o777 == 0o600  # this user's alone
+        assert os.stat(path).st_nlink == 0  # no name: nothing of it outlives the process
+        assert list(tmp_path.iterdir()) == []
+    assert not os.path.exists(path)
 
 
 def test_input_beyond_the_free_space_is_a_one_line_error_and_leaves_nothing(monkeypatch, tmp_path):
@@ -130,13 +134,31 @@ def test_the_spooled_copy_is_named_dash_in_every_process_and_only_while_spooled(
     assert decompress.SPOOLED_STDIN_ENV not in os.environ
 
 
+def read_in_a_new_process(path: str) -> tuple[str | None, bytes]:
+    """The codec and decoded bytes a worker started afresh reads at the spool's path."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_read_as_its_form, (path,))
+
+
+def _read_as_its_form(path: str) -> tuple[str | None, bytes]:
+    with paths.open_stream(path) as stream:
+        return paths.compression_of(path), stream.read()
+
+
+def test_a_new_process_reads_the_spooled_copy_as_its_form():
+    """The copy has no name: every process of the run (Beam's spawned workers, the local
+    engine's clean ones) reads it at this one's descriptor, as the form it was found to be."""
+    with spooled_standard_input(io.BytesIO(gzip.compress(LOG))) as path:
+        assert read_in_a_new_process(path) == ("gzip", LOG)
+
+
 def _spooled_form(data: bytes) -> tuple[str, bytes | None]:
     """The suffix standard input's data is spooled under, and what the file reader of that name
     reads from it: the decoded bytes up to any damage (None if damaged before its first byte),
     the Parquet rows, or the plain bytes."""
     with spooled_standard_input(io.BytesIO(data)) as path:
-        suffix = os.path.basename(path).removeprefix("stdin")
-        if suffix == ".parquet":
+        suffix = decompress.form_name(path).removeprefix("stdin")
+        if paths.is_parquet(path):
             with paths.parquet_file(path, 1 << 20) as (_, parquet):
                 return suffix, str(parquet.read().to_pylist()).encode()
         with paths.open_stream(path) as stream:
