@@ -215,7 +215,6 @@ def test_standard_input_is_told_parquet_within_the_footer_bound(tiny_tokenizer, 
     assert peak < 300, f"{peak} MB peak telling the form of {src.stat().st_size} bytes on stdin"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 @pytest.mark.parametrize("capacity", ["3,000,000", "1,5GB"])
 def test_a_size_written_with_separators_is_not_read_as_a_list(tmp_path, capacity):
     """capacity.parse_capacities splits --capacity at commas (a list: 3M,50M), so a size
