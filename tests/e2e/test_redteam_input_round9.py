@@ -276,7 +276,6 @@ def test_a_parquet_page_failing_its_checksum_is_a_damaged_file_not_a_record(
     assert [letter["error"] for letter in letters] == ["damaged_file"], done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_containers_inside_tool_call_arguments_are_bounded_as_the_record_s_are(
     tiny_tokenizer, tmp_path
 ):
