@@ -27,7 +27,6 @@ def _one_chat(tmp_path) -> str:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_deeply_nested_tokenizer_config_is_named_in_one_line(tiny_tokenizer, tmp_path):
     """fast_tokenizer._json_object catches json.JSONDecodeError only: a 10 KB
     tokenizer_config.json of 5,000 nested lists raises RecursionError, which the CLI's
@@ -56,7 +55,6 @@ def test_a_deeply_nested_tokenizer_config_is_named_in_one_line(tiny_tokenizer, t
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_deeply_nested_chat_template_kwargs_are_refused_naming_the_flag(tiny_tokenizer, tmp_path):
     """anonymize.py reads --chat-template-kwargs with a bare json.loads (as do `check` and
     `replay`): a 10 KB value nested 5,000 deep is "the job failed: RecursionError ...", exit
