@@ -8,7 +8,6 @@ function of the night's end every engine shares (anonymize_night.py).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -54,6 +53,7 @@ from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.steps import ReadRecords, RouteSessions, parse_records
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
+from kvtrace.transforms.trace_format import parse_json
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import manifest_path, trace_origin_ms
 from kvtrace.transforms.write.rows import assemble_rows, request_room
@@ -78,7 +78,7 @@ def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
 def _run_here(config: AnonymizeConfig, flags: list[str]) -> dict:
     """In the child: the pipeline run, which stages the output; its staged manifest returned."""
     run(lambda pipeline: build(pipeline, config), pipeline_options(flags))
-    return json.loads(read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES))
+    return parse_json(read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES))
 
 
 class AnonymizeOutputs(NamedTuple):

@@ -31,6 +31,7 @@ from apache_beam.options.pipeline_options import (
 
 from kvtrace.pipelines.processes import STOP_SIGNALS, terminate_descendants
 from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.trace_format import parse_json
 
 _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
@@ -219,7 +220,7 @@ def _check_process_command(config: str) -> None:
     """A PROCESS environment's command must be there to run: else Beam waits minutes for
     workers that never start."""
     try:
-        command = json.loads(config).get("command") if config.strip().startswith("{") else config
+        command = parse_json(config).get("command") if config.strip().startswith("{") else config
     except ValueError:
         command = None
     if not command:

@@ -859,9 +859,12 @@ def canonical_json(payload: Any) -> bytes:
     return (json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
-def parse_json(data: bytes) -> Any:
-    """A JSON document, refused (FormatError) when any object repeats a key: a reader keeps one
-    value, the bytes keep both."""
+def parse_json(data: bytes | str) -> Any:
+    """A JSON document, refused (FormatError, one line) when any object repeats a key (a reader
+    keeps one value, the bytes keep both), names a constant JSON lacks (NaN) or nests deeper
+    than MAX_JSON_DEPTH: the parse of the JSON documents kvtrace reads from files and flags
+    (tokenizer configs, --chat-template-kwargs, manifests, marks; records and the JSON texts
+    inside them: read/json_tree)."""
 
     def no_repeats(pairs: list[tuple[str, Any]]) -> dict:
         keys = [k for k, _ in pairs]
@@ -875,7 +878,9 @@ def parse_json(data: bytes) -> Any:
             object_pairs_hook=no_repeats,
             parse_constant=lambda name: _refuse(f"{name} is not JSON"),
         )
-    except (ValueError, RecursionError) as err:
+    except RecursionError:  # the parser's stack gave out, far past the depth allowed
+        raise FormatError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as err:
         if isinstance(err, FormatError):
             raise
         raise FormatError(f"not JSON ({str(err)[:60]})") from None

@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import IO, Any
 
-from kvtrace.commands.common import BeamFlags, engine_options, local_reads
+from kvtrace.commands.common import BeamFlags, engine_options, json_flag, local_reads
 from kvtrace.config import beam_flags, fill_dates, load_presets, parse_date
 from kvtrace.presets import config_path, environments
 from kvtrace.transforms.cache.capacity import parse_bytes
@@ -397,10 +397,9 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
     if merged.get("emit_block_hashes") is True:  # `emit-block-hashes: true` in a preset
         merged["emit_block_hashes"] = ""
     if isinstance(merged.get("chat_template_kwargs"), str):
-        try:
-            merged["chat_template_kwargs"] = json.loads(merged["chat_template_kwargs"])
-        except ValueError:
-            raise ConfigError("--chat-template-kwargs is not valid JSON") from None
+        merged["chat_template_kwargs"] = json_flag(
+            "--chat-template-kwargs", merged["chat_template_kwargs"]
+        )
     if not isinstance(merged["chat_template_kwargs"], dict):
         raise ConfigError(
             "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"

@@ -272,11 +272,13 @@ def simulate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     plan_trace_command(args, files)
     config = SimulateConfig(
         files,
-        tuple(parse_capacities(args.capacity, per_token)),
+        tuple(parse_capacities(args.capacity, per_token, "--capacity")),
         policies,
         block_size,
         per_token,
-        tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
+        tuple(parse_capacities(args.tier2_capacity, per_token, "--tier2-capacity"))
+        if args.tier2_capacity
+        else (),
         args.warmup_fraction,
         args.decode_cache,
     )
@@ -321,9 +323,13 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             args.output,
             block_size,
             gpu,
-            tuple(parse_capacities(args.capacity, per_token)) if args.capacity else (),
+            tuple(parse_capacities(args.capacity, per_token, "--capacity"))
+            if args.capacity
+            else (),
             policies,
-            tuple(parse_capacities(args.tier2_capacity, per_token)) if args.tier2_capacity else (),
+            tuple(parse_capacities(args.tier2_capacity, per_token, "--tier2-capacity"))
+            if args.tier2_capacity
+            else (),
             per_token,
             args.overwrite,
             args.model,

@@ -4,13 +4,13 @@ folder exposes)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
 from kvtrace.commands.common import (
     TRACE_HELP,
     BeamFlags,
+    json_flag,
     no_beam_options,
     plan_trace_command,
     write_json_report,
@@ -178,10 +178,7 @@ def _template_kwargs(args: argparse.Namespace) -> dict | None:
     """--chat-template-kwargs as the run was given them."""
     if args.chat_template_kwargs is None:
         return None
-    try:
-        kwargs = json.loads(args.chat_template_kwargs)
-    except ValueError:
-        kwargs = None
+    kwargs = json_flag("--chat-template-kwargs", args.chat_template_kwargs)
     if not isinstance(kwargs, dict):
         raise ConfigError("--chat-template-kwargs: a JSON object, as the run was given")
     return kwargs

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from kvtrace.transforms.errors import ConfigError, JobStopped
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MANIFEST, FormatError, parse_json
 
 if TYPE_CHECKING:  # publish imports pyarrow: only a command that runs pays for it
     from kvtrace.transforms.write.publish import Location, StagedFile
@@ -34,6 +34,15 @@ def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
         f"machine, {beam}. Beam options such as --runner pass through",
     )
     parser.add_argument("--verbose", action="store_true", help="show Beam's own logs")
+
+
+def json_flag(flag: str, text: str) -> object:
+    """A flag's JSON value, read by the one bounded parse (trace_format.parse_json); anything
+    it refuses is a usage error naming the flag."""
+    try:
+        return parse_json(text)
+    except FormatError as err:
+        raise ConfigError(f"{flag}: {err}") from None
 
 
 def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:

@@ -4,7 +4,6 @@ ExportConfig -> pipelines/export.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -12,6 +11,7 @@ from kvtrace.commands.common import (
     BLOCK_HELP,
     TRACE_HELP,
     BeamFlags,
+    json_flag,
     json_report,
     no_beam_options,
     plan_trace_command,
@@ -152,10 +152,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     no_beam_options(beam_args)
     files, block_size = trace_inputs(args)
     plan_trace_command(args, files, Location("--output", args.output))
-    try:
-        kwargs = json.loads(args.chat_template_kwargs)
-    except ValueError:
-        raise ConfigError("--chat-template-kwargs is not valid JSON") from None
+    kwargs = json_flag("--chat-template-kwargs", args.chat_template_kwargs)
     if not isinstance(kwargs, dict):
         raise ConfigError("--chat-template-kwargs must be a JSON object")
     config = RenderConfig(

@@ -11,6 +11,7 @@ import pytest
 
 from kvtrace.cli import _parser, main
 from kvtrace.commands.anonymize import _merged, option_kinds
+from kvtrace.commands.common import json_flag
 from kvtrace.config import load_presets
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES
@@ -78,3 +79,20 @@ def test_kv_bytes_per_token_takes_a_size(tmp_path, capsys):
     assert kib == plain
     assert main([*argv, str(tmp_path / "k.json"), "--kv-bytes-per-token", "128K"]) == 2
     assert "--kv-bytes-per-token: size '128K'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[" * 5000 + "]" * 5000, "nested deeper than 32 levels"),  # past the parser's stack
+        ('{"a": 1, "a": 2}', "an object repeats a key"),
+        ('{"a": NaN}', "NaN is not JSON"),
+        ("{", "not JSON"),
+    ],
+)
+def test_a_json_flag_the_parse_refuses_is_a_usage_error_naming_the_flag(text, said):
+    with pytest.raises(ConfigError, match=f"^--chat-template-kwargs: {said}"):
+        json_flag("--chat-template-kwargs", text)
+    assert json_flag("--chat-template-kwargs", '{"enable_thinking": false}') == {
+        "enable_thinking": False
+    }

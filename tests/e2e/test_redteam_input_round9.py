@@ -27,7 +27,6 @@ def _one_chat(tmp_path) -> str:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_deeply_nested_tokenizer_config_is_named_in_one_line(tiny_tokenizer, tmp_path):
     """fast_tokenizer._json_object catches json.JSONDecodeError only: a 10 KB
     tokenizer_config.json of 5,000 nested lists raises RecursionError, which the CLI's
@@ -56,7 +55,6 @@ def test_a_deeply_nested_tokenizer_config_is_named_in_one_line(tiny_tokenizer, t
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_deeply_nested_chat_template_kwargs_are_refused_naming_the_flag(tiny_tokenizer, tmp_path):
     """anonymize.py reads --chat-template-kwargs with a bare json.loads (as do `check` and
     `replay`): a 10 KB value nested 5,000 deep is "the job failed: RecursionError ...", exit
@@ -215,7 +213,6 @@ def test_standard_input_is_told_parquet_within_the_footer_bound(tiny_tokenizer, 
     assert peak < 300, f"{peak} MB peak telling the form of {src.stat().st_size} bytes on stdin"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 @pytest.mark.parametrize("capacity", ["3,000,000", "1,5GB"])
 def test_a_size_written_with_separators_is_not_read_as_a_list(tmp_path, capacity):
     """capacity.parse_capacities splits --capacity at commas (a list: 3M,50M), so a size
@@ -277,7 +274,6 @@ def test_a_parquet_page_failing_its_checksum_is_a_damaged_file_not_a_record(
     assert [letter["error"] for letter in letters] == ["damaged_file"], done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_containers_inside_tool_call_arguments_are_bounded_as_the_record_s_are(
     tiny_tokenizer, tmp_path
 ):

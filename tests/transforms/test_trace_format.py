@@ -86,6 +86,12 @@ def test_a_repeated_key_is_refused_where_a_reader_would_keep_one():
         parse_json(b'{"a": NaN}')
 
 
+@pytest.mark.parametrize("depth", [40, 5000])  # past the bound; past the parser's own stack
+def test_a_document_nested_too_deep_is_refused_in_one_line(depth):
+    with pytest.raises(FormatError, match="^nested deeper than 32 levels$"):
+        parse_json("[" * depth + "]" * depth)
+
+
 def test_the_manifest_schema_refuses_text_that_unicode_classes_would_let_through():
     problems = schema_problems({"kvtrace_version": "0.1.0\u0660"}, MANIFEST_SCHEMA)
     assert any("not printable ASCII" in p for p in problems)

@@ -64,14 +64,29 @@ class Capacity:
     bytes: int | None  # when given in bytes, or when bytes per token are known
 
 
-def parse_capacities(text: str, kv_bytes_per_token: int | None) -> list[Capacity]:
-    """Comma-separated capacities, in the order given."""
-    capacities = [
-        parse_capacity(part, kv_bytes_per_token) for part in text.split(",") if part.strip()
-    ]
-    if not capacities:
-        raise ValueError("give at least one capacity, e.g. --capacity 3M,50M or 40GB")
-    return capacities
+# The comma separates capacities, and people also write it inside one number: 3,000,000 (digit
+# groups) and 1,5GB (a decimal comma). A list reads as such a number when it opens with a bare
+# 1-3 digit number continued by three digits or by digits with a unit; any item of digits after
+# a leading zero (000, 05M) is a digit group too, as no one writes a capacity so.
+_SEPARATED_NUMBER = re.compile(r"\s*\d{1,3}\s*,\s*(\d{3}\s*(,|$)|\d+(\.\d+)?\s*[a-zA-Z]+\s*$)")
+_LEADING_ZERO = re.compile(r"\s*0\d")
+
+
+def parse_capacities(text: str, kv_bytes_per_token: int | None, flag: str) -> list[Capacity]:
+    """Comma-separated capacities, in the order given; a usage error (ValueError) names the
+    flag and its whole value."""
+    parts = [part for part in text.split(",") if part.strip()]
+    if _SEPARATED_NUMBER.match(text) or any(_LEADING_ZERO.match(part) for part in parts):
+        raise ValueError(
+            f"{flag} {text.strip()[:40]!r}: one size written with separators, or a list? "
+            f"write a size without them (3000000, 3M, 1.5GB) and a list with units (3M,50M)"
+        )
+    if not parts:
+        raise ValueError(f"{flag}: give at least one capacity, e.g. 3M,50M or 40GB")
+    try:
+        return [parse_capacity(part, kv_bytes_per_token) for part in parts]
+    except ValueError as err:
+        raise ValueError(f"{flag}: {err}") from None
 
 
 def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:

@@ -12,7 +12,6 @@ on the shipped tokenizers and templates.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -22,7 +21,13 @@ import tokenizers
 
 from kvtrace.transforms.encode import template_renderer
 from kvtrace.transforms.encode.regular_files import UnfitFile, read_regular_file
-from kvtrace.transforms.trace_format import EXTRA_TEMPLATE_PATTERN, EXTRA_TEMPLATES, TOKENIZER_FILES
+from kvtrace.transforms.trace_format import (
+    EXTRA_TEMPLATE_PATTERN,
+    EXTRA_TEMPLATES,
+    TOKENIZER_FILES,
+    FormatError,
+    parse_json,
+)
 
 # The files kvtrace reads from a tokenizer folder are the published format's vocabulary (the
 # manifest's `tokenizer.sha256` keys): the tokenizer's identity is their bytes, nothing else.
@@ -211,9 +216,9 @@ def _json_object(files: dict[str, bytes], name: str) -> dict[str, Any]:
     if name not in files:
         return {}
     try:
-        value = json.loads(_text(files[name], name))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{name}: not JSON ({str(err)[:200]})") from None
+        value = parse_json(_text(files[name], name))
+    except FormatError as err:  # not JSON, too deep, a key twice: named, in one line
+        raise ValueError(f"{name}: {err}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name}: not a JSON object")
     return value

@@ -89,6 +89,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     TIME_ORIGIN_FIELD,
     TIMESTAMP_FIELD,
+    parse_json,
 )
 
 CURRENT = "CURRENT"
@@ -586,7 +587,7 @@ def relative(directory: str, path: str) -> str:
 
 def _read_json(path: str) -> Any:
     with open_map_file(path) as handle:
-        return json.loads(handle.read(CURRENT_MAX_BYTES))
+        return parse_json(handle.read(CURRENT_MAX_BYTES))
 
 
 def _json_bytes(payload: dict[str, Any]) -> bytes:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.read.json_tree import loads_checked
+from kvtrace.transforms.read.json_tree import ContainerBudget, loads_checked
 
 # The roles OpenAI-compatible servers accept; anything else they answer with a 400.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -64,7 +64,9 @@ def is_anthropic(body: dict[str, Any], tools: Any) -> bool:
     )
 
 
-def openai_messages(messages: Any, drop_non_text: bool) -> list[dict[str, Any]]:
+def openai_messages(
+    messages: Any, drop_non_text: bool, budget: ContainerBudget
+) -> list[dict[str, Any]]:
     """Chat Completions messages, normalized as vLLM does."""
     if isinstance(messages, str):
         raise Rejected("wrong_type", "messages is a string, not a list of messages")
@@ -72,10 +74,12 @@ def openai_messages(messages: Any, drop_non_text: bool) -> list[dict[str, Any]]:
         raise Rejected("wrong_type", f"messages is a {type(messages).__name__}, not a list")
     if not messages:
         raise Rejected("invalid_request", "messages is empty")
-    return [_openai_message(m, i, drop_non_text) for i, m in enumerate(messages)]
+    return [_openai_message(m, i, drop_non_text, budget) for i, m in enumerate(messages)]
 
 
-def _openai_message(message: Any, index: int, drop_non_text: bool) -> dict[str, Any]:
+def _openai_message(
+    message: Any, index: int, drop_non_text: bool, budget: ContainerBudget
+) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise Rejected("wrong_type", f"message {index} is not an object")
     role = _role(message, index)
@@ -88,7 +92,7 @@ def _openai_message(message: Any, index: int, drop_non_text: bool) -> dict[str, 
     if role == "assistant":
         calls = message.get("tool_calls")
         if calls is not None:
-            normalized_calls = _tool_calls(calls, index)
+            normalized_calls = _tool_calls(calls, index, budget)
             if normalized_calls:
                 normalized["tool_calls"] = normalized_calls
         reasoning = message.get("reasoning", message.get("reasoning_content"))
@@ -145,7 +149,7 @@ def text_of(content: Any, where: str, drop_non_text: bool) -> str:
     return "\n".join(texts)
 
 
-def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+def _tool_calls(calls: Any, index: int, budget: ContainerBudget) -> list[dict[str, Any]]:
     if not isinstance(calls, list):
         raise Rejected("wrong_type", f"message {index} tool_calls is not a list")
     normalized = []
@@ -160,19 +164,23 @@ def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
             {
                 **({"id": call["id"]} if isinstance(call.get("id"), str) else {}),
                 "type": "function",
-                "function": {"name": name, "arguments": _arguments(function.get("arguments"))},
+                "function": {
+                    "name": name,
+                    "arguments": _arguments(function.get("arguments"), budget),
+                },
             }
         )
     return normalized
 
 
-def _arguments(arguments: Any) -> dict[str, Any]:
-    """Arguments as an object, as vLLM passes them to templates ({} when not a JSON object)."""
+def _arguments(arguments: Any, budget: ContainerBudget) -> dict[str, Any]:
+    """Arguments as an object, as vLLM passes them to templates ({} when not a JSON object); a
+    string is parsed within what its record's bound leaves (json_tree.loads_checked)."""
     if isinstance(arguments, dict):
         return arguments
     if isinstance(arguments, str) and arguments:
         try:
-            parsed = loads_checked(arguments)
+            parsed = loads_checked(arguments, budget)
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}
@@ -201,7 +209,9 @@ def arguments_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return converted
 
 
-def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[str, Any]]:
+def responses_messages(
+    body: dict[str, Any], drop_non_text: bool, budget: ContainerBudget
+) -> list[dict[str, Any]]:
     """The Responses API's `instructions` and `input` (a string or a list of items)."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
@@ -225,7 +235,7 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
                 "type": "function",
                 "function": {
                     "name": _string(item.get("name"), f"input item {index} name"),
-                    "arguments": _arguments(item.get("arguments")),
+                    "arguments": _arguments(item.get("arguments"), budget),
                 },
             }
             if isinstance(item.get("call_id"), str):
@@ -253,7 +263,9 @@ def responses_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
     return messages
 
 
-def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[str, Any]]:
+def anthropic_messages(
+    body: dict[str, Any], drop_non_text: bool, budget: ContainerBudget
+) -> list[dict[str, Any]]:
     """Anthropic Messages (top-level system, text / tool_use / tool_result / thinking blocks) as
     the OpenAI messages an OpenAI-compatible server would render."""
     messages: list[dict[str, Any]] = []
@@ -282,7 +294,7 @@ def anthropic_messages(body: dict[str, Any], drop_non_text: bool) -> list[dict[s
                         "type": "function",
                         "function": {
                             "name": _string(block.get("name"), f"message {index} tool_use name"),
-                            "arguments": _arguments(block.get("input")),
+                            "arguments": _arguments(block.get("input"), budget),
                         },
                     }
                 )

@@ -1,7 +1,8 @@
 """Checks on JSON: before a line is parsed, how many containers it holds (what parsing it
 would cost); once decoded, before any field of it is used, nesting depth and valid Unicode in
 every string and key. Iterative, so a hostile value cannot blow the stack. And JSON texts
-inside records (tool-call arguments) read exactly as the standard parser reads them."""
+inside records (tool-call arguments) read exactly as the standard parser reads them, within
+what their record's bound leaves (ContainerBudget)."""
 
 from __future__ import annotations
 
@@ -56,24 +57,37 @@ def orjson_reading(data: bytes) -> tuple[bool, Any]:
         return False, None
 
 
-def loads_checked(text: str) -> Any:
-    """json.loads's value, with nesting beyond what the parser's stack survives rejected as too
+class ContainerBudget:
+    """The JSON objects and lists a record's JSON texts inside strings (tool-call arguments) may
+    still parse into, all of them together: a record's bound (the count its line is held to),
+    so one large text or many small ones cost no more than the record's own containers may."""
+
+    def __init__(self, most: int) -> None:
+        self.left = most
+
+
+def loads_checked(text: str, budget: ContainerBudget) -> Any:
+    """json.loads's value of a JSON text inside a record, its containers counted by the rule
+    every line reader bounds its parse by (containers_over) against what the record has left,
+    before it is parsed, and nesting beyond what the parser's stack survives rejected as too
     deep. Read by orjson where that reads alike (orjson_reading): tool-call arguments are most
     of an agent log's small JSON texts."""
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: invalid, orjson declines
+    over = containers_over(data, budget.left)
+    if over is not None:
+        raise Rejected(
+            "too_large",
+            f"a JSON text inside a string holds {over} objects and lists, over the "
+            f"{budget.left} its record may still parse",
+        )
     try:
-        value = _orjson_or_standard(text)
+        read, value = orjson_reading(data)
+        if not read:
+            value = json.loads(text)
     except RecursionError:
         raise Rejected("too_deep", "JSON nested too deep to parse") from None
-    check_tree(value, check_strings=False)
+    budget.left -= _check_depth(value)
     return value
-
-
-def _orjson_or_standard(text: str) -> Any:
-    try:
-        read, value = orjson_reading(text.encode("utf-8"))
-    except UnicodeEncodeError:  # lone surrogates: only the standard parser reads them
-        read, value = False, None
-    return value if read else json.loads(text)
 
 
 def check_tree(value: Any, check_strings: bool = True) -> None:
@@ -106,16 +120,18 @@ def check_tree(value: Any, check_strings: bool = True) -> None:
             open_containers.pop()
 
 
-def _check_depth(value: Any) -> None:
+def _check_depth(value: Any) -> int:
     """Nesting depth alone, a level at a time over containers only: 4-5x faster than the walk
     above on logged chats (most nodes are strings, and streamed responses are thousands of
-    small objects). Parsers give exact dicts and lists, so types are compared exactly."""
+    small objects). Parsers give exact dicts and lists, so types are compared exactly. Returns
+    how many containers the value holds."""
     containers = (dict, list)
     level = [value] if type(value) in containers else []
-    depth = 1
+    depth, count = 1, 0
     while level:
         if depth > MAX_NESTING_DEPTH:
             raise Rejected("too_deep", f"nested deeper than {MAX_NESTING_DEPTH} levels")
+        count += len(level)
         level = [
             child
             for node in level
@@ -123,6 +139,7 @@ def _check_depth(value: Any) -> None:
             if type(child) in containers
         ]
         depth += 1
+    return count
 
 
 def _check_unicode(text: str) -> None:

@@ -17,7 +17,12 @@ from typing import Any
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read import chat
-from kvtrace.transforms.read.json_tree import check_tree, containers_over, orjson_reading
+from kvtrace.transforms.read.json_tree import (
+    ContainerBudget,
+    check_tree,
+    containers_over,
+    orjson_reading,
+)
 from kvtrace.transforms.read.response_end import response_ms
 from kvtrace.transforms.read.shapes import check_record, declared_fields
 from kvtrace.transforms.read.timestamps import timestamp_ms
@@ -85,8 +90,7 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
             "too_large",
             f"record of {len(line)} bytes > --max-record-bytes {options.max_record_bytes}",
         )
-    most = CONTAINERS_BOUND_MULTIPLE * options.max_record_bytes // PARSED_CONTAINER_BYTES
-    containers = containers_over(line, most)
+    containers = containers_over(line, record_containers(options.max_record_bytes))
     if containers is not None:
         raise Rejected(
             "too_large",
@@ -101,6 +105,12 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
     return request_from_object(record, line, source, options, check_strings=check_strings)
+
+
+def record_containers(max_record_bytes: int) -> int:
+    """The most JSON objects and lists a record may parse into: its line's, and, apart, its
+    JSON texts inside strings together (chat tool-call arguments)."""
+    return CONTAINERS_BOUND_MULTIPLE * max_record_bytes // PARSED_CONTAINER_BYTES
 
 
 def without_nulls(value: Any) -> Any:
@@ -179,8 +189,9 @@ def request_from_object(
         _check_batch(record, body)
     fields: dict[str, Any] = {"kind": kind}
     if kind == "chat":
+        budget = ContainerBudget(record_containers(options.max_record_bytes))
         fields["messages"], fields["tools"] = _chat(
-            body, _tools(record, body), options.drop_non_text_parts
+            body, _tools(record, body), options.drop_non_text_parts, budget
         )
     elif kind == "prompt":
         fields["prompt"] = _prompt(body.get("prompt"))
@@ -286,20 +297,20 @@ def _detect_kind(body: dict[str, Any]) -> str:
 
 
 def _chat(
-    body: dict[str, Any], tools: list | None, drop_non_text: bool
+    body: dict[str, Any], tools: list | None, drop_non_text: bool, budget: ContainerBudget
 ) -> tuple[list[dict], list[dict] | None]:
     tools = tools or None  # a list of objects, its shape says
     if body.get("messages") is not None and not chat.is_anthropic(body, tools):
-        return chat.openai_messages(body["messages"], drop_non_text), tools and chat.served_tools(
-            tools
-        )
+        return chat.openai_messages(
+            body["messages"], drop_non_text, budget
+        ), tools and chat.served_tools(tools)
     if body.get("messages") is not None:
         anthropic_tools = tools and chat.served_tools(chat.anthropic_tools(tools))
-        return chat.anthropic_messages(body, drop_non_text), anthropic_tools
+        return chat.anthropic_messages(body, drop_non_text, budget), anthropic_tools
     if body.get("input") is None:
         raise Rejected("no_input", "no messages or input")
     responses_tools = tools and chat.served_tools(chat.chat_completions_tools(tools))
-    return chat.responses_messages(body, drop_non_text), responses_tools
+    return chat.responses_messages(body, drop_non_text, budget), responses_tools
 
 
 def _prompt(prompt: str | None) -> str:

@@ -26,6 +26,7 @@ from kvtrace.transforms.trace_format import (
     MODEL_NAME_SCHEMA,
     PUBLISHED_TOKENIZERS,
     canonical_json,
+    parse_json,
     schema_problems,
 )
 from kvtrace.transforms.write.coarsen import round_to
@@ -261,7 +262,7 @@ def write_run_counts(letters_staging: str, counts: dict[str, Any]) -> None:
 
 def read_run_counts(letters_staging: str) -> dict[str, Any]:
     with storage.open_read(storage.join(letters_staging, RUN_COUNTS)) as handle:
-        return json.loads(handle.read())
+        return parse_json(handle.read())
 
 
 def manifest_path(directory: str) -> str:

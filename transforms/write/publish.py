@@ -84,6 +84,7 @@ from kvtrace.transforms.trace_format import (
     FORMAT,
     MANIFEST,
     TRACE_FILE,
+    parse_json,
 )
 from kvtrace.transforms.write.interrupts import stops_deferred
 from kvtrace.transforms.write.manifest import set_content_time, set_content_times
@@ -276,7 +277,7 @@ def _manifest(folder: str) -> object:
     try:
         if not is_url(folder) and os.lstat(path).st_uid != os.geteuid():
             return None
-        return json.loads(read_bytes(path, MAX_MANIFEST_BYTES))
+        return parse_json(read_bytes(path, MAX_MANIFEST_BYTES))
     except (OSError, ValueError):
         return None
 
@@ -330,7 +331,7 @@ def _marked(folder: str) -> tuple[str, list[str]]:
             raw = read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
         else:
             raw = os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
-        mark = json.loads(raw)
+        mark = parse_json(raw)
         writer, files = mark["writer"], mark["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "", []
@@ -1267,7 +1268,7 @@ def _marked_run(folder: str) -> tuple[str, str, str] | None:
     folder, no mark, or none kvtrace writes: a run id that is a plain name, a place that is
     absolute, a key of _output_key's form)."""
     try:
-        mark = json.loads(os.getxattr(folder, _RUN_MARK, follow_symlinks=False))
+        mark = parse_json(os.getxattr(folder, _RUN_MARK, follow_symlinks=False))
         run_id, letters, key = mark["run"], mark["letters"], mark["key"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -17,6 +17,7 @@ from kvtrace.transforms.cache.capacity import (
     default_gpu_kv_cache,
     kv_bytes_per_token,
     parse_bytes,
+    parse_capacities,
     parse_capacity,
     percent,
 )
@@ -70,6 +71,28 @@ def test_every_size_within_the_bound_parses_to_a_count_int64_holds(number, unit)
         assert "over the most" in str(err)
     else:
         assert 0 <= capacity.tokens <= MAX_CAPACITY_TOKENS
+
+
+@pytest.mark.parametrize(
+    "text", ["3,000,000", "1,5GB", "12, 5 GB", "1,500M", "8,640", "05M", "3M,000", "100,200,300"]
+)
+def test_a_size_written_with_separators_is_refused_naming_the_flag_and_value(text):
+    with pytest.raises(ValueError, match="separators") as refused:
+        parse_capacities(text, 1000, "--tier2-capacity")
+    assert str(refused.value).startswith(f"--tier2-capacity {text!r}")
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [("8,64", [8, 64]), ("3000000,50M", [3_000_000, 50_000_000]), ("0", [0]), ("0.5M", [500_000])],
+)
+def test_lists_and_a_leading_zero_before_the_point_still_read(text, tokens):
+    assert [c.tokens for c in parse_capacities(text, None, "--capacity")] == tokens
+
+
+def test_a_capacity_of_a_list_refused_names_the_flag():
+    with pytest.raises(ValueError, match=r"^--capacity: capacity '40G': bytes or tokens"):
+        parse_capacities("3M,40G", 1000, "--capacity")
 
 
 def test_capacities_print_in_gib_where_a_token_has_bytes_else_in_tokens():

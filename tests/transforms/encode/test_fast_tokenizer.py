@@ -123,6 +123,23 @@ def test_a_tokenizer_without_a_template_is_a_clear_error(tiny_tokenizer, tmp_pat
         FastTokenizer.from_directory(folder).apply_chat_template(PLAIN, tokenize=False)
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[" * 5000 + "]" * 5000, "nested deeper than"),  # past the parser's stack
+        ('{"a": 1, "a": 2}', "an object repeats a key"),
+        ("{", "not JSON"),
+    ],
+)
+def test_a_config_the_json_parse_refuses_is_named_in_one_line(tiny_tokenizer, tmp_path, text, said):
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "tokenizer_config.json").write_text(text)
+    with pytest.raises(ValueError, match=f"^tokenizer_config.json: {said}") as refused:
+        FastTokenizer.from_directory(folder)
+    assert "\n" not in str(refused.value)
+
+
 def test_loading_imports_neither_the_model_stack_nor_beam(deepseek_tokenizer):
     """What load_tokenizer and a prompt's encoding import: tokenizers, not transformers (whose
     model registry pulls in torch where installed) nor Beam."""

@@ -17,7 +17,7 @@ from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.encode.encode_requests import EncodeOptions, RequestEncoder
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.tokenize import load_tokenizer
-from kvtrace.transforms.read.json_tree import loads_checked
+from kvtrace.transforms.read.json_tree import ContainerBudget, loads_checked
 from kvtrace.transforms.read.records import ParseOptions, Request, load_json_line
 from kvtrace.transforms.read.sources import parse_one
 
@@ -290,4 +290,4 @@ def test_tool_call_arguments_read_exactly_as_the_standard_parser_reads_them(
         separators=spacing,
         ensure_ascii=ascii_only,
     )
-    assert repr(loads_checked(text)) == repr(json.loads(text))
+    assert repr(loads_checked(text, ContainerBudget(10**6))) == repr(json.loads(text))

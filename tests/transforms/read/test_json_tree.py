@@ -1,17 +1,25 @@
 """json_tree.containers_over: the one count of a JSON line's containers, made before it is
 parsed, that every JSON line reader bounds its parse by; json_tree.check_tree: the walk every
-decoded record goes through, whose own memory is its depth, not its values."""
+decoded record goes through, whose own memory is its depth, not its values;
+json_tree.loads_checked: JSON texts inside a record, parsed within what its bound leaves."""
 
 from __future__ import annotations
 
 import json
 import tracemalloc
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import Rejected
-from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH, check_tree, containers_over
+from kvtrace.transforms.read.json_tree import (
+    MAX_NESTING_DEPTH,
+    ContainerBudget,
+    check_tree,
+    containers_over,
+    loads_checked,
+)
 
 # Strings rich in what a scan could take for structure: brackets, quotes and escapes.
 TEXT = st.text(alphabet='[]{}"\\ab\n\u00e9\U0001f600', max_size=8)
@@ -128,3 +136,34 @@ def test_the_walk_holds_its_depth_not_an_entry_per_value():
     # 1 MiB, not the walk's ~10 KiB: tracemalloc also counts other threads of a test worker
     # (108 KB seen in the fast set); the old walk held 64 MB.
     assert peak < 1 << 20, f"{peak} bytes held by the walk"
+
+
+@given(VALUES, st.booleans(), st.integers(0, 40))
+def test_a_text_in_a_string_spends_the_containers_its_parse_makes(value, ascii_only, most):
+    """Over what the record has left: refused before it is parsed; else the budget goes down by
+    exactly the containers built (brackets inside its strings are text, as in a line)."""
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    count, budget = _containers(value), ContainerBudget(most)
+    if count > most:
+        with pytest.raises(Rejected) as refused:
+            loads_checked(text, budget)
+        assert refused.value.reason == "too_large" and budget.left == most
+    else:
+        assert repr(loads_checked(text, budget)) == repr(json.loads(text))
+        assert budget.left == most - count
+
+
+def test_many_small_texts_share_one_budget():
+    """Each text far under the bound, together over it: the record's texts are bounded as one."""
+    budget = ContainerBudget(1000)
+    for _ in range(9):
+        loads_checked("[" + "[]," * 99 + "[]]", budget)  # 101 containers each
+    assert budget.left == 91
+    with pytest.raises(Rejected, match="over the 91 its record may still parse"):
+        loads_checked("[" + "[]," * 99 + "[]]", budget)
+
+
+def test_a_text_deeper_than_the_parser_survives_is_too_deep_not_a_recursion_error():
+    with pytest.raises(Rejected) as refused:
+        loads_checked("[" * 5000 + "]" * 5000, ContainerBudget(10**6))
+    assert refused.value.reason == "too_deep"

@@ -505,6 +505,24 @@ def test_a_record_of_more_containers_than_its_parse_may_cost_is_too_large_unpars
     assert refused.value.reason == "too_large" and "JSON objects and lists" in str(refused.value)
 
 
+@pytest.mark.parametrize("calls", [1, 40])
+def test_tool_call_arguments_together_are_held_to_the_record_s_container_bound(calls):
+    """Containers inside arguments strings are text to the line's count; parsed, they are held
+    to the record's bound all together, one text or many small ones, before each is parsed."""
+    from kvtrace.transforms.read.records import record_containers
+
+    bound = 1 << 16
+    each = record_containers(bound) // calls + 1  # together one over the bound
+    arguments = json.dumps({"a": [[]] * (each - 2)})
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call] * calls}
+    record = {**TS, "messages": [*USER, turn]}
+    with pytest.raises(Rejected) as refused:
+        parse(record, max_record_bytes=bound)
+    assert refused.value.reason == "too_large" and "inside a string" in str(refused.value)
+    assert parse(record, max_record_bytes=2 * bound).messages[1]["tool_calls"]
+
+
 # ---- a null field is not given; a reader reads only declared fields ---------------------------
 
 CALL = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
