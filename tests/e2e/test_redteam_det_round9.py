@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, WORDS, anonymize, chat, kvtrace_child, shared_path, trace, write_jsonl
+from helpers import (
+    SALT,
+    WORDS,
+    anonymize,
+    chat,
+    kvtrace_child,
+    published_letters,
+    read_jsonl,
+    shared_path,
+    trace,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +144,6 @@ TOKENIZER_SETTINGS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 @pytest.mark.parametrize("setting", sorted(TOKENIZER_SETTINGS))
 def test_a_tokenizer_files_truncation_or_padding_never_decides_the_bytes(
     tiny_tokenizer, tmp_path, setting
@@ -183,7 +193,6 @@ def test_a_tokenizer_files_truncation_or_padding_never_decides_the_bytes(
         assert runs[0][1] == trace(plain)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_tokenizer_files_bpe_dropout_never_decides_the_bytes(tmp_path):
     """Promise: the same input and configuration give byte-identical output. A BPE
     tokenizer.json may carry `model.dropout` (a training-time setting: each merge skipped at
@@ -214,7 +223,6 @@ def test_a_tokenizer_files_bpe_dropout_never_decides_the_bytes(tmp_path):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_chat_template_reading_the_clock_never_decides_the_bytes(tiny_tokenizer, tmp_path):
     """Promise: the same input and configuration give byte-identical output on any worker, day
     or time zone. transformers' renderer gives every template `strftime_now`, the worker's
@@ -243,7 +251,6 @@ def test_a_chat_template_reading_the_clock_never_decides_the_bytes(tiny_tokenize
     assert runs[0] == runs[1]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 @pytest.mark.parametrize(
     "draw",
     ['{{ "the " * (range(40) | random) }}', "{{ lipsum(1, html=False, min=5, max=40) }}"],
@@ -253,17 +260,30 @@ def test_a_chat_template_drawing_at_random_never_decides_the_bytes(tiny_tokenize
     """Promise: the same input and configuration give byte-identical output. The template
     sandbox (bounded_sandbox.BoundedSandbox, Jinja's defaults) keeps Jinja's `random` filter and
     `lipsum` global, both drawn from Python's unseeded random module at each render: a template
-    using either renders other text, so other lengths and ids, on every run of the same log."""
+    using either renders other text, so other lengths and ids, on every run of the same log.
+    (Fixed: the sandbox keeps only pure names, so such a template renders no request, the same
+    template_error letter for each on every run; the prompts here publish alone.)"""
     tokenizer = tmp_path / "tokenizer"
     shutil.copytree(tiny_tokenizer, tokenizer)
     template = tokenizer / "chat_template.jinja"
     template.write_text(f"<|im_start|>system\n{draw}<|im_end|>\n" + template.read_text())
-    log = write_jsonl(tmp_path / "log.jsonl", [chat(i, DAY0 + 1000 * i) for i in range(8)])
+    prompts = [
+        {"timestamp": DAY0 + 1000 * i, "prompt": " ".join(WORDS[i:]), "output_length": 1}
+        for i in range(8)
+    ]
+    chats = [chat(i, DAY0 + 1000 * i) for i in range(8, 15)]
+    log = write_jsonl(tmp_path / "log.jsonl", prompts + chats)
     salt = _salt(tmp_path)
     runs = []
     for name in ("first", "second"):
         out = tmp_path / name
         args = ("--block-size", "4", "--salt-file", str(salt))
-        runs.append((anonymize(str(tokenizer), [log], out, *args), trace(out)))
-    assert runs[0][0] == 0
+        code = anonymize(str(tokenizer), [log], out, *args)
+        letters = [
+            (letter["error"], letter["message"])
+            for letter in read_jsonl(published_letters(Path(f"{out}-rejected")))
+        ]
+        runs.append((code, trace(out), letters))
+    assert runs[0][0] == 0 and len(runs[0][1]) == 8
+    assert [reason for reason, _ in runs[0][2]] == ["template_error"] * 7
     assert runs[0] == runs[1]

@@ -42,6 +42,8 @@ from jinja2.runtime import Context, LoopContext, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg
 
+from kvtrace.transforms.encode.template_names import FILTERS, GLOBALS, TESTS, AllowedNames
+
 # The longest string or list a template may build: 4x the longest record kvtrace reads
 # (DEFAULT_MAX_RECORD_BYTES, 64 MiB), since a template may repeat what a record holds.
 MAX_VALUE_LENGTH = 256 << 20
@@ -622,13 +624,14 @@ def _join_attributes(
     return (*args[: skip - 1], items, *rest), kwargs
 
 
-class _BoundedFilters(dict):
-    """The environment's filters, each handed out bounded (compiled templates look them up by
-    name at each render; transformers adds its own after the environment is built)."""
+class _BoundedFilters(AllowedNames):
+    """The environment's allowed filters (template_names.FILTERS), each handed out bounded
+    (compiled templates look them up by name at each render; transformers adds its own after
+    the environment is built)."""
 
     def __init__(self, filters: dict[str, Callable[..., Any]]):
-        super().__init__(filters)
         self._bounded: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        super().__init__(FILTERS, filters)
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         function = super().__getitem__(name)
@@ -698,7 +701,7 @@ _PROBES = ("clear", "mro", "func_code", "im_func", "gi_code", "cr_code", "ag_cod
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """ImmutableSandboxedEnvironment whose joins, repetitions, powers, formats and integer
-    arguments are bounded before they run."""
+    arguments are bounded before they run, and whose names are the pure ones (template_names)."""
 
     code_generator_class = _BoundedCodeGenerator
     # all of them (+ is written as add, below): none runs unsized, none is folded at compile time
@@ -706,7 +709,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # only names whose result is the request's (template_names.py)
         self.filters = _BoundedFilters(self.filters)
+        self.tests = AllowedNames(TESTS, self.tests)
+        self.globals = AllowedNames(GLOBALS, self.globals)
         self._by_name: dict[type, bool] = {}  # per environment, as transformers' namespace is
 
     def getattr(self, obj: Any, attribute: str) -> Any:

@@ -247,6 +247,7 @@ class RequestEncoder:
                 request.tools,
                 self._template_kwargs,
                 len(request.line),
+                request.timestamp_ms,
             )
         return request.prompt
 

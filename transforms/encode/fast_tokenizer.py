@@ -12,6 +12,7 @@ on the shipped tokenizers and templates.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from pathlib import Path
@@ -28,6 +29,8 @@ from kvtrace.transforms.trace_format import (
     FormatError,
     parse_json,
 )
+
+_LOG = logging.getLogger("kvtrace")
 
 # The files kvtrace reads from a tokenizer folder are the published format's vocabulary (the
 # manifest's `tokenizer.sha256` keys): the tokenizer's identity is their bytes, nothing else.
@@ -154,6 +157,7 @@ class FastTokenizer:
             backend = tokenizers.Tokenizer.from_buffer(files[TOKENIZER_FILE])
         except Exception as err:  # the Rust parser's error, whatever its type
             raise ValueError(f"{TOKENIZER_FILE}: not a tokenizer ({str(err)[:200]})") from None
+        _encode_as_served(backend)
         added = backend.get_added_tokens_decoder()
         if len(added) > MAX_ADDED_TOKENS:
             raise ValueError(
@@ -210,6 +214,31 @@ class FastTokenizer:
                 "rendered; give prompt-shaped records or a tokenizer with a template"
             )
         return templates
+
+
+def _encode_as_served(backend: tokenizers.Tokenizer) -> None:
+    """backend made to encode a prompt as the serving engine does, whatever its file says.
+
+    A tokenizer.json may carry `truncation` and `padding` from its export, which `tokenizers`
+    applies to every encode: a prompt cut short, or padded to the longest of its batch (its ids
+    then depend on which texts share its batch). transformers, which the engines encode prompts
+    through, turns both off for an encode that asks for neither. A BPE model's `dropout` (a
+    training setting) skips merges at random on every encode; transformers' model tokenizers
+    (Qwen2Tokenizer, LlamaTokenizer, ...) rebuild the model from its vocabulary and merges
+    without it, and an engine that kept it would tokenize no prompt reproducibly, so no trace
+    could follow it: cleared too, said once.
+    """
+    backend.no_truncation()
+    backend.no_padding()
+    dropout = getattr(backend.model, "dropout", None)
+    if dropout:
+        _LOG.warning(
+            "%s: its model's dropout %g is a training setting; prompts are tokenized without "
+            "it, as transformers' model tokenizers load it",
+            TOKENIZER_FILE,
+            dropout,
+        )
+        backend.model.dropout = None
 
 
 def _json_object(files: dict[str, bytes], name: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from kvtrace.transforms.encode.fast_tokenizer import (
     FastTokenizer,
 )
 from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog
+from kvtrace.transforms.encode.template_names import render_at
 from kvtrace.transforms.errors import JobStopped, Rejected
 from kvtrace.transforms.read.chat import arguments_as_strings
 
@@ -232,9 +233,12 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
     record_bytes: int = 0,
+    timestamp_ms: int = 0,
 ) -> str:
     """The prompt text the model's server would build for a chat request (record_bytes: the
-    size of the record it came in, which may explain a render over its budget).
+    size of the record it came in, which may explain a render over its budget) that came in at
+    timestamp_ms: what a template's strftime_now reads (template_names.py). A text of no
+    request (render's probes) is rendered at the epoch.
 
     Tool-call arguments go in as objects, as vLLM passes them; a template written for the
     OpenAI wire form, which concatenates them as strings (DeepSeek-R1's), gets them as JSON
@@ -253,7 +257,10 @@ def render_chat(
     tally = _TALLIES.get(tokenizer) or _TALLIES.setdefault(tokenizer, _Tally())
     try:
         text = RENDER_WATCHDOG.run(
-            lambda: _apply_or_rejected(tokenizer, messages, tools, template_kwargs)
+            lambda: render_at(
+                timestamp_ms,
+                lambda: _apply_or_rejected(tokenizer, messages, tools, template_kwargs),
+            )
         )
     except RenderOverrun as err:
         if record_bytes > CONDEMNING_RECORD_BYTES:

@@ -3,16 +3,25 @@ same token ids and the same rendered text, so that skipping the model stack chan
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from helpers import SHAPES, shared_path
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
-from kvtrace.transforms.encode.tokenize import PROBE_TEXT, encode_texts, load_tokenizer, render_chat
+from kvtrace.transforms.encode.template_renderer import RENDERER_MODULE
+from kvtrace.transforms.encode.tokenize import (
+    PROBE_TEXT,
+    encode_texts,
+    load_tokenizer,
+    render_chat,
+    tokenization_fingerprint,
+)
 from kvtrace.transforms.read.records import ParseOptions, parse_record
 
 TEXTS = [
@@ -86,17 +95,31 @@ def deepseek_reference(deepseek_tokenizer):
     return reference(deepseek_tokenizer)
 
 
+# A request's time (2023-11-14 22:13:20 UTC), and transformers' clock stopped at it.
+REQUEST_MS = 1_700_000_000_000
+
+
+class _StoppedClock(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=tz)
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_real_templates_render_as_autotokenizer(deepseek_tokenizer, deepseek_reference, template):
+def test_real_templates_render_as_autotokenizer(
+    deepseek_tokenizer, deepseek_reference, template, monkeypatch
+):
+    """The same text, strftime_now (gpt-oss prints it) reading the request's time in ours and
+    a clock stopped at that time in transformers'."""
     light, auto = load_tokenizer(deepseek_tokenizer), deepseek_reference
+    monkeypatch.setattr(sys.modules[RENDERER_MODULE], "datetime", _StoppedClock)
     kwargs = {
         "chat_template": shared_path("templates", template).read_text(),
         "date_string": "21 Nov 2026",
     }
     for messages, tools in requests():
-        assert render_chat(light, messages, tools, kwargs) == render_chat(
-            auto, messages, tools, kwargs
-        )
+        ours = render_chat(light, messages, tools, kwargs, timestamp_ms=REQUEST_MS)
+        assert ours == render_chat(auto, messages, tools, kwargs)
 
 
 def test_template_files_and_named_templates_are_chosen_as_transformers_does(
@@ -152,3 +175,47 @@ def test_loading_imports_neither_the_model_stack_nor_beam(deepseek_tokenizer):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _edited(folder: str, tmp_path, edit) -> tuple[FastTokenizer, FastTokenizer]:
+    """(the tokenizer of folder, the same with its tokenizer.json edited), each loaded."""
+    changed = tmp_path / "edited"
+    shutil.copytree(folder, changed)
+    config = json.loads((changed / "tokenizer.json").read_text())
+    edit(config)
+    (changed / "tokenizer.json").write_text(json.dumps(config))
+    return FastTokenizer.from_directory(Path(folder)), FastTokenizer.from_directory(changed)
+
+
+def test_a_files_truncation_and_padding_never_reach_an_encode(tiny_tokenizer, tmp_path):
+    """The engine encodes a prompt whole and alone: a tokenizer.json's truncation to 2 tokens
+    and padding to the longest of a batch are off once loaded, fingerprint included."""
+
+    def edit(config: dict) -> None:
+        config["truncation"] = {
+            "direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0
+        }  # fmt: skip
+        config["padding"] = {
+            "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+            "pad_id": 0, "pad_type_id": 0, "pad_token": "<unk>",
+        }  # fmt: skip
+
+    plain, edited = _edited(tiny_tokenizer, tmp_path, edit)
+    assert edited.backend_tokenizer.truncation is None and edited.backend_tokenizer.padding is None
+    texts = ["hello", "hello world this is a prompt", PROBE_TEXT]
+    assert encode_texts(edited, texts) == encode_texts(plain, texts)
+    assert len(encode_texts(edited, texts)[1]) > 2
+    assert tokenization_fingerprint(edited) == tokenization_fingerprint(plain)
+
+
+def test_a_bpe_dropout_is_cleared_and_said(qwen3_tokenizer, tmp_path, caplog):
+    """A training-time dropout skips merges at random: cleared at load (as transformers' model
+    tokenizers load it), so the same text gives the same ids on every encode."""
+    plain, edited = _edited(
+        qwen3_tokenizer, tmp_path, lambda config: config["model"].update(dropout=0.5)
+    )
+    assert "dropout 0.5" in caplog.text
+    assert edited.backend_tokenizer.model.dropout is None
+    text = ["Summarize the following paragraph about caching attention keys. " * 8]
+    assert all(encode_texts(edited, text) == encode_texts(plain, text) for _ in range(8))
+    assert tokenization_fingerprint(edited) == tokenization_fingerprint(plain)

@@ -1,0 +1,81 @@
+"""A chat template sees only pure names: strftime_now reads the request's own time in UTC,
+whatever the worker's clock and zone, and a name off the lists (Jinja's random and lipsum,
+anything added later) fails to render the same way every time."""
+
+from __future__ import annotations
+
+import time
+
+import jinja2.defaults
+import jinja2.filters
+import jinja2.tests
+import pytest
+
+from kvtrace.transforms.encode import template_names
+from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox
+from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
+from kvtrace.transforms.errors import Rejected
+
+CHAT = [{"role": "user", "content": "hi"}]
+REQUEST_MS = 1_700_000_000_123  # 2023-11-14 22:13:20.123 UTC; 12:13 the next day in Kiritimati
+
+
+def _with_template(folder: str, template: str) -> FastTokenizer:
+    tokenizer = load_tokenizer(folder)
+    return FastTokenizer(tokenizer.backend_tokenizer, template, tokenizer.special_tokens_map)
+
+
+@pytest.fixture
+def far_zone(monkeypatch):
+    """The process in a zone 14 hours from UTC, so that a local clock never reads its hours."""
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_strftime_now_reads_the_requests_time_in_utc(tiny_tokenizer, far_zone):
+    clock = _with_template(tiny_tokenizer, '{{ strftime_now("%Y-%m-%d %H:%M:%S.%f %Z") }}')
+    text = render_chat(clock, CHAT, None, {}, timestamp_ms=REQUEST_MS)
+    assert text == "2023-11-14 22:13:20.123000 UTC"
+    assert render_chat(clock, CHAT, None, {}) == "1970-01-01 00:00:00.000000 UTC"  # no request
+
+
+def test_strftime_now_outside_a_render_at_is_refused():
+    with pytest.raises(ValueError, match="no request time"):
+        template_names.strftime_now("%Y")
+    assert template_names.render_at(5, lambda: template_names.strftime_now("%S")) == "00"
+
+
+@pytest.mark.parametrize(
+    "template", ["{{ range(9) | random }}", "{{ lipsum(1) }}", "{{ [1] | map('random') | list }}"]
+)
+def test_a_name_off_the_lists_fails_every_render_alike(tiny_tokenizer, template):
+    drawing = _with_template(tiny_tokenizer, template)
+    messages = set()
+    for _ in range(3):
+        with pytest.raises(Rejected) as caught:
+            render_chat(drawing, CHAT, None, {}, timestamp_ms=REQUEST_MS)
+        assert caught.value.reason == "template_error"
+        messages.add(caught.value.message)
+    assert len(messages) == 1
+
+
+def test_the_sandbox_holds_exactly_the_listed_names_whatever_is_added():
+    sandbox = BoundedSandbox()
+    jinjas = set(jinja2.defaults.DEFAULT_NAMESPACE)
+    assert set(sandbox.globals) == jinjas - {"lipsum"}
+    assert set(sandbox.filters) == set(jinja2.filters.FILTERS) - {"random"}
+    assert set(sandbox.tests) == set(jinja2.tests.TESTS) == template_names.TESTS
+    # what transformers adds after the environment is built: its clock is replaced, and a name
+    # off the list is never held
+    sandbox.globals["strftime_now"] = time.strftime
+    sandbox.globals["raise_exception"] = print
+    sandbox.globals.update(wall_clock=time.time)
+    sandbox.filters["shuffle"] = sorted
+    assert sandbox.globals["strftime_now"] is template_names.strftime_now
+    assert sandbox.globals["raise_exception"] is print
+    assert "wall_clock" not in sandbox.globals and "shuffle" not in sandbox.filters
+    assert set(sandbox.globals) == template_names.GLOBALS

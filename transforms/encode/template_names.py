@@ -1,0 +1,98 @@
+"""What a chat template may call by name: the pure globals, filters and tests of transformers'
+renderer, and a clock that reads the request's own time.
+
+A render must give the same text for the same request on any worker, day or zone. Jinja and
+transformers also hand templates names whose result is not the request's: Jinja's `random`
+filter and `lipsum` global draw from Python's unseeded random module, and transformers'
+`strftime_now` reads the worker's local wall clock (Llama 3.x templates print it in every
+system prompt). So the sandbox (bounded_sandbox.BoundedSandbox) keeps only the names listed
+here, whatever Jinja or transformers add: a name off the lists is undefined, and a template
+that uses it fails to render, the same dead letter on every run. `strftime_now` is kept, bound
+to the time of the request being rendered, in UTC: what the engine's clock read when the
+request came in.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+from typing import Any, Callable
+
+# Jinja's own globals but lipsum, and transformers' (raise_exception, strftime_now, its dict
+# and namespace in place of Jinja's).
+GLOBALS = frozenset(
+    {"range", "dict", "namespace", "cycler", "joiner", "raise_exception", "strftime_now"}
+)
+# Jinja's filters but random (transformers replaces tojson with its own).
+FILTERS = frozenset(
+    {
+        "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort",
+        "e", "escape", "filesizeformat", "first", "float", "forceescape", "format", "groupby",
+        "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max",
+        "min", "pprint", "reject", "rejectattr", "replace", "reverse", "round", "safe",
+        "select", "selectattr", "slice", "sort", "string", "striptags", "sum", "title",
+        "tojson", "trim", "truncate", "unique", "upper", "urlencode", "urlize", "wordcount",
+        "wordwrap", "xmlattr",
+    }
+)  # fmt: skip
+# Jinja's tests, every one a function of its operands.
+TESTS = frozenset(
+    {
+        "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby",
+        "eq", "equalto", "escaped", "even", "false", "filter", "float", "ge", "greaterthan",
+        "gt", "in", "integer", "iterable", "le", "lessthan", "lower", "lt", "mapping", "ne",
+        "none", "number", "odd", "sameas", "sequence", "string", "test", "true", "undefined",
+        "upper",
+    }
+)  # fmt: skip
+CLOCK = "strftime_now"
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+# The time of the request this thread renders, in ms since the epoch; set around each render.
+_request_ms: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "kvtrace_request_ms", default=None
+)
+
+
+def render_at(timestamp_ms: int, render: Callable[[], str]) -> str:
+    """render(), with strftime_now reading timestamp_ms (UTC)."""
+    token = _request_ms.set(timestamp_ms)
+    try:
+        return render()
+    finally:
+        _request_ms.reset(token)
+
+
+def strftime_now(format: str) -> str:
+    """The request's time as format spells it, in UTC: transformers' strftime_now, read from
+    the request rather than the worker's clock and zone."""
+    timestamp_ms = _request_ms.get()
+    if timestamp_ms is None:
+        raise ValueError("strftime_now: no request time to read (a render outside render_at)")
+    return (_EPOCH + datetime.timedelta(milliseconds=timestamp_ms)).strftime(format)
+
+
+class AllowedNames(dict):
+    """A name -> value table of the environment (its globals or tests) that holds only allowed
+    names, whatever is put in it later: others are left out, so undefined in a template."""
+
+    def __init__(self, allowed: frozenset[str], values: dict[str, Any]):
+        super().__init__()
+        self._allowed = allowed
+        for name, value in values.items():
+            self[name] = value
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name == CLOCK:
+            value = strftime_now  # transformers sets its wall clock after the environment
+        if name in self._allowed:
+            super().__setitem__(name, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        for name, value in dict(*args, **kwargs).items():
+            self[name] = value
+
+    def setdefault(self, name: str, value: Any = None) -> Any:  # type: ignore[override]
+        if name not in self:
+            self[name] = value
+        return self.get(name)
