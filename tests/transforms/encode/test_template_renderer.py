@@ -56,11 +56,20 @@ def texts(render):
             out.append("!" + type(err).__name__)
     return out
 
-alone = texts(template_renderer.render_jinja_template())
+# strftime_now (gpt-oss prints it) reads the request's time in ours, a stopped clock in theirs
+from kvtrace.transforms.encode.template_names import render_at
+alone = render_at(1_700_000_000_000, lambda: texts(template_renderer.render_jinja_template()))
 left = sorted(m for m in sys.modules if m.split(".")[0] == "transformers"
               or m.startswith("huggingface_hub.hf_api"))
+import datetime
 import transformers
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
+class Stopped(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=tz)
+chat_template_utils.datetime = Stopped
 print(json.dumps({"alone": alone, "real": texts(render_jinja_template), "left": left,
                   "full_package": hasattr(transformers, "PreTrainedTokenizerFast")}))
 """
