@@ -30,6 +30,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from kvtrace.pipelines.local_workers import (
     worker_death,
 )
 from kvtrace.pipelines.processes import busy_threads, end_descendants
+from kvtrace.transforms import storage
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
 
@@ -62,9 +64,12 @@ def run_in_child(job: Callable[[], T]) -> T:
         capture_native_stderr()  # the child's native words come through this process's relay
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     results, sent = context.Pipe(duplex=False)
+    # The child's temporary files (Beam's pipeline folder among them) go into a folder this
+    # process owns, in its registry: a child ended before it could unwind leaves none.
+    scratch = storage.remove_on_exit(tempfile.mkdtemp(prefix="kvtrace-job-"))
     child = context.Process(
         target=_run_job,
-        args=(job, sent, os.getpid(), None if forked else _LoggingSetup.of_this_process()),
+        args=(job, sent, os.getpid(), None if forked else _LoggingSetup.of_this_process(), scratch),
         name="kvtrace-job",
     )
     try:
@@ -78,6 +83,8 @@ def run_in_child(job: Callable[[], T]) -> T:
     finally:
         sent.close()
         results.close()
+        storage.remove_folder(scratch)  # the child is gone by now: ended, or stopped
+        storage.forget_on_exit(scratch)
     if isinstance(outcome, BaseException):
         raise outcome
     if outcome is _DIED:
@@ -108,10 +115,12 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
 
 
 def _run_job(
-    job: Callable[[], Any], sent: Connection, parent: int, setup: _LoggingSetup | None
+    job: Callable[[], Any], sent: Connection, parent: int, setup: _LoggingSetup | None, scratch: str
 ) -> None:
-    """In the child: job run, then its value (in a 1-tuple) or its error sent back."""
+    """In the child: job run, then its value (in a 1-tuple) or its error sent back. Its
+    temporary files, and its own children's, go into scratch (the parent's)."""
     _end_with_parent(parent if setup is None else None)
+    tempfile.tempdir = os.environ["TMPDIR"] = scratch
     if setup is not None:
         setup.apply()
     elif threading.current_thread() is threading.main_thread():

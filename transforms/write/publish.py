@@ -1132,6 +1132,9 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
+        # A hard end (a stop at any moment) takes them, unless the output they stand for is
+        # published: its mark then names this run, and the next run of it publishes them.
+        storage.remove_on_exit(self.staging, self._unpublished)
         storage.make_folder(self.staging, private=True)
         if not is_url(output_staging) and _mark(
             output_staging, self.run_id, place(self.folder), _output_key(self.output)
@@ -1139,12 +1142,17 @@ class DeadLetterRun:
             with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as f:
                 f.write(self.run_id.encode())
 
+    def _unpublished(self) -> bool:
+        marked = _marked_run(self.output)
+        return marked is None or marked[0] != self.run_id
+
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
         is published is the run's word only where the output carries no mark (object stores,
         filesystems without extended attributes). Returns whether they were published. One
         publication (_publication): a stop waits for it, so the letters are settled whole."""
         with _publication():
+            storage.forget_on_exit(self.staging)  # settled here, or by the next run if this fails
             if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
                 return True
             marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
@@ -1159,8 +1167,6 @@ class DeadLetterRun:
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
     """Where a run of output stages its letters in the dead-letter folder."""
-    # Not noted for abandon_staged: a published run's letters stay staged until they are
-    # settled (its output's mark names them), and a stopped run's are cleared by the next run.
     return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
 
 
