@@ -71,7 +71,12 @@ from kvtrace.transforms.write.manifest import (
     write_json,
     write_run_counts,
 )
-from kvtrace.transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
+from kvtrace.transforms.write.publish import (
+    DEAD_LETTER_FILE,
+    publication,
+    publish_folder,
+    sha256_of,
+)
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import (
     RowBatch,
@@ -455,22 +460,28 @@ def commit_id_map(
     run = config.id_map
     if run is None:
         return manifest
-    return id_map.publish_night(
-        manifest,
-        run.directory,
-        run.base,
-        config.salt,
-        run.marks,
-        config.compacts_map,
-        config.hash_shards,
-        segments["blocks"],
-        segments["sessions"],
-        added["blocks"],
-        added["sessions"],
-        earliest_ms,
-        config.staging,
-        times,
-    )
+    # One publication: a stop waits for the commit, and once it stands the stop's line names it
+    # (publish.published_here; from a Beam child, through its parent: forward_publications).
+    with publication() as published:
+        manifest, version = id_map.publish_night(
+            manifest,
+            run.directory,
+            run.base,
+            config.salt,
+            run.marks,
+            config.compacts_map,
+            config.hash_shards,
+            segments["blocks"],
+            segments["sessions"],
+            added["blocks"],
+            added["sessions"],
+            earliest_ms,
+            config.staging,
+            times,
+        )
+        if version is not None:
+            published.append(f"version {version} of the id map {run.directory}")
+    return manifest
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

@@ -1064,12 +1064,13 @@ def publish_night(
     earliest_ms: int | None,
     folder: str,
     times: NightTimes = NightTimes(),
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int | None]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
-    (Night: folder holds its trace shards as written). Returns the manifest to publish: a night the map recorded already (a rerun after
-    a run killed past its commit) names the start recorded for it, not the map's current one."""
+    (Night: folder holds its trace shards as written). Returns the manifest to publish (a night the map recorded already, a
+    rerun after a run killed past its commit, names the start recorded for it, not the map's
+    current one) and the version committed (None: nothing to commit)."""
     # Every check before the run's segments settle (a refusal leaves them to run_segments).
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
@@ -1103,8 +1104,8 @@ def publish_night(
                 _record_raw(version_path(directory, base.version)),
                 key,
             )
-        return published
+        return published, None
     record = publish(directory, base, new, key)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
-    return published
+    return published, new.version

@@ -1,7 +1,9 @@
-"""A stop (SIGTERM, as `kill PID` sends it) at any moment leaves nothing of the run behind: the
-dead letters' staging folder and Beam's temporary folders are in the run's one cleanup registry
-(storage.remove_on_exit) from the step that makes them. A prelude wraps that step and signals
-right after it; the CLI's own handlers then do what they do."""
+"""What a stop (SIGTERM, as `kill PID` sends it) leaves, and says it leaves, at any moment: nothing
+of the run behind (the dead letters' staging folder and Beam's temporary folders are in the
+run's one cleanup registry, storage.remove_on_exit, from the step that makes them), and a line
+naming what it published, an id map's version committed included, whichever process committed
+it. A prelude wraps a step and signals right after it; the CLI's own handlers then do what they
+do."""
 
 from __future__ import annotations
 
@@ -97,3 +99,37 @@ def test_a_stop_right_after_beam_made_its_temporary_folder_leaves_none(tiny_toke
     assert sorted(p.name for p in tmp.iterdir()) == []
     letters = tmp_path / "out-rejected"
     assert not letters.exists() or list(letters.iterdir()) == [], list(letters.iterdir())
+
+
+# SIGTERM to the CLI right after the id map's version is committed (id_map.publish), by
+# whichever process commits it: the local engine's, or the Beam engine's child.
+_TERM_AFTER_THE_COMMIT = """
+import os, signal
+from kvtrace.transforms.ids import id_map
+_parent = os.getpid()
+_publish = id_map.publish
+def _publish_then_stop(*args, **kwargs):
+    record = _publish(*args, **kwargs)
+    os.kill(_parent, signal.SIGTERM)
+    return record
+id_map.publish = _publish_then_stop
+"""
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.beam)])
+def test_a_stop_right_after_the_id_map_commit_says_it_committed(tiny_tokenizer, tmp_path, engine):
+    """Before, both engines said "stopped: nothing published" beside a map extended to version
+    1: the commit was no publication of the record (and the Beam engine's is its child's)."""
+    out, map_dir = tmp_path / "out", tmp_path / "map"
+    stopped = kvtrace_child(
+        "anonymize",
+        *_night(tmp_path, tiny_tokenizer),
+        *("--output", str(out), "--engine", engine, "--id-map", str(map_dir)),
+        prelude=_TERM_AFTER_THE_COMMIT,
+        timeout=120,
+    )
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert (map_dir / "versions" / "000001.json").is_file()
+    assert not out.exists()
+    said = _said(stopped)
+    assert f"stopped: published version 1 of the id map {map_dir} before the stop" in said, said
