@@ -28,6 +28,7 @@ from kvtrace.pipelines.anonymize_night import (
     publish_staged,
     published_days,
     rows_origin_ms,
+    run_segments,
     stage_manifest,
     write_dead_letters,
     write_stats,
@@ -71,7 +72,8 @@ def run_beam(config: AnonymizeConfig, flags: Sequence[str]) -> None:
     process, which holds the output's lock and answers a stop, publishes it, once the child's
     word of success has arrived whole: the process that reports is the one that publishes, so
     a child that dies or is stopped has published nothing (the command removes its staging)."""
-    manifest = child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
+    with run_segments(config):  # whatever the child wrote of the map's segments, and left
+        manifest = child_process.run_in_child(functools.partial(_run_here, config, list(flags)))
     publish_staged(config, manifest)
 
 

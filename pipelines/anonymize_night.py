@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -70,7 +71,12 @@ from kvtrace.transforms.write.manifest import (
     write_json,
     write_run_counts,
 )
-from kvtrace.transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
+from kvtrace.transforms.write.publish import (
+    DEAD_LETTER_FILE,
+    publication,
+    publish_folder,
+    sha256_of,
+)
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import (
     RowBatch,
@@ -150,21 +156,22 @@ def finish_night(
         engine_hashes(whole.block_hashes) if config.block_hashes else None,
         config.emit_output_hashes,
     )
-    segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
-    files = write_shards(config, whole, rows, rows_origin_ms(config, origin, earliest_ms))
-    totals = ExportTotals.of_batch(whole, config.coarsening)
-    stats = write_stats(
-        config, counts, totals, numbered["blocks"].unique, rejected.of_reason(DAMAGED_FILE)
-    )
-    manifest = night_manifest(config, files, stats, earliest_ms, origin, next_ids)
-    manifest = commit_id_map(
-        config,
-        manifest,
-        segments,
-        {kind: ids.added_count for kind, ids in numbered.items()},
-        earliest_ms,
-        night_times(days, whole.requests["timestamp_ms"].max(initial=origin), origin),
-    )
+    with run_segments(config):  # written here, settled by the commit, else removed
+        segments = {kind: write_segments(config, kind, ids.added) for kind, ids in numbered.items()}
+        files = write_shards(config, whole, rows, rows_origin_ms(config, origin, earliest_ms))
+        totals = ExportTotals.of_batch(whole, config.coarsening)
+        stats = write_stats(
+            config, counts, totals, numbered["blocks"].unique, rejected.of_reason(DAMAGED_FILE)
+        )
+        manifest = night_manifest(config, files, stats, earliest_ms, origin, next_ids)
+        manifest = commit_id_map(
+            config,
+            manifest,
+            segments,
+            {kind: ids.added_count for kind, ids in numbered.items()},
+            earliest_ms,
+            night_times(days, whole.requests["timestamp_ms"].max(initial=origin), origin),
+        )
     return publish_trace(config, manifest)
 
 
@@ -300,6 +307,16 @@ def _matching_rows(
         sum(m.row_groups for m in matched),
     )
     return np.concatenate([m.rows for m in matched] + [np.empty(0, dtype=NUMBERED)])
+
+
+def run_segments(config: AnonymizeConfig) -> AbstractContextManager[None]:
+    """The run's segment folder, owned from before the night writes its first segment until its
+    commit settles them or the night ends otherwise (id_map.run_segments: removed on every exit,
+    whichever engine writes them); nothing without an id map."""
+    run = config.id_map
+    if run is None:
+        return nullcontext()
+    return id_map.run_segments(run.directory, run.base.version + 1, run.run_id)
 
 
 def write_segments(config: AnonymizeConfig, kind: str, added: np.ndarray) -> list[SegmentFile]:
@@ -443,22 +460,28 @@ def commit_id_map(
     run = config.id_map
     if run is None:
         return manifest
-    return id_map.publish_night(
-        manifest,
-        run.directory,
-        run.base,
-        config.salt,
-        run.marks,
-        config.compacts_map,
-        config.hash_shards,
-        segments["blocks"],
-        segments["sessions"],
-        added["blocks"],
-        added["sessions"],
-        earliest_ms,
-        config.staging,
-        times,
-    )
+    # One publication: a stop waits for the commit, and once it stands the stop's line names it
+    # (publish.published_here; from a Beam child, through its parent: forward_publications).
+    with publication() as published:
+        manifest, version = id_map.publish_night(
+            manifest,
+            run.directory,
+            run.base,
+            config.salt,
+            run.marks,
+            config.compacts_map,
+            config.hash_shards,
+            segments["blocks"],
+            segments["sessions"],
+            added["blocks"],
+            added["sessions"],
+            earliest_ms,
+            config.staging,
+            times,
+        )
+        if version is not None:
+            published.append(f"version {version} of the id map {run.directory}")
+    return manifest
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

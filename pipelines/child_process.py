@@ -18,17 +18,23 @@ protocol, anonymize_beam.run_beam): the process that reports a stop or a failure
 publishes, so what it says is its own record (publish.published_here), and a child that dies or
 is stopped has published nothing. Publishing here is possible because nothing after the
 publication runs in the child: the job's last step only stages the manifest, the dead letters
-are settled by this process already, and the output's lock is this process's.
+are settled by this process already, and the output's lock is this process's. The one thing
+the child commits itself, the id map's version (the pipeline's CommitIdMap step), it tells this
+process as the commit stands (publish.forward_publications), and a stop here names it. Its
+temporary files go into a folder this process owns, removed whatever ends the child.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import multiprocessing
 import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
@@ -37,8 +43,10 @@ from typing import Any, TypeVar
 
 from kvtrace.pipelines.local_workers import START_METHOD, stop_signals_held, worker_death
 from kvtrace.pipelines.processes import STOP_SIGNALS, busy_threads, end_descendants, end_with_parent
+from kvtrace.transforms import storage
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.write import publish
 
 # How long a stopped child may unwind (its staging removed, a publication under way finished)
 # before it is ended: the CLI's own deadline (STOP_DEADLINE_S) is as long.
@@ -55,28 +63,52 @@ def run_in_child(job: Callable[[], T]) -> T:
         capture_native_stderr()  # the child's native words come through this process's relay
     context = multiprocessing.get_context("fork" if forked else START_METHOD)
     results, sent = context.Pipe(duplex=False)
+    heard, told = context.Pipe(duplex=False)  # what the child publishes, as it stands
+    # The child's temporary files (Beam's pipeline folder among them) go into a folder this
+    # process owns, in its registry: a child ended before it could unwind leaves none.
+    scratch = storage.remove_on_exit(tempfile.mkdtemp(prefix="kvtrace-job-"))
     child = context.Process(
         target=_run_job,
-        args=(job, sent, None if forked else _LoggingSetup.of_this_process()),
+        args=(job, sent, told, None if forked else _LoggingSetup.of_this_process(), scratch),
         name="kvtrace-job",
     )
+    relay = threading.Thread(target=_relay, args=(heard,), name="kvtrace-job-publications")
     try:
         with stop_signals_held():  # a stop lands here once the fork is whole, never in its hooks
             child.start()
-        sent.close()  # the child's end: the pipe reads as closed once the child is gone
+        sent.close()  # the child's ends: the pipes read as closed once the child is gone
+        told.close()
+        relay.start()
         outcome = _wait_for(child, results)
     except BaseException:  # a stop: the child stops too (if the signal was this process's alone)
         _stop(child)
         raise
     finally:
         sent.close()
+        told.close()
+        if relay.is_alive():  # the child is gone: its last word is in, or never comes
+            relay.join(UNWIND_S)
+        heard.close()
         results.close()
+        storage.remove_folder(scratch)  # the child is gone by now: ended, or stopped
+        storage.forget_on_exit(scratch)
     if isinstance(outcome, BaseException):
         raise outcome
     if outcome is _DIED:
         raise JobStopped(worker_death([child]))
     (value,) = outcome
     return value
+
+
+def _relay(heard: Connection) -> None:
+    """In a thread of this process: each publication the child made, into this process's record
+    as it arrives (publish.note_published), so a stop here says it whenever it comes."""
+    while True:
+        try:
+            names = heard.recv()
+        except (EOFError, OSError):  # the child is gone
+            return
+        publish.note_published(names)
 
 
 def _wait_for(child: multiprocessing.process.BaseProcess, results: Connection) -> Any:
@@ -100,9 +132,19 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
     end_descendants()
 
 
-def _run_job(job: Callable[[], Any], sent: Connection, setup: _LoggingSetup | None) -> None:
-    """In the child: job run, then its value (in a 1-tuple) or its error sent back."""
+def _run_job(
+    job: Callable[[], Any],
+    sent: Connection,
+    told: Connection,
+    setup: _LoggingSetup | None,
+    scratch: str,
+) -> None:
+    """In the child: job run, then its value (in a 1-tuple) or its error sent back; each of its
+    publications told as it stands (the Beam engine's id-map commit). Its temporary files, and
+    its own children's, go into scratch (the parent's)."""
     end_with_parent()  # none goes on publishing for a process that is gone
+    tempfile.tempdir = os.environ["TMPDIR"] = scratch
+    publish.forward_publications(functools.partial(_tell, told))
     if setup is not None:
         setup.apply()
     elif threading.current_thread() is threading.main_thread():
@@ -122,6 +164,11 @@ def _run_job(job: Callable[[], Any], sent: Connection, setup: _LoggingSetup | No
     # At once, as the CLI ends a stopped run: the interpreter's own exit would wait on threads
     # and finalizers (gRPC's, for seconds), and the parent has its outcome.
     os._exit(0)
+
+
+def _tell(told: Connection, names: list[str]) -> None:
+    with contextlib.suppress(OSError):  # the parent gone: none is left to say it
+        told.send(names)
 
 
 def _portable(err: BaseException) -> BaseException:

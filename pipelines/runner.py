@@ -30,6 +30,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from kvtrace.pipelines.processes import STOP_SIGNALS, terminate_descendants
+from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.trace_format import parse_json
 
@@ -125,11 +126,18 @@ def run(build: Callable[[beam.Pipeline], Any], options: PipelineOptions) -> Any:
     """Build the pipeline with build(pipeline), run it to completion, return build's outputs."""
     check_endpoints(options)
     pipeline = beam.Pipeline(runner=runner_for(options), options=options)
-    outputs = build(pipeline)
-    with contextlib.nullcontext() if is_remote(options) else workers_ended_if_stopped():
-        result = pipeline.run()
-    with cancelled_if_stopped(result):
-        result.wait_until_finish()
+    # Beam's own temporary folder, which it removes only once run() has started: in the run's
+    # registry from the moment it exists, so a stop while the pipeline is built leaves none.
+    temporary = storage.remove_on_exit(pipeline.local_tempdir)
+    try:
+        outputs = build(pipeline)
+        with contextlib.nullcontext() if is_remote(options) else workers_ended_if_stopped():
+            result = pipeline.run()
+        with cancelled_if_stopped(result):
+            result.wait_until_finish()
+    finally:
+        storage.remove_folder(temporary)
+        storage.forget_on_exit(temporary)
     _log_counters(result)
     return outputs
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import anonymize_night, chat, write_jsonl
+from helpers import anonymize_night, chat, kvtrace_child, write_jsonl
 
 SALT = "nightly-salt-kept-in-a-secret-manager"
 DAY_MS = 86_400_000
@@ -79,3 +79,40 @@ def test_a_refused_night_leaves_the_map_folder_unchanged(
     assert code in (1, 2) and err.startswith("error: ") and "Traceback" not in err
     assert files_of(map_dir) == before
     assert not (tmp_path / "refused" / "manifest.json").exists()
+
+
+# The Beam job's child killed (SIGKILL: the OOM killer) right after it wrote a segment file of
+# the map: nothing of the child runs again, so the parent owns the run's segment folder.
+_KILL_CHILD_AFTER_A_SEGMENT = """
+import os, signal
+from kvtrace.transforms.ids import steps
+_parent = os.getpid()
+_write = steps.write_segment_shard
+def _write_then_die(*args, **kwargs):
+    written = _write(*args, **kwargs)
+    if os.getpid() != _parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return written
+steps.write_segment_shard = _write_then_die
+"""
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # a Beam run in a child process
+def test_a_beam_night_whose_child_dies_after_writing_segments_leaves_the_map_unchanged(
+    tiny_tokenizer, tmp_path, mapped
+):
+    map_dir, salt = mapped
+    before = files_of(map_dir)
+    later = write_jsonl(
+        tmp_path / "day3.jsonl", [chat(i + 50, 2 * DAY_MS + 997 * i, f"v{i % 4}") for i in range(9)]
+    )
+    died = kvtrace_child(
+        "anonymize",
+        *("--input", str(later), "--output", str(tmp_path / "out"), "--engine", "beam"),
+        *("--tokenizer", tiny_tokenizer, "--block-size", "4"),
+        *("--id-map", str(map_dir), "--salt-file", str(salt)),
+        prelude=_KILL_CHILD_AFTER_A_SEGMENT,
+    )
+    assert died.returncode == 1 and "died by SIGKILL" in died.stderr, died.stderr[-2000:]
+    assert files_of(map_dir) == before

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtrace.pipelines import anonymize_night
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig, IdMapRun
 from kvtrace.pipelines.anonymize_night import (
     Encoded,
@@ -204,3 +205,44 @@ def test_an_id_map_needs_a_salt_that_outlives_the_run(tmp_path):
 def test_earliest_is_an_optional_time(tmp_path):
     assert night().earliest_ms() is None
     assert night(request(30, [1]), request(20, [2])).earliest_ms() == 20
+
+
+@pytest.mark.parametrize(
+    "step,error",
+    [
+        ("write_shards", OSError(28, "No space left on device")),
+        ("night_manifest", KeyboardInterrupt()),  # a stop, as the CLI raises it
+    ],
+)
+def test_a_night_that_fails_between_its_segments_and_its_commit_leaves_none(
+    tmp_path, monkeypatch, step, error
+):
+    """The run's segment folder is owned from its first file to the commit (run_segments): a
+    failure or a stop at any step between takes it, and the next night commits as if the failed
+    one never ran."""
+    salt = SaltSource("env", "KVTRACE_TEST_NIGHT_SALT")
+    monkeypatch.setenv("KVTRACE_TEST_NIGHT_SALT", SALT.decode())
+    identity = MapIdentity(salt_fingerprint(SALT), BLOCK_SIZE, {}, "scheme", {}, "probe")
+    batch = night(request(1_000, [1, 2, 3, 4], session=b"s" * 16))
+
+    def run(name: str) -> None:
+        base = open_repaired_map(str(tmp_path / "map"), identity, salt)
+        job = config(
+            tmp_path,
+            name,
+            salt=salt,
+            id_map=IdMapRun(str(tmp_path / "map"), base, str(tmp_path / "marks")),
+        )
+        finish_night(job, Encoded([batch], [], len(batch)))
+
+    def failing(*args, **kwargs):
+        assert list((tmp_path / "map" / "segments").iterdir())  # written by now
+        raise error
+
+    with monkeypatch.context() as patch:
+        patch.setattr(anonymize_night, step, failing)
+        with pytest.raises(type(error)):
+            run("failed")
+    assert list((tmp_path / "map" / "segments").iterdir()) == []
+    run("next")
+    assert current_version_number(str(tmp_path / "map")) == 1

@@ -177,3 +177,41 @@ def test_a_folder_output_is_the_local_engines_folder(tmp_path):
     for name in ("manifest.json", "trace-00000-of-00001.jsonl"):
         assert (tmp_path / "beam" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beam", "local"]
+
+
+@pytest.mark.beam
+@pytest.mark.slow  # over a second: .ci/run runs the slow set
+def test_rows_of_one_time_come_out_alike_however_the_files_hold_them(tmp_path):
+    """Rows sharing a time (sessions' turns, lone requests, rows alike in everything) in two
+    files, shuffled and split otherwise: the pipeline writes the local engine's bytes of the
+    whole, which rank_bucket would not by row key (file position)."""
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from kvtrace.pipelines.synthesize_beam import build
+
+    rng = np.random.default_rng(8)
+    rows = [
+        {
+            "timestamp": int(rng.integers(0, 3)) * 1000,
+            "input_length": 3 * BLOCK - 2,
+            "output_length": int(rng.integers(1, 4)),
+            "hash_ids": [0, int(rng.integers(1, 3)), int(rng.integers(3, 6))],
+            **({"session_id": f"s{rng.integers(0, 3)}"} if rng.random() < 0.5 else {}),
+        }
+        for _ in range(24)
+    ]
+    rows += rows[:4]  # rows alike in everything
+    config = SynthConfig(Knobs(1.5, 0.7, 2), speedup_ratio=2.0, seed=2)
+    whole = [str(write_jsonl(tmp_path / "whole.jsonl", rows))]
+    expected = jsonl_bytes(synthesize(read_trace(whole), BLOCK, config))
+    shuffled = [rows[i] for i in rng.permutation(len(rows))]
+    files = [
+        str(write_jsonl(tmp_path / "b.jsonl", shuffled[11:])),
+        str(write_jsonl(tmp_path / "a.jsonl", shuffled[:11])),
+    ]
+    for shards in (1, 3):
+        parts_dir = tmp_path / f"parts{shards}"
+        with TestPipeline() as pipeline:
+            build(pipeline, tuple(files), str(parts_dir), BLOCK, config, shards)
+        written = sorted(parts_dir.iterdir())
+        assert b"".join(path.read_bytes() for path in written) == expected, shards

@@ -42,6 +42,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -540,12 +541,22 @@ def settle_segments(
     }
 
 
-def discard_run_segments(written: list[SegmentFile]) -> None:
-    """Remove a refused run's segment files before they settle: they sit in folders named by
-    its own run id (write_segment_shard), which no version lists and no other run writes, and
-    cleanup would never reach them (they target a version the map does not reach)."""
-    for folder in sorted({f.path.rsplit("/", 1)[0] for f in written}):
+@contextmanager
+def run_segments(directory: str, version: int, run_id: str) -> Iterator[None]:
+    """Own the run's segment folder (write_segment_shard writes there, named by its run id: no
+    version lists it, no other run writes there) from before its first file is written until
+    the run ends, and remove it on every exit: whatever was written of it, whichever step fails
+    or is stopped. A commit has emptied it (settle_segments moves its files to the folder their
+    content names), so a published night loses nothing; a hard end (a stop's deadline) removes
+    a local map's too (storage.remove_on_exit). Cleanup would never reach it otherwise: it
+    targets a version the map does not reach (discard_abandoned)."""
+    folder = storage.join(directory, "segments", segment_folder(version, run_id))
+    storage.remove_on_exit(folder)
+    try:
+        yield
+    finally:
         storage.remove_folder(folder)
+        storage.forget_on_exit(folder)
 
 
 def shard_of_segment(path: str) -> int:
@@ -1054,26 +1065,22 @@ def publish_night(
     earliest_ms: int | None,
     folder: str,
     times: NightTimes = NightTimes(),
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int | None]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
-    (Night: folder holds its trace shards as written). Returns the manifest to publish: a night the map recorded already (a rerun after
-    a run killed past its commit) names the start recorded for it, not the map's current one."""
-    try:  # every check before the run's segments settle; a refusal takes them away
-        check_night_kind(directory, base, earliest_ms)
-        key = map_key(salt.load())
-        check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
-        check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
-        night = Night(
-            manifest["id_map"], night_identity(manifest, folder), files_identity(manifest)
-        )
-        recorded = recorded_start(base, *night.identities())
-        if recorded is None and earliest_ms is not None:
-            check_night_follows(directory, base, night)
-    except BaseException:
-        discard_run_segments(block_files + session_files)
-        raise
+    (Night: folder holds its trace shards as written). Returns the manifest to publish (a night the map recorded already, a
+    rerun after a run killed past its commit, names the start recorded for it, not the map's
+    current one) and the version committed (None: nothing to commit)."""
+    # Every check before the run's segments settle (a refusal leaves them to run_segments).
+    check_night_kind(directory, base, earliest_ms)
+    key = map_key(salt.load())
+    check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
+    check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+    night = Night(manifest["id_map"], night_identity(manifest, folder), files_identity(manifest))
+    recorded = recorded_start(base, *night.identities())
+    if recorded is None and earliest_ms is not None:
+        check_night_follows(directory, base, night)
     published = manifest if recorded is None else manifest | {"id_map": recorded}
     new = next_version(
         directory,
@@ -1098,8 +1105,8 @@ def publish_night(
                 _record_raw(version_path(directory, base.version)),
                 key,
             )
-        return published
+        return published, None
     record = publish(directory, base, new, key)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
-    return published
+    return published, new.version

@@ -7,7 +7,8 @@ Reshaping a request needs three things that look across rows:
   local code reshapes them (`reshape_conversations`), prefixes named by 64-bit keys instead of
   dense ids (reshape.hashed_label), so every shard labels a shared prefix alike;
 - the output's order, for dense ids numbered by first appearance: output rows go to time
-  buckets, whose sizes give each row its global rank (`rank_bucket`); ids are then numbered by
+  buckets, whose sizes give each row its global rank (`rank_bucket`, in synthesize's
+  output_order: by content, each row carrying its source row's fingerprint); ids are then numbered by
   ids/steps.AssignDenseIds over the exact prefixes of the label sequences.
 With distinct labels the ids equal the local engine's: the same bytes.
 """
@@ -26,7 +27,10 @@ from kvtrace.transforms.stats.trace_shards import prefix_hashes, rowkeys
 from kvtrace.transforms.synth.parts import RowParts, session_text
 from kvtrace.transforms.synth.reshape import hashed_label, mix64, reshape
 from kvtrace.transforms.synth.synthesize import (
+    FINGERPRINT,
     SynthConfig,
+    content_fingerprints,
+    output_order,
     scaled_osl,
     scaled_timestamps,
     tree_copies,
@@ -41,6 +45,7 @@ OUT = np.dtype(
         ("rowkey", "<i8"),
         ("isl", "<i8"),
         ("osl", "<i8"),
+        ("fp", FINGERPRINT),  # the source row's content_fingerprints: output_order's last key
         ("rank", "<i8"),
     ]
 )
@@ -209,6 +214,7 @@ def reshape_conversations(
     rows["ts"], rows["rowkey"] = trace.timestamp[kept], keys[kept]
     rows["isl"] = reshaped.input_length[kept]
     rows["osl"] = scaled_osl(trace.output_length[kept], config)
+    rows["fp"] = content_fingerprints(trace)[kept]
     labels = [reshaped.labels[r] for r in kept.tolist()]
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum([len(label) for label in labels], out=offsets[1:])
@@ -242,8 +248,8 @@ def split_by_bucket(part: Synthesized) -> list[tuple[int, Synthesized]]:
 
 
 def rank_bucket(parts: list[Synthesized], first_rank: int) -> Synthesized:
-    """A bucket's rows in output order (output timestamp, then causal order: timestamp, file
-    order, as the local engine writes them), ranked from first_rank."""
+    """A bucket's rows in output order (synthesize.output_order, as the local engine writes
+    them: whichever order the parts arrive in), ranked from first_rank."""
     has_sessions = any(p.session is not None for p in parts)
     for p in parts:
         if has_sessions and p.session is None:
@@ -256,7 +262,9 @@ def rank_bucket(parts: list[Synthesized], first_rank: int) -> Synthesized:
         np.concatenate([p.session for p in parts]) if has_sessions else None,
     )
     rows = whole.rows
-    ordered = take_synthesized(whole, np.lexsort((rows["rowkey"], rows["ts"], rows["ts_out"])))
+    ordered = take_synthesized(
+        whole, output_order(rows["ts_out"], rows["ts"], rows["isl"], rows["osl"], rows["fp"])
+    )
     ordered.rows["rank"] = first_rank + np.arange(len(ordered))
     return ordered
 

@@ -4,7 +4,8 @@ Order of operations: with --num-requests, new requests are drawn first (sample.p
 copies are drawn per session (or per request) from the seed; every
 request is reshaped (reshape.py); timestamps are divided by the speed-up; output lengths are
 scaled and clamped; rows outside the input-length bounds are dropped; ids are numbered densely
-in order of first appearance in the output, whose rows are in time order.
+in order of first appearance in the output, whose rows are in time order, ties by content
+(output_order).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import xxhash
 
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.read.trace_io import HIGHEST, Trace
-from kvtrace.transforms.stats.trace_blocks import causal_order, prefix_ids
+from kvtrace.transforms.stats.trace_blocks import prefix_ids
 from kvtrace.transforms.synth.parts import RowParts, session_text
 from kvtrace.transforms.synth.reshape import MAX_TREE_COPIES, Knobs, mix64, reshape
 from kvtrace.transforms.synth.sample import sample_requests
@@ -71,20 +72,23 @@ def synthesize(trace: Trace, block_size: int, config: SynthConfig) -> Trace:
         keep &= reshaped.input_length >= config.min_isl
     if config.max_isl is not None:
         keep &= reshaped.input_length <= config.max_isl
-    # The output's order: causal (time, file order), as the Beam engine ranks rows
-    # (shards.rank_bucket); ties of one time stay in file order in both engines for now.
-    causal = np.argsort(causal_order(trace), kind="stable")
-    rows = causal[keep[causal]]
+    # Rows in content order first (as they were reshaped), so rows output_order leaves tied,
+    # alike in all they hold, keep the roles reshaping gave them in that order.
+    rows = parts.order[keep[parts.order]]
     timestamp = scaled_timestamps(trace.timestamp[rows], config)
-    order = np.argsort(timestamp, kind="stable")  # division keeps the order; floor may tie
-    rows, timestamp = rows[order], timestamp[order]
+    output_length = scaled_osl(trace.output_length[rows], config)
+    fingerprint = content_fingerprints(trace)[rows]
+    order = output_order(
+        timestamp, trace.timestamp[rows], reshaped.input_length[rows], output_length, fingerprint
+    )
+    rows, timestamp, output_length = rows[order], timestamp[order], output_length[order]
     labels = [reshaped.labels[r] for r in rows.tolist()]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([len(part) for part in labels], out=offsets[1:])
     output = Trace(
         timestamp=timestamp.astype(np.float64),
         input_length=reshaped.input_length[rows],
-        output_length=scaled_osl(trace.output_length[rows], config),
+        output_length=output_length,
         offsets=offsets,
         ids=np.concatenate(labels + [np.empty(0, np.int64)]),
         session=trace.session[rows] if trace.session is not None else None,
@@ -129,6 +133,49 @@ def _unit_bytes(trace: Trace, row: int, session: object) -> bytes:
             lengths.tobytes(),
             trace.ids[trace.offsets[row] : trace.offsets[row + 1]].astype("<i8").tobytes(),
         ]
+    )
+
+
+# A row's content digest, 128 bits as two uint64 fields.
+FINGERPRINT = np.dtype([("hi", "<u8"), ("lo", "<u8")])
+
+
+def content_fingerprints(trace: Trace) -> np.ndarray:
+    """Per row, a digest (FINGERPRINT) of everything it holds: time, lengths, ids, session as
+    hashed (session_text). Computed from the row alone, so every shard gives a row the same."""
+    sessions = trace.session.tolist() if trace.session is not None else [None] * len(trace)
+    out = np.empty(len(trace), dtype=FINGERPRINT)
+    for row, session in enumerate(sessions):
+        ids = trace.ids[trace.offsets[row] : trace.offsets[row + 1]]
+        head = np.array([trace.input_length[row], trace.output_length[row], len(ids)], "<i8")
+        digest = xxhash.xxh3_128_intdigest(
+            b"".join(
+                [
+                    np.array([trace.timestamp[row]], dtype="<f8").tobytes(),
+                    head.tobytes(),  # the id count ends the ids: the session's text follows
+                    ids.astype("<i8").tobytes(),
+                    b"\0" if session is None else b"\1" + session_text(session).encode(),
+                ]
+            )
+        )
+        out[row] = (digest >> 64, digest & ((1 << 64) - 1))
+    return out
+
+
+def output_order(
+    timestamp: np.ndarray,
+    source_ms: np.ndarray,
+    input_length: np.ndarray,
+    output_length: np.ndarray,
+    fingerprint: np.ndarray,
+) -> np.ndarray:
+    """The output rows' order, of their content alone (both engines: shards.rank_bucket): output
+    time, then source time (a session's turns stay causal where the speed-up floors them
+    together), output lengths, then the source row's fingerprint (content_fingerprints). Rows
+    tied in all of it come from rows alike in everything and are reshaped alike, so their order
+    changes no byte; never where a row sat in its file."""
+    return np.lexsort(
+        (fingerprint["lo"], fingerprint["hi"], output_length, input_length, source_ms, timestamp)
     )
 
 

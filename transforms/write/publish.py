@@ -65,7 +65,7 @@ import shutil
 import stat
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -106,7 +106,7 @@ _RENAME_EXCHANGE = 2
 # Every staging name this process made up (its runs' own) and its lock files are noted in the
 # run's one registry of what it removes on any exit (storage.remove_on_exit), for a stop that
 # ends the process without waiting for it to unwind (the CLI's deadline): abandon_staged
-# removes them. Each publication holds _PUBLISHING (_publication), so that removal never meets
+# removes them. Each publication holds _PUBLISHING (publication), so that removal never meets
 # one half done: a name it removes is still staged, or published and gone.
 _PUBLISHING = threading.RLock()
 SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
@@ -140,15 +140,19 @@ def _staged_here(path: str) -> str:
 
 class _Published:
     """What this process has published, as its publications stand once whole: how many, and
-    the latest names (bounded), for a stop to say (published_here)."""
+    the latest names (bounded), for a stop to say (published_here); in a child whose parent
+    reports, sent on to the parent's record as each stands (forward_publications)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.latest: deque[str] = deque(maxlen=SHOWN_PUBLISHED)
+        self.forward: Callable[[list[str]], None] | None = None
 
     def note(self, names: Sequence[str]) -> None:
         self.count += len(names)
         self.latest.extend(names)
+        if self.forward is not None and names:
+            self.forward(list(names))
 
 
 _PUBLISHED_HERE = _Published()
@@ -156,7 +160,7 @@ _OPEN_PUBLICATIONS: list[list[str]] = []  # under _PUBLISHING: those under way, 
 
 
 @contextmanager
-def _publication() -> Iterator[list[str]]:
+def publication() -> Iterator[list[str]]:
     """The one section every publication runs in: it holds _PUBLISHING (a hard end waits for
     it: abandon_staged) and defers a stop until it ends (interrupts), so a publication is whole
     or rolled back whenever the stop comes. What the body appends to the list yielded (the
@@ -173,6 +177,19 @@ def _publication() -> Iterator[list[str]]:
             _OPEN_PUBLICATIONS[-1].extend(published)
         else:
             _PUBLISHED_HERE.note(published)
+
+
+def forward_publications(send: Callable[[list[str]], None]) -> None:
+    """In a child process whose parent reports (child_process.run_in_child): every publication
+    of this process is sent on as it stands whole, still within it (a stop waits for it), so
+    the parent's stop says it (note_published there)."""
+    _PUBLISHED_HERE.forward = send
+
+
+def note_published(names: Sequence[str]) -> None:
+    """What a child of this process published (forward_publications), in this one's record."""
+    with _PUBLISHING:
+        _PUBLISHED_HERE.note(names)
 
 
 def published_here() -> str:
@@ -507,7 +524,7 @@ def publish_folder(
     from staging through the swap: a kill at any step leaves it unreadable to others."""
     if is_url(output):
         check_output(output, own)  # again: something may have appeared while the run ran
-        with _publication() as published:
+        with publication() as published:
             _publish_remote(staging, output)
             published.append(output)
             if report:
@@ -600,7 +617,7 @@ class StagedFile:
         for staged in (self, report) if report else (self,):
             staged.stamp()
         report_moves = report.moves() if report else []
-        with _publication() as published:
+        with publication() as published:
             if self.staging == self.output:  # an object, whole once its upload completed
                 published.append(self.output)
             if self.overwrite or not self.moves():
@@ -620,7 +637,7 @@ class StagedFile:
 def _publish_new(staging: str, output: str) -> None:
     """Publish a staged file where no file is: link(2) refuses an existing name in the same
     step that makes it (a check before a rename would leave a gap), then the staged name goes."""
-    with _publication() as published:
+    with publication() as published:
         try:
             os.link(staging, output)
         except FileExistsError:
@@ -1133,6 +1150,9 @@ class DeadLetterRun:
         """Under the output's lock, once its staging folder exists."""
         self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
+        # A hard end (a stop at any moment) takes them, unless the output they stand for is
+        # published: its mark then names this run, and the next run of it publishes them.
+        storage.remove_on_exit(self.staging, self._unpublished)
         storage.make_folder(self.staging, private=True)
         if not is_url(output_staging) and _mark(
             output_staging, self.run_id, place(self.folder), _output_key(self.output)
@@ -1140,12 +1160,17 @@ class DeadLetterRun:
             with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as f:
                 f.write(self.run_id.encode())
 
+    def _unpublished(self) -> bool:
+        marked = _marked_run(self.output)
+        return marked is None or marked[0] != self.run_id
+
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
         is published is the run's word only where the output carries no mark (object stores,
         filesystems without extended attributes). Returns whether they were published. One
-        publication (_publication): a stop waits for it, so the letters are settled whole."""
-        with _publication():
+        publication (publication): a stop waits for it, so the letters are settled whole."""
+        with publication():
+            storage.forget_on_exit(self.staging)  # settled here, or by the next run if this fails
             if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
                 return True
             marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
@@ -1160,8 +1185,6 @@ class DeadLetterRun:
 
 def _letters_staging(folder: str, output: str, run_id: str) -> str:
     """Where a run of output stages its letters in the dead-letter folder."""
-    # Not noted for abandon_staged: a published run's letters stay staged until they are
-    # settled (its output's mark names them), and a stopped run's are cleared by the next run.
     return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
 
 
@@ -1192,7 +1215,7 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
     letters = storage.join(staging, DEAD_LETTER_FILE)
     publish = publish and storage.exists(letters)
     if publish:
-        with _publication() as published:
+        with publication() as published:
             storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
             published.append(storage.join(folder, f"rejected-{run_id}.jsonl"))
         storage.sync_folder(folder)
@@ -1340,10 +1363,10 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     those done are put back, so a run publishes all of them or none. The previous outputs are
     removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
     did not write (own: as in foreign_files); else all is put back and the run refused. One
-    publication (_publication): a stop is raised once all stand or all are put back; a kill
+    publication (publication): a stop is raised once all stand or all are put back; a kill
     between two moves leaves the first new and the rest previous (POSIX renames one name at a
     time)."""
-    with _publication() as published:
+    with publication() as published:
         _publish_in_place(moves, own)
         published.extend(output for _, output in moves)
 

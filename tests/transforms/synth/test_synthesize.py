@@ -11,10 +11,18 @@ from hypothesis import strategies as st
 
 from helpers import shared_path, write_jsonl
 from kvtrace.transforms.read.trace_io import read_trace
+from kvtrace.transforms.stats.trace_blocks import prefix_ids
 from kvtrace.transforms.stats.trace_stats import analyze
-from kvtrace.transforms.synth.parts import RowParts
+from kvtrace.transforms.synth.parts import RowParts, content_order
 from kvtrace.transforms.synth.reshape import Knobs
-from kvtrace.transforms.synth.synthesize import SynthConfig, synthesize
+from kvtrace.transforms.synth.shards import take_rows
+from kvtrace.transforms.synth.synthesize import (
+    SynthConfig,
+    content_fingerprints,
+    dense_by_first_appearance,
+    output_order,
+    synthesize,
+)
 
 BLOCK = 16
 
@@ -29,6 +37,24 @@ def problems(trace, block_size=BLOCK) -> dict:
 
 def row_ids(trace) -> list[list[int]]:
     return [trace.ids[a:b].tolist() for a, b in zip(trace.offsets[:-1], trace.offsets[1:])]
+
+
+def in_output_order(trace):
+    """The trace's rows as synthesize orders them (time, then content: output_order), ids
+    renumbered first-seen: what the default knobs give back."""
+    rows = content_order(trace, prefix_ids(trace))
+    rows = rows[
+        output_order(
+            np.floor(trace.timestamp[rows]).astype(np.int64),
+            trace.timestamp[rows],
+            trace.input_length[rows],
+            trace.output_length[rows],
+            content_fingerprints(trace)[rows],
+        )
+    ]
+    ordered = take_rows(trace, rows)
+    ordered.ids = dense_by_first_appearance(prefix_ids(ordered))
+    return ordered
 
 
 def chat_trace(tmp_path, sessions: int = 6, turns: int = 4, seed: int = 0):
@@ -58,10 +84,11 @@ def chat_trace(tmp_path, sessions: int = 6, turns: int = 4, seed: int = 0):
 
 def test_default_knobs_give_the_trace_back(tmp_path):
     trace = read_trace([str(shared_path("traces", "synthetic_trace.jsonl"))])
-    out = synthesize(trace, 512, SynthConfig())
-    assert row_ids(out) == row_ids(trace)
-    assert out.input_length.tolist() == trace.input_length.tolist()
-    assert out.timestamp.tolist() == trace.timestamp.tolist()
+    out, given = synthesize(trace, 512, SynthConfig()), in_output_order(trace)
+    assert row_ids(out) == row_ids(given)
+    assert out.input_length.tolist() == given.input_length.tolist()
+    assert out.output_length.tolist() == given.output_length.tolist()
+    assert out.timestamp.tolist() == trace.timestamp.tolist()  # rows of one time reordered only
 
 
 def test_speedup_divides_timestamps_and_isl_bounds_keep_exactly_the_rows_inside(tmp_path):
@@ -69,15 +96,16 @@ def test_speedup_divides_timestamps_and_isl_bounds_keep_exactly_the_rows_inside(
     faster = synthesize(trace, 512, SynthConfig(speedup_ratio=3))
     assert faster.timestamp.tolist() == [math.floor(t / 3) for t in trace.timestamp.tolist()]
     bounded = synthesize(trace, 512, SynthConfig(min_isl=1000, max_isl=20000))
-    inside = (trace.input_length >= 1000) & (trace.input_length <= 20000)
-    assert bounded.input_length.tolist() == trace.input_length[inside].tolist()
+    given = in_output_order(trace)
+    inside = (given.input_length >= 1000) & (given.input_length <= 20000)
+    assert bounded.input_length.tolist() == given.input_length[inside].tolist()
     assert not problems(bounded, 512)
 
 
 def test_output_lengths_are_scaled_then_clamped(tmp_path):
     trace = read_trace([str(shared_path("traces", "synthetic_trace.jsonl"))])
     out = synthesize(trace, 512, SynthConfig(osl_multiplier=2, min_osl=10, max_osl=300))
-    expected = np.clip(trace.output_length * 2, 10, 300)
+    expected = np.clip(in_output_order(trace).output_length * 2, 10, 300)
     assert out.output_length.tolist() == expected.tolist()
 
 

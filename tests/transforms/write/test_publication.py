@@ -1,4 +1,4 @@
-"""Every publication is one section (publish._publication): a stop during it is raised once it
+"""Every publication is one section (publish.publication): a stop during it is raised once it
 stands whole (or is put back), and what stands whole is recorded for a stop to say
 (publish.published_here); one that fails, or that an enclosing one puts back, records nothing."""
 
