@@ -37,6 +37,7 @@ from kvtrace.transforms.encode.tokenize import RENDER_WATCHDOG
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.garbage import settle_after_start_up
 from kvtrace.transforms.read.sources import READ_SPLIT_BYTES, FileRange
+from kvtrace.transforms.write import interrupts
 
 _LOG = logging.getLogger("kvtrace")
 # Where forking is unsafe (can_fork), worker processes start from a clean server process.
@@ -154,7 +155,11 @@ def stop_signals_held() -> Iterator[None]:
     (leave_stopping_to_parent); this process gets them when this ends."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        yield
+        # Held in this thread only: one sent to the process may reach another thread, and the
+        # handler then runs here at the next check, a hook's os.kill or logging's lock included;
+        # deferred, it notes the stop, raised once the fork is whole.
+        with interrupts.stops_deferred():
+            yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 

@@ -9,12 +9,22 @@ another thread is not interrupted by a stop at all (the CLI's hard end waits for
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _open_sections = 0  # the main thread's sections open now, nested ones included
 _stop_pending = False
+
+
+def _forget_sections() -> None:
+    """A forked child opened none of its parent's sections: its stops are its own."""
+    global _open_sections, _stop_pending
+    _open_sections, _stop_pending = 0, False
+
+
+os.register_at_fork(after_in_child=_forget_sections)
 
 
 def stop() -> None:
