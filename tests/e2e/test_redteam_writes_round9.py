@@ -253,7 +253,6 @@ id_map.publish = _commit_then_stop
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_stop_after_the_local_id_map_commit_never_says_nothing_was_published(
     tiny_tokenizer, tmp_path
 ):
