@@ -337,7 +337,6 @@ def test_standard_inputs_copy_is_owner_only_from_its_first_byte(tiny_tokenizer, 
     assert noted.read_text() == "0o600"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_race_lost_on_one_id_map_is_not_called_a_replaced_map(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

@@ -1063,7 +1063,15 @@ def publish_night(
         check_night_kind(directory, base, earliest_ms)
         key = map_key(salt.load())
         check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
-        check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+        try:
+            check_anchor(
+                marks, directory, base.version, base.map_id, _record_reader(directory), key
+            )
+        except JobStopped:
+            # Another run may have committed since the check above (its mark moved past this
+            # run's base): a race lost, never a replaced map to rebind.
+            check_not_extended(directory, base)
+            raise
         night = Night(
             manifest["id_map"], night_identity(manifest, folder), files_identity(manifest)
         )
