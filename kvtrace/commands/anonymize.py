@@ -571,8 +571,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             raise
         raise ConfigError(err.naming(options["offline_tokenizer"])) from None
     sha256 = tokenizer_sha256(options["tokenizer"])
-    # The last check before the id map is opened (which makes its folder): a refused run
-    # leaves nothing behind.
+    # The last check before the id map is opened; a new map's folder is made only by the
+    # run's first write into it (id_map.map_folder), so a run refused later (the output's lock,
+    # standard input) leaves nothing behind either.
     block_hashes = _block_hashes_directory(options, output, scheme)
     id_map = None
     if options.get("id_map"):

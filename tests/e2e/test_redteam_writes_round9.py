@@ -276,7 +276,6 @@ def test_a_stop_after_the_local_id_map_commit_never_says_nothing_was_published(
     assert NOTHING not in _said(stopped), _said(stopped)
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_run_refused_for_a_terminal_on_standard_input_makes_no_id_map_folder(
     tiny_tokenizer, tmp_path
 ):
@@ -404,3 +403,20 @@ def test_a_trace_published_whole_by_a_killed_run_passes_the_gate(tiny_tokenizer,
     audited = kvtrace_child("audit", str(out), timeout=120)
     assert "extended attributes" not in audited.stdout + audited.stderr, audited.stdout[-2000:]
     assert audited.returncode == 0, audited.stdout[-2000:]
+
+
+def test_a_run_refused_for_an_output_locked_by_another_makes_no_id_map_folder(
+    tiny_tokenizer, tmp_path
+):
+    """The reproducer's other variant: another run holds the output's lock (taken after the
+    map is opened), so the run is refused in one line; a new map's folder is made only by a
+    run's first write into it (id_map.map_folder), so none is left."""
+    from kvtrace.transforms.write.publish import output_lock
+
+    out = tmp_path / "out"
+    args = _night(tmp_path, tiny_tokenizer, out, "--id-map", str(tmp_path / "map"))
+    with output_lock(str(out)):
+        refused = kvtrace_child(*args, timeout=120)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "another kvtrace run is writing" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]

@@ -572,12 +572,19 @@ def write_segment_shard(
     """One hash shard of the night's new segment: its newly numbered rows, merged on a folding
     night with the shard's earlier files, streamed (segments.merge_segment gives the bytes
     segments.write_segment gives for all the rows at once)."""
-    path = segment_path(directory, version, run_id, kind, shard)
+    path = segment_path(map_folder(directory), version, run_id, kind, shard)
     if not runs:
         return write_segment(path, added)
     return merge_segment(
         path, sorted(runs), np.concatenate(added) if added else np.empty(0, NUMBERED)
     )
+
+
+def map_folder(directory: str) -> str:
+    """The map's folder, made owner-only (and marked kvtrace's) by the run's first write into
+    it, not when the map is opened: a run refused before then leaves nothing. Returns it."""
+    storage.make_folder(directory, private=True)
+    return directory
 
 
 def relative(directory: str, path: str) -> str:
@@ -975,7 +982,7 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> b
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
     and move CURRENT to it. Returns the record's bytes."""
-    folders = _new_folders(directory, base, new)
+    folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
     if folders:  # the new folders' own entries
