@@ -70,7 +70,12 @@ from kvtrace.transforms.write.manifest import (
     write_json,
     write_run_counts,
 )
-from kvtrace.transforms.write.publish import DEAD_LETTER_FILE, publish_folder, sha256_of
+from kvtrace.transforms.write.publish import (
+    DEAD_LETTER_FILE,
+    publication,
+    publish_folder,
+    sha256_of,
+)
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import (
     RowBatch,
@@ -476,7 +481,9 @@ def stage_manifest(config: AnonymizeConfig, manifest: dict) -> dict:
 
 def publish_staged(config: AnonymizeConfig, manifest: dict) -> dict:
     """The staging folder, its manifest staged, in the output's place, whole; the block hashes
-    after the output they belong to, never before it. Run by the process that reports (the Beam
-    engine's parent: anonymize_beam.run_beam). Returns the manifest."""
-    publish_folder(config.staging, config.output)
-    return publish_block_hashes(config.block_hashes, config.staging, manifest)
+    after the output they belong to, never before it. One publication: a stop waits for both,
+    and block hashes that cannot be published put the trace back. Run by the process that
+    reports (the Beam engine's parent: anonymize_beam.run_beam). Returns the manifest."""
+    with publication():
+        publish_folder(config.staging, config.output)
+        return publish_block_hashes(config.block_hashes, config.staging, manifest)

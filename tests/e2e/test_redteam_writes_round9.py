@@ -217,7 +217,6 @@ publish._swap_in = _swap_in_and_stop
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_stop_while_the_trace_is_published_publishes_its_block_hashes_too(
     tiny_tokenizer, tmp_path
 ):

@@ -66,7 +66,7 @@ import stat
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO
@@ -151,7 +151,19 @@ class _Published:
 
 
 _PUBLISHED_HERE = _Published()
-_OPEN_PUBLICATIONS: list[list[str]] = []  # under _PUBLISHING: those under way, outermost first
+
+
+class _Open:
+    """A publication under way: the names it has put in place, and the local swaps done
+    (staged, output, where the previous output went), put back if an enclosing publication
+    fails and their previous outputs removed only once the outermost one stands whole."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.swaps: list[tuple[str, str, str | None]] = []
+
+
+_OPEN_PUBLICATIONS: list[_Open] = []  # under _PUBLISHING: those under way, outermost first
 
 
 @contextmanager
@@ -160,18 +172,32 @@ def _publication() -> Iterator[list[str]]:
     it: abandon_staged) and defers a stop until it ends (interrupts), so a publication is whole
     or rolled back whenever the stop comes. What the body appends to the list yielded (the
     names it put in place) is recorded once the outermost publication ends whole: one that
-    fails, or that an enclosing one rolls back, records nothing."""
+    fails, or that an enclosing one rolls back, records nothing. Publications nested in one
+    (publication: a night's trace, then its block hashes) stand or are put back with it."""
     with _PUBLISHING, stops_deferred():
-        published: list[str] = []
-        _OPEN_PUBLICATIONS.append(published)
+        current = _Open()
+        _OPEN_PUBLICATIONS.append(current)
         try:
-            yield published
+            yield current.names
+        except BaseException:
+            for staged, output, previous in reversed(current.swaps):
+                _swap_back(staged, output, previous)
+            raise
         finally:
             _OPEN_PUBLICATIONS.pop()
         if _OPEN_PUBLICATIONS:
-            _OPEN_PUBLICATIONS[-1].extend(published)
-        else:
-            _PUBLISHED_HERE.note(published)
+            _OPEN_PUBLICATIONS[-1].names.extend(current.names)
+            _OPEN_PUBLICATIONS[-1].swaps.extend(current.swaps)
+            return
+        _PUBLISHED_HERE.note(current.names)
+        _remove_previous(current.swaps)
+
+
+def publication() -> AbstractContextManager[list[str]]:
+    """One publication of several outputs (a night's trace, then its block hashes): a stop
+    waits for all of them, and a failure puts back those already swapped in, so they stand
+    together or not at all (a kill between two swaps still leaves the first new)."""
+    return _publication()
 
 
 def published_here() -> str:
@@ -1339,9 +1365,9 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     those done are put back, so a run publishes all of them or none. The previous outputs are
     removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
     did not write (own: as in foreign_files); else all is put back and the run refused. One
-    publication (_publication): a stop is raised once all stand or all are put back; a kill
-    between two moves leaves the first new and the rest previous (POSIX renames one name at a
-    time)."""
+    publication (_publication; within an enclosing one, part of it): a stop is raised once all
+    stand or all are put back; a kill between two moves leaves the first new and the rest
+    previous (POSIX renames one name at a time)."""
     with _publication() as published:
         _publish_in_place(moves, own)
         published.extend(output for _, output in moves)
@@ -1359,7 +1385,12 @@ def _publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str]) -> 
         for staged, output, previous in reversed(done):
             _swap_back(staged, output, previous)
         raise
-    for _, _, previous in done:
+    _OPEN_PUBLICATIONS[-1].swaps.extend(done)  # its publication removes the previous outputs
+
+
+def _remove_previous(swaps: Sequence[tuple[str, str, str | None]]) -> None:
+    """The previous outputs of a publication that stands whole."""
+    for _, _, previous in swaps:
         if previous is None:
             continue
         if os.path.isdir(previous) and not os.path.islink(previous):
