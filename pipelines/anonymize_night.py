@@ -442,9 +442,12 @@ def commit_id_map(
     times: id_map.NightTimes = id_map.NightTimes(),
 ) -> dict:
     """The id map's new version (the segments written, the ids added of each kind, the night
-    the manifest describes) committed before the trace that uses it is published. Returns the
-    manifest to publish: a night the map recorded already (a rerun after a run killed past its
-    commit) names the start recorded for it (id_map.publish_night)."""
+    the manifest describes) committed before the trace that uses it is published. The commit,
+    its mark and its cleanup are one publication (publish.publication): a stop waits for them,
+    and once they stand it names the version committed (what the CLI's stop line says; the
+    Beam engine runs this in its child stage). Returns the manifest to publish: a night the
+    map recorded already (a rerun after a run killed past its commit) names the start
+    recorded for it (id_map.publish_night)."""
     run = config.id_map
     if run is None:
         return manifest
@@ -463,6 +466,7 @@ def commit_id_map(
         earliest_ms,
         config.staging,
         times,
+        publication,
     )
 
 

@@ -42,6 +42,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1060,12 +1061,16 @@ def publish_night(
     earliest_ms: int | None,
     folder: str,
     times: NightTimes = NightTimes(),
+    section: Callable[[], AbstractContextManager[list[str]]] = lambda: nullcontext([]),
 ) -> dict[str, Any]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
-    (Night: folder holds its trace shards as written). Returns the manifest to publish: a night the map recorded already (a rerun after
-    a run killed past its commit) names the start recorded for it, not the map's current one."""
+    (Night: folder holds its trace shards as written). The commit, its mark and its cleanup
+    run in section (the caller's publication: a stop waits for them), which is told the
+    version committed. Returns the manifest to publish: a night the map recorded already (a
+    rerun after a run killed past its commit) names the start recorded for it, not the map's
+    current one."""
     try:  # every check before the run's segments settle; a refusal takes them away
         check_night_kind(directory, base, earliest_ms)
         key = map_key(salt.load())
@@ -1089,31 +1094,33 @@ def publish_night(
         discard_run_segments(block_files + session_files)
         raise
     published = manifest if recorded is None else manifest | {"id_map": recorded}
-    new = next_version(
-        directory,
-        base,
-        written=settle_segments(
-            directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
-        ),
-        added={"blocks": added_blocks, "sessions": added_sessions},
-        compacted=compacted,
-        hash_shards=hash_shards,
-        earliest_ms=earliest_ms,
-        night=night,
-        times=times,
-    )
-    if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
-        if base.version and base.map_id is not None:  # one from before ids: at its next commit
-            advance_anchor(
-                marks,
-                directory,
-                base.map_id,
-                base.version,
-                _record_raw(version_path(directory, base.version)),
-                key,
-            )
-        return published
-    record = publish(directory, base, new, key)
-    advance_anchor(marks, directory, new.map_id, new.version, record, key)
-    discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
+    with section() as committed:
+        new = next_version(
+            directory,
+            base,
+            written=settle_segments(
+                directory, base.version + 1, {"blocks": block_files, "sessions": session_files}
+            ),
+            added={"blocks": added_blocks, "sessions": added_sessions},
+            compacted=compacted,
+            hash_shards=hash_shards,
+            earliest_ms=earliest_ms,
+            night=night,
+            times=times,
+        )
+        if new is None:  # nothing to commit: the map as it is becomes the mark's, if it is not
+            if base.version and base.map_id is not None:  # one from before ids: at its next commit
+                advance_anchor(
+                    marks,
+                    directory,
+                    base.map_id,
+                    base.version,
+                    _record_raw(version_path(directory, base.version)),
+                    key,
+                )
+            return published
+        record = publish(directory, base, new, key)
+        committed.append(f"{directory} (id map version {new.version})")
+        advance_anchor(marks, directory, new.map_id, new.version, record, key)
+        discard_abandoned(directory, new, key)  # runs that lost or died on the way to it
     return published
