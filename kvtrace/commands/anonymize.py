@@ -652,8 +652,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     counts = read_run_counts(letters.staging)  # before the staging folder goes
                     succeeded = True
                 finally:
-                    # Letters first: where settling fails, the staging folder stays marked, and
-                    # the next run's lock drops the letters with it (as after a kill).
+                    # Letters first, while the staging folder stands: where settling fails,
+                    # its pointer stays, and the next run's lock settles it (as after a kill).
                     letters.settle(succeeded)  # published with the output, or gone with the run
                     storage.remove_folder(config.staging)  # gone once published; else a failure's
                     if config.block_hashes:

@@ -380,7 +380,6 @@ publish.publish_folder = _publish_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_trace_published_whole_by_a_killed_run_passes_the_gate(tiny_tokenizer, tmp_path):
     """DeadLetterRun marks the output's staging folder with an extended attribute
     (user.kvtrace.run: run id, letters folder), which the swap publishes with it, and takes it

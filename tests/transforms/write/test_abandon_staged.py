@@ -47,9 +47,9 @@ def test_what_a_run_staged_goes_and_nothing_else(tmp_path):
         staged, letters = _run_left_unwound(tmp_path, stack)
         assert _staged_names(tmp_path)
         publish.abandon_staged(0)
-        # The letters stay staged: the next run settles them (published with the output the
-        # run's mark names, else removed); the output's staging folder goes.
-        assert _staged_names(tmp_path) == [letters]
+        # The output never stood: its staging folder goes, and with it the letters and the
+        # pointer to them (a published run's would stay for the next run to settle).
+        assert _staged_names(tmp_path) == []
         assert not os.path.exists(staged) and not (tmp_path / "out").exists()
         assert (tmp_path / "kept-beside").exists() and (tmp_path / "dead").is_dir()
         stack.pop_all()  # the process would end here: no unwinding
