@@ -454,9 +454,12 @@ def commit_id_map(
     times: id_map.NightTimes = id_map.NightTimes(),
 ) -> dict:
     """The id map's new version (the segments written, the ids added of each kind, the night
-    the manifest describes) committed before the trace that uses it is published. Returns the
-    manifest to publish: a night the map recorded already (a rerun after a run killed past its
-    commit) names the start recorded for it (id_map.publish_night)."""
+    the manifest describes) committed before the trace that uses it is published. The commit,
+    its mark and its cleanup are one publication (publish.publication): a stop waits for them,
+    and once they stand it names the version committed (what the CLI's stop line says; the
+    Beam engine runs this in its child stage). Returns the manifest to publish: a night the
+    map recorded already (a rerun after a run killed past its commit) names the start
+    recorded for it (id_map.publish_night)."""
     run = config.id_map
     if run is None:
         return manifest
@@ -499,7 +502,9 @@ def stage_manifest(config: AnonymizeConfig, manifest: dict) -> dict:
 
 def publish_staged(config: AnonymizeConfig, manifest: dict) -> dict:
     """The staging folder, its manifest staged, in the output's place, whole; the block hashes
-    after the output they belong to, never before it. Run by the process that reports (the Beam
-    engine's parent: anonymize_beam.run_beam). Returns the manifest."""
-    publish_folder(config.staging, config.output)
-    return publish_block_hashes(config.block_hashes, config.staging, manifest)
+    after the output they belong to, never before it. One publication: a stop waits for both,
+    and block hashes that cannot be published put the trace back. Run by the process that
+    reports (the Beam engine's parent: anonymize_beam.run_beam). Returns the manifest."""
+    with publication():
+        publish_folder(config.staging, config.output)
+        return publish_block_hashes(config.block_hashes, config.staging, manifest)

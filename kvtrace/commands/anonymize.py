@@ -570,8 +570,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             raise
         raise ConfigError(err.naming(options["offline_tokenizer"])) from None
     sha256 = tokenizer_sha256(options["tokenizer"])
-    # The last check before the id map is opened (which makes its folder): a refused run
-    # leaves nothing behind.
+    # The last check before the id map is opened; a new map's folder is made only by the
+    # run's first write into it (id_map.map_folder), so a run refused later (the output's lock,
+    # standard input) leaves nothing behind either.
     block_hashes = _block_hashes_directory(options, output, scheme)
     id_map = None
     if options.get("id_map"):
@@ -650,8 +651,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     counts = read_run_counts(letters.staging)  # before the staging folder goes
                     succeeded = True
                 finally:
-                    # Letters first: where settling fails, the staging folder stays marked, and
-                    # the next run's lock drops the letters with it (as after a kill).
+                    # Letters first, while the staging folder stands: where settling fails,
+                    # its pointer stays, and the next run's lock settles it (as after a kill).
                     letters.settle(succeeded)  # published with the output, or gone with the run
                     storage.remove_folder(config.staging)  # gone once published; else a failure's
                     if config.block_hashes:

@@ -214,7 +214,6 @@ publish._swap_in = _swap_in_and_stop
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_stop_while_the_trace_is_published_publishes_its_block_hashes_too(
     tiny_tokenizer, tmp_path
 ):
@@ -270,9 +269,9 @@ def test_a_stop_after_the_local_id_map_commit_never_says_nothing_was_published(
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     assert (tmp_path / "map" / "versions" / "000001.json").is_file()  # committed
     assert NOTHING not in _said(stopped), _said(stopped)
+    assert f"published version 1 of the id map {tmp_path / 'map'} before the stop" in stopped.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_run_refused_for_a_terminal_on_standard_input_makes_no_id_map_folder(
     tiny_tokenizer, tmp_path
 ):
@@ -332,7 +331,6 @@ def test_standard_inputs_copy_is_owner_only_from_its_first_byte(tiny_tokenizer, 
     assert noted.read_text() == "0o600"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_race_lost_on_one_id_map_is_not_called_a_replaced_map(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):
@@ -378,7 +376,6 @@ publish.publish_folder = _publish_then_die
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_trace_published_whole_by_a_killed_run_passes_the_gate(tiny_tokenizer, tmp_path):
     """DeadLetterRun marks the output's staging folder with an extended attribute
     (user.kvtrace.run: run id, letters folder), which the swap publishes with it, and takes it
@@ -400,3 +397,20 @@ def test_a_trace_published_whole_by_a_killed_run_passes_the_gate(tiny_tokenizer,
     audited = kvtrace_child("audit", str(out), timeout=120)
     assert "extended attributes" not in audited.stdout + audited.stderr, audited.stdout[-2000:]
     assert audited.returncode == 0, audited.stdout[-2000:]
+
+
+def test_a_run_refused_for_an_output_locked_by_another_makes_no_id_map_folder(
+    tiny_tokenizer, tmp_path
+):
+    """The reproducer's other variant: another run holds the output's lock (taken after the
+    map is opened), so the run is refused in one line; a new map's folder is made only by a
+    run's first write into it (id_map.map_folder), so none is left."""
+    from kvtrace.transforms.write.publish import output_lock
+
+    out = tmp_path / "out"
+    args = _night(tmp_path, tiny_tokenizer, out, "--id-map", str(tmp_path / "map"))
+    with output_lock(str(out)):
+        refused = kvtrace_child(*args, timeout=120)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "another kvtrace run is writing" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]

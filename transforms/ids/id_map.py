@@ -584,12 +584,19 @@ def write_segment_shard(
     """One hash shard of the night's new segment: its newly numbered rows, merged on a folding
     night with the shard's earlier files, streamed (segments.merge_segment gives the bytes
     segments.write_segment gives for all the rows at once)."""
-    path = segment_path(directory, version, run_id, kind, shard)
+    path = segment_path(map_folder(directory), version, run_id, kind, shard)
     if not runs:
         return write_segment(path, added)
     return merge_segment(
         path, sorted(runs), np.concatenate(added) if added else np.empty(0, NUMBERED)
     )
+
+
+def map_folder(directory: str) -> str:
+    """The map's folder, made owner-only (and marked kvtrace's) by the run's first write into
+    it, not when the map is opened: a run refused before then leaves nothing. Returns it."""
+    storage.make_folder(directory, private=True)
+    return directory
 
 
 def relative(directory: str, path: str) -> str:
@@ -987,7 +994,7 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> b
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
     and move CURRENT to it. Returns the record's bytes."""
-    folders = _new_folders(directory, base, new)
+    folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
     if folders:  # the new folders' own entries
@@ -1076,7 +1083,13 @@ def publish_night(
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
     check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
-    check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+    try:
+        check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+    except JobStopped:
+        # Another run may have committed since the check above (its mark moved past this run's
+        # base): a race lost, never a replaced map to rebind.
+        check_not_extended(directory, base)
+        raise
     night = Night(manifest["id_map"], night_identity(manifest, folder), files_identity(manifest))
     recorded = recorded_start(base, *night.identities())
     if recorded is None and earliest_ms is not None:

@@ -6,6 +6,7 @@ a local run with --id-map never imports it."""
 from __future__ import annotations
 
 import logging
+import os
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SALT_ENV, SaltError, SaltSource
@@ -23,7 +24,7 @@ _LOG = logging.getLogger("kvtrace")
 
 
 def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -> MapVersion:
-    """The map's current version (version 0 for a new map, its folder made owner-only), once
+    """The map's current version (version 0 for a new map, made by its first write), once
     it is found to be this run's (identity, and the key the salt derives) and what killed runs
     left is rolled forward or cleared. Raises SaltError for a salt that changes between runs."""
     if not salt.persistent:
@@ -33,15 +34,18 @@ def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -
         )
     key = map_key(salt.load())
     base = open_map(directory, identity, key)
-    storage.make_folder(directory, private=True)
-    finish_interrupted_commit(directory, base)
-    discarded = discard_abandoned(directory, base, key) + [
-        name
-        for folder in (directory, storage.join(directory, "versions"))
-        for name in remove_stale_temp_files(folder)
-    ]
-    if discarded:
-        _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
+    # A new map is made by the run's first write into it (id_map.map_folder): a run refused
+    # before it leaves nothing. An existing one is repaired.
+    if storage.is_url(directory) or os.path.lexists(directory):
+        storage.make_folder(directory, private=True)
+        finish_interrupted_commit(directory, base)
+        discarded = discard_abandoned(directory, base, key) + [
+            name
+            for folder in (directory, storage.join(directory, "versions"))
+            for name in remove_stale_temp_files(folder)
+        ]
+        if discarded:
+            _LOG.info("id map: removed %d file(s) left by an interrupted run", len(discarded))
     _LOG.info(
         "id map %s: version %d, %d block ids, %d session ids",
         directory,

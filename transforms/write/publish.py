@@ -40,13 +40,14 @@ is written in place. Commands use file_output and folder_output, which check the
 take its lock before the work and publish when the work ends without an error.
 
 A run's dead letters (DeadLetterRun) are staged in its dead-letter folder and published when
-its output is. Whether a killed run's output was published is read from the output: the run
-marks its staging folder (an extended attribute a rename keeps) with its run id and the place
-of the dead-letter folder its letters are staged in. The mark is one per output while letters
-are per dead-letter folder, so every later run of the output, under its lock, first settles
-the marked run's letters in the marked folder (settle_marked_letters: published there, the
-output being that run's) and only then takes the mark off and stages its own, whatever
---dead-letter it was given: a published run's letters are never lost to another folder's run.
+its output is. Whether a killed run's output was published is read from what stands, never
+from a mark on the output (a published folder carries nothing kvtrace does not publish): beside
+the folder it stages, the run keeps a pointer (.NAME.kvtrace-staging-RUNID.letters) naming its
+letters and that folder's identity (st_dev, st_ino, which a rename keeps). The next run of the
+output, under its lock, settles it before it clears any staging (restore_interrupted): the
+letters are published if the output is that folder, dropped if it is still staged, whatever
+--dead-letter the next run was given: a published run's letters are never lost to another
+folder's run.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO
@@ -84,7 +85,6 @@ from kvtrace.transforms.trace_format import (
     FORMAT,
     MANIFEST,
     TRACE_FILE,
-    parse_json,
 )
 from kvtrace.transforms.write.interrupts import stops_deferred
 from kvtrace.transforms.write.manifest import set_content_time, set_content_times
@@ -106,7 +106,7 @@ _RENAME_EXCHANGE = 2
 # Every staging name this process made up (its runs' own) and its lock files are noted in the
 # run's one registry of what it removes on any exit (storage.remove_on_exit), for a stop that
 # ends the process without waiting for it to unwind (the CLI's deadline): abandon_staged
-# removes them. Each publication holds _PUBLISHING (publication), so that removal never meets
+# removes them. Each publication holds _PUBLISHING (_publication), so that removal never meets
 # one half done: a name it removes is still staged, or published and gone.
 _PUBLISHING = threading.RLock()
 SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
@@ -156,27 +156,53 @@ class _Published:
 
 
 _PUBLISHED_HERE = _Published()
-_OPEN_PUBLICATIONS: list[list[str]] = []  # under _PUBLISHING: those under way, outermost first
+
+
+class _Open:
+    """A publication under way: the names it has put in place, and the local swaps done
+    (staged, output, where the previous output went), put back if an enclosing publication
+    fails and their previous outputs removed only once the outermost one stands whole."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.swaps: list[tuple[str, str, str | None]] = []
+
+
+_OPEN_PUBLICATIONS: list[_Open] = []  # under _PUBLISHING: those under way, outermost first
 
 
 @contextmanager
-def publication() -> Iterator[list[str]]:
+def _publication() -> Iterator[list[str]]:
     """The one section every publication runs in: it holds _PUBLISHING (a hard end waits for
     it: abandon_staged) and defers a stop until it ends (interrupts), so a publication is whole
     or rolled back whenever the stop comes. What the body appends to the list yielded (the
     names it put in place) is recorded once the outermost publication ends whole: one that
-    fails, or that an enclosing one rolls back, records nothing."""
+    fails, or that an enclosing one rolls back, records nothing. Publications nested in one
+    (publication: a night's trace, then its block hashes) stand or are put back with it."""
     with _PUBLISHING, stops_deferred():
-        published: list[str] = []
-        _OPEN_PUBLICATIONS.append(published)
+        current = _Open()
+        _OPEN_PUBLICATIONS.append(current)
         try:
-            yield published
+            yield current.names
+        except BaseException:
+            for staged, output, previous in reversed(current.swaps):
+                _swap_back(staged, output, previous)
+            raise
         finally:
             _OPEN_PUBLICATIONS.pop()
         if _OPEN_PUBLICATIONS:
-            _OPEN_PUBLICATIONS[-1].extend(published)
-        else:
-            _PUBLISHED_HERE.note(published)
+            _OPEN_PUBLICATIONS[-1].names.extend(current.names)
+            _OPEN_PUBLICATIONS[-1].swaps.extend(current.swaps)
+            return
+        _PUBLISHED_HERE.note(current.names)
+        _remove_previous(current.swaps)
+
+
+def publication() -> AbstractContextManager[list[str]]:
+    """One publication of several outputs (a night's trace, then its block hashes): a stop
+    waits for all of them, and a failure puts back those already swapped in, so they stand
+    together or not at all (a kill between two swaps still leaves the first new)."""
+    return _publication()
 
 
 def forward_publications(send: Callable[[list[str]], None]) -> None:
@@ -294,7 +320,7 @@ def _manifest(folder: str) -> object:
     try:
         if not is_url(folder) and os.lstat(path).st_uid != os.geteuid():
             return None
-        return parse_json(read_bytes(path, MAX_MANIFEST_BYTES))
+        return json.loads(read_bytes(path, MAX_MANIFEST_BYTES))
     except (OSError, ValueError):
         return None
 
@@ -348,7 +374,7 @@ def _marked(folder: str) -> tuple[str, list[str]]:
             raw = read_bytes(storage.join(folder, OUTPUT_MARK_OBJECT), MAX_MARK_BYTES)
         else:
             raw = os.getxattr(folder, OUTPUT_MARK, follow_symlinks=False)
-        mark = parse_json(raw)
+        mark = json.loads(raw)
         writer, files = mark["writer"], mark["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "", []
@@ -463,9 +489,10 @@ def _own_lock(path: str, handle: int) -> bool:
 
 # The names kvtrace stages under beside an output: .NAME.kvtrace-staging-ID, ID a run id (12
 # hex digits) or a block-hashes folder's (16), and the same with .previous (the two-rename
-# swap's previous output) or .parts (Beam's synthesize writes its parts there before the file).
+# swap's previous output), .parts (Beam's synthesize writes its parts there before the file) or
+# .letters (where a run's dead letters are staged: DeadLetterRun's pointer).
 # Only these, and only the running user's, are cleared as leftovers.
-_STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous|\.parts)?")
+_STAGING_ID = re.compile(r"[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.previous|\.parts|\.letters)?")
 _STAGED_NAME = re.compile(rf"\..+{re.escape(STAGING_MARK)}{_STAGING_ID.pattern}", re.DOTALL)
 # The name of an output's lock (lock_path): a file there is taken as it stands (it locks all
 # the same), a folder there is no lock, so no run of that output could start.
@@ -486,29 +513,24 @@ def staging_leftover(parent: str, entry: str, name: str) -> bool:
 
 def restore_interrupted(output: str) -> list[str]:
     """Under the output's lock: put back an output a run took away and died before replacing
-    (the two-rename path), then remove killed runs' staging folders. Returns what went."""
+    (the two-rename path), settle the letters killed runs' pointers name (while the folders
+    they staged still stand, so a folder's identity is never another's), then remove killed
+    runs' staging folders. Returns what went."""
     parent, name = _split(os.path.abspath(output))
     leftovers = sorted(p for p in os.listdir(parent) if staging_leftover(parent, p, name))
     previous = [p for p in leftovers if p.endswith(".previous")]
     if previous and not os.path.exists(output):
         os.rename(os.path.join(parent, previous[-1]), output)
         leftovers.remove(previous[-1])
+    for pointer in [p for p in leftovers if p.endswith(LETTERS_POINTER)]:
+        settle_pointed_letters(os.path.join(parent, pointer), output)
     for leftover in leftovers:
         path = os.path.join(parent, leftover)
         if os.path.isdir(path) and not os.path.islink(path):
-            _drop_marked_letters(path)  # never published: its letters go with it
             shutil.rmtree(path, ignore_errors=True)
-        else:  # a single file's staged copy
+        elif os.path.lexists(path):  # a single file's staged copy (a pointer went already)
             os.remove(path)
     return leftovers
-
-
-def _drop_marked_letters(staging: str) -> None:
-    """The letters of the run a killed run's staging folder is marked by, removed (before the
-    folder: a kill in between leaves the mark to find them again)."""
-    marked = _marked_run(staging)
-    if marked is not None:
-        _settle_staged(marked[1], marked[0], _marked_staging(marked), publish=False)
 
 
 def publish_folder(
@@ -524,7 +546,7 @@ def publish_folder(
     from staging through the swap: a kill at any step leaves it unreadable to others."""
     if is_url(output):
         check_output(output, own)  # again: something may have appeared while the run ran
-        with publication() as published:
+        with _publication() as published:
             _publish_remote(staging, output)
             published.append(output)
             if report:
@@ -617,7 +639,7 @@ class StagedFile:
         for staged in (self, report) if report else (self,):
             staged.stamp()
         report_moves = report.moves() if report else []
-        with publication() as published:
+        with _publication() as published:
             if self.staging == self.output:  # an object, whole once its upload completed
                 published.append(self.output)
             if self.overwrite or not self.moves():
@@ -637,7 +659,7 @@ class StagedFile:
 def _publish_new(staging: str, output: str) -> None:
     """Publish a staged file where no file is: link(2) refuses an existing name in the same
     step that makes it (a check before a rename would leave a gap), then the staged name goes."""
-    with publication() as published:
+    with _publication() as published:
         try:
             os.link(staging, output)
         except FileExistsError:
@@ -1119,25 +1141,32 @@ class DeadLetterRun:
         DEAD/.KEY.kvtrace-staging-RUNID/     the run's letters while it runs (KEY: its output's)
         DEAD/rejected-RUNID.jsonl            a published run's letters
 
-    Whether the output was published is read from the output itself: the run marks the folder
-    its output becomes with its run id and its dead-letter folder's place (an extended
-    attribute, which a rename keeps and no other folder carries, not even one given the same
-    inode later; the published files stay as they are), which every later run of the output
-    settles first (settle_marked_letters; the module's docstring). So a run that fails after
-    publishing (a full disk while it tidies up) still publishes its letters, a run that fails
-    before publishes none (its rerun writes them), and a run killed in between is settled by the
-    next run of that output (recover_letters), whatever its dead-letter folder. Where the
-    filesystem keeps no such mark (or none that long), the run's own word decides, and a killed
-    run's letters go.
+    Whether the output was published is read from what stands, never from a mark on the
+    output (the published folder carries nothing kvtrace does not publish): the run writes a
+    pointer beside the folder it stages (STAGING.letters: its run id, its dead-letter folder's
+    place, its letters' key, and the staged folder's identity, st_dev and st_ino, which a
+    rename keeps) before it stages a letter. Whoever settles it (the run itself, or the next
+    run of the output under its lock: restore_interrupted) publishes the letters if the
+    output is that folder, drops them if the folder is still staged (never swapped in), and
+    otherwise (the output moved away since) leaves them staged, naming that identity, for a
+    run of the folder wherever it is now (recover_letters). The pointer is settled while the
+    staged folder still stands (by its own run, by the next run before it clears staging, by
+    a hard end's registry only once the folder is gone unpublished), so an identity is never
+    taken for a later folder's. So a run that fails after publishing (a full disk while it
+    tidies up) still publishes its letters, a run that fails before publishes none (its rerun
+    writes them), and a run killed in between is settled by the next run of that output,
+    whatever its dead-letter folder. Object stores keep no identity: there the run's own word
+    decides, and a killed run's letters go.
     """
 
-    # Present once the output's staging folder carries the mark: from then on only the mark
-    # settles the letters (recover_letters keeps them for it).
+    # Present (naming the staged folder's identity) once the run's pointer is written: from
+    # then on only the pointer, or a run of that folder, settles the letters.
     PUBLISHES = "publishes"
 
     def __init__(self, folder: str, output: str, run_id: str):
         self.folder, self.output, self.run_id = folder.rstrip("/"), output, run_id
         self.made_folder = False  # by begin: removed again if the run publishes no letter
+        self.pointer: str | None = None  # by begin, where the output's identity is kept
         if not is_url(output):  # as its lock makes it: the folder's identity keys the letters
             os.makedirs(os.path.dirname(written_place(output)), exist_ok=True)
         self.staging = _letters_staging(self.folder, output, run_id)
@@ -1147,36 +1176,48 @@ class DeadLetterRun:
         return storage.join(self.folder, f"rejected-{self.run_id}.jsonl")
 
     def begin(self, output_staging: str) -> None:
-        """Under the output's lock, once its staging folder exists."""
+        """Under the output's lock, once its staging folder (or file) exists: the letters'
+        staging made, and the pointer from the staged output to them written (the pointer
+        first: a kill before the letters say whom they stand for leaves them to go)."""
         self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
-        # A hard end (a stop at any moment) takes them, unless the output they stand for is
-        # published: its mark then names this run, and the next run of it publishes them.
-        storage.remove_on_exit(self.staging, self._unpublished)
         storage.make_folder(self.staging, private=True)
-        if not is_url(output_staging) and _mark(
-            output_staging, self.run_id, place(self.folder), _output_key(self.output)
-        ):
-            with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as f:
-                f.write(self.run_id.encode())
-
-    def _unpublished(self) -> bool:
-        marked = _marked_run(self.output)
-        return marked is None or marked[0] != self.run_id
+        if is_url(output_staging):
+            return
+        identity = _identity(output_staging)
+        pointer = f"{output_staging}{LETTERS_POINTER}"
+        settle_pointed_letters(pointer, self.output)  # a killed attempt's (a stream's files)
+        _write_pointer(
+            pointer,
+            {
+                "folder": identity,
+                "key": _output_key(self.output),
+                "letters": place(self.folder),
+                "run": self.run_id,
+            },
+        )
+        # A hard end removes the pointer (and the letters) only while the output is not the
+        # folder: a published run's are the next run's to settle.
+        unpublished = functools.partial(_is_not, self.output, identity)
+        storage.remove_on_exit(pointer, unpublished)
+        storage.remove_on_exit(self.staging, unpublished)
+        with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as handle:
+            handle.write(json.dumps(identity).encode())
+        self.pointer = pointer
 
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
-        is published is the run's word only where the output carries no mark (object stores,
-        filesystems without extended attributes). Returns whether they were published. One
-        publication (publication): a stop waits for it, so the letters are settled whole."""
-        with publication():
-            storage.forget_on_exit(self.staging)  # settled here, or by the next run if this fails
-            if settle_marked_letters(self.output) == (self.run_id, place(self.folder)):
-                return True
-            marked = storage.exists(storage.join(self.staging, self.PUBLISHES))
-            published = _settle_staged(
-                self.folder, self.run_id, self.staging, publish=run_succeeded and not marked
-            )
+        is published is read from the output where the run could keep its pointer, else it is
+        the run's word. Returns whether they were published. One publication (_publication):
+        a stop waits for it, so the letters are settled whole."""
+        with _publication():
+            if self.pointer is not None:
+                published = settle_pointed_letters(self.pointer, self.output) is not None
+            else:
+                published = _settle_staged(
+                    self.folder, self.run_id, self.staging, publish=run_succeeded
+                )
+            storage.forget_on_exit(self.staging)
         if not published and self.made_folder and not is_url(self.folder):
             with suppress(OSError):  # only while empty: a letter since stays
                 os.rmdir(self.folder)  # made for this run, which rejected nothing
@@ -1188,25 +1229,94 @@ def _letters_staging(folder: str, output: str, run_id: str) -> str:
     return storage.join(folder, f".{_output_key(output)}{STAGING_MARK}{run_id}")
 
 
-def settle_marked_letters(output: str) -> tuple[str, str] | None:
-    """Under the output's lock: publish the letters of the run the output's mark names, in the
-    dead-letter folder it names (the output is that run's), then take the mark off, so the
-    published folder keeps nothing kvtrace does not publish and no run's letters are decided
-    by a mark another run removed. Returns the (run id, folder place) whose letters were
-    published, None for none."""
-    marked = _marked_run(output)
-    published = marked is not None and _settle_staged(
-        marked[1], marked[0], _marked_staging(marked), publish=True
+# The suffix of a run's pointer to its letters, beside the folder it stages (DeadLetterRun).
+LETTERS_POINTER = ".letters"
+MAX_POINTER_BYTES = 4096
+
+
+def settle_pointed_letters(pointer: str, output: str) -> tuple[str, str] | None:
+    """Under the output's lock: the letters a run's pointer names, settled by what stands:
+    published if the output is the folder the run staged (by its identity), dropped if that
+    folder is still staged beside the pointer (never swapped in), otherwise (the output moved
+    away since) left staged for a run of that folder (recover_letters). The pointer goes last:
+    a kill before leaves it to settle again. Returns the (run id, folder place) whose letters
+    were published, None for none."""
+    pointed = _read_pointer(pointer)
+    settled = None
+    if pointed is not None:
+        run_id, letters, key, identity = pointed
+        staging = storage.join(letters, f".{key}{STAGING_MARK}{run_id}")
+        if _identity(output) == identity:
+            if _settle_staged(letters, run_id, staging, publish=True):
+                settled = run_id, letters
+        elif _identity(pointer[: -len(LETTERS_POINTER)]) == identity:
+            _settle_staged(letters, run_id, staging, publish=False)
+    with suppress(FileNotFoundError):
+        os.remove(pointer)
+    storage.forget_on_exit(pointer)
+    return settled
+
+
+def _write_pointer(pointer: str, pointed: dict[str, object]) -> None:
+    """A new owner-only file beside the staged output, durable before a letter is staged: the
+    output's parent is the user's, so nothing is made or changed there but this one name."""
+    handle = os.open(
+        pointer, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
     )
-    _unmark(output)  # after the letters: a kill in between leaves the mark for the next run
-    return marked[:2] if marked and published else None
+    try:
+        os.write(handle, json.dumps(pointed, sort_keys=True).encode())
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+    storage.sync_folder(os.path.dirname(os.path.abspath(pointer)))
 
 
-def _marked_staging(marked: tuple[str, str, str]) -> str:
-    """Where the marked run staged its letters: by the key its mark carries, the name its
-    output had when it ran (the mark moves with the folder, a later name keys nothing)."""
-    run_id, folder, key = marked
-    return storage.join(folder, f".{key}{STAGING_MARK}{run_id}")
+def _read_pointer(pointer: str) -> tuple[str, str, str, list[int]] | None:
+    """The run id, dead-letter folder place, letters' key and staged folder's identity a
+    pointer names (None: no pointer, or none kvtrace writes: another user's or not a plain
+    file, a run id that is a path, a place that is relative, a key not of _output_key's
+    form)."""
+    try:
+        if os.lstat(pointer).st_uid != os.geteuid():
+            return None
+        pointed = json.loads(read_bytes(pointer, MAX_POINTER_BYTES))
+        run_id, letters, key, identity = (pointed[k] for k in ("run", "letters", "key", "folder"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if (
+        set(pointed) != {"folder", "key", "letters", "run"}
+        or not isinstance(key, str)
+        or not re.fullmatch("[0-9a-f]{12}", key)
+        or not isinstance(run_id, str)
+        or not isinstance(letters, str)
+        or not _plain_name(run_id)
+        or not (is_url(letters) or os.path.isabs(letters))
+        or folded(letters) != letters
+        or not _is_identity(identity)
+    ):
+        return None
+    return run_id, letters, key, identity
+
+
+def _identity(path: str) -> list[int] | None:
+    """A local folder's (or file's) identity, which a rename keeps: [st_dev, st_ino]."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    return [status.st_dev, status.st_ino]
+
+
+def _is_identity(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+    )
+
+
+def _is_not(output: str, identity: list[int] | None) -> bool:
+    return _identity(output) != identity
 
 
 def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> bool:
@@ -1215,7 +1325,7 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
     letters = storage.join(staging, DEAD_LETTER_FILE)
     publish = publish and storage.exists(letters)
     if publish:
-        with publication() as published:
+        with _publication() as published:
             storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
             published.append(storage.join(folder, f"rejected-{run_id}.jsonl"))
         storage.sync_folder(folder)
@@ -1224,26 +1334,38 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
 
 
 def recover_letters(folder: str, output: str) -> list[str]:
-    """Under the output's lock, before the run stages anything: settle the letters killed runs
-    of this output left: the marked run's (its output is published) wherever they are staged,
-    then those in folder of runs that marked no output, which go (without a mark, no output
-    stands for them). Letters whose run marked its output are that mark's alone to settle:
-    published by a run of the folder carrying it, under whatever name it has since (the mark
-    moves with it), or dropped with the staging folder of a run killed before publishing
-    (restore_interrupted); a run of a name the output had before keeps them. Returns the run
-    ids published."""
-    marked = settle_marked_letters(output)
-    published = [marked[0]] if marked else []
+    """Under the output's lock (its killed runs' pointers settled: restore_interrupted), before
+    the run stages anything: in folder, publish the letters of a run whose staged folder is
+    this output (one moved here since its run; by the identity they name), and drop those of
+    this output's runs that never wrote a pointer. Letters of this output's name that name
+    another folder stay: that folder was published and moved away, and a run of it settles
+    them. Returns the run ids published."""
     if is_url(folder) or not os.path.isdir(folder):
-        return published
-    prefix = f".{_output_key(output)}{STAGING_MARK}"
+        return []
+    here, own = _identity(output), f".{_output_key(output)}{STAGING_MARK}"
+    published = []
     for name in sorted(os.listdir(folder)):
-        staged = os.path.join(folder, name)
-        if name.startswith(prefix) and not storage.exists(
-            storage.join(staged, DeadLetterRun.PUBLISHES)
-        ):
-            _settle_staged(folder, name[len(prefix) :], staged, publish=False)
+        if not name.startswith(".") or STAGING_MARK not in name:
+            continue
+        staged, run_id = os.path.join(folder, name), name.rsplit(STAGING_MARK, 1)[1]
+        stands_for = _staged_for(staged)
+        if here is not None and stands_for == here and _plain_name(run_id):
+            if _settle_staged(folder, run_id, staged, publish=True):
+                published.append(run_id)
+        elif name.startswith(own) and stands_for is None:
+            _settle_staged(folder, run_id, staged, publish=False)
     return published
+
+
+def _staged_for(staged: str) -> list[int] | None:
+    """The identity of the folder staged letters stand for (None: they name none)."""
+    try:
+        identity = json.loads(
+            read_bytes(storage.join(staged, DeadLetterRun.PUBLISHES), MAX_POINTER_BYTES)
+        )
+    except (OSError, ValueError):
+        return None
+    return identity if _is_identity(identity) else None
 
 
 def _output_key(output: str) -> str:
@@ -1257,71 +1379,8 @@ def _output_key(output: str) -> str:
     return sha256_of(b"%d:%d/" % (status.st_dev, status.st_ino) + os.fsencode(name))[:12]
 
 
-# The extended attribute naming the run that staged a folder, the place of the dead-letter
-# folder its letters are staged in and the key they are staged under (the output's when it ran,
-# so a run of the folder under a later name finds them): {"key": KEY, "letters": PLACE,
-# "run": RUNID}.
-_RUN_MARK = "user.kvtrace.run"
-
-
-def _mark(folder: str, run_id: str, letters: str, key: str) -> bool:
-    """Mark a local folder as the run's (kept through renames); False where the filesystem
-    keeps no extended attributes, or none that long."""
-    mark = json.dumps({"key": key, "letters": letters, "run": run_id}, sort_keys=True).encode()
-    if len(mark) > MAX_MARK_BYTES:
-        return False
-    try:
-        os.setxattr(folder, _RUN_MARK, mark)
-    except OSError as err:
-        if err.errno in (
-            errno.ENOTSUP,
-            errno.EOPNOTSUPP,
-            errno.EPERM,
-            errno.ENOSPC,
-            errno.E2BIG,
-            errno.ERANGE,
-        ):
-            return False
-        raise
-    return True
-
-
-def _marked_run(folder: str) -> tuple[str, str, str] | None:
-    """The run id, dead-letter folder place and letters' key a folder's mark names (None: no
-    folder, no mark, or none kvtrace writes: a run id that is a plain name, a place that is
-    absolute, a key of _output_key's form)."""
-    try:
-        mark = parse_json(os.getxattr(folder, _RUN_MARK, follow_symlinks=False))
-        run_id, letters, key = mark["run"], mark["letters"], mark["key"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if (
-        set(mark) != {"key", "letters", "run"}
-        or not isinstance(key, str)
-        or not re.fullmatch("[0-9a-f]{12}", key)
-        or not isinstance(run_id, str)
-        or not isinstance(letters, str)
-        or not _plain_name(run_id)
-        or not (is_url(letters) or os.path.isabs(letters))
-        or folded(letters) != letters
-    ):
-        return None
-    return run_id, letters, key
-
-
 def _plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and not name.startswith(".") and "\0" not in name
-
-
-def _unmark(folder: str) -> None:
-    """The run's mark taken off a published folder once its letters are settled: the audit
-    refuses every extended attribute, ours included."""
-    if is_url(folder):
-        return
-    try:
-        os.removexattr(folder, _RUN_MARK, follow_symlinks=False)
-    except OSError:  # unmarked already, no folder, or a filesystem without attributes
-        pass
 
 
 def _exchange(first: str, second: str) -> bool:
@@ -1363,10 +1422,10 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     those done are put back, so a run publishes all of them or none. The previous outputs are
     removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
     did not write (own: as in foreign_files); else all is put back and the run refused. One
-    publication (publication): a stop is raised once all stand or all are put back; a kill
-    between two moves leaves the first new and the rest previous (POSIX renames one name at a
-    time)."""
-    with publication() as published:
+    publication (_publication; within an enclosing one, part of it): a stop is raised once all
+    stand or all are put back; a kill between two moves leaves the first new and the rest
+    previous (POSIX renames one name at a time)."""
+    with _publication() as published:
         _publish_in_place(moves, own)
         published.extend(output for _, output in moves)
 
@@ -1383,7 +1442,12 @@ def _publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str]) -> 
         for staged, output, previous in reversed(done):
             _swap_back(staged, output, previous)
         raise
-    for _, _, previous in done:
+    _OPEN_PUBLICATIONS[-1].swaps.extend(done)  # its publication removes the previous outputs
+
+
+def _remove_previous(swaps: Sequence[tuple[str, str, str | None]]) -> None:
+    """The previous outputs of a publication that stands whole."""
+    for _, _, previous in swaps:
         if previous is None:
             continue
         if os.path.isdir(previous) and not os.path.islink(previous):

@@ -45,7 +45,8 @@ def test_what_a_run_staged_goes_and_nothing_else(tmp_path):
         staged, letters = _run_left_unwound(tmp_path, stack)
         assert _staged_names(tmp_path)
         publish.abandon_staged(0)
-        # The letters' staging goes with the output's: no published output stands for them.
+        # The output never stood: its staging folder goes, and with it the letters and the
+        # pointer to them (a published run's would stay for the next run to settle).
         assert _staged_names(tmp_path) == []
         assert not os.path.exists(staged) and not (tmp_path / "out").exists()
         assert (tmp_path / "kept-beside").exists() and (tmp_path / "dead").is_dir()

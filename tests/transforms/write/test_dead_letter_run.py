@@ -1,6 +1,7 @@
 """A published run's dead letters are never lost, whatever --dead-letter the next run of its
-output is given (publish.DeadLetterRun): the output's mark names the run and where its letters
-are staged, and every later run settles the marked run's letters there before the mark goes."""
+output is given (publish.DeadLetterRun), and the published output carries no mark: beside the
+folder it stages, the run keeps a pointer naming its letters and that folder's identity, which
+the run itself or the next run of the output settles by what stands."""
 
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ import shutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtrace.transforms import storage
 from kvtrace.transforms.storage import place
 from kvtrace.transforms.write import publish
 from kvtrace.transforms.write.publish import (
     DEAD_LETTER_FILE,
-    MAX_MARK_BYTES,
+    LETTERS_POINTER,
     DeadLetterRun,
+    output_lock,
     recover_letters,
-    settle_marked_letters,
+    restore_interrupted,
+    settle_pointed_letters,
     staging_folder,
 )
-
-MARK = "user.kvtrace.run"
 
 
 def _staged_run(tmp_path, folder: str, run_id: str) -> tuple[DeadLetterRun, str]:
@@ -45,147 +47,158 @@ def _published_then_killed(tmp_path, folder: str, run_id: str) -> DeadLetterRun:
     return run
 
 
+def _next_run_of_out(tmp_path, folder: str) -> list[str]:
+    """What the next run of `out` does first: its lock (settling killed runs' pointers), then
+    the letters in its own dead-letter folder."""
+    with output_lock(str(tmp_path / "out")):
+        return recover_letters(str(tmp_path / folder), str(tmp_path / "out"))
+
+
 def _tree(folder) -> list[str]:
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
-def test_the_mark_names_the_run_and_the_place_of_its_dead_letter_folder(tmp_path, monkeypatch):
-    """Spelled relatively and through a linked parent, the folder is named where it is."""
+def _pointers(tmp_path) -> list[str]:
+    return [name for name in os.listdir(tmp_path) if name.endswith(LETTERS_POINTER)]
+
+
+def test_the_pointer_names_the_run_its_letters_and_the_staged_folder(tmp_path, monkeypatch):
+    """Spelled relatively and through a linked parent, the folder is named where it is; the
+    staged folder (the output to be) carries nothing."""
     os.makedirs(tmp_path / "real")
     os.symlink(tmp_path / "real", tmp_path / "link")
     monkeypatch.chdir(tmp_path)
-    staging = str(tmp_path / "staging")
+    staging = staging_folder(str(tmp_path / "out"), "aaaaaaaaaaaa")
     os.makedirs(staging)
     run = DeadLetterRun("link/dead", str(tmp_path / "out"), "aaaaaaaaaaaa")
     run.begin(staging)
-    assert json.loads(os.getxattr(staging, MARK)) == {
-        "key": os.path.basename(run.staging)[1:13],
-        "letters": str(tmp_path.resolve() / "real" / "dead"),
-        "run": "aaaaaaaaaaaa",
-    }
+    status = os.stat(staging)
+    with open(staging + LETTERS_POINTER) as pointer:
+        assert json.load(pointer) == {
+            "folder": [status.st_dev, status.st_ino],
+            "key": os.path.basename(run.staging)[1:13],
+            "letters": str(tmp_path.resolve() / "real" / "dead"),
+            "run": "aaaaaaaaaaaa",
+        }
+    assert os.stat(staging + LETTERS_POINTER).st_mode & 0o777 == 0o600
+    assert os.listxattr(staging) == []
 
 
-def test_a_run_with_another_dead_letter_folder_publishes_the_marked_runs_letters(tmp_path):
+def test_a_run_with_another_dead_letter_folder_publishes_the_killed_runs_letters(tmp_path):
     """Killed after publishing (letters in D); the next run of the output, given D2, publishes
-    them in D under the killed run's name before it stages its own, and takes the mark off."""
+    them in D under the killed run's name before it stages its own; nothing stays beside."""
     killed = _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
-    assert recover_letters(str(tmp_path / "D2"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
+    assert os.listxattr(tmp_path / "out") == []  # published, it carries no mark
+    _next_run_of_out(tmp_path, "D2")
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
     assert open(killed.published).read() == "aaaaaaaaaaaa\n"
     assert _tree(tmp_path / "D2") == []
-    assert MARK not in os.listxattr(tmp_path / "out")
+    assert _pointers(tmp_path) == []
 
 
-def test_a_failing_runs_settle_publishes_the_marked_runs_letters_first(tmp_path):
-    """settle settles the marked run too (a run that skipped recovery, as a stream's window
-    does): the failing run's own letters go, the killed run's are published in its folder."""
-    _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
-    failing, _ = _staged_run(tmp_path, "D2", "bbbbbbbbbbbb")  # fails before publishing
-    assert not failing.settle(run_succeeded=False)
-    assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
-    assert _tree(tmp_path / "D2") == []
-    later = DeadLetterRun(str(tmp_path / "D"), str(tmp_path / "out"), "cccccccccccc")
-    assert recover_letters(later.folder, later.output) == []  # settled once, kept
-    assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
-
-
-def test_a_published_run_settles_its_own_letters_through_its_mark(tmp_path):
+def test_a_published_run_settles_its_own_letters_by_what_stands(tmp_path):
     run, staging = _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
     os.rename(staging, tmp_path / "out")
     assert run.settle(run_succeeded=False)  # failed after publishing: the output says published
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
-    assert MARK not in os.listxattr(tmp_path / "out")
+    assert _pointers(tmp_path) == []
+
+
+def test_a_failed_runs_letters_go_with_its_staging(tmp_path):
+    run, _ = _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
+    assert not run.settle(run_succeeded=True)  # its word is not enough: its folder is staged
+    assert _tree(tmp_path / "D") == []
+    assert _pointers(tmp_path) == []
 
 
 def test_the_other_runs_staged_in_the_folder_go_as_their_outputs_never_stood(tmp_path):
     _staged_run(tmp_path, "D", "bbbbbbbbbbbb")  # killed before publishing
     _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
-    publish.restore_interrupted(str(tmp_path / "out"))  # as the next run's lock does first
-    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
+    _next_run_of_out(tmp_path, "D")
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []
 
 
-def test_a_kill_after_the_letters_are_published_before_the_mark_goes_loses_nothing(
+def test_a_kill_after_the_letters_are_published_before_the_pointer_goes_loses_nothing(
     tmp_path, monkeypatch
 ):
     _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
-    monkeypatch.setattr(publish, "_unmark", lambda folder: None)  # killed before unmarking
-    settle_marked_letters(str(tmp_path / "out"))
+    pointer = staging_folder(str(tmp_path / "out"), "aaaaaaaaaaaa") + LETTERS_POINTER
+    monkeypatch.setattr(publish.os, "remove", lambda path: None)  # killed before it went
+    settle_pointed_letters(pointer, str(tmp_path / "out"))
     monkeypatch.undo()
-    assert MARK in os.listxattr(tmp_path / "out")
-    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "out")) == []
+    assert os.path.exists(pointer)
+    _next_run_of_out(tmp_path, "D")
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
     assert open(tmp_path / "D" / "rejected-aaaaaaaaaaaa.jsonl").read() == "aaaaaaaaaaaa\n"
-    assert MARK not in os.listxattr(tmp_path / "out")
+    assert _pointers(tmp_path) == []
 
 
-def test_a_marked_folder_that_is_gone_settles_nothing_and_the_mark_goes(tmp_path):
+def test_a_pointed_folder_that_is_gone_settles_nothing_and_the_pointer_goes(tmp_path):
     _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
     shutil.rmtree(tmp_path / "D")
-    assert recover_letters(str(tmp_path / "D2"), str(tmp_path / "out")) == []
+    _next_run_of_out(tmp_path, "D2")
     assert not (tmp_path / "D").exists()
-    assert MARK not in os.listxattr(tmp_path / "out")
+    assert _pointers(tmp_path) == []
 
 
-def test_a_place_too_long_for_a_mark_is_no_mark(tmp_path):
-    folder = str(tmp_path / "x")
-    os.makedirs(folder)
-    assert not publish._mark(folder, "aaaaaaaaaaaa", "/" + "d" * MAX_MARK_BYTES, "0" * 12)
-    assert MARK not in os.listxattr(folder)
-
-
-def test_without_a_mark_the_run_has_its_own_word(tmp_path, monkeypatch):
-    """Where no mark can be made (too long, no extended attributes): settle publishes the
-    letters if the run says it succeeded; a killed run's go."""
-    monkeypatch.setattr(publish, "_mark", lambda *args: False)
-    succeeded, staging = _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
-    os.rename(staging, tmp_path / "out")
-    _staged_run(tmp_path, "D", "bbbbbbbbbbbb")  # killed
-    assert succeeded.settle(run_succeeded=True)
-    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "out")) == []
+def test_on_an_object_store_the_run_has_its_own_word(tmp_path):
+    """No identity to keep (an object store's output): settle publishes the letters if the run
+    says it succeeded."""
+    run = DeadLetterRun(str(tmp_path / "D"), "gs://bucket/out", "aaaaaaaaaaaa")
+    run.begin("gs://bucket/.out.kvtrace-staging-aaaaaaaaaaaa")
+    with open(os.path.join(run.staging, DEAD_LETTER_FILE), "wb") as handle:
+        handle.write(b"letter\n")
+    assert run.settle(run_succeeded=True)
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
-def _marked_output(tmp_path, mark: bytes) -> str:
-    """Output `out` carrying mark, and a run's letters staged where a plain-name mark naming
-    run `aaaaaaaaaaaa` and folder D would send a later run to look."""
+def _pointed_output(tmp_path, pointed: bytes) -> str:
+    """Output `out`, a pointer beside it (as a killed run of `aaaaaaaaaaaa` would leave) holding
+    pointed, and a run's letters staged where a pointer naming that run and D sends a run."""
     output = str(tmp_path / "out")
     os.makedirs(output, exist_ok=True)
-    os.setxattr(output, MARK, mark)
+    pointer = staging_folder(output, "aaaaaaaaaaaa") + LETTERS_POINTER
+    with open(pointer, "wb") as handle:
+        handle.write(pointed)
     staged = DeadLetterRun(str(tmp_path / "D"), output, "aaaaaaaaaaaa").staging
     os.makedirs(staged, exist_ok=True)
     with open(os.path.join(staged, DEAD_LETTER_FILE), "w") as handle:
         handle.write("letters\n")
-    return output
+    return pointer
 
 
-def test_a_mark_kvtrace_would_not_write_is_no_mark(tmp_path):
-    """An older plain run id, a relative or unfolded place, a run id that is a path, an extra
-    key: nothing is published or removed by it, in D or anywhere, and the mark goes."""
-    folder = str(tmp_path / "D")
-    key = os.path.basename(DeadLetterRun(folder, str(tmp_path / "out"), "a" * 12).staging)[1:13]
-    for mark in [
+def test_a_pointer_kvtrace_would_not_write_is_no_pointer(tmp_path):
+    """A relative or unfolded place, a run id that is a path, a key that is no key, an identity
+    that is none, an extra key: nothing is published or removed by it, and the pointer goes."""
+    folder, output = str(tmp_path / "D"), str(tmp_path / "out")
+    key = os.path.basename(DeadLetterRun(folder, output, "a" * 12).staging)[1:13]
+    os.makedirs(output)
+    out = os.stat(output)
+    good = {
+        "folder": [out.st_dev, out.st_ino],
+        "key": key,
+        "letters": place(folder),
+        "run": "a" * 12,
+    }
+    staged = os.path.basename(DeadLetterRun(folder, output, "aaaaaaaaaaaa").staging)
+    for pointed in [
         b"aaaaaaaaaaaa",
-        json.dumps({"letters": folder, "run": "a" * 12}).encode(),
-        json.dumps({"key": "../x", "letters": folder, "run": "a" * 12}).encode(),
-        json.dumps({"letters": "D", "run": "aaaaaaaaaaaa"}).encode(),
-        json.dumps({"letters": folder + "/../D", "run": "aaaaaaaaaaaa"}).encode(),
-        json.dumps({"letters": folder, "run": "../aaaaaaaaaaaa"}).encode(),
-        json.dumps({"letters": folder, "run": "aaaaaaaaaaaa", "x": 1}).encode(),
+        json.dumps({k: v for k, v in good.items() if k != "folder"}).encode(),
+        json.dumps(good | {"key": "../x"}).encode(),
+        json.dumps(good | {"letters": "D"}).encode(),
+        json.dumps(good | {"letters": folder + "/../D"}).encode(),
+        json.dumps(good | {"run": "../aaaaaaaaaaaa"}).encode(),
+        json.dumps(good | {"folder": [out.st_dev, True]}).encode(),
+        json.dumps(good | {"folder": [out.st_dev]}).encode(),
+        json.dumps(good | {"x": 1}).encode(),
     ]:
-        output = _marked_output(tmp_path, mark)
-        assert settle_marked_letters(output) is None, mark
-        assert _tree(tmp_path / "D") == [
-            os.path.basename(DeadLetterRun(folder, output, "aaaaaaaaaaaa").staging)
-        ], mark
-        assert MARK not in os.listxattr(output)
-    output = _marked_output(
-        tmp_path,
-        json.dumps(  # the one kvtrace writes: settled
-            {"key": key, "letters": place(folder), "run": "aaaaaaaaaaaa"}
-        ).encode(),
-    )
-    assert settle_marked_letters(output) == ("aaaaaaaaaaaa", place(folder))
+        pointer = _pointed_output(tmp_path, pointed)
+        assert settle_pointed_letters(pointer, output) is None, pointed
+        assert _tree(tmp_path / "D") == [staged], pointed
+        assert not os.path.exists(pointer)
+    pointer = _pointed_output(tmp_path, json.dumps(good).encode())  # kvtrace's own: settled
+    assert settle_pointed_letters(pointer, output) == ("aaaaaaaaaaaa", place(folder))
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
@@ -193,46 +206,63 @@ def test_a_mark_kvtrace_would_not_write_is_no_mark(tmp_path):
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    mark=st.one_of(
+    pointed=st.one_of(
         st.binary(min_size=1, max_size=200),
         st.recursive(
             st.none() | st.booleans() | st.integers() | st.text(max_size=30),
             lambda inner: (
                 st.lists(inner, max_size=3)
                 | st.dictionaries(
-                    st.sampled_from(["key", "run", "letters", "x"]), inner, max_size=3
+                    st.sampled_from(["key", "run", "letters", "folder", "x"]), inner, max_size=4
                 )
             ),
             max_leaves=6,
         ).map(lambda value: json.dumps(value).encode()),
     )
 )
-def test_any_mark_is_read_without_an_error_and_goes(tmp_path, mark):
-    """Fuzz: whatever bytes the attribute holds, settling reads them without a traceback,
-    publishes nothing but a marked run's letters, and takes the mark off."""
-    output = _marked_output(tmp_path, mark)
-    settled = settle_marked_letters(output)
+def test_any_pointer_is_read_without_an_error_and_goes(tmp_path, pointed):
+    """Fuzz: whatever bytes a pointer holds, settling reads them without a traceback, publishes
+    nothing but the pointed run's letters, and removes the pointer."""
+    pointer = _pointed_output(tmp_path, pointed)
+    settled = settle_pointed_letters(pointer, str(tmp_path / "out"))
     assert settled is None or settled == ("aaaaaaaaaaaa", place(str(tmp_path / "D")))
-    assert MARK not in os.listxattr(output)
+    assert not os.path.exists(pointer)
     shutil.rmtree(tmp_path / "D", ignore_errors=True)
 
 
-def test_a_published_output_moved_before_its_letters_settled_finds_them_by_its_mark(tmp_path):
-    """The mark carries the key its letters are staged under (the output's name when it ran):
-    a run of the moved folder settles them; a run of the old name keeps them (its mark, now
-    elsewhere, decides), never removing a published run's letters as a failed run's."""
+def test_a_published_output_moved_before_its_letters_settled_finds_them_by_its_identity(tmp_path):
+    """A run of the old name finds its output moved away: the letters stay staged, naming the
+    folder; a run of the moved folder (same dead-letter folder) publishes them."""
     _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
     os.rename(tmp_path / "out", tmp_path / "archive")
-    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "out")) == []
+    assert _next_run_of_out(tmp_path, "D") == []
     assert any(name.endswith("aaaaaaaaaaaa") for name in _tree(tmp_path / "D"))
-    assert recover_letters(str(tmp_path / "D"), str(tmp_path / "archive")) == ["aaaaaaaaaaaa"]
+    with output_lock(str(tmp_path / "archive")):
+        assert recover_letters(str(tmp_path / "D"), str(tmp_path / "archive")) == ["aaaaaaaaaaaa"]
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
-def test_a_killed_runs_marked_staging_takes_its_letters_when_cleared(tmp_path):
-    """Killed before its swap: the next run's lock clears its staging folder and, by the
-    folder's mark, its letters (never published: no output of it stands)."""
+def test_a_killed_runs_staging_takes_its_letters_when_cleared(tmp_path):
+    """Killed before its swap: the next run's lock settles its pointer (its folder still
+    staged: never published), then clears the folder; no later folder given that inode can
+    meet the pointer, as it is gone before the inode is free."""
     _staged_run(tmp_path, "D", "aaaaaaaaaaaa")
-    with publish.output_lock(str(tmp_path / "out")):
-        pass
+    assert restore_interrupted(str(tmp_path / "out"))
     assert _tree(tmp_path / "D") == []
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []
+
+
+def test_a_hard_end_removes_an_unpublished_runs_pointer_and_letters_only(tmp_path, monkeypatch):
+    """The registry a hard end empties (storage.remove_leftovers): an unpublished run's pointer
+    and letters go with its staging; a published run's stay for the next run to settle."""
+    monkeypatch.setattr(storage, "_LEFTOVERS", {})
+    unpublished, _ = _staged_run(tmp_path, "D", "bbbbbbbbbbbb")
+    published = _published_then_killed(tmp_path, "D", "aaaaaaaaaaaa")
+    storage.remove_leftovers()
+    assert _tree(tmp_path / "D") == [os.path.basename(published.staging)]
+    assert _pointers(tmp_path) == [
+        os.path.basename(staging_folder(str(tmp_path / "out"), "aaaaaaaaaaaa")) + LETTERS_POINTER
+    ]
+    _next_run_of_out(tmp_path, "D")
+    assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
+    assert unpublished.settle(run_succeeded=False) is False

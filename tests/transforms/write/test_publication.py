@@ -110,3 +110,58 @@ def test_what_a_stop_says_is_bounded_to_the_latest_publications(tmp_path):
         if i == 2:
             assert publish.published_here() == f"{names[0]}, {names[1]} and {names[2]}"
     assert publish.published_here() == f"5 outputs, the last {', '.join(names[2:])}"
+
+
+def _staged_folders(tmp_path, *names: str) -> list[tuple[str, str]]:
+    """Each output `name` published before (holding `old`), and a staging folder for it."""
+    pairs = []
+    for name in names:
+        output = tmp_path / name
+        output.mkdir()
+        (output / "old").write_bytes(b"previous")
+        publish.mark_output(str(output), "analyze")
+        staging = tmp_path / f".{name}.staged"
+        staging.mkdir()
+        (staging / "new").write_bytes(b"new")
+        publish.mark_output(str(staging), "analyze")
+        pairs.append((str(staging), str(output)))
+    return pairs
+
+
+def test_a_stop_during_the_first_of_two_nested_publications_waits_for_the_second(
+    tmp_path, monkeypatch, stops_as_the_cli_handles_them
+):
+    """A night's trace and its block hashes (anonymize_night.publish_staged): one publication,
+    so a stop as the first swaps in is raised once the second stands too."""
+    (trace, hashes) = _staged_folders(tmp_path, "out", "hashes")
+    swap_in = publish._swap_in
+
+    def swap_then_stop(staged: str, output: str) -> str | None:
+        previous = swap_in(staged, output)
+        if output == trace[1]:
+            signal.raise_signal(signal.SIGINT)
+        return previous
+
+    monkeypatch.setattr(publish, "_swap_in", swap_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        with publish.publication():
+            publish.publish_folder(*trace)
+            publish.publish_folder(*hashes)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new"]
+    assert sorted(p.name for p in (tmp_path / "hashes").iterdir()) == ["new"]
+    assert publish.published_here() == f"{trace[1]} and {hashes[1]}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hashes", "out"]  # previous ones gone
+
+
+def test_a_nested_publication_is_put_back_when_its_enclosing_one_fails(tmp_path):
+    """The second output refused (a foreign file): the first, swapped in already, goes back,
+    its previous output whole, and nothing is recorded."""
+    (trace, hashes) = _staged_folders(tmp_path, "out", "hashes")
+    (tmp_path / "hashes" / "foreign").write_bytes(b"not kvtrace's")
+    with pytest.raises(publish.OutputRefused, match="hashes holds files"):
+        with publish.publication():
+            publish.publish_folder(*trace)
+            publish.publish_folder(*hashes)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["old"]
+    assert sorted(p.name for p in (tmp_path / trace[0]).iterdir()) == ["new"]
+    assert publish.published_here() == ""

@@ -176,24 +176,25 @@ def test_a_killed_runs_letters_follow_its_output(tmp_path):
     os.rename(staging, tmp_path / "out")  # the output published, then the kill
     unpublished, _ = _staged_run(tmp_path, "dead", "bbbbbbbbbbbb")  # killed before its output
     restore_interrupted(str(tmp_path / "out"))  # as the next run's lock does first
-    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == ["aaaaaaaaaaaa"]
+    assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []  # settled
     assert os.listdir(tmp_path / "dead") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
 def test_a_killed_runs_letters_are_not_published_for_a_folder_that_only_has_its_inode(tmp_path):
     """The staging folder of a run killed before publishing, its inode given to the next
-    folder at the output (ext4 reuses inodes): an inode mark would publish its letters for an
-    output it never produced; the run's own mark does not. Here the very inode, unmarked."""
+    folder at the output (ext4 reuses inodes): the next run's lock settles the pointer while
+    the folder still stands (never published: dropped), so no later folder meets it."""
     killed, staging = _staged_run(tmp_path, "dead", "aaaaaaaaaaaa")
-    os.removexattr(staging, "user.kvtrace.run")  # what a new folder with that inode carries
-    os.rename(staging, tmp_path / "out")
+    with output_lock(str(tmp_path / "out")):
+        os.makedirs(tmp_path / "out")  # whatever inode it is given
     assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
     assert not [name for name in os.listdir(tmp_path / "dead") if name.startswith("rejected-")]
 
 
 def test_letters_of_another_output_are_left_alone(tmp_path):
     other = DeadLetterRun(str(tmp_path / "dead"), str(tmp_path / "other"), "cccccccccccc")
-    other.begin(str(tmp_path))
+    os.makedirs(staging_folder(str(tmp_path / "other"), "cccccccccccc"))
+    other.begin(staging_folder(str(tmp_path / "other"), "cccccccccccc"))
     assert recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == []
     assert os.listdir(tmp_path / "dead") == [os.path.basename(other.staging)]
 
