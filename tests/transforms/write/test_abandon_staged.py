@@ -54,16 +54,14 @@ def test_what_a_run_staged_goes_and_nothing_else(tmp_path):
 
 
 def test_the_letters_of_a_published_output_stay_for_the_next_run(tmp_path):
-    """Once the output carrying the run's mark is published, its letters are that mark's to
+    """Once the output the run's pointer names is published, its letters are the pointer's to
     settle (the next run of the output publishes them): a hard end leaves them staged."""
     with ExitStack() as stack:
         staged, letters = _run_left_unwound(tmp_path, stack)
-        if publish._marked_run(staged) is None:
-            pytest.skip("this filesystem keeps no extended attributes: the run's word decides")
         (tmp_path / "dead" / letters / publish.DEAD_LETTER_FILE).write_bytes(b"{}\n")
         publish.publish_folder(staged, str(tmp_path / "out"))
         publish.abandon_staged(0)
-        assert _staged_names(tmp_path) == [letters]
+        assert letters in _staged_names(tmp_path)
         assert publish.recover_letters(str(tmp_path / "dead"), str(tmp_path / "out")) == [
             "0123456789ab"
         ]
