@@ -360,28 +360,25 @@ def columns_of_jsonl(data: bytes) -> TraceColumns:
     return columns
 
 
-# The bytes and the line shape of kvtrace's JSONL: each line one object of integers and at most
-# two lists of them (hash_ids, output_hash_ids).
+# The bytes kvtrace's JSONL is made of: names, integers, and the punctuation of objects and lists.
 _JSONL_BYTES = b'{}[]":, _\n0123456789abcdefghijklmnopqrstuvwxyz'
-_ROW_LISTS = 2
-SCREEN_CHUNK_BYTES = 16 << 20  # screened a piece of whole lines at a time, not the whole file
+_ROW_LISTS = 2  # hash_ids, output_hash_ids
 READ_BLOCK_BYTES = 1 << 20  # parsed at a time, as read/trace_io.py reads traces
 
 
 def _screen(data: bytes) -> int:
     """Refuse (FormatError) bytes outside the shape of kvtrace's JSONL before pyarrow's parser
     sees them: it is native code, and some JSON takes it down (a line `null` under an explicit
-    schema: SIGSEGV). What passes is lines of one object each, of the bytes kvtrace writes (no
-    string escape, no Unicode, no sign), holding at most two lists, never nested deeper than the
-    row's: JSON of names, integers and lists of them. Returns the longest line's length."""
-    shape = "a line that is not one object of integers and at most two lists of them"
-    if data and not data.endswith(b"\n"):
-        raise FormatError("a last line without its newline")
-    if data.translate(None, _JSONL_BYTES):
-        raise FormatError("bytes kvtrace's JSONL does not hold (text, escapes or signs)")
+    schema: SIGSEGV). What passes is lines of one object each (each starts with a brace and
+    ends with one, and there are no more braces than lines), of the bytes kvtrace writes (no
+    string escape, no Unicode, no sign), holding at most two lists, so never nested deeper than
+    the row's. Returns the longest line's length."""
+    shape = "not lines of one JSON object each, of the bytes kvtrace writes"
+    if data and not data.endswith(b"\n") or data.translate(None, _JSONL_BYTES):
+        raise FormatError(shape)
     whole, lines, longest, at = np.frombuffer(data, np.uint8), 0, 0, 0
-    while at < len(data):
-        end = data.rfind(b"\n", at, at + SCREEN_CHUNK_BYTES) + 1 or len(data)
+    while at < len(data):  # a piece of whole lines at a time: its arrays, not the file's
+        end = data.rfind(b"\n", at, at + (16 << 20)) + 1 or len(data)
         piece = whole[at:end]
         ends = np.flatnonzero(piece == ord("\n"))
         starts = np.concatenate(([0], ends[:-1] + 1))
@@ -392,7 +389,6 @@ def _screen(data: bytes) -> int:
             raise FormatError(shape)
         lines, at = lines + len(ends), end
         longest = max(longest, int((ends - starts).max(initial=0)) + 1)
-    # Each line starts and ends with a brace: as many of each as lines, one each.
     if data.count(b"{") != lines or data.count(b"}") != lines:
         raise FormatError(shape)
     return longest
@@ -415,7 +411,6 @@ def _parsed_jsonl(data: bytes) -> TraceColumns:
                 parse_options=pa_json.ParseOptions(
                     explicit_schema=_JSONL_SCHEMA, unexpected_field_behavior="error"
                 ),
-                memory_pool=pa.system_memory_pool(),  # returns freed blocks to the OS at once
             )
             parts = [_block_columns(batch) for batch in reader]
     except (pa.ArrowException, OSError) as err:
