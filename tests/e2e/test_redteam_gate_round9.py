@@ -1,6 +1,7 @@
 """Red team round 9, the gate (nothing private published): reproducers of what `kvtrace audit`
-still lets through, or cannot refuse within its bounds, on a folder anonymize published. Each
-test asserts the promised behaviour, so each fails today (xfail, strict)."""
+let through, or could not refuse within its bounds, on a folder anonymize published. Each test
+asserts the promised behaviour. Fixed by construction: the audit never decodes a Parquet shard
+(its rows come from the JSONL twin; the Parquet must be kvtrace's bytes for them)."""
 
 from __future__ import annotations
 
