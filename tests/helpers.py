@@ -8,6 +8,7 @@ import filecmp
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -556,3 +557,120 @@ def render_deploy(out: Path, **values: str) -> Path:
         [str(ROOT / "deploy" / "render.sh"), str(site), str(out)], check=True, capture_output=True
     )
     return out
+
+
+# Thrift's compact protocol, as far as a Parquet footer and page header need it: the red teams
+# edit real footers field by field (tests/e2e/test_redteam_gate_round9.py, ...).
+
+
+def thrift_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def thrift_uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _thrift_value(data: bytes, at: int, kind: int) -> tuple[object, int]:
+    if kind in (1, 2):  # booleans live in the field header
+        return kind == 1, at
+    if kind == 3:
+        return data[at], at + 1
+    if kind in (4, 5, 6):
+        raw, at = thrift_varint(data, at)
+        return (raw >> 1) ^ -(raw & 1), at
+    if kind == 7:
+        return data[at : at + 8], at + 8
+    if kind == 8:
+        size, at = thrift_varint(data, at)
+        return data[at : at + size], at + size
+    if kind == 9:
+        head, at = data[at], at + 1
+        count, item = head >> 4, head & 15
+        if count == 15:
+            count, at = thrift_varint(data, at)
+        items = []
+        for _ in range(count):
+            value, at = (data[at] == 1, at + 1) if item in (1, 2) else _thrift_value(data, at, item)
+            items.append(value)
+        return (item, items), at
+    if kind == 12:
+        return thrift_decode(data, at)
+    raise ValueError(f"thrift type {kind}")
+
+
+def thrift_decode(data: bytes, at: int = 0) -> tuple[list, int]:
+    """A struct as [field id, type, value] triples."""
+    fields, last = [], 0
+    while data[at]:
+        head, at = data[at], at + 1
+        kind, delta = head & 15, head >> 4
+        if delta:
+            number = last + delta
+        else:
+            raw, at = thrift_varint(data, at)
+            number = (raw >> 1) ^ -(raw & 1)
+        value, at = _thrift_value(data, at, kind)
+        fields.append([number, kind, value])
+        last = number
+    return fields, at + 1
+
+
+def _thrift_encoded(kind: int, value: object) -> bytes:
+    if kind == 3:
+        return bytes([value])
+    if kind in (4, 5, 6):
+        return thrift_uvarint((value << 1) ^ (value >> 63))
+    if kind == 7:
+        return value
+    if kind == 8:
+        return thrift_uvarint(len(value)) + value
+    if kind == 9:
+        item, items = value
+        head = bytes([len(items) << 4 | item]) if len(items) < 15 else bytes([0xF0 | item])
+        head += thrift_uvarint(len(items)) if len(items) >= 15 else b""
+        return head + b"".join(
+            bytes([1 if v else 2]) if item in (1, 2) else _thrift_encoded(item, v) for v in items
+        )
+    return thrift_encode(value)
+
+
+def thrift_encode(fields: list) -> bytes:
+    out, last = bytearray(), 0
+    for number, kind, value in fields:
+        wire = (1 if value else 2) if kind in (1, 2) else kind
+        delta = number - last
+        out += (
+            bytes([delta << 4 | wire])
+            if 0 < delta <= 15
+            else bytes([wire]) + thrift_uvarint(number)
+        )
+        out += b"" if kind in (1, 2) else _thrift_encoded(kind, value)
+        last = number
+    return bytes(out + b"\0")
+
+
+def thrift_field(fields: list, number: int) -> list:
+    return next(f for f in fields if f[0] == number)
+
+
+def parquet_footer(parquet: bytes) -> tuple[list, bytes]:
+    """A Parquet file's footer (FileMetaData, decoded) and the bytes before it."""
+    size = struct.unpack("<i", parquet[-8:-4])[0]
+    return thrift_decode(parquet[-8 - size : -8])[0], parquet[: -8 - size]
+
+
+def with_parquet_footer(body: bytes, footer: list) -> bytes:
+    encoded = thrift_encode(footer)
+    return body + encoded + struct.pack("<i", len(encoded)) + b"PAR1"

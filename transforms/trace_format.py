@@ -10,12 +10,11 @@ duplicate that kvtrace would not write can pass, whoever thought of it.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -197,17 +196,30 @@ _POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)
 
 
 JSONL_CHUNK_ROWS = 65_536  # rows formatted at a time where a shard is compared, not written
+# ... and ids: a formatted id is a Python int and its text (~60 bytes), so a chunk of rows of
+# many ids (the JSONL the audit's rows come from may hold any) is cut by its ids too.
+JSONL_CHUNK_IDS = 1 << 18
 
 
 def is_jsonl_of(data: bytes, columns: TraceColumns) -> bool:
-    """Whether data is exactly jsonl_bytes(columns), formatted a chunk of rows at a time so that
-    a large shard is compared in memory of its own size, not three times it."""
-    at = 0
-    for start in range(0, len(columns), JSONL_CHUNK_ROWS):
-        chunk = jsonl_bytes(columns.rows(start, min(start + JSONL_CHUNK_ROWS, len(columns))))
+    """Whether data is exactly jsonl_bytes(columns), formatted a chunk of rows at a time (at most
+    JSONL_CHUNK_ROWS rows and, but for one row, JSONL_CHUNK_IDS ids) so that a large shard is
+    compared in memory of its own size, not many times it."""
+    ids = (
+        columns.num_ids
+        if columns.num_output_ids is None
+        else columns.num_ids + columns.num_output_ids
+    )
+    ends = np.cumsum(ids)
+    at = start = 0
+    while start < len(columns):
+        before = int(ends[start - 1]) if start else 0
+        stop = int(np.searchsorted(ends, before + JSONL_CHUNK_IDS, side="right"))
+        stop = min(max(stop, start + 1), start + JSONL_CHUNK_ROWS)
+        chunk = jsonl_bytes(columns.rows(start, stop))
         if data[at : at + len(chunk)] != chunk:
             return False
-        at += len(chunk)
+        at, start = at + len(chunk), stop
     return at == len(data)
 
 
@@ -261,6 +273,16 @@ def parquet_bytes(columns: TraceColumns) -> bytes:
     return table_bytes(pa.Table.from_arrays(arrays, schema=columns.schema()))
 
 
+def parquet_forms(columns: TraceColumns) -> list[bytes]:
+    """The Parquet bytes kvtrace writes for these rows; for none, with or without the output
+    ids' column (the run's --emit-output-hashes: an empty JSONL file cannot say which)."""
+    forms = [parquet_bytes(columns)]
+    if not len(columns):
+        none = np.zeros(0, np.int64)
+        forms.append(parquet_bytes(replace(columns, num_output_ids=none, output_ids=none)))
+    return forms
+
+
 def table_bytes(table: pa.Table) -> bytes:
     """A table as kvtrace writes every Parquet file: zstd, one row group per file."""
     sink = io.BytesIO()
@@ -268,102 +290,8 @@ def table_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-# The fewest JSONL bytes a row and an id take ('{"timestamp": 0, ... "hash_ids": []}\n', "0, "):
-# a JSONL twin's size bounds the rows and ids its Parquet twin may hold.
-MIN_JSONL_ROW_BYTES, MIN_JSONL_ID_BYTES = 73, 3
-# A Parquet shard read without its twin: at most this many rows and list items (a shard holds
-# ~8M blocks and rows, write/shards.MAX_BLOCKS_PER_SHARD).
-MAX_LONE_SHARD_ITEMS = 16_000_000
-
-
-def columns_of_parquet(data: bytes, twin_bytes: int | None = None) -> TraceColumns:
-    """The rows of a Parquet shard, read only as far as its schema is kvtrace's (metadata
-    included); whether the bytes are kvtrace's is for the caller to compare. Rows and items are
-    bounded from the footer before anything is decoded: by the JSONL twin's size when there is
-    one (twin_bytes), else by MAX_LONE_SHARD_ITEMS."""
-    try:
-        parquet = pq.ParquetFile(io.BytesIO(data))
-        meta = parquet.metadata
-        items = max(
-            (
-                sum(meta.row_group(g).column(c).num_values for g in range(meta.num_row_groups))
-                for c in range(meta.num_columns)
-            ),
-            default=0,
-        )
-        rows_bound = (
-            MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ROW_BYTES
-        )
-        items_bound = (
-            MAX_LONE_SHARD_ITEMS if twin_bytes is None else twin_bytes // MIN_JSONL_ID_BYTES
-        )
-        if meta.num_rows > rows_bound or items > items_bound:
-            raise FormatError(
-                f"{meta.num_rows:,} rows and {items:,} values: more than "
-                f"{'its JSONL twin holds' if twin_bytes is not None else 'a shard holds'}"
-                f" (a decompression bomb?)"
-            )
-        _check_schema(parquet)  # before any value is decoded
-        table = parquet.read()
-    except (OSError, pa.ArrowException) as err:
-        raise FormatError(f"not a readable Parquet file ({str(err)[:80]})") from None
-    try:
-        columns = _parquet_columns(table)
-    except (pa.ArrowException, TypeError, ValueError, AttributeError, OverflowError) as err:
-        raise FormatError(f"columns of other types than kvtrace writes ({str(err)[:60]})") from None
-    check_values(columns)
-    return columns
-
-
-_WRITTEN_TYPES = {
-    field.name: field.type for field in (*TRACE_SCHEMA, OUTPUT_IDS_COLUMN, RESPONSE_COLUMN)
-}
-
-
-@functools.cache
-def _written_footer(with_outputs: bool, with_response: bool) -> tuple[pa.Schema, pq.ParquetSchema]:
-    """The schema a reader finds in the footer of a shard kvtrace writes, as Arrow (metadata
-    included) and as Parquet: read back from kvtrace's own bytes for an empty table, so it is
-    what the writer leaves (Parquet names a list's items "element"), never a copy of it."""
-    # From no batches: Schema.empty_table would import pandas (~1 s)
-    empty = pa.Table.from_batches([], schema=written_schema(with_outputs, with_response))
-    footer = pq.ParquetFile(io.BytesIO(table_bytes(empty)))
-    return footer.schema_arrow, footer.schema
-
-
-def _check_schema(shard: pq.ParquetFile) -> None:
-    """A shard's schema, known from the footer, is whole the one kvtrace writes with the same
-    optional columns: names in order and each once, types, nullability, metadata (as Arrow and as
-    Parquet). Anything else is refused before a value is decoded: a column of anything else (a
-    string of any size) is never read."""
-    schema = shard.schema_arrow
-    arrow, parquet = _written_footer(
-        OUTPUT_IDS_FIELD in schema.names, RESPONSE_FIELD in schema.names
-    )
-    if not (schema.equals(arrow, check_metadata=True) and shard.schema.equals(parquet)):
-        raise FormatError(_schema_difference(schema))
-
-
-def _schema_difference(schema: pa.Schema) -> str:
-    """How a schema that is not kvtrace's differs from it, as precisely as one line can say."""
-    names = schema.names
-    extra = [n for n in names if n not in ROW_FIELDS + OPTIONAL_FIELDS]
-    if extra:
-        return f"fields beyond the trace's own: {', '.join(extra)[:80]}"
-    missing = [n for n in TRACE_SCHEMA.names if n not in names]
-    if missing:
-        return f"rows without {', '.join(missing)}"
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        return f"columns repeated: {', '.join(repeated)}"
-    other = [field.name for field in schema if not field.type.equals(_WRITTEN_TYPES[field.name])]
-    if other:
-        return f"columns of other types than kvtrace writes ({', '.join(other)[:60]})"
-    return "a schema other than kvtrace writes (column order, nullability or metadata)"
-
-
 def check_values(columns: TraceColumns) -> None:
-    """The ranges every published value lies in, whichever file the rows came from: counts,
+    """The ranges every published value lies in (the audit holds every shard's rows to them): counts,
     lengths, times and ids in [0, 2^40), input and output lengths and response times within what
     the reader and encoder give, at most MAX_ROW_IDS ids a row; a session or response time may
     also be absent (-1)."""
@@ -396,79 +324,156 @@ def check_values(columns: TraceColumns) -> None:
         raise FormatError(f"a row of {ids.max()} ids, over the {MAX_ROW_IDS} kvtrace writes")
 
 
-def _parquet_columns(table: pa.Table) -> TraceColumns:
-    """The columns, converted as far as their types allow; the byte comparison after judges."""
-    names = table.schema.names
-
-    def ints(name: str, missing: int = 0) -> np.ndarray:
-        return (
-            table.column(name)
-            .combine_chunks()
-            .fill_null(missing)
-            .to_numpy(zero_copy_only=False)
-            .astype(np.int64)
-        )
-
-    def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
-        column = table.column(name).combine_chunks()
-        offsets = column.offsets.to_numpy().astype(np.int64)
-        return np.diff(offsets), column.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-
-    num_ids, ids = lists("hash_ids")
-    outputs = lists(OUTPUT_IDS_FIELD) if OUTPUT_IDS_FIELD in names else (None, None)
-    response = (
-        ints(RESPONSE_FIELD, NO_RESPONSE_MS)
-        if RESPONSE_FIELD in names
-        else np.full(len(table), NO_RESPONSE_MS, np.int64)
-    )
-    return TraceColumns(
-        ints("timestamp"),
-        ints("input_length"),
-        ints("output_length"),
-        num_ids,
-        ids,
-        ints(SESSION_FIELD, NO_SESSION),
-        response,
-        *outputs,
-    )
+# A JSONL shard's row problem is looked for line by line, to word a flag, only up to this size:
+# Python objects cost ~36x their bytes (~150 MB); a larger shard's flag says what pyarrow said.
+MAX_WORDING_PARSE_BYTES = 4 << 20
+# The rows' fields as the JSONL reader is asked for them, closed: a line naming any other field,
+# or holding any other type (a string, an object, a list nested deeper), is refused as it is
+# met, so the parse holds numbers and lists of numbers only, whatever the bytes.
+_ID_ITEMS = pa.list_(pa.int64())
+_JSONL_SCHEMA = pa.schema(
+    [
+        *(
+            (name, pa.int64())
+            for name in (TIMESTAMP_FIELD, INPUT_LENGTH_FIELD, OUTPUT_LENGTH_FIELD)
+        ),
+        (HASH_IDS_FIELD, _ID_ITEMS),
+        (OUTPUT_IDS_FIELD, _ID_ITEMS),
+        (RESPONSE_FIELD, pa.int64()),
+        (SESSION_FIELD, pa.int64()),
+    ]
+)
 
 
 def columns_of_jsonl(data: bytes) -> TraceColumns:
-    """The rows of a JSONL shard, each a JSON object of the trace's keys holding integers (the
-    first line that is not says why); whether the bytes are kvtrace's is for the caller to
-    compare."""
-    rows, lines = [], data.split(b"\n")
-    for number, line in enumerate(lines[:-1] if not lines[-1] else lines, 1):
-        try:
-            rows.append(_row(line))
-        except FormatError as err:
-            raise FormatError(f"line {number}: {err}") from None
-    with_outputs = bool(rows) and all(OUTPUT_IDS_FIELD in r for r in rows)
-    if any((OUTPUT_IDS_FIELD in r) != with_outputs for r in rows):
+    """The rows of a JSONL shard, parsed to columns by pyarrow's JSON reader against the rows'
+    closed schema (no Python object per value), then held to the published ranges
+    (check_values). The parse is loose where it may be (a missing field reads as absent, a
+    blank line is skipped): whether the bytes are kvtrace's for these rows is for the caller to
+    compare (is_jsonl_of). A shard whose rows are refused says why by its first bad line when
+    small enough to look (MAX_WORDING_PARSE_BYTES)."""
+    try:
+        columns = _parsed_jsonl(data)
+        check_values(columns)
+    except FormatError as err:
+        raise FormatError(_jsonl_problem(data) or str(err)) from None
+    return columns
+
+
+# The bytes kvtrace's JSONL is made of: names, integers, and the punctuation of objects and lists.
+_JSONL_BYTES = b'{}[]":, _\n0123456789abcdefghijklmnopqrstuvwxyz'
+_ROW_LISTS = 2  # hash_ids, output_hash_ids
+READ_BLOCK_BYTES = 1 << 20  # parsed at a time, as read/trace_io.py reads traces
+
+
+def _screen(data: bytes) -> int:
+    """Refuse (FormatError) bytes outside the shape of kvtrace's JSONL before pyarrow's parser
+    sees them: it is native code, and some JSON takes it down (a line `null` under an explicit
+    schema: SIGSEGV). What passes is lines of one object each (each starts with a brace and
+    ends with one, and there are no more braces than lines), of the bytes kvtrace writes (no
+    string escape, no Unicode, no sign), holding at most two lists, so never nested deeper than
+    the row's. Returns the longest line's length."""
+    shape = "not lines of one JSON object each, of the bytes kvtrace writes"
+    if data and not data.endswith(b"\n") or data.translate(None, _JSONL_BYTES):
+        raise FormatError(shape)
+    whole, lines, longest, at = np.frombuffer(data, np.uint8), 0, 0, 0
+    while at < len(data):  # a piece of whole lines at a time: its arrays, not the file's
+        end = data.rfind(b"\n", at, at + (16 << 20)) + 1 or len(data)
+        piece = whole[at:end]
+        ends = np.flatnonzero(piece == ord("\n"))
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        if (piece[starts] != ord("{")).any() or (piece[ends - 1] != ord("}")).any():
+            raise FormatError(shape)
+        lists = np.flatnonzero(piece == ord("["))  # a line's lists nest at most this deep
+        if len(lists) and np.bincount(np.searchsorted(ends, lists)).max() > _ROW_LISTS:
+            raise FormatError(shape)
+        lines, at = lines + len(ends), end
+        longest = max(longest, int((ends - starts).max(initial=0)) + 1)
+    if data.count(b"{") != lines or data.count(b"}") != lines:
+        raise FormatError(shape)
+    return longest
+
+
+def _parsed_jsonl(data: bytes) -> TraceColumns:
+    """The rows' columns, parsed a block at a time (a block's parse is freed as it is turned to
+    columns), each column copied once when the blocks' parts are joined."""
+    import pyarrow.json as pa_json
+
+    longest = _screen(data)
+    parts: list[dict[str, np.ndarray | None]] = []
+    try:
+        if data:  # pyarrow refuses an empty file; kvtrace writes one for a shard of no rows
+            reader = pa_json.open_json(
+                pa.BufferReader(data),
+                # a block holds the longest line (no row straddles two), and is small: a
+                # block's parse holds several times its bytes
+                read_options=pa_json.ReadOptions(block_size=max(READ_BLOCK_BYTES, longest)),
+                parse_options=pa_json.ParseOptions(
+                    explicit_schema=_JSONL_SCHEMA, unexpected_field_behavior="error"
+                ),
+            )
+            parts = [_block_columns(batch) for batch in reader]
+    except (pa.ArrowException, OSError) as err:
+        raise FormatError(f"not the trace's rows of integers ({str(err)[:80]})") from None
+    with_outputs = {part["output_ids"] is not None for part in parts}
+    if len(with_outputs) > 1:
         raise FormatError(f"{OUTPUT_IDS_FIELD} in some rows only")
 
-    def column(key: str, missing: int = 0) -> np.ndarray:
-        return np.array([r.get(key, missing) for r in rows], dtype=np.int64)
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([part[name] for part in parts] + [np.empty(0, np.int64)])
 
-    def flat(key: str) -> tuple[np.ndarray, np.ndarray]:
-        lists = [r[key] for r in rows]
-        return (
-            np.array([len(v) for v in lists], dtype=np.int64),
-            np.array([i for v in lists for i in v], dtype=np.int64),
-        )
-
-    num_ids, ids = flat("hash_ids")
-    outputs = flat(OUTPUT_IDS_FIELD) if with_outputs else (None, None)
+    outputs = ("num_output_ids", "output_ids") if with_outputs == {True} else ()
     return TraceColumns(
-        column("timestamp"),
-        column("input_length"),
-        column("output_length"),
-        num_ids,
-        ids,
-        column(SESSION_FIELD, NO_SESSION),
-        column(RESPONSE_FIELD, NO_RESPONSE_MS),
-        *outputs,
+        *(joined(name) for name in ("timestamp", "input_length", "output_length")),
+        *(joined(name) for name in ("num_ids", "ids", "session", "response_ms")),
+        *(joined(name) for name in outputs),
     )
+
+
+def _block_columns(batch: pa.RecordBatch) -> dict[str, np.ndarray | None]:
+    """A block's rows as TraceColumns' fields (numpy views where Arrow's buffers allow); its
+    output ids None when no row of it holds them (and refused when only some do)."""
+
+    def ints(name: str, missing: int = 0) -> np.ndarray:
+        column = batch.column(name)
+        column = column.fill_null(missing) if column.null_count else column
+        return column.to_numpy(zero_copy_only=False)
+
+    def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
+        column = batch.column(name)
+        return np.diff(column.offsets.to_numpy()), column.flatten().to_numpy(zero_copy_only=False)
+
+    outputs = batch.column(OUTPUT_IDS_FIELD)
+    if 0 < outputs.null_count < len(batch):
+        raise FormatError(f"{OUTPUT_IDS_FIELD} in some rows only")
+    num_ids, ids = lists(HASH_IDS_FIELD)
+    num_outputs, output_ids = lists(OUTPUT_IDS_FIELD) if not outputs.null_count else (None, None)
+    return {
+        "timestamp": ints(TIMESTAMP_FIELD),
+        "input_length": ints(INPUT_LENGTH_FIELD),
+        "output_length": ints(OUTPUT_LENGTH_FIELD),
+        "num_ids": num_ids,
+        "ids": ids,
+        "session": ints(SESSION_FIELD, NO_SESSION),
+        "response_ms": ints(RESPONSE_FIELD, NO_RESPONSE_MS),
+        "num_output_ids": num_outputs,
+        "output_ids": output_ids,
+    }
+
+
+def _jsonl_problem(data: bytes) -> str | None:
+    """The first line of a small JSONL shard that is not a row of the trace's keys holding
+    integers, or its rows' output ids in some rows only, said in one line; None when it finds
+    none or the shard is too large to look."""
+    if len(data) > MAX_WORDING_PARSE_BYTES:
+        return None
+    lines, with_outputs = data.split(b"\n"), set()
+    for number, line in enumerate(lines[:-1] if not lines[-1] else lines, 1):
+        try:
+            with_outputs.add(OUTPUT_IDS_FIELD in _row(line))
+        except FormatError as err:
+            return f"line {number}: {err}"
+    return f"{OUTPUT_IDS_FIELD} in some rows only" if len(with_outputs) > 1 else None
 
 
 def _row(line: bytes) -> dict:

@@ -22,7 +22,7 @@ from kvtrace.transforms.stats.audit import map_numbering
 from kvtrace.transforms.trace_format import (
     MANIFEST,
     canonical_json,
-    columns_of_parquet,
+    columns_of_jsonl,
     jsonl_bytes,
     parquet_bytes,
 )
@@ -256,7 +256,7 @@ def test_a_self_consistent_rewrite_with_ids_out_of_place_is_refused(outputs, tmp
     still cannot publish ids outside the night's id space."""
     folder = _copy(outputs["plain"], tmp_path)
     (parquet,) = folder.glob("trace-*.parquet")
-    columns = columns_of_parquet(parquet.read_bytes())
+    columns = columns_of_jsonl(parquet.with_suffix(".jsonl").read_bytes())
     shifted = columns.__class__(**{**columns.__dict__, "ids": columns.ids + 1000})
     parquet.write_bytes(parquet_bytes(shifted))
     parquet.with_suffix(".jsonl").write_bytes(jsonl_bytes(shifted))

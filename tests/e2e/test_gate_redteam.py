@@ -22,7 +22,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     TraceColumns,
     canonical_json,
-    columns_of_parquet,
+    columns_of_jsonl,
     jsonl_bytes,
     parquet_bytes,
 )
@@ -95,7 +95,7 @@ def _copy(folder: Path, tmp_path: Path) -> Path:
 
 
 def _columns(folder: Path) -> TraceColumns:
-    return columns_of_parquet((folder / f"{SHARD}.parquet").read_bytes())
+    return columns_of_jsonl((folder / f"{SHARD}.jsonl").read_bytes())
 
 
 def _manifest(folder: Path) -> dict:

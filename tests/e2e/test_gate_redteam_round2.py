@@ -328,7 +328,10 @@ def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_object
     twin a JSONL shard that is not its bytes is parsed whole into Python objects to word the
     flag (_why_not_canonical -> columns_of_jsonl): ~36 bytes of memory per byte of file (20 MB
     took 800 MB here, an audit of the bare folder 77 MB), so a shard within MAX_SHARD_BYTES
-    (2 GiB) costs ~70 GB. The flag needs no parse of the whole file."""
+    (2 GiB) costs ~70 GB. The flag needs no parse of the whole file. Since round 9 a shard's
+    rows come from its JSONL file (parsed to columns, never Python objects per value) and the
+    Parquet twin is compared with kvtrace's Parquet bytes for them: this worst case of one-digit
+    ids (6.5M of them) costs their columns and kvtrace's own Parquet writer, ~390 MB."""
     from test_gate_redteam import _peak_memory_of_audit
 
     folder = _copy(outputs["plain"], tmp_path)
@@ -340,7 +343,7 @@ def test_a_jsonl_shard_that_disagrees_with_its_twin_is_parsed_into_python_object
     (folder / "trace-00000-of-00001.jsonl").write_bytes(line * (20_000_000 // len(line)))
     publishable, peak = _peak_memory_of_audit(folder)
     assert not publishable
-    assert peak < 300 << 20, f"a 20 MB JSONL shard: the audit peaked at {peak:,} bytes"
+    assert peak < 450 << 20, f"a 20 MB JSONL shard: the audit peaked at {peak:,} bytes"
 
 
 def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):

@@ -346,12 +346,12 @@ def test_the_window_before_is_read_as_often_as_its_manifest_names_a_file(
     folder = _copy(made["plain"], parent / "window-000001")
     _republish(folder, id_map={"block_ids_from": 23, "sessions_from": 3, "time_from_ms": 0})
     reads = []
-    real = gate.columns_of_parquet
+    real = gate.columns_of_jsonl
     monkeypatch.setattr(
-        gate, "columns_of_parquet", lambda data, *a: reads.append(len(data)) or real(data, *a)
+        gate, "columns_of_jsonl", lambda data, *a: reads.append(len(data)) or real(data, *a)
     )
     gate.audit(str(folder), made["tokenizer"])
-    assert len(reads) <= 2, f"{len(reads)} Parquet files decoded for the window before"
+    assert len(reads) <= 2, f"{len(reads)} trace files parsed for the window before"
 
 
 def test_the_one_allowed_attribute_carries_any_value(made, tmp_path):

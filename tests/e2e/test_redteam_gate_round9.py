@@ -1,6 +1,7 @@
 """Red team round 9, the gate (nothing private published): reproducers of what `kvtrace audit`
-still lets through, or cannot refuse within its bounds, on a folder anonymize published. Each
-test asserts the promised behaviour, so each fails today (xfail, strict)."""
+let through, or could not refuse within its bounds, on a folder anonymize published. Each test
+asserts the promised behaviour. Fixed by construction: the audit never decodes a Parquet shard
+(its rows come from the JSONL twin; the Parquet must be kvtrace's bytes for them)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import chat, kvtrace_child, peak_rss_mb, write_jsonl
+from helpers import (
+    chat,
+    kvtrace_child,
+    parquet_footer,
+    peak_rss_mb,
+    thrift_encode,
+    thrift_field,
+    thrift_uvarint,
+    with_parquet_footer,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.slow
-ROUND9 = "red team round 9"
 SHARD = "trace-00000-of-00001"
 
 
@@ -33,127 +43,15 @@ def night(tiny_tokenizer, tmp_path_factory) -> Path:
     return tmp / "out"
 
 
-# --- Thrift's compact protocol, as far as a Parquet footer and page header need it -----------
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
-
-
-def _value(data: bytes, at: int, kind: int) -> tuple[object, int]:
-    if kind in (1, 2):  # booleans live in the field header
-        return kind == 1, at
-    if kind == 3:
-        return data[at], at + 1
-    if kind in (4, 5, 6):
-        raw, at = _varint(data, at)
-        return (raw >> 1) ^ -(raw & 1), at
-    if kind == 7:
-        return data[at : at + 8], at + 8
-    if kind == 8:
-        size, at = _varint(data, at)
-        return data[at : at + size], at + size
-    if kind == 9:
-        head, at = data[at], at + 1
-        count, item = head >> 4, head & 15
-        if count == 15:
-            count, at = _varint(data, at)
-        items = []
-        for _ in range(count):
-            value, at = (data[at] == 1, at + 1) if item in (1, 2) else _value(data, at, item)
-            items.append(value)
-        return (item, items), at
-    if kind == 12:
-        return _decode(data, at)
-    raise ValueError(f"thrift type {kind}")
-
-
-def _decode(data: bytes, at: int = 0) -> tuple[list, int]:
-    """A struct as [field id, type, value] triples."""
-    fields, last = [], 0
-    while data[at]:
-        head, at = data[at], at + 1
-        kind, delta = head & 15, head >> 4
-        if delta:
-            number = last + delta
-        else:
-            raw, at = _varint(data, at)
-            number = (raw >> 1) ^ -(raw & 1)
-        value, at = _value(data, at, kind)
-        fields.append([number, kind, value])
-        last = number
-    return fields, at + 1
-
-
-def _encoded(kind: int, value: object) -> bytes:
-    if kind == 3:
-        return bytes([value])
-    if kind in (4, 5, 6):
-        return _uvarint((value << 1) ^ (value >> 63))
-    if kind == 7:
-        return value
-    if kind == 8:
-        return _uvarint(len(value)) + value
-    if kind == 9:
-        item, items = value
-        head = bytes([len(items) << 4 | item]) if len(items) < 15 else bytes([0xF0 | item])
-        head += _uvarint(len(items)) if len(items) >= 15 else b""
-        return head + b"".join(
-            bytes([1 if v else 2]) if item in (1, 2) else _encoded(item, v) for v in items
-        )
-    return _encode(value)
-
-
-def _encode(fields: list) -> bytes:
-    out, last = bytearray(), 0
-    for number, kind, value in fields:
-        wire = (1 if value else 2) if kind in (1, 2) else kind
-        delta = number - last
-        out += bytes([delta << 4 | wire]) if 0 < delta <= 15 else bytes([wire]) + _uvarint(number)
-        out += b"" if kind in (1, 2) else _encoded(kind, value)
-        last = number
-    return bytes(out + b"\0")
-
-
-def _field(fields: list, number: int) -> list:
-    return next(f for f in fields if f[0] == number)
-
-
-def _footer(parquet: bytes) -> tuple[list, bytes]:
-    """A Parquet file's footer (FileMetaData, decoded) and the bytes before it."""
-    size = struct.unpack("<i", parquet[-8:-4])[0]
-    return _decode(parquet[-8 - size : -8])[0], parquet[: -8 - size]
-
-
-def _with_footer(body: bytes, footer: list) -> bytes:
-    encoded = _encode(footer)
-    return body + encoded + struct.pack("<i", len(encoded)) + b"PAR1"
-
-
 def _hash_ids_chunk(footer: list) -> list:
     """The metadata (ColumnMetaData's fields) of the first row group's hash_ids chunk."""
-    group = _field(footer, 4)[2][1][0]
-    return _field(_field(group, 1)[2][1][3], 3)[2]
+    group = thrift_field(footer, 4)[2][1][0]
+    return thrift_field(thrift_field(group, 1)[2][1][3], 3)[2]
 
 
 def _rle(count: int, level: int) -> bytes:
     """One run of the RLE/bit-packed hybrid at bit width 1."""
-    return _uvarint(count << 1) + bytes([level])
+    return thrift_uvarint(count << 1) + bytes([level])
 
 
 def _zeros(size: int) -> bytes:
@@ -172,12 +70,12 @@ def _a_data_page_of(parquet: bytes, values: int) -> bytes:
     chunk lies: it still counts the values kvtrace wrote (num_values)."""
     from pyarrow import Codec
 
-    footer, body = _footer(parquet)
+    footer, body = parquet_footer(parquet)
     repetition = _rle(6, 0) + _rle(values - 6, 1)
     definition = _rle(values, 1)
     levels = b"".join(struct.pack("<i", len(r)) + r for r in (repetition, definition))
     data = Codec("zstd").compress(levels, asbytes=True) + _zeros(8 * values)
-    page_header = _encode(
+    page_header = thrift_encode(
         [
             [1, 5, 0],  # a v1 data page
             [2, 5, len(levels) + 8 * values],  # uncompressed
@@ -188,19 +86,19 @@ def _a_data_page_of(parquet: bytes, values: int) -> bytes:
     _move_chunk(
         footer, len(body), len(page_header) + len(levels) + 8 * values, len(page_header) + len(data)
     )
-    return _with_footer(body + page_header + data, footer)
+    return with_parquet_footer(body + page_header + data, footer)
 
 
 def _a_dictionary_page_of(parquet: bytes, values: int) -> bytes:
     """kvtrace's Parquet shard whose hash_ids dictionary page holds `values` zero ids, before
     kvtrace's own data page (indices into the first 14): a footer counts a chunk's data values,
     never its dictionary's."""
-    footer, body = _footer(parquet)
+    footer, body = parquet_footer(parquet)
     chunk = _hash_ids_chunk(footer)
-    start, data_start = _field(chunk, 11)[2], _field(chunk, 9)[2]
-    data_page = parquet[data_start : start + _field(chunk, 7)[2]]
+    start, data_start = thrift_field(chunk, 11)[2], thrift_field(chunk, 9)[2]
+    data_page = parquet[data_start : start + thrift_field(chunk, 7)[2]]
     data = _zeros(8 * values)
-    page_header = _encode(
+    page_header = thrift_encode(
         [[1, 5, 2], [2, 5, 8 * values], [3, 5, len(data)], [7, 12, [[1, 5, values], [2, 5, 0]]]]
     )
     dictionary = len(page_header) + len(data)
@@ -210,9 +108,9 @@ def _a_dictionary_page_of(parquet: bytes, values: int) -> bytes:
         dictionary + 8 * values + len(data_page) - len(data),
         dictionary + len(data_page),
     )
-    _field(chunk, 9)[2] = len(body) + dictionary
+    thrift_field(chunk, 9)[2] = len(body) + dictionary
     chunk[:] = sorted([*chunk, [11, 6, len(body)]])
-    return _with_footer(body + page_header + data + data_page, footer)
+    return with_parquet_footer(body + page_header + data + data_page, footer)
 
 
 def _move_chunk(footer: list, start: int, uncompressed: int, stored: int) -> None:
@@ -226,7 +124,6 @@ def _move_chunk(footer: list, start: int, uncompressed: int, stored: int) -> Non
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 @pytest.mark.parametrize(
     "page, values", [(_a_data_page_of, 16 << 20), (_a_dictionary_page_of, 32 << 20)],
     ids=["data page", "dictionary page"],
@@ -257,14 +154,13 @@ def _audit_of_shard(night: Path, folder: Path, edit) -> tuple[int, str, str]:
     shard's footer was edited in place (edit: the decoded footer, changed in place)."""
     shutil.copytree(night, folder)
     shard = folder / f"{SHARD}.parquet"
-    footer, body = _footer(shard.read_bytes())
+    footer, body = parquet_footer(shard.read_bytes())
     edit(footer)
-    shard.write_bytes(_with_footer(body, footer))
+    shard.write_bytes(with_parquet_footer(body, footer))
     done = kvtrace_child("audit", str(folder), timeout=60)
     return done.returncode, done.stdout, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 def test_a_parquet_footers_size_statistics_abort_the_audit(night, tmp_path):
     """A shard's footer whose hash_ids chunk lists five repetition-level counts in its size
     statistics (ColumnMetaData.size_statistics; a list column has two levels) makes Arrow throw
@@ -275,7 +171,7 @@ def test_a_parquet_footers_size_statistics_abort_the_audit(night, tmp_path):
     audit of every window. The gate should flag the shard and say NOT publishable (exit 1)."""
 
     def five_levels(footer: list) -> None:
-        histogram = _field(_field(_hash_ids_chunk(footer), 16)[2], 2)
+        histogram = thrift_field(thrift_field(_hash_ids_chunk(footer), 16)[2], 2)
         histogram[2] = (histogram[2][0], [*histogram[2][1], 0, 0, 0])
 
     code, out, err = _audit_of_shard(night, tmp_path / "night", five_levels)
@@ -285,16 +181,15 @@ def test_a_parquet_footers_size_statistics_abort_the_audit(night, tmp_path):
 
 def _name_not_utf8(footer: list) -> None:
     """The timestamp column (schema[1]) named b"timestam\\xff"."""
-    _field(_field(footer, 2)[2][1][1], 4)[2] = b"timestam\xff"
+    thrift_field(thrift_field(footer, 2)[2][1][1], 4)[2] = b"timestam\xff"
 
 
 def _a_chunk_missing(footer: list) -> None:
     """The row group lists four column chunks where the schema has five columns."""
-    chunks = _field(_field(footer, 4)[2][1][0], 1)
+    chunks = thrift_field(thrift_field(footer, 4)[2][1][0], 1)
     chunks[2] = (chunks[2][0], chunks[2][1][:4])
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND9)
 @pytest.mark.parametrize("edit", [_name_not_utf8, _a_chunk_missing], ids=lambda f: f.__name__)
 def test_a_parquet_footer_pyarrow_refuses_with_its_own_errors_stops_the_audit(
     night, tmp_path, edit

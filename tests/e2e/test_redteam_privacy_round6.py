@@ -227,7 +227,7 @@ def test_the_gate_flags_response_times_beside_coarse_lengths(tiny_tokenizer, tmp
     from kvtrace.transforms.trace_format import (
         NO_RESPONSE_MS,
         canonical_json,
-        columns_of_parquet,
+        columns_of_jsonl,
         jsonl_bytes,
         parquet_bytes,
     )
@@ -242,7 +242,7 @@ def test_the_gate_flags_response_times_beside_coarse_lengths(tiny_tokenizer, tmp
         == 0
     )
     (parquet,) = out.glob("trace-*.parquet")
-    columns = columns_of_parquet(parquet.read_bytes())
+    columns = columns_of_jsonl(parquet.with_suffix(".jsonl").read_bytes())
     assert (columns.response_ms == NO_RESPONSE_MS).all()
     timed = columns.__class__(**{**columns.__dict__, "response_ms": columns.response_ms * 0 + 288})
     parquet.write_bytes(parquet_bytes(timed))  # both twins, with kvtrace's own writers

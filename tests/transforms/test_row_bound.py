@@ -71,7 +71,7 @@ def test_a_request_of_more_blocks_than_a_row_holds_is_a_too_large_dead_letter(
 
 
 def test_the_gate_refuses_a_row_longer_than_kvtrace_writes():
-    """check_values: the ranges columns_of_parquet (audit's parse) holds every shard's rows to."""
+    """check_values: the ranges columns_of_jsonl (audit's parse) holds every shard's rows to."""
 
     def row(ids: int, output_ids: int) -> TraceColumns:
         one = np.array([0])

@@ -17,7 +17,6 @@ from kvtrace.transforms.trace_format import (
     FormatError,
     TraceColumns,
     columns_of_jsonl,
-    columns_of_parquet,
     jsonl_bytes,
     parquet_bytes,
     parse_json,
@@ -63,20 +62,19 @@ def same(left: TraceColumns, right: TraceColumns) -> bool:
 def test_each_form_parses_back_to_its_columns_and_bytes(rows, with_outputs):
     columns = columns_of(rows, with_outputs)
     jsonl, parquet = jsonl_bytes(columns), parquet_bytes(columns)
-    from_jsonl, from_parquet = columns_of_jsonl(jsonl), columns_of_parquet(parquet)
-    assert jsonl_bytes(from_jsonl) == jsonl and parquet_bytes(from_parquet) == parquet
-    assert jsonl_bytes(from_parquet) == jsonl
-    assert same(from_parquet, columns) and (same(from_jsonl, columns) or not rows)
+    from_jsonl = columns_of_jsonl(jsonl)  # the audit's rows: its Parquet twin is compared whole
+    assert jsonl_bytes(from_jsonl) == jsonl
+    assert parquet_bytes(from_jsonl) == parquet or not rows  # no rows: with output ids or not
+    assert same(from_jsonl, columns) or not rows
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200))
 def test_any_bytes_are_rows_or_a_format_error(data):
-    for parse in (columns_of_jsonl, columns_of_parquet):
-        try:
-            parse(data)
-        except FormatError:
-            pass
+    try:
+        columns_of_jsonl(data)
+    except FormatError:
+        pass
 
 
 def test_a_repeated_key_is_refused_where_a_reader_would_keep_one():

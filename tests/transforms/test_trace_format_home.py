@@ -21,7 +21,7 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_LENGTH_FIELD,
     ROW_FIELDS,
     TraceColumns,
-    columns_of_parquet,
+    columns_of_jsonl,
     jsonl_bytes,
     parquet_bytes,
 )
@@ -196,7 +196,7 @@ def test_jsonl_and_parquet_rows_hold_the_declared_fields():
     assert list(row)[: len(ROW_FIELDS)] == list(ROW_FIELDS)
     assert set(row) == set(ROW_FIELDS + OPTIONAL_FIELDS)
     assert set(columns.schema().names) == set(ROW_FIELDS + OPTIONAL_FIELDS)
-    assert jsonl_bytes(columns_of_parquet(parquet_bytes(columns))) == jsonl_bytes(columns)
+    assert parquet_bytes(columns_of_jsonl(jsonl_bytes(columns))) == parquet_bytes(columns)
 
 
 def test_the_manifest_declares_its_field_named_keys_by_the_fields():

@@ -334,6 +334,8 @@ def parquet_file(
                 f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
                 f"of {max_footer_bytes}"
             )
+        raw.seek(-len(PARQUET_MAGIC) - 4 - footer_bytes, os.SEEK_END)
+        _check_footer(path, raw.read(footer_bytes))
         raw.seek(0)
         parquet = pq.ParquetFile(
             raw,
@@ -346,6 +348,68 @@ def parquet_file(
         _check_writer(path, parquet.metadata.created_by)
         _check_chunks_apart(path, parquet.metadata)
         yield raw, parquet
+
+
+def _check_footer(path: str, footer: bytes) -> None:
+    """The footer (FileMetaData), decoded by kvtrace's own Thrift reader before Arrow builds any
+    column's metadata from it, holds each row group's column chunks as its schema's leaves are,
+    one each in order, and each chunk's level histograms (its size statistics) one count per
+    level of its column, or none; ValueError if not. Arrow throws past every handler on a
+    histogram of another length (the process aborts), and fails on a row group short of a
+    chunk with errors of its own."""
+    try:
+        metadata = _CompactReader(footer).struct()
+    except IndexError:
+        raise ValueError(f"{path}: a Parquet footer that breaks off") from None
+    leaves = _leaf_levels(path, metadata.get(2))
+    groups = metadata.get(4) or []
+    if not isinstance(groups, list):
+        raise ValueError(f"{path}: a Parquet footer whose row groups are not a list")
+    for group in groups:
+        chunks = group.get(1) if isinstance(group, dict) else None
+        if not isinstance(chunks, list) or len(chunks) != len(leaves):
+            raise ValueError(
+                f"{path}: a Parquet row group whose column chunks are not its schema's "
+                f"{len(leaves)} columns"
+            )
+        for chunk, levels in zip(chunks, leaves):
+            column = chunk.get(3) if isinstance(chunk, dict) else None
+            sizes = column.get(16) if isinstance(column, dict) else None
+            for field, most in zip((2, 3), levels):  # repetition, definition histograms
+                counts = sizes.get(field) if isinstance(sizes, dict) else None
+                if counts is not None and (
+                    not isinstance(counts, list) or len(counts) not in (0, most + 1)
+                ):
+                    raise ValueError(
+                        f"{path}: Parquet size statistics counting {len(counts)} levels of a "
+                        f"column that has {most + 1}"
+                    )
+
+
+def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
+    """Each leaf column's highest (repetition, definition) level, in column order, from the
+    footer's schema: a tree flattened depth first, each element naming its children's count
+    (field 5) and its repetition (field 3: required 0, optional 1, repeated 2)."""
+    if not isinstance(elements, list) or not all(
+        isinstance(e, dict) and all(isinstance(e.get(f, 0), int) for f in (3, 5)) for e in elements
+    ):
+        raise ValueError(f"{path}: a Parquet footer without a schema of elements")
+    leaves: list[tuple[int, int]] = []
+    pending = [[elements[0].get(5, 0), 0, 0]] if elements else []  # [children left, levels]
+    for element in elements[1:]:
+        if not pending:
+            raise ValueError(f"{path}: a Parquet schema of more elements than its tree holds")
+        parent = pending[-1]
+        parent[0] -= 1
+        kind = element.get(3, 0)
+        levels = parent[1] + (kind == 2), parent[2] + (kind != 0)
+        if element.get(5, 0) > 0:
+            pending.append([element[5], *levels])
+        else:
+            leaves.append(levels)
+        while pending and pending[-1][0] <= 0:
+            pending.pop()
+    return leaves
 
 
 def _check_chunks_apart(path: str, metadata: pq.FileMetaData) -> None:
@@ -950,8 +1014,8 @@ def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
 
 
 class _CompactReader:
-    """Thrift's compact protocol over bytes, as far as a Parquet page header needs: integers
-    and nested structs kept by field id, everything else skipped. Reading past the end is an
+    """Thrift's compact protocol over bytes, as far as a Parquet page header and footer need:
+    integers, lists and nested structs kept by field id, everything else skipped. Reading past the end is an
     IndexError; nesting of every container (struct, list, set, map) is bounded, so a header
     fails as a ValueError, never as Python's recursion limit."""
 
@@ -980,13 +1044,13 @@ class _CompactReader:
             return self._skip(8)
         if kind == 8:  # binary
             return self._skip(self._varint())
-        if kind in (9, 10):  # list, set
+        if kind in (9, 10):  # list, set: kept (a footer's schema, row groups and histograms)
             self._nest(depth)
             head = self._byte()
             size = self._varint() if head >> 4 == 15 else head >> 4
-            for _ in range(size):
-                self._value(head & 0x0F, depth + 1)
-            return None
+            if size > len(self._data) - self.position:  # an item takes a byte at least
+                raise IndexError("past the end")
+            return [self._value(head & 0x0F, depth + 1) for _ in range(size)]
         if kind == 11:  # map
             self._nest(depth)
             size = self._varint()

@@ -4,7 +4,7 @@ itself would write for the rows it finds, and flags everything else.
 Each published file is parsed with the declared format (trace_format.py) and serialized again
 by the writers' own functions; the file must equal those bytes. So a trace shard is exactly its
 rows in kvtrace's JSONL and its Parquet twin exactly the same rows in kvtrace's Parquet (schema,
-metadata and all); stats.json is exactly the statistics of those rows; manifest.json is
+metadata and all; never decoded, so nothing its footer or pages claim is read); stats.json is exactly the statistics of those rows; manifest.json is
 canonical JSON of the closed manifest schema of its provenance (a night, a night of an id map, a
 stream's window), each of its fields held against its one confirmer (MANIFEST_CONFIRMERS: the
 rows and files, where the numbering began, the auditing release, or an audit option as the run
@@ -77,11 +77,9 @@ from kvtrace.transforms.trace_format import (
     TraceColumns,
     canonical_json,
     columns_of_jsonl,
-    columns_of_parquet,
     is_jsonl_of,
-    jsonl_bytes,
     manifest_provenance,
-    parquet_bytes,
+    parquet_forms,
     parse_json,
     schema_problems,
     shard_name,
@@ -106,11 +104,8 @@ MAX_STATS_BYTES = 1 << 16
 # A shard holds at most 8M ids and rows (write/shards.MAX_BLOCKS_PER_SHARD): at most ~20 bytes
 # per id and ~120 per row in JSONL, so no shard kvtrace writes comes near 2 GiB.
 MAX_SHARD_BYTES = 2 << 30
-# A JSONL shard unlike its twin is parsed to word the flag only up to this size (~150 MB of
-# Python objects); a larger one is flagged without saying which way it differs.
-MAX_WORDING_PARSE_BYTES = 4 << 20
-# A trace file audited alone is only measured: read within a bound that keeps its rows, parsed
-# as Python objects when it is JSONL, well inside a worker's memory.
+# A trace file audited alone is only measured: read within a bound that keeps its rows well
+# inside a worker's memory.
 MAX_LONE_FILE_BYTES = 64 << 20
 MAX_FLAGS = 50
 # Distinct ids of later shards wait, and are merged in one sort once they outnumber the merged
@@ -230,7 +225,9 @@ def _audit(
                 gate,
                 MAX_LONE_FILE_BYTES,
             )
-            if columns is not None:
+            if columns is None:
+                rows.complete = False
+            else:
                 rows.add(columns, None)
     if not rows.count and rows.complete:
         gate.flag("no trace rows: nothing to publish, or not a kvtrace output")
@@ -762,50 +759,37 @@ def _shard(
     folder: str, jsonl: str | None, parquet: str | None, gate: _Gate, limit: int = MAX_SHARD_BYTES
 ) -> TraceColumns | None:
     """A shard's rows when its files are exactly kvtrace's bytes for them, else None (flagged).
-    The rows come from the Parquet twin where there is one (typed columns: quick), and both
-    files must then be what kvtrace writes for those rows."""
+    The rows come from the JSONL file alone (a bounded parse: trace_format.columns_of_jsonl),
+    which must then be kvtrace's JSONL of them; a Parquet file is never decoded, only compared
+    whole with the bytes kvtrace writes for those rows: whatever its footer or pages claim,
+    nothing of it is read by Arrow, so no claim of it is trusted."""
+    if jsonl is None:  # a Parquet file audited alone: nothing to compare it with
+        gate.flag(
+            f"{parquet}: a Parquet shard is not read alone: the audit reads a shard's rows from "
+            f"its JSONL twin"
+        )
+        return None
     files = {name: _read(folder, name, limit, gate) for name in (jsonl, parquet) if name}
-    if not files or any(data is None for data in files.values()):
+    if any(data is None for data in files.values()):
         return None
-    source = parquet or jsonl
     try:
-        if source == parquet:  # a row takes >= 73 bytes of JSONL, an id >= 3: the twin bounds
-            twin = len(files[jsonl]) if jsonl else None  # what the Parquet file may decode to
-            columns = columns_of_parquet(files[parquet], twin)
-        else:
-            columns = columns_of_jsonl(files[jsonl])
+        columns = columns_of_jsonl(files[jsonl])
     except FormatError as err:
-        gate.flag(f"{source}: {err}")
+        gate.flag(f"{jsonl}: {err}")
         return None
-    ok = True
-    for name, data in files.items():
-        if not (data == parquet_bytes(columns) if name == parquet else is_jsonl_of(data, columns)):
-            ok = False
-            gate.flag(f"{name}: {_why_not_canonical(name, data, columns, jsonl, parquet)}")
+    ok = is_jsonl_of(files[jsonl], columns)
+    if not ok:
+        gate.flag(
+            f"{jsonl}: not the bytes kvtrace writes for its rows (spacing, key order, "
+            f"duplicate keys, number forms)"
+        )
+    if parquet is not None and files[parquet] not in parquet_forms(columns):
+        ok = False
+        gate.flag(
+            f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
+            f" other rows, metadata, encoding or another writer"
+        )
     return columns if ok else None
-
-
-def _why_not_canonical(
-    name: str, data: bytes, parsed: TraceColumns, jsonl: str | None, parquet: str | None
-) -> str:
-    """Why a file is not the bytes kvtrace writes, as precisely as one line can say. A JSONL
-    file the rows did not come from is parsed to say why only when small: its Python objects
-    cost ~36x its bytes."""
-    not_canonical = (
-        "not the bytes kvtrace writes for its rows (spacing, key order, duplicate "
-        "keys, number forms)"
-    )
-    if name != jsonl:
-        return "not the bytes kvtrace writes for its rows (metadata, encoding or another writer)"
-    if parquet is not None and len(data) > MAX_WORDING_PARSE_BYTES:
-        return f"not kvtrace's bytes for the rows of its Parquet twin ({parquet})"
-    try:
-        own = columns_of_jsonl(data)
-    except FormatError as err:
-        return str(err)
-    if parquet is not None and jsonl_bytes(own) != jsonl_bytes(parsed):
-        return f"does not hold the rows of its Parquet twin ({parquet})"
-    return not_canonical
 
 
 def _manifest(folder: str, names: list[str], stream_window: bool, gate: _Gate) -> dict | None:
