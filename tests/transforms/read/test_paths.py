@@ -3,6 +3,7 @@ row sized before it is decoded (paths.read_parquet_within, python_values)."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 
@@ -170,21 +171,11 @@ def _two_pages(path) -> None:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "created_by",
-    [
-        None,
-        "parquet-mr version 1.2.8 (build abc)",  # Arrow pads its chunks' reads (PARQUET-816)
-        "parquet-mr version 1.2.4294967296 (build x)",  # what Arrow's int reads as 1.2.0
-        "parquet-mr version 1.12.3 (build f8dced182c4c1fbdec6ccb3185537b5a01e6ed6b)",
-        "parquet-cpp-arrow version 17.0.0",
-    ],
-)
-def test_a_chunk_whose_pages_hold_fewer_values_than_its_footer_is_refused(tmp_path, created_by):
+def test_a_chunk_whose_pages_hold_fewer_values_than_its_footer_is_refused(tmp_path):
     """Arrow reads a chunk's pages until they hold its footer's values, past the stated end
     (by 100 bytes for what it takes for an old parquet-mr) where the walk does not look: a
-    chunk whose stated bytes end before that is refused, whoever the footer says wrote it
-    (the writer is not read at all), and the whole chunk passes."""
+    chunk whose stated bytes end before that is refused (the footer's writer is not read at
+    all: tests/e2e/test_redteam_input_round9.py names it), and the whole chunk passes."""
     from types import SimpleNamespace
 
     path = tmp_path / "two.parquet"
@@ -199,15 +190,26 @@ def test_a_chunk_whose_pages_hold_fewer_values_than_its_footer_is_refused(tmp_pa
     cut = SimpleNamespace(
         **{name: getattr(column, name) for name in fields},
         total_compressed_size=first_page_end - column.data_page_offset,
-        created_by=created_by,
     )
     with open(path, "rb") as raw, pytest.raises(ValueError, match="hold 1 values, its footer 2"):
         chunk_pages(raw, cut)
 
 
-def _wide(columns: int, groups: int = 1) -> bytes:
-    import io
+def test_a_page_header_is_read_by_its_type_as_arrow_reads_it(tmp_path):
+    """A page whose type says v2 but which carries a v1 header: Arrow reads it by its type (a
+    v2 header of no values), so the walk does too, and refuses it as damaged."""
+    path = tmp_path / "two.parquet"
+    _two_pages(path)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    data = bytearray(path.read_bytes())
+    at = column.data_page_offset
+    assert data[at : at + 2] == b"\x15\x00"  # PageHeader.type: DATA_PAGE
+    data[at + 1] = 6  # DATA_PAGE_V2, zigzag
+    with pytest.raises(ValueError, match="damaged page header"):
+        chunk_pages(io.BytesIO(bytes(data)), column)
 
+
+def _wide(columns: int, groups: int = 1) -> bytes:
     table = pa.table({f"c{i}": pa.nulls(groups) for i in range(columns)})
     sink = io.BytesIO()
     pq.write_table(table, sink, row_group_size=1, write_statistics=False)
