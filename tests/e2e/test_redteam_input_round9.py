@@ -96,7 +96,6 @@ def _named_writer(path, writer: str) -> None:
     path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 @pytest.mark.parametrize(
     "writer",
     [
@@ -124,7 +123,6 @@ def test_a_parquet_mr_version_arrow_reads_as_old_is_refused(tmp_path, writer):
     assert peak < 300, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_parquet_log_of_many_columns_is_read_within_the_documented_bound(
     tiny_tokenizer, tmp_path
 ):
@@ -168,7 +166,6 @@ def test_a_parquet_log_of_many_columns_is_read_within_the_documented_bound(
     assert peak < 250, f"{peak} MB peak reading a {src.stat().st_size}-byte Parquet file"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_standard_input_is_told_parquet_within_the_footer_bound(tiny_tokenizer, tmp_path):
     """decompress.standard_input_form tells Parquet on `--input -` by opening the spooled copy
     with pyarrow (_is_parquet), its footer allowed up to MAX_SNIFFED_FOOTER_BYTES (64 MiB)
@@ -236,7 +233,6 @@ def test_a_size_written_with_separators_is_not_read_as_a_list(tmp_path, capacity
     assert capacity in done.stderr, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 9")
 def test_a_parquet_page_failing_its_checksum_is_a_damaged_file_not_a_record(
     tiny_tokenizer, tmp_path
 ):

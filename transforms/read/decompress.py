@@ -30,11 +30,9 @@ import zlib
 from collections.abc import Iterator
 from typing import IO, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.read.parquet_frame import framed_as_parquet
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -180,10 +178,6 @@ STANDARD_INPUT = "-"
 CODEC_SUFFIXES = {"gzip": ".jsonl.gz", "bz2": ".jsonl.bz2", "xz": ".jsonl.xz", "zstd": ".jsonl.zst"}
 PARQUET_SUFFIX = ".parquet"
 PLAIN_SUFFIX = ".jsonl"
-_PARQUET_TAIL_BYTES = 8  # a Parquet file ends with its footer's length (4 bytes) and magic
-# The largest Parquet footer parsed to tell the form: a footer claiming more is no Parquet
-# kvtrace wrote (its footers are KiBs), and parsing it would hold it whole in memory.
-MAX_SNIFFED_FOOTER_BYTES = 64 << 20
 SPOOL_STEP_BYTES = 1 << 20
 # What the spool leaves free on its file system: a stream that never ends (or outgrows the
 # disk) stops here with a one-line error, never by filling the disk under the run's own output.
@@ -212,7 +206,7 @@ def form_name(path: str) -> str:
 
 def standard_input_form(path: str) -> str:
     """The suffix of the form the whole file at path is, as the readers check it: Parquet when
-    its footer parses; a compressed log when its codec's decoder returns bytes, or ends cleanly,
+    framed as Parquet (its footer left to the reader's bounds); a compressed log when its codec's decoder returns bytes, or ends cleanly,
     before any damage (gzip and bzip2 check their headers, xz and zstd their stream and frame
     headers, zstd skippable frames included); else plain JSONL, whose bad lines are letters.
     A damaged first line that merely starts like a magic number is thus JSONL, as its file is."""
@@ -232,24 +226,12 @@ def _decodes_as(path: str, codec: str) -> bool:
 
 
 def _is_parquet(path: str) -> bool:
-    """Whether pyarrow opens the file as the Parquet readers do (its footer's magic checked and
-    the footer parsed), the footer's claimed length first bounded so no claim is held whole."""
+    """Whether the file is framed as Parquet (parquet_frame.framed_as_parquet: its magic at
+    both ends, a footer length that fits). Its footer is left to the Parquet reader, which
+    bounds it by --max-record-bytes before Arrow parses it: a damaged or oversized footer is
+    that reader's dead letter, never parsed here unbounded in the CLI's process."""
     with open(path, "rb") as raw:
-        size = raw.seek(0, os.SEEK_END)
-        if size < _PARQUET_TAIL_BYTES:
-            return False
-        raw.seek(-_PARQUET_TAIL_BYTES, os.SEEK_END)
-        footer_bytes = int.from_bytes(raw.read(4), "little")
-        if footer_bytes > min(size - _PARQUET_TAIL_BYTES, MAX_SNIFFED_FOOTER_BYTES):
-            return False
-        raw.seek(0)
-        try:
-            pq.ParquetFile(
-                raw, thrift_string_size_limit=footer_bytes, thrift_container_size_limit=footer_bytes
-            )
-        except (pa.ArrowException, OSError, ValueError):
-            return False
-    return True
+        return framed_as_parquet(raw)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ import glob
 import io
 import logging
 import os
-import re
 import sys
 import weakref
 from collections import Counter
@@ -34,6 +33,7 @@ from kvtrace.transforms.read.arrow_sizes import (
 )
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
+from kvtrace.transforms.read.parquet_frame import TAIL_BYTES, footer_length
 from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
@@ -49,7 +49,6 @@ CODECS = {
     ".lzma": "xz",
 }
 READ_CHUNK_BYTES = 1 << 20  # decompressed bytes buffered per read, and per step of a skip
-PARQUET_MAGIC = b"PAR1"
 # A Parquet page read may be this many times the bound of one value: pyarrow's writer fills a
 # page with 1024 values before checking its size, so pages of large values are far larger than
 # any one of them.
@@ -311,46 +310,78 @@ class FooterOverBound(ValueError):
 def parquet_file(
     path: str, max_footer_bytes: int, opened: IO[bytes] | None = None
 ) -> Iterator[tuple[IO[bytes], pq.ParquetFile]]:
-    """The file (opened: read from it, not opened by path) and a Parquet reader over it, once
-    its footer is known to be within max_footer_bytes (the footer is read whole before any row,
-    and it can claim any size); ValueError if not. Rows are then read a page at a time (no
-    pre-buffering of column chunks). The file itself is for oversized_pages' look at page
+    """The file (opened: read from it, not opened by path) and a Parquet reader over it
+    (arrow_reader), once its footer is known to be within max_footer_bytes (the footer is read
+    whole before any row, and it can claim any size), in bytes and in what Arrow makes of it
+    (check_footer); ValueError if not. The file itself is for oversized_pages' look at page
     headers."""
     with open_raw(path) if opened is None else nullcontext(opened) as raw:
-        raw.seek(0, os.SEEK_END)
-        if raw.tell() < len(PARQUET_MAGIC) * 2 + 4:
-            raise ValueError(f"{path}: too short to be a Parquet file")
-        raw.seek(-len(PARQUET_MAGIC) - 4, os.SEEK_END)
-        tail = raw.read(len(PARQUET_MAGIC) + 4)
-        if tail[4:] != PARQUET_MAGIC:
-            raise ValueError(f"{path}: not a Parquet file (no {PARQUET_MAGIC!r} at its end)")
-        footer_bytes = int.from_bytes(tail[:4], "little")
-        if footer_bytes > raw.tell() - len(PARQUET_MAGIC) * 2 - 4:
-            raise ValueError(
-                f"{path}: a Parquet footer of {footer_bytes} bytes, past the file's start"
-            )
+        footer_bytes = footer_length(raw, path)
         if footer_bytes > max_footer_bytes:
             raise FooterOverBound(
                 f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
                 f"of {max_footer_bytes}"
             )
-        raw.seek(-len(PARQUET_MAGIC) - 4 - footer_bytes, os.SEEK_END)
-        _check_footer(path, raw.read(footer_bytes))
+        raw.seek(-TAIL_BYTES - footer_bytes, os.SEEK_END)
+        check_footer(path, raw.read(footer_bytes), max_footer_bytes)
         raw.seek(0)
-        parquet = pq.ParquetFile(
+        parquet = arrow_reader(
             raw,
-            pre_buffer=False,
-            buffer_size=READ_CHUNK_BYTES,
             thrift_string_size_limit=max_footer_bytes,
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
-        _check_writer(path, parquet.metadata.created_by)
         _check_chunks_apart(path, parquet.metadata)
         yield raw, parquet
 
 
-def _check_footer(path: str, footer: bytes) -> None:
+def arrow_reader(raw: IO[bytes], **options: Any) -> pq.ParquetFile:
+    """Arrow's reader of a Parquet input or trace, as every one is opened: rows read a page at a
+    time (no pre-buffering of column chunks), and each page that carries a CRC of its bytes
+    checked against it before it is decoded, so a page damaged after it was written fails its
+    row group (a damaged_file letter), never reads as records."""
+    return pq.ParquetFile(
+        raw,
+        pre_buffer=False,
+        buffer_size=READ_CHUNK_BYTES,
+        page_checksum_verification=True,
+        **options,
+    )
+
+
+# What Arrow holds of a parsed footer follows its Thrift structs (a row group, a column chunk
+# and its metadata, statistics, a key-value pair, ...: measured ~0.2 KB each), where a struct
+# may take 1 byte of the footer, and what a reader spends follows its schema's elements (~8 KB
+# each all told: Arrow's schema, a column reader per row group, the rows' sizing; docs/BOUNDS.md).
+# A footer is held to its bound as if each struct were FOOTER_STRUCT_BYTES and each schema
+# element SCHEMA_ELEMENT_BYTES more, and may weigh FOOTER_WEIGHT_FLOOR whatever the bound (a
+# small bound still reads a file of a few columns).
+FOOTER_STRUCT_BYTES = 64
+SCHEMA_ELEMENT_BYTES = 1024
+FOOTER_WEIGHT_FLOOR = 1 << 20
+
+
+def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> None:
+    """The footer's checks made on its bytes by kvtrace's own Thrift reader, before Arrow parses
+    it: FooterOverBound when it weighs more than max_footer_bytes (FOOTER_WEIGHT_FLOOR at
+    least) in the units Arrow spends memory on (_FooterWalk.weight), not its bytes;
+    ValueError when it is not Thrift, or not of the shape Arrow builds safely
+    (_check_footer_shape)."""
+    most = max(max_footer_bytes, FOOTER_WEIGHT_FLOOR)
+    try:
+        _FooterWalk(footer).weight(most)
+    except _OverWeight:
+        raise FooterOverBound(
+            f"{path}: Parquet footer of too many schema elements and column chunks for the "
+            f"bound of {most} bytes (each struct weighed as {FOOTER_STRUCT_BYTES} bytes, each "
+            f"schema element {SCHEMA_ELEMENT_BYTES} more: what Arrow holds follows them)"
+        ) from None
+    except IndexError:
+        raise ValueError(f"{path}: the Parquet footer ends inside a value") from None
+    _check_footer_shape(path, footer)  # within its weight: decoded whole
+
+
+def _check_footer_shape(path: str, footer: bytes) -> None:
     """The footer (FileMetaData), decoded by kvtrace's own Thrift reader before Arrow builds any
     column's metadata from it, holds each row group's column chunks as its schema's leaves are,
     one each in order, and each chunk's level histograms (its size statistics) one count per
@@ -431,30 +462,6 @@ def _check_chunks_apart(path: str, metadata: pq.FileMetaData) -> None:
             )
 
 
-# Arrow reads a column chunk up to 100 bytes past its stated size when the footer names
-# parquet-mr before 1.2.9 as its writer (PARQUET-816: that writer left the dictionary page's
-# header out of the size), bytes the page checks, which stop at the stated end, never see.
-PARQUET_816_FIXED = (1, 2, 9)
-_WRITER_VERSION = re.compile(r"\s*version\s*(\d+)\.(\d+)\.(\d+)")
-
-
-def _check_writer(path: str, created_by: str | None) -> None:
-    """Refuse (ValueError) a file Arrow would read past its chunks' stated ends: one whose
-    footer names parquet-mr, unless it names a version known to be 1.2.9 or later (a writer
-    from 2013 that neither kvtrace nor any current writer is)."""
-    named = (created_by or "").lower()
-    at = named.find("parquet-mr")
-    if at < 0:
-        return
-    version = _WRITER_VERSION.match(named, at + len("parquet-mr"))
-    if version is None or tuple(map(int, version.groups())) < PARQUET_816_FIXED:
-        raise ValueError(
-            f"{path}: written by {(created_by or '')[:60]!r}: Arrow reads such a file's column "
-            f"chunks past their stated size (PARQUET-816), bytes kvtrace cannot check first; "
-            f"rewrite it with a current writer"
-        )
-
-
 def _check_schema(path: str, schema: pa.Schema) -> None:
     """The file's columns as a whole are ones a record can be read from, or ValueError: each
     name one column's (columns are found by name, and Arrow's lookups by a repeated name fail),
@@ -527,13 +534,7 @@ def group_reader(
             dictionary_bytes = sum(page.size for page in pages if page.encoding is None)
             largest = _largest_entry_bytes(raw, metadata, group, chunk.path_in_schema)
             dense_row_bytes += min(largest, dictionary_bytes) * values_per_row
-    reader = pq.ParquetFile(
-        raw,
-        metadata=metadata,
-        pre_buffer=False,
-        buffer_size=READ_CHUNK_BYTES,
-        read_dictionary=strings or None,
-    )
+    reader = arrow_reader(raw, metadata=metadata, read_dictionary=strings or None)
     return GroupReader(reader, dense_row_bytes)
 
 
@@ -587,13 +588,7 @@ def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int, 
     Arrow dictionary with the chunk's first row: the page is decoded once, within the page
     ceiling that oversized_pages checked. Unbounded (the page's size is then the bound) when
     no dictionary comes back."""
-    probe = pq.ParquetFile(
-        raw,
-        metadata=metadata,
-        pre_buffer=False,
-        buffer_size=READ_CHUNK_BYTES,
-        read_dictionary=[column],
-    )
+    probe = arrow_reader(raw, metadata=metadata, read_dictionary=[column])
     batch = next(probe.iter_batches(1, row_groups=[group], columns=[column]), None)
     arrays = [] if batch is None else _dictionaries(batch.column(0))
     return max((largest_value_bytes(array) for array in arrays), default=sys.maxsize)
@@ -693,12 +688,23 @@ _WALKED: weakref.WeakKeyDictionary[IO[bytes], dict[tuple, Any]] = weakref.WeakKe
 
 
 def chunk_pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> tuple[Page, ...]:
-    """Each page of a column chunk (_pages), its bytes walked once per open file."""
+    """Each page of a column chunk (_pages), its bytes walked once per open file. Arrow reads a
+    chunk's pages until they hold the values its footer entry claims, past the chunk's stated
+    end if need be (by up to 100 bytes when it takes the footer's writer for an old parquet-mr:
+    PARQUET-816), where this walk never looks: pages holding fewer are refused (ValueError),
+    so Arrow stops inside the pages walked, whatever the footer says of its writer."""
     walked = _WALKED.setdefault(raw, {})
     key = _chunk_range(column)
     if key not in walked:
-        walked[key] = tuple(_pages(raw, column))
-    return walked[key]
+        pages = tuple(_pages(raw, column))
+        walked[key] = pages, sum(page.values for page in pages if page.version)
+    pages, values = walked[key]
+    if values < column.num_values:
+        raise ValueError(
+            f"the pages of {column.path_in_schema} hold {values} values, its footer "
+            f"{column.num_values}: Arrow would read on past the chunk's end"
+        )
+    return pages
 
 
 def checked_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, max_repetition: int) -> Levels:
@@ -719,22 +725,28 @@ def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     return start, start + column.total_compressed_size
 
 
+# Parquet's PageType enum -> the PageHeader field holding that type's header.
+_PAGE_HEADERS = {0: 5, 3: 8, 2: 7}  # DATA_PAGE, DATA_PAGE_V2, DICTIONARY_PAGE
+
+
 def _pages(raw: IO[bytes], column: pq.ColumnChunkMetaData) -> Iterator[Page]:
     """Each page of a column chunk, from its page headers."""
     offset, end = _chunk_range(column)
     while offset < end:
         header, header_bytes = _page_header(raw, offset)
         uncompressed, compressed = header.get(2), header.get(3)
-        # A data page (v1, v2) or dictionary page header: its first field counts the values;
-        # a data page's encoding is its field 2 (v1) or 4 (v2), its repetition levels' encoding
-        # field 4 (v1) or their length field 6 (v2).
-        field, kind = next(
-            ((k, header[k]) for k in (5, 8, 7) if isinstance(header.get(k), dict)), (0, {})
-        )
+        # The page's type (field 1) names its header, as Arrow reads it: a data page (v1: field
+        # 5, v2: 8) or the dictionary page (7), whose first field counts the values; a data
+        # page's encoding is its field 2 (v1) or 4 (v2), its repetition levels' encoding field
+        # 4 (v1) or their length field 6 (v2).
+        field = _PAGE_HEADERS.get(header.get(1), 0)
+        kind = header.get(field) if isinstance(header.get(field), dict) else {}
         values, encoding = kind.get(1), kind.get({5: 2, 8: 4}.get(field, 0))
         repetition = kind.get({5: 4, 8: 6}.get(field, 0), 0)
+        # Thrift i32s (Arrow's int): a value Arrow would read otherwise is damage
         if not all(
-            isinstance(n, int) and n >= 0 for n in (uncompressed, compressed, values, repetition)
+            isinstance(n, int) and 0 <= n < 1 << 31
+            for n in (uncompressed, compressed, values, repetition)
         ):
             raise ValueError(f"damaged page header at byte {offset} of {column.path_in_schema}")
         version = {5: 1, 8: 2}.get(field, 0)
@@ -1090,6 +1102,96 @@ class _CompactReader:
     def _zigzag(self) -> int:
         value = self._varint()
         return (value >> 1) ^ -(value & 1)
+
+
+class _OverWeight(Exception):
+    """A footer weighing more than its bound."""
+
+
+class _FooterWalk(_CompactReader):
+    """A Parquet footer (Thrift's compact protocol) walked, nothing of it kept: its structs
+    counted at any depth, with a stack of its own (no recursion however deep), as deep as
+    Thrift's own reader allows Arrow (64 levels). Lists of numbers are skipped at C speed, so
+    the walk's Python steps are a struct's fields and a list's structs and strings, each at
+    least a byte of the footer."""
+
+    _MAX_DEPTH = 64
+    _FIXED_BYTES = {1: 1, 2: 1, 3: 1, 7: 8}  # in a list: bools, bytes, doubles
+    _VARINTS = (4, 5, 6)
+    _SCHEMA_FIELD = 2  # FileMetaData's list of schema elements
+
+    def weight(self, most: int) -> int:
+        """The footer's weight: FOOTER_STRUCT_BYTES for each struct in it, itself included, and
+        SCHEMA_ELEMENT_BYTES more for each schema element; _OverWeight as soon as it is over
+        `most`."""
+        weight = FOOTER_STRUCT_BYTES
+        # a struct as [None, last field id]; a list, set or map as [element types, left]
+        stack: list[list[Any]] = [[None, 0]]
+        while stack:
+            frame = stack[-1]
+            schema = False
+            if frame[0] is None:
+                head = self._byte()
+                if not head:  # the struct's end
+                    stack.pop()
+                    continue
+                kind = head & 0x0F
+                frame[1] = frame[1] + (head >> 4) if head >> 4 else self._zigzag()
+                if kind in (1, 2):  # a bool field: its value is its type
+                    continue
+                schema = len(stack) == 1 and frame[1] == self._SCHEMA_FIELD
+            else:
+                if not frame[1]:
+                    stack.pop()
+                    continue
+                frame[1] -= 1
+                kind = frame[0][frame[1] % len(frame[0])]
+            if kind == 12:
+                weight += FOOTER_STRUCT_BYTES
+                stack.append([None, 0])
+            elif kind in (9, 10, 11):
+                stack.append(self._collection(kind))
+                weight += stack[-1][1] * SCHEMA_ELEMENT_BYTES if schema else 0
+            else:
+                self._scalar(kind)
+            if weight > most:
+                raise _OverWeight
+            if len(stack) > self._MAX_DEPTH:
+                raise ValueError("Parquet footer nested too deep")
+        return weight
+
+    def _collection(self, kind: int) -> list[Any]:
+        """A list's, set's or map's header read, and its values too when they are numbers; what
+        is left to walk as [element types, count]."""
+        if kind == 11:
+            size = self._varint()
+            types = self._byte() if size else 0
+            return [(types & 0x0F, types >> 4), 2 * size]  # taken from the end: key first
+        head = self._byte()
+        size = self._varint() if head >> 4 == 15 else head >> 4
+        element = head & 0x0F
+        if element in self._FIXED_BYTES:
+            self._skip(size * self._FIXED_BYTES[element])
+            size = 0
+        elif element in self._VARINTS:
+            # each varint ends at a byte under 0x80, at most 10 bytes on
+            window = self._data[self.position : self.position + 10 * size]
+            ends = np.flatnonzero(np.frombuffer(window, np.uint8) < 0x80)
+            if len(ends) < size:
+                raise IndexError("past the end")
+            self.position += int(ends[size - 1]) + 1 if size else 0
+            size = 0
+        return [(element,), size]
+
+    def _scalar(self, kind: int) -> None:
+        if kind in self._FIXED_BYTES:
+            self._skip(self._FIXED_BYTES[kind])
+        elif kind in self._VARINTS:
+            self._varint()
+        elif kind == 8:
+            self._skip(self._varint())
+        else:
+            raise ValueError(f"Parquet footer holds an unknown Thrift type {kind}")
 
 
 class ParquetRows(NamedTuple):

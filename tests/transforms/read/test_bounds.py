@@ -625,8 +625,12 @@ def test_a_footer_claiming_many_rows_does_not_lower_what_one_row_may_hold(tmp_pa
     data = path.read_bytes()
     footer_bytes = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - footer_bytes
-    claimed = b"\x16" + _zigzag(10**9)  # RowGroup.num_rows and FileMetaData.num_rows
-    footer = data[start:-8].replace(b"\x16" + _zigzag(3), claimed)
+    # FileMetaData.num_rows, the timestamp chunk's num_values, RowGroup.num_rows: the rows
+    # claimed, not the values (pages holding fewer values than claimed are refused first)
+    parts = data[start:-8].split(b"\x16" + _zigzag(3))
+    assert len(parts) == 4
+    claimed, kept = b"\x16" + _zigzag(10**9), b"\x16" + _zigzag(3)
+    footer = parts[0] + claimed + parts[1] + kept + parts[2] + claimed + parts[3]
     path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
     with parquet_file(str(path), MiB) as (raw, parquet):
         assert parquet.metadata.row_group(0).num_rows == 10**9

@@ -411,14 +411,18 @@ def test_a_refused_row_group_is_one_letter_whatever_rows_its_footer_claims(tmp_p
     data = path.read_bytes()
     footer_bytes = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - footer_bytes
-    # RowGroup.num_rows (field 3, i64: 0x16 delta 1 from field 2) 2 -> 10^12, zigzag varint
+    # FileMetaData.num_rows and RowGroup.num_rows (field 3, i64: 0x16 delta 1 from field 2),
+    # the first and last 2s so written, -> 10^12, zigzag varint (the columns' num_values
+    # between them are kept: pages holding fewer values than claimed are refused first)
     claimed = 10**12
     zigzag, varint = claimed << 1, bytearray()
     while zigzag >= 0x80:
         varint.append(zigzag & 0x7F | 0x80)
         zigzag >>= 7
     varint.append(zigzag)
-    footer = data[start:-8].replace(b"\x16\x04", b"\x16" + bytes(varint))
+    parts = data[start:-8].split(b"\x16\x04")
+    claim = b"\x16" + bytes(varint)
+    footer = parts[0] + claim + b"\x16\x04".join(parts[1:-1]) + claim + parts[-1]
     path.write_bytes(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
     assert pq.ParquetFile(path).metadata.row_group(0).num_rows == claimed
     [letter] = read_range(FileRange(str(path), 0, None), bound)

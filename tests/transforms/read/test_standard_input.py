@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read import decompress, paths
 from kvtrace.transforms.read.decompress import spooled_standard_input
+from kvtrace.transforms.read.parquet_frame import framed_as_parquet
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -62,6 +63,8 @@ def parquet_bytes() -> bytes:
         # Damaged first lines that start like a magic number are lines, as in their file.
         (b"BZh91AY&SY log start\n" + LOG, "stdin.jsonl"),
         (b"PAR1 log start\n" + LOG + b"PAR1", "stdin.jsonl"),
+        # Framed as Parquet: its footer is its reader's to parse (a damaged_file letter).
+        (b"PAR1 not thrift" + (11).to_bytes(4, "little") + b"PAR1", "stdin.parquet"),
         (b"\x1f\x8b\x08\x00 damaged\n" + LOG, "stdin.jsonl"),
         (b"\xfd7zXZ\x00 damaged\n" + LOG, "stdin.jsonl"),
         (b"\x28\xb5\x2f\xfd damaged\n" + LOG, "stdin.jsonl"),
@@ -79,6 +82,7 @@ def parquet_bytes() -> bytes:
         "empty",
         "bz2-like-line",
         "parquet-like-lines",
+        "parquet-framed-damaged",
         "gzip-like-line",
         "xz-like-line",
         "zstd-like-line",
@@ -159,8 +163,11 @@ def _spooled_form(data: bytes) -> tuple[str, bytes | None]:
     with spooled_standard_input(io.BytesIO(data)) as path:
         suffix = decompress.form_name(path).removeprefix("stdin")
         if paths.is_parquet(path):
-            with paths.parquet_file(path, 1 << 20) as (_, parquet):
-                return suffix, str(parquet.read().to_pylist()).encode()
+            try:
+                with paths.parquet_file(path, 1 << 20) as (_, parquet):
+                    return suffix, str(parquet.read().to_pylist()).encode()
+            except (ValueError, pa.ArrowException):
+                return suffix, None  # the reader's damaged_file letter
         with paths.open_stream(path) as stream:
             read = stream.read()
             return suffix, None if paths.broken_off(stream) and not read else read
@@ -175,9 +182,13 @@ _MAGICS += [b"\x28\xb5\x2f\xfd", SKIPPABLE[:4], SKIPPABLE]
 def test_any_input_is_spooled_as_a_form_its_reader_takes_or_as_jsonl(magic, rest):
     """For any bytes, most of them opening like a magic number: the form standard input is
     spooled as is one whose reader takes it (bytes decoded, or a clean end, before any damage),
-    or it is plain JSONL (bad lines then dead letters, as in the file)."""
-    suffix, read = _spooled_form(magic + rest)
-    assert suffix == ".jsonl" or read is not None
+    Parquet by its frame alone (its footer parsed by its reader, within its bound), or it is
+    plain JSONL (bad lines then dead letters, as in the file)."""
+    data = magic + rest
+    suffix, read = _spooled_form(data)
+    framed = framed_as_parquet(io.BytesIO(data))
+    assert (suffix == ".parquet") == framed
+    assert suffix in (".jsonl", ".parquet") or read is not None
 
 
 @settings(max_examples=100, deadline=None)
