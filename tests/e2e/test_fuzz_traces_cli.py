@@ -114,7 +114,10 @@ def test_any_parquet_trace_gets_the_checks_a_jsonl_one_gets(tmp_path_factory, ch
         return
     folder = tmp_path_factory.mktemp("parquet")
     path = folder / "trace.parquet"
-    pq.write_table(table, path)
+    try:
+        pq.write_table(table, path)
+    except pa.ArrowException:  # Arrow holds it, Parquet cannot (a struct of no fields)
+        return
     trace = read_trace([str(path)])
     assert len(trace) + trace.malformed_count == table.num_rows
     assert (trace.input_length >= 0).all() and (trace.output_length >= 0).all()
