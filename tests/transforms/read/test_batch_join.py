@@ -7,6 +7,8 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.read.batch_join import (
@@ -122,6 +124,44 @@ def test_the_spill_joins_every_custom_id_once_across_runs_and_partitions(tmp_pat
     assert sorted(r.output_length for r in joined) == [i for i in range(40) if i % 10]
     assert sorted(json.loads(x.line)["custom_id"] for x in letters) == ["r0", "r10", "r20", "r30"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"joined-{k}.jsonl" for k in range(3)]
+
+
+@given(
+    lines=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "d\t", "é"]), st.sampled_from([INPUT, OUTPUT])),
+        max_size=12,
+    ),
+    partitions=st.integers(1, 3),
+    run_bytes=st.sampled_from([1, 400, 1 << 20]),
+)
+def test_however_lines_are_spilled_each_is_joined_or_a_letter_once(
+    tmp_path_factory, lines, partitions, run_bytes
+):
+    """Every line is in exactly one outcome (a pair's two lines in its joined record), and the
+    outcomes are what join_halves makes of each custom_id's lines whole."""
+    folder = tmp_path_factory.mktemp("spill")
+    spills = [BatchSpill(str(folder), partitions, run_bytes) for _ in range(2)]
+    halves = []
+    for i, (custom_id, side) in enumerate(lines):
+        line = (request if side == INPUT else answer)(
+            custom_id, **({"n": i} if side == INPUT else {})
+        )
+        halves.append((custom_id, Half(side, f"f{i}", line)))
+        spills[i % 2].add(custom_id, halves[-1][1])
+    runs = [run for spill in spills for run in spill.close()]
+    got = []
+    for partition in range(partitions):
+        mine = [path for p, path, _ in runs if p == partition]
+        if mine:
+            got += joined_partition(merge_files(mine, str(folder / f"p{partition}"), fan_in=2))
+    expected = [
+        item
+        for custom_id in sorted({c for c, _ in lines})
+        for item in join_halves(custom_id, [h for c, h in halves if c == custom_id])
+    ]
+    assert sorted(map(repr, got)) == sorted(map(repr, expected))
+    joined = [x for x in got if not isinstance(x, DeadLetter)]
+    assert 2 * len(joined) + len(got) - len(joined) == len(lines)  # each line once
 
 
 def test_a_spilled_line_keeps_its_bytes_and_source_whatever_they_hold(tmp_path):
