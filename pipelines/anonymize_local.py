@@ -139,7 +139,11 @@ def join_batches(
     ]
     sizes = [sum(size for p, _, size in halves if p == partition) for partition in partitions]
     _LOG.info("joining %.1f MB of OpenAI Batch lines by custom_id", sum(sizes) / 1e6)
-    return encode_in_workers(JoinEncoding(config), pieces, min(processes, len(pieces)), sizes)
+    parts = encode_in_workers(JoinEncoding(config), pieces, min(processes, len(pieces)), sizes)
+    # Removed once every worker is done: a worker started clean warms up on the first file
+    # whoever encodes it.
+    storage.delete([piece.path for piece in pieces])
+    return parts
 
 
 @dataclass(frozen=True)
@@ -175,8 +179,7 @@ class RangeEncoding:
 @dataclass(frozen=True)
 class JoinEncoding:
     """What encoding the sorted files of Batch lines takes (join_batches), in a worker process:
-    each file's joined records (batch_join.joined_partition), encoded as a range's are; the
-    file removed once read."""
+    each file's joined records (batch_join.joined_partition), encoded as a range's are."""
 
     config: AnonymizeConfig
 
@@ -192,7 +195,6 @@ class JoinEncoding:
         rejected = SortedRuns(self.config.dead_letter)
         records = (item for piece in pieces for item in joined_partition(piece.path))
         hashed, read = _encode(records, encoder, self.config.parse, rejected, progress)
-        storage.delete([piece.path for piece in pieces])
         return Encoded(
             hashed,
             [],
