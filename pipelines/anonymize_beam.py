@@ -51,7 +51,7 @@ from kvtrace.transforms.ids.segments import SegmentFile
 from kvtrace.transforms.ids.steps import AssignDenseIds, ReadIdMap, WriteSegmentShard
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.records import ParseOptions
-from kvtrace.transforms.read.steps import ReadRecords, RouteSessions, parse_records
+from kvtrace.transforms.read.steps import JoinBatchHalves, ReadRecords, RouteSessions, parse_records
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from kvtrace.transforms.steps import BatchByWeight, CombineWith, metered
 from kvtrace.transforms.trace_format import parse_json
@@ -91,7 +91,10 @@ class AnonymizeOutputs(NamedTuple):
 
 def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
     read = pipeline | "Read" >> ReadRecords(config.inputs, config.parse.max_record_bytes)
-    parsed = read.records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
+    # Each pair of an OpenAI Batch input line and output line is one record from here on.
+    joined = read.records | "JoinBatch" >> JoinBatchHalves(config.parse)
+    records = joined["records"]
+    parsed = records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
     encoded = parsed["requests"] | "Encode" >> Encode(
         config.encode, established=published_days(config)
@@ -161,7 +164,12 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         >> beam.FlatMap(assemble_rows, plan, rows_origin, config.emit_output_hashes)
     )
 
-    letter_sources = (read[DEAD_LETTER_TAG], parsed[DEAD_LETTER_TAG], encoded[DEAD_LETTER_TAG])
+    letter_sources = (
+        read[DEAD_LETTER_TAG],
+        joined[DEAD_LETTER_TAG],
+        parsed[DEAD_LETTER_TAG],
+        encoded[DEAD_LETTER_TAG],
+    )
     # Written where they are made, as they come (in sorted runs: SortedRuns), never gathered
     # (even a Flatten of them no step reads is held whole by the local runner): only each
     # bundle's runs and tally travel on, and one step merges the runs into the file.
@@ -174,10 +182,15 @@ def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
         | "SumStaged" >> beam.CombineGlobally(lambda parts: sum(parts, StagedLetters()))
     )
     # A damaged file's unreadable rest counts as one record read and rejected, so that
-    # read = exported + rejected still holds and --max-rejected-fraction sees it.
-    read_letters = read[DEAD_LETTER_TAG] | "CountReadRejected" >> beam.combiners.Count.Globally()
+    # read = exported + rejected still holds and --max-rejected-fraction sees it; so does each
+    # Batch line that pairs with none (a pair is one record, counted among the records).
+    read_letters = (
+        (read[DEAD_LETTER_TAG], joined[DEAD_LETTER_TAG])
+        | "ReadRejected" >> beam.Flatten()
+        | "CountReadRejected" >> beam.combiners.Count.Globally()
+    )
     gated = (
-        read.records
+        records
         | "CountRead" >> beam.combiners.Count.Globally()
         | "PassGate"
         >> beam.Map(

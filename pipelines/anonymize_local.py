@@ -22,14 +22,17 @@ input, outlives that to say so in one line and publish nothing.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvtrace.pipelines.anonymize_config import AnonymizeConfig
 from kvtrace.pipelines.anonymize_night import Encoded, finish_night
 from kvtrace.pipelines.local_workers import encode_in_workers, worker_count
 from kvtrace.pipelines.progress import RangeCounts
+from kvtrace.transforms import storage
 from kvtrace.transforms.batching import batches_by_weight
 from kvtrace.transforms.dead_letters import DeadLetter, SortedRuns, StagedLetters
 from kvtrace.transforms.encode.encode_requests import (
@@ -43,6 +46,13 @@ from kvtrace.transforms.encode.encode_requests import (
 from kvtrace.transforms.encode.fast_backend import TOKENIZERS
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.encode.segment_cache import CacheCounts, log_counts
+from kvtrace.transforms.read.batch_join import (
+    BatchSpill,
+    Half,
+    batch_half,
+    joined_partition,
+    merge_partition,
+)
 from kvtrace.transforms.read.records import ParseOptions, Request
 from kvtrace.transforms.read.sources import (
     FileRange,
@@ -57,6 +67,8 @@ _LOG = logging.getLogger("kvtrace")
 # Workers claim input in ranges this size: the last ones to finish are ~0.3 s of a core apart
 # (8 MB ranges, ~1.3 s of tokenizing each, left one worker waiting up to that long).
 CLAIM_BYTES = 2 << 20
+# Records a worker reads, at most, to find one to render before its first claim.
+WARM_UP_RECORDS = 64
 
 
 def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
@@ -69,8 +81,9 @@ def run_local(config: AnonymizeConfig, processes: int = 0) -> dict:
 
 def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     """Every input record encoded by worker processes in runs of file ranges (local_workers.py:
-    each range parsed, rendered, tokenized and hashed where it is read). Results are gathered in
-    range order; dead letters are merged into their declared order when published
+    each range parsed, rendered, tokenized and hashed where it is read); OpenAI Batch files'
+    lines set aside as they are read and encoded once joined (join_batches). Results are
+    gathered in range order; dead letters are merged into their declared order when published
     (dead_letters.py), whichever worker wrote them."""
     sized = [
         (piece, size)
@@ -81,11 +94,12 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     total_bytes = sum(size for _, size in config.inputs)
     processes = min(worker_count(processes, total_bytes), len(pieces))
     parts = encode_in_workers(
-        RangeEncoding(config),
+        RangeEncoding(config, processes),
         pieces,
         processes,
         [stored_bytes(piece, size) for piece, size in sized],
     )
+    parts += join_batches(config, [run for p in parts for run in p.batch_halves], processes)
     fallback = next((p.backend_fallback for p in parts if p.backend_fallback), None)
     if fallback and config.tokenizer_backend != TOKENIZERS:
         # Texts encoded before the difference was seen hold the fast backend's ids: the whole
@@ -102,9 +116,70 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     )
 
 
+def join_batches(
+    config: AnonymizeConfig, halves: list[tuple[int, str, int]], processes: int
+) -> list[Encoded]:
+    """The Batch lines the workers set aside (halves: (partition, run, bytes) of every run they
+    wrote), joined and encoded: each partition's runs merged into one file sorted by custom_id
+    (here: bytes only, nothing decoded), then the files encoded by workers as ranges are
+    (JoinEncoding). Nothing when there are none."""
+    if not halves:
+        return []
+    partitions = sorted({partition for partition, _, _ in halves})
+    pieces = [
+        FileRange(
+            merge_partition(
+                [run for p, run, _ in halves if p == partition],
+                storage.join(config.dead_letter, f"batch-joined-{partition}.jsonl"),
+            ),
+            0,
+            None,
+        )
+        for partition in partitions
+    ]
+    sizes = [sum(size for p, _, size in halves if p == partition) for partition in partitions]
+    _LOG.info("joining %.1f MB of OpenAI Batch lines by custom_id", sum(sizes) / 1e6)
+    parts = encode_in_workers(JoinEncoding(config), pieces, min(processes, len(pieces)), sizes)
+    # Removed once every worker is done: a worker started clean warms up on the first file
+    # whoever encodes it.
+    storage.delete([piece.path for piece in pieces])
+    return parts
+
+
 @dataclass(frozen=True)
 class RangeEncoding:
-    """What encoding a run's file ranges takes, in a worker process (local_workers.RangeWork)."""
+    """What encoding a run's file ranges takes, in a worker process (local_workers.RangeWork):
+    partitions, how many parts the Batch lines set aside are joined in."""
+
+    config: AnonymizeConfig
+    partitions: int = 1
+
+    def new_encoder(self) -> RequestEncoder:
+        return open_encoder(self.config.encode)
+
+    def warm_up(self, encoder: RequestEncoder, first: FileRange) -> None:
+        """Render the input's first record that parses here, so that forked workers inherit the
+        template renderer imported and the template compiled; prompt-only input never imports
+        it."""
+        _warm_up(encoder, read_range(first, self.config.parse.max_record_bytes), self.config)
+
+    def encode(
+        self, pieces: list[FileRange], encoder: RequestEncoder, progress: RangeCounts | None = None
+    ) -> Encoded:
+        return encode_ranges(
+            pieces,
+            encoder,
+            self.config.parse,
+            self.config.dead_letter,
+            progress,
+            BatchSpill(self.config.dead_letter, self.partitions),
+        )
+
+
+@dataclass(frozen=True)
+class JoinEncoding:
+    """What encoding the sorted files of Batch lines takes (join_batches), in a worker process:
+    each file's joined records (batch_join.joined_partition), encoded as a range's are."""
 
     config: AnonymizeConfig
 
@@ -112,19 +187,37 @@ class RangeEncoding:
         return open_encoder(self.config.encode)
 
     def warm_up(self, encoder: RequestEncoder, first: FileRange) -> None:
-        """Render the input's first record here, so that forked workers inherit the template
-        renderer imported and the template compiled; prompt-only input never imports it."""
-        parse = self.config.parse
-        for item in read_range(first, parse.max_record_bytes):
-            request = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
-            if not isinstance(request, DeadLetter):
-                encoder.render([request])
-            return
+        _warm_up(encoder, joined_partition(first.path), self.config)
 
     def encode(
         self, pieces: list[FileRange], encoder: RequestEncoder, progress: RangeCounts | None = None
     ) -> Encoded:
-        return encode_ranges(pieces, encoder, self.config.parse, self.config.dead_letter, progress)
+        rejected = SortedRuns(self.config.dead_letter)
+        records = (item for piece in pieces for item in joined_partition(piece.path))
+        hashed, read = _encode(records, encoder, self.config.parse, rejected, progress)
+        return Encoded(
+            hashed,
+            [],
+            read,
+            encoder.take_cache_counts(),
+            rejected.close(),
+            encoder.backend_fallback,
+        )
+
+
+def _warm_up(
+    encoder: RequestEncoder,
+    records: Iterable[tuple[str, Any] | DeadLetter],
+    config: AnonymizeConfig,
+) -> None:
+    """Render the first record that parses, of the first few (a Batch line alone parses to a
+    letter), so workers start with the renderer imported and the template compiled."""
+    parse = config.parse
+    for item in itertools.islice(records, WARM_UP_RECORDS):
+        request = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
+        if not isinstance(request, DeadLetter):
+            encoder.render([request])
+            return
 
 
 def encode_ranges(
@@ -133,19 +226,41 @@ def encode_ranges(
     parse: ParseOptions,
     letters: str,
     progress: RangeCounts | None = None,
+    spill: BatchSpill | None = None,
 ) -> Encoded:
     """Read, parse, batch, render, tokenize and hash the records of some file ranges (tokenizing
     in a background thread, encode_requests.OverlappedEncoder); their dead letters written as
-    they come into sorted runs in the folder letters (dead_letters.SortedRuns)."""
+    they come into sorted runs in the folder letters (dead_letters.SortedRuns). With a spill,
+    the lines of OpenAI Batch files are set aside into it, to be joined (join_batches)."""
     rejected = SortedRuns(letters)
-    hashed, read = _encode(pieces, encoder, parse, rejected, progress)
+
+    def records() -> Iterator[tuple[str, Any] | DeadLetter]:
+        for piece in pieces:
+            for item in read_range(piece, parse.max_record_bytes, progress):
+                half = (
+                    None
+                    if isinstance(item, DeadLetter) or spill is None
+                    else batch_half(item[1], parse)
+                )
+                if half is None:
+                    yield item
+                else:
+                    spill.add(half[0], Half(half[1], *item))
+
+    hashed, read = _encode(records(), encoder, parse, rejected, progress)
     return Encoded(
-        hashed, [], read, encoder.take_cache_counts(), rejected.close(), encoder.backend_fallback
+        hashed,
+        [],
+        read,
+        encoder.take_cache_counts(),
+        rejected.close(),
+        encoder.backend_fallback,
+        spill.close() if spill is not None else (),
     )
 
 
 def _encode(
-    pieces: Iterable[FileRange],
+    records: Iterable[tuple[str, Any] | DeadLetter],
     encoder: RequestEncoder,
     parse: ParseOptions,
     rejected: SortedRuns,
@@ -156,16 +271,15 @@ def _encode(
 
     def requests() -> Iterator[Request]:
         nonlocal read
-        for piece in pieces:
-            for item in read_range(piece, parse.max_record_bytes, progress):
-                read += 1
-                if progress is not None:
-                    progress.records()
-                parsed = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
-                if isinstance(parsed, DeadLetter):
-                    rejected.add(parsed)
-                else:
-                    yield parsed
+        for item in records:
+            read += 1
+            if progress is not None:
+                progress.records()
+            parsed = item if isinstance(item, DeadLetter) else parse_one(*item, parse)
+            if isinstance(parsed, DeadLetter):
+                rejected.add(parsed)
+            else:
+                yield parsed
 
     def finish(encoded: EncodedBatch | None) -> None:
         if encoded is not None:

@@ -110,6 +110,9 @@ class Encoded(NamedTuple):
     # Why the fast tokenizer backend gave way to tokenizers in a worker, if it did
     # (fast_backend.py): the local engine then encodes the input again with tokenizers alone.
     backend_fallback: str | None = None
+    # OpenAI Batch lines a local worker set aside to be joined: (partition, run, bytes) of each
+    # run it wrote (read/batch_join.BatchSpill); they count as read once joined.
+    batch_halves: tuple[tuple[int, str, int], ...] = ()
 
 
 # Dense ids of one kind's keys (blocks, sessions), extending whatever holds the earlier ones.

@@ -128,7 +128,7 @@ def _numbers_and_page(
         "with_tier2": _smallest_best_tier(grid, gpu),
     }
     numbers = {
-        "title": {"model": _model_name(config), "dates": _dates(cache.timestamp_ms, config.inputs)},
+        "title": _title(config, cache.timestamp_ms),
         "headline": headline,
         "analyze": stats,
         "sessions": session_report(trace, cache),
@@ -165,9 +165,12 @@ EPOCH_MS = (10**12, 253_402_300_799_999)
 _DATE_IN_PATH = re.compile(r"(?<![0-9])([0-9]{4}-[0-9]{2}-[0-9]{2})(?![0-9])")
 
 
-def _dates(timestamp_ms: np.ndarray, files: tuple[str, ...]) -> str:
+def _dates(
+    timestamp_ms: np.ndarray, files: tuple[str, ...], published: bool = False
+) -> tuple[str, str | None]:
     """The trace's dates (UTC): from epoch timestamps, else the dates its paths name, else
-    "undated"."""
+    "undated" and why, said plainly (published: the trace is a kvtrace output folder's, whose
+    manifest holds no date by design)."""
     if len(timestamp_ms) and EPOCH_MS[0] <= timestamp_ms.min() <= timestamp_ms.max() <= EPOCH_MS[1]:
         days = [
             datetime.datetime.fromtimestamp(t / 1000, datetime.UTC).date().isoformat()
@@ -175,9 +178,16 @@ def _dates(timestamp_ms: np.ndarray, files: tuple[str, ...]) -> str:
         ]
     else:
         days = sorted({d for f in files for d in _DATE_IN_PATH.findall(f) if _is_date(d)})
-    if not days:
-        return "undated"
-    return days[0] if days[0] == days[-1] else f"{days[0]} to {days[-1]}"
+    if days:
+        return (days[0] if days[0] == days[-1] else f"{days[0]} to {days[-1]}"), None
+    if not len(timestamp_ms):
+        return "undated", "the trace holds no request"
+    times = (
+        "kvtrace publishes times in ms from the first request and no date in its manifest"
+        if published
+        else "its times are not epoch times (ms from its own start, as kvtrace publishes them)"
+    )
+    return "undated", f"{times}, and no path names a day (YYYY-MM-DD, as a nightly's {{date}})"
 
 
 def _is_date(text: str) -> bool:
@@ -186,6 +196,13 @@ def _is_date(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _title(config: ReportConfig, timestamp_ms: np.ndarray) -> dict:
+    """What the page is titled by: the model, the dates, and why there are none if so."""
+    published = any(pin_of(f) is not None for f in config.inputs)
+    dates, undated_because = _dates(timestamp_ms, config.inputs, published)
+    return {"model": _model_name(config), "dates": dates, "undated_because": undated_because}
 
 
 def _model_name(config: ReportConfig) -> str | None:
@@ -310,6 +327,12 @@ def title(numbers: dict) -> str:
     return f"kvtrace report: {model}, {numbers['title']['dates']}"
 
 
+def _undated(numbers: dict) -> str:
+    """A line saying why the title names no date, when it names none."""
+    why = numbers["title"]["undated_because"]
+    return f"<p>Undated: {html.escape(why)}.</p>\n" if why else ""
+
+
 def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, bytes]) -> str:
     per_token = config.kv_bytes_per_token
     rates = stats["hit_rates"]
@@ -350,7 +373,7 @@ table.headline {{ background: #f4f7fb; font-size: 16px; }}
 h2 {{ border-bottom: 1px solid #ddd; margin-top: 2em; }}
 </style></head><body>
 <h1>{heading}</h1>
-<p>Block size {config.block_size}. Hit rates are the share of prompt tokens served from cache
+{_undated(numbers)}<p>Block size {config.block_size}. Hit rates are the share of prompt tokens served from cache
 (the longest cached prefix of each request), in %; capacities in
 {"GiB" if per_token else "tokens (give --model for GiB)"}.</p>
 {_headline(config, numbers)}

@@ -25,13 +25,14 @@ def layer(module: str) -> int:
 
 
 # transforms/ in the order data flows; the shared floor first (storage, errors, batching, pure
-# combiners, dead letters, the Beam steps every stage uses, the collector's setting)
+# combiners, sorted runs, dead letters, the Beam steps every stage uses, the collector's setting)
 STAGES = (
     "storage",
     "errors",
     "trace_format",
     "batching",
     "combiners",
+    "sorted_runs",
     "dead_letters",
     "steps",
     "garbage",

@@ -17,23 +17,19 @@ letters as sorted runs (SortedRuns: bounded memory) and merge them (merge_runs).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import heapq
 import json
-import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvtrace.transforms import storage
+from kvtrace.transforms.sorted_runs import MERGE_FAN_IN, merge_files, write_run
 
 DEAD_LETTER_TAG = "rejected"
 DAMAGED_FILE = "damaged_file"  # the reason of a file that breaks off, rather than of a record
 # Letters held this much at most (per bundle, or per worker process) to be sorted before written
-# as a run; runs merged at most this many at once (each an open file).
+# as a run (sorted_runs.py).
 SORT_RUN_BYTES = 16 << 20
-MERGE_FAN_IN = 64
 # A letter's record kept whole up to this (a chat request of ~60K tokens), a longer one cut to
 # it: the merge holds one letter of each of MERGE_FAN_IN runs, at most ~1.5 MiB each as JSON.
 LETTER_LINE_BYTES = 256 << 10
@@ -175,8 +171,7 @@ class SortedRuns:
         return StagedLetters(tuple(self._files), self.tally)
 
     def _spill(self) -> None:
-        self._lines.sort()
-        self._files.append(_write_run(self._folder, self._lines))
+        self._files.append(write_run(self._folder, self._lines))
         self._lines, self._held = [], 0
 
 
@@ -187,30 +182,4 @@ def merge_runs(
     (SortedRuns) and of more (a few held in memory: a stream window's), one line of each run
     held at a time (a letter's size is bounded: LETTER_LINE_BYTES) (at most fan_in runs open: more are merged in passes). The runs are removed
     once merged. Made even when there are none; returns path."""
-    folder = path.rsplit("/", 1)[0] if "/" in path else "."  # a URL's or a local path's
-    runs = list(staged.files)
-    while len(runs) > fan_in:
-        runs = runs[fan_in:] + [_merge(runs[:fan_in], storage.join(folder, _run_name()))]
-    return _merge(runs, path, sorted(letter.to_line() for letter in more))
-
-
-def _merge(runs: list[str], path: str, held: list[bytes] | None = None) -> str:
-    with contextlib.ExitStack() as stack:
-        opened = [stack.enter_context(storage.open_read(run)) for run in runs]
-        with storage.create(path, private=True) as merged:
-            merged.writelines(heapq.merge(*opened, held or []))
-    if runs:
-        storage.delete(runs)
-    return path
-
-
-def _write_run(folder: str, lines: list[bytes]) -> str:
-    path = storage.join(folder, _run_name())
-    with storage.create(path, private=True) as run:
-        run.writelines(lines)
-    return path
-
-
-def _run_name() -> str:
-    """A name no other bundle (nor a retried one) takes."""
-    return f"run-{uuid.uuid4().hex}.jsonl"
+    return merge_files(staged.files, path, sorted(letter.to_line() for letter in more), fan_in)

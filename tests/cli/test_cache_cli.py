@@ -96,6 +96,7 @@ def test_report_is_one_self_contained_page(tmp_path, capsys):
     assert text.index('class="headline"') < text.index("<h2>")  # the headline comes first
     assert "kvtrace&#x27;s default: 50 GiB" in text and str(Path(trace).parent) not in text
     assert "<title>kvtrace report: model not named, undated</title>" in text
+    assert "<p>Undated: its times are not epoch times" in text  # and says why
 
 
 @pytest.mark.slow  # over a second: .ci/run runs the slow set

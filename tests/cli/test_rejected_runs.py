@@ -28,8 +28,8 @@ SHAPES = {
             )
             for i in range(3)
         ),
-        "unjoined_batch 3",  # each line's letter says to join it with its output line
-        "join each input line with its output line by custom_id",
+        "unjoined_batch 3",  # each line's letter says to give its output file too
+        "give both to one run, which joins their lines by custom_id",
     ),
     "ts-not-timestamp": (
         "\n".join(json.dumps({"ts": 1763700000000 + i, "messages": MESSAGES}) for i in range(3)),

@@ -8,8 +8,6 @@ import gzip
 import io
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,52 +260,34 @@ def test_provider_shapes_come_out_as_the_engine_renders_them(qwen3_tokenizer, tm
     assert manifest["records"] == {"exported": 4}
 
 
-# ---- The examples, and the Batch join the docs give ------------------------------------------
+# ---- The examples, the Batch files joined by the run ----------------------------------------
 
 PROVIDERS = ROOT / "examples" / "providers"
+BATCH_FILES = [PROVIDERS / "batch_input.jsonl", PROVIDERS / "batch_output.jsonl"]
 
 
-def joined_batch(folder: Path) -> Path:
-    """The Batch example's input lines, each with its output line's response and error."""
-    outputs = {line["custom_id"]: line for line in read_jsonl(PROVIDERS / "batch_output.jsonl")}
-    joined = [
-        {**line, "response": outputs[line["custom_id"]]["response"], "error": None}
-        for line in read_jsonl(PROVIDERS / "batch_input.jsonl")
-    ]
-    return write_jsonl(folder / "batch_joined.jsonl", joined)
-
-
-def test_every_provider_example_is_exported(tiny_tokenizer, tmp_path):
+def test_every_provider_example_is_exported_the_batch_files_as_the_api_leaves_them(
+    tiny_tokenizer, tmp_path
+):
     inputs = [
         *(PROVIDERS / f"{name}.jsonl" for name in ("litellm_payload", "litellm_spend_logs")),
         PROVIDERS / "anthropic_tools.jsonl",
-        joined_batch(tmp_path),
+        *BATCH_FILES,
     ]
     assert anonymize(tiny_tokenizer, inputs, tmp_path / "out", "--block-size", "4") == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["records"] == {"exported": 8}
+    assert manifest["records"] == {"exported": 8}  # the 4 Batch lines are 2 requests
+    assert not (tmp_path / "out-rejected").exists()
 
 
-def test_each_batch_file_alone_is_dead_letters_saying_to_join_them(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("alone", BATCH_FILES, ids=["input", "output"])
+def test_a_batch_file_without_its_other_half_is_letters_naming_the_file_to_give(
+    tiny_tokenizer, tmp_path, alone
+):
     inputs = [PROVIDERS / f"{name}.jsonl" for name in ("litellm_payload", "anthropic_tools")]
-    inputs += [PROVIDERS / "batch_input.jsonl", PROVIDERS / "batch_output.jsonl"]
     out = tmp_path / "out"
-    assert anonymize(tiny_tokenizer, inputs, out, "--max-rejected-fraction", "0.5") == 0
+    assert anonymize(tiny_tokenizer, [*inputs, alone], out, "--max-rejected-fraction", "0.5") == 0
     letters = read_jsonl(published_letters(Path(f"{out}-rejected")))
-    assert [letter["error"] for letter in letters] == ["unjoined_batch"] * 4
-    assert all(
-        "join each input line with its output line by custom_id" in letter["message"]
-        for letter in letters
-    )
-
-
-@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
-def test_the_docs_jq_join_writes_what_kvtrace_reads(tmp_path):
-    docs = (ROOT / "docs" / "ANONYMIZE.md").read_text()
-    command = re.search(r"^ +(jq -c -n --slurpfile out .*?> joined\.jsonl)$", docs, re.M | re.S)
-    assert command, "the Batch join is no longer in docs/ANONYMIZE.md"
-    script = " ".join(line.strip() for line in command.group(1).splitlines())
-    for name in ("batch_input", "batch_output"):
-        shutil.copy(PROVIDERS / f"{name}.jsonl", tmp_path / f"{name.split('_')[1]}.jsonl")
-    subprocess.run(["sh", "-c", script], cwd=tmp_path, check=True, timeout=60)
-    assert read_jsonl(tmp_path / "joined.jsonl") == read_jsonl(joined_batch(tmp_path))
+    assert [letter["error"] for letter in letters] == ["unjoined_batch"] * 2
+    other = "output" if "input" in alone.name else "input"
+    assert all(f"give its {other} file to the same run" in x["message"] for x in letters)

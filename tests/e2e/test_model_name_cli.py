@@ -68,4 +68,6 @@ def test_a_name_the_gate_would_refuse_is_refused_before_any_work(tiny_tokenizer,
 def test_the_report_is_titled_by_the_published_model(named, tmp_path):
     page = tmp_path / "r.html"
     assert main(["report", str(named), "-o", str(page), "--model", "qwen3-8b"]) == 0
-    assert "<title>kvtrace report: Qwen/Qwen3-8B, undated</title>" in page.read_text()
+    text = page.read_text()
+    assert "<title>kvtrace report: Qwen/Qwen3-8B, undated</title>" in text
+    assert "publishes times in ms from the first request and no date in its manifest" in text

@@ -53,14 +53,19 @@ def test_the_smallest_tier_printing_the_best_rate_is_the_advice():
     assert _smallest_best_tier(grid, 1024)["tier2_capacity_tokens"] == 2048
 
 
-def test_dates_from_epoch_times_else_from_dated_paths_else_undated():
+def test_dates_from_epoch_times_else_from_dated_paths_else_undated_saying_why():
     day = 1_736_899_200_000  # 2025-01-15T00:00:00Z
-    assert _dates(np.array([day, day + 3_600_000.0]), ()) == "2025-01-15"
-    assert _dates(np.array([day, day + 86_400_000.0]), ()) == "2025-01-15 to 2025-01-16"
+    assert _dates(np.array([day, day + 3_600_000.0]), ()) == ("2025-01-15", None)
+    assert _dates(np.array([day, day + 86_400_000.0]), ())[0] == "2025-01-15 to 2025-01-16"
     relative = np.array([0.0, 5000.0])
-    assert _dates(relative, ("traces/2025-01-15/trace-00000-of-00001.jsonl",)) == "2025-01-15"
-    assert _dates(relative, ("traces/2025-13-45/t.jsonl", "t.jsonl")) == "undated"
-    assert _dates(np.array([1e300]), ()) == "undated"  # beyond any calendar: not a date
+    dated = _dates(relative, ("traces/2025-01-15/trace-00000-of-00001.jsonl",))
+    assert dated == ("2025-01-15", None)
+    dates, why = _dates(relative, ("traces/2025-13-45/t.jsonl", "t.jsonl"))
+    assert dates == "undated" and "not epoch times" in why and "no path names a day" in why
+    assert _dates(np.array([1e300]), ())[0] == "undated"  # beyond any calendar: not a date
+    _, why = _dates(relative, ("night/trace-00000-of-00001.jsonl",), published=True)
+    assert "no date in its manifest" in why
+    assert _dates(np.array([]), ()) == ("undated", "the trace holds no request")
 
 
 def trace_line(timestamps_ms: np.ndarray) -> str:

@@ -41,7 +41,12 @@ ONE_OBJECT_PER_LINE = (
     "kvtrace reads one JSON object per line (JSONL), not pretty-printed JSON or a JSON array: "
     "jq -c . (objects) or jq -c '.[]' (an array) writes it so"
 )
-BATCH_JOIN = "join each input line with its output line by custom_id (docs/ANONYMIZE.md)"
+# What a Batch line read alone says (a stream's message, a Parquet row: batch_join.py joins
+# the JSONL lines of a run without --streaming).
+BATCH_JOIN = (
+    "give the input file and the output file to one run (not --streaming), which joins their "
+    "lines by custom_id (docs/ANONYMIZE.md)"
+)
 MAX_COUNT = MAX_OUTPUT_LENGTH  # also bounds the other counts a record gives
 # Token ids are stored as uint32 (encode/blocks.TOKEN_DTYPE): larger ones are no tokenizer's.
 MAX_TOKEN_ID = 2**32 - 1
@@ -85,6 +90,13 @@ class Request:
 
 def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
     """The Request in one JSONL line; raises Rejected with a reason when there is none."""
+    record, check_strings = decode_record(line, options)
+    return request_from_object(record, line, source, options, check_strings=check_strings)
+
+
+def decode_record(line: bytes, options: ParseOptions) -> tuple[dict[str, Any], bool]:
+    """The JSON object of a line, bounded before it is decoded, and whether its strings may hold
+    lone surrogates (load_json_line); raises Rejected when it is none."""
     if len(line) > options.max_record_bytes:
         raise Rejected(
             "too_large",
@@ -104,7 +116,7 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
         raise Rejected("not_an_object", f"a JSON array, not an object: {ONE_OBJECT_PER_LINE}")
     if not isinstance(record, dict):
         raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
-    return request_from_object(record, line, source, options, check_strings=check_strings)
+    return record, check_strings
 
 
 def record_containers(max_record_bytes: int) -> int:

@@ -1,5 +1,6 @@
-"""The Beam steps of reading: file ranges spread over workers, records parsed into Requests,
-and, when asked, each session's requests routed to one worker."""
+"""The Beam steps of reading: file ranges spread over workers, OpenAI Batch files' lines joined
+by custom_id, records parsed into Requests, and, when asked, each session's requests routed to
+one worker."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
+from kvtrace.transforms.read.batch_join import Half, batch_half, join_halves
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.routing import Routed, arrived, route_key, routed
 from kvtrace.transforms.read.sources import (
@@ -88,6 +90,58 @@ class ReadRecords(beam.PTransform):
                 DEAD_LETTER_TAG, main="records"
             )
         )
+
+
+HALVES_TAG = "batch_halves"
+
+
+class SetAsideHalves(beam.DoFn):
+    """(source, record) in; the lines of OpenAI Batch files out under HALVES_TAG, keyed by
+    custom_id (batch_join.batch_half), every other record as it came."""
+
+    def __init__(self, options: ParseOptions):
+        self._options = options
+
+    def process(self, element: tuple[str, Any]) -> Iterator[Any]:
+        half = batch_half(element[1], self._options)
+        if half is None:
+            yield element
+        else:
+            yield beam.pvalue.TaggedOutput(HALVES_TAG, (half[0], Half(half[1], *element)))
+
+
+class JoinGroup(beam.DoFn):
+    """(custom_id, its lines) in; the joined record (source, line) or dead letters out
+    (batch_join.join_halves)."""
+
+    def process(self, element: tuple[str, Iterable[Half]]) -> Iterator[Any]:
+        for item in join_halves(*element):
+            yield tagged(item) if isinstance(item, DeadLetter) else item
+
+
+class JoinBatchHalves(beam.PTransform):
+    """(source, record) in; the same out ("records"), but each pair of an OpenAI Batch input
+    line and output line is one joined record, met by custom_id in a GroupByKey (the runner's
+    shuffle bounds its memory), and the lines that do not pair are dead letters
+    (DEAD_LETTER_TAG): the local engine's join (batch_join.py), one function."""
+
+    def __init__(self, options: ParseOptions):
+        super().__init__()
+        self._options = options
+
+    def expand(self, records: beam.PCollection) -> dict[str, beam.PCollection]:
+        split = records | "SetAsideHalves" >> beam.ParDo(
+            SetAsideHalves(self._options)
+        ).with_outputs(HALVES_TAG, main="records")
+        joined = (
+            split[HALVES_TAG]
+            | "GroupByCustomId" >> beam.GroupByKey()
+            | "JoinHalves" >> beam.ParDo(JoinGroup()).with_outputs(DEAD_LETTER_TAG, main="records")
+        )
+        return {
+            "records": (split.records, joined.records) | "WithJoined" >> beam.Flatten(),
+            DEAD_LETTER_TAG: joined[DEAD_LETTER_TAG],
+        }
 
 
 class ParseRecords(beam.DoFn):

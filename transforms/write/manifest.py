@@ -82,7 +82,8 @@ def check_rejected_fraction(
         "no_input": "each line needs messages (or input, prompt, input_ids) at its top level, "
         "or under an OpenAI Batch line's body",
         "unjoined_batch": "an OpenAI Batch input file has no times and its output file no "
-        "requests: join each input line with its output line by custom_id (docs/ANONYMIZE.md)",
+        "requests: give both to one run, which joins their lines by custom_id "
+        "(docs/ANONYMIZE.md)",
         "missing_timestamp": "each line needs a timestamp (or created) field: epoch s, ms, us, "
         "ns or ISO 8601",
     }
