@@ -202,7 +202,10 @@ def _gpu_kv_cache_size(args: argparse.Namespace, per_token: int | None) -> Capac
     """--gpu-kv-cache-size as reuse and report take it, at least one token; None if not given."""
     if args.gpu_kv_cache_size is None:
         return None
-    gpu = parse_capacity(args.gpu_kv_cache_size, per_token)
+    try:
+        gpu = parse_capacity(args.gpu_kv_cache_size, per_token)
+    except ValueError as err:
+        raise ConfigError(f"--gpu-kv-cache-size: {err}") from None
     if gpu.tokens < 1:
         raise ConfigError(
             f"--gpu-kv-cache-size must be at least one token, not {args.gpu_kv_cache_size!r}"
