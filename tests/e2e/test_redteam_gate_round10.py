@@ -71,6 +71,26 @@ def test_a_manifest_files_list_of_mixed_items_is_refused_in_linear_time(night, t
 
 
 @pytest.mark.xfail(strict=True, reason="red team round 10")
+def test_a_parquet_twin_larger_than_kvtraces_bytes_for_its_rows_is_never_read_whole(
+    night, tmp_path
+):
+    """The audit reads a shard's Parquet twin whole (up to MAX_SHARD_BYTES, 2 GiB) before it
+    parses the JSONL, then compares it with kvtrace's Parquet bytes for the JSONL's rows
+    (parquet_forms: 2,229 bytes for these six rows). A sparse twin costs no disk: this 20 KB
+    folder with a 256 MiB twin peaks at ~400 MB (512 MiB: 657 MB, 4 s; 2 GiB: ~2.2 GB), and a
+    folder of many such shards (an empty JSONL each) is read for hours, one twin at a time. A
+    file longer than every form of its rows is not kvtrace's bytes whatever it holds: it needs
+    no reading past that length."""
+    folder = tmp_path / "sparse-twin"
+    shutil.copytree(night, folder)
+    with open(folder / f"{SHARD}.parquet", "r+b") as twin:
+        twin.truncate(256 << 20)  # a hole: no block is written
+    code, peak_mb, _ = peak_rss_mb([sys.executable, "-m", "kvtrace.cli", "audit", str(folder)])
+    assert code == 1
+    assert peak_mb < 200, f"the audit of a six-row shard's 256 MiB twin peaked at {peak_mb} MB"
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_shard_of_empty_objects_is_refused_within_the_documented_memory(night, tmp_path):
     """The byte screen (trace_format._screen) passes a line `{}`: 3 bytes, which pyarrow's JSON
     reader turns into a row of seven columns (~170 bytes at the peak, fill_null copies and the
