@@ -10,6 +10,7 @@ duplicate that kvtrace would not write can pass, whoever thought of it.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -366,6 +367,17 @@ _ROW_LISTS = 2  # hash_ids, output_hash_ids
 READ_BLOCK_BYTES = 1 << 20  # parsed at a time, as read/trace_io.py reads traces
 
 
+@functools.cache
+def _shortest_row_line() -> int:
+    """The bytes of the shortest line kvtrace writes: a row of zeros, no ids, no optional field
+    (what pyarrow makes of a line costs a row of columns, whatever the line's own length)."""
+    zero, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
+    row = TraceColumns(
+        zero, zero, zero, zero, none, np.full(1, NO_SESSION), np.full(1, NO_RESPONSE_MS)
+    )
+    return len(jsonl_bytes(row))
+
+
 def _screen(data: bytes) -> int:
     """Refuse (FormatError) bytes outside the shape of kvtrace's JSONL before pyarrow's parser
     sees them: it is native code, and some JSON takes it down (a line `null` under an explicit
@@ -384,6 +396,8 @@ def _screen(data: bytes) -> int:
         starts = np.concatenate(([0], ends[:-1] + 1))
         if (piece[starts] != ord("{")).any() or (piece[ends - 1] != ord("}")).any():
             raise FormatError(shape)
+        if ((ends - starts + 1) < _shortest_row_line()).any():  # so rows <= bytes / that
+            raise FormatError(f"{shape} (a line shorter than any row kvtrace writes)")
         lists = np.flatnonzero(piece == ord("["))  # a line's lists nest at most this deep
         if len(lists) and np.bincount(np.searchsorted(ends, lists)).max() > _ROW_LISTS:
             raise FormatError(shape)
@@ -678,7 +692,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             # Only counts the rows prove; the run's others are the operator's (CLI, not published).
             "records": _closed({"exported": _COUNT}),
             "id_map": {"anyOf": [{"type": "null"}, ID_MAP_START]},
-            "files": {"type": "array", "items": _TRACE_OR_STATS, "uniqueItems": True},
+            # unique by audit's files confirmer (sorted and equal to the folder's): jsonschema's
+            # uniqueItems compares every pair of items that do not sort (quadratic)
+            "files": {"type": "array", "items": _TRACE_OR_STATS},
             "sha256": {
                 "type": "object",
                 "propertyNames": _TRACE_OR_STATS,

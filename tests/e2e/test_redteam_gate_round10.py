@@ -42,7 +42,6 @@ def _with_files_of(night: Path, folder: Path, pairs: int) -> Path:
     return folder
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_manifest_files_list_of_mixed_items_is_refused_in_linear_time(night, tmp_path):
     """The manifest schema's `files` says uniqueItems; jsonschema checks it by sorting, and
     items that do not sort (an integer beside a string) by comparing every pair: quadratic. A
@@ -70,7 +69,6 @@ def test_a_manifest_files_list_of_mixed_items_is_refused_in_linear_time(night, t
     assert large < 24 * max(small, 1e-3), (small, large)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_parquet_twin_larger_than_kvtraces_bytes_for_its_rows_is_never_read_whole(
     night, tmp_path
 ):
@@ -90,7 +88,6 @@ def test_a_parquet_twin_larger_than_kvtraces_bytes_for_its_rows_is_never_read_wh
     assert peak_mb < 200, f"the audit of a six-row shard's 256 MiB twin peaked at {peak_mb} MB"
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_shard_of_empty_objects_is_refused_within_the_documented_memory(night, tmp_path):
     """The byte screen (trace_format._screen) passes a line `{}`: 3 bytes, which pyarrow's JSON
     reader turns into a row of seven columns (~170 bytes at the peak, fill_null copies and the

@@ -769,21 +769,29 @@ def _shard(
             f"its JSONL twin"
         )
         return None
-    files = {name: _read(folder, name, limit, gate) for name in (jsonl, parquet) if name}
-    if any(data is None for data in files.values()):
+    lines = _read(folder, jsonl, limit, gate)
+    if lines is None:
         return None
     try:
-        columns = columns_of_jsonl(files[jsonl])
+        columns = columns_of_jsonl(lines)
     except FormatError as err:
         gate.flag(f"{jsonl}: {err}")
         return None
-    ok = is_jsonl_of(files[jsonl], columns)
+    ok = is_jsonl_of(lines, columns)
     if not ok:
         gate.flag(
             f"{jsonl}: not the bytes kvtrace writes for its rows (spacing, key order, "
             f"duplicate keys, number forms)"
         )
-    if parquet is not None and files[parquet] not in parquet_forms(columns):
+    if parquet is None:
+        return columns if ok else None
+    forms = parquet_forms(columns)
+    # Read no further than kvtrace's bytes for these rows: a longer file is not them, however
+    # large (a sparse 2 GiB twin beside six rows).
+    twin = _read(folder, parquet, max(map(len, forms)), gate)
+    if twin is None:
+        return None
+    if twin not in forms:
         ok = False
         gate.flag(
             f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
