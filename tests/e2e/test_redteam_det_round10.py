@@ -1,0 +1,99 @@
+"""Red team round 10, determinism: reproducers of byte-identical output broken by the engine,
+the form or the order of the same input. Each test asserts the promised behaviour and fails
+today."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import SALT, anonymize, assert_same_output, chat, trace, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+DAY0 = 1_700_000_000_000
+DAY0_S = 1_763_703_600  # 2025-11-21T05:40:00Z
+
+
+def _salt(tmp_path: Path) -> Path:
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    return salt
+
+
+def _batch_files(folder: Path, custom_ids: list[str]) -> list[Path]:
+    """An OpenAI Batch input file and its output file, one request and its answer per id."""
+    requests, answers = [], []
+    for i, custom_id in enumerate(custom_ids):
+        body = {"model": "m", "messages": chat(i, 0)["messages"]}
+        requests.append({"custom_id": custom_id, "method": "POST", "body": body})
+        answer = {"created": DAY0_S + i, "usage": {"completion_tokens": 3 + i}}
+        response = {"status_code": 200, "body": answer}
+        answers.append({"id": f"b{i}", "custom_id": custom_id, "response": response})
+    return [
+        write_jsonl(folder / "input.jsonl", requests),
+        write_jsonl(folder / "output.jsonl", answers),
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 10")
+@pytest.mark.beam
+def test_a_batch_custom_id_of_a_lone_surrogate_is_joined_alike_on_every_engine(
+    tiny_tokenizer, tmp_path
+):
+    """Promise: the same input and configuration give byte-identical output on any engine; bad
+    input is a dead letter, never a failed run (read/batch_join.py: 'One pure function decides
+    each custom_id's fate on every engine'). A Batch line whose custom_id is a lone surrogate
+    (the JSON escape \\ud800, which json.loads keeps) is, on the local engine, one
+    invalid_unicode letter, the other pairs published (partition_of hashes it with
+    surrogatepass). On Beam, SetAsideHalves emits it as a GroupByKey key, which Beam's str
+    coder encodes as strict UTF-8: the whole job fails ("'utf-8 [while running
+    'JoinBatch/SetAsideHalves/...']' codec can't encode character"), nothing published."""
+    inputs = _batch_files(tmp_path, ["req-0", "req-1", "x\ud800", "req-3"])
+    salt = _salt(tmp_path)
+    codes = {}
+    for engine in ("local", "beam"):
+        codes[engine] = anonymize(
+            tiny_tokenizer, inputs, tmp_path / engine, "--engine", engine,
+            "--block-size", "4", "--salt-file", str(salt),
+        )  # fmt: skip
+    assert codes["local"] == 0 and len(trace(tmp_path / "local")) == 3
+    assert codes["beam"] == 0
+    assert_same_output(tmp_path / "local", tmp_path / "beam")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 10")
+def test_a_latency_in_seconds_reads_as_the_same_milliseconds_as_its_parquet_duration(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; round 9's
+    fix read an Arrow duration as its JSONL seconds): a response time logged as `latency` reads
+    alike in both forms. Round 9's reproducer used multiples of 250 ms, which binary floating
+    point holds exactly. response_end._duration_ms multiplies JSONL seconds by 1000 in binary
+    floating point and floors: `"latency": 1.001` (1000.9999999999999) publishes response_ms
+    1000, where the same latency as a Parquet duration (or as `latency_ms: 1001`) publishes
+    1001. About 0.7% of latencies written to the ms lose one: the bytes depend on the input's
+    form."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    latency_ms = [1001, 1003, 1005, 2009, 4011, 8013]
+    records = [chat(i, DAY0 + 700 * i, f"u{i % 2}") for i in range(6)]
+    as_jsonl = write_jsonl(
+        tmp_path / "log.jsonl", [{**r, "latency": ms / 1000} for r, ms in zip(records, latency_ms)]
+    )
+    table = pa.Table.from_pylist(records).append_column(
+        "latency", pa.array(latency_ms, type=pa.duration("ms"))
+    )
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(table, as_parquet)
+    salt = _salt(tmp_path)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out))
+    assert runs["parquet"][0] == 0
+    assert [r["response_ms"] for r in runs["parquet"][1]] == latency_ms
+    assert runs["jsonl"] == runs["parquet"]
