@@ -5,11 +5,12 @@ today."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import SALT, anonymize, assert_same_output, chat, trace, write_jsonl
+from helpers import SALT, anonymize, assert_same_output, chat, kvtrace_child, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -189,3 +190,34 @@ def test_reuse_reports_the_same_ccdf_on_every_engine(tmp_path):
         reports[engine] = json.loads(out.read_text())
     assert reports["local"]["ccdf"]["interval_tokens"]
     assert reports["beam"]["ccdf"] == reports["local"]["ccdf"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 10")
+def test_a_chat_template_reading_the_request_time_as_epoch_seconds_never_reads_the_zone(
+    tiny_tokenizer, tmp_path
+):
+    """Promise (transforms/encode/template_names.py: 'A render must give the same text for the
+    same request on any worker, day or zone'; round 9 bound strftime_now to the request's time,
+    in UTC): the same input and configuration give byte-identical output in any time zone.
+    strftime_now formats a UTC datetime with datetime.strftime, which hands C's strftime a
+    struct tm without its zone: glibc's `%s` (seconds since the epoch, which templates print as
+    a request id or a cache-buster) converts it with mktime, in the worker's local zone (TZ).
+    Here a template repeats a word once per hour of strftime_now("%s"): the same log under
+    TZ=UTC and TZ=Pacific/Kiritimati publishes other lengths and ids."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, tokenizer)
+    template = tokenizer / "chat_template.jinja"
+    hours = '(strftime_now("%s") | int) // 3600 % 24'
+    clock = f'<|im_start|>system\n{{{{ "the " * ({hours}) }}}}<|im_end|>\n'
+    template.write_text(clock + template.read_text())
+    log = write_jsonl(tmp_path / "log.jsonl", [chat(i, DAY0 + 1000 * i) for i in range(4)])
+    salt = _salt(tmp_path)
+    runs = []
+    for zone in ("UTC", "Pacific/Kiritimati"):
+        out = tmp_path / zone.replace("/", "-")
+        args = ["anonymize", "--input", str(log), "--output", str(out), "--tokenizer"]
+        args += [str(tokenizer), "--block-size", "4", "--salt-file", str(salt)]
+        done = kvtrace_child(*args, env={"TZ": zone})
+        runs.append((done.returncode, trace(out)))
+    assert runs[0][0] == 0 and len(runs[0][1]) == 4
+    assert runs[0] == runs[1]
