@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import stat
@@ -709,9 +710,11 @@ def _check_times(gate: _Gate) -> None:
         )
 
 
-def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
+def _read(folder: str, name: str, limit: int, gate: _Gate, kept: int | None = None) -> bytes | None:
     """A published file's bytes, refused before reading when it is not a regular file or is
-    larger than any file kvtrace writes under that name."""
+    larger than any file kvtrace writes under that name. kept: hold no more than that many
+    bytes (and one: the caller tells a longer file by it), yet hash the whole file, 1 MiB at a
+    time, for the manifest's digests."""
     path = storage.join(folder, name)
     try:
         if is_url(path):
@@ -719,7 +722,11 @@ def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
         else:
             handle, size = storage.open_regular(path, limit)
         with handle:  # a buffer of the file's size, not of the largest file kvtrace writes
-            data = handle.read(min(size, limit) + 1)
+            if kept is None:
+                data = handle.read(min(size, limit) + 1)
+                digest = sha256_of(data)
+            else:
+                data, digest = _kept_and_digest(handle, kept + 1, limit + 1)
     except storage.UnfitFile as err:
         gate.flag(str(err))  # not a regular file (a link, FIFO or device), or too large
         return None
@@ -729,8 +736,20 @@ def _read(folder: str, name: str, limit: int, gate: _Gate) -> bytes | None:
     if len(data) > limit:
         gate.flag(f"{name}: larger than kvtrace writes")
         return None
-    gate.sha256[name] = sha256_of(data)
+    gate.sha256[name] = digest
     return data
+
+
+def _kept_and_digest(handle: Any, kept: int, most: int) -> tuple[bytes, str]:
+    """The first `kept` bytes of a file and the sha256 of its first `most` (all of it, when the
+    file is within its bound)."""
+    digest, head, read = hashlib.sha256(), bytearray(), 0
+    while read < most and (piece := handle.read(min(1 << 20, most - read))):
+        digest.update(piece)
+        if len(head) < kept:
+            head += piece[: kept - len(head)]
+        read += len(piece)
+    return bytes(head), digest.hexdigest()
 
 
 def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | None]]:
@@ -788,10 +807,10 @@ def _shard(
     forms = parquet_forms(columns)
     # Read no further than kvtrace's bytes for these rows: a longer file is not them, however
     # large (a sparse 2 GiB twin beside six rows).
-    twin = _read(folder, parquet, max(map(len, forms)), gate)
+    twin = _read(folder, parquet, limit, gate, kept=max(map(len, forms)))
     if twin is None:
         return None
-    if twin not in forms:
+    if twin not in forms:  # a twin longer than every form is held to one byte past them
         ok = False
         gate.flag(
             f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
