@@ -74,26 +74,28 @@ def _end_orphans(pids: Path, mark: str) -> None:
             pass
 
 
-# The OOM killer (or `kill -9`, a scheduler's hard timeout) ends the CLI once the Beam engine's
+# The OOM killer (or `kill -9`, a scheduler's hard timeout) ends the CLI, or the Beam engine's
+# child alone (the process that holds the job's data, the OOM killer's likely pick), once the
 # child has started an SDK worker process (--direct_running_mode multi_processing): the child,
-# right after Beam's Popen of the worker, notes the worker's pid and kills the CLI.
-_KILL_THE_CLI_ONCE_AN_SDK_WORKER_RUNS = """
+# right after Beam's Popen of the worker, notes the worker's pid and kills the one named.
+_KILL_ONCE_AN_SDK_WORKER_RUNS = """
 import os, signal, subprocess
 _cli = os.getpid()
 _init = subprocess.Popen.__init__
-def _start_then_kill_the_cli(self, args, *rest, **kwargs):
+def _start_then_kill(self, args, *rest, **kwargs):
     _init(self, args, *rest, **kwargs)
     if os.getpid() != _cli and "sdk_worker_main" in str(args):
         with open(os.environ["ROUND10_PIDS"], "a") as pids:
             pids.write(f"{self.pid}\\n")
-        os.kill(_cli, signal.SIGKILL)
-subprocess.Popen.__init__ = _start_then_kill_the_cli
+        os.kill(_cli if os.environ["ROUND10_KILL"] == "cli" else os.getpid(), signal.SIGKILL)
+subprocess.Popen.__init__ = _start_then_kill
 """
 
 
 @pytest.mark.beam
 @pytest.mark.xfail(strict=True, reason=ROUND10)
-def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("killed", ["cli", "child"])
+def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path, killed):
     """Round 9 made every process kvtrace starts end with its run (processes.end_with_parent:
     PR_SET_PDEATHSIG), but only those multiprocessing starts: the local engine's workers,
     render's verifier, the Beam engine's child. With --direct_running_mode multi_processing the
@@ -103,14 +105,17 @@ def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path
     PDEATHSIG), and each SDK worker is left running, reparented to init, for good (its control
     channel gone, it waits on), holding whatever records it was given. "A killed run cannot end
     them: each process kvtrace starts ends itself with the run": a killed run must leave no
-    process."""
+    process. The child alone killed (the OOM killer's pick: it holds the job) is worse: the CLI
+    says `error: a worker process died by SIGKILL` and exits 1 as if all were over, its
+    end_descendants never runs on that path, and the SDK workers, reparented to init, are no
+    longer its descendants for it to find."""
     out, pids, mark = tmp_path / "out", tmp_path / "pids", f"ROUND10_{tmp_path.name}"
     night = _night(tmp_path, tiny_tokenizer, out, "--engine", "beam")
     night += ["--direct_running_mode", "multi_processing"]
     try:
         with open(tmp_path / "killed.err", "wb") as said:  # the orphan holds pipes open
-            killed = subprocess.run(
-                [sys.executable, "-c", f"{_KILL_THE_CLI_ONCE_AN_SDK_WORKER_RUNS}\n{_MAIN}", *night],
+            done = subprocess.run(
+                [sys.executable, "-c", f"{_KILL_ONCE_AN_SDK_WORKER_RUNS}\n{_MAIN}", *night],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=said,
@@ -121,10 +126,12 @@ def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path
                     "PYTHONPATH": str(ROOT),
                     "HF_HUB_OFFLINE": "1",
                     "ROUND10_PIDS": str(pids),
+                    "ROUND10_KILL": killed,
                     mark: "1",
                 },
             )
-        assert killed.returncode == -signal.SIGKILL, (tmp_path / "killed.err").read_text()
+        ended = -signal.SIGKILL if killed == "cli" else 1  # killed, or its one-line error
+        assert done.returncode == ended, (tmp_path / "killed.err").read_text()
         workers = [int(p) for p in pids.read_text().split()]
         assert workers
         assert all(_gone(pid, GONE_S) for pid in workers)
