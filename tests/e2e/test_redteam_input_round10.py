@@ -1,0 +1,86 @@
+"""Red team round 10, hostile input: reproducers of the holes found past the round-1..9 fixes
+(test_redteam_input*.py). Each asserts the promised behaviour (bad input: a one-line error or
+a dead letter saying why, never a value read wrong, a traceback or a run that differs by the
+worker's environment) and fails today (2026-11-27)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+
+import pytest
+
+from helpers import kvtrace_child, read_jsonl, trace, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+XFAIL = pytest.mark.xfail(strict=True, reason="red team round 10")
+
+
+def _anonymize(inputs: list, out, tokenizer: str, *extra: str, env: dict | None = None):
+    args = ["anonymize", "--output", str(out), "--tokenizer", tokenizer, "--quiet", *extra]
+    for path in inputs:
+        args += ["--input", str(path)]
+    return kvtrace_child(*args, timeout=120, env=env)
+
+
+def _letters(out) -> list[dict]:
+    folder = out.parent / f"{out.name}-rejected"
+    return [row for path in sorted(folder.glob("rejected-*.jsonl")) for row in read_jsonl(path)]
+
+
+@XFAIL
+def test_an_int96_timestamp_past_what_nanoseconds_hold_is_not_read_as_another_time(
+    tiny_tokenizer, tmp_path
+):
+    """paths.without_views promises Parquet times "read from their storage ... as UTC
+    microseconds", but an INT96 timestamp column (Spark's and Hive's legacy form, which
+    parquet-mr still writes) is turned into Arrow nanoseconds by Arrow's reader before kvtrace
+    sees it (pq.ParquetFile's default coerce_int96_timestamp_unit): a moment past 2262 wraps
+    modulo 2^64 ns. A row stamped 2609-07-22 (as the same record in JSONL, an
+    implausible_timestamp dead letter) is published as 2025-01-01 00:00:00.999, beside the
+    night's real rows: a record read as another time, no letter, nothing said."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wrap = dt.timedelta(microseconds=2**64 // 1000)  # 2^64 ns in whole microseconds
+    stamps = [dt.datetime(2025, 1, 1), dt.datetime(2025, 1, 1, 0, 0, 1) + wrap]
+    messages = [[{"role": "user", "content": "hi there"}]] * 2
+    table = pa.table(
+        {"timestamp": pa.array(stamps, pa.timestamp("us")), "messages": pa.array(messages)}
+    )
+    log = tmp_path / "logs.parquet"
+    pq.write_table(table, log, use_deprecated_int96_timestamps=True)
+    out = tmp_path / "out"
+    done = _anonymize([log], out, tiny_tokenizer, "--max-rejected-fraction", "1")
+    assert done.returncode == 0, done.stderr
+    assert len(trace(out)) == 1, trace(out)
+    assert [letter["error"] for letter in _letters(out)] == ["implausible_timestamp"]
+
+
+@XFAIL
+def test_strftime_now_renders_alike_in_every_worker_zone(tiny_tokenizer, tmp_path):
+    """template_names.py: "A render must give the same text for the same request on any
+    worker, day or zone", so strftime_now reads the request's time in UTC. But it formats with
+    datetime.strftime, which hands `%s` to the C library, and glibc's `%s` is mktime() of the
+    fields read as the worker's local time: the same request renders 1735689600 under TZ=UTC
+    and 1735657200 under TZ=Asia/Tokyo. A template whose text depends on it (here: repeats a
+    phrase by its last digits) publishes another trace (input_length 1201 vs 401) from the
+    same input, salt and tokenizer, by the worker's zone alone."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{{ "the fox " * (strftime_now("%s") | int % 1000) }}'
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [{"timestamp": 1_735_689_600_000, "messages": [{"role": "user", "content": "hi"}]}],
+    )
+    rows = {}
+    for zone in ("UTC", "Asia/Tokyo"):
+        out = tmp_path / f"out-{zone.replace('/', '-')}"
+        done = _anonymize([log], out, str(folder), env={"TZ": zone})
+        assert done.returncode == 0, done.stderr
+        rows[zone] = trace(out)
+    assert rows["UTC"] == rows["Asia/Tokyo"]
