@@ -84,3 +84,76 @@ def test_strftime_now_renders_alike_in_every_worker_zone(tiny_tokenizer, tmp_pat
         assert done.returncode == 0, done.stderr
         rows[zone] = trace(out)
     assert rows["UTC"] == rows["Asia/Tokyo"]
+
+
+def _batch_pair(custom_id: str, i: int) -> tuple[dict, dict]:
+    """An OpenAI Batch input line and the output line answering it."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "the fox"}]}
+    answer = {
+        "created": 1_763_703_600 + i,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "the fox"}}],
+        "usage": {"completion_tokens": 3},
+    }
+    return (
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body},
+        {"custom_id": custom_id, "response": {"status_code": 200, "body": answer}, "error": None},
+    )
+
+
+@pytest.mark.beam
+@XFAIL
+def test_a_batch_custom_id_holding_a_lone_surrogate_is_a_letter_on_beam_too(
+    tiny_tokenizer, tmp_path
+):
+    """A custom_id written `"\\ud800"` (valid JSON, a lone surrogate once parsed) pairs and is
+    refused as invalid_unicode on the local engine (its sort keys the custom_id as escaped
+    ASCII: batch_join.spill_line). On Beam, SetAsideHalves keys the GroupByKey by the str
+    itself, whose UTF-8 coder cannot encode it: the whole night fails, exit 2, with "error:
+    'utf-8 [while running 'JoinBatch/SetAsideHalves/ParDo(SetAsideHalves)']' codec can't
+    encode character '\\ud800' ...": one hostile line in a Batch file denies the night on Beam,
+    and the engines read the same input differently."""
+    good, odd = _batch_pair("a", 0), _batch_pair("\ud800", 1)
+    inputs = [
+        write_jsonl(tmp_path / "input.jsonl", [good[0], odd[0]]),
+        write_jsonl(tmp_path / "answers.jsonl", [good[1], odd[1]]),
+    ]
+    reasons = {}
+    for engine in ("local", "beam"):
+        out = tmp_path / f"out-{engine}"
+        done = _anonymize(
+            inputs, out, tiny_tokenizer, "--engine", engine, "--max-rejected-fraction", "1"
+        )
+        assert done.returncode == 0, done.stderr
+        assert len(trace(out)) == 1
+        reasons[engine] = sorted(letter["error"] for letter in _letters(out))
+    assert reasons["beam"] == reasons["local"] == ["invalid_unicode"]
+
+
+@XFAIL
+@pytest.mark.parametrize(
+    "value",
+    ["2025-02-30", "9" * 5000],
+    ids=["a-date-past-its-month", "an-integer-past-python-s-digits"],
+)
+def test_a_config_value_yaml_cannot_construct_is_named_by_its_file(tmp_path, value):
+    """config.load_bounded_yaml turns every YAMLError into "--config PATH: not valid YAML
+    (...)", but YAML's safe constructor raises plain ValueError for a plain scalar it resolves
+    and cannot build: an unquoted 2025-02-30 (a timestamp to YAML: "day is out of range for
+    month") or an integer past Python's 4,300 digits. The CLI then prints only "error: day is
+    out of range for month", naming neither --config, the file nor the key; an operator with
+    a few presets has nothing to look for."""
+    config = tmp_path / "night.yaml"
+    config.write_text(f"date: {value}\n")
+    done = kvtrace_child(
+        "anonymize",
+        "--config",
+        str(config),
+        "--input",
+        str(tmp_path / "logs.jsonl"),
+        "--output",
+        str(tmp_path / "out"),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--config" in done.stderr and str(config) in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
