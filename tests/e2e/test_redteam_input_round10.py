@@ -70,20 +70,25 @@ def test_strftime_now_renders_alike_in_every_worker_zone(tiny_tokenizer, tmp_pat
     folder = tmp_path / "tokenizer"
     shutil.copytree(tiny_tokenizer, folder)
     (folder / "chat_template.jinja").write_text(
-        '{{ "the fox " * (strftime_now("%s") | int % 1000) }}'
+        '{% if messages[0].content == "odd" %}'
+        '{{ "the fox " * (strftime_now("%s") | int % 1000) }}{% endif %}'
         "{% for m in messages %}{{ m.content }}{% endfor %}"
     )
     log = write_jsonl(
         tmp_path / "logs.jsonl",
-        [{"timestamp": 1_735_689_600_000, "messages": [{"role": "user", "content": "hi"}]}],
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
     )
-    rows = {}
+    runs = {}
     for zone in ("UTC", "Asia/Tokyo"):
         out = tmp_path / f"out-{zone.replace('/', '-')}"
-        done = _anonymize([log], out, str(folder), env={"TZ": zone})
+        done = _anonymize([log], out, str(folder), "--max-rejected-fraction", "1", env={"TZ": zone})
         assert done.returncode == 0, done.stderr
-        rows[zone] = trace(out)
-    assert rows["UTC"] == rows["Asia/Tokyo"]
+        lengths = [row["input_length"] for row in trace(out)]
+        runs[zone] = (lengths, sorted(letter["error"] for letter in _letters(out)))
+    assert runs["UTC"] == runs["Asia/Tokyo"]
 
 
 def _batch_pair(custom_id: str, i: int) -> tuple[dict, dict]:
@@ -157,3 +162,37 @@ def test_a_config_value_yaml_cannot_construct_is_named_by_its_file(tmp_path, val
     assert done.returncode == 2, done.stderr
     assert "--config" in done.stderr and str(config) in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@XFAIL
+def test_xmlattr_prints_no_object_s_address_into_the_render(tiny_tokenizer, tmp_path):
+    """bounded_sandbox.py: a value printed as text is measured by walking what it holds, and "a
+    type whose text its size does not tell is refused, never printed" (`{{ cycler(1) }}`,
+    `|string`, `~`, `|tojson`, `|pprint`, `|urlencode` are all ValueTooLarge). Jinja's
+    `xmlattr` filter (on the allow-list) str()s a mapping's values without that check: `{"a":
+    cycler(1)} | xmlattr` renders ` a="&lt;jinja2.utils.Cycler object at 0x7f...&gt;"`, an
+    address that differs in every process. A template that spells text from it (here: repeats
+    a phrase by the address's page bits) publishes another trace on every run of the same
+    input, salt and tokenizer (input_length 163109, then 32579)."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{% if messages[0].content == "odd" %}{% set shown = {"a": cycler(1)} | xmlattr %}'
+        '{{ "the fox " * ((shown.split(" at ")[1][:14] | int(base=16)) // 4096 % 100000) }}'
+        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
+    )
+    runs = []
+    for run in range(2):
+        out = tmp_path / f"out-{run}"
+        done = _anonymize([log], out, str(folder), "--max-rejected-fraction", "1")
+        assert done.returncode == 0, done.stderr
+        lengths = [row["input_length"] for row in trace(out)]
+        runs.append((lengths, sorted(letter["error"] for letter in _letters(out))))
+    assert runs[0] == runs[1]
