@@ -226,3 +226,30 @@ def test_raise_exception_of_an_object_gives_the_same_letter_on_every_run(tiny_to
         letters.append(_letters(out))
     assert len(letters[0]) == 1
     assert letters[0] == letters[1]
+
+
+@XFAIL
+def test_a_timestamp_past_what_microseconds_hold_is_not_read_as_another_time(
+    tiny_tokenizer, tmp_path
+):
+    """_python_rows casts every row to without_views' types with safe=False, so that
+    nanoseconds floor to microseconds; but the same cast turns a timestamp[ms] (Parquet's
+    TIMESTAMP(MILLIS), what most writers keep) into microseconds by multiplying with no
+    overflow check (a timestamp[s] in the file's Arrow schema alike). A value of 2^61 + 1735689600001 ms (a moment some 73 million years on, which
+    "a value Python cannot hold ... fails its row alone" means to refuse) wraps modulo 2^64 to
+    2025-01-01T00:00:00.001 and is published beside the night's real rows, no letter, nothing
+    said."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wrap = 2**61  # x 1000 microseconds a millisecond: 125 x 2^64, nothing modulo 2^64
+    real = 1_735_689_600_000
+    stamps = pa.array([real, real + 1 + wrap], pa.timestamp("ms"))
+    messages = pa.array([[{"role": "user", "content": "hi there"}]] * 2)
+    log = tmp_path / "logs.parquet"
+    pq.write_table(pa.table({"timestamp": stamps, "messages": messages}), log)
+    out = tmp_path / "out"
+    done = _anonymize([log], out, tiny_tokenizer, "--max-rejected-fraction", "1")
+    assert done.returncode == 0, done.stderr
+    assert len(trace(out)) == 1, trace(out)
+    assert len(_letters(out)) == 1
