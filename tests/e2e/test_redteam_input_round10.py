@@ -6,6 +6,7 @@ worker's environment) and fails today (2026-11-27)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 
 import pytest
@@ -253,3 +254,26 @@ def test_a_timestamp_past_what_microseconds_hold_is_not_read_as_another_time(
     assert done.returncode == 0, done.stderr
     assert len(trace(out)) == 1, trace(out)
     assert len(_letters(out)) == 1
+
+
+@XFAIL
+def test_a_deeply_nested_batch_line_is_a_letter_not_the_end_of_the_night(tiny_tokenizer, tmp_path):
+    """A Batch input line nested 1,000 lists deep passes batch_half (orjson reads up to 1,024
+    levels, and the container count is far within --max-record-bytes' bound), so it is set
+    aside and paired. batch_join.joined_line then writes the pair with json.dumps, whose C
+    encoder stops at Python's recursion limit, and nothing catches it: on the local engine the
+    run dies with "error: the job failed: RecursionError: maximum recursion depth exceeded
+    while encoding a JSON object", exit 1, nothing published for the other lines. The same
+    record as a plain log line, or the same pair on Beam, is a too_deep dead letter."""
+    request, answer = _batch_pair("deep", 0)
+    line = json.dumps(request)[:-1] + ', "extra": ' + "[" * 1000 + "]" * 1000 + "}"
+    good = _batch_pair("good", 1)
+    inputs = [
+        write_jsonl(tmp_path / "input.jsonl", [good[0], line]),
+        write_jsonl(tmp_path / "answers.jsonl", [good[1], answer]),
+    ]
+    out = tmp_path / "out"
+    done = _anonymize(inputs, out, tiny_tokenizer, "--max-rejected-fraction", "1")
+    assert done.returncode == 0, done.stderr
+    assert len(trace(out)) == 1
+    assert [letter["error"] for letter in _letters(out)] == ["too_deep"]
