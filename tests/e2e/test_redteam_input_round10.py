@@ -277,3 +277,39 @@ def test_a_deeply_nested_batch_line_is_a_letter_not_the_end_of_the_night(tiny_to
     assert done.returncode == 0, done.stderr
     assert len(trace(out)) == 1
     assert [letter["error"] for letter in _letters(out)] == ["too_deep"]
+
+
+@XFAIL
+def test_a_set_made_of_dict_keys_renders_alike_in_every_process(tiny_tokenizer, tmp_path):
+    """The sandbox intercepts `-` to size it, then lets Python compute it: `d.keys() - []` on a
+    dict's keys view (or items view) is a set, whose order is that of str hashes, seeded anew
+    in every process (PYTHONHASHSEED; each run, each clean worker, each Beam worker). So `(d.
+    keys() - []) | list` lists the same keys in another order per process, and a template
+    spelling text from that order renders the same request differently: here input_length 59,
+    117 and 119 under hash seeds 1, 2 and 3, from the same input, salt and tokenizer. The
+    promise (template_names.py): "the same text for the same request on any worker"."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{% if messages[0].content == "odd" %}'
+        "{% set order = (dict(a=1, b=2, c=3, d=4, e=5, f=6, g=7, h=8).keys() - []) | list %}"
+        '{{ "the fox " * (order.index("a") * 8 + order.index("b") + 1) }}{% endif %}'
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
+    )
+    runs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"out-{seed}"
+        done = _anonymize(
+            [log], out, str(folder), "--max-rejected-fraction", "1", env={"PYTHONHASHSEED": seed}
+        )
+        assert done.returncode == 0, done.stderr
+        lengths = [row["input_length"] for row in trace(out)]
+        runs.append((lengths, sorted(letter["error"] for letter in _letters(out))))
+    assert runs[0] == runs[1]
