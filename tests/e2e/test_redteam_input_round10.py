@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from helpers import kvtrace_child, read_jsonl, trace, write_jsonl
+from helpers import KVTRACE, kvtrace_child, peak_rss_mb, read_jsonl, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -313,3 +313,48 @@ def test_a_set_made_of_dict_keys_renders_alike_in_every_process(tiny_tokenizer, 
         lengths = [row["input_length"] for row in trace(out)]
         runs.append((lengths, sorted(letter["error"] for letter in _letters(out))))
     assert runs[0] == runs[1]
+
+
+@XFAIL
+def test_strftime_now_cannot_take_a_render_past_its_memory_budget(tiny_tokenizer, tmp_path):
+    """render_budget.py bounds a render's growth to RENDER_MEMORY_BYTES (1 GiB), checked
+    between the template's Python steps, so bounded_sandbox.py sizes every value a single C call
+    could build before the call. strftime_now (template_names.py) is not sized: one call of
+    `strftime_now("%c" * 16_000_000)` (a 32 MB format, within MAX_VALUE_LENGTH, built by a
+    100-byte template) expands each `%c` to 24 characters in C (wcsftime's buffer at 4 bytes a
+    character, doubled until it fits): ~2 GB in one step no tick can stop, and the render
+    then succeeds, its record exported. At 256 MB of format, ~16 GB: the OOM killer."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{% if messages[0].content == "odd" %}{{ strftime_now("%c" * 16000000) | length }}'
+        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
+    )
+    out = tmp_path / "out"
+    code, peak, stderr = peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(log),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(folder),
+            "--quiet",
+            "--processes",
+            "1",
+            "--max-rejected-fraction",
+            "1",
+        ]
+    )
+    assert code == 0, stderr
+    assert peak < 1536, peak  # a one-record run is ~100 MB; the budget is 1 GiB over it
+    assert len(_letters(out)) == 1
