@@ -358,3 +358,49 @@ def test_strftime_now_cannot_take_a_render_past_its_memory_budget(tiny_tokenizer
     assert code == 0, stderr
     assert peak < 1536, peak  # a one-record run is ~100 MB; the budget is 1 GiB over it
     assert len(_letters(out)) == 1
+
+
+@XFAIL
+def test_indent_counts_the_lines_it_lists_before_it_lists_them(tiny_tokenizer, tmp_path):
+    """bounded_sandbox.py: "A call that lists a value (`|list` of a string, a split) makes a new
+    object per item, so what one step may list is counted first too" (MAX_ITEMS, 1 Mi items;
+    `split`, `|list`, `|wordcount`, `|title`, `|striptags` and `|urlize` are refused so).
+    _filter_indent sizes the result's length only, but Jinja's indent runs `s.splitlines()`,
+    one C call: `("ab\\n" * 40000000) | indent(1)` (a 120 MB string, within
+    MAX_VALUE_LENGTH) lists 40 M new strings at ~51 bytes each before any tick can stop it:
+    the run peaks at ~3.1 GB, three times the render's 1 GiB budget, before the watchdog
+    refuses the record (at MAX_VALUE_LENGTH, ~5 GB)."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{% if messages[0].content == "odd" %}{{ ("ab\\n" * 40000000) | indent(1) | length }}'
+        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
+    )
+    out = tmp_path / "out"
+    code, peak, stderr = peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(log),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(folder),
+            "--quiet",
+            "--processes",
+            "1",
+            "--max-rejected-fraction",
+            "1",
+        ]
+    )
+    assert code == 0, stderr
+    assert peak < 1536, peak  # a one-record run is ~100 MB; the budget 1 GiB over it
+    assert len(_letters(out)) == 1
