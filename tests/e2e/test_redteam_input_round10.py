@@ -322,8 +322,10 @@ def test_strftime_now_cannot_take_a_render_past_its_memory_budget(tiny_tokenizer
     could build before the call. strftime_now (template_names.py) is not sized: one call of
     `strftime_now("%c" * 16_000_000)` (a 32 MB format, within MAX_VALUE_LENGTH, built by a
     100-byte template) expands each `%c` to 24 characters in C (wcsftime's buffer at 4 bytes a
-    character, doubled until it fits): ~2 GB in one step no tick can stop, and the render
-    then succeeds, its record exported. At 256 MB of format, ~16 GB: the OOM killer."""
+    character, doubled until it fits): ~2 GB in one step no tick can stop, and a string of
+    384 M characters, past MAX_VALUE_LENGTH (256 Mi: "no text ... may exceed" it, BOUNDS.md),
+    which nothing measures: the render succeeds, its record exported. At 256 MB of format,
+    ~16 GB: the OOM killer."""
     folder = tmp_path / "tokenizer"
     shutil.copytree(tiny_tokenizer, folder)
     (folder / "chat_template.jinja").write_text(
