@@ -30,6 +30,54 @@ def _letters(out) -> list[dict]:
     return [row for path in sorted(folder.glob("rejected-*.jsonl")) for row in read_jsonl(path)]
 
 
+def _outcome(out) -> tuple[list[int], list[str]]:
+    """What a run made of the records: its rows' input lengths and its letters' reasons."""
+    return [row["input_length"] for row in trace(out)], sorted(
+        letter["error"] for letter in _letters(out)
+    )
+
+
+def _odd_template(tiny_tokenizer: str, tmp_path, odd: str):
+    """A copy of the tiny tokenizer whose chat template runs `odd` for a record saying "odd"
+    and renders every record's text, and a log of two records: "hi", then "odd". So the run
+    publishes "hi" whatever becomes of "odd" (exported, or a dead letter once fixed)."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{% if messages[0].content == "odd" %}' + odd + "{% endif %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
+    )
+    return folder, log
+
+
+def _peak_of_run(folder, log, out) -> tuple[int, int, str]:
+    """(exit code, peak RSS in MB, stderr) of anonymizing log with the tokenizer in folder."""
+    return peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(log),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(folder),
+            "--quiet",
+            "--processes",
+            "1",
+            "--max-rejected-fraction",
+            "1",
+        ]
+    )
+
+
 @XFAIL
 def test_an_int96_timestamp_past_what_nanoseconds_hold_is_not_read_as_another_time(
     tiny_tokenizer, tmp_path
@@ -68,27 +116,15 @@ def test_strftime_now_renders_alike_in_every_worker_zone(tiny_tokenizer, tmp_pat
     and 1735657200 under TZ=Asia/Tokyo. A template whose text depends on it (here: repeats a
     phrase by its last digits) publishes another trace (input_length 1201 vs 401) from the
     same input, salt and tokenizer, by the worker's zone alone."""
-    folder = tmp_path / "tokenizer"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(
-        '{% if messages[0].content == "odd" %}'
-        '{{ "the fox " * (strftime_now("%s") | int % 1000) }}{% endif %}'
-        "{% for m in messages %}{{ m.content }}{% endfor %}"
-    )
-    log = write_jsonl(
-        tmp_path / "logs.jsonl",
-        [
-            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
-            for i, text in enumerate(["hi", "odd"])
-        ],
+    folder, log = _odd_template(
+        tiny_tokenizer, tmp_path, '{{ "the fox " * (strftime_now("%s") | int % 1000) }}'
     )
     runs = {}
     for zone in ("UTC", "Asia/Tokyo"):
         out = tmp_path / f"out-{zone.replace('/', '-')}"
         done = _anonymize([log], out, str(folder), "--max-rejected-fraction", "1", env={"TZ": zone})
         assert done.returncode == 0, done.stderr
-        lengths = [row["input_length"] for row in trace(out)]
-        runs[zone] = (lengths, sorted(letter["error"] for letter in _letters(out)))
+        runs[zone] = _outcome(out)
     assert runs["UTC"] == runs["Asia/Tokyo"]
 
 
@@ -175,27 +211,18 @@ def test_xmlattr_prints_no_object_s_address_into_the_render(tiny_tokenizer, tmp_
     address that differs in every process. A template that spells text from it (here: repeats
     a phrase by the address's page bits) publishes another trace on every run of the same
     input, salt and tokenizer (input_length 163109, then 32579)."""
-    folder = tmp_path / "tokenizer"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(
-        '{% if messages[0].content == "odd" %}{% set shown = {"a": cycler(1)} | xmlattr %}'
-        '{{ "the fox " * ((shown.split(" at ")[1][:14] | int(base=16)) // 4096 % 100000) }}'
-        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
-    )
-    log = write_jsonl(
-        tmp_path / "logs.jsonl",
-        [
-            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
-            for i, text in enumerate(["hi", "odd"])
-        ],
+    folder, log = _odd_template(
+        tiny_tokenizer,
+        tmp_path,
+        '{% set shown = {"a": cycler(1)} | xmlattr %}'
+        '{{ "the fox " * ((shown.split(" at ")[1][:14] | int(base=16)) // 4096 % 100000) }}',
     )
     runs = []
     for run in range(2):
         out = tmp_path / f"out-{run}"
         done = _anonymize([log], out, str(folder), "--max-rejected-fraction", "1")
         assert done.returncode == 0, done.stderr
-        lengths = [row["input_length"] for row in trace(out)]
-        runs.append((lengths, sorted(letter["error"] for letter in _letters(out))))
+        runs.append(_outcome(out))
     assert runs[0] == runs[1]
 
 
@@ -206,19 +233,7 @@ def test_raise_exception_of_an_object_gives_the_same_letter_on_every_run(tiny_to
     record with "TemplateError: <jinja2.utils.Cycler object at 0x7f2fba0e2b90>", another
     address on every run: the same input and config give other dead-letter bytes (and another
     letters file name, a hash of them) each time."""
-    folder = tmp_path / "tokenizer"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(
-        '{% if messages[0].content == "odd" %}{{ raise_exception(cycler(1)) }}{% endif %}'
-        "{% for m in messages %}{{ m.content }}{% endfor %}"
-    )
-    log = write_jsonl(
-        tmp_path / "logs.jsonl",
-        [
-            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
-            for i, text in enumerate(["hi", "odd"])
-        ],
-    )
+    folder, log = _odd_template(tiny_tokenizer, tmp_path, "{{ raise_exception(cycler(1)) }}")
     letters = []
     for run in range(2):
         out = tmp_path / f"out-{run}"
@@ -236,10 +251,10 @@ def test_a_timestamp_past_what_microseconds_hold_is_not_read_as_another_time(
     """_python_rows casts every row to without_views' types with safe=False, so that
     nanoseconds floor to microseconds; but the same cast turns a timestamp[ms] (Parquet's
     TIMESTAMP(MILLIS), what most writers keep) into microseconds by multiplying with no
-    overflow check (a timestamp[s] in the file's Arrow schema alike). A value of 2^61 + 1735689600001 ms (a moment some 73 million years on, which
-    "a value Python cannot hold ... fails its row alone" means to refuse) wraps modulo 2^64 to
-    2025-01-01T00:00:00.001 and is published beside the night's real rows, no letter, nothing
-    said."""
+    overflow check (a timestamp[s] in the file's Arrow schema alike). A value of 2^61 +
+    1735689600001 ms (a moment some 73 million years on, which "a value Python cannot hold ...
+    fails its row alone" means to refuse) wraps modulo 2^64 to 2025-01-01T00:00:00.001 and is
+    published beside the night's real rows, no letter, nothing said."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -288,20 +303,11 @@ def test_a_set_made_of_dict_keys_renders_alike_in_every_process(tiny_tokenizer, 
     spelling text from that order renders the same request differently: here input_length 59,
     117 and 119 under hash seeds 1, 2 and 3, from the same input, salt and tokenizer. The
     promise (template_names.py): "the same text for the same request on any worker"."""
-    folder = tmp_path / "tokenizer"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(
-        '{% if messages[0].content == "odd" %}'
+    folder, log = _odd_template(
+        tiny_tokenizer,
+        tmp_path,
         "{% set order = (dict(a=1, b=2, c=3, d=4, e=5, f=6, g=7, h=8).keys() - []) | list %}"
-        '{{ "the fox " * (order.index("a") * 8 + order.index("b") + 1) }}{% endif %}'
-        "{% for m in messages %}{{ m.content }}{% endfor %}"
-    )
-    log = write_jsonl(
-        tmp_path / "logs.jsonl",
-        [
-            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
-            for i, text in enumerate(["hi", "odd"])
-        ],
+        '{{ "the fox " * (order.index("a") * 8 + order.index("b") + 1) }}',
     )
     runs = []
     for seed in ("1", "2"):
@@ -310,8 +316,7 @@ def test_a_set_made_of_dict_keys_renders_alike_in_every_process(tiny_tokenizer, 
             [log], out, str(folder), "--max-rejected-fraction", "1", env={"PYTHONHASHSEED": seed}
         )
         assert done.returncode == 0, done.stderr
-        lengths = [row["input_length"] for row in trace(out)]
-        runs.append((lengths, sorted(letter["error"] for letter in _letters(out))))
+        runs.append(_outcome(out))
     assert runs[0] == runs[1]
 
 
@@ -326,37 +331,11 @@ def test_strftime_now_cannot_take_a_render_past_its_memory_budget(tiny_tokenizer
     384 M characters, past MAX_VALUE_LENGTH (256 Mi: "no text ... may exceed" it, BOUNDS.md),
     which nothing measures: the render succeeds, its record exported. At 256 MB of format,
     ~16 GB: the OOM killer."""
-    folder = tmp_path / "tokenizer"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(
-        '{% if messages[0].content == "odd" %}{{ strftime_now("%c" * 16000000) | length }}'
-        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
-    )
-    log = write_jsonl(
-        tmp_path / "logs.jsonl",
-        [
-            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
-            for i, text in enumerate(["hi", "odd"])
-        ],
+    folder, log = _odd_template(
+        tiny_tokenizer, tmp_path, '{{ strftime_now("%c" * 16000000) | length }}'
     )
     out = tmp_path / "out"
-    code, peak, stderr = peak_rss_mb(
-        [
-            *KVTRACE,
-            "anonymize",
-            "--input",
-            str(log),
-            "--output",
-            str(out),
-            "--tokenizer",
-            str(folder),
-            "--quiet",
-            "--processes",
-            "1",
-            "--max-rejected-fraction",
-            "1",
-        ]
-    )
+    code, peak, stderr = _peak_of_run(folder, log, out)
     assert code == 0, stderr
     assert peak < 1536, peak  # a one-record run is ~100 MB; the budget is 1 GiB over it
     assert len(_letters(out)) == 1
@@ -372,37 +351,32 @@ def test_indent_counts_the_lines_it_lists_before_it_lists_them(tiny_tokenizer, t
     MAX_VALUE_LENGTH) lists 40 M new strings at ~51 bytes each before any tick can stop it:
     the run peaks at ~3.1 GB, three times the render's 1 GiB budget, before the watchdog
     refuses the record (at MAX_VALUE_LENGTH, ~5 GB)."""
-    folder = tmp_path / "tokenizer"
-    shutil.copytree(tiny_tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(
-        '{% if messages[0].content == "odd" %}{{ ("ab\\n" * 40000000) | indent(1) | length }}'
-        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
-    )
-    log = write_jsonl(
-        tmp_path / "logs.jsonl",
-        [
-            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
-            for i, text in enumerate(["hi", "odd"])
-        ],
+    folder, log = _odd_template(
+        tiny_tokenizer, tmp_path, '{{ ("ab\\n" * 40000000) | indent(1) | length }}'
     )
     out = tmp_path / "out"
-    code, peak, stderr = peak_rss_mb(
-        [
-            *KVTRACE,
-            "anonymize",
-            "--input",
-            str(log),
-            "--output",
-            str(out),
-            "--tokenizer",
-            str(folder),
-            "--quiet",
-            "--processes",
-            "1",
-            "--max-rejected-fraction",
-            "1",
-        ]
+    code, peak, stderr = _peak_of_run(folder, log, out)
+    assert code == 0, stderr
+    assert peak < 1536, peak  # a one-record run is ~100 MB; the budget 1 GiB over it
+    assert len(_letters(out)) == 1
+
+
+@XFAIL
+def test_xmlattr_sizes_a_value_before_it_prints_it(tiny_tokenizer, tmp_path):
+    """The memory side of xmlattr's unchecked str(): a list literal holding one 100 M-character
+    string ten times (a literal is not `*`, so it is not walked when built) is printed by
+    `{"a": [s, s, ...]} | xmlattr` in one C call, a billion characters, then escaped, before
+    the result is measured and refused: the run peaks past 2 GB, twice the render's budget,
+    where `{{ [s, s, ...] }}` is refused by the walk before anything is printed. Ten times
+    more references, ten times the memory: no bound."""
+    folder, log = _odd_template(
+        tiny_tokenizer,
+        tmp_path,
+        '{% set s = "x" * 100000000 %}'
+        '{{ {"a": [s, s, s, s, s, s, s, s, s, s]} | xmlattr | length }}',
     )
+    out = tmp_path / "out"
+    code, peak, stderr = _peak_of_run(folder, log, out)
     assert code == 0, stderr
     assert peak < 1536, peak  # a one-record run is ~100 MB; the budget 1 GiB over it
     assert len(_letters(out)) == 1
