@@ -39,7 +39,6 @@ def _batch_files(folder: Path, custom_ids: list[str]) -> list[Path]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 @pytest.mark.beam
 def test_a_batch_custom_id_of_a_lone_surrogate_is_joined_alike_on_every_engine(
     tiny_tokenizer, tmp_path
