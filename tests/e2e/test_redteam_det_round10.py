@@ -64,7 +64,6 @@ def test_a_batch_custom_id_of_a_lone_surrogate_is_joined_alike_on_every_engine(
     assert_same_output(tmp_path / "local", tmp_path / "beam")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_latency_in_seconds_reads_as_the_same_milliseconds_as_its_parquet_duration(
     tiny_tokenizer, tmp_path
 ):
@@ -107,7 +106,6 @@ DECIMAL_FIELDS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 @pytest.mark.parametrize("field", sorted(DECIMAL_FIELDS))
 def test_a_parquet_decimal_column_reads_as_its_jsonl_number(tiny_tokenizer, tmp_path, field):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; rounds 8
