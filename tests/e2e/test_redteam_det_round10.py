@@ -189,7 +189,6 @@ def test_reuse_reports_the_same_ccdf_on_every_engine(tmp_path):
     assert reports["beam"]["ccdf"] == reports["local"]["ccdf"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_chat_template_reading_the_request_time_as_epoch_seconds_never_reads_the_zone(
     tiny_tokenizer, tmp_path
 ):
