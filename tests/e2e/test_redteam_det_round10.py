@@ -1,6 +1,6 @@
 """Red team round 10, determinism: reproducers of byte-identical output broken by the engine,
-the form or the order of the same input. Each test asserts the promised behaviour and fails
-today."""
+the form or the order of the same input. Each test asserts the promised behaviour and failed
+before its fix (issue 33)."""
 
 from __future__ import annotations
 
@@ -160,7 +160,6 @@ def _shared_prefix_trace(path: Path, rows: int = 60) -> Path:
     return write_jsonl(path, table)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 @pytest.mark.beam
 def test_reuse_reports_the_same_ccdf_on_every_engine(tmp_path):
     """Promise: the same input and configuration give the same output on any engine
