@@ -1,6 +1,6 @@
 """Red team round 10, determinism: reproducers of byte-identical output broken by the engine,
-the form or the order of the same input. Each test asserts the promised behaviour and fails
-today."""
+the form or the order of the same input. Each test asserts the promised behaviour and failed
+before its fix (issue 33)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ def _batch_files(folder: Path, custom_ids: list[str]) -> list[Path]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 @pytest.mark.beam
 def test_a_batch_custom_id_of_a_lone_surrogate_is_joined_alike_on_every_engine(
     tiny_tokenizer, tmp_path
@@ -65,7 +64,6 @@ def test_a_batch_custom_id_of_a_lone_surrogate_is_joined_alike_on_every_engine(
     assert_same_output(tmp_path / "local", tmp_path / "beam")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_latency_in_seconds_reads_as_the_same_milliseconds_as_its_parquet_duration(
     tiny_tokenizer, tmp_path
 ):
@@ -108,7 +106,6 @@ DECIMAL_FIELDS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 @pytest.mark.parametrize("field", sorted(DECIMAL_FIELDS))
 def test_a_parquet_decimal_column_reads_as_its_jsonl_number(tiny_tokenizer, tmp_path, field):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; rounds 8
@@ -163,7 +160,6 @@ def _shared_prefix_trace(path: Path, rows: int = 60) -> Path:
     return write_jsonl(path, table)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 @pytest.mark.beam
 def test_reuse_reports_the_same_ccdf_on_every_engine(tmp_path):
     """Promise: the same input and configuration give the same output on any engine
@@ -192,7 +188,6 @@ def test_reuse_reports_the_same_ccdf_on_every_engine(tmp_path):
     assert reports["beam"]["ccdf"] == reports["local"]["ccdf"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 10")
 def test_a_chat_template_reading_the_request_time_as_epoch_seconds_never_reads_the_zone(
     tiny_tokenizer, tmp_path
 ):

@@ -5,7 +5,9 @@ occurrence of a block seen in an earlier request (a prefix occurs once per reque
 repeat is across requests); its interval is the clock at the occurrence's start minus the clock
 at the end of the block's previous occurrence: the tokens that went through the cache between
 the two uses. The CCDF y(x) is the share of all prompt tokens that are reused with an interval
-above x: what a GPU cache of x tokens cannot keep, the most an offload tier could serve.
+above x: what a GPU cache of x tokens cannot keep, the most an offload tier could serve. It is
+reported at the edges of bins 32 per doubling of the interval (binned_ccdf), exact there, from
+sums any shard of the trace's prefixes can add to (reuse_shards.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from kvtrace.transforms.cache.cache_trace import CacheTrace
 REUSE_TIME_EDGES_S = (0.0, 1.0, 10.0, 60.0, 600.0, 3600.0, float("inf"))
 REUSE_TIME_LABELS = ("<1 s", "1-10 s", "10 s-1 min", "1-10 min", "10 min-1 h", "1 h+")
 
+
+# Interval bins of the CCDF: [0, 1), then integer edges at 2^(k/32) up to 2^48 tokens: ~3% wide.
+INTERVAL_EDGES = np.unique(
+    np.concatenate([[0], np.ceil(2.0 ** (np.arange(48 * 32 + 1) / 32))])
+).astype(np.int64)
 
 # Events are sorted as one int64 each, interval << TOKEN_BITS | tokens: no index array, half the
 # memory of an argsort (a 10M-row trace has ~2e8 reuse events). Blocks hold < 2^21 tokens and a
@@ -109,15 +116,30 @@ def ccdf_at(events: ReuseEvents, x: float) -> float:
     return float(events.tokens[above:].sum() / events.total_tokens)
 
 
-def ccdf_curve(events: ReuseEvents, points: int = 400) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) at up to `points` log-spaced intervals spanning the data, for plotting."""
-    positive = events.interval_tokens[events.interval_tokens > 0]
-    if not len(positive) or not events.total_tokens:
-        return np.zeros(0), np.zeros(0)
-    x = np.unique(np.geomspace(positive[0], positive[-1], points).round())
-    above = np.searchsorted(events.interval_tokens, x, side="right")
-    suffix = np.concatenate([np.cumsum(events.tokens[::-1])[::-1], [0]])
-    return x, suffix[above] / events.total_tokens
+def interval_bins(events: ReuseEvents) -> np.ndarray:
+    """Reused tokens per interval bin (INTERVAL_EDGES[b] <= interval < INTERVAL_EDGES[b + 1]):
+    sums, so the bins of shards of a trace's prefixes add up to the whole trace's."""
+    reused = np.concatenate([np.zeros(1, np.int64), np.cumsum(events.tokens, dtype=np.int64)])
+    starts = np.searchsorted(events.interval_tokens, INTERVAL_EDGES, side="left")
+    return np.diff(reused[starts], append=reused[-1])
+
+
+def ccdf_curve(events: ReuseEvents) -> tuple[np.ndarray, np.ndarray]:
+    """The CCDF of a whole trace, as binned_ccdf samples it."""
+    return binned_ccdf(interval_bins(events), events.total_tokens)
+
+
+def binned_ccdf(bins: np.ndarray, total_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) at every bin edge x = INTERVAL_EDGES[b] - 1 from the first bin holding tokens (the
+    first edge above 0) to the last, exact there: the one sampling of the CCDF, whether the bins
+    are a whole trace's (the local engine) or merged from shards (Beam), so both report the same
+    points."""
+    above = np.cumsum(bins[::-1])[::-1]  # tokens with interval >= INTERVAL_EDGES[b]
+    used = np.flatnonzero(bins)
+    if not len(used) or not total_tokens:
+        return np.zeros(0, np.int64), np.zeros(0)
+    b = np.arange(max(1, used[0]), used[-1] + 1)
+    return INTERVAL_EDGES[b] - 1, above[b] / total_tokens
 
 
 def reuse_time_histogram(events: ReuseEvents) -> list[dict]:

@@ -1,6 +1,6 @@
-"""The report of `kvtrace reuse`, built once for both engines: the local engine adds exact LRU
-stack distances and the exact CCDF; the Beam engine's CCDF is binned and has no LRU curve (stack
-distances do not shard: reuse_shards.py)."""
+"""The report of `kvtrace reuse`, built once for both engines: the same binned CCDF
+(reuse.binned_ccdf) on both; the local engine adds exact LRU stack distances, which the Beam
+engine has not (stack distances do not shard: reuse_shards.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,6 @@ def reuse_report(
     gpu_kv_cache_size: int | None,
     at_gpu: float | None,
     stack: dict[str, Any] | None = None,
-    binned: bool = False,
 ) -> dict:
     """The report. stack (local engine only): {"blocks": int, "infinite_cache": dict,
     "lru_stack": dict} from the stack-distance pass."""
@@ -68,9 +67,7 @@ def reuse_report(
         report["infinite_cache"] = {"token_weighted": share}
     report["reused_token_share"] = float(share)
     x, y = ccdf
-    report["ccdf"] = {"interval_tokens": x.tolist(), "share_above": y.tolist()}
-    if binned:
-        report["ccdf"]["binned"] = BINNED
+    report["ccdf"] = {"interval_tokens": x.tolist(), "share_above": y.tolist(), "binned": BINNED}
     if stack:
         report["lru_stack"] = stack["lru_stack"]
     report["reuse_time"] = reuse_time

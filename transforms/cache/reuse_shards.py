@@ -4,8 +4,9 @@ The token clock needs the global causal order, but only as a running sum: each t
 learns the tokens of every earlier bucket (a small side input), orders its own rows and clocks
 their blocks. Reuse events then depend only on each prefix's own occurrences, so prefixes
 shard freely: a shard finds its prefixes' events with the local engine's pass
-(reuse.clocked_reuse_events) and emits mergeable summaries (token sums and histograms). The CCDF comes out binned (32 bins per doubling of the interval),
-exact at every bin edge; `ccdf_at_gpu_kv_cache_size` is exact. LRU stack distances do not
+(reuse.clocked_reuse_events) and emits mergeable summaries (token sums and histograms, the
+CCDF's interval bins: reuse.interval_bins), and the CCDF is sampled from the merged bins as the
+local engine samples a whole trace's (reuse.binned_ccdf); `ccdf_at_gpu_kv_cache_size` is exact. LRU stack distances do not
 shard: a block's distance counts every other block used in between, so they stay on one
 machine (stack_distance.py).
 """
@@ -16,15 +17,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtrace.transforms.cache.reuse import REUSE_TIME_LABELS, clocked_reuse_events
+from kvtrace.transforms.cache.reuse import (
+    INTERVAL_EDGES,
+    REUSE_TIME_LABELS,
+    binned_ccdf,
+    clocked_reuse_events,
+    interval_bins,
+)
 from kvtrace.transforms.stats.trace_shards import dense_prefixes
 
 CLOCKED = np.dtype(
     [("prefix_hi", "<u8"), ("prefix_lo", "<u8"), ("start", "<i8"), ("tokens", "<i8"), ("ts", "<f8")]
-)
-# Interval bins: [0, 1), then integer edges at 2^(k/32) up to 2^48 tokens: ~3% wide.
-EDGES = np.unique(np.concatenate([[0], np.ceil(2.0 ** (np.arange(48 * 32 + 1) / 32))])).astype(
-    np.int64
 )
 
 
@@ -63,7 +66,9 @@ class ReuseSummary:
     total_tokens: int = 0
     reused_tokens: int = 0
     above_gpu_tokens: int = 0
-    interval_tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(EDGES), np.int64))
+    interval_tokens: np.ndarray = field(
+        default_factory=lambda: np.zeros(len(INTERVAL_EDGES), np.int64)
+    )
     time_tokens: np.ndarray = field(
         default_factory=lambda: np.zeros(len(REUSE_TIME_LABELS), np.int64)
     )
@@ -78,13 +83,7 @@ class ReuseSummary:
         )
 
     def ccdf(self) -> tuple[np.ndarray, np.ndarray]:
-        """(x, y) at every bin edge x = EDGES[b] - 1 with tokens above it, exact there."""
-        above = np.cumsum(self.interval_tokens[::-1])[::-1]  # tokens with interval >= EDGES[b]
-        used = np.flatnonzero(self.interval_tokens)
-        if not len(used) or not self.total_tokens:
-            return np.zeros(0), np.zeros(0)
-        b = np.arange(max(1, used[0]), used[-1] + 1)
-        return EDGES[b] - 1, above[b] / self.total_tokens
+        return binned_ccdf(self.interval_tokens, self.total_tokens)
 
     def reuse_time(self) -> list[dict]:
         reused = int(self.time_tokens.sum())
@@ -121,10 +120,6 @@ def summarize(clocked: np.ndarray, gpu_kv_cache_size: int | None) -> ReuseSummar
         total_tokens=events.total_tokens,
         reused_tokens=int(events.tokens.sum()),
         above_gpu_tokens=above_gpu,
-        interval_tokens=np.bincount(
-            np.searchsorted(EDGES, events.interval_tokens, side="right") - 1,
-            weights=events.tokens,
-            minlength=len(EDGES),
-        ).astype(np.int64),
+        interval_tokens=interval_bins(events),
         time_tokens=events.time_tokens,
     )

@@ -112,5 +112,4 @@ class ReuseTrace(beam.PTransform):
             merged_problems(p for _, p, _ in files),
             self._gpu,
             at_gpu,
-            binned=True,
         )

@@ -10,12 +10,20 @@ here, whatever Jinja or transformers add: a name off the lists is undefined, and
 that uses it fails to render, the same dead letter on every run. `strftime_now` is kept, bound
 to the time of the request being rendered, in UTC: what the engine's clock read when the
 request came in.
+
+Its format is spelled here, never by C's strftime, which reads the process's state: glibc's
+`%s` converts the time with mktime, in the worker's zone (TZ), and names and `%c`, `%x`, `%X`
+follow its locale. So strftime_now takes a closed list of specifiers (SPECIFIERS and
+COMPOUNDS: C99's, with GNU's `%s` and `-` flag for no padding, and Python's `%f`), each
+spelled from the UTC time as the C locale spells it; any other fails the render, the same
+letter on every worker.
 """
 
 from __future__ import annotations
 
 import contextvars
 import datetime
+import re
 from typing import Any, Callable
 
 # Jinja's own globals but lipsum, and transformers' (raise_exception, strftime_now, its dict
@@ -69,7 +77,86 @@ def strftime_now(format: str) -> str:
     timestamp_ms = _request_ms.get()
     if timestamp_ms is None:
         raise ValueError("strftime_now: no request time to read (a render outside render_at)")
-    return (_EPOCH + datetime.timedelta(milliseconds=timestamp_ms)).strftime(format)
+    moment = _EPOCH + datetime.timedelta(milliseconds=timestamp_ms)
+    return _SPECIFIER.sub(lambda found: _spelled(moment, found), format)
+
+
+_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_MONTHS = (
+    "January", "February", "March", "April", "May", "June", "July", "August", "September",
+    "October", "November", "December",
+)  # fmt: skip
+
+
+def _week(moment: datetime.datetime, first_day: int) -> str:
+    """The week of the year, weeks starting on first_day (0 Monday, 6 Sunday), days before the
+    first such day in week 0."""
+    yday = moment.timetuple().tm_yday - 1
+    return f"{(yday + 7 - (moment.weekday() - first_day) % 7) // 7:02d}"
+
+
+def _hour12(moment: datetime.datetime) -> str:
+    return f"{(moment.hour - 1) % 12 + 1:02d}"
+
+
+# Each specifier as the C locale spells it, of a UTC time.
+SPECIFIERS: dict[str, Callable[[datetime.datetime], str]] = {
+    "a": lambda t: _DAYS[t.weekday()][:3],
+    "A": lambda t: _DAYS[t.weekday()],
+    "b": lambda t: _MONTHS[t.month - 1][:3],
+    "h": lambda t: _MONTHS[t.month - 1][:3],
+    "B": lambda t: _MONTHS[t.month - 1],
+    "C": lambda t: f"{t.year // 100:02d}",
+    "d": lambda t: f"{t.day:02d}",
+    "e": lambda t: f"{t.day:2d}",
+    "f": lambda t: f"{t.microsecond:06d}",
+    "G": lambda t: f"{t.isocalendar()[0]:d}",
+    "H": lambda t: f"{t.hour:02d}",
+    "I": _hour12,
+    "j": lambda t: f"{t.timetuple().tm_yday:03d}",
+    "m": lambda t: f"{t.month:02d}",
+    "M": lambda t: f"{t.minute:02d}",
+    "p": lambda t: "AM" if t.hour < 12 else "PM",
+    "s": lambda t: str((t - _EPOCH) // datetime.timedelta(seconds=1)),
+    "S": lambda t: f"{t.second:02d}",
+    "u": lambda t: str(t.isoweekday()),
+    "U": lambda t: _week(t, 6),
+    "V": lambda t: f"{t.isocalendar()[1]:02d}",
+    "w": lambda t: str(t.isoweekday() % 7),
+    "W": lambda t: _week(t, 0),
+    "y": lambda t: f"{t.year % 100:02d}",
+    "Y": lambda t: str(t.year),
+    "z": lambda t: "+0000",
+    "Z": lambda t: "UTC",
+    "%": lambda t: "%",
+    "n": lambda t: "\n",
+    "t": lambda t: "\t",
+}
+# Specifiers that are others together, as the C locale writes them.
+COMPOUNDS = {
+    "c": "%a %b %e %H:%M:%S %Y",
+    "D": "%m/%d/%y",
+    "F": "%Y-%m-%d",
+    "r": "%I:%M:%S %p",
+    "R": "%H:%M",
+    "T": "%H:%M:%S",
+    "x": "%m/%d/%y",
+    "X": "%H:%M:%S",
+}
+_SPECIFIER = re.compile(r"%(-?)(.?)", re.DOTALL)
+
+
+def _spelled(moment: datetime.datetime, found: re.Match[str]) -> str:
+    unpadded, letter = found.groups()
+    if letter in COMPOUNDS and not unpadded:
+        return _SPECIFIER.sub(lambda part: _spelled(moment, part), COMPOUNDS[letter])
+    if letter not in SPECIFIERS:
+        raise ValueError(
+            f"strftime_now: {found.group()!r} is not a specifier kvtrace spells (one of "
+            f"{''.join(sorted(SPECIFIERS.keys() | COMPOUNDS.keys()))}, with a '-' flag)"
+        )
+    text = SPECIFIERS[letter](moment)
+    return str(int(text)) if unpadded and text.strip().isdigit() else text
 
 
 class AllowedNames(dict):

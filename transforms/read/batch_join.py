@@ -60,8 +60,10 @@ class Half:
 def batch_half(record: Any, options: ParseOptions) -> tuple[str, str] | None:
     """(custom_id, INPUT or OUTPUT) of a Batch file's line: an input line has a `body` and no
     answer, an output line a `response` or `error` and no `body`. None for any other record (a
-    line joined already, a log line, a line that is not a JSON object, a Parquet row): it is
-    parsed as it is, and refused there if it must be."""
+    line joined already, a log line, a line that is not a JSON object, a Parquet row, a line
+    whose custom_id holds a lone surrogate): it is parsed as it is, and refused there if it
+    must be. A custom_id is a key every engine can shuffle (Beam's str coder is strict UTF-8),
+    so a line with one that is not UTF-8 is no half on any engine."""
     if not isinstance(record, bytes) or CUSTOM_ID_KEY not in record:
         return None
     try:
@@ -69,13 +71,21 @@ def batch_half(record: Any, options: ParseOptions) -> tuple[str, str] | None:
     except Rejected:
         return None
     custom_id = value.get("custom_id")
-    if not isinstance(custom_id, str):
+    if not isinstance(custom_id, str) or not _utf8(custom_id):
         return None
     asks = value.get("body") is not None
     answers = value.get("response") is not None or value.get("error") is not None
     if asks == answers:
         return None
     return custom_id, INPUT if asks else OUTPUT
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def join_halves(custom_id: str, halves: Iterable[Half]) -> Iterator[tuple[str, bytes] | DeadLetter]:
@@ -145,7 +155,7 @@ def _letter(half: Half, reason: str, message: str) -> DeadLetter:
 
 def partition_of(custom_id: str, partitions: int) -> int:
     """The partition a custom_id's lines are joined in, the same in every worker."""
-    return xxhash.xxh3_64_intdigest(custom_id.encode("utf-8", "surrogatepass")) % partitions
+    return xxhash.xxh3_64_intdigest(custom_id.encode("utf-8")) % partitions
 
 
 def spill_line(custom_id: str, half: Half) -> bytes:

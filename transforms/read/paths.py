@@ -1303,6 +1303,19 @@ def without_views(schema: pa.Schema) -> pa.Schema:
     return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
 
 
+def holds_decimals(schema: pa.Schema) -> bool:
+    """Whether any column, or a field nested in one, is a decimal."""
+    return any(_holds_decimal(field.type) for field in schema)
+
+
+def _holds_decimal(kind: pa.DataType) -> bool:
+    if pa.types.is_decimal(kind):
+        return True
+    if pa.types.is_dictionary(kind):
+        return _holds_decimal(kind.value_type)
+    return any(_holds_decimal(kind.field(i).type) for i in range(kind.num_fields))
+
+
 def _plain_type(kind: pa.DataType) -> pa.DataType:
     if pa.types.is_timestamp(kind):
         return pa.timestamp("us", UTC_LABEL)

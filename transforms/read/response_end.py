@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.numbers import floor_scaled
 from kvtrace.transforms.read.timestamps import timestamp_ms
 from kvtrace.transforms.trace_format import MAX_RESPONSE_MS
 
@@ -88,22 +89,24 @@ def _end_time(holders: list[dict], unit: str) -> tuple[int | None, int]:
 
 def _duration(holders: list[dict]) -> int | None:
     for holder in holders:
-        for names, scale in ((DURATION_FIELDS_MS, 1), (DURATION_FIELDS_S, 1000)):
+        for names, exponent in ((DURATION_FIELDS_MS, 0), (DURATION_FIELDS_S, 3)):
             for name in names:
                 value = holder.get(name)
                 if value is not None:
-                    return _duration_ms(value, name, scale)
+                    return _duration_ms(value, name, exponent)
     return None
 
 
-def _duration_ms(value: Any, name: str, scale: int) -> int:
+def _duration_ms(value: Any, name: str, exponent: int) -> int:
+    """The duration in ms, floored: a number in 10**-exponent s, or an Arrow duration."""
     if isinstance(value, dt.timedelta):  # an Arrow duration column: its unit is its own
-        value, scale = value / dt.timedelta(milliseconds=1), 1
+        value, exponent = value // dt.timedelta(microseconds=1), -3
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Rejected("wrong_type", f"{name} is a {type(value).__name__}, not a number")
-    if not math.isfinite(value) or not 0 <= value * scale <= MAX_RESPONSE_MS:
+    ms = floor_scaled(value, exponent) if math.isfinite(value) else -1
+    if not 0 <= ms <= MAX_RESPONSE_MS:
         raise Rejected("out_of_range", f"{name} {str(value)[:32]} is not a response time")
-    return math.floor(value * scale)
+    return ms
 
 
 def _last_chunk_time(response: dict | list | None, unit: str) -> int | None:

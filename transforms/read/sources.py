@@ -24,12 +24,14 @@ import pyarrow.parquet as pq
 from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from kvtrace.transforms.read.decompress import input_name
+from kvtrace.transforms.read.numbers import json_value
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     FooterOverBound,
     Oversized,
     broken_off,
     compression_of,
+    holds_decimals,
     is_parquet,
     open_raw,
     open_stream,
@@ -291,17 +293,20 @@ def _row_group(
 def _python_rows(
     path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
-    """Rows (sized already) as dicts: the one place Parquet values become Python values. A
-    value Arrow holds but Python cannot (a timestamp past year 9999, a decimal past its
-    precision) fails its row alone: the rows are then converted one by one, and each that
-    fails is a dead letter saying why, numbered from `first`."""
+    """Rows (sized already) as dicts: the one place Parquet values become Python values, a
+    decimal as the JSON value of its text (numbers.json_value). A value Arrow holds but Python
+    cannot (a timestamp past year 9999, a decimal past its precision) fails its row alone: the
+    rows are then converted one by one, and each that fails is a dead letter saying why,
+    numbered from `first`."""
+    # Decimals read as the JSON numbers of their text; looked for only where the schema has one.
+    values = json_value if holds_decimals(dense) else _as_is
     try:
         converted = rows.cast(dense, safe=False).to_pylist()  # without_views: ns floored
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
         for row in converted:
-            yield path, without_nulls(row)
+            yield path, without_nulls(values(row))
         return
     for index in range(rows.num_rows):
         try:
@@ -315,7 +320,11 @@ def _python_rows(
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
             )
             continue
-        yield path, without_nulls(row)
+        yield path, without_nulls(values(row))
+
+
+def _as_is(row: dict) -> dict:
+    return row
 
 
 def _unread_group(

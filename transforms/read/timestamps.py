@@ -26,9 +26,11 @@ import re
 from collections.abc import Mapping
 
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.numbers import floor_scaled
 
-UNIT_MS = {"s": 1000, "ms": 1, "us": 1e-3, "ns": 1e-6}
-TIMESTAMP_UNITS = ("auto", *UNIT_MS)
+# Each unit as 10**exponent ms.
+UNIT_MS_EXPONENT = {"s": 3, "ms": 0, "us": -3, "ns": -6}
+TIMESTAMP_UNITS = ("auto", *UNIT_MS_EXPONENT)
 # Lower bounds of each unit's range of epoch values (see the module docstring).
 _EPOCH_UNIT_FLOORS = ((1e17, "ns"), (1e14, "us"), (1e11, "ms"), (1e9, "s"))
 # The calendar range of a request log's dates: 2000-01-01 to 2100-01-01 (ms). Later values are
@@ -90,15 +92,12 @@ def _number_ms(value: int | float, unit: str) -> int:
     if unit == "auto":
         unit = detect_unit(value)
     # Compare before converting: a huge value times 1000 would overflow a float or int64.
-    if value >= EPOCH_CEILING_MS / UNIT_MS[unit]:
+    if value >= EPOCH_CEILING_MS / 10 ** UNIT_MS_EXPONENT[unit]:
         raise Rejected(
             "implausible_timestamp",
             f"timestamp {str(value)[:32]} ({unit}) is after 2100: no log's date",
         )
-    if isinstance(value, int):
-        scale = UNIT_MS[unit]
-        return value * scale if scale >= 1 else value // round(1 / scale)
-    return math.floor(value * UNIT_MS[unit])
+    return floor_scaled(value, UNIT_MS_EXPONENT[unit])
 
 
 def _iso_ms(text: str) -> int:

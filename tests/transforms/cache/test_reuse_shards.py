@@ -3,14 +3,16 @@ reuse events (binned)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import trace_of
 from kvtrace.transforms.cache.cache_trace import CacheTrace
-from kvtrace.transforms.cache.reuse import reuse_events
-from kvtrace.transforms.cache.reuse_shards import EDGES, clock_blocks, summarize
+from kvtrace.transforms.cache.reuse import INTERVAL_EDGES, ccdf_at, ccdf_curve, reuse_events
+from kvtrace.transforms.cache.reuse_shards import ReuseSummary, clock_blocks, summarize
 from kvtrace.transforms.stats.trace_shards import by_shard, chunk_tables
 
 BLOCK_SIZE = 4  # as helpers.trace_of
@@ -40,15 +42,20 @@ def test_reuse_events_of_prefix_shards_are_the_whole_traces(rows, shards):
         whole.tokens[whole.interval_tokens > 5].sum()
     )
     binned = np.bincount(
-        np.searchsorted(EDGES, whole.interval_tokens, side="right") - 1,
+        np.searchsorted(INTERVAL_EDGES, whole.interval_tokens, side="right") - 1,
         weights=whole.tokens,
-        minlength=len(EDGES),
+        minlength=len(INTERVAL_EDGES),
     ).astype(np.int64)
     assert (
-        sum((p.interval_tokens for p in parts), np.zeros(len(EDGES), np.int64)).tolist()
+        sum((p.interval_tokens for p in parts), np.zeros(len(INTERVAL_EDGES), np.int64)).tolist()
         == binned.tolist()
     )
     assert (
         sum((p.time_tokens for p in parts), np.zeros_like(whole.time_tokens)).tolist()
         == whole.time_tokens.tolist()
     )
+    # the CCDF both engines report: the same points from the merged bins as from the whole
+    merged = functools.reduce(ReuseSummary.merge, parts, ReuseSummary())
+    x, y = merged.ccdf()
+    assert (x.tolist(), y.tolist()) == tuple(v.tolist() for v in ccdf_curve(whole))
+    assert y.tolist() == [ccdf_at(whole, v) for v in x.tolist()]  # exact at every point

@@ -4,16 +4,20 @@ anything added later) fails to render the same way every time."""
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import jinja2.defaults
 import jinja2.filters
 import jinja2.tests
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtrace.transforms.encode import template_names
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
+from kvtrace.transforms.encode.template_names import strftime_now
 from kvtrace.transforms.encode.tokenize import load_tokenizer, render_chat
 from kvtrace.transforms.errors import Rejected
 
@@ -41,6 +45,45 @@ def test_strftime_now_reads_the_requests_time_in_utc(tiny_tokenizer, far_zone):
     text = render_chat(clock, CHAT, None, {}, timestamp_ms=REQUEST_MS)
     assert text == "2023-11-14 22:13:20.123000 UTC"
     assert render_chat(clock, CHAT, None, {}) == "1970-01-01 00:00:00.000000 UTC"  # no request
+
+
+@pytest.fixture
+def utc_zone(monkeypatch):
+    """The process in UTC, where C's strftime spells a UTC time right (its %s reads TZ)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+SPELLED = sorted(template_names.SPECIFIERS.keys() | template_names.COMPOUNDS.keys())
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 4_102_444_800_000), st.sampled_from(SPELLED))
+def test_each_specifier_is_spelled_as_c_spells_it_in_utc(utc_zone, timestamp_ms, letter):
+    moment = datetime.datetime.fromtimestamp(timestamp_ms / 1000, datetime.timezone.utc)
+    moment = moment.replace(microsecond=timestamp_ms % 1000 * 1000)  # the ms, not a float's
+    spelled = template_names.render_at(timestamp_ms, lambda: strftime_now(f"<%{letter}>"))
+    assert spelled == moment.strftime(f"<%{letter}>")
+    if (
+        letter in template_names.SPECIFIERS and letter not in "%ntfzZ"
+    ):  # Python spells %f %z %Z, not C
+        unpadded = template_names.render_at(timestamp_ms, lambda: strftime_now(f"%-{letter}"))
+        assert unpadded == moment.strftime(f"%-{letter}")
+
+
+def test_strftime_now_never_reads_the_worker_s_zone(far_zone):
+    """C's %s converts with mktime in the process's zone: kvtrace's is the request's."""
+    epoch_s = template_names.render_at(REQUEST_MS, lambda: strftime_now("%s %c %Z %z"))
+    assert epoch_s == f"{REQUEST_MS // 1000} Tue Nov 14 22:13:20 2023 UTC +0000"
+
+
+@pytest.mark.parametrize("format", ["%Q", "%Ec", "%", "50%", "%-c"])
+def test_a_specifier_off_the_list_is_refused(format):
+    with pytest.raises(ValueError, match="not a specifier kvtrace spells"):
+        template_names.render_at(REQUEST_MS, lambda: strftime_now(format))
 
 
 def test_strftime_now_outside_a_render_at_is_refused():

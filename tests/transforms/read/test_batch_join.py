@@ -80,6 +80,15 @@ def test_a_lone_surrogate_survives_the_join_as_its_line_wrote_it():
     assert isinstance(parsed, DeadLetter) and parsed.reason == parse_one("in", odd, OPTIONS).reason
 
 
+def test_a_custom_id_not_encodable_as_utf8_is_no_half_but_a_line_parsed_alone():
+    """Beam shuffles halves keyed by custom_id with a strict UTF-8 coder: such a line is no key
+    on any engine, and letters alike on both."""
+    odd = request("a").replace(b'"a"', b'"x\\ud800"')
+    assert batch_half(odd, OPTIONS) is None
+    parsed = parse_one("in", odd, OPTIONS)
+    assert isinstance(parsed, DeadLetter) and parsed.reason == "invalid_unicode"
+
+
 @pytest.mark.parametrize(
     "sides, reason, says",
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -24,6 +25,8 @@ ARRIVAL = 1_700_000_000_000  # epoch ms
         ({"e2e_latency_ms": 12.9}, 12),
         ({"response_time": 1.25}, 1_250),  # a bare name is seconds
         ({"latency_s": 3}, 3_000),
+        ({"latency": 1.001}, 1_001),  # the text's ms, not the binary fraction's 1000.99...
+        ({"latency": dt.timedelta(microseconds=1_001_999)}, 1_001),  # an Arrow duration
         ({"total_time_ms": 0}, 0),
         ({}, None),
     ],

@@ -117,3 +117,16 @@ def test_an_arrow_timestamp_outside_the_logs_dates_is_refused_alike():
     with pytest.raises(Rejected) as caught:
         timestamp_ms(dt.datetime(1969, 12, 31, tzinfo=dt.timezone.utc))
     assert caught.value.reason == "negative_timestamp"
+
+
+@pytest.mark.parametrize(
+    "value, unit, expected",
+    [
+        (1.001, "s", 1_001),  # 1.001 * 1000 is 1000.9999999999999 in binary floating point
+        (1_763_703_600.123, "auto", 1_763_703_600_123),
+        (1_763_703_600_123_456.0, "us", 1_763_703_600_123),
+        (1_763_703_600_123_456_789, "ns", 1_763_703_600_123),
+    ],
+)
+def test_a_number_is_scaled_as_its_text_wrote_it(value, unit, expected):
+    assert timestamp_ms(value, unit) == expected
