@@ -269,7 +269,6 @@ def test_a_timestamp_past_what_microseconds_hold_is_not_read_as_another_time(
     assert len(_letters(out)) == 1
 
 
-@XFAIL
 def test_a_deeply_nested_batch_line_is_a_letter_not_the_end_of_the_night(tiny_tokenizer, tmp_path):
     """A Batch input line nested 1,000 lists deep passes batch_half (orjson reads up to 1,024
     levels, and the container count is far within --max-record-bytes' bound), so it is set
