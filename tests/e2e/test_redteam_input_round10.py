@@ -170,7 +170,6 @@ def test_a_batch_custom_id_holding_a_lone_surrogate_is_a_letter_on_beam_too(
     assert reasons["beam"] == reasons["local"] == ["invalid_unicode"]
 
 
-@XFAIL
 @pytest.mark.parametrize(
     "value",
     ["2025-02-30", "9" * 5000],
