@@ -70,13 +70,18 @@ def load_bounded_yaml(path: str, what: str) -> Any:
     never ends, a device never stops) and only within the loader's bounds; ConfigError in one
     line, prefixed by what (the flag it came from), otherwise."""
     try:
-        loaded = yaml.load(read_regular_file(path, MAX_CONFIG_BYTES), Loader=_BoundedLoader)
+        text = read_regular_file(path, MAX_CONFIG_BYTES)
     except UnfitFile as err:
         raise ConfigError(f"{what} {err}: not a preset") from None
     except OSError as err:
         raise ConfigError(f"{what} {path}: {err.strerror or err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{what} {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    try:
+        loaded = yaml.load(text, Loader=_BoundedLoader)
+    # ValueError: a plain scalar YAML resolves but Python cannot build (an unquoted 2025-02-30
+    # is a date to YAML; an integer past Python's 4,300 digits), which the loader lets through
+    except (yaml.YAMLError, ValueError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{what} {path}: not valid YAML ({first})") from None
     if _values(loaded) > MAX_VALUES:
         raise ConfigError(f"{what} {path}: expands past {MAX_VALUES} values (an alias bomb?)")
     return loaded

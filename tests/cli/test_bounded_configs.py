@@ -58,6 +58,16 @@ def test_a_preset_nested_too_deep_is_one_line(tmp_path, depth):
         load_bounded_yaml(str(preset), "--config")
 
 
+@pytest.mark.parametrize("value", ["2025-02-30", "9" * 5000, "2025-01-01 00:00:00 +25:00"])
+def test_a_value_yaml_resolves_but_cannot_build_is_not_valid_yaml_naming_the_file(tmp_path, value):
+    preset = tmp_path / "odd.yaml"
+    preset.write_text(f"date: {value}\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as refused:
+        load_bounded_yaml(str(preset), "--config")
+    message = str(refused.value)
+    assert message.startswith(f"--config {preset}: ") and len(message.splitlines()) == 1
+
+
 def test_a_preset_nested_within_the_bound_loads(tmp_path):
     preset = tmp_path / "ok.yaml"
     depth = MAX_DEPTH - 2  # the document's mapping and its value take two levels

@@ -7,8 +7,9 @@ and an output line are one joined record (the input's fields, then the output's 
 parsed as any record is; a line alone is an `unjoined_batch` dead letter (an input line has no
 time to publish, an output line no request); a custom_id on two input or two output lines is a
 `duplicate_custom_id` letter for each of its lines (which response answers which request is
-unknown; the same letters whatever order the lines come in). So every line is exported (as part
-of one joined record) or rejected, and a joined pair counts as one record read.
+unknown; the same letters whatever order the lines come in); a pair that cannot be one record
+(nested deeper than a record may) is one letter, on its input line. So every line is exported
+(as part of one joined record) or rejected, and a joined pair counts as one record read.
 
 How the lines meet, in bounded memory: on Beam a GroupByKey by custom_id (read/steps.py
 JoinBatchHalves); on the local engine an external sort (sorted_runs.py): each worker spills the
@@ -30,7 +31,8 @@ import xxhash
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.dead_letters import DeadLetter
-from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
+from kvtrace.transforms.read.json_tree import check_tree
 from kvtrace.transforms.read.records import ParseOptions, decode_record, load_json_line
 from kvtrace.transforms.sorted_runs import merge_files, write_run
 
@@ -104,7 +106,13 @@ def join_halves(custom_id: str, halves: Iterable[Half]) -> Iterator[tuple[str, b
     if duplicated:
         return
     if len(held) == 2:
-        yield held[INPUT].source, joined_line(held[INPUT].line, held[OUTPUT].line)
+        try:
+            joined = joined_line(held[INPUT].line, held[OUTPUT].line)
+        except (Rejected, *UNANTICIPATED) as err:  # the pair is one record: one letter
+            failed = err if isinstance(err, Rejected) else unanticipated(err)
+            yield _letter(held[INPUT], failed.reason, f"the joined Batch record: {failed.message}")
+            return
+        yield held[INPUT].source, joined
     elif INPUT in held:
         yield _letter(
             held[INPUT],
@@ -123,12 +131,16 @@ def join_halves(custom_id: str, halves: Iterable[Half]) -> Iterator[tuple[str, b
 
 def joined_line(input_line: bytes, output_line: bytes) -> bytes:
     """One record of both lines: the input line's fields, then each of the output line's that
-    the input line lacks or holds null (its `response`, `error`, `id`), as one JSON line."""
+    the input line lacks or holds null (its `response`, `error`, `id`), as one JSON line.
+    Rejected (too_deep) when it nests deeper than any record may (json_tree's rule, every line
+    reader's), checked before it is written: json.dumps recurses, and a line orjson read 1,000
+    levels deep would take it past Python's recursion limit."""
     joined, _ = load_json_line(input_line)
     answer, _ = load_json_line(output_line)
     for name, value in answer.items():
         if joined.get(name) is None:
             joined[name] = value
+    check_tree(joined, check_strings=False)
     text = json.dumps(joined, ensure_ascii=False, separators=(",", ":"))
     try:
         return text.encode("utf-8")

@@ -339,12 +339,17 @@ def arrow_reader(raw: IO[bytes], **options: Any) -> pq.ParquetFile:
     """Arrow's reader of a Parquet input or trace, as every one is opened: rows read a page at a
     time (no pre-buffering of column chunks), and each page that carries a CRC of its bytes
     checked against it before it is decoded, so a page damaged after it was written fails its
-    row group (a damaged_file letter), never reads as records."""
+    row group (a damaged_file letter), never reads as records. An INT96 timestamp (Spark's and
+    Hive's legacy form) is read as milliseconds: Arrow scales its day count (up to 2^32 days)
+    without an overflow check, which wraps in nanoseconds past 2262 and in microseconds past
+    year 294,000, never in milliseconds; every time is floored to ms (timestamps.py), and the
+    cast to microseconds (without_views) is checked, so a moment too late fails its row."""
     return pq.ParquetFile(
         raw,
         pre_buffer=False,
         buffer_size=READ_CHUNK_BYTES,
         page_checksum_verification=True,
+        coerce_int96_timestamp_unit="ms",
         **options,
     )
 

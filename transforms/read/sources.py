@@ -301,7 +301,7 @@ def _python_rows(
     # Decimals read as the JSON numbers of their text; looked for only where the schema has one.
     values = json_value if holds_decimals(dense) else _as_is
     try:
-        converted = rows.cast(dense, safe=False).to_pylist()  # without_views: ns floored
+        converted = _as_python(rows, dense)
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
@@ -310,7 +310,7 @@ def _python_rows(
         return
     for index in range(rows.num_rows):
         try:
-            [row] = rows.slice(index, 1).cast(dense, safe=False).to_pylist()
+            [row] = _as_python(rows.slice(index, 1), dense)
         except CONVERSION_FAILURES as err:
             failed = unanticipated(err)
             yield DeadLetter(
@@ -325,6 +325,46 @@ def _python_rows(
 
 def _as_is(row: dict) -> dict:
     return row
+
+
+def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
+    """Rows cast to the types `dense` names, then as Python values. Two casts, so that only a
+    shrinking unit goes unchecked: first every change but nanoseconds' (checked: a
+    timestamp[ms] or [s] scaled up to microseconds past what int64 holds raises, failing its
+    row, where an unchecked cast would wrap it into a believable time), then nanoseconds
+    floored to microseconds (safe=False lets the cast drop digits; dividing cannot overflow)."""
+    kept = pa.schema(
+        [
+            field.with_type(_ns_kept(field.type, read.type))
+            for field, read in zip(dense, rows.schema)
+        ]
+    )
+    return rows.cast(kept).cast(dense, safe=False).to_pylist()
+
+
+_LISTS = (pa.ListType, pa.LargeListType, pa.ListViewType, pa.LargeListViewType)
+
+
+def _ns_kept(kind: pa.DataType, read: pa.DataType) -> pa.DataType:
+    """A type of without_views' (kind) with the nanoseconds of the type it was made from (read)
+    wherever it has microseconds in their place: a timestamp, duration or time, in lists and
+    structs as without_views reaches them; everything else as kind has it."""
+    if getattr(read, "unit", None) == "ns" and getattr(kind, "unit", None) == "us":
+        if pa.types.is_timestamp(kind):
+            return pa.timestamp("ns", kind.tz)
+        return pa.duration("ns") if pa.types.is_duration(kind) else pa.time64("ns")
+    if pa.types.is_struct(kind) and pa.types.is_struct(read):
+        return pa.struct(
+            [field.with_type(_ns_kept(field.type, of.type)) for field, of in zip(kind, read)]
+        )
+    if isinstance(read, _LISTS):
+        for is_kind, build in (
+            (pa.types.is_list, pa.list_),
+            (pa.types.is_large_list, pa.large_list),
+        ):
+            if is_kind(kind):
+                return build(kind.value_field.with_type(_ns_kept(kind.value_type, read.value_type)))
+    return kind
 
 
 def _unread_group(

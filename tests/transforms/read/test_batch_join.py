@@ -89,6 +89,20 @@ def test_a_custom_id_not_encodable_as_utf8_is_no_half_but_a_line_parsed_alone():
     assert isinstance(parsed, DeadLetter) and parsed.reason == "invalid_unicode"
 
 
+@pytest.mark.parametrize("side", [INPUT, OUTPUT])
+def test_a_pair_nested_past_what_a_record_may_is_one_too_deep_letter_in_either_order(side):
+    """orjson reads a line 1,000 levels deep, which json.dumps cannot write back: the pair is
+    refused by the depth rule every line reader applies before it is written, one letter."""
+    deep = b', "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    lines = {INPUT: request("a"), OUTPUT: answer("a")}
+    lines[side] = lines[side][:-1] + deep
+    halves = [Half(INPUT, "in", lines[INPUT]), Half(OUTPUT, "out", lines[OUTPUT])]
+    for order in (halves, halves[::-1]):
+        [letter] = join_halves("a", order)
+        assert isinstance(letter, DeadLetter)
+        assert (letter.reason, letter.source, letter.line) == ("too_deep", "in", lines[INPUT])
+
+
 @pytest.mark.parametrize(
     "sides, reason, says",
     [

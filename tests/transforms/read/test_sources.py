@@ -278,6 +278,56 @@ def test_nanosecond_columns_read_floored_to_microseconds_with_or_without_pandas(
     assert row["at"] == dt.time(0, 0, 5)
 
 
+def test_a_coarse_time_past_what_microseconds_hold_fails_its_row_beside_a_floored_one(tmp_path):
+    """Reading makes every time microseconds: nanoseconds floored, coarser units scaled up. A
+    millisecond value scaled past int64 is a row's letter, never wrapped into a believable
+    time, even in the struct whose nanosecond field beside it is floored."""
+    import datetime as dt
+
+    real_ms, real_ns = 1_735_689_600_000, 1_735_689_600_000_000_789
+    kinds = pa.struct([("sent", pa.timestamp("ns")), ("seen", pa.timestamp("ms"))])
+    times = [{"sent": real_ns, "seen": real_ms}, {"sent": real_ns, "seen": real_ms + 2**61}]
+    path = tmp_path / "times.parquet"
+    pq.write_table(pa.table({"times": pa.array(times, kinds), "prompt": ["p0", "p1"]}), path)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [(_, row)] = [item for item in read if isinstance(item, tuple)]
+    moment = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    assert row["times"] == {"sent": moment, "seen": moment}
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.message.startswith("row 1 ") and "out of bounds" in letter.message
+
+
+def test_an_int96_time_past_what_microseconds_hold_fails_its_row(tmp_path):
+    """INT96 (Spark's legacy timestamps) counts days in 32 bits, which Arrow scales without a
+    check: read in microseconds a day past year ~294,000 wraps. Read in milliseconds, it never
+    does, and the checked cast to microseconds refuses its row."""
+    import datetime as dt
+    import struct
+
+    stamps = pa.array([dt.datetime(2025, 1, 1, 0, 0, 0, 123456)] * 2, pa.timestamp("us"))
+    written = io.BytesIO()
+    pq.write_table(
+        pa.table({"timestamp": stamps, "prompt": ["p0", "p1"]}),
+        written,
+        use_deprecated_int96_timestamps=True,
+        compression="none",
+        use_dictionary=False,
+        write_statistics=False,
+    )
+    data = bytearray(written.getvalue())
+    day = struct.pack("<I", 2_460_677)  # 2025-01-01 as a Julian day
+    second = data.find(day, data.find(day) + 1)
+    assert second > 0 and data.count(day) == 2
+    data[second : second + 4] = struct.pack("<I", 200_000_000)  # wraps to 1926 in microseconds
+    path = tmp_path / "spark.parquet"
+    path.write_bytes(data)
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [(_, row)] = [item for item in read if isinstance(item, tuple)]
+    assert row["timestamp"] == dt.datetime(2025, 1, 1, 0, 0, 0, 123000, tzinfo=dt.timezone.utc)
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.message.startswith("row 1 ") and "out of bounds" in letter.message
+
+
 @pytest.mark.parametrize("padding, whole", [(4, True), (8, True), (3, False), (5, False)])
 def test_xz_stream_padding_between_streams(tmp_path, padding, whole):
     """.xz lets NUL bytes, a multiple of 4, follow a stream (xz -dc reads past them); any other
