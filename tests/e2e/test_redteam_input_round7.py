@@ -248,6 +248,8 @@ def test_a_batch_line_with_a_completion_count_of_the_wrong_type_is_a_wrong_type_
     'str'"), not the shape's wrong_type naming the field."""
     line = (
         '{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "hello world"}, '
+        # joined already (a response beside its body): read alone, not held for a join
+        '"response": {"status_code": 200, "body": {}}, '
         f'"timestamp": 1764000000, "completion_tokens": {value}}}\n'
         '{"prompt": "the quick brown fox", "timestamp": 1764000001, "output_length": 2}\n'
     )
