@@ -483,6 +483,10 @@ _SEQUENCE_METHOD_CHECKS: dict[str, Callable[..., None]] = {
         _check_split(text, lines=True) if isinstance(text, (str, bytes)) else None
     ),
     "fromkeys": lambda owner, keys=(), *rest: _check_items(_item_count(keys), "fromkeys"),
+    # list.index's error prints the value it does not find (an object: its address)
+    "index": lambda owner, value=None, *rest: (
+        _check_text(value, "index") if isinstance(owner, list) else None
+    ),
 }
 
 
@@ -668,6 +672,13 @@ def _join_attributes(
     return (*args[: skip - 1], items, *rest), kwargs
 
 
+def _check_name(name: Any, kind: str) -> None:
+    """A filter or test is named by a string (`map(name)`, `select(name)`): jinja's error for
+    a name of any other type prints its repr, an object's address in the dead letter."""
+    if not isinstance(name, (str, Undefined)):
+        raise TemplateRuntimeError(f"No {kind} is named by a {type(name).__name__}.")
+
+
 class _BoundedFilters(AllowedNames):
     """The environment's allowed filters (template_names.FILTERS), each handed out bounded
     (compiled templates look them up by name at each render; transformers adds its own after
@@ -687,6 +698,7 @@ class _BoundedFilters(AllowedNames):
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         """The filter bounded too where jinja looks it up so: folding a constant at compile
         time (`7|round(-1000000)`), outside the render's budget."""
+        _check_name(name, "filter")
         return self[name] if name in self else default
 
 
@@ -722,13 +734,19 @@ class _CheckedNames(AllowedNames):
         allowed: frozenset[str],
         values: dict[str, Any],
         checks: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]],
+        kind: str,
     ):
-        self._checks = checks
+        self._checks, self._kind = checks, kind
         super().__init__(allowed, values)
 
     def __setitem__(self, name: str, value: Any) -> None:
         check = self._checks.get(name)
         super().__setitem__(name, value if check is None or not callable(value) else check(value))
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """What jinja looks a test up by (`select(name)`)."""
+        _check_name(name, self._kind)
+        return super().get(name, default)
 
 
 # The tests and globals that turn a value into text (jinja's other tests and globals compare,
@@ -819,8 +837,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         super().__init__(*args, **kwargs)
         # only names whose result is the request's (template_names.py)
         self.filters = _BoundedFilters(self.filters)
-        self.tests = _CheckedNames(TESTS, self.tests, _TEST_CHECKS)
-        self.globals = _CheckedNames(GLOBALS, self.globals, _GLOBAL_CHECKS)
+        self.tests = _CheckedNames(TESTS, self.tests, _TEST_CHECKS, "test")
+        self.globals = _CheckedNames(GLOBALS, self.globals, _GLOBAL_CHECKS, "global")
         self._by_name: dict[type, bool] = {}  # per environment, as transformers' namespace is
 
     def getattr(self, obj: Any, attribute: str) -> Any:

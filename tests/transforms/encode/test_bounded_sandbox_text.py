@@ -6,7 +6,7 @@ seed) reaches a template; a filter that lists lines counts them first."""
 from __future__ import annotations
 
 import pytest
-from jinja2.exceptions import TemplateError, UndefinedError
+from jinja2.exceptions import TemplateError, TemplateRuntimeError, UndefinedError
 
 from kvtrace.transforms.encode import bounded_sandbox
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, Unordered, ValueTooLarge
@@ -42,6 +42,7 @@ class Opaque:
         "{{ 'a'|replace(x, 'b') }}",
         "{{ 'http://example.com'|urlize(target=x) }}",
         "{{ '%s'|format(x) }}",
+        "{{ [1].index(x) }}",  # its error prints the value it did not find
     ],
 )
 def test_a_value_printed_by_a_filter_or_test_is_sized_not_printed(source):
@@ -109,6 +110,12 @@ def test_a_missing_key_of_an_unprintable_kind_is_named_by_its_type():
         _render("{{ ({}[x]).y }}", x=Opaque())
     with pytest.raises(UndefinedError, match="no element 3"):
         _render("{{ ({}[3]).y }}")
+
+
+@pytest.mark.parametrize("source", ["{{ [1]|map(x)|list }}", "{{ [1]|select(x)|list }}"])
+def test_a_filter_or_test_named_by_an_object_is_refused_by_its_type(source):
+    with pytest.raises(TemplateRuntimeError, match="named by a Opaque"):
+        _render(source, x=Opaque())
 
 
 def test_indent_counts_the_lines_splitlines_makes_before_listing_them(monkeypatch):
