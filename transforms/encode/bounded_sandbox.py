@@ -5,21 +5,23 @@ The render watchdog (render_budget.py) stops a template between two of its Pytho
 single step is one C call it cannot interrupt (nor can Ctrl-C: it waits for the GIL). So every
 value a step makes is sized by its type family: text (str, bytes, bytearray) by its length,
 integers by their bits, collections (lists, tuples, dicts, sets, a dict's views) by their
-items. Where the operands tell the result's size it is sized before the call: `'x' * n`,
-`+`, `~`, `join`, `replace`, `translate`, `expandtabs`, `wordwrap`, `indent`, escaping, widths
-in `%` and `format`, every operator on two integers from their bit lengths (long
-multiplication and division are quadratic, in one C call), and a value printed as text (`{{ }}`,
-`|string`, `|tojson`, the filters that str() their value) by walking what it holds
-(`_text_length`): a type whose text its size does not tell is refused, never printed to be
-measured. Where only the result tells (case mapping, `hex`, `from_bytes`), it is measured after
-the call, whose cost its operands bound. Calls whose cost their result does not show are
-refused before: a number read from text past MAX_NUMBER_TEXT (`|int`, `|float`, any base),
-rounding past MAX_ROUND_DIGITS, any integer argument past MAX_ARGUMENT. A call that lists a
-value (`|list` of a string, a split) makes a new object per item, so what one step may list is
-counted first too, against a bound of items (MAX_ITEMS). `sum` adds numbers only (over lists it
-is one quadratic C call). Attributes, subscripts and iteration hand out values already held.
-Whatever else a template does is one C call linear in values within the bound, or a Python
-step the watchdog can stop.
+items. Where the operands tell the result's size it is sized before the call: `'x' * n`, `+`,
+`~`, `join`, `replace`, `translate`, `expandtabs`, `wordwrap`, `indent`, escaping, widths in
+`%` and `format`, every operator on two integers from their bit lengths (long multiplication
+and division are quadratic, in one C call), and a value printed as text by walking what it
+holds (`_text_length`), in one check every step that prints a value goes through
+(`_check_text`: `{{ }}`, `|string`, `|tojson`, the filters and tests that str() their value or
+arguments, raise_exception's message): a type whose text its size does not tell (an object,
+printed with its address) is refused, never printed to be measured. No set reaches a template
+(its order is the process's hash seed's). Where only the result tells (case mapping, `hex`,
+`from_bytes`), it is measured after the call, whose cost its operands bound. Calls whose cost
+their result does not show are refused before: a number read from text past MAX_NUMBER_TEXT
+(`|int`, `|float`, any base), rounding past MAX_ROUND_DIGITS, any integer argument past
+MAX_ARGUMENT. A call that lists a value (`|list` of a string, a split) makes a new object per
+item, so what one step may list is counted first too, against a bound of items (MAX_ITEMS).
+`sum` adds numbers only (over lists it is one quadratic C call). Attributes, subscripts and
+iteration hand out values already held. Whatever else a template does is one C call linear in
+values within the bound, or a Python step the watchdog can stop.
 
 Loaded with transformers' renderer in kvtrace's own copy of its module (template_renderer.py),
 which builds this environment instead of its plain sandbox.
@@ -40,7 +42,7 @@ from jinja2.filters import make_attrgetter
 from jinja2.nodes import Add, Concat
 from jinja2.runtime import Context, LoopContext, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import Namespace, _PassArg
+from jinja2.utils import Namespace, _PassArg, object_type_repr
 
 from kvtrace.transforms.encode.template_names import FILTERS, GLOBALS, TESTS, AllowedNames
 
@@ -83,6 +85,13 @@ class ValueTooLarge(TemplateRuntimeError):
     """A template step that would build a value past its bound."""
 
 
+class Unordered(TemplateRuntimeError):
+    """A template step that made a set (`d.keys() - []`): its order is that of its items'
+    hashes, which Python seeds anew in each process (PYTHONHASHSEED), so whatever a template
+    spells from it differs by worker. The engine's own render is as seed-dependent, so no
+    order is its; refusing it is the same dead letter on every run."""
+
+
 # The type families a value is sized by: text by its characters or bytes, collections by their
 # items (a mapping's view is its mapping's size), integers by their bits.
 _TEXTS = (str, bytes, bytearray)
@@ -110,6 +119,8 @@ def _checked(result: Any, what: str) -> Any:
             raise ValueTooLarge(
                 f"{what} built an integer of {result.bit_length()} bits, over {MAX_INT_BITS}"
             )
+    elif isinstance(result, (set, frozenset)):
+        raise Unordered(f"{what} built a set, whose order differs by process")
     elif isinstance(result, _LENGTHS) and len(result) > MAX_VALUE_LENGTH:
         raise ValueTooLarge(f"{what} built a value of {len(result)} items, over {MAX_VALUE_LENGTH}")
     return result
@@ -211,6 +222,23 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
             continue
         frame[2] = own
     return total
+
+
+def _check_text(value: Any, what: str) -> None:
+    """value's text sized before anything prints it: the one check of every step that turns a
+    value into text (`{{ }}`, the filters and tests that print their value, raise_exception's
+    message). A type whose text its size does not tell (an object printed with its address)
+    is refused here."""
+    if type(value) is not str:
+        _check_length(_text_length(value), what)
+
+
+def _text(value: Any, what: str) -> str:
+    """str(value), sized first (_check_text) and measured after (escapes)."""
+    if type(value) is str:
+        return value
+    _check_text(value, what)
+    return _checked(str(value), what)
 
 
 def _check_length(length: int, what: str) -> None:
@@ -455,22 +483,31 @@ _SEQUENCE_METHOD_CHECKS: dict[str, Callable[..., None]] = {
         _check_split(text, lines=True) if isinstance(text, (str, bytes)) else None
     ),
     "fromkeys": lambda owner, keys=(), *rest: _check_items(_item_count(keys), "fromkeys"),
+    # list.index's error prints the value it does not find (an object: its address)
+    "index": lambda owner, value=None, *rest: (
+        _check_text(value, "index") if isinstance(owner, list) else None
+    ),
 }
 
 
 # Filters whose result may outgrow their value and arguments, sized the same way (called with
 # the filter's own arguments, the value first).
 def _filter_format(value: Any, *args: Any, **kwargs: Any) -> None:
-    if isinstance(value, str):
-        _check_printf(value, kwargs or args)  # what jinja's format filter formats with
+    """jinja's format prints its value, then formats it with the arguments: a value that is
+    not a string is a % template too (`["%(a)9999s"]|format(a=1)`)."""
+    _check_printf(_text(value, "format"), kwargs or args)
 
 
 def _filter_indent(value: Any, width: Any = 4, *rest: Any, **kwargs: Any) -> None:
-    """Every line of value indented: by width spaces, or by width itself when a string."""
+    """Every line of value indented: by width spaces, or by width itself when a string. Its
+    lines are listed first (splitlines, one C call), at every line break splitlines ends a line
+    at (a count of "\n" alone would let `"\r" * n` list n lines past the item bound)."""
     width = kwargs.get("width", width)
     step = len(width) if isinstance(width, str) else width if type(width) is int else 0
     if isinstance(value, str):
-        _check_length(len(value) + (value.count("\n") + 1) * step, "indent")
+        lines = 1 + sum(map(value.count, _LINE_BREAKS))  # "\r\n" twice: an upper bound
+        _check_items(lines, "indent")
+        _check_length(len(value) + lines * step, "indent")
 
 
 def _filter_wordwrap(
@@ -546,8 +583,14 @@ _PRINTING_FILTERS = frozenset(
         "urlencode",
         "urlize",
         "wordcount",
+        "xmlattr",
     )
 )
+
+# Filters that print their arguments too: join's separator, replace's old and new, urlize's
+# target and rel, format's values. (The others take numbers, flags, names of attributes, or
+# text they fail on when it is not a string.)
+_ARGUMENT_PRINTING_FILTERS = frozenset(("format", "join", "replace", "urlize"))
 
 # Filters that list their value (or the pieces of a string) in one C call, sized by the items
 # the value has, a string's characters among them. (batch, unique, map, select and the like
@@ -580,11 +623,13 @@ _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "e": _filter_escape,
     "escape": _filter_escape,
     "forceescape": _filter_escape,
+    "xmlattr": _filter_escape,  # escapes each value it prints
     "join": lambda value, separator="", *rest, **kwargs: _check_join(
-        str(kwargs.get("d", separator)), value
+        _text(kwargs.get("d", separator), "join"), value
     ),  # listed
-    "replace": lambda value, old=None, new=None, *rest, **kwargs: (
-        _check_replace(value, old, new) if isinstance(value, str) else None
+    # jinja's replace prints its value and both arguments, then replaces
+    "replace": lambda value, old=None, new=None, *rest, **kwargs: _check_replace(
+        _text(value, "replace"), _text(old, "replace"), _text(new, "replace")
     ),
 }
 
@@ -598,10 +643,13 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
         if len(args) > skip or kwargs:  # arguments beside the value (most filters take none)
             _check_integers(args[skip:], f"the filter {name}")
             _check_integers(kwargs.values(), f"the filter {name}")
+            if name in _ARGUMENT_PRINTING_FILTERS:
+                for argument in chain(args[skip:], kwargs.values()):
+                    _check_text(argument, f"the filter {name}")
         if name in _LISTING_FILTERS and len(args) >= skip:
             _check_items(_item_count(args[skip - 1]), f"the filter {name}")
-        if name in _PRINTING_FILTERS and len(args) >= skip and type(args[skip - 1]) is not str:
-            _check_length(_text_length(args[skip - 1]), f"the filter {name}")
+        if name in _PRINTING_FILTERS and len(args) >= skip:
+            _check_text(args[skip - 1], f"the filter {name}")
         if name in _FILTER_CHECKS and len(args) >= skip:
             if name == "join":
                 args, kwargs = _join_attributes(args, kwargs, skip)
@@ -624,6 +672,13 @@ def _join_attributes(
     return (*args[: skip - 1], items, *rest), kwargs
 
 
+def _check_name(name: Any, kind: str) -> None:
+    """A filter or test is named by a string (`map(name)`, `select(name)`): jinja's error for
+    a name of any other type prints its repr, an object's address in the dead letter."""
+    if not isinstance(name, (str, Undefined)):
+        raise TemplateRuntimeError(f"No {kind} is named by a {type(name).__name__}.")
+
+
 class _BoundedFilters(AllowedNames):
     """The environment's allowed filters (template_names.FILTERS), each handed out bounded
     (compiled templates look them up by name at each render; transformers adds its own after
@@ -643,7 +698,77 @@ class _BoundedFilters(AllowedNames):
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         """The filter bounded too where jinja looks it up so: folding a constant at compile
         time (`7|round(-1000000)`), outside the render's budget."""
+        _check_name(name, "filter")
         return self[name] if name in self else default
+
+
+def _printing_test(test: Callable[..., Any]) -> Callable[..., Any]:
+    """A test that prints its value first (`is lower`, `is upper`: str(value)), sized first."""
+
+    @functools.wraps(test)
+    def checked(value: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_text(value, f"the test {test.__name__}")
+        return test(value, *args, **kwargs)
+
+    return checked
+
+
+def _message_as_text(raise_exception: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' raise_exception, given its message as checked text: the dead letter
+    prints it, so an object's address would make it differ on every run."""
+
+    @functools.wraps(raise_exception)
+    def checked(message: Any, *args: Any, **kwargs: Any) -> Any:
+        return raise_exception(_text(message, "raise_exception's message"), *args, **kwargs)
+
+    return checked
+
+
+class _CheckedNames(AllowedNames):
+    """An environment's allowed globals or tests, each one that prints a value stored behind
+    its check, whenever it is set (transformers sets raise_exception after the environment is
+    built)."""
+
+    def __init__(
+        self,
+        allowed: frozenset[str],
+        values: dict[str, Any],
+        checks: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]],
+        kind: str,
+    ):
+        self._checks, self._kind = checks, kind
+        super().__init__(allowed, values)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        check = self._checks.get(name)
+        super().__setitem__(name, value if check is None or not callable(value) else check(value))
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """What jinja looks a test up by (`select(name)`)."""
+        _check_name(name, self._kind)
+        return super().get(name, default)
+
+
+# The tests and globals that turn a value into text (jinja's other tests and globals compare,
+# count or hold values, never print them).
+_TEST_CHECKS = {"lower": _printing_test, "upper": _printing_test}
+_GLOBAL_CHECKS = {"raise_exception": _message_as_text}
+
+
+class _KeyTypeUndefined(Undefined):
+    """jinja's Undefined, whose error names a missing key that is not a string or number by
+    its type: jinja names it by its repr, which for an object holds its address (`{}[cycler(
+    1)].x`), a dead letter that would differ on every run."""
+
+    __slots__ = ()
+
+    @property
+    def _undefined_message(self) -> str:
+        name = self._undefined_name
+        if self._undefined_hint is None and name is not None:
+            if type(name) is not str and type(name) not in _REPR_LEAVES:
+                return f"{object_type_repr(self._undefined_obj)} has no element of its kind"
+        return super()._undefined_message
 
 
 class _BoundedCodeGenerator(CodeGenerator):
@@ -708,11 +833,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"+", "-", "*", "/", "//", "%", "**"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("undefined", _KeyTypeUndefined)
         super().__init__(*args, **kwargs)
         # only names whose result is the request's (template_names.py)
         self.filters = _BoundedFilters(self.filters)
-        self.tests = AllowedNames(TESTS, self.tests)
-        self.globals = AllowedNames(GLOBALS, self.globals)
+        self.tests = _CheckedNames(TESTS, self.tests, _TEST_CHECKS, "test")
+        self.globals = _CheckedNames(GLOBALS, self.globals, _GLOBAL_CHECKS, "global")
         self._by_name: dict[type, bool] = {}  # per environment, as transformers' namespace is
 
     def getattr(self, obj: Any, attribute: str) -> Any:
@@ -754,7 +880,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Context, operator_name: str, left: Any, right: Any) -> Any:
         _check_binop(operator_name, left, right)
-        return self.binop_table[operator_name](left, right)
+        return _checked(
+            self.binop_table[operator_name](left, right), f"the operator {operator_name}"
+        )
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         for value in args:  # inline: a step templates take often
@@ -794,10 +922,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     @staticmethod
     def to_text(value: Any) -> str:
         """str(value) for `{{ value }}`, sized first."""
-        if type(value) is str:
-            return value
-        _check_length(_text_length(value), "printing a value")
-        return _checked(str(value), "printing a value")
+        return value if type(value) is str else _text(value, "printing a value")
 
     @staticmethod
     def add(left: Any, right: Any) -> Any:

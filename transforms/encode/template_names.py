@@ -55,6 +55,11 @@ TESTS = frozenset(
 )  # fmt: skip
 CLOCK = "strftime_now"
 
+# The longest format strftime_now formats: far past any date a template spells (Llama 3's is 8
+# characters), and short enough that its one C call, which no render budget can stop (each
+# directive up to ~24 characters, in a buffer doubled until it fits), stays within kilobytes.
+MAX_CLOCK_FORMAT = 256
+
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 # The time of the request this thread renders, in ms since the epoch; set around each render.
 _request_ms: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -74,6 +79,10 @@ def render_at(timestamp_ms: int, render: Callable[[], str]) -> str:
 def strftime_now(format: str) -> str:
     """The request's time as format spells it, in UTC: transformers' strftime_now, read from
     the request rather than the worker's clock and zone."""
+    if isinstance(format, str) and len(format) > MAX_CLOCK_FORMAT:
+        raise ValueError(
+            f"strftime_now: a format of {len(format)} characters, over {MAX_CLOCK_FORMAT}"
+        )
     timestamp_ms = _request_ms.get()
     if timestamp_ms is None:
         raise ValueError("strftime_now: no request time to read (a render outside render_at)")

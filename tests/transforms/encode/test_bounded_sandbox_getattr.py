@@ -15,8 +15,10 @@ from jinja2.utils import Namespace
 from kvtrace.transforms.encode import template_renderer
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox
 
-PLAIN = ImmutableSandboxedEnvironment()
 BOUNDED = BoundedSandbox()
+# jinja's own sandbox, with the bounded one's undefined (which names a missing key jinja would
+# print with an address by its type instead: the names read here print the same either way)
+PLAIN = ImmutableSandboxedEnvironment(undefined=BOUNDED.undefined)
 # Names a template may read: keys, safe and mutating methods, private and internal names.
 NAMES = st.sampled_from(
     [
