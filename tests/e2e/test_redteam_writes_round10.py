@@ -93,7 +93,6 @@ subprocess.Popen.__init__ = _start_then_kill
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 @pytest.mark.parametrize("killed", ["cli", "child"])
 def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path, killed):
     """Round 9 made every process kvtrace starts end with its run (processes.end_with_parent:
@@ -296,7 +295,6 @@ shards.publish_folder = _stop_then_sync_slowly
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_stop_while_a_slow_disk_publishes_the_hashes_never_leaves_half_a_night(
     tiny_tokenizer, tmp_path
 ):
