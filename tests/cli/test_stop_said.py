@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvtrace.cli import STOPPED, _Stop
+from kvtrace.cli import STOPPED, _failed, _Stop
+from kvtrace.transforms.write import publish
 
 
 def test_a_stop_names_what_this_process_published_before_it():
@@ -20,3 +21,16 @@ def test_a_stop_with_nothing_published_here_says_the_commands_word_or_nothing():
         "stopped: windows stay"
     )
     assert _Stop(argparse.Namespace())._leaves("") == STOPPED
+
+
+def test_a_failure_names_what_this_process_published_before_it(monkeypatch, capsys):
+    """A night failing after its id map's commit says the map holds it, as a stop would."""
+    monkeypatch.setattr(publish, "_PUBLISHED_HERE", publish._Published())
+    _failed("the job failed: [Errno 28] No space left on device")
+    assert capsys.readouterr().err == "error: the job failed: [Errno 28] No space left on device\n"
+    publish.note_published(["version 2 of the id map M"])
+    _failed("a worker process died by SIGKILL")
+    assert capsys.readouterr().err == (
+        "error: a worker process died by SIGKILL; "
+        "published version 2 of the id map M before the failure\n"
+    )

@@ -153,7 +153,6 @@ storage.create = _create_on_a_full_disk
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_night_that_fails_after_its_id_map_commit_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):
@@ -197,7 +196,6 @@ anonymize_night.commit_id_map = _commit_then_die
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_beam_child_dying_after_its_id_map_commit_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):
@@ -222,7 +220,6 @@ def test_a_beam_child_dying_after_its_id_map_commit_says_the_map_was_extended(
 _GROUP_WRITABLE_UMASK = "import os\nos.umask(0o002)"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_the_folders_kvtrace_makes_for_block_hashes_are_owner_only(tiny_tokenizer, tmp_path):
     """storage.make_folder(private=True): "every folder made here is owner-only, not just the
     last", and an existing folder "other users may write is refused: they could rename, delete

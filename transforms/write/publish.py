@@ -446,14 +446,15 @@ def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
 
 
 @contextmanager
-def output_lock(output: str) -> Iterator[None]:
+def output_lock(output: str, private: bool = False) -> Iterator[None]:
     """Hold the output's lock for a run (local outputs, files or folders): a second run on the
     same output is refused at once, and the holder may clear what killed runs left beside the
-    output. The lock file goes with the run (one a killed run leaves is taken by the next)."""
+    output. The lock file goes with the run (one a killed run leaves is taken by the next).
+    A private output's missing parents are made owner-only (storage.make_parent)."""
     if is_url(output):
         yield
         return
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    storage.make_parent(output, private)
     path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
     storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
