@@ -19,7 +19,6 @@ import pytest
 from helpers import ROOT, chat, kvtrace_child, write_jsonl
 
 pytestmark = pytest.mark.slow
-ROUND10 = "red team round 10"
 _MAIN = "import sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
 # How long a process that ends with its run is given to be gone (it is, at once, once fixed).
 GONE_S = 5
@@ -256,7 +255,6 @@ anonymize_beam._run_here = _kill_the_cli_then_run
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_killed_beam_run_and_its_rerun_leave_nothing_in_the_temporary_folder(
     tiny_tokenizer, tmp_path
 ):
