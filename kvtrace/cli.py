@@ -290,6 +290,9 @@ def _main(argv: Sequence[str] | None) -> int:
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
+    publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing published yet
+    if publish is not None:
+        publish.forget_published()  # a run's line says what it published, not an earlier one's
     with _stopped_by_signals(args) as stop:
         try:
             return _run(COMMANDS[args.command], args, leftovers, parser, stop)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvtrace.cli import STOPPED, _failed, _Stop
+from kvtrace.cli import STOPPED, _failed, _Stop, main
 from kvtrace.transforms.write import publish
 
 
@@ -34,3 +34,11 @@ def test_a_failure_names_what_this_process_published_before_it(monkeypatch, caps
         "error: a worker process died by SIGKILL; "
         "published version 2 of the id map M before the failure\n"
     )
+
+
+def test_a_run_says_only_what_it_published_not_an_earlier_runs(monkeypatch, capsys, tmp_path):
+    """main called again in one process (a test, a host program): its line is its own run's."""
+    monkeypatch.setattr(publish, "_PUBLISHED_HERE", publish._Published())
+    publish.note_published([str(tmp_path / "an-earlier-runs-output")])
+    assert main(["validate", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"error: '{tmp_path / 'missing'}' matches no file\n"

@@ -241,6 +241,14 @@ def note_published(names: Sequence[str]) -> None:
         _PUBLISHED_HERE.note(names)
 
 
+def forget_published() -> None:
+    """A new run in this process (the CLI's main called again: a test, a host program): what
+    its line says is its own, none of an earlier run's."""
+    with _PUBLISHING:
+        _PUBLISHED_HERE.count = 0
+        _PUBLISHED_HERE.latest.clear()
+
+
 def published_here() -> str:
     """What this process has published, for a stop to say ("": nothing)."""
     record = _PUBLISHED_HERE
