@@ -22,7 +22,7 @@ from kvtrace.transforms.encode.fast_backend import BACKENDS, DEFAULT_BACKEND
 from kvtrace.transforms.encode.salt import SALT_ENV, salt_source
 from kvtrace.transforms.encode.schemes import SCHEMES
 from kvtrace.transforms.encode.segment_cache import DEFAULT_BUDGET_BYTES
-from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.errors import ConfigError, JobStopped
 from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
 from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
@@ -616,47 +616,57 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         model_name=options.get("model_name"),
         time_origin=options["time_origin"],
     )
-    # the block hashes' folder is published too, and cleared of killed runs' staging
-    with (
-        output_lock(output),
-        output_lock(config.block_hashes, private=True) if config.block_hashes else nullcontext(),
-    ):
-        if stream:
-            storage.make_folder(config.staging, private=True)
-            storage.make_folder(config.dead_letter, private=True)
-            try:
-                args.stop_leaves = (
-                    f"the windows published so far stay in {output}/window-*/,"
-                    f" no other"
-                )  # what the CLI says if the stream is stopped
-                _run_streaming(config, stream, flags)
-                return 0
-            finally:
-                storage.remove_folder(config.staging)
-        with _with_inputs(config, files, stdin) as config:
-            _LOG.info(
-                "anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
-                len(config.inputs),
-                config.input_bytes / 1e6,
-                config.tokenizer,
-                config.block_size,
-                salt.describe(),
-            )
-            recover_letters(dead_letter, output)  # before this run's staging folder exists
-            storage.make_folder(config.staging, private=True)
-            letters.begin(config.staging)
-            succeeded = False
-            try:
-                _run_anonymize(config, engine, options["processes"], flags)
-                counts = read_run_counts(letters.staging)  # before the staging folder goes
-                succeeded = True
-            finally:
-                # Letters first, while the staging folder stands: where settling fails,
-                # its pointer stays, and the next run's lock settles it (as after a kill).
-                letters.settle(succeeded)  # published with the output, or gone with the run
-                storage.remove_folder(config.staging)  # gone once published; else a failure's
-                if config.block_hashes:
-                    storage.remove_folder(block_hashes_staging(config.block_hashes, config.staging))
+    try:  # the block hashes' folder is published too, and cleared of killed runs' staging
+        with (
+            output_lock(output),
+            output_lock(config.block_hashes, private=True)
+            if config.block_hashes
+            else nullcontext(),
+        ):
+            if stream:
+                storage.make_folder(config.staging, private=True)
+                storage.make_folder(config.dead_letter, private=True)
+                try:
+                    args.stop_leaves = (
+                        f"the windows published so far stay in {output}/window-*/,"
+                        f" no other"
+                    )  # what the CLI says if the stream is stopped
+                    _run_streaming(config, stream, flags)
+                    return 0
+                finally:
+                    storage.remove_folder(config.staging)
+            with _with_inputs(config, files, stdin) as config:
+                _LOG.info(
+                    "anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
+                    len(config.inputs),
+                    config.input_bytes / 1e6,
+                    config.tokenizer,
+                    config.block_size,
+                    salt.describe(),
+                )
+                recover_letters(dead_letter, output)  # before this run's staging folder exists
+                storage.make_folder(config.staging, private=True)
+                letters.begin(config.staging)
+                succeeded = False
+                try:
+                    _run_anonymize(config, engine, options["processes"], flags)
+                    counts = read_run_counts(letters.staging)  # before the staging folder goes
+                    succeeded = True
+                finally:
+                    # Letters first, while the staging folder stands: where settling fails,
+                    # its pointer stays, and the next run's lock settles it (as after a kill).
+                    letters.settle(succeeded)  # published with the output, or gone with the run
+                    storage.remove_folder(config.staging)  # gone once published; else a failure's
+                    if config.block_hashes:
+                        storage.remove_folder(
+                            block_hashes_staging(config.block_hashes, config.staging)
+                        )
+    except Exception as err:  # Beam wraps worker errors; ours carry a marker to recognise
+        message = JobStopped.message_in(err)
+        if message is None:
+            raise
+        # Unwrapped for the CLI's one line (cli._failed), which adds what the run published.
+        raise JobStopped(message) from err
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
     _print_summary(config, letters.published, counts, time.monotonic() - started)
     return 0
