@@ -191,11 +191,12 @@ class _Stop:
         storage = sys.modules.get("kvtrace.transforms.storage")  # else nothing made
         if publish is None and storage is not None:  # no publication to wait for
             storage.remove_leftovers()
-        published = publish.published_here() if publish is not None else ""
         with self._saying:
             if not self._said:
                 self._said = True
-                print(self._leaves(published) + ("" if whole else HALF_DONE), file=sys.stderr)
+                print(
+                    self._leaves(_published_here()) + ("" if whole else HALF_DONE), file=sys.stderr
+                )
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + (self.signum or signal.SIGINT))
@@ -204,7 +205,7 @@ class _Stop:
         """What the stop leaves: what this process published, else what the command says its
         workers (another process, a cluster) may have published, else nothing."""
         if published:
-            return f"stopped: published {published} before the stop"
+            return f"stopped: {_published_before(published, 'stop')}"
         leaves = getattr(self._args, "stop_leaves", None)
         return f"stopped: {leaves}" if leaves else STOPPED
 
@@ -225,6 +226,26 @@ class _Stop:
             signal.pthread_kill(threading.main_thread().ident, self.signum)
         time.sleep(STOP_DEADLINE_S)
         self.end()  # the run is still unwinding: a wait that does not end, say
+
+
+def _published_here() -> str:
+    """What this process published (publish.published_here: whichever process of the run made
+    it); "" for nothing."""
+    publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing published
+    return publish.published_here() if publish is not None else ""
+
+
+def _published_before(published: str, end: str) -> str:
+    """How a run's line says what it published before its end (a stop, a failure)."""
+    return f"published {published} before the {end}"
+
+
+def _failed(message: str) -> None:
+    """A failure's one line, with what the run published before it (an id map's version
+    committed before the output failed to publish): never read as a run that changed nothing."""
+    published = _published_here()
+    said = f"; {_published_before(published, 'failure')}" if published else ""
+    print(f"error: {message}{said}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -269,6 +290,9 @@ def _main(argv: Sequence[str] | None) -> int:
         _with_dashes(sys.argv[1:] if argv is None else argv, parser)
     )
     _configure_logging(args.verbose)
+    publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing published yet
+    if publish is not None:
+        publish.forget_published()  # a run's line says what it published, not an earlier one's
     with _stopped_by_signals(args) as stop:
         try:
             return _run(COMMANDS[args.command], args, leftovers, parser, stop)
@@ -301,25 +325,22 @@ def _run(
     except OSError as err:
         code = 1 if err.errno in STORAGE_FULL else 2
         if stop.signum is None:
-            print(
-                f"error: {'the job failed: ' if code == 1 else ''}{_one_line(err)}", file=sys.stderr
-            )
+            _failed(f"{'the job failed: ' if code == 1 else ''}{_one_line(err)}")
     except (ConfigError, SaltError, IdMapError, ValueError) as err:
         code = 2
         if stop.signum is None:
-            print(f"error: {_one_line(err)}", file=sys.stderr)
+            _failed(_one_line(err))
     except Exception as err:  # never a traceback: say what failed, and how to see more
         code = 1
         stopped = JobStopped.message_in(err)
         if stop.signum is None and stopped is not None:
-            print(f"error: {stopped}", file=sys.stderr)
+            _failed(stopped)
         elif stop.signum is None:  # a stop that a library wrapped is still a stop
             if args.verbose:
                 raise
-            print(
-                f"error: the job failed: {type(err).__name__}: {_one_line(err)} "
-                f"(run with --verbose for the traceback)",
-                file=sys.stderr,
+            _failed(
+                f"the job failed: {type(err).__name__}: {_one_line(err)} "
+                f"(run with --verbose for the traceback)"
             )
     if stop.signum is not None:
         stop.end()

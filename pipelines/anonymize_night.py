@@ -468,7 +468,8 @@ def commit_id_map(
         return manifest
     # One publication: a stop waits for the commit, and once it stands the stop's line names it
     # (publish.published_here; from a Beam child, through its parent: forward_publications).
-    with publication() as published:
+    # A hard end that stops waiting reads whether the version stands (one writer: the map's).
+    with publication(functools.partial(_committed, run.directory, run.base.version)) as published:
         manifest, version = id_map.publish_night(
             manifest,
             run.directory,
@@ -488,6 +489,12 @@ def commit_id_map(
         if version is not None:
             published.append(f"version {version} of the id map {run.directory}")
     return manifest
+
+
+def _committed(directory: str, base: int) -> list[str]:
+    """The version of the id map at directory a night from version base committed, if any."""
+    version = id_map.current_version_number(directory)
+    return [f"version {version} of the id map {directory}"] if version > base else []
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

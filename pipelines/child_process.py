@@ -21,7 +21,8 @@ publication runs in the child: the job's last step only stages the manifest, the
 are settled by this process already, and the output's lock is this process's. The one thing
 the child commits itself, the id map's version (the pipeline's CommitIdMap step), it tells this
 process as the commit stands (publish.forward_publications), and a stop here names it. Its
-temporary files go into a folder this process owns, removed whatever ends the child.
+temporary files go into a folder this process owns, removed whatever ends the child, and by the
+next run if this process is killed (its name records its owner: pid and start time).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import logging
 import multiprocessing
 import os
 import pickle
+import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -42,7 +45,13 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 from kvtrace.pipelines.local_workers import START_METHOD, stop_signals_held, worker_death
-from kvtrace.pipelines.processes import STOP_SIGNALS, busy_threads, end_descendants, end_with_parent
+from kvtrace.pipelines.processes import (
+    STOP_SIGNALS,
+    busy_threads,
+    end_descendants,
+    end_with_parent,
+    start_time,
+)
 from kvtrace.transforms import storage
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
@@ -52,6 +61,8 @@ from kvtrace.transforms.write import publish
 # before it is ended: the CLI's own deadline (STOP_DEADLINE_S) is as long.
 UNWIND_S = 1.5
 _DIED = object()  # the child's outcome where it ended without a word
+SCRATCH_PREFIX = "kvtrace-job-"
+_SCRATCH_NAME = re.compile(rf"{SCRATCH_PREFIX}(?P<pid>[0-9]+)-(?P<started>[0-9]+)-[^/]+")
 T = TypeVar("T")
 
 
@@ -65,8 +76,10 @@ def run_in_child(job: Callable[[], T]) -> T:
     results, sent = context.Pipe(duplex=False)
     heard, told = context.Pipe(duplex=False)  # what the child publishes, as it stands
     # The child's temporary files (Beam's pipeline folder among them) go into a folder this
-    # process owns, in its registry: a child ended before it could unwind leaves none.
-    scratch = storage.remove_on_exit(tempfile.mkdtemp(prefix="kvtrace-job-"))
+    # process owns, in its registry: a child ended before it could unwind leaves none. Its name
+    # names this process, so that one a killed run left is cleared by the next (_clear_scratch).
+    _clear_scratch(tempfile.gettempdir())
+    scratch = storage.remove_on_exit(tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())))
     child = context.Process(
         target=_run_job,
         args=(job, sent, told, None if forked else _LoggingSetup.of_this_process(), scratch),
@@ -98,6 +111,28 @@ def run_in_child(job: Callable[[], T]) -> T:
         raise JobStopped(worker_death([child]))
     (value,) = outcome
     return value
+
+
+def _scratch_prefix(pid: int) -> str:
+    """The name of a job's scratch folder up to mkdtemp's random part: its owner's pid and
+    start time (processes.start_time; 0 where unknown, never cleared by another run)."""
+    return f"{SCRATCH_PREFIX}{pid}-{start_time(pid) or 0}-"
+
+
+def _clear_scratch(folder: str) -> None:
+    """Remove the job scratch folders in folder whose owner is gone (a killed run's: its
+    finally block never ran) and that are this user's; a living run's stay."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            owner = _SCRATCH_NAME.fullmatch(entry.name)
+            if (
+                owner is not None
+                and int(owner["started"])
+                and start_time(int(owner["pid"])) != int(owner["started"])
+                and entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
+            ):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _relay(heard: Connection) -> None:

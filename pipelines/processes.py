@@ -1,7 +1,8 @@
 """The processes this one started, and theirs, found in /proc: a stopped run ends them all, so
 that none outlives it (the local engine's workers, Beam's SDK workers, a job server Beam
 launched, multiprocessing's helpers), whichever library started them. A killed run cannot end
-them: each process kvtrace starts ends itself with the run (end_with_parent). And the one list
+them: each process kvtrace starts ends itself with the run (end_with_parent; Beam's SDK workers:
+sdk_worker.py). And the one list
 of the signals that stop a run."""
 
 from __future__ import annotations
@@ -44,16 +45,25 @@ def end_with_parent() -> None:
     starter = multiprocessing.parent_process()
     if starter is None:  # not started by multiprocessing: nothing to end with
         return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: a stopped parent still ends its children
-        pass
-    if os.getppid() != starter.pid:  # a server's child, or its parent died before the call
+    if not end_with(starter.pid):  # a server's child, or its parent died before the call
         watcher = threading.Thread(
             target=_end_once_gone, args=(starter,), name="end-with-parent", daemon=True
         )
         watcher.start()
         quiet_thread(watcher)  # it waits holding no lock
+
+
+def end_with(parent: int) -> bool:
+    """The kernel's death signal (SIGKILL) for this process once the process that started it
+    ends (PR_SET_PDEATHSIG; strictly, once the thread that started it does: Beam's and
+    multiprocessing's wait on their process for its life). Returns whether parent is still this
+    process's parent: if not, it died before the call (or another started this one), and no
+    signal will come."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: a stopped parent still ends its children
+        pass
+    return os.getppid() == parent
 
 
 def _end_once_gone(starter: multiprocessing.process.BaseProcess) -> None:
@@ -83,6 +93,17 @@ def _parent_and_state(pid: str) -> tuple[int, str] | None:
     except (OSError, IndexError):
         return None  # gone meanwhile
     return int(fields[1]), fields[0].decode()
+
+
+def start_time(pid: int) -> int | None:
+    """When a living process started (clock ticks since boot: with its pid, which the kernel
+    reuses, it names one process for good); None once it is gone, or where there is no /proc."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else int(fields[19])  # stat's 22nd field
 
 
 def descendants(pid: int | None = None) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -38,12 +39,19 @@ _LOG = logging.getLogger("kvtrace")
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 # A job server or worker pool that is up accepts a connection at once; Beam would wait minutes.
 ENDPOINT_CONNECT_S = 5
-# The SDK worker process Beam starts for --direct_running_mode multi_processing, deaf to Ctrl-C
-# (an ignored signal stays ignored through exec, and Python keeps it so): the terminal sends
-# Ctrl-C to the whole process group, and the launcher, not each worker, acts on it, ending them.
-SDK_WORKER_COMMAND = (
-    f"trap '' INT; exec {shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main"
-)
+
+
+def sdk_worker_command() -> str:
+    """The SDK worker process Beam starts for --direct_running_mode multi_processing (from this
+    process): it ends with this one however it ends (sdk_worker.py), and is deaf to Ctrl-C (an
+    ignored signal stays ignored through exec, and Python keeps it so): the terminal sends
+    Ctrl-C to the whole process group, and the launcher, not each worker, acts on it, ending
+    them."""
+    python = shlex.quote(sys.executable)
+    return (
+        f"trap '' INT; exec {python} -m kvtrace.pipelines.sdk_worker {os.getpid()} "
+        f"apache_beam.runners.worker.sdk_worker_main"
+    )
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -117,7 +125,7 @@ def runner_for(options: PipelineOptions) -> Any:
         # replace the environment with one of its own.
         direct.direct_running_mode = "in_memory"
         return FnApiRunner(
-            default_environment=SubprocessSDKEnvironment.from_command_string(SDK_WORKER_COMMAND)
+            default_environment=SubprocessSDKEnvironment.from_command_string(sdk_worker_command())
         )
     return None
 

@@ -190,19 +190,37 @@ def make_folder(path: str, private: bool = False) -> None:
     if not private:
         os.makedirs(path, exist_ok=True)
         return
-    target, missing = path, []
-    while path and not os.path.isdir(path):  # every folder made here is owner-only, not just
-        missing.append(path)  # the last (as os.makedirs would leave them)
+    if _make_owner_only(path):
+        _mark_private(path)
+    elif is_private_folder(path):
+        _keep_owner_only(path)
+    elif unfit_private := unfit_for_private_files(path):
+        raise PermissionError(unfit_private)
+
+
+def make_parent(path: str, private: bool = False) -> None:
+    """The local folder path goes in, and its parents; for a private path made owner-only as
+    make_folder makes a private folder's (whichever step makes them first), not marked: the
+    private folder is path itself."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if private:
+        _make_owner_only(parent)
+    else:
+        os.makedirs(parent, exist_ok=True)
+
+
+def _make_owner_only(path: str) -> bool:
+    """The missing folders of path made, each owner-only, not just the last (as os.makedirs
+    would leave them under the umask); an existing parent is the user's: left as it is.
+    Returns whether path was missing."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
         path = os.path.dirname(path)
-    for folder in reversed(missing):  # an existing parent is the user's: left as it is
+    for folder in reversed(missing):
         os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
         os.chmod(folder, PRIVATE_FOLDER)
-    if missing:
-        _mark_private(target)
-    elif is_private_folder(target):
-        _keep_owner_only(target)
-    elif unfit_private := unfit_for_private_files(target):
-        raise PermissionError(unfit_private)
+    return bool(missing)
 
 
 def unfit_for_private_files(folder: str) -> str | None:

@@ -619,7 +619,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     try:  # the block hashes' folder is published too, and cleared of killed runs' staging
         with (
             output_lock(output),
-            output_lock(config.block_hashes) if config.block_hashes else nullcontext(),
+            output_lock(config.block_hashes, private=True)
+            if config.block_hashes
+            else nullcontext(),
         ):
             if stream:
                 storage.make_folder(config.staging, private=True)
@@ -663,8 +665,8 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         message = JobStopped.message_in(err)
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        # Unwrapped for the CLI's one line (cli._failed), which adds what the run published.
+        raise JobStopped(message) from err
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
     _print_summary(config, letters.published, counts, time.monotonic() - started)
     return 0

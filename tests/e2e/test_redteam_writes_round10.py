@@ -19,7 +19,6 @@ import pytest
 from helpers import ROOT, chat, kvtrace_child, write_jsonl
 
 pytestmark = pytest.mark.slow
-ROUND10 = "red team round 10"
 _MAIN = "import sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
 # How long a process that ends with its run is given to be gone (it is, at once, once fixed).
 GONE_S = 5
@@ -93,7 +92,6 @@ subprocess.Popen.__init__ = _start_then_kill
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 @pytest.mark.parametrize("killed", ["cli", "child"])
 def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path, killed):
     """Round 9 made every process kvtrace starts end with its run (processes.end_with_parent:
@@ -154,7 +152,6 @@ storage.create = _create_on_a_full_disk
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_night_that_fails_after_its_id_map_commit_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):
@@ -198,7 +195,6 @@ anonymize_night.commit_id_map = _commit_then_die
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_beam_child_dying_after_its_id_map_commit_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):
@@ -223,7 +219,6 @@ def test_a_beam_child_dying_after_its_id_map_commit_says_the_map_was_extended(
 _GROUP_WRITABLE_UMASK = "import os\nos.umask(0o002)"
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_the_folders_kvtrace_makes_for_block_hashes_are_owner_only(tiny_tokenizer, tmp_path):
     """storage.make_folder(private=True): "every folder made here is owner-only, not just the
     last", and an existing folder "other users may write is refused: they could rename, delete
@@ -260,7 +255,6 @@ anonymize_beam._run_here = _kill_the_cli_then_run
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_killed_beam_run_and_its_rerun_leave_nothing_in_the_temporary_folder(
     tiny_tokenizer, tmp_path
 ):
@@ -296,7 +290,6 @@ shards.publish_folder = _stop_then_sync_slowly
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND10)
 def test_a_stop_while_a_slow_disk_publishes_the_hashes_never_leaves_half_a_night(
     tiny_tokenizer, tmp_path
 ):

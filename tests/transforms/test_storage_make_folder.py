@@ -59,3 +59,19 @@ def test_new_private_folders_are_owner_only_and_existing_parents_left_alone(tmp_
 def test_a_folder_of_another_user_that_others_may_write_is_refused():
     with pytest.raises(PermissionError, match="may be written by other users"):
         storage.make_folder("/tmp", private=True)
+
+
+def test_a_private_outputs_missing_parents_are_owner_only_and_unmarked(tmp_path):
+    """Whichever step makes them first (the output's lock, before its folder is staged): under
+    a group-writable umask too; the private folder is the output itself, not its parents."""
+    output = tmp_path / "private" / "night" / "hashes"
+    previous = os.umask(0o002)
+    try:
+        storage.make_parent(str(output), private=True)
+        storage.make_parent(str(tmp_path / "public" / "out"))
+    finally:
+        os.umask(previous)
+    for made in (output.parent, output.parent.parent):
+        assert made.stat().st_mode & 0o777 == 0o700
+        assert not storage.is_private_folder(str(made))
+    assert (tmp_path / "public").stat().st_mode & 0o777 == 0o775

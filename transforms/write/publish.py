@@ -109,6 +109,11 @@ _RENAME_EXCHANGE = 2
 # removes them. Each publication holds _PUBLISHING (_publication), so that removal never meets
 # one half done: a name it removes is still staged, or published and gone.
 _PUBLISHING = threading.RLock()
+# Held for each swap, its undoing and its record, so a hard end that stops waiting for a
+# publication (abandon_staged) meets none half made: it takes this, bars any further swap
+# (_ABANDONED) and puts back every swap of the publications under way.
+_SWAPPING = threading.Lock()
+_ABANDONED = threading.Event()
 SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
 _AT_FDCWD = -100
 
@@ -158,51 +163,69 @@ class _Published:
 _PUBLISHED_HERE = _Published()
 
 
+# What stands of a publication's steps that are not swaps (an id map's commit), read from
+# storage for a hard end that abandons it; its swaps are put back, so they are never among it.
+Standing = Callable[[], list[str]]
+
+
+def only_swaps() -> list[str]:
+    """The standing of a publication whose every step is a swap: nothing, once they are back."""
+    return []
+
+
 class _Open:
     """A publication under way: the names it has put in place, and the local swaps done
-    (staged, output, where the previous output went), put back if an enclosing publication
-    fails and their previous outputs removed only once the outermost one stands whole."""
+    (staged, output, where the previous output went), each recorded as it is made (under
+    _SWAPPING), put back if an enclosing publication fails or a hard end abandons it, and their
+    previous outputs removed only once the outermost one stands whole. standing: what stands of
+    its other steps, for a hard end (None: it cannot be told, so it may be half done)."""
 
-    def __init__(self) -> None:
+    def __init__(self, standing: Standing | None) -> None:
         self.names: list[str] = []
         self.swaps: list[tuple[str, str, str | None]] = []
+        self.standing = standing
 
 
 _OPEN_PUBLICATIONS: list[_Open] = []  # under _PUBLISHING: those under way, outermost first
 
 
 @contextmanager
-def _publication() -> Iterator[list[str]]:
+def _publication(standing: Standing | None = None) -> Iterator[list[str]]:
     """The one section every publication runs in: it holds _PUBLISHING (a hard end waits for
     it: abandon_staged) and defers a stop until it ends (interrupts), so a publication is whole
     or rolled back whenever the stop comes. What the body appends to the list yielded (the
     names it put in place) is recorded once the outermost publication ends whole: one that
     fails, or that an enclosing one rolls back, records nothing. Publications nested in one
-    (publication: a night's trace, then its block hashes) stand or are put back with it."""
+    (publication: a night's trace, then its block hashes) stand or are put back with it.
+    standing: as _Open's."""
     with _PUBLISHING, stops_deferred():
-        current = _Open()
+        current = _Open(standing)
         _OPEN_PUBLICATIONS.append(current)
         try:
             yield current.names
         except BaseException:
-            for staged, output, previous in reversed(current.swaps):
-                _swap_back(staged, output, previous)
+            _undo(current.swaps)
+            with _SWAPPING:
+                _OPEN_PUBLICATIONS.pop()
             raise
-        finally:
+        with _SWAPPING:  # a hard end sees it under way (and puts it back) or recorded whole
             _OPEN_PUBLICATIONS.pop()
-        if _OPEN_PUBLICATIONS:
-            _OPEN_PUBLICATIONS[-1].names.extend(current.names)
-            _OPEN_PUBLICATIONS[-1].swaps.extend(current.swaps)
-            return
-        _PUBLISHED_HERE.note(current.names)
+            if _ABANDONED.is_set():  # put back already: the process ends next
+                raise JobStopped("stopped at the deadline; the publication was put back")
+            if _OPEN_PUBLICATIONS:
+                _OPEN_PUBLICATIONS[-1].names.extend(current.names)
+                _OPEN_PUBLICATIONS[-1].swaps.extend(current.swaps)
+                return
+            _PUBLISHED_HERE.note(current.names)
         _remove_previous(current.swaps)
 
 
-def publication() -> AbstractContextManager[list[str]]:
+def publication(standing: Standing = only_swaps) -> AbstractContextManager[list[str]]:
     """One publication of several outputs (a night's trace, then its block hashes): a stop
-    waits for all of them, and a failure puts back those already swapped in, so they stand
-    together or not at all (a kill between two swaps still leaves the first new)."""
-    return _publication()
+    waits for all of them, and a failure (or a hard end that stops waiting) puts back those
+    already swapped in, so they stand together or not at all. standing: what stands of its
+    steps that are not swaps, read from storage (an id map's version committed)."""
+    return _publication(standing)
 
 
 def forward_publications(send: Callable[[list[str]], None]) -> None:
@@ -216,6 +239,14 @@ def note_published(names: Sequence[str]) -> None:
     """What a child of this process published (forward_publications), in this one's record."""
     with _PUBLISHING:
         _PUBLISHED_HERE.note(names)
+
+
+def forget_published() -> None:
+    """A new run in this process (the CLI's main called again: a test, a host program): what
+    its line says is its own, none of an earlier run's."""
+    with _PUBLISHING:
+        _PUBLISHED_HERE.count = 0
+        _PUBLISHED_HERE.latest.clear()
 
 
 def published_here() -> str:
@@ -232,13 +263,35 @@ def published_here() -> str:
 def abandon_staged(wait_s: float) -> bool:
     """For a stop that ends this process at once: what its run made and has not removed (its
     staging, its lock files, standard input's spooled copy: storage.remove_leftovers) is
-    removed, once no publication is under way (waiting wait_s at most for one; past that, left
-    for the next run of the output to clear). _PUBLISHING stays held: the process ends next,
-    and no publication may start meanwhile. Returns whether none was under way (else one may
-    be left half done)."""
-    if not _PUBLISHING.acquire(timeout=wait_s):
+    removed, once no publication is under way (waiting wait_s at most for one; past that, the
+    publications under way are put back: _put_back_open). _PUBLISHING stays held, or no swap
+    may start: the process ends next. Returns whether what stands is known (recorded for
+    published_here); False: a publication may be left half done."""
+    if not _PUBLISHING.acquire(timeout=wait_s) and not _put_back_open(wait_s):
         return False
     storage.remove_leftovers()
+    return True
+
+
+def _put_back_open(wait_s: float) -> bool:
+    """Bar any further swap, put back every swap of the publications under way (the latest
+    first) and record what stands of their other steps. Returns whether all of it is known:
+    False if a swap in progress outlasts wait_s, one cannot be put back, or a publication's
+    other steps cannot be told."""
+    if not _SWAPPING.acquire(timeout=wait_s):
+        return False
+    try:
+        _ABANDONED.set()  # every swap and record reads it under the lock: none after this
+        for current in reversed(_OPEN_PUBLICATIONS):
+            while current.swaps:
+                _swap_back(*current.swaps.pop())
+        if any(current.standing is None for current in _OPEN_PUBLICATIONS):
+            return False
+        _PUBLISHED_HERE.note([n for c in _OPEN_PUBLICATIONS if c.standing for n in c.standing()])
+    except Exception:  # noqa: BLE001 - the line then says it may be half done
+        return False
+    finally:
+        _SWAPPING.release()
     return True
 
 
@@ -401,14 +454,15 @@ def check_output(output: str, own: frozenset[str] = frozenset()) -> None:
 
 
 @contextmanager
-def output_lock(output: str) -> Iterator[None]:
+def output_lock(output: str, private: bool = False) -> Iterator[None]:
     """Hold the output's lock for a run (local outputs, files or folders): a second run on the
     same output is refused at once, and the holder may clear what killed runs left beside the
-    output. The lock file goes with the run (one a killed run leaves is taken by the next)."""
+    output. The lock file goes with the run (one a killed run leaves is taken by the next).
+    A private output's missing parents are made owner-only (storage.make_parent)."""
     if is_url(output):
         yield
         return
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    storage.make_parent(output, private)
     path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
     storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
@@ -546,7 +600,7 @@ def publish_folder(
     from staging through the swap: a kill at any step leaves it unreadable to others."""
     if is_url(output):
         check_output(output, own)  # again: something may have appeared while the run ran
-        with _publication() as published:
+        with _publication() as published:  # copies: what a hard end meets cannot be told
             _publish_remote(staging, output)
             published.append(output)
             if report:
@@ -639,7 +693,11 @@ class StagedFile:
         for staged in (self, report) if report else (self,):
             staged.stamp()
         report_moves = report.moves() if report else []
-        with _publication() as published:
+        if self.staging == self.output:
+            standing: Standing = lambda: [self.output]  # noqa: E731 - whole once uploaded
+        else:
+            standing = only_swaps if self.overwrite else _linked(self.staging, self.output)
+        with _publication(standing) as published:
             if self.staging == self.output:  # an object, whole once its upload completed
                 published.append(self.output)
             if self.overwrite or not self.moves():
@@ -659,7 +717,7 @@ class StagedFile:
 def _publish_new(staging: str, output: str) -> None:
     """Publish a staged file where no file is: link(2) refuses an existing name in the same
     step that makes it (a check before a rename would leave a gap), then the staged name goes."""
-    with _publication() as published:
+    with _publication(_linked(staging, output)) as published:
         try:
             os.link(staging, output)
         except FileExistsError:
@@ -668,6 +726,19 @@ def _publish_new(staging: str, output: str) -> None:
             ) from None
         published.append(output)
         os.unlink(staging)
+
+
+def _linked(staging: str, output: str) -> Standing:
+    """What stands of _publish_new: the output, once linked (the staged name gone, or both
+    names one file)."""
+
+    def standing() -> list[str]:
+        linked = not os.path.lexists(staging) or (
+            os.path.lexists(output) and os.path.samefile(staging, output)
+        )
+        return [output] if linked else []
+
+    return standing
 
 
 def check_parent(output: str) -> None:
@@ -1210,7 +1281,7 @@ class DeadLetterRun:
         is published is read from the output where the run could keep its pointer, else it is
         the run's word. Returns whether they were published. One publication (_publication):
         a stop waits for it, so the letters are settled whole."""
-        with _publication():
+        with _publication(_letters_standing(self.folder, self.run_id)):
             if self.pointer is not None:
                 published = settle_pointed_letters(self.pointer, self.output) is not None
             else:
@@ -1325,12 +1396,18 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
     letters = storage.join(staging, DEAD_LETTER_FILE)
     publish = publish and storage.exists(letters)
     if publish:
-        with _publication() as published:
+        with _publication(_letters_standing(folder, run_id)) as published:
             storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
             published.append(storage.join(folder, f"rejected-{run_id}.jsonl"))
         storage.sync_folder(folder)
     storage.remove_folder(staging)
     return publish
+
+
+def _letters_standing(folder: str, run_id: str) -> Standing:
+    """What stands of a run's letters' publication: their file, once renamed in."""
+    published = storage.join(folder, f"rejected-{run_id}.jsonl")
+    return lambda: [published] if storage.exists(published) else []
 
 
 def recover_letters(folder: str, output: str) -> list[str]:
@@ -1425,24 +1502,30 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     publication (_publication; within an enclosing one, part of it): a stop is raised once all
     stand or all are put back; a kill between two moves leaves the first new and the rest
     previous (POSIX renames one name at a time)."""
-    with _publication() as published:
-        _publish_in_place(moves, own)
+    with _publication(only_swaps) as published:  # a failure puts back its swaps
+        for staged, output in moves:
+            _check_previous(output, _recorded_swap(staged, output), own)
+        for parent in dict.fromkeys(os.path.dirname(os.path.abspath(o)) for _, o in moves):
+            storage.sync_folder(parent)
         published.extend(output for _, output in moves)
 
 
-def _publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str]) -> None:
-    done: list[tuple[str, str, str | None]] = []
-    try:
-        for staged, output in moves:
-            done.append((staged, output, _swap_in(staged, output)))
-            _check_previous(output, done[-1][2], own)
-        for parent in dict.fromkeys(os.path.dirname(os.path.abspath(o)) for _, o in moves):
-            storage.sync_folder(parent)
-    except BaseException:
-        for staged, output, previous in reversed(done):
-            _swap_back(staged, output, previous)
-        raise
-    _OPEN_PUBLICATIONS[-1].swaps.extend(done)  # its publication removes the previous outputs
+def _recorded_swap(staged: str, output: str) -> str | None:
+    """_swap_in, recorded in the publication under way as it is made; none once a hard end
+    abandoned the publications. Returns where the previous output went."""
+    with _SWAPPING:
+        if _ABANDONED.is_set():
+            raise JobStopped("stopped at the deadline; the publication was put back")
+        previous = _swap_in(staged, output)
+        _OPEN_PUBLICATIONS[-1].swaps.append((staged, output, previous))
+        return previous
+
+
+def _undo(swaps: list[tuple[str, str, str | None]]) -> None:
+    """Put back the swaps of a publication that failed, the latest first."""
+    with _SWAPPING:
+        while swaps:
+            _swap_back(*swaps.pop())
 
 
 def _remove_previous(swaps: Sequence[tuple[str, str, str | None]]) -> None:

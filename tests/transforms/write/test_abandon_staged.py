@@ -10,6 +10,7 @@ from contextlib import ExitStack
 import pytest
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.write import publish
 from kvtrace.transforms.write.publish import STAGING_MARK, DeadLetterRun, folder_output
 
@@ -19,6 +20,10 @@ def _this_tests_own_registry(monkeypatch):
     """abandon_staged keeps the lock (its process ends next): each test gets its own."""
     monkeypatch.setattr(storage, "_LEFTOVERS", {})
     monkeypatch.setattr(publish, "_PUBLISHING", threading.RLock())
+    monkeypatch.setattr(publish, "_SWAPPING", threading.Lock())
+    monkeypatch.setattr(publish, "_ABANDONED", threading.Event())
+    monkeypatch.setattr(publish, "_OPEN_PUBLICATIONS", [])
+    monkeypatch.setattr(publish, "_PUBLISHED_HERE", publish._Published())
 
 
 def _staged_names(root) -> list[str]:
@@ -68,29 +73,82 @@ def test_the_letters_of_a_published_output_stay_for_the_next_run(tmp_path):
         stack.pop_all()
 
 
-def test_a_publication_under_way_is_waited_for_and_then_stands(tmp_path):
-    staged = tmp_path / f".out{STAGING_MARK}0123456789ab"
+def _staged_output(tmp_path, name: str) -> str:
+    staged = tmp_path / f".{name}{STAGING_MARK}0123456789ab"
     publish._staged_here(str(staged))
     staged.mkdir()
-    (staged / "manifest.json").write_text("{}")
+    (staged / "manifest.json").write_text(name)
+    return str(staged)
+
+
+def test_a_publication_that_ends_in_the_wait_stands(tmp_path):
+    staged = _staged_output(tmp_path, "out")
     holding, done = threading.Event(), threading.Event()
 
     def publication() -> None:
-        with publish._PUBLISHING:
+        with publish.publication():
             holding.set()
             done.wait()
-            os.rename(staged, tmp_path / "out")
+            publish.publish_in_place([(staged, str(tmp_path / "out"))])
 
     worker = threading.Thread(target=publication)
     worker.start()
     holding.wait()
-    publish.abandon_staged(0)  # the publication holds the lock: nothing is removed
-    assert (staged / "manifest.json").exists()
+    done.set()  # it ends within the wait, whenever it is
+    assert publish.abandon_staged(30)
+    worker.join()
+    assert (tmp_path / "out" / "manifest.json").read_text() == "out"
+    assert publish.published_here() == str(tmp_path / "out")
+    assert _staged_names(tmp_path) == []
+
+
+def test_a_publication_the_deadline_meets_is_put_back_and_said(tmp_path):
+    """A hard end that stops waiting puts back the swaps of the publications under way (a
+    night's trace, its block hashes not yet in) and records what stands of their other steps
+    (an id map's version), so its line tells the truth: nothing is left half a night."""
+    trace, hashes = _staged_output(tmp_path, "out"), _staged_output(tmp_path, "hashes")
+    swapped, failed = threading.Event(), []
+
+    def night() -> None:
+        try:
+            with publish.publication(lambda: ["version 3 of the id map M"]):
+                publish.publish_in_place([(trace, str(tmp_path / "out"))])
+                swapped.set()
+                while not publish._ABANDONED.wait(30):  # the slow sync of the hashes
+                    pass
+                publish.publish_in_place([(hashes, str(tmp_path / "hashes"))])
+        except JobStopped as err:
+            failed.append(err)
+
+    worker = threading.Thread(target=night)
+    worker.start()
+    swapped.wait()
+    assert publish.abandon_staged(0)
+    worker.join()
+    assert failed  # no swap after the hard end
+    assert not (tmp_path / "out").exists() and not (tmp_path / "hashes").exists()
+    assert publish.published_here() == "version 3 of the id map M"
+    assert _staged_names(tmp_path) == []
+
+
+def test_a_publication_whose_steps_cannot_be_told_is_said_half_done(tmp_path):
+    stalled, done, failed = threading.Event(), threading.Event(), []
+
+    def copying() -> None:
+        try:
+            with publish._publication():  # an object store's copies: no standing to read
+                stalled.set()
+                done.wait()
+        except JobStopped as err:
+            failed.append(err)
+
+    worker = threading.Thread(target=copying)
+    worker.start()
+    stalled.wait()
+    assert not publish.abandon_staged(0)
     done.set()
     worker.join()
-    publish.abandon_staged(30)
-    assert (tmp_path / "out" / "manifest.json").read_text() == "{}"
-    assert _staged_names(tmp_path) == []
+    assert failed and publish.published_here() == ""  # nothing recorded after the hard end
 
 
 def test_the_lock_file_goes_too(tmp_path):
