@@ -44,7 +44,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from kvtrace.pipelines.local_workers import START_METHOD, stop_signals_held, worker_death
+from kvtrace.pipelines.local_workers import (
+    START_METHOD,
+    adopt_environment,
+    stop_signals_held,
+    worker_death,
+)
 from kvtrace.pipelines.processes import (
     STOP_SIGNALS,
     busy_threads,
@@ -82,7 +87,14 @@ def run_in_child(job: Callable[[], T]) -> T:
     scratch = storage.remove_on_exit(tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())))
     child = context.Process(
         target=_run_job,
-        args=(job, sent, told, None if forked else _LoggingSetup.of_this_process(), scratch),
+        args=(
+            job,
+            sent,
+            told,
+            None if forked else _LoggingSetup.of_this_process(),
+            None if forked else dict(os.environ),
+            scratch,
+        ),
         name="kvtrace-job",
     )
     relay = threading.Thread(target=_relay, args=(heard,), name="kvtrace-job-publications")
@@ -172,12 +184,16 @@ def _run_job(
     sent: Connection,
     told: Connection,
     setup: _LoggingSetup | None,
+    environment: dict[str, str] | None,
     scratch: str,
 ) -> None:
     """In the child: job run, then its value (in a 1-tuple) or its error sent back; each of its
     publications told as it stands (the Beam engine's id-map commit). Its temporary files, and
-    its own children's, go into scratch (the parent's)."""
+    its own children's, go into scratch (the parent's). A child started clean runs in the
+    parent's environment as it is now (environment), not the forkserver's."""
     end_with_parent()  # none goes on publishing for a process that is gone
+    if environment is not None:
+        adopt_environment(environment)
     tempfile.tempdir = os.environ["TMPDIR"] = scratch
     publish.forward_publications(functools.partial(_tell, told))
     if setup is not None:

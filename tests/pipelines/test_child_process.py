@@ -177,3 +177,16 @@ def test_a_scratch_folder_whose_owner_is_gone_is_cleared_and_a_living_ones_stays
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [living.name, unknown.name, "kvtrace-job-not-ours"]
     )
+
+
+def _environment_variable(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_the_job_sees_this_process_s_environment_as_it_is_now(start, monkeypatch):
+    """A clean start comes from a server that took this process's environment when it started
+    (an earlier job's): a salt given in the environment since must reach the job too."""
+    child_process.run_in_child(functools.partial(_environment_variable, "HOME"))  # server up
+    monkeypatch.setenv("KVTRACE_TEST_SET_LATER", "set-later")
+    job = functools.partial(_environment_variable, "KVTRACE_TEST_SET_LATER")
+    assert child_process.run_in_child(job) == "set-later"
