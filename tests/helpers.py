@@ -201,6 +201,17 @@ def kvtrace_child(
     )
 
 
+def under_rlimit(command: list[str], limit: str, value: int) -> list[str]:
+    """command run under a resource limit (resource.RLIMIT_*) that the new process sets itself
+    before it execs: a preexec_fn runs Python between fork and exec, unsafe in a test worker
+    where gRPC's threads live (its fork handlers aborted the child, exit -6)."""
+    setup = (
+        f"import os, resource, sys; resource.setrlimit(resource.{limit}, ({value}, {value})); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", setup, *command]
+
+
 def peak_rss_mb(command: list[str], cwd: Path = ROOT) -> tuple[int, int, str]:
     """(exit code, peak RSS in MB of the command and its children, stderr) of a command run in
     a child of a fresh interpreter: this process's own memory is not counted."""

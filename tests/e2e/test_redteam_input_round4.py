@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT, chat, peak_rss_mb, write_jsonl
+from helpers import ROOT, chat, peak_rss_mb, under_rlimit, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 ROUND4 = "red team round 4"
@@ -29,31 +28,29 @@ def _template_folder(tiny_tokenizer, tmp_path, template: str):
 def _anonymize_child(folder, src, out, address_space: int | None = None, *extra: str):
     """anonymize in a child (its address space capped when asked): (exit code, stderr)."""
 
-    def cap():
-        if address_space:
-            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
+    command = [
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        "anonymize",
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(folder),
+        "--block-size",
+        "4",
+        *([] if "beam" in extra else ["--processes", "1"]),
+        *extra,
+    ]
+    if address_space:
+        command = under_rlimit(command, "RLIMIT_AS", address_space)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvtrace.cli",
-            "anonymize",
-            "--input",
-            str(src),
-            "--output",
-            str(out),
-            "--tokenizer",
-            str(folder),
-            "--block-size",
-            "4",
-            *([] if "beam" in extra else ["--processes", "1"]),
-            *extra,
-        ],
+        command,
         cwd=ROOT,
         capture_output=True,
         timeout=300,
-        preexec_fn=cap,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     return proc.returncode, proc.stderr.decode(errors="replace")
@@ -185,15 +182,11 @@ def test_merging_dead_letters_holds_one_line_not_one_per_run(tiny_tokenizer, tmp
 
 
 def _capped(args: list[str], address_space: int) -> subprocess.CompletedProcess:
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
     return subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", *args],
+        under_rlimit([sys.executable, "-m", "kvtrace.cli", *args], "RLIMIT_AS", address_space),
         cwd=ROOT,
         capture_output=True,
         timeout=300,
-        preexec_fn=cap,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
 
