@@ -23,7 +23,7 @@ from test_gate_redteam import (
     the_tokenizer,  # noqa: F401 (an autouse fixture)
 )
 
-from helpers import ROOT, anonymize, write_jsonl
+from helpers import ROOT, anonymize, under_rlimit, write_jsonl
 from kvtrace.transforms.stats import audit as gate
 from kvtrace.transforms.write.manifest import set_content_times
 
@@ -351,29 +351,17 @@ def test_a_small_folder_is_audited_within_a_modest_address_space(outputs):
     2 GiB + 1 is allocated before a byte is read, whatever the file's size. Under an address
     space limit of 2 GB (ulimit -v, prlimit --as) `kvtrace audit` of a 7 KB folder stops with
     "the job failed: MemoryError" (exit 1, read as "flagged"), instead of reading 7 KB."""
-    import resource
     import subprocess
     import sys
 
     limit = 2_000_000_000
 
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
+    command = [sys.executable, "-m", "kvtrace.cli", "audit", str(outputs["plain"])]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvtrace.cli",
-            "audit",
-            str(outputs["plain"]),
-            "--tokenizer",
-            TOKENIZER[0],
-        ],
+        under_rlimit([*command, "--tokenizer", TOKENIZER[0]], "RLIMIT_AS", limit),
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=cap,
         cwd=str(ROOT),
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-300:]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import KVTRACE, ROOT, peak_rss_mb
+from helpers import KVTRACE, ROOT, peak_rss_mb, under_rlimit
 
 pytestmark = [pytest.mark.slow]
 ROUND5 = "red team round 5"
@@ -369,7 +369,6 @@ def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(
     again; 200,000 ids (a 1.5 MB line) asked for 100 M tokens: killed by the OOM killer at
     23 GB after 144 s; a 16 MiB line (~2 M ids) asks for 1 G tokens. Promise: every
     resource bounded before it is spent (the row left out and counted in too_long)."""
-    import resource
 
     n = 6_000
     src = tmp_path / "trace.jsonl"
@@ -381,27 +380,27 @@ def test_render_bounds_a_row_by_the_tokens_it_builds_not_the_length_it_claims(
     )
     report = tmp_path / "report.json"
 
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
-
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvtrace.cli",
-            "render",
-            str(src),
-            "--tokenizer",
-            tiny_tokenizer,
-            "-o",
-            str(tmp_path / "requests.jsonl"),
-            "--json",
-            str(report),
-        ],
+        under_rlimit(
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "render",
+                str(src),
+                "--tokenizer",
+                tiny_tokenizer,
+                "-o",
+                str(tmp_path / "requests.jsonl"),
+                "--json",
+                str(report),
+            ],
+            "RLIMIT_AS",
+            2_500_000_000,
+        ),
         cwd=ROOT,
         capture_output=True,
         timeout=300,
-        preexec_fn=cap,
         check=False,
     )
     said = done.stderr.decode(errors="replace")

@@ -212,7 +212,6 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort_on_bea
     Promise: bad input gets a one-line error or a dead letter, never a silent death. Fixed: the
     Beam engine runs its pipeline in a child process (pipelines/child_process.py), whose death
     is the CLI's one-line error."""
-    import resource
 
     words = "the quick brown fox jumps over lazy dog again hello world".split()
     text = " ".join(words[i % len(words)] for i in range(1_500_000))
@@ -225,9 +224,6 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort_on_bea
         )
         + "\n"
     )
-
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))
 
     done = kvtrace_child(
         *[
@@ -243,7 +239,7 @@ def test_a_record_the_tokenizer_cannot_allocate_for_is_not_a_silent_abort_on_bea
             "--block-size",
             "4",
         ],
-        preexec_fn=cap,
+        prelude="import resource; resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000,) * 2)",
     )
     assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr[-1000:]}"
     assert done.stderr.strip().splitlines()[-1].startswith("error: "), done.stderr[-1000:]

@@ -246,7 +246,6 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
     command stops with a message blaming the data: `f253 is not a whole kvtrace output: its
     manifest.json cannot be read ([Errno 24] Too many open files) (copied partly?)`. Promise:
     every resource bounded before it is spent; the folders are whole and read."""
-    import resource
 
     source = tmp_path / "t.jsonl"
     source.write_text(
@@ -267,10 +266,8 @@ def test_reading_more_folders_than_open_files_allow_reads_them_all(tmp_path, com
             (folder / name).write_bytes((first / name).read_bytes())
         folders.append(str(folder))
 
-    def few_files() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-
-    done = kvtrace_child(*[*command, *folders], preexec_fn=few_files)
+    few_files = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))"
+    done = kvtrace_child(*[*command, *folders], prelude=few_files)
     assert "Too many open files" not in done.stderr, done.stderr[-2000:]
     if command == ["validate"]:  # 300 copies of one trace, read as one, go back in time
         assert "900 rows" in done.stdout and "FAIL timestamps never go backwards" in done.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, anonymize_night, write_jsonl
+from helpers import ROOT, anonymize_night, under_rlimit, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -30,22 +30,16 @@ def _request(folder: Path, name: str, prompt: str, day: int = 0) -> Path:
     )
 
 
-def _capped() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # 2 GiB: a shared machine
-
-
 def _cli(*args: str, cap: bool = False) -> subprocess.CompletedProcess | None:
     """The CLI in a child process; None when it is still running after 45 s (a hang)."""
+    command = [sys.executable, "-m", "kvtrace.cli", *args]
     try:
         return subprocess.run(
-            [sys.executable, "-m", "kvtrace.cli", *args],
+            under_rlimit(command, "RLIMIT_AS", 2 << 30) if cap else command,  # a shared machine
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=45,
-            preexec_fn=_capped if cap else None,
         )
     except subprocess.TimeoutExpired:
         return None

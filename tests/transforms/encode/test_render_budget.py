@@ -6,7 +6,6 @@ recursion through macros, huge outputs, and single steps that build a huge value
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from helpers import under_rlimit
 from kvtrace.transforms.encode import bounded_sandbox, tokenize
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, ValueTooLarge
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
@@ -401,13 +401,6 @@ def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tin
             tokenize.render_chat(tiny, [{"role": "user", "content": "loop"}], None, kwargs)
 
 
-def _capped(limit_bytes: int):
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-
-    return cap
-
-
 @pytest.mark.slow  # every hostile template at the default budget: ~30 s
 def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokenizer):
     """At the shipped budget, in a process capped at 3 GiB of address space: each hostile
@@ -430,12 +423,13 @@ def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokeniz
     )
     hostile = {**RUNAWAY, **REFUSED}
     result = subprocess.run(
-        [sys.executable, "-c", code, tiny_tokenizer, json.dumps(hostile)],
+        under_rlimit(
+            [sys.executable, "-c", code, tiny_tokenizer, json.dumps(hostile)], "RLIMIT_AS", 3 << 30
+        ),
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=600,
-        preexec_fn=_capped(3 << 30),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in result.stdout.splitlines()]
