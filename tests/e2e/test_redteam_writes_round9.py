@@ -257,7 +257,7 @@ def test_a_stop_after_the_local_id_map_commit_never_says_nothing_was_published(
 ):
     """Known open: a Beam id-map commit made in the child is not named after a stop. The local
     engine commits in the process that reports, yet its commit is no publication either
-    (id_map.publish_night runs outside publish._publication, so published_here never records
+    (id_map.publish_night runs outside publish.publication, so published_here never records
     it, and no stop is deferred across commit -> anchor mark -> cleanup): a SIGTERM right after
     the commit says "stopped: nothing published" (exit 143) beside a map extended by a
     version (versions/000001.json) whose mark (--id-map-marks) never moved. An operator who

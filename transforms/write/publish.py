@@ -67,7 +67,7 @@ import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO
@@ -106,7 +106,7 @@ _RENAME_EXCHANGE = 2
 # Every staging name this process made up (its runs' own) and its lock files are noted in the
 # run's one registry of what it removes on any exit (storage.remove_on_exit), for a stop that
 # ends the process without waiting for it to unwind (the CLI's deadline): abandon_staged
-# removes them. Each publication holds _PUBLISHING (_publication), so that removal never meets
+# removes them. Each publication holds _PUBLISHING (publication), so that removal never meets
 # one half done: a name it removes is still staged, or published and gone.
 _PUBLISHING = threading.RLock()
 # Held for each swap, its undoing and its record, so a hard end that stops waiting for a
@@ -190,14 +190,15 @@ _OPEN_PUBLICATIONS: list[_Open] = []  # under _PUBLISHING: those under way, oute
 
 
 @contextmanager
-def _publication(standing: Standing | None = None) -> Iterator[list[str]]:
-    """The one section every publication runs in: it holds _PUBLISHING (a hard end waits for
-    it: abandon_staged) and defers a stop until it ends (interrupts), so a publication is whole
-    or rolled back whenever the stop comes. What the body appends to the list yielded (the
-    names it put in place) is recorded once the outermost publication ends whole: one that
-    fails, or that an enclosing one rolls back, records nothing. Publications nested in one
-    (publication: a night's trace, then its block hashes) stand or are put back with it.
-    standing: as _Open's."""
+def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
+    """One publication of one or several outputs (a night's trace, then its block hashes), the
+    one section every publication runs in: it holds _PUBLISHING (a hard end waits for it:
+    abandon_staged) and defers a stop until it ends (interrupts), so it is whole or rolled back
+    whenever the stop comes. What the body appends to the list yielded (the names it put in
+    place) is recorded once the outermost publication ends whole: one that fails, or that an
+    enclosing one rolls back, records nothing. Publications nested in one stand or are put back
+    with it. standing: what stands of its steps that are not swaps, read from storage (an id
+    map's version committed); None where that cannot be told (an object store's copies)."""
     with _PUBLISHING, stops_deferred():
         current = _Open(standing)
         _OPEN_PUBLICATIONS.append(current)
@@ -218,14 +219,6 @@ def _publication(standing: Standing | None = None) -> Iterator[list[str]]:
                 return
             _PUBLISHED_HERE.note(current.names)
         _remove_previous(current.swaps)
-
-
-def publication(standing: Standing = only_swaps) -> AbstractContextManager[list[str]]:
-    """One publication of several outputs (a night's trace, then its block hashes): a stop
-    waits for all of them, and a failure (or a hard end that stops waiting) puts back those
-    already swapped in, so they stand together or not at all. standing: what stands of its
-    steps that are not swaps, read from storage (an id map's version committed)."""
-    return _publication(standing)
 
 
 def forward_publications(send: Callable[[list[str]], None]) -> None:
@@ -600,7 +593,7 @@ def publish_folder(
     from staging through the swap: a kill at any step leaves it unreadable to others."""
     if is_url(output):
         check_output(output, own)  # again: something may have appeared while the run ran
-        with _publication() as published:  # copies: what a hard end meets cannot be told
+        with publication(None) as published:  # copies: what a hard end meets cannot be told
             _publish_remote(staging, output)
             published.append(output)
             if report:
@@ -697,7 +690,7 @@ class StagedFile:
             standing: Standing = lambda: [self.output]  # noqa: E731 - whole once uploaded
         else:
             standing = only_swaps if self.overwrite else _linked(self.staging, self.output)
-        with _publication(standing) as published:
+        with publication(standing) as published:
             if self.staging == self.output:  # an object, whole once its upload completed
                 published.append(self.output)
             if self.overwrite or not self.moves():
@@ -717,7 +710,7 @@ class StagedFile:
 def _publish_new(staging: str, output: str) -> None:
     """Publish a staged file where no file is: link(2) refuses an existing name in the same
     step that makes it (a check before a rename would leave a gap), then the staged name goes."""
-    with _publication(_linked(staging, output)) as published:
+    with publication(_linked(staging, output)) as published:
         try:
             os.link(staging, output)
         except FileExistsError:
@@ -1279,9 +1272,9 @@ class DeadLetterRun:
     def settle(self, run_succeeded: bool) -> bool:
         """Publish the letters if the run's output is published, else remove them; whether it
         is published is read from the output where the run could keep its pointer, else it is
-        the run's word. Returns whether they were published. One publication (_publication):
+        the run's word. Returns whether they were published. One publication:
         a stop waits for it, so the letters are settled whole."""
-        with _publication(_letters_standing(self.folder, self.run_id)):
+        with publication(_letters_standing(self.folder, self.run_id)):
             if self.pointer is not None:
                 published = settle_pointed_letters(self.pointer, self.output) is not None
             else:
@@ -1396,7 +1389,7 @@ def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> boo
     letters = storage.join(staging, DEAD_LETTER_FILE)
     publish = publish and storage.exists(letters)
     if publish:
-        with _publication(_letters_standing(folder, run_id)) as published:
+        with publication(_letters_standing(folder, run_id)) as published:
             storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
             published.append(storage.join(folder, f"rejected-{run_id}.jsonl"))
         storage.sync_folder(folder)
@@ -1499,10 +1492,10 @@ def publish_in_place(moves: Sequence[tuple[str, str]], own: frozenset[str] = fro
     those done are put back, so a run publishes all of them or none. The previous outputs are
     removed once all stand, a previous folder only if, swapped out, it holds nothing kvtrace
     did not write (own: as in foreign_files); else all is put back and the run refused. One
-    publication (_publication; within an enclosing one, part of it): a stop is raised once all
+    publication (within an enclosing one, part of it): a stop is raised once all
     stand or all are put back; a kill between two moves leaves the first new and the rest
     previous (POSIX renames one name at a time)."""
-    with _publication(only_swaps) as published:  # a failure puts back its swaps
+    with publication(only_swaps) as published:  # a failure puts back its swaps
         for staged, output in moves:
             _check_previous(output, _recorded_swap(staged, output), own)
         for parent in dict.fromkeys(os.path.dirname(os.path.abspath(o)) for _, o in moves):

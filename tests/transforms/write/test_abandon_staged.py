@@ -136,7 +136,7 @@ def test_a_publication_whose_steps_cannot_be_told_is_said_half_done(tmp_path):
 
     def copying() -> None:
         try:
-            with publish._publication():  # an object store's copies: no standing to read
+            with publish.publication(None):  # an object store's copies: no standing to read
                 stalled.set()
                 done.wait()
         except JobStopped as err:
