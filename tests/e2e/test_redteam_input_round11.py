@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import kvtrace_child, write_jsonl
+from helpers import kvtrace_child, read_jsonl, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -61,3 +61,77 @@ def test_an_absurd_num_requests_is_refused_in_one_line_not_run_out_of_memory(tmp
     assert "--num-requests" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _chunked_log(path, list_type: str) -> None:
+    """A Parquet log of one chat whose `response` holds two streamed chunks, each with its
+    arrival time as timestamp[ns] (a digit of nanoseconds, as a ns clock writes), the chunks
+    stored as a list (list_type "list") or, as Polars' Array type and numpy exports write one,
+    a fixed-size list ("fixed")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    start = 1_735_689_600_000
+    chunk = pa.struct([("timestamp", pa.timestamp("ns")), ("text", pa.string())])
+    chunks = pa.array(
+        [
+            {"timestamp": (start + 1_500) * 1_000_000 + 7, "text": "a"},
+            {"timestamp": (start + 2_500) * 1_000_000 + 7, "text": "b"},
+        ],
+        type=chunk,
+    )
+    if list_type == "fixed":
+        response = pa.FixedSizeListArray.from_arrays(chunks, 2)
+    else:
+        response = pa.ListArray.from_arrays(pa.array([0, 2], pa.int32()), chunks)
+    messages = pa.array([[{"role": "user", "content": "hello"}]])
+    pq.write_table(
+        pa.table({"timestamp": pa.array([start]), "messages": messages, "response": response}), path
+    )
+
+
+def _published_response_ms(tokenizer: str, log, out) -> tuple[list, list[str]]:
+    """The response_ms of the rows a run of a worker without pandas publishes from log, and
+    its letters' reasons."""
+    done = kvtrace_child(
+        "anonymize",
+        "--input",
+        str(log),
+        "--output",
+        str(out),
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        "4",
+        "--quiet",
+        "--max-rejected-fraction",
+        "1",
+        prelude="import sys; sys.modules['pandas'] = None  # a worker without pandas",
+        timeout=120,
+    )
+    letters = [
+        row["error"]
+        for path in sorted(out.parent.glob(f"{out.name}-rejected/rejected-*.jsonl"))
+        for row in read_jsonl(path)
+    ]
+    rows = [row.get("response_ms") for row in trace(out)] if done.returncode == 0 else []
+    return rows, letters
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 11")
+def test_parquet_times_in_a_fixed_size_list_are_read_from_storage(tiny_tokenizer, tmp_path):
+    """paths.without_views: times are "read from their storage, never through the worker's
+    packages" (UTC microseconds, nanoseconds floored), so a run is the same on a worker with
+    pandas and one without. _plain_type (and sources._ns_kept) reach timestamps in lists,
+    large lists, list views and structs only: in a fixed_size_list (a Polars Array column,
+    restored by the file's ARROW:schema) a timestamp[ns] stays one, and to_pylist converts it
+    through pandas when pandas imports, else refuses it. So the same Parquet log publishes a
+    row (response_ms 2500) on a worker with pandas and is a malformed_record letter ("install
+    pandas") on one without: the output depends on the worker's packages. The same chunks
+    stored as a list read from storage either way (checked first: it passes today)."""
+    _chunked_log(tmp_path / "list.parquet", "list")
+    _chunked_log(tmp_path / "fixed.parquet", "fixed")
+    as_list = _published_response_ms(tiny_tokenizer, tmp_path / "list.parquet", tmp_path / "a")
+    assert as_list == ([2500], [])
+    fixed = _published_response_ms(tiny_tokenizer, tmp_path / "fixed.parquet", tmp_path / "b")
+    assert fixed == as_list
