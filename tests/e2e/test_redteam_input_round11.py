@@ -5,9 +5,11 @@ runs out) and fails today (2026-11-27)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from helpers import kvtrace_child, read_jsonl, trace, write_jsonl
+from helpers import KVTRACE, kvtrace_child, peak_rss_mb, read_jsonl, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -135,3 +137,69 @@ def test_parquet_times_in_a_fixed_size_list_are_read_from_storage(tiny_tokenizer
     assert as_list == ([2500], [])
     fixed = _published_response_ms(tiny_tokenizer, tmp_path / "fixed.parquet", tmp_path / "b")
     assert fixed == as_list
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 11")
+def test_a_namespace_holding_itself_is_refused_by_its_size_not_by_the_budget(
+    tiny_tokenizer, tmp_path
+):
+    """bounded_sandbox.py: a value turned into text is "sized by walking what it holds" before
+    it is printed, a container met again counted from its first walk; over the bound it is a
+    ValueTooLarge template_error "that depends only on the template and the record, not on the
+    machine's speed"; and render_budget.py: an overrun "never lands in code after the render".
+    A template may set a namespace's attribute to the namespace itself (`{% set x.a = x %}`:
+    the immutable sandbox forbids list.append, not namespace assignment), and `{{ x }}` then
+    prints a few dozen characters in Jinja (repr's recursion guard). _text_length records a
+    container as known only once its walk ends, so a cycle is walked again at every level: the
+    walk pushes a frame per level for 5 s of CPU (~560 MB) until the watchdog stops it. The
+    record's letter then says "went over the render budget", which depends on the machine's
+    speed (in one run of many, another message); and in 2 runs of 3 (`--processes 1`) the
+    overrun lands after the render left (in encode_requests' thread start, or the dead
+    letters' close): the run ends with
+    RenderOverrun's traceback, exit 1, nothing published (with workers, a worker's traceback at
+    exit). The promise: the record is a template_error letter, decided by the value (a cycle
+    printed, or refused, at once), the rest of the night published, no traceback. The peak
+    asserted last fails on every run today, whichever way the overrun lands."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer, folder)
+    (folder / "chat_template.jinja").write_text(
+        '{% if messages[0].content == "odd" %}{% set x = namespace(a=1) %}{% set x.a = x %}'
+        "{{ x }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    log = write_jsonl(
+        tmp_path / "logs.jsonl",
+        [
+            {"timestamp": 1_735_689_600_000 + i, "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(["hi", "odd"])
+        ],
+    )
+    out = tmp_path / "out"
+    code, peak, stderr = peak_rss_mb(
+        [
+            *KVTRACE,
+            "anonymize",
+            "--input",
+            str(log),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(folder),
+            "--quiet",
+            "--processes",
+            "1",
+            "--max-rejected-fraction",
+            "1",
+        ]
+    )
+    assert code == 0, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    letters = [
+        row["error"]
+        for path in sorted((tmp_path / "out-rejected").glob("rejected-*.jsonl"))
+        for row in read_jsonl(path)
+    ]
+    assert letters == ["template_error"]
+    assert [row["input_length"] for row in trace(out)] == [1]
+    # A value of one namespace is sized at once: the run costs what a one-line run does (~100
+    # MB), not the walk's ~560 MB of frames pushed until the budget's 5 s of CPU.
+    assert peak < 300, peak
