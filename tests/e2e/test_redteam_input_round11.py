@@ -153,13 +153,17 @@ def test_a_namespace_holding_itself_is_refused_by_its_size_not_by_the_budget(
     container as known only once its walk ends, so a cycle is walked again at every level: the
     walk pushes a frame per level for 5 s of CPU (~560 MB) until the watchdog stops it. The
     record's letter then says "went over the render budget", which depends on the machine's
-    speed (in one run of many, another message); and in 2 runs of 3 (`--processes 1`) the
-    overrun lands after the render left (in encode_requests' thread start, or the dead
-    letters' close): the run ends with
-    RenderOverrun's traceback, exit 1, nothing published (with workers, a worker's traceback at
-    exit). The promise: the record is a template_error letter, decided by the value (a cycle
-    printed, or refused, at once), the rest of the night published, no traceback. The peak
-    asserted last fails on every run today, whichever way the overrun lands."""
+    speed. Worse, the watchdog raises RenderOverrun again each tick until the render is left,
+    and the first one's unwinding frees the walk's millions of frames (longer than a tick, as
+    far as we can tell): the next lands in Watchdog.run's `except` or `finally`
+    before _leave unregisters the render, and escapes run() bare (the letter then reads "the
+    chat template went " and nothing more); the render never unregistered, every later tick
+    lands in whatever the thread runs next: in 2 runs of 3 (`--processes 1`) encode_requests'
+    thread start or the dead letters' close, a traceback, exit 1, nothing published (with
+    workers, a worker's traceback at exit). The promise: the record is a template_error letter,
+    decided by the value (a cycle printed, or refused, at once), the rest of the night
+    published, no traceback. The peak asserted last fails on every run today, whichever way
+    the overrun lands."""
     folder = tmp_path / "tokenizer"
     shutil.copytree(tiny_tokenizer, folder)
     (folder / "chat_template.jinja").write_text(
