@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, anonymize, trace, write_jsonl
+from helpers import SALT, anonymize, chat, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +66,34 @@ def test_texts_the_tokenizer_fails_on_are_letters_whatever_file_holds_them(
         runs[name] = (code, trace(out) if out.exists() else None)
     assert runs["one"][0] == 0 and len(runs["one"][1]) == 20
     assert runs["split"] == runs["one"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 11")
+def test_a_parquet_float32_latency_reads_as_its_jsonl_seconds(tiny_tokenizer, tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; round 10's
+    fix, numbers.floor_scaled: 'JSON numbers read exactly as their text wrote them, whatever
+    form held them'): the same records read alike in both forms. A latency stored as a Parquet
+    float (32-bit: Spark's FloatType, pandas' float32) reaches floor_scaled as the double of the
+    float32, whose repr is not the number written: 1.3 s is 1.2999999523162842, published as
+    response_ms 1299 where the JSONL `"latency": 1.3` (and the float32's own shortest text,
+    '1.3') gives 1300. Four of these six latencies lose a millisecond: the bytes depend on the
+    column's width."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    latency = [1.3, 0.7, 2.3, 1.1, 0.9, 4.7]
+    records = [chat(i, DAY0_S * 1000 + 700 * i, f"u{i % 2}") for i in range(6)]
+    as_jsonl = write_jsonl(
+        tmp_path / "log.jsonl", [{**r, "latency": s} for r, s in zip(records, latency)]
+    )
+    column = pa.array(latency, type=pa.float32())
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_pylist(records).append_column("latency", column), as_parquet)
+    salt = _salt(tmp_path)
+    runs = {}
+    for name, log in (("jsonl", as_jsonl), ("parquet", as_parquet)):
+        out = tmp_path / name
+        code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
+        runs[name] = (code, trace(out))
+    assert [row["response_ms"] for row in runs["jsonl"][1]] == [1300, 700, 2300, 1100, 900, 4700]
+    assert runs["parquet"] == runs["jsonl"]
