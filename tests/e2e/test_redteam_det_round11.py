@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, anonymize, chat, trace, write_jsonl
+from helpers import SALT, anonymize, chat, shared_path, trace, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -96,4 +96,85 @@ def test_a_parquet_float32_latency_reads_as_its_jsonl_seconds(tiny_tokenizer, tm
         code = anonymize(tiny_tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt))
         runs[name] = (code, trace(out))
     assert [row["response_ms"] for row in runs["jsonl"][1]] == [1300, 700, 2300, 1100, 900, 4700]
+    assert runs["parquet"] == runs["jsonl"]
+
+
+def _tool(properties: dict) -> dict:
+    parameters = {"type": "object", "properties": properties}
+    return {
+        "type": "function",
+        "function": {"name": "f", "description": "d", "parameters": parameters},
+    }
+
+
+def _jsonl_and_parquet(tmp_path: Path, records: list[dict], column: str, values, kind) -> tuple:
+    """The records as JSONL, and as Parquet with `column` written as the Arrow type kind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    as_jsonl = write_jsonl(tmp_path / "log.jsonl", records)
+    rest = pa.Table.from_pylist([{k: v for k, v in r.items() if k != column} for r in records])
+    as_parquet = tmp_path / "log.parquet"
+    pq.write_table(rest.append_column(column, pa.array(values, type=kind)), as_parquet)
+    return as_jsonl, as_parquet
+
+
+def _runs(tokenizer: str, tmp_path: Path, logs: tuple, block_size: str) -> dict:
+    salt = _salt(tmp_path)
+    runs = {}
+    for name, log in zip(("jsonl", "parquet"), logs):
+        out = tmp_path / name
+        code = anonymize(
+            tokenizer, [log], out, "--block-size", block_size, "--salt-file", str(salt)
+        )
+        runs[name] = (code, trace(out) if out.exists() else None)
+    return runs
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 11")
+def test_a_parquet_map_of_tool_properties_reads_as_its_jsonl_object(tmp_path):
+    """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; rounds 8-10
+    read Parquet's own types for a time, a duration and a decimal as their JSONL values): the
+    same records give the same trace in both forms. A JSON object whose keys vary from row to
+    row (a tool's parameter `properties`, an Anthropic tool_use `input`) is stored by Spark's
+    and DuckDB's MAP type as a Parquet map; Arrow's to_pylist (paths.python_values,
+    sources._as_python) hands the fields a list of (key, value) tuples, which the chat template
+    renders as `[["city", {...}]]` where the JSONL object renders `{"city": {...}}`: every row
+    published with other token counts and ids, silently, nothing rejected."""
+    import pyarrow as pa
+
+    tokenizer = str(shared_path("tokenizers", "qwen3"))
+    properties = [{"city": {"type": "string"}}, {"zone": {"type": "string"}}]
+    records = [
+        {**chat(i, DAY0_S * 1000 + 700 * i, f"u{i % 2}"), "tools": [_tool(properties[i % 2])]}
+        for i in range(4)
+    ]
+    as_map = [[_tool(list(properties[i % 2].items()))] for i in range(4)]
+    prop = pa.map_(pa.string(), pa.struct([("type", pa.string())]))
+    params = pa.struct([("type", pa.string()), ("properties", prop)])
+    function = pa.struct(
+        [("name", pa.string()), ("description", pa.string()), ("parameters", params)]
+    )
+    kind = pa.list_(pa.struct([("type", pa.string()), ("function", function)]))
+    logs = _jsonl_and_parquet(tmp_path, records, "tools", as_map, kind)
+    runs = _runs(tokenizer, tmp_path, logs, "16")
+    assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 4
+    assert runs["parquet"] == runs["jsonl"]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 11")
+def test_parquet_messages_stored_as_maps_read_as_their_jsonl_messages(tiny_tokenizer, tmp_path):
+    """The same cause, loud: messages written as a list of string maps (Spark's
+    ArrayType(MapType(StringType, StringType)), the natural schema for role/content objects)
+    reach the record's shape check as lists of tuples: every row a wrong_type letter and the
+    run refused ('too much input rejected: 6 of 6'), where the JSONL of the same messages
+    publishes every row."""
+    import pyarrow as pa
+
+    records = [chat(i, DAY0_S * 1000 + 700 * i, f"u{i % 2}") for i in range(6)]
+    as_map = [[list(m.items()) for m in r["messages"]] for r in records]
+    kind = pa.list_(pa.map_(pa.string(), pa.string()))
+    logs = _jsonl_and_parquet(tmp_path, records, "messages", as_map, kind)
+    runs = _runs(tiny_tokenizer, tmp_path, logs, "4")
+    assert runs["jsonl"][0] == 0 and len(runs["jsonl"][1]) == 6
     assert runs["parquet"] == runs["jsonl"]
