@@ -56,6 +56,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     TIME_ORIGIN_FIELD,
     canonical_json,
+    capture_manifest,
 )
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import (
@@ -446,7 +447,7 @@ def night_manifest(
         # How each replayer reads this folder, with this block size and ms timestamps.
         "replay": replay_commands(config.block_size, exported, list(sha256)),
         **public_model_name(config.model_name),
-        **({CAPTURE_FIELD: capture} if capture else {}),
+        **({CAPTURE_FIELD: capture_manifest(capture)} if capture else {}),
         # Rows from the night's own start (id_map.time_from_ms on the map's clock); absent: from
         # the map's origin.
         **({TIME_ORIGIN_FIELD: NIGHT_ORIGIN} if counts_from_night(config) else {}),

@@ -533,7 +533,19 @@ CAPTURE_SCHEME = "blake2b-128-keyed-engine-hash-v1"
 # The schemes a night read from text hashes with (encode/schemes.py HashScheme.identity).
 _TEXT_SCHEMES = f"{KEYED_SCHEME}|dynamo-xxh3-64-seed1337-v1|{VLLM_SCHEME_PREFIX}[0-9a-f]{{16}}"
 CAPTURE_FIELD = "engine_capture"
-CAPTURE_FORMATS = ("dynamo-request-trace",)
+# Each capture format kvtrace reads, and what keys a prompt's partial last block, as the
+# manifest tells a consumer: "engine", the engine's own hash of it (its ids are what text
+# gives); "own_request", a key of its request alone, the engine hashing full blocks only (two
+# requests never share that block's id, where text would for equal tails).
+CAPTURE_LAST_BLOCKS = {"dynamo-request-trace": "engine", "lmcache-lookup-hashes": "own_request"}
+CAPTURE_FORMATS = tuple(CAPTURE_LAST_BLOCKS)
+
+
+def capture_manifest(capture: str) -> dict[str, str]:
+    """The manifest's CAPTURE_FIELD for a night of --capture `capture`."""
+    return {"format": capture, "partial_last_block": CAPTURE_LAST_BLOCKS[capture]}
+
+
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
@@ -711,7 +723,12 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             },
             MODEL_NAME: MODEL_NAME_SCHEMA,
             TIME_ORIGIN_FIELD: {"const": NIGHT_ORIGIN},
-            CAPTURE_FIELD: {"enum": list(CAPTURE_FORMATS)},
+            CAPTURE_FIELD: {
+                "anyOf": [
+                    _closed({"format": {"const": name}, "partial_last_block": {"const": last}})
+                    for name, last in CAPTURE_LAST_BLOCKS.items()
+                ]
+            },
         },
         optional=(MODEL_NAME, TIME_ORIGIN_FIELD, CAPTURE_FIELD),
     ),

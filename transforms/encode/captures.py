@@ -28,15 +28,21 @@ _PERSON = b"kvtrace-capture"  # BLAKE2b's personalization: these MACs are no oth
 
 
 def rekeyed(capture: Capture, seed: bytes) -> bytes:
-    """16 bytes per block: the MAC of each engine hash, keyed by the salt's chain seed."""
-    prefix = capture.scheme.encode() + b"\0"
-    hashes = capture.hashes
-    return b"".join(
-        hashlib.blake2b(
-            prefix + hashes[start : start + 8], digest_size=16, key=seed, person=_PERSON
-        ).digest()
-        for start in range(0, len(hashes), 8)
-    )
+    """16 bytes per block: the MAC of each engine hash, keyed by the salt's chain seed, then of
+    the capture's tail (a partial last block the engine did not hash), if it has one."""
+    scheme = hashlib.blake2b(digest_size=16, key=seed, person=_PERSON)
+    scheme.update(capture.scheme.encode() + b"\0")  # keyed once, copied per hash: half the cost
+    keys = bytearray()
+    for value in capture.hashes:
+        mac = scheme.copy()
+        mac.update(value)
+        keys += mac.digest()
+    if capture.tail is not None:  # chained on the last full block's hash, as a block's are
+        mac = scheme.copy()
+        mac.update(b"tail\0" + (capture.hashes[-1] if capture.hashes else b"") + b"\0")
+        mac.update(capture.tail)
+        keys += mac.digest()
+    return bytes(keys)
 
 
 def hash_capture(request: Request, seed: bytes) -> HashedRequest:
@@ -49,7 +55,8 @@ def hash_capture(request: Request, seed: bytes) -> HashedRequest:
     # Unsalted, never published: orders requests tied on time and lengths the same in every
     # run, as the text path's digest of token ids does (row_order.py).
     fingerprint = xxhash.xxh3_64_intdigest(
-        capture.hashes
+        b"\0".join(capture.hashes)
+        + (capture.tail or b"")
         + struct.pack("<qq", capture.input_length, output_length)
         + (b"" if session is None else session.encode("utf-8", "surrogatepass"))
     )

@@ -79,6 +79,7 @@ from kvtrace.transforms.trace_format import (
     FormatError,
     TraceColumns,
     canonical_json,
+    capture_manifest,
     columns_of_jsonl,
     is_jsonl_of,
     manifest_provenance,
@@ -1188,8 +1189,8 @@ def _confirm_capture(c: _Confirming) -> None:
     published, given = c.manifest[CAPTURE_FIELD], c.given.capture
     if given is None:
         c.flag(f"{CAPTURE_FIELD} is the run's --capture: pass --capture as the run was given")
-    elif published != given:
-        c.flag(f"{CAPTURE_FIELD} is not the --capture given ({given})")
+    elif published != capture_manifest(given):
+        c.flag(f"{CAPTURE_FIELD} is not what --capture {given} publishes")
 
 
 @dataclass(frozen=True)
@@ -1236,7 +1237,10 @@ MANIFEST_CONFIRMERS: dict[str, dict[str, Confirmer]] = {
     CAPTURE_NIGHT: {
         **_ANY_PROVENANCE,
         "id_map": Confirmer(ROWS, _confirm_own_start),
-        CAPTURE_FIELD: Confirmer("--capture", _confirm_capture),
+        **dict.fromkeys(
+            (f"{CAPTURE_FIELD}/format", f"{CAPTURE_FIELD}/partial_last_block"),
+            Confirmer("--capture", _confirm_capture),
+        ),
     },
     STREAM_WINDOW: {
         **_ANY_PROVENANCE,

@@ -31,6 +31,7 @@ from kvtrace.transforms.trace_format import (
     NIGHT_ORIGIN,
     STREAM_WINDOW,
     TIME_ORIGIN_FIELD,
+    capture_manifest,
     manifest_provenance,
     schema_problems,
 )
@@ -63,12 +64,11 @@ def test_every_field_a_provenance_declares_has_exactly_one_confirmer(provenance)
 
 
 def test_the_provenances_are_the_declared_ones_and_each_is_the_union_narrowed():
-    assert set(MANIFEST_CONFIRMERS) == set(MANIFEST_SCHEMAS) == {
-        NIGHT,
-        MAP_NIGHT,
-        STREAM_WINDOW,
-        CAPTURE_NIGHT,
-    }
+    assert (
+        set(MANIFEST_CONFIRMERS)
+        == set(MANIFEST_SCHEMAS)
+        == {NIGHT, MAP_NIGHT, STREAM_WINDOW, CAPTURE_NIGHT}
+    )
     for schema in MANIFEST_SCHEMAS.values():
         assert schema["required"] == MANIFEST_SCHEMA["required"]
         assert set(schema["properties"]) <= set(MANIFEST_SCHEMA["properties"])
@@ -106,13 +106,19 @@ def _shape(provenance: str, **fields: Any) -> list[str]:
         (STREAM_WINDOW, {"id_map": START_AT_ZERO}, True),
         (STREAM_WINDOW, {"id_map": START_AT_ZERO, TIME_ORIGIN_FIELD: NIGHT_ORIGIN}, False),
         (STREAM_WINDOW, {"id_map": None}, False),  # a window always says where it begins
-        (NIGHT, {CAPTURE_FIELD: "dynamo-request-trace"}, False),  # a capture's is its own
+        (NIGHT, {CAPTURE_FIELD: capture_manifest("dynamo-request-trace")}, False),  # its own
         (NIGHT, {"hash_scheme": CAPTURE_SCHEME}, False),
-        (CAPTURE_NIGHT, {CAPTURE_FIELD: "dynamo-request-trace", "id_map": None}, True),
+        (CAPTURE_NIGHT, {CAPTURE_FIELD: capture_manifest("lmcache-lookup-hashes")}, True),
+        (CAPTURE_NIGHT, {CAPTURE_FIELD: "dynamo-request-trace"}, False),  # what the format is
+        (
+            CAPTURE_NIGHT,  # a format's partial last block is its own, never another's
+            {CAPTURE_FIELD: {"format": "lmcache-lookup-hashes", "partial_last_block": "engine"}},
+            False,
+        ),
         (CAPTURE_NIGHT, {"hash_scheme": CAPTURE_SCHEME, "hash_scheme_keyed": True}, True),
         (CAPTURE_NIGHT, {"hash_scheme": KEYED_SCHEME}, False),  # its keys are no text's
         (CAPTURE_NIGHT, {"hash_scheme_keyed": False}, False),
-        (CAPTURE_NIGHT, {CAPTURE_FIELD: "lmcache"}, False),  # only the formats kvtrace reads
+        (CAPTURE_NIGHT, {CAPTURE_FIELD: {"format": "x", "partial_last_block": "engine"}}, False),
         (CAPTURE_NIGHT, {"chat_template_kwargs": {"enable_thinking": False}}, False),  # no text
         (CAPTURE_NIGHT, {"tokenizer": {"name": "Qwen/Qwen3-8B", "sha256": {}}}, False),
         (CAPTURE_NIGHT, {"id_map": START_AT_ZERO}, False),
