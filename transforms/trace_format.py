@@ -527,9 +527,9 @@ BLOCK_HASHES_WARNING = (
 KEYED_SCHEME = "xxh3-128-chained-salted-v1"  # encode/blocks.HASH_SCHEME: the keyed one
 VLLM_SCHEME_PREFIX = "vllm-sha256-cbor-v1:"  # + 16 hex digits of sha256(NONE_HASH)
 # A night read from engine hash captures (anonymize --capture FORMAT, read/captures.py): each
-# engine hash re-keyed by a MAC under the salt (encode/captures.py), which this names; the
+# engine hash re-keyed under the salt (encode/captures.py), which this names; the
 # manifest says which capture format (CAPTURE_FIELD), a provenance of its own.
-CAPTURE_SCHEME = "blake2b-128-keyed-engine-hash-v1"
+CAPTURE_SCHEME = "xxh3-128-keyed-engine-hash-v1"
 # The schemes a night read from text hashes with (encode/schemes.py HashScheme.identity).
 _TEXT_SCHEMES = f"{KEYED_SCHEME}|dynamo-xxh3-64-seed1337-v1|{VLLM_SCHEME_PREFIX}[0-9a-f]{{16}}"
 CAPTURE_FIELD = "engine_capture"

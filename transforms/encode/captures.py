@@ -2,15 +2,16 @@
 
 An engine's block hash is unkeyed (Dynamo's XXH3-64 chain) or keyed with a secret its operators
 share: published, or kept in an id map, it would let whoever holds the tokenizer confirm a
-guessed prompt. Each is replaced here by a keyed MAC (BLAKE2b keyed with the salt's chain seed,
-blocks.chain_seed, 16 bytes: the width of a text block's key) over the capture's scheme and the
-hash. The engine's hashes are already chained (hash i covers blocks 0..i), so equal MACs mean
-equal prefixes, as equal chain hashes do on the text path, and the dense ids follow alike.
+guessed prompt. Each is replaced here by a keyed digest under the salt, the one the text path
+keys its blocks and sessions with (blocks.py: XXH3-128 over the salt's chain seed and the value,
+16 bytes), over the capture's scheme and the hash. The engine's hashes are already chained (hash
+i covers blocks 0..i), so equal keys mean equal prefixes, as equal chain hashes do on the text
+path, and the dense ids follow alike. (A BLAKE2b MAC cost ~0.8 us a hash, more than the rest of
+a short request's ingestion: docs/CAPTURES.md.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
 
 import xxhash
@@ -24,25 +25,19 @@ from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 # A capture cut at another block size than the run's: the night refuses to publish
 # (write/manifest.py check_rejected_fraction), as it never re-cuts an engine's blocks.
 BLOCK_SIZE_MISMATCH = "block_size_mismatch"
-_PERSON = b"kvtrace-capture"  # BLAKE2b's personalization: these MACs are no other digest's
+_DOMAIN = b"\0capture\0"  # these keys are no other digest's (blocks.keyed_digest: \0id\0)
 
 
 def rekeyed(capture: Capture, seed: bytes) -> bytes:
-    """16 bytes per block: the MAC of each engine hash, keyed by the salt's chain seed, then of
-    the capture's tail (a partial last block the engine did not hash), if it has one."""
-    scheme = hashlib.blake2b(digest_size=16, key=seed, person=_PERSON)
-    scheme.update(capture.scheme.encode() + b"\0")  # keyed once, copied per hash: half the cost
-    keys = bytearray()
-    for value in capture.hashes:
-        mac = scheme.copy()
-        mac.update(value)
-        keys += mac.digest()
-    if capture.tail is not None:  # chained on the last full block's hash, as a block's are
-        mac = scheme.copy()
-        mac.update(b"tail\0" + (capture.hashes[-1] if capture.hashes else b"") + b"\0")
-        mac.update(capture.tail)
-        keys += mac.digest()
-    return bytes(keys)
+    """16 bytes per block: each engine hash keyed by the salt's chain seed, then the capture's
+    tail (a partial last block the engine did not hash), if it has one."""
+    prefix = seed + _DOMAIN + capture.scheme.encode() + b"\0"
+    keys = b"".join([xxhash.xxh3_128_digest(prefix + value) for value in capture.hashes])
+    if capture.tail is None:
+        return keys
+    # chained on the last full block's hash, as a block's key is
+    last = capture.hashes[-1] if capture.hashes else b""
+    return keys + xxhash.xxh3_128_digest(prefix + b"tail\0" + last + b"\0" + capture.tail)
 
 
 def hash_capture(request: Request, seed: bytes) -> HashedRequest:

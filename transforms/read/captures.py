@@ -19,6 +19,7 @@ fields and counts, never values. A capture record's dead letter withholds its li
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +35,8 @@ DYNAMO_REQUEST_TRACE = "dynamo.request.trace.v1"
 # (DYN_REQUEST_TRACE_HASH_KEY_FILE); without it they are the KV router's XXH3-64 chain.
 DYNAMO_UNKEYED = "dynamo-xxh3-64-seed1337"
 # LMCache writes a bytes hash (blake3, sha256_cbor: 32 bytes) as 0x + hex, an int hash
-# (Python's builtin) as hex(), a sign included.
-_HEX_SPELLING = str.maketrans("", "", "0123456789abcdefx-")  # deletes all a hash may hold
+# (Python's builtin) as hex(), a sign included; matched a line per hash (_hex_hashes).
+_HEX_LINES = re.compile(r"-?0x[0-9a-f]{1,64}(?:\n-?0x[0-9a-f]{1,64})*")
 _LMCACHE_FIELDS = ("chunk_hashes", "chunk_size", "seq_len")
 _MAX_COUNT = MAX_OUTPUT_LENGTH
 _SCHEME_CHARS = 64  # a scheme name or key id longer than this is no writer's
@@ -170,22 +171,13 @@ def _lmcache(record: dict[str, Any]) -> dict[str, Any]:
 
 def _hex_hashes(hashes: Any) -> tuple[bytes, ...]:
     """Each hash of a list of LMCache's hex strings, as written (its writer spells a hash one
-    way: hex() of an int, or 0x and a digest's hex): -?0x and at most 64 hex digits."""
+    way: hex() of an int, or 0x and a digest's hex), held to -?0x and 1 to 64 hex digits by one
+    match over them all, a line each (a match per hash costs more than the rest of a record)."""
     if isinstance(hashes, list) and all(type(h) is str for h in hashes):
-        if not "".join(hashes).translate(_HEX_SPELLING) and all(map(_hex_digits, hashes)):
-            return tuple(h.encode() for h in hashes)
+        lines = "\n".join(hashes)
+        if not hashes or (lines.count("\n") == len(hashes) - 1 and _HEX_LINES.fullmatch(lines)):
+            return tuple(map(str.encode, hashes))
     raise Rejected("wrong_type", "chunk_hashes is not a list of hex hashes")
-
-
-def _hex_digits(spelled: str) -> bool:
-    """Whether a string of hex digits, x and - (_HEX_SPELLING) is -?0x and 1 to 64 digits."""
-    digits = spelled[spelled.startswith("-") :]
-    return (
-        digits[:2] == "0x"
-        and 0 < len(digits) - 2 <= 64
-        and digits.count("x") == 1
-        and ("-" not in digits)
-    )
 
 
 _READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
