@@ -113,10 +113,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add(
         "--capture",
         choices=CAPTURE_FORMATS,
-        help="the input is an engine's hash capture, not text: Dynamo's request trace "
-        "(request_end records with input_sequence_hashes); each engine hash is re-keyed with "
-        "the salt, block size and lengths come from the capture (it must equal --block-size); "
-        "no --tokenizer (docs/CAPTURES.md)",
+        help="the input is an engine's hash log, not text: Dynamo's request trace "
+        "(request_end records with input_sequence_hashes) or LMCache's lookup hash log "
+        "(chunk_hashes); each engine hash is re-keyed with the salt, block size and lengths "
+        "come from the capture (its block size must be --block-size); no --tokenizer "
+        "(docs/CAPTURES.md)",
     )
     add(
         "--input-format",
