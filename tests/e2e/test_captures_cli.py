@@ -178,6 +178,8 @@ def test_a_capture_at_another_block_size_stops_the_night_in_one_line(
         ["--emit-output-hashes"],
         ["--id-map", "map"],
         ["--input-format", "chat"],
+        ["--route-sessions"],
+        ["--emit-block-hashes"],
     ],
 )
 def test_what_a_capture_run_cannot_take_is_refused_in_one_line(tmp_path, capsys, flags):
