@@ -47,6 +47,8 @@ from kvtrace.transforms.ids.dense_ids import (
 )
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
 from kvtrace.transforms.trace_format import (
+    CAPTURE_FIELD,
+    CAPTURE_SCHEME,
     FORMAT,
     NIGHT_ORIGIN,
     OUTPUT_IDS_FIELD,
@@ -54,6 +56,7 @@ from kvtrace.transforms.trace_format import (
     STATS,
     TIME_ORIGIN_FIELD,
     canonical_json,
+    capture_manifest,
 )
 from kvtrace.transforms.write.coarsen import published_requests
 from kvtrace.transforms.write.manifest import (
@@ -417,13 +420,15 @@ def night_manifest(
     if config.id_map is not None:
         next_ids = config.id_map.base.next_id
     exported = stats["requests"]
+    capture = config.parse.capture
     return {
         "kvtrace_version": KVTRACE_VERSION,
         "format": FORMAT,
         "tokenizer": public_tokenizer(config.tokenizer, config.tokenizer_sha256),
         "block_size": config.block_size,
-        "hash_scheme": config.hash_scheme.identity,
-        "hash_scheme_keyed": config.hash_scheme.keyed,
+        # A capture night's keys are the engine's hashes re-keyed (encode/captures.py).
+        "hash_scheme": CAPTURE_SCHEME if capture else config.hash_scheme.identity,
+        "hash_scheme_keyed": True if capture else config.hash_scheme.keyed,
         "granularity": {
             "timestamp_ms": config.coarsening.timestamp_ms,
             OUTPUT_LENGTH_FIELD: config.coarsening.output_length,
@@ -442,6 +447,7 @@ def night_manifest(
         # How each replayer reads this folder, with this block size and ms timestamps.
         "replay": replay_commands(config.block_size, exported, list(sha256)),
         **public_model_name(config.model_name),
+        **({CAPTURE_FIELD: capture_manifest(capture)} if capture else {}),
         # Rows from the night's own start (id_map.time_from_ms on the map's clock); absent: from
         # the map's origin.
         **({TIME_ORIGIN_FIELD: NIGHT_ORIGIN} if counts_from_night(config) else {}),

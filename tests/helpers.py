@@ -685,3 +685,72 @@ def parquet_footer(parquet: bytes) -> tuple[list, bytes]:
 def with_parquet_footer(body: bytes, footer: list) -> bytes:
     encoded = thrift_encode(footer)
     return body + encoded + struct.pack("<i", len(encoded)) + b"PAR1"
+
+
+# Engine hash captures (anonymize --capture), each in its writer's shape (docs/CAPTURES.md).
+def kvtrace_token_ids(tokenizer: str, records: list[dict]) -> list[list[int]]:
+    """Each record's prompt token ids as kvtrace's own encoder renders and tokenizes them."""
+    from kvtrace.transforms.encode.encode_requests import EncodeOptions, open_encoder
+    from kvtrace.transforms.encode.salt import SaltSource
+    from kvtrace.transforms.read.records import parse_record
+
+    encoder = open_encoder(EncodeOptions(tokenizer, SaltSource("random", inline=b"s" * 32)))
+    requests = [parse_record(json.dumps(r).encode(), "in.jsonl") for r in records]
+    rendered, failed = encoder.render(requests)
+    assert not failed
+    prompts, _ = encoder.tokenize(rendered)
+    return [np.frombuffer(data, "<u4").tolist() for data in prompts]
+
+
+def dynamo_request_end(
+    ts: int, token_ids: list[int], block_size: int, output_tokens: int, session: str | None = None
+) -> dict:
+    """A request_end record of Dynamo's request trace (lib/llm/src/request_trace/record.rs), its
+    hashes the engine's chain over every block, the partial last one included (replay.rs)."""
+    from kvtrace.transforms.encode.blocks import token_bytes
+    from kvtrace.transforms.encode.schemes import dynamo_sequence_hashes
+
+    record = {
+        "schema": "dynamo.request.trace.v1",
+        "event_type": "request_end",
+        "event_time_unix_ms": ts + 25,
+        "request": {
+            "request_id": f"req-{ts}",
+            "output_tokens": output_tokens,
+            "request_received_ms": ts,
+            "replay": {
+                "trace_block_size": block_size,
+                "input_length": len(token_ids),
+                "input_sequence_hashes": dynamo_sequence_hashes(token_bytes(token_ids), block_size),
+            },
+        },
+    }
+    if session is not None:
+        record["agent_context"] = {"session_id": session, "parent_session_id": None}
+    return record
+
+
+def lmcache_builtin_chunk_hashes(token_ids: list[int], chunk_size: int) -> list[int]:
+    """LMCache's TokenHasher.compute_chunk_hashes with Python's builtin hash (its fallback when
+    no vLLM hash function loads): rolling over full chunks only, from hash((0, (0,), None))."""
+    prefix = hash((0, (0,), None))
+    hashes = []
+    for start in range(0, len(token_ids) - len(token_ids) % chunk_size, chunk_size):
+        prefix = hash((prefix, tuple(token_ids[start : start + chunk_size]), None))
+        hashes.append(prefix)
+    return hashes
+
+
+def lmcache_lookup(seconds: float, request_id: str, token_ids: list[int], chunk_size: int) -> dict:
+    """A line of LMCache's lookup hash log (mp_observability/subscribers/logging/lookup_hash.py):
+    hashes written as hex()."""
+    return {
+        "timestamp": seconds,
+        "request_id": request_id,
+        "model_name": "tiny",
+        "chunk_size": chunk_size,
+        "seq_len": len(token_ids),
+        "dtypes": ["torch.bfloat16"],
+        "shapes": [[2, 4, chunk_size, 8]],
+        "chunk_hashes": [hex(h) for h in lmcache_builtin_chunk_hashes(token_ids, chunk_size)],
+    }

@@ -526,6 +526,26 @@ BLOCK_HASHES_WARNING = (
 
 KEYED_SCHEME = "xxh3-128-chained-salted-v1"  # encode/blocks.HASH_SCHEME: the keyed one
 VLLM_SCHEME_PREFIX = "vllm-sha256-cbor-v1:"  # + 16 hex digits of sha256(NONE_HASH)
+# A night read from engine hash captures (anonymize --capture FORMAT, read/captures.py): each
+# engine hash re-keyed under the salt (encode/captures.py), which this names; the
+# manifest says which capture format (CAPTURE_FIELD), a provenance of its own.
+CAPTURE_SCHEME = "xxh3-128-keyed-engine-hash-v1"
+# The schemes a night read from text hashes with (encode/schemes.py HashScheme.identity).
+_TEXT_SCHEMES = f"{KEYED_SCHEME}|dynamo-xxh3-64-seed1337-v1|{VLLM_SCHEME_PREFIX}[0-9a-f]{{16}}"
+CAPTURE_FIELD = "engine_capture"
+# Each capture format kvtrace reads, and what keys a prompt's partial last block, as the
+# manifest tells a consumer: "engine", the engine's own hash of it (its ids are what text
+# gives); "own_request", a key of its request alone, the engine hashing full blocks only (two
+# requests never share that block's id, where text would for equal tails).
+CAPTURE_LAST_BLOCKS = {"dynamo-request-trace": "engine", "lmcache-lookup-hashes": "own_request"}
+CAPTURE_FORMATS = tuple(CAPTURE_LAST_BLOCKS)
+
+
+def capture_manifest(capture: str) -> dict[str, str]:
+    """The manifest's CAPTURE_FIELD for a night of --capture `capture`."""
+    return {"format": capture, "partial_last_block": CAPTURE_LAST_BLOCKS[capture]}
+
+
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PUBLISHED_INT - 1}
 _STEP = {"type": "integer", "minimum": 1, "maximum": MAX_PUBLISHED_INT - 1}
@@ -670,11 +690,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 ]
             },
             "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
-            "hash_scheme": {
-                "type": "string",
-                "pattern": f"^({KEYED_SCHEME}|dynamo-xxh3-64-"
-                "seed1337-v1|" + VLLM_SCHEME_PREFIX + "[0-9a-f]{16})$",
-            },
+            "hash_scheme": {"type": "string", "pattern": f"^({_TEXT_SCHEMES}|{CAPTURE_SCHEME})$"},
             "hash_scheme_keyed": {"type": "boolean"},
             "granularity": _closed({"timestamp_ms": _STEP, OUTPUT_LENGTH_FIELD: _STEP}),
             OUTPUT_IDS_FIELD: {"type": "boolean"},  # whether the rows hold that field
@@ -707,8 +723,14 @@ MANIFEST_SCHEMA: dict[str, Any] = {
             },
             MODEL_NAME: MODEL_NAME_SCHEMA,
             TIME_ORIGIN_FIELD: {"const": NIGHT_ORIGIN},
+            CAPTURE_FIELD: {
+                "anyOf": [
+                    _closed({"format": {"const": name}, "partial_last_block": {"const": last}})
+                    for name, last in CAPTURE_LAST_BLOCKS.items()
+                ]
+            },
         },
-        optional=(MODEL_NAME, TIME_ORIGIN_FIELD),
+        optional=(MODEL_NAME, TIME_ORIGIN_FIELD, CAPTURE_FIELD),
     ),
 }
 
@@ -722,10 +744,19 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 # keeps no id map of the operator's (anonymize --streaming refuses --id-map), so its windows
 # count from the stream's zero.
 NIGHT, MAP_NIGHT, STREAM_WINDOW = "night", "night of an id map", "stream window"
+# A night of engine captures names its capture format and nothing a tokenizer or a template
+# gave (it read no text): the tokenizer none, no template kwargs, the capture scheme.
+CAPTURE_NIGHT = "night of engine captures"
 
 
 def _provenance_schema(id_map: dict[str, Any], time_origin: bool) -> dict[str, Any]:
-    properties = {**MANIFEST_SCHEMA["properties"], "id_map": id_map}
+    """A night read from text: no capture, a text scheme."""
+    properties = {
+        **MANIFEST_SCHEMA["properties"],
+        "id_map": id_map,
+        "hash_scheme": {"type": "string", "pattern": f"^({_TEXT_SCHEMES})$"},
+    }
+    del properties[CAPTURE_FIELD]
     if not time_origin:
         del properties[TIME_ORIGIN_FIELD]
     return {
@@ -734,18 +765,40 @@ def _provenance_schema(id_map: dict[str, Any], time_origin: bool) -> dict[str, A
     }
 
 
+def _capture_schema() -> dict[str, Any]:
+    """A night read from engine captures (its provenance is told by CAPTURE_FIELD): no
+    tokenizer, no template kwargs, the capture scheme, its own numbering."""
+    properties = {
+        **MANIFEST_SCHEMA["properties"],
+        "id_map": {"type": "null"},
+        "tokenizer": MANIFEST_SCHEMA["properties"]["tokenizer"]["anyOf"][-1],  # none
+        "chat_template_kwargs": {"type": "object", "maxProperties": 0},
+        "hash_scheme": {"const": CAPTURE_SCHEME},
+        "hash_scheme_keyed": {"const": True},
+    }
+    del properties[TIME_ORIGIN_FIELD]
+    return {
+        "$schema": MANIFEST_SCHEMA["$schema"],
+        **_closed(properties, optional=(MODEL_NAME, CAPTURE_FIELD)),
+    }
+
+
 MANIFEST_SCHEMAS: dict[str, dict[str, Any]] = {
     NIGHT: _provenance_schema({"type": "null"}, time_origin=False),
     MAP_NIGHT: _provenance_schema(ID_MAP_START, time_origin=True),
     STREAM_WINDOW: _provenance_schema(ID_MAP_START, time_origin=False),
+    CAPTURE_NIGHT: _capture_schema(),
 }
 
 
 def manifest_provenance(manifest: Any, stream_window: bool) -> str:
     """The provenance a manifest is audited as: a stream's window where the gate found it in a
-    stream's folder, else a night, of an id map when it says where its numbering began."""
+    stream's folder, else a night of engine captures when it names its capture format, else a
+    night, of an id map when it says where its numbering began."""
     if stream_window:
         return STREAM_WINDOW
+    if isinstance(manifest, dict) and CAPTURE_FIELD in manifest:
+        return CAPTURE_NIGHT
     return NIGHT if isinstance(manifest, dict) and manifest.get("id_map") is None else MAP_NIGHT
 
 

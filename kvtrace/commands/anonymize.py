@@ -27,6 +27,7 @@ from kvtrace.transforms.ids.dense_ids import MAX_HASH_SHARDS
 from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORMATS
 from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
 from kvtrace.transforms.trace_format import (
+    CAPTURE_FORMATS,
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
     MAX_TEMPLATE_KWARGS,
@@ -108,6 +109,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})",
+    )
+    add(
+        "--capture",
+        choices=CAPTURE_FORMATS,
+        help="the input is an engine's hash log, not text: Dynamo's request trace "
+        "(request_end records with input_sequence_hashes) or LMCache's lookup hash log "
+        "(chunk_hashes); each engine hash is re-keyed with the salt, block size and lengths "
+        "come from the capture (its block size must be --block-size); no --tokenizer "
+        "(docs/CAPTURES.md)",
     )
     add(
         "--input-format",
@@ -423,9 +433,8 @@ def _merged(args: argparse.Namespace, presets: dict[str, Any]) -> dict[str, Any]
             f"Qwen/Qwen3-8B (letters, digits, . _ -; one /; at most 96 characters a part)"
         )
     merged = fill_dates(merged, parse_date(merged["date"]) if merged.get("date") else None)
-    missing = [
-        f"--{k.replace('_', '-')}" for k in ("input", "output", "tokenizer") if not merged.get(k)
-    ]
+    needed = ("input", "output") if merged.get("capture") else ("input", "output", "tokenizer")
+    missing = [f"--{k.replace('_', '-')}" for k in needed if not merged.get(k)]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (as flags or in a --config file)")
     for name, (bare_unit, _, _) in SIZES.items():
@@ -490,6 +499,40 @@ def _check_ranges(options: dict[str, Any]) -> None:
         raise ConfigError(
             "--time-origin night is for a night of an --id-map: without one, a trace's times "
             "count from its own first request already"
+        )
+    _check_capture(options)
+
+
+# What a run of engine captures cannot take: it reads no text (no tokenizer, template or text
+# shape), re-keys the engine's hashes itself, has no generated tokens to hash, and keeps no id
+# map or stream yet (docs/CAPTURES.md).
+_NOT_WITH_CAPTURE = (
+    "tokenizer",
+    "offline_tokenizer",
+    "streaming",
+    "id_map",
+    "emit_block_hashes",
+    "emit_output_hashes",
+    "route_sessions",
+)
+
+
+def _check_capture(options: dict[str, Any]) -> None:
+    if not options.get("capture"):
+        return
+    if options["capture"] not in CAPTURE_FORMATS:
+        raise ConfigError(f"--capture must be one of {', '.join(CAPTURE_FORMATS)}")
+    given = [name for name in _NOT_WITH_CAPTURE if options.get(name) not in (None, False)]
+    if options["chat_template_kwargs"]:
+        given.append("chat_template_kwargs")
+    if options["hash_scheme"] != ANONYMIZE_DEFAULTS["hash_scheme"]:
+        given.append("hash_scheme")
+    if options["input_format"] != ANONYMIZE_DEFAULTS["input_format"]:
+        given.append("input_format")
+    if given:
+        raise ConfigError(
+            f"--capture reads an engine's hashes, no text: "
+            f"{', '.join('--' + name.replace('_', '-') for name in given)} cannot go with it"
         )
 
 
@@ -563,13 +606,14 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     )
     fingerprint = salt_fingerprint(salt.load())  # fail here, clearly, rather than on workers
     scheme = _hash_scheme(options)
-    try:
-        tokenizer = load_tokenizer(options["tokenizer"])
+    capture = options.get("capture")
+    try:  # a capture is no text: nothing to tokenize
+        tokenizer = None if capture else load_tokenizer(options["tokenizer"])
     except TokenizerUnreachable as err:
         if not options.get("offline_tokenizer"):
             raise
         raise ConfigError(err.naming(options["offline_tokenizer"])) from None
-    sha256 = tokenizer_sha256(options["tokenizer"])
+    sha256 = {} if capture else tokenizer_sha256(options["tokenizer"])
     # The last check before the id map is opened; a new map's folder is made only by the
     # run's first write into it (id_map.map_folder), so a run refused later (the output's lock,
     # standard input) leaves nothing behind either.
@@ -587,7 +631,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         inputs=(),  # known once the output is locked (_with_inputs)
         output=output,
         staging=staging_folder(output, run_id),
-        tokenizer=options["tokenizer"],
+        tokenizer=options.get("tokenizer") or "",
         salt=salt,
         dead_letter=letters.staging if letters else dead_letter,
         block_size=options["block_size"],
@@ -596,6 +640,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             options["timestamp_unit"],
             options["drop_non_text_parts"],
             options["max_record_bytes"],
+            capture,
         ),
         chat_template_kwargs=options["chat_template_kwargs"],
         max_rejected_fraction=options["max_rejected_fraction"],
@@ -640,7 +685,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                     "anonymizing %d file(s), %.1f MB, with %s, block size %d; salt: %s",
                     len(config.inputs),
                     config.input_bytes / 1e6,
-                    config.tokenizer,
+                    config.tokenizer or f"no tokenizer (--capture {capture})",
                     config.block_size,
                     salt.describe(),
                 )

@@ -17,7 +17,7 @@ from kvtrace.commands.common import (
 )
 from kvtrace.transforms.encode.schemes import SCHEMES
 from kvtrace.transforms.errors import ConfigError
-from kvtrace.transforms.trace_format import MANIFEST, OUTPUT_LENGTH_FIELD
+from kvtrace.transforms.trace_format import CAPTURE_FORMATS, MANIFEST, OUTPUT_LENGTH_FIELD
 
 
 def add_parsers(commands: Any) -> None:
@@ -96,6 +96,13 @@ def add_audit_parser(commands: Any) -> None:
         metavar="NAME",
         help="as the run was given (anonymize --model-name): the manifest's model_name must be "
         "it (without it, only a manifest that names none passes)",
+    )
+    add(
+        "--capture",
+        choices=CAPTURE_FORMATS,
+        help="as the run was given (anonymize --capture): a night read from engine hash "
+        "captures names its format, checked against it (without it, only a night read from "
+        "text passes)",
     )
     add(
         "--id-map",
@@ -234,7 +241,14 @@ def audit(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     }
     published_kwargs = None if kwargs is None else public_template_kwargs(kwargs, salt)
     report = measure(
-        target, args.tokenizer, scheme, numbering, published_kwargs, settings, args.model_name
+        target,
+        args.tokenizer,
+        scheme,
+        numbering,
+        published_kwargs,
+        settings,
+        args.model_name,
+        args.capture,
     )
     print(report_text(report, target))
     write_json_report(args.json, report)

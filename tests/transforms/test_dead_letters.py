@@ -9,6 +9,7 @@ import json
 import os
 import tracemalloc
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from kvtrace.transforms.dead_letters import (
     DAMAGED_FILE,
     LETTER_LINE_BYTES,
     LETTER_MESSAGE_CHARS,
+    WITHHELD_LINE,
     DeadLetter,
     SortedRuns,
     StagedLetters,
@@ -188,3 +190,21 @@ def test_two_names_are_shown_as_two_printable_one_line_texts(left, right):
     assert shown.isprintable()
     shown.encode("utf-8")  # raises on a surrogate left in
     assert (shown == shown_name(right)) == (left == right)
+
+
+@pytest.mark.parametrize(
+    "field", [b"input_sequence_hashes", b"output_sequence_hashes", b"chunk_hashes"]
+)
+def test_a_capture_records_letter_withholds_its_line_and_long_numbers(field):
+    """An engine capture's hashes reach no letter (docs/CAPTURES.md): its line is withheld and
+    its message keeps no run of 8 digits or more, whatever raised it."""
+    line = b'{"' + field + b'": [18373232785129012599, "0xfeedfacecafebeef"]}'
+    letter = DeadLetter(
+        "cap.jsonl", line, "invalid_json", "bad near 18373232785129012599 0xfeedfacecafebeef"
+    )
+    written = letter.to_line()
+    assert letter.line == WITHHELD_LINE
+    assert b"18373232785" not in written and b"feedfacecafe" not in written
+    assert b"invalid_json" in written and b"cap.jsonl" in written
+    text = DeadLetter("in.jsonl", b'{"prompt": "x 1234567890"}', "r", "m 1234567890")
+    assert text.line == b'{"prompt": "x 1234567890"}' and text.message == "m 1234567890"

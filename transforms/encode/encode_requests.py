@@ -22,6 +22,7 @@ from kvtrace.transforms.encode.blocks import (
     keyed_digest,
     token_bytes,
 )
+from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH, hash_capture
 from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
 from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
@@ -115,7 +116,7 @@ class EncodeOptions:
     where the salt is, never the salt: it travels in Beam's pipeline graph to the workers, which
     load both (open_encoder)."""
 
-    tokenizer: str  # a local folder or a known name (tokenize.load_tokenizer)
+    tokenizer: str  # a local folder or a known name (tokenize.load_tokenizer); "" for --capture
     salt: SaltSource
     block_size: int = DEFAULT_BLOCK_SIZE
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -143,11 +144,16 @@ class RequestEncoder:
         segment_cache: SegmentCache | None = None,
     ):
         """tokenizer and seed: the options' tokenizer loaded and their salt's chain seed
-        (open_encoder makes both; tests may pass an in-memory tokenizer)."""
+        (open_encoder makes both; tests may pass an in-memory tokenizer). No tokenizer: a run of
+        engine captures, whose requests hold no text (--capture)."""
         self._tokenizer = tokenizer
         self._template_kwargs = dict(options.chat_template_kwargs)
-        self._segments = SegmentEncoder(
-            tokenizer.backend_tokenizer, options.segment_cache_bytes, segment_cache
+        self._segments = (
+            None
+            if tokenizer is None
+            else SegmentEncoder(
+                tokenizer.backend_tokenizer, options.segment_cache_bytes, segment_cache
+            )
         )
         self._scheme = options.hash_scheme
         self._emit_output_hashes = options.emit_output_hashes
@@ -174,17 +180,19 @@ class RequestEncoder:
         """(prompt token bytes, output token bytes), through one segment-cached call for both."""
         prompts = [p for _, p in rendered if p is not None]
         outputs = [r.output_text for r, _ in rendered if r.output_text is not None]
+        if self._segments is None:  # a capture run: its requests hold no text
+            return [], []
         data = self._segments.encode(prompts + outputs)
         return data[: len(prompts)], data[len(prompts) :]
 
     def take_cache_counts(self) -> CacheCounts:
         """What the segment cache did since the last take."""
-        return self._segments.take_counts()
+        return CacheCounts() if self._segments is None else self._segments.take_counts()
 
     @property
     def backend_fallback(self) -> str | None:
         """Why the fast tokenizer backend gave way to tokenizers, if it did (fast_backend.py)."""
-        return getattr(self._tokenizer.backend_tokenizer, "fallback", None)
+        return getattr(getattr(self._tokenizer, "backend_tokenizer", None), "fallback", None)
 
     def hash(
         self, rendered: Rendered, tokenized: Tokenized
@@ -193,6 +201,21 @@ class RequestEncoder:
         token_lists, outputs = iter(prompt_ids), iter(output_ids)
         hashed, rejected = [], []
         for request, prompt in rendered:
+            if request.capture is not None:  # an engine's hashes: no tokens to wait for
+                if request.capture.block_size != self._block_size:
+                    # Never re-cut: an engine block's tokens are not in the capture.
+                    rejected.append(
+                        DeadLetter(
+                            request.source,
+                            request.line,
+                            BLOCK_SIZE_MISMATCH,
+                            f"captured at block size {request.capture.block_size}, "
+                            f"not --block-size {self._block_size}",
+                        )
+                    )
+                else:
+                    self._keep(hash_capture(request, self._seed), request, hashed, rejected)
+                continue
             data = token_bytes(request.input_ids) if prompt is None else next(token_lists)
             generated = next(outputs) if request.output_text is not None else None
             failed = next((r for r in (data, generated) if isinstance(r, TokenizerFailure)), None)
@@ -224,19 +247,29 @@ class RequestEncoder:
                 self._scheme,
                 generated if self._emit_output_hashes else None,
             )
-            if (ids := row_ids(row)) > MAX_ROW_IDS:  # a row its own readers would refuse
-                rejected.append(
-                    DeadLetter(
-                        request.source,
-                        request.line,
-                        "too_large",
-                        f"{ids} blocks, over the {MAX_ROW_IDS} a trace row "
-                        f"holds: a larger --block-size takes it",
-                    )
-                )
-                continue
-            hashed.append(row)
+            self._keep(row, request, hashed, rejected)
         return (HashedBatch.pack(hashed) if hashed else None), rejected
+
+    @staticmethod
+    def _keep(
+        row: HashedRequest,
+        request: Request,
+        hashed: list[HashedRequest],
+        rejected: list[DeadLetter],
+    ) -> None:
+        """The row kept, or a too_large letter for a row its own readers would refuse."""
+        if (ids := row_ids(row)) > MAX_ROW_IDS:
+            rejected.append(
+                DeadLetter(
+                    request.source,
+                    request.line,
+                    "too_large",
+                    f"{ids} blocks, over the {MAX_ROW_IDS} a trace row "
+                    f"holds: a larger --block-size takes it",
+                )
+            )
+            return
+        hashed.append(row)
 
     def _prompt(self, request: Request) -> str | None:
         """The text to tokenize, or None when the request came as token ids."""
@@ -258,7 +291,9 @@ def open_encoder(
     """The encoder where it runs (a Beam worker, a local worker process): the tokenizer loaded
     and checked against the files the run began with, the salt fetched and chained."""
     return RequestEncoder(
-        checked_tokenizer(options.tokenizer, options.tokenizer_sha256, options.tokenizer_backend),
+        checked_tokenizer(options.tokenizer, options.tokenizer_sha256, options.tokenizer_backend)
+        if options.tokenizer
+        else None,
         chain_seed(options.salt.load()),
         options,
         segment_cache,

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read import chat
+from kvtrace.transforms.read.captures import Capture, capture_fields, is_capture
 from kvtrace.transforms.read.json_tree import (
     ContainerBudget,
     check_tree,
@@ -67,6 +68,7 @@ class ParseOptions:
     timestamp_unit: str = "auto"  # of numeric `timestamp` fields; `created` is always seconds
     drop_non_text_parts: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    capture: str | None = None  # the engine capture format the input is (read/captures.py)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class Request:
     source: str
     line: bytes  # the original record, for a dead letter if rendering fails later
     timestamp_ms: int
-    kind: str  # "chat" | "prompt" | "tokens"
+    kind: str  # "chat" | "prompt" | "tokens" | "capture"
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
@@ -86,6 +88,7 @@ class Request:
     session: str | None = None
     response_ms: int | None = None  # arrival to the response's end, when the log says
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
+    capture: Capture | None = None  # an engine's block hashes (kind "capture", read/captures.py)
 
 
 def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
@@ -186,6 +189,8 @@ def request_from_object(
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
     check_tree(record, check_strings)  # first: without_nulls recurses, within this depth
+    if options.capture is not None or is_capture(record):  # an engine's hashes, no text
+        return Request(source=source, line=line, **capture_fields(record, options.capture))
     if b"null" in line:  # a record whose text lacks the word holds no null: nothing to drop
         record = without_nulls(record)
     batch = record.get("custom_id") is not None

@@ -44,6 +44,8 @@ from kvtrace.transforms.dead_letters import shown_name
 from kvtrace.transforms.ids.row_order import in_published_order
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
+    CAPTURE_FIELD,
+    CAPTURE_NIGHT,
     DERIVED_FROM,
     DERIVING_COMMANDS,
     FORMAT,
@@ -77,6 +79,7 @@ from kvtrace.transforms.trace_format import (
     FormatError,
     TraceColumns,
     canonical_json,
+    capture_manifest,
     columns_of_jsonl,
     is_jsonl_of,
     manifest_provenance,
@@ -139,6 +142,7 @@ class Given:
     template_kwargs: dict | None = None
     settings: dict[str, int] = field(default_factory=dict)
     model_name: str | None = None
+    capture: str | None = None  # anonymize --capture FORMAT, as the run was given it
 
 
 def audit(
@@ -149,6 +153,7 @@ def audit(
     template_kwargs: dict | None = None,
     settings: dict[str, int] | None = None,
     model_name: str | None = None,
+    capture: str | None = None,
 ) -> dict:
     """The report on a folder (or one trace file, or a stream's output folder: each of its
     windows in order). What the manifest holds but no row proves is checked against what the
@@ -159,8 +164,11 @@ def audit(
     it may begin) and template_kwargs (the run's chat template kwargs as the manifest publishes
     them under the run's salt: write/manifest.public_template_kwargs) and settings (the run's
     block_size, timestamp_ms and output_length granularity, as far as given) and model_name
-    (anonymize --model-name; else only none)."""
-    given = Given(tokenizer, hash_scheme, numbering, template_kwargs, settings or {}, model_name)
+    (anonymize --model-name; else only none) and capture (anonymize --capture; else only a night
+    read from text passes)."""
+    given = Given(
+        tokenizer, hash_scheme, numbering, template_kwargs, settings or {}, model_name, capture
+    )
     folder = target.rstrip("/") or "/"
     if not is_url(folder) and os.path.isdir(folder):
         # Resolved once: a link's own attributes and times are not the folder's, which are
@@ -1107,6 +1115,10 @@ def _confirm_hash_scheme(c: _Confirming) -> None:
     the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one;
     hash_scheme_keyed says which the scheme is."""
     scheme, expected = c.manifest["hash_scheme"], c.given.hash_scheme
+    if c.provenance == CAPTURE_NIGHT:  # its schema holds it to the one capture scheme, keyed
+        return
+    if c.given.capture is not None:
+        c.flag(f"--capture {c.given.capture} given, but the night was read from text")
     if c.manifest["hash_scheme_keyed"] != (scheme == KEYED_SCHEME):
         c.flag("hash_scheme_keyed disagrees with hash_scheme")
     if expected is None and scheme.startswith(VLLM_SCHEME_PREFIX):
@@ -1171,6 +1183,16 @@ def _confirm_model_name(c: _Confirming) -> None:
         c.flag(f"{MODEL_NAME} is not the --model-name given ({given})")
 
 
+def _confirm_capture(c: _Confirming) -> None:
+    """engine_capture is the run's --capture, which the rows cannot show (ids look alike
+    whatever hashed them): only the format the audit is given."""
+    published, given = c.manifest[CAPTURE_FIELD], c.given.capture
+    if given is None:
+        c.flag(f"{CAPTURE_FIELD} is the run's --capture: pass --capture as the run was given")
+    elif published != capture_manifest(given):
+        c.flag(f"{CAPTURE_FIELD} is not what --capture {given} publishes")
+
+
 @dataclass(frozen=True)
 class Confirmer:
     """What a manifest field is held against (by) and the check that holds it there."""
@@ -1211,6 +1233,14 @@ MANIFEST_CONFIRMERS: dict[str, dict[str, Confirmer]] = {
         **_ANY_PROVENANCE,
         **dict.fromkeys(_ID_MAP_FIELDS, Confirmer("--id-map", _confirm_recorded_start)),
         TIME_ORIGIN_FIELD: Confirmer(ROWS, _confirm_first_time),
+    },
+    CAPTURE_NIGHT: {
+        **_ANY_PROVENANCE,
+        "id_map": Confirmer(ROWS, _confirm_own_start),
+        **dict.fromkeys(
+            (f"{CAPTURE_FIELD}/format", f"{CAPTURE_FIELD}/partial_last_block"),
+            Confirmer("--capture", _confirm_capture),
+        ),
     },
     STREAM_WINDOW: {
         **_ANY_PROVENANCE,

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvtrace.transforms import storage
+from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.trace_format import (
     KNOWN_TEMPLATE_KWARGS,
@@ -72,6 +73,13 @@ def check_rejected_fraction(
     (reasons: reason -> count) and the input shape kvtrace reads, said for the commonest one."""
     if max_fraction is None:
         return counts
+    mismatched = (reasons or {}).get(BLOCK_SIZE_MISMATCH, 0)
+    if mismatched:  # never invent blocks: a capture is published at its own block size or not
+        raise JobStopped(
+            f"{mismatched} engine capture records were cut at another block size than "
+            f"--block-size, and kvtrace never re-cuts an engine's blocks: rerun with "
+            f"--block-size set to the capture's (Dynamo: trace_block_size)"
+        )
     every = counts.read > 0 and counts.rejected == counts.read
     if counts.rejected_fraction() <= max_fraction and not every:
         return counts

@@ -253,6 +253,66 @@ def test_every_node_of_every_shape_with_any_value_is_a_request_or_a_dead_letter(
     assert cases > 100
 
 
+# Engine hash captures (anonymize --capture FORMAT), each as its writer writes it.
+CAPTURE_SHAPES = {
+    "dynamo-request-trace": {
+        "schema": "dynamo.request.trace.v1",
+        "event_type": "request_end",
+        "event_time_unix_ms": 1_700_000_000_050,
+        "agent_context": {"session_id": "s", "parent_session_id": None},
+        "request": {
+            "request_id": "r",
+            "output_tokens": 3,
+            "request_received_ms": 1_700_000_000_000,
+            "replay": {
+                "trace_block_size": 4,
+                "input_length": 6,
+                "input_sequence_hashes": [12_345_678_901_234_567_890, 98_765_432_109_876_543],
+                "hash_algorithm": "blake3-keyed-chain64-v1",
+                "hash_key_id": "k",
+            },
+        },
+    },
+    "lmcache-lookup-hashes": {
+        "timestamp": 1_700_000_000.25,
+        "request_id": "r",
+        "model_name": "m",
+        "chunk_size": 4,
+        "seq_len": 9,
+        "dtypes": ["torch.bfloat16"],
+        "shapes": [[2, 4, 4, 8]],
+        "chunk_hashes": ["0x" + "ab" * 32, "-0x1f2e3d4c5b6a7988"],
+    },
+}
+
+
+@pytest.mark.parametrize("capture", sorted(CAPTURE_SHAPES))
+def test_every_node_of_every_capture_with_any_value_is_a_request_or_a_dead_letter(capture):
+    """As for text shapes; the capture encoder needs no tokenizer (anonymize --capture)."""
+    seed = CAPTURE_SHAPES[capture]
+    options = ParseOptions(capture=capture)
+    encoder = RequestEncoder(None, b"\0" * 16, EncodeOptions("", SaltSource("random"), 4))
+    good = parse_one("f", json.dumps(seed).encode(), options)
+    assert isinstance(good, Request) and good.capture is not None, good
+    cases = 0
+    for path in list(_paths(seed)):
+        for value in HOSTILE:
+            record = _replaced(seed, path, value)
+            try:
+                line = json.dumps(record).encode()
+            except RecursionError:
+                line = None
+            for item in ([line] if line else []) + [record]:  # a JSONL line, a Parquet row
+                parsed = parse_one("f", item, options)
+                cases += 1
+                if isinstance(parsed, DeadLetter):
+                    assert parsed.reason and parsed.reason != "malformed_record", parsed
+                    continue
+                batch, letters = encoder.encode([parsed, good])
+                assert batch is not None and len(batch) + len(letters) == 2
+    assert cases > 100
+
+
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()

@@ -19,6 +19,10 @@ from kvtrace.transforms.stats.audit import (
     unconfirmed_fields,
 )
 from kvtrace.transforms.trace_format import (
+    CAPTURE_FIELD,
+    CAPTURE_NIGHT,
+    CAPTURE_SCHEME,
+    KEYED_SCHEME,
     MANIFEST_SCHEMA,
     MANIFEST_SCHEMAS,
     MAP_NIGHT,
@@ -27,6 +31,7 @@ from kvtrace.transforms.trace_format import (
     NIGHT_ORIGIN,
     STREAM_WINDOW,
     TIME_ORIGIN_FIELD,
+    capture_manifest,
     manifest_provenance,
     schema_problems,
 )
@@ -59,7 +64,11 @@ def test_every_field_a_provenance_declares_has_exactly_one_confirmer(provenance)
 
 
 def test_the_provenances_are_the_declared_ones_and_each_is_the_union_narrowed():
-    assert set(MANIFEST_CONFIRMERS) == set(MANIFEST_SCHEMAS) == {NIGHT, MAP_NIGHT, STREAM_WINDOW}
+    assert (
+        set(MANIFEST_CONFIRMERS)
+        == set(MANIFEST_SCHEMAS)
+        == {NIGHT, MAP_NIGHT, STREAM_WINDOW, CAPTURE_NIGHT}
+    )
     for schema in MANIFEST_SCHEMAS.values():
         assert schema["required"] == MANIFEST_SCHEMA["required"]
         assert set(schema["properties"]) <= set(MANIFEST_SCHEMA["properties"])
@@ -97,6 +106,22 @@ def _shape(provenance: str, **fields: Any) -> list[str]:
         (STREAM_WINDOW, {"id_map": START_AT_ZERO}, True),
         (STREAM_WINDOW, {"id_map": START_AT_ZERO, TIME_ORIGIN_FIELD: NIGHT_ORIGIN}, False),
         (STREAM_WINDOW, {"id_map": None}, False),  # a window always says where it begins
+        (NIGHT, {CAPTURE_FIELD: capture_manifest("dynamo-request-trace")}, False),  # its own
+        (NIGHT, {"hash_scheme": CAPTURE_SCHEME}, False),
+        (CAPTURE_NIGHT, {CAPTURE_FIELD: capture_manifest("lmcache-lookup-hashes")}, True),
+        (CAPTURE_NIGHT, {CAPTURE_FIELD: "dynamo-request-trace"}, False),  # what the format is
+        (
+            CAPTURE_NIGHT,  # a format's partial last block is its own, never another's
+            {CAPTURE_FIELD: {"format": "lmcache-lookup-hashes", "partial_last_block": "engine"}},
+            False,
+        ),
+        (CAPTURE_NIGHT, {"hash_scheme": CAPTURE_SCHEME, "hash_scheme_keyed": True}, True),
+        (CAPTURE_NIGHT, {"hash_scheme": KEYED_SCHEME}, False),  # its keys are no text's
+        (CAPTURE_NIGHT, {"hash_scheme_keyed": False}, False),
+        (CAPTURE_NIGHT, {CAPTURE_FIELD: {"format": "x", "partial_last_block": "engine"}}, False),
+        (CAPTURE_NIGHT, {"chat_template_kwargs": {"enable_thinking": False}}, False),  # no text
+        (CAPTURE_NIGHT, {"tokenizer": {"name": "Qwen/Qwen3-8B", "sha256": {}}}, False),
+        (CAPTURE_NIGHT, {"id_map": START_AT_ZERO}, False),
     ],
 )
 def test_each_provenance_holds_exactly_what_its_writer_writes(provenance, fields, allowed):
@@ -108,6 +133,9 @@ def test_a_night_is_audited_by_its_id_map_and_a_window_by_where_it_was_found():
     assert manifest_provenance({"id_map": START_AT_ZERO}, stream_window=False) == MAP_NIGHT
     assert manifest_provenance({"id_map": None}, stream_window=True) == STREAM_WINDOW
     assert manifest_provenance("not an object", stream_window=False) == MAP_NIGHT
+    capture = {"id_map": None, CAPTURE_FIELD: "dynamo-request-trace"}
+    assert manifest_provenance(capture, stream_window=False) == CAPTURE_NIGHT
+    assert manifest_provenance(capture, stream_window=True) == STREAM_WINDOW  # which refuses it
 
 
 def test_a_manifest_of_declared_fields_only_is_all_confirmed():
