@@ -54,7 +54,6 @@ def _read_by_audit(folder: Path, **options) -> tuple[dict, int]:
     return report, _bytes_read() - before
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND11)
 def test_a_twin_longer_than_kvtraces_bytes_is_not_hashed_to_the_shard_bound(made, tmp_path):
     """Round 10 holds no more of a Parquet twin than kvtrace's bytes for its rows (+1), but
     still hashes the whole file, up to MAX_SHARD_BYTES (2 GiB), for the manifest's digest

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import re
 import stat
@@ -710,46 +709,42 @@ def _check_times(gate: _Gate) -> None:
         )
 
 
-def _read(folder: str, name: str, limit: int, gate: _Gate, kept: int | None = None) -> bytes | None:
-    """A published file's bytes, refused before reading when it is not a regular file or is
-    larger than any file kvtrace writes under that name. kept: hold no more than that many
-    bytes (and one: the caller tells a longer file by it), yet hash the whole file, 1 MiB at a
-    time, for the manifest's digests."""
+def _read(
+    folder: str,
+    name: str,
+    limit: int,
+    gate: _Gate,
+    lengths: frozenset[int] | None = None,
+    unlike: str = "",
+) -> bytes | None:
+    """A published file's bytes, read once, refused before reading when it is not a regular
+    file or is larger than any file kvtrace writes under that name (limit). lengths: the only
+    sizes kvtrace writes it in (a Parquet twin's forms): a local file of any other size is
+    flagged (unlike) unread, with no digest (_check_times then holds no time to it), and no
+    more than the longest is read of a remote one."""
     path = storage.join(folder, name)
+    bound = limit if lengths is None else min(limit, max(lengths))
     try:
         if is_url(path):
-            handle, size = storage.open_read(path), limit
+            handle, size = storage.open_read(path), bound
         else:
             handle, size = storage.open_regular(path, limit)
         with handle:  # a buffer of the file's size, not of the largest file kvtrace writes
-            if kept is None:
-                data = handle.read(min(size, limit) + 1)
-                digest = sha256_of(data)
-            else:
-                data, digest = _kept_and_digest(handle, kept + 1, limit + 1)
+            if lengths is not None and not is_url(path) and size not in lengths:
+                gate.flag(unlike)
+                return None
+            data = handle.read(min(size, bound) + 1)  # one more tells a file that grew
     except storage.UnfitFile as err:
         gate.flag(str(err))  # not a regular file (a link, FIFO or device), or too large
         return None
     except OSError as err:
         gate.flag(f"{name}: unreadable ({err.strerror or err})")
         return None
-    if len(data) > limit:
+    if len(data) > bound:
         gate.flag(f"{name}: larger than kvtrace writes")
         return None
-    gate.sha256[name] = digest
+    gate.sha256[name] = sha256_of(data)
     return data
-
-
-def _kept_and_digest(handle: Any, kept: int, most: int) -> tuple[bytes, str]:
-    """The first `kept` bytes of a file and the sha256 of its first `most` (all of it, when the
-    file is within its bound)."""
-    digest, head, read = hashlib.sha256(), bytearray(), 0
-    while read < most and (piece := handle.read(min(1 << 20, most - read))):
-        digest.update(piece)
-        if len(head) < kept:
-            head += piece[: kept - len(head)]
-        read += len(piece)
-    return bytes(head), digest.hexdigest()
 
 
 def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | None]]:
@@ -805,17 +800,18 @@ def _shard(
     if parquet is None:
         return columns if ok else None
     forms = parquet_forms(columns)
-    # Read no further than kvtrace's bytes for these rows: a longer file is not them, however
-    # large (a sparse 2 GiB twin beside six rows).
-    twin = _read(folder, parquet, limit, gate, kept=max(map(len, forms)))
+    unlike = (
+        f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
+        f" other rows, metadata, encoding or another writer"
+    )
+    # Read only a file of a length kvtrace's bytes for these rows have: any other is not them,
+    # whatever it holds (a sparse 2 GiB twin beside six rows is refused by its size).
+    twin = _read(folder, parquet, limit, gate, frozenset(map(len, forms)), unlike)
     if twin is None:
         return None
-    if twin not in forms:  # a twin longer than every form is held to one byte past them
+    if twin not in forms:
         ok = False
-        gate.flag(
-            f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
-            f" other rows, metadata, encoding or another writer"
-        )
+        gate.flag(unlike)
     return columns if ok else None
 
 
