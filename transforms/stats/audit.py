@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import re
 import stat
@@ -34,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -98,6 +99,9 @@ from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import published_room
 from kvtrace.transforms.write.shards import cuts_unlike_plan
 from kvtrace.transforms.write.totals import ExportTotals, export_stats
+
+if TYPE_CHECKING:  # annotations only: the id map's modules load where a night of one is audited
+    from kvtrace.transforms.ids.id_map import NightRows
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest of 99,999 shards is ~10 MB; ours are KBs: 1 MiB
 MAX_STATS_BYTES = 1 << 16
@@ -194,17 +198,23 @@ def _audit(
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, window_start is not None, gate)
+        night = _night_rows(manifest, given, window_start is not None)
         for jsonl, parquet in _shard_pairs(names, gate):
             # A shard without its twin is flagged already; its rows are not read (a JSONL
             # file alone would be parsed into Python objects).
-            columns = _shard(folder, jsonl, parquet, gate) if jsonl and parquet else None
+            columns = (
+                _shard(folder, jsonl, parquet, gate, night=night) if jsonl and parquet else None
+            )
             if columns is None:
                 rows.complete = False
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
             _check_folder_against(folder, names, manifest, rows, gate)
-            _confirm_manifest(_Confirming(folder, names, manifest, rows, given, window_start, gate))
+            identity = night.identity() if night is not None and rows.complete else None
+            _confirm_manifest(
+                _Confirming(folder, names, manifest, rows, given, window_start, gate, identity)
+            )
         _check_times(gate)
         _check_file_metadata(gate)
     else:
@@ -769,14 +779,33 @@ def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | 
     ]
 
 
+def _night_rows(manifest: dict | None, given: Given, stream_window: bool) -> NightRows | None:
+    """What the night's identity is taken from, shard by shard as the audit reads them, when
+    its id_map is to be confirmed against an id map's record (a night of a map, audited with
+    --id-map); else None."""
+    if given.numbering is None or manifest is None:
+        return None
+    if manifest_provenance(manifest, stream_window) != MAP_NIGHT:
+        return None
+    from kvtrace.transforms.ids.id_map import NightRows
+
+    return NightRows(manifest)
+
+
 def _shard(
-    folder: str, jsonl: str | None, parquet: str | None, gate: _Gate, limit: int = MAX_SHARD_BYTES
+    folder: str,
+    jsonl: str | None,
+    parquet: str | None,
+    gate: _Gate,
+    limit: int = MAX_SHARD_BYTES,
+    night: NightRows | None = None,
 ) -> TraceColumns | None:
     """A shard's rows when its files are exactly kvtrace's bytes for them, else None (flagged).
     The rows come from the JSONL file alone (a bounded parse: trace_format.columns_of_jsonl),
     which must then be kvtrace's JSONL of them; a Parquet file is never decoded, only compared
     whole with the bytes kvtrace writes for those rows: whatever its footer or pages claim,
-    nothing of it is read by Arrow, so no claim of it is trusted."""
+    nothing of it is read by Arrow, so no claim of it is trusted. night: given the JSONL bytes
+    as read, so the night's identity is of the bytes audited, never of a second read."""
     if jsonl is None:  # a Parquet file audited alone: nothing to compare it with
         gate.flag(
             f"{parquet}: a Parquet shard is not read alone: the audit reads a shard's rows from "
@@ -786,6 +815,8 @@ def _shard(
     lines = _read(folder, jsonl, limit, gate)
     if lines is None:
         return None
+    if night is not None:
+        night.add(io.BytesIO(lines))
     try:
         columns = columns_of_jsonl(lines)
     except FormatError as err:
@@ -935,6 +966,9 @@ class _Confirming:
     given: Given
     window_start: tuple[int, int] | None
     gate: _Gate
+    # The night's identity (ids/id_map.NightRows) from the shards as the audit read them: only
+    # under --id-map, and None when a shard was not read whole
+    night: str | None = None
 
     @property
     def provenance(self) -> str:
@@ -1028,7 +1062,7 @@ def _confirm_recorded_start(c: _Confirming) -> None:
     all three figures, and its identity (its rows on the map's clock, which bind every row: a
     night's references to the map's earlier ids included; or, recorded before that, its files'
     digests). The folder alone shows neither."""
-    from kvtrace.transforms.ids.id_map import files_identity, night_identity
+    from kvtrace.transforms.ids.id_map import files_identity
 
     numbering = c.given.numbering
     if numbering is None:
@@ -1039,11 +1073,13 @@ def _confirm_recorded_start(c: _Confirming) -> None:
             "output folder"
         )
         return
-    try:
-        identities = (night_identity(c.manifest, c.folder), files_identity(c.manifest))
-    except (OSError, ValueError) as err:  # a shard gone, or not a file, since it was read
-        c.flag(f"the night's identity could not be read from its shards ({err})")
+    if c.night is None:
+        c.flag(
+            "id_map cannot be confirmed: the night's identity binds every row, and a shard "
+            "was not read (flagged above)"
+        )
         return
+    identities = (c.night, files_identity(c.manifest))
     begins = _start_figures(c.manifest["id_map"])
     if any(MapVersionNumbering(begins, identity) in numbering for identity in identities):
         return
