@@ -518,10 +518,18 @@ def _row(line: bytes) -> dict:
         for item in items:
             if isinstance(item, str):
                 raise FormatError(f"string values: {key}")
-            if not isinstance(item, int) or isinstance(item, bool):
+            if isinstance(item, bool) or not isinstance(item, int | float):
                 raise FormatError(f"values that are not whole numbers: {key}")
-            if not 0 <= item < MAX_PUBLISHED_INT:
+            # An integer past 64 bits reads as a float: whole, it is worded as the integer it is
+            whole = isinstance(item, int) or item.is_integer()
+            if whole and not 0 <= item < MAX_PUBLISHED_INT:
                 raise FormatError(f"integers outside [0, 2^40) (hashes?): {key}")
+            if not isinstance(item, int):
+                raise FormatError(
+                    f"whole numbers not written as integers (1.0, 1e3): {key}"
+                    if whole
+                    else f"values that are not whole numbers: {key}"
+                )
     return row
 
 

@@ -102,6 +102,22 @@ def test_a_line_longer_than_any_row_kvtrace_writes_is_refused_before_pyarrow(mon
             columns_of_jsonl(data)
 
 
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("99999999999999999999", "integers outside [0, 2^40) (hashes?)"),  # past 64 bits
+        ("-99999999999999999999", "integers outside [0, 2^40) (hashes?)"),
+        ("1.5", "values that are not whole numbers"),
+        ("1.0", "whole numbers not written as integers (1.0, 1e3)"),
+    ],
+)
+def test_a_rows_bad_number_is_worded_as_what_it_is(value, said):
+    line = f'{{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [{value}]}}\n'
+    with pytest.raises(FormatError) as refused:
+        columns_of_jsonl(line.encode())
+    assert str(refused.value) == f"line 1: {said}: hash_ids"
+
+
 def test_a_repeated_key_is_refused_where_a_reader_would_keep_one():
     with pytest.raises(FormatError, match="repeats a key"):
         parse_json(b'{"a": 1, "b": {"c": 2, "c": 3}}')

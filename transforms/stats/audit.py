@@ -1367,8 +1367,11 @@ class _Rows:
             (RESPONSE_FIELD, columns.response_ms),
             (OUTPUT_IDS_FIELD, columns.output_ids),
         ):
-            if values is not None and len(values):
-                self.largest[key] = max(self.largest.get(key, 0), int(np.abs(values).max()))
+            # Values are held to [0, 2^40) (trace_format.check_values) but for an absent
+            # session or response time (-1): a field no row holds has no largest value.
+            largest = int(values.max()) if values is not None and len(values) else -1
+            if largest >= 0:
+                self.largest[key] = max(self.largest.get(key, 0), largest)
 
     def _check(self, columns: TraceColumns, manifest: dict) -> None:
         """The rows as the manifest describes them: block counts by block size, values
