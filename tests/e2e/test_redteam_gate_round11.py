@@ -1,7 +1,6 @@
 """Red team round 11, the gate (nothing private published): reproducers of what `kvtrace audit`
-could not refuse within its bounds, or let through, on a folder anonymize published. Each
-asserts the promised behaviour (a one-line flag, read within the bytes kvtrace writes), so each
-fails today."""
+could not refuse within its bounds on a folder anonymize published, each asserting the promised
+behaviour (a one-line flag, each file read at most once, within the bytes kvtrace writes)."""
 
 from __future__ import annotations
 
