@@ -463,7 +463,10 @@ def _block_columns(batch: pa.RecordBatch) -> dict[str, np.ndarray | None]:
 
     def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
         column = batch.column(name)
-        return np.diff(column.offsets.to_numpy()), column.flatten().to_numpy(zero_copy_only=False)
+        items = column.flatten()
+        if items.null_count:  # else its items would read as floats, a null as NaN
+            raise FormatError(f"null in {name}")
+        return np.diff(column.offsets.to_numpy()), items.to_numpy(zero_copy_only=False)
 
     outputs = batch.column(OUTPUT_IDS_FIELD)
     if 0 < outputs.null_count < len(batch):

@@ -118,6 +118,20 @@ def test_a_rows_bad_number_is_worded_as_what_it_is(value, said):
     assert str(refused.value) == f"line 1: {said}: hash_ids"
 
 
+@pytest.mark.parametrize("field", ["hash_ids", "output_hash_ids"])
+def test_a_null_among_a_rows_ids_is_refused_not_read_as_a_float(field, monkeypatch):
+    """pyarrow reads a list holding a null as floats (the null NaN), which no range check
+    refuses: the screen's parse refuses it, worded by the row when the shard is small."""
+    ids = '"hash_ids": [0, null]' if field == "hash_ids" else '"hash_ids": [0]'
+    outputs = ', "output_hash_ids": [null]' if field == "output_hash_ids" else ""
+    line = f'{{"timestamp": 0, "input_length": 1, "output_length": 0, {ids}{outputs}}}\n'
+    with pytest.raises(FormatError, match=f"^line 1: values that are not whole numbers: {field}$"):
+        columns_of_jsonl(line.encode())
+    monkeypatch.setattr(trace_format, "MAX_WORDING_PARSE_BYTES", 0)  # as a large shard's
+    with pytest.raises(FormatError, match=f"^null in {field}$"):
+        columns_of_jsonl(line.encode())
+
+
 def test_a_repeated_key_is_refused_where_a_reader_would_keep_one():
     with pytest.raises(FormatError, match="repeats a key"):
         parse_json(b'{"a": 1, "b": {"c": 2, "c": 3}}')
