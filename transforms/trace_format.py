@@ -384,13 +384,21 @@ def _screen(data: bytes) -> int:
     schema: SIGSEGV). What passes is lines of one object each (each starts with a brace and
     ends with one, and there are no more braces than lines), of the bytes kvtrace writes (no
     string escape, no Unicode, no sign), holding at most two lists, so never nested deeper than
-    the row's. Returns the longest line's length."""
+    the row's, and of lengths between the shortest and the longest row kvtrace writes
+    (MAX_TRACE_LINE_BYTES). Returns the longest line's length."""
     shape = "not lines of one JSON object each, of the bytes kvtrace writes"
     if data and not data.endswith(b"\n") or data.translate(None, _JSONL_BYTES):
         raise FormatError(shape)
     whole, lines, longest, at = np.frombuffer(data, np.uint8), 0, 0, 0
     while at < len(data):  # a piece of whole lines at a time: its arrays, not the file's
-        end = data.rfind(b"\n", at, at + (16 << 20)) + 1 or len(data)
+        # A piece ends at the last line end within the longest row of `at`: none there is a
+        # line longer than any kvtrace writes (the data ends with one: checked above).
+        end = data.rfind(b"\n", at, at + MAX_TRACE_LINE_BYTES) + 1
+        if not end:
+            raise FormatError(
+                f"{shape} (a line over {MAX_TRACE_LINE_BYTES:,} bytes, longer than any row "
+                f"kvtrace writes)"
+            )
         piece = whole[at:end]
         ends = np.flatnonzero(piece == ord("\n"))
         starts = np.concatenate(([0], ends[:-1] + 1))
@@ -455,7 +463,10 @@ def _block_columns(batch: pa.RecordBatch) -> dict[str, np.ndarray | None]:
 
     def lists(name: str) -> tuple[np.ndarray, np.ndarray]:
         column = batch.column(name)
-        return np.diff(column.offsets.to_numpy()), column.flatten().to_numpy(zero_copy_only=False)
+        items = column.flatten()
+        if items.null_count:  # else its items would read as floats, a null as NaN
+            raise FormatError(f"null in {name}")
+        return np.diff(column.offsets.to_numpy()), items.to_numpy(zero_copy_only=False)
 
     outputs = batch.column(OUTPUT_IDS_FIELD)
     if 0 < outputs.null_count < len(batch):
@@ -510,10 +521,18 @@ def _row(line: bytes) -> dict:
         for item in items:
             if isinstance(item, str):
                 raise FormatError(f"string values: {key}")
-            if not isinstance(item, int) or isinstance(item, bool):
+            if isinstance(item, bool) or not isinstance(item, int | float):
                 raise FormatError(f"values that are not whole numbers: {key}")
-            if not 0 <= item < MAX_PUBLISHED_INT:
+            # An integer past 64 bits reads as a float: whole, it is worded as the integer it is
+            whole = isinstance(item, int) or item.is_integer()
+            if whole and not 0 <= item < MAX_PUBLISHED_INT:
                 raise FormatError(f"integers outside [0, 2^40) (hashes?): {key}")
+            if not isinstance(item, int):
+                raise FormatError(
+                    f"whole numbers not written as integers (1.0, 1e3): {key}"
+                    if whole
+                    else f"values that are not whole numbers: {key}"
+                )
     return row
 
 

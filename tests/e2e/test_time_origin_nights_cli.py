@@ -96,3 +96,19 @@ def test_the_beam_engine_publishes_the_same_night(tiny_tokenizer, tmp_path, nigh
         assert night(tiny_tokenizer, tmp_path, nights[2], f"{engine}2", engine, *args) == 0
     for name in ("manifest.json", "trace-00000-of-00001.jsonl"):
         assert (tmp_path / "beam2" / name).read_bytes() == (tmp_path / "local2" / name).read_bytes()
+
+
+def test_time_origin_is_one_free_bit_on_every_night_of_a_map(tiny_tokenizer, tmp_path, nights):
+    """docs/AUDIT.md: on a later night too (time_from_ms 24 h), a rerun on the other origin is
+    the same night, and both presentations pass audit --id-map: no option confirms the run's."""
+    assert night(tiny_tokenizer, tmp_path, nights[1], "n1", "m") == 0
+    assert night(tiny_tokenizer, tmp_path, nights[2], "n2", "m") == 0
+    assert night(tiny_tokenizer, tmp_path, nights[2], "n2own", "m", "--time-origin", "night") == 0
+    manifests = [json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("n2", "n2own")]
+    assert [m.get("time_origin") for m in manifests] == [None, "night"]
+    assert (
+        manifests[0]["id_map"] == manifests[1]["id_map"] and manifests[0]["id_map"]["time_from_ms"]
+    )
+    for name in ("n2", "n2own"):
+        audit = ["audit", str(tmp_path / name), "--tokenizer", tiny_tokenizer, "--id-map"]
+        assert main([*audit, str(tmp_path / "m"), "--salt-file", str(tmp_path / "salt")]) == 0

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtrace.transforms import trace_format
 from kvtrace.transforms.trace_format import (
     MANIFEST_SCHEMA,
+    MAX_TRACE_LINE_BYTES,
     NO_RESPONSE_MS,
     NO_SESSION,
     FormatError,
@@ -75,6 +77,59 @@ def test_any_bytes_are_rows_or_a_format_error(data):
         columns_of_jsonl(data)
     except FormatError:
         pass
+
+
+def test_a_line_longer_than_any_row_kvtrace_writes_is_refused_before_pyarrow(monkeypatch):
+    """pyarrow parses in blocks of the longest line: one of 2^31 bytes overflowed its block size
+    (OverflowError, a traceback). No row kvtrace writes is longer than MAX_TRACE_LINE_BYTES
+    (test_row_bound.py), so the screen refuses a longer line, anywhere, before any parse."""
+    import pyarrow.json
+
+    row = b'{"timestamp": 0, "input_length": 0, "output_length": 0, "hash_ids": [0]}\n'
+
+    def padded(length: int) -> bytes:
+        return b"{" + b" " * (length - len(row)) + row[1:]
+
+    assert trace_format._screen(row + padded(MAX_TRACE_LINE_BYTES)) == MAX_TRACE_LINE_BYTES
+
+    def parse(*args, **kwargs):
+        raise AssertionError("pyarrow parsed a line over the bound")
+
+    monkeypatch.setattr(pyarrow.json, "open_json", parse)
+    too_long = r"\(a line over [0-9,]+ bytes, longer than any row kvtrace writes\)$"
+    for data in (padded(MAX_TRACE_LINE_BYTES + 1), row + padded(MAX_TRACE_LINE_BYTES + 1) + row):
+        with pytest.raises(FormatError, match=too_long):
+            columns_of_jsonl(data)
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("99999999999999999999", "integers outside [0, 2^40) (hashes?)"),  # past 64 bits
+        ("-99999999999999999999", "integers outside [0, 2^40) (hashes?)"),
+        ("1.5", "values that are not whole numbers"),
+        ("1.0", "whole numbers not written as integers (1.0, 1e3)"),
+    ],
+)
+def test_a_rows_bad_number_is_worded_as_what_it_is(value, said):
+    line = f'{{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [{value}]}}\n'
+    with pytest.raises(FormatError) as refused:
+        columns_of_jsonl(line.encode())
+    assert str(refused.value) == f"line 1: {said}: hash_ids"
+
+
+@pytest.mark.parametrize("field", ["hash_ids", "output_hash_ids"])
+def test_a_null_among_a_rows_ids_is_refused_not_read_as_a_float(field, monkeypatch):
+    """pyarrow reads a list holding a null as floats (the null NaN), which no range check
+    refuses: the screen's parse refuses it, worded by the row when the shard is small."""
+    ids = '"hash_ids": [0, null]' if field == "hash_ids" else '"hash_ids": [0]'
+    outputs = ', "output_hash_ids": [null]' if field == "output_hash_ids" else ""
+    line = f'{{"timestamp": 0, "input_length": 1, "output_length": 0, {ids}{outputs}}}\n'
+    with pytest.raises(FormatError, match=f"^line 1: values that are not whole numbers: {field}$"):
+        columns_of_jsonl(line.encode())
+    monkeypatch.setattr(trace_format, "MAX_WORDING_PARSE_BYTES", 0)  # as a large shard's
+    with pytest.raises(FormatError, match=f"^null in {field}$"):
+        columns_of_jsonl(line.encode())
 
 
 def test_a_repeated_key_is_refused_where_a_reader_would_keep_one():

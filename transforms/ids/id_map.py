@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -792,7 +792,7 @@ def _segment_folders(directory: str, version: int, current: MapVersion, key: Map
 @dataclass(frozen=True)
 class Night:
     """The night a version records: where its manifest says its numbering began (its id_map:
-    block_ids_from, sessions_from, time_from_ms) and its identity (night_identity); former, the
+    block_ids_from, sessions_from, time_from_ms) and its identity (NightRows); former, the
     identity maps recorded before (files_identity), by which a rerun of a night they recorded
     is still found."""
 
@@ -818,24 +818,44 @@ _ROW_TIME = re.compile(rb'\{"' + TIMESTAMP_FIELD.encode() + rb'": (0|[1-9][0-9]{
 _READ_BYTES = 1 << 20
 
 
+class NightRows:
+    """What a night is, however its times are published (night_identity): the sha256 of the
+    canonical JSON of its rows' digest (the sha256 of its JSONL trace shards, in name order,
+    every timestamp on the map's clock: a --time-origin night's moved back by its
+    id_map.time_from_ms) and stats.json's. It binds every row and its time on the map's clock,
+    never a presentation flag; the same for a rerun that finds the night in the map (same rows,
+    same ids). Fed each shard once, as the caller reads it: anonymize the folder's shards as
+    written, the gate (audit --id-map) the bytes it read of the folder's own, never a name a
+    manifest lists."""
+
+    def __init__(self, manifest: dict[str, Any]) -> None:
+        own_clock = manifest.get(TIME_ORIGIN_FIELD) == NIGHT_ORIGIN
+        self._shift = manifest["id_map"]["time_from_ms"] if own_clock else 0
+        self._stats = manifest["sha256"].get(STATS)
+        self._rows = hashlib.sha256()
+
+    def add(self, shard: IO[bytes]) -> None:
+        """The next shard's bytes, read to their end."""
+        if not self._shift:  # every row as written: the pieces are the bytes themselves
+            while chunk := shard.read(_READ_BYTES):
+                self._rows.update(chunk)
+            return
+        for piece, starts_row in _pieces(shard):
+            self._rows.update(_on_map_clock(piece, self._shift) if starts_row else piece)
+
+    def identity(self) -> str:
+        digests = {"rows_on_map_clock": self._rows.hexdigest(), STATS: self._stats}
+        return hashlib.sha256(canonical(digests).encode()).hexdigest()
+
+
 def night_identity(manifest: dict[str, Any], folder: str) -> str:
-    """What a night is, however its times are published: the sha256 of the canonical JSON of
-    its rows' digest (the sha256 of its JSONL trace shards, in order, every timestamp on the
-    map's clock: a --time-origin night's moved back by its id_map.time_from_ms) and
-    stats.json's. It binds every row and its time on the map's clock, never a presentation
-    flag; the same for a rerun that finds the night in the map (same rows, same ids). Read
-    from the folder's shards, as written (before the map's commit, in every engine) or as
-    published (the gate: audit --id-map)."""
-    shift = (
-        manifest["id_map"]["time_from_ms"] if manifest.get(TIME_ORIGIN_FIELD) == NIGHT_ORIGIN else 0
-    )
-    rows = hashlib.sha256()
+    """The identity (NightRows) of the night anonymize wrote in folder, read from its shards as
+    written (before the map's commit, in every engine)."""
+    night = NightRows(manifest)
     for name in sorted(n for n in manifest["files"] if n.endswith(".jsonl")):
         with open_map_file(storage.join(folder, name)) as handle:  # a regular file only
-            for piece, starts_row in _pieces(handle):
-                rows.update(_on_map_clock(piece, shift) if starts_row else piece)
-    digests = {"rows_on_map_clock": rows.hexdigest(), STATS: manifest["sha256"].get(STATS)}
-    return hashlib.sha256(canonical(digests).encode()).hexdigest()
+            night.add(handle)
+    return night.identity()
 
 
 def files_identity(manifest: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
+import io
 import os
 import re
 import stat
@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -102,6 +102,9 @@ from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.rows import published_room
 from kvtrace.transforms.write.shards import cuts_unlike_plan
 from kvtrace.transforms.write.totals import ExportTotals, export_stats
+
+if TYPE_CHECKING:  # annotations only: the id map's modules load where a night of one is audited
+    from kvtrace.transforms.ids.id_map import NightRows
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest of 99,999 shards is ~10 MB; ours are KBs: 1 MiB
 MAX_STATS_BYTES = 1 << 16
@@ -203,17 +206,23 @@ def _audit(
     if is_url(folder) or os.path.isdir(folder):
         names = _entries(folder, gate)
         manifest = _manifest(folder, names, window_start is not None, gate)
+        night = _night_rows(manifest, given, window_start is not None)
         for jsonl, parquet in _shard_pairs(names, gate):
             # A shard without its twin is flagged already; its rows are not read (a JSONL
             # file alone would be parsed into Python objects).
-            columns = _shard(folder, jsonl, parquet, gate) if jsonl and parquet else None
+            columns = (
+                _shard(folder, jsonl, parquet, gate, night=night) if jsonl and parquet else None
+            )
             if columns is None:
                 rows.complete = False
             else:
                 rows.add(columns, manifest)
         if manifest is not None:
             _check_folder_against(folder, names, manifest, rows, gate)
-            _confirm_manifest(_Confirming(folder, names, manifest, rows, given, window_start, gate))
+            identity = night.identity() if night is not None and rows.complete else None
+            _confirm_manifest(
+                _Confirming(folder, names, manifest, rows, given, window_start, gate, identity)
+            )
         _check_times(gate)
         _check_file_metadata(gate)
     else:
@@ -718,46 +727,42 @@ def _check_times(gate: _Gate) -> None:
         )
 
 
-def _read(folder: str, name: str, limit: int, gate: _Gate, kept: int | None = None) -> bytes | None:
-    """A published file's bytes, refused before reading when it is not a regular file or is
-    larger than any file kvtrace writes under that name. kept: hold no more than that many
-    bytes (and one: the caller tells a longer file by it), yet hash the whole file, 1 MiB at a
-    time, for the manifest's digests."""
+def _read(
+    folder: str,
+    name: str,
+    limit: int,
+    gate: _Gate,
+    lengths: frozenset[int] | None = None,
+    unlike: str = "",
+) -> bytes | None:
+    """A published file's bytes, read once, refused before reading when it is not a regular
+    file or is larger than any file kvtrace writes under that name (limit). lengths: the only
+    sizes kvtrace writes it in (a Parquet twin's forms): a local file of any other size is
+    flagged (unlike) unread, with no digest (_check_times then holds no time to it), and no
+    more than the longest is read of a remote one."""
     path = storage.join(folder, name)
+    bound = limit if lengths is None else min(limit, max(lengths))
     try:
         if is_url(path):
-            handle, size = storage.open_read(path), limit
+            handle, size = storage.open_read(path), bound
         else:
             handle, size = storage.open_regular(path, limit)
         with handle:  # a buffer of the file's size, not of the largest file kvtrace writes
-            if kept is None:
-                data = handle.read(min(size, limit) + 1)
-                digest = sha256_of(data)
-            else:
-                data, digest = _kept_and_digest(handle, kept + 1, limit + 1)
+            if lengths is not None and not is_url(path) and size not in lengths:
+                gate.flag(unlike)
+                return None
+            data = handle.read(min(size, bound) + 1)  # one more tells a file that grew
     except storage.UnfitFile as err:
         gate.flag(str(err))  # not a regular file (a link, FIFO or device), or too large
         return None
     except OSError as err:
         gate.flag(f"{name}: unreadable ({err.strerror or err})")
         return None
-    if len(data) > limit:
+    if len(data) > bound:
         gate.flag(f"{name}: larger than kvtrace writes")
         return None
-    gate.sha256[name] = digest
+    gate.sha256[name] = sha256_of(data)
     return data
-
-
-def _kept_and_digest(handle: Any, kept: int, most: int) -> tuple[bytes, str]:
-    """The first `kept` bytes of a file and the sha256 of its first `most` (all of it, when the
-    file is within its bound)."""
-    digest, head, read = hashlib.sha256(), bytearray(), 0
-    while read < most and (piece := handle.read(min(1 << 20, most - read))):
-        digest.update(piece)
-        if len(head) < kept:
-            head += piece[: kept - len(head)]
-        read += len(piece)
-    return bytes(head), digest.hexdigest()
 
 
 def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | None]]:
@@ -782,14 +787,33 @@ def _shard_pairs(names: list[str], gate: _Gate) -> list[tuple[str | None, str | 
     ]
 
 
+def _night_rows(manifest: dict | None, given: Given, stream_window: bool) -> NightRows | None:
+    """What the night's identity is taken from, shard by shard as the audit reads them, when
+    its id_map is to be confirmed against an id map's record (a night of a map, audited with
+    --id-map); else None."""
+    if given.numbering is None or manifest is None:
+        return None
+    if manifest_provenance(manifest, stream_window) != MAP_NIGHT:
+        return None
+    from kvtrace.transforms.ids.id_map import NightRows
+
+    return NightRows(manifest)
+
+
 def _shard(
-    folder: str, jsonl: str | None, parquet: str | None, gate: _Gate, limit: int = MAX_SHARD_BYTES
+    folder: str,
+    jsonl: str | None,
+    parquet: str | None,
+    gate: _Gate,
+    limit: int = MAX_SHARD_BYTES,
+    night: NightRows | None = None,
 ) -> TraceColumns | None:
     """A shard's rows when its files are exactly kvtrace's bytes for them, else None (flagged).
     The rows come from the JSONL file alone (a bounded parse: trace_format.columns_of_jsonl),
     which must then be kvtrace's JSONL of them; a Parquet file is never decoded, only compared
     whole with the bytes kvtrace writes for those rows: whatever its footer or pages claim,
-    nothing of it is read by Arrow, so no claim of it is trusted."""
+    nothing of it is read by Arrow, so no claim of it is trusted. night: given the JSONL bytes
+    as read, so the night's identity is of the bytes audited, never of a second read."""
     if jsonl is None:  # a Parquet file audited alone: nothing to compare it with
         gate.flag(
             f"{parquet}: a Parquet shard is not read alone: the audit reads a shard's rows from "
@@ -799,6 +823,8 @@ def _shard(
     lines = _read(folder, jsonl, limit, gate)
     if lines is None:
         return None
+    if night is not None:
+        night.add(io.BytesIO(lines))
     try:
         columns = columns_of_jsonl(lines)
     except FormatError as err:
@@ -813,17 +839,18 @@ def _shard(
     if parquet is None:
         return columns if ok else None
     forms = parquet_forms(columns)
-    # Read no further than kvtrace's bytes for these rows: a longer file is not them, however
-    # large (a sparse 2 GiB twin beside six rows).
-    twin = _read(folder, parquet, limit, gate, kept=max(map(len, forms)))
+    unlike = (
+        f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
+        f" other rows, metadata, encoding or another writer"
+    )
+    # Read only a file of a length kvtrace's bytes for these rows have: any other is not them,
+    # whatever it holds (a sparse 2 GiB twin beside six rows is refused by its size).
+    twin = _read(folder, parquet, limit, gate, frozenset(map(len, forms)), unlike)
     if twin is None:
         return None
-    if twin not in forms:  # a twin longer than every form is held to one byte past them
+    if twin not in forms:
         ok = False
-        gate.flag(
-            f"{parquet}: not the bytes kvtrace writes for the rows of its JSONL twin ({jsonl}):"
-            f" other rows, metadata, encoding or another writer"
-        )
+        gate.flag(unlike)
     return columns if ok else None
 
 
@@ -947,6 +974,9 @@ class _Confirming:
     given: Given
     window_start: tuple[int, int] | None
     gate: _Gate
+    # The night's identity (ids/id_map.NightRows) from the shards as the audit read them: only
+    # under --id-map, and None when a shard was not read whole
+    night: str | None = None
 
     @property
     def provenance(self) -> str:
@@ -1040,7 +1070,7 @@ def _confirm_recorded_start(c: _Confirming) -> None:
     all three figures, and its identity (its rows on the map's clock, which bind every row: a
     night's references to the map's earlier ids included; or, recorded before that, its files'
     digests). The folder alone shows neither."""
-    from kvtrace.transforms.ids.id_map import files_identity, night_identity
+    from kvtrace.transforms.ids.id_map import files_identity
 
     numbering = c.given.numbering
     if numbering is None:
@@ -1051,11 +1081,13 @@ def _confirm_recorded_start(c: _Confirming) -> None:
             "output folder"
         )
         return
-    try:
-        identities = (night_identity(c.manifest, c.folder), files_identity(c.manifest))
-    except (OSError, ValueError) as err:  # a shard gone, or not a file, since it was read
-        c.flag(f"the night's identity could not be read from its shards ({err})")
+    if c.night is None:
+        c.flag(
+            "id_map cannot be confirmed: the night's identity binds every row, and a shard "
+            "was not read (flagged above)"
+        )
         return
+    identities = (c.night, files_identity(c.manifest))
     begins = _start_figures(c.manifest["id_map"])
     if any(MapVersionNumbering(begins, identity) in numbering for identity in identities):
         return
@@ -1365,8 +1397,11 @@ class _Rows:
             (RESPONSE_FIELD, columns.response_ms),
             (OUTPUT_IDS_FIELD, columns.output_ids),
         ):
-            if values is not None and len(values):
-                self.largest[key] = max(self.largest.get(key, 0), int(np.abs(values).max()))
+            # Values are held to [0, 2^40) (trace_format.check_values) but for an absent
+            # session or response time (-1): a field no row holds has no largest value.
+            largest = int(values.max()) if values is not None and len(values) else -1
+            if largest >= 0:
+                self.largest[key] = max(self.largest.get(key, 0), largest)
 
     def _check(self, columns: TraceColumns, manifest: dict) -> None:
         """The rows as the manifest describes them: block counts by block size, values

@@ -47,3 +47,30 @@ def test_hostile_rows_get_a_report_never_an_exception(rows):
     assert report["rows"] <= len(rows)
     assert report["publishable"] == (not report["flags"])
     assert report["publishable"] <= (report["rows"] == len(rows) > 0)
+
+
+def test_largest_integers_name_only_fields_some_row_holds():
+    """An absent session or response time is -1 in the columns: never a field's largest value
+    (the report said "response_ms 1" of a trace with no response time)."""
+    import numpy as np
+
+    from kvtrace.transforms.stats.audit import _Rows
+    from kvtrace.transforms.trace_format import NO_RESPONSE_MS, NO_SESSION, TraceColumns
+
+    def rows(response_ms: list[int]) -> TraceColumns:
+        n = len(response_ms)
+        return TraceColumns(
+            np.arange(n),
+            np.full(n, 4),
+            np.full(n, 2),
+            np.full(n, 1),
+            np.arange(n),
+            np.full(n, NO_SESSION),
+            np.array(response_ms),
+        )
+
+    seen = _Rows()
+    seen.add(rows([NO_RESPONSE_MS] * 3), None)
+    assert seen.largest == {"timestamp": 2, "input_length": 4, "output_length": 2, "hash_ids": 2}
+    seen.add(rows([NO_RESPONSE_MS, 7]), None)
+    assert seen.largest["response_ms"] == 7 and "session" not in seen.largest

@@ -24,8 +24,9 @@ MANIFEST = {
 def flags(manifest: dict, numbering: list[gate.MapVersionNumbering]) -> list[str]:
     checked = gate._Gate()
     given = gate.Given(numbering=numbering)
+    no_rows = id_map.NightRows(manifest).identity()  # as the audit reads no shard
     gate._confirm_recorded_start(
-        gate._Confirming("no-shards", [], manifest, gate._Rows(), given, None, checked)
+        gate._Confirming("no-shards", [], manifest, gate._Rows(), given, None, checked, no_rows)
     )
     return checked.flags
 
@@ -54,6 +55,17 @@ def test_a_map_recording_no_nights_fails_closed_saying_what_to_do():
     said = flags(MANIFEST, [gate.MapVersionNumbering(None, None)] * 2)
     assert len(said) == 1 and "versions 1-2 record none" in said[0]
     assert "anonymize it again with this kvtrace" in said[0]
+
+
+def test_a_night_whose_shards_were_not_all_read_fails_closed():
+    """Its identity binds every row: without a shard's bytes there is none to match, whatever
+    the manifest's digests say (the former identity is theirs)."""
+    checked = gate._Gate()
+    given = gate.Given(numbering=[recorded(MANIFEST)])
+    gate._confirm_recorded_start(
+        gate._Confirming("unread", [], MANIFEST, gate._Rows(), given, None, checked, None)
+    )
+    assert len(checked.flags) == 1 and "a shard was not read" in checked.flags[0]
 
 
 def test_map_numbering_reads_each_versions_night(tmp_path: Path):
