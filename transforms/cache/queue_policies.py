@@ -36,8 +36,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-S3FIFO, SIEVE, ARC, TINYLFU = range(4)
-QUEUE_POLICIES = {"s3-fifo": S3FIFO, "sieve": SIEVE, "arc": ARC, "tinylfu": TINYLFU}
+_S3FIFO, _SIEVE, _ARC, _TINYLFU = range(4)
+QUEUE_POLICIES = {"s3-fifo": _S3FIFO, "sieve": _SIEVE, "arc": _ARC, "tinylfu": _TINYLFU}
 
 # Lists a block can be in (where[b]): cached ones positive, ghosts (ids only) negative; a list's
 # row in `lists` is the code's absolute value. head = newest, tail = oldest.
@@ -110,7 +110,7 @@ def replay_queues(block, tokens, row_starts, distinct, pages, policy, first_meas
     lists = np.full((5, 3), -1, dtype=np.int64)
     lists[:, _LEN] = 0
     width = 1
-    while policy == TINYLFU and width < min(max(pages, 1), distinct):
+    while policy == _TINYLFU and width < min(max(pages, 1), distinct):
         width *= 2
     sketch = np.zeros((_SKETCH_ROWS, width), dtype=np.uint8)
     # Scalars: sieve's hand, arc's target p, the sketch's accesses since it was last halved,
@@ -126,11 +126,11 @@ def replay_queues(block, tokens, row_starts, distinct, pages, policy, first_meas
             continue
         for i in range(start, end):
             b = block[i]
-            if policy == S3FIFO:
+            if policy == _S3FIFO:
                 _s3fifo(b, lists, prev, nxt, where, count, pages, state)
-            elif policy == SIEVE:
+            elif policy == _SIEVE:
                 _sieve(b, lists, prev, nxt, where, count, pages, state)
-            elif policy == ARC:
+            elif policy == _ARC:
                 _arc(b, lists, prev, nxt, where, pages, state)
             else:
                 _tinylfu(b, lists, prev, nxt, where, sketch, pages, state)
