@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtrace.pipelines.simulate import policy_curve, two_tier_grid
+from kvtrace.pipelines.simulate import DEFINITIONS, policy_curve, two_tier_grid
 from kvtrace.transforms.cache import plots
 from kvtrace.transforms.cache.cache_trace import CacheTrace, read_cache_trace
 from kvtrace.transforms.cache.capacity import Capacity, capacity_text, default_gpu_kv_cache, percent
-from kvtrace.transforms.cache.policies import POLICIES
+from kvtrace.transforms.cache.policy_names import POLICIES
 from kvtrace.transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
 from kvtrace.transforms.cache.sessions import session_report
 from kvtrace.transforms.cache.stack_distance import COLD, stack_distances
@@ -340,7 +340,7 @@ def page(config: ReportConfig, stats: dict, numbers: dict, images: dict[str, byt
     policy_rows = "".join(
         f"<tr><td>{policy}</td>"
         + "".join(f"<td>{percent(p['hit_rate'])}</td>" for p in points)
-        + "</tr>"
+        + f"<td>{html.escape(DEFINITIONS[policy])}</td></tr>"
         for policy, points in numbers["policies"].items()
     )
     header = "".join(
@@ -389,7 +389,7 @@ h2 {{ border-bottom: 1px solid #ddd; margin-top: 2em; }}
 most a CPU/SSD tier could serve.</p>
 {_image(images["ccdf"], "reuse interval CCDF")}{_image(images["reuse_time"], "reuse time")}
 <h2>Hit rate by policy and capacity</h2>{_image(images["hit_rate"], "hit rate per policy")}
-<table><tr><th>policy \\ capacity</th>{header}</tr>{policy_rows}</table>
+<table><tr><th>policy \\ capacity</th>{header}<th>eviction</th></tr>{policy_rows}</table>
 <h2>Two-tier sizing</h2>{_image(images["two_tier"], "two-tier grid")}
 <p>GPU capacity (rows) with an LRU CPU/SSD tier behind it (columns): hit rate, and in brackets
 the part the GPU serves.</p>

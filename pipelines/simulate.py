@@ -1,7 +1,8 @@
 """`kvtrace simulate`: hit rate against cache capacity per policy, and a two-tier sizing grid.
 
 `lru` comes from one stack-distance pass for every capacity at once; the other policies replay
-the trace once per capacity (transforms/cache/policies.py: sequential by nature).
+the trace once per capacity (transforms/cache/policies.py and queue_policies.py: sequential by
+nature).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 from kvtrace.transforms.cache.cache_trace import CacheTrace, read_cache_trace
 from kvtrace.transforms.cache.capacity import Capacity
 from kvtrace.transforms.cache.decode_cache import read_output_ids, with_decode_cache
-from kvtrace.transforms.cache.policies import POLICIES, hit_rates
+from kvtrace.transforms.cache.policies import hit_rates
+from kvtrace.transforms.cache.policy_names import POLICIES
 from kvtrace.transforms.cache.stack_distance import StackDistances, infinite_cache, stack_distances
 from kvtrace.transforms.stats.trace_stats import row_problems
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
@@ -28,12 +30,21 @@ DEFINITIONS = {
     "hit_rate": "token-weighted: per request, the real tokens of the longest prefix of its "
     "blocks cached on arrival, over all prompt tokens (never above 1); only rows "
     "after the first warmup_fraction of rows count (the others fill the cache)",
-    "lru": "then the request's blocks are touched in order; least recently used evicted",
+    "lru": "the request's blocks touched in order once its hit is counted (as by every "
+    "policy); least recently used evicted",
     "prefix-lru": "the same, evicting the least recently used leaf (no cached descendant), "
     "never a block of the running request",
     "fifo": "first inserted evicted first; hits do not refresh",
     "belady": "furthest next use evicted first (offline optimum; deepest first on a tie); "
     "a block needed later than every cached one is not cached",
+    "s3-fifo": "S3-FIFO: a small FIFO (10% of pages) whose blocks hit twice move to a main FIFO "
+    "(reinsertion while 2-bit counts last), the others leave their ids in a ghost FIFO from "
+    "which a return goes to main",
+    "sieve": "SIEVE: one FIFO with a visited bit; a hand walking from old to new evicts the first "
+    "block not visited since it last passed",
+    "arc": "ARC: recency and frequency LRU lists with ghost lists steering their split",
+    "tinylfu": "W-TinyLFU: a 1% window LRU, then a segmented LRU admitting a block only if a "
+    "count-min sketch saw it more often than the block it would evict",
     "two_tier": "exclusive LRU tiers: GPU evictions are demoted to tier 2, tier-2 hits "
     "promoted; hit rates split by the tier that served them",
 }

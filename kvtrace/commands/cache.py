@@ -36,7 +36,7 @@ from kvtrace.transforms.cache.capacity import (
     parse_capacity,
     percent,
 )
-from kvtrace.transforms.cache.policy_names import POLICIES
+from kvtrace.transforms.cache.policy_names import POLICIES, parse_policies
 from kvtrace.transforms.errors import ConfigError
 
 
@@ -76,7 +76,8 @@ def add_parsers(commands: Any) -> None:
         description=(
             "Replay the trace through KV caches of the given capacities. Per request the hit is "
             "the longest cached prefix of its blocks (token-weighted); policies lru, "
-            "prefix-lru (leaf-first, running request pinned), fifo, belady (offline optimum)."
+            "prefix-lru (leaf-first, running request pinned), fifo, belady (offline optimum), "
+            "and the block policies s3-fifo, sieve, arc, tinylfu (W-TinyLFU)."
         ),
         epilog="example: kvtrace simulate trace.jsonl --capacity 3M,50M --model qwen3-8b "
         "--tier2-capacity 100GB,1TB",
@@ -174,13 +175,7 @@ def _add_bytes_source(parser: argparse.ArgumentParser) -> None:
 
 def _cache_sizing(args: argparse.Namespace) -> tuple[tuple[str, ...], int | None]:
     """The policies and KV bytes per token that simulate and report are given, checked."""
-    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or not policies:
-        raise ConfigError(
-            f"--policy: unknown {', '.join(unknown) or 'empty list'}; known: {', '.join(POLICIES)}"
-        )
-    return policies, _kv_bytes_per_token(args)
+    return parse_policies(args.policy), _kv_bytes_per_token(args)
 
 
 def _kv_bytes_per_token(args: argparse.Namespace) -> int | None:

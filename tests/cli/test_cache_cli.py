@@ -52,6 +52,33 @@ def test_simulate_in_bytes_with_a_model_preset(tmp_path, capsys):
     assert set(report["policies"]) == {"lru", "fifo"}
 
 
+def test_simulate_takes_the_queue_policies_and_says_what_each_evicts(tmp_path, capsys):
+    trace = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": i, "input_length": 32, "output_length": 1, "hash_ids": [i % 4, 9 + i]}
+            for i in range(30)
+        ],
+    )
+    names = ["s3-fifo", "sieve", "arc", "tinylfu"]
+    report, out = run_json(
+        capsys,
+        tmp_path,
+        "simulate",
+        str(trace),
+        "--block-size",
+        "16",
+        "--capacity",
+        "1M",
+        "--policy",
+        ",".join(names),
+    )
+    assert list(report["policies"]) == names and set(names) <= set(report["definitions"])
+    assert "| capacity | s3-fifo | sieve | arc | tinylfu |" in out
+    for name in names:  # everything fits: the infinite cache's hits, 26 first blocks of 16
+        assert report["policies"][name][0]["hit_rate"] == pytest.approx(26 * 16 / (30 * 32))
+
+
 def test_bad_lines_are_reported_and_bad_flags_refused(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text(
@@ -93,6 +120,8 @@ def test_report_is_one_self_contained_page(tmp_path, capsys):
         "Sessions",
     ):
         assert heading in text
+    for policy in ("s3-fifo", "sieve", "arc", "tinylfu"):  # every policy by default, explained
+        assert f"<tr><td>{policy}</td>" in text
     assert text.index('class="headline"') < text.index("<h2>")  # the headline comes first
     assert "kvtrace&#x27;s default: 50 GiB" in text and str(Path(trace).parent) not in text
     assert "<title>kvtrace report: model not named, undated</title>" in text

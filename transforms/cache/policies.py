@@ -15,6 +15,8 @@ ones inserted, evicting as the policy says:
 - belady: the block whose next use is furthest (offline optimum, the upper bound); a tie (a
   block and its descendants are next used together) evicts the deepest first; a block needed
   later than every cached one is not cached at all (nor the rest of its request).
+- s3-fifo, sieve, arc, tinylfu: the literature's queue policies, block by block as lru and
+  fifo (queue_policies.py).
 
 Every replay is sequential by nature (each eviction depends on the whole history): a capacity
 replays on one core, capacities in parallel on one machine's cores; no Beam path.
@@ -31,9 +33,14 @@ import numba
 import numpy as np
 
 from kvtrace.transforms.cache.cache_trace import CacheTrace
-from kvtrace.transforms.cache.policy_names import POLICIES
+from kvtrace.transforms.cache.queue_policies import (
+    QUEUE_POLICIES,
+    cached_prefix_tokens,
+    replay_queues,
+)
 
 _LRU, _PREFIX_LRU, _FIFO, _BELADY = range(4)
+_HEAP_POLICIES = {"lru": _LRU, "prefix-lru": _PREFIX_LRU, "fifo": _FIFO, "belady": _BELADY}
 _NEVER = np.iinfo(np.int32).max  # traces hold < 2^31 blocks
 # Heap entries beyond twice the capacity before stale ones are dropped: fewer drops for small
 # capacities, at 8 KB.
@@ -53,26 +60,41 @@ def hit_rates(
     is called as capacity i finishes."""
     first_row = math.floor(warmup_fraction * trace.rows)
     total = int(trace.tokens[trace.row_starts[first_row] :].sum())
-    parent = _parents(trace.block, trace.row_starts, trace.distinct_blocks)
-    next_use = _next_uses(trace.block) if policy == "belady" else np.empty(0, dtype=np.int32)
+    if policy in QUEUE_POLICIES:
+        parent = next_use = np.empty(0, dtype=np.int32)
+    else:
+        parent = _parents(trace.block, trace.row_starts, trace.distinct_blocks)
+        next_use = _next_uses(trace.block) if policy == "belady" else np.empty(0, dtype=np.int32)
 
     def replay(index: int) -> float:
         pages = capacities[index] // trace.block_size
-        # Stale heap entries pile up as blocks are re-keyed; they are dropped whenever the heap
-        # is full, which leaves at most one per cached block (<= pages): memory follows pages.
-        room = 2 * min(pages, trace.distinct_blocks) + HEAP_SLACK
-        hits = _replay(
-            trace.block,
-            trace.tokens,
-            trace.row_starts,
-            parent,
-            next_use,
-            trace.distinct_blocks,
-            pages,
-            POLICIES.index(policy),
-            first_row,
-            room,
-        )
+        if policy in QUEUE_POLICIES:
+            hits = replay_queues(
+                trace.block,
+                trace.tokens,
+                trace.row_starts,
+                trace.distinct_blocks,
+                pages,
+                QUEUE_POLICIES[policy],
+                first_row,
+            )
+        else:
+            # Stale heap entries pile up as blocks are re-keyed; they are dropped whenever the
+            # heap is full, which leaves at most one per cached block (<= pages): memory
+            # follows pages.
+            room = 2 * min(pages, trace.distinct_blocks) + HEAP_SLACK
+            hits = _replay(
+                trace.block,
+                trace.tokens,
+                trace.row_starts,
+                parent,
+                next_use,
+                trace.distinct_blocks,
+                pages,
+                _HEAP_POLICIES[policy],
+                first_row,
+                room,
+            )
         if done:
             done(index)
         return hits / total if total else 0.0
@@ -177,11 +199,9 @@ def _replay(
     size, used, hits, now = 0, 0, 0, 0
     for row in range(len(row_starts) - 1):
         start, end = row_starts[row], row_starts[row + 1]
-        i = start
-        while i < end and cached[block[i]]:
-            if row >= first_measured_row:
-                hits += tokens[i]
-            i += 1
+        hit = cached_prefix_tokens(block, tokens, start, end, cached)
+        if row >= first_measured_row:
+            hits += hit
         for i in range(start, end):
             b = block[i]
             now += 1

@@ -11,7 +11,8 @@ from kvtrace.presets import load_model
 from kvtrace.transforms.cache import policies
 from kvtrace.transforms.cache.cache_trace import CacheTrace
 from kvtrace.transforms.cache.capacity import kv_bytes_per_token, parse_capacity
-from kvtrace.transforms.cache.policies import POLICIES, hit_rate
+from kvtrace.transforms.cache.policies import hit_rate
+from kvtrace.transforms.cache.policy_names import POLICIES
 from kvtrace.transforms.cache.reuse import ccdf_at, reuse_events, reuse_time_histogram
 from kvtrace.transforms.cache.stack_distance import stack_distances
 from kvtrace.transforms.read.trace_io import Trace
