@@ -94,61 +94,64 @@ def agentic_mooncake(trace: Trace, chain: Turns, block_size: int, model: str) ->
 
 def weka(trace: Trace, chain: Turns, block_size: int, model: str) -> bytes:
     """One line per conversation, in order of its first request; times in seconds from the
-    trace's start (readers that count from each conversation's start subtract its first)."""
+    trace's start (readers that count from each conversation's start subtract its first). Each
+    line is written as its conversation is met whole, so only the text is held."""
     order = np.argsort(trace.timestamp, kind="stable")
     names = conversation_names(trace, order)
-    conversations: dict[str, list[dict]] = {}
-    response = trace.response_ends()
+    rows: dict[str, list[int]] = {}
     for row in order.tolist():
-        request = {
-            "t": float(trace.timestamp[row]) / 1000,
-            "type": "n",
-            "model": model,
-            "in": int(trace.input_length[row]),
-            "out": int(trace.output_length[row]),
-            HASH_IDS_FIELD: trace.ids[trace.offsets[row] : trace.offsets[row + 1]].tolist(),
-        }
-        if response[row] != NO_RESPONSE_MS:
-            request["api_time"] = int(response[row]) / 1000
-        before = int(chain.previous[row])
-        if before != NO_TURN and response[before] != NO_RESPONSE_MS:
-            request["think_time"] = int(chain.delay_ms[row]) / 1000
-        conversations.setdefault(names[row], []).append(request)
-    return "".join(
-        json.dumps(
-            {
-                "id": name,
-                "models": [model],
-                "block_size": block_size,
-                "hash_id_scope": LOCAL_SCOPE,
-                "requests": requests,
+        rows.setdefault(names[row], []).append(row)
+    response = trace.response_ends()
+    lines = []
+    for name, turns in rows.items():
+        requests = []
+        for row in turns:
+            request = {
+                "t": float(trace.timestamp[row]) / 1000,
+                "type": "n",
+                "model": model,
+                "in": int(trace.input_length[row]),
+                "out": int(trace.output_length[row]),
+                HASH_IDS_FIELD: trace.ids[trace.offsets[row] : trace.offsets[row + 1]].tolist(),
             }
-        )
-        + "\n"
-        for name, requests in conversations.items()
-    ).encode()
+            if response[row] != NO_RESPONSE_MS:
+                request["api_time"] = int(response[row]) / 1000
+            before = int(chain.previous[row])
+            if before != NO_TURN and response[before] != NO_RESPONSE_MS:
+                request["think_time"] = int(chain.delay_ms[row]) / 1000
+            requests.append(request)
+        conversation = {
+            "id": name,
+            "models": [model],
+            "block_size": block_size,
+            "hash_id_scope": LOCAL_SCOPE,
+            "requests": requests,
+        }
+        lines.append(json.dumps(conversation) + "\n")
+    return "".join(lines).encode()
 
 
-def oracle_general(trace: Trace, block_size: int) -> bytes:
+def oracle_general(trace: Trace, block_size: int) -> memoryview:
     """Every block of every request, requests in arrival order, each block one object of
     block_size bytes (so a cache of C bytes holds C tokens' blocks, as kvtrace simulate pages
-    them) at its request's second; the next index at which the same block is requested."""
+    them) at its request's second; the next index at which the same block is requested. The
+    records' own memory, not a copy (24 bytes a block)."""
     order = np.argsort(trace.timestamp, kind="stable")
     counts = np.diff(trace.offsets)[order]
-    starts = np.repeat(trace.offsets[:-1][order], counts)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    ids = trace.ids[starts + within].astype(np.int64)
-    records = np.zeros(len(ids), dtype=ORACLE_GENERAL)
+    at = np.repeat(trace.offsets[:-1][order] - (np.cumsum(counts) - counts), counts)
+    at += np.arange(len(at))
+    records = np.zeros(len(at), dtype=ORACLE_GENERAL)
+    records["id"] = trace.ids[at]
+    del at
     records["time"] = np.repeat(np.floor(trace.timestamp[order] / 1000).astype(np.int64), counts)
-    records["id"] = ids
     records["size"] = block_size
-    records["next"] = next_uses(ids)
-    return records.tobytes()
+    records["next"] = next_uses(records["id"])
+    return memoryview(records.view(np.uint8))
 
 
 def next_uses(ids: np.ndarray) -> np.ndarray:
     """Per position, the next position holding the same id, or NEVER_AGAIN."""
-    by_id = np.lexsort((np.arange(len(ids)), ids))
+    by_id = np.argsort(ids, kind="stable")  # positions in order within each id
     following = np.full(len(ids), NEVER_AGAIN, dtype=np.int64)
     same = ids[by_id[1:]] == ids[by_id[:-1]]
     following[by_id[:-1][same]] = by_id[1:][same]

@@ -33,7 +33,7 @@ from kvtrace.transforms.write.replayers import (
 
 @dataclass(frozen=True)
 class Exported:
-    data: bytes
+    data: bytes | memoryview  # libCacheSim's records: their own memory
     rows: int
     follow_up_turns: int  # rows sent after a previous turn's response, with a delay
     without_response_end: int  # of those, delays that are arrival gaps (no response end logged)
