@@ -134,7 +134,7 @@ def weka(trace: Trace, chain: Turns, block_size: int, model: str) -> bytes:
 def oracle_general(trace: Trace, block_size: int) -> memoryview:
     """Every block of every request, requests in arrival order, each block one object of
     block_size bytes (so a cache of C bytes holds C tokens' blocks, as kvtrace simulate pages
-    them) at its request's second; the next index at which the same block is requested. The
+    them) at its request's second from the trace's first; the next index at which the same block is requested. The
     records' own memory, not a copy (24 bytes a block)."""
     order = np.argsort(trace.timestamp, kind="stable")
     counts = np.diff(trace.offsets)[order]
@@ -143,7 +143,11 @@ def oracle_general(trace: Trace, block_size: int) -> memoryview:
     records = np.zeros(len(at), dtype=ORACLE_GENERAL)
     records["id"] = trace.ids[at]
     del at
-    records["time"] = np.repeat(np.floor(trace.timestamp[order] / 1000).astype(np.int64), counts)
+    # seconds from the first request: a foreign trace's epoch or negative times would not fit
+    # the unsigned 32 bits
+    start = trace.timestamp.min() if len(trace) else 0.0
+    seconds = np.floor((trace.timestamp[order] - start) / 1000).astype(np.int64)
+    records["time"] = np.repeat(seconds, counts)
     records["size"] = block_size
     records["next"] = next_uses(records["id"])
     return memoryview(records.view(np.uint8))

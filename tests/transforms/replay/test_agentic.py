@@ -96,3 +96,12 @@ def test_the_manifest_names_each_structure_export_with_its_file_suffix():
     assert "-o ../kvtrace.libcachesim.oracleGeneral.bin" in commands["libcachesim"]
     assert "trace_format='agentic_mooncake'" in commands["dynamo-agentic"]
     assert "trace_format='weka'" in commands["weka"]
+
+
+def test_oracle_general_counts_seconds_from_the_first_request_whatever_the_clock(tmp_path):
+    """A foreign trace's epoch or negative times still fit libCacheSim's unsigned 32 bits."""
+    rows = [dict(r, timestamp=r["timestamp"] - 2_000) for r in CHAT]
+    rows[0]["timestamp"] = -2_500
+    data = export(trace_of(tmp_path, rows), CONSUMERS["libcachesim"], 4).data
+    assert np.frombuffer(data, dtype=ORACLE_GENERAL)["time"].tolist() == [0] * 4 + [1] * 4 + [5] * 2
+    assert export(trace_of(tmp_path, []), CONSUMERS["libcachesim"], 4).data.nbytes == 0
