@@ -8,7 +8,8 @@ agentic_mooncake, from its conversation's first turn for weka, which replays eac
 from 0) and, for a follow-up turn, the wait after the previous turn's completion. Replays
 offline (Dynamo's own reader and simulated engine) and checks every request: each conversation
 is one chain, in order, and each follow-up starts at max(not_before, previous end + wait).
-Prints one JSON summary line; exits 1 on the first failure.
+Prints one JSON summary line, with the prompt tokens the engine found cached for conversations'
+first turns (blocks another conversation left); exits 1 on the first failure.
 """
 
 import json
@@ -44,7 +45,7 @@ def main(path: str, trace_format: str, block_size: int, expected_path: str) -> i
     for request in report.per_request:
         chains[conversation_of(request, trace_format)].append(request)
     by_prompts = {tuple(t["prompt"] for t in turns): turns for turns in expected}
-    waits = 0
+    waits = first_turns_reused = 0
     for chain in chains.values():
         chain.sort(key=lambda r: turn_of(r, trace_format))
         turns = by_prompts.pop(tuple(r["input_length"] for r in chain), None)
@@ -52,6 +53,7 @@ def main(path: str, trace_format: str, block_size: int, expected_path: str) -> i
             print(f"a chain of prompts {[r['input_length'] for r in chain]}", file=sys.stderr)
             return 1
         start = chain[0]["dispatched_at_ms"] - turns[0]["not_before"]
+        first_turns_reused += chain[0]["reused_input_tokens"]
         for before, request, turn in zip([None, *chain], chain, turns):
             due = start + turn["not_before"]
             if turn["wait"] is not None:
@@ -63,7 +65,8 @@ def main(path: str, trace_format: str, block_size: int, expected_path: str) -> i
     if by_prompts:
         print(f"conversations not replayed: {list(by_prompts)}", file=sys.stderr)
         return 1
-    print(json.dumps({"rows": len(report.per_request), "chains": len(chains), "waits": waits}))
+    summary = {"rows": len(report.per_request), "chains": len(chains), "waits": waits}
+    print(json.dumps({**summary, "first_turns_reused": first_turns_reused}))
     return 0
 
 

@@ -13,9 +13,10 @@ previous response ended (forms.turns). Those are the edges written here:
 - libCacheSim's oracleGeneral (libcachesim 0.3.5): every block a request is made of, in arrival
   order, as fixed 24-byte records with each block's next use.
 
-Hash ids are kvtrace's dense ids, global to the trace; both agent forms declare the scope
-`local` (their readers take no other), which each reads as one namespace per conversation: a
-block shared across conversations replays as one per conversation.
+Hash ids are kvtrace's dense ids, global to the trace. Both agent forms declare the scope
+`local`, the only one their readers take: Dynamo's agentic reader keeps one namespace for the
+file, so blocks shared across conversations stay shared; the WEKA readers (aiperf, guidellm) keep
+one per conversation, so such a block replays as one per conversation.
 """
 
 from __future__ import annotations

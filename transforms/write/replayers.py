@@ -153,7 +153,7 @@ CONSUMERS = {
             AGENTIC,
             _dynamo("agentic_mooncake", agentic=True),
             "each follow-up turn depends on the previous one's completion, `delay_ms` after it "
-            "and not before its logged arrival; hash ids scoped per conversation",
+            "and not before its logged arrival; hash ids shared across conversations",
         ),
         Consumer(
             "weka",
@@ -161,7 +161,8 @@ CONSUMERS = {
             CONVERSATIONS,
             _dynamo("weka", agentic=True),
             "one conversation per line, t in seconds, api_time and think_time where the "
-            "response end was logged; hash ids scoped per conversation; aiperf reads a folder "
+            "response end was logged; hash ids scoped per conversation (a block two share "
+            "replays as two); aiperf reads a folder "
             "of one-conversation .json files (split -l 1 --additional-suffix=.json)",
         ),
         Consumer(
