@@ -3,6 +3,10 @@ multi-turn conversations (each turn extends the previous prompt and answer, each
 known) at block size 16.
 
     python benchmarks/bench_export.py --conversations 20000 --turns 6
+    python benchmarks/bench_export.py --to dynamo,dynamo-agentic,weka,libcachesim --rounds 2
+
+The checkout's kvtrace is measured (`python -m kvtrace.cli` from the checkout), whatever
+kvtrace is installed.
 """
 
 from __future__ import annotations
@@ -10,14 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import tempfile
 from pathlib import Path
 
-from measure import run_measured
+from measure import run_measured_cpu
 
 BLOCK = 16
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def conversations(count: int, turns: int, seed: int = 0):
@@ -54,6 +60,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=20_000)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--to", default="vllm,dynamo,dynamo-delta,sglang")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each form, interleaved")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
@@ -61,22 +68,17 @@ def main() -> None:
         trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
         blocks = sum(len(r["hash_ids"]) for r in rows)
         print(f"{len(rows):,} rows, {blocks:,} blocks, {trace.stat().st_size / 2**20:.0f} MiB\n")
-        print("| --to | wall s | peak RSS MiB |\n|---|---|---|")
-        for name in args.to.split(","):
-            seconds, peak = run_measured(
-                [
-                    "kvtrace",
-                    "export",
-                    str(trace),
-                    "--to",
-                    name,
-                    "-o",
-                    str(Path(tmp) / f"{name}.jsonl"),
-                    "--block-size",
-                    str(BLOCK),
-                ]
-            )
-            print(f"| {name} | {seconds:.1f} | {peak:.0f} |")
+        print("| --to | round | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|")
+        for round_ in range(1, args.rounds + 1):
+            for name in args.to.split(","):
+                output = Path(tmp) / f"{name}.out"  # any name: the form is --to's
+                seconds, cpu, peak = run_measured_cpu(
+                    [sys.executable, "-m", "kvtrace.cli", "export", str(trace), "--to", name]
+                    + ["-o", str(output), "--overwrite", "--block-size", str(BLOCK)],
+                    CHECKOUT,
+                    dict(os.environ),
+                )
+                print(f"| {name} | {round_} | {seconds:.1f} | {cpu:.1f} | {peak:.0f} |")
         sys.stdout.flush()
 
 

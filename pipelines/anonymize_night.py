@@ -69,6 +69,7 @@ from kvtrace.transforms.write.manifest import (
     public_model_name,
     public_template_kwargs,
     public_tokenizer,
+    replay_contract,
     run_counts,
     trace_origin_ms,
     write_json,
@@ -446,6 +447,8 @@ def night_manifest(
         "sha256": sha256,
         # How each replayer reads this folder, with this block size and ms timestamps.
         "replay": replay_commands(config.block_size, exported, list(sha256)),
+        # The ids' scope and width, the hit rates' definitions.
+        **replay_contract(),
         **public_model_name(config.model_name),
         **({CAPTURE_FIELD: capture_manifest(capture)} if capture else {}),
         # Rows from the night's own start (id_map.time_from_ms on the map's clock); absent: from

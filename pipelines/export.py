@@ -1,5 +1,5 @@
 """`kvtrace export`: a trace rewritten in the form one replayer reads (transforms/replay/export.py),
-as one JSONL file, with the command that replays it."""
+as one file, with the command that replays it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def run_export(
                 f"(kvtrace validate lists them)"
             )
         exported = export(trace, consumer, config.block_size)
-        output.write(exported.jsonl)
+        output.write(exported.data)
         summary = {
             "consumer": consumer.name,
             "reader": consumer.reader,

@@ -683,6 +683,30 @@ NIGHT_ORIGIN = "night"
 ID_MAP_START = _closed({"block_ids_from": _COUNT, "sessions_from": _COUNT, "time_from_ms": _COUNT})
 
 
+# What a consumer must know to replay the ids right, beside block_size and hash_scheme (a short
+# closed vocabulary, declared once): ids are numbered once across the trace and its id map
+# ("global": a block two sessions share has one id; readers that scope ids per conversation,
+# as the agentic formats do, replay it as two), and each fits in ID_WIDTH_BITS unsigned bits
+# (below MAX_PUBLISHED_INT, to which the gate holds every row: readers holding ids in 32 bits
+# are not enough for every trace).
+IDS_FIELD = "ids"
+GLOBAL_SCOPE = "global"
+ID_WIDTH_BITS = MAX_PUBLISHED_INT.bit_length() - 1
+REPLAY_IDS = {"scope": GLOBAL_SCOPE, "width_bits": ID_WIDTH_BITS}
+# The hit rates stats.json publishes, each named by its exact definition (write/totals.py holds
+# their text): infinite cache, causal, the longest prefix seen before, weighted by tokens (the
+# partial last block by its real tokens) or by blocks.
+HIT_RATES_FIELD = "hit_rates"
+HIT_RATE_DEFINITIONS = {
+    "token_weighted": "infinite-causal-prefix-tokens",
+    "block_weighted": "infinite-causal-prefix-blocks",
+}
+
+
+def _constants(values: dict[str, Any]) -> dict[str, Any]:
+    return _closed({key: {"const": value} for key, value in values.items()})
+
+
 # manifest.json, key by key: kvtrace's own vocabulary, numbers and digests; no string an operator
 # typed but a model's name (MODEL_NAME), no path. Every string is also printable ASCII
 # (published_strings_ascii). The gate checks beyond the schema what only the folder can say: files and sha256 name exactly its files,
@@ -748,6 +772,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     for name, last in CAPTURE_LAST_BLOCKS.items()
                 ]
             },
+            IDS_FIELD: _constants(REPLAY_IDS),
+            HIT_RATES_FIELD: _constants(HIT_RATE_DEFINITIONS),
         },
         optional=(MODEL_NAME, TIME_ORIGIN_FIELD, CAPTURE_FIELD),
     ),
@@ -838,6 +864,8 @@ DERIVED_MANIFEST_SCHEMA: dict[str, Any] = {
                 key: MANIFEST_SCHEMA["properties"][key]
                 for key in ("kvtrace_version", "format", "block_size", "records", "files", "sha256")
             },
+            # the ids' scope (their width is the source's: a derived trace's rows are not bound)
+            IDS_FIELD: _constants({"scope": GLOBAL_SCOPE}),
             DERIVED_FROM: _closed(
                 {
                     "command": {"enum": list(DERIVING_COMMANDS)},
@@ -857,7 +885,9 @@ DERIVED_MANIFEST_SCHEMA: dict[str, Any] = {
                     },
                 }
             ),
-        }
+        },
+        # absent in the manifests of releases before it
+        optional=(IDS_FIELD,),
     ),
 }
 

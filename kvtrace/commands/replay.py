@@ -73,12 +73,15 @@ def add_export_parser(commands: Any) -> None:
         "export",
         help="a trace -> the file (and command) one replayer needs",
         description=(
-            "Write a trace as one JSONL file in the form a replayer reads, and print the "
+            "Write a trace as one file in the form a replayer reads (JSONL; libCacheSim's binary "
+            "oracleGeneral records), and print the "
             "command that replays it with the block size and time unit it needs. Replayers: "
             + "; ".join(f"{c.name} ({c.reader}: {c.form})" for c in CONSUMERS.values())
             + ". turns: conversations keep session_id and each follow-up turn's delay, the ms "
             "between the previous response's end and the turn (from response_ms; else the "
-            "arrival gap). deltas: follow-up turns hold only what they add."
+            "arrival gap). deltas: follow-up turns hold only what they add. agentic graph, "
+            "conversations: each conversation one chain, each follow-up turn waiting for the "
+            "previous one's completion plus that delay."
         ),
     )
     add = export.add_argument
@@ -90,7 +93,7 @@ def add_export_parser(commands: Any) -> None:
         metavar="REPLAYER",
         help=f"one of: {', '.join(CONSUMERS)}",
     )
-    add("-o", "--output", required=True, metavar="FILE.jsonl", help="the file to write")
+    add("-o", "--output", required=True, metavar="FILE", help="the file to write")
     add("--overwrite", action="store_true", help="replace --output if it exists")
     add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
     add("--json", metavar="OUT", help="also write the report as JSON")

@@ -203,3 +203,105 @@ def test_guidellm_parses_the_printed_data_option_to_our_block_size_and_unit(vari
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout) == [64, 0.001, "trace.jsonl"]
+
+
+def expected_chains(folder: Path, trace_format: str) -> list[list[dict]]:
+    """The conversations of a trace's rows as Dynamo must replay them (dynamo_agentic.py): per
+    turn its prompt, the ms it may start from and the wait after the previous turn's end (the
+    gap less the logged response time)."""
+    chains: dict = {}
+    for row in sorted(trace(folder), key=lambda r: r["timestamp"]):
+        chains.setdefault(row.get("session", f"lone{row['timestamp']}"), []).append(row)
+    conversations = []
+    for rows in chains.values():
+        origin = rows[0]["timestamp"] if trace_format == "weka" else 0
+        turns = []
+        for before, row in zip([None, *rows], rows):
+            wait = None
+            if before is not None:
+                wait = row["timestamp"] - before["timestamp"] - before.get("response_ms", 0)
+            turns.append({"prompt": row["input_length"], "not_before": row["timestamp"] - origin})
+            turns[-1]["wait"] = wait
+        conversations.append(turns)
+    return conversations
+
+
+@pytest.mark.parametrize(
+    "to, trace_format", [("dynamo-agentic", "agentic_mooncake"), ("weka", "weka")]
+)
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_agentic.py")]
+)
+def test_dynamo_replays_each_conversation_as_one_chain_with_its_waits(
+    timed_chats, variable, script, to, trace_format, tmp_path
+):
+    """Dynamo's own agentic readers and simulated engine: every conversation one chain, each
+    follow-up dispatched at max(its logged start, the previous turn's end + 700 ms)."""
+    path = tmp_path / f"{to}.jsonl"  # Dynamo reads a Weka file of several lines by its suffix
+    assert main(["export", str(timed_chats), "--to", to, "-o", str(path)]) == 0
+    expected_file = tmp_path / "expected.json"
+    chains = expected_chains(timed_chats, trace_format)
+    assert sorted(t["wait"] for c in chains for t in c if t["wait"] is not None) == [700] * 5
+    expected_file.write_text(json.dumps({"conversations": chains}))
+    result = subprocess.run(
+        [os.environ[variable], str(CONSUMERS / script), str(path), trace_format, "16"]
+        + [str(expected_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary | {"first_turns_reused": 0} == {
+        "rows": 8,
+        "chains": 3,
+        "waits": 5,
+        "first_turns_reused": 0,
+    }
+    # Both declare hash_id_scope local. Dynamo's agentic reader keeps one namespace for the
+    # file: bob's first turn finds the system prompt alice's left cached. Its Weka importer
+    # replays each conversation from 0, so no first turn can find another's blocks.
+    assert (summary["first_turns_reused"] > 0) == (trace_format == "agentic_mooncake")
+
+
+@pytest.mark.parametrize("variable, script", [with_tool("KVTRACE_AIPERF_PYTHON", "aiperf_weka.py")])
+def test_aiperf_weka_schema_accepts_every_exported_conversation(timed_chats, variable, script):
+    path, conversations = exported(timed_chats, "weka")
+    result = subprocess.run(
+        [os.environ[variable], str(CONSUMERS / script), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "conversations": 3,
+        "requests": sum(len(c["requests"]) for c in conversations),
+    }
+
+
+def test_libcachesim_reads_every_block_request_and_misses_each_block_once(timed_chats, tmp_path):
+    """libCacheSim's own reader takes the oracleGeneral file request for request, and its
+    unbounded LRU misses exactly the distinct blocks: the trace's infinite-cache block rate."""
+    lcs = pytest.importorskip("libcachesim")
+    path = tmp_path / "blocks.oracleGeneral.bin"
+    assert main(["export", str(timed_chats), "--to", "libcachesim", "-o", str(path)]) == 0
+    rows = sorted(trace(timed_chats), key=lambda r: r["timestamp"])
+    ids = [i for r in rows for i in r["hash_ids"]]
+    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    assert [(q.obj_id, q.obj_size) for q in reader] == [(i, 16) for i in ids]
+    reader.reset()
+    miss_ratio, _ = lcs.LRU(cache_size=16 * len(ids)).process_trace(reader)
+    assert miss_ratio == pytest.approx(len(set(ids)) / len(ids))
+
+
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_weka.py")]
+)
+def test_guidellm_reads_every_exported_conversation_as_one_chain_of_turns(
+    deepseek_tokenizer, timed_chats, variable, script
+):
+    path, conversations = exported(timed_chats, "weka")
+    result = replay_check(variable, script, path, 16, deepseek_tokenizer)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"conversations": 3, "turns": 8}

@@ -165,6 +165,9 @@ def _run_every_job(tokenizer: str, tmp: Path) -> dict:
             "sglang",
             "dynamo",
             "dynamo-delta",
+            "dynamo-agentic",
+            "weka",
+            "libcachesim",
         ):
             run("export", source, "--to", to, "-o", f"reports/export-{tag}-{to}.jsonl")
     run("synthesize", "trace.jsonl", "-o", "reports/synth-beam", "--seed", "3", "--engine", "beam")

@@ -1,4 +1,5 @@
-"""A trace as one replayer reads it: its rows in the consumer's form, as JSONL (pure, no I/O)."""
+"""A trace as one replayer reads it: its rows in the consumer's form, as the bytes of its file
+(JSONL but for libCacheSim's binary records; pure, no I/O)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.read.trace_io import Trace
-from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, recut_blocks, turns
+from kvtrace.transforms.replay.agentic import agentic_mooncake, oracle_general, weka
+from kvtrace.transforms.replay.forms import NO_TURN, Turns, deltas, json_number, recut_blocks, turns
 from kvtrace.transforms.trace_format import (
     HASH_IDS_FIELD,
     INPUT_LENGTH_FIELD,
@@ -16,12 +18,22 @@ from kvtrace.transforms.trace_format import (
     OUTPUT_LENGTH_FIELD,
     TIMESTAMP_FIELD,
 )
-from kvtrace.transforms.write.replayers import DELTAS, RECUT, SGLANG_TOKENS_PER_ID, TURNS, Consumer
+from kvtrace.transforms.write.replayers import (
+    AGENTIC,
+    BLOCK_REQUESTS,
+    CONVERSATIONS,
+    DELTAS,
+    MODEL,
+    RECUT,
+    SGLANG_TOKENS_PER_ID,
+    TURNS,
+    Consumer,
+)
 
 
 @dataclass(frozen=True)
 class Exported:
-    jsonl: bytes
+    data: bytes | memoryview  # libCacheSim's records: their own memory
     rows: int
     follow_up_turns: int  # rows sent after a previous turn's response, with a delay
     without_response_end: int  # of those, delays that are arrival gaps (no response end logged)
@@ -31,6 +43,8 @@ class Exported:
 
 
 def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
+    if consumer.form in (AGENTIC, CONVERSATIONS, BLOCK_REQUESTS):
+        return _structure(trace, consumer, block_size)
     order = np.argsort(trace.timestamp, kind="stable")  # replayers read files in order
     offsets, ids = trace.offsets, trace.ids.astype(np.int64)
     input_length = trace.input_length
@@ -51,7 +65,7 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
     lines = []
     for row in order.tolist():
         record = {
-            TIMESTAMP_FIELD: _number(trace.timestamp[row]),
+            TIMESTAMP_FIELD: json_number(trace.timestamp[row]),
             INPUT_LENGTH_FIELD: int(input_length[row]),
             OUTPUT_LENGTH_FIELD: int(trace.output_length[row]),
             HASH_IDS_FIELD: ids[offsets[row] : offsets[row + 1]].tolist(),
@@ -73,15 +87,23 @@ def export(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
     )
 
 
+def _structure(trace: Trace, consumer: Consumer, block_size: int) -> Exported:
+    """The agent forms (each follow-up turn an edge to the previous one) and libCacheSim's
+    (blocks, no turns)."""
+    if consumer.form == BLOCK_REQUESTS:
+        return Exported(oracle_general(trace, block_size), len(trace), 0, 0, 0)
+    chain = turns(trace)
+    form = agentic_mooncake if consumer.form == AGENTIC else weka
+    follow = chain.previous[chain.previous != NO_TURN]
+    unknown = int(np.count_nonzero(trace.response_ends()[follow] == NO_RESPONSE_MS))
+    return Exported(form(trace, chain, block_size, MODEL), len(trace), len(follow), unknown, 0)
+
+
 def _waits(chain: Turns, starts: np.ndarray | None) -> np.ndarray:
     """Per row: whether it is sent a delay after its conversation's previous turn (a follow-up
     the delta form sends whole opens a conversation instead)."""
     waits = chain.previous != NO_TURN
     return waits if starts is None else waits & ~starts
-
-
-def _number(value: float) -> int | float:
-    return int(value) if float(value).is_integer() else float(value)
 
 
 def _conversation_names(trace: Trace, chain: Turns, starts: np.ndarray | None) -> list[str | None]:

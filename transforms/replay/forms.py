@@ -93,6 +93,11 @@ def deltas(trace: Trace, chain: Turns, block_size: int) -> Deltas:
     )
 
 
+def json_number(value: float) -> int | float:
+    """A time as JSON writes it: whole ms as integers (published traces hold only those)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
 def recut_blocks(trace: Trace, block_size: int, new_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, ids) for blocks of new_size tokens, new_size a multiple or a divisor of
     block_size. A new block is named by the old block holding its last token (and, cut finer,

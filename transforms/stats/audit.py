@@ -96,6 +96,7 @@ from kvtrace.transforms.write.manifest import (
     content_time,
     folder_content_time,
     public_tokenizer,
+    replay_contract,
 )
 from kvtrace.transforms.write.publish import sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
@@ -997,6 +998,14 @@ def _confirm_release(c: _Confirming) -> None:
         )
 
 
+def _confirm_replay_contract(c: _Confirming) -> None:
+    """ids and hit_rates: this release's vocabulary (write/manifest.replay_contract), the
+    same for every night it writes; the rows are held to the ids' width as they are read."""
+    expected = replay_contract()
+    if {key: c.manifest[key] for key in expected} != expected:
+        c.flag("ids or hit_rates are not what this release writes")
+
+
 def _confirm_files(c: _Confirming) -> None:
     """files and sha256: exactly the folder's files, each with its digest as read."""
     present = sorted(n for n in c.names if n != MANIFEST)
@@ -1255,6 +1264,11 @@ _ANY_PROVENANCE: dict[str, Confirmer] = {
     "granularity/timestamp_ms": Confirmer("--timestamp-granularity-ms", _confirm_settings),
     f"granularity/{OUTPUT_LENGTH_FIELD}": Confirmer("--length-granularity", _confirm_settings),
     MODEL_NAME: Confirmer("--model-name", _confirm_model_name),
+    **{
+        f"{key}/{name}": Confirmer(RELEASE, _confirm_replay_contract)
+        for key, values in replay_contract().items()
+        for name in values
+    },
 }
 _ID_MAP_FIELDS = ("id_map/block_ids_from", "id_map/sessions_from", "id_map/time_from_ms")
 # Every field a manifest of each provenance may hold (trace_format.MANIFEST_SCHEMAS), by path,

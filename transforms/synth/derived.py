@@ -23,6 +23,8 @@ from kvtrace.transforms.trace_format import (
     DERIVED_FROM,
     DERIVED_MANIFEST_SCHEMA,
     FORMAT,
+    GLOBAL_SCOPE,
+    IDS_FIELD,
     schema_problems,
     shard_name,
 )
@@ -110,6 +112,7 @@ def derived_manifest(rows: int, sha256: str, block_size: int, derivation: Deriva
         "records": {"exported": rows},
         "files": [DERIVED_SHARD],
         "sha256": {DERIVED_SHARD: sha256},
+        IDS_FIELD: {"scope": GLOBAL_SCOPE},  # numbered once across the trace
         DERIVED_FROM: {
             "command": derivation.command,
             "source_format": derivation.source_format,

@@ -19,6 +19,9 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.trace_format import (
+    HIT_RATE_DEFINITIONS,
+    HIT_RATES_FIELD,
+    IDS_FIELD,
     KNOWN_TEMPLATE_KWARGS,
     KWARG_DIGEST_PREFIX,
     MANIFEST,
@@ -26,6 +29,7 @@ from kvtrace.transforms.trace_format import (
     MODEL_NAME,
     MODEL_NAME_SCHEMA,
     PUBLISHED_TOKENIZERS,
+    REPLAY_IDS,
     canonical_json,
     parse_json,
     schema_problems,
@@ -178,6 +182,13 @@ def model_name_problems(name: str) -> list[str]:
     the work with the gate's own schema: a run never ends with a manifest its gate refuses."""
     schema = {"type": "object", "properties": {MODEL_NAME: MODEL_NAME_SCHEMA}}
     return schema_problems({MODEL_NAME: name}, schema)
+
+
+def replay_contract() -> dict[str, dict[str, Any]]:
+    """What a consumer must know to replay a night right beside its block size and hash scheme:
+    the ids' scope and width, and the definition each published hit rate follows
+    (trace_format's closed vocabulary; the same for every night of this release)."""
+    return {IDS_FIELD: dict(REPLAY_IDS), HIT_RATES_FIELD: dict(HIT_RATE_DEFINITIONS)}
 
 
 def public_model_name(name: str | None) -> dict[str, str]:

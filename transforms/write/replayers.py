@@ -12,6 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 WHOLE, TURNS, DELTAS, RECUT = "whole rows", "turns", "deltas", "re-cut blocks"
+# agent structure (transforms/replay/agentic.py): a dependency graph, conversation objects, and
+# every block as a cache request
+AGENTIC, CONVERSATIONS, BLOCK_REQUESTS = "agentic graph", "conversations", "block requests"
 # SGLang's bench_serving spells each hash id as its digits and 128 words ("hi"), about 128-134
 # tokens whatever the trace's block size: the ids are re-cut to that size.
 SGLANG_TOKENS_PER_ID = 128
@@ -28,6 +31,7 @@ class Consumer:
     # aiperf schedules a follow-up turn by its timestamp when it has one, by its delay only when
     # not (aiperf 0.13: timing/strategies/fixed_schedule.py): its follow-ups go without one
     follow_up_timestamps: bool = True
+    suffix: str = ".jsonl"  # of the file kvtrace export writes for it
 
 
 def _aiperf(path: str, block_size: int, rows: int) -> str:
@@ -61,17 +65,28 @@ def _sglang(path: str, block_size: int, rows: int) -> str:
     )
 
 
-def _dynamo(trace_format: str) -> Callable[[str, int, int], str]:
+def _dynamo(trace_format: str, agentic: bool = False) -> Callable[[str, int, int], str]:
     """Dynamo 1.6.1 moved its replay command line into aisimulate (not installable here); its
-    Python entry point is what runs here, and is tested."""
+    Python entry point is what runs here, and is tested. Its agentic formats replay for a
+    named target model."""
+    target = f", execution_model='{MODEL}'" if agentic else ""
 
     def command(path: str, block_size: int, rows: int) -> str:
         return (
             f'python -c "from dynamo.replay import run_trace_replay; print(run_trace_replay('
-            f"'{path}', trace_format='{trace_format}', trace_block_size={block_size}).summary)\""
+            f"'{path}', trace_format='{trace_format}', trace_block_size={block_size}{target})"
+            '.summary)"'
         )
 
     return command
+
+
+def _libcachesim(path: str, block_size: int, rows: int) -> str:
+    """Every object is a block of block_size bytes: the cache size is in tokens."""
+    return (
+        'python -c "import libcachesim as lcs; print(lcs.LRU(cache_size=CACHE_TOKENS)'
+        f".process_trace(lcs.TraceReader('{path}', lcs.TraceType.ORACLE_GENERAL_TRACE)))\""
+    )
 
 
 CONSUMERS = {
@@ -132,6 +147,33 @@ CONSUMERS = {
             "follow-up turns hold only what they add; Dynamo rebuilds each prompt from the "
             "previous prompt, its generated answer and the delta",
         ),
+        Consumer(
+            "dynamo-agentic",
+            "Dynamo 1.6.1 replay, agentic_mooncake format (v2)",
+            AGENTIC,
+            _dynamo("agentic_mooncake", agentic=True),
+            "each follow-up turn depends on the previous one's completion, `delay_ms` after it "
+            "and not before its logged arrival; hash ids shared across conversations",
+        ),
+        Consumer(
+            "weka",
+            "WEKA trace format: aiperf 0.13 weka_trace, Dynamo 1.6.1 weka",
+            CONVERSATIONS,
+            _dynamo("weka", agentic=True),
+            "one conversation per line, t in seconds, api_time and think_time where the "
+            "response end was logged; hash ids scoped per conversation (a block two share "
+            "replays as two); aiperf reads a folder "
+            "of one-conversation .json files (split -l 1 --additional-suffix=.json)",
+        ),
+        Consumer(
+            "libcachesim",
+            "libCacheSim oracleGeneral binary trace (libcachesim 0.3.5)",
+            BLOCK_REQUESTS,
+            _libcachesim,
+            "24-byte records: second, block id, size (block_size), next use; a cache size "
+            "in tokens; set CACHE_TOKENS",
+            suffix=".oracleGeneral.bin",
+        ),
     )
 }
 
@@ -151,7 +193,7 @@ def replay_commands(
             path = jsonl[0] if folder == "." else f"{folder.rstrip('/')}/{jsonl[0]}"
             commands[consumer.name] = consumer.command(path, block_size, rows)
         else:
-            exported = f"{beside}.{consumer.name}.jsonl"
+            exported = f"{beside}.{consumer.name}{consumer.suffix}"
             commands[consumer.name] = (
                 f"kvtrace export {folder} --to {consumer.name} -o "
                 f"{exported} && " + consumer.command(exported, block_size, rows)

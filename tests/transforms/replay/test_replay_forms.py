@@ -62,7 +62,7 @@ def test_deltas_hold_what_a_turn_adds_and_restart_a_turn_that_adds_nothing(tmp_p
 
 def test_the_delta_export_names_a_restarted_conversation_apart(tmp_path):
     exported = export(trace_of(tmp_path, CHAT), CONSUMERS["dynamo-delta"], 4)
-    rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
+    rows = [json.loads(line) for line in exported.data.decode().splitlines()]
     assert [(r.get("session_id"), r.get("delay")) for r in rows] == [
         ("7", None),
         (None, None),
@@ -78,7 +78,7 @@ def test_the_delta_export_names_a_restarted_conversation_apart(tmp_path):
 
 def test_the_turns_export_keeps_whole_prompts_and_counts_unknown_ends(tmp_path):
     exported = export(trace_of(tmp_path, CHAT), CONSUMERS["dynamo"], 4)
-    rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
+    rows = [json.loads(line) for line in exported.data.decode().splitlines()]
     assert [r["input_length"] for r in rows] == [8, 5, 16, 6]
     assert [r.get("delay") for r in rows] == [None, None, 700, 4_000]
     assert exported.without_response_end == 1  # turn 3's previous turn logged no end
@@ -160,7 +160,7 @@ def test_vllm_reads_the_rows_at_the_block_size_in_seconds(tmp_path):
     multiplies timestamps by the sec multiplier; it reads --num-prompts rows (1,000 by default)
     of one file, in order."""
     exported = export(trace_of(tmp_path, CHAT), CONSUMERS["vllm"], 4)
-    rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
+    rows = [json.loads(line) for line in exported.data.decode().splitlines()]
     for r in rows:  # the prompt TimedTrace builds is min(chunk, what is left) per id
         built, left = 0, r["input_length"]
         for _ in r["hash_ids"]:
@@ -178,7 +178,7 @@ def test_sglang_gets_an_id_per_128_tokens(tmp_path):
     input_length: a row's prompt is ~128 tokens per id, so ids are re-cut to 128 tokens."""
     rows = [row(0, 1000, 5, list(range(63))), row(1, 300, 5, list(range(19)))]
     exported = export(trace_of(tmp_path, rows), CONSUMERS["sglang"], 16)
-    out = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
+    out = [json.loads(line) for line in exported.data.decode().splitlines()]
     assert [len(r["hash_ids"]) for r in out] == [
         math.ceil(1000 / SGLANG_TOKENS_PER_ID),
         math.ceil(300 / SGLANG_TOKENS_PER_ID),
@@ -197,7 +197,7 @@ def test_the_manifest_commands_run_inside_the_folder_and_export_beside_it():
 def test_aiperf_follow_ups_carry_no_timestamp_so_it_waits_their_delay(tmp_path):
     """aiperf 0.13's fixed schedule sends a follow-up at its timestamp when it has one."""
     exported = export(trace_of(tmp_path, CHAT), CONSUMERS["aiperf-sessions"], 4)
-    rows = [json.loads(line) for line in exported.jsonl.decode().splitlines()]
+    rows = [json.loads(line) for line in exported.data.decode().splitlines()]
     assert [("timestamp" in r, r.get("delay")) for r in rows] == [
         (True, None),
         (True, None),
@@ -210,4 +210,4 @@ def test_aiperf_follow_ups_carry_no_timestamp_so_it_waits_their_delay(tmp_path):
 def test_a_trace_without_conversations_exports_its_rows_as_they_are(tmp_path, to):
     rows = [row(0, 8, 2, [0, 1]), row(5, 12, 2, [0, 1, 2])]
     exported = export(trace_of(tmp_path, rows), CONSUMERS[to], 4)
-    assert [json.loads(line) for line in exported.jsonl.decode().splitlines()] == rows
+    assert [json.loads(line) for line in exported.data.decode().splitlines()] == rows

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.trace_format import MANIFEST_SCHEMA, schema_problems, shard_name
-from kvtrace.transforms.write.replayers import CONSUMERS, RECUT, WHOLE, replay_commands
+from kvtrace.transforms.write.replayers import (
+    BLOCK_REQUESTS,
+    CONSUMERS,
+    RECUT,
+    WHOLE,
+    replay_commands,
+)
 
 ONE = [shard_name(0, 1, ".jsonl"), shard_name(0, 1, ".parquet"), "stats.json"]
 TWO = [shard_name(i, 2, suffix) for i in range(2) for suffix in (".jsonl", ".parquet")]
@@ -28,7 +34,9 @@ def test_a_single_shard_is_replayed_as_published_by_the_replayers_that_read_it_w
 def test_several_shards_go_through_export_for_every_replayer():
     commands = replay_commands(64, 10, TWO)
     assert all(
-        c.startswith(f"kvtrace export . --to {name} -o ../kvtrace.{name}.jsonl && ")
+        c.startswith(
+            f"kvtrace export . --to {name} -o ../kvtrace.{name}{CONSUMERS[name].suffix} && "
+        )
         for name, c in commands.items()
     )
 
@@ -39,15 +47,17 @@ def test_an_exported_file_is_written_beside_the_folder_never_into_it(folder):
         words = shlex.split(command.split(" && ")[0])
         written = words[words.index("-o") + 1]
         assert not written.startswith(folder.rstrip("/") + "/"), written
-        assert words[2] == folder and written == f"{folder.rstrip('/')}.{name}.jsonl"
+        suffix = CONSUMERS[name].suffix
+        assert words[2] == folder and written == f"{folder.rstrip('/')}.{name}{suffix}"
 
 
 def test_every_replayer_is_given_the_block_size_it_must_replay_at():
     """A replayer left at its own block size replays every prompt at the wrong length; SGLang
-    is the exception: its ids are re-cut to its own size by export."""
+    is the exception: its ids are re-cut to its own size by export; and libCacheSim, whose
+    records each carry their block's size."""
     commands = replay_commands(4321, 10, ONE)
     for name, consumer in CONSUMERS.items():
-        assert ("4321" in commands[name]) == (consumer.form != RECUT), name
+        assert ("4321" in commands[name]) == (consumer.form not in (RECUT, BLOCK_REQUESTS)), name
 
 
 @settings(max_examples=40, deadline=None)
