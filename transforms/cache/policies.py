@@ -53,15 +53,30 @@ def hit_rates(
     is called as capacity i finishes."""
     first_row = math.floor(warmup_fraction * trace.rows)
     total = int(trace.tokens[trace.row_starts[first_row] :].sum())
+    return [
+        int(hits[first_row:].sum()) / total if total else 0.0
+        for hits in row_hits(trace, policy, capacities, done)
+    ]
+
+
+def row_hits(
+    trace: CacheTrace,
+    policy: str,
+    capacities: Sequence[int],
+    done: Callable[[int], None] | None = None,
+) -> list[np.ndarray]:
+    """Each row's hit tokens (causal order) under the policy at each capacity (tokens), the
+    capacities replayed as hit_rates says."""
     parent = _parents(trace.block, trace.row_starts, trace.distinct_blocks)
     next_use = _next_uses(trace.block) if policy == "belady" else np.empty(0, dtype=np.int32)
 
-    def replay(index: int) -> float:
+    def replay(index: int) -> np.ndarray:
         pages = capacities[index] // trace.block_size
         # Stale heap entries pile up as blocks are re-keyed; they are dropped whenever the heap
         # is full, which leaves at most one per cached block (<= pages): memory follows pages.
         room = 2 * min(pages, trace.distinct_blocks) + HEAP_SLACK
-        hits = _replay(
+        hits = np.zeros(trace.rows, dtype=np.int64)
+        _replay(
             trace.block,
             trace.tokens,
             trace.row_starts,
@@ -70,12 +85,12 @@ def hit_rates(
             trace.distinct_blocks,
             pages,
             POLICIES.index(policy),
-            first_row,
             room,
+            hits,
         )
         if done:
             done(index)
-        return hits / total if total else 0.0
+        return hits
 
     with ThreadPoolExecutor(max_workers=min(len(capacities), os.cpu_count() or 1) or 1) as pool:
         return list(pool.map(replay, range(len(capacities))))
@@ -166,21 +181,21 @@ def _without_stale(keys, values, size, cached, key_now, cached_children, policy)
 
 @numba.njit(cache=True, nogil=True)
 def _replay(
-    block, tokens, row_starts, parent, next_use, distinct, pages, policy, first_measured_row, room
-) -> int:
+    block, tokens, row_starts, parent, next_use, distinct, pages, policy, room, hits
+) -> None:
+    """Replay every row, adding each row's hit tokens to hits[row]."""
     cached = np.zeros(distinct, dtype=np.bool_)
     key_now = np.zeros(distinct, dtype=np.int64)  # the block's current eviction key
     cached_children = np.zeros(distinct, dtype=np.int32)
     touched_in_row = np.full(distinct, -1, dtype=np.int32)
     keys = np.empty(room, dtype=np.int64)
     values = np.empty(room, dtype=np.int32)
-    size, used, hits, now = 0, 0, 0, 0
+    size, used, now = 0, 0, 0
     for row in range(len(row_starts) - 1):
         start, end = row_starts[row], row_starts[row + 1]
         i = start
         while i < end and cached[block[i]]:
-            if row >= first_measured_row:
-                hits += tokens[i]
+            hits[row] += tokens[i]
             i += 1
         for i in range(start, end):
             b = block[i]
@@ -237,4 +252,3 @@ def _replay(
             if size == len(keys):
                 size = _without_stale(keys, values, size, cached, key_now, cached_children, policy)
             size = _push(keys, values, size, key, b)
-    return hits
