@@ -203,3 +203,78 @@ def test_guidellm_parses_the_printed_data_option_to_our_block_size_and_unit(vari
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout) == [64, 0.001, "trace.jsonl"]
+
+
+def shared_prefix_trace(path: Path, requests: int = 400, seed: int = 1) -> Path:
+    """Whole-block requests, each extending an earlier one's prefix or new, 200 ms apart, one
+    output token (the mocker caches what it decodes too: one token never fills a block)."""
+    import random
+
+    chooser, rows, fresh = random.Random(seed), [], 0
+    for index in range(requests):
+        ids: list[int] = []
+        if rows and chooser.random() < 0.7:
+            earlier = chooser.choice(rows)["hash_ids"]
+            ids = earlier[: chooser.randint(1, len(earlier))]
+        extra = chooser.randint(1, 6)
+        ids, fresh = [*ids, *range(fresh, fresh + extra)], fresh + extra
+        rows.append(
+            {
+                "timestamp": 200 * index,
+                "input_length": 16 * len(ids),
+                "output_length": 1,
+                "hash_ids": ids,
+            }
+        )
+    return write_jsonl(path, rows)
+
+
+@pytest.mark.parametrize("gpu_blocks", [100, 200])
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_cached_tokens.py")]
+)
+def test_calibration_recovers_the_dynamo_mockers_capacity_and_hit_rate(
+    variable, script, gpu_blocks, tmp_path, capsys
+):
+    """Logs an engine's cache manager produced: Dynamo's mocker replays the trace with a cache of
+    gpu_blocks blocks and logs each request's cached tokens as an OpenAI response's usage; read
+    by kvtrace's own record reader, then calibrated against the trace: the lru capacity within
+    10% of the mocker's and the simulated hit rate within 1 point of the measured one."""
+    from kvtrace.transforms.read.measured import measured_line
+    from kvtrace.transforms.read.records import parse_record
+
+    trace_file = shared_prefix_trace(tmp_path / "trace.jsonl")
+    logs = tmp_path / "logs.jsonl"
+    result = subprocess.run(
+        [
+            os.environ[variable],
+            str(CONSUMERS / script),
+            str(trace_file),
+            "16",
+            str(gpu_blocks),
+            str(logs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    mocker = json.loads(result.stdout.strip().splitlines()[-1])
+    row_at = {
+        json.loads(line)["timestamp"]: i
+        for i, line in enumerate(trace_file.read_text().splitlines())
+    }
+    measured = tmp_path / "measured.jsonl"
+    with measured.open("wb") as out:
+        for line in logs.read_bytes().splitlines():
+            request = parse_record(line, "logs.jsonl")
+            out.write(measured_line(row_at[request.timestamp_ms], request.cached_tokens))
+    report = tmp_path / "fit.json"
+    args = ["calibrate", str(trace_file), "--block-size", "16", "--measured", str(measured)]
+    assert main([*args, "--json", str(report)]) == 0
+    fitted = json.loads(report.read_text())
+    assert fitted["measured"]["hit_rate"] == pytest.approx(mocker["reused_ratio"])
+    lru = fitted["policies"]["lru"]
+    assert lru["verdict"] is None, lru
+    assert abs(lru["capacity_tokens"] - 16 * gpu_blocks) <= 0.1 * 16 * gpu_blocks, lru
+    assert abs(lru["hit_rate_difference"]) <= 0.01, lru
