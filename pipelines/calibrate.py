@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvtrace.transforms.cache import plots
 from kvtrace.transforms.cache.cache_trace import causal_rows, read_cache_trace
 from kvtrace.transforms.cache.calibrate import (
@@ -59,7 +61,8 @@ def run_calibrate(
     """The report (JSON-ready); the plot written once accept (rows, problems) has passed."""
     trace, cache = read_cache_trace(config.inputs, config.block_size)
     problems = row_problems(trace, config.block_size)
-    measured = read_measured(config.measured, len(trace))[causal_rows(trace)]
+    shard_rows = np.bincount(trace.file_index, minlength=len(trace.files))
+    measured = read_measured(config.measured, shard_rows.tolist())[causal_rows(trace)]
     del trace
     started = time.perf_counter()
     distances = stack_distances(cache)

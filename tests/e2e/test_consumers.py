@@ -234,15 +234,13 @@ def shared_prefix_trace(path: Path, requests: int = 400, seed: int = 1) -> Path:
     "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_cached_tokens.py")]
 )
 def test_calibration_recovers_the_dynamo_mockers_capacity_and_hit_rate(
-    variable, script, gpu_blocks, tmp_path, capsys
+    variable, script, gpu_blocks, deepseek_tokenizer, tmp_path
 ):
-    """Logs an engine's cache manager produced: Dynamo's mocker replays the trace with a cache of
-    gpu_blocks blocks and logs each request's cached tokens as an OpenAI response's usage; read
-    by kvtrace's own record reader, then calibrated against the trace: the lru capacity within
-    10% of the mocker's and the simulated hit rate within 1 point of the measured one."""
-    from kvtrace.transforms.read.measured import measured_line
-    from kvtrace.transforms.read.records import parse_record
-
+    """Logs an engine's cache manager produced: Dynamo's mocker replays a trace with a cache of
+    gpu_blocks blocks and logs each request as an OpenAI server's log (token ids, usage with
+    its cached tokens); anonymized, the counts go only to the run's private measured file and,
+    aggregated, to stats.json, which the gate accepts; calibrated against the trace, the lru
+    capacity is within 10% of the mocker's and the simulated hit rate within 1 point."""
     trace_file = shared_prefix_trace(tmp_path / "trace.jsonl")
     logs = tmp_path / "logs.jsonl"
     result = subprocess.run(
@@ -260,18 +258,17 @@ def test_calibration_recovers_the_dynamo_mockers_capacity_and_hit_rate(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     mocker = json.loads(result.stdout.strip().splitlines()[-1])
-    row_at = {
-        json.loads(line)["timestamp"]: i
-        for i, line in enumerate(trace_file.read_text().splitlines())
-    }
-    measured = tmp_path / "measured.jsonl"
-    with measured.open("wb") as out:
-        for line in logs.read_bytes().splitlines():
-            request = parse_record(line, "logs.jsonl")
-            out.write(measured_line(row_at[request.timestamp_ms], request.cached_tokens))
+    out = tmp_path / "out"
+    assert anonymize(deepseek_tokenizer, [logs], out, "--block-size", "16") == 0
+    assert "cached" not in (out / "trace-00000-of-00001.jsonl").read_text()
+    assert json.loads((out / "stats.json").read_text())["measured"]["hit_rate"] == pytest.approx(
+        mocker["reused_ratio"]
+    )
+    assert main(["audit", str(out), "--tokenizer", deepseek_tokenizer]) == 0
+    (measured,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
+    assert measured.stat().st_mode & 0o077 == 0  # owner-only
     report = tmp_path / "fit.json"
-    args = ["calibrate", str(trace_file), "--block-size", "16", "--measured", str(measured)]
-    assert main([*args, "--json", str(report)]) == 0
+    assert main(["calibrate", str(out), "--measured", str(measured), "--json", str(report)]) == 0
     fitted = json.loads(report.read_text())
     assert fitted["measured"]["hit_rate"] == pytest.approx(mocker["reused_ratio"])
     lru = fitted["policies"]["lru"]

@@ -35,6 +35,7 @@ from kvtrace.transforms.encode.segment_cache import (
 )
 from kvtrace.transforms.encode.tokenize import checked_tokenizer, render_chat
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.read.records import Request
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
 
@@ -81,6 +82,7 @@ def hash_request(
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
         response_ms=NO_RESPONSE_MS if request.response_ms is None else request.response_ms,
+        cached_tokens=NOT_MEASURED if request.cached_tokens is None else request.cached_tokens,
         output_block_hashes=b""
         if not output_data
         else _output_block_hashes(data, output_data, block_size, seed, scheme),
