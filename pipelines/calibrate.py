@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.cache import plots
-from kvtrace.transforms.cache.cache_trace import causal_rows, read_cache_trace
+from kvtrace.transforms.cache.cache_trace import CacheTrace, causal_rows, read_cache_trace
 from kvtrace.transforms.cache.calibrate import (
     Fit,
     Measured,
@@ -25,8 +25,9 @@ from kvtrace.transforms.cache.calibrate import (
     verdict,
 )
 from kvtrace.transforms.cache.policies import row_hits
-from kvtrace.transforms.cache.stack_distance import stack_distances
+from kvtrace.transforms.cache.stack_distance import StackDistances, stack_distances
 from kvtrace.transforms.read.measured import read_measured
+from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import row_problems
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
 from kvtrace.transforms.write.publish import file_output
@@ -61,11 +62,28 @@ def run_calibrate(
     """The report (JSON-ready); the plot written once accept (rows, problems) has passed."""
     trace, cache = read_cache_trace(config.inputs, config.block_size)
     problems = row_problems(trace, config.block_size)
-    shard_rows = np.bincount(trace.file_index, minlength=len(trace.files))
-    measured = read_measured(config.measured, shard_rows.tolist())[causal_rows(trace)]
+    measured = trace_measured(trace, config.measured)
     del trace
+    report, fits = calibration(cache, stack_distances(cache), measured, config)
+    accept(cache.rows, problems)
+    if config.plot:
+        with file_output(config.plot, overwrite=True) as output:
+            output.write(fits_png(fits, config.kv_bytes_per_token))
+    return {"rows": cache.rows, "problems": problems, **report}
+
+
+def trace_measured(trace: Trace, path: str) -> np.ndarray:
+    """The measured file's counts per row of the trace, in causal order (NOT_MEASURED where
+    none): its rows are keyed by trace shard, the trace's files in order."""
+    shard_rows = np.bincount(trace.file_index, minlength=len(trace.files))
+    return read_measured(path, shard_rows.tolist())[causal_rows(trace)]
+
+
+def calibration(
+    cache: CacheTrace, distances: StackDistances, measured: np.ndarray, config: CalibrateConfig
+) -> tuple[dict, dict[str, Fit]]:
+    """(the numbers, each policy's fit) of fitting each policy to the measured counts."""
     started = time.perf_counter()
-    distances = stack_distances(cache)
     summary = measured_summary(distances, measured)
     fits = {"lru": fit_lru(distances, measured)} if "lru" in config.policies else {}
     grid = [0, *distances.curve(config.grid_points)[0].tolist()]
@@ -74,23 +92,21 @@ def run_calibrate(
             hits = row_hits(cache, policy, grid)
             fits[policy] = fit_replays(policy, grid, hits, measured, summary.prompt_tokens)
     _LOG.info("calibrated %s in %.1f s", ", ".join(fits), time.perf_counter() - started)
-    accept(cache.rows, problems)
-    if config.plot:
-        png = plots.calibration_png(
-            {p: (f.curve_capacity_tokens, f.curve_mae_tokens) for p, f in fits.items()},
-            {p: f.capacity_tokens for p, f in fits.items()},
-            config.kv_bytes_per_token,
-        )
-        with file_output(config.plot, overwrite=True) as output:
-            output.write(png)
-    return {
+    report = {
         "block_size": config.block_size,
-        "rows": cache.rows,
-        "problems": problems,
         "measured": _measured_report(summary),
         "policies": {p: _fit_report(f, summary, config.block_size) for p, f in fits.items()},
         "definitions": DEFINITIONS,
     }
+    return report, fits
+
+
+def fits_png(fits: dict[str, Fit], kv_bytes_per_token: int | None) -> bytes:
+    return plots.calibration_png(
+        {p: (f.curve_capacity_tokens, f.curve_mae_tokens) for p, f in fits.items()},
+        {p: f.capacity_tokens for p, f in fits.items()},
+        kv_bytes_per_token,
+    )
 
 
 def _measured_report(summary: Measured) -> dict:

@@ -133,6 +133,12 @@ def add_parsers(commands: Any) -> None:
         "log-spaced over the trace's own reuse distances)",
         tier2="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)",
     )
+    add(
+        "--measured",
+        metavar="FILE",
+        help="the run's private measured file (OUT-rejected/measured-RUNID.jsonl): adds the "
+        "engine's measured hit rate beside the trace's ceiling and simulated ones, calibrated",
+    )
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
     calibrate = commands.add_parser(
@@ -351,7 +357,11 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     policies, per_token = _cache_sizing(args)
     gpu = _gpu_kv_cache_size(args, per_token)
     files, block_size = trace_inputs(args)
-    plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
+    plan_trace_command(
+        args,
+        [*files, *([args.measured] if args.measured else [])],
+        Location("--output", args.output, overwrite=args.overwrite),
+    )
     run_report(
         ReportConfig(
             files,
@@ -368,6 +378,7 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             per_token,
             args.overwrite,
             args.model,
+            args.measured,
         ),
         lambda rows, problems: require_rows(rows, problems, files),  # before the page is written
     )

@@ -68,6 +68,14 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
         main(["calibrate", str(out), "--measured", str(measured), "--json", str(calibrated)]) == 0
     )
     assert json.loads(calibrated.read_text())["measured"]["requests"] == 9
+    # analyze and the report put it beside the trace's ceiling and simulated rates
+    capsys.readouterr()
+    assert main(["analyze", str(out), "--measured", str(measured)]) == 0
+    said = capsys.readouterr().out
+    assert "measured by the engine:" in said and "infinite cache:" in said
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--measured", str(measured), "-o", str(page)]) == 0
+    assert "Measured against simulated" in page.read_text()
 
 
 @pytest.mark.parametrize(

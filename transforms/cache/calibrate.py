@@ -125,6 +125,15 @@ def fit_lru(distances: StackDistances, measured: np.ndarray) -> Fit:
     )
 
 
+def lru_hit_rate(distances: StackDistances, measured: np.ndarray, capacity_tokens: int) -> float:
+    """`lru`'s token-weighted hit rate at a capacity over the requests that carried a count."""
+    per_block = measured[_row_of_block(distances)] != NOT_MEASURED
+    pages = capacity_tokens // distances.block_size
+    prompt = distances.tokens[per_block].sum()
+    hit = per_block & (distances.prefix_max <= pages)
+    return float(distances.tokens[hit].sum() / prompt) if prompt else 0.0
+
+
 def fit_replays(
     policy: str,
     capacities: Sequence[int],
