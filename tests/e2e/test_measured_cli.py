@@ -106,3 +106,22 @@ def test_both_engines_write_the_same_measured_file(tiny_tokenizer, tmp_path):
     beam, beam_measured = run(tiny_tokenizer, tmp_path, "beam", "--engine", "beam")
     assert local_measured.read_bytes() == beam_measured.read_bytes()
     assert (local / "stats.json").read_bytes() == (beam / "stats.json").read_bytes()
+
+
+def test_requests_alike_in_all_they_publish_keep_one_order_of_their_counts(
+    tiny_tokenizer, tmp_path
+):
+    same = {"timestamp": 0, "messages": [USER], "output_length": 3}
+    records = [{**same, "num_cached_tokens": n} for n in (8, 0, 4)]
+    written = []
+    for name, order in (("a", records), ("b", records[::-1])):
+        folder = tmp_path / name
+        folder.mkdir()
+        write_jsonl(folder / "logs.jsonl", order)
+        (tmp_path / "salt").write_text(SALT)
+        out = tmp_path / f"out-{name}"
+        flags = ["--block-size", "4", "--salt-file", str(tmp_path / "salt")]
+        assert anonymize(tiny_tokenizer, [folder / "logs.jsonl"], out, *flags) == 0
+        (measured,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
+        written.append(measured.read_bytes())
+    assert written[0] == written[1]

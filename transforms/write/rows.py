@@ -86,6 +86,8 @@ class RowBatch:
                 r["session_id"],
                 r["response_ms"],
                 r["ids_digest"],
+                # Last: rows alike in all they publish keep one order for their private counts.
+                r["cached_tokens"],
             )
         )
 
