@@ -146,11 +146,12 @@ def add_parsers(commands: Any) -> None:
         help="the cache capacity, per policy, that explains the engine's measured cached tokens",
         description=(
             "Fit the trace's simulated per-request hits to the cached tokens the serving engine "
-            "reported (the private file anonymize --measured-out writes): per policy, the "
+            "reported (the run's private measured file, beside its dead letters): per policy, the "
             "capacity of least mean absolute error per request, the error, the hit rates "
             "measured and simulated, and plainly when no capacity explains the logs."
         ),
-        epilog="example: kvtrace calibrate night --measured night.measured.jsonl -o fit.png",
+        epilog="example: kvtrace calibrate night --measured night-rejected/measured-RUNID.jsonl "
+        "-o fit.png",
     )
     add = calibrate.add_argument
     add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
@@ -159,8 +160,8 @@ def add_parsers(commands: Any) -> None:
         "--measured",
         required=True,
         metavar="FILE",
-        help='per published row, the cached tokens its log reported: {"row": R, '
-        '"cached_tokens": N} a line (private: never publish it)',
+        help="the run's measured file, OUT-rejected/measured-RUNID.jsonl: each row's cached "
+        "tokens as its log reported them (private: never publish it)",
     )
     add(
         "--policy",

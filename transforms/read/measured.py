@@ -53,7 +53,11 @@ def read_measured(path: str, shard_rows: Sequence[int]) -> np.ndarray:
     NOT_MEASURED; raises ConfigError naming the line of anything else."""
     offsets = np.concatenate(([0], np.cumsum(shard_rows, dtype=np.int64)))
     measured = np.full(int(offsets[-1]), NOT_MEASURED, dtype=np.int64)
-    with open_read(path) as stream:
+    try:
+        stream = open_read(path)
+    except OSError as err:
+        raise ConfigError(f"--measured {path}: {err.strerror or err}") from None
+    with stream:
         for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), 1):
             where = f"--measured {path} line {number}"
             shard, row, tokens = _entry(line, where)

@@ -39,3 +39,8 @@ def test_anything_else_is_refused_naming_its_line(tmp_path, text, said):
     with pytest.raises(ConfigError, match=said) as refused:
         read_measured(str(path), [3])
     assert "line" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_missing_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="No such file"):
+        read_measured(str(tmp_path / "none.jsonl"), [1])
