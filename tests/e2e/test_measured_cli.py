@@ -32,6 +32,8 @@ def logs(folder: Path) -> Path:
         for i in range(10)
     ]
     records.append({"timestamp": 20_000, "input_ids": list(range(20)), "num_cached_tokens": 16})
+    # more than its prompt: the whole prompt (no engine caches more)
+    records.append({"timestamp": 20_500, "input_ids": list(range(6)), "num_cached_tokens": 99})
     records.append({"timestamp": 21_000, "prompt": "x", "num_cached_tokens": "16"})  # wrong type
     folder.mkdir()
     return write_jsonl(folder / "logs.jsonl", records)
@@ -50,13 +52,13 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     logs(tmp_path / "in")
     out, measured = run(tiny_tokenizer, tmp_path, "out")
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["measured"]["requests"] == 9 and stats["measured"]["cached_tokens"] == 64
+    assert stats["measured"]["requests"] == 10 and stats["measured"]["cached_tokens"] == 70
     assert "measured" in stats["definitions"]
     assert re.fullmatch(r"measured-[0-9a-f]{12}\.jsonl", measured.name)
     assert measured.stat().st_mode & 0o077 == 0
     rows = [json.loads(line) for line in measured.read_text().splitlines()]
     counts = sorted(r["cached_tokens"] for r in rows)
-    assert counts == [0, 0, 4, 4, 8, 8, 12, 12, 16]
+    assert counts == [0, 0, 4, 4, 6, 8, 8, 12, 12, 16]
     for published in out.iterdir():  # no per-row count in any published file
         assert b"cached" not in published.read_bytes() or published.name == "stats.json"
     (letters,) = Path(f"{out}-rejected").glob("rejected-*.jsonl")
@@ -67,7 +69,7 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     assert (
         main(["calibrate", str(out), "--measured", str(measured), "--json", str(calibrated)]) == 0
     )
-    assert json.loads(calibrated.read_text())["measured"]["requests"] == 9
+    assert json.loads(calibrated.read_text())["measured"]["requests"] == 10
     # analyze and the report put it beside the trace's ceiling and simulated rates
     capsys.readouterr()
     assert main(["analyze", str(out), "--measured", str(measured)]) == 0
