@@ -229,7 +229,7 @@ def shared_prefix_trace(path: Path, requests: int = 400, seed: int = 1) -> Path:
     return write_jsonl(path, rows)
 
 
-@pytest.mark.parametrize("gpu_blocks", [100, 200])
+@pytest.mark.parametrize("gpu_blocks", [50, 100, 200, 400])
 @pytest.mark.parametrize(
     "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_cached_tokens.py")]
 )
