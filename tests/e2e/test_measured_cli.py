@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,24 +81,48 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     assert "Measured against simulated" in page.read_text()
 
 
+@pytest.fixture(scope="module")
+def published(tiny_tokenizer, tmp_path_factory) -> Path:
+    """One run's output, for the tests that alter a copy of it."""
+    tmp = tmp_path_factory.mktemp("measured")
+    logs(tmp / "in")
+    return run(tiny_tokenizer, tmp, "out")[0]
+
+
 @pytest.mark.parametrize(
-    "change",
+    "change, publishable",
     [
-        lambda m: m.update(hit_rate=0.5),
-        lambda m: m.update(requests=10**6),
-        lambda m: m.update(note="x"),
-        lambda m: m.update(cached_tokens=m["input_tokens"] + 1),
+        (lambda m: None, True),  # as written: the control
+        (lambda m: m.update(hit_rate=0.5), False),
+        (lambda m: m.update(requests=10**6), False),
+        (lambda m: m.update(note="x"), False),
+        (lambda m: m.update(cached_tokens=m["input_tokens"] + 1), False),
+        (lambda m: m.update(requests=1.0), False),
     ],
 )
-def test_the_gate_refuses_a_measured_aggregate_kvtrace_would_not_write(
-    tiny_tokenizer, tmp_path, change
+def test_the_gate_passes_only_the_measured_aggregate_kvtrace_writes(
+    tiny_tokenizer, published, tmp_path, change, publishable
 ):
-    logs(tmp_path / "in")
-    out, _ = run(tiny_tokenizer, tmp_path, "out")
+    """stats.json rewritten as kvtrace writes JSON, the manifest's digest of it updated: only
+    the aggregate the writer's own function rebuilds from its three counts passes."""
+    from kvtrace.transforms.stats import audit as gate
+    from kvtrace.transforms.trace_format import canonical_json
+    from kvtrace.transforms.write.manifest import set_content_times
+    from kvtrace.transforms.write.publish import sha256_of
+
+    out = tmp_path / "out"
+    shutil.copytree(published, out)
     stats = json.loads((out / "stats.json").read_text())
     change(stats["measured"])
-    (out / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
-    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) != 0
+    (out / "stats.json").write_bytes(canonical_json(stats))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["sha256"]["stats.json"] = sha256_of((out / "stats.json").read_bytes())
+    (out / "manifest.json").write_bytes(canonical_json(manifest))
+    set_content_times(str(out))
+    report = gate.audit(str(out), tiny_tokenizer)
+    assert report["publishable"] == publishable, report["flags"]
+    if not publishable:
+        assert any("stats.json holds more, or other" in flag for flag in report["flags"])
 
 
 @pytest.mark.slow  # Beam: .ci/run runs the slow set
