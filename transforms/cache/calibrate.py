@@ -52,7 +52,6 @@ class Measured:
     """What the engine measured, over the requests that carried a count."""
 
     requests: int  # requests that carried a count
-    rows: int  # rows of the trace
     cached_tokens: int
     prompt_tokens: int  # of the requests that carried a count
     above_ceiling: int  # requests that cached more than an unbounded cache could
@@ -76,7 +75,6 @@ def measured_summary(distances: StackDistances, measured: np.ndarray) -> Measure
     nonzero = measured[carried & (measured > 0)]
     return Measured(
         requests=int(carried.sum()),
-        rows=len(measured),
         cached_tokens=int(measured[carried].sum()),
         prompt_tokens=int(prompt[carried].sum()),
         above_ceiling=int((measured[carried] > ceiling[carried]).sum()),
