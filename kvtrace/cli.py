@@ -40,6 +40,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
     "reuse": cache.reuse,
     "simulate": cache.simulate,
     "report": cache.report,
+    "calibrate": cache.calibrate,
     "synthesize": synthesize.run,
     "validate": check.validate,
     "audit": check.audit,

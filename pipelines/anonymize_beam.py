@@ -396,6 +396,7 @@ class WriteShards(beam.PTransform):
                     config.staging,
                     config.coarsening,
                     block_hashes_staging(config.block_hashes, config.staging),
+                    config.dead_letter,
                 ),
                 self._plan,
                 self._origin,

@@ -371,6 +371,7 @@ def write_shards(
             origin,
             config.coarsening,
             block_hashes_staging(config.block_hashes, config.staging),
+            config.dead_letter,  # the letters' staging: private, published with the run
         )
     ]
 

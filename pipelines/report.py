@@ -20,14 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtrace.pipelines.calibrate import CalibrateConfig, calibration, fits_png, trace_measured
 from kvtrace.pipelines.simulate import DEFINITIONS, policy_curve, two_tier_grid
 from kvtrace.transforms.cache import plots
 from kvtrace.transforms.cache.cache_trace import CacheTrace, read_cache_trace
+from kvtrace.transforms.cache.calibrate import lru_hit_rate
 from kvtrace.transforms.cache.capacity import Capacity, capacity_text, default_gpu_kv_cache, percent
-from kvtrace.transforms.cache.policy_names import POLICIES
+from kvtrace.transforms.cache.policy_names import CALIBRATED_POLICIES, POLICIES
 from kvtrace.transforms.cache.reuse import ccdf_at, ccdf_curve, reuse_events, reuse_time_histogram
 from kvtrace.transforms.cache.sessions import session_report
-from kvtrace.transforms.cache.stack_distance import COLD, stack_distances
+from kvtrace.transforms.cache.stack_distance import COLD, StackDistances, stack_distances
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, PublishedFolder, pin_of
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import analyze
@@ -56,6 +58,7 @@ class ReportConfig:
     kv_bytes_per_token: int | None = None
     overwrite: bool = False
     model: str | None = None  # the --model preset sizing it; the manifest's model_name first
+    measured: str | None = None  # the run's private measured file: measured against simulated
 
 
 def run_report(config: ReportConfig, accept: Callable[[int, dict], None]) -> dict:
@@ -127,7 +130,10 @@ def _numbers_and_page(
         "gpu_lru_hit_rate": at_gpu_lru,
         "with_tier2": _smallest_best_tier(grid, gpu),
     }
+    if config.measured:
+        numbers_measured, images["calibration"] = _measured(config, trace, cache, distances, gpu)
     numbers = {
+        **({"measured": numbers_measured} if config.measured else {}),
         "title": _title(config, cache.timestamp_ms),
         "headline": headline,
         "analyze": stats,
@@ -138,6 +144,60 @@ def _numbers_and_page(
         "two_tier": grid,
     }
     return numbers, page(config, stats, numbers, images)
+
+
+def _measured(
+    config: ReportConfig, trace: Trace, cache: CacheTrace, distances: StackDistances, gpu: int
+) -> tuple[dict, bytes]:
+    """The engine's measured hit rate beside the trace's ceiling and lru at the GPU cache and
+    at the capacity that explains the measured counts best (calibrate's numbers and plot)."""
+    measured = trace_measured(trace, config.measured or "")
+    policies = tuple(p for p in config.policies if p in CALIBRATED_POLICIES)
+    calibrate = CalibrateConfig(
+        config.inputs, config.measured or "", config.block_size, policies or ("lru",)
+    )
+    report, fits = calibration(cache, distances, measured, calibrate)
+    report["lru_at_gpu_kv_cache_size"] = lru_hit_rate(distances, measured, gpu)
+    return report, fits_png(fits, config.kv_bytes_per_token)
+
+
+def _measured_section(config: ReportConfig, numbers: dict, images: dict[str, bytes]) -> str:
+    if "measured" not in numbers:
+        return ""
+    per_token = config.kv_bytes_per_token
+    report = numbers["measured"]
+    measured = report["measured"]
+    rows = [
+        ("measured by the engine", measured["hit_rate"], "its responses' cached tokens"),
+        ("infinite cache (this trace's ceiling)", measured["infinite_cache_hit_rate"], ""),
+        (
+            f"lru at the GPU cache, {capacity_text(numbers['gpu_kv_cache_size'], per_token)}",
+            report["lru_at_gpu_kv_cache_size"],
+            "",
+        ),
+    ]
+    for policy, fit in report["policies"].items():
+        note = f"mean error {fit['mae_tokens']:,.1f} tokens per request" + (
+            f"; {fit['verdict']}" if fit["verdict"] else ""
+        )
+        rows.append(
+            (
+                f"{policy} at its best capacity, "
+                f"{capacity_text(fit['capacity_tokens'], per_token)}",
+                fit["simulated_hit_rate"],
+                note,
+            )
+        )
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{percent(value)}</td><td>{html.escape(note)}</td></tr>"
+        for name, value, note in rows
+    )
+    return f"""<h2>Measured against simulated</h2>
+<p>Over the {measured["requests"]:,} requests whose logs carried the engine's cached tokens
+(token-weighted; kvtrace calibrate fits the capacity).</p>
+<table><tr><th>hit rate</th><th>value</th><th>note</th></tr>{body}</table>
+{_image(images["calibration"], "calibration error by capacity")}
+"""
 
 
 def _capacities(prefix_max: np.ndarray, block_size: int, points: int) -> tuple[Capacity, ...]:
@@ -377,7 +437,7 @@ h2 {{ border-bottom: 1px solid #ddd; margin-top: 2em; }}
 (the longest cached prefix of each request), in %; capacities in
 {"GiB" if per_token else "tokens (give --model for GiB)"}.</p>
 {_headline(config, numbers)}
-<h2>Input and output lengths</h2>{_image(images["lengths"], "ISL and OSL histograms")}
+{_measured_section(config, numbers, images)}<h2>Input and output lengths</h2>{_image(images["lengths"], "ISL and OSL histograms")}
 <h2>Request rate</h2>{_image(images["rate"], "requests per minute")}
 <h2>Hit rates: the definitions side by side (infinite cache)</h2>
 <table><tr><th>hit rate</th><th>value</th><th>definition</th></tr>{rate_rows}</table>

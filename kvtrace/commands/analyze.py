@@ -58,6 +58,12 @@ def add_parser(commands: Any) -> None:
         metavar="F",
         help="rows counted only after this share of rows has filled the cache (default 0.5)",
     )
+    add(
+        "--measured",
+        metavar="FILE",
+        help="the run's private measured file (OUT-rejected/measured-RUNID.jsonl): the engine's "
+        "measured hit rate beside the trace's ceiling and lru at its calibrated capacity",
+    )
     add_engine_options(analyze, "the same numbers from traces spread over many files")
 
 
@@ -69,7 +75,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         raise ConfigError("--warmup-fraction must be in [0, 1)")
     files, block_size = trace_inputs(args)  # in the order given: file order matters
     plan_trace_command(
-        args, files, Location("--output", args.output or "", FOLDER, writer="analyze")
+        args,
+        [*files, *([args.measured] if args.measured else [])],
+        Location("--output", args.output or "", FOLDER, writer="analyze"),
     )
     with json_report(args.json) as report:
         if not args.output:
@@ -103,6 +111,9 @@ def _analyze(
         report = analyze_beam(config, beam_args, folder)
     require_rows(report["total_requests"], report["problems"], files)
     text = render(report, files)  # names shown escaped (input_name): the text is UTF-8
+    if args.measured:
+        report["measured"], said = _measured(files, block_size, args.measured)
+        text += said
     print(text)
     stage_json(report_file, report)
     if folder:
@@ -112,3 +123,24 @@ def _analyze(
         for name, payload in (("analysis.txt", text + "\n"), ("analysis.json", published + "\n")):
             with storage.create(storage.join(folder, name)) as handle:
                 handle.write(payload.encode())
+
+
+def _measured(files: tuple[str, ...], block_size: int, path: str) -> tuple[dict, str]:
+    """calibrate's lru numbers for the run's measured file, and their lines for the text."""
+    from kvtrace.pipelines.calibrate import CalibrateConfig, run_calibrate
+    from kvtrace.transforms.cache.capacity import percent
+
+    numbers = run_calibrate(CalibrateConfig(files, path, block_size))
+    numbers = {k: v for k, v in numbers.items() if k not in ("rows", "problems")}
+    measured, lru = numbers["measured"], numbers["policies"]["lru"]
+    lines = [
+        "",
+        f"Measured against simulated ({measured['requests']:,} requests with the engine's count, "
+        "token-weighted):",
+        f"  measured by the engine:  {percent(measured['hit_rate'])}",
+        f"  infinite cache:          {percent(measured['infinite_cache_hit_rate'])}",
+        f"  lru at {lru['capacity_tokens']:,} tokens (its best fit, mean error "
+        f"{lru['mae_tokens']:,.1f} tokens per request): {percent(lru['simulated_hit_rate'])}",
+        *([f"  {lru['verdict']}"] if lru["verdict"] else []),
+    ]
+    return numbers, "\n".join(lines) + "\n"

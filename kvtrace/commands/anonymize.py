@@ -713,7 +713,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         # Unwrapped for the CLI's one line (cli._failed), which adds what the run published.
         raise JobStopped(message) from err
     args.stop_leaves = f"the trace was published in {output} before it"  # a stop from here on
-    _print_summary(config, letters.published, counts, time.monotonic() - started)
+    _print_summary(config, letters, counts, time.monotonic() - started)
     return 0
 
 
@@ -946,15 +946,33 @@ def _time_origin_said(config: Any, manifest: dict) -> str:
     )
 
 
-def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: float) -> None:
+def _print_summary(config: Any, run: Any, records: dict[str, Any], seconds: float) -> None:
     """The run in a few lines, its figures the run's own: records (write/manifest.run_counts,
     which no published file holds; read = exported + rejected), tokens, blocks and hit rate
-    (stats.json), the time it took and where each thing went."""
+    (stats.json), the engine's measured hit rate where the logs said, the time it took and
+    where each thing went (run: the run's publish.DeadLetterRun)."""
+    from kvtrace.transforms import storage
     from kvtrace.transforms.cache.capacity import percent
+    from kvtrace.transforms.read.measured import measured_file
     from kvtrace.transforms.write.replayers import replay_commands
 
+    letters = run.published
     manifest = _read_json(f"{config.output}/manifest.json")
     stats = _read_json(f"{config.output}/stats.json")
+    measured = stats.get("measured")
+    measured_rows = (
+        [
+            (
+                "measured",
+                f"{percent(measured['hit_rate'])} of the input tokens of {measured['requests']:,} "
+                f"requests cached, as the engine reported: per request in "
+                f"{storage.join(run.folder, measured_file(run.run_id))} (private; kvtrace "
+                f"calibrate reads it)",
+            )
+        ]
+        if measured
+        else []
+    )
     rows = [
         (
             "records",
@@ -990,6 +1008,7 @@ def _print_summary(config: Any, letters: str, records: dict[str, Any], seconds: 
             "hit rate",
             f"{percent(stats['hit_rates']['token_weighted'])} of input tokens (infinite cache)",
         ),
+        *measured_rows,
         ("trace", f"{config.output}: trace-*.jsonl|.parquet, stats.json, manifest.json"),
     ]
     print(

@@ -36,7 +36,7 @@ from kvtrace.transforms.cache.capacity import (
     parse_capacity,
     percent,
 )
-from kvtrace.transforms.cache.policy_names import POLICIES, parse_policies
+from kvtrace.transforms.cache.policy_names import CALIBRATED_POLICIES, POLICIES, parse_policies
 from kvtrace.transforms.errors import ConfigError
 
 
@@ -134,6 +134,45 @@ def add_parsers(commands: Any) -> None:
         "log-spaced over the trace's own reuse distances)",
         tier2="CPU/SSD tier capacities of the sizing grid's columns (default: as its rows)",
     )
+    add(
+        "--measured",
+        metavar="FILE",
+        help="the run's private measured file (OUT-rejected/measured-RUNID.jsonl): adds the "
+        "engine's measured hit rate beside the trace's ceiling and simulated ones, calibrated",
+    )
+    add("--verbose", action="store_true", help=argparse.SUPPRESS)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="the cache capacity, per policy, that explains the engine's measured cached tokens",
+        description=(
+            "Fit the trace's simulated per-request hits to the cached tokens the serving engine "
+            "reported (the run's private measured file, beside its dead letters): per policy, the "
+            "capacity of least mean absolute error per request, the error, the hit rates "
+            "measured and simulated, and plainly when no capacity explains the logs."
+        ),
+        epilog="example: kvtrace calibrate night --measured night-rejected/measured-RUNID.jsonl "
+        "-o fit.png",
+    )
+    add = calibrate.add_argument
+    add("trace", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add("--block-size", type=int, metavar="N", help=BLOCK_HELP)
+    add(
+        "--measured",
+        required=True,
+        metavar="FILE",
+        help="the run's measured file, OUT-rejected/measured-RUNID.jsonl: each row's cached "
+        "tokens as its log reported them (private: never publish it)",
+    )
+    add(
+        "--policy",
+        default="lru",
+        metavar="LIST",
+        help=f"comma-separated, of {', '.join(CALIBRATED_POLICIES)} (default lru: every "
+        "capacity in one pass; the others replay 32 log-spaced capacities each)",
+    )
+    add("-o", "--output", metavar="PNG", help="plot the error against capacity per policy")
+    add("--json", metavar="OUT", help="also write the numbers as JSON")
     add("--verbose", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -314,7 +353,11 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     policies, per_token = _cache_sizing(args)
     gpu = _gpu_kv_cache_size(args, per_token)
     files, block_size = trace_inputs(args)
-    plan_trace_command(args, files, Location("--output", args.output, overwrite=args.overwrite))
+    plan_trace_command(
+        args,
+        [*files, *([args.measured] if args.measured else [])],
+        Location("--output", args.output, overwrite=args.overwrite),
+    )
     run_report(
         ReportConfig(
             files,
@@ -331,10 +374,52 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
             per_token,
             args.overwrite,
             args.model,
+            args.measured,
         ),
         lambda rows, problems: require_rows(rows, problems, files),  # before the page is written
     )
     print(f"report: {args.output}")
+    return 0
+
+
+def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
+    from kvtrace.pipelines.calibrate import CalibrateConfig, run_calibrate
+    from kvtrace.transforms.write.publish import Location
+
+    no_beam_options(beam_args)
+    policies = parse_policies(args.policy, known=CALIBRATED_POLICIES)
+    files, block_size = trace_inputs(args)
+    plan_trace_command(
+        args, [*files, args.measured], Location("--output", args.output or "", overwrite=True)
+    )
+    report = run_calibrate(
+        CalibrateConfig(files, args.measured, block_size, policies, args.output),
+        lambda rows, problems: require_rows(rows, problems, files),
+    )
+    measured = report["measured"]
+    print(
+        f"measured: {measured['requests']:,} of {report['rows']:,} requests carried the "
+        f"engine's cached tokens: {percent(measured['hit_rate'])} hit (token-weighted); this "
+        f"trace's infinite cache: {percent(measured['infinite_cache_hit_rate'])}"
+    )
+    for policy, fit in report["policies"].items():
+        upto = fit["capacity_tokens_upto"]
+        span = (
+            ""
+            if upto == fit["capacity_tokens"]
+            else (f" to {upto:,}" if upto is not None else " or more")
+        )
+        print(
+            f"{policy}: best capacity {fit['capacity_tokens']:,}{span} tokens, "
+            f"{fit['mae_tokens']:,.1f} tokens mean absolute error per request, simulated "
+            f"{percent(fit['simulated_hit_rate'])} ({fit['hit_rate_difference']:+.1%} measured "
+            "minus simulated)"
+        )
+        if fit["verdict"]:
+            print(f"  {fit['verdict']}")
+    write_json_report(args.json, report)
+    if args.output:
+        print(f"plot: {args.output}")
     return 0
 
 

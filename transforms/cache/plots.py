@@ -255,3 +255,33 @@ def request_rate_png(timestamp_ms: np.ndarray) -> bytes:
     axes.set_title("Request rate over time", fontsize=10)
     axes.grid(True, alpha=0.3)
     return _png(figure)
+
+
+def calibration_png(
+    curves: dict[str, tuple[Sequence[int], Sequence[float]]],
+    best: dict[str, int],
+    kv_bytes_per_token: int | None = None,
+) -> bytes:
+    """Mean absolute error per request (tokens) between simulated and measured hits against
+    capacity, one line per policy, its best capacity marked."""
+    figure, axes = _pyplot().subplots(figsize=(7, 4.8))
+    for policy, (capacities, errors) in curves.items():
+        x = _capacity_axis(capacities, kv_bytes_per_token)
+        (line,) = axes.step(x, errors, where="post", label=policy)
+        axes.axvline(
+            _capacity_axis([best[policy]], kv_bytes_per_token)[0],
+            color=line.get_color(),
+            linestyle=":",
+            label=f"{policy} best: {capacity_text(best[policy], kv_bytes_per_token)}",
+        )
+    axes.set_xscale("symlog", linthresh=1)
+    axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel(f"cache capacity ({_capacity_unit(kv_bytes_per_token)})")
+    axes.set_ylabel("mean |simulated - measured| cached tokens per request")
+    axes.set_title(
+        "Calibration: simulated hit (longest cached prefix) against the engine's", fontsize=10
+    )
+    axes.legend(fontsize=8)
+    axes.grid(True, which="both", alpha=0.3)
+    return _png(figure)

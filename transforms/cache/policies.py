@@ -60,30 +60,45 @@ def hit_rates(
     is called as capacity i finishes."""
     first_row = math.floor(warmup_fraction * trace.rows)
     total = int(trace.tokens[trace.row_starts[first_row] :].sum())
+    return [
+        int(hits[first_row:].sum()) / total if total else 0.0
+        for hits in row_hits(trace, policy, capacities, done)
+    ]
+
+
+def row_hits(
+    trace: CacheTrace,
+    policy: str,
+    capacities: Sequence[int],
+    done: Callable[[int], None] | None = None,
+) -> list[np.ndarray]:
+    """Each row's hit tokens (causal order) under the policy at each capacity (tokens), the
+    capacities replayed as hit_rates says."""
     if policy in QUEUE_POLICIES:
         parent = next_use = np.empty(0, dtype=np.int32)
     else:
         parent = _parents(trace.block, trace.row_starts, trace.distinct_blocks)
         next_use = _next_uses(trace.block) if policy == "belady" else np.empty(0, dtype=np.int32)
 
-    def replay(index: int) -> float:
+    def replay(index: int) -> np.ndarray:
         pages = capacities[index] // trace.block_size
+        hits = np.zeros(trace.rows, dtype=np.int64)
         if policy in QUEUE_POLICIES:
-            hits = replay_queues(
+            replay_queues(
                 trace.block,
                 trace.tokens,
                 trace.row_starts,
                 trace.distinct_blocks,
                 pages,
                 QUEUE_POLICIES[policy],
-                first_row,
+                hits,
             )
         else:
             # Stale heap entries pile up as blocks are re-keyed; they are dropped whenever the
             # heap is full, which leaves at most one per cached block (<= pages): memory
             # follows pages.
             room = 2 * min(pages, trace.distinct_blocks) + HEAP_SLACK
-            hits = _replay(
+            _replay(
                 trace.block,
                 trace.tokens,
                 trace.row_starts,
@@ -92,12 +107,12 @@ def hit_rates(
                 trace.distinct_blocks,
                 pages,
                 _HEAP_POLICIES[policy],
-                first_row,
                 room,
+                hits,
             )
         if done:
             done(index)
-        return hits / total if total else 0.0
+        return hits
 
     with ThreadPoolExecutor(max_workers=min(len(capacities), os.cpu_count() or 1) or 1) as pool:
         return list(pool.map(replay, range(len(capacities))))
@@ -188,20 +203,19 @@ def _without_stale(keys, values, size, cached, key_now, cached_children, policy)
 
 @numba.njit(cache=True, nogil=True)
 def _replay(
-    block, tokens, row_starts, parent, next_use, distinct, pages, policy, first_measured_row, room
-) -> int:
+    block, tokens, row_starts, parent, next_use, distinct, pages, policy, room, hits
+) -> None:
+    """Replay every row, adding each row's hit tokens to hits[row]."""
     cached = np.zeros(distinct, dtype=np.bool_)
     key_now = np.zeros(distinct, dtype=np.int64)  # the block's current eviction key
     cached_children = np.zeros(distinct, dtype=np.int32)
     touched_in_row = np.full(distinct, -1, dtype=np.int32)
     keys = np.empty(room, dtype=np.int64)
     values = np.empty(room, dtype=np.int32)
-    size, used, hits, now = 0, 0, 0, 0
+    size, used, now = 0, 0, 0
     for row in range(len(row_starts) - 1):
         start, end = row_starts[row], row_starts[row + 1]
-        hit = cached_prefix_tokens(block, tokens, start, end, cached)
-        if row >= first_measured_row:
-            hits += hit
+        hits[row] += cached_prefix_tokens(block, tokens, start, end, cached)
         for i in range(start, end):
             b = block[i]
             now += 1

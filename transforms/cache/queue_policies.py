@@ -101,8 +101,8 @@ def _to_head(lists, prev, nxt, where, code, b) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def replay_queues(block, tokens, row_starts, distinct, pages, policy, first_measured_row) -> int:
-    """Tokens hit (rows from first_measured_row on) replaying the trace through the policy."""
+def replay_queues(block, tokens, row_starts, distinct, pages, policy, hits) -> None:
+    """Replay the trace through the policy, adding each row's hit tokens to hits[row]."""
     where = np.zeros(distinct, dtype=np.int8)
     prev = np.full(distinct, -1, dtype=np.int32)
     nxt = np.full(distinct, -1, dtype=np.int32)
@@ -116,12 +116,9 @@ def replay_queues(block, tokens, row_starts, distinct, pages, policy, first_meas
     # Scalars: sieve's hand, arc's target p, the sketch's accesses since it was last halved,
     # whether s3-fifo has evicted yet.
     state = np.array([-1.0, 0.0, 0.0, 0.0])
-    hits = 0
     for row in range(len(row_starts) - 1):
         start, end = row_starts[row], row_starts[row + 1]
-        hit = cached_prefix_tokens(block, tokens, start, end, where)
-        if row >= first_measured_row:
-            hits += hit
+        hits[row] += cached_prefix_tokens(block, tokens, start, end, where)
         if pages == 0:
             continue
         for i in range(start, end):
@@ -134,7 +131,6 @@ def replay_queues(block, tokens, row_starts, distinct, pages, policy, first_meas
                 _arc(b, lists, prev, nxt, where, pages, state)
             else:
                 _tinylfu(b, lists, prev, nxt, where, sketch, pages, state)
-    return hits
 
 
 @numba.njit(cache=True, nogil=True)

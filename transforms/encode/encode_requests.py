@@ -36,6 +36,7 @@ from kvtrace.transforms.encode.segment_cache import (
 )
 from kvtrace.transforms.encode.tokenize import checked_tokenizer, render_chat
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.read.records import Request
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MAX_ROW_IDS, NO_RESPONSE_MS
 
@@ -82,6 +83,11 @@ def hash_request(
         session_key=None if session is None else keyed_digest(session, seed),
         defaulted=request.defaulted,
         response_ms=NO_RESPONSE_MS if request.response_ms is None else request.response_ms,
+        # No engine caches more than the prompt: a count above it is the whole prompt (so the
+        # aggregate never exceeds the inputs the gate bounds it by).
+        cached_tokens=NOT_MEASURED
+        if request.cached_tokens is None
+        else min(request.cached_tokens, len(data) // TOKEN_DTYPE.itemsize),
         output_block_hashes=b""
         if not output_data
         else _output_block_hashes(data, output_data, block_size, seed, scheme),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace.transforms.encode.blocks import DIGEST_SIZE
+from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 
 
@@ -34,6 +35,8 @@ class HashedRequest:
     # blocks, chained on from them (what the engine holds once the request has decoded).
     output_block_hashes: bytes = b""
     response_ms: int = NO_RESPONSE_MS  # when the log did not say when the response ended
+    # The prompt tokens the engine reported cached: private, written only to the measured file.
+    cached_tokens: int = NOT_MEASURED
 
 
 REQUEST = np.dtype(
@@ -50,6 +53,7 @@ REQUEST = np.dtype(
         ("message_not_rendered", "?"),
         ("num_output_blocks", "<i8"),
         ("response_ms", "<i8"),
+        ("cached_tokens", "<i8"),
     ]
 )
 
@@ -76,6 +80,7 @@ class HashedBatch:
         columns["message_not_rendered"] = ["message_not_rendered" in r.defaulted for r in requests]
         columns["num_output_blocks"] = [len(r.output_block_hashes) // DIGEST_SIZE for r in requests]
         columns["response_ms"] = [r.response_ms for r in requests]
+        columns["cached_tokens"] = [r.cached_tokens for r in requests]
         sessions = [(i, r.session_key) for i, r in enumerate(requests) if r.session_key]
         if sessions:
             index = [i for i, _ in sessions]

@@ -87,6 +87,8 @@ class Request:
     output_length: int | None = None
     session: str | None = None
     response_ms: int | None = None  # arrival to the response's end, when the log says
+    # Prompt tokens the serving engine reported cached: private, never a trace column.
+    cached_tokens: int | None = None
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
     capture: Capture | None = None  # an engine's block hashes (kind "capture", read/captures.py)
 
@@ -232,6 +234,7 @@ def request_from_object(
         output_length=output_length,
         session=_session(record, body),
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
+        cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
         **fields,
     )
@@ -386,6 +389,33 @@ def _output(
                 if usage.get(name) is not None:
                     return None, _count(usage[name], f"usage.{name}")
     return chat.generated_text(response), None
+
+
+# Where a usage object keeps the engine's cached prompt tokens (shapes.USAGE), first found wins.
+CACHED_TOKEN_FIELDS = (
+    ("prompt_tokens_details", "cached_tokens"),
+    ("input_tokens_details", "cached_tokens"),
+    ("cache_read_input_tokens",),
+)
+
+
+def _cached_tokens(record: dict, response: dict | list | None) -> int | None:
+    """The prompt tokens the engine reported cached: vLLM's `num_cached_tokens` beside the
+    request or in the response, else the last usage that says (a stream's final chunk)."""
+    chunks = response if isinstance(response, list) else [response]
+    for holder in (record, *reversed(chunks)):
+        if not isinstance(holder, dict):
+            continue
+        if "num_cached_tokens" in holder:
+            return _count(holder["num_cached_tokens"], "num_cached_tokens")
+        usage = holder.get("usage")
+        for path in CACHED_TOKEN_FIELDS if isinstance(usage, dict) else ():
+            value = usage.get(path[0])
+            if len(path) == 2 and isinstance(value, dict):
+                value = value.get(path[1])
+            if value is not None:
+                return _count(value, "usage." + ".".join(path))
+    return None
 
 
 def _count(value: int, name: str) -> int:

@@ -270,11 +270,25 @@ BODY_FIELDS = {"chat": CHAT_BODY, "prompt": PROMPT_BODY, "tokens": TOKENS_BODY}
 
 # ---- Responses -----------------------------------------------------------------------------------
 
+# The engine's cached prompt tokens ride in usage: OpenAI's chat, completions and Batch under
+# prompt_tokens_details, its Responses API under input_tokens_details, Anthropic's as
+# cache_read_input_tokens (cache_creation_input_tokens: written to its cache, not read).
+CACHED_DETAILS = optional(obj(cached_tokens=optional(INTEGER)))
 USAGE = obj(
     **dict.fromkeys(
-        ("prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"),
+        (
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ),
         optional(INTEGER),
-    )
+    ),
+    prompt_tokens_details=CACHED_DETAILS,
+    input_tokens_details=CACHED_DETAILS,
 )
 # A streamed delta's tool call may come in pieces: every field is optional, types are not.
 RESPONSE_TOOL_CALL = obj(
@@ -319,6 +333,7 @@ RESPONSE_OBJECT = tagged(
         "choices": optional(list_of(CHOICE)),
         "usage": optional(USAGE),
         "output": optional(list_of(OUTPUT_ITEM)),
+        "num_cached_tokens": optional(INTEGER),  # vLLM's own count of a request's cached tokens
     },
 )
 RESPONSE = optional(one_of(RESPONSE_OBJECT, list_of(RESPONSE_OBJECT)))
@@ -341,6 +356,7 @@ ENVELOPE = {
     "response": RESPONSE,
     "model_parameters": obj(tools=optional(list_of(TOOL))),
     "completion_tokens": INTEGER,
+    "num_cached_tokens": INTEGER,  # vLLM's, logged beside the request
 }
 # A line of an OpenAI Batch file, told by its `custom_id`: the input file's request (method,
 # url, body), the output file's response (its body a response object) or error; a line joined

@@ -76,6 +76,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids.exclusive import folder_lock
 from kvtrace.transforms.ids.id_map import new_run_id
+from kvtrace.transforms.read.measured import MEASURED_PART, measured_file
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from kvtrace.transforms.storage import folded, is_url, place
@@ -1385,22 +1386,44 @@ def _is_not(output: str, identity: list[int] | None) -> bool:
 
 def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> bool:
     """A run's staged letters published as rejected-RUNID.jsonl (if publish and it has any)
-    or not, and its staging folder removed. Returns whether they were published."""
+    or not, its measured parts joined into measured-RUNID.jsonl with them, and its staging
+    folder removed. Returns whether letters were published."""
     letters = storage.join(staging, DEAD_LETTER_FILE)
+    measured = _joined_measured(staging) if publish else None
     publish = publish and storage.exists(letters)
-    if publish:
+    renames = [(letters, f"rejected-{run_id}.jsonl")] if publish else []
+    if measured:
+        renames.append((measured, measured_file(run_id)))
+    if renames:
         with publication(_letters_standing(folder, run_id)) as published:
-            storage.rename(letters, storage.join(folder, f"rejected-{run_id}.jsonl"))
-            published.append(storage.join(folder, f"rejected-{run_id}.jsonl"))
+            for staged, name in renames:
+                storage.rename(staged, storage.join(folder, name))
+                published.append(storage.join(folder, name))
         storage.sync_folder(folder)
     storage.remove_folder(staging)
     return publish
 
 
+def _joined_measured(staging: str) -> str | None:
+    """The run's measured parts (one per trace shard with a count: read/measured.py), in shard
+    order, joined into one owner-only file in its staging folder; None without any."""
+    parts = [n for n in storage.files_in(staging) if MEASURED_PART.fullmatch(n)]
+    if not parts:
+        return None
+    joined = storage.join(staging, "measured.jsonl")
+    with storage.create(joined, private=True) as out:
+        for name in parts:  # files_in sorts: shard order
+            with storage.open_read(storage.join(staging, name)) as part:
+                shutil.copyfileobj(part, out)
+    return joined
+
+
 def _letters_standing(folder: str, run_id: str) -> Standing:
-    """What stands of a run's letters' publication: their file, once renamed in."""
-    published = storage.join(folder, f"rejected-{run_id}.jsonl")
-    return lambda: [published] if storage.exists(published) else []
+    """What stands of a run's letters' publication: their files, once renamed in."""
+    names = (f"rejected-{run_id}.jsonl", measured_file(run_id))
+    return lambda: [
+        path for path in (storage.join(folder, name) for name in names) if storage.exists(path)
+    ]
 
 
 def recover_letters(folder: str, output: str) -> list[str]:

@@ -25,6 +25,7 @@ ROW = np.dtype(
         ("num_ids", "<i8"),
         ("num_output_ids", "<i8"),  # with --emit-output-hashes, else 0
         ("response_ms", "<i8"),  # NO_RESPONSE_MS when the log did not say
+        ("cached_tokens", "<i8"),  # the engine's count (NOT_MEASURED if none): never published
     ]
 )
 
@@ -85,6 +86,8 @@ class RowBatch:
                 r["session_id"],
                 r["response_ms"],
                 r["ids_digest"],
+                # Last: rows alike in all they publish keep one order for their private counts.
+                r["cached_tokens"],
             )
         )
 
@@ -122,7 +125,14 @@ def row_batch(
     prompt blocks, then its output blocks) and one session number per request that has a
     session (and, to emit them, each block's engine hash)."""
     rows = np.empty(len(requests), dtype=ROW)
-    for name in ("timestamp_ms", "fingerprint", "input_length", "output_length", "response_ms"):
+    for name in (
+        "timestamp_ms",
+        "fingerprint",
+        "input_length",
+        "output_length",
+        "response_ms",
+        "cached_tokens",
+    ):
         rows[name] = requests[name]
     rows["num_ids"] = requests["num_blocks"]
     rows["num_output_ids"] = requests["num_output_blocks"]

@@ -25,6 +25,7 @@ import pyarrow as pa
 from kvtrace.transforms import storage
 from kvtrace.transforms.combiners import BucketTotals
 from kvtrace.transforms.ids.buckets import plan_shards, shards_of
+from kvtrace.transforms.read.measured import measured_bytes, measured_part
 from kvtrace.transforms.trace_format import (
     MANIFEST,
     TraceColumns,
@@ -154,11 +155,18 @@ def write_shard(
     origin_ms: int,
     coarsening: Coarsening = Coarsening(),
     hashes_directory: str | None = None,
+    measured_directory: str | None = None,
 ) -> list[tuple[str, str]]:
     """Sort one shard's rows and write them as JSONL and Parquet; returns (path, sha256) of the
     two. With hashes_directory, the rows' engine block hashes go there too, owner-only
-    (block_hashes_bytes)."""
+    (block_hashes_bytes); with measured_directory (the letters' staging), the engine's
+    cached-token counts of the rows that have one, owner-only (read/measured.py)."""
     ordered = coarsen(RowBatch.concat(list(batches)), origin_ms, coarsening).sorted()
+    measured = measured_bytes(shard, ordered.rows["cached_tokens"])
+    if measured_directory is not None and measured is not None:
+        path = storage.join(measured_directory, measured_part(shard))
+        with storage.create(path, private=True) as handle:
+            handle.write(measured)
     if hashes_directory is not None:
         path = storage.join(
             hashes_directory, f"{BLOCK_HASHES_PREFIX}{shard:05d}-of-{shards:05d}.parquet"

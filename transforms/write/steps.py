@@ -21,10 +21,12 @@ class WriteShard(beam.DoFn):
         directory: str,
         coarsening: Coarsening = Coarsening(),
         hashes_directory: str | None = None,
+        measured_directory: str | None = None,
     ):
         self._directory = directory
         self._coarsening = coarsening
         self._hashes_directory = hashes_directory
+        self._measured_directory = measured_directory
 
     def process(
         self,
@@ -43,4 +45,5 @@ class WriteShard(beam.DoFn):
             origin,
             self._coarsening,
             self._hashes_directory,
+            self._measured_directory,
         )

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.write.coarsen import Coarsening, coarse_input_lengths, coarse_output_lengths
 
 TOKEN_WEIGHTED_DEFINITION = (
@@ -18,6 +19,11 @@ TOKEN_WEIGHTED_DEFINITION = (
     "(all input tokens); the partial last block weighs its real token count"
 )
 BLOCK_WEIGHTED_DEFINITION = "infinite cache, causal: 1 - distinct blocks / all blocks"
+MEASURED_DEFINITION = (
+    "measured by the serving engine: the cached prompt tokens its responses reported, over the "
+    "input tokens of the requests whose log carried a count (their per-request values are "
+    "never published: the run's measured file beside its dead letters)"
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,10 @@ class ExportTotals:
     blocks: int = 0
     requests_without_output_length: int = 0
     requests_with_unrendered_messages: int = 0  # the template left out a system/developer text
+    # Requests whose log carried the engine's cached-token count, that count and their inputs.
+    measured_requests: int = 0
+    measured_cached_tokens: int = 0
+    measured_input_tokens: int = 0
 
     @classmethod
     def of_batch(cls, batch: HashedBatch, coarsening: Coarsening = Coarsening()) -> ExportTotals:
@@ -38,6 +48,7 @@ class ExportTotals:
         inputs = coarse_input_lengths(
             columns["input_length"], coarsening.block_size, coarsening.output_length
         )
+        measured = columns["cached_tokens"] != NOT_MEASURED
         return cls(
             requests=len(columns),
             input_tokens=int(inputs.sum()),
@@ -45,6 +56,9 @@ class ExportTotals:
             blocks=int(columns["num_blocks"].sum()),
             requests_without_output_length=int(columns["without_output_length"].sum()),
             requests_with_unrendered_messages=int(columns["message_not_rendered"].sum()),
+            measured_requests=int(measured.sum()),
+            measured_cached_tokens=int(columns["cached_tokens"][measured].sum()),
+            measured_input_tokens=int(inputs[measured].sum()),
         )
 
 
@@ -62,7 +76,7 @@ def hit_rate(unique: int, total: int) -> float:
 
 
 def export_stats(totals: ExportTotals, unique_blocks: int, unique_tokens: int) -> dict:
-    return {
+    stats = {
         "requests": totals.requests,
         "input_tokens": totals.input_tokens,
         "output_tokens": totals.output_tokens,
@@ -78,3 +92,20 @@ def export_stats(totals: ExportTotals, unique_blocks: int, unique_tokens: int) -
             "block_weighted": BLOCK_WEIGHTED_DEFINITION,
         },
     }
+    return with_measured(
+        stats, totals.measured_requests, totals.measured_cached_tokens, totals.measured_input_tokens
+    )
+
+
+MEASURED_COUNTS = ("requests", "cached_tokens", "input_tokens")  # what `measured` is made of
+
+
+def with_measured(stats: dict, requests: int, cached_tokens: int, input_tokens: int) -> dict:
+    """The stats with the engine's measured hit rate, aggregated, where any request carried
+    one (the gate rebuilds it from its three counts with this one function)."""
+    if not requests:
+        return stats
+    measured = dict(zip(MEASURED_COUNTS, (requests, cached_tokens, input_tokens)))
+    measured["hit_rate"] = cached_tokens / input_tokens if input_tokens else 0.0
+    definitions = {**stats["definitions"], "measured": MEASURED_DEFINITION}
+    return {**stats, "measured": measured, "definitions": definitions}

@@ -570,3 +570,68 @@ def test_a_batch_lines_completion_count_is_held_to_its_shape(value):
     # null is no count: read as absent, as a Parquet row (which cannot tell the two) reads
     null = parse({**BATCH, "completion_tokens": None})
     assert (null.output_length, null.defaulted) == (None, ("output_length",))
+
+
+CHAT = {"timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    "fields, cached",
+    [
+        ({"response": {"usage": {"prompt_tokens_details": {"cached_tokens": 64}}}}, 64),
+        ({"response": {"usage": {"input_tokens_details": {"cached_tokens": 32}}}}, 32),  # Responses
+        (
+            {
+                "response": {
+                    "type": "message",
+                    "content": [],
+                    "usage": {"cache_read_input_tokens": 16, "cache_creation_input_tokens": 90},
+                }
+            },
+            16,  # Anthropic: what was read from its cache, not what was written to it
+        ),
+        ({"num_cached_tokens": 48}, 48),  # vLLM's, beside the request
+        ({"response": {"num_cached_tokens": 8}}, 8),
+        (  # a stream: the final chunk's usage
+            {
+                "response": [
+                    {"choices": []},
+                    {"usage": {"prompt_tokens_details": {"cached_tokens": 5}}},
+                ]
+            },
+            5,
+        ),
+        ({"response": {"usage": {"prompt_tokens_details": None}}}, None),
+        ({}, None),
+    ],
+)
+def test_the_engines_cached_tokens_in_each_response_shape(fields, cached):
+    assert parse({**CHAT, **fields}).cached_tokens == cached
+
+
+def test_a_batch_output_lines_cached_tokens():
+    line = {
+        "custom_id": "a",
+        "body": {"messages": [{"role": "user", "content": "hi"}]},
+        "url": "/v1/chat/completions",
+        "response": {
+            "status_code": 200,
+            "body": {"created": 1, "usage": {"prompt_tokens_details": {"cached_tokens": 3}}},
+        },
+    }
+    assert parse(line).cached_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"response": {"usage": {"prompt_tokens_details": {"cached_tokens": "64"}}}}, "wrong_type"),
+        ({"response": {"usage": {"cache_read_input_tokens": 1.5}}}, "wrong_type"),
+        ({"num_cached_tokens": True}, "wrong_type"),
+        ({"num_cached_tokens": -1}, "out_of_range"),
+    ],
+)
+def test_a_cached_count_of_the_wrong_type_or_range_is_a_dead_letter(fields, reason):
+    with pytest.raises(Rejected) as caught:
+        parse({**CHAT, **fields})
+    assert caught.value.reason == reason

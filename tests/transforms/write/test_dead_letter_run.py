@@ -266,3 +266,31 @@ def test_a_hard_end_removes_an_unpublished_runs_pointer_and_letters_only(tmp_pat
     _next_run_of_out(tmp_path, "D")
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
     assert unpublished.settle(run_succeeded=False) is False
+
+
+def _stage_measured(run: DeadLetterRun) -> None:
+    """Two shards' measured parts, written out of order as parallel shard writers may."""
+    from kvtrace.transforms.read.measured import measured_part
+
+    for shard in (1, 0):
+        with storage.create(os.path.join(run.staging, measured_part(shard)), private=True) as f:
+            f.write(f'{{"shard": {shard}}}\n'.encode())
+
+
+def test_measured_parts_are_published_joined_in_shard_order_beside_the_letters(tmp_path):
+    run, staging = _staged_run(tmp_path, "dead", "r1")
+    _stage_measured(run)
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    os.rename(staging, tmp_path / "out")  # the output published
+    assert run.settle(True)
+    assert _tree(tmp_path / "dead") == ["measured-r1.jsonl", "rejected-r1.jsonl"]
+    measured = tmp_path / "dead" / "measured-r1.jsonl"
+    assert measured.read_text() == '{"shard": 0}\n{"shard": 1}\n'
+    assert measured.stat().st_mode & 0o777 == 0o600
+
+
+def test_measured_parts_go_with_a_run_that_failed(tmp_path):
+    run, _ = _staged_run(tmp_path, "dead", "r1")
+    _stage_measured(run)
+    assert not run.settle(False)
+    assert _tree(tmp_path / "dead") == []

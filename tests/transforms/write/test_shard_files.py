@@ -54,6 +54,7 @@ def batch_of(rows: list, with_outputs: bool) -> RowBatch:
             len(ids),
             len(outputs) if with_outputs else 0,
             response,
+            -1,  # no measured cached tokens
         )
     ids = np.array([i for row in rows for i in row[5]], dtype=np.int64)
     outputs = np.array([o for row in rows for o in row[6]], dtype=np.int64)

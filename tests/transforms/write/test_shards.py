@@ -67,6 +67,7 @@ def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
             len(ids),
             len(outputs[i]) if with_outputs else 0,
             response,
+            -1,  # no measured cached tokens
         )
     ids = np.array([i for *_, row_ids in rows for i in row_ids], dtype=np.int64)
     flat = np.array([i for out in outputs for i in out], dtype=np.int64)

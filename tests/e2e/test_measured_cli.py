@@ -1,0 +1,154 @@
+"""The engine's cached-token counts through `kvtrace anonymize`: aggregated in stats.json (which
+the gate accepts as it is written, and nothing else), per row only in the run's private
+measured file beside its dead letters, the same on both engines; and calibrate reads it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import SALT, anonymize, write_jsonl
+from kvtrace.cli import main
+
+pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
+
+USER = {"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 4}
+
+
+def logs(folder: Path) -> Path:
+    """Requests in each shape that carries a count, some without one, one dead letter."""
+    usage = [
+        {"usage": {"prompt_tokens_details": {"cached_tokens": 8}}},
+        {"usage": {"input_tokens_details": {"cached_tokens": 4}}},
+        {"type": "message", "content": [], "usage": {"cache_read_input_tokens": 12}},
+        {"num_cached_tokens": 0},
+        {"choices": []},  # no count
+    ]
+    records = [
+        {"timestamp": 1_000 * i, "messages": [USER], "output_length": 3, "response": usage[i % 5]}
+        for i in range(10)
+    ]
+    records.append({"timestamp": 20_000, "input_ids": list(range(20)), "num_cached_tokens": 16})
+    # more than its prompt: the whole prompt (no engine caches more)
+    records.append({"timestamp": 20_500, "input_ids": list(range(6)), "num_cached_tokens": 99})
+    records.append({"timestamp": 21_000, "prompt": "x", "num_cached_tokens": "16"})  # wrong type
+    folder.mkdir()
+    return write_jsonl(folder / "logs.jsonl", records)
+
+
+def run(tokenizer: str, tmp_path: Path, name: str, *extra: str) -> tuple[Path, Path]:
+    (tmp_path / "salt").write_text(SALT)
+    out = tmp_path / name
+    flags = ["--block-size", "4", "--salt-file", str(tmp_path / "salt"), *extra]
+    assert anonymize(tokenizer, [tmp_path / "in" / "logs.jsonl"], out, *flags) == 0
+    (measured,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
+    return out, measured
+
+
+def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_path, capsys):
+    logs(tmp_path / "in")
+    out, measured = run(tiny_tokenizer, tmp_path, "out")
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["measured"]["requests"] == 10 and stats["measured"]["cached_tokens"] == 70
+    assert "measured" in stats["definitions"]
+    assert re.fullmatch(r"measured-[0-9a-f]{12}\.jsonl", measured.name)
+    assert measured.stat().st_mode & 0o077 == 0
+    rows = [json.loads(line) for line in measured.read_text().splitlines()]
+    counts = sorted(r["cached_tokens"] for r in rows)
+    assert counts == [0, 0, 4, 4, 6, 8, 8, 12, 12, 16]
+    for published in out.iterdir():  # no per-row count in any published file
+        assert b"cached" not in published.read_bytes() or published.name == "stats.json"
+    (letters,) = Path(f"{out}-rejected").glob("rejected-*.jsonl")
+    assert "num_cached_tokens is a string" in json.loads(letters.read_text())["message"]
+    capsys.readouterr()
+    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 0
+    calibrated = tmp_path / "fit.json"
+    assert (
+        main(["calibrate", str(out), "--measured", str(measured), "--json", str(calibrated)]) == 0
+    )
+    assert json.loads(calibrated.read_text())["measured"]["requests"] == 10
+    # analyze and the report put it beside the trace's ceiling and simulated rates
+    capsys.readouterr()
+    assert main(["analyze", str(out), "--measured", str(measured)]) == 0
+    said = capsys.readouterr().out
+    assert "measured by the engine:" in said and "infinite cache:" in said
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--measured", str(measured), "-o", str(page)]) == 0
+    assert "Measured against simulated" in page.read_text()
+
+
+@pytest.fixture(scope="module")
+def published(tiny_tokenizer, tmp_path_factory) -> Path:
+    """One run's output, for the tests that alter a copy of it."""
+    tmp = tmp_path_factory.mktemp("measured")
+    logs(tmp / "in")
+    return run(tiny_tokenizer, tmp, "out")[0]
+
+
+@pytest.mark.parametrize(
+    "change, publishable",
+    [
+        (lambda m: None, True),  # as written: the control
+        (lambda m: m.update(hit_rate=0.5), False),
+        (lambda m: m.update(requests=10**6), False),
+        (lambda m: m.update(note="x"), False),
+        (lambda m: m.update(cached_tokens=m["input_tokens"] + 1), False),
+        (lambda m: m.update(requests=1.0), False),
+    ],
+)
+def test_the_gate_passes_only_the_measured_aggregate_kvtrace_writes(
+    tiny_tokenizer, published, tmp_path, change, publishable
+):
+    """stats.json rewritten as kvtrace writes JSON, the manifest's digest of it updated: only
+    the aggregate the writer's own function rebuilds from its three counts passes."""
+    from kvtrace.transforms.stats import audit as gate
+    from kvtrace.transforms.trace_format import canonical_json
+    from kvtrace.transforms.write.manifest import set_content_times
+    from kvtrace.transforms.write.publish import sha256_of
+
+    out = tmp_path / "out"
+    shutil.copytree(published, out)
+    stats = json.loads((out / "stats.json").read_text())
+    change(stats["measured"])
+    (out / "stats.json").write_bytes(canonical_json(stats))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["sha256"]["stats.json"] = sha256_of((out / "stats.json").read_bytes())
+    (out / "manifest.json").write_bytes(canonical_json(manifest))
+    set_content_times(str(out))
+    report = gate.audit(str(out), tiny_tokenizer)
+    assert report["publishable"] == publishable, report["flags"]
+    if not publishable:
+        assert any("stats.json holds more, or other" in flag for flag in report["flags"])
+
+
+@pytest.mark.slow  # Beam: .ci/run runs the slow set
+@pytest.mark.beam
+def test_both_engines_write_the_same_measured_file(tiny_tokenizer, tmp_path):
+    logs(tmp_path / "in")
+    local, local_measured = run(tiny_tokenizer, tmp_path, "local")
+    beam, beam_measured = run(tiny_tokenizer, tmp_path, "beam", "--engine", "beam")
+    assert local_measured.read_bytes() == beam_measured.read_bytes()
+    assert (local / "stats.json").read_bytes() == (beam / "stats.json").read_bytes()
+
+
+def test_requests_alike_in_all_they_publish_keep_one_order_of_their_counts(
+    tiny_tokenizer, tmp_path
+):
+    same = {"timestamp": 0, "messages": [USER], "output_length": 3}
+    records = [{**same, "num_cached_tokens": n} for n in (8, 0, 4)]
+    written = []
+    for name, order in (("a", records), ("b", records[::-1])):
+        folder = tmp_path / name
+        folder.mkdir()
+        write_jsonl(folder / "logs.jsonl", order)
+        (tmp_path / "salt").write_text(SALT)
+        out = tmp_path / f"out-{name}"
+        flags = ["--block-size", "4", "--salt-file", str(tmp_path / "salt")]
+        assert anonymize(tiny_tokenizer, [folder / "logs.jsonl"], out, *flags) == 0
+        (measured,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
+        written.append(measured.read_bytes())
+    assert written[0] == written[1]
