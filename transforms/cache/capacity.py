@@ -45,6 +45,7 @@ SIZE_HELP = (
 # in. A size past it is a typo, refused before any work.
 MAX_CAPACITY_TOKENS = 1 << 50
 MAX_CAPACITY_BYTES = 1 << 60  # an exbibyte
+QUOTED_CHARS = 60  # of a flag's text in its error line
 _CAPACITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 DTYPE_BYTES = {
     "fp32": 4,
@@ -78,7 +79,7 @@ def parse_capacities(text: str, kv_bytes_per_token: int | None, flag: str) -> li
     parts = [part for part in text.split(",") if part.strip()]
     if _SEPARATED_NUMBER.match(text) or any(_LEADING_ZERO.match(part) for part in parts):
         raise ValueError(
-            f"{flag} {text.strip()[:40]!r}: one size written with separators, or a list? "
+            f"{flag} {_quoted(text)}: one size written with separators, or a list? "
             f"write a size without them (3000000, 3M, 1.5GB) and a list with units (3M,50M)"
         )
     if not parts:
@@ -94,12 +95,12 @@ def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
     unit = match[2].lower() if match else None
     if unit in _AMBIGUOUS_UNITS:
         raise ValueError(
-            f"capacity {text.strip()!r}: bytes or tokens? write {match[1]}{match[2]}B (decimal "
+            f"capacity {_quoted(text)}: bytes or tokens? write {match[1]}{match[2]}B (decimal "
             f"bytes), {match[1]}{match[2]}iB (binary bytes) or tokens (3M, 500k)"
         )
     if match is None or (unit not in _TOKEN_UNITS and unit not in _BYTE_UNITS):
         raise ValueError(
-            f"capacity {text.strip()!r}: write tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB)"
+            f"capacity {_quoted(text)}: write tokens (3000000, 3M, 500k) or bytes (40GB, 1.5TiB)"
         )
     value = Decimal(match[1])  # exact: a float of 400 digits is inf
     if unit in _TOKEN_UNITS:
@@ -107,7 +108,7 @@ def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
         return Capacity(tokens, tokens * kv_bytes_per_token if kv_bytes_per_token else None)
     if not kv_bytes_per_token:
         raise ValueError(
-            f"capacity {text.strip()!r} is in bytes: give --kv-bytes-per-token or "
+            f"capacity {_quoted(text)} is in bytes: give --kv-bytes-per-token or "
             f"--model so it can be turned into tokens"
         )
     size = int(_within(text, value * _BYTE_UNITS[unit], MAX_CAPACITY_BYTES, "bytes"))
@@ -115,6 +116,13 @@ def parse_capacity(text: str, kv_bytes_per_token: int | None) -> Capacity:
 
 
 MAX_SIZE_TEXT = 64  # longer is no size anyone writes; refused before its digits are read
+
+
+def _quoted(text: str) -> str:
+    """text as an error line shows it: its repr, cut to a line's share (escapes make one
+    character up to ten)."""
+    shown = repr(text.strip())
+    return shown if len(shown) <= QUOTED_CHARS else shown[:QUOTED_CHARS] + "..."
 
 
 def parse_bytes(text: str, bare_unit: int) -> int:
@@ -127,7 +135,7 @@ def parse_bytes(text: str, bare_unit: int) -> int:
         return int(match[1]) * bare_unit
     if match is None or unit not in _BYTE_UNITS:
         raise ValueError(
-            f"size {text.strip()[:40]!r}: write bytes as 1MB (10^6), 1MiB (2^20), 1.5GB, or a "
+            f"size {_quoted(text)}: write bytes as 1MB (10^6), 1MiB (2^20), 1.5GB, or a "
             f"whole number"
         )
     # Decimal: 4.35MB is 4,350,000 bytes, where a float would give one byte fewer.
@@ -138,7 +146,7 @@ def _within(text: str, size: Decimal, most: int, unit: str) -> Decimal:
     """The size, refused (ValueError) past the most a capacity may be."""
     if size > most:
         raise ValueError(
-            f"capacity {text.strip()[:40]!r} is over the most a capacity may be, 2^"
+            f"capacity {_quoted(text)} is over the most a capacity may be, 2^"
             f"{most.bit_length() - 1} {unit}: more than any trace holds (a typo?)"
         )
     return size
