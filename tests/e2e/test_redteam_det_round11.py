@@ -40,7 +40,6 @@ def _backtracking(tiny_tokenizer: str, folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_texts_the_tokenizer_fails_on_are_letters_whatever_file_holds_them(
     tiny_tokenizer, tmp_path
 ):
