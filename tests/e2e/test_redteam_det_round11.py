@@ -67,7 +67,6 @@ def test_texts_the_tokenizer_fails_on_are_letters_whatever_file_holds_them(
     assert runs["split"] == runs["one"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_a_parquet_float32_latency_reads_as_its_jsonl_seconds(tiny_tokenizer, tmp_path):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; round 10's
     fix, numbers.floor_scaled: 'JSON numbers read exactly as their text wrote them, whatever
@@ -130,7 +129,6 @@ def _runs(tokenizer: str, tmp_path: Path, logs: tuple, block_size: str) -> dict:
     return runs
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_a_parquet_map_of_tool_properties_reads_as_its_jsonl_object(tmp_path):
     """Promise (docs/ANONYMIZE.md, Input: JSONL 'and Parquet with the same fields'; rounds 8-10
     read Parquet's own types for a time, a duration and a decimal as their JSONL values): the
@@ -161,7 +159,6 @@ def test_a_parquet_map_of_tool_properties_reads_as_its_jsonl_object(tmp_path):
     assert runs["parquet"] == runs["jsonl"]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_parquet_messages_stored_as_maps_read_as_their_jsonl_messages(tiny_tokenizer, tmp_path):
     """The same cause, loud: messages written as a list of string maps (Spark's
     ArrayType(MapType(StringType, StringType)), the natural schema for role/content objects)

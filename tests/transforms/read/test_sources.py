@@ -233,6 +233,37 @@ def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_pa
     ]
 
 
+def test_parquet_maps_bytes_and_narrow_floats_read_as_their_json_values(tmp_path):
+    """A map is an object (a key twice fails its row alone), bytes their UTF-8 text (bytes
+    that are not UTF-8 fail their row alone), a float32 the number its shortest text writes."""
+    path = tmp_path / "kinds.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(range(4), pa.int64()),
+                "prompt": pa.array([b"hello", b"caf\xc3\xa9", b"\xff", b"ok"], pa.binary()),
+                "latency": pa.array([1.3, 0.7, 2.3, 4.7], pa.float32()),
+                "tags": pa.array(
+                    [[("a", 1)], [("b", 2)], [("c", 3)], [("d", 4), ("d", 5)]],
+                    pa.map_(pa.string(), pa.int64()),
+                ),
+            }
+        ),
+        path,
+    )
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert [item for item in read if isinstance(item, tuple)] == [
+        (str(path), {"timestamp": 0, "prompt": "hello", "latency": 1.3, "tags": {"a": 1}}),
+        (str(path), {"timestamp": 1, "prompt": "café", "latency": 0.7, "tags": {"b": 2}}),
+    ]
+    letters = [item for item in read if isinstance(item, DeadLetter)]
+    assert [(d.reason, d.message[:6]) for d in letters] == [
+        ("malformed_record", "row 2 "),
+        ("malformed_record", "row 3 "),
+    ]
+    assert "UnicodeDecodeError" in letters[0].message and "duplicate key" in letters[1].message
+
+
 def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
     """Newer Arrow writers keep string_view in the file; dictionary chunks cast to plain
     strings only, so the rows are read through the plain twin of the file's schema."""
