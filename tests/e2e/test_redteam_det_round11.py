@@ -196,8 +196,7 @@ def _prompts(tmp_path: Path, odd: str) -> Path:
     return write_jsonl(tmp_path / "log.jsonl", good + bad)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
-def test_texts_tokenizers_fails_on_are_letters_with_the_fast_backend_too(tmp_path):
+def test_texts_tokenizers_fails_on_are_letters_with_the_fast_backend_too(tmp_path, capsys):
     """Promise (docs/TOKENIZER_BACKENDS.md: 'a backend is used only where it gives exactly the
     ids of tokenizers'; 'A text fastokens fails on ... is encoded by tokenizers, which decides:
     its ids, or the tokenizer_error dead letter a tokenizers run would give'): the bytes never
@@ -206,23 +205,30 @@ def test_texts_tokenizers_fails_on_are_letters_with_the_fast_backend_too(tmp_pat
     gives up at once, no `z` in the text) is published with fastokens' ids unless it is one of
     the 1 in 64 texts sampled. Here `tokenizers` exports 6 of 9 (3 tokenizer_error letters),
     `fastokens` and `auto` export 9 of 9. The same happens with Qwen3's own tokenizer on a
-    record of 12 M spaces (`\\s*[\\r\\n]+`): 5 of 6 against 6 of 6 (38 s, 900 MB: not run here)."""
+    record of 12 M spaces (`\\s*[\\r\\n]+`): 5 of 6 against 6 of 6 (38 s, 900 MB: not run here).
+
+    Fixed by construction at load (fast_backend.RUNS: the reference fails on a run of q's, so
+    fastokens is refused: `auto` is `tokenizers`, `fastokens` a one-line error) and in the run
+    (fast_backend.MAX_FAST_CHARS: a text of millions of characters is the reference's)."""
     tokenizer = _qwen3_splitting_on(tmp_path, "(q|q)+z")
     log = _prompts(tmp_path, "q")
     salt = _salt(tmp_path)
     runs = {}
-    for backend in ("tokenizers", "fastokens"):
+    for backend in ("tokenizers", "auto", "fastokens"):
         out = tmp_path / backend
         code = anonymize(
             tokenizer, [log], out, "--block-size", "4", "--salt-file", str(salt),
             "--tokenizer-backend", backend,
         )  # fmt: skip
-        runs[backend] = (code, trace(out))
+        runs[backend] = (code, trace(out) if out.exists() else None)
     assert runs["tokenizers"][0] == 0 and len(runs["tokenizers"][1]) == 6
-    assert runs["fastokens"] == runs["tokenizers"]
+    assert runs["auto"] == runs["tokenizers"]
+    assert runs["fastokens"] == (2, None)  # refused before any input is read
+    said = capsys.readouterr().err
+    assert "--tokenizer-backend fastokens: tokenizers fails on the probe 'qqqq" in said
+    assert "Traceback" not in said
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_auto_keeps_tokenizers_when_the_reference_fails_on_a_probe_text(tmp_path):
     """Promise: `--tokenizer-backend auto` is 'fastokens where it is verified for the
     tokenizer, else tokenizers' (docs/TOKENIZER_BACKENDS.md), and bad input is a one-line error,
