@@ -11,8 +11,9 @@ A Parquet value is read as the JSON value of its text, decided by its Arrow type
 a decimal (what SQL exports write for a number of fixed decimals) of scale 0 as an int, any
 other as the float the JSON parser reads from its digits; a 32- or 16-bit float (Spark's
 FloatType, pandas' float32) as the float its own shortest text writes (1.3, not the
-1.2999999523162842 its widening holds); bytes not annotated as text as the UTF-8 text they
-hold (a JSON string), or the row's failure where they are not UTF-8. So a Parquet log reads as
+1.2999999523162842 its widening holds); a date (date32, date64) as its ISO text; bytes not
+annotated as text as the UTF-8 text they hold (a JSON string), or the row's failure where they
+are not UTF-8. So a Parquet log reads as
 the JSONL log of the same values.
 """
 
@@ -57,6 +58,8 @@ def json_reader(kind: pa.DataType) -> Reader | None:
         return json_reader(kind.value_type)
     if pa.types.is_decimal(kind):
         return _nullable(_decimal)
+    if pa.types.is_date(kind):  # as JSON writes a date: "2025-11-21"
+        return _nullable(lambda value: value.isoformat())
     if pa.types.is_float32(kind):
         return _nullable(lambda value: float(str(np.float32(value))))
     if pa.types.is_float16(kind):

@@ -4,6 +4,7 @@ parse transforms in TestPipelines."""
 from __future__ import annotations
 
 import bz2
+import datetime
 import gzip
 import io
 import json
@@ -22,6 +23,7 @@ from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range, unread_bytes
+from kvtrace.transforms.read.timestamps import timestamp_ms
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
 
@@ -262,6 +264,18 @@ def test_parquet_maps_bytes_and_narrow_floats_read_as_their_json_values(tmp_path
         ("malformed_record", "row 3 "),
     ]
     assert "UnicodeDecodeError" in letters[0].message and "duplicate key" in letters[1].message
+
+
+@pytest.mark.parametrize("kind", [pa.date32(), pa.date64()])
+def test_a_parquet_date_reads_as_its_jsonl_text(tmp_path, kind):
+    """One rule for a date in either form: its ISO text, which a timestamp reads as midnight
+    UTC, as it does the JSONL "2025-11-21"."""
+    path = tmp_path / "dates.parquet"
+    day = datetime.date(2025, 11, 21)
+    pq.write_table(pa.table({"timestamp": pa.array([day], kind), "prompt": ["hi"]}), path)
+    [(_, row)] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    assert row == json.loads('{"timestamp": "2025-11-21", "prompt": "hi"}')
+    assert timestamp_ms(row["timestamp"]) == 1_763_683_200_000
 
 
 def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
