@@ -1,6 +1,6 @@
 """Chat templates render under a budget: a runaway template is a template_error dead letter
-within the deadline and under a memory cap, and one that runs away on every request stops the job
-in one line. Hostile templates from each family: nested loops, doubling strings, huge ranges,
+within the deadline and under a memory cap, and one that runs away on kvtrace's own probe
+conversation stops the job in one line. Hostile templates from each family: nested loops, doubling strings, huge ranges,
 recursion through macros, huge outputs, and single steps that build a huge value at once.
 
 The whole CLI runs; the unit tests are in tests/transforms/encode/test_render_budget.py."""
@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from helpers import anonymize, write_jsonl
 from kvtrace.transforms.encode import tokenize
-
-# How long past its deadline a stopped render may take: one template step, on a busy machine.
-GRACE_S = 3.0
-
 
 TIGHT_S = 0.1  # the budget's deadline in the fast tests
 
@@ -59,9 +54,7 @@ def test_the_cli_stops_in_one_line_on_a_template_that_never_renders(
 ):
     folder = _folder_with_template(tiny_tokenizer, tmp_path, RUNAWAY["nested_loops"])
     src = write_jsonl(tmp_path / "in.jsonl", [_chat("hello world", i) for i in range(10)])
-    start = time.monotonic()
     assert anonymize(folder, [src], tmp_path / "out", "--processes", "1") == 1
-    assert time.monotonic() - start < tokenize.OVERRUNS_TO_STOP * (TIGHT_S + GRACE_S)
     err = capsys.readouterr().err
     assert "does not render" in err and "Traceback" not in err
     assert not list((tmp_path / "out").glob("trace-*"))

@@ -285,7 +285,6 @@ class RequestEncoder:
                 request.messages,
                 request.tools,
                 self._template_kwargs,
-                len(request.line),
                 request.timestamp_ms,
             )
         return request.prompt

@@ -6,10 +6,11 @@ on 41 characters) makes the Rust side panic, and pyo3 raises PanicException, a B
 that no `except Exception` catches, so one record ended the whole run with a traceback. Here a
 failed call is retried text by text, so that only the texts it fails on fail: each becomes a
 TokenizerFailure with its reason (a `tokenizer_error` dead letter), the others keep their ids.
-A tokenizer that fails on each of the first FAILURES_TO_STOP texts it is given, before it
-encoded any, fails on every one: the job stops in one line (JobStopped). Rust's own report of
-the panic, written to the process's stderr before Python sees it, is the native stderr's
-(native_stderr.py).
+Whether the tokenizer tokenizes at all is decided once, at load, on kvtrace's own probe text
+(tokenize.load_tokenizer), never by which texts a worker happens to be given first; after that
+every failure is its text's own, and a run where every record fails is refused by
+`--max-rejected-fraction`, judged over the whole input. Rust's own report of the panic, written
+to the process's stderr before Python sees it, is the native stderr's (native_stderr.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import numpy as np
 
 from kvtrace.transforms.encode.blocks import TOKEN_DTYPE, token_bytes
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
-from kvtrace.transforms.errors import JobStopped
 
-FAILURES_TO_STOP = 3
 MAX_REASON_CHARS = 300
 
 
@@ -40,8 +39,6 @@ class FallibleTokenizer:
 
     def __init__(self, backend: Any):
         self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        self._encoded = 0  # texts encoded so far
-        self._failed = 0  # texts failed on so far
         capture_native_stderr()
 
     def encode(self, texts: list[str]) -> list[bytes | TokenizerFailure]:
@@ -50,19 +47,9 @@ class FallibleTokenizer:
         if not texts:
             return []
         try:
-            encoded: list[bytes | TokenizerFailure] = self._call(texts)
+            return self._call(texts)  # type: ignore[return-value]
         except _Failed:
-            encoded = [self._one(text) for text in texts]
-        failed = sum(isinstance(result, TokenizerFailure) for result in encoded)
-        self._failed += failed
-        self._encoded += len(encoded) - failed
-        if not self._encoded and self._failed >= FAILURES_TO_STOP:
-            first = next(r for r in encoded if isinstance(r, TokenizerFailure))
-            raise JobStopped(
-                f"the tokenizer failed on each of the first {self._failed} texts "
-                f"it was given ({first.reason}): it does not tokenize"
-            )
-        return encoded
+            return [self._one(text) for text in texts]
 
     def encode_or_raise(self, texts: list[str]) -> list[bytes]:
         """encode, for texts kvtrace wrote itself (probes, vocabulary): a failure is the

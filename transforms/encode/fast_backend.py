@@ -8,8 +8,8 @@ on these cores (docs/TOKENIZER_BACKENDS.md). Exactness is a gate, in three steps
   list of kinds and settings (SUPPORTED_*), each one fastokens implements and the shipped
   tokenizers exercise; anything else, or a file fastokens refuses to load, keeps `tokenizers`,
   with the reason;
-- at load, on probe texts (PROBES and the tokenizer's own added tokens): one difference keeps
-  `tokenizers`, with the text that differed;
+- at load, on probe texts (PROBES, RUNS and the tokenizer's own added tokens): one difference,
+  or a probe the reference fails on, keeps `tokenizers`, with the text;
 - during the run, on a sample of the texts themselves, chosen by a keyed hash of each text's
   content (one in CHECK_ONE_IN), never by order: a sampled text is encoded by both and takes the
   reference's ids whatever the fast ones were. A difference turns the fast library off for the
@@ -17,7 +17,15 @@ on these cores (docs/TOKENIZER_BACKENDS.md). Exactness is a gate, in three steps
   the reference before any of it is used.
 
 A text the fast library fails on (a regex over its match limits) is encoded by the reference,
-which decides: its ids, or the tokenizer_error the reference run would give.
+which decides: its ids, or the tokenizer_error the reference run would give. The converse, a
+text the reference fails on (its regex engine gives up backtracking: Oniguruma's retry limit)
+and the fast library encodes, is decided without running the reference's pre-tokenizer on every
+text (measured dearer than the reference's whole encode, docs/TOKENIZER_BACKENDS.md): at load,
+the reference must encode long runs of each character (RUNS) without failing, or fastokens is
+refused (a pattern that backtracks past the limit on a run of a few dozen characters); during
+the run, a text of over MAX_FAST_CHARS characters is encoded by the reference (a pattern whose
+backtracking grows with the text, as Qwen3's `\\s*[\\r\\n]+`, reaches the limit only on millions
+of characters).
 """
 
 from __future__ import annotations
@@ -30,7 +38,12 @@ import numpy as np
 import xxhash
 
 from kvtrace.transforms.encode.blocks import TOKEN_DTYPE
-from kvtrace.transforms.encode.fallible_tokenizer import _is_panic
+from kvtrace.transforms.encode.fallible_tokenizer import (
+    FallibleTokenizer,
+    TokenizerFailure,
+    _is_panic,
+    token_ids,
+)
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -94,6 +107,31 @@ PROBES = (
     "a" * 5000,
     " " * 3000 + "x",
 )
+# Runs of each printable ASCII character and of a few others (accented, CJK, emoji, spaces that
+# are not ASCII), each RUN_CHARS long: where the reference's regex backtracks past its retry
+# limit (10^7 steps per match) on a run of this length, it fails on texts of the run's length,
+# which fastokens would encode; fastokens is then refused. (Qwen3's and DeepSeek-R1's pass:
+# 0.1 CPU-s for the 105 runs.)
+RUN_CHARS = 4096
+RUNS = tuple(
+    chr(code) * RUN_CHARS
+    for code in (
+        *range(0x20, 0x7F),
+        0x09,
+        0x0A,
+        0x0B,
+        0x0C,
+        0x0D,
+        0xE9,
+        0x4E2D,
+        0x1F642,
+        0xA0,
+        0x3000,
+    )
+)
+# A text longer than this is encoded by the reference: a pattern that passed RUNS backtracks
+# past the retry limit, if at all, only on texts this long or longer (Qwen3's: ~10^7 spaces).
+MAX_FAST_CHARS = 1 << 20
 
 
 def fastokens_refusal(config: dict[str, Any]) -> str | None:
@@ -224,7 +262,11 @@ class VerifiedBackend:
     def encode_batch_fast(self, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
         """Each text's encoding (its ids); the reference's where a text is sampled, where the
         fast library fails and once it differed. The reference's errors are the call's."""
-        if self.fallback is not None or add_special_tokens:
+        if (
+            self.fallback is not None
+            or add_special_tokens
+            or any(len(text) > MAX_FAST_CHARS for text in texts)
+        ):
             return self._reference.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         try:
             fast = self._fast_batch(texts)
@@ -317,16 +359,28 @@ def _loaded(tokenizer_json: bytes, reference: Any) -> tuple[VerifiedBackend | No
 def probe_difference(
     backend: VerifiedBackend, reference: Any, config: dict[str, Any], extra: list[str] = ()
 ) -> str | None:
-    """The first probe text whose ids differ between the two, described, or None: PROBES, the
-    tokenizer's added tokens alone, together and inside text, and extra (a rendered chat)."""
+    """The first probe text the reference fails on, or whose ids differ between the two,
+    described, or None: PROBES, RUNS, the tokenizer's added tokens alone, together and inside
+    text, and extra (a rendered chat). The reference encodes through FallibleTokenizer: its
+    failure is a reason, never a traceback."""
     added = [str(token.get("content")) for token in config.get("added_tokens") or []]
-    probes = [*PROBES, *added, " ".join(added), f"x{''.join(added)}\n y", *extra]
+    probes = [*PROBES, *RUNS, *added, " ".join(added), f"x{''.join(added)}\n y", *extra]
+    encoder, expected = FallibleTokenizer(reference), []
+    for text in probes:  # one by one: the first failure decides, each costs ~0.3 s
+        [want] = encoder.encode([text])
+        expected.append(want)
+        if isinstance(want, TokenizerFailure):
+            return (
+                f"tokenizers fails on the probe {text[:20]!r} ({len(text)} characters: "
+                f"{want.reason[:120]}), which fastokens could encode"
+            )
     try:
         fast = backend._fast_batch(probes)
-    except Exception as err:
+    except BaseException as err:
+        if not (isinstance(err, Exception) or _is_panic(err)):
+            raise
         return f"fastokens fails on a probe text ({str(err)[:200]})"
-    expected = reference.encode_batch_fast(probes, add_special_tokens=False)
     for text, got, want in zip(probes, fast, expected):
-        if not np.array_equal(got.ids, want.ids):
+        if not np.array_equal(got.ids, token_ids(want)):
             return f"the probe {text[:60]!r} tokenizes differently"
     return None

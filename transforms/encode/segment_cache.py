@@ -260,7 +260,6 @@ class SegmentEncoder:
             self.counts.disabled = splitter
         else:
             self.verify()
-            self._tokenizer = FallibleTokenizer(backend)  # judged on the run's texts, not probes
 
     @property
     def enabled(self) -> bool:

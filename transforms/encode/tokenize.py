@@ -6,7 +6,6 @@ so a trace sees exactly the tokens the model's server would.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -88,8 +87,15 @@ def check_tokenizer_path(name: str) -> None:
 def load_tokenizer(name: str) -> FastTokenizer:
     """The tokenizer for name, loaded once per worker process from the bytes of its files
     (fast_tokenizer.py: the Rust tokenizer and transformers' template renderer), which it
-    carries hashed (files_sha256)."""
-    return FastTokenizer.from_directory(tokenizer_directory(name))
+    carries hashed (files_sha256). Whether it tokenizes is decided here, on kvtrace's own
+    probe text: one that fails it (a pre-tokenizer regex past its limits) is refused in one
+    line (ValueError), and afterwards a text it fails on is that record's dead letter."""
+    tokenizer = FastTokenizer.from_directory(tokenizer_directory(name))
+    try:
+        encode_texts(tokenizer, [PROBE_TEXT])
+    except ValueError as err:
+        raise ValueError(f"tokenizer {name}: {err}; it does not tokenize") from None
+    return tokenizer
 
 
 @functools.lru_cache(maxsize=4)
@@ -214,17 +220,11 @@ RENDER_WATCHDOG = Watchdog()
 # fits its budget is a matter of speed. No real request comes near (OpenAI's API takes at most
 # 128 tools; 128 Ki messages of a few tokens each fill a 1 M-token context).
 MAX_RENDERED_ITEMS = 1 << 17
-# A template over its budget on this many requests of a worker before it rendered any is over it
-# on every one: the job stops in one line rather than spend the budget on each record.
-OVERRUNS_TO_STOP = 3
-# ...counting only records this small, which any template renders well within the budget (Qwen3's,
-# among the slowest per byte, renders 1 MiB of one-word messages in ~0.9 s): a larger record over
-# it may be over it for its size alone, so it is a dead letter that says nothing of the template.
-CONDEMNING_RECORD_BYTES = 1 << 20
-# ...and holding this few JSON values (messages, tools and all they hold): a template's work is
-# per item as well as per byte (Qwen3 prints each tool with tojson, ~30 us each: 340,000 empty
-# tools, 1 MB, take ~10 s), and at this count the slowest seen renders in ~0.5 s.
-CONDEMNING_RECORD_ITEMS = 1 << 14
+# The conversation a template must render within its budget before any request's (once per
+# tokenizer and template variables in a process): a template over its budget on it does not
+# render, and the job stops in one line. Decided on this fixed text, never on which requests a
+# worker happens to render first; afterwards an overrun is its request's own dead letter.
+PROBE_CONVERSATION = ({"role": "user", "content": "kvtrace probe: Hello, world!"},)
 
 
 def render_chat(
@@ -232,13 +232,12 @@ def render_chat(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
-    record_bytes: int = 0,
     timestamp_ms: int = 0,
 ) -> str:
-    """The prompt text the model's server would build for a chat request (record_bytes: the
-    size of the record it came in, which may explain a render over its budget) that came in at
+    """The prompt text the model's server would build for a chat request that came in at
     timestamp_ms: what a template's strftime_now reads (template_names.py). A text of no
-    request (render's probes) is rendered at the epoch.
+    request (render's probes) is rendered at the epoch. A render over its budget is the
+    request's template_error; a template over it on PROBE_CONVERSATION stops the job.
 
     Tool-call arguments go in as objects, as vLLM passes them; a template written for the
     OpenAI wire form, which concatenates them as strings (DeepSeek-R1's), gets them as JSON
@@ -254,61 +253,48 @@ def render_chat(
             f"{MAX_RENDERED_ITEMS}: more than a template renders within "
             f"its budget",
         )
-    tally = _TALLIES.get(tokenizer) or _TALLIES.setdefault(tokenizer, _Tally())
+    _probe_render(tokenizer, template_kwargs)
     try:
-        text = RENDER_WATCHDOG.run(
+        return RENDER_WATCHDOG.run(
             lambda: render_at(
                 timestamp_ms,
                 lambda: _apply_or_rejected(tokenizer, messages, tools, template_kwargs),
             )
         )
     except RenderOverrun as err:
-        if record_bytes > CONDEMNING_RECORD_BYTES:
-            raise Rejected(
-                "template_error",
-                f"the chat template went {err} on a record of {record_bytes} bytes",
-            ) from None
-        if _holds_more_than((messages, tools), CONDEMNING_RECORD_ITEMS):
-            raise Rejected(
-                "template_error",
-                f"the chat template went {err} on a record of over {CONDEMNING_RECORD_ITEMS} items",
-            ) from None
-        tally.overruns += 1
-        if tally.overruns >= OVERRUNS_TO_STOP and not tally.rendered:
-            raise JobStopped(
-                f"the chat template went {err} on each of the first "
-                f"{OVERRUNS_TO_STOP} requests of at most {CONDEMNING_RECORD_BYTES} "
-                f"bytes and {CONDEMNING_RECORD_ITEMS} items: it does not render"
-            ) from None
         raise Rejected("template_error", f"the chat template went {err}") from None
-    tally.rendered += 1
-    return text
 
 
-def _holds_more_than(value: Any, limit: int) -> bool:
-    """Whether value holds more than limit JSON values, counted through its lists and objects:
-    a walk of at most limit steps, taken only once a render went over its budget."""
-    pending, count = [value], 0
-    while pending:
-        item = pending.pop()
-        count += 1
-        if count > limit:
-            return True
-        if type(item) is dict:
-            pending.extend(item.values())
-        elif type(item) in (list, tuple):
-            pending.extend(item)
-    return False
+def _probe_render(tokenizer: Any, template_kwargs: dict[str, Any]) -> None:
+    """PROBE_CONVERSATION rendered under the budget, once per tokenizer and template variables:
+    an overrun stops the job (JobStopped); a template raising on it says nothing of its speed,
+    and each request is judged on its own."""
+    probed = _PROBED.get(tokenizer) or _PROBED.setdefault(tokenizer, set())
+    key = repr(sorted(template_kwargs.items()))
+    if key in probed:
+        return
+    try:
+        RENDER_WATCHDOG.run(
+            lambda: render_at(
+                0,
+                lambda: _apply_or_rejected(
+                    tokenizer, [dict(m) for m in PROBE_CONVERSATION], None, template_kwargs
+                ),
+            )
+        )
+    except RenderOverrun as err:
+        raise JobStopped(
+            f"the chat template went {err} on kvtrace's own one-message conversation: "
+            f"it does not render"
+        ) from None
+    except Rejected:
+        pass
+    probed.add(key)
 
 
-@dataclasses.dataclass
-class _Tally:
-    rendered: int = 0
-    overruns: int = 0
-
-
-# Per tokenizer (a process may hold several), forgotten with it.
-_TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
+# Per tokenizer (a process may hold several), forgotten with it: the template variables whose
+# probe render passed.
+_PROBED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _apply_or_rejected(

@@ -33,6 +33,7 @@ from kvtrace.transforms.read.arrow_sizes import (
 )
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
+from kvtrace.transforms.read.numbers import Reader, json_reader
 from kvtrace.transforms.read.parquet_frame import TAIL_BYTES, footer_length
 from kvtrace.transforms.storage import is_url
 
@@ -1270,14 +1271,16 @@ def decoded_type(kind: pa.DataType) -> pa.DataType:
 
 
 def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
-    """A column's values as Python values; a dictionary's entries are converted once and
+    """A column's values as Python values, each the JSON value of its text (numbers.json_reader;
+    maps as dicts, a key twice a KeyError); a dictionary's entries are converted once and
     shared by every row that references them (DictionaryArray.to_pylist copies an entry per
     row), batches that share a dictionary sharing its conversion."""
     converted: dict[tuple[int, ...], list[Any]] = {}
     values: list[Any] = []
+    read = json_reader(column.type)
     for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
         if not pa.types.is_dictionary(chunk.type):
-            values.extend(chunk.to_pylist())
+            values.extend(_json_values(chunk, read))
             continue
         dictionary = chunk.dictionary
         key = (
@@ -1286,12 +1289,17 @@ def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
             *(buffer.address for buffer in dictionary.buffers() if buffer is not None),
         )
         if key not in converted:
-            converted[key] = dictionary.to_pylist()
+            converted[key] = _json_values(dictionary, read)
         entries = converted[key]
         values.extend(
             None if index is None else entries[index] for index in chunk.indices.to_pylist()
         )
     return values
+
+
+def _json_values(array: pa.Array, read: Reader | None) -> list[Any]:
+    values = array.to_pylist(maps_as_pydicts="strict")
+    return values if read is None else [read(value) for value in values]
 
 
 UTC_LABEL = "+00:00"  # a fixed offset: Python's own timezone.utc, no zone database asked
@@ -1306,19 +1314,6 @@ def without_views(schema: pa.Schema) -> pa.Schema:
     database may lack, and "+00:00" is looked up in none); nanoseconds floored to microseconds
     (cast with safe=False), which without pandas Arrow refuses to convert at all."""
     return pa.schema([field.with_type(_plain_type(field.type)) for field in schema])
-
-
-def holds_decimals(schema: pa.Schema) -> bool:
-    """Whether any column, or a field nested in one, is a decimal."""
-    return any(_holds_decimal(field.type) for field in schema)
-
-
-def _holds_decimal(kind: pa.DataType) -> bool:
-    if pa.types.is_decimal(kind):
-        return True
-    if pa.types.is_dictionary(kind):
-        return _holds_decimal(kind.value_type)
-    return any(_holds_decimal(kind.field(i).type) for i in range(kind.num_fields))
 
 
 def _plain_type(kind: pa.DataType) -> pa.DataType:

@@ -24,14 +24,13 @@ import pyarrow.parquet as pq
 from kvtrace.transforms.dead_letters import DAMAGED_FILE, DeadLetter, shown_name
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected, unanticipated
 from kvtrace.transforms.read.decompress import input_name
-from kvtrace.transforms.read.numbers import json_value
+from kvtrace.transforms.read.numbers import row_reader
 from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     FooterOverBound,
     Oversized,
     broken_off,
     compression_of,
-    holds_decimals,
     is_parquet,
     open_raw,
     open_stream,
@@ -293,20 +292,19 @@ def _row_group(
 def _python_rows(
     path: str, rows: pa.RecordBatch, dense: pa.Schema, first: int
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
-    """Rows (sized already) as dicts: the one place Parquet values become Python values, a
-    decimal as the JSON value of its text (numbers.json_value). A value Arrow holds but Python
-    cannot (a timestamp past year 9999, a decimal past its precision) fails its row alone: the
-    rows are then converted one by one, and each that fails is a dead letter saying why,
+    """Rows (sized already) as dicts: the one place Parquet values become Python values, each
+    the JSON value of its text as its Arrow type decides (numbers.json_reader: a decimal, a
+    narrow float, bytes). A value Arrow holds but Python cannot (a timestamp past year 9999, a
+    decimal past its precision, a map with a key twice, bytes not UTF-8) fails its row alone:
+    the rows are then converted one by one, and each that fails is a dead letter saying why,
     numbered from `first`."""
-    # Decimals read as the JSON numbers of their text; looked for only where the schema has one.
-    values = json_value if holds_decimals(dense) else _as_is
     try:
         converted = _as_python(rows, dense)
     except CONVERSION_FAILURES:
         converted = None
     if converted is not None:
         for row in converted:
-            yield path, without_nulls(values(row))
+            yield path, without_nulls(row)
         return
     for index in range(rows.num_rows):
         try:
@@ -320,11 +318,7 @@ def _python_rows(
                 f"row {first + index} has a value Python cannot hold: {failed.message}",
             )
             continue
-        yield path, without_nulls(values(row))
-
-
-def _as_is(row: dict) -> dict:
-    return row
+        yield path, without_nulls(row)
 
 
 def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
@@ -332,14 +326,17 @@ def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
     shrinking unit goes unchecked: first every change but nanoseconds' (checked: a
     timestamp[ms] or [s] scaled up to microseconds past what int64 holds raises, failing its
     row, where an unchecked cast would wrap it into a believable time), then nanoseconds
-    floored to microseconds (safe=False lets the cast drop digits; dividing cannot overflow)."""
+    floored to microseconds (safe=False lets the cast drop digits; dividing cannot overflow).
+    Maps become dicts (a key twice fails), every value the JSON value of its text."""
     kept = pa.schema(
         [
             field.with_type(_ns_kept(field.type, read.type))
             for field, read in zip(dense, rows.schema)
         ]
     )
-    return rows.cast(kept).cast(dense, safe=False).to_pylist()
+    values = rows.cast(kept).cast(dense, safe=False).to_pylist(maps_as_pydicts="strict")
+    read = row_reader(dense)
+    return values if read is None else [read(row) for row in values]
 
 
 _LISTS = (pa.ListType, pa.LargeListType, pa.ListViewType, pa.LargeListViewType)

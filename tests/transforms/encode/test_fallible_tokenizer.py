@@ -1,6 +1,7 @@
 """Every call into the Rust tokenizer is fallible: a text it panics on is that text's failure (a
-`tokenizer_error` dead letter), the others keep their ids; a tokenizer failing on every text
-stops the job in one line; Rust's report of the panic never reaches the user's stderr."""
+`tokenizer_error` dead letter), the others keep their ids, whatever texts came first; a
+tokenizer failing on kvtrace's own probe text is refused at load in one line; Rust's report of
+the panic never reaches the user's stderr."""
 
 from __future__ import annotations
 
@@ -15,14 +16,10 @@ from tokenizers import Tokenizer
 from helpers import ROOT
 from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
 from kvtrace.transforms.encode.encode_requests import TOKENIZER_ERROR, EncodeOptions, RequestEncoder
-from kvtrace.transforms.encode.fallible_tokenizer import (
-    FAILURES_TO_STOP,
-    FallibleTokenizer,
-    TokenizerFailure,
-)
+from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, TokenizerFailure
 from kvtrace.transforms.encode.fast_tokenizer import FastTokenizer
 from kvtrace.transforms.encode.salt import SaltSource
-from kvtrace.transforms.errors import JobStopped
+from kvtrace.transforms.encode.tokenize import load_tokenizer
 from kvtrace.transforms.read.records import parse_record
 
 # Oniguruma gives up backtracking `(a|a)+b` over 40 a's (its retry limit): the Rust side panics.
@@ -33,7 +30,10 @@ GIVES_UP = "a" * 40 + "c"
 def backtracking(tiny_tokenizer, tmp_path) -> Path:
     """The tiny tokenizer (its added tokens kept: the segment cache cuts at them) with a
     pre-tokenizer regex that backtracks."""
-    folder = tmp_path / "tok"
+    return _splitting_on(tiny_tokenizer, tmp_path / "tok", "(a|a)+b")
+
+
+def _splitting_on(tiny_tokenizer: str, folder: Path, regex: str) -> Path:
     folder.mkdir()
     for path in Path(tiny_tokenizer).iterdir():
         (folder / path.name).write_bytes(path.read_bytes())
@@ -41,12 +41,7 @@ def backtracking(tiny_tokenizer, tmp_path) -> Path:
     spec["pre_tokenizer"] = {
         "type": "Sequence",
         "pretokenizers": [
-            {
-                "type": "Split",
-                "pattern": {"Regex": "(a|a)+b"},
-                "behavior": "Isolated",
-                "invert": False,
-            },
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
             {"type": "WhitespaceSplit"},
         ],
     }
@@ -70,19 +65,21 @@ def test_a_text_the_tokenizer_panics_on_fails_alone(backtracking):
     ]
 
 
-def test_a_tokenizer_failing_on_each_of_its_first_texts_stops_the_job(backtracking):
+def test_failures_first_say_nothing_of_the_texts_after_them(backtracking):
+    """Whether a text fails is its own: however many failures a tokenizer met first, a text it
+    encodes is encoded (the judgement that it does not tokenize is load's, on a probe)."""
     tokenizer = FallibleTokenizer(_backend(backtracking))
-    for _ in range(FAILURES_TO_STOP - 1):
-        assert isinstance(tokenizer.encode([GIVES_UP])[0], TokenizerFailure)
-    with pytest.raises(JobStopped, match="does not tokenize"):
-        tokenizer.encode([GIVES_UP])
-
-
-def test_once_it_encoded_a_text_failures_are_the_texts_own(backtracking):
-    tokenizer = FallibleTokenizer(_backend(backtracking))
-    tokenizer.encode(["hello world"])
-    failures = tokenizer.encode([GIVES_UP] * FAILURES_TO_STOP)  # each panic costs ~0.3 s
+    failures = tokenizer.encode([GIVES_UP + "c" * i for i in range(3)])  # each panic ~0.3 s
     assert all(isinstance(failure, TokenizerFailure) for failure in failures)
+    assert tokenizer.encode(["hello world"]) == tokenizer.encode_or_raise(["hello world"])
+
+
+def test_a_tokenizer_failing_on_kvtraces_probe_text_is_refused_at_load(tiny_tokenizer, tmp_path):
+    """`(.|.)+(?!.)x` backtracks past Oniguruma's limit on any line of 40 characters or more,
+    so on the probe text: load says so in one line."""
+    folder = _splitting_on(tiny_tokenizer, tmp_path / "tok", "(.|.)+(?!.)x")
+    with pytest.raises(ValueError, match="fails on kvtrace's own text.*it does not tokenize"):
+        load_tokenizer(str(folder))
 
 
 def test_kvtraces_own_text_failing_is_one_line(backtracking):
@@ -157,18 +154,19 @@ def test_native_stderr_is_logged_and_python_stderr_is_never_held_back(level):
     )
 
 
-def test_a_request_encoder_whose_tokenizer_fails_on_its_first_requests_stops(backtracking):
-    """Judged on the run's texts: the segment cache's probes, which it encodes, do not count."""
+def test_a_request_encoders_first_requests_failing_are_dead_letters(backtracking):
+    """The segment cache's probes and the run's first texts decide nothing: every request the
+    tokenizer fails on is its own letter, the rest are hashed."""
     encoder = RequestEncoder(
         FastTokenizer.from_directory(backtracking),
         chain_seed(b"salt"),
         EncodeOptions(str(backtracking), SaltSource("random"), block_size=4),
     )
+    prompts = [GIVES_UP + "c" * i for i in range(3)] + ["hello world"]
     requests = [
-        parse_record(
-            json.dumps({"timestamp": i, "prompt": GIVES_UP + "c" * i}).encode(), "in.jsonl"
-        )
-        for i in range(FAILURES_TO_STOP)
+        parse_record(json.dumps({"timestamp": i, "prompt": p}).encode(), "in.jsonl")
+        for i, p in enumerate(prompts)
     ]
-    with pytest.raises(JobStopped, match="does not tokenize"):
-        encoder.encode(requests)
+    hashed, letters = encoder.encode(requests)
+    assert [letter.reason for letter in letters] == [TOKENIZER_ERROR] * 3
+    assert hashed is not None and hashed.requests["timestamp_ms"].tolist() == [3]

@@ -22,7 +22,9 @@ from kvtrace.transforms.encode.fallible_tokenizer import (
     token_ids,
 )
 from kvtrace.transforms.encode.fast_backend import (
+    AUTO,
     FASTOKENS,
+    MAX_FAST_CHARS,
     TOKENIZERS,
     VerifiedBackend,
     choose_backend,
@@ -227,6 +229,36 @@ def test_probes_catch_a_backend_that_differs_at_load(wrong, deepseek_tokenizer):
         VerifiedBackend(fast, reference), reference, _config(deepseek_tokenizer)
     )
     assert reason and reason.startswith("the probe ")
+
+
+def test_a_text_over_the_fast_length_is_the_references(wrong):
+    """A pattern whose backtracking grows with the text reaches the reference's retry limit
+    only on millions of characters: such texts are the reference's, ids and failures."""
+    fast, reference = wrong
+    backend = VerifiedBackend(fast, reference)
+    texts = _sampled("long", False, 2)
+    texts[1] += " x" * (MAX_FAST_CHARS // 2)
+    assert _ids(backend, texts[:1]) != _ids(reference, texts[:1])  # fast ids: differ here
+    assert _ids(backend, texts) == _ids(reference, texts)
+    assert backend.fallback is None  # never sampled, never compared: the reference's alone
+
+
+def _splitting_on(qwen3_tokenizer: str, regex: str) -> tuple[bytes, dict, tokenizers.Tokenizer]:
+    config = json.loads((Path(qwen3_tokenizer) / "tokenizer.json").read_text())
+    config["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": regex}
+    data = json.dumps(config).encode()
+    return data, config, tokenizers.Tokenizer.from_str(data.decode())
+
+
+def test_a_reference_failing_on_a_probe_keeps_it_naming_the_probe(qwen3_tokenizer):
+    """`(q|q)+z` backtracks past Oniguruma's limit on a run of q's: tokenizers would fail on
+    such a text where fastokens encodes it, so fastokens is refused at load, in one line."""
+    data, config, reference = _splitting_on(qwen3_tokenizer, "(q|q)+z")
+    backend, why = choose_backend(AUTO, data, config, reference)
+    assert backend is reference and "tokenizers fails on the probe 'qqqq" in why
+    assert "retry-limit" in why
+    with pytest.raises(ValueError, match="fastokens: tokenizers fails on the probe 'qqqq"):
+        choose_backend(FASTOKENS, data, config, reference)
 
 
 def test_a_text_the_fast_library_fails_on_is_the_references_to_decide(deepseek_tokenizer):

@@ -321,53 +321,29 @@ def tiny(tiny_tokenizer) -> FastTokenizer:
     return FastTokenizer.from_directory(Path(tiny_tokenizer))  # a fresh one: its own tally
 
 
+def _on_hello(template: str) -> str:
+    """template run only for a request saying 'hello world' (never for the probe's)."""
+    return "{% if messages[0].content == 'hello world' %}" + template + "{% endif %}"
+
+
 @pytest.mark.parametrize("name", sorted(RUNAWAY))
 def test_a_runaway_template_is_a_template_error(tight_budget, tiny, name):
     start = time.thread_time()
     with pytest.raises(Rejected) as err:
-        tokenize.render_chat(tiny, MESSAGES, None, {"chat_template": RUNAWAY[name]})
+        tokenize.render_chat(tiny, MESSAGES, None, {"chat_template": _on_hello(RUNAWAY[name])})
     assert err.value.reason == "template_error" and "render budget" in err.value.message
     assert time.thread_time() - start < TIGHT_S + GRACE_S
 
 
-def test_a_template_over_budget_on_every_request_stops_the_job(tight_budget, tiny):
-    kwargs = {"chat_template": RUNAWAY["nested_loops"]}
-    for _ in range(tokenize.OVERRUNS_TO_STOP - 1):
-        with pytest.raises(Rejected):
-            tokenize.render_chat(tiny, MESSAGES, None, kwargs)
-    with pytest.raises(JobStopped, match="does not render"):
-        tokenize.render_chat(tiny, MESSAGES, None, kwargs)
+def test_a_template_over_budget_on_the_probe_conversation_stops_the_job(tight_budget, tiny):
+    """Judged at the first render on kvtrace's own conversation, whatever the request."""
+    with pytest.raises(JobStopped, match="own one-message conversation: it does not render"):
+        tokenize.render_chat(tiny, MESSAGES, None, {"chat_template": RUNAWAY["nested_loops"]})
 
 
-def test_records_over_budget_for_their_size_do_not_condemn_the_template(tight_budget, tiny):
-    """Large records first in a log, each over the budget: dead letters, and the template,
-    judged on the records small enough to say something of it, renders the rest."""
-    kwargs = {
-        "chat_template": "{% if messages|length > 1 %}"
-        + RUNAWAY["nested_loops"]
-        + "{% endif %}{{ messages[0].content }}"
-    }
-    large = [{"role": "user", "content": "a"}] * 2
-    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
-        with pytest.raises(Rejected, match="on a record of"):
-            tokenize.render_chat(tiny, large, None, kwargs, tokenize.CONDEMNING_RECORD_BYTES + 1)
-    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
-
-
-def test_records_over_budget_for_their_items_do_not_condemn_the_template(tight_budget, tiny):
-    """Round 3: a record under 1 MiB may hold hundreds of thousands of tools, each a template
-    step (Qwen3: ~10 s for 340,000 empty ones): its overrun is its own dead letter, however
-    many such records come first, and the template renders the small ones after them."""
-    kwargs = {
-        "chat_template": "{% if tools %}"
-        + RUNAWAY["nested_loops"]
-        + "{% endif %}{{ messages[0].content }}"
-    }
-    tools = [{}] * tokenize.CONDEMNING_RECORD_ITEMS
-    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
-        with pytest.raises(Rejected, match="items"):
-            tokenize.render_chat(tiny, MESSAGES, tools, kwargs, 100)
-    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs, 100) == "hello world"
+def test_a_template_raising_on_the_probe_conversation_renders_the_requests(tiny):
+    kwargs = {"chat_template": "{{ raise_exception('no') if 'probe' in messages[0].content }}ok"}
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs) == "ok"
 
 
 def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_first(tiny):
@@ -381,24 +357,16 @@ def test_a_request_of_more_messages_and_tools_than_any_render_fits_is_refused_fi
     assert err.value.reason == "too_large"
 
 
-@pytest.mark.parametrize(
-    ("value", "count"), [([], 1), ({"a": [1, {"b": None}]}, 5), (([{}] * 3, None), 6), ("text", 1)]
-)
-def test_a_records_items_are_counted_through_lists_and_objects(value, count):
-    assert tokenize._holds_more_than(value, count - 1)
-    assert not tokenize._holds_more_than(value, count)
-
-
 def test_a_template_over_budget_on_some_requests_keeps_the_job(tight_budget, tiny):
     kwargs = {
         "chat_template": "{% if messages[0].content == 'loop' %}"
         + RUNAWAY["nested_loops"]
         + "{% endif %}{{ messages[0].content }}"
     }
-    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs) == "hello world"
-    for _ in range(tokenize.OVERRUNS_TO_STOP + 1):
+    for _ in range(4):  # overruns first decide nothing of the template
         with pytest.raises(Rejected):
             tokenize.render_chat(tiny, [{"role": "user", "content": "loop"}], None, kwargs)
+    assert tokenize.render_chat(tiny, MESSAGES, None, kwargs) == "hello world"
 
 
 @pytest.mark.slow  # every hostile template at the default budget: ~30 s
@@ -414,14 +382,14 @@ def test_every_hostile_template_is_a_dead_letter_under_a_memory_cap(tiny_tokeniz
         "    tokenizer = FastTokenizer.from_directory(Path(sys.argv[1]))\n"
         "    start = time.thread_time()\n"
         "    try:\n"
-        "        tokenize.render_chat(tokenizer, [{'role': 'user', 'content': 'hi'}], None,\n"
-        "                             {'chat_template': source})\n"
+        "        tokenize.render_chat(tokenizer, [{'role': 'user', 'content': 'hello world'}],\n"
+        "                             None, {'chat_template': source})\n"
         "        reason = 'rendered'\n"
         "    except Rejected as err:\n"
         "        reason = err.reason\n"
         "    print(json.dumps([name, reason, time.thread_time() - start]), flush=True)\n"
     )
-    hostile = {**RUNAWAY, **REFUSED}
+    hostile = {name: _on_hello(source) for name, source in {**RUNAWAY, **REFUSED}.items()}
     result = subprocess.run(
         under_rlimit(
             [sys.executable, "-c", code, tiny_tokenizer, json.dumps(hostile)], "RLIMIT_AS", 3 << 30

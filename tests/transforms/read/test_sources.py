@@ -4,6 +4,7 @@ parse transforms in TestPipelines."""
 from __future__ import annotations
 
 import bz2
+import datetime
 import gzip
 import io
 import json
@@ -22,6 +23,7 @@ from kvtrace.transforms.dead_letters import DEAD_LETTER_TAG, DeadLetter
 from kvtrace.transforms.read.paths import Oversized, read_lines
 from kvtrace.transforms.read.records import ParseOptions
 from kvtrace.transforms.read.sources import BOM, FileRange, file_ranges, read_range, unread_bytes
+from kvtrace.transforms.read.timestamps import timestamp_ms
 
 LINES = [json.dumps({"timestamp": i, "prompt": f"p{i}" * (i % 7)}).encode() for i in range(2000)]
 
@@ -231,6 +233,49 @@ def test_a_parquet_value_python_cannot_hold_is_its_rows_dead_letter_alone(tmp_pa
     assert [item[1]["prompt"] for item in read if isinstance(item, tuple)] == [
         f"p{i}" for i in range(200) if i != 70
     ]
+
+
+def test_parquet_maps_bytes_and_narrow_floats_read_as_their_json_values(tmp_path):
+    """A map is an object (a key twice fails its row alone), bytes their UTF-8 text (bytes
+    that are not UTF-8 fail their row alone), a float32 the number its shortest text writes."""
+    path = tmp_path / "kinds.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array(range(4), pa.int64()),
+                "prompt": pa.array([b"hello", b"caf\xc3\xa9", b"\xff", b"ok"], pa.binary()),
+                "latency": pa.array([1.3, 0.7, 2.3, 4.7], pa.float32()),
+                "tags": pa.array(
+                    [[("a", 1)], [("b", 2)], [("c", 3)], [("d", 4), ("d", 5)]],
+                    pa.map_(pa.string(), pa.int64()),
+                ),
+            }
+        ),
+        path,
+    )
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert [item for item in read if isinstance(item, tuple)] == [
+        (str(path), {"timestamp": 0, "prompt": "hello", "latency": 1.3, "tags": {"a": 1}}),
+        (str(path), {"timestamp": 1, "prompt": "café", "latency": 0.7, "tags": {"b": 2}}),
+    ]
+    letters = [item for item in read if isinstance(item, DeadLetter)]
+    assert [(d.reason, d.message[:6]) for d in letters] == [
+        ("malformed_record", "row 2 "),
+        ("malformed_record", "row 3 "),
+    ]
+    assert "UnicodeDecodeError" in letters[0].message and "duplicate key" in letters[1].message
+
+
+@pytest.mark.parametrize("kind", [pa.date32(), pa.date64()])
+def test_a_parquet_date_reads_as_its_jsonl_text(tmp_path, kind):
+    """One rule for a date in either form: its ISO text, which a timestamp reads as midnight
+    UTC, as it does the JSONL "2025-11-21"."""
+    path = tmp_path / "dates.parquet"
+    day = datetime.date(2025, 11, 21)
+    pq.write_table(pa.table({"timestamp": pa.array([day], kind), "prompt": ["hi"]}), path)
+    [(_, row)] = read_range(FileRange(str(path), 0, None), 1 << 20)
+    assert row == json.loads('{"timestamp": "2025-11-21", "prompt": "hi"}')
+    assert timestamp_ms(row["timestamp"]) == 1_763_683_200_000
 
 
 def test_parquet_view_columns_read_as_their_plain_twins(tmp_path):
