@@ -170,8 +170,7 @@ class _Stop:
         self._args = args  # read when the stop is said: a command's word for its workers' part
         self.signum: int | None = None
         self._raised = False
-        self._said = False
-        self._saying = threading.Lock()
+        self._saying = threading.Lock()  # held from the line on: said once, by one thread
 
     def __call__(self, signum: int, frame: object) -> None:
         if self._raised:
@@ -184,22 +183,33 @@ class _Stop:
         """End what this process started, say so once, and end this process: at once, as the
         interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds).
         What the run made goes too (its staging, lock files: the run's one registry,
-        storage.remove_on_exit): it may not have unwound (a wait in a library)."""
-        end_descendants()
-        publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
-        whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)
-        storage = sys.modules.get("kvtrace.transforms.storage")  # else nothing made
-        if publish is None and storage is not None:  # no publication to wait for
-            storage.remove_leftovers()
-        with self._saying:
-            if not self._said:
-                self._said = True
-                print(
-                    self._leaves(_published_here()) + ("" if whole else HALF_DONE), file=sys.stderr
-                )
-            sys.stdout.flush()
-            sys.stderr.flush()
+        storage.remove_on_exit): it may not have unwound (a wait in a library). The exit is
+        in a finally and the line is said under OSError: a stderr that is gone (a closed
+        pipe, a dropped terminal) neither keeps the process past its deadline nor changes
+        its exit code."""
+        try:
+            end_descendants()
+            publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
+            whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)
+            storage = sys.modules.get("kvtrace.transforms.storage")  # else nothing made
+            if publish is None and storage is not None:  # no publication to wait for
+                storage.remove_leftovers()
+            # Bounded: the other thread may hold it (and the streams), stuck in a write to a
+            # stalled terminal; then that thread says the line, or nobody does.
+            if self._saying.acquire(timeout=ABANDON_WAIT_S):
+                self._say(self._leaves(_published_here()) + ("" if whole else HALF_DONE))
+        finally:
             os._exit(128 + (self.signum or signal.SIGINT))
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """The stop's line and both streams flushed: a stream that is gone (EPIPE, EIO) is
+        passed over, as there is nobody left to tell."""
+        with contextlib.suppress(OSError):
+            print(line, file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):
+                stream.flush()
 
     def _leaves(self, published: str) -> str:
         """What the stop leaves: what this process published, else what the command says its
@@ -279,7 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:  # the reader of stdout left (`| head`): it has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush is quiet
+        for stream in (sys.stdout, sys.stderr):  # or of stderr (`2>&1 | tee`), say, as it failed
+            try:
+                stream.flush()
+            except OSError:  # gone: what it holds goes nowhere, so that exit's flush is quiet
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
         return 128 + signal.SIGPIPE
 
 
@@ -298,6 +312,9 @@ def _main(argv: Sequence[str] | None) -> int:
             return _run(COMMANDS[args.command], args, leftovers, parser, stop)
         except KeyboardInterrupt:
             stop.end()
+        finally:
+            if stop.signum is not None:  # however the run unwound (a failure's line unsaid)
+                stop.end()
 
 
 def _show_any_name() -> None:
@@ -342,8 +359,6 @@ def _run(
                 f"the job failed: {type(err).__name__}: {_one_line(err)} "
                 f"(run with --verbose for the traceback)"
             )
-    if stop.signum is not None:
-        stop.end()
     return code
 
 

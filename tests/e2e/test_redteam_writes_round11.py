@@ -113,7 +113,6 @@ def _stopped_with_its_stderr_gone(night: list[str], stall: bool) -> tuple[int | 
         run.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_a_stop_ends_by_its_deadline_when_its_stderr_is_gone(tiny_tokenizer, tmp_path):
     """cli._Stop: a stop is "bounded": past STOP_DEADLINE_S the watcher thread ends the process
     whatever the main thread waits on (_Stop.end: the publication put back, the leftovers
@@ -130,6 +129,18 @@ def test_a_stop_ends_by_its_deadline_when_its_stderr_is_gone(tiny_tokenizer, tmp
     assert not running, f"still running {ENDED_S} s after its stop"
     assert code == 128 + signal.SIGINT
     assert not out.exists()
+
+
+def test_a_stop_exits_130_when_its_stderr_is_gone(tiny_tokenizer, tmp_path):
+    """The same stop without the stalled disk: the run unwinds in its main thread, whose line
+    and whose exit's flush of the gone stderr fail (Python's exit code for that is 120). A
+    stop's exit code says the stop, whatever the stream's state. (The stop came inside the
+    publication, which defers it to its end: the trace is published whole.)"""
+    out = tmp_path / "out"
+    code, running = _stopped_with_its_stderr_gone(_night(tmp_path, tiny_tokenizer, out), False)
+    assert not running, f"still running {ENDED_S} s after its stop"
+    assert code == 128 + signal.SIGINT
+    assert (out / "manifest.json").is_file()
 
 
 # A Beam night that waits, once its job's child has started (its scratch folder made), for the
