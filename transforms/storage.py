@@ -11,6 +11,8 @@ Importing Beam costs ~3.5 s here, more than loading a tokenizer: a local run nev
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import glob
 import io
 import logging
@@ -20,7 +22,8 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 _LOG = logging.getLogger("kvtrace")
@@ -359,6 +362,85 @@ def objects_under(prefix: str) -> str:
     the folder's own objects."""
     cut = min((prefix.find(c) for c in "[*?" if c in prefix), default=len(prefix))
     return prefix[:cut] + "**"
+
+
+# ---- Held while its maker lives ----------------------------------------------------------------
+
+# A run's scratch that another run may clear once it is left (a commit's temp file, a Beam job's
+# folder): its maker holds an flock(2) on it for as long as it is in use, and a clearer removes
+# only what it can lock without waiting. The kernel drops the lock however the holder ends (a
+# SIGKILL included), and the lock is the file's, seen alike from every PID namespace, where a
+# pid or a host name is not. A clearer that removes what a maker made before the maker locked it
+# leaves the maker a name no longer there: it makes another (HOLD_ATTEMPTS).
+HOLD_ATTEMPTS = 8
+
+
+@contextmanager
+def held(make: Callable[[], str]) -> Iterator[str]:
+    """A local file or folder that make() creates (under a new name each call), locked for as
+    long as the context lasts (one descriptor), so that remove_unheld leaves it alone."""
+    for _ in range(HOLD_ATTEMPTS):
+        path = make()
+        handle = _locked(path)
+        if handle is not None:
+            break
+    else:
+        raise OSError(errno.EAGAIN, "other runs kept removing what this one made", path)
+    try:
+        yield path
+    finally:
+        os.close(handle)  # releases the lock
+
+
+def remove_unheld(path: str) -> bool:
+    """Remove a local file or folder of the running user's that nobody holds (held), without
+    waiting for a holder; whether it went. Links and other kinds of file are left alone."""
+    try:
+        handle = _locked(path)
+    except OSError:  # another's (EACCES), or a lock this file system refuses: nothing told
+        return False
+    if handle is None:
+        return False
+    try:
+        if os.fstat(handle).st_uid != os.geteuid():
+            return False
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(handle)
+
+
+def _locked(path: str) -> int | None:
+    """A descriptor of path holding its exclusive lock, taken without waiting; None where path
+    is held, gone, no longer the file locked, or neither a plain file nor a folder. A file is
+    opened to write: NFS grants an exclusive lock only to a writer (a folder, local, any)."""
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        kind = os.lstat(path).st_mode
+        if stat.S_ISDIR(kind):
+            handle = os.open(path, flags | os.O_RDONLY | os.O_DIRECTORY)
+        elif stat.S_ISREG(kind):
+            handle = os.open(path, flags | os.O_WRONLY)
+        else:
+            return None
+    except FileNotFoundError:
+        return None
+    ours = False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        named, opened = os.lstat(path), os.fstat(handle)
+        ours = (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+    except (BlockingIOError, FileNotFoundError):  # held, or removed meanwhile
+        pass
+    finally:
+        if not ours:
+            os.close(handle)
+    return handle if ours else None
 
 
 # ---- What a run made and must remove on any exit -----------------------------------------------

@@ -183,7 +183,6 @@ def _in_a_pid_namespace() -> list[str]:
 
 
 @pytest.mark.beam
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_a_run_never_removes_a_living_runs_job_folder(tiny_tokenizer, tmp_path):
     """child_process: the Beam engine's child keeps its temporary files in a folder named by
     its owner, kvtrace-job-PID-START-*, "removed ... by the next run if this process is killed
