@@ -258,7 +258,6 @@ anchor.replace_file = _full
 """
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_a_night_that_fails_inside_its_id_map_commit_says_the_map_was_extended(
     tiny_tokenizer, tmp_path
 ):

@@ -195,10 +195,11 @@ def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
     one section every publication runs in: it holds _PUBLISHING (a hard end waits for it:
     abandon_staged) and defers a stop until it ends (interrupts), so it is whole or rolled back
     whenever the stop comes. What the body appends to the list yielded (the names it put in
-    place) is recorded once the outermost publication ends whole: one that fails, or that an
-    enclosing one rolls back, records nothing. Publications nested in one stand or are put back
-    with it. standing: what stands of its steps that are not swaps, read from storage (an id
-    map's version committed); None where that cannot be told (an object store's copies)."""
+    place) is recorded once the outermost publication ends whole: one that fails records only
+    what stands of it once its swaps are back (_note_standing), one that an enclosing one rolls
+    back nothing. Publications nested in one stand or are put back with it. standing: what
+    stands of its steps that are not swaps, read from storage (an id map's version committed);
+    None where that cannot be told (an object store's copies)."""
     with _PUBLISHING, stops_deferred():
         current = _Open(standing)
         _OPEN_PUBLICATIONS.append(current)
@@ -208,6 +209,8 @@ def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
             _undo(current.swaps)
             with _SWAPPING:
                 _OPEN_PUBLICATIONS.pop()
+                if not _ABANDONED.is_set():  # else a hard end recorded it already
+                    _note_standing(current)
             raise
         with _SWAPPING:  # a hard end sees it under way (and puts it back) or recorded whole
             _OPEN_PUBLICATIONS.pop()
@@ -219,6 +222,17 @@ def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
                 return
             _PUBLISHED_HERE.note(current.names)
         _remove_previous(current.swaps)
+
+
+def _note_standing(failed: _Open) -> None:
+    """What stands of a failed publication once its swaps are back (an id map's version
+    committed before its mark could be written), recorded as a hard end records it, so that
+    the failure's line says it whichever step failed. Read from storage: a read that fails
+    too leaves the failure's own error to be said."""
+    if failed.standing is None:
+        return
+    with suppress(Exception):
+        _PUBLISHED_HERE.note(failed.standing())
 
 
 def forward_publications(send: Callable[[list[str]], None]) -> None:
@@ -723,11 +737,11 @@ def _publish_new(staging: str, output: str) -> None:
 
 def _linked(staging: str, output: str) -> Standing:
     """What stands of _publish_new: the output, once linked (the staged name gone, or both
-    names one file)."""
+    names one file) and not taken back out (its report refused)."""
 
     def standing() -> list[str]:
-        linked = not os.path.lexists(staging) or (
-            os.path.lexists(output) and os.path.samefile(staging, output)
+        linked = os.path.lexists(output) and (
+            not os.path.lexists(staging) or os.path.samefile(staging, output)
         )
         return [output] if linked else []
 
