@@ -290,6 +290,38 @@ def remove_folder(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def empty_folders_in(folder: str) -> list[str]:
+    """The names of the empty folders a local folder holds (links not followed), sorted; none
+    on an object store, which has no empty folders."""
+    if is_url(folder):
+        return []
+    try:
+        with os.scandir(folder) as entries:
+            folders = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(name for name in folders if _empty(os.path.join(folder, name)))
+
+
+def _empty(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:  # unreadable, or gone meanwhile: not known empty
+        return False
+
+
+def remove_empty_folder(path: str) -> bool:
+    """Remove a local folder if it is (still) empty; whether it went."""
+    if is_url(path):
+        return False
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
 def sync_folder(path: str) -> None:
     """Make a local folder's entries (files created, renamed or removed in it) durable."""
     if is_url(path):
@@ -450,14 +482,18 @@ def _locked(path: str) -> int | None:
 # removes each in its finally block and forgets it; a hard end (the CLI's stop deadline, which
 # ends the process with os._exit past every finally block) removes what is left
 # (remove_leftovers). Each entry may carry a test that it is still this run's to remove (a lock
-# file is removed only while it is the file locked). Entries are this process's alone: a forked
-# child inherits the registry but never removes its parent's paths.
+# file is removed only while it is the file locked), or be a folder that others may write into
+# too (a dead-letter folder the run made), removed only while empty. Entries are this process's
+# alone: a forked child inherits the registry but never removes its parent's paths.
 MAX_LEFTOVERS = 1024  # a stream stages one folder per window: gone ones are forgotten past this
-_LEFTOVERS: dict[str, Callable[[], bool] | None] = {}  # path -> its test (None: always ours)
+# path -> its test (None: always ours), and whether it goes only while empty
+_LEFTOVERS: dict[str, tuple[Callable[[], bool] | None, bool]] = {}
 _LEFTOVERS_OWNER = [os.getpid()]
 
 
-def remove_on_exit(path: str, still_ours: Callable[[], bool] | None = None) -> str:
+def remove_on_exit(
+    path: str, still_ours: Callable[[], bool] | None = None, only_if_empty: bool = False
+) -> str:
     """Note a local path this run made (absolute), for remove_leftovers; returns path."""
     if is_url(path):
         return path
@@ -467,7 +503,7 @@ def remove_on_exit(path: str, still_ours: Callable[[], bool] | None = None) -> s
     if len(_LEFTOVERS) >= MAX_LEFTOVERS:
         for gone in [p for p in _LEFTOVERS if not os.path.lexists(p)]:
             del _LEFTOVERS[gone]
-    _LEFTOVERS[os.path.abspath(path)] = still_ours
+    _LEFTOVERS[os.path.abspath(path)] = still_ours, only_if_empty
     return path
 
 
@@ -478,13 +514,16 @@ def forget_on_exit(path: str) -> None:
 
 def remove_leftovers() -> None:
     """At a hard end: remove what this process's run made and has not removed (links are
-    removed, never followed). The caller makes sure no publication is under way."""
+    removed, never followed), what a folder holds before the folder. The caller makes sure no
+    publication is under way."""
     if _LEFTOVERS_OWNER[0] != os.getpid():
         return
-    for path, still_ours in sorted(_LEFTOVERS.items()):
+    for path, (still_ours, only_if_empty) in sorted(_LEFTOVERS.items(), reverse=True):
         if still_ours is not None and not still_ours():
             continue
-        if os.path.isdir(path) and not os.path.islink(path):
+        if only_if_empty:
+            remove_empty_folder(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             try:

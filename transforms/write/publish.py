@@ -1259,6 +1259,8 @@ class DeadLetterRun:
         first: a kill before the letters say whom they stand for leaves them to go)."""
         self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
+        if self.made_folder:  # a hard end leaves no folder of a run that rejected nothing
+            storage.remove_on_exit(self.folder, only_if_empty=True)
         storage.make_folder(self.staging, private=True)
         if is_url(output_staging):
             return
@@ -1296,9 +1298,10 @@ class DeadLetterRun:
                     self.folder, self.run_id, self.staging, publish=run_succeeded
                 )
             storage.forget_on_exit(self.staging)
-        if not published and self.made_folder and not is_url(self.folder):
-            with suppress(OSError):  # only while empty: a letter since stays
-                os.rmdir(self.folder)  # made for this run, which rejected nothing
+        if self.made_folder:
+            if not published:  # made for this run, which rejected nothing: only while empty
+                storage.remove_empty_folder(self.folder)
+            storage.forget_on_exit(self.folder)
         return published
 
 

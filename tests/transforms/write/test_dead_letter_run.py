@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -266,3 +267,18 @@ def test_a_hard_end_removes_an_unpublished_runs_pointer_and_letters_only(tmp_pat
     _next_run_of_out(tmp_path, "D")
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
     assert unpublished.settle(run_succeeded=False) is False
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["made-by-the-run", "there-before"])
+def test_a_hard_end_removes_the_dead_letter_folder_the_run_made_only(
+    tmp_path, monkeypatch, existed
+):
+    """A stop at the deadline (storage.remove_leftovers) takes the run's staged letters and
+    the dead-letter folder it made for them, now empty; a folder that was there stays."""
+    monkeypatch.setattr(storage, "_LEFTOVERS", {})
+    if existed:
+        (tmp_path / "D").mkdir()
+    _staged_run(tmp_path, "D", "bbbbbbbbbbbb")
+    storage.remove_leftovers()
+    assert (tmp_path / "D").is_dir() is existed
+    assert _tree(tmp_path / "D") == []
