@@ -3,7 +3,7 @@
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
 line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped (a full
-disk mid-run included, on either engine), 128 plus the signal's number (130 for Ctrl-C, 143 for
+or failing disk mid-run included, on either engine), 128 plus the signal's number (130 for Ctrl-C, 143 for
 SIGTERM, 129 for a hang-up) for a run stopped from outside.
 """
 
@@ -51,7 +51,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
 # Storage running out: only a write meets it, and every check is made before the work writes,
-# so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2).
+# so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2);
+# so is any error of the system once the run holds its output's lock (_began_writing).
 STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 STOPPED = "stopped: nothing published"  # by this process, nor (args.stop_leaves) its workers
 # A stopped run unwinds (staging folders removed, pools end their workers, a cluster's job
@@ -245,6 +246,12 @@ def _published_here() -> str:
     return publish.published_here() if publish is not None else ""
 
 
+def _began_writing() -> bool:
+    """Whether the run got past its checks to its output (publish.began_writing)."""
+    publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing written
+    return publish is not None and publish.began_writing()
+
+
 def _published_before(published: str, end: str) -> str:
     """How a run's line says what it published before its end (a stop, a failure)."""
     return f"published {published} before the {end}"
@@ -340,7 +347,7 @@ def _run(
     except BrokenPipeError:  # stdout's reader left: main ends quietly, as `| head` expects
         raise
     except OSError as err:
-        code = 1 if err.errno in STORAGE_FULL else 2
+        code = 1 if err.errno in STORAGE_FULL or _began_writing() else 2
         if stop.signum is None:
             _failed(f"{'the job failed: ' if code == 1 else ''}{_one_line(err)}")
     except (ConfigError, SaltError, IdMapError, ValueError) as err:

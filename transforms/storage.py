@@ -176,12 +176,6 @@ def descriptor_path(file: IO[bytes]) -> str:
     return f"/proc/{os.getpid()}/fd/{file.fileno()}"
 
 
-def make_private(path: str) -> None:
-    """Make a local file someone else wrote (Beam's sinks) owner-only."""
-    if not is_url(path):
-        os.chmod(path, PRIVATE_FILE)
-
-
 def make_folder(path: str, private: bool = False) -> None:
     """A local folder (and its parents); those a private one needs are made owner-only and the
     private one marked kvtrace's. A folder kvtrace did not make is never changed nor marked

@@ -281,3 +281,30 @@ def test_a_night_that_fails_inside_its_id_map_commit_says_the_map_was_extended(
     assert (id_map / "versions" / "000001.json").is_file()  # committed: the night is the map's
     said = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
     assert said and f"version 1 of the id map {id_map}" in said[-1], said
+
+
+# The output's disk fails as the night is published (EIO: a dying disk, a dropped NFS mount).
+_DISK_FAILS_AS_THE_TRACE_IS_PUBLISHED = """
+import errno
+from kvtrace.transforms.write import publish
+def _fail(*args, **kwargs):
+    raise OSError(errno.EIO, "Input/output error")
+publish.publish_folder = _fail
+"""
+
+
+def test_an_error_of_the_system_mid_job_is_a_job_that_stopped(tiny_tokenizer, tmp_path):
+    """ANONYMIZE.md: "A job that fails for any other reason ... prints one line and exits 1";
+    exit 2 is a run refused before it started. An OSError other than storage running out was
+    exit 2 wherever it came, a night that had done all its work read as one refused by its
+    checks. Once the run holds its output's lock every check is behind it."""
+    out = tmp_path / "out"
+    failed = kvtrace_child(
+        *_night(tmp_path, tiny_tokenizer, out),
+        prelude=_DISK_FAILS_AS_THE_TRACE_IS_PUBLISHED,
+        timeout=120,
+    )
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    said = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert said == ["error: the job failed: [Errno 5] Input/output error"], said
+    assert not out.exists()

@@ -114,6 +114,10 @@ _PUBLISHING = threading.RLock()
 # (_ABANDONED) and puts back every swap of the publications under way.
 _SWAPPING = threading.Lock()
 _ABANDONED = threading.Event()
+# Set once this process's run holds an output's lock: every check is made before it (the
+# output's parent, the inputs, the id map's settings), so a failure from then on is a job that
+# stopped, never a run refused before it started (the CLI's exit code: began_writing).
+_BEGAN_WRITING = threading.Event()
 SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
 _AT_FDCWD = -100
 
@@ -254,6 +258,12 @@ def forget_published() -> None:
     with _PUBLISHING:
         _PUBLISHED_HERE.count = 0
         _PUBLISHED_HERE.latest.clear()
+        _BEGAN_WRITING.clear()
+
+
+def began_writing() -> bool:
+    """Whether this process's run has taken an output's lock (output_lock): past its checks."""
+    return _BEGAN_WRITING.is_set()
 
 
 def published_here() -> str:
@@ -472,6 +482,7 @@ def output_lock(output: str, private: bool = False) -> Iterator[None]:
     storage.make_parent(output, private)
     path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
+    _BEGAN_WRITING.set()
     storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
     try:
         restore_interrupted(output)
