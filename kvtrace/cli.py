@@ -3,8 +3,9 @@
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
 line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped (a full
-or failing disk mid-run included, on either engine), 128 plus the signal's number (130 for Ctrl-C, 143 for
-SIGTERM, 129 for a hang-up) for a run stopped from outside.
+or failing disk mid-run included, on either engine), 128 plus the signal's number (130 for
+Ctrl-C, 143 for SIGTERM, 129 for a hang-up) for a run stopped from outside, whatever the state
+of stderr.
 """
 
 from __future__ import annotations

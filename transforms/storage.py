@@ -428,9 +428,10 @@ def remove_unheld(path: str) -> bool:
     if handle is None:
         return False
     try:
-        if os.fstat(handle).st_uid != os.geteuid():
+        opened = os.fstat(handle)
+        if opened.st_uid != os.geteuid():
             return False
-        if os.path.isdir(path):
+        if stat.S_ISDIR(opened.st_mode):
             shutil.rmtree(path, ignore_errors=True)
         else:
             os.unlink(path)
