@@ -3,8 +3,9 @@
 Flags kvtrace does not know are Beam pipeline options (--runner, --direct_num_workers, --project,
 ...) and pass through to Beam unchanged; a flag neither knows is an error. Every error is one
 line on stderr: exit 2 for a run refused before it started, 1 for a job that stopped (a full
-disk mid-run included, on either engine), 128 plus the signal's number (130 for Ctrl-C, 143 for
-SIGTERM, 129 for a hang-up) for a run stopped from outside.
+or failing disk mid-run included, on either engine), 128 plus the signal's number (130 for
+Ctrl-C, 143 for SIGTERM, 129 for a hang-up) for a run stopped from outside, whatever the state
+of stderr.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, BeamFlags], int]] = {
 # A value such as -3M given to an option (argparse would take it for an option of its own).
 NEGATIVE_NUMBER = re.compile(r"-\.?\d")
 # Storage running out: only a write meets it, and every check is made before the work writes,
-# so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2).
+# so it is a job that stopped (1, as the Beam engine's wrapped error is), never a refusal (2);
+# so is any error of the system once the run holds its output's lock (_began_writing).
 STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 STOPPED = "stopped: nothing published"  # by this process, nor (args.stop_leaves) its workers
 # A stopped run unwinds (staging folders removed, pools end their workers, a cluster's job
@@ -171,8 +173,7 @@ class _Stop:
         self._args = args  # read when the stop is said: a command's word for its workers' part
         self.signum: int | None = None
         self._raised = False
-        self._said = False
-        self._saying = threading.Lock()
+        self._saying = threading.Lock()  # held from the line on: said once, by one thread
 
     def __call__(self, signum: int, frame: object) -> None:
         if self._raised:
@@ -185,22 +186,33 @@ class _Stop:
         """End what this process started, say so once, and end this process: at once, as the
         interpreter's own exit would wait on threads and finalizers (gRPC's, for seconds).
         What the run made goes too (its staging, lock files: the run's one registry,
-        storage.remove_on_exit): it may not have unwound (a wait in a library)."""
-        end_descendants()
-        publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
-        whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)
-        storage = sys.modules.get("kvtrace.transforms.storage")  # else nothing made
-        if publish is None and storage is not None:  # no publication to wait for
-            storage.remove_leftovers()
-        with self._saying:
-            if not self._said:
-                self._said = True
-                print(
-                    self._leaves(_published_here()) + ("" if whole else HALF_DONE), file=sys.stderr
-                )
-            sys.stdout.flush()
-            sys.stderr.flush()
+        storage.remove_on_exit): it may not have unwound (a wait in a library). The exit is
+        in a finally and the line is said under OSError: a stderr that is gone (a closed
+        pipe, a dropped terminal) neither keeps the process past its deadline nor changes
+        its exit code."""
+        try:
+            end_descendants()
+            publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing staged
+            whole = publish is None or publish.abandon_staged(ABANDON_WAIT_S)
+            storage = sys.modules.get("kvtrace.transforms.storage")  # else nothing made
+            if publish is None and storage is not None:  # no publication to wait for
+                storage.remove_leftovers()
+            # Bounded: the other thread may hold it (and the streams), stuck in a write to a
+            # stalled terminal; then that thread says the line, or nobody does.
+            if self._saying.acquire(timeout=ABANDON_WAIT_S):
+                self._say(self._leaves(_published_here()) + ("" if whole else HALF_DONE))
+        finally:
             os._exit(128 + (self.signum or signal.SIGINT))
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """The stop's line and both streams flushed: a stream that is gone (EPIPE, EIO) is
+        passed over, as there is nobody left to tell."""
+        with contextlib.suppress(OSError):
+            print(line, file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):
+                stream.flush()
 
     def _leaves(self, published: str) -> str:
         """What the stop leaves: what this process published, else what the command says its
@@ -234,6 +246,12 @@ def _published_here() -> str:
     it); "" for nothing."""
     publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing published
     return publish.published_here() if publish is not None else ""
+
+
+def _began_writing() -> bool:
+    """Whether the run got past its checks to its output (publish.began_writing)."""
+    publish = sys.modules.get("kvtrace.transforms.write.publish")  # else nothing written
+    return publish is not None and publish.began_writing()
 
 
 def _published_before(published: str, end: str) -> str:
@@ -280,7 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:  # the reader of stdout left (`| head`): it has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush is quiet
+        for stream in (sys.stdout, sys.stderr):  # or of stderr (`2>&1 | tee`), say, as it failed
+            try:
+                stream.flush()
+            except OSError:  # gone: what it holds goes nowhere, so that exit's flush is quiet
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
         return 128 + signal.SIGPIPE
 
 
@@ -299,6 +321,9 @@ def _main(argv: Sequence[str] | None) -> int:
             return _run(COMMANDS[args.command], args, leftovers, parser, stop)
         except KeyboardInterrupt:
             stop.end()
+        finally:
+            if stop.signum is not None:  # however the run unwound (a failure's line unsaid)
+                stop.end()
 
 
 def _show_any_name() -> None:
@@ -324,7 +349,7 @@ def _run(
     except BrokenPipeError:  # stdout's reader left: main ends quietly, as `| head` expects
         raise
     except OSError as err:
-        code = 1 if err.errno in STORAGE_FULL else 2
+        code = 1 if err.errno in STORAGE_FULL or _began_writing() else 2
         if stop.signum is None:
             _failed(f"{'the job failed: ' if code == 1 else ''}{_one_line(err)}")
     except (ConfigError, SaltError, IdMapError, ValueError) as err:
@@ -343,8 +368,6 @@ def _run(
                 f"the job failed: {type(err).__name__}: {_one_line(err)} "
                 f"(run with --verbose for the traceback)"
             )
-    if stop.signum is not None:
-        stop.end()
     return code
 
 

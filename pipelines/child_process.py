@@ -22,7 +22,7 @@ are settled by this process already, and the output's lock is this process's. Th
 the child commits itself, the id map's version (the pipeline's CommitIdMap step), it tells this
 process as the commit stands (publish.forward_publications), and a stop here names it. Its
 temporary files go into a folder this process owns, removed whatever ends the child, and by the
-next run if this process is killed (its name records its owner: pid and start time).
+next run if this process is killed (it holds the folder's lock while it lives: storage.held).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -50,13 +48,7 @@ from kvtrace.pipelines.local_workers import (
     stop_signals_held,
     worker_death,
 )
-from kvtrace.pipelines.processes import (
-    STOP_SIGNALS,
-    busy_threads,
-    end_descendants,
-    end_with_parent,
-    start_time,
-)
+from kvtrace.pipelines.processes import STOP_SIGNALS, busy_threads, end_descendants, end_with_parent
 from kvtrace.transforms import storage
 from kvtrace.transforms.encode.native_stderr import capture_native_stderr
 from kvtrace.transforms.errors import JobStopped
@@ -67,7 +59,6 @@ from kvtrace.transforms.write import publish
 UNWIND_S = 1.5
 _DIED = object()  # the child's outcome where it ended without a word
 SCRATCH_PREFIX = "kvtrace-job-"
-_SCRATCH_NAME = re.compile(rf"{SCRATCH_PREFIX}(?P<pid>[0-9]+)-(?P<started>[0-9]+)-[^/]+")
 T = TypeVar("T")
 
 
@@ -81,42 +72,44 @@ def run_in_child(job: Callable[[], T]) -> T:
     results, sent = context.Pipe(duplex=False)
     heard, told = context.Pipe(duplex=False)  # what the child publishes, as it stands
     # The child's temporary files (Beam's pipeline folder among them) go into a folder this
-    # process owns, in its registry: a child ended before it could unwind leaves none. Its name
-    # names this process, so that one a killed run left is cleared by the next (_clear_scratch).
+    # process owns, in its registry: a child ended before it could unwind leaves none. This
+    # process holds it (storage.held) while it lives, so that one a killed run left, and only
+    # such a one, is cleared by the next (_clear_scratch).
     _clear_scratch(tempfile.gettempdir())
-    scratch = storage.remove_on_exit(tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())))
-    child = context.Process(
-        target=_run_job,
-        args=(
-            job,
-            sent,
-            told,
-            None if forked else _LoggingSetup.of_this_process(),
-            None if forked else dict(os.environ),
-            scratch,
-        ),
-        name="kvtrace-job",
-    )
-    relay = threading.Thread(target=_relay, args=(heard,), name="kvtrace-job-publications")
-    try:
-        with stop_signals_held():  # a stop lands here once the fork is whole, never in its hooks
-            child.start()
-        sent.close()  # the child's ends: the pipes read as closed once the child is gone
-        told.close()
-        relay.start()
-        outcome = _wait_for(child, results)
-    except BaseException:  # a stop: the child stops too (if the signal was this process's alone)
-        _stop(child)
-        raise
-    finally:
-        sent.close()
-        told.close()
-        if relay.is_alive():  # the child is gone: its last word is in, or never comes
-            relay.join(UNWIND_S)
-        heard.close()
-        results.close()
-        storage.remove_folder(scratch)  # the child is gone by now: ended, or stopped
-        storage.forget_on_exit(scratch)
+    with storage.held(functools.partial(tempfile.mkdtemp, prefix=SCRATCH_PREFIX)) as scratch:
+        storage.remove_on_exit(scratch)
+        child = context.Process(
+            target=_run_job,
+            args=(
+                job,
+                sent,
+                told,
+                None if forked else _LoggingSetup.of_this_process(),
+                None if forked else dict(os.environ),
+                scratch,
+            ),
+            name="kvtrace-job",
+        )
+        relay = threading.Thread(target=_relay, args=(heard,), name="kvtrace-job-publications")
+        try:
+            with stop_signals_held():  # a stop lands here once the fork is whole, not in its hooks
+                child.start()
+            sent.close()  # the child's ends: the pipes read as closed once the child is gone
+            told.close()
+            relay.start()
+            outcome = _wait_for(child, results)
+        except BaseException:  # a stop: the child stops too (if the signal was this process's)
+            _stop(child)
+            raise
+        finally:
+            sent.close()
+            told.close()
+            if relay.is_alive():  # the child is gone: its last word is in, or never comes
+                relay.join(UNWIND_S)
+            heard.close()
+            results.close()
+            storage.remove_folder(scratch)  # the child is gone by now: ended, or stopped
+            storage.forget_on_exit(scratch)
     if isinstance(outcome, BaseException):
         raise outcome
     if outcome is _DIED:
@@ -125,26 +118,14 @@ def run_in_child(job: Callable[[], T]) -> T:
     return value
 
 
-def _scratch_prefix(pid: int) -> str:
-    """The name of a job's scratch folder up to mkdtemp's random part: its owner's pid and
-    start time (processes.start_time; 0 where unknown, never cleared by another run)."""
-    return f"{SCRATCH_PREFIX}{pid}-{start_time(pid) or 0}-"
-
-
 def _clear_scratch(folder: str) -> None:
-    """Remove the job scratch folders in folder whose owner is gone (a killed run's: its
-    finally block never ran) and that are this user's; a living run's stay."""
+    """Remove the job scratch folders in folder that no run holds (a killed run's: its finally
+    block never ran) and that are this user's; a living run's stay, whatever its PID namespace
+    (a container's sharing this /tmp)."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
-            owner = _SCRATCH_NAME.fullmatch(entry.name)
-            if (
-                owner is not None
-                and int(owner["started"])
-                and start_time(int(owner["pid"])) != int(owner["started"])
-                and entry.is_dir(follow_symlinks=False)
-                and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
-            ):
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if entry.name.startswith(SCRATCH_PREFIX):
+                storage.remove_unheld(entry.path)
 
 
 def _relay(heard: Connection) -> None:

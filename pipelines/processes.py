@@ -95,17 +95,6 @@ def _parent_and_state(pid: str) -> tuple[int, str] | None:
     return int(fields[1]), fields[0].decode()
 
 
-def start_time(pid: int) -> int | None:
-    """When a living process started (clock ticks since boot: with its pid, which the kernel
-    reuses, it names one process for good); None once it is gone, or where there is no /proc."""
-    try:
-        with open(f"{PROC}/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == b"Z" else int(fields[19])  # stat's 22nd field
-
-
 def descendants(pid: int | None = None) -> list[int]:
     """Every living process below pid (default: this one), parents before their children;
     empty where there is no /proc."""

@@ -11,6 +11,8 @@ Importing Beam costs ~3.5 s here, more than loading a tokenizer: a local run nev
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import glob
 import io
 import logging
@@ -20,7 +22,8 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 _LOG = logging.getLogger("kvtrace")
@@ -173,12 +176,6 @@ def descriptor_path(file: IO[bytes]) -> str:
     return f"/proc/{os.getpid()}/fd/{file.fileno()}"
 
 
-def make_private(path: str) -> None:
-    """Make a local file someone else wrote (Beam's sinks) owner-only."""
-    if not is_url(path):
-        os.chmod(path, PRIVATE_FILE)
-
-
 def make_folder(path: str, private: bool = False) -> None:
     """A local folder (and its parents); those a private one needs are made owner-only and the
     private one marked kvtrace's. A folder kvtrace did not make is never changed nor marked
@@ -287,6 +284,38 @@ def remove_folder(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def empty_folders_in(folder: str) -> list[str]:
+    """The names of the empty folders a local folder holds (links not followed), sorted; none
+    on an object store, which has no empty folders."""
+    if is_url(folder):
+        return []
+    try:
+        with os.scandir(folder) as entries:
+            folders = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(name for name in folders if _empty(os.path.join(folder, name)))
+
+
+def _empty(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:  # unreadable, or gone meanwhile: not known empty
+        return False
+
+
+def remove_empty_folder(path: str) -> bool:
+    """Remove a local folder if it is (still) empty; whether it went."""
+    if is_url(path):
+        return False
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
 def sync_folder(path: str) -> None:
     """Make a local folder's entries (files created, renamed or removed in it) durable."""
     if is_url(path):
@@ -361,6 +390,86 @@ def objects_under(prefix: str) -> str:
     return prefix[:cut] + "**"
 
 
+# ---- Held while its maker lives ----------------------------------------------------------------
+
+# A run's scratch that another run may clear once it is left (a commit's temp file, a Beam job's
+# folder): its maker holds an flock(2) on it for as long as it is in use, and a clearer removes
+# only what it can lock without waiting. The kernel drops the lock however the holder ends (a
+# SIGKILL included), and the lock is the file's, seen alike from every PID namespace, where a
+# pid or a host name is not. A clearer that removes what a maker made before the maker locked it
+# leaves the maker a name no longer there: it makes another (HOLD_ATTEMPTS).
+HOLD_ATTEMPTS = 8
+
+
+@contextmanager
+def held(make: Callable[[], str]) -> Iterator[str]:
+    """A local file or folder that make() creates (under a new name each call), locked for as
+    long as the context lasts (one descriptor), so that remove_unheld leaves it alone."""
+    for _ in range(HOLD_ATTEMPTS):
+        path = make()
+        handle = _locked(path)
+        if handle is not None:
+            break
+    else:
+        raise OSError(errno.EAGAIN, "other runs kept removing what this one made", path)
+    try:
+        yield path
+    finally:
+        os.close(handle)  # releases the lock
+
+
+def remove_unheld(path: str) -> bool:
+    """Remove a local file or folder of the running user's that nobody holds (held), without
+    waiting for a holder; whether it went. Links and other kinds of file are left alone."""
+    try:
+        handle = _locked(path)
+    except OSError:  # another's (EACCES), or a lock this file system refuses: nothing told
+        return False
+    if handle is None:
+        return False
+    try:
+        opened = os.fstat(handle)
+        if opened.st_uid != os.geteuid():
+            return False
+        if stat.S_ISDIR(opened.st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(handle)
+
+
+def _locked(path: str) -> int | None:
+    """A descriptor of path holding its exclusive lock, taken without waiting; None where path
+    is held, gone, no longer the file locked, or neither a plain file nor a folder. A file is
+    opened to write: NFS grants an exclusive lock only to a writer (a folder, local, any)."""
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        kind = os.lstat(path).st_mode
+        if stat.S_ISDIR(kind):
+            handle = os.open(path, flags | os.O_RDONLY | os.O_DIRECTORY)
+        elif stat.S_ISREG(kind):
+            handle = os.open(path, flags | os.O_WRONLY)
+        else:
+            return None
+    except FileNotFoundError:
+        return None
+    ours = False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        named, opened = os.lstat(path), os.fstat(handle)
+        ours = (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+    except (BlockingIOError, FileNotFoundError):  # held, or removed meanwhile
+        pass
+    finally:
+        if not ours:
+            os.close(handle)
+    return handle if ours else None
+
+
 # ---- What a run made and must remove on any exit -----------------------------------------------
 
 # Every local path this process made for its run and removes when the run ends (a staging name,
@@ -368,14 +477,18 @@ def objects_under(prefix: str) -> str:
 # removes each in its finally block and forgets it; a hard end (the CLI's stop deadline, which
 # ends the process with os._exit past every finally block) removes what is left
 # (remove_leftovers). Each entry may carry a test that it is still this run's to remove (a lock
-# file is removed only while it is the file locked). Entries are this process's alone: a forked
-# child inherits the registry but never removes its parent's paths.
+# file is removed only while it is the file locked), or be a folder that others may write into
+# too (a dead-letter folder the run made), removed only while empty. Entries are this process's
+# alone: a forked child inherits the registry but never removes its parent's paths.
 MAX_LEFTOVERS = 1024  # a stream stages one folder per window: gone ones are forgotten past this
-_LEFTOVERS: dict[str, Callable[[], bool] | None] = {}  # path -> its test (None: always ours)
+# path -> its test (None: always ours), and whether it goes only while empty
+_LEFTOVERS: dict[str, tuple[Callable[[], bool] | None, bool]] = {}
 _LEFTOVERS_OWNER = [os.getpid()]
 
 
-def remove_on_exit(path: str, still_ours: Callable[[], bool] | None = None) -> str:
+def remove_on_exit(
+    path: str, still_ours: Callable[[], bool] | None = None, only_if_empty: bool = False
+) -> str:
     """Note a local path this run made (absolute), for remove_leftovers; returns path."""
     if is_url(path):
         return path
@@ -385,7 +498,7 @@ def remove_on_exit(path: str, still_ours: Callable[[], bool] | None = None) -> s
     if len(_LEFTOVERS) >= MAX_LEFTOVERS:
         for gone in [p for p in _LEFTOVERS if not os.path.lexists(p)]:
             del _LEFTOVERS[gone]
-    _LEFTOVERS[os.path.abspath(path)] = still_ours
+    _LEFTOVERS[os.path.abspath(path)] = still_ours, only_if_empty
     return path
 
 
@@ -396,13 +509,16 @@ def forget_on_exit(path: str) -> None:
 
 def remove_leftovers() -> None:
     """At a hard end: remove what this process's run made and has not removed (links are
-    removed, never followed). The caller makes sure no publication is under way."""
+    removed, never followed), what a folder holds before the folder. The caller makes sure no
+    publication is under way."""
     if _LEFTOVERS_OWNER[0] != os.getpid():
         return
-    for path, still_ours in sorted(_LEFTOVERS.items()):
+    for path, (still_ours, only_if_empty) in sorted(_LEFTOVERS.items(), reverse=True):
         if still_ours is not None and not still_ours():
             continue
-        if os.path.isdir(path) and not os.path.islink(path):
+        if only_if_empty:
+            remove_empty_folder(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             try:

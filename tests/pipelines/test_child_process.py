@@ -11,6 +11,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -19,6 +20,7 @@ import pytest
 from helpers import ROOT
 from kvtrace.pipelines import child_process
 from kvtrace.pipelines.child_process import run_in_child
+from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError, JobStopped
 
 GONE_BOUND_S = 10.0  # a killed process is reaped at once; generous for a loaded machine
@@ -151,32 +153,18 @@ def test_the_child_ends_when_its_parent_is_killed(tmp_path):
         parent.wait()
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-def test_a_scratch_folder_whose_owner_is_gone_is_cleared_and_a_living_ones_stays(tmp_path):
-    """A killed run's scratch folder (its finally block never ran) is the next run's to clear:
-    its name records its owner, pid and start time, which a reused pid does not match."""
-    gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    owner = int(gone.stdout)
-    left = tmp_path / f"{child_process._scratch_prefix(os.getpid())}abc"
-    living = tmp_path / f"{child_process._scratch_prefix(os.getpid())}def"
-    for folder in (left, living):
-        (folder / "beam-temp").mkdir(parents=True)
-    left.rename(tmp_path / f"{child_process.SCRATCH_PREFIX}{owner}-1-abc")
-    reused = tmp_path / f"{child_process.SCRATCH_PREFIX}{os.getpid()}-1-ghi"  # this pid, reused
-    reused.mkdir()
-    unknown = tmp_path / f"{child_process.SCRATCH_PREFIX}{owner}-0-jkl"  # no start time: kept
-    unknown.mkdir()
-    (tmp_path / "kvtrace-job-not-ours").mkdir()
-    child_process._clear_scratch(str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [living.name, unknown.name, "kvtrace-job-not-ours"]
-    )
+def test_a_scratch_folder_nobody_holds_is_cleared_and_a_held_one_stays(tmp_path):
+    """A killed run's scratch folder (its finally block never ran) is the next run's to clear;
+    a living run's is held (storage.held), in whatever PID namespace it runs."""
+    left = tmp_path / f"{child_process.SCRATCH_PREFIX}abc"
+    (left / "beam-temp").mkdir(parents=True)
+    (tmp_path / "kvtrace-jobs-not-ours").mkdir()
+    living = functools.partial(tempfile.mkdtemp, prefix=child_process.SCRATCH_PREFIX, dir=tmp_path)
+    with storage.held(living) as scratch:
+        child_process._clear_scratch(str(tmp_path))
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [os.path.basename(scratch), "kvtrace-jobs-not-ours"]
+        )
 
 
 def _environment_variable(name: str) -> str | None:

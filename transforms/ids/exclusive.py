@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,10 +51,16 @@ def replace_file(path: str, data: bytes) -> None:
     """Write data in path's place, whatever it held: staged owner-only beside it under a temp
     name, then renamed over it, so that a reader finds the old bytes or the new, never part
     (the id map's files that are rewritten: CURRENT, a record keyed once, a mark)."""
-    staged = temp_name(path)
-    with storage.create(staged, private=True) as handle:
-        handle.write(data)
-    storage.rename(staged, path)
+    if is_url(path):  # one writer at a time there, and nothing to clear
+        staged = temp_name(path)
+        with storage.create(staged, private=True) as handle:
+            handle.write(data)
+        storage.rename(staged, path)
+        return
+    with _held_temp(path) as staged:
+        with storage.create(staged, private=True) as handle:
+            handle.write(data)
+        storage.rename(staged, path)
 
 
 @contextmanager
@@ -92,55 +97,49 @@ def _wait_for_lock(handle: int, path: str) -> None:
 
 
 def temp_name(path: str) -> str:
-    """A private temp name beside path, naming the process that writes it, so that a later run
-    can tell a killed writer's leftover (remove_stale_temp_files) from a live one's."""
-    return f"{path}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """A new temp name beside path (remove_stale_temp_files knows it by TEMP_MARK)."""
+    return f"{path}{TEMP_MARK}{uuid.uuid4().hex[:16]}"
+
+
+@contextmanager
+def _held_temp(path: str) -> Iterator[str]:
+    """A private temp file beside a local path, empty, held by this process while the context
+    lasts (storage.held): another run removes it only once its writer is done or dead."""
+
+    def make() -> str:
+        staged = temp_name(path)
+        storage.create(staged, private=True).close()
+        return staged
+
+    with storage.held(make) as staged:
+        yield staged
 
 
 def _create_local(path: str, data: bytes) -> bool:
-    staged = temp_name(path)
-    with storage.create(staged, private=True) as handle:  # durable before it is linked
-        handle.write(data)
-    try:
-        os.link(staged, path)  # fails if path exists: the atomic step
-        storage.sync_folder(os.path.dirname(path) or ".")
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(staged)
+    with _held_temp(path) as staged:
+        try:
+            with storage.create(staged, private=True) as handle:  # durable before it is linked
+                handle.write(data)
+            os.link(staged, path)  # fails if path exists: the atomic step
+            storage.sync_folder(os.path.dirname(path) or ".")
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(staged)
 
 
 def remove_stale_temp_files(folder: str) -> list[str]:
-    """Temp files in a local folder whose writer, on this host, is no longer running: what a
-    commit killed between writing and linking leaves. Returns what went."""
+    """Temp files in a local folder that no run holds (_held_temp): what a commit killed
+    between writing and linking leaves, whatever host or PID namespace it ran in. Returns
+    what went."""
     if is_url(folder) or not os.path.isdir(folder):
         return []
-    host = socket.gethostname()
-    stale = []
-    for name in os.listdir(folder):
-        if TEMP_MARK not in name:
-            continue
-        writer = name.rsplit(TEMP_MARK, 1)[1].rsplit("-", 2)
-        if (
-            len(writer) == 3
-            and writer[0] == host
-            and writer[1].isdigit()
-            and not _alive(int(writer[1]))
-        ):
-            os.unlink(os.path.join(folder, name))
-            stale.append(name)
-    return stale
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return [
+        name
+        for name in sorted(os.listdir(folder))
+        if TEMP_MARK in name and storage.remove_unheld(os.path.join(folder, name))
+    ]
 
 
 def _create_gcs(path: str, data: bytes) -> bool:

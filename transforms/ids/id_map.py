@@ -760,21 +760,38 @@ def discard_abandoned(directory: str, current: MapVersion, key: MapKey) -> list[
     """Delete segments no published version can ever use: those of runs that targeted a version
     already decided (<= current) and lost, or were killed. Segments of later versions may be a
     live run's and stay; so does everything a published version lists (each version's record
-    verified before it decides anything). Returns what went."""
+    verified before it decides anything). Such a run's local folder goes too once empty (a run
+    killed before its first file leaves one with none). Returns what went."""
     listed: dict[int, set[str]] = {}
-    abandoned = []
-    for name in _names(directory, "segments", "*/*"):
-        folder = name.split("/")[0]  # 000004-RUNID
+
+    def abandoned(folder: str) -> bool:  # folder: 000004-RUNID
         version = _folder_version(directory, folder)
         if version > current.version:
-            continue
+            return False
         if version not in listed:
             listed[version] = _segment_folders(directory, version, current, key)
-        if folder not in listed[version]:
-            abandoned.append(storage.join(directory, "segments", name))
-    if abandoned:
-        storage.delete(abandoned)
-    return sorted(abandoned)
+        return folder not in listed[version]
+
+    files = [
+        storage.join(directory, "segments", name)
+        for name in _names(directory, "segments", "*/*")
+        if abandoned(name.split("/")[0])
+    ]
+    if files:
+        storage.delete(files)
+    return sorted(files + _remove_empty(storage.join(directory, "segments"), abandoned))
+
+
+def _remove_empty(segments: str, abandoned: Callable[[str], bool]) -> list[str]:
+    """The empty segment folders abandoned() names, removed (a file written into one meanwhile
+    keeps it); object stores have no empty folders. Returns those that went."""
+    return [
+        storage.join(segments, name)
+        for name in storage.empty_folders_in(segments)
+        if SEGMENT_FOLDER_NAME.fullmatch(name)
+        and abandoned(name)
+        and storage.remove_empty_folder(storage.join(segments, name))
+    ]
 
 
 def _segment_folders(directory: str, version: int, current: MapVersion, key: MapKey) -> set[str]:

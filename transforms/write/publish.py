@@ -115,6 +115,10 @@ _PUBLISHING = threading.RLock()
 # (_ABANDONED) and puts back every swap of the publications under way.
 _SWAPPING = threading.Lock()
 _ABANDONED = threading.Event()
+# Set once this process's run holds an output's lock: every check is made before it (the
+# output's parent, the inputs, the id map's settings), so a failure from then on is a job that
+# stopped, never a run refused before it started (the CLI's exit code: began_writing).
+_BEGAN_WRITING = threading.Event()
 SHOWN_PUBLISHED = 3  # the latest publications a stop names (a stream publishes one per window)
 _AT_FDCWD = -100
 
@@ -196,10 +200,11 @@ def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
     one section every publication runs in: it holds _PUBLISHING (a hard end waits for it:
     abandon_staged) and defers a stop until it ends (interrupts), so it is whole or rolled back
     whenever the stop comes. What the body appends to the list yielded (the names it put in
-    place) is recorded once the outermost publication ends whole: one that fails, or that an
-    enclosing one rolls back, records nothing. Publications nested in one stand or are put back
-    with it. standing: what stands of its steps that are not swaps, read from storage (an id
-    map's version committed); None where that cannot be told (an object store's copies)."""
+    place) is recorded once the outermost publication ends whole: one that fails records only
+    what stands of it once its swaps are back (_note_standing), one that an enclosing one rolls
+    back nothing. Publications nested in one stand or are put back with it. standing: what
+    stands of its steps that are not swaps, read from storage (an id map's version committed);
+    None where that cannot be told (an object store's copies)."""
     with _PUBLISHING, stops_deferred():
         current = _Open(standing)
         _OPEN_PUBLICATIONS.append(current)
@@ -209,6 +214,8 @@ def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
             _undo(current.swaps)
             with _SWAPPING:
                 _OPEN_PUBLICATIONS.pop()
+                if not _ABANDONED.is_set():  # else a hard end recorded it already
+                    _note_standing(current)
             raise
         with _SWAPPING:  # a hard end sees it under way (and puts it back) or recorded whole
             _OPEN_PUBLICATIONS.pop()
@@ -220,6 +227,17 @@ def publication(standing: Standing | None = only_swaps) -> Iterator[list[str]]:
                 return
             _PUBLISHED_HERE.note(current.names)
         _remove_previous(current.swaps)
+
+
+def _note_standing(failed: _Open) -> None:
+    """What stands of a failed publication once its swaps are back (an id map's version
+    committed before its mark could be written), recorded as a hard end records it, so that
+    the failure's line says it whichever step failed. Read from storage: a read that fails
+    too leaves the failure's own error to be said."""
+    if failed.standing is None:
+        return
+    with suppress(Exception):
+        _PUBLISHED_HERE.note(failed.standing())
 
 
 def forward_publications(send: Callable[[list[str]], None]) -> None:
@@ -241,6 +259,12 @@ def forget_published() -> None:
     with _PUBLISHING:
         _PUBLISHED_HERE.count = 0
         _PUBLISHED_HERE.latest.clear()
+        _BEGAN_WRITING.clear()
+
+
+def began_writing() -> bool:
+    """Whether this process's run has taken an output's lock (output_lock): past its checks."""
+    return _BEGAN_WRITING.is_set()
 
 
 def published_here() -> str:
@@ -459,6 +483,7 @@ def output_lock(output: str, private: bool = False) -> Iterator[None]:
     storage.make_parent(output, private)
     path = lock_path(os.path.abspath(output))
     handle = _take_lock(path, output)
+    _BEGAN_WRITING.set()
     storage.remove_on_exit(path, functools.partial(_own_lock, path, handle))
     try:
         restore_interrupted(output)
@@ -724,11 +749,11 @@ def _publish_new(staging: str, output: str) -> None:
 
 def _linked(staging: str, output: str) -> Standing:
     """What stands of _publish_new: the output, once linked (the staged name gone, or both
-    names one file)."""
+    names one file) and not taken back out (its report refused)."""
 
     def standing() -> list[str]:
-        linked = not os.path.lexists(staging) or (
-            os.path.lexists(output) and os.path.samefile(staging, output)
+        linked = os.path.lexists(output) and (
+            not os.path.lexists(staging) or os.path.samefile(staging, output)
         )
         return [output] if linked else []
 
@@ -1246,6 +1271,8 @@ class DeadLetterRun:
         first: a kill before the letters say whom they stand for leaves them to go)."""
         self.made_folder = not storage.exists(self.folder)
         storage.make_folder(self.folder, private=True)
+        if self.made_folder:  # a hard end leaves no folder of a run that rejected nothing
+            storage.remove_on_exit(self.folder, only_if_empty=True)
         storage.make_folder(self.staging, private=True)
         if is_url(output_staging):
             return
@@ -1283,9 +1310,10 @@ class DeadLetterRun:
                     self.folder, self.run_id, self.staging, publish=run_succeeded
                 )
             storage.forget_on_exit(self.staging)
-        if not published and self.made_folder and not is_url(self.folder):
-            with suppress(OSError):  # only while empty: a letter since stays
-                os.rmdir(self.folder)  # made for this run, which rejected nothing
+        if self.made_folder:
+            if not published:  # made for this run, which rejected nothing: only while empty
+                storage.remove_empty_folder(self.folder)
+            storage.forget_on_exit(self.folder)
         return published
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import stat
 from pathlib import Path
 
@@ -239,14 +238,25 @@ def test_a_mark_left_half_written_by_a_killed_run_is_removed_by_the_next(tmp_pat
     marks, directory = _marks(tmp_path), str(tmp_path / "map")
     _advance(marks, directory, 1)
     path = anchor.mark_path(marks, MAP_ID)
-    dead = 2**22 + 12345  # above the largest pid_max Linux allows: no process has it
-    stale = Path(f"{path}{TEMP_MARK}{socket.gethostname()}-{dead}-0a1b2c3d")
+    stale = Path(f"{path}{TEMP_MARK}0a1b2c3d")  # nobody holds it: its writer is gone
     stale.write_bytes(b'{"format":')
     _advance(marks, directory, 2)
     assert not stale.exists() and sorted(os.listdir(marks)) == sorted(
         os.path.basename(p) for p in (path, anchor.place_path(marks, directory))
     )
     assert _mark(marks)["version"] == 2
+
+
+def test_a_temp_file_a_living_writer_holds_stays(tmp_path):
+    """A commit's temp file is held while it is written (storage.held): another run's cleanup
+    leaves it, whatever host or PID namespace the writer is in."""
+    marks, directory = _marks(tmp_path), str(tmp_path / "map")
+    _advance(marks, directory, 1)
+    path = anchor.mark_path(marks, MAP_ID)
+    with exclusive._held_temp(path) as staged:
+        _advance(marks, directory, 2)
+        assert os.path.isfile(staged)
+    assert exclusive.remove_stale_temp_files(marks) == [os.path.basename(staged)]
 
 
 @pytest.mark.parametrize(

@@ -258,8 +258,20 @@ def test_cleanup_keeps_published_and_live_segments(tmp_path):
     for folder in ("000001-winner", "000001-loser", "000002-live"):
         (tmp_path / "segments" / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / "segments" / folder / "blocks-00000.parquet").write_bytes(b"x")
+    for folder in ("000001-killed", "000002-starting"):  # killed before its first file; live
+        (tmp_path / "segments" / folder).mkdir()
     removed = id_map.discard_abandoned(str(tmp_path), published, KEY)
-    assert [Path(p).parent.name for p in removed] == ["000001-loser"]
+    segments = tmp_path / "segments"
+    assert removed == [
+        str(segments / "000001-killed"),
+        str(segments / "000001-loser"),
+        str(segments / "000001-loser" / "blocks-00000.parquet"),
+    ]
+    assert sorted(p.name for p in segments.iterdir()) == [
+        "000001-winner",
+        "000002-live",
+        "000002-starting",
+    ]
     left = {p.parent.name for p in (tmp_path / "segments").rglob("*.parquet")}
     assert left == {"000001-winner", "000002-live"}
 

@@ -45,5 +45,6 @@ def test_a_map_named_with_a_bracket_lists_its_own_versions_and_segments(tmp_path
     (sibling / "versions" / "000002.json").write_bytes(b"{}")
     assert id_map.current_version_number(str(own)) == 1
     removed = id_map.discard_abandoned(str(own), published, KEY)
-    assert removed == [str(own / "segments" / "000001-loser" / "blocks-00000.parquet")]
+    loser = own / "segments" / "000001-loser"
+    assert removed == [str(loser), str(loser / "blocks-00000.parquet")]
     assert (sibling / "segments" / "000001-loser" / "blocks-00000.parquet").exists()

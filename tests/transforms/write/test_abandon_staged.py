@@ -50,11 +50,12 @@ def test_what_a_run_staged_goes_and_nothing_else(tmp_path):
         staged, letters = _run_left_unwound(tmp_path, stack)
         assert _staged_names(tmp_path)
         publish.abandon_staged(0)
-        # The output never stood: its staging folder goes, and with it the letters and the
-        # pointer to them (a published run's would stay for the next run to settle).
+        # The output never stood: its staging folder goes, and with it the letters, the
+        # pointer to them (a published run's would stay for the next run to settle) and the
+        # dead-letter folder the run made for them.
         assert _staged_names(tmp_path) == []
         assert not os.path.exists(staged) and not (tmp_path / "out").exists()
-        assert (tmp_path / "kept-beside").exists() and (tmp_path / "dead").is_dir()
+        assert (tmp_path / "kept-beside").exists() and not (tmp_path / "dead").exists()
         stack.pop_all()  # the process would end here: no unwinding
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -294,3 +295,18 @@ def test_measured_parts_go_with_a_run_that_failed(tmp_path):
     _stage_measured(run)
     assert not run.settle(False)
     assert _tree(tmp_path / "dead") == []
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["made-by-the-run", "there-before"])
+def test_a_hard_end_removes_the_dead_letter_folder_the_run_made_only(
+    tmp_path, monkeypatch, existed
+):
+    """A stop at the deadline (storage.remove_leftovers) takes the run's staged letters and
+    the dead-letter folder it made for them, now empty; a folder that was there stays."""
+    monkeypatch.setattr(storage, "_LEFTOVERS", {})
+    if existed:
+        (tmp_path / "D").mkdir()
+    _staged_run(tmp_path, "D", "bbbbbbbbbbbb")
+    storage.remove_leftovers()
+    assert (tmp_path / "D").is_dir() is existed
+    assert _tree(tmp_path / "D") == []

@@ -1,6 +1,7 @@
 """Every publication is one section (publish.publication): a stop during it is raised once it
 stands whole (or is put back), and what stands whole is recorded for a stop to say
-(publish.published_here); one that fails, or that an enclosing one puts back, records nothing."""
+(publish.published_here); one that fails records only what stands of it once its swaps are back
+(an id map's version committed), one that an enclosing one puts back nothing."""
 
 from __future__ import annotations
 
@@ -77,6 +78,25 @@ def test_a_publication_that_fails_records_nothing(tmp_path, monkeypatch):
             monkeypatch.setattr(publish.storage, "sync_folder", _full_disk)
     assert report.read_bytes() == b"previous report" and not (out / "analysis.json").exists()
     assert publish.published_here() == ""
+
+
+@pytest.mark.parametrize(
+    ("standing", "said"),
+    [
+        (lambda: ["version 3 of the id map M"], "version 3 of the id map M"),
+        (publish.only_swaps, ""),
+        (None, ""),  # cannot be told: nothing claimed
+        (lambda: _full_disk("M"), ""),  # unreadable: the failure's own error is said
+    ],
+    ids=["committed", "swaps-only", "untold", "unreadable"],
+)
+def test_a_publication_that_fails_past_a_step_that_stands_records_it(standing, said):
+    """A failure inside the publication, past a step that is no swap (the id map's version
+    committed, then its mark's folder full): what stands is read as a hard end reads it."""
+    with pytest.raises(OSError, match="No space left"):
+        with publish.publication(standing):
+            _full_disk("marks")
+    assert publish.published_here() == said
 
 
 def _full_disk(folder: str) -> None:
