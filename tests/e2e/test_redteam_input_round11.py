@@ -19,7 +19,6 @@ pytestmark = pytest.mark.slow
 _ADDRESS_SPACE = 3 << 30
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_an_absurd_num_requests_is_refused_in_one_line_not_run_out_of_memory(tmp_path):
     """docs/ANALYSIS.md: synthesize's knobs are bounded "so timestamps and lengths stay within
     their int64 columns" and out of range is "refused with one line before any work"; reshape
