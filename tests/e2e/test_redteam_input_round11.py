@@ -119,7 +119,6 @@ def _published_response_ms(tokenizer: str, log, out) -> tuple[list, list[str]]:
     return rows, letters
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 11")
 def test_parquet_times_in_a_fixed_size_list_are_read_from_storage(tiny_tokenizer, tmp_path):
     """paths.without_views: times are "read from their storage, never through the worker's
     packages" (UTC microseconds, nanoseconds floored), so a run is the same on a worker with
