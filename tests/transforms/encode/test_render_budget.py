@@ -243,6 +243,32 @@ def test_an_overrun_landing_at_any_step_of_a_render_is_one_overrun_and_the_rende
     assert step > 5  # the steps were walked, up to one past the last
 
 
+def test_an_overrun_that_landed_leaves_the_interpreter_as_it_was():
+    """Clearing a pending overrun (PyThreadState_SetAsyncExc with NULL) leaves CPython 3.11's
+    pending-work flag set for good: every later step of every thread takes the slow path
+    (+35% on a plain loop), and a traced call never returns. It is cleared only when it never
+    landed: in a child, a traced call after an overrun returns."""
+    code = (
+        "import sys\n"
+        "from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog\n"
+        "def spin():\n"
+        "    while True:\n"
+        "        pass\n"
+        "try:\n"
+        "    Watchdog(seconds=0.05).run(spin)\n"
+        "except RenderOverrun:\n"
+        "    pass\n"
+        "sys.settrace(lambda *args: None)\n"
+        "(lambda: None)()\n"
+        "sys.settrace(None)\n"
+        "print('returned')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.stdout == "returned\n", done.stderr[-2000:]
+
+
 def test_a_render_ended_by_a_stop_is_left_and_the_stop_raised():
     watchdog = Watchdog(seconds=0.05)
 
