@@ -175,7 +175,8 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     """The length of value as text (str(), or JSON with indent), up to the escaping of its
     strings (a fixed factor, measured afterwards), counting a value each time it is listed.
     A container met again is counted from its first walk (`[a] * n` is n steps, not n times
-    a's), and the walk stops once past limit: Python steps the watchdog can stop."""
+    a's), one met inside itself (a cycle: `{% set x.a = x %}`) as repr prints it, `[...]`, at
+    once; and the walk stops once past limit: Python steps the watchdog can stop."""
     limit = MAX_VALUE_LENGTH if limit is None else limit
     children = _children(value)
     if children is None:
@@ -186,6 +187,7 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
     total = 2 + (indent > 0) + _wrapper_length(value)  # brackets, a newline before the last
     # per container: key, items, length, the container
     stack = [[(id(value), 0), iter(children), total, value]]
+    walking = {id(value)}  # the containers on the stack: one met again in them is a cycle
     while stack and total <= limit:
         frame = stack[-1]
         depth = len(stack) if indent else 0
@@ -202,6 +204,8 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
                 inner = _children(item)
                 if inner is None:
                     length = separator + _leaf_length(item) + 2 * isinstance(item, str)
+                elif id(item) in walking:  # repr's recursion guard prints it as `[...]`
+                    length = separator + _wrapper_length(item) + len("[...]")
                 elif (id(item), depth) in known:
                     length = separator + known[id(item), depth][0]
                 else:
@@ -209,6 +213,7 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
                     own += separator
                     total += 2 * separator + wrapper
                     stack.append([(id(item), depth), iter(inner), separator + wrapper, item])
+                    walking.add(id(item))
                     break
             own += length
             total += length
@@ -216,6 +221,7 @@ def _text_length(value: Any, indent: int = 0, limit: int | None = None) -> int:
                 break
         else:
             stack.pop()
+            walking.discard(frame[0][0])
             known[frame[0]] = (own, frame[3])
             if stack:
                 stack[-1][2] += own

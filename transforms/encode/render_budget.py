@@ -8,9 +8,10 @@ than the memory budget since the render began, it raises RenderOverrun in the re
 (CPython's PyThreadState_SetAsyncExc, delivered at that thread's next bytecode). No list of
 hostile constructs: every loop, macro call and concatenation is such a step.
 
-RenderOverrun is a BaseException, so no `except Exception` in a template's runtime swallows it,
-and it is raised again each tick until the render ends. It is raised only while the thread's
-render is registered, inside `Watchdog.run`: the render is unregistered however it ends (any
+RenderOverrun is a BaseException, so no `except Exception` in a template's runtime swallows it.
+It is raised once per render, only while the thread's render is registered, inside
+`Watchdog.run`: raised again, a second one could land in run's own handling of the first,
+before the render is unregistered. The render is unregistered however it ends (any
 BaseException, also one landing while it is unregistered, such as the CLI's KeyboardInterrupt
 on SIGTERM), and unregistering clears one still pending under the lock the watchdog raises it
 under, so it never lands in code after the render.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -77,49 +79,64 @@ class Watchdog:
         context manager: contextlib's own frames would be steps a RenderOverrun can land in
         before this one's cleanup runs. Whatever ends the render (its result, its error, the
         overrun, a stop's KeyboardInterrupt), it is left before anything else runs; a stop wins
-        over the overrun it interrupted, so that the run still stops."""
+        over the overrun it interrupted, so that the run still stops, and the overrun over the
+        render's own error.
+
+        The watchdog delivers at most one overrun per render, and only while it is registered,
+        so the one may land anywhere from the registration to _leave, and nowhere else: in the
+        render, in the inner handler, or between it and _leave (the outer handler). Once it
+        has landed none follows, so the outer handler's own steps cannot be interrupted by one.
+        """
         thread = threading.get_ident()
         if self._thread is None:
             self._start()
-        overran, ended = False, None
+        clock = time.pthread_getcpuclockid(thread)
+        entry = _Render(clock, time.clock_gettime(clock) + self.seconds, self._resident)
+        ended: list[BaseException] = []  # what ended the render, then what landed after it
+        handling = sys.exc_info()[1]  # the caller's, if it renders while handling one
+        result: list[T] = []
         try:
-            clock = time.pthread_getcpuclockid(thread)
-            self._renders[thread] = _Render(
-                clock, time.clock_gettime(clock) + self.seconds, self._resident
+            try:
+                self._renders[thread] = entry
+                result.append(render())
+            except BaseException as err:
+                ended.append(err)
+            stop = self._leave(thread, any(isinstance(err, RenderOverrun) for err in ended))
+        except BaseException as err:  # landed after the render ended, before it was left
+            # landing in the inner handler, it may have come before that handler kept what it
+            # was handling (a stop, to win): its context, if not the caller's own
+            context = err.__context__
+            ended.extend([err] if context in (None, handling, *ended) else [context, err])
+            stop = self._leave(thread, any(isinstance(err, RenderOverrun) for err in ended))
+        # nothing lands from here on: the render is left, any overrun pending cleared
+        stops = [err for err in ended if not isinstance(err, (Exception, RenderOverrun))]
+        if stop is not None or stops:
+            raise stop or stops[0]  # the render was stopped (Ctrl-C, SIGTERM, exit)
+        if entry.overran:
+            raise RenderOverrun(
+                f"over the render budget ({self.seconds:g} s, {self.memory_bytes >> 20} MiB)"
             )
-            return render()
-        except RenderOverrun:
-            overran = True
-        except BaseException as err:
-            ended = err
-            raise
-        finally:
-            left_overran, stop = self._leave(thread)
-            overran = overran or left_overran
-            if stop is None and ended is not None and not isinstance(ended, Exception):
-                stop = ended  # the render was stopped (Ctrl-C, SIGTERM, exit), not overrun
-            if stop is not None:
-                raise stop
-            if overran:
-                raise RenderOverrun(
-                    f"over the render budget ({self.seconds:g} s, {self.memory_bytes >> 20} MiB)"
-                )
+        if ended:
+            raise ended[0]
+        return result[0]
 
-    def _leave(self, thread: int) -> tuple[bool, BaseException | None]:
-        """thread's render unregistered, whatever lands meanwhile: (whether it overran, the
-        first other exception that landed here, a stop, to raise once the render is left). A
+    def _leave(self, thread: int, landed: bool) -> BaseException | None:
+        """thread's render unregistered, whatever lands meanwhile: the first exception other
+        than the overrun that landed here (a stop, to raise once the render is left). A
         RenderOverrun not yet delivered is cleared under the lock the watchdog delivers under,
-        so none lands after this returns."""
-        overran, stop = False, None
+        so none lands after this returns; only then (landed: it was), since CPython 3.11 leaves
+        its interpreter's pending-work flag set by a clear, every later step of every thread
+        then taking the slow path (+35% on a plain loop)."""
+        stop = None
         while True:
             try:
                 with self._lock:
                     render = self._renders.pop(thread, None)
-                    if render is not None and render.overran:  # clear one not yet delivered
+                    if render is not None and render.overran and not landed:
                         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
-                return overran or (render is not None and render.overran), stop
+                return stop
             except RenderOverrun:
-                overran = True
+                landed = True  # the render's one overrun, already marked on it
             except BaseException as err:  # a signal handler's, raised in this thread
                 stop = stop or err
 
@@ -143,11 +160,11 @@ class Watchdog:
                 # here lands in the render it is meant for, or is cleared as it is left (so its
                 # thread, and its clock, are alive while read here)
                 for thread, render in list(self._renders.items()):
-                    if (
+                    if not render.overran and (
                         time.clock_gettime(render.clock) > render.cpu_deadline
                         or self._resident - render.resident_at_start > self.memory_bytes
                     ):
-                        render.overran = True
+                        render.overran = True  # the one overrun of this render: never again
                         ctypes.pythonapi.PyThreadState_SetAsyncExc(
                             ctypes.c_ulong(thread), ctypes.py_object(RenderOverrun)
                         )

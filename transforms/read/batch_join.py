@@ -6,8 +6,8 @@ One pure function decides each custom_id's fate on every engine (join_halves): a
 and an output line are one joined record (the input's fields, then the output's that it lacks),
 parsed as any record is; a line alone is an `unjoined_batch` dead letter (an input line has no
 time to publish, an output line no request); a custom_id on two input or two output lines is a
-`duplicate_custom_id` letter for each of its lines (which response answers which request is
-unknown; the same letters whatever order the lines come in); a pair that cannot be one record
+`duplicate_custom_id` letter for each of its lines, naming the side repeated (which response
+answers which request is unknown; the same letters whatever order the lines come in); a pair that cannot be one record
 (nested deeper than a record may) is one letter, on its input line. So every line is exported
 (as part of one joined record) or rejected, and a joined pair counts as one record read.
 
@@ -94,16 +94,21 @@ def join_halves(custom_id: str, halves: Iterable[Half]) -> Iterator[tuple[str, b
     """A custom_id's lines, in any order, as one joined record (source, line) or a dead letter
     for each line; at most one line of each side held."""
     held: dict[str, Half] = {}
-    duplicated = False
+    repeated: set[str] = set()  # the sides with more than one line
     for half in halves:
-        if not duplicated and half.side in held:
-            duplicated = True
-            yield from (_duplicate(custom_id, h) for h in held.values())
-        if duplicated:
-            yield _duplicate(custom_id, half)
+        if half.side in repeated:
+            yield _duplicate(custom_id, half, half.side)
+        elif half.side in held:
+            repeated.add(half.side)
+            yield _duplicate(custom_id, held.pop(half.side), half.side)
+            yield _duplicate(custom_id, half, half.side)
         else:
             held[half.side] = half
-    if duplicated:
+    if repeated:
+        # a side's one line, its letter held to the end: whether its side repeats, and so
+        # what its letter says, is known only then (the same letters in any order)
+        for half in held.values():
+            yield _duplicate(custom_id, half, *repeated)
         return
     if len(held) == 2:
         try:
@@ -148,11 +153,14 @@ def joined_line(input_line: bytes, output_line: bytes) -> bytes:
         return json.dumps(joined, separators=(",", ":")).encode("ascii")
 
 
-def _duplicate(custom_id: str, half: Half) -> DeadLetter:
+def _duplicate(custom_id: str, half: Half, side: str) -> DeadLetter:
+    """The letter of a line of a custom_id on more than one line of side: its own, or the
+    other (the line then its side's only one)."""
+    where = "is" if half.side == side else f"of this Batch {half.side} line is"
     return _letter(
         half,
         DUPLICATE,
-        f"custom_id {custom_id[:64]!r} is on more than one Batch {half.side} line of the run's "
+        f"custom_id {custom_id[:64]!r} {where} on more than one Batch {side} line of the run's "
         "inputs: which response answers which request is unknown (custom_ids are unique within "
         "one batch: give each batch's files to a run of their own)",
     )

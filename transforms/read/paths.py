@@ -479,6 +479,60 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
         raise ValueError(
             f"{path}: Parquet column {deep} nests its rows deeper than {MAX_NESTING_DEPTH} levels"
         )
+    for field in schema:
+        if (kind := _unread_type(field.type)) is not None:
+            raise ValueError(f"{path}: Parquet column {field.name} holds {kind}, a type not read")
+
+
+# The types a file's columns may hold, nested in any of _CONTAINERS (or a dictionary of one):
+# each turned into Python values from its storage (times as without_views makes them; an
+# extension type, which a package may register, as the type it stores), never through the
+# worker's packages; any other (a union, run-end encoding, an interval) is refused with the
+# file, rather than read one way where pandas imports and another where it does not.
+_LEAVES = (
+    pa.types.is_null,
+    pa.types.is_boolean,
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_decimal,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_string_view,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+    pa.types.is_binary_view,
+    pa.types.is_fixed_size_binary,
+    pa.types.is_date,
+    pa.types.is_time,
+    pa.types.is_timestamp,
+    pa.types.is_duration,
+)
+_CONTAINERS = (
+    pa.types.is_struct,
+    pa.types.is_map,
+    pa.types.is_list,
+    pa.types.is_large_list,
+    pa.types.is_list_view,
+    pa.types.is_large_list_view,
+    pa.types.is_fixed_size_list,
+)
+
+
+def _unread_type(kind: pa.DataType) -> pa.DataType | None:
+    """The first type in kind outside _LEAVES and _CONTAINERS, or None (a shallow walk:
+    _nested_over bounded the depth first)."""
+    stack = [kind]
+    while stack:
+        kind = stack.pop()
+        if pa.types.is_dictionary(kind):
+            stack.append(kind.value_type)
+        elif isinstance(kind, pa.BaseExtensionType):  # read as what it stores (without_views)
+            stack.append(kind.storage_type)
+        elif any(is_kind(kind) for is_kind in _CONTAINERS):
+            stack.extend(field.type for field in child_fields(kind))
+        elif not any(is_kind(kind) for is_kind in _LEAVES):
+            return kind
+    return None
 
 
 def _nested_over(schema: pa.Schema, most: int) -> str | None:
@@ -1308,7 +1362,8 @@ UTC_LABEL = "+00:00"  # a fixed offset: Python's own timezone.utc, no zone datab
 def without_views(schema: pa.Schema) -> pa.Schema:
     """The file's Arrow schema with view types (string_view, binary_view, list_view: what newer
     Arrow writers keep in a file) as their plain twins: the values are the same, and Arrow
-    casts dictionary chunks to the plain types only. Times are read from their storage, never
+    casts dictionary chunks to the plain types only; dictionaries decoded and extension types
+    as what they store, in any container (child_fields). Times are read from their storage, never
     through the worker's packages: a timestamp, whatever its unit and zone, as UTC microseconds
     (an Arrow timestamp holds a UTC instant; its zone is a display label the worker's zone
     database may lack, and "+00:00" is looked up in none); nanoseconds floored to microseconds
@@ -1327,12 +1382,40 @@ def _plain_type(kind: pa.DataType) -> pa.DataType:
         return pa.large_string()
     if pa.types.is_binary_view(kind):
         return pa.large_binary()
+    if pa.types.is_dictionary(kind):  # decoded: the reader encodes a dictionary run again
+        return _plain_type(kind.value_type)
+    if isinstance(kind, pa.BaseExtensionType):  # what it stores: the same wherever it is read
+        return _plain_type(kind.storage_type)
+    fields = [field.with_type(_plain_type(field.type)) for field in child_fields(kind)]
     if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
-        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
-    if pa.types.is_list(kind):
-        return pa.list_(kind.value_field.with_type(_plain_type(kind.value_type)))
-    if pa.types.is_large_list(kind):
-        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
+        return pa.large_list(fields[0])
+    return with_children(kind, fields)
+
+
+def child_fields(kind: pa.DataType) -> list[pa.Field]:
+    """The fields a nested type holds its values in (a map's key and item, not its entries'
+    struct), [] for any other type: with with_children, the one walk over every container a
+    file may hold (_check_schema refuses any other)."""
+    if pa.types.is_map(kind):
+        return [kind.key_field, kind.item_field]
+    return [kind.field(i) for i in range(kind.num_fields)]
+
+
+def with_children(kind: pa.DataType, fields: list[pa.Field]) -> pa.DataType:
+    """kind's container holding fields in the place of child_fields(kind); kind itself if it
+    holds none."""
+    if not fields:
+        return kind
     if pa.types.is_struct(kind):
-        return pa.struct([field.with_type(_plain_type(field.type)) for field in kind])
-    return kind
+        return pa.struct(fields)
+    if pa.types.is_map(kind):
+        return pa.map_(fields[0], fields[1], kind.keys_sorted)
+    build = {
+        pa.ListType: pa.list_,
+        pa.LargeListType: pa.large_list,
+        pa.ListViewType: pa.list_view,
+        pa.LargeListViewType: pa.large_list_view,
+    }
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(fields[0], kind.list_size)
+    return build[type(kind)](fields[0])

@@ -30,6 +30,7 @@ from kvtrace.transforms.read.paths import (
     FooterOverBound,
     Oversized,
     broken_off,
+    child_fields,
     compression_of,
     is_parquet,
     open_raw,
@@ -39,6 +40,7 @@ from kvtrace.transforms.read.paths import (
     read_lines,
     sized_rows,
     stored_position,
+    with_children,
     without_views,
 )
 from kvtrace.transforms.read.records import (
@@ -339,29 +341,25 @@ def _as_python(rows: pa.RecordBatch, dense: pa.Schema) -> list[dict]:
     return values if read is None else [read(row) for row in values]
 
 
-_LISTS = (pa.ListType, pa.LargeListType, pa.ListViewType, pa.LargeListViewType)
-
-
 def _ns_kept(kind: pa.DataType, read: pa.DataType) -> pa.DataType:
     """A type of without_views' (kind) with the nanoseconds of the type it was made from (read)
-    wherever it has microseconds in their place: a timestamp, duration or time, in lists and
-    structs as without_views reaches them; everything else as kind has it."""
+    wherever it has microseconds in their place: a timestamp, duration or time, in any
+    container, through paths' one walk of them; everything else as kind has it."""
     if getattr(read, "unit", None) == "ns" and getattr(kind, "unit", None) == "us":
         if pa.types.is_timestamp(kind):
             return pa.timestamp("ns", kind.tz)
         return pa.duration("ns") if pa.types.is_duration(kind) else pa.time64("ns")
-    if pa.types.is_struct(kind) and pa.types.is_struct(read):
-        return pa.struct(
-            [field.with_type(_ns_kept(field.type, of.type)) for field, of in zip(kind, read)]
-        )
-    if isinstance(read, _LISTS):
-        for is_kind, build in (
-            (pa.types.is_list, pa.list_),
-            (pa.types.is_large_list, pa.large_list),
-        ):
-            if is_kind(kind):
-                return build(kind.value_field.with_type(_ns_kept(kind.value_type, read.value_type)))
-    return kind
+    if pa.types.is_dictionary(read):  # kind is its decoded values' type
+        return _ns_kept(kind, read.value_type)
+    if isinstance(read, pa.BaseExtensionType):  # kind is the type it stores
+        return _ns_kept(kind, read.storage_type)
+    return with_children(
+        kind,
+        [
+            field.with_type(_ns_kept(field.type, of.type))
+            for field, of in zip(child_fields(kind), child_fields(read))
+        ],
+    )
 
 
 def _unread_group(

@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.synth.parts import RowParts, content_order
+
+# The block ids the drawn requests may hold together: each is held as a Python int in a list
+# while drawing (~40 bytes at the peak, with the int64 arrays built from them), so 2^28 ids
+# are ~10 GB, a million requests of 268 ids; a typo's extra zeros otherwise run the machine
+# out of memory with no line at all.
+MAX_DRAWN_IDS = 1 << 28
 
 
 def sample_requests(
     trace: Trace, parts: RowParts, requests: int, block_size: int, rng: np.random.Generator
 ) -> Trace:
+    longest = int(trace.lengths.max(initial=0))
+    _check_drawn(requests * longest, f"{requests:,} x the trace's longest row, {longest:,}")
     order = content_order(trace, parts.prefix)
     units = _conversations(trace, order)  # lists of rows, content order
     starts = np.array([trace.timestamp[turns[0]] for turns in units])
@@ -33,7 +42,7 @@ def sample_requests(
     output_lengths = trace.output_length[order]
     next_id = int(trace.ids.max(initial=-1)) + 1
     rows: list[tuple[float, int, int, list[int], object]] = []
-    clock, drawn = float(starts.min(initial=0.0)), 0
+    clock, drawn, held = float(starts.min(initial=0.0)), 0, 0
     while drawn < requests:
         turns = units[int(rng.integers(len(units)))]
         session = (
@@ -65,12 +74,23 @@ def sample_requests(
                 length = len(base) * block_size + tokens
             offset = float(trace.timestamp[row] - trace.timestamp[turns[0]])
             osl = int(output_lengths[rng.integers(len(trace))])
+            held += len(base) + len(own)  # a turn continuing a drawn one may outgrow its source
+            _check_drawn(held, f"{drawn + 1:,} drawn so far")
             rows.append((clock + offset, length, osl, base + own, session))
             previous = (base + own, length)
             drawn += 1
         clock += float(gaps[rng.integers(len(gaps))])
     rows.sort(key=lambda r: r[0])
     return _as_trace(rows, trace.session is not None)
+
+
+def _check_drawn(ids: int, counted: str) -> None:
+    """A one-line refusal naming the flag, once the drawn requests would hold past the bound."""
+    if ids > MAX_DRAWN_IDS:
+        raise ConfigError(
+            f"--num-requests would draw {ids:,} block ids ({counted}), over the "
+            f"{MAX_DRAWN_IDS:,} synthesize holds: lower --num-requests"
+        )
 
 
 def _conversations(trace: Trace, order: np.ndarray) -> list[list[int]]:

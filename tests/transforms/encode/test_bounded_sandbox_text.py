@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from jinja2.exceptions import TemplateError, TemplateRuntimeError, UndefinedError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kvtrace.transforms.encode import bounded_sandbox
 from kvtrace.transforms.encode.bounded_sandbox import BoundedSandbox, Unordered, ValueTooLarge
@@ -128,3 +129,29 @@ def test_indent_counts_the_lines_splitlines_makes_before_listing_them(monkeypatc
 def test_indent_sizes_every_line_splitlines_makes(small_bound):
     with pytest.raises(ValueTooLarge):
         _render("{{ ('\\r' * 10)|indent(10, blank=true) }}")  # 11 lines of 10: 110
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% set x = namespace(a=1) %}{% set x.a = x %}{{ x }}|{{ x|string }}|{{ x ~ '' }}",
+        "{% set x = namespace(a=1, b=2) %}{% set x.a = x %}{% set x.b = [x, x] %}{{ x }}",
+        "{% set x = namespace(a=1) %}{% set y = namespace(b=x) %}{% set x.a = y %}{{ [x, y] }}",
+    ],
+)
+def test_a_value_holding_itself_is_sized_as_jinja_prints_it_at_once(source):
+    """Round 11: a namespace may hold itself (`{% set x.a = x %}`, which the immutable sandbox
+    allows), and repr prints the cycle as `{...}`; the walk that sizes it was not told it was
+    inside itself and pushed a level per step until the render budget. Now the same text as
+    jinja, in a step per item."""
+    plain = ImmutableSandboxedEnvironment().from_string(source).render()
+    assert _render(source) == plain and "{...}" in plain
+
+
+def test_a_list_holding_itself_is_sized_at_least_as_long_as_its_text():
+    held = [1, "x"]
+    held.append(held)
+    outer = {"a": held, "b": [held, {"c": held}]}
+    outer["d"] = outer
+    for value in (held, outer):
+        assert len(str(value)) <= bounded_sandbox._text_length(value) < 2 * len(str(value))

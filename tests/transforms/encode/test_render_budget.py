@@ -5,12 +5,14 @@ recursion through macros, huge outputs, and single steps that build a huge value
 
 from __future__ import annotations
 
+import dis
 import json
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -166,6 +168,105 @@ def test_a_stop_while_a_render_is_left_is_raised_and_no_overrun_lands_after(over
         watchdog.run(lambda: _busy(60) if overrun else None)
     assert lock.stopped and not watchdog._renders
     _busy(20 * TICK_SECONDS)  # where a stray RenderOverrun would land
+
+
+_PUSH_EXC_INFO = dis.opmap["PUSH_EXC_INFO"]
+
+
+class _OverrunAtStep:
+    """A trace function that delivers the render's overrun as the watchdog would, landing at
+    the step-th bytecode step of Watchdog.run or its _leave (landing in the render is the
+    ordinary case, tested above): only while the render is registered and not overrun yet (the
+    watchdog's one delivery, under its lock)."""
+
+    def __init__(self, watchdog: Watchdog, step: int, codes: set[object]):
+        self._watchdog, self._step, self._codes = watchdog, step, codes
+        self.steps, self.landed = 0, False
+
+    def __call__(self, frame: Any, event: str, _arg: object) -> Any:
+        if frame.f_code not in self._codes:
+            return None
+        frame.f_trace_opcodes = True
+        # not where an exception being raised enters its handler: CPython looks for one only
+        # between instructions it runs (after a call, at a loop's jump back, a function entry)
+        if event == "opcode" and frame.f_code.co_code[frame.f_lasti] != _PUSH_EXC_INFO:
+            render = self._watchdog._renders.get(threading.get_ident())
+            if render is not None and not render.overran:
+                self.steps += 1
+                if self.steps == self._step:
+                    render.overran, self.landed = True, True
+                    raise RenderOverrun
+        return self
+
+
+@pytest.mark.parametrize("ending", ["result", "error", "stop"])
+def test_an_overrun_landing_at_any_step_of_a_render_is_one_overrun_and_the_render_left(ending):
+    """Round 11: raised again each tick, a second overrun landed in run's own handling of the
+    first, before the render was left (a letter with no message, the render left registered,
+    later ticks landing anywhere). Delivered once, and landing at each step from the render's
+    registration to its leaving in turn, around the render (deterministic: a trace function, not the clock): the
+    caller sees the stop if there was one, else the overrun with its message, and the render
+    is left."""
+    watchdog = Watchdog(seconds=60)  # its own ticks never fire here
+    stopped: list[bool] = []
+
+    def render() -> str:
+        if ending == "error":
+            raise ValueError("the template's own error")
+        if ending == "stop":
+            stopped.append(True)
+            raise KeyboardInterrupt
+        return "rendered"
+
+    codes = {Watchdog.run.__code__, Watchdog._leave.__code__}  # where the watchdog's own are
+    step = 0
+    while True:
+        step += 1
+        stopped.clear()
+        trace = _OverrunAtStep(watchdog, step, codes)
+        sys.settrace(trace)
+        try:
+            outcome: object = watchdog.run(render)
+        except BaseException as err:
+            outcome = err
+        finally:
+            sys.settrace(None)
+        assert not watchdog._renders, step
+        if stopped:  # a stop wins over the overrun
+            assert isinstance(outcome, KeyboardInterrupt), (step, outcome)
+        elif trace.landed:
+            assert isinstance(outcome, RenderOverrun), (step, outcome)
+            assert "render budget" in str(outcome), step
+        if not trace.landed:
+            break
+    assert outcome == "rendered" if ending == "result" else type(outcome) is not RenderOverrun
+    assert step > 5  # the steps were walked, up to one past the last
+
+
+def test_an_overrun_that_landed_leaves_the_interpreter_as_it_was():
+    """Clearing a pending overrun (PyThreadState_SetAsyncExc with NULL) leaves CPython 3.11's
+    pending-work flag set for good: every later step of every thread takes the slow path
+    (+35% on a plain loop), and a traced call never returns. It is cleared only when it never
+    landed: in a child, a traced call after an overrun returns."""
+    code = (
+        "import sys\n"
+        "from kvtrace.transforms.encode.render_budget import RenderOverrun, Watchdog\n"
+        "def spin():\n"
+        "    while True:\n"
+        "        pass\n"
+        "try:\n"
+        "    Watchdog(seconds=0.05).run(spin)\n"
+        "except RenderOverrun:\n"
+        "    pass\n"
+        "sys.settrace(lambda *args: None)\n"
+        "(lambda: None)()\n"
+        "sys.settrace(None)\n"
+        "print('returned')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.stdout == "returned\n", done.stderr[-2000:]
 
 
 def test_a_render_ended_by_a_stop_is_left_and_the_stop_raised():

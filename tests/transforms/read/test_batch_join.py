@@ -111,6 +111,7 @@ def test_a_pair_nested_past_what_a_record_may_is_one_too_deep_letter_in_either_o
         ([INPUT, INPUT, OUTPUT], DUPLICATE, "more than one"),
         ([INPUT, OUTPUT, OUTPUT], DUPLICATE, "more than one"),
         ([OUTPUT, OUTPUT], DUPLICATE, "more than one"),
+        ([INPUT, INPUT, OUTPUT, OUTPUT], DUPLICATE, "more than one"),
     ],
 )
 def test_lines_that_do_not_pair_are_each_a_letter_in_whatever_order(sides, reason, says):
@@ -125,6 +126,38 @@ def test_lines_that_do_not_pair_are_each_a_letter_in_whatever_order(sides, reaso
     assert len(letters) == len(sides)  # every line accounted for, none joined
     assert all(x.reason == reason and says in x.message for x in letters)
     assert [x.line for x in letters] == [h.line for h in halves]
+
+
+@pytest.mark.parametrize(
+    "sides, said",
+    [
+        (
+            [INPUT, INPUT, OUTPUT],
+            ["is on more than one Batch input line"] * 2
+            + ["of this Batch output line is on more than one Batch input line"],
+        ),
+        (
+            [INPUT, OUTPUT, OUTPUT],
+            ["of this Batch input line is on more than one Batch output line"]
+            + ["is on more than one Batch output line"] * 2,
+        ),
+        (
+            [INPUT, INPUT, OUTPUT, OUTPUT],
+            ["is on more than one Batch input line"] * 2
+            + ["is on more than one Batch output line"] * 2,
+        ),
+    ],
+)
+def test_a_duplicate_letter_names_the_side_the_custom_id_repeats_on(sides, said):
+    """Round 11: an input line repeated gave the single output line's letter "is on more
+    than one Batch output line". Each letter now names the repeated side, in any order."""
+    lines = {INPUT: request("a"), OUTPUT: answer("a")}
+    halves = [Half(side, f"f{i}", lines[side]) for i, side in enumerate(sides)]
+    for order in itertools.permutations(halves):
+        letters = sorted(join_halves("a", order), key=lambda letter: letter.source)
+        assert [said_here in x.message for x, said_here in zip(letters, said)] == [True] * len(
+            said
+        ), [x.message for x in letters]
 
 
 def test_the_spill_joins_every_custom_id_once_across_runs_and_partitions(tmp_path):

@@ -596,3 +596,79 @@ def test_a_gzip_cut_in_its_middle_weighs_what_its_records_did_not_reach(tmp_path
     [letter] = [item for item in read if isinstance(item, DeadLetter)]
     assert len(read) > len(LINES)
     assert 0 < letter.lost_bytes < path.stat().st_size
+
+
+def _nested_times(path, ns: int) -> None:
+    """A Parquet file holding a time in nanoseconds in each container a writer may use."""
+    moment = pa.array([ns], pa.timestamp("ns"))
+    dictionary = pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), moment)
+    pq.write_table(
+        pa.table(
+            {
+                "prompt": ["hello"],
+                "fixed": pa.FixedSizeListArray.from_arrays(moment, 1),
+                "map": pa.MapArray.from_arrays(
+                    pa.array([0, 1], pa.int32()), pa.array(["a"]), moment
+                ),
+                "large": pa.LargeListArray.from_arrays(pa.array([0, 1], pa.int64()), moment),
+                "dictionary": dictionary,
+                "listed": pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), dictionary),
+            }
+        ),
+        path,
+    )
+
+
+def test_times_in_every_container_read_from_their_storage(tmp_path):
+    """Round 11: a time in a fixed_size_list (a Polars Array), a map or a dictionary was left
+    in nanoseconds and turned into Python through pandas where it imports (a pandas Timestamp),
+    refused where it does not: the output depended on the worker's packages. One walk over
+    every container now reads each as UTC microseconds, floored, from its storage."""
+    import datetime as dt
+
+    path = tmp_path / "nested.parquet"
+    _nested_times(path, 1_735_689_600_000_000_789)
+    [(_, row)] = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    moment = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    assert row == {
+        "prompt": "hello",
+        "fixed": [moment],
+        "map": [("a", moment)],
+        "large": [moment],
+        "dictionary": moment,
+        "listed": [moment],
+    }
+    assert type(row["fixed"][0]) is dt.datetime and type(row["dictionary"]) is dt.datetime
+
+
+def test_an_extension_column_reads_as_what_it_stores(tmp_path):
+    """A package may register an extension type (pandas registers its own on import): read as
+    its storage, a column is the same on every worker."""
+    path = tmp_path / "extension.parquet"
+    text = pa.array(['{"a": 1}'], pa.json_())
+    nested = pa.StructArray.from_arrays([text], ["j"])
+    pq.write_table(pa.table({"prompt": ["hello"], "j": text, "nested": nested}), path)
+    [(_, row)] = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    assert row == {"prompt": "hello", "j": '{"a": 1}', "nested": {"j": '{"a": 1}'}}
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pa.sparse_union([pa.field("a", pa.int64())]),
+        pa.month_day_nano_interval(),
+        pa.map_(pa.string(), pa.list_(pa.dense_union([pa.field("a", pa.int64())]))),
+        pa.dictionary(pa.int32(), pa.run_end_encoded(pa.int32(), pa.string())),
+    ],
+    ids=["union", "interval", "nested_union", "dictionary_of_run_ends"],
+)
+def test_a_column_of_a_type_outside_the_read_ones_refuses_the_file(kind):
+    """The types read are a closed list (paths._LEAVES in paths._CONTAINERS): any other, at
+    any depth, refuses the file in one line, never turned into Python by whatever the worker
+    has (Parquet stores none of these today; a file's ARROW:schema may name them)."""
+    from kvtrace.transforms.read import paths
+
+    schema = pa.schema([("prompt", pa.string()), ("other", kind)])
+    with pytest.raises(ValueError, match="Parquet column other holds .*, a type not read"):
+        paths._check_schema("f.parquet", schema)
+    paths._check_schema("f.parquet", pa.schema([("prompt", pa.string())]))
