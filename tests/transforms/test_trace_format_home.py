@@ -40,6 +40,7 @@ PUBLISHED_NAMES = frozenset(ROW_FIELDS + OPTIONAL_FIELDS) | {
 # Modules whose literals spell the same words for something else, each with what it names.
 OTHER_VOCABULARIES = {
     "transforms/read/bailian.py": "Alibaba's Bailian trace format, read as input",
+    "transforms/read/captures.py": "engine captures' fields, and a parsed request's as records.py",
     "transforms/read/records.py": "the request log's fields",
     "transforms/read/response_end.py": "the request log's streamed chunks' fields",
     "transforms/read/shapes.py": "the request log's fields",

@@ -633,7 +633,7 @@ def test_times_in_every_container_read_from_their_storage(tmp_path):
     assert row == {
         "prompt": "hello",
         "fixed": [moment],
-        "map": [("a", moment)],
+        "map": {"a": moment},  # a map reads as its JSON object
         "large": [moment],
         "dictionary": moment,
         "listed": [moment],
