@@ -177,6 +177,29 @@ def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
 KVTRACE = [sys.executable, "-m", "kvtrace.cli"]  # the CLI as a command runs it
 
 
+def night_args(tmp_path: Path, tokenizer: str, out: Path, *extra: str) -> list[str]:
+    """An anonymize run's arguments on a log of 12 chats and one dead letter (written into
+    tmp_path with a salt file on first use), for tests about a whole night's process."""
+    src = tmp_path / "in.jsonl"
+    if not src.exists():
+        write_jsonl(src, [chat(i, 1000 * i) for i in range(12)] + [b"{broken"])
+        (tmp_path / "salt").write_text("a-night-salt-of-thirty-two-bytes")
+    return [
+        "anonymize",
+        "--input",
+        str(src),
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(tmp_path / "salt"),
+        "--output",
+        str(out),
+        *extra,
+    ]
+
+
 def kvtrace_child(
     *args: str,
     prelude: str = "",

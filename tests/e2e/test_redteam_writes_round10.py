@@ -16,34 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, chat, kvtrace_child, write_jsonl
+from helpers import ROOT, kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
 _MAIN = "import sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
 # How long a process that ends with its run is given to be gone (it is, at once, once fixed).
 GONE_S = 5
-
-
-def _night(tmp_path: Path, tokenizer: str, out: Path, *extra: str) -> list[str]:
-    """An anonymize run's arguments on a log of 12 chats and one dead letter."""
-    src = tmp_path / "in.jsonl"
-    if not src.exists():
-        write_jsonl(src, [chat(i, 1000 * i) for i in range(12)] + [b"{broken"])
-        (tmp_path / "salt").write_text("round-ten-salt-of-thirty-two-byt")
-    return [
-        "anonymize",
-        "--input",
-        str(src),
-        "--tokenizer",
-        tokenizer,
-        "--block-size",
-        "4",
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--output",
-        str(out),
-        *extra,
-    ]
 
 
 def _gone(pid: int, within_s: float) -> bool:
@@ -108,7 +86,7 @@ def test_a_killed_beam_run_leaves_no_sdk_worker_running(tiny_tokenizer, tmp_path
     end_descendants never runs on that path, and the SDK workers, reparented to init, are no
     longer its descendants for it to find."""
     out, pids, mark = tmp_path / "out", tmp_path / "pids", f"ROUND10_{tmp_path.name}"
-    night = _night(tmp_path, tiny_tokenizer, out, "--engine", "beam")
+    night = night_args(tmp_path, tiny_tokenizer, out, "--engine", "beam")
     night += ["--direct_running_mode", "multi_processing"]
     try:
         with open(tmp_path / "killed.err", "wb") as said:  # the orphan holds pipes open
@@ -167,7 +145,7 @@ def test_a_night_that_fails_after_its_id_map_commit_says_the_map_was_extended(
     must be said as a stopped one's is (publish.published_here, read by cli._run for errors
     too)."""
     out, id_map = tmp_path / "out", tmp_path / "map"
-    night = _night(tmp_path, tiny_tokenizer, out)
+    night = night_args(tmp_path, tiny_tokenizer, out)
     night += ["--id-map", str(id_map), "--id-map-marks", str(tmp_path / "marks")]
     night += ["--emit-block-hashes", str(tmp_path / "hashes"), "--hash-scheme", "dynamo"]
     failed = kvtrace_child(*night, prelude=_DISK_FULL_AT_THE_BLOCK_HASHES, timeout=120)
@@ -205,7 +183,7 @@ def test_a_beam_child_dying_after_its_id_map_commit_says_the_map_was_extended(
     parent's record holds the commit, but only a stop reads it. As the local failure above:
     the error line must name what stands."""
     out, id_map = tmp_path / "out", tmp_path / "map"
-    night = _night(tmp_path, tiny_tokenizer, out, "--engine", "beam")
+    night = night_args(tmp_path, tiny_tokenizer, out, "--engine", "beam")
     night += ["--id-map", str(id_map), "--id-map-marks", str(tmp_path / "marks")]
     failed = kvtrace_child(*night, prelude=_KILL_THE_CHILD_AFTER_ITS_COMMIT, timeout=120)
     assert failed.returncode == 1, failed.stderr[-2000:]
@@ -232,7 +210,7 @@ def test_the_folders_kvtrace_makes_for_block_hashes_are_owner_only(tiny_tokenize
     folder kvtrace makes for a private location must be owner-only, whichever step makes it
     first."""
     hashes = tmp_path / "private" / "night" / "hashes"
-    night = _night(tmp_path, tiny_tokenizer, tmp_path / "out")
+    night = night_args(tmp_path, tiny_tokenizer, tmp_path / "out")
     night += ["--emit-block-hashes", str(hashes), "--hash-scheme", "dynamo"]
     done = kvtrace_child(*night, prelude=_GROUP_WRITABLE_UMASK, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -268,7 +246,7 @@ def test_a_killed_beam_run_and_its_rerun_leave_nothing_in_the_temporary_folder(
     killed run that no rerun clears (a rerun of the output clears its staging and lock)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    night = _night(tmp_path, tiny_tokenizer, tmp_path / "out", "--engine", "beam")
+    night = night_args(tmp_path, tiny_tokenizer, tmp_path / "out", "--engine", "beam")
     for prelude in (_KILL_THE_CLI_FROM_THE_JOB, ""):
         done = kvtrace_child(*night, prelude=prelude, timeout=120, env={"TMPDIR": str(tmp)})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -307,7 +285,7 @@ def test_a_stop_while_a_slow_disk_publishes_the_hashes_never_leaves_half_a_night
     publication whole or rolled back: the slow steps done before the first swap (the swaps
     back to back), or a hard end rolling back the swaps of a publication it abandons."""
     out, hashes = tmp_path / "out", tmp_path / "hashes"
-    night = _night(tmp_path, tiny_tokenizer, out)
+    night = night_args(tmp_path, tiny_tokenizer, out)
     night += ["--emit-block-hashes", str(hashes), "--hash-scheme", "dynamo"]
     stopped = kvtrace_child(*night, prelude=_STOP_WHILE_THE_HASHES_SYNC_SLOWLY, timeout=120)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]

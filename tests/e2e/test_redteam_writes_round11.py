@@ -13,38 +13,15 @@ import select
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, chat, kvtrace_child, write_jsonl
+from helpers import ROOT, kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
 _MAIN = "import sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
 # How long a stopped run is given to end: its deadline (cli.STOP_DEADLINE_S, 1.5 s) and more.
 ENDED_S = 10
-
-
-def _night(tmp_path: Path, tokenizer: str, out: Path, *extra: str) -> list[str]:
-    """An anonymize run's arguments on a log of 12 chats and one dead letter."""
-    src = tmp_path / "in.jsonl"
-    if not src.exists():
-        write_jsonl(src, [chat(i, 1000 * i) for i in range(12)] + [b"{broken"])
-        (tmp_path / "salt").write_text("round-11-salt-of-thirty-two-byte")
-    return [
-        "anonymize",
-        "--input",
-        str(src),
-        "--tokenizer",
-        tokenizer,
-        "--block-size",
-        "4",
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--output",
-        str(out),
-        *extra,
-    ]
 
 
 # Ctrl-C (SIGINT) as the night's trace is about to be published. The prelude first tells the
@@ -125,7 +102,7 @@ def test_a_stop_ends_by_its_deadline_when_its_stderr_is_gone(tiny_tokenizer, tmp
     OUT"). With the terminal alive the same run ends at the deadline (exit 130); the deadline
     must not depend on stderr being writable."""
     out = tmp_path / "out"
-    code, running = _stopped_with_its_stderr_gone(_night(tmp_path, tiny_tokenizer, out), True)
+    code, running = _stopped_with_its_stderr_gone(night_args(tmp_path, tiny_tokenizer, out), True)
     assert not running, f"still running {ENDED_S} s after its stop"
     assert code == 128 + signal.SIGINT
     assert not out.exists()
@@ -137,7 +114,7 @@ def test_a_stop_exits_130_when_its_stderr_is_gone(tiny_tokenizer, tmp_path):
     stop's exit code says the stop, whatever the stream's state. (The stop came inside the
     publication, which defers it to its end: the trace is published whole.)"""
     out = tmp_path / "out"
-    code, running = _stopped_with_its_stderr_gone(_night(tmp_path, tiny_tokenizer, out), False)
+    code, running = _stopped_with_its_stderr_gone(night_args(tmp_path, tiny_tokenizer, out), False)
     assert not running, f"still running {ENDED_S} s after its stop"
     assert code == 128 + signal.SIGINT
     assert (out / "manifest.json").is_file()
@@ -210,7 +187,7 @@ def test_a_run_never_removes_a_living_runs_job_folder(tiny_tokenizer, tmp_path):
         "ROUND11_READY": str(ready_w),
         "ROUND11_GO": str(go_r),
     }
-    night = _night(tmp_path, tiny_tokenizer, living, "--engine", "beam")
+    night = night_args(tmp_path, tiny_tokenizer, living, "--engine", "beam")
     run = subprocess.Popen(
         [*prefix, sys.executable, "-c", f"{_WAIT_ONCE_THE_JOB_STARTED}\n{_MAIN}", *night],
         cwd=ROOT,
@@ -224,7 +201,7 @@ def test_a_run_never_removes_a_living_runs_job_folder(tiny_tokenizer, tmp_path):
     os.close(go_r)
     try:
         assert os.read(ready_r, 1) == b"r"
-        other_night = _night(tmp_path, tiny_tokenizer, other, "--engine", "beam")
+        other_night = night_args(tmp_path, tiny_tokenizer, other, "--engine", "beam")
         failed = subprocess.run(
             [sys.executable, "-c", f"{_FAIL_THE_JOB}\n{_MAIN}", *other_night],
             cwd=ROOT,
@@ -273,7 +250,7 @@ def test_a_night_that_fails_inside_its_id_map_commit_says_the_map_was_extended(
     beside a map holding version 1 (readers follow committed versions past CURRENT) and no
     trace. What a failed publication leaves standing must be said as a hard end's is."""
     out, id_map = tmp_path / "out", tmp_path / "map"
-    night = _night(tmp_path, tiny_tokenizer, out)
+    night = night_args(tmp_path, tiny_tokenizer, out)
     night += ["--id-map", str(id_map), "--id-map-marks", str(tmp_path / "marks")]
     failed = kvtrace_child(*night, prelude=_MARKS_FULL, timeout=120)
     assert failed.returncode == 1, failed.stderr[-2000:]
@@ -300,7 +277,7 @@ def test_an_error_of_the_system_mid_job_is_a_job_that_stopped(tiny_tokenizer, tm
     checks. Once the run holds its output's lock every check is behind it."""
     out = tmp_path / "out"
     failed = kvtrace_child(
-        *_night(tmp_path, tiny_tokenizer, out),
+        *night_args(tmp_path, tiny_tokenizer, out),
         prelude=_DISK_FAILS_AS_THE_TRACE_IS_PUBLISHED,
         timeout=120,
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, chat, kvtrace_child, write_jsonl
+from helpers import ROOT, kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
 ROUND9 = "red team round 9"
@@ -31,28 +31,6 @@ def _said(done: subprocess.CompletedProcess) -> list[str]:
         line
         for line in done.stderr.splitlines()
         if " INFO " not in line and "PyTorch was not found" not in line
-    ]
-
-
-def _night(tmp_path: Path, tokenizer: str, out: Path, *extra: str) -> list[str]:
-    """An anonymize run's arguments on a log of 12 chats and one dead letter."""
-    src = tmp_path / "in.jsonl"
-    if not src.exists():
-        write_jsonl(src, [chat(i, 1000 * i) for i in range(12)] + [b"{broken"])
-        (tmp_path / "salt").write_text("round-nine-salt-of-thirty-two-by")
-    return [
-        "anonymize",
-        "--input",
-        str(src),
-        "--tokenizer",
-        tokenizer,
-        "--block-size",
-        "4",
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--output",
-        str(out),
-        *extra,
     ]
 
 
@@ -105,7 +83,7 @@ def test_a_killed_run_leaves_no_worker_holding_its_output_locked(tiny_tokenizer,
     night after night, until someone finds and kills the orphan. "The lock file goes with the
     run (one a killed run leaves is taken by the next)": a killed run must leave no process."""
     out, pids = tmp_path / "out", tmp_path / "pids"
-    night = _night(tmp_path, tiny_tokenizer, out)
+    night = night_args(tmp_path, tiny_tokenizer, out)
     try:
         # Its streams to a file: the orphan holds them open, so pipes would never end.
         with open(tmp_path / "killed.err", "wb") as said:
@@ -150,7 +128,7 @@ def test_a_hang_up_is_a_stop_that_removes_what_the_run_made(tiny_tokenizer, tmp_
     local engine's workers, a hang-up sent to the CLI alone orphans them as SIGKILL does."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    args = _night(tmp_path, tiny_tokenizer, tmp_path / "out")
+    args = night_args(tmp_path, tiny_tokenizer, tmp_path / "out")
     args[args.index("--input") + 1] = "-"
     with open(tmp_path / "in.jsonl", "rb") as log:
         hung_up = kvtrace_child(
@@ -188,7 +166,7 @@ def test_a_killed_runs_copy_of_standard_input_is_not_left_for_good(tiny_tokenize
     process whatever ends it)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    args = _night(tmp_path, tiny_tokenizer, tmp_path / "out")
+    args = night_args(tmp_path, tiny_tokenizer, tmp_path / "out")
     args[args.index("--input") + 1] = "-"
     for prelude in (_KILL_AFTER_THE_SPOOL, ""):
         with open(tmp_path / "in.jsonl", "rb") as log:
@@ -226,7 +204,7 @@ def test_a_stop_while_the_trace_is_published_publishes_its_block_hashes_too(
     that a stop never splits a publication: the night's trace and the hashes that belong to it
     both, or neither."""
     out, hashes = tmp_path / "out", tmp_path / "hashes"
-    args = _night(
+    args = night_args(
         tmp_path, tiny_tokenizer, out, "--hash-scheme", "dynamo", "--emit-block-hashes", str(hashes)
     )
     stopped = kvtrace_child(*args, prelude=_TERM_WHILE_THE_OUTPUT_IS_PUBLISHED, timeout=120)
@@ -264,7 +242,7 @@ def test_a_stop_after_the_local_id_map_commit_never_says_nothing_was_published(
     believes the line may feed the map another night first; the line must name the map's
     version, as it names every output a stop leaves published."""
     out = tmp_path / "out"
-    args = _night(tmp_path, tiny_tokenizer, out, "--id-map", str(tmp_path / "map"))
+    args = night_args(tmp_path, tiny_tokenizer, out, "--id-map", str(tmp_path / "map"))
     stopped = kvtrace_child(*args, prelude=_TERM_AFTER_THE_MAP_COMMIT, timeout=120)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     assert (tmp_path / "map" / "versions" / "000001.json").is_file()  # committed
@@ -281,7 +259,7 @@ def test_a_run_refused_for_a_terminal_on_standard_input_makes_no_id_map_folder(
     lock): `--input -` from a terminal is refused in one line, exit 2, and leaves a new, empty,
     owner-only id map folder behind (so does a run refused because another holds the output's
     lock, exit 1)."""
-    args = _night(tmp_path, tiny_tokenizer, tmp_path / "out", "--id-map", str(tmp_path / "map"))
+    args = night_args(tmp_path, tiny_tokenizer, tmp_path / "out", "--id-map", str(tmp_path / "map"))
     args[args.index("--input") + 1] = "-"
     terminal, typed_into = pty.openpty()
     try:
@@ -316,7 +294,7 @@ def test_standard_inputs_copy_is_owner_only_from_its_first_byte(tiny_tokenizer, 
     (storage.create(private=True)); the spool, the largest and most private of them, is not."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    args = _night(tmp_path, tiny_tokenizer, tmp_path / "out")
+    args = night_args(tmp_path, tiny_tokenizer, tmp_path / "out")
     args[args.index("--input") + 1] = "-"
     noted = tmp_path / "spool-mode"
     with open(tmp_path / "in.jsonl", "rb") as log:
@@ -344,7 +322,7 @@ def test_a_race_lost_on_one_id_map_is_not_called_a_replaced_map(
     from kvtrace.cli import main
     from kvtrace.transforms.ids import id_map
 
-    args = _night(tmp_path, tiny_tokenizer, tmp_path / "oa", "--id-map", str(tmp_path / "map"))
+    args = night_args(tmp_path, tiny_tokenizer, tmp_path / "oa", "--id-map", str(tmp_path / "map"))
     other = [a if a != str(tmp_path / "oa") else str(tmp_path / "ob") for a in args]
     real, raced = id_map.check_anchor, []
 
@@ -388,7 +366,7 @@ def test_a_trace_published_whole_by_a_killed_run_passes_the_gate(tiny_tokenizer,
     kvtrace publishes should carry nothing the gate refuses from the moment it is published."""
     out = tmp_path / "out"
     killed = kvtrace_child(
-        *_night(tmp_path, tiny_tokenizer, out),
+        *night_args(tmp_path, tiny_tokenizer, out),
         prelude=_KILL_ONCE_THE_TRACE_IS_PUBLISHED,
         timeout=120,
     )
@@ -408,7 +386,7 @@ def test_a_run_refused_for_an_output_locked_by_another_makes_no_id_map_folder(
     from kvtrace.transforms.write.publish import output_lock
 
     out = tmp_path / "out"
-    args = _night(tmp_path, tiny_tokenizer, out, "--id-map", str(tmp_path / "map"))
+    args = night_args(tmp_path, tiny_tokenizer, out, "--id-map", str(tmp_path / "map"))
     with output_lock(str(out)):
         refused = kvtrace_child(*args, timeout=120)
     assert refused.returncode == 1, refused.stderr[-2000:]
