@@ -1,7 +1,8 @@
 """Red team round 12, the gate (nothing private published): reproducers of what a capture run
 (`anonymize --capture`) or the gate lets through, each asserting the promised behaviour: an
 engine's raw block hashes reach no file the run leaves (docs/CAPTURES.md "Never published, never
-written"), its dead letters included."""
+written"), its dead letters included; each request's measured cached tokens stay private
+(docs/PRIVACY.md), only their aggregate published."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import dynamo_request_end
+from helpers import SALT, anonymize, chat, dynamo_request_end, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -66,3 +67,23 @@ def test_a_pretty_printed_capture_record_leaves_no_engine_hash_in_the_letters(tm
     lines = [json.dumps(r) for r in records[:3]] + json.dumps(records[3], indent=2).splitlines()
     last = set(records[3]["request"]["replay"]["input_sequence_hashes"])
     assert [h for h in _leaked(tmp_path, lines, raw) if h in last] == []
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 12")
+def test_a_measured_aggregate_of_one_request_is_not_published(tiny_tokenizer, tmp_path):
+    """PRIVACY.md keeps each request's measured cached tokens private and publishes only their
+    aggregate; when one record of the night carries the engine's count, stats.json's `measured`
+    is that request's count, its input tokens the length that finds its row, and the gate
+    passes it."""
+    records = [chat(i, 1_000 * i) for i in range(6)]
+    records[4]["num_cached_tokens"] = 7
+    (tmp_path / "in").mkdir()
+    source = write_jsonl(tmp_path / "in" / "logs.jsonl", records)
+    (tmp_path / "salt").write_text(SALT)
+    out = tmp_path / "out"
+    flags = ("--block-size", "4", "--salt-file", str(tmp_path / "salt"), "--quiet")
+    assert anonymize(tiny_tokenizer, [source], out, *flags) == 0
+    measured = json.loads((out / "stats.json").read_text()).get("measured")
+    if measured is not None:  # published: then never one request's own count
+        assert measured["requests"] > 1
+        assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) != 0
