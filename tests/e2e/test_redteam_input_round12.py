@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import lmcache_lookup, read_jsonl
@@ -67,3 +68,23 @@ def test_a_capture_record_naming_its_hashes_with_an_escape_leaves_no_hash_in_its
     lines = _letter_lines(tmp_path / "out")
     assert "late" in lines  # the check can fail: the letter holds the rejected record's line
     assert [h for h in _hashes(LOOKUPS[:1]) if h in lines] == []
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 12")
+def test_a_trace_spanning_more_seconds_than_oracle_general_holds_is_refused(tmp_path, capsys):
+    """`export --to libcachesim` writes each block's second from the trace's first in
+    oracleGeneral's uint32 field (replay/agentic.oracle_general). The trace reader takes
+    times in +-2^42 ms, a span of ~8.8e9 s, past 2^32: the later request's second wraps
+    silently (8e9 s is written as 3705032704). Such a trace must be a one-line error, never a
+    file of wrong times."""
+    from kvtrace.transforms.replay.agentic import ORACLE_GENERAL
+
+    rows = [{"timestamp": t, "input_length": 8, "hash_ids": [1, 2]} for t in (-4e12, 4e12)]
+    source = tmp_path / "wide.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "wide.bin"
+    code = main(["export", str(source), "--to", "libcachesim", "-o", str(out), "--block-size", "4"])
+    if code == 0:  # written: every second as the trace says
+        times = np.frombuffer(out.read_bytes(), dtype=ORACLE_GENERAL)["time"].tolist()
+        assert times == [0, 0, 8_000_000_000, 8_000_000_000]
+    assert code == 2 and capsys.readouterr().err.count("\n") == 1
