@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import lmcache_lookup, read_jsonl
+from helpers import anonymize, lmcache_lookup, read_jsonl, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -88,3 +88,37 @@ def test_a_trace_spanning_more_seconds_than_oracle_general_holds_is_refused(tmp_
         times = np.frombuffer(out.read_bytes(), dtype=ORACLE_GENERAL)["time"].tolist()
         assert times == [0, 0, 8_000_000_000, 8_000_000_000]
     assert code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 12")
+def test_another_nights_measured_file_is_refused_by_calibrate(tiny_tokenizer, tmp_path, capsys):
+    """docs/ANALYSIS.md: `kvtrace calibrate night --measured night-rejected/measured-RUNID.jsonl`.
+    The measured file is keyed by shard and row only (read/measured.py) and names no night, so
+    the file of another night whose rows fit is read as this night's: each count lands on
+    another request and the fit is silently wrong. Two nights of the same six requests, the
+    second's arrivals reversed: given the first night's file, calibrate must refuse in one
+    line (exit 2), as it refuses a file naming a row the trace lacks."""
+    user = {"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 4}
+
+    def night(name: str, times: list[int]) -> Path:
+        records = [
+            {
+                "timestamp": t,
+                "messages": [user] if i % 2 else [{**user, "content": user["content"] * 2}],
+                "output_length": 3,
+                "num_cached_tokens": 4 * i,
+            }
+            for i, t in enumerate(times)
+        ]
+        source = write_jsonl(tmp_path / f"{name}.jsonl", records)
+        assert anonymize(tiny_tokenizer, [source], tmp_path / name, "--block-size", "4") == 0
+        return tmp_path / name
+
+    first = night("first", [1_000 * i for i in range(6)])
+    second = night("second", [1_000 * (6 - i) for i in range(6)])
+    (measured,) = (tmp_path / "first-rejected").glob("measured-*.jsonl")
+    args = ["calibrate", "--block-size", "4", "--measured", str(measured)]
+    assert main([*args, str(first)]) == 0  # the check can fail: its own night's file reads
+    capsys.readouterr()
+    assert main([*args, str(second)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
