@@ -70,7 +70,6 @@ def test_a_capture_record_naming_its_hashes_with_an_escape_leaves_no_hash_in_its
     assert [h for h in _hashes(LOOKUPS[:1]) if h in lines] == []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_a_trace_spanning_more_seconds_than_oracle_general_holds_is_refused(tmp_path, capsys):
     """`export --to libcachesim` writes each block's second from the trace's first in
     oracleGeneral's uint32 field (replay/agentic.oracle_general). The trace reader takes

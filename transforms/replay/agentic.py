@@ -41,6 +41,7 @@ LOCAL_SCOPE = "local"
 # request index, -1 for none), little-endian and packed (libCacheSim's reader/oracleGeneral)
 ORACLE_GENERAL = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 NEVER_AGAIN = -1
+OBJECT_FIELD_MAX = 2**32 - 1  # a record's time (s) and size (bytes) are unsigned 32-bit
 
 
 def conversation_names(trace: Trace, order: np.ndarray) -> list[str]:
@@ -137,6 +138,13 @@ def oracle_general(trace: Trace, block_size: int) -> memoryview:
     block_size bytes (so a cache of C bytes holds C tokens' blocks, as kvtrace simulate pages
     them) at its request's second from the trace's first; the next index at which the same block is requested. The
     records' own memory, not a copy (24 bytes a block)."""
+    start = trace.timestamp.min() if len(trace) else 0.0
+    span_s = (trace.timestamp.max() - start) // 1000 if len(trace) else 0
+    if span_s > OBJECT_FIELD_MAX or block_size > OBJECT_FIELD_MAX:
+        raise ValueError(
+            f"libCacheSim's records hold seconds and sizes below 2^32: this trace spans "
+            f"{span_s:.0f} s at block size {block_size}"
+        )
     order = np.argsort(trace.timestamp, kind="stable")
     counts = np.diff(trace.offsets)[order]
     at = np.repeat(trace.offsets[:-1][order] - (np.cumsum(counts) - counts), counts)
@@ -146,7 +154,6 @@ def oracle_general(trace: Trace, block_size: int) -> memoryview:
     del at
     # seconds from the first request: a foreign trace's epoch or negative times would not fit
     # the unsigned 32 bits
-    start = trace.timestamp.min() if len(trace) else 0.0
     seconds = np.floor((trace.timestamp[order] - start) / 1000).astype(np.int64)
     records["time"] = np.repeat(seconds, counts)
     records["size"] = block_size
