@@ -59,3 +59,38 @@ def test_calibrate_joins_the_measured_file_by_shard_not_by_argument_order(
         assert main(args) == 0
         reports.append(json.loads(report.read_text())["policies"])
     assert reports[0] == reports[1]
+
+
+def _dynamo_end(hashes: list[int], key_id: str | None) -> dict:
+    """A Dynamo request_end of two blocks at DAY0_MS, its hashes keyed under key_id (None: the
+    router's unkeyed chain)."""
+    replay: dict = {"trace_block_size": 4, "input_length": 8, "input_sequence_hashes": hashes}
+    if key_id is not None:
+        replay.update(hash_algorithm="blake3-keyed-chain64-v1", hash_key_id=key_id)
+    return {
+        "schema": "dynamo.request.trace.v1",
+        "event_type": "request_end",
+        "event_time_unix_ms": DAY0_MS + 25,
+        "request": {"output_tokens": 3, "request_received_ms": DAY0_MS, "replay": replay},
+    }
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 12")
+def test_captures_alike_but_for_their_hash_scheme_publish_what_the_gate_passes(tmp_path):
+    """Promise (docs/ORDERING.md): the tie-break fingerprint covers everything a row's ids are
+    made of, so ids are numbered first-seen in the one row order and the night kvtrace writes
+    passes `kvtrace audit`. A capture's fingerprint (encode/captures.hash_capture) covers its
+    raw hashes but not their scheme, while its block keys are re-keyed over the scheme: two
+    requests of one published time and lengths whose engine logged the same hashes under two
+    schemes (a fleet keying its trace and one not, or a key rotated inside a granule) tie on
+    the fingerprint yet hold different ids, numbered in the keys' order, not the rows'. The
+    night publishes (exit 0) and its own audit flags it not publishable."""
+    log = write_jsonl(
+        tmp_path / "trace.jsonl",
+        [_dynamo_end([7, 8], None), _dynamo_end([7, 8], "k0"), _dynamo_end([7, 9], "j0")],
+    )
+    night = str(tmp_path / "night")
+    args = ["anonymize", "--capture", "dynamo-request-trace", "--block-size", "4"]
+    args += ["--input", str(log), "--output", night, "--salt-file", str(_salt(tmp_path))]
+    assert main([*args, "--quiet"]) == 0
+    assert main(["audit", night, "--capture", "dynamo-request-trace"]) == 0
