@@ -94,3 +94,24 @@ def test_captures_alike_but_for_their_hash_scheme_publish_what_the_gate_passes(t
     args += ["--input", str(log), "--output", night, "--salt-file", str(_salt(tmp_path))]
     assert main([*args, "--quiet"]) == 0
     assert main(["audit", night, "--capture", "dynamo-request-trace"]) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 12")
+def test_lookups_whose_hashes_and_request_ids_run_together_publish_what_the_gate_passes(tmp_path):
+    """The same promise, a second variant of the fingerprint's gap: an LMCache lookup's
+    fingerprint hashes its hex hashes joined by NUL and then its tail (request id, time,
+    length) with no separator between them, so a lookup of hash 0x1 for request "ax" and one
+    of hash 0x1a for request "x" feed it the same bytes. They tie on it, hold different ids,
+    and the night kvtrace publishes is flagged by its own audit (a fix adding the scheme alone
+    leaves this one: the fingerprint wants an unambiguous encoding of the whole capture)."""
+    lookups = [
+        {"timestamp": DAY0_MS / 1000, "request_id": request, "chunk_size": 4, "seq_len": 5}
+        | {"chunk_hashes": [digest]}
+        for request, digest in (("ax", "0x1"), ("x", "0x1a"))
+    ]
+    log = write_jsonl(tmp_path / "lookups.jsonl", lookups)
+    night = str(tmp_path / "night")
+    args = ["anonymize", "--capture", "lmcache-lookup-hashes", "--block-size", "4"]
+    args += ["--input", str(log), "--output", night, "--salt-file", str(_salt(tmp_path))]
+    assert main([*args, "--quiet"]) == 0
+    assert main(["audit", night, "--capture", "lmcache-lookup-hashes"]) == 0
