@@ -24,14 +24,18 @@ CAPACITY_PAGES = 20_000
 
 
 def night(folder: Path, requests: int, seed: int = 1) -> tuple[Path, Path]:
-    """(trace, measured file): the measured counts are the LRU replay's at CAPACITY_PAGES."""
+    """(trace, measured file): a one-shard output folder (its shard and manifest) and its
+    measured file as a run joins it; the counts are the LRU replay's at CAPACITY_PAGES."""
     from kvtrace.transforms.cache.cache_trace import causal_rows, read_cache_trace
     from kvtrace.transforms.cache.policies import row_hits
-    from kvtrace.transforms.read.measured import measured_bytes
+    from kvtrace.transforms.read.measured import join_measured, measured_bytes, measured_part
     from kvtrace.transforms.read.trace_io import read_trace
+    from kvtrace.transforms.trace_format import FORMAT, canonical_json
+    from kvtrace.transforms.write.publish import sha256_of
 
     random = np.random.default_rng(seed)
-    trace, fresh, kept = folder / "trace.jsonl", 0, []
+    (folder / "night").mkdir()
+    trace, fresh, kept = folder / "night" / "trace-00000-of-00001.jsonl", 0, []
     with trace.open("w") as out:
         for index in range(requests):
             ids: list[int] = []
@@ -45,13 +49,21 @@ def night(folder: Path, requests: int, seed: int = 1) -> tuple[Path, Path]:
                 kept.pop(int(random.integers(len(kept))))
             row = {"timestamp": index, "input_length": BLOCK * len(ids), "output_length": 1}
             out.write(json.dumps({**row, "hash_ids": ids}) + "\n")
+    manifest = canonical_json(
+        {
+            "format": FORMAT,
+            "records": {"exported": requests},
+            "sha256": {trace.name: sha256_of(trace.read_bytes())},
+        }
+    )
+    (folder / "night" / "manifest.json").write_bytes(manifest)
     _, cache = read_cache_trace([str(trace)], BLOCK)
     hits = row_hits(cache, "lru", [CAPACITY_PAGES * BLOCK])[0]
-    measured = folder / "measured.jsonl"
     per_row = np.empty(len(hits), dtype=np.int64)
     per_row[causal_rows(read_trace([str(trace)]))] = hits  # file order: the one shard's rows
-    measured.write_bytes(measured_bytes(0, per_row) or b"")
-    return trace, measured
+    (folder / "letters").mkdir()
+    (folder / "letters" / measured_part(0)).write_bytes(measured_bytes(0, per_row) or b"")
+    return trace.parent, Path(join_measured(str(folder / "letters"), sha256_of(manifest)) or "")
 
 
 def main() -> None:

@@ -46,6 +46,9 @@ from kvtrace.transforms.ids.dense_ids import (
     split_by,
 )
 from kvtrace.transforms.ids.segments import SegmentFile, read_matching_files, read_segment
+from kvtrace.transforms.read.measured import join_measured
+from kvtrace.transforms.read.paths import read_bytes
+from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
     CAPTURE_SCHEME,
@@ -525,6 +528,10 @@ def publish_staged(config: AnonymizeConfig, manifest: dict) -> dict:
     after the output they belong to, never before it. One publication: a stop waits for both,
     and block hashes that cannot be published put the trace back. Run by the process that
     reports (the Beam engine's parent: anonymize_beam.run_beam). Returns the manifest."""
+    # The measured parts joined first, while nothing is published: from the publication on,
+    # settling the run's letters is renames only (publish.DeadLetterRun).
+    staged = read_bytes(manifest_path(config.staging), MAX_MANIFEST_BYTES)
+    join_measured(config.dead_letter, sha256_of(staged))
     with publication():
         publish_folder(config.staging, config.output)
         return publish_block_hashes(config.block_hashes, config.staging, manifest)

@@ -26,7 +26,7 @@ from kvtrace.transforms.cache.calibrate import (
 )
 from kvtrace.transforms.cache.policies import row_hits
 from kvtrace.transforms.cache.stack_distance import StackDistances, stack_distances
-from kvtrace.transforms.read.measured import read_measured
+from kvtrace.transforms.read.measured import read_measured, trace_manifest
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import row_problems
 from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
@@ -74,9 +74,11 @@ def run_calibrate(
 
 def trace_measured(trace: Trace, path: str) -> np.ndarray:
     """The measured file's counts per row of the trace, in causal order (NOT_MEASURED where
-    none): its rows are keyed by trace shard, the trace's files in order."""
+    none): its rows are keyed by trace shard, the trace's files the shards of the output its
+    header names, in order."""
+    manifest = trace_manifest(path, trace.files)
     shard_rows = np.bincount(trace.file_index, minlength=len(trace.files))
-    return read_measured(path, shard_rows.tolist())[causal_rows(trace)]
+    return read_measured(path, shard_rows.tolist(), manifest)[causal_rows(trace)]
 
 
 def calibration(

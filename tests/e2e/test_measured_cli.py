@@ -4,6 +4,7 @@ measured file beside its dead letters, the same on both engines; and calibrate r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -57,7 +58,9 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     assert "measured" in stats["definitions"]
     assert re.fullmatch(r"measured-[0-9a-f]{12}\.jsonl", measured.name)
     assert measured.stat().st_mode & 0o077 == 0
-    rows = [json.loads(line) for line in measured.read_text().splitlines()]
+    header, *rows = [json.loads(line) for line in measured.read_text().splitlines()]
+    manifest = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    assert header == {"manifest_sha256": manifest}  # the output its rows are of
     counts = sorted(r["cached_tokens"] for r in rows)
     assert counts == [0, 0, 4, 4, 6, 8, 8, 12, 12, 16]
     for published in out.iterdir():  # no per-row count in any published file
@@ -152,3 +155,26 @@ def test_requests_alike_in_all_they_publish_keep_one_order_of_their_counts(
         (measured,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
         written.append(measured.read_bytes())
     assert written[0] == written[1]
+
+
+def test_calibrate_refuses_the_measured_file_of_another_night_in_one_line(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """Two nights alike in every published row, shard and row count, their engines' counts
+    apart (so their stats.json, and manifests, differ): each measured file names its night's
+    manifest, and calibrate takes only its own night's."""
+    logs(tmp_path / "in")
+    first, first_measured = run(tiny_tokenizer, tmp_path, "first")
+    logged = (tmp_path / "in" / "logs.jsonl").read_text()
+    (tmp_path / "in" / "logs.jsonl").write_text(
+        logged.replace('"cached_tokens": 8', '"cached_tokens": 6')
+    )
+    second, second_measured = run(tiny_tokenizer, tmp_path, "second")
+    assert sorted(first.glob("trace-*")) and all(
+        (second / p.name).read_bytes() == p.read_bytes() for p in first.glob("trace-*")
+    )
+    capsys.readouterr()
+    assert main(["calibrate", str(first), "--measured", str(second_measured)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --measured") and "\n" not in err and "another output" in err
+    assert main(["calibrate", str(second), "--measured", str(second_measured)]) == 0

@@ -92,6 +92,7 @@ class PublishedFolder:
     identity: tuple[int, int] | None = None
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     descriptor: int | None = None
+    manifest_sha256: str = ""  # of the manifest's bytes: which output it is (read/measured.py)
 
     def __post_init__(self) -> None:
         if self.identity is not None:
@@ -101,7 +102,14 @@ class PublishedFolder:
 
     def __reduce__(self) -> tuple[Any, tuple]:
         # The promises travel; an inode means nothing on another machine (_pinned).
-        return _pinned, (self.folder, self.sha256, self.exported, self.block_size, self.token)
+        return _pinned, (
+            self.folder,
+            self.sha256,
+            self.exported,
+            self.block_size,
+            self.token,
+            self.manifest_sha256,
+        )
 
     @property
     def files(self) -> frozenset[str]:
@@ -166,7 +174,12 @@ class PublishedFolder:
 
 
 def _pinned(
-    folder: str, sha256: dict[str, str], exported: int, block_size: int | None, token: str
+    folder: str,
+    sha256: dict[str, str],
+    exported: int,
+    block_size: int | None,
+    token: str,
+    manifest_sha256: str,
 ) -> PublishedFolder:
     """A pin unpickled: the folder as opened, where this process holds it; else its promises
     alone (files opened by path, each checked against them)."""
@@ -174,7 +187,9 @@ def _pinned(
     return (
         here
         if here is not None
-        else PublishedFolder(folder, sha256, exported, block_size, token=token)
+        else PublishedFolder(
+            folder, sha256, exported, block_size, token=token, manifest_sha256=manifest_sha256
+        )
     )
 
 
@@ -446,7 +461,8 @@ def _read_manifest(folder: str, descriptor: int | None) -> PublishedFolder | Non
             f"its {MANIFEST} declares block size {str(block_size)[:40]}, not 1..{MAX_BLOCK_SIZE}",
         )
     identity = None if descriptor is None else _identity(descriptor)
-    return PublishedFolder(folder, sha256, exported, block_size, identity)
+    digest = hashlib.sha256(content).hexdigest()
+    return PublishedFolder(folder, sha256, exported, block_size, identity, manifest_sha256=digest)
 
 
 def _open_folder(folder: str) -> int:

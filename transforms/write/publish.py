@@ -76,7 +76,7 @@ from kvtrace.transforms import storage
 from kvtrace.transforms.errors import JobStopped
 from kvtrace.transforms.ids.exclusive import folder_lock
 from kvtrace.transforms.ids.id_map import new_run_id
-from kvtrace.transforms.read.measured import MEASURED_PART, measured_file
+from kvtrace.transforms.read.measured import MEASURED_STAGED, measured_file
 from kvtrace.transforms.read.paths import read_bytes
 from kvtrace.transforms.read.trace_inputs import MAX_MANIFEST_BYTES, published_folder
 from kvtrace.transforms.storage import folded, is_url, place
@@ -1297,14 +1297,14 @@ class DeadLetterRun:
             handle.write(json.dumps(identity).encode())
         self.pointer = pointer
 
-    def settle(self, run_succeeded: bool) -> bool:
-        """Publish the letters if the run's output is published, else remove them; whether it
-        is published is read from the output where the run could keep its pointer, else it is
-        the run's word. Returns whether they were published. One publication:
+    def settle(self, run_succeeded: bool) -> list[str]:
+        """Publish the letters (and measured file) if the run's output is published, else
+        remove them; whether it is published is read from the output where the run could keep
+        its pointer, else it is the run's word. Returns the files published. One publication:
         a stop waits for it, so the letters are settled whole."""
         with publication(_letters_standing(self.folder, self.run_id)):
             if self.pointer is not None:
-                published = settle_pointed_letters(self.pointer, self.output) is not None
+                published = settle_pointed_letters(self.pointer, self.output)
             else:
                 published = _settle_staged(
                     self.folder, self.run_id, self.staging, publish=run_succeeded
@@ -1327,21 +1327,19 @@ LETTERS_POINTER = ".letters"
 MAX_POINTER_BYTES = 4096
 
 
-def settle_pointed_letters(pointer: str, output: str) -> tuple[str, str] | None:
-    """Under the output's lock: the letters a run's pointer names, settled by what stands:
-    published if the output is the folder the run staged (by its identity), dropped if that
-    folder is still staged beside the pointer (never swapped in), otherwise (the output moved
-    away since) left staged for a run of that folder (recover_letters). The pointer goes last:
-    a kill before leaves it to settle again. Returns the (run id, folder place) whose letters
-    were published, None for none."""
+def settle_pointed_letters(pointer: str, output: str) -> list[str]:
+    """Under the output's lock: the letters (and measured file) a run's pointer names, settled
+    by what stands: published if the output is the folder the run staged (by its identity),
+    dropped if that folder is still staged beside the pointer (never swapped in), otherwise
+    (the output moved away since) left staged for a run of that folder (recover_letters). The
+    pointer goes last: a kill before leaves it to settle again. Returns the files published."""
     pointed = _read_pointer(pointer)
-    settled = None
+    settled: list[str] = []
     if pointed is not None:
         run_id, letters, key, identity = pointed
         staging = storage.join(letters, f".{key}{STAGING_MARK}{run_id}")
         if _identity(output) == identity:
-            if _settle_staged(letters, run_id, staging, publish=True):
-                settled = run_id, letters
+            settled = _settle_staged(letters, run_id, staging, publish=True)
         elif _identity(pointer[: -len(LETTERS_POINTER)]) == identity:
             _settle_staged(letters, run_id, staging, publish=False)
     with suppress(FileNotFoundError):
@@ -1412,38 +1410,28 @@ def _is_not(output: str, identity: list[int] | None) -> bool:
     return _identity(output) != identity
 
 
-def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> bool:
-    """A run's staged letters published as rejected-RUNID.jsonl (if publish and it has any)
-    or not, its measured parts joined into measured-RUNID.jsonl with them, and its staging
-    folder removed. Returns whether letters were published."""
-    letters = storage.join(staging, DEAD_LETTER_FILE)
-    measured = _joined_measured(staging) if publish else None
-    publish = publish and storage.exists(letters)
-    renames = [(letters, f"rejected-{run_id}.jsonl")] if publish else []
-    if measured:
-        renames.append((measured, measured_file(run_id)))
+def _settle_staged(folder: str, run_id: str, staging: str, publish: bool) -> list[str]:
+    """A run's staged letters published as rejected-RUNID.jsonl and its measured file (joined
+    while the output was staged: read/measured.join_measured) as measured-RUNID.jsonl, those
+    it has, if publish; then its staging folder removed. Renames only: settling a published
+    run's letters needs no space. Returns the files published."""
+    staged = (
+        (DEAD_LETTER_FILE, f"rejected-{run_id}.jsonl"),
+        (MEASURED_STAGED, measured_file(run_id)),
+    )
+    renames = [
+        (storage.join(staging, name), storage.join(folder, final))
+        for name, final in staged
+        if publish and storage.exists(storage.join(staging, name))
+    ]
     if renames:
         with publication(_letters_standing(folder, run_id)) as published:
-            for staged, name in renames:
-                storage.rename(staged, storage.join(folder, name))
-                published.append(storage.join(folder, name))
+            for source, destination in renames:
+                storage.rename(source, destination)
+                published.append(destination)
         storage.sync_folder(folder)
     storage.remove_folder(staging)
-    return publish
-
-
-def _joined_measured(staging: str) -> str | None:
-    """The run's measured parts (one per trace shard with a count: read/measured.py), in shard
-    order, joined into one owner-only file in its staging folder; None without any."""
-    parts = [n for n in storage.files_in(staging) if MEASURED_PART.fullmatch(n)]
-    if not parts:
-        return None
-    joined = storage.join(staging, "measured.jsonl")
-    with storage.create(joined, private=True) as out:
-        for name in parts:  # files_in sorts: shard order
-            with storage.open_read(storage.join(staging, name)) as part:
-                shutil.copyfileobj(part, out)
-    return joined
+    return [destination for _, destination in renames]
 
 
 def _letters_standing(folder: str, run_id: str) -> Standing:
@@ -1460,7 +1448,7 @@ def recover_letters(folder: str, output: str) -> list[str]:
     this output (one moved here since its run; by the identity they name), and drop those of
     this output's runs that never wrote a pointer. Letters of this output's name that name
     another folder stay: that folder was published and moved away, and a run of it settles
-    them. Returns the run ids published."""
+    them. Returns the run ids whose letters or measured file were published."""
     if is_url(folder) or not os.path.isdir(folder):
         return []
     here, own = _identity(output), f".{_output_key(output)}{STAGING_MARK}"

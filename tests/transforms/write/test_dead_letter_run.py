@@ -195,11 +195,12 @@ def test_a_pointer_kvtrace_would_not_write_is_no_pointer(tmp_path):
         json.dumps(good | {"x": 1}).encode(),
     ]:
         pointer = _pointed_output(tmp_path, pointed)
-        assert settle_pointed_letters(pointer, output) is None, pointed
+        assert settle_pointed_letters(pointer, output) == [], pointed
         assert _tree(tmp_path / "D") == [staged], pointed
         assert not os.path.exists(pointer)
     pointer = _pointed_output(tmp_path, json.dumps(good).encode())  # kvtrace's own: settled
-    assert settle_pointed_letters(pointer, output) == ("aaaaaaaaaaaa", place(folder))
+    published = [os.path.join(place(folder), "rejected-aaaaaaaaaaaa.jsonl")]
+    assert settle_pointed_letters(pointer, output) == published
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
 
 
@@ -226,7 +227,8 @@ def test_any_pointer_is_read_without_an_error_and_goes(tmp_path, pointed):
     nothing but the pointed run's letters, and removes the pointer."""
     pointer = _pointed_output(tmp_path, pointed)
     settled = settle_pointed_letters(pointer, str(tmp_path / "out"))
-    assert settled is None or settled == ("aaaaaaaaaaaa", place(str(tmp_path / "D")))
+    letters = os.path.join(place(str(tmp_path / "D")), "rejected-aaaaaaaaaaaa.jsonl")
+    assert settled in ([], [letters])
     assert not os.path.exists(pointer)
     shutil.rmtree(tmp_path / "D", ignore_errors=True)
 
@@ -266,16 +268,18 @@ def test_a_hard_end_removes_an_unpublished_runs_pointer_and_letters_only(tmp_pat
     ]
     _next_run_of_out(tmp_path, "D")
     assert _tree(tmp_path / "D") == ["rejected-aaaaaaaaaaaa.jsonl"]
-    assert unpublished.settle(run_succeeded=False) is False
+    assert unpublished.settle(run_succeeded=False) == []
 
 
 def _stage_measured(run: DeadLetterRun) -> None:
-    """Two shards' measured parts, written out of order as parallel shard writers may."""
-    from kvtrace.transforms.read.measured import measured_part
+    """Two shards' measured parts, written out of order as parallel shard writers may, then
+    joined as the run does while its output is staged (read/measured.join_measured)."""
+    from kvtrace.transforms.read.measured import join_measured, measured_part
 
     for shard in (1, 0):
         with storage.create(os.path.join(run.staging, measured_part(shard)), private=True) as f:
             f.write(f'{{"shard": {shard}}}\n'.encode())
+    join_measured(run.staging, "ab" * 32)
 
 
 def test_measured_parts_are_published_joined_in_shard_order_beside_the_letters(tmp_path):
@@ -283,17 +287,46 @@ def test_measured_parts_are_published_joined_in_shard_order_beside_the_letters(t
     _stage_measured(run)
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
     os.rename(staging, tmp_path / "out")  # the output published
-    assert run.settle(True)
+    dead = place(str(tmp_path / "dead"))
+    assert run.settle(True) == [f"{dead}/rejected-r1.jsonl", f"{dead}/measured-r1.jsonl"]
     assert _tree(tmp_path / "dead") == ["measured-r1.jsonl", "rejected-r1.jsonl"]
     measured = tmp_path / "dead" / "measured-r1.jsonl"
-    assert measured.read_text() == '{"shard": 0}\n{"shard": 1}\n'
+    header = json.dumps({"manifest_sha256": "ab" * 32})
+    assert measured.read_text() == f'{header}\n{{"shard": 0}}\n{{"shard": 1}}\n'
     assert measured.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_run_that_rejected_nothing_says_it_published_its_measured_file(tmp_path):
+    """A settle that publishes only a measured file says so: what it returns is every file it
+    published, not whether letters were among them."""
+    run, staging = _staged_run(tmp_path, "dead", "r1")
+    os.remove(os.path.join(run.staging, DEAD_LETTER_FILE))
+    _stage_measured(run)
+    os.rename(staging, tmp_path / "out")
+    assert run.settle(True) == [f"{place(str(tmp_path / 'dead'))}/measured-r1.jsonl"]
+    assert _tree(tmp_path / "dead") == ["measured-r1.jsonl"]
+
+
+def test_a_settle_writes_nothing(tmp_path, monkeypatch):
+    """Settling a published run's letters is renames only: no space needed (a full disk after
+    the trace is published keeps the night's letters)."""
+    run, staging = _staged_run(tmp_path, "dead", "r1")
+    _stage_measured(run)
+    os.rename(staging, tmp_path / "out")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage, "create", full)
+    monkeypatch.setattr(shutil, "copyfileobj", full)
+    assert len(run.settle(True)) == 2
+    assert _tree(tmp_path / "dead") == ["measured-r1.jsonl", "rejected-r1.jsonl"]
 
 
 def test_measured_parts_go_with_a_run_that_failed(tmp_path):
     run, _ = _staged_run(tmp_path, "dead", "r1")
     _stage_measured(run)
-    assert not run.settle(False)
+    assert run.settle(False) == []
     assert _tree(tmp_path / "dead") == []
 
 
