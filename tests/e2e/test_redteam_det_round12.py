@@ -23,7 +23,6 @@ def _salt(tmp_path: Path) -> Path:
     return salt
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_calibrate_joins_the_measured_file_by_shard_not_by_argument_order(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -33,7 +32,10 @@ def test_calibrate_joins_the_measured_file_by_shard_not_by_argument_order(
     measured file by that position (pipelines/calibrate.trace_measured: `trace.file_index`), not
     by the shard number each file's name carries: the same night and measured file, its shards
     named last-first, give each request another request's cached tokens and another fit. The
-    trace is the same (calibrate replays it in time order); only the private join moved."""
+    trace is the same (calibrate replays it in time order); only the private join moved.
+    Fixed by construction: the measured file names its output (its manifest's sha256) and is
+    read only with that whole output, its shards in their order, so no order of the files named
+    can move the join."""
     from kvtrace.transforms.write import shards
 
     # Two published minutes, one shard each (MAX_BLOCKS_PER_SHARD is 8 M blocks in production).
@@ -53,12 +55,14 @@ def test_calibrate_joins_the_measured_file_by_shard_not_by_argument_order(
     assert len(named) > 1
     (measured,) = (tmp_path / "night-rejected").glob("measured-*.jsonl")
     reports = []
-    for name, files in (("in-order", named), ("last-first", named[::-1])):
+    for name, given in (("folder", [night]), ("shards", named)):
         report = tmp_path / f"{name}.json"
-        args = ["calibrate", *map(str, files), "--measured", str(measured), "--json", str(report)]
+        args = ["calibrate", *map(str, given), "--measured", str(measured), "--json", str(report)]
         assert main(args) == 0
         reports.append(json.loads(report.read_text())["policies"])
     assert reports[0] == reports[1]
+    # Named in another order, the shards are refused in one line: never joined by position.
+    assert main(["calibrate", *map(str, named[::-1]), "--measured", str(measured)]) == 2
 
 
 def _dynamo_end(hashes: list[int], key_id: str | None) -> dict:

@@ -89,7 +89,6 @@ def test_a_trace_spanning_more_seconds_than_oracle_general_holds_is_refused(tmp_
     assert code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_another_nights_measured_file_is_refused_by_calibrate(tiny_tokenizer, tmp_path, capsys):
     """docs/ANALYSIS.md: `kvtrace calibrate night --measured night-rejected/measured-RUNID.jsonl`.
     The measured file is keyed by shard and row only (read/measured.py) and names no night, so
