@@ -67,7 +67,6 @@ def test_a_pretty_printed_capture_record_leaves_no_engine_hash_in_the_letters(tm
     assert [h for h in _leaked(tmp_path, lines, raw) if h in last] == []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_a_measured_aggregate_of_one_request_is_not_published(tiny_tokenizer, tmp_path):
     """PRIVACY.md keeps each request's measured cached tokens private and publishes only their
     aggregate; when one record of the night carries the engine's count, stats.json's `measured`
