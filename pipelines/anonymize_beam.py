@@ -90,14 +90,16 @@ class AnonymizeOutputs(NamedTuple):
 
 
 def build(pipeline: beam.Pipeline, config: AnonymizeConfig) -> AnonymizeOutputs:
-    read = pipeline | "Read" >> ReadRecords(config.inputs, config.parse.max_record_bytes)
+    read = pipeline | "Read" >> ReadRecords(
+        config.inputs, config.parse.max_record_bytes, config.parse.withholds_letters
+    )
     # Each pair of an OpenAI Batch input line and output line is one record from here on.
     joined = read.records | "JoinBatch" >> JoinBatchHalves(config.parse)
     records = joined["records"]
     parsed = records | "ParseRequests" >> ParseRequests(config.parse, config.route_sessions)
     # HashedBatch elements, every later step works per batch; of the input's timestamp kind only.
     encoded = parsed["requests"] | "Encode" >> Encode(
-        config.encode, established=published_days(config)
+        config.encode, established=published_days(config), withhold=config.parse.withholds_letters
     )
     earliest = (
         encoded["hashed"]

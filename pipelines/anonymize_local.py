@@ -236,7 +236,9 @@ def encode_ranges(
 
     def records() -> Iterator[tuple[str, Any] | DeadLetter]:
         for piece in pieces:
-            for item in read_range(piece, parse.max_record_bytes, progress):
+            for item in read_range(
+                piece, parse.max_record_bytes, progress, parse.withholds_letters
+            ):
                 half = (
                     None
                     if isinstance(item, DeadLetter) or spill is None

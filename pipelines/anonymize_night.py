@@ -140,7 +140,9 @@ def finish_night(
     Returns the manifest; raises JobStopped (nothing published) at the gate."""
     whole = HashedBatch.concat(encoded.hashed) if encoded.hashed else HashedBatch.pack([])
     kept, mismatched = keep_input_kind(
-        whole, sum_kind_counts([published_days(config), kind_counts(whole)])
+        whole,
+        sum_kind_counts([published_days(config), kind_counts(whole)]),
+        config.parse.withholds_letters,
     )
     whole = kept if kept is not None else HashedBatch.pack([])
     days = kind_counts(whole)  # what the night adds to the map's, before times are rounded

@@ -36,12 +36,6 @@ SORT_RUN_BYTES = 16 << 20
 LETTER_LINE_BYTES = 256 << 10
 # A message kvtrace writes is a line; one quoting a library's words is cut to this.
 LETTER_MESSAGE_CHARS = 4096
-# What the fields engines keep their block hashes in are named with (Dynamo's request trace:
-# input_sequence_hashes, output_sequence_hashes; LMCache's lookup hash log: chunk_hashes;
-# read/captures.py): a record holding one is an engine capture, whose letter never holds its
-# line. A record cut before the name (too large) holds no hash either: a JSON value follows its
-# name.
-ENGINE_HASH_FIELDS = (b"sequence_hashes", b"chunk_hashes")
 WITHHELD_LINE = b"(withheld: an engine hash capture record, docs/CAPTURES.md)"
 # A u64 hash is 16 hex or up to 20 decimal digits; no count kvtrace says runs to 8.
 _LONG_NUMBER = re.compile(r"[0-9A-Fa-f]{8,}")
@@ -56,12 +50,17 @@ class DeadLetter:
     # Input bytes that could not become records (a damaged file's cut record or unreadable
     # rest): --max-rejected-fraction weighs them as well as the count of records.
     lost_bytes: int = 0
+    # Whether the record may hold an engine's raw block hashes: decided once, where the letter
+    # is made, by the run (every letter of a capture run) or by the decoded record (a text
+    # run's: read/captures.holds_engine_hashes), never by the line's bytes, which an escaped
+    # name or a pretty-printed record's lines evade. docs/CAPTURES.md.
+    withhold: bool = False
 
     def __post_init__(self) -> None:
-        # An engine capture's hashes must reach no file, a letter's included: its line is
-        # withheld and its message loses every long run of digits, before the letter exists
-        # anywhere (a sorted run, a pickle between Beam stages). docs/CAPTURES.md.
-        if any(field in self.line for field in ENGINE_HASH_FIELDS):
+        # Applied before the letter exists anywhere (a sorted run, a pickle between Beam
+        # stages): its line withheld, its message without any long run of digits; its reason
+        # and counts kept.
+        if self.withhold:
             object.__setattr__(self, "line", WITHHELD_LINE)
             object.__setattr__(self, "message", _LONG_NUMBER.sub("...", self.message))
 

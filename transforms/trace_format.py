@@ -75,6 +75,15 @@ MAX_BLOCK_SIZE = 1 << 20
 MAX_TRACE_LINE_BYTES = 16 << 20
 ROW_FIELDS_BYTES = 1024
 MAX_ROW_IDS = (MAX_TRACE_LINE_BYTES - ROW_FIELDS_BYTES) // len(f"{MAX_PUBLISHED_INT - 1}, ")
+# stats.json's `measured` (the engine's cached tokens summed over the requests whose log carried
+# a count) is published only over at least this many requests, by the writer and at the gate
+# alike (write/totals.with_measured): over one request it is that request's private count, and
+# its input_tokens the length that finds its row; over k it is a sum, which only the other
+# k - 1 counts undo. 20, k-anonymity style: nearly twice the 11 below which US health-data
+# releases suppress a cell (CMS's cell-size rule), so a reader who knows a few of the requests
+# (their own) still learns no other's count. It cannot stop differencing two published nights
+# that differ in one request (docs/PRIVACY.md).
+MIN_MEASURED_REQUESTS = 20
 # JSON documents kvtrace writes nest a few levels; deeper ones are refused before any walk.
 MAX_JSON_DEPTH = 32
 

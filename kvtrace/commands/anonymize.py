@@ -954,23 +954,33 @@ def _print_summary(config: Any, run: Any, records: dict[str, Any], seconds: floa
     from kvtrace.transforms import storage
     from kvtrace.transforms.cache.capacity import percent
     from kvtrace.transforms.read.measured import measured_file
+    from kvtrace.transforms.trace_format import MIN_MEASURED_REQUESTS
     from kvtrace.transforms.write.replayers import replay_commands
 
     letters = run.published
     manifest = _read_json(f"{config.output}/manifest.json")
     stats = _read_json(f"{config.output}/stats.json")
     measured = stats.get("measured")
+    private = storage.join(run.folder, measured_file(run.run_id))
     measured_rows = (
         [
             (
                 "measured",
                 f"{percent(measured['hit_rate'])} of the input tokens of {measured['requests']:,} "
                 f"requests cached, as the engine reported: per request in "
-                f"{storage.join(run.folder, measured_file(run.run_id))} (private; kvtrace "
-                f"calibrate reads it)",
+                f"{private} (private; kvtrace calibrate reads it)",
             )
         ]
         if measured
+        else [
+            (
+                "measured",
+                f"fewer than {MIN_MEASURED_REQUESTS} requests carried the engine's cached "
+                f"tokens: no aggregate in stats.json (it would publish their counts); per "
+                f"request in {private} (private; kvtrace calibrate reads it)",
+            )
+        ]
+        if storage.exists(private)
         else []
     )
     rows = [

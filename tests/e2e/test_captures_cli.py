@@ -5,6 +5,7 @@ engine hash anywhere the run writes or says."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import struct
 from pathlib import Path
@@ -22,6 +23,7 @@ from helpers import (
     write_jsonl,
 )
 from kvtrace.cli import main
+from kvtrace.transforms.dead_letters import WITHHELD_LINE
 
 START_MS = 1_700_000_000_000
 # Shared system prompts, growing user turns, two sessions: blocks recur and new ones appear.
@@ -155,6 +157,50 @@ def test_no_engine_hash_reaches_any_output_letter_or_line(tiny_tokenizer, tmp_pa
     for value in raw:
         for form in _hash_forms(value):
             assert form not in written, value
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("beam", marks=pytest.mark.beam)])
+def test_every_letter_of_a_capture_run_withholds_its_line_from_every_stage(tmp_path, engine):
+    """A capture run's letters withhold their lines whatever stage makes them and whatever the
+    line holds (docs/CAPTURES.md): read (a record over --max-record-bytes, a compressed file cut
+    mid-record, a pretty-printed record's lines), parse (an escaped field name, a Batch line),
+    the night's timestamp check; no raw hash reaches any file the run leaves."""
+    records = [
+        dynamo_request_end(START_MS + 1_000 * i, list(range(i, 40 + i)), 4, 3) for i in range(6)
+    ]
+    records[1]["request"]["replay"]["input_length"] = 2_000  # its hashes: ~20 KB
+    records[1]["request"]["replay"]["input_sequence_hashes"] = list(
+        range((1 << 63) + 1, (1 << 63) + 501)
+    )
+    records[4]["request"]["request_received_ms"] = START_MS + 30 * 86_400_000  # implausible
+    raw = [h for r in records for h in r["request"]["replay"]["input_sequence_hashes"]]
+    escaped = json.dumps({**records[2], "event_type": "x"}).replace(
+        "input_sequence_hashes", "input_sequence_hashe\\u0073"
+    )
+    batch = json.dumps({"custom_id": "c", "body": records[3]})
+    lines = [json.dumps(r) for r in (records[0], records[1], records[4], records[5])]
+    lines += [escaped, batch, *json.dumps(records[2], indent=2).splitlines()]
+    plain = tmp_path / "in" / "request_trace.jsonl"
+    plain.parent.mkdir()
+    plain.write_text("".join(line + "\n" for line in lines))
+    whole = gzip.compress(("".join(json.dumps(r) + "\n" for r in records[2:4])).encode())
+    cut = tmp_path / "in" / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) * 3 // 4])
+    out = tmp_path / "out"
+    flags = ["--max-rejected-fraction", "1", "--max-record-bytes", "4096", "--engine", engine]
+    assert _capture_run([plain, cut], out, "dynamo-request-trace", *flags) == 0
+    letters = [
+        json.loads(line)
+        for line in (tmp_path / "out-rejected").glob("*.jsonl").__next__().read_text().splitlines()
+    ]
+    reasons = {letter["error"] for letter in letters}
+    assert {"too_large", "invalid_json", "damaged_file", "not_a_capture"} <= reasons
+    assert "implausible_timestamp" in reasons
+    assert all(letter["line"] in ("", WITHHELD_LINE.decode()) for letter in letters)
+    inputs = plain.read_bytes() + gzip.decompress(whole)
+    assert all(str(h).encode() in inputs for h in raw)  # the check can fail
+    written = _everything_written(tmp_path, {plain, cut})
+    assert [h for h in raw if str(h).encode() in written] == []
 
 
 def test_a_capture_at_another_block_size_stops_the_night_in_one_line(

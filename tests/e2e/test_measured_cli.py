@@ -14,10 +14,12 @@ import pytest
 
 from helpers import SALT, anonymize, write_jsonl
 from kvtrace.cli import main
+from kvtrace.transforms.trace_format import MIN_MEASURED_REQUESTS
 
 pytestmark = pytest.mark.smoke  # in the fast set: one whole run per command (conftest)
 
 USER = {"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 4}
+CHATS = 30  # of which 4 in 5 carry a count: with two more, past MIN_MEASURED_REQUESTS
 
 
 def logs(folder: Path) -> Path:
@@ -31,7 +33,7 @@ def logs(folder: Path) -> Path:
     ]
     records = [
         {"timestamp": 1_000 * i, "messages": [USER], "output_length": 3, "response": usage[i % 5]}
-        for i in range(10)
+        for i in range(CHATS)
     ]
     records.append({"timestamp": 20_000, "input_ids": list(range(20)), "num_cached_tokens": 16})
     # more than its prompt: the whole prompt (no engine caches more)
@@ -54,15 +56,19 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     logs(tmp_path / "in")
     out, measured = run(tiny_tokenizer, tmp_path, "out")
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["measured"]["requests"] == 10 and stats["measured"]["cached_tokens"] == 70
+    chats = [8, 4, 12, 0] * (CHATS // 5)
+    counts = sorted(chats + [16, 6])  # 99 is the whole prompt's 6
+    assert len(counts) >= MIN_MEASURED_REQUESTS
+    measured_stats = stats["measured"]
+    assert measured_stats["requests"] == len(counts)
+    assert measured_stats["cached_tokens"] == sum(counts)
     assert "measured" in stats["definitions"]
     assert re.fullmatch(r"measured-[0-9a-f]{12}\.jsonl", measured.name)
     assert measured.stat().st_mode & 0o077 == 0
     header, *rows = [json.loads(line) for line in measured.read_text().splitlines()]
     manifest = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
     assert header == {"manifest_sha256": manifest}  # the output its rows are of
-    counts = sorted(r["cached_tokens"] for r in rows)
-    assert counts == [0, 0, 4, 4, 6, 8, 8, 12, 12, 16]
+    assert sorted(r["cached_tokens"] for r in rows) == counts
     for published in out.iterdir():  # no per-row count in any published file
         assert b"cached" not in published.read_bytes() or published.name == "stats.json"
     (letters,) = Path(f"{out}-rejected").glob("rejected-*.jsonl")
@@ -73,7 +79,7 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     assert (
         main(["calibrate", str(out), "--measured", str(measured), "--json", str(calibrated)]) == 0
     )
-    assert json.loads(calibrated.read_text())["measured"]["requests"] == 10
+    assert json.loads(calibrated.read_text())["measured"]["requests"] == len(counts)
     # analyze and the report put it beside the trace's ceiling and simulated rates
     capsys.readouterr()
     assert main(["analyze", str(out), "--measured", str(measured)]) == 0
@@ -101,6 +107,8 @@ def published(tiny_tokenizer, tmp_path_factory) -> Path:
         (lambda m: m.update(note="x"), False),
         (lambda m: m.update(cached_tokens=m["input_tokens"] + 1), False),
         (lambda m: m.update(requests=1.0), False),
+        # fewer requests than the writer publishes an aggregate over: refused at the gate too
+        (lambda m: m.update(requests=MIN_MEASURED_REQUESTS - 1), False),
     ],
 )
 def test_the_gate_passes_only_the_measured_aggregate_kvtrace_writes(
@@ -178,3 +186,24 @@ def test_calibrate_refuses_the_measured_file_of_another_night_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --measured") and "\n" not in err and "another output" in err
     assert main(["calibrate", str(second), "--measured", str(second_measured)]) == 0
+
+
+def test_too_few_counts_publish_no_aggregate_and_the_summary_says_where_they_are(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """One request short of MIN_MEASURED_REQUESTS carrying a count: stats.json has no
+    `measured` (it would be their counts), the gate passes the folder, the private file still
+    holds each count, and the summary says why none was published and where they are."""
+    records = [
+        {"timestamp": 1_000 * i, "messages": [USER], "output_length": 3, "num_cached_tokens": 4}
+        for i in range(MIN_MEASURED_REQUESTS - 1)
+    ]
+    (tmp_path / "in").mkdir()
+    write_jsonl(tmp_path / "in" / "logs.jsonl", records)
+    out, measured = run(tiny_tokenizer, tmp_path, "out")
+    assert "measured" not in json.loads((out / "stats.json").read_text())
+    _, *rows = measured.read_text().splitlines()  # its header, then a line per count
+    assert len(rows) == MIN_MEASURED_REQUESTS - 1
+    said = capsys.readouterr().out
+    assert f"fewer than {MIN_MEASURED_REQUESTS} requests" in said and measured.name in said
+    assert main(["audit", str(out), "--tokenizer", tiny_tokenizer]) == 0

@@ -43,7 +43,6 @@ def _leaked(tmp_path: Path, lines: list[str], raw: list[int]) -> list[int]:
     return [h for h in raw if str(h).encode() in written]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_a_capture_letter_whose_field_name_is_escaped_holds_no_engine_hash(tmp_path):
     """A letter's line is withheld when its BYTES hold `sequence_hashes`/`chunk_hashes`, but
     JSON reads `input_sequence_hashe\\u0073` as the same field: a capture record so spelled
@@ -58,7 +57,6 @@ def test_a_capture_letter_whose_field_name_is_escaped_holds_no_engine_hash(tmp_p
     assert _leaked(tmp_path, escaped, raw) == []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_a_pretty_printed_capture_record_leaves_no_engine_hash_in_the_letters(tmp_path):
     """One request_end pretty-printed among compact ones (`jq .` without -c): each of its lines
     is an invalid_json letter, and the lines holding only hashes (`  1234...,`) carry no field
@@ -69,7 +67,6 @@ def test_a_pretty_printed_capture_record_leaves_no_engine_hash_in_the_letters(tm
     assert [h for h in _leaked(tmp_path, lines, raw) if h in last] == []
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_a_measured_aggregate_of_one_request_is_not_published(tiny_tokenizer, tmp_path):
     """PRIVACY.md keeps each request's measured cached tokens private and publishes only their
     aggregate; when one record of the night carries the engine's count, stats.json's `measured`

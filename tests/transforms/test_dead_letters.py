@@ -4,12 +4,12 @@ and the file's bytes depend on the letters alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tracemalloc
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -192,19 +192,17 @@ def test_two_names_are_shown_as_two_printable_one_line_texts(left, right):
     assert (shown == shown_name(right)) == (left == right)
 
 
-@pytest.mark.parametrize(
-    "field", [b"input_sequence_hashes", b"output_sequence_hashes", b"chunk_hashes"]
-)
-def test_a_capture_records_letter_withholds_its_line_and_long_numbers(field):
-    """An engine capture's hashes reach no letter (docs/CAPTURES.md): its line is withheld and
-    its message keeps no run of 8 digits or more, whatever raised it."""
-    line = b'{"' + field + b'": [18373232785129012599, "0xfeedfacecafebeef"]}'
-    letter = DeadLetter(
-        "cap.jsonl", line, "invalid_json", "bad near 18373232785129012599 0xfeedfacecafebeef"
-    )
+def test_a_withheld_letter_holds_no_line_nor_long_number_and_keeps_its_reason():
+    """A letter made withheld (a capture run's, docs/CAPTURES.md) keeps no byte of its line and
+    no run of 8 digits or more in its message, whatever they hold; its reason and source stay.
+    Decided by the flag, not the bytes: the same line in a letter not withheld stays whole."""
+    line = b'{"input_sequence_hashe\\u0073": [18373232785129012599, "0xfeedfacecafebeef"]}'
+    message = "bad near 18373232785129012599 0xfeedfacecafebeef"
+    letter = DeadLetter("cap.jsonl", line, "invalid_json", message, withhold=True)
     written = letter.to_line()
     assert letter.line == WITHHELD_LINE
     assert b"18373232785" not in written and b"feedfacecafe" not in written
     assert b"invalid_json" in written and b"cap.jsonl" in written
-    text = DeadLetter("in.jsonl", b'{"prompt": "x 1234567890"}', "r", "m 1234567890")
-    assert text.line == b'{"prompt": "x 1234567890"}' and text.message == "m 1234567890"
+    assert dataclasses.replace(letter, source="other").line == WITHHELD_LINE
+    kept = DeadLetter("in.jsonl", line, "invalid_json", message)
+    assert kept.line == line and kept.message == message

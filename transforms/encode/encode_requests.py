@@ -179,7 +179,7 @@ class RequestEncoder:
                 prompt = self._prompt(request)
                 rendered.append((unrendered(request, prompt), prompt))
             except Rejected as err:
-                rejected.append(DeadLetter(request.source, request.line, err.reason, err.message))
+                rejected.append(request.letter(err.reason, err.message))
         return rendered, rejected
 
     def tokenize(self, rendered: Rendered) -> Tokenized:
@@ -211,9 +211,7 @@ class RequestEncoder:
                 if request.capture.block_size != self._block_size:
                     # Never re-cut: an engine block's tokens are not in the capture.
                     rejected.append(
-                        DeadLetter(
-                            request.source,
-                            request.line,
+                        request.letter(
                             BLOCK_SIZE_MISMATCH,
                             f"captured at block size {request.capture.block_size}, "
                             f"not --block-size {self._block_size}",
@@ -227,12 +225,7 @@ class RequestEncoder:
             failed = next((r for r in (data, generated) if isinstance(r, TokenizerFailure)), None)
             if failed is not None:
                 rejected.append(
-                    DeadLetter(
-                        request.source,
-                        request.line,
-                        TOKENIZER_ERROR,
-                        f"the tokenizer failed on it: {failed.reason}",
-                    )
+                    request.letter(TOKENIZER_ERROR, f"the tokenizer failed on it: {failed.reason}")
                 )
                 continue
             if generated is not None:
@@ -240,9 +233,7 @@ class RequestEncoder:
             else:
                 output_length = request.output_length or 0
             if not data:
-                rejected.append(
-                    DeadLetter(request.source, request.line, "no_input", "renders to no tokens")
-                )
+                rejected.append(request.letter("no_input", "renders to no tokens"))
                 continue
             row = hash_request(
                 request,
@@ -266,9 +257,7 @@ class RequestEncoder:
         """The row kept, or a too_large letter for a row its own readers would refuse."""
         if (ids := row_ids(row)) > MAX_ROW_IDS:
             rejected.append(
-                DeadLetter(
-                    request.source,
-                    request.line,
+                request.letter(
                     "too_large",
                     f"{ids} blocks, over the {MAX_ROW_IDS} a trace row "
                     f"holds: a larger --block-size takes it",

@@ -117,10 +117,13 @@ def _outputs(encoded: EncodedBatch | None) -> Iterator[Any]:
 
 class KeepInputTimestampKind(beam.DoFn):
     """A HashedBatch in, its requests of the input's timestamp kind out (the input's counts come
-    as a side input); a dead letter for each other one."""
+    as a side input); a dead letter for each other one (withhold: keep_input_kind's)."""
+
+    def __init__(self, withhold: bool = False):
+        self._withhold = withhold
 
     def process(self, batch: HashedBatch, counts: tuple[int, int]) -> Iterator[Any]:
-        kept, letters = keep_input_kind(batch, counts)
+        kept, letters = keep_input_kind(batch, counts, self._withhold)
         yield from map(tagged, letters)
         if kept is not None:
             yield kept
@@ -131,9 +134,10 @@ class OneTimestampKind(beam.PTransform):
     dead letters (DEAD_LETTER_TAG). Judged with established: the requests per day the nights
     before it published (an id map's), as one run over them all would judge."""
 
-    def __init__(self, established: Mapping[int, int] | None = None):
+    def __init__(self, established: Mapping[int, int] | None = None, withhold: bool = False):
         super().__init__()
         self._established = dict(established or {})
+        self._withhold = withhold
 
     def expand(self, hashed: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         counts = (
@@ -145,7 +149,7 @@ class OneTimestampKind(beam.PTransform):
             | "SumKindCounts" >> beam.CombineGlobally(sum_kind_counts)
         )
         return hashed | "KeepKind" >> beam.ParDo(
-            KeepInputTimestampKind(), beam.pvalue.AsSingleton(counts)
+            KeepInputTimestampKind(self._withhold), beam.pvalue.AsSingleton(counts)
         ).with_outputs(DEAD_LETTER_TAG, main="hashed")
 
 
@@ -156,18 +160,20 @@ class Encode(beam.PTransform):
     With one_timestamp_kind (batch), only requests of the input's majority timestamp kind go on
     (OneTimestampKind), the others are dead letters too. A stream judges timestamps per window
     against its input so far instead (anonymize_streaming), as a count over an unbounded input
-    never completes."""
+    never completes. withhold: the run's ParseOptions.withholds_letters, for those letters."""
 
     def __init__(
         self,
         options: EncodeOptions,
         one_timestamp_kind: bool = True,
         established: Mapping[int, int] | None = None,
+        withhold: bool = False,
     ):
         super().__init__()
         self._options = options
         self._one_timestamp_kind = one_timestamp_kind
         self._established = established
+        self._withhold = withhold
 
     def expand(self, requests: beam.PCollection) -> dict[str, beam.PCollection]:
         encoded = (
@@ -185,7 +191,9 @@ class Encode(beam.PTransform):
         )
         if not self._one_timestamp_kind:
             return {"hashed": encoded.hashed, DEAD_LETTER_TAG: encoded[DEAD_LETTER_TAG]}
-        agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind(self._established)
+        agreed = encoded.hashed | "OneTimestampKind" >> OneTimestampKind(
+            self._established, self._withhold
+        )
         letters = (
             encoded[DEAD_LETTER_TAG],
             agreed[DEAD_LETTER_TAG],

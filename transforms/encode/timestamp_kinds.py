@@ -45,19 +45,19 @@ def sum_kind_counts(counts: list[dict[int, int]]) -> dict[int, int]:
 
 
 def keep_input_kind(
-    batch: HashedBatch, counts: dict[int, int]
+    batch: HashedBatch, counts: dict[int, int], withhold: bool = False
 ) -> tuple[HashedBatch | None, list[DeadLetter]]:
     """The batch's requests within the bulk of the input's timestamps (counts: the whole input's
     requests per day), and a dead letter for each other one. The record's text is gone by now
     (only hashes leave the encoder), so the letter names what identifies the row: its timestamp
-    and lengths."""
+    and lengths (withhold: the run's ParseOptions.withholds_letters, as every letter of it)."""
     first, last = plausible_days(counts)
     days = batch.requests["timestamp_ms"] // DAY_MS
     keep = (days >= first) & (days <= last)
     if keep.all():
         return batch, []
     bulk_kind = timestamp_kind(first * DAY_MS)
-    letters = [_letter(row, bulk_kind, first, last) for row in batch.requests[~keep]]
+    letters = [_letter(row, bulk_kind, first, last, withhold) for row in batch.requests[~keep]]
     return (batch.select(keep) if keep.any() else None), letters
 
 
@@ -90,7 +90,9 @@ def keep_kind(batch: HashedBatch, kind: str) -> tuple[HashedBatch | None, list[D
     return (batch.select(keep) if keep.any() else None), letters
 
 
-def _letter(row: np.void, bulk_kind: str, first: int, last: int) -> DeadLetter:
+def _letter(
+    row: np.void, bulk_kind: str, first: int, last: int, withhold: bool = False
+) -> DeadLetter:
     ms = int(row["timestamp_ms"])
     identity = json.dumps(
         {key: int(row[key]) for key in ("timestamp_ms", "input_length", "output_length")}
@@ -103,6 +105,7 @@ def _letter(row: np.void, bulk_kind: str, first: int, last: int) -> DeadLetter:
             TIMESTAMP_KIND_MISMATCH,
             f"timestamp {ms} ms is {KIND_WORDS[kind][0]}, but the bulk of the "
             f"input's timestamps are {KIND_WORDS[bulk_kind][1]}",
+            withhold=withhold,
         )
     return DeadLetter(
         "",
@@ -111,4 +114,5 @@ def _letter(row: np.void, bulk_kind: str, first: int, last: int) -> DeadLetter:
         f"timestamp {ms} ms is more than {MAX_GAP_DAYS} days from the bulk of the "
         f"input's timestamps (days {first} to {last} of the epoch): a clock reset, "
         f"not a request of this input",
+        withhold=withhold,
     )

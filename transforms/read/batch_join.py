@@ -65,8 +65,9 @@ def batch_half(record: Any, options: ParseOptions) -> tuple[str, str] | None:
     line joined already, a log line, a line that is not a JSON object, a Parquet row, a line
     whose custom_id holds a lone surrogate): it is parsed as it is, and refused there if it
     must be. A custom_id is a key every engine can shuffle (Beam's str coder is strict UTF-8),
-    so a line with one that is not UTF-8 is no half on any engine."""
-    if not isinstance(record, bytes) or CUSTOM_ID_KEY not in record:
+    so a line with one that is not UTF-8 is no half on any engine. A capture run joins none:
+    each of its lines is parsed alone, and its letter made there (ParseOptions.withholds)."""
+    if options.capture is not None or not isinstance(record, bytes) or CUSTOM_ID_KEY not in record:
         return None
     try:
         value, _ = decode_record(record, options)

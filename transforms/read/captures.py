@@ -14,7 +14,8 @@ A capture's hashes are unkeyed (or keyed with a secret the engine's operators sh
 reach nothing kvtrace writes. They are read here into a Capture, re-keyed with the run's salt
 first thing in the encode step (encode/captures.py), and never quoted: the messages below name
 fields and counts, never values. A capture record's dead letter withholds its line
-(dead_letters.DeadLetter).
+(dead_letters.DeadLetter.withhold): every letter of a capture run, and a text run's letter of a
+record holds_engine_hashes finds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ _LMCACHE_FIELDS = ("chunk_hashes", "chunk_size", "seq_len")
 _MAX_COUNT = MAX_OUTPUT_LENGTH
 _SCHEME_CHARS = 64  # a scheme name or key id longer than this is no writer's
 _MAX_REQUEST_ID_CHARS = 1024
+# What the fields engines keep their block hashes in are named with (Dynamo's request trace:
+# input_sequence_hashes, output_sequence_hashes; LMCache's lookup hash log: chunk_hashes).
+ENGINE_HASH_FIELDS = ("sequence_hashes", "chunk_hashes")
+# A decoded key differs from its text only through an escape, and only \u makes a letter.
+_ESCAPE = b"\\u"
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,29 @@ class Capture:
 def is_capture(record: dict[str, Any]) -> bool:
     """Whether a decoded record is an engine hash capture of any format kvtrace reads."""
     return _format_of(record) is not None
+
+
+def holds_engine_hashes(line: bytes, value: Any) -> bool:
+    """Whether a decoded JSON value (line: its text) may hold an engine's block hashes: it is a
+    capture, or any key anywhere in it, decoded, names a field engines keep them in. Its keys
+    are walked only when the line holds such a name or an escape; otherwise no decoded key can
+    name one. Iterative: the value may be nested past what a parse check allows."""
+    if isinstance(value, dict) and is_capture(value):
+        return True
+    if _ESCAPE not in line and not any(name.encode() in line for name in ENGINE_HASH_FIELDS):
+        return False
+    keys: list = []
+    level = [value]
+    while level:  # a level at a time over containers only, as json_tree's depth check walks
+        keys += [key for node in level if type(node) is dict for key in node]
+        level = [
+            child
+            for node in level
+            for child in (node.values() if type(node) is dict else node)
+            if type(child) in (dict, list)
+        ]
+    names = "\0".join(key for key in keys if type(key) is str)
+    return any(name in names for name in ENGINE_HASH_FIELDS)
 
 
 def _format_of(record: dict[str, Any]) -> str | None:

@@ -15,9 +15,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.dead_letters import DeadLetter
+from kvtrace.transforms.errors import UNANTICIPATED, Rejected
 from kvtrace.transforms.read import chat
-from kvtrace.transforms.read.captures import Capture, capture_fields, is_capture
+from kvtrace.transforms.read.captures import (
+    Capture,
+    capture_fields,
+    holds_engine_hashes,
+    is_capture,
+)
 from kvtrace.transforms.read.json_tree import (
     ContainerBudget,
     check_tree,
@@ -70,6 +76,18 @@ class ParseOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     capture: str | None = None  # the engine capture format the input is (read/captures.py)
 
+    @property
+    def withholds_letters(self) -> bool:
+        """Whether every letter of the run withholds its line (DeadLetter.withhold): a capture
+        run's records hold engine hashes however they are spelt, broken or cut."""
+        return self.capture is not None
+
+    def withholds(self, line: bytes, value: Any) -> bool:
+        """Whether the letter of a record (line, its decoded value; None when it did not
+        decode) withholds its line: in a capture run always, in a text run when the decoded
+        record may hold engine hashes (captures.holds_engine_hashes)."""
+        return self.withholds_letters or (value is not None and holds_engine_hashes(line, value))
+
 
 @dataclass(frozen=True)
 class Request:
@@ -92,6 +110,22 @@ class Request:
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
     capture: Capture | None = None  # an engine's block hashes (kind "capture", read/captures.py)
 
+    def letter(self, reason: str, message: str) -> DeadLetter:
+        """The dead letter of this request, refused after it parsed, withheld as its parse would
+        have withheld it (ParseOptions.withholds): a capture is a capture run's; a text record
+        is decided on its line decoded again here, as letters are few and no record should
+        pay, as it parses, for what only a letter needs."""
+        return DeadLetter(self.source, self.line, reason, message, withhold=self._withheld())
+
+    def _withheld(self) -> bool:
+        if self.capture is not None:  # parsed in a capture run only: every letter withheld
+            return True
+        try:
+            value, _ = load_json_line(self.line)
+        except (Rejected, *UNANTICIPATED):  # it decoded once: if not again, the safe side
+            return True
+        return ParseOptions().withholds(self.line, value)
+
 
 def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions()) -> Request:
     """The Request in one JSONL line; raises Rejected with a reason when there is none."""
@@ -101,6 +135,22 @@ def parse_record(line: bytes, source: str, options: ParseOptions = ParseOptions(
 
 def decode_record(line: bytes, options: ParseOptions) -> tuple[dict[str, Any], bool]:
     """The JSON object of a line, bounded before it is decoded, and whether its strings may hold
+    lone surrogates (load_json_line); raises Rejected when it is none."""
+    value, check_strings = decode_value(line, options)
+    return object_of(value), check_strings
+
+
+def object_of(value: Any) -> dict[str, Any]:
+    """A decoded line's value as the object a record is; raises Rejected when it is none."""
+    if isinstance(value, list):
+        raise Rejected("not_an_object", f"a JSON array, not an object: {ONE_OBJECT_PER_LINE}")
+    if not isinstance(value, dict):
+        raise Rejected("not_an_object", f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def decode_value(line: bytes, options: ParseOptions) -> tuple[Any, bool]:
+    """The JSON value of a line, bounded before it is decoded, and whether its strings may hold
     lone surrogates (load_json_line); raises Rejected when it is none."""
     if len(line) > options.max_record_bytes:
         raise Rejected(
@@ -116,12 +166,7 @@ def decode_record(line: bytes, options: ParseOptions) -> tuple[dict[str, Any], b
             f"{options.max_record_bytes} once parsed at {PARSED_CONTAINER_BYTES} "
             f"bytes each",
         )
-    record, check_strings = load_json_line(line)
-    if isinstance(record, list):
-        raise Rejected("not_an_object", f"a JSON array, not an object: {ONE_OBJECT_PER_LINE}")
-    if not isinstance(record, dict):
-        raise Rejected("not_an_object", f"a JSON {type(record).__name__}, not an object")
-    return record, check_strings
+    return load_json_line(line)
 
 
 def record_containers(max_record_bytes: int) -> int:

@@ -46,7 +46,8 @@ from kvtrace.transforms.read.paths import (
 from kvtrace.transforms.read.records import (
     ParseOptions,
     Request,
-    parse_record,
+    decode_value,
+    object_of,
     request_from_object,
     without_nulls,
 )
@@ -95,18 +96,23 @@ class ReadProgress(Protocol):
 
 
 def read_range(
-    piece: FileRange, max_record_bytes: int, progress: ReadProgress | None = None
+    piece: FileRange,
+    max_record_bytes: int,
+    progress: ReadProgress | None = None,
+    withhold: bool = False,
 ) -> Iterator[tuple[str, Any] | DeadLetter]:
     """(source, record) for every record of the range, a record being a JSONL line's bytes or a
     Parquet row's dict; a DeadLetter for each oversized record and for a file that breaks off
     (the records before the break still come). Blank lines are not records. The source is the
     file's name as every letter shows it (dead_letters.shown_name; standard input's spooled
     copy as `-`, decompress.input_name), shown once here for both
-    engines: Beam carries text between steps as UTF-8, and a Linux name need not be."""
+    engines: Beam carries text between steps as UTF-8, and a Linux name need not be. withhold:
+    the run's ParseOptions.withholds_letters (a capture run's letters never hold what was read,
+    which is undecoded here)."""
     source = shown_name(input_name(piece.path))
     for item in _read_range(piece, max_record_bytes, progress):
         if isinstance(item, DeadLetter):
-            yield dataclasses.replace(item, source=source)
+            yield dataclasses.replace(item, source=source, withhold=withhold)
         else:
             yield source, item[1]
 
@@ -382,7 +388,9 @@ def _unread_group(
 
 
 def parse_one(source: str, record: Any, options: ParseOptions) -> Request | DeadLetter:
-    """A record (JSONL line bytes or Parquet row) as a Request, or the reason it is not one."""
+    """A record (JSONL line bytes or Parquet row) as a Request, or the reason it is not one. A
+    letter withholds its line as the run and the decoded record decide
+    (ParseOptions.withholds), decided here, where the record is decoded."""
     is_line = isinstance(record, bytes)
     try:
         line = (
@@ -393,7 +401,13 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             )
         )
     except RecursionError:
-        return DeadLetter(source, b"", "too_deep", "row nested too deep to serialize")
+        return DeadLetter(
+            source,
+            b"",
+            "too_deep",
+            "row nested too deep to serialize",
+            withhold=options.withholds_letters,
+        )
     if not is_line and len(line) > options.max_record_bytes:  # a line's size is known sooner
         return DeadLetter(
             source,
@@ -401,15 +415,19 @@ def parse_one(source: str, record: Any, options: ParseOptions) -> Request | Dead
             "too_large",
             f"row of {len(line)} bytes as JSON, over --max-record-bytes "
             f"{options.max_record_bytes}; `line` holds its first bytes only",
+            withhold=options.withholds(line, record),
         )
+    value = None if is_line else record  # the record decoded, once it is
     try:
         if is_line:
-            return parse_record(line, source, options)
+            value, check_strings = decode_value(line, options)
+            return request_from_object(object_of(value), line, source, options, check_strings)
         if not isinstance(record, dict):
             raise Rejected("not_an_object", f"a {type(record).__name__}, not an object")
         return request_from_object(record, line, source, options)
     except Rejected as err:
-        return DeadLetter(source, line, err.reason, err.message)
+        reason, message = err.reason, err.message
     except UNANTICIPATED as err:
         failed = unanticipated(err)
-        return DeadLetter(source, line, failed.reason, failed.message)
+        reason, message = failed.reason, failed.message
+    return DeadLetter(source, line, reason, message, withhold=options.withholds(line, value))

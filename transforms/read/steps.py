@@ -39,11 +39,16 @@ class ReadFileRange(beam.DoFn):
     sums the workers'), and each worker logs its own at most every PROGRESS_INTERVAL_S."""
 
     def __init__(
-        self, ranges: Sequence[FileRange], max_record_bytes: int, range_bytes: Sequence[int]
+        self,
+        ranges: Sequence[FileRange],
+        max_record_bytes: int,
+        range_bytes: Sequence[int],
+        withhold: bool = False,
     ):
         self._ranges = list(ranges)
         self._max_record_bytes = max_record_bytes
         self._range_bytes = list(range_bytes)
+        self._withhold = withhold
 
     def setup(self) -> None:
         self._stored_read = Metrics.counter("kvtrace", "stored_bytes_read")
@@ -51,7 +56,9 @@ class ReadFileRange(beam.DoFn):
         self._logged_at = time.monotonic()
 
     def process(self, index: int) -> Iterator[Any]:
-        for item in read_range(self._ranges[index], self._max_record_bytes):
+        for item in read_range(
+            self._ranges[index], self._max_record_bytes, withhold=self._withhold
+        ):
             yield tagged(item) if isinstance(item, DeadLetter) else item
         self._count_read(self._range_bytes[index])
 
@@ -70,12 +77,15 @@ class ReadFileRange(beam.DoFn):
 class ReadRecords(beam.PTransform):
     """(path, size) of every input file in; (source file, record) out, a record being a JSONL
     line's bytes or a Parquet row's dict; dead letters for oversized records and damaged
-    files under DEAD_LETTER_TAG. Blank lines are not records."""
+    files under DEAD_LETTER_TAG (withhold: as read_range's). Blank lines are not records."""
 
-    def __init__(self, files: Sequence[tuple[str, int]], max_record_bytes: int):
+    def __init__(
+        self, files: Sequence[tuple[str, int]], max_record_bytes: int, withhold: bool = False
+    ):
         super().__init__()
         self._files = list(files)
         self._max_record_bytes = max_record_bytes
+        self._withhold = withhold
 
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
         sized = [(r, size) for path, size in self._files for r in file_ranges(path, size)]
@@ -86,9 +96,9 @@ class ReadRecords(beam.PTransform):
             | "Ranges" >> beam.Create(range(len(ranges)))
             | "SpreadRanges" >> beam.Reshuffle()
             | "ReadRanges"
-            >> beam.ParDo(ReadFileRange(ranges, self._max_record_bytes, range_bytes)).with_outputs(
-                DEAD_LETTER_TAG, main="records"
-            )
+            >> beam.ParDo(
+                ReadFileRange(ranges, self._max_record_bytes, range_bytes, self._withhold)
+            ).with_outputs(DEAD_LETTER_TAG, main="records")
         )
 
 

@@ -944,8 +944,9 @@ def _check_folder_against(
 def _stats_of(rows: _Rows, published: bytes) -> dict:
     """The statistics of the rows; with the engine's measured aggregate where the published
     file has one that these rows can hold (its three counts, rebuilt by the writer's own
-    function: nothing else passes), which the rows cannot confirm: the per-request values stay
-    private, in the run's measured file."""
+    function: nothing else passes, an aggregate of fewer than MIN_MEASURED_REQUESTS requests
+    included), which the rows cannot confirm: the per-request values stay private, in the run's
+    measured file."""
     stats = rows.stats()
     try:
         measured = parse_json(published).get("measured")

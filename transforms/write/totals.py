@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
 from kvtrace.transforms.read.measured import NOT_MEASURED
+from kvtrace.transforms.trace_format import MIN_MEASURED_REQUESTS
 from kvtrace.transforms.write.coarsen import Coarsening, coarse_input_lengths, coarse_output_lengths
 
 TOKEN_WEIGHTED_DEFINITION = (
@@ -101,9 +102,11 @@ MEASURED_COUNTS = ("requests", "cached_tokens", "input_tokens")  # what `measure
 
 
 def with_measured(stats: dict, requests: int, cached_tokens: int, input_tokens: int) -> dict:
-    """The stats with the engine's measured hit rate, aggregated, where any request carried
-    one (the gate rebuilds it from its three counts with this one function)."""
-    if not requests:
+    """The stats with the engine's measured hit rate, aggregated, where at least
+    MIN_MEASURED_REQUESTS requests carried one: fewer would publish their private counts (the
+    gate rebuilds it from its three counts with this one function, so it refuses a smaller
+    aggregate as holding more than the rows' statistics)."""
+    if requests < MIN_MEASURED_REQUESTS:
         return stats
     measured = dict(zip(MEASURED_COUNTS, (requests, cached_tokens, input_tokens)))
     measured["hit_rate"] = cached_tokens / input_tokens if input_tokens else 0.0

@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import dynamo_request_end, lmcache_lookup
+from kvtrace.transforms.dead_letters import WITHHELD_LINE
 from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.batch_join import batch_half
 from kvtrace.transforms.read.captures import DYNAMO, DYNAMO_UNKEYED, LMCACHE, is_capture
 from kvtrace.transforms.read.records import ParseOptions, parse_record
 from kvtrace.transforms.read.sources import parse_one
@@ -143,3 +145,65 @@ def test_no_letter_of_a_capture_holds_a_hash(hashes, which):
     for value in hashes:
         for form in (str(value), f"{value:x}", f"{value:016x}"):
             assert form not in written
+
+
+HASH = 18373232785129012599  # a u64 no count or time of these records holds
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"  " + str(HASH).encode() + b",",  # a pretty-printed record's line: not JSON
+        b"[" + str(HASH).encode() + b"]",  # JSON, not an object
+        _line({"timestamp": 1, "prompt": f"text {HASH}"}),  # text: not_a_capture
+        b'{"a": ' * 70 + str(HASH).encode() + b"}" * 70,  # too deep
+    ],
+)
+def test_every_letter_of_a_capture_run_withholds_its_line_whatever_it_holds(line):
+    """A capture run decides by the run, not the bytes: each letter's line is withheld and its
+    message loses its long numbers, whether or not the line names a hash field."""
+    letter = parse_one("cap.jsonl", line, ParseOptions(capture=DYNAMO))
+    assert letter.line == WITHHELD_LINE and str(HASH)[:8] not in letter.to_line().decode()
+
+
+def test_a_text_run_withholds_the_letter_of_a_record_whose_decoded_key_names_hashes():
+    """A text run decides on the decoded record, where it is decoded: a key naming a hash field
+    through an escape, or deep in a list, withholds the letter of the record (refused then or
+    later, by encode); a text record that merely mentions the name in a value, or a line that
+    is not JSON, keeps its line for its provider to repair."""
+    text = ParseOptions()
+    escaped = b'{"timestamp": 1, "input_sequence_hashe\\u0073": [' + str(HASH).encode() + b"]}"
+    nested = _line({"timestamp": 1, "meta": [{"x": {"chunk_hashes": [str(HASH)]}}]})
+    for line in (escaped, nested):
+        assert parse_one("in.jsonl", line, text).line == WITHHELD_LINE
+    accepted = parse_one(
+        "in.jsonl", _line({"timestamp": 1, "prompt": "hi", "meta": {"chunk_hashes": []}}), text
+    )
+    assert accepted.letter("no_input", "m").line == WITHHELD_LINE
+    plain = _line({"timestamp": 1, "prompt": "hi"})
+    assert parse_one("in.jsonl", plain, text).letter("no_input", "m").line == plain
+    mention = _line({"timestamp": "x", "prompt": "what are chunk_hashes?"})
+    assert parse_one("in.jsonl", mention, text).line == mention
+    assert parse_one("in.jsonl", b"  1234,", text).line == b"  1234,"
+    dynamo = _line(dynamo_request_end(1, TOKENS, 4, output_tokens=1))
+    assert parse_one("in.jsonl", dynamo, text).line == WITHHELD_LINE  # engine_capture
+
+
+def test_a_parquet_row_of_a_capture_run_too_large_is_withheld():
+    """A row (decoded already) refused for its size: withheld in a capture run, its excerpt
+    kept in a text run unless it names a hash field."""
+    row = {"timestamp": 1, "prompt": "x" * 100, "chunk_size": HASH}
+    small = ParseOptions(max_record_bytes=64)
+    assert parse_one("t.parquet", row, small).line.startswith(b'{"timestamp"')
+    assert (
+        parse_one("t.parquet", row, ParseOptions(max_record_bytes=64, capture=LMCACHE)).line
+        == WITHHELD_LINE
+    )
+
+
+def test_a_capture_run_joins_no_batch_lines():
+    """Batch lines are parsed alone in a capture run, so every letter is made where the run's
+    rule is (ParseOptions.withholds): none by the Batch join, which knows no run."""
+    line = _line({"custom_id": "a", "body": {"prompt": "x"}, "url": "/v1/completions"})
+    assert batch_half(line, ParseOptions()) is not None
+    assert batch_half(line, ParseOptions(capture=DYNAMO)) is None

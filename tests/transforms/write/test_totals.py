@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
+from kvtrace.transforms.trace_format import MIN_MEASURED_REQUESTS
 from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.write.totals import ExportTotals, export_stats, hit_rate, sum_totals
 
@@ -67,3 +68,28 @@ def test_stats_say_the_totals_their_hit_rates_and_how_each_is_defined():
     assert set(stats["definitions"]) == set(stats["hit_rates"])
     # Counts the run keeps for the operator (run-counts.json) are not published here.
     assert "requests_without_output_length" not in stats
+
+
+def test_a_measured_aggregate_is_published_over_enough_requests_only():
+    """Over fewer than MIN_MEASURED_REQUESTS requests the engine's measured aggregate is their
+    private counts (one request's, exactly): stats.json leaves it out; from the minimum on it
+    is published, its three counts and their rate."""
+    for requests in (1, MIN_MEASURED_REQUESTS - 1, MIN_MEASURED_REQUESTS):
+        totals = ExportTotals(
+            requests=40,
+            input_tokens=4_000,
+            blocks=40,
+            measured_requests=requests,
+            measured_cached_tokens=7 * requests,
+            measured_input_tokens=100 * requests,
+        )
+        stats = export_stats(totals, unique_blocks=40, unique_tokens=4_000)
+        published = requests >= MIN_MEASURED_REQUESTS
+        assert ("measured" in stats) == published == ("measured" in stats["definitions"])
+        if published:
+            assert stats["measured"] == {
+                "requests": requests,
+                "cached_tokens": 7 * requests,
+                "input_tokens": 100 * requests,
+                "hit_rate": 0.07,
+            }
