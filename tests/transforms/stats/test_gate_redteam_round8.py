@@ -24,7 +24,7 @@ from kvtrace.transforms.trace_format import (
     shard_name,
     window_name,
 )
-from kvtrace.transforms.write.manifest import KVTRACE_VERSION, set_content_times
+from kvtrace.transforms.write.manifest import KVTRACE_VERSION, replay_contract, set_content_times
 from kvtrace.transforms.write.publish import sha256_of
 from kvtrace.transforms.write.replayers import replay_commands
 from kvtrace.transforms.write.totals import ExportTotals, export_stats
@@ -73,6 +73,7 @@ def write_night(folder: Path) -> Path:
         "replay": replay_commands(BLOCK, 3, names),
         "sha256": {name: sha256_of(data) for name, data in files.items()},
         "tokenizer": {"name": None, "sha256": {}},
+        **replay_contract(),
     }
     (folder / MANIFEST).write_bytes(canonical_json(manifest))
     set_content_times(str(folder))
