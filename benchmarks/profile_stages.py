@@ -1,5 +1,6 @@
 """CPU seconds per stage of `kvtrace anonymize` (local engine), which stages are serial, and an
-Amdahl projection of the whole run to more cores (issue 10).
+Amdahl projection of the whole run to more cores (issue 10), with the tokenizer backend given
+(issue 36: what bounds the run once tokenizing is cheap).
 
 Each stage runs alone over the whole corpus, in the order the job runs them, and is timed by
 wall clock and by process CPU time (user + system, all threads: the Rust tokenizer's too).
@@ -9,7 +10,11 @@ fixed start-up). Stages the job overlaps (rendering and hashing behind tokenizat
 apart here, so the table shows the work, not the overlap.
 
     python benchmarks/profile_stages.py benchmarks/corpora/rendered.jsonl \\
-        --tokenizer ../shared/tokenizers/deepseek-r1 --block-size 512
+        --tokenizer ../shared/tokenizers/deepseek-r1 --block-size 512 --tokenizer-backend fastokens
+
+Start-up is the CPU time of a one-record run as a whole process (imports, tokenizer loads, the
+backend's probes, the job's fixed steps); `whole_process_cpu_s` is the corpus's whole run, so the
+stages' shares of it can be read (what is left: the engine's own overhead and overlap).
 """
 
 from __future__ import annotations
@@ -17,14 +22,13 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from measure import corpus_parser
+from measure import ROOT, corpus_parser, run_measured_cpu
 
 STAGES: list[dict] = []
 # What can run on every core: per record and per batch work. Fixed start-up and the global
@@ -60,31 +64,40 @@ def stage(name: str):
     )
 
 
-def startup_seconds(tokenizer: str) -> float:
-    """Fixed cost of a run: a one-record job as a whole process, minus nothing (the work is nil)."""
+def anonymize_cpu_seconds(corpus: Path, tokenizer: str, backend: str, block_size: int) -> float:
+    """CPU seconds (user + system, the process and its workers) of `kvtrace anonymize` on corpus
+    as a whole process, this checkout's kvtrace."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "one.jsonl").write_text('{"timestamp": 0, "prompt": "hello"}\n')
-        start = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kvtrace.cli",
-                "anonymize",
-                "--input",
-                f"{tmp}/one.jsonl",
-                "--output",
-                f"{tmp}/out",
-                "--tokenizer",
-                tokenizer,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        return time.perf_counter() - start
+        command = [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "anonymize",
+            "--input",
+            str(corpus),
+            "--output",
+            f"{tmp}/out",
+            "--tokenizer",
+            tokenizer,
+            "--tokenizer-backend",
+            backend,
+            "--block-size",
+            str(block_size),
+            "--quiet",
+        ]
+        return run_measured_cpu(command, ROOT, env)[1]
 
 
-def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
+def startup_seconds(tokenizer: str, backend: str) -> float:
+    """Fixed cost of a run: a one-record job as a whole process (the work is nil)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        one = Path(tmp, "one.jsonl")
+        one.write_text('{"timestamp": 0, "prompt": "hello", "output_length": 1}\n')
+        return anonymize_cpu_seconds(one, tokenizer, backend, 512)
+
+
+def profile(corpus: Path, tokenizer_name: str, block_size: int, backend: str) -> None:
     from kvtrace.transforms.batching import batches_by_weight
     from kvtrace.transforms.encode.encode_requests import (
         TOKENIZE_BATCH_BYTES,
@@ -94,6 +107,7 @@ def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
     )
     from kvtrace.transforms.encode.hashed_batch import HashedBatch
     from kvtrace.transforms.encode.salt import SaltSource
+    from kvtrace.transforms.garbage import settle_after_start_up
     from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
     from kvtrace.transforms.read.records import ParseOptions
     from kvtrace.transforms.read.sources import file_ranges, parse_one, read_range
@@ -102,7 +116,9 @@ def profile(corpus: Path, tokenizer_name: str, block_size: int) -> None:
     from kvtrace.transforms.write.shards import published_columns
 
     salt = SaltSource("random", inline=b"profile salt, 32 bytes long.....")
-    encoder = open_encoder(EncodeOptions(tokenizer_name, salt, block_size=block_size))
+    options = EncodeOptions(tokenizer_name, salt, block_size=block_size, tokenizer_backend=backend)
+    encoder = open_encoder(options)
+    settle_after_start_up()  # as a worker does: start-up's objects left out of the collector
     with stage("read"):
         records = [
             item
@@ -140,10 +156,13 @@ def amdahl(stages: list[dict], cores: int) -> float:
 
 def main() -> None:
     parser = corpus_parser(__doc__)
+    parser.add_argument("--tokenizer-backend", default="tokenizers")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    startup = startup_seconds(args.tokenizer)
-    profile(args.corpus, args.tokenizer, args.block_size)
+    backend = args.tokenizer_backend
+    startup = startup_seconds(args.tokenizer, backend)
+    whole = anonymize_cpu_seconds(args.corpus, args.tokenizer, backend, args.block_size)
+    profile(args.corpus, args.tokenizer, args.block_size, backend)
     STAGES.append({"stage": "start-up", "wall_s": startup, "cpu_s": startup, "parallel": False})
     total_cpu = sum(s["cpu_s"] for s in STAGES)
     serial_cpu = sum(s["cpu_s"] for s in STAGES if not s["parallel"])
@@ -153,6 +172,9 @@ def main() -> None:
             {
                 "corpus": str(args.corpus),
                 "block_size": args.block_size,
+                "tokenizer_backend": backend,
+                "whole_process_cpu_s": whole,
+                "share_of_whole": {s["stage"]: s["cpu_s"] / whole for s in STAGES},
                 "cores": cores,
                 "stages": STAGES,
                 "total_cpu_s": total_cpu,

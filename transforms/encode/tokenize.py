@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, token_ids
-from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND, choose_backend
+from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND, TOKENIZERS, choose_backend
 from kvtrace.transforms.encode.fast_tokenizer import (
     EXTRA_TEMPLATE_KEY,
     EXTRA_TEMPLATES,
@@ -104,19 +104,26 @@ def encoding_tokenizer(name: str, backend: str = DEFAULT_BACKEND) -> FastTokeniz
     exact for this tokenizer (fast_backend.choose_backend: its configuration, probe texts and
     its chat template's text), else `tokenizers`; chosen once per process."""
     tokenizer = load_tokenizer(name)
-    try:
-        config = orjson.loads(tokenizer.tokenizer_json)
-    except orjson.JSONDecodeError:  # tokenizers loaded it, so it is JSON: a guard, in one line
-        config = {}
+    # Only a fast backend's verification reads the file's configuration: parsing its ~10 MB
+    # again costs ~0.16 CPU-s, 15% of a default (tokenizers) run's start-up (issue 36).
+    config = {} if backend == TOKENIZERS else _configuration(tokenizer.tokenizer_json)
     encoder, why = choose_backend(
         backend,
         tokenizer.tokenizer_json,
-        config if isinstance(config, dict) else {},
+        config,
         tokenizer.backend_tokenizer,
         _template_probes(tokenizer),
     )
     _LOG.info("tokenizer backend: %s", why)
     return tokenizer.encoding_with(encoder)
+
+
+def _configuration(tokenizer_json: bytes) -> dict[str, Any]:
+    try:
+        config = orjson.loads(tokenizer_json)
+    except orjson.JSONDecodeError:  # tokenizers loaded it, so it is JSON: a guard, in one line
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _template_probes(tokenizer: FastTokenizer) -> list[str]:

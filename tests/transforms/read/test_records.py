@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH, check_tree
-from kvtrace.transforms.read.records import ParseOptions, Request, parse_record
+from kvtrace.transforms.read.records import ParseOptions, Request, parse_record, without_nulls
 from kvtrace.transforms.read.timestamps import timestamp_ms
 
 USER = [{"role": "user", "content": "hi"}]
@@ -635,3 +635,36 @@ def test_a_cached_count_of_the_wrong_type_or_range_is_a_dead_letter(fields, reas
     with pytest.raises(Rejected) as caught:
         parse({**CHAT, **fields})
     assert caught.value.reason == reason
+
+
+def _copied_without_nulls(value):
+    """The rule restated as the copy it was before issue 36: every null object field left out,
+    null list elements kept."""
+    if isinstance(value, dict):
+        return {k: _copied_without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_copied_without_nulls(v) for v in value]
+    return value
+
+
+@settings(max_examples=25)
+@given(JSON)
+def test_without_nulls_in_place_is_the_copying_rule(value):
+    """Left out in place, a level at a time: the same value, key order included, as copying."""
+    expected = json.dumps(_copied_without_nulls(value))
+    assert json.dumps(without_nulls(value)) == expected
+
+
+def test_without_nulls_reaches_every_level():
+    """A null field under lists and objects many levels down, and in a streamed chunk."""
+    deep: dict = {"leaf": None, "kept": 1}
+    for _ in range(200):
+        deep = {"down": [deep, None], "gone": None}
+    chunk = {"choices": [{"delta": {"content": "x"}, "logprobs": None}], "usage": None}
+    result = without_nulls({"deep": deep, "response": [chunk]})
+    assert result["response"] == [{"choices": [{"delta": {"content": "x"}}]}]
+    node = result["deep"]
+    for _ in range(200):
+        assert set(node) == {"down"} and node["down"][1] is None
+        node = node["down"][0]
+    assert node == {"kept": 1}
