@@ -3,8 +3,9 @@
 Rows equal in what the gate checks are ordered by it (docs/ORDERING.md), and ids are numbered
 first-seen in that order, so two requests it leaves tied must hold the same ids and publish the
 same values. It is therefore an unsalted digest of an unambiguous encoding of all they are made
-of: every field typed and length-prefixed, optional ones behind a marker, so no field can be
-left out or run into its neighbour and two different requests never feed it the same bytes.
+of: every integer first at a fixed width, each value's length among them (or a marker for a value
+absent), then the values; so no field can be left out or run into its neighbour, and two
+different requests never feed it the same bytes.
 """
 
 from __future__ import annotations
@@ -13,13 +14,6 @@ import struct
 from collections.abc import Sequence
 
 import xxhash
-
-# What the digest is of: the request's blocks are its token ids (the text path) or an engine's
-# hashes under a named scheme (a capture); never one where the other was.
-_TOKENS, _HASHES = b"T", b"H"
-_ABSENT, _PRESENT = b"\0", b"\1"
-_U64 = struct.Struct("<Q")
-_FIELDS = struct.Struct("<qqq")  # block size, input length, output length
 
 
 def fingerprint_bytes(
@@ -37,20 +31,23 @@ def fingerprint_bytes(
     engine's hashes, each as logged, or the prompt's token bytes as one item. tail: what keys a
     capture's unhashed partial block. answer: the generated tokens' bytes, when they are hashed
     into ids (--emit-output-hashes)."""
-    kind = _TOKENS if scheme is None else _HASHES + _text(scheme)
-    # The count and every length before the values: one pack and one join, however many hashes.
-    lengths = struct.pack(f"<{len(blocks) + 1}Q", len(blocks), *map(len, blocks))
-    return b"".join(
-        (
-            kind,
-            _FIELDS.pack(block_size, input_length, output_length),
-            lengths,
-            *blocks,
-            _optional(tail),
-            _optional(None if session is None else session.encode("utf-8", "surrogatepass")),
-            _optional(answer),
-        )
+    named = None if scheme is None else scheme.encode("utf-8", "surrogatepass")
+    session_id = None if session is None else session.encode("utf-8", "surrogatepass")
+    # One pack and one join however many hashes (a capture's cost is per block: CAPTURES.md).
+    # An optional value's length is stored plus one, so 0 marks it absent: none is not empty.
+    head = struct.pack(
+        f"<{8 + len(blocks)}q",
+        block_size,
+        input_length,
+        output_length,
+        len(blocks),
+        0 if named is None else len(named) + 1,
+        0 if tail is None else len(tail) + 1,
+        0 if session_id is None else len(session_id) + 1,
+        0 if answer is None else len(answer) + 1,
+        *map(len, blocks),
     )
+    return b"".join((head, named or b"", *blocks, tail or b"", session_id or b"", answer or b""))
 
 
 def fingerprint(
@@ -69,12 +66,3 @@ def fingerprint(
             scheme, block_size, blocks, tail, input_length, output_length, session, answer
         )
     )
-
-
-def _text(value: str) -> bytes:
-    encoded = value.encode("utf-8", "surrogatepass")
-    return _U64.pack(len(encoded)) + encoded
-
-
-def _optional(value: bytes | None) -> bytes:
-    return _ABSENT if value is None else _PRESENT + _U64.pack(len(value)) + value
