@@ -79,7 +79,6 @@ def _dynamo_end(hashes: list[int], key_id: str | None) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_captures_alike_but_for_their_hash_scheme_publish_what_the_gate_passes(tmp_path):
     """Promise (docs/ORDERING.md): the tie-break fingerprint covers everything a row's ids are
     made of, so ids are numbered first-seen in the one row order and the night kvtrace writes
@@ -100,7 +99,6 @@ def test_captures_alike_but_for_their_hash_scheme_publish_what_the_gate_passes(t
     assert main(["audit", night, "--capture", "dynamo-request-trace"]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 12")
 def test_lookups_whose_hashes_and_request_ids_run_together_publish_what_the_gate_passes(tmp_path):
     """The same promise, a second variant of the fingerprint's gap: an LMCache lookup's
     fingerprint hashes its hex hashes joined by NUL and then its tail (request id, time,

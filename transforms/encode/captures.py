@@ -12,11 +12,10 @@ a short request's ingestion: docs/CAPTURES.md.)
 
 from __future__ import annotations
 
-import struct
-
 import xxhash
 
 from kvtrace.transforms.encode.blocks import keyed_digest
+from kvtrace.transforms.encode.fingerprint import fingerprint as request_fingerprint
 from kvtrace.transforms.encode.hashed_batch import HashedRequest
 from kvtrace.transforms.read.captures import Capture
 from kvtrace.transforms.read.records import Request
@@ -48,12 +47,15 @@ def hash_capture(request: Request, seed: bytes) -> HashedRequest:
     output_length = request.output_length or 0
     session = request.session
     # Unsalted, never published: orders requests tied on time and lengths the same in every
-    # run, as the text path's digest of token ids does (row_order.py).
-    fingerprint = xxhash.xxh3_64_intdigest(
-        b"\0".join(capture.hashes)
-        + (capture.tail or b"")
-        + struct.pack("<qq", capture.input_length, output_length)
-        + (b"" if session is None else session.encode("utf-8", "surrogatepass"))
+    # run (row_order.py), over all the row's ids are made of, the hashes' scheme included.
+    fingerprint = request_fingerprint(
+        capture.scheme,
+        capture.block_size,
+        capture.hashes,
+        capture.tail,
+        capture.input_length,
+        output_length,
+        session,
     )
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,

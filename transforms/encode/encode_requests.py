@@ -6,13 +6,10 @@ encode/steps.py runs it on Beam workers, pipelines/anonymize_local.py in local p
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import xxhash
 
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.encode.blocks import (
@@ -25,6 +22,7 @@ from kvtrace.transforms.encode.blocks import (
 from kvtrace.transforms.encode.captures import BLOCK_SIZE_MISMATCH, hash_capture
 from kvtrace.transforms.encode.fallible_tokenizer import TokenizerFailure
 from kvtrace.transforms.encode.fast_backend import DEFAULT_BACKEND
+from kvtrace.transforms.encode.fingerprint import fingerprint as request_fingerprint
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.encode.salt import SaltSource
 from kvtrace.transforms.encode.schemes import HashScheme
@@ -67,17 +65,17 @@ def hash_request(
     tokens' bytes, whose full blocks after the prompt's are hashed on from the prompt's last full
     block."""
     session = request.session
-    fingerprint = xxhash.xxh3_64_intdigest(
-        data + struct.pack("<q", output_length) + (b"" if session is None else session.encode())
+    input_length = len(data) // TOKEN_DTYPE.itemsize
+    # Hashed answers are ids of the row: the fingerprint covers them, so requests it leaves
+    # tied hold the same ids and the one order (row_order.py) numbers and sorts alike. An
+    # empty answer hashes into no ids: as none.
+    fingerprint = request_fingerprint(
+        None, block_size, (data,), None, input_length, output_length, session, output_data or None
     )
-    if output_data:
-        # Hashed answers are ids of the row: the fingerprint covers them, so requests it leaves
-        # tied hold the same ids and the one order (row_order.py) numbers and sorts alike.
-        fingerprint = xxhash.xxh3_64_intdigest(output_data, seed=fingerprint)
     return HashedRequest(
         timestamp_ms=request.timestamp_ms,
         fingerprint=fingerprint,
-        input_length=len(data) // TOKEN_DTYPE.itemsize,
+        input_length=input_length,
         output_length=output_length,
         block_hashes=scheme.block_keys(data, block_size, seed),
         session_key=None if session is None else keyed_digest(session, seed),
@@ -87,7 +85,7 @@ def hash_request(
         # aggregate never exceeds the inputs the gate bounds it by).
         cached_tokens=NOT_MEASURED
         if request.cached_tokens is None
-        else min(request.cached_tokens, len(data) // TOKEN_DTYPE.itemsize),
+        else min(request.cached_tokens, input_length),
         output_block_hashes=b""
         if not output_data
         else _output_block_hashes(data, output_data, block_size, seed, scheme),

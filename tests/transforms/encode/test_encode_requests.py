@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kvtrace.transforms.encode.blocks import chain_seed, token_bytes
 from kvtrace.transforms.encode.encode_requests import hash_request
 from kvtrace.transforms.encode.hashed_batch import HashedBatch
+from kvtrace.transforms.encode.schemes import HashScheme
 from kvtrace.transforms.ids.dense_ids import block_keys, dense_ids, session_keys
 from kvtrace.transforms.read.records import Request
 from kvtrace.transforms.write.rows import row_batch
@@ -25,12 +26,33 @@ def _hashed(prompt: list[int], answer: list[int] | None, response_ms: int | None
 
 
 def test_the_fingerprint_covers_hashed_answers_only():
-    """Answers hashed (--emit-output-hashes) tell two requests apart; without the flag the
-    fingerprint is the prompt's, output length's and session's as before (no output changes)."""
+    """Answers hashed (--emit-output-hashes) tell two requests apart; without the flag, or with
+    an empty answer (no ids), the fingerprint is the prompt's, output length's and session's."""
     one, other = _hashed([1, 2, 3], [4, 5, 6, 7]), _hashed([1, 2, 3], [7, 6, 5, 4])
     assert one.fingerprint != other.fingerprint
     assert _hashed([1, 2, 3], None).fingerprint == _hashed([1, 2, 3], []).fingerprint
     assert _hashed([1, 2, 3], None, 5).fingerprint == _hashed([1, 2, 3], None, 9).fingerprint
+
+
+def test_a_prompt_and_a_session_never_run_together():
+    """Prompt [5, 0] of session "s" and prompt [5] of session "\\0\\0\\0\\0s" hold different
+    ids and sessions: they do not tie (the digest before fingerprint.py fed both the same
+    bytes), nor does a request of no session with one of the empty session."""
+    rows = [
+        hash_request(
+            Request("log", b"", 1_000, "tokens", session=session), token_bytes(p), 0, BLOCK, SEED
+        )
+        for p, session in (([5, 0], "s"), ([5], "\0\0\0\0s"), ([5], None), ([5], ""))
+    ]
+    assert len({row.fingerprint for row in rows}) == 4
+
+
+def test_the_fingerprint_is_alike_under_every_hash_scheme():
+    """Published ids do not depend on --hash-scheme, so neither does the order of tied rows."""
+    data, request = token_bytes([1, 2, 3]), Request("log", b"", 1_000, "tokens")
+    schemes = (HashScheme(), HashScheme("dynamo"), HashScheme("vllm-sha256-cbor", b"\1" * 32))
+    prints = {hash_request(request, data, 4, BLOCK, SEED, s).fingerprint for s in schemes}
+    assert len(prints) == 1
 
 
 ANSWERS = st.lists(
