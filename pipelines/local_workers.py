@@ -271,14 +271,14 @@ def _start_worker(
     budget: tuple[float, int],
     environment: dict[str, str],
 ) -> None:
-    """A worker started clean, to be warmed up before its first claim (_encode_claimed)."""
+    """A worker started clean, its encoder loaded and warmed up at its first claim
+    (_encode_claimed)."""
     end_with_parent()
     adopt_environment(environment)
     leave_stopping_to_parent()
     RENDER_WATCHDOG.seconds, RENDER_WATCHDOG.memory_bytes = budget
     _WORKER.update(
         work=work,
-        encoder=work.new_encoder(),
         progress=RangeCounts(counts),
         pieces=pieces,
         piece_bytes=piece_bytes,
@@ -320,9 +320,11 @@ def _encode_claimed(worker: int) -> list[tuple[int, Encoded]]:
     # A clean worker is warmed up as a forked one was: its first render imports the renderer and
     # compiles the template (~0.2 s of a core, seconds of the wall clock on a loaded machine),
     # which must not count against a record's render budget, or that record's fate would hang on
-    # the machine's load. Here, not in the initializer: a stop it raises (a hostile template) is
-    # then the run's error, not a broken pool.
+    # the machine's load. Loaded and warmed here, not in the initializer: what loading refuses
+    # (a tokenizer or backend failing its probes) or a stop the warm-up raises (a hostile
+    # template) is then the run's error, as in a forked run's parent, not a broken pool.
     if _WORKER.pop("cold", False):
+        _WORKER["encoder"] = _WORKER["work"].new_encoder()
         _WORKER["work"].warm_up(_WORKER["encoder"], pieces[0])
     while True:
         with bounds.get_lock():
