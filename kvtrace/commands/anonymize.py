@@ -691,9 +691,9 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
                 )
                 recover_letters(dead_letter, output)  # before this run's staging folder exists
                 storage.make_folder(config.staging, private=True)
-                letters.begin(config.staging)
                 succeeded = False
                 try:
+                    letters.begin(config.staging)  # within: a stop as it ends still settles
                     _run_anonymize(config, engine, options["processes"], flags)
                     counts = read_run_counts(letters.staging)  # before the staging folder goes
                     succeeded = True

@@ -1279,23 +1279,26 @@ class DeadLetterRun:
         identity = _identity(output_staging)
         pointer = f"{output_staging}{LETTERS_POINTER}"
         settle_pointed_letters(pointer, self.output)  # a killed attempt's (a stream's files)
-        _write_pointer(
-            pointer,
-            {
-                "folder": identity,
-                "key": _output_key(self.output),
-                "letters": place(self.folder),
-                "run": self.run_id,
-            },
-        )
-        # A hard end removes the pointer (and the letters) only while the output is not the
-        # folder: a published run's are the next run's to settle.
-        unpublished = functools.partial(_is_not, self.output, identity)
-        storage.remove_on_exit(pointer, unpublished)
-        storage.remove_on_exit(self.staging, unpublished)
+        # A stop waits for the pointer to be written and known (self.pointer, the exit's
+        # cleanup): landing between the two, it left the pointer behind a stopped run.
+        with stops_deferred():
+            _write_pointer(
+                pointer,
+                {
+                    "folder": identity,
+                    "key": _output_key(self.output),
+                    "letters": place(self.folder),
+                    "run": self.run_id,
+                },
+            )
+            self.pointer = pointer
+            # A hard end removes the pointer (and the letters) only while the output is not
+            # the folder: a published run's are the next run's to settle.
+            unpublished = functools.partial(_is_not, self.output, identity)
+            storage.remove_on_exit(pointer, unpublished)
+            storage.remove_on_exit(self.staging, unpublished)
         with storage.create(storage.join(self.staging, self.PUBLISHES), private=True) as handle:
             handle.write(json.dumps(identity).encode())
-        self.pointer = pointer
 
     def settle(self, run_succeeded: bool) -> list[str]:
         """Publish the letters (and measured file) if the run's output is published, else
