@@ -1,0 +1,80 @@
+"""Red team round 13, writes, stops and crashes: reproducers of holes left after the twelfth
+round's fixes. Each asserts the promised behaviour, so each fails until it is fixed.
+
+A fault is injected as the system gives it: a prelude wraps one of kvtrace's own steps and
+fails (or signals) right there, so nothing depends on timing."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from helpers import SALT, kvtrace_child, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+USER = {"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 4}
+# A response that reports the engine's cached tokens: the run writes a measured file.
+MEASURED = {"usage": {"prompt_tokens_details": {"cached_tokens": 8}}}
+
+
+def _night(tmp_path: Path, tokenizer: str, out: Path, measured: int, *extra: str) -> list[str]:
+    """An anonymize run's arguments on 8 chats, the first `measured` of whose responses carry
+    the engine's cached tokens, and one dead letter."""
+    records = [
+        {
+            "timestamp": 1_000 * i,
+            "messages": [USER],
+            "output_length": 3,
+            **({"response": MEASURED} if i < measured else {}),
+        }
+        for i in range(8)
+    ]
+    write_jsonl(tmp_path / "in.jsonl", [*records, b"{broken"])
+    (tmp_path / "salt").write_text(SALT)
+    return [
+        "anonymize",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--tokenizer",
+        tokenizer,
+        "--block-size",
+        "4",
+        "--salt-file",
+        str(tmp_path / "salt"),
+        "--output",
+        str(out),
+        *extra,
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 13")
+def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
+    tiny_tokenizer, tmp_path
+):
+    """stats.json publishes the engine's measured aggregate only over at least
+    MIN_MEASURED_REQUESTS (20) requests: "fewer would publish their private counts"
+    (write/totals.with_measured). `analyze --measured FILE --json OUT` (and `report --measured`,
+    `calibrate --json`) take the same aggregate from the private measured file and write it,
+    over one request, into a world-readable file (0644): that request's cached tokens, its
+    prompt length being public in the trace. The aggregate must be held to the same floor, or
+    the file holding it be owner-only as the measured file is."""
+    out = tmp_path / "out"
+    night = kvtrace_child(*_night(tmp_path, tiny_tokenizer, out, measured=1), timeout=120)
+    assert night.returncode == 0, night.stderr[-2000:]
+    (measured_file,) = Path(f"{out}-rejected").glob("measured-*.jsonl")
+    report = tmp_path / "analysis.json"
+    ran = kvtrace_child(
+        "analyze", str(out), "--measured", str(measured_file), "--json", str(report), timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    numbers = json.loads(report.read_text()).get("measured") or {}
+    aggregate = numbers.get("measured") or {}
+    private = stat.S_IMODE(report.stat().st_mode) & 0o077 == 0
+    assert private or not {"cached_tokens", "hit_rate"} & set(aggregate), (
+        oct(report.stat().st_mode),
+        aggregate,
+    )
