@@ -7,6 +7,7 @@ fails (or signals) right there, so nothing depends on timing."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 from pathlib import Path
 
@@ -78,3 +79,26 @@ def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
         oct(report.stat().st_mode),
         aggregate,
     )
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 13")
+def test_a_run_refused_by_the_id_maps_anchor_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
+    """Every check is made before the work writes, the id map's settings included (round 8:
+    a refused run makes no id map folder). A night given --id-map at a place the salt's marks
+    bind to another map (the map there was deleted: a restored backup elsewhere, a typo'd
+    mount) is refused in one line, "the map was not extended and no trace was published", yet
+    it has made a new, empty id map folder there (MAP/segments/) first: the anchor is checked
+    after the folder is made, not before."""
+    first = _night(
+        tmp_path, tiny_tokenizer, tmp_path / "night1", 8, "--id-map", str(tmp_path / "map")
+    )
+    ran = kvtrace_child(*first, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    shutil.rmtree(tmp_path / "map")
+    second = _night(
+        tmp_path, tiny_tokenizer, tmp_path / "night2", 8, "--id-map", str(tmp_path / "map")
+    )
+    refused = kvtrace_child(*second, timeout=120)
+    assert refused.returncode != 0 and "is not the map last published there" in refused.stderr
+    assert not (tmp_path / "night2").exists()
+    assert not (tmp_path / "map").exists(), sorted(p.name for p in (tmp_path / "map").rglob("*"))
