@@ -2,7 +2,8 @@
 round's fixes. Each asserts the promised behaviour, so each fails until it is fixed.
 
 A fault is injected as the system gives it: a prelude wraps one of kvtrace's own steps and
-fails (or signals) right there, so nothing depends on timing."""
+fails (or signals) right there, or a second run is started from inside the first at a named
+step, so nothing depends on timing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, kvtrace_child, write_jsonl
+from helpers import SALT, kvtrace_child, night_args, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +103,38 @@ def test_a_run_refused_by_the_id_maps_anchor_makes_no_id_map_folder(tiny_tokeniz
     assert refused.returncode != 0 and "is not the map last published there" in refused.stderr
     assert not (tmp_path / "night2").exists()
     assert not (tmp_path / "map").exists(), sorted(p.name for p in (tmp_path / "map").rglob("*"))
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 13")
+def test_a_run_that_lost_the_race_for_an_id_map_never_says_it_published_the_winners_version(
+    tiny_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """A failure inside the id map's commit says what stands: "published version N of the id
+    map MAP before the failure" (docs/NIGHTLY.md: then "rerun that night before the next"),
+    read from the map as any version past the night's base (anonymize_night._committed: "one
+    writer: the map's"). Two runs on one map (a cron overlap) break that: the loser, refused
+    with "it published nothing (its trace has no manifest)", is told in the same line that it
+    published the winner's version. What stands must be this run's commit, not the map's
+    newest version."""
+    from kvtrace.cli import main
+    from kvtrace.transforms.ids import id_map
+
+    args = night_args(tmp_path, tiny_tokenizer, tmp_path / "oa", "--id-map", str(tmp_path / "map"))
+    other = [a if a != str(tmp_path / "oa") else str(tmp_path / "ob") for a in args]
+    real, raced = id_map.check_anchor, []
+
+    def other_run_commits_first(*check_args, **kwargs):
+        if not raced:  # the other night commits once this one has read the map's base
+            raced.append(None)
+            raced[0] = main(other)
+        return real(*check_args, **kwargs)
+
+    monkeypatch.setattr(id_map, "check_anchor", other_run_commits_first)
+    capsys.readouterr()
+    code = main(args)
+    err = capsys.readouterr().err
+    assert raced == [0] and code != 0, err
+    assert not (tmp_path / "oa").exists()
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "extended by another run" in error[0], err
+    assert "published version" not in error[0], error[0]
