@@ -1,0 +1,43 @@
+"""Red team round 13, hostile input: reproducers of the holes found past the round-1..12 fixes
+(test_redteam_input*.py). Each asserts the promised behaviour and fails today (2026-11-27)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import anonymize, chat, read_jsonl, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+# Two engine hashes as LMCache's lookup log spells them (read/captures.py).
+HASHES = ["0x9f3c2a71be44d0aa", "0x51d0e9c3a2b7f601"]
+
+
+def _letter_lines(out: Path) -> str:
+    letters = sorted(out.parent.glob(f"{out.name}-rejected/rejected-*.jsonl"))
+    return "".join(r["line"] for p in letters for r in read_jsonl(p))
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 13")
+def test_a_batch_line_naming_engine_hashes_withholds_its_letter(tiny_tokenizer, tmp_path):
+    """docs/CAPTURES.md: in a text run, a record any of whose keys, decoded, names a field
+    engines keep hashes in withholds its letter, "whether it is refused as it is parsed or
+    later". A line with a custom_id and a body is decoded as a Batch half (batch_half), but a
+    half's letters (unjoined_batch, duplicate_custom_id, a joined record refused) are made in
+    batch_join._letter without ParseOptions.withholds: the line, its hashes, is written. The
+    same record without custom_id is withheld (the check can fail)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello world"}]}
+    half = {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    good = write_jsonl(tmp_path / "good.jsonl", [chat(i, 1_000 * i) for i in range(3)])
+    batch = write_jsonl(tmp_path / "batch_input.jsonl", [dict(half, chunk_hashes=HASHES)])
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{**body, "chunk_hashes": HASHES}])
+    out = tmp_path / "out"
+    extra = ("--max-rejected-fraction", "1", "--quiet")
+    assert anonymize(tiny_tokenizer, [good, batch, plain], out, *extra) == 0
+    letters = [
+        r for p in (tmp_path / "out-rejected").glob("rejected-*.jsonl") for r in read_jsonl(p)
+    ]
+    assert sorted(r["error"] for r in letters) == ["missing_timestamp", "unjoined_batch"]
+    assert [h for h in HASHES if h in _letter_lines(out)] == []
