@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import anonymize, chat, read_jsonl, write_jsonl
+from helpers import anonymize, chat, kvtrace_child, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -41,3 +43,23 @@ def test_a_batch_line_naming_engine_hashes_withholds_its_letter(tiny_tokenizer, 
     ]
     assert sorted(r["error"] for r in letters) == ["missing_timestamp", "unjoined_batch"]
     assert [h for h in HASHES if h in _letter_lines(out)] == []
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 13")
+def test_a_measured_file_that_is_a_fifo_is_refused_not_waited_on(tiny_tokenizer, tmp_path):
+    """Every other file kvtrace reads is opened as a regular file or refused in one line
+    (storage.open_regular: "a FIFO, device, socket or /proc file that took a file's name is
+    refused, not read"; tests/transforms/read/test_bounds.py). `--measured FILE` is opened by
+    read/measured.read_measured with storage.open_read, a plain open(): a named pipe no one
+    writes (a measured file's name reused for one) blocks calibrate (and analyze --measured,
+    report --measured) for ever. It must be a one-line error (exit 2)."""
+    good = write_jsonl(tmp_path / "good.jsonl", [chat(i, 1_000 * i) for i in range(3)])
+    night = tmp_path / "night"
+    assert anonymize(tiny_tokenizer, [good], night, "--block-size", "4", "--quiet") == 0
+    fifo = tmp_path / "measured-run.jsonl"
+    os.mkfifo(fifo)
+    try:
+        done = kvtrace_child("calibrate", str(night), "--measured", str(fifo), timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("calibrate --measured FIFO did not answer: it waits on the pipe")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
