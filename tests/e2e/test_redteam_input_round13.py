@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import anonymize, chat, kvtrace_child, read_jsonl, write_jsonl
+from helpers import (
+    anonymize,
+    chat,
+    kvtrace_child,
+    parquet_footer,
+    read_jsonl,
+    thrift_field,
+    trace,
+    with_parquet_footer,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,3 +73,35 @@ def test_a_measured_file_that_is_a_fifo_is_refused_not_waited_on(tiny_tokenizer,
     except subprocess.TimeoutExpired:
         pytest.fail("calibrate --measured FIFO did not answer: it waits on the pipe")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 13")
+def test_a_row_group_claiming_fewer_rows_than_its_pages_hold_loses_none_silently(
+    tiny_tokenizer, tmp_path
+):
+    """Nothing lost: every record is exported or dead-lettered. Six chats in two row groups of
+    three; the footer's second group claims 0 rows (and the file 3), its pages still holding
+    three rows, which pyarrow.parquet.read_table reads (6 rows). kvtrace reads each group with
+    iter_batches(row_groups=[g]), which stops at the footer's claim: "3 read = 3 exported + 0
+    rejected", exit 0, no letter, the group's rows and bytes gone. They must be exported or
+    weighed as lost in a damaged_file letter."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    table = pa.Table.from_pylist([chat(i, 1_000 * i) for i in range(6)])
+    pq.write_table(table, buffer, row_group_size=3)
+    footer, body = parquet_footer(buffer.getvalue())
+    thrift_field(thrift_field(footer, 4)[2][1][1], 3)[2] = 0  # row group 1's num_rows
+    thrift_field(footer, 3)[2] = 3  # the file's num_rows
+    source = tmp_path / "log.parquet"
+    source.write_bytes(with_parquet_footer(body, footer))
+    assert pq.read_table(source).num_rows == 6  # the rows are there to read
+    out = tmp_path / "out"
+    assert anonymize(tiny_tokenizer, [source], out, "--max-rejected-fraction", "1", "--quiet") == 0
+    letters = [
+        r for p in (tmp_path / "out-rejected").glob("rejected-*.jsonl") for r in read_jsonl(p)
+    ]
+    assert len(trace(out)) == 6 or "damaged_file" in {r["error"] for r in letters}
