@@ -32,7 +32,6 @@ def _letter_lines(out: Path) -> str:
     return "".join(r["line"] for p in letters for r in read_jsonl(p))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_batch_line_naming_engine_hashes_withholds_its_letter(tiny_tokenizer, tmp_path):
     """docs/CAPTURES.md: in a text run, a record any of whose keys, decoded, names a field
     engines keep hashes in withholds its letter, "whether it is refused as it is parsed or
