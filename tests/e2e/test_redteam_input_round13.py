@@ -74,7 +74,6 @@ def test_a_measured_file_that_is_a_fifo_is_refused_not_waited_on(tiny_tokenizer,
     assert done.returncode == 2 and len(said) == 1 and said[0].startswith("error: --measured")
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_row_group_claiming_fewer_rows_than_its_pages_hold_loses_none_silently(
     tiny_tokenizer, tmp_path
 ):
