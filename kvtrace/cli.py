@@ -27,7 +27,7 @@ from typing import NoReturn
 
 from kvtrace import __version__
 from kvtrace.commands import analyze, anonymize, cache, check, convert, id_map, replay, synthesize
-from kvtrace.commands.common import BeamFlags
+from kvtrace.commands.common import BeamFlags, Parser
 from kvtrace.options import refuse_stray_words
 from kvtrace.pipelines.processes import STOP_SIGNALS, end_descendants, quiet_thread
 from kvtrace.transforms.encode.salt import SaltError
@@ -66,7 +66,7 @@ HALF_DONE = "; a publication was under way at the deadline and may be half done"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kvtrace", description="Turn LLM request logs into anonymized Mooncake-format traces."
     )
     parser.add_argument("--version", action="version", version=f"kvtrace {__version__}")

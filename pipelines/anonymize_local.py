@@ -247,7 +247,7 @@ def encode_ranges(
                 if half is None:
                     yield item
                 else:
-                    spill.add(half[0], Half(half[1], *item))
+                    spill.add(half[0], Half(half[1], *item, half[2]))
 
     hashed, read = _encode(records(), encoder, parse, rejected, progress)
     return Encoded(

@@ -40,7 +40,9 @@ def serve(address: str = DEFAULT_ADDRESS) -> tuple[str, grpc.Server]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kvtrace.pipelines.worker_pool", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False,
+        prog="python -m kvtrace.pipelines.worker_pool",
+        description=__doc__.split("\n\n")[0],
     )
     parser.add_argument(
         "--address",

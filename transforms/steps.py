@@ -63,10 +63,6 @@ def tagged(letter: DeadLetter) -> beam.pvalue.TaggedOutput:
     return beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, letter)
 
 
-def dead_letter(source: str, line: bytes, reason: str, message: str) -> beam.pvalue.TaggedOutput:
-    return tagged(DeadLetter(source, line, reason, message))
-
-
 def payload_bytes(value: Any) -> int:
     """About what an element weighs on the wire: numpy buffers and bytes by size, anything else
     8 bytes per scalar (coders add a little framing on top)."""

@@ -24,6 +24,16 @@ BLOCK_HELP = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """A parser that takes a flag only as spelled in full: an abbreviation (--chat-template for
+    --chat-template-kwargs) would silently bind a value to another flag. Subcommand parsers are
+    of their parent's class, so every parser under kvtrace's is one."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def add_engine_options(parser: argparse.ArgumentParser, beam: str) -> None:
     """--engine (local or beam, saying what beam does for this command) and --verbose."""
     parser.add_argument(

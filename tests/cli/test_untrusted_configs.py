@@ -289,3 +289,18 @@ def test_a_negative_value_reaches_its_option_and_is_named(tmp_path, capsys):
     )
     assert main(["simulate", str(trace), "--capacity", "-3M"]) == 2
     assert "capacity '-3M'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "prefix"),
+    [
+        (["anonymize", "in.jsonl", "-o", "out"], "--chat-template"),
+        (["id-map", "upgrade", "MAP"], "--salt"),
+    ],
+)
+def test_a_flag_is_taken_only_as_spelled_in_full(capsys, command, prefix):
+    """A prefix of a flag is not the flag (argparse would take it so, binding the value to
+    another option than the user named): every parser under kvtrace's refuses it."""
+    assert main([*command, prefix, "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown option") and prefix in err and err.count("\n") == 1

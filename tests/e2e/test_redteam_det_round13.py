@@ -16,7 +16,6 @@ DAY0_S = 1_763_703_600  # 2025-11-21T05:40:00Z
 HASH = 918_273_645_546_372_819  # an engine's block hash, as a capture logs it
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_batch_line_holding_engine_hashes_withholds_its_letter_as_any_record_does(
     tiny_tokenizer, tmp_path
 ):

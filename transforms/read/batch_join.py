@@ -52,15 +52,18 @@ CUSTOM_ID_KEY = b'"custom_id"'
 
 @dataclass(frozen=True)
 class Half:
-    """One line of a Batch file: which file it is of (INPUT or OUTPUT), where it was read."""
+    """One line of a Batch file: which file it is of (INPUT or OUTPUT), where it was read, and
+    whether a letter of it withholds its line (decided once, where it was decoded)."""
 
     side: str
     source: str
     line: bytes
+    withhold: bool = False
 
 
-def batch_half(record: Any, options: ParseOptions) -> tuple[str, str] | None:
-    """(custom_id, INPUT or OUTPUT) of a Batch file's line: an input line has a `body` and no
+def batch_half(record: Any, options: ParseOptions) -> tuple[str, str, bool] | None:
+    """(custom_id, INPUT or OUTPUT, whether its letters withhold it: ParseOptions.withholds)
+    of a Batch file's line: an input line has a `body` and no
     answer, an output line a `response` or `error` and no `body`. None for any other record (a
     line joined already, a log line, a line that is not a JSON object, a Parquet row, a line
     whose custom_id holds a lone surrogate): it is parsed as it is, and refused there if it
@@ -80,7 +83,7 @@ def batch_half(record: Any, options: ParseOptions) -> tuple[str, str] | None:
     answers = value.get("response") is not None or value.get("error") is not None
     if asks == answers:
         return None
-    return custom_id, INPUT if asks else OUTPUT
+    return custom_id, INPUT if asks else OUTPUT, options.withholds(record, value)
 
 
 def _utf8(text: str) -> bool:
@@ -168,7 +171,7 @@ def _duplicate(custom_id: str, half: Half, side: str) -> DeadLetter:
 
 
 def _letter(half: Half, reason: str, message: str) -> DeadLetter:
-    return DeadLetter(half.source, half.line, reason, message)
+    return DeadLetter(half.source, half.line, reason, message, withhold=half.withhold)
 
 
 # ---- The local engine's external sort --------------------------------------------------------
@@ -182,14 +185,14 @@ def partition_of(custom_id: str, partitions: int) -> int:
 def spill_line(custom_id: str, half: Half) -> bytes:
     """A half as one line that sorts with the other lines of its custom_id: an ASCII JSON head
     (no tab, no newline), a tab, the line as read (which holds no newline)."""
-    head = json.dumps([custom_id, half.side, half.source]).encode("ascii")
+    head = json.dumps([custom_id, half.side, half.source, half.withhold]).encode("ascii")
     return head + b"\t" + half.line + b"\n"
 
 
 def _spilled(line: bytes) -> tuple[str, Half]:
     head, record = line.rstrip(b"\n").split(b"\t", 1)
-    custom_id, side, source = json.loads(head)
-    return custom_id, Half(side, source, record)
+    custom_id, side, source, withhold = json.loads(head)
+    return custom_id, Half(side, source, record, withhold)
 
 
 class BatchSpill:

@@ -26,6 +26,7 @@ import numpy as np
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.errors import ConfigError
+from kvtrace.transforms.read.paths import open_raw
 from kvtrace.transforms.read.trace_inputs import pin_of
 from kvtrace.transforms.storage import open_read
 from kvtrace.transforms.trace_format import MAX_INPUT_LENGTH, TRACE_FILE
@@ -105,7 +106,9 @@ def read_measured(path: str, shard_rows: Sequence[int], manifest_sha256: str) ->
     offsets = np.concatenate(([0], np.cumsum(shard_rows, dtype=np.int64)))
     measured = np.full(int(offsets[-1]), NOT_MEASURED, dtype=np.int64)
     try:
-        stream = open_read(path)
+        stream = open_raw(path)  # a FIFO named as the file is refused, not waited on
+    except storage.UnfitFile as err:
+        raise ConfigError(f"--measured {err}") from None
     except OSError as err:
         raise ConfigError(f"--measured {path}: {err.strerror or err}") from None
     with stream:

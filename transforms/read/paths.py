@@ -629,7 +629,9 @@ def sized_rows(
     most, one at least), each sized before it is decoded (arrow_sizes.py): a row over
     max_row_bytes as JSON comes alone with no rows, the others in runs of at most
     max_row_bytes together, their dictionaries still undecoded (a lone row larger as JSON
-    than counted may go over). The one way every reader reads Parquet rows."""
+    than counted may go over). The one way every reader reads Parquet rows: ValueError for a
+    group whose pages hold other than the rows its footer claims (_check_group_rows)."""
+    _check_group_rows(raw, parquet, group, columns)
     group_read = group_reader(raw, parquet, group, columns)
     rows = max(1, min(batch_rows, max_row_bytes // max(group_read.dense_row_bytes, 1)))
     names = None if columns is None else [n for n in parquet.schema_arrow.names if n in columns]
@@ -641,6 +643,28 @@ def sized_rows(
             within = size <= max_row_bytes  # over the weight: a run alone
             yield SizedRows(read + run[0], batch.slice(run[0], len(run)) if within else None, size)
         read += batch.num_rows
+
+
+def _check_group_rows(
+    raw: IO[bytes], parquet: pq.ParquetFile, group: int, columns: Collection[str] | None
+) -> None:
+    """The row group's pages hold the rows its footer claims, counted from one column read
+    (one that does not repeat where there is one: its page headers alone count its rows); a
+    ValueError if not. Arrow reads a group up to its footer's count: rows past it would be
+    lost unseen (read = exported + rejected, whatever the footer claims)."""
+    schema = parquet.schema
+    read = _read_columns(parquet, columns)
+    index = min(read, key=lambda i: schema.column(i).max_repetition_level, default=None)
+    if index is None:
+        return
+    row_group = parquet.metadata.row_group(group)
+    column = row_group.column(index)
+    rows = checked_levels(raw, column, schema.column(index).max_repetition_level).rows
+    if rows != row_group.num_rows:
+        raise ValueError(
+            f"row group {group}'s pages hold {rows} rows of {column.path_in_schema}, its "
+            f"footer claims {row_group.num_rows}"
+        )
 
 
 def _largest_entry_bytes(raw: IO[bytes], metadata: pq.FileMetaData, group: int, column: str) -> int:

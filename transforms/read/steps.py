@@ -117,7 +117,7 @@ class SetAsideHalves(beam.DoFn):
         if half is None:
             yield element
         else:
-            yield beam.pvalue.TaggedOutput(HALVES_TAG, (half[0], Half(half[1], *element)))
+            yield beam.pvalue.TaggedOutput(HALVES_TAG, (half[0], Half(half[1], *element, half[2])))
 
 
 class JoinGroup(beam.DoFn):

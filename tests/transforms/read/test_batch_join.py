@@ -44,10 +44,10 @@ def answer(custom_id: str, created: int = 1_763_703_600, tokens: int = 3) -> byt
 
 
 def test_input_and_output_lines_are_told_apart_and_nothing_else_is_a_half():
-    assert batch_half(request("a"), OPTIONS) == ("a", INPUT)
-    assert batch_half(answer("a"), OPTIONS) == ("a", OUTPUT)
+    assert batch_half(request("a"), OPTIONS) == ("a", INPUT, False)
+    assert batch_half(answer("a"), OPTIONS) == ("a", OUTPUT, False)
     error = json.dumps({"custom_id": "a", "response": None, "error": {"code": "x"}}).encode()
-    assert batch_half(error, OPTIONS) == ("a", OUTPUT)
+    assert batch_half(error, OPTIONS) == ("a", OUTPUT, False)
     joined = joined_line(request("a"), answer("a"))
     assert batch_half(joined, OPTIONS) is None  # joined already: read as it is
     assert batch_half(b'{"timestamp": 1, "messages": []}', OPTIONS) is None
@@ -228,6 +228,21 @@ def test_a_spilled_line_keeps_its_bytes_and_source_whatever_they_hold(tmp_path):
     assert size == (tmp_path / path.rsplit("/", 1)[1]).stat().st_size
     [letter] = joined_partition(path)
     assert (letter.source, letter.line, letter.reason) == ("dir/na\\x80me", line, UNJOINED)
+
+
+def test_a_line_naming_engine_hashes_withholds_every_letter_made_of_it(tmp_path):
+    """batch_half decides once whether a line's letters withhold it; the Half carries that
+    through a spill, so a lone line's letter withholds it, and a plain line's does not."""
+    hashed = request("h", chunk_hashes=[123456789])
+    assert batch_half(hashed, OPTIONS) == ("h", INPUT, True)
+    spill = BatchSpill(str(tmp_path), partitions=1)
+    for line in (hashed, request("p")):
+        custom_id, side, withhold = batch_half(line, OPTIONS)
+        spill.add(custom_id, Half(side, "in", line, withhold))
+    [(_, path, _)] = spill.close()
+    assert [letter.withhold for letter in joined_partition(path)] == [True, False]
+    twice = [Half(INPUT, "in", hashed, True), Half(INPUT, "in", hashed, True)]
+    assert all(letter.withhold for letter in join_halves("h", twice))
 
 
 @pytest.mark.beam

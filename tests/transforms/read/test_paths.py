@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import parquet_footer, thrift_field, with_parquet_footer
 from kvtrace.transforms.read.paths import (
     FOOTER_STRUCT_BYTES,
     FOOTER_WEIGHT_FLOOR,
@@ -318,3 +319,21 @@ def test_a_chunk_named_by_many_row_groups_is_walked_once(tmp_path):
     other = io.BytesIO(buf.getvalue())  # another open file: walked on its own
     assert chunk_pages(other, column) == chunk_pages(buf, column)
     assert chunk_pages(other, column) is not chunk_pages(buf, column)
+
+
+@pytest.mark.parametrize("claimed", [0, 2, 4])
+@pytest.mark.parametrize("columns", [("n", "ids"), ("ids",)])
+def test_a_row_group_whose_footer_claims_other_rows_than_its_pages_hold_is_refused(
+    tmp_path, claimed, columns
+):
+    """Arrow reads a group up to its footer's count: the rows its pages hold are counted from
+    them (a list column's from its repetition levels when no flat one is read)."""
+    buffer = io.BytesIO()
+    table = pa.table({"n": [1, 2, 3, 4, 5, 6], "ids": [[1, 2], [3], [], [4], [5, 6], [7]]})
+    pq.write_table(table, buffer, row_group_size=3)
+    footer, body = parquet_footer(buffer.getvalue())
+    thrift_field(thrift_field(footer, 4)[2][1][1], 3)[2] = claimed
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body, footer))
+    with pytest.raises(ValueError, match=f"row group 1's pages hold 3 rows of .*claims {claimed}"):
+        read_parquet_within(str(path), 1 << 20, columns)
