@@ -67,7 +67,7 @@ def run_calibrate(
     report, fits = calibration(cache, stack_distances(cache), measured, config)
     accept(cache.rows, problems)
     if config.plot:
-        with file_output(config.plot, overwrite=True) as output:
+        with file_output(config.plot, overwrite=True, private=True) as output:  # of measured
             output.write(fits_png(fits, config.kv_bytes_per_token))
     return {"rows": cache.rows, "problems": problems, **report}
 

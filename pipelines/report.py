@@ -68,7 +68,8 @@ def run_report(config: ReportConfig, accept: Callable[[int, dict], None]) -> dic
     stats = analyze(trace, config.block_size)
     accept(stats["total_requests"], stats["problems"])
     numbers, text = _numbers_and_page(config, trace, cache, stats)
-    with file_output(config.output, config.overwrite) as output:
+    # A page showing the private measured file's numbers is private like it.
+    with file_output(config.output, config.overwrite, private=bool(config.measured)) as output:
         output.write(text.encode())
     _LOG.info("report written to %s", config.output)
     return numbers

@@ -417,7 +417,7 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         )
         if fit["verdict"]:
             print(f"  {fit['verdict']}")
-    write_json_report(args.json, report)
+    write_json_report(args.json, report, private=True)  # of the private measured file
     if args.output:
         print(f"plot: {args.output}")
     return 0

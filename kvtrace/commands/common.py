@@ -117,25 +117,26 @@ def warn_malformed(problems: dict) -> None:
             print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
 
 
-def write_json_report(path: str | None, report: dict) -> None:
-    """--json OUT: written as every output is (staged beside, then renamed: never half)."""
+def write_json_report(path: str | None, report: dict, private: bool = False) -> None:
+    """--json OUT: written as every output is (staged beside, then renamed: never half);
+    private (owner-only) when it derives from a private file."""
     from kvtrace.transforms.write.publish import file_output
 
     if path:
-        with file_output(path, overwrite=True) as output:
+        with file_output(path, overwrite=True, private=private) as output:
             output.write((json.dumps(report, indent=2) + "\n").encode())
 
 
 @contextlib.contextmanager
-def json_report(path: str | None) -> Iterator[StagedFile | None]:
+def json_report(path: str | None, private: bool = False) -> Iterator[StagedFile | None]:
     """--json OUT staged for the run's output to publish with it, last (publish.file_output's
-    report); None without --json."""
+    report); None without --json. private: owner-only, for a report of a private file."""
     if not path:
         yield None
         return
     from kvtrace.transforms.write.publish import file_output
 
-    with file_output(path, overwrite=True) as report:
+    with file_output(path, overwrite=True, private=private) as report:
         yield report
 
 

@@ -53,7 +53,6 @@ def _night(tmp_path: Path, tokenizer: str, out: Path, measured: int, *extra: str
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
     tiny_tokenizer, tmp_path
 ):
