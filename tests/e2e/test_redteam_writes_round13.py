@@ -104,7 +104,6 @@ def test_a_run_refused_by_the_id_maps_anchor_makes_no_id_map_folder(tiny_tokeniz
     assert not (tmp_path / "map").exists(), sorted(p.name for p in (tmp_path / "map").rglob("*"))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_run_that_lost_the_race_for_an_id_map_never_says_it_published_the_winners_version(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

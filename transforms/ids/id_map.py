@@ -1027,10 +1027,18 @@ def check_night_kind(directory: str, base: MapVersion, earliest_ms: int | None) 
         )
 
 
-def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
+def publish(
+    directory: str,
+    base: MapVersion,
+    new: MapVersion,
+    key: MapKey,
+    committed: list[int] | None = None,
+) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
-    and move CURRENT to it. Returns the record's bytes."""
+    and move CURRENT to it. Returns the record's bytes. committed: given the version the moment
+    this run's record is created, so what stands is known to be this run's, never inferred from
+    the map (another run may have committed in its place)."""
     folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
@@ -1041,6 +1049,8 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> b
         version_path(directory, new.version), metadata
     ):
         raise _extended(directory, base)
+    if committed is not None:
+        committed.append(new.version)
     for folder in _new_folders(directory, base, new):
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
             pass
@@ -1109,13 +1119,14 @@ def publish_night(
     earliest_ms: int | None,
     folder: str,
     times: NightTimes = NightTimes(),
+    committed: list[int] | None = None,
 ) -> tuple[dict[str, Any], int | None]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
     (Night: folder holds its trace shards as written). Returns the manifest to publish (a night the map recorded already, a
     rerun after a run killed past its commit, names the start recorded for it, not the map's
-    current one) and the version committed (None: nothing to commit)."""
+    current one) and the version committed (None: nothing to commit); committed: as publish's."""
     # Every check before the run's segments settle (a refusal leaves them to run_segments).
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
@@ -1156,7 +1167,7 @@ def publish_night(
                 key,
             )
         return published, None
-    record = publish(directory, base, new, key)
+    record = publish(directory, base, new, key, committed)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return published, new.version
