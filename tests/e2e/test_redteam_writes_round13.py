@@ -81,7 +81,6 @@ def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
     )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_run_refused_by_the_id_maps_anchor_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     """Every check is made before the work writes, the id map's settings included (round 8:
     a refused run makes no id map folder). A night given --id-map at a place the salt's marks

@@ -39,6 +39,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -259,7 +260,7 @@ def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes]
     if number == 0:
         return None
     data, raw = _read_version(directory, number, key)
-    record_of = _record_reader(directory)
+    record_of = record_reader(directory)
     if not descends(
         number,
         1,
@@ -412,7 +413,7 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
             directory,
             number,
             _found_map_id(directory, number, key),
-            _record_reader(directory),
+            record_reader(directory),
             key,
         )
     except JobStopped as err:
@@ -436,7 +437,7 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     if map_id is not None:
         try:
             check_anchor(
-                marks, directory, number, map_id, _record_reader(directory), key, bound=False
+                marks, directory, number, map_id, record_reader(directory), key, bound=False
             )
         except JobStopped as err:
             raise IdMapError(str(err)) from None
@@ -453,7 +454,7 @@ def _found_map_id(directory: str, number: int, key: MapKey) -> str | None:
     return None
 
 
-def _record_reader(directory: str) -> Callable[[int], bytes]:
+def record_reader(directory: str) -> Callable[[int], bytes]:
     """A version's record bytes as stored, by number: what the anchor's walk reads."""
     return lambda number: _record_raw(version_path(directory, number))
 
@@ -549,14 +550,24 @@ def run_segments(directory: str, version: int, run_id: str) -> Iterator[None]:
     or is stopped. A commit has emptied it (settle_segments moves its files to the folder their
     content names), so a published night loses nothing; a hard end (a stop's deadline) removes
     a local map's too (storage.remove_on_exit). Cleanup would never reach it otherwise: it
-    targets a version the map does not reach (discard_abandoned)."""
-    folder = storage.join(directory, "segments", segment_folder(version, run_id))
+    targets a version the map does not reach (discard_abandoned). The map's folders this run
+    made (a new map's) go too when they are left empty: the run committed nothing there."""
+    segments = storage.join(directory, "segments")
+    folder = storage.join(segments, segment_folder(version, run_id))
+    # Innermost first; an object store has no empty folders to leave.
+    made = (
+        []
+        if storage.is_url(directory)
+        else [f for f in (segments, directory) if not os.path.lexists(f)]
+    )
     storage.remove_on_exit(folder)
     try:
         yield
     finally:
         storage.remove_folder(folder)
         storage.forget_on_exit(folder)
+        for made_here in made:
+            storage.remove_empty_folder(made_here)
 
 
 def shard_of_segment(path: str) -> int:
@@ -1132,7 +1143,7 @@ def publish_night(
     key = map_key(salt.load())
     check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
     try:
-        check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+        check_anchor(marks, directory, base.version, base.map_id, record_reader(directory), key)
     except JobStopped:
         # Another run may have committed since the check above (its mark moved past this run's
         # base): a race lost, never a replaced map to rebind.
