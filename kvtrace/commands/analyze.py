@@ -141,6 +141,7 @@ def _measured(files: tuple[str, ...], block_size: int, path: str) -> tuple[dict,
         "token-weighted):",
         f"  measured by the engine:  {percent(measured['hit_rate'])}",
         f"  infinite cache:          {percent(measured['infinite_cache_hit_rate'])}",
+        *([f"  note: {measured['note']}"] if "note" in measured else []),
         f"  lru at {lru['capacity_tokens']:,} tokens (its best fit, mean error "
         f"{lru['mae_tokens']:,.1f} tokens per request): {percent(lru['simulated_hit_rate'])}",
         *([f"  {lru['verdict']}"] if lru["verdict"] else []),

@@ -402,6 +402,8 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         f"engine's cached tokens: {percent(measured['hit_rate'])} hit (token-weighted); this "
         f"trace's infinite cache: {percent(measured['infinite_cache_hit_rate'])}"
     )
+    if "note" in measured:
+        print(f"  note: {measured['note']}")
     for policy, fit in report["policies"].items():
         upto = fit["capacity_tokens_upto"]
         span = (
