@@ -78,6 +78,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         args,
         [*files, *([args.measured] if args.measured else [])],
         Location("--output", args.output or "", FOLDER, writer="analyze"),
+        private=bool(args.measured),
     )
     # What derives from the private measured file is private like it, whatever it holds.
     private = bool(args.measured)

@@ -356,7 +356,7 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     plan_trace_command(
         args,
         [*files, *([args.measured] if args.measured else [])],
-        Location("--output", args.output, overwrite=args.overwrite),
+        Location("--output", args.output, overwrite=args.overwrite, private=bool(args.measured)),
     )
     run_report(
         ReportConfig(
@@ -390,7 +390,10 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     policies = parse_policies(args.policy, known=CALIBRATED_POLICIES)
     files, block_size = trace_inputs(args)
     plan_trace_command(
-        args, [*files, args.measured], Location("--output", args.output or "", overwrite=True)
+        args,
+        [*files, args.measured],
+        Location("--output", args.output or "", private=True),
+        private=True,  # all of it derives from the private measured file
     )
     report = run_calibrate(
         CalibrateConfig(files, args.measured, block_size, policies, args.output),

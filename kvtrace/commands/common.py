@@ -56,13 +56,15 @@ def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     return tuple(files), declared_block_size(files, args.block_size) or DEFAULT_BLOCK_SIZE
 
 
-def plan_trace_command(args: argparse.Namespace, files: Sequence[str], *writes: Location) -> None:
+def plan_trace_command(
+    args: argparse.Namespace, files: Sequence[str], *writes: Location, private: bool = False
+) -> None:
     """A trace command's locations, checked before any work (publish.plan_locations): it reads
     the traces as given, the files they expand to and its --tokenizer (if it has one), and
-    writes --json (if it has one) and writes."""
+    writes --json (if it has one; private: owner-only, json_report's) and writes."""
     from kvtrace.transforms.write.publish import Location, plan_locations
 
-    report = Location("--json", getattr(args, "json", None) or "")
+    report = Location("--json", getattr(args, "json", None) or "", private=private)
     plan_locations(
         [*args.trace, *files, *local_reads(getattr(args, "tokenizer", None))], [report, *writes]
     )

@@ -1114,6 +1114,8 @@ def check_written(location: Location) -> None:
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)
+        if location.private and not is_url(path):  # staged beside it, as make_folder finds it
+            _check_private_parent(location, os.path.dirname(written_place(path)))
         return
     _check_not_in_an_output(location, path)
     if is_url(path):
@@ -1157,6 +1159,14 @@ def _check_private(location: Location, writer: str) -> None:
         unfit = storage.unfit_for_private_files(path)  # as make_folder finds it: before the work
         if unfit:
             raise OutputRefused(f"{location.flag} {unfit}")
+
+
+def _check_private_parent(location: Location, parent: str) -> None:
+    """A private file's folder (made owner-only if missing) holds no one else's writes."""
+    if os.path.isdir(parent) and not storage.is_private_folder(parent):
+        unfit = storage.unfit_for_private_files(parent)
+        if unfit:
+            raise OutputRefused(f"{location.flag} {location.path}: {unfit}")
 
 
 def _check_not_in_an_output(location: Location, path: str) -> None:
