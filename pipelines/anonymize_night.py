@@ -483,8 +483,10 @@ def commit_id_map(
         return manifest
     # One publication: a stop waits for the commit, and once it stands the stop's line names it
     # (publish.published_here; from a Beam child, through its parent: forward_publications).
-    # A hard end that stops waiting reads whether the version stands (one writer: the map's).
-    with publication(functools.partial(_committed, run.directory, run.base.version)) as published:
+    # A hard end that stops waiting is told the version this run's commit created, if any:
+    # never one read from the map, which another run may have extended in its place.
+    committed: list[int] = []
+    with publication(functools.partial(_committed, run.directory, committed)) as published:
         manifest, version = id_map.publish_night(
             manifest,
             run.directory,
@@ -500,16 +502,16 @@ def commit_id_map(
             earliest_ms,
             config.staging,
             times,
+            committed,
         )
         if version is not None:
             published.append(f"version {version} of the id map {run.directory}")
     return manifest
 
 
-def _committed(directory: str, base: int) -> list[str]:
-    """The version of the id map at directory a night from version base committed, if any."""
-    version = id_map.current_version_number(directory)
-    return [f"version {version} of the id map {directory}"] if version > base else []
+def _committed(directory: str, committed: list[int]) -> list[str]:
+    """The version of the id map at directory this run committed, if any (id_map.publish)."""
+    return [f"version {version} of the id map {directory}" for version in committed]
 
 
 def publish_trace(config: AnonymizeConfig, manifest: dict) -> dict:

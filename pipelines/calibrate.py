@@ -29,7 +29,7 @@ from kvtrace.transforms.cache.stack_distance import StackDistances, stack_distan
 from kvtrace.transforms.read.measured import read_measured, trace_manifest
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import row_problems
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MIN_MEASURED_REQUESTS
 from kvtrace.transforms.write.publish import file_output
 
 _LOG = logging.getLogger("kvtrace")
@@ -67,7 +67,7 @@ def run_calibrate(
     report, fits = calibration(cache, stack_distances(cache), measured, config)
     accept(cache.rows, problems)
     if config.plot:
-        with file_output(config.plot, overwrite=True) as output:
+        with file_output(config.plot, overwrite=True, private=True) as output:  # of measured
             output.write(fits_png(fits, config.kv_bytes_per_token))
     return {"rows": cache.rows, "problems": problems, **report}
 
@@ -111,8 +111,21 @@ def fits_png(fits: dict[str, Fit], kv_bytes_per_token: int | None) -> bytes:
     )
 
 
+def below_floor_note(requests: int) -> str | None:
+    """What an aggregate of fewer requests than anonymize would publish is (None: not fewer):
+    said in every output that carries it, which is owner-only as the measured file is."""
+    if requests >= MIN_MEASURED_REQUESTS:
+        return None
+    return (
+        f"over fewer than {MIN_MEASURED_REQUESTS} requests it all but gives each one's private "
+        f"count (anonymize publishes none so small): keep it private like the measured file"
+    )
+
+
 def _measured_report(summary: Measured) -> dict:
+    note = below_floor_note(summary.requests)
     return {
+        **({"note": note} if note else {}),
         "requests": summary.requests,
         "cached_tokens": summary.cached_tokens,
         "prompt_tokens": summary.prompt_tokens,

@@ -68,7 +68,8 @@ def run_report(config: ReportConfig, accept: Callable[[int, dict], None]) -> dic
     stats = analyze(trace, config.block_size)
     accept(stats["total_requests"], stats["problems"])
     numbers, text = _numbers_and_page(config, trace, cache, stats)
-    with file_output(config.output, config.overwrite) as output:
+    # A page showing the private measured file's numbers is private like it.
+    with file_output(config.output, config.overwrite, private=bool(config.measured)) as output:
         output.write(text.encode())
     _LOG.info("report written to %s", config.output)
     return numbers
@@ -161,6 +162,11 @@ def _measured(
     return report, fits_png(fits, config.kv_bytes_per_token)
 
 
+def _note(measured: dict) -> str:
+    """The measured aggregate's note (calibrate.below_floor_note), if it has one, for the page."""
+    return f" Note: {html.escape(measured['note'])}." if "note" in measured else ""
+
+
 def _measured_section(config: ReportConfig, numbers: dict, images: dict[str, bytes]) -> str:
     if "measured" not in numbers:
         return ""
@@ -194,7 +200,7 @@ def _measured_section(config: ReportConfig, numbers: dict, images: dict[str, byt
     )
     return f"""<h2>Measured against simulated</h2>
 <p>Over the {measured["requests"]:,} requests whose logs carried the engine's cached tokens
-(token-weighted; kvtrace calibrate fits the capacity).</p>
+(token-weighted; kvtrace calibrate fits the capacity).{_note(measured)}</p>
 <table><tr><th>hit rate</th><th>value</th><th>note</th></tr>{body}</table>
 {_image(images["calibration"], "calibration error by capacity")}
 """

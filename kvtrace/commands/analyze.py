@@ -78,13 +78,16 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         args,
         [*files, *([args.measured] if args.measured else [])],
         Location("--output", args.output or "", FOLDER, writer="analyze"),
+        private=bool(args.measured),
     )
-    with json_report(args.json) as report:
+    # What derives from the private measured file is private like it, whatever it holds.
+    private = bool(args.measured)
+    with json_report(args.json, private) as report:
         if not args.output:
             _analyze(args, beam_args, files, block_size, None, report)
             return 0
         # Whole, or not at all: the folder, then the report, once the work has succeeded.
-        with folder_output(args.output, "analyze", report) as staged:
+        with folder_output(args.output, "analyze", report, private) as staged:
             _analyze(args, beam_args, files, block_size, staged.path, report)
     return 0
 
@@ -121,7 +124,7 @@ def _analyze(
 
         published = json.dumps(published_report(report), indent=2)
         for name, payload in (("analysis.txt", text + "\n"), ("analysis.json", published + "\n")):
-            with storage.create(storage.join(folder, name)) as handle:
+            with storage.create(storage.join(folder, name), bool(args.measured)) as handle:
                 handle.write(payload.encode())
 
 
@@ -139,6 +142,7 @@ def _measured(files: tuple[str, ...], block_size: int, path: str) -> tuple[dict,
         "token-weighted):",
         f"  measured by the engine:  {percent(measured['hit_rate'])}",
         f"  infinite cache:          {percent(measured['infinite_cache_hit_rate'])}",
+        *([f"  note: {measured['note']}"] if "note" in measured else []),
         f"  lru at {lru['capacity_tokens']:,} tokens (its best fit, mean error "
         f"{lru['mae_tokens']:,.1f} tokens per request): {percent(lru['simulated_hit_rate'])}",
         *([f"  {lru['verdict']}"] if lru["verdict"] else []),

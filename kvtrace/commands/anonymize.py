@@ -921,7 +921,7 @@ def _open_id_map(
         options["chat_template_kwargs"],
         tokenization,
     )
-    return IdMapRun(directory, open_repaired_map(directory, identity, salt), marks)
+    return IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks)
 
 
 def _read_json(path: str) -> dict:

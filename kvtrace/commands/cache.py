@@ -356,7 +356,7 @@ def report(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     plan_trace_command(
         args,
         [*files, *([args.measured] if args.measured else [])],
-        Location("--output", args.output, overwrite=args.overwrite),
+        Location("--output", args.output, overwrite=args.overwrite, private=bool(args.measured)),
     )
     run_report(
         ReportConfig(
@@ -390,7 +390,10 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     policies = parse_policies(args.policy, known=CALIBRATED_POLICIES)
     files, block_size = trace_inputs(args)
     plan_trace_command(
-        args, [*files, args.measured], Location("--output", args.output or "", overwrite=True)
+        args,
+        [*files, args.measured],
+        Location("--output", args.output or "", private=True),
+        private=True,  # all of it derives from the private measured file
     )
     report = run_calibrate(
         CalibrateConfig(files, args.measured, block_size, policies, args.output),
@@ -402,6 +405,8 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         f"engine's cached tokens: {percent(measured['hit_rate'])} hit (token-weighted); this "
         f"trace's infinite cache: {percent(measured['infinite_cache_hit_rate'])}"
     )
+    if "note" in measured:
+        print(f"  note: {measured['note']}")
     for policy, fit in report["policies"].items():
         upto = fit["capacity_tokens_upto"]
         span = (
@@ -417,7 +422,7 @@ def calibrate(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         )
         if fit["verdict"]:
             print(f"  {fit['verdict']}")
-    write_json_report(args.json, report)
+    write_json_report(args.json, report, private=True)  # of the private measured file
     if args.output:
         print(f"plot: {args.output}")
     return 0

@@ -66,13 +66,15 @@ def trace_inputs(args: argparse.Namespace) -> tuple[tuple[str, ...], int]:
     return tuple(files), declared_block_size(files, args.block_size) or DEFAULT_BLOCK_SIZE
 
 
-def plan_trace_command(args: argparse.Namespace, files: Sequence[str], *writes: Location) -> None:
+def plan_trace_command(
+    args: argparse.Namespace, files: Sequence[str], *writes: Location, private: bool = False
+) -> None:
     """A trace command's locations, checked before any work (publish.plan_locations): it reads
     the traces as given, the files they expand to and its --tokenizer (if it has one), and
-    writes --json (if it has one) and writes."""
+    writes --json (if it has one; private: owner-only, json_report's) and writes."""
     from kvtrace.transforms.write.publish import Location, plan_locations
 
-    report = Location("--json", getattr(args, "json", None) or "")
+    report = Location("--json", getattr(args, "json", None) or "", private=private)
     plan_locations(
         [*args.trace, *files, *local_reads(getattr(args, "tokenizer", None))], [report, *writes]
     )
@@ -127,25 +129,26 @@ def warn_malformed(problems: dict) -> None:
             print(f"  {example['file']}:{example['line']}: {example['error']}", file=sys.stderr)
 
 
-def write_json_report(path: str | None, report: dict) -> None:
-    """--json OUT: written as every output is (staged beside, then renamed: never half)."""
+def write_json_report(path: str | None, report: dict, private: bool = False) -> None:
+    """--json OUT: written as every output is (staged beside, then renamed: never half);
+    private (owner-only) when it derives from a private file."""
     from kvtrace.transforms.write.publish import file_output
 
     if path:
-        with file_output(path, overwrite=True) as output:
+        with file_output(path, overwrite=True, private=private) as output:
             output.write((json.dumps(report, indent=2) + "\n").encode())
 
 
 @contextlib.contextmanager
-def json_report(path: str | None) -> Iterator[StagedFile | None]:
+def json_report(path: str | None, private: bool = False) -> Iterator[StagedFile | None]:
     """--json OUT staged for the run's output to publish with it, last (publish.file_output's
-    report); None without --json."""
+    report); None without --json. private: owner-only, for a report of a private file."""
     if not path:
         yield None
         return
     from kvtrace.transforms.write.publish import file_output
 
-    with file_output(path, overwrite=True) as report:
+    with file_output(path, overwrite=True, private=private) as report:
         yield report
 
 

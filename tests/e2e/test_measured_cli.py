@@ -79,7 +79,9 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     assert (
         main(["calibrate", str(out), "--measured", str(measured), "--json", str(calibrated)]) == 0
     )
-    assert json.loads(calibrated.read_text())["measured"]["requests"] == len(counts)
+    fitted = json.loads(calibrated.read_text())["measured"]
+    assert fitted["requests"] == len(counts) and "note" not in fitted  # as many as published
+    assert calibrated.stat().st_mode & 0o077 == 0  # of the private file: private like it
     # analyze and the report put it beside the trace's ceiling and simulated rates
     capsys.readouterr()
     assert main(["analyze", str(out), "--measured", str(measured)]) == 0
@@ -88,6 +90,7 @@ def test_counts_aggregate_in_stats_and_stay_private_per_row(tiny_tokenizer, tmp_
     page = tmp_path / "report.html"
     assert main(["report", str(out), "--measured", str(measured), "-o", str(page)]) == 0
     assert "Measured against simulated" in page.read_text()
+    assert page.stat().st_mode & 0o077 == 0
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,6 @@ def _night(tmp_path: Path, tokenizer: str, out: Path, measured: int, *extra: str
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
     tiny_tokenizer, tmp_path
 ):
@@ -82,7 +81,6 @@ def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
     )
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_run_refused_by_the_id_maps_anchor_makes_no_id_map_folder(tiny_tokenizer, tmp_path):
     """Every check is made before the work writes, the id map's settings included (round 8:
     a refused run makes no id map folder). A night given --id-map at a place the salt's marks
@@ -105,7 +103,6 @@ def test_a_run_refused_by_the_id_maps_anchor_makes_no_id_map_folder(tiny_tokeniz
     assert not (tmp_path / "map").exists(), sorted(p.name for p in (tmp_path / "map").rglob("*"))
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 13")
 def test_a_run_that_lost_the_race_for_an_id_map_never_says_it_published_the_winners_version(
     tiny_tokenizer, tmp_path, monkeypatch, capsys
 ):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -259,7 +260,7 @@ def verified_newest(directory: str, key: MapKey) -> tuple[dict[str, Any], bytes]
     if number == 0:
         return None
     data, raw = _read_version(directory, number, key)
-    record_of = _record_reader(directory)
+    record_of = record_reader(directory)
     if not descends(
         number,
         1,
@@ -412,7 +413,7 @@ def upgrade_map(directory: str, key: MapKey, marks: str) -> tuple[int, list[int]
             directory,
             number,
             _found_map_id(directory, number, key),
-            _record_reader(directory),
+            record_reader(directory),
             key,
         )
     except JobStopped as err:
@@ -436,7 +437,7 @@ def rebind_map(directory: str, key: MapKey, marks: str) -> str | None:
     if map_id is not None:
         try:
             check_anchor(
-                marks, directory, number, map_id, _record_reader(directory), key, bound=False
+                marks, directory, number, map_id, record_reader(directory), key, bound=False
             )
         except JobStopped as err:
             raise IdMapError(str(err)) from None
@@ -453,7 +454,7 @@ def _found_map_id(directory: str, number: int, key: MapKey) -> str | None:
     return None
 
 
-def _record_reader(directory: str) -> Callable[[int], bytes]:
+def record_reader(directory: str) -> Callable[[int], bytes]:
     """A version's record bytes as stored, by number: what the anchor's walk reads."""
     return lambda number: _record_raw(version_path(directory, number))
 
@@ -549,14 +550,24 @@ def run_segments(directory: str, version: int, run_id: str) -> Iterator[None]:
     or is stopped. A commit has emptied it (settle_segments moves its files to the folder their
     content names), so a published night loses nothing; a hard end (a stop's deadline) removes
     a local map's too (storage.remove_on_exit). Cleanup would never reach it otherwise: it
-    targets a version the map does not reach (discard_abandoned)."""
-    folder = storage.join(directory, "segments", segment_folder(version, run_id))
+    targets a version the map does not reach (discard_abandoned). The map's folders this run
+    made (a new map's) go too when they are left empty: the run committed nothing there."""
+    segments = storage.join(directory, "segments")
+    folder = storage.join(segments, segment_folder(version, run_id))
+    # Innermost first; an object store has no empty folders to leave.
+    made = (
+        []
+        if storage.is_url(directory)
+        else [f for f in (segments, directory) if not os.path.lexists(f)]
+    )
     storage.remove_on_exit(folder)
     try:
         yield
     finally:
         storage.remove_folder(folder)
         storage.forget_on_exit(folder)
+        for made_here in made:
+            storage.remove_empty_folder(made_here)
 
 
 def shard_of_segment(path: str) -> int:
@@ -1027,10 +1038,18 @@ def check_night_kind(directory: str, base: MapVersion, earliest_ms: int | None) 
         )
 
 
-def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> bytes:
+def publish(
+    directory: str,
+    base: MapVersion,
+    new: MapVersion,
+    key: MapKey,
+    committed: list[int] | None = None,
+) -> bytes:
     """Commit the new version by creating its metadata, keyed, exclusively (its segments are
     durable already: storage.create syncs each file), then mark its segment folders committed
-    and move CURRENT to it. Returns the record's bytes."""
+    and move CURRENT to it. Returns the record's bytes. committed: given the version the moment
+    this run's record is created, so what stands is known to be this run's, never inferred from
+    the map (another run may have committed in its place)."""
     folders = _new_folders(map_folder(directory), base, new)
     for folder in folders:
         storage.sync_folder(folder)
@@ -1041,6 +1060,8 @@ def publish(directory: str, base: MapVersion, new: MapVersion, key: MapKey) -> b
         version_path(directory, new.version), metadata
     ):
         raise _extended(directory, base)
+    if committed is not None:
+        committed.append(new.version)
     for folder in _new_folders(directory, base, new):
         with storage.create(storage.join(folder, COMMITTED_MARK), private=True):
             pass
@@ -1109,19 +1130,20 @@ def publish_night(
     earliest_ms: int | None,
     folder: str,
     times: NightTimes = NightTimes(),
+    committed: list[int] | None = None,
 ) -> tuple[dict[str, Any], int | None]:
     """The last step of a run: publish what it added, keyed with a key derived here from the
     salt source (never shipped in the pipeline), once the map is found to be at or past the
     version its mark in the folder of marks names (anchor.py); the version records the night
     (Night: folder holds its trace shards as written). Returns the manifest to publish (a night the map recorded already, a
     rerun after a run killed past its commit, names the start recorded for it, not the map's
-    current one) and the version committed (None: nothing to commit)."""
+    current one) and the version committed (None: nothing to commit); committed: as publish's."""
     # Every check before the run's segments settle (a refusal leaves them to run_segments).
     check_night_kind(directory, base, earliest_ms)
     key = map_key(salt.load())
     check_not_extended(directory, base)  # a race lost is told as such, not as a rollback
     try:
-        check_anchor(marks, directory, base.version, base.map_id, _record_reader(directory), key)
+        check_anchor(marks, directory, base.version, base.map_id, record_reader(directory), key)
     except JobStopped:
         # Another run may have committed since the check above (its mark moved past this run's
         # base): a race lost, never a replaced map to rebind.
@@ -1156,7 +1178,7 @@ def publish_night(
                 key,
             )
         return published, None
-    record = publish(directory, base, new, key)
+    record = publish(directory, base, new, key, committed)
     advance_anchor(marks, directory, new.map_id, new.version, record, key)
     discard_abandoned(directory, new, key)  # runs that lost or died on the way to this version
     return published, new.version

@@ -10,6 +10,7 @@ import os
 
 from kvtrace.transforms import storage
 from kvtrace.transforms.encode.salt import SALT_ENV, SaltError, SaltSource
+from kvtrace.transforms.ids import anchor
 from kvtrace.transforms.ids.exclusive import remove_stale_temp_files
 from kvtrace.transforms.ids.id_map import (
     MapIdentity,
@@ -17,16 +18,21 @@ from kvtrace.transforms.ids.id_map import (
     discard_abandoned,
     finish_interrupted_commit,
     open_map,
+    record_reader,
 )
 from kvtrace.transforms.ids.map_record import map_key
 
 _LOG = logging.getLogger("kvtrace")
 
 
-def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -> MapVersion:
+def open_repaired_map(
+    directory: str, identity: MapIdentity, salt: SaltSource, marks: str
+) -> MapVersion:
     """The map's current version (version 0 for a new map, made by its first write), once
-    it is found to be this run's (identity, and the key the salt derives) and what killed runs
-    left is rolled forward or cleared. Raises SaltError for a salt that changes between runs."""
+    it is found to be this run's (identity, and the key the salt derives), the one its place
+    and mark in the folder of marks name (anchor.check_anchor, checked again at the commit),
+    and what killed runs left is rolled forward or cleared. Raises SaltError for a salt that
+    changes between runs."""
     if not salt.persistent:
         raise SaltError(
             f"--id-map needs the same salt every run: give --salt-file, --salt-secret or "
@@ -34,6 +40,8 @@ def open_repaired_map(directory: str, identity: MapIdentity, salt: SaltSource) -
         )
     key = map_key(salt.load())
     base = open_map(directory, identity, key)
+    # Before any write: a map deleted from a place bound to it is refused with nothing made.
+    anchor.check_anchor(marks, directory, base.version, base.map_id, record_reader(directory), key)
     # A new map is made by the run's first write into it (id_map.map_folder): a run refused
     # before it leaves nothing. An existing one is repaired.
     if storage.is_url(directory) or os.path.lexists(directory):

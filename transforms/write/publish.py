@@ -651,13 +651,13 @@ class StagedFolder:
 
 @contextmanager
 def folder_output(
-    output: str, writer: str = "", report: StagedFile | None = None
+    output: str, writer: str = "", report: StagedFile | None = None, private: bool = False
 ) -> Iterator[StagedFolder]:
     """An output folder checked (no foreign file) and locked before the work, which writes into
     the staging folder yielded; it is published whole when the block ends without an error,
     and removed when it does not. writer: the command, for a folder the work writes no manifest
     into (marked as its output: mark_output). A report (from file_output, entered first) the
-    work wrote is published with it, last."""
+    work wrote is published with it, last. private: published owner-only (publish_folder)."""
     output = folded(output)
     if not is_url(output):
         check_parent(output)
@@ -670,7 +670,7 @@ def folder_output(
             if not staged.withdrawn:
                 if writer:
                     mark_output(staged.path, writer)
-                publish_folder(staged.path, output, report=report)
+                publish_folder(staged.path, output, private=private, report=report)
         finally:
             storage.remove_folder(staged.path)  # gone once published; else the failed run's
 
@@ -678,16 +678,17 @@ def folder_output(
 class StagedFile:
     """One output file of a run: written to its staging path (create, write), published whole
     when its file_output block ends without an error; without overwrite, never over a file (not
-    even one that appeared while the run ran)."""
+    even one that appeared while the run ran). A private one is owner-only from its staged
+    copy on: the rename that publishes it keeps its mode."""
 
-    def __init__(self, output: str, staging: str, overwrite: bool = True):
+    def __init__(self, output: str, staging: str, overwrite: bool = True, private: bool = False):
         self.output, self.staging, self.overwrite = output, staging, overwrite
-        self.published = False
+        self.private, self.published = private, False
 
     @contextmanager
     def create(self) -> Iterator[IO[bytes]]:
         """The file to write (its staged copy, synced when it closes)."""
-        with storage.create(self.staging) as handle:
+        with storage.create(self.staging, self.private) as handle:
             yield handle
 
     def write(self, data: bytes) -> None:
@@ -1113,6 +1114,8 @@ def check_written(location: Location) -> None:
     if location.kind == FILE:
         check_file(location.path, location.overwrite)  # as spelled: out/ names a folder
         _check_not_in_an_output(location, path)
+        if location.private and not is_url(path):  # staged beside it, as make_folder finds it
+            _check_private_parent(location, os.path.dirname(written_place(path)))
         return
     _check_not_in_an_output(location, path)
     if is_url(path):
@@ -1158,6 +1161,14 @@ def _check_private(location: Location, writer: str) -> None:
             raise OutputRefused(f"{location.flag} {unfit}")
 
 
+def _check_private_parent(location: Location, parent: str) -> None:
+    """A private file's folder (made owner-only if missing) holds no one else's writes."""
+    if os.path.isdir(parent) and not storage.is_private_folder(parent):
+        unfit = storage.unfit_for_private_files(parent)
+        if unfit:
+            raise OutputRefused(f"{location.flag} {location.path}: {unfit}")
+
+
 def _check_not_in_an_output(location: Location, path: str) -> None:
     """Nothing is written inside a command's output folder, at any depth: that folder is
     published whole, by its command alone, and a file or folder added or replaced in it leaves
@@ -1198,20 +1209,20 @@ def folder_writer(folder: str) -> str:
 
 @contextmanager
 def file_output(
-    output: str, overwrite: bool = True, report: StagedFile | None = None
+    output: str, overwrite: bool = True, report: StagedFile | None = None, private: bool = False
 ) -> Iterator[StagedFile]:
     """An output file checked (check_file) and locked before the work; the work writes it with
     StagedFile.create (or write), and it is published when the block ends without an error (a
     report, from file_output entered first, with it, last); what a failed or killed run staged
-    never reaches it."""
+    never reaches it. private: owner-only (StagedFile)."""
     check_file(output, overwrite)
     output = folded(output)
     if is_url(output):
-        staged = StagedFile(output, output)
+        staged = StagedFile(output, output, private=private)
         yield staged
         staged.publish(report)
         return
-    staged = StagedFile(output, staging_folder(output, new_run_id()), overwrite)
+    staged = StagedFile(output, staging_folder(output, new_run_id()), overwrite, private)
     with output_lock(output):
         try:
             yield staged

@@ -426,3 +426,19 @@ def test_a_segment_folder_kvtrace_never_names_is_refused_in_one_line(tmp_path, f
     with pytest.raises(IdMapError, match="no segment folder kvtrace writes") as refused:
         id_map.current_version_number(str(tmp_path))
     assert "\n" not in str(refused.value)
+
+
+def test_a_run_that_committed_nothing_leaves_no_map_folder_it_made(tmp_path):
+    """A new map's folders, made by the run's first segment file, go with its segment folder
+    when the run ends without a commit; an existing map's folder stays."""
+    directory = str(tmp_path / "map")
+    with pytest.raises(JobStopped), id_map.run_segments(directory, 1, "run"):
+        written = Path(id_map.segment_path(id_map.map_folder(directory), 1, "run", "blocks", 0))
+        written.parent.mkdir(parents=True)
+        written.write_bytes(b"rows")
+        raise JobStopped("refused at the commit")
+    assert not os.path.exists(directory)
+    (tmp_path / "kept").mkdir()
+    with id_map.run_segments(str(tmp_path / "kept"), 1, "run"):
+        pass
+    assert os.listdir(tmp_path / "kept") == []

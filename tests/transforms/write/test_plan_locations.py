@@ -408,3 +408,16 @@ def test_a_double_star_glob_through_a_link_reaches_what_it_reads(tmp_path):
     for pattern in ("D/*/t*.jsonl", "D/**/t*.jsonl"):
         reads = [str(tmp_path / pattern)]
         assert _refused(reads, [Location("--json", str(tmp_path / "E" / "t2.jsonl"), FILE)])
+
+
+def test_a_private_file_in_a_folder_others_may_write_is_refused_before_the_work(tmp_path):
+    """A private file is staged beside it: a folder others may write (a shared /tmp) is refused
+    before any work, as make_folder would refuse it after; a folder of one's own is not."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    private = Location("--json", str(shared / "fit.json"), private=True)
+    with pytest.raises(OutputRefused, match="may be written by other users"):
+        plan_locations([], [private])
+    plan_locations([], [Location("--json", str(shared / "fit.json"))])  # a public one may
+    plan_locations([], [Location("--json", str(tmp_path / "fit.json"), private=True)])

@@ -287,3 +287,17 @@ def test_the_current_folder_as_output_is_staged_beside_it(tmp_path, monkeypatch)
         with open(os.path.join(staged.path, "a.txt"), "w") as handle:
             handle.write("a")
     assert os.listdir(work) == ["a.txt"]
+
+
+def test_a_private_output_is_owner_only_over_a_file_others_could_read(tmp_path):
+    """What derives from a private file is published owner-only, file or folder, and stays so
+    over an existing output others could read (the staged copy's mode is what the rename keeps)."""
+    output = tmp_path / "report.json"
+    output.write_bytes(b"{}")
+    os.chmod(output, 0o644)
+    with publish.file_output(str(output), private=True) as staged:
+        staged.write(b'{"measured": 1}')
+    assert os.stat(output).st_mode & 0o777 == 0o600
+    with publish.folder_output(str(tmp_path / "analysis"), "analyze", private=True) as folder:
+        assert os.stat(folder.path).st_mode & 0o077 == 0
+    assert os.stat(tmp_path / "analysis").st_mode & 0o777 == 0o700
