@@ -330,3 +330,12 @@ def test_test_modules_import_no_beam_at_their_top():
         for name in sorted(beam_imports(path)[0])
     ]
     assert not against
+
+
+def test_test_modules_have_names_of_their_own():
+    """Test folders are not packages, so pytest imports each module by its file name: two of
+    one name collide ("import file mismatch") whenever one worker collects both."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
