@@ -98,7 +98,10 @@ def test_the_spooled_copy_holds_the_bytes_read_as_their_form(data, name, tmp_pat
         assert os.stat(path).st_mode & 0o777 == 0o600  # this user's alone
         assert os.stat(path).st_nlink == 0  # no name: nothing of it outlives the process
         assert list(tmp_path.iterdir()) == []
-    assert not os.path.exists(path)
+        spool = (os.stat(path).st_dev, os.stat(path).st_ino)
+    # Closed: its /proc/PID/fd name is gone, or names another file another thread opened since
+    # (a descriptor's number is reused at once).
+    assert not os.path.exists(path) or (os.stat(path).st_dev, os.stat(path).st_ino) != spool
 
 
 def test_input_beyond_the_free_space_is_a_one_line_error_and_leaves_nothing(monkeypatch, tmp_path):
