@@ -177,13 +177,17 @@ def anonymize(tokenizer, inputs, out: Path, *extra: str) -> int:
 KVTRACE = [sys.executable, "-m", "kvtrace.cli"]  # the CLI as a command runs it
 
 
-def night_args(tmp_path: Path, tokenizer: str, out: Path, *extra: str) -> list[str]:
-    """An anonymize run's arguments on a log of 12 chats and one dead letter (written into
-    tmp_path with a salt file on first use), for tests about a whole night's process."""
+def night_args(
+    tmp_path: Path, tokenizer: str, out: Path, *extra: str, records: list | None = None
+) -> list[str]:
+    """An anonymize run's arguments on a log of records (by default 12 chats) and one dead
+    letter, for tests about a whole night's process: written into tmp_path with a salt file,
+    the default log on first use only, given records each time."""
     src = tmp_path / "in.jsonl"
-    if not src.exists():
-        write_jsonl(src, [chat(i, 1000 * i) for i in range(12)] + [b"{broken"])
-        (tmp_path / "salt").write_text("a-night-salt-of-thirty-two-bytes")
+    if records is not None or not src.exists():
+        default = [chat(i, 1000 * i) for i in range(12)]
+        write_jsonl(src, [*(default if records is None else records), b"{broken"])
+        (tmp_path / "salt").write_text(SALT)
     return [
         "anonymize",
         "--input",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, kvtrace_child, write_jsonl
+from helpers import kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
 
@@ -26,21 +26,7 @@ def _measured_night(tmp_path: Path, tokenizer: str, out: Path) -> list[str]:
         {"timestamp": 1_000 * i, "messages": [USER], "output_length": 3, "response": MEASURED}
         for i in range(8)
     ]
-    write_jsonl(tmp_path / "in.jsonl", [*records, b"{broken"])
-    (tmp_path / "salt").write_text(SALT)
-    return [
-        "anonymize",
-        "--input",
-        str(tmp_path / "in.jsonl"),
-        "--tokenizer",
-        tokenizer,
-        "--block-size",
-        "4",
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--output",
-        str(out),
-    ]
+    return night_args(tmp_path, tokenizer, out, records=records)
 
 
 # The disk is full from the moment the trace is published: any file created or copied after

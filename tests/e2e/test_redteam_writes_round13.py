@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SALT, kvtrace_child, night_args, write_jsonl
+from helpers import kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
 
@@ -35,22 +35,7 @@ def _night(tmp_path: Path, tokenizer: str, out: Path, measured: int, *extra: str
         }
         for i in range(8)
     ]
-    write_jsonl(tmp_path / "in.jsonl", [*records, b"{broken"])
-    (tmp_path / "salt").write_text(SALT)
-    return [
-        "anonymize",
-        "--input",
-        str(tmp_path / "in.jsonl"),
-        "--tokenizer",
-        tokenizer,
-        "--block-size",
-        "4",
-        "--salt-file",
-        str(tmp_path / "salt"),
-        "--output",
-        str(out),
-        *extra,
-    ]
+    return night_args(tmp_path, tokenizer, out, *extra, records=records)
 
 
 def test_a_measured_aggregate_of_one_request_is_never_written_for_all_to_read(
