@@ -1,0 +1,104 @@
+"""Red team round 14, hostile input: reproducers of the holes found past the round-1..13 fixes
+(test_redteam_input*.py). Each asserts the promised behaviour (bad input: a one-line error or a
+dead letter saying why, never a crash, a hang or memory that grows without bound) and fails
+today (2026-11-28)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, parquet_footer, thrift_field, with_parquet_footer
+
+pytestmark = pytest.mark.slow
+
+# A footer's row count no page can confirm: 10^12 rows in a file of ~100 bytes.
+CLAIMED_ROWS = 10**12
+
+
+def _claiming_rows(table_columns: dict[str, list], claimed: int, keep_columns: bool) -> bytes:
+    """A one-row Parquet file whose footer (the file's and its one row group's) claims
+    `claimed` rows; without keep_columns, its schema and row group hold no column at all."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(table_columns), buffer, store_schema=False)
+    footer, body = parquet_footer(buffer.getvalue())
+    group = thrift_field(footer, 4)[2][1][0]
+    if not keep_columns:
+        thrift_field(footer, 2)[2] = (12, [[[4, 8, b"schema"], [5, 5, 0]]])  # the root alone
+        thrift_field(group, 1)[2] = (12, [])  # no column chunk
+        footer = [field for field in footer if field[0] != 7]  # nor a column order
+    thrift_field(footer, 3)[2] = claimed
+    thrift_field(group, 3)[2] = claimed
+    return with_parquet_footer(body, footer)
+
+
+def _cli_within(seconds: float, *args: str) -> subprocess.CompletedProcess:
+    """The CLI run in a process group of its own (its workers with it), killed whole at the
+    deadline: TimeoutExpired then, as a run that does not end."""
+    code = "import sys\nfrom kvtrace.cli import main\nsys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-c", code, *args]
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 14")
+def test_a_parquet_of_no_columns_claiming_rows_is_a_letter_not_an_abort(tiny_tokenizer, tmp_path):
+    """Round 13 made a row group's rows counted from its pages (paths._check_group_rows, in
+    sized_rows, "the one way every reader reads Parquet rows"): the footer's count is a claim.
+    But a group with no column has no page to count from, and the check returns early, so the
+    claim is trusted: a 77-byte footer declaring no column and 10^12 rows makes Arrow's
+    iter_batches throw std::bad_alloc past every handler, and `anonymize` dies by SIGABRT
+    (exit 134, "terminate called after throwing an instance of 'std::bad_alloc'"), no line of
+    its own, no letter (10^9 rows: it spins until stopped). It must be a damaged_file letter
+    (or a one-line error)."""
+    source = tmp_path / "log.parquet"
+    source.write_bytes(_claiming_rows({"a": [1]}, CLAIMED_ROWS, keep_columns=False))
+    out = tmp_path / "out"
+    args = ["anonymize", "--tokenizer", tiny_tokenizer, "--input", str(source)]
+    done = _cli_within(20, *args, "--output", str(out), "--max-rejected-fraction", "1", "--quiet")
+    assert "bad_alloc" not in done.stderr
+    assert done.returncode in (0, 1, 2), done.stderr[-500:]
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 14")
+def test_a_trace_parquet_claiming_rows_in_columns_not_read_is_refused_in_one_line(tmp_path):
+    """The trace readers read only the trace's columns (read_parquet_within -> sized_rows with
+    `columns`), and _check_group_rows counts a group's rows from one of the columns read. A
+    Parquet file holding one row of a column no trace reader reads (`note`), its footer
+    claiming 10^12 rows, leaves it nothing to count from: the claim is trusted, Arrow yields
+    empty batches of 65,536 rows for ever and each run's row numbers are kept
+    (np.arange per batch): `kvtrace export` (and every trace command) runs on, ~600 MB in 20
+    s and growing, on a 400-byte file. The same file given to `anonymize` (every column read)
+    is a damaged_file letter. It must be refused in one line (exit 2) at once."""
+    source = tmp_path / "trace.parquet"
+    source.write_bytes(_claiming_rows({"note": ["x"]}, CLAIMED_ROWS, keep_columns=True))
+    out = tmp_path / "out.jsonl"
+    try:
+        done = _cli_within(15, "export", "--to", "weka", "-o", str(out), str(source))
+    except subprocess.TimeoutExpired:
+        pytest.fail("export of a 400-byte trace claiming 10^12 rows did not end in 15 s")
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(said) == 1 and said[0].startswith("error:")
