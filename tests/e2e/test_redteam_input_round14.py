@@ -6,6 +6,7 @@ today (2026-11-28)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, parquet_footer, thrift_field, with_parquet_footer
+from helpers import ROOT, anonymize, chat, parquet_footer, thrift_field, with_parquet_footer
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +103,24 @@ def test_a_trace_parquet_claiming_rows_in_columns_not_read_is_refused_in_one_lin
         pytest.fail("export of a 400-byte trace claiming 10^12 rows did not end in 15 s")
     said = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(said) == 1 and said[0].startswith("error:")
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 14")
+def test_a_record_refused_unread_weighs_its_bytes_in_the_rejected_fraction(
+    tiny_tokenizer, tmp_path
+):
+    """The lost-bytes rule (sources.unread_bytes): what is refused unread weighs its bytes in
+    --max-rejected-fraction, "however few records it would have held" (a file refused whole,
+    a Parquet row group over the bound: one letter, its stored bytes lost). A JSONL line over
+    --max-record-bytes is refused unread too (sources._oversized), but its letter weighs no
+    byte: a log whose writer left out the newlines (2,000 requests, 400 KB, on one line)
+    after 10 good lines is "11 read = 10 exported + 1 rejected", 9% under the default 0.5,
+    and the night publishes 10 of its 2,010 requests, exit 0. The same bytes as a Parquet row
+    group refused unread fail the run. 99.5% of the input's bytes unread must fail it too."""
+    good = [json.dumps(chat(i, 1_000 * i)) for i in range(10)]
+    joined = "".join(json.dumps(chat(i, 1_000 * i + 500)) for i in range(2_000))
+    source = tmp_path / "log.jsonl"
+    source.write_text("\n".join(good) + "\n" + joined + "\n")
+    out = tmp_path / "out"
+    code = anonymize(tiny_tokenizer, [source], out, "--max-record-bytes", "64KiB", "--quiet")
+    assert code != 0 and not (out / "manifest.json").exists()
