@@ -124,3 +124,26 @@ def test_a_record_refused_unread_weighs_its_bytes_in_the_rejected_fraction(
     out = tmp_path / "out"
     code = anonymize(tiny_tokenizer, [source], out, "--max-record-bytes", "64KiB", "--quiet")
     assert code != 0 and not (out / "manifest.json").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="red team round 14")
+def test_a_compressed_log_under_a_plain_name_weighs_its_bytes_in_the_rejected_fraction(
+    tiny_tokenizer, tmp_path
+):
+    """The same gate, weighing what was never decoded by the letters it made rather than by its
+    bytes: a gzip log saved under a plain .jsonl name (a rotation that compressed in place) is
+    read as text, each run of its compressed bytes between two 0x0a bytes an invalid_utf8 or
+    invalid_json letter. Its 5,000 requests (33 KB) become ~110 "records", beside 300 good
+    ones (60 KB): "~410 read = 300 exported + ~110 rejected", ~27% under the default 0.5, and the
+    night publishes 300 of its 5,300 requests, exit 0. A third of the input's bytes decoded to
+    no record at all must weigh a third, and five sixths of its requests were in them."""
+    import gzip
+
+    good = [json.dumps(chat(i, 1_000 * i)) + "\n" for i in range(300)]
+    rotated = [json.dumps(chat(i, 1_000 * i + 3, rotate=i % 7)) + "\n" for i in range(5_000)]
+    (tmp_path / "good.jsonl").write_text("".join(good))
+    (tmp_path / "rotated.jsonl").write_bytes(gzip.compress("".join(rotated).encode(), mtime=0))
+    out = tmp_path / "out"
+    inputs = [tmp_path / "good.jsonl", tmp_path / "rotated.jsonl"]
+    code = anonymize(tiny_tokenizer, inputs, out, "--quiet")
+    assert code != 0 and not (out / "manifest.json").exists()
