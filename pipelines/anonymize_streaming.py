@@ -477,7 +477,8 @@ class PublishWindows(beam.DoFn):
         maps = {"blocks": blocks_map, "sessions": sessions_map}
         open_before = set(progress.passed_ms)
         yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
-        for window in open_before - set(progress.passed_ms):  # published: its timer is moot
+        # Published (or cut again from a moved zero): its timer is moot.
+        for window in open_before - set(progress.passed_ms):
             deadline.clear(dynamic_timer_tag=str(window))
         self._arm(progress, deadline)
         if any(window is None for window, _ in pending.read()):  # strays with no window due
