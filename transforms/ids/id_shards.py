@@ -11,7 +11,9 @@ window, new ids from the stream's next id), in steps none of which holds the who
    occurrences of its hashes to ids (ids_of).
 The seen set runs ahead of the id store: a shard can judge the next window's hashes before this
 window's ids come back from the numbering step, which is what lets a Beam graph without cycles
-carry it (seen sets, then numbering, then stores fed by it). Each shard holds 1/N of the map
+carry it (seen sets, then numbering, then stores fed by it). A runner may deliver a step's
+inputs in any order: each step takes windows in their published order, each once complete
+(in_order), so the ids never depend on delivery. Each shard holds 1/N of the map
 (HASH: 16 bytes an id seen; NUMBERED: 24 bytes an id stored); the numbering step holds only a
 window's new hashes.
 """
@@ -130,3 +132,28 @@ def number_window(
         ids[part] = ids_of(fed[shard].ids, keys[part])
     unique = sum_unique(unique_totals(part) for part in firsts)
     return KindIds(ids, unique, new, len(new)), fed
+
+
+class InOrder(NamedTuple):
+    """A keyed step's windows in waiting (its state): it takes window `next` once `needed`
+    items of it have come in, then the next window, whatever order they come in."""
+
+    next: int
+    waiting: dict[int, list]
+
+
+def in_order(
+    state: InOrder, window: int, item: object, needed: int
+) -> tuple[InOrder, list[tuple[int, list]]]:
+    """The state with an item of a window; the windows now complete, in order, with their
+    items in the order they came (a seen set takes 1 a window, the numbering step one from
+    each shard, a store the window's ids and its queries)."""
+    if window < state.next:
+        raise AssertionError(f"window {window} came in again after it was taken")
+    waiting = dict(state.waiting)
+    waiting[window] = [*waiting.get(window, []), item]
+    taken, next_window = [], state.next
+    while len(waiting.get(next_window, [])) >= needed:
+        taken.append((next_window, waiting.pop(next_window)))
+        next_window += 1
+    return InOrder(next_window, waiting), taken

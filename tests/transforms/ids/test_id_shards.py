@@ -5,8 +5,25 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.transforms.ids.dense_ids import NUMBERED, OCCURRENCE, dense_ids, shard_of
-from kvtrace.transforms.ids.id_shards import empty_shard, new_in_shard, number_window
+from kvtrace.transforms.ids.dense_ids import (
+    NUMBERED,
+    OCCURRENCE,
+    dense_ids,
+    earliest,
+    number,
+    shard_of,
+    split_by,
+)
+from kvtrace.transforms.ids.id_shards import (
+    InOrder,
+    empty_shard,
+    ids_of,
+    in_order,
+    merged,
+    new_in_shard,
+    number_window,
+    shard_parts,
+)
 
 # (key, ts, fp, pos, weight) rows: few keys and times, so windows share hashes and tie often.
 ROWS = st.lists(
@@ -78,3 +95,73 @@ def test_hashes_sharing_their_high_half_are_told_apart():
     again["hi"] = 7
     second, _ = number_window(again, parts, 3)
     assert second.ids.tolist() == [2, 3, 1] and second.added_count == 1
+
+
+@given(st.integers(1, 6), st.integers(1, 3), st.randoms(use_true_random=False))
+def test_a_step_takes_windows_in_order_each_once_complete(windows, needed, random):
+    """Items of windows 0..W-1, needed of each, in any order: each window is taken once, in
+    window order, with all its items, never before them."""
+    arrivals = [(w, (w, k)) for w in range(windows) for k in range(needed)]
+    random.shuffle(arrivals)
+    state, taken, came = InOrder(0, {}), [], set()
+    for window, item in arrivals:
+        came.add(item)
+        state, now = in_order(state, window, item, needed)
+        for w, items in now:
+            assert sorted(items) == [(w, k) for k in range(needed)] and set(items) <= came
+        taken += [w for w, _ in now]
+    assert taken == list(range(windows)) and state == InOrder(windows, {})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(ROWS, min_size=1, max_size=4),
+    st.sampled_from([1, 2, 5]),
+    st.randoms(use_true_random=False),
+)
+def test_the_steps_number_as_one_process_whatever_order_a_runner_delivers(windows, shards, random):
+    """The steps as a stream runs them, each a keyed step with in_order: seen sets, then the
+    numbering step, then the stores fed by it and queried by the window, every message
+    delivered in a random order. Each window's ids are number_window's."""
+    tables = [occurrences(rows) for rows in windows]
+    expected, parts = [], [empty_shard()] * shards
+    for keys in tables:
+        numbered, parts = number_window(keys, parts, sum(len(p.ids) for p in parts))
+        expected.append(numbered.ids.tolist())
+    inbox = []  # (step, shard, window, item)
+    for window, keys in enumerate(tables):
+        for shard, part in enumerate(shard_parts(keys, shards)):
+            inbox.append(("seen", shard, window, earliest(part)))
+        for shard, rows in split_by(np.arange(len(keys)), shard_of(keys, shards)):
+            inbox.append(("store", shard, window, ("query", rows)))
+        for shard in set(range(shards)) - set(shard_of(keys, shards).tolist()):
+            inbox.append(("store", shard, window, ("query", np.empty(0, np.int64))))
+    seen = [(empty_shard().seen, InOrder(0, {}))] * shards
+    stores = [(empty_shard().ids, InOrder(0, {}))] * shards
+    numbering, next_id = InOrder(0, {}), 0
+    got = [np.full(len(keys), -1) for keys in tables]
+    while inbox:
+        step, shard, window, item = inbox.pop(random.randrange(len(inbox)))
+        if step == "seen":
+            hashes, state = seen[shard]
+            state, taken = in_order(state, window, item, 1)
+            for w, [firsts] in taken:
+                new, hashes = new_in_shard(hashes, firsts)
+                inbox.append(("number", 0, w, new))
+            seen[shard] = hashes, state
+        elif step == "number":
+            numbering, taken = in_order(numbering, window, item, shards)
+            for w, news in taken:
+                new = number(np.concatenate(news), next_id)
+                next_id += len(new)
+                for s, part in enumerate(shard_parts(new, shards)):
+                    inbox.append(("store", s, w, ("ids", part)))
+        else:
+            ids, state = stores[shard]
+            state, taken = in_order(state, window, item, 2)
+            for w, items in taken:
+                ids = merged(ids, dict(items)["ids"])
+                rows = dict(items)["query"]
+                got[w][rows] = ids_of(ids, tables[w][rows])
+            stores[shard] = ids, state
+    assert [ids.tolist() for ids in got] == expected
