@@ -316,9 +316,12 @@ class Progress:
         due = [w for w in self.passed_ms if self.due_ms(config, w, latest) <= watermark_ms]
         return sorted(w for w in self.passed_ms if due and w <= max(due))
 
-    def next_due_ms(self, config: StreamingConfig) -> int | None:
+    def deadlines(self, config: StreamingConfig) -> dict[int, int]:
+        """Each open window's due time (source's watermark), a timer each: a watermark past
+        several fires them all in one advance, none waiting for an earlier one's firing to
+        set it (a round trip through the runner per window: 1.5 s apart on Flink)."""
         latest = self.latest_ms()
-        return min((self.due_ms(config, w, latest) for w in self.passed_ms), default=None)
+        return {w: self.due_ms(config, w, latest) for w in self.passed_ms}
 
     def recut(
         self, config: StreamingConfig, origin_ms: int, waiting: list[tuple[int, HashedBatch]]
@@ -371,6 +374,7 @@ class PublishWindows(beam.DoFn):
     PENDING = BagStateSpec("pending", PickleCoder())
     ID_MAP = {kind: BagStateSpec(f"map_{kind}", PickleCoder()) for kind in KINDS}
     PROGRESS = ReadModifyWriteStateSpec("progress", PickleCoder())
+    # One per open window, tagged by its start (_arm): all due ones fire in one advance.
     DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
     LETTERS = TimerSpec("letters", TimeDomain.REAL_TIME)
     # The final watermark (a backfill's end, a drain) fires event-time timers only: this one
@@ -398,10 +402,16 @@ class PublishWindows(beam.DoFn):
         progress = progress_state.read() or Progress()
         end.set(GlobalWindow().max_timestamp())
         letters = [item] if isinstance(item, DeadLetter) else self._wait(item, progress, pending)
-        if progress.passed_ms:
-            deadline.set(Timestamp(micros=progress.next_due_ms(self._config) * 1000))
+        self._arm(progress, deadline)
         self._hold_letters(letters, progress, pending, letters_due)
         progress_state.write(progress)
+
+    def _arm(self, progress: Progress, deadline: Any) -> None:
+        """A timer per open window at its due time (tagged by the window). A timer left by a
+        window cut again from a moved zero fires harmlessly: a firing publishes what is due
+        then, whichever timer it was."""
+        for window, due_ms in progress.deadlines(self._config).items():
+            deadline.set(Timestamp(micros=due_ms * 1000), dynamic_timer_tag=str(window))
 
     @staticmethod
     def _hold_letters(
@@ -465,9 +475,12 @@ class PublishWindows(beam.DoFn):
     ) -> Iterator[dict]:
         progress = progress_state.read() or Progress()
         maps = {"blocks": blocks_map, "sessions": sessions_map}
+        open_before = set(progress.passed_ms)
         yield from self._publish_due(fired.micros // 1000, progress, pending, maps)
-        if (next_due := progress.next_due_ms(self._config)) is not None:
-            deadline.set(Timestamp(micros=next_due * 1000))
+        # Published (or cut again from a moved zero): its timer is moot.
+        for window in open_before - set(progress.passed_ms):
+            deadline.clear(dynamic_timer_tag=str(window))
+        self._arm(progress, deadline)
         if any(window is None for window, _ in pending.read()):  # strays with no window due
             self._letters_soon(progress, letters_due)
         progress_state.write(progress)

@@ -517,3 +517,77 @@ def test_a_window_that_fails_to_publish_publishes_none_of_its_letters(
     letters = Path(config.job.dead_letter)  # the run made it: gone again with nothing in it
     assert not letters.exists() or list(letters.iterdir()) == []
     assert sorted(p.name for p in blocked.iterdir()) == ["notes.txt"]
+
+
+class FakeBag:
+    """A runner's keyed state, as PublishWindows reads it (bag or value)."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.value = None
+
+    def add(self, item) -> None:
+        self.items.append(item)
+
+    def read(self):
+        return self.value if self.value is not None else list(self.items)
+
+    def clear(self) -> None:
+        self.items = []
+
+    def write(self, value) -> None:
+        self.value = value
+
+
+class FakeTimers:
+    """A timer family's timers by tag, in microseconds."""
+
+    def __init__(self) -> None:
+        self.set_at: dict[str, int] = {}
+
+    def set(self, timestamp, dynamic_timer_tag: str = "") -> None:
+        self.set_at[dynamic_timer_tag] = timestamp.micros
+
+    def clear(self, dynamic_timer_tag: str = "") -> None:
+        self.set_at.pop(dynamic_timer_tag, None)
+
+
+@pytest.mark.beam
+def test_one_watermark_advance_publishes_every_due_window(tmp_path, monkeypatch):
+    """As a portable runner fires timers: every timer at or below the new watermark fires in one
+    advance, and a timer set while they fire waits for the next advance (it reaches the runner
+    only with the bundle's end). Requests past three windows' deadlines, then the watermark past
+    all three arrivals: the three windows go out in that one advance, oldest first, none waiting
+    for a firing to re-arm a timer (1.5 s apart on Flink)."""
+    from apache_beam.utils.timestamp import Timestamp
+
+    from kvtrace.pipelines import anonymize_streaming
+    from kvtrace.pipelines.anonymize_streaming import PublishWindows
+
+    published: list[str] = []
+    monkeypatch.setattr(
+        PublishWindows, "_publish", lambda self, name, *_: published.append(name) or {}
+    )
+    config = streaming_config(tmp_path, "x")
+    publisher = PublishWindows(config)
+    pending, progress, letters_due, end = FakeBag(), FakeBag(), FakeTimers(), FakeTimers()
+    deadline = FakeTimers()
+    state = {"pending": pending, "progress_state": progress, "deadline": deadline}
+    for n, event_ms in enumerate([0, MINUTE + 1, 2 * MINUTE + 2, 3 * MINUTE + 3]):
+        monkeypatch.setattr(anonymize_streaming, "source_now_ms", lambda n=n: NOW + n)
+        publisher.process((0, requests_at(event_ms)), letters_due=letters_due, end=end, **state)
+    watermark_us = (NOW + 10) * 1000
+    firing = sorted((at, tag) for tag, at in deadline.set_at.items() if at <= watermark_us)
+    for at, _ in firing:  # the timers set when the advance began, none set while they fire
+        list(
+            publisher.publish(
+                fired=Timestamp(micros=at),
+                blocks_map=FakeBag(),
+                sessions_map=FakeBag(),
+                letters_due=letters_due,
+                **state,
+            )
+        )
+    assert published == ["window-000000", "window-000001", "window-000002"]
+    # The open window keeps its timer; the published ones' are gone.
+    assert list(deadline.set_at) == [str(3 * MINUTE)]
