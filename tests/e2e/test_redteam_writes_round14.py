@@ -14,7 +14,6 @@ import pytest
 from helpers import kvtrace_child, night_args
 
 pytestmark = pytest.mark.slow
-ROUND14 = "red team round 14"
 
 # SIGTERM right before the rename probe's cleanup removes its first name, the second (the
 # renamed folder) still standing: publish.prove_folder_rename's `finally: _remove_probe(...)`.
@@ -43,7 +42,6 @@ os.unlink = _stop_first
 """
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND14)
 def test_a_stop_as_the_rename_probe_is_removed_leaves_no_probe_folder(tiny_tokenizer, tmp_path):
     """A stop leaves nothing it made: "stopped: nothing published" and the folder as it was.
     The plan proves a folder can be renamed in the output's parent (prove_folder_rename: made,
@@ -60,7 +58,6 @@ def test_a_stop_as_the_rename_probe_is_removed_leaves_no_probe_folder(tiny_token
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "salt"]
 
 
-@pytest.mark.xfail(strict=True, reason=ROUND14)
 def test_a_stop_as_the_output_lock_is_let_go_leaves_no_lock_file(tiny_tokenizer, tmp_path):
     """output_lock: "The lock file goes with the run". A stop landing as the run lets its lock
     go, once the night is published, skips the unlink, yet the inner finally still takes the

@@ -489,12 +489,15 @@ def output_lock(output: str, private: bool = False) -> Iterator[None]:
         restore_interrupted(output)
         yield
     finally:
-        try:
-            if _own_lock(path, handle):  # still held: a run that opened it before sees it gone
-                os.unlink(path)
-        finally:
-            storage.forget_on_exit(path)
-            os.close(handle)
+        # One deferred section: a stop landing before the unlink would otherwise forget the
+        # lock file with it still standing.
+        with stops_deferred():
+            try:
+                if _own_lock(path, handle):  # still held: one that opened it before sees it gone
+                    os.unlink(path)
+            finally:
+                storage.forget_on_exit(path)
+                os.close(handle)
 
 
 def lock_path(output: str) -> str:
@@ -869,7 +872,9 @@ def prove_folder_rename(location: Location, proven: set[str]) -> None:
     if folder in proven:
         return
     made, renamed = _probe_names(folder)
-    with folder_lock(folder):
+    # Made and removed in one deferred section: a stop between the two removals would leave
+    # the renamed probe in the operator's folder.
+    with folder_lock(folder), stops_deferred():
         _remove_probe(made, renamed)  # a killed prover's, if any
         try:
             os.mkdir(made, 0o700)
