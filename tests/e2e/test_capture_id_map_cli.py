@@ -113,6 +113,8 @@ def test_two_capture_nights_number_as_one_capture_run_and_as_text_nights(
 
 
 def test_rerunning_a_capture_night_changes_neither_output_nor_map(tmp_path, logs):
+    """A rerun is the night the map recorded, on either clock: the map and the night's manifest
+    are unchanged, and the gate confirms both presentations."""
     capture_map = ["--id-map", str(tmp_path / "map")]
     assert _capture(tmp_path, LMCACHE, [logs[LMCACHE][0]], "n1", *capture_map) == 0
     assert _capture(tmp_path, LMCACHE, [logs[LMCACHE][1]], "n2", *capture_map) == 0
@@ -122,7 +124,13 @@ def test_rerunning_a_capture_night_changes_neither_output_nor_map(tmp_path, logs
         _map_files(tmp_path / "map"),
         (tmp_path / "n2" / "manifest.json").read_bytes(),
     ) == before
-    assert _audit(tmp_path, "n2", "--capture", LMCACHE, "--id-map", str(tmp_path / "map")) == 0
+    given = ["--capture", LMCACHE, "--id-map", str(tmp_path / "map")]
+    assert _audit(tmp_path, "n2", *given) == 0
+    own = ["--time-origin", "night"]
+    assert _capture(tmp_path, LMCACHE, [logs[LMCACHE][1]], "own", *capture_map, *own) == 0
+    assert _map_files(tmp_path / "map") == before[0]
+    assert trace(tmp_path / "own")[0]["timestamp"] == 0
+    assert _audit(tmp_path, "own", *given) == 0
 
 
 def test_a_map_of_one_kind_refuses_a_night_of_another_in_one_line(

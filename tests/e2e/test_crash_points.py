@@ -239,6 +239,7 @@ def test_every_step_of_a_local_capture_night(capture_night, tmp_path, mode):
     _check_every_point(capture_night, tmp_path, mode, "local")
 
 
+@pytest.mark.beam  # its reruns run Beam in this process
 def test_every_eighth_step_of_a_beam_capture_night(capture_night, tmp_path):
     _check_every_point(capture_night, tmp_path, "kill", "beam", every=8)
 
