@@ -131,7 +131,8 @@ class MapIdentity:
         return fields
 
     def differences(self, other: MapIdentity) -> list[str]:
-        """What differs, field by field, by type and value (1, 1.0 and true are three values)."""
+        """What differs, field by field, by type and value (1, 1.0 and true are three values);
+        engine_capture aside, which open_map compares first (what the ids are over)."""
         names = {
             "salt_fingerprint": "salt",
             "block_size": "block size",
@@ -139,7 +140,6 @@ class MapIdentity:
             "hash_scheme": "hash scheme",
             "chat_template_kwargs": "chat template kwargs",
             "tokenization": "tokenization of a probe text (tokenizers release?)",
-            "engine_capture": "engine capture",
         }
         return [
             f"{label}: map has {_shown(name, getattr(self, name))}, "
@@ -153,8 +153,6 @@ class MapIdentity:
 def _shown(name: str, value: Any) -> str:
     if name == "tokenizer_sha256":
         return ", ".join(f"{f}={h[:12]}" for f, h in sorted(value.items())) or "none"
-    if name == "engine_capture":
-        return value or "none (text)"
     return json.dumps(value, sort_keys=True)
 
 
@@ -760,11 +758,9 @@ def _committed_segment_folders(directory: str) -> list[str]:
     )
 
 
-def ids_over(identity: MapIdentity) -> str:
-    """What a map's ids number, in words."""
-    if identity.engine_capture is None:
-        return "blocks of text"
-    return f"engine hashes of --capture {identity.engine_capture}"
+def ids_over(capture: str | None) -> str:
+    """What a map's ids number (MapIdentity.engine_capture), in words."""
+    return "blocks of text" if capture is None else f"engine hashes of --capture {capture}"
 
 
 def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
@@ -781,9 +777,10 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
     version = MapVersion.from_record(data, hashlib.sha256(raw).hexdigest())
     if version.identity.engine_capture != identity.engine_capture:
         raise IdMapError(
-            f"the id map {directory} numbers {ids_over(version.identity)}, this run reads "
-            f"{ids_over(identity)}: their ids are of other spaces, never one prefix's; refusing "
-            f"to use it. Give each its own map (docs/ID_MAP.md: what a map's ids are over)."
+            f"the id map {directory} numbers {ids_over(version.identity.engine_capture)}, this "
+            f"run reads {ids_over(identity.engine_capture)}: their ids are of other spaces, "
+            f"never one prefix's; refusing to use it. Give each its own map (docs/ID_MAP.md: "
+            f"what a map's ids are over)."
         )
     differences = version.identity.differences(identity)
     if differences:

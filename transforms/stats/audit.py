@@ -1111,7 +1111,7 @@ def _confirm_recorded_start(c: _Confirming) -> None:
     all three figures, and its identity (its rows on the map's clock, which bind every row: a
     night's references to the map's earlier ids included; or, recorded before that, its files'
     digests). The folder alone shows neither."""
-    from kvtrace.transforms.ids.id_map import files_identity
+    from kvtrace.transforms.ids.id_map import files_identity, ids_over
 
     numbering = c.given.numbering
     if numbering is None:
@@ -1136,8 +1136,8 @@ def _confirm_recorded_start(c: _Confirming) -> None:
     kinds = {version.capture for version in numbering} - {capture}
     if kinds:
         c.flag(
-            f"id_map: the id map numbers {_ids_over(kinds.pop())}, this night "
-            f"{_ids_over(capture)}: no map of the one confirms a night of the other"
+            f"id_map: the id map numbers {ids_over(kinds.pop())}, this night "
+            f"{ids_over(capture)}: no map of the one confirms a night of the other"
         )
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
@@ -1153,10 +1153,6 @@ def _confirm_recorded_start(c: _Confirming) -> None:
             "id_map and the files are not a night a version of the id map recorded (its "
             "start, time included, and its files' digests)"
         )
-
-
-def _ids_over(capture: str | None) -> str:
-    return "blocks of text" if capture is None else f"engine hashes of --capture {capture}"
 
 
 def _confirm_window_start(c: _Confirming) -> None:
