@@ -7,6 +7,8 @@ replay (transforms/cache/policies.py) are fitted over a log-spaced grid of capac
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,11 +28,13 @@ from kvtrace.transforms.cache.calibrate import (
 )
 from kvtrace.transforms.cache.policies import row_hits
 from kvtrace.transforms.cache.stack_distance import StackDistances, stack_distances
-from kvtrace.transforms.read.measured import read_measured, trace_manifest
+from kvtrace.transforms.read.measured import check_totals, read_measured, trace_manifest
+from kvtrace.transforms.read.trace_inputs import pin_of
 from kvtrace.transforms.read.trace_io import Trace
 from kvtrace.transforms.stats.trace_stats import row_problems
-from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MIN_MEASURED_REQUESTS
+from kvtrace.transforms.trace_format import DEFAULT_BLOCK_SIZE, MIN_MEASURED_REQUESTS, STATS
 from kvtrace.transforms.write.publish import file_output
+from kvtrace.transforms.write.totals import MEASURED_COUNTS
 
 _LOG = logging.getLogger("kvtrace")
 
@@ -78,7 +82,25 @@ def trace_measured(trace: Trace, path: str) -> np.ndarray:
     header names, in order."""
     manifest = trace_manifest(path, trace.files)
     shard_rows = np.bincount(trace.file_index, minlength=len(trace.files))
-    return read_measured(path, shard_rows.tolist(), manifest)[causal_rows(trace)]
+    measured = read_measured(path, shard_rows.tolist(), manifest)
+    check_totals(path, measured, trace.input_length, _published_counts(trace.files[0]))
+    return measured[causal_rows(trace)]
+
+
+def _published_counts(shard: str) -> tuple[int, int, int] | None:
+    """The measured aggregate's counts in stats.json of the output the shard is of (its bytes
+    the ones the manifest lists), or None where it publishes none."""
+    from kvtrace.transforms.stats.audit import MAX_STATS_BYTES
+
+    output = pin_of(shard)
+    assert output is not None  # trace_manifest refuses loose files
+    if STATS not in output.sha256:  # its manifest lists none: no aggregate either
+        return None
+    with output.open(STATS) as handle:
+        raw = handle.read(MAX_STATS_BYTES + 1)
+    output.check(STATS, hashlib.sha256(raw).hexdigest())
+    measured = json.loads(raw).get("measured")
+    return None if measured is None else tuple(measured[name] for name in MEASURED_COUNTS)
 
 
 def calibration(

@@ -799,8 +799,10 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 # count from the stream's zero.
 NIGHT, MAP_NIGHT, STREAM_WINDOW = "night", "night of an id map", "stream window"
 # A night of engine captures names its capture format and nothing a tokenizer or a template
-# gave (it read no text): the tokenizer none, no template kwargs, the capture scheme.
+# gave (it read no text): the tokenizer none, no template kwargs, the capture scheme; one that
+# extends an id map of captures says where it began, as a text night of a map does.
 CAPTURE_NIGHT = "night of engine captures"
+CAPTURE_MAP_NIGHT = "night of engine captures of an id map"
 
 
 def _provenance_schema(id_map: dict[str, Any], time_origin: bool) -> dict[str, Any]:
@@ -819,21 +821,22 @@ def _provenance_schema(id_map: dict[str, Any], time_origin: bool) -> dict[str, A
     }
 
 
-def _capture_schema() -> dict[str, Any]:
+def _capture_schema(id_map: dict[str, Any], time_origin: bool) -> dict[str, Any]:
     """A night read from engine captures (its provenance is told by CAPTURE_FIELD): no
-    tokenizer, no template kwargs, the capture scheme, its own numbering."""
+    tokenizer, no template kwargs, the capture scheme; its own numbering, or an id map's."""
     properties = {
         **MANIFEST_SCHEMA["properties"],
-        "id_map": {"type": "null"},
+        "id_map": id_map,
         "tokenizer": MANIFEST_SCHEMA["properties"]["tokenizer"]["anyOf"][-1],  # none
         "chat_template_kwargs": {"type": "object", "maxProperties": 0},
         "hash_scheme": {"const": CAPTURE_SCHEME},
         "hash_scheme_keyed": {"const": True},
     }
-    del properties[TIME_ORIGIN_FIELD]
+    if not time_origin:
+        del properties[TIME_ORIGIN_FIELD]
     return {
         "$schema": MANIFEST_SCHEMA["$schema"],
-        **_closed(properties, optional=(MODEL_NAME, CAPTURE_FIELD)),
+        **_closed(properties, optional=(MODEL_NAME, CAPTURE_FIELD, TIME_ORIGIN_FIELD)),
     }
 
 
@@ -841,19 +844,21 @@ MANIFEST_SCHEMAS: dict[str, dict[str, Any]] = {
     NIGHT: _provenance_schema({"type": "null"}, time_origin=False),
     MAP_NIGHT: _provenance_schema(ID_MAP_START, time_origin=True),
     STREAM_WINDOW: _provenance_schema(ID_MAP_START, time_origin=False),
-    CAPTURE_NIGHT: _capture_schema(),
+    CAPTURE_NIGHT: _capture_schema({"type": "null"}, time_origin=False),
+    CAPTURE_MAP_NIGHT: _capture_schema(ID_MAP_START, time_origin=True),
 }
 
 
 def manifest_provenance(manifest: Any, stream_window: bool) -> str:
     """The provenance a manifest is audited as: a stream's window where the gate found it in a
-    stream's folder, else a night of engine captures when it names its capture format, else a
-    night, of an id map when it says where its numbering began."""
+    stream's folder, else a night (of engine captures when it names its capture format), of an
+    id map when it says where its numbering began."""
     if stream_window:
         return STREAM_WINDOW
+    own = isinstance(manifest, dict) and manifest.get("id_map") is None
     if isinstance(manifest, dict) and CAPTURE_FIELD in manifest:
-        return CAPTURE_NIGHT
-    return NIGHT if isinstance(manifest, dict) and manifest.get("id_map") is None else MAP_NIGHT
+        return CAPTURE_NIGHT if own else CAPTURE_MAP_NIGHT
+    return NIGHT if own else MAP_NIGHT
 
 
 # A derived trace's manifest.json (synthesize, convert -o DIR): what every reader takes from a

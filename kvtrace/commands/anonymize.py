@@ -28,6 +28,7 @@ from kvtrace.transforms.read.records import DEFAULT_MAX_RECORD_BYTES, INPUT_FORM
 from kvtrace.transforms.read.timestamps import TIMESTAMP_UNITS
 from kvtrace.transforms.trace_format import (
     CAPTURE_FORMATS,
+    CAPTURE_SCHEME,
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
     MAX_TEMPLATE_KWARGS,
@@ -504,13 +505,12 @@ def _check_ranges(options: dict[str, Any]) -> None:
 
 
 # What a run of engine captures cannot take: it reads no text (no tokenizer, template or text
-# shape), re-keys the engine's hashes itself, has no generated tokens to hash, and keeps no id
-# map or stream yet (docs/CAPTURES.md).
+# shape), re-keys the engine's hashes itself, has no generated tokens to hash, and does not
+# stream yet (docs/CAPTURES.md).
 _NOT_WITH_CAPTURE = (
     "tokenizer",
     "offline_tokenizer",
     "streaming",
-    "id_map",
     "emit_block_hashes",
     "emit_output_hashes",
     "route_sessions",
@@ -621,7 +621,13 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
     id_map = None
     if options.get("id_map"):
         id_map = _open_id_map(
-            options, salt, marks, fingerprint, sha256, tokenization_fingerprint(tokenizer), scheme
+            options,
+            salt,
+            marks,
+            fingerprint,
+            sha256,
+            None if capture else tokenization_fingerprint(tokenizer),
+            scheme,
         )
     run_id = id_map.run_id if id_map else new_run_id()
     # A batch run's letters are staged with it and published with it; a stream's windows
@@ -903,23 +909,26 @@ def _open_id_map(
     marks: str,
     fingerprint: str,
     sha256: dict,
-    tokenization: str,
+    tokenization: str | None,
     scheme: Any,
 ) -> Any:
     """The map this run extends, checked against the run's settings; leftovers of killed runs
-    are cleared first (one run per map at a time)."""
+    are cleared first (one run per map at a time). A capture run's map numbers that format's
+    re-keyed engine hashes (no tokenizer, the capture scheme)."""
     from kvtrace.pipelines.anonymize_config import IdMapRun
     from kvtrace.transforms.ids.id_map import MapIdentity
     from kvtrace.transforms.ids.map_opening import open_repaired_map
 
     directory = options["id_map"].rstrip("/")
+    capture = options.get("capture")
     identity = MapIdentity(
         fingerprint,
         options["block_size"],
         sha256,
-        scheme.identity,
+        CAPTURE_SCHEME if capture else scheme.identity,
         options["chat_template_kwargs"],
         tokenization,
+        capture,
     )
     return IdMapRun(directory, open_repaired_map(directory, identity, salt, marks), marks)
 

@@ -222,7 +222,7 @@ def test_a_capture_at_another_block_size_stops_the_night_in_one_line(
         ["--chat-template-kwargs", '{"enable_thinking": false}'],
         ["--hash-scheme", "dynamo"],
         ["--emit-output-hashes"],
-        ["--id-map", "map"],
+        ["--streaming"],
         ["--input-format", "chat"],
         ["--route-sessions"],
         ["--emit-block-hashes"],

@@ -1,8 +1,8 @@
-"""Crash-point harness for the commit protocols: a night's id map version, output folder and
-dead letters, and every other command that writes (render, synthesize on both engines, convert
-to a file and to a folder, export, report, analyze --output). Every durable filesystem step of
-a run (crashpoints.py) is, in turn, the point where the process is killed or the disk is full;
-then:
+"""Crash-point harness for the commit protocols: a night's id map version (of text or of engine
+captures), output folder and dead letters, and every other command that writes (render,
+synthesize on both engines, convert to a file and to a folder, export, report, analyze
+--output). Every durable filesystem step of a run (crashpoints.py) is, in turn, the point where
+the process is killed or the disk is full; then:
 
 - what a reader sees is whole: the output is the previous run's or the new one, byte for byte,
   and the map's published version is the old one or the new one;
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TESTS, chat, write_jsonl
+from helpers import ROOT, TESTS, chat, dynamo_request_end, kvtrace_token_ids, write_jsonl
 from kvtrace.cli import main
 
 pytestmark = pytest.mark.slow
@@ -53,33 +53,43 @@ def night(tiny_tokenizer, tmp_path_factory):
     """A map and an output after night 1; night 2's logs; the state an uninterrupted night 2
     leaves (output and map)."""
     base = tmp_path_factory.mktemp("crash")
+    args = ["--tokenizer", tiny_tokenizer, "--block-size", "4"]
+    return _nights(base, [_chats(day) for day in (1, 2)], args)
+
+
+@pytest.fixture(scope="module")
+def capture_night(tiny_tokenizer, tmp_path_factory):
+    """The same for nights of engine hash captures (the same chats as Dynamo's request trace
+    logs them) and their map."""
+    base = tmp_path_factory.mktemp("crash-capture")
+    logs = []
+    for day in (1, 2):
+        chats = _chats(day)
+        logs.append(
+            [
+                dynamo_request_end(r["timestamp"], ids, 4, r["output_length"], r["session_id"])
+                for r, ids in zip(chats, kvtrace_token_ids(tiny_tokenizer, chats))
+            ]
+        )
+    return _nights(base, logs, ["--capture", "dynamo-request-trace", "--block-size", "4"])
+
+
+def _chats(day: int) -> list[dict]:
+    return [
+        chat(
+            i + 5 * day, day * 86_400_000 + 1_000 + 577 * i, f"u{day}-{i % 4}", rotate=(i + day) % 5
+        )
+        for i in range(20)
+    ]
+
+
+def _nights(base: Path, records: list[list], settings: list[str]):
     (base / "salt").write_text(SALT)
     logs = [
-        write_jsonl(
-            base / f"night{day}.jsonl",
-            [
-                chat(
-                    i + 5 * day,
-                    day * 86_400_000 + 1_000 + 577 * i,
-                    f"u{day}-{i % 4}",
-                    rotate=(i + day) % 5,
-                )
-                for i in range(20)
-            ]
-            + [b"{broken"],
-        )
-        for day in (1, 2)
+        write_jsonl(base / f"night{day}.jsonl", [*night, b"{broken"])
+        for day, night in enumerate(records, 1)
     ]
-    args = [
-        "--tokenizer",
-        tiny_tokenizer,
-        "--block-size",
-        "4",
-        "--hash-shards",
-        "2",
-        "--salt-file",
-        str(base / "salt"),
-    ]
+    args = [*settings, "--hash-shards", "2", "--salt-file", str(base / "salt")]
     assert (
         main(
             [
@@ -221,6 +231,17 @@ def test_every_step_of_a_local_night(night, tmp_path, mode):
 @pytest.mark.parametrize("mode", ["kill", "enospc"])
 def test_every_fourth_step_of_a_beam_night(night, tmp_path, mode):
     _check_every_point(night, tmp_path, mode, "beam", every=4)
+
+
+@pytest.mark.parametrize("mode", ["kill", "enospc"])
+def test_every_step_of_a_local_capture_night(capture_night, tmp_path, mode):
+    """A night of engine captures extends its map by the same protocol as a text night."""
+    _check_every_point(capture_night, tmp_path, mode, "local")
+
+
+@pytest.mark.beam  # its reruns run Beam in this process
+def test_every_eighth_step_of_a_beam_capture_night(capture_night, tmp_path):
+    _check_every_point(capture_night, tmp_path, "kill", "beam", every=8)
 
 
 TRACE = [

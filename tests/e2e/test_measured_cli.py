@@ -191,6 +191,20 @@ def test_calibrate_refuses_the_measured_file_of_another_night_in_one_line(
     assert main(["calibrate", str(second), "--measured", str(second_measured)]) == 0
 
 
+def test_calibrate_refuses_a_measured_file_cut_short_in_one_line(tiny_tokenizer, tmp_path, capsys):
+    """A copy cut at a line's end reads line by line; its totals are not the aggregate its
+    output published, so every reader of it (calibrate, analyze, report) refuses it."""
+    logs(tmp_path / "in")
+    out, measured = run(tiny_tokenizer, tmp_path, "out")
+    lines = measured.read_bytes().splitlines(keepends=True)
+    measured.write_bytes(b"".join(lines[:-1]))
+    capsys.readouterr()
+    for command in (["calibrate"], ["analyze"]):
+        assert main([*command, str(out), "--measured", str(measured)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --measured") and "\n" not in err and "cut short" in err
+
+
 def test_too_few_counts_publish_no_aggregate_and_the_summary_says_where_they_are(
     tiny_tokenizer, tmp_path, capsys
 ):

@@ -118,9 +118,21 @@ class MapIdentity:
     # tokenize differently under another tokenizers release. None in maps made before it was
     # recorded, which are then not compared on it.
     tokenization: str | None = None
+    # The capture format a map of engine hash captures numbers (anonymize --capture), None for
+    # text blocks: each is a space of its own (docs/ID_MAP.md, What a map's ids are over).
+    engine_capture: str | None = None
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields as a record holds them: engine_capture only in a capture map's, so a text
+        map's record is the one kvtrace wrote before captures had maps."""
+        fields = dict(self.__dict__)
+        if self.engine_capture is None:
+            del fields["engine_capture"]
+        return fields
 
     def differences(self, other: MapIdentity) -> list[str]:
-        """What differs, field by field, by type and value (1, 1.0 and true are three values)."""
+        """What differs, field by field, by type and value (1, 1.0 and true are three values);
+        engine_capture aside, which open_map compares first (what the ids are over)."""
         names = {
             "salt_fingerprint": "salt",
             "block_size": "block size",
@@ -203,7 +215,7 @@ class MapVersion:
             "format": MAP_FORMAT,
             "format_version": FORMAT_VERSION,
             "version": self.version,
-            **self.identity.__dict__,
+            **self.identity.recorded(),
             "timestamp_origin_ms": self.timestamp_origin_ms,
             "timestamp_kind": self.timestamp_kind,
             "next_id": self.next_id,
@@ -283,8 +295,14 @@ def recorded_history(directory: str, key: MapKey) -> list[dict[str, Any]]:
     carries its whole history, so its MAC binds every night before it): what the gate confirms
     a night against. Versions below it put in place from another map change nothing here;
     the run's open path refuses them (verified_newest)."""
+    record = published_record(directory, key)
+    return record["history"] if record else []
+
+
+def published_record(directory: str, key: MapKey) -> dict[str, Any] | None:
+    """The published version's record, verified; None for a map with none."""
     number = current_version_number(directory)
-    return read_version_record(directory, number, key)["history"] if number else []
+    return read_version_record(directory, number, key) if number else None
 
 
 def _read_version(directory: str, number: int, key: MapKey) -> tuple[dict[str, Any], bytes]:
@@ -740,6 +758,11 @@ def _committed_segment_folders(directory: str) -> list[str]:
     )
 
 
+def ids_over(capture: str | None) -> str:
+    """What a map's ids number (MapIdentity.engine_capture), in words."""
+    return "blocks of text" if capture is None else f"engine hashes of --capture {capture}"
+
+
 def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
     """The map's published version, verified with the run's key and checked against its
     settings; a new map if there is none."""
@@ -752,6 +775,13 @@ def open_map(directory: str, identity: MapIdentity, key: MapKey) -> MapVersion:
         return empty_version(identity)
     data, raw = newest
     version = MapVersion.from_record(data, hashlib.sha256(raw).hexdigest())
+    if version.identity.engine_capture != identity.engine_capture:
+        raise IdMapError(
+            f"the id map {directory} numbers {ids_over(version.identity.engine_capture)}, this "
+            f"run reads {ids_over(identity.engine_capture)}: their ids are of other spaces, "
+            f"never one prefix's; refusing to use it. Give each its own map (docs/ID_MAP.md: "
+            f"what a map's ids are over)."
+        )
     differences = version.identity.differences(identity)
     if differences:
         raise IdMapError(

@@ -41,6 +41,7 @@ from kvtrace.transforms.read.timestamps import (
     RELATIVE,
     timestamp_kind,
 )
+from kvtrace.transforms.trace_format import CAPTURE_FORMATS
 
 MAP_FORMAT = "kvtrace-id-map"
 # 2: segments sorted by hash with an index (segments.py), the shard count recorded.
@@ -52,7 +53,8 @@ MAP_FORMAT = "kvtrace-id-map"
 #    the sha256 of the record before it (previous_sha256: the versions form a chain).
 # 7: the time its nights published: requests per day (published_days, what a night's clock
 #    resets are judged against) and the last published time (published_to_ms, where the next
-#    night must begin).
+#    night must begin). A map of engine captures names their format (engine_capture), which
+#    a kvtrace from before such maps refuses as an unknown key: a text map's record is as it was.
 FORMAT_VERSION = 7
 # Nights recorded before their times: read as it is (its next night is judged alone, as
 # then); the map's next commit writes format 7, counting from that night.
@@ -317,6 +319,7 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "hash_scheme": lambda v: type(v) is str and v != "",
     "chat_template_kwargs": _is_json_object,
     "tokenization": lambda v: v is None or type(v) is str,
+    "engine_capture": lambda v: v in CAPTURE_FORMATS,
     "timestamp_origin_ms": lambda v: v is None or _is_int(v, 0, EPOCH_CEILING_MS),
     "timestamp_kind": lambda v: v is None or v in (RELATIVE, EPOCH),
     "next_id": lambda v: (
@@ -364,16 +367,18 @@ _OPTIONAL = {
     UNKINDED_FORMAT: set(),
     NIGHTLESS_FORMAT: set(),
     TIMELESS_FORMAT: set(),
-    FORMAT_VERSION: set(),
+    # A map of engine captures (id_map.MapIdentity.recorded): a text map's holds none.
+    FORMAT_VERSION: {"engine_capture"},
 }
 # Fields a format came before.
 TIMES = {"published_days", "published_to_ms"}
 _CHAINED = {"map_id", "previous_sha256"} | TIMES
+_CAPTURES = {"engine_capture"}
 _LATER = {
-    KEYLESS_FORMAT: {"timestamp_kind"} | _CHAINED,
-    UNKINDED_FORMAT: {"timestamp_kind"} | _CHAINED,
-    NIGHTLESS_FORMAT: _CHAINED,
-    TIMELESS_FORMAT: TIMES,
+    KEYLESS_FORMAT: {"timestamp_kind"} | _CHAINED | _CAPTURES,
+    UNKINDED_FORMAT: {"timestamp_kind"} | _CHAINED | _CAPTURES,
+    NIGHTLESS_FORMAT: _CHAINED | _CAPTURES,
+    TIMELESS_FORMAT: TIMES | _CAPTURES,
     FORMAT_VERSION: set(),
 }
 

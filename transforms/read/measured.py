@@ -11,7 +11,8 @@ Its first line names the trace its rows belong to, `{"manifest_sha256": H}`: H t
 the output's manifest.json, which lists every file's sha256, so it names that one output (its
 rows, its stats.json) and not another with the same shards and rows. Then one JSON object a
 line, `{"shard": S, "row": R, "cached_tokens": N}`: R the row's index in the trace shard
-numbered S. Written and read here only, so the form is declared once.
+numbered S. Written and read here only, so the form is declared once. Its totals are its
+output's `measured` aggregate, where stats.json publishes one (check_totals).
 """
 
 from __future__ import annotations
@@ -125,6 +126,34 @@ def read_measured(path: str, shard_rows: Sequence[int], manifest_sha256: str) ->
                 raise ConfigError(f"{where}: shard {shard} row {row} given twice")
             measured[offsets[shard] + row] = tokens
     return measured
+
+
+def check_totals(
+    path: str,
+    measured: np.ndarray,
+    input_length: np.ndarray,
+    published: tuple[int, int, int] | None,
+) -> None:
+    """A measured file (measured: per row in file order, input_length its rows' published
+    lengths) holds the counts its output published (published: stats.json's measured requests,
+    cached tokens and their prompt tokens), when it published them: a copy cut at a line's end,
+    or with a line dropped or altered, still reads line by line, but not to the same totals.
+    ConfigError in one line. Under MIN_MEASURED_REQUESTS no aggregate is published, and nothing
+    tells a cut file from a whole one."""
+    if published is None:
+        return
+    rows = measured != NOT_MEASURED
+    counts = (int(rows.sum()), int(measured[rows].sum()), int(input_length[rows].sum()))
+    if counts != published:
+        raise ConfigError(
+            f"--measured {path} holds {_said(counts)}, its output's stats.json "
+            f"{_said(published)}: a copy cut short or altered; give the file its run wrote"
+        )
+
+
+def _said(counts: tuple[int, int, int]) -> str:
+    requests, cached, inputs = counts
+    return f"{requests:,} requests with {cached:,} of {inputs:,} prompt tokens cached"
 
 
 def _check_header(line: bytes, path: str, manifest_sha256: str) -> None:

@@ -45,6 +45,7 @@ from kvtrace.transforms.ids.row_order import in_published_order
 from kvtrace.transforms.storage import is_url
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
+    CAPTURE_MAP_NIGHT,
     CAPTURE_NIGHT,
     DERIVED_FROM,
     DERIVING_COMMANDS,
@@ -799,7 +800,7 @@ def _night_rows(manifest: dict | None, given: Given, stream_window: bool) -> Nig
     --id-map); else None."""
     if given.numbering is None or manifest is None:
         return None
-    if manifest_provenance(manifest, stream_window) != MAP_NIGHT:
+    if manifest_provenance(manifest, stream_window) not in (MAP_NIGHT, CAPTURE_MAP_NIGHT):
         return None
     from kvtrace.transforms.ids.id_map import NightRows
 
@@ -968,19 +969,25 @@ class MapVersionNumbering:
 
     start: tuple[int, int, int] | None
     night: str | None
+    # What the map's ids are over: its capture format (id_map.MapIdentity.engine_capture), None
+    # for text blocks. A night is confirmed only by a map of its kind.
+    capture: str | None = None
 
 
 def map_numbering(directory: str, salt: bytes) -> list[MapVersionNumbering]:
     """Every version of an id map, as its published record (verified with the map's key)
-    lists them (ids/id_map.recorded_history)."""
-    from kvtrace.transforms.ids.id_map import recorded_history
+    lists them (ids/id_map.published_record)."""
+    from kvtrace.transforms.ids.id_map import published_record
     from kvtrace.transforms.ids.map_record import map_key
 
+    record = published_record(directory, map_key(salt)) or {"history": []}
     return [
         MapVersionNumbering(
-            _start_figures(entry["start"]) if "start" in entry else None, entry.get("night")
+            _start_figures(entry["start"]) if "start" in entry else None,
+            entry.get("night"),
+            record.get("engine_capture"),
         )
-        for entry in recorded_history(directory, map_key(salt))
+        for entry in record["history"]
     ]
 
 
@@ -1104,7 +1111,7 @@ def _confirm_recorded_start(c: _Confirming) -> None:
     all three figures, and its identity (its rows on the map's clock, which bind every row: a
     night's references to the map's earlier ids included; or, recorded before that, its files'
     digests). The folder alone shows neither."""
-    from kvtrace.transforms.ids.id_map import files_identity
+    from kvtrace.transforms.ids.id_map import files_identity, ids_over
 
     numbering = c.given.numbering
     if numbering is None:
@@ -1123,7 +1130,15 @@ def _confirm_recorded_start(c: _Confirming) -> None:
         return
     identities = (c.night, files_identity(c.manifest))
     begins = _start_figures(c.manifest["id_map"])
-    if any(MapVersionNumbering(begins, identity) in numbering for identity in identities):
+    capture = c.manifest[CAPTURE_FIELD]["format"] if CAPTURE_FIELD in c.manifest else None
+    if any(MapVersionNumbering(begins, identity, capture) in numbering for identity in identities):
+        return
+    kinds = {version.capture for version in numbering} - {capture}
+    if kinds:
+        c.flag(
+            f"id_map: the id map numbers {ids_over(kinds.pop())}, this night "
+            f"{ids_over(capture)}: no map of the one confirms a night of the other"
+        )
         return
     unnamed = [number for number, version in enumerate(numbering, 1) if version.start is None]
     if unnamed:
@@ -1181,7 +1196,7 @@ def _confirm_hash_scheme(c: _Confirming) -> None:
     the same under every scheme, so the rows cannot tell a keyed run from an unkeyed one;
     hash_scheme_keyed says which the scheme is."""
     scheme, expected = c.manifest["hash_scheme"], c.given.hash_scheme
-    if c.provenance == CAPTURE_NIGHT:  # its schema holds it to the one capture scheme, keyed
+    if c.provenance in (CAPTURE_NIGHT, CAPTURE_MAP_NIGHT):  # its schema: the capture scheme
         return
     if c.given.capture is not None:
         c.flag(f"--capture {c.given.capture} given, but the night was read from text")
@@ -1296,6 +1311,10 @@ _ANY_PROVENANCE: dict[str, Confirmer] = {
     },
 }
 _ID_MAP_FIELDS = ("id_map/block_ids_from", "id_map/sessions_from", "id_map/time_from_ms")
+_CAPTURE_FIELDS = dict.fromkeys(
+    (f"{CAPTURE_FIELD}/format", f"{CAPTURE_FIELD}/partial_last_block"),
+    Confirmer("--capture", _confirm_capture),
+)
 # Every field a manifest of each provenance may hold (trace_format.MANIFEST_SCHEMAS), by path,
 # and its one confirmer; a field of none is refused (_confirm_manifest).
 MANIFEST_CONFIRMERS: dict[str, dict[str, Confirmer]] = {
@@ -1308,10 +1327,13 @@ MANIFEST_CONFIRMERS: dict[str, dict[str, Confirmer]] = {
     CAPTURE_NIGHT: {
         **_ANY_PROVENANCE,
         "id_map": Confirmer(ROWS, _confirm_own_start),
-        **dict.fromkeys(
-            (f"{CAPTURE_FIELD}/format", f"{CAPTURE_FIELD}/partial_last_block"),
-            Confirmer("--capture", _confirm_capture),
-        ),
+        **_CAPTURE_FIELDS,
+    },
+    CAPTURE_MAP_NIGHT: {
+        **_ANY_PROVENANCE,
+        **dict.fromkeys(_ID_MAP_FIELDS, Confirmer("--id-map", _confirm_recorded_start)),
+        TIME_ORIGIN_FIELD: Confirmer(ROWS, _confirm_first_time),
+        **_CAPTURE_FIELDS,
     },
     STREAM_WINDOW: {
         **_ANY_PROVENANCE,

@@ -9,6 +9,7 @@ import pytest
 from kvtrace.transforms.errors import ConfigError
 from kvtrace.transforms.read.measured import (
     NOT_MEASURED,
+    check_totals,
     measured_bytes,
     read_measured,
     trace_manifest,
@@ -97,3 +98,15 @@ def test_the_trace_is_one_whole_output_in_shard_order(tmp_path):
     ):
         with pytest.raises(ConfigError, match="give that folder"):
             trace_manifest("m", files)
+
+
+def test_a_file_holds_the_totals_its_output_published():
+    """Cut at a line's end, a line dropped or a count altered, a file still reads; its totals
+    are then not stats.json's. Without a published aggregate nothing is held against."""
+    measured = np.array([8, NOT_MEASURED, 4, 0])
+    inputs = np.array([16, 9, 8, 4])
+    check_totals("m", measured, inputs, (3, 12, 28))
+    check_totals("m", measured, inputs, None)
+    for cut in (np.array([8, NOT_MEASURED, 4, NOT_MEASURED]), np.array([8, NOT_MEASURED, 5, 0])):
+        with pytest.raises(ConfigError, match="m holds .* stats.json 3 requests with 12 of 28"):
+            check_totals("m", cut, inputs, (3, 12, 28))

@@ -20,6 +20,7 @@ from kvtrace.transforms.stats.audit import (
 )
 from kvtrace.transforms.trace_format import (
     CAPTURE_FIELD,
+    CAPTURE_MAP_NIGHT,
     CAPTURE_NIGHT,
     CAPTURE_SCHEME,
     KEYED_SCHEME,
@@ -67,7 +68,7 @@ def test_the_provenances_are_the_declared_ones_and_each_is_the_union_narrowed():
     assert (
         set(MANIFEST_CONFIRMERS)
         == set(MANIFEST_SCHEMAS)
-        == {NIGHT, MAP_NIGHT, STREAM_WINDOW, CAPTURE_NIGHT}
+        == {NIGHT, MAP_NIGHT, STREAM_WINDOW, CAPTURE_NIGHT, CAPTURE_MAP_NIGHT}
     )
     for schema in MANIFEST_SCHEMAS.values():
         assert schema["required"] == MANIFEST_SCHEMA["required"]
@@ -83,6 +84,8 @@ def test_settings_no_row_shows_are_confirmed_only_by_the_audits_options():
         assert by["tokenizer/name"] == by["tokenizer/sha256"] == "--tokenizer"
         assert by["chat_template_kwargs"] == "--chat-template-kwargs"
     assert MANIFEST_CONFIRMERS[MAP_NIGHT]["id_map/time_from_ms"].by == "--id-map"
+    assert MANIFEST_CONFIRMERS[CAPTURE_MAP_NIGHT]["id_map/block_ids_from"].by == "--id-map"
+    assert MANIFEST_CONFIRMERS[CAPTURE_MAP_NIGHT][f"{CAPTURE_FIELD}/format"].by == "--capture"
     assert MANIFEST_CONFIRMERS[STREAM_WINDOW]["id_map/block_ids_from"].by == START
     assert MANIFEST_CONFIRMERS[STREAM_WINDOW]["id_map/time_from_ms"].by == ROWS
 
@@ -122,6 +125,11 @@ def _shape(provenance: str, **fields: Any) -> list[str]:
         (CAPTURE_NIGHT, {"chat_template_kwargs": {"enable_thinking": False}}, False),  # no text
         (CAPTURE_NIGHT, {"tokenizer": {"name": "Qwen/Qwen3-8B", "sha256": {}}}, False),
         (CAPTURE_NIGHT, {"id_map": START_AT_ZERO}, False),
+        (CAPTURE_NIGHT, {TIME_ORIGIN_FIELD: NIGHT_ORIGIN}, False),  # no map to count on
+        (CAPTURE_MAP_NIGHT, {"id_map": START_AT_ZERO, TIME_ORIGIN_FIELD: NIGHT_ORIGIN}, True),
+        (CAPTURE_MAP_NIGHT, {"id_map": None}, False),
+        (CAPTURE_MAP_NIGHT, {"hash_scheme": KEYED_SCHEME}, False),
+        (CAPTURE_MAP_NIGHT, {"tokenizer": {"name": "Qwen/Qwen3-8B", "sha256": {}}}, False),
     ],
 )
 def test_each_provenance_holds_exactly_what_its_writer_writes(provenance, fields, allowed):
@@ -135,6 +143,8 @@ def test_a_night_is_audited_by_its_id_map_and_a_window_by_where_it_was_found():
     assert manifest_provenance("not an object", stream_window=False) == MAP_NIGHT
     capture = {"id_map": None, CAPTURE_FIELD: "dynamo-request-trace"}
     assert manifest_provenance(capture, stream_window=False) == CAPTURE_NIGHT
+    mapped = capture | {"id_map": START_AT_ZERO}
+    assert manifest_provenance(mapped, stream_window=False) == CAPTURE_MAP_NIGHT
     assert manifest_provenance(capture, stream_window=True) == STREAM_WINDOW  # which refuses it
 
 

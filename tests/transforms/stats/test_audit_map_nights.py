@@ -5,11 +5,13 @@ versions record no night fails closed, saying what to do."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from kvtrace.transforms.ids import id_map, map_record
 from kvtrace.transforms.ids.map_record import keyed, map_key
 from kvtrace.transforms.stats import audit as gate
+from kvtrace.transforms.trace_format import CAPTURE_FIELD, CAPTURE_FORMATS, capture_manifest
 
 SALT = b"n" * 32
 KEY = map_key(SALT)
@@ -49,6 +51,30 @@ def test_a_night_passes_only_as_a_version_recorded_it():
     for other in others:
         said = flags(other, numbering)
         assert len(said) == 1 and "not a night a version of the id map recorded" in said[0]
+
+
+def test_a_night_passes_only_by_a_map_of_its_kind():
+    """A map of captures confirms only a capture night of its format, a text map only a text
+    night: the same start and identity recorded by a map of another kind is no version's."""
+    dynamo, lmcache = CAPTURE_FORMATS
+    captured = MANIFEST | {CAPTURE_FIELD: capture_manifest(dynamo)}
+    by_dynamo = [replace(recorded(captured), capture=dynamo)]
+    assert flags(captured, by_dynamo) == []
+    for manifest, numbering, said in (
+        (
+            captured,
+            [recorded(captured)],
+            f"numbers blocks of text, this night engine hashes of --capture {dynamo}",
+        ),
+        (MANIFEST, by_dynamo, f"numbers engine hashes of --capture {dynamo}, this night blocks"),
+        (
+            MANIFEST | {CAPTURE_FIELD: capture_manifest(lmcache)},
+            [replace(recorded(captured), capture=dynamo)],
+            f"this night engine hashes of --capture {lmcache}",
+        ),
+    ):
+        flagged = flags(manifest, numbering)
+        assert len(flagged) == 1 and said in flagged[0], flagged
 
 
 def test_a_map_recording_no_nights_fails_closed_saying_what_to_do():
