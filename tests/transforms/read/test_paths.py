@@ -411,3 +411,26 @@ def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_p
     path.write_bytes(with_parquet_footer(body + thrift_encode(other), footer))
     with pytest.raises(ValueError, match="lie in no part"):
         read_parquet_within(str(path), 1 << 20, ["n"])
+
+
+def test_a_bloom_filter_is_part_of_the_file_its_size_read_from_its_header_when_not_stated(tmp_path):
+    """parquet-mr before the footer stated a bloom filter's length wrote its offset alone:
+    its header tells its size. A filter no chunk points to is stray."""
+    buffer = io.BytesIO()
+    table = pa.table({"n": [1, 2, 3], "s": ["a", "b", "a"]})
+    pq.write_table(table, buffer, bloom_filter_options={"s": {"ndv": 10}})
+    footer, body = parquet_footer(buffer.getvalue())
+    [_, strings] = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1]
+    metadata = thrift_field(strings, 3)[2]
+    assert {14, 15} <= {field[0] for field in metadata}
+    path = tmp_path / "t.parquet"
+    for dropped, accounted in (({15}, True), ({14, 15}, False)):
+        kept = [field for field in metadata if field[0] not in dropped]
+        thrift_field(strings, 3)[2] = kept
+        path.write_bytes(with_parquet_footer(body, footer))
+        if accounted:
+            assert read_parquet_within(str(path), 1 << 20, ["s"]).table.num_rows == 3
+        else:
+            with pytest.raises(ValueError, match="lie in no part"):
+                read_parquet_within(str(path), 1 << 20, ["s"])
+
