@@ -894,10 +894,17 @@ def checked_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, max_repetitio
 
 def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     """The bytes a column chunk claims, [start, end): its first page (the dictionary's, if
-    any) on, as Arrow reads it."""
+    any) on, as Arrow reads it; a chunk of no data page (pyarrow's of an empty table: its data
+    page offset 0, inside the magic) from its dictionary, where Arrow reads no page at all
+    (chunk_pages refuses such a chunk claiming values)."""
     start = column.data_page_offset
-    if column.has_dictionary_page and 0 < column.dictionary_page_offset < start:
-        start = column.dictionary_page_offset
+    dictionary = column.dictionary_page_offset if column.has_dictionary_page else None
+    if (
+        dictionary is not None
+        and 0 < dictionary
+        and (dictionary < start or start < len(PARQUET_MAGIC))
+    ):
+        start = dictionary
     return start, start + column.total_compressed_size
 
 

@@ -434,3 +434,12 @@ def test_a_bloom_filter_is_part_of_the_file_its_size_read_from_its_header_when_n
             with pytest.raises(ValueError, match="lie in no part"):
                 read_parquet_within(str(path), 1 << 20, ["s"])
 
+
+def test_pyarrows_file_of_an_empty_table_reads_as_no_rows(tmp_path):
+    """Its row group's chunks hold a dictionary page and no data page (data page offset 0):
+    their bytes are the dictionaries', not a walk from the file's magic."""
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"n": pa.array([], pa.int64()), "s": pa.array([], pa.string())}), path)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert column.data_page_offset == 0 and column.has_dictionary_page
+    assert read_parquet_within(str(path), 1 << 20, ["n", "s"]).table.num_rows == 0
