@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from helpers import KVTRACE, kvtrace_child, peak_rss_mb
+from helpers import KVTRACE, chat, kvtrace_child, peak_rss_mb, read_jsonl, write_jsonl
 
 pytestmark = [pytest.mark.slow]
 
@@ -396,16 +396,25 @@ def test_page_headers_cost_their_bytes_once_not_once_per_row_group(tiny_tokenize
     Arrow reads 300 copies in 3.6 s of CPU. The footer's bound (16 MiB: ~100,000 copies of a
     ~150-byte row group) allows ~17 hours of CPU from one 17 MB file. docs/BOUNDS.md bounds the
     memory of Parquet's page walk, not its time. Promise: every resource bounded before it is
-    spent; bad input never hangs a run."""
+    spent; bad input never hangs a run. Since round 14 a chunk named twice refuses its file at
+    once (paths._stray_bytes: the group's own pages would be left unread), so the night is given
+    a clean log beside it to publish, and the file is its letter."""
     src = tmp_path / "log.parquet"
     _bloated_header_aliased(src, 300)
     assert src.stat().st_size < 1 << 20
+    clean = tmp_path / "clean.jsonl"
+    write_jsonl(clean, [chat(0, 0)])
     try:
         done = kvtrace_child(
-            *["anonymize", "--input", str(src), "--output", str(tmp_path / "out"),
-             "--tokenizer", tiny_tokenizer, "--block-size", "4", "--processes", "1"],
+            *["anonymize", "--input", str(src), "--input", str(clean),
+             "--output", str(tmp_path / "out"), "--tokenizer", tiny_tokenizer,
+             "--block-size", "4", "--processes", "1", "--max-rejected-fraction", "1"],
             timeout=60,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail("anonymize still reading a 0.97 MB Parquet file after 60 s")
     assert done.returncode == 0, done.stderr[-2000:]
+    letters = [r for f in (tmp_path / "out-rejected").glob("*.jsonl") for r in read_jsonl(f)]
+    assert [(r["error"], "named twice" in r["message"]) for r in letters] == [
+        ("damaged_file", True)
+    ]

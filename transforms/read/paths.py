@@ -34,7 +34,7 @@ from kvtrace.transforms.read.arrow_sizes import (
 from kvtrace.transforms.read.decompress import DecodedStream, form_name
 from kvtrace.transforms.read.json_tree import MAX_NESTING_DEPTH
 from kvtrace.transforms.read.numbers import Reader, json_reader
-from kvtrace.transforms.read.parquet_frame import TAIL_BYTES, footer_length
+from kvtrace.transforms.read.parquet_frame import PARQUET_MAGIC, TAIL_BYTES, footer_length
 from kvtrace.transforms.storage import is_url
 
 _LOG = logging.getLogger("kvtrace")
@@ -307,15 +307,33 @@ class FooterOverBound(ValueError):
     damaged one."""
 
 
+class StrayBytes(NamedTuple):
+    """Bytes of a Parquet file's body that no part its footer lists holds (_stray_bytes)."""
+
+    at: int  # the first of them
+    size: int  # all of them
+
+    def __str__(self) -> str:
+        return (
+            f"{self.size} bytes from byte {self.at} on lie in no part of the file its footer "
+            "lists (a row group left out of it?)"
+        )
+
+
 @contextmanager
 def parquet_file(
-    path: str, max_footer_bytes: int, opened: IO[bytes] | None = None
+    path: str,
+    max_footer_bytes: int,
+    opened: IO[bytes] | None = None,
+    stray: list[StrayBytes] | None = None,
 ) -> Iterator[tuple[IO[bytes], pq.ParquetFile]]:
     """The file (opened: read from it, not opened by path) and a Parquet reader over it
     (arrow_reader), once its footer is known to be within max_footer_bytes (the footer is read
     whole before any row, and it can claim any size), in bytes and in what Arrow makes of it
-    (check_footer); ValueError if not. The file itself is for oversized_pages' look at page
-    headers."""
+    (check_footer), and to account for the file's body (_stray_bytes); ValueError if not.
+    Body bytes the footer does not account for are rows no reader would see: given `stray`,
+    they are appended to it (a log's reader letters them and reads the rest), else they refuse
+    the file. The file itself is for oversized_pages' look at page headers."""
     with open_raw(path) if opened is None else nullcontext(opened) as raw:
         footer_bytes = footer_length(raw, path)
         if footer_bytes > max_footer_bytes:
@@ -323,8 +341,8 @@ def parquet_file(
                 f"{path}: Parquet footer of {footer_bytes} bytes, over the bound "
                 f"of {max_footer_bytes}"
             )
-        raw.seek(-TAIL_BYTES - footer_bytes, os.SEEK_END)
-        check_footer(path, raw.read(footer_bytes), max_footer_bytes)
+        body_end = raw.seek(-TAIL_BYTES - footer_bytes, os.SEEK_END)
+        footer = check_footer(path, raw.read(footer_bytes), max_footer_bytes)
         raw.seek(0)
         parquet = arrow_reader(
             raw,
@@ -332,7 +350,11 @@ def parquet_file(
             thrift_container_size_limit=max_footer_bytes,
         )
         _check_schema(path, parquet.schema_arrow)
-        _check_chunks_apart(path, parquet.metadata)
+        found = _stray_bytes(path, raw, footer, parquet.metadata, body_end)
+        if found is not None and stray is None:
+            raise ValueError(f"{path}: {found}")
+        if found is not None:
+            stray.append(found)
         yield raw, parquet
 
 
@@ -367,12 +389,12 @@ SCHEMA_ELEMENT_BYTES = 1024
 FOOTER_WEIGHT_FLOOR = 1 << 20
 
 
-def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> None:
+def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> dict[int, Any]:
     """The footer's checks made on its bytes by kvtrace's own Thrift reader, before Arrow parses
     it: FooterOverBound when it weighs more than max_footer_bytes (FOOTER_WEIGHT_FLOOR at
     least) in the units Arrow spends memory on (_FooterWalk.weight), not its bytes;
     ValueError when it is not Thrift, or not of the shape Arrow builds safely
-    (_check_footer_shape)."""
+    (_check_footer_shape). The footer's fields as decoded (_CompactReader)."""
     most = max(max_footer_bytes, FOOTER_WEIGHT_FLOOR)
     try:
         _FooterWalk(footer).weight(most)
@@ -384,16 +406,16 @@ def check_footer(path: str, footer: bytes, max_footer_bytes: int) -> None:
         ) from None
     except IndexError:
         raise ValueError(f"{path}: the Parquet footer ends inside a value") from None
-    _check_footer_shape(path, footer)  # within its weight: decoded whole
+    return _check_footer_shape(path, footer)  # within its weight: decoded whole
 
 
-def _check_footer_shape(path: str, footer: bytes) -> None:
+def _check_footer_shape(path: str, footer: bytes) -> dict[int, Any]:
     """The footer (FileMetaData), decoded by kvtrace's own Thrift reader before Arrow builds any
     column's metadata from it, holds each row group's column chunks as its schema's leaves are,
     one each in order, and each chunk's level histograms (its size statistics) one count per
     level of its column, or none; ValueError if not. Arrow throws past every handler on a
     histogram of another length (the process aborts), and fails on a row group short of a
-    chunk with errors of its own."""
+    chunk with errors of its own. Returns the footer's fields."""
     try:
         metadata = _CompactReader(footer).struct()
     except IndexError:
@@ -421,6 +443,7 @@ def _check_footer_shape(path: str, footer: bytes) -> None:
                         f"{path}: Parquet size statistics counting {len(counts)} levels of a "
                         f"column that has {most + 1}"
                     )
+    return metadata
 
 
 def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
@@ -449,23 +472,92 @@ def _leaf_levels(path: str, elements: Any) -> list[tuple[int, int]]:
     return leaves
 
 
-def _check_chunks_apart(path: str, metadata: pq.FileMetaData) -> None:
-    """Column chunks lie apart, each the bytes of one column of one row group, as the Parquet
-    spec lays them out and every writer writes them; ValueError for chunks that overlap without
-    being the same bytes. Chunks named twice are walked once (chunk_pages), so the page walks
-    of a file cost its bytes once, however many row groups its footer claims."""
-    ranges = sorted(
-        {
-            _chunk_range(metadata.row_group(group).column(index))
-            for group in range(metadata.num_row_groups)
-            for index in range(metadata.num_columns)
-        }
-    )
-    for (_, end), (start, _) in zip(ranges, ranges[1:]):
-        if start < end:
+def _stray_bytes(
+    path: str, raw: IO[bytes], footer: dict[int, Any], metadata: pq.FileMetaData, body_end: int
+) -> StrayBytes | None:
+    """The bytes of the body, between the opening magic and the footer (body_end), that no
+    part the footer lists holds, or None: the parts are each column chunk (as Arrow reads it:
+    _chunk_range) and the column index, offset index and bloom filter a chunk points to
+    (_chunk_extras); a gap between them holds only what writers leave there (_stray_gap).
+    Parts that overlap (a chunk named twice, whose rows would be read twice and its own left
+    unread) or lie outside the body are a layout no writer makes: ValueError. Costs a sort of
+    the footer's parts and a read of the gaps, each up to its first stray byte."""
+    parts: list[tuple[int, int, dict[int, Any] | None]] = []  # a chunk's with its entry
+    for index, group in enumerate(footer.get(4) or []):
+        row_group = metadata.row_group(index)
+        for column, chunk in enumerate(group.get(1) or []):
+            parts.append((*_chunk_range(row_group.column(column)), chunk))
+            parts.extend((*extra, None) for extra in _chunk_extras(raw, chunk, body_end))
+    parts.sort(key=lambda part: part[:2])
+    at, first, size, chunk = len(PARQUET_MAGIC), None, 0, None
+    for start, end, entry in [*parts, (body_end, body_end, None)]:
+        if start == end < body_end:  # no bytes
+            continue
+        if start < len(PARQUET_MAGIC) or end < start or end > body_end:
             raise ValueError(
-                f"{path}: Parquet column chunks overlap at byte {start}: a layout no writer makes"
+                f"{path}: the Parquet footer lists bytes {start} to {end}, outside the "
+                f"file's body (bytes {len(PARQUET_MAGIC)} to {body_end})"
             )
+        if start < at:
+            raise ValueError(
+                f"{path}: parts of a Parquet file its footer lists overlap at byte {start} "
+                "(a column chunk named twice?): a layout no writer makes"
+            )
+        if _stray_gap(raw, at, start, chunk):
+            first, size = at if first is None else first, size + start - at
+        at, chunk = end, entry
+    return None if first is None else StrayBytes(first, size)
+
+
+def _stray_gap(raw: IO[bytes], start: int, end: int, chunk: dict[int, Any] | None) -> bool:
+    """Whether the gap [start, end) between the parts of a file holds other than what writers
+    leave there: zeros (parquet-mr pads row groups so), after the copy of the metadata of the
+    column chunk before it (chunk: its footer entry) that some write behind its pages (the
+    spec's first layout: polars, parquet-cpp 1.x), decoding as the entry does, or its
+    metadata. Reads the gap a chunk at a time up to its first stray byte."""
+    if chunk is not None and start < end:
+        try:
+            copy, size = _page_header(raw, start)
+        except ValueError:
+            copy, size = None, 0
+        if copy in (chunk, chunk.get(3)) and start + size <= end:
+            start += size
+    raw.seek(start)
+    while start < end:
+        data = raw.read(min(READ_CHUNK_BYTES, end - start))
+        if not data or data.count(0) != len(data):
+            return True
+        start += len(data)
+    return False
+
+
+# ColumnChunk's fields: the offset index's offset and length, the column index's; then
+# ColumnMetaData's (field 3) bloom filter offset and length (the length is newer: without it,
+# the filter's header tells its size).
+_INDEX_FIELDS = ((4, 5), (6, 7))
+_BLOOM_FIELDS = (14, 15)
+
+
+def _chunk_extras(
+    raw: IO[bytes], chunk: dict[int, Any], body_end: int
+) -> Iterator[tuple[int, int]]:
+    """The bytes [start, end) of what a column chunk's footer entry points to besides its
+    pages: its offset index, column index and bloom filter, as far as it names them."""
+    column = chunk.get(3) if isinstance(chunk.get(3), dict) else {}
+    for entry, (offset_field, length_field) in (
+        *((chunk, fields) for fields in _INDEX_FIELDS),
+        (column, _BLOOM_FIELDS),
+    ):
+        offset, length = entry.get(offset_field), entry.get(length_field)
+        if not isinstance(offset, int):
+            continue
+        if not isinstance(length, int):  # a bloom filter's: its header's size and bitset's
+            length = 1  # past the body: refused without a read
+            if len(PARQUET_MAGIC) <= offset < body_end:
+                header, header_bytes = _page_header(raw, offset)
+                bitset = header.get(1)
+                length = header_bytes + (bitset if isinstance(bitset, int) else 0)
+        yield offset, offset + length
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
@@ -766,8 +858,8 @@ class Page(NamedTuple):
     repetition: int  # v1: its repetition levels' encoding; v2: their bytes (stored plain)
 
 
-# What the page walks of an open Parquet file found, by the bytes walked: a footer's row groups
-# may all name the same column chunk, whose pages are then walked once (docs/BOUNDS.md).
+# What the page walks of an open Parquet file found, by the bytes walked: the page checks, the
+# row count and the reader's sizing of a chunk share one walk of its pages (docs/BOUNDS.md).
 _WALKED: weakref.WeakKeyDictionary[IO[bytes], dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -802,10 +894,17 @@ def checked_levels(raw: IO[bytes], column: pq.ColumnChunkMetaData, max_repetitio
 
 def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     """The bytes a column chunk claims, [start, end): its first page (the dictionary's, if
-    any) on, as Arrow reads it."""
+    any) on, as Arrow reads it; a chunk of no data page (pyarrow's of an empty table: its data
+    page offset 0, inside the magic) from its dictionary, where Arrow reads no page at all
+    (chunk_pages refuses such a chunk claiming values)."""
     start = column.data_page_offset
-    if column.has_dictionary_page and 0 < column.dictionary_page_offset < start:
-        start = column.dictionary_page_offset
+    dictionary = column.dictionary_page_offset if column.has_dictionary_page else None
+    if (
+        dictionary is not None
+        and 0 < dictionary
+        and (dictionary < start or start < len(PARQUET_MAGIC))
+    ):
+        start = dictionary
     return start, start + column.total_compressed_size
 
 
@@ -1091,8 +1190,9 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
 
 
 def _page_header(raw: IO[bytes], offset: int) -> tuple[dict[int, Any], int]:
-    """The fields of the Parquet page header at offset (Thrift compact protocol), and its size:
-    read in growing slices, up to MAX_PAGE_HEADER_BYTES."""
+    """The fields of the Parquet page header (or another Thrift struct of the body: a bloom
+    filter's header, a chunk metadata's copy) at offset (Thrift compact protocol), and its
+    size: read in growing slices, up to MAX_PAGE_HEADER_BYTES."""
     size = 1 << 10
     while True:
         raw.seek(offset)

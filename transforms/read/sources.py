@@ -29,6 +29,7 @@ from kvtrace.transforms.read.paths import (
     OVERSIZED_EXCERPT_BYTES,
     FooterOverBound,
     Oversized,
+    StrayBytes,
     broken_off,
     child_fields,
     compression_of,
@@ -210,12 +211,20 @@ def _oversized(path: str, offset: int, line: Oversized, max_record_bytes: int) -
 def _parquet(path: str, max_record_bytes: int) -> Iterator[tuple[str, Any] | DeadLetter]:
     """Every row of a Parquet file as a dict. The footer is bounded before it is read, and a
     row group whose pages could not be read within the bound (paths.oversized_pages) is never
-    decoded: it is one too_large dead letter (_unread_group). A file that cannot be read on
+    decoded: it is one too_large dead letter (_unread_group). Bytes of its body that its
+    footer does not account for (a row group left out of its list) are one damaged_file
+    letter weighing them, the listed groups read all the same. A file that cannot be read on
     weighs its bytes not yet read as lost (unread_bytes)."""
-    stored = reached = 0  # the file's bytes as stored; those of the row groups gone by
+    stored = reached = 0  # the file's bytes as stored; those weighed or read so far
+    stray: list[StrayBytes] = []
     try:
-        with parquet_file(path, max_record_bytes) as (raw, parquet):
+        with parquet_file(path, max_record_bytes, stray=stray) as (raw, parquet):
             stored = raw.seek(0, os.SEEK_END)
+            for lost in stray:
+                yield DeadLetter(
+                    path, b"", DAMAGED_FILE, f"Parquet bytes not read: {lost}", lost_bytes=lost.size
+                )
+                reached += lost.size
             first = 0  # the file's number of the group's first row, counted as groups go by
             for group in range(parquet.num_row_groups):
                 if why := oversized_pages(raw, parquet.metadata, group, max_record_bytes):

@@ -3,6 +3,7 @@ row sized before it is decoded (paths.read_parquet_within, python_values)."""
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import os
@@ -13,17 +14,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import parquet_footer, thrift_field, with_parquet_footer
+from helpers import parquet_footer, thrift_encode, thrift_field, with_parquet_footer
 from kvtrace.transforms.read.paths import (
     FOOTER_STRUCT_BYTES,
     FOOTER_WEIGHT_FLOOR,
     SCHEMA_ELEMENT_BYTES,
     FooterOverBound,
+    StrayBytes,
     _FooterWalk,
     _OverWeight,
     check_footer,
     chunk_pages,
     expand_inputs,
+    parquet_file,
     python_values,
     read_parquet_within,
 )
@@ -301,8 +304,8 @@ def test_a_list_of_numbers_is_skipped_whole():
 
 
 def test_a_chunk_named_by_many_row_groups_is_walked_once(tmp_path):
-    """The page walk of an open file is kept by the bytes walked: a footer whose row groups
-    all name one chunk costs its bytes once, not once per group."""
+    """The page walk of an open file is kept by the bytes walked: the page checks, the row
+    count and the reader's sizing of one chunk cost its bytes once, not once each."""
     import io
 
     import pyarrow as pa
@@ -337,3 +340,106 @@ def test_a_row_group_whose_footer_claims_other_rows_than_its_pages_hold_is_refus
     path.write_bytes(with_parquet_footer(body, footer))
     with pytest.raises(ValueError, match=f"row group 1's pages hold 3 rows of .*claims {claimed}"):
         read_parquet_within(str(path), 1 << 20, columns)
+
+
+def _six_rows_in_two_groups() -> tuple[list, bytes]:
+    buffer = io.BytesIO()
+    pq.write_table(
+        pa.table({"n": [1, 2, 3, 4, 5, 6], "ids": [[1], [2], [], [3], [4, 5], [6]]}), buffer, 3
+    )
+    return parquet_footer(buffer.getvalue())
+
+
+@pytest.mark.parametrize("tail", [b"", b"\0" * 5000])
+def test_zeros_between_the_parts_a_footer_lists_are_a_writers_padding(tmp_path, tail):
+    """parquet-mr pads row groups with zeros: a gap of them reads as nothing lost."""
+    footer, body = _six_rows_in_two_groups()
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body + tail, footer))
+    assert read_parquet_within(str(path), 1 << 20, ["n"]).table["n"].to_pylist() == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+
+
+@pytest.mark.parametrize("tail", [b"\1", b"\0" * 4000 + b"x" + b"\0" * 100])
+def test_bytes_a_footer_does_not_list_refuse_the_trace_and_are_weighed(tmp_path, tail):
+    footer, body = _six_rows_in_two_groups()
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body + tail, footer))
+    with pytest.raises(
+        ValueError, match=f"{len(tail)} bytes from byte {len(body)} on lie in no part"
+    ):
+        read_parquet_within(str(path), 1 << 20, ["n"])
+    stray: list = []
+    with parquet_file(str(path), 1 << 20, stray=stray):
+        pass
+    assert stray == [StrayBytes(len(body), len(tail))]
+
+
+def test_a_column_chunk_a_footer_names_twice_refuses_the_file(tmp_path):
+    """Row group 1 naming row group 0's chunks (its own left unread): no writer makes that."""
+    footer, body = _six_rows_in_two_groups()
+    groups = thrift_field(footer, 4)[2][1]
+    groups[1] = copy.deepcopy(groups[0])
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body, footer))
+    stray: list = []
+    with pytest.raises(ValueError, match="overlap at byte 4 .a column chunk named twice"):
+        with parquet_file(str(path), 1 << 20, stray=stray):
+            pass
+
+
+def test_the_metadata_copy_a_writer_leaves_behind_a_chunk_is_accounted_for(tmp_path):
+    """The spec's first layout (polars, parquet-cpp 1.x): each chunk's metadata written again
+    behind its pages. Such a copy reads as part of the file; bytes that only look like one
+    (another chunk's metadata) do not."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"n": [1, 2, 3]}), buffer)
+    footer, body = parquet_footer(buffer.getvalue())
+    chunk = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1][0]
+    copied = thrift_encode(thrift_field(chunk, 3)[2])
+    path = tmp_path / "t.parquet"
+    path.write_bytes(with_parquet_footer(body + copied, footer))
+    assert read_parquet_within(str(path), 1 << 20, ["n"]).table["n"].to_pylist() == [1, 2, 3]
+    other = copy.deepcopy(thrift_field(chunk, 3)[2])
+    thrift_field(other, 5)[2] += 1  # another num_values
+    path.write_bytes(with_parquet_footer(body + thrift_encode(other), footer))
+    with pytest.raises(ValueError, match="lie in no part"):
+        read_parquet_within(str(path), 1 << 20, ["n"])
+
+
+def test_a_bloom_filter_is_part_of_the_file_its_size_read_from_its_header_when_not_stated(tmp_path):
+    """parquet-mr before the footer stated a bloom filter's length wrote its offset alone:
+    its header tells its size. A filter no chunk points to is stray."""
+    buffer = io.BytesIO()
+    table = pa.table({"n": [1, 2, 3], "s": ["a", "b", "a"]})
+    pq.write_table(table, buffer, bloom_filter_options={"s": {"ndv": 10}})
+    footer, body = parquet_footer(buffer.getvalue())
+    [_, strings] = thrift_field(thrift_field(footer, 4)[2][1][0], 1)[2][1]
+    metadata = thrift_field(strings, 3)[2]
+    assert {14, 15} <= {field[0] for field in metadata}
+    path = tmp_path / "t.parquet"
+    for dropped, accounted in (({15}, True), ({14, 15}, False)):
+        kept = [field for field in metadata if field[0] not in dropped]
+        thrift_field(strings, 3)[2] = kept
+        path.write_bytes(with_parquet_footer(body, footer))
+        if accounted:
+            assert read_parquet_within(str(path), 1 << 20, ["s"]).table.num_rows == 3
+        else:
+            with pytest.raises(ValueError, match="lie in no part"):
+                read_parquet_within(str(path), 1 << 20, ["s"])
+
+
+def test_pyarrows_file_of_an_empty_table_reads_as_no_rows(tmp_path):
+    """Its row group's chunks hold a dictionary page and no data page (data page offset 0):
+    their bytes are the dictionaries', not a walk from the file's magic."""
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"n": pa.array([], pa.int64()), "s": pa.array([], pa.string())}), path)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert column.data_page_offset == 0 and column.has_dictionary_page
+    assert read_parquet_within(str(path), 1 << 20, ["n", "s"]).table.num_rows == 0

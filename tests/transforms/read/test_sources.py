@@ -672,3 +672,24 @@ def test_a_column_of_a_type_outside_the_read_ones_refuses_the_file(kind):
     with pytest.raises(ValueError, match="Parquet column other holds .*, a type not read"):
         paths._check_schema("f.parquet", schema)
     paths._check_schema("f.parquet", pa.schema([("prompt", pa.string())]))
+
+
+def test_parquet_bytes_its_footer_does_not_list_are_one_letter_weighing_them(tmp_path):
+    """A row group the footer leaves out of its list: its bytes are one damaged_file letter
+    weighing them, the listed groups' rows read all the same (read = exported + rejected)."""
+    from helpers import parquet_footer, thrift_field, with_parquet_footer
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"timestamp": list(range(6)), "prompt": ["p"] * 6}), buffer, 3)
+    footer, body = parquet_footer(buffer.getvalue())
+    groups = thrift_field(footer, 4)[2][1]
+    second = thrift_field(groups[1], 6)[2]  # its total_compressed_size: its bytes
+    del groups[1]
+    path = tmp_path / "logs.parquet"
+    path.write_bytes(with_parquet_footer(body, footer))
+    read = list(read_range(FileRange(str(path), 0, None), 1 << 20))
+    [letter] = [item for item in read if isinstance(item, DeadLetter)]
+    assert letter.reason == "damaged_file" and "lie in no part" in letter.message
+    assert letter.lost_bytes == second
+    rows = [item[1] for item in read if not isinstance(item, DeadLetter)]
+    assert [row["timestamp"] for row in rows] == [0, 1, 2]
