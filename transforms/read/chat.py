@@ -477,9 +477,15 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
 def message_pieces(message: dict[str, Any]) -> list[Any]:
     """What a response's message (or a streamed chunk's delta) generated, in order, None where
     it holds nothing: its reasoning, content, and each tool call's name and arguments."""
-    pieces = [message.get("reasoning_content", message.get("reasoning")), message.get("content")]
+    pieces = [*message_texts(message)]
     for call in _list(message.get("tool_calls")):
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             pieces += [function.get("name"), function.get("arguments")]
     return pieces
+
+
+def message_texts(message: dict[str, Any]) -> tuple[Any, Any]:
+    """A response message's reasoning (by either name it goes by) and content, None where
+    absent: what it generated before any tool call."""
+    return message.get("reasoning_content", message.get("reasoning")), message.get("content")

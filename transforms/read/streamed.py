@@ -8,14 +8,15 @@ handful of chunks and read them as they would read the whole list.
 
 A text chunk, a null field read as an absent one (as the readers see it: records.without_nulls):
 - not the first chunk (its `created` may date the request);
-- an object whose fields are in TEXT_CHUNK_FIELDS, each a scalar but `choices`;
-- `choices` one object whose fields are in TEXT_CHOICE_FIELDS, each of the type given there;
+- an object whose fields are in TEXT_CHUNK_FIELDS, each of a type given there (its labels
+  any scalar, `choices` a list);
+- `choices` one object whose fields are in TEXT_CHOICE_FIELDS, each of a type given there;
 - its `delta` an object whose fields are in TEXT_DELTA_FIELDS, each a string.
 So the declared shapes accept a text chunk (each field is of its declared type, none required
 is missing), it nests exactly as deep as the chunk merged from it, and it holds no usage,
 cached count, arrival time, tool call or output item. What it generated is
-chat.message_pieces of its delta, the rule the generated text is read by; a merged chunk's delta
-holds the run's pieces joined in order (a run that generated nothing leaves no chunk).
+chat.message_texts of its delta, the rule the generated text is read by; a merged chunk's
+delta holds the run's texts joined in order (a run that generated none leaves no chunk).
 
 records.request_from_object reads the record with the condensed list first and, should that
 be refused, the whole list: a dead letter names what the whole list holds, at its index.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtrace.transforms.read.chat import message_pieces
+from kvtrace.transforms.read.chat import message_texts
 
 _SCALARS = frozenset({str, int, float, bool})
 # The fields a text chunk may hold and the types of each; any field may be null (absent). A
@@ -47,23 +48,24 @@ TEXT_DELTA_FIELDS = dict.fromkeys(
 def condensed(chunks: list[Any]) -> list[Any] | None:
     """The chunks with each run of text chunks merged into one, or None when none merge."""
     kept: list[Any] = chunks[:1]
-    run: list[str] = []  # what the current run of text chunks generated
+    run: list[str | None] = []  # what the current run of text chunks generated
     for chunk in chunks[1:]:
-        pieces = text_pieces(chunk)
-        if pieces is not None:
-            run += pieces
+        texts = chunk_texts(chunk)
+        if texts is not None:
+            run += texts
             continue
         if run:
-            kept.append(_merged(run))
+            kept += _merged(run)
             run = []
         kept.append(chunk)
     if run:
-        kept.append(_merged(run))
+        kept += _merged(run)
     return kept if len(kept) < len(chunks) else None
 
 
-def text_pieces(chunk: Any) -> list[str] | None:
-    """What a text chunk generated, in order; None when the chunk is not one."""
+def chunk_texts(chunk: Any) -> tuple[str | None, str | None] | None:
+    """What a text chunk generated (chat.message_texts of its delta); None when the chunk is
+    not a text chunk."""
     if type(chunk) is not dict or not _holds_only(chunk, TEXT_CHUNK_FIELDS):
         return None
     choices = chunk.get("choices")
@@ -75,9 +77,9 @@ def text_pieces(chunk: Any) -> list[str] | None:
     delta = choice.get("delta")
     if delta is None or not _holds_only(delta, TEXT_DELTA_FIELDS):
         return None
-    if None in delta.values():
+    if None in delta.values():  # read as absent, as the readers see it
         delta = {name: value for name, value in delta.items() if value is not None}
-    return [piece for piece in message_pieces(delta) if piece is not None]
+    return message_texts(delta)
 
 
 def _holds_only(value: dict[str, Any], fields: dict[str, Any]) -> bool:
@@ -88,5 +90,8 @@ def _holds_only(value: dict[str, Any], fields: dict[str, Any]) -> bool:
     return True
 
 
-def _merged(pieces: list[str]) -> dict[str, Any]:
-    return {"choices": [{"delta": {"content": "".join(pieces)}}]}
+def _merged(texts: list[str | None]) -> list[dict[str, Any]]:
+    """The chunk a run merges into, holding what it generated joined; none if it generated
+    nothing (not even an empty text)."""
+    pieces = [text for text in texts if text is not None]
+    return [{"choices": [{"delta": {"content": "".join(pieces)}}]}] if pieces else []
