@@ -159,6 +159,9 @@ def main() -> None:
     parser.add_argument("--tokenizer-backend", default="tokenizers")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # this checkout's kvtrace in the stages, as in the whole runs (not another installed copy:
+    # from a worktree, the editable install is the main checkout's)
+    sys.path.insert(0, str(ROOT))
     backend = args.tokenizer_backend
     startup = startup_seconds(args.tokenizer, backend)
     whole = anonymize_cpu_seconds(args.corpus, args.tokenizer, backend, args.block_size)

@@ -452,12 +452,7 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
         choice = choices[0]
         message = choice.get("message", choice.get("delta"))
         if isinstance(message, dict):
-            reasoning = message.get("reasoning_content", message.get("reasoning"))
-            pieces += [reasoning, message.get("content")]
-            for call in _list(message.get("tool_calls")):
-                function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict):
-                    pieces += [function.get("name"), function.get("arguments")]
+            pieces += message_pieces(message)
         elif "text" in choice:
             pieces.append(choice.get("text"))
     output = chunk.get("output")
@@ -477,3 +472,20 @@ def _generated_pieces(chunk: dict[str, Any]) -> list[Any]:
                 else:
                     pieces.append(block.get("text", block.get("thinking")))
     return [p for p in pieces if isinstance(p, (str, dict, list))]
+
+
+def message_pieces(message: dict[str, Any]) -> list[Any]:
+    """What a response's message (or a streamed chunk's delta) generated, in order, None where
+    it holds nothing: its reasoning, content, and each tool call's name and arguments."""
+    pieces = [*message_texts(message)]
+    for call in _list(message.get("tool_calls")):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            pieces += [function.get("name"), function.get("arguments")]
+    return pieces
+
+
+def message_texts(message: dict[str, Any]) -> tuple[Any, Any]:
+    """A response message's reasoning (by either name it goes by) and content, None where
+    absent: what it generated before any tool call."""
+    return message.get("reasoning_content", message.get("reasoning")), message.get("content")

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvtrace.transforms.dead_letters import DeadLetter
 from kvtrace.transforms.errors import UNANTICIPATED, Rejected
-from kvtrace.transforms.read import chat
+from kvtrace.transforms.read import chat, streamed
 from kvtrace.transforms.read.captures import (
     Capture,
     capture_fields,
@@ -247,6 +247,38 @@ def request_from_object(
     check_strings: bool = True,
 ) -> Request:
     """The Request in an already-decoded record (JSONL line or Parquet row)."""
+    chunks = _streamed_chunks(record, options, check_strings)
+    shorter = streamed.condensed(chunks) if chunks is not None else None
+    if shorter is not None:  # read with a stream's text chunks merged (read/streamed.py)
+        record["response"] = shorter
+        try:
+            return _request(record, line, source, options, check_strings)
+        except (Rejected, *UNANTICIPATED):
+            record["response"] = chunks  # refused: read whole, so its letter is the whole's
+    return _request(record, line, source, options, check_strings)
+
+
+def _streamed_chunks(
+    record: dict[str, Any], options: ParseOptions, check_strings: bool
+) -> list[Any] | None:
+    """The streamed chunks a record's reading may condense: a log's response list, in a record
+    whose strings are valid Unicode (a merged chunk's checks would not name where one is not)
+    and that is no capture."""
+    chunks = record.get("response")
+    if (
+        type(chunks) is not list
+        or check_strings
+        or record.get("custom_id") is not None  # a Batch line's response is an object
+        or options.capture is not None
+        or is_capture(record)
+    ):
+        return None
+    return chunks
+
+
+def _request(
+    record: dict[str, Any], line: bytes, source: str, options: ParseOptions, check_strings: bool
+) -> Request:
     check_tree(record, check_strings)  # first: without_nulls recurses, within this depth
     if options.capture is not None or is_capture(record):  # an engine's hashes, no text
         return Request(source=source, line=line, **capture_fields(record, options.capture))

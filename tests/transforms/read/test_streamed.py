@@ -1,0 +1,202 @@
+"""A streamed response's text chunks merged before the record is read (read/streamed.py): the
+record reads exactly as with the whole list of chunks, Request or dead letter alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtrace.transforms.errors import Rejected
+from kvtrace.transforms.read.records import (
+    ParseOptions,
+    Request,
+    _request,
+    load_json_line,
+    parse_record,
+)
+from kvtrace.transforms.read.streamed import condensed
+
+
+def text_chunk(content: Any = "ab ", **choice: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1_767_225_600,
+        "model": "m",
+        "choices": [
+            {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}
+            | choice
+        ],
+    }
+
+
+# Chunks of every form a stream may hold: text chunks, and chunks a reader reads (usage, times,
+# tool calls, a message, output items), chunks the shapes refuse and ones nested past labels.
+OTHER_CHUNKS = {
+    "usage": {"choices": [], "usage": {"completion_tokens": 7, "prompt_tokens": 3}},
+    "cached": {
+        "choices": [],
+        "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}},
+    },
+    "num_cached": text_chunk() | {"num_cached_tokens": 5},
+    "arrival": text_chunk() | {"arrival_time": 1_767_225_601_000},
+    "tool_call": text_chunk(
+        None, delta={"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{}"}}]}
+    ),
+    "message": {"choices": [{"message": {"content": "whole"}}]},
+    "output": {"output": [{"type": "message", "content": [{"type": "output_text", "text": "o"}]}]},
+    "two_choices": text_chunk() | {"choices": [{"delta": {"content": "a"}}] * 2},
+    "logprobs": text_chunk(logprobs={"content": []}),
+    "nested_label": text_chunk() | {"system_fingerprint": {"a": [1]}},
+    "index_string": text_chunk(index="0"),
+    "index_bool": text_chunk(index=True),
+    "finish_number": text_chunk(finish_reason=1),
+    "content_number": text_chunk(5),
+    "content_list": text_chunk([{"type": "text", "text": "x"}]),
+    "delta_list": text_chunk(delta=["x"]),
+    "choice_null": text_chunk() | {"choices": [None]},
+    "not_object": "chunk",
+    "null": None,
+    "typed": {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "t"}]},
+}
+TEXT_CHUNKS = {
+    "content": text_chunk("cd "),
+    "empty": text_chunk(""),
+    "no_text": text_chunk(None),
+    "role": text_chunk(delta={"role": "assistant", "content": None, "refusal": None}),
+    "reasoning_content": text_chunk(delta={"reasoning_content": "r", "content": None}),
+    "reasoning_null": text_chunk(delta={"reasoning_content": None, "reasoning": "s"}),
+    "both": text_chunk(delta={"reasoning": "t", "content": "u"}),
+    "finish": text_chunk(finish_reason="stop"),
+    "usage_null": text_chunk("v") | {"usage": None, "service_tier": "default"},
+}
+
+
+def record(chunks: list[Any], **fields: Any) -> dict[str, Any]:
+    return {
+        "timestamp": 1_767_225_600_000,
+        "request": {"messages": [{"role": "user", "content": "hi"}], "session_id": "s"},
+        "response": chunks,
+    } | fields
+
+
+def read_whole(line: bytes) -> Request | tuple[str, str]:
+    """The record read with its whole list of chunks, as before they were merged."""
+    value, check_strings = load_json_line(line)
+    try:
+        return _request(value, line, "src", ParseOptions(), check_strings)
+    except Rejected as err:
+        return err.reason, err.message
+
+
+def read(line: bytes) -> Request | tuple[str, str]:
+    try:
+        return parse_record(line, "src")
+    except Rejected as err:
+        return err.reason, err.message
+
+
+def assert_reads_as_whole(value: dict[str, Any]) -> Request | tuple[str, str]:
+    line = json.dumps(value).encode()
+    got = read(line)
+    assert got == read_whole(line)
+    return got
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_CHUNKS))
+def test_each_other_chunk_between_text_chunks_reads_as_whole(name: str) -> None:
+    text = list(TEXT_CHUNKS.values())
+    assert_reads_as_whole(record([text_chunk("first"), *text, OTHER_CHUNKS[name], *text]))
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_CHUNKS))
+def test_each_text_chunk_merges_and_reads_as_whole(name: str) -> None:
+    chunks = [text_chunk("first"), TEXT_CHUNKS[name], TEXT_CHUNKS[name], OTHER_CHUNKS["usage"]]
+    merged = condensed(json.loads(json.dumps(chunks)))
+    assert merged is not None and len(merged) <= 3
+    assert_reads_as_whole(record(chunks))
+
+
+def test_runs_merge_in_order_around_kept_chunks() -> None:
+    chunks = [
+        text_chunk("a"),
+        text_chunk("b"),
+        TEXT_CHUNKS["reasoning_content"],
+        OTHER_CHUNKS["tool_call"],
+        text_chunk("c"),
+        text_chunk(None),
+        OTHER_CHUNKS["usage"],
+        text_chunk(None),
+    ]
+    assert condensed(chunks) == [
+        chunks[0],  # the first is kept: its `created` may date the request
+        {"choices": [{"delta": {"content": "br"}}]},
+        chunks[3],
+        {"choices": [{"delta": {"content": "c"}}]},
+        chunks[6],  # a run that generated nothing leaves no chunk
+    ]
+    request = assert_reads_as_whole(record(chunks, timestamp=None))
+    assert isinstance(request, Request)
+    assert request.output_length == 7 and request.timestamp_ms == 1_767_225_600_000
+
+
+def test_generated_text_is_the_whole_streams() -> None:
+    chunks = [text_chunk("a"), *TEXT_CHUNKS.values(), OTHER_CHUNKS["tool_call"], text_chunk("z")]
+    request = assert_reads_as_whole(record(chunks))
+    assert isinstance(request, Request)
+    # Chunk by chunk, reasoning before content, then a tool call's name and arguments.
+    assert request.output_text == "acd rstuab vf{}z"
+
+
+def test_a_stream_of_nothing_to_merge_is_left_whole() -> None:
+    assert condensed([text_chunk("a"), OTHER_CHUNKS["usage"]]) is None
+    assert condensed([]) is None
+
+
+def test_a_refused_stream_names_the_chunk_at_its_index_in_the_whole() -> None:
+    chunks = [text_chunk("a"), *[text_chunk("b")] * 5, OTHER_CHUNKS["index_string"]]
+    reason, message = assert_reads_as_whole(record(chunks))
+    assert reason == "wrong_type" and "response[6]" in message
+
+
+def test_a_record_refused_elsewhere_gives_the_wholes_letter() -> None:
+    value = record([text_chunk("a")] * 4)
+    value["request"]["messages"][0]["role"] = 3
+    reason, _ = assert_reads_as_whole(value)
+    assert reason == "wrong_type"
+
+
+def test_the_text_of_a_stream_needing_the_standard_parser_is_read_whole() -> None:
+    """A line orjson declines (a lone surrogate) has its strings checked: never merged."""
+    value = record([text_chunk("a"), text_chunk("b"), text_chunk("c")])
+    line = json.dumps(value).replace('"b"', '"\\ud800"').encode()
+    assert (
+        read(line)
+        == read_whole(line)
+        == (
+            "invalid_unicode",
+            "a string holds a lone surrogate at character 0 (not encodable as UTF-8)",
+        )
+    )
+
+
+CHUNK = st.one_of(
+    st.sampled_from(list(TEXT_CHUNKS.values())),
+    st.sampled_from(list(OTHER_CHUNKS.values())),
+    st.builds(
+        text_chunk,
+        st.one_of(st.none(), st.text(max_size=5), st.integers()),
+        index=st.one_of(st.none(), st.integers(0, 2), st.booleans()),
+        finish_reason=st.one_of(st.none(), st.sampled_from(["stop", "length"])),
+    ),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(CHUNK, max_size=40), st.booleans())
+def test_any_stream_reads_as_whole(chunks: list[Any], dated_by_chunk: bool) -> None:
+    assert_reads_as_whole(record(chunks, timestamp=None if dated_by_chunk else 1))
