@@ -348,10 +348,11 @@ class VerifiedBackend:
                 )
 
 
-def is_sampled(text: str) -> bool:
-    """Whether a text is checked against the reference: decided by its content alone."""
+def is_sampled(text: str, one_in: int = CHECK_ONE_IN, key: int = CHECK_KEY) -> bool:
+    """Whether a text is checked against the reference (one in one_in, by a hash keyed by key:
+    the segment cache keys its own): decided by its content alone."""
     data = text.encode("utf-8", errors="surrogatepass")
-    return xxhash.xxh3_64_intdigest(data, seed=CHECK_KEY) % CHECK_ONE_IN == 0
+    return xxhash.xxh3_64_intdigest(data, seed=key) % one_in == 0
 
 
 def choose_backend(
