@@ -101,17 +101,23 @@ def encode_inputs(config: AnonymizeConfig, processes: int) -> Encoded:
     )
     parts += join_batches(config, [run for p in parts for run in p.batch_halves], processes)
     fallback = next((p.backend_fallback for p in parts if p.backend_fallback), None)
+    cache = functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts())
     if fallback and config.tokenizer_backend != TOKENIZERS:
         # Texts encoded before the difference was seen hold the fast backend's ids: the whole
         # input again, so the output is a tokenizers run's however the work was ordered (the
         # first pass's letter runs are left in the staging folder, which goes with the run).
         _LOG.warning("encoding the input again with tokenizers alone (%s)", fallback)
         return encode_inputs(replace(config, tokenizer_backend=TOKENIZERS), processes)
+    if cache.mismatches and config.segment_cache_bytes:
+        # Likewise texts cut before a sampled one showed the cut unsafe: whether one does is
+        # the input's alone (sampled by content), so the output is a cacheless run's.
+        _LOG.warning("encoding the input again without the segment cache (%s)", cache.disabled)
+        return encode_inputs(replace(config, segment_cache_bytes=0), processes)
     return Encoded(
         [b for p in parts for b in p.hashed],
         [],
         sum(p.read for p in parts),
-        functools.reduce(CacheCounts.add, (p.cache for p in parts), CacheCounts()),
+        cache,
         sum((p.staged for p in parts), StagedLetters()),
     )
 

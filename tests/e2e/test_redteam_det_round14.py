@@ -33,7 +33,6 @@ def _qwen3_splitting_on(tmp_path: Path, regex: str) -> str:
     return str(folder)
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 14")
 @pytest.mark.parametrize(
     ("regex", "line"),
     [

@@ -194,6 +194,11 @@ class RequestEncoder:
         return CacheCounts() if self._segments is None else self._segments.take_counts()
 
     @property
+    def cache_mismatch(self) -> str | None:
+        """Why the segment cache is refused for the run, if a sampled text showed it must be."""
+        return None if self._segments is None else self._segments.mismatch
+
+    @property
     def backend_fallback(self) -> str | None:
         """Why the fast tokenizer backend gave way to tokenizers, if it did (fast_backend.py)."""
         return getattr(getattr(self._tokenizer, "backend_tokenizer", None), "fallback", None)

@@ -6,8 +6,8 @@ on these cores (docs/TOKENIZER_BACKENDS.md). Exactness is a gate, in three steps
 
 - at load, by the tokenizer's declared configuration: every component must be one of a closed
   list of kinds and settings (SUPPORTED_*), each one fastokens implements and the shipped
-  tokenizers exercise; anything else, or a file fastokens refuses to load, keeps `tokenizers`,
-  with the reason;
+  tokenizers exercise, and the pre-tokenizer whole (its Split regexes) one of VERIFIED_PRE_TOKENIZERS;
+  anything else, or a file fastokens refuses to load, keeps `tokenizers`, with the reason;
 - at load, on probe texts (PROBES, RUNS and the tokenizer's own added tokens): one difference,
   or a probe the reference fails on, keeps `tokenizers`, with the text;
 - during the run, on a sample of the texts themselves, chosen by a keyed hash of each text's
@@ -30,6 +30,8 @@ of characters).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from typing import Any
@@ -72,6 +74,17 @@ SUPPORTED_MODEL = {
     "ignore_merges": (False,),
 }
 SUPPORTED_SPLIT = {"behavior": ("Isolated",), "invert": (False,)}  # pattern: Regex or String
+# The pre-tokenizers fastokens may run, whole, by pre_tokenizer_key. A Split regex does not mean
+# the same in the two regex engines (Oniguruma's `$` ends every line, fastokens' only the text;
+# U+180E is `\s` to fastokens alone, even in GPT-2's pattern), and fastokens runs the shipped
+# pre-tokenizers by their exact configuration: DeepSeek-R1's third regex alone, or Qwen3's with
+# one more alternative, splits '  \u180e' otherwise than Oniguruma. Probes cannot prove two
+# engines agree, so only these are admitted, each swept through both engines code point by code
+# point (tests/transforms/encode/test_fast_backend_patterns.py).
+VERIFIED_PRE_TOKENIZERS = {
+    "65fb2abd2e49b40a3b6f5c4a2e9a07dac5e3cc3d1c8221dd3148a305b7e075d1": "Qwen3's",
+    "2771f8fdfaf19977397c7c774ebe024d0a75b607b49219796e45a1e16dc01144": "DeepSeek-R1's",
+}
 SUPPORTED_BYTE_LEVEL = {"add_prefix_space": (False,), "use_regex": (False,)}
 # Post-processors add tokens only with add_special_tokens, which kvtrace never asks for; the
 # decoder is never used to encode.
@@ -142,6 +155,7 @@ def fastokens_refusal(config: dict[str, Any]) -> str | None:
     reason = (
         _normalizer_refusal(config.get("normalizer"))
         or _pre_tokenizer_refusal(config.get("pre_tokenizer"))
+        or _unverified_pre_tokenizer(config.get("pre_tokenizer"))
         or _settings_refusal("model", config.get("model"), SUPPORTED_MODEL)
         or _post_processor_refusal(config.get("post_processor"))
     )
@@ -201,6 +215,30 @@ def _pre_tokenizer_refusal(pre: Any) -> str | None:
             "the ByteLevel pre-tokenizer", pre, SUPPORTED_BYTE_LEVEL, ("type", "trim_offsets")
         )
     return f"the pre-tokenizer {str(kind)[:40]!r} is not one fastokens is used for"
+
+
+def pre_tokenizer_key(pre: Any) -> str:
+    """sha256 of a pre-tokenizer's configuration, keys sorted, without `trim_offsets` (it moves
+    offsets only, which kvtrace never reads)."""
+
+    def kept(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: kept(v) for k, v in value.items() if k != "trim_offsets"}
+        if isinstance(value, list):
+            return [kept(v) for v in value]
+        return value
+
+    text = json.dumps(kept(pre), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _unverified_pre_tokenizer(pre: Any) -> str | None:
+    if pre is None or pre_tokenizer_key(pre) in VERIFIED_PRE_TOKENIZERS:
+        return None
+    return (
+        f"the pre-tokenizer (sha256 {pre_tokenizer_key(pre)[:16]}) is not one verified to split "
+        "alike in fastokens' regex engine"
+    )
 
 
 def _post_processor_refusal(post: Any) -> str | None:
@@ -310,10 +348,11 @@ class VerifiedBackend:
                 )
 
 
-def is_sampled(text: str) -> bool:
-    """Whether a text is checked against the reference: decided by its content alone."""
+def is_sampled(text: str, one_in: int = CHECK_ONE_IN, key: int = CHECK_KEY) -> bool:
+    """Whether a text is checked against the reference (one in one_in, by a hash keyed by key:
+    the segment cache keys its own): decided by its content alone."""
     data = text.encode("utf-8", errors="surrogatepass")
-    return xxhash.xxh3_64_intdigest(data, seed=CHECK_KEY) % CHECK_ONE_IN == 0
+    return xxhash.xxh3_64_intdigest(data, seed=key) % one_in == 0
 
 
 def choose_backend(

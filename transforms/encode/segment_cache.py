@@ -9,8 +9,12 @@ tokenized in one batch.
 
 Safe only where the tokenizer provably cuts there and nothing looks across the cut, decided from
 its own configuration (`splitter_for`), checked at load on probe texts (`SegmentEncoder.verify`)
-and on a sample of real texts during the run: a mismatch turns the cache off for the run, and
-the counts (`CacheCounts`) report it.
+and during the run on a sample of the cut texts chosen by a keyed hash of their content, never by
+their order. A text's cut ids are its content's alone (each segment's ids are the tokenizer's for
+that segment, cached or not), so whether a sampled text differs is the input's alone, and a
+difference refuses the cache for the whole run: the local engine encodes the input again without
+it, a Beam job fails before it publishes (`SegmentEncoder.mismatch`). Texts cut before the
+difference was seen keep no say in the output, whatever the order.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+import xxhash
+
 from kvtrace.transforms.encode.blocks import TOKEN_DTYPE, token_bytes
 from kvtrace.transforms.encode.fallible_tokenizer import FallibleTokenizer, TokenizerFailure
+from kvtrace.transforms.encode.fast_backend import is_sampled
 
 _LOG = logging.getLogger("kvtrace")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
@@ -34,8 +41,10 @@ CONTEXT_FLAGS = ("lstrip", "rstrip", "single_word")
 # Python objects per cached segment beyond its text and ids (dict slot, key, bytes headers).
 ENTRY_OVERHEAD_BYTES = 200
 DEFAULT_BUDGET_BYTES = 256 << 20  # a worker's share of memory; what a run evicts is logged
-# One text in CHECK_EVERY is also tokenized whole and compared: a tripwire at ~1% extra cost.
-CHECK_EVERY = 128
+# One cut text in CHECK_ONE_IN, by a hash of its content keyed by CHECK_KEY, is also tokenized
+# whole and compared: a tripwire at ~1% extra cost, on the same texts in every run and worker.
+CHECK_ONE_IN = 128
+CHECK_KEY = xxhash.xxh3_64_intdigest(b"kvtrace-segment-cache-check")
 # Texts that reach the edges of a cut: whitespace, combining marks and digits beside added
 # tokens, tokens back to back, at the start and the end.
 PROBE_PIECES = (
@@ -90,8 +99,8 @@ def log_counts(counts: CacheCounts) -> None:
         _LOG.info("segment cache off: %s", counts.disabled)
     if counts.mismatches:
         _LOG.warning(
-            "segment cache: %d sampled texts tokenized differently when cut; the cache "
-            "was turned off from there on",
+            "segment cache: %d sampled texts tokenized differently when cut; the cache is "
+            "refused for the run",
             counts.mismatches,
         )
     if counts.tokens:
@@ -249,7 +258,9 @@ class SegmentEncoder:
         self._tokenizer = FallibleTokenizer(backend)
         self._cache = cache if cache is not None else SegmentCache(budget_bytes)
         self.counts = CacheCounts()
-        self._texts = 0  # cut texts so far: every CHECK_EVERY-th is checked
+        # Why a sampled text tokenized otherwise when cut, if one did: kept for the process,
+        # the run then encodes without the cache (anonymize_local) or fails (steps.py).
+        self.mismatch: str | None = None
         splitter = (
             splitter_for(tokenizer_config(backend))
             if budget_bytes > 0
@@ -343,11 +354,10 @@ class SegmentEncoder:
         return joined, cut
 
     def _check(self, texts: list[str], out: list[bytes | TokenizerFailure], cut: list[int]) -> None:
-        """Every CHECK_EVERY-th text that was cut also tokenized whole; a difference is reported
-        and turns the cache off (the text's whole ids replace its cut ones)."""
-        first = -self._texts % CHECK_EVERY
-        self._texts += len(cut)
-        sampled = cut[first::CHECK_EVERY]
+        """The sampled texts that were cut also tokenized whole; a difference is the mismatch
+        that refuses the cache for the run (and turns it off here; the text's whole ids
+        replace its cut ones)."""
+        sampled = [i for i in cut if is_sampled(texts[i], CHECK_ONE_IN, CHECK_KEY)]
         if not sampled:
             return
         whole = self._whole([texts[i] for i in sampled])
@@ -356,9 +366,10 @@ class SegmentEncoder:
             if out[i] != ids:
                 self.counts.mismatches += 1
                 out[i] = ids
-                self._disable(
+                self.mismatch = (
                     f"a sampled text of {len(texts[i])} characters tokenized differently when cut"
                 )
+                self._disable(self.mismatch)
 
     def take_counts(self) -> CacheCounts:
         """The counts since the last take (so that workers' counts can be summed)."""

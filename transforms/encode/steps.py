@@ -67,7 +67,7 @@ class EncodeRequests(beam.DoFn):
         timestamp=beam.DoFn.TimestampParam,
     ) -> Iterator[Any]:
         failed, previous = self._encoding.push(batch)
-        _refuse_backend_fallback(self._encoder)
+        _refuse_unrepeatable(self._encoder)
         yield from map(tagged, failed)
         yield from _outputs(previous)
         self._last_window = (window, timestamp)
@@ -78,7 +78,7 @@ class EncodeRequests(beam.DoFn):
         window, timestamp = self._last_window
         self._last_window = None
         flushed = self._encoding.flush()
-        _refuse_backend_fallback(self._encoder)
+        _refuse_unrepeatable(self._encoder)
         self._count_cache()  # here, as no batch tokenizes in the background
         for output in _outputs(flushed):
             if isinstance(output, beam.pvalue.TaggedOutput):
@@ -94,14 +94,20 @@ class EncodeRequests(beam.DoFn):
             counter.inc(getattr(counts, name))
 
 
-def _refuse_backend_fallback(encoder: Any) -> None:
+def _refuse_unrepeatable(encoder: Any) -> None:
     """A Beam worker cannot take back what it emitted before its tokenizer backend disagreed with
-    `tokenizers` (the local engine encodes again): the job fails, publishing nothing, rather
-    than publish bytes that depend on which worker saw the difference when."""
+    `tokenizers`, or its segment cache with tokenizing whole (the local engine encodes again):
+    the job fails, publishing nothing, rather than publish bytes that depend on which worker saw
+    the difference when. Whether it fails is the input's alone (both samples are by content)."""
     if encoder.backend_fallback is not None:
         raise RuntimeError(
             f"tokenizer backend fastokens disagreed with tokenizers ({encoder.backend_fallback}):"
             " run again with --tokenizer-backend tokenizers"
+        )
+    if encoder.cache_mismatch is not None:
+        raise RuntimeError(
+            f"the segment cache disagreed with tokenizing whole ({encoder.cache_mismatch}):"
+            " run again with --segment-cache-mb 0"
         )
 
 

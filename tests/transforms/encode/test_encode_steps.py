@@ -86,13 +86,19 @@ def test_encode_in_a_batch_run_keeps_the_inputs_timestamp_kind(tiny_tokenizer):
     )
 
 
-def test_a_worker_whose_backend_disagreed_fails_its_bundle_rather_than_emit():
+def test_a_worker_whose_backend_or_cache_disagreed_fails_its_bundle_rather_than_emit():
     """A Beam worker cannot take back batches it emitted before the difference: the bundle
     fails (nothing of it is committed) with the one-line way out."""
     from types import SimpleNamespace
 
-    from kvtrace.transforms.encode.steps import _refuse_backend_fallback
+    from kvtrace.transforms.encode.steps import _refuse_unrepeatable
 
-    _refuse_backend_fallback(SimpleNamespace(backend_fallback=None))
+    _refuse_unrepeatable(SimpleNamespace(backend_fallback=None, cache_mismatch=None))
     with pytest.raises(RuntimeError, match="--tokenizer-backend tokenizers"):
-        _refuse_backend_fallback(SimpleNamespace(backend_fallback="a sampled text differed"))
+        _refuse_unrepeatable(
+            SimpleNamespace(backend_fallback="a sampled text differed", cache_mismatch=None)
+        )
+    with pytest.raises(RuntimeError, match="segment cache disagreed.*--segment-cache-mb 0$"):
+        _refuse_unrepeatable(
+            SimpleNamespace(backend_fallback=None, cache_mismatch="a sampled text differed")
+        )

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from helpers import OPENAI_TOOL_TURN, chat
 from kvtrace.transforms.encode.blocks import token_bytes
+from kvtrace.transforms.encode.fast_backend import is_sampled
 from kvtrace.transforms.encode.segment_cache import (
-    CHECK_EVERY,
+    CHECK_KEY,
+    CHECK_ONE_IN,
     DEFAULT_BUDGET_BYTES,
     SegmentCache,
     SegmentEncoder,
@@ -199,17 +201,32 @@ def test_cut_texts_and_rendered_chats_tokenize_as_whole_ones_shipped(name, reque
     assert encoder.counts.hit_tokens > 0
 
 
-def test_a_sampled_text_that_differs_turns_the_cache_off_and_is_corrected(tiny_tokenizer):
+def _cut_texts(sampled: bool, count: int) -> list[str]:
+    """Texts the cache cuts (around `hello`) that its check samples, or does not."""
+    texts = (f"<|im_start|>hello<|im_end|>{i}" for i in range(100_000))
+    return [t for t in texts if is_sampled(t, CHECK_ONE_IN, CHECK_KEY) == sampled][:count]
+
+
+def test_a_sampled_text_that_differs_refuses_the_cache_for_the_run(tiny_tokenizer):
+    """The sample is by content: the same texts are checked in any order and batch; the one
+    that differs takes its whole ids, and the mismatch stays for the run to act on (encode
+    again without the cache, or fail), whichever texts were cut before it."""
     backend = load_tokenizer(tiny_tokenizer).backend_tokenizer
-    encoder = SegmentEncoder(backend)
-    encoder._cache.put("hello", token_bytes([0]))  # poisoned: as if the cut were unsafe
-    texts = ["<|im_start|>hello<|im_end|>"] * (CHECK_EVERY + 1)
-    whole = token_bytes(backend.encode(texts[0], add_special_tokens=False).ids)
-    out = encoder.encode(texts)
-    assert out[0] == whole and out[CHECK_EVERY] == whole  # the sampled ones, corrected
-    assert (encoder.counts.mismatches, encoder.enabled) == (2, False)
-    assert "differently when cut" in encoder.counts.disabled
-    assert encoder.encode(texts[:1]) == [whole]  # whole from then on
+    unsampled, sampled = _cut_texts(False, 3), _cut_texts(True, 1)
+    assert len(unsampled) == 3 and sampled
+    whole = [token_bytes(backend.encode(t, add_special_tokens=False).ids) for t in sampled]
+    for texts in ([*unsampled, *sampled], [*sampled, *reversed(unsampled)]):
+        encoder = SegmentEncoder(backend)
+        encoder._cache.put("hello", token_bytes([0]))  # poisoned: as if the cut were unsafe
+        assert encoder.encode(unsampled) != [
+            token_bytes(backend.encode(t, add_special_tokens=False).ids) for t in unsampled
+        ]  # not sampled: the cut ids stand until the run acts
+        assert encoder.mismatch is None
+        out = encoder.encode(texts)
+        assert [out[texts.index(t)] for t in sampled] == whole  # the sampled one, corrected
+        assert "differently when cut" in encoder.mismatch
+        assert (encoder.counts.mismatches, encoder.enabled) == (1, False)
+        assert encoder.take_counts().disabled == encoder.mismatch == encoder.counts.disabled
 
 
 @settings(max_examples=200, deadline=None)
