@@ -65,6 +65,7 @@ class AnonymizeConfig:
     coarsening: Coarsening = field(default_factory=Coarsening)
     block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
+    emit_parents: bool = False  # also publish each row's parent row (write/parents.py)
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
     tokenizer_backend: str = DEFAULT_BACKEND  # what encodes texts where verified (fast_backend.py)
     route_sessions: bool = False  # Beam: a session's requests encoded on one worker

@@ -243,6 +243,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "space; kvtrace simulate --decode-cache replays them",
     )
     add(
+        "--emit-parents",
+        action="store_true",
+        default=None,
+        help="also publish parent_row: the row number of the request each one continues or was "
+        "spawned by, where the logs link them (a Responses previous_response_id, a tool "
+        "result's call id); structure only, never an id (local engine)",
+    )
+    add(
         "--segment-cache-mb",
         metavar="SIZE",
         help="memory each worker process gives its segment cache: MiB, or 1GB (10^9), 1GiB "
@@ -655,6 +663,7 @@ def run(args: argparse.Namespace, beam_args: BeamFlags) -> int:
         ),
         block_hashes=block_hashes,
         emit_output_hashes=bool(options.get("emit_output_hashes")),
+        emit_parents=bool(options.get("emit_parents")),
         segment_cache_bytes=options["segment_cache_mb"],
         tokenizer_backend=options["tokenizer_backend"],
         route_sessions=bool(options.get("route_sessions")),
@@ -812,6 +821,11 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
         raise ConfigError(
             "--processes is for the local engine; Beam runners size their own "
             "workers (e.g. --direct_num_workers, --max_num_workers)"
+        )
+    if engine == "beam" and options.get("emit_parents"):
+        raise ConfigError(
+            "--emit-parents is for the local engine: the Beam engine does not yet number "
+            "each row's parent across its shard writers"
         )
     if engine == "local" and options.get("route_sessions"):
         raise ConfigError(

@@ -30,6 +30,7 @@ from kvtrace.transforms.read.json_tree import (
     containers_over,
     orjson_reading,
 )
+from kvtrace.transforms.read.links import continued, names
 from kvtrace.transforms.read.response_end import response_ms
 from kvtrace.transforms.read.shapes import check_record, declared_fields
 from kvtrace.transforms.read.timestamps import timestamp_ms
@@ -109,6 +110,9 @@ class Request:
     cached_tokens: int | None = None
     defaulted: tuple[str, ...] = ()  # fields the record lacked and got a default for
     capture: Capture | None = None  # an engine's block hashes (kind "capture", read/captures.py)
+    # read/links.py: the links naming this request, and the one it continues (never published)
+    links: tuple[str, ...] = ()
+    continues: str | None = None
 
     def letter(self, reason: str, message: str) -> DeadLetter:
         """The dead letter of this request, refused after it parsed, withheld as its parse would
@@ -293,6 +297,8 @@ def request_from_object(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
+        links=names(response),
+        continues=continued(body, fields.get("messages")),
         **fields,
     )
 

@@ -12,7 +12,7 @@ import xxhash
 from kvtrace.transforms.ids.buckets import buckets_of, shards_of
 from kvtrace.transforms.ids.dense_ids import ids_in_request_order
 from kvtrace.transforms.ids.row_order import published_order
-from kvtrace.transforms.trace_format import NO_SESSION
+from kvtrace.transforms.trace_format import NO_PARENT, NO_SESSION
 
 ROW = np.dtype(
     [
@@ -26,6 +26,8 @@ ROW = np.dtype(
         ("num_output_ids", "<i8"),  # with --emit-output-hashes, else 0
         ("response_ms", "<i8"),  # NO_RESPONSE_MS when the log did not say
         ("cached_tokens", "<i8"),  # the engine's count (NOT_MEASURED if none): never published
+        ("links_digest", "<u8"),  # orders rows alike but for their links; never written
+        ("parent", "<i8"),  # with --emit-parents (write/parents.py), else NO_PARENT
     ]
 )
 
@@ -76,19 +78,23 @@ class RowBatch:
         first three (dense_ids.number); the fingerprint covers all a row's ids are made of, its
         hashed answer included, so the rest only orders rows of the same ids. The rows must hold
         published timestamps and output lengths (coarsen.published_requests)."""
+        return self.select(self.order())
+
+    def order(self) -> np.ndarray:
+        """The rows' positions in published order (sorted)."""
         r = self.rows
-        return self.select(
-            published_order(
-                r["timestamp_ms"],
-                r["input_length"],
-                r["output_length"],
-                r["fingerprint"],
-                r["session_id"],
-                r["response_ms"],
-                r["ids_digest"],
-                # Last: rows alike in all they publish keep one order for their private counts.
-                r["cached_tokens"],
-            )
+        return published_order(
+            r["timestamp_ms"],
+            r["input_length"],
+            r["output_length"],
+            r["fingerprint"],
+            r["session_id"],
+            r["response_ms"],
+            r["ids_digest"],
+            # Last: rows alike in all they publish keep one order for their private counts,
+            # and for their links (a child's parent is a row number).
+            r["cached_tokens"],
+            r["links_digest"],
         )
 
     def row_ids(self) -> list[np.ndarray]:
@@ -132,8 +138,10 @@ def row_batch(
         "output_length",
         "response_ms",
         "cached_tokens",
+        "links_digest",
     ):
         rows[name] = requests[name]
+    rows["parent"] = NO_PARENT
     rows["num_ids"] = requests["num_blocks"]
     rows["num_output_ids"] = requests["num_output_blocks"]
     rows["session_id"] = NO_SESSION

@@ -14,7 +14,13 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.transforms.trace_format import columns_of_jsonl, is_jsonl_of, parquet_forms, shard_name
+from kvtrace.transforms.trace_format import (
+    NO_PARENT,
+    columns_of_jsonl,
+    is_jsonl_of,
+    parquet_forms,
+    shard_name,
+)
 from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.write.rows import ROW, RowBatch
 from kvtrace.transforms.write.shards import (
@@ -55,6 +61,8 @@ def batch_of(rows: list, with_outputs: bool) -> RowBatch:
             len(outputs) if with_outputs else 0,
             response,
             -1,  # no measured cached tokens
+            0,  # no links
+            i // 2 if i % 2 else NO_PARENT,  # a parent column rides along as written
         )
     ids = np.array([i for row in rows for i in row[5]], dtype=np.int64)
     outputs = np.array([o for row in rows for o in row[6]], dtype=np.int64)

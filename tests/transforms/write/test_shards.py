@@ -15,6 +15,7 @@ from kvtrace.transforms.combiners import fold
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.ids.buckets import BUCKET_MS
 from kvtrace.transforms.trace_format import (
+    NO_PARENT,
     NO_RESPONSE_MS,
     OUTPUT_IDS_FIELD,
     RESPONSE_FIELD,
@@ -68,6 +69,8 @@ def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
             len(outputs[i]) if with_outputs else 0,
             response,
             -1,  # no measured cached tokens
+            0,  # no links
+            NO_PARENT,
         )
     ids = np.array([i for *_, row_ids in rows for i in row_ids], dtype=np.int64)
     flat = np.array([i for out in outputs for i in out], dtype=np.int64)
