@@ -186,7 +186,28 @@ def agent_log() -> list[dict]:
             },
             None,
         ),
-        # 1 and 2: two branches continuing resp_a
+        # 1 and 2: a subagent, a conversation of its own spawned from resp_a, two requests long
+        (
+            {
+                "timestamp": 500,
+                "session_id": "explorer",
+                "previous_response_id": "resp_a",
+                "input": [{"role": "user", "content": "Explore the files ."}],
+                "response": {"id": "resp_s", "output": [], "usage": {"output_tokens": 3}},
+            },
+            0,
+        ),
+        (
+            {
+                "timestamp": 800,
+                "session_id": "explorer",
+                "previous_response_id": "resp_s",
+                "input": [{"role": "user", "content": "Go on ."}],
+                "output_length": 3,
+            },
+            1,
+        ),
+        # 3 and 4: two branches continuing resp_a
         (
             {
                 "timestamp": 1000,
@@ -205,7 +226,7 @@ def agent_log() -> list[dict]:
             },
             0,
         ),
-        # 3 and 4: a chat whose answer calls a tool, then the request holding its result
+        # 5 and 6: a chat whose answer calls a tool, then the request holding its result
         (
             {
                 "timestamp": 2000,
@@ -227,9 +248,9 @@ def agent_log() -> list[dict]:
                 ],
                 "output_length": 4,
             },
-            3,
+            5,
         ),
-        # 5: continues a response no row of the night holds
+        # 7: continues a response no row of the night holds
         (
             {
                 "timestamp": 3000,

@@ -14,6 +14,7 @@ import numpy as np
 import xxhash
 
 from kvtrace.transforms.encode.blocks import DIGEST_SIZE, keyed_digest
+from kvtrace.transforms.read.links import in_conversation
 from kvtrace.transforms.read.measured import NOT_MEASURED
 from kvtrace.transforms.trace_format import NO_RESPONSE_MS
 
@@ -59,9 +60,10 @@ def links_digest(continues: str | None, links: Sequence[str]) -> int:
 
 
 def link_key(session: str | None, link: str, seed: bytes) -> int:
-    """A link's key within its conversation (call ids like "call_0" recur across
-    conversations), keyed like a session's; never NO_LINK."""
-    scoped = f"{'' if session is None else session}\0{link}"
+    """A link's key, within its conversation where it names something only there
+    (links.in_conversation), keyed like a session's; never NO_LINK."""
+    scope = session if session is not None and in_conversation(link) else ""
+    scoped = f"{scope}\0{link}"
     return int.from_bytes(keyed_digest(scoped, seed)[:LINK_SIZE], "little") | 1
 
 

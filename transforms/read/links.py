@@ -35,6 +35,13 @@ def link(kind: str, value: Any) -> str | None:
     return f"{kind}:{text}" if 0 < len(text) <= MAX_LINK_CHARS else None
 
 
+def in_conversation(key: str) -> bool:
+    """Whether a link names something only within its conversation: call ids ("call_0") recur
+    across conversations, a provider's response ids do not (and a conversation forked with
+    `previous_response_id` continues another's response)."""
+    return key.startswith(f"{CALL_LINK}:")
+
+
 def continued(body: dict[str, Any], messages: list[dict[str, Any]] | None) -> str | None:
     """The link of the request this one continues: its `previous_response_id`, else the call
     its newest tool result answers; None when it names none. A `previous_response_id` that is
