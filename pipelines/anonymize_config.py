@@ -65,7 +65,6 @@ class AnonymizeConfig:
     coarsening: Coarsening = field(default_factory=Coarsening)
     block_hashes: str | None = None  # where --emit-block-hashes writes (private), or None
     emit_output_hashes: bool = False  # also number the blocks the engine caches after decoding
-    emit_parents: bool = False  # also publish each row's parent row (write/parents.py)
     segment_cache_bytes: int = DEFAULT_BUDGET_BYTES  # per worker; 0 tokenizes every text whole
     tokenizer_backend: str = DEFAULT_BACKEND  # what encodes texts where verified (fast_backend.py)
     route_sessions: bool = False  # Beam: a session's requests encoded on one worker
@@ -77,6 +76,11 @@ class AnonymizeConfig:
     @property
     def input_bytes(self) -> int:
         return sum(size for _, size in self.inputs)
+
+    @property
+    def emit_parents(self) -> bool:
+        """Whether rows publish their parent row (write/parents.py): the parse reads links."""
+        return self.parse.links
 
     @property
     def compacts_map(self) -> bool:

@@ -64,19 +64,25 @@ def names(response: dict | list | None) -> tuple[str, ...]:
     """The links that name a request: its response's id and each tool call's id, in the
     response's order, each once."""
     parts = response if isinstance(response, list) else [response]
-    found = dict.fromkeys(
-        key for part in parts if isinstance(part, dict) for key in _named(part) if key is not None
-    )
-    return tuple(found)
+    found: dict[str | None, None] = {}
+    last_id: Any = None
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        if part.get("id") != last_id:  # a stream's chunks repeat their response's id
+            last_id = part.get("id")
+            found[link(RESPONSE_LINK, last_id)] = None
+        if "choices" in part or "output" in part or "content" in part:
+            found.update(dict.fromkeys(_calls(part)))
+    return tuple(key for key in found if key is not None)
 
 
-def _named(part: dict[str, Any]) -> Iterator[str | None]:
-    """One response object's (or streamed chunk's) links."""
-    yield link(RESPONSE_LINK, part.get("id"))
+def _calls(part: dict[str, Any]) -> Iterator[str | None]:
+    """One response object's (or streamed chunk's) tool calls' links."""
     for choice in _dicts(part.get("choices")):
         for holder in (choice.get("message"), choice.get("delta")):
-            if isinstance(holder, dict):
-                for call in _dicts(holder.get("tool_calls")):
+            if isinstance(holder, dict) and "tool_calls" in holder:
+                for call in _dicts(holder["tool_calls"]):
                     yield link(CALL_LINK, call.get("id"))
     for item in _dicts(part.get("output")):  # Responses
         if item.get("type") == "function_call":

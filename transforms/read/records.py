@@ -76,6 +76,9 @@ class ParseOptions:
     drop_non_text_parts: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     capture: str | None = None  # the engine capture format the input is (read/captures.py)
+    # Read the links between requests (read/links.py; anonymize --emit-parents): off, a
+    # streamed response's chunks are not walked for them.
+    links: bool = False
 
     @property
     def withholds_letters(self) -> bool:
@@ -297,8 +300,8 @@ def request_from_object(
         response_ms=response_ms(record, body, response, ts, options.timestamp_unit),
         cached_tokens=_cached_tokens(declared_fields(record, envelope), response),
         defaulted=("output_length",) if output_text is None and output_length is None else (),
-        links=names(response),
-        continues=continued(body, fields.get("messages")),
+        links=names(response) if options.links else (),
+        continues=continued(body, fields.get("messages")) if options.links else None,
         **fields,
     )
 

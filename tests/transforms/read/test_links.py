@@ -9,11 +9,11 @@ import pytest
 from helpers import ANTHROPIC, OPENAI_TOOL_TURN, RESPONSES
 from kvtrace.transforms.errors import Rejected
 from kvtrace.transforms.read.links import MAX_LINK_CHARS, continued, names
-from kvtrace.transforms.read.records import parse_record
+from kvtrace.transforms.read.records import ParseOptions, parse_record
 
 
-def parsed(record: dict):
-    return parse_record(json.dumps(record).encode(), "logs.jsonl")
+def parsed(record: dict, links: bool = True):
+    return parse_record(json.dumps(record).encode(), "logs.jsonl", ParseOptions(links=links))
 
 
 CALL = {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -85,4 +85,12 @@ def test_previous_response_id_comes_first_and_must_be_a_string():
 
 def test_a_record_without_links_has_none():
     request = parsed({"timestamp": 0, "messages": [{"role": "user", "content": "hi"}]})
+    assert (request.links, request.continues) == ((), None)
+
+
+def test_links_are_read_only_when_asked():
+    """Without --emit-parents no response is walked for them, nor a previous_response_id
+    checked: runs that publish no parent_row read their logs as before."""
+    record = {**RESPONSES, "previous_response_id": 7, "response": {"id": "resp_a"}}
+    request = parsed(record, links=False)
     assert (request.links, request.continues) == ((), None)
