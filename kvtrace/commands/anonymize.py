@@ -248,7 +248,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=None,
         help="also publish parent_row: the row number of the request each one continues or was "
         "spawned by, where the logs link them (a Responses previous_response_id, a tool "
-        "result's call id); structure only, never an id (local engine)",
+        "result's call id); structure only, never an id",
     )
     add(
         "--segment-cache-mb",
@@ -822,10 +822,10 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
             "--processes is for the local engine; Beam runners size their own "
             "workers (e.g. --direct_num_workers, --max_num_workers)"
         )
-    if engine == "beam" and options.get("emit_parents"):
+    if options.get("streaming") and options.get("emit_parents"):
         raise ConfigError(
-            "--emit-parents is for the local engine: the Beam engine does not yet number "
-            "each row's parent across its shard writers"
+            "--emit-parents is for a night (either engine): a stream's windows do not yet "
+            "number parents"
         )
     if engine == "local" and options.get("route_sessions"):
         raise ConfigError(

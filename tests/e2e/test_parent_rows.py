@@ -57,9 +57,22 @@ def test_without_the_flag_no_row_has_a_parent(tiny_tokenizer, tmp_path):
     assert not any(PARENT_FIELD in row for row in trace(tmp_path / "out"))
 
 
-def test_the_beam_engine_refuses_the_flag_in_one_line(tiny_tokenizer, tmp_path, capsys):
-    src = write_jsonl(tmp_path / "agent.jsonl", [record for record, _ in agent_log()])
-    code = anonymize(tiny_tokenizer, [src], tmp_path / "out", "--emit-parents", "--engine", "beam")
+@pytest.mark.beam
+def test_the_beam_engine_writes_the_same_bytes(agent_trace, tiny_tokenizer, tmp_path):
+    """Beam ranks each shard's rows from the shards' counts and resolves each link where its
+    key goes: the parents are the local engine's, byte for byte."""
+    src = write_jsonl(tmp_path / "agent.jsonl", [record for record, _ in agent_log()][::-1])
+    out = tmp_path / "out"
+    extra = ("--block-size", "4", "--emit-parents", "--engine", "beam")
+    assert anonymize(tiny_tokenizer, [src], out, *extra) == 0
+    assert_same_output(agent_trace, out)
+
+
+def test_a_stream_refuses_the_flag_in_one_line(tiny_tokenizer, tmp_path, capsys):
+    code = main(
+        ["anonymize", "--streaming", "--input", "pubsub:projects/p/subscriptions/s", "--output"]
+        + [str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--emit-parents"]
+    )
     error = capsys.readouterr().err.strip()
-    assert code != 0 and "--emit-parents is for the local engine" in error
+    assert code != 0 and "--emit-parents is for a night" in error
     assert len(error.splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -50,3 +50,47 @@ def test_the_latest_earlier_named_row_as_brute_force_finds_it(rows, random):
     named_key = np.array([k for _, keys in rows for k in keys], np.uint64)
     got = parent_ranks(rank, parent_key, named_rank, named_key).tolist()
     assert got == brute_force(rank.tolist(), parent_key.tolist(), named_rank, named_key)
+
+
+def test_shards_resolved_key_by_key_give_the_whole_nights_parents():
+    """The Beam engine's way (each shard ranked from the counts before it, each key's links
+    resolved alone) numbers the same parents as the local engine's over the whole night."""
+    import numpy as np
+
+    from kvtrace.transforms.write.parents import (
+        link_occurrences,
+        resolve_key,
+        set_parents,
+        with_parents,
+    )
+    from kvtrace.transforms.write.rows import ROW, RowBatch
+
+    # six rows in time order; keys 11 and 12 name rows 0 and 3; rows 1, 2 continue 11, row 4
+    # continues 12, row 5 continues 13 (nothing)
+    rows = np.zeros(6, dtype=ROW)
+    rows["timestamp_ms"] = np.arange(6) * 1000
+    rows["fingerprint"] = np.arange(6)
+    rows["parent"] = NO_PARENT
+    rows["parent_key"] = [NO_LINK, 11, 11, NO_LINK, 12, 13]
+    rows["num_links"] = [1, 0, 0, 1, 0, 0]
+    whole = RowBatch(rows, np.zeros(0, np.int64), links=np.array([11, 12], np.uint64))
+    expected = with_parents(RowBatch.concat([whole])).sorted().rows["parent"].tolist()
+    assert expected == [-1, 0, 0, -1, 3, -1]
+
+    shards = {0: whole.select(np.arange(0, 2)), 1: whole.select(np.arange(2, 6))}
+    shards = {s: b.sorted() for s, b in shards.items()}
+    counts = {s: len(b.rows) for s, b in shards.items()}
+    by_key: dict = {}
+    for shard, batch in shards.items():
+        for key, occurrence in link_occurrences(shard, batch, counts):
+            by_key.setdefault(key, []).append(occurrence)
+    found: dict = {}
+    for key, occurrences in by_key.items():
+        for shard, parent in resolve_key(key, occurrences):
+            found.setdefault(shard, []).append(parent)
+    got = [
+        p
+        for shard in sorted(shards)
+        for p in set_parents(shards[shard], found.get(shard, [])).rows["parent"].tolist()
+    ]
+    assert got == expected

@@ -63,6 +63,8 @@ def batch_of(rows: list, with_outputs: bool) -> RowBatch:
             -1,  # no measured cached tokens
             0,  # no links
             i // 2 if i % 2 else NO_PARENT,  # a parent column rides along as written
+            0,  # continues nothing
+            0,  # named by nothing
         )
     ids = np.array([i for row in rows for i in row[5]], dtype=np.int64)
     outputs = np.array([o for row in rows for o in row[6]], dtype=np.int64)

@@ -71,6 +71,8 @@ def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
             -1,  # no measured cached tokens
             0,  # no links
             NO_PARENT,
+            0,  # continues nothing
+            0,  # named by nothing
         )
     ids = np.array([i for *_, row_ids in rows for i in row_ids], dtype=np.int64)
     flat = np.array([i for out in outputs for i in out], dtype=np.int64)
