@@ -464,3 +464,26 @@ def test_weka_readers_take_the_subagent_entries(agent_trace, variable, script, t
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["conversations"] == 3
     assert summary["requests"] == (8 if "dynamo" in script else 7)  # aiperf: outer entries
+
+
+@pytest.mark.parametrize(
+    "variable, script", [with_tool("KVTRACE_GUIDELLM_PYTHON", "guidellm_weka_graph.py")]
+)
+def test_guidellm_replays_the_subagent_as_a_chain_spawned_from_its_parent(
+    agent_trace, variable, script, deepseek_tokenizer, tmp_path
+):
+    """guidellm's own WEKA reader builds the subagent's two requests as a chain of their own,
+    spawned with a new history from the request they continue; the agent's next turn joins it
+    (the WEKA format's rule: a parent's next request follows its subagent)."""
+    path = tmp_path / "agent.weka.jsonl"
+    assert main(["export", str(agent_trace), "--to", "weka", "-o", str(path)]) == 0
+    result = replay_check(variable, script, path, 4, deepseek_tokenizer)
+    assert result.returncode == 0, result.stderr[-2000:]
+    turns = json.loads(result.stdout.strip().splitlines()[-1])["turns"]
+    rows = trace(agent_trace)
+    assert len(turns) == len(rows)
+    play = [t for t in turns if t["play"] == turns[0]["play"]]
+    sub = [t for t in play if t["agent"] != play[0]["agent"]]
+    assert [t["prompt"] for t in sub] == [rows[1]["input_length"], rows[2]["input_length"]]
+    assert sub[0]["parents"] == [[play[0]["node"], "new"]]
+    assert sub[1]["parents"] == [[sub[0]["node"], "full"]]
