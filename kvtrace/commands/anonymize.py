@@ -822,11 +822,6 @@ def _engine(options: dict[str, Any], flags: BeamFlags) -> str:
             "--processes is for the local engine; Beam runners size their own "
             "workers (e.g. --direct_num_workers, --max_num_workers)"
         )
-    if options.get("streaming") and options.get("emit_parents"):
-        raise ConfigError(
-            "--emit-parents is for a night (either engine): a stream's windows do not yet "
-            "number parents"
-        )
     if engine == "local" and options.get("route_sessions"):
         raise ConfigError(
             "--route-sessions is for --engine beam: the local engine's workers "

@@ -66,13 +66,3 @@ def test_the_beam_engine_writes_the_same_bytes(agent_trace, tiny_tokenizer, tmp_
     extra = ("--block-size", "4", "--emit-parents", "--engine", "beam")
     assert anonymize(tiny_tokenizer, [src], out, *extra) == 0
     assert_same_output(agent_trace, out)
-
-
-def test_a_stream_refuses_the_flag_in_one_line(tiny_tokenizer, tmp_path, capsys):
-    code = main(
-        ["anonymize", "--streaming", "--input", "pubsub:projects/p/subscriptions/s", "--output"]
-        + [str(tmp_path / "out"), "--tokenizer", tiny_tokenizer, "--emit-parents"]
-    )
-    error = capsys.readouterr().err.strip()
-    assert code != 0 and "--emit-parents is for a night" in error
-    assert len(error.splitlines()) == 1 and not (tmp_path / "out").exists()
