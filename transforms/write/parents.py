@@ -28,7 +28,7 @@ def with_parents(rows: RowBatch) -> RowBatch:
     """rows (a night's, whole) with their parent set: ranks are places in published order."""
     rank = np.empty(len(rows.rows), dtype=np.int64)
     rank[rows.order()] = np.arange(len(rank))
-    rows.rows["parent"] = parent_ranks(
+    rows.rows["parent"] = 1 + parent_ranks(  # ROW holds parent + 1: 0 is none
         rank, rows.rows["parent_key"], np.repeat(rank, rows.rows["num_links"]), rows.links
     )
     return rows
@@ -102,5 +102,5 @@ def set_parents(rows: RowBatch, parents: Iterable[tuple[int, int]]) -> RowBatch:
     found = list(parents)
     if found:
         index, parent = np.array(found, np.int64).T
-        rows.rows["parent"][index] = parent
+        rows.rows["parent"][index] = parent + 1  # ROW holds parent + 1
     return rows

@@ -12,7 +12,7 @@ import xxhash
 from kvtrace.transforms.ids.buckets import buckets_of, shards_of
 from kvtrace.transforms.ids.dense_ids import ids_in_request_order
 from kvtrace.transforms.ids.row_order import published_order
-from kvtrace.transforms.trace_format import NO_PARENT, NO_SESSION
+from kvtrace.transforms.trace_format import NO_SESSION
 
 ROW = np.dtype(
     [
@@ -27,7 +27,9 @@ ROW = np.dtype(
         ("response_ms", "<i8"),  # NO_RESPONSE_MS when the log did not say
         ("cached_tokens", "<i8"),  # the engine's count (NOT_MEASURED if none): never published
         ("links_digest", "<u8"),  # orders rows alike but for their links; never written
-        ("parent", "<i8"),  # with --emit-parents (write/parents.py), else NO_PARENT
+        # With --emit-parents (write/parents.py): the parent row + 1, so that 0 (a row built
+        # zeroed) is none; published as parent - 1 (NO_PARENT for none).
+        ("parent", "<i8"),
         ("parent_key", "<u8"),  # the link the row continues (encode/hashed_batch.NO_LINK: none)
         ("num_links", "<i8"),  # the links naming it, in RowBatch.links
     ]
@@ -152,7 +154,7 @@ def row_batch(
         "num_links",
     ):
         rows[name] = requests[name]
-    rows["parent"] = NO_PARENT
+    rows["parent"] = 0  # none
     rows["num_ids"] = requests["num_blocks"]
     rows["num_output_ids"] = requests["num_output_blocks"]
     rows["session_id"] = NO_SESSION

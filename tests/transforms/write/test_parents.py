@@ -70,11 +70,10 @@ def test_shards_resolved_key_by_key_give_the_whole_nights_parents():
     rows = np.zeros(6, dtype=ROW)
     rows["timestamp_ms"] = np.arange(6) * 1000
     rows["fingerprint"] = np.arange(6)
-    rows["parent"] = NO_PARENT
     rows["parent_key"] = [NO_LINK, 11, 11, NO_LINK, 12, 13]
     rows["num_links"] = [1, 0, 0, 1, 0, 0]
     whole = RowBatch(rows, np.zeros(0, np.int64), links=np.array([11, 12], np.uint64))
-    expected = with_parents(RowBatch.concat([whole])).sorted().rows["parent"].tolist()
+    expected = (with_parents(RowBatch.concat([whole])).sorted().rows["parent"] - 1).tolist()
     assert expected == [-1, 0, 0, -1, 3, -1]
 
     shards = {0: whole.select(np.arange(0, 2)), 1: whole.select(np.arange(2, 6))}
@@ -91,6 +90,6 @@ def test_shards_resolved_key_by_key_give_the_whole_nights_parents():
     got = [
         p
         for shard in sorted(shards)
-        for p in set_parents(shards[shard], found.get(shard, [])).rows["parent"].tolist()
+        for p in (set_parents(shards[shard], found.get(shard, [])).rows["parent"] - 1).tolist()
     ]
     assert got == expected

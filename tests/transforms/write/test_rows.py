@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.ids.buckets import BUCKET_MS
-from kvtrace.transforms.trace_format import NO_PARENT, NO_SESSION
+from kvtrace.transforms.trace_format import NO_SESSION
 from kvtrace.transforms.write.rows import ROW, RowBatch, room_by_minute, row_batch, rows_by_shard
 
 # (timestamp, input_length, output_length, session, ids, output ids)
@@ -29,7 +29,7 @@ ROWS = st.lists(
 def batch_of(rows: list, hashes: bool = True) -> RowBatch:
     table = np.zeros(len(rows), dtype=ROW)
     for i, (ts, isl, osl, session, ids, outputs) in enumerate(rows):
-        table[i] = (ts, i, isl, osl, session, 0, len(ids), len(outputs), -1, -1, 0, NO_PARENT, 0, 0)
+        table[i] = (ts, i, isl, osl, session, 0, len(ids), len(outputs), -1, -1, 0, 0, 0, 0)
     ids = np.array([i for row in rows for i in row[4]], dtype=np.int64)
     outputs = np.array([o for row in rows for o in row[5]], dtype=np.int64)
     return RowBatch(table, ids, ids.astype(np.uint64) * 3 if hashes else None, outputs)

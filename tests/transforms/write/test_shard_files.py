@@ -14,13 +14,7 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.transforms.trace_format import (
-    NO_PARENT,
-    columns_of_jsonl,
-    is_jsonl_of,
-    parquet_forms,
-    shard_name,
-)
+from kvtrace.transforms.trace_format import columns_of_jsonl, is_jsonl_of, parquet_forms, shard_name
 from kvtrace.transforms.write.coarsen import Coarsening
 from kvtrace.transforms.write.rows import ROW, RowBatch
 from kvtrace.transforms.write.shards import (
@@ -62,7 +56,7 @@ def batch_of(rows: list, with_outputs: bool) -> RowBatch:
             response,
             -1,  # no measured cached tokens
             0,  # no links
-            i // 2 if i % 2 else NO_PARENT,  # a parent column rides along as written
+            i // 2 + 1 if i % 2 else 0,  # a parent (ROW: + 1) rides along as written
             0,  # continues nothing
             0,  # named by nothing
         )

@@ -15,7 +15,6 @@ from kvtrace.transforms.combiners import fold
 from kvtrace.transforms.encode.hashed_batch import HashedBatch, HashedRequest
 from kvtrace.transforms.ids.buckets import BUCKET_MS
 from kvtrace.transforms.trace_format import (
-    NO_PARENT,
     NO_RESPONSE_MS,
     OUTPUT_IDS_FIELD,
     RESPONSE_FIELD,
@@ -70,7 +69,7 @@ def batch_of(rows: list, with_outputs: bool = False) -> RowBatch:
             response,
             -1,  # no measured cached tokens
             0,  # no links
-            NO_PARENT,
+            0,  # no parent
             0,  # continues nothing
             0,  # named by nothing
         )
